@@ -1,0 +1,49 @@
+"""One error hierarchy for tilework.
+
+Every error a user can see derives from :class:`TileworkError`. Errors that concern a place in
+the IR carry the rendered context (the offending binding and its surroundings) so that the
+message alone tells what went wrong and where.
+"""
+
+from __future__ import annotations
+
+
+class TileworkError(Exception):
+    """Base of every error raised by tilework on purpose."""
+
+
+class SymbolicError(TileworkError):
+    """A symbolic shape expression is malformed or cannot be evaluated (e.g. division by zero)."""
+
+
+class ShapeError(TileworkError):
+    """Shapes that provably disagree (a static mismatch), or a bad shape argument."""
+
+
+class InferenceError(TileworkError):
+    """An operator cannot infer struct info for its arguments (bad dtype, rank, attribute)."""
+
+
+class WellFormedError(TileworkError):
+    """The IR breaks a well-formedness rule; the message shows the offending binding."""
+
+
+class ParseError(TileworkError):
+    """The text format could not be parsed; the message shows line, column and a caret."""
+
+    def __init__(self, message: str, line: int = 0, column: int = 0) -> None:
+        super().__init__(message)
+        self.line = line
+        self.column = column
+
+
+class BuildError(TileworkError):
+    """Compilation failed (no C compiler, a kernel that does not compile, ...)."""
+
+
+class RuntimeCheckError(TileworkError):
+    """A fact checked at run time does not hold (a shape, dtype or rank of an argument)."""
+
+
+class UnsupportedError(TileworkError):
+    """The input uses something tilework does not support; the message names it."""

@@ -1,0 +1,116 @@
+"""Elementwise ops: unary math and activations, binary arithmetic with NumPy broadcasting,
+comparisons and logical ops, ``where`` and ``astype``.
+
+Broadcasting is symbolic: ``(2, 3) + (2, n)`` is ``(2, 3)`` with a run-time check that ``n`` is
+1 or 3; ``(n,) + (m,)`` is ``(max(n, m),)`` with the check that they broadcast.
+"""
+
+from __future__ import annotations
+
+from tilework.ir.graph import Call, Expr
+from tilework.ir.info import StructInfo, TensorInfo, check_dtype
+from tilework.op.base import (
+    InferCtx,
+    Op,
+    OpPattern,
+    broadcast_shapes,
+    make_call,
+    register,
+    tensor_arg,
+    unify_dtype,
+)
+
+FLOAT_ONLY = {"exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "gelu", "gelu_tanh", "silu", "sin", "cos"}
+UNARY = (
+    "neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "relu", "gelu",
+    "gelu_tanh", "silu", "sin", "cos", "floor", "ceil", "round", "square", "logical_not",
+)  # fmt: skip
+ARITH = ("add", "subtract", "multiply", "divide", "floor_divide", "mod", "power", "maximum", "minimum")
+COMPARE = ("equal", "not_equal", "less", "less_equal", "greater", "greater_equal")
+LOGICAL = ("logical_and", "logical_or", "logical_xor")
+
+
+def _is_float(dtype: str | None) -> bool:
+    return dtype is None or dtype.startswith("float") or dtype == "bfloat16"
+
+
+def _infer_unary(call: Call, ctx: InferCtx) -> StructInfo:
+    x = tensor_arg(call, 0, ctx)
+    if ctx.op_name in FLOAT_ONLY and not _is_float(x.dtype):
+        raise ctx.error(f"expects a floating-point tensor, got {x.dtype}")
+    if ctx.op_name == "logical_not":
+        return TensorInfo(x.shape, "bool", x.ndim)
+    return x
+
+
+def _binary_shape(call: Call, ctx: InferCtx) -> tuple[TensorInfo, TensorInfo, tuple | None, int]:
+    a, b = tensor_arg(call, 0, ctx), tensor_arg(call, 1, ctx)
+    if a.shape is not None and b.shape is not None:
+        shape = broadcast_shapes(a.shape, b.shape, ctx)
+        return a, b, shape, len(shape)
+    ndim = max(a.ndim, b.ndim) if a.ndim != -1 and b.ndim != -1 else -1
+    return a, b, None, ndim
+
+
+def _infer_arith(call: Call, ctx: InferCtx) -> StructInfo:
+    a, b, shape, ndim = _binary_shape(call, ctx)
+    return TensorInfo(shape, unify_dtype([a.dtype, b.dtype], ctx), ndim)
+
+
+def _infer_compare(call: Call, ctx: InferCtx) -> StructInfo:
+    a, b, shape, ndim = _binary_shape(call, ctx)
+    unify_dtype([a.dtype, b.dtype], ctx)
+    return TensorInfo(shape, "bool", ndim)
+
+
+def _infer_logical(call: Call, ctx: InferCtx) -> StructInfo:
+    a, b, shape, ndim = _binary_shape(call, ctx)
+    for t in (a, b):
+        if t.dtype not in (None, "bool"):
+            raise ctx.error(f"expects bool tensors, got {t.dtype}")
+    return TensorInfo(shape, "bool", ndim)
+
+
+def _infer_where(call: Call, ctx: InferCtx) -> StructInfo:
+    c, a, b = (tensor_arg(call, i, ctx) for i in range(3))
+    if c.dtype not in (None, "bool"):
+        raise ctx.error(f"condition must be bool, got {c.dtype}")
+    dtype = unify_dtype([a.dtype, b.dtype], ctx)
+    if c.shape is not None and a.shape is not None and b.shape is not None:
+        shape = broadcast_shapes(broadcast_shapes(c.shape, a.shape, ctx), b.shape, ctx)
+        return TensorInfo(shape, dtype)
+    ndims = (c.ndim, a.ndim, b.ndim)
+    return TensorInfo(None, dtype, -1 if -1 in ndims else max(ndims))
+
+
+def _infer_astype(call: Call, ctx: InferCtx) -> StructInfo:
+    x = tensor_arg(call, 0, ctx)
+    return TensorInfo(x.shape, check_dtype(call.attrs["dtype"]), x.ndim)
+
+
+for _name in UNARY:
+    register(Op(_name, _infer_unary, OpPattern.ELEMWISE, num_args=1))
+for _name in ARITH:
+    register(Op(_name, _infer_arith, OpPattern.BROADCAST, num_args=2))
+for _name in COMPARE:
+    register(Op(_name, _infer_compare, OpPattern.BROADCAST, num_args=2))
+for _name in LOGICAL:
+    register(Op(_name, _infer_logical, OpPattern.BROADCAST, num_args=2))
+register(Op("where", _infer_where, OpPattern.BROADCAST, num_args=3))
+register(Op("astype", _infer_astype, OpPattern.ELEMWISE, attrs={"dtype": "float32"}, num_args=1))
+
+
+def unary(name: str, x: Expr) -> Call:
+    return make_call(name, [x])
+
+
+def binary(name: str, a: Expr, b: Expr) -> Call:
+    return make_call(name, [a, b])
+
+
+def where(cond: Expr, a: Expr, b: Expr) -> Call:
+    return make_call("where", [cond, a, b])
+
+
+def astype(x: Expr, dtype: str) -> Call:
+    return make_call("astype", [x], dtype=dtype)
