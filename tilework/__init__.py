@@ -1,11 +1,25 @@
-"""tilework: a compiler for machine-learning models whose shapes change at run time."""
+"""tilework: a compiler for machine-learning models whose shapes change at run time.
+
+    seq = tw.dim("seq", max=4096)          # a named symbolic dim with optional bounds
+    mod = tw.parse(text)                   # IRModule from the text format; print(mod) gives text
+    tw.verify(mod)                         # well-formedness; raises with the offending binding
+    exe = tw.build(mod, target="cpu")      # one compilation for every shape
+    vm = tw.VM(exe); out = vm["main"](*arrays)
+    exe.save("m.tw"); exe = tw.load("m.tw")
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from tilework.errors import TileworkError
+from tilework.ir.module import IRModule
 from tilework.ir.sym import SymVar
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from tilework.runtime.executable import Executable
 
 
 def dim(name: str, min: int = 1, max: int | None = None) -> SymVar:
@@ -13,4 +27,51 @@ def dim(name: str, min: int = 1, max: int | None = None) -> SymVar:
     return SymVar(name, min, max)
 
 
-__all__ = ["TileworkError", "SymVar", "dim", "__version__"]
+def parse(text: str) -> IRModule:
+    """The module written in ``text`` (the format ``print(mod)`` produces)."""
+    from tilework.text import parse as _parse
+
+    return _parse(text)
+
+
+def verify(mod: IRModule) -> None:
+    """Raise ``WellFormedError`` showing every offending binding in context."""
+    from tilework.ir.verify import verify as _verify
+
+    _verify(mod)
+
+
+def structural_equal(a: Any, b: Any) -> bool:
+    """Equality of modules, functions, expressions and struct info modulo var names."""
+    from tilework.ir.structural import structural_equal as _eq
+
+    return _eq(a, b)
+
+
+def build(mod: IRModule, target: str = "cpu", **kw: Any) -> "Executable":
+    """Compile ``mod`` once into an Executable that runs every shape."""
+    from tilework.build import build as _build
+
+    return _build(mod, target, **kw)
+
+
+def load(path: str) -> "Executable":
+    """An executable saved with ``Executable.save``; no recompilation."""
+    from tilework.runtime.executable import Executable
+
+    return Executable.load(path)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "VM":
+        from tilework.runtime.vm import VM
+
+        return VM
+    if name == "Executable":
+        from tilework.runtime.executable import Executable
+
+        return Executable
+    raise AttributeError(f"module 'tilework' has no attribute {name!r}")
+
+
+__all__ = ["TileworkError", "IRModule", "SymVar", "dim", "parse", "verify", "structural_equal", "build", "load", "VM", "Executable", "__version__"]

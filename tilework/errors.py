@@ -47,3 +47,8 @@ class RuntimeCheckError(TileworkError):
 
 class UnsupportedError(TileworkError):
     """The input uses something tilework does not support; the message names it."""
+
+
+class ScheduleError(TileworkError):
+    """A schedule primitive refused a transformation; the message names the loop or block and
+    says why (a carried dependence, loops that are not nested, a non-positive factor, ...)."""

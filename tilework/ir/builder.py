@@ -109,6 +109,15 @@ class BlockBuilder:
             raise WellFormedError(f"no function @{name} in the module")
         return GlobalVar(name, func_info(self._funcs[name]))
 
+    def fresh_global_name(self, hint: str) -> str:
+        """A global name not yet used, derived from ``hint`` (``add``, ``add1``, ...)."""
+        if hint not in self._funcs:
+            return hint
+        i = 1
+        while f"{hint}{i}" in self._funcs:
+            i += 1
+        return f"{hint}{i}"
+
     def get(self) -> IRModule:
         if self._func is not None:
             raise WellFormedError(f"function @{self._func.name} is still being built")

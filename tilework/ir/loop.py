@@ -16,17 +16,115 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterator, Union
 
 from tilework.ir.graph import EMPTY_ATTRS, Attrs
-from tilework.ir.sym import Dim, SymExpr, SymVar
+from tilework.ir.sym import Dim, ScalarOperand, SymExpr, SymVar
 
 # -- scalar expressions -------------------------------------------------------------------
 
 
-class PExpr:
-    """Base of loop-level scalar expressions; every subclass has a ``dtype``."""
+class PExpr(ScalarOperand):
+    """Base of loop-level scalar expressions; every subclass has a ``dtype``.
+
+    Operators build expressions with dtype promotion (see ``binary``): ``+ - * / // % **``,
+    unary ``-`` and ``abs``, ``< <= > >=``, ``&`` / ``|`` / ``~`` on bools. ``==`` keeps identity
+    semantics (nodes are hashable by identity); use ``.eq`` / ``.ne`` to build comparisons.
+    ``/`` on integers truncates toward zero (C semantics); ``//`` and ``%`` floor (Python).
+    """
 
     __slots__ = ()
     if TYPE_CHECKING:
         dtype: str
+
+    def __add__(self, o: object) -> "PExpr":
+        return binary("+", self, o)
+
+    def __radd__(self, o: object) -> "PExpr":
+        return binary("+", o, self)
+
+    def __sub__(self, o: object) -> "PExpr":
+        return binary("-", self, o)
+
+    def __rsub__(self, o: object) -> "PExpr":
+        return binary("-", o, self)
+
+    def __mul__(self, o: object) -> "PExpr":
+        return binary("*", self, o)
+
+    def __rmul__(self, o: object) -> "PExpr":
+        return binary("*", o, self)
+
+    def __truediv__(self, o: object) -> "PExpr":
+        return binary("/", self, o)
+
+    def __rtruediv__(self, o: object) -> "PExpr":
+        return binary("/", o, self)
+
+    def __floordiv__(self, o: object) -> "PExpr":
+        return binary("//", self, o)
+
+    def __rfloordiv__(self, o: object) -> "PExpr":
+        return binary("//", o, self)
+
+    def __mod__(self, o: object) -> "PExpr":
+        return binary("%", self, o)
+
+    def __rmod__(self, o: object) -> "PExpr":
+        return binary("%", o, self)
+
+    def __pow__(self, o: object) -> "PExpr":
+        return binary("pow", self, o)
+
+    def __rpow__(self, o: object) -> "PExpr":
+        return binary("pow", o, self)
+
+    def __neg__(self) -> "PExpr":
+        return Unary("neg", self, self.dtype)
+
+    def __abs__(self) -> "PExpr":
+        return Intrin("abs", (self,), self.dtype)
+
+    def __lt__(self, o: object) -> "PExpr":
+        return binary("<", self, o)
+
+    def __le__(self, o: object) -> "PExpr":
+        return binary("<=", self, o)
+
+    def __gt__(self, o: object) -> "PExpr":
+        return binary(">", self, o)
+
+    def __ge__(self, o: object) -> "PExpr":
+        return binary(">=", self, o)
+
+    def eq(self, o: object) -> "PExpr":
+        return binary("==", self, o)
+
+    def ne(self, o: object) -> "PExpr":
+        return binary("!=", self, o)
+
+    def __and__(self, o: object) -> "PExpr":
+        return binary("and", self, o)
+
+    def __rand__(self, o: object) -> "PExpr":
+        return binary("and", o, self)
+
+    def __or__(self, o: object) -> "PExpr":
+        return binary("or", self, o)
+
+    def __ror__(self, o: object) -> "PExpr":
+        return binary("or", o, self)
+
+    def __invert__(self) -> "PExpr":
+        if self.dtype != "bool":
+            raise TypeError(f"~ is logical not and needs a bool expression, got {self.dtype}")
+        return Unary("not", self, "bool")
+
+    def astype(self, dtype: str) -> "PExpr":
+        return self if self.dtype == dtype else Cast(dtype, self)
+
+    def __bool__(self) -> bool:
+        raise TypeError(
+            "a loop-level expression has no truth value while building; "
+            "use select/if_then_else for conditions and & / | to combine them"
+        )
 
 
 Scalar = Union[PExpr, int, SymExpr]  # an int or SymExpr is an int64 index value
@@ -95,6 +193,110 @@ class Intrin(PExpr):
     name: str
     args: tuple[Scalar, ...]
     dtype: str
+
+
+# -- dtype promotion and expression helpers ---------------------------------------------
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8")
+_INT_BYTES = {"int8": 1, "uint8": 1, "int16": 2, "int32": 4, "int64": 8}
+
+
+def is_float_dtype(dtype: str) -> bool:
+    return dtype in FLOAT_DTYPES
+
+
+def is_int_dtype(dtype: str) -> bool:
+    return dtype in INT_DTYPES
+
+
+def promote_dtypes(a: str, b: str) -> str:
+    """The dtype two typed operands are computed in: floats beat ints beat bool, the wider
+    wins, float16 with bfloat16 gives float32, uint8 with int8 gives int16."""
+    if a == b:
+        return a
+    fa, fb = is_float_dtype(a), is_float_dtype(b)
+    if fa and fb:
+        return "float64" if "float64" in (a, b) else "float32"
+    if fa or fb:
+        return a if fa else b
+    if a == "bool" or b == "bool":
+        return b if a == "bool" else a
+    if "uint8" in (a, b):
+        other = b if a == "uint8" else a
+        return "int16" if _INT_BYTES[other] == 1 else other
+    return a if _INT_BYTES[a] >= _INT_BYTES[b] else b
+
+
+def const(value: Union[int, float, bool], dtype: str) -> Const:
+    """A constant of ``dtype``; the value is normalized to the dtype's Python kind."""
+    if dtype == "bool":
+        return Const(bool(value), dtype)
+    if is_float_dtype(dtype):
+        return Const(float(value), dtype)
+    if isinstance(value, float) and not value.is_integer():
+        raise TypeError(f"constant {value!r} is not an integer and cannot be {dtype}")
+    return Const(int(value), dtype)
+
+
+def convert(x: object, dtype: str) -> Scalar:
+    """``x`` as a scalar of ``dtype``: a Python number becomes a constant, an index value
+    (``int`` or ``SymExpr``) or a typed expression of another dtype is cast."""
+    if isinstance(x, PExpr):
+        return x if x.dtype == dtype else Cast(dtype, x)
+    if isinstance(x, SymExpr):
+        return x if dtype == "int64" else Cast(dtype, x)
+    if isinstance(x, (bool, int, float)):
+        if dtype == "int64" and isinstance(x, int) and not isinstance(x, bool):
+            return x
+        return const(x, dtype)
+    raise TypeError(f"not a scalar expression: {type(x).__name__} {x!r}")
+
+
+def _weak_dtype(x: object) -> str:
+    """The dtype a weakly typed operand (a Python number or an index value) would have alone."""
+    if isinstance(x, bool):
+        return "bool"
+    if isinstance(x, float):
+        return "float32"
+    if isinstance(x, (int, SymExpr)):
+        return "int64"
+    raise TypeError(f"not a scalar expression: {type(x).__name__} {x!r}")
+
+
+def operand_dtype(op: str, a: object, b: object) -> str:
+    """Typed expressions promote among themselves; a weak operand takes the typed one's dtype,
+    except that a Python float with an integer expression computes in float32 and a number
+    with a bool expression in arithmetic computes in int64."""
+    ta = a.dtype if isinstance(a, PExpr) else None
+    tb = b.dtype if isinstance(b, PExpr) else None
+    if ta is not None and tb is not None:
+        return promote_dtypes(ta, tb)
+    if ta is None and tb is None:
+        return promote_dtypes(_weak_dtype(a), _weak_dtype(b))
+    strong, weak = (ta, b) if ta is not None else (tb, a)
+    assert strong is not None
+    wd = _weak_dtype(weak)
+    if wd == "float32" and not is_float_dtype(strong):
+        return "float32"
+    if strong == "bool" and wd != "bool" and op not in LOGICAL_OPS:
+        return wd
+    return strong
+
+
+def binary(op: str, a: object, b: object) -> PExpr:
+    """``a op b`` with both operands converted to their common dtype (``operand_dtype``);
+    comparisons and logical ops give bool."""
+    if op not in BINARY_OPS and op not in COMPARE_OPS and op not in LOGICAL_OPS:
+        raise ValueError(f"unknown binary op {op!r}")
+    dt = operand_dtype(op, a, b)
+    if op in LOGICAL_OPS and dt != "bool":
+        raise TypeError(f"'{op}' needs bool operands, got {dt}")
+    if op in BINARY_OPS and dt == "bool":
+        raise TypeError(f"arithmetic '{op}' on bool operands; cast them first")
+    ca, cb = convert(a, dt), convert(b, dt)
+    out = "bool" if op in COMPARE_OPS or op in LOGICAL_OPS else dt
+    return Binary(op, ca, cb, out)
 
 
 # -- buffers and statements ---------------------------------------------------------------

@@ -9,12 +9,17 @@ Canonical form: a sum of monomials over *atoms* with integer coefficients plus a
 Atoms are ``SymVar`` and the irreducible terms ``FloorDiv``, ``FloorMod``, ``Min`` and ``Max``.
 Semantics are Python's: ``//`` and ``%`` floor. Every ``SymVar`` carries its range: it is
 ``>= lo`` (0 unless declared) and ``<= hi`` when an upper bound is declared; the simplifier and
-the provers use these ranges.
+the provers use these ranges, so a rewrite may hold only for values in range (substituting an
+out-of-range value into a canonical expression does not recover the unsimplified one).
+Constant divisors of ``FloorDiv``/``FloorMod`` atoms are always >= 2.
 """
 
 from __future__ import annotations
 
 import itertools
+import keyword
+import math
+import operator
 from typing import Callable, Iterable, Mapping, Union
 
 from tilework.errors import SymbolicError
@@ -22,46 +27,75 @@ from tilework.errors import SymbolicError
 Dim = Union[int, "SymExpr"]
 Mono = tuple["Atom", ...]  # sorted atoms, repeated for powers; () is the constant monomial
 PolyDict = dict[Mono, int]
+Bound = tuple[Union[int, None], Union[int, None]]  # (lo, hi); None is unbounded on that side
 
 _interned: dict[tuple, "SymExpr"] = {}
 _var_serial = itertools.count()
 
 
+class ScalarOperand:
+    """Marker base of loop-level scalar expressions (``tilework.ir.loop.PExpr``). A dim's
+    operators return ``NotImplemented`` for them, so ``i + A[i]`` builds a loop expression."""
+
+    __slots__ = ()
+
+
 class SymExpr:
     """Base of symbolic integer expressions. Immutable and interned: compare with ``is``."""
 
-    __slots__ = ("_sort_key", "__weakref__")
+    __slots__ = ("_sort_key", "_bnd", "__weakref__")
     _sort_key: tuple
+    _bnd: Bound | None  # cached bounds (a pure function of the structure and the var ranges)
 
     # -- arithmetic: every operator returns a canonical Dim ------------------------------
     def __add__(self, other: Dim) -> Dim:
+        if isinstance(other, ScalarOperand):
+            return NotImplemented
         return add(self, other)
 
     def __radd__(self, other: Dim) -> Dim:
+        if isinstance(other, ScalarOperand):
+            return NotImplemented
         return add(other, self)
 
     def __sub__(self, other: Dim) -> Dim:
+        if isinstance(other, ScalarOperand):
+            return NotImplemented
         return sub(self, other)
 
     def __rsub__(self, other: Dim) -> Dim:
+        if isinstance(other, ScalarOperand):
+            return NotImplemented
         return sub(other, self)
 
     def __mul__(self, other: Dim) -> Dim:
+        if isinstance(other, ScalarOperand):
+            return NotImplemented
         return mul(self, other)
 
     def __rmul__(self, other: Dim) -> Dim:
+        if isinstance(other, ScalarOperand):
+            return NotImplemented
         return mul(other, self)
 
     def __floordiv__(self, other: Dim) -> Dim:
+        if isinstance(other, ScalarOperand):
+            return NotImplemented
         return floordiv(self, other)
 
     def __rfloordiv__(self, other: Dim) -> Dim:
+        if isinstance(other, ScalarOperand):
+            return NotImplemented
         return floordiv(other, self)
 
     def __mod__(self, other: Dim) -> Dim:
+        if isinstance(other, ScalarOperand):
+            return NotImplemented
         return floormod(self, other)
 
     def __rmod__(self, other: Dim) -> Dim:
+        if isinstance(other, ScalarOperand):
+            return NotImplemented
         return floormod(other, self)
 
     def __neg__(self) -> Dim:
@@ -76,8 +110,12 @@ class SymExpr:
     def __str__(self) -> str:
         return to_str(self)
 
-    def __reduce__(self) -> tuple:
-        return _rebuild, (_to_tree(self),)
+    # Immutable and interned: a copy is the object itself (as for ints), so identity survives.
+    def __copy__(self) -> SymExpr:
+        return self
+
+    def __deepcopy__(self, memo: dict) -> SymExpr:
+        return self
 
 
 class Atom(SymExpr):
@@ -86,58 +124,71 @@ class Atom(SymExpr):
     __slots__ = ()
 
 
+def _as_int(x: object, what: str) -> int:
+    if isinstance(x, bool) or not hasattr(type(x), "__index__"):
+        raise SymbolicError(f"{what}: expected an int, got {type(x).__name__}: {x!r}")
+    return operator.index(x)  # type: ignore[arg-type]
+
+
 class SymVar(Atom):
     """A named integer variable (a dynamic dimension). Identity, not name, makes it unique.
 
     ``lo`` is a proven lower bound (dims are >= 0 by default); ``hi`` an optional upper bound.
+    Pickling creates a new var (shared by everything in the same pickle); copying keeps it.
     """
 
     __slots__ = ("name", "lo", "hi")
 
     def __init__(self, name: str, lo: int = 0, hi: int | None = None) -> None:
-        if not name.isidentifier():
-            raise SymbolicError(f"symbolic dim name {name!r} is not an identifier")
+        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+            raise SymbolicError(f"symbolic dim name {name!r} is not a Python identifier")
+        lo = _as_int(lo, f"lower bound of {name!r}")
+        hi = None if hi is None else _as_int(hi, f"upper bound of {name!r}")
         if hi is not None and hi < lo:
             raise SymbolicError(f"symbolic dim {name!r}: upper bound {hi} is below lower bound {lo}")
         self.name = name
         self.lo = lo
         self.hi = hi
+        self._bnd = (lo, hi)
         self._sort_key = (0, name, next(_var_serial))
 
     def __reduce__(self) -> tuple:
         return SymVar, (self.name, self.lo, self.hi)
 
 
-class FloorDiv(Atom):
+class _Binary(Atom):
+    """An irreducible binary term ``OP(a, b)``; built only through its canonicalizing function."""
+
     __slots__ = ("a", "b")
+    OP = ""
 
-    def __init__(self, a: SymExpr | int, b: SymExpr | int) -> None:
+    def __init__(self, a: Dim, b: Dim) -> None:
         self.a, self.b = a, b
-        self._sort_key = (1, "//", _key_of(a), _key_of(b))
+        self._bnd = None
+        self._sort_key = (1, self.OP, _key_of(a), _key_of(b))
+
+    def __reduce__(self) -> tuple:
+        return _OPS[self.OP], (self.a, self.b)
 
 
-class FloorMod(Atom):
-    __slots__ = ("a", "b")
-
-    def __init__(self, a: SymExpr | int, b: SymExpr | int) -> None:
-        self.a, self.b = a, b
-        self._sort_key = (1, "%", _key_of(a), _key_of(b))
+class FloorDiv(_Binary):
+    __slots__ = ()
+    OP = "//"
 
 
-class Min(Atom):
-    __slots__ = ("a", "b")
-
-    def __init__(self, a: SymExpr | int, b: SymExpr | int) -> None:
-        self.a, self.b = a, b
-        self._sort_key = (1, "min", _key_of(a), _key_of(b))
+class FloorMod(_Binary):
+    __slots__ = ()
+    OP = "%"
 
 
-class Max(Atom):
-    __slots__ = ("a", "b")
+class Min(_Binary):
+    __slots__ = ()
+    OP = "min"
 
-    def __init__(self, a: SymExpr | int, b: SymExpr | int) -> None:
-        self.a, self.b = a, b
-        self._sort_key = (1, "max", _key_of(a), _key_of(b))
+
+class Max(_Binary):
+    __slots__ = ()
+    OP = "max"
 
 
 class Poly(SymExpr):
@@ -148,26 +199,33 @@ class Poly(SymExpr):
     def __init__(self, terms: tuple[tuple[Mono, int], ...], const: int) -> None:
         self.terms = terms
         self.const = const
+        self._bnd = None
         self._sort_key = (2, tuple((tuple(a._sort_key for a in m), c) for m, c in terms), const)
+
+    def __reduce__(self) -> tuple:
+        return _rebuild_poly, (self.terms, self.const)
 
 
 def _key_of(x: Dim) -> tuple:
     return (-1, x) if isinstance(x, int) else x._sort_key
 
 
-# -- interning ----------------------------------------------------------------------------
+# -- canonical polynomials ----------------------------------------------------------------
 
 
-def _intern(key: tuple, make: Callable[[], SymExpr]) -> SymExpr:
+def _intern(key: tuple, make: Callable[..., SymExpr], *args: object) -> SymExpr:
     node = _interned.get(key)
     if node is None:
-        node = make()
-        _interned[key] = node
+        node = _interned.setdefault(key, make(*args))  # setdefault: one winner across threads
     return node
 
 
 def _mono_key(m: Mono) -> tuple:
     return tuple(a._sort_key for a in m)
+
+
+def _term_order(t: tuple[Mono, int]) -> tuple:
+    return (-len(t[0]), _mono_key(t[0]))
 
 
 def _from_poly(p: PolyDict) -> Dim:
@@ -178,12 +236,13 @@ def _from_poly(p: PolyDict) -> Dim:
         return const
     if len(terms) == 1 and const == 0 and terms[0][1] == 1 and len(terms[0][0]) == 1:
         return terms[0][0][0]
-    terms.sort(key=lambda t: (-len(t[0]), _mono_key(t[0])))
+    terms.sort(key=_term_order)
     tterms = tuple(terms)
-    return _intern(("P", tterms, const), lambda: Poly(tterms, const))
+    return _intern(("P", tterms, const), Poly, tterms, const)
 
 
 def _poly(x: Dim) -> PolyDict:
+    """``x`` (already checked) as a fresh polynomial dict."""
     if isinstance(x, int):
         return {(): x} if x else {}
     if isinstance(x, Poly):
@@ -191,22 +250,27 @@ def _poly(x: Dim) -> PolyDict:
         if x.const:
             d[()] = x.const
         return d
-    if isinstance(x, Atom):
-        return {(x,): 1}
-    raise SymbolicError(f"not a symbolic dim: {x!r}")
+    return {(x,): 1}  # type: ignore[dict-item]
 
 
 def _check(x: object) -> Dim:
-    if isinstance(x, bool) or not isinstance(x, (int, SymExpr)):
-        raise SymbolicError(f"expected an int or a symbolic dim, got {type(x).__name__}: {x!r}")
-    return x  # type: ignore[return-value]
+    """``x`` as a Dim: a SymExpr, or a plain int (int-like values are converted; bools,
+    floats and everything else are rejected)."""
+    if type(x) is int or isinstance(x, SymExpr):
+        return x  # type: ignore[return-value]
+    return _as_int(x, "symbolic dim arithmetic")
+
+
+def _rebuild_poly(terms: tuple[tuple[Mono, int], ...], const: int) -> Dim:
+    return _from_poly({**dict(terms), (): const})
 
 
 # -- arithmetic ---------------------------------------------------------------------------
 
 
 def add(a: Dim, b: Dim) -> Dim:
-    if isinstance(a, int) and isinstance(b, int):
+    """``a + b``, canonical."""
+    if type(a) is int and type(b) is int:
         return a + b
     p = _poly(_check(a))
     for m, c in _poly(_check(b)).items():
@@ -215,7 +279,8 @@ def add(a: Dim, b: Dim) -> Dim:
 
 
 def sub(a: Dim, b: Dim) -> Dim:
-    if isinstance(a, int) and isinstance(b, int):
+    """``a - b``, canonical."""
+    if type(a) is int and type(b) is int:
         return a - b
     p = _poly(_check(a))
     for m, c in _poly(_check(b)).items():
@@ -231,13 +296,22 @@ def _mono_mul(x: Mono, y: Mono) -> Mono:
     return tuple(sorted(x + y, key=lambda a: a._sort_key))
 
 
+def _scale(x: SymExpr, k: int) -> Dim:
+    if k == 1:
+        return x
+    return _from_poly({m: c * k for m, c in _poly(x).items()})
+
+
 def mul(a: Dim, b: Dim) -> Dim:
-    if isinstance(a, int) and isinstance(b, int):
-        return a * b
-    pa, pb = _poly(_check(a)), _poly(_check(b))
+    """``a * b``, canonical (products of sums are expanded)."""
+    a, b = _check(a), _check(b)
+    if isinstance(a, int):
+        return a * b if isinstance(b, int) else _scale(b, a)
+    if isinstance(b, int):
+        return _scale(a, b)
     out: PolyDict = {}
-    for ma, ca in pa.items():
-        for mb, cb in pb.items():
+    for ma, ca in _poly(a).items():
+        for mb, cb in _poly(b).items():
             m = _mono_mul(ma, mb)
             out[m] = out.get(m, 0) + ca * cb
     return _from_poly(out)
@@ -256,101 +330,142 @@ def _mono_div(m: Mono, d: Mono) -> Mono | None:
     return tuple(rest)
 
 
-def _split_divisible(p: PolyDict, dm: Mono, dc: int) -> tuple[PolyDict, PolyDict]:
-    """Split p into (q, r) with p == q * (dc * dm) + r, q collecting the divisible terms."""
+def _split(a: Dim, b: Dim) -> tuple[Dim, Dim] | None:
+    """``(q, r)`` with ``a == q * b + r``, q collecting the terms of a divisible by b; None
+    when b is not a positive monomial or nothing divides. Then ``a // b == q + r // b`` and
+    ``a % b == r % b``."""
+    pb = _poly(b)
+    if len(pb) != 1:
+        return None
+    ((dm, dc),) = pb.items()
+    if dc <= 0 or (dm and not prove_ge(b, 1)):
+        return None
     q: PolyDict = {}
     r: PolyDict = {}
-    for m, c in p.items():
+    for m, c in _poly(a).items():
         qm = _mono_div(m, dm)
         if qm is not None and c % dc == 0:
             q[qm] = c // dc
         else:
             r[m] = c
-    return q, r
+    if not q:
+        return None
+    return _from_poly(q), _from_poly(r)
 
 
-def _single_mono(p: PolyDict) -> tuple[Mono, int] | None:
-    if len(p) == 1:
-        ((m, c),) = p.items()
-        return m, c
-    return None
+def _content(a: SymExpr, k: int) -> int:
+    """gcd of ``k`` and every coefficient (and the constant) of ``a``."""
+    g = k
+    for c in _poly(a).values():
+        g = math.gcd(g, c)
+        if g == 1:
+            break
+    return g
+
+
+def _div_exact(a: SymExpr, g: int) -> Dim:
+    return _from_poly({m: c // g for m, c in _poly(a).items()})
+
+
+def _small_residue(a: Dim, b: Dim) -> bool:
+    """``0 <= a < b`` for every assignment in range (so ``a // b == 0`` and ``a % b == a``)."""
+    return prove_ge(a, 0) and prove_ge(sub(b, 1), a)
 
 
 def floordiv(a: Dim, b: Dim) -> Dim:
+    """``a // b`` (floor division), canonical. A literal 0 divisor raises SymbolicError."""
     a, b = _check(a), _check(b)
-    if isinstance(b, int) and b == 0:
-        raise SymbolicError(f"division by zero in ({to_str(a)}) // 0")
-    if isinstance(a, int) and isinstance(b, int):
-        return a // b
-    if b == 1:
-        return a
-    pb = _poly(b)
-    mono = _single_mono(pb)
-    if mono is not None and (mono[1] > 0 and (not mono[0] or prove_ge(b, 1))):
-        q, r = _split_divisible(_poly(a), *mono)
-        if q:
-            return add(_from_poly(q), floordiv(_from_poly(r), b))
-    if isinstance(a, int) and a == 0:
+    if isinstance(b, int):
+        if b == 0:
+            raise SymbolicError(f"division by zero in ({to_str(a)}) // 0")
+        if isinstance(a, int):
+            return a // b
+        if b < 0:
+            return floordiv(mul(a, -1), -b)  # a // -c == (-a) // c
+        if b == 1:
+            return a
+    elif a == 0:
         return 0
-    lo, hi = bounds(a)
-    blo, bhi = bounds(b)
-    if blo is not None and blo >= 1 and lo is not None and lo >= 0:
-        if hi is not None and hi < blo:
-            return 0
-    if isinstance(a, FloorDiv) and isinstance(a.b, int) and isinstance(b, int) and a.b > 0 and b > 0:
-        return floordiv(a.a, a.b * b)
-    return _intern(("//", a, b), lambda: FloorDiv(a, b))
+    qr = _split(a, b)
+    if qr is not None:
+        return add(qr[0], floordiv(qr[1], b))
+    if isinstance(b, int):
+        assert isinstance(a, SymExpr)
+        g = _content(a, b)
+        if g > 1:
+            return floordiv(_div_exact(a, g), b // g)  # (g*x) // (g*k) == x // k
+    lo, hi = _div_bounds(bounds(a), bounds(b))
+    if lo is not None and lo == hi:
+        return lo
+    if isinstance(b, SymExpr) and _small_residue(a, b):
+        return 0
+    if isinstance(a, FloorDiv) and isinstance(a.b, int) and isinstance(b, int):
+        return floordiv(a.a, a.b * b)  # (x // c1) // c2 == x // (c1 * c2) for c1, c2 > 0
+    return _intern(("//", a, b), FloorDiv, a, b)
 
 
 def floormod(a: Dim, b: Dim) -> Dim:
+    """``a % b`` (sign of the divisor, as in Python), canonical. A literal 0 divisor raises."""
     a, b = _check(a), _check(b)
-    if isinstance(b, int) and b == 0:
-        raise SymbolicError(f"modulo by zero in ({to_str(a)}) % 0")
-    if isinstance(a, int) and isinstance(b, int):
-        return a % b
-    if b == 1 or b == -1:
+    if isinstance(b, int):
+        if b == 0:
+            raise SymbolicError(f"modulo by zero in ({to_str(a)}) % 0")
+        if isinstance(a, int):
+            return a % b
+        if b < 0:
+            return mul(floormod(mul(a, -1), -b), -1)  # a % -c == -((-a) % c)
+        if b == 1:
+            return 0
+    elif a == 0:
         return 0
-    pb = _poly(b)
-    mono = _single_mono(pb)
-    if mono is not None and (mono[1] > 0 and (not mono[0] or prove_ge(b, 1))):
-        q, r = _split_divisible(_poly(a), *mono)
-        if q:
-            return floormod(_from_poly(r), b)
-    if isinstance(a, int) and a == 0:
-        return 0
-    lo, hi = bounds(a)
-    blo, _ = bounds(b)
-    if blo is not None and blo >= 1 and lo is not None and lo >= 0 and hi is not None and hi < blo:
+    qr = _split(a, b)
+    if qr is not None:
+        return floormod(qr[1], b)
+    if isinstance(b, int):
+        assert isinstance(a, SymExpr)
+        g = _content(a, b)
+        if g > 1:
+            return mul(floormod(_div_exact(a, g), b // g), g)  # (g*x) % (g*k) == g * (x % k)
+        lo, hi = bounds(a)
+        if lo is not None and hi is not None and lo // b == hi // b:
+            return sub(a, lo // b * b)
+        if isinstance(a, FloorMod) and isinstance(a.b, int) and a.b % b == 0:
+            return floormod(a.a, b)  # (x % (k*c)) % c == x % c
+    elif _small_residue(a, b):
         return a
-    if isinstance(a, FloorMod) and isinstance(a.b, int) and isinstance(b, int) and b > 0 and a.b % b == 0:
-        return floormod(a.a, b)
-    return _intern(("%", a, b), lambda: FloorMod(a, b))
+    return _intern(("%", a, b), FloorMod, a, b)
 
 
 def min_(a: Dim, b: Dim) -> Dim:
+    """``min(a, b)``: the smaller one when that is provable, else a canonical Min term."""
     a, b = _check(a), _check(b)
     if isinstance(a, int) and isinstance(b, int):
         return min(a, b)
-    if a is b or prove_le(a, b):
+    if a is b:
+        return a
+    if _key_of(b) < _key_of(a):  # order first, so the result does not depend on argument order
+        a, b = b, a
+    if prove_le(a, b):
         return a
     if prove_le(b, a):
         return b
-    if _key_of(b) < _key_of(a):
-        a, b = b, a
-    return _intern(("min", a, b), lambda: Min(a, b))
+    return _intern(("min", a, b), Min, a, b)
 
 
 def max_(a: Dim, b: Dim) -> Dim:
+    """``max(a, b)``: the larger one when that is provable, else a canonical Max term."""
     a, b = _check(a), _check(b)
     if isinstance(a, int) and isinstance(b, int):
         return max(a, b)
-    if a is b or prove_ge(a, b):
+    if a is b:
+        return a
+    if _key_of(b) < _key_of(a):
+        a, b = b, a
+    if prove_ge(a, b):
         return a
     if prove_ge(b, a):
         return b
-    if _key_of(b) < _key_of(a):
-        a, b = b, a
-    return _intern(("max", a, b), lambda: Max(a, b))
+    return _intern(("max", a, b), Max, a, b)
 
 
 def ceildiv(a: Dim, b: Dim) -> Dim:
@@ -358,21 +473,27 @@ def ceildiv(a: Dim, b: Dim) -> Dim:
     return floordiv(add(a, sub(b, 1)), b)
 
 
+_OPS: dict[str, Callable[[Dim, Dim], Dim]] = {"//": floordiv, "%": floormod, "min": min_, "max": max_}
+
 # -- bounds -------------------------------------------------------------------------------
 
-Bound = tuple[Union[int, None], Union[int, None]]  # (lo, hi); None is unbounded on that side
+_INF = float("inf")
+
+
+def _xmul(p: float, q: float) -> float:
+    if p == 0 or q == 0:
+        return 0
+    if isinstance(p, float) or isinstance(q, float):  # an infinite end: only its sign matters
+        return _INF if (p > 0) == (q > 0) else -_INF
+    return p * q
 
 
 def _imul(x: Bound, y: Bound) -> Bound:
-    (a, b), (c, d) = x, y
-    if None not in (a, b, c, d):
-        prods = [a * c, a * d, b * c, b * d]  # type: ignore[operator]
-        return min(prods), max(prods)
-    # Dims are usually non-negative: handle [>=0] * [>=0] with open upper ends.
-    if a is not None and c is not None and a >= 0 and c >= 0:
-        hi = b * d if b is not None and d is not None else None
-        return a * c, hi
-    return None, None
+    xs = (-_INF if x[0] is None else x[0], _INF if x[1] is None else x[1])
+    ys = (-_INF if y[0] is None else y[0], _INF if y[1] is None else y[1])
+    prods = [_xmul(p, q) for p in xs for q in ys]
+    lo, hi = min(prods), max(prods)
+    return (None if lo == -_INF else int(lo)), (None if hi == _INF else int(hi))
 
 
 def _iscale(x: Bound, k: int) -> Bound:
@@ -388,64 +509,125 @@ def _iadd(x: Bound, y: Bound) -> Bound:
     return lo, hi
 
 
-def _atom_bounds(a: Atom) -> Bound:
-    if isinstance(a, SymVar):
-        return a.lo, a.hi
-    la, ha = bounds(a.a)  # type: ignore[attr-defined]
-    lb, hb = bounds(a.b)  # type: ignore[attr-defined]
-    if isinstance(a, Min):
-        lo = None if la is None or lb is None else min(la, lb)
-        hi = hb if ha is None else (ha if hb is None else min(ha, hb))
-        return lo, hi
-    if isinstance(a, Max):
-        lo = lb if la is None else (la if lb is None else max(la, lb))
-        hi = None if ha is None or hb is None else max(ha, hb)
-        return lo, hi
-    if isinstance(a, FloorMod):
-        if lb is not None and lb >= 1:
-            hi = None if hb is None else hb - 1
-            if la is not None and la >= 0 and ha is not None:
-                hi = ha if hi is None else min(ha, hi)
-            return 0, hi
-        if hb is not None and hb <= -1:
-            return (None if lb is None else lb + 1), 0
+def _ineg(x: Bound) -> Bound:
+    return (None if x[1] is None else -x[1]), (None if x[0] is None else -x[0])
+
+
+def _meet(x: Bound, y: Bound) -> Bound:
+    lo = x[0] if y[0] is None else (y[0] if x[0] is None else max(x[0], y[0]))
+    hi = x[1] if y[1] is None else (y[1] if x[1] is None else min(x[1], y[1]))
+    return lo, hi
+
+
+def _div_bounds(x: Bound, y: Bound) -> Bound:
+    (la, ha), (lb, hb) = x, y
+    if hb is not None and hb <= -1:
+        return _div_bounds(_ineg(x), _ineg(y))  # a // b == (-a) // (-b)
+    if lb is None or lb < 1:
         return None, None
-    if isinstance(a, FloorDiv):
-        if lb is not None and lb >= 1:
-            # a // b rises with a; it falls with b for a >= 0 and rises with b for a < 0.
-            if la is None:
-                lo = None
-            elif la >= 0:
-                lo = 0 if hb is None else la // hb
-            else:
-                lo = la // lb
-            if ha is None:
-                hi = None
-            elif ha >= 0:
-                hi = ha // lb
-            else:
-                hi = -1 if hb is None else ha // hb
-            return lo, hi
-        if lb is not None and lb == hb and lb <= -1:
-            return (None if ha is None else ha // lb), (None if la is None else la // lb)
+    # a // b rises with a; it falls with b for a >= 0 and rises with b for a < 0.
+    if la is None:
+        lo = None
+    elif la >= 0:
+        lo = 0 if hb is None else la // hb
+    else:
+        lo = la // lb
+    if ha is None:
+        hi = None
+    elif ha >= 0:
+        hi = ha // lb
+    else:
+        hi = -1 if hb is None else ha // hb
+    return lo, hi
+
+
+def _mod_bounds(x: Bound, y: Bound) -> Bound:
+    (la, ha), (lb, hb) = x, y
+    if hb is not None and hb <= -1:
+        return _ineg(_mod_bounds(_ineg(x), _ineg(y)))  # a % b == -((-a) % (-b))
+    if lb is None or lb < 1:
         return None, None
-    return None, None
+    hi = None if hb is None else hb - 1
+    if la is not None and la >= 0 and ha is not None:
+        hi = ha if hi is None else min(ha, hi)
+    return 0, hi
+
+
+def _minmax_bounds(x: Bound, y: Bound, is_min: bool) -> Bound:
+    if not is_min:
+        return _ineg(_minmax_bounds(_ineg(x), _ineg(y), True))
+    lo = None if x[0] is None or y[0] is None else min(x[0], y[0])
+    hi = y[1] if x[1] is None else (x[1] if y[1] is None else min(x[1], y[1]))
+    return lo, hi
+
+
+def _shifted_bounds(e: Poly) -> Bound:
+    """Bounds of ``e`` after writing each atom as ``lo + t`` with ``t`` in ``[0, hi - lo]`` and
+    expanding: terms then cancel (``n*m - n`` becomes ``n0*t_m + t_n*t_m``) where plain interval
+    arithmetic treats them as independent."""
+    if sum(1 << len(m) for m, _ in e.terms) > 256:
+        return None, None
+    shifted: PolyDict = {}
+    width: dict[Atom, int | None] = {}
+    for m, c in e.terms:
+        part: PolyDict = {(): c}
+        for atom in m:
+            lo, hi = bounds(atom)
+            if lo is None:
+                return None, None
+            width[atom] = None if hi is None else hi - lo
+            nxt: PolyDict = {}
+            for k, v in part.items():
+                if lo:
+                    nxt[k] = nxt.get(k, 0) + v * lo
+                nxt[k + (atom,)] = nxt.get(k + (atom,), 0) + v
+            part = nxt
+        for k, v in part.items():
+            shifted[k] = shifted.get(k, 0) + v
+    const = e.const + shifted.pop((), 0)
+    acc: Bound = (const, const)
+    for k, v in shifted.items():
+        widths = [width[a] for a in k]
+        top = 0 if 0 in widths else (None if None in widths else math.prod(widths))  # type: ignore[arg-type]
+        acc = _iadd(acc, _iscale((0, top), v))
+    return acc
+
+
+def _poly_bounds(e: Poly) -> Bound:
+    acc: Bound = (e.const, e.const)
+    exact = True  # all coefficients > 0 and all atoms >= 0: the shifted form adds nothing
+    for m, c in e.terms:
+        mb: Bound = (1, 1)
+        for atom in m:
+            ab = bounds(atom)
+            exact = exact and ab[0] is not None and ab[0] >= 0
+            mb = _imul(mb, ab)
+        exact = exact and c > 0
+        acc = _iadd(acc, _iscale(mb, c))
+    return acc if exact else _meet(acc, _shifted_bounds(e))
 
 
 def bounds(e: Dim) -> Bound:
-    """Interval bounds ``(lo, hi)`` of ``e`` over the ranges of its vars (None: unbounded)."""
+    """Interval bounds ``(lo, hi)`` of ``e`` over the ranges of its vars (None: unbounded).
+    Sound, not always tight; cached on the node."""
     if isinstance(e, int):
-        return e, e
-    if isinstance(e, Atom):
-        return _atom_bounds(e)
-    assert isinstance(e, Poly)
-    acc: Bound = (e.const, e.const)
-    for m, c in e.terms:
-        mb: Bound = (1, 1)
-        for a in m:
-            mb = _imul(mb, _atom_bounds(a))
-        acc = _iadd(acc, _iscale(mb, c))
-    return acc
+        return int(e), int(e)
+    bnd = e._bnd
+    if bnd is not None:
+        return bnd
+    if isinstance(e, Poly):
+        bnd = _poly_bounds(e)
+    else:
+        assert isinstance(e, _Binary)
+        x, y = bounds(e.a), bounds(e.b)
+        if isinstance(e, FloorDiv):
+            bnd = _div_bounds(x, y)
+        elif isinstance(e, FloorMod):
+            bnd = _mod_bounds(x, y)
+        else:
+            bnd = _minmax_bounds(x, y, isinstance(e, Min))
+    e._bnd = bnd
+    return bnd
 
 
 # -- provers ------------------------------------------------------------------------------
@@ -461,39 +643,62 @@ def _expand_mods(e: Dim) -> Dim:
     return substitute_atoms(e, _expand_mods)
 
 
+def _div_lower(d: Dim) -> int | None:
+    """A lower bound of ``d`` found by relaxing each lone term ``k * (x // c)`` (constant
+    ``c > 0``) with ``x - c + 1 <= c * (x // c) <= x``, on the side that bounds it below."""
+    if not isinstance(d, Poly):
+        return None
+    divs = [m[0].b for m, _ in d.terms if len(m) == 1 and isinstance(m[0], FloorDiv) and isinstance(m[0].b, int)]
+    if not divs:
+        return None
+    s = math.lcm(*divs)  # type: ignore[arg-type]
+    acc: Dim = s * d.const
+    for m, k in d.terms:
+        atom = m[0]
+        if len(m) == 1 and isinstance(atom, FloorDiv) and isinstance(atom.b, int):
+            x = atom.a if k < 0 else sub(atom.a, atom.b - 1)
+            acc = add(acc, mul(x, s // atom.b * k))
+        else:
+            acc = add(acc, mul(_from_poly({m: k}), s))
+    lo = bounds(acc)[0]
+    return None if lo is None else -(-lo // s)
+
+
+def _nonneg(d: Dim) -> bool:
+    """True when ``d >= 0`` is proved for every assignment in range."""
+    if isinstance(d, int):
+        return d >= 0
+    expanded = _expand_mods(d)
+    for x in (d, expanded) if expanded is not d else (d,):
+        if isinstance(x, int):
+            return x >= 0
+        lo = bounds(x)[0]
+        if lo is not None and lo >= 0:
+            return True
+        lo = _div_lower(x)
+        if lo is not None and lo >= 0:
+            return True
+    return False
+
+
 def prove_ge(a: Dim, b: Dim = 0) -> bool:
     """True when ``a >= b`` holds for every assignment in range (False means: not proved)."""
-    d = sub(a, b)
-    lo = bounds(d)[0]
-    if lo is not None and lo >= 0:
-        return True
-    if isinstance(d, int):
-        return False
-    d2 = _expand_mods(d)
-    if d2 is not d:
-        lo = bounds(d2)[0]
-        return lo is not None and lo >= 0
-    return False
+    return _nonneg(sub(a, b))
 
 
 def prove_le(a: Dim, b: Dim = 0) -> bool:
     """True when ``a <= b`` holds for every assignment in range."""
-    return prove_ge(b, a)
+    return _nonneg(sub(b, a))
 
 
 def prove_eq(a: Dim, b: Dim) -> bool:
     """True when ``a == b`` for every assignment in range."""
-    if a is b or (isinstance(a, int) and isinstance(b, int) and a == b):
+    if a is b:
         return True
     d = sub(a, b)
-    if d == 0:
-        return True
     if isinstance(d, int):
-        return False
-    if _expand_mods(d) == 0:
-        return True
-    lo, hi = bounds(d)
-    return lo == 0 and hi == 0
+        return d == 0
+    return _nonneg(d) and _nonneg(mul(d, -1))
 
 
 def prove_ne(a: Dim, b: Dim) -> bool:
@@ -502,28 +707,23 @@ def prove_ne(a: Dim, b: Dim) -> bool:
     if isinstance(d, int):
         return d != 0
     lo, hi = bounds(d)
-    return (lo is not None and lo > 0) or (hi is not None and hi < 0)
+    if (lo is not None and lo > 0) or (hi is not None and hi < 0):
+        return True
+    if isinstance(d, Poly):  # every term is a multiple of g, the constant is not: d is never 0
+        g = 0
+        for _, c in d.terms:
+            g = math.gcd(g, c)
+        return d.const % g != 0
+    return False
 
 
 def simplify(e: Dim) -> Dim:
     """The canonical form of ``e``. Expressions are canonical on construction; this re-runs
-    the rules bottom-up, which matters after var ranges were used to build a tighter form."""
+    the rules bottom-up (a fixed point for expressions built by this module)."""
     return substitute(e, {})
 
 
 # -- traversal ----------------------------------------------------------------------------
-
-
-def _children(a: Atom) -> tuple[Dim, Dim]:
-    return a.a, a.b  # type: ignore[attr-defined]
-
-
-_REBUILD: dict[type, Callable[[Dim, Dim], Dim]] = {
-    FloorDiv: floordiv,
-    FloorMod: floormod,
-    Min: min_,
-    Max: max_,
-}
 
 
 def substitute_atoms(e: Dim, f: Callable[[Dim], Dim]) -> Dim:
@@ -531,9 +731,8 @@ def substitute_atoms(e: Dim, f: Callable[[Dim], Dim]) -> Dim:
     monomial factor."""
     if isinstance(e, int) or isinstance(e, SymVar):
         return e
-    if isinstance(e, Atom):
-        x, y = _children(e)
-        return _REBUILD[type(e)](f(x), f(y))
+    if isinstance(e, _Binary):
+        return _OPS[e.OP](f(e.a), f(e.b))
     assert isinstance(e, Poly)
     acc: Dim = e.const
     for m, c in e.terms:
@@ -545,18 +744,17 @@ def substitute_atoms(e: Dim, f: Callable[[Dim], Dim]) -> Dim:
 
 
 def substitute(e: Dim, mapping: Mapping[SymVar, Dim]) -> Dim:
-    """Replace vars by dims and re-canonicalize."""
+    """Replace vars by dims (simultaneously) and re-canonicalize. Images should lie in their
+    var's range, since canonical forms may rely on it."""
     if isinstance(e, int):
         return e
-    if isinstance(e, SymVar):
-        return mapping.get(e, e)
     memo: dict[SymExpr, Dim] = {}
 
     def go(x: Dim) -> Dim:
         if isinstance(x, int):
             return x
         if isinstance(x, SymVar):
-            return mapping.get(x, x)
+            return _check(mapping[x]) if x in mapping else x
         r = memo.get(x)
         if r is None:
             r = substitute_atoms(x, go)
@@ -569,10 +767,12 @@ def substitute(e: Dim, mapping: Mapping[SymVar, Dim]) -> Dim:
 def free_vars(e: Dim) -> tuple[SymVar, ...]:
     """Vars of ``e`` in first-occurrence order."""
     out: dict[SymVar, None] = {}
+    seen: set[SymExpr] = set()
 
     def go(x: Dim) -> None:
-        if isinstance(x, int):
+        if isinstance(x, int) or x in seen:
             return
+        seen.add(x)
         if isinstance(x, SymVar):
             out[x] = None
         elif isinstance(x, Poly):
@@ -580,8 +780,9 @@ def free_vars(e: Dim) -> tuple[SymVar, ...]:
                 for a in m:
                     go(a)
         else:
-            go(x.a)  # type: ignore[attr-defined]
-            go(x.b)  # type: ignore[attr-defined]
+            assert isinstance(x, _Binary)
+            go(x.a)
+            go(x.b)
 
     go(e)
     return tuple(out)
@@ -589,6 +790,12 @@ def free_vars(e: Dim) -> tuple[SymVar, ...]:
 
 def evaluate(e: Dim, env: Mapping[SymVar, int]) -> int:
     """The value of ``e`` under an assignment of all its vars."""
+    if isinstance(e, int):
+        return e
+    return _eval(e, env, {})
+
+
+def _eval(e: Dim, env: Mapping[SymVar, int], memo: dict[SymExpr, int]) -> int:
     if isinstance(e, int):
         return e
     if isinstance(e, SymVar):
@@ -601,27 +808,31 @@ def evaluate(e: Dim, env: Mapping[SymVar, int]) -> int:
         for m, c in e.terms:
             t = c
             for a in m:
-                t *= evaluate(a, env)
+                t *= _eval(a, env, memo)
             total += t
         return total
-    x = evaluate(e.a, env)  # type: ignore[attr-defined]
-    y = evaluate(e.b, env)  # type: ignore[attr-defined]
-    if isinstance(e, FloorDiv):
+    assert isinstance(e, _Binary)
+    r = memo.get(e)
+    if r is not None:
+        return r
+    x, y = _eval(e.a, env, memo), _eval(e.b, env, memo)
+    if isinstance(e, (FloorDiv, FloorMod)):
         if y == 0:
             raise SymbolicError(f"division by zero evaluating {to_str(e)}")
-        return x // y
-    if isinstance(e, FloorMod):
-        if y == 0:
-            raise SymbolicError(f"modulo by zero evaluating {to_str(e)}")
-        return x % y
-    return min(x, y) if isinstance(e, Min) else max(x, y)
+        r = x // y if isinstance(e, FloorDiv) else x % y
+    else:
+        r = min(x, y) if isinstance(e, Min) else max(x, y)
+    memo[e] = r
+    return r
 
 
 def is_static(dims: Iterable[Dim]) -> bool:
+    """True when every dim is a known int."""
     return all(isinstance(d, int) for d in dims)
 
 
 def product(dims: Iterable[Dim]) -> Dim:
+    """The canonical product of ``dims`` (1 for none)."""
     acc: Dim = 1
     for d in dims:
         acc = mul(acc, d)
@@ -639,17 +850,15 @@ def _str_prec(e: Dim, names: Callable[[SymVar], str]) -> tuple[str, int]:
     if isinstance(e, SymVar):
         return names(e), _PREC_ATOM
     if isinstance(e, (Min, Max)):
-        fn = "min" if isinstance(e, Min) else "max"
-        return f"{fn}({_str(e.a, names)}, {_str(e.b, names)})", _PREC_ATOM
+        return f"{e.OP}({_str(e.a, names)}, {_str(e.b, names)})", _PREC_ATOM
     if isinstance(e, (FloorDiv, FloorMod)):
-        op = "//" if isinstance(e, FloorDiv) else "%"
         a, pa = _str_prec(e.a, names)
         b, pb = _str_prec(e.b, names)
         if pa < _PREC_MUL:
             a = f"({a})"
         if pb <= _PREC_MUL:
             b = f"({b})"
-        return f"{a} {op} {b}", _PREC_MUL
+        return f"{a} {e.OP} {b}", _PREC_MUL
     assert isinstance(e, Poly)
     parts: list[str] = []
     prec = _PREC_ADD
@@ -657,6 +866,8 @@ def _str_prec(e: Dim, names: Callable[[SymVar], str]) -> tuple[str, int]:
         printed = [_str_prec(a, names) for a in m]
         if len(m) == 1 and abs(c) == 1:
             body, prec = printed[0]
+            if c < 0 and not parts and prec == _PREC_MUL:
+                body = f"({body})"  # a leading unary minus binds tighter than // and %
         else:
             factors = [s if p == _PREC_ATOM else f"({s})" for s, p in printed]
             if abs(c) != 1:
@@ -676,33 +887,7 @@ def _str(e: Dim, names: Callable[[SymVar], str]) -> str:
 
 
 def to_str(e: Dim, names: Callable[[SymVar], str] | None = None) -> str:
-    """Python-syntax text of ``e``; ``names`` renames vars (the printer makes names unique)."""
+    """Python-syntax text of ``e``; ``names`` renames vars (the printer makes names unique).
+    ``eval`` of the text with the vars bound and ``min``/``max`` mapped to ``min_``/``max_``
+    rebuilds ``e`` itself."""
     return _str(e, names or (lambda v: v.name))
-
-
-# -- pickling: interned nodes are rebuilt through the constructors ------------------------
-
-
-def _to_tree(e: Dim) -> object:
-    if isinstance(e, (int, SymVar)):
-        return e
-    if isinstance(e, Poly):
-        return ("P", tuple((tuple(_to_tree(a) for a in m), c) for m, c in e.terms), e.const)
-    kind = {FloorDiv: "//", FloorMod: "%", Min: "min", Max: "max"}[type(e)]
-    return (kind, _to_tree(e.a), _to_tree(e.b))  # type: ignore[attr-defined]
-
-
-def _rebuild(tree: object) -> Dim:
-    if isinstance(tree, (int, SymVar)):
-        return tree
-    assert isinstance(tree, tuple)
-    if tree[0] == "P":
-        acc: Dim = tree[2]
-        for m, c in tree[1]:
-            t: Dim = c
-            for a in m:
-                t = mul(t, _rebuild(a))
-            acc = add(acc, t)
-        return acc
-    fn = {"//": floordiv, "%": floormod, "min": min_, "max": max_}[tree[0]]
-    return fn(_rebuild(tree[1]), _rebuild(tree[2]))

@@ -6,35 +6,24 @@ Importing this package registers every op. The functions here build (unnormalize
 
 from __future__ import annotations
 
-from tilework.ir.graph import Call, Expr
-from tilework.op import calls, elementwise
+from tilework.op import calls, create, elementwise, linalg, manipulate, nn, reduce
 from tilework.op.base import DimCheck, Op, OpPattern, all_ops, get, infer_with_checks, make_call, register
 from tilework.op.calls import call_lib, call_packed, call_tensor
-from tilework.op.elementwise import astype, where
-
-
-def _unary(name: str):  # type: ignore[no-untyped-def]
-    def f(x: Expr) -> Call:
-        return make_call(name, [x])
-
-    f.__name__ = name
-    f.__doc__ = f"Elementwise ``{name}``."
-    return f
-
-
-def _binary(name: str):  # type: ignore[no-untyped-def]
-    def f(a: Expr, b: Expr) -> Call:
-        return make_call(name, [a, b])
-
-    f.__name__ = name
-    f.__doc__ = f"Elementwise ``{name}`` with NumPy broadcasting."
-    return f
-
-
-for _n in elementwise.UNARY:
-    globals()[_n] = _unary(_n)
-for _n in elementwise.ARITH + elementwise.COMPARE + elementwise.LOGICAL:
-    globals()[_n] = _binary(_n)
+from tilework.op.create import arange, full, full_like, ones, ones_like, zeros, zeros_like
+from tilework.op.elementwise import (
+    neg, abs, exp, log, sqrt, rsqrt, tanh, erf, sigmoid, relu, gelu, gelu_tanh, silu, sin, cos,
+    floor, ceil, round, square, logical_not, add, subtract, multiply, divide, floor_divide,
+    mod, power, maximum, minimum, equal, not_equal, less, less_equal, greater, greater_equal,
+    logical_and, logical_or, logical_xor,
+    astype, where,
+)  # fmt: skip
+from tilework.op.linalg import linear, matmul
+from tilework.op.manipulate import (
+    broadcast_to, concat, expand_dims, flatten, permute_dims, reshape, shape_of, split, squeeze,
+    strided_slice, take,
+)  # fmt: skip
+from tilework.op.nn import attention, layer_norm, log_softmax, rms_norm, softmax
+from tilework.op.reduce import argmax, argmin, max, mean, min, prod, sum
 
 __all__ = [
     "DimCheck",
@@ -45,6 +34,13 @@ __all__ = [
     "infer_with_checks",
     "make_call",
     "register",
+    "calls",
+    "create",
+    "elementwise",
+    "linalg",
+    "manipulate",
+    "nn",
+    "reduce",
     "call_lib",
     "call_packed",
     "call_tensor",
@@ -54,4 +50,10 @@ __all__ = [
     *elementwise.ARITH,
     *elementwise.COMPARE,
     *elementwise.LOGICAL,
-]
+    "arange", "full", "full_like", "ones", "ones_like", "zeros", "zeros_like",
+    "linear", "matmul",
+    "broadcast_to", "concat", "expand_dims", "flatten", "permute_dims", "reshape", "shape_of",
+    "split", "squeeze", "strided_slice", "take",
+    "attention", "layer_norm", "log_softmax", "rms_norm", "softmax",
+    "argmax", "argmin", "max", "mean", "min", "prod", "sum",
+]  # fmt: skip

@@ -18,8 +18,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from tilework.errors import InferenceError, ShapeError
 from tilework.ir import sym
-from tilework.ir.graph import EMPTY_ATTRS, Attrs, Call, Expr, OpRef
-from tilework.ir.info import AnyInfo, StructInfo, TensorInfo, shape_str
+from tilework.ir.graph import EMPTY_ATTRS, Attrs, Call, Expr, OpRef, ShapeExpr
+from tilework.ir.info import DTYPES, AnyInfo, ShapeInfo, StructInfo, TensorInfo, shape_str
 from tilework.ir.sym import Dim, SymVar
 
 
@@ -40,7 +40,8 @@ class DimCheck:
     """A fact about dims that inference assumed and run time must check.
 
     kinds: ``eq`` (all dims equal), ``broadcast`` (``a == b`` or either is 1; 0 only against
-    an equal dim), ``ge`` (``a >= b``), ``divides`` (``a % b == 0``).
+    an equal dim), ``ge`` (``a >= b``), ``divides`` (``a % b == 0``), ``expands`` (``a``
+    broadcasts one way to ``b``: ``a == b`` or ``a == 1``).
     """
 
     kind: str
@@ -58,6 +59,8 @@ class DimCheck:
             return vals[0] >= vals[1]
         if self.kind == "divides":
             return vals[1] != 0 and vals[0] % vals[1] == 0
+        if self.kind == "expands":
+            return vals[0] == vals[1] or vals[0] == 1
         raise InferenceError(f"unknown dim check kind {self.kind!r}")
 
 
@@ -97,6 +100,7 @@ class Op:
     num_args: int | None = None  # None: variadic
     pure: bool = True
     legalize: Callable[..., Any] | None = None
+    effect: bool = False  # a run-time check: never removed as dead code, though pure
 
     def ref(self) -> OpRef:
         return _REFS[self.name]
@@ -221,6 +225,111 @@ def unify_dtype(dtypes: Sequence[str | None], ctx: InferCtx) -> str | None:
     return known.pop() if known else None
 
 
+def normalize_axes(axes: Sequence[int], ndim: int, ctx: InferCtx) -> tuple[int, ...]:
+    """``axes`` mapped into ``[0, ndim)`` in the given order; a repeated axis is an error."""
+    out = tuple(normalize_axis(a, ndim, ctx) for a in axes)
+    if len(set(out)) != len(out):
+        raise ctx.error(f"repeated axis in {tuple(axes)} for a tensor of rank {ndim}")
+    return out
+
+
+def is_float_dtype(dtype: str | None) -> bool:
+    """True for floating-point dtypes and for an unknown dtype (which may be one)."""
+    return dtype is None or dtype.startswith("float") or dtype == "bfloat16"
+
+
+def require_float(t: TensorInfo, ctx: InferCtx, what: str = "input") -> None:
+    if not is_float_dtype(t.dtype):
+        raise ctx.error(f"{what} must be a floating-point tensor, got {t.dtype}")
+
+
+def shape_arg(call: Call, i: int, ctx: InferCtx) -> ShapeInfo:
+    """Argument ``i`` as a shape value; an unknown-typed argument is a shape of unknown rank."""
+    if i >= len(call.args):
+        raise ctx.error(f"expects at least {i + 1} argument(s), got {len(call.args)}")
+    info = call.args[i].info
+    if isinstance(info, ShapeInfo):
+        return info
+    if isinstance(info, AnyInfo):
+        return ShapeInfo(None, -1)
+    raise ctx.error(f"argument {i} must be a shape, got {type(info).__name__}")
+
+
+def to_shape_expr(shape: Expr | Sequence[Dim], op_name: str) -> Expr:
+    """A constructor's shape argument: an expression is used as is, dims become a ShapeExpr."""
+    if isinstance(shape, Expr):
+        return shape
+    values = tuple(shape)
+    for d in values:
+        if isinstance(d, bool) or not isinstance(d, (int, sym.SymExpr)):
+            raise InferenceError(f"{op_name}: shape entries must be ints or symbolic dims, got {d!r}")
+    return ShapeExpr(values)
+
+
+def require_nonneg(shape: Sequence[Dim], ctx: InferCtx, what: str) -> None:
+    """Dims of a requested shape: a provably negative one is an error, an unprovable one a check."""
+    for d in shape:
+        if sym.prove_ge(d, 0):
+            continue
+        if isinstance(d, int) or sym.prove_le(d, -1):
+            raise ctx.shape_error(f"{what} {shape_str(tuple(shape))} has a negative dim {sym.to_str(d)}")
+        ctx.require("ge", (d, 0), f"dim {sym.to_str(d)} of {what} {shape_str(tuple(shape))} must be >= 0")
+
+
+def require_expands(src: Sequence[Dim], dst: Sequence[Dim], ctx: InferCtx, what: str) -> None:
+    """``src`` (the shape of ``what``) broadcasts one way to ``dst``: right-aligned, each dim
+    equal or 1."""
+    s, d = shape_str(tuple(src)), shape_str(tuple(dst))
+    if len(src) > len(dst):
+        raise ctx.shape_error(f"cannot broadcast {what} {s} to {d}: too many dims")
+    for a, b in zip(reversed(tuple(src)), reversed(tuple(dst))):
+        if a == 1 or a is b or sym.prove_eq(a, b):
+            continue
+        if sym.prove_ne(a, b) and sym.prove_ne(a, 1):
+            raise ctx.shape_error(f"cannot broadcast {what} {s} to {d} ({sym.to_str(a)} vs {sym.to_str(b)})")
+        ctx.require("expands", (a, b), f"dim {sym.to_str(a)} of {what} {s} must be 1 or {sym.to_str(b)} to broadcast to {d}")
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def int_attr(call: Call, name: str, ctx: InferCtx) -> int:
+    v = call.attrs[name]
+    if not _is_int(v):
+        raise ctx.error(f"attribute {name} must be an int, got {v!r}")
+    return int(v)
+
+
+def axes_attr(call: Call, name: str, ctx: InferCtx) -> tuple[int, ...] | None:
+    """An axes attribute: None, an int (one axis) or a tuple of ints."""
+    v = call.attrs[name]
+    if v is None:
+        return None
+    if _is_int(v):
+        return (int(v),)
+    if isinstance(v, tuple) and all(_is_int(a) for a in v):
+        return tuple(int(a) for a in v)
+    raise ctx.error(f"attribute {name} must be None, an int or a tuple of ints, got {v!r}")
+
+
+def bool_attr(call: Call, name: str, ctx: InferCtx) -> bool:
+    v = call.attrs[name]
+    if not isinstance(v, bool):
+        raise ctx.error(f"attribute {name} must be a bool, got {v!r}")
+    return v
+
+
+def dtype_attr(call: Call, name: str, ctx: InferCtx) -> str | None:
+    """A dtype attribute; None means "not given" (the op's rule decides)."""
+    v = call.attrs[name]
+    if v is None:
+        return None
+    if v not in DTYPES:
+        raise ctx.error(f"attribute {name}: unknown dtype {v!r}; expected one of {', '.join(DTYPES)}")
+    return str(v)
+
+
 __all__ = [
     "OpPattern",
     "DimCheck",
@@ -238,4 +347,15 @@ __all__ = [
     "broadcast_dims",
     "require_equal",
     "unify_dtype",
+    "normalize_axes",
+    "is_float_dtype",
+    "require_float",
+    "shape_arg",
+    "to_shape_expr",
+    "require_nonneg",
+    "require_expands",
+    "int_attr",
+    "axes_attr",
+    "bool_attr",
+    "dtype_attr",
 ]

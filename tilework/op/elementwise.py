@@ -14,6 +14,7 @@ from tilework.op.base import (
     Op,
     OpPattern,
     broadcast_shapes,
+    is_float_dtype,
     make_call,
     register,
     tensor_arg,
@@ -30,13 +31,9 @@ COMPARE = ("equal", "not_equal", "less", "less_equal", "greater", "greater_equal
 LOGICAL = ("logical_and", "logical_or", "logical_xor")
 
 
-def _is_float(dtype: str | None) -> bool:
-    return dtype is None or dtype.startswith("float") or dtype == "bfloat16"
-
-
 def _infer_unary(call: Call, ctx: InferCtx) -> StructInfo:
     x = tensor_arg(call, 0, ctx)
-    if ctx.op_name in FLOAT_ONLY and not _is_float(x.dtype):
+    if ctx.op_name in FLOAT_ONLY and not is_float_dtype(x.dtype):
         raise ctx.error(f"expects a floating-point tensor, got {x.dtype}")
     if ctx.op_name == "logical_not":
         return TensorInfo(x.shape, "bool", x.ndim)
@@ -114,3 +111,196 @@ def where(cond: Expr, a: Expr, b: Expr) -> Call:
 
 def astype(x: Expr, dtype: str) -> Call:
     return make_call("astype", [x], dtype=dtype)
+
+
+# -- constructors (one per op, so that type checkers see them) ---------------------------
+
+
+def neg(x: Expr) -> Call:
+    """``-x``."""
+    return make_call("neg", [x])
+
+
+def abs(x: Expr) -> Call:
+    """``|x|``."""
+    return make_call("abs", [x])
+
+
+def exp(x: Expr) -> Call:
+    """``e ** x``."""
+    return make_call("exp", [x])
+
+
+def log(x: Expr) -> Call:
+    """Natural logarithm."""
+    return make_call("log", [x])
+
+
+def sqrt(x: Expr) -> Call:
+    """Square root."""
+    return make_call("sqrt", [x])
+
+
+def rsqrt(x: Expr) -> Call:
+    """``1 / sqrt(x)``."""
+    return make_call("rsqrt", [x])
+
+
+def tanh(x: Expr) -> Call:
+    """Hyperbolic tangent."""
+    return make_call("tanh", [x])
+
+
+def erf(x: Expr) -> Call:
+    """The error function."""
+    return make_call("erf", [x])
+
+
+def sigmoid(x: Expr) -> Call:
+    """``1 / (1 + exp(-x))``."""
+    return make_call("sigmoid", [x])
+
+
+def relu(x: Expr) -> Call:
+    """``max(x, 0)``."""
+    return make_call("relu", [x])
+
+
+def gelu(x: Expr) -> Call:
+    """GELU with the exact erf form."""
+    return make_call("gelu", [x])
+
+
+def gelu_tanh(x: Expr) -> Call:
+    """GELU with the tanh approximation."""
+    return make_call("gelu_tanh", [x])
+
+
+def silu(x: Expr) -> Call:
+    """``x * sigmoid(x)``."""
+    return make_call("silu", [x])
+
+
+def sin(x: Expr) -> Call:
+    """Sine."""
+    return make_call("sin", [x])
+
+
+def cos(x: Expr) -> Call:
+    """Cosine."""
+    return make_call("cos", [x])
+
+
+def floor(x: Expr) -> Call:
+    """Round down."""
+    return make_call("floor", [x])
+
+
+def ceil(x: Expr) -> Call:
+    """Round up."""
+    return make_call("ceil", [x])
+
+
+def round(x: Expr) -> Call:
+    """Round half to even."""
+    return make_call("round", [x])
+
+
+def square(x: Expr) -> Call:
+    """``x * x``."""
+    return make_call("square", [x])
+
+
+def logical_not(x: Expr) -> Call:
+    """Boolean negation (bool result)."""
+    return make_call("logical_not", [x])
+
+
+def add(a: Expr, b: Expr) -> Call:
+    """``a + b``, with NumPy broadcasting."""
+    return make_call("add", [a, b])
+
+
+def subtract(a: Expr, b: Expr) -> Call:
+    """``a - b``, with NumPy broadcasting."""
+    return make_call("subtract", [a, b])
+
+
+def multiply(a: Expr, b: Expr) -> Call:
+    """``a * b``, with NumPy broadcasting."""
+    return make_call("multiply", [a, b])
+
+
+def divide(a: Expr, b: Expr) -> Call:
+    """``a / b``, with NumPy broadcasting."""
+    return make_call("divide", [a, b])
+
+
+def floor_divide(a: Expr, b: Expr) -> Call:
+    """``a // b`` (floor), with NumPy broadcasting."""
+    return make_call("floor_divide", [a, b])
+
+
+def mod(a: Expr, b: Expr) -> Call:
+    """``a % b`` (floor, sign of ``b``), with NumPy broadcasting."""
+    return make_call("mod", [a, b])
+
+
+def power(a: Expr, b: Expr) -> Call:
+    """``a ** b``, with NumPy broadcasting."""
+    return make_call("power", [a, b])
+
+
+def maximum(a: Expr, b: Expr) -> Call:
+    """Elementwise maximum, with NumPy broadcasting."""
+    return make_call("maximum", [a, b])
+
+
+def minimum(a: Expr, b: Expr) -> Call:
+    """Elementwise minimum, with NumPy broadcasting."""
+    return make_call("minimum", [a, b])
+
+
+def equal(a: Expr, b: Expr) -> Call:
+    """``a == b`` (bool result), with NumPy broadcasting."""
+    return make_call("equal", [a, b])
+
+
+def not_equal(a: Expr, b: Expr) -> Call:
+    """``a != b`` (bool result), with NumPy broadcasting."""
+    return make_call("not_equal", [a, b])
+
+
+def less(a: Expr, b: Expr) -> Call:
+    """``a < b`` (bool result), with NumPy broadcasting."""
+    return make_call("less", [a, b])
+
+
+def less_equal(a: Expr, b: Expr) -> Call:
+    """``a <= b`` (bool result), with NumPy broadcasting."""
+    return make_call("less_equal", [a, b])
+
+
+def greater(a: Expr, b: Expr) -> Call:
+    """``a > b`` (bool result), with NumPy broadcasting."""
+    return make_call("greater", [a, b])
+
+
+def greater_equal(a: Expr, b: Expr) -> Call:
+    """``a >= b`` (bool result), with NumPy broadcasting."""
+    return make_call("greater_equal", [a, b])
+
+
+def logical_and(a: Expr, b: Expr) -> Call:
+    """Boolean and, with NumPy broadcasting."""
+    return make_call("logical_and", [a, b])
+
+
+def logical_or(a: Expr, b: Expr) -> Call:
+    """Boolean or, with NumPy broadcasting."""
+    return make_call("logical_or", [a, b])
+
+
+def logical_xor(a: Expr, b: Expr) -> Call:
+    """Boolean exclusive or, with NumPy broadcasting."""
+    return make_call("logical_xor", [a, b])

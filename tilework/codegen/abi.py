@@ -1,0 +1,133 @@
+"""What a compiled kernel and the interpreter expect from their caller.
+
+A kernel takes its buffers (``func.buffers``: inputs, then outputs) as C-contiguous arrays and
+the values of its *kernel sym vars*: ``kernel_syms(func)``, the sym vars that appear in the
+buffer shapes (buffers in param order, dims in order, first occurrence) followed by the sym
+params not already listed. ``bind_syms`` derives those values from the arrays' shapes and the
+sym params' values and checks every dim.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence, Union
+
+import ml_dtypes
+import numpy as np
+
+from tilework.errors import RuntimeCheckError
+from tilework.ir import sym
+from tilework.ir.loop import TensorFunc
+from tilework.ir.sym import SymVar
+
+_NP_DTYPES = {
+    "bool": np.dtype(np.bool_),
+    "int8": np.dtype(np.int8),
+    "int16": np.dtype(np.int16),
+    "int32": np.dtype(np.int32),
+    "int64": np.dtype(np.int64),
+    "uint8": np.dtype(np.uint8),
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float32": np.dtype(np.float32),
+    "float64": np.dtype(np.float64),
+}
+
+SymValues = Union[Sequence[int], Mapping[Union[SymVar, str], int], None]
+
+
+def np_dtype(dtype: str) -> np.dtype:
+    """The NumPy dtype of a tilework dtype name (bfloat16 through ml_dtypes)."""
+    try:
+        return _NP_DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}") from None
+
+
+def kernel_syms(func: TensorFunc) -> tuple[SymVar, ...]:
+    """The sym vars whose values a kernel receives, in ABI order."""
+    out: dict[SymVar, None] = {}
+    for b in func.buffers:
+        for d in b.shape:
+            for v in sym.free_vars(d):
+                out.setdefault(v, None)
+    for v in func.sym_params:
+        out.setdefault(v, None)
+    return tuple(out)
+
+
+def _arg_name(func: TensorFunc, i: int) -> str:
+    return f"argument {i} ({func.buffers[i].name})"
+
+
+def check_arrays(func: TensorFunc, arrays: Sequence[np.ndarray], name: str = "kernel") -> None:
+    """Count, dtype and layout of the arrays (shapes are checked by ``bind_syms``)."""
+    bufs = func.buffers
+    if len(arrays) != len(bufs):
+        raise RuntimeCheckError(f"{name}: expects {len(bufs)} arrays ({', '.join(b.name for b in bufs)}), got {len(arrays)}")
+    for i, (b, a) in enumerate(zip(bufs, arrays)):
+        if not isinstance(a, np.ndarray):
+            raise RuntimeCheckError(f"{name}: {_arg_name(func, i)} must be a NumPy array, got {type(a).__name__}")
+        if a.dtype != np_dtype(b.dtype):
+            raise RuntimeCheckError(f"{name}: {_arg_name(func, i)} has dtype {a.dtype}, expected {b.dtype}")
+        if not a.flags.c_contiguous:
+            raise RuntimeCheckError(f"{name}: {_arg_name(func, i)} is not C-contiguous")
+        if i >= len(bufs) - func.num_outputs and not a.flags.writeable:
+            raise RuntimeCheckError(f"{name}: output {_arg_name(func, i)} is read-only")
+
+
+def _param_env(func: TensorFunc, sym_params: SymValues, name: str) -> dict[SymVar, int]:
+    params = func.sym_params
+    if sym_params is None:
+        return {}
+    if isinstance(sym_params, Mapping):
+        by_name = {v.name: v for v in params}
+        env: dict[SymVar, int] = {}
+        for k, val in sym_params.items():
+            v = k if isinstance(k, SymVar) else by_name.get(k)
+            if v is None:
+                raise RuntimeCheckError(f"{name}: {k!r} is not a sym param (has: {', '.join(by_name) or 'none'})")
+            env[v] = int(val)
+        return env
+    vals = list(sym_params)
+    if len(vals) != len(params):
+        raise RuntimeCheckError(f"{name}: expects {len(params)} sym param value(s) ({', '.join(v.name for v in params)}), got {len(vals)}")
+    return {v: int(x) for v, x in zip(params, vals)}
+
+
+def bind_syms(func: TensorFunc, arrays: Sequence[np.ndarray], sym_params: SymValues = None, name: str = "kernel") -> list[int]:
+    """The kernel sym var values (``kernel_syms`` order) that the arrays' shapes imply.
+
+    ``sym_params`` gives the values of ``func.sym_params`` (a sequence in their order, or a
+    mapping by var or name). A var is bound by its first bare occurrence as a dim; every dim
+    is then checked, as is each var's declared range. Raises ``RuntimeCheckError`` naming the
+    argument, the dim and where the var was bound.
+    """
+    bufs = func.buffers
+    if len(arrays) != len(bufs):
+        raise RuntimeCheckError(f"{name}: expects {len(bufs)} arrays, got {len(arrays)}")
+    env = _param_env(func, sym_params, name)
+    where: dict[SymVar, str] = {v: "a sym param" for v in env}
+    for i, (b, a) in enumerate(zip(bufs, arrays)):
+        if a.ndim != len(b.shape):
+            raise RuntimeCheckError(f"{name}: {_arg_name(func, i)} has rank {a.ndim}, expected {len(b.shape)}")
+        for k, d in enumerate(b.shape):
+            if isinstance(d, SymVar) and d not in env:
+                env[d] = int(a.shape[k])
+                where[d] = f"{_arg_name(func, i)} shape[{k}]"
+    for v, val in env.items():
+        if val < v.lo or (v.hi is not None and val > v.hi):
+            hi = "" if v.hi is None else f", <= {v.hi}"
+            raise RuntimeCheckError(f"{name}: {v.name} = {val} (from {where[v]}) is outside its range (>= {v.lo}{hi})")
+    out = []
+    for v in kernel_syms(func):
+        if v not in env:
+            raise RuntimeCheckError(f"{name}: sym var {v.name} cannot be derived from the argument shapes; pass it as a sym param")
+        out.append(env[v])
+    for i, (b, a) in enumerate(zip(bufs, arrays)):
+        for k, d in enumerate(b.shape):
+            want = sym.evaluate(d, env)
+            if a.shape[k] != want:
+                src = ", ".join(f"{v.name} = {env[v]}, bound by {where[v]}" for v in sym.free_vars(d))
+                detail = f" ({src})" if src else ""
+                raise RuntimeCheckError(f"{name}: {_arg_name(func, i)} shape[{k}] = {a.shape[k]} but {sym.to_str(d)} = {want}{detail}")
+    return out

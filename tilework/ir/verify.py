@@ -1,0 +1,875 @@
+"""The well-formedness checker.
+
+``check(mod)`` returns every broken rule as a ``Diagnostic``; ``verify(mod)`` raises one
+``WellFormedError`` that lists them all, each shown in its function with the offending binding
+(or loop statement) marked. The checker only reads: it fixes nothing and assumes nothing.
+
+The rules (``Diagnostic.rule`` names them):
+
+1. ``var-def``: every Var is defined exactly once in the module (as a param or a binding's
+   var), before it is used, and used only in the function (and If branch) that defines it.
+2. ``sym-def``: every sym var in struct info, ShapeExpr, PrimValue and call sym args is defined
+   before use, by a bare dim of a param's struct info or by an earlier match_cast; a return
+   info or SeqExpr info mentions only sym vars visible outside it.
+3. ``dataflow``: DataflowVars are bound only in dataflow blocks, never escape their block, and
+   are never params.
+4. ``anf``: call callees and arguments, tuple fields, TupleGetItem's tuple, If's cond, a
+   match_cast's value and a SeqExpr's result are leaves; If branches are SeqExprs; no If inside
+   a dataflow block; SeqExprs appear only as function bodies and If branches.
+5. ``purity``: no impure call inside a dataflow block or in a function marked pure.
+6. ``struct-info``: calls, tuples, TupleGetItems, Ifs, SeqExprs, constants, shapes and prim
+   values carry the struct info the builder computes (or one consistent with it); a plain
+   binding's var info is a base of its value's; a match_cast can succeed.
+7. ``global``: GlobalVars name functions of the module; callees have the right kind (call_tensor
+   a TensorFunc with matching arity, a plain call a GraphFunc or ExternFunc, call_lib and
+   call_packed an ExternFunc); op names are registered.
+8. ``ret-info``: a function's ret_info is a base of its body's info.
+9. ``loop``: in a TensorFunc, buffers are params or allocated in scope, sym vars are defined,
+   loop vars bound once, index counts match ranks, and kinds and op names are valid.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Iterable, Union
+
+import numpy as np
+
+from tilework.errors import TileworkError, WellFormedError
+from tilework.ir import info as I
+from tilework.ir import loop as L
+from tilework.ir import sym
+from tilework.ir.builder import infer_func_call, is_leaf, is_pure_call
+from tilework.ir.graph import (
+    AnyBinding,
+    Binding,
+    BindingBlock,
+    Call,
+    Constant,
+    DataflowVar,
+    Expr,
+    ExternFunc,
+    GlobalVar,
+    GraphFunc,
+    If,
+    MatchCast,
+    OpRef,
+    PrimValue,
+    SeqExpr,
+    ShapeExpr,
+    StringImm,
+    Tuple,
+    TupleGetItem,
+    Var,
+)
+from tilework.ir.info import AnyInfo, Check, FuncInfo, PrimInfo, ShapeInfo, StructInfo, TensorInfo, TupleInfo
+from tilework.ir.module import Function, IRModule, func_info
+from tilework.ir.sym import SymExpr, SymVar
+
+RULES = {
+    "var-def": "rule 1: vars are defined once, before use, in their own function",
+    "sym-def": "rule 2: sym vars are defined before use",
+    "dataflow": "rule 3: dataflow vars live only inside their dataflow block",
+    "anf": "rule 4: A-normal form",
+    "purity": "rule 5: no impure calls in dataflow blocks or pure functions",
+    "struct-info": "rule 6: struct info is present and consistent",
+    "global": "rule 7: global names and callee kinds are consistent",
+    "ret-info": "rule 8: the return info covers the body",
+    "loop": "rule 9: loop-level scoping and forms",
+}
+
+Where = Union[Binding, MatchCast, L.Stmt, None]
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One broken rule: ``rule`` (a key of ``RULES``), the function ``func``, the binding or
+    statement ``where`` (None for the signature), what is wrong and what to do (``message``), and
+    ``context``: the function rendered with ``where`` marked."""
+
+    rule: str
+    func: str
+    message: str
+    context: str
+    where: Where = field(default=None, compare=False, repr=False)
+
+    def __str__(self) -> str:
+        return f"error[{self.rule}] in @{self.func}: {self.message}\n{self.context}"
+
+
+def check(mod: IRModule) -> list[Diagnostic]:
+    """Every well-formedness problem of ``mod``, in module order, then program order."""
+    import tilework.op  # noqa: F401  (registers every op family, for the op-name rule)
+
+    out: list[Diagnostic] = []
+    owners: dict[Var, str] = {}
+    for name, f in mod.items():
+        if isinstance(f, GraphFunc):
+            for v in _defined_vars(f):
+                owners.setdefault(v, name)
+    seen: dict[Var, str] = {}
+    for name, f in mod.items():
+        if isinstance(f, GraphFunc):
+            _GraphCheck(mod, name, f, owners, seen, out).run()
+        elif isinstance(f, L.TensorFunc):
+            _LoopCheck(name, f, out).run()
+        elif not isinstance(f, ExternFunc):
+            msg = f"@{name} is a {type(f).__name__}, not a GraphFunc, TensorFunc or ExternFunc"
+            out.append(Diagnostic("global", name, msg, f"  @{name} = {type(f).__name__}"))
+    return out
+
+
+def verify(mod: IRModule) -> None:
+    """Raise ``WellFormedError`` listing every problem of ``mod``; return quietly if none."""
+    diags = check(mod)
+    if not diags:
+        return
+    head = f"the module is not well-formed: {len(diags)} problem{'s' if len(diags) > 1 else ''}"
+    raise WellFormedError(head + "\n\n" + "\n\n".join(str(d) for d in diags))
+
+
+def _defined_vars(f: GraphFunc) -> Iterable[Var]:
+    yield from f.params
+    yield from (b.var for b in _bindings(f.body))
+
+
+def _bindings(seq: object) -> Iterable[AnyBinding]:
+    """Every binding of ``seq`` and its If branches, tolerating malformed nesting."""
+    if not isinstance(seq, SeqExpr):
+        return
+    for block in seq.blocks:
+        for b in getattr(block, "bindings", ()):
+            if not isinstance(b, (Binding, MatchCast)):
+                continue
+            yield b
+            if isinstance(b.value, If):
+                yield from _bindings(b.value.then_branch)
+                yield from _bindings(b.value.else_branch)
+
+
+def _info_syms(info: StructInfo) -> tuple[SymVar, ...]:
+    """Sym vars an info uses; a function signature binds its own dims, so FuncInfo has none."""
+    if isinstance(info, FuncInfo):
+        return ()
+    if isinstance(info, TupleInfo):
+        out: dict[SymVar, None] = {}
+        for f in info.fields:
+            out.update(dict.fromkeys(_info_syms(f)))
+        return tuple(out)
+    return I.free_vars(info)
+
+
+def _dims_syms(dims: Iterable[object]) -> tuple[SymVar, ...]:
+    out: dict[SymVar, None] = {}
+    for d in dims:
+        if isinstance(d, SymExpr):
+            out.update(dict.fromkeys(sym.free_vars(d)))
+    return tuple(out)
+
+
+def _lookup_op(name: str) -> object | None:
+    from tilework.op.base import lookup
+
+    return lookup(name)
+
+
+class _Checker:
+    """Collects one function's diagnostics, each reported once per ``once`` key."""
+
+    def __init__(self, name: str, func: Function, out: list[Diagnostic]) -> None:
+        self.name, self.func, self.out = name, func, out
+        self.reported: set[object] = set()
+
+    def emit(self, rule: str, message: str, where: Where, once: object = None) -> None:
+        if once is not None:
+            if once in self.reported:
+                return
+            self.reported.add(once)
+        ctx = _render(self.name, self.func, where, RULES[rule])
+        self.out.append(Diagnostic(rule, self.name, message, ctx, where))
+
+
+# -- the graph level ----------------------------------------------------------------------
+
+
+class _GraphCheck(_Checker):
+    """Walks one GraphFunc in program order, tracking the vars and sym vars in scope."""
+
+    def __init__(
+        self, mod: IRModule, name: str, func: GraphFunc, owners: dict[Var, str], seen: dict[Var, str], out: list[Diagnostic]
+    ) -> None:
+        super().__init__(name, func, out)
+        self.mod, self.gfunc = mod, func
+        self.owners = owners  # var -> the first function that defines it
+        self.seen = seen  # var -> its first definition, module-wide
+        self.vars: set[Var] = set()
+        self.syms: set[SymVar] = set()
+        self.gone: dict[Var, tuple[str, str]] = {}  # out of scope here: (rule, why)
+        self.gone_syms: dict[SymVar, str] = {}
+        self.mine = set(_defined_vars(func))
+        self.cast_syms: dict[SymVar, Var] = {}  # sym var -> the first match_cast defining it
+        for b in _bindings(func.body):
+            if isinstance(b, MatchCast):
+                for v in I.defined_vars(b.cast_info):
+                    self.cast_syms.setdefault(v, b.var)
+        self.dataflow = False
+        self.where: AnyBinding | None = None  # the binding being checked; None: the signature
+        self.info_flagged: set[int] = set()  # bindings with a struct-info problem reported
+
+    def bad(self, rule: str, message: str, once: object = None) -> None:
+        if rule == "struct-info":
+            self.info_flagged.add(id(self.where))
+        self.emit(rule, message, self.where, once)
+
+    def here(self) -> str:
+        return "the function's result" if self.where is None else f"the value of %{self.where.var.name}"
+
+    def run(self) -> None:
+        f = self.gfunc
+        for p in f.params:
+            if isinstance(p, DataflowVar):
+                self.bad("dataflow", f"param %{p.name} is a DataflowVar: params must be plain Vars")
+            self.define(p, "a param")
+        for p in f.params:
+            self.syms.update(I.defined_vars(p.info))
+        for p in f.params:
+            self.use_syms(_info_syms(p.info), f"param %{p.name}'s struct info")
+        hint = "no param defines it: the return info may mention only sym vars that the params define; erase the others"
+        self.use_syms(_info_syms(f.ret_info), "the return info", hint)
+        if not isinstance(f.body, SeqExpr):
+            self.bad("anf", f"the body is a {type(f.body).__name__}, not a SeqExpr")
+            return
+        self.seq(f.body, "the function body")
+        if I.base_check(f.ret_info, f.body.info) is not Check.PASS:
+            self.bad(
+                "ret-info",
+                f"ret_info {_info_str(f.ret_info)} is not a base of the body's info {_info_str(f.body.info)}: "
+                "widen ret_info, or match_cast the result to it before returning",
+            )
+
+    # -- scopes ---------------------------------------------------------------------------
+
+    def define(self, var: object, how: str) -> None:
+        if not isinstance(var, Var):
+            self.bad("var-def", f"{how} binds a {type(var).__name__}, not a Var")
+            return
+        first = self.seen.get(var)
+        if first is not None:
+            msg = f"%{var.name} is defined twice (first as {first}): every var is bound exactly once in the module"
+            self.bad("var-def", msg + "; bind a new Var here")
+        else:
+            self.seen[var] = f"{how} of @{self.name}"
+        self.vars.add(var)
+        self.gone.pop(var, None)
+
+    def use(self, var: Var) -> None:
+        if var in self.vars:
+            return
+        at, once = self.here(), ("var", var)
+        if var in self.gone:
+            rule, why = self.gone[var]
+            self.bad(rule, f"%{var.name} is used in {at} but {why}", once)
+            return
+        owner = self.owners.get(var)
+        if var in self.mine:
+            why = f"before its definition: move the binding of %{var.name} before this use"
+        elif owner is not None:
+            why = f"but it belongs to @{owner}: a var is visible only in its own function; pass the value as an argument"
+        else:
+            why = "but it is never defined: make it a param or bind it before this use"
+        self.bad("var-def", f"%{var.name} is used in {at} {why}", once)
+
+    def use_syms(self, used: Iterable[SymVar], what: str, hint: str | None = None) -> None:
+        """Report each of ``used`` not in scope; ``hint`` replaces the usual explanation."""
+        for v in used:
+            if v in self.syms:
+                continue
+            if hint is not None:
+                msg = f"sym var {v.name} is used in {what}, but {hint}"
+            elif v in self.gone_syms:
+                msg = f"sym var {v.name} is used in {what} but {self.gone_syms[v]}"
+            elif v in self.cast_syms:
+                msg = (
+                    f"sym var {v.name} is used in {what} before the match_cast of %{self.cast_syms[v].name} "
+                    "defines it: move that match_cast before this use"
+                )
+            else:
+                msg = (
+                    f"sym var {v.name} is used in {what} but never defined: "
+                    f"add a param whose shape has {v.name} as a dim, or a match_cast that binds it"
+                )
+            self.bad("sym-def", msg, ("sym", v))
+
+    # -- blocks and bindings --------------------------------------------------------------
+
+    def seq(self, s: SeqExpr, kind: str) -> None:
+        owner = self.where
+        outer_vars, outer_syms = set(self.vars), set(self.syms)
+        for block in s.blocks:
+            self.block(block)
+        self.where = owner
+        if not is_leaf(s.body):
+            self.bad("anf", f"the result of {kind} is a {type(s.body).__name__}, not a leaf: bind it to a var first")
+        self.expr(s.body)
+        self.seq_info(s, kind, outer_syms)
+        for v in self.vars - outer_vars:
+            self.gone[v] = ("var-def", "it is defined inside an If branch, which is not visible after the If")
+        for sv in self.syms - outer_syms:
+            self.gone_syms[sv] = "it is bound by a match_cast inside an If branch, which is not visible after the If"
+        self.vars, self.syms = outer_vars, outer_syms
+
+    def seq_info(self, s: SeqExpr, kind: str, outer_syms: set[SymVar]) -> None:
+        info, result = s.info, s.body.info
+        declared_any = kind == "the function body" and isinstance(self.gfunc.ret_info, AnyInfo)
+        if isinstance(info, AnyInfo) and not isinstance(result, AnyInfo) and not declared_any:
+            self.bad("struct-info", f"{kind} has no struct info but its result has {_info_str(result)}")
+        elif I.base_check(info, result) is Check.FAIL:
+            self.bad("struct-info", f"{kind} has struct info {_info_str(info)} but its result has {_info_str(result)}")
+        for v in _info_syms(info):
+            if v in self.syms and v not in outer_syms:
+                msg = f"the struct info of {kind} mentions sym var {v.name}, which is defined only inside it"
+                self.bad("sym-def", msg + ": erase it (tilework.ir.info.erase) so the info holds outside", ("in", v, id(s)))
+        self.use_syms([v for v in _info_syms(info) if v not in self.syms], f"the struct info of {kind}")
+
+    def block(self, block: BindingBlock) -> None:
+        if not isinstance(block, BindingBlock):
+            self.bad("anf", f"a SeqExpr holds a {type(block).__name__} where a binding block belongs")
+            return
+        self.dataflow = block.is_dataflow
+        for b in block.bindings:
+            self.binding(b)
+        if block.is_dataflow:
+            why = (
+                "it is a DataflowVar of an earlier dataflow block, and only non-dataflow vars escape "
+                "a block: bind the value to a Var (emit_output) inside the block"
+            )
+            for b in block.bindings:
+                if isinstance(b, (Binding, MatchCast)) and isinstance(b.var, DataflowVar) and b.var in self.vars:
+                    self.vars.discard(b.var)
+                    self.gone[b.var] = ("dataflow", why)
+        self.dataflow = False
+
+    def binding(self, b: AnyBinding) -> None:
+        if not isinstance(b, (Binding, MatchCast)):
+            self.bad("anf", f"a binding block holds a {type(b).__name__}, not a Binding or MatchCast")
+            return
+        self.where = b
+        name = f"%{b.var.name}"
+        if isinstance(b.value, SeqExpr):
+            self.bad("anf", f"{name} is bound to a SeqExpr: only function bodies and If branches are SeqExprs")
+        self.expr(b.value)
+        if isinstance(b, MatchCast):
+            if not is_leaf(b.value):
+                self.bad("anf", f"the match_cast of {name} casts a {type(b.value).__name__}, not a leaf: bind it first")
+            for v in I.defined_vars(b.cast_info):
+                self.syms.add(v)
+                self.gone_syms.pop(v, None)
+            self.use_syms(_info_syms(b.cast_info), f"the match_cast of {name}")
+        self.use_syms(_info_syms(b.var.info), f"{name}'s struct info")
+        self.binding_info(b, name)
+        if isinstance(b.var, DataflowVar) and not self.dataflow:
+            self.bad("dataflow", f"{name} is a DataflowVar bound outside a dataflow block: bind a plain Var")
+        self.define(b.var, "a binding")
+
+    def binding_info(self, b: AnyBinding, name: str) -> None:
+        var, value = _info_str(b.var.info), _info_str(b.value.info)
+        if isinstance(b, MatchCast):
+            cast = _info_str(b.cast_info)
+            if I.base_check(b.cast_info, b.value.info) is Check.FAIL:
+                self.bad("struct-info", f"the match_cast of {name} can never succeed: the value has {value}, the cast asks for {cast}")
+            if I.base_check(b.var.info, b.cast_info) is not Check.PASS:
+                self.bad("struct-info", f"{name} has struct info {var} but its match_cast gives {cast}: the var takes the cast info")
+            return
+        if isinstance(b.value.info, AnyInfo) and id(b) in self.info_flagged:
+            return  # the value's missing info is already reported
+        if isinstance(b.var.info, AnyInfo) and not isinstance(b.value.info, AnyInfo):
+            self.bad("struct-info", f"{name} has no struct info but its value has {value}: give the var its value's info")
+        elif I.base_check(b.var.info, b.value.info) is not Check.PASS:
+            msg = f"{name} is declared {var} but its value has {value}: a binding's var info must be a base of its value's"
+            self.bad("struct-info", msg + "; use match_cast to assert a narrower info")
+
+    # -- expressions ----------------------------------------------------------------------
+
+    def expr(self, e: Expr) -> None:
+        if isinstance(e, Var):
+            self.use(e)
+        elif isinstance(e, GlobalVar):
+            if e.name not in self.mod:
+                known = ", ".join(f"@{n}" for n in self.mod) or "none"
+                msg = f"@{e.name} is not a function of the module (it has: {known}): add it or fix the name"
+                self.bad("global", msg, ("global", e.name))
+        elif isinstance(e, OpRef):
+            if _lookup_op(e.name) is None:
+                msg = f"op {e.name!r} is not registered: fix the name, or import the op family that defines it"
+                self.bad("global", msg, ("op", e.name))
+        elif isinstance(e, (Constant, ShapeExpr, PrimValue)):
+            self.leaf_info(e)
+        elif isinstance(e, Tuple):
+            self.tuple_expr(e)
+        elif isinstance(e, TupleGetItem):
+            self.tuple_get_item(e)
+        elif isinstance(e, Call):
+            self.call(e)
+        elif isinstance(e, If):
+            self.if_expr(e)
+        elif isinstance(e, SeqExpr):
+            self.seq(e, "a nested SeqExpr")
+        elif not isinstance(e, (ExternFunc, StringImm)):
+            self.bad("anf", f"{self.here()} holds a {type(e).__name__}, which is not a graph expression")
+
+    def leaf(self, e: Expr, what: str) -> None:
+        if not is_leaf(e):
+            self.bad("anf", f"{what} in {self.here()} is a {type(e).__name__}, not a leaf: bind it to a var first")
+
+    def consistent(self, what: str, recorded: StructInfo, expected: StructInfo) -> None:
+        at, want = self.here(), _info_str(expected)
+        if isinstance(recorded, AnyInfo) and not isinstance(expected, AnyInfo):
+            self.bad("struct-info", f"{what} in {at} has no struct info (the builder gives {want}): build it with BlockBuilder.normalize")
+        elif I.base_check(recorded, expected) is Check.FAIL:
+            self.bad("struct-info", f"{what} in {at} has struct info {_info_str(recorded)}, but its parts give {want}")
+
+    def leaf_info(self, e: Constant | ShapeExpr | PrimValue) -> None:
+        """A constant's info is its data's shape and dtype, a shape's its values, a prim value's
+        a PrimInfo whose dtype fits the value (and whose symbolic value, if any, equals it)."""
+        info, at = e.info, self.here()
+        if isinstance(e, Constant):
+            data = np.asarray(e.data)
+            expected = TensorInfo(tuple(int(d) for d in data.shape), str(data.dtype))
+            if info != expected:
+                msg = f"a constant in {at} has struct info {_info_str(info)} but its data is {_info_str(expected)}"
+                self.bad("struct-info", msg + ": build it with Constant.of(data)")
+            return
+        if isinstance(e, ShapeExpr):
+            self.use_syms(_dims_syms(e.values), at)
+            if not (isinstance(info, ShapeInfo) and info.values is not None and _same_dims(info.values, e.values)):
+                msg = f"{_shape_str(e.values)} in {at} has struct info {_info_str(info)}"
+                self.bad("struct-info", msg + ": a ShapeExpr's info is ShapeInfo of its values (ShapeExpr.of)")
+            return
+        self.use_syms(_dims_syms([e.value]), at)
+        if not (isinstance(info, PrimInfo) and _prim_fits(info, e.value)):
+            self.bad("struct-info", f"the prim value {e.value} in {at} has struct info {_info_str(info)}: use PrimValue.of(value)")
+
+    def tuple_expr(self, e: Tuple) -> None:
+        for i, f in enumerate(e.fields):
+            self.leaf(f, f"tuple field {i}")
+            self.expr(f)
+        info = e.info
+        if not isinstance(info, TupleInfo) or len(info.fields) != len(e.fields):
+            want = _info_str(TupleInfo(tuple(f.info for f in e.fields)))
+            self.bad("struct-info", f"a tuple of {len(e.fields)} in {self.here()} has struct info {_info_str(info)}, not {want}")
+            return
+        for i, (r, f) in enumerate(zip(info.fields, e.fields)):
+            self.consistent(f"field {i} of a tuple", r, f.info)
+
+    def tuple_get_item(self, e: TupleGetItem) -> None:
+        self.leaf(e.tuple_value, "the tuple of a TupleGetItem")
+        self.expr(e.tuple_value)
+        t = e.tuple_value.info
+        if isinstance(t, AnyInfo):
+            return
+        if not isinstance(t, TupleInfo):
+            self.bad("struct-info", f"{self.here()} indexes a value of struct info {_info_str(t)}, not a tuple")
+        elif not 0 <= e.index < len(t.fields):
+            self.bad("struct-info", f"{self.here()} takes item {e.index} of a tuple of {len(t.fields)}")
+        else:
+            self.consistent(f"item {e.index}", e.info, t.fields[e.index])
+
+    def if_expr(self, e: If) -> None:
+        if self.dataflow:
+            self.bad("anf", "an If inside a dataflow block: control flow belongs in a plain binding block")
+        self.leaf(e.cond, "the If's condition")
+        self.expr(e.cond)
+        outer_df, infos = self.dataflow, []
+        for kind, br in (("then", e.then_branch), ("else", e.else_branch)):
+            if not isinstance(br, SeqExpr):
+                self.bad("anf", f"the If's {kind} branch is a {type(br).__name__}, not a SeqExpr")
+                continue
+            self.dataflow = False
+            self.seq(br, f"the If's {kind} branch")
+            infos.append(br.info)
+        self.dataflow = outer_df
+        if len(infos) == 2:
+            self.consistent("the If", e.info, I.lca(infos[0], infos[1]))
+        self.use_syms(_info_syms(e.info), self.here())
+
+    def call(self, e: Call) -> None:
+        callee = _callee_str(e)
+        self.leaf(e.callee, "the callee")
+        for i, a in enumerate(e.args):
+            self.leaf(a, f"argument {i} of {callee}")
+        for x in (e.callee, *e.args):
+            self.expr(x)
+        for s in e.sinfo_args:
+            self.use_syms(_info_syms(s), self.here())
+        self.callee_kind(e)
+        self.purity(e, callee)
+        inferred = self.infer(e, callee)
+        if inferred is not None:
+            self.consistent(f"the call of {callee}", e.info, inferred)
+        self.use_syms(_info_syms(e.info), self.here())
+
+    def callee_kind(self, e: Call) -> None:
+        c = e.callee
+        if isinstance(c, GlobalVar):
+            if isinstance(self.mod.get(c.name), L.TensorFunc):
+                msg = f"@{c.name} is a TensorFunc called like a graph function: use call_tensor(@{c.name}, args, out)"
+                self.bad("global", msg)
+            return
+        if not isinstance(c, OpRef) or _lookup_op(c.name) is None:
+            return
+        if c.name == "call_tensor":
+            self.call_tensor(e)
+            return
+        if c.name not in ("call_lib", "call_packed"):
+            return
+        target = e.args[0] if e.args else None
+        if isinstance(target, ExternFunc):
+            return
+        if isinstance(target, GlobalVar) and isinstance(self.mod.get(target.name), ExternFunc):
+            return
+        what = "nothing" if target is None else _expr_str(target)
+        self.bad("global", f"{c.name} calls {what}, not an ExternFunc: pass ExternFunc(symbol)")
+
+    def call_tensor(self, e: Call) -> None:
+        """The callee is a TensorFunc, and the call passes one arg per input buffer, states one
+        output info per output buffer and passes one sym arg per sym param."""
+        if len(e.args) not in (2, 3):
+            self.bad("global", f"call_tensor takes (callee, (args...)[, shape(sym_args)]), got {len(e.args)} arguments")
+            return
+        target = e.args[0]
+        if not isinstance(target, GlobalVar):
+            self.bad("global", f"call_tensor's callee is {_expr_str(target)}, not a GlobalVar naming a TensorFunc")
+            return
+        f, g = self.mod.get(target.name), f"@{target.name}"
+        if f is None:
+            return
+        if not isinstance(f, L.TensorFunc):
+            self.bad("global", f"call_tensor's callee {g} is a {type(f).__name__}, not a TensorFunc: call it directly")
+            return
+        ins = e.args[1]
+        n_in = len(ins.fields) if isinstance(ins, Tuple) else len(ins.info.fields) if isinstance(ins.info, TupleInfo) else None
+        if n_in is not None and n_in != len(f.inputs):
+            names = ", ".join(b.name for b in f.inputs) or "none"
+            self.bad("global", f"call_tensor passes {n_in} input(s) but {g} takes {len(f.inputs)} ({names})")
+        if len(e.sinfo_args) == 1:
+            out = e.sinfo_args[0]
+            n_out = len(out.fields) if isinstance(out, TupleInfo) else 1
+            if n_out != f.num_outputs:
+                self.bad("global", f"call_tensor states {n_out} output(s) but {g} writes {f.num_outputs}")
+        sym_args = e.args[2] if len(e.args) == 3 else None
+        n_sym = len(sym_args.values) if isinstance(sym_args, ShapeExpr) else 0
+        if n_sym != len(f.sym_params):
+            want = ", ".join(v.name for v in f.sym_params) or "none"
+            self.bad("global", f"call_tensor passes {n_sym} sym arg(s) but {g} takes {len(f.sym_params)} ({want})")
+
+    def purity(self, e: Call, callee: str) -> None:
+        c = e.callee
+        if (isinstance(c, OpRef) and _lookup_op(c.name) is None) or (isinstance(c, GlobalVar) and c.name not in self.mod):
+            return  # reported as an unknown name
+        if is_pure_call(e, self.mod):
+            return
+        if self.dataflow:
+            self.bad("purity", f"impure call {callee} inside a dataflow block: move it to a plain binding block")
+        if self.gfunc.pure:
+            msg = f"@{self.name} is marked pure but calls impure {callee}: build it with pure=False"
+            self.bad("purity", msg + " (the BlockBuilder clears the flag when it emits an impure call)")
+
+    def infer(self, e: Call, callee: str) -> StructInfo | None:
+        """What the builder would infer for ``e``, or None where it cannot say."""
+        c = e.callee
+        try:
+            if isinstance(c, OpRef):
+                if _lookup_op(c.name) is None:
+                    return None
+                from tilework.op.base import infer_with_checks
+
+                return infer_with_checks(e)[0]
+            if isinstance(c, GlobalVar):
+                f = self.mod.get(c.name)
+                if f is None or isinstance(f, L.TensorFunc):
+                    return None
+                finfo = func_info(f)
+                return infer_func_call(finfo, e.args, callee) if isinstance(finfo, FuncInfo) else None
+            if isinstance(c.info, FuncInfo):
+                return infer_func_call(c.info, e.args, callee)
+        except TileworkError as err:
+            self.bad("struct-info", f"the call of {callee} in {self.here()} does not type-check: {err}")
+        return None
+
+
+def _same_dims(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
+    return len(a) == len(b) and all(sym.prove_eq(x, y) for x, y in zip(a, b))  # type: ignore[arg-type]
+
+
+def _prim_fits(info: PrimInfo, v: object) -> bool:
+    if info.dtype is None:
+        return False
+    if isinstance(v, bool):
+        return info.dtype == "bool"
+    if isinstance(v, float):
+        return info.dtype in ("float16", "bfloat16", "float32", "float64")
+    if info.value is not None and isinstance(v, (int, SymExpr)):
+        return sym.prove_eq(info.value, v)
+    return True
+
+
+# -- the loop level -----------------------------------------------------------------------
+
+_SCALAR_OPS = L.BINARY_OPS + L.COMPARE_OPS + L.LOGICAL_OPS
+
+
+class _LoopCheck(_Checker):
+    """Walks one TensorFunc, tracking the buffers and sym vars in scope at each statement."""
+
+    def __init__(self, name: str, func: L.TensorFunc, out: list[Diagnostic]) -> None:
+        super().__init__(name, func, out)
+        self.tfunc = func
+        self.bound: dict[SymVar, str] = {}  # every sym var bound so far -> by what
+        self.buffers: set[L.Buffer] = set()  # every buffer defined so far
+
+    def bad(self, message: str, where: Where = None, once: object = None) -> None:
+        self.emit("loop", message, where, once)
+
+    def run(self) -> None:
+        f = self.tfunc
+        n_bufs = len(f.buffers)
+        if not 0 <= f.num_outputs <= n_bufs:
+            self.bad(f"num_outputs is {f.num_outputs} but @{self.name} has {n_bufs} buffer param(s): outputs are the last buffer params")
+        syms: set[SymVar] = set()
+        for p in f.params:
+            if isinstance(p, SymVar):
+                syms.add(p)
+                self.bound.setdefault(p, "a sym param")
+            elif isinstance(p, L.Buffer):
+                if p in self.buffers:
+                    self.bad(f"buffer {p.name} is a param twice")
+                self.buffers.add(p)
+                for d in p.shape:
+                    if isinstance(d, SymVar):
+                        syms.add(d)
+                        self.bound.setdefault(d, f"the shape of buffer {p.name}")
+            else:
+                self.bad(f"param {p!r} is a {type(p).__name__}, not a Buffer or SymVar")
+        for b in f.buffers:
+            self.syms_in(_dims_syms(b.shape), syms, f"the shape of buffer {b.name}", None)
+        self.stmt(f.body, frozenset(self.buffers), frozenset(syms))
+
+    def syms_in(self, used: Iterable[SymVar], syms: frozenset[SymVar] | set[SymVar], what: str, where: Where) -> None:
+        for v in used:
+            if v not in syms:
+                msg = f"{what} uses sym var {v.name}, which is not defined here: sym vars come from sym params"
+                self.bad(msg + ", bare dims of buffer params, and enclosing loops and block iter vars", where, ("sym", v))
+
+    def bind(self, v: SymVar, how: str, where: Where) -> None:
+        first = self.bound.get(v)
+        if first is not None:
+            self.bad(f"{how} binds {v.name}, already bound by {first}: give it a fresh SymVar", where)
+        else:
+            self.bound[v] = how
+
+    def stmt(self, s: L.Stmt, bufs: frozenset[L.Buffer], syms: frozenset[SymVar]) -> None:
+        if isinstance(s, L.SeqStmt):
+            for child in s.stmts:
+                self.stmt(child, bufs, syms)
+        elif isinstance(s, L.Store):
+            self.access(s.buffer, len(s.indices), bufs, "store to", s)
+            for x in (*s.indices, s.value):
+                self.scalar(x, bufs, syms, s)
+        elif isinstance(s, L.For):
+            if s.kind not in L.LOOP_KINDS:
+                self.bad(f"loop {s.var.name} has kind {s.kind!r}; loop kinds are {', '.join(L.LOOP_KINDS)}", s)
+            self.syms_in(_dims_syms([s.extent]), syms, f"the extent of loop {s.var.name}", s)
+            self.bind(s.var, f"loop {s.var.name}", s)
+            self.stmt(s.body, bufs, syms | {s.var})
+        elif isinstance(s, L.Block):
+            self.block(s, bufs, syms)
+        elif isinstance(s, L.Allocate):
+            b = s.buffer
+            self.syms_in(_dims_syms(b.shape), syms, f"the shape of buffer {b.name}", s)
+            if b in self.buffers:
+                self.bad(f"buffer {b.name} is allocated but already defined: allocate a fresh Buffer", s)
+            self.buffers.add(b)
+            self.stmt(s.body, bufs | {b}, syms)
+        elif isinstance(s, L.IfThenElse):
+            self.scalar(s.cond, bufs, syms, s)
+            self.stmt(s.then_body, bufs, syms)
+            if s.else_body is not None:
+                self.stmt(s.else_body, bufs, syms)
+        else:
+            self.bad(f"the body holds a {type(s).__name__}, which is not a loop-level statement")
+
+    def block(self, s: L.Block, bufs: frozenset[L.Buffer], syms: frozenset[SymVar]) -> None:
+        inner = set(syms)
+        for iv in s.iter_vars:
+            what = f"iter var {iv.var.name} of block {s.name}"
+            if iv.kind not in ("spatial", "reduce"):
+                self.bad(f"{what} has kind {iv.kind!r}; kinds are 'spatial' and 'reduce'", s)
+            self.syms_in(_dims_syms([iv.extent, iv.binding]), syms, what, s)
+            self.bind(iv.var, what, s)
+            inner.add(iv.var)
+        for b in s.reads + s.writes:
+            self.access(b, None, bufs, f"block {s.name} accesses", s)
+        for body in (s.init, s.body):
+            if body is not None:
+                self.stmt(body, bufs, frozenset(inner))
+
+    def access(self, b: L.Buffer, n_indices: int | None, bufs: frozenset[L.Buffer], what: str, where: Where) -> None:
+        if b not in bufs:
+            msg = f"{what} buffer {b.name}, which is neither a param of @{self.name} nor allocated around this use"
+            self.bad(msg + ": add it as a param or wrap the use in Allocate", where, ("buf", b, id(where)))
+        if n_indices is not None and n_indices != len(b.shape):
+            msg = f"{what} {b.name} with {n_indices} index(es) but {b.name} has rank {len(b.shape)}"
+            self.bad(msg + ": give one index per dim", where)
+
+    def scalar(self, x: L.Scalar, bufs: frozenset[L.Buffer], syms: frozenset[SymVar], where: Where) -> None:
+        for e in L.walk_scalars(x):
+            if isinstance(e, SymExpr):
+                self.syms_in(sym.free_vars(e), syms, _stmt_str(where), where)
+            elif isinstance(e, L.Load):
+                self.access(e.buffer, len(e.indices), bufs, "load from", where)
+            elif isinstance(e, L.Binary) and e.op not in _SCALAR_OPS:
+                self.bad(f"binary op {e.op!r} is unknown; valid ops are {', '.join(_SCALAR_OPS)}", where)
+            elif isinstance(e, L.Unary) and e.op not in L.UNARY_OPS:
+                self.bad(f"unary op {e.op!r} is unknown; valid ops are {', '.join(L.UNARY_OPS)}", where)
+            elif isinstance(e, L.Intrin) and e.name not in L.INTRINSICS:
+                self.bad(f"intrinsic {e.name!r} is unknown; valid ones are {', '.join(L.INTRINSICS)}", where)
+            elif not isinstance(e, (int, L.PExpr)):
+                self.bad(f"{e!r} (a {type(e).__name__}) is not a scalar expression: wrap constants in Const", where)
+
+
+# -- rendering ----------------------------------------------------------------------------
+
+
+def _render(name: str, func: Function, where: Where, note: str) -> str:
+    """``func`` printed with ``where`` marked and ``note`` under it: the text printer's form when
+    it is available, else a compact one (the signature and the marked binding or statement)."""
+    try:
+        printer = importlib.import_module("tilework.text.printer")
+    except ImportError:
+        return _fallback(name, func, where, note)
+    try:
+        return str(printer.print_func(name, func, highlight=where, note=note))
+    except Exception:  # the printer may choke on the very IR being reported; never hide the error
+        return _fallback(name, func, where, note)
+
+
+def _fallback(name: str, func: Function, where: Where, note: str) -> str:
+    lines = [f"  {_signature(name, func)}:"]
+    if where is not None:
+        text = _binding_str(where) if isinstance(where, (Binding, MatchCast)) else _stmt_str(where)
+        lines += [f"    {text}", f"    {'^' * len(text)}"]
+    lines.append(f"    {note}")
+    return "\n".join(lines)
+
+
+def _signature(name: str, func: Function) -> str:
+    if isinstance(func, GraphFunc):
+        params = ", ".join(f"%{p.name}: {_info_str(p.info)}" for p in func.params)
+        return f"def @{name}({params}) -> {_info_str(func.ret_info)}"
+    if isinstance(func, L.TensorFunc):
+        parts = [f"{p.name}: Buffer({_dims_str(p.shape)}, {p.dtype})" if isinstance(p, L.Buffer) else str(p) for p in func.params]
+        return f"tensor @{name}({', '.join(parts)})"
+    return f"@{name} = {type(func).__name__}"
+
+
+def _dim_str(d: object) -> str:
+    return sym.to_str(d) if isinstance(d, (int, SymExpr)) else repr(d)
+
+
+def _dims_str(dims: Iterable[object]) -> str:
+    """``(n, 4)``, with a trailing comma for one dim as Python writes a 1-tuple."""
+    items = [_dim_str(d) for d in dims]
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+def _shape_str(dims: Iterable[object]) -> str:
+    return "shape(" + ", ".join(_dim_str(d) for d in dims) + ")"
+
+
+def _info_str(info: StructInfo) -> str:
+    """Compact struct info: ``Tensor((n, 4), float32)``, ``Shape((n, 4))``, ``Prim(int64)``."""
+    if isinstance(info, TensorInfo):
+        return f"Tensor({_dims_str(info.shape) if info.shape is not None else f'ndim={info.ndim}'}, {info.dtype or '?'})"
+    if isinstance(info, ShapeInfo):
+        return f"Shape({_dims_str(info.values) if info.values is not None else f'ndim={info.ndim}'})"
+    if isinstance(info, PrimInfo):
+        return f"Prim({info.dtype or '?'}{'' if info.value is None else f', value={_dim_str(info.value)}'})"
+    if isinstance(info, TupleInfo):
+        return "Tuple(" + ", ".join(_info_str(f) for f in info.fields) + ")"
+    if isinstance(info, FuncInfo):
+        params = "..." if info.params is None else ", ".join(_info_str(p) for p in info.params)
+        return f"Func(({params}) -> {_info_str(info.ret)})"
+    return "Any" if isinstance(info, AnyInfo) else repr(info)
+
+
+def _expr_str(e: object) -> str:
+    if isinstance(e, (Var, GlobalVar, OpRef)):
+        return repr(e)
+    if isinstance(e, ExternFunc):
+        return f"extern({e.symbol!r})"
+    if isinstance(e, Constant):
+        return f"const{_dims_str(np.shape(e.data))}"
+    if isinstance(e, ShapeExpr):
+        return _shape_str(e.values)
+    if isinstance(e, (PrimValue, StringImm)):
+        return _dim_str(e.value) if isinstance(e.value, SymExpr) else repr(e.value)
+    if isinstance(e, Tuple):
+        return "(" + ", ".join(_expr_str(f) for f in e.fields) + ("," if len(e.fields) == 1 else "") + ")"
+    if isinstance(e, TupleGetItem):
+        return f"{_expr_str(e.tuple_value)}[{e.index}]"
+    if isinstance(e, Call):
+        return f"{_expr_str(e.callee)}(" + ", ".join(_expr_str(a) for a in e.args) + ")"
+    if isinstance(e, If):
+        return f"if {_expr_str(e.cond)}: ... else: ..."
+    return f"<{type(e).__name__}>"
+
+
+def _callee_str(e: Call) -> str:
+    c = e.callee
+    if isinstance(c, OpRef) and c.name in ("call_tensor", "call_lib", "call_packed") and e.args:
+        return f"{c.name}({_expr_str(e.args[0])})"
+    return _expr_str(c)
+
+
+def _binding_str(b: AnyBinding) -> str:
+    if isinstance(b, MatchCast):
+        return f"%{b.var.name} = match_cast({_expr_str(b.value)}, {_info_str(b.cast_info)})"
+    return f"%{b.var.name}: {_info_str(b.var.info)} = {_expr_str(b.value)}"
+
+
+def _scalar_str(x: object) -> str:
+    if isinstance(x, (int, SymExpr)):
+        return sym.to_str(x)
+    if isinstance(x, L.Const):
+        return repr(x.value)
+    if isinstance(x, L.Load):
+        return f"{x.buffer.name}[{', '.join(_scalar_str(i) for i in x.indices)}]"
+    if isinstance(x, L.Binary):
+        return f"({_scalar_str(x.a)} {x.op} {_scalar_str(x.b)})"
+    if isinstance(x, L.Unary):
+        return f"{x.op}({_scalar_str(x.a)})"
+    if isinstance(x, L.Cast):
+        return f"{x.dtype}({_scalar_str(x.value)})"
+    if isinstance(x, L.Select):
+        return f"select({_scalar_str(x.cond)}, {_scalar_str(x.a)}, {_scalar_str(x.b)})"
+    if isinstance(x, L.Intrin):
+        return f"{x.name}({', '.join(_scalar_str(a) for a in x.args)})"
+    return repr(x)
+
+
+def _stmt_str(s: Where) -> str:
+    if isinstance(s, L.Store):
+        return f"{s.buffer.name}[{', '.join(_scalar_str(i) for i in s.indices)}] = {_scalar_str(s.value)}"
+    if isinstance(s, L.For):
+        return f"for {s.var.name} in range({sym.to_str(s.extent)}) ({s.kind})"
+    if isinstance(s, L.Block):
+        return f"block {s.name}(" + ", ".join(f"{iv.var.name}: {iv.kind} = {sym.to_str(iv.binding)}" for iv in s.iter_vars) + ")"
+    if isinstance(s, L.Allocate):
+        return f"allocate {s.buffer.name}: Buffer({_dims_str(s.buffer.shape)}, {s.buffer.dtype})"
+    if isinstance(s, L.IfThenElse):
+        return f"if {_scalar_str(s.cond)}"
+    return "a statement" if s is None else type(s).__name__
+
+
+__all__ = ["Diagnostic", "RULES", "check", "verify"]

@@ -1,0 +1,135 @@
+"""Reductions: ``sum``, ``mean``, ``max``, ``min``, ``prod`` over a set of axes and
+``argmax`` / ``argmin`` over one axis.
+
+``axis=None`` reduces every axis; ``keepdims`` keeps reduced axes as size 1. Reduced dims stay
+symbolic in the sense that the kept ones are exact and the reduced ones vanish (or become 1).
+``max``, ``min``, ``argmax`` and ``argmin`` have no value for an empty axis, so a reduced dim
+that may be 0 becomes a run-time check ``dim >= 1``.
+
+The constructors are named like the ops (``sum``, ``max``, ...) and shadow the builtins in this
+module, so nothing below them uses those builtins.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from tilework.ir import sym
+from tilework.ir.graph import Call, Expr
+from tilework.ir.info import StructInfo, TensorInfo, shape_str
+from tilework.ir.sym import Dim
+from tilework.op.base import (
+    InferCtx,
+    Op,
+    OpPattern,
+    axes_attr,
+    bool_attr,
+    make_call,
+    normalize_axes,
+    register,
+    require_float,
+    tensor_arg,
+)
+
+REDUCE = ("sum", "mean", "max", "min", "prod")
+ARG_REDUCE = ("argmax", "argmin")
+_NEEDS_NONEMPTY = {"max", "min", "argmax", "argmin"}
+
+
+def _require_nonempty(shape: tuple[Dim, ...], axes: Sequence[int], ctx: InferCtx) -> None:
+    for a in axes:
+        d = shape[a]
+        if sym.prove_ge(d, 1):
+            continue
+        if isinstance(d, int):
+            raise ctx.shape_error(f"cannot reduce the empty axis {a} of shape {shape_str(shape)}")
+        ctx.require("ge", (d, 1), f"reduced axis {a} of shape {shape_str(shape)} must not be empty")
+
+
+def reduced_info(x: TensorInfo, axes: tuple[int, ...] | None, keepdims: bool, dtype: str | None, ctx: InferCtx) -> TensorInfo:
+    """The info of reducing ``x`` over ``axes`` (None: all of them)."""
+    if x.ndim == -1:
+        if axes is None and not keepdims:
+            return TensorInfo((), dtype)
+        return TensorInfo(None, dtype, -1)
+    ax = tuple(range(x.ndim)) if axes is None else normalize_axes(axes, x.ndim, ctx)
+    if x.ndim == 0:
+        ax = ()  # axis 0 of a scalar names the scalar itself: nothing to reduce
+    out_ndim = x.ndim if keepdims else x.ndim - len(ax)
+    if x.shape is None:
+        return TensorInfo(None, dtype, out_ndim)
+    if ctx.op_name in _NEEDS_NONEMPTY:
+        _require_nonempty(x.shape, ax, ctx)
+    if keepdims:
+        return TensorInfo(tuple(1 if i in ax else d for i, d in enumerate(x.shape)), dtype)
+    return TensorInfo(tuple(d for i, d in enumerate(x.shape) if i not in ax), dtype)
+
+
+def _infer_reduce(call: Call, ctx: InferCtx) -> StructInfo:
+    x = tensor_arg(call, 0, ctx)
+    axes = axes_attr(call, "axis", ctx)
+    keepdims = bool_attr(call, "keepdims", ctx)
+    dtype = x.dtype
+    if ctx.op_name == "mean":
+        require_float(x, ctx)
+    elif ctx.op_name in ("sum", "prod") and dtype == "bool":
+        dtype = "int64"  # counting: a bool sum is an integer
+    return reduced_info(x, axes, keepdims, dtype, ctx)
+
+
+def _infer_arg_reduce(call: Call, ctx: InferCtx) -> StructInfo:
+    x = tensor_arg(call, 0, ctx)
+    axis = call.attrs["axis"]
+    if axis is not None and (isinstance(axis, bool) or not isinstance(axis, int)):
+        raise ctx.error(f"attribute axis must be None or an int, got {axis!r}")
+    keepdims = bool_attr(call, "keepdims", ctx)
+    return reduced_info(x, None if axis is None else (axis,), keepdims, "int64", ctx)
+
+
+for _name in REDUCE:
+    register(Op(_name, _infer_reduce, OpPattern.REDUCTION, attrs={"axis": None, "keepdims": False}, num_args=1))
+for _name in ARG_REDUCE:
+    register(Op(_name, _infer_arg_reduce, OpPattern.REDUCTION, attrs={"axis": None, "keepdims": False}, num_args=1))
+
+
+def _axes(axis: int | Sequence[int] | None) -> tuple[int, ...] | None:
+    if axis is None:
+        return None
+    if isinstance(axis, int):
+        return (axis,)
+    return tuple(axis)
+
+
+def sum(x: Expr, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Call:
+    """Sum over ``axis`` (None: all axes); a bool tensor sums to int64."""
+    return make_call("sum", [x], axis=_axes(axis), keepdims=keepdims)
+
+
+def mean(x: Expr, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Call:
+    """Mean over ``axis`` (None: all axes) of a floating-point tensor."""
+    return make_call("mean", [x], axis=_axes(axis), keepdims=keepdims)
+
+
+def max(x: Expr, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Call:
+    """Maximum over ``axis`` (None: all axes); reduced axes must not be empty."""
+    return make_call("max", [x], axis=_axes(axis), keepdims=keepdims)
+
+
+def min(x: Expr, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Call:
+    """Minimum over ``axis`` (None: all axes); reduced axes must not be empty."""
+    return make_call("min", [x], axis=_axes(axis), keepdims=keepdims)
+
+
+def prod(x: Expr, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Call:
+    """Product over ``axis`` (None: all axes); a bool tensor multiplies to int64."""
+    return make_call("prod", [x], axis=_axes(axis), keepdims=keepdims)
+
+
+def argmax(x: Expr, axis: int | None = None, keepdims: bool = False) -> Call:
+    """Index (int64) of the first maximum along ``axis``; None: into the flattened tensor."""
+    return make_call("argmax", [x], axis=axis, keepdims=keepdims)
+
+
+def argmin(x: Expr, axis: int | None = None, keepdims: bool = False) -> Call:
+    """Index (int64) of the first minimum along ``axis``; None: into the flattened tensor."""
+    return make_call("argmin", [x], axis=axis, keepdims=keepdims)

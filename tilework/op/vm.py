@@ -1,0 +1,86 @@
+"""Ops of lowered programs: allocation, the shape heap, run-time checks, views, conditions.
+
+The lowering passes (``lower_calls``, ``lower_shapes``) produce calls of these ops; the VM maps
+each to a builtin of the same name (``tilework.runtime.builtins``) with the call's arguments
+followed by its attributes in declared order. They print and parse like any op, so lowered IR
+can be read, dumped after each pass and verified.
+"""
+
+from __future__ import annotations
+
+from tilework.ir.graph import Call
+from tilework.ir.info import AnyInfo, PrimInfo, ShapeInfo, StructInfo, TensorInfo, TupleInfo
+from tilework.op.base import InferCtx, Op, OpPattern, register
+
+VOID = TupleInfo(())
+
+
+def _void(call: Call, ctx: InferCtx) -> StructInfo:
+    return VOID
+
+
+def _heap(call: Call, ctx: InferCtx) -> StructInfo:
+    return AnyInfo()
+
+
+def _alloc_tensor(call: Call, ctx: InferCtx) -> StructInfo:
+    shape = call.args[0].info
+    dtype = call.attrs["dtype"]
+    if isinstance(shape, ShapeInfo):
+        return TensorInfo(shape.values, dtype, shape.ndim)
+    return TensorInfo(None, dtype, -1)
+
+
+def _make_shape(call: Call, ctx: InferCtx) -> StructInfo:
+    return ShapeInfo(None, len(call.attrs["codes"]) // 2)
+
+
+def _view(call: Call, ctx: InferCtx) -> StructInfo:
+    x, shape = call.args[0].info, call.args[1].info
+    dtype = x.dtype if isinstance(x, TensorInfo) else None
+    if isinstance(shape, ShapeInfo):
+        return TensorInfo(shape.values, dtype, shape.ndim)
+    return TensorInfo(None, dtype, -1)
+
+
+def _bool(call: Call, ctx: InferCtx) -> StructInfo:
+    return AnyInfo()
+
+
+def _vm(name: str, infer: object, attrs: dict[str, object], num_args: int | None, pure: bool = False) -> None:
+    register(Op(name, infer, OpPattern.OPAQUE, attrs=attrs, num_args=num_args, pure=pure))  # type: ignore[arg-type]
+
+
+# names, bounds: per heap slot, for messages ("n", (1, 4096))
+_vm("vm_alloc_shape_heap", _heap, {"size": 0, "names": (), "bounds": ()}, 0)
+# codes: (code, operand) per dim; where: "main: argument x"; label: "x.shape"
+_vm("vm_match_shape", _void, {"codes": (), "where": "", "label": ""}, 2)
+_vm("vm_check_tensor_info", _void, {"ndim": -1, "dtype": None, "where": ""}, 1)
+_vm("vm_check_tuple_info", _void, {"size": 0, "where": ""}, 1)
+_vm("vm_check_shape_info", _void, {"ndim": -1, "where": ""}, 1)
+_vm("vm_check_prim_info", _void, {"dtype": None, "where": ""}, 1)
+# checks: (kind, slot_a, slot_b, message) entries
+_vm("vm_check_dims", _void, {"checks": (), "where": ""}, 1)
+# slots[i] = exprs[i] over the heap ("h[0] * h[1] // 2")
+_vm("vm_shape_func", _void, {"slots": (), "exprs": ()}, 1)
+_vm("vm_make_shape", _make_shape, {"codes": ()}, 1, pure=True)
+_vm("vm_load_dim", lambda call, ctx: PrimInfo("int64"), {"slot": 0}, 1, pure=True)
+_vm("vm_alloc_tensor", _alloc_tensor, {"dtype": "float32"}, 1)
+_vm("vm_view", _view, {}, 2, pure=True)
+_vm("vm_read_if_cond", _bool, {}, 1, pure=True)
+_vm("vm_kill", _void, {}, 1)
+
+
+def _assert_dims(call: Call, ctx: InferCtx) -> StructInfo:
+    dims = call.args[0].info
+    if not isinstance(dims, ShapeInfo) or dims.values is None:
+        raise ctx.error("expects a shape of the dims it relates")
+    for kind, i, j, _ in call.attrs["checks"]:
+        if kind not in ("eq", "broadcast", "ge", "divides") or not (0 <= i < dims.ndim and 0 <= j < dims.ndim):
+            raise ctx.error(f"bad check ({kind!r}, {i}, {j})")
+    return VOID
+
+
+# Facts that op inference assumed (``DimCheck``s), kept in the graph until lower_shapes makes
+# them run-time checks: ``assert_dims(shape(n, 3), checks=(("broadcast", 0, 1, "add: ..."),))``.
+register(Op("assert_dims", _assert_dims, OpPattern.OPAQUE, attrs={"checks": ()}, num_args=1, effect=True))

@@ -1,0 +1,253 @@
+"""Builtin functions the VM calls by name (``vm.builtin.*``).
+
+Lowered graph functions reach the run time only through calls; the builtins here allocate
+tensors, match and build shapes through the shape heap, check struct info at function
+boundaries, and handle tuples, views and conditions. Each is a plain Python function found by
+name once, when the VM loads an executable, never per call.
+
+The shape heap is a list of ints, one slot per distinct sym var or derived dim of a function.
+``match_shape`` reads a tensor's (or shape value's) dims with one code per dim:
+``STORE`` binds a slot, ``ASSERT_IMM`` checks a constant, ``ASSERT_SLOT`` checks an already
+bound slot, ``SKIP`` ignores the dim. Failed checks raise ``RuntimeCheckError`` with a message
+that names the function, the argument, the dim and the sym var, and where the var was bound.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from tilework.errors import RuntimeCheckError
+from tilework.runtime.tensor import np_dtype
+
+STORE, ASSERT_IMM, ASSERT_SLOT, SKIP = 0, 1, 2, 3
+
+BUILTINS: dict[str, Callable[..., Any]] = {}
+
+
+def builtin(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        BUILTINS[name] = fn
+        return fn
+
+    return deco
+
+
+class ShapeHeap(list):  # type: ignore[type-arg]
+    """Slots of sym var values; ``names`` and ``bounds`` describe them for error messages and
+    ``origin`` records where each var was bound in this call (``y.shape[1]``)."""
+
+    __slots__ = ("names", "bounds", "origin")
+
+    def __init__(self, size: int, names: Sequence[str], bounds: Sequence[tuple[int, int | None]]) -> None:
+        super().__init__([0] * size)
+        self.names = names
+        self.bounds = bounds
+        self.origin: list[str] = [""] * size
+
+
+@builtin("vm_alloc_shape_heap")
+def alloc_shape_heap(size: int, names: tuple[str, ...], bounds: tuple[tuple[int, int | None], ...]) -> ShapeHeap:
+    return ShapeHeap(size, names, bounds)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, np.ndarray):
+        return f"a tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)}"
+    return f"{type(value).__name__} {value!r}"
+
+
+@builtin("vm_check_tensor_info")
+def check_tensor_info(value: Any, ndim: int, dtype: str | None, where: str) -> None:
+    if not isinstance(value, np.ndarray):
+        raise RuntimeCheckError(f"{where} expects a tensor, got {_describe(value)}")
+    if ndim != -1 and value.ndim != ndim:
+        raise RuntimeCheckError(f"{where} expects a tensor of rank {ndim}, got rank {value.ndim} (shape {tuple(value.shape)})")
+    if dtype is not None and value.dtype != np_dtype(dtype):
+        raise RuntimeCheckError(f"{where} expects dtype {dtype}, got {value.dtype}")
+
+
+@builtin("vm_check_tuple_info")
+def check_tuple_info(value: Any, size: int, where: str) -> None:
+    if not isinstance(value, tuple) or len(value) != size:
+        raise RuntimeCheckError(f"{where} expects a tuple of {size}, got {_describe(value)}")
+
+
+@builtin("vm_check_shape_info")
+def check_shape_info(value: Any, ndim: int, where: str) -> None:
+    if not isinstance(value, tuple) or (ndim != -1 and len(value) != ndim):
+        raise RuntimeCheckError(f"{where} expects a shape of rank {ndim}, got {_describe(value)}")
+
+
+@builtin("vm_check_prim_info")
+def check_prim_info(value: Any, dtype: str | None, where: str) -> None:
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        return
+    if not isinstance(value, (int, float, bool, np.generic)):
+        raise RuntimeCheckError(f"{where} expects a {dtype or 'scalar'} value, got {_describe(value)}")
+
+
+@builtin("vm_match_shape")
+def match_shape(value: Any, heap: ShapeHeap, codes: tuple[int, ...], where: str, label: str) -> None:
+    """Match the dims of ``value`` against ``codes`` (pairs of code and operand per dim)."""
+    dims = value.shape if isinstance(value, np.ndarray) else value
+    for i in range(len(codes) // 2):
+        code, operand = codes[2 * i], codes[2 * i + 1]
+        d = int(dims[i])
+        if code == STORE:
+            lo, hi = heap.bounds[operand]
+            name = heap.names[operand]
+            if d < lo or (hi is not None and d > hi):
+                rng = f"{name} <= {hi}" if hi is not None and d > hi else f"{name} >= {lo}"
+                raise RuntimeCheckError(f"{where}: {label}[{i}] = {d} but {rng}")
+            heap[operand] = d
+            heap.origin[operand] = f"{label}[{i}]"
+        elif code == ASSERT_IMM:
+            if d != operand:
+                raise RuntimeCheckError(f"{where}: {label}[{i}] = {d} but it must be {operand}")
+        elif code == ASSERT_SLOT:
+            if d != heap[operand]:
+                name = heap.names[operand]
+                origin = heap.origin[operand]
+                bound = f", bound by {origin}" if origin else ""
+                raise RuntimeCheckError(f"{where}: {label}[{i}] = {d} but {name} = {heap[operand]}{bound}")
+
+
+_DIM_CHECKS: dict[str, Callable[[int, int], bool]] = {
+    "eq": lambda x, y: x == y,
+    "broadcast": lambda x, y: x == y or (x == 1 and y >= 1) or (y == 1 and x >= 1),
+    "ge": lambda x, y: x >= y,
+    "divides": lambda x, y: y != 0 and x % y == 0,
+    "expands": lambda x, y: x == y or x == 1,
+}
+
+
+@builtin("vm_check_dims")
+def check_dims(heap: ShapeHeap, checks: tuple[Any, ...], where: str) -> None:
+    """Facts between slots that inference assumed: ``(kind, slot_a, slot_b, message)``."""
+    for kind, a, b, message in checks:
+        x, y = heap[a], heap[b]
+        if not _DIM_CHECKS[kind](x, y):
+            raise RuntimeCheckError(f"{where}: {message} (got {x} and {y})")
+
+
+@builtin("vm_make_shape")
+def make_shape(heap: ShapeHeap, codes: tuple[int, ...]) -> tuple[int, ...]:
+    """A shape value from pairs (0, imm) / (1, slot)."""
+    return tuple(codes[i + 1] if codes[i] == 0 else heap[codes[i + 1]] for i in range(0, len(codes), 2))
+
+
+@builtin("vm_alloc_tensor")
+def alloc_tensor(shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    return np.empty(shape, np_dtype(dtype))
+
+
+@builtin("vm_view")
+def reshape(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """A view of ``x`` with a new shape (no copy: ``x`` is contiguous)."""
+    return x.reshape(shape)
+
+
+@builtin("vm_read_if_cond")
+def read_if_cond(x: Any) -> bool:
+    if isinstance(x, np.ndarray):
+        if x.size != 1:
+            raise RuntimeCheckError(f"an If condition must be a scalar, got a tensor of shape {tuple(x.shape)}")
+        return bool(x.reshape(()))
+    return bool(x)
+
+
+@builtin("vm.make_tuple")
+def make_tuple(*fields: Any) -> tuple[Any, ...]:
+    return fields
+
+
+@builtin("vm.tuple_getitem")
+def tuple_getitem(t: tuple[Any, ...], index: int) -> Any:
+    return t[index]
+
+
+@builtin("vm.shape_of")
+def shape_of(x: np.ndarray) -> tuple[int, ...]:
+    return tuple(int(d) for d in x.shape)
+
+
+@builtin("vm.tensor_to_shape")
+def tensor_to_shape(x: np.ndarray) -> tuple[int, ...]:
+    return tuple(int(v) for v in np.asarray(x).reshape(-1))
+
+
+# -- derived dims: small arithmetic programs over heap slots --------------------------------
+
+_ALLOWED = (
+    ast.Expression,
+    ast.BinOp,
+    ast.UnaryOp,
+    ast.Add,
+    ast.Sub,
+    ast.Mult,
+    ast.FloorDiv,
+    ast.Mod,
+    ast.USub,
+    ast.Call,
+    ast.Name,
+    ast.Load,
+    ast.Subscript,
+    ast.Constant,
+)
+
+
+def compile_dim_expr(text: str) -> Callable[[list[int]], int]:
+    """Compile ``h[0] * h[1] // 2`` style text (validated: only heap loads, ints, + - * // %,
+    min and max) into a function of the heap."""
+    tree = ast.parse(text, mode="eval")
+    for node in ast.walk(tree):
+        if not isinstance(node, _ALLOWED):
+            raise RuntimeCheckError(f"invalid dim expression {text!r}")
+        if isinstance(node, ast.Name) and node.id not in ("h", "min", "max"):
+            raise RuntimeCheckError(f"invalid name {node.id!r} in dim expression {text!r}")
+        if isinstance(node, ast.Constant) and not isinstance(node.value, int):
+            raise RuntimeCheckError(f"invalid constant in dim expression {text!r}")
+    code = compile(tree, "<dim>", "eval")
+    env = {"min": min, "max": max, "__builtins__": {}}
+    return lambda h: eval(code, env, {"h": h})  # noqa: S307 - validated above
+
+
+@builtin("vm_shape_func")
+def shape_func(heap: ShapeHeap, slots: tuple[int, ...], exprs: tuple[Callable[[list[int]], int], ...]) -> None:
+    """Compute derived slots in order; ``exprs`` were compiled when the VM loaded."""
+    for slot, fn in zip(slots, exprs):
+        heap[slot] = fn(heap)
+
+
+@builtin("vm_load_dim")
+def load_dim(heap: ShapeHeap, slot: int) -> int:
+    return heap[slot]
+
+
+@builtin("vm_kill")
+def kill(x: Any) -> None:
+    """Returns None into the register that held ``x``: the value is freed after its last use."""
+    return None
+
+
+@builtin("vm.copy")
+def copy_ref(x: Any) -> Any:
+    return x
+
+
+# Hooks run once when the VM loads a call: they rewrite its static arguments into what the
+# builtin wants at run time (here: dim expression text into compiled functions).
+Arg = tuple[str, Any]
+
+
+def _prepare_shape_func(args: list[Arg]) -> list[Arg]:
+    heap, slots, (kind, exprs) = args
+    return [heap, slots, (kind, tuple(compile_dim_expr(t) for t in exprs))]
+
+
+PREPARE: dict[str, Callable[[list[Arg]], list[Arg]]] = {"vm_shape_func": _prepare_shape_func}

@@ -1,0 +1,235 @@
+"""Scalar helpers of the compute DSL: intrinsics, select, casts, constants, comparisons.
+
+Arguments may be loop-level expressions, index values (ints and SymExprs, int64) or Python
+numbers; binary helpers promote like the ``PExpr`` operators (``tilework.ir.loop.binary``).
+Float-only intrinsics (exp, log, ...) refuse integer expressions (cast first) and compute a
+weakly typed argument (a Python number or an index) in float32.
+"""
+
+from __future__ import annotations
+
+from functools import reduce
+from typing import Union
+
+from tilework.ir.info import check_dtype
+from tilework.ir.loop import (
+    Cast,
+    Const,
+    Intrin,
+    PExpr,
+    Scalar,
+    Select,
+    Unary,
+    binary,
+    const,
+    convert,
+    dtype_of,
+    is_float_dtype,
+    operand_dtype,
+)
+from tilework.te.tensor import identity_value
+
+FLOAT_INTRINSICS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "sin", "cos", "log1p", "expm1")
+ANY_INTRINSICS = ("abs", "floor", "ceil", "round")
+PREDICATES = ("isnan", "isinf")
+
+
+def _scalar(x: object) -> Scalar:
+    if isinstance(x, PExpr):
+        return x
+    if isinstance(x, bool):
+        return const(x, "bool")
+    if isinstance(x, float):
+        return const(x, "float32")
+    return convert(x, "int64")
+
+
+def _intrin(name: str, x: object) -> PExpr:
+    a = _scalar(x)
+    dt = dtype_of(a)
+    if name in FLOAT_INTRINSICS and not is_float_dtype(dt):
+        if isinstance(x, PExpr):
+            raise TypeError(f"{name} needs a floating-point argument, got {dt}; cast it first")
+        a, dt = convert(a, "float32"), "float32"
+    if name in PREDICATES:
+        return Intrin(name, (a,), "bool")
+    if dt == "bool":
+        raise TypeError(f"{name} of a bool expression")
+    return Intrin(name, (a,), dt)
+
+
+def exp(x: object) -> PExpr:
+    return _intrin("exp", x)
+
+
+def log(x: object) -> PExpr:
+    return _intrin("log", x)
+
+
+def sqrt(x: object) -> PExpr:
+    return _intrin("sqrt", x)
+
+
+def rsqrt(x: object) -> PExpr:
+    """``1 / sqrt(x)``."""
+    return _intrin("rsqrt", x)
+
+
+def tanh(x: object) -> PExpr:
+    return _intrin("tanh", x)
+
+
+def erf(x: object) -> PExpr:
+    return _intrin("erf", x)
+
+
+def sigmoid(x: object) -> PExpr:
+    """``1 / (1 + exp(-x))``."""
+    return _intrin("sigmoid", x)
+
+
+def sin(x: object) -> PExpr:
+    return _intrin("sin", x)
+
+
+def cos(x: object) -> PExpr:
+    return _intrin("cos", x)
+
+
+def log1p(x: object) -> PExpr:
+    return _intrin("log1p", x)
+
+
+def expm1(x: object) -> PExpr:
+    return _intrin("expm1", x)
+
+
+def abs(x: object) -> PExpr:  # noqa: A001
+    return _intrin("abs", x)
+
+
+def floor(x: object) -> PExpr:
+    return _intrin("floor", x)
+
+
+def ceil(x: object) -> PExpr:
+    return _intrin("ceil", x)
+
+
+def round(x: object) -> PExpr:  # noqa: A001
+    """Round half to even (NumPy's ``round``)."""
+    return _intrin("round", x)
+
+
+def isnan(x: object) -> PExpr:
+    return _intrin("isnan", x)
+
+
+def isinf(x: object) -> PExpr:
+    return _intrin("isinf", x)
+
+
+def power(a: object, b: object) -> PExpr:
+    return binary("pow", a, b)
+
+
+def maximum(a: object, b: object) -> PExpr:
+    """The larger of two values (NaN propagates)."""
+    return binary("max", a, b)
+
+
+def minimum(a: object, b: object) -> PExpr:
+    """The smaller of two values (NaN propagates)."""
+    return binary("min", a, b)
+
+
+def truncdiv(a: object, b: object) -> PExpr:
+    """Integer division rounding toward zero (true division for floats)."""
+    return binary("/", a, b)
+
+
+def lt(a: object, b: object) -> PExpr:
+    return binary("<", a, b)
+
+
+def le(a: object, b: object) -> PExpr:
+    return binary("<=", a, b)
+
+
+def gt(a: object, b: object) -> PExpr:
+    return binary(">", a, b)
+
+
+def ge(a: object, b: object) -> PExpr:
+    return binary(">=", a, b)
+
+
+def eq(a: object, b: object) -> PExpr:
+    return binary("==", a, b)
+
+
+def ne(a: object, b: object) -> PExpr:
+    return binary("!=", a, b)
+
+
+def logical_and(a: object, b: object) -> PExpr:
+    return binary("and", a, b)
+
+
+def logical_or(a: object, b: object) -> PExpr:
+    return binary("or", a, b)
+
+
+def logical_not(x: object) -> PExpr:
+    a = convert(x, "bool") if not isinstance(x, PExpr) else x
+    if dtype_of(a) != "bool":
+        raise TypeError(f"logical_not needs a bool expression, got {dtype_of(a)}")
+    return Unary("not", a, "bool")
+
+
+def all(*conds: object) -> Scalar:  # noqa: A001
+    """The conjunction of bool conditions (True when none are given)."""
+    if not conds:
+        return const(True, "bool")
+    return reduce(logical_and, conds[1:], convert(conds[0], "bool"))
+
+
+def any(*conds: object) -> Scalar:  # noqa: A001
+    """The disjunction of bool conditions (False when none are given)."""
+    if not conds:
+        return const(False, "bool")
+    return reduce(logical_or, conds[1:], convert(conds[0], "bool"))
+
+
+def if_then_else(cond: object, a: object, b: object) -> PExpr:
+    """``a`` where ``cond`` holds, else ``b``; only the chosen side is evaluated, so a side may
+    load out of range when the condition excludes it."""
+    c = convert(cond, "bool")
+    dt = operand_dtype("select", a, b)
+    return Select(c, convert(a, dt), convert(b, dt), dt)
+
+
+select = if_then_else
+
+
+def cast(x: object, dtype: str) -> Scalar:
+    """``x`` converted to ``dtype`` (C conversion semantics: floats truncate toward zero)."""
+    check_dtype(dtype)
+    if isinstance(x, PExpr):
+        return x if x.dtype == dtype else Cast(dtype, x)
+    return convert(x, dtype)
+
+
+def constant(value: Union[int, float, bool], dtype: str) -> Const:
+    """A constant of ``dtype``."""
+    return const(value, check_dtype(dtype))
+
+
+def max_value(dtype: str) -> Const:
+    """The largest value of ``dtype`` (+inf for floats)."""
+    return const(identity_value("min", dtype), check_dtype(dtype))
+
+
+def min_value(dtype: str) -> Const:
+    """The smallest value of ``dtype`` (-inf for floats)."""
+    return const(identity_value("max", dtype), check_dtype(dtype))

@@ -1,0 +1,128 @@
+"""legalize: lower every graph-level op call to a loop-level kernel call.
+
+Each op's ``legalize(call, ctx)`` (defined beside the op, in its family file) builds the
+computation with ``te`` over placeholders shaped like the call's arguments — the caller's own
+symbolic dims — and returns ``ctx.call_te(...)``: the TensorFunc is added to the module (kernels
+that are structurally equal are shared) and the graph calls it with ``call_tensor``. Facts that
+inference could not prove (``DimCheck``s) are kept as ``assert_dims`` bindings just before the
+call, so lower_shapes can check them at run time.
+
+Requires a normalized, well-formed module. Guarantees: no op call is left but ``call_tensor``,
+``call_lib``, ``call_packed``, ``assert_dims`` and the ``vm_*`` ops, unless ``strict=False``, in
+which case ops without a legalization stay as they are (for backends that take them whole).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from tilework.errors import UnsupportedError
+from tilework.ir.builder import BlockBuilder
+from tilework.ir.graph import Binding, Call, Expr, GlobalVar, OpRef, ShapeExpr
+from tilework.ir.info import StructInfo
+from tilework.ir.loop import TensorFunc
+from tilework.ir.module import IRModule
+from tilework.ir.rewrite import FuncRewriter
+from tilework.ir.sym import Dim
+from tilework.op import base as opbase
+from tilework.op.calls import call_tensor
+from tilework.transform.pipeline import Pass
+
+KEEP = {"call_tensor", "call_lib", "call_packed", "assert_dims"}
+
+
+class LegalizeCtx:
+    """What an op's legalize function uses: kernel registration and the te bridge."""
+
+    def __init__(self, bb: BlockBuilder, kernels: "_KernelTable") -> None:
+        self.bb = bb
+        self.kernels = kernels
+
+    def add_kernel(self, hint: str, func: TensorFunc) -> GlobalVar:
+        return self.kernels.add(self.bb, hint, func)
+
+    def call_te(self, hint: str, args: Sequence[Expr], inputs: Sequence[object], outputs: Sequence[object], out_info: StructInfo) -> Call:
+        """``call_tensor`` of the kernel computing te ``outputs`` from placeholders ``inputs``
+        (one per graph argument in ``args``, in order)."""
+        from tilework import te
+
+        func = te.create_func(list(inputs), list(outputs))  # type: ignore[arg-type]
+        gv = self.add_kernel(hint, func)
+        sym_args: tuple[Dim, ...] = tuple(func.sym_params)
+        return call_tensor(gv, list(args), out_info, sym_args)
+
+
+@dataclass
+class _KernelTable:
+    """Kernels added so far, keyed by structural hash, so equal kernels are emitted once."""
+
+    by_hash: dict[int, list[tuple[TensorFunc, str]]] = field(default_factory=dict)
+
+    def add(self, bb: BlockBuilder, hint: str, func: TensorFunc) -> GlobalVar:
+        from tilework.ir.structural import structural_equal, structural_hash
+
+        h = structural_hash(func)
+        for other, name in self.by_hash.get(h, []):
+            if structural_equal(other, func, map_free_vars=True):
+                return bb.global_var(name)
+        name = bb.fresh_global_name(hint)
+        self.by_hash.setdefault(h, []).append((func, name))
+        return bb.add_func(name, func)
+
+
+class _Legalizer(FuncRewriter):
+    def __init__(self, mod: IRModule, strict: bool) -> None:
+        super().__init__(mod)
+        self.strict = strict
+        self.kernels = _KernelTable()
+        self.ctx = LegalizeCtx(self.bb, self.kernels)
+
+    def rewrite_value(self, binding: Binding, value: Expr) -> Expr:
+        if not isinstance(value, Call) or not isinstance(value.callee, OpRef):
+            return value
+        name = value.callee.name
+        if name in KEEP or name.startswith("vm_"):
+            return value
+        op = opbase.get(name)
+        if op.legalize is None:
+            if self.strict:
+                raise UnsupportedError(f"op {name} (bound to %{binding.var.name} in @{self.func_name}) has no loop-level lowering")
+            return value
+        call = self.bb.normalize(value)
+        assert isinstance(call, Call)
+        _, checks = opbase.infer_with_checks(call)
+        if checks:
+            self.bb.emit(assert_dims_call(checks), name="check")
+        return op.legalize(call, self.ctx)  # type: ignore[no-any-return]
+
+
+def assert_dims_call(checks: Sequence[opbase.DimCheck]) -> Call:
+    """``assert_dims(shape(dims...), checks=((kind, i, j, message), ...))``."""
+    dims: list[Dim] = []
+    index: dict[object, int] = {}
+
+    def slot(d: Dim) -> int:
+        key = d if not isinstance(d, int) else ("int", d)
+        if key not in index:
+            index[key] = len(dims)
+            dims.append(d)
+        return index[key]
+
+    entries = []
+    for c in checks:
+        a, b = c.dims[0], c.dims[1]
+        entries.append((c.kind, slot(a), slot(b), c.message))
+    return opbase.make_call("assert_dims", [ShapeExpr(tuple(dims))], checks=tuple(entries))
+
+
+@dataclass(frozen=True)
+class Legalize(Pass):
+    strict: bool = True
+    name: str = "legalize"
+
+    def run(self, mod: IRModule) -> IRModule:
+        return _Legalizer(mod, self.strict).run()
+
+
+__all__ = ["Legalize", "LegalizeCtx", "assert_dims_call"]
