@@ -50,7 +50,7 @@ def structural_equal(a: Any, b: Any) -> bool:
 
 def build(mod: IRModule, target: str = "cpu", **kw: Any) -> "Executable":
     """Compile ``mod`` once into an Executable that runs every shape."""
-    from tilework.build import build as _build
+    from tilework.driver import build as _build
 
     return _build(mod, target, **kw)
 

@@ -71,6 +71,7 @@ def _demo(args: argparse.Namespace) -> int:
     from tilework.ir.verify import verify
     from tilework.models.reference import TransformerConfig, transformer_block
     from tilework.text import parse
+    from tilework.text.printer import print_info
 
     if args.hidden % 4 or args.layers < 1:
         raise TileworkError("--hidden must be a multiple of 4 (4 heads) and --layers at least 1")
@@ -92,7 +93,7 @@ def _demo(args: argparse.Namespace) -> int:
     n_bindings = sum(len(b.bindings) for b in mod["main"].body.blocks)  # type: ignore[union-attr]
     print(f"built {cfg.layers}-layer transformer block: {n_bindings} bindings in {1e3 * (t1 - t0):.1f} ms")
     print(f"printed, parsed back and verified in {1e3 * (t2 - t1):.1f} ms; round trip structurally equal: {same}")
-    print(f"output struct info: Tensor({', '.join(sym.to_str(d) for d in ret.shape)}, {ret.dtype})")  # type: ignore[union-attr]
+    print(f"output struct info: {print_info(ret)}")
     ok = same and ret == expected
     if args.run:
         ok = _demo_run(mod, cfg) and ok

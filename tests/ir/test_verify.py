@@ -35,7 +35,7 @@ from tilework.ir.graph import (
 from tilework.ir.info import AnyInfo, PrimInfo, ShapeInfo, StructInfo, TensorInfo, TupleInfo
 from tilework.ir.module import IRModule
 from tilework.ir.sym import SymVar
-from tilework.ir.verify import Diagnostic, check, verify
+from tilework.ir.verify import RULES, Diagnostic, check, verify
 
 
 def f32(*shape: object) -> TensorInfo:
@@ -71,11 +71,13 @@ def only(mod: IRModule, rule: str) -> Diagnostic:
     return diags[0]
 
 
-def shows(d: Diagnostic, *marked: str) -> None:
-    """The context marks the offending binding and shows ``marked`` text."""
-    assert "^" in d.context, d.context
-    for text in marked:
-        assert text in d.context, d.context
+def shows(d: Diagnostic, marked: str) -> None:
+    """The context marks (with carets, the rule's title beside them) the line showing ``marked``."""
+    lines = d.context.splitlines()
+    carets = [i for i, line in enumerate(lines) if line.strip().startswith("^")]
+    assert carets, d.context
+    assert marked in lines[carets[0] - 1], d.context
+    assert RULES[d.rule] in d.context, d.context
 
 
 # -- well-formed modules built with the BlockBuilder --------------------------------------
@@ -218,7 +220,7 @@ def test_var_used_before_its_definition() -> None:
     d = only(IRModule({"main": f}), "var-def")
     assert d.func == "main"
     assert "%b is used in the value of %a before its definition: move the binding of %b before this use" in d.message
-    shows(d, "%a")
+    shows(d, "a: Tensor")
     assert "rule 1" in d.context
 
 
@@ -236,7 +238,7 @@ def test_var_defined_twice() -> None:
     d = only(IRModule({"main": f}), "var-def")
     assert "%x is defined twice (first as a param of @main)" in d.message
     assert "bind a new Var here" in d.message
-    shows(d, "%x")
+    shows(d, "x: Tensor")
 
 
 def test_var_of_another_function() -> None:
@@ -248,6 +250,13 @@ def test_var_of_another_function() -> None:
     assert d.func == "g"
     assert "%a is used in the value of %b but it belongs to @f" in d.message
     assert "pass the value as an argument" in d.message
+
+
+def test_param_shared_by_two_functions() -> None:
+    x = Var("x", f32(4))
+    d = only(IRModule({"f": fn([x], [], x), "g": fn([x], [], x)}), "var-def")
+    assert d.func == "g"
+    assert "%x is defined twice (first as a param of @f)" in d.message
 
 
 def test_var_of_an_if_branch_used_after_the_if() -> None:
@@ -275,7 +284,7 @@ def test_sym_var_never_defined() -> None:
     d = sym_diags[0]
     assert "sym var n is used in the value of %lv1 but never defined" in d.message
     assert "add a param whose shape has n as a dim, or a match_cast that binds it" in d.message
-    shows(d, "%lv1")
+    shows(d, "lv1: Tensor")
 
 
 def test_sym_var_in_var_info_never_defined() -> None:
@@ -329,7 +338,7 @@ def test_if_branch_info_mentions_a_branch_sym_var() -> None:
     d = only(IRModule({"main": f}), "sym-def")
     assert "the struct info of the If's then branch mentions sym var k, which is defined only inside it" in d.message
     assert "erase it" in d.message
-    shows(d, "%r")
+    shows(d, "r: Tensor")
 
 
 def test_call_tensor_sym_arg_undefined() -> None:
@@ -356,7 +365,7 @@ def test_dataflow_var_escapes_its_block() -> None:
     d = only(IRModule({"main": f}), "dataflow")
     assert "%lv0 is used in the value of %gv but it is a DataflowVar of an earlier dataflow block" in d.message
     assert "emit_output" in d.message
-    shows(d, "%gv")
+    shows(d, "gv: Tensor")
 
 
 def test_dataflow_var_as_function_result() -> None:
@@ -386,7 +395,7 @@ def test_nested_call_is_not_anf() -> None:
     f = fn([x], [plain(Binding(a, Call(OpRef("add"), (inner, x), info=f32(4))))], a)
     d = only(IRModule({"main": f}), "anf")
     assert "argument 0 of add in the value of %a is a Call, not a leaf: bind it to a var first" in d.message
-    shows(d, "%a")
+    shows(d, "a: Tensor")
 
 
 def test_if_inside_dataflow_block() -> None:
@@ -435,7 +444,7 @@ def test_impure_call_in_dataflow_block() -> None:
     f = fn([x], [dataflow(Binding(lv, log))], x, pure=False)
     d = only(IRModule({"main": f}), "purity")
     assert "impure call call_packed(extern('log')) inside a dataflow block: move it to a plain binding block" in d.message
-    shows(d, "%lv")
+    shows(d, "lv: Tuple")
 
 
 def test_pure_function_with_impure_call() -> None:
@@ -453,14 +462,14 @@ def test_call_without_struct_info() -> None:
     x, a = Var("x", f32(n, 4)), Var("a", f32(n, 4))
     f = fn([x], [plain(Binding(a, op.add(x, x)))], a)  # op.add builds an un-normalized call
     d = only(IRModule({"main": f}), "struct-info")
-    assert "the call of add in the value of %a has no struct info (the builder gives Tensor((n, 4), float32))" in d.message
+    assert "the call of add in the value of %a has no struct info (the builder gives Tensor((n, 4), \"float32\"))" in d.message
 
 
 def test_call_with_inconsistent_struct_info() -> None:
     x, a = Var("x", f32(2, 4)), Var("a", f32(2, 5))
     f = fn([x], [plain(Binding(a, Call(OpRef("add"), (x, x), info=f32(2, 5))))], a)
     d = only(IRModule({"main": f}), "struct-info")
-    assert "has struct info Tensor((2, 5), float32), but its parts give Tensor((2, 4), float32)" in d.message
+    assert "has struct info Tensor((2, 5), \"float32\"), but its parts give Tensor((2, 4), \"float32\")" in d.message
 
 
 def test_call_that_does_not_type_check() -> None:
@@ -482,9 +491,9 @@ def test_constant_shape_and_prim_infos() -> None:
     )
     diags = check(IRModule({"main": f}))
     assert [d.rule for d in diags] == ["struct-info"] * 3, "\n".join(map(str, diags))
-    assert "a constant in the value of %a has struct info Tensor((2,), float32) but its data is Tensor((3,), float32)" in diags[0].message
+    assert "a constant in the value of %a has struct info Tensor((2,), \"float32\") but its data is Tensor((3,), \"float32\")" in diags[0].message
     assert "shape(2) in the value of %s has struct info Any: a ShapeExpr's info is ShapeInfo of its values" in diags[1].message
-    assert "the prim value 4 in the value of %p has struct info Prim(int64, value=3)" in diags[2].message
+    assert "the prim value 4 in the value of %p has struct info Prim(\"int64\", value=3)" in diags[2].message
 
 
 def test_tuple_and_getitem_infos() -> None:
@@ -494,7 +503,8 @@ def test_tuple_and_getitem_infos() -> None:
     f = fn([x], [plain(Binding(t, tup), Binding(g, TupleGetItem(t, 5, f32(2))))], g)
     diags = check(IRModule({"main": f}))
     msgs = [d.message for d in diags if d.rule == "struct-info"]
-    assert any("field 1 of a tuple in the value of %t has struct info Tensor((3,), float32)" in m for m in msgs), msgs
+    want = 'a tuple of 2 in the value of %t has struct info Tuple(Tensor((2,), "float32"), Tensor((3,), "float32")), but its parts'
+    assert any(want in m for m in msgs), msgs
     assert any("the value of %g takes item 5 of a tuple of 2" in m for m in msgs), msgs
 
 
@@ -504,7 +514,7 @@ def test_binding_var_info_must_be_a_base_of_the_value() -> None:
     a = Var("a", f32(3, 4))  # narrower than the value: needs a match_cast
     f = fn([x], [plain(Binding(a, typed(op.exp(x))))], a)
     d = only(IRModule({"main": f}), "struct-info")
-    assert "%a is declared Tensor((3, 4), float32) but its value has Tensor((n, 4), float32)" in d.message
+    assert "%a is declared Tensor((3, 4), \"float32\") but its value has Tensor((n, 4), \"float32\")" in d.message
     assert "use match_cast to assert a narrower info" in d.message
 
 
@@ -512,7 +522,7 @@ def test_match_cast_that_can_never_succeed() -> None:
     x, y = Var("x", f32(2, 3)), Var("y", f32(4, 3))
     f = fn([x], [plain(MatchCast(y, x, f32(4, 3)))], y)
     d = only(IRModule({"main": f}), "struct-info")
-    assert "the match_cast of %y can never succeed: the value has Tensor((2, 3), float32)" in d.message
+    assert "the match_cast of %y can never succeed: the value has Tensor((2, 3), \"float32\")" in d.message
     shows(d, "match_cast")
 
 
@@ -520,7 +530,20 @@ def test_var_without_struct_info() -> None:
     x, a = Var("x", f32(4)), Var("a")
     f = fn([x], [plain(Binding(a, typed(op.exp(x))))], a, ret=AnyInfo())
     d = only(IRModule({"main": f}), "struct-info")
-    assert "%a has no struct info but its value has Tensor((4,), float32)" in d.message
+    assert "%a has no struct info but its value has Tensor((4,), \"float32\")" in d.message
+
+
+def test_if_and_branch_without_struct_info() -> None:
+    c, x, r = Var("c", TensorInfo((), "bool")), Var("x", f32(4)), Var("r", AnyInfo())
+    typed_branch = SeqExpr((), x, f32(4))
+    f = fn([c, x], [plain(Binding(r, If(c, SeqExpr((), x), typed_branch, AnyInfo())))], r)
+    d = only(IRModule({"main": f}), "struct-info")
+    assert "the If's then branch has no struct info but its result has Tensor((4,), \"float32\")" in d.message
+    shows(d, "r: ")
+    r2 = Var("r2", f32(4))
+    f2 = fn([c, x], [plain(Binding(r2, If(c, typed_branch, SeqExpr((), x, f32(4)))))], r2)
+    d2 = only(IRModule({"main": f2}), "struct-info")
+    assert "the If in the value of %r2 has no struct info (the builder gives Tensor((4,), \"float32\"))" in d2.message
 
 
 # -- rule 7: globals -----------------------------------------------------------------------
@@ -544,18 +567,20 @@ def test_tensor_func_called_directly() -> None:
 
 
 def test_call_tensor_of_a_graph_func_and_wrong_arity() -> None:
-    x, a, b = Var("x", f32(3, 4)), Var("a", f32(3, 4)), Var("b", f32(3, 4))
-    g = fn([Var("p", f32(3, 4))], [], Var("p", f32(3, 4)))
-    bb = BlockBuilder()
-    gv_g, gv_add = GlobalVar("g"), GlobalVar("add")
-    bad1 = bb.normalize(op.call_tensor(gv_g, [x], f32(3, 4)))
-    bad2 = bb.normalize(op.call_tensor(gv_add, [x], f32(3, 4)))
-    f = fn([x], [plain(Binding(a, bad1), Binding(b, bad2))], b)
-    mod = IRModule({"g": fn([Var("p", f32(3, 4))], [], x), "add": add_kernel(), "main": f})
-    msgs = [d.message for d in check(mod) if d.func == "main"]
-    assert any("call_tensor's callee @g is a GraphFunc, not a TensorFunc: call it directly" in m for m in msgs), msgs
-    assert any("call_tensor passes 1 input(s) but @add takes 2 (A, B)" in m for m in msgs), msgs
-    del g
+    x, a, b, c = Var("x", f32(3, 4)), Var("a", f32(3, 4)), Var("b", f32(3, 4)), Var("c", f32(3))
+    p = Var("p", f32(3, 4))
+    norm = BlockBuilder().normalize
+    bad_callee = norm(op.call_tensor(GlobalVar("g"), [x], f32(3, 4)))
+    bad_inputs = norm(op.call_tensor(GlobalVar("add"), [x], f32(3, 4)))
+    bad_sym_args = norm(op.call_tensor(GlobalVar("rsum"), [x], f32(3)))  # rsum takes sym param s
+    f = fn([x], [plain(Binding(a, bad_callee), Binding(b, bad_inputs), Binding(c, bad_sym_args))], b)
+    mod = IRModule({"g": fn([p], [], p), "add": add_kernel(), "rsum": scaled_row_sum(), "main": f})
+    diags = check(mod)
+    msgs = [d.message for d in diags]
+    assert [d.rule for d in diags] == ["global"] * 3, msgs
+    assert "call_tensor's callee @g is a GraphFunc, not a TensorFunc: call it directly" in msgs[0]
+    assert "call_tensor passes 1 input(s) but @add takes 2 (A, B)" in msgs[1]
+    assert "call_tensor passes 0 sym arg(s) but @rsum takes 1 (s)" in msgs[2]
 
 
 def test_call_lib_needs_an_extern_func() -> None:
@@ -577,7 +602,7 @@ def test_ret_info_must_cover_the_body() -> None:
     f = fn([x], [], x, ret=f32(2, 4))
     f = f.replace(ret_info=f32(2, 5))
     d = only(IRModule({"main": f}), "ret-info")
-    assert "ret_info Tensor((2, 5), float32) is not a base of the body's info Tensor((2, 4), float32)" in d.message
+    assert "ret_info Tensor((2, 5), \"float32\") is not a base of the body's info Tensor((2, 4), \"float32\")" in d.message
     assert "widen ret_info, or match_cast the result" in d.message
 
 
@@ -607,7 +632,7 @@ def test_unknown_buffer_and_allocate_scope() -> None:
     assert len(diags) == 2
     assert "load from buffer T, which is neither a param of @k nor allocated around this use" in diags[0].message
     assert "store to buffer X" in diags[1].message
-    shows(diags[0], "B[j] = T[j]")
+    shows(diags[0], "B[j]")
 
 
 def test_undefined_loop_sym_var() -> None:
@@ -629,7 +654,7 @@ def test_loop_var_bound_twice_and_index_count() -> None:
     msgs = [d.message for d in diags]
     assert "store to A with 1 index(es) but A has rank 2: give one index per dim" in msgs[0]
     assert "loop i binds i, already bound by loop i: give it a fresh SymVar" in msgs[1]
-    shows(diags[1], "for i in range(4)")
+    shows(diags[1], "for i in")
 
 
 def test_loop_kinds_ops_and_num_outputs() -> None:
@@ -663,3 +688,18 @@ def test_verify_lists_every_problem_with_context() -> None:
     for piece in ("error[var-def] in @main", "error[sym-def] in @main", "error[struct-info] in @main", "error[loop] in @k"):
         assert piece in text, text
     assert text.count("^") >= 3
+
+
+def test_context_falls_back_when_the_printer_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tilework.text.printer as printer
+
+    def broken(*args: object, **kwargs: object) -> str:
+        raise RuntimeError("a printer bug")
+
+    monkeypatch.setattr(printer, "print_func", broken)
+    x = Var("x", f32(4))
+    a, b = Var("a", f32(4)), Var("b", f32(4))
+    f = fn([x], [plain(Binding(a, typed(op.exp(b))), Binding(b, typed(op.exp(x))))], a)
+    d = only(IRModule({"main": f}), "var-def")
+    assert 'def @main(%x: Tensor((4,), "float32"))' in d.context
+    shows(d, '%a: Tensor((4,), "float32") = exp(%b)')

@@ -32,7 +32,7 @@ _NP_DTYPES = {
     "float64": np.dtype(np.float64),
 }
 
-SymValues = Union[Sequence[int], Mapping[Union[SymVar, str], int], None]
+SymValues = Union[Sequence[int], Mapping[str, int], Mapping[SymVar, int], None]
 
 
 def np_dtype(dtype: str) -> np.dtype:
@@ -59,7 +59,7 @@ def _arg_name(func: TensorFunc, i: int) -> str:
     return f"argument {i} ({func.buffers[i].name})"
 
 
-def check_arrays(func: TensorFunc, arrays: Sequence[np.ndarray], name: str = "kernel") -> None:
+def check_arrays(func: TensorFunc, arrays: Sequence[np.ndarray], name: str = "kernel", contiguous: bool = True) -> None:
     """Count, dtype and layout of the arrays (shapes are checked by ``bind_syms``)."""
     bufs = func.buffers
     if len(arrays) != len(bufs):
@@ -69,26 +69,29 @@ def check_arrays(func: TensorFunc, arrays: Sequence[np.ndarray], name: str = "ke
             raise RuntimeCheckError(f"{name}: {_arg_name(func, i)} must be a NumPy array, got {type(a).__name__}")
         if a.dtype != np_dtype(b.dtype):
             raise RuntimeCheckError(f"{name}: {_arg_name(func, i)} has dtype {a.dtype}, expected {b.dtype}")
-        if not a.flags.c_contiguous:
+        if contiguous and not a.flags.c_contiguous:
             raise RuntimeCheckError(f"{name}: {_arg_name(func, i)} is not C-contiguous")
         if i >= len(bufs) - func.num_outputs and not a.flags.writeable:
             raise RuntimeCheckError(f"{name}: output {_arg_name(func, i)} is read-only")
 
 
-def _param_env(func: TensorFunc, sym_params: SymValues, name: str) -> dict[SymVar, int]:
+def _given_env(func: TensorFunc, given: SymValues, name: str) -> dict[SymVar, int]:
+    """Values given by the caller: a sequence for ``func.sym_params`` in order, or a mapping
+    from any kernel sym var (or its name) to its value."""
     params = func.sym_params
-    if sym_params is None:
+    if given is None:
         return {}
-    if isinstance(sym_params, Mapping):
-        by_name = {v.name: v for v in params}
+    if isinstance(given, Mapping):
+        known = kernel_syms(func)
+        by_name = {v.name: v for v in known}
         env: dict[SymVar, int] = {}
-        for k, val in sym_params.items():
-            v = k if isinstance(k, SymVar) else by_name.get(k)
+        for k, val in given.items():
+            v = k if isinstance(k, SymVar) and k in known else by_name.get(k) if isinstance(k, str) else None
             if v is None:
-                raise RuntimeCheckError(f"{name}: {k!r} is not a sym param (has: {', '.join(by_name) or 'none'})")
+                raise RuntimeCheckError(f"{name}: {k!r} is not a sym var of the kernel (has: {', '.join(by_name) or 'none'})")
             env[v] = int(val)
         return env
-    vals = list(sym_params)
+    vals = list(given)
     if len(vals) != len(params):
         raise RuntimeCheckError(f"{name}: expects {len(params)} sym param value(s) ({', '.join(v.name for v in params)}), got {len(vals)}")
     return {v: int(x) for v, x in zip(params, vals)}
@@ -97,16 +100,16 @@ def _param_env(func: TensorFunc, sym_params: SymValues, name: str) -> dict[SymVa
 def bind_syms(func: TensorFunc, arrays: Sequence[np.ndarray], sym_params: SymValues = None, name: str = "kernel") -> list[int]:
     """The kernel sym var values (``kernel_syms`` order) that the arrays' shapes imply.
 
-    ``sym_params`` gives the values of ``func.sym_params`` (a sequence in their order, or a
-    mapping by var or name). A var is bound by its first bare occurrence as a dim; every dim
-    is then checked, as is each var's declared range. Raises ``RuntimeCheckError`` naming the
+    ``sym_params`` gives the values of ``func.sym_params`` (a sequence in their order), or of
+    any kernel sym vars (a mapping by var or name). Other vars are bound by their first bare
+    occurrence as a dim; every dim is then checked, as is each var's declared range. Raises ``RuntimeCheckError`` naming the
     argument, the dim and where the var was bound.
     """
     bufs = func.buffers
     if len(arrays) != len(bufs):
         raise RuntimeCheckError(f"{name}: expects {len(bufs)} arrays, got {len(arrays)}")
-    env = _param_env(func, sym_params, name)
-    where: dict[SymVar, str] = {v: "a sym param" for v in env}
+    env = _given_env(func, sym_params, name)
+    where: dict[SymVar, str] = {v: "the given sym values" for v in env}
     for i, (b, a) in enumerate(zip(bufs, arrays)):
         if a.ndim != len(b.shape):
             raise RuntimeCheckError(f"{name}: {_arg_name(func, i)} has rank {a.ndim}, expected {len(b.shape)}")

@@ -160,6 +160,9 @@ class BlockBuilder:
         if frame.dataflow:
             raise WellFormedError("emit_func_output inside a dataflow block; leave the block first")
         out = self._leaf(self._tuple_of(output))
+        leaked = [f for f in (out.fields if isinstance(out, Tuple) else (out,)) if isinstance(f, DataflowVar)]
+        if leaked:
+            raise WellFormedError(f"%{leaked[0].name} is local to a dataflow block; bind it with emit_output to return it")
         frame.flush()
         param_vars: set[SymVar] = set()
         for p in scope.params:

@@ -6,33 +6,28 @@
 
 The rules (``Diagnostic.rule`` names them):
 
-1. ``var-def``: every Var is defined exactly once in the module (as a param or a binding's
-   var), before it is used, and used only in the function (and If branch) that defines it.
-2. ``sym-def``: every sym var in struct info, ShapeExpr, PrimValue and call sym args is defined
-   before use, by a bare dim of a param's struct info or by an earlier match_cast; a return
-   info or SeqExpr info mentions only sym vars visible outside it.
-3. ``dataflow``: DataflowVars are bound only in dataflow blocks, never escape their block, and
-   are never params.
-4. ``anf``: call callees and arguments, tuple fields, TupleGetItem's tuple, If's cond, a
-   match_cast's value and a SeqExpr's result are leaves; If branches are SeqExprs; no If inside
-   a dataflow block; SeqExprs appear only as function bodies and If branches.
+1. ``var-def``: a Var is defined once in the module, before use, and used only in its own
+   function (and If branch).
+2. ``sym-def``: a sym var is defined before use, by a bare dim of a param's struct info or an
+   earlier match_cast; a return or SeqExpr info mentions only sym vars visible outside it.
+3. ``dataflow``: DataflowVars are bound only in dataflow blocks, never escape them, and are not params.
+4. ``anf``: callees, arguments, tuple fields, TupleGetItem's tuple, If's cond, match_cast's value
+   and SeqExpr results are leaves; If branches are SeqExprs; no If in a dataflow block.
 5. ``purity``: no impure call inside a dataflow block or in a function marked pure.
-6. ``struct-info``: calls, tuples, TupleGetItems, Ifs, SeqExprs, constants, shapes and prim
-   values carry the struct info the builder computes (or one consistent with it); a plain
-   binding's var info is a base of its value's; a match_cast can succeed.
-7. ``global``: GlobalVars name functions of the module; callees have the right kind (call_tensor
-   a TensorFunc with matching arity, a plain call a GraphFunc or ExternFunc, call_lib and
-   call_packed an ExternFunc); op names are registered.
+6. ``struct-info``: compound expressions, constants, shapes and prim values carry the info the
+   builder computes (or one consistent with it); a binding's var info is a base of its value's.
+7. ``global``: GlobalVars name functions of the module; callees have the right kind and arity;
+   op names are registered.
 8. ``ret-info``: a function's ret_info is a base of its body's info.
-9. ``loop``: in a TensorFunc, buffers are params or allocated in scope, sym vars are defined,
-   loop vars bound once, index counts match ranks, and kinds and op names are valid.
+9. ``loop``: in a TensorFunc, buffers and sym vars are in scope, loop vars bound once, index
+   counts match ranks, and kinds and op names are valid.
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Iterable, Union
+from typing import Any, Iterable, Union
 
 import numpy as np
 
@@ -66,6 +61,8 @@ from tilework.ir.graph import (
 from tilework.ir.info import AnyInfo, Check, FuncInfo, PrimInfo, ShapeInfo, StructInfo, TensorInfo, TupleInfo
 from tilework.ir.module import Function, IRModule, func_info
 from tilework.ir.sym import SymExpr, SymVar
+from tilework.op.base import infer_with_checks
+from tilework.op.base import lookup as lookup_op  # importing tilework.op registers every op family
 
 RULES = {
     "var-def": "rule 1: vars are defined once, before use, in their own function",
@@ -100,8 +97,6 @@ class Diagnostic:
 
 def check(mod: IRModule) -> list[Diagnostic]:
     """Every well-formedness problem of ``mod``, in module order, then program order."""
-    import tilework.op  # noqa: F401  (registers every op family, for the op-name rule)
-
     out: list[Diagnostic] = []
     owners: dict[Var, str] = {}
     for name, f in mod.items():
@@ -168,12 +163,6 @@ def _dims_syms(dims: Iterable[object]) -> tuple[SymVar, ...]:
     return tuple(out)
 
 
-def _lookup_op(name: str) -> object | None:
-    from tilework.op.base import lookup
-
-    return lookup(name)
-
-
 class _Checker:
     """Collects one function's diagnostics, each reported once per ``once`` key."""
 
@@ -231,9 +220,10 @@ class _GraphCheck(_Checker):
             if isinstance(p, DataflowVar):
                 self.bad("dataflow", f"param %{p.name} is a DataflowVar: params must be plain Vars")
             self.define(p, "a param")
-        for p in f.params:
+        params = [p for p in f.params if isinstance(p, Var)]
+        for p in params:
             self.syms.update(I.defined_vars(p.info))
-        for p in f.params:
+        for p in params:
             self.use_syms(_info_syms(p.info), f"param %{p.name}'s struct info")
         hint = "no param defines it: the return info may mention only sym vars that the params define; erase the others"
         self.use_syms(_info_syms(f.ret_info), "the return info", hint)
@@ -242,11 +232,8 @@ class _GraphCheck(_Checker):
             return
         self.seq(f.body, "the function body")
         if I.base_check(f.ret_info, f.body.info) is not Check.PASS:
-            self.bad(
-                "ret-info",
-                f"ret_info {_info_str(f.ret_info)} is not a base of the body's info {_info_str(f.body.info)}: "
-                "widen ret_info, or match_cast the result to it before returning",
-            )
+            msg = f"ret_info {_info_str(f.ret_info)} is not a base of the body's info {_info_str(f.body.info)}"
+            self.bad("ret-info", msg + ": widen ret_info, or match_cast the result to it before returning")
 
     # -- scopes ---------------------------------------------------------------------------
 
@@ -290,15 +277,11 @@ class _GraphCheck(_Checker):
             elif v in self.gone_syms:
                 msg = f"sym var {v.name} is used in {what} but {self.gone_syms[v]}"
             elif v in self.cast_syms:
-                msg = (
-                    f"sym var {v.name} is used in {what} before the match_cast of %{self.cast_syms[v].name} "
-                    "defines it: move that match_cast before this use"
-                )
+                cast = f"the match_cast of %{self.cast_syms[v].name}"
+                msg = f"sym var {v.name} is used in {what} before {cast} defines it: move that match_cast before this use"
             else:
-                msg = (
-                    f"sym var {v.name} is used in {what} but never defined: "
-                    f"add a param whose shape has {v.name} as a dim, or a match_cast that binds it"
-                )
+                fix = f"add a param whose shape has {v.name} as a dim, or a match_cast that binds it"
+                msg = f"sym var {v.name} is used in {what} but never defined: {fix}"
             self.bad("sym-def", msg, ("sym", v))
 
     # -- blocks and bindings --------------------------------------------------------------
@@ -351,8 +334,8 @@ class _GraphCheck(_Checker):
         self.dataflow = False
 
     def binding(self, b: AnyBinding) -> None:
-        if not isinstance(b, (Binding, MatchCast)):
-            self.bad("anf", f"a binding block holds a {type(b).__name__}, not a Binding or MatchCast")
+        if not isinstance(b, (Binding, MatchCast)) or not isinstance(b.var, Var):
+            self.bad("anf", f"a binding block holds {b!r}, not a Binding or MatchCast of a Var")
             return
         self.where = b
         name = f"%{b.var.name}"
@@ -400,7 +383,7 @@ class _GraphCheck(_Checker):
                 msg = f"@{e.name} is not a function of the module (it has: {known}): add it or fix the name"
                 self.bad("global", msg, ("global", e.name))
         elif isinstance(e, OpRef):
-            if _lookup_op(e.name) is None:
+            if lookup_op(e.name) is None:
                 msg = f"op {e.name!r} is not registered: fix the name, or import the op family that defines it"
                 self.bad("global", msg, ("op", e.name))
         elif isinstance(e, (Constant, ShapeExpr, PrimValue)):
@@ -454,13 +437,7 @@ class _GraphCheck(_Checker):
         for i, f in enumerate(e.fields):
             self.leaf(f, f"tuple field {i}")
             self.expr(f)
-        info = e.info
-        if not isinstance(info, TupleInfo) or len(info.fields) != len(e.fields):
-            want = _info_str(TupleInfo(tuple(f.info for f in e.fields)))
-            self.bad("struct-info", f"a tuple of {len(e.fields)} in {self.here()} has struct info {_info_str(info)}, not {want}")
-            return
-        for i, (r, f) in enumerate(zip(info.fields, e.fields)):
-            self.consistent(f"field {i} of a tuple", r, f.info)
+        self.consistent(f"a tuple of {len(e.fields)}", e.info, TupleInfo(tuple(f.info for f in e.fields)))
 
     def tuple_get_item(self, e: TupleGetItem) -> None:
         self.leaf(e.tuple_value, "the tuple of a TupleGetItem")
@@ -516,7 +493,7 @@ class _GraphCheck(_Checker):
                 msg = f"@{c.name} is a TensorFunc called like a graph function: use call_tensor(@{c.name}, args, out)"
                 self.bad("global", msg)
             return
-        if not isinstance(c, OpRef) or _lookup_op(c.name) is None:
+        if not isinstance(c, OpRef) or lookup_op(c.name) is None:
             return
         if c.name == "call_tensor":
             self.call_tensor(e)
@@ -547,25 +524,20 @@ class _GraphCheck(_Checker):
         if not isinstance(f, L.TensorFunc):
             self.bad("global", f"call_tensor's callee {g} is a {type(f).__name__}, not a TensorFunc: call it directly")
             return
-        ins = e.args[1]
-        n_in = len(ins.fields) if isinstance(ins, Tuple) else len(ins.info.fields) if isinstance(ins.info, TupleInfo) else None
-        if n_in is not None and n_in != len(f.inputs):
-            names = ", ".join(b.name for b in f.inputs) or "none"
-            self.bad("global", f"call_tensor passes {n_in} input(s) but {g} takes {len(f.inputs)} ({names})")
+        n_sym = _count(e.args[2]) if len(e.args) == 3 else 0
+        for what, n, params in (("input(s)", _count(e.args[1]), f.inputs), ("sym arg(s)", n_sym, f.sym_params)):
+            if n is not None and n != len(params):
+                names = ", ".join(p.name for p in params) or "none"
+                self.bad("global", f"call_tensor passes {n} {what} but {g} takes {len(params)} ({names})")
         if len(e.sinfo_args) == 1:
             out = e.sinfo_args[0]
             n_out = len(out.fields) if isinstance(out, TupleInfo) else 1
             if n_out != f.num_outputs:
                 self.bad("global", f"call_tensor states {n_out} output(s) but {g} writes {f.num_outputs}")
-        sym_args = e.args[2] if len(e.args) == 3 else None
-        n_sym = len(sym_args.values) if isinstance(sym_args, ShapeExpr) else 0
-        if n_sym != len(f.sym_params):
-            want = ", ".join(v.name for v in f.sym_params) or "none"
-            self.bad("global", f"call_tensor passes {n_sym} sym arg(s) but {g} takes {len(f.sym_params)} ({want})")
 
     def purity(self, e: Call, callee: str) -> None:
         c = e.callee
-        if (isinstance(c, OpRef) and _lookup_op(c.name) is None) or (isinstance(c, GlobalVar) and c.name not in self.mod):
+        if (isinstance(c, OpRef) and lookup_op(c.name) is None) or (isinstance(c, GlobalVar) and c.name not in self.mod):
             return  # reported as an unknown name
         if is_pure_call(e, self.mod):
             return
@@ -580,10 +552,8 @@ class _GraphCheck(_Checker):
         c = e.callee
         try:
             if isinstance(c, OpRef):
-                if _lookup_op(c.name) is None:
+                if lookup_op(c.name) is None:
                     return None
-                from tilework.op.base import infer_with_checks
-
                 return infer_with_checks(e)[0]
             if isinstance(c, GlobalVar):
                 f = self.mod.get(c.name)
@@ -596,6 +566,15 @@ class _GraphCheck(_Checker):
         except TileworkError as err:
             self.bad("struct-info", f"the call of {callee} in {self.here()} does not type-check: {err}")
         return None
+
+
+def _count(e: Expr) -> int | None:
+    """How many values a tuple or shape argument holds, when that is known."""
+    if isinstance(e, (Tuple, ShapeExpr)):
+        return len(e.fields) if isinstance(e, Tuple) else len(e.values)
+    if isinstance(e.info, TupleInfo):
+        return len(e.info.fields)
+    return e.info.ndim if isinstance(e.info, ShapeInfo) and e.info.ndim >= 0 else None
 
 
 def _same_dims(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
@@ -725,7 +704,7 @@ class _LoopCheck(_Checker):
     def scalar(self, x: L.Scalar, bufs: frozenset[L.Buffer], syms: frozenset[SymVar], where: Where) -> None:
         for e in L.walk_scalars(x):
             if isinstance(e, SymExpr):
-                self.syms_in(sym.free_vars(e), syms, _stmt_str(where), where)
+                self.syms_in(sym.free_vars(e), syms, f"this {type(where).__name__}", where)
             elif isinstance(e, L.Load):
                 self.access(e.buffer, len(e.indices), bufs, "load from", where)
             elif isinstance(e, L.Binary) and e.op not in _SCALAR_OPS:
@@ -741,20 +720,23 @@ class _LoopCheck(_Checker):
 # -- rendering ----------------------------------------------------------------------------
 
 
-def _render(name: str, func: Function, where: Where, note: str) -> str:
-    """``func`` printed with ``where`` marked and ``note`` under it: the text printer's form when
-    it is available, else a compact one (the signature and the marked binding or statement)."""
+def _printer() -> Any:
+    """The text printer module, or None while it cannot be imported."""
     try:
-        printer = importlib.import_module("tilework.text.printer")
+        return importlib.import_module("tilework.text.printer")
     except ImportError:
-        return _fallback(name, func, where, note)
-    try:
-        return str(printer.print_func(name, func, highlight=where, note=note))
-    except Exception:  # the printer may choke on the very IR being reported; never hide the error
-        return _fallback(name, func, where, note)
+        return None
 
 
-def _fallback(name: str, func: Function, where: Where, note: str) -> str:
+def _render(name: str, func: Function, where: Where, note: str) -> str:
+    """``func`` printed with ``where`` marked and ``note`` beside the carets: the text printer's
+    form when it can print it, else a compact one (the signature and the marked binding)."""
+    printer = _printer()
+    if printer is not None:
+        try:
+            return str(printer.print_func(name, func, highlight=where, note=note))
+        except Exception:  # the printer may choke on the very IR being reported; never hide the error
+            pass
     lines = [f"  {_signature(name, func)}:"]
     if where is not None:
         text = _binding_str(where) if isinstance(where, (Binding, MatchCast)) else _stmt_str(where)
@@ -763,65 +745,46 @@ def _fallback(name: str, func: Function, where: Where, note: str) -> str:
     return "\n".join(lines)
 
 
+def _info_str(info: StructInfo) -> str:
+    """Struct info as the text format writes it: ``Tensor((n, 4), "float32")``."""
+    printer = _printer()
+    if printer is not None:
+        try:
+            return str(printer.print_info(info))
+        except Exception:  # a malformed info must still be reported
+            pass
+    return repr(info)
+
+
 def _signature(name: str, func: Function) -> str:
     if isinstance(func, GraphFunc):
         params = ", ".join(f"%{p.name}: {_info_str(p.info)}" for p in func.params)
         return f"def @{name}({params}) -> {_info_str(func.ret_info)}"
-    if isinstance(func, L.TensorFunc):
-        parts = [f"{p.name}: Buffer({_dims_str(p.shape)}, {p.dtype})" if isinstance(p, L.Buffer) else str(p) for p in func.params]
-        return f"tensor @{name}({', '.join(parts)})"
-    return f"@{name} = {type(func).__name__}"
+    return f"tensor @{name}" if isinstance(func, L.TensorFunc) else f"@{name}"
 
 
 def _dim_str(d: object) -> str:
-    return sym.to_str(d) if isinstance(d, (int, SymExpr)) else repr(d)
-
-
-def _dims_str(dims: Iterable[object]) -> str:
-    """``(n, 4)``, with a trailing comma for one dim as Python writes a 1-tuple."""
-    items = [_dim_str(d) for d in dims]
-    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+    return sym.to_str(d) if isinstance(d, (int, SymExpr)) else "..."
 
 
 def _shape_str(dims: Iterable[object]) -> str:
     return "shape(" + ", ".join(_dim_str(d) for d in dims) + ")"
 
 
-def _info_str(info: StructInfo) -> str:
-    """Compact struct info: ``Tensor((n, 4), float32)``, ``Shape((n, 4))``, ``Prim(int64)``."""
-    if isinstance(info, TensorInfo):
-        return f"Tensor({_dims_str(info.shape) if info.shape is not None else f'ndim={info.ndim}'}, {info.dtype or '?'})"
-    if isinstance(info, ShapeInfo):
-        return f"Shape({_dims_str(info.values) if info.values is not None else f'ndim={info.ndim}'})"
-    if isinstance(info, PrimInfo):
-        return f"Prim({info.dtype or '?'}{'' if info.value is None else f', value={_dim_str(info.value)}'})"
-    if isinstance(info, TupleInfo):
-        return "Tuple(" + ", ".join(_info_str(f) for f in info.fields) + ")"
-    if isinstance(info, FuncInfo):
-        params = "..." if info.params is None else ", ".join(_info_str(p) for p in info.params)
-        return f"Func(({params}) -> {_info_str(info.ret)})"
-    return "Any" if isinstance(info, AnyInfo) else repr(info)
-
-
 def _expr_str(e: object) -> str:
+    """A compact form of a graph expression for messages: leaves in full, compounds shallowly."""
     if isinstance(e, (Var, GlobalVar, OpRef)):
         return repr(e)
     if isinstance(e, ExternFunc):
         return f"extern({e.symbol!r})"
-    if isinstance(e, Constant):
-        return f"const{_dims_str(np.shape(e.data))}"
     if isinstance(e, ShapeExpr):
         return _shape_str(e.values)
-    if isinstance(e, (PrimValue, StringImm)):
-        return _dim_str(e.value) if isinstance(e.value, SymExpr) else repr(e.value)
+    if isinstance(e, PrimValue):
+        return _dim_str(e.value) if isinstance(e.value, (int, SymExpr)) else repr(e.value)
     if isinstance(e, Tuple):
         return "(" + ", ".join(_expr_str(f) for f in e.fields) + ("," if len(e.fields) == 1 else "") + ")"
-    if isinstance(e, TupleGetItem):
-        return f"{_expr_str(e.tuple_value)}[{e.index}]"
     if isinstance(e, Call):
         return f"{_expr_str(e.callee)}(" + ", ".join(_expr_str(a) for a in e.args) + ")"
-    if isinstance(e, If):
-        return f"if {_expr_str(e.cond)}: ... else: ..."
     return f"<{type(e).__name__}>"
 
 
@@ -838,38 +801,16 @@ def _binding_str(b: AnyBinding) -> str:
     return f"%{b.var.name}: {_info_str(b.var.info)} = {_expr_str(b.value)}"
 
 
-def _scalar_str(x: object) -> str:
-    if isinstance(x, (int, SymExpr)):
-        return sym.to_str(x)
-    if isinstance(x, L.Const):
-        return repr(x.value)
-    if isinstance(x, L.Load):
-        return f"{x.buffer.name}[{', '.join(_scalar_str(i) for i in x.indices)}]"
-    if isinstance(x, L.Binary):
-        return f"({_scalar_str(x.a)} {x.op} {_scalar_str(x.b)})"
-    if isinstance(x, L.Unary):
-        return f"{x.op}({_scalar_str(x.a)})"
-    if isinstance(x, L.Cast):
-        return f"{x.dtype}({_scalar_str(x.value)})"
-    if isinstance(x, L.Select):
-        return f"select({_scalar_str(x.cond)}, {_scalar_str(x.a)}, {_scalar_str(x.b)})"
-    if isinstance(x, L.Intrin):
-        return f"{x.name}({', '.join(_scalar_str(a) for a in x.args)})"
-    return repr(x)
-
-
 def _stmt_str(s: Where) -> str:
     if isinstance(s, L.Store):
-        return f"{s.buffer.name}[{', '.join(_scalar_str(i) for i in s.indices)}] = {_scalar_str(s.value)}"
+        return f"store to {s.buffer.name}[{', '.join(_dim_str(i) for i in s.indices)}]"
     if isinstance(s, L.For):
         return f"for {s.var.name} in range({sym.to_str(s.extent)}) ({s.kind})"
     if isinstance(s, L.Block):
-        return f"block {s.name}(" + ", ".join(f"{iv.var.name}: {iv.kind} = {sym.to_str(iv.binding)}" for iv in s.iter_vars) + ")"
+        return f"block {s.name}({', '.join(f'{iv.var.name}: {iv.kind}' for iv in s.iter_vars)})"
     if isinstance(s, L.Allocate):
-        return f"allocate {s.buffer.name}: Buffer({_dims_str(s.buffer.shape)}, {s.buffer.dtype})"
-    if isinstance(s, L.IfThenElse):
-        return f"if {_scalar_str(s.cond)}"
-    return "a statement" if s is None else type(s).__name__
+        return f"allocate {s.buffer.name}"
+    return type(s).__name__
 
 
 __all__ = ["Diagnostic", "RULES", "check", "verify"]

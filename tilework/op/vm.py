@@ -76,7 +76,7 @@ def _assert_dims(call: Call, ctx: InferCtx) -> StructInfo:
     if not isinstance(dims, ShapeInfo) or dims.values is None:
         raise ctx.error("expects a shape of the dims it relates")
     for kind, i, j, _ in call.attrs["checks"]:
-        if kind not in ("eq", "broadcast", "ge", "divides") or not (0 <= i < dims.ndim and 0 <= j < dims.ndim):
+        if kind not in ("eq", "broadcast", "ge", "divides", "expands") or not (0 <= i < dims.ndim and 0 <= j < dims.ndim):
             raise ctx.error(f"bad check ({kind!r}, {i}, {j})")
     return VOID
 

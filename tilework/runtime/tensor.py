@@ -68,7 +68,7 @@ def to_torch(a: np.ndarray) -> Any:
 def as_array(x: Any) -> Any:
     """A VM input: arrays stay, torch tensors become views, Python scalars stay scalars."""
     if isinstance(x, np.ndarray):
-        return x
+        return x if x.flags.c_contiguous else np.ascontiguousarray(x)
     if is_torch_tensor(x):
         return from_torch(x)
     if isinstance(x, (tuple, list)):

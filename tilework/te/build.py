@@ -225,7 +225,9 @@ class _Lowering:
         return _rebuild(x, lambda c: self._lift(name, c, scope))
 
     def _loops(self, axes: list[tuple[SymVar, Dim]], kind: str) -> tuple[list[For], list[IterVar], dict[SymVar, Dim]]:
-        loops, ivs, subst = [], [], {}
+        loops: list[For] = []
+        ivs: list[IterVar] = []
+        subst: dict[SymVar, Dim] = {}
         for v, ext in axes:
             lv = SymVar(*_bounded_var(v.name, ext))
             iv = SymVar(*_bounded_var("v" + v.name, ext))

@@ -27,6 +27,7 @@ from tilework.ir.loop import (
     is_float_dtype,
     operand_dtype,
 )
+from tilework.ir.sym import SymExpr
 from tilework.te.tensor import identity_value
 
 FLOAT_INTRINSICS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "sin", "cos", "log1p", "expm1")
@@ -212,12 +213,15 @@ def if_then_else(cond: object, a: object, b: object) -> PExpr:
 select = if_then_else
 
 
-def cast(x: object, dtype: str) -> Scalar:
+def cast(x: object, dtype: str) -> PExpr:
     """``x`` converted to ``dtype`` (C conversion semantics: floats truncate toward zero)."""
     check_dtype(dtype)
     if isinstance(x, PExpr):
         return x if x.dtype == dtype else Cast(dtype, x)
-    return convert(x, dtype)
+    if isinstance(x, (bool, int, float)) and not isinstance(x, SymExpr):
+        return const(x, dtype)
+    out = convert(x, dtype)
+    return out if isinstance(out, PExpr) else Cast(dtype, out)
 
 
 def constant(value: Union[int, float, bool], dtype: str) -> Const:

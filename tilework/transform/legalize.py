@@ -8,8 +8,9 @@ inference could not prove (``DimCheck``s) are kept as ``assert_dims`` bindings j
 call, so lower_shapes can check them at run time.
 
 Requires a normalized, well-formed module. Guarantees: no op call is left but ``call_tensor``,
-``call_lib``, ``call_packed``, ``assert_dims`` and the ``vm_*`` ops, unless ``strict=False``, in
-which case ops without a legalization stay as they are (for backends that take them whole).
+``call_lib``, ``call_packed``, ``assert_dims`` and the ``vm_*`` ops (and ``shape_of`` of a tensor whose shape
+is unknown, which the VM answers), unless ``strict=False``, in which case ops without a
+legalization stay as they are (for backends that take them whole).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from tilework.ir.module import IRModule
 from tilework.ir.rewrite import FuncRewriter
 from tilework.ir.sym import Dim
 from tilework.op import base as opbase
+from tilework.op import vm as _vm_ops  # noqa: F401  (registers assert_dims)
 from tilework.op.calls import call_tensor
 from tilework.transform.pipeline import Pass
 

@@ -12,7 +12,7 @@ becomes
 
 where the sym values are the caller's dims for the kernel's sym vars, found by unifying the
 kernel's buffer shapes with the arguments' struct info (the kernel ABI takes them in
-``kernel_sym_vars`` order). ``call_lib`` becomes an allocation and a call of the extern function
+``tilework.codegen.abi.kernel_syms`` order). ``call_lib`` becomes an allocation and a call of the extern function
 with the outputs appended. ``reshape`` views (``vm_view``) are kept as they are.
 """
 
@@ -40,24 +40,11 @@ from tilework.ir.graph import (
 from tilework.ir.info import ShapeInfo, StructInfo, TensorInfo, TupleInfo
 from tilework.ir.loop import TensorFunc
 from tilework.ir.module import IRModule
+from tilework.codegen.abi import kernel_syms
 from tilework.ir.sym import Dim, SymVar
 from tilework.op import vm as _vm_ops  # noqa: F401  (registers the vm_* ops)
 from tilework.transform.lower_shapes import VOID, _vm_call
 from tilework.transform.pipeline import Pass
-
-
-def kernel_sym_vars(func: TensorFunc) -> tuple[SymVar, ...]:
-    """The kernel ABI's order of sym var values: first occurrence over the params (buffer
-    shape dims in order, sym params in place)."""
-    seen: dict[SymVar, None] = {}
-    for p in func.params:
-        if isinstance(p, SymVar):
-            seen[p] = None
-        else:
-            for d in p.shape:
-                for v in sym.free_vars(d):
-                    seen[v] = None
-    return tuple(seen)
 
 
 def _out_tensors(info: StructInfo) -> list[TensorInfo]:
@@ -134,7 +121,7 @@ class _Lower:
             _unify(pattern, actual, mapping)
         for pattern, actual in shapes:
             _solve(mapping, pattern, actual)
-        order = kernel_sym_vars(func)
+        order = kernel_syms(func)
         missing = [v.name for v in order if v not in mapping]
         if missing:
             raise WellFormedError(f"call of @{gv.name}: cannot tell the value of sym var(s) {', '.join(missing)} from the arguments")

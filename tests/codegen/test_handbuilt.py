@@ -1,0 +1,264 @@
+"""Hand-written TensorFuncs (the shapes schedules produce): parallel, vectorized and unrolled
+loops, split loops with guards, Allocate on the stack and the heap, reductions whose init is
+hoisted or guarded, floor division with negative operands. Each runs through the interpreter
+and compiled C and is compared with NumPy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tilework as tw
+from tilework.codegen import KernelLibrary, build_library, interp
+from tilework.codegen.c import emit_function
+from tilework.ir import sym
+from tilework.ir.loop import (
+    Allocate,
+    Block,
+    Buffer,
+    For,
+    IfThenElse,
+    IterVar,
+    Load,
+    SeqStmt,
+    Stmt,
+    Store,
+    TensorFunc,
+    binary,
+    const,
+    convert,
+)
+from tilework.ir.sym import Dim, SymVar
+
+
+def make_block(name: str, specs: list[tuple[str, Dim, Dim, str]], make_body, make_init=None) -> Block:  # type: ignore[no-untyped-def]
+    ivs = [IterVar(SymVar(n, 0), ext, kind, binding) for n, ext, binding, kind in specs]
+    vs = [iv.var for iv in ivs]
+    body = make_body(*vs)
+    init = make_init(*vs) if make_init is not None else None
+    reads = tuple({e.buffer: None for e in _loads(body, init)})
+    writes = tuple({s.buffer: None for s in _stores(body, init)})
+    return Block(name, tuple(ivs), reads, writes, body, init)
+
+
+def _stores(*stmts: Stmt | None) -> list[Store]:
+    from tilework.ir.loop import walk_stmts
+
+    return [s for st in stmts if st is not None for s in walk_stmts(st) if isinstance(s, Store)]
+
+
+def _loads(*stmts: Stmt | None) -> list[Load]:
+    from tilework.ir.loop import walk_scalars
+
+    out = []
+    for s in _stores(*stmts):
+        for x in (*s.indices, s.value):
+            out += [e for e in walk_scalars(x) if isinstance(e, Load)]
+    return out
+
+
+def scheduled_elementwise() -> TensorFunc:
+    """B[i, j] = tmp[15 - j] + 1 with tmp[j] = A[i, j] * 2 in stack scratch per row; rows in a
+    parallel loop; also C[i] = A[i, 0] * 3 through a split, guarded, vectorized loop."""
+    n = tw.dim("n")
+    A, B, C = Buffer("A", (n, 16), "float32"), Buffer("B", (n, 16), "float32"), Buffer("C", (n,), "float32")
+    tmp = Buffer("tmp", (16,), "float32")
+    i, j, j2, io, ii = SymVar("i", 0), SymVar("j", 0, 15), SymVar("j2", 0, 15), SymVar("io", 0), SymVar("ii", 0, 3)
+    fill = make_block("t", [("vj", 16, j, "spatial")], lambda vj: Store(tmp, (vj,), binary("*", Load(A, (i, vj)), 2)))
+    use = make_block("o", [("vi", n, i, "spatial"), ("vj", 16, j2, "spatial")],
+                     lambda vi, vj: Store(B, (vi, vj), binary("+", Load(tmp, (15 - vj,)), 1)))
+    row = Allocate(tmp, SeqStmt((For(j, 16, fill, "vectorized"), For(j2, 16, use, "unrolled"))))
+    rows = For(i, n, row, "parallel")
+    guarded = make_block("c", [("vi", n, io * 4 + ii, "spatial")], lambda vi: Store(C, (vi,), binary("*", Load(A, (vi, 0)), 3)))
+    split = For(io, sym.ceildiv(n, 4), For(ii, 4, IfThenElse(binary("<", io * 4 + ii, n), guarded), "vectorized"), "parallel")
+    return TensorFunc((A, B, C), SeqStmt((rows, split)), 2)
+
+
+def heap_scratch() -> TensorFunc:
+    """out[i] = sum_j s[j] * A[i] where s[j] = j + 1 lives in heap scratch of size m, filled
+    inside a parallel loop (one heap allocation per iteration)."""
+    n, m = tw.dim("n"), tw.dim("m")
+    A, out = Buffer("A", (n,), "float64"), Buffer("out", (n,), "float64")
+    s = Buffer("s", (m,), "float64")
+    i, j, k = SymVar("i", 0), SymVar("j", 0), SymVar("k", 0)
+    fill = make_block("fill", [("vj", m, j, "spatial")], lambda vj: Store(s, (vj,), binary("+", convert(vj, "float64"), 1.0)))
+    acc = make_block("acc", [("vi", n, i, "spatial"), ("vk", m, k, "reduce")],
+                     lambda vi, vk: Store(out, (vi,), binary("+", Load(out, (vi,)), binary("*", Load(s, (vk,)), Load(A, (vi,))))),
+                     lambda vi, vk: Store(out, (vi,), const(0.0, "float64")))
+    body = For(i, n, Allocate(s, SeqStmt((For(j, m, fill), For(k, m, acc)))), "parallel")
+    return TensorFunc((A, out, m), body, 1)
+
+
+def split_reduction(hoistable: bool, parallel_k: bool = False) -> TensorFunc:
+    """C[i, j] = sum_k A[i, k] * B[k, j] with k split into ko * 4 + ki. Hoistable order:
+    i, j, ko, ki; otherwise i, ko, j, ki (the init must stay guarded in the block)."""
+    n, m, K4 = tw.dim("n"), tw.dim("m"), tw.dim("K4", 0)
+    A, B, C = Buffer("A", (n, K4 * 4), "float32"), Buffer("B", (K4 * 4, m), "float32"), Buffer("C", (n, m), "float32")
+    i, j, ko, ki = SymVar("i", 0), SymVar("j", 0), SymVar("ko", 0), SymVar("ki", 0, 3)
+    blk = make_block(
+        "C", [("vi", n, i, "spatial"), ("vj", m, j, "spatial"), ("vk", K4 * 4, ko * 4 + ki, "reduce")],
+        lambda vi, vj, vk: Store(C, (vi, vj), binary("+", Load(C, (vi, vj)), binary("*", Load(A, (vi, vk)), Load(B, (vk, vj))))),
+        lambda vi, vj, vk: Store(C, (vi, vj), const(0.0, "float32")),
+    )
+    kind = "parallel" if parallel_k else "serial"
+    if hoistable:
+        body = For(i, n, For(j, m, For(ko, K4, For(ki, 4, blk, "unrolled"), kind)))
+    else:
+        body = For(i, n, For(ko, K4, For(j, m, For(ki, 4, blk, "vectorized")), kind), "parallel")
+    return TensorFunc((A, B, C, K4), body, 1)
+
+
+def floor_ops() -> TensorFunc:
+    """out[i, 0] = (i - c) // d, out[i, 1] = (i - c) % d, out[i, 2] = min(i - c, d) with sym
+    params c, d of either sign."""
+    n = tw.dim("n")
+    c, d = SymVar("c", -50, 50), SymVar("d", -9, 9)
+    out = Buffer("out", (n, 3), "int64")
+    i = SymVar("i", 0)
+    vals = [sym.floordiv(i - c, d), sym.floormod(i - c, d), sym.min_(i - c, d)]
+    stores = SeqStmt(tuple(Store(out, (i, q), v) for q, v in enumerate(vals)))
+    return TensorFunc((out, c, d), For(i, n, stores), 1)
+
+
+def fused_parallel() -> TensorFunc:
+    """B[i, j] = A[i, j] + j over one fused parallel loop f in [0, n * m): i = f // m, j = f % m."""
+    n, m = tw.dim("n"), tw.dim("m")
+    A, B = Buffer("A", (n, m), "float32"), Buffer("B", (n, m), "float32")
+    f = SymVar("f", 0)
+    blk = make_block("B", [("vi", n, f // m, "spatial"), ("vj", m, f % m, "spatial")],
+                     lambda vi, vj: Store(B, (vi, vj), binary("+", Load(A, (vi, vj)), vj)))
+    return TensorFunc((A, B), For(f, n * m, blk, "parallel"), 1)
+
+
+FUNCS = {
+    "fused": fused_parallel(),
+    "elementwise": scheduled_elementwise(),
+    "heap": heap_scratch(),
+    "red_hoist": split_reduction(True),
+    "red_guard": split_reduction(False),
+    "red_par_k": split_reduction(True, parallel_k=True),
+    "floor_ops": floor_ops(),
+}
+
+
+@pytest.fixture(scope="module")
+def lib() -> KernelLibrary:
+    return build_library(FUNCS)
+
+
+def _both(lib: KernelLibrary, name: str, inputs: list[np.ndarray], outputs: list[np.ndarray], params: dict | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    a = [o.copy() for o in outputs]
+    b = [o.copy() for o in outputs]
+    interp.run(FUNCS[name], [*inputs, *a], params)
+    lib[name].run([*inputs, *b], params)
+    return a, b
+
+
+@pytest.mark.parametrize("n", [1, 7, 33, 130])
+def test_scheduled_elementwise(lib: KernelLibrary, n: int) -> None:
+    a = np.random.default_rng(n).standard_normal((n, 16)).astype(np.float32)
+    (bi, ci), (bc, cc) = _both(lib, "elementwise", [a], [np.zeros((n, 16), np.float32), np.zeros(n, np.float32)])
+    want_b = (a * 2)[:, ::-1] + 1
+    for got in (bi, bc):
+        np.testing.assert_allclose(got, want_b, rtol=1e-6)
+    for got in (ci, cc):
+        np.testing.assert_allclose(got, a[:, 0] * 3, rtol=1e-6)
+
+
+@pytest.mark.parametrize("n,m", [(1, 1), (7, 33), (130, 3)])
+def test_fused_parallel_loop(lib: KernelLibrary, n: int, m: int) -> None:
+    a = np.random.default_rng(n).standard_normal((n, m)).astype(np.float32)
+    for got in _both(lib, "fused", [a], [np.zeros((n, m), np.float32)]):
+        np.testing.assert_allclose(got[0], a + np.arange(m, dtype=np.float32), rtol=1e-6)
+    text = emit_function(FUNCS["fused"], "tw_x")
+    assert "#pragma omp parallel for" in text and "(f / m)" in text and "(f % m)" in text
+
+
+def test_scheduled_elementwise_pragmas() -> None:
+    text = emit_function(FUNCS["elementwise"], "tw_x")
+    assert text.count("#pragma omp parallel for") == 2
+    assert "#pragma omp simd" in text
+    assert "#pragma GCC unroll 16" in text
+    assert "float tmp[16] __attribute__((aligned(64)));" in text
+    assert "((n + 3) / 4)" in text  # ceildiv with non-negative operands uses plain C division
+
+
+@pytest.mark.parametrize("n,m", [(1, 1), (7, 5), (33, 130)])
+def test_heap_scratch(lib: KernelLibrary, n: int, m: int) -> None:
+    a = np.random.default_rng(n).standard_normal(n)
+    for got in _both(lib, "heap", [a], [np.zeros(n)], {"m": m}):
+        np.testing.assert_allclose(got[0], a * (m * (m + 1) / 2), rtol=1e-12)
+    assert "tw_alloc(" in emit_function(FUNCS["heap"], "tw_x")
+
+
+@pytest.mark.parametrize("name", ["red_hoist", "red_guard", "red_par_k"])
+@pytest.mark.parametrize("n,k4,m", [(1, 1, 1), (7, 3, 5), (33, 2, 17)])
+def test_split_reduction(lib: KernelLibrary, name: str, n: int, k4: int, m: int) -> None:
+    rng = np.random.default_rng(n)
+    a = rng.standard_normal((n, 4 * k4)).astype(np.float32)
+    b = rng.standard_normal((4 * k4, m)).astype(np.float32)
+    for got in _both(lib, name, [a, b], [np.full((n, m), 5.0, np.float32)], {"K4": k4}):
+        np.testing.assert_allclose(got[0], a @ b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["red_hoist", "red_guard"])
+def test_empty_reduction_follows_block_semantics(lib: KernelLibrary, name: str) -> None:
+    """With zero reduction iterations the init never runs (reduce vars never are 0): the
+    hoisted init is guarded by the extents, so C leaves the output as the interpreter does."""
+    a, b = np.zeros((3, 0), np.float32), np.zeros((0, 2), np.float32)
+    gi, gc = _both(lib, name, [a, b], [np.full((3, 2), 5.0, np.float32)], {"K4": 0})
+    np.testing.assert_array_equal(gi[0], np.full((3, 2), 5.0, np.float32))
+    np.testing.assert_array_equal(gc[0], gi[0])
+
+
+def test_init_placement_in_c() -> None:
+    hoisted = emit_function(FUNCS["red_hoist"], "tw_x")
+    guarded = emit_function(FUNCS["red_guard"], "tw_x")
+    assert "/* init of block C */" in hoisted and "if (K4 > 0) {" in hoisted
+    assert "== 0) {" not in hoisted
+    assert "/* init of block C */" not in guarded
+    assert "if (vk == 0) {" in guarded
+
+
+def test_parallel_reduction_loop_is_emitted_serial() -> None:
+    text = emit_function(FUNCS["red_par_k"], "tw_x")
+    assert "#pragma omp parallel" not in text
+    assert "parallel loop emitted serial: every iteration writes the same element of C" in text
+
+
+@pytest.mark.parametrize("c,d", [(5, 3), (5, -3), (-7, 4), (0, -1), (13, 9), (-50, -9)])
+def test_floor_division_negative(lib: KernelLibrary, c: int, d: int) -> None:
+    n = 20
+    i = np.arange(n)
+    want = np.stack([(i - c) // d, (i - c) % d, np.minimum(i - c, d)], axis=1)
+    for got in _both(lib, "floor_ops", [], [np.zeros((n, 3), np.int64)], {"c": c, "d": d}):
+        np.testing.assert_array_equal(got[0], want)
+    text = emit_function(FUNCS["floor_ops"], "tw_x")
+    assert "tw_floordiv(" in text and "tw_floormod(" in text
+
+
+def test_kernel_abi_direct_call(lib: KernelLibrary) -> None:
+    """The fast path takes the kernel sym values in ABI order: shape vars, then sym params."""
+    k = lib["floor_ops"]
+    assert k.info.syms == ("n", "c", "d")
+    out = np.zeros((4, 3), np.int64)
+    k([out], [4, 1, 2])
+    np.testing.assert_array_equal(out[:, 0], (np.arange(4) - 1) // 2)
+
+
+def test_failed_scratch_allocation_is_a_memory_error(lib: KernelLibrary) -> None:
+    out = np.zeros(1)
+    with pytest.raises(MemoryError, match="scratch memory could not be allocated"):
+        lib["heap"]([np.ones(1), out], [1, 1 << 58])
+
+
+def test_fast_path_accepts_array_subclasses_and_views(lib: KernelLibrary) -> None:
+    class Sub(np.ndarray):
+        pass
+
+    a = np.arange(32, dtype=np.float32).reshape(2, 16)
+    b = np.zeros((2, 16), np.float32).view(Sub)
+    c = np.zeros(4, np.float32)[1:3]  # a contiguous view with an offset data pointer
+    lib["elementwise"]([a, b, c], [2])
+    np.testing.assert_allclose(np.asarray(b), (a * 2)[:, ::-1] + 1)
+    np.testing.assert_allclose(c, a[:, 0] * 3)

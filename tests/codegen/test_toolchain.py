@@ -1,0 +1,174 @@
+"""Compiling, caching and loading kernel libraries; errors when compiling is impossible."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tilework as tw
+from tilework import te
+from tilework.codegen import KernelLibrary, build_library, toolchain
+from tilework.errors import BuildError, RuntimeCheckError
+from tilework.ir.loop import TensorFunc
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _axpy(scale: float = 2.0) -> TensorFunc:
+    n = tw.dim("n")
+    x = te.placeholder((n,), "float32", "x")
+    y = te.placeholder((n,), "float32", "y")
+    out = te.compute((n,), lambda i: x[i] * scale + y[i], "out")
+    return te.create_func([x, y, out])
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    d = tmp_path / "cache"
+    monkeypatch.setenv("TILEWORK_CACHE_DIR", str(d))
+    return d
+
+
+@pytest.fixture
+def counting_cc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """CC set to a wrapper that logs each invocation, then runs the real compiler."""
+    real = toolchain.compiler_command()[0]
+    log = tmp_path / "cc.log"
+    wrapper = tmp_path / "cc-wrapper"
+    wrapper.write_text(f'#!/bin/sh\necho run >> "{log}"\nexec "{real}" "$@"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("CC", str(wrapper))
+    return log
+
+
+def test_second_build_is_a_cache_hit(cache: Path, counting_cc: Path) -> None:
+    funcs = {"axpy": _axpy(), "axpy3": _axpy(3.0)}
+    first = build_library(funcs)
+    second = build_library({"axpy": _axpy(), "axpy3": _axpy(3.0)})  # equal source, new objects
+    assert (first.cache_hit, second.cache_hit) == (False, True)
+    assert counting_cc.read_text().count("run") == 1  # one invocation for both kernels, none after
+    assert first.path == second.path and first.path is not None and first.path.parent == cache
+    x, y, out = np.arange(5, dtype=np.float32), np.ones(5, np.float32), np.zeros(5, np.float32)
+    second["axpy3"].run([x, y, out])
+    np.testing.assert_allclose(out, x * 3 + 1)
+
+
+def test_flags_change_the_cache_key(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    build_library({"axpy": _axpy()})
+    monkeypatch.setenv("TILEWORK_CFLAGS", "-O1 -shared -fPIC")
+    lib = build_library({"axpy": _axpy()})
+    assert not lib.cache_hit
+    assert len(list(cache.glob("k-*.so"))) == 2
+
+
+def test_missing_compiler(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CC", "/nonexistent/bin/cc")
+    with pytest.raises(BuildError, match="apt-get install gcc") as e:
+        build_library({"axpy": _axpy()})
+    assert "CC='/nonexistent/bin/cc'" in str(e.value)
+
+
+def test_compile_error_shows_message_and_lines(cache: Path) -> None:
+    src = "int ok(void) { return 0; }\nint broken(void) {\n    return undefined_name + 1;\n}\n"
+    with pytest.raises(BuildError) as e:
+        toolchain.compile_source(src)
+    msg = str(e.value)
+    assert "undefined_name" in msg and "C compilation failed" in msg
+    assert ">>    3 |     return undefined_name + 1;" in msg
+
+
+def test_compile_error_names_the_kernel(cache: Path) -> None:
+    src = "int a(void) { return 0; }\nint b(void) {\n    return oops;\n}\n"
+    with pytest.raises(BuildError, match=r"in kernel b:[\s\S]*>>    3 \|     return oops;"):
+        toolchain.compile_source(src, {"a": (1, 1), "b": (2, 4)})
+
+
+def test_kernel_run_checks_arguments(cache: Path) -> None:
+    lib = build_library({"axpy": _axpy()})
+    k = lib["axpy"]
+    x = np.zeros(4, np.float32)
+    with pytest.raises(RuntimeCheckError, match=r"argument 1 \(y\) shape\[0\] = 5 but n = 4 \(n = 4, bound by argument 0 \(x\) shape\[0\]\)"):
+        k.run([x, np.zeros(5, np.float32), np.zeros(4, np.float32)])
+    with pytest.raises(RuntimeCheckError, match="dtype float64, expected float32"):
+        k.run([x, np.zeros(4), np.zeros(4, np.float32)])
+    with pytest.raises(RuntimeCheckError, match="not C-contiguous"):
+        k.run([x, np.zeros(8, np.float32)[::2], np.zeros(4, np.float32)])
+    with pytest.raises(TypeError, match="expects 3 arrays and 1 sym values"):
+        k([x], [4])
+
+
+def test_sym_var_range_is_checked(cache: Path) -> None:
+    n = tw.dim("n", max=8)
+    x = te.placeholder((n,), "float32", "x")
+    f = te.create_func([x, te.compute((n,), lambda i: x[i] + 1, "y")])
+    with pytest.raises(RuntimeCheckError, match=r"n = 9 \(from argument 0 \(x\) shape\[0\]\) is outside its range \(>= 1, <= 8\)"):
+        build_library({"f": f})["f"].run([np.zeros(9, np.float32), np.zeros(9, np.float32)])
+
+
+def test_empty_library() -> None:
+    lib = build_library({})
+    assert len(lib) == 0 and lib.so_bytes() == b""
+    assert len(KernelLibrary.from_bytes(b"", lib.metadata())) == 0
+
+
+_CHILD = """
+import json, pickle, sys
+import numpy as np
+from tilework.codegen import KernelLibrary
+data = open(sys.argv[1], "rb").read()
+if sys.argv[2] == "meta":
+    lib = KernelLibrary.from_bytes(data, json.load(open(sys.argv[3])))
+    x, y, out = np.arange(6, dtype=np.float32), np.ones(6, np.float32), np.zeros(6, np.float32)
+    lib["axpy"]([x, y, out], [6])
+else:
+    lib = KernelLibrary.from_bytes(data, pickle.load(open(sys.argv[3], "rb")))
+    x, y, out = np.arange(6, dtype=np.float32), np.ones(6, np.float32), np.zeros(6, np.float32)
+    lib["axpy"].run([x, y, out])
+print(json.dumps(out.tolist()))
+"""
+
+
+@pytest.mark.parametrize("form", ["meta", "funcs"])
+def test_library_reloads_from_bytes_in_a_fresh_process(cache: Path, tmp_path: Path, form: str) -> None:
+    funcs = {"axpy": _axpy()}
+    lib = build_library(funcs)
+    so = tmp_path / "lib.so"
+    so.write_bytes(lib.so_bytes())
+    side = tmp_path / "side"
+    if form == "meta":
+        side.write_text(json.dumps(lib.metadata()))
+    else:
+        side.write_bytes(pickle.dumps(funcs))
+    env = {**os.environ, "CC": "/nonexistent/cc", "TILEWORK_CACHE_DIR": str(tmp_path / "other-cache"), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(so), form, str(side)], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [float(v) * 2 + 1 for v in range(6)]
+    assert list((tmp_path / "other-cache").glob("lib-*.so"))
+
+
+def test_compile_error_in_generated_module_points_at_the_kernel(cache: Path) -> None:
+    from tilework.codegen.c import emit_module
+
+    mod = emit_module({"first": _axpy(), "second": _axpy(3.0)})
+    lines = mod.text.splitlines()
+    lo, hi = mod.lines["second"]
+    assert lines[hi - 2].strip() == "return tw_err;"
+    lines[hi - 2] = "    return tw_err +;"
+    with pytest.raises(BuildError, match=rf"in kernel second:[\s\S]*>>{hi - 1:5d} \|     return tw_err \+;"):
+        toolchain.compile_source("\n".join(lines) + "\n", mod.lines)
+
+
+def test_unwritable_cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("TILEWORK_CACHE_DIR", str(blocker / "cache"))
+    with pytest.raises(BuildError, match="set TILEWORK_CACHE_DIR to a writable directory"):
+        build_library({"axpy": _axpy()})

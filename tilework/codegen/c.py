@@ -1,0 +1,638 @@
+"""C99 + OpenMP code for loop-level TensorFuncs (CPU kernels).
+
+Kernel ABI
+----------
+Every TensorFunc ``f`` registered under ``name`` becomes one exported C function::
+
+    int32_t tw_<name>(void* const* data, const int64_t* syms);
+
+- ``data[i]`` points to the first element of buffer ``i`` of ``f.buffers`` (inputs, then
+  outputs), a dense row-major (C-contiguous) array of the buffer's dtype. Buffers must not
+  overlap (they are ``restrict``-qualified). Storage: float16 is IEEE half, bfloat16 the upper
+  16 bits of a float32, bool one byte holding 0 or 1.
+- ``syms[j]`` is the value of ``abi.kernel_syms(f)[j]``: the sym vars of the buffer shapes (in
+  param order, first occurrence), then the sym params not already listed. The kernel trusts
+  these values and the array shapes they imply (the caller checks them, see ``abi.bind_syms``).
+- The return value is 0 on success, 1 when scratch memory could not be allocated.
+
+``<name>`` is the registered name with every character outside ``[A-Za-z0-9_]`` replaced by
+``_`` (deduplicated with a numeric suffix, also against the prelude's ``tw_`` helpers);
+``c_symbols`` gives the mapping. The library also exports ``tw_call_objects(fn, objs, n,
+offset, syms)``, which reads each data pointer at ``offset`` bytes into ``objs[i]`` (a NumPy
+array object's address) and calls ``fn``: the cheap path ``library.Kernel`` uses.
+
+Semantics are those of ``tilework.codegen.interp`` (which runs the same program serially on
+NumPy arrays); the loop kinds map to ``#pragma omp parallel for`` (parallel), ``#pragma omp
+simd`` (vectorized) and ``#pragma GCC unroll`` (unrolled). A parallel or vectorized loop whose
+iterations provably write one element (a reduction loop) is emitted serial, with a comment.
+A parallel loop forks threads only when its total iteration count reaches
+``TW_PARALLEL_MIN_WORK`` (a fork/join costs microseconds, more on a loaded machine; small
+shapes of a symbolic kernel run serially).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Mapping
+
+import ml_dtypes
+import numpy as np
+
+from tilework.codegen.abi import kernel_syms
+from tilework.codegen.c_prelude import PRELUDE
+from tilework.errors import WellFormedError
+from tilework.ir import sym
+from tilework.ir.loop import (
+    Allocate,
+    Binary,
+    Block,
+    Buffer,
+    Cast,
+    Const,
+    For,
+    IfThenElse,
+    Intrin,
+    Load,
+    Scalar,
+    Select,
+    SeqStmt,
+    Stmt,
+    Store,
+    TensorFunc,
+    Unary,
+    dtype_of,
+    is_float_dtype,
+    walk_stmts,
+)
+from tilework.ir.sym import Dim, FloorDiv, FloorMod, Max, Min, Poly, SymExpr, SymVar
+
+STORAGE_CTYPE = {
+    "float32": "float", "float64": "double", "float16": "tw_half", "bfloat16": "uint16_t",
+    "int8": "int8_t", "int16": "int16_t", "int32": "int32_t", "int64": "int64_t",
+    "uint8": "uint8_t", "bool": "bool",
+}  # fmt: skip
+VALUE_CTYPE = {**STORAGE_CTYPE, "float16": "float", "bfloat16": "float"}
+ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int8": 1, "int16": 2,
+            "int32": 4, "int64": 8, "uint8": 1, "bool": 1}  # fmt: skip
+STACK_LIMIT = 32 * 1024  # scratch of a static size up to this many bytes lives on the stack
+_NARROW_INTS = ("int8", "int16", "uint8")
+_FLOAT_FN = {
+    "exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "erf": "erf", "sin": "sin",
+    "cos": "cos", "log1p": "log1p", "expm1": "expm1", "abs": "fabs", "floor": "floor",
+    "ceil": "ceil", "round": "rint",
+}  # fmt: skip
+_C_KEYWORDS = frozenset(
+    "auto break case char const continue default do double else enum extern float for goto if "
+    "inline int long register restrict return short signed sizeof static struct switch typedef "
+    "union unsigned void volatile while bool true false main".split()
+)
+
+
+@dataclass(frozen=True)
+class CModule:
+    """Generated C text for a set of kernels; ``lines[name]`` is the 1-based inclusive line
+    range of kernel ``name``'s function, ``symbols[name]`` its exported C symbol."""
+
+    text: str
+    symbols: dict[str, str]
+    lines: dict[str, tuple[int, int]]
+
+
+_PRELUDE_NAMES = frozenset(re.findall(r"\b(tw_\w+)", PRELUDE)) | {
+    f"tw_{op}{s}" for op in ("max", "min", "fmod", "fdiv") for s in ("_f", "_d")
+}
+
+
+def c_symbols(names: list[str]) -> dict[str, str]:
+    """The exported C symbol of each kernel name (see the ABI above)."""
+    out: dict[str, str] = {}
+    taken: set[str] = set(_PRELUDE_NAMES)
+    for n in names:
+        base = "tw_" + re.sub(r"\W", "_", n, flags=re.ASCII)
+        s, k = base, 1
+        while s in taken:
+            s, k = f"{base}_{k}", k + 1
+        taken.add(s)
+        out[n] = s
+    return out
+
+
+def emit_module(funcs: Mapping[str, TensorFunc]) -> CModule:
+    """One C translation unit holding every kernel of ``funcs``."""
+    symbols = c_symbols(list(funcs))
+    parts = [PRELUDE]
+    lines: dict[str, tuple[int, int]] = {}
+    line = PRELUDE.count("\n") + 1
+    for name, func in funcs.items():
+        text = emit_function(func, symbols[name], name)
+        parts.append(text)
+        n = text.count("\n")  # the function's lines, then one blank line
+        lines[name] = (line, line + n - 2)
+        line += n
+    return CModule("".join(parts), symbols, lines)
+
+
+def emit_function(func: TensorFunc, symbol: str, name: str | None = None) -> str:
+    """The C definition of one kernel, exported as ``symbol``."""
+    return _Emitter(func, symbol, name or symbol).run()
+
+
+# -- literals -------------------------------------------------------------------------------
+
+
+def _float_literal(v: float, suffix: str) -> str:
+    if math.isnan(v):
+        return "NAN" if suffix else "(double)NAN"
+    if math.isinf(v):
+        s = "INFINITY" if suffix else "(double)INFINITY"
+        return s if v > 0 else f"(-{s})"
+    r = repr(v)
+    if "." not in r and "e" not in r:
+        r += ".0"
+    return f"{r}{suffix}" if v >= 0 else f"({r}{suffix})"
+
+
+def _int_literal(v: int) -> str:
+    if v == -(1 << 63):
+        return "(-INT64_C(9223372036854775807) - 1)"
+    if abs(v) >= 1 << 31:
+        return f"INT64_C({v})" if v >= 0 else f"(-INT64_C({-v}))"
+    return str(v) if v >= 0 else f"({v})"
+
+
+def const_value(c: Const) -> float | int | bool:
+    """The value a constant has in computation: floats rounded to their dtype."""
+    if c.dtype == "bool":
+        return bool(c.value)
+    if c.dtype == "float64":
+        return float(c.value)
+    if c.dtype == "float32":
+        return float(np.float32(c.value))
+    if c.dtype == "float16":
+        return float(np.float16(c.value))
+    if c.dtype == "bfloat16":
+        return float(np.float32(c.value).astype(ml_dtypes.bfloat16))
+    return int(c.value)
+
+
+def _conflict(loop: For) -> str | None:
+    """Why the iterations of ``loop`` may write the same element, or None. A store outside
+    scratch allocated in the loop whose indices do not depend on the loop var conflicts."""
+    bindings: dict[SymVar, Dim] = {}
+    local: set[Buffer] = set()
+    for s in walk_stmts(loop.body):
+        if isinstance(s, Block):
+            bindings.update((iv.var, iv.binding) for iv in s.iter_vars)
+        elif isinstance(s, Allocate):
+            local.add(s.buffer)
+
+    def depends(d: Dim, seen: int = 0) -> bool:
+        for v in sym.free_vars(d):
+            if v is loop.var or (v in bindings and seen < 8 and depends(bindings[v], seen + 1)):
+                return True
+        return False
+
+    for s in walk_stmts(loop.body):
+        if not isinstance(s, Store) or s.buffer in local:
+            continue
+        if not all(isinstance(i, (int, SymExpr)) for i in s.indices):
+            continue
+        if not any(depends(i) for i in s.indices):  # type: ignore[arg-type]
+            return f"every iteration writes the same element of {s.buffer.name}"
+    return None
+
+
+# -- the emitter ----------------------------------------------------------------------------
+
+
+class _Emitter:
+    def __init__(self, func: TensorFunc, symbol: str, name: str) -> None:
+        self.func = func
+        self.symbol = symbol
+        self.kname = name
+        self.names: dict[object, str] = {}
+        self.taken: set[str] = set()
+        self.scope: set[SymVar] = set()
+        self.lines: list[str] = []
+        self.depth = 1
+        self.parallel = 0
+        self.hoisted: set[Block] = set()
+        self.written = {s.buffer for s in walk_stmts(func.body) if isinstance(s, Store)}
+
+    # -- names and output -----------------------------------------------------------------
+
+    def bind(self, key: object, name: str) -> str:
+        base = re.sub(r"\W", "_", name, flags=re.ASCII) or "v"
+        if base[0].isdigit() or base in _C_KEYWORDS or base.startswith("tw_") or base.startswith("TW_"):
+            base = "v_" + base
+        out, k = base, 1
+        while out in self.taken:
+            out, k = f"{base}_{k}", k + 1
+        self.taken.add(out)
+        self.names[key] = out
+        return out
+
+    def line(self, text: str) -> None:
+        self.lines.append("    " * self.depth + text)
+
+    def run(self) -> str:
+        f = self.func
+        head = f"int32_t {self.symbol}(void* const* restrict tw_data, const int64_t* restrict tw_syms) {{"
+        self.lines = [f"/* kernel {self.kname} */", head]
+        for i, b in enumerate(f.buffers):
+            ct = STORAGE_CTYPE[b.dtype]
+            q = "" if b in self.written else "const "
+            self.line(f"{q}{ct}* restrict {self.bind(b, b.name)} = ({q}{ct}*)tw_data[{i}];")
+        for j, v in enumerate(kernel_syms(f)):
+            self.line(f"const int64_t {self.bind(v, v.name)} = tw_syms[{j}];")
+            self.scope.add(v)
+        self.line("int32_t tw_err = 0;")
+        self.stmt(f.body)
+        self.line("return tw_err;")
+        self.lines.append("}")
+        return "\n".join(self.lines) + "\n\n"
+
+    def error(self, msg: str) -> WellFormedError:
+        return WellFormedError(f"kernel {self.kname}: {msg}")
+
+    # -- statements -----------------------------------------------------------------------
+
+    def stmt(self, s: Stmt) -> None:
+        if isinstance(s, SeqStmt):
+            for x in s.stmts:
+                self.stmt(x)
+        elif isinstance(s, Store):
+            self.store(s)
+        elif isinstance(s, For):
+            self.loop(s)
+        elif isinstance(s, Block):
+            self.block(s)
+        elif isinstance(s, IfThenElse):
+            self.line(f"if ({self.expr(s.cond)}) {{")
+            self.nested(s.then_body)
+            if s.else_body is not None:
+                self.line("} else {")
+                self.nested(s.else_body)
+            self.line("}")
+        elif isinstance(s, Allocate):
+            self.allocate(s)
+        else:
+            raise self.error(f"unknown statement {type(s).__name__}")
+
+    def nested(self, s: Stmt) -> None:
+        self.depth += 1
+        self.stmt(s)
+        self.depth -= 1
+
+    def store(self, s: Store) -> None:
+        b = s.buffer
+        if b not in self.names:
+            raise self.error(f"store to buffer {b.name}, which is neither a param nor allocated")
+        value = self.expr(s.value)
+        if b.dtype == "float16":
+            value = f"TW_F2H({value})"
+        elif b.dtype == "bfloat16":
+            value = f"tw_f2bf({value})"
+        self.line(f"{self.names[b]}[{self.flat(b, s.indices)}] = {value};")
+
+    def loop(self, s: For) -> None:
+        if s.kind not in ("serial", "parallel", "vectorized", "unrolled"):
+            raise self.error(f"unknown loop kind {s.kind!r}")
+        ext = self.dim(s.extent)
+        var = self.bind(s.var, s.var.name)
+        hoist = self.hoist_init(s)
+        if hoist is not None:
+            self.emit_hoisted_init(*hoist)
+        parallel = s.kind == "parallel" and self.parallel == 0
+        if s.kind in ("parallel", "vectorized"):
+            why = _conflict(s)
+            if why is not None:
+                self.line(f"/* {s.kind} loop emitted serial: {why} */")
+                parallel = False
+            elif parallel:
+                work = _work(s)
+                cond = "" if work is None else f" if({self.dim(work)} >= TW_PARALLEL_MIN_WORK)"
+                self.line(f"#pragma omp parallel for schedule(static){cond}")
+            elif s.kind == "vectorized":
+                self.line("#pragma omp simd")
+        elif s.kind == "unrolled":
+            n = s.extent if isinstance(s.extent, int) else 8
+            self.line(f"#pragma GCC unroll {max(1, min(n, 64))}")
+        self.line(f"for (int64_t {var} = 0; {var} < {ext}; ++{var}) {{")
+        self.scope.add(s.var)
+        self.parallel += parallel
+        self.nested(s.body)
+        self.parallel -= parallel
+        self.scope.discard(s.var)
+        self.line("}")
+
+    def block(self, b: Block) -> None:
+        self.line(f"{{ /* block {b.name} */")
+        self.depth += 1
+        for iv in b.iter_vars:
+            if isinstance(iv.binding, SymVar) and iv.binding in self.scope:
+                self.names[iv.var] = self.names[iv.binding]
+            else:
+                value = self.dim(iv.binding)
+                self.line(f"const int64_t {self.bind(iv.var, iv.var.name)} = {value};")
+            self.scope.add(iv.var)
+        if b.init is not None and b not in self.hoisted:
+            reds = [iv.var for iv in b.iter_vars if iv.kind == "reduce"]
+            cond = " && ".join(f"{self.names[v]} == 0" for v in reds) or "1"
+            self.line(f"if ({cond}) {{")
+            self.nested(b.init)
+            self.line("}")
+        self.stmt(b.body)
+        for iv in b.iter_vars:
+            self.scope.discard(iv.var)
+        self.depth -= 1
+        self.line("}")
+
+    def hoist_init(self, s: For) -> tuple[Block, list[Dim]] | None:
+        """The block whose init can run once before loop ``s`` instead of inside it: ``s``
+        starts a perfect nest of loops ending in the block, the nest's vars feed only reduce
+        iter vars, each reduce binding is a positive combination of them (zero exactly when
+        they all are), and every nest var is used. The init then runs when every extent of
+        the nest is positive, which is what the block semantics say."""
+        chain: list[For] = []
+        node: Stmt = s
+        while isinstance(node, For):
+            chain.append(node)
+            node = node.body
+        if not isinstance(node, Block) or node.init is None:
+            return None
+        nest = {lp.var for lp in chain}
+        used: set[SymVar] = set()
+        for iv in node.iter_vars:
+            fv = set(sym.free_vars(iv.binding))
+            if iv.kind != "reduce":
+                if fv & nest:
+                    return None
+                continue
+            if not fv <= nest or not _positive_linear(iv.binding):
+                return None
+            used |= fv
+        if used != nest:
+            return None
+        return node, [lp.extent for lp in chain]
+
+    def emit_hoisted_init(self, b: Block, extents: list[Dim]) -> None:
+        self.hoisted.add(b)
+        guard = [f"{self.dim(e)} > 0" for e in extents if not sym.prove_ge(e, 1)]
+        self.line(f"if ({' && '.join(guard)}) {{" if guard else "{")
+        self.depth += 1
+        self.line(f"/* init of block {b.name} */")
+        declared: list[SymVar] = []
+        for iv in b.iter_vars:
+            if iv.kind == "reduce":
+                self.line(f"const int64_t {self.bind(iv.var, iv.var.name)} = 0;")
+            elif isinstance(iv.binding, SymVar) and iv.binding in self.scope:
+                self.names[iv.var] = self.names[iv.binding]
+            else:
+                value = self.dim(iv.binding)
+                self.line(f"const int64_t {self.bind(iv.var, iv.var.name)} = {value};")
+            self.scope.add(iv.var)
+            declared.append(iv.var)
+        assert b.init is not None
+        self.stmt(b.init)
+        for v in declared:
+            self.scope.discard(v)
+        self.depth -= 1
+        self.line("}")
+
+    def allocate(self, s: Allocate) -> None:
+        b = s.buffer
+        ct = STORAGE_CTYPE[b.dtype]
+        size = sym.product(b.shape)
+        self.line("{")
+        self.depth += 1
+        name = self.bind(b, b.name)
+        if isinstance(size, int) and size * ITEMSIZE[b.dtype] <= STACK_LIMIT:
+            self.line(f"{ct} {name}[{max(size, 1)}] __attribute__((aligned(64)));")
+            self.stmt(s.body)
+        else:
+            self.line(f"{ct}* restrict {name} = ({ct}*)tw_alloc({self.dim(size)}, {ITEMSIZE[b.dtype]});")
+            self.line(f"if ({name} == NULL) {{")
+            self.depth += 1
+            self.line("#pragma omp atomic write")
+            self.line("tw_err = 1;")
+            self.depth -= 1
+            self.line("} else {")
+            self.nested(s.body)
+            self.line(f"    tw_free({name});")
+            self.line("}")
+        self.depth -= 1
+        self.line("}")
+
+    # -- index arithmetic (int64) ---------------------------------------------------------
+
+    def dim(self, d: Dim) -> str:
+        if isinstance(d, int):
+            return _int_literal(d)
+        if isinstance(d, SymVar):
+            if d not in self.scope:
+                raise self.error(f"sym var {d.name} is used outside the loop or block that binds it, or is not a kernel sym var")
+            return self.names[d]
+        if isinstance(d, (FloorDiv, FloorMod)):
+            a, b = self.dim(d.a), self.dim(d.b)
+            op, fn = ("/", "tw_floordiv") if isinstance(d, FloorDiv) else ("%", "tw_floormod")
+            if sym.prove_ge(d.a, 0) and sym.prove_ge(d.b, 1):
+                return f"({a} {op} {b})"
+            return f"{fn}({a}, {b})"
+        if isinstance(d, (Min, Max)):
+            fn = "tw_min_i64" if isinstance(d, Min) else "tw_max_i64"
+            return f"{fn}({self.dim(d.a)}, {self.dim(d.b)})"
+        assert isinstance(d, Poly)
+        parts: list[str] = []
+        for mono, c in d.terms:
+            factors = [self.dim(a) for a in mono]
+            if abs(c) != 1:
+                factors.insert(0, _int_literal(abs(c)))
+            parts.append(("- " if c < 0 else "+ ") + " * ".join(factors))
+        if d.const:
+            parts.append(("- " if d.const < 0 else "+ ") + _int_literal(abs(d.const)))
+        text = " ".join(parts)
+        return "(" + (text[2:] if text.startswith("+ ") else "-" + text[2:]) + ")"
+
+    def flat(self, b: Buffer, indices: tuple[Scalar, ...]) -> str:
+        """The row-major element offset of ``indices`` in ``b``."""
+        if len(indices) != len(b.shape):
+            raise self.error(f"buffer {b.name} of rank {len(b.shape)} accessed with {len(indices)} indices")
+        if not indices:
+            return "0"
+        if all(isinstance(i, (int, SymExpr)) for i in indices):
+            off: Dim = 0
+            for i, ext in zip(indices, b.shape):
+                off = sym.add(sym.mul(off, ext), i)  # type: ignore[arg-type]
+            return self.dim(off)
+        text = self.index(indices[0])
+        for i, ext in zip(indices[1:], b.shape[1:]):
+            text = f"({text} * {self.dim(ext)} + {self.index(i)})"
+        return text
+
+    def index(self, i: Scalar) -> str:
+        if isinstance(i, (int, SymExpr)):
+            return self.dim(i)
+        if not dtype_of(i).startswith(("int", "uint")):
+            raise self.error(f"index of dtype {dtype_of(i)} is not an integer")
+        return f"(int64_t){self.expr(i)}"
+
+    # -- scalar expressions ---------------------------------------------------------------
+
+    def expr(self, x: Scalar) -> str:
+        """C text of ``x``, of type ``VALUE_CTYPE[dtype]``."""
+        if isinstance(x, (int, SymExpr)):
+            return self.dim(x)
+        if isinstance(x, Const):
+            return self.const(x)
+        if isinstance(x, Load):
+            b = x.buffer
+            if b not in self.names:
+                raise self.error(f"load of buffer {b.name}, which is neither a param nor allocated")
+            text = f"{self.names[b]}[{self.flat(b, x.indices)}]"
+            if b.dtype == "float16":
+                return f"TW_H2F({text})"
+            return f"tw_bf2f({text})" if b.dtype == "bfloat16" else text
+        if isinstance(x, Binary):
+            return self.binary(x)
+        if isinstance(x, Unary):
+            a = self.expr(x.a)
+            if x.op == "not":
+                return f"(!{a})"
+            if x.op != "neg":
+                raise self.error(f"unknown unary op {x.op!r}")
+            return f"(({VALUE_CTYPE[x.dtype]})(-{a}))" if x.dtype in _NARROW_INTS else f"(-{a})"
+        if isinstance(x, Cast):
+            return self.cast(x)
+        if isinstance(x, Select):
+            return f"({self.expr(x.cond)} ? {self.expr(x.a)} : {self.expr(x.b)})"
+        if isinstance(x, Intrin):
+            return self.intrin(x)
+        raise self.error(f"unknown scalar expression {type(x).__name__}")
+
+    def const(self, c: Const) -> str:
+        v = const_value(c)
+        if c.dtype == "bool":
+            return "true" if v else "false"
+        if c.dtype == "float64":
+            return _float_literal(float(v), "")
+        if is_float_dtype(c.dtype):
+            return _float_literal(float(v), "f")
+        if c.dtype == "int64":
+            return _int_literal(int(v))
+        return f"(({STORAGE_CTYPE[c.dtype]}){_int_literal(int(v))})"
+
+    def cast(self, x: Cast) -> str:
+        src, dst = dtype_of(x.value), x.dtype
+        a = self.expr(x.value)
+        if src == dst:
+            return a
+        if dst == "float16":
+            return f"tw_round_h_f({a})" if src in ("float32", "float16", "bfloat16") else f"tw_round_h_d((double)({a}))"
+        if dst == "bfloat16":
+            return f"tw_round_bf((float)({a}))"
+        if dst == "bool":
+            return f"({a} != 0)"
+        return f"(({VALUE_CTYPE[dst]})({a}))"
+
+    def binary(self, x: Binary) -> str:
+        a, b, op = self.expr(x.a), self.expr(x.b), x.op
+        dt = dtype_of(x.a)
+        ct = VALUE_CTYPE[dt]
+        fl = is_float_dtype(dt)
+        sfx = "_d" if dt == "float64" else "_f"
+        if op in ("<", "<=", ">", ">=", "==", "!="):
+            return f"({a} {op} {b})"
+        if op in ("and", "or"):
+            return f"({a} {'&&' if op == 'and' else '||'} {b})"
+        if op in ("+", "-", "*", "/"):
+            text = f"({a} {op} {b})"
+            return f"(({ct}){text})" if dt in _NARROW_INTS else text
+        if op in ("//", "%"):
+            if fl:
+                return f"tw_{'fdiv' if op == '//' else 'fmod'}{sfx}({a}, {b})"
+            if isinstance(x.a, (int, SymExpr)) and isinstance(x.b, (int, SymExpr)):
+                return self.dim(sym.floordiv(x.a, x.b) if op == "//" else sym.floormod(x.a, x.b))
+            fn = "tw_floordiv" if op == "//" else "tw_floormod"
+            return f"(({ct}){fn}({a}, {b}))"
+        if op in ("min", "max"):
+            if fl:
+                return f"tw_{op}{sfx}({a}, {b})"
+            return f"(({ct})tw_{op}_i64({a}, {b}))"
+        if op == "pow":
+            if fl:
+                return f"pow{'' if dt == 'float64' else 'f'}({a}, {b})"
+            return f"(({ct})pow((double)({a}), (double)({b})))"
+        raise self.error(f"unknown binary op {op!r}")
+
+    def intrin(self, x: Intrin) -> str:
+        if len(x.args) != 1:
+            raise self.error(f"intrinsic {x.name} takes one argument, got {len(x.args)}")
+        arg = x.args[0]
+        a = self.expr(arg)
+        dt = dtype_of(arg)
+        if x.name in ("isnan", "isinf"):
+            return f"({x.name}({a}) != 0)" if is_float_dtype(dt) else "false"
+        if not is_float_dtype(dt):
+            if x.name == "abs":
+                return f"(({VALUE_CTYPE[dt]})tw_abs_i64({a}))"
+            if x.name in ("floor", "ceil", "round"):
+                return a
+            raise self.error(f"intrinsic {x.name} needs a float argument, got {dt}")
+        s = "" if dt == "float64" else "f"
+        one = "1.0" if dt == "float64" else "1.0f"
+        if x.name == "rsqrt":
+            return f"({one} / sqrt{s}({a}))"
+        if x.name == "sigmoid":
+            return f"({one} / ({one} + exp{s}(-{a})))"
+        if x.name not in _FLOAT_FN:
+            raise self.error(f"unknown intrinsic {x.name!r}")
+        return f"{_FLOAT_FN[x.name]}{s}({a})"
+
+
+def _positive_linear(d: Dim) -> bool:
+    """``d`` is a sum of distinct vars with positive coefficients and no constant."""
+    if isinstance(d, SymVar):
+        return True
+    if not isinstance(d, Poly) or d.const != 0:
+        return False
+    return all(len(m) == 1 and isinstance(m[0], SymVar) and c > 0 for m, c in d.terms)
+
+
+__all__ = ["CModule", "emit_module", "emit_function", "c_symbols", "const_value"]
+
+
+def _work(loop: For) -> Dim | None:
+    """The iteration count of ``loop`` and everything nested in it (None when an inner extent
+    depends on a var bound inside the loop)."""
+    inner_vars: set[SymVar] = set()
+    for st in walk_stmts(loop):
+        if isinstance(st, For):
+            inner_vars.add(st.var)
+        elif isinstance(st, Block):
+            inner_vars.update(iv.var for iv in st.iter_vars)
+
+    def count(st: Stmt) -> Dim | None:
+        if isinstance(st, For):
+            inner = count(st.body)
+            return None if inner is None else sym.mul(st.extent, inner)
+        if isinstance(st, SeqStmt):
+            total: Dim = 0
+            for x in st.stmts:
+                c = count(x)
+                if c is None:
+                    return None
+                total = sym.add(total, c)
+            return total
+        if isinstance(st, (Allocate, Block)):
+            return count(st.body)
+        if isinstance(st, IfThenElse):
+            return count(st.then_body)
+        return 1
+
+    total = count(loop)
+    if total is None or any(v in inner_vars for v in sym.free_vars(total)):
+        return None
+    return total

@@ -1,0 +1,379 @@
+"""The reference interpreter: runs a TensorFunc on NumPy arrays, serially.
+
+It is the oracle for the C code and for schedules, so it follows the loop-level semantics
+literally and independently of ``tilework.codegen.c``:
+
+- every loop kind runs as a serial loop; a block binds its iter vars from their bindings and
+  runs ``init`` whenever all its reduction iter vars are 0, then its body;
+- ``Allocate`` makes a fresh array (floats filled with NaN, integers with a marker value, so a
+  read before a write shows); ``IfThenElse`` and ``Select`` evaluate only the chosen side;
+- values are NumPy scalars of their dtype, so float32 arithmetic happens in float32 and
+  narrow integers wrap; float16 and bfloat16 values compute in float32 and are rounded to
+  their dtype (to nearest even) when stored or cast, as the C code does;
+- index values (ints and SymExprs) are Python ints: ``//`` and ``%`` floor; integer ``/``
+  truncates toward zero; float ``//`` and ``%`` follow NumPy; ``min``/``max`` of floats
+  propagate NaN; a negative index is an error (NumPy would wrap it).
+
+The program is translated once into a Python function (cached per TensorFunc) and run.
+"""
+
+from __future__ import annotations
+
+import keyword
+import math
+import re
+from typing import Any, Callable, Sequence
+
+import ml_dtypes
+import numpy as np
+
+from tilework.codegen.abi import SymValues, bind_syms, check_arrays, kernel_syms, np_dtype
+from tilework.codegen.c import const_value
+from tilework.errors import WellFormedError
+from tilework.ir import sym
+from tilework.ir.loop import (
+    Allocate,
+    Binary,
+    Block,
+    Buffer,
+    Cast,
+    Const,
+    For,
+    IfThenElse,
+    Intrin,
+    Load,
+    Scalar,
+    Select,
+    SeqStmt,
+    Stmt,
+    Store,
+    TensorFunc,
+    Unary,
+    dtype_of,
+    is_float_dtype,
+)
+from tilework.ir.sym import Dim, FloorDiv, FloorMod, Max, Min, Poly, SymExpr, SymVar
+
+_F32 = np.float32
+_COMPUTE_F32 = ("float32", "float16", "bfloat16")
+_RESERVED = frozenset({"range", "min", "max", "abs", "int", "np"})
+
+
+def run(func: TensorFunc, args: Sequence[np.ndarray], sym_values: SymValues = None) -> None:
+    """Execute ``func`` on ``args`` (inputs, then outputs, written in place).
+
+    ``sym_values`` gives sym var values the shapes cannot supply (the sym params), as a
+    mapping by var or name, or a sequence in ``func.sym_params`` order; the rest are derived
+    from the arrays' shapes and checked (``abi.bind_syms``).
+    """
+    check_arrays(func, args, "interp", contiguous=False)
+    syms = bind_syms(func, args, sym_values, "interp")
+    fn = _compiled(func)
+    with np.errstate(all="ignore"):
+        fn(list(args), syms)
+
+
+_CACHE: dict[TensorFunc, Callable[[list[np.ndarray], list[int]], None]] = {}
+
+
+def _compiled(func: TensorFunc) -> Callable[[list[np.ndarray], list[int]], None]:
+    fn = _CACHE.get(func)
+    if fn is None:
+        if len(_CACHE) > 256:
+            _CACHE.clear()
+        fn = _Translator(func).build()
+        _CACHE[func] = fn
+    return fn
+
+
+def source(func: TensorFunc) -> str:
+    """The Python text the interpreter runs for ``func`` (for debugging)."""
+    t = _Translator(func)
+    t.translate()
+    return "\n".join(t.lines)
+
+
+# -- helpers the generated code calls ---------------------------------------------------------
+
+
+def _icast(x: Any, t: type) -> Any:
+    return (np.int64(x) if isinstance(x, int) else x).astype(t)
+
+
+def _tdiv(a: Any, b: Any, t: type) -> Any:
+    q = abs(int(a)) // abs(int(b))
+    return _icast(-q if (a < 0) != (b < 0) else q, t)
+
+
+def _ipow(a: Any, b: Any, t: type) -> Any:
+    return _icast(int(np.float64(a) ** np.float64(b)), t)
+
+
+def _nonneg(i: Any, extent: int) -> Any:
+    if i < 0 or i >= extent:
+        raise IndexError(f"index {i} is out of range [0, {extent})")
+    return i
+
+
+def _erf(x: Any) -> Any:
+    return type(x)(math.erf(float(x)))
+
+
+def _bf16(x: Any) -> Any:
+    return _F32(_F32(x).astype(ml_dtypes.bfloat16))
+
+
+def _f16_from_f32(x: Any) -> Any:
+    return _F32(np.float16(x))
+
+
+def _f16_from_f64(x: Any) -> Any:
+    return _F32(np.float16(np.float64(x)))
+
+
+def _fill(dtype: str) -> Any:
+    if is_float_dtype(dtype):
+        return np.nan
+    return True if dtype == "bool" else 77
+
+
+_HELPERS: dict[str, Any] = {
+    "np": np,
+    "_icast": _icast,
+    "_tdiv": _tdiv,
+    "_ipow": _ipow,
+    "_nonneg": _nonneg,
+    "_erf": _erf,
+    "_bf16": _bf16,
+    "_f16_from_f32": _f16_from_f32,
+    "_f16_from_f64": _f16_from_f64,
+    "_F32": _F32,
+}
+_NP_FN = {
+    "exp": "np.exp", "log": "np.log", "sqrt": "np.sqrt", "tanh": "np.tanh", "sin": "np.sin",
+    "cos": "np.cos", "log1p": "np.log1p", "expm1": "np.expm1", "abs": "np.abs",
+    "floor": "np.floor", "ceil": "np.ceil", "round": "np.rint", "erf": "_erf",
+}  # fmt: skip
+
+
+class _Translator:
+    def __init__(self, func: TensorFunc) -> None:
+        self.func = func
+        self.names: dict[object, str] = {}
+        self.taken: set[str] = set(_RESERVED)
+        self.scope: set[SymVar] = set()
+        self.env: dict[str, Any] = dict(_HELPERS)
+        self.lines: list[str] = []
+        self.depth = 1
+
+    def bind(self, key: object, name: str) -> str:
+        base = re.sub(r"\W", "_", name, flags=re.ASCII) or "v"
+        if base[0].isdigit() or base.startswith("_") or keyword.iskeyword(base):
+            base = "v_" + base
+        out, k = base, 1
+        while out in self.taken:
+            out, k = f"{base}_{k}", k + 1
+        self.taken.add(out)
+        self.names[key] = out
+        return out
+
+    def value(self, v: Any, hint: str = "c") -> str:
+        name = f"_{hint}{len(self.env)}"
+        self.env[name] = v
+        return name
+
+    def line(self, text: str) -> None:
+        self.lines.append("    " * self.depth + text)
+
+    def error(self, msg: str) -> WellFormedError:
+        return WellFormedError(f"interp: {msg}")
+
+    def translate(self) -> None:
+        self.lines = ["def _kernel(_bufs, _syms):"]
+        for i, b in enumerate(self.func.buffers):
+            self.line(f"{self.bind(b, b.name)} = _bufs[{i}]")
+        for j, v in enumerate(kernel_syms(self.func)):
+            self.line(f"{self.bind(v, v.name)} = _syms[{j}]")
+            self.scope.add(v)
+        self.stmt(self.func.body)
+        self.line("return None")
+
+    def build(self) -> Callable[[list[np.ndarray], list[int]], None]:
+        self.translate()
+        code = compile("\n".join(self.lines) + "\n", "<tilework-interp>", "exec")
+        exec(code, self.env)
+        return self.env["_kernel"]  # type: ignore[no-any-return]
+
+    # -- statements -------------------------------------------------------------------------
+
+    def stmt(self, s: Stmt) -> None:
+        if isinstance(s, SeqStmt):
+            for x in s.stmts:
+                self.stmt(x)
+            if not s.stmts:
+                self.line("pass")
+        elif isinstance(s, Store):
+            target = self.known(s.buffer)
+            self.line(f"{target}[{self.indices(s.buffer, s.indices)}] = {self.expr(s.value)}")
+        elif isinstance(s, For):
+            ext = self.dim(s.extent)
+            v = self.bind(s.var, s.var.name)
+            self.line(f"for {v} in range({ext}):  # {s.kind}")
+            self.scope.add(s.var)
+            self.nested(s.body)
+            self.scope.discard(s.var)
+        elif isinstance(s, Block):
+            self.block(s)
+        elif isinstance(s, IfThenElse):
+            self.line(f"if {self.expr(s.cond)}:")
+            self.nested(s.then_body)
+            if s.else_body is not None:
+                self.line("else:")
+                self.nested(s.else_body)
+        elif isinstance(s, Allocate):
+            b = s.buffer
+            shape = ", ".join(self.dim(d) for d in b.shape)
+            dt = self.value(np_dtype(b.dtype), "t")
+            self.line(f"{self.bind(b, b.name)} = np.full(({shape}{',' if len(b.shape) == 1 else ''}), {self.value(_fill(b.dtype), 'f')}, {dt})")
+            self.stmt(s.body)
+        else:
+            raise self.error(f"unknown statement {type(s).__name__}")
+
+    def nested(self, s: Stmt) -> None:
+        self.depth += 1
+        self.stmt(s)
+        self.depth -= 1
+
+    def block(self, b: Block) -> None:
+        self.line(f"# block {b.name}")
+        for iv in b.iter_vars:
+            value = self.dim(iv.binding)
+            self.line(f"{self.bind(iv.var, iv.var.name)} = {value}")
+        for iv in b.iter_vars:
+            self.scope.add(iv.var)
+        if b.init is not None:
+            reds = [self.names[iv.var] for iv in b.iter_vars if iv.kind == "reduce"]
+            self.line(f"if {' and '.join(f'{r} == 0' for r in reds) or 'True'}:")
+            self.nested(b.init)
+        self.stmt(b.body)
+        for iv in b.iter_vars:
+            self.scope.discard(iv.var)
+
+    def known(self, b: Buffer) -> str:
+        if b not in self.names:
+            raise self.error(f"buffer {b.name} is neither a param nor allocated")
+        return self.names[b]
+
+    def indices(self, b: Buffer, idx: tuple[Scalar, ...]) -> str:
+        if len(idx) != len(b.shape):
+            raise self.error(f"buffer {b.name} of rank {len(b.shape)} accessed with {len(idx)} indices")
+        if not idx:
+            return "()"
+        parts = []
+        for i, ext in zip(idx, b.shape):
+            text = self.dim(i) if isinstance(i, (int, SymExpr)) else f"int({self.expr(i)})"
+            if not (isinstance(i, (int, SymExpr)) and sym.prove_ge(i, 0)):
+                text = f"_nonneg({text}, {self.dim(ext)})"
+            parts.append(text)
+        return ", ".join(parts)
+
+    # -- expressions ------------------------------------------------------------------------
+
+    def dim(self, d: Dim) -> str:
+        if isinstance(d, int):
+            return f"({d})"
+        if isinstance(d, SymVar):
+            if d not in self.scope:
+                raise self.error(f"sym var {d.name} is used outside the loop or block that binds it")
+            return self.names[d]
+        if isinstance(d, FloorDiv):
+            return f"({self.dim(d.a)} // {self.dim(d.b)})"
+        if isinstance(d, FloorMod):
+            return f"({self.dim(d.a)} % {self.dim(d.b)})"
+        if isinstance(d, (Min, Max)):
+            return f"{'min' if isinstance(d, Min) else 'max'}({self.dim(d.a)}, {self.dim(d.b)})"
+        assert isinstance(d, Poly)
+        terms = [f"({c} * {' * '.join(self.dim(a) for a in m)})" for m, c in d.terms]
+        return "(" + " + ".join([*terms, str(d.const)]) + ")"
+
+    def expr(self, x: Scalar) -> str:
+        if isinstance(x, (int, SymExpr)):
+            return self.dim(x)
+        if isinstance(x, Const):
+            v = const_value(x)
+            t = np_dtype("float32" if x.dtype in _COMPUTE_F32 else x.dtype).type
+            return self.value(t(v))
+        if isinstance(x, Load):
+            text = f"{self.known(x.buffer)}[{self.indices(x.buffer, x.indices)}]"
+            return f"_F32({text})" if x.buffer.dtype in ("float16", "bfloat16") else text
+        if isinstance(x, Binary):
+            return self.binary(x)
+        if isinstance(x, Unary):
+            if x.op == "not":
+                return f"(not {self.expr(x.a)})"
+            if x.op != "neg":
+                raise self.error(f"unknown unary op {x.op!r}")
+            return f"(-{self.expr(x.a)})"
+        if isinstance(x, Cast):
+            return self.cast(x)
+        if isinstance(x, Select):
+            return f"({self.expr(x.a)} if {self.expr(x.cond)} else {self.expr(x.b)})"
+        if isinstance(x, Intrin):
+            return self.intrin(x)
+        raise self.error(f"unknown scalar expression {type(x).__name__}")
+
+    def cast(self, x: Cast) -> str:
+        src, dst = dtype_of(x.value), x.dtype
+        a = self.expr(x.value)
+        if src == dst:
+            return a
+        if dst == "float16":
+            return f"_f16_from_f32({a})" if src in _COMPUTE_F32 else f"_f16_from_f64({a})"
+        if dst == "bfloat16":
+            return f"_bf16({a})"
+        if dst == "bool":
+            return f"np.bool_({a} != 0)"
+        if is_float_dtype(dst):
+            return f"{self.value(np_dtype(dst).type, 't')}({a})"
+        return f"_icast({a}, {self.value(np_dtype(dst).type, 't')})"
+
+    def binary(self, x: Binary) -> str:
+        a, b, op = self.expr(x.a), self.expr(x.b), x.op
+        dt = dtype_of(x.a)
+        fl = is_float_dtype(dt)
+        if op in ("<", "<=", ">", ">=", "==", "!="):
+            return f"({a} {op} {b})"
+        if op in ("and", "or"):
+            return f"({a} {op} {b})"
+        if op in ("+", "-", "*", "//", "%"):
+            return f"({a} {op} {b})"
+        if op == "/":
+            return f"({a} / {b})" if fl else f"_tdiv({a}, {b}, {self.value(np_dtype(dt).type, 't')})"
+        if op in ("min", "max"):
+            return f"np.{op}imum({a}, {b})" if fl else f"{op}({a}, {b})"
+        if op == "pow":
+            return f"({a} ** {b})" if fl else f"_ipow({a}, {b}, {self.value(np_dtype(dt).type, 't')})"
+        raise self.error(f"unknown binary op {op!r}")
+
+    def intrin(self, x: Intrin) -> str:
+        if len(x.args) != 1:
+            raise self.error(f"intrinsic {x.name} takes one argument, got {len(x.args)}")
+        arg = x.args[0]
+        a = self.expr(arg)
+        dt = dtype_of(arg)
+        if x.name in ("isnan", "isinf"):
+            return f"np.{x.name}({a})" if is_float_dtype(dt) else "False"
+        if not is_float_dtype(dt):
+            if x.name == "abs":
+                return f"_icast(abs(int({a})), {self.value(np_dtype(dt).type, 't')})"
+            if x.name in ("floor", "ceil", "round"):
+                return a
+            raise self.error(f"intrinsic {x.name} needs a float argument, got {dt}")
+        one = self.value((np.float64 if dt == "float64" else _F32)(1.0))
+        if x.name == "rsqrt":
+            return f"({one} / np.sqrt({a}))"
+        if x.name == "sigmoid":
+            return f"({one} / ({one} + np.exp(-{a})))"
+        if x.name not in _NP_FN:
+            raise self.error(f"unknown intrinsic {x.name!r}")
+        return f"{_NP_FN[x.name]}({a})"

@@ -1,0 +1,248 @@
+"""Compiled kernel libraries: every kernel of a module in one shared object, called via ctypes.
+
+``build_library`` emits one C translation unit for all kernels (``tilework.codegen.c``),
+compiles it with one compiler invocation (or finds it in the cache, ``toolchain``) and loads
+it. ``lib.cache_hit`` tells whether the compiler ran. A library serializes as the bytes of its
+shared object plus ``metadata()`` (plain JSON-able data) and comes back with
+``KernelLibrary.from_bytes`` in any process, without a compiler.
+
+``Kernel.__call__(arrays, sym_values)`` is the fast path: it trusts its arguments, which must
+follow the ABI in ``tilework.codegen.c``, and passes NumPy arrays by object address to the
+library's ``tw_call_objects`` trampoline, which reads their data pointers (about a microsecond
+per call, instead of one per array through ``ndarray.ctypes``). ``Kernel.run`` checks the
+arguments first. A Kernel reuses its argument buffers, so one Kernel object must not be
+called from two threads at once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence, Union
+
+import numpy as np
+
+from tilework.codegen import toolchain
+from tilework.codegen.abi import SymValues, bind_syms, check_arrays, kernel_syms
+from tilework.codegen.c import c_symbols, emit_module
+from tilework.errors import BuildError
+from tilework.ir.loop import TensorFunc
+
+
+def _data_offset() -> int | None:
+    """Where a NumPy array object keeps its data pointer (right after the object header in
+    ``PyArrayObject``), verified on live arrays; None where that does not hold."""
+    off = object.__basicsize__
+    probes: list[np.ndarray] = [np.zeros(3), np.arange(5, dtype=np.int8)[1:], np.empty((0, 2), np.float32)]
+    for a in probes:
+        if ctypes.c_void_p.from_address(id(a) + off).value != a.ctypes.data:
+            return None
+    return off
+
+
+_DATA_OFFSET = _data_offset()
+_DATA_OFFSET_C = ctypes.c_int64(_DATA_OFFSET or 0)
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """What calling a kernel needs besides the shared object."""
+
+    name: str
+    symbol: str
+    buffers: tuple[str, ...]  # buffer names, inputs then outputs
+    dtypes: tuple[str, ...]
+    num_outputs: int
+    syms: tuple[str, ...]  # kernel sym var names, ABI order
+
+    @staticmethod
+    def of(name: str, symbol: str, func: TensorFunc) -> "KernelInfo":
+        bufs = func.buffers
+        return KernelInfo(
+            name,
+            symbol,
+            tuple(b.name for b in bufs),
+            tuple(b.dtype for b in bufs),
+            func.num_outputs,
+            tuple(v.name for v in kernel_syms(func)),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "symbol": self.symbol,
+            "buffers": list(self.buffers),
+            "dtypes": list(self.dtypes),
+            "num_outputs": self.num_outputs,
+            "syms": list(self.syms),
+        }
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> "KernelInfo":
+        return KernelInfo(
+            str(d["name"]),
+            str(d["symbol"]),
+            tuple(d["buffers"]),
+            tuple(d["dtypes"]),
+            int(d["num_outputs"]),
+            tuple(d["syms"]),
+        )
+
+
+class Kernel:
+    """One compiled kernel. ``func`` is its TensorFunc when known (needed by ``run``)."""
+
+    __slots__ = ("info", "func", "_fn", "_ptrs", "_syms", "_nb", "_ns", "_lib", "_tramp", "_fnptr", "_nb_c", "_objs")
+
+    def __init__(self, info: KernelInfo, fn: Any, lib: "KernelLibrary", func: TensorFunc | None, tramp: Any) -> None:
+        self.info = info
+        self.func = func
+        self._fn = fn
+        self._nb = len(info.buffers)
+        self._ns = len(info.syms)
+        self._ptrs = (ctypes.c_void_p * max(self._nb, 1))()
+        self._objs = (ctypes.c_void_p * max(self._nb, 1))()
+        self._syms = (ctypes.c_int64 * max(self._ns, 1))()
+        self._tramp = tramp if _DATA_OFFSET is not None else None
+        self._fnptr = ctypes.c_void_p(ctypes.cast(fn, ctypes.c_void_p).value)
+        self._nb_c = ctypes.c_int64(self._nb)
+        self._lib = lib  # keeps the shared object loaded
+
+    def __call__(self, arrays: Sequence[np.ndarray], sym_values: Sequence[int]) -> None:
+        """Run on C-contiguous arrays of the right dtypes (inputs, then outputs, written in
+        place) with the kernel sym var values in ABI order. Nothing is checked but counts."""
+        if len(arrays) != self._nb or len(sym_values) != self._ns:
+            raise TypeError(f"kernel {self.info.name}: expects {self._nb} arrays and {self._ns} sym values, got {len(arrays)} and {len(sym_values)}")
+        syms = self._syms
+        for j, v in enumerate(sym_values):
+            syms[j] = v
+        tramp = self._tramp
+        if tramp is not None:
+            objs = self._objs
+            for i, a in enumerate(arrays):
+                if type(a) is not np.ndarray:
+                    break
+                objs[i] = id(a)
+            else:
+                rc = tramp(self._fnptr, objs, self._nb_c, _DATA_OFFSET_C, syms)
+                if rc:
+                    raise MemoryError(f"kernel {self.info.name}: scratch memory could not be allocated (code {rc})")
+                return
+        ptrs = self._ptrs
+        for i, a in enumerate(arrays):
+            ptrs[i] = a.ctypes.data
+        rc = self._fn(ptrs, syms)
+        if rc:
+            raise MemoryError(f"kernel {self.info.name}: scratch memory could not be allocated (code {rc})")
+
+    def call_ptrs(self, ptrs: Sequence[int], sym_values: Sequence[int]) -> None:
+        """Like ``__call__`` with raw data addresses instead of arrays."""
+        if len(ptrs) != self._nb or len(sym_values) != self._ns:
+            raise TypeError(f"kernel {self.info.name}: expects {self._nb} pointers and {self._ns} sym values")
+        for i, p in enumerate(ptrs):
+            self._ptrs[i] = p
+        for j, v in enumerate(sym_values):
+            self._syms[j] = v
+        rc = self._fn(self._ptrs, self._syms)
+        if rc:
+            raise MemoryError(f"kernel {self.info.name}: scratch memory could not be allocated (code {rc})")
+
+    def run(self, arrays: Sequence[np.ndarray], sym_params: SymValues = None) -> None:
+        """Check the arrays (count, dtype, layout, shapes) against the TensorFunc, derive the
+        sym values from their shapes and ``sym_params`` (values of ``func.sym_params``), run."""
+        if self.func is None:
+            raise TypeError(f"kernel {self.info.name} was loaded without its TensorFunc; call it with sym values")
+        check_arrays(self.func, arrays, self.info.name)
+        self(arrays, bind_syms(self.func, arrays, sym_params, self.info.name))
+
+    def __repr__(self) -> str:
+        return f"Kernel({self.info.name}, symbol={self.info.symbol}, syms=({', '.join(self.info.syms)}))"
+
+
+class KernelLibrary:
+    """A loaded shared object with its kernels by name."""
+
+    def __init__(
+        self,
+        path: Path | None,
+        infos: Sequence[KernelInfo],
+        funcs: Mapping[str, TensorFunc] | None = None,
+        cache_hit: bool = False,
+        source: str | None = None,
+    ) -> None:
+        self.path = path
+        self.cache_hit = cache_hit
+        self.source = source
+        self._handle = ctypes.CDLL(str(path)) if path is not None else None
+        tramp = getattr(self._handle, "tw_call_objects", None) if self._handle is not None else None
+        if tramp is not None:
+            tramp.restype = ctypes.c_int32
+        self.kernels: dict[str, Kernel] = {}
+        for info in infos:
+            assert self._handle is not None
+            try:
+                fn = getattr(self._handle, info.symbol)
+            except AttributeError:
+                raise BuildError(f"shared object {path} has no kernel symbol {info.symbol} (for {info.name})") from None
+            fn.restype = ctypes.c_int32
+            func = funcs.get(info.name) if funcs is not None else None
+            self.kernels[info.name] = Kernel(info, fn, self, func, tramp)
+
+    def __getitem__(self, name: str) -> Kernel:
+        try:
+            return self.kernels[name]
+        except KeyError:
+            raise KeyError(f"no kernel {name!r} in the library (has: {', '.join(self.kernels) or 'none'})") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.kernels
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.kernels)
+
+    def __len__(self) -> int:
+        return len(self.kernels)
+
+    def so_bytes(self) -> bytes:
+        """The shared object's bytes (empty for a library without kernels)."""
+        return self.path.read_bytes() if self.path is not None else b""
+
+    def metadata(self) -> dict[str, Any]:
+        """Plain data that, with ``so_bytes``, recreates the library (``from_bytes``)."""
+        return {"version": 1, "kernels": [k.info.to_dict() for k in self.kernels.values()]}
+
+    @staticmethod
+    def from_bytes(data: bytes, funcs_or_metadata: Union[Mapping[str, TensorFunc], Mapping[str, Any]]) -> "KernelLibrary":
+        """Load a library from shared-object bytes. ``funcs_or_metadata`` is either the
+        kernels' TensorFuncs by name (as given to ``build_library``) or ``metadata()``."""
+        funcs: Mapping[str, TensorFunc] | None
+        listed = funcs_or_metadata.get("kernels")
+        if listed is not None and not isinstance(listed, TensorFunc):
+            infos = [KernelInfo.from_dict(d) for d in listed]
+            funcs = None
+        else:
+            funcs = {n: f for n, f in funcs_or_metadata.items() if isinstance(f, TensorFunc)}
+            if len(funcs) != len(funcs_or_metadata):
+                raise TypeError("from_bytes: expected TensorFuncs by name or a metadata() dict")
+            symbols = c_symbols(list(funcs))
+            infos = [KernelInfo.of(n, symbols[n], f) for n, f in funcs.items()]
+        if not infos:
+            return KernelLibrary(None, [], funcs)
+        if not data:
+            raise BuildError("from_bytes: no shared-object bytes for a library with kernels")
+        return KernelLibrary(toolchain.store_shared_object(data), infos, funcs, cache_hit=True)
+
+
+def build_library(funcs: Mapping[str, TensorFunc]) -> KernelLibrary:
+    """Compile every kernel of ``funcs`` (name -> TensorFunc) with one compiler invocation, or
+    load the cached shared object; ``lib.cache_hit`` tells which."""
+    for name, f in funcs.items():
+        if not isinstance(f, TensorFunc):
+            raise TypeError(f"build_library: {name} is not a TensorFunc")
+    if not funcs:
+        return KernelLibrary(None, [], {}, cache_hit=True, source="")
+    mod = emit_module(funcs)
+    result = toolchain.compile_source(mod.text, mod.lines)
+    infos = [KernelInfo.of(n, mod.symbols[n], f) for n, f in funcs.items()]
+    return KernelLibrary(result.path, infos, funcs, cache_hit=result.cache_hit, source=mod.text)
