@@ -5,16 +5,20 @@ A shape is a graph value (a ``ShapeExpr`` such as ``shape(n, 4)``, or any shape-
 shape computed at run time works the same way as a literal one. ``arange`` takes its bounds as
 attributes that may be symbolic: ``arange(0, n)`` has ``n`` elements; in general the length is
 ``max(0, ceil((end - start) / step))``.
+
+Legalized kernels read no tensor: they write an output of the call's result shape.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
+from tilework import te
 from tilework.ir import sym
 from tilework.ir.graph import Call, Expr
 from tilework.ir.info import StructInfo, TensorInfo
+from tilework.ir.loop import Scalar, is_float_dtype
 from tilework.ir.sym import Dim, SymExpr
 from tilework.op.base import (
     InferCtx,
@@ -28,6 +32,10 @@ from tilework.op.base import (
     tensor_arg,
     to_shape_expr,
 )
+from tilework.op.kernel import op_name, out_tensor
+
+if TYPE_CHECKING:
+    from tilework.transform.legalize import LegalizeCtx
 
 _SHAPED = ("full", "zeros", "ones")
 _LIKE = ("full_like", "zeros_like", "ones_like")
@@ -90,12 +98,52 @@ def _infer_arange(call: Call, ctx: InferCtx) -> StructInfo:
     return TensorInfo((arange_length(start, end, step, ctx),), dtype)
 
 
+# -- legalization ---------------------------------------------------------------------------
+
+
+def _fill_value(call: Call, dtype: str) -> float | int | bool:
+    """The fill value in ``dtype``'s Python kind (a float for an integer dtype truncates)."""
+    name = op_name(call)
+    if name.startswith("zeros"):
+        return 0
+    if name.startswith("ones"):
+        return 1
+    v = call.attrs["fill_value"]
+    if isinstance(v, float) and dtype != "bool" and not is_float_dtype(dtype):
+        return int(v)
+    return v  # type: ignore[no-any-return]
+
+
+def _legalize_fill(call: Call, ctx: "LegalizeCtx") -> Expr:
+    name = op_name(call)
+    shape, dtype = out_tensor(call)
+    value = te.constant(_fill_value(call, dtype), dtype)
+    out = te.compute(shape, lambda *i: value, name)
+    return ctx.call_te(name, [], [], [out], call.info)
+
+
+def _legalize_arange(call: Call, ctx: "LegalizeCtx") -> Expr:
+    """``start + i * step``: exact integer index arithmetic for integer bounds, float64 (then
+    rounded to the dtype, as NumPy does) when a bound or the step is a float."""
+    shape, dtype = out_tensor(call)
+    start, step = call.attrs["start"], call.attrs["step"]
+    exact = not isinstance(start, float) and not isinstance(step, float)
+
+    def f(i: Scalar) -> Scalar:
+        if exact:
+            return te.cast(sym.add(start, sym.mul(i, step)), dtype)  # type: ignore[arg-type]
+        return te.cast(te.cast(start, "float64") + te.cast(i, "float64") * float(step), dtype)  # type: ignore[operator]
+
+    out = te.compute(shape, f, "arange")
+    return ctx.call_te("arange", [], [], [out], call.info)
+
+
 _FILL: dict[str, object] = {"fill_value": 0.0}
 for _name in _SHAPED:
-    register(Op(_name, _infer_shaped, OpPattern.INJECTIVE, attrs={**(_FILL if _name == "full" else {}), "dtype": "float32"}, num_args=1))
+    register(Op(_name, _infer_shaped, OpPattern.INJECTIVE, attrs={**(_FILL if _name == "full" else {}), "dtype": "float32"}, num_args=1, legalize=_legalize_fill))
 for _name in _LIKE:
-    register(Op(_name, _infer_like, OpPattern.ELEMWISE, attrs={**(_FILL if _name == "full_like" else {}), "dtype": None}, num_args=1))
-register(Op("arange", _infer_arange, OpPattern.INJECTIVE, attrs={"start": 0, "end": 0, "step": 1, "dtype": "int64"}, num_args=0))
+    register(Op(_name, _infer_like, OpPattern.ELEMWISE, attrs={**(_FILL if _name == "full_like" else {}), "dtype": None}, num_args=1, legalize=_legalize_fill))
+register(Op("arange", _infer_arange, OpPattern.INJECTIVE, attrs={"start": 0, "end": 0, "step": 1, "dtype": "int64"}, num_args=0, legalize=_legalize_arange))
 
 
 def full(shape: Expr | Sequence[Dim], fill_value: float, dtype: str = "float32") -> Call:

@@ -3,12 +3,24 @@ comparisons and logical ops, ``where`` and ``astype``.
 
 Broadcasting is symbolic: ``(2, 3) + (2, n)`` is ``(2, 3)`` with a run-time check that ``n`` is
 1 or 3; ``(n,) + (m,)`` is ``(max(n, m),)`` with the check that they broadcast.
+
+Legalization computes float16/bfloat16 in float32 and rounds once; a kernel broadcasting a
+dim that may be 1 or the full size indexes it with ``min(i, d - 1)``, right for both. Integer
+``divide`` truncates toward zero (C and ONNX semantics); integer division and modulo by zero
+give 0, as NumPy does.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Callable
+
+from tilework import te
+from tilework.errors import UnsupportedError
 from tilework.ir.graph import Call, Expr
 from tilework.ir.info import StructInfo, TensorInfo, check_dtype
+from tilework.ir.loop import Scalar, dtype_of
+from tilework.ir.loop import binary as loop_binary
+from tilework.ir.loop import is_float_dtype as is_float
 from tilework.op.base import (
     InferCtx,
     Op,
@@ -20,6 +32,10 @@ from tilework.op.base import (
     tensor_arg,
     unify_dtype,
 )
+from tilework.op.kernel import arg, bcast_index, op_name, out_tensor, upcast
+
+if TYPE_CHECKING:
+    from tilework.transform.legalize import LegalizeCtx
 
 FLOAT_ONLY = {"exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "gelu", "gelu_tanh", "silu", "sin", "cos"}
 UNARY = (
@@ -85,16 +101,118 @@ def _infer_astype(call: Call, ctx: InferCtx) -> StructInfo:
     return TensorInfo(x.shape, check_dtype(call.attrs["dtype"]), x.ndim)
 
 
+# -- legalization ---------------------------------------------------------------------------
+
+_SQRT1_2 = 0.7071067811865476
+_SQRT_2_PI = 0.7978845608028654
+
+
+def _unary_value(name: str, v: Scalar) -> Scalar:
+    """Unary op ``name`` of a value ``v`` already in its compute dtype."""
+    dt = dtype_of(v)
+    if name == "logical_not":
+        return te.logical_not(v) if dt == "bool" else te.eq(v, 0)
+    if name in ("abs", "relu", "floor", "ceil", "round", "square") and dt == "bool":
+        return v  # each maps False to False and True to True
+    if dt == "bool":
+        raise UnsupportedError(f"{name} of a bool tensor is undefined; cast it first")
+    if name in ("floor", "ceil", "round") and not is_float(dt):
+        return v
+    simple: dict[str, Callable[[Scalar], Scalar]] = {
+        "neg": lambda x: -x,  # type: ignore[operator]
+        "abs": te.abs, "exp": te.exp, "log": te.log, "sqrt": te.sqrt, "rsqrt": te.rsqrt,
+        "tanh": te.tanh, "erf": te.erf, "sigmoid": te.sigmoid, "sin": te.sin, "cos": te.cos,
+        "floor": te.floor, "ceil": te.ceil, "round": te.round,
+        "relu": lambda x: te.maximum(x, 0),
+        "square": lambda x: x * x,  # type: ignore[operator]
+        "silu": lambda x: x * te.sigmoid(x),  # type: ignore[operator]
+        "gelu": lambda x: 0.5 * x * (1.0 + te.erf(x * _SQRT1_2)),  # type: ignore[operator]
+        "gelu_tanh": lambda x: 0.5 * x * (1.0 + te.tanh(_SQRT_2_PI * (x + 0.044715 * x * x * x))),  # type: ignore[operator]
+    }  # fmt: skip
+    return simple[name](v)
+
+
+def _legalize_unary(call: Call, ctx: "LegalizeCtx") -> Expr:
+    name = op_name(call)
+    x = arg(call, 0, "x")
+    shape, dtype = out_tensor(call)
+    out = te.compute(shape, lambda *i: _unary_value(name, upcast(x[i], x.dtype)), name, dtype)
+    return ctx.call_te(name, call.args, [x], [out], call.info)
+
+
+def _int_guarded(op: Callable[[Scalar, Scalar], Scalar], a: Scalar, b: Scalar) -> Scalar:
+    return te.if_then_else(te.eq(b, 0), 0, op(a, b))
+
+
+def _binary_value(name: str, a: Scalar, b: Scalar) -> Scalar:
+    """Binary op ``name`` of values in their common compute dtype."""
+    is_int = not is_float(dtype_of(a))
+    if name == "divide" and is_int:
+        return _int_guarded(te.truncdiv, a, b)
+    if name == "floor_divide" and is_int:
+        return _int_guarded(lambda p, q: loop_binary("//", p, q), a, b)
+    if name == "mod" and is_int:
+        return _int_guarded(lambda p, q: loop_binary("%", p, q), a, b)
+    ops: dict[str, Callable[[Scalar, Scalar], Scalar]] = {
+        "add": lambda p, q: p + q,  # type: ignore[operator]
+        "subtract": lambda p, q: p - q,  # type: ignore[operator]
+        "multiply": lambda p, q: p * q,  # type: ignore[operator]
+        "divide": lambda p, q: loop_binary("/", p, q),
+        "floor_divide": lambda p, q: loop_binary("//", p, q),
+        "mod": lambda p, q: loop_binary("%", p, q),
+        "power": te.power, "maximum": te.maximum, "minimum": te.minimum,
+        "equal": te.eq, "not_equal": te.ne, "less": te.lt, "less_equal": te.le,
+        "greater": te.gt, "greater_equal": te.ge,
+        "logical_and": te.logical_and, "logical_or": te.logical_or, "logical_xor": te.ne,
+    }  # fmt: skip
+    return ops[name](a, b)
+
+
+def _legalize_binary(call: Call, ctx: "LegalizeCtx") -> Expr:
+    name = op_name(call)
+    a, b = arg(call, 0, "a"), arg(call, 1, "b")
+    shape, dtype = out_tensor(call)
+
+    def f(*i: Scalar) -> Scalar:
+        va = upcast(a[bcast_index(i, a.shape, shape)], a.dtype)
+        vb = upcast(b[bcast_index(i, b.shape, shape)], b.dtype)
+        return _binary_value(name, va, vb)
+
+    out = te.compute(shape, f, name, dtype)
+    return ctx.call_te(name, call.args, [a, b], [out], call.info)
+
+
+def _legalize_where(call: Call, ctx: "LegalizeCtx") -> Expr:
+    c, a, b = arg(call, 0, "cond"), arg(call, 1, "a"), arg(call, 2, "b")
+    shape, dtype = out_tensor(call)
+
+    def f(*i: Scalar) -> Scalar:
+        return te.if_then_else(c[bcast_index(i, c.shape, shape)], a[bcast_index(i, a.shape, shape)], b[bcast_index(i, b.shape, shape)])
+
+    out = te.compute(shape, f, "where", dtype)
+    return ctx.call_te("where", call.args, [c, a, b], [out], call.info)
+
+
+def _legalize_astype(call: Call, ctx: "LegalizeCtx") -> Expr:
+    x = arg(call, 0, "x")
+    shape, dtype = out_tensor(call)
+    if dtype == "bool":
+        out = te.compute(shape, lambda *i: te.ne(x[i], 0) if x.dtype != "bool" else x[i], "astype")
+    else:
+        out = te.compute(shape, lambda *i: te.cast(x[i], dtype), "astype")
+    return ctx.call_te("astype", call.args, [x], [out], call.info)
+
+
 for _name in UNARY:
-    register(Op(_name, _infer_unary, OpPattern.ELEMWISE, num_args=1))
+    register(Op(_name, _infer_unary, OpPattern.ELEMWISE, num_args=1, legalize=_legalize_unary))
 for _name in ARITH:
-    register(Op(_name, _infer_arith, OpPattern.BROADCAST, num_args=2))
+    register(Op(_name, _infer_arith, OpPattern.BROADCAST, num_args=2, legalize=_legalize_binary))
 for _name in COMPARE:
-    register(Op(_name, _infer_compare, OpPattern.BROADCAST, num_args=2))
+    register(Op(_name, _infer_compare, OpPattern.BROADCAST, num_args=2, legalize=_legalize_binary))
 for _name in LOGICAL:
-    register(Op(_name, _infer_logical, OpPattern.BROADCAST, num_args=2))
-register(Op("where", _infer_where, OpPattern.BROADCAST, num_args=3))
-register(Op("astype", _infer_astype, OpPattern.ELEMWISE, attrs={"dtype": "float32"}, num_args=1))
+    register(Op(_name, _infer_logical, OpPattern.BROADCAST, num_args=2, legalize=_legalize_binary))
+register(Op("where", _infer_where, OpPattern.BROADCAST, num_args=3, legalize=_legalize_where))
+register(Op("astype", _infer_astype, OpPattern.ELEMWISE, attrs={"dtype": "float32"}, num_args=1, legalize=_legalize_astype))
 
 
 def unary(name: str, x: Expr) -> Call:

@@ -3,12 +3,18 @@
 
 The contracted dims must be equal: a provable mismatch is an error, an unprovable one a run-time
 check. Batch dims broadcast symbolically like elementwise ops.
+
+Legalization accumulates in the result's dtype (float32 for float16/bfloat16 results).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from tilework import te
 from tilework.ir.graph import Call, Expr
 from tilework.ir.info import StructInfo, TensorInfo, shape_str
+from tilework.ir.loop import Scalar
 from tilework.ir.sym import Dim
 from tilework.op.base import (
     InferCtx,
@@ -22,6 +28,10 @@ from tilework.op.base import (
     tensor_arg,
     unify_dtype,
 )
+from tilework.op.kernel import arg, bcast_index, compute_dtype, out_tensor
+
+if TYPE_CHECKING:
+    from tilework.transform.legalize import LegalizeCtx
 
 
 def _matmul_ndim(na: int, nb: int) -> int:
@@ -91,8 +101,48 @@ def _infer_linear(call: Call, ctx: InferCtx) -> StructInfo:
     return TensorInfo(x.shape[:-1] + (out_features,), dtype)
 
 
-register(Op("matmul", _infer_matmul, OpPattern.OUT_EWISE_FUSABLE, attrs={"out_dtype": None}, num_args=2))
-register(Op("linear", _infer_linear, OpPattern.OUT_EWISE_FUSABLE))
+# -- legalization ---------------------------------------------------------------------------
+
+
+def _legalize_matmul(call: Call, ctx: "LegalizeCtx") -> Expr:
+    a, b = arg(call, 0, "a"), arg(call, 1, "b")
+    shape, dtype = out_tensor(call)
+    acc = compute_dtype(dtype)
+    a_vec, b_vec = a.ndim == 1, b.ndim == 1
+    nbatch = len(shape) - (0 if a_vec else 1) - (0 if b_vec else 1)
+    batch_shape = shape[:nbatch]
+
+    def f(*i: Scalar) -> Scalar:
+        batch = i[:nbatch]
+        row = () if a_vec else (i[nbatch],)
+        col = () if b_vec else (i[-1],)
+        k = te.reduce_axis(a.shape[-1], "k")
+        ai = bcast_index(batch, a.shape[:-2], batch_shape) + row + (k,)
+        bi = bcast_index(batch, b.shape[:-2], batch_shape) + (k,) + col
+        return te.sum(te.cast(a[ai], acc) * te.cast(b[bi], acc), axis=k)
+
+    out = te.compute(shape, f, "matmul", dtype)
+    return ctx.call_te("matmul", call.args, [a, b], [out], call.info)
+
+
+def _legalize_linear(call: Call, ctx: "LegalizeCtx") -> Expr:
+    x, w = arg(call, 0, "x"), arg(call, 1, "weight")
+    bias = arg(call, 2, "bias") if len(call.args) == 3 else None
+    shape, dtype = out_tensor(call)
+    acc = compute_dtype(dtype)
+
+    def f(*i: Scalar) -> Scalar:
+        k = te.reduce_axis(x.shape[-1], "k")
+        total = te.sum(te.cast(x[i[:-1] + (k,)], acc) * te.cast(w[i[-1], k], acc), axis=k)
+        return total if bias is None else total + te.cast(bias[i[-1]], acc)
+
+    out = te.compute(shape, f, "linear", dtype)
+    inputs = [x, w] if bias is None else [x, w, bias]
+    return ctx.call_te("linear", call.args, inputs, [out], call.info)
+
+
+register(Op("matmul", _infer_matmul, OpPattern.OUT_EWISE_FUSABLE, attrs={"out_dtype": None}, num_args=2, legalize=_legalize_matmul))
+register(Op("linear", _infer_linear, OpPattern.OUT_EWISE_FUSABLE, legalize=_legalize_linear))
 
 
 def matmul(a: Expr, b: Expr, out_dtype: str | None = None) -> Call:

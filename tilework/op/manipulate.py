@@ -4,15 +4,22 @@
 Shapes stay symbolic through every op: ``reshape`` of ``(b, s, 768)`` to ``(b, s, 12, -1)``
 infers ``64``; ``concat`` adds the dims along its axis; slicing follows Python's clamping rules
 with ``min``/``max`` terms that simplify away whenever the bounds are provably in range.
+
+Legalization gives copy kernels (``reshape``/``flatten`` become views in a later pass).
+``take`` counts negative indices from the end and clamps out-of-range ones into range.
+``shape_of`` needs no kernel: it becomes the shape value of its argument's dims.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
+from tilework import te
+from tilework.errors import UnsupportedError
 from tilework.ir import sym
-from tilework.ir.graph import Call, Expr, Tuple
+from tilework.ir.graph import Call, Expr, ShapeExpr, Tuple
 from tilework.ir.info import AnyInfo, ShapeInfo, StructInfo, TensorInfo, TupleInfo, shape_str
+from tilework.ir.loop import Scalar
 from tilework.ir.sym import Dim, SymExpr
 from tilework.op.base import (
     InferCtx,
@@ -32,6 +39,10 @@ from tilework.op.base import (
     to_shape_expr,
     unify_dtype,
 )
+from tilework.op.kernel import Index, arg, bcast_index, known_tensor, op_name, out_tensor, reshape_index, tuple_fields
+
+if TYPE_CHECKING:
+    from tilework.transform.legalize import LegalizeCtx
 
 # -- reshape --------------------------------------------------------------------------------
 
@@ -340,17 +351,168 @@ def _infer_shape_of(call: Call, ctx: InferCtx) -> StructInfo:
     return ShapeInfo(x.shape, x.ndim)
 
 
-register(Op("reshape", _infer_reshape, OpPattern.INJECTIVE, num_args=2))
-register(Op("permute_dims", _infer_permute_dims, OpPattern.INJECTIVE, attrs={"axes": None}, num_args=1))
-register(Op("expand_dims", _infer_expand_dims, OpPattern.INJECTIVE, attrs={"axis": (0,)}, num_args=1))
-register(Op("squeeze", _infer_squeeze, OpPattern.INJECTIVE, attrs={"axis": None}, num_args=1))
-register(Op("flatten", _infer_flatten, OpPattern.INJECTIVE, attrs={"start_dim": 0, "end_dim": -1}, num_args=1))
-register(Op("broadcast_to", _infer_broadcast_to, OpPattern.BROADCAST, num_args=2))
-register(Op("concat", _infer_concat, OpPattern.INJECTIVE, attrs={"axis": 0}, num_args=1))
-register(Op("split", _infer_split, OpPattern.INJECTIVE, attrs={"indices_or_sections": 2, "axis": 0}, num_args=1))
-register(Op("strided_slice", _infer_strided_slice, OpPattern.INJECTIVE, attrs={"axes": (), "begin": (), "end": (), "strides": None}, num_args=1))
-register(Op("take", _infer_take, OpPattern.INJECTIVE, attrs={"axis": 0}, num_args=2))
-register(Op("shape_of", _infer_shape_of, OpPattern.OPAQUE, num_args=1))
+# -- legalization ------------------------------------------------------------------------------
+
+
+def _copy(call: Call, ctx: "LegalizeCtx", index: Callable[[Index], Index]) -> Expr:
+    """``out[i] = x[index(i)]`` for the call's single tensor argument."""
+    name = op_name(call)
+    x = arg(call, 0, "x")
+    shape, dtype = out_tensor(call)
+    out = te.compute(shape, lambda *i: x[index(i)], name, dtype)
+    return ctx.call_te(name, call.args[:1], [x], [out], call.info)
+
+
+def _legalize_reshape(call: Call, ctx: "LegalizeCtx") -> Expr:
+    """reshape and flatten: the row-major element order is kept."""
+    shape, _ = out_tensor(call)
+    src, _ = known_tensor(call.args[0].info, call, "argument 0")
+    return _copy(call, ctx, lambda i: reshape_index(i, shape, src))
+
+
+def _legalize_permute_dims(call: Call, ctx: "LegalizeCtx") -> Expr:
+    ndim = len(out_tensor(call)[0])
+    axes = call.attrs["axes"]
+    perm = tuple(range(ndim - 1, -1, -1)) if axes is None else tuple(a + ndim if a < 0 else a for a in axes)
+    inverse = {p: k for k, p in enumerate(perm)}
+    return _copy(call, ctx, lambda i: tuple(i[inverse[d]] for d in range(ndim)))
+
+
+def _legalize_expand_dims(call: Call, ctx: "LegalizeCtx") -> Expr:
+    ndim = len(out_tensor(call)[0])
+    new = {a + ndim if a < 0 else a for a in axes_attr(call, "axis", InferCtx("expand_dims")) or ()}
+    return _copy(call, ctx, lambda i: tuple(v for k, v in enumerate(i) if k not in new))
+
+
+def _legalize_squeeze(call: Call, ctx: "LegalizeCtx") -> Expr:
+    src, _ = known_tensor(call.args[0].info, call, "argument 0")
+    axes = axes_attr(call, "axis", InferCtx("squeeze"))
+    if axes is None:
+        drop = {k for k, d in enumerate(src) if isinstance(d, int) and d == 1}
+    else:
+        drop = {a + len(src) if a < 0 else a for a in axes}
+
+    def index(i: Index) -> Index:
+        kept = iter(i)
+        return tuple(0 if k in drop else next(kept) for k in range(len(src)))
+
+    return _copy(call, ctx, index)
+
+
+def _legalize_broadcast_to(call: Call, ctx: "LegalizeCtx") -> Expr:
+    shape, _ = out_tensor(call)
+    src, _ = known_tensor(call.args[0].info, call, "argument 0")
+    return _copy(call, ctx, lambda i: bcast_index(i, src, shape))
+
+
+def _legalize_concat(call: Call, ctx: "LegalizeCtx") -> Expr:
+    """Each output element selects its input by comparing the index along ``axis`` with the
+    running offsets; only the chosen input is loaded."""
+    fields = tuple_fields(call, 0, ctx)
+    xs = [te.placeholder(*known_tensor(f.info, call, f"tensor {k} of the tuple"), f"x{k}") for k, f in enumerate(fields)]
+    shape, dtype = out_tensor(call)
+    axis = normalize_axis(int(call.attrs["axis"]), len(shape), InferCtx("concat"))
+
+    def f(*i: Scalar) -> Scalar:
+        offsets: list[Dim] = [0]
+        for x in xs[:-1]:
+            offsets.append(sym.add(offsets[-1], x.shape[axis]))
+        value: Scalar = _at(xs[-1], i, axis, i[axis] - offsets[-1])  # type: ignore[operator]
+        for x, off, nxt in reversed(list(zip(xs[:-1], offsets[:-1], offsets[1:]))):
+            value = te.if_then_else(te.lt(i[axis], nxt), _at(x, i, axis, i[axis] - off), value)  # type: ignore[operator]
+        return value
+
+    out = te.compute(shape, f, "concat", dtype)
+    return ctx.call_te("concat", fields, xs, [out], call.info)
+
+
+def _at(x: te.Tensor, i: Index, axis: int, pos: Scalar) -> Scalar:
+    """``x`` at ``i`` with the index along ``axis`` replaced by ``pos``."""
+    return x[i[:axis] + (pos,) + i[axis + 1 :]]
+
+
+def _legalize_split(call: Call, ctx: "LegalizeCtx") -> Expr:
+    """One kernel with one output per part; part ``k`` copies from its start along ``axis``."""
+    x = arg(call, 0, "x")
+    info = call.info
+    if not isinstance(info, TupleInfo):
+        raise UnsupportedError(f"split: cannot legalize: the result is not a tuple ({info})")
+    axis = normalize_axis(int(call.attrs["axis"]), x.ndim, InferCtx("split"))
+    spec = call.attrs["indices_or_sections"]
+    d = x.shape[axis]
+    if isinstance(spec, tuple):
+        points = [None, *spec]
+        starts = [_clamp_bound(p, d, 1, True, InferCtx("split")) for p in points]
+    else:
+        part = sym.floordiv(d, spec)
+        starts = [sym.mul(part, k) for k in range(spec)]
+    outs = []
+    for k, (field_info, start) in enumerate(zip(info.fields, starts)):
+        shape, dtype = known_tensor(field_info, call, f"part {k} of the result")
+        outs.append(te.compute(shape, lambda *i, s=start: _at(x, i, axis, i[axis] + s), f"part{k}", dtype))
+    return ctx.call_te("split", call.args, [x], outs, call.info)
+
+
+def _legalize_strided_slice(call: Call, ctx: "LegalizeCtx") -> Expr:
+    """``out[.., i, ..] = x[.., begin + i * stride, ..]`` with ``begin`` clamped like Python's
+    slicing (the same expressions inference used for the result's length)."""
+    src, _ = known_tensor(call.args[0].info, call, "argument 0")
+    ictx = InferCtx("strided_slice")
+    axes, begin, end, strides = _slice_spec(call, ictx)
+    ax = normalize_axes(axes, len(src), ictx)
+    start = {a: (_clamp_bound(b, src[a], s, True, ictx), s) for a, b, s in zip(ax, begin, strides)}
+
+    def index(i: Index) -> Index:
+        out: list[Scalar] = list(i)
+        for a, (b, s) in start.items():
+            out[a] = b + i[a] * s  # type: ignore[operator]
+        return tuple(out)
+
+    return _copy(call, ctx, index)
+
+
+def _legalize_take(call: Call, ctx: "LegalizeCtx") -> Expr:
+    """Indices may be negative (counted from the end); an index outside ``[-d, d)`` is clamped
+    into range rather than read out of bounds."""
+    x, idx = arg(call, 0, "x"), arg(call, 1, "indices")
+    shape, dtype = out_tensor(call)
+    axis = call.attrs["axis"]
+    a = None if axis is None else normalize_axis(int(axis), x.ndim, InferCtx("take"))
+    d = sym.product(x.shape) if a is None else x.shape[a]
+
+    def f(*i: Scalar) -> Scalar:
+        pos = i if a is None else i[a : a + idx.ndim]
+        v = te.cast(idx[pos], "int64")
+        v = te.if_then_else(te.lt(v, 0), v + d, v)  # type: ignore[operator]
+        v = te.minimum(te.maximum(v, 0), sym.sub(d, 1))
+        if a is None:
+            return x[reshape_index((v,), (d,), x.shape)]
+        return x[i[:a] + (v,) + i[a + idx.ndim :]]
+
+    out = te.compute(shape, f, "take", dtype)
+    return ctx.call_te("take", call.args, [x, idx], [out], call.info)
+
+
+def _legalize_shape_of(call: Call, ctx: "LegalizeCtx") -> Expr:
+    """A tensor's shape is already in its struct info: the dims themselves, no kernel. A tensor
+    of unknown shape keeps the call, which the VM runs (``vm.shape_of``)."""
+    info = call.args[0].info
+    if isinstance(info, TensorInfo) and info.shape is not None:
+        return ShapeExpr.of(info.shape)
+    return call
+
+
+register(Op("reshape", _infer_reshape, OpPattern.INJECTIVE, num_args=2, legalize=_legalize_reshape))
+register(Op("permute_dims", _infer_permute_dims, OpPattern.INJECTIVE, attrs={"axes": None}, num_args=1, legalize=_legalize_permute_dims))
+register(Op("expand_dims", _infer_expand_dims, OpPattern.INJECTIVE, attrs={"axis": (0,)}, num_args=1, legalize=_legalize_expand_dims))
+register(Op("squeeze", _infer_squeeze, OpPattern.INJECTIVE, attrs={"axis": None}, num_args=1, legalize=_legalize_squeeze))
+register(Op("flatten", _infer_flatten, OpPattern.INJECTIVE, attrs={"start_dim": 0, "end_dim": -1}, num_args=1, legalize=_legalize_reshape))
+register(Op("broadcast_to", _infer_broadcast_to, OpPattern.BROADCAST, num_args=2, legalize=_legalize_broadcast_to))
+register(Op("concat", _infer_concat, OpPattern.INJECTIVE, attrs={"axis": 0}, num_args=1, legalize=_legalize_concat))
+register(Op("split", _infer_split, OpPattern.INJECTIVE, attrs={"indices_or_sections": 2, "axis": 0}, num_args=1, legalize=_legalize_split))
+register(Op("strided_slice", _infer_strided_slice, OpPattern.INJECTIVE, attrs={"axes": (), "begin": (), "end": (), "strides": None}, num_args=1, legalize=_legalize_strided_slice))
+register(Op("take", _infer_take, OpPattern.INJECTIVE, attrs={"axis": 0}, num_args=2, legalize=_legalize_take))
+register(Op("shape_of", _infer_shape_of, OpPattern.OPAQUE, num_args=1, legalize=_legalize_shape_of))
 
 # -- constructors ---------------------------------------------------------------------------------
 

@@ -9,15 +9,22 @@ multiple of ``num_kv_heads``. An optional mask (bool: True keeps, or float: adde
 scores) broadcasts to ``[batch, num_heads, seq_q, seq_kv]``. With ``causal``, query ``i`` sees
 keys ``j <= i + seq_kv - seq_q`` (aligned at the end, which is what decoding with a KV cache
 needs). ``scale`` None means ``1 / sqrt(head_dim)``.
+
+Legalization computes statistics in float32 for float16/bfloat16 and subtracts the row max
+before ``exp``; attention materializes its scores in scratch, and a query that sees no key
+gets zeros.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+import math
+from typing import TYPE_CHECKING, Callable, Sequence
 
+from tilework import te
 from tilework.ir import sym
 from tilework.ir.graph import Call, Expr
 from tilework.ir.info import StructInfo, TensorInfo, shape_str
+from tilework.ir.loop import Scalar
 from tilework.ir.sym import Dim
 from tilework.op.base import (
     InferCtx,
@@ -37,6 +44,10 @@ from tilework.op.base import (
     tensor_arg,
     unify_dtype,
 )
+from tilework.op.kernel import Index, arg, bcast_index, compute_dtype, op_name, out_tensor
+
+if TYPE_CHECKING:
+    from tilework.transform.legalize import LegalizeCtx
 
 
 def _float_attr(call: Call, name: str, ctx: InferCtx, optional: bool = False) -> None:
@@ -148,11 +159,187 @@ def _check_mask(mask: TensorInfo, q: TensorInfo, k: TensorInfo, ctx: InferCtx) -
     require_expands(mask.shape, target, ctx, "mask")
 
 
-register(Op("softmax", _infer_softmax, OpPattern.REDUCTION, attrs={"axis": -1}, num_args=1))
-register(Op("log_softmax", _infer_softmax, OpPattern.REDUCTION, attrs={"axis": -1}, num_args=1))
-register(Op("layer_norm", _infer_norm, OpPattern.REDUCTION, attrs={"axes": (-1,), "eps": 1e-5}, num_args=3))
-register(Op("rms_norm", _infer_norm, OpPattern.REDUCTION, attrs={"axes": (-1,), "eps": 1e-6}, num_args=2))
-register(Op("attention", _infer_attention, OpPattern.OPAQUE, attrs={"causal": False, "scale": None}))
+# -- legalization ---------------------------------------------------------------------------
+
+
+def _kept_dims(shape: Sequence[Dim], axes: Sequence[int]) -> tuple[Dim, ...]:
+    """``shape`` without ``axes``: the shape of per-row statistics."""
+    return tuple(d for k, d in enumerate(shape) if k not in axes)
+
+
+def _split_index(i: Index, axes: Sequence[int]) -> tuple[Index, Index]:
+    """``i`` split into the index of the kept dims and that of ``axes`` (in ``axes`` order)."""
+    return tuple(v for k, v in enumerate(i) if k not in axes), tuple(i[a] for a in axes)
+
+
+def _join_index(kept: Index, inner: Index, ndim: int, axes: Sequence[int]) -> Index:
+    """The inverse of ``_split_index``."""
+    rest = iter(kept)
+    pos = {a: k for k, a in enumerate(axes)}
+    return tuple(inner[pos[d]] if d in pos else next(rest) for d in range(ndim))
+
+
+def _legalize_softmax(call: Call, ctx: "LegalizeCtx") -> Expr:
+    """Numerically stable: ``exp(x - max)`` never overflows."""
+    name = op_name(call)
+    x = arg(call, 0, "x")
+    shape, dtype = out_tensor(call)
+    axis = (normalize_axis(int(call.attrs["axis"]), x.ndim, InferCtx(name)),)
+    acc = compute_dtype(dtype)
+    rows = _kept_dims(x.shape, axis)
+
+    def v(idx: Index) -> Scalar:
+        return te.cast(x[idx], acc)
+
+    def row_max(*r: Scalar) -> Scalar:
+        k = te.reduce_axis(x.shape[axis[0]], "k")
+        return te.max(v(_join_index(r, (k,), x.ndim, axis)), axis=k)
+
+    mx = te.compute(rows, row_max, "row_max")
+
+    def row_sum(*r: Scalar) -> Scalar:
+        k = te.reduce_axis(x.shape[axis[0]], "k")
+        return te.sum(te.exp(v(_join_index(r, (k,), x.ndim, axis)) - mx[r]), axis=k)  # type: ignore[operator]
+
+    total = te.compute(rows, row_sum, "row_sum")
+
+    def f(*i: Scalar) -> Scalar:
+        r = _split_index(i, axis)[0]
+        shifted = v(i) - mx[r]  # type: ignore[operator]
+        if name == "log_softmax":
+            return shifted - te.log(total[r])  # type: ignore[no-any-return]
+        return te.exp(shifted) / total[r]  # type: ignore[no-any-return]
+
+    out = te.compute(shape, f, name, dtype)
+    return ctx.call_te(name, call.args, [x], [out], call.info)
+
+
+def _legalize_norm(call: Call, ctx: "LegalizeCtx") -> Expr:
+    """layer_norm: ``(x - mean) * rsqrt(var + eps) * gamma + beta`` with the variance taken
+    about the mean (two passes); rms_norm: ``x * rsqrt(mean(x * x) + eps) * weight``."""
+    name = op_name(call)
+    x = arg(call, 0, "x")
+    params = [arg(call, k, f"p{k}") for k in range(1, len(call.args))]
+    shape, dtype = out_tensor(call)
+    axes = normalize_axes(axes_attr(call, "axes", InferCtx(name)) or (), x.ndim, InferCtx(name))
+    acc = compute_dtype(dtype)
+    eps = float(call.attrs["eps"])
+    rows = _kept_dims(x.shape, axes)
+    count = te.cast(sym.product(x.shape[a] for a in axes), acc)
+
+    def v(idx: Index) -> Scalar:
+        return te.cast(x[idx], acc)
+
+    def row_mean(of: Callable[[Index, Index], Scalar]) -> Callable[..., Scalar]:
+        def f(*r: Scalar) -> Scalar:
+            ks = tuple(te.reduce_axis(x.shape[a], f"k{a}") for a in axes)
+            return te.sum(of(r, _join_index(r, ks, x.ndim, axes)), axis=list(ks)) / count  # type: ignore[no-any-return]
+
+        return f
+
+    if name == "rms_norm":
+        ms = te.compute(rows, row_mean(lambda r, i: v(i) * v(i)), "mean_square")  # type: ignore[operator]
+
+        def f(*i: Scalar) -> Scalar:
+            r, inner = _split_index(i, axes)
+            return v(i) * te.rsqrt(ms[r] + eps) * te.cast(params[0][inner], acc)  # type: ignore[no-any-return, operator]
+
+    else:
+        mean = te.compute(rows, row_mean(lambda r, i: v(i)), "mean")
+
+        def dev2(r: Index, i: Index) -> Scalar:
+            d = v(i) - mean[r]  # type: ignore[operator]
+            return d * d  # type: ignore[no-any-return]
+
+        var = te.compute(rows, row_mean(dev2), "var")
+
+        def f(*i: Scalar) -> Scalar:
+            r, inner = _split_index(i, axes)
+            y = (v(i) - mean[r]) * te.rsqrt(var[r] + eps)  # type: ignore[operator]
+            return y * te.cast(params[0][inner], acc) + te.cast(params[1][inner], acc)  # type: ignore[no-any-return]
+
+    out = te.compute(shape, f, name, dtype)
+    return ctx.call_te(name, call.args, [x, *params], [out], call.info)
+
+
+def _legalize_attention(call: Call, ctx: "LegalizeCtx") -> Expr:
+    """Scores ``q . k * scale (+ float mask)`` and their weights ``exp(score - row max)`` are
+    materialized per (batch, head, query, key) in scratch; masked-out keys (causal, or False in
+    a bool mask) are skipped by the max and weigh 0. A query that sees no key at all gets zeros
+    (torch would give NaN)."""
+    q, k, v = arg(call, 0, "q"), arg(call, 1, "k"), arg(call, 2, "v")
+    mask = arg(call, 3, "mask") if len(call.args) == 4 else None
+    shape, dtype = out_tensor(call)
+    acc = compute_dtype(dtype)
+    nb, sq, nh, hd = q.shape
+    skv, nkv = k.shape[1], k.shape[2]
+    group = sym.floordiv(nh, nkv)
+    causal = bool(call.attrs["causal"])
+    given = call.attrs["scale"]
+    scale: Scalar
+    if given is not None:
+        scale = te.constant(float(given), acc)
+    elif isinstance(hd, int):
+        scale = te.constant(1.0 / math.sqrt(hd), acc)
+    else:
+        scale = te.rsqrt(te.cast(hd, acc))
+    target = (nb, nh, sq, skv)
+
+    def kv_head(h: Scalar) -> Scalar:
+        return h if group == 1 else h // group  # type: ignore[operator]
+
+    def score(b: Scalar, h: Scalar, i: Scalar, j: Scalar) -> Scalar:
+        d = te.reduce_axis(hd, "d")
+        dot = te.sum(te.cast(q[b, i, h, d], acc) * te.cast(k[b, j, kv_head(h), d], acc), axis=d)
+        s = dot * scale  # type: ignore[operator]
+        if mask is not None and mask.dtype != "bool":
+            s = s + te.cast(mask[bcast_index((b, h, i, j), mask.shape, target)], acc)
+        return s  # type: ignore[no-any-return]
+
+    scores = te.compute(target, score, "scores")
+
+    def visible(b: Scalar, h: Scalar, i: Scalar, j: Scalar) -> Scalar:
+        conds: list[Scalar] = []
+        if causal:
+            conds.append(te.le(j, sym.add(i, sym.sub(skv, sq))))  # type: ignore[arg-type]
+        if mask is not None and mask.dtype == "bool":
+            conds.append(mask[bcast_index((b, h, i, j), mask.shape, target)])
+        return te.all(*conds)
+
+    def row_max(b: Scalar, h: Scalar, i: Scalar) -> Scalar:
+        j = te.reduce_axis(skv, "j")
+        return te.max(scores[b, h, i, j], axis=j, where=visible(b, h, i, j))
+
+    mx = te.compute((nb, nh, sq), row_max, "row_max")
+
+    def weight(b: Scalar, h: Scalar, i: Scalar, j: Scalar) -> Scalar:
+        live = te.all(visible(b, h, i, j), te.gt(mx[b, h, i], te.min_value(acc)))
+        return te.if_then_else(live, te.exp(scores[b, h, i, j] - mx[b, h, i]), 0.0)  # type: ignore[operator]
+
+    weights = te.compute(target, weight, "weights")  # one exp per score, not one per output
+
+    def row_sum(b: Scalar, h: Scalar, i: Scalar) -> Scalar:
+        j = te.reduce_axis(skv, "j")
+        return te.sum(weights[b, h, i, j], axis=j)
+
+    total = te.compute((nb, nh, sq), row_sum, "row_sum")
+
+    def f(b: Scalar, i: Scalar, h: Scalar, e: Scalar) -> Scalar:
+        j = te.reduce_axis(skv, "j")
+        acc_v = te.sum(weights[b, h, i, j] * te.cast(v[b, j, kv_head(h), e], acc), axis=j)  # type: ignore[operator]
+        den = total[b, h, i]
+        return te.if_then_else(te.gt(den, 0.0), acc_v / den, 0.0)  # type: ignore[operator]
+
+    out = te.compute(shape, f, "attention", dtype)
+    inputs = [q, k, v] if mask is None else [q, k, v, mask]
+    return ctx.call_te("attention", call.args, inputs, [out], call.info)
+
+
+register(Op("softmax", _infer_softmax, OpPattern.REDUCTION, attrs={"axis": -1}, num_args=1, legalize=_legalize_softmax))
+register(Op("log_softmax", _infer_softmax, OpPattern.REDUCTION, attrs={"axis": -1}, num_args=1, legalize=_legalize_softmax))
+register(Op("layer_norm", _infer_norm, OpPattern.REDUCTION, attrs={"axes": (-1,), "eps": 1e-5}, num_args=3, legalize=_legalize_norm))
+register(Op("rms_norm", _infer_norm, OpPattern.REDUCTION, attrs={"axes": (-1,), "eps": 1e-6}, num_args=2, legalize=_legalize_norm))
+register(Op("attention", _infer_attention, OpPattern.OPAQUE, attrs={"causal": False, "scale": None}, legalize=_legalize_attention))
 
 
 def _axes(axes: int | Sequence[int]) -> tuple[int, ...]:

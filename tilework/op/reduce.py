@@ -8,15 +8,19 @@ that may be 0 becomes a run-time check ``dim >= 1``.
 
 The constructors are named like the ops (``sum``, ``max``, ...) and shadow the builtins in this
 module, so nothing below them uses those builtins.
+
+Legalization accumulates float16/bfloat16 in float32.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
+from tilework import te
 from tilework.ir import sym
 from tilework.ir.graph import Call, Expr
 from tilework.ir.info import StructInfo, TensorInfo, shape_str
+from tilework.ir.loop import Scalar
 from tilework.ir.sym import Dim
 from tilework.op.base import (
     InferCtx,
@@ -30,6 +34,10 @@ from tilework.op.base import (
     require_float,
     tensor_arg,
 )
+from tilework.op.kernel import arg, compute_dtype, op_name, out_tensor, upcast
+
+if TYPE_CHECKING:
+    from tilework.transform.legalize import LegalizeCtx
 
 REDUCE = ("sum", "mean", "max", "min", "prod")
 ARG_REDUCE = ("argmax", "argmin")
@@ -86,10 +94,73 @@ def _infer_arg_reduce(call: Call, ctx: InferCtx) -> StructInfo:
     return reduced_info(x, None if axis is None else (axis,), keepdims, "int64", ctx)
 
 
+# -- legalization ---------------------------------------------------------------------------
+
+
+def _reduced_axes(call: Call, ndim: int) -> tuple[int, ...]:
+    """The normalized axes a reduction call reduces (all of them for ``axis=None``)."""
+    axis = call.attrs["axis"]
+    if axis is None or ndim == 0:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    return tuple(sorted(a + ndim if a < 0 else a for a in axes))
+
+
+def _source_index(out_idx: Sequence[Scalar], rvars: Sequence[Scalar], ndim: int, axes: Sequence[int], keepdims: bool) -> tuple[Scalar, ...]:
+    """The input index for output index ``out_idx`` and reduction vars ``rvars`` (one per
+    reduced axis, in axis order)."""
+    kept = iter(i for k, i in enumerate(out_idx) if not keepdims or k not in axes)
+    red = iter(rvars)
+    return tuple(next(red) if k in axes else next(kept) for k in range(ndim))
+
+
+def _legalize_reduce(call: Call, ctx: "LegalizeCtx") -> Expr:
+    name = op_name(call)
+    x = arg(call, 0, "x")
+    shape, dtype = out_tensor(call)
+    axes = _reduced_axes(call, x.ndim)
+    keepdims = bool(call.attrs["keepdims"])
+    acc = compute_dtype(dtype)
+
+    def f(*i: Scalar) -> Scalar:
+        if not axes:  # a 0-d input: the reduction of one element
+            return te.cast(x[()], acc)
+        ks = [te.reduce_axis(x.shape[a], f"k{a}") for a in axes]
+        v = te.cast(x[_source_index(i, ks, x.ndim, axes, keepdims)], acc)
+        if name in ("sum", "mean"):
+            total = te.sum(v, axis=ks)
+            if name == "sum":
+                return total
+            return total / te.cast(sym.product(x.shape[a] for a in axes), acc)
+        reducer = {"prod": te.prod, "max": te.max, "min": te.min}[name]
+        return reducer(v, axis=ks)
+
+    out = te.compute(shape, f, name, dtype)
+    return ctx.call_te(name, call.args, [x], [out], call.info)
+
+
+def _legalize_arg_reduce(call: Call, ctx: "LegalizeCtx") -> Expr:
+    name = op_name(call)
+    x = arg(call, 0, "x")
+    shape, dtype = out_tensor(call)
+    axes = _reduced_axes(call, x.ndim)
+    keepdims = bool(call.attrs["keepdims"])
+    reducer = te.argmax if name == "argmax" else te.argmin
+
+    def f(*i: Scalar) -> Scalar:
+        if not axes:
+            return 0
+        ks = [te.reduce_axis(x.shape[a], f"k{a}") for a in axes]
+        return reducer(upcast(x[_source_index(i, ks, x.ndim, axes, keepdims)], x.dtype), axis=ks)
+
+    out = te.compute(shape, f, name, dtype)
+    return ctx.call_te(name, call.args, [x], [out], call.info)
+
+
 for _name in REDUCE:
-    register(Op(_name, _infer_reduce, OpPattern.REDUCTION, attrs={"axis": None, "keepdims": False}, num_args=1))
+    register(Op(_name, _infer_reduce, OpPattern.REDUCTION, attrs={"axis": None, "keepdims": False}, num_args=1, legalize=_legalize_reduce))
 for _name in ARG_REDUCE:
-    register(Op(_name, _infer_arg_reduce, OpPattern.REDUCTION, attrs={"axis": None, "keepdims": False}, num_args=1))
+    register(Op(_name, _infer_arg_reduce, OpPattern.REDUCTION, attrs={"axis": None, "keepdims": False}, num_args=1, legalize=_legalize_arg_reduce))
 
 
 def _axes(axis: int | Sequence[int] | None) -> tuple[int, ...] | None:

@@ -1,0 +1,43 @@
+"""Every op of the core set has a legalization, and the numeric tests exercise each of them."""
+
+from __future__ import annotations
+
+from tests.op import (
+    test_legalize_create,
+    test_legalize_elementwise,
+    test_legalize_linalg,
+    test_legalize_manipulate,
+    test_legalize_nn,
+    test_legalize_reduce,
+)
+from tilework.ir.builder import BlockBuilder
+from tilework.ir.graph import Binding, Call, OpRef, Var, bindings_of
+from tilework.op import all_ops
+
+NOT_LEGALIZED = {"call_tensor", "call_lib", "call_packed", "assert_dims"}  # and the vm_* ops
+TESTED_APART = {"shape_of"}  # no kernel: see test_shape_of_is_the_shape_value
+
+
+def _ops_in_cases() -> set[str]:
+    names: set[str] = set()
+    bb = BlockBuilder()
+    for mod in (test_legalize_create, test_legalize_elementwise, test_legalize_linalg, test_legalize_manipulate, test_legalize_nn, test_legalize_reduce):
+        for case in mod.CASES:  # type: ignore[attr-defined]
+            params = [Var(f"p{i}", info) for i, info in enumerate(case.infos)]
+            with bb.function(f"{mod.__name__.rsplit('.', 1)[1]}_{case.name}", params):
+                bb.emit_func_output(bb.emit(case.make(*params)))
+    for _, func in bb.get().graph_funcs():
+        for b in bindings_of(func):
+            if isinstance(b, Binding) and isinstance(b.value, Call) and isinstance(b.value.callee, OpRef):
+                names.add(b.value.callee.name)
+    return names
+
+
+def test_every_op_has_a_legalization() -> None:
+    missing = sorted(name for name, op in all_ops().items() if op.legalize is None and name not in NOT_LEGALIZED and not name.startswith("vm_"))
+    assert missing == []
+
+
+def test_every_legalized_op_runs_against_a_reference() -> None:
+    legalized = {name for name, op in all_ops().items() if op.legalize is not None}
+    assert sorted(legalized - _ops_in_cases() - TESTED_APART) == []

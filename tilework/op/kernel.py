@@ -1,0 +1,141 @@
+"""What op legalizations share: te placeholders for a call's arguments, symbolic broadcast
+indexing, compute dtypes and the index maps of shape-changing copies.
+
+A legalization builds its kernel over the *caller's* dims (the same ``SymVar`` objects as the
+call's struct info), so the kernel's sym vars are the caller's and the graph passes their
+values straight through. Where inference left a fact to a run-time check (a ``DimCheck``), the
+kernel is written to be right for every value the check allows.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+from tilework import te
+from tilework.errors import UnsupportedError
+from tilework.ir import sym
+from tilework.ir.graph import Call, Expr, Tuple, TupleGetItem
+from tilework.ir.info import StructInfo, TensorInfo, TupleInfo
+from tilework.ir.loop import Scalar
+from tilework.ir.sym import Dim
+
+if TYPE_CHECKING:
+    from tilework.transform.legalize import LegalizeCtx
+
+Index = tuple[Scalar, ...]
+
+
+def op_name(call: Call) -> str:
+    return getattr(call.callee, "name", "op")
+
+
+def known_tensor(info: StructInfo, call: Call, what: str) -> tuple[tuple[Dim, ...], str]:
+    """Shape and dtype of a tensor info that legalization needs to know exactly."""
+    if not isinstance(info, TensorInfo) or info.shape is None or info.dtype is None:
+        raise UnsupportedError(f"{op_name(call)}: cannot legalize: {what} has no known shape and dtype ({info})")
+    return info.shape, info.dtype
+
+
+def arg(call: Call, i: int, name: str) -> te.Tensor:
+    """A placeholder for tensor argument ``i`` with the caller's shape and dtype."""
+    shape, dtype = known_tensor(call.args[i].info, call, f"argument {i}")
+    return te.placeholder(shape, dtype, name)
+
+
+def out_tensor(call: Call) -> tuple[tuple[Dim, ...], str]:
+    """The call's output shape and dtype (its inferred struct info)."""
+    return known_tensor(call.info, call, "the result")
+
+
+def tuple_fields(call: Call, i: int, ctx: "LegalizeCtx") -> list[Expr]:
+    """The tensors of tuple argument ``i`` as graph values (a tuple var is taken apart)."""
+    value = call.args[i]
+    if isinstance(value, Tuple):
+        return list(value.fields)
+    info = value.info
+    if not isinstance(info, TupleInfo):
+        raise UnsupportedError(f"{op_name(call)}: cannot legalize: argument {i} is not a tuple of known size ({info})")
+    return [ctx.bb.emit(TupleGetItem(value, k)) for k in range(len(info.fields))]
+
+
+def compute_dtype(dtype: str) -> str:
+    """The dtype arithmetic runs in: float16 and bfloat16 compute in float32."""
+    return "float32" if dtype in ("float16", "bfloat16") else dtype
+
+
+def upcast(x: Scalar, dtype: str) -> Scalar:
+    """``x`` (of storage dtype ``dtype``) in its compute dtype."""
+    return te.cast(x, compute_dtype(dtype))
+
+
+# -- broadcasting ---------------------------------------------------------------------------
+
+
+def bcast_dim_index(i: Scalar, d: Dim, o: Dim) -> Scalar:
+    """The index into an operand dim ``d`` for output index ``i`` along output dim ``o``,
+    where ``d`` is 1 or equal to ``o`` (statically, or by a run-time check). When neither is
+    provable, ``min(i, d - 1)`` is right for both cases (0 when ``d`` is 1, ``i`` when ``d`` is
+    ``o``) and stays a symbolic index."""
+    if d is o or sym.prove_eq(d, o):
+        return i
+    if isinstance(d, int) and d == 1:
+        return 0
+    if isinstance(i, (int, sym.SymExpr)):
+        return sym.min_(i, sym.sub(d, 1))
+    return te.minimum(i, sym.sub(d, 1))
+
+
+def bcast_index(idx: Sequence[Scalar], shape: Sequence[Dim], out_shape: Sequence[Dim]) -> Index:
+    """The index into an operand of ``shape`` broadcast (right-aligned) to ``out_shape``."""
+    lead = len(out_shape) - len(shape)
+    return tuple(bcast_dim_index(idx[lead + k], d, out_shape[lead + k]) for k, d in enumerate(shape))
+
+
+# -- copies that change the shape -----------------------------------------------------------
+
+
+def _same(a: Dim, b: Dim) -> bool:
+    return a is b or sym.prove_eq(a, b)
+
+
+def reshape_index(idx: Sequence[Scalar], out_shape: Sequence[Dim], in_shape: Sequence[Dim]) -> Index:
+    """The input index holding the element at ``idx`` of a row-major reshape to ``out_shape``.
+
+    Leading and trailing dims the two shapes share map one to one; only the middle goes
+    through a flat offset, so ``(b, s, 768) -> (b, s, 12, 64)`` indexes ``i2 * 64 + i3``.
+    """
+    lo = 0
+    while lo < min(len(out_shape), len(in_shape)) and _same(out_shape[lo], in_shape[lo]):
+        lo += 1
+    hi = 0
+    while hi < min(len(out_shape), len(in_shape)) - lo and _same(out_shape[-1 - hi], in_shape[-1 - hi]):
+        hi += 1
+    mid_out = list(range(lo, len(out_shape) - hi))
+    mid_in = list(range(lo, len(in_shape) - hi))
+    flat: Scalar = 0
+    for k in mid_out:
+        flat = flat * out_shape[k] + idx[k]  # type: ignore[operator]
+    inner: list[Scalar] = []
+    stride: Dim = 1
+    for pos, k in enumerate(reversed(mid_in)):
+        q = flat if pos == 0 else flat // stride  # type: ignore[operator]
+        inner.append(q if pos == len(mid_in) - 1 else q % in_shape[k])  # type: ignore[operator]
+        stride = sym.mul(stride, in_shape[k])
+    inner.reverse()
+    tail = [idx[len(out_shape) - hi + k] for k in range(hi)]
+    return tuple(idx[:lo]) + tuple(inner) + tuple(tail)
+
+
+__all__ = [
+    "Index",
+    "op_name",
+    "known_tensor",
+    "arg",
+    "out_tensor",
+    "tuple_fields",
+    "compute_dtype",
+    "upcast",
+    "bcast_dim_index",
+    "bcast_index",
+    "reshape_index",
+]
