@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from tilework.models.reference import TransformerConfig, random_weights
+from tilework.models.reference import EncoderConfig, TransformerConfig, random_weights
 
 
 def _layer_norm(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float = 1e-5) -> np.ndarray:
@@ -24,7 +24,7 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + verf(x / math.sqrt(2.0)))
 
 
-def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool) -> np.ndarray:
+def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool, mask: np.ndarray | None = None) -> np.ndarray:
     # [b, s, h, d] layout
     d = q.shape[-1]
     groups = q.shape[2] // k.shape[2]
@@ -35,6 +35,8 @@ def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool) -> np.
         sq, sk = q.shape[1], k.shape[1]
         mask = np.arange(sk)[None, :] <= np.arange(sq)[:, None] + (sk - sq)
         scores = np.where(mask, scores, -np.inf)
+    elif mask is not None:
+        scores = scores + mask
     scores = scores - scores.max(-1, keepdims=True)
     p = np.exp(scores)
     p = p / p.sum(-1, keepdims=True)
@@ -58,6 +60,23 @@ def transformer_block_ref(x: np.ndarray, weights: list[np.ndarray], cfg: Transfo
         cur = cur + att @ wo.T + bo
         hn2 = _layer_norm(cur, g2, b2)
         cur = cur + _gelu(hn2 @ w1.T + c1) @ w2.T + c2
+    return cur
+
+
+def encoder_ref(x: np.ndarray, mask: np.ndarray, weights: list[np.ndarray], cfg: EncoderConfig) -> np.ndarray:
+    """The MiniLM-shaped encoder in float64 NumPy; ``weights`` in ``encoder_weights`` order."""
+    w = [a.astype(np.float64) for a in weights]
+    cur = x.astype(np.float64)
+    b, s, h = cur.shape
+    nh = cfg.heads
+    for i in range(cfg.layers):
+        (wq, bq, wk, bk, wv, bv, wo, bo, g1, b1, w1, c1, w2, c2, g2, b2) = w[i * 16 : (i + 1) * 16]
+        q = (cur @ wq.T + bq).reshape(b, s, nh, h // nh)
+        k = (cur @ wk.T + bk).reshape(b, s, nh, h // nh)
+        v = (cur @ wv.T + bv).reshape(b, s, nh, h // nh)
+        att = _attention(q, k, v, causal=False, mask=mask.astype(np.float64)).reshape(b, s, h)
+        cur = _layer_norm(cur + att @ wo.T + bo, g1, b1, 1e-12)
+        cur = _layer_norm(cur + _gelu(cur @ w1.T + c1) @ w2.T + c2, g2, b2, 1e-12)
     return cur
 
 

@@ -90,6 +90,63 @@ def transformer_block(cfg: TransformerConfig = TransformerConfig(), batch: SymVa
     return bb.get()
 
 
+@dataclass(frozen=True)
+class EncoderConfig:
+    """A BERT-style (post-norm) encoder; the defaults are all-MiniLM-L6-v2's shapes."""
+
+    layers: int = 6
+    hidden: int = 384
+    heads: int = 12
+    ffn: int = 1536
+    dtype: str = "float32"
+
+
+def encoder_weights(cfg: EncoderConfig) -> list[Var]:
+    h, f, d = cfg.hidden, cfg.ffn, cfg.dtype
+    ws: list[Var] = []
+    for i in range(cfg.layers):
+        p = f"l{i}_"
+        for proj in ("q", "k", "v", "o"):
+            ws += [_w(p + f"w{proj}", (h, h), d), _w(p + f"b{proj}", (h,), d)]
+        ws += [_w(p + "ln1_g", (h,), d), _w(p + "ln1_b", (h,), d)]
+        ws += [_w(p + "w1", (f, h), d), _w(p + "b1", (f,), d), _w(p + "w2", (h, f), d), _w(p + "b2", (h,), d)]
+        ws += [_w(p + "ln2_g", (h,), d), _w(p + "ln2_b", (h,), d)]
+    return ws
+
+
+def encoder(cfg: EncoderConfig = EncoderConfig(), batch: SymVar | None = None, seq: SymVar | None = None) -> IRModule:
+    """``main(x: (batch, seq, hidden), mask: (batch, 1, 1, seq) float additive, *weights)``: the
+    encoder layers of a MiniLM/BERT model over embeddings (post-norm, GELU, no causal mask)."""
+    batch = batch or SymVar("batch", 1, 64)
+    seq = seq or SymVar("seq", 1, 512)
+    h, nh = cfg.hidden, cfg.heads
+    hd = h // nh
+    x = Var("x", TensorInfo((batch, seq, h), cfg.dtype))
+    mask = Var("mask", TensorInfo((batch, 1, 1, seq), cfg.dtype))
+    weights = encoder_weights(cfg)
+    w = {v.name: v for v in weights}
+    bb = BlockBuilder()
+    with bb.function("main", [x, mask, *weights], attrs={"num_inputs": 2}):
+        with bb.dataflow():
+            cur: Expr = x
+            for i in range(cfg.layers):
+                p = f"l{i}_"
+                heads = []
+                for proj in ("q", "k", "v"):
+                    t = bb.emit(op.linear(cur, w[p + f"w{proj}"], w[p + f"b{proj}"]), name=p + proj)
+                    heads.append(bb.emit(op.reshape(t, (batch, seq, nh, hd)), name=p + proj + "_heads"))
+                att = bb.emit(op.attention(*heads, mask=mask), name=p + "attn")
+                att2 = bb.emit(op.reshape(att, (batch, seq, h)), name=p + "attn_flat")
+                o = bb.emit(op.linear(att2, w[p + "wo"], w[p + "bo"]), name=p + "o")
+                cur = bb.emit(op.layer_norm(op.add(cur, o), w[p + "ln1_g"], w[p + "ln1_b"], eps=1e-12), name=p + "ln1")
+                up = bb.emit(op.gelu(op.linear(cur, w[p + "w1"], w[p + "b1"])), name=p + "mlp_up")
+                down = bb.emit(op.linear(up, w[p + "w2"], w[p + "b2"]), name=p + "mlp_down")
+                cur = bb.emit(op.layer_norm(op.add(cur, down), w[p + "ln2_g"], w[p + "ln2_b"], eps=1e-12), name=p + "ln2")
+            out = bb.emit_output(cur, name="out")
+        bb.emit_func_output(out)
+    return bb.get()
+
+
 def llama_weights(cfg: LlamaConfig) -> list[Var]:
     h, f, d = cfg.hidden, cfg.ffn, cfg.dtype
     kvh = h // cfg.heads * cfg.kv_heads
