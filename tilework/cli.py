@@ -66,6 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from tilework.ir import sym
+    from tilework.ir.graph import GraphFunc
     from tilework.ir.info import TensorInfo
     from tilework.ir.structural import structural_equal
     from tilework.ir.verify import verify
@@ -88,9 +89,11 @@ def _demo(args: argparse.Namespace) -> int:
     verify(mod)
     t2 = time.perf_counter()
     same = structural_equal(back, mod)
-    ret = mod["main"].ret_info  # type: ignore[union-attr]
+    main_fn = mod["main"]
+    assert isinstance(main_fn, GraphFunc)
+    ret = main_fn.ret_info
     expected = TensorInfo((batch, seq, args.hidden), "float32")
-    n_bindings = sum(len(b.bindings) for b in mod["main"].body.blocks)  # type: ignore[union-attr]
+    n_bindings = sum(len(block.bindings) for block in main_fn.body.blocks)
     print(f"built {cfg.layers}-layer transformer block: {n_bindings} bindings in {1e3 * (t1 - t0):.1f} ms")
     print(f"printed, parsed back and verified in {1e3 * (t2 - t1):.1f} ms; round trip structurally equal: {same}")
     print(f"output struct info: {print_info(ret)}")

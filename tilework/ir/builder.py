@@ -404,8 +404,8 @@ def _unify(param: StructInfo, arg: StructInfo, mapping: dict[SymVar, Dim]) -> No
         if param.value is not None and arg.value is not None:
             _unify_dims(param.value, arg.value, mapping)
     elif isinstance(param, TupleInfo) and isinstance(arg, TupleInfo):
-        for p, a in zip(param.fields, arg.fields):
-            _unify(p, a, mapping)
+        for pf, af in zip(param.fields, arg.fields):
+            _unify(pf, af, mapping)
 
 
 def infer_func_call(finfo: FuncInfo, args: Sequence[Expr], name: str) -> StructInfo:
@@ -421,7 +421,7 @@ def infer_func_call(finfo: FuncInfo, args: Sequence[Expr], name: str) -> StructI
         if I.base_check(expected, a.info) is I.Check.FAIL:
             raise ShapeError(f"{name}: argument {i} has {a.info} but the parameter expects {expected}")
     ret = I.substitute(finfo.ret, mapping)
-    own = set()
+    own: set[SymVar] = set()
     for p in finfo.params:
         own.update(I.free_vars(p))
     own.update(I.free_vars(finfo.ret))

@@ -77,7 +77,7 @@ def transformer_block(cfg: TransformerConfig = TransformerConfig(), batch: SymVa
                 for proj in ("q", "k", "v"):
                     t = bb.emit(op.linear(hn, w[p + f"w{proj}"], w[p + f"b{proj}"]), name=p + proj)
                     heads.append(bb.emit(op.reshape(t, (batch, seq, nh, hd)), name=p + proj + "_heads"))
-                att = bb.emit(op.attention(*heads, causal=True), name=p + "attn")
+                att = bb.emit(op.attention(heads[0], heads[1], heads[2], causal=True), name=p + "attn")
                 att2 = bb.emit(op.reshape(att, (batch, seq, h)), name=p + "attn_flat")
                 o = bb.emit(op.linear(att2, w[p + "wo"], w[p + "bo"]), name=p + "o")
                 cur = bb.emit(op.add(cur, o), name=p + "res1")
@@ -135,7 +135,7 @@ def encoder(cfg: EncoderConfig = EncoderConfig(), batch: SymVar | None = None, s
                 for proj in ("q", "k", "v"):
                     t = bb.emit(op.linear(cur, w[p + f"w{proj}"], w[p + f"b{proj}"]), name=p + proj)
                     heads.append(bb.emit(op.reshape(t, (batch, seq, nh, hd)), name=p + proj + "_heads"))
-                att = bb.emit(op.attention(*heads, mask=mask), name=p + "attn")
+                att = bb.emit(op.attention(heads[0], heads[1], heads[2], mask=mask), name=p + "attn")
                 att2 = bb.emit(op.reshape(att, (batch, seq, h)), name=p + "attn_flat")
                 o = bb.emit(op.linear(att2, w[p + "wo"], w[p + "bo"]), name=p + "o")
                 cur = bb.emit(op.layer_norm(op.add(cur, o), w[p + "ln1_g"], w[p + "ln1_b"], eps=1e-12), name=p + "ln1")

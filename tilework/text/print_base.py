@@ -4,6 +4,7 @@ and the metadata section for large constants."""
 from __future__ import annotations
 
 import base64
+import math
 from typing import Any, Mapping
 
 import numpy as np
@@ -65,6 +66,15 @@ def nested_list_text(values: object) -> str:
     return str(values)
 
 
+def _as_read_back(values: object) -> object:
+    """The values the parser gets from their text: every NaN is the default quiet NaN."""
+    if isinstance(values, list):
+        return [_as_read_back(v) for v in values]
+    if isinstance(values, float) and math.isnan(values):
+        return math.nan
+    return values
+
+
 def inline_const(c: Constant) -> str | None:
     """``const([...], "dtype")`` when the array is small and its text is exact, else None."""
     arr = np.asarray(c.data)
@@ -73,7 +83,7 @@ def inline_const(c: Constant) -> str | None:
     values = to_python_list(arr)
     dtype = str(arr.dtype)
     try:
-        back = array_from_list(values, dtype, tuple(arr.shape))
+        back = array_from_list(_as_read_back(values), dtype, tuple(arr.shape))
     except (TypeError, ValueError):
         return None
     if back.tobytes() != np.ascontiguousarray(arr).tobytes():

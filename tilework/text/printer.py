@@ -36,12 +36,12 @@ from tilework.ir.graph import (
     Var,
 )
 from tilework.ir.info import PrimInfo, StructInfo
-from tilework.ir.loop import Stmt, TensorFunc
+from tilework.ir.loop import INTRINSICS, Stmt, TensorFunc
 from tilework.ir.module import Function, IRModule
 from tilework.ir.sym import SymExpr, SymVar
 from tilework.text.print_base import BasePrinter, Meta, inline_const, sym_decl
 from tilework.text.print_loop import TensorPrinter
-from tilework.text.syntax import RESERVED, float_str, quote
+from tilework.text.syntax import GRAPH_FORMS, float_str, quote
 
 DEFAULT_EXTERN_INFO = ExternFunc("").info
 
@@ -234,7 +234,9 @@ class GraphPrinter(BasePrinter):
         return f"<{type(e).__name__}: only a binding can hold it>"
 
     def op_text(self, name: str) -> str:
-        if name.isidentifier() and name not in RESERVED:
+        """An op by its bare name, which the parser resolves in the registry (local names,
+        which the printer keeps apart from op names, shadow it)."""
+        if name.isidentifier() and not keyword.iskeyword(name) and name not in GRAPH_FORMS:
             return name
         return f"op({quote(name)})"
 
@@ -278,7 +280,7 @@ def _func_lines(name: str, func: Function, meta: Meta, taken: frozenset[str], hi
         gp.func(name, func)
         return gp.lines
     if isinstance(func, TensorFunc):
-        tp = TensorPrinter(meta, taken, highlight, note)
+        tp = TensorPrinter(meta, frozenset(INTRINSICS), highlight, note)
         tp.func(global_name(name), func)
         return tp.lines
     if isinstance(func, ExternFunc):

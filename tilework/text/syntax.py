@@ -21,10 +21,13 @@ RESERVED = frozenset(
         "Any", "Prim", "Shape", "Tensor", "Tuple", "Func", "Buffer", "sym", "const", "prim", "shape",
         "extern", "op", "meta", "match_cast", "output", "dataflow", "bindings", "graph", "tensor",
         "attrs", "range", "serial", "parallel", "vectorized", "unrolled", "loop", "block", "spatial",
-        "reduce", "axis", "reads", "writes", "init", "allocate", "seq", "cast", "select", "binary",
+        "reduce", "axis", "reads", "writes", "init", "allocate", "cast", "select", "binary",
         "unary", "intrin", "min", "max", "pow", "inf", "nan", "int64",
     }
 )  # fmt: skip
+
+# Call forms of graph-level expressions; an op of one of these names prints as ``op("name")``.
+GRAPH_FORMS = frozenset({"const", "prim", "shape", "extern", "op", "meta", "match_cast"})
 
 LOOP_KIND_SYNTAX = {"serial": "range", "parallel": "parallel", "vectorized": "vectorized", "unrolled": "unrolled"}
 LOOP_SYNTAX_KIND = {"range": "serial", "serial": "serial", "parallel": "parallel", "vectorized": "vectorized", "unrolled": "unrolled"}

@@ -1,0 +1,56 @@
+"""Shared test configuration.
+
+Every IRModule that a test builds with ``BlockBuilder.get()`` must print to text and parse back
+to a structurally equal module with the same structural hash (invariant 3 of the design); an
+autouse fixture checks it at teardown. A test whose modules are deliberately not expressible (e.g. malformed IR given to the
+verifier) opts out with ``@pytest.mark.no_roundtrip``.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+
+from tilework.ir.builder import BlockBuilder
+from tilework.ir.module import IRModule
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "no_roundtrip: do not check that built modules survive print -> parse")
+    config.addinivalue_line("markers", "slow: a test that takes more than a second or two")
+
+
+@pytest.fixture(autouse=True)
+def roundtrip_built_modules(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[IRModule]]:
+    """Records the modules built during the test and checks their text round trip afterwards."""
+    built: list[IRModule] = []
+    if request.node.get_closest_marker("no_roundtrip") is not None:
+        yield built
+        return
+    original = BlockBuilder.get
+
+    def recording_get(self: BlockBuilder) -> IRModule:
+        mod = original(self)
+        built.append(mod)
+        return mod
+
+    monkeypatch.setattr(BlockBuilder, "get", recording_get)
+    yield built
+    monkeypatch.undo()
+
+    from tilework.ir.structural import assert_structural_equal, structural_hash
+    from tilework.text import parse, print_module
+
+    seen: set[int] = set()
+    for mod in built:
+        if id(mod) in seen:
+            continue
+        seen.add(id(mod))
+        text = print_module(mod)
+        try:
+            back = parse(text)
+            assert_structural_equal(mod, back)
+            assert structural_hash(mod) == structural_hash(back), "equal modules hash differently"
+        except Exception as e:
+            pytest.fail(f"module does not round-trip through text ({e})\n--- text ---\n{text}", pytrace=False)

@@ -1,0 +1,267 @@
+"""Scalar expressions with Python precedence: symbolic dims everywhere, and in TensorFuncs
+also loads, typed constants, casts, selects and intrinsics.
+
+Arithmetic on two index values (ints, sym vars) folds through ``sym`` and stays canonical;
+as soon as an operand is a loop-level expression the result is a ``Binary`` whose dtype is
+that of its first such operand (``bool`` for comparisons and logic).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from tilework.errors import SymbolicError
+from tilework.ir import sym
+from tilework.ir.info import DTYPES
+from tilework.ir.loop import (
+    INTRINSICS,
+    Binary,
+    Buffer,
+    Cast,
+    Const,
+    Intrin,
+    Load,
+    Scalar,
+    Select,
+    Unary,
+)
+from tilework.ir.sym import Dim, SymExpr, SymVar
+from tilework.text.cursor import Cursor, Scope
+from tilework.text.lexer import Token
+from tilework.text.print_loop import SYM_FOLDED, binary_dtype, intrin_dtype, is_index, natural_dtype, unary_dtype
+
+_SYM_OPS: dict[str, Callable[[Dim, Dim], Dim]] = {
+    "+": sym.add,
+    "-": sym.sub,
+    "*": sym.mul,
+    "//": sym.floordiv,
+    "%": sym.floormod,
+    "min": sym.min_,
+    "max": sym.max_,
+}
+_CMP = ("<", "<=", "==", "!=", ">", ">=")
+
+
+def signed_literal(cur: Cursor) -> int | float | bool:
+    """An int, float, ``True``/``False``, ``inf`` or ``nan``, with an optional leading minus."""
+    neg = cur.accept("-") is not None
+    tok = cur.next()
+    value: int | float | bool
+    if tok.kind == "int":
+        value = int(tok.value)
+    elif tok.kind == "float":
+        value = float(tok.value)
+    elif tok.kind == "name" and tok.value in ("inf", "nan"):
+        value = float(tok.value)
+    elif tok.kind == "name" and tok.value in ("True", "False") and not neg:
+        return tok.value == "True"
+    else:
+        raise cur.error(f"expected a number, found {tok.describe()}", tok)
+    return -value if neg else value
+
+
+class ScalarParser:
+    """Parses scalar / index expressions, resolving names through ``scope``."""
+
+    def __init__(self, cur: Cursor, scope: Scope) -> None:
+        self.cur = cur
+        self.scope = scope
+
+    def dim(self, what: str = "a symbolic dim") -> Dim:
+        tok = self.cur.peek()
+        x = self.expr()
+        if isinstance(x, (int, SymExpr)):
+            return x
+        raise self.cur.error(f"expected {what}, found a {x.dtype} expression", tok)
+
+    def expr(self) -> Scalar:
+        a = self._and()
+        while self.cur.at("or"):
+            self.cur.next()
+            b = self._and()
+            a = Binary("or", a, b, "bool")
+        return a
+
+    def _and(self) -> Scalar:
+        a = self._not()
+        while self.cur.at("and"):
+            self.cur.next()
+            b = self._not()
+            a = Binary("and", a, b, "bool")
+        return a
+
+    def _not(self) -> Scalar:
+        if self.cur.accept("not"):
+            a = self._not()
+            return Unary("not", a, unary_dtype("not", a))
+        return self._cmp()
+
+    def _cmp(self) -> Scalar:
+        a = self._arith()
+        tok = self.cur.peek()
+        if tok.kind == "op" and tok.value in _CMP:
+            self.cur.next()
+            b = self._arith()
+            if self.cur.peek().kind == "op" and self.cur.peek().value in _CMP:
+                raise self.cur.error("comparisons do not chain here; add parentheses")
+            return Binary(tok.value, a, b, "bool")
+        return a
+
+    def _arith(self) -> Scalar:
+        a = self._term()
+        while self.cur.at("+") or self.cur.at("-"):
+            tok = self.cur.next()
+            a = self.combine(tok, a, self._term())
+        return a
+
+    def _term(self) -> Scalar:
+        a = self._unary()
+        while any(self.cur.at(o) for o in ("*", "/", "//", "%")):
+            tok = self.cur.next()
+            a = self.combine(tok, a, self._unary())
+        return a
+
+    def _unary(self) -> Scalar:
+        tok = self.cur.accept("-")
+        if tok is None:
+            return self.atom()
+        a = self._unary()
+        if is_index(a):
+            return sym.mul(a, -1)  # type: ignore[arg-type]
+        return Unary("neg", a, unary_dtype("neg", a))
+
+    def combine(self, tok: Token, a: Scalar, b: Scalar) -> Scalar:
+        op = tok.value
+        if op in SYM_FOLDED and is_index(a) and is_index(b):
+            try:
+                return _SYM_OPS[op](a, b)  # type: ignore[arg-type]
+            except SymbolicError as e:
+                raise self.cur.error(str(e), tok) from None
+        return Binary(op, a, b, binary_dtype(op, a, b))
+
+    # -- atoms ----------------------------------------------------------------------------
+
+    def atom(self) -> Scalar:
+        cur = self.cur
+        tok = cur.peek()
+        if tok.kind == "int":
+            cur.next()
+            return int(tok.value)
+        if cur.accept("("):
+            x = self.expr()
+            cur.expect(")", "to close the parenthesis")
+            return x
+        if tok.kind != "name":
+            raise cur.error(f"expected an expression, found {tok.describe()}")
+        name = tok.value
+        if cur.at("(", 1):
+            special = self._call_form(tok)
+            if special is not None:
+                return special
+        obj = self.scope.lookup(name)
+        if isinstance(obj, SymVar):
+            cur.next()
+            return obj
+        if isinstance(obj, Buffer):
+            cur.next()
+            return Load(obj, self.indices(tok))
+        if obj is not None:
+            raise cur.error(f"'{name}' is not a symbolic dim or a buffer here", tok)
+        raise cur.error(f"undefined name '{name}'; declare a symbolic dim at the start of the function: {name} = sym()", tok)
+
+    def indices(self, buf_tok: Token) -> tuple[Scalar, ...]:
+        cur = self.cur
+        cur.expect("[", f"after buffer '{buf_tok.value}'")
+        if cur.at("(") and cur.at(")", 1):
+            cur.next()
+            cur.next()
+            cur.expect("]", "after the empty index '()'")
+            return ()
+        out = [self.expr()]
+        while cur.accept(","):
+            out.append(self.expr())
+        cur.expect("]", "after the indices")
+        return tuple(out)
+
+    def _args(self, what: str) -> tuple[list[Scalar], dict[str, Token]]:
+        """``(a, b, ..., dtype="x")``: scalar positional args and string keyword args."""
+        cur = self.cur
+        cur.expect("(", f"after {what}")
+        args: list[Scalar] = []
+        kws: dict[str, Token] = {}
+        while not cur.at(")"):
+            if cur.at_kind("name") and cur.at("=", 1):
+                key = cur.next()
+                cur.next()
+                kws[key.value] = cur.expect_kind("str", f"a string for '{key.value}'")
+            elif cur.at_kind("str"):
+                args.append(cur.next())  # type: ignore[arg-type]
+            else:
+                args.append(self.expr())
+            if not cur.accept(","):
+                break
+        cur.expect(")", f"after the arguments of {what}")
+        return args, kws
+
+    def _call_form(self, tok: Token) -> Scalar | None:
+        """The built-in call forms, or None when ``tok`` is not one of them."""
+        cur = self.cur
+        name = tok.value
+        if name in DTYPES or name == "const":
+            cur.next()
+            cur.expect("(", f"after {name}")
+            value = signed_literal(cur)
+            dtype = name
+            if name == "const":
+                cur.expect(",", "after the constant's value")
+                dtype = cur.expect_kind("str", "the constant's dtype").value
+            cur.expect(")", "after the constant")
+            return Const(value, dtype)
+        if name not in ("cast", "select", "min", "max", "pow", "binary", "unary", "intrin") and name not in INTRINSICS:
+            return None
+        if self.scope.lookup(name) is not None:
+            return None
+        cur.next()
+        args, kws = self._args(name)
+        unknown = set(kws) - {"dtype"}
+        if unknown:
+            raise cur.error(f"{name} takes no argument '{unknown.pop()}'", tok)
+        return self._build(tok, args, kws["dtype"].value if "dtype" in kws else None)
+
+    def _build(self, tok: Token, args: list, dtype: str | None) -> Scalar:
+        name = tok.value
+        head = args[0].value if args and isinstance(args[0], Token) else None
+        if name in ("binary", "unary", "intrin"):
+            if head is None:
+                raise self.cur.error(f"{name} needs the operation name as a string first", tok)
+            args = args[1:]
+            if dtype is None and name != "intrin":
+                raise self.cur.error(f"{name} needs dtype=...", tok)
+        elif name == "cast":
+            self._arity(tok, args, 2)
+            if not isinstance(args[1], Token):
+                raise self.cur.error('cast needs the dtype as a string: cast(x, "float16")', tok)
+            return Cast(args[1].value, args[0])
+        if any(isinstance(a, Token) for a in args):
+            raise self.cur.error(f"{name} takes no string argument here", tok)
+        if name == "select":
+            self._arity(tok, args, 3)
+            return Select(args[0], args[1], args[2], dtype or natural_dtype((args[1], args[2])))
+        if name in ("min", "max", "pow"):
+            self._arity(tok, args, 2)
+            if dtype is None:
+                return self.combine(tok, args[0], args[1])
+            return Binary(name, args[0], args[1], dtype)
+        if name == "binary":
+            self._arity(tok, args, 2)
+            return Binary(head, args[0], args[1], dtype)  # type: ignore[arg-type]
+        if name == "unary":
+            self._arity(tok, args, 1)
+            return Unary(head, args[0], dtype)  # type: ignore[arg-type]
+        op = head if name == "intrin" else name
+        return Intrin(op, tuple(args), dtype or intrin_dtype(op, tuple(args)))  # type: ignore[arg-type]
+
+    def _arity(self, tok: Token, args: list, n: int) -> None:
+        if len(args) != n:
+            raise self.cur.error(f"{tok.value} takes {n} argument(s), got {len(args)}", tok)
+
