@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 
 import pytest
 import sympy
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tilework.errors import SymbolicError
@@ -74,14 +74,16 @@ def naive(t: Tree, env: Mapping[SymVar, int]) -> int:
     return _PY[t[0]](naive(t[1], env), naive(t[2], env))
 
 
-def to_sympy(t: Tree) -> sympy.Expr:
+def to_sympy(t: Tree, env: Mapping[SymVar, int] | None = None) -> sympy.Expr:
+    """Tree ``t`` as a sympy expression; with ``env``, vars become their values (so sympy
+    evaluates numerically instead of simplifying symbolic floor/Mod terms)."""
     if t[0] == "v":
-        return _SYMBOLS[t[1]]
+        return sympy.Integer(env[t[1]]) if env else _SYMBOLS[t[1]]
     if t[0] == "k":
         return sympy.Integer(t[1])
     if t[0] == "neg":
-        return -to_sympy(t[1])
-    x, y = to_sympy(t[1]), to_sympy(t[2])
+        return -to_sympy(t[1], env)
+    x, y = to_sympy(t[1], env), to_sympy(t[2], env)
     ops: dict[str, Callable[[Any, Any], Any]] = {
         "+": operator.add,
         "-": operator.sub,
@@ -100,7 +102,7 @@ _SYMBOLS = {v: sympy.Symbol(v.name, integer=True) for v in VARS}
 
 var_leaf = st.sampled_from(VARS).map(lambda v: ("v", v))
 const_leaf = st.integers(-6, 12).map(lambda k: ("k", k))
-leaf = st.one_of(var_leaf, const_leaf)
+leaf = st.one_of(var_leaf, var_leaf, const_leaf)  # vars twice as likely as constants
 
 # Divisors that are never 0 in range: >= 1 (positive leaves closed under + * min max), their
 # negation, or a nonzero constant.
@@ -131,6 +133,13 @@ poly_tree = st.recursive(
     lambda s: st.one_of(st.tuples(st.sampled_from(["+", "-", "*"]), s, s), s.map(lambda t: ("neg", t))),
     max_leaves=8,
 )
+
+# Floor-free polynomials, optionally with one floor or mod by a constant: the shapes for which
+# the provers are expected to be complete on the division identities (see the tests below).
+shallow_tree = st.one_of(
+    poly_tree,
+    st.tuples(st.sampled_from(["//", "%"]), poly_tree, st.integers(1, 9).map(lambda k: ("k", k))),
+).flatmap(lambda t: st.one_of(st.just(t), poly_tree.map(lambda p: ("+", t, p))))
 
 
 def _value(v: SymVar) -> st.SearchStrategy[int]:
@@ -185,7 +194,7 @@ def test_construction_and_simplify_match_oracle(t: Tree, envs: list[dict[SymVar,
     e = build(t)
     assert not isinstance(e, bool) and isinstance(e, (int, SymExpr))
     s = sym.simplify(e)
-    assert sym.simplify(s) is s
+    assert same_dim(s, e)  # canonical on construction: simplify is a fixed point
     for env in envs:
         want = naive(t, env)
         assert sym.evaluate(e, env) == want
@@ -268,6 +277,30 @@ def test_floor_rewrites_prove_equal_and_evaluate_equal(data: st.DataObject) -> N
         assert sym.evaluate(e2, env) == naive(t, env)
 
 
+@PROPS
+@given(shallow_tree, divisor)
+def test_division_identity_is_proved(t: Tree, dt: Tree) -> None:
+    # Completeness, not just soundness: mod expansion must prove x == (x//y)*y + x%y. (With
+    # floors nested in x, e.g. x = (a%2 - z%6)//2 and y = 8, canonical forms of nested floors
+    # can differ after expansion and the proof is missed: a known gap, soundness still holds.)
+    x, y = build(t), build(dt)
+    assert sym.prove_eq((x // y) * y + x % y, x)
+    assert sym.prove_eq(x - x % y, (x // y) * y)
+
+
+@PROPS
+@given(shallow_tree, st.integers(1, 64))
+def test_rounding_bounds_are_proved(t: Tree, k: int) -> None:
+    # Completeness for shallow x. With nested floors the linear relaxation can miss facts
+    # such as 2 * ((2*a) // 3) >= 4 * (a // 3); soundness is tested above.
+    x = build(t)
+    assert sym.prove_le((x // k) * k, x)
+    assert sym.prove_ge((x // k) * k, x - (k - 1))
+    assert sym.prove_ge(sym.ceildiv(x, k) * k, x)
+    assert sym.prove_le(sym.ceildiv(x, k) * k, x + (k - 1))
+    assert sym.prove_le(x % k, k - 1) and sym.prove_ge(x % k, 0)
+
+
 # -- (d) substitution composes with evaluation -------------------------------------------
 
 
@@ -313,20 +346,46 @@ def test_polynomial_equality_matches_sympy(data: st.DataObject) -> None:
     assert same_dim(x, y) == same
 
 
-@settings(max_examples=max(EXAMPLES // 4, 1), deadline=None)
+@settings(max_examples=EXAMPLES, deadline=None)
 @given(related_pair(), envs_st)
 def test_floor_equality_agrees_with_sympy(pair: tuple[Tree, Tree], envs: list[dict[SymVar, int]]) -> None:
+    # sympy's symbolic Mod is not a reliable oracle (it rewrites Mod(c, -2*c) to c), so
+    # sympy evaluates the trees numerically here.
     tx, ty = pair
     x, y = build(tx), build(ty)
-    sx, sy = to_sympy(tx), to_sympy(ty)
+    eq = sym.prove_eq(x, y)
     for env in envs:
-        subs = {_SYMBOLS[v]: val for v, val in env.items()}
-        assert sym.evaluate(x, env) == int(sx.subs(subs))
-        if sym.prove_eq(x, y):
-            assert sx.subs(subs) == sy.subs(subs)
+        sx = to_sympy(tx, env)
+        assert sym.evaluate(x, env) == int(sx)
+        if eq:
+            assert sx == to_sympy(ty, env)
 
 
 # -- (f) interning; (g) text round trip; (h) pickling ------------------------------------
+
+
+@PROPS
+@given(tree, tree)
+def test_min_max_do_not_depend_on_argument_order(tx: Tree, ty: Tree) -> None:
+    x, y = build(tx), build(ty)
+    assert same_dim(sym.min_(x, y), sym.min_(y, x))
+    assert same_dim(sym.max_(x, y), sym.max_(y, x))
+
+
+@PROPS
+@given(tree, divisor)
+def test_divisor_sign_is_normalized(tx: Tree, ty: Tree) -> None:
+    x, y = build(tx), build(ty)
+    assert same_dim((-x) // (-y), x // y)  # type: ignore[operator]
+    assert same_dim((-x) % (-y), -(x % y))  # type: ignore[operator]
+
+
+@PROPS
+@given(tree, pos_tree)
+def test_exact_division_cancels(tx: Tree, ty: Tree) -> None:
+    x, y = build(tx), build(ty)
+    assert same_dim((x * y) // y, x)
+    assert (x * y) % y == 0
 
 
 @PROPS
@@ -401,6 +460,42 @@ def test_floordiv_by_constants() -> None:
     assert (4 * k + 2) % 4 == 2
 
 
+def test_negative_constant_divisors_normalize() -> None:
+    assert k // -2 is (-k) // 2
+    assert k % -3 is -((-k) % 3)
+    assert sym.evaluate(k // -2, {k: 5}) == -3
+    assert sym.evaluate(k % -3, {k: 5}) == -1
+    assert k // -n is (-k) // n
+    assert k % -n is -((-k) % n)
+    assert sym.evaluate(k % -n, {k: 5, n: 3}) == 5 % -3
+    assert k // -1 is -k and k % -1 == 0
+
+
+def test_common_factor_cancels() -> None:
+    assert (4 * k + 6) // 8 is (2 * k + 3) // 4
+    assert (4 * k + 6) % 8 is 2 * ((2 * k + 3) % 4)
+    assert (6 * k) % 4 is 2 * ((3 * k) % 2)
+
+
+def test_polynomial_divisors() -> None:
+    t = seq + k
+    assert (n * t * 32) // t is 32 * n
+    assert (n * t * 32) // (n * t) == 32
+    assert (n * t * 32) % t == 0
+    assert (seq * seq - k * k) // (seq + k) is seq - k
+    assert (seq * seq + 2 * seq * k + k * k) // t is t
+    assert isinstance((n * t + 3) // t, SymExpr)  # inexact: kept
+
+
+def test_small_residue_folds() -> None:
+    assert (n - 1) // n == 0
+    assert (n - 1) % n is n - 1
+    assert (seq - 1) // 4096 == 0
+    assert (seq + 4095) // 4096 == 1
+    assert (seq + 4095) % 4096 is seq - 1
+    assert sym.min_(d, 3) // 4 == 0
+
+
 def test_min_max_fold_by_bounds() -> None:
     assert sym.max_(seq, 5000) == 5000
     assert sym.min_(seq, 5000) is seq
@@ -428,6 +523,15 @@ def test_provers() -> None:
     assert sym.prove_ge(n * m, n)
     assert sym.prove_ge(n * m * 2, n + m - 1)
     assert sym.prove_ge(n * m + m, 2 * m)
+    assert sym.prove_ne(2 * n, 2 * m + 1)  # parity
+    assert not sym.prove_ne(2 * n, 2 * m + 2)
+    assert sym.prove_ge(sym.ceildiv(n, 64) * 64, n)
+    assert sym.prove_le(sym.ceildiv(n, 64) * 64, n + 63)
+    assert sym.prove_le(n % 8, n)
+    assert sym.prove_eq(sym.min_(n, m) + sym.max_(n, m) - n - m, sym.min_(n, m) + sym.max_(n, m) - m - n)
+    assert not sym.prove_ge(n, m) and not sym.prove_le(n, m) and not sym.prove_eq(n, m)
+    assert not sym.prove_ge(4 * m * (n // 4), n)  # n = 1, m = 1: 0 < 1
+    assert sym.prove_le((-(k // 2) // 2) * 2, -(k // 2))  # nested floors: relax only the outer
 
 
 def test_bounds() -> None:
@@ -473,8 +577,22 @@ def test_to_str() -> None:
     assert sym.to_str(n // (m + 1)) == "n // (m + 1)"
     assert sym.to_str(sym.min_(n, 4)) == "min(4, n)"
     assert sym.to_str(3) == "3"
-    assert sym.to_str(n * m, names=lambda v: v.name.upper()) == "M * N" or sym.to_str(n * m, names=lambda v: v.name.upper()) == "N * M"
+    assert sym.to_str(n * m, names=lambda v: v.name.upper()) == "M * N"  # factors sort by name
     assert eval(sym.to_str(-(n % 3)), {"n": 4}) == -1
+
+
+def test_int_like_operands_become_plain_ints() -> None:
+    import enum
+
+    import numpy as np
+
+    class Four(enum.IntEnum):
+        FOUR = 4
+
+    assert n * np.int64(4) is 4 * n  # type: ignore[operator]
+    assert n + Four.FOUR is n + 4
+    assert type(sym.add(Four.FOUR, 1)) is int
+    assert SymVar("w", np.int32(2), np.int64(9)).hi == 9  # type: ignore[arg-type]
 
 
 def test_copy_keeps_identity() -> None:
@@ -539,5 +657,7 @@ def test_var_range() -> None:
     with pytest.raises(SymbolicError):
         SymVar("n", 1.5)  # type: ignore[arg-type]
     assert SymVar("n", 4, 4).hi == 4
+    with pytest.raises(SymbolicError):
+        SymVar("n", 0, True)  # type: ignore[arg-type]
     v1, v2 = SymVar("n"), SymVar("n")
     assert v1 is not v2 and v1 + v2 is not 2 * v1

@@ -11,7 +11,7 @@ Semantics are Python's: ``//`` and ``%`` floor. Every ``SymVar`` carries its ran
 ``>= lo`` (0 unless declared) and ``<= hi`` when an upper bound is declared; the simplifier and
 the provers use these ranges, so a rewrite may hold only for values in range (substituting an
 out-of-range value into a canonical expression does not recover the unsimplified one).
-Constant divisors of ``FloorDiv``/``FloorMod`` atoms are always >= 2.
+Divisors of ``FloorDiv``/``FloorMod`` atoms have a positive sign (a constant one is >= 2).
 """
 
 from __future__ import annotations
@@ -49,54 +49,32 @@ class SymExpr:
 
     # -- arithmetic: every operator returns a canonical Dim ------------------------------
     def __add__(self, other: Dim) -> Dim:
-        if isinstance(other, ScalarOperand):
-            return NotImplemented
-        return add(self, other)
+        return NotImplemented if isinstance(other, ScalarOperand) else add(self, other)
 
-    def __radd__(self, other: Dim) -> Dim:
-        if isinstance(other, ScalarOperand):
-            return NotImplemented
-        return add(other, self)
+    __radd__ = __add__  # add and mul are commutative and canonical
 
     def __sub__(self, other: Dim) -> Dim:
-        if isinstance(other, ScalarOperand):
-            return NotImplemented
-        return sub(self, other)
+        return NotImplemented if isinstance(other, ScalarOperand) else sub(self, other)
 
     def __rsub__(self, other: Dim) -> Dim:
-        if isinstance(other, ScalarOperand):
-            return NotImplemented
-        return sub(other, self)
+        return NotImplemented if isinstance(other, ScalarOperand) else sub(other, self)
 
     def __mul__(self, other: Dim) -> Dim:
-        if isinstance(other, ScalarOperand):
-            return NotImplemented
-        return mul(self, other)
+        return NotImplemented if isinstance(other, ScalarOperand) else mul(self, other)
 
-    def __rmul__(self, other: Dim) -> Dim:
-        if isinstance(other, ScalarOperand):
-            return NotImplemented
-        return mul(other, self)
+    __rmul__ = __mul__
 
     def __floordiv__(self, other: Dim) -> Dim:
-        if isinstance(other, ScalarOperand):
-            return NotImplemented
-        return floordiv(self, other)
+        return NotImplemented if isinstance(other, ScalarOperand) else floordiv(self, other)
 
     def __rfloordiv__(self, other: Dim) -> Dim:
-        if isinstance(other, ScalarOperand):
-            return NotImplemented
-        return floordiv(other, self)
+        return NotImplemented if isinstance(other, ScalarOperand) else floordiv(other, self)
 
     def __mod__(self, other: Dim) -> Dim:
-        if isinstance(other, ScalarOperand):
-            return NotImplemented
-        return floormod(self, other)
+        return NotImplemented if isinstance(other, ScalarOperand) else floormod(self, other)
 
     def __rmod__(self, other: Dim) -> Dim:
-        if isinstance(other, ScalarOperand):
-            return NotImplemented
-        return floormod(other, self)
+        return NotImplemented if isinstance(other, ScalarOperand) else floormod(other, self)
 
     def __neg__(self) -> Dim:
         return mul(self, -1)
@@ -107,8 +85,7 @@ class SymExpr:
     def __repr__(self) -> str:
         return to_str(self)
 
-    def __str__(self) -> str:
-        return to_str(self)
+    __str__ = __repr__
 
     # Immutable and interned: a copy is the object itself (as for ints), so identity survives.
     def __copy__(self) -> SymExpr:
@@ -228,17 +205,25 @@ def _term_order(t: tuple[Mono, int]) -> tuple:
     return (-len(t[0]), _mono_key(t[0]))
 
 
-def _from_poly(p: PolyDict) -> Dim:
-    """The canonical Dim for a polynomial (drops zero coefficients)."""
-    const = p.get((), 0)
-    terms = [(m, c) for m, c in p.items() if m and c != 0]
+def _make(terms: tuple[tuple[Mono, int], ...], const: int) -> Dim:
+    """The canonical Dim for sorted, nonzero ``terms`` plus ``const``."""
     if not terms:
         return const
     if len(terms) == 1 and const == 0 and terms[0][1] == 1 and len(terms[0][0]) == 1:
         return terms[0][0][0]
-    terms.sort(key=_term_order)
-    tterms = tuple(terms)
-    return _intern(("P", tterms, const), Poly, tterms, const)
+    return _intern(("P", terms, const), Poly, terms, const)
+
+
+def _from_poly(p: PolyDict) -> Dim:
+    """The canonical Dim for a polynomial (drops zero coefficients)."""
+    terms = [(m, c) for m, c in p.items() if m and c != 0]
+    if len(terms) > 1:
+        terms.sort(key=_term_order)
+    return _make(tuple(terms), p.get((), 0))
+
+
+def _terms(x: SymExpr) -> tuple[tuple[tuple[Mono, int], ...], int]:
+    return (x.terms, x.const) if isinstance(x, Poly) else ((((x,), 1),), 0)  # type: ignore[return-value]
 
 
 def _poly(x: Dim) -> PolyDict:
@@ -270,8 +255,13 @@ def _rebuild_poly(terms: tuple[tuple[Mono, int], ...], const: int) -> Dim:
 
 def add(a: Dim, b: Dim) -> Dim:
     """``a + b``, canonical."""
-    if type(a) is int and type(b) is int:
-        return a + b
+    if type(a) is int:
+        if type(b) is int:
+            return a + b
+        a, b = b, a
+    if type(b) is int and isinstance(a, SymExpr):  # the common ``x + k``: terms stay sorted
+        terms, const = _terms(a)
+        return _make(terms, const + b)
     p = _poly(_check(a))
     for m, c in _poly(_check(b)).items():
         p[m] = p.get(m, 0) + c
@@ -280,8 +270,8 @@ def add(a: Dim, b: Dim) -> Dim:
 
 def sub(a: Dim, b: Dim) -> Dim:
     """``a - b``, canonical."""
-    if type(a) is int and type(b) is int:
-        return a - b
+    if type(b) is int:
+        return add(a, -b)
     p = _poly(_check(a))
     for m, c in _poly(_check(b)).items():
         p[m] = p.get(m, 0) - c
@@ -297,9 +287,12 @@ def _mono_mul(x: Mono, y: Mono) -> Mono:
 
 
 def _scale(x: SymExpr, k: int) -> Dim:
+    if k == 0:
+        return 0
     if k == 1:
         return x
-    return _from_poly({m: c * k for m, c in _poly(x).items()})
+    terms, const = _terms(x)
+    return _make(tuple((m, c * k) for m, c in terms), const * k)  # order is unchanged
 
 
 def mul(a: Dim, b: Dim) -> Dim:
@@ -331,14 +324,16 @@ def _mono_div(m: Mono, d: Mono) -> Mono | None:
 
 
 def _split(a: Dim, b: Dim) -> tuple[Dim, Dim] | None:
-    """``(q, r)`` with ``a == q * b + r``, q collecting the terms of a divisible by b; None
-    when b is not a positive monomial or nothing divides. Then ``a // b == q + r // b`` and
-    ``a % b == r % b``."""
+    """``(q, r)`` with ``a == q * b + r`` for a provably nonzero divisor ``b``, so that
+    ``a // b == q + r // b`` and ``a % b == r % b``. For a monomial ``b``, q collects the
+    terms of a that it divides; for a sum, only an exact quotient (r == 0) is looked for.
+    None when b may be 0 or nothing divides."""
     pb = _poly(b)
-    if len(pb) != 1:
-        return None
+    if len(pb) > 1:
+        exact = _exact_quotient(_poly(a), pb) if isinstance(a, SymExpr) and prove_ne(b, 0) else None
+        return None if exact is None else (_from_poly(exact), 0)
     ((dm, dc),) = pb.items()
-    if dc <= 0 or (dm and not prove_ge(b, 1)):
+    if dm and not prove_ne(b, 0):
         return None
     q: PolyDict = {}
     r: PolyDict = {}
@@ -353,14 +348,33 @@ def _split(a: Dim, b: Dim) -> tuple[Dim, Dim] | None:
     return _from_poly(q), _from_poly(r)
 
 
-def _content(a: SymExpr, k: int) -> int:
-    """gcd of ``k`` and every coefficient (and the constant) of ``a``."""
-    g = k
-    for c in _poly(a).values():
-        g = math.gcd(g, c)
-        if g == 1:
-            break
-    return g
+def _lead(p: PolyDict) -> tuple[Mono, int]:
+    """The leading term of ``p`` in a degree-then-key order (which products respect)."""
+    m = max(p, key=lambda m: (len(m), _mono_key(m)))
+    return m, p[m]
+
+
+def _exact_quotient(a: PolyDict, b: PolyDict) -> PolyDict | None:
+    """``q`` with ``a == q * b`` found by dividing leading terms, or None (then none exists,
+    or it was not found within a few steps)."""
+    bm, bc = _lead(b)
+    q: PolyDict = {}
+    for _ in range(4 * len(a) + 4):
+        if not a:
+            return q
+        am, ac = _lead(a)
+        qm = _mono_div(am, bm)
+        if qm is None or ac % bc:
+            return None
+        qc = ac // bc
+        q[qm] = q.get(qm, 0) + qc
+        a = dict(a)
+        for m, c in b.items():  # a -= qc * qm * b
+            m = _mono_mul(qm, m)
+            a[m] = a.get(m, 0) - qc * c
+            if a[m] == 0:
+                del a[m]
+    return None
 
 
 def _div_exact(a: SymExpr, g: int) -> Dim:
@@ -372,6 +386,11 @@ def _small_residue(a: Dim, b: Dim) -> bool:
     return prove_ge(a, 0) and prove_ge(sub(b, 1), a)
 
 
+def _negative_lead(b: Dim) -> bool:
+    """The divisor's sign is normalized: a negative constant, or a leading coefficient < 0."""
+    return b < 0 if isinstance(b, int) else isinstance(b, Poly) and b.terms[0][1] < 0
+
+
 def floordiv(a: Dim, b: Dim) -> Dim:
     """``a // b`` (floor division), canonical. A literal 0 divisor raises SymbolicError."""
     a, b = _check(a), _check(b)
@@ -380,18 +399,18 @@ def floordiv(a: Dim, b: Dim) -> Dim:
             raise SymbolicError(f"division by zero in ({to_str(a)}) // 0")
         if isinstance(a, int):
             return a // b
-        if b < 0:
-            return floordiv(mul(a, -1), -b)  # a // -c == (-a) // c
         if b == 1:
             return a
     elif a == 0:
         return 0
+    if _negative_lead(b):
+        return floordiv(mul(a, -1), mul(b, -1))  # a // b == (-a) // (-b)
     qr = _split(a, b)
     if qr is not None:
         return add(qr[0], floordiv(qr[1], b))
     if isinstance(b, int):
         assert isinstance(a, SymExpr)
-        g = _content(a, b)
+        g = math.gcd(b, *_poly(a).values())  # content of a and b
         if g > 1:
             return floordiv(_div_exact(a, g), b // g)  # (g*x) // (g*k) == x // k
     lo, hi = _div_bounds(bounds(a), bounds(b))
@@ -399,6 +418,8 @@ def floordiv(a: Dim, b: Dim) -> Dim:
         return lo
     if isinstance(b, SymExpr) and _small_residue(a, b):
         return 0
+    if isinstance(b, SymExpr) and _small_residue(add(a, b), b):
+        return -1
     if isinstance(a, FloorDiv) and isinstance(a.b, int) and isinstance(b, int):
         return floordiv(a.a, a.b * b)  # (x // c1) // c2 == x // (c1 * c2) for c1, c2 > 0
     return _intern(("//", a, b), FloorDiv, a, b)
@@ -412,18 +433,18 @@ def floormod(a: Dim, b: Dim) -> Dim:
             raise SymbolicError(f"modulo by zero in ({to_str(a)}) % 0")
         if isinstance(a, int):
             return a % b
-        if b < 0:
-            return mul(floormod(mul(a, -1), -b), -1)  # a % -c == -((-a) % c)
-        if b == 1:
+        if b == 1 or b == -1:
             return 0
     elif a == 0:
         return 0
+    if _negative_lead(b):
+        return mul(floormod(mul(a, -1), mul(b, -1)), -1)  # a % b == -((-a) % (-b))
     qr = _split(a, b)
     if qr is not None:
         return floormod(qr[1], b)
     if isinstance(b, int):
         assert isinstance(a, SymExpr)
-        g = _content(a, b)
+        g = math.gcd(b, *_poly(a).values())  # content of a and b
         if g > 1:
             return mul(floormod(_div_exact(a, g), b // g), g)  # (g*x) % (g*k) == g * (x % k)
         lo, hi = bounds(a)
@@ -433,39 +454,32 @@ def floormod(a: Dim, b: Dim) -> Dim:
             return floormod(a.a, b)  # (x % (k*c)) % c == x % c
     elif _small_residue(a, b):
         return a
+    elif _small_residue(add(a, b), b):
+        return add(a, b)
     return _intern(("%", a, b), FloorMod, a, b)
+
+
+def _minmax(a: Dim, b: Dim, is_min: bool) -> Dim:
+    a, b = _check(a), _check(b)
+    if isinstance(a, int) and isinstance(b, int):
+        return min(a, b) if is_min else max(a, b)
+    if _key_of(b) < _key_of(a):  # order first, so the result does not depend on argument order
+        a, b = b, a
+    if a is b or (prove_le(a, b) if is_min else prove_ge(a, b)):
+        return a
+    if prove_le(b, a) if is_min else prove_ge(b, a):
+        return b
+    return _intern(("min" if is_min else "max", a, b), Min if is_min else Max, a, b)
 
 
 def min_(a: Dim, b: Dim) -> Dim:
     """``min(a, b)``: the smaller one when that is provable, else a canonical Min term."""
-    a, b = _check(a), _check(b)
-    if isinstance(a, int) and isinstance(b, int):
-        return min(a, b)
-    if a is b:
-        return a
-    if _key_of(b) < _key_of(a):  # order first, so the result does not depend on argument order
-        a, b = b, a
-    if prove_le(a, b):
-        return a
-    if prove_le(b, a):
-        return b
-    return _intern(("min", a, b), Min, a, b)
+    return _minmax(a, b, True)
 
 
 def max_(a: Dim, b: Dim) -> Dim:
     """``max(a, b)``: the larger one when that is provable, else a canonical Max term."""
-    a, b = _check(a), _check(b)
-    if isinstance(a, int) and isinstance(b, int):
-        return max(a, b)
-    if a is b:
-        return a
-    if _key_of(b) < _key_of(a):
-        a, b = b, a
-    if prove_ge(a, b):
-        return a
-    if prove_ge(b, a):
-        return b
-    return _intern(("max", a, b), Max, a, b)
+    return _minmax(a, b, False)
 
 
 def ceildiv(a: Dim, b: Dim) -> Dim:
@@ -494,13 +508,6 @@ def _imul(x: Bound, y: Bound) -> Bound:
     prods = [_xmul(p, q) for p in xs for q in ys]
     lo, hi = min(prods), max(prods)
     return (None if lo == -_INF else int(lo)), (None if hi == _INF else int(hi))
-
-
-def _iscale(x: Bound, k: int) -> Bound:
-    lo, hi = x
-    if k >= 0:
-        return (None if lo is None else lo * k), (None if hi is None else hi * k)
-    return (None if hi is None else hi * k), (None if lo is None else lo * k)
 
 
 def _iadd(x: Bound, y: Bound) -> Bound:
@@ -561,6 +568,14 @@ def _minmax_bounds(x: Bound, y: Bound, is_min: bool) -> Bound:
     return lo, hi
 
 
+_ATOM_BOUNDS: dict[str, Callable[[Bound, Bound], Bound]] = {
+    "//": _div_bounds,
+    "%": _mod_bounds,
+    "min": lambda x, y: _minmax_bounds(x, y, True),
+    "max": lambda x, y: _minmax_bounds(x, y, False),
+}
+
+
 def _shifted_bounds(e: Poly) -> Bound:
     """Bounds of ``e`` after writing each atom as ``lo + t`` with ``t`` in ``[0, hi - lo]`` and
     expanding: terms then cancel (``n*m - n`` becomes ``n0*t_m + t_n*t_m``) where plain interval
@@ -589,7 +604,7 @@ def _shifted_bounds(e: Poly) -> Bound:
     for k, v in shifted.items():
         widths = [width[a] for a in k]
         top = 0 if 0 in widths else (None if None in widths else math.prod(widths))  # type: ignore[arg-type]
-        acc = _iadd(acc, _iscale((0, top), v))
+        acc = _iadd(acc, _imul((0, top), (v, v)))
     return acc
 
 
@@ -603,7 +618,7 @@ def _poly_bounds(e: Poly) -> Bound:
             exact = exact and ab[0] is not None and ab[0] >= 0
             mb = _imul(mb, ab)
         exact = exact and c > 0
-        acc = _iadd(acc, _iscale(mb, c))
+        acc = _iadd(acc, _imul(mb, (c, c)))
     return acc if exact else _meet(acc, _shifted_bounds(e))
 
 
@@ -619,13 +634,7 @@ def bounds(e: Dim) -> Bound:
         bnd = _poly_bounds(e)
     else:
         assert isinstance(e, _Binary)
-        x, y = bounds(e.a), bounds(e.b)
-        if isinstance(e, FloorDiv):
-            bnd = _div_bounds(x, y)
-        elif isinstance(e, FloorMod):
-            bnd = _mod_bounds(x, y)
-        else:
-            bnd = _minmax_bounds(x, y, isinstance(e, Min))
+        bnd = _ATOM_BOUNDS[e.OP](bounds(e.a), bounds(e.b))
     e._bnd = bnd
     return bnd
 
@@ -633,35 +642,46 @@ def bounds(e: Dim) -> Bound:
 # -- provers ------------------------------------------------------------------------------
 
 
+_expanded: dict[SymExpr, Dim] = {}  # memo of _expand_mods (nodes are interned for good)
+
+
 def _expand_mods(e: Dim) -> Dim:
     """Rewrite every ``a % b`` as ``a - b * (a // b)``, which lets cancellations show."""
     if isinstance(e, int) or isinstance(e, SymVar):
         return e
-    if isinstance(e, FloorMod):
-        a, b = _expand_mods(e.a), _expand_mods(e.b)
-        return sub(a, mul(b, floordiv(a, b)))
-    return substitute_atoms(e, _expand_mods)
+    r = _expanded.get(e)
+    if r is None:
+        if isinstance(e, FloorMod):
+            a, b = _expand_mods(e.a), _expand_mods(e.b)
+            r = sub(a, mul(b, floordiv(a, b)))
+        else:
+            r = substitute_atoms(e, _expand_mods)
+        r = _expanded.setdefault(e, r)
+    return r
 
 
 def _div_lower(d: Dim) -> int | None:
-    """A lower bound of ``d`` found by relaxing each lone term ``k * (x // c)`` (constant
-    ``c > 0``) with ``x - c + 1 <= c * (x // c) <= x``, on the side that bounds it below."""
+    """A lower bound of ``d`` found by relaxing lone terms ``k * (x // c)`` (constant ``c > 0``)
+    with ``x - c + 1 <= c * (x // c) <= x``, on the side that bounds them below. Relaxing one
+    term at a time keeps cancellations that relaxing all of them would lose, so both are tried."""
     if not isinstance(d, Poly):
         return None
-    divs = [m[0].b for m, _ in d.terms if len(m) == 1 and isinstance(m[0], FloorDiv) and isinstance(m[0].b, int)]
-    if not divs:
-        return None
-    s = math.lcm(*divs)  # type: ignore[arg-type]
-    acc: Dim = s * d.const
-    for m, k in d.terms:
-        atom = m[0]
-        if len(m) == 1 and isinstance(atom, FloorDiv) and isinstance(atom.b, int):
-            x = atom.a if k < 0 else sub(atom.a, atom.b - 1)
-            acc = add(acc, mul(x, s // atom.b * k))
-        else:
-            acc = add(acc, mul(_from_poly({m: k}), s))
-    lo = bounds(acc)[0]
-    return None if lo is None else -(-lo // s)
+    divs = [m[0] for m, _ in d.terms if len(m) == 1 and isinstance(m[0], FloorDiv) and isinstance(m[0].b, int)]
+    best: int | None = None
+    for chosen in [{q} for q in divs] + ([set(divs)] if len(divs) > 1 else []):
+        s = math.lcm(*(q.b for q in chosen))  # type: ignore[arg-type]
+        acc: Dim = s * d.const
+        for m, k in d.terms:
+            q = m[0]
+            if len(m) == 1 and q in chosen:
+                assert isinstance(q, FloorDiv) and isinstance(q.b, int)
+                acc = add(acc, mul(q.a if k < 0 else sub(q.a, q.b - 1), s // q.b * k))
+            else:
+                acc = add(acc, mul(_from_poly({m: k}), s))
+        lo = bounds(acc)[0]
+        if lo is not None and (best is None or -(-lo // s) > best):
+            best = -(-lo // s)
+    return best
 
 
 def _nonneg(d: Dim) -> bool:
@@ -710,10 +730,7 @@ def prove_ne(a: Dim, b: Dim) -> bool:
     if (lo is not None and lo > 0) or (hi is not None and hi < 0):
         return True
     if isinstance(d, Poly):  # every term is a multiple of g, the constant is not: d is never 0
-        g = 0
-        for _, c in d.terms:
-            g = math.gcd(g, c)
-        return d.const % g != 0
+        return d.const % math.gcd(*(c for _, c in d.terms)) != 0
     return False
 
 
