@@ -70,7 +70,8 @@ class FuncRewriter:
 
     def visit_binding(self, b: Binding | MatchCast, in_dataflow: bool) -> None:
         if isinstance(b, MatchCast):
-            self.var_map[b.var] = self.bb.match_cast(self.remap(b.value), b.cast_info, name=b.var.name)
+            escapes = in_dataflow and not isinstance(b.var, DataflowVar)
+            self.var_map[b.var] = self.bb.match_cast(self.remap(b.value), b.cast_info, name=b.var.name, output=escapes)
             return
         value = b.value
         if isinstance(value, If):

@@ -489,8 +489,10 @@ class _GraphCheck(_Checker):
     def callee_kind(self, e: Call) -> None:
         c = e.callee
         if isinstance(c, GlobalVar):
-            if isinstance(self.mod.get(c.name), L.TensorFunc):
-                msg = f"@{c.name} is a TensorFunc called like a graph function: use call_tensor(@{c.name}, args, out)"
+            # A direct kernel call (inputs, outputs, sym values) is the lowered, destination-passing
+            # form that lower_calls produces; it writes its outputs, so not in a dataflow block.
+            if isinstance(self.mod.get(c.name), L.TensorFunc) and self.dataflow:
+                msg = f"@{c.name} is a TensorFunc called directly inside a dataflow block: use call_tensor(@{c.name}, args, out)"
                 self.bad("global", msg)
             return
         if not isinstance(c, OpRef) or lookup_op(c.name) is None:
