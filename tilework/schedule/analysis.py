@@ -22,6 +22,7 @@ from tilework.ir.loop import (
     Cast,
     Const,
     IterVar,
+    IfThenElse,
     Load,
     Scalar,
     Store,
@@ -51,7 +52,7 @@ class FuncKind(str, enum.Enum):
 
 def block_stores(block: Block) -> list[Store]:
     """The stores of ``block`` (init and body)."""
-    out = []
+    out: list[Store] = []
     for body in (block.init, block.body):
         if body is not None:
             out.extend(s for s in walk_stmts(body) if isinstance(s, Store))
@@ -77,25 +78,44 @@ def reduce_vars(block: Block) -> list[IterVar]:
 
 @dataclass(frozen=True)
 class Reducer:
-    """``out[idx] = out[idx] <op> rhs``: the update of a reduction block."""
+    """``out[idx] = out[idx] <op> rhs``, only where ``cond`` holds when there is one: the
+    update of a reduction block."""
 
     op: str
     store: Store
     rhs: Scalar
+    cond: Scalar | None = None
+
+
+def update_store(block: Block) -> tuple[Store, Scalar | None] | None:
+    """The body of ``block`` as one store and the condition it runs under (None: always):
+    the body is a store, or ``if cond: store``."""
+    body = block.body
+    if isinstance(body, Store):
+        return body, None
+    if isinstance(body, IfThenElse) and body.else_body is None and isinstance(body.then_body, Store):
+        return body.then_body, body.cond
+    return None
 
 
 def reducer_of(block: Block) -> Reducer | None:
-    """The reduction update of ``block``, when its body is one store that combines the
-    element it writes with a value by ``+``, ``*``, ``max`` or ``min``."""
-    st = single_store(block)
-    if st is None or not isinstance(st.value, Binary) or st.value.op not in REDUCERS:
+    """The reduction update of ``block``: one store (maybe under a condition that reads
+    nothing it writes) combining the element it writes with a value by ``+``, ``*``, ``max``
+    or ``min``."""
+    up = update_store(block)
+    if up is None:
+        return None
+    st, cond = up
+    if not isinstance(st.value, Binary) or st.value.op not in REDUCERS:
+        return None
+    if cond is not None and _reads(cond, st.buffer):
         return None
     own = Load(st.buffer, st.indices)
     a, b = st.value.a, st.value.b
     if scalar_equal(a, own) and not _reads(b, st.buffer):
-        return Reducer(st.value.op, st, b)
+        return Reducer(st.value.op, st, b, cond)
     if scalar_equal(b, own) and not _reads(a, st.buffer):
-        return Reducer(st.value.op, st, a)
+        return Reducer(st.value.op, st, a, cond)
     return None
 
 
@@ -107,11 +127,13 @@ def identity(op: str, dtype: str) -> Const:
     """The identity element of reducer ``op`` in ``dtype``."""
     floating = dtype.startswith(("float", "bfloat"))
     if op == "+":
-        return Const(0.0 if floating else 0, dtype)
+        return Const(0.0 if floating else (False if dtype == "bool" else 0), dtype)
     if op == "*":
-        return Const(1.0 if floating else 1, dtype)
+        return Const(1.0 if floating else (True if dtype == "bool" else 1), dtype)
     if floating:
         return Const(-math.inf if op == "max" else math.inf, dtype)
+    if dtype == "bool":
+        return Const(op == "min", dtype)
     info = np.iinfo(np.dtype(dtype))
     return Const(int(info.min) if op == "max" else int(info.max), dtype)
 
@@ -135,7 +157,8 @@ def _strip_cast(x: Scalar) -> Scalar:
 
 def block_pattern(block: Block) -> OpPattern:
     """The op pattern of one block (see ``op_pattern``)."""
-    st = single_store(block)
+    up = update_store(block) if is_reduction(block) else None
+    st = up[0] if up is not None else single_store(block)
     if st is None:
         return OpPattern.OPAQUE
     ivs = {iv.var for iv in block.iter_vars}
@@ -199,10 +222,12 @@ def op_pattern(func: TensorFunc) -> OpPattern:
 
 @dataclass(frozen=True)
 class MatmulParts:
-    """A block ``out[b.., i.., j..] += a[.., i, .., k] * b[.., k, .., j]``.
+    """A block ``out[b.., i.., j] += a[.., i.., k] * b[.., k, j]`` (any index order).
 
-    ``i`` are the spatial iter vars only ``a`` uses, ``j`` those only ``b`` uses, ``batch``
-    those both use; ``k`` is the one reduction iter var.
+    ``j`` is the output's last dim (the column), which only ``b`` uses; ``i`` are the spatial
+    iter vars only ``a`` uses (the rows: none, one or several); ``batch`` the others (both
+    use them, or ``b`` alone: ``a`` is broadcast over them); ``k`` is the one reduction iter
+    var.
     """
 
     block: Block
@@ -219,7 +244,7 @@ def matmul_parts(block: Block) -> MatmulParts | None:
     iter var, each load indexed by plain iter vars), or None."""
     red = reducer_of(block)
     rv = reduce_vars(block)
-    if red is None or red.op != "+" or len(rv) != 1 or block.init is None:
+    if red is None or red.op != "+" or red.cond is not None or len(rv) != 1 or block.init is None:
         return None
     rhs = _strip_cast(red.rhs)
     if not isinstance(rhs, Binary) or rhs.op != "*":
@@ -240,21 +265,23 @@ def matmul_parts(block: Block) -> MatmulParts | None:
     if not (va | vb) <= out_idx:
         return None
     order = [iv for iv in block.iter_vars if iv.kind == "spatial"]
-    batch = tuple(iv for iv in order if iv.var in va and iv.var in vb)
-    i = tuple(iv for iv in order if iv.var in va and iv.var not in vb)
-    j = tuple(iv for iv in order if iv.var in vb and iv.var not in va)
-    if len(i) + len(j) + len(batch) != len(order):
+    if any(iv.var not in va | vb for iv in order):
         return None  # an output dim that neither operand uses
-    if len(j) > 1 or len(i) > 1 or (not i and not j):
+    # The column is the output's last (contiguous) dim; the operand it indexes goes right.
+    col = red.store.indices[-1] if red.store.indices else None
+    if col in va and col not in vb:
+        a, b, va, vb = b, a, vb, va
+    if col not in vb or col in va:
         return None
-    if not j:  # put the operand with the free dim on the right: out = vec-like x mat-like
-        a, b, i, j = b, a, j, i
+    i = tuple(iv for iv in order if iv.var in va and iv.var not in vb)
+    j = tuple(iv for iv in order if iv.var is col)
+    batch = tuple(iv for iv in order if iv.var in vb and iv.var is not col)  # both, or b only
     return MatmulParts(block, a, b, batch, i, j, k)
 
 
 def is_gemv(parts: MatmulParts) -> bool:
-    """A matrix-vector product: one operand has no free dim, or its free dim has extent 1."""
-    return not parts.i or sym.prove_eq(parts.i[0].extent, 1)
+    """A matrix-vector product: the left operand has no free dims, or they all have extent 1."""
+    return sym.prove_eq(sym.product(iv.extent for iv in parts.i), 1)
 
 
 def main_block(func: TensorFunc) -> Block | None:
@@ -310,4 +337,5 @@ __all__ = [
     "op_pattern",
     "reducer_of",
     "single_store",
+    "update_store",
 ]

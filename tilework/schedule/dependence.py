@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 from tilework.ir import sym
 from tilework.ir.loop import Block, Buffer, For, Load, Scalar, Store, TensorFunc, stmt_scalars, walk_scalars, walk_stmts
-from tilework.ir.sym import Dim, SymVar
+from tilework.ir.sym import Dim, SymExpr, SymVar
+from tilework.schedule.analysis import block_stores
 from tilework.schedule.tree import LeafCtx, LoopRef, dim_vars, find_loop, leaves, scalar_equal, scalar_vars, subst_scalar
 
 INDEPENDENT = "independent"
@@ -82,18 +83,43 @@ def _reduces_over(block: Block, v: SymVar) -> bool:
     return any(iv.kind == "reduce" and v in dim_vars(iv.binding) for iv in block.iter_vars)
 
 
+def _separates(x: Scalar, v: SymVar, inner: set[SymVar]) -> bool:
+    """Whether index ``x`` (in loop vars) differs between any two iterations of loop ``v``:
+    ``x = c * v + r`` with ``c`` a nonzero constant and the part of ``r`` that loops inside
+    ``v`` vary staying in ``[0, |c|)``."""
+    if not isinstance(x, (int, SymExpr)) or v not in dim_vars(x):
+        return False
+    r = sym.substitute(x, {v: 0})
+    c = sym.sub(sym.substitute(x, {v: 1}), r)
+    if not isinstance(c, int) or c == 0 or not sym.prove_eq(x, sym.add(sym.mul(c, v), r)):
+        return False
+    r_inner = sym.sub(r, sym.substitute(r, {u: 0 for u in inner}))
+    if not dim_vars(r_inner) <= inner:
+        return False
+    lo, hi = sym.bounds(r_inner)
+    return lo is not None and hi is not None and lo >= 0 and hi < abs(c)
+
+
 def _pinned(ctx: LeafCtx, v: SymVar) -> str:
     """Why the writes of leaf ``ctx`` are not pinned by loop ``v`` ('' when they are)."""
     leaf = ctx.leaf
+    inner = {g.var for g in ctx.loops}
     if isinstance(leaf, Store):
-        if any(x is v for x in leaf.indices):
+        if any(_separates(x, v, inner) for x in leaf.indices):
             return ""
-        return f"a store to {leaf.buffer.name!r} outside blocks is not indexed by {v.name!r}"
+        return f"a store to {leaf.buffer.name!r} outside blocks has no index that separates iterations of loop {v.name!r}"
     assert isinstance(leaf, Block)
+    binds = {iv.var: iv.binding for iv in leaf.iter_vars}
+    stores = [
+        s
+        for s in block_stores(leaf)
+        if not any(_separates(subst_scalar(x, binds), v, inner) for x in s.indices)
+    ]
+    if not stores:
+        return ""
+    # Through iter vars: each spatial iter var bound to ``v`` indexes the store.
     sv = [iv for iv in leaf.iter_vars if iv.kind == "spatial" and v in dim_vars(iv.binding)]
-    stores = [s for body in (leaf.init, leaf.body) if body is not None for s in walk_stmts(body)]
-    stores = [s for s in stores if isinstance(s, Store)]
-    if stores and not sv:
+    if not sv:
         names = ", ".join(sorted({s.buffer.name for s in stores}))
         return (
             f"block {leaf.name!r} does not depend on loop {v.name!r}: every iteration writes "
@@ -106,7 +132,7 @@ def _pinned(ctx: LeafCtx, v: SymVar) -> str:
                     f"block {leaf.name!r} writes {s.buffer.name!r} at indices that do not include "
                     f"its iter var {iv.var.name!r} (bound to loop {v.name!r})"
                 )
-    spatial_loops = set().union(*(dim_vars(iv.binding) for iv in sv)) if sv else set()
+    spatial_loops: set[SymVar] = set().union(*(dim_vars(iv.binding) for iv in sv))
     for iv in leaf.iter_vars:
         if iv.kind == "reduce" and dim_vars(iv.binding) & spatial_loops:
             return f"block {leaf.name!r} binds spatial and reduction iter vars to the same loops"
@@ -116,10 +142,11 @@ def _pinned(ctx: LeafCtx, v: SymVar) -> str:
 def loop_dependence(func: TensorFunc, loop: LoopRef) -> Dependence:
     """Classify loop ``loop`` of ``func`` as independent, a reduction loop, or carried."""
     _, f = find_loop(func, loop)
-    return _dependence(f)
+    return dependence_of(f)
 
 
-def _dependence(f: For) -> Dependence:
+def dependence_of(f: For) -> Dependence:
+    """Classify the loop statement ``f`` (see the module doc)."""
     v = f.var
     if isinstance(f.extent, int) and f.extent <= 1:
         return Dependence(INDEPENDENT)
@@ -137,7 +164,7 @@ def _dependence(f: For) -> Dependence:
         why = _pinned(c, v)
         if why:
             return Dependence(CARRIED, why)
-    for buf in {a.buffer for a in written}:
+    for buf in dict.fromkeys(a.buffer for a in written):
         accs = [a for a in accesses if a.buffer is buf]
         owners = {a.leaf for a in accs if a.write and a.leaf in reducing}
         if owners:

@@ -1,4 +1,5 @@
-"""Loop primitives: split, fuse, reorder, tile, merge_loops and the loop kinds.
+"""Loop primitives: split, fuse, reorder, tile, merge_loops, the loop kinds, and the last
+steps of a schedule (partition, hoist_guards).
 
 Each is a pure function ``TensorFunc -> TensorFunc``. Loops are named by their var or by its
 name; new loops get fresh names derived from the old ones (``i`` split in two gives ``i_0``
@@ -12,13 +13,18 @@ from typing import Sequence
 
 from tilework.errors import ScheduleError
 from tilework.ir import sym
-from tilework.ir.loop import Block, For, SeqStmt, Stmt, TensorFunc
+from tilework.ir.loop import Binary, Block, For, IfThenElse, SeqStmt, Stmt, TensorFunc
 from tilework.ir.sym import Dim, SymVar
-from tilework.schedule.dependence import CARRIED, INDEPENDENT, REDUCTION, _dependence
+from tilework.schedule.analysis import loads_of
+from tilework.schedule.dependence import CARRIED, INDEPENDENT, REDUCTION, dependence_of
 from tilework.schedule.tree import (
     LoopRef,
     Path,
     ancestors,
+    block_names,
+    children,
+    conj,
+    conjuncts,
     dim_vars,
     find_loop,
     fresh_name,
@@ -26,11 +32,16 @@ from tilework.schedule.tree import (
     guard_leaves,
     less_than,
     new_loop_var,
+    rebind,
+    rename_blocks,
     replace_at,
+    scalar_vars,
     seq,
+    splice_at,
     subst_stmt,
     used_names,
     walk,
+    with_children,
 )
 
 
@@ -47,12 +58,13 @@ def split(func: TensorFunc, loop: LoopRef, factors: Sequence[Dim | None]) -> Ten
     provably at least the extent. When the product is not provably equal to the extent, every
     block and store under the loop is guarded by ``old_var < extent``.
     """
-    return _split(func, loop, factors)[0]
+    return split_vars(func, loop, factors)[0]
 
 
-def _split(
+def split_vars(
     func: TensorFunc, loop: LoopRef, factors: Sequence[Dim | None]
 ) -> tuple[TensorFunc, list[SymVar]]:
+    """``split``, also returning the new loop vars, outermost first."""
     path, f = find_loop(func, loop, "split")
     if len(factors) < 2:
         raise ScheduleError(f"split: loop {f.var.name!r} needs at least two factors, got {list(factors)}")
@@ -140,7 +152,7 @@ def reorder(func: TensorFunc, *loops: LoopRef) -> TensorFunc:
     for old, new in zip(chain, new_order):
         if old is new:
             continue
-        dep = _dependence(old)
+        dep = dependence_of(old)
         if dep.kind == CARRIED:
             raise ScheduleError(f"reorder: loop {old.var.name!r} cannot move: {dep.reason}")
     _check_extents(chain, new_order)
@@ -192,7 +204,12 @@ def fuse(func: TensorFunc, *loops: LoopRef) -> TensorFunc:
     stride: Dim = 1
     for k in reversed(range(len(fs))):
         q = sym.floordiv(fused, stride)
-        mapping[fs[k][1].var] = q if k == 0 else sym.floormod(q, extents[k])
+        if sym.prove_eq(extents[k], 1):
+            mapping[fs[k][1].var] = 0
+        elif all(sym.prove_eq(e, 1) for e in extents[:k]):
+            mapping[fs[k][1].var] = q  # the loops outside run once: no wrap-around
+        else:
+            mapping[fs[k][1].var] = sym.floormod(q, extents[k])
         stride = sym.mul(stride, extents[k])
     body = subst_stmt(fs[-1][1].body, mapping)
     return func.replace(body=replace_at(func.body, fs[0][0], For(fused, total, body, "serial")))
@@ -208,14 +225,20 @@ def tile(func: TensorFunc, loops: Sequence[LoopRef], factors: Sequence[Dim]) -> 
     outers: list[SymVar] = []
     inners: list[SymVar] = []
     for v, fac in zip(names, factors):
-        func, (outer, inner) = _split(func, v, [None, fac])
+        func, (outer, inner) = split_vars(func, v, [None, fac])
         outers.append(outer)
         inners.append(inner)
     return reorder(func, *outers, *inners)
 
 
+_PRIMITIVE = {"parallel": "parallel", "vectorized": "vectorize", "unrolled": "unroll", "serial": "serial"}
+
+
 def _set_kind(func: TensorFunc, loop: LoopRef, kind: str) -> TensorFunc:
-    path, f = find_loop(func, loop, kind)
+    what = _PRIMITIVE[kind]
+    path, f = find_loop(func, loop, what)
+    if kind != "serial" and f.kind not in ("serial", kind):
+        raise ScheduleError(f"{what}: loop {f.var.name!r} is already {f.kind} (make it serial first)")
     return func.replace(body=replace_at(func.body, path, For(f.var, f.extent, f.body, kind)))
 
 
@@ -227,7 +250,7 @@ def parallel(func: TensorFunc, loop: LoopRef) -> TensorFunc:
         if isinstance(a, For) and a.kind == "parallel":
             raise ScheduleError(f"parallel: loop {f.var.name!r} is inside parallel loop {a.var.name!r}")
     for _, s in walk(f.body):
-        if isinstance(s, For) and s.kind in ("parallel", "vectorized"):
+        if isinstance(s, For) and s.kind == "parallel":
             raise ScheduleError(f"parallel: loop {f.var.name!r} encloses {s.kind} loop {s.var.name!r}")
     _require_independent(f, "parallel")
     return _set_kind(func, loop, "parallel")
@@ -245,7 +268,7 @@ def vectorize(func: TensorFunc, loop: LoopRef) -> TensorFunc:
 
 
 def _require_independent(f: For, what: str) -> None:
-    dep = _dependence(f)
+    dep = dependence_of(f)
     if dep.kind == REDUCTION:
         raise ScheduleError(
             f"{what}: loop {f.var.name!r} is a reduction loop ({_reduced(f)}); its iterations "
@@ -316,7 +339,7 @@ def merge_loops(func: TensorFunc, *loops: LoopRef) -> TensorFunc:
             raise ScheduleError(f"merge_loops: loop {f.var.name!r} is {f.kind}, {first.var.name!r} is {first.kind}")
         bodies.append(subst_stmt(f.body, {f.var: first.var}))
     merged = For(first.var, first.extent, seq(bodies), first.kind)
-    dep = _dependence(merged)
+    dep = dependence_of(merged)
     if dep.kind != INDEPENDENT:
         raise ScheduleError(
             f"merge_loops: the merged loop {first.var.name!r} would not be independent: "
@@ -325,3 +348,89 @@ def merge_loops(func: TensorFunc, *loops: LoopRef) -> TensorFunc:
     stmts = list(parent.stmts)
     stmts[idxs[0] : idxs[-1] + 1] = [merged]
     return func.replace(body=replace_at(func.body, parent_path, seq(stmts)))
+
+
+def hoist_guards(func: TensorFunc) -> TensorFunc:
+    """Move each condition out of the loops it does not depend on: ``for j: if c: S``
+    becomes ``if c: for j: S`` when ``c`` uses neither ``j`` nor any buffer. Always valid (a
+    loop whose body does nothing may as well not run); it leaves no vector loop testing a
+    condition that is the same for all its lanes. Loops are no longer perfectly nested
+    afterwards, so this is the last step of a schedule."""
+    return func.replace(body=_hoist(func.body))
+
+
+def _hoist(s: Stmt) -> Stmt:
+    s = with_children(s, [_hoist(c) for c in children(s)])
+    if not isinstance(s, For) or not isinstance(s.body, IfThenElse) or s.body.else_body is not None:
+        return s
+    cs = conjuncts(s.body.cond)
+    out = [c for c in cs if s.var not in scalar_vars(c) and not loads_of(c)]
+    if not out:
+        return s
+    stay = [c for c in cs if not any(c is o for o in out)]
+    inner = s.body.then_body if not stay else IfThenElse(conj(stay), s.body.then_body)
+    return IfThenElse(conj(out), For(s.var, s.extent, inner, s.kind))
+
+
+def partition(func: TensorFunc, loop: LoopRef) -> TensorFunc:
+    """Run ``loop`` as two loops: first the iterations where the bounds guards under it
+    (``c * loop + e < n`` with ``0 <= e < c``, what ``split`` adds) provably hold, without
+    those guards, then the remaining ones (``<loop>_rest``), still guarded, in a copy of the
+    body whose vars, buffers and blocks are renamed (``<block>_1``...). Always valid (the
+    iterations run in the same order); it takes the tests out of the steady-state iterations.
+    Loops are no longer perfectly nested afterwards.
+
+    Refused when no such guard is under the loop or the guards disagree on ``c`` and ``n``.
+    """
+    what = "partition"
+    path, f = find_loop(func, loop, what)
+    v = f.var
+    found: list[tuple[int, Dim]] = []
+    for _, s in walk(f.body):
+        if isinstance(s, IfThenElse):
+            for c in conjuncts(s.cond):
+                m = _bounds_guard(c, v)
+                if m is not None:
+                    found.append(m)
+    if not found:
+        raise ScheduleError(f"{what}: no guard of the form c * {v.name} + e < n (0 <= e < c) under loop {v.name!r}")
+    step, bound = found[0]
+    if any(c != step or not sym.prove_eq(n, bound) for c, n in found):
+        raise ScheduleError(f"{what}: the guards under loop {v.name!r} disagree on their step or bound")
+    full = sym.min_(sym.floordiv(bound, step), f.extent)
+    used = used_names(func)
+    vb = new_loop_var(fresh_name(used, f"{v.name}_rest"), sym.sub(f.extent, full))
+    # The second copy binds its own loop vars, iter vars, buffers and block names.
+    rest = rename_blocks(rebind(subst_stmt(f.body, {v: sym.add(full, vb)}), used), block_names(func))
+    loops = [For(v, full, _drop_guards(f.body, v), f.kind), For(vb, sym.sub(f.extent, full), rest, f.kind)]
+    return func.replace(body=splice_at(func.body, path, loops))
+
+
+def _bounds_guard(cond: object, v: SymVar) -> tuple[int, Dim] | None:
+    """``(c, n)`` when ``cond`` is ``c * v + e < n`` with ``0 <= e < c`` and ``n`` free of ``v``."""
+    if not isinstance(cond, Binary) or cond.op != "<":
+        return None
+    x, n = cond.a, cond.b
+    if not isinstance(x, (int, sym.SymExpr)) or not isinstance(n, (int, sym.SymExpr)):
+        return None
+    if v in dim_vars(n) or v not in dim_vars(x):
+        return None
+    e = sym.substitute(x, {v: 0})
+    c = sym.sub(sym.substitute(x, {v: 1}), e)
+    if not isinstance(c, int) or c <= 0 or not sym.prove_eq(x, sym.add(sym.mul(c, v), e)):
+        return None
+    lo, hi = sym.bounds(e)
+    if lo is None or hi is None or lo < 0 or hi >= c:
+        return None
+    return c, n
+
+
+def _drop_guards(s: Stmt, v: SymVar) -> Stmt:
+    """``s`` without the bounds guards on ``v`` (they hold in the steady-state loop)."""
+    s = with_children(s, [_drop_guards(c, v) for c in children(s)])
+    if not isinstance(s, IfThenElse) or s.else_body is not None:
+        return s
+    keep = [c for c in conjuncts(s.cond) if _bounds_guard(c, v) is None]
+    if len(keep) == len(conjuncts(s.cond)):
+        return s
+    return IfThenElse(conj(keep), s.then_body) if keep else s.then_body

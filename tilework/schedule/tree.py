@@ -108,6 +108,25 @@ def seq(stmts: Sequence[Stmt]) -> Stmt:
     return flat[0] if len(flat) == 1 else SeqStmt(tuple(flat))
 
 
+def splice_at(root: Stmt, path: Path, stmts: Sequence[Stmt]) -> Stmt:
+    """``root`` with the statement at ``path`` replaced by the sequence ``stmts``, spliced
+    into the enclosing sequence when there is one."""
+    if path:
+        parent = get_at(root, path[:-1])
+        if isinstance(parent, SeqStmt):
+            i = path[-1]
+            new = parent.stmts[:i] + tuple(stmts) + parent.stmts[i + 1 :]
+            return replace_at(root, path[:-1], seq(new))
+    return replace_at(root, path, seq(stmts))
+
+
+def inner_ctx(root: Stmt, outer: Path, leaf: Path) -> LeafCtx:
+    """The context of the leaf at ``leaf`` as seen from the statement at ``outer`` (an
+    ancestor): loops and guards between them only, path relative to ``outer``."""
+    rel = leaf[len(outer) :]
+    return next(c for c in leaves(get_at(root, outer)) if c.path == rel)
+
+
 def remove_at(root: Stmt, path: Path) -> Stmt:
     """``root`` without the statement at ``path``; loops, guards and allocations left empty
     by the removal go too. The root itself cannot be removed (an empty body is an error)."""
@@ -134,7 +153,16 @@ def _ref_str(ref: LoopRef) -> str:
 
 
 def find_loop(func: TensorFunc, ref: LoopRef, what: str = "schedule") -> tuple[Path, For]:
-    """The loop whose var is ``ref`` (or is named ``ref``); a ScheduleError names it otherwise."""
+    """The loop whose var is ``ref``, or is named ``ref``, or, for ``"block/name"``, the loop
+    named ``name`` around block ``block``; a ScheduleError says what is missing otherwise."""
+    if isinstance(ref, str) and "/" in ref:
+        bname, lname = ref.split("/", 1)
+        ctx = block_ctx(func, bname, what)
+        around = [f for f in ctx.loops if f.var.name == lname]
+        if len(around) != 1:
+            names = ", ".join(f.var.name for f in ctx.loops)
+            raise ScheduleError(f"{what}: block {bname!r} has {len(around)} loops named {lname!r} around it (loops: {names})")
+        return next(p for p, s in walk(func.body) if s is around[0]), around[0]
     hits = [
         (p, s)
         for p, s in walk(func.body)
@@ -145,7 +173,7 @@ def find_loop(func: TensorFunc, ref: LoopRef, what: str = "schedule") -> tuple[P
         raise ScheduleError(f"{what}: no loop {_ref_str(ref)!r} in the function (loops: {names})")
     if len(hits) > 1:
         raise ScheduleError(
-            f"{what}: {len(hits)} loops are named {_ref_str(ref)!r}; pass the loop var instead"
+            f"{what}: {len(hits)} loops are named {_ref_str(ref)!r}; pass the loop var or 'block/loop'"
         )
     p, s = hits[0]
     assert isinstance(s, For)
@@ -220,25 +248,32 @@ def subst_dim(d: Dim, m: Mapping[SymVar, Dim]) -> Dim:
     return d if isinstance(d, int) or not m else sym.substitute(d, m)
 
 
+def map_dims(x: Scalar, f: Callable[[Dim], Scalar]) -> Scalar:
+    """``x`` rebuilt with ``f`` applied to every index value (``int`` or ``SymExpr``) in it."""
+    if isinstance(x, (int, SymExpr)):
+        return f(x)
+    if isinstance(x, Const):
+        return x
+    if isinstance(x, Load):
+        return Load(x.buffer, tuple(map_dims(i, f) for i in x.indices))
+    if isinstance(x, Binary):
+        return Binary(x.op, map_dims(x.a, f), map_dims(x.b, f), x.dtype)
+    if isinstance(x, Unary):
+        return Unary(x.op, map_dims(x.a, f), x.dtype)
+    if isinstance(x, Cast):
+        return Cast(x.dtype, map_dims(x.value, f))
+    if isinstance(x, Select):
+        return Select(map_dims(x.cond, f), map_dims(x.a, f), map_dims(x.b, f), x.dtype)
+    if isinstance(x, Intrin):
+        return Intrin(x.name, tuple(map_dims(a, f) for a in x.args), x.dtype)
+    raise ScheduleError(f"unknown scalar expression {type(x).__name__}")
+
+
 def subst_scalar(x: Scalar, m: Mapping[SymVar, Dim]) -> Scalar:
     """``x`` with sym vars replaced by dims (index arithmetic re-canonicalized)."""
-    if not m or isinstance(x, Const):
+    if not m:
         return x
-    if isinstance(x, (int, SymExpr)):
-        return subst_dim(x, m)
-    if isinstance(x, Load):
-        return Load(x.buffer, tuple(subst_scalar(i, m) for i in x.indices))
-    if isinstance(x, Binary):
-        return Binary(x.op, subst_scalar(x.a, m), subst_scalar(x.b, m), x.dtype)
-    if isinstance(x, Unary):
-        return Unary(x.op, subst_scalar(x.a, m), x.dtype)
-    if isinstance(x, Cast):
-        return Cast(x.dtype, subst_scalar(x.value, m))
-    if isinstance(x, Select):
-        return Select(subst_scalar(x.cond, m), subst_scalar(x.a, m), subst_scalar(x.b, m), x.dtype)
-    if isinstance(x, Intrin):
-        return Intrin(x.name, tuple(subst_scalar(a, m) for a in x.args), x.dtype)
-    raise ScheduleError(f"unknown scalar expression {type(x).__name__}")
+    return map_dims(x, lambda d: subst_dim(d, m))
 
 
 def subst_stmt(s: Stmt, m: Mapping[SymVar, Dim]) -> Stmt:
@@ -391,17 +426,23 @@ def guard_leaves(s: Stmt, cond: Scalar) -> Stmt:
 
 
 def used_names(func: TensorFunc) -> set[str]:
-    """Names of every sym var, loop var, iter var and buffer in ``func``."""
+    """Names of every sym var, loop var, iter var and buffer in ``func`` (one namespace)."""
     names = {p.name for p in func.params}
+    for b in func.buffers:
+        names.update(v.name for d in b.shape for v in dim_vars(d))
     for _, s in walk(func.body):
         if isinstance(s, For):
             names.add(s.var.name)
         elif isinstance(s, Allocate):
             names.add(s.buffer.name)
         elif isinstance(s, Block):
-            names.add(s.name)
             names.update(iv.var.name for iv in s.iter_vars)
     return names
+
+
+def block_names(func: TensorFunc) -> set[str]:
+    """Names of the blocks of ``func`` (a namespace of their own)."""
+    return {s.name for _, s in walk(func.body) if isinstance(s, Block)}
 
 
 def fresh_name(used: set[str], base: str) -> str:
@@ -418,3 +459,84 @@ def new_loop_var(name: str, extent: Dim) -> SymVar:
     """A loop var ranging over ``[0, extent)``: a static extent gives it an upper bound."""
     hi = extent - 1 if isinstance(extent, int) and extent >= 1 else None
     return SymVar(name, 0, hi)
+
+
+def renew_iter_vars(block: Block, used: set[str]) -> Block:
+    """``block`` with fresh iter vars (each var is bound once in a function), renamed from
+    the old ones and substituted in its body and init."""
+    mapping: dict[SymVar, Dim] = {}
+    ivs = []
+    for iv in block.iter_vars:
+        hi = iv.var.hi
+        v = SymVar(fresh_name(used, iv.var.name), iv.var.lo, hi)
+        mapping[iv.var] = v
+        ivs.append(IterVar(v, iv.extent, iv.kind, iv.binding))
+    init = None if block.init is None else subst_stmt(block.init, mapping)
+    return Block(block.name, tuple(ivs), block.reads, block.writes, subst_stmt(block.body, mapping), init)
+
+
+def rename_blocks(s: Stmt, taken: set[str]) -> Stmt:
+    """``s`` with every block renamed to a name not in ``taken`` (which grows)."""
+    if isinstance(s, Block):
+        return Block(fresh_name(taken, s.name), s.iter_vars, s.reads, s.writes, s.body, s.init)
+    return with_children(s, [rename_blocks(c, taken) for c in children(s)])
+
+
+def rebind(s: Stmt, used: set[str]) -> Stmt:
+    """``s`` with every loop var, iter var and allocated buffer it binds replaced by a fresh
+    one (names kept apart from ``used``, which grows)."""
+    vars_: dict[SymVar, Dim] = {}
+    bufs: dict[Buffer, Buffer] = {}
+    for _, x in walk(s):
+        if isinstance(x, For):
+            vars_[x.var] = SymVar(fresh_name(used, x.var.name), x.var.lo, x.var.hi)
+        elif isinstance(x, Block):
+            for iv in x.iter_vars:
+                vars_[iv.var] = SymVar(fresh_name(used, iv.var.name), iv.var.lo, iv.var.hi)
+    for _, x in walk(s):
+        if isinstance(x, Allocate):
+            b = x.buffer
+            bufs[b] = Buffer(fresh_name(used, b.name), tuple(subst_dim(d, vars_) for d in b.shape), b.dtype)
+    return _rebuffer(subst_stmt(_revar(s, vars_), vars_), bufs)
+
+
+def _revar(s: Stmt, m: dict[SymVar, Dim]) -> Stmt:
+    """Rename the binders themselves (``subst_stmt`` renames the uses)."""
+    if isinstance(s, For):
+        v = m[s.var]
+        assert isinstance(v, SymVar)
+        return For(v, s.extent, _revar(s.body, m), s.kind)
+    if isinstance(s, Block):
+        ivs = tuple(IterVar(m[iv.var], iv.extent, iv.kind, iv.binding) for iv in s.iter_vars)  # type: ignore[arg-type]
+        return Block(s.name, ivs, s.reads, s.writes, s.body, s.init)
+    return with_children(s, [_revar(c, m) for c in children(s)])
+
+
+def _rebuffer(s: Stmt, bufs: dict[Buffer, Buffer]) -> Stmt:
+    if not bufs:
+        return s
+
+    def load(n: PExpr) -> Scalar | None:
+        return Load(bufs[n.buffer], n.indices) if isinstance(n, Load) and n.buffer in bufs else None
+
+    def go(x: Stmt) -> Stmt:
+        if isinstance(x, Store):
+            idx = tuple(map_scalars(i, load) for i in x.indices)
+            return Store(bufs.get(x.buffer, x.buffer), idx, map_scalars(x.value, load))
+        if isinstance(x, Block):
+            init = None if x.init is None else go(x.init)
+            reads = tuple(bufs.get(b, b) for b in x.reads)
+            writes = tuple(bufs.get(b, b) for b in x.writes)
+            return Block(x.name, x.iter_vars, reads, writes, go(x.body), init)
+        if isinstance(x, Allocate):
+            return Allocate(bufs.get(x.buffer, x.buffer), go(x.body))
+        if isinstance(x, IfThenElse):
+            els = None if x.else_body is None else go(x.else_body)
+            return IfThenElse(map_scalars(x.cond, load), go(x.then_body), els)
+        if isinstance(x, SeqStmt):
+            return SeqStmt(tuple(go(c) for c in x.stmts))
+        if isinstance(x, For):
+            return For(x.var, x.extent, go(x.body), x.kind)
+        return x
+
+    return go(s)

@@ -1,0 +1,223 @@
+"""The default schedule rules: which rule each kernel gets, the shape of the schedule it
+makes, and numerics against NumPy, through the interpreter at small sizes (1 and odd ones)
+and through the compiled C kernels at sizes spanning several tiles and vectors."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+import pytest
+
+from tests.schedule import kernels
+from tests.schedule.helpers import SIZES, check_kernel, well_formed
+from tilework.codegen import KernelLibrary, build_library
+from tilework.codegen.interp import run
+from tilework.ir.loop import Allocate, Binary, Buffer, For, IfThenElse, Load, Store, TensorFunc
+from tilework.ir.sym import SymVar
+from tilework.schedule import default_schedule
+from tilework.schedule.rules import elementwise, fallback, gemv, matmul, reduction
+from tilework.schedule.rules.common import top_nests
+from tilework.schedule.tree import blocks_of, walk
+
+EXPECTED_RULE = {
+    "add": "elementwise",
+    "broadcast_add": "elementwise",
+    "transpose": "elementwise",
+    "add_relu": "elementwise",
+    "gather": "elementwise",
+    "row_sum": "reduction",
+    "softmax": "reduction",
+    "layer_norm": "reduction",
+    "matmul": "matmul",
+    "matmul_rows": "matmul",
+    "linear": "matmul",
+    "gemv_dot": "gemv",
+    "gemv_axpy": "gemv",
+    "cumsum": "fallback",
+}
+
+
+def _kinds(f: TensorFunc) -> list[str]:
+    return [s.kind for _, s in walk(f.body) if isinstance(s, For)]
+
+
+def _allocs(f: TensorFunc) -> dict[str, tuple]:
+    return {s.buffer.name: s.buffer.shape for _, s in walk(f.body) if isinstance(s, Allocate)}
+
+
+@pytest.fixture(scope="module")
+def scheduled() -> dict[str, TensorFunc]:
+    return {name: default_schedule(mk(), strict=True) for name, (mk, _, _) in kernels.KERNELS.items()}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_RULE))
+def test_unscheduled_kernels_match_numpy(name: str) -> None:
+    check_kernel(kernels.KERNELS[name][0](), name)  # the baseline every schedule is held to
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_RULE))
+def test_rule_and_numerics(name: str, scheduled: dict[str, TensorFunc]) -> None:
+    f = scheduled[name]
+    assert f.attrs["scheduled"] is True
+    assert f.attrs["schedule_rule"] == EXPECTED_RULE[name]
+    check_kernel(f, name)
+    well_formed(f)
+
+
+def test_default_schedule_leaves_a_scheduled_function_alone(scheduled: dict[str, TensorFunc]) -> None:
+    f = scheduled["matmul"]
+    assert default_schedule(f) is f
+
+
+def test_elementwise_schedule_shape(scheduled: dict[str, TensorFunc]) -> None:
+    assert _kinds(scheduled["add"]) == ["parallel", "vectorized"]
+    assert _kinds(scheduled["transpose"]) == ["parallel", "serial", "vectorized"]  # 16 x 16 tiles
+    f = scheduled["add_relu"]  # one dim: split so that it can be both parallel and vector
+    assert [b.name for b in blocks_of(f)] == ["c"]
+    assert _kinds(f) == ["parallel", "vectorized"]
+
+
+def test_reduction_keeps_each_row_under_one_parallel_loop(scheduled: dict[str, TensorFunc]) -> None:
+    for name in ("softmax", "layer_norm"):
+        f = scheduled[name]
+        (top,) = top_nests(f)
+        assert top.kind == "parallel"
+        names = [b.name for b in blocks_of(f)]
+        assert all(any(s is b for _, s in walk(top)) for b in blocks_of(f)), names
+        assert sum(n.endswith("_rf") for n in names) == 2, names  # both reductions vectorized
+    f = scheduled["row_sum"]
+    # partial sums in vectors; the last, partial vector is a separate copy with bounds tests
+    assert [b.name for b in blocks_of(f)] == ["c_rf_init", "c_rf", "c_rf_1", "c"]
+    assert _allocs(f) == {"c_rf": (64,)}
+    assert _kinds(f)[0] == "parallel" and "vectorized" in _kinds(f)
+
+
+def test_matmul_schedule_shape(scheduled: dict[str, TensorFunc]) -> None:
+    f = default_schedule(kernels.matmul(m=64), strict=True)
+    assert [b.name for b in blocks_of(f)] == ["c_init", "c", "c_store"]
+    assert _allocs(f) == {"c_local": (8, 32)}
+    kinds = _kinds(f)
+    assert kinds[0] == "parallel" and "unrolled" in kinds and "vectorized" in kinds
+    update = next(b for b in blocks_of(f) if b.name == "c")
+    assert update.init is None
+
+
+def _cond(c: object) -> str:
+    assert isinstance(c, Binary)
+    return f"{c.a} {c.op} {c.b}"
+
+
+def test_symbolic_rows_choose_a_schedule_at_run_time(scheduled: dict[str, TensorFunc]) -> None:
+    f = scheduled["matmul"]
+    assert isinstance(f.body, IfThenElse) and _cond(f.body.cond) == "M < 8"
+    few, many = f.body.then_body, f.body.else_body
+    assert many is not None
+    assert {s.buffer.shape for _, s in walk(few) if isinstance(s, Allocate)} == {(1, 256)}
+    assert {s.buffer.shape for _, s in walk(many) if isinstance(s, Allocate)} == {(8, 32)}
+    g = scheduled["linear"]  # dot products for few rows; a transposed copy of w and tiles for many
+    assert isinstance(g.body, IfThenElse) and _cond(g.body.cond) == "n < 64"
+    assert any(b.name == "w_cache" for b in blocks_of(g))
+    assert any(b.name == "y_sum_rf" for b in blocks_of(g))
+
+
+def test_gemv_schedules(scheduled: dict[str, TensorFunc]) -> None:
+    dot = scheduled["gemv_dot"]
+    assert [b.name for b in blocks_of(dot)] == ["y_rf_init", "y_rf", "y_rf_1", "y"]
+    axpy = scheduled["gemv_axpy"]
+    assert _allocs(axpy) == {"y_local": (1, 256)}
+    assert _kinds(axpy)[0] == "parallel"
+
+
+def test_fallback_parallelizes_the_independent_rows_of_a_scan(scheduled: dict[str, TensorFunc]) -> None:
+    assert _kinds(scheduled["cumsum"]) == ["parallel", "serial"]
+
+
+def test_fallback_on_stores_outside_blocks() -> None:
+    n, i = SymVar("n", 1), SymVar("i")
+    a, b = Buffer("a", (n,), "float32"), Buffer("b", (n,), "float32")
+    f = TensorFunc((a, b), For(i, n, Store(b, (i,), Load(a, (i,)))))
+    g = default_schedule(f, strict=True)
+    assert g.attrs["schedule_rule"] == "fallback"
+    assert _kinds(g) == ["parallel"]
+    x = np.arange(5, dtype=np.float32)
+    y = np.zeros(5, np.float32)
+    run(g, [x, y])
+    np.testing.assert_array_equal(x, y)
+
+
+def test_rules_decline_other_kinds() -> None:
+    add, mm, rs = kernels.add(), kernels.matmul(), kernels.row_sum()
+    assert matmul.apply(add) is None and matmul.apply(rs) is None
+    assert gemv.apply(mm) is None and gemv.apply(add) is None
+    assert reduction.apply(add) is None and reduction.apply(kernels.cumsum()) is None
+    assert elementwise.apply(rs) is None and elementwise.apply(mm) is None
+    assert fallback.apply(kernels.cumsum()) is not None
+
+
+def test_matmul_variants() -> None:
+    cases = {
+        "static": (kernels.matmul(m=24, n=64, k=16), [dict(n=24, m=64, k=16)]),
+        "batched": (kernels.matmul(batch=SymVar("B", 1)), None),
+        "epilogue": (kernels.matmul_bias_relu(), None),
+        "one_row": (kernels.matmul(m=1), [dict(n=1, m=40, k=9)]),
+    }
+    rng = np.random.default_rng(1)
+    for label, (f, sizes) in cases.items():
+        g = default_schedule(f, strict=True)
+        want_rule = "gemv" if label == "one_row" else "matmul"
+        assert g.attrs["schedule_rule"] == want_rule, label
+        well_formed(g)
+        if label == "batched":
+            a = rng.standard_normal((3, 9, 5)).astype(np.float32)
+            b = rng.standard_normal((3, 5, 33)).astype(np.float32)
+            _check(g, [a, b], a @ b)
+        elif label == "epilogue":
+            # relu(c + bias) is inlined into the tile store of both schedules (few/many rows)
+            assert [b.name for b in blocks_of(g)] == ["c_init", "c", "c_store"] * 2
+            a = rng.standard_normal((11, 24)).astype(np.float32)
+            b = rng.standard_normal((24, 48)).astype(np.float32)
+            bias = rng.standard_normal(48).astype(np.float32)
+            _check(g, [a, b, bias], np.maximum(a @ b + bias, 0))
+        else:
+            assert sizes is not None
+            check_kernel(g, "matmul", sizes)
+
+
+def _check(f: TensorFunc, ins: list[np.ndarray], want: np.ndarray) -> None:
+    out = np.full(want.shape, np.nan, np.float32)
+    run(f, [*ins, out])
+    np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
+
+
+# -- compiled C ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def library(scheduled: dict[str, TensorFunc]) -> Iterator[KernelLibrary]:
+    yield build_library(scheduled)
+
+
+C_SIZES = SIZES + [dict(n=67, m=130, k=259), dict(n=16, m=64, k=128)]
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_RULE))
+def test_compiled_kernels_match_numpy(name: str, library: KernelLibrary, scheduled: dict[str, TensorFunc]) -> None:
+    kern = library[name]
+    check_kernel(scheduled[name], name, C_SIZES, runner=lambda f, arrays: kern.run(arrays), seed=2)
+
+
+def test_a_failing_rule_declines_unless_strict(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(func: TensorFunc) -> TensorFunc:
+        raise RuntimeError("a bug in the rule")
+
+    monkeypatch.setattr(elementwise, "apply", broken)
+    g = default_schedule(kernels.add())
+    assert g.attrs["schedule_rule"] == "fallback"
+    check_kernel(g, "add")
+    with pytest.raises(RuntimeError, match="a bug in the rule"):
+        default_schedule(kernels.add(), strict=True)
+    monkeypatch.setattr(fallback, "apply", broken)
+    h = default_schedule(kernels.add())  # even the fallback failed: left serial, as it was
+    assert h.attrs["schedule_rule"] == "none" and h.attrs["scheduled"] is True
+    assert _kinds(h) == ["serial", "serial"]

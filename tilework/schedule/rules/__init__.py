@@ -1,0 +1,13 @@
+"""The default schedule rules, one per pattern, tried in order; the first that applies wins.
+
+Each rule module has ``NAME`` and ``apply(func) -> TensorFunc | None`` (None: it declines).
+The fallback applies to every function.
+"""
+
+from __future__ import annotations
+
+from tilework.schedule.rules import elementwise, fallback, gemv, matmul, reduction
+
+RULES = (matmul, gemv, reduction, elementwise)
+
+__all__ = ["RULES", "elementwise", "fallback", "gemv", "matmul", "reduction"]

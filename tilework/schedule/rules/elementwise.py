@@ -1,0 +1,23 @@
+"""The elementwise/injective rule: inline scratch producers, then for every loop nest fuse the
+outer loops into one parallel loop and vectorize the innermost (contiguous) loop.
+
+Applies to functions whose blocks are all elementwise, broadcast or injective.
+"""
+
+from __future__ import annotations
+
+from tilework.ir.loop import TensorFunc
+from tilework.schedule.analysis import FuncKind, classify
+from tilework.schedule.rules.common import out_dtype, spatial_nest, top_nests
+from tilework.schedule.rules.inline import inline_producers
+
+NAME = "elementwise"
+
+
+def apply(func: TensorFunc) -> TensorFunc | None:
+    if classify(func) not in (FuncKind.ELEMWISE, FuncKind.BROADCAST, FuncKind.INJECTIVE):
+        return None
+    func = inline_producers(func)
+    for top in top_nests(func):
+        func = spatial_nest(func, top, out_dtype(func))
+    return func

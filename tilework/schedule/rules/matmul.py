@@ -1,0 +1,196 @@
+"""The matmul rule: ``out[b.., i.., j] = sum_k a[.., i.., k] * b[.., k, j]`` (B contiguous
+in ``j``) or ``* b[.., j, k]`` (a linear layer's weight), batched or not, any dim symbolic.
+
+Many rows: the loop nest becomes tiles of ``MR x NR`` outputs (``NR`` a few vector widths),
+ordered ``j_0, i_0``; the column tiles (with the row tiles when there are few columns) run in
+parallel. Each tile accumulates in registers through a local buffer (``cache_write``),
+initialised once (``decompose_reduction``), and its micro-kernel runs ``k`` outside an
+unrolled ``i_1`` and a vectorized ``j_1``: per ``k`` it broadcasts ``MR`` values of A and
+loads ``NR`` contiguous values of B, whose ``K x NR`` column stays in L2 while ``i_0`` runs
+down the rows. A ``B[j, k]`` is first copied transposed (``cache_read``). Sizes that do not
+divide are guarded; an elementwise epilogue is inlined into the tile store.
+
+Few rows (decoding): one-row tiles eight vectors wide for ``B[k, j]``, vectorized dot
+products for ``B[j, k]``. With a symbolic row count the kernel holds both schedules and picks
+one at run time (``specialize.branch``).
+"""
+from __future__ import annotations
+
+from tilework.errors import ScheduleError
+from tilework.ir.loop import Block, For, TensorFunc
+from tilework.ir.sym import SymVar
+from tilework.schedule import loop_primitives as lp
+from tilework.schedule.analysis import FuncKind, MatmulParts, classify, main_block, matmul_parts
+from tilework.schedule.block_primitives import cache_read, reverse_compute_inline
+from tilework.schedule.reduction_primitives import cache_write, decompose_reduction
+from tilework.schedule.rules.common import (
+    attempt,
+    block_loops,
+    lanes,
+    loop,
+    new_blocks,
+    out_dtype,
+    path_of,
+    spatial_nest,
+    top_nests,
+)
+from tilework.schedule.rules.inline import inline_producers
+from tilework.schedule.rules.reduction import schedule_reduction
+from tilework.schedule.specialize import branch
+from tilework.schedule.tree import blocks_of, get_at, leaves, less_than, walk
+
+NAME = "matmul"
+MR = 8  # rows of a register tile
+NR_VECTORS = 2  # vectors per row of a register tile
+SMALL_NR_VECTORS = 16  # vectors per one-row tile when there are few rows
+NN_SMALL_ROWS = 8  # fewer rows than this: one-row tiles (B[k, j])
+NT_SMALL_ROWS = 64  # fewer rows than this: dot products (B[j, k]); else transpose B and tile
+MIN_COLUMN_TILES = 8  # parallelize over column tiles alone when there are this many
+
+
+def apply(func: TensorFunc) -> TensorFunc | None:
+    if classify(func) != FuncKind.MATMUL:
+        return None
+    func = inline_producers(func)
+    parts = _parts(func)
+    if parts is None or not parts.i:
+        return None
+    b = parts.b.indices
+    nt = b[-1] is parts.k.var  # B[.., j, k]: the weight layout of a linear layer
+    if not nt and b[-1] is not parts.j[0].var:
+        return None
+    limit = NT_SMALL_ROWS if nt else NN_SMALL_ROWS
+    rows = parts.i[-1].extent  # the row dim that gets tiled
+    try:
+        if isinstance(rows, int):
+            return _small(func, nt) if rows < limit else _big(func, nt)
+        return branch(less_than(rows, limit), _small(func, nt), _big(func, nt))
+    except ScheduleError:
+        return None
+
+
+def _parts(func: TensorFunc) -> MatmulParts | None:
+    mb = main_block(func)
+    return None if mb is None else matmul_parts(mb)
+
+
+def _small(func: TensorFunc, nt: bool) -> TensorFunc:
+    """Few rows: the work is streaming B once. With B[k, j] one row per tile and wide column
+    tiles (an axpy per k); with B[j, k] a dot product per output, vectorized along k, columns
+    outside rows so that a row of B serves every row of A from L1."""
+    parts = _parts(func)
+    assert parts is not None
+    if nt:
+        loops = iv_loops(func, parts.block)
+        if loops is not None:
+            batch = [loops[iv.var].var for iv in parts.batch]
+            rows = [loops[iv.var].var for iv in parts.i]
+            func = lp.reorder(func, *batch, loops[parts.j[0].var].var, *rows)
+        return schedule_reduction(func)
+    return schedule_matmul(func, parts, 1, lanes(out_dtype(func)) * SMALL_NR_VECTORS)
+
+
+def _big(func: TensorFunc, nt: bool) -> TensorFunc:
+    """Many rows: register tiles; B[j, k] is first copied to B[k, j] (``cache_read``)."""
+    parts = _parts(func)
+    assert parts is not None
+    if nt:
+        pos = [d for d, x in enumerate(parts.b.indices) if x is parts.j[0].var][0]
+        order = [d for d in range(len(parts.b.indices)) if d != pos] + [pos]
+        func = cache_read(func, parts.block.name, parts.b.buffer.name, order)
+        parts = _parts(func)
+        assert parts is not None
+    return schedule_matmul(func, parts, MR, lanes(out_dtype(func)) * NR_VECTORS)
+
+
+def iv_loops(func: TensorFunc, block: Block) -> dict[SymVar, For] | None:
+    """The loop of each iter var of ``block`` when every loop around it binds exactly one iter
+    var, as itself (the nest ``te`` builds), else None."""
+    loops = block_loops(func, block.name)
+    by_var = {f.var: f for f in loops}
+    out: dict[SymVar, For] = {}
+    for iv in block.iter_vars:
+        f = by_var.get(iv.binding) if isinstance(iv.binding, SymVar) else None
+        if f is None:
+            return None
+        out[iv.var] = f
+    if len(out) != len(loops) or len({id(f) for f in out.values()}) != len(loops):
+        return None
+    return out
+
+
+def schedule_matmul(func: TensorFunc, parts: MatmulParts, mr: int, nr: int) -> TensorFunc:
+    """Register tiles of ``mr x nr`` outputs (see the module doc)."""
+    name = parts.block.name
+    loops = iv_loops(func, parts.block)
+    if loops is None:
+        raise ScheduleError("matmul: the block's loops are not one per iter var")
+    batch = [loops[iv.var].var for iv in parts.batch]
+    rows = [loops[iv.var].var for iv in parts.i]
+    j, k = loops[parts.j[0].var], loops[parts.k.var]
+    order = [f.var for f in block_loops(func, name)]
+    if order[-2:] != [j.var, k.var]:
+        raise ScheduleError("matmul: the loops do not end with the column and reduction loops")
+    if order[:-2] != batch + rows:  # every spatial loop is independent: reorder freely
+        func = lp.reorder(func, *batch, *rows)
+    # With several row dims (a linear layer on [batch, seq, k]) the last one is tiled and the
+    # others join the batch loops.
+    batch, i = batch + rows[:-1], loop(func, rows[-1])
+    if isinstance(i.extent, int):
+        mr = min(mr, i.extent)
+    func, (io, ii) = lp.split_vars(func, i.var, [None, mr])
+    func, (jo, ji) = lp.split_vars(func, j.var, [None, nr])
+    func = lp.reorder(func, *batch, jo, io, k.var, ii, ji)
+    before = func
+    func = cache_write(func, name, io)
+    store = new_blocks(before, func)[0]
+    before = func
+    func = decompose_reduction(func, name, k.var)
+    init = new_blocks(before, func)[0]
+    # Enough column tiles keep every thread busy without fusing in the row tiles, whose
+    # index would then need a division in the inner loops.
+    ncol = loop(func, jo).extent
+    par = batch + [jo] if isinstance(ncol, int) and ncol >= MIN_COLUMN_TILES else batch + [jo, io]
+    p = path_of(func, loop(func, par[0]))
+    if len(par) > 1:
+        func = lp.fuse(func, *par)
+    tiles = get_at(func.body, p)
+    assert isinstance(tiles, For)
+    func = lp.parallel(func, tiles.var)
+    func = attempt(func, lp.unroll, ii)
+    func = lp.vectorize(func, ji)
+    for blk in (init, store):
+        ls = block_loops(func, blk)
+        func = attempt(func, lp.unroll, ls[-2].var)
+        func = attempt(func, lp.vectorize, ls[-1].var)
+    func = inline_epilogue(func, parts.block.writes[0], store)
+    func = schedule_rest(func, tiles.var)
+    # Full tiles run without bounds tests; only the last row (column) tile keeps them.
+    func = attempt(func, lp.partition, io)
+    return attempt(func, lp.partition, tiles.var)
+
+
+def inline_epilogue(func: TensorFunc, out: object, store: str) -> TensorFunc:
+    """Inline elementwise consumers of ``out`` into the tile-store block, one after another."""
+    while True:
+        consumers = [
+            b.name for b in blocks_of(func)
+            if b.name != store and any(r is out for r in b.reads)
+        ]  # fmt: skip
+        if len(consumers) != 1:
+            return func
+        try:
+            func = reverse_compute_inline(func, consumers[0])
+        except ScheduleError:
+            return func
+        out = next(b for b in blocks_of(func) if b.name == store).writes[0]
+
+
+def schedule_rest(func: TensorFunc, main: SymVar) -> TensorFunc:
+    """Give every other loop nest (not the one holding loop ``main``) the spatial treatment."""
+    for top in top_nests(func):
+        if any(isinstance(s, For) and s.var is main for _, s in walk(top)):
+            continue
+        if all(isinstance(c.leaf, Block) for c in leaves(top)):
+            func = spatial_nest(func, top, out_dtype(func))
+    return func
