@@ -214,14 +214,18 @@ class BlockBuilder:
         frame.current.append(Binding(var, value))
         return var
 
-    def match_cast(self, expr: Expr, info: StructInfo, name: str | None = None) -> Var:
+    def match_cast(self, expr: Expr, info: StructInfo, name: str | None = None, output: bool = False) -> Var:
         """Bind ``expr`` asserting ``info`` at run time; bare sym vars of ``info`` seen here first
-        are defined by the match (their values come from the run-time shape)."""
+        are defined by the match (their values come from the run-time shape). Inside a dataflow
+        block, ``output=True`` binds a var visible after the block (as ``emit_output`` does)."""
         value = self._leaf(self.normalize(expr))
         if I.base_check(info, value.info) is I.Check.FAIL:
             raise ShapeError(f"match_cast of {value.info} to {info} can never succeed")
         frame = self._frames[-1]
-        var = (DataflowVar if frame.dataflow else Var)(self._name(name, "lv" if frame.dataflow else "v"), info)
+        if output and not frame.dataflow:
+            raise WellFormedError("match_cast(output=True) is only valid inside a dataflow block")
+        local = frame.dataflow and not output
+        var = (DataflowVar if local else Var)(self._name(name, "lv" if local else "gv" if output else "v"), info)
         frame.current.append(MatchCast(var, value, info))
         frame.sym_defined.update(I.defined_vars(info))
         return var

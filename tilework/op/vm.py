@@ -47,6 +47,18 @@ def _bool(call: Call, ctx: InferCtx) -> StructInfo:
     return AnyInfo()
 
 
+def _storage(call: Call, ctx: InferCtx) -> StructInfo:
+    return AnyInfo()
+
+
+def _alloc_from_storage(call: Call, ctx: InferCtx) -> StructInfo:
+    shape = call.args[1].info
+    dtype = call.attrs["dtype"]
+    if isinstance(shape, ShapeInfo):
+        return TensorInfo(shape.values, dtype, shape.ndim)
+    return TensorInfo(None, dtype, -1)
+
+
 def _vm(name: str, infer: object, attrs: dict[str, object], num_args: int | None, pure: bool = False) -> None:
     register(Op(name, infer, OpPattern.OPAQUE, attrs=attrs, num_args=num_args, pure=pure))  # type: ignore[arg-type]
 
@@ -69,6 +81,14 @@ _vm("vm_alloc_tensor", _alloc_tensor, {"dtype": "float32"}, 1)
 _vm("vm_view", _view, {}, 2, pure=True)
 _vm("vm_read_if_cond", _bool, {}, 1, pure=True)
 _vm("vm_kill", _void, {}, 1)
+# Planned memory (``plan_memory``): ``vm_alloc_storage(nbytes)`` is a block of a function's
+# arena: static (sized for the dims' upper bounds, obtained once per VM, ``nbytes`` is that
+# constant capacity) or pooled (``nbytes`` evaluated per call, from the size-class pool and
+# given back by ``vm_free_storage``); ``vm_alloc_tensor_from_storage(storage, shape, offset)``
+# is a tensor view of it at a byte offset.
+_vm("vm_alloc_storage", _storage, {"static": False, "label": ""}, 1)
+_vm("vm_alloc_tensor_from_storage", _alloc_from_storage, {"dtype": "float32"}, 3)
+_vm("vm_free_storage", _void, {}, 1)
 
 
 def _assert_dims(call: Call, ctx: InferCtx) -> StructInfo:

@@ -19,7 +19,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from tilework.errors import RuntimeCheckError
+from tilework.errors import BuildError, RuntimeCheckError
+from tilework.runtime.memory import Memory, carve
 from tilework.runtime.tensor import np_dtype
 
 STORE, ASSERT_IMM, ASSERT_SLOT, SKIP = 0, 1, 2, 3
@@ -146,6 +147,9 @@ def alloc_tensor(shape: tuple[int, ...], dtype: str) -> np.ndarray:
     return np.empty(shape, np_dtype(dtype))
 
 
+BUILTINS["vm_alloc_tensor_from_storage"] = carve
+
+
 @builtin("vm_view")
 def reshape(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """A view of ``x`` with a new shape (no copy: ``x`` is contiguous)."""
@@ -251,3 +255,43 @@ def _prepare_shape_func(args: list[Arg]) -> list[Arg]:
 
 
 PREPARE: dict[str, Callable[[list[Arg]], list[Arg]]] = {"vm_shape_func": _prepare_shape_func}
+
+
+def _prepare_carve(args: list[Arg]) -> list[Arg]:
+    storage, shape, offset, (kind, dtype) = args
+    return [storage, shape, offset, (kind, np_dtype(dtype))]
+
+
+PREPARE["vm_alloc_tensor_from_storage"] = _prepare_carve
+
+
+# Builtins that act on the VM's own memory (``tilework.runtime.memory``): when a VM loads a
+# call of one of these, ``BIND[name](memory, args)`` gives the callee and its arguments, so the
+# call goes straight to that VM's allocator (a static arena's slot is made here, once).
+Bound = tuple[Callable[..., Any], list[Arg]]
+
+
+def _bind_alloc_tensor(memory: Memory, args: list[Arg]) -> Bound:
+    shape, (kind, dtype) = args
+    return memory.alloc_fresh, [shape, (kind, np_dtype(dtype))]
+
+
+def _bind_alloc_storage(memory: Memory, args: list[Arg]) -> Bound:
+    size, (_, static), (_, label) = args
+    if not static:
+        return memory.acquire, [size]
+    kind, capacity = size
+    if kind != "i":
+        raise BuildError(f"static storage {label!r} needs a constant size, got a run-time value")
+    return memory.static_slot(int(capacity), label).get, []
+
+
+def _bind_free_storage(memory: Memory, args: list[Arg]) -> Bound:
+    return memory.release, args
+
+
+BIND: dict[str, Callable[[Memory, list[Arg]], Bound]] = {
+    "vm_alloc_tensor": _bind_alloc_tensor,
+    "vm_alloc_storage": _bind_alloc_storage,
+    "vm_free_storage": _bind_free_storage,
+}

@@ -19,6 +19,7 @@ from tilework.runtime import builtins as B
 from tilework.runtime.bytecode import VMFunction
 from tilework.runtime.executable import Executable
 from tilework.runtime.extern import lookup_extern
+from tilework.runtime.memory import Memory
 from tilework.runtime.tensor import as_array, is_torch_tensor, to_torch
 
 Step = tuple[int, Any, Any]
@@ -54,10 +55,13 @@ class _Loaded:
 
 
 class VM:
-    """Runs the functions of an ``Executable``."""
+    """Runs the functions of an ``Executable``. Each VM owns its memory (planned arenas, the
+    pooled allocator, counters: ``memory_stats()``); ``track_live`` also follows the live bytes
+    of fresh tensors (for measurements)."""
 
-    def __init__(self, exe: Executable) -> None:
+    def __init__(self, exe: Executable, *, track_live: bool = False) -> None:
         self.exe = exe
+        self.memory = Memory(track_live=track_live)
         self._kernels = exe.kernel_callables()
         self._funcs = {name: _Loaded(f) for name, f in exe.functions.items()}
         for loaded in self._funcs.values():
@@ -86,8 +90,11 @@ class VM:
         if op == "if":
             return (IF, ins[1], ins[2])
         _, dst, (kind, name), args = ins
-        callee = self._callee(fn, kind, name)
         args = list(args)
+        if kind == "builtin" and name in B.BIND:
+            callee, args = B.BIND[name](self.memory, args)
+            return (CALL, _make_step(dst, callee, args, self.exe.constants), None)
+        callee = self._callee(fn, kind, name)
         if kind == "builtin" and name in B.PREPARE:
             args = B.PREPARE[name](args)
         return (CALL, _make_step(dst, callee, args, self.exe.constants), None)
@@ -102,7 +109,11 @@ class VM:
             if len(args) != len(params):
                 raise RuntimeCheckError(f"{name} takes {len(params)} argument(s) ({', '.join(params)}), got {len(args)}")
             torch_in = any(is_torch_tensor(a) for a in args)
-            out = loaded.invoke(*[as_array(a) for a in args])
+            try:
+                out = loaded.invoke(*[as_array(a) for a in args])
+            except BaseException:
+                self.memory.reclaim()  # the failed call's pooled blocks go back to the pool
+                raise
             return _to_torch_tree(out) if torch_in else out
 
         call.__name__ = name
@@ -110,6 +121,10 @@ class VM:
 
     def invoke(self, name: str, *args: Any) -> Any:
         return self[name](*args)
+
+    def memory_stats(self) -> dict[str, int]:
+        """The allocator's counters (see ``tilework.runtime.memory.Memory.stats``)."""
+        return self.memory.stats()
 
     @property
     def function_names(self) -> list[str]:
