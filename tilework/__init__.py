@@ -6,6 +6,8 @@
     exe = tw.build(mod, target="cpu")      # one compilation for every shape
     vm = tw.VM(exe); out = vm["main"](*arrays)
     exe.save("m.tw"); exe = tw.load("m.tw")
+    cm = tw.compile(model, example_args, dynamic_shapes)   # torch.nn.Module, ExportedProgram, ...
+    out = cm(*inputs); cm.save("m.tw"); print(cm.explain())
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from tilework.ir.sym import SymVar
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
+    from tilework.compiled import CompiledModel
     from tilework.runtime.executable import Executable
 
 
@@ -62,11 +65,23 @@ def load(path: str) -> "Executable":
     return Executable.load(path)
 
 
+def compile(model: Any, example_args: Any = None, dynamic_shapes: Any = None, backends: Any = None, placement: Any = None) -> "CompiledModel":
+    """Compile a model (``torch.nn.Module``, ``ExportedProgram``, ``IRModule`` ...) once for every
+    shape of its dynamic dims; the result is called like the model (``tilework.compiled``)."""
+    from tilework.compiled import compile as _compile
+
+    return _compile(model, example_args, dynamic_shapes, backends, placement)
+
+
 def __getattr__(name: str) -> Any:
     if name == "VM":
         from tilework.runtime.vm import VM
 
         return VM
+    if name == "CompiledModel":
+        from tilework.compiled import CompiledModel
+
+        return CompiledModel
     if name == "Executable":
         from tilework.runtime.executable import Executable
 
@@ -74,4 +89,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'tilework' has no attribute {name!r}")
 
 
-__all__ = ["TileworkError", "IRModule", "SymVar", "dim", "parse", "verify", "structural_equal", "build", "load", "VM", "Executable", "__version__"]
+__all__ = ["TileworkError", "IRModule", "SymVar", "dim", "parse", "verify", "structural_equal", "build", "load", "compile", "CompiledModel", "VM", "Executable", "__version__"]

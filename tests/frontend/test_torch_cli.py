@@ -1,0 +1,86 @@
+"""``tilework build MODEL.pt2 -o OUT.tw [--dim ...]``: a program saved with torch.export.save
+becomes a self-contained executable (weights as constants) that ``tilework run`` runs; ``--dim``
+names dims and narrows their bounds, and refuses to widen them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch", reason="the torch frontend needs torch (an optional extra)")
+import torch  # noqa: E402
+
+from tilework.cli import main  # noqa: E402
+from tilework.compiled import CompiledModel  # noqa: E402
+
+
+class Encoder(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 16)
+        self.attn = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+        self.norm = torch.nn.LayerNorm(16)
+
+    def forward(self, ids: Any) -> Any:
+        h = self.emb(ids)
+        a, _ = self.attn(h, h, h, need_weights=False)
+        return self.norm(h + a)
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    torch.manual_seed(0)
+    model = Encoder().eval()
+    seq = torch.export.Dim("seq", min=1, max=1024)
+    ep = torch.export.export(model, (torch.randint(0, 50, (2, 8)),), dynamic_shapes=({1: seq},), strict=False)
+    path = tmp_path_factory.mktemp("pt2") / "enc.pt2"
+    torch.export.save(ep, str(path))
+    return path, model
+
+
+def test_build_and_run_a_pt2(program: tuple[Path, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path, model = program
+    out = tmp_path / "enc.tw"
+    assert main(["build", str(path), "-o", str(out), "--dim", "length=ids.1<=512"]) == 0
+    assert "dynamic dims: length in [1, 512]" in capsys.readouterr().out
+    ids = torch.randint(0, 50, (2, 37))
+    np.save(tmp_path / "ids.npy", ids.numpy())
+    assert main(["run", str(out), "--input", f"ids={tmp_path / 'ids.npy'}", "--output", str(tmp_path / "o")]) == 0
+    got = np.load(tmp_path / "o" / "output0.npy")
+    with torch.no_grad():
+        np.testing.assert_allclose(got, model(ids).numpy(), rtol=1e-4, atol=1e-5)
+    cm = CompiledModel.load(str(out))  # the same file, as a compiled model
+    assert cm.weights == [] and "1 <= length <= 512" in cm.explain()
+    np.save(tmp_path / "long.npy", torch.randint(0, 50, (2, 513)).numpy())
+    assert main(["run", str(out), "--input", f"ids={tmp_path / 'long.npy'}"]) == 2
+    assert "length" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("seq<=512", "no dynamic dim 'seq' in the exported program; its dynamic input dims: ids.1"),
+        ("ids.1<=2000", "upper bound 2000 is above the exported upper bound 1024"),
+        ("ids.1<=big", "bounds must be integers"),
+    ],
+)
+def test_dim_errors(program: tuple[Path, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str], spec: str, message: str) -> None:
+    path, _ = program
+    assert main(["build", str(path), "-o", str(tmp_path / "x.tw"), "--dim", spec]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_dim_needs_a_pt2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "m.txt").write_text("")
+    assert main(["build", str(tmp_path / "m.txt"), "-o", str(tmp_path / "x.tw"), "--dim", "n<=4"]) == 2
+    assert "--dim applies to .pt2 and .onnx models only" in capsys.readouterr().err
+
+
+def test_help_documents_dim(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["build", "--help"])
+    text = capsys.readouterr().out
+    assert "--dim SPEC" in text and "INPUT.AXIS" in text and "only narrow" in text

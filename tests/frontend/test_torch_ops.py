@@ -1,0 +1,187 @@
+"""ATen converters of the torch frontend, op family by op family: small modules with dynamic
+dims go through torch.export and ``from_exported_program``; all of them are compiled in one
+executable (one function per case) and run at several sizes against torch eager."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch", reason="the torch frontend needs torch (an optional extra)")
+import torch  # noqa: E402
+F = torch.nn.functional
+Dim = torch.export.Dim
+
+import tilework  # noqa: E402
+from tilework.errors import UnsupportedError  # noqa: E402
+from tilework.frontend.torch import from_exported_program, translate  # noqa: E402
+from tilework.ir.graph import Call, GraphFunc, OpRef, bindings_of  # noqa: E402
+from tilework.ir.module import IRModule  # noqa: E402
+
+N, M = Dim("n", min=4, max=64), Dim("m", min=4, max=64)  # >= 4: the cases slice a few rows off
+
+
+class Fn(torch.nn.Module):
+    def __init__(self, fn: Callable[..., Any], params: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.fn = fn
+        for k, v in (params or {}).items():
+            self.register_buffer(k, v) if k.startswith("buf") else self.register_parameter(k, torch.nn.Parameter(v, requires_grad=False))
+
+    def forward(self, *xs: Any) -> Any:
+        return self.fn(self, *xs)
+
+
+@dataclass
+class Case:
+    name: str
+    module: torch.nn.Module
+    make: Callable[[int, int], tuple[Any, ...]]  # inputs at n, m
+    dyn: Callable[[], Any]  # dynamic_shapes
+    sizes: tuple[tuple[int, int], ...] = ((4, 5), (8, 4), (17, 9))
+    tol: float = 1e-5
+
+
+def randn(*shape: int) -> Any:
+    return torch.randn(*shape)
+
+
+def ints(hi: int, *shape: int, lo: int = 0) -> Any:
+    return torch.randint(lo, hi, shape)
+
+
+def nm(*axes: dict[int, Any] | None) -> Callable[[], Any]:
+    return lambda: (tuple(axes),)  # forward(*xs): one argument, a tuple
+
+
+def _cases() -> list[Case]:
+    g = torch.Generator().manual_seed(0)
+    w = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    return [
+        # elementwise, scalars and type promotion
+        Case("arith_scalars", Fn(lambda s, x, y: ((x + 2) * y - x / 3.0, (x - y) ** 2, 1 - x, x.abs().sqrt(), torch.rsqrt(x.abs() + 1), x.reciprocal(), torch.exp(-x) + torch.log(x.abs() + 1))), lambda n, m: (randn(n, m), randn(m)), nm({0: N, 1: M}, {0: M})),
+        Case("int_promotion", Fn(lambda s, i, x: (i + 1.5, i * 2, i // 3, i % 4, torch.div(i, 3, rounding_mode="floor"), torch.div(x, 0.7, rounding_mode="trunc"), i / 2, torch.remainder(x, 0.75), torch.maximum(x, i.float()))), lambda n, m: (ints(9, n, m, lo=-9), randn(n, m)), nm({0: N, 1: M}, {0: N, 1: M})),
+        Case("activations", Fn(lambda s, x: (F.gelu(x), F.gelu(x, approximate="tanh"), F.silu(x), F.relu(x), torch.sigmoid(x), torch.tanh(x), F.leaky_relu(x, 0.2), F.hardtanh(x, -0.5, 0.5), F.relu6(x * 4), F.hardswish(x), F.hardsigmoid(x), x.clamp(min=-0.3), x.clamp(-1, 0.2), torch.sin(x) * torch.cos(x), x.floor() + x.ceil() + torch.erf(x))), lambda n, m: (randn(n, m),), nm({0: N, 1: M})),
+        Case("compare_where", Fn(lambda s, x, y: (torch.where(x > y, x, 0.5), (x >= 0) & (y < 0.5), (x == x) | (y != 0), x.masked_fill(x < 0, -1.0), torch.where(x < 0, 1, 2), ~(x > 0), torch.logical_xor(x > 0, y > 0))), lambda n, m: (randn(n, m), randn(1, m)), nm({0: N, 1: M}, {1: M})),
+        Case("casts", Fn(lambda s, x, i: (x.to(torch.int32), i.to(torch.float32) * x, (i > 2).long(), x.half().float(), x.to(torch.float64) * 2, i.bool().int())), lambda n, m: (randn(n, m) * 5, ints(5, n, m)), nm({0: N, 1: M}, {0: N, 1: M})),
+        # shapes
+        Case("views", Fn(lambda s, x: (x.view(x.shape[0], -1, 2).transpose(0, 1), x.reshape(-1), x.permute(2, 0, 1).contiguous(), x.unsqueeze(1).squeeze(1) * 1, x.flatten(1), x.t() if x.dim() == 2 else x.mT, x[:, 1:-1:2], x[..., 0], x.select(0, -1), x.narrow(1, 1, 2), x[None, :, None].expand(3, -1, 2, -1, -1))), lambda n, m: (randn(n, 2 * m, 2),), nm({0: N, 1: 2 * M})),
+        Case("cat_split", Fn(lambda s, x, y: (torch.cat([x, y, x], 1), torch.stack([x, x], 0), *torch.split(y, [1, 3], 1), *torch.split(x, [2, x.shape[0] - 2], 0), *torch.chunk(y, 2, 1), *torch.unbind(y[:, :2], 1), x.repeat(2, 1, 3))), lambda n, m: (randn(2 * n, m), randn(2 * n, 4)), nm({0: 2 * N, 1: M}, {0: 2 * N})),
+        Case("index", Fn(lambda s, x, i, j: (torch.gather(x, 1, i), x.index_select(0, j), x[j], x[j[:, None], i[0]], x[:, i[0]], F.embedding(j % 10, s.emb), x.scatter(1, i[:, :1], 7.0), torch.scatter_add(x, 0, i % x.shape[0], x), x[:, None, :][j[:3], :, i[0]]), {"emb": w(10, 4)}), lambda n, m: (randn(n, m), ints(m, n, 3), ints(n, 4)), nm({0: N, 1: M}, {0: N}, None), tol=1e-5),
+        Case("running", Fn(lambda s, x, i: (torch.cumsum(x, 1), torch.cumsum(i > 1, 0), torch.tril(x), torch.triu(x, 1), torch.tril(x, -1), torch.diff(x, dim=1), torch.diff(i, dim=0, prepend=i[:1]))), lambda n, m: (randn(n, m), ints(4, n, m)), nm({0: N, 1: M}, {0: N, 1: M}), tol=1e-4),
+        Case("reductions", Fn(lambda s, x: (x.sum(), x.sum(1), x.mean((0, 2), keepdim=True), x.amax(-1), x.amin(0), x.max(1).values, x.max(1).indices, x.min(-1)[1], x.argmax(), x.argmax(1, keepdim=True), (x > 1).any(1), (x > -3).all(), x.var(1), x.std(2, correction=0), x.prod(2), (x > 0).sum(1))), lambda n, m: (randn(n, m, 3),), nm({0: N, 1: M}), tol=1e-4),
+        Case("create", Fn(lambda s, x: (torch.zeros(x.shape[0], 3) + x[:, :1], torch.ones_like(x) * 2, torch.full((x.shape[1],), 0.5), torch.arange(x.shape[0]), torch.arange(1, x.shape[1], 2) * 1.0, x.new_ones(x.shape[0], 2), x.new_zeros(3), torch.full_like(x, 3, dtype=torch.int64), torch.arange(0.0, 1.0, 0.25), torch.empty(2, x.shape[1]).zero_())), lambda n, m: (randn(n, m),), nm({0: N, 1: M})),
+        # nn
+        Case("linear_matmul", Fn(lambda s, x, y: (F.linear(x, s.w, s.b), x @ s.w.T, torch.bmm(y, y.transpose(1, 2)), torch.addmm(s.b, x, s.w.T, beta=0.5, alpha=2.0), torch.matmul(y, x[:4].T), x @ s.b[:, None]), {"w": w(6, 6), "b": w(6)}), lambda n, m: (randn(n, 6), randn(m, 3, 6)), nm({0: N}, {0: M}), tol=1e-4),
+        Case("norms", Fn(lambda s, x, z: (F.layer_norm(x, (8,), s.g, s.b), F.layer_norm(x, (x.shape[-2], 8)), F.rms_norm(x, (8,), s.g, 1e-5), F.rms_norm(x, (8,)), F.group_norm(z, 2, s.g[:4], s.b[:4]), F.batch_norm(z, s.buf_mean, s.buf_var, s.g[:4], s.b[:4], False, 0.1, 1e-3), F.softmax(x, -1), F.log_softmax(x, 1)), {"g": w(8), "b": w(8), "buf_mean": w(4), "buf_var": torch.rand(4, generator=g) + 0.5}), lambda n, m: (randn(2, n, 8), randn(n, 4, m)), nm({1: N}, {0: N, 2: M}), tol=1e-4),
+        Case("conv_pool", Fn(lambda s, x, y: (F.conv2d(x, s.k2, s.b2, padding=1), F.conv2d(x, s.k2, None, stride=2, dilation=(1, 2)), F.conv2d(x, s.kg, groups=2, padding="same"), F.conv1d(y, s.k1, s.b1, padding=2, stride=2), F.max_pool2d(x, 2), F.max_pool2d(x, 3, 2, 1, ceil_mode=True), F.avg_pool2d(x, 2, 1), F.avg_pool2d(x, 3, 2, 1, count_include_pad=False), F.adaptive_avg_pool2d(x, (1, 1)), F.adaptive_avg_pool2d(x, 3)), {"k2": w(6, 4, 3, 3), "b2": w(6), "kg": w(4, 2, 3, 3), "k1": w(5, 3, 4), "b1": w(5)}), lambda n, m: (randn(2, 4, n + 4, m + 5), randn(2, 3, n + 6)), nm({2: N + 4, 3: M + 5}, {2: N + 6}), tol=1e-4),
+        Case("sdpa", Fn(lambda s, q, k, v, mb, mf: (F.scaled_dot_product_attention(q, k, v), F.scaled_dot_product_attention(q, k, v, attn_mask=mb), F.scaled_dot_product_attention(q, k, v, attn_mask=mf, scale=0.3), F.scaled_dot_product_attention(q, k[:, :, :1], v[:, :, :1], enable_gqa=True, is_causal=True), F.scaled_dot_product_attention(q[:, :, :2], k, v, is_causal=True), F.scaled_dot_product_attention(q, q, q, is_causal=True))), lambda n, m: (randn(2, 4, n, 8), randn(2, 4, m, 8), randn(2, 4, m, 8), torch.rand(2, 1, n, m) < 0.8, randn(n, m)), nm({2: N}, {2: M}, {2: M}, {2: N, 3: M}, {0: N, 1: M}), sizes=((4, 5), (8, 8), (17, 9)), tol=1e-4),
+    ]
+
+
+CASES = _cases()
+
+
+def _export(case: Case, n: int = 4, m: int = 6) -> Any:
+    torch.manual_seed(1)
+    return torch.export.export(case.module, case.make(n, m), dynamic_shapes=case.dyn(), strict=False)
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict[str, Any]:
+    """Every case translated, then compiled together: one function per case."""
+    funcs, weights = {}, {}
+    for case in CASES:
+        tr = translate(_export(case))
+        funcs[case.name] = tr.module["main"]
+        weights[case.name] = [a for _, a in tr.weights]
+    exe = tilework.build(IRModule(funcs))
+    vm = tilework.VM(exe)
+    return {c.name: (vm[c.name], weights[c.name]) for c in CASES}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_matches_torch(compiled: dict[str, Any], case: Case) -> None:
+    fn, weights = compiled[case.name]
+    for k, (n, m) in enumerate(case.sizes):
+        torch.manual_seed(10 + k)
+        inputs = case.make(n, m)
+        with torch.no_grad():
+            want = case.module(*inputs)
+        got = fn(*[x.numpy() for x in inputs], *weights)
+        want = want if isinstance(want, tuple) else (want,)
+        got = got if isinstance(got, tuple) else (got,)
+        assert len(got) == len(want)
+        for i, (g, w_) in enumerate(zip(got, want)):
+            w_ = w_.numpy()
+            where = f"{case.name} output {i} at n={n}, m={m}"
+            assert g.shape == w_.shape and g.dtype == w_.dtype, f"{where}: {g.shape} {g.dtype}, torch {w_.shape} {w_.dtype}"
+            if w_.dtype.kind == "f":
+                np.testing.assert_allclose(g, w_, rtol=case.tol, atol=case.tol, err_msg=where)
+            else:
+                np.testing.assert_array_equal(g, w_, err_msg=where)
+
+
+def test_shapes_stay_symbolic() -> None:
+    """The translated module states shapes over the named dims, no match_cast needed."""
+    mod = from_exported_program(_export(CASES[0]), dim_names={"xs_0.0": "n", "xs_0.1": "m"})
+    main = mod["main"]
+    assert isinstance(main, GraphFunc)
+    assert "match_cast" not in str(mod)
+    assert [str(p.info) for p in main.params] == ["TensorInfo(shape=(n, m), dtype='float32', ndim=2)", "TensorInfo(shape=(m,), dtype='float32', ndim=1)"]
+
+
+def test_sdpa_maps_to_attention_with_layout_permutes() -> None:
+    case = next(c for c in CASES if c.name == "sdpa")
+    mod = from_exported_program(_export(case))
+    calls = [b.value for b in bindings_of(mod["main"]) if isinstance(b.value, Call) and isinstance(b.value.callee, OpRef)]  # type: ignore[arg-type]
+    att = [c for c in calls if c.callee.name == "attention"]  # type: ignore[attr-defined]
+    assert len(att) == 6
+    # equal query and key lengths keep torch's is_causal as tilework's causal flag
+    assert sum(bool(c.attrs["causal"]) for c in att) == 1
+    assert all(c.callee.name != "softmax" for c in calls)  # type: ignore[attr-defined]
+
+
+def test_unsupported_op_names_op_and_node() -> None:
+    m = Fn(lambda s, x: torch.sort(x, dim=1).values)
+    ep = torch.export.export(m, (randn(3, 4),), strict=False)
+    with pytest.raises(UnsupportedError, match=r"ATen op sort\.(default|stable) \(node %sort\) is not supported"):
+        from_exported_program(ep)
+
+
+def test_training_mode_dropout_is_refused() -> None:
+    m = Fn(lambda s, x: F.dropout(x, 0.5, training=True))
+    ep = torch.export.export(m, (randn(3, 4),), strict=False)
+    with pytest.raises(UnsupportedError, match="dropout in training mode"):
+        from_exported_program(ep)
+
+
+def test_weights_and_lifted_constants() -> None:
+    """Parameters, buffers and tensors created in forward (lifted constants) become trailing
+    params, or constants with keep_params_as_inputs=False; both run the same."""
+
+    class WithConstant(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+            self.register_buffer("shift", torch.tensor([0.5, -0.5, 0.0]))
+
+        def forward(self, x: Any) -> Any:
+            return self.lin(x) + self.shift + torch.tensor([1.0, 2.0, 3.0])
+
+    model = WithConstant().eval()
+    ep = torch.export.export(model, (randn(5, 3),), dynamic_shapes=({0: N},), strict=False)
+    assert "CONSTANT_TENSOR" in {s.kind.name for s in ep.graph_signature.input_specs}
+    tr = translate(ep)
+    main = tr.module["main"]
+    assert isinstance(main, GraphFunc) and main.attrs["num_inputs"] == 1 and len(main.params) == 5
+    assert [name for name, _ in tr.weights][:3] == ["lin.weight", "lin.bias", "shift"]
+    baked = from_exported_program(ep, keep_params_as_inputs=False)
+    assert len(baked["main"].params) == 1  # type: ignore[union-attr]
+    x = randn(9, 3)
+    want = model(x).detach().numpy()
+    np.testing.assert_allclose(tilework.VM(tilework.build(tr.module))["main"](x.numpy(), *[w for _, w in tr.weights]), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(tilework.VM(tilework.build(baked))["main"](x.numpy()), want, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,44 @@
+"""What the converters share: dtype names and small argument helpers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tilework.errors import UnsupportedError
+
+_DTYPES = {
+    "torch.float32": "float32", "torch.float16": "float16", "torch.bfloat16": "bfloat16",
+    "torch.float64": "float64", "torch.int64": "int64", "torch.int32": "int32",
+    "torch.int16": "int16", "torch.int8": "int8", "torch.uint8": "uint8", "torch.bool": "bool",
+}  # fmt: skip
+
+
+def dtype_of_torch(dt: Any) -> str:
+    """tilework's name for a torch dtype."""
+    name = _DTYPES.get(str(dt))
+    if name is None:
+        raise UnsupportedError(f"torch dtype {dt} is not supported (supported: {', '.join(d.split('.')[1] for d in _DTYPES)})")
+    return name
+
+
+def torch_dtype(name: str) -> Any:
+    """The torch dtype named like tilework's ``name``."""
+    import torch
+
+    return getattr(torch, name)
+
+
+def as_list(v: Any) -> list[Any]:
+    """An int-or-list argument (``dim=1`` or ``dim=[1, 2]``) as a list."""
+    return list(v) if isinstance(v, (list, tuple)) else [v]
+
+
+def norm_axis(axis: int, ndim: int) -> int:
+    """A torch dim in ``[-ndim, ndim)`` as a non-negative axis (0-d tensors accept 0 and -1)."""
+    n = max(ndim, 1)
+    if not -n <= axis < n:
+        raise UnsupportedError(f"dim {axis} is out of range for a tensor of rank {ndim}")
+    return axis + n if axis < 0 else axis
+
+
+__all__ = ["dtype_of_torch", "torch_dtype", "as_list", "norm_axis"]

@@ -1,0 +1,111 @@
+"""Converters of ATen ops that index by tensors or run along a dim: ``gather``, the
+``scatter`` family, ``index.Tensor`` (advanced indexing by integer tensors), ``cumsum``,
+``tril``/``triu`` and ``diff``.
+
+``index.Tensor`` takes one index tensor (or None, a full slice) per leading dim. When the
+indexed dims are adjacent the broadcast index shape replaces them in place; otherwise (torch's
+rule) it goes first, which the converter gets by moving the indexed dims to the front. Bool
+masks as indices select a data-dependent number of elements and are not supported.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+from tilework import op
+from tilework.errors import UnsupportedError
+from tilework.frontend.torch.common import norm_axis
+from tilework.frontend.torch.registry import converter
+from tilework.ir.graph import Expr
+
+if TYPE_CHECKING:
+    from tilework.frontend.torch.translator import Translator
+
+
+@converter("gather.default")
+def _gather(t: Translator, node: Any, x: Any, dim: int, index: Any, sparse_grad: bool = False) -> Expr:
+    return t.emit(op.gather(x, index, norm_axis(dim, len(t.shape(x)))))
+
+
+def _scatter(t: Translator, node: Any, x: Any, dim: int, index: Any, src: Any, reduction: str) -> Expr:
+    dtype = t.out_dtype(node)
+    axis = norm_axis(dim, len(t.shape(x)))
+    if not isinstance(src, Expr):  # scatter.value: one value everywhere index points
+        src = t.emit(op.broadcast_to(t.tensor(src, dtype), t.shape(index)))
+    return t.emit(op.scatter(t.tensor(x, dtype), index, t.tensor(src, dtype), axis, reduction))
+
+
+@converter("scatter.src", "scatter.value")
+def _scatter_plain(t: Translator, node: Any, x: Any, dim: int, index: Any, src: Any) -> Expr:
+    return _scatter(t, node, x, dim, index, src, "none")
+
+
+@converter("scatter.reduce", "scatter.value_reduce")
+def _scatter_reduce_legacy(t: Translator, node: Any, x: Any, dim: int, index: Any, src: Any, *, reduce: str) -> Expr:
+    names = {"add": "add", "multiply": "mul"}
+    if reduce not in names:
+        raise UnsupportedError(f"scatter with reduce={reduce!r}")
+    return _scatter(t, node, x, dim, index, src, names[reduce])
+
+
+@converter("scatter_add.default")
+def _scatter_add(t: Translator, node: Any, x: Any, dim: int, index: Any, src: Any) -> Expr:
+    return _scatter(t, node, x, dim, index, src, "add")
+
+
+@converter("scatter_reduce.two")
+def _scatter_reduce(t: Translator, node: Any, x: Any, dim: int, index: Any, src: Any, reduce: str, *, include_self: bool = True) -> Expr:
+    names = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min"}
+    if reduce not in names or not include_self:
+        raise UnsupportedError(f"scatter_reduce with reduce={reduce!r}, include_self={include_self} (supported: sum, prod, amax, amin with include_self=True)")
+    return _scatter(t, node, x, dim, index, src, names[reduce])
+
+
+@converter("index.Tensor", "_unsafe_index.Tensor")
+def _index(t: Translator, node: Any, x: Any, indices: Sequence[Any]) -> Expr:
+    ndim = len(t.shape(x))
+    picked = [i for i, v in enumerate(indices) if v is not None]
+    if not picked:
+        return x  # type: ignore[no-any-return]
+    for i in picked:
+        if t.dtype(indices[i]) == "bool":
+            raise UnsupportedError("indexing by a bool mask (a data-dependent number of elements) is not supported")
+    tensors = [indices[i] for i in picked]
+    adjacent = picked == list(range(picked[0], picked[0] + len(picked)))
+    if adjacent:
+        return t.emit(op.index_tensor(x, tensors, axis=picked[0]))
+    rest = [d for d in range(ndim) if d not in picked]
+    front = t.permute(x, picked + rest)
+    return t.emit(op.index_tensor(front, tensors, axis=0))
+
+
+@converter("cumsum.default")
+def _cumsum(t: Translator, node: Any, x: Any, dim: int, *, dtype: Any = None) -> Expr:
+    out = t.out_dtype(node)
+    return t.emit(op.cumsum(t.tensor(x, out), norm_axis(dim, len(t.shape(x))), dtype=out))
+
+
+@converter("tril.default")
+def _tril(t: Translator, node: Any, x: Any, diagonal: Any = 0) -> Expr:
+    return t.emit(op.tril(x, diagonal))
+
+
+@converter("triu.default")
+def _triu(t: Translator, node: Any, x: Any, diagonal: Any = 0) -> Expr:
+    return t.emit(op.triu(x, diagonal))
+
+
+@converter("diff.default")
+def _diff(t: Translator, node: Any, x: Any, n: int = 1, dim: int = -1, prepend: Any = None, append: Any = None) -> Expr:
+    """``y[i] = x[i + 1] - x[i]`` along ``dim``, ``n`` times, after joining prepend/append."""
+    axis = norm_axis(dim, len(t.shape(x)))
+    parts = [p for p in (prepend, x, append) if p is not None]
+    y = parts[0] if len(parts) == 1 else t.emit(op.concat(parts, axis=axis))
+    for _ in range(n):
+        hi = t.emit(op.strided_slice(y, (axis,), (1,), (None,)))
+        lo = t.emit(op.strided_slice(y, (axis,), (0,), (-1,)))
+        y = t.emit(op.logical_xor(hi, lo) if t.dtype(y) == "bool" else op.subtract(hi, lo))
+    return y  # type: ignore[no-any-return]
+
+
+__all__: list[str] = []

@@ -1,0 +1,500 @@
+"""Translate a ``torch.export.ExportedProgram`` into an IRModule.
+
+The program's graph is walked once in order. Placeholders become the params of ``main``: user
+tensor inputs first, then (with ``keep_params_as_inputs``) the parameters, buffers and lifted
+constants, with ``attrs["num_inputs"]`` counting the user inputs; otherwise the weights become
+``Constant``s. Every node that the outputs depend on is converted by the ATen converter
+registered for its operator (``tilework.frontend.torch.registry``); a node whose value is a
+``SymInt`` (``sym_size``, size arithmetic) needs no code: it *is* a dim, read from its
+metadata. After each conversion the result is reconciled with torch's metadata: torch's dtype
+wins (a cast), and where tilework could not prove torch's shape a ``match_cast`` asserts it.
+
+A program whose graph still mutates tensors (torch.export's training dialect) is first made
+functional with ``run_decompositions({})``, which keeps big ops such as ``linear``,
+``layer_norm`` and ``scaled_dot_product_attention`` whole.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from tilework import op
+from tilework.errors import InferenceError, ShapeError, UnsupportedError
+from tilework.frontend.torch import convert_create, convert_elementwise, convert_index, convert_nn, convert_reduce, convert_shape  # noqa: F401  (register converters)
+from tilework.frontend.torch.common import dtype_of_torch, torch_dtype
+from tilework.frontend.torch.registry import lookup, op_names
+from tilework.frontend.torch.symbolic import Bounds, SymbolTable
+from tilework.ir import sym
+from tilework.ir.builder import BlockBuilder
+from tilework.ir.graph import Call, Constant, Expr, GraphFunc, MatchCast, Tuple, TupleGetItem, Var
+from tilework.ir.info import TensorInfo
+from tilework.ir.module import IRModule
+from tilework.ir.sym import Dim, SymVar
+
+_WEIGHT_KINDS = ("PARAMETER", "BUFFER", "CONSTANT_TENSOR")
+
+
+@dataclass
+class Translation:
+    """A translated program: the module and what a caller needs to run it like the original.
+
+    ``inputs`` lists the flat user inputs in ``in_spec`` order as ``(name, is_param, value)``:
+    tensor inputs are params of ``main``, the others were specialized to ``value`` at export.
+    ``weights`` are the trailing params of ``main`` (empty when the weights are constants).
+    ``dims`` maps each sym var to where it first appears (``input_ids.1``)."""
+
+    module: IRModule
+    inputs: list[tuple[str, bool, Any]]
+    weights: list[tuple[str, np.ndarray]]
+    dims: dict[SymVar, str]
+    in_spec: Any = None
+    out_spec: Any = None
+    num_outputs: int = 1
+
+
+@dataclass
+class Translator:
+    ep: Any
+    keep_params_as_inputs: bool = True
+    dim_names: Mapping[str, str] | None = None
+    dim_bounds: Mapping[str, Bounds] | None = None
+    func_name: str = "main"
+    bb: BlockBuilder = field(default_factory=BlockBuilder)
+    env: dict[Any, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.ep = functional(self.ep)
+        self.syms = SymbolTable(self.ep.range_constraints, self.dim_names, self.dim_bounds)
+        self._permutes: dict[Expr, tuple[Expr, tuple[int, ...]]] = {}
+        self._inputs: list[tuple[str, bool, Any]] = []
+        self._weights: list[tuple[str, np.ndarray]] = []
+        self._dims: dict[SymVar, str] = {}
+
+    # -- the walk ----------------------------------------------------------------------------
+
+    def run(self) -> Translation:
+        graph = self.ep.graph
+        placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+        specs = self.ep.graph_signature.input_specs
+        if len(specs) != len(placeholders):
+            raise UnsupportedError(f"the exported program has {len(placeholders)} placeholders but {len(specs)} input specs")
+        user_params, weight_params = self._bind_placeholders(specs, placeholders)
+        live = _live_nodes(graph)
+        out_node = next(n for n in graph.nodes if n.op == "output")
+        with self.bb.function(self.func_name, [*user_params, *weight_params], attrs={"num_inputs": len(user_params)}):
+            with self.bb.dataflow():
+                self._assert_input_sizes(specs, placeholders)
+                for node in graph.nodes:
+                    if node.op in ("get_attr", "call_module", "call_method"):
+                        raise UnsupportedError(f"node %{node.name} ({node.op} {node.target}) is not supported")
+                    if node.op == "call_function" and node in live:
+                        self.env[node] = self._convert(node)
+                outs = self._outputs(out_node)
+                result = self.bb.emit_output(outs[0] if len(outs) == 1 else Tuple(tuple(outs)), name="output")
+            self.bb.emit_func_output(result)
+        mod = self.bb.get()
+        mod = mod.with_func(self.func_name, _prune(mod[self.func_name]))  # type: ignore[arg-type]
+        spec = getattr(self.ep, "call_spec", None)
+        return Translation(mod, self._inputs, self._weights, self._dims, getattr(spec, "in_spec", None), getattr(spec, "out_spec", None), len(outs))
+
+    def _bind_placeholders(self, specs: Sequence[Any], placeholders: Sequence[Any]) -> tuple[list[Var], list[Var]]:
+        """Params for the user's tensor inputs and (kept as inputs) the weights; constants for
+        the rest. Records the inputs, weights and where each dim first appears."""
+        bare = _bare_symbols(specs, placeholders)
+        user_params: list[Var] = []
+        weight_params: list[Var] = []
+        for spec, node in zip(specs, placeholders):
+            kind = spec.kind.name
+            val = node.meta.get("val")
+            if kind in _WEIGHT_KINDS:
+                data = self._weight(spec)
+                if not self.keep_params_as_inputs:
+                    self.env[node] = Constant.of(data, name=_ident(node.name))
+                    continue
+                var = Var(_ident(node.name), TensorInfo(tuple(data.shape), _np_dtype_name(data)))
+                weight_params.append(var)
+                self._weights.append((str(spec.target), data))
+            elif kind != "USER_INPUT":
+                raise UnsupportedError(f"input {node.name} of kind {kind} is not supported")
+            elif not _is_tensor(val):
+                self.env[node] = self._value_of_scalar(val, node)
+                self._inputs.append((node.name, False, self.env[node]))
+                continue
+            else:
+                var = Var(_ident(node.name), self._input_info(val, node, bare))
+                for axis, d in enumerate(var.info.shape or ()):  # type: ignore[attr-defined]
+                    for v in sym.free_vars(d):
+                        self._dims.setdefault(v, f"{node.name}.{axis}")
+                user_params.append(var)
+                self._inputs.append((node.name, True, None))
+            self.env[node] = var
+        return user_params, weight_params
+
+    def _outputs(self, out_node: Any) -> list[Expr]:
+        specs = self.ep.graph_signature.output_specs
+        values = list(out_node.args[0])
+        outs: list[Expr] = []
+        for spec, v in zip(specs, values):
+            if spec.kind.name != "USER_OUTPUT":
+                raise UnsupportedError(f"output {spec.arg.name} of kind {spec.kind.name} is not supported (the program mutates state)")
+            val = self.env.get(v) if hasattr(v, "op") else v
+            outs.append(self.tensor(val))
+        if not outs:
+            raise UnsupportedError("the exported program has no outputs")
+        return outs
+
+    def _convert(self, node: Any) -> Any:
+        val = node.meta.get("val")
+        if _is_symint(val):  # sym_size and size arithmetic: the value is a dim
+            return self.syms.dim(val)
+        if isinstance(val, (bool, int, float)):  # size arithmetic that torch folded
+            return val
+        if node.target is operator.getitem:
+            seq, index = self._arg(node.args[0]), node.args[1]
+            return seq[index]
+        fn = lookup(node.target)
+        name = op_names(node.target)[0]
+        if fn is None:
+            raise UnsupportedError(f"ATen op {name} (node %{node.name}) is not supported by the torch frontend")
+        args = tuple(self._arg(a) for a in node.args)
+        kwargs = {k: self._arg(v) for k, v in node.kwargs.items()}
+        try:
+            out = fn(self, node, *args, **kwargs)
+            return self._reconcile(node, out)
+        except (UnsupportedError, InferenceError, ShapeError) as e:
+            if f"%{node.name}" in str(e):
+                raise
+            raise type(e)(f"{e} (in ATen op {name}, node %{node.name})") from e
+
+    def _arg(self, a: Any) -> Any:
+        if isinstance(a, (list, tuple)):
+            return type(a)(self._arg(x) for x in a)
+        if hasattr(a, "op") and hasattr(a, "target"):  # an fx Node
+            if a not in self.env:
+                raise UnsupportedError(f"node %{a.name} is used before it is defined")
+            return self.env[a]
+        return a
+
+    def _reconcile(self, node: Any, out: Any) -> Any:
+        """``out`` with torch's dtype, and torch's shape asserted where tilework's differs."""
+        val = node.meta.get("val")
+        if isinstance(out, (list, tuple)) and isinstance(val, (list, tuple)):
+            return tuple(self._reconcile_one(o, v, node) for o, v in zip(out, val))
+        return self._reconcile_one(out, val, node)
+
+    def _reconcile_one(self, out: Any, val: Any, node: Any) -> Any:
+        if not _is_tensor(val) or not isinstance(out, Expr):
+            return out
+        want = self._tensor_info(val, node)
+        have = out.info
+        if not isinstance(have, TensorInfo):
+            raise UnsupportedError(f"node %{node.name} produced {have}, torch has a tensor")
+        if have.dtype != want.dtype:
+            out = self.emit(op.astype(out, want.dtype or "float32"))
+            have = out.info  # type: ignore[assignment]
+        assert want.shape is not None
+        if have.shape is not None and len(have.shape) != len(want.shape):
+            raise UnsupportedError(f"node %{node.name}: tilework infers rank {len(have.shape)}, torch has shape {tuple(want.shape)}")
+        if have.shape is not None and all(a is b or sym.prove_eq(a, b) for a, b in zip(have.shape, want.shape)):
+            return out
+        return self.bb.match_cast(out, want)
+
+    # -- helpers for converters ------------------------------------------------------------------
+
+    def emit(self, call: Expr) -> Var:
+        """Bind ``call`` and return its var."""
+        return self.bb.emit(call)
+
+    def info(self, x: Expr) -> TensorInfo:
+        info = x.info
+        if not isinstance(info, TensorInfo) or info.shape is None or info.dtype is None:
+            raise UnsupportedError(f"expected a tensor of known shape and dtype, got {info}")
+        return info
+
+    def shape(self, x: Expr) -> tuple[Dim, ...]:
+        return self.info(x).shape  # type: ignore[return-value]
+
+    def dtype(self, x: Expr) -> str:
+        return self.info(x).dtype  # type: ignore[return-value]
+
+    def out_info(self, node: Any, index: int | None = None) -> TensorInfo:
+        """torch's shape and dtype of ``node``'s output (``index`` of a multi-output op)."""
+        val = node.meta.get("val")
+        if index is not None:
+            val = val[index]
+        if not _is_tensor(val):
+            raise UnsupportedError(f"node %{node.name} does not produce a tensor")
+        return self._tensor_info(val, node)
+
+    def out_shape(self, node: Any, index: int | None = None) -> tuple[Dim, ...]:
+        return self.out_info(node, index).shape  # type: ignore[return-value]
+
+    def out_dtype(self, node: Any, index: int | None = None) -> str:
+        return self.out_info(node, index).dtype  # type: ignore[return-value]
+
+    def used_outputs(self, node: Any) -> set[int]:
+        """The indices of a multi-output node's results that other nodes read."""
+        used: set[int] = set()
+        for user in node.users:
+            if user.target is operator.getitem:
+                used.add(int(user.args[1]))
+            else:
+                used.update(range(8))
+        return used
+
+    def permute(self, x: Expr, perm: Sequence[int]) -> Expr:
+        """``x`` with its dims permuted (output dim ``i`` is input dim ``perm[i]``). A permute
+        of a permute made here becomes one permute of the original, or the original itself
+        (the transposes torch puts around attention cancel tilework's layout change)."""
+        perm = tuple(perm)
+        src, inner = self._permutes.get(x, (x, tuple(range(len(perm)))))
+        composed = tuple(inner[p] for p in perm)
+        if composed == tuple(range(len(composed))):
+            return src
+        out = self.emit(op.permute_dims(src, composed))
+        self._permutes[out] = (src, composed)
+        return out
+
+    def cast(self, x: Expr, dtype: str) -> Expr:
+        return x if self.dtype(x) == dtype else self.emit(op.astype(x, dtype))
+
+    def tensor(self, v: Any, dtype: str | None = None) -> Expr:
+        """``v`` as a tensor of ``dtype`` (None: its own): tensors are cast, Python numbers
+        become 0-d constants, a symbolic size a 0-d int64 tensor holding its value."""
+        if isinstance(v, Expr):
+            return v if dtype is None else self.cast(v, dtype)
+        if isinstance(v, sym.SymExpr):
+            col = self.emit(op.arange(v, sym.add(v, 1), 1, dtype="int64"))
+            scalar = self.emit(op.reshape(col, ()))
+            return scalar if dtype is None else self.cast(scalar, dtype)
+        if isinstance(v, (bool, int, float)):
+            if dtype is None:
+                dtype = "bool" if isinstance(v, bool) else "int64" if isinstance(v, int) else "float32"
+            return self.constant(np.asarray(v), dtype)
+        raise UnsupportedError(f"expected a tensor or a number, got {type(v).__name__} {v!r}")
+
+    def constant(self, data: np.ndarray, dtype: str) -> Constant:
+        from tilework.runtime.tensor import np_dtype
+
+        return Constant.of(np.asarray(data).astype(np_dtype(dtype)))
+
+    def promote(self, *values: Any) -> str:
+        """torch's type promotion of tensors and Python scalars."""
+        import torch
+
+        def rep(v: Any) -> Any:
+            if isinstance(v, Expr):
+                info = self.info(v)
+                return torch.empty([1] * len(info.shape or ()), dtype=torch_dtype(info.dtype or "float32"), device="meta")
+            if isinstance(v, sym.SymExpr):
+                return 1
+            return v
+
+        reps = [rep(v) for v in values]
+        dims = [r for r in reps if isinstance(r, torch.Tensor)]
+        result = reps[0]
+        for r in reps[1:]:
+            dt = torch.result_type(result, r)
+            ndim = max((t.dim() for t in dims), default=0)
+            result = torch.empty([1] * ndim, dtype=dt, device="meta")
+        if not isinstance(result, torch.Tensor):
+            result = torch.empty([], dtype=torch.result_type(result, result), device="meta")
+        return dtype_of_torch(result.dtype)
+
+    def ones(self, shape: Sequence[Dim], dtype: str, value: float = 1.0) -> Expr:
+        """A tensor of ``shape`` filled with ``value``: a constant when the shape is static."""
+        static = [d for d in shape if isinstance(d, int)]
+        if len(static) == len(shape):
+            return self.constant(np.full(tuple(static), value), dtype)
+        return self.emit(op.full(tuple(shape), value, dtype))
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _tensor_info(self, val: Any, node: Any) -> TensorInfo:
+        dims = tuple(self.syms.dim(d) for d in val.shape)
+        return TensorInfo(dims, dtype_of_torch(val.dtype))
+
+    def _input_info(self, val: Any, node: Any, bare: set[str]) -> TensorInfo:
+        """A user input's info; a size ``a * s + b`` whose symbol no input has bare gets a var
+        of its own (see ``SymbolTable.solve_linear``)."""
+        dims: list[Dim] = []
+        for axis, d in enumerate(val.shape):
+            expr = getattr(getattr(d, "node", None), "expr", None)
+            symbols = {str(s) for s in getattr(expr, "free_symbols", ())}
+            if expr is not None and not expr.is_Symbol and len(symbols) == 1 and not symbols & bare:
+                solved = self.syms.solve_linear(expr, f"{_ident(node.name)}_{axis}")
+                if solved is not None:
+                    dims.append(solved)
+                    continue
+            dims.append(self.syms.dim(d))
+        return TensorInfo(tuple(dims), dtype_of_torch(val.dtype))
+
+    def _assert_input_sizes(self, specs: Sequence[Any], placeholders: Sequence[Any]) -> None:
+        """Inputs whose sizes got vars of their own are cast to torch's sizes once."""
+        for spec, node in zip(specs, placeholders):
+            var = self.env.get(node)
+            if spec.kind.name != "USER_INPUT" or not isinstance(var, Var):
+                continue
+            want = self._tensor_info(node.meta["val"], node)
+            if var.info != want:
+                self.env[node] = self.bb.match_cast(var, want)
+
+    def _value_of_scalar(self, val: Any, node: Any) -> Any:
+        if val is None or isinstance(val, (bool, int, float, str)):
+            return val
+        if _is_symint(val):
+            raise UnsupportedError(f"input {node.name} is a symbolic int; pass sizes as tensors' shapes instead")
+        raise UnsupportedError(f"input {node.name} of type {type(val).__name__} is not supported")
+
+    def _weight(self, spec: Any) -> np.ndarray:
+        from tilework.runtime.tensor import from_torch
+
+        target = spec.target
+        for table in (self.ep.state_dict, self.ep.constants):
+            if target in table:
+                t = table[target]
+                if not _is_tensor(t):
+                    raise UnsupportedError(f"weight {target} is a {type(t).__name__}, not a tensor")
+                dtype_of_torch(t.dtype)
+                return np.array(from_torch(t), copy=True)
+        raise UnsupportedError(f"weight {target} is missing from the exported program's state")
+
+
+def functional(ep: Any) -> Any:
+    """``ep`` with a graph free of in-place ops (see the module docstring)."""
+    sig = ep.graph_signature
+    mutates = bool(getattr(sig, "buffers_to_mutate", {})) or bool(getattr(sig, "user_inputs_to_mutate", {}))
+    for n in ep.graph.nodes:
+        schema = getattr(n.target, "_schema", None)
+        if n.op == "call_function" and schema is not None and schema.is_mutable:
+            mutates = True
+            break
+    return ep.run_decompositions({}) if mutates else ep
+
+
+def _prune(func: GraphFunc) -> GraphFunc:
+    """``func`` without the bindings nothing uses (values a converter made and a later one
+    bypassed, such as a transpose folded into attention's layout). Every binding the
+    translator makes is pure; match_casts are kept (they check facts)."""
+    used: set[Var] = set()
+
+    def mark(e: Any) -> None:
+        if isinstance(e, Var):
+            used.add(e)
+        elif isinstance(e, Call):
+            mark(e.callee)
+            for a in e.args:
+                mark(a)
+        elif isinstance(e, Tuple):
+            for f in e.fields:
+                mark(f)
+        elif isinstance(e, TupleGetItem):
+            mark(e.tuple_value)
+
+    mark(func.body.body)
+    blocks = []
+    for block in reversed(func.body.blocks):
+        kept = []
+        for b in reversed(block.bindings):
+            if isinstance(b, MatchCast) or b.var in used:
+                kept.append(b)
+                mark(b.value)
+        blocks.append(replace(block, bindings=tuple(reversed(kept))))
+    body = replace(func.body, blocks=tuple(b for b in reversed(blocks) if b.bindings))
+    return replace(func, body=body)
+
+
+def _bare_symbols(specs: Sequence[Any], placeholders: Sequence[Any]) -> set[str]:
+    """The symbols that are a whole size of some user input."""
+    out: set[str] = set()
+    for spec, node in zip(specs, placeholders):
+        val = node.meta.get("val")
+        if spec.kind.name != "USER_INPUT" or not _is_tensor(val):
+            continue
+        for d in val.shape:
+            expr = getattr(getattr(d, "node", None), "expr", None)
+            if expr is not None and getattr(expr, "is_Symbol", False):
+                out.add(str(expr))
+    return out
+
+
+def _dim_places(ep: Any) -> dict[str, str]:
+    """``INPUT.AXIS`` -> torch symbol for each user-input dim that is a bare symbol."""
+    places: dict[str, str] = {}
+    nodes = [n for n in ep.graph.nodes if n.op == "placeholder"]
+    for spec, node in zip(ep.graph_signature.input_specs, nodes):
+        val = node.meta.get("val")
+        if spec.kind.name != "USER_INPUT" or not _is_tensor(val):
+            continue
+        for axis, d in enumerate(val.shape):
+            expr = getattr(getattr(d, "node", None), "expr", None)
+            if expr is not None and getattr(expr, "is_Symbol", False):
+                places[f"{node.name}.{axis}"] = str(expr)
+    return places
+
+
+def resolve_dim_refs(ep: Any, names: Mapping[str, str], bounds: Mapping[str, Bounds]) -> tuple[dict[str, str], dict[str, Bounds]]:
+    """``names`` and ``bounds`` re-keyed by torch symbol; a key may be a symbol (``s53``),
+    ``INPUT.AXIS`` (``input_ids.1``) or, for ``bounds``, a name given in ``names``."""
+    symbols = {str(s) for s in ep.range_constraints}
+    places = _dim_places(ep)
+
+    def resolve(ref: str, extra: Mapping[str, str]) -> str:
+        if ref in symbols:
+            return ref
+        if ref in places:
+            return places[ref]
+        if ref in extra:
+            return extra[ref]
+        known = ", ".join(f"{p} ({s})" for p, s in sorted(places.items())) or "none"
+        raise UnsupportedError(f"no dynamic dim {ref!r} in the exported program; its dynamic input dims: {known}")
+
+    by_symbol: dict[str, str] = {}
+    for ref, name in names.items():
+        if not name.isidentifier():
+            raise UnsupportedError(f"dim name {name!r} is not an identifier")
+        by_symbol[resolve(ref, {})] = name
+    if len(set(by_symbol.values())) != len(by_symbol):
+        raise UnsupportedError(f"two dynamic dims share a name: {by_symbol}")
+    named = {v: k for k, v in by_symbol.items()}
+    return by_symbol, {resolve(ref, named): b for ref, b in bounds.items()}
+
+
+def _live_nodes(graph: Any) -> set[Any]:
+    """The nodes the outputs depend on."""
+    out = next(n for n in graph.nodes if n.op == "output")
+    live: set[Any] = set()
+    stack = [out]
+    while stack:
+        n = stack.pop()
+        if n in live:
+            continue
+        live.add(n)
+        stack.extend(n.all_input_nodes)
+    return live
+
+
+def _is_tensor(v: Any) -> bool:
+    return type(v).__name__ in ("FakeTensor", "Tensor", "Parameter") or (hasattr(v, "shape") and hasattr(v, "dtype") and hasattr(v, "device"))
+
+
+def _is_symint(v: Any) -> bool:
+    return type(v).__name__ == "SymInt"
+
+
+def _np_dtype_name(a: np.ndarray) -> str:
+    from tilework.runtime.tensor import dtype_name
+
+    return dtype_name(a.dtype)
+
+
+def _ident(name: str) -> str:
+    out = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+    return out if out and not out[0].isdigit() else f"v_{out}"
+
+
+__all__ = ["Translator", "Translation", "functional", "resolve_dim_refs"]

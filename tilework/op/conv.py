@@ -1,0 +1,331 @@
+"""Convolution and pooling over channel-first layouts: ``conv1d`` (``[N, C, L]``), ``conv2d``
+(``[N, C, H, W]``), ``max_pool2d``, ``avg_pool2d`` and ``adaptive_avg_pool2d``.
+
+Geometry attributes have one entry per spatial dim (``strides``, ``dilation``, ``pool_size``)
+except ``padding``, which lists the padding before every spatial dim and then the padding after
+every one (``(top, left, bottom, right)`` for 2-D), so asymmetric padding is expressible. The
+output length of a spatial dim of length ``d`` is
+``(d + pad_before + pad_after - dilation * (k - 1) - 1) // stride + 1`` and stays symbolic.
+
+``conv*`` weights are ``[out_channels, in_channels // groups, *kernel]`` (torch's layout);
+output channel ``o`` reads the input channels of group ``o // (out_channels // groups)``.
+Pooling with ``ceil_mode`` rounds the output length up but never starts a window in the
+padding after the input (torch's rule). ``avg_pool2d`` divides by the window size clipped to
+the padded input (``count_include_pad``) or by the number of input elements it covers.
+``adaptive_avg_pool2d`` averages rows ``floor(i * d / out) .. ceil((i + 1) * d / out)``.
+
+Legalization: padded taps are skipped (never loaded); conv accumulates float16/bfloat16 in
+float32.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+from tilework import te
+from tilework.ir import sym
+from tilework.ir.graph import Call, Expr
+from tilework.ir.info import StructInfo, TensorInfo, shape_str
+from tilework.ir.loop import Scalar
+from tilework.ir.sym import Dim
+from tilework.op.base import (
+    InferCtx,
+    Op,
+    OpPattern,
+    bool_attr,
+    int_attr,
+    make_call,
+    register,
+    require_equal,
+    require_float,
+    tensor_arg,
+    unify_dtype,
+)
+from tilework.op.kernel import arg, compute_dtype, op_name, out_tensor
+
+if TYPE_CHECKING:
+    from tilework.transform.legalize import LegalizeCtx
+
+_SPATIAL = {"conv1d": 1, "conv2d": 2, "max_pool2d": 2, "avg_pool2d": 2, "adaptive_avg_pool2d": 2}
+
+
+def _ints_attr(call: Call, name: str, count: int, ctx: InferCtx, minimum: int) -> tuple[int, ...]:
+    v = call.attrs[name]
+    if not isinstance(v, tuple) or len(v) != count or any(isinstance(a, bool) or not isinstance(a, int) for a in v):
+        raise ctx.error(f"attribute {name} must be a tuple of {count} ints, got {v!r}")
+    if any(a < minimum for a in v):
+        raise ctx.error(f"attribute {name} entries must be >= {minimum}, got {v!r}")
+    return tuple(v)
+
+
+def conv_out_len(d: Dim, k: Dim, stride: int, pad_before: int, pad_after: int, dilation: int, ceil_mode: bool = False) -> Dim:
+    """The output length of one spatial dim (see the module docstring)."""
+    span = sym.sub(sym.add(d, pad_before + pad_after), sym.add(sym.mul(dilation, sym.sub(k, 1)), 1))
+    if not ceil_mode:
+        return sym.add(sym.floordiv(span, stride), 1)
+    n = sym.add(sym.ceildiv(span, stride), 1)
+    return sym.min_(n, sym.ceildiv(sym.add(d, pad_before), stride))
+
+
+def _require_positive(dims: Sequence[Dim], ctx: InferCtx, what: str) -> None:
+    for d in dims:
+        if sym.prove_ge(d, 1):
+            continue
+        if isinstance(d, int):
+            raise ctx.shape_error(f"{what} {shape_str(tuple(dims))} must be positive, got {d}")
+        ctx.require("ge", (d, 1), f"{what} {shape_str(tuple(dims))} must be positive")
+
+
+def _geometry(call: Call, ctx: InferCtx, nsp: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    strides = _ints_attr(call, "strides", nsp, ctx, 1)
+    padding = _ints_attr(call, "padding", 2 * nsp, ctx, 0)
+    dilation = _ints_attr(call, "dilation", nsp, ctx, 1) if "dilation" in call.attrs else (1,) * nsp
+    return strides, padding, dilation
+
+
+def _check_input(x: TensorInfo, nsp: int, ctx: InferCtx) -> None:
+    if x.ndim not in (-1, nsp + 2):
+        raise ctx.shape_error(f"input must be {nsp + 2}-D [batch, channels, *spatial], got shape {shape_str(x.shape)}")
+
+
+def _infer_conv(call: Call, ctx: InferCtx) -> StructInfo:
+    nsp = _SPATIAL[ctx.op_name]
+    if len(call.args) not in (2, 3):
+        raise ctx.error(f"takes (x, weight) or (x, weight, bias), got {len(call.args)} argument(s)")
+    x, w = tensor_arg(call, 0, ctx), tensor_arg(call, 1, ctx)
+    bias = tensor_arg(call, 2, ctx) if len(call.args) == 3 else None
+    require_float(x, ctx)
+    dtype = unify_dtype([x.dtype, w.dtype] + ([bias.dtype] if bias else []), ctx)
+    strides, padding, dilation = _geometry(call, ctx, nsp)
+    groups = int_attr(call, "groups", ctx)
+    if groups < 1:
+        raise ctx.error(f"groups must be >= 1, got {groups}")
+    _check_input(x, nsp, ctx)
+    if w.ndim not in (-1, nsp + 2):
+        raise ctx.shape_error(f"weight must be {nsp + 2}-D [out_channels, in_channels // groups, *kernel], got shape {shape_str(w.shape)}")
+    if bias is not None and bias.ndim not in (-1, 1):
+        raise ctx.shape_error(f"bias must be 1-D [out_channels], got shape {shape_str(bias.shape)}")
+    if x.shape is None or w.shape is None:
+        return TensorInfo(None, dtype, nsp + 2)
+    out_c = w.shape[0]
+    require_equal(x.shape[1], sym.mul(w.shape[1], groups), ctx, f"input channels of {shape_str(x.shape)} must be {groups} group(s) of weight {shape_str(w.shape)}")
+    rem = sym.floormod(out_c, groups)
+    if isinstance(rem, int) and rem != 0:
+        raise ctx.shape_error(f"out_channels {out_c} is not divisible by groups {groups}")
+    if rem != 0:
+        ctx.require("divides", (out_c, groups), f"out_channels {sym.to_str(out_c)} must be divisible by groups {groups}")
+    if bias is not None and bias.shape is not None:
+        require_equal(out_c, bias.shape[0], ctx, f"out_channels of weight {shape_str(w.shape)} and bias {shape_str(bias.shape)} differ")
+    spatial = tuple(conv_out_len(x.shape[2 + i], w.shape[2 + i], strides[i], padding[i], padding[nsp + i], dilation[i]) for i in range(nsp))
+    _require_positive(spatial, ctx, "output spatial shape")
+    return TensorInfo((x.shape[0], out_c) + spatial, dtype)
+
+
+def _infer_pool(call: Call, ctx: InferCtx) -> StructInfo:
+    nsp = _SPATIAL[ctx.op_name]
+    x = tensor_arg(call, 0, ctx)
+    if ctx.op_name == "avg_pool2d":
+        require_float(x, ctx)
+    size = _ints_attr(call, "pool_size", nsp, ctx, 1)
+    strides, padding, dilation = _geometry(call, ctx, nsp)
+    ceil_mode = bool_attr(call, "ceil_mode", ctx)
+    if "count_include_pad" in call.attrs:
+        bool_attr(call, "count_include_pad", ctx)
+    for i in range(nsp):
+        if 2 * max(padding[i], padding[nsp + i]) > dilation[i] * (size[i] - 1) + 1:
+            raise ctx.error(f"padding {padding} must be at most half the (dilated) pool size {size}")
+    _check_input(x, nsp, ctx)
+    if x.shape is None:
+        return TensorInfo(None, x.dtype, x.ndim)
+    spatial = tuple(conv_out_len(x.shape[2 + i], size[i], strides[i], padding[i], padding[nsp + i], dilation[i], ceil_mode) for i in range(nsp))
+    _require_positive(spatial, ctx, "output spatial shape")
+    return TensorInfo(x.shape[:2] + spatial, x.dtype)
+
+
+def _infer_adaptive(call: Call, ctx: InferCtx) -> StructInfo:
+    x = tensor_arg(call, 0, ctx)
+    require_float(x, ctx)
+    out = _ints_attr(call, "output_size", 2, ctx, 1)
+    _check_input(x, 2, ctx)
+    if x.shape is None:
+        return TensorInfo(None, x.dtype, x.ndim)
+    _require_positive(x.shape[2:], ctx, "input spatial shape")
+    return TensorInfo(x.shape[:2] + out, x.dtype)
+
+
+# -- legalization ---------------------------------------------------------------------------
+
+
+def _taps(out_idx: Sequence[Scalar], ks: Sequence[Scalar], strides: Sequence[int], padding: Sequence[int], dilation: Sequence[int]) -> list[Scalar]:
+    """The input position read by kernel tap ``ks`` for output position ``out_idx``."""
+    return [o * s - p + k * d for o, k, s, p, d in zip(out_idx, ks, strides, padding, dilation)]  # type: ignore[operator, misc]
+
+
+def _inside(pos: Sequence[Scalar], dims: Sequence[Dim]) -> Scalar:
+    return te.all(*(te.all(te.ge(p, 0), te.lt(p, d)) for p, d in zip(pos, dims)))
+
+
+def _legalize_conv(call: Call, ctx: "LegalizeCtx") -> Expr:
+    name = op_name(call)
+    nsp = _SPATIAL[name]
+    x, w = arg(call, 0, "x"), arg(call, 1, "weight")
+    bias = arg(call, 2, "bias") if len(call.args) == 3 else None
+    shape, dtype = out_tensor(call)
+    acc = compute_dtype(dtype)
+    strides, padding, dilation = (tuple(call.attrs[a]) for a in ("strides", "padding", "dilation"))
+    groups = int(call.attrs["groups"])
+    cin_g = w.shape[1]
+    per_group = sym.floordiv(w.shape[0], groups)
+
+    def f(n: Scalar, o: Scalar, *sp: Scalar) -> Scalar:
+        c = te.reduce_axis(cin_g, "c")
+        ks = [te.reduce_axis(w.shape[2 + i], f"k{i}") for i in range(nsp)]
+        pos = _taps(sp, ks, strides, padding, dilation)
+        chan = c if groups == 1 else o // per_group * cin_g + c  # type: ignore[operator]
+        prod = te.cast(x[(n, chan, *pos)], acc) * te.cast(w[(o, c, *ks)], acc)  # type: ignore[operator]
+        inside = _inside(pos, x.shape[2:]) if any(padding) else None
+        total = te.sum(prod, axis=[c, *ks], where=inside)
+        return total if bias is None else total + te.cast(bias[o], acc)  # type: ignore[operator]
+
+    out = te.compute(shape, f, name, dtype)
+    inputs = [x, w] if bias is None else [x, w, bias]
+    return ctx.call_te(name, call.args, inputs, [out], call.info)
+
+
+def _legalize_max_pool(call: Call, ctx: "LegalizeCtx") -> Expr:
+    x = arg(call, 0, "x")
+    shape, dtype = out_tensor(call)
+    size, strides, padding, dilation = (tuple(call.attrs[a]) for a in ("pool_size", "strides", "padding", "dilation"))
+
+    def f(n: Scalar, c: Scalar, *sp: Scalar) -> Scalar:
+        ks = [te.reduce_axis(k, f"k{i}") for i, k in enumerate(size)]
+        pos = _taps(sp, ks, strides, padding, dilation)
+        return te.max(x[(n, c, *pos)], axis=ks, where=_inside(pos, x.shape[2:]))
+
+    out = te.compute(shape, f, "max_pool2d", dtype)
+    return ctx.call_te("max_pool2d", call.args, [x], [out], call.info)
+
+
+def _legalize_avg_pool(call: Call, ctx: "LegalizeCtx") -> Expr:
+    x = arg(call, 0, "x")
+    shape, dtype = out_tensor(call)
+    acc = compute_dtype(dtype)
+    size, strides, padding = (tuple(call.attrs[a]) for a in ("pool_size", "strides", "padding"))
+    include_pad = bool(call.attrs["count_include_pad"])
+    nsp = len(size)
+    dims = x.shape[2:]
+
+    def count(sp: Sequence[Scalar]) -> Scalar:
+        total: Scalar = 1
+        for i, o in enumerate(sp):
+            start = o * strides[i] - padding[i]  # type: ignore[operator]
+            end = te.minimum(start + size[i], sym.add(dims[i], padding[nsp + i]))  # type: ignore[operator]
+            if not include_pad:
+                start, end = te.maximum(start, 0), te.minimum(end, dims[i])
+            total = total * (end - start)  # type: ignore[operator]
+        return total
+
+    def f(n: Scalar, c: Scalar, *sp: Scalar) -> Scalar:
+        ks = [te.reduce_axis(k, f"k{i}") for i, k in enumerate(size)]
+        pos = _taps(sp, ks, strides, padding, (1,) * nsp)
+        total = te.sum(te.cast(x[(n, c, *pos)], acc), axis=ks, where=_inside(pos, dims))
+        return total / te.cast(count(sp), acc)  # type: ignore[operator]
+
+    out = te.compute(shape, f, "avg_pool2d", dtype)
+    return ctx.call_te("avg_pool2d", call.args, [x], [out], call.info)
+
+
+def _legalize_adaptive(call: Call, ctx: "LegalizeCtx") -> Expr:
+    x = arg(call, 0, "x")
+    shape, dtype = out_tensor(call)
+    acc = compute_dtype(dtype)
+    outs = tuple(call.attrs["output_size"])
+    dims = x.shape[2:]
+    # the longest window: ceil(d / out) + 1 covers every window's rows
+    widths = [sym.add(sym.ceildiv(d, o), 1) for d, o in zip(dims, outs)]
+
+    def bounds(i: Scalar, d: Dim, o: int) -> tuple[Scalar, Scalar]:
+        return i * d // o, ((i + 1) * d + (o - 1)) // o  # type: ignore[operator]
+
+    def f(n: Scalar, c: Scalar, *sp: Scalar) -> Scalar:
+        ks = [te.reduce_axis(wd, f"k{i}") for i, wd in enumerate(widths)]
+        win = [bounds(i, d, o) for i, d, o in zip(sp, dims, outs)]
+        pos = [s + k for (s, _), k in zip(win, ks)]  # type: ignore[operator]
+        inside = te.all(*(te.lt(p, e) for p, (_, e) in zip(pos, win)))
+        total = te.sum(te.cast(x[(n, c, *pos)], acc), axis=ks, where=inside)
+        count: Scalar = 1
+        for s, e in win:
+            count = count * (e - s)  # type: ignore[operator]
+        return total / te.cast(count, acc)  # type: ignore[operator]
+
+    out = te.compute(shape, f, "adaptive_avg_pool2d", dtype)
+    return ctx.call_te("adaptive_avg_pool2d", call.args, [x], [out], call.info)
+
+
+_CONV_ATTRS = {"strides": None, "padding": None, "dilation": None, "groups": 1}
+register(Op("conv1d", _infer_conv, OpPattern.OUT_EWISE_FUSABLE, attrs=_CONV_ATTRS, legalize=_legalize_conv))
+register(Op("conv2d", _infer_conv, OpPattern.OUT_EWISE_FUSABLE, attrs=_CONV_ATTRS, legalize=_legalize_conv))
+register(Op("max_pool2d", _infer_pool, OpPattern.OUT_EWISE_FUSABLE, attrs={"pool_size": None, "strides": None, "padding": None, "dilation": None, "ceil_mode": False}, num_args=1, legalize=_legalize_max_pool))
+register(Op("avg_pool2d", _infer_pool, OpPattern.OUT_EWISE_FUSABLE, attrs={"pool_size": None, "strides": None, "padding": None, "ceil_mode": False, "count_include_pad": True}, num_args=1, legalize=_legalize_avg_pool))
+register(Op("adaptive_avg_pool2d", _infer_adaptive, OpPattern.OUT_EWISE_FUSABLE, attrs={"output_size": None}, num_args=1, legalize=_legalize_adaptive))
+
+# -- constructors ---------------------------------------------------------------------------
+
+
+def _per_dim(v: int | Sequence[int], n: int, what: str) -> tuple[int, ...]:
+    out = (v,) * n if isinstance(v, int) else tuple(v)
+    if len(out) != n:
+        raise ValueError(f"{what} needs 1 or {n} entries, got {v!r}")
+    return out
+
+
+def _padding(v: int | Sequence[int], n: int) -> tuple[int, ...]:
+    """An int, one entry per spatial dim (symmetric) or ``before..., after...``."""
+    if isinstance(v, int):
+        return (v,) * (2 * n)
+    t = tuple(v)
+    if len(t) == n:
+        return t + t
+    if len(t) == 2 * n:
+        return t
+    raise ValueError(f"padding needs 1, {n} or {2 * n} entries, got {v!r}")
+
+
+def _conv(name: str, n: int, x: Expr, weight: Expr, bias: Expr | None, strides: int | Sequence[int], padding: int | Sequence[int], dilation: int | Sequence[int], groups: int) -> Call:
+    args = [x, weight] if bias is None else [x, weight, bias]
+    return make_call(name, args, strides=_per_dim(strides, n, "strides"), padding=_padding(padding, n), dilation=_per_dim(dilation, n, "dilation"), groups=groups)
+
+
+def conv1d(x: Expr, weight: Expr, bias: Expr | None = None, strides: int | Sequence[int] = 1, padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1, groups: int = 1) -> Call:
+    """1-D convolution (cross-correlation, like torch) of ``x: [N, C, L]`` with
+    ``weight: [O, C // groups, K]``; ``padding`` is an int, ``(p,)`` or ``(before, after)``."""
+    return _conv("conv1d", 1, x, weight, bias, strides, padding, dilation, groups)
+
+
+def conv2d(x: Expr, weight: Expr, bias: Expr | None = None, strides: int | Sequence[int] = 1, padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1, groups: int = 1) -> Call:
+    """2-D convolution of ``x: [N, C, H, W]`` with ``weight: [O, C // groups, KH, KW]``;
+    ``padding`` is an int, ``(ph, pw)`` or ``(top, left, bottom, right)``."""
+    return _conv("conv2d", 2, x, weight, bias, strides, padding, dilation, groups)
+
+
+def max_pool2d(x: Expr, pool_size: int | Sequence[int], strides: int | Sequence[int] | None = None, padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1, ceil_mode: bool = False) -> Call:
+    """The maximum over each (dilated) window of ``x: [N, C, H, W]``; padding never wins.
+    ``strides`` None is the pool size."""
+    size = _per_dim(pool_size, 2, "pool_size")
+    return make_call("max_pool2d", [x], pool_size=size, strides=size if strides is None else _per_dim(strides, 2, "strides"), padding=_padding(padding, 2), dilation=_per_dim(dilation, 2, "dilation"), ceil_mode=ceil_mode)
+
+
+def avg_pool2d(x: Expr, pool_size: int | Sequence[int], strides: int | Sequence[int] | None = None, padding: int | Sequence[int] = 0, ceil_mode: bool = False, count_include_pad: bool = True) -> Call:
+    """The mean over each window of ``x: [N, C, H, W]`` (see the module docstring for the
+    divisor). ``strides`` None is the pool size."""
+    size = _per_dim(pool_size, 2, "pool_size")
+    return make_call("avg_pool2d", [x], pool_size=size, strides=size if strides is None else _per_dim(strides, 2, "strides"), padding=_padding(padding, 2), ceil_mode=ceil_mode, count_include_pad=count_include_pad)
+
+
+def adaptive_avg_pool2d(x: Expr, output_size: int | Sequence[int]) -> Call:
+    """``x: [N, C, H, W]`` averaged down to ``[N, C, *output_size]`` with windows that tile the
+    input as evenly as possible."""
+    return make_call("adaptive_avg_pool2d", [x], output_size=_per_dim(output_size, 2, "output_size"))
+
+
+__all__ = ["conv1d", "conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "conv_out_len"]
