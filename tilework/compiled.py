@@ -163,27 +163,6 @@ def frontends() -> list[str]:
     return [name for name, _, _ in _FRONTENDS]
 
 
-def default_graph_passes() -> list[Any]:
-    """The graph-level passes ``compile`` runs before lowering (their result is
-    ``CompiledModel.module``): canonicalize bindings, fold constants, merge common
-    subexpressions, drop dead code."""
-    from tilework.transform.canonicalize_bindings import CanonicalizeBindings
-    from tilework.transform.common_subexpr_elim import CommonSubexprElim
-    from tilework.transform.dead_code_elimination import DeadCodeElimination
-    from tilework.transform.fold_constant import FoldConstant
-
-    return [CanonicalizeBindings(), FoldConstant(), CommonSubexprElim(), DeadCodeElimination()]
-
-
-def default_kernel_passes() -> list[Any]:
-    """The passes ``compile`` runs on the kernels right after legalize: copies that only
-    reshape become views, then fusion (op patterns, grouping, merged kernels)."""
-    from tilework.transform.fuse_tensor import fusion_passes
-    from tilework.transform.rewrite_reshape_to_view import RewriteReshapeToView
-
-    return [RewriteReshapeToView(), *fusion_passes()]
-
-
 def compile(
     model: Any,
     example_args: Any = None,
@@ -218,14 +197,14 @@ def compile(
     t0 = time.perf_counter()
     imported = _import(model, options)
     t1 = time.perf_counter()
-    from tilework.driver import build, lowering_passes
+    from tilework.driver import build, default_graph_passes, default_kernel_passes, lowering_passes
     from tilework.transform.pipeline import Pipeline
 
     graph_passes = list(default_graph_passes() if passes is None else passes)
     kernel_passes = default_kernel_passes() if passes is None else []
     optimized = Pipeline(graph_passes)(imported.module) if graph_passes else imported.module
     t2 = time.perf_counter()
-    exe = build(optimized, backends=backends, post_legalize_passes=kernel_passes)
+    exe = build(optimized, passes=[], post_legalize_passes=kernel_passes, backends=backends)
     t3 = time.perf_counter()
     lowering = [p.name for p in lowering_passes()]
     lowering[1:1] = [p.name for p in kernel_passes]  # right after legalize
@@ -583,4 +562,4 @@ def _load_arrays(data: bytes) -> list[np.ndarray]:
     return out
 
 
-__all__ = ["compile", "CompiledModel", "Signature", "Imported", "CompileOptions", "register_frontend", "frontends", "default_graph_passes", "default_kernel_passes"]
+__all__ = ["compile", "CompiledModel", "Signature", "Imported", "CompileOptions", "register_frontend", "frontends"]
