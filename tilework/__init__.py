@@ -65,12 +65,14 @@ def load(path: str) -> "Executable":
     return Executable.load(path)
 
 
-def compile(model: Any, example_args: Any = None, dynamic_shapes: Any = None, backends: Any = None, placement: Any = None) -> "CompiledModel":
-    """Compile a model (``torch.nn.Module``, ``ExportedProgram``, ``IRModule`` ...) once for every
-    shape of its dynamic dims; the result is called like the model (``tilework.compiled``)."""
+def compile(model: Any, example_args: Any = None, dynamic_shapes: Any = None, backends: Any = None, placement: Any = None, **options: Any) -> "CompiledModel":
+    """Compile a model (``torch.nn.Module``, ``ExportedProgram``, ONNX file, ``tilework.nn``
+    module, ``IRModule``) once for every shape of its dynamic dims; the result is called like the
+    model. ``options`` (``dim_bounds``, ``dim_names``, ``weights``, ``passes``, ``opt_level``)
+    are those of ``tilework.compiled.compile``."""
     from tilework.compiled import compile as _compile
 
-    return _compile(model, example_args, dynamic_shapes, backends, placement)
+    return _compile(model, example_args, dynamic_shapes, backends, placement, **options)
 
 
 def __getattr__(name: str) -> Any:

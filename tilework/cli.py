@@ -2,6 +2,10 @@
 
     tilework demo                      build, print, parse back and verify a symbolic model
     tilework build IR_FILE -o OUT.tw   compile a module in the text format to an executable
+    tilework build MODEL.pt2 -o OUT.tw [--dim seq=input_ids.1<=512] [--backends blas,torch,codegen]
+                                       compile a torch.export program (torch.export.save)
+    tilework build MODEL.onnx -o OUT.tw [--dim seq<=512]
+                                       compile an ONNX model (--dim bounds a dim_param)
     tilework run OUT.tw --input x=x.npy ... [--output DIR] [--function main]
     tilework --version
 
@@ -33,9 +37,11 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--quiet", action="store_true", help="do not print the IR")
     d.add_argument("--run", action="store_true", help="also compile the block once and run it at several shapes against NumPy")
 
-    b = sub.add_parser("build", help="compile a module in the text format to an executable file")
-    b.add_argument("ir_file", help="a module in tilework's text format (print(mod) writes it)")
+    b = sub.add_parser("build", help="compile a module in the text format, or a torch.export program (.pt2), to an executable file", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_DIM_HELP)
+    b.add_argument("ir_file", help="a module in tilework's text format (print(mod) writes it), or a .pt2 file written by torch.export.save")
     b.add_argument("-o", "--output", required=True, help="the executable to write (e.g. out.tw)")
+    b.add_argument("--dim", action="append", default=[], metavar="SPEC", help="(.pt2 and .onnx) name a dynamic dim and/or narrow its bounds, e.g. seq=input_ids.1<=512 (.pt2) or seq<=512 (.onnx: a dim_param); repeat for each dim (see below)")
+    b.add_argument("--backends", metavar="LIST", help="backends in priority order, e.g. blas,torch,codegen: each op goes to the first that can run it, the rest to tilework's kernels (see docs/backends.md)")
 
     r = sub.add_parser("run", help="run a function of an executable on .npy inputs")
     r.add_argument("executable", help="a file written by `tilework build` or Executable.save")
@@ -110,18 +116,89 @@ def _demo_run(mod: object, cfg: object) -> bool:
     return run_demo_shapes(mod, cfg)
 
 
+_DIM_HELP = """\
+--dim SPEC (for .pt2 programs), one per dynamic dim:
+  [NAME=]REF[<=HI]   REF>=LO   LO<=REF<=HI
+REF names a dynamic dim of the program: INPUT.AXIS (input_ids.1), a torch symbol (s53) or a
+NAME given by another --dim. NAME renames it (it names the sym var in the compiled module and in
+error messages). Bounds may only narrow the range the program was exported for: a wider range
+was never checked by torch.export and is refused. Examples:
+  tilework build bert.pt2 -o bert.tw --dim batch=input_ids.0<=16 --dim seq=input_ids.1<=512
+  tilework build llama.pt2 -o llama.tw --dim s53<=256
+The weights become constants of the executable: `tilework run OUT.tw --input NAME=FILE.npy ...`
+takes only the program's inputs.
+"""
+
+
 def _build(args: argparse.Namespace) -> int:
     import tilework
 
+    if args.ir_file.endswith(".pt2"):
+        return _build_pt2(args)
+    if args.ir_file.endswith(".onnx"):
+        return _build_onnx(args)
+    if args.dim:
+        raise TileworkError("--dim applies to .pt2 and .onnx models only; a module in the text format declares its dims itself")
     with open(args.ir_file) as fh:
         text = fh.read()
     mod = tilework.parse(text)
     tilework.verify(mod)
     t0 = time.perf_counter()
+    exe = tilework.build(mod, target="cpu", backends=args.backends)
+    exe.save(args.output)
+    stats = exe.stats()
+    via = f" with backends {','.join(exe.meta['backends'])}" if args.backends else ""
+    print(f"built {args.output}{via}: {stats['functions']} function(s), {stats['kernels']} kernel(s), {stats['instructions']} instructions in {time.perf_counter() - t0:.2f} s")
+    return 0
+
+
+def _build_pt2(args: argparse.Namespace) -> int:
+    """Compile a ``torch.export.save`` file with its weights as constants."""
+    try:
+        import torch
+    except ImportError:
+        raise TileworkError("building a .pt2 program needs torch (pip install torch)") from None
+    from tilework.compiled import compile as compile_model
+    from tilework.frontend.torch import parse_dim_spec
+
+    if not os.path.exists(args.ir_file):
+        raise TileworkError(f"no such file: {args.ir_file}")
+    names: dict[str, str] = {}
+    bounds: dict[str, tuple[int | None, int | None]] = {}
+    for spec in args.dim:
+        ref, new, rng = parse_dim_spec(spec)
+        if new is not None:
+            names[ref] = new
+        if rng != (None, None):
+            bounds[new or ref] = rng
+    t0 = time.perf_counter()
+    ep = torch.export.load(args.ir_file)
+    cm = compile_model(ep, backends=args.backends, dim_names=names, dim_bounds=bounds, weights="constants")
+    cm.save(args.output)
+    stats = cm.executable.stats()
+    dims = ", ".join(f"{n} in [{lo}, {'inf' if hi is None else hi}]" for n, (lo, hi, _) in cm.report["dims"].items()) or "none"
+    print(f"built {args.output}: {stats['kernels']} kernel(s), {stats['instructions']} instructions, dynamic dims: {dims}, in {time.perf_counter() - t0:.2f} s")
+    return 0
+
+
+def _build_onnx(args: argparse.Namespace) -> int:
+    """Compile an ONNX model; ``--dim NAME<=HI`` bounds a ``dim_param`` (weights become
+    constants of the executable)."""
+    import tilework
+    from tilework.frontend.onnx import from_onnx
+    from tilework.frontend.onnx.compile import parse_dim_spec
+
+    if not os.path.exists(args.ir_file):
+        raise TileworkError(f"no such file: {args.ir_file}")
+    bounds = dict(parse_dim_spec(spec) for spec in args.dim)
+    t0 = time.perf_counter()
+    mod = from_onnx(args.ir_file, dim_bounds=bounds)
     exe = tilework.build(mod, target="cpu")
     exe.save(args.output)
     stats = exe.stats()
-    print(f"built {args.output}: {stats['functions']} function(s), {stats['kernels']} kernel(s), {stats['instructions']} instructions in {time.perf_counter() - t0:.2f} s")
+    main = mod["main"]
+    dims = sorted({f"{d.name} in [{d.lo}, {'inf' if d.hi is None else d.hi}]" for p in main.params for d in getattr(p.info, "shape", None) or () if hasattr(d, "name")})  # type: ignore[union-attr]
+    print(f"built {args.output}: {stats['kernels']} kernel(s), {stats['instructions']} instructions, dynamic dims: {', '.join(dims) or 'none'}, in {time.perf_counter() - t0:.2f} s")
     return 0
 
 

