@@ -17,6 +17,7 @@ called from two threads at once.
 from __future__ import annotations
 
 import ctypes
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence, Union
@@ -27,6 +28,13 @@ from tilework.codegen import toolchain
 from tilework.codegen.abi import SymValues, bind_syms, check_arrays, kernel_syms
 from tilework.codegen.c import c_symbols, emit_module
 from tilework.errors import BuildError
+
+# OpenMP workers of our kernels spin between parallel regions before they sleep. libgomp's
+# default spin (hundreds of microseconds) starves the other thread pools of a process (BLAS,
+# torch, onnxruntime, another VM) on small machines; a short spin keeps back-to-back kernels
+# warm without that. libgomp reads this when the first kernel library loads; a user's setting
+# wins.
+os.environ.setdefault("GOMP_SPINCOUNT", "20000")
 from tilework.ir.loop import TensorFunc
 
 
