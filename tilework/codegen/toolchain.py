@@ -1,8 +1,10 @@
 """The system C compiler: finding it, invoking it once per library, caching what it built.
 
 - Compiler: ``$CC`` (may carry arguments, e.g. ``"ccache gcc"``), else ``cc``.
-- Flags: ``$TILEWORK_CFLAGS``, else ``-O3 -march=native -fopenmp -shared -fPIC``; the source
-  and ``-lm`` follow them.
+- Flags: ``$TILEWORK_CFLAGS``, else ``-O3 -march=native -fno-math-errno -fopenmp -shared
+  -fPIC``; the source and ``-lm`` follow them. ``-fno-math-errno`` changes no value: kernels
+  never read ``errno``, and without it ``sqrt`` and friends cannot be vectorized or hoisted
+  (the compiler must keep the call that may set it).
 - Cache: ``$TILEWORK_CACHE_DIR``, else ``$XDG_CACHE_HOME/tilework``, else
   ``~/.cache/tilework``. A shared object is stored under the SHA-256 of the C source, the
   compiler command (resolved path, size and mtime of its executable), the flags and the CPU
@@ -28,7 +30,7 @@ from typing import Mapping, Sequence
 
 from tilework.errors import BuildError
 
-DEFAULT_CFLAGS = "-O3 -march=native -fopenmp -shared -fPIC"
+DEFAULT_CFLAGS = "-O3 -march=native -fno-math-errno -fopenmp -shared -fPIC"
 _INSTALL_HINT = (
     "tilework compiles CPU kernels with the system C compiler. Install one "
     "(Debian/Ubuntu: `apt-get install gcc`; Fedora: `dnf install gcc`; macOS: "

@@ -1,5 +1,7 @@
 """What op legalizations share: te placeholders for a call's arguments, symbolic broadcast
-indexing, compute dtypes and the index maps of shape-changing copies.
+indexing, compute dtypes, the index maps of shape-changing copies, and the pieces of
+hand-built kernels (loops, named blocks, the kernel with its fusion label) for ops that
+``te`` cannot express well (attention's online softmax).
 
 A legalization builds its kernel over the *caller's* dims (the same ``SymVar`` objects as the
 call's struct info), so the kernel's sym vars are the caller's and the graph passes their
@@ -14,10 +16,24 @@ from typing import TYPE_CHECKING, Sequence
 from tilework import te
 from tilework.errors import UnsupportedError
 from tilework.ir import sym
-from tilework.ir.graph import Call, Expr, Tuple, TupleGetItem
+from tilework.ir.graph import Attrs, Call, Expr, Tuple, TupleGetItem
 from tilework.ir.info import StructInfo, TensorInfo, TupleInfo
-from tilework.ir.loop import Scalar
-from tilework.ir.sym import Dim
+from tilework.ir.loop import (
+    Allocate,
+    Block,
+    Buffer,
+    For,
+    Load,
+    Scalar,
+    SeqStmt,
+    Stmt,
+    Store,
+    TensorFunc,
+    stmt_scalars,
+    walk_scalars,
+    walk_stmts,
+)
+from tilework.ir.sym import Dim, SymVar
 
 if TYPE_CHECKING:
     from tilework.transform.legalize import LegalizeCtx
@@ -126,8 +142,83 @@ def reshape_index(idx: Sequence[Scalar], out_shape: Sequence[Dim], in_shape: Seq
     return tuple(idx[:lo]) + tuple(inner) + tuple(tail)
 
 
+# -- hand-built loop nests -------------------------------------------------------------------
+
+
+def serial_var(name: str, extent: Dim) -> SymVar:
+    """A loop var over ``[0, extent)`` (bounded above when the extent's bound is known)."""
+    hi = sym.bounds(extent)[1]
+    return SymVar(name, 0, hi - 1 if hi is not None and hi >= 1 else None)
+
+
+def block(name: str, body: Stmt) -> Block:
+    """A block named ``name`` without iter vars around ``body``, its reads and writes listed:
+    the unit a hand-built kernel names its steps by (fusion inlines producers into its loads)."""
+    reads: dict[Buffer, None] = {}
+    writes: dict[Buffer, None] = {}
+    for st in walk_stmts(body):
+        if isinstance(st, Store):
+            writes[st.buffer] = None
+        for x in stmt_scalars(st):
+            for e in walk_scalars(x):
+                if isinstance(e, Load):
+                    reads[e.buffer] = None
+    return Block(name, (), tuple(reads), tuple(writes), body)
+
+
+def seq(stmts: Sequence[Stmt]) -> Stmt:
+    """``stmts`` in order as one statement (nested sequences flattened)."""
+    flat: list[Stmt] = []
+    for st in stmts:
+        flat.extend(st.stmts if isinstance(st, SeqStmt) else (st,))
+    return flat[0] if len(flat) == 1 else SeqStmt(tuple(flat))
+
+
+def hand_kernel(params: Sequence[Buffer | SymVar], body: Stmt, pattern: str) -> TensorFunc:
+    """A hand-built TensorFunc (outputs: the last buffer) whose blocks the op-pattern
+    analysis cannot label; ``pattern`` is the label fusion should use."""
+    return TensorFunc(tuple(params), body, 1, Attrs({"op_pattern": pattern}))
+
+
+def free_syms(body: Stmt, buffers: Sequence[Buffer]) -> list[SymVar]:
+    """The sym vars ``body`` and the buffer shapes use that the body does not bind and no
+    buffer has as a bare dim: the extra sym params of a hand-built kernel."""
+    bound: set[SymVar] = set()
+    used: dict[SymVar, None] = {}
+
+    def use(d: object) -> None:
+        if isinstance(d, sym.SymExpr):
+            used.update(dict.fromkeys(sym.free_vars(d)))
+
+    for b in buffers:
+        for d in b.shape:
+            use(d)
+    for st in walk_stmts(body):
+        if isinstance(st, For):
+            bound.add(st.var)
+            use(st.extent)
+        elif isinstance(st, Block):
+            bound.update(iv.var for iv in st.iter_vars)
+            for iv in st.iter_vars:
+                use(iv.extent)
+                use(iv.binding)
+        elif isinstance(st, Allocate):
+            for d in st.buffer.shape:
+                use(d)
+        for x in stmt_scalars(st):
+            for e in walk_scalars(x):
+                use(e)
+    supplied = {d for b in buffers for d in b.shape if isinstance(d, SymVar)}
+    return [v for v in used if v not in bound and v not in supplied]
+
+
 __all__ = [
     "Index",
+    "block",
+    "free_syms",
+    "hand_kernel",
+    "seq",
+    "serial_var",
     "op_name",
     "known_tensor",
     "arg",

@@ -11,20 +11,19 @@ keys ``j <= i + seq_kv - seq_q`` (aligned at the end, which is what decoding wit
 needs). ``scale`` None means ``1 / sqrt(head_dim)``.
 
 Legalization computes statistics in float32 for float16/bfloat16 and subtracts the row max
-before ``exp``; attention materializes its scores in scratch, and a query that sees no key
-gets zeros.
+before ``exp``; attention is a hand-built kernel (``tilework.op.attention_kernel``) with
+O(block) scratch per task, and a query that sees no key gets zeros.
 """
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from tilework import te
 from tilework.ir import sym
 from tilework.ir.graph import Call, Expr
 from tilework.ir.info import StructInfo, TensorInfo, shape_str
-from tilework.ir.loop import Scalar
+from tilework.ir.loop import Buffer, Scalar
 from tilework.ir.sym import Dim
 from tilework.op.base import (
     InferCtx,
@@ -44,7 +43,9 @@ from tilework.op.base import (
     tensor_arg,
     unify_dtype,
 )
-from tilework.op.kernel import Index, arg, bcast_index, compute_dtype, op_name, out_tensor
+from tilework.op.attention_kernel import attention_kernel
+from tilework.op.calls import call_tensor
+from tilework.op.kernel import Index, arg, compute_dtype, known_tensor, op_name, out_tensor
 
 if TYPE_CHECKING:
     from tilework.transform.legalize import LegalizeCtx
@@ -180,7 +181,10 @@ def _join_index(kept: Index, inner: Index, ndim: int, axes: Sequence[int]) -> In
 
 
 def _legalize_softmax(call: Call, ctx: "LegalizeCtx") -> Expr:
-    """Numerically stable: ``exp(x - max)`` never overflows."""
+    """Numerically stable: ``exp(x - max)`` never overflows. softmax computes each ``exp``
+    once, into a tensor of the output's shape that the row sum and the output read (the
+    reduction rule stores it in the output itself when the dtypes agree, so the scratch
+    costs nothing); with a narrower output dtype the output recomputes it instead."""
     name = op_name(call)
     x = arg(call, 0, "x")
     shape, dtype = out_tensor(call)
@@ -197,18 +201,26 @@ def _legalize_softmax(call: Call, ctx: "LegalizeCtx") -> Expr:
 
     mx = te.compute(rows, row_max, "row_max")
 
+    def shifted(i: Index) -> Scalar:
+        return v(i) - mx[_split_index(i, axis)[0]]  # type: ignore[no-any-return, operator]
+
+    stored = name == "softmax" and acc == dtype
+    e = te.compute(shape, lambda *i: te.exp(shifted(i)), "exp") if stored else None
+
+    def exp_at(i: Index) -> Scalar:
+        return e[i] if e is not None else te.exp(shifted(i))
+
     def row_sum(*r: Scalar) -> Scalar:
         k = te.reduce_axis(x.shape[axis[0]], "k")
-        return te.sum(te.exp(v(_join_index(r, (k,), x.ndim, axis)) - mx[r]), axis=k)  # type: ignore[operator]
+        return te.sum(exp_at(_join_index(r, (k,), x.ndim, axis)), axis=k)
 
     total = te.compute(rows, row_sum, "row_sum")
 
     def f(*i: Scalar) -> Scalar:
         r = _split_index(i, axis)[0]
-        shifted = v(i) - mx[r]  # type: ignore[operator]
         if name == "log_softmax":
-            return shifted - te.log(total[r])  # type: ignore[no-any-return]
-        return te.exp(shifted) / total[r]  # type: ignore[no-any-return]
+            return shifted(i) - te.log(total[r])  # type: ignore[no-any-return, operator]
+        return exp_at(i) * (1.0 / total[r])  # type: ignore[no-any-return, operator]
 
     out = te.compute(shape, f, name, dtype)
     return ctx.call_te(name, call.args, [x], [out], call.info)
@@ -263,76 +275,22 @@ def _legalize_norm(call: Call, ctx: "LegalizeCtx") -> Expr:
 
 
 def _legalize_attention(call: Call, ctx: "LegalizeCtx") -> Expr:
-    """Scores ``q . k * scale (+ float mask)`` and their weights ``exp(score - row max)`` are
-    materialized per (batch, head, query, key) in scratch; masked-out keys (causal, or False in
-    a bool mask) are skipped by the max and weigh 0. A query that sees no key at all gets zeros
+    """The hand-built kernel of ``tilework.op.attention_kernel``: per (batch, kv head, block of
+    query rows) an online softmax over blocks of keys, O(block) scratch. Masked-out keys
+    (causal, or False in a bool mask) weigh 0; a query that sees no key at all gets zeros
     (torch would give NaN)."""
-    q, k, v = arg(call, 0, "q"), arg(call, 1, "k"), arg(call, 2, "v")
-    mask = arg(call, 3, "mask") if len(call.args) == 4 else None
+    names = ("q", "k", "v", "mask")
+    bufs = []
+    for i in range(len(call.args)):
+        shape, dtype = known_tensor(call.args[i].info, call, f"argument {i}")
+        bufs.append(Buffer(names[i], shape, dtype))
     shape, dtype = out_tensor(call)
-    acc = compute_dtype(dtype)
-    nb, sq, nh, hd = q.shape
-    skv, nkv = k.shape[1], k.shape[2]
-    group = sym.floordiv(nh, nkv)
-    causal = bool(call.attrs["causal"])
+    out = Buffer("out", shape, dtype)
+    mask = bufs[3] if len(bufs) == 4 else None
     given = call.attrs["scale"]
-    scale: Scalar
-    if given is not None:
-        scale = te.constant(float(given), acc)
-    elif isinstance(hd, int):
-        scale = te.constant(1.0 / math.sqrt(hd), acc)
-    else:
-        scale = te.rsqrt(te.cast(hd, acc))
-    target = (nb, nh, sq, skv)
-
-    def kv_head(h: Scalar) -> Scalar:
-        return h if group == 1 else h // group  # type: ignore[operator]
-
-    def score(b: Scalar, h: Scalar, i: Scalar, j: Scalar) -> Scalar:
-        d = te.reduce_axis(hd, "d")
-        dot = te.sum(te.cast(q[b, i, h, d], acc) * te.cast(k[b, j, kv_head(h), d], acc), axis=d)
-        s = dot * scale  # type: ignore[operator]
-        if mask is not None and mask.dtype != "bool":
-            s = s + te.cast(mask[bcast_index((b, h, i, j), mask.shape, target)], acc)
-        return s  # type: ignore[no-any-return]
-
-    scores = te.compute(target, score, "scores")
-
-    def visible(b: Scalar, h: Scalar, i: Scalar, j: Scalar) -> Scalar:
-        conds: list[Scalar] = []
-        if causal:
-            conds.append(te.le(j, sym.add(i, sym.sub(skv, sq))))  # type: ignore[arg-type]
-        if mask is not None and mask.dtype == "bool":
-            conds.append(mask[bcast_index((b, h, i, j), mask.shape, target)])
-        return te.all(*conds)
-
-    def row_max(b: Scalar, h: Scalar, i: Scalar) -> Scalar:
-        j = te.reduce_axis(skv, "j")
-        return te.max(scores[b, h, i, j], axis=j, where=visible(b, h, i, j))
-
-    mx = te.compute((nb, nh, sq), row_max, "row_max")
-
-    def weight(b: Scalar, h: Scalar, i: Scalar, j: Scalar) -> Scalar:
-        live = te.all(visible(b, h, i, j), te.gt(mx[b, h, i], te.min_value(acc)))
-        return te.if_then_else(live, te.exp(scores[b, h, i, j] - mx[b, h, i]), 0.0)  # type: ignore[operator]
-
-    weights = te.compute(target, weight, "weights")  # one exp per score, not one per output
-
-    def row_sum(b: Scalar, h: Scalar, i: Scalar) -> Scalar:
-        j = te.reduce_axis(skv, "j")
-        return te.sum(weights[b, h, i, j], axis=j)
-
-    total = te.compute((nb, nh, sq), row_sum, "row_sum")
-
-    def f(b: Scalar, i: Scalar, h: Scalar, e: Scalar) -> Scalar:
-        j = te.reduce_axis(skv, "j")
-        acc_v = te.sum(weights[b, h, i, j] * te.cast(v[b, j, kv_head(h), e], acc), axis=j)  # type: ignore[operator]
-        den = total[b, h, i]
-        return te.if_then_else(te.gt(den, 0.0), acc_v / den, 0.0)  # type: ignore[operator]
-
-    out = te.compute(shape, f, "attention", dtype)
-    inputs = [q, k, v] if mask is None else [q, k, v, mask]
-    return ctx.call_te("attention", call.args, inputs, [out], call.info)
+    func = attention_kernel(bufs[0], bufs[1], bufs[2], mask, out, bool(call.attrs["causal"]), None if given is None else float(given))
+    gv = ctx.add_kernel("attention", func)
+    return call_tensor(gv, list(call.args), call.info, tuple(func.sym_params))
 
 
 register(Op("softmax", _infer_softmax, OpPattern.REDUCTION, attrs={"axis": -1}, num_args=1, legalize=_legalize_softmax))

@@ -1,8 +1,9 @@
 """Schedules: pure transformations of loop-level TensorFuncs that keep their meaning.
 
-``default_schedule(func)`` gives a kernel a good schedule without tuning: the rules (matmul,
-GEMV, reduction, elementwise/injective; ``rules/``) are tried in order and the first that
-applies wins; the fallback rule applies to every function, so this never fails. The result is
+``default_schedule(func)`` gives a kernel a good schedule without tuning: the rules
+(attention, matmul, GEMV, reduction, elementwise/injective; ``rules/``) are tried in order
+and the first that applies wins; the fallback rule applies to every function, so this never
+fails. The result is
 marked ``scheduled`` (and ``schedule_rule`` names the rule) in its attrs; a function already
 marked is returned as is. ``primitives`` holds the transformations the rules are made of, and
 ``analysis`` the classification they dispatch on.

@@ -1,0 +1,176 @@
+"""The hand-built attention kernel (``tilework.op.attention_kernel``) against float64 NumPy
+(and torch's SDPA where torch is installed), at many values of its symbolic dims: one query
+and one key, lengths that leave partial query blocks (16 rows) and key blocks (32 keys),
+causal masks with more queries than keys (rows that see nothing give zeros), grouped and
+multi-query KV heads whose group does not divide a block, bool and float masks (also masking
+whole rows), head dims below, between and beyond the 8-column value tiles, a symbolic head
+dim, float64, float16 and bfloat16. Also: its scratch does not grow with the sequence lengths,
+and the ``attention`` schedule rule keeps its loop kinds."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tilework as tw
+import tilework.op as op
+from tests.op.legalize_harness import Built, Case, build, check, envs, random_array, run, shape_at
+from tests.op.test_legalize_nn import attention_ref
+from tilework.codegen import build_library, interp
+from tilework.ir import sym
+from tilework.ir.info import TensorInfo
+from tilework.ir.loop import Allocate, For, TensorFunc, walk_stmts
+from tilework.ir.sym import SymVar
+from tilework.op.attention_kernel import attention_kernel
+from tilework.schedule import default_schedule
+
+b, s, kv, d = tw.dim("b"), tw.dim("s"), tw.dim("kv"), tw.dim("d")
+SEQS = envs(
+    {b: 1, s: 1, kv: 1},
+    {b: 1, s: 1, kv: 513},  # decoding: one query, keys past a whole block
+    {b: 2, s: 7, kv: 33},
+    {b: 1, s: 33, kv: 33},
+    {b: 1, s: 130, kv: 130},
+)
+CAUSAL_SEQS = [*SEQS, *envs({b: 1, s: 40, kv: 9}, {b: 1, s: 17, kv: 1})]  # more queries than keys
+
+
+def T(*shape: Any, dtype: str = "float32") -> TensorInfo:
+    return TensorInfo(tuple(shape), dtype)
+
+
+def _case(name: str, infos: list[TensorInfo], env_list: Any = SEQS, tol: float | None = 1e-4, mask: bool = False, **attrs: Any) -> Case:
+    def make(*args: Any) -> Any:
+        return op.attention(args[0], args[1], args[2], mask=args[3] if mask else None, **attrs)
+
+    def ref(*arrays: np.ndarray) -> np.ndarray:
+        return attention_ref(arrays[0], arrays[1], arrays[2], mask=arrays[3] if mask else None, **attrs)
+
+    return Case(f"attn_{name}", make, infos, ref, env_list, tol=tol)
+
+
+def _masked_rows(env: dict[SymVar, int], rng: np.random.Generator) -> list[np.ndarray]:
+    """q, k, v and a float mask with -inf over every key of the second query."""
+    q = random_array(shape_at((b, s, 4, 16), env), "float32", rng)
+    k = random_array(shape_at((b, kv, 2, 16), env), "float32", rng)
+    v = random_array(shape_at((b, kv, 2, 16), env), "float32", rng)
+    m = (rng.standard_normal(shape_at((b, 1, s, kv), env)) * 3).astype(np.float32)
+    if m.shape[2] > 1:
+        m[:, :, 1, :] = -np.inf
+    return [q, k, v, m]
+
+
+CASES = [
+    _case("mha", [T(b, s, 4, 16), T(b, kv, 4, 16), T(b, kv, 4, 16)]),
+    _case("mha_causal", [T(b, s, 4, 16), T(b, kv, 4, 16), T(b, kv, 4, 16)], CAUSAL_SEQS, causal=True),
+    _case("gqa_causal", [T(b, s, 8, 32), T(b, kv, 2, 32), T(b, kv, 2, 32)], CAUSAL_SEQS, causal=True),
+    _case("mqa_group6", [T(b, s, 6, 12), T(b, kv, 1, 12), T(b, kv, 1, 12)], CAUSAL_SEQS, causal=True),
+    _case("head_dim_3_values_5", [T(b, s, 2, 3), T(b, kv, 2, 3), T(b, kv, 2, 5)], scale=0.7),
+    _case("head_dim_72", [T(b, s, 2, 72), T(b, kv, 1, 72), T(b, kv, 1, 72)], causal=True),
+    _case("sym_head_dim", [T(b, s, 2, d), T(b, kv, 2, d), T(b, kv, 2, d)], envs({b: 1, s: 1, kv: 1, d: 1}, {b: 2, s: 19, kv: 40, d: 9}, {b: 1, s: 33, kv: 65, d: 64})),
+    _case("bool_mask", [T(b, s, 4, 16), T(b, kv, 2, 16), T(b, kv, 2, 16), T(b, 1, s, kv, dtype="bool")], mask=True),
+    _case("bool_mask_causal", [T(b, s, 4, 16), T(b, kv, 4, 16), T(b, kv, 4, 16), T(s, kv, dtype="bool")], CAUSAL_SEQS, mask=True, causal=True),
+    _case("float_mask_keys", [T(b, s, 4, 16), T(b, kv, 4, 16), T(b, kv, 4, 16), T(b, 1, 1, kv)], mask=True),
+    _case("float_mask_heads", [T(b, s, 4, 16), T(b, kv, 2, 16), T(b, kv, 2, 16), T(4, s, kv)], CAUSAL_SEQS, mask=True, causal=True),
+    _case("float64", [T(b, s, 3, 8, dtype="float64"), T(b, kv, 3, 8, dtype="float64"), T(b, kv, 3, 8, dtype="float64")], CAUSAL_SEQS, tol=1e-10, causal=True),
+    _case("float16", [T(b, s, 4, 16, dtype="float16"), T(b, kv, 2, 16, dtype="float16"), T(b, kv, 2, 16, dtype="float16")], CAUSAL_SEQS, tol=None, causal=True),
+    _case("bfloat16", [T(b, s, 2, 16, dtype="bfloat16"), T(b, kv, 2, 16, dtype="bfloat16"), T(b, kv, 2, 16, dtype="bfloat16")], tol=None),
+]
+MASKED_ROWS = Case(
+    "attn_float_mask_rows",
+    lambda q, k, v, m: op.attention(q, k, v, mask=m),
+    [T(b, s, 4, 16), T(b, kv, 2, 16), T(b, kv, 2, 16), T(b, 1, s, kv)],
+    lambda q, k, v, m: attention_ref(q, k, v, mask=m),
+    SEQS,
+    inputs=_masked_rows,
+    tol=1e-4,
+)
+
+
+@pytest.fixture(scope="module")
+def built() -> Built:
+    return build([*CASES, MASKED_ROWS])
+
+
+@pytest.mark.parametrize("name", [c.name for c in [*CASES, MASKED_ROWS]])
+def test_matches_reference(built: Built, name: str) -> None:
+    check(built, name)
+
+
+def test_a_row_masked_out_entirely_gives_zeros(built: Built) -> None:
+    env = {b: 1, s: 5, kv: 37}
+    _, (out,) = run(built, "attn_float_mask_rows", env, scheduled=True)
+    assert np.all(out[:, 1] == 0) and np.all(np.isfinite(out))
+
+
+def test_causal_rows_without_keys_give_zeros(built: Built) -> None:
+    env = {b: 1, s: 40, kv: 9}  # queries 0..30 see no key (end-aligned causal mask)
+    _, (out,) = run(built, "attn_gqa_causal", env, scheduled=True)
+    assert np.all(out[:, :31] == 0) and np.all(out[:, 31:] != 0)
+
+
+def test_matches_torch_sdpa() -> None:
+    torch = pytest.importorskip("torch", reason="torch is an optional extra")
+    F = torch.nn.functional
+    kernel = _compiled("gqa", T(b, s, 8, 32), T(b, kv, 2, 32), causal=True)
+    rng = np.random.default_rng(3)
+    for sq, skv in ((1, 700), (70, 70), (5, 40)):
+        q = rng.standard_normal((2, sq, 8, 32)).astype(np.float32)
+        k = rng.standard_normal((2, skv, 2, 32)).astype(np.float32)
+        v = rng.standard_normal((2, skv, 2, 32)).astype(np.float32)
+        out = np.empty_like(q)
+        kernel.run([q, k, v, out])
+        visible = torch.from_numpy(np.arange(skv)[None, :] <= np.arange(sq)[:, None] + skv - sq)
+        tq, tk, tv = (torch.from_numpy(a).transpose(1, 2) for a in (q, k, v))
+        want = F.scaled_dot_product_attention(tq, tk, tv, attn_mask=visible, enable_gqa=True).transpose(1, 2).numpy()
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def _compiled(name: str, q: TensorInfo, k: TensorInfo, causal: bool) -> Any:
+    return build_library({name: default_schedule(_kernel(q, k, causal), strict=True)})[name]
+
+
+def _kernel(q: TensorInfo, k: TensorInfo, causal: bool, mask: TensorInfo | None = None) -> TensorFunc:
+    from tilework.ir.loop import Buffer
+
+    assert q.shape is not None and k.shape is not None
+    bufs = [Buffer(n, i.shape, i.dtype) for n, i in (("q", q), ("k", k), ("v", k))]  # type: ignore[arg-type]
+    m = None if mask is None else Buffer("mask", mask.shape, mask.dtype)  # type: ignore[arg-type]
+    out = Buffer("out", q.shape, q.dtype)  # type: ignore[arg-type]
+    return attention_kernel(bufs[0], bufs[1], bufs[2], m, out, causal, None)
+
+
+def test_scratch_does_not_grow_with_the_sequences() -> None:
+    f = _kernel(T(b, s, 8, d), T(b, kv, 2, d), causal=True, mask=T(b, 1, s, kv))
+    for st in walk_stmts(f.body):
+        if isinstance(st, Allocate):
+            grows = {v for dim in st.buffer.shape for v in sym.free_vars(dim)} & {b, s, kv}
+            assert not grows, f"scratch {st.buffer.name} has shape {st.buffer.shape}"
+    sizes = [sym.product(st.buffer.shape) for st in walk_stmts(_kernel(T(b, s, 8, 64), T(b, kv, 2, 64), True).body) if isinstance(st, Allocate)]
+    assert all(isinstance(x, int) for x in sizes)
+    assert 4 * sum(x for x in sizes if isinstance(x, int)) <= 32 * 1024  # a task's float32 scratch: L1, on the stack
+
+
+def test_the_attention_rule_keeps_the_kernel_schedule() -> None:
+    f = _kernel(T(b, s, 8, 64), T(b, kv, 2, 64), causal=True)
+    g = default_schedule(f, strict=True)
+    assert g.attrs["schedule_rule"] == "attention"
+    kinds = [st.kind for st in walk_stmts(g.body) if isinstance(st, For)]
+    assert kinds == [st.kind for st in walk_stmts(f.body) if isinstance(st, For)]
+    assert kinds[0] == "parallel" and kinds.count("parallel") == 1
+    assert "vectorized" in kinds and "unrolled" in kinds
+
+
+def test_interpreter_agrees() -> None:
+    f = _kernel(T(b, s, 4, 8), T(b, kv, 2, 8), causal=True)
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((1, 3, 4, 8)).astype(np.float32)
+    k = rng.standard_normal((1, 35, 2, 8)).astype(np.float32)
+    v = rng.standard_normal((1, 35, 2, 8)).astype(np.float32)
+    out = np.zeros_like(q)
+    interp.run(f, [q, k, v, out])
+    np.testing.assert_allclose(out, attention_ref(q, k, v, causal=True), rtol=1e-5, atol=1e-5)
+    assert math.isfinite(float(out.sum()))

@@ -1,0 +1,307 @@
+"""The ``attention`` kernel: a hand-built TensorFunc with O(block) scratch per task, whatever
+the sequence lengths (the online-softmax idea of FlashAttention, written as loops and blocks).
+
+The work is split into tasks, one per (batch, kv head, block of ``R`` query rows). The rows of a
+block are the query positions times the query heads sharing the kv head (grouped-query
+attention): row ``t`` is query ``t // group`` of head ``kv_head * group + t % group``, so a
+decoding step (one query) still fills its rows with the group's heads. The ``R`` rows are the
+lanes of every vector operation (``R`` values fill one vector register), so no step needs a
+horizontal sum, and every key and value is loaded once per block and broadcast to the lanes:
+
+1. ``qt[d, r]``: the block's queries, transposed and scaled.
+2. Keys in blocks of ``BK``: scores ``s[j, r] = sum_d k[j, d] * qt[d, r]``, accumulated in
+   register tiles of ``JT`` keys; a score that is masked out (causal, False in a bool mask, a
+   key past the end) becomes ``-inf``, a float mask is added.
+3. Online softmax: per row the running max ``m`` and sum ``l``; ``alpha = exp(m_old -
+   m_new)`` rescales ``l`` and the accumulator, the scores become ``p = exp(s - m_new)``.
+4. ``acc[e, r] = alpha * acc[e, r] + sum_j p[j, r] * v[j, e]`` in register tiles of ``ET``
+   value columns.
+5. ``out = acc / l``, or 0 for a row that sees no key.
+
+Causal attention skips the key blocks past the diagonal of the block's last row (aligned at
+the end: query ``i`` sees keys ``j <= i + seq_kv - seq_q``). Loads of keys and value columns
+past the end are clamped to the last one (their scores are masked, their columns never
+stored), so the inner loops have static extents. The loops carry their kinds: the task loop
+is parallel, the row loops vectorized, the tile loops unrolled; the ``attention`` schedule
+rule keeps them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from tilework.ir import sym
+from tilework.ir.loop import (
+    Allocate,
+    Buffer,
+    Cast,
+    Const,
+    For,
+    IfThenElse,
+    Intrin,
+    Load,
+    Scalar,
+    Select,
+    Stmt,
+    Store,
+    TensorFunc,
+    binary,
+    const,
+    convert,
+)
+from tilework.ir.sym import Dim, SymVar
+from tilework.op.kernel import bcast_index, block, compute_dtype, free_syms, hand_kernel, seq, serial_var
+
+RowBody = Callable[[SymVar], Stmt]
+TileBody = Callable[[SymVar, SymVar], Stmt]
+
+VECTOR_BYTES = 64  # the rows of a task fill one (AVX-512) vector register
+BK = 32  # keys per block of the online softmax
+JT = 8  # keys per register tile of the scores
+ET = 8  # value columns per register tile of the accumulator
+BLOCK_PREFIX = "attention_"  # every block of the kernel is named so (the schedule rule looks)
+
+
+def attention_kernel(
+    q: Buffer, k: Buffer, v: Buffer, mask: Buffer | None, out: Buffer, causal: bool, scale: float | None
+) -> TensorFunc:
+    """The kernel computing ``out = attention(q, k, v, mask)`` (see ``tilework.op.nn``); its
+    params are the buffers (mask only when given) and the sym vars no buffer has as a dim."""
+    body = _Attention(q, k, v, mask, out, causal, scale).body()
+    buffers = [q, k, v, out] if mask is None else [q, k, v, mask, out]
+    return hand_kernel([*buffers, *free_syms(body, buffers)], body, "reduction")
+
+
+def _ceil_div(a: Dim, b: int) -> Dim:
+    return sym.floordiv(sym.add(a, b - 1), b)
+
+
+def _ld(buf: Buffer, *idx: Scalar) -> Load:
+    return Load(buf, tuple(idx))
+
+
+class _Attention:
+    def __init__(
+        self, q: Buffer, k: Buffer, v: Buffer, mask: Buffer | None, out: Buffer, causal: bool, scale: float | None
+    ) -> None:
+        self.q, self.k, self.v, self.mask, self.out, self.causal = q, k, v, mask, out, causal
+        self.acc = compute_dtype(out.dtype)
+        self.lanes = VECTOR_BYTES // (8 if self.acc == "float64" else 4)
+        self.nb, self.sq, self.nh, self.hd = q.shape
+        self.skv, self.nkv, self.hdv = k.shape[1], k.shape[2], v.shape[3]
+        self.group = sym.floordiv(self.nh, self.nkv)
+        self.rows = sym.mul(self.group, self.sq)
+        self.nqb = _ceil_div(self.rows, self.lanes)
+        self.etiles = _ceil_div(self.hdv, ET)
+        self.scale: Scalar
+        if scale is not None:
+            self.scale = const(scale, self.acc)
+        elif isinstance(self.hd, int):
+            self.scale = const(1.0 / math.sqrt(self.hd), self.acc)
+        else:
+            self.scale = Intrin("rsqrt", (Cast(self.acc, self.hd),), self.acc)
+        R, acc = self.lanes, self.acc
+        self.qt = Buffer("attention_qt", (self.hd, R), acc)
+        self.acc_buf = Buffer("attention_acc", (sym.mul(self.etiles, ET), R), acc)
+        self.s = Buffer("attention_s", (BK, R), acc)
+        self.m = Buffer("attention_m", (R,), acc)
+        self.l = Buffer("attention_l", (R,), acc)
+        self.mx = Buffer("attention_mx", (R,), acc)
+        self.alpha = Buffer("attention_alpha", (R,), acc)
+        self.names: set[str] = set()
+        # per task (set by ``task``): batch, kv head, first row
+        self.b: Dim = 0
+        self.hk: Dim = 0
+        self.row0: Dim = 0
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def c(self, value: float) -> Const:
+        return const(value, self.acc)
+
+    def up(self, x: Scalar) -> Scalar:
+        """A loaded value in the compute dtype."""
+        return convert(x, self.acc)
+
+    def lane(self, r: Dim) -> tuple[Dim, Dim]:
+        """The query position and query head of row ``r`` of the task (rows past the last one
+        repeat it: their loads stay in bounds, their results are not stored)."""
+        t = sym.min_(sym.add(self.row0, r), sym.sub(self.rows, 1))
+        return sym.floordiv(t, self.group), sym.add(sym.mul(self.hk, self.group), sym.floormod(t, self.group))
+
+    def key(self, j: Dim) -> Dim:
+        """Key ``j`` clamped to the last key (for loads past the end)."""
+        return sym.min_(j, sym.sub(self.skv, 1))
+
+    def column(self, e: Dim) -> Dim:
+        """Value column ``e`` clamped to the last one, unless it is provably in range."""
+        last = sym.sub(self.hdv, 1)
+        return e if sym.prove_le(e, last) else sym.min_(e, last)
+
+    def loop(self, name: str, extent: Dim, body: RowBody, kind: str = "serial") -> For:
+        """A loop with a var named uniquely in the kernel (names survive printing)."""
+        base, k = name, 0
+        while name in self.names:
+            k += 1
+            name = f"{base}_{k}"
+        self.names.add(name)
+        v = serial_var(name, extent)
+        return For(v, extent, body(v), kind)
+
+    def rows_loop(self, name: str, body: RowBody) -> Stmt:
+        """The vector loop over the task's rows around block ``attention_<name>``."""
+        return self.loop(f"{name}_r", self.lanes, lambda r: block(BLOCK_PREFIX + name, body(r)), "vectorized")
+
+    def tile_loop(self, name: str, extent: int, body: TileBody) -> Stmt:
+        """An unrolled loop over a register tile's rows, each a vector loop over the lanes."""
+        return self.loop(name, extent, lambda x: self.rows_loop(name, lambda r: body(x, r)), "unrolled")
+
+    # -- the kernel ------------------------------------------------------------------------
+
+    def body(self) -> Stmt:
+        ntask = sym.mul(sym.mul(self.nb, self.nkv), self.nqb)
+        return self.loop("task", ntask, self.task, "parallel")
+
+    def task(self, tv: SymVar) -> Stmt:
+        self.b = sym.floordiv(tv, sym.mul(self.nkv, self.nqb))
+        self.hk = sym.floormod(sym.floordiv(tv, self.nqb), self.nkv)
+        self.row0 = sym.mul(sym.floormod(tv, self.nqb), self.lanes)
+        inf = self.c(-math.inf)
+        steps = [
+            self.loop("qt_d", self.hd, lambda d: self.rows_loop("q", lambda r: self.fill_q(d, r))),
+            self.rows_loop("m_init", lambda r: Store(self.m, (r,), inf)),
+            self.rows_loop("l_init", lambda r: self.zero(self.l, r)),
+            self.loop("acc_e", sym.mul(self.etiles, ET), lambda e: self.rows_loop("acc_init", lambda r: self.zero(self.acc_buf, e, r))),
+            self.loop("kb", self.key_blocks(), self.key_block),
+            self.loop("out_r", self.lanes, self.store_row),
+        ]
+        body: Stmt = seq(steps)
+        for buf in (self.alpha, self.mx, self.l, self.m, self.s, self.acc_buf, self.qt):
+            body = Allocate(buf, body)
+        return body
+
+    def zero(self, buf: Buffer, *idx: Dim) -> Stmt:
+        return Store(buf, idx, self.c(0.0))
+
+    def fill_q(self, d: SymVar, r: SymVar) -> Stmt:
+        i, h = self.lane(r)
+        return Store(self.qt, (d, r), binary("*", self.up(_ld(self.q, self.b, i, h, d)), self.scale))
+
+    def key_blocks(self) -> Dim:
+        """How many blocks of keys the task's rows see."""
+        if not self.causal:
+            return _ceil_div(self.skv, BK)
+        last = sym.min_(sym.add(self.row0, self.lanes - 1), sym.sub(self.rows, 1))
+        end = sym.add(sym.floordiv(last, self.group), sym.add(sym.sub(self.skv, self.sq), 1))
+        return _ceil_div(sym.max_(0, sym.min_(end, self.skv)), BK)
+
+    def key_block(self, kb: SymVar) -> Stmt:
+        j0 = sym.mul(kb, BK)
+        steps = [
+            self.loop("st_j", BK // JT, lambda jt: self.score_tile(j0, jt)),
+            self.rows_loop("mx_init", lambda r: Store(self.mx, (r,), _ld(self.m, r))),
+            self.loop("mx_j", BK, lambda j: self.rows_loop("max", lambda r: self.accumulate(self.mx, "max", _ld(self.s, j, r), r))),
+            self.rows_loop("alpha", self.alpha_of),
+            self.rows_loop("l_scale", lambda r: self.accumulate(self.l, "*", _ld(self.alpha, r), r)),
+            self.rows_loop("m_set", lambda r: Store(self.m, (r,), _ld(self.mx, r))),
+            self.loop("p_j", BK, lambda j: self.rows_loop("p", lambda r: self.prob(j, r))),
+            self.loop("l_j", BK, lambda j: self.rows_loop("l_sum", lambda r: self.accumulate(self.l, "+", _ld(self.s, j, r), r))),
+            self.loop("pv_e", self.etiles, lambda e: self.value_tile(j0, e)),
+        ]
+        return seq(steps)
+
+    def accumulate(self, buf: Buffer, op: str, value: Scalar, r: SymVar) -> Stmt:
+        """``buf[r] = buf[r] op value``."""
+        return Store(buf, (r,), binary(op, _ld(buf, r), value))
+
+    def score_tile(self, j0: Dim, jt: SymVar) -> Stmt:
+        """Scores of keys ``j0 + jt * JT ...`` in a register tile ``st``."""
+        st = Buffer("attention_st", (JT, self.lanes), self.acc)
+        first = sym.add(j0, sym.mul(jt, JT))
+
+        def tile(body: TileBody) -> Stmt:
+            return self.tile_loop("st", JT, body)
+
+        def update(ji: SymVar, r: SymVar, d: SymVar) -> Stmt:
+            kval = self.up(_ld(self.k, self.b, self.key(sym.add(first, ji)), self.hk, d))
+            return Store(st, (ji, r), binary("+", _ld(st, ji, r), binary("*", kval, _ld(self.qt, d, r))))
+
+        def put(ji: SymVar, r: SymVar) -> Stmt:
+            return Store(self.s, (sym.add(sym.mul(jt, JT), ji), r), self.masked(_ld(st, ji, r), sym.add(first, ji), r))
+
+        steps = [
+            tile(lambda ji, r: self.zero(st, ji, r)),
+            self.loop("qk_d", self.hd, lambda d: tile(lambda ji, r: update(ji, r, d))),
+            tile(put),
+        ]
+        return Allocate(st, seq(steps))
+
+    def masked(self, score: Scalar, j: Dim, r: SymVar) -> Scalar:
+        """The score of key ``j`` for row ``r`` after the mask: ``-inf`` where it is not seen."""
+        i, h = self.lane(r)
+        conds: list[Scalar] = [binary("<", j, self.skv)]
+        if self.causal:
+            conds = [binary("<=", j, sym.add(i, sym.sub(self.skv, self.sq)))]
+        value = score
+        mask = self.mask
+        if mask is not None:
+            target = (self.nb, self.nh, self.sq, self.skv)
+            mval = _ld(mask, *bcast_index((self.b, h, i, self.key(j)), mask.shape, target))
+            if mask.dtype == "bool":
+                conds.append(mval)
+            else:
+                value = binary("+", value, self.up(mval))
+        cond = conds[0]
+        for x in conds[1:]:
+            cond = binary("and", cond, x)
+        return Select(cond, value, self.c(-math.inf), self.acc)
+
+    def alpha_of(self, r: SymVar) -> Stmt:
+        """How much the running sums shrink as the max grows (1 while nothing was seen)."""
+        unseen = binary("==", _ld(self.mx, r), self.c(-math.inf))
+        shrink = Intrin("exp", (binary("-", _ld(self.m, r), _ld(self.mx, r)),), self.acc)
+        return Store(self.alpha, (r,), Select(unseen, self.c(1.0), shrink, self.acc))
+
+    def prob(self, j: SymVar, r: SymVar) -> Stmt:
+        unseen = binary("==", _ld(self.m, r), self.c(-math.inf))
+        p = Intrin("exp", (binary("-", _ld(self.s, j, r), _ld(self.m, r)),), self.acc)
+        return Store(self.s, (j, r), Select(unseen, self.c(0.0), p, self.acc))
+
+    def value_tile(self, j0: Dim, et: SymVar) -> Stmt:
+        """``acc[et * ET ...] = alpha * acc + p @ v`` through a register tile ``at``."""
+        at = Buffer("attention_at", (ET, self.lanes), self.acc)
+        e0 = sym.mul(et, ET)
+
+        def tile(body: TileBody) -> Stmt:
+            return self.tile_loop("at", ET, body)
+
+        def update(ei: SymVar, r: SymVar, j: SymVar) -> Stmt:
+            vval = self.up(_ld(self.v, self.b, self.key(sym.add(j0, j)), self.hk, self.column(sym.add(e0, ei))))
+            return Store(at, (ei, r), binary("+", _ld(at, ei, r), binary("*", _ld(self.s, j, r), vval)))
+
+        def rescaled(ei: SymVar, r: SymVar) -> Stmt:
+            return Store(at, (ei, r), binary("*", _ld(self.acc_buf, sym.add(e0, ei), r), _ld(self.alpha, r)))
+
+        steps = [
+            tile(rescaled),
+            self.loop("pv_j", BK, lambda j: tile(lambda ei, r: update(ei, r, j))),
+            tile(lambda ei, r: Store(self.acc_buf, (sym.add(e0, ei), r), _ld(at, ei, r))),
+        ]
+        return Allocate(at, seq(steps))
+
+    def store_row(self, r: SymVar) -> Stmt:
+        """Row ``r`` of the task into the output (rows past the last one are skipped)."""
+        i, h = self.lane(r)
+        valid = binary("<", sym.add(self.row0, r), self.rows)
+        total = _ld(self.l, r)
+        inv = Select(binary(">", total, self.c(0.0)), binary("/", self.c(1.0), total), self.c(0.0), self.acc)
+
+        def put(e: SymVar) -> Stmt:
+            value = binary("*", _ld(self.acc_buf, e, r), inv)
+            return block(BLOCK_PREFIX + "out", Store(self.out, (self.b, i, h, e), convert(value, self.out.dtype)))
+
+        return IfThenElse(valid, self.loop("out_e", self.hdv, put, "vectorized"))
+
+
+__all__ = ["attention_kernel", "BLOCK_PREFIX"]
