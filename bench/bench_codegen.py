@@ -3,8 +3,8 @@
 1. matmul GFLOP/s: tilework's default-scheduled kernel (one kernel, M symbolic) vs NumPy's BLAS
    and torch at (M, K, N) = (1,4096,4096), (32,1024,4096), (256,1024,4096), (512,512,512);
    M = 1 is the GEMV case, also given as GB/s of the weight read vs a memory copy.
-2. Row kernels (elementwise add, softmax, layer_norm, rms_norm) GB/s vs a memory copy measured
-   in the same run (from bench_kernels.py).
+2. Row kernels (elementwise add, softmax, log_softmax, layer_norm, rms_norm) GB/s vs a memory
+   copy measured in the same run (bench_kernels.py's table).
 3. Compile time of the core kernels (one kernel per core op, legalized and default-scheduled):
    cold (empty kernel cache) and warm (cache hit).
 
@@ -133,15 +133,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     print(f"threads: {args.threads}")
     matmul_part(args.repeat)
-    try:
-        import bench_kernels
+    import bench_kernels
 
-        if hasattr(bench_kernels, "row_kernels_report"):
-            bench_kernels.row_kernels_report(args.repeat)
-        else:
-            print("row kernels: run bench/bench_kernels.py")
-    except ImportError as e:
-        print(f"row kernels: skipped ({e})")
+    print()
+    bench_kernels.bench_rows(bench_kernels.build_library(bench_kernels.row_kernels()), torch, args.repeat)
+    print()
     compile_part()
 
 
