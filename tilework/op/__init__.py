@@ -7,6 +7,10 @@ Importing this package registers every op. The functions here build (unnormalize
 from __future__ import annotations
 
 from tilework.op import calls, create, elementwise, linalg, manipulate, nn, reduce
+from tilework.op import conv, index, norm_extra
+from tilework.op import misc, pad, search  # the ONNX frontend's families
+from tilework.op import vm  # ops of lowered programs (vm_*, assert_dims)
+from tilework.op import rotary
 from tilework.op.base import DimCheck, Op, OpPattern, all_ops, get, infer_with_checks, make_call, register
 from tilework.op.calls import call_lib, call_packed, call_tensor
 from tilework.op.create import arange, full, full_like, ones, ones_like, zeros, zeros_like
@@ -24,6 +28,10 @@ from tilework.op.manipulate import (
 )  # fmt: skip
 from tilework.op.nn import attention, layer_norm, log_softmax, rms_norm, softmax
 from tilework.op.reduce import argmax, argmin, max, mean, min, prod, sum
+from tilework.op.conv import adaptive_avg_pool2d, avg_pool2d, conv1d, conv2d, max_pool2d
+from tilework.op.index import cumsum, gather, index_tensor, scatter, tril, triu
+from tilework.op.norm_extra import batch_norm, group_norm
+from tilework.op.rotary import rotary_embedding
 
 __all__ = [
     "DimCheck",
@@ -56,4 +64,10 @@ __all__ = [
     "split", "squeeze", "strided_slice", "take",
     "attention", "layer_norm", "log_softmax", "rms_norm", "softmax",
     "argmax", "argmin", "max", "mean", "min", "prod", "sum",
+    "conv", "index", "norm_extra",
+    "misc", "pad", "search",
+    "adaptive_avg_pool2d", "avg_pool2d", "conv1d", "conv2d", "max_pool2d",
+    "cumsum", "gather", "index_tensor", "scatter", "tril", "triu",
+    "batch_norm", "group_norm",
+    "rotary", "rotary_embedding",
 ]  # fmt: skip

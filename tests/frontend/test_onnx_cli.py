@@ -1,0 +1,64 @@
+"""``tilework build model.onnx -o m.tw --dim seq<=512`` and running the result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import tilework
+from tests.frontend.onnx_util import model, ort_run, tensor
+from tilework.cli import main
+from tilework.errors import RuntimeCheckError, TileworkError
+from tilework.frontend.onnx.compile import parse_dim_spec
+
+
+def _save_model(path: Path) -> onnx.ModelProto:
+    w = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Softmax", ["h"], ["y"], axis=-1)]
+    m = model(nodes, [tensor("x", TensorProto.FLOAT, ["batch", "seq", 8])], [tensor("y", TensorProto.FLOAT, ["batch", "seq", 8])], [("w", w)])
+    onnx.save(m, str(path))
+    return m
+
+
+def test_build_onnx_with_dim_bound(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src, out = tmp_path / "model.onnx", tmp_path / "m.tw"
+    m = _save_model(src)
+    assert main(["build", str(src), "-o", str(out), "--dim", "seq<=512"]) == 0
+    printed = capsys.readouterr().out
+    assert "seq in [1, 512]" in printed and "batch in [1, inf]" in printed
+    fn = tilework.VM(tilework.load(str(out)))["main"]
+    for shape in ((1, 3, 8), (2, 512, 8)):
+        x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+        np.testing.assert_allclose(fn(x), ort_run(m, x)[0], rtol=1e-5, atol=1e-6)
+    with pytest.raises(RuntimeCheckError, match="seq <= 512"):
+        fn(np.zeros((1, 513, 8), np.float32))
+
+
+def test_run_command_on_the_built_model(tmp_path: Path) -> None:
+    src, exe = tmp_path / "model.onnx", tmp_path / "m.tw"
+    m = _save_model(src)
+    assert main(["build", str(src), "-o", str(exe)]) == 0
+    x = np.random.default_rng(2).standard_normal((2, 5, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    assert main(["run", str(exe), "--input", f"x={tmp_path / 'x.npy'}", "--output", str(tmp_path / "out")]) == 0
+    np.testing.assert_allclose(np.load(tmp_path / "out" / "output0.npy"), ort_run(m, x)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_build_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "model.onnx"
+    _save_model(src)
+    assert main(["build", str(src), "-o", str(tmp_path / "m.tw"), "--dim", "len<=4"]) == 2
+    assert "dim_bounds names dims the model does not have: len" in capsys.readouterr().err
+    assert main(["build", str(tmp_path / "missing.onnx"), "-o", str(tmp_path / "m.tw")]) == 2
+
+
+def test_dim_spec_forms() -> None:
+    assert parse_dim_spec("seq<=512") == ("seq", (None, 512))
+    assert parse_dim_spec("batch>=2") == ("batch", (2, None))
+    assert parse_dim_spec("1<=seq<=64") == ("seq", (1, 64))
+    with pytest.raises(TileworkError, match="expected NAME<=HI"):
+        parse_dim_spec("seq<512")

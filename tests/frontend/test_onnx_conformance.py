@@ -1,0 +1,157 @@
+"""ONNX backend node tests (``onnx.backend.test``) run through tilework.
+
+A node test is *attempted* when every op in its graph (subgraphs included) has a converter for
+the schema version its opset selects; the others are skipped as unsupported. Attempted tests
+that fail are listed, with the reason, in ``onnx_expected_failures.txt``; they run as expected
+failures, so a listed test that starts passing fails the run (unexpected success) and the
+list stays honest. Entries must name attempted node tests.
+
+    TILEWORK_ONNX_FULL=1 python -m pytest tests/frontend/test_onnx_conformance.py   # every node test
+    python -m pytest tests/frontend/test_onnx_conformance.py                        # the CI subset
+
+Models are compiled in groups (one kernel library per group) before the tests run; see
+``onnx_backend.TileworkBackend.prepare_group``. Results are recorded in docs/conformance.md.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from pathlib import Path
+from typing import Iterator
+
+import onnx
+import pytest
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # the case generators warn about overflowing casts
+    from onnx.backend.test import BackendTest
+    from onnx.backend.test.case.test_case import TestCase as NodeCase
+    from onnx.backend.test.loader import load_model_tests
+
+from tests.frontend.onnx_backend import TileworkBackend
+from tilework.frontend.onnx import supported
+from tilework.frontend.onnx.importer import default_opset
+
+FULL = os.environ.get("TILEWORK_ONNX_FULL", "") == "1"
+GROUP_SIZE = 40
+HERE = Path(__file__).parent
+
+# A representative subset for CI: every op family, old and new opsets, symbolic shape
+# folding, static operands, control flow, data-dependent shapes and expected failures.
+CI_SUBSET = """
+test_abs test_add_bcast test_sub_uint8 test_mul_example test_div_int8 test_pow_types_int64_float32
+test_mod_mixed_sign_int32 test_mod_mixed_sign_float32 test_equal_bcast test_less_equal_bcast
+test_and_bcast4v4d test_not_3d test_where_long_example test_max_example test_mean_example
+test_sum_two_inputs test_clip_default_inbounds test_clip_example test_relu test_sigmoid
+test_tanh test_erf test_exp test_log test_sqrt test_reciprocal test_sign test_ceil test_round
+test_tan test_atan test_acosh test_sinh test_softplus test_softsign test_elu test_selu
+test_leakyrelu test_hardsigmoid test_hardswish test_mish test_thresholdedrelu test_shrink_soft
+test_prelu_broadcast test_gelu_tanh_2 test_isnan test_isinf_negative test_cast_FLOAT_to_FLOAT16
+test_castlike_FLOAT_to_DOUBLE test_identity test_shape test_shape_start_1_end_negative_1
+test_size_example test_reshape_reordered_all_dims test_reshape_negative_extended_dims
+test_reshape_allowzero_reordered test_flatten_negative_axis1 test_squeeze_negative_axes
+test_unsqueeze_three_axes test_transpose_default test_concat_2d_axis_negative_1
+test_split_equal_parts_1d_opset18 test_split_variable_parts_2d_opset13
+test_split_1d_uneven_split_opset18 test_slice_neg_steps test_slice_start_out_of_bounds
+test_gather_2d_indices test_gather_negative_indices test_gather_elements_1
+test_scatter_elements_with_reduction_max test_expand_dim_changed test_tile
+test_constantofshape_int_zeros test_range_int32_type_negative_delta test_edge_pad
+test_reflect_pad test_wrap_pad test_constant_pad_axes test_depthtospace_crd_mode_example
+test_spacetodepth_example test_tril_neg test_cumsum_1d_reverse_exclusive
+test_onehot_negative_indices test_eyelike_with_dtype test_reduce_sum_keepdims_example
+test_reduce_mean_default_axes_keepdims_random test_reduce_max_keepdims_example
+test_reduce_l2_do_not_keepdims_example test_reduce_log_sum_exp_keepdims_random
+test_reduce_sum_empty_axes_input_noop test_reduce_prod_do_not_keepdims_random
+test_argmax_negative_axis_keepdims_example test_argmin_keepdims_example_select_last_index
+test_softmax_axis_0 test_logsoftmax_axis_1 test_hardmax_example test_softmax_example_expanded
+test_top_k_smallest test_nonzero_example test_unique_sorted_without_axis test_matmul_4d
+test_gemm_all_attributes test_layer_normalization_4d_axis1
+test_layer_normalization_2d_axis0_expanded test_batchnorm_example test_group_normalization_example
+test_instancenorm_example test_lpnormalization_default test_mvn test_conv_with_strides_padding
+test_conv_with_autopad_same test_maxpool_2d_pads test_averagepool_2d_ceil
+test_maxpool_1d_default test_globalaveragepool test_dropout_default_mask
+test_if test_if_seq test_rms_normalization_2d_axis1 test_swish test_bitshift_left_uint8
+test_bitshift_right_int32_negative_shift test_attention_4d_gqa_with_past_and_present
+test_attention_3d_causal test_attention_4d_attn_mask_bool test_attention_4d_softcap
+test_sce_mean_weight_ii test_nllloss_NCd1d2_with_weight_reduction_mean test_sce_none_log_prob
+test_resize_upsample_scales_linear test_resize_downsample_scales_cubic_align_corners
+test_resize_upsample_sizes_nearest_not_larger test_compress_default_axis test_center_crop_pad_crop_and_pad
+test_lppool_2d_pads test_reversesequence_batch test_scatter_with_axis test_reduce_sum_empty_set
+test_averagepool_3d_default test_maxpool_2d_dilations test_add_uint16
+test_resize_downsample_scales_linear_antialias test_training_dropout
+test_einsum_batch_diagonal test_cumprod_1d_reverse_exclusive test_rotary_embedding_interleaved
+test_gathernd_example_float32 test_scatternd_add test_attention_local_window_with_past
+""".split()
+
+
+def _ops(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    for node in graph.node:
+        yield node
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                yield from _ops(a.g)
+
+
+def attempted(case: NodeCase) -> bool:
+    """Every op of the test's model has a converter at its opset."""
+    model = case.model
+    if model is None:
+        return False
+    try:
+        opset = default_opset(model)
+    except Exception:  # noqa: BLE001 - a model without the default domain is not attempted
+        return False
+    return all(supported(n.op_type, opset, n.domain) for n in _ops(model.graph))
+
+
+def load_expected_failures() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in (HERE / "onnx_expected_failures.txt").read_text().splitlines():
+        name, _, reason = line.partition("#")
+        name = name.strip()
+        if name:
+            out[name] = reason.strip()
+    return out
+
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    NODE_CASES = {c.name: c for c in load_model_tests(kind="node")}
+ATTEMPTED = {name for name, c in NODE_CASES.items() if attempted(c)}
+EXPECTED_FAILURES = load_expected_failures()
+SELECTED = sorted(ATTEMPTED if FULL else set(CI_SUBSET) & ATTEMPTED)
+
+
+def test_expected_failure_names_are_attempted_node_tests() -> None:
+    stale = sorted(n for n in EXPECTED_FAILURES if n not in ATTEMPTED)
+    assert not stale, f"onnx_expected_failures.txt names tests that are not attempted node tests: {stale}"
+
+
+def test_ci_subset_names_are_node_tests() -> None:
+    unknown = sorted(n for n in CI_SUBSET if n not in NODE_CASES)
+    assert not unknown, f"CI_SUBSET names unknown node tests: {unknown}"
+    assert len(set(CI_SUBSET) & ATTEMPTED) >= 0.9 * len(CI_SUBSET)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compile_in_groups() -> None:
+    """Compile the selected models in groups before their tests run."""
+    runnable = [n for n in SELECTED if NODE_CASES[n].data_sets]
+    for k in range(0, len(runnable), GROUP_SIZE):
+        group = runnable[k : k + GROUP_SIZE]
+        TileworkBackend.prepare_group([(n, NODE_CASES[n].model, NODE_CASES[n].data_sets[0][0]) for n in group])  # type: ignore[index, misc]
+
+
+def _names_pattern(names: list[str]) -> str:
+    return "^(" + "|".join(re.escape(n) for n in names) + ")_cpu$"
+
+
+_backend_test = BackendTest(TileworkBackend, __name__)
+_backend_test.include(_names_pattern(SELECTED) if SELECTED else "^$")
+for _name in sorted(EXPECTED_FAILURES):
+    if _name in SELECTED:
+        _backend_test.xfail(f"^{re.escape(_name)}_cpu$")
+
+globals().update({k: v for k, v in _backend_test.test_cases.items() if "Node" in k})

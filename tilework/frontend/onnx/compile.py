@@ -1,0 +1,78 @@
+"""ONNX for ``tilework.compile`` and the command line.
+
+``register()`` makes ``tilework.compile`` accept a ``ModelProto`` or a path to a ``.onnx``
+file; ``parse_dim_spec`` reads the ``--dim`` bounds of ``tilework build model.onnx``
+(``seq<=512``, ``batch>=1``, ``1<=seq<=512``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from tilework.errors import TileworkError
+
+if TYPE_CHECKING:
+    from tilework.compiled import CompileOptions, Imported
+
+Bounds = tuple[int | None, int | None]
+
+_NAME = r"[A-Za-z_][\w.\-/:]*"
+
+
+def parse_dim_spec(spec: str) -> tuple[str, Bounds]:
+    """``NAME<=HI``, ``NAME>=LO``, ``LO<=NAME<=HI`` or ``NAME`` (no bounds) as ``(name, (lo, hi))``."""
+    s = spec.replace(" ", "")
+    m = re.fullmatch(rf"(?:(\d+)<=)?({_NAME})(?:<=(\d+))?", s)
+    if m:
+        lo, name, hi = m.groups()
+        return name, (None if lo is None else int(lo), None if hi is None else int(hi))
+    m = re.fullmatch(rf"({_NAME})>=(\d+)", s)
+    if m:
+        return m.group(1), (int(m.group(2)), None)
+    raise TileworkError(f"--dim {spec!r}: expected NAME<=HI, NAME>=LO or LO<=NAME<=HI (NAME is a dim_param of the model)")
+
+
+def accepts(model: Any) -> bool:
+    """An ONNX ``ModelProto`` or a path ending in ``.onnx`` (without importing onnx)."""
+    if isinstance(model, str):
+        return model.endswith(".onnx")
+    return type(model).__name__ == "ModelProto" and type(model).__module__.startswith("onnx")
+
+
+def load(model: Any, options: "CompileOptions") -> "Imported":
+    """The ``compile`` frontend: weights become trailing params (``weights="inputs"``) or
+    constants; ``dim_bounds`` keys are ``dim_param`` names."""
+    from tilework.compiled import Imported, Signature
+    from tilework.frontend.onnx.importer import from_onnx, load_model, param_arrays
+
+    if options.example_args is not None or options.dynamic_shapes is not None:
+        raise TileworkError("an ONNX model names its dynamic dims itself (dim_param): pass dim_bounds, not example_args or dynamic_shapes")
+    if options.dim_names:
+        raise TileworkError("dim_names does not apply to ONNX models: their dims are named by dim_param")
+    proto = load_model(model)
+    as_inputs = options.weights == "inputs"
+    mod = from_onnx(proto, dim_bounds=options.dim_bounds, keep_params_as_inputs=as_inputs)
+    main = mod["main"]
+    n = int(main.attrs.get("num_inputs", len(main.params)))  # type: ignore[union-attr]
+    inits = {t.name for t in proto.graph.initializer}
+    names = [vi.name for vi in proto.graph.input if vi.name not in inits]
+    dims: dict[Any, str] = {}
+    for name, p in zip(names, main.params[:n]):  # type: ignore[union-attr]
+        for axis, d in enumerate(getattr(p.info, "shape", None) or ()):
+            if hasattr(d, "name") and d not in dims:
+                dims[d] = f"{name}.{axis}"
+    weights = param_arrays(proto) if as_inputs else []
+    signature = Signature([{"name": nm, "tensor": True, "value": None} for nm in names])
+    source = f"ONNX model ({len(proto.graph.node)} nodes, opset {min((o.version for o in proto.opset_import if o.domain in ('', 'ai.onnx')), default=0)})"
+    return Imported(mod, weights, signature, source, dims)
+
+
+def register() -> None:
+    """Make ``tilework.compile`` accept ONNX models."""
+    from tilework.compiled import register_frontend
+
+    register_frontend("onnx", accepts, load)
+
+
+__all__ = ["parse_dim_spec", "accepts", "load", "register"]

@@ -1,0 +1,326 @@
+"""The ONNX importer: a ``ModelProto`` becomes an ``IRModule`` with one graph function, main.
+
+Graph inputs become parameters. A ``dim_param`` name becomes one ``SymVar`` shared by every
+input and output that names it (``dim_bounds`` sets its range); an unnamed dynamic dim gets a
+fresh var of its own. Initializers become ``Constant``s, or trailing parameters (attribute
+``num_inputs``) with ``keep_params_as_inputs`` — except small integer ones, which are shape
+operands (axes, target shapes) and stay constants so that shapes stay symbolic.
+
+Nodes are converted in graph order by the converters in ``registry``; each produces
+``Value``s that track constants and symbolic shape contents (see ``values``), so shape
+arithmetic folds into dims and only tensor computations become bindings. The body is one
+dataflow block unless the graph has control flow (``If``).
+"""
+
+from __future__ import annotations
+
+import keyword
+import os
+import re
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto, numpy_helper
+
+from tilework.errors import InferenceError, ShapeError, SymbolicError, TileworkError, UnsupportedError
+from tilework.frontend.onnx import registry
+from tilework.frontend.onnx.context import NodeCtx
+from tilework.frontend.onnx.values import INT_DTYPES, MAX_ELEMS, Value, dtype_name, elem_type_name
+from tilework.ir.builder import BlockBuilder
+from tilework.ir.graph import Constant, Expr, ShapeExpr, Var
+from tilework.ir.info import ShapeInfo, TensorInfo
+from tilework.ir.module import IRModule
+from tilework.ir.sym import Dim, SymVar
+from tilework.op import manipulate, misc
+
+DimBounds = Mapping[str, "tuple[int | None, int | None] | int"]
+DEFAULT_DIM_LO = 1
+
+
+def sanitize(name: str, fallback: str = "v") -> str:
+    """A Python identifier made from an ONNX name."""
+    s = re.sub(r"\W", "_", name).strip("_") or fallback
+    if s[0].isdigit():
+        s = f"{fallback}_{s}"
+    if keyword.iskeyword(s):
+        s += "_"
+    return s
+
+
+def default_opset(model: ModelProto) -> int:
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return int(imp.version)
+    raise UnsupportedError("the model imports no opset of the default ONNX domain")
+
+
+def has_control_flow(graph: GraphProto) -> bool:
+    return any(n.op_type in ("If", "Loop", "Scan") for n in graph.node)
+
+
+def small_int(arr: np.ndarray) -> bool:
+    """A shape operand rather than a weight: a small integer tensor of rank <= 1."""
+    return arr.ndim <= 1 and arr.size <= MAX_ELEMS and (str(arr.dtype) in INT_DTYPES or arr.dtype == np.bool_)
+
+
+class _Scope:
+    """ONNX names visible while converting a graph (a subgraph sees its parents' names)."""
+
+    def __init__(self, parent: "_Scope | None" = None) -> None:
+        self.parent = parent
+        self.values: dict[str, Value] = {}
+
+    def get(self, name: str) -> Value | None:
+        scope: _Scope | None = self
+        while scope is not None:
+            v = scope.values.get(name)
+            if v is not None:
+                return v
+            scope = scope.parent
+        return None
+
+
+class Importer:
+    """Converts one model; use ``from_onnx``."""
+
+    def __init__(self, model: ModelProto, dim_bounds: DimBounds | None = None, keep_params_as_inputs: bool = False) -> None:
+        self.model = model
+        self.opset = default_opset(model)
+        self.dim_bounds = dict(dim_bounds or {})
+        self.keep_params = keep_params_as_inputs
+        self.bb = BlockBuilder()
+        self.syms: dict[str, SymVar] = {}
+        self.used_names: set[str] = set()
+        self.scope = _Scope()
+        self.depth = 0  # > 0 inside an If branch: nothing emitted there may be cached outside
+        self.dataflow = False
+
+    # -- sym vars -------------------------------------------------------------------------
+
+    def _unique(self, base: str) -> str:
+        name, i = base, 1
+        while name in self.used_names:
+            name = f"{base}_{i}"
+            i += 1
+        self.used_names.add(name)
+        return name
+
+    def fresh_var(self, hint: str, lo: int = 0) -> SymVar:
+        return SymVar(self._unique(sanitize(hint, "d")), lo)
+
+    def _named_dim(self, param: str) -> SymVar:
+        v = self.syms.get(param)
+        if v is None:
+            lo: int | None = DEFAULT_DIM_LO
+            hi: int | None = None
+            if param in self.dim_bounds:
+                b = self.dim_bounds[param]
+                lo, hi = (DEFAULT_DIM_LO, b) if isinstance(b, int) else b
+            v = SymVar(self._unique(sanitize(param, "d")), DEFAULT_DIM_LO if lo is None else lo, hi)
+            self.syms[param] = v
+        return v
+
+    def value_info(self, vi: ValueInfoProto, what: str) -> TensorInfo:
+        if not vi.type.HasField("tensor_type"):
+            kind = vi.type.WhichOneof("value")
+            raise UnsupportedError(f"{what} {vi.name!r}: {kind} values are not supported (only tensors)")
+        tt = vi.type.tensor_type
+        dtype = dtype_name(tt.elem_type)
+        if dtype is None:
+            raise UnsupportedError(f"{what} {vi.name!r}: element type {elem_type_name(tt.elem_type)} is not supported")
+        if not tt.HasField("shape"):
+            raise UnsupportedError(f"{what} {vi.name!r}: its rank is not given; tilework needs the rank of every input")
+        dims: list[Dim] = []
+        for i, d in enumerate(tt.shape.dim):
+            if d.HasField("dim_value") and d.dim_value >= 0:
+                dims.append(int(d.dim_value))
+            elif d.HasField("dim_param") and d.dim_param:
+                dims.append(self._named_dim(d.dim_param))
+            else:
+                dims.append(self.fresh_var(f"{vi.name}_dim{i}", DEFAULT_DIM_LO))
+        return TensorInfo(tuple(dims), dtype)
+
+    # -- arrays ---------------------------------------------------------------------------
+
+    def tensor_array(self, t: TensorProto, ctx: NodeCtx | None = None) -> np.ndarray:
+        if dtype_name(t.data_type) is None:
+            msg = f"tensor {t.name!r} has element type {elem_type_name(t.data_type)}, which is not supported"
+            raise ctx.unsupported(msg) if ctx is not None else UnsupportedError(msg)
+        return np.asarray(numpy_helper.to_array(t))
+
+    # -- values ---------------------------------------------------------------------------
+
+    def lookup(self, name: str, ctx: NodeCtx | None = None) -> Value:
+        v = self.scope.get(name)
+        if v is None:
+            msg = f"value {name!r} is used before it is defined"
+            raise ctx.unsupported(msg) if ctx is not None else UnsupportedError(msg)
+        return v
+
+    def emit(self, expr: Expr) -> Var:
+        return self.bb.emit(expr)
+
+    def materialize(self, v: Value) -> Expr:
+        """``v`` as a graph expression: its own, a Constant, or a tensor built from its elems."""
+        if v.expr is not None:
+            return v.expr
+        if v.const is not None:
+            v.expr = Constant.of(v.const)
+            return v.expr
+        if v.elems is None or v.info.dtype is None:
+            raise UnsupportedError("internal: a value with neither an expression nor known contents")
+        dims = tuple(v.elems)
+        e: Expr = self.emit(misc.shape_to_tensor(ShapeExpr(dims), v.info.dtype))  # type: ignore[arg-type]
+        if v.info.ndim == 0:
+            e = self.emit(manipulate.reshape(e, ()))
+        if self.depth == 0:
+            v.expr = e
+        return e
+
+    def lift_dims(self, v: Value, what: str, ctx: NodeCtx) -> tuple[Dim, ...]:
+        """The values of a small integer tensor known only at run time, as fresh sym vars."""
+        info = v.info
+        if info.dtype not in INT_DTYPES:
+            raise ctx.unsupported(f"{what} must be an integer tensor, got {info.dtype}")
+        if info.shape is None or len(info.shape) > 1 or (info.shape and not isinstance(info.shape[0], int)):
+            raise ctx.unsupported(f"{what} must be a 0-d or 1-D tensor of static length to be used as dims, got shape {info.shape}")
+        n = info.shape[0] if info.shape else 1
+        assert isinstance(n, int)
+        s = self.emit(misc.tensor_to_shape(self.materialize(v)))
+        hint = sanitize(f"{ctx.op_type.lower()}_{what.split()[0]}", "d")
+        dims = tuple(self.fresh_var(f"{hint}{i}") for i in range(n))
+        self.bb.match_cast(s, ShapeInfo(dims))
+        if self.depth == 0:
+            v.elems = dims
+        return dims
+
+    def refine(self, expr: Expr, hint: str) -> Expr:
+        info = expr.info
+        if not isinstance(info, TensorInfo) or info.ndim < 0 or info.shape is not None:
+            return expr
+        dims = tuple(self.fresh_var(f"{hint}{i}") for i in range(info.ndim))
+        return self.bb.match_cast(expr, TensorInfo(dims, info.dtype))
+
+    # -- conversion -----------------------------------------------------------------------
+
+    def convert_node(self, node: NodeProto) -> None:
+        opset = self.opset if node.domain in ("", "ai.onnx") else 0
+        conv, version = registry.lookup(node.op_type, opset, node.name, node.domain)
+        ctx = NodeCtx(self, node, version, self.opset)
+        try:
+            result = conv.fn(ctx)
+        except (InferenceError, ShapeError, SymbolicError) as e:
+            raise type(e)(f"{ctx.where()}: {e}") from e
+        outs: Sequence[Any] = result if isinstance(result, (list, tuple)) else [result]
+        for i, name in enumerate(node.output):
+            if not name:
+                continue
+            if i >= len(outs) or outs[i] is None:
+                raise ctx.unsupported(f"output {i} ({name!r}) is not produced by the converter")
+            out = outs[i]
+            self.scope.values[name] = out if isinstance(out, Value) else Value.of_expr(out)
+
+    def convert_nodes(self, graph: GraphProto) -> None:
+        for t in graph.initializer:
+            self.scope.values[t.name] = Value.of_const(self.tensor_array(t))
+        for node in graph.node:
+            self.convert_node(node)
+
+    def convert_subgraph(self, graph: GraphProto) -> list[Value]:
+        """Convert a branch graph in a nested scope; its outputs as Values."""
+        if len(graph.input):
+            raise UnsupportedError(f"subgraph {graph.name!r} has inputs; only If branches (no inputs) are supported")
+        self.scope = _Scope(self.scope)
+        self.depth += 1
+        try:
+            self.convert_nodes(graph)
+            return [self.lookup(o.name) for o in graph.output]
+        finally:
+            assert self.scope.parent is not None
+            self.scope = self.scope.parent
+            self.depth -= 1
+
+    def run(self) -> IRModule:
+        graph = self.model.graph
+        inits = {t.name: t for t in graph.initializer}
+        params: list[Var] = []
+        for vi in graph.input:
+            if vi.name in inits:
+                continue  # an initializer listed as an input (older IR versions): a constant
+            info = self.value_info(vi, "graph input")
+            var = Var(self._unique(sanitize(vi.name, "input")), info)
+            params.append(var)
+            self.scope.values[vi.name] = Value.of_expr(var)
+        unknown = sorted(set(self.dim_bounds) - set(self.syms))
+        if unknown:
+            raise TileworkError(f"dim_bounds names dims the model does not have: {', '.join(unknown)} (its named dims: {', '.join(sorted(self.syms)) or 'none'})")
+        num_inputs = len(params)
+        for name, t in inits.items():
+            arr = self.tensor_array(t)
+            if self.keep_params and not small_int(arr):
+                var = Var(self._unique(sanitize(name, "param")), TensorInfo(tuple(int(d) for d in arr.shape), str(arr.dtype)))
+                params.append(var)
+                self.scope.values[name] = Value.of_expr(var)
+            else:
+                self.scope.values[name] = Value.of_const(arr)
+        attrs = {"num_inputs": num_inputs} if self.keep_params else {}
+        self.dataflow = not has_control_flow(graph)
+        with self.bb.function("main", params, attrs):
+            if self.dataflow:
+                with self.bb.dataflow():
+                    outputs = self._body(graph)
+                    outputs = [self.bb.emit_output(o) for o in outputs]
+            else:
+                outputs = self._body(graph)
+            self.bb.emit_func_output(outputs[0] if len(outputs) == 1 else outputs)
+        return self.bb.get()
+
+    def _body(self, graph: GraphProto) -> list[Expr]:
+        for node in graph.node:
+            self.convert_node(node)
+        if not graph.output:
+            raise UnsupportedError("the graph has no outputs")
+        for vi in graph.output:
+            if not vi.type.HasField("tensor_type") and vi.type.WhichOneof("value") is not None:
+                raise UnsupportedError(f"graph output {vi.name!r}: {vi.type.WhichOneof('value')} values are not supported (only tensors)")
+        return [self.materialize(self.lookup(vi.name)) for vi in graph.output]
+
+
+def load_model(model_or_path: ModelProto | str | os.PathLike[str] | bytes) -> ModelProto:
+    """A ``ModelProto`` as is, serialized bytes, or the model at a path (external data too)."""
+    if isinstance(model_or_path, ModelProto):
+        return model_or_path
+    if isinstance(model_or_path, bytes):
+        return onnx.load_from_string(model_or_path)
+    return onnx.load(os.fspath(model_or_path))
+
+
+def from_onnx(
+    model_or_path: ModelProto | str | os.PathLike[str],
+    dim_bounds: DimBounds | None = None,
+    keep_params_as_inputs: bool = False,
+) -> IRModule:
+    """The IRModule of an ONNX model (a ``ModelProto`` or a path to a ``.onnx`` file).
+
+    ``dim_bounds`` maps ``dim_param`` names to ``(lo, hi)`` (either may be None) or to an upper
+    bound: ``{"seq": (1, 512)}``. Named dims default to ``>= 1``. With
+    ``keep_params_as_inputs``, weights are trailing parameters of ``main`` (in initializer
+    order; ``param_arrays`` gives their values) and ``num_inputs`` counts the real inputs.
+    """
+    return Importer(load_model(model_or_path), dim_bounds, keep_params_as_inputs).run()
+
+
+def param_arrays(model_or_path: ModelProto | str | os.PathLike[str]) -> list[np.ndarray]:
+    """The values of the trailing parameters ``from_onnx(..., keep_params_as_inputs=True)``
+    adds, in order."""
+    model = load_model(model_or_path)
+    out = []
+    for t in model.graph.initializer:
+        arr = np.asarray(numpy_helper.to_array(t))
+        if not small_int(arr):
+            out.append(arr)
+    return out
+
+
+__all__ = ["Importer", "from_onnx", "param_arrays", "load_model", "sanitize", "default_opset"]

@@ -1,0 +1,284 @@
+"""Padding, repetition and resampling: ``pad`` (constant, reflect, edge and wrap modes),
+``tile`` and ``resize`` (nearest, linear and cubic).
+
+- ``pad(x, value, pads, mode)``: ``pads`` lists the amount added before every dim and then the
+  amount added after every dim (ONNX's layout); a negative amount crops. Dims stay symbolic:
+  ``d + before + after``. ``value`` is a 0-d tensor (the fill of ``constant`` mode) of ``x``'s
+  dtype. ``reflect`` mirrors without repeating the edge (``[a b c] -> b [a b c] b``) and needs
+  each pad smaller than the dim; ``edge`` repeats the edge; ``wrap`` continues periodically.
+- ``tile(x, repeats)``: ``x`` repeated ``repeats[i]`` times along dim ``i`` (``d * r``).
+- ``resize(x, sizes, scales, mode, coord, ...)``: every dim resampled to ``sizes`` with ONNX's
+  coordinate transformations (``half_pixel``, ``half_pixel_symmetric``, ``asymmetric``,
+  ``align_corners``, ``pytorch_half_pixel``, ``tf_half_pixel_for_nn``). ``nearest`` rounds the
+  source coordinate (``round_prefer_floor``, ``round_prefer_ceil``, ``floor``, ``ceil``);
+  ``linear`` interpolates the two neighbours and ``cubic`` four (Keys' kernel with parameter
+  ``cubic_a``; ``exclude_outside`` drops taps outside the input and renormalizes), reading the
+  edge element for taps beyond it. ``scales`` (one per dim) are what the source coordinate
+  divides by; None uses ``size / d``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import TYPE_CHECKING, Any, Sequence
+
+from tilework import te
+from tilework.ir import sym
+from tilework.ir.graph import Call, Expr
+from tilework.ir.info import StructInfo, TensorInfo, shape_str
+from tilework.ir.loop import Scalar
+from tilework.ir.sym import Dim, SymExpr
+from tilework.op.base import InferCtx, Op, OpPattern, make_call, register, require_nonneg, tensor_arg, unify_dtype
+from tilework.op.kernel import arg, out_tensor
+
+if TYPE_CHECKING:
+    from tilework.transform.legalize import LegalizeCtx
+
+PAD_MODES = ("constant", "reflect", "edge", "wrap")
+COORD_MODES = ("half_pixel", "half_pixel_symmetric", "asymmetric", "align_corners", "pytorch_half_pixel", "tf_half_pixel_for_nn")
+RESIZE_MODES = ("nearest", "linear", "cubic")
+NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+
+def _dims_attr(v: object, name: str, ctx: InferCtx) -> tuple[Dim, ...]:
+    if not isinstance(v, tuple) or any(isinstance(d, bool) or not isinstance(d, (int, SymExpr)) for d in v):
+        raise ctx.error(f"attribute {name} must be a tuple of ints or symbolic dims, got {v!r}")
+    return v
+
+
+# -- pad ---------------------------------------------------------------------------------------
+
+
+def _infer_pad(call: Call, ctx: InferCtx) -> StructInfo:
+    x, value = tensor_arg(call, 0, ctx), tensor_arg(call, 1, ctx)
+    dtype = unify_dtype([x.dtype, value.dtype], ctx)
+    if value.ndim not in (-1, 0):
+        raise ctx.shape_error(f"the pad value must be a 0-d tensor, got shape {shape_str(value.shape)}")
+    mode = call.attrs["mode"]
+    if mode not in PAD_MODES:
+        raise ctx.error(f"mode must be one of {', '.join(PAD_MODES)}, got {mode!r}")
+    pads = _dims_attr(call.attrs["pads"], "pads", ctx)
+    if x.ndim == -1:
+        return TensorInfo(None, dtype, -1)
+    if len(pads) != 2 * x.ndim:
+        raise ctx.error(f"pads needs {2 * x.ndim} entries (before and after each dim), got {len(pads)}")
+    if x.shape is None:
+        return TensorInfo(None, dtype, x.ndim)
+    n = x.ndim
+    out = tuple(sym.add(sym.add(d, pads[k]), pads[n + k]) for k, d in enumerate(x.shape))
+    require_nonneg(out, ctx, "padded shape")
+    if mode == "reflect":
+        for k, d in enumerate(x.shape):
+            for p in (pads[k], pads[n + k]):
+                if not (isinstance(p, int) and p <= 0):
+                    if isinstance(p, int) and isinstance(d, int) and p >= d:
+                        raise ctx.shape_error(f"reflect padding {p} must be smaller than dim {k} of {shape_str(x.shape)}")
+    return TensorInfo(out, dtype)
+
+
+def _source(j: Scalar, d: Dim, mode: str) -> Scalar:
+    """The source index for position ``j`` (which may lie outside ``[0, d)``) of a dim of
+    length ``d`` under ``mode`` (not constant)."""
+    if mode == "edge":
+        return te.minimum(te.maximum(j, 0), sym.sub(d, 1))
+    if mode == "wrap":
+        return j % d  # type: ignore[operator, no-any-return]
+    r = te.if_then_else(te.lt(j, 0), -j, j)  # type: ignore[operator]
+    return te.if_then_else(te.ge(r, d), sym.mul(2, sym.sub(d, 1)) - r, r)  # type: ignore[operator]
+
+
+def _legalize_pad(call: Call, ctx: "LegalizeCtx") -> Expr:
+    x, value = arg(call, 0, "x"), arg(call, 1, "value")
+    shape, dtype = out_tensor(call)
+    pads = call.attrs["pads"]
+    mode = call.attrs["mode"]
+    n = x.ndim
+
+    def f(*i: Scalar) -> Scalar:
+        js = [i[k] - pads[k] for k in range(n)]  # type: ignore[operator]
+        if mode != "constant":
+            return x[tuple(_source(j, x.shape[k], mode) for k, j in enumerate(js))]
+        inside = te.all(*(te.logical_and(te.ge(j, 0), te.lt(j, x.shape[k])) for k, j in enumerate(js)))
+        return te.if_then_else(inside, x[tuple(js)], value[()])
+
+    out = te.compute(shape, f, "pad", dtype)
+    return ctx.call_te("pad", call.args, [x, value], [out], call.info)
+
+
+register(Op("pad", _infer_pad, OpPattern.INJECTIVE, attrs={"pads": (), "mode": "constant"}, num_args=2, legalize=_legalize_pad))
+
+
+def pad(x: Expr, value: Expr, pads: Sequence[Dim], mode: str = "constant") -> Call:
+    """``x`` padded by ``pads`` (all befores, then all afters; negative crops); ``value`` is a
+    0-d tensor used by ``constant`` mode."""
+    return make_call("pad", [x, value], pads=tuple(pads), mode=mode)
+
+
+# -- tile --------------------------------------------------------------------------------------
+
+
+def _infer_tile(call: Call, ctx: InferCtx) -> StructInfo:
+    x = tensor_arg(call, 0, ctx)
+    reps = _dims_attr(call.attrs["repeats"], "repeats", ctx)
+    if x.ndim == -1:
+        return TensorInfo(None, x.dtype, len(reps))
+    if len(reps) != x.ndim:
+        raise ctx.error(f"repeats needs one entry per dim ({x.ndim}), got {len(reps)}")
+    require_nonneg(reps, ctx, "repeats")
+    if x.shape is None:
+        return TensorInfo(None, x.dtype, x.ndim)
+    return TensorInfo(tuple(sym.mul(d, r) for d, r in zip(x.shape, reps)), x.dtype)
+
+
+def _legalize_tile(call: Call, ctx: "LegalizeCtx") -> Expr:
+    x = arg(call, 0, "x")
+    shape, dtype = out_tensor(call)
+    out = te.compute(shape, lambda *i: x[tuple(v % d for v, d in zip(i, x.shape))], "tile", dtype)  # type: ignore[operator]
+    return ctx.call_te("tile", call.args, [x], [out], call.info)
+
+
+register(Op("tile", _infer_tile, OpPattern.INJECTIVE, attrs={"repeats": ()}, num_args=1, legalize=_legalize_tile))
+
+
+def tile(x: Expr, repeats: Sequence[Dim]) -> Call:
+    """``x`` repeated ``repeats[i]`` times along each dim ``i``."""
+    return make_call("tile", [x], repeats=tuple(repeats))
+
+
+# -- resize -------------------------------------------------------------------------------------
+
+
+def _infer_resize(call: Call, ctx: InferCtx) -> StructInfo:
+    x = tensor_arg(call, 0, ctx)
+    sizes = _dims_attr(call.attrs["sizes"], "sizes", ctx)
+    scales = call.attrs["scales"]
+    for attr, allowed in (("coord", COORD_MODES), ("rounding", NEAREST_MODES), ("mode", RESIZE_MODES)):
+        if call.attrs[attr] not in allowed:
+            raise ctx.error(f"{attr} must be one of {', '.join(allowed)}, got {call.attrs[attr]!r}")
+    if scales is not None and (not isinstance(scales, tuple) or len(scales) != len(sizes)):
+        raise ctx.error(f"scales must be None or one float per dim, got {scales!r}")
+    if x.ndim not in (-1, len(sizes)):
+        raise ctx.error(f"sizes needs one entry per dim ({x.ndim}), got {len(sizes)}")
+    if call.attrs["mode"] != "nearest" and x.dtype is not None and not x.dtype.startswith(("float", "bfloat")):
+        raise ctx.error(f"{call.attrs['mode']} interpolation needs a floating-point tensor, got {x.dtype}")
+    require_nonneg(sizes, ctx, "sizes")
+    return TensorInfo(sizes, x.dtype)
+
+
+def _nearest(s: Scalar, mode: str) -> Scalar:
+    if mode == "floor":
+        return te.floor(s)
+    if mode == "ceil":
+        return te.ceil(s)
+    frac = s - te.floor(s)  # type: ignore[operator]
+    if mode == "round_prefer_floor":
+        return te.if_then_else(te.le(frac, 0.5), te.floor(s), te.ceil(s))
+    return te.if_then_else(te.lt(frac, 0.5), te.floor(s), te.ceil(s))
+
+
+def _src_coord(i: Scalar, d: Dim, out: Dim, scale: float | None, coord: str) -> Scalar:
+    """The source coordinate (float64) of output index ``i``."""
+    fi = te.cast(i, "float64")
+    fd, fo = te.cast(d, "float64"), te.cast(out, "float64")
+    s: Scalar = fo / fd if scale is None else te.constant(scale, "float64")  # type: ignore[operator]
+    if coord == "asymmetric":
+        return fi / s  # type: ignore[operator, no-any-return]
+    if coord == "align_corners":  # with a given scale, the unrounded output length
+        span = fo if scale is None else fd * scale  # type: ignore[operator]
+        return te.if_then_else(te.le(fo, 1.0), 0.0, fi * (fd - 1.0) / (span - 1.0))  # type: ignore[operator]
+    if coord == "tf_half_pixel_for_nn":
+        return (fi + 0.5) / s  # type: ignore[operator, no-any-return]
+    half = (fi + 0.5) / s - 0.5  # type: ignore[operator]
+    if coord == "pytorch_half_pixel":
+        return te.if_then_else(te.gt(fo, 1.0), half, 0.0)
+    if coord == "half_pixel_symmetric":
+        adjust = fo / (s * fd)  # type: ignore[operator]
+        return fd * 0.5 * (1.0 - adjust) + half  # type: ignore[operator, no-any-return]
+    return half
+
+
+def _clamp(v: Scalar, d: Dim) -> Scalar:
+    return te.minimum(te.maximum(v, 0), sym.sub(d, 1))
+
+
+def _cubic_weights(r: Scalar, a: float) -> list[Scalar]:
+    """Keys' cubic convolution weights of the taps at offsets -1, 0, 1, 2 from ``floor(x)``
+    for the fraction ``r``."""
+    def far(t: Any) -> Scalar:  # 1 < |t| < 2
+        return ((t * a - 5.0 * a) * t + 8.0 * a) * t - 4.0 * a  # type: ignore[no-any-return]
+
+    def near(t: Any) -> Scalar:  # |t| <= 1
+        return ((t * (a + 2.0)) - (a + 3.0)) * t * t + 1.0  # type: ignore[no-any-return]
+
+    rr: Any = r
+    return [far(rr + 1.0), near(rr), near(1.0 - rr), far(2.0 - rr)]
+
+
+def _taps(call: Call, i: Scalar, d: Dim, out: Dim, scale: float | None) -> list[tuple[Scalar, Scalar]]:
+    """(source index, weight) pairs for output index ``i`` along one resized dim."""
+    mode = call.attrs["mode"]
+    x = _src_coord(i, d, out, scale, call.attrs["coord"])
+    if mode == "nearest":
+        return [(_clamp(te.cast(_nearest(x, call.attrs["rounding"]), "int64"), d), 1.0)]  # type: ignore[list-item]
+    base = te.floor(x)
+    r = x - base  # type: ignore[operator]
+    b = te.cast(base, "int64")
+    if mode == "linear":
+        return [(_clamp(b, d), 1.0 - r), (_clamp(b + 1, d), r)]  # type: ignore[operator, list-item]
+    weights = _cubic_weights(r, float(call.attrs["cubic_a"]))
+    taps = [(b + off, w) for off, w in zip((-1, 0, 1, 2), weights)]  # type: ignore[operator]
+    if not call.attrs["exclude_outside"]:
+        return [(_clamp(t, d), w) for t, w in taps]
+    inside = [te.logical_and(te.ge(t, 0), te.lt(t, d)) for t, _ in taps]
+    kept = [te.if_then_else(c, w, 0.0) for c, (_, w) in zip(inside, taps)]
+    total = kept[0] + kept[1] + kept[2] + kept[3]  # type: ignore[operator]
+    return [(_clamp(t, d), k / total) for (t, _), k in zip(taps, kept)]  # type: ignore[operator]
+
+
+def _legalize_resize(call: Call, ctx: "LegalizeCtx") -> Expr:
+    """Every output element is a weighted sum over the taps of each resized dim (one for
+    nearest, two for linear, four for cubic), accumulated in float64."""
+    x = arg(call, 0, "x")
+    shape, dtype = out_tensor(call)
+    scales = call.attrs["scales"]
+    nearest = call.attrs["mode"] == "nearest"
+    resized = [k for k, d in enumerate(x.shape) if not (d is shape[k] and (scales is None or scales[k] == 1.0))]
+
+    def f(*i: Scalar) -> Scalar:
+        per_dim = [_taps(call, i[k], x.shape[k], shape[k], None if scales is None else float(scales[k])) for k in resized]
+        total: Any = 0.0
+        for combo in itertools.product(*per_dim):
+            idx: list[Scalar] = list(i)
+            weight: Any = 1.0
+            for k, (src, w) in zip(resized, combo):
+                idx[k] = src
+                weight = weight * w  # type: ignore[operator]
+            value = x[tuple(idx)]
+            if nearest:
+                return value
+            total = total + weight * te.cast(value, "float64")  # type: ignore[operator]
+        return total if not nearest else x[i]
+
+    out = te.compute(shape, f, "resize", dtype)
+    return ctx.call_te("resize", call.args, [x], [out], call.info)
+
+
+register(Op("resize", _infer_resize, OpPattern.INJECTIVE, attrs={"sizes": (), "scales": None, "mode": "nearest", "coord": "half_pixel", "rounding": "round_prefer_floor", "cubic_a": -0.75, "exclude_outside": False}, num_args=1, legalize=_legalize_resize))
+
+
+def resize(
+    x: Expr,
+    sizes: Sequence[Dim],
+    scales: Sequence[float] | None = None,
+    mode: str = "nearest",
+    coord: str = "half_pixel",
+    rounding: str = "round_prefer_floor",
+    cubic_a: float = -0.75,
+    exclude_outside: bool = False,
+) -> Call:
+    """``x`` resampled to ``sizes`` (see the module docstring)."""
+    sc = None if scales is None else tuple(float(s) for s in scales)
+    if sc is not None and any(not math.isfinite(s) or s <= 0 for s in sc):
+        raise ValueError(f"resize scales must be positive, got {sc}")
+    return make_call("resize", [x], sizes=tuple(sizes), scales=sc, mode=mode, coord=coord, rounding=rounding, cubic_a=float(cubic_a), exclude_outside=bool(exclude_outside))
