@@ -71,9 +71,7 @@ def onnx_path(bert: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def compiled(onnx_path: Path) -> Any:
     mod = from_onnx(str(onnx_path), dim_bounds={"seq": (1, 512)})
-    # plan_memory=False: memory planning currently blows up symbolically on this graph (see
-    # the report of the ONNX frontend issue); the numerics do not depend on it.
-    return mod, tilework.VM(tilework.build(mod, plan_memory=False))["main"]
+    return mod, tilework.VM(tilework.build(mod))["main"]
 
 
 def _inputs(batch: int, seq: int) -> tuple[np.ndarray, np.ndarray]:

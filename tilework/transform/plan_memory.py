@@ -380,8 +380,24 @@ def _max(dims: Iterable[Dim]) -> Dim:
     return out
 
 
+_MAX_OFFSET_TEXT = 400  # an offset longer than this (nested max terms) ends symbolic packing
+
+
+class _TooComplex(Exception):
+    pass
+
+
 def _pack(items: list[_Item]) -> Dim:
-    """Give each item an offset; returns the arena size (a dim)."""
+    """Give each item an offset; returns the arena size (a dim). Tight symbolic packing first;
+    when offsets grow into long ``max`` chains (many live tensors of unrelated symbolic sizes),
+    the simpler token packing, whose offsets stay polynomials."""
+    try:
+        return _pack_offsets(items)
+    except _TooComplex:
+        return _pack_tokens(items)
+
+
+def _pack_offsets(items: list[_Item]) -> Dim:
     env = _ref_env(it.size for it in items)
     placed: list[_Item] = []
     for it in sorted(items, key=lambda it: (-it.weight, it.start)):
@@ -390,8 +406,30 @@ def _pack(items: list[_Item]) -> Dim:
         candidates = sorted({0, *ends}, key=lambda o: (sym.evaluate(o, env), sym.to_str(o)))
         chosen = next((o for o in candidates if all(_disjoint(o, it.size, q) for q in live)), None)
         it.offset = _max(ends) if chosen is None else chosen
+        if not isinstance(it.offset, int) and len(sym.to_str(it.offset)) > _MAX_OFFSET_TEXT:
+            raise _TooComplex
         placed.append(it)
     return _max(sym.add(it.offset, it.size) for it in placed)
+
+
+def _pack_tokens(items: list[_Item]) -> Dim:
+    """Storage tokens: an item reuses a token whose lifetimes it does not overlap and whose size
+    provably covers it, else opens a new one; tokens sit one after another."""
+    tokens: list[tuple[Dim, list[_Item]]] = []
+    for it in sorted(items, key=lambda it: (-it.weight, it.start)):
+        for size, users in tokens:
+            free = all(q.end < it.start or it.end < q.start for q in users)
+            if free and sym.prove_ge(size, it.size):
+                users.append(it)
+                break
+        else:
+            tokens.append((it.size, [it]))
+    offset: Dim = 0
+    for size, users in tokens:
+        for it in users:
+            it.offset = offset
+        offset = sym.add(offset, size)
+    return offset
 
 
 # -- the plan -----------------------------------------------------------------------------
