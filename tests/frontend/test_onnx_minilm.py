@@ -116,3 +116,21 @@ def test_matches_onnxruntime(compiled: Any, onnx_path: Path, batch: int, seq: in
     ids, mask = _inputs(batch, seq)
     want = sess.run(None, {"input_ids": ids, "attention_mask": mask})[0]
     assert _rel_err(fn(ids, mask), want) < 1e-4
+
+
+def test_cli_build_and_run(onnx_path: Path, bert: Any, tmp_path: Path) -> None:
+    """The real model through the command line: build once, run two shapes from .npy files."""
+    from tilework.cli import main
+
+    exe = tmp_path / "minilm.tw"
+    assert main(["build", str(onnx_path), "-o", str(exe), "--dim", "seq<=256"]) == 0
+    for batch, seq in ((1, 8), (2, 17)):
+        ids, mask = _inputs(batch, seq)
+        np.save(tmp_path / "ids.npy", ids)
+        np.save(tmp_path / "mask.npy", mask)
+        out_dir = tmp_path / f"out{batch}_{seq}"
+        args = ["run", str(exe), "--input", f"input_ids={tmp_path / 'ids.npy'}", "--input", f"attention_mask={tmp_path / 'mask.npy'}", "--output", str(out_dir)]
+        assert main(args) == 0
+        with torch.no_grad():
+            want = bert(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+        assert _rel_err(np.load(out_dir / "output0.npy"), want) < 1e-4
