@@ -4,11 +4,17 @@ Every IRModule that a test builds with ``BlockBuilder.get()`` must print to text
 to a structurally equal module with the same structural hash (invariant 3 of the design); an
 autouse fixture checks it at teardown. A test whose modules are deliberately not expressible (e.g. malformed IR given to the
 verifier) opts out with ``@pytest.mark.no_roundtrip``.
+
+Every pass pipeline that runs in the tests (``tilework.build`` included) runs the
+well-formedness verifier after each pass (invariant 2): ``TILEWORK_VERIFY_PASSES=1``.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Iterator
+
+os.environ.setdefault("TILEWORK_VERIFY_PASSES", "1")
 
 import pytest
 

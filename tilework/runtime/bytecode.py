@@ -175,9 +175,11 @@ class _FuncGen:
                 self.emit_binding(b)
 
     def emit_binding(self, b: AnyBinding) -> None:
-        if isinstance(b, MatchCast):
-            raise BuildError("VM codegen: match_cast reached the VM (run lower_shapes first)")
         value = b.value
+        if isinstance(b, MatchCast):
+            # lower_shapes has emitted the checks before it: the cast names the checked value
+            self.regs[b.var] = self.reg_of(value) if isinstance(value, Var) else self.materialize(value)
+            return
         if isinstance(value, Var):
             self.regs[b.var] = self.reg_of(value)  # an alias shares the register
             return

@@ -62,7 +62,7 @@ def _kill_in_seq(seq: SeqExpr, keep: set[Var]) -> SeqExpr:
     bindings = [b for block in seq.blocks for b in block.bindings]
     root: dict[Var, Var] = {}
     for b in bindings:
-        if isinstance(b, Binding) and isinstance(b.value, Var):
+        if isinstance(b.value, Var):  # an alias (y = x, or a checked match_cast): one value
             root[b.var] = root.get(b.value, b.value)
     keep_roots = {root.get(v, v) for v in keep} | {root.get(v, v) for v in used_vars(seq.body)}
     last: dict[Var, int] = {}

@@ -6,7 +6,8 @@ adds a shape heap (one int slot per sym var and per derived dim the function nee
 - at entry, checks each parameter's struct info and matches its dims: a sym var seen bare for
   the first time is stored (with its declared bounds checked), constants and known vars are
   asserted, derived dims (``n * 2``) are computed and asserted after every var is bound;
-- turns each ``match_cast`` into the same checks followed by a plain binding;
+- precedes each ``match_cast`` with the same checks (the match_cast then only names the
+  checked value and defines its sym vars; the VM runs it as an alias);
 - replaces every symbolic ``ShapeExpr`` argument by ``vm_make_shape`` over the heap, computing
   derived dims with ``vm_shape_func`` just before their first use;
 - turns ``assert_dims`` (facts that op inference could not prove) into ``vm_check_dims``;
@@ -191,7 +192,9 @@ class _Lowerer:
             where = f"{self.fname}: match_cast of {_label(b.value)} to {I.shape_str(b.cast_info.shape) if isinstance(b.cast_info, TensorInfo) else b.cast_info}"
             deferred = self.match(b.value, b.cast_info, where, _label(b.value))
             self.check_derived(deferred, where)
-            self.out.append(Binding(b.var, b.value))
+            # the checks above are the cast; the match_cast stays as the (now checked) binding
+            # that defines its sym vars, and runs as an alias
+            self.out.append(MatchCast(b.var, b.value, b.cast_info))
             return
         value = b.value
         if isinstance(value, If):
