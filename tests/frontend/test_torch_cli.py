@@ -84,3 +84,39 @@ def test_help_documents_dim(capsys: pytest.CaptureFixture[str]) -> None:
         main(["build", "--help"])
     text = capsys.readouterr().out
     assert "--dim SPEC" in text and "INPUT.AXIS" in text and "only narrow" in text
+
+
+def test_llama_decoder_through_the_cli(tmp_path: Path) -> None:
+    """A transformers Llama decoder (random weights), exported with a dynamic seq, built and run
+    from the command line at two lengths against torch."""
+    transformers = pytest.importorskip("transformers", reason="the decoder comes from transformers")
+    cfg = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    model.config.use_cache = False
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: Any) -> Any:
+            return self.model(input_ids=input_ids).logits
+
+    seq = torch.export.Dim("seq", min=1, max=64)
+    ep = torch.export.export(Logits().eval(), (torch.randint(0, 128, (1, 8)),), dynamic_shapes=({1: seq},), strict=False)
+    pt2, exe = tmp_path / "llama.pt2", tmp_path / "llama.tw"
+    torch.export.save(ep, str(pt2))
+    assert main(["build", str(pt2), "-o", str(exe)]) == 0
+    for n in (1, 7):
+        ids = torch.randint(0, 128, (1, n))
+        np.save(tmp_path / "ids.npy", ids.numpy())
+        out = tmp_path / f"out{n}"
+        assert main(["run", str(exe), "--input", f"input_ids={tmp_path / 'ids.npy'}", "--output", str(out)]) == 0
+        with torch.no_grad():
+            want = model(input_ids=ids).logits.numpy()
+        got = np.load(out / "output0.npy")
+        assert got.shape == want.shape
+        assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
