@@ -37,8 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--quiet", action="store_true", help="do not print the IR")
     d.add_argument("--run", action="store_true", help="also compile the block once and run it at several shapes against NumPy")
 
-    b = sub.add_parser("build", help="compile a module in the text format, or a torch.export program (.pt2), to an executable file", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_DIM_HELP)
-    b.add_argument("ir_file", help="a module in tilework's text format (print(mod) writes it), or a .pt2 file written by torch.export.save")
+    b = sub.add_parser("build", help="compile a module in the text format, a torch.export program (.pt2) or an ONNX model (.onnx) to an executable file", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_DIM_HELP)
+    b.add_argument("ir_file", help="a module in tilework's text format (print(mod) writes it), a .pt2 file written by torch.export.save, or an .onnx model")
     b.add_argument("-o", "--output", required=True, help="the executable to write (e.g. out.tw)")
     b.add_argument("--dim", action="append", default=[], metavar="SPEC", help="(.pt2 and .onnx) name a dynamic dim and/or narrow its bounds, e.g. seq=input_ids.1<=512 (.pt2) or seq<=512 (.onnx: a dim_param); repeat for each dim (see below)")
     b.add_argument("--backends", metavar="LIST", help="backends in priority order, e.g. blas,torch,codegen: each op goes to the first that can run it, the rest to tilework's kernels (see docs/backends.md)")
