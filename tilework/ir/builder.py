@@ -22,7 +22,6 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from tilework.errors import InferenceError, ShapeError, WellFormedError
 from tilework.ir import info as I
-from tilework.ir import sym
 from tilework.ir.graph import (
     EMPTY_ATTRS,
     AnyBinding,

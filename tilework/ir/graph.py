@@ -280,6 +280,34 @@ def bindings_of(f: GraphFunc | SeqExpr) -> Iterator[AnyBinding]:
                 yield from bindings_of(b.value.else_branch)
 
 
+def used_vars(e: Expr) -> Iterator[Var]:
+    """The vars an A-normal-form value reads (for an If: its condition and everything its
+    branches read), in order, with repeats."""
+    if isinstance(e, Var):
+        yield e
+    elif isinstance(e, Call):
+        yield from used_vars(e.callee)
+        for a in e.args:
+            yield from used_vars(a)
+    elif isinstance(e, Tuple):
+        for f in e.fields:
+            yield from used_vars(f)
+    elif isinstance(e, TupleGetItem):
+        yield from used_vars(e.tuple_value)
+    elif isinstance(e, If):
+        yield from used_vars(e.cond)
+        for branch in (e.then_branch, e.else_branch):
+            yield from seq_used_vars(branch)
+
+
+def seq_used_vars(seq: SeqExpr) -> Iterator[Var]:
+    """Every var read inside ``seq``: by its bindings' values and by its result."""
+    for block in seq.blocks:
+        for b in block.bindings:
+            yield from used_vars(b.value)
+    yield from used_vars(seq.body)
+
+
 __all__ = [
     "Attrs",
     "EMPTY_ATTRS",
@@ -305,4 +333,6 @@ __all__ = [
     "If",
     "GraphFunc",
     "bindings_of",
+    "used_vars",
+    "seq_used_vars",
 ]

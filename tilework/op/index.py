@@ -42,7 +42,6 @@ from tilework.op.base import (
     make_call,
     normalize_axis,
     register,
-    require_equal,
     tensor_arg,
     unify_dtype,
 )

@@ -27,11 +27,11 @@ guarantees a well-formed module computing the same values (fuse_tensor then merg
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator
 
 from tilework.ir import info as I
 from tilework.ir.builder import BlockBuilder
 from tilework.ir.graph import (
+    used_vars,
     AnyBinding,
     Binding,
     Call,
@@ -91,20 +91,6 @@ def kernel_call(b: AnyBinding, mod: IRModule) -> TensorFunc | None:
     return f
 
 
-def _used_vars(e: Expr) -> Iterator[Var]:
-    if isinstance(e, Var):
-        yield e
-    elif isinstance(e, Call):
-        yield from _used_vars(e.callee)
-        for a in e.args:
-            yield from _used_vars(a)
-    elif isinstance(e, Tuple):
-        for f in e.fields:
-            yield from _used_vars(f)
-    elif isinstance(e, TupleGetItem):
-        yield from _used_vars(e.tuple_value)
-
-
 def _is_copy(f: TensorFunc) -> bool:
     """Whether every block of ``f`` stores a value that is a load (maybe cast): data movement."""
     blocks = blocks_of(f)
@@ -151,7 +137,7 @@ class _BlockGraph:
         index = {b.var: i for i, b in enumerate(bs)}
         consumers: list[list[int]] = [[] for _ in bs]
         for j, b in enumerate(bs):
-            for v in dict.fromkeys(_used_vars(b.value)):
+            for v in dict.fromkeys(used_vars(b.value)):
                 i = index.get(v)
                 if i is not None and j not in consumers[i]:
                     consumers[i].append(j)
@@ -376,7 +362,7 @@ class _Fuser(FuncRewriter):
                 uses: set[Var] = set()
                 for j, b in enumerate(block.bindings):
                     if j not in idx:
-                        uses.update(_used_vars(b.value))
+                        uses.update(used_vars(b.value))
                 plan = _plan(bs, uses)
                 for b in bs:
                     self.plans[b] = plan

@@ -10,19 +10,15 @@ killed. Guarantees: no binding after a kill reads the killed value.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
 
 from tilework.ir.graph import (
+    used_vars,
     AnyBinding,
     Binding,
     BindingBlock,
-    Call,
-    Expr,
     GraphFunc,
     If,
     SeqExpr,
-    Tuple,
-    TupleGetItem,
     Var,
 )
 from tilework.ir.info import TensorInfo, TupleInfo
@@ -30,32 +26,6 @@ from tilework.ir.module import IRModule
 from tilework.op import vm as _vm_ops  # noqa: F401  (registers vm_kill)
 from tilework.transform.lower_shapes import VOID, _vm_call
 from tilework.transform.pipeline import Pass
-
-
-def used_vars(e: Expr) -> Iterator[Var]:
-    """Vars read by ``e`` (for If: the condition and everything its branches read)."""
-    if isinstance(e, Var):
-        yield e
-    elif isinstance(e, Call):
-        yield from used_vars(e.callee)
-        for a in e.args:
-            yield from used_vars(a)
-    elif isinstance(e, Tuple):
-        for f in e.fields:
-            yield from used_vars(f)
-    elif isinstance(e, TupleGetItem):
-        yield from used_vars(e.tuple_value)
-    elif isinstance(e, If):
-        yield from used_vars(e.cond)
-        for branch in (e.then_branch, e.else_branch):
-            yield from used_vars_seq(branch)
-
-
-def used_vars_seq(seq: SeqExpr) -> Iterator[Var]:
-    for block in seq.blocks:
-        for b in block.bindings:
-            yield from used_vars(b.value)
-    yield from used_vars(seq.body)
 
 
 def _kill_in_seq(seq: SeqExpr, keep: set[Var]) -> SeqExpr:
@@ -105,4 +75,4 @@ def _kill_func(f: GraphFunc) -> GraphFunc:
     return f.replace(body=_kill_in_seq(f.body, set(f.params)))
 
 
-__all__ = ["KillAfterLastUse", "used_vars"]
+__all__ = ["KillAfterLastUse"]

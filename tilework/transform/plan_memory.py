@@ -68,7 +68,7 @@ from tilework.op.base import OpPattern
 from tilework.runtime.tensor import np_dtype
 from tilework.schedule.analysis import block_pattern
 from tilework.schedule.tree import leaves
-from tilework.transform.kill_after_last_use import used_vars
+from tilework.ir.graph import used_vars
 from tilework.transform.lower_shapes import VOID, _vm_call
 from tilework.transform.pipeline import Pass
 

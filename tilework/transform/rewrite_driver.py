@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from tilework.ir.builder import BlockBuilder, is_leaf
 from tilework.ir.graph import (
+    seq_used_vars,
+    used_vars,
     Binding,
     Call,
     Constant,
@@ -252,31 +254,8 @@ class Rule:
 # -- expression helpers -------------------------------------------------------------------
 
 
-def free_vars(e: Expr) -> Iterator[Var]:
-    """The vars an A-normal-form value reads (If: its condition and its branches' reads)."""
-    if isinstance(e, Var):
-        yield e
-    elif isinstance(e, Call):
-        yield from free_vars(e.callee)
-        for a in e.args:
-            yield from free_vars(a)
-    elif isinstance(e, Tuple):
-        for f in e.fields:
-            yield from free_vars(f)
-    elif isinstance(e, TupleGetItem):
-        yield from free_vars(e.tuple_value)
-    elif isinstance(e, If):
-        yield from free_vars(e.cond)
-        for branch in (e.then_branch, e.else_branch):
-            yield from seq_reads(branch)
-
-
-def seq_reads(seq: SeqExpr) -> Iterator[Var]:
-    """Every var read inside ``seq`` (its own bindings' vars included)."""
-    for block in seq.blocks:
-        for b in block.bindings:
-            yield from free_vars(b.value)
-    yield from free_vars(seq.body)
+free_vars = used_vars  # the vars an A-normal-form value reads (tilework.ir.graph)
+seq_reads = seq_used_vars  # every var read inside a SeqExpr
 
 
 def substitute(e: Expr, mapping: dict[Var, Expr]) -> Expr:

@@ -16,7 +16,6 @@ from tilework.ir.graph import (
     Call,
     DataflowVar,
     Expr,
-    GraphFunc,
     If,
     MatchCast,
     SeqExpr,
