@@ -11,36 +11,15 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence, Union
 
-import ml_dtypes
 import numpy as np
 
 from tilework.errors import RuntimeCheckError
 from tilework.ir import sym
 from tilework.ir.loop import TensorFunc
 from tilework.ir.sym import SymVar
-
-_NP_DTYPES = {
-    "bool": np.dtype(np.bool_),
-    "int8": np.dtype(np.int8),
-    "int16": np.dtype(np.int16),
-    "int32": np.dtype(np.int32),
-    "int64": np.dtype(np.int64),
-    "uint8": np.dtype(np.uint8),
-    "float16": np.dtype(np.float16),
-    "bfloat16": np.dtype(ml_dtypes.bfloat16),
-    "float32": np.dtype(np.float32),
-    "float64": np.dtype(np.float64),
-}
+from tilework.runtime.tensor import np_dtype  # the one dtype table
 
 SymValues = Union[Sequence[int], Mapping[str, int], Mapping[SymVar, int], None]
-
-
-def np_dtype(dtype: str) -> np.dtype:
-    """The NumPy dtype of a tilework dtype name (bfloat16 through ml_dtypes)."""
-    try:
-        return _NP_DTYPES[dtype]
-    except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}") from None
 
 
 def kernel_syms(func: TensorFunc) -> tuple[SymVar, ...]:
