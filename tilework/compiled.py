@@ -537,7 +537,7 @@ def _constant_bytes(mod: IRModule) -> int:
 
 def _dump_arrays(arrays: Sequence[np.ndarray]) -> bytes:
     """A small header (JSON: dtype, shape, offset per array) and the raw bytes, 64-aligned."""
-    from tilework.runtime.tensor import dtype_name
+    from tilework.ir.dtype import dtype_name
 
     entries, blobs, offset = [], [], 0
     for a in arrays:
@@ -553,7 +553,7 @@ def _dump_arrays(arrays: Sequence[np.ndarray]) -> bytes:
 
 
 def _load_arrays(data: bytes) -> list[np.ndarray]:
-    from tilework.runtime.tensor import np_dtype
+    from tilework.ir.dtype import np_dtype
 
     n = int.from_bytes(data[:8], "little")
     entries = json.loads(data[8 : 8 + n])

@@ -22,6 +22,7 @@ from tilework.ir import sym
 from tilework.ir.graph import Call, Constant, Expr, OpRef, Var
 from tilework.ir.info import TensorInfo
 from tilework.ir.sym import Dim, FloorDiv, FloorMod, Max, Min, Poly, SymVar
+from tilework.ir.dtype import DTYPE_TABLE, np_dtype, to_onnx
 
 OPSET = 23
 IR_VERSION = 10
@@ -38,11 +39,9 @@ def _onnx() -> Any:
 
 
 def _elem(dtype: str | None) -> int:
-    tp = _onnx().TensorProto
-    table = {"float32": tp.FLOAT, "float64": tp.DOUBLE, "bool": tp.BOOL, "int64": tp.INT64, "int32": tp.INT32, "float16": tp.FLOAT16}
-    if dtype not in table:
+    if dtype is None or dtype not in DTYPE_TABLE:
         raise UnsupportedError(f"no ONNX element type for dtype {dtype}")
-    return table[dtype]
+    return to_onnx(dtype)
 
 
 def _shape(e: Expr) -> tuple[Dim, ...]:
@@ -84,7 +83,7 @@ class OnnxGraph:
     def const(self, values: Any, dtype: str, shape: tuple[int, ...] | None = None) -> str:
         import numpy as np
 
-        arr = np.asarray(values, dtype=dtype)
+        arr = np.asarray(values, dtype=np_dtype(dtype))
         if shape is not None:
             arr = arr.reshape(shape)
         key = (dtype, arr.shape, arr.tobytes())
@@ -317,7 +316,7 @@ def export(inputs: tuple[Expr, ...], bindings: tuple[Any, ...], outputs: tuple[V
             raise UnsupportedError(f"%{b.var.name} = {call!r} has no ONNX conversion")
         CONVERTERS[call.callee.name](gr, call, gr.names[id(b.var)])  # type: ignore[attr-defined]
     if gr.uses_dims:
-        graph_inputs.append(helper.make_tensor_value_info(DIMS_INPUT, onnx.TensorProto.INT64, [len(sym_vars)]))
+        graph_inputs.append(helper.make_tensor_value_info(DIMS_INPUT, to_onnx("int64"), [len(sym_vars)]))
     graph_outputs = [_value_info(gr.names[id(v)], v.info) for v in outputs]  # type: ignore[arg-type]
     graph = helper.make_graph(gr.nodes, name, graph_inputs, graph_outputs, initializer=gr.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="tilework")

@@ -17,7 +17,7 @@ from tilework.errors import RuntimeCheckError
 from tilework.ir import sym
 from tilework.ir.loop import TensorFunc
 from tilework.ir.sym import SymVar
-from tilework.runtime.tensor import np_dtype  # the one dtype table
+from tilework.ir.dtype import np_dtype
 
 SymValues = Union[Sequence[int], Mapping[str, int], Mapping[SymVar, int], None]
 

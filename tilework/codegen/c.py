@@ -44,6 +44,7 @@ from tilework.codegen.abi import kernel_syms
 from tilework.codegen.c_prelude import PRELUDE
 from tilework.errors import WellFormedError
 from tilework.ir import sym
+from tilework.ir.dtype import DTYPE_TABLE, is_float_dtype, is_int_dtype
 from tilework.ir.loop import (
     Allocate,
     Binary,
@@ -63,19 +64,10 @@ from tilework.ir.loop import (
     TensorFunc,
     Unary,
     dtype_of,
-    is_float_dtype,
     walk_stmts,
 )
 from tilework.ir.sym import Dim, FloorDiv, FloorMod, Max, Min, Poly, SymExpr, SymVar
 
-STORAGE_CTYPE = {
-    "float32": "float", "float64": "double", "float16": "tw_half", "bfloat16": "uint16_t",
-    "int8": "int8_t", "int16": "int16_t", "int32": "int32_t", "int64": "int64_t",
-    "uint8": "uint8_t", "bool": "bool",
-}  # fmt: skip
-VALUE_CTYPE = {**STORAGE_CTYPE, "float16": "float", "bfloat16": "float"}
-ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int8": 1, "int16": 2,
-            "int32": 4, "int64": 8, "uint8": 1, "bool": 1}  # fmt: skip
 STACK_LIMIT = 32 * 1024  # scratch of a static size up to this many bytes lives on the stack
 _NARROW_INTS = ("int8", "int16", "uint8")
 _FLOAT_FN = {
@@ -247,7 +239,7 @@ class _Emitter:
         head = f"int32_t {self.symbol}(void* const* restrict tw_data, const int64_t* restrict tw_syms) {{"
         self.lines = [f"/* kernel {self.kname} */", head]
         for i, b in enumerate(f.buffers):
-            ct = STORAGE_CTYPE[b.dtype]
+            ct = DTYPE_TABLE[b.dtype].c_storage
             q = "" if b in self.written else "const "
             self.line(f"{q}{ct}* restrict {self.bind(b, b.name)} = ({q}{ct}*)tw_data[{i}];")
         for j, v in enumerate(kernel_syms(f)):
@@ -409,11 +401,11 @@ class _Emitter:
 
     def allocate(self, s: Allocate) -> None:
         b = s.buffer
-        ct = STORAGE_CTYPE[b.dtype]
+        ct = DTYPE_TABLE[b.dtype].c_storage
         size = sym.product(b.shape)
         self.line("{")
         self.depth += 1
-        if isinstance(size, int) and size * ITEMSIZE[b.dtype] <= STACK_LIMIT:
+        if isinstance(size, int) and size * DTYPE_TABLE[b.dtype].itemsize <= STACK_LIMIT:
             # accessed through a restrict pointer: GCC then keeps a small array that a loop
             # accumulates into in registers even when the loop also reads another local array
             array = self.bind(("storage", b), b.name)
@@ -422,7 +414,7 @@ class _Emitter:
             self.stmt(s.body)
         else:
             name = self.bind(b, b.name)
-            self.line(f"{ct}* restrict {name} = ({ct}*)tw_alloc({self.dim(size)}, {ITEMSIZE[b.dtype]});")
+            self.line(f"{ct}* restrict {name} = ({ct}*)tw_alloc({self.dim(size)}, {DTYPE_TABLE[b.dtype].itemsize});")
             self.line(f"if ({name} == NULL) {{")
             self.depth += 1
             self.line("#pragma omp atomic write")
@@ -484,14 +476,14 @@ class _Emitter:
     def index(self, i: Scalar) -> str:
         if isinstance(i, (int, SymExpr)):
             return self.dim(i)
-        if not dtype_of(i).startswith(("int", "uint")):
+        if not is_int_dtype(dtype_of(i)):
             raise self.error(f"index of dtype {dtype_of(i)} is not an integer")
         return f"(int64_t){self.expr(i)}"
 
     # -- scalar expressions ---------------------------------------------------------------
 
     def expr(self, x: Scalar) -> str:
-        """C text of ``x``, of type ``VALUE_CTYPE[dtype]``."""
+        """C text of ``x``, of its dtype's ``c_value`` type."""
         if isinstance(x, (int, SymExpr)):
             return self.dim(x)
         if isinstance(x, Const):
@@ -512,7 +504,7 @@ class _Emitter:
                 return f"(!{a})"
             if x.op != "neg":
                 raise self.error(f"unknown unary op {x.op!r}")
-            return f"(({VALUE_CTYPE[x.dtype]})(-{a}))" if x.dtype in _NARROW_INTS else f"(-{a})"
+            return f"(({DTYPE_TABLE[x.dtype].c_value})(-{a}))" if x.dtype in _NARROW_INTS else f"(-{a})"
         if isinstance(x, Cast):
             return self.cast(x)
         if isinstance(x, Select):
@@ -531,7 +523,7 @@ class _Emitter:
             return _float_literal(float(v), "f")
         if c.dtype == "int64":
             return _int_literal(int(v))
-        return f"(({STORAGE_CTYPE[c.dtype]}){_int_literal(int(v))})"
+        return f"(({DTYPE_TABLE[c.dtype].c_storage}){_int_literal(int(v))})"
 
     def cast(self, x: Cast) -> str:
         src, dst = dtype_of(x.value), x.dtype
@@ -544,12 +536,12 @@ class _Emitter:
             return f"tw_round_bf((float)({a}))"
         if dst == "bool":
             return f"({a} != 0)"
-        return f"(({VALUE_CTYPE[dst]})({a}))"
+        return f"(({DTYPE_TABLE[dst].c_value})({a}))"
 
     def binary(self, x: Binary) -> str:
         a, b, op = self.expr(x.a), self.expr(x.b), x.op
         dt = dtype_of(x.a)
-        ct = VALUE_CTYPE[dt]
+        ct = DTYPE_TABLE[dt].c_value
         fl = is_float_dtype(dt)
         sfx = "_d" if dt == "float64" else "_f"
         if op in ("<", "<=", ">", ">=", "==", "!="):
@@ -586,7 +578,7 @@ class _Emitter:
             return f"({x.name}({a}) != 0)" if is_float_dtype(dt) else "false"
         if not is_float_dtype(dt):
             if x.name == "abs":
-                return f"(({VALUE_CTYPE[dt]})tw_abs_i64({a}))"
+                return f"(({DTYPE_TABLE[dt].c_value})tw_abs_i64({a}))"
             if x.name in ("floor", "ceil", "round"):
                 return a
             raise self.error(f"intrinsic {x.name} needs a float argument, got {dt}")

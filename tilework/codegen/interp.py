@@ -27,10 +27,11 @@ from typing import Any, Callable, Sequence
 import ml_dtypes
 import numpy as np
 
-from tilework.codegen.abi import SymValues, bind_syms, check_arrays, kernel_syms, np_dtype
+from tilework.codegen.abi import SymValues, bind_syms, check_arrays, kernel_syms
 from tilework.codegen.c import const_value
 from tilework.errors import WellFormedError
 from tilework.ir import sym
+from tilework.ir.dtype import compute_dtype, is_float_dtype, np_dtype
 from tilework.ir.loop import (
     Allocate,
     Binary,
@@ -50,12 +51,10 @@ from tilework.ir.loop import (
     TensorFunc,
     Unary,
     dtype_of,
-    is_float_dtype,
 )
 from tilework.ir.sym import Dim, FloorDiv, FloorMod, Max, Min, Poly, SymExpr, SymVar
 
 _F32 = np.float32
-_COMPUTE_F32 = ("float32", "float16", "bfloat16")
 _RESERVED = frozenset({"range", "min", "max", "abs", "int", "np"})
 
 
@@ -301,11 +300,11 @@ class _Translator:
             return self.dim(x)
         if isinstance(x, Const):
             v = const_value(x)
-            t = np_dtype("float32" if x.dtype in _COMPUTE_F32 else x.dtype).type
+            t = np_dtype(compute_dtype(x.dtype)).type
             return self.value(t(v))
         if isinstance(x, Load):
             text = f"{self.known(x.buffer)}[{self.indices(x.buffer, x.indices)}]"
-            return f"_F32({text})" if x.buffer.dtype in ("float16", "bfloat16") else text
+            return f"_F32({text})" if compute_dtype(x.buffer.dtype) != x.buffer.dtype else text
         if isinstance(x, Binary):
             return self.binary(x)
         if isinstance(x, Unary):
@@ -328,7 +327,7 @@ class _Translator:
         if src == dst:
             return a
         if dst == "float16":
-            return f"_f16_from_f32({a})" if src in _COMPUTE_F32 else f"_f16_from_f64({a})"
+            return f"_f16_from_f32({a})" if compute_dtype(src) == "float32" else f"_f16_from_f64({a})"
         if dst == "bfloat16":
             return f"_bf16({a})"
         if dst == "bool":

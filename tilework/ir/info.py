@@ -12,20 +12,9 @@ from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Mapping, Union
 
 from tilework.ir import sym
+from tilework.ir.dtype import DTYPES
 from tilework.ir.sym import Dim, SymVar
 
-DTYPES = (
-    "bool",
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "uint8",
-    "float16",
-    "bfloat16",
-    "float32",
-    "float64",
-)
 
 
 def check_dtype(dtype: str) -> str:

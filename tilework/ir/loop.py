@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterator, Union
 
+from tilework.ir.dtype import is_float_dtype, itemsize
 from tilework.ir.graph import EMPTY_ATTRS, Attrs
 from tilework.ir.sym import Dim, ScalarOperand, SymExpr, SymVar
 
@@ -197,19 +198,6 @@ class Intrin(PExpr):
 
 # -- dtype promotion and expression helpers ---------------------------------------------
 
-FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
-INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8")
-_INT_BYTES = {"int8": 1, "uint8": 1, "int16": 2, "int32": 4, "int64": 8}
-
-
-def is_float_dtype(dtype: str) -> bool:
-    return dtype in FLOAT_DTYPES
-
-
-def is_int_dtype(dtype: str) -> bool:
-    return dtype in INT_DTYPES
-
-
 def promote_dtypes(a: str, b: str) -> str:
     """The dtype two typed operands are computed in: floats beat ints beat bool, the wider
     wins, float16 with bfloat16 gives float32, uint8 with int8 gives int16."""
@@ -224,8 +212,8 @@ def promote_dtypes(a: str, b: str) -> str:
         return b if a == "bool" else a
     if "uint8" in (a, b):
         other = b if a == "uint8" else a
-        return "int16" if _INT_BYTES[other] == 1 else other
-    return a if _INT_BYTES[a] >= _INT_BYTES[b] else b
+        return "int16" if itemsize(other) == 1 else other
+    return a if itemsize(a) >= itemsize(b) else b
 
 
 def const(value: Union[int, float, bool], dtype: str) -> Const:

@@ -57,6 +57,7 @@ from tilework.ir.graph import (
     TupleGetItem,
     Var,
 )
+from tilework.ir.dtype import is_float_dtype
 from tilework.ir.info import AnyInfo, Check, FuncInfo, PrimInfo, ShapeInfo, StructInfo, TensorInfo, TupleInfo
 from tilework.ir.module import Function, IRModule, func_info
 from tilework.ir.sym import SymExpr, SymVar
@@ -588,7 +589,7 @@ def _prim_fits(info: PrimInfo, v: object) -> bool:
     if isinstance(v, bool):
         return info.dtype == "bool"
     if isinstance(v, float):
-        return info.dtype in ("float16", "bfloat16", "float32", "float64")
+        return is_float_dtype(info.dtype)
     if info.value is not None and isinstance(v, (int, SymExpr)):
         return sym.prove_eq(info.value, v)
     return True

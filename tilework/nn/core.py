@@ -30,9 +30,11 @@ from tilework.errors import InferenceError, ParameterError, ShapeError, Tilework
 from tilework.ir import sym
 from tilework.ir.builder import BlockBuilder
 from tilework.ir.graph import Constant, Expr
-from tilework.ir.info import DTYPES, TensorInfo, shape_str
+from tilework.ir.dtype import DTYPES
+from tilework.ir.info import TensorInfo, shape_str
 from tilework.ir.sym import Dim, SymExpr
-from tilework.runtime.tensor import dtype_name, from_torch, is_torch_tensor, np_dtype
+from tilework.ir.dtype import dtype_name, np_dtype
+from tilework.runtime.tensor import from_torch, is_torch_tensor
 
 if TYPE_CHECKING:
     from tilework.compiled import CompiledModel

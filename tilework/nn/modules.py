@@ -14,7 +14,7 @@ from tilework.errors import InferenceError, ShapeError
 from tilework.ir.graph import Constant
 from tilework.nn import ops
 from tilework.nn.core import Module, Parameter, Tensor, require_dim
-from tilework.runtime.tensor import np_dtype
+from tilework.ir.dtype import is_int_dtype, np_dtype
 
 import numpy as np
 
@@ -49,7 +49,7 @@ class Embedding(Module):
         self.weight = Parameter((num_embeddings, dim), dtype)
 
     def forward(self, ids: Tensor) -> Tensor:
-        if not ids.dtype.startswith(("int", "uint")):
+        if not is_int_dtype(ids.dtype):
             raise InferenceError(f"embedding ids must be an integer tensor, got {ids.dtype}")
         return ops.take(self.weight, ids, axis=0)
 

@@ -22,7 +22,8 @@ from typing import Any, Callable, Mapping, Sequence, Union
 
 from tilework.errors import SpecError
 from tilework.ir.graph import Var
-from tilework.ir.info import DTYPES, TensorInfo
+from tilework.ir.dtype import DTYPES
+from tilework.ir.info import TensorInfo
 from tilework.ir.sym import Dim, SymVar
 
 SpecDim = Union[int, str, SymVar]

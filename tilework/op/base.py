@@ -19,7 +19,8 @@ from typing import Any, Callable, Mapping, Sequence
 from tilework.errors import InferenceError, ShapeError
 from tilework.ir import sym
 from tilework.ir.graph import EMPTY_ATTRS, Attrs, Call, Expr, OpRef, ShapeExpr
-from tilework.ir.info import DTYPES, AnyInfo, ShapeInfo, StructInfo, TensorInfo, shape_str
+from tilework.ir.dtype import DTYPES, is_float_dtype
+from tilework.ir.info import AnyInfo, ShapeInfo, StructInfo, TensorInfo, shape_str
 from tilework.ir.sym import Dim, SymVar
 
 
@@ -233,13 +234,13 @@ def normalize_axes(axes: Sequence[int], ndim: int, ctx: InferCtx) -> tuple[int, 
     return out
 
 
-def is_float_dtype(dtype: str | None) -> bool:
+def may_be_float(dtype: str | None) -> bool:
     """True for floating-point dtypes and for an unknown dtype (which may be one)."""
-    return dtype is None or dtype.startswith("float") or dtype == "bfloat16"
+    return dtype is None or is_float_dtype(dtype)
 
 
 def require_float(t: TensorInfo, ctx: InferCtx, what: str = "input") -> None:
-    if not is_float_dtype(t.dtype):
+    if not may_be_float(t.dtype):
         raise ctx.error(f"{what} must be a floating-point tensor, got {t.dtype}")
 
 
@@ -348,7 +349,7 @@ __all__ = [
     "require_equal",
     "unify_dtype",
     "normalize_axes",
-    "is_float_dtype",
+    "may_be_float",
     "require_float",
     "shape_arg",
     "to_shape_expr",

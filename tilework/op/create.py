@@ -18,7 +18,8 @@ from tilework import te
 from tilework.ir import sym
 from tilework.ir.graph import Call, Expr
 from tilework.ir.info import StructInfo, TensorInfo
-from tilework.ir.loop import Scalar, is_float_dtype
+from tilework.ir.dtype import is_float_dtype
+from tilework.ir.loop import Scalar
 from tilework.ir.sym import Dim, SymExpr
 from tilework.op.base import (
     InferCtx,

@@ -20,13 +20,13 @@ from tilework.ir.graph import Call, Expr
 from tilework.ir.info import StructInfo, TensorInfo, check_dtype
 from tilework.ir.loop import Scalar, dtype_of
 from tilework.ir.loop import binary as loop_binary
-from tilework.ir.loop import is_float_dtype as is_float
+from tilework.ir.dtype import is_float_dtype as is_float
 from tilework.op.base import (
     InferCtx,
     Op,
     OpPattern,
     broadcast_shapes,
-    is_float_dtype,
+    may_be_float,
     make_call,
     register,
     tensor_arg,
@@ -49,7 +49,7 @@ LOGICAL = ("logical_and", "logical_or", "logical_xor")
 
 def _infer_unary(call: Call, ctx: InferCtx) -> StructInfo:
     x = tensor_arg(call, 0, ctx)
-    if ctx.op_name in FLOAT_ONLY and not is_float_dtype(x.dtype):
+    if ctx.op_name in FLOAT_ONLY and not may_be_float(x.dtype):
         raise ctx.error(f"expects a floating-point tensor, got {x.dtype}")
     if ctx.op_name == "logical_not":
         return TensorInfo(x.shape, "bool", x.ndim)

@@ -32,6 +32,7 @@ from tilework.ir.graph import Call, Expr
 from tilework.ir.info import StructInfo, TensorInfo, check_dtype, shape_str
 from tilework.ir.loop import Scalar
 from tilework.ir.sym import Dim, SymExpr
+from tilework.ir.dtype import INT_DTYPES, is_float_dtype
 from tilework.op.base import (
     InferCtx,
     Op,
@@ -50,13 +51,12 @@ from tilework.op.kernel import Index, arg, bcast_index, compute_dtype, op_name, 
 if TYPE_CHECKING:
     from tilework.transform.legalize import LegalizeCtx
 
-INDEX_DTYPES = ("int8", "int16", "int32", "int64", "uint8")
 REDUCTIONS = ("none", "add", "mul", "max", "min")
 
 
 def _index_arg(call: Call, i: int, ctx: InferCtx) -> TensorInfo:
     t = tensor_arg(call, i, ctx)
-    if t.dtype is not None and t.dtype not in INDEX_DTYPES:
+    if t.dtype is not None and t.dtype not in INT_DTYPES:
         raise ctx.error(f"indices must be an integer tensor, got {t.dtype}")
     return t
 
@@ -138,7 +138,7 @@ def _infer_cumsum(call: Call, ctx: InferCtx) -> StructInfo:
     given = call.attrs["dtype"]
     if given is not None:
         dtype: str | None = check_dtype(given)
-    elif x.dtype is None or x.dtype.startswith("float") or x.dtype == "bfloat16":
+    elif x.dtype is None or is_float_dtype(x.dtype):
         dtype = x.dtype
     else:
         dtype = "int64"

@@ -33,6 +33,7 @@ from tilework.ir.loop import (
     walk_scalars,
     walk_stmts,
 )
+from tilework.ir.dtype import compute_dtype
 from tilework.ir.sym import Dim, SymVar
 
 if TYPE_CHECKING:
@@ -72,11 +73,6 @@ def tuple_fields(call: Call, i: int, ctx: "LegalizeCtx") -> list[Expr]:
     if not isinstance(info, TupleInfo):
         raise UnsupportedError(f"{op_name(call)}: cannot legalize: argument {i} is not a tuple of known size ({info})")
     return [ctx.bb.emit(TupleGetItem(value, k)) for k in range(len(info.fields))]
-
-
-def compute_dtype(dtype: str) -> str:
-    """The dtype arithmetic runs in: float16 and bfloat16 compute in float32."""
-    return "float32" if dtype in ("float16", "bfloat16") else dtype
 
 
 def upcast(x: Scalar, dtype: str) -> Scalar:

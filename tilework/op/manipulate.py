@@ -21,6 +21,7 @@ from tilework.ir.graph import Call, Expr, ShapeExpr, Tuple
 from tilework.ir.info import AnyInfo, ShapeInfo, StructInfo, TensorInfo, TupleInfo, shape_str
 from tilework.ir.loop import Scalar
 from tilework.ir.sym import Dim, SymExpr
+from tilework.ir.dtype import INT_DTYPES
 from tilework.op.base import (
     InferCtx,
     Op,
@@ -325,12 +326,11 @@ def _infer_strided_slice(call: Call, ctx: InferCtx) -> StructInfo:
     return TensorInfo(tuple(out), x.dtype)
 
 
-_INDEX_DTYPES = ("int8", "int16", "int32", "int64", "uint8")
 
 
 def _infer_take(call: Call, ctx: InferCtx) -> StructInfo:
     x, idx = tensor_arg(call, 0, ctx), tensor_arg(call, 1, ctx)
-    if idx.dtype is not None and idx.dtype not in _INDEX_DTYPES:
+    if idx.dtype is not None and idx.dtype not in INT_DTYPES:
         raise ctx.error(f"indices must be an integer tensor, got {idx.dtype}")
     axis = call.attrs["axis"]
     if axis is None:  # NumPy: index the flattened tensor

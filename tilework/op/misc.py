@@ -19,7 +19,8 @@ from tilework import te
 from tilework.ir import sym
 from tilework.ir.graph import Call, Expr, ExternFunc, ShapeExpr
 from tilework.ir.info import FuncInfo, ShapeInfo, StructInfo, TensorInfo
-from tilework.ir.loop import Scalar, is_float_dtype
+from tilework.ir.dtype import INT_DTYPES, is_float_dtype
+from tilework.ir.loop import Scalar
 from tilework.op.base import (
     InferCtx,
     Op,
@@ -47,7 +48,6 @@ from tilework.runtime.extern import register_extern
 if TYPE_CHECKING:
     from tilework.transform.legalize import LegalizeCtx
 
-INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8")
 TENSOR_TO_SHAPE = "vm.tensor_to_shape"
 
 register_extern(TENSOR_TO_SHAPE, _builtins.tensor_to_shape, override=True)

@@ -32,7 +32,7 @@ from tilework.op.base import (
     axes_attr,
     bool_attr,
     int_attr,
-    is_float_dtype,
+    may_be_float,
     make_call,
     normalize_axes,
     normalize_axis,
@@ -127,7 +127,7 @@ def _infer_attention(call: Call, ctx: InferCtx) -> StructInfo:
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
         _check_rank4(t, name, ctx)
     dtype = unify_dtype([q.dtype, k.dtype, v.dtype], ctx)
-    if not is_float_dtype(dtype):
+    if not may_be_float(dtype):
         raise ctx.error(f"q, k and v must be floating-point tensors, got {dtype}")
     kv, kv_name = (k, "k") if k.shape is not None else (v, "v")
     _pairs_equal(
@@ -150,7 +150,7 @@ def _infer_attention(call: Call, ctx: InferCtx) -> StructInfo:
 
 
 def _check_mask(mask: TensorInfo, q: TensorInfo, k: TensorInfo, ctx: InferCtx) -> None:
-    if mask.dtype != "bool" and not is_float_dtype(mask.dtype):
+    if mask.dtype != "bool" and not may_be_float(mask.dtype):
         raise ctx.error(f"mask must be bool or floating-point, got {mask.dtype}")
     if mask.ndim > 4:
         raise ctx.shape_error(f"mask must broadcast to [batch, num_heads, seq_q, seq_kv], got shape {shape_str(mask.shape)}")

@@ -31,6 +31,7 @@ from tilework.ir.graph import Call, Expr
 from tilework.ir.info import StructInfo, TensorInfo, shape_str
 from tilework.ir.loop import Scalar
 from tilework.ir.sym import Dim
+from tilework.ir.dtype import INT_DTYPES
 from tilework.op.base import (
     InferCtx,
     Op,
@@ -47,7 +48,6 @@ from tilework.op.kernel import arg, bcast_index, out_tensor
 if TYPE_CHECKING:
     from tilework.transform.legalize import LegalizeCtx
 
-_INDEX_DTYPES = ("int8", "int16", "int32", "int64", "uint8")
 
 
 def _theta(call: Call, ctx: InferCtx) -> float:
@@ -77,7 +77,7 @@ def _infer_rotary(call: Call, ctx: InferCtx) -> StructInfo:
     _theta(call, ctx)
     if x.ndim not in (-1, 4):
         raise ctx.shape_error(f"x must be 4-D [batch, seq, heads, head_dim], got shape {shape_str(x.shape)}")
-    if pos.dtype is not None and pos.dtype not in _INDEX_DTYPES:
+    if pos.dtype is not None and pos.dtype not in INT_DTYPES:
         raise ctx.error(f"positions must be an integer tensor, got {pos.dtype}")
     if pos.ndim not in (-1, 1, 2):
         raise ctx.shape_error(f"positions must be [seq] or [batch, seq], got shape {shape_str(pos.shape)}")

@@ -21,7 +21,7 @@ import numpy as np
 
 from tilework.errors import BuildError, RuntimeCheckError
 from tilework.runtime.memory import Memory, carve
-from tilework.runtime.tensor import np_dtype
+from tilework.ir.dtype import np_dtype
 
 STORE, ASSERT_IMM, ASSERT_SLOT, SKIP = 0, 1, 2, 3
 

@@ -92,7 +92,7 @@ def _kernel_adapter(kernel: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _dump_arrays(arrays: list[np.ndarray]) -> bytes:
-    from tilework.runtime.tensor import dtype_name
+    from tilework.ir.dtype import dtype_name
 
     items = [(dtype_name(a.dtype), tuple(a.shape), np.ascontiguousarray(a).tobytes()) for a in arrays]
     buf = io.BytesIO()
@@ -101,6 +101,6 @@ def _dump_arrays(arrays: list[np.ndarray]) -> bytes:
 
 
 def _load_arrays(data: bytes) -> list[np.ndarray]:
-    from tilework.runtime.tensor import np_dtype
+    from tilework.ir.dtype import np_dtype
 
     return [np.frombuffer(raw, np_dtype(dt)).reshape(shape).copy() for dt, shape, raw in pickle.loads(data)]

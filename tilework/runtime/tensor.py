@@ -9,34 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from tilework.errors import RuntimeCheckError
+from tilework.ir.dtype import np_dtype
 
-_NP: dict[str, np.dtype] = {
-    "bool": np.dtype(np.bool_),
-    "int8": np.dtype(np.int8),
-    "int16": np.dtype(np.int16),
-    "int32": np.dtype(np.int32),
-    "int64": np.dtype(np.int64),
-    "uint8": np.dtype(np.uint8),
-    "float16": np.dtype(np.float16),
-    "bfloat16": np.dtype(ml_dtypes.bfloat16),
-    "float32": np.dtype(np.float32),
-    "float64": np.dtype(np.float64),
-}
-
-
-def np_dtype(dtype: str) -> np.dtype:
-    try:
-        return _NP[dtype]
-    except KeyError:
-        raise RuntimeCheckError(f"unknown dtype {dtype!r}") from None
-
-
-def dtype_name(dt: np.dtype) -> str:
-    return "bfloat16" if dt == _NP["bfloat16"] else str(dt)
+_BF16 = np_dtype("bfloat16")
 
 
 def is_torch_tensor(x: Any) -> bool:
@@ -53,14 +31,14 @@ def from_torch(t: Any) -> np.ndarray:
     if not t.is_contiguous():
         t = t.contiguous()
     if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(_NP["bfloat16"])
+        return t.view(torch.int16).numpy().view(_BF16)
     return t.numpy()
 
 
 def to_torch(a: np.ndarray) -> Any:
     import torch
 
-    if a.dtype == _NP["bfloat16"]:
+    if a.dtype == _BF16:
         return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(np.ascontiguousarray(a))
 

@@ -20,6 +20,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 from tilework.ir import sym
 from tilework.ir.graph import EMPTY_ATTRS, Attrs
+from tilework.ir.dtype import is_float_dtype
 from tilework.ir.loop import (
     Allocate,
     Binary,
@@ -41,7 +42,6 @@ from tilework.ir.loop import (
     TensorFunc,
     Unary,
     const,
-    is_float_dtype,
     walk_scalars,
     walk_stmts,
 )

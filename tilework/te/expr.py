@@ -12,6 +12,7 @@ from functools import reduce
 from typing import Union
 
 from tilework.ir.info import check_dtype
+from tilework.ir.dtype import is_float_dtype
 from tilework.ir.loop import (
     Cast,
     Const,
@@ -24,7 +25,6 @@ from tilework.ir.loop import (
     const,
     convert,
     dtype_of,
-    is_float_dtype,
     operand_dtype,
 )
 from tilework.ir.sym import SymExpr

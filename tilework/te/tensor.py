@@ -17,7 +17,8 @@ from typing import Callable, Sequence, Union
 
 from tilework.ir import sym
 from tilework.ir.info import check_dtype
-from tilework.ir.loop import PExpr, Scalar, convert, dtype_of, is_float_dtype
+from tilework.ir.dtype import is_float_dtype, is_int_dtype
+from tilework.ir.loop import PExpr, Scalar, convert, dtype_of
 from tilework.ir.sym import Dim, SymExpr, SymVar
 
 REDUCERS = ("sum", "prod", "max", "min", "argmax", "argmin")
@@ -99,7 +100,7 @@ class Tensor:
         for k, x in enumerate(idx):
             if isinstance(x, bool) or not isinstance(x, (int, SymExpr, PExpr)):
                 raise TypeError(f"index {k} of {self.name} must be an integer expression, got {x!r}")
-            if isinstance(x, PExpr) and not x.dtype.startswith(("int", "uint")):
+            if isinstance(x, PExpr) and not is_int_dtype(x.dtype):
                 raise TypeError(f"index {k} of {self.name} must be an integer expression, got dtype {x.dtype}")
             out.append(x)
         return TensorLoad(self, tuple(out))

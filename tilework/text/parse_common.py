@@ -7,11 +7,11 @@ from typing import Any, Callable
 
 from tilework.errors import SymbolicError
 from tilework.ir.graph import Attrs
-from tilework.ir.info import DTYPES, AnyInfo, FuncInfo, PrimInfo, ShapeInfo, StructInfo, TensorInfo, TupleInfo
+from tilework.ir.dtype import DTYPES
+from tilework.ir.info import AnyInfo, FuncInfo, PrimInfo, ShapeInfo, StructInfo, TensorInfo, TupleInfo
 from tilework.ir.sym import Dim, SymVar
 from tilework.text.cursor import Cursor, Scope
 from tilework.text.parse_scalar import ScalarParser, signed_literal
-from tilework.text.syntax import np_dtype
 
 INFO_NAMES = ("Any", "Prim", "Shape", "Tensor", "Tuple", "Func")
 
@@ -89,10 +89,7 @@ class Common:
         if tok.kind != "str":
             raise self.cur.error(f"expected a dtype string like \"float32\", found {tok.describe()}", tok)
         if tok.value not in DTYPES:
-            try:
-                np_dtype(tok.value)
-            except TypeError:
-                raise self.cur.error(f"unknown dtype '{tok.value}'", tok) from None
+            raise self.cur.error(f"unknown dtype '{tok.value}'", tok)
         return tok.value
 
     def dtype_or_none(self) -> str | None:

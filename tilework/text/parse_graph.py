@@ -47,7 +47,8 @@ from tilework.text.cursor import Cursor, Scope
 from tilework.text.lexer import Token
 from tilework.text.parse_common import Common, call_args
 from tilework.text.parse_scalar import signed_literal
-from tilework.text.syntax import array_from_list, np_dtype
+from tilework.ir.dtype import np_dtype
+from tilework.text.syntax import array_from_list
 
 
 @dataclass

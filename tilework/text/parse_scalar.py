@@ -12,7 +12,7 @@ from typing import Callable
 
 from tilework.errors import SymbolicError
 from tilework.ir import sym
-from tilework.ir.info import DTYPES
+from tilework.ir.dtype import DTYPES
 from tilework.ir.loop import (
     INTRINSICS,
     Binary,

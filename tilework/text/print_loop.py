@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from tilework.ir import sym
-from tilework.ir.info import DTYPES
+from tilework.ir.dtype import DTYPES
 from tilework.ir.loop import (
     INTRINSICS,
     Allocate,

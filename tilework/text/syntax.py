@@ -11,7 +11,7 @@ from typing import Hashable
 
 import numpy as np
 
-from tilework.ir.info import DTYPES
+from tilework.ir.dtype import DTYPES, np_dtype
 
 # Names with a meaning of their own in the text: a var, sym var or buffer never takes one.
 RESERVED = frozenset(
@@ -49,13 +49,6 @@ def float_str(x: float) -> str:
     if math.isinf(x):
         return "inf" if x > 0 else "-inf"
     return repr(float(x))
-
-
-def np_dtype(dtype: str) -> np.dtype:
-    """The NumPy dtype of a dtype name (importing ml_dtypes registers bfloat16 and fp8)."""
-    import ml_dtypes  # noqa: F401
-
-    return np.dtype(dtype)
 
 
 def to_python_list(arr: np.ndarray) -> object:

@@ -32,6 +32,7 @@ import numpy as np
 from tilework.errors import TileworkError
 from tilework.ir import sym
 from tilework.ir.builder import BlockBuilder
+from tilework.ir.dtype import np_dtype
 from tilework.ir.graph import (
     Call,
     Constant,
@@ -135,7 +136,7 @@ def run_kernel(func: TensorFunc, call: Call, args: Sequence[Expr], limits: _Limi
         if len(sym_args) != len(given.values):
             return None
     ins = [np.ascontiguousarray(a.data) for a in args if isinstance(a, Constant)]
-    outs = [np.zeros(shape, abi.np_dtype(dtype)) for shape, dtype in outs_info]
+    outs = [np.zeros(shape, np_dtype(dtype)) for shape, dtype in outs_info]
     try:
         values = abi.bind_syms(func, [*ins, *outs], sym_args, "fold_constant")
         env = dict(zip(abi.kernel_syms(func), values))

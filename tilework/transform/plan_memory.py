@@ -39,7 +39,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from tilework.errors import RuntimeCheckError
 from tilework.ir import sym
 from tilework.ir.graph import (
     AnyBinding,
@@ -65,7 +64,7 @@ from tilework.ir.module import IRModule
 from tilework.ir.sym import Dim, SymVar
 from tilework.op import vm as _vm_ops  # noqa: F401  (registers the storage ops)
 from tilework.op.base import OpPattern
-from tilework.runtime.tensor import np_dtype
+from tilework.ir.dtype import DTYPE_TABLE
 from tilework.schedule.analysis import block_pattern
 from tilework.schedule.tree import leaves
 from tilework.ir.graph import used_vars
@@ -231,12 +230,9 @@ class _Liveness:
 
 
 def _itemsize(dtype: object) -> int:
-    if not isinstance(dtype, str):
+    if not isinstance(dtype, str) or dtype not in DTYPE_TABLE:
         return 0
-    try:
-        return int(np_dtype(dtype).itemsize)
-    except RuntimeCheckError:
-        return 0
+    return DTYPE_TABLE[dtype].itemsize
 
 
 def _union(parts: Iterable[frozenset[_Alloc]]) -> frozenset[_Alloc]:

@@ -14,7 +14,8 @@ import numpy as np
 
 from tilework.frontend.onnx.context import NodeCtx
 from tilework.frontend.onnx.registry import Result, converter
-from tilework.frontend.onnx.values import INT_DTYPES, Value, binary_elems, where_elems
+from tilework.frontend.onnx.values import Value, binary_elems, where_elems
+from tilework.ir.dtype import INT_DTYPES, np_dtype
 from tilework.ir.graph import Constant, Expr
 from tilework.op import elementwise as ew
 from tilework.op import misc
@@ -24,12 +25,7 @@ from tilework.op import misc
 
 def scalar_const(value: float | int | bool, dtype: str) -> Constant:
     """A 0-d constant of ``dtype``."""
-    np_dtype = np.bool_ if dtype == "bool" else dtype
-    if dtype == "bfloat16":
-        import ml_dtypes
-
-        np_dtype = ml_dtypes.bfloat16
-    return Constant.of(np.asarray(value, dtype=np_dtype))
+    return Constant.of(np.asarray(value, dtype=np_dtype(dtype)))
 
 
 def cast_to(ctx: NodeCtx, e: Expr, dtype: str) -> Expr:

@@ -19,6 +19,7 @@ from tilework.frontend.onnx.registry import Result, converter
 from tilework.frontend.onnx.values import Elem, Value
 from tilework.ir import sym
 from tilework.ir.graph import Expr, TupleGetItem
+from tilework.ir.dtype import is_float_dtype
 from tilework.ir.info import TensorInfo
 from tilework.op import elementwise as ew
 from tilework.op import create, index, manipulate, misc, nn, reduce, search
@@ -59,7 +60,7 @@ def _identity(kind: str, dtype: str) -> float | int | bool:
     highest = kind == "min"
     if dtype == "bool":
         return highest
-    if dtype.startswith("float") or dtype == "bfloat16":
+    if is_float_dtype(dtype):
         return math.inf if highest else -math.inf
     info = np.iinfo(np.dtype(dtype))
     return int(info.max if highest else info.min)

@@ -26,8 +26,9 @@ from onnx import GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto,
 from tilework.errors import InferenceError, ShapeError, SymbolicError, TileworkError, UnsupportedError
 from tilework.frontend.onnx import registry
 from tilework.frontend.onnx.context import NodeCtx
-from tilework.frontend.onnx.values import INT_DTYPES, MAX_ELEMS, Value, dtype_name, elem_type_name
+from tilework.frontend.onnx.values import MAX_ELEMS, Value, dtype_name, elem_type_name
 from tilework.ir.builder import BlockBuilder
+from tilework.ir.dtype import INT_DTYPES
 from tilework.ir.graph import Constant, Expr, ShapeExpr, Var
 from tilework.ir.info import ShapeInfo, TensorInfo
 from tilework.ir.module import IRModule

@@ -23,26 +23,13 @@ import numpy as np
 from onnx import TensorProto
 
 from tilework.ir import sym
+from tilework.ir.dtype import INT_DTYPES, from_onnx
 from tilework.ir.graph import Expr
 from tilework.ir.info import TensorInfo
 from tilework.ir.sym import Dim, SymExpr
 
 Elem = Union[int, SymExpr, bool]
 
-# ONNX element types tilework can hold, and the dtype names it uses for them
-DTYPES: dict[int, str] = {
-    TensorProto.FLOAT: "float32",
-    TensorProto.DOUBLE: "float64",
-    TensorProto.FLOAT16: "float16",
-    TensorProto.BFLOAT16: "bfloat16",
-    TensorProto.INT8: "int8",
-    TensorProto.INT16: "int16",
-    TensorProto.INT32: "int32",
-    TensorProto.INT64: "int64",
-    TensorProto.UINT8: "uint8",
-    TensorProto.BOOL: "bool",
-}
-INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8")
 
 # elems are tracked for small tensors only: shape arithmetic, not data
 MAX_ELEMS = 64
@@ -50,7 +37,7 @@ MAX_ELEMS = 64
 
 def dtype_name(elem_type: int) -> str | None:
     """The tilework dtype of an ONNX element type, or None when tilework has no such dtype."""
-    return DTYPES.get(elem_type)
+    return from_onnx(elem_type)
 
 
 def elem_type_name(elem_type: int) -> str:
@@ -219,8 +206,6 @@ def where_elems(c: Sequence[Elem], a: Sequence[Elem], b: Sequence[Elem]) -> tupl
 
 __all__ = [
     "Elem",
-    "DTYPES",
-    "INT_DTYPES",
     "MAX_ELEMS",
     "Value",
     "dtype_name",

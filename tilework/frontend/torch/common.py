@@ -5,27 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from tilework.errors import UnsupportedError
-
-_DTYPES = {
-    "torch.float32": "float32", "torch.float16": "float16", "torch.bfloat16": "bfloat16",
-    "torch.float64": "float64", "torch.int64": "int64", "torch.int32": "int32",
-    "torch.int16": "int16", "torch.int8": "int8", "torch.uint8": "uint8", "torch.bool": "bool",
-}  # fmt: skip
+from tilework.ir.dtype import DTYPES, from_torch
 
 
 def dtype_of_torch(dt: Any) -> str:
     """tilework's name for a torch dtype."""
-    name = _DTYPES.get(str(dt))
+    name = from_torch(dt)
     if name is None:
-        raise UnsupportedError(f"torch dtype {dt} is not supported (supported: {', '.join(d.split('.')[1] for d in _DTYPES)})")
+        raise UnsupportedError(f"torch dtype {dt} is not supported (supported: {', '.join(DTYPES)})")
     return name
-
-
-def torch_dtype(name: str) -> Any:
-    """The torch dtype named like tilework's ``name``."""
-    import torch
-
-    return getattr(torch, name)
 
 
 def as_list(v: Any) -> list[Any]:
@@ -41,4 +29,4 @@ def norm_axis(axis: int, ndim: int) -> int:
     return axis + n if axis < 0 else axis
 
 
-__all__ = ["dtype_of_torch", "torch_dtype", "as_list", "norm_axis"]
+__all__ = ["dtype_of_torch", "as_list", "norm_axis"]

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from tilework import op
 from tilework.errors import UnsupportedError
-from tilework.frontend.torch.common import as_list, norm_axis, torch_dtype
+from tilework.frontend.torch.common import as_list, norm_axis
+from tilework.ir.dtype import to_torch
 from tilework.frontend.torch.registry import converter
 from tilework.ir import sym
 from tilework.ir.graph import Expr
@@ -97,7 +98,7 @@ def _rms_norm(t: Translator, node: Any, x: Any, normalized_shape: Sequence[Any],
     axes, pshape = _norm_axes(t, x, normalized_shape)
     dtype = t.dtype(x)
     if eps is None:
-        eps = float(torch.finfo(torch_dtype(dtype)).eps)
+        eps = float(torch.finfo(to_torch(dtype)).eps)
     return t.emit(op.rms_norm(x, _param_or(t, weight, pshape, dtype, 1.0), axes=axes, eps=eps))
 
 

@@ -25,7 +25,8 @@ import numpy as np
 from tilework import op
 from tilework.errors import InferenceError, ShapeError, UnsupportedError
 from tilework.frontend.torch import convert_create, convert_elementwise, convert_index, convert_nn, convert_reduce, convert_shape  # noqa: F401  (register converters)
-from tilework.frontend.torch.common import dtype_of_torch, torch_dtype
+from tilework.frontend.torch.common import dtype_of_torch
+from tilework.ir.dtype import to_torch
 from tilework.frontend.torch.registry import lookup, op_names
 from tilework.frontend.torch.symbolic import Bounds, SymbolTable
 from tilework.ir import sym
@@ -278,7 +279,7 @@ class Translator:
         raise UnsupportedError(f"expected a tensor or a number, got {type(v).__name__} {v!r}")
 
     def constant(self, data: np.ndarray, dtype: str) -> Constant:
-        from tilework.runtime.tensor import np_dtype
+        from tilework.ir.dtype import np_dtype
 
         return Constant.of(np.asarray(data).astype(np_dtype(dtype)))
 
@@ -289,7 +290,7 @@ class Translator:
         def rep(v: Any) -> Any:
             if isinstance(v, Expr):
                 info = self.info(v)
-                return torch.empty([1] * len(info.shape or ()), dtype=torch_dtype(info.dtype or "float32"), device="meta")
+                return torch.empty([1] * len(info.shape or ()), dtype=to_torch(info.dtype or "float32"), device="meta")
             if isinstance(v, sym.SymExpr):
                 return 1
             return v
@@ -487,7 +488,7 @@ def _is_symint(v: Any) -> bool:
 
 
 def _np_dtype_name(a: np.ndarray) -> str:
-    from tilework.runtime.tensor import dtype_name
+    from tilework.ir.dtype import dtype_name
 
     return dtype_name(a.dtype)
 

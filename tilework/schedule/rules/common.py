@@ -8,6 +8,7 @@ from typing import Callable
 
 from tilework.errors import ScheduleError
 from tilework.ir import sym
+from tilework.ir.dtype import DTYPE_TABLE
 from tilework.ir.loop import Allocate, Block, For, IfThenElse, SeqStmt, Stmt, Store, TensorFunc
 from tilework.ir.sym import Dim, SymVar
 from tilework.schedule import loop_primitives as lp
@@ -16,8 +17,6 @@ from tilework.schedule.analysis import loads_of
 from tilework.schedule.tree import Path, block_names, dim_vars, find_loop, get_at, subst_scalar, walk
 
 VECTOR_BYTES = 64  # one AVX-512 register; narrower ISAs just split the vector loop
-ITEMSIZE = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2, "bfloat16": 2,
-            "int16": 2, "int8": 1, "uint8": 1, "bool": 1}  # fmt: skip
 MIN_PARALLEL_WORK = 4096  # a static nest with fewer iterations runs on one thread
 TRANSPOSE_TILE = 16  # a transpose moves 16 x 16 tiles: 16 cache lines each way
 ROW_WORK = 64  # iterations assumed inside each row of a nest that is not perfect
@@ -25,7 +24,7 @@ ROW_WORK = 64  # iterations assumed inside each row of a nest that is not perfec
 
 def lanes(dtype: str) -> int:
     """How many elements of ``dtype`` fill one vector register."""
-    return max(1, VECTOR_BYTES // ITEMSIZE.get(dtype, 4))
+    return max(1, VECTOR_BYTES // (DTYPE_TABLE[dtype].itemsize if dtype in DTYPE_TABLE else 4))
 
 
 def attempt(func: TensorFunc, prim: Callable[..., TensorFunc], *args: object) -> TensorFunc:

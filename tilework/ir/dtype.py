@@ -1,0 +1,141 @@
+"""The one dtype table: every fact tilework knows about an element type lives here.
+
+Op inference, the loop level, the C codegen ABI, the runtime, the file formats and the
+frontends all read their dtype facts from ``DTYPE_TABLE`` (names, kinds, sizes, C types, NumPy
+dtypes, ONNX element codes, torch names); no other module keeps a list of dtypes.
+
+Storage: ``float16`` is IEEE half, ``bfloat16`` the upper 16 bits of a float32 (ml_dtypes'
+NumPy dtype), ``bool`` one byte holding 0 or 1. ``c_value`` is the C type a value computes in
+(half and bfloat16 compute in float).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from tilework.errors import UnsupportedError
+
+
+@dataclass(frozen=True, slots=True)
+class DType:
+    name: str
+    kind: str  # "bool" | "int" | "uint" | "float"
+    itemsize: int
+    numpy: np.dtype
+    c_storage: str
+    c_value: str
+    onnx: int  # onnx.TensorProto element type code
+    compute: str  # the dtype arithmetic on values of this dtype runs in
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "float"
+
+    @property
+    def is_int(self) -> bool:
+        return self.kind in ("int", "uint")
+
+
+def _d(name: str, kind: str, size: int, npdt: object, c_storage: str, c_value: str, onnx: int) -> DType:
+    compute = "float32" if kind == "float" and size < 4 else name  # half types compute in float32
+    return DType(name, kind, size, np.dtype(npdt), c_storage, c_value, onnx, compute)  # type: ignore[call-overload]
+
+
+DTYPE_TABLE: dict[str, DType] = {
+    d.name: d
+    for d in (
+        _d("bool", "bool", 1, np.bool_, "bool", "bool", 9),
+        _d("int8", "int", 1, np.int8, "int8_t", "int8_t", 3),
+        _d("int16", "int", 2, np.int16, "int16_t", "int16_t", 5),
+        _d("int32", "int", 4, np.int32, "int32_t", "int32_t", 6),
+        _d("int64", "int", 8, np.int64, "int64_t", "int64_t", 7),
+        _d("uint8", "uint", 1, np.uint8, "uint8_t", "uint8_t", 2),
+        _d("float16", "float", 2, np.float16, "tw_half", "float", 10),
+        _d("bfloat16", "float", 2, ml_dtypes.bfloat16, "uint16_t", "float", 16),
+        _d("float32", "float", 4, np.float32, "float", "float", 1),
+        _d("float64", "float", 8, np.float64, "double", "double", 11),
+    )
+}
+
+DTYPES: tuple[str, ...] = tuple(DTYPE_TABLE)
+FLOAT_DTYPES: tuple[str, ...] = tuple(n for n, d in DTYPE_TABLE.items() if d.is_float)
+INT_DTYPES: tuple[str, ...] = tuple(n for n, d in DTYPE_TABLE.items() if d.is_int)
+
+_BY_NUMPY = {d.numpy: d.name for d in DTYPE_TABLE.values()}
+_BY_ONNX = {d.onnx: d.name for d in DTYPE_TABLE.values()}
+
+
+def dtype_info(name: str) -> DType:
+    """The table entry of ``name``; ``UnsupportedError`` naming the known dtypes otherwise."""
+    try:
+        return DTYPE_TABLE[name]
+    except (KeyError, TypeError):
+        raise UnsupportedError(f"unknown dtype {name!r}; expected one of {', '.join(DTYPES)}") from None
+
+
+def is_float_dtype(name: str) -> bool:
+    d = DTYPE_TABLE.get(name)
+    return d is not None and d.is_float
+
+
+def is_int_dtype(name: str) -> bool:
+    """Integer dtypes (signed and unsigned), not bool."""
+    d = DTYPE_TABLE.get(name)
+    return d is not None and d.is_int
+
+
+def compute_dtype(name: str) -> str:
+    """The dtype arithmetic runs in: float16 and bfloat16 compute in float32."""
+    return dtype_info(name).compute
+
+
+def itemsize(name: str) -> int:
+    return dtype_info(name).itemsize
+
+
+def np_dtype(name: str) -> np.dtype:
+    """The NumPy dtype of a tilework dtype name."""
+    return dtype_info(name).numpy
+
+
+def dtype_name(dt: object) -> str:
+    """tilework's name for a NumPy dtype (or anything ``np.dtype`` accepts)."""
+    npdt = np.dtype(dt)  # type: ignore[call-overload]
+    name = _BY_NUMPY.get(npdt)
+    if name is None:
+        raise UnsupportedError(f"NumPy dtype {npdt} has no tilework dtype (supported: {', '.join(DTYPES)})")
+    return name
+
+
+def from_onnx(code: int) -> str | None:
+    """The tilework dtype of an ONNX element type code, or None when there is none."""
+    return _BY_ONNX.get(code)
+
+
+def to_onnx(name: str) -> int:
+    return dtype_info(name).onnx
+
+
+def from_torch(dt: object) -> str | None:
+    """The tilework dtype of a torch dtype (``torch.float32`` -> ``"float32"``), or None."""
+    text = str(dt)
+    if not text.startswith("torch."):
+        return None
+    name = text[len("torch.") :]
+    return name if name in DTYPE_TABLE else None
+
+
+def to_torch(name: str) -> object:
+    """The torch dtype of a tilework dtype (imports torch)."""
+    import torch
+
+    return getattr(torch, dtype_info(name).name)
+
+
+__all__ = [
+    "DType", "DTYPE_TABLE", "DTYPES", "FLOAT_DTYPES", "INT_DTYPES", "dtype_info", "is_float_dtype",
+    "is_int_dtype", "compute_dtype", "itemsize", "np_dtype", "dtype_name", "from_onnx", "to_onnx", "from_torch", "to_torch",
+]  # fmt: skip
