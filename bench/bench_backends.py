@@ -144,7 +144,7 @@ def onnxruntime_whole(mod: IRModule, ort_threads: int = 0) -> Callable[..., Any]
     from tilework.backend.partition import partition_by_rules
     from tilework.backend.onnx_export import export
     from tilework.pattern.graph import graphs_of
-    from tilework.transform.offload import region_of
+    from tilework.backend.offload import region_of
 
     placement = partition_by_rules(mod, ["onnxruntime"])
     if len(placement.regions) != 1:

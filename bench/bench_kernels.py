@@ -43,8 +43,8 @@ import numpy as np  # noqa: E402
 import tilework as tw  # noqa: E402
 from tilework import op  # noqa: E402
 from tilework.codegen import build_library  # noqa: E402
-from tilework.codegen.abi import bind_syms  # noqa: E402
-from tilework.codegen.library import Kernel  # noqa: E402
+from tilework.ir.kernel_abi import bind_syms  # noqa: E402
+from tilework.codegen.c.module import Kernel  # noqa: E402
 from tilework.ir.builder import BlockBuilder  # noqa: E402
 from tilework.ir.graph import Expr, Var  # noqa: E402
 from tilework.ir.info import TensorInfo  # noqa: E402

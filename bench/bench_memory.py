@@ -29,7 +29,7 @@ from typing import Any, Callable
 import numpy as np
 
 import tilework as tw
-from tilework.driver import lowering_passes
+from tilework.transform.pipeline import lowering_through
 from tilework.ir import sym
 from tilework.ir.graph import GraphFunc
 from tilework.ir.info import TensorInfo
@@ -47,10 +47,7 @@ def mb(n: float) -> str:
 
 def lowered_plan(mod: tw.IRModule, extra: list[Pass]) -> FunctionPlan:
     """The plan of ``main`` (its placements carry each intermediate's lifetime and size)."""
-    passes = lowering_passes(plan_memory=False)
-    upto = passes[: 1 + next(i for i, p in enumerate(passes) if p.name == "lower_calls")]
-    upto[1:1] = extra
-    return plan_function(Pipeline(upto)(mod), "main")
+    return plan_function(Pipeline(lowering_through("lower_calls", kernel=extra))(mod), "main")
 
 
 def intermediate_peak(plan: FunctionPlan, env: dict[Any, int]) -> int:

@@ -5,21 +5,22 @@ to a structurally equal module with the same structural hash (invariant 3 of the
 autouse fixture checks it at teardown. A test whose modules are deliberately not expressible (e.g. malformed IR given to the
 verifier) opts out with ``@pytest.mark.no_roundtrip``.
 
-Every pass pipeline that runs in the tests (``tilework.build`` included) runs the
-well-formedness verifier after each pass (invariant 2): ``TILEWORK_VERIFY_PASSES=1``.
+Every pass that runs in the tests, called directly or in a pipeline (``tilework.build``
+included), is followed by the well-formedness verifier (invariant 2): ``set_verify_passes(True)``
+is set here, in code, so no environment variable can switch it off.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Iterator
-
-os.environ.setdefault("TILEWORK_VERIFY_PASSES", "1")
 
 import pytest
 
 from tilework.ir.builder import BlockBuilder
 from tilework.ir.module import IRModule
+from tilework.transform.base import set_verify_passes
+
+set_verify_passes(True)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -18,6 +18,16 @@ from tilework.errors import TileworkError
 from tilework.ir.module import IRModule
 from tilework.ir.sym import SymVar
 
+# The package facade wires the layers together (registries live in the lower layer and the
+# higher one registers into them): the op families register into the IR's op registry and the
+# text printer into the IR's display hook (tilework.text imports tilework.op); the targets
+# (C + OpenMP, the interpreter) register their kernel loaders with the runtime; the built-in
+# backends register their library functions. None of this imports torch or onnxruntime.
+import tilework.text  # noqa: E402,F401  isort: skip
+import tilework.codegen  # noqa: E402,F401  isort: skip
+import tilework.backend  # noqa: E402,F401  isort: skip
+import tilework.compiled  # noqa: E402,F401  isort: skip  (registers the frontends and Module.compile)
+
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
@@ -52,17 +62,21 @@ def structural_equal(a: Any, b: Any) -> bool:
 
 
 def build(mod: IRModule, target: str = "cpu", **kw: Any) -> "Executable":
-    """Compile ``mod`` once into an Executable that runs every shape."""
+    """Compile ``mod`` once into an Executable that runs every shape; ``target`` is ``"cpu"``
+    (C + OpenMP kernels) or ``"interp"`` (the NumPy reference interpreter)."""
     from tilework.driver import build as _build
 
     return _build(mod, target, **kw)
 
 
-def load(path: str) -> "Executable":
-    """An executable saved with ``Executable.save``; no recompilation."""
+def load(path: str, trust_native: bool = False) -> "Executable":
+    """An executable saved with ``Executable.save``. Nothing from the file runs: its kernels
+    are rebuilt from their stored loop IR through the kernel cache (no compiler run when the
+    cache has them). ``trust_native=True`` uses the native code stored in the file instead
+    (for machines without a C compiler; only for files you trust)."""
     from tilework.runtime.executable import Executable
 
-    return Executable.load(path)
+    return Executable.load(path, trust_native=trust_native)
 
 
 def compile(model: Any, example_args: Any = None, dynamic_shapes: Any = None, backends: Any = None, placement: Any = None, **options: Any) -> "CompiledModel":

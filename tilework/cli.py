@@ -19,7 +19,7 @@ import argparse
 import os
 import sys
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 from tilework.errors import TileworkError
 
@@ -42,20 +42,23 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("-o", "--output", required=True, help="the executable to write (e.g. out.tw)")
     b.add_argument("--dim", action="append", default=[], metavar="SPEC", help="(.pt2 and .onnx) name a dynamic dim and/or narrow its bounds, e.g. seq=input_ids.1<=512 (.pt2) or seq<=512 (.onnx: a dim_param); repeat for each dim (see below)")
     b.add_argument("--backends", metavar="LIST", help="backends in priority order, e.g. blas,torch,codegen: each op goes to the first that can run it, the rest to tilework's kernels (see docs/backends.md)")
+    b.add_argument("--target", default="cpu", help="the kernel target: cpu (C + OpenMP, default) or interp (the NumPy reference interpreter: slow, needs no compiler)")
+    b.add_argument("--pipeline", choices=("default", "O0"), default="default", help="the pass pipeline: default, or O0 (no graph passes, fusion or memory planning)")
 
     r = sub.add_parser("run", help="run a function of an executable on .npy inputs")
     r.add_argument("executable", help="a file written by `tilework build` or Executable.save")
     r.add_argument("--function", default="main", help="the function to run (default main)")
     r.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy", help="an input by parameter name; repeat for each")
     r.add_argument("--output", metavar="DIR", help="write outputs as DIR/output0.npy, ... (default: print a summary)")
+    r.add_argument("--trust-native", action="store_true", help="use the native kernel code stored in the file instead of rebuilding the kernels from its loop IR (for machines without a C compiler; runs code from the file: only for files you trust)")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command is None:
-        _parser().print_help()
-        return 0
+        _parser().print_help(sys.stderr)
+        return 2
     try:
         if args.command == "demo":
             return _demo(args)
@@ -110,10 +113,36 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _demo_run(mod: object, cfg: object) -> bool:
-    from tilework.models.numpy_ref import run_demo_shapes
+DEMO_SHAPES = ((1, 1), (1, 7), (2, 128), (4, 513))
 
-    return run_demo_shapes(mod, cfg)
+
+def _demo_run(mod: Any, cfg: Any, shapes: tuple[tuple[int, int], ...] = DEMO_SHAPES) -> bool:
+    """Compile ``mod`` once and compare it with the NumPy reference at each (batch, seq)."""
+    import numpy as np
+
+    import tilework
+    from tilework.models.numpy_ref import transformer_block_ref
+    from tilework.models.reference import random_weights
+
+    t0 = time.perf_counter()
+    exe = tilework.build(mod, target="cpu")
+    vm = tilework.VM(exe)
+    print(f"compiled once in {time.perf_counter() - t0:.2f} s ({exe.stats()['kernels']} kernels)")
+    params = mod["main"].params[1:]
+    weights = random_weights(list(params))
+    rng = np.random.default_rng(1)
+    ok = True
+    for batch, seq in shapes:
+        x = rng.standard_normal((batch, seq, cfg.hidden)).astype(np.float32)
+        t = time.perf_counter()
+        out = vm["main"](x, *weights)
+        dt = time.perf_counter() - t
+        ref = transformer_block_ref(x, weights, cfg)
+        err = float(np.max(np.abs(out - ref)))
+        good = err < 1e-3
+        ok = ok and good
+        print(f"  (batch, seq) = ({batch}, {seq}): {1e3 * dt:.2f} ms, max abs diff vs NumPy {err:.2e} {'ok' if good else 'MISMATCH'}")
+    return ok
 
 
 _DIM_HELP = """\
@@ -144,7 +173,7 @@ def _build(args: argparse.Namespace) -> int:
     mod = tilework.parse(text)
     tilework.verify(mod)
     t0 = time.perf_counter()
-    exe = tilework.build(mod, target="cpu", backends=args.backends)
+    exe = tilework.build(mod, target=args.target, backends=args.backends, pipeline=args.pipeline)
     exe.save(args.output)
     stats = exe.stats()
     via = f" with backends {','.join(exe.meta['backends'])}" if args.backends else ""
@@ -173,7 +202,7 @@ def _build_pt2(args: argparse.Namespace) -> int:
             bounds[new or ref] = rng
     t0 = time.perf_counter()
     ep = torch.export.load(args.ir_file)
-    cm = compile_model(ep, backends=args.backends, dim_names=names, dim_bounds=bounds, weights="constants")
+    cm = compile_model(ep, backends=args.backends, dim_names=names, dim_bounds=bounds, weights="constants", opt_level=0 if args.pipeline == "O0" else 1, target=args.target)
     cm.save(args.output)
     stats = cm.executable.stats()
     dims = ", ".join(f"{n} in [{lo}, {'inf' if hi is None else hi}]" for n, (lo, hi, _) in cm.report["dims"].items()) or "none"
@@ -193,7 +222,7 @@ def _build_onnx(args: argparse.Namespace) -> int:
     bounds = dict(parse_dim_spec(spec) for spec in args.dim)
     t0 = time.perf_counter()
     mod = from_onnx(args.ir_file, dim_bounds=bounds)
-    exe = tilework.build(mod, target="cpu")
+    exe = tilework.build(mod, target=args.target, backends=args.backends, pipeline=args.pipeline)
     exe.save(args.output)
     stats = exe.stats()
     main = mod["main"]
@@ -207,7 +236,7 @@ def _run(args: argparse.Namespace) -> int:
 
     import tilework
 
-    exe = tilework.load(args.executable)
+    exe = tilework.load(args.executable, trust_native=args.trust_native)
     vm = tilework.VM(exe)
     if args.function not in exe.functions:
         raise TileworkError(f"no function {args.function!r} in {args.executable} (it has: {', '.join(exe.functions)})")

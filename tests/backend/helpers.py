@@ -13,7 +13,7 @@ from tilework.ir.builder import BlockBuilder
 from tilework.ir.graph import Expr, Var
 from tilework.ir.info import TensorInfo
 from tilework.ir.module import IRModule
-from tilework.transform.offload import OffloadByRules, offload_calls
+from tilework.backend.offload import OffloadByRules, offload_calls
 
 Shape = tuple[Any, ...]
 

@@ -14,7 +14,7 @@ import tilework
 from tilework.ir.graph import GraphFunc
 from tilework.ir.module import IRModule
 from tilework.models import reference as R
-from tilework.transform.offload import OffloadByRules, offload_calls
+from tilework.backend.offload import OffloadByRules, offload_calls
 
 
 def _missing(*mods: str) -> str | None:

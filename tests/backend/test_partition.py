@@ -16,12 +16,12 @@ from tests.transform.util import ir
 from tilework import op
 from tilework.backend import Backend, Capability, Placement, Region, lib_call, partition_by_rules, register_backend, unregister_backend
 from tilework.errors import RuntimeCheckError, UnsupportedError
-from tilework.ir.graph import Expr, Tuple, Var
+from tilework.ir.graph import Expr, Tuple, Var, used_vars
 from tilework.ir.sym import SymVar
 from tilework.pattern import op_call
 from tilework.runtime import extern
 from tilework.transform import rewrite_driver as drv
-from tilework.transform.offload import Offload
+from tilework.backend.offload import Offload
 
 
 def inline(region: Region) -> Expr:
@@ -30,7 +30,7 @@ def inline(region: Region) -> Expr:
     values = {b.var: b.value for b in region.bindings}
 
     def expr(v: Var) -> Expr:
-        inner = {u: expr(u) for u in drv.free_vars(values[v]) if u in values}
+        inner = {u: expr(u) for u in used_vars(values[v]) if u in values}
         return drv.substitute(values[v], inner)
 
     outs = [expr(v) for v in region.outputs]

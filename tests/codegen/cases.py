@@ -15,7 +15,7 @@ import numpy as np
 
 import tilework as tw
 from tilework import te
-from tilework.codegen.abi import np_dtype
+from tilework.ir.dtype import np_dtype
 from tilework.ir import sym
 from tilework.ir.loop import TensorFunc
 

@@ -11,7 +11,8 @@ import pytest
 
 import tilework as tw
 from tilework import te
-from tilework.codegen import KernelLibrary, build_library, interp, toolchain
+from tilework.codegen import CKernelModule, build_library, interp
+from tilework.codegen.c import toolchain
 from tilework.ir.loop import TensorFunc
 
 BF16 = ml_dtypes.bfloat16
@@ -38,7 +39,7 @@ FUNC = _conversions()
 
 
 @pytest.fixture(scope="module", params=["native", "soft"])
-def lib(request: pytest.FixtureRequest) -> Iterator[KernelLibrary]:
+def lib(request: pytest.FixtureRequest) -> Iterator[CKernelModule]:
     flags = toolchain.DEFAULT_CFLAGS + (" -DTW_SOFT_F16" if request.param == "soft" else "")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TILEWORK_CFLAGS", flags)
@@ -87,7 +88,7 @@ def _outputs(n: int) -> list[np.ndarray]:
     return [np.zeros(n, np.float16), np.zeros(n, BF16), np.zeros(n, np.float32), np.zeros(n, np.float32), np.zeros(n, np.float16)]
 
 
-def test_c_conversions_are_exact(lib: KernelLibrary) -> None:
+def test_c_conversions_are_exact(lib: CKernelModule) -> None:
     ins = _inputs(1 << 18)
     outs = _outputs(len(ins[0]))
     lib["conv"].run([*ins, *outs])

@@ -14,7 +14,7 @@ import pytest
 
 import tilework as tw
 from tilework import te
-from tilework.codegen import KernelLibrary, build_library
+from tilework.codegen import CKernelModule, build_library
 from tilework.ir.loop import Scalar
 from tilework.schedule import default_schedule
 
@@ -29,7 +29,7 @@ FUNCS: dict[str, tuple[Callable[[Scalar], Scalar], Callable[[np.ndarray], np.nda
 
 
 @pytest.fixture(scope="module")
-def library() -> KernelLibrary:
+def library() -> CKernelModule:
     x = te.placeholder((n,), "float32", "x")
     funcs = {}
     for name, (fn, _, _) in FUNCS.items():
@@ -48,7 +48,7 @@ def _ulp_error(got: np.ndarray, want: np.ndarray) -> np.ndarray:
     return np.abs(got.astype(np.float64) - want) / np.maximum(ulp, SUBNORMAL_ULP)
 
 
-def _run(library: KernelLibrary, name: str, x: np.ndarray) -> np.ndarray:
+def _run(library: CKernelModule, name: str, x: np.ndarray) -> np.ndarray:
     y = np.empty_like(x)
     library[name].run([x, y])
     return y
@@ -68,7 +68,7 @@ RANGES = {"exp": (-103.9, 88.72), "tanh": (-20.0, 20.0), "erf": (-6.0, 6.0)}
 
 @pytest.mark.parametrize("vector", [False, True])
 @pytest.mark.parametrize("name", list(FUNCS))
-def test_accuracy_over_the_range(library: KernelLibrary, name: str, vector: bool) -> None:
+def test_accuracy_over_the_range(library: CKernelModule, name: str, vector: bool) -> None:
     _, ref, bound = FUNCS[name]
     x = _inputs(*RANGES[name], np.random.default_rng(0))
     got = _run(library, f"{name}_vec" if vector else name, x)
@@ -79,7 +79,7 @@ def test_accuracy_over_the_range(library: KernelLibrary, name: str, vector: bool
 
 @pytest.mark.parametrize("vector", [False, True])
 @pytest.mark.parametrize("name", list(FUNCS))
-def test_special_values(library: KernelLibrary, name: str, vector: bool) -> None:
+def test_special_values(library: CKernelModule, name: str, vector: bool) -> None:
     _, ref, bound = FUNCS[name]
     big = 3.0e38
     x = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 88.72, 88.73, 89.0, 100.0, big, -big, -87.33, -87.34,
@@ -97,14 +97,14 @@ def test_special_values(library: KernelLibrary, name: str, vector: bool) -> None
     assert _ulp_error(got[keep][finite], want[keep][finite]).max() <= bound
 
 
-def test_exp_subnormal_results_round_once(library: KernelLibrary) -> None:
+def test_exp_subnormal_results_round_once(library: CKernelModule) -> None:
     x = np.linspace(-103.9, -87.4, 50_001, dtype=np.float32)
     got = _run(library, "exp_vec", x)
     assert np.all(got < TINY) and np.all(got > 0)
     assert _ulp_error(got, np.exp(x.astype(np.float64))).max() <= 1.0
 
 
-def test_sigmoid_uses_exp_and_saturates(library: KernelLibrary) -> None:
+def test_sigmoid_uses_exp_and_saturates(library: CKernelModule) -> None:
     x = np.concatenate([np.linspace(-120, 120, 10_001, dtype=np.float32), np.array([np.inf, -np.inf, np.nan], np.float32)])
     got = _run(library, "sigmoid", x)
     with np.errstate(over="ignore"):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tilework as tw
-from tilework.codegen import KernelLibrary, build_library, interp
+from tilework.codegen import CKernelModule, build_library, interp
 from tilework.codegen.c import emit_function
 from tilework.ir import sym
 from tilework.ir.loop import (
@@ -142,11 +142,11 @@ FUNCS = {
 
 
 @pytest.fixture(scope="module")
-def lib() -> KernelLibrary:
+def lib() -> CKernelModule:
     return build_library(FUNCS)
 
 
-def _both(lib: KernelLibrary, name: str, inputs: list[np.ndarray], outputs: list[np.ndarray], params: dict | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def _both(lib: CKernelModule, name: str, inputs: list[np.ndarray], outputs: list[np.ndarray], params: dict | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
     a = [o.copy() for o in outputs]
     b = [o.copy() for o in outputs]
     interp.run(FUNCS[name], [*inputs, *a], params)
@@ -155,7 +155,7 @@ def _both(lib: KernelLibrary, name: str, inputs: list[np.ndarray], outputs: list
 
 
 @pytest.mark.parametrize("n", [1, 7, 33, 130])
-def test_scheduled_elementwise(lib: KernelLibrary, n: int) -> None:
+def test_scheduled_elementwise(lib: CKernelModule, n: int) -> None:
     a = np.random.default_rng(n).standard_normal((n, 16)).astype(np.float32)
     (bi, ci), (bc, cc) = _both(lib, "elementwise", [a], [np.zeros((n, 16), np.float32), np.zeros(n, np.float32)])
     want_b = (a * 2)[:, ::-1] + 1
@@ -166,7 +166,7 @@ def test_scheduled_elementwise(lib: KernelLibrary, n: int) -> None:
 
 
 @pytest.mark.parametrize("n,m", [(1, 1), (7, 33), (130, 3)])
-def test_fused_parallel_loop(lib: KernelLibrary, n: int, m: int) -> None:
+def test_fused_parallel_loop(lib: CKernelModule, n: int, m: int) -> None:
     a = np.random.default_rng(n).standard_normal((n, m)).astype(np.float32)
     for got in _both(lib, "fused", [a], [np.zeros((n, m), np.float32)]):
         np.testing.assert_allclose(got[0], a + np.arange(m, dtype=np.float32), rtol=1e-6)
@@ -184,7 +184,7 @@ def test_scheduled_elementwise_pragmas() -> None:
 
 
 @pytest.mark.parametrize("n,m", [(1, 1), (7, 5), (33, 130)])
-def test_heap_scratch(lib: KernelLibrary, n: int, m: int) -> None:
+def test_heap_scratch(lib: CKernelModule, n: int, m: int) -> None:
     a = np.random.default_rng(n).standard_normal(n)
     for got in _both(lib, "heap", [a], [np.zeros(n)], {"m": m}):
         np.testing.assert_allclose(got[0], a * (m * (m + 1) / 2), rtol=1e-12)
@@ -193,7 +193,7 @@ def test_heap_scratch(lib: KernelLibrary, n: int, m: int) -> None:
 
 @pytest.mark.parametrize("name", ["red_hoist", "red_guard", "red_par_k"])
 @pytest.mark.parametrize("n,k4,m", [(1, 1, 1), (7, 3, 5), (33, 2, 17)])
-def test_split_reduction(lib: KernelLibrary, name: str, n: int, k4: int, m: int) -> None:
+def test_split_reduction(lib: CKernelModule, name: str, n: int, k4: int, m: int) -> None:
     rng = np.random.default_rng(n)
     a = rng.standard_normal((n, 4 * k4)).astype(np.float32)
     b = rng.standard_normal((4 * k4, m)).astype(np.float32)
@@ -202,7 +202,7 @@ def test_split_reduction(lib: KernelLibrary, name: str, n: int, k4: int, m: int)
 
 
 @pytest.mark.parametrize("name", ["red_hoist", "red_guard"])
-def test_empty_reduction_follows_block_semantics(lib: KernelLibrary, name: str) -> None:
+def test_empty_reduction_follows_block_semantics(lib: CKernelModule, name: str) -> None:
     """With zero reduction iterations the init never runs (reduce vars never are 0): the
     hoisted init is guarded by the extents, so C leaves the output as the interpreter does."""
     a, b = np.zeros((3, 0), np.float32), np.zeros((0, 2), np.float32)
@@ -227,7 +227,7 @@ def test_parallel_reduction_loop_is_emitted_serial() -> None:
 
 
 @pytest.mark.parametrize("c,d", [(5, 3), (5, -3), (-7, 4), (0, -1), (13, 9), (-50, -9)])
-def test_floor_division_negative(lib: KernelLibrary, c: int, d: int) -> None:
+def test_floor_division_negative(lib: CKernelModule, c: int, d: int) -> None:
     n = 20
     i = np.arange(n)
     want = np.stack([(i - c) // d, (i - c) % d, np.minimum(i - c, d)], axis=1)
@@ -237,7 +237,7 @@ def test_floor_division_negative(lib: KernelLibrary, c: int, d: int) -> None:
     assert "tw_floordiv(" in text and "tw_floormod(" in text
 
 
-def test_kernel_abi_direct_call(lib: KernelLibrary) -> None:
+def test_kernel_abi_direct_call(lib: CKernelModule) -> None:
     """The fast path takes the kernel sym values in ABI order: shape vars, then sym params."""
     k = lib["floor_ops"]
     assert k.info.syms == ("n", "c", "d")
@@ -246,13 +246,13 @@ def test_kernel_abi_direct_call(lib: KernelLibrary) -> None:
     np.testing.assert_array_equal(out[:, 0], (np.arange(4) - 1) // 2)
 
 
-def test_failed_scratch_allocation_is_a_memory_error(lib: KernelLibrary) -> None:
+def test_failed_scratch_allocation_is_a_memory_error(lib: CKernelModule) -> None:
     out = np.zeros(1)
     with pytest.raises(MemoryError, match="scratch memory could not be allocated"):
         lib["heap"]([np.ones(1), out], [1, 1 << 58])
 
 
-def test_fast_path_accepts_array_subclasses_and_views(lib: KernelLibrary) -> None:
+def test_fast_path_accepts_array_subclasses_and_views(lib: CKernelModule) -> None:
     class Sub(np.ndarray):
         pass
 

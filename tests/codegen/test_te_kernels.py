@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 
 from tests.codegen.cases import Case, build_cases, outputs_for
-from tilework.codegen import KernelLibrary, build_library, interp
+from tilework.codegen import CKernelModule, build_library, interp
 
 SIZES = (1, 7, 33, 130)
 CASES = {c.name: c for c in build_cases()}
 
 
 @pytest.fixture(scope="module")
-def library() -> KernelLibrary:
+def library() -> CKernelModule:
     return build_library({name: c.func for name, c in CASES.items()})
 
 
@@ -33,7 +33,7 @@ def _compare(case: Case, got: list[np.ndarray], want: list[np.ndarray], who: str
 
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("name", list(CASES))
-def test_kernel(library: KernelLibrary, name: str, size: int) -> None:
+def test_kernel(library: CKernelModule, name: str, size: int) -> None:
     case = CASES[name]
     rng = np.random.default_rng(size)
     inputs = case.inputs(size, rng)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import stat
 import subprocess
 import sys
@@ -15,7 +14,8 @@ import pytest
 
 import tilework as tw
 from tilework import te
-from tilework.codegen import KernelLibrary, build_library, toolchain
+from tilework.codegen import CKernelModule, build_library
+from tilework.codegen.c import toolchain
 from tilework.errors import BuildError, RuntimeCheckError
 from tilework.ir.loop import TensorFunc
 
@@ -115,40 +115,43 @@ def test_sym_var_range_is_checked(cache: Path) -> None:
 
 def test_empty_library() -> None:
     lib = build_library({})
-    assert len(lib) == 0 and lib.so_bytes() == b""
-    assert len(KernelLibrary.from_bytes(b"", lib.metadata())) == 0
+    assert len(lib) == 0 and lib.to_bytes() == b""
+    assert len(CKernelModule.from_native(b"", lib.functions)) == 0
 
 
 _CHILD = """
-import json, pickle, sys
+import json, sys
 import numpy as np
-from tilework.codegen import KernelLibrary
+import tilework
+from tilework.codegen import CKernelModule
+from tilework.runtime.kernels import KernelInfo
 data = open(sys.argv[1], "rb").read()
-if sys.argv[2] == "meta":
-    lib = KernelLibrary.from_bytes(data, json.load(open(sys.argv[3])))
-    x, y, out = np.arange(6, dtype=np.float32), np.ones(6, np.float32), np.zeros(6, np.float32)
+table = {d["name"]: KernelInfo.from_dict(d) for d in json.load(open(sys.argv[2]))}
+funcs = dict(tilework.parse(open(sys.argv[3]).read()).tensor_funcs()) if sys.argv[3] != "-" else None
+lib = CKernelModule.from_native(data, table, funcs)
+x, y, out = np.arange(6, dtype=np.float32), np.ones(6, np.float32), np.zeros(6, np.float32)
+if funcs is None:
     lib["axpy"]([x, y, out], [6])
 else:
-    lib = KernelLibrary.from_bytes(data, pickle.load(open(sys.argv[3], "rb")))
-    x, y, out = np.arange(6, dtype=np.float32), np.ones(6, np.float32), np.zeros(6, np.float32)
     lib["axpy"].run([x, y, out])
 print(json.dumps(out.tolist()))
 """
 
 
-@pytest.mark.parametrize("form", ["meta", "funcs"])
-def test_library_reloads_from_bytes_in_a_fresh_process(cache: Path, tmp_path: Path, form: str) -> None:
+@pytest.mark.parametrize("form", ["table", "loop_ir"])
+def test_library_reloads_from_native_bytes_in_a_fresh_process(cache: Path, tmp_path: Path, form: str) -> None:
     funcs = {"axpy": _axpy()}
     lib = build_library(funcs)
     so = tmp_path / "lib.so"
-    so.write_bytes(lib.so_bytes())
-    side = tmp_path / "side"
-    if form == "meta":
-        side.write_text(json.dumps(lib.metadata()))
-    else:
-        side.write_bytes(pickle.dumps(funcs))
+    so.write_bytes(lib.to_bytes())
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps([info.to_dict() for info in lib.functions.values()]))
+    loop_ir = "-"
+    if form == "loop_ir":
+        (tmp_path / "funcs.tir").write_text(str(tw.IRModule(funcs)))
+        loop_ir = str(tmp_path / "funcs.tir")
     env = {**os.environ, "CC": "/nonexistent/cc", "TILEWORK_CACHE_DIR": str(tmp_path / "other-cache"), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(so), form, str(side)], capture_output=True, text=True, env=env)
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(so), str(table), loop_ir], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == [float(v) * 2 + 1 for v in range(6)]
     assert list((tmp_path / "other-cache").glob("lib-*.so"))

@@ -30,7 +30,7 @@ import tilework
 from tilework.errors import TileworkError
 from tilework.frontend.onnx import from_onnx
 from tilework.frontend.onnx.importer import default_opset
-from tilework.frontend.onnx.registry import find, schema_version
+from tilework.frontend.onnx.converters import find, schema_version
 from tilework.ir.graph import GraphFunc
 from tilework.ir.module import IRModule
 

@@ -5,8 +5,6 @@ the errors for what is not supported yet."""
 
 from __future__ import annotations
 
-import json
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +17,13 @@ Dim = torch.export.Dim
 
 import tilework  # noqa: E402
 from tilework import compiled  # noqa: E402
+from tilework.frontend import registry  # noqa: E402
 from tilework.compiled import CompiledModel, Imported, Signature, register_frontend  # noqa: E402
 from tilework.errors import RuntimeCheckError, TileworkError, UnsupportedError  # noqa: E402
 from tilework.ir.builder import BlockBuilder  # noqa: E402
 from tilework.ir.graph import GraphFunc, Var  # noqa: E402
 from tilework.ir.info import TensorInfo  # noqa: E402
+from tilework.runtime.executable import load_file  # noqa: E402
 
 
 class Tiny(torch.nn.Module):
@@ -126,11 +126,9 @@ def test_save_and_load(tiny: tuple[Any, CompiledModel], tmp_path: Path) -> None:
     model, cm = tiny
     path = str(tmp_path / "tiny.tw")
     cm.save(path)
-    with zipfile.ZipFile(path) as zf:
-        names = set(zf.namelist())
-        meta = json.loads(zf.read("compiled.json"))
-    assert {"manifest.json", "compiled.json", "weights.bin", "module.tw.txt"} <= names
-    assert [i["name"] for i in meta["signature"]["inputs"]] == ["ids", "mask"]
+    loaded = load_file(path)
+    assert loaded.extra["kind"] == "tilework.compiled_model" and len(loaded.arrays["weights"]) == len(cm.weights) and "module" in loaded.texts
+    assert [i["name"] for i in loaded.extra["signature"]["inputs"]] == ["ids", "mask"]
     back = CompiledModel.load(path)
     ids, mask = _inputs(3, 9)
     _close(back(ids, mask)["pooled"], model(ids, mask)["pooled"])
@@ -156,8 +154,7 @@ def test_exported_program_and_weights_as_constants(tmp_path: Path) -> None:
     _close(cm(ids, mask)["hidden"], model(ids, mask)["hidden"])
     path = str(tmp_path / "c.tw")
     cm.save(path)
-    with zipfile.ZipFile(path) as zf:
-        assert "weights.bin" not in zf.namelist()
+    assert load_file(path).arrays["weights"] == []
     _close(CompiledModel.load(path)(ids, mask)["hidden"], model(ids, mask)["hidden"])
 
 
@@ -213,4 +210,4 @@ def test_a_frontend_is_one_registration() -> None:
         np.testing.assert_allclose(cm(np.arange(3, dtype=np.float32)), [1, 2, 3])
         assert "fake" in compiled.frontends() and "a fake framework" in cm.explain()
     finally:
-        compiled._FRONTENDS[:] = [f for f in compiled._FRONTENDS if f[0] != "fake"]
+        registry._FRONTENDS[:] = [f for f in registry._FRONTENDS if f[0] != "fake"]

@@ -17,8 +17,9 @@ from typing import Any, Callable, Mapping, Sequence
 import ml_dtypes
 import numpy as np
 
-from tilework.codegen import build_library, np_dtype
-from tilework.codegen.library import KernelLibrary
+from tilework.codegen import build_library
+from tilework.ir.dtype import np_dtype
+from tilework.codegen.c.module import CKernelModule
 from tilework.ir import sym
 from tilework.ir.builder import BlockBuilder
 from tilework.ir.graph import Binding, Call, Expr, GlobalVar, GraphFunc, OpRef, ShapeExpr, Tuple, Var, bindings_of
@@ -52,7 +53,7 @@ class Case:
 @dataclass
 class Built:
     module: IRModule
-    lib: KernelLibrary
+    lib: CKernelModule
     scheduled: bool
     cases: dict[str, Case] = field(default_factory=dict)
 

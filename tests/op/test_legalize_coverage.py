@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tests.op import (
     test_conv,
+    test_einsum,
     test_index,
     test_legalize_create,
     test_legalize_elementwise,
@@ -11,11 +12,14 @@ from tests.op import (
     test_legalize_manipulate,
     test_legalize_nn,
     test_legalize_reduce,
-    test_misc,
+    test_logsumexp_cumprod,
+    test_math,
     test_norm_extra,
+    test_one_hot,
     test_pad,
     test_rotary,
     test_search,
+    test_shape,
 )
 from tilework.ir.builder import BlockBuilder
 from tilework.ir.graph import Binding, Call, OpRef, Var, bindings_of
@@ -24,14 +28,14 @@ from tilework.op import all_ops
 NOT_LEGALIZED = {"call_tensor", "call_lib", "call_packed", "assert_dims"}  # and the vm_* ops
 TESTED_APART = {"shape_of"}  # no kernel: see test_shape_of_is_the_shape_value
 # tensor_to_shape has no kernel, nonzero and unique bind a run-time count between two kernels:
-# tests/op/test_misc.py and test_search.py run them end to end
+# tests/op/test_shape.py and test_search.py run them end to end
 TESTED_APART |= {"tensor_to_shape", "nonzero", "unique"}
 
 
 def _ops_in_cases() -> set[str]:
     names: set[str] = set()
     bb = BlockBuilder()
-    for mod in (test_legalize_create, test_legalize_elementwise, test_legalize_linalg, test_legalize_manipulate, test_legalize_nn, test_legalize_reduce, test_conv, test_index, test_norm_extra, test_rotary, test_pad, test_misc, test_search):
+    for mod in (test_legalize_create, test_legalize_elementwise, test_legalize_linalg, test_legalize_manipulate, test_legalize_nn, test_legalize_reduce, test_conv, test_index, test_norm_extra, test_rotary, test_pad, test_math, test_shape, test_one_hot, test_logsumexp_cumprod, test_einsum, test_search):
         for case in mod.CASES:  # type: ignore[attr-defined]
             params = [Var(f"p{i}", info) for i, info in enumerate(case.infos)]
             with bb.function(f"{mod.__name__.rsplit('.', 1)[1]}_{case.name}", params):

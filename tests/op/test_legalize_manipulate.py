@@ -120,10 +120,11 @@ def test_take_clamps_out_of_range(built: Built) -> None:
 
 def test_shape_of_is_the_shape_value() -> None:
     """shape_of needs no kernel: the argument's struct info has the dims."""
+    w = Var("w", T(m))  # defines m
     x = Var("x", T(n, m + 1))
     y = Var("y", TensorInfo(None, "float32", 2))
     bb = BlockBuilder()
-    with bb.function("main", [x, y]):
+    with bb.function("main", [w, x, y]):
         s = bb.emit(op.shape_of(x))
         t = bb.emit(op.shape_of(y))
         bb.emit_func_output([s, t])

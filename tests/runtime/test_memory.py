@@ -8,7 +8,7 @@ import pytest
 
 import tilework as tw
 from tilework import op
-from tilework.driver import lowering_passes
+from tilework.transform.pipeline import lowering_through
 from tilework.errors import RuntimeCheckError
 from tilework.ir.builder import BlockBuilder
 from tilework.ir.graph import Call, Constant, GlobalVar, Var
@@ -297,9 +297,8 @@ def test_recursive_calls_do_not_share_an_arena() -> None:
         np.testing.assert_allclose(vm["f"](np.array(True), x), want, rtol=1e-5)
     stats = vm.memory_stats()
     assert stats["static_allocations"] == 0 and stats["pooled_allocations"] == 2  # two activations
-    low = lowering_passes(plan_memory=False)
     lowered = mod
-    for p in low[: 1 + next(i for i, p in enumerate(low) if p.name == "lower_calls")]:
+    for p in lowering_through("lower_calls"):
         lowered = p(lowered)
     assert {pl.arena for pl in plan_function(lowered, "f").placements} == {"pooled"}
 

@@ -29,18 +29,18 @@ def block() -> tuple:
 
 
 def test_transformer_block_one_compile_every_shape(block: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tilework.codegen.c as c_target
     import tilework.driver as build_mod
-    import tilework.codegen as codegen
 
     cfg, mod = block
     calls = []
-    real = codegen.build_library
+    real = c_target.build_library
 
     def counting(funcs):  # type: ignore[no-untyped-def]
         calls.append(len(funcs))
         return real(funcs)
 
-    monkeypatch.setattr(codegen, "build_library", counting)
+    monkeypatch.setattr(c_target, "build_library", counting)
     exe = build_mod.build(mod)
     vm = tw.VM(exe)
     weights = random_weights(list(mod["main"].params[1:]))

@@ -11,7 +11,7 @@ import pytest
 
 from tests.schedule import kernels
 from tests.schedule.helpers import SIZES, check_kernel, well_formed
-from tilework.codegen import KernelLibrary, build_library
+from tilework.codegen import CKernelModule, build_library
 from tilework.codegen.interp import run
 from tilework.ir.loop import Allocate, Binary, Buffer, For, IfThenElse, Load, Store, TensorFunc
 from tilework.ir.sym import SymVar
@@ -197,7 +197,7 @@ def _check(f: TensorFunc, ins: list[np.ndarray], want: np.ndarray) -> None:
 
 
 @pytest.fixture(scope="module")
-def library(scheduled: dict[str, TensorFunc]) -> Iterator[KernelLibrary]:
+def library(scheduled: dict[str, TensorFunc]) -> Iterator[CKernelModule]:
     yield build_library(scheduled)
 
 
@@ -205,7 +205,7 @@ C_SIZES = SIZES + [dict(n=67, m=130, k=259), dict(n=16, m=64, k=128)]
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_RULE))
-def test_compiled_kernels_match_numpy(name: str, library: KernelLibrary, scheduled: dict[str, TensorFunc]) -> None:
+def test_compiled_kernels_match_numpy(name: str, library: CKernelModule, scheduled: dict[str, TensorFunc]) -> None:
     kern = library[name]
     check_kernel(scheduled[name], name, C_SIZES, runner=lambda f, arrays: kern.run(arrays), seed=2)
 

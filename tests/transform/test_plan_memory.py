@@ -13,7 +13,7 @@ import pytest
 
 import tilework as tw
 from tilework import op
-from tilework.driver import lowering_passes
+from tilework.transform.pipeline import lowering_through
 from tilework.ir import sym
 from tilework.ir.builder import BlockBuilder
 from tilework.ir.graph import Binding, Call, GraphFunc, OpRef, Var, bindings_of
@@ -31,11 +31,7 @@ SMALL = TransformerConfig(layers=2, hidden=32, heads=4, ffn=64)
 
 def lower_calls(mod: IRModule, views: bool = False) -> IRModule:
     """``mod`` lowered up to (and including) lower_calls: what plan_memory receives."""
-    passes = lowering_passes(plan_memory=False)
-    upto = [p for p in passes[: 1 + next(i for i, p in enumerate(passes) if p.name == "lower_calls")]]
-    if views:
-        upto.insert(1, RewriteReshapeToView())
-    return Pipeline(upto)(mod)
+    return Pipeline(lowering_through("lower_calls", kernel=[RewriteReshapeToView()] if views else []))(mod)
 
 
 def _in_place_groups(plan: FunctionPlan) -> dict[str, str]:

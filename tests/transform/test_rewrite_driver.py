@@ -9,10 +9,11 @@ from tests.transform.util import check_pass, ir
 from tilework.ir.graph import Call, Expr
 from tilework.op import make_call
 from tilework.transform.pipeline import FunctionPass
-from tilework.transform.rewrite_driver import AnyOf, Const, Match, OpCall, Rule, Wild, apply_rules
+from tilework.pattern import AnyOf, Match, is_const, is_op, op_call, wildcard
+from tilework.transform.rewrite_driver import Rule, apply_rules
 
-LOG_EXP = Rule("log_exp", OpCall("log", (OpCall("exp", (Wild("x"),)),)), lambda v, m: m["x"])
-SQUARE = Rule("square", OpCall("square", (Wild("x"),)), lambda v, m: make_call("multiply", [make_call("log", [make_call("exp", [m["x"]])]), m["x"]]))
+LOG_EXP = Rule("log_exp", is_op("log", is_op("exp", wildcard("x"))), lambda v, m: m["x"])
+SQUARE = Rule("square", is_op("square", wildcard("x")), lambda v, m: make_call("multiply", [make_call("log", [make_call("exp", [m["x"]])]), m["x"]]))
 
 
 def rules_pass(*rules: Rule) -> FunctionPass:
@@ -74,8 +75,8 @@ def test_captures_must_agree_and_alternatives_are_tried_in_order() -> None:
     def to_square(value: Expr, m: Match) -> Expr:
         return make_call("square", [m["x"]])
 
-    same_args = Rule("mul_self", OpCall("multiply", (Wild("x"), Wild("x"))), to_square)
-    const_first = Rule("const_first", OpCall("add", (Const("c"), Wild("y"))) | OpCall("add", (Wild("y"), Const("c"))), lambda v, m: make_call("subtract", [m["y"], m["c"]]))
+    same_args = Rule("mul_self", is_op("multiply", wildcard("x"), wildcard("x")), to_square)
+    const_first = Rule("const_first", is_op("add", is_const("c"), wildcard("y")) | is_op("add", wildcard("y"), is_const("c")), lambda v, m: make_call("subtract", [m["y"], m["c"]]))
     assert isinstance(const_first.pattern, AnyOf)
     before = """
     @graph
@@ -122,7 +123,7 @@ def test_a_rule_that_never_settles_stops_after_max_steps() -> None:
             return a
         """
     )
-    apply_rules(mod, [Rule("swap", OpCall("add"), swap)], max_steps=5)
+    apply_rules(mod, [Rule("swap", op_call("add"), swap)], max_steps=5)
     assert len(calls) == 5
 
 

@@ -156,9 +156,8 @@ def test_end_to_end_views_share_memory_and_numerics_hold() -> None:
 
 
 def test_lowering_keeps_views_and_makes_their_shapes_concrete() -> None:
-    from tilework.driver import lowering_passes
     from tilework.ir.graph import Binding, Call, GraphFunc, OpRef, ShapeExpr, Var, bindings_of
-    from tilework.transform.pipeline import Pipeline
+    from tilework.transform.pipeline import Pipeline, flatten, stages
 
     seen: dict[str, list[Call]] = {}
 
@@ -167,8 +166,7 @@ def test_lowering_keeps_views_and_makes_their_shapes_concrete() -> None:
         assert isinstance(main, GraphFunc)
         seen[name] = [b.value for b in bindings_of(main) if isinstance(b.value, Call) and isinstance(b.value.callee, OpRef) and b.value.callee.name == "vm_view"]
 
-    passes = lowering_passes()
-    passes.insert(1, P)
+    passes = flatten(stages(graph=[], kernel=[P]), start="legalize")
     lowered = Pipeline(passes, on_pass=views)(ir(SHAPE_OPS))
     assert [len(seen[p.name]) for p in passes] == [0] + [5] * (len(passes) - 1)  # a, b, c, d, g
     assert all(isinstance(v.args[1], ShapeExpr) for v in seen["lower_calls"])  # kept as they are

@@ -11,6 +11,9 @@ A ``Backend`` states what it can run and how:
   (``tilework.pattern``) and a predicate over the ``PatternMatch`` (the matched calls' struct
   info: dtypes, ranks, static or symbolic dims; their attrs; the captures). Order matters:
   earlier capabilities claim bindings first, so composites come before their parts;
+- ``compile(funcs, target)``: for a backend whose regions become loop-level kernels (the
+  ``codegen`` backend), the ``KernelModule`` that ``target`` (``tilework.codegen.Target``)
+  makes of them;
 - ``lower(region)``: the value that replaces a region, normally
   ``call_lib(extern, args, out_info)`` of a function registered with
   ``tilework.runtime.extern.register_extern`` (destination-passing: the VM allocates the
@@ -25,16 +28,18 @@ search.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from tilework.errors import UnsupportedError
 from tilework.ir.graph import Binding, Call, Expr, MatchCast, ShapeExpr, Var
 from tilework.ir.info import StructInfo, TensorInfo
 from tilework.ir import info as I
+from tilework.ir.loop import TensorFunc
 from tilework.ir.sym import Dim, SymVar
 from tilework.op.calls import call_lib
+from tilework.pattern.core import Pattern
 from tilework.pattern.graph import PatternMatch, out_info
-from tilework.transform import rewrite_driver as drv
+from tilework.runtime.kernels import KernelModule
 
 KINDS = ("library", "region")
 
@@ -46,7 +51,7 @@ class Capability:
     """``pattern`` plus ``predicate``: what one backend entry point can run."""
 
     name: str
-    pattern: drv.Pattern
+    pattern: Pattern
     predicate: Predicate | None = field(default=None, compare=False)
 
     def accepts(self, m: PatternMatch) -> bool:
@@ -104,6 +109,7 @@ class Backend:
     available: Callable[[], tuple[bool, str]] = field(compare=False)
     capabilities: Sequence[Capability] = ()
     lower: Lowering | None = field(default=None, compare=False)
+    compile: Callable[[Mapping[str, TensorFunc], str], KernelModule] | None = field(default=None, compare=False)
     max_region_size: int = 256
     description: str = ""
 

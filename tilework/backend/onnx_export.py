@@ -132,9 +132,6 @@ class OnnxGraph:
             return self.const(list(dims), "int64")
         return self.node("Concat", [self.dim(d) for d in dims], axis=0)
 
-    def scalar_dim(self, d: Dim) -> str:
-        return self.node("Reshape", [self.dim(d), self.const([], "int64", (0,))])
-
 
 # -- converters ------------------------------------------------------------------------------
 

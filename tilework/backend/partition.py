@@ -15,7 +15,7 @@ backend with a capability that matches it:
    collapsed to one node has no cycle: each region can run as one call).
 3. **Result.** A ``Placement``: the regions of every non-codegen group, named by their vars
    (names are unique in a function), with the backend and capability. Bindings not in a region
-   stay for ``Legalize`` (tilework's kernels). ``tilework.transform.offload.Offload`` applies a
+   stay for ``Legalize`` (tilework's kernels). ``tilework.backend.offload.Offload`` applies a
    placement; it can be saved and loaded as JSON, and ``table()`` explains it.
 """
 

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import keyword
 import math
-import re
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-import ml_dtypes
 import numpy as np
 
-from tilework.codegen.abi import SymValues, bind_syms, check_arrays, kernel_syms
-from tilework.codegen.c import const_value
+from tilework.ir.kernel_abi import SymValues, bind_syms, check_arrays, kernel_syms
+from tilework.codegen.loop_emit import LoopEmitter, comment, const_value
+from tilework.codegen.target import Target, register_target
 from tilework.errors import WellFormedError
 from tilework.ir import sym
 from tilework.ir.dtype import compute_dtype, is_float_dtype, np_dtype
@@ -46,13 +45,14 @@ from tilework.ir.loop import (
     Scalar,
     Select,
     SeqStmt,
-    Stmt,
     Store,
     TensorFunc,
     Unary,
     dtype_of,
 )
-from tilework.ir.sym import Dim, FloorDiv, FloorMod, Max, Min, Poly, SymExpr, SymVar
+from tilework.ir.sym import FloorDiv, FloorMod, Max, Min, Poly, SymExpr
+from tilework.runtime.kernels import KernelCall, KernelInfo, KernelModule
+from tilework.transform.fold_constant import register_kernel_evaluator
 
 _F32 = np.float32
 _RESERVED = frozenset({"range", "min", "max", "abs", "int", "np"})
@@ -63,7 +63,7 @@ def run(func: TensorFunc, args: Sequence[np.ndarray], sym_values: SymValues = No
 
     ``sym_values`` gives sym var values the shapes cannot supply (the sym params), as a
     mapping by var or name, or a sequence in ``func.sym_params`` order; the rest are derived
-    from the arrays' shapes and checked (``abi.bind_syms``).
+    from the arrays' shapes and checked (``tilework.ir.kernel_abi.bind_syms``).
     """
     check_arrays(func, args, "interp", contiguous=False)
     syms = bind_syms(func, args, sym_values, "interp")
@@ -119,7 +119,7 @@ def _erf(x: Any) -> Any:
 
 
 def _bf16(x: Any) -> Any:
-    return _F32(_F32(x).astype(ml_dtypes.bfloat16))
+    return _F32(_F32(x).astype(np_dtype("bfloat16")))
 
 
 def _f16_from_f32(x: Any) -> Any:
@@ -155,34 +155,21 @@ _NP_FN = {
 }  # fmt: skip
 
 
-class _Translator:
+class _Translator(LoopEmitter):
     def __init__(self, func: TensorFunc) -> None:
-        self.func = func
-        self.names: dict[object, str] = {}
-        self.taken: set[str] = set(_RESERVED)
-        self.scope: set[SymVar] = set()
+        super().__init__(func, "interp")
+        self.taken.update(_RESERVED)
         self.env: dict[str, Any] = dict(_HELPERS)
-        self.lines: list[str] = []
-        self.depth = 1
 
-    def bind(self, key: object, name: str) -> str:
-        base = re.sub(r"\W", "_", name, flags=re.ASCII) or "v"
+    def legal_name(self, base: str) -> str:
         if base[0].isdigit() or base.startswith("_") or keyword.iskeyword(base):
-            base = "v_" + base
-        out, k = base, 1
-        while out in self.taken:
-            out, k = f"{base}_{k}", k + 1
-        self.taken.add(out)
-        self.names[key] = out
-        return out
+            return "v_" + base
+        return base
 
     def value(self, v: Any, hint: str = "c") -> str:
         name = f"_{hint}{len(self.env)}"
         self.env[name] = v
         return name
-
-    def line(self, text: str) -> None:
-        self.lines.append("    " * self.depth + text)
 
     def error(self, msg: str) -> WellFormedError:
         return WellFormedError(f"interp: {msg}")
@@ -205,46 +192,39 @@ class _Translator:
 
     # -- statements -------------------------------------------------------------------------
 
-    def stmt(self, s: Stmt) -> None:
-        if isinstance(s, SeqStmt):
-            for x in s.stmts:
-                self.stmt(x)
-            if not s.stmts:
-                self.line("pass")
-        elif isinstance(s, Store):
-            target = self.known(s.buffer)
-            self.line(f"{target}[{self.indices(s.buffer, s.indices)}] = {self.expr(s.value)}")
-        elif isinstance(s, For):
-            ext = self.dim(s.extent)
-            v = self.bind(s.var, s.var.name)
-            self.line(f"for {v} in range({ext}):  # {s.kind}")
-            self.scope.add(s.var)
-            self.nested(s.body)
-            self.scope.discard(s.var)
-        elif isinstance(s, Block):
-            self.block(s)
-        elif isinstance(s, IfThenElse):
-            self.line(f"if {self.expr(s.cond)}:")
-            self.nested(s.then_body)
-            if s.else_body is not None:
-                self.line("else:")
-                self.nested(s.else_body)
-        elif isinstance(s, Allocate):
-            b = s.buffer
-            shape = ", ".join(self.dim(d) for d in b.shape)
-            dt = self.value(np_dtype(b.dtype), "t")
-            self.line(f"{self.bind(b, b.name)} = np.full(({shape}{',' if len(b.shape) == 1 else ''}), {self.value(_fill(b.dtype), 'f')}, {dt})")
-            self.stmt(s.body)
-        else:
-            raise self.error(f"unknown statement {type(s).__name__}")
+    def emit_seq(self, s: SeqStmt) -> None:
+        super().emit_seq(s)
+        if not s.stmts:
+            self.line("pass")
 
-    def nested(self, s: Stmt) -> None:
-        self.depth += 1
-        self.stmt(s)
-        self.depth -= 1
+    def emit_store(self, s: Store) -> None:
+        target = self.known(s.buffer, f"buffer {s.buffer.name}")
+        self.line(f"{target}[{self.indices(s.buffer, s.indices)}] = {self.expr(s.value)}")
 
-    def block(self, b: Block) -> None:
-        self.line(f"# block {b.name}")
+    def emit_for(self, s: For) -> None:
+        ext = self.dim(s.extent)
+        v = self.bind(s.var, s.var.name)
+        self.line(f"for {v} in range({ext}):  # {comment(s.kind)}")
+        self.scope.add(s.var)
+        self.nested(s.body)
+        self.scope.discard(s.var)
+
+    def emit_if(self, s: IfThenElse) -> None:
+        self.line(f"if {self.expr(s.cond)}:")
+        self.nested(s.then_body)
+        if s.else_body is not None:
+            self.line("else:")
+            self.nested(s.else_body)
+
+    def emit_allocate(self, s: Allocate) -> None:
+        b = s.buffer
+        shape = ", ".join(self.dim(d) for d in b.shape)
+        dt = self.value(np_dtype(b.dtype), "t")
+        self.line(f"{self.bind(b, b.name)} = np.full(({shape}{',' if len(b.shape) == 1 else ''}), {self.value(_fill(b.dtype), 'f')}, {dt})")
+        self.stmt(s.body)
+
+    def emit_block(self, b: Block) -> None:
+        self.line(f"# block {comment(b.name)}")
         for iv in b.iter_vars:
             value = self.dim(iv.binding)
             self.line(f"{self.bind(iv.var, iv.var.name)} = {value}")
@@ -257,11 +237,6 @@ class _Translator:
         self.stmt(b.body)
         for iv in b.iter_vars:
             self.scope.discard(iv.var)
-
-    def known(self, b: Buffer) -> str:
-        if b not in self.names:
-            raise self.error(f"buffer {b.name} is neither a param nor allocated")
-        return self.names[b]
 
     def indices(self, b: Buffer, idx: tuple[Scalar, ...]) -> str:
         if len(idx) != len(b.shape):
@@ -278,50 +253,35 @@ class _Translator:
 
     # -- expressions ------------------------------------------------------------------------
 
-    def dim(self, d: Dim) -> str:
-        if isinstance(d, int):
-            return f"({d})"
-        if isinstance(d, SymVar):
-            if d not in self.scope:
-                raise self.error(f"sym var {d.name} is used outside the loop or block that binds it")
-            return self.names[d]
-        if isinstance(d, FloorDiv):
-            return f"({self.dim(d.a)} // {self.dim(d.b)})"
-        if isinstance(d, FloorMod):
-            return f"({self.dim(d.a)} % {self.dim(d.b)})"
-        if isinstance(d, (Min, Max)):
-            return f"{'min' if isinstance(d, Min) else 'max'}({self.dim(d.a)}, {self.dim(d.b)})"
-        assert isinstance(d, Poly)
+    def render_int(self, v: int) -> str:
+        return f"({v})"
+
+    def render_divmod(self, d: FloorDiv | FloorMod) -> str:
+        return f"({self.dim(d.a)} {'//' if isinstance(d, FloorDiv) else '%'} {self.dim(d.b)})"
+
+    def render_minmax(self, d: Min | Max) -> str:
+        return f"{'min' if isinstance(d, Min) else 'max'}({self.dim(d.a)}, {self.dim(d.b)})"
+
+    def render_poly(self, d: Poly) -> str:
         terms = [f"({c} * {' * '.join(self.dim(a) for a in m)})" for m, c in d.terms]
         return "(" + " + ".join([*terms, str(d.const)]) + ")"
 
-    def expr(self, x: Scalar) -> str:
-        if isinstance(x, (int, SymExpr)):
-            return self.dim(x)
-        if isinstance(x, Const):
-            v = const_value(x)
-            t = np_dtype(compute_dtype(x.dtype)).type
-            return self.value(t(v))
-        if isinstance(x, Load):
-            text = f"{self.known(x.buffer)}[{self.indices(x.buffer, x.indices)}]"
-            return f"_F32({text})" if compute_dtype(x.buffer.dtype) != x.buffer.dtype else text
-        if isinstance(x, Binary):
-            return self.binary(x)
-        if isinstance(x, Unary):
-            if x.op == "not":
-                return f"(not {self.expr(x.a)})"
-            if x.op != "neg":
-                raise self.error(f"unknown unary op {x.op!r}")
-            return f"(-{self.expr(x.a)})"
-        if isinstance(x, Cast):
-            return self.cast(x)
-        if isinstance(x, Select):
-            return f"({self.expr(x.a)} if {self.expr(x.cond)} else {self.expr(x.b)})"
-        if isinstance(x, Intrin):
-            return self.intrin(x)
-        raise self.error(f"unknown scalar expression {type(x).__name__}")
+    def render_const(self, x: Const) -> str:
+        v = const_value(x)
+        t = np_dtype(compute_dtype(x.dtype)).type
+        return self.value(t(v))
 
-    def cast(self, x: Cast) -> str:
+    def render_load(self, x: Load) -> str:
+        text = f"{self.known(x.buffer, f'buffer {x.buffer.name}')}[{self.indices(x.buffer, x.indices)}]"
+        return f"_F32({text})" if compute_dtype(x.buffer.dtype) != x.buffer.dtype else text
+
+    def render_unary(self, x: Unary) -> str:
+        return f"(not {self.expr(x.a)})" if x.op == "not" else f"(-{self.expr(x.a)})"
+
+    def render_select(self, x: Select) -> str:
+        return f"({self.expr(x.a)} if {self.expr(x.cond)} else {self.expr(x.b)})"
+
+    def render_cast(self, x: Cast) -> str:
         src, dst = dtype_of(x.value), x.dtype
         a = self.expr(x.value)
         if src == dst:
@@ -336,7 +296,7 @@ class _Translator:
             return f"{self.value(np_dtype(dst).type, 't')}({a})"
         return f"_icast({a}, {self.value(np_dtype(dst).type, 't')})"
 
-    def binary(self, x: Binary) -> str:
+    def render_binary(self, x: Binary) -> str:
         a, b, op = self.expr(x.a), self.expr(x.b), x.op
         dt = dtype_of(x.a)
         fl = is_float_dtype(dt)
@@ -354,9 +314,7 @@ class _Translator:
             return f"({a} ** {b})" if fl else f"_ipow({a}, {b}, {self.value(np_dtype(dt).type, 't')})"
         raise self.error(f"unknown binary op {op!r}")
 
-    def intrin(self, x: Intrin) -> str:
-        if len(x.args) != 1:
-            raise self.error(f"intrinsic {x.name} takes one argument, got {len(x.args)}")
+    def render_intrin(self, x: Intrin) -> str:
         arg = x.args[0]
         a = self.expr(arg)
         dt = dtype_of(arg)
@@ -376,3 +334,61 @@ class _Translator:
         if x.name not in _NP_FN:
             raise self.error(f"unknown intrinsic {x.name!r}")
         return f"{_NP_FN[x.name]}({a})"
+
+
+# -- the interpreter as a target ----------------------------------------------------------------
+
+
+class InterpKernelModule(KernelModule):
+    """Kernels run by the interpreter. There is no native code: ``to_bytes`` is empty and a
+    module always comes back from its loop IR."""
+
+    target = "interp"
+
+    def __init__(self, funcs: Mapping[str, TensorFunc]) -> None:
+        self.funcs = dict(funcs)
+        self._functions = {name: KernelInfo.of(name, name, f) for name, f in self.funcs.items()}
+
+    @property
+    def functions(self) -> Mapping[str, KernelInfo]:
+        return self._functions
+
+    def __getitem__(self, name: str) -> KernelCall:
+        func = self.funcs.get(name)
+        if func is None:
+            raise KeyError(f"no kernel {name!r} in the module (has: {', '.join(self.funcs) or 'none'})")
+        fn = _compiled(func)
+
+        def call(arrays: Sequence[np.ndarray], sym_values: Sequence[int]) -> None:
+            with np.errstate(all="ignore"):
+                fn(list(arrays), list(sym_values))
+
+        return call
+
+    def source(self) -> str:
+        return "\n\n".join(source(f) for f in self.funcs.values())
+
+    def to_bytes(self) -> bytes:
+        return b""
+
+
+class InterpTarget(Target):
+    """The reference interpreter: every kernel runs serially on NumPy scalars. Slow; for
+    checking, and for machines without a C compiler."""
+
+    name = "interp"
+    description = "the NumPy reference interpreter (serial, slow; no compiler needed)"
+
+    @property
+    def schedule_rules(self) -> Sequence[Any]:
+        return ()  # parallel and vector loops run serially here: only the fallback rule
+
+    def build(self, funcs: Mapping[str, TensorFunc]) -> InterpKernelModule:
+        return InterpKernelModule(funcs)
+
+    def load_native(self, data: bytes, functions: Mapping[str, KernelInfo], funcs: Mapping[str, TensorFunc]) -> InterpKernelModule:
+        return InterpKernelModule(funcs)
+
+
+INTERP = register_target(InterpTarget())
+register_kernel_evaluator(run)  # fold_constant folds kernels with the oracle

@@ -48,6 +48,7 @@ from tilework.ir.graph import (
     Var,
 )
 from tilework.ir.info import AnyInfo, FuncInfo, PrimInfo, ShapeInfo, StructInfo, TensorInfo, TupleInfo
+from tilework.ir import opdef
 from tilework.ir.module import Function, IRModule, func_info
 from tilework.ir.sym import Dim, SymVar
 
@@ -305,9 +306,7 @@ class BlockBuilder:
         """The struct info of a call whose arguments are normalized."""
         callee = call.callee
         if isinstance(callee, OpRef):
-            from tilework.op import base as opbase
-
-            info, _ = opbase.infer_with_checks(call)
+            info, _ = opdef.infer_with_checks(call)
             return info
         finfo = callee.info
         if isinstance(callee, GlobalVar) and callee.name in self._funcs:
@@ -363,9 +362,7 @@ def _callee_name(callee: Expr) -> str:
 def is_pure_call(call: Call, funcs: Mapping[str, Function] | None = None) -> bool:
     callee = call.callee
     if isinstance(callee, OpRef):
-        from tilework.op import base as opbase
-
-        op = opbase.get(callee.name)
+        op = opdef.get(callee.name)
         if callee.name == "call_packed":
             return bool(call.attrs.get("pure", False))
         return op.pure

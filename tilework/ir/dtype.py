@@ -7,13 +7,18 @@ dtypes, ONNX element codes, torch names); no other module keeps a list of dtypes
 Storage: ``float16`` is IEEE half, ``bfloat16`` the upper 16 bits of a float32 (ml_dtypes'
 NumPy dtype), ``bool`` one byte holding 0 or 1. ``c_value`` is the C type a value computes in
 (half and bfloat16 compute in float).
+
+ml_dtypes is imported only when a bfloat16 NumPy dtype is asked for: some releases take half a
+second to import, which a process that never touches bfloat16 should not pay.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import ml_dtypes
+import functools
+from typing import Any
+
 import numpy as np
 
 from tilework.errors import UnsupportedError
@@ -24,11 +29,14 @@ class DType:
     name: str
     kind: str  # "bool" | "int" | "uint" | "float"
     itemsize: int
-    numpy: np.dtype
     c_storage: str
     c_value: str
     onnx: int  # onnx.TensorProto element type code
     compute: str  # the dtype arithmetic on values of this dtype runs in
+
+    @property
+    def numpy(self) -> np.dtype:
+        return _numpy_dtype(self.name)
 
     @property
     def is_float(self) -> bool:
@@ -39,24 +47,33 @@ class DType:
         return self.kind in ("int", "uint")
 
 
-def _d(name: str, kind: str, size: int, npdt: object, c_storage: str, c_value: str, onnx: int) -> DType:
+@functools.cache
+def _numpy_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def _d(name: str, kind: str, size: int, c_storage: str, c_value: str, onnx: int) -> DType:
     compute = "float32" if kind == "float" and size < 4 else name  # half types compute in float32
-    return DType(name, kind, size, np.dtype(npdt), c_storage, c_value, onnx, compute)  # type: ignore[call-overload]
+    return DType(name, kind, size, c_storage, c_value, onnx, compute)
 
 
 DTYPE_TABLE: dict[str, DType] = {
     d.name: d
     for d in (
-        _d("bool", "bool", 1, np.bool_, "bool", "bool", 9),
-        _d("int8", "int", 1, np.int8, "int8_t", "int8_t", 3),
-        _d("int16", "int", 2, np.int16, "int16_t", "int16_t", 5),
-        _d("int32", "int", 4, np.int32, "int32_t", "int32_t", 6),
-        _d("int64", "int", 8, np.int64, "int64_t", "int64_t", 7),
-        _d("uint8", "uint", 1, np.uint8, "uint8_t", "uint8_t", 2),
-        _d("float16", "float", 2, np.float16, "tw_half", "float", 10),
-        _d("bfloat16", "float", 2, ml_dtypes.bfloat16, "uint16_t", "float", 16),
-        _d("float32", "float", 4, np.float32, "float", "float", 1),
-        _d("float64", "float", 8, np.float64, "double", "double", 11),
+        _d("bool", "bool", 1, "bool", "bool", 9),
+        _d("int8", "int", 1, "int8_t", "int8_t", 3),
+        _d("int16", "int", 2, "int16_t", "int16_t", 5),
+        _d("int32", "int", 4, "int32_t", "int32_t", 6),
+        _d("int64", "int", 8, "int64_t", "int64_t", 7),
+        _d("uint8", "uint", 1, "uint8_t", "uint8_t", 2),
+        _d("float16", "float", 2, "tw_half", "float", 10),
+        _d("bfloat16", "float", 2, "uint16_t", "float", 16),
+        _d("float32", "float", 4, "float", "float", 1),
+        _d("float64", "float", 8, "double", "double", 11),
     )
 }
 
@@ -64,7 +81,6 @@ DTYPES: tuple[str, ...] = tuple(DTYPE_TABLE)
 FLOAT_DTYPES: tuple[str, ...] = tuple(n for n, d in DTYPE_TABLE.items() if d.is_float)
 INT_DTYPES: tuple[str, ...] = tuple(n for n, d in DTYPE_TABLE.items() if d.is_int)
 
-_BY_NUMPY = {d.numpy: d.name for d in DTYPE_TABLE.values()}
 _BY_ONNX = {d.onnx: d.name for d in DTYPE_TABLE.values()}
 
 
@@ -104,7 +120,7 @@ def np_dtype(name: str) -> np.dtype:
 def dtype_name(dt: object) -> str:
     """tilework's name for a NumPy dtype (or anything ``np.dtype`` accepts)."""
     npdt = np.dtype(dt)  # type: ignore[call-overload]
-    name = _BY_NUMPY.get(npdt)
+    name = npdt.name if npdt.name in DTYPE_TABLE and _numpy_dtype(npdt.name) == npdt else None
     if name is None:
         raise UnsupportedError(f"NumPy dtype {npdt} has no tilework dtype (supported: {', '.join(DTYPES)})")
     return name
@@ -128,7 +144,37 @@ def from_torch(dt: object) -> str | None:
     return name if name in DTYPE_TABLE else None
 
 
-def to_torch(name: str) -> object:
+def encode_array(a: np.ndarray) -> tuple[str, tuple[int, ...], bytes]:
+    """``(dtype name, shape, raw bytes)`` of ``a``: row-major, little-endian. The one array
+    serializer: the text format's constants and every file format use it."""
+    name = dtype_name(a.dtype)
+    data = np.ascontiguousarray(a)
+    if data.dtype.byteorder == ">" or (data.dtype.byteorder == "=" and np.little_endian is False):
+        data = data.byteswap()
+    return name, tuple(int(d) for d in a.shape), data.tobytes()
+
+
+def decode_array(dtype: object, shape: object, data: bytes | memoryview, *, copy: bool = True) -> np.ndarray:
+    """The array that ``encode_array`` gave ``(dtype, shape, data)`` for; every part is checked
+    (a known dtype, a shape of non-negative ints, exactly as many bytes as it needs).
+    ``copy=False`` gives a read-only view of ``data``."""
+    if not isinstance(dtype, str) or dtype not in DTYPE_TABLE:
+        raise UnsupportedError(f"array of unknown dtype {dtype!r}")
+    if not isinstance(shape, (list, tuple)) or not all(type(d) is int and d >= 0 for d in shape):
+        raise UnsupportedError(f"array of malformed shape {shape!r}")
+    info = DTYPE_TABLE[dtype]
+    count = 1
+    for d in shape:
+        count *= d
+    if len(data) != count * info.itemsize:
+        raise UnsupportedError(f"array {dtype}{list(shape)} needs {count * info.itemsize} bytes, got {len(data)}")
+    arr = np.frombuffer(data, info.numpy.newbyteorder("<"), count).reshape(tuple(shape))
+    if not np.little_endian:
+        arr = arr.byteswap().view(info.numpy)
+    return arr.copy() if copy else arr
+
+
+def to_torch(name: str) -> Any:
     """The torch dtype of a tilework dtype (imports torch)."""
     import torch
 
@@ -137,5 +183,5 @@ def to_torch(name: str) -> object:
 
 __all__ = [
     "DType", "DTYPE_TABLE", "DTYPES", "FLOAT_DTYPES", "INT_DTYPES", "dtype_info", "is_float_dtype",
-    "is_int_dtype", "compute_dtype", "itemsize", "np_dtype", "dtype_name", "from_onnx", "to_onnx", "from_torch", "to_torch",
+    "is_int_dtype", "compute_dtype", "itemsize", "np_dtype", "dtype_name", "encode_array", "decode_array", "from_onnx", "to_onnx", "from_torch", "to_torch",
 ]  # fmt: skip

@@ -13,8 +13,9 @@ simplify and bound with the same machinery as shapes.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Iterator, Union
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Union
 
+from tilework.ir import sym
 from tilework.ir.dtype import is_float_dtype, itemsize
 from tilework.ir.graph import EMPTY_ATTRS, Attrs
 from tilework.ir.sym import Dim, ScalarOperand, SymExpr, SymVar
@@ -448,3 +449,50 @@ def stmt_scalars(s: Stmt) -> Iterator[Scalar]:
         yield s.value
     elif isinstance(s, IfThenElse):
         yield s.cond
+
+
+def kernel_syms(func: TensorFunc) -> tuple[SymVar, ...]:
+    """The sym vars whose values a compiled kernel receives, in ABI order: those that appear in
+    the buffer shapes (buffers in param order, dims in order, first occurrence), then the sym
+    params not already listed."""
+    out: dict[SymVar, None] = {}
+    for b in func.buffers:
+        for d in b.shape:
+            for v in sym.free_vars(d):
+                out.setdefault(v, None)
+    for v in func.sym_params:
+        out.setdefault(v, None)
+    return tuple(out)
+
+
+def free_sym_vars(body: Stmt, buffers: Iterable[Buffer] = ()) -> tuple[SymVar, ...]:
+    """The sym vars that ``buffers``' shapes and ``body`` use and ``body`` does not bind itself
+    (loop vars and block iter vars are bound), in order of first use: buffer shapes, then loop
+    extents, iter var extents and bindings, allocation shapes and scalar expressions. The one
+    walker for "which sym vars does this loop program need from outside"."""
+    bound: set[SymVar] = set()
+    used: dict[SymVar, None] = {}
+
+    def use(d: object) -> None:
+        if isinstance(d, SymExpr):
+            used.update(dict.fromkeys(sym.free_vars(d)))
+
+    for b in buffers:
+        for d in b.shape:
+            use(d)
+    for st in walk_stmts(body):
+        if isinstance(st, For):
+            bound.add(st.var)
+            use(st.extent)
+        elif isinstance(st, Block):
+            for iv in st.iter_vars:
+                bound.add(iv.var)
+                use(iv.extent)
+                use(iv.binding)
+        elif isinstance(st, Allocate):
+            for d in st.buffer.shape:
+                use(d)
+        for x in stmt_scalars(st):
+            for e in walk_scalars(x):
+                use(e)
+    return tuple(v for v in used if v not in bound)

@@ -12,6 +12,7 @@ from tilework.errors import WellFormedError
 from tilework.ir.graph import EMPTY_ATTRS, Attrs, ExternFunc, GlobalVar, GraphFunc
 from tilework.ir.info import AnyInfo, FuncInfo, StructInfo
 from tilework.ir.loop import TensorFunc
+from tilework.ir.display import show_module
 
 Function = Union[GraphFunc, TensorFunc, ExternFunc]
 
@@ -39,9 +40,7 @@ class IRModule(Mapping[str, Function]):
         return len(self._funcs)
 
     def __repr__(self) -> str:
-        from tilework.text.printer import print_module
-
-        return print_module(self)
+        return show_module(self)
 
     __str__ = __repr__
 

@@ -74,6 +74,7 @@ from tilework.ir.loop import (
 )
 from tilework.ir.module import IRModule
 from tilework.ir.sym import FloorDiv, FloorMod, Max, Min, Poly, SymExpr, SymVar
+from tilework.ir.display import show_expr, show_info
 
 _MAX_PERMUTED = 6  # sym vars first met together in one compound dim: try every pairing up to this
 
@@ -274,12 +275,10 @@ def _describe(x: Any) -> str:
         return f"<{len(x)} bytes>"
     text = type(x).__name__ if isinstance(x, (GraphFunc, TensorFunc, Stmt, PExpr, Binding, MatchCast, BindingBlock)) else repr(x)
     try:
-        from tilework.text.printer import print_expr, print_info
-
         if isinstance(x, StructInfo):
-            text = print_info(x)
+            text = show_info(x)
         elif isinstance(x, Expr):
-            text = print_expr(x)
+            text = show_expr(x)
     except Exception:  # a description must never hide the mismatch itself
         pass
     return text if len(text) <= 80 else text[:77] + "..."

@@ -23,11 +23,11 @@ import operator
 from typing import Callable, Iterable, Mapping, Union
 
 from tilework.errors import SymbolicError
+from tilework.ir.interval import ATOM_BOUNDS, Bound, div_bounds, iadd, imul, meet
 
 Dim = Union[int, "SymExpr"]
 Mono = tuple["Atom", ...]  # sorted atoms, repeated for powers; () is the constant monomial
 PolyDict = dict[Mono, int]
-Bound = tuple[Union[int, None], Union[int, None]]  # (lo, hi); None is unbounded on that side
 
 _interned: dict[tuple, "SymExpr"] = {}
 _var_serial = itertools.count()
@@ -413,7 +413,7 @@ def floordiv(a: Dim, b: Dim) -> Dim:
         g = math.gcd(b, *_poly(a).values())  # content of a and b
         if g > 1:
             return floordiv(_div_exact(a, g), b // g)  # (g*x) // (g*k) == x // k
-    lo, hi = _div_bounds(bounds(a), bounds(b))
+    lo, hi = div_bounds(bounds(a), bounds(b))
     if lo is not None and lo == hi:
         return lo
     if isinstance(b, SymExpr) and _small_residue(a, b):
@@ -760,6 +760,72 @@ def to_str(e: Dim, names: Callable[[SymVar], str] | None = None) -> str:
     return _str(e, names or (lambda v: v.name))
 
 
-# Interval bounds live in their own module; it needs the node classes above, so it is imported
-# last (import tilework.ir.sym, never tilework.ir.sym_bounds directly).
-from tilework.ir.sym_bounds import _div_bounds, bounds  # noqa: E402
+
+# -- interval bounds -------------------------------------------------------------------------
+# ``bounds(e)`` is sound, not always tight, and cached on each node: vars contribute their
+# declared range, polynomials are bounded term by term (and again with every term shifted by
+# its lower bound, which keeps ``n*m - n >= 0``), and ``//``, ``%``, ``min``, ``max`` follow the
+# rules of ``tilework.ir.interval``.
+
+
+def _shifted_bounds(e: Poly) -> Bound:
+    """Bounds of ``e`` after writing each atom as ``lo + t`` with ``t`` in ``[0, hi - lo]`` and
+    expanding: terms then cancel (``n*m - n`` becomes ``n0*t_m + t_n*t_m``) where plain interval
+    arithmetic treats them as independent."""
+    if sum(1 << len(m) for m, _ in e.terms) > 256:
+        return None, None
+    shifted: PolyDict = {}
+    width: dict[Atom, int | None] = {}
+    for m, c in e.terms:
+        part: PolyDict = {(): c}
+        for atom in m:
+            lo, hi = bounds(atom)
+            if lo is None:
+                return None, None
+            width[atom] = None if hi is None else hi - lo
+            nxt: PolyDict = {}
+            for k, v in part.items():
+                if lo:
+                    nxt[k] = nxt.get(k, 0) + v * lo
+                nxt[k + (atom,)] = nxt.get(k + (atom,), 0) + v
+            part = nxt
+        for k, v in part.items():
+            shifted[k] = shifted.get(k, 0) + v
+    const = e.const + shifted.pop((), 0)
+    acc: Bound = (const, const)
+    for k, v in shifted.items():
+        widths = [width[a] for a in k]
+        top = 0 if 0 in widths else (None if None in widths else math.prod(widths))  # type: ignore[arg-type]
+        acc = iadd(acc, imul((0, top), (v, v)))
+    return acc
+
+
+def _poly_bounds(e: Poly) -> Bound:
+    acc: Bound = (e.const, e.const)
+    exact = True  # all coefficients > 0 and all atoms >= 0: the shifted form adds nothing
+    for m, c in e.terms:
+        mb: Bound = (1, 1)
+        for atom in m:
+            ab = bounds(atom)
+            exact = exact and ab[0] is not None and ab[0] >= 0
+            mb = imul(mb, ab)
+        exact = exact and c > 0
+        acc = iadd(acc, imul(mb, (c, c)))
+    return acc if exact else meet(acc, _shifted_bounds(e))
+
+
+def bounds(e: Dim) -> Bound:
+    """Interval bounds ``(lo, hi)`` of ``e`` over the ranges of its vars (None: unbounded).
+    Sound, not always tight; cached on the node."""
+    if isinstance(e, int):
+        return int(e), int(e)
+    bnd = e._bnd
+    if bnd is not None:
+        return bnd
+    if isinstance(e, Poly):
+        bnd = _poly_bounds(e)
+    else:
+        assert isinstance(e, _Binary)
+        bnd = ATOM_BOUNDS[e.OP](bounds(e.a), bounds(e.b))
+    e._bnd = bnd
+    return bnd

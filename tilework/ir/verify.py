@@ -61,8 +61,8 @@ from tilework.ir.dtype import is_float_dtype
 from tilework.ir.info import AnyInfo, Check, FuncInfo, PrimInfo, ShapeInfo, StructInfo, TensorInfo, TupleInfo
 from tilework.ir.module import Function, IRModule, func_info
 from tilework.ir.sym import SymExpr, SymVar
-from tilework.op.base import infer_with_checks
-from tilework.op.base import lookup as lookup_op  # importing tilework.op registers every op family
+from tilework.ir.opdef import infer_with_checks
+from tilework.ir.opdef import lookup as lookup_op
 
 RULES = {
     "var-def": "rule 1: vars are defined once, before use, in their own function",

@@ -3,9 +3,9 @@ marked (through the text printer when it can print the IR, else a compact fallba
 
 from __future__ import annotations
 
-import importlib
-from typing import Any, Iterable, Union
+from typing import Iterable, Union
 
+from tilework.ir import display
 from tilework.ir import loop as L
 from tilework.ir import sym
 from tilework.ir.sym import SymExpr
@@ -16,18 +16,10 @@ from tilework.ir.module import Function
 Where = Union[Binding, MatchCast, L.Stmt, None]
 
 
-def _printer() -> Any:
-    """The text printer module, or None while it cannot be imported."""
-    try:
-        return importlib.import_module("tilework.text.printer")
-    except ImportError:
-        return None
-
-
 def _render(name: str, func: Function, where: Where, note: str) -> str:
     """``func`` printed with ``where`` marked and ``note`` beside the carets: the text printer's
     form when it can print it, else a compact one (the signature and the marked binding)."""
-    printer = _printer()
+    printer = display.printer()
     if printer is not None:
         try:
             return str(printer.print_func(name, func, highlight=where, note=note))
@@ -43,7 +35,7 @@ def _render(name: str, func: Function, where: Where, note: str) -> str:
 
 def _info_str(info: StructInfo) -> str:
     """Struct info as the text format writes it: ``Tensor((n, 4), "float32")``."""
-    printer = _printer()
+    printer = display.printer()
     if printer is not None:
         try:
             return str(printer.print_info(info))

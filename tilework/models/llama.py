@@ -22,7 +22,8 @@ from tilework import nn
 from tilework.errors import UnsupportedError
 from tilework.ir.sym import SymVar
 from tilework.nn import spec
-from tilework.nn.core import Module, ModuleList, Tensor
+from tilework.nn.core import Tensor
+from tilework.nn.module import Module, ModuleList
 
 
 @dataclass(frozen=True)

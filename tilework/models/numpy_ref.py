@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import math
-import time
-from typing import Any
 
 import numpy as np
 
-from tilework.models.reference import EncoderConfig, TransformerConfig, random_weights
+from tilework.models.reference import EncoderConfig, TransformerConfig
 
 
 def _layer_norm(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float = 1e-5) -> np.ndarray:
@@ -78,31 +76,3 @@ def encoder_ref(x: np.ndarray, mask: np.ndarray, weights: list[np.ndarray], cfg:
         cur = _layer_norm(cur + att @ wo.T + bo, g1, b1, 1e-12)
         cur = _layer_norm(cur + _gelu(cur @ w1.T + c1) @ w2.T + c2, g2, b2, 1e-12)
     return cur
-
-
-DEMO_SHAPES = ((1, 1), (1, 7), (2, 128), (4, 513))
-
-
-def run_demo_shapes(mod: Any, cfg: Any, shapes: tuple[tuple[int, int], ...] = DEMO_SHAPES) -> bool:
-    """Compile ``mod`` once and compare it with the NumPy reference at each (batch, seq)."""
-    import tilework
-
-    t0 = time.perf_counter()
-    exe = tilework.build(mod, target="cpu")
-    vm = tilework.VM(exe)
-    print(f"compiled once in {time.perf_counter() - t0:.2f} s ({exe.stats()['kernels']} kernels)")
-    params = mod["main"].params[1:]
-    weights = random_weights(list(params))
-    rng = np.random.default_rng(1)
-    ok = True
-    for batch, seq in shapes:
-        x = rng.standard_normal((batch, seq, cfg.hidden)).astype(np.float32)
-        t = time.perf_counter()
-        out = vm["main"](x, *weights)
-        dt = time.perf_counter() - t
-        ref = transformer_block_ref(x, weights, cfg)
-        err = float(np.max(np.abs(out - ref)))
-        good = err < 1e-3
-        ok = ok and good
-        print(f"  (batch, seq) = ({batch}, {seq}): {1e3 * dt:.2f} ms, max abs diff vs NumPy {err:.2e} {'ok' if good else 'MISMATCH'}")
-    return ok

@@ -45,8 +45,9 @@ argument shapes: ``in Linear 'mlp.up'.forward(x: (batch, seq, 32) float32): ...`
 from __future__ import annotations
 
 from tilework.nn import spec
-from tilework.nn.core import Module, ModuleList, Parameter, Tensor
-from tilework.nn.export import export
+from tilework.nn.core import Parameter, Tensor
+from tilework.nn.module import Module, ModuleList
+from tilework.nn.module import export
 from tilework.nn.modules import MLP, Attention, Embedding, LayerNorm, Linear, RMSNorm, SwiGLU, TransformerBlock
 from tilework.nn.ops import (
     arange, argmax, astype, attention, broadcast_to, concat, exp, expand_dims, gelu, layer_norm,

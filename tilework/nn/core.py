@@ -1,4 +1,5 @@
-"""The core of ``tilework.nn``: ``Tensor``, ``Parameter``, ``Module`` and ``ModuleList``.
+"""The core of ``tilework.nn``: the trace, ``Tensor`` and ``Parameter`` (``Module`` is in
+``tilework.nn.module``).
 
 A ``Tensor`` is a symbolic proxy: it wraps a graph expression whose struct info gives its
 (symbolic) shape and dtype. Every operation on it emits one binding through the BlockBuilder of
@@ -6,22 +7,13 @@ the export in progress (a *trace*); outside an export there is nothing to emit i
 operation is an error. A ``Parameter`` is a Tensor with a declared static shape and dtype and an
 optional NumPy value; during an export it stands for the trailing function parameter (or the
 constant) the exporter bound to it.
-
-A ``Module`` finds its parameters and sub-modules by walking its attributes in assignment order
-(``ModuleList``, lists and tuples of modules included; attributes whose names start with ``_``
-are private and skipped), so a subclass need not call ``super().__init__()``. Names are attribute
-paths, ``layers.0.self_attn.q_proj.weight``; a parameter reachable by two paths (tied weights)
-is one parameter, named by the first. Calling a module inside an export runs its ``forward``; a
-``ShapeError`` or ``InferenceError`` raised inside is re-raised once, by the innermost module,
-with the module's class, path and argument shapes in front of the message.
 """
 
 from __future__ import annotations
 
-import inspect
 import threading
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -30,19 +22,13 @@ from tilework.errors import InferenceError, ParameterError, ShapeError, Tilework
 from tilework.ir import sym
 from tilework.ir.builder import BlockBuilder
 from tilework.ir.graph import Constant, Expr
-from tilework.ir.dtype import DTYPES
+from tilework.ir.dtype import DTYPES, FLOAT_DTYPES
 from tilework.ir.info import TensorInfo, shape_str
 from tilework.ir.sym import Dim, SymExpr
 from tilework.ir.dtype import dtype_name, np_dtype
 from tilework.runtime.tensor import from_torch, is_torch_tensor
 
-if TYPE_CHECKING:
-    from tilework.compiled import CompiledModel
-    from tilework.ir.module import IRModule
-    from tilework.nn.spec import DimBounds, Spec
-
 INITS = ("normal", "zeros", "ones")
-_FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 
 # -- the trace: where operations emit --------------------------------------------------------
@@ -113,7 +99,7 @@ def scalar_constant(value: bool | int | float, like: "Tensor") -> Constant:
     """A Python number as a 0-d constant of ``like``'s dtype (a float with an integer tensor is
     refused rather than truncated)."""
     dtype = like.dtype
-    if isinstance(value, float) and dtype not in _FLOATS:
+    if isinstance(value, float) and dtype not in FLOAT_DTYPES:
         raise InferenceError(f"cannot combine a {dtype} tensor with the float {value!r}; cast the tensor with .astype first")
     return Constant.of(np.asarray(value, dtype=np_dtype(dtype)))
 
@@ -350,7 +336,7 @@ class Parameter(Tensor):
             raise ParameterError(f"{name}: a value of shape {tuple(a.shape)} for a parameter of shape {want}")
         got = dtype_name(a.dtype)
         if got != self.dtype:
-            if got not in _FLOATS or self.dtype not in _FLOATS:
+            if got not in FLOAT_DTYPES or self.dtype not in FLOAT_DTYPES:
                 raise ParameterError(f"{name}: a {got} value for a {self.dtype} parameter")
             a = a.astype(np_dtype(self.dtype))
         return np.ascontiguousarray(a)
@@ -362,224 +348,9 @@ class Parameter(Tensor):
             return np.zeros(shape, dt)
         if self.init == "ones":
             return np.ones(shape, dt)
-        if self.dtype not in _FLOATS:
+        if self.dtype not in FLOAT_DTYPES:
             return rng.integers(0, 2, size=shape).astype(dt)
         return (scale * rng.standard_normal(shape)).astype(dt)
-
-
-# -- Module ----------------------------------------------------------------------------------
-
-M = TypeVar("M", bound="Module")
-
-
-def _modules_in(value: object) -> list["Module"] | None:
-    if isinstance(value, (list, tuple)) and value and all(isinstance(v, Module) for v in value):
-        return list(value)
-    return None
-
-
-class Module:
-    """Base of tilework.nn modules; see the module docstring. A subclass defines ``forward``."""
-
-    def members(self) -> Iterator[tuple[str, "Parameter | Module"]]:
-        """Direct parameters and sub-modules in attribute order (lists of modules expanded)."""
-        for name, value in vars(self).items():
-            if name.startswith("_"):
-                continue
-            if isinstance(value, (Parameter, Module)):
-                yield name, value
-                continue
-            listed = _modules_in(value)
-            for i, m in enumerate(listed or []):
-                yield f"{name}.{i}", m
-
-    def named_modules(self) -> list[tuple[str, "Module"]]:
-        """Every module (this one first, as ``""``) with its path; each once."""
-        out: list[tuple[str, Module]] = []
-        seen: set[int] = set()
-
-        def visit(m: Module, path: str) -> None:
-            if id(m) in seen:
-                return
-            seen.add(id(m))
-            out.append((path, m))
-            for name, v in m.members():
-                if isinstance(v, Module):
-                    visit(v, f"{path}.{name}" if path else name)
-
-        visit(self, "")
-        return out
-
-    def named_parameters(self) -> list[tuple[str, Parameter]]:
-        """Every parameter with its path, in attribute order; a shared one once."""
-        out: list[tuple[str, Parameter]] = []
-        seen: set[int] = set()
-
-        def visit(m: Module, prefix: str) -> None:
-            if id(m) in seen:
-                return
-            seen.add(id(m))
-            for name, v in m.members():
-                if isinstance(v, Module):
-                    visit(v, f"{prefix}{name}.")
-                elif id(v) not in seen:
-                    seen.add(id(v))
-                    out.append((prefix + name, v))
-
-        visit(self, "")
-        return out
-
-    def parameters(self) -> list[Parameter]:
-        return [p for _, p in self.named_parameters()]
-
-    # -- values ------------------------------------------------------------------------------
-
-    def missing_parameters(self) -> list[str]:
-        """Names of the parameters that have no value yet."""
-        return [name for name, p in self.named_parameters() if p.data is None]
-
-    def state_dict(self) -> dict[str, np.ndarray]:
-        """Every parameter's value by name; a parameter without one is an error."""
-        require_values(self)
-        return {name: p.data for name, p in self.named_parameters() if p.data is not None}
-
-    def ignored_state_keys(self, keys: Iterable[str]) -> set[str]:
-        """Keys of a state dict that name no parameter yet are expected (buffers a checkpoint
-        carries, a tied weight stored twice); ``load_state_dict`` skips them. None by default."""
-        return set()
-
-    def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> None:
-        """Set parameter values from ``{name: array}`` (NumPy arrays or torch tensors). With
-        ``strict``, every parameter must be given and every key must name a parameter (or be
-        one of ``ignored_state_keys``). Values are checked (``Parameter.checked_value``) before
-        any is set."""
-        params = dict(self.named_parameters())
-        ignored = self.ignored_state_keys(state.keys())
-        unexpected = [k for k in state if k not in params and k not in ignored]
-        missing = [k for k in params if k not in state]
-        if strict and (unexpected or missing):
-            parts = []
-            if missing:
-                parts.append(f"missing {_names(missing)}")
-            if unexpected:
-                parts.append(f"unexpected {_names(unexpected)}")
-            raise ParameterError(f"{type(self).__name__}.load_state_dict: {'; '.join(parts)}")
-        values = {k: params[k].checked_value(v, k) for k, v in state.items() if k in params}
-        for k, a in values.items():
-            params[k].data = a
-
-    def init_random(self: M, seed: int = 0, scale: float = 0.02) -> M:
-        """Give every parameter a random value by its ``init``; returns the module."""
-        rng = np.random.default_rng(seed)
-        for _, p in self.named_parameters():
-            p.data = p.random_value(rng, scale)
-        return self
-
-    # -- calling, exporting ------------------------------------------------------------------
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        forward = getattr(self, "forward", None)
-        if not callable(forward):
-            raise TileworkError(f"{type(self).__name__} defines no forward method")
-        return self.run_method(forward, args, kwargs)
-
-    def run_method(self, method: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
-        """``method(*args, **kwargs)`` in the current trace, as this module (for naming and for
-        the context errors get)."""
-        trace = current_trace()
-        path = trace.paths.get(id(self), "")
-        trace.scope.append(path)
-        try:
-            return method(*args, **kwargs)
-        except (ShapeError, InferenceError) as e:
-            if getattr(e, "nn_module", None) is not None:
-                raise
-            raise _with_context(e, self, path, method, args, kwargs) from e
-        finally:
-            trace.scope.pop()
-
-    def export(self, spec: "Spec", dim_bounds: "DimBounds | None" = None, weights: str = "params") -> tuple["IRModule", list[str]]:
-        """The module's methods as graph functions, see ``tilework.nn.export.export``."""
-        from tilework.nn.export import export
-
-        return export(self, spec, dim_bounds, weights=weights)
-
-    def compile(self, spec: "Spec | None" = None, dim_bounds: "DimBounds | None" = None, weights: str = "inputs") -> "CompiledModel":
-        """``forward`` compiled once for every shape the spec allows; the result is called with
-        arrays (NumPy or torch) and passes the parameter values itself, as they are now."""
-        from tilework.nn.export import compile_module
-
-        return compile_module(self, spec, dim_bounds, weights)
-
-    def default_spec(self) -> "Spec | None":
-        """The input spec ``compile`` uses when none is given; None: one must be given."""
-        return None
-
-
-class ModuleList(Module):
-    """A list of modules, named ``0``, ``1``, ... under the attribute that holds the list."""
-
-    def __init__(self, modules: Iterable[Module] = ()) -> None:
-        self._items: list[Module] = []
-        for m in modules:
-            self.append(m)
-
-    def append(self, module: Module) -> None:
-        if not isinstance(module, Module):
-            raise TileworkError(f"ModuleList holds modules, got {type(module).__name__}")
-        self._items.append(module)
-
-    def members(self) -> Iterator[tuple[str, Parameter | Module]]:
-        for i, m in enumerate(self._items):
-            yield str(i), m
-
-    def __getitem__(self, i: int) -> Module:
-        return self._items[i]
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __iter__(self) -> Iterator[Module]:
-        return iter(self._items)
-
-
-# -- helpers ---------------------------------------------------------------------------------
-
-
-def _names(names: Sequence[str], limit: int = 8) -> str:
-    shown = ", ".join(names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
-
-
-def require_values(module: Module) -> None:
-    missing = module.missing_parameters()
-    if missing:
-        raise ParameterError(
-            f"{type(module).__name__}: parameter(s) without a value: {_names(missing)}; "
-            "set them with module.load_state_dict({name: array}) or module.init_random(seed)"
-        )
-
-
-def _arguments(method: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[tuple[str, Any]]:
-    try:
-        bound = inspect.signature(method).bind(*args, **kwargs)
-    except (TypeError, ValueError):
-        return [(f"arg{i}", a) for i, a in enumerate(args)] + list(kwargs.items())
-    return list(bound.arguments.items())
-
-
-def _with_context(e: TileworkError, module: Module, path: str, method: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> TileworkError:
-    """``e`` again (same class) with the module and its argument shapes in front."""
-    where = f"{type(module).__name__} '{path}'" if path else f"{type(module).__name__} (the exported module)"
-    name = getattr(method, "__name__", "forward")
-    call = ", ".join(f"{k}: {describe(v)}" for k, v in _arguments(method, args, kwargs))
-    msg = f"in {where}.{name}({call}): {e}"
-    try:
-        new = type(e)(msg)
-    except TypeError:
-        new = ShapeError(msg) if isinstance(e, ShapeError) else InferenceError(msg)
-    new.nn_module = path  # type: ignore[attr-defined]
-    return new
 
 
 def require_dim(got: Dim, want: Dim, what: str) -> None:
@@ -589,4 +360,4 @@ def require_dim(got: Dim, want: Dim, what: str) -> None:
         raise ShapeError(f"{what} is {sym.to_str(got)}, expected {sym.to_str(want)}")
 
 
-__all__ = ["Tensor", "Parameter", "Module", "ModuleList", "Trace", "tracing", "current_trace", "emit", "as_expr", "describe", "require_dim", "require_values", "to_numpy"]
+__all__ = ["Tensor", "Parameter", "Trace", "tracing", "current_trace", "emit", "as_expr", "describe", "require_dim", "to_numpy"]

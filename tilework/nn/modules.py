@@ -13,7 +13,8 @@ from __future__ import annotations
 from tilework.errors import InferenceError, ShapeError
 from tilework.ir.graph import Constant
 from tilework.nn import ops
-from tilework.nn.core import Module, Parameter, Tensor, require_dim
+from tilework.nn.core import Parameter, Tensor, require_dim
+from tilework.nn.module import Module
 from tilework.ir.dtype import is_int_dtype, np_dtype
 
 import numpy as np

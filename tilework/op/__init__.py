@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from tilework.op import calls, create, elementwise, linalg, manipulate, nn, reduce
 from tilework.op import conv, index, norm_extra
-from tilework.op import misc, pad, search  # the ONNX frontend's families
+from tilework.op import math, pad, search, shape  # the ONNX frontend's families
 from tilework.op import vm  # ops of lowered programs (vm_*, assert_dims)
 from tilework.op import rotary
 from tilework.op.base import DimCheck, Op, OpPattern, all_ops, get, infer_with_checks, make_call, register
@@ -65,7 +65,7 @@ __all__ = [
     "attention", "layer_norm", "log_softmax", "rms_norm", "softmax",
     "argmax", "argmin", "max", "mean", "min", "prod", "sum",
     "conv", "index", "norm_extra",
-    "misc", "pad", "search",
+    "math", "pad", "search", "shape",
     "adaptive_avg_pool2d", "avg_pool2d", "conv1d", "conv2d", "max_pool2d",
     "cumsum", "gather", "index_tensor", "scatter", "tril", "triu",
     "batch_norm", "group_norm",

@@ -1,5 +1,6 @@
 """Tensor creation: ``full``, ``zeros``, ``ones`` (from a shape value), their ``*_like``
-forms (from another tensor's shape) and ``arange``.
+forms (from another tensor's shape), ``eye_like`` (ones on a diagonal of a matrix shaped like
+another) and ``arange``.
 
 A shape is a graph value (a ``ShapeExpr`` such as ``shape(n, 4)``, or any shape-typed var), so a
 shape computed at run time works the same way as a literal one. ``arange`` takes its bounds as
@@ -99,6 +100,14 @@ def _infer_arange(call: Call, ctx: InferCtx) -> StructInfo:
     return TensorInfo((arange_length(start, end, step, ctx),), dtype)
 
 
+def _infer_eye_like(call: Call, ctx: InferCtx) -> StructInfo:
+    x = tensor_arg(call, 0, ctx)
+    if x.ndim not in (-1, 2):
+        raise ctx.shape_error(f"expects a 2-D tensor, got rank {x.ndim}")
+    dtype = dtype_attr(call, "dtype", ctx)
+    return TensorInfo(x.shape, x.dtype if dtype is None else dtype, 2)
+
+
 # -- legalization ---------------------------------------------------------------------------
 
 
@@ -139,12 +148,20 @@ def _legalize_arange(call: Call, ctx: "LegalizeCtx") -> Expr:
     return ctx.call_te("arange", [], [], [out], call.info)
 
 
+def _legalize_eye_like(call: Call, ctx: "LegalizeCtx") -> Expr:
+    shape, dtype = out_tensor(call)
+    k = int(call.attrs["k"])
+    out = te.compute(shape, lambda i, j: te.if_then_else(te.eq(j - i, k), 1, 0), "eye_like", dtype)  # type: ignore[operator]
+    return ctx.call_te("eye_like", [], [], [out], call.info)
+
+
 _FILL: dict[str, object] = {"fill_value": 0.0}
 for _name in _SHAPED:
     register(Op(_name, _infer_shaped, OpPattern.INJECTIVE, attrs={**(_FILL if _name == "full" else {}), "dtype": "float32"}, num_args=1, legalize=_legalize_fill))
 for _name in _LIKE:
     register(Op(_name, _infer_like, OpPattern.ELEMWISE, attrs={**(_FILL if _name == "full_like" else {}), "dtype": None}, num_args=1, legalize=_legalize_fill))
 register(Op("arange", _infer_arange, OpPattern.INJECTIVE, attrs={"start": 0, "end": 0, "step": 1, "dtype": "int64"}, num_args=0, legalize=_legalize_arange))
+register(Op("eye_like", _infer_eye_like, OpPattern.INJECTIVE, attrs={"k": 0, "dtype": None}, num_args=1, legalize=_legalize_eye_like))
 
 
 def full(shape: Expr | Sequence[Dim], fill_value: float, dtype: str = "float32") -> Call:
@@ -171,6 +188,11 @@ def zeros_like(x: Expr, dtype: str | None = None) -> Call:
 
 def ones_like(x: Expr, dtype: str | None = None) -> Call:
     return make_call("ones_like", [x], dtype=dtype)
+
+
+def eye_like(x: Expr, k: int = 0, dtype: str | None = None) -> Call:
+    """Ones on diagonal ``k`` of a matrix shaped like ``x``, zeros elsewhere."""
+    return make_call("eye_like", [x], k=k, dtype=dtype)
 
 
 def arange(

@@ -1,5 +1,6 @@
-"""Indexing by tensors and running sums: ``gather``, ``scatter``, ``index_tensor``,
-``cumsum``, ``tril`` and ``triu``. (``take`` lives in ``tilework.op.manipulate``.)
+"""Indexing by tensors and running sums and products: ``gather``, ``scatter``,
+``index_tensor``, ``one_hot``, ``cumsum``, ``cumprod``, ``tril`` and ``triu``. (``take`` lives in
+``tilework.op.manipulate``.)
 
 - ``gather(x, index, axis)``: torch.gather. ``index`` has ``x``'s rank and its dims are at
   most ``x``'s off ``axis``; ``out[i] = x[i with i[axis] replaced by index[i]]``.
@@ -11,15 +12,21 @@
 - ``index_tensor(x, i0, ..., ik, axis)``: NumPy/torch advanced indexing of ``k`` consecutive
   dims starting at ``axis``: the index tensors broadcast together to ``B`` and the result is
   ``x.shape[:axis] + B + x.shape[axis + k:]``.
+- ``one_hot(indices, values, depth, axis)``: ONNX OneHot. A new axis of length ``depth`` at
+  ``axis`` holding ``values[1]`` where it equals the index and ``values[0]`` elsewhere; an index
+  outside ``[-depth, depth)`` gives a row of ``values[0]``.
 - ``cumsum(x, axis, exclusive, reverse)``: running sums along ``axis`` (ONNX's ``exclusive``
   leaves the element itself out, ``reverse`` sums from the end); a bool or integer input sums
   in int64 unless ``dtype`` says otherwise.
+- ``cumprod(x, axis, exclusive, reverse)``: running products, the same way (ONNX CumProd),
+  in the input's dtype.
 - ``tril(x, k)`` / ``triu(x, k)``: the last two dims keep the elements on and below (above)
   diagonal ``k``; the others become 0. ``k`` may be symbolic.
 
 Indices may be negative (counted from the end); an out-of-range index is clamped into range
-rather than read or written out of bounds. Legalization of ``scatter`` and ``cumsum`` searches
-or sums along ``axis`` for every output element (quadratic in that dim's length).
+rather than read or written out of bounds. Legalization of ``scatter``, ``cumsum`` and
+``cumprod`` searches, sums or multiplies along ``axis`` for every output element (quadratic in
+that dim's length).
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ from tilework.op.base import (
     tensor_arg,
     unify_dtype,
 )
-from tilework.op.kernel import Index, arg, bcast_index, compute_dtype, op_name, out_tensor
+from tilework.op.kernel import Index, arg, bcast_index, compute_dtype, op_name, out_tensor, upcast
 
 if TYPE_CHECKING:
     from tilework.transform.legalize import LegalizeCtx
@@ -126,6 +133,19 @@ def _infer_index_tensor(call: Call, ctx: InferCtx) -> StructInfo:
     return TensorInfo(x.shape[:axis] + bshape + x.shape[axis + k :], x.dtype)
 
 
+def _infer_one_hot(call: Call, ctx: InferCtx) -> StructInfo:
+    idx, values = tensor_arg(call, 0, ctx), tensor_arg(call, 1, ctx)
+    depth = call.attrs["depth"]
+    if isinstance(depth, bool) or not isinstance(depth, (int, sym.SymExpr)):
+        raise ctx.error(f"attribute depth must be an int or a symbolic dim, got {depth!r}")
+    if values.shape is not None and values.shape != (2,):
+        raise ctx.shape_error(f"values must have shape (2,) (off, on), got {values.shape}")
+    if idx.shape is None:
+        return TensorInfo(None, values.dtype, -1 if idx.ndim == -1 else idx.ndim + 1)
+    a = normalize_axis(int_attr(call, "axis", ctx), len(idx.shape) + 1, ctx)
+    return TensorInfo(idx.shape[:a] + (depth,) + idx.shape[a:], values.dtype)
+
+
 def _infer_cumsum(call: Call, ctx: InferCtx) -> StructInfo:
     x = tensor_arg(call, 0, ctx)
     axis = int_attr(call, "axis", ctx)
@@ -143,6 +163,17 @@ def _infer_cumsum(call: Call, ctx: InferCtx) -> StructInfo:
     else:
         dtype = "int64"
     return TensorInfo(x.shape, dtype, x.ndim)
+
+
+def _infer_cumprod(call: Call, ctx: InferCtx) -> StructInfo:
+    x = tensor_arg(call, 0, ctx)
+    if x.dtype == "bool":
+        raise ctx.error("expects a numeric tensor, got bool")
+    if x.ndim != -1:
+        normalize_axis(int_attr(call, "axis", ctx), x.ndim, ctx)
+    bool_attr(call, "exclusive", ctx)
+    bool_attr(call, "reverse", ctx)
+    return x
 
 
 def _infer_tri(call: Call, ctx: InferCtx) -> StructInfo:
@@ -249,6 +280,24 @@ def _legalize_index_tensor(call: Call, ctx: "LegalizeCtx") -> Expr:
     return ctx.call_te("index_tensor", call.args, [x, *idxs], [out], call.info)
 
 
+def _legalize_one_hot(call: Call, ctx: "LegalizeCtx") -> Expr:
+    """Indices count from the end when negative; one outside ``[-depth, depth)`` gives a row
+    of ``off`` values."""
+    idx, values = arg(call, 0, "indices"), arg(call, 1, "values")
+    shape, dtype = out_tensor(call)
+    a = normalize_axis(int(call.attrs["axis"]), len(shape), InferCtx("one_hot"))
+    depth = call.attrs["depth"]
+
+    def f(*i: Scalar) -> Scalar:
+        raw = idx[i[:a] + i[a + 1 :]]
+        v = te.cast(te.floor(raw) if is_float_dtype(idx.dtype) else raw, "int64")
+        v = te.if_then_else(te.lt(v, 0), v + depth, v)  # type: ignore[operator]
+        return te.if_then_else(te.eq(v, i[a]), values[1], values[0])
+
+    out = te.compute(shape, f, "one_hot", dtype)
+    return ctx.call_te("one_hot", call.args, [idx, values], [out], call.info)
+
+
 def _legalize_cumsum(call: Call, ctx: "LegalizeCtx") -> Expr:
     x = arg(call, 0, "x")
     shape, dtype = out_tensor(call)
@@ -266,6 +315,27 @@ def _legalize_cumsum(call: Call, ctx: "LegalizeCtx") -> Expr:
 
     out = te.compute(shape, f, "cumsum", dtype)
     return ctx.call_te("cumsum", call.args, [x], [out], call.info)
+
+
+def _legalize_cumprod(call: Call, ctx: "LegalizeCtx") -> Expr:
+    """``out[i] = prod(x[q] for q up to i along axis)`` (``exclusive`` stops before ``i``,
+    ``reverse`` runs from the end): a product over the axis per element (quadratic in its
+    length)."""
+    x = arg(call, 0, "x")
+    shape, dtype = out_tensor(call)
+    a = normalize_axis(int(call.attrs["axis"]), len(shape), InferCtx("cumprod"))
+    excl, rev = bool(call.attrs["exclusive"]), bool(call.attrs["reverse"])
+
+    def f(*i: Scalar) -> Scalar:
+        q = te.reduce_axis(shape[a], "q")
+        if rev:
+            cond = te.gt(q, i[a]) if excl else te.ge(q, i[a])
+        else:
+            cond = te.lt(q, i[a]) if excl else te.le(q, i[a])
+        return te.prod(upcast(x[i[:a] + (q,) + i[a + 1 :]], x.dtype), axis=q, where=cond)
+
+    out = te.compute(shape, f, "cumprod", dtype)
+    return ctx.call_te("cumprod", call.args, [x], [out], call.info)
 
 
 def _legalize_tri(call: Call, ctx: "LegalizeCtx") -> Expr:
@@ -286,7 +356,9 @@ def _legalize_tri(call: Call, ctx: "LegalizeCtx") -> Expr:
 register(Op("gather", _infer_gather, OpPattern.INJECTIVE, attrs={"axis": 0}, num_args=2, legalize=_legalize_gather))
 register(Op("scatter", _infer_scatter, OpPattern.OPAQUE, attrs={"axis": 0, "reduction": "none"}, num_args=3, legalize=_legalize_scatter))
 register(Op("index_tensor", _infer_index_tensor, OpPattern.INJECTIVE, attrs={"axis": 0}, legalize=_legalize_index_tensor))
+register(Op("one_hot", _infer_one_hot, OpPattern.INJECTIVE, attrs={"depth": 1, "axis": -1}, num_args=2, legalize=_legalize_one_hot))
 register(Op("cumsum", _infer_cumsum, OpPattern.OPAQUE, attrs={"axis": -1, "exclusive": False, "reverse": False, "dtype": None}, num_args=1, legalize=_legalize_cumsum))
+register(Op("cumprod", _infer_cumprod, OpPattern.OPAQUE, attrs={"axis": -1, "exclusive": False, "reverse": False}, num_args=1, legalize=_legalize_cumprod))
 register(Op("tril", _infer_tri, OpPattern.INJECTIVE, attrs={"k": 0}, num_args=1, legalize=_legalize_tri))
 register(Op("triu", _infer_tri, OpPattern.INJECTIVE, attrs={"k": 0}, num_args=1, legalize=_legalize_tri))
 
@@ -310,9 +382,21 @@ def index_tensor(x: Expr, indices: Sequence[Expr], axis: int = 0) -> Call:
     return make_call("index_tensor", [x, *indices], axis=axis)
 
 
+def one_hot(indices: Expr, values: Expr, depth: sym.Dim, axis: int = -1) -> Call:
+    """A new axis of length ``depth`` at ``axis``: ``values[1]`` where it equals the index,
+    ``values[0]`` elsewhere (``values`` is ``[off, on]``)."""
+    return make_call("one_hot", [indices, values], depth=depth, axis=axis)
+
+
 def cumsum(x: Expr, axis: int = -1, exclusive: bool = False, reverse: bool = False, dtype: str | None = None) -> Call:
     """Running sums along ``axis``; ``dtype`` None keeps a float dtype and sums others in int64."""
     return make_call("cumsum", [x], axis=axis, exclusive=exclusive, reverse=reverse, dtype=dtype)
+
+
+def cumprod(x: Expr, axis: int = -1, exclusive: bool = False, reverse: bool = False) -> Call:
+    """Running products along ``axis`` (ONNX CumProd: ``exclusive`` leaves the element itself
+    out, ``reverse`` multiplies from the end)."""
+    return make_call("cumprod", [x], axis=axis, exclusive=exclusive, reverse=reverse)
 
 
 def tril(x: Expr, k: Dim = 0) -> Call:
@@ -325,4 +409,4 @@ def triu(x: Expr, k: Dim = 0) -> Call:
     return make_call("triu", [x], k=k)
 
 
-__all__ = ["gather", "scatter", "index_tensor", "cumsum", "tril", "triu"]
+__all__ = ["gather", "scatter", "index_tensor", "one_hot", "cumsum", "cumprod", "tril", "triu"]

@@ -19,10 +19,8 @@ from tilework.ir import sym
 from tilework.ir.graph import Attrs, Call, Expr, Tuple, TupleGetItem
 from tilework.ir.info import StructInfo, TensorInfo, TupleInfo
 from tilework.ir.loop import (
-    Allocate,
     Block,
     Buffer,
-    For,
     Load,
     Scalar,
     SeqStmt,
@@ -30,6 +28,7 @@ from tilework.ir.loop import (
     Store,
     TensorFunc,
     stmt_scalars,
+    free_sym_vars,
     walk_scalars,
     walk_stmts,
 )
@@ -179,33 +178,8 @@ def hand_kernel(params: Sequence[Buffer | SymVar], body: Stmt, pattern: str) -> 
 def free_syms(body: Stmt, buffers: Sequence[Buffer]) -> list[SymVar]:
     """The sym vars ``body`` and the buffer shapes use that the body does not bind and no
     buffer has as a bare dim: the extra sym params of a hand-built kernel."""
-    bound: set[SymVar] = set()
-    used: dict[SymVar, None] = {}
-
-    def use(d: object) -> None:
-        if isinstance(d, sym.SymExpr):
-            used.update(dict.fromkeys(sym.free_vars(d)))
-
-    for b in buffers:
-        for d in b.shape:
-            use(d)
-    for st in walk_stmts(body):
-        if isinstance(st, For):
-            bound.add(st.var)
-            use(st.extent)
-        elif isinstance(st, Block):
-            bound.update(iv.var for iv in st.iter_vars)
-            for iv in st.iter_vars:
-                use(iv.extent)
-                use(iv.binding)
-        elif isinstance(st, Allocate):
-            for d in st.buffer.shape:
-                use(d)
-        for x in stmt_scalars(st):
-            for e in walk_scalars(x):
-                use(e)
     supplied = {d for b in buffers for d in b.shape if isinstance(d, SymVar)}
-    return [v for v in used if v not in bound and v not in supplied]
+    return [v for v in free_sym_vars(body, buffers) if v not in supplied]
 
 
 __all__ = [

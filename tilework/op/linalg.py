@@ -1,5 +1,6 @@
-"""Linear algebra: ``matmul`` (NumPy ``matmul`` semantics, batched and broadcast) and ``linear``
-(``x @ weight.T + bias`` with torch's ``[out_features, in_features]`` weight layout).
+"""Linear algebra: ``matmul`` (NumPy ``matmul`` semantics, batched and broadcast), ``linear``
+(``x @ weight.T + bias`` with torch's ``[out_features, in_features]`` weight layout) and
+``einsum`` (NumPy's, with explicit or implicit output and ``...`` broadcasting).
 
 The contracted dims must be equal: a provable mismatch is an error, an unprovable one a run-time
 check. Batch dims broadcast symbolically like elementwise ops.
@@ -9,9 +10,10 @@ Legalization accumulates in the result's dtype (float32 for float16/bfloat16 res
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Sequence
 
 from tilework import te
+from tilework.ir import sym
 from tilework.ir.graph import Call, Expr
 from tilework.ir.info import StructInfo, TensorInfo, shape_str
 from tilework.ir.loop import Scalar
@@ -101,6 +103,66 @@ def _infer_linear(call: Call, ctx: InferCtx) -> StructInfo:
     return TensorInfo(x.shape[:-1] + (out_features,), dtype)
 
 
+def parse_einsum(equation: str, ranks: Sequence[int]) -> tuple[list[str], str]:
+    """The operands' subscripts and the output's, with ``...`` replaced by capital letters (one
+    per broadcast dim, right-aligned across operands) and an implicit output made explicit
+    (the letters seen once, sorted, after the ellipsis)."""
+    eq = equation.replace(" ", "")
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(ranks):
+        raise ValueError(f"einsum {equation!r} has {len(terms)} operand(s), got {len(ranks)}")
+    ell = max((r - (len(t) - 3) for t, r in zip(terms, ranks) if "..." in t), default=0)
+    caps = "ZYXWVUTSRQPONMLKJIHGFEDCBA"[:ell][::-1]
+    out_terms = []
+    for t, r in zip(terms, ranks):
+        if "..." in t:
+            t = t.replace("...", caps[ell - (r - (len(t) - 3)) :])
+        if len(t) != r or (t and not t.isalpha()):
+            raise ValueError(f"einsum {equation!r}: subscripts {t!r} do not match an operand of rank {r}")
+        out_terms.append(t)
+    if arrow:
+        out = rhs.replace("...", caps)
+    else:
+        letters = "".join(out_terms)
+        out = caps + "".join(sorted(c for c in set(letters) if letters.count(c) == 1 and c not in caps))
+    if not (out.isalpha() or out == "") or len(set(out)) != len(out):
+        raise ValueError(f"einsum {equation!r}: bad output subscripts {out!r}")
+    return out_terms, out
+
+
+def _einsum_dims(call: Call, ctx: InferCtx) -> tuple[list[str], str, dict[str, sym.Dim], str | None] | None:
+    xs = [tensor_arg(call, i, ctx) for i in range(len(call.args))]
+    if any(x.shape is None for x in xs):
+        return None
+    try:
+        terms, out = parse_einsum(str(call.attrs["equation"]), [len(x.shape) for x in xs])  # type: ignore[arg-type]
+    except ValueError as e:
+        raise ctx.error(str(e)) from None
+    sizes: dict[str, sym.Dim] = {}
+    for t, x in zip(terms, xs):
+        assert x.shape is not None
+        for c, d in zip(t, x.shape):
+            if c not in sizes or (isinstance(sizes[c], int) and sizes[c] == 1):
+                sizes[c] = d
+            elif not (isinstance(d, int) and d == 1):
+                require_equal(sizes[c], d, ctx, f"dims labelled {c!r}")
+    for c in out:
+        if c not in sizes:
+            raise ctx.error(f"output subscript {c!r} names no operand dim")
+    return terms, out, sizes, unify_dtype([x.dtype for x in xs], ctx)
+
+
+def _infer_einsum(call: Call, ctx: InferCtx) -> StructInfo:
+    if not call.args:
+        raise ctx.error("needs at least one operand")
+    parsed = _einsum_dims(call, ctx)
+    if parsed is None:
+        return TensorInfo(None, tensor_arg(call, 0, ctx).dtype, -1)
+    _, out, sizes, dtype = parsed
+    return TensorInfo(tuple(sizes[c] for c in out), dtype)
+
+
 # -- legalization ---------------------------------------------------------------------------
 
 
@@ -141,8 +203,35 @@ def _legalize_linear(call: Call, ctx: "LegalizeCtx") -> Expr:
     return ctx.call_te("linear", call.args, inputs, [out], call.info)
 
 
+def _legalize_einsum(call: Call, ctx: "LegalizeCtx") -> Expr:
+    """One kernel: the product of the operands summed over the letters not in the output (a
+    dim of size 1 broadcasts against its letter's size)."""
+    xs = [arg(call, i, f"x{i}") for i in range(len(call.args))]
+    parsed = _einsum_dims(call, InferCtx("einsum"))
+    assert parsed is not None
+    terms, out, sizes, _ = parsed
+    shape, dtype = out_tensor(call)
+    acc = compute_dtype(dtype)
+    summed = sorted({c for t in terms for c in t} - set(out))
+
+    def f(*i: Scalar) -> Scalar:
+        env: dict[str, Scalar] = dict(zip(out, i))
+        ks = [te.reduce_axis(sizes[c], f"k_{c}") for c in summed]
+        env.update(zip(summed, ks))
+        value: Any = None
+        for x, t in zip(xs, terms):
+            idx = tuple(0 if isinstance(d, int) and d == 1 and not (isinstance(sizes[c], int) and sizes[c] == 1) else env[c] for c, d in zip(t, x.shape))
+            v = te.cast(x[idx], acc)
+            value = v if value is None else value * v
+        return te.sum(value, axis=ks) if ks else value  # type: ignore[no-any-return]
+
+    result = te.compute(shape, f, "einsum", dtype)
+    return ctx.call_te("einsum", call.args, xs, [result], call.info)
+
+
 register(Op("matmul", _infer_matmul, OpPattern.OUT_EWISE_FUSABLE, attrs={"out_dtype": None}, num_args=2, legalize=_legalize_matmul))
 register(Op("linear", _infer_linear, OpPattern.OUT_EWISE_FUSABLE, legalize=_legalize_linear))
+register(Op("einsum", _infer_einsum, OpPattern.OPAQUE, attrs={"equation": ""}, legalize=_legalize_einsum))
 
 
 def matmul(a: Expr, b: Expr, out_dtype: str | None = None) -> Call:
@@ -153,3 +242,8 @@ def matmul(a: Expr, b: Expr, out_dtype: str | None = None) -> Call:
 def linear(x: Expr, weight: Expr, bias: Expr | None = None) -> Call:
     """``x @ weight.T (+ bias)`` with ``weight`` laid out ``[out_features, in_features]``."""
     return make_call("linear", [x, weight] if bias is None else [x, weight, bias])
+
+
+def einsum(equation: str, *operands: Expr) -> Call:
+    """NumPy's ``einsum`` (explicit or implicit output, ``...`` broadcasting)."""
+    return make_call("einsum", list(operands), equation=equation)

@@ -1,5 +1,6 @@
-"""Reductions: ``sum``, ``mean``, ``max``, ``min``, ``prod`` over a set of axes and
-``argmax`` / ``argmin`` over one axis.
+"""Reductions: ``sum``, ``mean``, ``max``, ``min``, ``prod`` and ``logsumexp`` over a set of
+axes, ``argmax`` / ``argmin`` over one axis, and ``hardmax`` (1 at the first maximum along one
+axis, 0 elsewhere: the one-hot of ``argmax``, shaped like its input).
 
 ``axis=None`` reduces every axis; ``keepdims`` keeps reduced axes as size 1. Reduced dims stay
 symbolic in the sense that the kept ones are exact and the reduced ones vanish (or become 1).
@@ -28,8 +29,10 @@ from tilework.op.base import (
     OpPattern,
     axes_attr,
     bool_attr,
+    int_attr,
     make_call,
     normalize_axes,
+    normalize_axis,
     register,
     require_float,
     tensor_arg,
@@ -92,6 +95,19 @@ def _infer_arg_reduce(call: Call, ctx: InferCtx) -> StructInfo:
         raise ctx.error(f"attribute axis must be None or an int, got {axis!r}")
     keepdims = bool_attr(call, "keepdims", ctx)
     return reduced_info(x, None if axis is None else (axis,), keepdims, "int64", ctx)
+
+
+def _infer_logsumexp(call: Call, ctx: InferCtx) -> StructInfo:
+    x = tensor_arg(call, 0, ctx)
+    require_float(x, ctx)
+    return reduced_info(x, axes_attr(call, "axis", ctx), bool_attr(call, "keepdims", ctx), x.dtype, ctx)
+
+
+def _infer_hardmax(call: Call, ctx: InferCtx) -> StructInfo:
+    x = tensor_arg(call, 0, ctx)
+    if x.ndim != -1:
+        normalize_axis(int_attr(call, "axis", ctx), x.ndim, ctx)
+    return x
 
 
 # -- legalization ---------------------------------------------------------------------------
@@ -157,10 +173,69 @@ def _legalize_arg_reduce(call: Call, ctx: "LegalizeCtx") -> Expr:
     return ctx.call_te(name, call.args, [x], [out], call.info)
 
 
+def _legalize_logsumexp(call: Call, ctx: "LegalizeCtx") -> Expr:
+    """``m + log(sum(exp(x - m)))`` with ``m`` the maximum (``-inf`` for an empty set, where
+    the result is ``-inf`` too)."""
+    x = arg(call, 0, "x")
+    shape, dtype = out_tensor(call)
+    axis = axes_attr(call, "axis", InferCtx("logsumexp"))
+    axes = tuple(range(x.ndim)) if axis is None else tuple(sorted(normalize_axes(axis, x.ndim, InferCtx("logsumexp"))))
+    keep = bool(call.attrs["keepdims"])
+    acc = compute_dtype(dtype)
+    rows = tuple(d for k, d in enumerate(x.shape) if k not in axes)
+
+    def src(r: Sequence[Scalar], ks: Sequence[Scalar]) -> Scalar:
+        it_r, it_k = iter(r), iter(ks)
+        return te.cast(x[tuple(next(it_k) if d in axes else next(it_r) for d in range(x.ndim))], acc)
+
+    def row_max(*r: Scalar) -> Scalar:
+        ks = [te.reduce_axis(x.shape[a], f"k{a}") for a in axes]
+        return te.max(src(r, ks), axis=ks) if ks else src(r, ())
+
+    mx = te.compute(rows, row_max, "row_max")
+
+    def row_sum(*r: Scalar) -> Scalar:
+        ks = [te.reduce_axis(x.shape[a], f"k{a}") for a in axes]
+        m = mx[r]
+        safe = te.if_then_else(te.isinf(m), 0.0, m)
+        if not ks:
+            return te.exp(src(r, ()) - safe)  # type: ignore[operator]
+        return te.sum(te.exp(src(r, ks) - safe), axis=ks)  # type: ignore[operator]
+
+    total = te.compute(rows, row_sum, "row_sum")
+
+    def f(*i: Scalar) -> Scalar:
+        r = tuple(v for k, v in enumerate(i) if k not in axes) if keep else i
+        m = mx[r]
+        safe = te.if_then_else(te.isinf(m), 0.0, m)
+        return safe + te.log(total[r])  # type: ignore[operator, no-any-return]
+
+    out = te.compute(shape, f, "logsumexp", dtype)
+    return ctx.call_te("logsumexp", call.args, [x], [out], call.info)
+
+
+def _legalize_hardmax(call: Call, ctx: "LegalizeCtx") -> Expr:
+    """1 at the first maximum along ``axis``, 0 elsewhere."""
+    x = arg(call, 0, "x")
+    shape, dtype = out_tensor(call)
+    a = normalize_axis(int(call.attrs["axis"]), len(shape), InferCtx("hardmax"))
+    rows = shape[:a] + shape[a + 1 :]
+
+    def first_max(*r: Scalar) -> Scalar:
+        k = te.reduce_axis(shape[a], "k")
+        return te.argmax(upcast(x[r[:a] + (k,) + r[a:]], x.dtype), axis=k)
+
+    am = te.compute(rows, first_max, "argmax")
+    out = te.compute(shape, lambda *i: te.if_then_else(te.eq(am[i[:a] + i[a + 1 :]], i[a]), 1, 0), "hardmax", dtype)
+    return ctx.call_te("hardmax", call.args, [x], [out], call.info)
+
+
 for _name in REDUCE:
     register(Op(_name, _infer_reduce, OpPattern.REDUCTION, attrs={"axis": None, "keepdims": False}, num_args=1, legalize=_legalize_reduce))
 for _name in ARG_REDUCE:
     register(Op(_name, _infer_arg_reduce, OpPattern.REDUCTION, attrs={"axis": None, "keepdims": False}, num_args=1, legalize=_legalize_arg_reduce))
+register(Op("logsumexp", _infer_logsumexp, OpPattern.REDUCTION, attrs={"axis": None, "keepdims": False}, num_args=1, legalize=_legalize_logsumexp))
+register(Op("hardmax", _infer_hardmax, OpPattern.REDUCTION, attrs={"axis": -1}, num_args=1, legalize=_legalize_hardmax))
 
 
 def _axes(axis: int | Sequence[int] | None) -> tuple[int, ...] | None:
@@ -204,3 +279,13 @@ def argmax(x: Expr, axis: int | None = None, keepdims: bool = False) -> Call:
 def argmin(x: Expr, axis: int | None = None, keepdims: bool = False) -> Call:
     """Index (int64) of the first minimum along ``axis``; None: into the flattened tensor."""
     return make_call("argmin", [x], axis=axis, keepdims=keepdims)
+
+
+def logsumexp(x: Expr, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Call:
+    """``log(sum(exp(x)))`` over ``axis`` (None: all axes), computed without overflow."""
+    return make_call("logsumexp", [x], axis=_axes(axis), keepdims=keepdims)
+
+
+def hardmax(x: Expr, axis: int = -1) -> Call:
+    """1 at the first maximum of ``x`` along ``axis``, 0 elsewhere."""
+    return make_call("hardmax", [x], axis=axis)

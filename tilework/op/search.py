@@ -13,7 +13,7 @@
 
 Inference leaves a data-dependent length unknown (``nonzero`` is ``Tensor(ndim=2)``); callers
 bind it with a ``match_cast`` to a fresh sym var. Legalization does the same inside: a first
-kernel counts, the VM reads the count into a fresh sym var (``tensor_to_shape`` +
+kernel counts, the VM reads the count into a fresh sym var (``vm_tensor_to_shape`` +
 ``match_cast``), and a second kernel fills a result of that length. The kernels compare every
 pair of elements along the searched axis (quadratic in its length): simple and branch-free,
 meant for the modest sizes these ops see in models (masks, token ids).
@@ -32,7 +32,7 @@ from tilework.ir.loop import Scalar
 from tilework.ir.sym import Dim, SymExpr, SymVar
 from tilework.op.base import InferCtx, Op, OpPattern, bool_attr, int_attr, make_call, normalize_axis, register, require_nonneg, tensor_arg
 from tilework.op.kernel import arg, known_tensor, reshape_index, upcast
-from tilework.op.misc import read_shape
+from tilework.op.shape import read_shape
 
 if TYPE_CHECKING:
     from tilework.transform.legalize import LegalizeCtx
@@ -107,7 +107,7 @@ def _lift_count(ctx: "LegalizeCtx", call: Call, x: te.Tensor, count: te.Tensor, 
     """Run the kernel computing ``count`` (a ``(1,)`` int64 tensor) from the call's input ``x``
     and bind its value to a fresh sym var."""
     c = ctx.bb.emit(ctx.call_te(f"{hint}_count", call.args, [x], [count], TensorInfo((1,), "int64")))
-    shape = ctx.bb.emit(read_shape(c, 1))
+    shape = ctx.bb.emit(read_shape(c))
     n = SymVar(f"{hint}{next(_serial)}", 0)
     ctx.bb.match_cast(shape, ShapeInfo((n,)))
     return n

@@ -8,8 +8,12 @@ can be read, dumped after each pass and verified.
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
+from tilework.ir import sym
 from tilework.ir.graph import Call
 from tilework.ir.info import AnyInfo, PrimInfo, ShapeInfo, StructInfo, TensorInfo, TupleInfo
+from tilework.ir.sym import Dim, SymVar
 from tilework.op.base import InferCtx, Op, OpPattern, register
 
 VOID = TupleInfo(())
@@ -43,6 +47,15 @@ def _view(call: Call, ctx: InferCtx) -> StructInfo:
     return TensorInfo(None, dtype, -1)
 
 
+def _tensor_to_shape(call: Call, ctx: InferCtx) -> StructInfo:
+    x = call.args[0].info
+    if isinstance(x, TensorInfo) and x.shape is not None and len(x.shape) <= 1:
+        length = x.shape[0] if x.shape else 1
+        if isinstance(length, int):
+            return ShapeInfo(None, length)
+    return ShapeInfo(None, -1)
+
+
 def _bool(call: Call, ctx: InferCtx) -> StructInfo:
     return AnyInfo()
 
@@ -73,12 +86,14 @@ _vm("vm_check_shape_info", _void, {"ndim": -1, "where": ""}, 1)
 _vm("vm_check_prim_info", _void, {"dtype": None, "where": ""}, 1)
 # checks: (kind, slot_a, slot_b, message) entries
 _vm("vm_check_dims", _void, {"checks": (), "where": ""}, 1)
-# slots[i] = exprs[i] over the heap ("h[0] * h[1] // 2")
-_vm("vm_shape_func", _void, {"slots": (), "exprs": ()}, 1)
+# slots[i] = the value of programs[i] over the heap (``dim_program``)
+_vm("vm_shape_func", _void, {"slots": (), "programs": ()}, 1)
 _vm("vm_make_shape", _make_shape, {"codes": ()}, 1, pure=True)
 _vm("vm_load_dim", lambda call, ctx: PrimInfo("int64"), {"slot": 0}, 1, pure=True)
 _vm("vm_alloc_tensor", _alloc_tensor, {"dtype": "float32"}, 1)
 _vm("vm_view", _view, {}, 2, pure=True)
+# the values of a small integer tensor (0-d or 1-D) read into a shape value (``tensor_to_shape``)
+_vm("vm_tensor_to_shape", _tensor_to_shape, {}, 1, pure=True)
 _vm("vm_read_if_cond", _bool, {}, 1, pure=True)
 _vm("vm_kill", _void, {}, 1)
 # Planned memory (``plan_memory``): ``vm_alloc_storage(nbytes)`` is a block of a function's
@@ -104,3 +119,35 @@ def _assert_dims(call: Call, ctx: InferCtx) -> StructInfo:
 # Facts that op inference assumed (``DimCheck``s), kept in the graph until lower_shapes makes
 # them run-time checks: ``assert_dims(shape(n, 3), checks=(("broadcast", 0, 1, "add: ..."),))``.
 register(Op("assert_dims", _assert_dims, OpPattern.OPAQUE, attrs={"checks": ()}, num_args=1, effect=True))
+
+
+# -- operand encodings of the vm ops ---------------------------------------------------------
+
+# ``vm_match_shape`` codes: a (code, operand) pair per dim of the matched value.
+STORE, ASSERT_IMM, ASSERT_SLOT, SKIP = 0, 1, 2, 3
+
+# ``vm_shape_func`` programs: a derived dim over the shape heap, kept as structure (nested
+# tuples), never as text: ("slot", i) | ("const", k) | ("add", a, b, ...) | ("mul", a, b, ...)
+# | ("floordiv", a, b) | ("floormod", a, b) | ("min", a, b) | ("max", a, b).
+DIM_OPS = {"slot": 1, "const": 1, "add": -1, "mul": -1, "floordiv": 2, "floormod": 2, "min": 2, "max": 2}
+
+
+def dim_program(d: Dim, slot_of: Callable[[SymVar], int]) -> tuple[Any, ...]:
+    """The ``vm_shape_func`` program computing ``d``, reading each var from ``slot_of(var)``."""
+    if isinstance(d, int):
+        return ("const", d)
+    if isinstance(d, SymVar):
+        return ("slot", slot_of(d))
+    if isinstance(d, (sym.FloorDiv, sym.FloorMod, sym.Min, sym.Max)):
+        op = {sym.FloorDiv: "floordiv", sym.FloorMod: "floormod", sym.Min: "min", sym.Max: "max"}[type(d)]
+        return (op, dim_program(d.a, slot_of), dim_program(d.b, slot_of))
+    assert isinstance(d, sym.Poly)
+    terms: list[tuple[Any, ...]] = []
+    for mono, c in d.terms:
+        factors = [dim_program(a, slot_of) for a in mono]
+        if c != 1:
+            factors.insert(0, ("const", c))
+        terms.append(factors[0] if len(factors) == 1 else ("mul", *factors))
+    if d.const:
+        terms.append(("const", d.const))
+    return terms[0] if len(terms) == 1 else ("add", *terms)

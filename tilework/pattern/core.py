@@ -1,8 +1,11 @@
 """The pattern language: patterns over graph-level expressions, with predicates.
 
-Patterns follow the rewrite driver's protocol (``tilework.transform.rewrite_driver.Pattern``:
-``match(expr, m) -> bool``, captures in ``m``), so a pattern written here also serves as the
-pattern of a driver ``Rule``. What this module adds:
+The one pattern vocabulary of tilework: the rewrite driver's rules
+(``tilework.transform.rewrite_driver``), the block matcher and subgraph rewriter
+(``tilework.pattern.graph``, ``tilework.pattern.rewrite``) and the backends' capabilities all
+use these patterns. A pattern is ``match(expr, m) -> bool`` with captures recorded in the
+``Match``; the match's context (``MatchContext``) says what a var is bound to, so patterns look
+through bindings the same way under every matcher. The language:
 
 - **op patterns with argument sub-patterns**: ``is_op("add", is_op("matmul"), wildcard())``;
   an argument that is a var bound in the block being matched is looked through to its value,
@@ -26,70 +29,91 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from tilework.ir import sym
-from tilework.ir.graph import Call, Constant, Expr, OpRef, Tuple, TupleGetItem, Var
+from tilework.ir.graph import Call, Constant, Expr, OpRef, Tuple, TupleGetItem, Var, used_vars
 from tilework.ir.info import StructInfo, TensorInfo
 from tilework.ir.sym import Dim
-from tilework.transform import rewrite_driver as drv
 
 # -- match state --------------------------------------------------------------------------
 
 
-class Match(drv.Match):
-    """Captures plus the bindings the match looked through (``bound``: var -> value, in the
-    order they were entered). The block matcher turns it into a ``PatternMatch``."""
+class MatchContext(Protocol):
+    """Where a match happens: what a var is bound to (None for a param, a var from outside
+    the block, or one the matcher does not look through)."""
 
-    __slots__ = ("bound",)
+    def bound_value(self, v: Var) -> Expr | None: ...
+
+
+class Match:
+    """The captures of one match, by name, and the bindings it looked through (``bound``:
+    var -> value, in the order they were entered)."""
+
+    __slots__ = ("ctx", "captures", "bound")
 
     def __init__(self, ctx: Any) -> None:
-        super().__init__(ctx)
+        self.ctx = ctx
+        self.captures: dict[str, Expr] = {}
         self.bound: dict[Var, Expr] = {}
 
+    def __getitem__(self, name: str) -> Expr:
+        return self.captures[name]
 
-def _fork(m: drv.Match) -> drv.Match:
-    trial = type(m)(m.ctx)
+    def resolved(self, name: str) -> Expr:
+        """What the capture ``name`` stands for, with bindings followed."""
+        return _peek(self.captures[name], self)
+
+    def capture(self, name: str | None, e: Expr) -> bool:
+        """Record ``e`` under ``name``; a name captured twice must see the same node."""
+        if name is None:
+            return True
+        prev = self.captures.get(name)
+        if prev is not None:
+            return prev is e
+        self.captures[name] = e
+        return True
+
+
+def _fork(m: Match) -> Match:
+    trial = Match(m.ctx)
     trial.captures = dict(m.captures)
-    if isinstance(m, Match) and isinstance(trial, Match):
-        trial.bound = dict(m.bound)
+    trial.bound = dict(m.bound)
     return trial
 
 
-def _adopt(m: drv.Match, trial: drv.Match) -> None:
+def _adopt(m: Match, trial: Match) -> None:
     m.captures = trial.captures
-    if isinstance(m, Match) and isinstance(trial, Match):
-        m.bound = trial.bound
+    m.bound = trial.bound
 
 
-def resolve(e: Expr, m: drv.Match) -> Expr:
-    """``e`` with var-to-value bindings followed. Under the block matcher the vars passed
-    through are recorded as part of the match; elsewhere (the rewrite driver) the context's
-    own ``resolve`` is used."""
-    ctx = m.ctx
-    step = getattr(ctx, "bound_value", None)
-    if step is None:
-        return ctx.resolve(e)  # type: ignore[no-any-return]
-    while isinstance(e, Var):
+_MAX_CHAIN = 64  # var -> var -> ... bindings followed at most this far
+
+
+def resolve(e: Expr, m: Match) -> Expr:
+    """``e`` with var-to-value bindings followed; the vars passed through are recorded as part
+    of the match."""
+    step = m.ctx.bound_value
+    for _ in range(_MAX_CHAIN):
+        if not isinstance(e, Var):
+            break
         value = step(e)
         if value is None:
-            return e
-        if isinstance(m, Match):
-            m.bound.setdefault(e, value)
+            break
+        m.bound.setdefault(e, value)
         e = value
     return e
 
 
-def _peek(e: Expr, m: drv.Match) -> Expr:
+def _peek(e: Expr, m: Match) -> Expr:
     """``e`` with bindings followed, without recording anything (for predicates)."""
-    ctx = m.ctx
-    step = getattr(ctx, "bound_value", None)
-    if step is None:
-        return ctx.resolve(e)  # type: ignore[no-any-return]
-    while isinstance(e, Var):
+    step = m.ctx.bound_value
+    for _ in range(_MAX_CHAIN):
+        if not isinstance(e, Var):
+            break
         value = step(e)
         if value is None:
-            return e
+            break
         e = value
     return e
 
@@ -97,16 +121,20 @@ def _peek(e: Expr, m: drv.Match) -> Expr:
 # -- the base class -----------------------------------------------------------------------
 
 
-class Pattern(drv.Pattern):
-    """Base of tilework patterns: the driver's protocol plus combinators and predicates."""
+class Pattern(abc.ABC):
+    """Base of tilework patterns: ``match`` plus combinators and predicates."""
 
-    def __or__(self, other: drv.Pattern) -> "Pattern":  # type: ignore[override]
+    @abc.abstractmethod
+    def match(self, e: Expr, m: Match) -> bool:
+        """Whether ``e`` matches; captures (and bindings looked through) go into ``m``."""
+
+    def __or__(self, other: "Pattern") -> "Pattern":
         return AnyOf((self, other))
 
-    def __ror__(self, other: drv.Pattern) -> "Pattern":
+    def __ror__(self, other: "Pattern") -> "Pattern":
         return AnyOf((other, self))
 
-    def __and__(self, other: drv.Pattern) -> "Pattern":
+    def __and__(self, other: Pattern) -> "Pattern":
         return AllOf((self, other))
 
     def __invert__(self) -> "Pattern":
@@ -160,19 +188,19 @@ class Pattern(drv.Pattern):
         """The matched call has attribute ``name`` and ``fn(value)`` holds."""
         return Check(self, AttrWhere(name, fn))
 
-    def where(self, fn: Callable[[Expr, drv.Match], bool]) -> "Pattern":
+    def where(self, fn: Callable[[Expr, Match], bool]) -> "Pattern":
         """``fn(value, match)`` holds, where ``value`` is the matched expression with bindings
         followed (the call, for an op pattern)."""
         return Check(self, Custom(fn))
 
     # -- uses ---------------------------------------------------------------------------------
 
-    def used_by(self, consumer: drv.Pattern, index: int | None = None) -> "Pattern":
+    def used_by(self, consumer: Pattern, index: int | None = None) -> "Pattern":
         """Some binding of the block that reads the matched var matches ``consumer`` (reading
         it as argument ``index`` when given)."""
         return Check(self, UsedBy(consumer, index, only=False))
 
-    def only_used_by(self, consumer: drv.Pattern, index: int | None = None) -> "Pattern":
+    def only_used_by(self, consumer: Pattern, index: int | None = None) -> "Pattern":
         """Every reader of the matched var matches ``consumer`` (at ``index`` when given), and
         the var does not escape its block."""
         return Check(self, UsedBy(consumer, index, only=True))
@@ -191,7 +219,7 @@ class Wildcard(Pattern):
 
     name: str | None = None
 
-    def match(self, e: Expr, m: drv.Match) -> bool:
+    def match(self, e: Expr, m: Match) -> bool:
         return m.capture(self.name, e)
 
 
@@ -201,7 +229,7 @@ class IsConst(Pattern):
 
     name: str | None = None
 
-    def match(self, e: Expr, m: drv.Match) -> bool:
+    def match(self, e: Expr, m: Match) -> bool:
         if not isinstance(_peek(e, m), Constant):
             return False
         resolve(e, m)
@@ -216,7 +244,7 @@ class IsVar(Pattern):
     name: str | None = None
     var_name: str | None = None
 
-    def match(self, e: Expr, m: drv.Match) -> bool:
+    def match(self, e: Expr, m: Match) -> bool:
         if not isinstance(e, Var) or _peek(e, m) is not e:
             return False
         if self.var_name is not None and e.name != self.var_name:
@@ -230,10 +258,10 @@ class IsOp(Pattern):
     match positionally when given (the counts must agree); ``None`` accepts any arguments."""
 
     op: str | frozenset[str] | None = None
-    args: tuple[drv.Pattern, ...] | None = None
+    args: tuple[Pattern, ...] | None = None
     name: str | None = None
 
-    def match(self, e: Expr, m: drv.Match) -> bool:
+    def match(self, e: Expr, m: Match) -> bool:
         c = _peek(e, m)
         if not isinstance(c, Call) or not isinstance(c.callee, OpRef):
             return False
@@ -254,10 +282,10 @@ class IsOp(Pattern):
 class IsTuple(Pattern):
     """A tuple (or a var bound to one) whose fields match ``fields`` (any when None)."""
 
-    fields: tuple[drv.Pattern, ...] | None = None
+    fields: tuple[Pattern, ...] | None = None
     name: str | None = None
 
-    def match(self, e: Expr, m: drv.Match) -> bool:
+    def match(self, e: Expr, m: Match) -> bool:
         t = _peek(e, m)
         if not isinstance(t, Tuple):
             return False
@@ -273,11 +301,11 @@ class IsTuple(Pattern):
 class IsItem(Pattern):
     """``tuple[index]`` (any index when None) whose tuple matches ``tuple_pattern``."""
 
-    tuple_pattern: drv.Pattern = Wildcard()
+    tuple_pattern: Pattern = Wildcard()
     index: int | None = None
     name: str | None = None
 
-    def match(self, e: Expr, m: drv.Match) -> bool:
+    def match(self, e: Expr, m: Match) -> bool:
         v = _peek(e, m)
         if not isinstance(v, TupleGetItem) or (self.index is not None and v.index != self.index):
             return False
@@ -290,10 +318,10 @@ class IsItem(Pattern):
 
 @dataclass(frozen=True)
 class Named(Pattern):
-    pattern: drv.Pattern
+    pattern: Pattern
     name: str
 
-    def match(self, e: Expr, m: drv.Match) -> bool:
+    def match(self, e: Expr, m: Match) -> bool:
         return self.pattern.match(e, m) and m.capture(self.name, e)
 
 
@@ -301,9 +329,9 @@ class Named(Pattern):
 class AnyOf(Pattern):
     """The first alternative that matches; only its captures and bindings are kept."""
 
-    options: tuple[drv.Pattern, ...]
+    options: tuple[Pattern, ...]
 
-    def match(self, e: Expr, m: drv.Match) -> bool:
+    def match(self, e: Expr, m: Match) -> bool:
         for p in self.options:
             trial = _fork(m)
             if p.match(e, trial):
@@ -316,9 +344,9 @@ class AnyOf(Pattern):
 class AllOf(Pattern):
     """Every part matches the same expression; captures and bindings of all are kept."""
 
-    parts: tuple[drv.Pattern, ...]
+    parts: tuple[Pattern, ...]
 
-    def match(self, e: Expr, m: drv.Match) -> bool:
+    def match(self, e: Expr, m: Match) -> bool:
         trial = _fork(m)
         if not all(p.match(e, trial) for p in self.parts):
             return False
@@ -330,9 +358,9 @@ class AllOf(Pattern):
 class Not(Pattern):
     """``pattern`` does not match (nothing is captured)."""
 
-    pattern: drv.Pattern
+    pattern: Pattern
 
-    def match(self, e: Expr, m: drv.Match) -> bool:
+    def match(self, e: Expr, m: Match) -> bool:
         return not self.pattern.match(e, _fork(m))
 
 
@@ -344,17 +372,17 @@ class Predicate(abc.ABC):
     written (a var, usually) and its value with bindings followed."""
 
     @abc.abstractmethod
-    def test(self, e: Expr, value: Expr, m: drv.Match) -> bool: ...
+    def test(self, e: Expr, value: Expr, m: Match) -> bool: ...
 
 
 @dataclass(frozen=True)
 class Check(Pattern):
     """``pattern`` and ``pred``."""
 
-    pattern: drv.Pattern
+    pattern: Pattern
     pred: Predicate
 
-    def match(self, e: Expr, m: drv.Match) -> bool:
+    def match(self, e: Expr, m: Match) -> bool:
         trial = _fork(m)
         if not self.pattern.match(e, trial) or not self.pred.test(e, _peek(e, m), trial):
             return False
@@ -371,7 +399,7 @@ def _tensor(e: Expr) -> TensorInfo | None:
 class HasDtype(Predicate):
     dtypes: frozenset[str]
 
-    def test(self, e: Expr, value: Expr, m: drv.Match) -> bool:
+    def test(self, e: Expr, value: Expr, m: Match) -> bool:
         dtype = getattr(e.info, "dtype", None)
         return dtype is not None and dtype in self.dtypes
 
@@ -380,7 +408,7 @@ class HasDtype(Predicate):
 class HasRank(Predicate):
     ranks: frozenset[int]
 
-    def test(self, e: Expr, value: Expr, m: drv.Match) -> bool:
+    def test(self, e: Expr, value: Expr, m: Match) -> bool:
         t = _tensor(e)
         return t is not None and t.ndim in self.ranks
 
@@ -389,7 +417,7 @@ class HasRank(Predicate):
 class HasShape(Predicate):
     dims: tuple[Dim | None, ...]
 
-    def test(self, e: Expr, value: Expr, m: drv.Match) -> bool:
+    def test(self, e: Expr, value: Expr, m: Match) -> bool:
         t = _tensor(e)
         if t is None or t.shape is None or len(t.shape) != len(self.dims):
             return False
@@ -398,7 +426,7 @@ class HasShape(Predicate):
 
 @dataclass(frozen=True)
 class StaticShape(Predicate):
-    def test(self, e: Expr, value: Expr, m: drv.Match) -> bool:
+    def test(self, e: Expr, value: Expr, m: Match) -> bool:
         t = _tensor(e)
         return t is not None and t.shape is not None and sym.is_static(t.shape)
 
@@ -412,7 +440,7 @@ class DimIs(Predicate):
     at_least: int | None = None
     at_most: int | None = None
 
-    def test(self, e: Expr, value: Expr, m: drv.Match) -> bool:
+    def test(self, e: Expr, value: Expr, m: Match) -> bool:
         t = _tensor(e)
         if t is None or t.shape is None or not -len(t.shape) <= self.axis < len(t.shape):
             return False
@@ -443,7 +471,7 @@ def dim_holds(
 class HasAttrs(Predicate):
     items: tuple[tuple[str, Any], ...]
 
-    def test(self, e: Expr, value: Expr, m: drv.Match) -> bool:
+    def test(self, e: Expr, value: Expr, m: Match) -> bool:
         if not isinstance(value, Call):
             return False
         return all(k in value.attrs and value.attrs[k] == v for k, v in self.items)
@@ -454,25 +482,25 @@ class AttrWhere(Predicate):
     name: str
     fn: Callable[[Any], bool] = field(compare=False)
 
-    def test(self, e: Expr, value: Expr, m: drv.Match) -> bool:
+    def test(self, e: Expr, value: Expr, m: Match) -> bool:
         return isinstance(value, Call) and self.name in value.attrs and bool(self.fn(value.attrs[self.name]))
 
 
 @dataclass(frozen=True)
 class Custom(Predicate):
-    fn: Callable[[Expr, drv.Match], bool] = field(compare=False)
+    fn: Callable[[Expr, Match], bool] = field(compare=False)
 
-    def test(self, e: Expr, value: Expr, m: drv.Match) -> bool:
+    def test(self, e: Expr, value: Expr, m: Match) -> bool:
         return bool(self.fn(value, m))
 
 
 @dataclass(frozen=True)
 class UsedBy(Predicate):
-    consumer: drv.Pattern
+    consumer: Pattern
     index: int | None
     only: bool
 
-    def test(self, e: Expr, value: Expr, m: drv.Match) -> bool:
+    def test(self, e: Expr, value: Expr, m: Match) -> bool:
         graph = _use_graph(m)
         if graph is None or not isinstance(e, Var):
             return False
@@ -491,7 +519,7 @@ class UsedBy(Predicate):
 
 @dataclass(frozen=True)
 class SingleUse(Predicate):
-    def test(self, e: Expr, value: Expr, m: drv.Match) -> bool:
+    def test(self, e: Expr, value: Expr, m: Match) -> bool:
         graph = _use_graph(m)
         if graph is None or not isinstance(e, Var):
             return False
@@ -499,10 +527,10 @@ class SingleUse(Predicate):
         if len(users) != 1 or graph.escapes(e):
             return False
         reader = graph.bound_value(users[0])
-        return reader is not None and sum(1 for x in drv.free_vars(reader) if x is e) == 1
+        return reader is not None and sum(1 for x in used_vars(reader) if x is e) == 1
 
 
-def _use_graph(m: drv.Match) -> Any:
+def _use_graph(m: Match) -> Any:
     """The match context when it knows every use (the block matcher's ``BlockGraph``), else
     None."""
     ctx: Any = m.ctx
@@ -524,7 +552,7 @@ def is_var(name: str | None = None, var_name: str | None = None) -> IsVar:
     return IsVar(name, var_name)
 
 
-def is_op(op: str | Iterable[str] | None, *args: drv.Pattern, name: str | None = None, any_args: bool = False) -> IsOp:
+def is_op(op: str | Iterable[str] | None, *args: Pattern, name: str | None = None, any_args: bool = False) -> IsOp:
     """A call of ``op`` (a name, several names, or None for any op) with ``args`` matched
     positionally; with no ``args`` and ``any_args`` the arguments are not looked at, with no
     ``args`` otherwise the op takes none. Most patterns pass their arguments or ``any_args``."""
@@ -537,16 +565,17 @@ def op_call(op: str | Iterable[str] | None, name: str | None = None) -> IsOp:
     return is_op(op, name=name, any_args=True)
 
 
-def is_tuple(*fields: drv.Pattern, name: str | None = None, any_fields: bool = False) -> IsTuple:
+def is_tuple(*fields: Pattern, name: str | None = None, any_fields: bool = False) -> IsTuple:
     return IsTuple(None if any_fields else tuple(fields), name)
 
 
-def is_item(tuple_pattern: drv.Pattern = Wildcard(), index: int | None = None, name: str | None = None) -> IsItem:
+def is_item(tuple_pattern: Pattern = Wildcard(), index: int | None = None, name: str | None = None) -> IsItem:
     return IsItem(tuple_pattern, index, name)
 
 
 __all__ = [
     "Match",
+    "MatchContext",
     "Pattern",
     "Predicate",
     "Wildcard",

@@ -31,13 +31,12 @@ from tilework.ir.graph import (
     Tuple,
     TupleGetItem,
     Var,
+    seq_used_vars,
+    used_vars,
 )
 from tilework.ir.info import StructInfo, TupleInfo
 from tilework.ir.module import IRModule
-from tilework.transform import rewrite_driver as drv
-from tilework.transform.rewrite_driver import seq_reads
-
-from tilework.pattern.core import Match
+from tilework.pattern.core import Match, Pattern
 
 
 def leaves(e: Expr) -> Iterator[Expr]:
@@ -135,15 +134,15 @@ class BlockGraph:
 def graphs_of(name: str, func: GraphFunc) -> list[BlockGraph]:
     """A ``BlockGraph`` for each top-level dataflow block of ``func``."""
     blocks = func.body.blocks
-    later: set[Var] = set(drv.free_vars(func.body.body))
+    later: set[Var] = set(used_vars(func.body.body))
     after: list[frozenset[Var]] = [frozenset()] * len(blocks)
     for k in range(len(blocks) - 1, -1, -1):
         after[k] = frozenset(later)
         for b in blocks[k].bindings:
-            later.update(drv.free_vars(b.value))
+            later.update(used_vars(b.value))
             if isinstance(b.value, If):
-                later.update(seq_reads(b.value.then_branch))
-                later.update(seq_reads(b.value.else_branch))
+                later.update(seq_used_vars(b.value.then_branch))
+                later.update(seq_used_vars(b.value.else_branch))
     return [BlockGraph(block, name, k, after[k]) for k, block in enumerate(blocks) if block.is_dataflow]
 
 
@@ -199,7 +198,7 @@ class PatternMatch:
         return self.outputs == (self.root_binding.var,)
 
 
-def match_at(pattern: drv.Pattern, graph: BlockGraph, i: int) -> PatternMatch | None:
+def match_at(pattern: Pattern, graph: BlockGraph, i: int) -> PatternMatch | None:
     """``pattern`` matched against the var of binding ``i`` (a plain binding), or None."""
     b = graph.bindings[i]
     if not isinstance(b, Binding):
@@ -212,7 +211,7 @@ def match_at(pattern: drv.Pattern, graph: BlockGraph, i: int) -> PatternMatch | 
     return PatternMatch(graph, i, tuple(sorted(indices)), dict(m.captures))
 
 
-def find_matches(pattern: drv.Pattern, mod: IRModule | GraphFunc, func_name: str = "main") -> list[PatternMatch]:
+def find_matches(pattern: Pattern, mod: IRModule | GraphFunc, func_name: str = "main") -> list[PatternMatch]:
     """Every match of ``pattern`` rooted at a binding of a dataflow block, in program order
     (matches may overlap). ``mod`` is a module (every graph function) or one function."""
     funcs = list(mod.graph_funcs()) if isinstance(mod, IRModule) else [(func_name, mod)]

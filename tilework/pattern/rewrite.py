@@ -27,11 +27,11 @@ from typing import Callable, Iterable, Sequence
 
 from tilework.errors import WellFormedError
 from tilework.ir.builder import BlockBuilder
-from tilework.ir.graph import Expr, GraphFunc, TupleGetItem, Var
+from tilework.ir.graph import Expr, GraphFunc, TupleGetItem, Var, used_vars
 from tilework.ir.module import IRModule
 from tilework.ir.rewrite import FuncRewriter
-from tilework.transform import rewrite_driver as drv
 
+from tilework.pattern.core import Pattern
 from tilework.pattern.graph import BlockGraph, PatternMatch, graphs_of, match_at
 
 Remap = Callable[[Expr], Expr]
@@ -159,7 +159,7 @@ SubgraphRewrite = Callable[[PatternMatch], "Expr | None"]
 def _removable(g: BlockGraph, m: PatternMatch, result: Expr) -> tuple[int, ...]:
     """The matched bindings that can go once the root computes ``result``: not escaping, not
     read by ``result``, and read only by the root or by other removable ones."""
-    reads = set(drv.free_vars(result))
+    reads = set(used_vars(result))
     gone = {m.root}
     for j in sorted(set(m.indices) - {m.root}, reverse=True):
         v = g.bindings[j].var
@@ -177,7 +177,7 @@ def _returning(result: Expr) -> Callable[[Remap, BlockBuilder], Expr]:
     return build
 
 
-def _plan_rules(rules: Sequence[tuple[drv.Pattern, SubgraphRewrite]], changed: list[bool]) -> Plan:
+def _plan_rules(rules: Sequence[tuple[Pattern, SubgraphRewrite]], changed: list[bool]) -> Plan:
     def plan(g: BlockGraph) -> list[Replacement]:
         taken: set[int] = set()
         reps: list[Replacement] = []
@@ -201,7 +201,7 @@ def _plan_rules(rules: Sequence[tuple[drv.Pattern, SubgraphRewrite]], changed: l
     return plan
 
 
-def rewrite_subgraphs(mod: IRModule, rules: Sequence[tuple[drv.Pattern, SubgraphRewrite]], *, max_rounds: int = 1) -> IRModule:
+def rewrite_subgraphs(mod: IRModule, rules: Sequence[tuple[Pattern, SubgraphRewrite]], *, max_rounds: int = 1) -> IRModule:
     """``mod`` with ``rules`` applied to every dataflow block of its graph functions (see the
     module docstring); with ``max_rounds > 1`` the rules run again over the result while they
     still change something, at most that many times."""

@@ -14,16 +14,16 @@ that names the function, the argument, the dim and the sym var, and where the va
 
 from __future__ import annotations
 
-import ast
+import operator
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from tilework.errors import BuildError, RuntimeCheckError
+from tilework.op.vm import ASSERT_IMM, ASSERT_SLOT, DIM_OPS, STORE
 from tilework.runtime.memory import Memory, carve
 from tilework.ir.dtype import np_dtype
 
-STORE, ASSERT_IMM, ASSERT_SLOT, SKIP = 0, 1, 2, 3
 
 BUILTINS: dict[str, Callable[..., Any]] = {}
 
@@ -94,28 +94,31 @@ def check_prim_info(value: Any, dtype: str | None, where: str) -> None:
 
 @builtin("vm_match_shape")
 def match_shape(value: Any, heap: ShapeHeap, codes: tuple[int, ...], where: str, label: str) -> None:
-    """Match the dims of ``value`` against ``codes`` (pairs of code and operand per dim)."""
-    dims = value.shape if isinstance(value, np.ndarray) else value
+    """Match the dims of ``value`` against ``codes`` (pairs of code and operand per dim); a
+    scalar (a Prim value) is matched as one dim."""
+    scalar = not isinstance(value, (np.ndarray, tuple)) or (isinstance(value, np.ndarray) and value.ndim == 0 and len(codes) == 2)
+    dims = (value,) if scalar else value.shape if isinstance(value, np.ndarray) else value
     for i in range(len(codes) // 2):
         code, operand = codes[2 * i], codes[2 * i + 1]
         d = int(dims[i])
+        at = label if scalar else f"{label}[{i}]"
         if code == STORE:
             lo, hi = heap.bounds[operand]
             name = heap.names[operand]
             if d < lo or (hi is not None and d > hi):
                 rng = f"{name} <= {hi}" if hi is not None and d > hi else f"{name} >= {lo}"
-                raise RuntimeCheckError(f"{where}: {label}[{i}] = {d} but {rng}")
+                raise RuntimeCheckError(f"{where}: {at} = {d} but {rng}")
             heap[operand] = d
-            heap.origin[operand] = f"{label}[{i}]"
+            heap.origin[operand] = at
         elif code == ASSERT_IMM:
             if d != operand:
-                raise RuntimeCheckError(f"{where}: {label}[{i}] = {d} but it must be {operand}")
+                raise RuntimeCheckError(f"{where}: {at} = {d} but it must be {operand}")
         elif code == ASSERT_SLOT:
             if d != heap[operand]:
                 name = heap.names[operand]
                 origin = heap.origin[operand]
                 bound = f", bound by {origin}" if origin else ""
-                raise RuntimeCheckError(f"{where}: {label}[{i}] = {d} but {name} = {heap[operand]}{bound}")
+                raise RuntimeCheckError(f"{where}: {at} = {d} but {name} = {heap[operand]}{bound}")
 
 
 _DIM_CHECKS: dict[str, Callable[[int, int], bool]] = {
@@ -180,51 +183,69 @@ def shape_of(x: np.ndarray) -> tuple[int, ...]:
     return tuple(int(d) for d in x.shape)
 
 
-@builtin("vm.tensor_to_shape")
+@builtin("vm_tensor_to_shape")
 def tensor_to_shape(x: np.ndarray) -> tuple[int, ...]:
     return tuple(int(v) for v in np.asarray(x).reshape(-1))
 
 
 # -- derived dims: small arithmetic programs over heap slots --------------------------------
 
-_ALLOWED = (
-    ast.Expression,
-    ast.BinOp,
-    ast.UnaryOp,
-    ast.Add,
-    ast.Sub,
-    ast.Mult,
-    ast.FloorDiv,
-    ast.Mod,
-    ast.USub,
-    ast.Call,
-    ast.Name,
-    ast.Load,
-    ast.Subscript,
-    ast.Constant,
-)
+_BINARY: dict[str, Callable[[int, int], int]] = {
+    "floordiv": operator.floordiv,
+    "floormod": operator.mod,
+    "min": min,
+    "max": max,
+}
+_MAX_PROGRAM_DEPTH = 64
 
 
-def compile_dim_expr(text: str) -> Callable[[list[int]], int]:
-    """Compile ``h[0] * h[1] // 2`` style text (validated: only heap loads, ints, + - * // %,
-    min and max) into a function of the heap."""
-    tree = ast.parse(text, mode="eval")
-    for node in ast.walk(tree):
-        if not isinstance(node, _ALLOWED):
-            raise RuntimeCheckError(f"invalid dim expression {text!r}")
-        if isinstance(node, ast.Name) and node.id not in ("h", "min", "max"):
-            raise RuntimeCheckError(f"invalid name {node.id!r} in dim expression {text!r}")
-        if isinstance(node, ast.Constant) and not isinstance(node.value, int):
-            raise RuntimeCheckError(f"invalid constant in dim expression {text!r}")
-    code = compile(tree, "<dim>", "eval")
-    env = {"min": min, "max": max, "__builtins__": {}}
-    return lambda h: eval(code, env, {"h": h})  # noqa: S307 - validated above
+def compile_dim_program(program: Any, heap_size: int | None = None, depth: int = 0) -> Callable[[list[int]], int]:
+    """A function of the heap computing a ``vm_shape_func`` program (``tilework.op.vm
+    .dim_program``); the structure is checked (known operations, their arity, int operands,
+    slots inside the heap), so a malformed program is an error here, at load, not at run time."""
+    if not isinstance(program, tuple) or not program or program[0] not in DIM_OPS or depth > _MAX_PROGRAM_DEPTH:
+        raise RuntimeCheckError(f"invalid dim program {program!r}")
+    op, args = program[0], program[1:]
+    arity = DIM_OPS[op]
+    if (arity >= 0 and len(args) != arity) or (arity < 0 and len(args) < 2):
+        raise RuntimeCheckError(f"invalid dim program {program!r}: {op} takes {arity if arity >= 0 else 'two or more'} operand(s)")
+    if op in ("slot", "const"):
+        v = args[0]
+        if type(v) is not int or (op == "slot" and (v < 0 or (heap_size is not None and v >= heap_size))):
+            raise RuntimeCheckError(f"invalid dim program {program!r}")
+        if op == "slot":
+            return lambda h: h[v]
+        return lambda h: v
+    fns = [compile_dim_program(a, heap_size, depth + 1) for a in args]
+    if op == "add":
+        return lambda h: sum(f(h) for f in fns)
+    if op == "mul":
+
+        def product(h: list[int]) -> int:
+            out = 1
+            for f in fns:
+                out *= f(h)
+            return out
+
+        return product
+    fa, fb = fns
+    fn = _BINARY[op]
+    if op in ("floordiv", "floormod"):
+
+        def divide(h: list[int]) -> int:
+            b = fb(h)
+            if b == 0:
+                raise RuntimeCheckError("a derived dim divides by zero")
+            return fn(fa(h), b)
+
+        return divide
+    return lambda h: fn(fa(h), fb(h))
 
 
 @builtin("vm_shape_func")
-def shape_func(heap: ShapeHeap, slots: tuple[int, ...], exprs: tuple[Callable[[list[int]], int], ...]) -> None:
-    """Compute derived slots in order; ``exprs`` were compiled when the VM loaded."""
-    for slot, fn in zip(slots, exprs):
+def shape_func(heap: ShapeHeap, slots: tuple[int, ...], programs: tuple[Callable[[list[int]], int], ...]) -> None:
+    """Compute derived slots in order; ``programs`` were compiled when the VM loaded."""
+    for slot, fn in zip(slots, programs):
         heap[slot] = fn(heap)
 
 
@@ -245,13 +266,15 @@ def copy_ref(x: Any) -> Any:
 
 
 # Hooks run once when the VM loads a call: they rewrite its static arguments into what the
-# builtin wants at run time (here: dim expression text into compiled functions).
+# builtin wants at run time (here: dim programs into functions of the heap).
 Arg = tuple[str, Any]
 
 
 def _prepare_shape_func(args: list[Arg]) -> list[Arg]:
-    heap, slots, (kind, exprs) = args
-    return [heap, slots, (kind, tuple(compile_dim_expr(t) for t in exprs))]
+    heap, slots, (kind, programs) = args
+    if kind != "i" or not isinstance(programs, tuple):
+        raise RuntimeCheckError("vm_shape_func needs its programs as an immediate")
+    return [heap, slots, (kind, tuple(compile_dim_program(p) for p in programs))]
 
 
 PREPARE: dict[str, Callable[[list[Arg]], list[Arg]]] = {"vm_shape_func": _prepare_shape_func}

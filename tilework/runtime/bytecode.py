@@ -8,41 +8,19 @@ A ``VMFunction`` is register code with four instructions:
   ``("i", immediate)`` or ``("c", constant index)``;
 - ``("ret", reg)``; ``("goto", pc)``; ``("if", reg, else_pc)`` (falls through when true).
 
-The bytecode is plain data (tuples, ints, strings), so an executable pickles it as it is.
-Generation expects the output of the lowering pipeline: no dataflow blocks, every op call
-lowered to a ``vm_*`` op, a kernel call, an extern call or a graph-function call.
+The bytecode is plain data (tuples, ints, floats, strings, None): ``to_data``/``from_data``
+give the JSON form an executable file stores, and ``from_data`` checks every field, so a
+malformed or hostile file cannot make the VM run anything but these four instructions over
+builtins, kernels, library functions and VM functions it resolves by name. ``tilework.codegen
+.vm_codegen`` generates bytecode from a lowered module.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from tilework.errors import BuildError
-from tilework.ir.graph import (
-    AnyBinding,
-    Call,
-    Constant,
-    Expr,
-    ExternFunc,
-    GlobalVar,
-    GraphFunc,
-    If,
-    MatchCast,
-    OpRef,
-    PrimValue,
-    SeqExpr,
-    ShapeExpr,
-    StringImm,
-    Tuple,
-    TupleGetItem,
-    Var,
-)
-from tilework.ir.loop import TensorFunc
-from tilework.ir.module import IRModule
-from tilework.op import base as opbase
+from tilework.errors import TileworkError
 
 Instr = tuple[Any, ...]
 
@@ -55,156 +33,100 @@ class VMFunction:
     code: tuple[Instr, ...]
 
 
-@dataclass
-class _FuncGen:
-    mod: IRModule
-    constants: list[np.ndarray]
-    const_index: dict[int, int]
-    regs: dict[Var, int] = field(default_factory=dict)
-    code: list[Instr] = field(default_factory=list)
-    num_regs: int = 0
+# -- the data form ------------------------------------------------------------------------------
+# JSON holds ints, strings, bools and None as they are; a tuple is {"t": [...]}, a float
+# {"f": float.hex(x)} (exact, and NaN and infinities too). Nothing else is an immediate.
 
-    def new_reg(self) -> int:
-        self.num_regs += 1
-        return self.num_regs - 1
+KINDS = ("builtin", "kernel", "func", "extern")
+ARG_TAGS = ("r", "i", "c")
 
-    def reg_of(self, v: Var) -> int:
-        try:
-            return self.regs[v]
-        except KeyError:
-            raise BuildError(f"VM codegen: %{v.name} is used before it is defined") from None
 
-    def const(self, c: Constant) -> tuple[str, int]:
-        idx = self.const_index.get(id(c))
-        if idx is None:
-            idx = len(self.constants)
-            self.constants.append(c.data)
-            self.const_index[id(c)] = idx
-        return ("c", idx)
+def encode_value(v: Any) -> Any:
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return {"f": v.hex()}
+    if isinstance(v, tuple):
+        return {"t": [encode_value(x) for x in v]}
+    raise TileworkError(f"bytecode immediate {v!r} of type {type(v).__name__} cannot be stored (ints, floats, strings, bools, None and tuples of them can)")
 
-    def arg(self, e: Expr) -> tuple[str, Any]:
-        if isinstance(e, Var):
-            return ("r", self.reg_of(e))
-        if isinstance(e, Constant):
-            return self.const(e)
-        if isinstance(e, ShapeExpr):
-            if not all(isinstance(d, int) for d in e.values):
-                raise BuildError("VM codegen: a symbolic shape reached the VM (run lower_shapes first)")
-            return ("i", tuple(e.values))
-        if isinstance(e, PrimValue):
-            if not isinstance(e.value, (int, float, bool)):
-                raise BuildError("VM codegen: a symbolic prim value reached the VM (run lower_shapes first)")
-            return ("i", e.value)
-        if isinstance(e, StringImm):
-            return ("i", e.value)
-        if isinstance(e, (Tuple, TupleGetItem)):
-            return ("r", self.materialize(e))
-        raise BuildError(f"VM codegen: cannot pass {type(e).__name__} as an argument")
 
-    def materialize(self, e: Expr) -> int:
-        """A register holding the value of ``e``."""
-        if isinstance(e, Var):
-            return self.reg_of(e)
-        dst = self.new_reg()
-        self.emit_value(dst, e)
-        return dst
+def decode_value(v: Any) -> Any:
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, dict) and len(v) == 1:
+        if "f" in v and isinstance(v["f"], str):
+            try:
+                return float.fromhex(v["f"])
+            except ValueError:
+                pass
+        elif "t" in v and isinstance(v["t"], list):
+            return tuple(decode_value(x) for x in v["t"])
+    raise TileworkError(f"malformed bytecode immediate {v!r}")
 
-    def emit_call(self, dst: int, kind: str, name: str, args: list[tuple[str, Any]]) -> None:
-        self.code.append(("call", dst, (kind, name), tuple(args)))
 
-    def emit_value(self, dst: int, value: Expr) -> None:
-        if isinstance(value, Call):
-            self.emit_call_expr(dst, value)
-        elif isinstance(value, Tuple):
-            self.emit_call(dst, "builtin", "vm.make_tuple", [self.arg(f) for f in value.fields])
-        elif isinstance(value, TupleGetItem):
-            self.emit_call(dst, "builtin", "vm.tuple_getitem", [self.arg(value.tuple_value), ("i", value.index)])
-        elif isinstance(value, If):
-            self.emit_if(dst, value)
-        elif isinstance(value, (Constant, ShapeExpr, PrimValue, StringImm, Var)):
-            self.emit_call(dst, "builtin", "vm.copy", [self.arg(value)])
+def to_data(fn: VMFunction) -> dict[str, Any]:
+    """The JSON-able form of ``fn``."""
+    code: list[list[Any]] = []
+    for ins in fn.code:
+        if ins[0] == "call":
+            _, dst, (kind, name), args = ins
+            code.append(["call", dst, kind, name, [[tag, encode_value(v)] for tag, v in args]])
         else:
-            raise BuildError(f"VM codegen: cannot run a {type(value).__name__} binding")
+            code.append(list(ins))
+    return {"name": fn.name, "params": list(fn.params), "num_regs": fn.num_regs, "code": code}
 
-    def emit_call_expr(self, dst: int, call: Call) -> None:
-        callee = call.callee
-        if isinstance(callee, OpRef):
-            op = opbase.get(callee.name)
-            if not callee.name.startswith("vm_"):
-                raise BuildError(f"op {callee.name} reached the VM: it has no lowering (legalize it first)")
-            args = [self.arg(a) for a in call.args] + [("i", call.attrs[k]) for k in op.attrs]
-            self.emit_call(dst, "builtin", callee.name, args)
-            return
-        args = [self.arg(a) for a in call.args]
-        if isinstance(callee, ExternFunc):
-            self.emit_call(dst, "extern", callee.symbol, args)
-        elif isinstance(callee, GlobalVar):
-            func = self.mod.get(callee.name)
-            if isinstance(func, TensorFunc):
-                self.emit_call(dst, "kernel", callee.name, args)
-            elif isinstance(func, GraphFunc):
-                self.emit_call(dst, "func", callee.name, args)
-            elif isinstance(func, ExternFunc):
-                self.emit_call(dst, "extern", func.symbol, args)
-            else:
-                raise BuildError(f"call of @{callee.name}, which is not in the module")
+
+def _int(v: Any, lo: int, hi: int, what: str) -> int:
+    if type(v) is not int or not lo <= v < hi:
+        raise TileworkError(f"malformed bytecode: {what} {v!r} is not an int in [{lo}, {hi})")
+    return v
+
+
+def from_data(d: Any, num_constants: int) -> VMFunction:
+    """A VMFunction from its data form, every field checked: register numbers within the
+    function's registers, constant indices within the pool, jumps forward only and within the
+    code (generated code has no loops, so a file cannot make the VM spin), the last instruction
+    a ``ret``, callee kinds from ``KINDS``, names as strings."""
+    if not isinstance(d, dict) or not isinstance(d.get("name"), str) or not isinstance(d.get("code"), list):
+        raise TileworkError("malformed bytecode: a function needs a name and code")
+    name = d["name"]
+    params = d.get("params")
+    if not isinstance(params, list) or not all(isinstance(p, str) for p in params):
+        raise TileworkError(f"malformed bytecode of {name}: params must be names")
+    num_regs = _int(d.get("num_regs"), len(params), 1 << 24, f"{name}: register count")
+    n = len(d["code"])
+    code: list[Instr] = []
+    for pc, ins in enumerate(d["code"]):
+        if not isinstance(ins, list) or not ins or ins[0] not in ("call", "ret", "goto", "if"):
+            raise TileworkError(f"malformed bytecode of {name}: unknown instruction {ins!r}")
+        op = ins[0]
+        if op == "call" and len(ins) == 5:
+            _, dst, kind, callee, args = ins
+            if kind not in KINDS or not isinstance(callee, str) or not isinstance(args, list):
+                raise TileworkError(f"malformed bytecode of {name}: bad call {ins!r}")
+            decoded = []
+            for a in args:
+                if not isinstance(a, list) or len(a) != 2 or a[0] not in ARG_TAGS:
+                    raise TileworkError(f"malformed bytecode of {name}: bad argument {a!r}")
+                tag, v = a
+                if tag == "r":
+                    v = _int(v, 0, num_regs, f"{name}: register")
+                elif tag == "c":
+                    v = _int(v, 0, num_constants, f"{name}: constant index")
+                else:
+                    v = decode_value(v)
+                decoded.append((tag, v))
+            code.append(("call", _int(dst, 0, num_regs, f"{name}: register"), (kind, callee), tuple(decoded)))
+        elif op == "ret" and len(ins) == 2:
+            code.append(("ret", _int(ins[1], 0, num_regs, f"{name}: register")))
+        elif op == "goto" and len(ins) == 2:
+            code.append(("goto", _int(ins[1], pc + 1, n, f"{name}: jump target")))
+        elif op == "if" and len(ins) == 3:
+            code.append(("if", _int(ins[1], 0, num_regs, f"{name}: register"), _int(ins[2], pc + 1, n, f"{name}: jump target")))
         else:
-            raise BuildError(f"VM codegen: cannot call a {type(callee).__name__}")
+            raise TileworkError(f"malformed bytecode of {name}: bad instruction {ins!r}")
+    if not code or code[-1][0] != "ret":
+        raise TileworkError(f"malformed bytecode of {name}: the code does not end in ret")
+    return VMFunction(name, tuple(params), num_regs, tuple(code))
 
-    def emit_if(self, dst: int, e: If) -> None:
-        cond = self.new_reg()
-        self.emit_call(cond, "builtin", "vm_read_if_cond", [self.arg(e.cond)])
-        branch_at = len(self.code)
-        self.code.append(("if", cond, -1))
-        self.emit_seq_into(dst, e.then_branch)
-        goto_at = len(self.code)
-        self.code.append(("goto", -1))
-        else_pc = len(self.code)
-        self.emit_seq_into(dst, e.else_branch)
-        end_pc = len(self.code)
-        self.code[branch_at] = ("if", cond, else_pc)
-        self.code[goto_at] = ("goto", end_pc)
-
-    def emit_seq_into(self, dst: int, seq: SeqExpr) -> None:
-        self.emit_bindings(seq)
-        self.emit_call(dst, "builtin", "vm.copy", [self.arg(seq.body)])
-
-    def emit_bindings(self, seq: SeqExpr) -> None:
-        for block in seq.blocks:
-            for b in block.bindings:
-                self.emit_binding(b)
-
-    def emit_binding(self, b: AnyBinding) -> None:
-        value = b.value
-        if isinstance(b, MatchCast):
-            # lower_shapes has emitted the checks before it: the cast names the checked value
-            self.regs[b.var] = self.reg_of(value) if isinstance(value, Var) else self.materialize(value)
-            return
-        if isinstance(value, Var):
-            self.regs[b.var] = self.reg_of(value)  # an alias shares the register
-            return
-        if isinstance(value, Call) and isinstance(value.callee, OpRef) and value.callee.name == "vm_kill":
-            target = value.args[0]
-            if isinstance(target, Var):
-                r = self.reg_of(target)
-                self.emit_call(r, "builtin", "vm_kill", [("r", r)])
-            return
-        dst = self.new_reg()
-        self.regs[b.var] = dst
-        self.emit_value(dst, value)
-
-
-def generate(mod: IRModule) -> tuple[dict[str, VMFunction], list[np.ndarray]]:
-    """Bytecode for every graph function of a lowered module, and the constant pool."""
-    constants: list[np.ndarray] = []
-    const_index: dict[int, int] = {}
-    funcs: dict[str, VMFunction] = {}
-    for name, f in mod.graph_funcs():
-        gen = _FuncGen(mod, constants, const_index)
-        for p in f.params:
-            gen.regs[p] = gen.new_reg()
-        gen.emit_bindings(f.body)
-        ret = gen.materialize(f.body.body)
-        gen.code.append(("ret", ret))
-        funcs[name] = VMFunction(name, tuple(p.name for p in f.params), gen.num_regs, tuple(gen.code))
-    return funcs, constants

@@ -1,26 +1,33 @@
-"""Executable: bytecode, constants and compiled kernels in one file.
+"""Executable: VM bytecode, constants, loop-level kernels and their compiled modules.
 
-``save(path)`` writes a zip archive (``manifest.json``, ``bytecode.pkl``, ``constants.pkl``,
-``kernels.so``, ``kernels.pkl``); ``load(path)`` reads it back in any process and needs no C
-compiler: the shared library is written to the kernel cache under its content hash and loaded.
+``save(path)`` writes the data-only file format (``tilework.runtime.archive``;
+``docs/executable-format.md``): bytecode as JSON data, constants as raw little-endian arrays,
+the kernels' loop-level functions as text IR, and each kernel module's function table with its
+native bytes. ``load(path)`` reads it back and runs nothing from the file: kernels are rebuilt
+from the stored loop IR by the target that made them (its kernel cache makes that as fast as
+loading a shared object when the cache is warm), library calls are resolved by name in this
+process's registry. Only ``trust_native=True`` uses the native code stored in the file (for
+machines without a compiler, and files the user trusts).
 """
 
 from __future__ import annotations
 
-import io
-import json
-import pickle
-import zipfile
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from tilework.errors import BuildError, TileworkError
 from tilework.ir.loop import TensorFunc
+from tilework.ir.module import IRModule
+from tilework.runtime import bytecode
+from tilework.runtime.archive import Archive, ArchiveWriter, FormatError
 from tilework.runtime.bytecode import VMFunction
+from tilework.runtime.extern import lookup_extern
+from tilework.runtime.kernels import KernelInfo, KernelModule, kernel_loader
+from tilework.text import parse, print_module
 
-FORMAT_VERSION = 1
+KIND = "tilework.executable"
 
 
 @dataclass
@@ -28,18 +35,18 @@ class Executable:
     functions: dict[str, VMFunction]
     constants: list[np.ndarray]
     kernel_funcs: dict[str, TensorFunc]
-    library: Any = None  # tilework.codegen KernelLibrary, None when there are no kernels
+    modules: list[KernelModule] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
 
     def kernel_callables(self) -> dict[str, Callable[..., Any]]:
         """``name -> f(*buffers, sym_values)`` for the VM's kernel calls."""
-        if not self.kernel_funcs:
-            return {}
-        if self.library is None:
-            raise BuildError("the executable has kernels but no compiled library")
         out: dict[str, Callable[..., Any]] = {}
-        for name in self.kernel_funcs:
-            out[name] = _kernel_adapter(self.library[name])
+        for module in self.modules:
+            for name in module.functions:
+                out[name] = _kernel_adapter(module[name])
+        missing = [n for n in self.kernel_funcs if n not in out]
+        if missing:
+            raise BuildError(f"the executable has kernels without a compiled module: {', '.join(missing)}")
         return out
 
     def stats(self) -> dict[str, int]:
@@ -51,37 +58,170 @@ class Executable:
             "constant_bytes": int(sum(c.nbytes for c in self.constants)),
         }
 
+    def extern_symbols(self) -> list[str]:
+        """The library functions the bytecode calls, by name."""
+        names = {ins[2][1] for f in self.functions.values() for ins in f.code if ins[0] == "call" and ins[2][0] == "extern"}
+        return sorted(names)
+
     # -- persistence ----------------------------------------------------------------------
 
-    def save(self, path: str) -> None:
-        manifest = {"format": FORMAT_VERSION, "meta": self.meta, "functions": list(self.functions)}
-        with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
-            zf.writestr("manifest.json", json.dumps(manifest, indent=1, default=str))
-            zf.writestr("bytecode.pkl", pickle.dumps(self.functions))
-            zf.writestr("constants.pkl", _dump_arrays(self.constants))
-            zf.writestr("kernels.pkl", pickle.dumps(self.kernel_funcs))
-            if self.library is not None:
-                zf.writestr("kernels.so", self.library.so_bytes())
+    def save(self, path: str, *, extra: Mapping[str, Any] | None = None, arrays: Mapping[str, Sequence[np.ndarray]] | None = None, texts: Mapping[str, str] | None = None) -> None:
+        """Write the executable to ``path`` (atomically). ``extra`` (JSON data), ``arrays``
+        (named groups of arrays) and ``texts`` travel with it for a caller that reads them
+        back from ``load_file`` (``tilework.compiled.CompiledModel`` keeps its signature,
+        weights and module text there)."""
+        w = ArchiveWriter()
+        consts = [w.add_array(f"constant/{i}", c) for i, c in enumerate(self.constants)]
+        loop_ir = None
+        if self.kernel_funcs:
+            loop_ir = w.add_text("kernels.tir", print_module(IRModule(dict(self.kernel_funcs))))
+        modules = []
+        for m in self.modules:
+            native = m.to_bytes()
+            modules.append({
+                "target": m.target,
+                "functions": [info.to_dict() for info in m.functions.values()],
+                "native": w.add_bytes(f"native/{m.target}", native) if native else None,
+            })
+        meta: dict[str, Any] = {
+            "kind": KIND,
+            "meta": _json_safe(self.meta),
+            "functions": [bytecode.to_data(f) for f in self.functions.values()],
+            "constants": consts,
+            "kernels": {"loop_ir": loop_ir, "modules": modules},
+            "extra": _json_safe(dict(extra or {})),
+            "arrays": {name: [w.add_array(f"{name}/{i}", a) for i, a in enumerate(group)] for name, group in (arrays or {}).items()},
+            "texts": {name: w.add_text(name, t) for name, t in (texts or {}).items()},
+        }
+        w.write(path, meta)
 
     @staticmethod
-    def load(path: str) -> "Executable":
-        try:
-            zf = zipfile.ZipFile(path)
-        except (OSError, zipfile.BadZipFile) as e:
-            raise TileworkError(f"cannot read executable {path!r}: {e}") from None
-        with zf:
-            manifest = json.loads(zf.read("manifest.json"))
-            if manifest.get("format") != FORMAT_VERSION:
-                raise TileworkError(f"{path!r} has executable format {manifest.get('format')}, this tilework reads {FORMAT_VERSION}")
-            functions = pickle.loads(zf.read("bytecode.pkl"))
-            constants = _load_arrays(zf.read("constants.pkl"))
-            kernel_funcs = pickle.loads(zf.read("kernels.pkl"))
-            library = None
-            if "kernels.so" in zf.namelist():
-                from tilework.codegen import KernelLibrary
+    def load(path: str, *, trust_native: bool = False) -> "Executable":
+        return load_file(path, trust_native=trust_native).executable
 
-                library = KernelLibrary.from_bytes(zf.read("kernels.so"), kernel_funcs)
-        return Executable(functions, constants, kernel_funcs, library, manifest.get("meta", {}))
+
+@dataclass
+class LoadedFile:
+    """An executable file read back: the executable and what its writer stored beside it."""
+
+    executable: Executable
+    extra: dict[str, Any]
+    arrays: dict[str, list[np.ndarray]]
+    texts: dict[str, str]
+
+
+def load_file(path: str, *, trust_native: bool = False) -> LoadedFile:
+    """Read an executable file; see the module docstring. Every problem is a ``TileworkError``
+    naming the file."""
+    ar = Archive(path)
+    meta = ar.meta
+    if meta.get("kind") != KIND:
+        raise FormatError(f"{path!r} is a tilework file of kind {meta.get('kind')!r}, not an executable")
+    consts_meta = meta.get("constants")
+    if not isinstance(consts_meta, list):
+        raise FormatError(f"{path!r}: malformed constant table")
+    constants = [ar.array(e) for e in consts_meta]
+    raw_funcs = meta.get("functions")
+    if not isinstance(raw_funcs, list):
+        raise FormatError(f"{path!r}: malformed function list")
+    try:
+        functions = {f.name: f for f in (bytecode.from_data(d, len(constants)) for d in raw_funcs)}
+    except TileworkError as e:
+        raise FormatError(f"{path!r}: {e}") from None
+    kernel_funcs, modules = _load_kernels(ar, meta.get("kernels"), trust_native)
+    exe = Executable(functions, constants, kernel_funcs, modules, dict(meta.get("meta") or {}))
+    _check_calls(path, exe)
+    arrays_meta = meta.get("arrays") or {}
+    texts_meta = meta.get("texts") or {}
+    if not isinstance(arrays_meta, dict) or not isinstance(texts_meta, dict):
+        raise FormatError(f"{path!r}: malformed array or text table")
+    arrays = {str(k): [ar.array(e) for e in v] for k, v in arrays_meta.items() if isinstance(v, list)}
+    texts = {str(k): ar.text(v) for k, v in texts_meta.items()}
+    extra = meta.get("extra")
+    return LoadedFile(exe, extra if isinstance(extra, dict) else {}, arrays, texts)
+
+
+def _load_kernels(ar: Archive, kernels: Any, trust_native: bool) -> tuple[dict[str, TensorFunc], list[KernelModule]]:
+    if not isinstance(kernels, dict) or not isinstance(kernels.get("modules"), list):
+        raise FormatError(f"{ar.path!r}: malformed kernel table")
+    funcs: dict[str, TensorFunc] = {}
+    if kernels.get("loop_ir") is not None:
+        funcs = _parse_loop_ir(ar.path, ar.text(kernels["loop_ir"]))
+    modules: list[KernelModule] = []
+    for entry in kernels["modules"]:
+        if not isinstance(entry, dict) or not isinstance(entry.get("target"), str) or not isinstance(entry.get("functions"), list):
+            raise FormatError(f"{ar.path!r}: malformed kernel module entry")
+        try:
+            table = {i.name: i for i in (KernelInfo.from_dict(d) for d in entry["functions"] if isinstance(d, dict))}
+        except TileworkError as e:
+            raise FormatError(f"{ar.path!r}: {e}") from None
+        unknown = [n for n in table if n not in funcs]
+        if unknown:
+            raise FormatError(f"{ar.path!r}: kernel module {entry['target']!r} lists functions without loop IR: {', '.join(unknown[:5])}")
+        module_funcs = {n: funcs[n] for n in table}
+        try:
+            loader = kernel_loader(entry["target"])
+        except TileworkError as e:
+            raise FormatError(f"{ar.path!r}: {e}") from None
+        if trust_native and entry.get("native") is not None:
+            module = loader.from_native(bytes(ar.section(entry["native"])), table, module_funcs)
+        else:
+            try:
+                module = loader.build(module_funcs)
+            except BuildError as e:
+                hint = " (the file holds native code for them: tilework.load(path, trust_native=True) uses it, if you trust the file)" if entry.get("native") is not None else ""
+                raise BuildError(f"{ar.path!r}: cannot rebuild its {entry['target']} kernels from their loop IR{hint}: {e}") from None
+        for name, info in table.items():
+            have = module.functions.get(name)
+            if have is None or (len(have.buffers), have.dtypes, have.num_outputs, len(have.syms)) != (len(info.buffers), info.dtypes, info.num_outputs, len(info.syms)):
+                raise FormatError(f"{ar.path!r}: kernel {name!r} does not have the signature its function table states")
+        modules.append(module)
+    return funcs, modules
+
+
+def _parse_loop_ir(path: str, text: str) -> dict[str, TensorFunc]:
+    try:
+        mod = parse(text)
+    except TileworkError as e:
+        raise FormatError(f"{path!r}: its loop IR does not parse: {e}") from None
+    funcs = dict(mod.tensor_funcs())
+    if len(funcs) != len(mod):
+        raise FormatError(f"{path!r}: its loop IR holds functions that are not loop-level kernels")
+    return funcs
+
+
+def _check_calls(path: str, exe: Executable) -> None:
+    """Every callee the bytecode names must exist here: library functions in this process's
+    registry, kernels in the loaded modules, VM functions in the file, builtins in the VM."""
+    from tilework.runtime.builtins import BIND, BUILTINS
+
+    kernels = {n for m in exe.modules for n in m.functions}
+    for f in exe.functions.values():
+        for ins in f.code:
+            if ins[0] != "call":
+                continue
+            kind, name = ins[2]
+            if kind == "extern" and lookup_extern(name) is None:
+                raise FormatError(f"{path!r}: {f.name} calls library function {name!r}, which is not registered here (is the backend that provides it installed?)")
+            if kind == "kernel" and name not in kernels:
+                raise FormatError(f"{path!r}: {f.name} calls kernel {name!r}, which the file does not hold")
+            if kind == "func" and name not in exe.functions:
+                raise FormatError(f"{path!r}: {f.name} calls function {name!r}, which the file does not hold")
+            if kind == "builtin" and name not in BUILTINS and name not in BIND:
+                raise FormatError(f"{path!r}: {f.name} calls VM builtin {name!r}, which does not exist")
+
+
+def _json_safe(v: Any) -> Any:
+    """``v`` with tuples as lists and anything JSON cannot hold as its string."""
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return v if v == v and v not in (float("inf"), float("-inf")) else str(v)
+    if isinstance(v, (list, tuple)):
+        return [_json_safe(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _json_safe(x) for k, x in v.items()}
+    return str(v)
 
 
 def _kernel_adapter(kernel: Callable[..., Any]) -> Callable[..., Any]:
@@ -91,16 +231,4 @@ def _kernel_adapter(kernel: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-def _dump_arrays(arrays: list[np.ndarray]) -> bytes:
-    from tilework.ir.dtype import dtype_name
-
-    items = [(dtype_name(a.dtype), tuple(a.shape), np.ascontiguousarray(a).tobytes()) for a in arrays]
-    buf = io.BytesIO()
-    pickle.dump(items, buf)
-    return buf.getvalue()
-
-
-def _load_arrays(data: bytes) -> list[np.ndarray]:
-    from tilework.ir.dtype import np_dtype
-
-    return [np.frombuffer(raw, np_dtype(dt)).reshape(shape).copy() for dt, shape, raw in pickle.loads(data)]
+__all__ = ["Executable", "LoadedFile", "load_file"]

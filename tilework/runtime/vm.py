@@ -126,10 +126,6 @@ class VM:
         """The allocator's counters (see ``tilework.runtime.memory.Memory.stats``)."""
         return self.memory.stats()
 
-    @property
-    def function_names(self) -> list[str]:
-        return list(self._funcs)
-
 
 def _make_step(dst: int, callee: Callable[..., Any], args: Sequence[tuple[str, Any]], constants: Sequence[Any]) -> Callable[[list[Any]], None]:
     """``lambda r: r[dst] = callee(args...)`` generated once per instruction."""

@@ -11,6 +11,8 @@ marked is returned as is. ``primitives`` holds the transformations the rules are
 
 from __future__ import annotations
 
+from typing import Any, Sequence
+
 from tilework.errors import TileworkError
 from tilework.ir.loop import TensorFunc
 from tilework.schedule.analysis import FuncKind, classify, op_pattern
@@ -20,8 +22,9 @@ from tilework.schedule.rules import RULES, fallback
 __all__ = ["FuncKind", "classify", "default_schedule", "op_pattern"]
 
 
-def default_schedule(func: TensorFunc, strict: bool = False) -> TensorFunc:
-    """``func`` scheduled by the first default rule that applies (see the module doc).
+def default_schedule(func: TensorFunc, strict: bool = False, rules: Sequence[Any] | None = None) -> TensorFunc:
+    """``func`` scheduled by the first default rule that applies (see the module doc);
+    ``rules`` replaces the standard rules (the fallback is always tried last).
 
     A rule that refuses (``TileworkError``) declines. A rule that fails otherwise has a bug:
     with ``strict`` the error propagates (tests use it); else that rule declines too, so that
@@ -30,7 +33,7 @@ def default_schedule(func: TensorFunc, strict: bool = False) -> TensorFunc:
     """
     if func.attrs.get("scheduled"):
         return func
-    for rule in (*RULES, fallback):
+    for rule in (*(RULES if rules is None else rules), fallback):
         try:
             out = rule.apply(func)
         except TileworkError:

@@ -42,6 +42,8 @@ from tilework.ir.loop import (
     TensorFunc,
     Unary,
     const,
+    free_sym_vars,
+    stmt_scalars,
     walk_scalars,
     walk_stmts,
 )
@@ -295,19 +297,11 @@ def _block(name: str, ivs: list[IterVar], body: Stmt, init: Stmt | None) -> Bloc
         for s in walk_stmts(part):
             if isinstance(s, Store):
                 writes[s.buffer] = None
-            for x in _stmt_scalars(s):
+            for x in stmt_scalars(s):
                 for e in walk_scalars(x):
                     if isinstance(e, Load):
                         reads[e.buffer] = None
     return Block(name, tuple(ivs), tuple(reads), tuple(writes), body, init)
-
-
-def _stmt_scalars(s: Stmt) -> tuple[Scalar, ...]:
-    if isinstance(s, Store):
-        return (*s.indices, s.value)
-    if isinstance(s, IfThenElse):
-        return (s.cond,)
-    return ()
 
 
 def _rebuild(x: PExpr, f: Callable[[Scalar], Scalar]) -> Scalar:
@@ -345,25 +339,9 @@ def _to_ir(x: Scalar, subst: Mapping[SymVar, Dim], buffers: Mapping[Tensor, Buff
 def _free_syms(body: Stmt, bound: set[SymVar]) -> dict[SymVar, None]:
     """Sym vars ``body`` uses that it does not bind itself, in order of first use."""
     out: dict[SymVar, None] = {}
-
-    def dims(d: Dim) -> None:
-        for v in sym.free_vars(d):
-            if isinstance(v, ReduceVar):
-                raise ValueError(f"create_func: reduce axis {v.name} is used outside a reducer over it")
-            if v not in bound:
-                out.setdefault(v, None)
-
-    for s in walk_stmts(body):
-        if isinstance(s, For):
-            dims(s.extent)
-        elif isinstance(s, Block):
-            for iv in s.iter_vars:
-                dims(iv.extent)
-        elif isinstance(s, Allocate):
-            for d in s.buffer.shape:
-                dims(d)
-        for x in _stmt_scalars(s):
-            for e in walk_scalars(x):
-                if isinstance(e, (int, SymExpr)):
-                    dims(e)
+    for v in free_sym_vars(body):
+        if isinstance(v, ReduceVar):
+            raise ValueError(f"create_func: reduce axis {v.name} is used outside a reducer over it")
+        if v not in bound:
+            out[v] = None
     return out

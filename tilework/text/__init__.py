@@ -55,7 +55,11 @@ info as ``out=`` (``sinfo_args=[...]`` for several). A binding may leave out its
 hand-written text: it is then inferred as the BlockBuilder would.
 """
 
+from tilework.ir.display import register_printer
+from tilework.text import printer as _printer
 from tilework.text.parser import parse
 from tilework.text.printer import print_binding, print_expr, print_func, print_info, print_module
+
+register_printer(_printer)  # repr(mod) and diagnostics print through the text format
 
 __all__ = ["parse", "print_module", "print_func", "print_expr", "print_info", "print_binding"]

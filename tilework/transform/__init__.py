@@ -1,5 +1,6 @@
-"""Module passes, one per file; ``pipeline.py`` chains them."""
+"""Module passes, one per file; ``base.py`` defines passes and pipelines, ``pipeline.py`` the
+named pipelines."""
 
-from tilework.transform.pipeline import FunctionPass, Pass, Pipeline
+from tilework.transform.base import FunctionPass, Pass, Pipeline
 
 __all__ = ["Pass", "FunctionPass", "Pipeline"]

@@ -20,7 +20,7 @@ from tilework.ir.module import IRModule
 from tilework.op.base import OpPattern
 from tilework.schedule.analysis import is_reduction, op_pattern
 from tilework.schedule.tree import blocks_of
-from tilework.transform.pipeline import Pass
+from tilework.transform.base import Pass
 
 PATTERN_ATTR = "op_pattern"
 

@@ -40,8 +40,9 @@ from tilework.ir.graph import (
 )
 from tilework.ir.info import Check, base_check
 from tilework.ir.module import IRModule
-from tilework.transform.pipeline import Pass
-from tilework.transform.rewrite_driver import Item, Match, Rule, TupleOf, Wild, apply_rules, substitute
+from tilework.transform.base import Pass
+from tilework.pattern.core import Match, is_item, is_tuple, wildcard
+from tilework.transform.rewrite_driver import Rule, apply_rules, substitute
 
 
 def _noop_cast(value: Expr, m: Match) -> Expr | None:
@@ -60,8 +61,8 @@ def _tuple_item(value: Expr, m: Match) -> Expr | None:
     return t.fields[value.index]
 
 
-NOOP_MATCH_CAST = Rule("noop_match_cast", Wild(), _noop_cast, on="match_cast")
-TUPLE_ITEM_OF_TUPLE = Rule("tuple_item_of_tuple", Item(TupleOf(name="t")), _tuple_item)
+NOOP_MATCH_CAST = Rule("noop_match_cast", wildcard(), _noop_cast, on="match_cast")
+TUPLE_ITEM_OF_TUPLE = Rule("tuple_item_of_tuple", is_item(is_tuple(name="t", any_fields=True)), _tuple_item)
 CANONICALIZE_RULES: tuple[Rule, ...] = (NOOP_MATCH_CAST, TUPLE_ITEM_OF_TUPLE)
 
 

@@ -35,8 +35,9 @@ from tilework.ir.graph import (
 )
 from tilework.ir.module import IRModule
 from tilework.op import base as opbase
-from tilework.transform.pipeline import Pass
-from tilework.transform.rewrite_driver import Match, Rule, Where, Wild, apply_rules
+from tilework.transform.base import Pass
+from tilework.pattern.core import Match, wildcard
+from tilework.transform.rewrite_driver import Rule, apply_rules
 
 _NOT_CSE = frozenset({"call_lib", "call_packed"})
 
@@ -108,7 +109,7 @@ def _cse(value: Expr, m: Match) -> Expr | None:
     return None
 
 
-CSE_RULE = Rule("common_subexpr", Where(Wild(), lambda e, m: isinstance(e, Call)), _cse)
+CSE_RULE = Rule("common_subexpr", wildcard().where(lambda e, m: isinstance(e, Call)), _cse)
 
 
 @dataclass(frozen=True)

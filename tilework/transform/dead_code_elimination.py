@@ -44,12 +44,12 @@ from tilework.ir.graph import (
     Tuple,
     TupleGetItem,
     Var,
+    used_vars,
 )
 from tilework.ir.module import IRModule
 from tilework.ir.sym import SymExpr, SymVar
 from tilework.op import base as opbase
-from tilework.transform.pipeline import Pass
-from tilework.transform.rewrite_driver import free_vars
+from tilework.transform.base import Pass
 
 
 def expr_syms(e: Expr) -> Iterator[SymVar]:
@@ -105,7 +105,7 @@ class _Liveness:
     def seq(self, seq: SeqExpr, live: set[Var], syms: set[SymVar]) -> tuple[SeqExpr, bool]:
         """``seq`` without dead bindings, and whether it kept an effect. ``live`` and ``syms``
         (what is needed after ``seq``) grow with what the kept bindings read."""
-        live.update(free_vars(seq.body))
+        live.update(used_vars(seq.body))
         syms.update(expr_syms(seq.body))
         syms.update(I.free_vars(seq.info))
         effect = False
@@ -130,7 +130,7 @@ class _Liveness:
         defines = isinstance(b, MatchCast) and bool(self.first_defs.get(id(b), set()) & syms)
         if not (used or effect or defines):
             return None, False
-        live.update(free_vars(b.value))
+        live.update(used_vars(b.value))
         syms.update(expr_syms(b.value))
         syms.update(I.free_vars(b.var.info))
         if isinstance(b, MatchCast):
@@ -146,7 +146,7 @@ class _Liveness:
         if not (used or effect):
             return None, False
         live.update(branch_live)
-        live.update(free_vars(e.cond))
+        live.update(used_vars(e.cond))
         syms.update(branch_syms)
         syms.update(I.free_vars(e.info))
         syms.update(I.free_vars(b.var.info))

@@ -6,7 +6,9 @@ Rules (run by the rewrite driver):
   bound to vars), whose sym args are static and whose outputs have static shapes runs ``@k``
   with the reference interpreter (``tilework.codegen.interp``, the oracle the C kernels are
   tested against, so folded values are what the compiled kernel computes) and becomes the
-  constant (or a tuple of constants);
+  constant (or a tuple of constants); the interpreter registers itself as the evaluator
+  (``register_kernel_evaluator``) when ``tilework.codegen`` is imported, which ``import
+  tilework`` does; with no evaluator nothing is folded;
 - a graph-level op call whose arguments are constants, static shapes, static prim values or
   strings (``add(c0, c1)``, ``reshape(c, shape(2, 8))``, ``zeros(shape(4,))``) is legalized
   alone, in a scratch module, and its kernel(s) folded as above; ops without a legalization,
@@ -33,6 +35,7 @@ from tilework.errors import TileworkError
 from tilework.ir import sym
 from tilework.ir.builder import BlockBuilder
 from tilework.ir.dtype import np_dtype
+from tilework.ir.kernel_abi import bind_syms
 from tilework.ir.graph import (
     Call,
     Constant,
@@ -49,13 +52,14 @@ from tilework.ir.graph import (
     Var,
 )
 from tilework.ir.info import StructInfo, TensorInfo, TupleInfo
-from tilework.ir.loop import Allocate, Block, For, IfThenElse, SeqStmt, Stmt, Store, TensorFunc
+from tilework.ir.loop import Allocate, Block, For, IfThenElse, SeqStmt, Stmt, Store, TensorFunc, kernel_syms
 from tilework.ir.module import Function, IRModule
 from tilework.ir.sym import SymExpr
 from tilework.op import base as opbase
 from tilework.transform.canonicalize_bindings import TUPLE_ITEM_OF_TUPLE
-from tilework.transform.pipeline import Pass
-from tilework.transform.rewrite_driver import Match, OpCall, RewriteCtx, Rule, apply_rules
+from tilework.transform.base import Pass
+from tilework.pattern.core import Match, op_call
+from tilework.transform.rewrite_driver import RewriteCtx, Rule, apply_rules
 
 _NOT_FOLDED = frozenset({"call_tensor", "call_lib", "call_packed", "assert_dims"})
 
@@ -115,12 +119,20 @@ class _Limits:
     max_work: int
 
 
+KernelEvaluator = Callable[[TensorFunc, Sequence[np.ndarray], Sequence[int]], None]
+_EVALUATOR: list[KernelEvaluator] = []
+
+
+def register_kernel_evaluator(fn: KernelEvaluator) -> None:
+    """``fn(func, arrays, sym_params)`` runs a kernel on arrays (outputs written in place); the
+    reference interpreter (``tilework.codegen.interp``) registers itself."""
+    _EVALUATOR[:] = [fn]
+
+
 def run_kernel(func: TensorFunc, call: Call, args: Sequence[Expr], limits: _Limits) -> Expr | None:
     """The constant(s) ``call`` (a call_tensor of ``func`` on constant ``args``) produces, or
     None when it is too big or cannot be run here."""
-    from tilework.codegen import abi, interp
-
-    if len(call.sinfo_args) != 1:
+    if not _EVALUATOR or len(call.sinfo_args) != 1:
         return None
     outs_info = _static_tensors(call.sinfo_args[0])
     if outs_info is None or not all(isinstance(a, Constant) for a in args):
@@ -138,11 +150,11 @@ def run_kernel(func: TensorFunc, call: Call, args: Sequence[Expr], limits: _Limi
     ins = [np.ascontiguousarray(a.data) for a in args if isinstance(a, Constant)]
     outs = [np.zeros(shape, np_dtype(dtype)) for shape, dtype in outs_info]
     try:
-        values = abi.bind_syms(func, [*ins, *outs], sym_args, "fold_constant")
-        env = dict(zip(abi.kernel_syms(func), values))
+        values = bind_syms(func, [*ins, *outs], sym_args, "fold_constant")
+        env = dict(zip(kernel_syms(func), values))
         if _work(func.body, env, 1) > limits.max_work:
             return None
-        interp.run(func, [*ins, *outs], sym_args)
+        _EVALUATOR[0](func, [*ins, *outs], sym_args)
     except (TileworkError, ArithmeticError, IndexError, ValueError):
         return None  # e.g. an integer division by zero or an index out of range: left to run time
     consts = [Constant.of(o) for o in outs]
@@ -212,8 +224,8 @@ def fold_op(call: Call, args: Sequence[Expr], limits: _Limits) -> Expr | None:
     return _evaluate(f, scratch, limits)
 
 
-def _foldable_op(call: Call, m: Match) -> bool:
-    assert isinstance(call.callee, OpRef)
+def _foldable_op(call: Expr, m: Match) -> bool:
+    assert isinstance(call, Call) and isinstance(call.callee, OpRef)
     name = call.callee.name
     if name in _NOT_FOLDED or name.startswith("vm_"):
         return False
@@ -247,8 +259,8 @@ class _Folder:
 def fold_rules(max_elements: int = 1 << 16, max_work: int = 1 << 20) -> tuple[Rule, ...]:
     folder = _Folder(_Limits(max_elements, max_work))
     return (
-        Rule("fold_call_tensor", OpCall("call_tensor"), folder.call_tensor),
-        Rule("fold_op", OpCall(where=_foldable_op), folder.op_call),
+        Rule("fold_call_tensor", op_call("call_tensor"), folder.call_tensor),
+        Rule("fold_op", op_call(None).where(_foldable_op), folder.op_call),
         TUPLE_ITEM_OF_TUPLE,
     )
 

@@ -56,7 +56,7 @@ from tilework.op.base import OpPattern
 from tilework.schedule.analysis import is_reduction, matmul_parts, single_store
 from tilework.schedule.tree import blocks_of
 from tilework.transform.annotate_op_pattern import pattern_of
-from tilework.transform.pipeline import Pass
+from tilework.transform.base import Pass
 
 PRIMITIVE_ATTR = "primitive"
 _EXIT = -1  # the virtual node after the block that every post-dominator path ends at

@@ -58,8 +58,7 @@ from tilework.ir.loop import (
     Store,
     TensorFunc,
     Unary,
-    walk_scalars,
-    walk_stmts,
+    free_sym_vars,
 )
 from tilework.ir.module import IRModule
 from tilework.ir.rewrite import FuncRewriter
@@ -70,7 +69,7 @@ from tilework.schedule.block_primitives import compute_inline
 from tilework.schedule.tree import blocks_of
 from tilework.transform.annotate_op_pattern import PATTERN_ATTR, func_pattern, pattern_name
 from tilework.transform.fuse_ops import PRIMITIVE_ATTR
-from tilework.transform.pipeline import Pass
+from tilework.transform.base import Pass
 
 
 class _CannotFuse(TileworkError):
@@ -353,36 +352,7 @@ def _instantiate(
 def _sym_params(body: Stmt, buffers: list[Buffer]) -> list[SymVar]:
     """Sym vars the fused body and buffer shapes need that no buffer has as a bare dim."""
     supplied = {d for b in buffers for d in b.shape if isinstance(d, SymVar)}
-    bound: set[SymVar] = set()
-    used: dict[SymVar, None] = {}
-
-    def use(d: object) -> None:
-        if isinstance(d, SymExpr):
-            used.update(dict.fromkeys(sym.free_vars(d)))
-
-    for b in buffers:
-        for d in b.shape:
-            use(d)
-    for s in walk_stmts(body):
-        if isinstance(s, For):
-            bound.add(s.var)
-            use(s.extent)
-        elif isinstance(s, Block):
-            for iv in s.iter_vars:
-                bound.add(iv.var)
-                use(iv.extent)
-                use(iv.binding)
-        elif isinstance(s, Allocate):
-            for d in s.buffer.shape:
-                use(d)
-        elif isinstance(s, IfThenElse):
-            for e in walk_scalars(s.cond):
-                use(e)
-        elif isinstance(s, Store):
-            for x in (*s.indices, s.value):
-                for e in walk_scalars(x):
-                    use(e)
-    return [v for v in used if v not in bound and v not in supplied]
+    return [v for v in free_sym_vars(body, buffers) if v not in supplied]
 
 
 def _inline_scratch(func: TensorFunc, scratch: list[Buffer]) -> TensorFunc:

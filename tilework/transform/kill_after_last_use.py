@@ -25,7 +25,7 @@ from tilework.ir.info import TensorInfo, TupleInfo
 from tilework.ir.module import IRModule
 from tilework.op import vm as _vm_ops  # noqa: F401  (registers vm_kill)
 from tilework.transform.lower_shapes import VOID, _vm_call
-from tilework.transform.pipeline import Pass
+from tilework.transform.base import Pass
 
 
 def _kill_in_seq(seq: SeqExpr, keep: set[Var]) -> SeqExpr:

@@ -29,7 +29,7 @@ from tilework.ir.sym import Dim
 from tilework.op import base as opbase
 from tilework.op import vm as _vm_ops  # noqa: F401  (registers assert_dims)
 from tilework.op.calls import call_tensor
-from tilework.transform.pipeline import Pass
+from tilework.transform.base import Pass
 
 KEEP = {"call_tensor", "call_lib", "call_packed", "assert_dims"}
 

@@ -12,7 +12,7 @@ becomes
 
 where the sym values are the caller's dims for the kernel's sym vars, found by unifying the
 kernel's buffer shapes with the arguments' struct info (the kernel ABI takes them in
-``tilework.codegen.abi.kernel_syms`` order). ``call_lib`` becomes an allocation and a call of the extern function
+``tilework.ir.loop.kernel_syms`` order). ``call_lib`` becomes an allocation and a call of the extern function
 with the outputs appended. ``reshape`` views (``vm_view``) are kept as they are.
 """
 
@@ -40,11 +40,11 @@ from tilework.ir.graph import (
 from tilework.ir.info import ShapeInfo, StructInfo, TensorInfo, TupleInfo
 from tilework.ir.loop import TensorFunc
 from tilework.ir.module import IRModule
-from tilework.codegen.abi import kernel_syms
+from tilework.ir.loop import kernel_syms
 from tilework.ir.sym import Dim, SymVar
 from tilework.op import vm as _vm_ops  # noqa: F401  (registers the vm_* ops)
 from tilework.transform.lower_shapes import VOID, _vm_call
-from tilework.transform.pipeline import Pass
+from tilework.transform.base import Pass
 
 
 def _out_tensors(info: StructInfo) -> list[TensorInfo]:

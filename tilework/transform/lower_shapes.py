@@ -48,8 +48,8 @@ from tilework.ir.info import AnyInfo, PrimInfo, ShapeInfo, StructInfo, TensorInf
 from tilework.ir.module import IRModule
 from tilework.ir.sym import Dim, SymVar
 from tilework.op import base as opbase
-from tilework.runtime.builtins import ASSERT_IMM, ASSERT_SLOT, SKIP, STORE
-from tilework.transform.pipeline import Pass
+from tilework.op.vm import ASSERT_IMM, ASSERT_SLOT, SKIP, STORE, dim_program
+from tilework.transform.base import Pass
 
 VOID = TupleInfo(())
 
@@ -107,8 +107,8 @@ class _Lowerer:
         s = self.slot(d)
         if s in self.computed:
             return
-        text = sym.to_str(d, lambda v: f"h[{self.slot(v)}]")
-        self.emit(_vm_call("vm_shape_func", [self.heap], slots=(s,), exprs=(text,)))
+        program = dim_program(d, self.slot)
+        self.emit(_vm_call("vm_shape_func", [self.heap], slots=(s,), programs=(program,)))
         self.computed.add(s)
 
     def make_shape(self, values: Sequence[Dim]) -> Expr:
@@ -139,6 +139,8 @@ class _Lowerer:
                 deferred += self._match_dims(value, info.values, where, label)
         elif isinstance(info, PrimInfo):
             self.emit(_vm_call("vm_check_prim_info", [value], dtype=info.dtype, where=where))
+            if info.value is not None and not isinstance(info.value, (float, bool)):
+                deferred += self._match_dims(value, (info.value,), where, label)
         elif isinstance(info, TupleInfo):
             self.emit(_vm_call("vm_check_tuple_info", [value], size=len(info.fields), where=where))
             for i, f in enumerate(info.fields):
@@ -198,11 +200,11 @@ class _Lowerer:
             return
         value = b.value
         if isinstance(value, If):
-            value = If(value.cond, self.lower_seq(value.then_branch), self.lower_seq(value.else_branch), value.info)
+            value = If(value.cond, self.lower_branch(value.then_branch), self.lower_branch(value.else_branch), value.info)
             self.out.append(Binding(b.var, value))
             return
         if isinstance(value, Call) and isinstance(value.callee, OpRef) and value.callee.name == "assert_dims":
-            self.lower_assert(value)
+            self.out.append(Binding(b.var, self.lower_assert(value)))
             return
         if isinstance(value, Call):
             value = Call(value.callee, tuple(self.lower_expr(a) for a in value.args), value.attrs, value.sinfo_args, value.info)
@@ -210,7 +212,7 @@ class _Lowerer:
             value = self.lower_expr(value)
         self.out.append(Binding(b.var, value))
 
-    def lower_assert(self, call: Call) -> None:
+    def lower_assert(self, call: Call) -> Call:
         dims_expr = call.args[0]
         assert isinstance(dims_expr, ShapeExpr)
         checks = []
@@ -221,7 +223,7 @@ class _Lowerer:
             sa = self._const_slot(a)
             sb = self._const_slot(b)
             checks.append((kind, sa, sb, message))
-        self.emit(_vm_call("vm_check_dims", [self.heap], checks=tuple(checks), where=self.fname))
+        return _vm_call("vm_check_dims", [self.heap], checks=tuple(checks), where=self.fname)
 
     def _const_slot(self, d: Dim) -> int:
         if isinstance(d, int):
@@ -232,9 +234,16 @@ class _Lowerer:
                 self.slots[key] = s
                 self.names.append(str(d))
                 self.bounds.append((d, d))
-                self.emit(_vm_call("vm_shape_func", [self.heap], slots=(s,), exprs=(str(d),)))
+                self.emit(_vm_call("vm_shape_func", [self.heap], slots=(s,), programs=(("const", d),)))
             return s
         return self.slot(d)
+
+    def lower_branch(self, seq: SeqExpr) -> SeqExpr:
+        """A branch of an If: the vars it binds and the dims it computes are known only in it."""
+        stored, computed = set(self.stored), set(self.computed)
+        out = self.lower_seq(seq)
+        self.stored, self.computed = stored, computed
+        return out
 
     def lower_seq(self, seq: SeqExpr) -> SeqExpr:
         saved = self.out

@@ -69,7 +69,7 @@ from tilework.schedule.analysis import block_pattern
 from tilework.schedule.tree import leaves
 from tilework.ir.graph import used_vars
 from tilework.transform.lower_shapes import VOID, _vm_call
-from tilework.transform.pipeline import Pass
+from tilework.transform.base import Pass
 
 ALIGN = 64
 STATIC, POOLED = "static", "pooled"

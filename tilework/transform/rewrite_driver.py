@@ -12,33 +12,29 @@ A value that is (or ends as) a plain var is an *alias*; rules are not offered al
 and later uses read that var directly, except where that would let a dataflow var escape its
 block (an escaping var bound to a dataflow var keeps its binding).
 
-Patterns look through bindings: ``Const()`` matches a constant or a var bound to one,
-``TupleOf`` a tuple literal or a var bound to one, ``OpCall`` a call or a var bound to one.
-Captures hold what was written at the matched place (often a var); ``Match.resolved`` gives
-the value behind it. A rewrite may read only vars visible at the binding: a result that reads
+Patterns are the pattern language's (``tilework.pattern``); they look through bindings:
+``is_const()`` matches a constant or a var bound to one, ``is_tuple`` a tuple literal or a var
+bound to one, ``is_op``/``op_call`` a call or a var bound to one. Captures hold what was
+written at the matched place (often a var); ``Match.resolved`` gives the value behind it. A rewrite may read only vars visible at the binding: a result that reads
 a var out of scope (a dataflow var of an earlier block, a var of a closed If branch) is
 rejected, as if the rule had not matched.
 """
 
 from __future__ import annotations
 
-import abc
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 from tilework.ir.builder import BlockBuilder, is_leaf
 from tilework.ir.graph import (
-    seq_used_vars,
     used_vars,
     Binding,
     Call,
-    Constant,
     DataflowVar,
     Expr,
     GraphFunc,
     If,
     MatchCast,
-    OpRef,
     SeqExpr,
     Tuple,
     TupleGetItem,
@@ -46,6 +42,7 @@ from tilework.ir.graph import (
 )
 from tilework.ir.info import StructInfo
 from tilework.ir.module import Function, IRModule
+from tilework.pattern.core import Match, Pattern
 
 # -- matching -----------------------------------------------------------------------------
 
@@ -68,6 +65,10 @@ class RewriteCtx:
     def func(self, name: str) -> Function | None:
         return self.mod.get(name)
 
+    def bound_value(self, v: Var) -> Expr | None:
+        """The value ``v`` (a new var) is bound to, or None (a param, a match_cast var)."""
+        return self.values.get(v)
+
     def resolve(self, e: Expr) -> Expr:
         """``e`` with var-to-value bindings followed (a var bound to a var bound to a constant
         gives the constant); a param or a match_cast var gives itself."""
@@ -78,162 +79,12 @@ class RewriteCtx:
         return e
 
     def visible(self, e: Expr) -> bool:
-        return all(v in self.scope for v in free_vars(e))
+        return all(v in self.scope for v in used_vars(e))
 
     def defer(self, fn: Callable[[Expr], None]) -> None:
         """Call ``fn`` with what the current binding's var finally stands for (its new var, or
         the var it was inlined to) once the binding is emitted."""
         self._deferred.append(fn)
-
-
-class Match:
-    """The captures of one match, by name."""
-
-    __slots__ = ("ctx", "captures")
-
-    def __init__(self, ctx: RewriteCtx) -> None:
-        self.ctx = ctx
-        self.captures: dict[str, Expr] = {}
-
-    def __getitem__(self, name: str) -> Expr:
-        return self.captures[name]
-
-    def resolved(self, name: str) -> Expr:
-        return self.ctx.resolve(self.captures[name])
-
-    def capture(self, name: str | None, e: Expr) -> bool:
-        """Record ``e`` under ``name``; a name captured twice must see the same node."""
-        if name is None:
-            return True
-        prev = self.captures.get(name)
-        if prev is not None:
-            return prev is e
-        self.captures[name] = e
-        return True
-
-
-class Pattern(abc.ABC):
-    """Matches an expression, recording captures in the ``Match``."""
-
-    @abc.abstractmethod
-    def match(self, e: Expr, m: Match) -> bool: ...
-
-    def __or__(self, other: "Pattern") -> "Pattern":
-        return AnyOf((self, other))
-
-
-@dataclass(frozen=True)
-class Wild(Pattern):
-    """Anything."""
-
-    name: str | None = None
-
-    def match(self, e: Expr, m: Match) -> bool:
-        return m.capture(self.name, e)
-
-
-@dataclass(frozen=True)
-class IsVar(Pattern):
-    """A var (not looked through)."""
-
-    name: str | None = None
-
-    def match(self, e: Expr, m: Match) -> bool:
-        return isinstance(e, Var) and m.capture(self.name, e)
-
-
-@dataclass(frozen=True)
-class Const(Pattern):
-    """A constant tensor, or a var bound to one."""
-
-    name: str | None = None
-
-    def match(self, e: Expr, m: Match) -> bool:
-        return isinstance(m.ctx.resolve(e), Constant) and m.capture(self.name, e)
-
-
-@dataclass(frozen=True)
-class TupleOf(Pattern):
-    """A tuple literal (or a var bound to one) whose fields match ``fields`` (any when None)."""
-
-    fields: tuple[Pattern, ...] | None = None
-    name: str | None = None
-
-    def match(self, e: Expr, m: Match) -> bool:
-        t = m.ctx.resolve(e)
-        if not isinstance(t, Tuple):
-            return False
-        if self.fields is not None:
-            if len(self.fields) != len(t.fields):
-                return False
-            if not all(p.match(f, m) for p, f in zip(self.fields, t.fields)):
-                return False
-        return m.capture(self.name, e)
-
-
-@dataclass(frozen=True)
-class Item(Pattern):
-    """``tuple[i]`` whose tuple matches ``tuple_pattern``."""
-
-    tuple_pattern: Pattern = Wild()
-    name: str | None = None
-
-    def match(self, e: Expr, m: Match) -> bool:
-        v = m.ctx.resolve(e)
-        return isinstance(v, TupleGetItem) and self.tuple_pattern.match(v.tuple_value, m) and m.capture(self.name, e)
-
-
-@dataclass(frozen=True)
-class OpCall(Pattern):
-    """A call of a registered op (or a var bound to one): ``op`` is a name, a set of names or
-    None (any op); ``args`` match positionally when given; ``where`` is an extra predicate."""
-
-    op: str | frozenset[str] | None = None
-    args: tuple[Pattern, ...] | None = None
-    name: str | None = None
-    where: Callable[[Call, Match], bool] | None = field(default=None, compare=False)
-
-    def match(self, e: Expr, m: Match) -> bool:
-        c = m.ctx.resolve(e)
-        if not isinstance(c, Call) or not isinstance(c.callee, OpRef):
-            return False
-        if isinstance(self.op, str) and c.callee.name != self.op:
-            return False
-        if isinstance(self.op, frozenset) and c.callee.name not in self.op:
-            return False
-        if self.args is not None:
-            if len(self.args) != len(c.args) or not all(p.match(a, m) for p, a in zip(self.args, c.args)):
-                return False
-        if self.where is not None and not self.where(c, m):
-            return False
-        return m.capture(self.name, e)
-
-
-@dataclass(frozen=True)
-class Where(Pattern):
-    """``pattern`` and a predicate on the (resolved) expression."""
-
-    pattern: Pattern
-    pred: Callable[[Expr, Match], bool] = field(compare=False)
-
-    def match(self, e: Expr, m: Match) -> bool:
-        return self.pattern.match(e, m) and self.pred(m.ctx.resolve(e), m)
-
-
-@dataclass(frozen=True)
-class AnyOf(Pattern):
-    """The first alternative that matches (its captures are kept)."""
-
-    options: tuple[Pattern, ...]
-
-    def match(self, e: Expr, m: Match) -> bool:
-        for p in self.options:
-            trial = Match(m.ctx)
-            trial.captures = dict(m.captures)
-            if p.match(e, trial):
-                m.captures = trial.captures
-                return True
-        return False
 
 
 Rewrite = Callable[[Expr, Match], "Expr | None"]
@@ -252,10 +103,6 @@ class Rule:
 
 
 # -- expression helpers -------------------------------------------------------------------
-
-
-free_vars = used_vars  # the vars an A-normal-form value reads (tilework.ir.graph)
-seq_reads = seq_used_vars  # every var read inside a SeqExpr
 
 
 def substitute(e: Expr, mapping: dict[Var, Expr]) -> Expr:
@@ -451,20 +298,8 @@ def apply_rules(
 
 __all__ = [
     "RewriteCtx",
-    "Match",
-    "Pattern",
-    "Wild",
-    "IsVar",
-    "Const",
-    "TupleOf",
-    "Item",
-    "OpCall",
-    "Where",
-    "AnyOf",
     "Rule",
     "Rewrite",
     "apply_rules",
-    "free_vars",
-    "seq_reads",
     "substitute",
 ]

@@ -35,8 +35,9 @@ from tilework.op import vm as _vm_ops  # noqa: F401  (registers vm_view)
 from tilework.op.base import make_call
 from tilework.op.kernel import reshape_index
 from tilework.transform.dead_code_elimination import referenced_globals
-from tilework.transform.pipeline import Pass
-from tilework.transform.rewrite_driver import Match, OpCall, Rule, apply_rules
+from tilework.transform.base import Pass
+from tilework.pattern.core import Match, op_call
+from tilework.transform.rewrite_driver import Rule, apply_rules
 
 
 def _is_index(x: Scalar) -> bool:
@@ -141,7 +142,7 @@ class RewriteReshapeToView(Pass):
 
     def run(self, mod: IRModule) -> IRModule:
         views = _Views(mod)
-        rule = Rule("reshape_to_view", OpCall("call_tensor"), views.rewrite)
+        rule = Rule("reshape_to_view", op_call("call_tensor"), views.rewrite)
         out = apply_rules(mod, (rule,), inline_aliases=False)
         used: set[str] = set()
         for _, f in out.graph_funcs():

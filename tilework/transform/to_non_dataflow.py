@@ -24,7 +24,7 @@ from tilework.ir.graph import (
     Var,
 )
 from tilework.ir.module import IRModule
-from tilework.transform.pipeline import Pass
+from tilework.transform.base import Pass
 
 
 class _Converter:

@@ -22,9 +22,9 @@ _EXPORTS = {
     "param_arrays": "importer",
     "load_model": "importer",
     "Importer": "importer",
-    "supported": "registry",
-    "supported_ops": "registry",
-    "lookup": "registry",
+    "supported": "converters",
+    "supported_ops": "converters",
+    "lookup": "converters",
 }
 
 

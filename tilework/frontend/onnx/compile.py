@@ -8,12 +8,10 @@ file; ``parse_dim_spec`` reads the ``--dim`` bounds of ``tilework build model.on
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tilework.errors import TileworkError
-
-if TYPE_CHECKING:
-    from tilework.compiled import CompileOptions, Imported
+from tilework.frontend.registry import CompileOptions, Imported, Signature, register_frontend
 
 Bounds = tuple[int | None, int | None]
 
@@ -40,10 +38,9 @@ def accepts(model: Any) -> bool:
     return type(model).__name__ == "ModelProto" and type(model).__module__.startswith("onnx")
 
 
-def load(model: Any, options: "CompileOptions") -> "Imported":
+def load(model: Any, options: CompileOptions) -> Imported:
     """The ``compile`` frontend: weights become trailing params (``weights="inputs"``) or
     constants; ``dim_bounds`` keys are ``dim_param`` names."""
-    from tilework.compiled import Imported, Signature
     from tilework.frontend.onnx.importer import from_onnx, load_model, param_arrays
 
     if options.example_args is not None or options.dynamic_shapes is not None:
@@ -70,8 +67,6 @@ def load(model: Any, options: "CompileOptions") -> "Imported":
 
 def register() -> None:
     """Make ``tilework.compile`` accept ONNX models."""
-    from tilework.compiled import register_frontend
-
     register_frontend("onnx", accepts, load)
 
 

@@ -93,9 +93,6 @@ class NodeCtx:
             raise self.unsupported(f"operand {i} is required")
         return self.imp.lookup(self.node.input[i], self)
 
-    def opt_value(self, i: int) -> Value | None:
-        return self.value(i) if self.has_input(i) else None
-
     def expr(self, i: int) -> Expr:
         """Operand ``i`` as a graph expression (materialized if needed)."""
         return self.imp.materialize(self.value(i))

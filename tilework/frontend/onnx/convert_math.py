@@ -18,7 +18,7 @@ from tilework.frontend.onnx.values import Value, binary_elems, where_elems
 from tilework.ir.dtype import INT_DTYPES, np_dtype
 from tilework.ir.graph import Constant, Expr
 from tilework.op import elementwise as ew
-from tilework.op import misc
+from tilework.op import math as op_math
 
 # -- helpers -------------------------------------------------------------------------------------
 
@@ -86,10 +86,10 @@ def _unary(name: str) -> Callable[[NodeCtx], Result]:
     return conv
 
 
-def _misc_unary(name: str, attr_names: tuple[str, ...]) -> Callable[[NodeCtx], Result]:
+def _math_unary(name: str, attr_names: tuple[str, ...]) -> Callable[[NodeCtx], Result]:
     def conv(ctx: NodeCtx) -> Result:
         attrs = {a: float(ctx.attr(a)) for a in attr_names if ctx.has_attr(a)}
-        return ctx.emit(misc.math(name, ctx.expr(0), **attrs))
+        return ctx.emit(op_math.math(name, ctx.expr(0), **attrs))
 
     return conv
 
@@ -97,18 +97,18 @@ def _misc_unary(name: str, attr_names: tuple[str, ...]) -> Callable[[NodeCtx], R
 for _onnx, (_name, _lo, _hi) in _UNARY.items():
     converter(_onnx, _lo, _hi)(_unary(_name))
 for _onnx, (_name, _lo, _hi, _attrs) in _MISC_UNARY.items():
-    converter(_onnx, _lo, _hi)(_misc_unary(_name, _attrs))
+    converter(_onnx, _lo, _hi)(_math_unary(_name, _attrs))
 
 
 @converter("IsNaN", 9, 20)
 def _isnan(ctx: NodeCtx) -> Result:
-    return ctx.emit(misc.isnan(ctx.expr(0)))
+    return ctx.emit(op_math.isnan(ctx.expr(0)))
 
 
 @converter("IsInf", 10, 20)
 def _isinf(ctx: NodeCtx) -> Result:
     neg, pos = bool(ctx.attr("detect_negative", 1)), bool(ctx.attr("detect_positive", 1))
-    return ctx.emit(misc.isinf(ctx.expr(0), neg, pos))
+    return ctx.emit(op_math.isinf(ctx.expr(0), neg, pos))
 
 
 @converter("Gelu", 20, 20)
@@ -180,7 +180,7 @@ def _pow(ctx: NodeCtx) -> Result:
 def _mod(ctx: NodeCtx) -> Result:
     a, b = ctx.value(0), ctx.value(1)
     if int(ctx.attr("fmod", 0)):
-        return ctx.emit(misc.fmod(ctx.expr(0), ctx.expr(1)))
+        return ctx.emit(op_math.fmod(ctx.expr(0), ctx.expr(1)))
     folded = _fold("mod", ctx, [a, b], a.dtype)
     if folded is not None:
         return folded
@@ -192,7 +192,7 @@ def _bitshift(ctx: NodeCtx) -> Result:
     direction = ctx.attr("direction")
     if direction not in ("LEFT", "RIGHT"):
         raise ctx.unsupported(f"direction={direction!r}")
-    return ctx.emit(misc.bitshift(ctx.expr(0), ctx.expr(1), direction.lower()))
+    return ctx.emit(op_math.bitshift(ctx.expr(0), ctx.expr(1), direction.lower()))
 
 
 _VARIADIC: dict[str, tuple[str, str]] = {"Max": ("maximum", "max"), "Min": ("minimum", "min"), "Sum": ("add", "add"), "Mean": ("add", "")}

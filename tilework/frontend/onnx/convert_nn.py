@@ -19,7 +19,7 @@ from tilework.frontend.onnx.values import Value, static_ints
 from tilework.ir import sym
 from tilework.ir.graph import Constant, Expr
 from tilework.ir.sym import Dim
-from tilework.op import conv, create, index, linalg, manipulate, misc, nn, norm_extra, pad, reduce
+from tilework.op import conv, create, index, linalg, manipulate, nn, norm_extra, pad, reduce
 from tilework.op import elementwise as ew
 
 # -- matrix products ------------------------------------------------------------------------------
@@ -32,7 +32,7 @@ def _matmul(ctx: NodeCtx) -> Result:
 
 @converter("Einsum", 12, 28)
 def _einsum(ctx: NodeCtx) -> Result:
-    return ctx.emit(misc.einsum(ctx.attr("equation"), *(ctx.expr(i) for i in range(ctx.num_inputs))))
+    return ctx.emit(linalg.einsum(ctx.attr("equation"), *(ctx.expr(i) for i in range(ctx.num_inputs))))
 
 
 @converter("Gemm", 7, 13)
@@ -360,13 +360,13 @@ def _one_hot(ctx: NodeCtx) -> Result:
     depth_c = ctx.const(1)
     depth: Dim = int(depth_c.reshape(-1)[0]) if depth_c is not None else ctx.scalar(1, "depth")
     values = ctx.expr(2)
-    return ctx.emit(misc.one_hot(ctx.expr(0), values, depth, int(ctx.attr("axis", -1))))
+    return ctx.emit(index.one_hot(ctx.expr(0), values, depth, int(ctx.attr("axis", -1))))
 
 
 @converter("EyeLike", 9, 22)
 def _eye_like(ctx: NodeCtx) -> Result:
     dtype = ctx.dtype_attr("dtype") if ctx.has_attr("dtype") else None
-    return ctx.emit(misc.eye_like(ctx.expr(0), int(ctx.attr("k", 0)), dtype))
+    return ctx.emit(create.eye_like(ctx.expr(0), int(ctx.attr("k", 0)), dtype))
 
 
 

@@ -22,7 +22,7 @@ from tilework.ir.graph import Expr, TupleGetItem
 from tilework.ir.dtype import is_float_dtype
 from tilework.ir.info import TensorInfo
 from tilework.op import elementwise as ew
-from tilework.op import create, index, manipulate, misc, nn, reduce, search
+from tilework.op import create, index, manipulate, nn, reduce, search
 
 # op: (kind, schema version where axes became an input, last schema version converted)
 _REDUCE: dict[str, tuple[str, int, int]] = {
@@ -101,7 +101,7 @@ def _reduce(kind: str, axes_input_since: int) -> Callable[[NodeCtx], Result]:
         if kind in _PLAIN:
             return ctx.emit(_PLAIN[kind](x, norm, keepdims))
         if kind == "logsumexp":
-            return ctx.emit(misc.logsumexp(x, norm, keepdims))
+            return ctx.emit(reduce.logsumexp(x, norm, keepdims))
         if kind == "l1":
             return ctx.emit(reduce.sum(ctx.emit(ew.abs(x)), norm, keepdims))
         total = ctx.emit(reduce.sum(ctx.emit(ew.multiply(x, x)) if kind != "logsum" else x, norm, keepdims))
@@ -142,7 +142,7 @@ converter("ArgMin", 1, 13)(_arg("argmin"))
 def _softmax(name: str) -> Callable[[NodeCtx], Result]:
     def apply(x: Expr, axis: int) -> Expr:
         if name == "hardmax":
-            return misc.hardmax(x, axis)
+            return reduce.hardmax(x, axis)
         return nn.softmax(x, axis) if name == "softmax" else nn.log_softmax(x, axis)
 
     def conv(ctx: NodeCtx) -> Result:
@@ -174,7 +174,7 @@ def _cumsum(ctx: NodeCtx) -> Result:
 @converter("CumProd", 26, 26, static_inputs=(1,))
 def _cumprod(ctx: NodeCtx) -> Result:
     axis = norm_axis(ctx, ctx.ints(1, "axis")[0], ctx.rank(0))
-    return ctx.emit(misc.cumprod(ctx.expr(0), axis, bool(ctx.attr("exclusive", 0)), bool(ctx.attr("reverse", 0))))
+    return ctx.emit(index.cumprod(ctx.expr(0), axis, bool(ctx.attr("exclusive", 0)), bool(ctx.attr("reverse", 0))))
 
 
 @converter("TopK", 10, 24, static_inputs=(1,))

@@ -24,7 +24,7 @@ import onnx
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto, numpy_helper
 
 from tilework.errors import InferenceError, ShapeError, SymbolicError, TileworkError, UnsupportedError
-from tilework.frontend.onnx import registry
+from tilework.frontend.onnx import converters
 from tilework.frontend.onnx.context import NodeCtx
 from tilework.frontend.onnx.values import MAX_ELEMS, Value, dtype_name, elem_type_name
 from tilework.ir.builder import BlockBuilder
@@ -33,7 +33,8 @@ from tilework.ir.graph import Constant, Expr, ShapeExpr, Var
 from tilework.ir.info import ShapeInfo, TensorInfo
 from tilework.ir.module import IRModule
 from tilework.ir.sym import Dim, SymVar
-from tilework.op import manipulate, misc
+from tilework.op import manipulate
+from tilework.op.shape import shape_to_tensor, tensor_to_shape
 
 DimBounds = Mapping[str, "tuple[int | None, int | None] | int"]
 DEFAULT_DIM_LO = 1
@@ -172,7 +173,7 @@ class Importer:
         if v.elems is None or v.info.dtype is None:
             raise UnsupportedError("internal: a value with neither an expression nor known contents")
         dims = tuple(v.elems)
-        e: Expr = self.emit(misc.shape_to_tensor(ShapeExpr(dims), v.info.dtype))  # type: ignore[arg-type]
+        e: Expr = self.emit(shape_to_tensor(ShapeExpr(dims), v.info.dtype))  # type: ignore[arg-type]
         if v.info.ndim == 0:
             e = self.emit(manipulate.reshape(e, ()))
         if self.depth == 0:
@@ -188,7 +189,7 @@ class Importer:
             raise ctx.unsupported(f"{what} must be a 0-d or 1-D tensor of static length to be used as dims, got shape {info.shape}")
         n = info.shape[0] if info.shape else 1
         assert isinstance(n, int)
-        s = self.emit(misc.tensor_to_shape(self.materialize(v)))
+        s = self.emit(tensor_to_shape(self.materialize(v)))
         hint = sanitize(f"{ctx.op_type.lower()}_{what.split()[0]}", "d")
         dims = tuple(self.fresh_var(f"{hint}{i}") for i in range(n))
         self.bb.match_cast(s, ShapeInfo(dims))
@@ -207,7 +208,7 @@ class Importer:
 
     def convert_node(self, node: NodeProto) -> None:
         opset = self.opset if node.domain in ("", "ai.onnx") else 0
-        conv, version = registry.lookup(node.op_type, opset, node.name, node.domain)
+        conv, version = converters.lookup(node.op_type, opset, node.name, node.domain)
         ctx = NodeCtx(self, node, version, self.opset)
         try:
             result = conv.fn(ctx)

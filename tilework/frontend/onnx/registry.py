@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Callable, Sequence, Union
 
 import onnx.defs
 
-from tilework.errors import UnsupportedError
 from tilework.ir.graph import Expr
 
 if TYPE_CHECKING:
@@ -60,9 +59,14 @@ def converter(op_type: str, lo: int, hi: int, static_inputs: Sequence[int] = ())
     return deco
 
 
-def _load_converters() -> None:
-    """Import the converter modules (importing registers them)."""
-    import tilework.frontend.onnx.converters  # noqa: F401
+def converters_of(op_type: str) -> list[Converter]:
+    """The registered converters of ``op_type`` (those of the modules imported so far:
+    ``tilework.frontend.onnx.converters`` imports them all)."""
+    return list(_CONVERTERS.get(op_type, []))
+
+
+def all_converters() -> dict[str, list[Converter]]:
+    return {op: list(cs) for op, cs in _CONVERTERS.items()}
 
 
 def schema_version(op_type: str, opset: int, domain: str = "") -> int | None:
@@ -74,43 +78,4 @@ def schema_version(op_type: str, opset: int, domain: str = "") -> int | None:
         return None
 
 
-def find(op_type: str, version: int) -> Converter | None:
-    _load_converters()
-    for c in _CONVERTERS.get(op_type, []):
-        if c.lo <= version <= c.hi:
-            return c
-    return None
-
-
-def lookup(op_type: str, opset: int, node_name: str = "", domain: str = "") -> tuple[Converter, int]:
-    """The converter for ``op_type`` under ``opset`` and the schema version it selects; an
-    ``UnsupportedError`` naming the op, the node and the opset when there is none."""
-    where = f"node {node_name!r}" if node_name else "an unnamed node"
-    if domain not in ("", "ai.onnx"):
-        raise UnsupportedError(f"ONNX op {domain}.{op_type} ({where}, opset {opset}): the {domain} domain is not supported")
-    version = schema_version(op_type, opset)
-    if version is None:
-        raise UnsupportedError(f"ONNX op {op_type} ({where}, opset {opset}): ONNX defines no such op at this opset")
-    conv = find(op_type, version)
-    if conv is None:
-        have = ", ".join(f"{c.lo}-{c.hi}" if c.lo != c.hi else str(c.lo) for c in sorted(_CONVERTERS.get(op_type, []), key=lambda c: c.lo))
-        extra = f"; converted versions: {have}" if have else "; the op is not supported"
-        raise UnsupportedError(f"ONNX op {op_type} ({where}, opset {opset}): schema version {version} is not supported{extra}")
-    return conv, version
-
-
-def supported(op_type: str, opset: int, domain: str = "") -> bool:
-    """Whether a converter handles ``op_type`` at ``opset``."""
-    if domain not in ("", "ai.onnx"):
-        return False
-    version = schema_version(op_type, opset)
-    return version is not None and find(op_type, version) is not None
-
-
-def supported_ops() -> dict[str, list[tuple[int, int]]]:
-    """Each converted op type with the schema version ranges it handles."""
-    _load_converters()
-    return {op: sorted((c.lo, c.hi) for c in cs) for op, cs in sorted(_CONVERTERS.items())}
-
-
-__all__ = ["Converter", "Result", "ConvertFn", "converter", "schema_version", "find", "lookup", "supported", "supported_ops"]
+__all__ = ["Converter", "Result", "ConvertFn", "converter", "schema_version", "converters_of", "all_converters"]

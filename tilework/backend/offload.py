@@ -33,7 +33,7 @@ from tilework.op import base as opbase
 from tilework.pattern.graph import BlockGraph, PatternMatch, match_at
 from tilework.pattern.rewrite import Remap, Replacement, rewrite_blocks
 from tilework.transform.legalize import assert_dims_call
-from tilework.transform.pipeline import Pass
+from tilework.transform.base import Pass
 
 
 def region_of(g: BlockGraph, spec: RegionSpec, backend: Backend) -> Region:

@@ -1,10 +1,11 @@
-"""What a compiled kernel and the interpreter expect from their caller.
+"""What a compiled kernel expects from its caller, whatever the target.
 
 A kernel takes its buffers (``func.buffers``: inputs, then outputs) as C-contiguous arrays and
-the values of its *kernel sym vars*: ``kernel_syms(func)``, the sym vars that appear in the
-buffer shapes (buffers in param order, dims in order, first occurrence) followed by the sym
-params not already listed. ``bind_syms`` derives those values from the arrays' shapes and the
-sym params' values and checks every dim.
+the values of its *kernel sym vars*: ``tilework.ir.loop.kernel_syms(func)``, the sym vars that
+appear in the buffer shapes (buffers in param order, dims in order, first occurrence) followed
+by the sym params not already listed. ``check_arrays`` checks count, dtypes and layout;
+``bind_syms`` derives the sym values from the arrays' shapes and the sym params' values and
+checks every dim.
 """
 
 from __future__ import annotations
@@ -15,23 +16,11 @@ import numpy as np
 
 from tilework.errors import RuntimeCheckError
 from tilework.ir import sym
-from tilework.ir.loop import TensorFunc
+from tilework.ir.loop import TensorFunc, kernel_syms
 from tilework.ir.sym import SymVar
 from tilework.ir.dtype import np_dtype
 
 SymValues = Union[Sequence[int], Mapping[str, int], Mapping[SymVar, int], None]
-
-
-def kernel_syms(func: TensorFunc) -> tuple[SymVar, ...]:
-    """The sym vars whose values a kernel receives, in ABI order."""
-    out: dict[SymVar, None] = {}
-    for b in func.buffers:
-        for d in b.shape:
-            for v in sym.free_vars(d):
-                out.setdefault(v, None)
-    for v in func.sym_params:
-        out.setdefault(v, None)
-    return tuple(out)
 
 
 def _arg_name(func: TensorFunc, i: int) -> str:

@@ -8,8 +8,12 @@
 - Cache: ``$TILEWORK_CACHE_DIR``, else ``$XDG_CACHE_HOME/tilework``, else
   ``~/.cache/tilework``. A shared object is stored under the SHA-256 of the C source, the
   compiler command (resolved path, size and mtime of its executable), the flags and the CPU
-  (architecture and feature flags), beside its ``.c`` source. Files are written to a temporary name and moved into place with
-  ``os.replace``, so concurrent builds never see a partial file.
+  (architecture and feature flags), beside its ``.c`` source and a record of its SHA-256. Files
+  are written to a temporary name and moved into place with ``os.replace``, so concurrent
+  builds never see a partial file. A cached object is used only when its bytes still have the
+  recorded digest (a truncated, replaced or planted file is rebuilt, never loaded). A second
+  record, keyed by the source, flags and CPU alone, finds an object built earlier when no
+  compiler is available now (a machine whose compiler went away keeps its warm cache).
 """
 
 from __future__ import annotations
@@ -112,14 +116,26 @@ def write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
+def source_key(source: str, flags: Sequence[str]) -> str:
+    """The key of a source for any compiler: what the no-compiler lookup uses."""
+    blob = json.dumps([source, list(flags), _machine_identity()]).encode()
+    return hashlib.sha256(blob).hexdigest()[:32]
+
+
 def compile_source(source: str, functions: Mapping[str, tuple[int, int]] | None = None) -> CompileResult:
     """Compile C ``source`` into a shared object, or find it in the cache.
 
     ``functions`` maps kernel names to their 1-based line ranges in ``source``, so a compile
     error can show the offending kernel's C lines.
     """
-    cmd = compiler_command()
     flags = compiler_flags()
+    try:
+        cmd = compiler_command()
+    except BuildError:
+        found = _built_without_compiler(source, flags)
+        if found is None:
+            raise
+        return found
     key = cache_key(source, cmd, flags)
     try:
         return _compile_cached(source, functions or {}, cmd, flags, key)
@@ -127,10 +143,37 @@ def compile_source(source: str, functions: Mapping[str, tuple[int, int]] | None 
         raise BuildError(f"cannot use the kernel cache directory ({e}); set TILEWORK_CACHE_DIR to a writable directory") from e
 
 
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _intact(so: Path) -> bool:
+    """``so`` exists and still has the digest recorded when it was built."""
+    record = so.with_suffix(".json")
+    try:
+        want = json.loads(record.read_text()).get("sha256")
+        return isinstance(want, str) and _digest(so) == want
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _built_without_compiler(source: str, flags: Sequence[str]) -> CompileResult | None:
+    try:
+        root = cache_dir()
+        ref = json.loads((root / f"s-{source_key(source, flags)}.json").read_text())
+        key = ref["key"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(key, str) or not key.isalnum():
+        return None
+    so = root / f"k-{key}.so"
+    return CompileResult(so, True, key) if _intact(so) else None
+
+
 def _compile_cached(source: str, functions: Mapping[str, tuple[int, int]], cmd: list[str], flags: list[str], key: str) -> CompileResult:
     root = cache_dir()
     so = root / f"k-{key}.so"
-    if so.exists():
+    if so.exists() and _intact(so):
         return CompileResult(so, True, key)
     write_atomic(root / f"k-{key}.c", source.encode())
     with tempfile.TemporaryDirectory(dir=root, prefix=".build-") as tmp:
@@ -144,7 +187,10 @@ def _compile_cached(source: str, functions: Mapping[str, tuple[int, int]], cmd: 
             raise BuildError(f"could not run the C compiler {cmd[0]}: {e}. {_INSTALL_HINT}") from e
         if proc.returncode != 0 or not out.exists():
             raise BuildError(_compile_error(argv, proc.stderr or proc.stdout, source, functions))
+        digest = _digest(out)
         os.replace(out, so)
+    write_atomic(so.with_suffix(".json"), json.dumps({"sha256": digest}).encode())
+    write_atomic(root / f"s-{source_key(source, flags)}.json", json.dumps({"key": key}).encode())
     return CompileResult(so, False, key)
 
 
@@ -174,8 +220,8 @@ def _compile_error(argv: Sequence[str], message: str, source: str, functions: Ma
 
 def store_shared_object(data: bytes) -> Path:
     """Put the bytes of a shared object into the cache (by their hash) and return its path."""
-    key = hashlib.sha256(data).hexdigest()[:32]
-    path = cache_dir() / f"lib-{key}.so"
-    if not path.exists() or path.stat().st_size != len(data):
-        write_atomic(path, data)
+    digest = hashlib.sha256(data).hexdigest()
+    path = cache_dir() / f"lib-{digest[:32]}.so"
+    if not path.exists() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+        write_atomic(path, data)  # a file under the name that holds other bytes is replaced
     return path

@@ -1,10 +1,11 @@
-"""Compiled kernel libraries: every kernel of a module in one shared object, called via ctypes.
+"""The CPU target's kernel module: every kernel of a module in one shared object, via ctypes.
 
-``build_library`` emits one C translation unit for all kernels (``tilework.codegen.c``),
+``build_library`` emits one C translation unit for all kernels (``tilework.codegen.c.emit``),
 compiles it with one compiler invocation (or finds it in the cache, ``toolchain``) and loads
-it. ``lib.cache_hit`` tells whether the compiler ran. A library serializes as the bytes of its
-shared object plus ``metadata()`` (plain JSON-able data) and comes back with
-``KernelLibrary.from_bytes`` in any process, without a compiler.
+it. ``lib.cache_hit`` tells whether the compiler ran. ``to_bytes()`` is the shared object;
+``CKernelModule.from_native`` loads such bytes (with the function table) in any process
+without a compiler, which runs native code from wherever the bytes came from: executables
+use it only when the user opts in.
 
 ``Kernel.__call__(arrays, sym_values)`` is the fast path: it trusts its arguments, which must
 follow the ABI in ``tilework.codegen.c``, and passes NumPy arrays by object address to the
@@ -18,16 +19,16 @@ from __future__ import annotations
 
 import ctypes
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence, Union
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from tilework.codegen import toolchain
-from tilework.codegen.abi import SymValues, bind_syms, check_arrays, kernel_syms
-from tilework.codegen.c import c_symbols, emit_module
+from tilework.ir.kernel_abi import SymValues, bind_syms, check_arrays
+from tilework.codegen.c import toolchain
+from tilework.codegen.c.emit import emit_module
 from tilework.errors import BuildError
+from tilework.runtime.kernels import KernelInfo, KernelModule
 
 # OpenMP workers of our kernels spin between parallel regions before they sleep. libgomp's
 # default spin (hundreds of microseconds) starves the other thread pools of a process (BLAS,
@@ -53,57 +54,12 @@ _DATA_OFFSET = _data_offset()
 _DATA_OFFSET_C = ctypes.c_int64(_DATA_OFFSET or 0)
 
 
-@dataclass(frozen=True)
-class KernelInfo:
-    """What calling a kernel needs besides the shared object."""
-
-    name: str
-    symbol: str
-    buffers: tuple[str, ...]  # buffer names, inputs then outputs
-    dtypes: tuple[str, ...]
-    num_outputs: int
-    syms: tuple[str, ...]  # kernel sym var names, ABI order
-
-    @staticmethod
-    def of(name: str, symbol: str, func: TensorFunc) -> "KernelInfo":
-        bufs = func.buffers
-        return KernelInfo(
-            name,
-            symbol,
-            tuple(b.name for b in bufs),
-            tuple(b.dtype for b in bufs),
-            func.num_outputs,
-            tuple(v.name for v in kernel_syms(func)),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "symbol": self.symbol,
-            "buffers": list(self.buffers),
-            "dtypes": list(self.dtypes),
-            "num_outputs": self.num_outputs,
-            "syms": list(self.syms),
-        }
-
-    @staticmethod
-    def from_dict(d: Mapping[str, Any]) -> "KernelInfo":
-        return KernelInfo(
-            str(d["name"]),
-            str(d["symbol"]),
-            tuple(d["buffers"]),
-            tuple(d["dtypes"]),
-            int(d["num_outputs"]),
-            tuple(d["syms"]),
-        )
-
-
 class Kernel:
     """One compiled kernel. ``func`` is its TensorFunc when known (needed by ``run``)."""
 
     __slots__ = ("info", "func", "_fn", "_ptrs", "_syms", "_nb", "_ns", "_lib", "_tramp", "_fnptr", "_nb_c", "_objs")
 
-    def __init__(self, info: KernelInfo, fn: Any, lib: "KernelLibrary", func: TensorFunc | None, tramp: Any) -> None:
+    def __init__(self, info: KernelInfo, fn: Any, lib: "CKernelModule", func: TensorFunc | None, tramp: Any) -> None:
         self.info = info
         self.func = func
         self._fn = fn
@@ -144,18 +100,6 @@ class Kernel:
         if rc:
             raise MemoryError(f"kernel {self.info.name}: scratch memory could not be allocated (code {rc})")
 
-    def call_ptrs(self, ptrs: Sequence[int], sym_values: Sequence[int]) -> None:
-        """Like ``__call__`` with raw data addresses instead of arrays."""
-        if len(ptrs) != self._nb or len(sym_values) != self._ns:
-            raise TypeError(f"kernel {self.info.name}: expects {self._nb} pointers and {self._ns} sym values")
-        for i, p in enumerate(ptrs):
-            self._ptrs[i] = p
-        for j, v in enumerate(sym_values):
-            self._syms[j] = v
-        rc = self._fn(self._ptrs, self._syms)
-        if rc:
-            raise MemoryError(f"kernel {self.info.name}: scratch memory could not be allocated (code {rc})")
-
     def run(self, arrays: Sequence[np.ndarray], sym_params: SymValues = None) -> None:
         """Check the arrays (count, dtype, layout, shapes) against the TensorFunc, derive the
         sym values from their shapes and ``sym_params`` (values of ``func.sym_params``), run."""
@@ -168,8 +112,10 @@ class Kernel:
         return f"Kernel({self.info.name}, symbol={self.info.symbol}, syms=({', '.join(self.info.syms)}))"
 
 
-class KernelLibrary:
+class CKernelModule(KernelModule):
     """A loaded shared object with its kernels by name."""
+
+    target = "cpu"
 
     def __init__(
         self,
@@ -181,7 +127,7 @@ class KernelLibrary:
     ) -> None:
         self.path = path
         self.cache_hit = cache_hit
-        self.source = source
+        self.source_text = source
         self._handle = ctypes.CDLL(str(path)) if path is not None else None
         tramp = getattr(self._handle, "tw_call_objects", None) if self._handle is not None else None
         if tramp is not None:
@@ -203,54 +149,39 @@ class KernelLibrary:
         except KeyError:
             raise KeyError(f"no kernel {name!r} in the library (has: {', '.join(self.kernels) or 'none'})") from None
 
-    def __contains__(self, name: object) -> bool:
-        return name in self.kernels
+    @property
+    def functions(self) -> Mapping[str, KernelInfo]:
+        return {name: k.info for name, k in self.kernels.items()}
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.kernels)
+    def source(self) -> str:
+        return self.source_text or ""
 
-    def __len__(self) -> int:
-        return len(self.kernels)
-
-    def so_bytes(self) -> bytes:
-        """The shared object's bytes (empty for a library without kernels)."""
+    def to_bytes(self) -> bytes:
+        """The shared object's bytes (empty for a module without kernels)."""
         return self.path.read_bytes() if self.path is not None else b""
 
-    def metadata(self) -> dict[str, Any]:
-        """Plain data that, with ``so_bytes``, recreates the library (``from_bytes``)."""
-        return {"version": 1, "kernels": [k.info.to_dict() for k in self.kernels.values()]}
-
     @staticmethod
-    def from_bytes(data: bytes, funcs_or_metadata: Union[Mapping[str, TensorFunc], Mapping[str, Any]]) -> "KernelLibrary":
-        """Load a library from shared-object bytes. ``funcs_or_metadata`` is either the
-        kernels' TensorFuncs by name (as given to ``build_library``) or ``metadata()``."""
-        funcs: Mapping[str, TensorFunc] | None
-        listed = funcs_or_metadata.get("kernels")
-        if listed is not None and not isinstance(listed, TensorFunc):
-            infos = [KernelInfo.from_dict(d) for d in listed]
-            funcs = None
-        else:
-            funcs = {n: f for n, f in funcs_or_metadata.items() if isinstance(f, TensorFunc)}
-            if len(funcs) != len(funcs_or_metadata):
-                raise TypeError("from_bytes: expected TensorFuncs by name or a metadata() dict")
-            symbols = c_symbols(list(funcs))
-            infos = [KernelInfo.of(n, symbols[n], f) for n, f in funcs.items()]
+    def from_native(data: bytes, functions: Mapping[str, KernelInfo], funcs: Mapping[str, TensorFunc] | None = None) -> "CKernelModule":
+        """Load a module from shared-object bytes and its function table (``funcs``, the
+        kernels' TensorFuncs, enable the checked ``Kernel.run``). Runs native code from the
+        bytes: only for bytes the caller trusts."""
+        infos = list(functions.values())
         if not infos:
-            return KernelLibrary(None, [], funcs)
+            return CKernelModule(None, [], funcs)
         if not data:
-            raise BuildError("from_bytes: no shared-object bytes for a library with kernels")
-        return KernelLibrary(toolchain.store_shared_object(data), infos, funcs, cache_hit=True)
+            raise BuildError("no shared-object bytes for a kernel module with kernels")
+        return CKernelModule(toolchain.store_shared_object(data), infos, funcs, cache_hit=True)
 
 
-def build_library(funcs: Mapping[str, TensorFunc]) -> KernelLibrary:
+def build_library(funcs: Mapping[str, TensorFunc]) -> CKernelModule:
     """Compile every kernel of ``funcs`` (name -> TensorFunc) with one compiler invocation, or
     load the cached shared object; ``lib.cache_hit`` tells which."""
     for name, f in funcs.items():
         if not isinstance(f, TensorFunc):
             raise TypeError(f"build_library: {name} is not a TensorFunc")
     if not funcs:
-        return KernelLibrary(None, [], {}, cache_hit=True, source="")
+        return CKernelModule(None, [], {}, cache_hit=True, source="")
     mod = emit_module(funcs)
     result = toolchain.compile_source(mod.text, mod.lines)
     infos = [KernelInfo.of(n, mod.symbols[n], f) for n, f in funcs.items()]
-    return KernelLibrary(result.path, infos, funcs, cache_hit=result.cache_hit, source=mod.text)
+    return CKernelModule(result.path, infos, funcs, cache_hit=result.cache_hit, source=mod.text)

@@ -10,9 +10,9 @@ Every TensorFunc ``f`` registered under ``name`` becomes one exported C function
   outputs), a dense row-major (C-contiguous) array of the buffer's dtype. Buffers must not
   overlap (they are ``restrict``-qualified). Storage: float16 is IEEE half, bfloat16 the upper
   16 bits of a float32, bool one byte holding 0 or 1.
-- ``syms[j]`` is the value of ``abi.kernel_syms(f)[j]``: the sym vars of the buffer shapes (in
+- ``syms[j]`` is the value of ``tilework.ir.loop.kernel_syms(f)[j]``: the sym vars of the buffer shapes (in
   param order, first occurrence), then the sym params not already listed. The kernel trusts
-  these values and the array shapes they imply (the caller checks them, see ``abi.bind_syms``).
+  these values and the array shapes they imply (the caller checks them, see ``tilework.ir.kernel_abi.bind_syms``).
 - The return value is 0 on success, 1 when scratch memory could not be allocated.
 
 ``<name>`` is the registered name with every character outside ``[A-Za-z0-9_]`` replaced by
@@ -37,11 +37,9 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-import ml_dtypes
-import numpy as np
 
-from tilework.codegen.abi import kernel_syms
-from tilework.codegen.c_prelude import PRELUDE
+from tilework.codegen.c.prelude import PRELUDE
+from tilework.codegen.loop_emit import LoopEmitter, comment, const_value
 from tilework.errors import WellFormedError
 from tilework.ir import sym
 from tilework.ir.dtype import DTYPE_TABLE, is_float_dtype, is_int_dtype
@@ -64,6 +62,7 @@ from tilework.ir.loop import (
     TensorFunc,
     Unary,
     dtype_of,
+    kernel_syms,
     walk_stmts,
 )
 from tilework.ir.sym import Dim, FloorDiv, FloorMod, Max, Min, Poly, SymExpr, SymVar
@@ -159,21 +158,6 @@ def _int_literal(v: int) -> str:
     return str(v) if v >= 0 else f"({v})"
 
 
-def const_value(c: Const) -> float | int | bool:
-    """The value a constant has in computation: floats rounded to their dtype."""
-    if c.dtype == "bool":
-        return bool(c.value)
-    if c.dtype == "float64":
-        return float(c.value)
-    if c.dtype == "float32":
-        return float(np.float32(c.value))
-    if c.dtype == "float16":
-        return float(np.float16(c.value))
-    if c.dtype == "bfloat16":
-        return float(np.float32(c.value).astype(ml_dtypes.bfloat16))
-    return int(c.value)
-
-
 def _conflict(loop: For) -> str | None:
     """Why the iterations of ``loop`` may write the same element, or None. A store outside
     scratch allocated in the loop whose indices do not depend on the loop var conflicts."""
@@ -204,40 +188,23 @@ def _conflict(loop: For) -> str | None:
 # -- the emitter ----------------------------------------------------------------------------
 
 
-class _Emitter:
+class _Emitter(LoopEmitter):
     def __init__(self, func: TensorFunc, symbol: str, name: str) -> None:
-        self.func = func
+        super().__init__(func, name)
         self.symbol = symbol
-        self.kname = name
-        self.names: dict[object, str] = {}
-        self.taken: set[str] = set()
-        self.scope: set[SymVar] = set()
-        self.lines: list[str] = []
-        self.depth = 1
         self.parallel = 0
         self.hoisted: set[Block] = set()
         self.written = {s.buffer for s in walk_stmts(func.body) if isinstance(s, Store)}
 
-    # -- names and output -----------------------------------------------------------------
-
-    def bind(self, key: object, name: str) -> str:
-        base = re.sub(r"\W", "_", name, flags=re.ASCII) or "v"
+    def legal_name(self, base: str) -> str:
         if base[0].isdigit() or base in _C_KEYWORDS or base in _C_LIBRARY_NAMES or base.startswith(("tw_", "TW_")):
-            base = "v_" + base
-        out, k = base, 1
-        while out in self.taken:
-            out, k = f"{base}_{k}", k + 1
-        self.taken.add(out)
-        self.names[key] = out
-        return out
-
-    def line(self, text: str) -> None:
-        self.lines.append("    " * self.depth + text)
+            return "v_" + base
+        return base
 
     def run(self) -> str:
         f = self.func
         head = f"int32_t {self.symbol}(void* const* restrict tw_data, const int64_t* restrict tw_syms) {{"
-        self.lines = [f"/* kernel {self.kname} */", head]
+        self.lines = [f"/* kernel {comment(self.kname)} */", head]
         for i, b in enumerate(f.buffers):
             ct = DTYPE_TABLE[b.dtype].c_storage
             q = "" if b in self.written else "const "
@@ -256,45 +223,25 @@ class _Emitter:
 
     # -- statements -----------------------------------------------------------------------
 
-    def stmt(self, s: Stmt) -> None:
-        if isinstance(s, SeqStmt):
-            for x in s.stmts:
-                self.stmt(x)
-        elif isinstance(s, Store):
-            self.store(s)
-        elif isinstance(s, For):
-            self.loop(s)
-        elif isinstance(s, Block):
-            self.block(s)
-        elif isinstance(s, IfThenElse):
-            self.line(f"if ({self.expr(s.cond)}) {{")
-            self.nested(s.then_body)
-            if s.else_body is not None:
-                self.line("} else {")
-                self.nested(s.else_body)
-            self.line("}")
-        elif isinstance(s, Allocate):
-            self.allocate(s)
-        else:
-            raise self.error(f"unknown statement {type(s).__name__}")
+    def emit_if(self, s: IfThenElse) -> None:
+        self.line(f"if ({self.expr(s.cond)}) {{")
+        self.nested(s.then_body)
+        if s.else_body is not None:
+            self.line("} else {")
+            self.nested(s.else_body)
+        self.line("}")
 
-    def nested(self, s: Stmt) -> None:
-        self.depth += 1
-        self.stmt(s)
-        self.depth -= 1
-
-    def store(self, s: Store) -> None:
+    def emit_store(self, s: Store) -> None:
         b = s.buffer
-        if b not in self.names:
-            raise self.error(f"store to buffer {b.name}, which is neither a param nor allocated")
+        name = self.known(b, f"store to buffer {b.name}")
         value = self.expr(s.value)
         if b.dtype == "float16":
             value = f"TW_F2H({value})"
         elif b.dtype == "bfloat16":
             value = f"tw_f2bf({value})"
-        self.line(f"{self.names[b]}[{self.flat(b, s.indices)}] = {value};")
+        self.line(f"{name}[{self.flat(b, s.indices)}] = {value};")
 
-    def loop(self, s: For) -> None:
+    def emit_for(self, s: For) -> None:
         if s.kind not in ("serial", "parallel", "vectorized", "unrolled"):
             raise self.error(f"unknown loop kind {s.kind!r}")
         ext = self.dim(s.extent)
@@ -306,7 +253,7 @@ class _Emitter:
         if s.kind in ("parallel", "vectorized"):
             why = _conflict(s)
             if why is not None:
-                self.line(f"/* {s.kind} loop emitted serial: {why} */")
+                self.line(f"/* {comment(s.kind)} loop emitted serial: {comment(why)} */")
                 parallel = False
             elif parallel:
                 work = _work(s)
@@ -325,8 +272,8 @@ class _Emitter:
         self.scope.discard(s.var)
         self.line("}")
 
-    def block(self, b: Block) -> None:
-        self.line(f"{{ /* block {b.name} */")
+    def emit_block(self, b: Block) -> None:
+        self.line(f"{{ /* block {comment(b.name)} */")
         self.depth += 1
         for iv in b.iter_vars:
             if isinstance(iv.binding, SymVar) and iv.binding in self.scope:
@@ -380,7 +327,7 @@ class _Emitter:
         guard = [f"{self.dim(e)} > 0" for e in extents if not sym.prove_ge(e, 1)]
         self.line(f"if ({' && '.join(guard)}) {{" if guard else "{")
         self.depth += 1
-        self.line(f"/* init of block {b.name} */")
+        self.line(f"/* init of block {comment(b.name)} */")
         declared: list[SymVar] = []
         for iv in b.iter_vars:
             if iv.kind == "reduce":
@@ -399,7 +346,7 @@ class _Emitter:
         self.depth -= 1
         self.line("}")
 
-    def allocate(self, s: Allocate) -> None:
+    def emit_allocate(self, s: Allocate) -> None:
         b = s.buffer
         ct = DTYPE_TABLE[b.dtype].c_storage
         size = sym.product(b.shape)
@@ -429,23 +376,21 @@ class _Emitter:
 
     # -- index arithmetic (int64) ---------------------------------------------------------
 
-    def dim(self, d: Dim) -> str:
-        if isinstance(d, int):
-            return _int_literal(d)
-        if isinstance(d, SymVar):
-            if d not in self.scope:
-                raise self.error(f"sym var {d.name} is used outside the loop or block that binds it, or is not a kernel sym var")
-            return self.names[d]
-        if isinstance(d, (FloorDiv, FloorMod)):
-            a, b = self.dim(d.a), self.dim(d.b)
-            op, fn = ("/", "tw_floordiv") if isinstance(d, FloorDiv) else ("%", "tw_floormod")
-            if sym.prove_ge(d.a, 0) and sym.prove_ge(d.b, 1):
-                return f"({a} {op} {b})"
-            return f"{fn}({a}, {b})"
-        if isinstance(d, (Min, Max)):
-            fn = "tw_min_i64" if isinstance(d, Min) else "tw_max_i64"
-            return f"{fn}({self.dim(d.a)}, {self.dim(d.b)})"
-        assert isinstance(d, Poly)
+    def render_int(self, v: int) -> str:
+        return _int_literal(v)
+
+    def render_divmod(self, d: FloorDiv | FloorMod) -> str:
+        a, b = self.dim(d.a), self.dim(d.b)
+        op, fn = ("/", "tw_floordiv") if isinstance(d, FloorDiv) else ("%", "tw_floormod")
+        if sym.prove_ge(d.a, 0) and sym.prove_ge(d.b, 1):
+            return f"({a} {op} {b})"
+        return f"{fn}({a}, {b})"
+
+    def render_minmax(self, d: Min | Max) -> str:
+        fn = "tw_min_i64" if isinstance(d, Min) else "tw_max_i64"
+        return f"{fn}({self.dim(d.a)}, {self.dim(d.b)})"
+
+    def render_poly(self, d: Poly) -> str:
         parts: list[str] = []
         for mono, c in d.terms:
             factors = [self.dim(a) for a in mono]
@@ -482,38 +427,23 @@ class _Emitter:
 
     # -- scalar expressions ---------------------------------------------------------------
 
-    def expr(self, x: Scalar) -> str:
-        """C text of ``x``, of its dtype's ``c_value`` type."""
-        if isinstance(x, (int, SymExpr)):
-            return self.dim(x)
-        if isinstance(x, Const):
-            return self.const(x)
-        if isinstance(x, Load):
-            b = x.buffer
-            if b not in self.names:
-                raise self.error(f"load of buffer {b.name}, which is neither a param nor allocated")
-            text = f"{self.names[b]}[{self.flat(b, x.indices)}]"
-            if b.dtype == "float16":
-                return f"TW_H2F({text})"
-            return f"tw_bf2f({text})" if b.dtype == "bfloat16" else text
-        if isinstance(x, Binary):
-            return self.binary(x)
-        if isinstance(x, Unary):
-            a = self.expr(x.a)
-            if x.op == "not":
-                return f"(!{a})"
-            if x.op != "neg":
-                raise self.error(f"unknown unary op {x.op!r}")
-            return f"(({DTYPE_TABLE[x.dtype].c_value})(-{a}))" if x.dtype in _NARROW_INTS else f"(-{a})"
-        if isinstance(x, Cast):
-            return self.cast(x)
-        if isinstance(x, Select):
-            return f"({self.expr(x.cond)} ? {self.expr(x.a)} : {self.expr(x.b)})"
-        if isinstance(x, Intrin):
-            return self.intrin(x)
-        raise self.error(f"unknown scalar expression {type(x).__name__}")
+    def render_load(self, x: Load) -> str:
+        b = x.buffer
+        text = f"{self.known(b, f'load of buffer {b.name}')}[{self.flat(b, x.indices)}]"
+        if b.dtype == "float16":
+            return f"TW_H2F({text})"
+        return f"tw_bf2f({text})" if b.dtype == "bfloat16" else text
 
-    def const(self, c: Const) -> str:
+    def render_unary(self, x: Unary) -> str:
+        a = self.expr(x.a)
+        if x.op == "not":
+            return f"(!{a})"
+        return f"(({DTYPE_TABLE[x.dtype].c_value})(-{a}))" if x.dtype in _NARROW_INTS else f"(-{a})"
+
+    def render_select(self, x: Select) -> str:
+        return f"({self.expr(x.cond)} ? {self.expr(x.a)} : {self.expr(x.b)})"
+
+    def render_const(self, c: Const) -> str:
         v = const_value(c)
         if c.dtype == "bool":
             return "true" if v else "false"
@@ -525,7 +455,7 @@ class _Emitter:
             return _int_literal(int(v))
         return f"(({DTYPE_TABLE[c.dtype].c_storage}){_int_literal(int(v))})"
 
-    def cast(self, x: Cast) -> str:
+    def render_cast(self, x: Cast) -> str:
         src, dst = dtype_of(x.value), x.dtype
         a = self.expr(x.value)
         if src == dst:
@@ -538,7 +468,7 @@ class _Emitter:
             return f"({a} != 0)"
         return f"(({DTYPE_TABLE[dst].c_value})({a}))"
 
-    def binary(self, x: Binary) -> str:
+    def render_binary(self, x: Binary) -> str:
         a, b, op = self.expr(x.a), self.expr(x.b), x.op
         dt = dtype_of(x.a)
         ct = DTYPE_TABLE[dt].c_value
@@ -568,9 +498,7 @@ class _Emitter:
             return f"(({ct})pow((double)({a}), (double)({b})))"
         raise self.error(f"unknown binary op {op!r}")
 
-    def intrin(self, x: Intrin) -> str:
-        if len(x.args) != 1:
-            raise self.error(f"intrinsic {x.name} takes one argument, got {len(x.args)}")
+    def render_intrin(self, x: Intrin) -> str:
         arg = x.args[0]
         a = self.expr(arg)
         dt = dtype_of(arg)
@@ -605,7 +533,7 @@ def _positive_linear(d: Dim) -> bool:
     return all(len(m) == 1 and isinstance(m[0], SymVar) and c > 0 for m, c in d.terms)
 
 
-__all__ = ["CModule", "emit_module", "emit_function", "c_symbols", "const_value"]
+__all__ = ["CModule", "emit_module", "emit_function", "c_symbols"]
 
 
 def _work(loop: For) -> Dim | None:

@@ -1,0 +1,274 @@
+"""Elementwise math beyond the core set (``tilework.op.elementwise``): trigonometric and
+hyperbolic functions, parameterized activations (``tan``, ``atan``, ``asinh``, ``softplus``,
+``elu``, ``selu``, ``hard_swish``, ``shrink``, ``sign``, ...), ``isnan`` / ``isinf``, and the
+binaries ``fmod`` (C's truncating remainder) and ``bitshift``.
+
+The unary ops take ONNX's attribute names and defaults (``alpha``, ``beta``, ``gamma``, ...).
+Legalization computes in float32 for float16/bfloat16 (float64 for integer inputs of the ops
+that accept them) and rounds once.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tilework import te
+from tilework.ir.graph import Call, Expr
+from tilework.ir.info import StructInfo, TensorInfo
+from tilework.ir.dtype import INT_DTYPES, is_float_dtype
+from tilework.ir.loop import Scalar
+from tilework.op.base import (
+    InferCtx,
+    Op,
+    OpPattern,
+    broadcast_shapes,
+    make_call,
+    register,
+    require_float,
+    tensor_arg,
+    unify_dtype,
+)
+from tilework.op.kernel import arg, bcast_index, compute_dtype, out_tensor, upcast
+
+if TYPE_CHECKING:
+    from tilework.transform.legalize import LegalizeCtx
+
+# -- unary math and activations ---------------------------------------------------------------
+
+_PI = 3.141592653589793
+_SQRT3 = 1.7320508075688772
+_TAN_PI_12 = 0.2679491924311227
+
+
+def _atan(x: Scalar) -> Scalar:
+    """``atan`` by range reduction (``1/x`` past 1, then ``pi/6`` steps) and an odd series
+    that is exact to float64 rounding on ``|u| <= tan(pi/12)``."""
+    ax = te.abs(x)
+    inv = te.gt(ax, 1.0)
+    t = te.if_then_else(inv, 1.0 / ax, ax)  # type: ignore[operator]
+    red = te.gt(t, _TAN_PI_12)
+    u = te.if_then_else(red, (t * _SQRT3 - 1.0) / (t + _SQRT3), t)  # type: ignore[operator]
+    u2 = u * u  # type: ignore[operator]
+    series: Any = 1.0 / 27.0
+    for k in range(25, 0, -2):
+        series = 1.0 / k - u2 * series  # type: ignore[operator]
+    r = u * series  # type: ignore[operator]
+    r = te.if_then_else(red, r + _PI / 6, r)  # type: ignore[operator]
+    r = te.if_then_else(inv, _PI / 2 - r, r)  # type: ignore[operator]
+    return te.if_then_else(te.lt(x, 0.0), -r, r)  # type: ignore[operator]
+
+
+def _asin(x: Scalar) -> Scalar:
+    return _atan(x / te.sqrt((1.0 - x * x)))  # type: ignore[operator]
+
+
+def _math(name: str, x: Any, a: dict[str, object]) -> Any:
+    """Op ``name`` of ``x`` (in its compute dtype) with the call's attributes ``a``."""
+    alpha = float(a.get("alpha", 0.0))  # type: ignore[arg-type]
+    if name == "tan":
+        return te.sin(x) / te.cos(x)  # type: ignore[no-any-return]
+    if name == "atan":
+        return _atan(x)
+    if name == "asin":
+        return _asin(x)
+    if name == "acos":
+        return _PI / 2 - _asin(x)  # type: ignore[operator, no-any-return]
+    if name in ("sinh", "cosh"):
+        e, m = te.exp(x), te.exp(-x)  # type: ignore[operator]
+        return (e - m) * 0.5 if name == "sinh" else (e + m) * 0.5  # type: ignore[no-any-return]
+    if name == "asinh":
+        ax = te.abs(x)
+        r = te.log(ax + te.sqrt(ax * ax + 1.0))  # type: ignore[operator]
+        return te.if_then_else(te.lt(x, 0.0), -r, r)  # type: ignore[operator]
+    if name == "acosh":
+        return te.log(x + te.sqrt(x * x - 1.0))  # type: ignore[operator]
+    if name == "atanh":
+        return (te.log1p(x) - te.log1p(-x)) * 0.5  # type: ignore[operator, no-any-return]
+    if name == "softplus":
+        ax = te.abs(x)
+        return te.maximum(x, 0.0) + te.log1p(te.exp(-ax))  # type: ignore[operator, no-any-return]
+    if name == "softsign":
+        return x / (te.abs(x) + 1.0)  # type: ignore[operator, no-any-return]
+    if name == "reciprocal":
+        return 1.0 / x  # type: ignore[operator, no-any-return]
+    if name == "elu":
+        return te.if_then_else(te.lt(x, 0.0), alpha * te.expm1(x), x)  # type: ignore[operator]
+    if name == "celu":
+        return te.maximum(x, 0.0) + te.minimum(0.0, alpha * te.expm1(x / alpha))  # type: ignore[operator, no-any-return]
+    if name == "selu":
+        gamma = float(a["gamma"])  # type: ignore[arg-type]
+        return gamma * te.if_then_else(te.le(x, 0.0), alpha * te.expm1(x), x)  # type: ignore[operator, no-any-return]
+    if name == "leaky_relu":
+        return te.if_then_else(te.lt(x, 0.0), alpha * x, x)  # type: ignore[operator]
+    if name == "thresholded_relu":
+        return te.if_then_else(te.gt(x, alpha), x, 0.0)
+    if name == "hard_sigmoid":
+        beta = float(a["beta"])  # type: ignore[arg-type]
+        return te.maximum(0.0, te.minimum(1.0, alpha * x + beta))  # type: ignore[operator]
+    if name == "hard_swish":
+        return x * te.maximum(0.0, te.minimum(1.0, x * (1.0 / 6.0) + 0.5))  # type: ignore[operator, no-any-return]
+    if name == "mish":
+        sp = te.maximum(x, 0.0) + te.log1p(te.exp(-te.abs(x)))  # type: ignore[operator]
+        return x * te.tanh(sp)  # type: ignore[operator, no-any-return]
+    if name == "shrink":
+        bias, lambd = float(a["bias"]), float(a["lambd"])  # type: ignore[arg-type]
+        return te.if_then_else(te.lt(x, -lambd), x + bias, te.if_then_else(te.gt(x, lambd), x - bias, 0.0))  # type: ignore[operator]
+    raise ValueError(name)
+
+
+_MATH = (
+    "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "softplus",
+    "softsign", "reciprocal", "elu", "celu", "selu", "leaky_relu", "thresholded_relu",
+    "hard_sigmoid", "hard_swish", "mish", "shrink",
+)  # fmt: skip
+_MATH_ATTRS: dict[str, dict[str, object]] = {
+    "elu": {"alpha": 1.0},
+    "celu": {"alpha": 1.0},
+    "selu": {"alpha": 1.6732632423543772, "gamma": 1.0507009873554805},
+    "leaky_relu": {"alpha": 0.01},
+    "thresholded_relu": {"alpha": 1.0},
+    "hard_sigmoid": {"alpha": 0.2, "beta": 0.5},
+    "shrink": {"bias": 0.0, "lambd": 0.5},
+}
+_ANY_DTYPE = ("reciprocal", "shrink", "sign", "leaky_relu", "thresholded_relu")
+
+
+def _infer_math(call: Call, ctx: InferCtx) -> StructInfo:
+    x = tensor_arg(call, 0, ctx)
+    if ctx.op_name not in _ANY_DTYPE:
+        require_float(x, ctx)
+    if x.dtype == "bool":
+        raise ctx.error("expects a numeric tensor, got bool")
+    return x
+
+
+def _legalize_math(call: Call, ctx: "LegalizeCtx") -> Expr:
+    name = call.callee.name  # type: ignore[attr-defined]
+    x = arg(call, 0, "x")
+    shape, dtype = out_tensor(call)
+    acc = compute_dtype(dtype) if is_float_dtype(dtype) else "float64"
+    attrs = dict(call.attrs)
+
+    def f(*i: Scalar) -> Scalar:
+        v = te.cast(x[i], acc)
+        if name == "sign":
+            return te.if_then_else(te.gt(v, 0.0), 1.0, te.if_then_else(te.lt(v, 0.0), -1.0, v))
+        return _math(name, v, attrs)
+
+    out = te.compute(shape, f, name, dtype)
+    return ctx.call_te(name, call.args, [x], [out], call.info)
+
+
+for _name in (*_MATH, "sign"):
+    register(Op(_name, _infer_math, OpPattern.ELEMWISE, attrs=_MATH_ATTRS.get(_name, {}), num_args=1, legalize=_legalize_math))
+
+
+def math(name: str, x: Expr, **attrs: float) -> Call:
+    """Elementwise ``name`` (one of ``tan asin acos atan sinh cosh asinh acosh atanh softplus
+    softsign reciprocal elu celu selu leaky_relu thresholded_relu hard_sigmoid hard_swish mish
+    shrink sign``) with ONNX's attribute names and defaults (``alpha``, ``beta``, ...)."""
+    return make_call(name, [x], {k: float(v) for k, v in attrs.items()})
+
+
+# -- isnan / isinf -----------------------------------------------------------------------------
+
+
+def _infer_isnan(call: Call, ctx: InferCtx) -> StructInfo:
+    x = tensor_arg(call, 0, ctx)
+    require_float(x, ctx)
+    return TensorInfo(x.shape, "bool", x.ndim)
+
+
+def _legalize_isnan(call: Call, ctx: "LegalizeCtx") -> Expr:
+    name = call.callee.name  # type: ignore[attr-defined]
+    x = arg(call, 0, "x")
+    shape, _ = out_tensor(call)
+    neg, pos = bool(call.attrs.get("detect_negative", True)), bool(call.attrs.get("detect_positive", True))
+
+    def f(*i: Scalar) -> Scalar:
+        v = upcast(x[i], x.dtype)
+        if name == "isnan":
+            return te.isnan(v)
+        conds = [te.isinf(v)]
+        if not neg:
+            conds.append(te.gt(v, 0.0))
+        if not pos:
+            conds.append(te.lt(v, 0.0))
+        return te.all(*conds)
+
+    out = te.compute(shape, f, name, "bool")
+    return ctx.call_te(name, call.args, [x], [out], call.info)
+
+
+register(Op("isnan", _infer_isnan, OpPattern.ELEMWISE, num_args=1, legalize=_legalize_isnan))
+register(Op("isinf", _infer_isnan, OpPattern.ELEMWISE, attrs={"detect_negative": True, "detect_positive": True}, num_args=1, legalize=_legalize_isnan))
+
+
+def isnan(x: Expr) -> Call:
+    """True where ``x`` is NaN."""
+    return make_call("isnan", [x])
+
+
+def isinf(x: Expr, detect_negative: bool = True, detect_positive: bool = True) -> Call:
+    """True where ``x`` is an infinity of a detected sign."""
+    return make_call("isinf", [x], detect_negative=detect_negative, detect_positive=detect_positive)
+
+
+# -- fmod and bit shifts ---------------------------------------------------------------------
+
+
+def _infer_int_binary(call: Call, ctx: InferCtx) -> StructInfo:
+    a, b = tensor_arg(call, 0, ctx), tensor_arg(call, 1, ctx)
+    dtype = unify_dtype([a.dtype, b.dtype], ctx)
+    if dtype == "bool":
+        raise ctx.error("expects numeric tensors, got bool")
+    if ctx.op_name == "bitshift" and dtype is not None and dtype not in INT_DTYPES:
+        raise ctx.error(f"expects integer tensors, got {dtype}")
+    if a.shape is None or b.shape is None:
+        return TensorInfo(None, dtype, -1 if -1 in (a.ndim, b.ndim) else max(a.ndim, b.ndim))
+    return TensorInfo(broadcast_shapes(a.shape, b.shape, ctx), dtype)
+
+
+def _legalize_int_binary(call: Call, ctx: "LegalizeCtx") -> Expr:
+    """fmod: ``a - trunc(a / b) * b`` (the sign of ``a``; 0 for an integer ``b == 0``).
+    bitshift: ``a * 2**b`` or ``a // 2**b`` (arithmetic) in int64, wrapped to the dtype; a
+    shift outside ``[0, bits)`` leaves only the sign fill (-1 for a right shift of a negative
+    ``a``, else 0)."""
+    name = call.callee.name  # type: ignore[attr-defined]
+    a, b = arg(call, 0, "a"), arg(call, 1, "b")
+    shape, dtype = out_tensor(call)
+    left = call.attrs.get("direction", "left") == "left"
+    bits = {"int8": 8, "uint8": 8, "int16": 16, "int32": 32}.get(dtype, 64)
+
+    def f(*i: Scalar) -> Scalar:
+        va = upcast(a[bcast_index(i, a.shape, shape)], a.dtype)
+        vb = upcast(b[bcast_index(i, b.shape, shape)], b.dtype)
+        if name == "bitshift":
+            wa, wb = te.cast(va, "int64"), te.cast(vb, "int64")
+            inside = te.logical_and(te.ge(wb, 0), te.lt(wb, bits))
+            p = te.cast(te.power(te.cast(2.0, "float64"), te.cast(te.if_then_else(inside, wb, 0), "float64")), "int64")
+            r = wa * p if left else wa // p  # type: ignore[operator]
+            spill = 0 if left else te.if_then_else(te.lt(wa, 0), -1, 0)
+            return te.if_then_else(inside, r, spill)
+        if is_float_dtype(dtype):
+            q = va / vb  # type: ignore[operator]
+            return va - te.if_then_else(te.lt(q, 0.0), te.ceil(q), te.floor(q)) * vb  # type: ignore[operator]
+        q = te.truncdiv(va, te.if_then_else(te.eq(vb, 0), 1, vb))
+        return te.if_then_else(te.eq(vb, 0), 0, va - q * vb)  # type: ignore[operator]
+
+    out = te.compute(shape, f, name, dtype)
+    return ctx.call_te(name, call.args, [a, b], [out], call.info)
+
+
+register(Op("fmod", _infer_int_binary, OpPattern.BROADCAST, num_args=2, legalize=_legalize_int_binary))
+register(Op("bitshift", _infer_int_binary, OpPattern.BROADCAST, attrs={"direction": "left"}, num_args=2, legalize=_legalize_int_binary))
+
+
+def fmod(a: Expr, b: Expr) -> Call:
+    """C's ``fmod``: the remainder of truncating division, with the sign of ``a``."""
+    return make_call("fmod", [a, b])
+
+
+def bitshift(a: Expr, b: Expr, direction: str = "left") -> Call:
+    """``a << b`` or ``a >> b`` (``direction`` ``"right"``) on integer tensors."""
+    return make_call("bitshift", [a, b], direction=direction)
