@@ -30,8 +30,9 @@ import numpy as np
 from tilework.driver import build, pipeline_name
 from tilework.errors import TileworkError, UnsupportedError
 from tilework.frontend.registry import CompileOptions, Imported, Signature, frontends, import_irmodule, import_model, register_frontend
-from tilework.ir.graph import GraphFunc
+from tilework.ir.graph import Constant, GraphFunc
 from tilework.ir.module import IRModule
+from tilework.ir.visitor import ExprVisitor
 from tilework.nn.module import register_compiler
 from tilework.runtime.executable import load_file
 from tilework.transform.pipeline import Pipeline, stages
@@ -100,15 +101,25 @@ def compile(
 class CompiledModel:
     """A compiled model: call it like the original. See the module docstring."""
 
-    def __init__(self, module: IRModule | None, executable: Any, weights: list[np.ndarray], signature: Signature, report: dict[str, Any]) -> None:
+    def __init__(self, module: IRModule | None, executable: Any, weights: list[np.ndarray], signature: Signature, report: dict[str, Any], *, module_text: str | None = None) -> None:
         from tilework.runtime.vm import VM
 
-        self.module = module
+        self._module = module
+        self._module_text = module_text  # parsed on first use of .module
         self.executable = executable
         self.weights = weights
         self.signature = signature
         self.report = report
         self._main = VM(executable)["main"]
+
+    @property
+    def module(self) -> IRModule | None:
+        """The optimized module (None when it was not saved with the model)."""
+        if self._module is None and self._module_text is not None:
+            from tilework.text import parse
+
+            self._module = parse(self._module_text)
+        return self._module
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         inputs = self.signature.bind(args, kwargs)
@@ -135,13 +146,8 @@ class CompiledModel:
         sig = extra.get("signature")
         if not isinstance(sig, dict) or not isinstance(sig.get("inputs"), list) or not isinstance(extra.get("report"), dict):
             raise TileworkError(f"{path!r}: malformed compiled-model metadata")
-        module = None
-        if "module" in loaded.texts:
-            from tilework.text import parse
-
-            module = parse(loaded.texts["module"])
         signature = Signature(sig["inputs"], sig.get("in_spec"), sig.get("out_spec"))
-        return CompiledModel(module, loaded.executable, loaded.arrays.get("weights", []), signature, extra["report"])
+        return CompiledModel(None, loaded.executable, loaded.arrays.get("weights", []), signature, extra["report"], module_text=loaded.texts.get("module"))
 
     # -- the account ------------------------------------------------------------------------
 
@@ -221,26 +227,19 @@ def _graph_summary(mod: IRModule) -> dict[str, Any]:
     return {"bindings": bindings, "op_calls": sum(ops.values()), "ops": ops.most_common()}
 
 
+class _ConstantBytes(ExprVisitor):
+    def __init__(self) -> None:
+        self.total = 0
+
+    def visit_constant(self, e: Constant) -> None:
+        self.total += int(e.data.nbytes)
+
+
 def _constant_bytes(mod: IRModule) -> int:
-    from tilework.ir.graph import Call, Constant, Tuple, bindings_of
-
-    total = 0
-
-    def visit(e: Any) -> None:
-        nonlocal total
-        if isinstance(e, Constant):
-            total += int(e.data.nbytes)
-        elif isinstance(e, Call):
-            for a in e.args:
-                visit(a)
-        elif isinstance(e, Tuple):
-            for f in e.fields:
-                visit(f)
-
+    count = _ConstantBytes()
     for _, func in mod.graph_funcs():
-        for b in bindings_of(func):
-            visit(b.value)
-    return total
+        count.visit(func.body)
+    return count.total
 
 
 def _register_builtins() -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 class TileworkError(Exception):
     """Base of every error raised by tilework on purpose."""
 
+    nn_module: str | None = None  # set once tracing has put an nn.Module's context in the message
+
 
 class SymbolicError(TileworkError):
     """A symbolic shape expression is malformed or cannot be evaluated (e.g. division by zero)."""

@@ -20,7 +20,7 @@ from typing import Any, Callable
 from tilework.errors import UnsupportedError
 from tilework.ir import sym
 from tilework.ir.graph import Call, Constant, Expr, OpRef, Var
-from tilework.ir.info import TensorInfo
+from tilework.ir.info import StructInfo, TensorInfo
 from tilework.ir.sym import Dim, FloorDiv, FloorMod, Max, Min, Poly, SymVar
 from tilework.ir.dtype import DTYPE_TABLE, np_dtype, to_onnx
 
@@ -42,6 +42,13 @@ def _elem(dtype: str | None) -> int:
     if dtype is None or dtype not in DTYPE_TABLE:
         raise UnsupportedError(f"no ONNX element type for dtype {dtype}")
     return to_onnx(dtype)
+
+
+def _op(call: Call) -> str:
+    """The name of the op ``call`` applies (``supported`` admits op calls only)."""
+    if not isinstance(call.callee, OpRef):
+        raise UnsupportedError(f"{call!r} is not an op call")
+    return call.callee.name
 
 
 def _shape(e: Expr) -> tuple[Dim, ...]:
@@ -139,7 +146,7 @@ Converter = Callable[[OnnxGraph, Call, str], None]
 
 
 def _unary(gr: OnnxGraph, call: Call, out: str) -> None:
-    name = call.callee.name  # type: ignore[attr-defined]
+    name = _op(call)
     x = gr.name(call.args[0])
     if name == "silu":
         gr.node("Mul", [x, gr.node("Sigmoid", [x])], out)
@@ -156,7 +163,7 @@ def _unary(gr: OnnxGraph, call: Call, out: str) -> None:
 
 
 def _binary(gr: OnnxGraph, call: Call, out: str) -> None:
-    gr.node(BINARY[call.callee.name], [gr.name(a) for a in call.args], out)  # type: ignore[attr-defined]
+    gr.node(BINARY[_op(call)], [gr.name(a) for a in call.args], out)
 
 
 def _matmul(gr: OnnxGraph, call: Call, out: str) -> None:
@@ -176,7 +183,7 @@ def _linear(gr: OnnxGraph, call: Call, out: str) -> None:
 
 
 def _softmax(gr: OnnxGraph, call: Call, out: str) -> None:
-    op = "Softmax" if call.callee.name == "softmax" else "LogSoftmax"  # type: ignore[attr-defined]
+    op = "Softmax" if _op(call) == "softmax" else "LogSoftmax"
     gr.node(op, [gr.name(call.args[0])], out, axis=int(call.attrs["axis"]))
 
 
@@ -188,7 +195,7 @@ def trailing_axis(call: Call) -> int | None:
 
 
 def _norm(gr: OnnxGraph, call: Call, out: str) -> None:
-    op = "LayerNormalization" if call.callee.name == "layer_norm" else "RMSNormalization"  # type: ignore[attr-defined]
+    op = "LayerNormalization" if _op(call) == "layer_norm" else "RMSNormalization"
     axis = trailing_axis(call)
     assert axis is not None
     gr.node(op, [gr.name(a) for a in call.args], out, axis=axis, epsilon=float(call.attrs["eps"]))
@@ -212,7 +219,11 @@ def _attention(gr: OnnxGraph, call: Call, out: str) -> None:
     mask = call.args[3] if len(call.args) == 4 else None
     nh, nkv, hd = _shape(q)[2], _shape(k)[2], _shape(q)[3]
     scale = call.attrs["scale"]
-    scale = float(scale) if scale is not None else 1.0 / math.sqrt(int(hd))  # type: ignore[arg-type]
+    if scale is None:
+        if not isinstance(hd, int):
+            raise UnsupportedError("attention with a symbolic head size needs a scale")
+        scale = 1.0 / math.sqrt(hd)
+    scale = float(scale)
     qt = gr.node("Transpose", [gr.name(q)], perm=[0, 2, 1, 3])
     kt = gr.node("Transpose", [gr.name(k)], perm=[0, 2, 3, 1])
     vt = gr.node("Transpose", [gr.name(v)], perm=[0, 2, 1, 3])
@@ -225,7 +236,7 @@ def _attention(gr: OnnxGraph, call: Call, out: str) -> None:
         s = gr.node("Reshape", [s, unfold])
     empty_rows = False
     if mask is not None:
-        if mask.info.dtype == "bool":  # type: ignore[attr-defined]
+        if isinstance(mask.info, TensorInfo) and mask.info.dtype == "bool":
             s = gr.node("Where", [gr.name(mask), s, gr.const(-math.inf, "float32")])
             empty_rows = True
         else:
@@ -311,18 +322,19 @@ def export(inputs: tuple[Expr, ...], bindings: tuple[Any, ...], outputs: tuple[V
         call = b.value
         if not isinstance(call, Call) or not supported(call):
             raise UnsupportedError(f"%{b.var.name} = {call!r} has no ONNX conversion")
-        CONVERTERS[call.callee.name](gr, call, gr.names[id(b.var)])  # type: ignore[attr-defined]
+        CONVERTERS[_op(call)](gr, call, gr.names[id(b.var)])
     if gr.uses_dims:
         graph_inputs.append(helper.make_tensor_value_info(DIMS_INPUT, to_onnx("int64"), [len(sym_vars)]))
-    graph_outputs = [_value_info(gr.names[id(v)], v.info) for v in outputs]  # type: ignore[arg-type]
+    graph_outputs = [_value_info(gr.names[id(v)], v.info) for v in outputs]
     graph = helper.make_graph(gr.nodes, name, graph_inputs, graph_outputs, initializer=gr.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="tilework")
     model.ir_version = IR_VERSION
     return model.SerializeToString(), gr.uses_dims
 
 
-def _value_info(name: str, info: TensorInfo) -> Any:
-    assert info.shape is not None
+def _value_info(name: str, info: StructInfo) -> Any:
+    if not isinstance(info, TensorInfo) or info.shape is None:
+        raise UnsupportedError(f"region value {name} is not a tensor of known shape ({info})")
     dims = [d if isinstance(d, int) else sym.to_str(d) for d in info.shape]
     return _onnx().helper.make_tensor_value_info(name, _elem(info.dtype), dims)
 

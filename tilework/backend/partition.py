@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from tilework.backend.base import Backend, resolve_backends
-from tilework.ir.graph import Binding, Call, OpRef
+from tilework.ir.graph import Binding, Call, GraphFunc, OpRef
 from tilework.ir.module import IRModule
 from tilework.pattern.graph import BlockGraph, graphs_of, match_at
 
@@ -90,7 +90,7 @@ def _ops_of(mod: IRModule, r: RegionSpec) -> str:
     f = mod.get(r.func)
     names = set(r.vars)
     ops: dict[str, int] = {}
-    for g in graphs_of(r.func, f) if f is not None and hasattr(f, "body") else []:  # type: ignore[arg-type]
+    for g in graphs_of(r.func, f) if isinstance(f, GraphFunc) else []:
         for b in g.bindings:
             if b.var.name in names and isinstance(b.value, Call) and isinstance(b.value.callee, OpRef):
                 ops[b.value.callee.name] = ops.get(b.value.callee.name, 0) + 1

@@ -20,6 +20,7 @@ import functools
 from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from tilework.errors import UnsupportedError
 
@@ -117,9 +118,9 @@ def np_dtype(name: str) -> np.dtype:
     return dtype_info(name).numpy
 
 
-def dtype_name(dt: object) -> str:
+def dtype_name(dt: DTypeLike) -> str:
     """tilework's name for a NumPy dtype (or anything ``np.dtype`` accepts)."""
-    npdt = np.dtype(dt)  # type: ignore[call-overload]
+    npdt = np.dtype(dt)
     name = npdt.name if npdt.name in DTYPE_TABLE and _numpy_dtype(npdt.name) == npdt else None
     if name is None:
         raise UnsupportedError(f"NumPy dtype {npdt} has no tilework dtype (supported: {', '.join(DTYPES)})")

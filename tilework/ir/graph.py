@@ -129,7 +129,7 @@ class PrimValue(Expr):
         if dtype is None:
             dtype = "bool" if isinstance(value, bool) else "float32" if isinstance(value, float) else "int64"
         sym_value = value if dtype == "int64" and not isinstance(value, (bool, float)) else None
-        return PrimValue(value, PrimInfo(dtype, sym_value))  # type: ignore[arg-type]
+        return PrimValue(value, PrimInfo(dtype, sym_value))
 
 
 @dataclass(frozen=True, slots=True, eq=False)

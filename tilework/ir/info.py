@@ -30,7 +30,7 @@ class StructInfo:
     """Base of struct info. Instances are immutable and compare structurally."""
 
     def replace(self, **changes: object) -> "StructInfo":
-        return replace(self, **changes)  # type: ignore[arg-type]
+        return replace(self, **changes)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ simplify and bound with the same machinery as shapes.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Union
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence, Union
 
 from tilework.ir import sym
 from tilework.ir.dtype import is_float_dtype, itemsize
@@ -33,49 +33,51 @@ class PExpr(ScalarOperand):
     """
 
     __slots__ = ()
-    if TYPE_CHECKING:
-        dtype: str
+    if TYPE_CHECKING:  # a dataclass field in most subclasses, a property in a few
 
-    def __add__(self, o: object) -> "PExpr":
+        @property
+        def dtype(self) -> str: ...
+
+    def __add__(self, o: Operand) -> "PExpr":
         return binary("+", self, o)
 
-    def __radd__(self, o: object) -> "PExpr":
+    def __radd__(self, o: Operand) -> "PExpr":
         return binary("+", o, self)
 
-    def __sub__(self, o: object) -> "PExpr":
+    def __sub__(self, o: Operand) -> "PExpr":
         return binary("-", self, o)
 
-    def __rsub__(self, o: object) -> "PExpr":
+    def __rsub__(self, o: Operand) -> "PExpr":
         return binary("-", o, self)
 
-    def __mul__(self, o: object) -> "PExpr":
+    def __mul__(self, o: Operand) -> "PExpr":
         return binary("*", self, o)
 
-    def __rmul__(self, o: object) -> "PExpr":
+    def __rmul__(self, o: Operand) -> "PExpr":
         return binary("*", o, self)
 
-    def __truediv__(self, o: object) -> "PExpr":
+    def __truediv__(self, o: Operand) -> "PExpr":
         return binary("/", self, o)
 
-    def __rtruediv__(self, o: object) -> "PExpr":
+    def __rtruediv__(self, o: Operand) -> "PExpr":
         return binary("/", o, self)
 
-    def __floordiv__(self, o: object) -> "PExpr":
+    def __floordiv__(self, o: Operand) -> "PExpr":
         return binary("//", self, o)
 
-    def __rfloordiv__(self, o: object) -> "PExpr":
+    def __rfloordiv__(self, o: Operand) -> "PExpr":
         return binary("//", o, self)
 
-    def __mod__(self, o: object) -> "PExpr":
+    def __mod__(self, o: Operand) -> "PExpr":
         return binary("%", self, o)
 
-    def __rmod__(self, o: object) -> "PExpr":
+    def __rmod__(self, o: Operand) -> "PExpr":
         return binary("%", o, self)
 
-    def __pow__(self, o: object) -> "PExpr":
+    def __pow__(self, o: Operand) -> "PExpr":
         return binary("pow", self, o)
 
-    def __rpow__(self, o: object) -> "PExpr":
+    def __rpow__(self, o: Operand) -> "PExpr":
         return binary("pow", o, self)
 
     def __neg__(self) -> "PExpr":
@@ -84,34 +86,34 @@ class PExpr(ScalarOperand):
     def __abs__(self) -> "PExpr":
         return Intrin("abs", (self,), self.dtype)
 
-    def __lt__(self, o: object) -> "PExpr":
+    def __lt__(self, o: Operand) -> "PExpr":
         return binary("<", self, o)
 
-    def __le__(self, o: object) -> "PExpr":
+    def __le__(self, o: Operand) -> "PExpr":
         return binary("<=", self, o)
 
-    def __gt__(self, o: object) -> "PExpr":
+    def __gt__(self, o: Operand) -> "PExpr":
         return binary(">", self, o)
 
-    def __ge__(self, o: object) -> "PExpr":
+    def __ge__(self, o: Operand) -> "PExpr":
         return binary(">=", self, o)
 
-    def eq(self, o: object) -> "PExpr":
+    def eq(self, o: Operand) -> "PExpr":
         return binary("==", self, o)
 
-    def ne(self, o: object) -> "PExpr":
+    def ne(self, o: Operand) -> "PExpr":
         return binary("!=", self, o)
 
-    def __and__(self, o: object) -> "PExpr":
+    def __and__(self, o: Operand) -> "PExpr":
         return binary("and", self, o)
 
-    def __rand__(self, o: object) -> "PExpr":
+    def __rand__(self, o: Operand) -> "PExpr":
         return binary("and", o, self)
 
-    def __or__(self, o: object) -> "PExpr":
+    def __or__(self, o: Operand) -> "PExpr":
         return binary("or", self, o)
 
-    def __ror__(self, o: object) -> "PExpr":
+    def __ror__(self, o: Operand) -> "PExpr":
         return binary("or", o, self)
 
     def __invert__(self) -> "PExpr":
@@ -130,6 +132,7 @@ class PExpr(ScalarOperand):
 
 
 Scalar = Union[PExpr, int, SymExpr]  # an int or SymExpr is an int64 index value
+Operand = Union[Scalar, float]  # what operators and te helpers take; Python numbers are weakly typed
 
 BINARY_OPS = ("+", "-", "*", "/", "//", "%", "min", "max", "pow")
 COMPARE_OPS = ("<", "<=", "==", "!=", ">", ">=")
@@ -145,6 +148,12 @@ def dtype_of(x: Scalar) -> str:
     return "int64" if isinstance(x, (int, SymExpr)) else x.dtype
 
 
+def index_dims(xs: Sequence[Scalar]) -> tuple[Dim, ...] | None:
+    """``xs`` as dims when every one is an index value (an ``int`` or ``SymExpr``), else None."""
+    dims = tuple(x for x in xs if isinstance(x, (int, SymExpr)))
+    return dims if len(dims) == len(xs) else None
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Const(PExpr):
     value: Union[int, float, bool]
@@ -157,7 +166,7 @@ class Load(PExpr):
     indices: tuple[Scalar, ...]
 
     @property
-    def dtype(self) -> str:  # type: ignore[override]
+    def dtype(self) -> str:
         return self.buffer.dtype
 
 

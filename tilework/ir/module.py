@@ -73,6 +73,13 @@ class IRModule(Mapping[str, Function]):
             if isinstance(f, TensorFunc):
                 yield name, f
 
+    def graph_func(self, name: str) -> GraphFunc:
+        """The graph function ``@name`` (a WellFormedError when it is another kind)."""
+        f = self[name]
+        if not isinstance(f, GraphFunc):
+            raise WellFormedError(f"@{name} is a {type(f).__name__}, not a graph function")
+        return f
+
     def global_var(self, name: str) -> GlobalVar:
         return GlobalVar(name, func_info(self[name]))
 

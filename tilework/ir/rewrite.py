@@ -9,20 +9,9 @@ overriding ``rewrite_value`` (the common case: replace a call by another express
 from __future__ import annotations
 
 from tilework.ir.builder import BlockBuilder
-from tilework.ir.graph import (
-    Binding,
-    Call,
-    DataflowVar,
-    Expr,
-    GraphFunc,
-    If,
-    MatchCast,
-    SeqExpr,
-    Tuple,
-    TupleGetItem,
-    Var,
-)
+from tilework.ir.graph import Binding, DataflowVar, Expr, GraphFunc, If, MatchCast, SeqExpr, Var
 from tilework.ir.module import IRModule
+from tilework.ir.visitor import substitute
 
 
 class FuncRewriter:
@@ -104,16 +93,4 @@ class FuncRewriter:
 
     def remap(self, e: Expr) -> Expr:
         """``e`` with every var replaced by its new version."""
-        if isinstance(e, Var):
-            return self.var_map.get(e, e)
-        if isinstance(e, Call):
-            args = tuple(self.remap(a) for a in e.args)
-            callee = self.remap(e.callee)
-            if callee is e.callee and all(a is b for a, b in zip(args, e.args)):
-                return e
-            return Call(callee, args, e.attrs, e.sinfo_args)
-        if isinstance(e, Tuple):
-            return Tuple(tuple(self.remap(f) for f in e.fields))
-        if isinstance(e, TupleGetItem):
-            return TupleGetItem(self.remap(e.tuple_value), e.index)
-        return e
+        return substitute(e, self.var_map)

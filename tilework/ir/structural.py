@@ -99,7 +99,7 @@ def _category(v: Any) -> str:
     if _is_index(v):
         return "dim"
     for cls, name in ((float, "float"), (str, "str"), ((tuple, list), "seq"), (Mapping, "map"), (StructInfo, "info")):
-        if isinstance(v, cls):  # type: ignore[arg-type]
+        if isinstance(v, cls):
             return name
     return "other"
 

@@ -20,7 +20,7 @@ import itertools
 import keyword
 import math
 import operator
-from typing import Callable, Iterable, Mapping, Union
+from typing import Callable, Iterable, Mapping, SupportsIndex, Union
 
 from tilework.errors import SymbolicError
 from tilework.ir.interval import ATOM_BOUNDS, Bound, div_bounds, iadd, imul, meet
@@ -102,9 +102,11 @@ class Atom(SymExpr):
 
 
 def _as_int(x: object, what: str) -> int:
-    if isinstance(x, bool) or not hasattr(type(x), "__index__"):
+    if type(x) is int:  # the common case; the protocol check below takes microseconds
+        return x
+    if isinstance(x, bool) or not isinstance(x, SupportsIndex):
         raise SymbolicError(f"{what}: expected an int, got {type(x).__name__}: {x!r}")
-    return operator.index(x)  # type: ignore[arg-type]
+    return operator.index(x)
 
 
 class SymVar(Atom):
@@ -223,7 +225,10 @@ def _from_poly(p: PolyDict) -> Dim:
 
 
 def _terms(x: SymExpr) -> tuple[tuple[tuple[Mono, int], ...], int]:
-    return (x.terms, x.const) if isinstance(x, Poly) else ((((x,), 1),), 0)  # type: ignore[return-value]
+    if isinstance(x, Poly):
+        return x.terms, x.const
+    assert isinstance(x, Atom)  # a SymExpr is a Poly or an Atom
+    return (((x,), 1),), 0
 
 
 def _poly(x: Dim) -> PolyDict:
@@ -235,14 +240,15 @@ def _poly(x: Dim) -> PolyDict:
         if x.const:
             d[()] = x.const
         return d
-    return {(x,): 1}  # type: ignore[dict-item]
+    assert isinstance(x, Atom)
+    return {(x,): 1}
 
 
 def _check(x: object) -> Dim:
     """``x`` as a Dim: a SymExpr, or a plain int (int-like values are converted; bools,
     floats and everything else are rejected)."""
     if type(x) is int or isinstance(x, SymExpr):
-        return x  # type: ignore[return-value]
+        return x
     return _as_int(x, "symbolic dim arithmetic")
 
 
@@ -516,16 +522,20 @@ def _div_lower(d: Dim) -> int | None:
     term at a time keeps cancellations that relaxing all of them would lose, so both are tried."""
     if not isinstance(d, Poly):
         return None
-    divs = [m[0] for m, _ in d.terms if len(m) == 1 and isinstance(m[0], FloorDiv) and isinstance(m[0].b, int)]
+    divs: dict[FloorDiv, int] = {}  # each lone term's ``x // c`` and its constant ``c``
+    for m, _ in d.terms:
+        t = m[0] if len(m) == 1 else None
+        if isinstance(t, FloorDiv) and isinstance(t.b, int):
+            divs[t] = t.b
     best: int | None = None
     for chosen in [{q} for q in divs] + ([set(divs)] if len(divs) > 1 else []):
-        s = math.lcm(*(q.b for q in chosen))  # type: ignore[arg-type]
+        s = math.lcm(*(divs[q] for q in chosen))
         acc: Dim = s * d.const
         for m, k in d.terms:
             q = m[0]
-            if len(m) == 1 and q in chosen:
-                assert isinstance(q, FloorDiv) and isinstance(q.b, int)
-                acc = add(acc, mul(q.a if k < 0 else sub(q.a, q.b - 1), s // q.b * k))
+            if len(m) == 1 and isinstance(q, FloorDiv) and q in chosen:
+                c = divs[q]
+                acc = add(acc, mul(q.a if k < 0 else sub(q.a, c - 1), s // c * k))
             else:
                 acc = add(acc, mul(_from_poly({m: k}), s))
         lo = bounds(acc)[0]
@@ -794,8 +804,8 @@ def _shifted_bounds(e: Poly) -> Bound:
     const = e.const + shifted.pop((), 0)
     acc: Bound = (const, const)
     for k, v in shifted.items():
-        widths = [width[a] for a in k]
-        top = 0 if 0 in widths else (None if None in widths else math.prod(widths))  # type: ignore[arg-type]
+        widths = [w for w in (width[a] for a in k) if w is not None]  # None: unbounded
+        top = 0 if 0 in widths else (None if len(widths) < len(k) else math.prod(widths))
         acc = iadd(acc, imul((0, top), (v, v)))
     return acc
 

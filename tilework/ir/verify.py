@@ -26,7 +26,7 @@ The rules (``Diagnostic.rule`` names them):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -52,7 +52,6 @@ from tilework.ir.graph import (
     PrimValue,
     SeqExpr,
     ShapeExpr,
-    StringImm,
     Tuple,
     TupleGetItem,
     Var,
@@ -60,9 +59,10 @@ from tilework.ir.graph import (
 from tilework.ir.dtype import is_float_dtype
 from tilework.ir.info import AnyInfo, Check, FuncInfo, PrimInfo, ShapeInfo, StructInfo, TensorInfo, TupleInfo
 from tilework.ir.module import Function, IRModule, func_info
-from tilework.ir.sym import SymExpr, SymVar
+from tilework.ir.sym import Dim, SymExpr, SymVar
 from tilework.ir.opdef import infer_with_checks
 from tilework.ir.opdef import lookup as lookup_op
+from tilework.ir.visitor import ExprVisitor
 
 RULES = {
     "var-def": "rule 1: vars are defined once, before use, in their own function",
@@ -182,7 +182,7 @@ class _Checker:
 # -- the graph level ----------------------------------------------------------------------
 
 
-class _GraphCheck(_Checker):
+class _GraphCheck(_Checker, ExprVisitor):
     """Walks one GraphFunc in program order, tracking the vars and sym vars in scope."""
 
     def __init__(
@@ -294,7 +294,7 @@ class _GraphCheck(_Checker):
         self.where = owner
         if not is_leaf(s.body):
             self.bad("anf", f"the result of {kind} is a {type(s.body).__name__}, not a leaf: bind it to a var first")
-        self.expr(s.body)
+        self.visit(s.body)
         self.seq_info(s, kind, outer_syms)
         for v in self.vars - outer_vars:
             self.gone[v] = ("var-def", "it is defined inside an If branch, which is not visible after the If")
@@ -341,7 +341,7 @@ class _GraphCheck(_Checker):
         name = f"%{b.var.name}"
         if isinstance(b.value, SeqExpr):
             self.bad("anf", f"{name} is bound to a SeqExpr: only function bodies and If branches are SeqExprs")
-        self.expr(b.value)
+        self.visit(b.value)
         if isinstance(b, MatchCast):
             if not is_leaf(b.value):
                 self.bad("anf", f"the match_cast of {name} casts a {type(b.value).__name__}, not a leaf: bind it first")
@@ -374,32 +374,27 @@ class _GraphCheck(_Checker):
 
     # -- expressions ----------------------------------------------------------------------
 
-    def expr(self, e: Expr) -> None:
-        if isinstance(e, Var):
-            self.use(e)
-        elif isinstance(e, GlobalVar):
-            if e.name not in self.mod:
-                known = ", ".join(f"@{n}" for n in self.mod) or "none"
-                msg = f"@{e.name} is not a function of the module (it has: {known}): add it or fix the name"
-                self.bad("global", msg, ("global", e.name))
-        elif isinstance(e, OpRef):
-            if lookup_op(e.name) is None:
-                msg = f"op {e.name!r} is not registered: fix the name, or import the op family that defines it"
-                self.bad("global", msg, ("op", e.name))
-        elif isinstance(e, (Constant, ShapeExpr, PrimValue)):
-            self.leaf_info(e)
-        elif isinstance(e, Tuple):
-            self.tuple_expr(e)
-        elif isinstance(e, TupleGetItem):
-            self.tuple_get_item(e)
-        elif isinstance(e, Call):
-            self.call(e)
-        elif isinstance(e, If):
-            self.if_expr(e)
-        elif isinstance(e, SeqExpr):
-            self.seq(e, "a nested SeqExpr")
-        elif not isinstance(e, (ExternFunc, StringImm)):
-            self.bad("anf", f"{self.here()} holds a {type(e).__name__}, which is not a graph expression")
+    # ExprVisitor.visit sends each node of a value to its check below.
+
+    def visit_var(self, e: Var) -> None:
+        self.use(e)
+
+    def visit_global_var(self, e: GlobalVar) -> None:
+        if e.name not in self.mod:
+            known = ", ".join(f"@{n}" for n in self.mod) or "none"
+            msg = f"@{e.name} is not a function of the module (it has: {known}): add it or fix the name"
+            self.bad("global", msg, ("global", e.name))
+
+    def visit_op_ref(self, e: OpRef) -> None:
+        if lookup_op(e.name) is None:
+            msg = f"op {e.name!r} is not registered: fix the name, or import the op family that defines it"
+            self.bad("global", msg, ("op", e.name))
+
+    def visit_seq_expr(self, e: SeqExpr) -> None:
+        self.seq(e, "a nested SeqExpr")
+
+    def visit_other(self, e: Any) -> None:
+        self.bad("anf", f"{self.here()} holds a {type(e).__name__}, which is not a graph expression")
 
     def leaf(self, e: Expr, what: str) -> None:
         if not is_leaf(e):
@@ -433,15 +428,17 @@ class _GraphCheck(_Checker):
         if not (isinstance(info, PrimInfo) and _prim_fits(info, e.value)):
             self.bad("struct-info", f"the prim value {e.value} in {at} has struct info {_info_str(info)}: use PrimValue.of(value)")
 
-    def tuple_expr(self, e: Tuple) -> None:
+    visit_constant = visit_shape_expr = visit_prim_value = leaf_info
+
+    def visit_tuple(self, e: Tuple) -> None:
         for i, f in enumerate(e.fields):
             self.leaf(f, f"tuple field {i}")
-            self.expr(f)
+            self.visit(f)
         self.consistent(f"a tuple of {len(e.fields)}", e.info, TupleInfo(tuple(f.info for f in e.fields)))
 
-    def tuple_get_item(self, e: TupleGetItem) -> None:
+    def visit_tuple_get_item(self, e: TupleGetItem) -> None:
         self.leaf(e.tuple_value, "the tuple of a TupleGetItem")
-        self.expr(e.tuple_value)
+        self.visit(e.tuple_value)
         t = e.tuple_value.info
         if isinstance(t, AnyInfo):
             return
@@ -452,11 +449,11 @@ class _GraphCheck(_Checker):
         else:
             self.consistent(f"item {e.index}", e.info, t.fields[e.index])
 
-    def if_expr(self, e: If) -> None:
+    def visit_if(self, e: If) -> None:
         if self.dataflow:
             self.bad("anf", "an If inside a dataflow block: control flow belongs in a plain binding block")
         self.leaf(e.cond, "the If's condition")
-        self.expr(e.cond)
+        self.visit(e.cond)
         outer_df, infos = self.dataflow, []
         for kind, br in (("then", e.then_branch), ("else", e.else_branch)):
             if not isinstance(br, SeqExpr):
@@ -470,13 +467,13 @@ class _GraphCheck(_Checker):
             self.consistent("the If", e.info, I.lca(infos[0], infos[1]))
         self.use_syms(_info_syms(e.info), self.here())
 
-    def call(self, e: Call) -> None:
+    def visit_call(self, e: Call) -> None:
         callee = _callee_str(e)
         self.leaf(e.callee, "the callee")
         for i, a in enumerate(e.args):
             self.leaf(a, f"argument {i} of {callee}")
         for x in (e.callee, *e.args):
-            self.expr(x)
+            self.visit(x)
         for s in e.sinfo_args:
             self.use_syms(_info_syms(s), self.here())
         self.callee_kind(e)
@@ -579,8 +576,8 @@ def _count(e: Expr) -> int | None:
     return e.info.ndim if isinstance(e.info, ShapeInfo) and e.info.ndim >= 0 else None
 
 
-def _same_dims(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
-    return len(a) == len(b) and all(sym.prove_eq(x, y) for x, y in zip(a, b))  # type: ignore[arg-type]
+def _same_dims(a: tuple[Dim, ...], b: tuple[Dim, ...]) -> bool:
+    return len(a) == len(b) and all(sym.prove_eq(x, y) for x, y in zip(a, b))
 
 
 def _prim_fits(info: PrimInfo, v: object) -> bool:

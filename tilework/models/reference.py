@@ -230,7 +230,8 @@ def random_weights(params: list[Var], seed: int = 0, scale: float = 0.05) -> lis
     for p in params:
         info = p.info
         assert isinstance(info, TensorInfo) and info.shape is not None and info.dtype is not None
-        shape = tuple(int(d) for d in info.shape)  # type: ignore[arg-type]
+        shape = tuple(d for d in info.shape if isinstance(d, int))
+        assert len(shape) == len(info.shape), f"weight {p.name} has a symbolic shape"
         if any(s in p.name for s in ("norm", "ln1_g", "ln2_g")):
             a = 1.0 + scale * rng.standard_normal(shape)
         else:

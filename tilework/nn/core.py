@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence, TypeGuard, TypeVar
 
 import numpy as np
 
@@ -29,6 +29,7 @@ from tilework.ir.dtype import dtype_name, np_dtype
 from tilework.runtime.tensor import from_torch, is_torch_tensor
 
 INITS = ("normal", "zeros", "ones")
+T = TypeVar("T")
 
 
 # -- the trace: where operations emit --------------------------------------------------------
@@ -217,13 +218,11 @@ class Tensor:
 
     def reshape(self, *shape: Dim | Sequence[Dim]) -> "Tensor":
         """The same elements in a new shape (``reshape(b, s, 4, 16)`` or ``reshape((b, s, -1))``)."""
-        dims = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-        return emit(op.reshape(self.expr, dims))  # type: ignore[arg-type]
+        return emit(op.reshape(self.expr, _one_or_many(shape, "reshape")))
 
     def permute(self, *axes: int | Sequence[int]) -> "Tensor":
         """Dims reordered: output dim ``i`` is input dim ``axes[i]``."""
-        order = tuple(axes[0]) if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
-        return emit(op.permute_dims(self.expr, order))  # type: ignore[arg-type]
+        return emit(op.permute_dims(self.expr, _one_or_many(axes, "permute")))
 
     def transpose(self, a: int, b: int) -> "Tensor":
         """Dims ``a`` and ``b`` swapped."""
@@ -238,7 +237,17 @@ class Tensor:
         return _index(self, key if isinstance(key, tuple) else (key,))
 
 
-def _is_int(v: object) -> bool:
+def _one_or_many(args: tuple[T | Sequence[T], ...], what: str) -> tuple[T, ...]:
+    """The values of ``f(a, b, c)`` or of ``f((a, b, c))``."""
+    if len(args) == 1 and isinstance(args[0], (tuple, list)):
+        return tuple(args[0])
+    flat = tuple(a for a in args if not isinstance(a, Sequence))
+    if len(flat) != len(args):
+        raise ShapeError(f"{what} takes values or one sequence of them, got {args!r}")
+    return flat
+
+
+def _is_int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -270,14 +279,14 @@ def _index(x: Tensor, key: tuple[object, ...]) -> Tensor:
             strides.append(step)
         elif _is_int(k):
             d = shape[axis]
-            if isinstance(d, int) and not -d <= k < d:  # type: ignore[operator]
+            if isinstance(d, int) and not -d <= k < d:
                 raise ShapeError(f"index {k} is out of range for axis {axis} of shape {shape_str(shape)}")
             takes.append((axis, k))
         else:
             raise ShapeError(f"unsupported index {k!r}: use ints, slices and ...; gather with nn.take")
     out = x
     if axes:
-        out = emit(op.strided_slice(out.expr, axes, begin, end, strides))  # type: ignore[arg-type]
+        out = emit(op.strided_slice(out.expr, axes, begin, end, strides))
     for axis, k in reversed(takes):
         out = emit(op.take(out.expr, Constant.of(np.asarray(k, dtype=np.int64)), axis=axis))
     return out
@@ -299,16 +308,17 @@ class Parameter(Tensor):
     or initialized). ``init`` says how ``Module.init_random`` fills it: ``normal`` (scaled
     standard normal), ``zeros`` or ``ones``."""
 
-    __slots__ = ("_info", "data", "init")
+    __slots__ = ("_info", "_shape", "data", "init")
 
     def __init__(self, shape: Sequence[int], dtype: str = "float32", init: str = "normal") -> None:
         dims = tuple(shape)
-        if not all(_is_int(d) and d >= 0 for d in dims):  # type: ignore[operator]
+        if not all(_is_int(d) and d >= 0 for d in dims):
             raise ParameterError(f"a Parameter's shape must be non-negative ints, got {dims!r}")
         if dtype not in DTYPES:
             raise ParameterError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
         if init not in INITS:
             raise ParameterError(f"unknown init {init!r}; expected one of {', '.join(INITS)}")
+        self._shape = dims
         self._info = TensorInfo(dims, dtype)
         self.data: np.ndarray | None = None
         self.init = init
@@ -324,6 +334,10 @@ class Parameter(Tensor):
     def info(self) -> TensorInfo:
         return self._info
 
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
     def __repr__(self) -> str:
         return f"nn.Parameter({describe(self)}{'' if self.data is not None else ', no value'})"
 
@@ -331,7 +345,7 @@ class Parameter(Tensor):
         """``value`` as this parameter's array: the shape must match exactly; floating-point
         values are converted to the parameter's float dtype, anything else must match it."""
         a = to_numpy(value)
-        want = tuple(int(d) for d in self.shape)  # type: ignore[arg-type]
+        want = self.shape
         if tuple(a.shape) != want:
             raise ParameterError(f"{name}: a value of shape {tuple(a.shape)} for a parameter of shape {want}")
         got = dtype_name(a.dtype)
@@ -342,7 +356,7 @@ class Parameter(Tensor):
         return np.ascontiguousarray(a)
 
     def random_value(self, rng: np.random.Generator, scale: float) -> np.ndarray:
-        shape = tuple(int(d) for d in self.shape)  # type: ignore[arg-type]
+        shape = self.shape
         dt = np_dtype(self.dtype)
         if self.init == "zeros":
             return np.zeros(shape, dt)

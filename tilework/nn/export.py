@@ -29,10 +29,10 @@ def import_for_compile(model: Module, options: CompileOptions) -> Imported:
     weights = "constants" if options.weights == "constants" else "params"
     require_values(model)
     out = export_methods(model, methods, options.dim_bounds, weights, {"forward": "main"})
-    arrays = [] if weights == "constants" else [p.data for p in model.parameters()]
+    arrays = [] if weights == "constants" else list(model.state_dict().values())  # in parameter order
     signature = Signature([{"name": n, "tensor": True, "value": None} for n in out.inputs["main"]])
     source = f"tilework.nn {type(model).__name__} ({len(out.param_names)} parameters)"
-    return Imported(out.module, arrays, signature, source, dict(out.dims))  # type: ignore[arg-type]
+    return Imported(out.module, arrays, signature, source, dict(out.dims))
 
 
 def is_nn_module(m: Any) -> bool:

@@ -167,7 +167,7 @@ class Module:
         try:
             return method(*args, **kwargs)
         except (ShapeError, InferenceError) as e:
-            if getattr(e, "nn_module", None) is not None:
+            if e.nn_module is not None:
                 raise
             raise _with_context(e, self, path, method, args, kwargs) from e
         finally:
@@ -249,7 +249,7 @@ def _with_context(e: TileworkError, module: Module, path: str, method: Callable[
         new = type(e)(msg)
     except TypeError:
         new = ShapeError(msg) if isinstance(e, ShapeError) else InferenceError(msg)
-    new.nn_module = path  # type: ignore[attr-defined]
+    new.nn_module = path
     return new
 
 
@@ -357,7 +357,7 @@ def compile_module(model: Module, spec: "spec_mod.Spec | None", dim_bounds: "spe
     if not _COMPILER:
         raise TileworkError("no compiler is registered: import tilework (tilework.compiled registers tilework.compile)")
     bounds = spec_mod.normalize_bounds(dim_bounds) if dim_bounds is not None else None
-    return _COMPILER[0](model, spec, dim_bounds=bounds, weights=weights, **kw)  # type: ignore[no-any-return]
+    return _COMPILER[0](model, spec, dim_bounds=bounds, weights=weights, **kw)
 
 
 _COMPILER: list[Callable[..., Any]] = []

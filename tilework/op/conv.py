@@ -158,7 +158,7 @@ def _infer_adaptive(call: Call, ctx: InferCtx) -> StructInfo:
 
 def _taps(out_idx: Sequence[Scalar], ks: Sequence[Scalar], strides: Sequence[int], padding: Sequence[int], dilation: Sequence[int]) -> list[Scalar]:
     """The input position read by kernel tap ``ks`` for output position ``out_idx``."""
-    return [o * s - p + k * d for o, k, s, p, d in zip(out_idx, ks, strides, padding, dilation)]  # type: ignore[operator, misc]
+    return [o * s - p + k * d for o, k, s, p, d in zip(out_idx, ks, strides, padding, dilation)]
 
 
 def _inside(pos: Sequence[Scalar], dims: Sequence[Dim]) -> Scalar:
@@ -181,11 +181,11 @@ def _legalize_conv(call: Call, ctx: "LegalizeCtx") -> Expr:
         c = te.reduce_axis(cin_g, "c")
         ks = [te.reduce_axis(w.shape[2 + i], f"k{i}") for i in range(nsp)]
         pos = _taps(sp, ks, strides, padding, dilation)
-        chan = c if groups == 1 else o // per_group * cin_g + c  # type: ignore[operator]
-        prod = te.cast(x[(n, chan, *pos)], acc) * te.cast(w[(o, c, *ks)], acc)  # type: ignore[operator]
+        chan = c if groups == 1 else o // per_group * cin_g + c
+        prod = te.cast(x[(n, chan, *pos)], acc) * te.cast(w[(o, c, *ks)], acc)
         inside = _inside(pos, x.shape[2:]) if any(padding) else None
         total = te.sum(prod, axis=[c, *ks], where=inside)
-        return total if bias is None else total + te.cast(bias[o], acc)  # type: ignore[operator]
+        return total if bias is None else total + te.cast(bias[o], acc)
 
     out = te.compute(shape, f, name, dtype)
     inputs = [x, w] if bias is None else [x, w, bias]
@@ -218,18 +218,18 @@ def _legalize_avg_pool(call: Call, ctx: "LegalizeCtx") -> Expr:
     def count(sp: Sequence[Scalar]) -> Scalar:
         total: Scalar = 1
         for i, o in enumerate(sp):
-            start = o * strides[i] - padding[i]  # type: ignore[operator]
-            end = te.minimum(start + size[i], sym.add(dims[i], padding[nsp + i]))  # type: ignore[operator]
+            start = o * strides[i] - padding[i]
+            end = te.minimum(start + size[i], sym.add(dims[i], padding[nsp + i]))
             if not include_pad:
                 start, end = te.maximum(start, 0), te.minimum(end, dims[i])
-            total = total * (end - start)  # type: ignore[operator]
+            total = total * (end - start)
         return total
 
     def f(n: Scalar, c: Scalar, *sp: Scalar) -> Scalar:
         ks = [te.reduce_axis(k, f"k{i}") for i, k in enumerate(size)]
         pos = _taps(sp, ks, strides, padding, (1,) * nsp)
         total = te.sum(te.cast(x[(n, c, *pos)], acc), axis=ks, where=_inside(pos, dims))
-        return total / te.cast(count(sp), acc)  # type: ignore[operator]
+        return total / te.cast(count(sp), acc)
 
     out = te.compute(shape, f, "avg_pool2d", dtype)
     return ctx.call_te("avg_pool2d", call.args, [x], [out], call.info)
@@ -245,18 +245,18 @@ def _legalize_adaptive(call: Call, ctx: "LegalizeCtx") -> Expr:
     widths = [sym.add(sym.ceildiv(d, o), 1) for d, o in zip(dims, outs)]
 
     def bounds(i: Scalar, d: Dim, o: int) -> tuple[Scalar, Scalar]:
-        return i * d // o, ((i + 1) * d + (o - 1)) // o  # type: ignore[operator]
+        return i * d // o, ((i + 1) * d + (o - 1)) // o
 
     def f(n: Scalar, c: Scalar, *sp: Scalar) -> Scalar:
         ks = [te.reduce_axis(wd, f"k{i}") for i, wd in enumerate(widths)]
         win = [bounds(i, d, o) for i, d, o in zip(sp, dims, outs)]
-        pos = [s + k for (s, _), k in zip(win, ks)]  # type: ignore[operator]
+        pos = [s + k for (s, _), k in zip(win, ks)]
         inside = te.all(*(te.lt(p, e) for p, (_, e) in zip(pos, win)))
         total = te.sum(te.cast(x[(n, c, *pos)], acc), axis=ks, where=inside)
         count: Scalar = 1
         for s, e in win:
-            count = count * (e - s)  # type: ignore[operator]
-        return total / te.cast(count, acc)  # type: ignore[operator]
+            count = count * (e - s)
+        return total / te.cast(count, acc)
 
     out = te.compute(shape, f, "adaptive_avg_pool2d", dtype)
     return ctx.call_te("adaptive_avg_pool2d", call.args, [x], [out], call.info)

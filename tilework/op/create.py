@@ -21,7 +21,7 @@ from tilework.ir.graph import Call, Expr
 from tilework.ir.info import StructInfo, TensorInfo
 from tilework.ir.dtype import is_float_dtype
 from tilework.ir.loop import Scalar
-from tilework.ir.sym import Dim, SymExpr
+from tilework.ir.sym import Dim, SymExpr, SymVar
 from tilework.op.base import (
     InferCtx,
     Op,
@@ -121,7 +121,7 @@ def _fill_value(call: Call, dtype: str) -> float | int | bool:
     v = call.attrs["fill_value"]
     if isinstance(v, float) and dtype != "bool" and not is_float_dtype(dtype):
         return int(v)
-    return v  # type: ignore[no-any-return]
+    return v
 
 
 def _legalize_fill(call: Call, ctx: "LegalizeCtx") -> Expr:
@@ -139,10 +139,10 @@ def _legalize_arange(call: Call, ctx: "LegalizeCtx") -> Expr:
     start, step = call.attrs["start"], call.attrs["step"]
     exact = not isinstance(start, float) and not isinstance(step, float)
 
-    def f(i: Scalar) -> Scalar:
+    def f(i: SymVar) -> Scalar:
         if exact:
-            return te.cast(sym.add(start, sym.mul(i, step)), dtype)  # type: ignore[arg-type]
-        return te.cast(te.cast(start, "float64") + te.cast(i, "float64") * float(step), dtype)  # type: ignore[operator]
+            return te.cast(sym.add(start, sym.mul(i, step)), dtype)
+        return te.cast(te.cast(start, "float64") + te.cast(i, "float64") * float(step), dtype)
 
     out = te.compute(shape, f, "arange")
     return ctx.call_te("arange", [], [], [out], call.info)
@@ -151,7 +151,7 @@ def _legalize_arange(call: Call, ctx: "LegalizeCtx") -> Expr:
 def _legalize_eye_like(call: Call, ctx: "LegalizeCtx") -> Expr:
     shape, dtype = out_tensor(call)
     k = int(call.attrs["k"])
-    out = te.compute(shape, lambda i, j: te.if_then_else(te.eq(j - i, k), 1, 0), "eye_like", dtype)  # type: ignore[operator]
+    out = te.compute(shape, lambda i, j: te.if_then_else(te.eq(j - i, k), 1, 0), "eye_like", dtype)
     return ctx.call_te("eye_like", [], [], [out], call.info)
 
 

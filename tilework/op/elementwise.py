@@ -18,7 +18,7 @@ from tilework import te
 from tilework.errors import UnsupportedError
 from tilework.ir.graph import Call, Expr
 from tilework.ir.info import StructInfo, TensorInfo, check_dtype
-from tilework.ir.loop import Scalar, dtype_of
+from tilework.ir.loop import PExpr, Scalar, dtype_of
 from tilework.ir.loop import binary as loop_binary
 from tilework.ir.dtype import is_float_dtype as is_float
 from tilework.op.base import (
@@ -107,7 +107,7 @@ _SQRT1_2 = 0.7071067811865476
 _SQRT_2_PI = 0.7978845608028654
 
 
-def _unary_value(name: str, v: Scalar) -> Scalar:
+def _unary_value(name: str, v: PExpr) -> PExpr:
     """Unary op ``name`` of a value ``v`` already in its compute dtype."""
     dt = dtype_of(v)
     if name == "logical_not":
@@ -118,16 +118,16 @@ def _unary_value(name: str, v: Scalar) -> Scalar:
         raise UnsupportedError(f"{name} of a bool tensor is undefined; cast it first")
     if name in ("floor", "ceil", "round") and not is_float(dt):
         return v
-    simple: dict[str, Callable[[Scalar], Scalar]] = {
-        "neg": lambda x: -x,  # type: ignore[operator]
+    simple: dict[str, Callable[[PExpr], PExpr]] = {
+        "neg": lambda x: -x,
         "abs": te.abs, "exp": te.exp, "log": te.log, "sqrt": te.sqrt, "rsqrt": te.rsqrt,
         "tanh": te.tanh, "erf": te.erf, "sigmoid": te.sigmoid, "sin": te.sin, "cos": te.cos,
         "floor": te.floor, "ceil": te.ceil, "round": te.round,
         "relu": lambda x: te.maximum(x, 0),
-        "square": lambda x: x * x,  # type: ignore[operator]
-        "silu": lambda x: x * te.sigmoid(x),  # type: ignore[operator]
-        "gelu": lambda x: 0.5 * x * (1.0 + te.erf(x * _SQRT1_2)),  # type: ignore[operator]
-        "gelu_tanh": lambda x: 0.5 * x * (1.0 + te.tanh(_SQRT_2_PI * (x + 0.044715 * x * x * x))),  # type: ignore[operator]
+        "square": lambda x: x * x,
+        "silu": lambda x: x * te.sigmoid(x),
+        "gelu": lambda x: 0.5 * x * (1.0 + te.erf(x * _SQRT1_2)),
+        "gelu_tanh": lambda x: 0.5 * x * (1.0 + te.tanh(_SQRT_2_PI * (x + 0.044715 * x * x * x))),
     }  # fmt: skip
     return simple[name](v)
 
@@ -154,9 +154,9 @@ def _binary_value(name: str, a: Scalar, b: Scalar) -> Scalar:
     if name == "mod" and is_int:
         return _int_guarded(lambda p, q: loop_binary("%", p, q), a, b)
     ops: dict[str, Callable[[Scalar, Scalar], Scalar]] = {
-        "add": lambda p, q: p + q,  # type: ignore[operator]
-        "subtract": lambda p, q: p - q,  # type: ignore[operator]
-        "multiply": lambda p, q: p * q,  # type: ignore[operator]
+        "add": lambda p, q: p + q,
+        "subtract": lambda p, q: p - q,
+        "multiply": lambda p, q: p * q,
         "divide": lambda p, q: loop_binary("/", p, q),
         "floor_divide": lambda p, q: loop_binary("//", p, q),
         "mod": lambda p, q: loop_binary("%", p, q),

@@ -192,7 +192,7 @@ def _infer_tri(call: Call, ctx: InferCtx) -> StructInfo:
 def _wrap(v: Scalar, d: Dim) -> Scalar:
     """An index value in ``[-d, d)`` made non-negative and clamped into ``[0, d)``."""
     v = te.cast(v, "int64")
-    v = te.if_then_else(te.lt(v, 0), v + d, v)  # type: ignore[operator]
+    v = te.if_then_else(te.lt(v, 0), v + d, v)
     return te.minimum(te.maximum(v, 0), sym.sub(d, 1))
 
 
@@ -254,9 +254,9 @@ def _legalize_scatter(call: Call, ctx: "LegalizeCtx") -> Expr:
         def f(*i: Scalar) -> Scalar:
             v = te.cast(x[i], acc)
             if red == "add":
-                return v + part[i]  # type: ignore[operator]
+                return v + part[i]
             if red == "mul":
-                return v * part[i]  # type: ignore[operator]
+                return v * part[i]
             return te.maximum(v, part[i]) if red == "max" else te.minimum(v, part[i])
 
     out = te.compute(shape, f, "scatter", dtype)
@@ -291,7 +291,7 @@ def _legalize_one_hot(call: Call, ctx: "LegalizeCtx") -> Expr:
     def f(*i: Scalar) -> Scalar:
         raw = idx[i[:a] + i[a + 1 :]]
         v = te.cast(te.floor(raw) if is_float_dtype(idx.dtype) else raw, "int64")
-        v = te.if_then_else(te.lt(v, 0), v + depth, v)  # type: ignore[operator]
+        v = te.if_then_else(te.lt(v, 0), v + depth, v)
         return te.if_then_else(te.eq(v, i[a]), values[1], values[0])
 
     out = te.compute(shape, f, "one_hot", dtype)
@@ -346,7 +346,7 @@ def _legalize_tri(call: Call, ctx: "LegalizeCtx") -> Expr:
 
     def f(*i: Scalar) -> Scalar:
         r, c = i[-2], i[-1]
-        keep = te.le(c, r + k) if name == "tril" else te.ge(c, r + k)  # type: ignore[operator]
+        keep = te.le(c, r + k) if name == "tril" else te.ge(c, r + k)
         return te.if_then_else(keep, x[i], te.constant(False if dtype == "bool" else 0, dtype))
 
     out = te.compute(shape, f, name, dtype)

@@ -22,6 +22,7 @@ from tilework.ir.loop import (
     Block,
     Buffer,
     Load,
+    PExpr,
     Scalar,
     SeqStmt,
     Stmt,
@@ -74,7 +75,7 @@ def tuple_fields(call: Call, i: int, ctx: "LegalizeCtx") -> list[Expr]:
     return [ctx.bb.emit(TupleGetItem(value, k)) for k in range(len(info.fields))]
 
 
-def upcast(x: Scalar, dtype: str) -> Scalar:
+def upcast(x: Scalar, dtype: str) -> PExpr:
     """``x`` (of storage dtype ``dtype``) in its compute dtype."""
     return te.cast(x, compute_dtype(dtype))
 
@@ -125,12 +126,12 @@ def reshape_index(idx: Sequence[Scalar], out_shape: Sequence[Dim], in_shape: Seq
     mid_in = list(range(lo, len(in_shape) - hi))
     flat: Scalar = 0
     for k in mid_out:
-        flat = flat * out_shape[k] + idx[k]  # type: ignore[operator]
+        flat = flat * out_shape[k] + idx[k]
     inner: list[Scalar] = []
     stride: Dim = 1
     for pos, k in enumerate(reversed(mid_in)):
-        q = flat if pos == 0 else flat // stride  # type: ignore[operator]
-        inner.append(q if pos == len(mid_in) - 1 else q % in_shape[k])  # type: ignore[operator]
+        q = flat if pos == 0 else flat // stride
+        inner.append(q if pos == len(mid_in) - 1 else q % in_shape[k])
         stride = sym.mul(stride, in_shape[k])
     inner.reverse()
     tail = [idx[len(out_shape) - hi + k] for k in range(hi)]

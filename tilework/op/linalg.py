@@ -10,13 +10,13 @@ Legalization accumulates in the result's dtype (float32 for float16/bfloat16 res
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from tilework import te
 from tilework.ir import sym
 from tilework.ir.graph import Call, Expr
 from tilework.ir.info import StructInfo, TensorInfo, shape_str
-from tilework.ir.loop import Scalar
+from tilework.ir.loop import PExpr, Scalar
 from tilework.ir.sym import Dim
 from tilework.op.base import (
     InferCtx,
@@ -133,16 +133,16 @@ def parse_einsum(equation: str, ranks: Sequence[int]) -> tuple[list[str], str]:
 
 def _einsum_dims(call: Call, ctx: InferCtx) -> tuple[list[str], str, dict[str, sym.Dim], str | None] | None:
     xs = [tensor_arg(call, i, ctx) for i in range(len(call.args))]
-    if any(x.shape is None for x in xs):
+    shapes = [x.shape for x in xs if x.shape is not None]
+    if len(shapes) != len(xs):
         return None
     try:
-        terms, out = parse_einsum(str(call.attrs["equation"]), [len(x.shape) for x in xs])  # type: ignore[arg-type]
+        terms, out = parse_einsum(str(call.attrs["equation"]), [len(s) for s in shapes])
     except ValueError as e:
         raise ctx.error(str(e)) from None
     sizes: dict[str, sym.Dim] = {}
-    for t, x in zip(terms, xs):
-        assert x.shape is not None
-        for c, d in zip(t, x.shape):
+    for t, shape in zip(terms, shapes):
+        for c, d in zip(t, shape):
             if c not in sizes or (isinstance(sizes[c], int) and sizes[c] == 1):
                 sizes[c] = d
             elif not (isinstance(d, int) and d == 1):
@@ -218,12 +218,13 @@ def _legalize_einsum(call: Call, ctx: "LegalizeCtx") -> Expr:
         env: dict[str, Scalar] = dict(zip(out, i))
         ks = [te.reduce_axis(sizes[c], f"k_{c}") for c in summed]
         env.update(zip(summed, ks))
-        value: Any = None
+        value: PExpr | None = None
         for x, t in zip(xs, terms):
             idx = tuple(0 if isinstance(d, int) and d == 1 and not (isinstance(sizes[c], int) and sizes[c] == 1) else env[c] for c, d in zip(t, x.shape))
             v = te.cast(x[idx], acc)
             value = v if value is None else value * v
-        return te.sum(value, axis=ks) if ks else value  # type: ignore[no-any-return]
+        assert value is not None  # einsum has an operand
+        return te.sum(value, axis=ks) if ks else value
 
     result = te.compute(shape, f, "einsum", dtype)
     return ctx.call_te("einsum", call.args, xs, [result], call.info)

@@ -226,7 +226,7 @@ def _infer_concat(call: Call, ctx: InferCtx) -> StructInfo:
 
 def _bound_attr(v: object, name: str, ctx: InferCtx) -> Dim | None:
     if v is None or (isinstance(v, (int, SymExpr)) and not isinstance(v, bool)):
-        return v  # type: ignore[return-value]
+        return v
     raise ctx.error(f"{name} entries must be ints, symbolic dims or None, got {v!r}")
 
 
@@ -417,9 +417,9 @@ def _legalize_concat(call: Call, ctx: "LegalizeCtx") -> Expr:
         offsets: list[Dim] = [0]
         for x in xs[:-1]:
             offsets.append(sym.add(offsets[-1], x.shape[axis]))
-        value: Scalar = _at(xs[-1], i, axis, i[axis] - offsets[-1])  # type: ignore[operator]
+        value: Scalar = _at(xs[-1], i, axis, i[axis] - offsets[-1])
         for x, off, nxt in reversed(list(zip(xs[:-1], offsets[:-1], offsets[1:]))):
-            value = te.if_then_else(te.lt(i[axis], nxt), _at(x, i, axis, i[axis] - off), value)  # type: ignore[operator]
+            value = te.if_then_else(te.lt(i[axis], nxt), _at(x, i, axis, i[axis] - off), value)
         return value
 
     out = te.compute(shape, f, "concat", dtype)
@@ -465,7 +465,7 @@ def _legalize_strided_slice(call: Call, ctx: "LegalizeCtx") -> Expr:
     def index(i: Index) -> Index:
         out: list[Scalar] = list(i)
         for a, (b, s) in start.items():
-            out[a] = b + i[a] * s  # type: ignore[operator]
+            out[a] = b + i[a] * s
         return tuple(out)
 
     return _copy(call, ctx, index)
@@ -483,7 +483,7 @@ def _legalize_take(call: Call, ctx: "LegalizeCtx") -> Expr:
     def f(*i: Scalar) -> Scalar:
         pos = i if a is None else i[a : a + idx.ndim]
         v = te.cast(idx[pos], "int64")
-        v = te.if_then_else(te.lt(v, 0), v + d, v)  # type: ignore[operator]
+        v = te.if_then_else(te.lt(v, 0), v + d, v)
         v = te.minimum(te.maximum(v, 0), sym.sub(d, 1))
         if a is None:
             return x[reshape_index((v,), (d,), x.shape)]

@@ -10,13 +10,13 @@ that accept them) and rounds once.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tilework import te
-from tilework.ir.graph import Call, Expr
+from tilework.ir.graph import Attrs, Call, Expr
 from tilework.ir.info import StructInfo, TensorInfo
 from tilework.ir.dtype import INT_DTYPES, is_float_dtype
-from tilework.ir.loop import Scalar
+from tilework.ir.loop import PExpr, Scalar
 from tilework.op.base import (
     InferCtx,
     Op,
@@ -28,7 +28,7 @@ from tilework.op.base import (
     tensor_arg,
     unify_dtype,
 )
-from tilework.op.kernel import arg, bcast_index, compute_dtype, out_tensor, upcast
+from tilework.op.kernel import arg, bcast_index, compute_dtype, op_name, out_tensor, upcast
 
 if TYPE_CHECKING:
     from tilework.transform.legalize import LegalizeCtx
@@ -40,79 +40,79 @@ _SQRT3 = 1.7320508075688772
 _TAN_PI_12 = 0.2679491924311227
 
 
-def _atan(x: Scalar) -> Scalar:
+def _atan(x: PExpr) -> PExpr:
     """``atan`` by range reduction (``1/x`` past 1, then ``pi/6`` steps) and an odd series
     that is exact to float64 rounding on ``|u| <= tan(pi/12)``."""
     ax = te.abs(x)
     inv = te.gt(ax, 1.0)
-    t = te.if_then_else(inv, 1.0 / ax, ax)  # type: ignore[operator]
+    t = te.if_then_else(inv, 1.0 / ax, ax)
     red = te.gt(t, _TAN_PI_12)
-    u = te.if_then_else(red, (t * _SQRT3 - 1.0) / (t + _SQRT3), t)  # type: ignore[operator]
-    u2 = u * u  # type: ignore[operator]
-    series: Any = 1.0 / 27.0
+    u = te.if_then_else(red, (t * _SQRT3 - 1.0) / (t + _SQRT3), t)
+    u2 = u * u
+    series: float | PExpr = 1.0 / 27.0
     for k in range(25, 0, -2):
-        series = 1.0 / k - u2 * series  # type: ignore[operator]
-    r = u * series  # type: ignore[operator]
-    r = te.if_then_else(red, r + _PI / 6, r)  # type: ignore[operator]
-    r = te.if_then_else(inv, _PI / 2 - r, r)  # type: ignore[operator]
-    return te.if_then_else(te.lt(x, 0.0), -r, r)  # type: ignore[operator]
+        series = 1.0 / k - u2 * series
+    r = u * series
+    r = te.if_then_else(red, r + _PI / 6, r)
+    r = te.if_then_else(inv, _PI / 2 - r, r)
+    return te.if_then_else(te.lt(x, 0.0), -r, r)
 
 
-def _asin(x: Scalar) -> Scalar:
-    return _atan(x / te.sqrt((1.0 - x * x)))  # type: ignore[operator]
+def _asin(x: PExpr) -> PExpr:
+    return _atan(x / te.sqrt((1.0 - x * x)))
 
 
-def _math(name: str, x: Any, a: dict[str, object]) -> Any:
+def _math(name: str, x: PExpr, a: Attrs) -> PExpr:
     """Op ``name`` of ``x`` (in its compute dtype) with the call's attributes ``a``."""
-    alpha = float(a.get("alpha", 0.0))  # type: ignore[arg-type]
+    alpha = float(a.get("alpha", 0.0))
     if name == "tan":
-        return te.sin(x) / te.cos(x)  # type: ignore[no-any-return]
+        return te.sin(x) / te.cos(x)
     if name == "atan":
         return _atan(x)
     if name == "asin":
         return _asin(x)
     if name == "acos":
-        return _PI / 2 - _asin(x)  # type: ignore[operator, no-any-return]
+        return _PI / 2 - _asin(x)
     if name in ("sinh", "cosh"):
-        e, m = te.exp(x), te.exp(-x)  # type: ignore[operator]
-        return (e - m) * 0.5 if name == "sinh" else (e + m) * 0.5  # type: ignore[no-any-return]
+        e, m = te.exp(x), te.exp(-x)
+        return (e - m) * 0.5 if name == "sinh" else (e + m) * 0.5
     if name == "asinh":
         ax = te.abs(x)
-        r = te.log(ax + te.sqrt(ax * ax + 1.0))  # type: ignore[operator]
-        return te.if_then_else(te.lt(x, 0.0), -r, r)  # type: ignore[operator]
+        r = te.log(ax + te.sqrt(ax * ax + 1.0))
+        return te.if_then_else(te.lt(x, 0.0), -r, r)
     if name == "acosh":
-        return te.log(x + te.sqrt(x * x - 1.0))  # type: ignore[operator]
+        return te.log(x + te.sqrt(x * x - 1.0))
     if name == "atanh":
-        return (te.log1p(x) - te.log1p(-x)) * 0.5  # type: ignore[operator, no-any-return]
+        return (te.log1p(x) - te.log1p(-x)) * 0.5
     if name == "softplus":
         ax = te.abs(x)
-        return te.maximum(x, 0.0) + te.log1p(te.exp(-ax))  # type: ignore[operator, no-any-return]
+        return te.maximum(x, 0.0) + te.log1p(te.exp(-ax))
     if name == "softsign":
-        return x / (te.abs(x) + 1.0)  # type: ignore[operator, no-any-return]
+        return x / (te.abs(x) + 1.0)
     if name == "reciprocal":
-        return 1.0 / x  # type: ignore[operator, no-any-return]
+        return 1.0 / x
     if name == "elu":
-        return te.if_then_else(te.lt(x, 0.0), alpha * te.expm1(x), x)  # type: ignore[operator]
+        return te.if_then_else(te.lt(x, 0.0), alpha * te.expm1(x), x)
     if name == "celu":
-        return te.maximum(x, 0.0) + te.minimum(0.0, alpha * te.expm1(x / alpha))  # type: ignore[operator, no-any-return]
+        return te.maximum(x, 0.0) + te.minimum(0.0, alpha * te.expm1(x / alpha))
     if name == "selu":
-        gamma = float(a["gamma"])  # type: ignore[arg-type]
-        return gamma * te.if_then_else(te.le(x, 0.0), alpha * te.expm1(x), x)  # type: ignore[operator, no-any-return]
+        gamma = float(a["gamma"])
+        return gamma * te.if_then_else(te.le(x, 0.0), alpha * te.expm1(x), x)
     if name == "leaky_relu":
-        return te.if_then_else(te.lt(x, 0.0), alpha * x, x)  # type: ignore[operator]
+        return te.if_then_else(te.lt(x, 0.0), alpha * x, x)
     if name == "thresholded_relu":
         return te.if_then_else(te.gt(x, alpha), x, 0.0)
     if name == "hard_sigmoid":
-        beta = float(a["beta"])  # type: ignore[arg-type]
-        return te.maximum(0.0, te.minimum(1.0, alpha * x + beta))  # type: ignore[operator]
+        beta = float(a["beta"])
+        return te.maximum(0.0, te.minimum(1.0, alpha * x + beta))
     if name == "hard_swish":
-        return x * te.maximum(0.0, te.minimum(1.0, x * (1.0 / 6.0) + 0.5))  # type: ignore[operator, no-any-return]
+        return x * te.maximum(0.0, te.minimum(1.0, x * (1.0 / 6.0) + 0.5))
     if name == "mish":
-        sp = te.maximum(x, 0.0) + te.log1p(te.exp(-te.abs(x)))  # type: ignore[operator]
-        return x * te.tanh(sp)  # type: ignore[operator, no-any-return]
+        sp = te.maximum(x, 0.0) + te.log1p(te.exp(-te.abs(x)))
+        return x * te.tanh(sp)
     if name == "shrink":
-        bias, lambd = float(a["bias"]), float(a["lambd"])  # type: ignore[arg-type]
-        return te.if_then_else(te.lt(x, -lambd), x + bias, te.if_then_else(te.gt(x, lambd), x - bias, 0.0))  # type: ignore[operator]
+        bias, lambd = float(a["bias"]), float(a["lambd"])
+        return te.if_then_else(te.lt(x, -lambd), x + bias, te.if_then_else(te.gt(x, lambd), x - bias, 0.0))
     raise ValueError(name)
 
 
@@ -143,11 +143,11 @@ def _infer_math(call: Call, ctx: InferCtx) -> StructInfo:
 
 
 def _legalize_math(call: Call, ctx: "LegalizeCtx") -> Expr:
-    name = call.callee.name  # type: ignore[attr-defined]
+    name = op_name(call)
     x = arg(call, 0, "x")
     shape, dtype = out_tensor(call)
     acc = compute_dtype(dtype) if is_float_dtype(dtype) else "float64"
-    attrs = dict(call.attrs)
+    attrs = call.attrs
 
     def f(*i: Scalar) -> Scalar:
         v = te.cast(x[i], acc)
@@ -180,7 +180,7 @@ def _infer_isnan(call: Call, ctx: InferCtx) -> StructInfo:
 
 
 def _legalize_isnan(call: Call, ctx: "LegalizeCtx") -> Expr:
-    name = call.callee.name  # type: ignore[attr-defined]
+    name = op_name(call)
     x = arg(call, 0, "x")
     shape, _ = out_tensor(call)
     neg, pos = bool(call.attrs.get("detect_negative", True)), bool(call.attrs.get("detect_positive", True))
@@ -234,7 +234,7 @@ def _legalize_int_binary(call: Call, ctx: "LegalizeCtx") -> Expr:
     bitshift: ``a * 2**b`` or ``a // 2**b`` (arithmetic) in int64, wrapped to the dtype; a
     shift outside ``[0, bits)`` leaves only the sign fill (-1 for a right shift of a negative
     ``a``, else 0)."""
-    name = call.callee.name  # type: ignore[attr-defined]
+    name = op_name(call)
     a, b = arg(call, 0, "a"), arg(call, 1, "b")
     shape, dtype = out_tensor(call)
     left = call.attrs.get("direction", "left") == "left"
@@ -247,14 +247,14 @@ def _legalize_int_binary(call: Call, ctx: "LegalizeCtx") -> Expr:
             wa, wb = te.cast(va, "int64"), te.cast(vb, "int64")
             inside = te.logical_and(te.ge(wb, 0), te.lt(wb, bits))
             p = te.cast(te.power(te.cast(2.0, "float64"), te.cast(te.if_then_else(inside, wb, 0), "float64")), "int64")
-            r = wa * p if left else wa // p  # type: ignore[operator]
+            r = wa * p if left else wa // p
             spill = 0 if left else te.if_then_else(te.lt(wa, 0), -1, 0)
             return te.if_then_else(inside, r, spill)
         if is_float_dtype(dtype):
-            q = va / vb  # type: ignore[operator]
-            return va - te.if_then_else(te.lt(q, 0.0), te.ceil(q), te.floor(q)) * vb  # type: ignore[operator]
+            q = va / vb
+            return va - te.if_then_else(te.lt(q, 0.0), te.ceil(q), te.floor(q)) * vb
         q = te.truncdiv(va, te.if_then_else(te.eq(vb, 0), 1, vb))
-        return te.if_then_else(te.eq(vb, 0), 0, va - q * vb)  # type: ignore[operator]
+        return te.if_then_else(te.eq(vb, 0), 0, va - q * vb)
 
     out = te.compute(shape, f, name, dtype)
     return ctx.call_te(name, call.args, [a, b], [out], call.info)

@@ -202,7 +202,7 @@ def _legalize_softmax(call: Call, ctx: "LegalizeCtx") -> Expr:
     mx = te.compute(rows, row_max, "row_max")
 
     def shifted(i: Index) -> Scalar:
-        return v(i) - mx[_split_index(i, axis)[0]]  # type: ignore[no-any-return, operator]
+        return v(i) - mx[_split_index(i, axis)[0]]
 
     stored = name == "softmax" and acc == dtype
     e = te.compute(shape, lambda *i: te.exp(shifted(i)), "exp") if stored else None
@@ -219,8 +219,8 @@ def _legalize_softmax(call: Call, ctx: "LegalizeCtx") -> Expr:
     def f(*i: Scalar) -> Scalar:
         r = _split_index(i, axis)[0]
         if name == "log_softmax":
-            return shifted(i) - te.log(total[r])  # type: ignore[no-any-return, operator]
-        return exp_at(i) * (1.0 / total[r])  # type: ignore[no-any-return, operator]
+            return shifted(i) - te.log(total[r])
+        return exp_at(i) * (1.0 / total[r])
 
     out = te.compute(shape, f, name, dtype)
     return ctx.call_te(name, call.args, [x], [out], call.info)
@@ -245,30 +245,30 @@ def _legalize_norm(call: Call, ctx: "LegalizeCtx") -> Expr:
     def row_mean(of: Callable[[Index, Index], Scalar]) -> Callable[..., Scalar]:
         def f(*r: Scalar) -> Scalar:
             ks = tuple(te.reduce_axis(x.shape[a], f"k{a}") for a in axes)
-            return te.sum(of(r, _join_index(r, ks, x.ndim, axes)), axis=list(ks)) / count  # type: ignore[no-any-return]
+            return te.sum(of(r, _join_index(r, ks, x.ndim, axes)), axis=list(ks)) / count
 
         return f
 
     if name == "rms_norm":
-        ms = te.compute(rows, row_mean(lambda r, i: v(i) * v(i)), "mean_square")  # type: ignore[operator]
+        ms = te.compute(rows, row_mean(lambda r, i: v(i) * v(i)), "mean_square")
 
         def f(*i: Scalar) -> Scalar:
             r, inner = _split_index(i, axes)
-            return v(i) * te.rsqrt(ms[r] + eps) * te.cast(params[0][inner], acc)  # type: ignore[no-any-return, operator]
+            return v(i) * te.rsqrt(ms[r] + eps) * te.cast(params[0][inner], acc)
 
     else:
         mean = te.compute(rows, row_mean(lambda r, i: v(i)), "mean")
 
         def dev2(r: Index, i: Index) -> Scalar:
-            d = v(i) - mean[r]  # type: ignore[operator]
-            return d * d  # type: ignore[no-any-return]
+            d = v(i) - mean[r]
+            return d * d
 
         var = te.compute(rows, row_mean(dev2), "var")
 
         def f(*i: Scalar) -> Scalar:
             r, inner = _split_index(i, axes)
-            y = (v(i) - mean[r]) * te.rsqrt(var[r] + eps)  # type: ignore[operator]
-            return y * te.cast(params[0][inner], acc) + te.cast(params[1][inner], acc)  # type: ignore[no-any-return]
+            y = (v(i) - mean[r]) * te.rsqrt(var[r] + eps)
+            return y * te.cast(params[0][inner], acc) + te.cast(params[1][inner], acc)
 
     out = te.compute(shape, f, name, dtype)
     return ctx.call_te(name, call.args, [x, *params], [out], call.info)

@@ -106,8 +106,8 @@ def _legalize_batch_norm(call: Call, ctx: "LegalizeCtx") -> Expr:
 
     def f(*i: Scalar) -> Scalar:
         c = (i[axis],)
-        norm = (te.cast(x[i], acc) - te.cast(mean[c], acc)) * te.rsqrt(te.cast(var[c], acc) + eps)  # type: ignore[operator]
-        return norm * te.cast(gamma[c], acc) + te.cast(beta[c], acc)  # type: ignore[no-any-return]
+        norm = (te.cast(x[i], acc) - te.cast(mean[c], acc)) * te.rsqrt(te.cast(var[c], acc) + eps)
+        return norm * te.cast(gamma[c], acc) + te.cast(beta[c], acc)
 
     out = te.compute(shape, f, "batch_norm", dtype)
     return ctx.call_te("batch_norm", call.args, [x, mean, var, gamma, beta], [out], call.info)
@@ -129,25 +129,25 @@ def _legalize_group_norm(call: Call, ctx: "LegalizeCtx") -> Expr:
     def element(n: Scalar, g: Scalar) -> tuple[list[te.ReduceVar], Index]:
         c = te.reduce_axis(per, "c")
         ks = [te.reduce_axis(d, f"k{k}") for k, d in enumerate(spatial)]
-        return [c, *ks], (n, g * per + c, *ks)  # type: ignore[operator]
+        return [c, *ks], (n, g * per + c, *ks)
 
     def group_mean(n: Scalar, g: Scalar) -> Scalar:
         axes, idx = element(n, g)
-        return te.sum(v(idx), axis=axes) / count  # type: ignore[no-any-return, operator]
+        return te.sum(v(idx), axis=axes) / count
 
     mean = te.compute((x.shape[0], groups), group_mean, "mean")
 
     def group_var(n: Scalar, g: Scalar) -> Scalar:
         axes, idx = element(n, g)
-        dev = v(idx) - mean[n, g]  # type: ignore[operator]
-        return te.sum(dev * dev, axis=axes) / count  # type: ignore[no-any-return, operator]
+        dev = v(idx) - mean[n, g]
+        return te.sum(dev * dev, axis=axes) / count
 
     var = te.compute((x.shape[0], groups), group_var, "var")
 
     def f(n: Scalar, c: Scalar, *sp: Scalar) -> Scalar:
-        g = c // per  # type: ignore[operator]
-        y = (v((n, c, *sp)) - mean[n, g]) * te.rsqrt(var[n, g] + eps)  # type: ignore[operator]
-        return y * te.cast(gamma[c], acc) + te.cast(beta[c], acc)  # type: ignore[no-any-return]
+        g = c // per
+        y = (v((n, c, *sp)) - mean[n, g]) * te.rsqrt(var[n, g] + eps)
+        return y * te.cast(gamma[c], acc) + te.cast(beta[c], acc)
 
     out = te.compute(shape, f, "group_norm", dtype)
     return ctx.call_te("group_norm", call.args, [x, gamma, beta], [out], call.info)

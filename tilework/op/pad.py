@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from tilework import te
 from tilework.ir import sym
 from tilework.ir.graph import Call, Expr
 from tilework.ir.info import StructInfo, TensorInfo, shape_str
-from tilework.ir.loop import Scalar
+from tilework.ir.loop import Operand, PExpr, Scalar
 from tilework.ir.sym import Dim, SymExpr
 from tilework.op.base import InferCtx, Op, OpPattern, make_call, register, require_nonneg, tensor_arg, unify_dtype
 from tilework.op.kernel import arg, out_tensor
@@ -83,9 +83,9 @@ def _source(j: Scalar, d: Dim, mode: str) -> Scalar:
     if mode == "edge":
         return te.minimum(te.maximum(j, 0), sym.sub(d, 1))
     if mode == "wrap":
-        return j % d  # type: ignore[operator, no-any-return]
-    r = te.if_then_else(te.lt(j, 0), -j, j)  # type: ignore[operator]
-    return te.if_then_else(te.ge(r, d), sym.mul(2, sym.sub(d, 1)) - r, r)  # type: ignore[operator]
+        return j % d
+    r = te.if_then_else(te.lt(j, 0), -j, j)
+    return te.if_then_else(te.ge(r, d), sym.mul(2, sym.sub(d, 1)) - r, r)
 
 
 def _legalize_pad(call: Call, ctx: "LegalizeCtx") -> Expr:
@@ -96,7 +96,7 @@ def _legalize_pad(call: Call, ctx: "LegalizeCtx") -> Expr:
     n = x.ndim
 
     def f(*i: Scalar) -> Scalar:
-        js = [i[k] - pads[k] for k in range(n)]  # type: ignore[operator]
+        js = [i[k] - pads[k] for k in range(n)]
         if mode != "constant":
             return x[tuple(_source(j, x.shape[k], mode) for k, j in enumerate(js))]
         inside = te.all(*(te.logical_and(te.ge(j, 0), te.lt(j, x.shape[k])) for k, j in enumerate(js)))
@@ -134,7 +134,7 @@ def _infer_tile(call: Call, ctx: InferCtx) -> StructInfo:
 def _legalize_tile(call: Call, ctx: "LegalizeCtx") -> Expr:
     x = arg(call, 0, "x")
     shape, dtype = out_tensor(call)
-    out = te.compute(shape, lambda *i: x[tuple(v % d for v, d in zip(i, x.shape))], "tile", dtype)  # type: ignore[operator]
+    out = te.compute(shape, lambda *i: x[tuple(v % d for v, d in zip(i, x.shape))], "tile", dtype)
     return ctx.call_te("tile", call.args, [x], [out], call.info)
 
 
@@ -166,35 +166,35 @@ def _infer_resize(call: Call, ctx: InferCtx) -> StructInfo:
     return TensorInfo(sizes, x.dtype)
 
 
-def _nearest(s: Scalar, mode: str) -> Scalar:
+def _nearest(s: PExpr, mode: str) -> PExpr:
     if mode == "floor":
         return te.floor(s)
     if mode == "ceil":
         return te.ceil(s)
-    frac = s - te.floor(s)  # type: ignore[operator]
+    frac = s - te.floor(s)
     if mode == "round_prefer_floor":
         return te.if_then_else(te.le(frac, 0.5), te.floor(s), te.ceil(s))
     return te.if_then_else(te.lt(frac, 0.5), te.floor(s), te.ceil(s))
 
 
-def _src_coord(i: Scalar, d: Dim, out: Dim, scale: float | None, coord: str) -> Scalar:
+def _src_coord(i: Scalar, d: Dim, out: Dim, scale: float | None, coord: str) -> PExpr:
     """The source coordinate (float64) of output index ``i``."""
     fi = te.cast(i, "float64")
     fd, fo = te.cast(d, "float64"), te.cast(out, "float64")
-    s: Scalar = fo / fd if scale is None else te.constant(scale, "float64")  # type: ignore[operator]
+    s = fo / fd if scale is None else te.constant(scale, "float64")
     if coord == "asymmetric":
-        return fi / s  # type: ignore[operator, no-any-return]
+        return fi / s
     if coord == "align_corners":  # with a given scale, the unrounded output length
-        span = fo if scale is None else fd * scale  # type: ignore[operator]
-        return te.if_then_else(te.le(fo, 1.0), 0.0, fi * (fd - 1.0) / (span - 1.0))  # type: ignore[operator]
+        span = fo if scale is None else fd * scale
+        return te.if_then_else(te.le(fo, 1.0), 0.0, fi * (fd - 1.0) / (span - 1.0))
     if coord == "tf_half_pixel_for_nn":
-        return (fi + 0.5) / s  # type: ignore[operator, no-any-return]
-    half = (fi + 0.5) / s - 0.5  # type: ignore[operator]
+        return (fi + 0.5) / s
+    half = (fi + 0.5) / s - 0.5
     if coord == "pytorch_half_pixel":
         return te.if_then_else(te.gt(fo, 1.0), half, 0.0)
     if coord == "half_pixel_symmetric":
-        adjust = fo / (s * fd)  # type: ignore[operator]
-        return fd * 0.5 * (1.0 - adjust) + half  # type: ignore[operator, no-any-return]
+        adjust = fo / (s * fd)
+        return fd * 0.5 * (1.0 - adjust) + half
     return half
 
 
@@ -202,38 +202,37 @@ def _clamp(v: Scalar, d: Dim) -> Scalar:
     return te.minimum(te.maximum(v, 0), sym.sub(d, 1))
 
 
-def _cubic_weights(r: Scalar, a: float) -> list[Scalar]:
+def _cubic_weights(r: PExpr, a: float) -> list[PExpr]:
     """Keys' cubic convolution weights of the taps at offsets -1, 0, 1, 2 from ``floor(x)``
     for the fraction ``r``."""
-    def far(t: Any) -> Scalar:  # 1 < |t| < 2
-        return ((t * a - 5.0 * a) * t + 8.0 * a) * t - 4.0 * a  # type: ignore[no-any-return]
+    def far(t: PExpr) -> PExpr:  # 1 < |t| < 2
+        return ((t * a - 5.0 * a) * t + 8.0 * a) * t - 4.0 * a
 
-    def near(t: Any) -> Scalar:  # |t| <= 1
-        return ((t * (a + 2.0)) - (a + 3.0)) * t * t + 1.0  # type: ignore[no-any-return]
+    def near(t: PExpr) -> PExpr:  # |t| <= 1
+        return ((t * (a + 2.0)) - (a + 3.0)) * t * t + 1.0
 
-    rr: Any = r
-    return [far(rr + 1.0), near(rr), near(1.0 - rr), far(2.0 - rr)]
+    return [far(r + 1.0), near(r), near(1.0 - r), far(2.0 - r)]
 
 
-def _taps(call: Call, i: Scalar, d: Dim, out: Dim, scale: float | None) -> list[tuple[Scalar, Scalar]]:
+def _taps(call: Call, i: Scalar, d: Dim, out: Dim, scale: float | None) -> list[tuple[Scalar, float | PExpr]]:
     """(source index, weight) pairs for output index ``i`` along one resized dim."""
     mode = call.attrs["mode"]
     x = _src_coord(i, d, out, scale, call.attrs["coord"])
     if mode == "nearest":
-        return [(_clamp(te.cast(_nearest(x, call.attrs["rounding"]), "int64"), d), 1.0)]  # type: ignore[list-item]
+        return [(_clamp(te.cast(_nearest(x, call.attrs["rounding"]), "int64"), d), 1.0)]
     base = te.floor(x)
-    r = x - base  # type: ignore[operator]
+    r = x - base
     b = te.cast(base, "int64")
     if mode == "linear":
-        return [(_clamp(b, d), 1.0 - r), (_clamp(b + 1, d), r)]  # type: ignore[operator, list-item]
+        return [(_clamp(b, d), 1.0 - r), (_clamp(b + 1, d), r)]
     weights = _cubic_weights(r, float(call.attrs["cubic_a"]))
-    taps = [(b + off, w) for off, w in zip((-1, 0, 1, 2), weights)]  # type: ignore[operator]
+    taps = [(b + off, w) for off, w in zip((-1, 0, 1, 2), weights)]
     if not call.attrs["exclude_outside"]:
         return [(_clamp(t, d), w) for t, w in taps]
     inside = [te.logical_and(te.ge(t, 0), te.lt(t, d)) for t, _ in taps]
     kept = [te.if_then_else(c, w, 0.0) for c, (_, w) in zip(inside, taps)]
-    total = kept[0] + kept[1] + kept[2] + kept[3]  # type: ignore[operator]
-    return [(_clamp(t, d), k / total) for (t, _), k in zip(taps, kept)]  # type: ignore[operator]
+    total = kept[0] + kept[1] + kept[2] + kept[3]
+    return [(_clamp(t, d), k / total) for (t, _), k in zip(taps, kept)]
 
 
 def _legalize_resize(call: Call, ctx: "LegalizeCtx") -> Expr:
@@ -245,19 +244,19 @@ def _legalize_resize(call: Call, ctx: "LegalizeCtx") -> Expr:
     nearest = call.attrs["mode"] == "nearest"
     resized = [k for k, d in enumerate(x.shape) if not (d is shape[k] and (scales is None or scales[k] == 1.0))]
 
-    def f(*i: Scalar) -> Scalar:
+    def f(*i: Scalar) -> Operand:
         per_dim = [_taps(call, i[k], x.shape[k], shape[k], None if scales is None else float(scales[k])) for k in resized]
-        total: Any = 0.0
+        total: float | PExpr = 0.0
         for combo in itertools.product(*per_dim):
             idx: list[Scalar] = list(i)
-            weight: Any = 1.0
+            weight: float | PExpr = 1.0
             for k, (src, w) in zip(resized, combo):
                 idx[k] = src
-                weight = weight * w  # type: ignore[operator]
+                weight = weight * w
             value = x[tuple(idx)]
             if nearest:
                 return value
-            total = total + weight * te.cast(value, "float64")  # type: ignore[operator]
+            total = total + weight * te.cast(value, "float64")
         return total if not nearest else x[i]
 
     out = te.compute(shape, f, "resize", dtype)

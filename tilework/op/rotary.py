@@ -108,16 +108,16 @@ def _legalize_rotary(call: Call, ctx: "LegalizeCtx") -> Expr:
     theta = float(call.attrs["theta"])
     f64 = "float64"
     # a_j = p * exp(-2 j / rd * ln(theta)); the scale is folded when rd is static
-    scale: Scalar = te.constant(-2.0 * math.log(theta) / rd, f64) if isinstance(rd, int) else te.constant(-2.0 * math.log(theta), f64) / te.cast(rd, f64)  # type: ignore[operator]
+    scale: Scalar = te.constant(-2.0 * math.log(theta) / rd, f64) if isinstance(rd, int) else te.constant(-2.0 * math.log(theta), f64) / te.cast(rd, f64)
 
     def f(b: Scalar, s: Scalar, h: Scalar, d: Scalar) -> Scalar:
         lower = te.lt(d, half)
-        j = te.if_then_else(lower, d, d - half)  # type: ignore[operator]
+        j = te.if_then_else(lower, d, d - half)
         p = te.cast(pos[bcast_index((b, s), pos.shape, (nb, sq))], f64)
-        angle = p * te.exp(te.cast(j, f64) * scale)  # type: ignore[operator]
+        angle = p * te.exp(te.cast(j, f64) * scale)
         mine = te.cast(x[b, s, h, d], f64)
-        partner = te.if_then_else(lower, -te.cast(x[b, s, h, d + half], f64), te.cast(x[b, s, h, d - half], f64))  # type: ignore[operator]
-        rotated = te.cast(mine * te.cos(angle) + partner * te.sin(angle), dtype)  # type: ignore[operator]
+        partner = te.if_then_else(lower, -te.cast(x[b, s, h, d + half], f64), te.cast(x[b, s, h, d - half], f64))
+        rotated = te.cast(mine * te.cos(angle) + partner * te.sin(angle), dtype)
         if rd is shape[3]:
             return rotated
         return te.if_then_else(te.lt(d, rd), rotated, x[b, s, h, d])

@@ -485,7 +485,7 @@ def rename_blocks(s: Stmt, taken: set[str]) -> Stmt:
 def rebind(s: Stmt, used: set[str]) -> Stmt:
     """``s`` with every loop var, iter var and allocated buffer it binds replaced by a fresh
     one (names kept apart from ``used``, which grows)."""
-    vars_: dict[SymVar, Dim] = {}
+    vars_: dict[SymVar, SymVar] = {}
     bufs: dict[Buffer, Buffer] = {}
     for _, x in walk(s):
         if isinstance(x, For):
@@ -500,14 +500,12 @@ def rebind(s: Stmt, used: set[str]) -> Stmt:
     return _rebuffer(subst_stmt(_revar(s, vars_), vars_), bufs)
 
 
-def _revar(s: Stmt, m: dict[SymVar, Dim]) -> Stmt:
+def _revar(s: Stmt, m: dict[SymVar, SymVar]) -> Stmt:
     """Rename the binders themselves (``subst_stmt`` renames the uses)."""
     if isinstance(s, For):
-        v = m[s.var]
-        assert isinstance(v, SymVar)
-        return For(v, s.extent, _revar(s.body, m), s.kind)
+        return For(m[s.var], s.extent, _revar(s.body, m), s.kind)
     if isinstance(s, Block):
-        ivs = tuple(IterVar(m[iv.var], iv.extent, iv.kind, iv.binding) for iv in s.iter_vars)  # type: ignore[arg-type]
+        ivs = tuple(IterVar(m[iv.var], iv.extent, iv.kind, iv.binding) for iv in s.iter_vars)
         return Block(s.name, ivs, s.reads, s.writes, s.body, s.init)
     return with_children(s, [_revar(c, m) for c in children(s)])
 

@@ -109,9 +109,9 @@ def _split_args(args: Sequence[Tensor], outputs: Sequence[Tensor] | None) -> tup
     return ins, outs
 
 
-def walk_te(x: object) -> Iterator[object]:
+def walk_te(x: Scalar) -> Iterator[Scalar]:
     """Every sub-expression of a DSL expression, descending into tensor loads and reductions."""
-    for e in walk_scalars(x):  # type: ignore[arg-type]
+    for e in walk_scalars(x):
         yield e
         if isinstance(e, TensorLoad):
             for i in e.indices:
@@ -122,7 +122,7 @@ def walk_te(x: object) -> Iterator[object]:
                 yield from walk_te(e.where)
 
 
-def _te_free_vars(x: object) -> list[SymVar]:
+def _te_free_vars(x: Scalar) -> list[SymVar]:
     out: dict[SymVar, None] = {}
     for e in walk_te(x):
         if isinstance(e, (int, SymExpr)):

@@ -17,6 +17,7 @@ from tilework.ir.loop import (
     Cast,
     Const,
     Intrin,
+    Operand,
     PExpr,
     Scalar,
     Select,
@@ -35,7 +36,7 @@ ANY_INTRINSICS = ("abs", "floor", "ceil", "round")
 PREDICATES = ("isnan", "isinf")
 
 
-def _scalar(x: object) -> Scalar:
+def _scalar(x: Operand) -> Scalar:
     if isinstance(x, PExpr):
         return x
     if isinstance(x, bool):
@@ -45,7 +46,7 @@ def _scalar(x: object) -> Scalar:
     return convert(x, "int64")
 
 
-def _intrin(name: str, x: object) -> PExpr:
+def _intrin(name: str, x: Operand) -> PExpr:
     a = _scalar(x)
     dt = dtype_of(a)
     if name in FLOAT_INTRINSICS and not is_float_dtype(dt):
@@ -59,150 +60,150 @@ def _intrin(name: str, x: object) -> PExpr:
     return Intrin(name, (a,), dt)
 
 
-def exp(x: object) -> PExpr:
+def exp(x: Operand) -> PExpr:
     return _intrin("exp", x)
 
 
-def log(x: object) -> PExpr:
+def log(x: Operand) -> PExpr:
     return _intrin("log", x)
 
 
-def sqrt(x: object) -> PExpr:
+def sqrt(x: Operand) -> PExpr:
     return _intrin("sqrt", x)
 
 
-def rsqrt(x: object) -> PExpr:
+def rsqrt(x: Operand) -> PExpr:
     """``1 / sqrt(x)``."""
     return _intrin("rsqrt", x)
 
 
-def tanh(x: object) -> PExpr:
+def tanh(x: Operand) -> PExpr:
     return _intrin("tanh", x)
 
 
-def erf(x: object) -> PExpr:
+def erf(x: Operand) -> PExpr:
     return _intrin("erf", x)
 
 
-def sigmoid(x: object) -> PExpr:
+def sigmoid(x: Operand) -> PExpr:
     """``1 / (1 + exp(-x))``."""
     return _intrin("sigmoid", x)
 
 
-def sin(x: object) -> PExpr:
+def sin(x: Operand) -> PExpr:
     return _intrin("sin", x)
 
 
-def cos(x: object) -> PExpr:
+def cos(x: Operand) -> PExpr:
     return _intrin("cos", x)
 
 
-def log1p(x: object) -> PExpr:
+def log1p(x: Operand) -> PExpr:
     return _intrin("log1p", x)
 
 
-def expm1(x: object) -> PExpr:
+def expm1(x: Operand) -> PExpr:
     return _intrin("expm1", x)
 
 
-def abs(x: object) -> PExpr:  # noqa: A001
+def abs(x: Operand) -> PExpr:  # noqa: A001
     return _intrin("abs", x)
 
 
-def floor(x: object) -> PExpr:
+def floor(x: Operand) -> PExpr:
     return _intrin("floor", x)
 
 
-def ceil(x: object) -> PExpr:
+def ceil(x: Operand) -> PExpr:
     return _intrin("ceil", x)
 
 
-def round(x: object) -> PExpr:  # noqa: A001
+def round(x: Operand) -> PExpr:  # noqa: A001
     """Round half to even (NumPy's ``round``)."""
     return _intrin("round", x)
 
 
-def isnan(x: object) -> PExpr:
+def isnan(x: Operand) -> PExpr:
     return _intrin("isnan", x)
 
 
-def isinf(x: object) -> PExpr:
+def isinf(x: Operand) -> PExpr:
     return _intrin("isinf", x)
 
 
-def power(a: object, b: object) -> PExpr:
+def power(a: Operand, b: Operand) -> PExpr:
     return binary("pow", a, b)
 
 
-def maximum(a: object, b: object) -> PExpr:
+def maximum(a: Operand, b: Operand) -> PExpr:
     """The larger of two values (NaN propagates)."""
     return binary("max", a, b)
 
 
-def minimum(a: object, b: object) -> PExpr:
+def minimum(a: Operand, b: Operand) -> PExpr:
     """The smaller of two values (NaN propagates)."""
     return binary("min", a, b)
 
 
-def truncdiv(a: object, b: object) -> PExpr:
+def truncdiv(a: Operand, b: Operand) -> PExpr:
     """Integer division rounding toward zero (true division for floats)."""
     return binary("/", a, b)
 
 
-def lt(a: object, b: object) -> PExpr:
+def lt(a: Operand, b: Operand) -> PExpr:
     return binary("<", a, b)
 
 
-def le(a: object, b: object) -> PExpr:
+def le(a: Operand, b: Operand) -> PExpr:
     return binary("<=", a, b)
 
 
-def gt(a: object, b: object) -> PExpr:
+def gt(a: Operand, b: Operand) -> PExpr:
     return binary(">", a, b)
 
 
-def ge(a: object, b: object) -> PExpr:
+def ge(a: Operand, b: Operand) -> PExpr:
     return binary(">=", a, b)
 
 
-def eq(a: object, b: object) -> PExpr:
+def eq(a: Operand, b: Operand) -> PExpr:
     return binary("==", a, b)
 
 
-def ne(a: object, b: object) -> PExpr:
+def ne(a: Operand, b: Operand) -> PExpr:
     return binary("!=", a, b)
 
 
-def logical_and(a: object, b: object) -> PExpr:
+def logical_and(a: Operand, b: Operand) -> PExpr:
     return binary("and", a, b)
 
 
-def logical_or(a: object, b: object) -> PExpr:
+def logical_or(a: Operand, b: Operand) -> PExpr:
     return binary("or", a, b)
 
 
-def logical_not(x: object) -> PExpr:
+def logical_not(x: Operand) -> PExpr:
     a = convert(x, "bool") if not isinstance(x, PExpr) else x
     if dtype_of(a) != "bool":
         raise TypeError(f"logical_not needs a bool expression, got {dtype_of(a)}")
     return Unary("not", a, "bool")
 
 
-def all(*conds: object) -> Scalar:  # noqa: A001
+def all(*conds: Operand) -> Scalar:  # noqa: A001
     """The conjunction of bool conditions (True when none are given)."""
     if not conds:
         return const(True, "bool")
     return reduce(logical_and, conds[1:], convert(conds[0], "bool"))
 
 
-def any(*conds: object) -> Scalar:  # noqa: A001
+def any(*conds: Operand) -> Scalar:  # noqa: A001
     """The disjunction of bool conditions (False when none are given)."""
     if not conds:
         return const(False, "bool")
     return reduce(logical_or, conds[1:], convert(conds[0], "bool"))
 
 
-def if_then_else(cond: object, a: object, b: object) -> PExpr:
+def if_then_else(cond: Operand, a: Operand, b: Operand) -> PExpr:
     """``a`` where ``cond`` holds, else ``b``; only the chosen side is evaluated, so a side may
     load out of range when the condition excludes it."""
     c = convert(cond, "bool")
@@ -213,7 +214,7 @@ def if_then_else(cond: object, a: object, b: object) -> PExpr:
 select = if_then_else
 
 
-def cast(x: object, dtype: str) -> PExpr:
+def cast(x: Operand, dtype: str) -> PExpr:
     """``x`` converted to ``dtype`` (C conversion semantics: floats truncate toward zero)."""
     check_dtype(dtype)
     if isinstance(x, PExpr):

@@ -18,7 +18,7 @@ from typing import Callable, Sequence, Union
 from tilework.ir import sym
 from tilework.ir.info import check_dtype
 from tilework.ir.dtype import is_float_dtype, is_int_dtype
-from tilework.ir.loop import PExpr, Scalar, convert, dtype_of
+from tilework.ir.loop import Operand, PExpr, Scalar, convert, dtype_of
 from tilework.ir.sym import Dim, SymExpr, SymVar
 
 REDUCERS = ("sum", "prod", "max", "min", "argmax", "argmin")
@@ -40,6 +40,9 @@ class ReduceVar(SymVar):
         self.extent = extent
 
 
+Axes = Union[ReduceVar, Sequence[ReduceVar]]  # a reducer's ``axis``: one reduce axis or several
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class TensorLoad(PExpr):
     """``tensor[indices]`` inside a compute body (lowered to a ``Load`` of its buffer)."""
@@ -48,7 +51,7 @@ class TensorLoad(PExpr):
     indices: tuple[Scalar, ...]
 
     @property
-    def dtype(self) -> str:  # type: ignore[override]
+    def dtype(self) -> str:
         return self.tensor.dtype
 
 
@@ -166,20 +169,22 @@ def reduce_axis(extent: Dim, name: str = "k") -> ReduceVar:
     return ReduceVar(name, extent)
 
 
-def _axes(axis: object, reducer: str) -> tuple[ReduceVar, ...]:
-    axes = tuple(axis) if isinstance(axis, (list, tuple)) else (axis,)
-    if not axes:
+def _axes(axis: Axes, reducer: str) -> tuple[ReduceVar, ...]:
+    given: Sequence[object] = axis if isinstance(axis, (list, tuple)) else (axis,)
+    if not given:
         raise ValueError(f"{reducer} needs at least one reduce axis")
-    for a in axes:
+    axes: list[ReduceVar] = []
+    for a in given:
         if not isinstance(a, ReduceVar):
             hint = f"; for two values use te.{reducer}imum" if reducer in ("max", "min") else ""
             raise TypeError(f"{reducer}: axis must be a te.reduce_axis, got {a!r}{hint}")
+        axes.append(a)
     if len(set(map(id, axes))) != len(axes):
         raise ValueError(f"{reducer}: a reduce axis is given twice")
-    return axes
+    return tuple(axes)
 
 
-def _reduce(combiner: str, expr: object, axis: object, where: object) -> Reduce:
+def _reduce(combiner: str, expr: Operand, axis: Axes, where: Operand | None) -> Reduce:
     axes = _axes(axis, combiner)
     src = convert(expr, "float32") if isinstance(expr, float) else expr
     if not isinstance(src, (int, SymExpr, PExpr)):
@@ -192,32 +197,32 @@ def _reduce(combiner: str, expr: object, axis: object, where: object) -> Reduce:
     return Reduce(combiner, src, axes, cond, out)
 
 
-def sum(expr: object, axis: object, where: object = None) -> Reduce:  # noqa: A001
+def sum(expr: Operand, axis: Axes, where: Operand | None = None) -> Reduce:  # noqa: A001
     """The sum of ``expr`` over the reduce axes ``axis`` (one or a sequence)."""
     return _reduce("sum", expr, axis, where)
 
 
-def prod(expr: object, axis: object, where: object = None) -> Reduce:
+def prod(expr: Operand, axis: Axes, where: Operand | None = None) -> Reduce:
     """The product of ``expr`` over ``axis``."""
     return _reduce("prod", expr, axis, where)
 
 
-def max(expr: object, axis: object, where: object = None) -> Reduce:  # noqa: A001
+def max(expr: Operand, axis: Axes, where: Operand | None = None) -> Reduce:  # noqa: A001
     """The maximum of ``expr`` over ``axis`` (NaN propagates); ``te.maximum`` for two values."""
     return _reduce("max", expr, axis, where)
 
 
-def min(expr: object, axis: object, where: object = None) -> Reduce:  # noqa: A001
+def min(expr: Operand, axis: Axes, where: Operand | None = None) -> Reduce:  # noqa: A001
     """The minimum of ``expr`` over ``axis`` (NaN propagates); ``te.minimum`` for two values."""
     return _reduce("min", expr, axis, where)
 
 
-def argmax(expr: object, axis: object, where: object = None) -> Reduce:
+def argmax(expr: Operand, axis: Axes, where: Operand | None = None) -> Reduce:
     """The int64 row-major flat index over ``axis`` of the first maximum of ``expr``."""
     return _reduce("argmax", expr, axis, where)
 
 
-def argmin(expr: object, axis: object, where: object = None) -> Reduce:
+def argmin(expr: Operand, axis: Axes, where: Operand | None = None) -> Reduce:
     """The int64 row-major flat index over ``axis`` of the first minimum of ``expr``."""
     return _reduce("argmin", expr, axis, where)
 

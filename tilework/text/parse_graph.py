@@ -11,7 +11,6 @@ import base64
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-import numpy as np
 
 from tilework.errors import TileworkError
 from tilework.ir import info as I
@@ -47,7 +46,7 @@ from tilework.text.cursor import Cursor, Scope
 from tilework.text.lexer import Token
 from tilework.text.parse_common import Common, call_args
 from tilework.text.parse_scalar import signed_literal
-from tilework.ir.dtype import np_dtype
+from tilework.ir.dtype import decode_array
 from tilework.text.syntax import array_from_list
 
 
@@ -89,8 +88,8 @@ def parse_constant(c: Common, with_values: bool) -> Constant:
             if "data" not in a or shape is None:
                 raise cur.error("a metadata constant needs dtype, shape and data", tok)
             raw = base64.b64decode(a["data"], validate=True)
-            arr = np.frombuffer(raw, dtype=np_dtype(a["dtype"])).reshape(shape).copy()
-    except (ValueError, TypeError) as e:
+            arr = decode_array(a["dtype"], shape, raw)
+    except (ValueError, TypeError, TileworkError) as e:
         raise cur.error(f"bad constant: {e}", tok) from None
     return Constant.of(arr, name=a.get("name", ""))
 

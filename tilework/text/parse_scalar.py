@@ -8,7 +8,7 @@ that of its first such operand (``bool`` for comparisons and logic).
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 from tilework.errors import SymbolicError
 from tilework.ir import sym
@@ -127,14 +127,14 @@ class ScalarParser:
             return self.atom()
         a = self._unary()
         if is_index(a):
-            return sym.mul(a, -1)  # type: ignore[arg-type]
+            return sym.mul(a, -1)
         return Unary("neg", a, unary_dtype("neg", a))
 
     def combine(self, tok: Token, a: Scalar, b: Scalar) -> Scalar:
         op = tok.value
         if op in SYM_FOLDED and is_index(a) and is_index(b):
             try:
-                return _SYM_OPS[op](a, b)  # type: ignore[arg-type]
+                return _SYM_OPS[op](a, b)
             except SymbolicError as e:
                 raise self.cur.error(str(e), tok) from None
         return Binary(op, a, b, binary_dtype(op, a, b))
@@ -183,11 +183,11 @@ class ScalarParser:
         cur.expect("]", "after the indices")
         return tuple(out)
 
-    def _args(self, what: str) -> tuple[list[Scalar], dict[str, Token]]:
-        """``(a, b, ..., dtype="x")``: scalar positional args and string keyword args."""
+    def _args(self, what: str) -> tuple[list[Scalar | Token], dict[str, Token]]:
+        """``(a, b, ..., dtype="x")``: positional args (scalars and strings) and string keyword args."""
         cur = self.cur
         cur.expect("(", f"after {what}")
-        args: list[Scalar] = []
+        args: list[Scalar | Token] = []
         kws: dict[str, Token] = {}
         while not cur.at(")"):
             if cur.at_kind("name") and cur.at("=", 1):
@@ -195,7 +195,7 @@ class ScalarParser:
                 cur.next()
                 kws[key.value] = cur.expect_kind("str", f"a string for '{key.value}'")
             elif cur.at_kind("str"):
-                args.append(cur.next())  # type: ignore[arg-type]
+                args.append(cur.next())
             else:
                 args.append(self.expr())
             if not cur.accept(","):
@@ -228,40 +228,53 @@ class ScalarParser:
             raise cur.error(f"{name} takes no argument '{unknown.pop()}'", tok)
         return self._build(tok, args, kws["dtype"].value if "dtype" in kws else None)
 
-    def _build(self, tok: Token, args: list, dtype: str | None) -> Scalar:
+    def _build(self, tok: Token, args: list[Scalar | Token], dtype: str | None) -> Scalar:
         name = tok.value
-        head = args[0].value if args and isinstance(args[0], Token) else None
         if name in ("binary", "unary", "intrin"):
-            if head is None:
-                raise self.cur.error(f"{name} needs the operation name as a string first", tok)
-            args = args[1:]
-            if dtype is None and name != "intrin":
-                raise self.cur.error(f"{name} needs dtype=...", tok)
-        elif name == "cast":
+            return self._build_named(tok, args, dtype)
+        if name == "cast":
             self._arity(tok, args, 2)
-            if not isinstance(args[1], Token):
+            to = args[1]
+            if not isinstance(to, Token):
                 raise self.cur.error('cast needs the dtype as a string: cast(x, "float16")', tok)
-            return Cast(args[1].value, args[0])
-        if any(isinstance(a, Token) for a in args):
-            raise self.cur.error(f"{name} takes no string argument here", tok)
+            return Cast(to.value, self._values(tok, args[:1])[0])
+        vals = self._values(tok, args)
         if name == "select":
-            self._arity(tok, args, 3)
-            return Select(args[0], args[1], args[2], dtype or natural_dtype((args[1], args[2])))
+            self._arity(tok, vals, 3)
+            return Select(vals[0], vals[1], vals[2], dtype or natural_dtype((vals[1], vals[2])))
         if name in ("min", "max", "pow"):
-            self._arity(tok, args, 2)
+            self._arity(tok, vals, 2)
             if dtype is None:
-                return self.combine(tok, args[0], args[1])
-            return Binary(name, args[0], args[1], dtype)
-        if name == "binary":
-            self._arity(tok, args, 2)
-            return Binary(head, args[0], args[1], dtype)  # type: ignore[arg-type]
-        if name == "unary":
-            self._arity(tok, args, 1)
-            return Unary(head, args[0], dtype)  # type: ignore[arg-type]
-        op = head if name == "intrin" else name
-        return Intrin(op, tuple(args), dtype or intrin_dtype(op, tuple(args)))  # type: ignore[arg-type]
+                return self.combine(tok, vals[0], vals[1])
+            return Binary(name, vals[0], vals[1], dtype)
+        return Intrin(name, tuple(vals), dtype or intrin_dtype(name, tuple(vals)))
 
-    def _arity(self, tok: Token, args: list, n: int) -> None:
+    def _build_named(self, tok: Token, args: list[Scalar | Token], dtype: str | None) -> Scalar:
+        """``binary("op", a, b, dtype=...)``, ``unary("op", a, dtype=...)``, ``intrin("name", ...)``."""
+        name = tok.value
+        head = args[0] if args else None
+        if not isinstance(head, Token):
+            raise self.cur.error(f"{name} needs the operation name as a string first", tok)
+        if name == "intrin":
+            vals = self._values(tok, args[1:])
+            return Intrin(head.value, tuple(vals), dtype or intrin_dtype(head.value, tuple(vals)))
+        if dtype is None:
+            raise self.cur.error(f"{name} needs dtype=...", tok)
+        vals = self._values(tok, args[1:])
+        if name == "binary":
+            self._arity(tok, vals, 2)
+            return Binary(head.value, vals[0], vals[1], dtype)
+        self._arity(tok, vals, 1)
+        return Unary(head.value, vals[0], dtype)
+
+    def _values(self, tok: Token, args: list[Scalar | Token]) -> list[Scalar]:
+        """``args``, which must all be scalars (no string)."""
+        vals = [a for a in args if not isinstance(a, Token)]
+        if len(vals) != len(args):
+            raise self.cur.error(f"{tok.value} takes no string argument here", tok)
+        return vals
+
+    def _arity(self, tok: Token, args: Sequence[object], n: int) -> None:
         if len(args) != n:
             raise self.cur.error(f"{tok.value} takes {n} argument(s), got {len(args)}", tok)
 

@@ -13,6 +13,7 @@ from tilework.ir import sym
 from tilework.ir.graph import Constant
 from tilework.ir.info import AnyInfo, FuncInfo, PrimInfo, ShapeInfo, StructInfo, TensorInfo, TupleInfo
 from tilework.ir.sym import Dim, SymExpr, SymVar
+from tilework.ir.dtype import encode_array
 from tilework.text.syntax import INLINE_CONST_LIMIT, Namer, array_from_list, float_str, quote, to_python_list
 
 INDENT = "    "
@@ -34,18 +35,19 @@ class Meta:
         return f"meta[{i}]"
 
     def lines(self, full: bool) -> list[str]:
-        """Entries with the data as base64 of the raw bytes (host order), or, when not
-        ``full``, a one-line summary comment per constant."""
+        """Entries with the data as base64 of the raw little-endian bytes
+        (``tilework.ir.dtype.encode_array``), or, when not ``full``, a one-line summary comment
+        per constant."""
         out: list[str] = []
         for i, c in enumerate(self.consts):
-            arr = np.ascontiguousarray(c.data)
-            shape = dims_text(tuple(int(d) for d in arr.shape), str)
+            dtype, dims, raw = encode_array(c.data)
+            shape = dims_text(dims, str)
             if not full:
-                out.append(f"# meta[{i}]: {arr.dtype} {shape}")
+                out.append(f"# meta[{i}]: {dtype} {shape}")
                 continue
-            data = base64.b64encode(arr.tobytes()).decode("ascii")
+            data = base64.b64encode(raw).decode("ascii")
             name = f", name={quote(c.name)}" if c.name else ""
-            out.append(f"meta[{i}] = const(dtype={quote(str(arr.dtype))}, shape={shape}, data={quote(data)}{name})")
+            out.append(f"meta[{i}] = const(dtype={quote(dtype)}, shape={shape}, data={quote(data)}{name})")
         return out
 
 

@@ -8,7 +8,7 @@ form ``binary("+", a, b, dtype="int64")``.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, TypeGuard
 
 from tilework.ir import sym
 from tilework.ir.dtype import DTYPES
@@ -35,7 +35,7 @@ from tilework.ir.loop import (
     walk_scalars,
     walk_stmts,
 )
-from tilework.ir.sym import FloorDiv, FloorMod, Max, Min, Poly, SymExpr, SymVar
+from tilework.ir.sym import Dim, FloorDiv, FloorMod, Max, Min, Poly, SymExpr, SymVar
 from tilework.text.print_base import BasePrinter, sym_decl
 from tilework.text.syntax import LOOP_KIND_SYNTAX, float_str, quote
 
@@ -50,7 +50,7 @@ BOOL_RESULT = ("<", "<=", "==", "!=", ">", ">=", "and", "or")
 BOOL_INTRINSICS = ("isnan", "isinf")
 
 
-def is_index(x: Scalar) -> bool:
+def is_index(x: Scalar) -> TypeGuard[Dim]:
     return isinstance(x, (int, SymExpr))
 
 

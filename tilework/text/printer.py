@@ -39,6 +39,7 @@ from tilework.ir.info import PrimInfo, StructInfo
 from tilework.ir.loop import INTRINSICS, Stmt, TensorFunc
 from tilework.ir.module import Function, IRModule
 from tilework.ir.sym import SymExpr, SymVar
+from tilework.ir.visitor import ExprVisitor
 from tilework.text.print_base import BasePrinter, Meta, inline_const, sym_decl
 from tilework.text.print_loop import TensorPrinter
 from tilework.text.syntax import GRAPH_FORMS, float_str, quote
@@ -60,7 +61,7 @@ def _op_names() -> frozenset[str]:
 # -- sym vars used by a graph function ----------------------------------------------------
 
 
-class _SymCollector:
+class _SymCollector(ExprVisitor):
     """The sym vars a graph function mentions, in first-occurrence order."""
 
     def __init__(self) -> None:
@@ -87,50 +88,42 @@ class _SymCollector:
         elif isinstance(v, StructInfo):
             self.info(v)
 
-    def expr(self, e: Expr) -> None:
-        if isinstance(e, ShapeExpr):
-            for d in e.values:
-                self.dim(d)
-        elif isinstance(e, PrimValue):
-            if not isinstance(e.value, (bool, float)):
-                self.dim(e.value)
-            self.info(e.info)
-        elif isinstance(e, ExternFunc):
-            self.info(e.info)
-        elif isinstance(e, Call):
-            self.expr(e.callee)
-            for a in e.args:
-                self.expr(a)
-            self.attr(e.attrs)
-            for s in e.sinfo_args:
-                self.info(s)
-        elif isinstance(e, Tuple):
-            for f in e.fields:
-                self.expr(f)
-        elif isinstance(e, TupleGetItem):
-            self.expr(e.tuple_value)
-        elif isinstance(e, If):
-            self.expr(e.cond)
-            self.seq(e.then_branch)
-            self.seq(e.else_branch)
-        elif isinstance(e, SeqExpr):
-            self.seq(e)
+    def visit_other(self, e: Any) -> None:
+        pass  # not a graph expression: the printer shows it as such, nothing to collect
 
-    def seq(self, s: SeqExpr) -> None:
-        for blk in s.blocks:
-            for b in blk.bindings:
-                self.info(b.var.info)
-                if isinstance(b, MatchCast):
-                    self.info(b.cast_info)
-                self.expr(b.value)
-        self.expr(s.body)
+    def visit_shape_expr(self, e: ShapeExpr) -> None:
+        for d in e.values:
+            self.dim(d)
+
+    def visit_prim_value(self, e: PrimValue) -> None:
+        if not isinstance(e.value, (bool, float)):
+            self.dim(e.value)
+        self.info(e.info)
+
+    def visit_extern_func(self, e: ExternFunc) -> None:
+        self.info(e.info)
+
+    def visit_call(self, e: Call) -> None:
+        super().visit_call(e)
+        self.attr(e.attrs)
+        for s in e.sinfo_args:
+            self.info(s)
+
+    def visit_binding(self, b: Binding) -> None:
+        self.info(b.var.info)
+        super().visit_binding(b)
+
+    def visit_match_cast(self, b: MatchCast) -> None:
+        self.info(b.var.info)
+        self.info(b.cast_info)
+        super().visit_match_cast(b)
 
     def func(self, f: GraphFunc) -> list[SymVar]:
         for p in f.params:
             self.info(p.info)
         self.info(f.ret_info)
         self.attr(f.attrs)
-        self.seq(f.body)
+        self.visit(f.body)
         return list(self.found)
 
 

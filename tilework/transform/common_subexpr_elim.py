@@ -104,7 +104,7 @@ def _cse(value: Expr, m: Match) -> Expr | None:
         return None
     earlier = ctx.memo.get(("cse", key))
     if earlier is not None:
-        return earlier  # type: ignore[no-any-return]
+        return earlier
     ctx.defer(lambda bound: ctx.memo.setdefault(("cse", key), bound))
     return None
 

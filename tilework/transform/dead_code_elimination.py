@@ -21,7 +21,7 @@ values with the same effects and the same run-time checks on everything they sti
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Iterable
 
 from tilework.ir import info as I
 from tilework.ir import sym
@@ -41,35 +41,43 @@ from tilework.ir.graph import (
     PrimValue,
     SeqExpr,
     ShapeExpr,
-    Tuple,
-    TupleGetItem,
     Var,
     used_vars,
 )
 from tilework.ir.module import IRModule
 from tilework.ir.sym import SymExpr, SymVar
+from tilework.ir.visitor import ExprVisitor
 from tilework.op import base as opbase
 from tilework.transform.base import Pass
 
 
-def expr_syms(e: Expr) -> Iterator[SymVar]:
-    """Sym vars an expression mentions: its struct info, shapes, prim values, stated infos."""
-    yield from I.free_vars(e.info)
-    if isinstance(e, ShapeExpr):
+class _SymReads(ExprVisitor):
+    def __init__(self) -> None:
+        self.syms: set[SymVar] = set()
+
+    def visit(self, e: Expr) -> None:
+        self.syms.update(I.free_vars(e.info))
+        super().visit(e)
+
+    def visit_shape_expr(self, e: ShapeExpr) -> None:
         for d in e.values:
-            yield from sym.free_vars(d)
-    elif isinstance(e, PrimValue) and isinstance(e.value, SymExpr):
-        yield from sym.free_vars(e.value)
-    elif isinstance(e, Call):
+            self.syms.update(sym.free_vars(d))
+
+    def visit_prim_value(self, e: PrimValue) -> None:
+        if isinstance(e.value, SymExpr):
+            self.syms.update(sym.free_vars(e.value))
+
+    def visit_call(self, e: Call) -> None:
         for s in e.sinfo_args:
-            yield from I.free_vars(s)
-        for a in (e.callee, *e.args):
-            yield from expr_syms(a)
-    elif isinstance(e, Tuple):
-        for f in e.fields:
-            yield from expr_syms(f)
-    elif isinstance(e, TupleGetItem):
-        yield from expr_syms(e.tuple_value)
+            self.syms.update(I.free_vars(s))
+        super().visit_call(e)
+
+
+def expr_syms(e: Expr) -> set[SymVar]:
+    """Sym vars an expression mentions: its struct info, shapes, prim values, stated infos."""
+    reads = _SymReads()
+    reads.visit(e)
+    return reads.syms
 
 
 def has_effect(value: Expr, mod: IRModule) -> bool:
@@ -167,34 +175,19 @@ def eliminate_in_func(f: GraphFunc, mod: IRModule) -> GraphFunc:
 # -- functions ----------------------------------------------------------------------------
 
 
+class _GlobalRefs(ExprVisitor):
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def visit_global_var(self, e: GlobalVar) -> None:
+        self.names.add(e.name)
+
+
 def referenced_globals(f: GraphFunc) -> set[str]:
     """Names of the module functions ``f`` refers to."""
-    out: set[str] = set()
-
-    def visit(e: Expr) -> None:
-        if isinstance(e, GlobalVar):
-            out.add(e.name)
-        elif isinstance(e, Call):
-            for a in (e.callee, *e.args):
-                visit(a)
-        elif isinstance(e, Tuple):
-            for x in e.fields:
-                visit(x)
-        elif isinstance(e, TupleGetItem):
-            visit(e.tuple_value)
-        elif isinstance(e, If):
-            visit(e.cond)
-            visit_seq(e.then_branch)
-            visit_seq(e.else_branch)
-
-    def visit_seq(seq: SeqExpr) -> None:
-        for block in seq.blocks:
-            for b in block.bindings:
-                visit(b.value)
-        visit(seq.body)
-
-    visit_seq(f.body)
-    return out
+    refs = _GlobalRefs()
+    refs.visit(f.body)
+    return refs.names
 
 
 def entry_functions(mod: IRModule, entries: Iterable[str] | None = None) -> set[str]:

@@ -36,7 +36,6 @@ from tilework.ir.graph import (
     ShapeExpr,
     Tuple,
     Var,
-    bindings_of,
 )
 from tilework.ir.info import ShapeInfo, StructInfo, TensorInfo
 from tilework.ir.loop import (
@@ -70,6 +69,7 @@ from tilework.schedule.tree import blocks_of
 from tilework.transform.annotate_op_pattern import PATTERN_ATTR, func_pattern, pattern_name
 from tilework.transform.fuse_ops import PRIMITIVE_ATTR
 from tilework.transform.base import Pass
+from tilework.transform.dead_code_elimination import referenced_globals
 
 
 class _CannotFuse(TileworkError):
@@ -420,22 +420,8 @@ def _callees(func: GraphFunc) -> set[str]:
 def _referenced(mod: IRModule) -> set[str]:
     """Names of the functions any graph function of ``mod`` refers to."""
     out: set[str] = set()
-
-    def visit(e: Expr) -> None:
-        if isinstance(e, GlobalVar):
-            out.add(e.name)
-        elif isinstance(e, Call):
-            visit(e.callee)
-            for a in e.args:
-                visit(a)
-        elif isinstance(e, Tuple):
-            for f in e.fields:
-                visit(f)
-
     for _, f in mod.graph_funcs():
-        for b in bindings_of(f):
-            visit(b.value)
-        visit(f.body.body)
+        out |= referenced_globals(f)
     return out
 
 

@@ -29,6 +29,7 @@ from tilework.ir.sym import Dim
 from tilework.op import base as opbase
 from tilework.op import vm as _vm_ops  # noqa: F401  (registers assert_dims)
 from tilework.op.calls import call_tensor
+from tilework.te.tensor import Tensor
 from tilework.transform.base import Pass
 
 KEEP = {"call_tensor", "call_lib", "call_packed", "assert_dims"}
@@ -44,12 +45,12 @@ class LegalizeCtx:
     def add_kernel(self, hint: str, func: TensorFunc) -> GlobalVar:
         return self.kernels.add(self.bb, hint, func)
 
-    def call_te(self, hint: str, args: Sequence[Expr], inputs: Sequence[object], outputs: Sequence[object], out_info: StructInfo) -> Call:
+    def call_te(self, hint: str, args: Sequence[Expr], inputs: Sequence[Tensor], outputs: Sequence[Tensor], out_info: StructInfo) -> Call:
         """``call_tensor`` of the kernel computing te ``outputs`` from placeholders ``inputs``
         (one per graph argument in ``args``, in order)."""
         from tilework import te
 
-        func = te.create_func(list(inputs), list(outputs))  # type: ignore[arg-type]
+        func = te.create_func(list(inputs), list(outputs))
         gv = self.add_kernel(hint, func)
         sym_args: tuple[Dim, ...] = tuple(func.sym_params)
         return call_tensor(gv, list(args), out_info, sym_args)
@@ -96,7 +97,7 @@ class _Legalizer(FuncRewriter):
         _, checks = opbase.infer_with_checks(call)
         if checks:
             self.bb.emit(assert_dims_call(checks), name="check")
-        return op.legalize(call, self.ctx)  # type: ignore[no-any-return]
+        return op.legalize(call, self.ctx)
 
 
 def assert_dims_call(checks: Sequence[opbase.DimCheck]) -> Call:

@@ -42,6 +42,7 @@ from tilework.ir.graph import (
 )
 from tilework.ir.info import StructInfo
 from tilework.ir.module import Function, IRModule
+from tilework.ir.visitor import substitute
 from tilework.pattern.core import Match, Pattern
 
 # -- matching -----------------------------------------------------------------------------
@@ -100,28 +101,6 @@ class Rule:
     pattern: Pattern
     rewrite: Rewrite = field(compare=False)
     on: str = "binding"
-
-
-# -- expression helpers -------------------------------------------------------------------
-
-
-def substitute(e: Expr, mapping: dict[Var, Expr]) -> Expr:
-    """``e`` with vars replaced per ``mapping`` (calls, tuples and items rebuilt as needed)."""
-    if isinstance(e, Var):
-        return mapping.get(e, e)
-    if isinstance(e, Call):
-        callee = substitute(e.callee, mapping)
-        args = tuple(substitute(a, mapping) for a in e.args)
-        if callee is e.callee and all(x is y for x, y in zip(args, e.args)):
-            return e
-        return Call(callee, args, e.attrs, e.sinfo_args)
-    if isinstance(e, Tuple):
-        fields = tuple(substitute(f, mapping) for f in e.fields)
-        return e if all(x is y for x, y in zip(fields, e.fields)) else Tuple(fields)
-    if isinstance(e, TupleGetItem):
-        t = substitute(e.tuple_value, mapping)
-        return e if t is e.tuple_value else TupleGetItem(t, e.index)
-    return e
 
 
 # -- the walker ---------------------------------------------------------------------------

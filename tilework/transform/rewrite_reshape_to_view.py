@@ -24,6 +24,7 @@ as it is and ``lower_shapes`` makes its shape argument concrete.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from tilework.ir import sym
 from tilework.ir.graph import Call, Expr, GlobalVar, ShapeExpr, Tuple
@@ -40,7 +41,7 @@ from tilework.pattern.core import Match, op_call
 from tilework.transform.rewrite_driver import Rule, apply_rules
 
 
-def _is_index(x: Scalar) -> bool:
+def _is_index(x: Scalar) -> TypeGuard[Dim]:
     return isinstance(x, (int, SymExpr))
 
 
@@ -105,7 +106,7 @@ def _row_major(idx: list[Scalar], in_shape: tuple[Dim, ...], ivars: list[SymVar]
     if not _same(sym.product(kept_in), sym.product(kept_out)):
         return False
     expected = reshape_index(kept_vars, kept_out, kept_in)
-    return len(expected) == len(kept_idx) and all(_is_index(e) and _same(a, e) for a, e in zip(kept_idx, expected))  # type: ignore[arg-type]
+    return len(expected) == len(kept_idx) and all(_is_index(e) and _same(a, e) for a, e in zip(kept_idx, expected))
 
 
 class _Views:

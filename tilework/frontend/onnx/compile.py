@@ -50,12 +50,12 @@ def load(model: Any, options: CompileOptions) -> Imported:
     proto = load_model(model)
     as_inputs = options.weights == "inputs"
     mod = from_onnx(proto, dim_bounds=options.dim_bounds, keep_params_as_inputs=as_inputs)
-    main = mod["main"]
-    n = int(main.attrs.get("num_inputs", len(main.params)))  # type: ignore[union-attr]
+    main = mod.graph_func("main")
+    n = int(main.attrs.get("num_inputs", len(main.params)))
     inits = {t.name for t in proto.graph.initializer}
     names = [vi.name for vi in proto.graph.input if vi.name not in inits]
     dims: dict[Any, str] = {}
-    for name, p in zip(names, main.params[:n]):  # type: ignore[union-attr]
+    for name, p in zip(names, main.params[:n]):
         for axis, d in enumerate(getattr(p.info, "shape", None) or ()):
             if hasattr(d, "name") and d not in dims:
                 dims[d] = f"{name}.{axis}"

@@ -107,6 +107,14 @@ class NodeCtx:
             raise self.unsupported(f"the shape of operand {i} ({self.node.input[i]!r}) is not known")
         return shape
 
+    def shape_of(self, e: Expr) -> tuple[Dim, ...]:
+        """The (symbolic) shape of a graph expression the converter built; an error when it
+        is not a tensor of known rank."""
+        info = e.info
+        if not isinstance(info, TensorInfo) or info.shape is None:
+            raise self.unsupported(f"the shape of an intermediate value is not known ({info})")
+        return info.shape
+
     def rank(self, i: int) -> int:
         return len(self.known_shape(i))
 
@@ -144,7 +152,7 @@ class NodeCtx:
         or lifted at run time into fresh sym vars bound by a ``match_cast``."""
         v = self.value(i)
         if v.elems is not None and not any(isinstance(e, bool) for e in v.elems):
-            return tuple(v.elems)  # type: ignore[arg-type]
+            return tuple(v.elems)
         return self.imp.lift_dims(v, what, self)
 
     def scalar(self, i: int, what: str) -> Dim:

@@ -64,8 +64,7 @@ def _attention(ctx: NodeCtx) -> Result:
     if three_d:
         hq, hkv = int(ctx.attr("q_num_heads")), int(ctx.attr("kv_num_heads"))
         q, k, v = _heads(ctx, q, qs, hq), _heads(ctx, k, ks, hkv), _heads(ctx, v, vs, hkv)
-    q_shape = q.info.shape  # type: ignore[attr-defined]
-    b, heads, sq, e = q_shape
+    b, heads, sq, e = ctx.shape_of(q)
     if ctx.has_input(4) != ctx.has_input(5):
         raise ctx.unsupported("past_key and past_value must be given together")
     past: Dim = 0
@@ -74,8 +73,7 @@ def _attention(ctx: NodeCtx) -> Result:
         k = ctx.emit(manipulate.concat([ctx.expr(4), k], 2))
         v = ctx.emit(manipulate.concat([ctx.expr(5), v], 2))
     present_k, present_v = k, v
-    kv_heads = k.info.shape[1]  # type: ignore[attr-defined]
-    total = k.info.shape[2]  # type: ignore[attr-defined]
+    kv_heads, total = ctx.shape_of(k)[1:3]
     if kv_heads != heads:
         if not (isinstance(heads, int) and isinstance(kv_heads, int)):
             raise ctx.unsupported("grouped KV heads need static head counts")
@@ -103,7 +101,7 @@ def _attention(ctx: NodeCtx) -> Result:
     y = ctx.emit(linalg.matmul(p, v))
     if three_d:
         y = ctx.emit(manipulate.permute_dims(y, (0, 2, 1, 3)))
-        ys = y.info.shape  # type: ignore[attr-defined]
+        ys = ctx.shape_of(y)
         y = ctx.emit(manipulate.reshape(y, (ys[0], ys[1], sym.mul(ys[2], ys[3]))))
     if not 0 <= mode <= 3:
         raise ctx.unsupported(f"qk_matmul_output_mode={mode}")
@@ -173,7 +171,7 @@ def _rotary(ctx: NodeCtx) -> Result:
             raise ctx.unsupported("a 3-D input needs num_heads")
         b, s, hidden = shape
         x = ctx.emit(manipulate.reshape(x, (b, s, heads, sym.floordiv(hidden, heads))))
-    b, s, h, d = x.info.shape  # type: ignore[attr-defined, misc]
+    b, s, h, d = ctx.shape_of(x)
     rd = int(ctx.attr("rotary_embedding_dim", 0)) or d
     if not isinstance(rd, int) or rd % 2:
         raise ctx.unsupported("the rotary dim must be a static even number")

@@ -8,6 +8,8 @@ sym vars by a ``match_cast`` after it.
 
 from __future__ import annotations
 
+from onnx import GraphProto
+
 from tilework.frontend.onnx.context import NodeCtx
 from tilework.frontend.onnx.registry import Result, converter
 from tilework.frontend.onnx.values import Value
@@ -36,8 +38,8 @@ def _if(ctx: NodeCtx) -> Result:
     if ctx.rank(0) != 0:
         cond = ctx.emit(manipulate.reshape(cond, ()))
 
-    def branch(graph: object) -> Expr:
-        outs = [imp.materialize(v) for v in imp.convert_subgraph(graph)]  # type: ignore[arg-type]
+    def branch(graph: GraphProto) -> Expr:
+        outs = [imp.materialize(v) for v in imp.convert_subgraph(graph)]
         return outs[0] if len(outs) == 1 else Tuple(tuple(outs))
 
     n = len(ctx.node.output)

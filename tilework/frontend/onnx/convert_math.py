@@ -223,8 +223,8 @@ for _onnx in _VARIADIC:
 @converter("Where", 9, 16)
 def _where(ctx: NodeCtx) -> Result:
     c, a, b = ctx.value(0), ctx.value(1), ctx.value(2)
-    if all(v.elems is not None and v.ndim in (0, 1) for v in (c, a, b)):
-        out = where_elems(c.elems, a.elems, b.elems)  # type: ignore[arg-type]
+    if c.elems is not None and a.elems is not None and b.elems is not None and all(v.ndim in (0, 1) for v in (c, a, b)):
+        out = where_elems(c.elems, a.elems, b.elems)
         if out is not None:
             return Value.of_elems(out, a.dtype or "int64", all(v.ndim == 0 for v in (c, a, b)))
     return ctx.emit(ew.where(ctx.expr(0), ctx.expr(1), ctx.expr(2)))

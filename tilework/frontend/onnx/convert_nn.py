@@ -14,7 +14,7 @@ import numpy as np
 from tilework.frontend.onnx.context import NodeCtx
 from tilework.frontend.onnx.convert_math import cast_to, scalar_const
 from tilework.frontend.onnx.convert_shape import norm_axis
-from tilework.frontend.onnx.registry import Result, converter
+from tilework.frontend.onnx.registry import ConvertFn, Result, converter
 from tilework.frontend.onnx.values import Value, static_ints
 from tilework.ir import sym
 from tilework.ir.graph import Constant, Expr
@@ -201,7 +201,7 @@ def _conv(ctx: NodeCtx) -> Result:
     n = len(shape) - 2
     if n not in (1, 2):
         raise ctx.unsupported(f"{n}-D convolution (1-D and 2-D are supported)")
-    kernel = tuple(int(k) for k in ctx.attr("kernel_shape", wshape[2:]))  # type: ignore[arg-type]
+    kernel = tuple(int(k) for k in ctx.attr("kernel_shape", wshape[2:]))
     strides = tuple(int(s) for s in ctx.attr("strides", (1,) * n))
     dil = tuple(int(d) for d in ctx.attr("dilations", (1,) * n))
     pads = _pads(ctx, shape[2:], kernel, strides, dil)
@@ -248,16 +248,16 @@ def pool_nd(ctx: NodeCtx, x: Expr, kind: str, kernel: Sequence[int], strides: Se
         return _pool2d(ctx, x, kind, kernel, strides, pads, dil, ceil_mode, cip)
     if n != 3:
         raise ctx.unsupported(f"{n}-D pooling (1-D, 2-D and 3-D are supported)")
-    b, c, d, h, w = x.info.shape  # type: ignore[attr-defined, misc]
+    b, c, d, h, w = ctx.shape_of(x)
     planes = ctx.emit(manipulate.reshape(x, (b, sym.mul(c, d), h, w)))
     hw = _pool2d(ctx, planes, kind, kernel[1:], strides[1:], (pads[1], pads[2], pads[4], pads[5]), dil[1:], ceil_mode, cip)
-    h2, w2 = hw.info.shape[2:]  # type: ignore[attr-defined, misc]
+    h2, w2 = ctx.shape_of(hw)[2:]
     cols = ctx.emit(manipulate.reshape(hw, (b, c, d, sym.mul(h2, w2))))
     y = _pool2d(ctx, cols, kind, (kernel[0], 1), (strides[0], 1), (pads[0], 0, pads[3], 0), (dil[0], 1), ceil_mode, cip)
-    return ctx.emit(manipulate.reshape(y, (b, c, y.info.shape[2], h2, w2)))  # type: ignore[attr-defined]
+    return ctx.emit(manipulate.reshape(y, (b, c, ctx.shape_of(y)[2], h2, w2)))
 
 
-def _pool(kind: str) -> object:
+def _pool(kind: str) -> ConvertFn:
     def conv_pool(ctx: NodeCtx) -> Result:
         shape = ctx.known_shape(0)
         n = len(shape) - 2
@@ -276,8 +276,8 @@ def _pool(kind: str) -> object:
     return conv_pool
 
 
-converter("MaxPool", 8, 22)(_pool("max"))  # type: ignore[arg-type]
-converter("AveragePool", 7, 22)(_pool("avg"))  # type: ignore[arg-type]
+converter("MaxPool", 8, 22)(_pool("max"))
+converter("AveragePool", 7, 22)(_pool("avg"))
 
 
 @converter("GlobalAveragePool", 1, 22)
@@ -405,14 +405,14 @@ def _resize(ctx: NodeCtx) -> Result:
         req = ctx.ints(3, "sizes")
         policy = ctx.attr("keep_aspect_ratio_policy", "stretch")
         if policy != "stretch":
-            dims = [shape[a] for a in axes]
-            if not all(isinstance(d, int) for d in dims):
+            dims = [d for d in (shape[a] for a in axes) if isinstance(d, int)]
+            if len(dims) != len(axes):
                 raise ctx.unsupported(f"keep_aspect_ratio_policy={policy} with symbolic dims")
-            ratios = [r / d for r, d in zip(req, dims)]  # type: ignore[operator]
+            ratios = [r / d for r, d in zip(req, dims)]
             sc = min(ratios) if policy == "not_larger" else max(ratios)
-            for a in axes:
+            for a, d in zip(axes, dims):
                 scales[a] = sc
-                sizes[a] = int(np.floor(shape[a] * sc + 0.5))  # type: ignore[operator]
+                sizes[a] = int(np.floor(d * sc + 0.5))
             given_scales = tuple(scales)
         else:
             for a, r in zip(axes, req):

@@ -43,7 +43,7 @@ def _fold_reduce(kind: str, v: Value, keepdims: bool) -> Value | None:
     acc: Elem = v.elems[0] if v.elems else (1 if kind == "prod" else 0)
     step = {"sum": sym.add, "prod": sym.mul, "max": sym.max_, "min": sym.min_}[kind]
     for e in v.elems[1:]:
-        acc = step(acc, e)  # type: ignore[arg-type]
+        acc = step(acc, e)
     return Value.of_elems((acc,), v.dtype or "int64", scalar=not keepdims)
 
 
@@ -204,12 +204,12 @@ def _unique(ctx: NodeCtx) -> Result:
         raise ctx.unsupported("Unique along an axis (only the flattened form is supported)")
     out = ctx.emit(search.unique(ctx.expr(0), bool(ctx.attr("sorted", 1))))
     first = ctx.refine(ctx.emit(TupleGetItem(out, 0)))
-    n = first.info.shape[0]  # type: ignore[attr-defined]
+    n = ctx.shape_of(first)[0]
     fields: list[Expr] = [first]
     for i in (1, 2, 3):
         f = ctx.emit(TupleGetItem(out, i))
         if i != 2:
-            f = ctx.imp.bb.match_cast(f, f.info.replace(shape=(n,), ndim=1))  # type: ignore[attr-defined]
+            f = ctx.imp.bb.match_cast(f, f.info.replace(shape=(n,), ndim=1))
         fields.append(f)
     return fields
 
@@ -225,7 +225,7 @@ def _compress(ctx: NodeCtx) -> Result:
         axis = 0
     else:
         axis = norm_axis(ctx, int(axis), ctx.rank(0))
-    length = x.info.shape[axis]  # type: ignore[attr-defined]
+    length = ctx.shape_of(x)[axis]
     cond = ctx.expr(1)
     cshape = ctx.known_shape(1)
     if len(cshape) != 1:

@@ -78,9 +78,9 @@ def _constant_of_shape(ctx: NodeCtx) -> Result:
 @converter("Range", 11, 27, static_inputs=(0, 1, 2))
 def _range(ctx: NodeCtx) -> Result:
     dtype = ctx.dtype(0)
-    consts = [ctx.const(i) for i in range(3)]
-    if all(c is not None for c in consts):
-        start, limit, delta = (c.reshape(()).item() for c in consts)  # type: ignore[union-attr]
+    consts = [c for c in (ctx.const(i) for i in range(3)) if c is not None]
+    if len(consts) == 3:
+        start, limit, delta = (c.reshape(()).item() for c in consts)
         n = max(int(np.ceil((limit - start) / delta)), 0)
         arr = (np.asarray(start, dtype=dtype) + np.arange(n, dtype=dtype) * np.asarray(delta, dtype=dtype)).astype(dtype)
         return Value.of_const(arr) if n <= MAX_ELEMS else ctx.emit(create.arange(start, limit, delta, dtype))
@@ -187,10 +187,9 @@ def _transpose(ctx: NodeCtx) -> Result:
 @converter("Concat", 4, 13)
 def _concat(ctx: NodeCtx) -> Result:
     values = [ctx.value(i) for i in range(ctx.num_inputs)]
-    if all(v.elems is not None and v.ndim == 1 for v in values):
-        joined: list[Elem] = []
-        for v in values:
-            joined.extend(v.elems)  # type: ignore[arg-type]
+    parts = [v.elems for v in values if v.elems is not None and v.ndim == 1]
+    if len(parts) == len(values):
+        joined: list[Elem] = [e for elems in parts for e in elems]
         return Value.of_elems(joined, values[0].dtype or "int64")
     rank = len(ctx.known_shape(0))
     axis = norm_axis(ctx, int(ctx.attr("axis")), rank)

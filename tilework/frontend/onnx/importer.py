@@ -173,7 +173,7 @@ class Importer:
         if v.elems is None or v.info.dtype is None:
             raise UnsupportedError("internal: a value with neither an expression nor known contents")
         dims = tuple(v.elems)
-        e: Expr = self.emit(shape_to_tensor(ShapeExpr(dims), v.info.dtype))  # type: ignore[arg-type]
+        e: Expr = self.emit(shape_to_tensor(ShapeExpr(dims), v.info.dtype))
         if v.info.ndim == 0:
             e = self.emit(manipulate.reshape(e, ()))
         if self.depth == 0:

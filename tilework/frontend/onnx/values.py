@@ -43,7 +43,7 @@ def dtype_name(elem_type: int) -> str | None:
 def elem_type_name(elem_type: int) -> str:
     """The ONNX name of an element type (for messages)."""
     try:
-        return str(TensorProto.DataType.Name(elem_type))  # type: ignore[attr-defined]
+        return str(TensorProto.DataType.Name(elem_type))
     except ValueError:
         return f"type {elem_type}"
 

@@ -66,7 +66,7 @@ def _index(t: Translator, node: Any, x: Any, indices: Sequence[Any]) -> Expr:
     ndim = len(t.shape(x))
     picked = [i for i, v in enumerate(indices) if v is not None]
     if not picked:
-        return x  # type: ignore[no-any-return]
+        return x
     for i in picked:
         if t.dtype(indices[i]) == "bool":
             raise UnsupportedError("indexing by a bool mask (a data-dependent number of elements) is not supported")
@@ -105,7 +105,7 @@ def _diff(t: Translator, node: Any, x: Any, n: int = 1, dim: int = -1, prepend: 
         hi = t.emit(op.strided_slice(y, (axis,), (1,), (None,)))
         lo = t.emit(op.strided_slice(y, (axis,), (0,), (-1,)))
         y = t.emit(op.logical_xor(hi, lo) if t.dtype(y) == "bool" else op.subtract(hi, lo))
-    return y  # type: ignore[no-any-return]
+    return y
 
 
 __all__: list[str] = []

@@ -32,7 +32,7 @@ def _same_shape(a: Sequence[Dim], b: Sequence[Dim]) -> bool:
 def _reshape(t: Translator, node: Any, x: Any, *args: Any, **kwargs: Any) -> Expr:
     shape = t.out_shape(node)
     if _same_shape(t.shape(x), shape):
-        return x  # type: ignore[no-any-return]
+        return x
     return t.emit(op.reshape(x, shape))
 
 
@@ -54,7 +54,7 @@ def _transpose(t: Translator, node: Any, x: Any, d0: int, d1: int) -> Expr:
 @converter("t.default", "numpy_T.default")
 def _t(t: Translator, node: Any, x: Any) -> Expr:
     ndim = len(t.shape(x))
-    return x if ndim < 2 else _permute(t, node, x, list(range(ndim))[::-1])  # type: ignore[no-any-return]
+    return x if ndim < 2 else _permute(t, node, x, list(range(ndim))[::-1])
 
 
 @converter("mT.default", "mH.default", "adjoint.default")
@@ -67,7 +67,7 @@ def _swap_last(t: Translator, node: Any, x: Any) -> Expr:
 def _expand(t: Translator, node: Any, x: Any, *args: Any, **kwargs: Any) -> Expr:
     shape = t.out_shape(node)
     if _same_shape(t.shape(x), shape):
-        return x  # type: ignore[no-any-return]
+        return x
     return t.emit(op.broadcast_to(x, shape))
 
 
@@ -82,7 +82,7 @@ def _squeeze(t: Translator, node: Any, x: Any, dims: Any = None) -> Expr:
     asked = range(len(shape)) if dims is None else [norm_axis(d, len(shape)) for d in as_list(dims)]
     drop = [a for a in asked if isinstance(shape[a], int) and shape[a] == 1]
     if not drop:
-        return x  # type: ignore[no-any-return]
+        return x
     return t.emit(op.squeeze(x, drop))
 
 
@@ -150,7 +150,7 @@ def _slice(t: Translator, node: Any, x: Any, dim: int = 0, start: Any = None, en
     axis = norm_axis(dim, len(shape))
     start, end = _open(start), _open(end)
     if start in (None, 0) and end is None and step == 1:
-        return x  # type: ignore[no-any-return]
+        return x
     if not isinstance(step, int) or step <= 0:
         raise UnsupportedError(f"slice step must be a positive int, got {step!r}")
     return t.emit(op.strided_slice(x, (axis,), (start,), (end,), (step,)))

@@ -31,7 +31,7 @@ from tilework.frontend.torch.registry import lookup, op_names
 from tilework.frontend.torch.symbolic import Bounds, SymbolTable
 from tilework.ir import sym
 from tilework.ir.builder import BlockBuilder
-from tilework.ir.graph import Call, Constant, Expr, GraphFunc, MatchCast, Tuple, TupleGetItem, Var
+from tilework.ir.graph import Constant, Expr, GraphFunc, MatchCast, Tuple, Var, used_vars
 from tilework.ir.info import TensorInfo
 from tilework.ir.module import IRModule
 from tilework.ir.sym import Dim, SymVar
@@ -98,7 +98,7 @@ class Translator:
                 result = self.bb.emit_output(outs[0] if len(outs) == 1 else Tuple(tuple(outs)), name="output")
             self.bb.emit_func_output(result)
         mod = self.bb.get()
-        mod = mod.with_func(self.func_name, _prune(mod[self.func_name]))  # type: ignore[arg-type]
+        mod = mod.with_func(self.func_name, _prune(mod.graph_func(self.func_name)))
         spec = getattr(self.ep, "call_spec", None)
         return Translation(mod, self._inputs, self._weights, self._dims, getattr(spec, "in_spec", None), getattr(spec, "out_spec", None), len(outs))
 
@@ -126,8 +126,9 @@ class Translator:
                 self._inputs.append((node.name, False, self.env[node]))
                 continue
             else:
-                var = Var(_ident(node.name), self._input_info(val, node, bare))
-                for axis, d in enumerate(var.info.shape or ()):  # type: ignore[attr-defined]
+                info = self._input_info(val, node, bare)
+                var = Var(_ident(node.name), info)
+                for axis, d in enumerate(info.shape or ()):
                     for v in sym.free_vars(d):
                         self._dims.setdefault(v, f"{node.name}.{axis}")
                 user_params.append(var)
@@ -196,7 +197,7 @@ class Translator:
             raise UnsupportedError(f"node %{node.name} produced {have}, torch has a tensor")
         if have.dtype != want.dtype:
             out = self.emit(op.astype(out, want.dtype or "float32"))
-            have = out.info  # type: ignore[assignment]
+            have = out.info
         assert want.shape is not None
         if have.shape is not None and len(have.shape) != len(want.shape):
             raise UnsupportedError(f"node %{node.name}: tilework infers rank {len(have.shape)}, torch has shape {tuple(want.shape)}")
@@ -212,15 +213,16 @@ class Translator:
 
     def info(self, x: Expr) -> TensorInfo:
         info = x.info
-        if not isinstance(info, TensorInfo) or info.shape is None or info.dtype is None:
+        if not isinstance(info, TensorInfo):
             raise UnsupportedError(f"expected a tensor of known shape and dtype, got {info}")
+        _known(info)
         return info
 
     def shape(self, x: Expr) -> tuple[Dim, ...]:
-        return self.info(x).shape  # type: ignore[return-value]
+        return _known(self.info(x))[0]
 
     def dtype(self, x: Expr) -> str:
-        return self.info(x).dtype  # type: ignore[return-value]
+        return _known(self.info(x))[1]
 
     def out_info(self, node: Any, index: int | None = None) -> TensorInfo:
         """torch's shape and dtype of ``node``'s output (``index`` of a multi-output op)."""
@@ -232,10 +234,10 @@ class Translator:
         return self._tensor_info(val, node)
 
     def out_shape(self, node: Any, index: int | None = None) -> tuple[Dim, ...]:
-        return self.out_info(node, index).shape  # type: ignore[return-value]
+        return _known(self.out_info(node, index))[0]
 
     def out_dtype(self, node: Any, index: int | None = None) -> str:
-        return self.out_info(node, index).dtype  # type: ignore[return-value]
+        return _known(self.out_info(node, index))[1]
 
     def used_outputs(self, node: Any) -> set[int]:
         """The indices of a multi-output node's results that other nodes read."""
@@ -377,33 +379,25 @@ def functional(ep: Any) -> Any:
     return ep.run_decompositions({}) if mutates else ep
 
 
+def _known(info: TensorInfo) -> tuple[tuple[Dim, ...], str]:
+    """The shape and dtype of a tensor info that has both."""
+    if info.shape is None or info.dtype is None:
+        raise UnsupportedError(f"expected a tensor of known shape and dtype, got {info}")
+    return info.shape, info.dtype
+
+
 def _prune(func: GraphFunc) -> GraphFunc:
     """``func`` without the bindings nothing uses (values a converter made and a later one
     bypassed, such as a transpose folded into attention's layout). Every binding the
     translator makes is pure; match_casts are kept (they check facts)."""
-    used: set[Var] = set()
-
-    def mark(e: Any) -> None:
-        if isinstance(e, Var):
-            used.add(e)
-        elif isinstance(e, Call):
-            mark(e.callee)
-            for a in e.args:
-                mark(a)
-        elif isinstance(e, Tuple):
-            for f in e.fields:
-                mark(f)
-        elif isinstance(e, TupleGetItem):
-            mark(e.tuple_value)
-
-    mark(func.body.body)
+    used: set[Var] = set(used_vars(func.body.body))
     blocks = []
     for block in reversed(func.body.blocks):
         kept = []
         for b in reversed(block.bindings):
             if isinstance(b, MatchCast) or b.var in used:
                 kept.append(b)
-                mark(b.value)
+                used.update(used_vars(b.value))
         blocks.append(replace(block, bindings=tuple(reversed(kept))))
     body = replace(func.body, blocks=tuple(b for b in reversed(blocks) if b.bindings))
     return replace(func, body=body)

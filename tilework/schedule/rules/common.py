@@ -56,7 +56,7 @@ def chain(f: For) -> list[For]:
     """``f`` and the loops perfectly nested in it, outermost first."""
     out = [f]
     while isinstance(out[-1].body, For):
-        out.append(out[-1].body)  # type: ignore[arg-type]
+        out.append(out[-1].body)
     return out
 
 

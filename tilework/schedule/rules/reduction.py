@@ -39,6 +39,7 @@ from tilework.ir.loop import (
     Stmt,
     Store,
     TensorFunc,
+    index_dims,
     stmt_scalars,
     walk_scalars,
     walk_stmts,
@@ -284,11 +285,12 @@ def localize_rows(func: TensorFunc) -> TensorFunc:
         first = idx[0]
         if not all(len(i) == len(first) and all(scalar_equal(a, b) for a, b in zip(i, first)) for i in idx):
             continue
-        if not all(isinstance(d, (int, sym.SymExpr)) and dim_vars(d) <= {top.var} for d in first):
+        dims = index_dims(first)
+        if dims is None or not all(dim_vars(d) <= {top.var} for d in dims):
             continue
         flat: sym.Dim = 0
-        for d, ext in zip(first, buf.shape):
-            flat = sym.add(sym.mul(flat, ext), d)  # type: ignore[arg-type]
+        for d, ext in zip(dims, buf.shape):
+            flat = sym.add(sym.mul(flat, ext), d)
         if not sym.prove_eq(flat, top.var):
             continue
         moved[buf] = where[0]
