@@ -10,6 +10,8 @@ planned). onnxruntime runs the same model exported to ONNX with dynamic axes.
 2. A trace of 100 requests with random batch 1..8 and seq 8..256: total seconds INCLUDING each
    system's compile time (tilework: compile once; torch.compile: compiles as shapes arrive;
    onnxruntime: export + session creation).
+3. Loading the compiled model saved to a file (``CompiledModel.load``, warm kernel cache: the
+   kernels are rebuilt from their loop IR and found in the cache, no compiler runs).
 
     python bench/bench_minilm.py [--repeat 10] [--requests 100] [--no-torch-compile]
 """
@@ -142,6 +144,18 @@ def main() -> None:
         systems["onnxruntime"] = lambda x: sess.run(None, {k: v.numpy() for k, v in x.items()})
     except Exception as e:  # an optional peer: report and go on
         print(f"onnxruntime skipped: {e}")
+
+    with tempfile.TemporaryDirectory() as d:
+        saved = os.path.join(d, "minilm.tw")
+        tw_opt.save(saved)
+        loads = []
+        for _ in range(5):
+            t = time.perf_counter()
+            back = tilework.CompiledModel.load(saved)
+            loads.append(time.perf_counter() - t)
+        x = inputs(1, 8, vocab)
+        same = all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(back(**x).values(), tw_opt(**x).values()))
+        print(f"save + load: file {os.path.getsize(saved) / 1e6:.1f} MB, load (warm kernel cache) median {1e3 * statistics.median(loads):.0f} ms, outputs bit-identical: {same}")
 
     names = list(systems)
     print("compile (s): " + ", ".join(f"{n} {compile_s.get(n, 0):.1f}" for n in names))

@@ -12,7 +12,7 @@ is set here, in code, so no environment variable can switch it off.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -61,3 +61,40 @@ def roundtrip_built_modules(request: pytest.FixtureRequest, monkeypatch: pytest.
             assert structural_hash(mod) == structural_hash(back), "equal modules hash differently"
         except Exception as e:
             pytest.fail(f"module does not round-trip through text ({e})\n--- text ---\n{text}", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def roundtrip_built_executables(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every executable a test builds is saved and loaded back right away: the file must give
+    the same bytecode, bit-identical constants, the same loop IR and kernel modules with the
+    same function tables (so the loaded executable computes bit-identical outputs)."""
+    import tilework.compiled
+    import tilework.driver
+    from tilework.runtime.executable import load_file
+
+    original = tilework.driver.build
+    count = [0]
+
+    def recording_build(*args: Any, **kwargs: Any) -> Any:
+        exe = original(*args, **kwargs)
+        count[0] += 1
+        path = str(tmp_path_factory.mktemp("exe-roundtrip") / f"{count[0]}.tw")
+        exe.save(path)
+        back = load_file(path).executable
+        problems = []
+        if back.functions != exe.functions:
+            problems.append("bytecode differs")
+        mine = exe.constants
+        if len(back.constants) != len(mine) or any(a.dtype != b.dtype or a.shape != b.shape or a.tobytes() != b.tobytes() for a, b in zip(back.constants, mine)):
+            problems.append("constants differ")
+        if back.loop_ir() != exe.loop_ir():
+            problems.append("loop IR differs")
+        if [(m.target, dict(m.functions)) for m in back.modules] != [(m.target, dict(m.functions)) for m in exe.modules]:
+            problems.append("kernel modules differ")
+        if problems:
+            pytest.fail(f"an executable built by the test does not survive save/load: {', '.join(problems)}", pytrace=False)
+        return exe
+
+    monkeypatch.setattr(tilework.driver, "build", recording_build)
+    monkeypatch.setattr(tilework.compiled, "build", recording_build)
+    yield

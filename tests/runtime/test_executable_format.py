@@ -274,3 +274,33 @@ def test_a_build_error_names_the_file(saved: tuple[str, Any], tmp_path: Path) ->
     with pytest.raises(TileworkError, match="badir.tw.*loop IR does not parse"):
         tw.load(forged)
     assert issubclass(FormatError, TileworkError) and not issubclass(BuildError, FormatError)
+
+
+@pytest.mark.parametrize("model", ["transformer", "encoder"])
+def test_loop_ir_from_the_file_rebuilds_the_same_kernels(model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the cache's shortcut the loaded file's loop IR is parsed and compiled again:
+    the C is the same text and the outputs are bit-identical."""
+    from tilework.codegen.c import toolchain
+    from tilework.models.reference import EncoderConfig, TransformerConfig, encoder, random_weights, transformer_block
+
+    if model == "transformer":
+        mod = transformer_block(TransformerConfig(layers=2, hidden=32, heads=4, ffn=64))
+    else:
+        mod = encoder(EncoderConfig(layers=2, hidden=32, heads=4, ffn=64))
+    exe = tw.build(mod)
+    path = str(tmp_path / "m.tw")
+    exe.save(path)
+    monkeypatch.setattr(toolchain, "lookup_loop_ir", lambda digest: None)
+    back = tw.load(path)
+    assert back.modules[0].source() == exe.modules[0].source()
+    params = mod["main"].params
+    rng = np.random.default_rng(3)
+    n_in = 1 if model == "transformer" else 2
+    weights = random_weights(list(params[n_in:]))
+    args = [rng.standard_normal((2, 7, 32)).astype(np.float32)]
+    if model == "encoder":
+        args.append(np.zeros((2, 1, 1, 7), np.float32))
+    want = tw.VM(exe)["main"](*args, *weights)
+    got = tw.VM(back)["main"](*args, *weights)
+    for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        assert a.tobytes() == b.tobytes()

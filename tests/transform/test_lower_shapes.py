@@ -15,7 +15,6 @@ from __future__ import annotations
 from textwrap import dedent
 
 import numpy as np
-import pytest
 
 import tilework as tw
 from tests.transform.util import check_pass, ir
@@ -133,8 +132,7 @@ def test_symbolic_shape_values_are_made_from_the_heap_in_each_function_and_branc
         _3 = vm_match_shape(x, shape_heap, codes=[0, 0, 0, 1], label="x.shape", where="main: argument x")
         s1: Shape((n, m)) = vm_make_shape(shape_heap, codes=[1, 0, 1, 1])
         a = vm_alloc_tensor(s1, dtype="float32")
-        s2: Shape((n, m)) = vm_make_shape(shape_heap, codes=[1, 0, 1, 1])
-        _4: Tuple() = @add(x, x, a, s2)
+        _4: Tuple() = @add(x, x, a, s1)
         dim: Prim("int64", value=m) = vm_load_dim(shape_heap, slot=1)
         d: Prim("int64", value=m) = dim
         r = if c:

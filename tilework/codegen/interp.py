@@ -188,7 +188,7 @@ class _Translator(LoopEmitter):
         self.translate()
         code = compile("\n".join(self.lines) + "\n", "<tilework-interp>", "exec")
         exec(code, self.env)
-        return self.env["_kernel"]  # type: ignore[no-any-return]
+        return self.env["_kernel"]
 
     # -- statements -------------------------------------------------------------------------
 

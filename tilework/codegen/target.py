@@ -49,6 +49,15 @@ class Target(abc.ABC):
     def load_native(self, data: bytes, functions: Mapping[str, KernelInfo], funcs: Mapping[str, TensorFunc]) -> KernelModule:
         """A module from its native bytes (``KernelModule.to_bytes``) and function table."""
 
+    def cached(self, ir_digest: str, functions: Mapping[str, KernelInfo]) -> KernelModule | None:
+        """The module built here earlier from the loop IR text whose SHA-256 is ``ir_digest``
+        (its function table is ``functions``), or None. Only objects this machine built from
+        that text qualify."""
+        return None
+
+    def remember(self, ir_digest: str, module: KernelModule) -> None:
+        """Record that ``module`` was built from the loop IR text with digest ``ir_digest``."""
+
     def __repr__(self) -> str:
         return f"Target({self.name})"
 
@@ -61,7 +70,7 @@ def register_target(target: Target) -> Target:
     if not target.name:
         raise BuildError("a target needs a name")
     _TARGETS[target.name] = target
-    register_kernel_loader(KernelLoader(target.name, target.build, target.load_native))
+    register_kernel_loader(KernelLoader(target.name, target.build, target.load_native, target.cached, target.remember))
     return target
 
 

@@ -13,6 +13,7 @@ from typing import Any, Callable
 from tilework.ir import sym
 from tilework.ir.graph import Call
 from tilework.ir.info import AnyInfo, PrimInfo, ShapeInfo, StructInfo, TensorInfo, TupleInfo
+from tilework.ir.opdef import InferFn
 from tilework.ir.sym import Dim, SymVar
 from tilework.op.base import InferCtx, Op, OpPattern, register
 
@@ -72,8 +73,8 @@ def _alloc_from_storage(call: Call, ctx: InferCtx) -> StructInfo:
     return TensorInfo(None, dtype, -1)
 
 
-def _vm(name: str, infer: object, attrs: dict[str, object], num_args: int | None, pure: bool = False) -> None:
-    register(Op(name, infer, OpPattern.OPAQUE, attrs=attrs, num_args=num_args, pure=pure))  # type: ignore[arg-type]
+def _vm(name: str, infer: InferFn, attrs: dict[str, object], num_args: int | None, pure: bool = False) -> None:
+    register(Op(name, infer, OpPattern.OPAQUE, attrs=attrs, num_args=num_args, pure=pure))
 
 
 # names, bounds: per heap slot, for messages ("n", (1, 4096))
@@ -81,6 +82,8 @@ _vm("vm_alloc_shape_heap", _heap, {"size": 0, "names": (), "bounds": ()}, 0)
 # codes: (code, operand) per dim; where: "main: argument x"; label: "x.shape"
 _vm("vm_match_shape", _void, {"codes": (), "where": "", "label": ""}, 2)
 _vm("vm_check_tensor_info", _void, {"ndim": -1, "dtype": None, "where": ""}, 1)
+# every arg a tensor of exactly shapes[i] and dtypes[i] (params of fixed shape, checked at once)
+_vm("vm_check_static_tensors", _void, {"shapes": (), "dtypes": (), "labels": (), "where": ""}, None)
 _vm("vm_check_tuple_info", _void, {"size": 0, "where": ""}, 1)
 _vm("vm_check_shape_info", _void, {"ndim": -1, "where": ""}, 1)
 _vm("vm_check_prim_info", _void, {"dtype": None, "where": ""}, 1)

@@ -36,7 +36,7 @@ def builtin(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return deco
 
 
-class ShapeHeap(list):  # type: ignore[type-arg]
+class ShapeHeap(list):
     """Slots of sym var values; ``names`` and ``bounds`` describe them for error messages and
     ``origin`` records where each var was bound in this call (``y.shape[1]``)."""
 
@@ -70,6 +70,22 @@ def check_tensor_info(value: Any, ndim: int, dtype: str | None, where: str) -> N
         raise RuntimeCheckError(f"{where} expects a tensor of rank {ndim}, got rank {value.ndim} (shape {tuple(value.shape)})")
     if dtype is not None and value.dtype != np_dtype(dtype):
         raise RuntimeCheckError(f"{where} expects dtype {dtype}, got {value.dtype}")
+
+
+@builtin("vm_check_static_tensors")
+def check_static_tensors(*args: Any) -> None:
+    """``args``: the values, then shapes, dtypes, labels and where (see ``vm_check_static_tensors``).
+    The fast path compares each value's shape tuple and dtype; a mismatch is reported by the
+    detailed checks, with their messages."""
+    *values, shapes, dtypes, labels, where = args
+    for value, shape, dtype, label in zip(values, shapes, dtypes, labels):
+        if isinstance(value, np.ndarray) and value.shape == shape and value.dtype == np_dtype(dtype):
+            continue
+        here = f"{where} {label}"
+        check_tensor_info(value, len(shape), dtype, here)
+        for i, (got, want) in enumerate(zip(value.shape, shape)):
+            if got != want:
+                raise RuntimeCheckError(f"{here}: {label}.shape[{i}] = {got} but it must be {want}")
 
 
 @builtin("vm_check_tuple_info")

@@ -12,7 +12,8 @@ machines without a compiler, and files the user trusts).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -30,13 +31,38 @@ from tilework.text import parse, print_module
 KIND = "tilework.executable"
 
 
-@dataclass
 class Executable:
-    functions: dict[str, VMFunction]
-    constants: list[np.ndarray]
-    kernel_funcs: dict[str, TensorFunc]
-    modules: list[KernelModule] = field(default_factory=list)
-    meta: dict[str, Any] = field(default_factory=dict)
+    """Bytecode by function name, the constant pool, the kernels' loop-level functions (parsed
+    from the file's loop IR only when asked for) and their compiled modules."""
+
+    def __init__(
+        self,
+        functions: dict[str, VMFunction],
+        constants: list[np.ndarray],
+        kernel_funcs: Mapping[str, TensorFunc] | None,
+        modules: Sequence[KernelModule] = (),
+        meta: Mapping[str, Any] | None = None,
+        *,
+        loop_ir: str | None = None,
+    ) -> None:
+        self.functions = functions
+        self.constants = constants
+        self.modules = list(modules)
+        self.meta = dict(meta or {})
+        self._kernel_funcs = None if kernel_funcs is None else dict(kernel_funcs)
+        self._loop_ir = loop_ir
+
+    @property
+    def kernel_funcs(self) -> dict[str, TensorFunc]:
+        if self._kernel_funcs is None:
+            self._kernel_funcs = _parse_loop_ir("the executable", self._loop_ir) if self._loop_ir else {}
+        return self._kernel_funcs
+
+    def loop_ir(self) -> str:
+        """The kernels as text IR (what the file stores)."""
+        if self._loop_ir is None:
+            self._loop_ir = print_module(IRModule(dict(self.kernel_funcs))) if self.kernel_funcs else ""
+        return self._loop_ir
 
     def kernel_callables(self) -> dict[str, Callable[..., Any]]:
         """``name -> f(*buffers, sym_values)`` for the VM's kernel calls."""
@@ -44,24 +70,21 @@ class Executable:
         for module in self.modules:
             for name in module.functions:
                 out[name] = _kernel_adapter(module[name])
-        missing = [n for n in self.kernel_funcs if n not in out]
-        if missing:
-            raise BuildError(f"the executable has kernels without a compiled module: {', '.join(missing)}")
         return out
 
     def stats(self) -> dict[str, int]:
         return {
             "functions": len(self.functions),
             "instructions": sum(len(f.code) for f in self.functions.values()),
-            "kernels": len(self.kernel_funcs),
+            "kernels": sum(len(m.functions) for m in self.modules),
             "constants": len(self.constants),
             "constant_bytes": int(sum(c.nbytes for c in self.constants)),
         }
 
-    def extern_symbols(self) -> list[str]:
-        """The library functions the bytecode calls, by name."""
-        names = {ins[2][1] for f in self.functions.values() for ins in f.code if ins[0] == "call" and ins[2][0] == "extern"}
-        return sorted(names)
+    def __repr__(self) -> str:
+        st = self.stats()
+        targets = ",".join(m.target for m in self.modules) or "none"
+        return f"Executable({', '.join(self.functions)}: {st['instructions']} instructions, {st['kernels']} kernel(s) on {targets}, {st['constants']} constant(s))"
 
     # -- persistence ----------------------------------------------------------------------
 
@@ -72,11 +95,12 @@ class Executable:
         weights and module text there)."""
         w = ArchiveWriter()
         consts = [w.add_array(f"constant/{i}", c) for i, c in enumerate(self.constants)]
-        loop_ir = None
-        if self.kernel_funcs:
-            loop_ir = w.add_text("kernels.tir", print_module(IRModule(dict(self.kernel_funcs))))
+        text = self.loop_ir()
+        loop_ir = w.add_text("kernels.tir", text) if text else None
+        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
         modules = []
         for m in self.modules:
+            _remember(m, digest)
             native = m.to_bytes()
             modules.append({
                 "target": m.target,
@@ -128,8 +152,8 @@ def load_file(path: str, *, trust_native: bool = False) -> LoadedFile:
         functions = {f.name: f for f in (bytecode.from_data(d, len(constants)) for d in raw_funcs)}
     except TileworkError as e:
         raise FormatError(f"{path!r}: {e}") from None
-    kernel_funcs, modules = _load_kernels(ar, meta.get("kernels"), trust_native)
-    exe = Executable(functions, constants, kernel_funcs, modules, dict(meta.get("meta") or {}))
+    loop_ir, kernel_funcs, modules = _load_kernels(ar, meta.get("kernels"), trust_native)
+    exe = Executable(functions, constants, kernel_funcs, modules, dict(meta.get("meta") or {}), loop_ir=loop_ir)
     _check_calls(path, exe)
     arrays_meta = meta.get("arrays") or {}
     texts_meta = meta.get("texts") or {}
@@ -141,12 +165,21 @@ def load_file(path: str, *, trust_native: bool = False) -> LoadedFile:
     return LoadedFile(exe, extra if isinstance(extra, dict) else {}, arrays, texts)
 
 
-def _load_kernels(ar: Archive, kernels: Any, trust_native: bool) -> tuple[dict[str, TensorFunc], list[KernelModule]]:
+def _load_kernels(ar: Archive, kernels: Any, trust_native: bool) -> tuple[str, dict[str, TensorFunc] | None, list[KernelModule]]:
+    """The loop IR text, its functions (None while nothing needed them parsed) and the modules.
+    A module this machine built earlier from the very same text is taken from the kernel cache
+    without parsing anything; otherwise the text is parsed and the target rebuilds it."""
     if not isinstance(kernels, dict) or not isinstance(kernels.get("modules"), list):
         raise FormatError(f"{ar.path!r}: malformed kernel table")
-    funcs: dict[str, TensorFunc] = {}
-    if kernels.get("loop_ir") is not None:
-        funcs = _parse_loop_ir(ar.path, ar.text(kernels["loop_ir"]))
+    text = ar.text(kernels["loop_ir"]) if kernels.get("loop_ir") is not None else ""
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    parsed: list[dict[str, TensorFunc]] = []
+
+    def funcs() -> dict[str, TensorFunc]:
+        if not parsed:
+            parsed.append(_parse_loop_ir(ar.path, text) if text else {})
+        return parsed[0]
+
     modules: list[KernelModule] = []
     for entry in kernels["modules"]:
         if not isinstance(entry, dict) or not isinstance(entry.get("target"), str) or not isinstance(entry.get("functions"), list):
@@ -155,28 +188,31 @@ def _load_kernels(ar: Archive, kernels: Any, trust_native: bool) -> tuple[dict[s
             table = {i.name: i for i in (KernelInfo.from_dict(d) for d in entry["functions"] if isinstance(d, dict))}
         except TileworkError as e:
             raise FormatError(f"{ar.path!r}: {e}") from None
-        unknown = [n for n in table if n not in funcs]
-        if unknown:
-            raise FormatError(f"{ar.path!r}: kernel module {entry['target']!r} lists functions without loop IR: {', '.join(unknown[:5])}")
-        module_funcs = {n: funcs[n] for n in table}
         try:
             loader = kernel_loader(entry["target"])
         except TileworkError as e:
             raise FormatError(f"{ar.path!r}: {e}") from None
-        if trust_native and entry.get("native") is not None:
-            module = loader.from_native(bytes(ar.section(entry["native"])), table, module_funcs)
-        else:
-            try:
-                module = loader.build(module_funcs)
-            except BuildError as e:
-                hint = " (the file holds native code for them: tilework.load(path, trust_native=True) uses it, if you trust the file)" if entry.get("native") is not None else ""
-                raise BuildError(f"{ar.path!r}: cannot rebuild its {entry['target']} kernels from their loop IR{hint}: {e}") from None
+        module = None if trust_native else loader.cached(digest, table)
+        if module is None:
+            unknown = [n for n in table if n not in funcs()]
+            if unknown:
+                raise FormatError(f"{ar.path!r}: kernel module {entry['target']!r} lists functions without loop IR: {', '.join(unknown[:5])}")
+            module_funcs = {n: funcs()[n] for n in table}
+            if trust_native and entry.get("native") is not None:
+                module = loader.from_native(bytes(ar.section(entry["native"])), table, module_funcs)
+            else:
+                try:
+                    module = loader.build(module_funcs)
+                except BuildError as e:
+                    hint = " (the file holds native code for them: tilework.load(path, trust_native=True) uses it, if you trust the file)" if entry.get("native") is not None else ""
+                    raise BuildError(f"{ar.path!r}: cannot rebuild its {entry['target']} kernels from their loop IR{hint}: {e}") from None
+                loader.remember(digest, module)
         for name, info in table.items():
             have = module.functions.get(name)
             if have is None or (len(have.buffers), have.dtypes, have.num_outputs, len(have.syms)) != (len(info.buffers), info.dtypes, info.num_outputs, len(info.syms)):
                 raise FormatError(f"{ar.path!r}: kernel {name!r} does not have the signature its function table states")
         modules.append(module)
-    return funcs, modules
+    return text, (parsed[0] if parsed else None), modules
 
 
 def _parse_loop_ir(path: str, text: str) -> dict[str, TensorFunc]:
@@ -209,6 +245,13 @@ def _check_calls(path: str, exe: Executable) -> None:
                 raise FormatError(f"{path!r}: {f.name} calls function {name!r}, which the file does not hold")
             if kind == "builtin" and name not in BUILTINS and name not in BIND:
                 raise FormatError(f"{path!r}: {f.name} calls VM builtin {name!r}, which does not exist")
+
+
+def _remember(module: KernelModule, digest: str) -> None:
+    try:
+        kernel_loader(module.target).remember(digest, module)
+    except TileworkError:
+        pass  # a target not registered here keeps no records
 
 
 def _json_safe(v: Any) -> Any:

@@ -112,15 +112,28 @@ class KernelModule(abc.ABC):
         return len(self.functions)
 
 
+def _no_record(ir_digest: str, functions: Mapping[str, KernelInfo]) -> KernelModule | None:
+    return None
+
+
+def _forget(ir_digest: str, module: KernelModule) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class KernelLoader:
     """How the runtime gets a target's module back: ``build(funcs)`` compiles loop IR (through
     the target's cache: a hit costs no compiler run); ``from_native(data, functions, funcs)``
-    uses stored native bytes (code from the file: only on explicit opt-in)."""
+    uses stored native bytes (code from the file: only on explicit opt-in). ``cached(digest,
+    functions)`` is the module this machine built earlier from the loop IR text with SHA-256
+    ``digest`` (None when there is none), so that a warm load parses nothing;
+    ``remember(digest, module)`` records one."""
 
     target: str
     build: Callable[[Mapping[str, TensorFunc]], KernelModule]
     from_native: Callable[[bytes, Mapping[str, KernelInfo], Mapping[str, TensorFunc]], KernelModule]
+    cached: Callable[[str, Mapping[str, KernelInfo]], KernelModule | None] = _no_record
+    remember: Callable[[str, KernelModule], None] = _forget
 
 
 _LOADERS: dict[str, KernelLoader] = {}

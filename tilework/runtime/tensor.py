@@ -14,7 +14,6 @@ import numpy as np
 from tilework.errors import RuntimeCheckError
 from tilework.ir.dtype import np_dtype
 
-_BF16 = np_dtype("bfloat16")
 
 
 def is_torch_tensor(x: Any) -> bool:
@@ -31,14 +30,14 @@ def from_torch(t: Any) -> np.ndarray:
     if not t.is_contiguous():
         t = t.contiguous()
     if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(_BF16)
+        return t.view(torch.int16).numpy().view(np_dtype("bfloat16"))
     return t.numpy()
 
 
 def to_torch(a: np.ndarray) -> Any:
     import torch
 
-    if a.dtype == _BF16:
+    if a.dtype.name == "bfloat16":
         return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(np.ascontiguousarray(a))
 

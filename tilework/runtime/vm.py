@@ -119,6 +119,32 @@ class VM:
         call.__name__ = name
         return call
 
+    def bind(self, name: str, *trailing: Any) -> Callable[..., Any]:
+        """Function ``name`` with its last parameters fixed to ``trailing`` (converted once):
+        what a caller that passes the same weights at every call uses (an LLM step takes
+        hundreds of them). The result takes the leading parameters, NumPy in, NumPy out."""
+        loaded = self._funcs.get(name)
+        if loaded is None:
+            raise KeyError(f"no function {name!r} in the executable (it has: {', '.join(self._funcs)})")
+        params = loaded.fn.params
+        if len(trailing) > len(params):
+            raise RuntimeCheckError(f"{name} takes {len(params)} argument(s), {len(trailing)} were bound")
+        fixed = [as_array(a) for a in trailing]
+        lead = len(params) - len(fixed)
+        invoke, memory = loaded.invoke, self.memory
+
+        def call(*args: Any) -> Any:
+            if len(args) != lead:
+                raise RuntimeCheckError(f"{name} takes {lead} argument(s) ({', '.join(params[:lead])}) besides the bound ones, got {len(args)}")
+            try:
+                return invoke(*[as_array(a) for a in args], *fixed)
+            except BaseException:
+                memory.reclaim()
+                raise
+
+        call.__name__ = name
+        return call
+
     def invoke(self, name: str, *args: Any) -> Any:
         return self[name](*args)
 

@@ -68,6 +68,8 @@ class _Lowerer:
     bounds: list[tuple[int, int | None]] = field(default_factory=list)
     stored: set[SymVar] = field(default_factory=set)
     computed: set[int] = field(default_factory=set)
+    made: dict[tuple[Dim, ...], Var] = field(default_factory=dict)  # shape values made in scope
+    loaded: dict[int, Var] = field(default_factory=dict)  # dims loaded in scope, by slot
     out: list[AnyBinding] = field(default_factory=list)
     counter: int = 0
     heap: Var = field(default_factory=lambda: Var("shape_heap", AnyInfo()))
@@ -114,6 +116,9 @@ class _Lowerer:
     def make_shape(self, values: Sequence[Dim]) -> Expr:
         if sym.is_static(values):
             return ShapeExpr(tuple(values), ShapeInfo(tuple(values)))
+        known = self.made.get(tuple(values))
+        if known is not None:
+            return known  # one shape value per distinct shape in a scope
         codes: list[int] = []
         for d in values:
             self.ensure_dim(d)
@@ -121,7 +126,9 @@ class _Lowerer:
                 codes += [0, d]
             else:
                 codes += [1, self.slot(d)]
-        return self.emit(_vm_call("vm_make_shape", [self.heap], ShapeInfo(tuple(values)), codes=tuple(codes)), ShapeInfo(tuple(values)), "shape")
+        made = self.emit(_vm_call("vm_make_shape", [self.heap], ShapeInfo(tuple(values)), codes=tuple(codes)), ShapeInfo(tuple(values)), "shape")
+        self.made[tuple(values)] = made
+        return made
 
     # -- matching values against struct info ----------------------------------------------
 
@@ -184,7 +191,10 @@ class _Lowerer:
             return self.make_shape(e.values)
         if isinstance(e, PrimValue) and isinstance(e.value, sym.SymExpr):
             self.ensure_dim(e.value)
-            return self.emit(_vm_call("vm_load_dim", [self.heap], e.info, slot=self.slot(e.value)), e.info, "dim")
+            slot = self.slot(e.value)
+            if slot not in self.loaded:
+                self.loaded[slot] = self.emit(_vm_call("vm_load_dim", [self.heap], e.info, slot=slot), e.info, "dim")
+            return self.loaded[slot]
         if isinstance(e, Tuple):
             return Tuple(tuple(self.lower_expr(f) for f in e.fields), e.info)
         return e
@@ -239,10 +249,11 @@ class _Lowerer:
         return self.slot(d)
 
     def lower_branch(self, seq: SeqExpr) -> SeqExpr:
-        """A branch of an If: the vars it binds and the dims it computes are known only in it."""
-        stored, computed = set(self.stored), set(self.computed)
+        """A branch of an If: the vars it binds, the dims it computes and the values it makes are
+        known only in it."""
+        stored, computed, made, loaded = set(self.stored), set(self.computed), dict(self.made), dict(self.loaded)
         out = self.lower_seq(seq)
-        self.stored, self.computed = stored, computed
+        self.stored, self.computed, self.made, self.loaded = stored, computed, made, loaded
         return out
 
     def lower_seq(self, seq: SeqExpr) -> SeqExpr:
@@ -257,6 +268,10 @@ class _Lowerer:
         return SeqExpr(blocks, body, seq.info)
 
 
+def _static_tensor(info: StructInfo) -> bool:
+    return isinstance(info, TensorInfo) and info.dtype is not None and info.shape is not None and sym.is_static(info.shape)
+
+
 def _label(e: Expr) -> str:
     return e.name if isinstance(e, Var) else type(e).__name__
 
@@ -264,7 +279,22 @@ def _label(e: Expr) -> str:
 def lower_function(name: str, f: GraphFunc) -> GraphFunc:
     lw = _Lowerer(name)
     deferred = []
+    static = [p for p in f.params if _static_tensor(p.info)]
+    if len(static) > 1:  # one check for every param of a fixed shape and dtype (an LLM's weights)
+        infos = [p.info for p in static if isinstance(p.info, TensorInfo)]
+        lw.emit(
+            _vm_call(
+                "vm_check_static_tensors",
+                static,
+                shapes=tuple(tuple(i.shape or ()) for i in infos),
+                dtypes=tuple(i.dtype for i in infos),
+                labels=tuple(p.name for p in static),
+                where=f"{name}: argument",
+            )
+        )
     for p in f.params:
+        if len(static) > 1 and p in static:
+            continue
         deferred += lw.match(p, p.info, f"{name}: argument {p.name}", p.name)
     lw.check_derived(deferred, f"{name}: arguments")
     prologue = lw.out

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from tilework.codegen.c import toolchain
 from tilework.codegen.c.emit import CModule, c_symbols, emit_function, emit_module
 from tilework.codegen.c.module import CKernelModule, Kernel, build_library
 from tilework.codegen.target import Target, register_target
 from tilework.ir.loop import TensorFunc
-from tilework.runtime.kernels import KernelInfo
+from tilework.runtime.kernels import KernelInfo, KernelModule
 
 
 class CpuTarget(Target):
@@ -38,6 +39,16 @@ class CpuTarget(Target):
 
     def load_native(self, data: bytes, functions: Mapping[str, KernelInfo], funcs: Mapping[str, TensorFunc]) -> CKernelModule:
         return CKernelModule.from_native(data, functions, funcs)
+
+    def cached(self, ir_digest: str, functions: Mapping[str, KernelInfo]) -> CKernelModule | None:
+        found = toolchain.lookup_loop_ir(ir_digest)
+        if found is None:
+            return None
+        return CKernelModule(found.path, list(functions.values()), None, cache_hit=True, key=found.key)
+
+    def remember(self, ir_digest: str, module: KernelModule) -> None:
+        if isinstance(module, CKernelModule) and module.key is not None:
+            toolchain.remember_loop_ir(ir_digest, module.key)
 
 
 CPU = register_target(CpuTarget())

@@ -62,6 +62,7 @@ from tilework.ir.loop import (
     TensorFunc,
     Unary,
     dtype_of,
+    index_dims,
     kernel_syms,
     walk_stmts,
 )
@@ -178,9 +179,10 @@ def _conflict(loop: For) -> str | None:
     for s in walk_stmts(loop.body):
         if not isinstance(s, Store) or s.buffer in local:
             continue
-        if not all(isinstance(i, (int, SymExpr)) for i in s.indices):
+        dims = index_dims(s.indices)
+        if dims is None:
             continue
-        if not any(depends(i) for i in s.indices):  # type: ignore[arg-type]
+        if not any(depends(i) for i in dims):
             return f"every iteration writes the same element of {s.buffer.name}"
     return None
 
@@ -408,10 +410,11 @@ class _Emitter(LoopEmitter):
             raise self.error(f"buffer {b.name} of rank {len(b.shape)} accessed with {len(indices)} indices")
         if not indices:
             return "0"
-        if all(isinstance(i, (int, SymExpr)) for i in indices):
+        dims = index_dims(indices)
+        if dims is not None:
             off: Dim = 0
-            for i, ext in zip(indices, b.shape):
-                off = sym.add(sym.mul(off, ext), i)  # type: ignore[arg-type]
+            for d, ext in zip(dims, b.shape):
+                off = sym.add(sym.mul(off, ext), d)
             return self.dim(off)
         text = self.index(indices[0])
         for i, ext in zip(indices[1:], b.shape[1:]):

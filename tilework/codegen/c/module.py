@@ -124,9 +124,11 @@ class CKernelModule(KernelModule):
         funcs: Mapping[str, TensorFunc] | None = None,
         cache_hit: bool = False,
         source: str | None = None,
+        key: str | None = None,
     ) -> None:
         self.path = path
         self.cache_hit = cache_hit
+        self.key = key  # the kernel cache key of the shared object, when it came from the cache
         self.source_text = source
         self._handle = ctypes.CDLL(str(path)) if path is not None else None
         tramp = getattr(self._handle, "tw_call_objects", None) if self._handle is not None else None
@@ -154,6 +156,8 @@ class CKernelModule(KernelModule):
         return {name: k.info for name, k in self.kernels.items()}
 
     def source(self) -> str:
+        if self.source_text is None and self.path is not None and self.path.with_suffix(".c").exists():
+            self.source_text = self.path.with_suffix(".c").read_text()
         return self.source_text or ""
 
     def to_bytes(self) -> bytes:
@@ -184,4 +188,4 @@ def build_library(funcs: Mapping[str, TensorFunc]) -> CKernelModule:
     mod = emit_module(funcs)
     result = toolchain.compile_source(mod.text, mod.lines)
     infos = [KernelInfo.of(n, mod.symbols[n], f) for n, f in funcs.items()]
-    return CKernelModule(result.path, infos, funcs, cache_hit=result.cache_hit, source=mod.text)
+    return CKernelModule(result.path, infos, funcs, cache_hit=result.cache_hit, source=mod.text, key=result.key)

@@ -34,6 +34,7 @@ from typing import Mapping, Sequence
 
 from tilework.errors import BuildError
 
+
 DEFAULT_CFLAGS = "-O3 -march=native -fno-math-errno -fopenmp -shared -fPIC"
 _INSTALL_HINT = (
     "tilework compiles CPU kernels with the system C compiler. Install one "
@@ -162,6 +163,46 @@ def _built_without_compiler(source: str, flags: Sequence[str]) -> CompileResult 
         root = cache_dir()
         ref = json.loads((root / f"s-{source_key(source, flags)}.json").read_text())
         key = ref["key"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(key, str) or not key.isalnum():
+        return None
+    so = root / f"k-{key}.so"
+    return CompileResult(so, True, key) if _intact(so) else None
+
+
+@functools.lru_cache(maxsize=1)
+def _emitter_identity() -> str:
+    """A digest of the code that turns loop IR into C: records made by another version of it
+    do not apply."""
+    here = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for path in (here / "emit.py", here / "prelude.py", here.parent / "loop_emit.py"):
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _ir_record(ir_digest: str) -> Path:
+    blob = json.dumps([ir_digest, _emitter_identity(), compiler_flags(), _machine_identity()]).encode()
+    return cache_dir() / f"ir-{hashlib.sha256(blob).hexdigest()[:32]}.json"
+
+
+def remember_loop_ir(ir_digest: str, key: str) -> None:
+    """Record that the loop IR whose text has SHA-256 ``ir_digest`` compiled to object ``key``
+    (with this tilework, these flags, this CPU): a later load of that text finds the object
+    without parsing the IR or emitting C again."""
+    try:
+        write_atomic(_ir_record(ir_digest), json.dumps({"key": key}).encode())
+    except OSError:
+        pass  # a read-only cache only loses the shortcut
+
+
+def lookup_loop_ir(ir_digest: str) -> CompileResult | None:
+    """The object built from the loop IR text with digest ``ir_digest``, when the cache holds it
+    intact."""
+    try:
+        key = json.loads(_ir_record(ir_digest).read_text())["key"]
+        root = cache_dir()
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if not isinstance(key, str) or not key.isalnum():
