@@ -1,0 +1,214 @@
+"""Quantized weights: ``quant_linear`` and the block formats it reads.
+
+``quant_linear(x, w, fmt, in_features)`` is ``x @ W.T`` (``quant_take(table, ids, fmt, cols)`` an
+embedding lookup: rows of such a table, decoded) where ``W`` (``[out_features,
+in_features]``) is stored in a block format and never expanded: ``w`` is ``uint8[out_features,
+row_bytes]``, each row the blocks of one output feature, exactly as a GGUF file stores them.
+The formats (``QUANT_FORMATS``; 32 weights per block for the simple ones, little-endian):
+
+| format | bytes/block | layout | weight |
+|---|---|---|---|
+| ``q4_0`` | 18 | fp16 ``d``, 16 bytes of nibbles | ``d * (q - 8)`` |
+| ``q4_1`` | 20 | fp16 ``d``, fp16 ``m``, 16 bytes of nibbles | ``d * q + m`` |
+| ``q8_0`` | 34 | fp16 ``d``, 32 int8 | ``d * q`` |
+| ``bf16`` | 2 | one bfloat16 per weight | |
+| ``f16`` | 2 | one IEEE half per weight | |
+
+In a nibble block, byte ``j`` holds weight ``j`` in its low nibble and weight ``j + 16`` in its
+high nibble. ``q4_k`` and ``q6_k`` (256-weight super-blocks) are listed for the loaders; their
+products run in the ``quant`` backend's library only.
+
+Legalization gives the reference kernel: each weight is decoded where it is used (the half
+scales decoded with integer arithmetic), in float32, serially per output. It is correct on
+every target and slow; the ``quant`` backend (``tilework.backend.quant``) runs the op with
+vectorized C that reads the same blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tilework import te
+from tilework.errors import UnsupportedError
+from tilework.ir.graph import Call, Expr
+from tilework.ir.info import StructInfo, TensorInfo
+from tilework.ir.loop import Scalar
+from tilework.op.base import InferCtx, Op, OpPattern, make_call, register, require_equal, tensor_arg
+from tilework.op.kernel import arg, out_tensor
+
+if TYPE_CHECKING:
+    from tilework.transform.legalize import LegalizeCtx
+
+
+@dataclass(frozen=True)
+class QuantFormat:
+    name: str
+    block: int  # weights per block
+    nbytes: int  # bytes per block
+    ggml_type: int  # the GGML type code of a GGUF tensor
+
+    def row_bytes(self, cols: int) -> int:
+        return cols // self.block * self.nbytes
+
+
+QUANT_FORMATS: dict[str, QuantFormat] = {
+    f.name: f
+    for f in (
+        QuantFormat("f32", 1, 4, 0),
+        QuantFormat("f16", 1, 2, 1),
+        QuantFormat("q4_0", 32, 18, 2),
+        QuantFormat("q4_1", 32, 20, 3),
+        QuantFormat("q8_0", 32, 34, 8),
+        QuantFormat("q4_k", 256, 144, 12),
+        QuantFormat("q6_k", 256, 210, 14),
+        QuantFormat("bf16", 1, 2, 30),
+    )
+}
+LEGALIZED_FORMATS = ("q4_0", "q4_1", "q8_0", "bf16", "f16")
+
+
+def quant_format(name: str) -> QuantFormat:
+    fmt = QUANT_FORMATS.get(name)
+    if fmt is None:
+        raise KeyError(f"unknown quantization format {name!r}; known: {', '.join(QUANT_FORMATS)}")
+    return fmt
+
+
+def _infer_quant_linear(call: Call, ctx: InferCtx) -> StructInfo:
+    x, w = tensor_arg(call, 0, ctx), tensor_arg(call, 1, ctx)
+    name, k = call.attrs["fmt"], call.attrs["in_features"]
+    fmt = QUANT_FORMATS.get(name)
+    if fmt is None or fmt.name == "f32":
+        raise ctx.error(f"fmt must be one of {', '.join(n for n in QUANT_FORMATS if n != 'f32')}, got {name!r}")
+    if not isinstance(k, int) or k <= 0 or k % fmt.block:
+        raise ctx.error(f"in_features must be a positive multiple of {fmt.block} ({name} blocks), got {k!r}")
+    if w.dtype is not None and w.dtype != "uint8":
+        raise ctx.error(f"the weight blocks must be uint8, got {w.dtype}")
+    if x.dtype is not None and x.dtype != "float32":
+        raise ctx.error(f"x must be float32, got {x.dtype}")
+    if w.shape is None or x.shape is None:
+        return TensorInfo(None, "float32", x.ndim)
+    if len(w.shape) != 2:
+        raise ctx.shape_error(f"the weight blocks must be [out_features, row_bytes], got rank {len(w.shape)}")
+    if len(x.shape) < 1:
+        raise ctx.shape_error("x needs a last dim of in_features")
+    require_equal(x.shape[-1], k, ctx, "x's last dim and in_features")
+    require_equal(w.shape[1], fmt.row_bytes(k), ctx, f"row bytes of {name} weights for in_features {k}")
+    return TensorInfo((*x.shape[:-1], w.shape[0]), "float32")
+
+
+def _half(lo: Scalar, hi: Scalar) -> Scalar:
+    """The float32 value of the IEEE half whose little-endian bytes are ``lo``, ``hi`` (uint8
+    loads); finite values only (weights and scales are)."""
+    h = te.cast(lo, "int32") + te.cast(hi, "int32") * 256
+    sign = te.if_then_else(te.ge(h, 32768), -1.0, 1.0)
+    e = (h // 1024) % 32
+    mant = te.cast(h % 1024, "float32")
+    normal = (1.0 + mant / 1024.0) * te.power(2.0, te.cast(e - 15, "float32"))
+    sub = mant * (1.0 / 16777216.0)
+    return sign * te.if_then_else(te.eq(e, 0), sub, normal)
+
+
+def _bf16(lo: Scalar, hi: Scalar) -> Scalar:
+    """The float32 value of the bfloat16 with little-endian bytes ``lo``, ``hi``: the upper half
+    of a float32, decoded arithmetically like ``_half``."""
+    h = te.cast(lo, "int32") + te.cast(hi, "int32") * 256
+    sign = te.if_then_else(te.ge(h, 32768), -1.0, 1.0)
+    e = (h // 128) % 256
+    mant = te.cast(h % 128, "float32")
+    normal = (1.0 + mant / 128.0) * te.power(2.0, te.cast(e - 127, "float32"))
+    sub = mant * te.power(2.0, -133.0)
+    return sign * te.if_then_else(te.eq(e, 0), sub, normal)
+
+
+def _weight(w: te.Tensor, name: str, n: Scalar, kk: Scalar) -> Scalar:
+    """Weight ``(n, kk)`` decoded from the blocks of row ``n``."""
+    fmt = QUANT_FORMATS[name]
+    if fmt.block == 1:
+        decode = _bf16 if name == "bf16" else _half
+        return decode(w[n, kk * 2], w[n, kk * 2 + 1])
+    b, j = kk // 32, kk % 32
+    base = b * fmt.nbytes
+    d = _half(w[n, base], w[n, base + 1])
+    if name == "q8_0":
+        q = te.cast(w[n, base + 2 + j], "int32")
+        return d * te.cast(te.if_then_else(te.ge(q, 128), q - 256, q), "float32")
+    head = 4 if name == "q4_1" else 2
+    byte = te.cast(w[n, base + head + j % 16], "int32")
+    q = te.cast(te.if_then_else(te.lt(j, 16), byte % 16, byte // 16), "float32")
+    if name == "q4_0":
+        return d * (q - 8.0)
+    return d * q + _half(w[n, base + 2], w[n, base + 3])
+
+
+def _legalize_quant_linear(call: Call, ctx: "LegalizeCtx") -> Expr:
+    x, w = arg(call, 0, "x"), arg(call, 1, "w")
+    name = call.attrs["fmt"]
+    if name not in LEGALIZED_FORMATS:
+        raise UnsupportedError(f"quant_linear: cannot legalize: {name} blocks have no loop-level kernel; run the op on the 'quant' backend (backends=['quant', 'codegen'])")
+    shape, dtype = out_tensor(call)
+
+    def f(*i: Scalar) -> Scalar:
+        k = te.reduce_axis(call.attrs["in_features"], "k")
+        return te.sum(te.cast(x[i[:-1] + (k,)], "float32") * _weight(w, name, i[-1], k), axis=k)
+
+    out = te.compute(shape, f, "quant_linear", dtype)
+    return ctx.call_te("quant_linear", call.args, [x, w], [out], call.info)
+
+
+def _infer_quant_take(call: Call, ctx: InferCtx) -> StructInfo:
+    table, ids = tensor_arg(call, 0, ctx), tensor_arg(call, 1, ctx)
+    name, cols = call.attrs["fmt"], call.attrs["cols"]
+    fmt = QUANT_FORMATS.get(name)
+    if fmt is None or fmt.name == "f32":
+        raise ctx.error(f"fmt must be one of {', '.join(n for n in QUANT_FORMATS if n != 'f32')}, got {name!r}")
+    if not isinstance(cols, int) or cols <= 0 or cols % fmt.block:
+        raise ctx.error(f"cols must be a positive multiple of {fmt.block} ({name} blocks), got {cols!r}")
+    if table.dtype is not None and table.dtype != "uint8":
+        raise ctx.error(f"the table blocks must be uint8, got {table.dtype}")
+    if ids.dtype is not None and ids.dtype not in ("int32", "int64"):
+        raise ctx.error(f"ids must be int32 or int64, got {ids.dtype}")
+    if table.shape is None or ids.shape is None:
+        return TensorInfo(None, "float32", -1 if ids.ndim == -1 else ids.ndim + 1)
+    if len(table.shape) != 2:
+        raise ctx.shape_error(f"the table blocks must be [rows, row_bytes], got rank {len(table.shape)}")
+    require_equal(table.shape[1], fmt.row_bytes(cols), ctx, f"row bytes of {name} rows of {cols} values")
+    return TensorInfo((*ids.shape, cols), "float32")
+
+
+def _legalize_quant_take(call: Call, ctx: "LegalizeCtx") -> Expr:
+    table, ids = arg(call, 0, "table"), arg(call, 1, "ids")
+    name = call.attrs["fmt"]
+    if name not in LEGALIZED_FORMATS:
+        raise UnsupportedError(f"quant_take: cannot legalize: {name} blocks have no loop-level kernel")
+    shape, dtype = out_tensor(call)
+    rows = table.shape[0]
+
+    def f(*i: Scalar) -> Scalar:
+        row = te.cast(ids[i[:-1]], "int64")
+        row = te.if_then_else(te.lt(row, 0), row + rows, row)  # a negative id counts from the end, as in take
+        return _weight(table, name, row, i[-1])
+
+    out = te.compute(shape, f, "quant_take", dtype)
+    return ctx.call_te("quant_take", call.args, [table, ids], [out], call.info)
+
+
+register(Op("quant_linear", _infer_quant_linear, OpPattern.OPAQUE, attrs={"fmt": "q4_1", "in_features": 0}, num_args=2, legalize=_legalize_quant_linear))
+
+
+register(Op("quant_take", _infer_quant_take, OpPattern.INJECTIVE, attrs={"fmt": "q8_0", "cols": 0}, num_args=2, legalize=_legalize_quant_take))
+
+
+def quant_take(table: Expr, ids: Expr, fmt: str, cols: int) -> Call:
+    """Rows ``ids`` of a table stored as ``fmt`` blocks (``uint8[rows, row_bytes]``), decoded:
+    an embedding lookup that never expands the table."""
+    return make_call("quant_take", [table, ids], fmt=fmt, cols=cols)
+
+
+def quant_linear(x: Expr, w: Expr, fmt: str, in_features: int) -> Call:
+    """``x @ W.T`` with ``W`` stored as ``fmt`` blocks in ``w`` (``uint8[out, row_bytes]``)."""
+    return make_call("quant_linear", [x, w], fmt=fmt, in_features=in_features)
+
+
+__all__ = ["QuantFormat", "QUANT_FORMATS", "LEGALIZED_FORMATS", "quant_format", "quant_linear", "quant_take"]
