@@ -21,6 +21,7 @@ from tilework.codegen import get_target
 from tilework.codegen.vm_codegen import generate
 from tilework.errors import BuildError
 from tilework.ir.module import IRModule
+from tilework.llm.compile import register_builder
 from tilework.runtime.executable import Executable
 from tilework.transform.pipeline import Pass, Pipeline, flatten, stages
 
@@ -97,5 +98,7 @@ def compile_kernels(kernels: dict[str, Any], target: str) -> Any:
         raise BuildError("the codegen backend cannot compile kernels")
     return codegen.compile(kernels, target)
 
+
+register_builder(build)  # the LLM flow compiles its decoder with tilework.build
 
 __all__ = ["build", "compile_kernels", "pipeline_name"]

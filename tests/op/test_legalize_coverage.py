@@ -30,6 +30,9 @@ TESTED_APART = {"shape_of"}  # no kernel: see test_shape_of_is_the_shape_value
 # tensor_to_shape has no kernel, nonzero and unique bind a run-time count between two kernels:
 # tests/op/test_shape.py and test_search.py run them end to end
 TESTED_APART |= {"tensor_to_shape", "nonzero", "unique"}
+# the LLM ops: tests/op/test_quant_ops.py (quant_linear, quant_take against dequantized NumPy),
+# tests/llm/test_paged_attention.py (paged_attention against NumPy, decode and prefill)
+TESTED_APART |= {"quant_linear", "quant_take", "paged_attention"}
 
 
 def _ops_in_cases() -> set[str]:

@@ -10,7 +10,8 @@ from tilework.op import calls, create, elementwise, linalg, manipulate, nn, redu
 from tilework.op import conv, index, norm_extra
 from tilework.op import math, pad, search, shape  # the ONNX frontend's families
 from tilework.op import vm  # ops of lowered programs (vm_*, assert_dims)
-from tilework.op import rotary
+from tilework.op import paged_attention as _paged_attention  # noqa: F401  (registers the op)
+from tilework.op import quant, rotary
 from tilework.op.base import DimCheck, Op, OpPattern, all_ops, get, infer_with_checks, make_call, register
 from tilework.op.calls import call_lib, call_packed, call_tensor
 from tilework.op.create import arange, full, full_like, ones, ones_like, zeros, zeros_like
@@ -31,6 +32,8 @@ from tilework.op.reduce import argmax, argmin, max, mean, min, prod, sum
 from tilework.op.conv import adaptive_avg_pool2d, avg_pool2d, conv1d, conv2d, max_pool2d
 from tilework.op.index import cumsum, gather, index_tensor, scatter, tril, triu
 from tilework.op.norm_extra import batch_norm, group_norm
+from tilework.op.paged_attention import paged_attention
+from tilework.op.quant import quant_linear, quant_take
 from tilework.op.rotary import rotary_embedding
 
 __all__ = [
@@ -69,5 +72,5 @@ __all__ = [
     "adaptive_avg_pool2d", "avg_pool2d", "conv1d", "conv2d", "max_pool2d",
     "cumsum", "gather", "index_tensor", "scatter", "tril", "triu",
     "batch_norm", "group_norm",
-    "rotary", "rotary_embedding",
+    "paged_attention", "quant", "quant_linear", "quant_take", "rotary", "rotary_embedding",
 ]  # fmt: skip

@@ -6,7 +6,10 @@
                                        compile a torch.export program (torch.export.save)
     tilework build MODEL.onnx -o OUT.tw [--dim seq<=512]
                                        compile an ONNX model (--dim bounds a dim_param)
-    tilework run OUT.tw --input x=x.npy ... [--output DIR] [--function main]
+    tilework run OUT.tw --input x=x.npy ... [--output DIR] [--function main] [--trust-native]
+    tilework generate "PROMPT" [--max-tokens N] [--precision q|bf16|fp32] [--model PATH.gguf]
+                                       stream an LLM's completion (default: SmolLM2-135M-Instruct)
+    tilework chat [--model PATH.gguf]  an interactive chat (history kept in the KV cache)
     tilework --version
 
 Every command has ``--help``. User mistakes (a missing file, bad IR, a wrong input) end with a
@@ -51,6 +54,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy", help="an input by parameter name; repeat for each")
     r.add_argument("--output", metavar="DIR", help="write outputs as DIR/output0.npy, ... (default: print a summary)")
     r.add_argument("--trust-native", action="store_true", help="use the native kernel code stored in the file instead of rebuilding the kernels from its loop IR (for machines without a C compiler; runs code from the file: only for files you trust)")
+
+    from tilework.cli import llm
+
+    llm.add_parsers(sub)
     return p
 
 
@@ -64,10 +71,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _demo(args)
         if args.command == "build":
             return _build(args)
+        if args.command in ("generate", "chat"):
+            from tilework.cli import llm
+
+            return llm.run(args)
         return _run(args)
     except TileworkError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("", file=sys.stderr)
+        return 130
     except OSError as e:
         print(f"error: {e.strerror or e}: {e.filename or ''}".rstrip(": "), file=sys.stderr)
         return 2
@@ -226,7 +240,7 @@ def _build_onnx(args: argparse.Namespace) -> int:
     exe.save(args.output)
     stats = exe.stats()
     main = mod["main"]
-    dims = sorted({f"{d.name} in [{d.lo}, {'inf' if d.hi is None else d.hi}]" for p in main.params for d in getattr(p.info, "shape", None) or () if hasattr(d, "name")})  # type: ignore[union-attr]
+    dims = sorted({f"{d.name} in [{d.lo}, {'inf' if d.hi is None else d.hi}]" for p in main.params for d in getattr(p.info, "shape", None) or () if hasattr(d, "name")})
     print(f"built {args.output}: {stats['kernels']} kernel(s), {stats['instructions']} instructions, dynamic dims: {', '.join(dims) or 'none'}, in {time.perf_counter() - t0:.2f} s")
     return 0
 

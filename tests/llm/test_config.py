@@ -1,0 +1,111 @@
+"""``LlmConfig`` from transformers configs, checked against ``transformers.AutoConfig`` and the
+rotary frequencies transformers computes."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from tilework.errors import TileworkError, UnsupportedError
+from tilework.llm.config import LlmConfig, RopeScaling
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=128, max_position_embeddings=512)
+
+ROPE_CASES: dict[str, dict[str, Any]] = {
+    "default": {"rope_type": "default", "rope_theta": 10000.0},
+    "linear": {"rope_type": "linear", "factor": 4.0, "rope_theta": 50000.0},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64, "rope_theta": 500000.0},
+}
+
+
+def hf_inv_freq(hf_config: Any) -> np.ndarray:
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    return LlamaRotaryEmbedding(hf_config).inv_freq.numpy()
+
+
+@pytest.mark.parametrize("rope", list(ROPE_CASES))
+def test_llama_config_matches_autoconfig(rope: str, tmp_path: Path) -> None:
+    transformers.LlamaConfig(**SMALL, rope_parameters=ROPE_CASES[rope], tie_word_embeddings=True, bos_token_id=5, eos_token_id=[6, 7]).save_pretrained(tmp_path)
+    hf = transformers.AutoConfig.from_pretrained(tmp_path)
+    cfg = LlmConfig.from_hf_config(tmp_path)
+    assert (cfg.architecture, cfg.hidden, cfg.layers, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.ffn, cfg.vocab) == (
+        hf.model_type, hf.hidden_size, hf.num_hidden_layers, hf.num_attention_heads, hf.num_key_value_heads, hf.head_dim, hf.intermediate_size, hf.vocab_size,
+    )
+    assert (cfg.rms_eps, cfg.context_length, cfg.tie_word_embeddings, cfg.bos_token_id, cfg.eos_token_ids) == (hf.rms_norm_eps, 512, True, 5, (6, 7))
+    assert cfg.rope_theta == hf.rope_parameters["rope_theta"] and cfg.rope_scaling.type == rope
+    assert (cfg.attention_bias, cfg.attention_out_bias) == (False, False) and cfg.group == 2
+    np.testing.assert_allclose(cfg.rope_inv_freq(), hf_inv_freq(hf), rtol=1e-6)
+    assert LlmConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+
+
+def test_llama3_blend_covers_all_three_bands() -> None:
+    """The llama3 case above has frequencies kept, divided and blended (so the test means something)."""
+    cfg = LlmConfig.from_hf_config({"model_type": "llama", **SMALL, "rope_parameters": ROPE_CASES["llama3"]})
+    plain = LlmConfig.from_hf_config({"model_type": "llama", **SMALL, "rope_theta": 500000.0})
+    ratio = plain.rope_inv_freq() / cfg.rope_inv_freq()
+    assert np.isclose(ratio, 1).any() and np.isclose(ratio, 8).any() and ((ratio > 1.01) & (ratio < 7.99)).any()
+
+
+def test_older_rope_keys_and_defaults() -> None:
+    """transformers 4 wrote ``rope_theta`` and ``rope_scaling`` (``type``); absent keys take the
+    LlamaConfig defaults."""
+    d = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 10,
+         "rope_theta": 20000.0, "rope_scaling": {"type": "linear", "factor": 2.0}, "eos_token_id": 3}
+    cfg = LlmConfig.from_hf_config(d)
+    hf = transformers.LlamaConfig()
+    assert cfg.rope_scaling == RopeScaling("linear", 2.0) and cfg.rope_theta == 20000.0
+    assert (cfg.kv_heads, cfg.head_dim, cfg.rms_eps, cfg.context_length) == (4, 16, hf.rms_norm_eps, hf.max_position_embeddings)
+    assert cfg.eos_token_ids == (3,) and cfg.bos_token_id is None
+
+
+def test_qwen2_config_has_qkv_bias(tmp_path: Path) -> None:
+    transformers.Qwen2Config(**SMALL, tie_word_embeddings=True).save_pretrained(tmp_path)
+    cfg = LlmConfig.from_hf_config(tmp_path / "config.json")
+    hf = transformers.AutoConfig.from_pretrained(tmp_path)
+    assert cfg.architecture == "qwen2" and cfg.attention_bias and not cfg.attention_out_bias
+    assert (cfg.hidden, cfg.kv_heads, cfg.rms_eps, cfg.tie_word_embeddings) == (hf.hidden_size, hf.num_key_value_heads, hf.rms_norm_eps, True)
+    np.testing.assert_allclose(cfg.rope_inv_freq(), hf_inv_freq(transformers.LlamaConfig(**SMALL, rope_parameters=hf.rope_parameters)), rtol=1e-6)
+
+
+def test_llama_attention_bias_means_output_bias_too() -> None:
+    cfg = LlmConfig.from_hf_config({"model_type": "llama", **SMALL, "attention_bias": True})
+    assert cfg.attention_bias and cfg.attention_out_bias
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"model_type": "mistral"}, "model_type 'mistral'"),
+        ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, "'yarn'"),
+        ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}}, "'dynamic'"),
+        ({"hidden_act": "gelu"}, "'gelu'"),
+        ({"mlp_bias": True}, "mlp_bias"),
+        ({"partial_rotary_factor": 0.5}, "partial rotary"),
+    ],
+)
+def test_unsupported_configs_are_named(change: dict[str, Any], message: str) -> None:
+    with pytest.raises(UnsupportedError, match=message):
+        LlmConfig.from_hf_config({"model_type": "llama", **SMALL, **change})
+
+
+def test_bad_config_files(tmp_path: Path) -> None:
+    with pytest.raises(TileworkError, match="no such config"):
+        LlmConfig.from_hf_config(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(TileworkError, match="config.json: not a readable JSON"):
+        LlmConfig.from_hf_config(tmp_path)
+    with pytest.raises(TileworkError, match="num_hidden_layers"):
+        LlmConfig.from_hf_config({"model_type": "llama", **{k: v for k, v in SMALL.items() if k != "num_hidden_layers"}})
+    with pytest.raises(TileworkError, match="multiple of kv_heads"):
+        LlmConfig.from_hf_config({"model_type": "llama", **SMALL, "num_key_value_heads": 3})

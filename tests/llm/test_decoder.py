@@ -1,0 +1,125 @@
+"""The compiled decoder on small random Llama and Qwen2 models from transformers configs:
+``prefill`` and ``decode`` through the paged KV cache give Hugging Face's logits, quantized
+weights give the logits of their dequantized values, a batch decodes like its sequences alone,
+and one compilation serves every prompt length and batch size."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import tilework  # noqa: E402
+from tilework.llm import compile as llm_compile  # noqa: E402
+from tilework.llm.config import LlmConfig  # noqa: E402
+from tilework.llm.kv_cache import PagedKVCache  # noqa: E402
+from tilework.llm.quant import QuantTensor, quantize  # noqa: E402
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _hf(kind: str = "llama") -> Any:
+    torch.manual_seed(0)
+    common = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, vocab_size=96, max_position_embeddings=128, rope_theta=10000.0)
+    if kind == "qwen2":
+        return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common, tie_word_embeddings=False)).eval()
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**common, tie_word_embeddings=True)).eval()
+
+
+class Runner:
+    """The compiled decoder with a KV cache, fed like the engine feeds it."""
+
+    def __init__(self, hf: Any, fmt: str | None = None) -> None:
+        self.cfg = LlmConfig.from_hf_config(hf.config.to_dict())
+        tensors: dict[str, QuantTensor] = {}
+        for name, value in hf.state_dict().items():
+            if name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and self.cfg.tie_word_embeddings):
+                continue
+            arr = value.detach().numpy().astype(np.float32)
+            if fmt is not None and arr.ndim == 2:
+                tensors[name] = quantize(arr, fmt, name)
+            else:
+                tensors[name] = QuantTensor(name, arr.shape, "f32", arr.view(np.uint8).reshape(arr.shape[0], -1) if arr.ndim == 2 else arr.view(np.uint8))
+        self.tensors = tensors
+        self.formats, weights = llm_compile.prepare_weights(self.cfg, tensors, "q" if fmt else "fp32")
+        exe = llm_compile.compiled_decoder(self.cfg, self.formats, max_batch=4, use_cache=False)
+        vm = tilework.VM(exe)
+        self.prefill = vm.bind("prefill", *weights)
+        self.decode = vm.bind("decode", *weights)
+        self.cache = PagedKVCache.for_tokens(self.cfg.layers, self.cfg.kv_heads, self.cfg.head_dim, 256)
+
+    def run(self, prompt: list[int], steps: int) -> tuple[list[int], list[np.ndarray]]:
+        """Greedy ``steps`` tokens after ``prompt``; every step's logits."""
+        sid = self.cache.add()
+        kv_len, table = self.cache.step_inputs([sid], len(prompt))
+        logits = self.prefill(np.array([prompt], np.int32), kv_len, table, self.cache.k, self.cache.v)[0]
+        self.cache.advance([sid], len(prompt))
+        out, all_logits = [], [logits]
+        for _ in range(steps):
+            out.append(int(np.argmax(logits)))
+            kv_len, table = self.cache.step_inputs([sid], 1)
+            logits = self.decode(np.array(out[-1:], np.int32), kv_len, table, self.cache.k, self.cache.v)[0]
+            self.cache.advance([sid], 1)
+            all_logits.append(logits)
+        self.cache.remove(sid)
+        return out, all_logits
+
+
+def _hf_logits(hf: Any, ids: list[int]) -> np.ndarray:
+    with torch.no_grad():
+        return hf(torch.tensor([ids])).logits[0].numpy()
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_prefill_and_decode_give_hugging_faces_logits(kind: str) -> None:
+    hf = _hf(kind)
+    r = Runner(hf)
+    prompt = [5, 17, 33, 2, 9, 41, 7]
+    tokens, logits = r.run(prompt, 8)
+    ref = _hf_logits(hf, prompt + tokens)
+    for i, got in enumerate(logits):
+        np.testing.assert_allclose(got, ref[len(prompt) - 1 + i], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_1"])
+def test_quantized_weights_give_the_logits_of_their_values(fmt: str) -> None:
+    hf = _hf()
+    quant = Runner(hf, fmt)
+    with torch.no_grad():
+        for name, t in quant.tensors.items():
+            if t.fmt != "f32":
+                hf.get_parameter(name).copy_(torch.from_numpy(t.dequantize().reshape(t.shape)))
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    tokens, logits = quant.run(prompt, 5)
+    ref = _hf_logits(hf, prompt + tokens)
+    for i, got in enumerate(logits):
+        np.testing.assert_allclose(got, ref[len(prompt) - 1 + i], rtol=1e-3, atol=1e-3)
+
+
+def test_a_batch_decodes_like_its_sequences_alone_and_one_build_serves_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    builds: list[int] = []
+    real = llm_compile._BUILDER[0]
+    monkeypatch.setattr(llm_compile, "_BUILDER", [lambda *a, **k: (builds.append(1), real(*a, **k))[1]])
+    r = Runner(_hf())
+    prompts = [[1, 2, 3], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23], [42]]
+    alone = [r.run(p, 6)[0] for p in prompts]
+    sids = [r.cache.add() for _ in prompts]
+    last = []
+    for sid, p in zip(sids, prompts):
+        kv_len, table = r.cache.step_inputs([sid], len(p))
+        last.append(int(np.argmax(r.prefill(np.array([p], np.int32), kv_len, table, r.cache.k, r.cache.v)[0])))
+        r.cache.advance([sid], len(p))
+    together: list[list[int]] = [[t] for t in last]
+    for _ in range(5):
+        kv_len, table = r.cache.step_inputs(sids, 1)
+        logits = r.decode(np.array([t[-1] for t in together], np.int32), kv_len, table, r.cache.k, r.cache.v)
+        r.cache.advance(sids, 1)
+        for t, row in zip(together, logits):
+            t.append(int(np.argmax(row)))
+    assert together == alone
+    assert builds == [1]  # one compilation for prompts of 1, 3 and 17 tokens and batches of 1 and 3

@@ -1,0 +1,90 @@
+"""The paged KV cache's bookkeeping: pages reserved per step, reused after removal, shared by
+forks and copied before a shared page is written, a full pool reported, truncation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tilework.errors import TileworkError
+from tilework.llm.kv_cache import KVCacheFull, PagedKVCache
+
+
+def cache(pages: int = 8, page: int = 4) -> PagedKVCache:
+    return PagedKVCache(layers=2, kv_heads=1, head_dim=2, pages=pages, page=page)
+
+
+def test_steps_reserve_pages_and_give_the_table() -> None:
+    c = cache()
+    a, b = c.add(), c.add()
+    kv_len, table = c.step_inputs([a, b], 6)  # 6 tokens: 2 pages each
+    assert kv_len.tolist() == [0, 0] and table.shape == (2, 2) and kv_len.dtype == np.int32 and table.dtype == np.int32
+    assert len({*table[0], *table[1]}) == 4 and c.free_pages == 4
+    c.advance([a, b], 6)
+    kv_len, table = c.step_inputs([a], 1)  # 7th token: still page 2
+    assert kv_len.tolist() == [6] and table.shape == (1, 2) and c.free_pages == 4
+    c.advance([a], 1)
+    kv_len, table = c.step_inputs([a, b], 2)  # a: 9 tokens -> 3 pages; b: 8 -> 2 pages
+    assert kv_len.tolist() == [7, 6] and table.shape == (2, 3) and c.free_pages == 3
+    with pytest.raises(TileworkError, match="advance past its reserved pages"):
+        c.advance([b], 3)
+
+
+def test_removed_sequences_give_their_pages_back_for_reuse() -> None:
+    c = cache(pages=4)
+    a = c.add()
+    _, table = c.step_inputs([a], 16)
+    c.advance([a], 16)
+    assert c.free_pages == 0
+    with pytest.raises(KVCacheFull, match="needs 1 more page"):
+        c.step_inputs([c.add()], 1)
+    c.remove(a)
+    assert c.free_pages == 4
+    b = c.add()
+    _, again = c.step_inputs([b], 16)
+    assert sorted(again[0].tolist()) == sorted(table[0].tolist())
+    with pytest.raises(TileworkError, match="no sequence"):
+        c.length(a)
+
+
+def test_a_fork_shares_pages_until_it_writes_into_a_shared_one() -> None:
+    c = cache()
+    a = c.add()
+    _, ta = c.step_inputs([a], 6)
+    c.advance([a], 6)
+    c.k[:, ta[0, 1]] = 7.0  # the partly filled page (tokens 4..5) holds data
+    b = c.fork(a)
+    assert c.length(b) == 6 and c.free_pages == 6  # nothing copied yet
+    _, tb = c.step_inputs([b], 1)  # b writes token 6 into the shared page: it gets a copy
+    assert tb[0, 0] == ta[0, 0] and tb[0, 1] != ta[0, 1]
+    assert np.all(c.k[:, tb[0, 1]] == 7.0)
+    c.advance([b], 1)
+    _, ta2 = c.step_inputs([a], 1)  # a's page is its own again: written in place
+    assert ta2[0, 1] == ta[0, 1]
+    c.remove(a)
+    assert c.length(b) == 7
+    c.remove(b)
+    assert c.free_pages == 8
+
+
+def test_truncate_frees_the_pages_past_the_new_length() -> None:
+    c = cache()
+    a = c.add()
+    c.step_inputs([a], 10)
+    c.advance([a], 10)
+    assert c.free_pages == 5
+    c.truncate(a, 4)
+    assert c.length(a) == 4 and c.free_pages == 7
+    c.truncate(a, 0)
+    assert c.free_pages == 8
+    with pytest.raises(TileworkError, match="cannot truncate"):
+        c.truncate(a, 1)
+
+
+def test_bad_sizes_are_errors() -> None:
+    with pytest.raises(TileworkError, match="positive sizes"):
+        PagedKVCache(0, 1, 1, 1)
+    c = cache()
+    with pytest.raises(TileworkError, match="at least one token"):
+        c.step_inputs([c.add()], 0)
+    assert PagedKVCache.for_tokens(1, 1, 1, 33, page=16).num_pages == 3

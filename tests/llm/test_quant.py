@@ -1,0 +1,132 @@
+"""Block formats: ``dequantize`` against ``gguf.quants`` on synthetic blocks of every format, and
+``quantize`` against llama.cpp's reference rounding (as ``gguf.quants`` reproduces it)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tilework.errors import ShapeError, UnsupportedError
+from tilework.llm.quant import QUANT_FORMATS, QUANTIZABLE, QuantTensor, block_format, dequantize_rows, quantize
+
+gguf = pytest.importorskip("gguf")
+from gguf import quants as gq  # noqa: E402
+
+# byte offsets of the fp16 scale fields in a block: random bytes there could be inf or nan
+SCALE_FIELDS = {"q8_0": (0,), "q4_0": (0,), "q4_1": (0, 2), "q4_k": (0, 2), "q6_k": (208,)}
+
+
+def ggml(fmt: str) -> "gguf.GGMLQuantizationType":
+    return gguf.GGMLQuantizationType(QUANT_FORMATS[fmt].ggml_type)
+
+
+def random_blocks(fmt: str, rows: int, blocks_per_row: int, seed: int = 0) -> np.ndarray:
+    """Rows of random block bytes: every nibble, 6-bit scale and int8 pattern occurs; the fp16
+    scales are finite."""
+    rng = np.random.default_rng(seed)
+    f = QUANT_FORMATS[fmt]
+    if f.block == 1:
+        dtype = {"f32": np.float32, "f16": np.float16, "bf16": np.float32}[fmt]
+        x = (rng.standard_normal((rows, blocks_per_row)) * 3).astype(dtype)
+        return gq.quantize(x, ggml(fmt)) if fmt == "bf16" else x.view(np.uint8)
+    data = rng.integers(0, 256, size=(rows, blocks_per_row * f.nbytes), dtype=np.uint8)
+    blocks = data.reshape(-1, f.nbytes)
+    for at in SCALE_FIELDS[fmt]:
+        blocks[:, at : at + 2] = rng.standard_normal((blocks.shape[0], 1)).astype(np.float16).view(np.uint8)
+    return data
+
+
+def test_formats_match_gguf_sizes() -> None:
+    for f in QUANT_FORMATS.values():
+        assert gguf.GGML_QUANT_SIZES[ggml(f.name)] == (f.block, f.nbytes), f.name
+
+
+def test_formats_agree_with_quant_linear_op() -> None:
+    """The op ``quant_linear`` names the same formats with the same block geometry."""
+    from tilework.op.quant import QUANT_FORMATS
+
+    for name, f in QUANT_FORMATS.items():
+        assert (QUANT_FORMATS[name].block, QUANT_FORMATS[name].nbytes, QUANT_FORMATS[name].ggml_type) == (f.block, f.nbytes, f.ggml_type)
+
+
+@pytest.mark.parametrize("fmt", list(QUANT_FORMATS))
+def test_dequantize_random_blocks_matches_gguf(fmt: str) -> None:
+    data = random_blocks(fmt, rows=24, blocks_per_row=5)
+    mine = dequantize_rows(data, fmt)
+    ref = gq.dequantize(data, ggml(fmt))
+    assert mine.dtype == np.float32 and mine.shape == ref.shape
+    np.testing.assert_array_equal(mine, ref)
+
+
+@pytest.mark.parametrize("fmt", [f for f in QUANTIZABLE if f != "f32"])
+def test_dequantize_gguf_quantized_matches_gguf(fmt: str) -> None:
+    """Blocks written by gguf's own quantizer (the formats it can write) decode alike."""
+    x = np.random.default_rng(1).standard_normal((16, 128)).astype(np.float32)
+    data = x.astype(np.float16).view(np.uint8) if fmt == "f16" else gq.quantize(x, ggml(fmt))
+    np.testing.assert_array_equal(dequantize_rows(data, fmt), gq.dequantize(data, ggml(fmt)))
+
+
+@pytest.mark.parametrize("fmt", ["f16", "bf16", "q8_0", "q4_0", "q4_1"])
+def test_quantize_is_llama_cpp_reference_rounding(fmt: str) -> None:
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((40, 96)).astype(np.float32) * rng.uniform(0.01, 100, (40, 1)).astype(np.float32)
+    x[0] = 0  # all-zero blocks: scale 0
+    x[1] = 1.5  # constant blocks
+    x[2, :32] = -x[2, :32]  # ties of magnitude between signs
+    x[3, :32] = np.linspace(-8, 7, 32)  # exact steps and halves
+    ref = x.astype(np.float16).view(np.uint8) if fmt == "f16" else gq.quantize(x, ggml(fmt))
+    q = quantize(x, fmt, "w")
+    assert q.shape == (40, 96) and q.fmt == fmt and not q.data.flags.writeable
+    np.testing.assert_array_equal(q.data, ref)
+
+
+def test_quantize_round_trip_error_is_bounded() -> None:
+    """Per block: Q8_0 within half a step (amax/127) plus the fp16 rounding of the scale; Q4_0
+    within one step (amax/8: the value opposite the peak is clipped to +7); Q4_1 within half a
+    step ((max - min)/15) plus the fp16 rounding of scale and minimum."""
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((64, 256)) * rng.uniform(0.1, 10, (64, 1))).astype(np.float32)
+    blocks = x.reshape(-1, 32)
+    amax = np.abs(blocks).max(1, keepdims=True)
+    lo, hi = blocks.min(1, keepdims=True), blocks.max(1, keepdims=True)
+    fp16 = 2.0**-11  # relative rounding of an fp16
+    err = {f: np.abs(quantize(x, f).dequantize() - x).reshape(-1, 32) for f in ("q8_0", "q4_0", "q4_1")}
+    assert (err["q8_0"] <= amax / 127 * (0.5 + 127 * fp16) * 1.001).all()
+    assert (err["q4_0"] <= amax / 8 * (1 + 8 * fp16) * 1.001).all()
+    step = (hi - lo) / 15
+    assert (err["q4_1"] <= step * (0.5 + 15 * fp16) * 1.001 + np.abs(lo) * fp16).all()
+    # and the errors are not all at the bound: the mean is about a quarter step
+    assert err["q8_0"].mean() < 0.3 * (amax / 127).mean()
+
+
+def test_quantize_keeps_leading_dims_and_zeros() -> None:
+    x = np.zeros((2, 3, 64), np.float32)
+    for fmt in QUANTIZABLE:
+        q = quantize(x, fmt)
+        assert q.data.shape == (2, 3, QUANT_FORMATS[fmt].row_bytes(64))
+        assert q.dequantize().shape == (2, 3, 64) and not q.dequantize().any()
+
+
+def test_quant_tensor_rows() -> None:
+    x = np.random.default_rng(4).standard_normal((10, 64)).astype(np.float32)
+    q = quantize(x, "q8_0", "emb")
+    full = q.dequantize()
+    np.testing.assert_array_equal(q.take_rows([3, 0, 3]), full[[3, 0, 3]])
+    order = np.arange(10)[::-1]
+    g = q.gather_rows(order)
+    np.testing.assert_array_equal(g.dequantize(), full[order])
+    assert not g.data.flags.writeable
+    v = quantize(np.arange(6, dtype=np.float32), "f32", "bias").gather_rows(np.array([5, 4, 3, 2, 1, 0]))
+    np.testing.assert_array_equal(v.dequantize(), np.arange(6)[::-1])
+
+
+def test_bad_formats_and_shapes() -> None:
+    assert block_format("Q4_1") is QUANT_FORMATS["q4_1"]
+    with pytest.raises(UnsupportedError, match="q5_0"):
+        block_format("q5_0")
+    with pytest.raises(UnsupportedError, match="q4_k"):
+        quantize(np.zeros((1, 256), np.float32), "q4_k")
+    with pytest.raises(ShapeError, match="multiple of 32"):
+        quantize(np.zeros((2, 48), np.float32), "q8_0")
+    with pytest.raises(ShapeError, match="uint8"):
+        QuantTensor("w", (4, 32), "q8_0", np.zeros((4, 33), np.uint8))

@@ -1,0 +1,214 @@
+"""Sampling: processed logits equal transformers' logits processors on random logits; greedy,
+seeding, the draw itself, parameter validation and stop strings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tilework.errors import TileworkError
+from tilework.llm.sampling import Sampler, SamplingParams, SamplingParamsError, StopChecker, StopStream
+
+VOCAB = 1000
+
+
+def _hf_process(logits: np.ndarray, history: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """transformers' processors, in the order generate() applies them."""
+    torch = pytest.importorskip("torch")
+    gen = pytest.importorskip("transformers.generation.logits_process")
+    scores = torch.from_numpy(logits.copy())[None]
+    ids = torch.from_numpy(history.astype(np.int64))[None]
+    processors: list[Any] = []
+    if params.repetition_penalty != 1.0:
+        processors.append(gen.RepetitionPenaltyLogitsProcessor(params.repetition_penalty))
+    if not params.greedy:
+        if params.temperature != 1.0:
+            processors.append(gen.TemperatureLogitsWarper(params.temperature))
+        if params.top_k > 0:
+            processors.append(gen.TopKLogitsWarper(params.top_k))
+        if params.top_p < 1.0:
+            processors.append(gen.TopPLogitsWarper(params.top_p))
+    for processor in processors:
+        scores = processor(ids, scores)
+    return np.asarray(scores[0].numpy())
+
+
+CONFIGS = [
+    SamplingParams(repetition_penalty=1.3),
+    SamplingParams(repetition_penalty=0.8, temperature=0.7),
+    SamplingParams(temperature=1.5, top_k=50),
+    SamplingParams(top_p=0.9),
+    SamplingParams(temperature=0.6, top_k=40, top_p=0.95, repetition_penalty=1.1),
+    SamplingParams(temperature=2.0, top_k=1),
+    SamplingParams(top_p=0.05, repetition_penalty=1.5),
+    SamplingParams(temperature=0.0, repetition_penalty=1.2),
+]
+
+
+@pytest.mark.parametrize("params", CONFIGS, ids=repr)
+@pytest.mark.parametrize("seed", range(5))
+def test_processed_logits_match_transformers(params: SamplingParams, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    logits = (rng.standard_normal(VOCAB) * 3).astype(np.float32)
+    history = rng.integers(0, VOCAB, size=rng.integers(1, 60))  # with repeats
+    ours = Sampler(params, VOCAB).process(logits, history)
+    ref = _hf_process(logits, history, params)
+    np.testing.assert_array_equal(np.isneginf(ours), np.isneginf(ref))
+    kept = np.isfinite(ref)
+    np.testing.assert_allclose(ours[kept], ref[kept], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("top_p", [0.3, 0.9, 0.99])
+def test_top_p_on_a_model_sized_vocabulary(top_p: float) -> None:
+    """49152 logits: the nucleus holds thousands of tokens, past the first candidate batch."""
+    logits = (np.random.default_rng(1).standard_normal(49152) * 2).astype(np.float32)
+    params = SamplingParams(top_p=top_p, temperature=0.8)
+    ours = Sampler(params, logits.size).process(logits, [])
+    ref = _hf_process(logits, np.array([0]), params)
+    np.testing.assert_array_equal(np.isneginf(ours), np.isneginf(ref))
+    assert np.isfinite(ours).sum() > (128 if top_p > 0.5 else 1)
+
+
+def test_top_k_keeps_ties_like_transformers() -> None:
+    logits = np.array([3, 1, 3, 2, 3, 0, 2], dtype=np.float32)
+    params = SamplingParams(top_k=2)
+    ours = Sampler(params, logits.size).process(logits, [])
+    np.testing.assert_array_equal(ours, _hf_process(logits, np.array([0]), params))
+    assert np.isfinite(ours).sum() == 3  # all three 3s stay
+
+
+def test_greedy_is_argmax_after_penalty() -> None:
+    logits = np.array([1.0, 5.0, 4.5, -2.0], dtype=np.float32)
+    sampler = Sampler(SamplingParams(temperature=0, top_k=1, top_p=0.1, repetition_penalty=1.5), 4)
+    assert sampler.sample(logits, []) == 1
+    assert sampler.sample(logits, [1]) == 2  # 5 / 1.5 < 4.5
+    assert sampler.sample(np.array([-1.0, -1.2, -3, -4], dtype=np.float32), [0]) == 1  # -1 * 1.5 < -1.2
+    np.testing.assert_array_equal(sampler.probs(logits, [1]), [0, 0, 1, 0])
+
+
+def test_same_seed_same_tokens() -> None:
+    rng = np.random.default_rng(0)
+    steps = [(rng.standard_normal(VOCAB) * 2).astype(np.float32) for _ in range(30)]
+    params = SamplingParams(temperature=0.9, top_p=0.95, seed=1234)
+
+    def run(p: SamplingParams) -> list[int]:
+        sampler, out = Sampler(p, VOCAB), list[int]()
+        for logits in steps:
+            out.append(sampler.sample(logits, out))
+        return out
+
+    assert run(params) == run(params)
+    assert run(params) != run(SamplingParams(temperature=0.9, top_p=0.95, seed=4321))
+
+
+def test_draws_follow_the_processed_distribution() -> None:
+    logits = np.log(np.array([0.5, 0.25, 0.15, 0.07, 0.03], dtype=np.float32))
+    sampler = Sampler(SamplingParams(top_p=0.85, seed=7), 5)
+    probs = sampler.probs(logits, [])
+    np.testing.assert_allclose(probs, [0.5 / 0.9, 0.25 / 0.9, 0.15 / 0.9, 0, 0], rtol=1e-6)
+    n = 20000
+    counts = np.bincount([sampler.sample(logits, []) for _ in range(n)], minlength=5)
+    assert counts[3] == counts[4] == 0
+    np.testing.assert_allclose(counts / n, probs, atol=0.015)
+
+
+def test_sampler_refuses_bad_input() -> None:
+    sampler = Sampler(SamplingParams(repetition_penalty=1.2), 4)
+    with pytest.raises(SamplingParamsError, match=r"logits.*\(5,\).*\(4,\)"):
+        sampler.sample(np.zeros(5, dtype=np.float32), [])
+    with pytest.raises(SamplingParamsError, match="token id 9"):
+        sampler.sample(np.zeros(4, dtype=np.float32), [1, 9])
+    with pytest.raises(SamplingParamsError, match="all -inf"):
+        Sampler(SamplingParams(), 2).sample(np.full(2, -np.inf, dtype=np.float32), [])
+    with pytest.raises(SamplingParamsError, match="vocab_size=0"):
+        Sampler(SamplingParams(), 0)
+
+
+# ---------------------------------------------------------------- parameters
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", -0.1),
+        ("temperature", float("nan")),
+        ("temperature", "hot"),
+        ("top_k", -1),
+        ("top_k", 2.5),
+        ("top_k", True),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("repetition_penalty", 0.0),
+        ("repetition_penalty", float("inf")),
+        ("max_tokens", 0),
+        ("max_tokens", 3.0),
+        ("stop", [""]),
+        ("stop", ["ok", 3]),
+        ("seed", -5),
+        ("seed", "x"),
+    ],
+)
+def test_params_validation_names_field_and_value(field: str, value: Any) -> None:
+    with pytest.raises(SamplingParamsError) as info:
+        SamplingParams(**{field: value})
+    assert isinstance(info.value, TileworkError) and isinstance(info.value, ValueError)
+    assert info.value.field == field
+    assert f"{field}={value!r}" in str(info.value)
+
+
+def test_params_defaults_and_normalization() -> None:
+    p = SamplingParams(stop="###", seed=3, max_tokens=np.int64(5))  # type: ignore[arg-type]
+    assert p.stop == ("###",) and not p.greedy and SamplingParams(temperature=0).greedy
+    assert SamplingParams(stop=["a", "b"]).stop == ("a", "b")
+    assert hash(SamplingParams(stop=["a"])) == hash(SamplingParams(stop=("a",)))
+    with pytest.raises(AttributeError):
+        p.temperature = 0.5  # type: ignore[misc]
+
+
+# ---------------------------------------------------------------- stop strings
+
+
+def test_stop_checker_find_and_holdback() -> None:
+    checker = StopChecker(["STOP", "\n\n", "END!"])
+    assert checker.find("no stop here") is None
+    assert checker.find("a\n\nb STOP") == 1  # earliest wins
+    assert checker.find("xxSTOP", start=5) == 2  # a stop ending in the new text is found
+    assert checker.holdback("hello ST") == 2 and checker.holdback("hello\n") == 1
+    assert checker.holdback("hello") == 0 and checker.holdback("STO") == 3
+    with pytest.raises(SamplingParamsError):
+        StopChecker([""])
+
+
+def _stream(stop: list[str], pieces: list[str]) -> tuple[list[str], str, bool]:
+    stream = StopStream(StopChecker(stop))
+    shown = []
+    for piece in pieces:
+        out, stopped = stream.push(piece)
+        shown.append(out)
+        if stopped:
+            return shown, stream.text, True
+    shown.append(stream.finish())
+    return shown, stream.text, False
+
+
+def test_stop_string_across_tokens() -> None:
+    shown, text, stopped = _stream(["STOP"], ["Hel", "lo ST", "O", "P and more"])
+    assert stopped and text == "Hello " and shown == ["Hel", "lo ", "", ""]
+    assert "".join(shown) == text
+
+
+def test_held_back_text_is_released() -> None:
+    shown, text, stopped = _stream(["STOP"], ["a S", "Tx", " ST"])  # "ST" never became "STOP"
+    assert not stopped and shown == ["a ", "STx", " ", "ST"] and "".join(shown) == text == "a STx ST"
+
+
+def test_stop_inside_one_piece_and_earliest_of_several() -> None:
+    shown, text, stopped = _stream(["</s>", "##"], ["ok</s>## more"])
+    assert stopped and text == "ok" and shown == ["ok"]
+    # Generation stops at the first check that finds a stop string, cutting at its earliest start.
+    shown, text, stopped = _stream(["abcd", "bc"], ["xab", "cd"])  # both complete at once
+    assert stopped and text == "x" and "".join(shown) == "x"
+    shown, text, stopped = _stream(["abcd", "bc"], ["xab", "c", "d"])  # "bc" completes first
+    assert stopped and text == "xa" and "".join(shown) == "xa"

@@ -1,0 +1,149 @@
+"""``tilework generate`` and ``tilework chat``: the embedded LLM (or a GGUF / transformers model)
+from the command line.
+
+The generated text goes to stdout as it is made; progress (the first start compiles the model
+once for this machine) and the statistics line (prefill time, decode tokens/s) go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from typing import Any, Callable, TextIO
+
+from tilework.errors import TileworkError
+
+PRECISION_NAMES = {"q": "q", "bf16": "bf16", "fp32": "fp32"}
+
+
+def add_parsers(sub: Any) -> None:
+    g = sub.add_parser("generate", help="complete a prompt with an LLM (default: the embedded SmolLM2-135M-Instruct)", description="Stream an LLM's completion of PROMPT to stdout; the statistics line goes to stderr.")
+    g.add_argument("prompt", help="the prompt (a chat model gets it as a user message through its chat template unless --raw)")
+    _model_args(g)
+    g.add_argument("--max-tokens", type=int, default=256, metavar="N", help="most tokens to generate (default 256)")
+    g.add_argument("--raw", action="store_true", help="send the prompt as it is, without the chat template")
+
+    c = sub.add_parser("chat", help="an interactive chat with an LLM (history kept in the KV cache)", description="Chat on stdin/stdout: type a message and Enter; /reset starts over, /exit (or end of input) quits.")
+    _model_args(c)
+    c.add_argument("--max-tokens", type=int, default=512, metavar="N", help="most tokens per reply (default 512)")
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", metavar="PATH", help="a .gguf file, or a transformers checkpoint directory (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--precision", choices=tuple(PRECISION_NAMES), default="q", help="q: the file's quantized blocks, dequantized inside the kernels (default); bf16; fp32")
+    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature; 0 is greedy (default 0.7)")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the K most likely tokens (0: off)")
+    p.add_argument("--top-p", type=float, default=0.9, help="sample in the smallest set of tokens whose probability reaches P (1: off; default 0.9)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="penalize tokens already in the text (1: off)")
+    p.add_argument("--seed", type=int, help="random seed (the same seed gives the same text)")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop when the text contains TEXT (repeatable)")
+    p.add_argument("--system", metavar="TEXT", help="a system message for the chat template")
+    p.add_argument("--no-cache", action="store_true", help="compile the model again instead of loading it from the cache")
+
+
+def _params(args: argparse.Namespace) -> Any:
+    from tilework.llm.sampling import SamplingParams
+
+    return SamplingParams(args.temperature, args.top_k, args.top_p, args.repetition_penalty, args.max_tokens, tuple(args.stop), args.seed)
+
+
+class _Progress:
+    """Stage lines on stderr with the elapsed time; on a terminal, a live bar (tqdm)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.t0 = time.perf_counter()
+        self.bar: Any = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __call__(self, message: str) -> None:
+        if self.stream.isatty():
+            from tqdm import tqdm
+
+            if self.bar is None:
+                self.bar = tqdm(total=None, file=self.stream, bar_format="{desc} [{elapsed}]", leave=False)
+                self._thread = threading.Thread(target=self._tick, daemon=True)
+                self._thread.start()
+            self.bar.set_description_str(message)
+        else:
+            print(f"[{time.perf_counter() - self.t0:5.1f}s] {message}", file=self.stream, flush=True)
+
+    def _tick(self) -> None:
+        while not self._stop.wait(0.5):
+            if self.bar is not None:
+                self.bar.refresh()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from tilework.llm.engine import LLM
+
+    progress = _Progress(sys.stderr)
+    try:
+        return LLM(args.model, PRECISION_NAMES[args.precision], use_cache=not args.no_cache, progress=progress)
+    finally:
+        progress.close()
+
+
+def generate(args: argparse.Namespace) -> int:
+    params = _params(args)
+    llm = _load(args)
+    out = sys.stdout
+
+    def show(_i: int, piece: str) -> None:
+        out.write(piece)
+        out.flush()
+
+    llm.generate(args.prompt, params, chat=not args.raw, system=args.system, on_text=show)
+    out.write("\n")
+    out.flush()
+    print(llm.stats.line(), file=sys.stderr)
+    return 0
+
+
+def chat(args: argparse.Namespace, read: Callable[[], str] = input) -> int:
+    params = _params(args)
+    llm = _load(args)
+    session = llm.chat(args.system, params)
+    interactive = sys.stdin.isatty()
+    print("chat with the model: /reset starts over, /exit quits", file=sys.stderr)
+    while True:
+        if interactive:
+            print("> ", end="", file=sys.stderr, flush=True)
+        try:
+            line = read()
+        except EOFError:
+            break
+        text = line.strip()
+        if not text:
+            continue
+        if text in ("/exit", "/quit"):
+            break
+        if text == "/reset":
+            session.close()
+            session = llm.chat(args.system, params)
+            print("(history cleared)", file=sys.stderr)
+            continue
+        session.send(text, on_text=lambda piece: (sys.stdout.write(piece), sys.stdout.flush()))
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        print(llm.stats.line(), file=sys.stderr)
+    session.close()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.max_tokens < 1:
+        raise TileworkError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    return generate(args) if args.command == "generate" else chat(args)
+
+
+__all__ = ["add_parsers", "run"]

@@ -1,0 +1,139 @@
+"""The compiled decoder of a model, built once per model shape, weight formats and machine.
+
+``prepare_weights(config, tensors, precision)`` decides each weight's format and gives the
+arrays in the decoder's parameter order: ``"q"`` keeps the file's block formats (quantized
+matrices stay quantized: their bytes are views of the memory-mapped file), ``"bf16"`` converts
+every matrix to bfloat16 (one tensor at a time, never the whole model in float32), ``"fp32"``
+dequantizes them. Norm weights are float32 in all three.
+
+``compiled_decoder(config, formats)`` exports ``tilework.llm.model.LlamaDecoder`` (``prefill``
+and ``decode``, symbolic batch, length and pages), builds it with the ``quant`` backend for the
+block formats and tilework's kernels for the rest, and keeps the executable in the cache
+directory (``$TILEWORK_CACHE_DIR/llm``, like the kernel cache) under a key of the config, the
+formats, the batch bound, tilework's code and the machine; the next start loads it (the kernels
+come from the kernel cache: no compiler runs). Weights are not in the executable: they are
+passed at every call.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import platform
+import time
+from pathlib import Path
+from typing import Callable, Mapping
+
+import numpy as np
+
+from tilework.errors import TileworkError
+from tilework.llm.config import LlmConfig
+from tilework.llm.model import LlamaDecoder, decoder_spec
+from tilework.llm.quant import QuantTensor
+from tilework.runtime.executable import Executable
+
+PRECISIONS = ("q", "bf16", "fp32")
+Progress = Callable[[str], None]
+
+
+def prepare_weights(config: LlmConfig, tensors: Mapping[str, QuantTensor], precision: str) -> tuple[dict[str, str], list[np.ndarray]]:
+    """``(formats, arrays)``: each weight's format (``f32`` or a block format) and the arrays in
+    the order of the decoder's parameters."""
+    if precision not in PRECISIONS:
+        raise TileworkError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    formats: dict[str, str] = {}
+    values: dict[str, np.ndarray] = {}
+    for name, t in tensors.items():
+        matrix = len(t.shape) == 2
+        if not matrix or t.fmt == "f32" or precision == "fp32":
+            formats[name] = "f32"
+            values[name] = t.data.view(np.float32).reshape(t.shape) if t.fmt == "f32" else t.dequantize().reshape(t.shape)
+        elif precision == "bf16":
+            formats[name] = "bf16"
+            values[name] = _to_bf16_bytes(t.data if t.fmt == "bf16" else t.dequantize().reshape(t.shape), t.fmt == "bf16")
+        else:
+            formats[name] = t.fmt
+            values[name] = t.data
+    decoder = LlamaDecoder(config, {n: f for n, f in formats.items() if f != "f32"})
+    names = [n for n, _ in decoder.named_parameters()]
+    missing = [n for n in names if n not in values]
+    if missing:
+        raise TileworkError(f"the model file lacks weight(s) {', '.join(missing[:5])}")
+    return {n: f for n, f in formats.items() if f != "f32"}, [values[n] for n in names]
+
+
+def _to_bf16_bytes(x: np.ndarray, already: bool) -> np.ndarray:
+    if already:
+        return np.ascontiguousarray(x)
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # round to nearest even
+    return rounded.view(np.uint8).reshape(x.shape[0], x.shape[1] * 2)
+
+
+def compiled_decoder(
+    config: LlmConfig,
+    formats: Mapping[str, str],
+    *,
+    max_batch: int = 16,
+    progress: Progress | None = None,
+    use_cache: bool = True,
+) -> Executable:
+    """The executable of the decoder (see the module docstring)."""
+    say = progress or (lambda _msg: None)
+    path = _cache_path(config, formats, max_batch)
+    if use_cache and path.exists():
+        say("loading the compiled model")
+        try:
+            return Executable.load(str(path))
+        except TileworkError:
+            pass  # a stale or damaged entry: build again
+    if not _BUILDER:
+        raise TileworkError("no compiler is registered: import tilework (tilework.driver registers tilework.build)")
+    t0 = time.perf_counter()
+    say("exporting the decoder (prefill and decode)")
+    decoder = LlamaDecoder(config, dict(formats))
+    module, _ = decoder.export(decoder_spec(config, max_batch=max_batch))
+    say("compiling (graph passes, fusion, kernels; once per model and machine)")
+    backends = ["quant", "codegen"] if formats else None
+    exe = _BUILDER[0](module, backends=backends)
+    exe.meta["llm"] = {"config": config.to_dict(), "max_batch": max_batch, "compile_s": round(time.perf_counter() - t0, 2)}
+    if use_cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        exe.save(str(path))
+    return exe
+
+
+_BUILDER: list[Callable[..., Executable]] = []
+
+
+def register_builder(build: Callable[..., Executable]) -> None:
+    """Make ``compiled_decoder`` compile with ``build`` (``tilework.build``, registered by the
+    layer above: the LLM flow sits below the driver)."""
+    _BUILDER[:] = [build]
+
+
+def _cache_path(config: LlmConfig, formats: Mapping[str, str], max_batch: int) -> Path:
+    from tilework.codegen.c.toolchain import cache_dir
+
+    blob = json.dumps(
+        {"config": config.to_dict(), "formats": sorted(formats.items()), "max_batch": max_batch, "code": _code_identity(), "machine": platform.machine()},
+        sort_keys=True,
+        default=str,
+    )
+    return cache_dir() / "llm" / f"decoder-{hashlib.sha256(blob.encode()).hexdigest()[:24]}.tw"
+
+
+@functools.lru_cache(maxsize=1)
+def _code_identity() -> str:
+    """A digest of tilework's sources: an executable built by other code is not reused."""
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if path.suffix in (".py", ".c") and "__pycache__" not in path.parts:
+            h.update(str(path.relative_to(root)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+__all__ = ["PRECISIONS", "prepare_weights", "compiled_decoder", "register_builder"]

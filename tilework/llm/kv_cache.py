@@ -1,0 +1,180 @@
+"""The paged KV cache: a pool of fixed-size pages and the page tables of the sequences in it.
+
+The pool is two arrays the compiled ``paged_attention`` kernels read and write in place
+(``tilework.op.paged_attention`` documents the layout): ``k [layers, pages, kv_heads, head_dim,
+page]`` (a page's keys contiguous per dim) and ``v [layers, pages, page, kv_heads, head_dim]``.
+A sequence is a list of pages and a length. ``add`` starts one, ``remove`` frees its pages,
+``fork`` makes a sequence that shares the pages of another (a page is freed when its last user
+goes; a shared page is copied before anyone writes into it), ``step_inputs`` gives the
+``kv_len``/``page_table`` arrays of a step after reserving the pages it writes, and ``advance``
+records what a step appended. Freed pages are reused first. Running out of pages is a
+``KVCacheFull`` error that says how many are free; nothing is ever grown behind the caller's
+back.
+
+The per-step work here is list bookkeeping and filling two small int32 arrays; the attention
+itself runs in the compiled kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from tilework.errors import TileworkError
+
+PAGE = 16
+
+
+class KVCacheFull(TileworkError):
+    """The pool has no free page for a step; finish or remove sequences, or make a larger pool."""
+
+
+@dataclass
+class _Sequence:
+    pages: list[int] = field(default_factory=list)
+    length: int = 0  # tokens in the cache
+
+
+class PagedKVCache:
+    """See the module docstring. ``pages`` is the pool size; ``page`` tokens per page."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, pages: int, page: int = PAGE) -> None:
+        if min(layers, kv_heads, head_dim, pages, page) < 1:
+            raise TileworkError(f"a KV cache needs positive sizes, got layers={layers} kv_heads={kv_heads} head_dim={head_dim} pages={pages} page={page}")
+        self.layers, self.kv_heads, self.head_dim, self.page = layers, kv_heads, head_dim, page
+        self.k = np.zeros((layers, pages, kv_heads, head_dim, page), np.float32)
+        self.v = np.zeros((layers, pages, page, kv_heads, head_dim), np.float32)
+        self._free = list(range(pages - 1, -1, -1))  # popped from the end: page 0 first
+        self._refs = [0] * pages
+        self._seqs: dict[int, _Sequence] = {}
+        self._next_id = 0
+
+    @staticmethod
+    def for_tokens(layers: int, kv_heads: int, head_dim: int, tokens: int, page: int = PAGE) -> "PagedKVCache":
+        """A pool holding ``tokens`` tokens in all (rounded up to whole pages)."""
+        return PagedKVCache(layers, kv_heads, head_dim, max(1, -(-tokens // page)), page)
+
+    # -- sequences ---------------------------------------------------------------------------
+
+    @property
+    def num_pages(self) -> int:
+        return len(self._refs)
+
+    @property
+    def free_pages(self) -> int:
+        return len(self._free)
+
+    @property
+    def bytes(self) -> int:
+        return int(self.k.nbytes + self.v.nbytes)
+
+    def add(self) -> int:
+        """A new, empty sequence; its id."""
+        sid = self._next_id
+        self._next_id += 1
+        self._seqs[sid] = _Sequence()
+        return sid
+
+    def remove(self, sid: int) -> None:
+        """Free the sequence's pages (those it shares stay with the other users)."""
+        seq = self._get(sid)
+        for p in seq.pages:
+            self._release(p)
+        del self._seqs[sid]
+
+    def fork(self, sid: int) -> int:
+        """A new sequence with the same tokens, sharing the pages."""
+        src = self._get(sid)
+        new = self.add()
+        self._seqs[new] = _Sequence(list(src.pages), src.length)
+        for p in src.pages:
+            self._refs[p] += 1
+        return new
+
+    def length(self, sid: int) -> int:
+        return self._get(sid).length
+
+    def sequences(self) -> list[int]:
+        return list(self._seqs)
+
+    def truncate(self, sid: int, length: int) -> None:
+        """Forget the tokens from ``length`` on (pages past it are freed)."""
+        seq = self._get(sid)
+        if not 0 <= length <= seq.length:
+            raise TileworkError(f"cannot truncate sequence {sid} of {seq.length} tokens to {length}")
+        keep = -(-length // self.page)
+        for p in seq.pages[keep:]:
+            self._release(p)
+        del seq.pages[keep:]
+        seq.length = length
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def step_inputs(self, sids: Sequence[int], new_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(kv_len int32[b], page_table int32[b, width])`` for a step appending ``new_tokens``
+        to each of ``sids``, after reserving the pages it writes (copying any shared page that
+        would be written). ``width`` covers the longest sequence after the step."""
+        if new_tokens < 1:
+            raise TileworkError(f"a step appends at least one token, got {new_tokens}")
+        seqs = [self._get(s) for s in sids]
+        need = sum(max(0, -(-(s.length + new_tokens) // self.page) - len(s.pages)) + len(self._shared_tail(s, new_tokens)) for s in seqs)
+        if need > len(self._free):
+            raise KVCacheFull(f"the KV cache needs {need} more page(s) of {self.page} tokens for this step and has {len(self._free)} free of {self.num_pages}")
+        for s in seqs:
+            self._own_tail(s, new_tokens)
+            while len(s.pages) * self.page < s.length + new_tokens:
+                s.pages.append(self._take())
+        width = max(len(s.pages) for s in seqs)
+        kv_len = np.fromiter((s.length for s in seqs), np.int32, len(seqs))
+        table = np.zeros((len(seqs), width), np.int32)
+        for i, s in enumerate(seqs):
+            table[i, : len(s.pages)] = s.pages
+        return kv_len, table
+
+    def advance(self, sids: Sequence[int], new_tokens: int) -> None:
+        """Record that a step appended ``new_tokens`` to each of ``sids``."""
+        for sid in sids:
+            seq = self._get(sid)
+            if seq.length + new_tokens > len(seq.pages) * self.page:
+                raise TileworkError(f"sequence {sid}: advance past its reserved pages (call step_inputs first)")
+            seq.length += new_tokens
+
+    # -- pages -------------------------------------------------------------------------------
+
+    def _get(self, sid: int) -> _Sequence:
+        seq = self._seqs.get(sid)
+        if seq is None:
+            raise TileworkError(f"no sequence {sid} in the KV cache")
+        return seq
+
+    def _take(self) -> int:
+        p = self._free.pop()
+        self._refs[p] = 1
+        return p
+
+    def _release(self, p: int) -> None:
+        self._refs[p] -= 1
+        if self._refs[p] == 0:
+            self._free.append(p)
+
+    def _shared_tail(self, seq: _Sequence, new_tokens: int) -> list[int]:
+        """Indices of the sequence's pages that a step of ``new_tokens`` writes into and that
+        another sequence shares (only a partly filled last page can be)."""
+        first = seq.length // self.page
+        last = (seq.length + new_tokens - 1) // self.page
+        return [i for i in range(first, min(last + 1, len(seq.pages))) if self._refs[seq.pages[i]] > 1]
+
+    def _own_tail(self, seq: _Sequence, new_tokens: int) -> None:
+        """Copy the shared pages this step writes into."""
+        for i in self._shared_tail(seq, new_tokens):
+            p = seq.pages[i]
+            q = self._take()
+            self.k[:, q] = self.k[:, p]
+            self.v[:, q] = self.v[:, p]
+            self._release(p)
+            seq.pages[i] = q
+
+
+__all__ = ["PagedKVCache", "KVCacheFull", "PAGE"]

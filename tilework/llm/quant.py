@@ -1,0 +1,262 @@
+"""Block formats of quantized weights, and tensors stored in them.
+
+A :class:`QuantTensor` is a logical row-major tensor (``shape``, e.g. ``(rows, cols)``) whose
+bytes are kept exactly as a GGUF or safetensors file stores them: ``data`` is ``uint8`` of shape
+``shape[:-1] + (row_bytes,)``, each row the blocks of ``cols`` consecutive weights. Nothing is
+expanded until :meth:`QuantTensor.dequantize` is called.
+
+The formats (little-endian; ``d``, ``m``, ``dmin`` are IEEE halves):
+
+| name | weights/block | bytes/block | layout | weight |
+|---|---|---|---|---|
+| ``f32``, ``f16``, ``bf16`` | 1 | 4, 2, 2 | one float | |
+| ``q8_0`` | 32 | 34 | ``d``, 32 int8 ``q`` | ``d * q`` |
+| ``q4_0`` | 32 | 18 | ``d``, 16 nibble bytes | ``d * (q - 8)`` |
+| ``q4_1`` | 32 | 20 | ``d``, ``m``, 16 nibble bytes | ``d * q + m`` |
+| ``q4_k`` | 256 | 144 | ``d``, ``dmin``, 12 bytes of 6-bit scales/mins, 128 nibble bytes | ``d * sc * q - dmin * mn`` |
+| ``q6_k`` | 256 | 210 | 128 bytes low nibbles, 64 bytes of 2-bit highs, 16 int8 scales, ``d`` | ``d * sc * (q - 32)`` |
+
+In a 32-weight nibble block byte ``j`` holds weight ``j`` (low nibble) and ``j + 16`` (high
+nibble). The names are those of ``tilework.op.quant.QUANT_FORMATS`` (the ``quant_linear`` op), so
+a tensor's ``fmt`` can be handed to the op unchanged; ``ggml_type`` is the GGUF type code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from tilework.errors import ShapeError, UnsupportedError
+from tilework.op.quant import QUANT_FORMATS, QuantFormat
+
+
+_BY_GGML_TYPE = {f.ggml_type: f for f in QUANT_FORMATS.values()}
+QUANTIZABLE = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1")
+
+
+def block_format(name: str) -> QuantFormat:
+    """The format called ``name`` (case-insensitive: ``Q4_1`` and ``q4_1`` are the same)."""
+    fmt = QUANT_FORMATS.get(name.lower())
+    if fmt is None:
+        raise UnsupportedError(f"unknown block format {name!r}; known: {', '.join(QUANT_FORMATS)}")
+    return fmt
+
+
+def format_of_ggml_type(code: int) -> QuantFormat | None:
+    """The format of GGML type ``code``, or None when tilework does not read that type."""
+    return _BY_GGML_TYPE.get(int(code))
+
+
+@dataclass(frozen=True, eq=False)
+class QuantTensor:
+    """A tensor of logical ``shape`` whose rows are stored as ``fmt`` blocks in ``data``
+    (``uint8[*shape[:-1], row_bytes]``; usually a read-only view of a memory-mapped file)."""
+
+    name: str
+    shape: tuple[int, ...]
+    fmt: str
+    data: np.ndarray
+
+    def __post_init__(self) -> None:
+        fmt = block_format(self.fmt)
+        object.__setattr__(self, "fmt", fmt.name)
+        object.__setattr__(self, "shape", tuple(int(n) for n in self.shape))
+        if not self.shape or self.shape[-1] % fmt.block:
+            raise ShapeError(f"tensor {self.name}: shape {self.shape} has no last dim that is a multiple of {fmt.block} ({fmt.name} blocks)")
+        want = self.shape[:-1] + (fmt.row_bytes(self.shape[-1]),)
+        if self.data.dtype != np.uint8 or self.data.shape != want:
+            raise ShapeError(f"tensor {self.name}: {fmt.name} data of shape {self.shape} must be uint8{list(want)}, got {self.data.dtype}{list(self.data.shape)}")
+
+    @property
+    def format(self) -> QuantFormat:
+        return QUANT_FORMATS[self.fmt]
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+    def dequantize(self) -> np.ndarray:
+        """The float32 values, of shape ``shape``."""
+        return dequantize_rows(self.data, self.fmt).reshape(self.shape)
+
+    def take_rows(self, rows: np.ndarray | list[int]) -> np.ndarray:
+        """The float32 values of the given rows of a 2-D tensor (an embedding lookup), without
+        expanding the others: ``(len(rows), cols)``."""
+        if len(self.shape) != 2:
+            raise ShapeError(f"tensor {self.name}: take_rows needs a 2-D tensor, got shape {self.shape}")
+        return dequantize_rows(self.data[np.asarray(rows, dtype=np.int64)], self.fmt)
+
+    def gather_rows(self, order: np.ndarray) -> "QuantTensor":
+        """The tensor whose row ``r`` is row ``order[r]`` of this one (rows of the first dim; a
+        1-D tensor of a one-weight format permutes its elements). Copies the stored bytes."""
+        order = np.asarray(order, dtype=np.int64)
+        if order.shape != (self.shape[0],):
+            raise ShapeError(f"tensor {self.name}: a row order must have {self.shape[0]} entries, got shape {order.shape}")
+        if len(self.shape) == 1:
+            if self.format.block != 1:
+                raise ShapeError(f"tensor {self.name}: cannot reorder the weights of a 1-D {self.fmt} tensor")
+            data = self.data.reshape(self.shape[0], self.format.nbytes)[order].reshape(-1)
+        else:
+            data = self.data[order]
+        data.flags.writeable = False
+        return QuantTensor(self.name, self.shape, self.fmt, data)
+
+
+def dequantize_rows(data: np.ndarray, fmt: str) -> np.ndarray:
+    """Decode ``uint8[..., row_bytes]`` of ``fmt`` blocks to float32 ``[..., cols]``."""
+    f = block_format(fmt)
+    if data.shape[-1] % f.nbytes:
+        raise ShapeError(f"{f.name}: a row of {data.shape[-1]} bytes is not a whole number of {f.nbytes}-byte blocks")
+    blocks = np.ascontiguousarray(data).reshape(-1, f.nbytes)
+    out = _DECODERS[f.name](blocks)
+    return out.reshape(data.shape[:-1] + (data.shape[-1] // f.nbytes * f.block,))
+
+
+def _half(blocks: np.ndarray, at: int) -> np.ndarray:
+    """The fp16 at byte ``at`` of each block, as float32 ``[n, 1]``."""
+    return blocks[:, at : at + 2].view(np.float16).astype(np.float32)
+
+
+def _nibbles(qs: np.ndarray, axis: int = -1) -> np.ndarray:
+    """The low nibbles of ``qs``, then the high ones, concatenated along ``axis``."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=axis)
+
+
+def _decode_f32(b: np.ndarray) -> np.ndarray:
+    return b.view(np.float32).copy()
+
+
+def _decode_f16(b: np.ndarray) -> np.ndarray:
+    return b.view(np.float16).astype(np.float32)
+
+
+def _decode_bf16(b: np.ndarray) -> np.ndarray:
+    return (b.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def _decode_q8_0(b: np.ndarray) -> np.ndarray:
+    return b[:, 2:].view(np.int8).astype(np.float32) * _half(b, 0)
+
+
+def _decode_q4_0(b: np.ndarray) -> np.ndarray:
+    q = _nibbles(b[:, 2:]).astype(np.int8) - np.int8(8)
+    return _half(b, 0) * q.astype(np.float32)
+
+
+def _decode_q4_1(b: np.ndarray) -> np.ndarray:
+    q = _nibbles(b[:, 4:]).astype(np.float32)
+    return _half(b, 0) * q + _half(b, 2)
+
+
+def _decode_q4_k(b: np.ndarray) -> np.ndarray:
+    n = b.shape[0]
+    s = b[:, 4:16]
+    lo, mid, hi = s[:, 0:4], s[:, 4:8], s[:, 8:12]
+    # 8 sub-blocks of 32: sub-blocks 0-3 keep scale and min in 6 bits of bytes 0-3 and 4-7;
+    # 4-7 take their low 4 bits from bytes 8-11 and their top 2 from the spare bits of 0-7.
+    sc = np.concatenate([lo & 0x3F, (hi & 0x0F) | ((lo >> 6) << 4)], axis=1).astype(np.float32)
+    mn = np.concatenate([mid & 0x3F, (hi >> 4) | ((mid >> 6) << 4)], axis=1).astype(np.float32)
+    scale = (_half(b, 0) * sc)[:, :, None]
+    offset = (_half(b, 2) * mn)[:, :, None]
+    # each 32-byte chunk of qs holds sub-block 2c (low nibbles) and 2c + 1 (high nibbles)
+    q = _nibbles(b[:, 16:].reshape(n, 4, 32)).reshape(n, 8, 32).astype(np.float32)
+    return (scale * q - offset).reshape(n, 256)
+
+
+def _decode_q6_k(b: np.ndarray) -> np.ndarray:
+    n = b.shape[0]
+    # per 128-weight half: quarters 0, 1 take the low nibbles of ql[0:32], ql[32:64]; quarters
+    # 2, 3 their high nibbles; quarter k's top two bits are bits 2k, 2k + 1 of qh[0:32].
+    ql = _nibbles(b[:, 0:128].reshape(n, 2, 2, 32), axis=2)
+    qh = (b[:, 128:192].reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 0x03
+    q = ((ql | (qh << 4)).astype(np.int8) - np.int8(32)).reshape(n, 16, 16).astype(np.float32)
+    scale = (_half(b, 208) * b[:, 192:208].view(np.int8).astype(np.float32))[:, :, None]
+    return (scale * q).reshape(n, 256)
+
+
+_DECODERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "f32": _decode_f32,
+    "f16": _decode_f16,
+    "bf16": _decode_bf16,
+    "q8_0": _decode_q8_0,
+    "q4_0": _decode_q4_0,
+    "q4_1": _decode_q4_1,
+    "q4_k": _decode_q4_k,
+    "q6_k": _decode_q6_k,
+}
+
+
+def quantize(x: np.ndarray, fmt: str, name: str = "") -> QuantTensor:
+    """``x`` (float, last dim a multiple of the block) stored as ``fmt`` blocks, rounded like
+    llama.cpp's reference quantizers (``quantize_row_*_ref``: float32 arithmetic, the scale
+    rounded to fp16 after the weights are rounded with the unrounded one)."""
+    f = block_format(fmt)
+    if f.name not in QUANTIZABLE:
+        raise UnsupportedError(f"quantize: cannot write {f.name} blocks; can write {', '.join(QUANTIZABLE)}")
+    x = np.asarray(x, dtype=np.float32)
+    if x.ndim == 0 or x.shape[-1] % f.block:
+        raise ShapeError(f"quantize: {f.name} needs a last dim that is a multiple of {f.block}, got shape {x.shape}")
+    blocks = _ENCODERS[f.name](np.ascontiguousarray(x).reshape(-1, f.block))
+    data = blocks.reshape(x.shape[:-1] + (f.row_bytes(x.shape[-1]),))
+    data.flags.writeable = False
+    return QuantTensor(name, x.shape, f.name, data)
+
+
+def _f16_bytes(v: np.ndarray) -> np.ndarray:
+    return v.astype(np.float16).view(np.uint8)
+
+
+def _inverse(d: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        return np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+
+
+def _pack_nibbles(q: np.ndarray) -> np.ndarray:
+    """``[n, 32]`` values 0..15 -> ``[n, 16]`` bytes: weight j low, weight j + 16 high."""
+    q = q.astype(np.uint8)
+    return q[:, :16] | (q[:, 16:] << 4)
+
+
+def _round_half_away(v: np.ndarray) -> np.ndarray:
+    """C ``roundf`` (ties away from zero); exact, unlike ``floor(|v| + 0.5)`` near 0.5."""
+    t = np.trunc(v)
+    return t + np.sign(v) * (np.abs(v - t) >= np.float32(0.5))
+
+
+def _encode_q8_0(x: np.ndarray) -> np.ndarray:
+    d = np.abs(x).max(axis=1, keepdims=True) / np.float32(127)
+    q = _round_half_away(x * _inverse(d)).astype(np.int8)
+    return np.concatenate([_f16_bytes(d), q.view(np.uint8)], axis=1)
+
+
+def _encode_q4_0(x: np.ndarray) -> np.ndarray:
+    # the value of largest magnitude (the first one on a tie) maps to -8
+    peak = np.take_along_axis(x, np.abs(x).argmax(axis=1)[:, None], axis=1)
+    d = peak / np.float32(-8)
+    q = np.minimum(np.trunc(x * _inverse(d) + np.float32(8.5)), 15)
+    return np.concatenate([_f16_bytes(d), _pack_nibbles(q)], axis=1)
+
+
+def _encode_q4_1(x: np.ndarray) -> np.ndarray:
+    lo = x.min(axis=1, keepdims=True)
+    d = (x.max(axis=1, keepdims=True) - lo) / np.float32(15)
+    q = np.minimum(np.trunc((x - lo) * _inverse(d) + np.float32(0.5)), 15)
+    return np.concatenate([_f16_bytes(d), _f16_bytes(lo), _pack_nibbles(q)], axis=1)
+
+
+def _encode_bf16(x: np.ndarray) -> np.ndarray:
+    import ml_dtypes  # a dependency of tilework; rounds to nearest even
+
+    return x.astype(ml_dtypes.bfloat16).view(np.uint8)
+
+
+_ENCODERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "f32": lambda x: x.view(np.uint8).copy(),
+    "f16": lambda x: x.astype(np.float16).view(np.uint8),
+    "bf16": _encode_bf16,
+    "q8_0": _encode_q8_0,
+    "q4_0": _encode_q4_0,
+    "q4_1": _encode_q4_1,
+}

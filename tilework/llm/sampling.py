@@ -1,0 +1,299 @@
+"""Choosing the next token from logits, and stopping on stop strings.
+
+The logits go through the processors in transformers' order, with transformers' semantics, so a
+distribution here equals the one ``generate`` samples from:
+
+1. repetition penalty (``RepetitionPenaltyLogitsProcessor``): for every token id present in the
+   prompt or the output, a positive logit is divided by the penalty and a negative one multiplied;
+2. temperature (``TemperatureLogitsWarper``): logits / temperature;
+3. top-k (``TopKLogitsWarper``): logits below the k-th largest become -inf (ties with it stay);
+4. top-p (``TopPLogitsWarper``): sorting ascending, tokens whose cumulative probability is
+   <= 1 - top_p become -inf (the most likely token always stays); computed on the top tokens
+   only (see :func:`_apply_top_p`);
+5. a draw from softmax of what is left, with a numpy ``Generator`` seeded once per sequence.
+
+Temperature 0 is greedy: argmax after the repetition penalty (transformers' ``do_sample=False``,
+which runs no warper). Logits stay float32 like transformers'; top-p masses and the draw are
+float64.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tilework.errors import TileworkError
+
+__all__ = ["SamplingParams", "SamplingParamsError", "Sampler", "StopChecker", "StopStream"]
+
+
+class SamplingParamsError(TileworkError, ValueError):
+    """A sampling parameter is out of range; the message names the field and the value."""
+
+    def __init__(self, name: str, value: object, requirement: str) -> None:
+        super().__init__(f"sampling parameter {name}={value!r} is invalid: it must be {requirement}")
+        self.field = name
+        self.value = value
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to pick tokens and when to stop; every neutral value switches its step off.
+
+    ``temperature`` 0 is greedy; ``top_k`` 0, ``top_p`` 1.0 and ``repetition_penalty`` 1.0 are off;
+    ``max_tokens`` bounds the generated tokens; ``stop`` strings end the text (a single string is
+    taken as a one-element list); ``seed`` None draws from fresh OS entropy.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    max_tokens: int = 256
+    stop: Sequence[str] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not _is_real(self.temperature) or not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise SamplingParamsError("temperature", self.temperature, "a finite number >= 0 (0 means greedy)")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise SamplingParamsError("top_k", self.top_k, "an integer >= 0 (0 means off)")
+        if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
+            raise SamplingParamsError("top_p", self.top_p, "a number in (0, 1] (1 means off)")
+        if not _is_real(self.repetition_penalty) or not (
+            math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0
+        ):
+            raise SamplingParamsError(
+                "repetition_penalty", self.repetition_penalty, "a finite number > 0 (1 means off)"
+            )
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise SamplingParamsError("max_tokens", self.max_tokens, "an integer >= 1")
+        if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
+            raise SamplingParamsError("seed", self.seed, "None or an integer >= 0")
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, Iterable):
+            raise SamplingParamsError("stop", self.stop, "a list of non-empty strings")
+        stop = tuple(stop)
+        if not all(isinstance(s, str) and s for s in stop):
+            raise SamplingParamsError("stop", self.stop, "a list of non-empty strings")
+        object.__setattr__(self, "stop", stop)  # stored as a tuple, so the params stay hashable
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+class Sampler:
+    """Picks one token per call for one sequence; the same seed gives the same tokens."""
+
+    def __init__(self, params: SamplingParams, vocab_size: int) -> None:
+        if not _is_int(vocab_size) or vocab_size < 1:
+            raise SamplingParamsError("vocab_size", vocab_size, "an integer >= 1")
+        self.params = params
+        self.vocab_size = int(vocab_size)
+        self.rng = np.random.default_rng(params.seed)
+
+    def _check(self, logits: np.ndarray) -> np.ndarray:
+        array = np.asarray(logits)
+        if array.shape != (self.vocab_size,):
+            raise SamplingParamsError("logits", f"array of shape {array.shape}", f"of shape ({self.vocab_size},)")
+        return array.astype(np.float32, copy=False)
+
+    def penalize(self, logits: np.ndarray, history: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Logits after the repetition penalty (a new array)."""
+        scores = np.array(self._check(logits), dtype=np.float32, copy=True)
+        penalty = self.params.repetition_penalty
+        if penalty == 1.0 or len(history) == 0:
+            return scores
+        ids = np.unique(np.asarray(history, dtype=np.int64))
+        if ids[0] < 0 or ids[-1] >= self.vocab_size:
+            raise SamplingParamsError("history", f"token id {int(ids[0] if ids[0] < 0 else ids[-1])}",
+                                      f"within [0, {self.vocab_size})")
+        seen = scores[ids]
+        scores[ids] = np.where(seen < 0, seen * np.float32(penalty), seen / np.float32(penalty))
+        return scores
+
+    def process(self, logits: np.ndarray, history: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Logits after every processor: penalty, temperature, top-k, top-p (removed tokens are -inf)."""
+        scores = self.penalize(logits, history)
+        p = self.params
+        if p.greedy:
+            return scores
+        if p.temperature != 1.0:
+            scores = scores / np.float32(p.temperature)
+        if p.top_k > 0:
+            k = min(p.top_k, scores.size)
+            kth = np.partition(scores, scores.size - k)[scores.size - k]
+            scores[scores < kth] = -np.inf
+        if p.top_p < 1.0:
+            _apply_top_p(scores, p.top_p)
+        return scores
+
+    def probs(self, logits: np.ndarray, history: Sequence[int] | np.ndarray) -> np.ndarray:
+        """The distribution :meth:`sample` draws from (float64; one-hot when greedy)."""
+        scores = self.process(logits, history)
+        if self.params.greedy:
+            out = np.zeros(scores.size, dtype=np.float64)
+            out[int(np.argmax(scores))] = 1.0
+            return out
+        weights = np.exp(scores - scores.max()).astype(np.float64)
+        return weights / weights.sum()
+
+    def sample(self, logits: np.ndarray, history: Sequence[int] | np.ndarray = ()) -> int:
+        """The next token id; ``history`` is every id of the sequence so far (prompt and output)."""
+        scores = self.process(logits, history)
+        if self.params.greedy:
+            return int(np.argmax(scores))
+        kept = np.flatnonzero(scores > -np.inf)
+        if kept.size == 0:
+            raise SamplingParamsError("logits", "all -inf or NaN", "finite for at least one token")
+        values = scores if kept.size == scores.size else scores[kept]
+        weights = np.exp(values - values.max())  # float32 exp is vectorized, far faster than float64
+        return int(kept[_draw(weights, self.rng.random())])
+
+
+_BLOCK = 1024
+
+
+def _draw(weights: np.ndarray, u: float) -> int:
+    """The index whose cumulative weight interval holds ``u * sum(weights)`` (a draw with
+    probability proportional to the weights, for ``u`` uniform in [0, 1)).
+
+    Sums are float64. A long vector is searched in two levels, block sums and then one block,
+    so that only one block is cumulated (a 49152-long float64 cumsum costs ~10x more).
+    """
+    n = weights.size
+    if n <= 4 * _BLOCK:
+        cdf = np.cumsum(weights, dtype=np.float64)
+        return min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), n - 1)
+    blocks = -(-n // _BLOCK)
+    padded = np.zeros(blocks * _BLOCK, dtype=np.float32)
+    padded[:n] = weights
+    block_cdf = np.cumsum(padded.reshape(blocks, _BLOCK).sum(axis=1, dtype=np.float64))
+    target = u * block_cdf[-1]
+    b = min(int(np.searchsorted(block_cdf, target, side="right")), blocks - 1)
+    rest = target - (block_cdf[b - 1] if b > 0 else 0.0)
+    inner = np.cumsum(padded[b * _BLOCK : (b + 1) * _BLOCK], dtype=np.float64)
+    i = b * _BLOCK + int(np.searchsorted(inner, rest, side="right"))
+    if i >= n or weights[i] == 0:  # rounding put the target past the block's last weight
+        i = int(np.flatnonzero(weights[: min(i, n - 1) + 1] > 0)[-1])
+    return i
+
+
+def _apply_top_p(scores: np.ndarray, top_p: float) -> None:
+    """Set to -inf, in place, the tokens outside the nucleus of mass ``top_p``.
+
+    transformers sorts all logits ascending and removes a token when the cumulative probability up
+    to it is <= 1 - top_p; equivalently a token stays when the mass of the tokens ranked above it
+    is < top_p. Only the top tokens can stay, so only they are sorted: the ``m`` most likely
+    (``m`` grows until they hold ``top_p`` of the mass), instead of the whole vocabulary.
+    Masses are float64, so a token exactly on the boundary may fall differently than in
+    transformers' float32 sum.
+    """
+    finite = np.flatnonzero(scores > -np.inf)
+    if finite.size == 0:
+        return
+    values = scores if finite.size == scores.size else scores[finite]
+    weights = np.exp(values - values.max()).astype(np.float64)  # exp in float32 (fast), sums in float64
+    weights /= weights.sum()
+    n = weights.size
+    m = min(n, 128)
+    while True:
+        top = np.argpartition(values, n - m)[n - m :] if m < n else np.arange(n)
+        top = top[np.argsort(-values[top], kind="stable")]
+        mass = np.cumsum(weights[top])
+        if mass[-1] >= top_p or m == n:
+            break
+        m = min(n, m * 8)
+    keep = finite[top[mass - weights[top] < top_p]]
+    kept_values = scores[keep]
+    scores.fill(-np.inf)
+    scores[keep] = kept_values
+
+
+class StopChecker:
+    """Finds stop strings in generated text, including ones split across tokens.
+
+    :meth:`find` gives where to cut (the start of the earliest stop string). :meth:`holdback`
+    says how many trailing characters may still grow into a stop string, so a streaming printer
+    must not show them yet.
+    """
+
+    __slots__ = ("stop",)
+
+    def __init__(self, stop: Iterable[str]) -> None:
+        strings = tuple(stop)
+        if not all(isinstance(s, str) and s for s in strings):
+            raise SamplingParamsError("stop", list(strings), "a list of non-empty strings")
+        self.stop: tuple[str, ...] = strings
+
+    @property
+    def longest(self) -> int:
+        return max((len(s) for s in self.stop), default=0)
+
+    def find(self, text: str, start: int = 0) -> int | None:
+        """Where to cut ``text``: the earliest index at which a stop string begins, or None.
+
+        Only stop strings that end after ``start`` are looked for: pass the length the text had
+        at the previous check to look at the new characters only.
+        """
+        lo = max(0, start - self.longest + 1)
+        hits = [i for i in (text.find(s, lo) for s in self.stop) if i >= 0]
+        return min(hits) if hits else None
+
+    def holdback(self, text: str) -> int:
+        """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
+        best = 0
+        for s in self.stop:
+            for n in range(min(len(s) - 1, len(text)), best, -1):
+                if text.endswith(s[:n]):
+                    best = n
+                    break
+        return best
+
+
+class StopStream:
+    """Streams generated text pieces, holding back what may turn into a stop string.
+
+    ``push(piece)`` returns the text that is safe to show and whether generation must stop;
+    after a stop, :attr:`text` is the output cut before the stop string. ``finish()`` returns
+    the text held back when generation ends for another reason (eos, max_tokens).
+    """
+
+    def __init__(self, checker: StopChecker) -> None:
+        self.checker = checker
+        self.text = ""
+        self.stopped = False
+        self._shown = 0
+
+    def push(self, piece: str) -> tuple[str, bool]:
+        if self.stopped:
+            return "", True
+        before = len(self.text)
+        self.text += piece
+        cut = self.checker.find(self.text, start=before)
+        if cut is not None:
+            self.text = self.text[:cut]
+            self.stopped = True
+            safe = len(self.text)
+        else:
+            safe = len(self.text) - self.checker.holdback(self.text)
+        out = self.text[self._shown : safe]
+        self._shown = max(self._shown, safe)
+        return out, self.stopped
+
+    def finish(self) -> str:
+        out = self.text[self._shown :]
+        self._shown = len(self.text)
+        return out

@@ -1,0 +1,168 @@
+"""Load a model's config and tensors: :func:`load_weights`.
+
+Reads a GGUF file, or a transformers checkpoint (a directory with ``config.json`` and
+``*.safetensors``, sharded or not, or one ``.safetensors`` file with ``config.json`` beside it).
+Either way the result is an :class:`~tilework.llm.config.LlmConfig` and the tensors under their
+transformers names in transformers' layout, each a :class:`~tilework.llm.quant.QuantTensor`
+whose bytes are a read-only view of the memory-mapped file (the GGUF ``q_proj`` / ``k_proj``
+rows excepted: see :mod:`tilework.llm.gguf`). The set of tensors and their shapes are checked
+against the config; a tied model has no ``lm_head.weight``.
+
+safetensors files are read by their documented layout (an 8-byte little-endian header length, a
+JSON header of dtype, shape and byte offsets, then the data) and mapped with ``np.memmap``:
+``safetensors.safe_open(framework="numpy")`` cannot give bfloat16 (NumPy has no such dtype)
+and copies what it reads.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+from tilework.errors import ParameterError, ShapeError, TileworkError, UnsupportedError
+from tilework.llm.config import LlmConfig
+from tilework.llm.gguf import GGUF_MAGIC, gguf_tensors, open_gguf
+from tilework.llm.quant import QuantTensor, block_format
+
+_SAFETENSORS_FORMATS = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # a buffer some older checkpoints saved
+
+
+def load_weights(path: "str | os.PathLike[str]", reader: Any = None) -> tuple[LlmConfig, dict[str, QuantTensor]]:
+    """The config and tensors of the model at ``path`` (see the module docstring); ``reader``
+    is the file's ``GGUFReader`` when the caller has one open (parsing a GGUF header is slow)."""
+    path = os.fspath(path)
+    kind = _file_kind(path)
+    if kind == "gguf":
+        reader = reader if reader is not None else open_gguf(path)
+        config = LlmConfig.from_gguf(reader)
+        return config, _checked(config, gguf_tensors(reader, config), path)
+    config_path, shards = _checkpoint_files(path)
+    config = LlmConfig.from_hf_config(config_path)
+    tensors: dict[str, QuantTensor] = {}
+    for shard in shards:
+        tensors.update(read_safetensors(shard))
+    tensors = {n: t for n, t in tensors.items() if not n.endswith(_IGNORED_SUFFIXES)}
+    if config.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)  # the embedding itself; some checkpoints store it twice
+    return config, _checked(config, tensors, path)
+
+
+def expected_shapes(config: LlmConfig) -> dict[str, tuple[int, ...]]:
+    """The tensors a model of ``config`` has, transformers names -> shapes, in a fixed order."""
+    c = config
+    q, kv = c.heads * c.head_dim, c.kv_heads * c.head_dim
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab, c.hidden)}
+    for i in range(c.layers):
+        p = f"model.layers.{i}."
+        out[p + "input_layernorm.weight"] = (c.hidden,)
+        out[p + "self_attn.q_proj.weight"] = (q, c.hidden)
+        out[p + "self_attn.k_proj.weight"] = (kv, c.hidden)
+        out[p + "self_attn.v_proj.weight"] = (kv, c.hidden)
+        if c.attention_bias:
+            out[p + "self_attn.q_proj.bias"] = (q,)
+            out[p + "self_attn.k_proj.bias"] = (kv,)
+            out[p + "self_attn.v_proj.bias"] = (kv,)
+        out[p + "self_attn.o_proj.weight"] = (c.hidden, q)
+        if c.attention_out_bias:
+            out[p + "self_attn.o_proj.bias"] = (c.hidden,)
+        out[p + "post_attention_layernorm.weight"] = (c.hidden,)
+        out[p + "mlp.gate_proj.weight"] = (c.ffn, c.hidden)
+        out[p + "mlp.up_proj.weight"] = (c.ffn, c.hidden)
+        out[p + "mlp.down_proj.weight"] = (c.hidden, c.ffn)
+    out["model.norm.weight"] = (c.hidden,)
+    if not c.tie_word_embeddings:
+        out["lm_head.weight"] = (c.vocab, c.hidden)
+    return out
+
+
+def read_safetensors(path: "str | os.PathLike[str]") -> dict[str, QuantTensor]:
+    """The tensors of one safetensors file (F32, F16, BF16), as read-only views of its map."""
+    path = os.fspath(path)
+    size = os.path.getsize(path)
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if not 2 <= n <= size - 8:
+                raise ValueError(f"header length {n} in a file of {size} bytes")
+            header = json.loads(f.read(n))
+    except (OSError, ValueError) as e:
+        raise TileworkError(f"{path}: not a readable safetensors file ({e})") from e
+    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        fmt = _SAFETENSORS_FORMATS.get(info["dtype"])
+        if fmt is None:
+            raise UnsupportedError(f"{path}: tensor {name} has dtype {info['dtype']}, which tilework does not read; readable: {', '.join(_SAFETENSORS_FORMATS)}")
+        shape = tuple(int(d) for d in info["shape"])
+        if not shape:
+            raise UnsupportedError(f"{path}: tensor {name} is a scalar; model weights are tensors")
+        start, end = (8 + n + int(o) for o in info["data_offsets"])
+        nbytes = math.prod(shape) * block_format(fmt).nbytes
+        if end - start != nbytes or end > size:
+            raise TileworkError(f"{path}: tensor {name} of shape {list(shape)} {info['dtype']} has a bad byte range [{start}, {end})")
+        data = mm[start:end].view(np.ndarray).reshape(shape[:-1] + (shape[-1] * block_format(fmt).nbytes,))
+        out[name] = QuantTensor(name, shape, fmt, data)
+    return out
+
+
+def _file_kind(path: str) -> str:
+    if os.path.isdir(path):
+        return "checkpoint"
+    if not os.path.exists(path):
+        raise TileworkError(f"{path}: no such file or directory")
+    with open(path, "rb") as f:
+        head = f.read(9)
+    if head[:4] == GGUF_MAGIC:
+        return "gguf"
+    if len(head) == 9 and head[8:] == b"{" and int.from_bytes(head[:8], "little") <= os.path.getsize(path) - 8:
+        return "checkpoint"
+    raise UnsupportedError(f"{path}: neither a GGUF file nor a safetensors checkpoint (it starts with {head[:8]!r})")
+
+
+def _checkpoint_files(path: str) -> tuple[str, list[str]]:
+    """``(config.json, safetensors files)`` of a checkpoint directory or of one safetensors file."""
+    if not os.path.isdir(path):
+        config = os.path.join(os.path.dirname(os.path.abspath(path)), "config.json")
+        if not os.path.isfile(config):
+            raise TileworkError(f"{path}: a safetensors file needs the checkpoint's config.json beside it ({config} does not exist)")
+        return config, [path]
+    config = os.path.join(path, "config.json")
+    if not os.path.isfile(config):
+        raise TileworkError(f"{path}: a checkpoint directory needs a config.json")
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index, encoding="utf-8") as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+        return config, [os.path.join(path, s) for s in shards]
+    shards = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not shards:
+        raise TileworkError(f"{path}: no .safetensors files (tilework reads safetensors checkpoints only)")
+    return config, shards
+
+
+def _names(names: list[str], limit: int = 8) -> str:
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def _checked(config: LlmConfig, tensors: dict[str, QuantTensor], where: str) -> dict[str, QuantTensor]:
+    """``tensors`` in the order of :func:`expected_shapes`, once they are exactly those."""
+    want = expected_shapes(config)
+    missing = [n for n in want if n not in tensors]
+    if missing:
+        raise ParameterError(f"{where}: missing tensors of a {config.layers}-layer {config.architecture} model: {_names(missing)}")
+    extra = [n for n in tensors if n not in want]
+    if extra:
+        raise UnsupportedError(f"{where}: tensors a {config.architecture} model of this config does not have: {_names(extra)}")
+    for name, shape in want.items():
+        if tensors[name].shape != shape:
+            raise ShapeError(f"{where}: tensor {name} has shape {list(tensors[name].shape)}, the config implies {list(shape)}")
+    return {n: tensors[n] for n in want}

@@ -1,0 +1,457 @@
+"""``paged_attention``: attention over a paged KV cache, one op per layer, as hand-built
+TensorFuncs that read the pages.
+
+    out = paged_attention(q, k, v, k_cache, v_cache, kv_len, page_table, layer=i)
+
+- ``q [b, s, heads, hd]``, ``k``/``v [b, s, kv_heads, hd]``: this step's queries, keys and values
+  (rotary embedding already applied), for ``s`` new tokens of each of ``b`` sequences.
+- ``k_cache [layers, pages, kv_heads, hd, page]`` (keys transposed within a page, so the keys of a
+  page are contiguous for each dim) and ``v_cache [layers, pages, page, kv_heads, hd]``: the page
+  pool (``tilework.llm.kv_cache`` owns it). ``page`` tokens per page.
+- ``kv_len int32 [b]``: how many tokens each sequence has cached before this step;
+  ``page_table int32 [b, p]``: the pool pages of each sequence in order (``p`` columns are enough
+  for the longest sequence after the step; unused entries are never read).
+
+The op first writes the new keys and values into the pages (positions ``kv_len[b] ..
+kv_len[b] + s - 1``), then computes causal attention of each new token over the sequence's
+cached and new tokens (query ``t`` sees positions ``<= kv_len[b] + t``) with an online softmax,
+grouped-query heads sharing a kv head. Writing into the pool is the op's effect: it is kept
+though its result is what the graph uses, and each layer writes its own slice of the pool.
+
+Two kernels:
+
+- **decode** (``s`` is 1): tasks over (sequence, kv head, split). The keys of a page are the
+  lanes of the score vector (``page`` scores at once per query head); each task covers a range
+  of pages, and for long sequences the pages are split across tasks (``splits`` grows with the
+  page table's width, up to ``MAX_SPLITS``) whose partial maxima, sums and accumulators a final
+  loop merges.
+- **prefill**: tasks over (sequence, kv head, block of ``LANES`` query rows, rows being tokens
+  times the heads of the group), the rows as lanes, keys a page at a time, skipping pages no row
+  of the block sees.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Callable
+
+from tilework.ir import sym
+from tilework.ir.graph import Call, Expr
+from tilework.ir.info import StructInfo, TensorInfo
+from tilework.ir.loop import (
+    Allocate,
+    Buffer,
+    Cast,
+    For,
+    IfThenElse,
+    Intrin,
+    Load,
+    Scalar,
+    Select,
+    Stmt,
+    Store,
+    binary,
+    const,
+)
+from tilework.ir.sym import Dim, SymVar
+from tilework.op.base import InferCtx, Op, OpPattern, make_call, register, require_equal, tensor_arg
+from tilework.op.calls import call_tensor
+from tilework.op.kernel import block, free_syms, hand_kernel, known_tensor, out_tensor, seq, serial_var
+
+if TYPE_CHECKING:
+    from tilework.transform.legalize import LegalizeCtx
+
+LANES = 16  # float32 lanes of an AVX-512 register: the rows of a prefill task
+MAX_SPLITS = 8  # most tasks one decode sequence's kv head is split into
+PAGES_PER_SPLIT = 8  # a split covers at least this many pages
+
+
+def _infer(call: Call, ctx: InferCtx) -> StructInfo:
+    q, k, v, kc, vc, kv_len, pt = (tensor_arg(call, i, ctx) for i in range(7))
+    for t, name, rank in ((q, "q", 4), (k, "k", 4), (v, "v", 4), (kc, "k_cache", 5), (vc, "v_cache", 5), (kv_len, "kv_len", 1), (pt, "page_table", 2)):
+        if t.ndim not in (-1, rank):
+            raise ctx.shape_error(f"{name} must have rank {rank}, got {t.ndim}")
+    for t, name, dtype in ((q, "q", "float32"), (k, "k", "float32"), (v, "v", "float32"), (kc, "k_cache", "float32"), (vc, "v_cache", "float32"), (kv_len, "kv_len", "int32"), (pt, "page_table", "int32")):
+        if t.dtype is not None and t.dtype != dtype:
+            raise ctx.error(f"{name} must be {dtype}, got {t.dtype}")
+    layer = call.attrs["layer"]
+    if not isinstance(layer, int) or layer < 0:
+        raise ctx.error(f"layer must be a non-negative int, got {layer!r}")
+    if None in (q.shape, k.shape, v.shape, kc.shape, vc.shape, kv_len.shape, pt.shape):
+        return TensorInfo(None, "float32", 4)
+    assert q.shape and k.shape and v.shape and kc.shape and vc.shape and kv_len.shape and pt.shape
+    b, s, nh, hd = q.shape
+    nkv = k.shape[2]
+    for name, dims in (("k", k.shape), ("v", v.shape)):
+        require_equal(dims[0], b, ctx, f"{name}'s batch and q's")
+        require_equal(dims[1], s, ctx, f"{name}'s tokens and q's")
+        require_equal(dims[2], nkv, ctx, f"{name}'s kv heads and k's")
+        require_equal(dims[3], hd, ctx, f"{name}'s head dim and q's")
+    if isinstance(nh, int) and isinstance(nkv, int) and nh % nkv:
+        raise ctx.shape_error(f"heads ({nh}) must be a multiple of kv heads ({nkv})")
+    page = kc.shape[4]
+    require_equal(kc.shape[1], vc.shape[1], ctx, "pages of k_cache and v_cache")
+    require_equal(kc.shape[2], nkv, ctx, "k_cache's kv heads")
+    require_equal(kc.shape[3], hd, ctx, "k_cache's head dim")
+    require_equal(vc.shape[2], page, ctx, "v_cache's page size and k_cache's")
+    require_equal(vc.shape[3], nkv, ctx, "v_cache's kv heads")
+    require_equal(vc.shape[4], hd, ctx, "v_cache's head dim")
+    require_equal(kv_len.shape[0], b, ctx, "kv_len's length and the batch")
+    require_equal(pt.shape[0], b, ctx, "page_table's rows and the batch")
+    if isinstance(kc.shape[0], int) and layer >= kc.shape[0]:
+        raise ctx.error(f"layer {layer} is out of range for a cache of {kc.shape[0]} layers")
+    return TensorInfo((b, s, nh, hd), "float32")
+
+
+def _legalize(call: Call, ctx: "LegalizeCtx") -> Expr:
+    params = []
+    for i, name in enumerate(("q", "k", "v", "k_cache", "v_cache", "kv_len", "page_table")):
+        shape, dtype = known_tensor(call.args[i].info, call, f"argument {i}")
+        params.append(Buffer(name, shape, dtype))
+    shape, dtype = out_tensor(call)
+    out = Buffer("out", shape, dtype)
+    scale = call.attrs["scale"]
+    layer = SymVar("layer", 0, None)  # a sym param: every layer calls the same kernel
+    kernel = _Decode if shape[1] == 1 else _Prefill
+    q, k, v, kc, vc, kv_len, pt = params
+    body = kernel(q, k, v, kc, vc, kv_len, pt, out, layer, None if scale is None else float(scale)).body()
+    buffers = [*params, out]
+    func = hand_kernel([*buffers, *free_syms(body, buffers)], body, "opaque")
+    func = func.replace(attrs=func.attrs.with_(scheduled=True, schedule_rule="paged_attention"))  # its loops carry their kinds
+    gv = ctx.add_kernel("paged_attention", func)
+    sym_args = tuple(int(call.attrs["layer"]) if p is layer else p for p in func.sym_params)
+    return call_tensor(gv, list(call.args), call.info, sym_args)
+
+
+register(Op("paged_attention", _infer, OpPattern.OPAQUE, attrs={"layer": 0, "scale": None}, num_args=7, legalize=_legalize, effect=True))
+
+
+def paged_attention(q: Expr, k: Expr, v: Expr, k_cache: Expr, v_cache: Expr, kv_len: Expr, page_table: Expr, layer: int, scale: float | None = None) -> Call:
+    """See the module docstring; ``scale`` defaults to ``1 / sqrt(head_dim)``."""
+    return make_call("paged_attention", [q, k, v, k_cache, v_cache, kv_len, page_table], layer=layer, scale=scale)
+
+
+# -- the kernels -----------------------------------------------------------------------------
+
+Body = Callable[[SymVar], Stmt]
+F32 = "float32"
+
+
+def _i64(x: Scalar) -> Scalar:
+    return Cast("int64", x)
+
+
+def _ld(buf: Buffer, *idx: Scalar) -> Load:
+    return Load(buf, tuple(idx))
+
+
+def _c(v: float) -> Scalar:
+    return const(v, F32)
+
+
+class _Kernel:
+    """What both kernels share: the buffers, naming, loops and the append of the new keys."""
+
+    def __init__(self, q: Buffer, k: Buffer, v: Buffer, kc: Buffer, vc: Buffer, kv_len: Buffer, pt: Buffer, out: Buffer, layer: SymVar, scale: float | None) -> None:
+        self.q, self.k, self.v, self.kc, self.vc, self.kv_len, self.pt, self.out = q, k, v, kc, vc, kv_len, pt, out
+        self.layer = layer
+        self.nb, self.sq, self.nh, self.hd = q.shape
+        self.nkv = k.shape[2]
+        self.page = kc.shape[4]
+        self.width = pt.shape[1]
+        self.group = sym.floordiv(self.nh, self.nkv)
+        if scale is not None:
+            self.scale: Scalar = _c(float(scale))
+        elif isinstance(self.hd, int):
+            self.scale = _c(1.0 / math.sqrt(self.hd))
+        else:
+            self.scale = Intrin("rsqrt", (Cast(F32, self.hd),), F32)
+        self.names: set[str] = set()
+
+    def loop(self, name: str, extent: Dim, body: Body, kind: str = "serial") -> For:
+        base, n = name, 0
+        while name in self.names:
+            n += 1
+            name = f"{base}_{n}"
+        self.names.add(name)
+        var = serial_var(name, extent)
+        return For(var, extent, body(var), kind)
+
+    def cached(self, b: Dim) -> Scalar:
+        return _i64(_ld(self.kv_len, b))
+
+    def append(self) -> Stmt:
+        """Every new token's key and value into its page slot."""
+
+        def token(bt: SymVar) -> Stmt:
+            b, t = sym.floordiv(bt, self.sq), sym.floormod(bt, self.sq)
+            pos = binary("+", self.cached(b), t)
+            page = _i64(_ld(self.pt, b, binary("//", pos, self.page)))
+            off = binary("%", pos, self.page)
+
+            def put(kh: SymVar) -> Stmt:
+                def dim(d: SymVar) -> Stmt:
+                    return block(
+                        "paged_append",
+                        seq([
+                            Store(self.kc, (self.layer, page, kh, d, off), _ld(self.k, b, t, kh, d)),
+                            Store(self.vc, (self.layer, page, off, kh, d), _ld(self.v, b, t, kh, d)),
+                        ]),
+                    )
+
+                return self.loop("append_d", self.hd, dim, "vectorized")
+
+            return self.loop("append_h", self.nkv, put)
+
+        return self.loop("append_bt", sym.mul(self.nb, self.sq), token, "parallel")
+
+
+class _Decode(_Kernel):
+    """One new token per sequence; see the module docstring."""
+
+    def body(self) -> Stmt:
+        self.splits = sym.max_(1, sym.min_(MAX_SPLITS, sym.floordiv(self.width, PAGES_PER_SPLIT)))
+        self.per_split = sym.floordiv(sym.add(self.width, sym.sub(self.splits, 1)), self.splits)
+        tasks = sym.mul(sym.mul(self.nb, self.nkv), self.splits)
+        self.pm = Buffer("pa_pm", (tasks, self.group), F32)
+        self.pl = Buffer("pa_pl", (tasks, self.group), F32)
+        self.pacc = Buffer("pa_pacc", (tasks, self.group, self.hd), F32)
+        steps = [
+            self.append(),
+            self.loop("task", tasks, self.task, "parallel"),
+            self.loop("merge", sym.mul(self.nb, self.nkv), self.merge, "parallel"),
+        ]
+        body: Stmt = seq(steps)
+        for buf in (self.pacc, self.pl, self.pm):
+            body = Allocate(buf, body)
+        return body
+
+    def task(self, tv: SymVar) -> Stmt:
+        per_seq = sym.mul(self.nkv, self.splits)
+        b = sym.floordiv(tv, per_seq)
+        kh = sym.floormod(sym.floordiv(tv, self.splits), self.nkv)
+        sp = sym.floormod(tv, self.splits)
+        total = binary("+", self.cached(b), 1)
+        G, HD, P = self.group, self.hd, self.page
+        qs = Buffer("pa_q", (G, HD), F32)
+        s = Buffer("pa_s", (P,), F32)
+        m = Buffer("pa_m", (G,), F32)
+        l = Buffer("pa_l", (G,), F32)
+        mx = Buffer("pa_mx", (1,), F32)
+        acc = Buffer("pa_acc", (G, HD), F32)
+
+        def head(g: Dim) -> Dim:
+            return sym.add(sym.mul(kh, G), g)
+
+        def init(g: SymVar) -> Stmt:
+            return seq([
+                self.loop("q_d", HD, lambda d: block("pa_q", Store(qs, (g, d), binary("*", _ld(self.q, b, 0, head(g), d), self.scale))), "vectorized"),
+                Store(m, (g,), _c(-math.inf)),
+                Store(l, (g,), _c(0.0)),
+                self.loop("acc0_e", HD, lambda e: block("pa_acc0", Store(acc, (g, e), _c(0.0))), "vectorized"),
+            ])
+
+        def page_step(pi: SymVar) -> Stmt:
+            pidx = sym.add(sym.mul(sp, self.per_split), pi)
+            first = sym.mul(pidx, P)
+            visible = binary("and", binary("<", pidx, self.width), binary("<", first, total))
+            page = _i64(_ld(self.pt, b, pidx))
+
+            def for_head(g: SymVar) -> Stmt:
+                def score(d: SymVar) -> Stmt:
+                    return self.loop("s_j", P, lambda j: block("pa_score", Store(s, (j,), binary("+", _ld(s, j), binary("*", _ld(qs, g, d), _ld(self.kc, self.layer, page, kh, d, j))))), "vectorized")
+
+                def mask(j: SymVar) -> Stmt:
+                    seen = binary("<", sym.add(first, j), total)
+                    return block("pa_mask", Store(s, (j,), Select(seen, _ld(s, j), _c(-math.inf), F32)))
+
+                def expo(j: SymVar) -> Stmt:
+                    return block("pa_exp", Store(s, (j,), Intrin("exp", (binary("-", _ld(s, j), _ld(mx, 0)),), F32)))
+
+                def pv(j: SymVar) -> Stmt:
+                    return self.loop("pv_e", HD, lambda e: block("pa_pv", Store(acc, (g, e), binary("+", _ld(acc, g, e), binary("*", _ld(s, j), _ld(self.vc, self.layer, page, j, kh, e))))), "vectorized")
+
+                alpha = Intrin("exp", (binary("-", _ld(m, g), _ld(mx, 0)),), F32)
+                return seq([
+                    self.loop("s0_j", P, lambda j: block("pa_s0", Store(s, (j,), _c(0.0))), "vectorized"),
+                    self.loop("s_d", HD, score),
+                    self.loop("mask_j", P, mask, "vectorized"),
+                    Store(mx, (0,), _ld(m, g)),
+                    self.loop("max_j", P, lambda j: Store(mx, (0,), binary("max", _ld(mx, 0), _ld(s, j)))),
+                    self.loop("scale_e", HD, lambda e: block("pa_rescale", Store(acc, (g, e), binary("*", _ld(acc, g, e), alpha))), "vectorized"),
+                    Store(l, (g,), binary("*", _ld(l, g), alpha)),
+                    Store(m, (g,), _ld(mx, 0)),
+                    self.loop("exp_j", P, expo, "vectorized"),
+                    self.loop("sum_j", P, lambda j: Store(l, (g,), binary("+", _ld(l, g), _ld(s, j)))),
+                    self.loop("pv_j", P, pv),
+                ])
+
+            return IfThenElse(visible, self.loop("head", G, for_head))
+
+        def save(g: SymVar) -> Stmt:
+            return seq([
+                Store(self.pm, (tv, g), _ld(m, g)),
+                Store(self.pl, (tv, g), _ld(l, g)),
+                self.loop("save_e", HD, lambda e: block("pa_save", Store(self.pacc, (tv, g, e), _ld(acc, g, e))), "vectorized"),
+            ])
+
+        body: Stmt = seq([
+            self.loop("init", G, init),
+            self.loop("page", self.per_split, page_step),
+            self.loop("save", G, save),
+        ])
+        for buf in (acc, mx, l, m, s, qs):
+            body = Allocate(buf, body)
+        return body
+
+    def merge(self, bk: SymVar) -> Stmt:
+        b, kh = sym.floordiv(bk, self.nkv), sym.floormod(bk, self.nkv)
+        G, HD = self.group, self.hd
+        mm = Buffer("pa_mm", (1,), F32)
+        ll = Buffer("pa_ll", (1,), F32)
+        w = Buffer("pa_w", (MAX_SPLITS,), F32)
+        o = Buffer("pa_o", (HD,), F32)
+
+        def task_of(sp: Dim) -> Dim:
+            return sym.add(sym.mul(bk, self.splits), sp)
+
+        def for_head(g: SymVar) -> Stmt:
+            def weight(sp: SymVar) -> Stmt:
+                pm = _ld(self.pm, task_of(sp), g)
+                wt = Select(binary("==", pm, _c(-math.inf)), _c(0.0), Intrin("exp", (binary("-", pm, _ld(mm, 0)),), F32), F32)
+                return seq([Store(w, (sp,), wt), Store(ll, (0,), binary("+", _ld(ll, 0), binary("*", wt, _ld(self.pl, task_of(sp), g))))])
+
+            def add(sp: SymVar) -> Stmt:
+                return self.loop("mo_e", HD, lambda e: block("pa_merge", Store(o, (e,), binary("+", _ld(o, e), binary("*", _ld(w, sp), _ld(self.pacc, task_of(sp), g, e))))), "vectorized")
+
+            inv = Select(binary(">", _ld(ll, 0), _c(0.0)), binary("/", _c(1.0), _ld(ll, 0)), _c(0.0), F32)
+            h = sym.add(sym.mul(kh, G), g)
+            return seq([
+                Store(mm, (0,), _c(-math.inf)),
+                self.loop("mm_sp", self.splits, lambda sp: Store(mm, (0,), binary("max", _ld(mm, 0), _ld(self.pm, task_of(sp), g)))),
+                Store(ll, (0,), _c(0.0)),
+                self.loop("w_sp", self.splits, weight),
+                self.loop("o0_e", HD, lambda e: block("pa_o0", Store(o, (e,), _c(0.0))), "vectorized"),
+                self.loop("o_sp", self.splits, add),
+                self.loop("out_e", HD, lambda e: block("pa_out", Store(self.out, (b, 0, h, e), binary("*", _ld(o, e), inv))), "vectorized"),
+            ])
+
+        body: Stmt = self.loop("mg", G, for_head)
+        for buf in (o, w, ll, mm):
+            body = Allocate(buf, body)
+        return body
+
+
+class _Prefill(_Kernel):
+    """Several new tokens per sequence; see the module docstring."""
+
+    def body(self) -> Stmt:
+        self.rows = sym.mul(self.sq, self.group)
+        self.blocks = sym.floordiv(sym.add(self.rows, LANES - 1), LANES)
+        tasks = sym.mul(sym.mul(self.nb, self.nkv), self.blocks)
+        return seq([self.append(), self.loop("task", tasks, self.task, "parallel")])
+
+    def task(self, tv: SymVar) -> Stmt:
+        per_seq = sym.mul(self.nkv, self.blocks)
+        b = sym.floordiv(tv, per_seq)
+        kh = sym.floormod(sym.floordiv(tv, self.blocks), self.nkv)
+        row0 = sym.mul(sym.floormod(tv, self.blocks), LANES)
+        G, HD, P, R = self.group, self.hd, self.page, LANES
+        cached = self.cached(b)
+        qt = Buffer("pp_qt", (HD, R), F32)
+        st = Buffer("pp_s", (P, R), F32)
+        m = Buffer("pp_m", (R,), F32)
+        l = Buffer("pp_l", (R,), F32)
+        mx = Buffer("pp_mx", (R,), F32)
+        alpha = Buffer("pp_alpha", (R,), F32)
+        acc = Buffer("pp_acc", (HD, R), F32)
+
+        def lane(r: Dim) -> tuple[Dim, Dim]:
+            """Token and head of row ``r`` (rows past the last repeat it)."""
+            t = sym.min_(sym.add(row0, r), sym.sub(self.rows, 1))
+            return sym.floordiv(t, G), sym.add(sym.mul(kh, G), sym.floormod(t, G))
+
+        def rows(name: str, body: Body) -> Stmt:
+            return self.loop(f"{name}_r", R, lambda r: block("pp_" + name, body(r)), "vectorized")
+
+        def fill(d: SymVar) -> Stmt:
+            def one(r: SymVar) -> Stmt:
+                t, h = lane(r)
+                return Store(qt, (d, r), binary("*", _ld(self.q, b, t, h, d), self.scale))
+
+            return rows("q", one)
+
+        last_t, _ = lane(R - 1)
+        horizon = binary("+", cached, sym.add(last_t, 1))  # keys any row of the block sees
+
+        def page_step(pi: SymVar) -> Stmt:
+            first = sym.mul(pi, P)
+            page = _i64(_ld(self.pt, b, pi))
+
+            def score(j: SymVar) -> Stmt:
+                def dim(d: SymVar) -> Stmt:
+                    kv = _ld(self.kc, self.layer, page, kh, d, j)
+                    return rows("score", lambda r: Store(st, (j, r), binary("+", _ld(st, j, r), binary("*", kv, _ld(qt, d, r)))))
+
+                def masked(r: SymVar) -> Stmt:
+                    t, _ = lane(r)
+                    seen = binary("<=", sym.add(first, j), binary("+", cached, t))
+                    return Store(st, (j, r), Select(seen, _ld(st, j, r), _c(-math.inf), F32))
+
+                return seq([rows("s0", lambda r: Store(st, (j, r), _c(0.0))), self.loop("qk_d", HD, dim), rows("mask", masked)])
+
+            def prob_rows(j: SymVar) -> Stmt:
+                def one(r: SymVar) -> Stmt:
+                    unseen = binary("==", _ld(m, r), _c(-math.inf))
+                    p = Intrin("exp", (binary("-", _ld(st, j, r), _ld(m, r)),), F32)
+                    return Store(st, (j, r), Select(unseen, _c(0.0), p, F32))
+
+                return rows("p", one)
+
+            def pv(e: SymVar) -> Stmt:
+                def key(j: SymVar) -> Stmt:
+                    vv = _ld(self.vc, self.layer, page, j, kh, e)
+                    return rows("pv", lambda r: Store(acc, (e, r), binary("+", _ld(acc, e, r), binary("*", _ld(st, j, r), vv))))
+
+                return seq([rows("rescale", lambda r: Store(acc, (e, r), binary("*", _ld(acc, e, r), _ld(alpha, r)))), self.loop("pv_j", P, key)])
+
+            def alpha_of(r: SymVar) -> Stmt:
+                unseen = binary("==", _ld(mx, r), _c(-math.inf))
+                shrink = Intrin("exp", (binary("-", _ld(m, r), _ld(mx, r)),), F32)
+                return Store(alpha, (r,), Select(unseen, _c(1.0), shrink, F32))
+
+            steps = [
+                self.loop("score_j", P, score),
+                rows("mx0", lambda r: Store(mx, (r,), _ld(m, r))),
+                self.loop("max_j", P, lambda j: rows("max", lambda r: Store(mx, (r,), binary("max", _ld(mx, r), _ld(st, j, r))))),
+                rows("alpha", alpha_of),
+                rows("l_scale", lambda r: Store(l, (r,), binary("*", _ld(l, r), _ld(alpha, r)))),
+                rows("m_set", lambda r: Store(m, (r,), _ld(mx, r))),
+                self.loop("p_j", P, prob_rows),
+                self.loop("l_j", P, lambda j: rows("l_sum", lambda r: Store(l, (r,), binary("+", _ld(l, r), _ld(st, j, r))))),
+                self.loop("pv_e", HD, pv),
+            ]
+            return IfThenElse(binary("<", first, horizon), seq(steps))
+
+        def store_row(r: SymVar) -> Stmt:
+            t, h = lane(r)
+            valid = binary("<", sym.add(row0, r), self.rows)
+            total = _ld(l, r)
+            inv = Select(binary(">", total, _c(0.0)), binary("/", _c(1.0), total), _c(0.0), F32)
+            put = self.loop("out_e", HD, lambda e: block("pp_out", Store(self.out, (b, t, h, e), binary("*", _ld(acc, e, r), inv))), "vectorized")
+            return IfThenElse(valid, put)
+
+        body: Stmt = seq([
+            self.loop("qt_d", HD, fill),
+            rows("m0", lambda r: Store(m, (r,), _c(-math.inf))),
+            rows("l0", lambda r: Store(l, (r,), _c(0.0))),
+            self.loop("acc0_e", HD, lambda e: rows("acc0", lambda r: Store(acc, (e, r), _c(0.0)))),
+            self.loop("page", self.width, page_step),
+            self.loop("out_r", R, store_row),
+        ])
+        for buf in (acc, alpha, mx, l, m, st, qt):
+            body = Allocate(buf, body)
+        return body
+
+
+__all__ = ["paged_attention", "LANES", "MAX_SPLITS", "PAGES_PER_SPLIT"]
