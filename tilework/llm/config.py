@@ -28,6 +28,8 @@ from tilework.errors import TileworkError, UnsupportedError
 if TYPE_CHECKING:
     from gguf import GGUFReader
 
+    from tilework.llm.gguf import GGUFFile
+
 ARCHITECTURES = ("llama", "qwen2")
 ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -136,24 +138,23 @@ class LlmConfig:
     # ---- GGUF ----------------------------------------------------------------------------
 
     @classmethod
-    def from_gguf(cls, source: "str | os.PathLike[str] | GGUFReader") -> "LlmConfig":
+    def from_gguf(cls, source: "str | os.PathLike[str] | GGUFFile | GGUFReader") -> "LlmConfig":
         """The config in a GGUF file's metadata (keys ``{arch}.block_count``, ...; ``arch`` is
         ``general.architecture``). The head is tied when the file has no ``output.weight``;
         biases are present when ``blk.0.attn_q.bias`` / ``blk.0.attn_output.bias`` are."""
-        from tilework.llm.gguf import field_value, open_gguf, reader_path
+        from tilework.llm.gguf import read_gguf
 
-        reader = open_gguf(source)
-        where = reader_path(reader)
-        fields_ = reader.fields
-        tensors = {t.name: t for t in reader.tensors}
+        gf = read_gguf(source)
+        where, meta = gf.path, gf.metadata
+        tensors = {t.name: t for t in gf.tensors}
 
         def get(key: str, default: Any = None) -> Any:
-            return field_value(fields_[key]) if key in fields_ else default
+            return meta.get(key, default)
 
         def need(key: str) -> Any:
-            if key not in fields_:
+            if key not in meta:
                 raise TileworkError(f"{where}: GGUF metadata has no {key!r}")
-            return field_value(fields_[key])
+            return meta[key]
 
         arch = get("general.architecture")
         if arch not in ARCHITECTURES:
@@ -172,8 +173,8 @@ class LlmConfig:
             raise UnsupportedError(f"{where}: partial rotary embeddings ({arch}.rope.dimension_count = {rope_dim}, head_dim {head_dim}) are not supported")
         vocab = get(f"{arch}.vocab_size")
         if vocab is None:
-            tokens = fields_.get("tokenizer.ggml.tokens")
-            vocab = len(tokens.data) if tokens is not None else int(tensors["token_embd.weight"].shape[-1])
+            tokens = meta.get("tokenizer.ggml.tokens")
+            vocab = len(tokens) if tokens is not None else int(tensors["token_embd.weight"].shape[0])
         eos = [get(k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")]
         bos = get("tokenizer.ggml.bos_token_id")
         return cls(

@@ -1,8 +1,10 @@
 """GGUF files: metadata, and tensors as :class:`~tilework.llm.quant.QuantTensor` views.
 
-A file is opened with ``gguf.GGUFReader``, which memory-maps it read-only. Each tensor's bytes
-are a view of that map (nothing is read until used); its logical shape is GGUF's dim list
-reversed, since GGUF lists dims fastest-first (``attn_k`` ``[576, 192]`` is 192 rows of 576).
+:func:`read_gguf` gives a :class:`GGUFFile`: the metadata and tensor table as ``gguf.GGUFReader``
+reads them (kept as a JSON index in the cache directory, since the reader takes seconds on a
+large vocabulary), and the file memory-mapped read-only. Each tensor's bytes are a view of that
+map (nothing is read until used); its logical shape is GGUF's dim list reversed, since GGUF lists
+dims fastest-first (``attn_k`` ``[576, 192]`` is 192 rows of 576).
 
 Names are mapped to the transformers Llama names (``blk.{i}.attn_q.weight`` ->
 ``model.layers.{i}.self_attn.q_proj.weight``, ...). llama.cpp's converter reorders the rows of
@@ -16,8 +18,11 @@ transformers order.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -51,17 +56,72 @@ _PER_LAYER = {
 _NAME = re.compile(r"(?:blk\.(\d+)\.)?(\w+)\.(weight|bias)")
 
 
+@dataclasses.dataclass(frozen=True)
+class GGUFTensorInfo:
+    """One entry of a GGUF file's tensor table: ``shape`` is the logical shape (GGUF's dims
+    reversed), ``offset`` the absolute position of its bytes in the file."""
+
+    name: str
+    ggml_type: int
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+class GGUFFile:
+    """A GGUF file's metadata (``key -> value``, Python values as :func:`field_value` gives
+    them) and tensor table, with the file memory-mapped read-only on first use of :attr:`data`."""
+
+    def __init__(self, path: str, metadata: dict[str, Any], tensors: list[GGUFTensorInfo]) -> None:
+        self.path = path
+        self.metadata = metadata
+        self.tensors = tensors
+        self._data: np.ndarray | None = None
+
+    @property
+    def data(self) -> np.ndarray:
+        if self._data is None:
+            self._data = np.memmap(self.path, dtype=np.uint8, mode="r")
+        return self._data
+
+    def tensor_bytes(self, t: GGUFTensorInfo) -> np.ndarray:
+        if t.offset + t.nbytes > self.data.size:
+            raise TileworkError(f"{self.path}: tensor {t.name} ends at byte {t.offset + t.nbytes}, past the end of the file ({self.data.size} bytes): the file is truncated")
+        return self.data[t.offset : t.offset + t.nbytes].view(np.ndarray)
+
+
+_INDEX_VERSION = 1
+
+
+def read_gguf(source: "str | os.PathLike[str] | GGUFFile | GGUFReader", *, use_cache: bool = True) -> GGUFFile:
+    """The GGUF file at ``source`` (a :class:`GGUFFile` or an open ``gguf.GGUFReader`` is taken as is).
+
+    ``gguf.GGUFReader`` takes seconds on a 49152-token vocabulary, so the metadata and tensor
+    table it reads are kept as JSON in the cache directory (``$TILEWORK_CACHE_DIR/llm``, written
+    atomically) under a key of the file's real path, size and modification time; a later read
+    of the same file loads that instead. The index holds data only: no code runs from it."""
+    if isinstance(source, GGUFFile):
+        return source
+    if not isinstance(source, (str, os.PathLike)):
+        return _from_reader(source)
+    path = _checked_path(source)
+    index = _index_path(path) if use_cache else None
+    if index is not None:
+        cached = _load_index(index, path)
+        if cached is not None:
+            return cached
+    gf = _from_reader(open_gguf(path))
+    if index is not None:
+        _save_index(index, gf)
+    return gf
+
+
 def open_gguf(source: "str | os.PathLike[str] | GGUFReader") -> "GGUFReader":
-    """A reader of the GGUF file at ``source`` (memory-mapped read-only); a reader is returned as is."""
+    """A ``gguf.GGUFReader`` of the file at ``source`` (memory-mapped read-only); a reader is
+    returned as is. Slow on large vocabularies: :func:`read_gguf` caches what it reads."""
     if not isinstance(source, (str, os.PathLike)):
         return source
-    path = os.fspath(source)
-    if not os.path.isfile(path):
-        raise TileworkError(f"{path}: no such file")
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != GGUF_MAGIC:
-        raise UnsupportedError(f"{path}: not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r})")
+    path = _checked_path(source)
     from gguf import GGUFReader
 
     try:
@@ -71,6 +131,62 @@ def open_gguf(source: "str | os.PathLike[str] | GGUFReader") -> "GGUFReader":
     if getattr(reader, "byte_order", "I") != "I":
         raise UnsupportedError(f"{path}: a GGUF file of the other byte order is not supported")
     return reader
+
+
+def _checked_path(source: "str | os.PathLike[str]") -> str:
+    path = os.fspath(source)
+    if not os.path.isfile(path):
+        raise TileworkError(f"{path}: no such file")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise UnsupportedError(f"{path}: not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r})")
+    return path
+
+
+def _from_reader(reader: "GGUFReader") -> GGUFFile:
+    metadata = {k: field_value(f) for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    tensors = [
+        GGUFTensorInfo(t.name, int(t.tensor_type), tuple(int(n) for n in reversed(t.shape.tolist())), int(t.data_offset), int(t.n_bytes))
+        for t in reader.tensors
+    ]
+    gf = GGUFFile(reader_path(reader), metadata, tensors)
+    gf._data = reader.data
+    return gf
+
+
+def _index_path(path: str) -> Path | None:
+    from tilework.codegen.c.toolchain import cache_dir
+
+    st = os.stat(path)
+    key = json.dumps([_INDEX_VERSION, os.path.realpath(path), st.st_size, st.st_mtime_ns])
+    try:
+        return cache_dir() / "llm" / f"gguf-{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+    except TileworkError:
+        return None  # no usable cache directory: read the file each time
+
+
+def _load_index(index: Path, path: str) -> GGUFFile | None:
+    try:
+        blob = json.loads(index.read_text(encoding="utf-8"))
+        metadata, rows = blob["metadata"], blob["tensors"]
+        if blob.get("version") != _INDEX_VERSION or not isinstance(metadata, dict) or not isinstance(rows, list):
+            return None
+        tensors = [GGUFTensorInfo(str(n), int(k), tuple(int(d) for d in shape), int(o), int(b)) for n, k, shape, o, b in rows]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # missing or damaged: read the file again
+    return GGUFFile(path, metadata, tensors)
+
+
+def _save_index(index: Path, gf: GGUFFile) -> None:
+    blob = {"version": _INDEX_VERSION, "metadata": gf.metadata, "tensors": [[t.name, t.ggml_type, list(t.shape), t.offset, t.nbytes] for t in gf.tensors]}
+    try:
+        index.parent.mkdir(parents=True, exist_ok=True)
+        tmp = index.with_name(f"{index.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(blob), encoding="utf-8")
+        os.replace(tmp, index)
+    except OSError:
+        pass  # a read-only cache only costs the next start its speed
 
 
 def reader_path(reader: "GGUFReader") -> str:
@@ -98,25 +214,31 @@ def field_value(field: "ReaderField") -> Any:
     return field.parts[field.data[0]].tolist()[0]
 
 
-def gguf_metadata(source: "str | os.PathLike[str] | GGUFReader") -> dict[str, Any]:
+def gguf_metadata(source: "str | os.PathLike[str] | GGUFFile | GGUFReader") -> dict[str, Any]:
     """Every key/value of a GGUF file's metadata (not the ``GGUF.*`` header fields)."""
-    reader = open_gguf(source)
-    return {k: field_value(f) for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    return read_gguf(source).metadata
 
 
-def raw_tensors(source: "str | os.PathLike[str] | GGUFReader") -> dict[str, QuantTensor]:
+def raw_tensors(source: "str | os.PathLike[str] | GGUFFile | GGUFReader") -> dict[str, QuantTensor]:
     """The tensors under their GGUF names, rows as stored: read-only views of the memory map."""
-    reader = open_gguf(source)
+    gf = read_gguf(source)
     out = {}
-    for t in reader.tensors:
-        fmt = format_of_ggml_type(int(t.tensor_type))
+    for t in gf.tensors:
+        fmt = format_of_ggml_type(t.ggml_type)
         if fmt is None:
-            raise UnsupportedError(f"{reader_path(reader)}: tensor {t.name} is stored as {t.tensor_type.name}, which tilework does not read; readable formats: {', '.join(f.upper() for f in QUANT_FORMATS)}")
-        shape = tuple(int(n) for n in reversed(t.shape.tolist()))
-        start = int(t.data_offset)
-        data = reader.data[start : start + int(t.n_bytes)].view(np.ndarray)
-        out[t.name] = QuantTensor(t.name, shape, fmt.name, data.reshape(shape[:-1] + (fmt.row_bytes(shape[-1]),)))
+            raise UnsupportedError(f"{gf.path}: tensor {t.name} is stored as {_ggml_type_name(t.ggml_type)}, which tilework does not read; readable formats: {', '.join(f.upper() for f in QUANT_FORMATS)}")
+        data = gf.tensor_bytes(t)
+        out[t.name] = QuantTensor(t.name, t.shape, fmt.name, data.reshape(t.shape[:-1] + (fmt.row_bytes(t.shape[-1]),)))
     return out
+
+
+def _ggml_type_name(code: int) -> str:
+    try:
+        from gguf import GGMLQuantizationType
+
+        return GGMLQuantizationType(code).name
+    except (ImportError, ValueError):
+        return f"GGML type {code}"
 
 
 def hf_tensor_name(gguf_name: str) -> str | None:
@@ -138,20 +260,20 @@ def rope_row_order(n_heads: int, head_dim: int) -> np.ndarray:
     return np.arange(n_heads * head_dim).reshape(n_heads, head_dim // 2, 2).transpose(0, 2, 1).reshape(-1)
 
 
-def gguf_tensors(source: "str | os.PathLike[str] | GGUFReader", config: "LlmConfig") -> dict[str, QuantTensor]:
+def gguf_tensors(source: "str | os.PathLike[str] | GGUFFile | GGUFReader", config: "LlmConfig") -> dict[str, QuantTensor]:
     """The tensors under their transformers names, with transformers' row order (see the
     module docstring); every tensor but the reordered ``q_proj`` / ``k_proj`` is a view of the map."""
-    reader = open_gguf(source)
+    gf = read_gguf(source)
     out = {}
-    for gguf_name, t in raw_tensors(reader).items():
+    for gguf_name, t in raw_tensors(gf).items():
         name = hf_tensor_name(gguf_name)
         if name is None:
-            raise UnsupportedError(f"{reader_path(reader)}: tensor {gguf_name} has no counterpart in a {config.architecture} model")
+            raise UnsupportedError(f"{gf.path}: tensor {gguf_name} has no counterpart in a {config.architecture} model")
         part = _NAME.fullmatch(gguf_name).group(2)  # type: ignore[union-attr]  # it has a name, so it matched
         heads = {"attn_q": config.heads, "attn_k": config.kv_heads}.get(part)
         if config.architecture == "llama" and heads is not None:
             if t.shape[0] != heads * config.head_dim:
-                raise ShapeError(f"{reader_path(reader)}: tensor {gguf_name} has {t.shape[0]} rows, expected {heads} heads x {config.head_dim}")
+                raise ShapeError(f"{gf.path}: tensor {gguf_name} has {t.shape[0]} rows, expected {heads} heads x {config.head_dim}")
             t = t.gather_rows(rope_row_order(heads, config.head_dim))
         out[name] = dataclasses.replace(t, name=name)
     return out

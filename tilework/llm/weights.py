@@ -26,22 +26,23 @@ import numpy as np
 
 from tilework.errors import ParameterError, ShapeError, TileworkError, UnsupportedError
 from tilework.llm.config import LlmConfig
-from tilework.llm.gguf import GGUF_MAGIC, gguf_tensors, open_gguf
+from tilework.llm.gguf import GGUF_MAGIC, gguf_tensors, read_gguf
 from tilework.llm.quant import QuantTensor, block_format
 
 _SAFETENSORS_FORMATS = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # a buffer some older checkpoints saved
 
 
-def load_weights(path: "str | os.PathLike[str]", reader: Any = None) -> tuple[LlmConfig, dict[str, QuantTensor]]:
-    """The config and tensors of the model at ``path`` (see the module docstring); ``reader``
-    is the file's ``GGUFReader`` when the caller has one open (parsing a GGUF header is slow)."""
+def load_weights(path: "str | os.PathLike[str]", gguf_file: Any = None) -> tuple[LlmConfig, dict[str, QuantTensor]]:
+    """The config and tensors of the model at ``path`` (see the module docstring); ``gguf_file``
+    is the file's :class:`~tilework.llm.gguf.GGUFFile` (or ``gguf.GGUFReader``) when the caller
+    has it already."""
     path = os.fspath(path)
     kind = _file_kind(path)
     if kind == "gguf":
-        reader = reader if reader is not None else open_gguf(path)
-        config = LlmConfig.from_gguf(reader)
-        return config, _checked(config, gguf_tensors(reader, config), path)
+        gf = read_gguf(gguf_file if gguf_file is not None else path)
+        config = LlmConfig.from_gguf(gf)
+        return config, _checked(config, gguf_tensors(gf, config), path)
     config_path, shards = _checkpoint_files(path)
     config = LlmConfig.from_hf_config(config_path)
     tensors: dict[str, QuantTensor] = {}
