@@ -20,43 +20,55 @@ from tilework.op import paged_attention
 L, NKV, HD, PAGE, NH = 2, 3, 8, 4, 6
 
 
-def _module(decode: bool) -> tw.IRModule:
+THETA = 500.0
+
+
+def _module(decode: bool, theta: float | None) -> tw.IRModule:
     b = tw.dim("b", max=8)
     s: Any = 1 if decode else tw.dim("s", max=64)
     pages, width = tw.dim("pages"), tw.dim("width", max=256)
-    q = Var("q", TensorInfo((b, s, NH, HD), "float32"))
-    k = Var("k", TensorInfo((b, s, NKV, HD), "float32"))
-    v = Var("v", TensorInfo((b, s, NKV, HD), "float32"))
+    qkv = Var("qkv", TensorInfo((b, s, NH + 2 * NKV, HD), "float32"))
     kc = Var("kc", TensorInfo((L, pages, NKV, HD, PAGE), "float32"))
     vc = Var("vc", TensorInfo((L, pages, PAGE, NKV, HD), "float32"))
     kl = Var("kl", TensorInfo((b,), "int32"))
     pt = Var("pt", TensorInfo((b, width), "int32"))
     bb = BlockBuilder()
-    with bb.function("main", [q, k, v, kc, vc, kl, pt]):
+    with bb.function("main", [qkv, kc, vc, kl, pt]):
         with bb.dataflow():
-            out = bb.emit_output(paged_attention(q, k, v, kc, vc, kl, pt, layer=1))
+            out = bb.emit_output(paged_attention(qkv, kc, vc, kl, pt, layer=1, kv_heads=NKV, rope_theta=theta))
         bb.emit_func_output(out)
     return bb.get()
 
 
-_VMS: dict[tuple[str, bool], Any] = {}
+_VMS: dict[tuple[str, bool, float | None], Any] = {}
 
 
-def _vm(target: str, decode: bool) -> Any:
-    key = (target, decode)
+def _vm(target: str, decode: bool, theta: float | None) -> Any:
+    key = (target, decode, theta)
     if key not in _VMS:
-        _VMS[key] = tw.VM(tw.build(_module(decode), target=target))
+        _VMS[key] = tw.VM(tw.build(_module(decode, theta), target=target))
     return _VMS[key]
 
 
-def _case(target: str, decode: bool, lens: list[int], s: int, pool: int = 64, seed: int = 0) -> None:
+def _rotate(x: np.ndarray, pos: int, theta: float) -> np.ndarray:
+    """``x [..., HD]`` turned by the angles of position ``pos`` ("rotate half", in float64)."""
+    half = HD // 2
+    angle = pos * theta ** (-2.0 * np.arange(half) / HD)
+    cos, sin = np.cos(np.concatenate([angle, angle])), np.sin(np.concatenate([angle, angle]))
+    x64 = x.astype(np.float64)
+    turned = np.concatenate([-x64[..., half:], x64[..., :half]], axis=-1)
+    return (x64 * cos + turned * sin).astype(np.float32)
+
+
+def _case(target: str, decode: bool, lens: list[int], s: int, pool: int = 64, seed: int = 0, theta: float | None = None) -> None:
     rng = np.random.default_rng(seed)
     kc = rng.standard_normal((L, pool, NKV, HD, PAGE)).astype(np.float32)  # stale data must not leak in
     vc = rng.standard_normal((L, pool, PAGE, NKV, HD)).astype(np.float32)
     width = max(-(-(n + s) // PAGE) for n in lens)
     order = rng.permutation(pool)
     table = np.zeros((len(lens), width), np.int32)
-    keys, values, used = [], [], 0
+    keys, values, used = [], [], 0  # per sequence: every position's key (as cached: rotated) and value
+    qkv = rng.standard_normal((len(lens), s, NH + 2 * NKV, HD)).astype(np.float32)
     for b, n in enumerate(lens):
         need = -(-(n + s) // PAGE)
         table[b, :need] = order[used : used + need]
@@ -66,21 +78,23 @@ def _case(target: str, decode: bool, lens: list[int], s: int, pool: int = 64, se
         for p in range(n):
             kc[1, table[b, p // PAGE], :, :, p % PAGE] = kb[p]
             vc[1, table[b, p // PAGE], p % PAGE] = vb[p]
+        for t in range(s):
+            raw_k = qkv[b, t, NH : NH + NKV]
+            kb[n + t] = raw_k if theta is None else _rotate(raw_k, n + t, theta)
+            vb[n + t] = qkv[b, t, NH + NKV :]
         keys.append(kb)
         values.append(vb)
     other = kc[0].copy(), vc[0].copy()
-    q = rng.standard_normal((len(lens), s, NH, HD)).astype(np.float32)
-    k = np.stack([keys[b][n:] for b, n in enumerate(lens)])
-    v = np.stack([values[b][n:] for b, n in enumerate(lens)])
-    out = _vm(target, decode)["main"](q, k, v, kc, vc, np.array(lens, np.int32), table)
+    out = _vm(target, decode, theta)["main"](qkv, kc, vc, np.array(lens, np.int32), table)
     group = NH // NKV
     for b, n in enumerate(lens):
         for t in range(s):
             pos = n + t
-            np.testing.assert_array_equal(kc[1, table[b, pos // PAGE], :, :, pos % PAGE], keys[b][pos])
+            np.testing.assert_allclose(kc[1, table[b, pos // PAGE], :, :, pos % PAGE], keys[b][pos], rtol=1e-6, atol=1e-6)
             np.testing.assert_array_equal(vc[1, table[b, pos // PAGE], pos % PAGE], values[b][pos])
+            q = qkv[b, t, :NH] if theta is None else _rotate(qkv[b, t, :NH], pos, theta)
             for h in range(NH):
-                scores = keys[b][: pos + 1, h // group] @ q[b, t, h] / np.sqrt(HD)
+                scores = keys[b][: pos + 1, h // group] @ q[h] / np.sqrt(HD)
                 p = np.exp(scores - scores.max())
                 np.testing.assert_allclose(out[b, t, h], (p / p.sum()) @ values[b][: pos + 1, h // group], rtol=2e-5, atol=2e-6)
     np.testing.assert_array_equal(kc[0], other[0])  # another layer's slice is untouched
@@ -108,19 +122,60 @@ def test_prefill_of_many_rows_uses_several_row_blocks() -> None:
     _case("cpu", False, [3], 20)  # 20 tokens x 2 heads per kv head: 40 rows, three blocks of 16
 
 
+@pytest.mark.parametrize("target", ["cpu", "interp"])
+@pytest.mark.parametrize("decode", [True, False], ids=["decode", "prefill"])
+def test_rotary_embedding_inside(target: str, decode: bool) -> None:
+    """With rope_theta, the queries and the new keys are turned at position kv_len + t, as
+    ``rotary_embedding`` turns them (the keys are cached turned)."""
+    _case(target, decode, [0, 6, 13], 1 if decode else 5, theta=THETA)
+
+
+def test_rotation_matches_the_rotary_embedding_op() -> None:
+    """The kernel's rotation and ``tilework.op.rotary_embedding``'s agree to the last bit."""
+    from tilework.op import rotary_embedding
+
+    x = Var("x", TensorInfo((1, 3, NH + 2 * NKV, HD), "float32"))
+    pos = Var("pos", TensorInfo((1, 3), "int64"))
+    bb = BlockBuilder()
+    with bb.function("main", [x, pos]):
+        with bb.dataflow():
+            out = bb.emit_output(rotary_embedding(x, pos, THETA))
+        bb.emit_func_output(out)
+    rng = np.random.default_rng(3)
+    qkv = rng.standard_normal((1, 3, NH + 2 * NKV, HD)).astype(np.float32)
+    turned = tw.VM(tw.build(bb.get()))["main"](qkv, np.array([[7, 8, 9]], np.int64))
+    kc = np.zeros((L, 8, NKV, HD, PAGE), np.float32)
+    vc = np.zeros((L, 8, PAGE, NKV, HD), np.float32)
+    table = np.arange(4, dtype=np.int32)[None]
+    _vm("cpu", False, THETA)["main"](qkv, kc, vc, np.array([7], np.int32), table)
+    for t in range(3):
+        p = 7 + t
+        np.testing.assert_array_equal(kc[1, table[0, p // PAGE], :, :, p % PAGE], turned[0, t, NH : NH + NKV])
+
+
 def test_shapes_are_checked() -> None:
     b = tw.dim("b")
-    q = Var("q", TensorInfo((b, 1, 5, HD), "float32"))
-    k = Var("k", TensorInfo((b, 1, NKV, HD), "float32"))
     kc = Var("kc", TensorInfo((L, 4, NKV, HD, PAGE), "float32"))
     vc = Var("vc", TensorInfo((L, 4, PAGE, NKV, HD), "float32"))
     kl = Var("kl", TensorInfo((b,), "int32"))
     pt = Var("pt", TensorInfo((b, 2), "int32"))
+    bad = Var("bad", TensorInfo((b, 1, 5 + 2 * NKV, HD), "float32"))
+    good = Var("good", TensorInfo((b, 1, NH + 2 * NKV, HD), "float32"))
+    odd = Var("odd", TensorInfo((b, 1, NH + 2 * NKV, 7), "float32"))
+    cases = [
+        (bad, {"layer": 0}, "positive multiple of 3"),
+        (good, {"layer": 2}, "layer 2 is out of range"),
+        (good, {"layer": 0, "kv_heads": 0}, "kv_heads must be a positive int"),
+        (good, {"layer": 0, "rope_theta": -1.0}, "rope_theta must be a positive number"),
+    ]
+    for x, attrs, message in cases:
+        bb = BlockBuilder()
+        with pytest.raises(TileworkError, match=message):
+            with bb.function("main", [x, kc, vc, kl, pt]):
+                bb.emit(paged_attention(x, kc, vc, kl, pt, **{"kv_heads": NKV, **attrs}))
     bb = BlockBuilder()
-    with pytest.raises(TileworkError, match="multiple of kv heads"):
-        with bb.function("main", [q, k, kc, vc, kl, pt]):
-            bb.emit(paged_attention(q, k, k, kc, vc, kl, pt, layer=0))
-    bb = BlockBuilder()
-    with pytest.raises(TileworkError, match="layer 2 is out of range"):
-        with bb.function("main", [k, kc, vc, kl, pt]):
-            bb.emit(paged_attention(k, k, k, kc, vc, kl, pt, layer=2))
+    odd_kc = Var("kc7", TensorInfo((L, 4, NKV, 7, PAGE), "float32"))
+    odd_vc = Var("vc7", TensorInfo((L, 4, PAGE, NKV, 7), "float32"))
+    with pytest.raises(TileworkError, match="must be even to be rotated"):
+        with bb.function("main", [odd, odd_kc, odd_vc, kl, pt]):
+            bb.emit(paged_attention(odd, odd_kc, odd_vc, kl, pt, layer=0, kv_heads=NKV, rope_theta=THETA))

@@ -4,7 +4,9 @@
 arrays in the decoder's parameter order: ``"q"`` keeps the file's block formats (quantized
 matrices stay quantized: their bytes are views of the memory-mapped file), ``"bf16"`` converts
 every matrix to bfloat16 (one tensor at a time, never the whole model in float32), ``"fp32"``
-dequantizes them. Norm weights are float32 in all three.
+dequantizes them. Norm weights are float32 in all three. Projections that share an input and a
+format are given as one matrix (``tilework.llm.model.MERGED``: q/k/v, gate/up), their rows
+concatenated.
 
 ``compiled_decoder(config, formats)`` exports ``tilework.llm.model.LlamaDecoder`` (``prefill``
 and ``decode``, symbolic batch, length and pages), builds it with the ``quant`` backend for the
@@ -29,7 +31,7 @@ import numpy as np
 
 from tilework.errors import TileworkError
 from tilework.llm.config import LlmConfig
-from tilework.llm.model import LlamaDecoder, decoder_spec
+from tilework.llm.model import LlamaDecoder, decoder_spec, merged_parts
 from tilework.llm.quant import QuantTensor
 from tilework.runtime.executable import Executable
 
@@ -57,10 +59,14 @@ def prepare_weights(config: LlmConfig, tensors: Mapping[str, QuantTensor], preci
             values[name] = t.data
     decoder = LlamaDecoder(config, {n: f for n, f in formats.items() if f != "f32"})
     names = [n for n, _ in decoder.named_parameters()]
-    missing = [n for n in names if n not in values]
+    missing = [p for n in names for p in (merged_parts(n) or [n]) if p not in values]
     if missing:
         raise TileworkError(f"the model file lacks weight(s) {', '.join(missing[:5])}")
-    return {n: f for n, f in formats.items() if f != "f32"}, [values[n] for n in names]
+    arrays = []
+    for n in names:
+        parts = merged_parts(n)
+        arrays.append(values[n] if parts is None else np.concatenate([values.pop(p) for p in parts]))  # pop: one copy at a time
+    return {n: f for n, f in formats.items() if f != "f32"}, arrays
 
 
 def _to_bf16_bytes(x: np.ndarray, already: bool) -> np.ndarray:

@@ -15,9 +15,11 @@ Exported with ``decoder_spec`` it gives one module with two functions, compiled 
 
 Batch, sequence, page-table width and pool size are symbolic (bounded by the context), so one
 compilation serves every prompt length and batch size. Token ``t`` of a sequence sits at
-position ``kv_len + t`` (rotary embedding) and its key and value go to the cache there
-(``paged_attention``); the caller advances ``kv_len``. The cache layout is
-``tilework.llm.kv_cache``'s.
+position ``kv_len + t``: ``paged_attention`` turns its query and key by the rotary angle of that
+position, writes its key and value to the cache there and attends; the caller advances
+``kv_len``. The cache layout is ``tilework.llm.kv_cache``'s. A layer's q, k and v projections
+are one matrix multiply whose output is the attention's input as it is (``MERGED``), and so are
+the MLP's gate and up projections, when their weights share a format.
 """
 
 from __future__ import annotations
@@ -34,6 +36,25 @@ from tilework.nn.module import Module, ModuleList
 from tilework.nn.modules import Linear, RMSNorm
 from tilework.llm.kv_cache import PAGE
 from tilework.op.quant import QUANT_FORMATS
+
+
+# Projections that read the same input are one matrix multiply when their weights share a
+# format: the merged parameter's rows are the parts' rows, in this order (biases likewise).
+MERGED = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
+
+
+def merged_parts(name: str) -> list[str] | None:
+    """The Hugging Face parameters whose rows make up the decoder's parameter ``name`` (e.g.
+    ``model.layers.0.mlp.gate_up_proj.weight`` is ``gate_proj.weight`` then ``up_proj.weight``),
+    or None when ``name`` is one of them itself."""
+    for merged, parts in MERGED.items():
+        prefix, sep, kind = name.rpartition(f".{merged}.")
+        if sep:
+            return [f"{prefix}.{part}.{kind}" for part in parts]
+    return None
 
 
 def _fmt(formats: dict[str, str], name: str) -> str:
@@ -95,20 +116,26 @@ class Attention(Module):
         def proj(name: str, n_in: int, n_out: int, b: bool) -> Module:
             return linear(n_in, n_out, _fmt(formats, f"{prefix}.self_attn.{name}.weight"), b)
 
-        self.q_proj = proj("q_proj", h, cfg.heads * hd, bias)
-        self.k_proj = proj("k_proj", h, cfg.kv_heads * hd, bias)
-        self.v_proj = proj("v_proj", h, cfg.kv_heads * hd, bias)
+        self.q_size, self.kv_size = cfg.heads * hd, cfg.kv_heads * hd
+        fmts = {_fmt(formats, f"{prefix}.self_attn.{n}.weight") for n in ("q_proj", "k_proj", "v_proj")}
+        if len(fmts) == 1:  # one matrix multiply for the three (see MERGED)
+            self.qkv_proj = linear(h, self.q_size + 2 * self.kv_size, fmts.pop(), bias)
+        else:
+            self.q_proj = proj("q_proj", h, self.q_size, bias)
+            self.k_proj = proj("k_proj", h, self.kv_size, bias)
+            self.v_proj = proj("v_proj", h, self.kv_size, bias)
         self.o_proj = proj("o_proj", cfg.heads * hd, h, cfg.attention_out_bias)
 
-    def forward(self, x: Tensor, positions: Tensor, cache: "CacheInputs") -> Tensor:
+    def forward(self, x: Tensor, cache: "CacheInputs") -> Tensor:
         cfg = self.cfg
         batch, seq = x.shape[0], x.shape[1]
-        q = self.q_proj(x).reshape(batch, seq, cfg.heads, cfg.head_dim)
-        k = self.k_proj(x).reshape(batch, seq, cfg.kv_heads, cfg.head_dim)
-        v = self.v_proj(x).reshape(batch, seq, cfg.kv_heads, cfg.head_dim)
-        q = ops.rotary_embedding(q, positions, cfg.rope_theta)
-        k = ops.rotary_embedding(k, positions, cfg.rope_theta)
-        out = emit(op.paged_attention(q.expr, k.expr, v.expr, cache.k.expr, cache.v.expr, cache.kv_len.expr, cache.page_table.expr, layer=self.layer))
+        heads = cfg.heads + 2 * cfg.kv_heads
+        if hasattr(self, "qkv_proj"):
+            qkv = self.qkv_proj(x).reshape(batch, seq, heads, cfg.head_dim)
+        else:
+            qkv = ops.concat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], axis=2).reshape(batch, seq, heads, cfg.head_dim)
+        # the rotary embedding of q and k happens inside the attention kernel (at kv_len + t)
+        out = emit(op.paged_attention(qkv.expr, cache.k.expr, cache.v.expr, cache.kv_len.expr, cache.page_table.expr, layer=self.layer, kv_heads=cfg.kv_heads, rope_theta=cfg.rope_theta))
         return self.o_proj(out.reshape(batch, seq, cfg.heads * cfg.head_dim))
 
 
@@ -117,12 +144,22 @@ class MLP(Module):
         def proj(name: str, n_in: int, n_out: int) -> Module:
             return linear(n_in, n_out, _fmt(formats, f"{prefix}.mlp.{name}.weight"))
 
-        self.gate_proj = proj("gate_proj", cfg.hidden, cfg.ffn)
-        self.up_proj = proj("up_proj", cfg.hidden, cfg.ffn)
+        self.ffn = cfg.ffn
+        fmts = {_fmt(formats, f"{prefix}.mlp.{n}.weight") for n in ("gate_proj", "up_proj")}
+        if len(fmts) == 1:  # one matrix multiply for the two (see MERGED)
+            self.gate_up_proj = linear(cfg.hidden, 2 * cfg.ffn, fmts.pop())
+        else:
+            self.gate_proj = proj("gate_proj", cfg.hidden, cfg.ffn)
+            self.up_proj = proj("up_proj", cfg.hidden, cfg.ffn)
         self.down_proj = proj("down_proj", cfg.ffn, cfg.hidden)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(ops.silu(self.gate_proj(x)) * self.up_proj(x))
+        if hasattr(self, "gate_up_proj"):
+            y = self.gate_up_proj(x)
+            gate, up = y[:, :, : self.ffn], y[:, :, self.ffn :]
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(ops.silu(gate) * up)
 
 
 class Layer(Module):
@@ -134,8 +171,8 @@ class Layer(Module):
         self.input_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
 
-    def forward(self, x: Tensor, positions: Tensor, cache: "CacheInputs") -> Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), positions, cache)
+    def forward(self, x: Tensor, cache: "CacheInputs") -> Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), cache)
         out: Tensor = h + self.mlp(self.post_attention_layernorm(h))
         return out
 
@@ -175,25 +212,23 @@ class LlamaDecoder(Module):
         out: Tensor = self.lm_head(h)
         return out
 
-    def _layers(self, h: Tensor, positions: Tensor, cache: CacheInputs) -> Tensor:
+    def _layers(self, h: Tensor, cache: CacheInputs) -> Tensor:
         for layer in self.model.layers:
-            h = layer(h, positions, cache)
+            h = layer(h, cache)
         return h
 
     def prefill(self, tokens: Tensor, kv_len: Tensor, page_table: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
         batch, seq = tokens.shape[0], tokens.shape[1]
         cache = CacheInputs(kv_len, page_table, k_cache, v_cache)
-        positions = ops.expand_dims(kv_len.astype("int64"), 1) + ops.expand_dims(ops.arange(0, seq), 0)
-        h = self._layers(self.model.embed_tokens(tokens), positions, cache)
+        h = self._layers(self.model.embed_tokens(tokens), cache)
         last = ops.take(h, ops.arange(seq - 1, seq), 1).reshape(batch, self.config.hidden)
         return self._logits(last)
 
     def decode(self, tokens: Tensor, kv_len: Tensor, page_table: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
         batch = tokens.shape[0]
         cache = CacheInputs(kv_len, page_table, k_cache, v_cache)
-        positions = ops.expand_dims(kv_len.astype("int64"), 1)
         ids = tokens.reshape(batch, 1)
-        h = self._layers(self.model.embed_tokens(ids), positions, cache)
+        h = self._layers(self.model.embed_tokens(ids), cache)
         return self._logits(h.reshape(batch, self.config.hidden))
 
     def ignored_state_keys(self, keys: Any) -> set[str]:
@@ -220,4 +255,4 @@ def decoder_spec(cfg: LlmConfig, max_batch: int = 64, page: int = PAGE) -> spec.
     }
 
 
-__all__ = ["LlamaDecoder", "QuantLinear", "Embedding", "decoder_spec", "PAGE"]
+__all__ = ["LlamaDecoder", "QuantLinear", "Embedding", "decoder_spec", "merged_parts", "MERGED", "PAGE"]

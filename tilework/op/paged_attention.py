@@ -1,16 +1,24 @@
 """``paged_attention``: attention over a paged KV cache, one op per layer, as hand-built
 TensorFuncs that read the pages.
 
-    out = paged_attention(q, k, v, k_cache, v_cache, kv_len, page_table, layer=i)
+    out = paged_attention(qkv, k_cache, v_cache, kv_len, page_table, layer=i, kv_heads=n, rope_theta=t)
 
-- ``q [b, s, heads, hd]``, ``k``/``v [b, s, kv_heads, hd]``: this step's queries, keys and values
-  (rotary embedding already applied), for ``s`` new tokens of each of ``b`` sequences.
+- ``qkv [b, s, heads + 2 * kv_heads, hd]``: this step's queries, keys and values side by side
+  (the output of one fused projection, reshaped: heads ``[0, heads)`` are the queries, the next
+  ``kv_heads`` the keys, the last ``kv_heads`` the values), for ``s`` new tokens of each of ``b``
+  sequences. With ``rope_theta`` the op applies the rotary embedding to the queries and keys
+  itself (as ``tilework.op.rotary_embedding`` does, "rotate half", at position ``kv_len[b] + t``);
+  with None they are taken as they are.
 - ``k_cache [layers, pages, kv_heads, hd, page]`` (keys transposed within a page, so the keys of a
   page are contiguous for each dim) and ``v_cache [layers, pages, page, kv_heads, hd]``: the page
   pool (``tilework.llm.kv_cache`` owns it). ``page`` tokens per page.
 - ``kv_len int32 [b]``: how many tokens each sequence has cached before this step;
   ``page_table int32 [b, p]``: the pool pages of each sequence in order (``p`` columns are enough
   for the longest sequence after the step; unused entries are never read).
+
+The result is ``[b, s, heads, hd]``. Taking the three together (rather than three tensors)
+lets one projection feed the op with no copy in between: a slice of the projection's output
+would be a kernel of its own.
 
 The op first writes the new keys and values into the pages (positions ``kv_len[b] ..
 kv_len[b] + s - 1``), then computes causal attention of each new token over the sequence's
@@ -67,28 +75,31 @@ PAGES_PER_SPLIT = 8  # a split covers at least this many pages
 
 
 def _infer(call: Call, ctx: InferCtx) -> StructInfo:
-    q, k, v, kc, vc, kv_len, pt = (tensor_arg(call, i, ctx) for i in range(7))
-    for t, name, rank in ((q, "q", 4), (k, "k", 4), (v, "v", 4), (kc, "k_cache", 5), (vc, "v_cache", 5), (kv_len, "kv_len", 1), (pt, "page_table", 2)):
+    qkv, kc, vc, kv_len, pt = (tensor_arg(call, i, ctx) for i in range(5))
+    for t, name, rank in ((qkv, "qkv", 4), (kc, "k_cache", 5), (vc, "v_cache", 5), (kv_len, "kv_len", 1), (pt, "page_table", 2)):
         if t.ndim not in (-1, rank):
             raise ctx.shape_error(f"{name} must have rank {rank}, got {t.ndim}")
-    for t, name, dtype in ((q, "q", "float32"), (k, "k", "float32"), (v, "v", "float32"), (kc, "k_cache", "float32"), (vc, "v_cache", "float32"), (kv_len, "kv_len", "int32"), (pt, "page_table", "int32")):
+    for t, name, dtype in ((qkv, "qkv", "float32"), (kc, "k_cache", "float32"), (vc, "v_cache", "float32"), (kv_len, "kv_len", "int32"), (pt, "page_table", "int32")):
         if t.dtype is not None and t.dtype != dtype:
             raise ctx.error(f"{name} must be {dtype}, got {t.dtype}")
-    layer = call.attrs["layer"]
-    if not isinstance(layer, int) or layer < 0:
+    layer, nkv, theta = call.attrs["layer"], call.attrs["kv_heads"], call.attrs["rope_theta"]
+    if not isinstance(layer, int) or isinstance(layer, bool) or layer < 0:
         raise ctx.error(f"layer must be a non-negative int, got {layer!r}")
-    if None in (q.shape, k.shape, v.shape, kc.shape, vc.shape, kv_len.shape, pt.shape):
+    if not isinstance(nkv, int) or isinstance(nkv, bool) or nkv < 1:
+        raise ctx.error(f"kv_heads must be a positive int, got {nkv!r}")
+    if theta is not None and (isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0):
+        raise ctx.error(f"rope_theta must be a positive number or None, got {theta!r}")
+    if None in (qkv.shape, kc.shape, vc.shape, kv_len.shape, pt.shape):
         return TensorInfo(None, "float32", 4)
-    assert q.shape and k.shape and v.shape and kc.shape and vc.shape and kv_len.shape and pt.shape
-    b, s, nh, hd = q.shape
-    nkv = k.shape[2]
-    for name, dims in (("k", k.shape), ("v", v.shape)):
-        require_equal(dims[0], b, ctx, f"{name}'s batch and q's")
-        require_equal(dims[1], s, ctx, f"{name}'s tokens and q's")
-        require_equal(dims[2], nkv, ctx, f"{name}'s kv heads and k's")
-        require_equal(dims[3], hd, ctx, f"{name}'s head dim and q's")
-    if isinstance(nh, int) and isinstance(nkv, int) and nh % nkv:
-        raise ctx.shape_error(f"heads ({nh}) must be a multiple of kv heads ({nkv})")
+    assert qkv.shape and kc.shape and vc.shape and kv_len.shape and pt.shape
+    b, s, all_heads, hd = qkv.shape
+    if not isinstance(all_heads, int):
+        raise ctx.shape_error(f"qkv's heads dim must be static, got {sym.to_str(all_heads)}")
+    nh = all_heads - 2 * nkv
+    if nh < nkv or nh % nkv:
+        raise ctx.shape_error(f"qkv has {all_heads} heads: with {nkv} kv heads that leaves {nh} query heads, which must be a positive multiple of {nkv}")
+    if theta is not None and isinstance(hd, int) and hd % 2:
+        raise ctx.shape_error(f"head dim {hd} must be even to be rotated")
     page = kc.shape[4]
     require_equal(kc.shape[1], vc.shape[1], ctx, "pages of k_cache and v_cache")
     require_equal(kc.shape[2], nkv, ctx, "k_cache's kv heads")
@@ -105,16 +116,16 @@ def _infer(call: Call, ctx: InferCtx) -> StructInfo:
 
 def _legalize(call: Call, ctx: "LegalizeCtx") -> Expr:
     params = []
-    for i, name in enumerate(("q", "k", "v", "k_cache", "v_cache", "kv_len", "page_table")):
+    for i, name in enumerate(("qkv", "k_cache", "v_cache", "kv_len", "page_table")):
         shape, dtype = known_tensor(call.args[i].info, call, f"argument {i}")
         params.append(Buffer(name, shape, dtype))
     shape, dtype = out_tensor(call)
     out = Buffer("out", shape, dtype)
-    scale = call.attrs["scale"]
+    scale, theta = call.attrs["scale"], call.attrs["rope_theta"]
     layer = SymVar("layer", 0, None)  # a sym param: every layer calls the same kernel
     kernel = _Decode if shape[1] == 1 else _Prefill
-    q, k, v, kc, vc, kv_len, pt = params
-    body = kernel(q, k, v, kc, vc, kv_len, pt, out, layer, None if scale is None else float(scale)).body()
+    qkv, kc, vc, kv_len, pt = params
+    body = kernel(qkv, int(call.attrs["kv_heads"]), kc, vc, kv_len, pt, out, layer, None if scale is None else float(scale), None if theta is None else float(theta)).body()
     buffers = [*params, out]
     func = hand_kernel([*buffers, *free_syms(body, buffers)], body, "opaque")
     func = func.replace(attrs=func.attrs.with_(scheduled=True, schedule_rule="paged_attention"))  # its loops carry their kinds
@@ -123,12 +134,23 @@ def _legalize(call: Call, ctx: "LegalizeCtx") -> Expr:
     return call_tensor(gv, list(call.args), call.info, sym_args)
 
 
-register(Op("paged_attention", _infer, OpPattern.OPAQUE, attrs={"layer": 0, "scale": None}, num_args=7, legalize=_legalize, effect=True))
+register(Op("paged_attention", _infer, OpPattern.OPAQUE, attrs={"layer": 0, "kv_heads": 1, "rope_theta": None, "scale": None}, num_args=5, legalize=_legalize, effect=True))
 
 
-def paged_attention(q: Expr, k: Expr, v: Expr, k_cache: Expr, v_cache: Expr, kv_len: Expr, page_table: Expr, layer: int, scale: float | None = None) -> Call:
+def paged_attention(
+    qkv: Expr,
+    k_cache: Expr,
+    v_cache: Expr,
+    kv_len: Expr,
+    page_table: Expr,
+    layer: int,
+    kv_heads: int,
+    rope_theta: float | None = None,
+    scale: float | None = None,
+) -> Call:
     """See the module docstring; ``scale`` defaults to ``1 / sqrt(head_dim)``."""
-    return make_call("paged_attention", [q, k, v, k_cache, v_cache, kv_len, page_table], layer=layer, scale=scale)
+    theta = None if rope_theta is None else float(rope_theta)
+    return make_call("paged_attention", [qkv, k_cache, v_cache, kv_len, page_table], layer=layer, kv_heads=kv_heads, rope_theta=theta, scale=scale)
 
 
 # -- the kernels -----------------------------------------------------------------------------
@@ -152,11 +174,12 @@ def _c(v: float) -> Scalar:
 class _Kernel:
     """What both kernels share: the buffers, naming, loops and the append of the new keys."""
 
-    def __init__(self, q: Buffer, k: Buffer, v: Buffer, kc: Buffer, vc: Buffer, kv_len: Buffer, pt: Buffer, out: Buffer, layer: SymVar, scale: float | None) -> None:
-        self.q, self.k, self.v, self.kc, self.vc, self.kv_len, self.pt, self.out = q, k, v, kc, vc, kv_len, pt, out
+    def __init__(self, qkv: Buffer, nkv: int, kc: Buffer, vc: Buffer, kv_len: Buffer, pt: Buffer, out: Buffer, layer: SymVar, scale: float | None, theta: float | None) -> None:
+        self.qkv, self.kc, self.vc, self.kv_len, self.pt, self.out = qkv, kc, vc, kv_len, pt, out
         self.layer = layer
-        self.nb, self.sq, self.nh, self.hd = q.shape
-        self.nkv = k.shape[2]
+        self.nb, self.sq, self.nh, self.hd = out.shape
+        self.nkv = nkv
+        self.theta = theta
         self.page = kc.shape[4]
         self.width = pt.shape[1]
         self.group = sym.floordiv(self.nh, self.nkv)
@@ -180,6 +203,35 @@ class _Kernel:
     def cached(self, b: Dim) -> Scalar:
         return _i64(_ld(self.kv_len, b))
 
+    def q_at(self, b: Dim, t: Dim, h: Dim, d: Dim) -> Scalar:
+        """Query head ``h`` of token ``t``, dim ``d``, rotated."""
+        return self._rotated(b, t, h, d)
+
+    def k_at(self, b: Dim, t: Dim, kh: Dim, d: Dim) -> Scalar:
+        return self._rotated(b, t, sym.add(self.nh, kh), d)
+
+    def v_at(self, b: Dim, t: Dim, kh: Dim, d: Dim) -> Scalar:
+        return _ld(self.qkv, b, t, sym.add(sym.add(self.nh, self.nkv), kh), d)
+
+    def _rotated(self, b: Dim, t: Dim, h: Dim, d: Dim) -> Scalar:
+        """``qkv[b, t, h, d]`` turned by the rotary angle of its position (``rotary_embedding``'s
+        arithmetic: float64, rounded once); as it is without ``rope_theta``."""
+        if self.theta is None:
+            return _ld(self.qkv, b, t, h, d)
+        half = sym.floordiv(self.hd, 2)
+        f64 = "float64"
+        lower = binary("<", d, half)
+        j = Select(lower, d, sym.sub(d, half), "int64")
+        partner = Select(lower, sym.add(d, half), sym.sub(d, half), "int64")  # one in-bounds load
+        step = -2.0 * math.log(self.theta)
+        scale = const(step / self.hd, f64) if isinstance(self.hd, int) else binary("/", const(step, f64), Cast(f64, self.hd))
+        angle = binary("*", Cast(f64, binary("+", self.cached(b), t)), Intrin("exp", (binary("*", Cast(f64, j), scale),), f64))
+        mine = Cast(f64, _ld(self.qkv, b, t, h, d))
+        other = Cast(f64, _ld(self.qkv, b, t, h, partner))
+        signed = Select(lower, binary("-", const(0.0, f64), other), other, f64)
+        turned = binary("+", binary("*", mine, Intrin("cos", (angle,), f64)), binary("*", signed, Intrin("sin", (angle,), f64)))
+        return Cast(F32, turned)
+
     def append(self) -> Stmt:
         """Every new token's key and value into its page slot."""
 
@@ -194,8 +246,8 @@ class _Kernel:
                     return block(
                         "paged_append",
                         seq([
-                            Store(self.kc, (self.layer, page, kh, d, off), _ld(self.k, b, t, kh, d)),
-                            Store(self.vc, (self.layer, page, off, kh, d), _ld(self.v, b, t, kh, d)),
+                            Store(self.kc, (self.layer, page, kh, d, off), self.k_at(b, t, kh, d)),
+                            Store(self.vc, (self.layer, page, off, kh, d), self.v_at(b, t, kh, d)),
                         ]),
                     )
 
@@ -245,7 +297,7 @@ class _Decode(_Kernel):
 
         def init(g: SymVar) -> Stmt:
             return seq([
-                self.loop("q_d", HD, lambda d: block("pa_q", Store(qs, (g, d), binary("*", _ld(self.q, b, 0, head(g), d), self.scale))), "vectorized"),
+                self.loop("q_d", HD, lambda d: block("pa_q", Store(qs, (g, d), binary("*", self.q_at(b, 0, head(g), d), self.scale))), "vectorized"),
                 Store(m, (g,), _c(-math.inf)),
                 Store(l, (g,), _c(0.0)),
                 self.loop("acc0_e", HD, lambda e: block("pa_acc0", Store(acc, (g, e), _c(0.0))), "vectorized"),
@@ -377,7 +429,7 @@ class _Prefill(_Kernel):
         def fill(d: SymVar) -> Stmt:
             def one(r: SymVar) -> Stmt:
                 t, h = lane(r)
-                return Store(qt, (d, r), binary("*", _ld(self.q, b, t, h, d), self.scale))
+                return Store(qt, (d, r), binary("*", self.q_at(b, t, h, d), self.scale))
 
             return rows("q", one)
 
