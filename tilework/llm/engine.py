@@ -30,7 +30,7 @@ import numpy as np
 from tilework.errors import TileworkError
 from tilework.llm.chat import ChatTemplate, Conversation
 from tilework.llm.compile import PRECISIONS, compiled_decoder, prepare_weights
-from tilework.llm.gguf import open_gguf
+from tilework.llm.gguf import read_gguf
 from tilework.llm.kv_cache import PagedKVCache
 from tilework.llm.sampling import Sampler, SamplingParams, StopChecker, StopStream
 from tilework.llm.tokenizer import Tokenizer
@@ -119,8 +119,8 @@ class LLM:
         self.path = model or default_model_path()
         self.precision = precision
         say(f"loading {os.path.basename(self.path)}")
-        reader = open_gguf(self.path) if self.path.endswith(".gguf") else None
-        self.config, tensors = load_weights(self.path, reader)
+        gguf_file = read_gguf(self.path) if self.path.endswith(".gguf") else None
+        self.config, tensors = load_weights(self.path, gguf_file)
         self.formats, self.weights = prepare_weights(self.config, tensors, precision)
         self.executable = compiled_decoder(self.config, self.formats, max_batch=max_batch, progress=say, use_cache=use_cache)
         from tilework.runtime.vm import VM
@@ -129,7 +129,7 @@ class LLM:
         self._prefill = self.vm.bind("prefill", *self.weights)
         self._decode = self.vm.bind("decode", *self.weights)
         self.max_batch = max_batch
-        self.tokenizer = Tokenizer.from_gguf(reader) if reader is not None else _tokenizer(self.path)
+        self.tokenizer = Tokenizer.from_gguf(gguf_file.metadata) if gguf_file is not None else _tokenizer(self.path)
         self.template = ChatTemplate.from_tokenizer(self.tokenizer) if self.tokenizer.chat_template else None
         self.cache = PagedKVCache.for_tokens(self.config.layers, self.config.kv_heads, self.config.head_dim, kv_tokens)
         self.eos = set(self.tokenizer.eos_ids) | set(self.config.eos_token_ids)
@@ -169,8 +169,10 @@ class LLM:
             raise TileworkError(f"{len(batch)} prompts, but the model was compiled for batches of at most {self.max_batch} (LLM(max_batch=...))")
         ids = [self.encode(self.prompt_text(p, chat, system)) for p in batch]
         self.stats = Stats()
-        actives = [self._start(x, params, i) for i, x in enumerate(ids)]
+        actives: list[_Active] = []
         try:
+            for i, x in enumerate(ids):
+                actives.append(self._start(x, params, i))
             self._run(actives, on_text)
         finally:
             for a in actives:
@@ -183,13 +185,47 @@ class LLM:
             raise TileworkError(f"{os.path.basename(self.path)} has no chat template")
         return ChatSession(self, Conversation(self.template, system), params or SamplingParams())
 
+    def score(self, tokens: Sequence[int]) -> np.ndarray:
+        """The model's next-token log-probabilities after every prefix of ``tokens``: float32
+        ``[len(tokens), vocab]``, row ``i`` the log-softmax of the logits after ``tokens[: i + 1]``.
+        So ``out[i, tokens[i + 1]]`` is the log-likelihood of the next token (perplexity) and
+        ``out.argmax(1)`` the greedy choice at each position given the true prefix (teacher
+        forcing). The first token is prefilled and each next one decoded, one at a time, on a
+        sequence of the cache of its own (removed afterwards): the compiled ``prefill`` gives
+        only the last position's logits."""
+        if not tokens:
+            raise TileworkError("nothing to score: the token list is empty")
+        if len(tokens) > self.config.context_length:
+            raise TileworkError(f"{len(tokens)} tokens to score, the model has {self.config.context_length} of context")
+        out = np.empty((len(tokens), self.config.vocab), np.float32)
+        sid = self.cache.add()
+        try:
+            for i, token in enumerate(tokens):
+                kv_len, table = self.cache.step_inputs([sid], 1)
+                if i == 0:
+                    out[i] = self._prefill(np.asarray([[token]], np.int32), kv_len, table, self.cache.k, self.cache.v)[0]
+                else:
+                    out[i] = self._decode(np.asarray([token], np.int32), kv_len, table, self.cache.k, self.cache.v)[0]
+                self.cache.advance([sid], 1)
+        finally:
+            self.cache.remove(sid)
+        out -= out.max(axis=1, keepdims=True)
+        out -= np.log(np.exp(out).sum(axis=1, keepdims=True))
+        return out
+
     def _start(self, tokens: list[int], params: SamplingParams, i: int, sid: int | None = None) -> _Active:
         seed = None if params.seed is None else params.seed + i
         sampler = Sampler(SamplingParams(params.temperature, params.top_k, params.top_p, params.repetition_penalty, params.max_tokens, params.stop, seed), self.config.vocab)
+        owned = sid is None
         if sid is None:
             sid = self.cache.add()
         a = _Active(sid, sampler, StopStream(StopChecker(params.stop)), self.tokenizer.stream_decoder(skip_special_tokens=True), list(tokens), len(tokens))
-        self._feed_prompt(a, tokens)
+        try:
+            self._feed_prompt(a, tokens)
+        except BaseException:
+            if owned:
+                self.cache.remove(sid)
+            raise
         return a
 
     def _feed_prompt(self, a: _Active, tokens: list[int]) -> None:

@@ -11,12 +11,16 @@ records what a step appended. Freed pages are reused first. Running out of pages
 ``KVCacheFull`` error that says how many are free; nothing is ever grown behind the caller's
 back.
 
+The pool's memory is committed as pages are first written (an anonymous map of ordinary pages),
+so a large pool costs only what the sequences in it use.
+
 The per-step work here is list bookkeeping and filling two small int32 arrays; the attention
 itself runs in the compiled kernels.
 """
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -37,6 +41,15 @@ class _Sequence:
     length: int = 0  # tokens in the cache
 
 
+def _lazy_zeros(shape: tuple[int, ...]) -> np.ndarray:
+    """float32 zeros in anonymous memory of ordinary pages, committed as they are first written.
+    (A large NumPy allocation asks for 2 MiB huge pages: one token written to each layer's slice
+    would then commit 2 MiB per layer.)"""
+    nbytes = int(np.prod(shape)) * 4
+    buf = mmap.mmap(-1, max(nbytes, 1))
+    return np.frombuffer(buf, np.float32, int(np.prod(shape))).reshape(shape)
+
+
 class PagedKVCache:
     """See the module docstring. ``pages`` is the pool size; ``page`` tokens per page."""
 
@@ -44,8 +57,8 @@ class PagedKVCache:
         if min(layers, kv_heads, head_dim, pages, page) < 1:
             raise TileworkError(f"a KV cache needs positive sizes, got layers={layers} kv_heads={kv_heads} head_dim={head_dim} pages={pages} page={page}")
         self.layers, self.kv_heads, self.head_dim, self.page = layers, kv_heads, head_dim, page
-        self.k = np.zeros((layers, pages, kv_heads, head_dim, page), np.float32)
-        self.v = np.zeros((layers, pages, page, kv_heads, head_dim), np.float32)
+        self.k = _lazy_zeros((layers, pages, kv_heads, head_dim, page))
+        self.v = _lazy_zeros((layers, pages, page, kv_heads, head_dim))
         self._free = list(range(pages - 1, -1, -1))  # popped from the end: page 0 first
         self._refs = [0] * pages
         self._seqs: dict[int, _Sequence] = {}

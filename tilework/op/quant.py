@@ -75,16 +75,23 @@ def quant_format(name: str) -> QuantFormat:
     return fmt
 
 
-def _infer_quant_linear(call: Call, ctx: InferCtx) -> StructInfo:
-    x, w = tensor_arg(call, 0, ctx), tensor_arg(call, 1, ctx)
-    name, k = call.attrs["fmt"], call.attrs["in_features"]
+def _block_attrs(call: Call, ctx: InferCtx, length: str, blocks: TensorInfo, what: str) -> tuple[QuantFormat, int]:
+    """The checked ``fmt`` attribute and row length attribute ``length`` of a call whose
+    argument ``blocks`` (the ``what``) holds rows of that format."""
+    name, n = call.attrs["fmt"], call.attrs[length]
     fmt = QUANT_FORMATS.get(name)
     if fmt is None or fmt.name == "f32":
-        raise ctx.error(f"fmt must be one of {', '.join(n for n in QUANT_FORMATS if n != 'f32')}, got {name!r}")
-    if not isinstance(k, int) or k <= 0 or k % fmt.block:
-        raise ctx.error(f"in_features must be a positive multiple of {fmt.block} ({name} blocks), got {k!r}")
-    if w.dtype is not None and w.dtype != "uint8":
-        raise ctx.error(f"the weight blocks must be uint8, got {w.dtype}")
+        raise ctx.error(f"fmt must be one of {', '.join(f for f in QUANT_FORMATS if f != 'f32')}, got {name!r}")
+    if not isinstance(n, int) or isinstance(n, bool) or n <= 0 or n % fmt.block:
+        raise ctx.error(f"{length} must be a positive multiple of {fmt.block} ({name} blocks), got {n!r}")
+    if blocks.dtype is not None and blocks.dtype != "uint8":
+        raise ctx.error(f"the {what} blocks must be uint8, got {blocks.dtype}")
+    return fmt, n
+
+
+def _infer_quant_linear(call: Call, ctx: InferCtx) -> StructInfo:
+    x, w = tensor_arg(call, 0, ctx), tensor_arg(call, 1, ctx)
+    fmt, k = _block_attrs(call, ctx, "in_features", w, "weight")
     if x.dtype is not None and x.dtype != "float32":
         raise ctx.error(f"x must be float32, got {x.dtype}")
     if w.shape is None or x.shape is None:
@@ -94,7 +101,7 @@ def _infer_quant_linear(call: Call, ctx: InferCtx) -> StructInfo:
     if len(x.shape) < 1:
         raise ctx.shape_error("x needs a last dim of in_features")
     require_equal(x.shape[-1], k, ctx, "x's last dim and in_features")
-    require_equal(w.shape[1], fmt.row_bytes(k), ctx, f"row bytes of {name} weights for in_features {k}")
+    require_equal(w.shape[1], fmt.row_bytes(k), ctx, f"row bytes of {fmt.name} weights for in_features {k}")
     return TensorInfo((*x.shape[:-1], w.shape[0]), "float32")
 
 
@@ -159,21 +166,14 @@ def _legalize_quant_linear(call: Call, ctx: "LegalizeCtx") -> Expr:
 
 def _infer_quant_take(call: Call, ctx: InferCtx) -> StructInfo:
     table, ids = tensor_arg(call, 0, ctx), tensor_arg(call, 1, ctx)
-    name, cols = call.attrs["fmt"], call.attrs["cols"]
-    fmt = QUANT_FORMATS.get(name)
-    if fmt is None or fmt.name == "f32":
-        raise ctx.error(f"fmt must be one of {', '.join(n for n in QUANT_FORMATS if n != 'f32')}, got {name!r}")
-    if not isinstance(cols, int) or cols <= 0 or cols % fmt.block:
-        raise ctx.error(f"cols must be a positive multiple of {fmt.block} ({name} blocks), got {cols!r}")
-    if table.dtype is not None and table.dtype != "uint8":
-        raise ctx.error(f"the table blocks must be uint8, got {table.dtype}")
+    fmt, cols = _block_attrs(call, ctx, "cols", table, "table")
     if ids.dtype is not None and ids.dtype not in ("int32", "int64"):
         raise ctx.error(f"ids must be int32 or int64, got {ids.dtype}")
     if table.shape is None or ids.shape is None:
         return TensorInfo(None, "float32", -1 if ids.ndim == -1 else ids.ndim + 1)
     if len(table.shape) != 2:
         raise ctx.shape_error(f"the table blocks must be [rows, row_bytes], got rank {len(table.shape)}")
-    require_equal(table.shape[1], fmt.row_bytes(cols), ctx, f"row bytes of {name} rows of {cols} values")
+    require_equal(table.shape[1], fmt.row_bytes(cols), ctx, f"row bytes of {fmt.name} rows of {cols} values")
     return TensorInfo((*ids.shape, cols), "float32")
 
 

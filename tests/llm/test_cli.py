@@ -1,0 +1,76 @@
+"""``tilework generate`` and ``tilework chat`` as a user runs them: the CLI in a subprocess on
+the embedded SmolLM2 (quantized, greedy), the chat driven through stdin; and the errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.llm.models import needs_smollm2 as needs_model
+
+pytest.importorskip("gguf")
+pytest.importorskip("tokenizers")
+pytest.importorskip("jinja2")
+
+
+def tilework(*args: str, stdin: str | None = None, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONIOENCODING="utf-8")
+    return subprocess.run([sys.executable, "-m", "tilework", *args], input=stdin, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@needs_model
+def test_generate_streams_the_answer_to_stdout_and_the_statistics_to_stderr() -> None:
+    from tilework.llm import LLM, SamplingParams
+
+    r = tilework("generate", "What is the capital of Italy?", "--temperature", "0", "--max-tokens", "12")
+    assert r.returncode == 0, r.stderr
+    want = LLM().generate("What is the capital of Italy?", SamplingParams(temperature=0, max_tokens=12))[0].text
+    assert r.stdout == want + "\n"  # the text and nothing else (greedy: the API's text)
+    assert "prefill" in r.stderr and "tok/s" in r.stderr
+
+
+@needs_model
+def test_raw_prompt_and_stop_string() -> None:
+    r = tilework("generate", "1, 2, 3, 4,", "--raw", "--temperature", "0", "--max-tokens", "16", "--stop", "7")
+    assert r.returncode == 0, r.stderr
+    text = r.stdout.rstrip("\n")
+    assert "5" in text and "7" not in text  # it counts on and stops before the stop string
+
+
+@needs_model
+def test_chat_answers_each_line_of_stdin_until_exit() -> None:
+    """Three turns, a /reset between the second and third, /exit before the last line; that the
+    history stays in the KV cache is checked token for token in test_engine.py."""
+    script = "What is the capital of Italy?\nAnd of Spain?\n/reset\nName a color.\n/exit\nnever read\n"
+    r = tilework("chat", "--temperature", "0", "--max-tokens", "16", stdin=script)
+    assert r.returncode == 0, r.stderr
+    assert len([line for line in r.stdout.split("\n") if line.strip()]) >= 3, r.stdout
+    assert "(history cleared)" in r.stderr
+    assert sum(line.startswith("prefill ") for line in r.stderr.splitlines()) == 3  # one statistics line per reply, none after /exit
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["generate", "hi", "--model", "/nonexistent/model.gguf"], "/nonexistent/model.gguf: no such file"),
+        (["generate", "hi", "--max-tokens", "0"], "--max-tokens must be at least 1"),
+        (["generate", "hi", "--temperature", "-1"], "temperature"),
+    ],
+)
+def test_errors_name_the_problem(args: list[str], message: str, tmp_path: Path) -> None:
+    r = tilework(*args, timeout=120)
+    assert r.returncode == 2
+    assert message in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_not_a_model_file(tmp_path: Path) -> None:
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"this is not a model")
+    r = tilework("generate", "hi", "--model", str(bad), timeout=120)
+    assert r.returncode == 2
+    assert "not a GGUF file" in r.stderr and "Traceback" not in r.stderr

@@ -1,0 +1,106 @@
+"""``tilework.llm.LLM`` on the embedded SmolLM2 (quantized): batches decode like their
+sequences alone, a chat's later turns feed only the new text and answer as the whole
+conversation would, KV-cache pages come back, stop strings, limits, seeds and the errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.llm.models import needs_smollm2
+from tilework.errors import TileworkError
+
+pytest.importorskip("gguf")
+pytest.importorskip("tokenizers")
+pytest.importorskip("jinja2")
+
+pytestmark = needs_smollm2
+
+from tilework.llm import LLM, SamplingParams  # noqa: E402
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def llm() -> LLM:
+    return LLM(precision="q", kv_tokens=4096)  # the default build: the CLI tests load the same
+
+
+@pytest.fixture(scope="module")
+def llm32() -> LLM:
+    """fp32: feeding the same tokens in other calls (one prefill, or a prefill per turn) changes
+    its logits by float rounding only, far below the gaps between greedy choices; on the
+    quantized path (8-bit activations) the differences are large enough to flip near ties."""
+    return LLM(precision="fp32", kv_tokens=4096)
+
+
+def test_a_batch_decodes_like_each_prompt_alone(llm: LLM) -> None:
+    prompts = ["Hi!", "Name three colors of the rainbow.", "What is 2 + 2? Answer with a number."]
+    together = llm.generate(prompts, GREEDY)
+    assert llm.stats.decode_steps == max(len(g.token_ids) + (g.finish_reason == "stop") for g in together) - 1
+    for prompt, got in zip(prompts, together):
+        alone = llm.generate(prompt, GREEDY)[0]
+        assert got.token_ids == alone.token_ids and got.text == alone.text, prompt
+        assert got.prompt_tokens == alone.prompt_tokens
+
+
+def test_pages_come_back_after_generating(llm: LLM) -> None:
+    free = llm.cache.free_pages
+    llm.generate(["one", "two three"], GREEDY)
+    assert llm.cache.free_pages == free and llm.cache.sequences() == []
+
+
+def test_a_chat_turn_feeds_only_the_new_text_and_answers_like_the_whole_conversation(llm32: LLM) -> None:
+    llm = llm32
+    chat = llm.chat()
+    try:
+        first = chat.send("What is the capital of France?", params=GREEDY)
+        cached = llm.cache.length(chat.sid)
+        second = chat.send("And of Italy?", params=GREEDY)
+        fed = llm.stats.prompt_tokens
+    finally:
+        chat.close()
+    assert cached > 0 and fed < cached  # the second turn's prefill is the new message only
+    assert first and second
+
+    messages = [{"role": "user", "content": "What is the capital of France?"}, {"role": "assistant", "content": first},
+                {"role": "user", "content": "And of Italy?"}]
+    assert llm.template is not None
+    whole = llm.template.render(messages, add_generation_prompt=True)
+    fresh = llm.generate(whole, GREEDY, chat=False)[0]
+    assert fresh.text == second
+    assert llm.cache.sequences() == []
+
+
+def test_stop_strings_and_limits(llm: LLM) -> None:
+    counted = llm.generate("1, 2, 3, 4,", SamplingParams(temperature=0, max_tokens=40), chat=False)[0]
+    assert "7" in counted.text
+    stopped = llm.generate("1, 2, 3, 4,", SamplingParams(temperature=0, max_tokens=40, stop=["7"]), chat=False)[0]
+    assert stopped.finish_reason == "stop" and "7" not in stopped.text and counted.text.startswith(stopped.text)
+    short = llm.generate("1, 2, 3, 4,", SamplingParams(temperature=0, max_tokens=3), chat=False)[0]
+    assert short.finish_reason == "length" and len(short.token_ids) == 3 and short.token_ids == counted.token_ids[:3]
+
+
+def test_a_seed_gives_the_same_sample(llm: LLM) -> None:
+    params = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=12, seed=7)
+    a, b = (llm.generate("Tell me a story.", params)[0] for _ in range(2))
+    assert a.token_ids == b.token_ids
+    others = [llm.generate("Tell me a story.", SamplingParams(temperature=1.0, top_p=0.95, max_tokens=12, seed=s))[0].token_ids for s in (8, 9, 10)]
+    assert any(o != a.token_ids for o in others)
+
+
+def test_streamed_pieces_make_the_text(llm: LLM) -> None:
+    pieces: dict[int, list[str]] = {0: [], 1: []}
+    out = llm.generate(["Say hello in French.", "Count to five."], GREEDY, on_text=lambda i, p: pieces[i].append(p))
+    assert ["".join(pieces[i]) for i in (0, 1)] == [g.text for g in out]
+
+
+def test_errors(llm: LLM) -> None:
+    with pytest.raises(TileworkError, match="at most 16"):
+        llm.generate(["a"] * 17, GREEDY)
+    with pytest.raises(TileworkError, match="empty"):
+        llm.generate("", GREEDY, chat=False)
+    with pytest.raises(TileworkError, match="context"):
+        llm.generate("word " * 9000, GREEDY, chat=False)
+    with pytest.raises(TileworkError, match="precision"):
+        LLM(precision="int3")
+    assert llm.cache.sequences() == []  # nothing left behind by the failed calls
