@@ -2,22 +2,29 @@
 
     python bench/bench_quant.py [--threads 2] [--repeat 5] [--formats q4_1,q8_0,...]
 
-For each format, SmolLM2-135M's matrix shapes (N x K = out x in: 576x576, 576x192, 192x576,
-1536x576, 576x1536; the 49152x576 head in q8_0; k-quants only where K is a multiple of 256):
+q4_0, q4_1 and q8_0 run the integer path (each call quantizes x to 8-bit blocks of 32 and takes
+exact int8 block dot products with AVX-512 VNNI, as llama.cpp does); bf16, f16, q4_k and q6_k
+multiply in float32 with the weights decoded in registers.
+
+For each format, the matrix shapes of SmolLM2-135M's decoder (N x K = out x in; q/k/v and
+gate/up are one matrix each: 960x576 qkv, 576x576 o, 3072x576 gate/up, 576x1536 down; the
+49152x576 head in q8_0; k-quants only where K is a multiple of 256):
 
 - GEMV at M = 1 and 8 rows, weights cold: the call cycles through copies of the matrix that
   fill 128 MiB (4x the L3), as in decoding, where every matrix comes from memory once per token.
   GB/s is weight bytes over time; % is that over the memory read bandwidth measured in the same
   run (all threads summing 1 GiB of float32 in C).
-- GEMM at M = 128 and 512 (prefill), weights warm: GFLOP/s = 2 M N K / time.
+- GEMM at M = 128 and 512 (prefill), weights warm: GFLOP/s = 2 M N K / time (a multiply-add of
+  int8 counts as two operations, like a float one).
 - np fp32: NumPy's OpenBLAS ``x @ W.T`` on the dequantized float32 weights (4 bytes a weight;
   cold the same way for GEMV), measured after all of ours so the two thread pools never spin
   against each other.
 
-Times are per call through the extern the VM calls (Python overhead included): the best of
-``--repeat`` passes over the cold copies (GEMV), the best of 4 x ``--repeat`` single calls
-(GEMM; on a shared machine short passes are the ones that see no other load). The last lines estimate one SmolLM2 decoding step (30 layers' q4_1 matrices
-and the q8_0 head at M = 1) from the table.
+Times are per call through the extern the VM calls (Python overhead and the quantization of x
+included): the best of ``--repeat`` passes over the cold copies (GEMV), the best of
+4 x ``--repeat`` single calls (GEMM; on a shared machine short passes are the ones that see no
+other load). The last lines estimate one SmolLM2 decoding step (30 layers' q4_1 matrices and
+the q8_0 head at M = 1, and 8 sequences at M = 8) from the table.
 """
 
 from __future__ import annotations
@@ -50,13 +57,13 @@ from tilework.backend import quant as Q  # noqa: E402
 from tilework.op.quant import QUANT_FORMATS  # noqa: E402
 from tilework.runtime.extern import lookup_extern  # noqa: E402
 
-SHAPES = [(576, 576), (576, 192), (192, 576), (1536, 576), (576, 1536)]
+SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
 HEAD = (49152, 576)
 COLD_BYTES = 128 << 20
 GEMV_ROWS = (1, 8)
 GEMM_ROWS = (128, 512)
-# SmolLM2-135M per layer: q, k, v, o, gate, up, down (N x K)
-LAYER = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]
+# SmolLM2-135M per layer, as tilework.llm calls them: qkv, o, gate/up, down (N x K)
+LAYER = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
 LAYERS = 30
 
 
@@ -196,7 +203,7 @@ def decode_estimate(rows: list[Row], overhead: float) -> None:
         np_layer = sum(t[("q4_1", n, k, m)].numpy_seconds for n, k in LAYER)
         theirs = LAYERS * np_layer + t[("q8_0", *HEAD, m)].numpy_seconds
         print(
-            f"SmolLM2 decode step, matmuls only, M={m}: {ours * 1e3:.2f} ms = {LAYERS} x {layer * 1e6:.0f} us (q4_1 layer) "
+            f"SmolLM2 decode step, matmuls only (int8 activations), M={m}: {ours * 1e3:.2f} ms = {LAYERS} x {layer * 1e6:.0f} us (q4_1 layer) "
             f"+ {head * 1e6:.0f} us (q8_0 head), {LAYERS * len(LAYER) + 1} calls "
             f"-> {m / ours:.0f} tokens/s (numpy fp32 on dequantized weights: {theirs * 1e3:.2f} ms, {m / theirs:.0f} tokens/s)"
         )
@@ -215,7 +222,8 @@ def main() -> None:
 
     lib = Q.library()
     lib.set_threads(args.threads)
-    print(f"quant library: {'AVX-512' if lib.simd else 'portable'} kernels, {lib.max_threads()} thread(s), {lib.path}")
+    dots = "VNNI" if lib.vnni else "AVX-512BW" if lib.simd else "C"
+    print(f"quant library: {'AVX-512' if lib.simd else 'portable'} kernels, int8 dots ({', '.join(Q.INT8_FORMATS)}) by {dots}, {lib.max_threads()} thread(s), {lib.path}")
     bw = read_bandwidth(lib, args.repeat)
     empty, tiny = call_overhead(args.repeat)
     print(f"memory read bandwidth: {bw:.1f} GB/s (C read of 1 GiB, {args.threads} threads)")

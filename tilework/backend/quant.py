@@ -3,13 +3,20 @@ library of our own (``quant_kernels.c``, shipped as package data).
 
 The library is compiled on first use through the kernel toolchain
 (``tilework.codegen.c.toolchain``: the system compiler with ``-O3 -march=native -fopenmp``,
-the content-hashed cache, atomic writes), never at import. It decodes the weights where they
-are used and multiplies in float32, so results agree with ``x @ dequantize(w).T`` up to
-float32 rounding (``x`` is not quantized to int8 as llama.cpp does: that would be about twice
-as fast on q4_1 but off by ~1e-3 relative). Up to 8 rows of ``x`` (decoding) run a GEMV that
-decodes each block in registers and reads every weight once; more rows (prefill) run a GEMM
-over panels of decoded weights kept in a small per-thread scratch. AVX-512 where the CPU has
-it, portable C otherwise. Formats: ``FORMATS`` (all of ``QUANT_FORMATS`` but ``f32``).
+the content-hashed cache, atomic writes), never at import. Formats: ``FORMATS`` (all of
+``QUANT_FORMATS`` but ``f32``).
+
+q4_0, q4_1 and q8_0 take the integer path, as llama.cpp does: each row of ``x`` is quantized
+once per call to 8-bit blocks of 32 (``d = max|x| / 127``, ``q = rint(x / d)``) and each block's
+dot product is exact in int32 (AVX-512 VNNI ``vpdpbusd``; ``vpmaddubsw`` without VNNI), scaled
+and summed in float32 in block order. The results therefore differ from
+``x @ dequantize(w).T`` by the rounding of ``x``: per output at most
+``sum_b max|x_b| / 254 * sum_b |w|`` over the blocks ``b`` of the row (``activation_bound``),
+plus float32 rounding; about 1e-3 relative. The float32 operations are the same on the GEMV
+(up to 8 rows), the GEMM (prefill) and the portable build, so a row's result has the same bits
+whatever else is in the call. bf16, f16, q4_k and q6_k multiply in float32 with the weights
+decoded exactly (``x`` is not quantized): ``x @ dequantize(w).T`` up to float32 rounding.
+AVX-512 where the CPU has it, portable C otherwise.
 
 Capability ``quant.linear``: any ``quant_linear`` whose ``x`` is float32 with a known rank and
 whose blocks are a 2-D uint8 tensor. It lowers to ``call_lib("quant.linear.<fmt>", x, w,
@@ -46,6 +53,7 @@ from tilework.pattern.graph import PatternMatch
 from tilework.runtime.extern import register_extern
 
 FORMATS = ("q4_0", "q4_1", "q8_0", "bf16", "f16", "q4_k", "q6_k")  # the order of the C enum
+INT8_FORMATS = ("q4_0", "q4_1", "q8_0")  # the integer path: x quantized to 8-bit blocks of 32
 SOURCE = "quant_kernels.c"
 _ERRORS = {
     1: "a null data pointer",
@@ -62,9 +70,12 @@ def extern_symbol(fmt: str) -> str:
 # -- the library ---------------------------------------------------------------------------------
 
 
-def source(portable: bool = False) -> str:
-    """The C source; ``portable`` compiles the plain-C kernels even where AVX-512 exists."""
+def source(portable: bool = False, vnni: bool = True) -> str:
+    """The C source; ``portable`` compiles the plain-C kernels even where AVX-512 exists,
+    ``vnni=False`` the AVX-512BW integer dot products even where VNNI exists."""
     text = resources.files("tilework.backend").joinpath(SOURCE).read_text()
+    if not vnni:
+        text = "#define TW_QUANT_NO_VNNI 1\n" + text
     return "#define TW_QUANT_PORTABLE 1\n" + text if portable else text
 
 
@@ -76,6 +87,7 @@ class QuantLibrary:
     path: Path
     cache_hit: bool
     simd: bool  # AVX-512 kernels (else the portable ones)
+    vnni: bool  # the integer path's dot products use AVX-512 VNNI
     handle: Any
     entries: dict[str, Any]
     packed: Any
@@ -93,24 +105,41 @@ class QuantLibrary:
             raise RuntimeCheckError("read_sum needs a C-contiguous float32 array")
         return float(self.handle.tw_quant_read_sum(ctypes.c_void_p(a.ctypes.data), ctypes.c_int64(a.size)))
 
+    def quantize_x(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``x [M, K]`` as the integer path quantizes it: ``q`` (int8 ``[M, K]``), and per block of
+        32 ``d`` (float32 ``[M, K/32]``) and ``sum(q)`` (int32 ``[M, K/32]``)."""
+        x = np.ascontiguousarray(x, np.float32)
+        if x.ndim != 2 or x.shape[1] % 32:
+            raise RuntimeCheckError(f"quantize_x needs x [M, K] with K a multiple of 32, got shape {x.shape}")
+        m, k = x.shape
+        q = np.empty((m, k), np.int8)
+        d = np.empty((m, k // 32), np.float32)
+        s = np.empty((m, k // 32), np.int32)
+        rc = self.handle.tw_quant_quantize_x(x.ctypes.data, m, k, q.ctypes.data, d.ctypes.data, s.ctypes.data)
+        if rc:
+            raise RuntimeCheckError(f"quantize_x: the library refused the call: {_ERRORS.get(rc, rc)}")
+        return q, d, s
 
-_LIBS: dict[bool, QuantLibrary] = {}
+
+_LIBS: dict[tuple[bool, bool], QuantLibrary] = {}
 _LOCK = threading.Lock()
 
 
-def library(portable: bool = False) -> QuantLibrary:
-    """The library, compiled (or found in the kernel cache) and loaded on the first call."""
-    lib = _LIBS.get(portable)
+def library(portable: bool = False, vnni: bool = True) -> QuantLibrary:
+    """The library, compiled (or found in the kernel cache) and loaded on the first call;
+    ``portable`` and ``vnni`` as in ``source`` (the variants exist to be tested)."""
+    key = (portable, vnni)
+    lib = _LIBS.get(key)
     if lib is not None:
         return lib
     with _LOCK:
-        if portable not in _LIBS:
-            _LIBS[portable] = _load(portable)
-        return _LIBS[portable]
+        if key not in _LIBS:
+            _LIBS[key] = _load(portable, vnni)
+        return _LIBS[key]
 
 
-def _load(portable: bool) -> QuantLibrary:
-    result = toolchain.compile_source(source(portable))
+def _load(portable: bool, vnni: bool) -> QuantLibrary:
+    result = toolchain.compile_source(source(portable, vnni))
     handle = ctypes.CDLL(str(result.path))
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     entries = {}
@@ -128,7 +157,11 @@ def _load(portable: bool) -> QuantLibrary:
     handle.tw_quant_set_threads.restype = None
     handle.tw_quant_max_threads.restype = ctypes.c_int32
     handle.tw_quant_simd.restype = ctypes.c_int32
-    return QuantLibrary(result.path, result.cache_hit, bool(handle.tw_quant_simd()), handle, entries, packed)
+    handle.tw_quant_vnni.restype = ctypes.c_int32
+    handle.tw_quant_quantize_x.argtypes = [p, i64, i64, p, p, p]
+    handle.tw_quant_quantize_x.restype = ctypes.c_int32
+    simd, has_vnni = bool(handle.tw_quant_simd()), bool(handle.tw_quant_vnni())
+    return QuantLibrary(result.path, result.cache_hit, simd, has_vnni, handle, entries, packed)
 
 
 def _failure(rc: int, fmt: str, dims: tuple[int, int, int]) -> RuntimeCheckError:
@@ -144,10 +177,23 @@ def row_bytes(fmt: str, in_features: int) -> int:
     return QUANT_FORMATS[fmt].row_bytes(in_features)
 
 
-def qlinear(x: np.ndarray, w: np.ndarray, fmt: str, out: np.ndarray | None = None, *, portable: bool = False) -> np.ndarray:
+def activation_bound(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The most the integer path's ``[M, N]`` results may differ from ``x @ w.T`` (``w`` the
+    dequantized float weights ``[N, K]``) by the quantization of ``x`` alone:
+    ``sum_b max|x_b| / 254 * sum_b |w|`` over the blocks of 32 (each ``x`` moves by at most half a
+    step, ``d / 2``). Float32 rounding of the sums comes on top."""
+    m, k = x.shape[0], x.shape[1]
+    half_step = np.abs(x.astype(np.float64)).reshape(m, k // 32, 32).max(axis=2) / 254.0
+    return half_step @ np.abs(w.astype(np.float64)).reshape(w.shape[0], k // 32, 32).sum(axis=2).T
+
+
+def qlinear(
+    x: np.ndarray, w: np.ndarray, fmt: str, out: np.ndarray | None = None, *, portable: bool = False, vnni: bool = True
+) -> np.ndarray:
     """``x @ W.T`` for float32 ``x [..., K]`` and ``fmt`` blocks ``w`` (``uint8 [N, row_bytes]``,
     or any array whose bytes are those rows, e.g. GGUF ``F16`` data); every argument is checked
-    (a mismatch raises ``RuntimeCheckError``)."""
+    (a mismatch raises ``RuntimeCheckError``). ``INT8_FORMATS`` quantize ``x`` (see the module
+    docstring); ``portable`` and ``vnni`` pick a library variant (``library``)."""
     if fmt not in FORMATS:
         raise RuntimeCheckError(f"quant_linear: unknown format {fmt!r}; the quant backend runs {', '.join(FORMATS)}")
     x = np.ascontiguousarray(x)
@@ -169,7 +215,7 @@ def qlinear(x: np.ndarray, w: np.ndarray, fmt: str, out: np.ndarray | None = Non
         out = np.empty(shape, np.float32)
     elif out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise RuntimeCheckError(f"quant_linear: out must be a C-contiguous float32 array of shape {shape}, got {out.dtype} {out.shape}")
-    rc = library(portable).entries[fmt](x.ctypes.data, w.ctypes.data, out.ctypes.data, m, n, k)
+    rc = library(portable, vnni).entries[fmt](x.ctypes.data, w.ctypes.data, out.ctypes.data, m, n, k)
     if rc:
         raise _failure(rc, fmt, (m, n, k))
     return out
@@ -260,7 +306,7 @@ def _available() -> tuple[bool, str]:
             library()  # a library built earlier may still be in the kernel cache
         except BuildError:
             return False, f"the quant library is not built and cannot be: {e}"
-    return True, f"{SOURCE}: {kind} GEMV/GEMM kernels on GGUF blocks ({', '.join(FORMATS)}), compiled on first use"
+    return True, f"{SOURCE}: {kind} GEMV/GEMM kernels on GGUF blocks ({', '.join(FORMATS)}; int8 activations for {', '.join(INT8_FORMATS)}), compiled on first use"
 
 
 QUANT = register_backend(
@@ -274,4 +320,4 @@ QUANT = register_backend(
     )
 )
 
-__all__ = ["FORMATS", "QUANT", "QuantLibrary", "extern_symbol", "library", "qlinear", "row_bytes", "source"]
+__all__ = ["FORMATS", "INT8_FORMATS", "QUANT", "QuantLibrary", "activation_bound", "extern_symbol", "library", "qlinear", "row_bytes", "source"]

@@ -1,26 +1,43 @@
 /* tilework's quant backend: y = x @ W.T with W kept in its GGUF block format.
  *
  * x is float32 [M, K] (row-major), w is uint8 [N, row_bytes] (the blocks of each output row,
- * as a GGUF file stores them), y is float32 [M, N]. Every result is a float32 dot product of x
- * with the exactly decoded weights (no activation quantization), so it agrees with
- * x @ dequantize(w).T up to float32 rounding.
+ * as a GGUF file stores them), y is float32 [M, N].
  *
- * Two kernels per format:
- * - GEMV (M <= TWQ_GEMV_MAX_M, decoding): parallel over groups of 4 W rows (2 beyond 4 rows of
- *   x); each 32-weight piece of the group's rows is decoded into registers and multiplied with
- *   up to 8 rows of x at a time (a group's weights come from memory once; further passes over
- *   x re-decode them from L1). The 4-bit formats decode through a 16-entry table per block.
- * - GEMM (prefill): panels of 32 W rows are decoded into a k-major float32 scratch (at most
- *   1024 k at a time: 128 KiB, in L2) and a 12 x 32 register-blocked outer-product FMA kernel
- *   runs over it; panels (and, when there are too few of them, chunks of x rows) are spread
- *   over the threads.
- * Both have an AVX-512 path (F + BW; F16C) and a portable one (any C99 compiler; define
- * TW_QUANT_PORTABLE to force it).
+ * q4_0, q4_1, q8_0 (32-weight blocks) take the integer path, as llama.cpp does. Each row of x is
+ * quantized once per call to 8-bit blocks of 32: d = max|x| / 127, q = rint(x * (127 / max|x|))
+ * (a block whose max|x| is below 2^-100 gets q = 0; one with a NaN or an infinity gets q = 0 and
+ * a non-finite d, so its outputs are NaN). Each output is then, block by block in order,
+ *     acc = fma((float)isum, d_w * d_x, acc)       isum = sum(q_w * q_x) exactly, in int32
+ *     acc = fma(m_w, d_x * sum(q_x), acc)          (q4_1 only: q_w is the nibble, m_w its min)
+ * with q_w = nibble - 8 (q4_0), nibble (q4_1), the int8 (q8_0). That sequence of float32
+ * operations is the same on the GEMV and the GEMM, in the AVX-512 and the portable build, so
+ * an output's bits do not depend on how many rows of x are in the call or on the build. It
+ * differs from x @ dequantize(w).T by the rounding of x: at most sum over blocks b of
+ * max|x_b| / 254 * sum(|w| over b) per output, plus float32 rounding (~1e-3 relative).
+ * - GEMV (M <= TWQ_I8_GEMV_MAX_M, decoding): tiles of 16 W rows over the threads; each block of a
+ *   tile is transposed in registers into 8 vectors of 16 rows x 4 weights and multiplied with
+ *   every row of x by vpdpbusd (u8 weights x s8 activations; q8_0's weights biased by 128).
+ * - GEMM (prefill): panels of 32 W rows are decoded that way once into a per-thread scratch
+ *   (1280 bytes a block), and a 4 x 32 register-blocked kernel runs the rows of x over them.
+ * Without AVX-512 VNNI (or with TW_QUANT_NO_VNNI) vpmaddubsw + vpmaddwd do the products
+ * (q8_0 through |w| and x with w's sign, which keeps the pair sums in int16).
+ *
+ * bf16, f16, q4_k, q6_k multiply in float32 with the weights decoded exactly (no activation
+ * quantization; x @ dequantize(w).T up to float32 rounding):
+ * - GEMV: parallel over groups of 4 W rows (2 beyond 4 rows of x); each 32-weight piece of the
+ *   group's rows is decoded into registers and multiplied with up to 8 rows of x at a time.
+ * - GEMM: panels of 32 W rows are decoded into a k-major float32 scratch (at most 1024 k at a
+ *   time: 128 KiB, in L2) and a 12 x 32 register-blocked outer-product FMA kernel runs over it;
+ *   panels (and, when there are too few of them, chunks of x rows) are spread over the threads.
+ * Both paths have AVX-512 kernels (F + BW, F16C; VNNI where present) and portable ones (any
+ * C99 compiler; define TW_QUANT_PORTABLE to force them).
  *
  * Entry points: tw_qlinear_<fmt>(x, w, y, M, N, K) for q4_0 q4_1 q8_0 bf16 f16 q4_k q6_k;
  * 0 on success, TWQ_E* for a bad argument. tw_qlinear_packed is the trampoline the Python
- * extern calls with NumPy array object addresses.
+ * extern calls with NumPy array object addresses; tw_quant_quantize_x exposes the quantization
+ * of x to the tests.
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +47,9 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__F16C__) && !defined(TW_QUANT_PORTABLE)
 #define TWQ_AVX512 1
 #include <immintrin.h>
+#if defined(__AVX512VNNI__) && !defined(TW_QUANT_NO_VNNI)
+#define TWQ_VNNI 1
+#endif
 #endif
 
 enum { TWQ_Q4_0, TWQ_Q4_1, TWQ_Q8_0, TWQ_BF16, TWQ_F16, TWQ_Q4_K, TWQ_Q6_K, TWQ_NFMT };
@@ -42,7 +62,10 @@ static const int64_t twq_nbytes[TWQ_NFMT] = {18, 20, 34, 2, 2, 144, 210};
 #define TWQ_ENOMEM 4 /* scratch could not be allocated */
 
 #ifndef TWQ_GEMV_MAX_M
-#define TWQ_GEMV_MAX_M 8 /* measured: from about 10 rows of x on, the packed GEMM is faster */
+#define TWQ_GEMV_MAX_M 8 /* float path, measured: from about 10 rows of x on, the packed GEMM is faster */
+#endif
+#ifndef TWQ_I8_GEMV_MAX_M
+#define TWQ_I8_GEMV_MAX_M 8 /* integer path (<= 8), measured: the GEMV streams cold weights 1.5-3x faster */
 #endif
 #define TWQ_NR 4 /* most W rows per GEMV group: 4 for up to 4 rows of x, 2 beyond */
 #define TWQ_MR 8 /* most x rows per GEMV pass */
@@ -59,6 +82,12 @@ static const int64_t twq_nbytes[TWQ_NFMT] = {18, 20, 34, 2, 2, 144, 210};
 /* ---- scalars ------------------------------------------------------------------------------ */
 
 static inline uint16_t twq_u16(const uint8_t* p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+static inline int32_t twq_i32(const void* p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
 
 static inline float twq_bits(uint32_t u) {
     float f;
@@ -104,33 +133,10 @@ static inline void twq_kscales(int fmt, const uint8_t* blk, float* kq) {
     }
 }
 
-/* The 32 weights of piece j of a row (weights 32j .. 32j+31), decoded exactly. For k-quants
- * kq holds the factors of the piece's super-block (twq_kscales). */
+/* The 32 weights of piece j of a bf16, f16, q4_k or q6_k row (weights 32j .. 32j+31), decoded
+ * exactly. For k-quants kq holds the factors of the piece's super-block (twq_kscales). */
 TWQ_UNUSED static void twq_decode32(int fmt, const uint8_t* row, int64_t j, const float* kq, float* out) {
     switch (fmt) {
-    case TWQ_Q4_0: case TWQ_Q4_1: {
-        const uint8_t* b = row + j * twq_nbytes[fmt];
-        float d = twq_h2f(twq_u16(b));
-        if (fmt == TWQ_Q4_0) {
-            for (int l = 0; l < 16; ++l) {
-                out[l] = d * (float)((b[2 + l] & 0xF) - 8);
-                out[l + 16] = d * (float)((b[2 + l] >> 4) - 8);
-            }
-        } else {
-            float m = twq_h2f(twq_u16(b + 2));
-            for (int l = 0; l < 16; ++l) {
-                out[l] = d * (float)(b[4 + l] & 0xF) + m;
-                out[l + 16] = d * (float)(b[4 + l] >> 4) + m;
-            }
-        }
-        return;
-    }
-    case TWQ_Q8_0: {
-        const uint8_t* b = row + j * 34;
-        float d = twq_h2f(twq_u16(b));
-        for (int l = 0; l < 32; ++l) out[l] = d * (float)(int8_t)b[2 + l];
-        return;
-    }
     case TWQ_BF16: case TWQ_F16: {
         const uint8_t* b = row + j * 64;
         for (int l = 0; l < 32; ++l) out[l] = fmt == TWQ_BF16 ? twq_bf2f(twq_u16(b + 2 * l)) : twq_h2f(twq_u16(b + 2 * l));
@@ -158,6 +164,7 @@ TWQ_UNUSED static void twq_decode32(int fmt, const uint8_t* row, int64_t j, cons
 }
 
 static inline int twq_is_k(int fmt) { return fmt == TWQ_Q4_K || fmt == TWQ_Q6_K; }
+static inline int twq_is_i8(int fmt) { return fmt == TWQ_Q4_0 || fmt == TWQ_Q4_1 || fmt == TWQ_Q8_0; }
 
 /* Weight k of a row, for the K % 32 tail of bf16/f16 rows. */
 static inline float twq_weight1(int fmt, const uint8_t* row, int64_t k) {
@@ -186,6 +193,98 @@ static int twq_threads(void) {
 #endif
 }
 
+/* ==== 8-bit activations (both builds) ========================================================= */
+
+/* x quantized for the integer path; per block b of row r (index r * nb + b): d, cx = d * sum(q)
+ * and corr = twq_corr_mul(fmt) * sum(q), the integer start of the block's dot products. */
+typedef struct {
+    int8_t* q; /* [M][K], the order of x */
+    float* d;
+    float* cx;
+    int32_t* corr;
+    int64_t K, nb;
+} twq_xq;
+
+/* The dot products multiply unsigned weight bytes: q4_0's nibbles are q_w + 8, and q8_0's bytes
+ * are biased to q_w + 128 (but for vpmaddubsw, see twq_dot); the start of each block's sum
+ * takes the bias off. (The portable loop needs the bias too: GCC 12 with -march=native turns an
+ * int8 x int8 dot-product loop into vpdpbusd, which reads one side as unsigned: wrong sums.) */
+static inline int32_t twq_corr_mul(int fmt) {
+    if (fmt == TWQ_Q4_0) return -8;
+#if !defined(TWQ_AVX512) || defined(TWQ_VNNI)
+    if (fmt == TWQ_Q8_0) return -128;
+#endif
+    return 0;
+}
+
+#define TWQ_TINY 0x1p-100f /* blocks of x below this magnitude quantize to zero (127 / max stays finite) */
+
+/* One block of 32: q and d as the file header states; *s = sum(q). */
+static inline void twq_quant_block(const float* x, int8_t* q, float* d, int32_t* s) {
+#ifdef TWQ_AVX512
+    const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+    float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    if (_mm512_cmp_ps_mask(v0, v1, _CMP_UNORD_Q)) amax = NAN;
+#else
+    float amax = 0.0f;
+    int nan = 0;
+    for (int l = 0; l < 32; ++l) {
+        float a = fabsf(x[l]);
+        nan |= a != a;
+        amax = a > amax ? a : amax;
+    }
+    if (nan) amax = NAN;
+#endif
+    *d = amax / 127.0f;
+    if (!(amax <= 3.4028234663852886e38f)) { /* NaN or infinity: d is too, the products are NaN */
+        memset(q, 0, 32);
+        *s = 0;
+        return;
+    }
+    const float id = amax > TWQ_TINY ? 127.0f / amax : 0.0f;
+#ifdef TWQ_AVX512
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)));
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
+    _mm_storeu_si128((__m128i*)q, _mm512_cvtepi32_epi8(q0));
+    _mm_storeu_si128((__m128i*)(q + 16), _mm512_cvtepi32_epi8(q1));
+    *s = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+#else
+    int32_t sum = 0;
+    for (int l = 0; l < 32; ++l) {
+        int32_t v = (int32_t)rintf(x[l] * id); /* |x * id| <= 127 (rounded up by at most 2 ulp) */
+        q[l] = (int8_t)v;
+        sum += v;
+    }
+    *s = sum;
+#endif
+}
+
+static void twq_quantize(int fmt, const float* x, const twq_xq* xq, int64_t r0, int64_t r1) {
+    const int32_t cm = twq_corr_mul(fmt);
+    for (int64_t r = r0; r < r1; ++r)
+        for (int64_t b = 0; b < xq->nb; ++b) {
+            const int64_t at = r * xq->nb + b;
+            int32_t s;
+            twq_quant_block(x + r * xq->K + 32 * b, xq->q + r * xq->K + 32 * b, &xq->d[at], &s);
+            xq->cx[at] = xq->d[at] * (float)s;
+            xq->corr[at] = cm * s;
+        }
+}
+
+/* The scratch for M rows (one allocation: q, then d, cx, corr); NULL when malloc fails. */
+static float* twq_xq_alloc(twq_xq* xq, int64_t M, int64_t K) {
+    const int64_t nb = K / 32, qf = (M * K + 63) / 64 * 16;
+    float* base = twq_alloc(qf + 3 * M * nb);
+    if (base == NULL) return NULL;
+    xq->q = (int8_t*)base;
+    xq->d = base + qf;
+    xq->cx = xq->d + M * nb;
+    xq->corr = (int32_t*)(xq->cx + M * nb);
+    xq->K = K;
+    xq->nb = nb;
+    return base;
+}
+
 /* ==== AVX-512 ================================================================================ */
 #ifdef TWQ_AVX512
 
@@ -197,74 +296,34 @@ static int twq_threads(void) {
 
 TWQ_INLINE __m512i twq_u8x16(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p)); }
 
-/* Floats of per-piece factors: q4_0, q8_0: d; q4_1: d, m; q4_k: d * scale, -dmin * min;
- * q6_k: d * scale of each 16-weight half; none for bf16, f16. */
-TWQ_INLINE int twq_nf(int fmt) { return fmt == TWQ_BF16 || fmt == TWQ_F16 ? 0 : fmt == TWQ_Q4_0 || fmt == TWQ_Q8_0 ? 1 : 2; }
+/* Floats of per-piece factors: q4_k: d * scale, -dmin * min; q6_k: d * scale of each 16-weight
+ * half; none for bf16, f16. */
+TWQ_INLINE int twq_nf(int fmt) { return fmt == TWQ_BF16 || fmt == TWQ_F16 ? 0 : 2; }
 
-/* The factors of pieces [j0, j1) of a row, converted once so that the decoder only broadcasts
- * them from memory (a load, no vector ALU work). (Gathering the scales of 16 blocks and
- * converting them together is slower here: vpgatherdd costs more than 16 scalar conversions.) */
+/* The factors of pieces [j0, j1) of a k-quant row, converted once so that the decoder only
+ * broadcasts them from memory (a load, no vector ALU work). */
 TWQ_INLINE void twq_factors(int fmt, const uint8_t* row, int64_t j0, int64_t j1, float* f) {
-    switch (fmt) {
-    case TWQ_Q4_0: case TWQ_Q8_0:
-        for (int64_t j = j0; j < j1; ++j) f[j - j0] = _cvtsh_ss(twq_u16(row + j * twq_nbytes[fmt]));
-        return;
-    case TWQ_Q4_1:
-        for (int64_t j = j0; j < j1; ++j) {
-            int32_t dm;
-            memcpy(&dm, row + j * 20, 4);
-            _mm_storel_pi((__m64*)(f + 2 * (j - j0)), _mm_cvtph_ps(_mm_cvtsi32_si128(dm)));
+    if (!twq_is_k(fmt)) return;
+    float kq[16];
+    for (int64_t j = j0; j < j1; ++j) {
+        if (j == j0 || (j & 7) == 0) twq_kscales(fmt, row + (j >> 3) * twq_nbytes[fmt], kq);
+        int s = (int)(j & 7);
+        float* o = f + 2 * (j - j0);
+        if (fmt == TWQ_Q4_K) {
+            o[0] = kq[s];
+            o[1] = -kq[8 + s];
+        } else {
+            o[0] = kq[2 * s];
+            o[1] = kq[2 * s + 1];
         }
-        return;
-    case TWQ_Q4_K: case TWQ_Q6_K: {
-        float kq[16];
-        for (int64_t j = j0; j < j1; ++j) {
-            if (j == j0 || (j & 7) == 0) twq_kscales(fmt, row + (j >> 3) * twq_nbytes[fmt], kq);
-            int s = (int)(j & 7);
-            float* o = f + 2 * (j - j0);
-            if (fmt == TWQ_Q4_K) {
-                o[0] = kq[s];
-                o[1] = -kq[8 + s];
-            } else {
-                o[0] = kq[2 * s];
-                o[1] = kq[2 * s + 1];
-            }
-        }
-        return;
-    }
-    default:
-        return;
     }
 }
 
 /* The 32 weights of piece j as two vectors (weights 0..15, 16..31); f: the piece's factors.
- * 4-bit formats look their values up in a 16-entry table built per piece (vpermps reads only the
- * low 4 bits of each index, so the low nibble needs no mask). */
+ * q4_k looks its values up in a 16-entry table built per piece (vpermps reads only the low 4
+ * bits of each index, so the low nibble needs no mask). */
 TWQ_INLINE void twq_dec(int fmt, const uint8_t* row, int64_t j, const float* f, __m512* w0, __m512* w1) {
-    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     switch (fmt) {
-    case TWQ_Q4_0: {
-        const __m512 iota8 = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-        __m512 lut = _mm512_mul_ps(iota8, _mm512_set1_ps(f[0]));
-        __m512i q = twq_u8x16(row + j * 18 + 2);
-        *w0 = _mm512_permutexvar_ps(q, lut);
-        *w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), lut);
-        return;
-    }
-    case TWQ_Q4_1: {
-        __m512 lut = _mm512_fmadd_ps(iota, _mm512_set1_ps(f[0]), _mm512_set1_ps(f[1]));
-        __m512i q = twq_u8x16(row + j * 20 + 4);
-        *w0 = _mm512_permutexvar_ps(q, lut);
-        *w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), lut);
-        return;
-    }
-    case TWQ_Q8_0: {
-        const uint8_t* b = row + j * 34 + 2;
-        __m512 d = _mm512_set1_ps(f[0]);
-        *w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)b))), d);
-        *w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(b + 16)))), d);
-        return;
-    }
     case TWQ_BF16: {
         const uint8_t* b = row + j * 64;
         *w0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)b)), 16));
@@ -278,6 +337,7 @@ TWQ_INLINE void twq_dec(int fmt, const uint8_t* row, int64_t j, const float* f, 
         return;
     }
     case TWQ_Q4_K: {
+        const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
         int s = (int)(j & 7);
         const uint8_t* qs = row + (j >> 3) * 144 + 16 + 32 * (s >> 1);
         __m512 lut = _mm512_fmadd_ps(iota, _mm512_set1_ps(f[0]), _mm512_set1_ps(f[1]));
@@ -314,7 +374,7 @@ TWQ_INLINE void twq_dec(int fmt, const uint8_t* row, int64_t j, const float* f, 
     }
 }
 
-/* ---- GEMV: rows n0 .. n0+NR of W against MR rows of x (row stride K); y row stride N ---- */
+/* ---- float GEMV: rows n0 .. n0+NR of W against MR rows of x (row stride K); y row stride N ---- */
 TWQ_INLINE void twq_gemv_tile(int fmt, int MR, int NR, const float* x, const uint8_t* w, int64_t rb,
                               float* y, int64_t N, int64_t K, int64_t n0) {
     __m512 acc[TWQ_MR][TWQ_NR];
@@ -343,14 +403,6 @@ TWQ_INLINE void twq_gemv_tile(int fmt, int MR, int NR, const float* x, const uin
             }
             for (int c = 0; c < NR; ++c) {
                 __m512 w0, w1;
-                if (fmt == TWQ_Q8_0 && MR == 1) { /* one row of x: scale the block's dot product, not its weights */
-                    const uint8_t* b = rows[c] + j * 34 + 2;
-                    w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)b)));
-                    w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(b + 16))));
-                    __m512 t = _mm512_fmadd_ps(w1, x1[0], _mm512_mul_ps(w0, x0[0]));
-                    acc[0][c] = _mm512_fmadd_ps(t, _mm512_set1_ps(f[c][j - j0]), acc[0][c]);
-                    continue;
-                }
                 twq_dec(fmt, rows[c], j, f[c] + nf * (j - j0), &w0, &w1);
                 for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_fmadd_ps(w1, x1[r], _mm512_fmadd_ps(w0, x0[r], acc[r][c]));
             }
@@ -373,9 +425,6 @@ TWQ_INLINE void twq_gemv_tile(int fmt, int MR, int NR, const float* x, const uin
     TWQ_GEMV_FN(FMT, 6, NR) TWQ_GEMV_FN(FMT, 7, NR) TWQ_GEMV_FN(FMT, 8, NR)
 #define TWQ_GEMV_FMT(FMT) \
     TWQ_GEMV_FN(FMT, 1, 4) TWQ_GEMV_FN(FMT, 2, 4) TWQ_GEMV_FN(FMT, 3, 4) TWQ_GEMV_FN(FMT, 4, 4) TWQ_GEMV_NR(FMT, 2) TWQ_GEMV_NR(FMT, 1)
-TWQ_GEMV_FMT(TWQ_Q4_0)
-TWQ_GEMV_FMT(TWQ_Q4_1)
-TWQ_GEMV_FMT(TWQ_Q8_0)
 TWQ_GEMV_FMT(TWQ_BF16)
 TWQ_GEMV_FMT(TWQ_F16)
 TWQ_GEMV_FMT(TWQ_Q4_K)
@@ -388,10 +437,10 @@ typedef void (*twq_gemv_fn)(const float*, const uint8_t*, int64_t, float*, int64
 #define TWQ_GEMV_ROW(FMT) \
     {TWQ_GEMV_ROW_NR(FMT, 1), TWQ_GEMV_ROW_NR(FMT, 2), \
      {twq_gemv_##FMT##_1_4, twq_gemv_##FMT##_2_4, twq_gemv_##FMT##_3_4, twq_gemv_##FMT##_4_4, NULL, NULL, NULL, NULL}}
-/* [fmt][NR 1, 2, 4][MR - 1] */
+/* [fmt][NR 1, 2, 4][MR - 1]; the integer-path formats have none */
 static const twq_gemv_fn twq_gemv_table[TWQ_NFMT][3][TWQ_MR] = {
-    TWQ_GEMV_ROW(TWQ_Q4_0), TWQ_GEMV_ROW(TWQ_Q4_1), TWQ_GEMV_ROW(TWQ_Q8_0), TWQ_GEMV_ROW(TWQ_BF16),
-    TWQ_GEMV_ROW(TWQ_F16), TWQ_GEMV_ROW(TWQ_Q4_K), TWQ_GEMV_ROW(TWQ_Q6_K)};
+    [TWQ_BF16] = TWQ_GEMV_ROW(TWQ_BF16), [TWQ_F16] = TWQ_GEMV_ROW(TWQ_F16),
+    [TWQ_Q4_K] = TWQ_GEMV_ROW(TWQ_Q4_K), [TWQ_Q6_K] = TWQ_GEMV_ROW(TWQ_Q6_K)};
 
 /* Up to 4 rows of x: groups of 4 W rows, one pass. More: groups of 2 W rows, passes of up to 8
  * rows of x (16 accumulators either way; a group's weights come from memory once). */
@@ -414,7 +463,7 @@ static void twq_gemv(int fmt, const float* x, const uint8_t* w, float* y, int64_
     }
 }
 
-/* ---- GEMM: panels of 32 decoded W rows, k-major, and a 12 x 32 outer-product micro-kernel ---- */
+/* ---- float GEMM: panels of 32 decoded W rows, k-major, and a 12 x 32 outer-product micro-kernel ---- */
 
 /* dst[k * ds + c] = src[c * ss + k] for a 16 x 16 block. */
 TWQ_INLINE void twq_transpose16(const float* src, int64_t ss, float* dst, int64_t ds) {
@@ -482,16 +531,13 @@ TWQ_INLINE void twq_pack(int fmt, const uint8_t* w, int64_t rb, int64_t n0, int6
     static void twq_pack_##FMT(const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, int64_t k0, int64_t kc, int64_t K, float* p) { \
         twq_pack(FMT, w, rb, n0, nr, k0, kc, K, p); \
     }
-TWQ_PACK_FN(TWQ_Q4_0)
-TWQ_PACK_FN(TWQ_Q4_1)
-TWQ_PACK_FN(TWQ_Q8_0)
 TWQ_PACK_FN(TWQ_BF16)
 TWQ_PACK_FN(TWQ_F16)
 TWQ_PACK_FN(TWQ_Q4_K)
 TWQ_PACK_FN(TWQ_Q6_K)
 typedef void (*twq_pack_fn)(const uint8_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float*);
-static const twq_pack_fn twq_pack_table[TWQ_NFMT] = {twq_pack_TWQ_Q4_0, twq_pack_TWQ_Q4_1, twq_pack_TWQ_Q8_0, twq_pack_TWQ_BF16,
-                                                     twq_pack_TWQ_F16, twq_pack_TWQ_Q4_K, twq_pack_TWQ_Q6_K};
+static const twq_pack_fn twq_pack_table[TWQ_NFMT] = {[TWQ_BF16] = twq_pack_TWQ_BF16, [TWQ_F16] = twq_pack_TWQ_F16,
+                                                     [TWQ_Q4_K] = twq_pack_TWQ_Q4_K, [TWQ_Q6_K] = twq_pack_TWQ_Q6_K};
 
 /* y[r][0..32) (+)= x[r][0..kc) @ p[kc][32] for MR rows; mk0/mk1 mask the valid outputs. */
 TWQ_INLINE void twq_micro(int MR, const float* x, int64_t ldx, const float* p, int64_t kc, float* y, int64_t ldy,
@@ -527,14 +573,20 @@ typedef void (*twq_micro_fn)(const float*, int64_t, const float*, int64_t, float
 static const twq_micro_fn twq_micro_table[TWQ_PM] = {twq_micro_1, twq_micro_2, twq_micro_3, twq_micro_4, twq_micro_5, twq_micro_6,
                                                      twq_micro_7, twq_micro_8, twq_micro_9, twq_micro_10, twq_micro_11, twq_micro_12};
 
+/* (M x N tiles over the threads: panels, and chunks of x rows when there are too few panels.) */
+static void twq_tiles(int64_t M, int64_t panels, int64_t pm, int64_t* ntm, int64_t* mc) {
+    const int64_t nth = twq_threads();
+    *ntm = 1;
+    while (panels * *ntm < 2 * nth && M / (2 * *ntm) >= pm) *ntm *= 2;
+    *mc = ((M + *ntm - 1) / *ntm + pm - 1) / pm * pm;
+}
+
 static int twq_gemm(int fmt, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t rb) {
     const int64_t nkb = (K + TWQ_KC - 1) / TWQ_KC;
     const int64_t kc = ((K + nkb - 1) / nkb + 255) / 256 * 256; /* whole super-blocks per panel */
     const int64_t panels = (N + TWQ_PN - 1) / TWQ_PN;
-    const int64_t nth = twq_threads();
-    int64_t ntm = 1; /* too few panels for the threads: split the rows of x as well */
-    while (panels * ntm < 2 * nth && M / (2 * ntm) >= TWQ_PM) ntm *= 2;
-    const int64_t mc = ((M + ntm - 1) / ntm + TWQ_PM - 1) / TWQ_PM * TWQ_PM;
+    int64_t ntm, mc;
+    twq_tiles(M, panels, TWQ_PM, &ntm, &mc);
     const int64_t tiles = panels * ntm;
     int failed = 0;
 #pragma omp parallel
@@ -564,6 +616,251 @@ static int twq_gemm(int fmt, const float* x, const uint8_t* w, float* y, int64_t
         twq_free(p);
     }
     return failed ? TWQ_ENOMEM : 0;
+}
+
+/* ---- integer path: 16 W rows x one block as 8 vectors of 16 rows x 4 weight bytes ---------- */
+
+#ifndef TWQ_IAHEAD
+#define TWQ_IAHEAD 2 /* GEMV tiles of 16 W rows prefetched ahead */
+#endif
+#define TWQ_IPM 4    /* x rows per integer GEMM micro-kernel (x 2 vectors of W rows) */
+#define TWQ_IBLK 1280 /* bytes per block of a 32-row panel: 8 x 2 weight vectors, 2 d, 2 m vectors */
+
+/* Rows 4a..4a+3's 16 bytes at off, one per 128-bit lane. */
+TWQ_INLINE __m512i twq_ld4(const uint8_t* const* rows, int64_t off) {
+    __m512i z = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i*)(rows[0] + off)));
+    z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i*)(rows[1] + off)), 1);
+    z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i*)(rows[2] + off)), 2);
+    return _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i*)(rows[3] + off)), 3);
+}
+
+/* The 16 rows' dwords c = 0..nt-1 of their 16 bytes at off: t[c], lane i = row i's dword c. */
+TWQ_INLINE void twq_t16x4(const uint8_t* const* rows, int64_t off, int nt, __m512i* t) {
+    const __m512i ia = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
+    const __m512i ib = _mm512_setr_epi32(2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31);
+    const __m512i z0 = twq_ld4(rows, off), z1 = twq_ld4(rows + 4, off), z2 = twq_ld4(rows + 8, off), z3 = twq_ld4(rows + 12, off);
+    const __m512i a = _mm512_permutex2var_epi32(z0, ia, z1), c = _mm512_permutex2var_epi32(z2, ia, z3);
+    t[0] = _mm512_shuffle_i64x2(a, c, 0x44);
+    if (nt == 1) return;
+    const __m512i b = _mm512_permutex2var_epi32(z0, ib, z1), d = _mm512_permutex2var_epi32(z2, ib, z3);
+    t[1] = _mm512_shuffle_i64x2(a, c, 0xEE);
+    t[2] = _mm512_shuffle_i64x2(b, d, 0x44);
+    t[3] = _mm512_shuffle_i64x2(b, d, 0xEE);
+}
+
+/* Block j of 16 rows: W[t], lane i = row i's weights 4t..4t+3 of the block as bytes (unsigned:
+ * nibbles, q8_0 + 128; signed q8_0 without VNNI), and the rows' d (and q4_1's m). */
+TWQ_INLINE void twq_i8_decode(int fmt, const uint8_t* const* rows, int64_t j, __m512i* W, __m512* dw, __m512* mw) {
+    const int64_t o = j * twq_nbytes[fmt];
+    __m512i h;
+    twq_t16x4(rows, o, 1, &h);
+    *dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
+    if (fmt == TWQ_Q4_1) *mw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16)));
+    if (fmt == TWQ_Q8_0) {
+        twq_t16x4(rows, o + 2, 4, W);
+        twq_t16x4(rows, o + 18, 4, W + 4);
+#ifdef TWQ_VNNI
+        for (int t = 0; t < 8; ++t) W[t] = _mm512_xor_si512(W[t], _mm512_set1_epi8((char)0x80));
+#endif
+        return;
+    }
+    const __m512i lo = _mm512_set1_epi8(0x0F);
+    twq_t16x4(rows, o + (fmt == TWQ_Q4_0 ? 2 : 4), 4, W);
+    for (int t = 0; t < 4; ++t) {
+        W[t + 4] = _mm512_and_si512(_mm512_srli_epi32(W[t], 4), lo);
+        W[t] = _mm512_and_si512(W[t], lo);
+    }
+}
+
+/* s + the dot products of each lane's 4 weight bytes with x's 4 bytes (xb, broadcast). */
+TWQ_INLINE __m512i twq_dot(int fmt, __m512i s, __m512i w, __m512i xb) {
+#ifdef TWQ_VNNI
+    (void)fmt;
+    return _mm512_dpbusd_epi32(s, w, xb);
+#else
+    if (fmt == TWQ_Q8_0) { /* |w| <= 128 and |x| <= 127 keep vpmaddubsw's pair sums in int16 */
+        xb = _mm512_mask_sub_epi8(xb, _mm512_movepi8_mask(w), _mm512_setzero_si512(), xb);
+        w = _mm512_abs_epi8(w);
+    }
+    return _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(w, xb), _mm512_set1_epi16(1)));
+#endif
+}
+
+TWQ_INLINE __m512i twq_i8_start(int fmt, const twq_xq* xq, int64_t at) {
+    return twq_corr_mul(fmt) ? _mm512_set1_epi32(xq->corr[at]) : _mm512_setzero_si512();
+}
+
+/* The float update of one block (the sequence of the file header), shared by GEMV and GEMM. */
+TWQ_INLINE __m512 twq_i8_acc(int fmt, __m512i isum, __m512 dw, __m512 mw, const twq_xq* xq, int64_t at, __m512 acc) {
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(xq->d[at])), acc);
+    if (fmt == TWQ_Q4_1) acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(xq->cx[at]), acc);
+    return acc;
+}
+
+/* Rows of x r0 .. r0+MR against W rows n0 .. n0+nr (nr <= 16). */
+TWQ_INLINE void twq_i8_gemv_tile(int fmt, int MR, const twq_xq* xq, int64_t r0, const uint8_t* w, int64_t rb, int64_t n0,
+                                 int64_t nr, float* y, int64_t N) {
+    const int64_t nb = xq->nb;
+    const uint8_t* rows[16];
+    for (int i = 0; i < 16; ++i) rows[i] = w + (n0 + (i < nr ? i : nr - 1)) * rb;
+    __m512 acc[TWQ_MR];
+    for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
+    /* software prefetch of the tile TWQ_IAHEAD on, spread over the blocks (see twq_gemv_tile) */
+    const char* ahead = (const char*)(w + (n0 + 16 * TWQ_IAHEAD) * rb);
+    const int64_t step = (16 * rb + nb - 1) / nb;
+    for (int64_t j = 0; j < nb; ++j) {
+        for (int64_t o = 0; o < step; o += 64) _mm_prefetch(ahead + j * step + o, _MM_HINT_T0);
+        __m512i W[8];
+        __m512 dw, mw = _mm512_setzero_ps();
+        twq_i8_decode(fmt, rows, j, W, &dw, &mw);
+        for (int r = 0; r < MR; ++r) {
+            const int64_t at = (r0 + r) * nb + j;
+            const int8_t* q = xq->q + (r0 + r) * xq->K + 32 * j;
+            __m512i s = twq_i8_start(fmt, xq, at);
+            for (int t = 0; t < 8; ++t) s = twq_dot(fmt, s, W[t], _mm512_set1_epi32(twq_i32(q + 4 * t)));
+            acc[r] = twq_i8_acc(fmt, s, dw, mw, xq, at, acc[r]);
+        }
+    }
+    const __mmask16 mk = (__mmask16)(nr >= 16 ? 0xFFFFu : (1u << nr) - 1u);
+    for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * N + n0, mk, acc[r]);
+}
+
+#define TWQ_I8_GEMV_FN(FMT, MR) \
+    static void twq_i8_gemv_##FMT##_##MR(const twq_xq* xq, int64_t r0, const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, float* y, int64_t N) { \
+        twq_i8_gemv_tile(FMT, MR, xq, r0, w, rb, n0, nr, y, N); \
+    }
+#define TWQ_I8_GEMV_FMT(FMT) \
+    TWQ_I8_GEMV_FN(FMT, 1) TWQ_I8_GEMV_FN(FMT, 2) TWQ_I8_GEMV_FN(FMT, 3) TWQ_I8_GEMV_FN(FMT, 4) \
+    TWQ_I8_GEMV_FN(FMT, 5) TWQ_I8_GEMV_FN(FMT, 6) TWQ_I8_GEMV_FN(FMT, 7) TWQ_I8_GEMV_FN(FMT, 8)
+TWQ_I8_GEMV_FMT(TWQ_Q4_0)
+TWQ_I8_GEMV_FMT(TWQ_Q4_1)
+TWQ_I8_GEMV_FMT(TWQ_Q8_0)
+typedef void (*twq_i8_gemv_fn)(const twq_xq*, int64_t, const uint8_t*, int64_t, int64_t, int64_t, float*, int64_t);
+#define TWQ_I8_GEMV_ROW(FMT) \
+    {twq_i8_gemv_##FMT##_1, twq_i8_gemv_##FMT##_2, twq_i8_gemv_##FMT##_3, twq_i8_gemv_##FMT##_4, \
+     twq_i8_gemv_##FMT##_5, twq_i8_gemv_##FMT##_6, twq_i8_gemv_##FMT##_7, twq_i8_gemv_##FMT##_8}
+static const twq_i8_gemv_fn twq_i8_gemv_table[3][8] = {TWQ_I8_GEMV_ROW(TWQ_Q4_0), TWQ_I8_GEMV_ROW(TWQ_Q4_1), TWQ_I8_GEMV_ROW(TWQ_Q8_0)};
+
+static void twq_i8_gemv(int fmt, const twq_xq* xq, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t rb) {
+    const int64_t tiles = (N + 15) / 16;
+    const int par = N * rb >= TWQ_PAR_MIN_BYTES;
+    (void)par; /* used by OpenMP only */
+#pragma omp parallel for schedule(static) if (par)
+    for (int64_t g = 0; g < tiles; ++g) {
+        const int64_t n0 = 16 * g, nr = N - n0 < 16 ? N - n0 : 16;
+        twq_i8_gemv_table[fmt][M - 1](xq, 0, w, rb, n0, nr, y, N);
+    }
+}
+
+/* Decode rows [n0, n0 + nr) (nr <= 32; past them the last row again) into a panel: per block,
+ * W[t] of rows 0..15 and 16..31 (t = 0..7), then their d, then their m (TWQ_IBLK bytes). */
+TWQ_INLINE void twq_i8_pack(int fmt, const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, int64_t nb, uint8_t* p) {
+    for (int v = 0; v < 2; ++v) {
+        const uint8_t* rows[16];
+        for (int i = 0; i < 16; ++i) rows[i] = w + (n0 + (16 * v + i < nr ? 16 * v + i : nr - 1)) * rb;
+        for (int64_t j = 0; j < nb; ++j) {
+            __m512i W[8];
+            __m512 dw, mw = _mm512_setzero_ps();
+            uint8_t* pj = p + j * TWQ_IBLK;
+            twq_i8_decode(fmt, rows, j, W, &dw, &mw);
+            for (int t = 0; t < 8; ++t) _mm512_store_si512((__m512i*)(pj + (2 * t + v) * 64), W[t]);
+            _mm512_store_ps((float*)(pj + 1024 + 64 * v), dw);
+            _mm512_store_ps((float*)(pj + 1152 + 64 * v), mw);
+        }
+    }
+}
+
+/* Rows r0 .. r0+MR of x against a packed panel of 32 W rows (n0 ..; mk0/mk1 mask the valid ones). */
+TWQ_INLINE void twq_i8_micro(int fmt, int MR, const twq_xq* xq, int64_t r0, const uint8_t* p, float* y, int64_t N, int64_t n0,
+                             __mmask16 mk0, __mmask16 mk1) {
+    const int64_t nb = xq->nb;
+    __m512 acc[TWQ_IPM][2];
+    for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < nb; ++j) {
+        const uint8_t* pj = p + j * TWQ_IBLK;
+        __m512i s[TWQ_IPM][2];
+        for (int r = 0; r < MR; ++r) s[r][0] = s[r][1] = twq_i8_start(fmt, xq, (r0 + r) * nb + j);
+        for (int t = 0; t < 8; ++t) {
+            const __m512i w0 = _mm512_load_si512((const __m512i*)(pj + 128 * t)), w1 = _mm512_load_si512((const __m512i*)(pj + 128 * t + 64));
+            for (int r = 0; r < MR; ++r) {
+                const __m512i xb = _mm512_set1_epi32(twq_i32(xq->q + (r0 + r) * xq->K + 32 * j + 4 * t));
+                s[r][0] = twq_dot(fmt, s[r][0], w0, xb);
+                s[r][1] = twq_dot(fmt, s[r][1], w1, xb);
+            }
+        }
+        const float* f = (const float*)(pj + 1024);
+        const __m512 d0 = _mm512_load_ps(f), d1 = _mm512_load_ps(f + 16), m0 = _mm512_load_ps(f + 32), m1 = _mm512_load_ps(f + 48);
+        for (int r = 0; r < MR; ++r) {
+            acc[r][0] = twq_i8_acc(fmt, s[r][0], d0, m0, xq, (r0 + r) * nb + j, acc[r][0]);
+            acc[r][1] = twq_i8_acc(fmt, s[r][1], d1, m1, xq, (r0 + r) * nb + j, acc[r][1]);
+        }
+    }
+    for (int r = 0; r < MR; ++r) {
+        _mm512_mask_storeu_ps(y + (r0 + r) * N + n0, mk0, acc[r][0]);
+        _mm512_mask_storeu_ps(y + (r0 + r) * N + n0 + 16, mk1, acc[r][1]);
+    }
+}
+
+#define TWQ_I8_MICRO_FN(FMT, MR) \
+    static void twq_i8_micro_##FMT##_##MR(const twq_xq* xq, int64_t r0, const uint8_t* p, float* y, int64_t N, int64_t n0, __mmask16 m0, __mmask16 m1) { \
+        twq_i8_micro(FMT, MR, xq, r0, p, y, N, n0, m0, m1); \
+    }
+#define TWQ_I8_MICRO_FMT(FMT) TWQ_I8_MICRO_FN(FMT, 1) TWQ_I8_MICRO_FN(FMT, 2) TWQ_I8_MICRO_FN(FMT, 3) TWQ_I8_MICRO_FN(FMT, 4)
+TWQ_I8_MICRO_FMT(TWQ_Q4_0)
+TWQ_I8_MICRO_FMT(TWQ_Q4_1)
+TWQ_I8_MICRO_FMT(TWQ_Q8_0)
+typedef void (*twq_i8_micro_fn)(const twq_xq*, int64_t, const uint8_t*, float*, int64_t, int64_t, __mmask16, __mmask16);
+#define TWQ_I8_MICRO_ROW(FMT) {twq_i8_micro_##FMT##_1, twq_i8_micro_##FMT##_2, twq_i8_micro_##FMT##_3, twq_i8_micro_##FMT##_4}
+static const twq_i8_micro_fn twq_i8_micro_table[3][TWQ_IPM] = {TWQ_I8_MICRO_ROW(TWQ_Q4_0), TWQ_I8_MICRO_ROW(TWQ_Q4_1), TWQ_I8_MICRO_ROW(TWQ_Q8_0)};
+
+#define TWQ_I8_PACK_FN(FMT) \
+    static void twq_i8_pack_##FMT(const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, int64_t nb, uint8_t* p) { twq_i8_pack(FMT, w, rb, n0, nr, nb, p); }
+TWQ_I8_PACK_FN(TWQ_Q4_0)
+TWQ_I8_PACK_FN(TWQ_Q4_1)
+TWQ_I8_PACK_FN(TWQ_Q8_0)
+typedef void (*twq_i8_pack_fn)(const uint8_t*, int64_t, int64_t, int64_t, int64_t, uint8_t*);
+static const twq_i8_pack_fn twq_i8_pack_table[3] = {twq_i8_pack_TWQ_Q4_0, twq_i8_pack_TWQ_Q4_1, twq_i8_pack_TWQ_Q8_0};
+
+/* Quantizes x (the threads share the rows), then panels of 32 W rows as twq_gemm. */
+static int twq_i8_gemm(int fmt, const float* x, const twq_xq* xq, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t rb) {
+    const int64_t panels = (N + 31) / 32;
+    int64_t ntm, mc;
+    twq_tiles(M, panels, TWQ_IPM, &ntm, &mc);
+    const int64_t tiles = panels * ntm;
+    int failed = 0;
+#pragma omp parallel
+    {
+        uint8_t* p = (uint8_t*)twq_alloc(xq->nb * TWQ_IBLK / 4);
+        if (p == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < M; ++r) twq_quantize(fmt, x, xq, r, r + 1);
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tiles; ++t) {
+            const int64_t n0 = (t / ntm) * 32, m0 = (t % ntm) * mc;
+            const int64_t m1 = m0 + mc < M ? m0 + mc : M;
+            if (p == NULL || m0 >= m1) continue;
+            const int64_t nr = N - n0 < 32 ? N - n0 : 32;
+            const __mmask16 mk0 = (__mmask16)(nr >= 16 ? 0xFFFFu : (1u << nr) - 1u);
+            const __mmask16 mk1 = (__mmask16)(nr >= 32 ? 0xFFFFu : nr > 16 ? (1u << (nr - 16)) - 1u : 0u);
+            twq_i8_pack_table[fmt](w, rb, n0, nr, xq->nb, p);
+            for (int64_t m = m0; m < m1; m += TWQ_IPM) {
+                const int64_t mr = m1 - m < TWQ_IPM ? m1 - m : TWQ_IPM;
+                twq_i8_micro_table[fmt][mr - 1](xq, m, p, y, N, n0, mk0, mk1);
+            }
+        }
+        twq_free((float*)p);
+    }
+    return failed ? TWQ_ENOMEM : 0;
+}
+
+static int twq_i8_run(int fmt, const float* x, const twq_xq* xq, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t rb) {
+    if (M > TWQ_I8_GEMV_MAX_M) return twq_i8_gemm(fmt, x, xq, w, y, M, N, rb);
+    twq_quantize(fmt, x, xq, 0, M);
+    twq_i8_gemv(fmt, xq, w, y, M, N, rb);
+    return 0;
 }
 
 #else /* ==== portable ========================================================================= */
@@ -637,6 +934,56 @@ static int twq_gemm(int fmt, const float* x, const uint8_t* w, float* y, int64_t
     return failed ? TWQ_ENOMEM : 0;
 }
 
+/* The integer path in plain C: every output, block by block, the sequence of the file header;
+ * each block is decoded once for up to 64 rows of x. */
+static int twq_i8_run(int fmt, const float* x, const twq_xq* xq, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t rb) {
+    const int64_t nb = xq->nb;
+    const int par = N * rb >= TWQ_PAR_MIN_BYTES || M > 1;
+    (void)par; /* used by OpenMP only */
+#pragma omp parallel if (par)
+    {
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < M; ++r) twq_quantize(fmt, x, xq, r, r + 1);
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; ++n) {
+            const uint8_t* row = w + n * rb;
+            for (int64_t r0 = 0; r0 < M; r0 += 64) {
+                const int64_t rn = M - r0 < 64 ? M - r0 : 64;
+                float acc[64];
+                uint8_t wq[32]; /* unsigned: nibbles, q8_0 + 128 (see twq_corr_mul) */
+                for (int64_t r = 0; r < rn; ++r) acc[r] = 0.0f;
+                for (int64_t j = 0; j < nb; ++j) {
+                    const uint8_t* b = row + j * twq_nbytes[fmt];
+                    const float dw = twq_h2f(twq_u16(b)), mw = fmt == TWQ_Q4_1 ? twq_h2f(twq_u16(b + 2)) : 0.0f;
+                    if (fmt == TWQ_Q8_0) {
+                        for (int l = 0; l < 32; ++l) wq[l] = (uint8_t)(b[2 + l] ^ 0x80);
+                    } else {
+                        const uint8_t* nib = b + (fmt == TWQ_Q4_0 ? 2 : 4);
+                        for (int h = 0; h < 16; h += 8) { /* 8 bytes at a time in a uint64_t */
+                            uint64_t v, lo, hi;
+                            memcpy(&v, nib + h, 8);
+                            lo = v & 0x0F0F0F0F0F0F0F0Full;
+                            hi = (v >> 4) & 0x0F0F0F0F0F0F0F0Full;
+                            memcpy(wq + h, &lo, 8);
+                            memcpy(wq + 16 + h, &hi, 8);
+                        }
+                    }
+                    for (int64_t r = 0; r < rn; ++r) {
+                        const int64_t at = (r0 + r) * nb + j;
+                        const int8_t* q = xq->q + (r0 + r) * xq->K + 32 * j;
+                        int32_t isum = xq->corr[at];
+                        for (int l = 0; l < 32; ++l) isum += wq[l] * q[l];
+                        acc[r] = fmaf((float)isum, dw * xq->d[at], acc[r]);
+                        if (fmt == TWQ_Q4_1) acc[r] = fmaf(mw, xq->cx[at], acc[r]);
+                    }
+                }
+                for (int64_t r = 0; r < rn; ++r) y[(r0 + r) * N + n] = acc[r];
+            }
+        }
+    }
+    return 0;
+}
+
 #endif /* TWQ_AVX512 */
 
 /* ==== entry points ========================================================================== */
@@ -652,6 +999,14 @@ static int twq_run(int fmt, const float* x, const uint8_t* w, float* y, int64_t 
     }
     if (x == NULL || w == NULL || y == NULL) return TWQ_ENULL;
     const int64_t rb = K / twq_block[fmt] * twq_nbytes[fmt];
+    if (twq_is_i8(fmt)) {
+        twq_xq xq;
+        float* scratch = twq_xq_alloc(&xq, M, K);
+        if (scratch == NULL) return TWQ_ENOMEM;
+        int rc = twq_i8_run(fmt, x, &xq, w, y, M, N, rb);
+        twq_free(scratch);
+        return rc;
+    }
     if (M <= TWQ_GEMV_MAX_M) {
         twq_gemv(fmt, x, w, y, M, N, K, rb);
         return 0;
@@ -683,6 +1038,16 @@ int32_t tw_qlinear_packed(const int64_t* a) {
 }
 
 /* ==== helpers for the benchmark and the tests =============================================== */
+
+/* x [M, K] (K a multiple of 32) quantized as the integer path does: q [M, K] int8, and per
+ * block d [M, K/32] and sum(q) s [M, K/32]. */
+int32_t tw_quant_quantize_x(const float* x, int64_t M, int64_t K, int8_t* q, float* d, int32_t* s) {
+    if (M < 0 || K < 0 || K % 32) return TWQ_ESHAPE;
+    if (M > 0 && K > 0 && (x == NULL || q == NULL || d == NULL || s == NULL)) return TWQ_ENULL;
+    for (int64_t r = 0; r < M; ++r)
+        for (int64_t b = 0; b < K / 32; ++b) twq_quant_block(x + r * K + 32 * b, q + r * K + 32 * b, d + r * (K / 32) + b, s + r * (K / 32) + b);
+    return 0;
+}
 
 /* Sum of the first n / 4096 * 4096 floats, read with all threads: the memory read-bandwidth
  * probe of the benchmark. */
@@ -722,6 +1087,15 @@ void tw_quant_set_threads(int32_t n) {
 /* 1 when the AVX-512 kernels were compiled in, 0 for the portable ones. */
 int32_t tw_quant_simd(void) {
 #ifdef TWQ_AVX512
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* 1 when the integer dot products use AVX-512 VNNI. */
+int32_t tw_quant_vnni(void) {
+#ifdef TWQ_VNNI
     return 1;
 #else
     return 0;
