@@ -47,8 +47,18 @@ class RuntimeCheckError(TileworkError):
     """A fact checked at run time does not hold (a shape, dtype or rank of an argument)."""
 
 
+class IntegerDivisionByZero(RuntimeCheckError, ZeroDivisionError):
+    """An integer division or remainder by zero where the source framework raises (torch);
+    see docs/semantics.md."""
+
+
 class UnsupportedError(TileworkError):
     """The input uses something tilework does not support; the message names it."""
+
+
+class FileFormatError(TileworkError):
+    """A file is not what it should be (another kind of file, truncated, corrupt, unreadable);
+    the message names the file and what is wrong with it."""
 
 
 class ScheduleError(TileworkError):

@@ -8,10 +8,17 @@ argument decoding per call.
 
 ``vm["main"](*args)`` takes NumPy arrays or torch tensors (zero-copy on the CPU) and returns
 NumPy arrays, or torch tensors when it was given torch tensors.
+
+Threads: a VM may be called from many threads at once. The steps of a call are bound to one
+``Memory`` (its planned arenas and pool), so each concurrent call needs its own: a call takes
+the VM's own memory when no other call holds it (a non-blocking lock: the single-threaded path
+pays one lock and allocates nothing) and otherwise a spare set of steps bound to a memory of
+its own, made on first need and kept for later concurrent calls.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable, Sequence
 
 from tilework.errors import BuildError, RuntimeCheckError
@@ -54,26 +61,41 @@ class _Loaded:
                 pc = pc + 1 if regs[a] else b
 
 
+class _Bound:
+    """The functions of an executable resolved against one ``Memory``: what one call runs."""
+
+    __slots__ = ("memory", "funcs")
+
+    def __init__(self, vm: "VM", memory: Memory) -> None:
+        self.memory = memory
+        self.funcs = {name: _Loaded(f) for name, f in vm.exe.functions.items()}
+        for loaded in self.funcs.values():
+            loaded.steps = [vm._resolve(self, loaded.fn, ins) for ins in loaded.fn.code]
+
+
 class VM:
     """Runs the functions of an ``Executable``. Each VM owns its memory (planned arenas, the
     pooled allocator, counters: ``memory_stats()``); ``track_live`` also follows the live bytes
-    of fresh tensors (for measurements)."""
+    of fresh tensors (for measurements). Calls from several threads at once each run on memory
+    of their own (see the module docstring); ``memory`` is the one a call takes first."""
 
     def __init__(self, exe: Executable, *, track_live: bool = False) -> None:
         self.exe = exe
+        self.track_live = track_live
         self.memory = Memory(track_live=track_live)
         self._kernels = exe.kernel_callables()
-        self._funcs = {name: _Loaded(f) for name, f in exe.functions.items()}
-        for loaded in self._funcs.values():
-            loaded.steps = [self._resolve(loaded.fn, ins) for ins in loaded.fn.code]
+        self._own = _Bound(self, self.memory)
+        self._funcs = self._own.funcs
+        self._lock = threading.Lock()  # held by the call that runs on ``_own``
+        self._spares: list[_Bound] = []  # for calls made while ``_own`` is busy
 
-    def _callee(self, fn: VMFunction, kind: str, name: str) -> Callable[..., Any]:
+    def _callee(self, bound: _Bound, fn: VMFunction, kind: str, name: str) -> Callable[..., Any]:
         if kind == "builtin":
             f = B.BUILTINS.get(name)
         elif kind == "kernel":
             f = self._kernels.get(name)
         elif kind == "func":
-            target = self._funcs.get(name)
+            target = bound.funcs.get(name)
             f = None if target is None else (lambda *a, _t=target: _t.invoke(*a))
         else:
             f = lookup_extern(name)
@@ -81,7 +103,7 @@ class VM:
             raise BuildError(f"{fn.name}: the executable calls {kind} {name!r}, which is not available here")
         return f
 
-    def _resolve(self, fn: VMFunction, ins: tuple[Any, ...]) -> Step:
+    def _resolve(self, bound: _Bound, fn: VMFunction, ins: tuple[Any, ...]) -> Step:
         op = ins[0]
         if op == "ret":
             return (RET, ins[1], None)
@@ -92,28 +114,49 @@ class VM:
         _, dst, (kind, name), args = ins
         args = list(args)
         if kind == "builtin" and name in B.BIND:
-            callee, args = B.BIND[name](self.memory, args)
+            callee, args = B.BIND[name](bound.memory, args)
             return (CALL, _make_step(dst, callee, args, self.exe.constants), None)
-        callee = self._callee(fn, kind, name)
+        callee = self._callee(bound, fn, kind, name)
         if kind == "builtin" and name in B.PREPARE:
             args = B.PREPARE[name](args)
         return (CALL, _make_step(dst, callee, args, self.exe.constants), None)
+
+    def _run(self, name: str, args: Sequence[Any]) -> Any:
+        """Run function ``name`` on ``args`` (arrays, in full), on the VM's own memory when it
+        is free, else on a spare."""
+        lock = self._lock
+        if lock.acquire(False):
+            try:
+                return self._own.funcs[name].invoke(*args)
+            except BaseException:
+                self.memory.reclaim()  # the failed call's pooled blocks go back to the pool
+                raise
+            finally:
+                lock.release()
+        try:
+            bound = self._spares.pop()
+        except IndexError:
+            bound = _Bound(self, Memory(track_live=self.track_live))
+        try:
+            return bound.funcs[name].invoke(*args)
+        except BaseException:
+            bound.memory.reclaim()
+            raise
+        finally:
+            self._spares.append(bound)
 
     def __getitem__(self, name: str) -> Callable[..., Any]:
         loaded = self._funcs.get(name)
         if loaded is None:
             raise KeyError(f"no function {name!r} in the executable (it has: {', '.join(self._funcs)})")
         params = loaded.fn.params
+        run = self._run
 
         def call(*args: Any) -> Any:
             if len(args) != len(params):
                 raise RuntimeCheckError(f"{name} takes {len(params)} argument(s) ({', '.join(params)}), got {len(args)}")
             torch_in = any(is_torch_tensor(a) for a in args)
-            try:
-                out = loaded.invoke(*[as_array(a) for a in args])
-            except BaseException:
-                self.memory.reclaim()  # the failed call's pooled blocks go back to the pool
-                raise
+            out = run(name, [as_array(a) for a in args])
             return _to_torch_tree(out) if torch_in else out
 
         call.__name__ = name
@@ -131,16 +174,12 @@ class VM:
             raise RuntimeCheckError(f"{name} takes {len(params)} argument(s), {len(trailing)} were bound")
         fixed = [as_array(a) for a in trailing]
         lead = len(params) - len(fixed)
-        invoke, memory = loaded.invoke, self.memory
+        run = self._run
 
         def call(*args: Any) -> Any:
             if len(args) != lead:
                 raise RuntimeCheckError(f"{name} takes {lead} argument(s) ({', '.join(params[:lead])}) besides the bound ones, got {len(args)}")
-            try:
-                return invoke(*[as_array(a) for a in args], *fixed)
-            except BaseException:
-                memory.reclaim()
-                raise
+            return run(name, [*[as_array(a) for a in args], *fixed])
 
         call.__name__ = name
         return call

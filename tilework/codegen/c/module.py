@@ -11,14 +11,20 @@ use it only when the user opts in.
 follow the ABI in ``tilework.codegen.c``, and passes NumPy arrays by object address to the
 library's ``tw_call_objects`` trampoline, which reads their data pointers (about a microsecond
 per call, instead of one per array through ``ndarray.ctypes``). ``Kernel.run`` checks the
-arguments first. A Kernel reuses its argument buffers, so one Kernel object must not be
-called from two threads at once.
+arguments first. A Kernel is safe to call from many threads at once: a call takes the
+Kernel's own argument buffers when no other call holds them (a non-blocking lock, so the
+single-threaded path allocates nothing) and fresh ones otherwise.
+
+A kernel's return code tells what went wrong inside it: 1, scratch memory could not be
+allocated (``MemoryError``); 2, an integer division by zero where the source framework raises
+(``tilework.errors.IntegerDivisionByZero``, see docs/semantics.md).
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -27,7 +33,7 @@ import numpy as np
 from tilework.ir.kernel_abi import SymValues, bind_syms, check_arrays
 from tilework.codegen.c import toolchain
 from tilework.codegen.c.emit import emit_module
-from tilework.errors import BuildError
+from tilework.errors import BuildError, IntegerDivisionByZero
 from tilework.runtime.kernels import KernelInfo, KernelModule
 
 # OpenMP workers of our kernels spin between parallel regions before they sleep. libgomp's
@@ -57,7 +63,7 @@ _DATA_OFFSET_C = ctypes.c_int64(_DATA_OFFSET or 0)
 class Kernel:
     """One compiled kernel. ``func`` is its TensorFunc when known (needed by ``run``)."""
 
-    __slots__ = ("info", "func", "_fn", "_ptrs", "_syms", "_nb", "_ns", "_lib", "_tramp", "_fnptr", "_nb_c", "_objs")
+    __slots__ = ("info", "func", "_fn", "_ptrs", "_syms", "_nb", "_ns", "_lib", "_tramp", "_fnptr", "_nb_c", "_objs", "_lock")
 
     def __init__(self, info: KernelInfo, fn: Any, lib: "CKernelModule", func: TensorFunc | None, tramp: Any) -> None:
         self.info = info
@@ -68,6 +74,7 @@ class Kernel:
         self._ptrs = (ctypes.c_void_p * max(self._nb, 1))()
         self._objs = (ctypes.c_void_p * max(self._nb, 1))()
         self._syms = (ctypes.c_int64 * max(self._ns, 1))()
+        self._lock = threading.Lock()  # held while a call uses the buffers above
         self._tramp = tramp if _DATA_OFFSET is not None else None
         self._fnptr = ctypes.c_void_p(ctypes.cast(fn, ctypes.c_void_p).value)
         self._nb_c = ctypes.c_int64(self._nb)
@@ -78,27 +85,34 @@ class Kernel:
         place) with the kernel sym var values in ABI order. Nothing is checked but counts."""
         if len(arrays) != self._nb or len(sym_values) != self._ns:
             raise TypeError(f"kernel {self.info.name}: expects {self._nb} arrays and {self._ns} sym values, got {len(arrays)} and {len(sym_values)}")
-        syms = self._syms
+        lock = self._lock
+        if lock.acquire(False):
+            try:
+                rc = self._invoke(arrays, sym_values, self._objs, self._ptrs, self._syms)
+            finally:
+                lock.release()
+        else:  # another thread is in this kernel: use buffers of this call's own
+            n = max(self._nb, 1)
+            rc = self._invoke(arrays, sym_values, (ctypes.c_void_p * n)(), (ctypes.c_void_p * n)(), (ctypes.c_int64 * max(self._ns, 1))())
+        if rc:
+            raise _kernel_error(self.info.name, rc)
+
+    def _invoke(self, arrays: Sequence[np.ndarray], sym_values: Sequence[int], objs: Any, ptrs: Any, syms: Any) -> int:
         for j, v in enumerate(sym_values):
             syms[j] = v
         tramp = self._tramp
         if tramp is not None:
-            objs = self._objs
             for i, a in enumerate(arrays):
                 if type(a) is not np.ndarray:
                     break
                 objs[i] = id(a)
             else:
-                rc = tramp(self._fnptr, objs, self._nb_c, _DATA_OFFSET_C, syms)
-                if rc:
-                    raise MemoryError(f"kernel {self.info.name}: scratch memory could not be allocated (code {rc})")
-                return
-        ptrs = self._ptrs
+                rc: int = tramp(self._fnptr, objs, self._nb_c, _DATA_OFFSET_C, syms)
+                return rc
         for i, a in enumerate(arrays):
             ptrs[i] = a.ctypes.data
         rc = self._fn(ptrs, syms)
-        if rc:
-            raise MemoryError(f"kernel {self.info.name}: scratch memory could not be allocated (code {rc})")
+        return rc
 
     def run(self, arrays: Sequence[np.ndarray], sym_params: SymValues = None) -> None:
         """Check the arrays (count, dtype, layout, shapes) against the TensorFunc, derive the
@@ -110,6 +124,12 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"Kernel({self.info.name}, symbol={self.info.symbol}, syms=({', '.join(self.info.syms)}))"
+
+
+def _kernel_error(name: str, rc: int) -> Exception:
+    if rc == 2:
+        return IntegerDivisionByZero(f"kernel {name}: integer division by zero (the source framework raises here, e.g. torch's ZeroDivisionError)")
+    return MemoryError(f"kernel {name}: scratch memory could not be allocated (code {rc})")
 
 
 class CKernelModule(KernelModule):
