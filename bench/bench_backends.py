@@ -35,6 +35,7 @@ import time
 from typing import Any, Callable
 
 import numpy as np
+from report import emit, table
 
 import tilework as tw
 from tilework.ir.graph import GraphFunc
@@ -265,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     print("OpenMP and ONNX Runtime thread pools never share one); ms = median; (x) = speed vs codegen alone, > 1 is faster")
     for name in ("blas", "torch", "onnxruntime"):
         print(f"  {name}: {availability(name)[1]}")
+    md_rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for model_name in args.models.split(","):
             ref_path = os.path.join(tmp, f"{model_name}.npz")
@@ -276,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
                 base = results["codegen"]["ms"][str(n)]
                 cells = "".join(f"{results[c]['ms'][str(n)]:>11.2f} ({base / results[c]['ms'][str(n)]:>6.2f}x)" for c in columns)
                 print(f"  {n:>5} {cells}")
+                md_rows.append([model_name, n] + [f"{results[c]['ms'][str(n)]:.2f}" + ("" if c == "codegen" or c in ("torch eager", "ort whole") else f" ({base / results[c]['ms'][str(n)]:.2f}x)") for c in columns])
+    emit("backends", f"Each configuration in its own process, {threads}, median ms, (x) = speed vs codegen alone; n = rows for the MLP, seq for the others (batch 1):\n\n" + table(["model", "n"] + columns, md_rows))
     return 0
 
 

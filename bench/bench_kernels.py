@@ -39,6 +39,7 @@ def _threads_from_argv() -> int:
 os.environ["OMP_NUM_THREADS"] = str(_threads_from_argv())  # before OpenMP starts
 
 import numpy as np  # noqa: E402
+from report import emit, table  # noqa: E402
 
 import tilework as tw  # noqa: E402
 from tilework import op  # noqa: E402
@@ -125,8 +126,9 @@ def attention_kernels() -> dict[str, TensorFunc]:
     return out
 
 
-def bench_rows(lib: Any, torch: Any, repeat: int) -> None:
+def bench_rows(lib: Any, torch: Any, repeat: int) -> list[tuple[str, ...]]:
     rng = np.random.default_rng(0)
+    out: list[tuple[str, ...]] = []
     print(f"{'op':>12} {'rows x cols':>14} {'GB/s':>7} {'of copy':>8} {'torch GB/s':>11}")
     for rows, cols in ROW_SHAPES:
         x = rng.standard_normal((rows, cols)).astype(np.float32)
@@ -151,15 +153,19 @@ def bench_rows(lib: Any, torch: Any, repeat: int) -> None:
         times = iter(interleaved(fns, repeat))  # the copy measured among the others
         copy_gbs = 2 * x.nbytes / next(times) / 1e9
         print(f"{'copy':>12} {f'{rows}x{cols}':>14} {copy_gbs:7.1f} {1.0:8.2f}")
+        out.append(("copy", f"{rows}×{cols}", f"{copy_gbs:.1f}", "1.00", ""))
         for name, (_, nbuf, _) in cases.items():
             nbytes = nbuf * x.nbytes
             ours = nbytes / next(times) / 1e9
             theirs = f"{nbytes / next(times) / 1e9:11.1f}" if torch else f"{'-':>11}"
             print(f"{name:>12} {f'{rows}x{cols}':>14} {ours:7.1f} {ours / copy_gbs:8.2f} {theirs}")
+            out.append((name, f"{rows}×{cols}", f"{ours:.1f}", f"{ours / copy_gbs:.2f}", theirs.strip()))
+    return out
 
 
-def bench_attention(lib: Any, torch: Any, repeat: int) -> None:
+def bench_attention(lib: Any, torch: Any, repeat: int) -> list[tuple[str, ...]]:
     rng = np.random.default_rng(1)
+    out: list[tuple[str, ...]] = []
     print(f"\n{'attention':>16} {'(b, sq, h, hkv, d, skv)':>28} {'ms':>8} {'torch ms':>9} {'ratio':>6}")
     for name, nb, sq, h, hkv, d, skv, causal in ATTENTION:
         q = rng.standard_normal((nb, sq, h, d)).astype(np.float32)
@@ -180,6 +186,8 @@ def bench_attention(lib: Any, torch: Any, repeat: int) -> None:
         ref = min(times[1:]) if torch else math.nan
         shape = str((nb, sq, h, hkv, d, skv))
         print(f"{name:>16} {shape:>28} {times[0] * 1e3:8.3f} {ref * 1e3:9.3f} {times[0] / ref:6.2f}")
+        out.append((name, shape, f"{times[0] * 1e3:.3f}", f"{ref * 1e3:.3f}", f"{ref / times[0]:.2f}"))
+    return out
 
 
 def main() -> None:
@@ -196,8 +204,11 @@ def main() -> None:
     funcs = {**row_kernels(), **attention_kernels()}
     lib = build_library(funcs)
     print(f"threads: {args.threads}; kernels compiled once for every shape ({'cached' if lib.cache_hit else 'built'})\n")
-    bench_rows(lib, torch, args.repeat)
-    bench_attention(lib, torch, args.repeat)
+    rows = bench_rows(lib, torch, args.repeat)
+    att = bench_attention(lib, torch, args.repeat)
+    t = args.threads
+    emit(f"kernels-rows-{t}t", f"Row kernels, {t} thread(s): GB/s (bytes read + written / time) vs `np.copyto` in the same run:\n\n" + table(["op", "shape", "GB/s", "of copy", "torch GB/s"], rows))
+    emit(f"kernels-attention-{t}t", f"Attention, {t} thread(s) (one kernel, symbolic seq, blocked online softmax), ms; ratio = torch SDPA time / ours (> 1: ours faster):\n\n" + table(["case", "(b, seq_q, heads, kv_heads, head_dim, seq_kv)", "tilework ms", "torch SDPA ms", "ratio"], att))
 
 
 if __name__ == "__main__":

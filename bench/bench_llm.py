@@ -33,7 +33,6 @@ and with the KV cache read added (float32, every cached position of every sequen
 from __future__ import annotations
 
 import argparse
-import ctypes
 import datetime
 import getpass
 import inspect
@@ -53,6 +52,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from report import cpu_features, cpu_model, emit, read_bandwidth, table  # noqa: E402
 
 THREADS = 2
 SHAPES = [(1, 32), (1, 512), (8, 32), (8, 512)]  # (batch, prompt tokens)
@@ -288,51 +288,6 @@ def measure(r: Runner, prompts: np.ndarray, steps: int, repeat: int) -> tuple[Re
     return Result(min(x.prefill_ms for x in runs), best.decode_tps, best.step_s, best.tokens), warm
 
 
-_READ_KERNEL = r"""
-#include <stddef.h>
-float read_sum(const float *x, long n) {
-    float total = 0.0f;
-    #pragma omp parallel for reduction(+:total) schedule(static)
-    for (long b = 0; b < n / 4096; b++) {
-        float acc[64] = {0};
-        const float *p = x + b * 4096;
-        for (int i = 0; i < 4096; i += 64)
-            for (int j = 0; j < 64; j++) acc[j] += p[i + j];
-        for (int j = 0; j < 64; j++) total += acc[j];
-    }
-    return total;
-}
-"""
-
-
-def read_bandwidth(gib: float = 1.0) -> tuple[float, str]:
-    """Memory-read GB/s: a C/OpenMP sum over ``gib`` GiB of float32 with ``THREADS`` threads,
-    else NumPy's (single-threaded) ``sum``; best of 5 after a warm-up."""
-    x = np.ones(int(gib * 2**30) // 4, np.float32)
-    how = f"NumPy float32 sum over {gib:g} GiB, 1 thread"
-    fn: Any = x.sum
-    with tempfile.TemporaryDirectory() as d:
-        src, lib = os.path.join(d, "read.c"), os.path.join(d, "read.so")
-        Path(src).write_text(_READ_KERNEL)
-        try:
-            subprocess.run(["cc", "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", src, "-o", lib], check=True, capture_output=True)
-            so = ctypes.CDLL(lib)
-            so.read_sum.restype, so.read_sum.argtypes = ctypes.c_float, [ctypes.c_void_p, ctypes.c_long]
-            fn = lambda: so.read_sum(x.ctypes.data, x.size)
-            how = f"C/OpenMP float32 sum over {gib:g} GiB, {THREADS} threads (cc -O3 -march=native)"
-        except (OSError, subprocess.CalledProcessError):
-            pass
-        fn()
-        best = min(_timed(fn) for _ in range(5))
-    return x.nbytes / best / 1e9, how
-
-
-def _timed(fn: Any) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
-
-
 def kv_bytes(cfg: Any, batch: int, prompt: int, steps: int) -> float:
     """Mean KV-cache bytes a decode step reads (float32 keys and values, every layer)."""
     per_token = 2 * cfg.layers * cfg.kv_heads * cfg.head_dim * 4
@@ -357,14 +312,6 @@ print(next(int(line.split()[1]) for line in open("/proc/self/status") if line.st
 
 
 # -- reporting ------------------------------------------------------------------------------
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown"
 
 
 def inductor_cache_state() -> str:
@@ -403,8 +350,9 @@ def agree(a: list[int], b: list[int]) -> int:
     return n
 
 
-def print_aims(table: dict[tuple[int, int], dict[str, Result]]) -> None:
+def print_aims(table: dict[tuple[int, int], dict[str, Result]], bandwidth: str) -> None:
     print("\n== aims (measured ratio; a missing system or shape is skipped) ==")
+    rows = []
 
     def ratio(shape: tuple[int, int], a: str, b: str, what: str) -> float | None:
         res = table.get(shape, {})
@@ -432,6 +380,8 @@ def print_aims(table: dict[tuple[int, int], dict[str, Result]]) -> None:
     for text, value, aim in checks:
         if value is not None:
             print(f"  {text:<44} {value:6.2f}x  {'met' if value >= aim else 'NOT met'}")
+            rows.append((text, f"{value:.2f}x", "met" if value >= aim else "**not met**"))
+    emit("llm-aims", f"Aims of the LLM issue, ratios from the run above (memory-read bandwidth {bandwidth}):\n\n" + _table(["aim", "measured", ""], rows))
 
 
 def ratio_b8(table: dict[tuple[int, int], dict[str, Result]], name: str, prompt: int) -> float | None:
@@ -439,13 +389,18 @@ def ratio_b8(table: dict[tuple[int, int], dict[str, Result]], name: str, prompt:
     return eight[name].decode_tps / one[name].decode_tps if name in one and name in eight else None
 
 
-def print_markdown(table: dict[tuple[int, int], dict[str, Result]]) -> None:
+def print_markdown(table: dict[tuple[int, int], dict[str, Result]], steps: int, repeat: int, bandwidth: str, fractions: dict[tuple[int, int], dict[str, str]]) -> None:
     names = list(next(iter(table.values())))
-    print("\n== markdown: prefill ms / decode tok/s ==")
-    print("| (batch, prompt) | " + " | ".join(names) + " |")
-    print("|---|" + "---|" * len(names))
-    for shape, res in table.items():
-        print(f"| {shape} | " + " | ".join(f"{res[n].prefill_ms:.1f} / {res[n].decode_tps:.1f}" if n in res else "—" for n in names) + " |")
+    rows = [[str(shape)] + [f"{res[n].prefill_ms:.1f} / {res[n].decode_tps:.1f}" if n in res else "—" for n in names] for shape, res in table.items()]
+    frac = [[str(shape)] + [fractions[shape].get(n, "") for n in names if n.startswith("tilework")] for shape in table]
+    emit(
+        "llm",
+        f"SmolLM2-135M-Instruct, random prompt tokens, greedy, {steps} decode steps, best of {repeat} runs after a warm-up; "
+        f"2 threads for every system; cells: prefill ms / decode tokens/s (batch x steps / decode time). Memory-read bandwidth {bandwidth}.\n\n"
+        + _table(["(batch, prompt)"] + names, rows)
+        + "\n\ntilework decode as a fraction of the read bandwidth (weight bytes per step / step time; then with the float32 KV-cache reads added):\n\n"
+        + _table(["(batch, prompt)"] + [n for n in names if n.startswith("tilework")], frac),
+    )
 
 
 # -- main -----------------------------------------------------------------------------------
@@ -476,11 +431,12 @@ def main() -> None:
     from tilework.llm.engine import default_model_path
 
     path = default_model_path()
-    print(f"date {datetime.date.today()}, CPU {cpu_model()}, {os.cpu_count()} cores visible, {THREADS} threads per system")
+    print(f"date {datetime.date.today()}, CPU {cpu_model()} ({cpu_features()}), {os.cpu_count()} cores visible, {THREADS} threads per system")
     print(f"python {platform.python_version()}, torch {torch.__version__}, numpy {np.__version__}")
     print(f"model {path}")
     bw, how = read_bandwidth()
     print(f"memory-read bandwidth {bw:.1f} GB/s ({how})")
+    bandwidth = f"{bw:.1f} GB/s"
 
     runners: dict[str, Runner] = {}
     weight_bytes: dict[str, int] = {}
@@ -528,6 +484,7 @@ def main() -> None:
             print(f"llama.cpp skipped: {e} (pip install 'tilework[bench]')")
 
     table: dict[tuple[int, int], dict[str, Result]] = {}
+    fractions: dict[tuple[int, int], dict[str, str]] = {}
     warmups: dict[str, list[str]] = {}
     rng = np.random.default_rng(0)
     for batch, prompt in shapes:
@@ -542,6 +499,7 @@ def main() -> None:
                 kv = (weight_bytes[name] + kv_bytes(cfg, batch, prompt, steps)) / res[name].step_s / 1e9
                 extra[name] = f"{w / bw:5.0%} / {kv / bw:4.0%}  ({w:.1f} GB/s)"
         table[(batch, prompt)] = res
+        fractions[(batch, prompt)] = {n: " ".join(e.split()) for n, e in extra.items()}
         print_shape(batch, prompt, res, extra)
         ref = next((n for n in ("tilework fp32", "HF eager fp32") if n in res), None)
         if ref is not None:
@@ -550,11 +508,16 @@ def main() -> None:
     print("\nwarm-up run per shape, s (torch.compile: includes compiling): ")
     for name, times in warmups.items():
         print(f"  {name:<22} " + ", ".join(times))
-    print_aims(table)
-    if len(table) > 1:
-        print_markdown(table)
+    bw_end, _ = read_bandwidth()
+    bandwidth = f"{bw:.1f} GB/s at the start, {bw_end:.1f} GB/s at the end ({how})"
+    print(f"memory-read bandwidth at the end: {bw_end:.1f} GB/s")
+    print_markdown(table, steps, repeat, bandwidth, fractions)
+    print_aims(table, bandwidth)
     for lr in llama:
         lr.close()
+
+
+_table = table  # main() names its results ``table``
 
 
 def _version(dist: str) -> str:

@@ -51,6 +51,7 @@ os.environ["OMP_NUM_THREADS"] = str(_THREADS)  # before OpenMP and OpenBLAS star
 os.environ["OPENBLAS_NUM_THREADS"] = str(_THREADS)
 
 import numpy as np  # noqa: E402
+from report import emit, table  # noqa: E402
 
 import tilework  # noqa: E402,F401  (registers the externs)
 from tilework.backend import quant as Q  # noqa: E402
@@ -174,7 +175,8 @@ def shapes_for(fmt: str) -> list[tuple[int, int]]:
     return out + ([HEAD] if fmt == "q8_0" else [])
 
 
-def print_table(rows: list[Row], bw: float) -> None:
+def print_table(rows: list[Row], bw: float) -> list[tuple[str, ...]]:
+    md: list[tuple[str, ...]] = []
     print(f"{'fmt':5} {'N x K':>11} {'M':>4} {'time us':>9} {'GB/s':>6} {'%bw':>4} {'GFLOP/s':>8} | {'np fp32 us':>10} {'GFLOP/s':>8} {'speedup':>7}")
     last = None
     for r in rows:
@@ -188,27 +190,33 @@ def print_table(rows: list[Row], bw: float) -> None:
             f"{r.fmt:5} {f'{r.n}x{r.k}':>11} {r.m:>4} {r.seconds * 1e6:9.1f} {gbs:6.1f} {pct} {flops / r.seconds / 1e9:8.1f} | "
             f"{r.numpy_seconds * 1e6:10.1f} {flops / r.numpy_seconds / 1e9:8.1f} {r.numpy_seconds / r.seconds:6.2f}x"
         )
+        md.append((r.fmt, f"{r.n}×{r.k}", str(r.m), f"{r.seconds * 1e6:.1f}", f"{gbs:.1f}", pct.strip(), f"{flops / r.seconds / 1e9:.1f}", f"{r.numpy_seconds * 1e6:.1f}", f"{r.numpy_seconds / r.seconds:.2f}x"))
+    return md
 
 
-def decode_estimate(rows: list[Row], overhead: float) -> None:
+def decode_estimate(rows: list[Row], overhead: float) -> list[str]:
     t = {(r.fmt, r.n, r.k, r.m): r for r in rows}
     need = [("q4_1", n, k, 1) for n, k in LAYER] + [("q8_0", *HEAD, 1)]
     if any(key not in t for key in need):
         print("\n(decode estimate needs q4_1 and q8_0 in --formats)")
-        return
+        return []
+    lines = []
     for m in GEMV_ROWS:
         layer = sum(t[("q4_1", n, k, m)].seconds for n, k in LAYER)
         head = t[("q8_0", *HEAD, m)].seconds
         ours = LAYERS * layer + head
         np_layer = sum(t[("q4_1", n, k, m)].numpy_seconds for n, k in LAYER)
         theirs = LAYERS * np_layer + t[("q8_0", *HEAD, m)].numpy_seconds
-        print(
+        line = (
             f"SmolLM2 decode step, matmuls only (int8 activations), M={m}: {ours * 1e3:.2f} ms = {LAYERS} x {layer * 1e6:.0f} us (q4_1 layer) "
             f"+ {head * 1e6:.0f} us (q8_0 head), {LAYERS * len(LAYER) + 1} calls "
             f"-> {m / ours:.0f} tokens/s (numpy fp32 on dequantized weights: {theirs * 1e3:.2f} ms, {m / theirs:.0f} tokens/s)"
         )
+        print(line)
+        lines.append(line)
     weights = sum(Q.row_bytes("q4_1", k) * n for n, k in LAYER) * LAYERS + Q.row_bytes("q8_0", HEAD[1]) * HEAD[0]
     print(f"  ({weights / 2**20:.1f} MiB of weights per token; the extern's own overhead is {overhead * 1e6:.2f} us of each call)")
+    return lines
 
 
 def main() -> None:
@@ -244,9 +252,16 @@ def main() -> None:
     for r in rows:
         r.numpy_seconds = time_numpy(dequantized[(r.fmt, r.n, r.k)], r.m, args.repeat, rng)
     print(f"memory read bandwidth after our runs: {bw_after:.1f} GB/s (the %bw column uses {bw:.1f})\n")
-    print_table(rows, bw)
+    md = print_table(rows, bw)
     print()
-    decode_estimate(rows, empty)
+    estimate = decode_estimate(rows, empty)
+    emit(
+        "quant",
+        f"The quant backend's kernels at SmolLM2-135M's matrix shapes, {args.threads} threads; GEMV (M = 1, 8) with cold weights, GEMM (M = 128, 512) warm; "
+        f"memory-read bandwidth {bw:.1f} GB/s before, {bw_after:.1f} GB/s after (%bw uses the first); np fp32 = OpenBLAS on the dequantized weights:\n\n"
+        + table(["format", "N × K", "M", "µs", "GB/s", "%bw", "GFLOP/s", "np fp32 µs", "speedup"], md)
+        + "".join(f"\n\n{line}" for line in estimate),
+    )
 
 
 if __name__ == "__main__":

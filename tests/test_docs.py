@@ -38,3 +38,28 @@ def test_examples_run(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
             exec(compile(src, f"{name} python block {i + 1}", "exec"), namespace)  # noqa: S102 - our own docs
         except Exception as e:
             pytest.fail(f"{name}, python block {i + 1} fails: {type(e).__name__}: {e}\n{src}", pytrace=False)
+
+
+def test_every_benchmark_table_has_its_script() -> None:
+    """docs/benchmarks.md and bench/run_all.py name the same tables, and each script that
+    run_all.py runs prints (``report.emit``) the tables it is listed for."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_run_all", ROOT / "bench" / "run_all.py")
+        assert spec is not None and spec.loader is not None
+        run_all = importlib.util.module_from_spec(spec)
+        sys.modules["bench_run_all"] = run_all  # dataclasses look their module up
+        spec.loader.exec_module(run_all)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+        sys.modules.pop("bench_run_all", None)
+    in_doc = set(run_all.blocks((ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")))
+    listed = {k for b in run_all.BENCHES for k in b.keys}
+    assert in_doc == listed | {"machine"}, f"only in the doc: {in_doc - listed - {'machine'}}; only in run_all.py: {listed - in_doc}"
+    for b in run_all.BENCHES:
+        script = (ROOT / b.args[0]).read_text(encoding="utf-8")
+        assert "emit(" in script, f"{b.args[0]} prints no table"
+        for key in b.keys:
+            assert f'"{key}"' in script or "-{t}t" in script, f"{b.args[0]} does not emit {key!r}"

@@ -1,0 +1,116 @@
+"""What the benchmark scripts share: the machine they ran on, and the markdown tables that
+``bench/run_all.py`` copies into ``docs/benchmarks.md``.
+
+A script prints each of its tables between two marker lines::
+
+    <!-- table:minilm -->
+    | (batch, seq) | tilework | ... |
+    ...
+    <!-- /table:minilm -->
+
+and ``run_all.py`` replaces the block of the same name in ``docs/benchmarks.md`` with it, so
+the document only ever holds what a script printed. Scripts import this module as a sibling
+(``python bench/x.py`` puts ``bench/`` on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+BLOCK = re.compile(r"^<!-- table:(?P<key>[\w.-]+) -->\n(?P<body>.*?)^<!-- /table:(?P=key) -->\n?", re.M | re.S)
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A markdown table; floats keep the text they were formatted to (pass strings)."""
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def emit(key: str, text: str) -> None:
+    """Print ``text`` (markdown) as the block ``key`` for ``run_all.py``."""
+    print(f"<!-- table:{key} -->\n{text.rstrip()}\n<!-- /table:{key} -->", flush=True)
+
+
+def blocks(text: str) -> dict[str, str]:
+    """The blocks a script printed: key -> markdown (without the markers)."""
+    return {m["key"]: m["body"] for m in BLOCK.finditer(text)}
+
+
+def cpu_model() -> str:
+    """The CPU's model name as ``lscpu`` says it."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown"
+
+
+def cpu_features() -> str:
+    """The vector features that decide which kernels run (from ``/proc/cpuinfo``)."""
+    try:
+        flags = set(next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split(":", 1)[1].split())
+    except (OSError, StopIteration):
+        return "unknown"
+    names = ["avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8"]
+    return " ".join(n for n in names if n in flags) or "no AVX2"
+
+
+_READ_KERNEL = r"""
+float read_sum(const float *x, long n) {
+    float total = 0.0f;
+    #pragma omp parallel for reduction(+:total) schedule(static)
+    for (long b = 0; b < n / 4096; b++) {
+        float acc[64] = {0};
+        const float *p = x + b * 4096;
+        for (int i = 0; i < 4096; i += 64)
+            for (int j = 0; j < 64; j++) acc[j] += p[i + j];
+        for (int j = 0; j < 64; j++) total += acc[j];
+    }
+    return total;
+}
+"""
+
+
+def read_bandwidth(gib: float = 1.0, repeat: int = 5) -> tuple[float, str]:
+    """Memory-read GB/s: a C/OpenMP sum over ``gib`` GiB of float32 with ``OMP_NUM_THREADS``
+    threads (NumPy's single-threaded ``sum`` if no C compiler works); best of ``repeat`` after
+    a warm-up. Returns the figure and how it was measured."""
+    import time
+
+    import numpy as np  # here, not at import: a script sets OMP_NUM_THREADS before NumPy starts
+
+    x = np.ones(int(gib * 2**30) // 4, np.float32)
+    threads = os.environ.get("OMP_NUM_THREADS", str(os.cpu_count()))
+    how = f"NumPy float32 sum over {gib:g} GiB, 1 thread"
+    fn: Any = x.sum
+    with tempfile.TemporaryDirectory() as d:
+        src, lib = os.path.join(d, "read.c"), os.path.join(d, "read.so")
+        Path(src).write_text(_READ_KERNEL)
+        cc = shutil.which(os.environ.get("CC", "cc"))
+        try:
+            if cc is None:
+                raise OSError("no C compiler")
+            subprocess.run([cc, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", src, "-o", lib], check=True, capture_output=True)
+            so = ctypes.CDLL(lib)
+            so.read_sum.restype, so.read_sum.argtypes = ctypes.c_float, [ctypes.c_void_p, ctypes.c_long]
+            fn = lambda: so.read_sum(x.ctypes.data, x.size)  # noqa: E731
+            how = f"C/OpenMP float32 sum over {gib:g} GiB, {threads} threads"
+        except (OSError, subprocess.CalledProcessError):
+            pass
+        fn()
+        best = float("inf")
+        for _ in range(repeat):
+            t = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t)
+    return x.nbytes / best / 1e9, how
