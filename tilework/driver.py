@@ -19,6 +19,7 @@ from typing import Any, Sequence
 from tilework.backend import get_backend
 from tilework.codegen import get_target
 from tilework.codegen.vm_codegen import generate
+from tilework.collage.cost import register_builder as register_placement_builder
 from tilework.errors import BuildError
 from tilework.ir.module import IRModule
 from tilework.llm.compile import register_builder
@@ -100,5 +101,6 @@ def compile_kernels(kernels: dict[str, Any], target: str) -> Any:
 
 
 register_builder(build)  # the LLM flow compiles its decoder with tilework.build
+register_placement_builder(build)  # the placement search measures regions built with it
 
 __all__ = ["build", "compile_kernels", "pipeline_name"]

@@ -1,0 +1,437 @@
+"""Cost models: what a candidate, a backend transition and a whole placement cost.
+
+``CostModel`` is the interface the search asks; two implementations:
+
+- ``MockCostModel``: costs from a function (tests; no building, no timing);
+- ``MeasuredCostModel``: the estimator. It builds each candidate region as a function of its
+  own (``tilework.collage.regions``) offloaded to its backend, many candidates per build (one
+  C compiler run for all their kernels; a failing build is bisected to find the culprits), runs
+  it on this machine with inputs at the bucket's dims, and times it: warm-up calls, then the
+  median of repeats, repeated while the spread between repeats stays high, within a time limit
+  per candidate. A candidate that fails to build or run costs infinity (never an error). The
+  cost of calling a function through the VM (measured on an empty function) is subtracted, so
+  costs add up along a cover.
+
+  *Transitions*: when consecutive kernels come from different runtimes, their thread pools
+  hand the cores over (OpenMP workers spinning, torch's or ONNX Runtime's pools waking up).
+  The estimator measures it in place: for each ordered pair of backends ``A -> B`` it takes an
+  edge of the model where ``A`` can run the producer and ``B`` the consumer, times the two
+  regions together and subtracts their separate costs (at least zero).
+
+  Every measurement goes through the persistent cost cache (``tilework.collage.cache``), so a
+  model placed twice, or a model whose layers repeat, is measured once. A progress bar (tqdm,
+  when installed and the output is a terminal, or when asked) shows candidates done/total,
+  cache hits and the elapsed time.
+
+Builds use ``tilework.build``, registered by the driver above this layer (``register_builder``).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+from tilework.backend.base import availability
+from tilework.backend.offload import Offload
+from tilework.backend.partition import Placement, RegionSpec
+from tilework.collage.cache import CostCache, Entry, machine_fingerprint, make_key
+from tilework.collage.candidates import FALLBACK, BlockShape, Candidate
+from tilework.collage.regions import input_arrays, region_function
+from tilework.errors import TileworkError
+from tilework.ir.graph import Binding, Call, GraphFunc, OpRef, Var
+from tilework.ir.info import TensorInfo
+from tilework.ir.module import IRModule
+from tilework.ir.structural import structural_hash
+from tilework.ir.sym import SymVar
+from tilework.pattern.graph import BlockGraph
+
+ESTIMATOR_VERSION = 1
+_BUILDER: list[Callable[..., Any]] = []
+
+
+def register_builder(build: Callable[..., Any]) -> None:
+    """Make the estimator build with ``build`` (``tilework.build``: the driver registers it)."""
+    _BUILDER[:] = [build]
+
+
+def _build(mod: IRModule) -> Any:
+    if not _BUILDER:
+        raise TileworkError("no builder registered for placement measurements (import tilework)")
+    return _BUILDER[0](mod, passes=[])
+
+
+class CostModel(Protocol):
+    def region_costs(self, g: BlockGraph, cands: Sequence[Candidate], env: Mapping[SymVar, int]) -> list[float]: ...
+
+    def transition_costs(self, g: BlockGraph, cands: Sequence[Candidate], costs: Sequence[float], env: Mapping[SymVar, int]) -> dict[tuple[str, str], float]: ...
+
+    def end_to_end(self, mod: IRModule, placement: Placement, env: Mapping[SymVar, int]) -> float | None: ...
+
+
+def ops_of(g: BlockGraph, nodes: Sequence[int]) -> tuple[str, ...]:
+    """The op names of ``nodes`` (other bindings as their kind)."""
+    out = []
+    for i in nodes:
+        v = g.bindings[i].value
+        out.append(v.callee.name if isinstance(v, Call) and isinstance(v.callee, OpRef) else type(v).__name__.lower())
+    return tuple(out)
+
+
+@dataclass
+class MockCostModel:
+    """Costs from ``cost(candidate, ops, dims)`` (``dims``: the bucket's values by dim name;
+    ``math.inf``: the backend fails); transitions from a table; the end-to-end time is not
+    measured (the search's estimate stands)."""
+
+    cost: Callable[[Candidate, tuple[str, ...], dict[str, int]], float]
+    transitions: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    calls: int = 0
+
+    def region_costs(self, g: BlockGraph, cands: Sequence[Candidate], env: Mapping[SymVar, int]) -> list[float]:
+        self.calls += len(cands)
+        dims = {v.name: n for v, n in env.items()}
+        return [float(self.cost(c, ops_of(g, c.nodes), dims)) for c in cands]
+
+    def transition_costs(self, g: BlockGraph, cands: Sequence[Candidate], costs: Sequence[float], env: Mapping[SymVar, int]) -> dict[tuple[str, str], float]:
+        return dict(self.transitions)
+
+    def end_to_end(self, mod: IRModule, placement: Placement, env: Mapping[SymVar, int]) -> float | None:
+        return None
+
+
+# -- the estimator ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Request:
+    """One timing: the ``regions`` of block ``g`` (candidates) built as one function."""
+
+    g: BlockGraph
+    regions: tuple[Candidate, ...]
+    key: str = ""
+    func: GraphFunc | None = None
+    result: Entry | None = None
+
+
+@dataclass
+class Stats:
+    requested: int = 0
+    measured: int = 0
+    cache_hits: int = 0
+    failed: int = 0
+    builds: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"requested": self.requested, "measured": self.measured, "cache_hits": self.cache_hits, "failed": self.failed, "builds": self.builds, "seconds": round(self.seconds, 3)}
+
+
+class _Progress:
+    def __init__(self, total: int, enabled: bool | None, desc: str) -> None:
+        self.bar: Any = None
+        self.total = total
+        show = sys.stderr.isatty() if enabled is None else enabled
+        if show and total:
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total, desc=desc, unit="cand", file=sys.stderr, leave=False)
+            except ImportError:
+                self.bar = None
+
+    def update(self, n: int, hits: int) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+            self.bar.set_postfix(cache_hits=hits, refresh=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class MeasuredCostModel:
+    """See the module docstring. ``repeat``: repeats per candidate (medians of them);
+    ``max_spread``: re-measure while (max - min) / median of the repeats exceeds it, at most
+    ``max_rounds`` times; ``time_limit_s``: the wall time one candidate may take;
+    ``batch``: candidates per build; ``progress``: None = a bar on a terminal."""
+
+    def __init__(self, cache: CostCache | None = None, *, repeat: int = 5, max_spread: float = 0.15, max_rounds: int = 4, time_limit_s: float = 1.0, min_repeat_s: float = 2e-4, batch: int = 48, progress: bool | None = None) -> None:
+        self.cache = cache if cache is not None else CostCache()
+        self.repeat = repeat
+        self.max_spread = max_spread
+        self.max_rounds = max_rounds
+        self.time_limit_s = time_limit_s
+        self.min_repeat_s = min_repeat_s
+        self.batch = batch
+        self.progress = progress
+        self.stats = Stats()
+        self._overhead: float | None = None
+        self.deadline: float | None = None  # time.perf_counter() after which nothing new is measured
+
+    # -- the interface ---------------------------------------------------------------------
+
+    def region_costs(self, g: BlockGraph, cands: Sequence[Candidate], env: Mapping[SymVar, int]) -> list[float]:
+        reqs = [_Request(g, (c,)) for c in cands]
+        self._run(reqs, env, "placement: measuring candidates")
+        return [self._cost(r, c) for r, c in zip(reqs, cands)]
+
+    def transition_costs(self, g: BlockGraph, cands: Sequence[Candidate], costs: Sequence[float], env: Mapping[SymVar, int]) -> dict[tuple[str, str], float]:
+        pairs = _transition_samples(g, cands, costs)
+        reqs = [_Request(g, (cands[a], cands[b])) for (_, _), (a, b) in pairs]
+        self._run(reqs, env, "placement: measuring transitions")
+        out: dict[tuple[str, str], float] = {}
+        for ((ba, bb), (a, b)), r in zip(pairs, reqs):
+            if r.result is None or not math.isfinite(r.result.seconds):
+                continue
+            out[(ba, bb)] = max(0.0, self._net(r.result.seconds) - costs[a] - costs[b])
+        return out
+
+    def end_to_end(self, mod: IRModule, placement: Placement, env: Mapping[SymVar, int]) -> float | None:
+        """The whole ``main`` with ``placement`` applied, timed at ``env`` (cached)."""
+        main = mod.get("main")
+        if not isinstance(main, GraphFunc):
+            return None
+        key = make_key({"what": "e2e", "module": structural_hash(mod), "placement": placement.to_json(), "env": sorted((v.name, n) for v, n in env.items()), "machine": machine_fingerprint(), "versions": _versions(placement.backends), "estimator": ESTIMATOR_VERSION})
+        hit = self.cache.get(key)
+        if hit is not None:
+            self.stats.cache_hits += 1
+            return hit.seconds
+        t0 = time.perf_counter()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                exe = _build(Offload(placement).run(mod))
+            from tilework.runtime.vm import VM
+
+            fn = VM(exe)["main"]
+            args = input_arrays(main, env)
+            entry = self._time(lambda: fn(*args), limit=max(self.time_limit_s, 2.0))
+        except Exception as e:  # noqa: BLE001 - a placement that fails to build or run costs infinity
+            entry = Entry(math.inf, 0.0, 0, f"{type(e).__name__}: {e}"[:300])
+        self.stats.builds += 1
+        self.stats.seconds += time.perf_counter() - t0
+        self.cache.put(key, "e2e", entry)
+        return entry.seconds
+
+    # -- measuring ---------------------------------------------------------------------------
+
+    def overhead(self) -> float:
+        """Seconds of calling a function through the VM that does nothing (subtracted from
+        every measurement)."""
+        if self._overhead is None:
+            from tilework.ir.builder import BlockBuilder
+            from tilework.runtime.vm import VM
+            import numpy as np
+
+            x = Var("x", TensorInfo((4,), "float32"))
+            bb = BlockBuilder()
+            with bb.function("main", [x]):
+                bb.emit_func_output(x)
+            fn = VM(_build(bb.get()))["main"]
+            a = np.zeros(4, "float32")
+            self._overhead = self._time(lambda: fn(a), limit=0.2).seconds
+        return self._overhead
+
+    def _net(self, seconds: float) -> float:
+        return max(0.0, seconds - self.overhead())
+
+    def _cost(self, r: _Request, c: Candidate) -> float:
+        if r.result is None:
+            return math.inf
+        if not math.isfinite(r.result.seconds):
+            return math.inf
+        return self._net(r.result.seconds)
+
+    def _key(self, r: _Request, env: Mapping[SymVar, int]) -> str:
+        f = r.func
+        assert f is not None
+        union = sorted(set().union(*[c.nodes for c in r.regions]))
+        shapes = [list(a.shape) for a in input_arrays(f, env)] if f.params else []
+        dtypes = [getattr(p.info, "dtype", None) for p in f.params]
+        return make_key({
+            "what": "region",
+            "region": structural_hash(f),
+            "regions": [(c.backend, c.capability, [pos for pos, i in enumerate(union) if i in c.nodes]) for c in r.regions],
+            "shapes": shapes,
+            "dtypes": dtypes,
+            "versions": _versions(tuple(c.backend for c in r.regions)),
+            "machine": machine_fingerprint(),
+            "estimator": [ESTIMATOR_VERSION, self.repeat, self.max_spread],
+        })
+
+    def _run(self, reqs: list[_Request], env: Mapping[SymVar, int], desc: str) -> None:
+        todo: dict[str, list[_Request]] = {}
+        for r in reqs:
+            self.stats.requested += 1
+            nodes = sorted(set().union(*[c.nodes for c in r.regions]))
+            try:
+                r.func = region_function(r.g, nodes)
+                r.key = self._key(r, env)
+            except Exception as e:  # noqa: BLE001 - a region that cannot stand alone cannot be measured
+                r.result = Entry(math.inf, 0.0, 0, f"{type(e).__name__}: {e}"[:300])
+                self.stats.failed += 1
+                continue
+            hit = self.cache.get(r.key)
+            if hit is not None:
+                r.result = hit
+                self.stats.cache_hits += 1
+                continue
+            todo.setdefault(r.key, []).append(r)
+        bar = _Progress(len(reqs), self.progress, desc)
+        bar.update(len(reqs) - sum(len(v) for v in todo.values()), self.stats.cache_hits)
+        groups = list(todo.values())
+        try:
+            for start in range(0, len(groups), self.batch):
+                chunk = groups[start : start + self.batch]
+                if self.deadline is not None and time.perf_counter() > self.deadline:
+                    for same in chunk:
+                        for r in same:
+                            r.result = None  # not measured: the budget is spent
+                    bar.update(sum(len(s) for s in chunk), self.stats.cache_hits)
+                    continue
+                self._measure([s[0] for s in chunk], env)
+                for same in chunk:
+                    for r in same[1:]:
+                        r.result = same[0].result
+                bar.update(sum(len(s) for s in chunk), self.stats.cache_hits)
+        finally:
+            bar.close()
+
+    def _measure(self, reqs: list[_Request], env: Mapping[SymVar, int]) -> None:
+        """Build ``reqs`` as one module (bisecting on a build failure), time each, store each."""
+        t0 = time.perf_counter()
+        try:
+            fns = self._build_batch(reqs)
+        except Exception as e:  # noqa: BLE001 - isolate the candidate that breaks the build
+            if len(reqs) == 1:
+                self._store(reqs[0], Entry(math.inf, 0.0, 0, f"build: {type(e).__name__}: {e}"[:300]))
+                return
+            half = len(reqs) // 2
+            self._measure(reqs[:half], env)
+            self._measure(reqs[half:], env)
+            return
+        for r, fn in zip(reqs, fns):
+            assert r.func is not None
+            try:
+                args = input_arrays(r.func, env)
+                entry = self._time(lambda: fn(*args), limit=self.time_limit_s)
+            except Exception as e:  # noqa: BLE001 - a candidate that fails to run costs infinity
+                entry = Entry(math.inf, 0.0, 0, f"run: {type(e).__name__}: {e}"[:300])
+            self._store(r, entry)
+        self.stats.seconds += time.perf_counter() - t0
+
+    def _store(self, r: _Request, entry: Entry) -> None:
+        r.result = entry
+        self.stats.measured += 1
+        if not math.isfinite(entry.seconds):
+            self.stats.failed += 1
+        self.cache.put(r.key, "+".join(sorted({c.backend for c in r.regions})), entry)
+
+    def _build_batch(self, reqs: list[_Request]) -> list[Callable[..., Any]]:
+        from tilework.runtime.vm import VM
+
+        funcs: dict[str, GraphFunc] = {}
+        specs: list[RegionSpec] = []
+        for k, r in enumerate(reqs):
+            assert r.func is not None
+            name = f"c{k}"
+            funcs[name] = r.func
+            for c in r.regions:
+                if c.backend == FALLBACK:
+                    continue
+                vars_ = tuple(r.g.bindings[i].var.name for i in c.nodes)
+                specs.append(RegionSpec(c.backend, c.capability, vars_, name, 0))
+        mod = IRModule(funcs)
+        placement = Placement(tuple(specs), tuple(sorted({c.backend for r in reqs for c in r.regions})))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)  # a lowering that gives up = a failed candidate
+            mod = Offload(placement).run(mod)
+        exe = _build(mod)
+        self.stats.builds += 1
+        vm = VM(exe)
+        return [vm[f"c{k}"] for k in range(len(reqs))]
+
+    def _time(self, fn: Callable[[], Any], limit: float) -> Entry:
+        """Warm up, then medians of repeats while the spread is high (see the class)."""
+        start = time.perf_counter()
+        t = time.perf_counter()
+        fn()  # first call: sessions are created, caches filled
+        first = time.perf_counter() - t
+        if first > limit:
+            return Entry(first, 0.0, 1, "one call exceeded the time limit")
+        warm_until = time.perf_counter() + min(0.02, limit / 10)
+        calls = 0
+        while calls < 2 or time.perf_counter() < warm_until:
+            fn()
+            calls += 1
+        t = time.perf_counter()
+        fn()
+        one = max(time.perf_counter() - t, 1e-7)
+        number = max(1, int(self.min_repeat_s / one))
+        samples: list[float] = []
+        spread = 0.0
+        for _ in range(self.max_rounds):
+            for _ in range(self.repeat):
+                t = time.perf_counter()
+                for _ in range(number):
+                    fn()
+                samples.append((time.perf_counter() - t) / number)
+                if time.perf_counter() - start > limit and len(samples) >= 3:
+                    break
+            med = statistics.median(samples)
+            spread = (max(samples) - min(samples)) / med if med > 0 else 0.0
+            if spread <= self.max_spread or time.perf_counter() - start > limit:
+                break
+        return Entry(statistics.median(samples), spread, len(samples), "")
+
+
+def _versions(backends: Sequence[str]) -> list[tuple[str, str]]:
+    return sorted({(b, availability(b)[1]) for b in backends})
+
+
+def _transition_samples(g: BlockGraph, cands: Sequence[Candidate], costs: Sequence[float]) -> list[tuple[tuple[str, str], tuple[int, int]]]:
+    """For each ordered pair of backends, one edge of ``g`` whose producer the first can run
+    and whose consumer the second can (the smallest finite candidates), taken together valid."""
+    shape = BlockShape(g)
+    smallest: dict[tuple[int, str], int] = {}
+    for k, c in enumerate(cands):
+        if not math.isfinite(costs[k]):
+            continue
+        for i in c.nodes:
+            cur = smallest.get((i, c.backend))
+            if cur is None or len(cands[cur].nodes) > len(c.nodes):
+                smallest[(i, c.backend)] = k
+    backends = sorted({c.backend for c in cands})
+    out = []
+    for a in backends:
+        for b in backends:
+            if a == b:
+                continue
+            found = None
+            for u in range(len(g)):
+                if not isinstance(g.bindings[u], Binding) or (u, a) not in smallest:
+                    continue
+                for v in g.succ[u]:
+                    if (v, b) not in smallest:
+                        continue
+                    ka, kb = smallest[(u, a)], smallest[(v, b)]
+                    ca, cb = cands[ka], cands[kb]
+                    if ca.mask & cb.mask or not shape.convex(ca.mask | cb.mask):
+                        continue
+                    if ca.backend == FALLBACK and cb.backend == FALLBACK:
+                        continue
+                    found = (ka, kb)
+                    break
+                if found:
+                    break
+            if found:
+                out.append(((a, b), found))
+    return out
+
+
+__all__ = ["CostModel", "MockCostModel", "MeasuredCostModel", "Stats", "register_builder", "ops_of", "ESTIMATOR_VERSION"]

@@ -1,0 +1,332 @@
+"""Automatic placement: candidates, costs, the cheapest cover, per shape bucket.
+
+``place(mod, backends)`` returns a ``PlacementPlan``: for each shape bucket of ``main``'s
+dynamic dims (``tilework.collage.buckets``), a ``Placement`` of every dataflow block of every
+graph function, found as follows:
+
+1. the candidates of each block (``tilework.collage.candidates``: the backends' patterns,
+   validity, pins, the codegen fallback);
+2. their costs at the bucket's dims (``tilework.collage.cost``: measured on this machine, from
+   the persistent cache when known): first the fallback (every binding alone on codegen; a
+   binding that is not an op call costs nothing), then the rest while ``budget_s`` lasts;
+3. the transition costs between backends, then the cheapest exact cover
+   (``tilework.collage.search``);
+4. *refinement* on measured end-to-end time (``refine=True``): the cover found, and each
+   single-backend placement by rules, are built whole and timed at the bucket's dims; the
+   fastest is kept (so additive-cost error never makes the result slower than a single
+   backend, as far as the measurement can tell).
+
+``apply_plan(mod, plan)`` gives the module to compile: offloaded by the one placement, or, when
+buckets chose differently, one copy of ``main`` per distinct placement and a ``main`` that
+dispatches on the dims. A plan is JSON data: ``to_json``/``from_json``, ``save``/``load``;
+compiled executables carry it in their metadata, and ``table()`` explains it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from tilework.backend.base import Backend, availability, backend_names, resolve_backends
+from tilework.backend.offload import Offload
+from tilework.backend.partition import Placement, RegionSpec, partition_by_rules
+from tilework.collage.buckets import Bucket, bucket_vars, dispatch_module, make_buckets
+from tilework.collage.candidates import FALLBACK, Candidate, block_candidates, is_op_binding
+from tilework.collage.cost import CostModel, MeasuredCostModel, ops_of
+from tilework.collage.search import exact_cover
+from tilework.errors import TileworkError, UnsupportedError
+from tilework.ir.graph import GraphFunc
+from tilework.ir.module import IRModule
+from tilework.pattern.graph import BlockGraph, graphs_of
+from tilework.transform.base import Pass
+
+FORMAT = "tilework.placement"
+FAILED_FALLBACK_S = 1.0  # the cost given to a codegen singleton that failed alone (any alternative wins)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One chosen region, for the explanation: where, what, on which backend at what cost, and
+    the best alternative for the same bindings (another backend's candidate, or codegen op by
+    op)."""
+
+    func: str
+    block: int
+    vars: tuple[str, ...]
+    ops: tuple[str, ...]
+    backend: str
+    cost_s: float
+    alternative: str | None = None
+    alternative_s: float | None = None
+
+
+@dataclass(frozen=True)
+class BucketPlan:
+    bucket: Bucket
+    placement: Placement
+    rows: tuple[Row, ...] = ()
+    estimate_s: float = 0.0
+    measured_s: float | None = None
+    chosen_by: str = "search"
+
+
+@dataclass(frozen=True)
+class PlacementPlan:
+    """Per bucket, the placement chosen; ``func``: the function dispatched on the buckets'
+    dims; ``stats``: search time, candidates, measurements, cache hits."""
+
+    buckets: tuple[BucketPlan, ...]
+    backends: tuple[str, ...]
+    func: str = "main"
+    stats: Mapping[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def variants(self) -> tuple[list[Placement], list[int]]:
+        """The distinct placements and, per bucket, the index of its own."""
+        distinct: list[Placement] = []
+        index: list[int] = []
+        for b in self.buckets:
+            key = b.placement.to_json()
+            for k, p in enumerate(distinct):
+                if p.to_json() == key:
+                    index.append(k)
+                    break
+            else:
+                index.append(len(distinct))
+                distinct.append(b.placement)
+        return distinct, index
+
+    # -- persistence ----------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": FORMAT,
+            "version": 1,
+            "func": self.func,
+            "backends": list(self.backends),
+            "stats": dict(self.stats),
+            "notes": list(self.notes),
+            "buckets": [
+                {
+                    "bucket": b.bucket.to_dict(),
+                    "placement": json.loads(b.placement.to_json()),
+                    "rows": [[r.func, r.block, list(r.vars), list(r.ops), r.backend, _num(r.cost_s), r.alternative, _num(r.alternative_s)] for r in b.rows],
+                    "estimate_s": _num(b.estimate_s),
+                    "measured_s": _num(b.measured_s),
+                    "chosen_by": b.chosen_by,
+                }
+                for b in self.buckets
+            ],
+        }
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any], where: str = "placement") -> "PlacementPlan":
+        if not isinstance(d, Mapping) or d.get("kind") != FORMAT:
+            raise TileworkError(f"{where}: not a tilework placement (kind {d.get('kind') if isinstance(d, Mapping) else type(d).__name__!r})")
+        try:
+            buckets = []
+            for b in d["buckets"]:
+                rows = tuple(Row(r[0], int(r[1]), tuple(r[2]), tuple(r[3]), r[4], _inf(r[5]), r[6], None if r[7] is None else _inf(r[7])) for r in b.get("rows", []))
+                placement = Placement.from_json(json.dumps(b["placement"]))
+                measured = b.get("measured_s")
+                buckets.append(BucketPlan(Bucket.from_dict(b["bucket"]), placement, rows, _inf(b.get("estimate_s") or 0.0), None if measured is None else _inf(measured), str(b.get("chosen_by", "search"))))
+            return PlacementPlan(tuple(buckets), tuple(d["backends"]), str(d.get("func", "main")), dict(d.get("stats") or {}), tuple(d.get("notes") or ()))
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise TileworkError(f"{where}: malformed placement ({type(e).__name__}: {e})") from None
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1)
+
+    @staticmethod
+    def from_json(text: str, where: str = "placement") -> "PlacementPlan":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise TileworkError(f"{where}: not JSON ({e})") from None
+        return PlacementPlan.from_dict(data, where)
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as fh:
+            fh.write(self.to_json())
+
+    @staticmethod
+    def load(path: str) -> "PlacementPlan":
+        with open(path) as fh:
+            return PlacementPlan.from_json(fh.read(), path)
+
+    def table(self) -> str:
+        from tilework.collage.report import plan_table
+
+        return plan_table(self)
+
+
+def _num(x: float | None) -> float | str | None:
+    if x is None:
+        return None
+    return x if math.isfinite(x) else "inf"
+
+
+def _inf(x: Any) -> float:
+    return math.inf if x == "inf" else float(x)
+
+
+# -- the search over a module ---------------------------------------------------------------------
+
+
+def default_backends() -> list[str]:
+    """Every registered backend that is available here (codegen included)."""
+    return [n for n in backend_names() if availability(n)[0]]
+
+
+def place(
+    mod: IRModule,
+    backends: str | Sequence[str | Backend] | None = None,
+    *,
+    cost_model: CostModel | None = None,
+    budget_s: float | None = None,
+    buckets: Mapping[str, Sequence[int]] | None = None,
+    pins: Mapping[str, str] | None = None,
+    max_size: int = 6,
+    refine: bool = True,
+    func: str = "main",
+    progress: bool | None = None,
+) -> PlacementPlan:
+    """See the module docstring. ``backends``: the backends to place over (default: every
+    available one; codegen is always added); ``cost_model``: default the estimator with the
+    persistent cache; ``budget_s``: measuring stops starting new candidates after this many
+    seconds (the fallback is always measured); ``buckets``: points per dim name; ``pins``: op
+    name or ``%var`` -> backend; ``max_size``: the largest interval candidate."""
+    t0 = time.perf_counter()
+    resolved = resolve_backends(list(backends) if backends is not None and not isinstance(backends, str) else (backends or default_backends()))
+    if FALLBACK not in [b.name for b in resolved]:
+        resolved += resolve_backends([FALLBACK])
+    names = tuple(b.name for b in resolved)
+    model = cost_model if cost_model is not None else MeasuredCostModel(progress=progress)
+    f = mod.get(func)
+    if not isinstance(f, GraphFunc):
+        raise UnsupportedError(f"placement: the module has no graph function @{func} to place")
+    vars_ = bucket_vars(f)
+    by_name = {v.name: v for v in vars_}
+    grid = make_buckets(vars_, buckets)
+    blocks = [g for name, fn in mod.graph_funcs() for g in graphs_of(name, fn)]
+    cands = {(g.func_name, g.block_index): block_candidates(g, resolved, max_size=max_size, pins=pins) for g in blocks}
+    notes: list[str] = []
+    plans = []
+    n_cands = sum(len(c) for c in cands.values())
+    for bucket in grid:
+        env = bucket.env(by_name)
+        specs: list[RegionSpec] = []
+        rows: list[Row] = []
+        estimate = 0.0
+        for g in blocks:
+            cs = cands[(g.func_name, g.block_index)]
+            costs = _costs(model, g, cs, env, t0, budget_s, notes)
+            trans = model.transition_costs(g, cs, costs, env)
+            edges = [(u, v) for u in range(len(g)) for v in g.succ[u]]
+            cover = exact_cover(len(g), cs, costs, edges, lambda a, b: trans.get((a, b), 0.0), lambda i: f"%{g.bindings[i].var.name} in @{g.func_name}")
+            estimate += cover.cost
+            for k in cover.chosen:
+                c = cs[k]
+                if c.backend != FALLBACK:
+                    specs.append(RegionSpec(c.backend, c.capability, tuple(g.bindings[i].var.name for i in c.nodes), g.func_name, g.block_index))
+                rows.append(_row(g, cs, costs, k))
+        searched = Placement(tuple(specs), names)
+        plans.append(_refine(mod, model, bucket, env, searched, tuple(rows), estimate, names, refine, func))
+    stats = {"search_s": round(time.perf_counter() - t0, 3), "candidates": n_cands, "buckets": len(grid)}
+    if isinstance(model, MeasuredCostModel):
+        s = model.stats.as_dict()
+        stats.update(s)
+        stats["cache_share"] = round(s["cache_hits"] / max(1, s["cache_hits"] + s["measured"]), 3)
+    return PlacementPlan(tuple(plans), names, func, stats, tuple(dict.fromkeys(notes)))
+
+
+def _costs(model: CostModel, g: BlockGraph, cs: Sequence[Candidate], env: Mapping[Any, int], t0: float, budget_s: float | None, notes: list[str]) -> list[float]:
+    """Fallback singletons first (never cut by the budget), then the rest within it."""
+    costs = [math.inf] * len(cs)
+    free = [k for k, c in enumerate(cs) if c.origin == "fallback" and not is_op_binding(g.bindings[c.first])]
+    for k in free:
+        costs[k] = 0.0
+    first = [k for k, c in enumerate(cs) if c.origin == "fallback" and k not in set(free)]
+    rest = [k for k, c in enumerate(cs) if c.origin != "fallback"]
+    for k, cost in zip(first, model.region_costs(g, [cs[k] for k in first], env)):
+        if not math.isfinite(cost):
+            notes.append(f"@{g.func_name}: codegen failed to run %{g.bindings[cs[k].first].var.name} alone; costed at {FAILED_FALLBACK_S} s")
+            cost = FAILED_FALLBACK_S
+        costs[k] = cost
+    if isinstance(model, MeasuredCostModel):
+        model.deadline = None if budget_s is None else t0 + budget_s
+    try:
+        for k, cost in zip(rest, model.region_costs(g, [cs[k] for k in rest], env)):
+            costs[k] = cost
+    finally:
+        if isinstance(model, MeasuredCostModel):
+            model.deadline = None
+    return costs
+
+
+def _row(g: BlockGraph, cs: Sequence[Candidate], costs: Sequence[float], k: int) -> Row:
+    c = cs[k]
+    alt, alt_cost = None, None
+    for j, other in enumerate(cs):
+        if j != k and other.nodes == c.nodes and other.backend != c.backend and math.isfinite(costs[j]) and (alt_cost is None or costs[j] < alt_cost):
+            alt, alt_cost = other.backend, costs[j]
+    if alt is None and (c.backend != FALLBACK or len(c.nodes) > 1):
+        singles = {cs[j].first: costs[j] for j in range(len(cs)) if cs[j].origin == "fallback"}
+        if all(i in singles for i in c.nodes):
+            alt, alt_cost = "codegen op by op", sum(singles[i] for i in c.nodes)
+    return Row(g.func_name, g.block_index, tuple(g.bindings[i].var.name for i in c.nodes), ops_of(g, c.nodes), c.backend, costs[k], alt, alt_cost)
+
+
+def _refine(mod: IRModule, model: CostModel, bucket: Bucket, env: Mapping[Any, int], searched: Placement, rows: tuple[Row, ...], estimate: float, names: tuple[str, ...], refine: bool, func: str) -> BucketPlan:
+    """The searched placement, or a single-backend one that measures faster end to end."""
+    if not refine:
+        return BucketPlan(bucket, searched, rows, estimate)
+    measured = model.end_to_end(mod, searched, env)
+    if measured is None:
+        return BucketPlan(bucket, searched, rows, estimate)
+    best, best_s, how = searched, measured, "search (confirmed end to end)"
+    for b in names:
+        seed = Placement((), names) if b == FALLBACK else Placement(partition_by_rules(mod, [b, FALLBACK]).regions, names)
+        if not seed.regions and b != FALLBACK:
+            continue
+        s = model.end_to_end(mod, seed, env)
+        if s is not None and s < best_s * 0.97:  # a clear win only: noise must not flip the choice
+            best, best_s, how = seed, s, f"end to end: {b} by rules beat the search's cover"
+    kept = rows if best is searched else ()
+    return BucketPlan(bucket, best, kept, estimate, best_s, how)
+
+
+# -- applying a plan ----------------------------------------------------------------------------
+
+
+def apply_plan(mod: IRModule, plan: PlacementPlan) -> IRModule:
+    """The module to compile (see the module docstring)."""
+    distinct, index = plan.variants()
+    if len(distinct) == 1:
+        return Offload(distinct[0]).run(mod)
+    out = dispatch_module(mod, plan.func, [(b.bucket, k) for b, k in zip(plan.buckets, index)], len(distinct))
+    specs = []
+    for k, p in enumerate(distinct):
+        for r in p.regions:
+            if r.func == plan.func:
+                specs.append(RegionSpec(r.backend, r.capability, r.vars, f"{r.func}__p{k}", r.block))
+            elif k == 0:  # other functions are not dispatched: the first variant places them
+                specs.append(r)
+    return Offload(Placement(tuple(specs), plan.backends)).run(out)
+
+
+@dataclass(frozen=True)
+class ApplyPlacement(Pass):
+    """The pass form of ``apply_plan`` (the pipeline's placement stage)."""
+
+    plan: PlacementPlan
+    name: str = "apply_placement"
+
+    def run(self, mod: IRModule) -> IRModule:
+        return apply_plan(mod, self.plan)
+
+
+__all__ = ["Row", "BucketPlan", "PlacementPlan", "place", "apply_plan", "ApplyPlacement", "default_backends", "FORMAT"]

@@ -1,0 +1,81 @@
+"""Regions as standalone functions: what the estimator builds and runs, and what the cost
+cache hashes.
+
+``region_function(g, nodes)`` makes a graph function of the bindings ``nodes`` of block ``g``:
+its params are the vars the bindings read from outside (constants stay constants), its result
+the values the bindings provide outside (one, or a tuple). Binding vars keep their names, so a
+``RegionSpec`` naming the original vars names the same bindings in the new function.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from tilework.ir import sym
+from tilework.ir.builder import BlockBuilder
+from tilework.ir.dtype import np_dtype
+from tilework.ir.graph import Binding, Expr, GraphFunc, MatchCast, Var
+from tilework.ir.info import TensorInfo
+from tilework.ir.sym import SymVar
+from tilework.ir.visitor import substitute
+from tilework.pattern.graph import BlockGraph
+
+
+def region_function(g: BlockGraph, nodes: Sequence[int]) -> GraphFunc:
+    """See the module docstring."""
+    inputs, outputs = g.region_io(sorted(nodes))
+    mapping: dict[Var, Expr] = {}
+    params = []
+    for e in inputs:
+        if isinstance(e, Var):
+            p = Var(e.name, e.info)
+            mapping[e] = p
+            params.append(p)
+    out_set = set(outputs)
+    bb = BlockBuilder()
+    with bb.function("region", params):
+        with bb.dataflow():
+            for i in sorted(nodes):
+                b = g.bindings[i]
+                value = substitute(b.value, mapping)
+                if isinstance(b, MatchCast):
+                    v = bb.match_cast(value, b.cast_info, name=b.var.name, output=b.var in out_set)
+                elif b.var in out_set:
+                    v = bb.emit_output(value, name=b.var.name)
+                else:
+                    assert isinstance(b, Binding)
+                    v = bb.emit(value, name=b.var.name)
+                mapping[b.var] = v
+        result = [mapping[v] for v in outputs]
+        bb.emit_func_output(result[0] if len(result) == 1 else result)
+    f = bb.get()["region"]
+    assert isinstance(f, GraphFunc)
+    return f
+
+
+def input_arrays(f: GraphFunc, env: Mapping[SymVar, int], seed: int = 0) -> list[np.ndarray]:
+    """Inputs for ``f`` at the dims ``env`` (a var missing from ``env`` takes its lower bound,
+    at least 1): floats drawn from a normal distribution, integers and booleans zero (always a
+    valid index)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for p in f.params:
+        info = p.info
+        if not isinstance(info, TensorInfo) or info.shape is None or info.dtype is None:
+            raise ValueError(f"param %{p.name} is not a tensor of known shape and dtype ({info})")
+        full = dict(env)
+        for d in info.shape:
+            for v in sym.free_vars(d):
+                full.setdefault(v, max(1, v.lo or 0))
+        shape = tuple(sym.evaluate(d, full) for d in info.shape)
+        dtype = np_dtype(info.dtype)
+        if np.issubdtype(dtype, np.floating):
+            out.append((rng.standard_normal(shape) * 0.5).astype(dtype))
+        else:
+            out.append(np.zeros(shape, dtype))
+    return out
+
+
+__all__ = ["region_function", "input_arrays"]

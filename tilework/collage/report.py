@@ -1,0 +1,51 @@
+"""The explanation of a placement: per bucket, one line per chosen region with its ops, the
+backend, the measured cost and the best alternative with its cost; then the totals and how the
+search went."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tilework.collage.place import PlacementPlan
+
+
+def _ms(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return "failed" if not math.isfinite(x) else f"{1e3 * x:.3f}"
+
+
+def _ops(ops: tuple[str, ...], limit: int = 40) -> str:
+    text = ", ".join(ops)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def plan_table(plan: "PlacementPlan") -> str:
+    """See the module docstring."""
+    distinct, index = plan.variants()
+    lines = [f"placement of @{plan.func} over {', '.join(plan.backends)}: {len(plan.buckets)} bucket(s), {len(distinct)} distinct placement(s)"]
+    for b, k in zip(plan.buckets, index):
+        measured = f", end to end {_ms(b.measured_s)} ms" if b.measured_s is not None else ""
+        lines.append(f"  bucket {b.bucket.label()}: variant {k}, estimated {_ms(b.estimate_s)} ms{measured}; chosen by {b.chosen_by}")
+        counts = b.placement.counts()
+        if b.rows:
+            lines.append(f"    {'region':<22} {'ops':<40} {'backend':<12} {'cost ms':>9}  best alternative")
+            for r in b.rows:
+                where = f"%{r.vars[0]}" if len(r.vars) == 1 else f"%{r.vars[0]}..%{r.vars[-1]}"
+                alt = f"{r.alternative} {_ms(r.alternative_s)} ms" if r.alternative else "-"
+                lines.append(f"    {where:<22} {_ops(r.ops):<40} {r.backend:<12} {_ms(r.cost_s):>9}  {alt}")
+        else:
+            lines.append(f"    regions: {len(b.placement.regions)}, bindings per backend: {counts or 'all codegen'}")
+    s = plan.stats
+    if s:
+        parts = [f"search {s.get('search_s', 0):.2f} s", f"{s.get('candidates', 0)} candidates"]
+        if "measured" in s:
+            parts.append(f"{s['measured']} measured, {s['cache_hits']} from the cache ({100 * s.get('cache_share', 0):.0f}%), {s['failed']} failed, {s['builds']} builds")
+        lines.append("  " + "; ".join(parts))
+    lines.extend(f"  note: {n}" for n in plan.notes)
+    return "\n".join(lines)
+
+
+__all__ = ["plan_table"]
