@@ -10,6 +10,8 @@
     tilework generate "PROMPT" [--max-tokens N] [--precision q|bf16|fp32] [--model PATH.gguf]
                                        stream an LLM's completion (default: SmolLM2-135M-Instruct)
     tilework chat [--model PATH.gguf]  an interactive chat (history kept in the KV cache)
+    tilework serve [MODEL.gguf] [--host 127.0.0.1] [--port 8000]
+                                       an OpenAI-compatible server with continuous batching
     tilework --version
 
 Every command has ``--help``. User mistakes (a missing file, bad IR, a wrong input) end with a
@@ -71,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _demo(args)
         if args.command == "build":
             return _build(args)
-        if args.command in ("generate", "chat"):
+        if args.command in ("generate", "chat", "serve"):
             from tilework.cli import llm
 
             return llm.run(args)

@@ -1,5 +1,5 @@
-"""``tilework generate`` and ``tilework chat``: the embedded LLM (or a GGUF / transformers model)
-from the command line.
+"""``tilework generate``, ``tilework chat`` and ``tilework serve``: the embedded LLM (or a GGUF /
+transformers model) from the command line, and as an OpenAI-compatible server (tilework.serve).
 
 The generated text goes to stdout as it is made; progress (the first start compiles the model
 once for this machine) and the statistics line (prefill time, decode tokens/s) go to stderr.
@@ -28,6 +28,20 @@ def add_parsers(sub: Any) -> None:
     c = sub.add_parser("chat", help="an interactive chat with an LLM (history kept in the KV cache)", description="Chat on stdin/stdout: type a message and Enter; /reset starts over, /exit (or end of input) quits.")
     _model_args(c)
     c.add_argument("--max-tokens", type=int, default=512, metavar="N", help="most tokens per reply (default 512)")
+
+    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching (default: the embedded SmolLM2-135M-Instruct)",
+                       description="Serve POST /v1/chat/completions and /v1/completions (streamed or not), GET /v1/models, /health and /metrics (Prometheus). See docs/serve.md.")
+    s.add_argument("model", nargs="?", metavar="MODEL", help="a .gguf file, or a transformers checkpoint directory (default: the embedded SmolLM2-135M-Instruct)")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)")
+    s.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    s.add_argument("--precision", choices=tuple(PRECISION_NAMES), default="q", help="q: the file's quantized blocks (default); bf16; fp32")
+    s.add_argument("--name", metavar="ID", help="the model id the API shows and expects (default: the file name without .gguf)")
+    s.add_argument("--max-seqs", type=int, default=16, metavar="N", help="most sequences decoded together; more requests wait in the queue (default 16)")
+    s.add_argument("--kv-tokens", type=int, default=32768, metavar="N", help="KV-cache size in tokens, all sequences together; a request reserves prompt + max_tokens (default 32768)")
+    s.add_argument("--max-tokens", type=int, default=256, metavar="N", help="max_tokens of a request that gives none (default 256)")
+    s.add_argument("--prefill-chunk", type=int, default=256, metavar="N", help="prompts are fed in chunks of N tokens between decode steps (default 256)")
+    s.add_argument("--max-queue", type=int, default=1024, metavar="N", help="most requests waiting; more get 429 (default 1024)")
+    s.add_argument("--no-cache", action="store_true", help="compile the model again instead of loading it from the cache")
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -140,9 +154,29 @@ def chat(args: argparse.Namespace, read: Callable[[], str] = input) -> int:
     return 0
 
 
+def serve(args: argparse.Namespace) -> int:
+    from tilework.serve.server import serve as run_server
+
+    for flag in ("port", "max_seqs", "kv_tokens", "prefill_chunk"):
+        if getattr(args, flag) < (0 if flag == "port" else 1):
+            raise TileworkError(f"--{flag.replace('_', '-')} must be at least {0 if flag == 'port' else 1}, got {getattr(args, flag)}")
+    from tilework.llm.engine import LLM
+
+    progress = _Progress(sys.stderr)
+    try:
+        llm = LLM(args.model, PRECISION_NAMES[args.precision], max_batch=max(16, args.max_seqs), kv_tokens=args.kv_tokens, use_cache=not args.no_cache, progress=progress)
+    finally:
+        progress.close()
+    run_server(llm, args.host, args.port, name=args.name, default_max_tokens=args.max_tokens,
+               max_seqs=args.max_seqs, prefill_chunk=args.prefill_chunk, max_queue=args.max_queue)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     if args.max_tokens < 1:
         raise TileworkError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    if args.command == "serve":
+        return serve(args)
     return generate(args) if args.command == "generate" else chat(args)
 
 

@@ -1,0 +1,201 @@
+"""``tilework serve``'s API through the official ``openai`` client, on a free loopback port:
+chat and completions, streamed and not, equal ``LLM.generate``; 16 concurrent clients get
+their own tokens; clients that go away mid-stream leave no KV pages behind (the metrics show
+it); bad requests get OpenAI error bodies with a 4xx status and the server goes on."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterator
+
+import pytest
+
+from tests.llm.models import needs_smollm2
+
+pytest.importorskip("gguf")
+pytest.importorskip("tokenizers")
+pytest.importorskip("jinja2")
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+
+pytestmark = needs_smollm2
+
+from tilework.llm import LLM, SamplingParams  # noqa: E402
+from tilework.serve.metrics import parse_metrics  # noqa: E402
+from tilework.serve.server import BackgroundServer  # noqa: E402
+
+PROMPTS = ["The capital of France is", "1, 2, 3,", "Hi", "My favourite colour is"]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[BackgroundServer]:
+    with BackgroundServer(LLM(precision="q", kv_tokens=4096)) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def ref() -> LLM:
+    """The references, computed by an engine of their own (the server's belongs to its thread)."""
+    return LLM(precision="q", kv_tokens=4096)
+
+
+@pytest.fixture(scope="module")
+def client(server: BackgroundServer) -> Any:
+    return openai.OpenAI(base_url=server.url, api_key="none", max_retries=0, timeout=120)
+
+
+def http(server: BackgroundServer, path: str, body: bytes | None = None, method: str | None = None, timeout: float = 60) -> tuple[int, str]:
+    req = urllib.request.Request(f"http://{server.host}:{server.port}{path}", data=body, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def metrics(server: BackgroundServer) -> dict[str, float]:
+    return parse_metrics(http(server, "/metrics")[1])
+
+
+def test_chat_and_completions_streamed_or_not_equal_generate(server: BackgroundServer, client: Any, ref: LLM) -> None:
+    greedy = SamplingParams(temperature=0, max_tokens=6)
+    question = "What is the capital of Italy?"
+    want_chat = ref.generate(question, greedy)[0]
+    want_text = ref.generate(PROMPTS[0], greedy, chat=False)[0]
+    chat = client.chat.completions.create(model=server.name, messages=[{"role": "user", "content": question}], max_tokens=6, temperature=0)
+    assert chat.choices[0].message.content == want_chat.text and chat.choices[0].finish_reason == want_chat.finish_reason
+    assert (chat.usage.prompt_tokens, chat.usage.completion_tokens) == (want_chat.prompt_tokens, len(want_chat.token_ids))
+    chunks = list(client.chat.completions.create(model=server.name, messages=[{"role": "user", "content": question}], max_tokens=6,
+                                                 temperature=0, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want_chat.text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == want_chat.finish_reason
+    assert chunks[-1].usage.completion_tokens == len(want_chat.token_ids) and not chunks[-1].choices
+
+    done = client.completions.create(model=server.name, prompt=PROMPTS[0], max_tokens=6, temperature=0)
+    assert done.choices[0].text == want_text.text and done.usage.completion_tokens == len(want_text.token_ids)
+    streamed = list(client.completions.create(model=server.name, prompt=PROMPTS[0], max_tokens=6, temperature=0, stream=True))
+    assert len(streamed) > 2 and "".join(c.choices[0].text for c in streamed) == want_text.text
+    assert streamed[-1].choices[0].finish_reason == "length"
+    ids = client.completions.create(model=server.name, prompt=ref.encode(PROMPTS[0]), max_tokens=6, temperature=0)
+    assert ids.choices[0].text == want_text.text  # a prompt of token ids
+    assert [m.id for m in client.models.list().data] == [server.name]
+
+
+def test_16_concurrent_clients_get_the_tokens_they_get_alone(server: BackgroundServer, client: Any, ref: LLM) -> None:
+    """Requests 0-7 greedy, 8-15 sampled with seed 100 + i; half streamed. The references are
+    ``LLM.generate`` on the same prompts (tests/llm/test_engine.py shows a batch there decodes
+    like each prompt alone; its i-th sequence draws with seed + i)."""
+    n, sampled = 16, SamplingParams(temperature=0.9, top_p=0.95, max_tokens=6, seed=108)
+    greedy = ref.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=6), chat=False)
+    seeded = ref.generate([PROMPTS[i % 4] for i in range(8, n)], sampled, chat=False)
+    want = [greedy[i % 4] for i in range(8)] + seeded
+
+    def ask(i: int) -> tuple[str, int, str]:
+        kw: dict[str, Any] = dict(model=server.name, prompt=PROMPTS[i % 4], max_tokens=6)
+        kw.update(temperature=0) if i < 8 else kw.update(temperature=0.9, top_p=0.95, seed=100 + i)
+        if i % 2:
+            r = client.completions.create(**kw)
+            return r.choices[0].text, r.usage.completion_tokens, r.choices[0].finish_reason
+        chunks = list(client.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+        return "".join(c.choices[0].text for c in chunks if c.choices), chunks[-1].usage.completion_tokens, chunks[-2].choices[0].finish_reason
+
+    before = metrics(server)["tilework_decode_steps_total"]
+    with ThreadPoolExecutor(n) as pool:
+        got = list(pool.map(ask, range(n)))
+    assert got == [(w.text, len(w.token_ids), w.finish_reason) for w in want]
+    assert metrics(server)["tilework_decode_steps_total"] - before < sum(len(w.token_ids) for w in want) / 2  # batched
+
+
+def test_clients_that_disconnect_mid_stream_leave_no_pages(server: BackgroundServer, client: Any) -> None:
+    rng = random.Random(7)
+    before = metrics(server)
+
+    def leave(i: int) -> str | None:
+        stream = client.completions.create(model=server.name, prompt=PROMPTS[i % 4], max_tokens=60, temperature=0, stream=True)
+        for k, _ in enumerate(stream):
+            if k >= rng.randint(0, 4):
+                break
+        stream.close()
+        return None
+
+    def stay(i: int) -> str | None:
+        r = client.completions.create(model=server.name, prompt=PROMPTS[i % 4], max_tokens=8, temperature=0)
+        return r.choices[0].finish_reason
+
+    def give_up(_i: int) -> str | None:  # a plain request whose client times out
+        try:
+            http(server, "/v1/completions", json.dumps({"prompt": "1, 2, 3,", "max_tokens": 1000}).encode(), timeout=0.5)
+        except (TimeoutError, urllib.error.URLError):
+            return None
+        return "finished"
+
+    jobs = [leave] * 10 + [stay] * 4 + [give_up]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        outcomes = list(pool.map(lambda ij: ij[1](ij[0]), enumerate(jobs)))
+    assert outcomes == [None] * 10 + ["length"] * 4 + [None]
+    deadline = time.monotonic() + 60
+    while (m := metrics(server))["tilework_running_sequences"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert m["tilework_running_sequences"] == m["tilework_queue_depth"] == 0
+    assert m["tilework_kv_pages_used"] == m["tilework_kv_pages_reserved"] == 0
+    assert m['tilework_requests_finished_total{reason="cancelled"}'] - before.get('tilework_requests_finished_total{reason="cancelled"}', 0) == 11
+    assert http(server, "/health") == (200, '{"status":"ok"}')
+
+
+BAD = [
+    (b"{not json", 400, None, "not valid JSON"),
+    (b"[1, 2]", 400, None, "must be a JSON object"),
+    (json.dumps({"model": "gpt-4", "prompt": "hi"}), 404, "model", "does not exist"),
+    (json.dumps({"prompt": "hi " * 9000}), 400, "prompt", "the model's context is 8192"),
+    (json.dumps({"prompt": "hi", "max_tokens": 9000}), 400, "max_tokens", "exceed the model's context"),
+    (json.dumps({"prompt": "hi", "max_tokens": 5000}), 400, "max_tokens", "KV-cache pages"),
+    (json.dumps({"prompt": "hi", "max_tokens": 0}), 400, "max_tokens", "max_tokens=0"),
+    (json.dumps({"prompt": "hi", "max_tokens": "ten"}), 400, "max_tokens", "must be an integer"),
+    (json.dumps({"prompt": "hi", "temperature": -1}), 400, "temperature", "in \\[0, 2\\]"),
+    (json.dumps({"prompt": "hi", "temperature": True}), 400, "temperature", "must be a number"),
+    (json.dumps({"prompt": "hi", "top_p": 0}), 400, "top_p", "top_p=0"),
+    (json.dumps({"prompt": "hi", "top_k": -3}), 400, "top_k", "top_k=-3"),
+    (json.dumps({"prompt": "hi", "seed": -1}), 400, "seed", "seed=-1"),
+    (json.dumps({"prompt": "hi", "stop": 5}), 400, "stop", "stop must be"),
+    (json.dumps({"prompt": "hi", "stop": [""]}), 400, "stop", "non-empty strings"),
+    (json.dumps({"prompt": "hi", "n": 3}), 400, "n", "n must be 1"),
+    (json.dumps({"prompt": "hi", "logprobs": 2}), 400, "logprobs", "not supported"),
+    (json.dumps({"prompt": ""}), 400, "prompt", "prompt is empty"),
+    (json.dumps({"prompt": [1, 999999]}), 400, "prompt", "outside the vocabulary"),
+    (json.dumps({"max_tokens": 3}), 400, "prompt", "prompt is required"),
+]
+BAD_CHAT = [
+    (json.dumps({"messages": []}), 400, "messages", "non-empty list"),
+    (json.dumps({"messages": [{"content": "hi"}]}), 400, "messages", "string role"),
+    (json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}), 400, "messages", "only text parts"),
+    (json.dumps({"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}), 400, "stream", "true or false"),
+]
+
+
+@pytest.mark.parametrize("path, body, status, param, message", [("/v1/completions", *b) for b in BAD] + [("/v1/chat/completions", *b) for b in BAD_CHAT])
+def test_bad_requests_get_openai_errors(server: BackgroundServer, path: str, body: str | bytes, status: int, param: str | None, message: str) -> None:
+    code, text = http(server, path, body if isinstance(body, bytes) else body.encode())
+    error = json.loads(text)["error"]
+    assert code == status and error["param"] == param and error["type"] == "invalid_request_error"
+    assert re.search(message, error["message"]), error["message"]
+
+
+def test_unknown_routes_and_methods_and_the_client_errors(server: BackgroundServer, client: Any) -> None:
+    assert http(server, "/v1/nothing")[0] == 404 and json.loads(http(server, "/v1/nothing")[1])["error"]["message"] == "Not Found"
+    assert http(server, "/v1/completions", method="GET")[0] == 405
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.chat.completions.create(model=server.name, messages=[{"role": "user", "content": "hi"}], temperature=5)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="other", prompt="hi")
+    m = metrics(server)
+    assert m['tilework_http_requests_total{endpoint="/v1/chat/completions",status="400"}'] >= 1
+    assert http(server, "/health") == (200, '{"status":"ok"}')

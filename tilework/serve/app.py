@@ -1,0 +1,170 @@
+"""The OpenAI-compatible HTTP API on a ``Scheduler``: a Starlette application.
+
+    POST /v1/chat/completions   POST /v1/completions   (streamed as server-sent events with
+                                                        "stream": true, ending in "data: [DONE]")
+    GET  /v1/models             GET  /health           GET  /metrics  (Prometheus text)
+
+A request is parsed and tokenized off the event loop (``tilework.serve.protocol``), handed to the
+scheduler, and its events come back through an ``asyncio.Queue`` (the scheduler's thread puts
+them with ``call_soon_threadsafe``). Every refusal is an OpenAI error body with a 4xx status;
+an unexpected failure is a 500 with the same body, and the server goes on. A client that goes
+away cancels its request: a stream notices when it can no longer send (or, with servers that
+report it, at once), a plain request polls for the disconnect while it waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any, AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from tilework.serve.protocol import chunk_body, completion_body, error_body, new_id, parse_request
+from tilework.serve.scheduler import Event, RequestError, Scheduler, Ticket
+
+__all__ = ["create_app"]
+
+POLL_S = 0.25  # how often a non-streamed request checks for its client's disconnect
+
+
+def _error(message: str, status: int, param: str | None = None, code: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, status, param, code), status_code=status)
+
+
+def _sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+class _Stream(StreamingResponse):
+    """An event stream whose request is cancelled however the response ends."""
+
+    def __init__(self, body: AsyncIterator[str], ticket: Ticket) -> None:
+        super().__init__(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.ticket = ticket
+        self.events = body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.ticket.cancel()
+            aclose = getattr(self.events, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int = 256) -> Starlette:
+    """The application; the caller starts and stops ``scheduler``."""
+    llm = scheduler.llm
+    metrics = scheduler.metrics
+    started = int(time.time())
+
+    async def generate(request: Request, kind: str) -> Response:
+        endpoint = request.url.path
+        try:
+            raw = await request.body()
+            parsed = await run_in_threadpool(parse_request, raw, kind, llm, model_name, default_max_tokens)
+            loop = asyncio.get_running_loop()
+            queue: asyncio.Queue[Event] = asyncio.Queue()
+
+            def deliver(ev: Event) -> None:  # from the scheduler's thread
+                loop.call_soon_threadsafe(queue.put_nowait, ev)
+
+            ticket = scheduler.submit(parsed.tokens, parsed.params, deliver)
+        except RequestError as exc:
+            metrics.request(endpoint, exc.status)
+            return _error(str(exc), exc.status, exc.param, exc.code)
+        metrics.request(endpoint, 200)
+        rid = new_id(kind)
+        if parsed.stream:
+            return _Stream(_events(kind, rid, queue, parsed.include_usage), ticket)
+        try:
+            text, last = await _collect(request, queue)
+        finally:
+            ticket.cancel()  # a no-op when it finished; frees the sequence when the client left
+        if last is None:
+            return Response(status_code=499)  # the client is gone; nobody reads this
+        if last.error is not None:
+            return _error(last.error, 500)
+        return JSONResponse(completion_body(kind, rid, model_name, text, last.finish_reason or "stop", last.prompt_tokens, last.completion_tokens))
+
+    async def _events(kind: str, rid: str, queue: asyncio.Queue[Event], include_usage: bool) -> AsyncIterator[str]:
+        if kind == "chat":
+            yield _sse(chunk_body(kind, rid, model_name, None, None, role=True))
+        while True:
+            ev = await queue.get()
+            if ev.error is not None:
+                yield _sse(error_body(ev.error, 500))
+                break
+            if ev.text:
+                yield _sse(chunk_body(kind, rid, model_name, ev.text, None))
+            if ev.finish_reason is not None:
+                yield _sse(chunk_body(kind, rid, model_name, None if kind == "chat" else "", ev.finish_reason))
+                if include_usage:
+                    yield _sse(chunk_body(kind, rid, model_name, None, None, usage_of=(ev.prompt_tokens, ev.completion_tokens)))
+                break
+        yield "data: [DONE]\n\n"
+
+    async def chat(request: Request) -> Response:
+        return await generate(request, "chat")
+
+    async def completions(request: Request) -> Response:
+        return await generate(request, "completion")
+
+    async def models(_request: Request) -> Response:
+        card = {"id": model_name, "object": "model", "created": started, "owned_by": "tilework",
+                "max_model_len": llm.config.context_length}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def health(_request: Request) -> Response:
+        if not scheduler.alive:
+            return _error("the scheduler is not running", 503)
+        return JSONResponse({"status": "ok"})
+
+    async def prometheus(_request: Request) -> Response:
+        return PlainTextResponse(metrics.render(scheduler.snapshot()), media_type="text/plain; version=0.0.4")
+
+    async def http_error(_request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return _error(str(exc.detail), exc.status_code)
+
+    async def server_error(_request: Request, exc: Exception) -> Response:
+        return _error(f"internal error: {type(exc).__name__}: {exc}", 500)
+
+    routes = [
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", prometheus, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
+
+
+async def _collect(request: Request, queue: asyncio.Queue[Event]) -> tuple[str, Event | None]:
+    """The whole text and the last event; ``None`` when the client disconnected first (checked
+    every ``POLL_S``, tokens arriving or not)."""
+    pieces = []
+    loop = asyncio.get_running_loop()
+    check_at = loop.time() + POLL_S
+    while True:
+        try:
+            ev = await asyncio.wait_for(queue.get(), max(check_at - loop.time(), 0.001))
+        except asyncio.TimeoutError:
+            ev = None
+        if ev is not None:
+            pieces.append(ev.text)
+            if ev.finish_reason is not None:
+                return "".join(pieces), ev
+        if loop.time() >= check_at:
+            if await request.is_disconnected():
+                return "", None
+            check_at = loop.time() + POLL_S

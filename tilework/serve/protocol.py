@@ -1,0 +1,210 @@
+"""OpenAI request bodies in, tilework requests out; and the response and error bodies.
+
+``parse_request(body, kind, ...)`` reads a ``/v1/completions`` (``kind="completion"``) or
+``/v1/chat/completions`` (``kind="chat"``) body and gives the prompt's token ids and the
+``SamplingParams``, or raises ``RequestError`` naming the field at fault. Supported fields:
+``model`` (optional; another name than the served model is a 404), ``prompt`` (a string, a list
+of one string, token ids, or a list of one list of ids) or ``messages`` (rendered through the
+model's chat template), ``max_tokens`` (``max_completion_tokens`` for chat), ``temperature``
+(0..2), ``top_p``, ``seed``, ``stop`` (a string or a list), ``stream``, ``stream_options.
+include_usage``, ``n`` and ``best_of`` (1 only), and the extensions ``top_k`` and
+``repetition_penalty`` (as vLLM and llama.cpp take them). Fields the server cannot honour
+(``logprobs``, ``echo``, ``suffix``, nonzero presence/frequency penalties, ``logit_bias``,
+``tools``, a non-text ``response_format``) are refused with a 400 rather than ignored; other
+unknown fields are ignored, as OpenAI's server does with fields it does not know.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from tilework.errors import TileworkError
+from tilework.llm.sampling import SamplingParams, SamplingParamsError
+from tilework.serve.scheduler import RequestError
+
+__all__ = ["Parsed", "parse_request", "error_body", "completion_body", "chunk_body", "new_id"]
+
+MAX_STOP = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    tokens: list[int]
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+
+
+def _field(body: dict[str, Any], name: str, kinds: tuple[type, ...], what: str, default: Any = None) -> Any:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        raise RequestError(f"{name} must be {what}, got {json.dumps(value)[:80]}", name)
+    return value
+
+
+def _unsupported(body: dict[str, Any]) -> None:
+    refused = {
+        "logprobs": lambda v: v not in (None, False, 0),
+        "top_logprobs": lambda v: v not in (None, 0),
+        "echo": lambda v: v not in (None, False),
+        "suffix": lambda v: v not in (None, ""),
+        "presence_penalty": lambda v: v not in (None, 0),
+        "frequency_penalty": lambda v: v not in (None, 0),
+        "logit_bias": lambda v: v not in (None, {}),
+        "tools": lambda v: v not in (None, []),
+        "functions": lambda v: v not in (None, []),
+        "response_format": lambda v: v not in (None, {"type": "text"}),
+    }
+    for name, bad in refused.items():
+        if name in body and bad(body[name]):
+            hint = " (use repetition_penalty)" if name.endswith("_penalty") else ""
+            raise RequestError(f"{name}={json.dumps(body[name])[:80]} is not supported by this server{hint}", name)
+    for name in ("n", "best_of"):
+        if _field(body, name, (int,), "an integer", 1) != 1:
+            raise RequestError(f"{name}={body[name]}: this server makes one completion per request ({name} must be 1)", name)
+
+
+def _prompt_tokens(body: dict[str, Any], llm: Any) -> list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        if not prompt:
+            raise RequestError("prompt is empty", "prompt")
+        return list(llm.encode(prompt, True))
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return list(prompt)
+    if prompt is None:
+        raise RequestError("prompt is required", "prompt")
+    raise RequestError("prompt must be a string or a list of token ids (one prompt per request)", "prompt")
+
+
+def _content(message: dict[str, Any], i: int) -> str | None:
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise RequestError(f"messages[{i}].content: only text parts ({{\"type\": \"text\", \"text\": ...}}) are supported", "messages")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise RequestError(f"messages[{i}].content must be a string or a list of text parts", "messages")
+
+
+def _chat_tokens(body: dict[str, Any], llm: Any) -> list[int]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("messages must be a non-empty list of {role, content} objects", "messages")
+    if llm.template is None:
+        raise RequestError("the model has no chat template: use /v1/completions", "messages")
+    plain = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise RequestError(f"messages[{i}] must be an object with a string role", "messages")
+        content = _content(m, i)
+        if content is None and m["role"] != "assistant":
+            raise RequestError(f"messages[{i}] ({m['role']}) has no content", "messages")
+        plain.append({"role": m["role"], "content": content or ""})
+    try:
+        text = llm.template.render(plain, add_generation_prompt=True)
+    except TileworkError as exc:
+        raise RequestError(f"messages: {exc}", "messages") from exc
+    return list(llm.encode(text, True))
+
+
+def parse_request(raw: bytes, kind: str, llm: Any, model_name: str, default_max_tokens: int) -> Parsed:
+    """See the module docstring; ``default_max_tokens`` applies when the body gives none (capped
+    by the context left after the prompt)."""
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RequestError(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    model = _field(body, "model", (str,), "a string", model_name)
+    if model != model_name:
+        raise RequestError(f"the model {model!r} does not exist: this server has {model_name!r}", "model", status=404, code="model_not_found")
+    _unsupported(body)
+    stream = _field(body, "stream", (bool,), "true or false", False)
+    options = _field(body, "stream_options", (dict,), "an object", {})
+    include_usage = options.get("include_usage", False) is True
+    max_name = "max_completion_tokens" if kind == "chat" and body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _field(body, max_name, (int,), "an integer >= 1")
+    temperature = _field(body, "temperature", (int, float), "a number in [0, 2]", 1.0)
+    if not (math.isfinite(temperature) and 0 <= temperature <= 2):
+        raise RequestError(f"temperature={temperature} must be in [0, 2]", "temperature")
+    stop = body.get("stop")
+    if stop is not None and not isinstance(stop, (str, list)):
+        raise RequestError("stop must be a string or a list of strings", "stop")
+    if isinstance(stop, list) and len(stop) > MAX_STOP:
+        raise RequestError(f"stop has {len(stop)} strings; at most {MAX_STOP}", "stop")
+    tokens = _chat_tokens(body, llm) if kind == "chat" else _prompt_tokens(body, llm)
+    if max_tokens is None:
+        max_tokens = max(1, min(default_max_tokens, llm.config.context_length - len(tokens)))
+    try:
+        params = SamplingParams(
+            temperature=float(temperature),
+            top_k=_field(body, "top_k", (int,), "an integer >= 0 (0: off)", 0),
+            top_p=_field(body, "top_p", (int, float), "a number in (0, 1]", 1.0),
+            repetition_penalty=_field(body, "repetition_penalty", (int, float), "a number > 0", 1.0),
+            max_tokens=max_tokens,
+            stop=() if stop is None else stop,
+            seed=_field(body, "seed", (int,), "an integer >= 0"),
+        )
+    except SamplingParamsError as exc:
+        raise RequestError(str(exc), max_name if exc.field == "max_tokens" else exc.field) from None
+    return Parsed(tokens, params, stream, include_usage)
+
+
+def error_body(message: str, status: int, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    """OpenAI's error object."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    if status == 429:
+        kind = "rate_limit_error"
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def new_id(kind: str) -> str:
+    return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+
+
+def usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def completion_body(kind: str, rid: str, model: str, text: str, finish: str, prompt: int, completion: int) -> dict[str, Any]:
+    """The whole (non-streamed) response."""
+    if kind == "chat":
+        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        obj = "text_completion"
+    return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [choice], "usage": usage(prompt, completion)}
+
+
+def chunk_body(kind: str, rid: str, model: str, text: str | None, finish: str | None, *, role: bool = False,
+               usage_of: tuple[int, int] | None = None) -> dict[str, Any]:
+    """One streamed chunk: a piece of text, the finish reason, or (``usage_of``) the usage chunk
+    with no choices that ``stream_options.include_usage`` asks for."""
+    obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+    out: dict[str, Any] = {"id": rid, "object": obj, "created": int(time.time()), "model": model}
+    if usage_of is not None:
+        out["choices"] = []
+        out["usage"] = usage(*usage_of)
+        return out
+    if kind == "chat":
+        delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
+        out["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+    else:
+        out["choices"] = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]
+    return out

@@ -1,0 +1,368 @@
+"""Continuous batching: one thread owns an ``LLM`` and runs every request through it.
+
+    sched = Scheduler(llm, max_seqs=16)
+    sched.start()
+    ticket = sched.submit(llm.encode("Hi!"), SamplingParams(temperature=0, max_tokens=32), on_event)
+    ...                                   # on_event(Event) is called from the scheduler's thread
+    ticket.cancel()                       # or let it finish; sched.stop() at the end
+
+Requests wait in a FIFO queue and are *admitted* when the running set has room: fewer than
+``max_seqs`` sequences (at most the batch the decoder was compiled for) and enough free pages
+for the request's worst case, ``ceil((prompt + max_tokens) / page)`` pages, reserved at
+admission. So a running sequence never meets a full KV cache, and nothing is preempted.
+
+Each iteration of the loop is one *step*:
+
+1. drop the cancelled requests (a client went away): their sequences and pages are freed;
+2. admit waiting requests (FIFO) while the limits allow;
+3. **chunked prefill**: prompts are fed in chunks of ``prefill_chunk`` tokens, oldest request
+   first, as many chunks as fit in ``step_tokens`` prompt tokens (at least one). A sequence
+   whose last chunk went in samples its first token;
+4. one **decode step** for every sequence that has a token to feed, all in one batch: sequences
+   join the batch the step after their prompt is in and leave it the step they finish.
+
+So a long prompt never stalls the running sequences for more than one step's prompt budget:
+they get a decode step after every ``step_tokens`` prompt tokens. Chunk boundaries depend on the
+prompt only (chunk ``i`` is ``prompt[i * prefill_chunk : (i + 1) * prefill_chunk]``), never on the
+load, and the decode kernels give a row the same bits whatever the batch, so a request's tokens
+do not depend on what else runs (with a seed, sampling draws from the request's own generator).
+
+Sampling and stopping follow ``LLM.generate``: the request's ``Sampler``, end of sequence or end
+of turn, stop strings (held back while they may still be forming), ``max_tokens``, the context.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from tilework.errors import TileworkError
+from tilework.llm.sampling import Sampler, SamplingParams, StopChecker, StopStream
+from tilework.serve.metrics import ServeMetrics
+
+__all__ = ["Scheduler", "Ticket", "Event", "RequestError"]
+
+
+class RequestError(TileworkError):
+    """A request the server refuses: ``status`` is the HTTP status, ``param`` the field at fault."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param, self.status, self.code = param, status, code
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """What a request receives: a piece of ``text`` (may be empty), and at the end a
+    ``finish_reason`` ("stop", "length", or "error" with ``error`` set) and the token counts."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    error: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+OnEvent = Callable[[Event], None]
+
+
+class Ticket:
+    """A submitted request; ``cancel()`` frees its sequence at the next step (thread-safe)."""
+
+    _ids = itertools.count()
+
+    def __init__(self, scheduler: "Scheduler") -> None:
+        self.id = next(Ticket._ids)
+        self.cancelled = False
+        self._scheduler = scheduler
+
+    def cancel(self) -> None:
+        if not self.cancelled:
+            self.cancelled = True
+            self._scheduler._wake()
+
+
+@dataclass(eq=False)
+class _Seq:
+    ticket: Ticket
+    tokens: list[int]
+    params: SamplingParams
+    on_event: OnEvent
+    sampler: Sampler
+    stream: StopStream
+    decoder: Any
+    pages: int  # reserved at admission
+    submitted: float
+    sid: int | None = None
+    fed: int = 0  # prompt tokens in the cache
+    history: list[int] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    finish: str | None = None
+    first_token_at: float | None = None
+
+    @property
+    def prefilled(self) -> bool:
+        return self.fed == len(self.tokens)
+
+
+class Scheduler:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        llm: Any,
+        *,
+        max_seqs: int | None = None,
+        max_pages: int | None = None,
+        prefill_chunk: int = 256,
+        step_tokens: int = 512,
+        max_queue: int = 1024,
+    ) -> None:
+        cache = llm.cache
+        max_seqs = llm.max_batch if max_seqs is None else max_seqs
+        if not 1 <= max_seqs <= llm.max_batch:
+            raise TileworkError(f"max_seqs={max_seqs}: it must be in [1, {llm.max_batch}] (the batch the decoder was compiled for)")
+        max_pages = cache.num_pages if max_pages is None else max_pages
+        if not 1 <= max_pages <= cache.num_pages:
+            raise TileworkError(f"max_pages={max_pages}: it must be in [1, {cache.num_pages}] (the KV cache's pages)")
+        if prefill_chunk < 1 or step_tokens < 1 or max_queue < 0:
+            raise TileworkError(f"prefill_chunk={prefill_chunk}, step_tokens={step_tokens} must be >= 1 and max_queue={max_queue} >= 0")
+        if cache.sequences():
+            raise TileworkError("the LLM's KV cache is in use: the scheduler owns the cache (close chat sessions first)")
+        self.llm, self.cache = llm, cache
+        self.max_seqs, self.max_pages = max_seqs, max_pages
+        self.prefill_chunk, self.step_tokens, self.max_queue = prefill_chunk, step_tokens, max_queue
+        self.context = llm.config.context_length
+        self.metrics = ServeMetrics(cache.num_pages)
+        self._cond = threading.Condition()
+        self._waiting: collections.deque[_Seq] = collections.deque()
+        self._running: list[_Seq] = []
+        self._reserved = 0  # pages reserved by the running sequences
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.failure: BaseException | None = None  # what stopped the loop, if it died
+
+    # -- the client side (any thread) -------------------------------------------------------------
+
+    def check(self, tokens: Sequence[int], params: SamplingParams) -> None:
+        """Raise ``RequestError`` when the request can never run here."""
+        if not tokens:
+            raise RequestError("the prompt is empty", "prompt")
+        if len(tokens) >= self.context:
+            raise RequestError(f"the prompt has {len(tokens)} tokens; the model's context is {self.context} (prompt and completion)", "prompt")
+        if len(tokens) + params.max_tokens > self.context:
+            raise RequestError(
+                f"max_tokens={params.max_tokens} and the prompt's {len(tokens)} tokens exceed the model's context of {self.context}"
+                f" (at most {self.context - len(tokens)} for this prompt)", "max_tokens")
+        need = self._pages(len(tokens), params.max_tokens)
+        if need > self.max_pages:
+            most = self.max_pages * self.cache.page - len(tokens)
+            raise RequestError(
+                f"the prompt ({len(tokens)} tokens) and max_tokens={params.max_tokens} need {need} KV-cache pages; the server has"
+                f" {self.max_pages} (at most max_tokens={max(most, 0)} for this prompt)", "max_tokens")
+        vocab = self.llm.config.vocab
+        bad = next((t for t in tokens if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise RequestError(f"token id {bad} is outside the vocabulary [0, {vocab})", "prompt")
+
+    def submit(self, tokens: Sequence[int], params: SamplingParams, on_event: OnEvent) -> Ticket:
+        """Queue a request; ``on_event`` gets its events, from the scheduler's thread."""
+        tokens = [int(t) for t in tokens]
+        self.check(tokens, params)
+        ticket = Ticket(self)
+        tok = self.llm.tokenizer
+        seq = _Seq(ticket, tokens, params, on_event, Sampler(params, self.llm.config.vocab), StopStream(StopChecker(params.stop)),
+                   tok.stream_decoder(skip_special_tokens=True), self._pages(len(tokens), params.max_tokens), time.perf_counter(),
+                   history=list(tokens))
+        with self._cond:
+            if self._stopping or (self._thread is not None and not self._thread.is_alive()):
+                raise RequestError("the server is shutting down", status=503)
+            if len(self._waiting) >= self.max_queue:
+                raise RequestError(f"the server is busy: {len(self._waiting)} requests are waiting (retry later)", status=429)
+            self._waiting.append(seq)
+            self.metrics.submitted(len(tokens))
+            self._cond.notify()
+        return ticket
+
+    def start(self) -> "Scheduler":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="tilework-scheduler", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float | None = 30) -> None:
+        """End the loop; requests still queued or running end with an error event."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def snapshot(self) -> dict[str, int]:
+        """Queue and cache figures of this moment (for the metrics)."""
+        with self._cond:
+            return {"waiting": len(self._waiting), "running": len(self._running), "reserved_pages": self._reserved,
+                    "used_pages": self.cache.num_pages - self.cache.free_pages}
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    def _pages(self, prompt: int, max_tokens: int) -> int:
+        return -(-(prompt + max_tokens) // self.cache.page)
+
+    # -- the loop (the scheduler's thread) --------------------------------------------------------
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self._stopping and not self._running and not self._waiting:
+                        self._cond.wait()
+                    if self._stopping:
+                        break
+                    self._drop_cancelled()
+                    self._admit()
+                self._step()
+        except BaseException as exc:  # a bug: fail every request rather than hang them
+            self.failure = exc
+            raise
+        finally:
+            with self._cond:
+                self._stopping = True
+                waiting = list(self._waiting)
+                self._waiting.clear()
+            why = "the server is shutting down" if self.failure is None else f"internal error: {self.failure!r}"
+            for s in waiting:
+                self._send(s, Event(finish_reason="error", error=why, prompt_tokens=len(s.tokens)))
+                self.metrics.finished("error")
+            for s in self._running:
+                self._finish(s, "error", why)
+            self._sweep()
+
+    def _drop_cancelled(self) -> None:
+        for s in [s for s in self._waiting if s.ticket.cancelled]:
+            self._waiting.remove(s)
+            self.metrics.finished("cancelled")
+        for s in self._running:
+            if s.ticket.cancelled and s.finish is None:
+                s.finish = "cancelled"
+
+    def _admit(self) -> None:
+        while self._waiting and len(self._running) < self.max_seqs and self._reserved + self._waiting[0].pages <= self.max_pages:
+            s = self._waiting.popleft()
+            s.sid = self.cache.add()
+            self._reserved += s.pages
+            self._running.append(s)
+
+    def _step(self) -> None:
+        budget = self.step_tokens
+        for s in self._running:
+            if s.prefilled or s.finish is not None:
+                continue
+            n = min(self.prefill_chunk, len(s.tokens) - s.fed)
+            if budget < self.step_tokens and n > budget:
+                break
+            budget -= n
+            self._guard(s, self._prefill_chunk, s, n)
+        batch = [s for s in self._running if s.prefilled and s.finish is None]
+        if batch:
+            try:
+                self._decode(batch)
+            except Exception as exc:
+                for s in batch:
+                    self._finish(s, "error", f"decode step failed: {exc}")
+        self._sweep()
+
+    def _guard(self, s: _Seq, fn: Callable[..., None], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:
+            self._finish(s, "error", str(exc))
+
+    def _prefill_chunk(self, s: _Seq, n: int) -> None:
+        assert s.sid is not None
+        chunk = s.tokens[s.fed : s.fed + n]
+        t0 = time.perf_counter()
+        kv_len, table = self.cache.step_inputs([s.sid], n)
+        logits = self.llm._prefill(np.asarray([chunk], np.int32), kv_len, table, self.cache.k, self.cache.v)
+        self.cache.advance([s.sid], n)
+        s.fed += n
+        self.metrics.prefilled(n, time.perf_counter() - t0)
+        if s.prefilled:
+            self._pick(s, logits[0])
+
+    def _decode(self, batch: list[_Seq]) -> None:
+        sids = [s.sid for s in batch if s.sid is not None]
+        t0 = time.perf_counter()
+        kv_len, table = self.cache.step_inputs(sids, 1)
+        tokens = np.fromiter((s.ids[-1] for s in batch), np.int32, len(batch))
+        logits = self.llm._decode(tokens, kv_len, table, self.cache.k, self.cache.v)
+        self.cache.advance(sids, 1)
+        self.metrics.decoded(len(batch), time.perf_counter() - t0)
+        for s, row in zip(batch, logits):
+            self._guard(s, self._pick, s, row)
+
+    def _pick(self, s: _Seq, logits: np.ndarray) -> None:
+        """Sample ``s``'s next token and send its text (``LLM._pick``'s rules)."""
+        assert s.sid is not None
+        token = s.sampler.sample(logits, s.history)
+        if s.first_token_at is None:
+            s.first_token_at = time.perf_counter()
+            self.metrics.first_token(s.first_token_at - s.submitted)
+        piece = ""
+        if token in self.llm.eos:
+            s.finish = "stop"
+        else:
+            s.ids.append(token)
+            s.history.append(token)
+            self.metrics.generated(1)
+            piece, stopped = s.stream.push(s.decoder.feed(token))
+            if stopped:
+                s.finish = "stop"
+            elif len(s.ids) >= s.params.max_tokens or self.cache.length(s.sid) + 1 > self.context:
+                s.finish = "length"
+        if s.finish is None:
+            self._send(s, Event(piece))
+            return
+        if not s.stream.stopped:
+            piece += s.stream.push(s.decoder.flush())[0] + s.stream.finish()
+        self._send(s, Event(piece, s.finish, prompt_tokens=len(s.tokens), completion_tokens=len(s.ids)))
+
+    def _send(self, s: _Seq, event: Event) -> None:
+        if not event.text and event.finish_reason is None:
+            return
+        try:
+            s.on_event(event)
+        except Exception:  # the receiver is gone: treat it as a cancel
+            s.ticket.cancelled = True
+            if s.finish is None:
+                s.finish = "cancelled"
+
+    def _finish(self, s: _Seq, reason: str, error: str | None = None) -> None:
+        s.finish = reason
+        self._send(s, Event(finish_reason=reason, error=error, prompt_tokens=len(s.tokens), completion_tokens=len(s.ids)))
+
+    def _sweep(self) -> None:
+        """Free the sequences that finished (or were cancelled) this step."""
+        done = [s for s in self._running if s.finish is not None]
+        if not done:
+            return
+        with self._cond:
+            for s in done:
+                self._running.remove(s)
+                self._reserved -= s.pages
+                if s.sid is not None:
+                    self.cache.remove(s.sid)
+                    s.sid = None
+                self.metrics.finished(s.finish or "error")
