@@ -12,6 +12,8 @@
     tilework chat [--model PATH.gguf]  an interactive chat (history kept in the KV cache)
     tilework serve [MODEL.gguf] [--host 127.0.0.1] [--port 8000]
                                        an OpenAI-compatible server with continuous batching
+    tilework export MODEL -o DIR [--backends codegen,blas] [--build make|cmake]
+                                       the model as a standalone C library (docs/export.md)
     tilework --version
 
 Every command has ``--help``. User mistakes (a missing file, bad IR, a wrong input) end with a
@@ -57,9 +59,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--output", metavar="DIR", help="write outputs as DIR/output0.npy, ... (default: print a summary)")
     r.add_argument("--trust-native", action="store_true", help="use the native kernel code stored in the file instead of rebuilding the kernels from its loop IR (for machines without a C compiler; runs code from the file: only for files you trust)")
 
-    from tilework.cli import llm
+    from tilework.cli import export, llm
 
     llm.add_parsers(sub)
+    export.add_parser(sub)
     return p
 
 
@@ -77,6 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from tilework.cli import llm
 
             return llm.run(args)
+        if args.command == "export":
+            from tilework.cli import export
+
+            return export.run(args)
         return _run(args)
     except TileworkError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,0 +1,189 @@
+"""The ahead-of-time C export on a small model with symbolic dims: built through make and
+through CMake with the system compiler, it gives the Python VM's outputs bit for bit at every
+shape (its kernels are the VM's C text with the VM's flags), refuses bad inputs with the VM's
+messages, and refuses library calls that have no C implementation at export."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tilework as tw
+from tilework import op
+from tilework.errors import RuntimeCheckError, TileworkError
+from tilework.export import ExportError, build_export, export_c
+from tilework.export.runner import ExportedModel
+from tilework.ir.builder import BlockBuilder
+from tilework.ir.graph import Var
+from tilework.ir.info import TensorInfo
+from tilework.ir.sym import SymVar
+
+
+def _module() -> Any:
+    """``main(x [n, 16], y [n, 8], w [16, 8])`` with n <= 64 (static pools) and ``free(z [m, 8])``
+    with m unbounded (the pooled arena)."""
+    n, m = SymVar("n", 1, 64), SymVar("m", 1, None)
+    x, y, w = Var("x", TensorInfo((n, 16), "float32")), Var("y", TensorInfo((n, 8), "float32")), Var("w", TensorInfo((16, 8), "float32"))
+    z = Var("z", TensorInfo((m, 8), "float32"))
+    bb = BlockBuilder()
+    with bb.function("main", [x, y, w]):
+        with bb.dataflow():
+            h = bb.emit(op.add(op.gelu(op.matmul(op.multiply(x, x), w)), y))
+            out = bb.emit_output(op.softmax(op.tanh(h), -1))
+        bb.emit_func_output(out)
+    with bb.function("free", [z]):
+        with bb.dataflow():
+            out2 = bb.emit_output(op.sum(op.exp(op.add(z, z)), axis=[1]))
+        bb.emit_func_output(out2)
+    return bb.get()
+
+
+W = np.random.default_rng(7).standard_normal((16, 8)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    exe = tw.build(_module())
+    out = tmp_path_factory.mktemp("export")
+    export_c(exe, out, bind={"main": [W], "free": []})
+    return exe, out
+
+
+def _inputs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(n)
+    return rng.standard_normal((n, 16)).astype(np.float32), rng.standard_normal((n, 8)).astype(np.float32)
+
+
+def test_make_build_runs_the_c_program_bit_for_bit(exported: tuple[Any, Path], tmp_path: Path) -> None:
+    exe, out = exported
+    where = build_export(out, "make")
+    vm = tw.VM(exe)
+    for n in (1, 5, 64):
+        x, y = _inputs(n)
+        np.save(tmp_path / "x.npy", x)
+        np.save(tmp_path / "y.npy", y)
+        proc = subprocess.run([str(where / "tw_run"), str(out / "model.twb"), "main", "-o", str(tmp_path), str(tmp_path / "x.npy"), str(tmp_path / "y.npy")], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        np.testing.assert_array_equal(np.load(tmp_path / "output0.npy"), vm["main"](x, y, W))
+    x, y = _inputs(3)
+    np.save(tmp_path / "x.npy", x[:, :15].copy())
+    proc = subprocess.run([str(where / "tw_run"), str(out / "model.twb"), "main", str(tmp_path / "x.npy"), str(tmp_path / "y.npy")], capture_output=True, text=True)
+    assert proc.returncode == 1 and "main: argument x: x.shape[1] = 15 but it must be 16" in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def cmake_model(exported: tuple[Any, Path]) -> ExportedModel:
+    _, out = exported
+    return ExportedModel(build_export(out, "cmake"), out / "model.twb")
+
+
+def test_cmake_build_through_ctypes_bit_for_bit(exported: tuple[Any, Path], cmake_model: ExportedModel) -> None:
+    exe, _ = exported
+    vm = tw.VM(exe)
+    for n in (2, 33, 64):
+        x, y = _inputs(n)
+        (got,) = cmake_model.run("main", x, y)
+        np.testing.assert_array_equal(got, vm["main"](x, y, W))
+    for m in (1, 7, 1000):  # unbounded: the pooled arena, reused across calls
+        z = np.random.default_rng(m).standard_normal((m, 8)).astype(np.float32)
+        (got,) = cmake_model.run("free", z)
+        np.testing.assert_array_equal(got, vm["free"](z))
+
+
+def _vm_message(fn: Any, *args: Any) -> str:
+    with pytest.raises(RuntimeCheckError) as info:
+        fn(*args)
+    return str(info.value)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["inner dim", "above the bound", "n disagrees", "dtype", "rank"],
+)
+def test_bad_inputs_give_the_vms_messages(exported: tuple[Any, Path], cmake_model: ExportedModel, case: str) -> None:
+    exe, _ = exported
+    x, y = _inputs(4)
+    x, y = {
+        "inner dim": (x[:, :15].copy(), y),
+        "above the bound": (np.zeros((65, 16), np.float32), np.zeros((65, 8), np.float32)),
+        "n disagrees": (x, np.zeros((5, 8), np.float32)),
+        "dtype": (x.astype(np.float64), y),
+        "rank": (x[None], y),
+    }[case]
+    want = _vm_message(tw.VM(exe)["main"], x, y, W)
+    got = _vm_message(cmake_model.run, "main", x, y)
+    assert got == want
+    assert "main: argument" in got
+
+
+def test_argument_count_and_function_name(cmake_model: ExportedModel) -> None:
+    x, _ = _inputs(2)
+    with pytest.raises(RuntimeCheckError, match=r"main takes 2 argument\(s\) \(x, y\), got 1"):
+        cmake_model.run("main", x)
+    with pytest.raises(RuntimeCheckError, match="no function 'nope'"):
+        cmake_model.run("nope", x)
+
+
+def test_weights_file_of_another_export_is_refused(exported: tuple[Any, Path], tmp_path: Path) -> None:
+    exe, out = exported
+    other = tmp_path / "other"
+    export_c(exe, other, bind={"main": [W * 2], "free": []})  # same code, other weights: the same id
+    ExportedModel(out / "build", other / "model.twb").close()
+    mod = _module()
+    exe2 = tw.build(mod, pipeline="O0")
+    export_c(exe2, other, bind={"main": [W], "free": []})
+    with pytest.raises(RuntimeCheckError, match="written for another export"):
+        ExportedModel(out / "build", other / "model.twb")
+    with pytest.raises(RuntimeCheckError, match="cannot open the weights file"):
+        ExportedModel(out / "build", tmp_path / "missing.twb")
+
+
+def _matmul_module() -> Any:
+    n = SymVar("n", 1, 64)
+    x, w = Var("x", TensorInfo((n, 32), "float32")), Var("w", TensorInfo((32, 16), "float32"))
+    bb = BlockBuilder()
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(op.relu(op.matmul(x, w)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_torch_region_is_refused_at_export_naming_op_and_backend(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    exe = tw.build(_matmul_module(), backends="torch,codegen")
+    with pytest.raises(ExportError, match=r"'torch\.matmul' \(op matmul, backend torch\).*--backends codegen,blas"):
+        export_c(exe, tmp_path)
+
+
+def test_blas_region_exports_as_portable_c(tmp_path: Path) -> None:
+    """The blas backend's calls become tilework's own C loops: a different summation order from
+    OpenBLAS, so within float32 rounding (1e-6 relative to the largest output), not bitwise."""
+    exe = tw.build(_matmul_module(), backends="blas,codegen")
+    assert any(ins[2][0] == "extern" for ins in exe.functions["main"].code if ins[0] == "call")
+    w = np.random.default_rng(1).standard_normal((32, 16)).astype(np.float32)
+    export_c(exe, tmp_path, bind={"main": [w]})
+    model = ExportedModel(build_export(tmp_path, "make"), tmp_path / "model.twb")
+    for n in (1, 9):
+        x = np.random.default_rng(n).standard_normal((n, 32)).astype(np.float32)
+        (got,) = model.run("main", x)
+        want = tw.VM(exe)["main"](x, w)
+        assert np.max(np.abs(got - want)) <= 1e-6 * np.max(np.abs(want))
+
+
+def test_cli_export_writes_the_library(tmp_path: Path) -> None:
+    from tilework.cli import main
+
+    src = tmp_path / "m.txt"
+    src.write_text(str(_matmul_module()))
+    out = tmp_path / "lib"
+    assert main(["export", str(src), "-o", str(out)]) == 0
+    for name in ("model.c", "kernels.c", "tw_runtime.c", "tw_model.h", "model.twb", "CMakeLists.txt", "Makefile", "tw_run.c"):
+        assert (out / name).exists(), name
+    assert main(["export", str(tmp_path / "missing.txt"), "-o", str(out)]) == 2
+    with pytest.raises(TileworkError):
+        export_c(tw.build(_matmul_module()), out, bind={"nope": []})

@@ -1,0 +1,106 @@
+"""``tilework export MODEL -o DIR``: a model as a standalone C library (``docs/export.md``).
+
+MODEL is a module in the text format, a ``.pt2`` (torch.export.save), an ``.onnx`` model, an
+executable or compiled model (``.tw``), or an LLM (``.gguf`` file or transformers checkpoint
+directory, ``--llm`` for the latter): compiled (``--dim``, ``--backends`` as for ``tilework
+build``) and exported. ``--build make|cmake`` also builds the library and the programs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from typing import Any
+
+from tilework.errors import TileworkError
+
+
+def add_parser(sub: Any) -> None:
+    e = sub.add_parser(
+        "export",
+        help="export a model as a standalone C library (kernels, straight-line C for the graph, weights file, header, CMake and make)",
+        description="Write a C library that runs the model with no Python: DIR/model.c, kernels.c, tw_runtime.c, tw_model.h, model.twb (weights), CMakeLists.txt, Makefile and tw_run.c (runs a function on .npy files). See docs/export.md.",
+    )
+    e.add_argument("model", help="a .txt module, .pt2 program, .onnx model, .tw executable or compiled model, or a .gguf LLM")
+    e.add_argument("-o", "--output", required=True, metavar="DIR", help="the directory to write (created if needed)")
+    e.add_argument("--dim", action="append", default=[], metavar="SPEC", help="(.pt2 and .onnx) name or bound a dynamic dim, as for `tilework build`")
+    e.add_argument("--backends", metavar="LIST", help="backends in priority order; those whose calls export: codegen (always), blas, quant (torch and onnxruntime regions cannot be exported)")
+    e.add_argument("--llm", action="store_true", help="MODEL is an LLM (a .gguf file is taken as one anyway): export its prefill and decode with tw_generate.c")
+    e.add_argument("--precision", choices=("q", "bf16", "fp32"), default="q", help="(LLMs) the weights' format: the file's quantized blocks (q, default), bf16 or fp32")
+    e.add_argument("--build", choices=("make", "cmake"), help="also build the export with make or cmake")
+
+
+def run(args: argparse.Namespace) -> int:
+    from tilework.export import build_export
+
+    t0 = time.perf_counter()
+    path = args.model
+    if not os.path.exists(path):
+        raise TileworkError(f"no such file: {path}")
+    if args.llm or path.endswith(".gguf"):
+        from tilework.export.llm import export_gguf
+
+        result = export_gguf(path, args.output, precision=args.precision)
+    else:
+        result = _export_model(args)
+    where = ""
+    if args.build:
+        where = f"; built with {args.build} in {build_export(args.output, args.build)}"
+    funcs = ", ".join(f"{n}({', '.join(p)})" for n, p in result.functions.items())
+    print(f"exported {funcs} to {result.out_dir} ({', '.join(result.sources)}, weights {result.weights.name}) in {time.perf_counter() - t0:.2f} s{where}")
+    return 0
+
+
+def _export_model(args: argparse.Namespace) -> Any:
+    import tilework
+    from tilework.export import export_c
+
+    path = args.model
+    if path.endswith(".tw"):
+        if args.dim or args.backends:
+            raise TileworkError("--dim and --backends apply when compiling; a .tw file is compiled already")
+        from tilework.runtime.executable import load_file
+
+        loaded = load_file(path)
+        weights = loaded.arrays.get("weights", [])
+        bind = {"main": weights} if loaded.extra.get("kind") == "tilework.compiled_model" and weights else None
+        return export_c(loaded.executable, args.output, bind=bind)
+    if path.endswith(".pt2"):
+        return _pt2(args).export_c(args.output)
+    if path.endswith(".onnx"):
+        from tilework.frontend.onnx import from_onnx
+        from tilework.frontend.onnx.compile import parse_dim_spec
+
+        mod = from_onnx(path, dim_bounds=dict(parse_dim_spec(spec) for spec in args.dim))
+    else:
+        if args.dim:
+            raise TileworkError("--dim applies to .pt2 and .onnx models only; a module in the text format declares its dims itself")
+        with open(path) as fh:
+            mod = tilework.parse(fh.read())
+        tilework.verify(mod)
+    exe = tilework.build(mod, backends=args.backends)
+    return export_c(exe, args.output)
+
+
+def _pt2(args: argparse.Namespace) -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise TileworkError("exporting a .pt2 program needs torch (pip install torch)") from None
+    from tilework.compiled import compile as compile_model
+    from tilework.frontend.torch import parse_dim_spec
+
+    names: dict[str, str] = {}
+    bounds: dict[str, tuple[int | None, int | None]] = {}
+    for spec in args.dim:
+        ref, new, rng = parse_dim_spec(spec)
+        if new is not None:
+            names[ref] = new
+        if rng != (None, None):
+            bounds[new or ref] = rng
+    ep = torch.export.load(args.model)
+    return compile_model(ep, backends=args.backends, dim_names=names, dim_bounds=bounds, weights="constants")
+
+
+__all__ = ["add_parser", "run"]

@@ -1,0 +1,98 @@
+"""Library calls in exported C: which backends' externs have a C implementation, and the call.
+
+- ``quant.linear.<fmt>`` (the ``quant`` backend): ``tw_qlinear_<fmt>`` of
+  ``tilework/backend/quant_kernels.c``, which the export ships as it is (plain C with AVX-512
+  paths): the same code the VM calls, so the results are the same bits.
+- ``blas.<f32|f64>.<kind>`` (the ``blas`` backend): tilework's portable C loops in
+  ``c/tw_blas.c``. The exported library does not link a BLAS (so it builds anywhere with a C
+  compiler); the summation order differs from the OpenBLAS the VM calls, so these regions
+  agree with the VM to float32 rounding, not bit for bit.
+- Every other library call (``torch.*``, ``onnxruntime.run``) runs Python-side code and cannot
+  be exported: ``extern_call`` raises an ``ExportError`` that names the call, its op and its
+  backend and says how to compile the model without it.
+
+A call passes the VM's arguments (inputs, the dims shape, then the destination); ``vals`` are
+the C ``const tw_val*`` expressions of those arguments.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from tilework.errors import BuildError
+
+QUANT_FORMATS = ("q4_0", "q4_1", "q8_0", "bf16", "f16", "q4_k", "q6_k")
+BLAS_KINDS = {"matmul": 2, "matmul_bias": 3, "linear": 2, "linear_bias": 3, "batch_matmul": 2}
+_QUANT_ERRORS = ("", "a null data pointer", "a negative size, or in_features not a multiple of the format's block", "an unknown format code", "the decode scratch could not be allocated")
+
+
+class ExportError(BuildError):
+    """The model cannot be exported as C (a library call without a C implementation, a value the
+    C runtime does not hold)."""
+
+
+def extra_sources(symbols: Sequence[str]) -> list[str]:
+    """The C files (beside the runtime) that the library calls ``symbols`` need."""
+    out = []
+    if any(s.startswith("quant.linear.") for s in symbols):
+        out.append("quant_kernels.c")
+    if any(s.startswith("blas.") for s in symbols):
+        out.append("tw_blas.c")
+    return out
+
+
+def declarations(symbols: Sequence[str]) -> list[str]:
+    lines = []
+    for fmt in QUANT_FORMATS:
+        if f"quant.linear.{fmt}" in symbols:
+            lines.append(f"int32_t tw_qlinear_{fmt}(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K);")
+    for short, ctype in (("f32", "float"), ("f64", "double")):
+        for kind, n_in in BLAS_KINDS.items():
+            if f"blas.{short}.{kind}" not in symbols:
+                continue
+            ins = ", ".join(f"const {ctype}*" for _ in range(n_in))
+            dims = "int64_t, int64_t, int64_t, int64_t" if kind == "batch_matmul" else "int64_t, int64_t, int64_t"
+            lines.append(f"int32_t twb_{short}_{kind}({ins}, {ctype}*, {dims});")
+    return lines
+
+
+def _backend_of(symbol: str) -> tuple[str, str]:
+    backend, _, op = symbol.partition(".")
+    return backend, (op or symbol)
+
+
+def extern_call(symbol: str, vals: Sequence[str], where: str) -> list[str]:
+    """C statements running library call ``symbol`` on argument expressions ``vals``."""
+    if symbol.startswith("quant.linear."):
+        fmt = symbol.rpartition(".")[2]
+        if fmt not in QUANT_FORMATS or len(vals) != 4:
+            raise ExportError(f"{where}: library call {symbol!r} with {len(vals)} arguments has no C implementation")
+        x, w, dims, out = vals
+        errors = "{" + ", ".join(f'"{e}"' for e in _QUANT_ERRORS) + "}"
+        return [
+            f"{{ const tw_val* d_ = {dims}; int32_t rc_ = tw_qlinear_{fmt}((const float*)({x})->data, (const uint8_t*)({w})->data, (float*)({out})->data, d_->shape[0], d_->shape[1], d_->shape[2]);",
+            f"  if (rc_) {{ static const char* const e_[] = {errors}; return twrt_fail(m, \"quant_linear ({fmt}, rows=%\" PRId64 \", out_features=%\" PRId64 \", in_features=%\" PRId64 \"): the library refused the call: %s\", d_->shape[0], d_->shape[1], d_->shape[2], rc_ > 0 && rc_ < 5 ? e_[rc_] : \"an error code\"); }} }}",
+        ]
+    if symbol.startswith("blas."):
+        parts = symbol.split(".")
+        if len(parts) != 3 or parts[1] not in ("f32", "f64") or parts[2] not in BLAS_KINDS:
+            raise ExportError(f"{where}: library call {symbol!r} has no C implementation")
+        short, kind = parts[1], parts[2]
+        ctype = "float" if short == "f32" else "double"
+        n_in = BLAS_KINDS[kind]
+        if len(vals) != n_in + 2:
+            raise ExportError(f"{where}: library call {symbol!r} with {len(vals)} arguments has no C implementation")
+        ins = ", ".join(f"(const {ctype}*)({v})->data" for v in vals[:n_in])
+        dims, out = vals[n_in], vals[n_in + 1]
+        nd = 4 if kind == "batch_matmul" else 3
+        dim_args = ", ".join(f"d_->shape[{i}]" for i in range(nd))
+        return [f"{{ const tw_val* d_ = {dims}; twb_{short}_{kind}({ins}, ({ctype}*)({out})->data, {dim_args}); }}"]
+    backend, op = _backend_of(symbol)
+    raise ExportError(
+        f"{where} calls library function {symbol!r} (op {op}, backend {backend}), which has no C implementation: "
+        f"the exported library runs without Python. Compile the model with backends whose calls export "
+        f"(--backends codegen,blas or codegen,quant; codegen alone always does) and export again."
+    )
+
+
+__all__ = ["ExportError", "extern_call", "extra_sources", "declarations", "QUANT_FORMATS"]

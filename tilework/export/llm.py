@@ -1,0 +1,52 @@
+"""Export of the LLM decoder (``tilework.llm``): ``prefill`` and ``decode`` over the paged KV
+cache as a C library, with the weights bound and ``tw_generate.c``, a greedy generation loop
+over token ids in C.
+
+``export_decoder(config, tensors, out_dir)`` prepares the weights (``tilework.llm.compile
+.prepare_weights``: ``precision="q"`` keeps the file's quantized blocks, whose matrix
+multiplies then run on ``quant_kernels.c``, shipped into the export), compiles the decoder (or
+takes it from the compiled-model cache) and exports it with the weights as the trailing
+parameters of both functions, stored once. ``export_gguf(path, out_dir)`` does it for a GGUF
+file (the default model when ``path`` is None).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+from tilework.export.aot import ExportResult, export_c
+from tilework.llm.compile import compiled_decoder, prepare_weights
+from tilework.llm.config import LlmConfig
+from tilework.llm.kv_cache import PAGE
+from tilework.llm.quant import QuantTensor
+
+
+def export_decoder(
+    config: LlmConfig,
+    tensors: Mapping[str, QuantTensor],
+    out_dir: str | os.PathLike[str],
+    *,
+    precision: str = "q",
+    max_batch: int = 1,
+    use_cache: bool = True,
+) -> ExportResult:
+    """See the module docstring. ``max_batch`` bounds the batch of the compiled functions (the
+    C example runs one sequence)."""
+    formats, weights = prepare_weights(config, tensors, precision)
+    exe = compiled_decoder(config, formats, max_batch=max_batch, use_cache=use_cache)
+    shapes = {"layers": config.layers, "kv_heads": config.kv_heads, "head_dim": config.head_dim, "page": PAGE, "vocab": config.vocab, "context": config.context_length}
+    return export_c(exe, out_dir, bind={"prefill": weights, "decode": weights}, llm=shapes)
+
+
+def export_gguf(path: str | None, out_dir: str | os.PathLike[str], *, precision: str = "q") -> ExportResult:
+    """Export the decoder of a GGUF file or a transformers checkpoint (the embedded default
+    model when ``path`` is None)."""
+    from tilework.llm.engine import default_model_path
+    from tilework.llm.weights import load_weights
+
+    config, tensors = load_weights(path or default_model_path())
+    return export_decoder(config, tensors, out_dir, precision=precision)
+
+
+__all__ = ["export_decoder", "export_gguf"]
