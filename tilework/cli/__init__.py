@@ -16,8 +16,9 @@
                                        the model as a standalone C library (docs/export.md)
     tilework --version
 
-Every command has ``--help``. User mistakes (a missing file, bad IR, a wrong input) end with a
-one-line ``error: ...`` message and exit status 2, never a traceback.
+Every command has ``--help``. User mistakes (a missing file, bad IR, a wrong input) end with an
+``error: ...`` message naming the file, argument or line and exit status 2, never a traceback
+(``--debug`` shows it); ``cli.failure`` is the one place that decides (docs/errors.md).
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ import sys
 import time
 from typing import Any, Sequence
 
+from tilework.cli import failure
 from tilework.errors import TileworkError
+
+DEBUG_HELP = "on an error, show the full traceback (for reporting a bug)"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="tilework", description="A compiler for ML models whose shapes change at run time.")
     p.add_argument("--version", action="version", version=f"tilework {__version__}")
+    p.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     d = sub.add_parser("demo", help="build, print, parse back and verify a 2-layer transformer block with symbolic batch and seq")
@@ -67,33 +72,38 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    _debug_flag_everywhere(parser)
+    args = parser.parse_args(argv)
     if args.command is None:
-        _parser().print_help(sys.stderr)
+        parser.print_help(sys.stderr)
         return 2
-    try:
-        if args.command == "demo":
-            return _demo(args)
-        if args.command == "build":
-            return _build(args)
-        if args.command in ("generate", "chat", "serve"):
-            from tilework.cli import llm
+    return failure.guarded(_dispatch, args, debug=args.debug)
 
-            return llm.run(args)
-        if args.command == "export":
-            from tilework.cli import export
 
-            return export.run(args)
-        return _run(args)
-    except TileworkError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("", file=sys.stderr)
-        return 130
-    except OSError as e:
-        print(f"error: {e.strerror or e}: {e.filename or ''}".rstrip(": "), file=sys.stderr)
-        return 2
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "demo":
+        return _demo(args)
+    if args.command == "build":
+        return _build(args)
+    if args.command in ("generate", "chat", "serve"):
+        from tilework.cli import llm
+
+        return llm.run(args)
+    if args.command == "export":
+        from tilework.cli import export
+
+        return export.run(args)
+    return _run(args)
+
+
+def _debug_flag_everywhere(parser: argparse.ArgumentParser) -> None:
+    """``--debug`` after any subcommand too (``tilework build m.onnx --debug``)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sp in action.choices.values():
+                if not any("--debug" in a.option_strings for a in sp._actions):
+                    sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -191,10 +201,7 @@ def _build(args: argparse.Namespace) -> int:
         return _build_onnx(args)
     if args.dim:
         raise TileworkError("--dim applies to .pt2 and .onnx models only; a module in the text format declares its dims itself")
-    with open(args.ir_file) as fh:
-        text = fh.read()
-    mod = tilework.parse(text)
-    tilework.verify(mod)
+    mod = _read_text_module(args.ir_file)
     t0 = time.perf_counter()
     exe = tilework.build(mod, target=args.target, backends=args.backends, pipeline=args.pipeline)
     exe.save(args.output)
@@ -202,6 +209,38 @@ def _build(args: argparse.Namespace) -> int:
     via = f" with backends {','.join(exe.meta['backends'])}" if args.backends else ""
     print(f"built {args.output}{via}: {stats['functions']} function(s), {stats['kernels']} kernel(s), {stats['instructions']} instructions in {time.perf_counter() - t0:.2f} s")
     return 0
+
+
+_BINARY_KINDS = ((b"PK\x03\x04", "a zip archive (a .pt2 program?)", ".pt2"), (b"\x89TWEXE", "a tilework executable (run it with `tilework run`)", None))
+BUILD_INPUTS = "tilework build reads a module in the text format, a .pt2 program (torch.export.save) or an .onnx model, by the file's extension"
+
+
+def _read_text_module(path: str) -> Any:
+    """The verified module in the text format at ``path``; every error names the file."""
+    import tilework
+    from tilework.errors import ParseError, WellFormedError
+
+    with open(path, "rb") as fh:
+        data = fh.read()
+    for magic, kind, ext in _BINARY_KINDS:
+        if data.startswith(magic):
+            rename = f": name it {os.path.splitext(path)[0]}{ext}" if ext else ""
+            raise TileworkError(f"{path} is {kind}, not a module in the text format{rename}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TileworkError(f"{path} is not a module in the text format (byte {e.start} is not UTF-8 text); {BUILD_INPUTS}") from None
+    try:
+        mod = tilework.parse(text)
+    except ParseError as e:
+        raise ParseError(f"{path}: {e}", e.line, e.column) from None
+    if not len(mod):
+        raise TileworkError(f"{path} defines no function; {BUILD_INPUTS}")
+    try:
+        tilework.verify(mod)
+    except WellFormedError as e:
+        raise WellFormedError(f"{path}: {e}") from None
+    return mod
 
 
 def _build_pt2(args: argparse.Namespace) -> int:
@@ -224,7 +263,14 @@ def _build_pt2(args: argparse.Namespace) -> int:
         if rng != (None, None):
             bounds[new or ref] = rng
     t0 = time.perf_counter()
-    ep = torch.export.load(args.ir_file)
+    import zipfile
+
+    if not zipfile.is_zipfile(args.ir_file):
+        raise TileworkError(f"{args.ir_file} is not a torch.export program: a .pt2 file is a zip archive written by torch.export.save")
+    try:
+        ep = torch.export.load(args.ir_file)
+    except Exception as e:  # untrusted input: torch reports a bad file with many exception types
+        raise TileworkError(f"{args.ir_file} is not a torch.export program that this torch can read ({type(e).__name__}: {e})") from None
     cm = compile_model(ep, backends=args.backends, dim_names=names, dim_bounds=bounds, weights="constants", opt_level=0 if args.pipeline == "O0" else 1, target=args.target)
     cm.save(args.output)
     stats = cm.executable.stats()
@@ -242,7 +288,13 @@ def _build_onnx(args: argparse.Namespace) -> int:
 
     if not os.path.exists(args.ir_file):
         raise TileworkError(f"no such file: {args.ir_file}")
-    bounds = dict(parse_dim_spec(spec) for spec in args.dim)
+    bounds: dict[str, tuple[int | None, int | None]] = {}
+    for spec in args.dim:  # repeated specs of one dim narrow it together: n>=2 then n<=8
+        name, (lo, hi) = parse_dim_spec(spec)
+        old_lo, old_hi = bounds.get(name, (None, None))
+        bounds[name] = lo, hi = (lo if old_lo is None else old_lo if lo is None else max(lo, old_lo), hi if old_hi is None else old_hi if hi is None else min(hi, old_hi))
+        if lo is not None and hi is not None and lo > hi:
+            raise TileworkError(f"--dim: no value of {name} is both >= {lo} and <= {hi}")
     t0 = time.perf_counter()
     mod = from_onnx(args.ir_file, dim_bounds=bounds)
     exe = tilework.build(mod, target=args.target, backends=args.backends, pipeline=args.pipeline)
@@ -252,6 +304,24 @@ def _build_onnx(args: argparse.Namespace) -> int:
     dims = sorted({f"{d.name} in [{d.lo}, {'inf' if d.hi is None else d.hi}]" for p in main.params for d in getattr(p.info, "shape", None) or () if hasattr(d, "name")})
     print(f"built {args.output}: {stats['kernels']} kernel(s), {stats['instructions']} instructions, dynamic dims: {', '.join(dims) or 'none'}, in {time.perf_counter() - t0:.2f} s")
     return 0
+
+
+def _load_npy(name: str, path: str) -> Any:
+    """The array of a ``--input NAME=FILE.npy``; never unpickles."""
+    import numpy as np
+
+    with open(path, "rb") as fh:
+        if fh.read(6) != b"\x93NUMPY":
+            raise TileworkError(f"--input {name}={path}: not a .npy file (numpy.save writes them; it does not start with the .npy header)")
+        fh.seek(0)
+        try:
+            return np.lib.format.read_array(fh, allow_pickle=False)
+        except ValueError as e:
+            if "allow_pickle" in str(e):
+                raise TileworkError(f"--input {name}={path}: the array holds Python objects, which tilework never unpickles; save a numeric array") from None
+            raise TileworkError(f"--input {name}={path}: a damaged .npy file ({e})") from None
+        except Exception as e:  # untrusted input: a damaged header raises what numpy's reader meets
+            raise TileworkError(f"--input {name}={path}: a damaged .npy file ({type(e).__name__}: {e})") from None
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -271,7 +341,9 @@ def _run(args: argparse.Namespace) -> int:
             raise TileworkError(f"--input expects NAME=FILE.npy, got {item!r}")
         if name not in params:
             raise TileworkError(f"{args.function} has no parameter {name!r} (its parameters: {', '.join(params)})")
-        given[name] = np.load(path)
+        if name in given:
+            raise TileworkError(f"--input {name}= is given twice")
+        given[name] = _load_npy(name, path)
     missing = [p for p in params if p not in given]
     if missing:
         raise TileworkError(f"missing --input for parameter(s) {', '.join(missing)} of {args.function}")

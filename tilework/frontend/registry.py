@@ -72,6 +72,7 @@ class Signature:
         spec = self._spec("in")
         arg_spec, kw_spec = spec.children()
         kw_names = list(kw_spec.context or [])
+        call = (tuple(args), dict(kwargs))
         args = list(args)
         extra = args[arg_spec.num_children :]
         args = args[: arg_spec.num_children]
@@ -84,7 +85,9 @@ class Signature:
         ordered = {k: merged[k] for k in kw_names if k in merged}
         leaves, got = pytree.tree_flatten((tuple(args), ordered))
         if got != spec or len(extra) > len(kw_names) or set(merged) - set(kw_names):
-            raise TileworkError(f"the inputs do not have the structure the model was compiled for:\n  expected {spec}\n  got      {pytree.tree_flatten((tuple(args), merged))[1]}")
+            expected = _render_call(spec, iter(names))
+            called = _render_call(pytree.tree_flatten(call)[1], None, [*call[0], *call[1].values()])
+            raise TileworkError(f"the call does not match the inputs the model was compiled for:\n  compiled for model{expected}\n  called as    model{called}")
         return list(leaves)
 
     def unflatten(self, result: Any) -> Any:
@@ -104,6 +107,40 @@ class Signature:
 
     def to_json(self) -> dict[str, Any]:
         return {"inputs": [{**i, "value": i.get("value")} for i in self.inputs], "in_spec": self.in_spec, "out_spec": self.out_spec}
+
+
+def _render_call(spec: Any, names: Any, values: Sequence[Any] | None = None) -> str:
+    """``(x, y, mask=m)`` for a pytree spec of ``(args, kwargs)``: the leaves by ``names``, or
+    described by the values in ``values`` (whose leaves are the top-level call arguments)."""
+    from torch.utils import _pytree as pytree
+
+    leaves = iter(pytree.tree_leaves(list(values or ())))
+
+    def leaf() -> str:
+        if names is not None:
+            return str(next(names, "?"))
+        v = next(leaves, None)
+        shape = getattr(v, "shape", None)
+        if shape is not None:
+            return f"{type(v).__name__}{list(shape)}"
+        return type(v).__name__ if v is not None else "None"
+
+    def render(sp: Any) -> str:
+        if sp.is_leaf():
+            return leaf()
+        kids = [render(c) for c in sp.children()]
+        if sp.type is dict:
+            return "{" + ", ".join(f"{k!r}: {v}" for k, v in zip(sp.context, kids)) + "}"
+        if sp.type is list:
+            return "[" + ", ".join(kids) + "]"
+        if sp.type is tuple:
+            return "(" + ", ".join(kids) + ("," if len(kids) == 1 else "") + ")"
+        return f"{getattr(sp.type, '__name__', sp.type)}({', '.join(kids)})"
+
+    arg_spec, kw_spec = spec.children()
+    parts = [render(c) for c in arg_spec.children()]
+    parts += [f"{k}={render(c)}" for k, c in zip(kw_spec.context or [], kw_spec.children())]
+    return f"({', '.join(parts)})"
 
 
 @dataclass

@@ -117,6 +117,8 @@ def check(mod: IRModule) -> list[Diagnostic]:
 
 def verify(mod: IRModule) -> None:
     """Raise ``WellFormedError`` listing every problem of ``mod``; return quietly if none."""
+    if not isinstance(mod, IRModule):
+        raise WellFormedError(f"verify expects an IRModule, got {type(mod).__name__}")
     diags = check(mod)
     if not diags:
         return

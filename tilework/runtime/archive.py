@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from tilework.errors import TileworkError
+from tilework.errors import FileFormatError, TileworkError
 from tilework.ir.dtype import decode_array, encode_array
 
 MAGIC = b"\x89TWEXE\r\n"
@@ -43,7 +43,7 @@ ALIGN = 64
 _ZIP_MAGIC = b"PK\x03\x04"
 
 
-class FormatError(TileworkError):
+class FormatError(FileFormatError):
     """A file is not a readable tilework file: wrong kind, other version, truncated, corrupt."""
 
 
@@ -90,7 +90,7 @@ class ArchiveWriter:
         try:
             fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
         except OSError as e:
-            raise TileworkError(f"cannot write {path!r}: {e}") from None
+            raise TileworkError(f"cannot write {path!r}: {e.strerror or e}") from None
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(header)
@@ -98,7 +98,10 @@ class ArchiveWriter:
                 f.write(head_pad)
                 for blob in self._blobs:
                     f.write(blob)
-            os.replace(tmp, path)
+            try:
+                os.replace(tmp, path)
+            except OSError as e:
+                raise TileworkError(f"cannot write {path!r}: {e.strerror or e}") from None
         except BaseException:
             if os.path.exists(tmp):
                 os.unlink(tmp)

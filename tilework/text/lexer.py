@@ -16,6 +16,7 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NUMBER = re.compile(r"\d+(\.\d*)?([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?")
 _OPS = ("->", "//", "<=", ">=", "==", "!=", "(", ")", "[", "]", "{", "}", ",", ":", "=", "+", "-", "*", "/", "%", "<", ">", ".")  # fmt: skip
 _OPEN = {"(": ")", "[": "]", "{": "}"}
+MAX_NESTING = 64  # brackets inside brackets, blocks inside blocks: far above what printing makes, far below Python's recursion limit
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\", '"': '"', "'": "'", "/": "/", "b": "\b", "f": "\f"}
 
 
@@ -102,6 +103,8 @@ def tokenize(text: str) -> list[Token]:
                 raise error_at(text, lineno, len(line_text) - len(stripped) + 1, "tabs are not allowed for indentation; use spaces")
             i = len(line_text) - len(stripped)
             if i > indents[-1]:
+                if len(indents) > MAX_NESTING:
+                    raise error_at(text, lineno, i + 1, f"blocks are nested more than {MAX_NESTING} deep")
                 indents.append(i)
                 tokens.append(Token("indent", "", lineno, i + 1))
             while i < indents[-1]:
@@ -148,6 +151,8 @@ def tokenize(text: str) -> list[Token]:
                 raise error_at(text, lineno, col, f"unexpected character {c!r}")
             tok = Token("op", op, lineno, col)
             if op in _OPEN:
+                if len(brackets) >= MAX_NESTING:
+                    raise error_at(text, lineno, col, f"brackets are nested more than {MAX_NESTING} deep")
                 brackets.append(tok)
             elif op in (")", "]", "}"):
                 if not brackets or _OPEN[brackets[-1].value] != op:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Union
 
+from tilework.errors import ParseError
 from tilework.ir import info as I
 from tilework.ir.graph import EMPTY_ATTRS, Attrs, ExternFunc, GraphFunc, Var
 from tilework.ir.info import AnyInfo, FuncInfo, StructInfo
@@ -29,7 +30,13 @@ def parse(text: str) -> IRModule:
     under the offending token) when it is not valid."""
     import tilework.op  # noqa: F401  (registers every op)
 
-    return _ModuleParser(Cursor(text, tokenize(text))).run()
+    if not isinstance(text, str):
+        raise ParseError(f"parse expects the text of a module (a str), got {type(text).__name__}")
+    cur = Cursor(text, tokenize(text))
+    try:
+        return _ModuleParser(cur).run()
+    except RecursionError:  # a chain the nesting limits do not bound (- - - ... x)
+        raise cur.error("the expression here nests too deeply to parse") from None
 
 
 @dataclass

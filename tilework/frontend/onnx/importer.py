@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto, numpy_helper
 
-from tilework.errors import InferenceError, ShapeError, SymbolicError, TileworkError, UnsupportedError
+from tilework.errors import FileFormatError, InferenceError, ShapeError, SymbolicError, TileworkError, UnsupportedError
 from tilework.frontend.onnx import converters
 from tilework.frontend.onnx.context import NodeCtx
 from tilework.frontend.onnx.values import MAX_ELEMS, Value, dtype_name, elem_type_name
@@ -290,12 +290,30 @@ class Importer:
 
 
 def load_model(model_or_path: ModelProto | str | os.PathLike[str] | bytes) -> ModelProto:
-    """A ``ModelProto`` as is, serialized bytes, or the model at a path (external data too)."""
+    """A ``ModelProto`` as is, serialized bytes, or the model at a path (external data too).
+    A file that is not an ONNX model (empty, truncated, another kind) is a FileFormatError
+    naming it."""
     if isinstance(model_or_path, ModelProto):
         return model_or_path
-    if isinstance(model_or_path, bytes):
-        return onnx.load_from_string(model_or_path)
-    return onnx.load(os.fspath(model_or_path))
+    from google.protobuf.message import DecodeError
+
+    what = "the model bytes" if isinstance(model_or_path, bytes) else os.fspath(model_or_path)
+    try:
+        if isinstance(model_or_path, bytes):
+            model = onnx.load_from_string(model_or_path)
+        elif os.path.isfile(what) and os.path.getsize(what) == 0:
+            raise FileFormatError(f"{what} is empty: not an ONNX model")
+        else:
+            model = onnx.load(what)
+    except OSError as e:
+        raise FileFormatError(f"cannot read {e.filename or what}: {e.strerror or e}") from None
+    except DecodeError:
+        raise FileFormatError(f"{what} is not an ONNX model: it does not decode as one (truncated, or another kind of file?)") from None
+    except (ValueError, TypeError, RuntimeError) as e:  # onnx's external-data and protobuf checks
+        raise FileFormatError(f"{what}: cannot load the ONNX model ({type(e).__name__}: {e})") from None
+    if model.ir_version <= 0 or not model.HasField("graph"):
+        raise FileFormatError(f"{what} is not an ONNX model: it has no IR version or no graph (truncated, or another kind of file?)")
+    return model
 
 
 def from_onnx(

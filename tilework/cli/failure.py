@@ -1,0 +1,82 @@
+"""How the command line reports a failure: the one place where an exception becomes a message
+on stderr and an exit status, so that every subcommand reports the same way.
+
+- A user error (a ``TileworkError``: bad input, a file that is not what it should be; an
+  ``OSError``: a missing file, a permission) is one ``error: ...`` message, exit status 2.
+- Ctrl-C ends quietly with 130; a closed pipe (``tilework run ... | head``) with 141.
+- Anything else is a bug in tilework: ``internal error: ...`` and a request to report it, exit
+  status 1.
+
+No traceback is printed unless ``--debug`` asks for it (then before the message, for any kind).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import Any, Callable
+
+from tilework.errors import TileworkError
+
+USER_ERROR = 2
+INTERNAL_ERROR = 1
+INTERRUPTED = 130
+BROKEN_PIPE = 141
+
+
+def guarded(command: Callable[[Any], int], args: Any, *, debug: bool = False) -> int:
+    """Run ``command(args)``; an exception becomes a message on stderr and an exit status."""
+    try:
+        return command(args)
+    except KeyboardInterrupt:
+        print("", file=sys.stderr)
+        return INTERRUPTED
+    except BrokenPipeError:
+        _detach_stdout()
+        return BROKEN_PIPE
+    except Exception as e:
+        if debug:
+            traceback.print_exc()
+        text, status = describe(e)
+        print(text, file=sys.stderr)
+        return status
+
+
+def describe(e: BaseException) -> tuple[str, int]:
+    """The message and exit status for ``e``."""
+    if isinstance(e, TileworkError):
+        return f"error: {e}", USER_ERROR
+    if isinstance(e, OSError):
+        return f"error: {os_error(e)}", USER_ERROR
+    if isinstance(e, MemoryError):
+        return "error: out of memory (are the inputs or the --dim bounds far larger than intended?)", INTERNAL_ERROR
+    head = f"{type(e).__name__}: {e}".splitlines()[0] if str(e) else type(e).__name__
+    return (
+        f"internal error: {head}\n"
+        "this is a bug in tilework: please report it with the output of the same command run with --debug",
+        INTERNAL_ERROR,
+    )
+
+
+def os_error(e: OSError) -> str:
+    """``PATH: reason`` for an OSError (``m.tw: Permission denied``)."""
+    reason = e.strerror or str(e)
+    if e.filename is None:
+        return reason
+    where = os.fsdecode(e.filename)
+    if e.filename2 is not None:
+        where += f" -> {os.fsdecode(e.filename2)}"
+    return f"{where}: {reason}"
+
+
+def _detach_stdout() -> None:
+    """Point stdout at /dev/null so that Python's flush at exit does not complain again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+__all__ = ["guarded", "describe", "os_error", "USER_ERROR", "INTERNAL_ERROR"]
