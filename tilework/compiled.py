@@ -54,6 +54,9 @@ def compile(
     passes: Sequence[Any] | None = None,
     opt_level: int = 1,
     target: str = "cpu",
+    budget_s: float | None = None,
+    buckets: Mapping[str, Sequence[int]] | None = None,
+    pins: Mapping[str, str] | None = None,
 ) -> "CompiledModel":
     """Compile ``model`` (a ``torch.nn.Module``, an ``ExportedProgram``, an ``IRModule``, or
     what another registered frontend accepts) once for every shape of its dynamic dims.
@@ -66,12 +69,15 @@ def compile(
     replaces the pipeline's graph stage and leaves out its kernel stage (``[]``: lowering
     only). ``backends``: names in priority order (``["blas",
     "torch", "codegen"]`` or ``"blas,torch,codegen"``; see ``tilework.backend``): each op runs on
-    the first backend that can run it, the rest on tilework's kernels. ``placement`` (the
-    automatic search) must be None for now. ``opt_level=0`` compiles without graph passes, views,
+    the first backend that can run it, the rest on tilework's kernels. ``placement="auto"``
+    chooses the backend of every part instead, by measuring candidates on this machine per
+    shape bucket (``tilework.collage``, ``docs/placement.md``; over ``backends`` when given,
+    else every available backend): ``budget_s`` bounds the measuring, ``buckets`` gives the
+    points per dim (``{"seq": [8, 64, 256]}``), ``pins`` fixes ops or vars to a backend
+    (``{"attention": "torch"}``); a ``PlacementPlan`` or a saved plan's path reuses a plan.
+    ``opt_level=0`` compiles without graph passes, views,
     fusion or memory planning (for comparisons). ``target``: the kernel target (``cpu``, or
     ``interp``, the NumPy reference interpreter)."""
-    if placement is not None:
-        raise UnsupportedError(f"placement={placement!r}: the automatic placement search is not available yet; choose a fixed assignment with backends=[...] (pass placement=None)")
     if weights not in ("inputs", "constants"):
         raise UnsupportedError(f"weights must be 'inputs' or 'constants', got {weights!r}")
     options = CompileOptions(example_args, dynamic_shapes, dim_names, dim_bounds, weights)
@@ -83,14 +89,15 @@ def compile(
     graph_passes, kernel_passes = staged["graph"], staged["kernel"]
     optimized = Pipeline(graph_passes)(imported.module) if graph_passes else imported.module
     t2 = time.perf_counter()
-    exe = build(optimized, target, pipeline=name, passes=[], post_legalize_passes=kernel_passes, backends=backends)
+    placement_options = {"budget_s": budget_s, "buckets": buckets, "pins": pins}
+    exe = build(optimized, target, pipeline=name, passes=[], post_legalize_passes=kernel_passes, backends=backends, placement=placement, placement_options=placement_options)
     t3 = time.perf_counter()
     lowering = [p.name for stage in ("legalize", "kernel", "schedule", "lowering") for p in staged[stage]]
     report = {
         "source": imported.source,
         "passes": {"graph": [p.name for p in graph_passes], "lowering": lowering},
         "seconds": {"import": round(t1 - t0, 3), "optimize": round(t2 - t1, 3), "build": round(t3 - t2, 3), "total": round(t3 - t0, 3)},
-        "build": {k: v for k, v in exe.meta.items() if k != "target"},
+        "build": {k: v for k, v in exe.meta.items() if k not in ("target", "placement")},
         "dims": {v.name: [v.lo, v.hi, where] for v, where in imported.dims.items()},
         "graph": _graph_summary(optimized),
         "weights": {"count": len(imported.weights), "bytes": int(sum(w.nbytes for w in imported.weights)), "as": weights},
@@ -195,7 +202,11 @@ class CompiledModel:
         stats = self.executable.stats()
         lines.append(f"  executable: {stats['kernels']} kernel(s), {stats['instructions']} VM instructions, {stats['constants']} constant(s)")
         chosen = r.get("build", {}).get("backends")
-        lines.append(f"  backends: {', '.join(chosen)} (by priority; the rest on tilework's C kernels)" if chosen else "  backends: tilework C kernels for every op")
+        plan = self.placement
+        if plan is not None:
+            lines.append("  backends: placed automatically per shape bucket (the table below)")
+        else:
+            lines.append(f"  backends: {', '.join(chosen)} (by priority; the rest on tilework's C kernels)" if chosen else "  backends: tilework C kernels for every op")
         graph_passes = ", ".join(r["passes"]["graph"]) or "none"
         lines.append(f"  passes: graph: {graph_passes}; lowering: {', '.join(r['passes']['lowering'])}")
         s, b = r["seconds"], r.get("build", {})
@@ -205,7 +216,20 @@ class CompiledModel:
         if b.get("kernel_cache_hit") is not None:
             parts.append("kernels from the cache" if b["kernel_cache_hit"] else "kernels compiled now")
         lines.append(f"  compile time: {s['total']:.2f} s ({', '.join(parts)})")
+        if plan is not None:
+            lines.extend("  " + line for line in plan.table().splitlines())
         return "\n".join(lines)
+
+    @property
+    def placement(self) -> Any:
+        """The ``tilework.collage.PlacementPlan`` the model was compiled with (None: no
+        automatic placement); ``cm.placement.save(path)`` keeps it apart."""
+        data = self.executable.meta.get("placement")
+        if data is None:
+            return None
+        from tilework.collage.place import PlacementPlan
+
+        return PlacementPlan.from_dict(data)
 
     def __repr__(self) -> str:
         names = ", ".join(i["name"] for i in self.signature.inputs)

@@ -14,7 +14,7 @@ comparisons and debugging.
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from tilework.backend import get_backend
 from tilework.codegen import get_target
@@ -45,6 +45,8 @@ def build(
     pipeline: str | None = None,
     plan_memory: bool | None = None,
     backends: str | Sequence[Any] | None = None,
+    placement: Any = None,
+    placement_options: Mapping[str, Any] | None = None,
 ) -> Executable:
     """Compile ``mod`` for ``target`` (``tilework.codegen.targets()``).
 
@@ -55,20 +57,34 @@ def build(
     well-formedness verifier after every pass.
     ``backends`` (names in priority order, ``"blas,torch,codegen"`` or a list; see
     ``tilework.backend``) offloads what each backend claims, by rules, before lowering; what no
-    backend claims compiles to the target's kernels."""
+    backend claims compiles to the target's kernels.
+    ``placement="auto"`` searches the placement instead (``tilework.collage``: measured on this
+    machine, per shape bucket, over ``backends`` or every available backend) after the graph
+    passes; a ``PlacementPlan`` or the path of a saved one applies that plan.
+    ``placement_options``: ``budget_s``, ``buckets``, ``pins``, ``refine``, ``max_size``,
+    ``progress`` (see ``tilework.collage.place``). The plan is kept in ``exe.meta["placement"]``."""
     if not isinstance(mod, IRModule):
         raise BuildError(f"build expects an IRModule, got {type(mod).__name__}")
     tgt = get_target(target)
     name = pipeline or pipeline_name(opt_level)
     t0 = time.perf_counter()
-    placement: list[Pass] = []
+    offload: list[Pass] = []
     backend_names: list[str] = []
-    if backends is not None:
+    plan = None
+    if placement is not None:
+        from tilework.collage.place import ApplyPlacement, plan_for
+
+        graph_stage = stages(name, graph=passes)["graph"]
+        mod = Pipeline(graph_stage, verify=verify, dump_dir=dump_dir)(mod) if graph_stage else mod
+        passes = []
+        plan = plan_for(mod, placement, backends, **dict(placement_options or {}))
+        offload.append(ApplyPlacement(plan))
+    elif backends is not None:
         from tilework.backend.offload import OffloadByRules, check_backends
 
         backend_names = check_backends(backends)
-        placement.append(OffloadByRules(tuple(backend_names)))
-    staged = stages(name, placement=placement, schedule_rules=tgt.schedule_rules, graph=passes, kernel=post_legalize_passes, plan_memory=plan_memory)
+        offload.append(OffloadByRules(tuple(backend_names)))
+    staged = stages(name, placement=offload, schedule_rules=tgt.schedule_rules, graph=passes, kernel=post_legalize_passes, plan_memory=plan_memory)
     lowered = Pipeline(flatten(staged), verify=verify, dump_dir=dump_dir)(mod)
     t1 = time.perf_counter()
     functions, constants = generate(lowered)
@@ -87,8 +103,10 @@ def build(
         "codegen_s": round(t2 - t1, 4),
         "kernel_cache_hit": cache_hit,
     }
-    if backends is not None:
+    if backends is not None and plan is None:
         meta["backends"] = backend_names
+    if plan is not None:
+        meta["placement"] = plan.to_dict()
     return Executable(functions, constants, kernels, modules, meta)
 
 

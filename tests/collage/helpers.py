@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from tilework import op
 from tilework.ir.builder import BlockBuilder
-from tilework.ir.graph import Var
+from tilework.ir.graph import Constant, Var
 from tilework.ir.info import TensorInfo
 from tilework.ir.module import IRModule
 from tilework.ir.sym import SymVar
@@ -25,6 +27,22 @@ def mlp(n: SymVar | None = None, hidden: int = 16, ffn: int = 32) -> IRModule:
             out = bb.emit_output(op.linear(act, w2), name="out")
         bb.emit_func_output(out)
     return bb.get()
+
+
+def mlp_constants(hidden: int = 16, ffn: int = 32, seed: int = 0) -> tuple[IRModule, list[np.ndarray]]:
+    """``mlp`` with its weights as constants (what ``tilework.compile`` takes as an IRModule),
+    and the weights."""
+    rng = np.random.default_rng(seed)
+    w = [rng.standard_normal(s).astype("float32") for s in ((ffn, hidden), (ffn,), (hidden, ffn))]
+    x = Var("x", TensorInfo((SymVar("n", 1, 256), hidden), "float32"))
+    bb = BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            up = bb.emit(op.linear(x, Constant.of(w[0]), Constant.of(w[1])), name="up")
+            act = bb.emit(op.relu(up), name="act")
+            out = bb.emit_output(op.linear(act, Constant.of(w[2])), name="out")
+        bb.emit_func_output(out)
+    return bb.get(), w
 
 
 def diamond() -> IRModule:

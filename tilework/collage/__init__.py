@@ -10,7 +10,7 @@ search, plans, applying them) and ``report`` (the explanation). See ``docs/place
 from tilework.collage.cache import CostCache, cache_path
 from tilework.collage.candidates import Candidate, block_candidates
 from tilework.collage.cost import MeasuredCostModel, MockCostModel, register_builder
-from tilework.collage.place import ApplyPlacement, PlacementPlan, apply_plan, place
+from tilework.collage.place import ApplyPlacement, PlacementPlan, apply_plan, place, plan_for
 from tilework.collage.search import exact_cover
 
 __all__ = [
@@ -25,5 +25,6 @@ __all__ = [
     "cache_path",
     "exact_cover",
     "place",
+    "plan_for",
     "register_builder",
 ]

@@ -204,7 +204,7 @@ class MeasuredCostModel:
         t0 = time.perf_counter()
         try:
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
+                warnings.simplefilter("error", UserWarning)  # a lowering that gives up: this placement fails
                 exe = _build(Offload(placement).run(mod))
             from tilework.runtime.vm import VM
 

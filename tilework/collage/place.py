@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -299,6 +300,26 @@ def _refine(mod: IRModule, model: CostModel, bucket: Bucket, env: Mapping[Any, i
     return BucketPlan(bucket, best, kept, estimate, best_s, how)
 
 
+OPTIONS = ("budget_s", "buckets", "pins", "refine", "max_size", "progress", "cost_model", "func")
+
+
+def plan_for(mod: IRModule, placement: Any, backends: Any = None, **options: Any) -> PlacementPlan:
+    """The plan ``placement`` stands for: ``"auto"`` (searched now, with ``options``), a
+    ``PlacementPlan``, or the path of a saved one."""
+    unknown = [k for k in options if k not in OPTIONS]
+    if unknown:
+        raise UnsupportedError(f"unknown placement option(s) {', '.join(unknown)}; the options are: {', '.join(OPTIONS)}")
+    if isinstance(placement, PlacementPlan):
+        return placement
+    if placement == "auto":
+        return place(mod, backends, **options)
+    if isinstance(placement, (str, os.PathLike)):
+        if not os.path.exists(placement):
+            raise UnsupportedError(f"placement={str(placement)!r}: not 'auto' and no such placement file")
+        return PlacementPlan.load(os.fspath(placement))
+    raise UnsupportedError(f"placement must be 'auto', a PlacementPlan or the path of a saved one, got {type(placement).__name__}")
+
+
 # -- applying a plan ----------------------------------------------------------------------------
 
 
@@ -329,4 +350,4 @@ class ApplyPlacement(Pass):
         return apply_plan(mod, self.plan)
 
 
-__all__ = ["Row", "BucketPlan", "PlacementPlan", "place", "apply_plan", "ApplyPlacement", "default_backends", "FORMAT"]
+__all__ = ["Row", "BucketPlan", "PlacementPlan", "place", "plan_for", "apply_plan", "ApplyPlacement", "default_backends", "FORMAT"]

@@ -1,0 +1,116 @@
+"""The estimator on this machine (small and bounded): regions built and run, failures cost
+infinity, transitions measured, everything through the persistent cache; the compile surface."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tilework as tw
+from tilework.backend import Backend, Capability, lib_call, register_backend, resolve_backends, unregister_backend
+from tilework.collage import CostCache, MeasuredCostModel, MockCostModel, place
+from tilework.collage.candidates import block_candidates
+from tilework.collage.place import PlacementPlan
+from tilework.errors import UnsupportedError
+from tilework.pattern import is_op, wildcard
+from tilework.pattern.graph import graphs_of
+from tilework.runtime.extern import register_extern
+
+from tests.collage.helpers import mlp, mlp_constants
+
+
+def _weights(rng: np.random.Generator) -> list[np.ndarray]:
+    return [rng.standard_normal(s).astype("float32") for s in ((32, 16), (32,), (16, 32))]
+
+
+def _ref(x: np.ndarray, w1: np.ndarray, b1: np.ndarray, w2: np.ndarray) -> np.ndarray:
+    return np.maximum(x @ w1.T + b1, 0) @ w2.T
+
+
+def _model(path: Path, **kw: object) -> MeasuredCostModel:
+    return MeasuredCostModel(CostCache(str(path)), repeat=3, max_rounds=2, time_limit_s=0.2, progress=False, **kw)  # type: ignore[arg-type]
+
+
+def test_measured_placement_runs_and_a_second_search_is_served_from_the_cache(tmp_path: Path) -> None:
+    mod = mlp()
+    first = _model(tmp_path / "c.sqlite")
+    exe = tw.build(mod, placement="auto", backends=["blas", "codegen"], placement_options={"cost_model": first, "buckets": {"n": [4]}})
+    assert first.stats.measured > 0 and first.stats.failed == 0
+    plan = PlacementPlan.from_dict(exe.meta["placement"])
+    rows = plan.buckets[0].rows
+    assert rows and all(math.isfinite(r.cost_s) and r.cost_s >= 0 for r in rows)
+    rng = np.random.default_rng(0)
+    w = _weights(rng)
+    for n in (1, 4, 37):
+        x = rng.standard_normal((n, 16)).astype("float32")
+        np.testing.assert_allclose(tw.VM(exe)["main"](x, *w), _ref(x, *w), rtol=1e-4, atol=1e-4)
+    second = _model(tmp_path / "c.sqlite")
+    again = place(mod, ["blas", "codegen"], cost_model=second, buckets={"n": [4]})
+    assert second.stats.measured == 0 and second.stats.cache_hits > 0
+    assert again.buckets[0].placement.to_json() == plan.buckets[0].placement.to_json()
+
+
+def _fails(*args: object) -> None:
+    raise RuntimeError("this library is broken")
+
+
+@pytest.fixture
+def broken_backends():  # type: ignore[no-untyped-def]
+    """``broken_run`` lowers but its extern raises; ``broken_lower`` refuses to lower."""
+    register_extern("broken.run", _fails, override=True)
+    pat = is_op("relu", wildcard("x"))
+
+    def refuse(r: object) -> object:
+        raise UnsupportedError("not today")
+
+    register_backend(Backend("broken_run", "library", lambda: (True, "t"), [Capability("broken_run.relu", pat)], lower=lambda r: lib_call("broken.run", [r["x"]], r)), replace=True)
+    register_backend(Backend("broken_lower", "library", lambda: (True, "t"), [Capability("broken_lower.relu", pat)], lower=refuse), replace=True)
+    yield
+    unregister_backend("broken_run")
+    unregister_backend("broken_lower")
+
+
+def test_a_backend_that_fails_costs_infinity_and_is_never_chosen(tmp_path: Path, broken_backends: None) -> None:
+    mod = mlp()
+    g = graphs_of("main", mod["main"])[0]
+    model = _model(tmp_path / "c.sqlite")
+    cands = block_candidates(g, resolve_backends(["broken_run", "broken_lower", "codegen"]), max_size=1)
+    costs = model.region_costs(g, cands, {})
+    by = {c.backend: cost for c, cost in zip(cands, costs) if c.nodes == (1,)}
+    assert by["broken_run"] == math.inf and by["broken_lower"] == math.inf and math.isfinite(by["codegen"])
+    plan = place(mod, ["broken_run", "broken_lower", "codegen"], cost_model=model, buckets={"n": [2]}, max_size=1)
+    assert all(not b.placement.regions for b in plan.buckets)
+
+
+def test_transitions_are_measured_between_backends(tmp_path: Path) -> None:
+    g = graphs_of("main", mlp()["main"])[0]
+    model = _model(tmp_path / "c.sqlite")
+    cands = block_candidates(g, resolve_backends(["blas", "codegen"]), max_size=1)
+    costs = model.region_costs(g, cands, {})
+    trans = model.transition_costs(g, cands, costs, {})
+    assert set(trans) == {("blas", "codegen"), ("codegen", "blas")}
+    assert all(t >= 0 and math.isfinite(t) for t in trans.values())
+
+
+def test_compile_with_a_plan_explains_and_keeps_it(tmp_path: Path) -> None:
+    mod, w = mlp_constants()
+    optimized = tw.compile(mod).module  # the plan names the bindings of the optimized module
+    mock = MockCostModel(lambda c, ops, dims: 0.5 if c.backend == "blas" else 1.0)
+    plan = place(optimized, ["blas", "codegen"], cost_model=mock, buckets={"n": [1, 64]})
+    cm = tw.compile(mod, placement=plan)
+    text = cm.explain()
+    assert "placed automatically" in text and "blas" in text and "bucket n in [1, 8]" in text
+    path = str(tmp_path / "m.tw")
+    cm.save(path)
+    loaded = tw.CompiledModel.load(path)
+    assert loaded.placement is not None and loaded.placement.to_json() == plan.to_json()
+    plan.save(str(tmp_path / "plan.json"))
+    again = tw.compile(mod, placement=str(tmp_path / "plan.json"))
+    x = np.random.default_rng(1).standard_normal((3, 16)).astype("float32")
+    np.testing.assert_allclose(again(x), _ref(x, *w), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(loaded(x), _ref(x, *w), rtol=1e-4, atol=1e-4)
+    with pytest.raises(UnsupportedError, match="no such placement file"):
+        tw.compile(mod, placement=str(tmp_path / "missing.json"))
