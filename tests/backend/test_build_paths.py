@@ -78,5 +78,5 @@ def test_compile_takes_backends_and_explains_them() -> None:
     args = _args(2)
     close(cm(*args), _want(*args))
     assert "backends: blas, codegen" in cm.explain()
-    with pytest.raises(UnsupportedError, match="placement"):
-        tilework.compile(_mlp(), placement="auto")
+    with pytest.raises(UnsupportedError, match="placement='bogus': not 'auto' and no such placement file"):
+        tilework.compile(_mlp(), placement="bogus")  # placement="auto": tests/collage

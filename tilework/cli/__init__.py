@@ -6,6 +6,10 @@
                                        compile a torch.export program (torch.export.save)
     tilework build MODEL.onnx -o OUT.tw [--dim seq<=512]
                                        compile an ONNX model (--dim bounds a dim_param)
+    tilework build ... --placement auto [--budget S] [--bucket n=1,32,256] [--pin matmul=blas]
+                                       choose each part's backend by measuring (docs/placement.md)
+    tilework explain OUT.tw            what was compiled, and the placement table
+    tilework cache stats|clear         the placement cost cache
     tilework run OUT.tw --input x=x.npy ... [--output DIR] [--function main] [--trust-native]
     tilework generate "PROMPT" [--max-tokens N] [--precision q|bf16|fp32] [--model PATH.gguf]
                                        stream an LLM's completion (default: SmolLM2-135M-Instruct)
@@ -56,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--backends", metavar="LIST", help="backends in priority order, e.g. blas,torch,codegen: each op goes to the first that can run it, the rest to tilework's kernels (see docs/backends.md)")
     b.add_argument("--target", default="cpu", help="the kernel target: cpu (C + OpenMP, default) or interp (the NumPy reference interpreter: slow, needs no compiler)")
     b.add_argument("--pipeline", choices=("default", "O0"), default="default", help="the pass pipeline: default, or O0 (no graph passes, fusion or memory planning)")
+    from tilework.cli import placement
+
+    placement.add_build_args(b)
 
     r = sub.add_parser("run", help="run a function of an executable on .npy inputs")
     r.add_argument("executable", help="a file written by `tilework build` or Executable.save")
@@ -68,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
 
     llm.add_parsers(sub)
     export.add_parser(sub)
+    placement.add_parsers(sub)
     return p
 
 
@@ -94,6 +102,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from tilework.cli import export
 
         return export.run(args)
+    if args.command in ("explain", "cache"):
+        from tilework.cli import placement
+
+        return placement.run(args)
     return _run(args)
 
 
@@ -192,6 +204,12 @@ takes only the program's inputs.
 """
 
 
+def placement_build_options(args: argparse.Namespace) -> dict[str, Any]:
+    from tilework.cli import placement
+
+    return placement.build_options(args)
+
+
 def _build(args: argparse.Namespace) -> int:
     import tilework
 
@@ -203,10 +221,12 @@ def _build(args: argparse.Namespace) -> int:
         raise TileworkError("--dim applies to .pt2 and .onnx models only; a module in the text format declares its dims itself")
     mod = _read_text_module(args.ir_file)
     t0 = time.perf_counter()
-    exe = tilework.build(mod, target=args.target, backends=args.backends, pipeline=args.pipeline)
+    exe = tilework.build(mod, target=args.target, backends=args.backends, pipeline=args.pipeline, **placement_build_options(args))
     exe.save(args.output)
     stats = exe.stats()
-    via = f" with backends {','.join(exe.meta['backends'])}" if args.backends else ""
+    via = f" with backends {','.join(exe.meta['backends'])}" if exe.meta.get("backends") else ""
+    if exe.meta.get("placement"):
+        via = f" with automatic placement ({len(exe.meta['placement']['buckets'])} bucket(s); tilework explain {args.output})"
     print(f"built {args.output}{via}: {stats['functions']} function(s), {stats['kernels']} kernel(s), {stats['instructions']} instructions in {time.perf_counter() - t0:.2f} s")
     return 0
 
@@ -271,7 +291,8 @@ def _build_pt2(args: argparse.Namespace) -> int:
         ep = torch.export.load(args.ir_file)
     except Exception as e:  # untrusted input: torch reports a bad file with many exception types
         raise TileworkError(f"{args.ir_file} is not a torch.export program that this torch can read ({type(e).__name__}: {e})") from None
-    cm = compile_model(ep, backends=args.backends, dim_names=names, dim_bounds=bounds, weights="constants", opt_level=0 if args.pipeline == "O0" else 1, target=args.target)
+    opts = placement_build_options(args)
+    cm = compile_model(ep, backends=args.backends, dim_names=names, dim_bounds=bounds, weights="constants", opt_level=0 if args.pipeline == "O0" else 1, target=args.target, placement=opts.get("placement"), **(opts.get("placement_options") or {}))
     cm.save(args.output)
     stats = cm.executable.stats()
     dims = ", ".join(f"{n} in [{lo}, {'inf' if hi is None else hi}]" for n, (lo, hi, _) in cm.report["dims"].items()) or "none"
@@ -297,7 +318,7 @@ def _build_onnx(args: argparse.Namespace) -> int:
             raise TileworkError(f"--dim: no value of {name} is both >= {lo} and <= {hi}")
     t0 = time.perf_counter()
     mod = from_onnx(args.ir_file, dim_bounds=bounds)
-    exe = tilework.build(mod, target=args.target, backends=args.backends, pipeline=args.pipeline)
+    exe = tilework.build(mod, target=args.target, backends=args.backends, pipeline=args.pipeline, **placement_build_options(args))
     exe.save(args.output)
     stats = exe.stats()
     main = mod["main"]

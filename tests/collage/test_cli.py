@@ -1,0 +1,71 @@
+"""The command line: build --placement (auto and a saved plan), explain, cache stats|clear."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tilework.cli import main
+from tilework.collage import MockCostModel, place
+
+from tests.collage.helpers import mlp
+
+
+def test_build_with_a_saved_plan_then_explain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    mod = mlp()
+    src = tmp_path / "mlp.txt"
+    src.write_text(str(mod))
+    # the CLI runs the default graph passes before placing; they leave this module as it is
+    plan = place(mod, ["blas", "codegen"], cost_model=MockCostModel(lambda c, ops, dims: len(ops) * (1.0 if c.backend == "codegen" else 0.5 if dims["n"] > 8 else 2.0)), buckets={"n": [1, 64]})
+    plan.save(str(tmp_path / "plan.json"))
+    out = tmp_path / "mlp.tw"
+    assert main(["build", str(src), "-o", str(out), "--placement", str(tmp_path / "plan.json")]) == 0
+    assert "automatic placement (2 bucket(s)" in capsys.readouterr().out
+    assert main(["explain", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "2 distinct placement(s)" in text and "bucket n in [9, 256]" in text and "blas" in text
+    assert main(["explain", str(tmp_path / "plan.json")]) == 0
+    assert "placement of @main" in capsys.readouterr().out
+
+
+def test_build_placement_auto_measures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "mlp.txt"
+    src.write_text(str(mlp()))
+    out = tmp_path / "auto.tw"
+    assert main(["build", str(src), "-o", str(out), "--placement", "auto", "--backends", "blas,codegen", "--bucket", "n=4", "--budget", "30"]) == 0
+    assert main(["explain", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "measured at n=4" in text and "cost ms" in text
+
+
+def test_cli_mistakes_are_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "mlp.txt"
+    src.write_text(str(mlp()))
+    cases = [
+        (["--budget", "3"], "need --placement auto"),
+        (["--placement", "auto", "--bucket", "n=zero"], "--bucket expects DIM=P1,P2"),
+        (["--placement", "auto", "--bucket", "seq=4", "--backends", "codegen"], "buckets name dim(s) seq"),
+        (["--placement", "auto", "--pin", "relu=blas", "--backends", "blas,codegen"], "pinned to blas, but blas cannot run it"),
+        (["--placement", str(tmp_path / "nope.json")], "no such placement file"),
+    ]
+    for extra, message in cases:
+        assert main(["build", str(src), "-o", str(tmp_path / "x.tw"), *extra]) == 2
+        assert message in capsys.readouterr().err
+
+
+def test_cache_stats_and_clear(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("TILEWORK_CACHE_DIR", str(tmp_path))
+    from tilework.collage.cache import CostCache, Entry
+
+    c = CostCache()
+    c.put("k1", "blas", Entry(1e-3, 0.0, 5, ""))
+    c.put("k2", "torch", Entry(float("inf"), 0.0, 0, "run: boom"))
+    c.close()
+    assert main(["cache", "stats"]) == 0
+    text = capsys.readouterr().out
+    assert "2 entries" in text and "torch" in text and "1 failed" in text
+    assert main(["cache", "clear"]) == 0
+    assert "cleared 2 entries" in capsys.readouterr().out
+    assert main(["cache", "stats"]) == 0
+    assert "0 entries" in capsys.readouterr().out
