@@ -28,7 +28,7 @@ import numpy as np
 from tilework.ir.kernel_abi import SymValues, bind_syms, check_arrays, kernel_syms
 from tilework.codegen.loop_emit import LoopEmitter, comment, const_value
 from tilework.codegen.target import Target, register_target
-from tilework.errors import WellFormedError
+from tilework.errors import IntegerDivisionByZero, WellFormedError
 from tilework.ir import sym
 from tilework.ir.dtype import compute_dtype, is_float_dtype, np_dtype
 from tilework.ir.loop import (
@@ -99,9 +99,37 @@ def _icast(x: Any, t: type) -> Any:
     return (np.int64(x) if isinstance(x, int) else x).astype(t)
 
 
+def _iwrap(v: int, t: type) -> Any:
+    """``v`` wrapped to the integer type ``t`` (two's complement)."""
+    info = np.iinfo(t)
+    span = int(info.max) - int(info.min) + 1
+    return t((v - int(info.min)) % span + int(info.min))
+
+
+# Integer division as the C target computes it (docs/semantics.md): a zero divisor gives 0,
+# INT_MIN / -1 wraps; no warning, no trap.
 def _tdiv(a: Any, b: Any, t: type) -> Any:
-    q = abs(int(a)) // abs(int(b))
-    return _icast(-q if (a < 0) != (b < 0) else q, t)
+    a, b = int(a), int(b)
+    if b == 0:
+        return t(0)
+    q = abs(a) // abs(b)
+    return _iwrap(-q if (a < 0) != (b < 0) else q, t)
+
+
+def _fdiv(a: Any, b: Any, t: type) -> Any:
+    b = int(b)
+    return t(0) if b == 0 else _iwrap(int(a) // b, t)
+
+
+def _fmod(a: Any, b: Any, t: type) -> Any:
+    b = int(b)
+    return t(0) if b == 0 else _iwrap(int(a) % b, t)
+
+
+def _check_nonzero(b: Any) -> Any:
+    if b == 0:
+        raise IntegerDivisionByZero("integer division by zero (the source framework raises here, e.g. torch's ZeroDivisionError)")
+    return b
 
 
 def _ipow(a: Any, b: Any, t: type) -> Any:
@@ -140,6 +168,9 @@ _HELPERS: dict[str, Any] = {
     "np": np,
     "_icast": _icast,
     "_tdiv": _tdiv,
+    "_fdiv": _fdiv,
+    "_fmod": _fmod,
+    "_check_nonzero": _check_nonzero,
     "_ipow": _ipow,
     "_nonneg": _nonneg,
     "_erf": _erf,
@@ -304,6 +335,8 @@ class _Translator(LoopEmitter):
             return f"({a} {op} {b})"
         if op in ("and", "or"):
             return f"({a} {op} {b})"
+        if op in ("//", "%") and not fl:
+            return f"_{'fdiv' if op == '//' else 'fmod'}({a}, {b}, {self.value(np_dtype(dt).type, 't')})"
         if op in ("+", "-", "*", "//", "%"):
             return f"({a} {op} {b})"
         if op == "/":
@@ -320,6 +353,8 @@ class _Translator(LoopEmitter):
         dt = dtype_of(arg)
         if x.name in ("isnan", "isinf"):
             return f"np.{x.name}({a})" if is_float_dtype(dt) else "False"
+        if x.name == "check_nonzero":
+            return f"_check_nonzero({a})"
         if not is_float_dtype(dt):
             if x.name == "abs":
                 return f"_icast(abs(int({a})), {self.value(np_dtype(dt).type, 't')})"

@@ -141,6 +141,7 @@ UNARY_OPS = ("neg", "not")
 INTRINSICS = (
     "exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "floor", "ceil", "round",
     "sin", "cos", "log1p", "expm1", "isnan", "isinf",
+    "check_nonzero",  # an integer divisor, unchanged; zero raises IntegerDivisionByZero at run time
 )  # fmt: skip
 
 

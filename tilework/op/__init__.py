@@ -20,7 +20,7 @@ from tilework.op.elementwise import (
     floor, ceil, round, square, logical_not, add, subtract, multiply, divide, floor_divide,
     mod, power, maximum, minimum, equal, not_equal, less, less_equal, greater, greater_equal,
     logical_and, logical_or, logical_xor,
-    astype, where,
+    astype, where, check_nonzero,
 )  # fmt: skip
 from tilework.op.linalg import linear, matmul
 from tilework.op.manipulate import (
@@ -57,6 +57,7 @@ __all__ = [
     "call_tensor",
     "astype",
     "where",
+    "check_nonzero",
     *elementwise.UNARY,
     *elementwise.ARITH,
     *elementwise.COMPARE,

@@ -7,7 +7,9 @@ Broadcasting is symbolic: ``(2, 3) + (2, n)`` is ``(2, 3)`` with a run-time chec
 Legalization computes float16/bfloat16 in float32 and rounds once; a kernel broadcasting a
 dim that may be 1 or the full size indexes it with ``min(i, d - 1)``, right for both. Integer
 ``divide`` truncates toward zero (C and ONNX semantics); integer division and modulo by zero
-give 0, as NumPy does.
+give 0, as NumPy does, and ``INT_MIN / -1`` wraps: nothing traps (docs/semantics.md).
+``check_nonzero(y)`` is ``y`` for a divisor whose framework raises on zero (torch): a zero
+raises ``IntegerDivisionByZero`` at run time; it fuses into the division's kernel.
 """
 
 from __future__ import annotations
@@ -193,6 +195,20 @@ def _legalize_where(call: Call, ctx: "LegalizeCtx") -> Expr:
     return ctx.call_te("where", call.args, [c, a, b], [out], call.info)
 
 
+def _infer_check_nonzero(call: Call, ctx: InferCtx) -> StructInfo:
+    x = tensor_arg(call, 0, ctx)
+    if x.dtype is not None and (is_float(x.dtype) or x.dtype == "bool"):
+        raise ctx.error(f"expects an integer divisor, got {x.dtype}")
+    return x
+
+
+def _legalize_check_nonzero(call: Call, ctx: "LegalizeCtx") -> Expr:
+    x = arg(call, 0, "x")
+    shape, dtype = out_tensor(call)
+    out = te.compute(shape, lambda *i: te.check_nonzero(x[i]), "check_nonzero", dtype)
+    return ctx.call_te("check_nonzero", call.args, [x], [out], call.info)
+
+
 def _legalize_astype(call: Call, ctx: "LegalizeCtx") -> Expr:
     x = arg(call, 0, "x")
     shape, dtype = out_tensor(call)
@@ -212,6 +228,7 @@ for _name in COMPARE:
 for _name in LOGICAL:
     register(Op(_name, _infer_logical, OpPattern.BROADCAST, num_args=2, legalize=_legalize_binary))
 register(Op("where", _infer_where, OpPattern.BROADCAST, num_args=3, legalize=_legalize_where))
+register(Op("check_nonzero", _infer_check_nonzero, OpPattern.ELEMWISE, num_args=1, legalize=_legalize_check_nonzero))
 register(Op("astype", _infer_astype, OpPattern.ELEMWISE, attrs={"dtype": "float32"}, num_args=1, legalize=_legalize_astype))
 
 
@@ -229,6 +246,12 @@ def where(cond: Expr, a: Expr, b: Expr) -> Call:
 
 def astype(x: Expr, dtype: str) -> Call:
     return make_call("astype", [x], dtype=dtype)
+
+
+def check_nonzero(y: Expr) -> Call:
+    """The integer divisor ``y`` unchanged; a zero element raises ``IntegerDivisionByZero`` at
+    run time (what torch does for an integer division by zero)."""
+    return make_call("check_nonzero", [y])
 
 
 # -- constructors (one per op, so that type checkers see them) ---------------------------

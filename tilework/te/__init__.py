@@ -19,6 +19,7 @@ from tilework.te.expr import (
     any,
     cast,
     ceil,
+    check_nonzero,
     constant,
     cos,
     eq,
@@ -71,7 +72,7 @@ from tilework.te.tensor import (
 
 __all__ = [
     "Reduce", "ReduceVar", "Tensor", "TensorLoad", "abs", "all", "any", "argmax", "argmin",
-    "cast", "ceil", "compute", "constant", "cos", "create_func", "eq", "erf", "exp", "expm1",
+    "cast", "ceil", "check_nonzero", "compute", "constant", "cos", "create_func", "eq", "erf", "exp", "expm1",
     "floor", "ge", "gt", "if_then_else", "isinf", "isnan", "le", "log", "log1p", "logical_and",
     "logical_not", "logical_or", "lt", "max", "max_value", "maximum", "min", "min_value",
     "minimum", "ne", "placeholder", "power", "prod", "reduce_axis", "round", "rsqrt", "select",

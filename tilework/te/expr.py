@@ -131,6 +131,15 @@ def isinf(x: Operand) -> PExpr:
     return _intrin("isinf", x)
 
 
+def check_nonzero(x: Operand) -> PExpr:
+    """The integer divisor ``x`` unchanged; a zero makes the kernel raise
+    ``IntegerDivisionByZero`` (torch's integer division semantics, docs/semantics.md)."""
+    a = _scalar(x)
+    if is_float_dtype(dtype_of(a)) or dtype_of(a) == "bool":
+        raise TypeError(f"check_nonzero takes an integer divisor, got {dtype_of(a)}")
+    return Intrin("check_nonzero", (a,), dtype_of(a))
+
+
 def power(a: Operand, b: Operand) -> PExpr:
     return binary("pow", a, b)
 

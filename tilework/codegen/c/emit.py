@@ -481,6 +481,8 @@ class _Emitter(LoopEmitter):
             return f"({a} {op} {b})"
         if op in ("and", "or"):
             return f"({a} {'&&' if op == 'and' else '||'} {b})"
+        if op == "/" and not fl:
+            return f"(({ct})tw_truncdiv({a}, {b}))"  # never traps (docs/semantics.md)
         if op in ("+", "-", "*", "/"):
             text = f"({a} {op} {b})"
             return f"(({ct}){text})" if dt in _NARROW_INTS else text
@@ -507,6 +509,8 @@ class _Emitter(LoopEmitter):
         dt = dtype_of(arg)
         if x.name in ("isnan", "isinf"):
             return f"({x.name}({a}) != 0)" if is_float_dtype(dt) else "false"
+        if x.name == "check_nonzero":
+            return f"(({DTYPE_TABLE[dt].c_value})tw_check_nonzero({a}, &tw_err))"
         if not is_float_dtype(dt):
             if x.name == "abs":
                 return f"(({DTYPE_TABLE[dt].c_value})tw_abs_i64({a}))"

@@ -4,7 +4,9 @@ integer/float helpers whose semantics the interpreter (``tilework.codegen.interp
 - float16 is stored as ``_Float16`` where the compiler has it (else as ``uint16_t`` with
   software conversions; ``-DTW_SOFT_F16`` forces that path), bfloat16 as ``uint16_t``. Both are
   computed in ``float``; converting to them rounds to nearest even (NaN stays NaN).
-- ``tw_floordiv``/``tw_floormod``: Python's floor semantics on int64.
+- ``tw_truncdiv``/``tw_floordiv``/``tw_floormod``: C's and Python's integer division on int64,
+  defined for every operand (no trap: docs/semantics.md); ``tw_check_nonzero`` flags a zero
+  divisor where the framework raises.
 - ``tw_fdiv*``/``tw_fmod*``: NumPy's float ``floor_divide`` and ``remainder`` (``npy_divmod``).
 - ``tw_max*``/``tw_min*``: NaN-propagating, like ``np.maximum``/``np.minimum``.
 - ``tw_exp_f`` (within 1 ulp), ``tw_tanh_f`` and ``tw_erf_f`` (within 2 ulp): float32 math
@@ -77,13 +79,33 @@ static inline uint16_t tw_f2bf(float f) {
 }
 static inline float tw_round_bf(float x) { return tw_bf2f(tw_f2bf(x)); }
 
+/* Integer division never traps (docs/semantics.md): a zero divisor gives 0, and a divisor of
+   -1 negates with two's complement wrap (INT64_MIN / -1 = INT64_MIN, remainder 0), where the
+   hardware division would raise SIGFPE. Narrower types are computed in int64, where neither
+   can overflow, and wrapped back by the caller's cast. */
+static inline int64_t tw_truncdiv(int64_t a, int64_t b) {
+    if (b == 0) return 0;
+    if (b == -1) return (int64_t)(0 - (uint64_t)a);
+    return a / b;
+}
 static inline int64_t tw_floordiv(int64_t a, int64_t b) {
+    if (b == 0) return 0;
+    if (b == -1) return (int64_t)(0 - (uint64_t)a);
     int64_t q = a / b, r = a % b;
     return q - ((r != 0) & ((r < 0) != (b < 0)));
 }
 static inline int64_t tw_floormod(int64_t a, int64_t b) {
+    if (b == 0 || b == -1) return 0;
     int64_t r = a % b;
     return ((r != 0) & ((r < 0) != (b < 0))) ? r + b : r;
+}
+/* check_nonzero: the divisor of a division whose source framework raises on zero (torch).
+   A zero records code 2 (the caller raises IntegerDivisionByZero) and gives 1, so the division
+   that follows is harmless. */
+static inline int64_t tw_check_nonzero(int64_t b, int32_t* err) {
+    if (b != 0) return b;
+    __atomic_store_n(err, 2, __ATOMIC_RELAXED);
+    return 1;
 }
 static inline int64_t tw_min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t tw_max_i64(int64_t a, int64_t b) { return a > b ? a : b; }

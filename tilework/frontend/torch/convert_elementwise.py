@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
+import numpy as np
+
 from tilework import op
 from tilework.errors import UnsupportedError
 from tilework.frontend.torch.registry import converter
-from tilework.ir.graph import Expr
+from tilework.ir.graph import Constant, Expr
 
 if TYPE_CHECKING:
     from tilework.frontend.torch.translator import Translator
@@ -89,10 +91,19 @@ def _mul(t: Translator, node: Any, a: Any, b: Any) -> Expr:
     return t.emit(op.multiply(*_operands(t, t.out_dtype(node), a, b)))
 
 
+def _divisor(t: Translator, y: Expr) -> Expr:
+    """An integer divisor, checked at run time: torch raises ZeroDivisionError for an integer
+    division by zero (docs/semantics.md). A constant divisor without zeros needs no check."""
+    if t.dtype(y).startswith(("float", "bfloat")) or (isinstance(y, Constant) and np.all(y.data != 0)):
+        return y
+    return t.emit(op.check_nonzero(y))
+
+
 @converter("div.Tensor", "div.Scalar", "div.Tensor_mode", "div.Scalar_mode", "true_divide.Tensor")
 def _div(t: Translator, node: Any, a: Any, b: Any, rounding_mode: str | None = None) -> Expr:
     dtype = t.out_dtype(node)
     x, y = _operands(t, dtype, a, b)
+    y = _divisor(t, y)
     if rounding_mode == "floor":
         return t.emit(op.floor_divide(x, y))
     q = t.emit(op.divide(x, y))  # integer divide truncates: torch's "trunc"
@@ -104,7 +115,8 @@ def _div(t: Translator, node: Any, a: Any, b: Any, rounding_mode: str | None = N
 
 @converter("floor_divide.default", "floor_divide.Scalar", "floordiv")
 def _floor_divide(t: Translator, node: Any, a: Any, b: Any) -> Expr:
-    return t.emit(op.floor_divide(*_operands(t, t.out_dtype(node), a, b)))
+    x, y = _operands(t, t.out_dtype(node), a, b)
+    return t.emit(op.floor_divide(x, _divisor(t, y)))
 
 
 @converter("remainder.Tensor", "remainder.Scalar")
@@ -113,7 +125,7 @@ def _remainder(t: Translator, node: Any, a: Any, b: Any) -> Expr:
     dtype = t.out_dtype(node)
     x, y = _operands(t, dtype, a, b)
     if not dtype.startswith(("float", "bfloat")):
-        return t.emit(op.mod(x, y))
+        return t.emit(op.mod(x, _divisor(t, y)))
     q = t.emit(op.floor(t.emit(op.divide(x, y))))
     return t.emit(op.subtract(x, t.emit(op.multiply(q, y))))
 
