@@ -36,6 +36,7 @@ from tilework.ir.visitor import ExprVisitor
 from tilework.nn.module import register_compiler
 from tilework.runtime.executable import load_file
 from tilework.transform.pipeline import Pipeline, stages
+from tilework.transform.layout_weights import LayoutWeights, transpose_weights
 
 KIND = "tilework.compiled_model"
 _WEIGHT_CONSTANT_LIMIT = 1 << 20  # bytes of constants above which the module text is not saved
@@ -88,6 +89,12 @@ def compile(
     staged = stages(name, graph=passes, kernel=[] if passes is not None else None)
     graph_passes, kernel_passes = staged["graph"], staged["kernel"]
     optimized = Pipeline(graph_passes)(imported.module) if graph_passes else imported.module
+    model_weights = imported.weights
+    if graph_passes and passes is None and backends is None and placement is None:  # weights laid out for our kernels, once
+        layout = LayoutWeights(params=weights == "inputs")
+        optimized = layout(optimized)
+        model_weights = transpose_weights(optimized, imported.weights)
+        graph_passes = [*graph_passes, layout]
     t2 = time.perf_counter()
     placement_options = {"budget_s": budget_s, "buckets": buckets, "pins": pins}
     exe = build(optimized, target, pipeline=name, passes=[], post_legalize_passes=kernel_passes, backends=backends, placement=placement, placement_options=placement_options)
@@ -102,7 +109,7 @@ def compile(
         "graph": _graph_summary(optimized),
         "weights": {"count": len(imported.weights), "bytes": int(sum(w.nbytes for w in imported.weights)), "as": weights},
     }
-    return CompiledModel(optimized, exe, imported.weights, imported.signature, report)
+    return CompiledModel(optimized, exe, model_weights, imported.signature, report)
 
 
 class CompiledModel:

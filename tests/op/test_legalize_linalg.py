@@ -12,6 +12,7 @@ import tilework as tw
 import tilework.op as op
 from tests.op.legalize_harness import Built, Case, assert_round_trips, build, check, envs
 from tilework.ir.info import TensorInfo
+from tilework.op.linalg import linear_io
 
 n, m, k, b, c = tw.dim("n"), tw.dim("m"), tw.dim("k"), tw.dim("b"), tw.dim("c")
 ENVS = envs({n: 1, m: 1, k: 1, b: 1, c: 1}, {n: 7, m: 33, k: 5, b: 3, c: 3}, {n: 256, m: 9, k: 64, b: 2, c: 1}, {n: 2, m: 3, k: 3, b: 1, c: 4})
@@ -41,6 +42,12 @@ def _linear_ref(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) ->
     return out if bias is None else out + bias.astype(np.float64)
 
 
+def _linear_io_ref(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    cols = w.shape[1] if bias is None else bias.shape[0]
+    out = x.astype(np.float64) @ w[:, :cols].astype(np.float64)
+    return out if bias is None else out + bias.astype(np.float64)
+
+
 def _cases() -> list[Case]:
     cases = [
         _matmul("2d", (n, k), (k, m)),
@@ -65,6 +72,9 @@ def _cases() -> list[Case]:
         Case("linear_1d", op.linear, [T(k), T(m, k), T(m)], _linear_ref, ENVS, tol=1e-4),
         Case("linear_float16", op.linear, [T(n, k, dtype="float16"), T(m, k, dtype="float16"), T(m, dtype="float16")], _linear_ref, ENVS),
         Case("linear_bfloat16", op.linear, [T(b, n, k, dtype="bfloat16"), T(m, k, dtype="bfloat16")], _linear_ref, ENVS),
+        # the laid-out weight [in, columns >= out]: padding columns are never read
+        Case("linear_io_bias", lambda x, w, bias: linear_io(x, w, bias, 17), [T(b, n, k), T(k, 21), T(17)], _linear_io_ref, ENVS, tol=1e-4),
+        Case("linear_io_nobias", lambda x, w: linear_io(x, w, None, 5), [T(n, 16), T(16, 5)], _linear_io_ref, ENVS, tol=1e-4),
     ]
     return cases
 

@@ -115,7 +115,10 @@ def test_symbolic_rows_choose_a_schedule_at_run_time(scheduled: dict[str, Tensor
     assert isinstance(f.body, IfThenElse) and _cond(f.body.cond) == "M < 8"
     few, many = f.body.then_body, f.body.else_body
     assert many is not None
-    assert {s.buffer.shape for _, s in walk(few) if isinstance(s, Allocate)} == {(1, 256)}
+    # few rows: a tile of exactly M rows, picked by M's value (one row: 16 vectors; r rows:
+    # at most 24 accumulators)
+    assert {s.buffer.shape for _, s in walk(few) if isinstance(s, Allocate)} == {(1, 256), (2, 192), (3, 128), (4, 96), (5, 64), (6, 64), (7, 48)}
+    assert isinstance(few, IfThenElse) and _cond(few.cond) == "M == 1"
     assert {s.buffer.shape for _, s in walk(many) if isinstance(s, Allocate)} == {(8, 32)}
     g = scheduled["linear"]  # dot products for few rows; a transposed copy of w and tiles for many
     assert isinstance(g.body, IfThenElse) and _cond(g.body.cond) == "n < 64"
@@ -176,12 +179,15 @@ def test_matmul_variants() -> None:
             b = rng.standard_normal((3, 5, 33)).astype(np.float32)
             _check(g, [a, b], a @ b)
         elif label == "epilogue":
-            # relu(c + bias) is inlined into the tile store of both schedules (few/many rows)
-            assert [b.name for b in blocks_of(g)] == ["c_init", "c", "c_store"] * 2
-            a = rng.standard_normal((11, 24)).astype(np.float32)
-            b = rng.standard_normal((24, 48)).astype(np.float32)
-            bias = rng.standard_normal(48).astype(np.float32)
-            _check(g, [a, b, bias], np.maximum(a @ b + bias, 0))
+            # relu(c + bias) is inlined into the tile store of every schedule (1..7 rows, many)
+            names = [b.name for b in blocks_of(g)]
+            assert {n.split("_1")[0] for n in names} == {"c_init", "c", "c_store"}
+            assert sum(n.startswith("c_store") for n in names) >= 8
+            for rows in (1, 2, 5, 7, 8, 11):
+                a = rng.standard_normal((rows, 24)).astype(np.float32)
+                b = rng.standard_normal((24, 48)).astype(np.float32)
+                bias = rng.standard_normal(48).astype(np.float32)
+                _check(g, [a, b, bias], np.maximum(a @ b + bias, 0))
         else:
             assert sizes is not None
             check_kernel(g, "matmul", sizes)
@@ -208,6 +214,14 @@ C_SIZES = SIZES + [dict(n=67, m=130, k=259), dict(n=16, m=64, k=128)]
 def test_compiled_kernels_match_numpy(name: str, library: CKernelModule, scheduled: dict[str, TensorFunc]) -> None:
     kern = library[name]
     check_kernel(scheduled[name], name, C_SIZES, runner=lambda f, arrays: kern.run(arrays), seed=2)
+
+
+def test_compiled_matmul_at_every_few_rows_count(library: CKernelModule, scheduled: dict[str, TensorFunc]) -> None:
+    """Each row count below the many-rows schedule runs its own tile (M == 1 .. 7), and the
+    many-rows tiles start at 8: every count there and just past it, odd column and k sizes."""
+    kern = library["matmul"]
+    sizes = [dict(n=rows, m=37, k=70) for rows in range(1, 12)] + [dict(n=3, m=300, k=5)]
+    check_kernel(scheduled["matmul"], "matmul", sizes, runner=lambda f, arrays: kern.run(arrays), seed=3)
 
 
 def test_a_failing_rule_declines_unless_strict(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,5 +1,7 @@
 """Linear algebra: ``matmul`` (NumPy ``matmul`` semantics, batched and broadcast), ``linear``
-(``x @ weight.T + bias`` with torch's ``[out_features, in_features]`` weight layout) and
+(``x @ weight.T + bias`` with torch's ``[out_features, in_features]`` weight layout),
+``linear_io`` (the same with the weight ``[in_features, >= out_features]``, as
+``layout_weights`` lays it out at compile time) and
 ``einsum`` (NumPy's, with explicit or implicit output and ``...`` broadcasting).
 
 The contracted dims must be equal: a provable mismatch is an error, an unprovable one a run-time
@@ -103,6 +105,36 @@ def _infer_linear(call: Call, ctx: InferCtx) -> StructInfo:
     return TensorInfo(x.shape[:-1] + (out_features,), dtype)
 
 
+def _infer_linear_io(call: Call, ctx: InferCtx) -> StructInfo:
+    """``linear_io(x, weight, bias?, out_features)``: ``x @ weight[:, :out_features] + bias``
+    with the weight laid out ``[in_features, columns]``, ``columns >= out_features`` (the extra
+    columns pad the row stride; ``tilework.transform.layout_weights`` makes this layout)."""
+    if len(call.args) not in (2, 3):
+        raise ctx.error(f"takes (x, weight) or (x, weight, bias), got {len(call.args)} argument(s)")
+    x, w = tensor_arg(call, 0, ctx), tensor_arg(call, 1, ctx)
+    bias = tensor_arg(call, 2, ctx) if len(call.args) == 3 else None
+    dtype = unify_dtype([x.dtype, w.dtype] + ([bias.dtype] if bias else []), ctx)
+    n = call.attrs.get("out_features")
+    if not isinstance(n, int) or n < 1:
+        raise ctx.error(f"out_features must be a positive int, got {n!r}")
+    if x.ndim == 0:
+        raise ctx.shape_error("input must have at least one dim, got shape ()")
+    if w.ndim not in (-1, 2):
+        raise ctx.shape_error(f"weight must be 2-D [in_features, columns], got shape {shape_str(w.shape)}")
+    if bias is not None and bias.ndim not in (-1, 1):
+        raise ctx.shape_error(f"bias must be 1-D [out_features], got shape {shape_str(bias.shape)}")
+    if w.shape is not None:
+        if x.shape is not None:
+            require_equal(x.shape[-1], w.shape[0], ctx, f"in_features of input {shape_str(x.shape)} and weight {shape_str(w.shape)} differ")
+        if sym.prove_le(w.shape[1], n - 1):
+            raise ctx.shape_error(f"weight {shape_str(w.shape)} has fewer than out_features = {n} columns")
+    if bias is not None and bias.shape is not None:
+        require_equal(n, bias.shape[0], ctx, f"out_features = {n} and bias {shape_str(bias.shape)} differ")
+    if x.shape is None:
+        return TensorInfo(None, dtype, x.ndim)
+    return TensorInfo(x.shape[:-1] + (n,), dtype)
+
+
 def parse_einsum(equation: str, ranks: Sequence[int]) -> tuple[list[str], str]:
     """The operands' subscripts and the output's, with ``...`` replaced by capital letters (one
     per broadcast dim, right-aligned across operands) and an implicit output made explicit
@@ -203,6 +235,22 @@ def _legalize_linear(call: Call, ctx: "LegalizeCtx") -> Expr:
     return ctx.call_te("linear", call.args, inputs, [out], call.info)
 
 
+def _legalize_linear_io(call: Call, ctx: "LegalizeCtx") -> Expr:
+    x, w = arg(call, 0, "x"), arg(call, 1, "weight")
+    bias = arg(call, 2, "bias") if len(call.args) == 3 else None
+    shape, dtype = out_tensor(call)
+    acc = compute_dtype(dtype)
+
+    def f(*i: Scalar) -> Scalar:
+        k = te.reduce_axis(x.shape[-1], "k")
+        total = te.sum(te.cast(x[i[:-1] + (k,)], acc) * te.cast(w[k, i[-1]], acc), axis=k)
+        return total if bias is None else total + te.cast(bias[i[-1]], acc)
+
+    out = te.compute(shape, f, "linear", dtype)
+    inputs = [x, w] if bias is None else [x, w, bias]
+    return ctx.call_te("linear_io", call.args, inputs, [out], call.info)
+
+
 def _legalize_einsum(call: Call, ctx: "LegalizeCtx") -> Expr:
     """One kernel: the product of the operands summed over the letters not in the output (a
     dim of size 1 broadcasts against its letter's size)."""
@@ -232,6 +280,7 @@ def _legalize_einsum(call: Call, ctx: "LegalizeCtx") -> Expr:
 
 register(Op("matmul", _infer_matmul, OpPattern.OUT_EWISE_FUSABLE, attrs={"out_dtype": None}, num_args=2, legalize=_legalize_matmul))
 register(Op("linear", _infer_linear, OpPattern.OUT_EWISE_FUSABLE, legalize=_legalize_linear))
+register(Op("linear_io", _infer_linear_io, OpPattern.OUT_EWISE_FUSABLE, attrs={"out_features": 0}, legalize=_legalize_linear_io))
 register(Op("einsum", _infer_einsum, OpPattern.OPAQUE, attrs={"equation": ""}, legalize=_legalize_einsum))
 
 
@@ -243,6 +292,12 @@ def matmul(a: Expr, b: Expr, out_dtype: str | None = None) -> Call:
 def linear(x: Expr, weight: Expr, bias: Expr | None = None) -> Call:
     """``x @ weight.T (+ bias)`` with ``weight`` laid out ``[out_features, in_features]``."""
     return make_call("linear", [x, weight] if bias is None else [x, weight, bias])
+
+
+def linear_io(x: Expr, weight: Expr, bias: Expr | None, out_features: int) -> Call:
+    """``x @ weight[:, :out_features] (+ bias)`` with ``weight`` laid out ``[in_features,
+    columns >= out_features]``: the layout ``layout_weights`` gives a linear's weight."""
+    return make_call("linear_io", [x, weight] if bias is None else [x, weight, bias], out_features=out_features)
 
 
 def einsum(equation: str, *operands: Expr) -> Call:

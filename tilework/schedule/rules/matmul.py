@@ -10,15 +10,21 @@ loads ``NR`` contiguous values of B, whose ``K x NR`` column stays in L2 while `
 down the rows. A ``B[j, k]`` is first copied transposed (``cache_read``). Sizes that do not
 divide are guarded; an elementwise epilogue is inlined into the tile store.
 
-Few rows (decoding): one-row tiles eight vectors wide for ``B[k, j]``, vectorized dot
-products for ``B[j, k]``. With a symbolic row count the kernel holds both schedules and picks
-one at run time (``specialize.branch``).
+Few rows (decoding, short prompts): for ``B[k, j]`` one register tile holds every row, ``r x
+NR`` with ``NR`` as wide as keeps the tile's ``K x NR`` panel of B in L2 (``small_vectors``,
+from K's bound) and at most ``MAX_ACCUMULATORS`` registers; a symbolic row count picks the tile
+of its exact value (1 .. 7) at run time, so that no tile tests bounds in its ``k`` loop. For
+``B[j, k]`` vectorized dot products. With a symbolic row count the kernel holds the few-rows
+and many-rows schedules and picks one at run time (``specialize.branch``). Linear layers
+compiled through ``tilework.compile`` get ``B[k, j]`` weights (``layout_weights``).
 """
 from __future__ import annotations
 
 from tilework.errors import ScheduleError
-from tilework.ir.loop import Block, For, TensorFunc
-from tilework.ir.sym import SymVar
+from tilework.ir import sym
+from tilework.ir.dtype import DTYPE_TABLE
+from tilework.ir.loop import Binary, Block, For, TensorFunc
+from tilework.ir.sym import Dim, SymVar
 from tilework.schedule import loop_primitives as lp
 from tilework.schedule.analysis import FuncKind, MatmulParts, classify, main_block, matmul_parts
 from tilework.schedule.block_primitives import cache_read, reverse_compute_inline
@@ -46,6 +52,8 @@ SMALL_NR_VECTORS = 16  # vectors per one-row tile when there are few rows
 NN_SMALL_ROWS = 8  # fewer rows than this: one-row tiles (B[k, j])
 NT_SMALL_ROWS = 64  # fewer rows than this: dot products (B[j, k]); else transpose B and tile
 MIN_COLUMN_TILES = 8  # parallelize over column tiles alone when there are this many
+PANEL_BYTES = 256 * 1024  # the K x NR panel of B a few-rows tile streams, kept within L2
+MAX_ACCUMULATORS = 24  # vector registers a few-rows tile may hold
 
 
 def apply(func: TensorFunc) -> TensorFunc | None:
@@ -63,8 +71,8 @@ def apply(func: TensorFunc) -> TensorFunc | None:
     rows = parts.i[-1].extent  # the row dim that gets tiled
     try:
         if isinstance(rows, int):
-            return _small(func, nt) if rows < limit else _big(func, nt)
-        return branch(less_than(rows, limit), _small(func, nt), _big(func, nt))
+            return _few_rows(func, nt, rows) if rows < limit else _big(func, nt)
+        return branch(less_than(rows, limit), _few_rows(func, nt, rows), _big(func, nt))
     except ScheduleError:
         return None
 
@@ -74,20 +82,49 @@ def _parts(func: TensorFunc) -> MatmulParts | None:
     return None if mb is None else matmul_parts(mb)
 
 
-def _small(func: TensorFunc, nt: bool) -> TensorFunc:
-    """Few rows: the work is streaming B once. With B[k, j] one row per tile and wide column
-    tiles (an axpy per k); with B[j, k] a dot product per output, vectorized along k, columns
-    outside rows so that a row of B serves every row of A from L1."""
-    parts = _parts(func)
-    assert parts is not None
+def _few_rows(func: TensorFunc, nt: bool, rows: Dim) -> TensorFunc:
+    """Few rows (``rows < limit``): the work is streaming B once. With B[j, k] a dot product
+    per output, vectorized along k, columns outside rows so that a row of B serves every row
+    of A from L1. With B[k, j] one register tile holds every row: a symbolic row count picks
+    the tile of its exact value at run time, so that no tile needs a bounds test in its
+    ``k`` loop."""
     if nt:
+        parts = _parts(func)
+        assert parts is not None
         loops = iv_loops(func, parts.block)
         if loops is not None:
             batch = [loops[iv.var].var for iv in parts.batch]
-            rows = [loops[iv.var].var for iv in parts.i]
-            func = lp.reorder(func, *batch, loops[parts.j[0].var].var, *rows)
+            row_loops = [loops[iv.var].var for iv in parts.i]
+            func = lp.reorder(func, *batch, loops[parts.j[0].var].var, *row_loops)
         return schedule_reduction(func)
-    return schedule_matmul(func, parts, 1, lanes(out_dtype(func)) * SMALL_NR_VECTORS)
+    if isinstance(rows, int):
+        return _rows_tile(func, max(rows, 1))
+    out = _rows_tile(func, NN_SMALL_ROWS - 1)
+    for r in range(NN_SMALL_ROWS - 2, 0, -1):
+        out = branch(Binary("==", rows, r, "bool"), _rows_tile(func, r), out)
+    return out
+
+
+def _rows_tile(func: TensorFunc, r: int) -> TensorFunc:
+    """Register tiles of ``r`` rows: one row streams wide column tiles (an axpy per k); more
+    rows share narrower ones (``small_vectors``)."""
+    parts = _parts(func)
+    assert parts is not None
+    vectors = SMALL_NR_VECTORS if r == 1 else max(2, min(small_vectors(parts), MAX_ACCUMULATORS // r))
+    return schedule_matmul(func, parts, r, lanes(out_dtype(func)) * vectors)
+
+
+def small_vectors(parts: MatmulParts) -> int:
+    """Vectors per few-rows tile: as many as keep the tile's ``K x NR`` panel of B within
+    ``PANEL_BYTES`` (so that it stays in L2 while the tile runs), from 2 to
+    ``SMALL_NR_VECTORS``; K's upper bound when it is symbolic."""
+    k = parts.k.extent
+    hi = k if isinstance(k, int) else sym.bounds(k)[1]
+    if hi is None or hi <= 0:
+        return SMALL_NR_VECTORS
+    item = DTYPE_TABLE[parts.b.buffer.dtype].itemsize if parts.b.buffer.dtype in DTYPE_TABLE else 4
+    fit = PANEL_BYTES // (int(hi) * item * lanes(parts.b.buffer.dtype))
+    return max(2, min(SMALL_NR_VECTORS, fit))
 
 
 def _big(func: TensorFunc, nt: bool) -> TensorFunc:

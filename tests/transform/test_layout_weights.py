@@ -1,0 +1,145 @@
+"""layout_weights: linear weights (constants, and with ``params=True`` the trailing weight params
+of main) are laid out once as ``[in, padded out]`` for ``linear_io``; the numerics equal the
+unoptimized module's at symbolic row counts 1, odd ones and ones past a register tile."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tilework as tw
+from tests.transform.util import ir, run
+from tilework.ir.builder import BlockBuilder
+from tilework.ir.graph import Binding, Call, Constant, GraphFunc, OpRef, Var, bindings_of
+from tilework.ir.info import TensorInfo
+from tilework.transform.layout_weights import ATTR, LayoutWeights, lay_out, padded_columns, transpose_weights
+
+ROWS = (1, 3, 7, 8, 13, 40)
+
+
+def _ops(mod: tw.IRModule) -> list[str]:
+    f = mod["main"]
+    assert isinstance(f, GraphFunc)
+    return [b.value.callee.name for b in bindings_of(f) if isinstance(b, Binding) and isinstance(b.value, Call) and isinstance(b.value.callee, OpRef)]
+
+
+def test_padded_columns_are_an_odd_number_of_cache_lines() -> None:
+    assert padded_columns(4096, 4) == 4112 and padded_columns(1024, 4) == 1040
+    assert padded_columns(384, 4) == 400 and padded_columns(17, 4) == 48 and padded_columns(1, 4) == 16
+    assert padded_columns(8, 8) == 8 and padded_columns(9, 8) == 24
+    w = np.arange(12, dtype=np.float32).reshape(3, 4)
+    wt = lay_out(w)
+    assert wt.shape == (4, 16) and wt.flags.c_contiguous
+    np.testing.assert_array_equal(wt[:, :3], w.T)
+    assert not wt[:, 3:].any()
+
+
+MLP_PARAMS = """
+@graph(attrs={"num_inputs": 1})
+def main(x: Tensor((n, 24), "float32"), w1: Tensor((40, 24), "float32"), b1: Tensor((40,), "float32"), w2: Tensor((9, 40), "float32"), b2: Tensor((9,), "float32"), s: Tensor((9,), "float32")):
+    n = sym(lo=1)
+    with dataflow():
+        h = linear(x, w1, b1)
+        a = silu(h)
+        y = linear(a, w2)
+        z = add(y, b2)
+        gv = add(z, s)
+        output(gv)
+    return gv
+"""
+
+
+def _mlp_weights(rng: np.random.Generator) -> list[np.ndarray]:
+    shapes = [(40, 24), (40,), (9, 40), (9,), (9,)]
+    return [rng.standard_normal(s).astype(np.float32) for s in shapes]
+
+
+def test_weight_params_are_laid_out_once_and_compute_the_same() -> None:
+    mod = ir(MLP_PARAMS)
+    after = LayoutWeights(params=True)(mod)
+    main = after["main"]
+    assert isinstance(main, GraphFunc)
+    assert main.attrs[ATTR] == (1, 3)  # w1 and w2; biases and the residual s stay
+    assert [p.info.shape for p in main.params if isinstance(p.info, TensorInfo)][1:4] == [(24, 48), (40,), (40, 16)]
+    assert _ops(after).count("linear_io") == 2 and "linear" not in _ops(after)
+    rng = np.random.default_rng(0)
+    weights = _mlp_weights(rng)
+    laid = transpose_weights(after, weights)
+    assert laid[0].shape == (24, 48) and laid[2].shape == (40, 16) and laid[1] is weights[1]
+    exe_before, exe_after = tw.build(mod), tw.build(after)
+    for rows in ROWS:
+        x = rng.standard_normal((rows, 24)).astype(np.float32)
+        want = tw.VM(exe_before)["main"](x, *weights)
+        got = tw.VM(exe_after)["main"](x, *laid)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_constants_are_laid_out_at_compile_time_once_each() -> None:
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((33, 16)).astype(np.float32)
+    bias = rng.standard_normal(33).astype(np.float32)
+    bb = BlockBuilder()
+    x = Var("x", TensorInfo((tw.dim("n", min=1), 5, 16), "float32"))
+    wc, bc = Constant.of(w, name="w"), Constant.of(bias, name="b")
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(tw.op.linear(x, wc, bc))
+            g = bb.emit(tw.op.linear(x, wc))  # the same constant: one laid-out copy
+            out = bb.emit_output(tw.op.add(h, g))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    after = LayoutWeights()(mod)
+    consts = {id(b.value.args[1]): b.value.args[1] for b in bindings_of(after["main"]) if isinstance(b, Binding) and isinstance(b.value, Call) and b.value.args and isinstance(b.value.args[1], Constant)}  # type: ignore[arg-type]
+    assert len(consts) == 1
+    (c,) = consts.values()
+    assert c.data.shape == (16, 48)
+    np.testing.assert_array_equal(c.data[:, :33], w.T)
+    for rows in (1, 2, 9):
+        xv = rng.standard_normal((rows, 5, 16)).astype(np.float32)
+        np.testing.assert_allclose(run(after, [xv]), run(mod, [xv]), rtol=1e-5, atol=1e-5)
+
+
+def test_params_read_other_than_as_a_linear_weight_and_narrow_types_stay() -> None:
+    text = """
+    @graph(attrs={"num_inputs": 1})
+    def main(x: Tensor((n, 8), "float32"), w: Tensor((8, 8), "float32"), v: Tensor((4, 8), "float16"), xh: Tensor((2, 8), "float16")):
+        n = sym(lo=1)
+        with dataflow():
+            y = linear(x, w)
+            z = add(y, w)
+            q = linear(xh, v)
+            output(z, q)
+        return (z, q)
+    """
+    mod = ir(text)
+    after = LayoutWeights(params=True)(mod)
+    assert ATTR not in after["main"].attrs  # type: ignore[union-attr]
+    assert _ops(after) == _ops(mod)
+
+
+def test_compile_lays_out_torch_weights_and_saves_them(tmp_path: object) -> None:
+    torch = pytest.importorskip("torch")
+
+    class MLP(torch.nn.Module):  # type: ignore[name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.l1, self.l2 = torch.nn.Linear(32, 72), torch.nn.Linear(72, 24)
+
+        def forward(self, x: object) -> object:
+            return self.l2(torch.nn.functional.silu(self.l1(x))) + x[..., :24]  # type: ignore[index]
+
+    torch.manual_seed(0)
+    model = MLP().eval()
+    n = torch.export.Dim("n", min=1, max=64)
+    cm = tw.compile(model, (torch.randn(4, 32),), ({0: n},))
+    assert "layout_weights" in cm.report["passes"]["graph"]
+    assert sorted(w.shape for w in cm.weights if w.ndim == 2) == [(32, 80), (72, 48)]
+    path = str(tmp_path) + "/mlp.tw"
+    cm.save(path)
+    loaded = tw.CompiledModel.load(path)
+    for rows in (1, 5, 8, 33):
+        x = torch.randn(rows, 32)
+        with torch.no_grad():
+            want = model(x).numpy()
+        np.testing.assert_allclose(cm(x).numpy(), want, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(loaded(x).numpy(), want, rtol=1e-4, atol=1e-4)
