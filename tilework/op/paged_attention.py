@@ -23,8 +23,11 @@ would be a kernel of its own.
 The op first writes the new keys and values into the pages (positions ``kv_len[b] ..
 kv_len[b] + s - 1``), then computes causal attention of each new token over the sequence's
 cached and new tokens (query ``t`` sees positions ``<= kv_len[b] + t``) with an online softmax,
-grouped-query heads sharing a kv head. Writing into the pool is the op's effect: it is kept
-though its result is what the graph uses, and each layer writes its own slice of the pool.
+grouped-query heads sharing a kv head. The cosines and sines of the rotary angles are computed
+once per new token (``head_dim / 2`` of each, in float64, as its key is appended) into a table
+that the rotation of its queries and keys reads. Writing into the pool is the op's effect: it
+is kept though its result is what the graph uses, and each layer writes its own slice of the
+pool.
 
 Two kernels:
 
@@ -190,6 +193,7 @@ class _Kernel:
         else:
             self.scale = Intrin("rsqrt", (Cast(F32, self.hd),), F32)
         self.names: set[str] = set()
+        self.trig = Buffer("pa_trig", (sym.mul(self.nb, self.sq), 2, sym.floordiv(self.hd, 2)), "float64")
 
     def loop(self, name: str, extent: Dim, body: Body, kind: str = "serial") -> For:
         base, n = name, 0
@@ -215,7 +219,8 @@ class _Kernel:
 
     def _rotated(self, b: Dim, t: Dim, h: Dim, d: Dim) -> Scalar:
         """``qkv[b, t, h, d]`` turned by the rotary angle of its position (``rotary_embedding``'s
-        arithmetic: float64, rounded once); as it is without ``rope_theta``."""
+        arithmetic: float64, rounded once; the cosine and sine from ``self.trig``, filled by
+        ``append``); as it is without ``rope_theta``."""
         if self.theta is None:
             return _ld(self.qkv, b, t, h, d)
         half = sym.floordiv(self.hd, 2)
@@ -223,14 +228,31 @@ class _Kernel:
         lower = binary("<", d, half)
         j = Select(lower, d, sym.sub(d, half), "int64")
         partner = Select(lower, sym.add(d, half), sym.sub(d, half), "int64")  # one in-bounds load
-        step = -2.0 * math.log(self.theta)
-        scale = const(step / self.hd, f64) if isinstance(self.hd, int) else binary("/", const(step, f64), Cast(f64, self.hd))
-        angle = binary("*", Cast(f64, binary("+", self.cached(b), t)), Intrin("exp", (binary("*", Cast(f64, j), scale),), f64))
+        bt = sym.add(sym.mul(b, self.sq), t)
         mine = Cast(f64, _ld(self.qkv, b, t, h, d))
         other = Cast(f64, _ld(self.qkv, b, t, h, partner))
         signed = Select(lower, binary("-", const(0.0, f64), other), other, f64)
-        turned = binary("+", binary("*", mine, Intrin("cos", (angle,), f64)), binary("*", signed, Intrin("sin", (angle,), f64)))
-        return Cast(F32, turned)
+        return Cast(F32, binary("+", binary("*", mine, _ld(self.trig, bt, 0, j)), binary("*", signed, _ld(self.trig, bt, 1, j))))
+
+    def angles(self, b: Dim, t: Dim) -> Stmt:
+        """The cosine and sine of token ``t``'s rotary angles (one per pair of channels) into
+        ``self.trig``: a token's heads share them, so each is computed once."""
+        half = sym.floordiv(self.hd, 2)
+        f64 = "float64"
+        bt = sym.add(sym.mul(b, self.sq), t)
+        assert self.theta is not None
+        step = -2.0 * math.log(self.theta)
+        scale = const(step / self.hd, f64) if isinstance(self.hd, int) else binary("/", const(step, f64), Cast(f64, self.hd))
+
+        def one(j: SymVar) -> Stmt:
+            angle = binary("*", Cast(f64, binary("+", self.cached(b), t)), Intrin("exp", (binary("*", Cast(f64, j), scale),), f64))
+            return block("pa_angle", seq([Store(self.trig, (bt, 0, j), Intrin("cos", (angle,), f64)), Store(self.trig, (bt, 1, j), Intrin("sin", (angle,), f64))]))
+
+        return self.loop("angle_j", half, one)
+
+    def with_trig(self, body: Stmt) -> Stmt:
+        """``body`` with the angle table allocated around it (when the op rotates)."""
+        return body if self.theta is None else Allocate(self.trig, body)
 
     def append(self) -> Stmt:
         """Every new token's key and value into its page slot."""
@@ -253,7 +275,8 @@ class _Kernel:
 
                 return self.loop("append_d", self.hd, dim, "vectorized")
 
-            return self.loop("append_h", self.nkv, put)
+            heads = self.loop("append_h", self.nkv, put)
+            return heads if self.theta is None else seq([self.angles(b, t), heads])
 
         return self.loop("append_bt", sym.mul(self.nb, self.sq), token, "parallel")
 
@@ -273,7 +296,7 @@ class _Decode(_Kernel):
             self.loop("task", tasks, self.task, "parallel"),
             self.loop("merge", sym.mul(self.nb, self.nkv), self.merge, "parallel"),
         ]
-        body: Stmt = seq(steps)
+        body: Stmt = self.with_trig(seq(steps))
         for buf in (self.pacc, self.pl, self.pm):
             body = Allocate(buf, body)
         return body
@@ -401,7 +424,7 @@ class _Prefill(_Kernel):
         self.rows = sym.mul(self.sq, self.group)
         self.blocks = sym.floordiv(sym.add(self.rows, LANES - 1), LANES)
         tasks = sym.mul(sym.mul(self.nb, self.nkv), self.blocks)
-        return seq([self.append(), self.loop("task", tasks, self.task, "parallel")])
+        return self.with_trig(seq([self.append(), self.loop("task", tasks, self.task, "parallel")]))
 
     def task(self, tv: SymVar) -> Stmt:
         per_seq = sym.mul(self.nkv, self.blocks)
