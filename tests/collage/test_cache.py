@@ -16,8 +16,13 @@ from tilework.collage.cache import CostCache, Entry, cache_path, make_key
 
 WRITER = textwrap.dedent(
     """
-    import sys, time
-    from tilework.collage.cache import CostCache, Entry
+    import importlib.util, sys, time
+    # the cache module alone (it needs only the standard library), not all of tilework
+    spec = importlib.util.spec_from_file_location("twcache", sys.argv[5])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["twcache"] = mod
+    spec.loader.exec_module(mod)
+    CostCache, Entry = mod.CostCache, mod.Entry
     path, tag, n, start = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
     cache = CostCache(path)
     while time.time() < start:
@@ -34,9 +39,10 @@ def test_two_processes_writing_at_once_lose_nothing(tmp_path: Path) -> None:
 
     path = str(tmp_path / "costs.sqlite")
     CostCache(path).close()  # created (and in WAL mode) before the race
-    start = time.time() + 1.0
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER, path, tag, "300", str(start)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for tag in ("a", "b")]
+    import tilework.collage.cache as cache_module
+
+    start = time.time() + 0.5
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, path, tag, "300", str(start), cache_module.__file__], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for tag in ("a", "b")]
     for p in procs:
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0, err

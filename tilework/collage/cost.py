@@ -41,7 +41,7 @@ from tilework.backend.offload import Offload
 from tilework.backend.partition import Placement, RegionSpec
 from tilework.collage.cache import CostCache, Entry, machine_fingerprint, make_key
 from tilework.collage.candidates import FALLBACK, BlockShape, Candidate
-from tilework.collage.regions import input_arrays, region_function
+from tilework.collage.regions import input_arrays, input_shapes, region_function
 from tilework.errors import TileworkError
 from tilework.ir.graph import Binding, Call, GraphFunc, OpRef, Var
 from tilework.ir.info import TensorInfo
@@ -70,7 +70,7 @@ class CostModel(Protocol):
 
     def transition_costs(self, g: BlockGraph, cands: Sequence[Candidate], costs: Sequence[float], env: Mapping[SymVar, int]) -> dict[tuple[str, str], float]: ...
 
-    def end_to_end(self, mod: IRModule, placement: Placement, env: Mapping[SymVar, int]) -> float | None: ...
+    def end_to_end(self, mod: IRModule, placements: Sequence[Placement], env: Mapping[SymVar, int]) -> list[float] | None: ...
 
 
 def ops_of(g: BlockGraph, nodes: Sequence[int]) -> tuple[str, ...]:
@@ -100,7 +100,7 @@ class MockCostModel:
     def transition_costs(self, g: BlockGraph, cands: Sequence[Candidate], costs: Sequence[float], env: Mapping[SymVar, int]) -> dict[tuple[str, str], float]:
         return dict(self.transitions)
 
-    def end_to_end(self, mod: IRModule, placement: Placement, env: Mapping[SymVar, int]) -> float | None:
+    def end_to_end(self, mod: IRModule, placements: Sequence[Placement], env: Mapping[SymVar, int]) -> list[float] | None:
         return None
 
 
@@ -191,32 +191,46 @@ class MeasuredCostModel:
             out[(ba, bb)] = max(0.0, self._net(r.result.seconds) - costs[a] - costs[b])
         return out
 
-    def end_to_end(self, mod: IRModule, placement: Placement, env: Mapping[SymVar, int]) -> float | None:
-        """The whole ``main`` with ``placement`` applied, timed at ``env`` (cached)."""
+    def end_to_end(self, mod: IRModule, placements: Sequence[Placement], env: Mapping[SymVar, int]) -> list[float] | None:
+        """The whole ``main`` under each of ``placements``, timed at ``env`` side by side
+        (interleaved, so a change in the machine's load hits all alike; cached)."""
         main = mod.get("main")
         if not isinstance(main, GraphFunc):
             return None
-        key = make_key({"what": "e2e", "module": structural_hash(mod), "placement": placement.to_json(), "env": sorted((v.name, n) for v, n in env.items()), "machine": machine_fingerprint(), "versions": _versions(placement.backends), "estimator": ESTIMATOR_VERSION})
-        hit = self.cache.get(key)
-        if hit is not None:
-            self.stats.cache_hits += 1
-            return hit.seconds
-        t0 = time.perf_counter()
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("error", UserWarning)  # a lowering that gives up: this placement fails
-                exe = _build(Offload(placement).run(mod))
+        module_hash = structural_hash(mod)
+        keys = [make_key({"what": "e2e", "module": module_hash, "placement": p.to_json(), "env": sorted((v.name, n) for v, n in env.items()), "machine": machine_fingerprint(), "versions": _versions(p.backends), "estimator": ESTIMATOR_VERSION}) for p in placements]
+        out: list[float | None] = []
+        for key in keys:
+            hit = self.cache.get(key)
+            out.append(None if hit is None else hit.seconds)
+            self.stats.cache_hits += hit is not None
+        todo = [i for i, v in enumerate(out) if v is None]
+        if todo:
+            t0 = time.perf_counter()
             from tilework.runtime.vm import VM
 
-            fn = VM(exe)["main"]
             args = input_arrays(main, env)
-            entry = self._time(lambda: fn(*args), limit=max(self.time_limit_s, 2.0))
-        except Exception as e:  # noqa: BLE001 - a placement that fails to build or run costs infinity
-            entry = Entry(math.inf, 0.0, 0, f"{type(e).__name__}: {e}"[:300])
-        self.stats.builds += 1
-        self.stats.seconds += time.perf_counter() - t0
-        self.cache.put(key, "e2e", entry)
-        return entry.seconds
+            fns: list[Callable[[], Any] | None] = []
+            entries: dict[int, Entry] = {}
+            for i in todo:
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("error", UserWarning)  # a lowering that gives up: this placement fails
+                        exe = _build(Offload(placements[i]).run(mod))
+                    self.stats.builds += 1
+                    fn = VM(exe)["main"]
+                    fns.append(_bind(fn, args))
+                except Exception as e:  # noqa: BLE001 - a placement that fails to build costs infinity
+                    entries[i] = Entry(math.inf, 0.0, 0, f"build: {type(e).__name__}: {e}"[:300])
+                    fns.append(None)
+            live = [(i, f) for i, f in zip(todo, fns) if f is not None]
+            for (i, _), entry in zip(live, self._time_many([f for _, f in live], limit=max(self.time_limit_s, 2.0))):
+                entries[i] = entry
+            for i in todo:
+                self.cache.put(keys[i], "e2e", entries[i])
+                out[i] = entries[i].seconds
+            self.stats.seconds += time.perf_counter() - t0
+        return [math.inf if v is None else v for v in out]
 
     # -- measuring ---------------------------------------------------------------------------
 
@@ -234,7 +248,7 @@ class MeasuredCostModel:
                 bb.emit_func_output(x)
             fn = VM(_build(bb.get()))["main"]
             a = np.zeros(4, "float32")
-            self._overhead = self._time(lambda: fn(a), limit=0.2).seconds
+            self._overhead = self._time_many([lambda: fn(a)], limit=0.2)[0].seconds
         return self._overhead
 
     def _net(self, seconds: float) -> float:
@@ -251,7 +265,7 @@ class MeasuredCostModel:
         f = r.func
         assert f is not None
         union = sorted(set().union(*[c.nodes for c in r.regions]))
-        shapes = [list(a.shape) for a in input_arrays(f, env)] if f.params else []
+        shapes = [list(shape) for shape in input_shapes(f, env)]
         dtypes = [getattr(p.info, "dtype", None) for p in f.params]
         return make_key({
             "what": "region",
@@ -315,13 +329,12 @@ class MeasuredCostModel:
             self._measure(reqs[:half], env)
             self._measure(reqs[half:], env)
             return
+        calls: list[Callable[[], Any]] = []
         for r, fn in zip(reqs, fns):
             assert r.func is not None
-            try:
-                args = input_arrays(r.func, env)
-                entry = self._time(lambda: fn(*args), limit=self.time_limit_s)
-            except Exception as e:  # noqa: BLE001 - a candidate that fails to run costs infinity
-                entry = Entry(math.inf, 0.0, 0, f"run: {type(e).__name__}: {e}"[:300])
+            args = input_arrays(r.func, env)
+            calls.append(_bind(fn, args))
+        for r, entry in zip(reqs, self._time_many(calls, limit=self.time_limit_s)):
             self._store(r, entry)
         self.stats.seconds += time.perf_counter() - t0
 
@@ -356,38 +369,62 @@ class MeasuredCostModel:
         vm = VM(exe)
         return [vm[f"c{k}"] for k in range(len(reqs))]
 
-    def _time(self, fn: Callable[[], Any], limit: float) -> Entry:
-        """Warm up, then medians of repeats while the spread is high (see the class)."""
-        start = time.perf_counter()
-        t = time.perf_counter()
-        fn()  # first call: sessions are created, caches filled
-        first = time.perf_counter() - t
-        if first > limit:
-            return Entry(first, 0.0, 1, "one call exceeded the time limit")
-        warm_until = time.perf_counter() + min(0.02, limit / 10)
-        calls = 0
-        while calls < 2 or time.perf_counter() < warm_until:
-            fn()
-            calls += 1
-        t = time.perf_counter()
-        fn()
-        one = max(time.perf_counter() - t, 1e-7)
-        number = max(1, int(self.min_repeat_s / one))
-        samples: list[float] = []
-        spread = 0.0
+    def _time_many(self, fns: Sequence[Callable[[], Any]], limit: float) -> list[Entry]:
+        """Each of ``fns`` timed: a first call (sessions created, caches filled) and warm-up
+        calls, then repeats taken round-robin over all of them (a change in the machine's load
+        hits every candidate alike), each repeat ``number`` calls long enough to time; the
+        median per function, more rounds while its spread ((max - min) / median) is above
+        ``max_spread``, within ``limit`` seconds per function. A call that raises: infinity."""
+        entries: list[Entry | None] = [None] * len(fns)
+        live: list[tuple[int, Callable[[], Any], int]] = []
+        for i, fn in enumerate(fns):
+            try:
+                t = time.perf_counter()
+                fn()
+                first = time.perf_counter() - t
+                if first > limit:
+                    entries[i] = Entry(first, 0.0, 1, "one call exceeded the time limit")
+                    continue
+                fn()
+                t = time.perf_counter()
+                fn()
+                one = max(time.perf_counter() - t, 1e-7)
+                live.append((i, fn, max(1, int(self.min_repeat_s / one))))
+            except Exception as e:  # noqa: BLE001 - a candidate that fails to run costs infinity
+                entries[i] = Entry(math.inf, 0.0, 0, f"run: {type(e).__name__}: {e}"[:300])
+        samples: dict[int, list[float]] = {i: [] for i, _, _ in live}
+        deadline = time.perf_counter() + limit * max(1, len(live))
+        active = list(live)
         for _ in range(self.max_rounds):
             for _ in range(self.repeat):
-                t = time.perf_counter()
-                for _ in range(number):
-                    fn()
-                samples.append((time.perf_counter() - t) / number)
-                if time.perf_counter() - start > limit and len(samples) >= 3:
-                    break
-            med = statistics.median(samples)
-            spread = (max(samples) - min(samples)) / med if med > 0 else 0.0
-            if spread <= self.max_spread or time.perf_counter() - start > limit:
+                for i, fn, number in active:
+                    if entries[i] is not None:
+                        continue
+                    try:
+                        t = time.perf_counter()
+                        for _ in range(number):
+                            fn()
+                        samples[i].append((time.perf_counter() - t) / number)
+                    except Exception as e:  # noqa: BLE001
+                        entries[i] = Entry(math.inf, 0.0, 0, f"run: {type(e).__name__}: {e}"[:300])
+            active = [(i, fn, number) for i, fn, number in active if entries[i] is None and _spread(samples[i]) > self.max_spread]
+            if not active or time.perf_counter() > deadline:
                 break
-        return Entry(statistics.median(samples), spread, len(samples), "")
+        for i, _, _ in live:
+            if entries[i] is None:
+                entries[i] = Entry(statistics.median(samples[i]), _spread(samples[i]), len(samples[i]), "")
+        return [e if e is not None else Entry(math.inf, 0.0, 0, "not timed") for e in entries]
+
+
+def _bind(fn: Callable[..., Any], args: Sequence[Any]) -> Callable[[], Any]:
+    return lambda: fn(*args)
+
+
+def _spread(samples: Sequence[float]) -> float:
+    if len(samples) < 2:
+        return math.inf
+    med = statistics.median(samples)
+    return (max(samples) - min(samples)) / med if med > 0 else 0.0
 
 
 def _versions(backends: Sequence[str]) -> list[tuple[str, str]]:

@@ -285,17 +285,20 @@ def _refine(mod: IRModule, model: CostModel, bucket: Bucket, env: Mapping[Any, i
     """The searched placement, or a single-backend one that measures faster end to end."""
     if not refine:
         return BucketPlan(bucket, searched, rows, estimate)
-    measured = model.end_to_end(mod, searched, env)
-    if measured is None:
-        return BucketPlan(bucket, searched, rows, estimate)
-    best, best_s, how = searched, measured, "search (confirmed end to end)"
+    seeds = [searched]
+    labels = ["search (confirmed end to end)"]
     for b in names:
         seed = Placement((), names) if b == FALLBACK else Placement(partition_by_rules(mod, [b, FALLBACK]).regions, names)
-        if not seed.regions and b != FALLBACK:
-            continue
-        s = model.end_to_end(mod, seed, env)
-        if s is not None and s < best_s * 0.97:  # a clear win only: noise must not flip the choice
-            best, best_s, how = seed, s, f"end to end: {b} by rules beat the search's cover"
+        if (seed.regions or b == FALLBACK) and all(seed.to_json() != other.to_json() for other in seeds):
+            seeds.append(seed)
+            labels.append(f"end to end: {b} by rules beat the search's cover")
+    times = model.end_to_end(mod, seeds, env)
+    if times is None:
+        return BucketPlan(bucket, searched, rows, estimate)
+    best, best_s, how = searched, times[0], labels[0]
+    for seed, s, label in zip(seeds[1:], times[1:], labels[1:]):
+        if s < best_s * 0.97:  # a clear win only: noise must not flip the choice
+            best, best_s, how = seed, s, label
     kept = rows if best is searched else ()
     return BucketPlan(bucket, best, kept, estimate, best_s, how)
 

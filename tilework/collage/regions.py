@@ -55,11 +55,8 @@ def region_function(g: BlockGraph, nodes: Sequence[int]) -> GraphFunc:
     return f
 
 
-def input_arrays(f: GraphFunc, env: Mapping[SymVar, int], seed: int = 0) -> list[np.ndarray]:
-    """Inputs for ``f`` at the dims ``env`` (a var missing from ``env`` takes its lower bound,
-    at least 1): floats drawn from a normal distribution, integers and booleans zero (always a
-    valid index)."""
-    rng = np.random.default_rng(seed)
+def input_shapes(f: GraphFunc, env: Mapping[SymVar, int]) -> list[tuple[int, ...]]:
+    """The shapes of ``f``'s params at the dims ``env`` (see ``input_arrays``)."""
     out = []
     for p in f.params:
         info = p.info
@@ -69,8 +66,19 @@ def input_arrays(f: GraphFunc, env: Mapping[SymVar, int], seed: int = 0) -> list
         for d in info.shape:
             for v in sym.free_vars(d):
                 full.setdefault(v, max(1, v.lo or 0))
-        shape = tuple(sym.evaluate(d, full) for d in info.shape)
-        dtype = np_dtype(info.dtype)
+        out.append(tuple(sym.evaluate(d, full) for d in info.shape))
+    return out
+
+
+def input_arrays(f: GraphFunc, env: Mapping[SymVar, int], seed: int = 0) -> list[np.ndarray]:
+    """Inputs for ``f`` at the dims ``env`` (a var missing from ``env`` takes its lower bound,
+    at least 1): floats drawn from a normal distribution, integers and booleans zero (always a
+    valid index)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for p, shape in zip(f.params, input_shapes(f, env)):
+        assert isinstance(p.info, TensorInfo) and p.info.dtype is not None
+        dtype = np_dtype(p.info.dtype)
         if np.issubdtype(dtype, np.floating):
             out.append((rng.standard_normal(shape) * 0.5).astype(dtype))
         else:
@@ -78,4 +86,4 @@ def input_arrays(f: GraphFunc, env: Mapping[SymVar, int], seed: int = 0) -> list
     return out
 
 
-__all__ = ["region_function", "input_arrays"]
+__all__ = ["region_function", "input_arrays", "input_shapes"]

@@ -1,0 +1,179 @@
+"""Automatic placement (tilework.collage) against every single-backend configuration and the
+peers (issue: placement).
+
+Models (float32, weights as trailing inputs, the graphs of ``tilework.models.reference``):
+the MLP (x[n, 1024] -> linear 4096 -> silu -> linear 1024) at n = 1, 32, 256; the MiniLM-shaped
+encoder (6 layers, hidden 384, 12 heads, ffn 1536) at (batch, seq) in {1, 8} x {8, 64, 256};
+the Llama-shaped graph (``--layers`` layers of hidden 576, 9 heads, 3 KV heads, ffn 1536) at
+seq 1 (decode-sized) and 32 (prefill). Each model is compiled once per configuration and runs
+every shape:
+
+- tilework by rules: ``codegen`` alone, ``blas+codegen``, ``torch+codegen``,
+  ``onnxruntime+codegen``;
+- tilework ``placement="auto"``: every available backend, buckets at the benchmark's shapes
+  (``buckets=``), measured on this machine with the persistent cost cache; then compiled a
+  second time (the cost cache warm) to show what the cache saves;
+- peers: torch eager (the same model in torch.nn.functional, same weights), torch.compile
+  (dynamic) of it, and onnxruntime running the whole model exported as one ONNX graph.
+
+Every result is checked against codegen's. Prints median ms per shape, auto placement's speed
+over the best single-backend configuration at that shape (> 1: faster), the geometric mean,
+the search time, candidates measured, the share served from the cache, and the second
+compile's time against the first. ``--fresh`` starts from an empty cost cache (a private one in
+a temporary directory) so the first compile measures everything.
+
+    python bench/bench_placement.py [--models mlp,encoder,llama] [--layers 2] [--repeat 20] [--fresh]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import tilework as tw  # noqa: E402
+from bench_backends import onnxruntime_whole, timeit, torch_eager, weights_of  # noqa: E402
+from tilework.collage import PlacementPlan  # noqa: E402
+from tilework.ir.module import IRModule  # noqa: E402
+from tilework.models import reference as R  # noqa: E402
+
+SINGLE = {"codegen": None, "blas": ["blas", "codegen"], "torch": ["torch", "codegen"], "onnxruntime": ["onnxruntime", "codegen"]}
+
+
+def models(layers: int) -> dict[str, tuple[IRModule, list[Any], Callable[[Any], list[np.ndarray]], dict[str, list[int]]]]:
+    """name -> (module, shapes, inputs(shape), buckets)."""
+    rng = np.random.default_rng(0)
+
+    def mlp_inputs(n: int) -> list[np.ndarray]:
+        return [rng.standard_normal((n, 1024)).astype("float32")]
+
+    def encoder_inputs(bs: tuple[int, int]) -> list[np.ndarray]:
+        b, s = bs
+        return [rng.standard_normal((b, s, 384)).astype("float32"), np.zeros((b, 1, 1, s), "float32")]
+
+    def llama_inputs(n: int) -> list[np.ndarray]:
+        return [rng.standard_normal((1, n, 576)).astype("float32")]
+
+    enc_shapes = [(b, s) for b in (1, 8) for s in (8, 64, 256)]
+    return {
+        "mlp": (R.mlp(R.MLPConfig()), [1, 32, 256], mlp_inputs, {"n": [1, 32, 256]}),
+        "encoder": (R.encoder(R.EncoderConfig(layers=6)), enc_shapes, encoder_inputs, {"batch": [1, 8], "seq": [8, 64, 256]}),
+        "llama": (R.llama_graph(R.LlamaConfig(layers=layers)), [1, 32], llama_inputs, {"seq": [1, 32]}),
+    }
+
+
+def torch_compiled(name: str, layers: int) -> Callable[..., Any]:
+    """torch.compile (dynamic shapes) of the eager model; the NumPy <-> torch conversions stay
+    outside the compiled graph."""
+    import torch
+
+    fn = next(c.cell_contents for c in torch_eager(name, layers).__closure__ or () if callable(c.cell_contents) and c.cell_contents.__name__ == name)
+    compiled = torch.compile(fn, dynamic=True)
+
+    def run(*arrays: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return compiled(*[torch.from_numpy(a) for a in arrays]).numpy()  # type: ignore[no-any-return]
+
+    return run
+
+
+def run_model(name: str, layers: int, repeat: int, budget: float | None) -> dict[str, Any]:
+    mod, shapes, make_inputs, buckets = models(layers)[name]
+    weights = weights_of(mod)
+    have_torch = importlib.util.find_spec("torch") is not None
+    have_ort = importlib.util.find_spec("onnxruntime") is not None
+    runs: dict[str, Callable[..., Any]] = {}
+    setup: dict[str, float] = {}
+    for col, backends in SINGLE.items():
+        if (col == "torch" and not have_torch) or (col == "onnxruntime" and not have_ort):
+            continue
+        t = time.perf_counter()
+        runs[col] = tw.VM(tw.build(mod, backends=backends))["main"]
+        setup[col] = time.perf_counter() - t
+    t = time.perf_counter()
+    exe = tw.build(mod, placement="auto", placement_options={"buckets": buckets, "budget_s": budget, "progress": True})
+    first = time.perf_counter() - t
+    t = time.perf_counter()
+    exe2 = tw.build(mod, placement="auto", placement_options={"buckets": buckets, "budget_s": budget, "progress": False})
+    second = time.perf_counter() - t
+    plan = PlacementPlan.from_dict(exe.meta["placement"])
+    runs["auto"] = tw.VM(exe)["main"]
+    peers: dict[str, Callable[..., Any]] = {}
+    if have_torch:
+        peers["torch eager"] = torch_eager(name, layers)
+        peers["torch.compile"] = torch_compiled(name, layers)
+    if have_ort:
+        peers["ort whole"] = onnxruntime_whole(mod)
+    ms: dict[str, dict[Any, float]] = {c: {} for c in [*runs, *peers]}
+    for shape in shapes:
+        arrays = make_inputs(shape) + weights
+        want = runs["codegen"](*arrays)
+        for col, fn in [*runs.items(), *peers.items()]:
+            got = np.asarray(fn(*arrays))
+            if not np.allclose(got, want, rtol=3e-3, atol=3e-3):
+                raise SystemExit(f"{name} {shape}: {col} differs from codegen by {float(np.abs(got - want).max()):.3g}")
+            ms[col][shape] = 1e3 * timeit(lambda: fn(*arrays), repeat)
+    return {"ms": ms, "shapes": shapes, "setup": setup, "first_s": first, "second_s": second, "plan": plan, "same_plan": exe2.meta["placement"]["buckets"] == exe.meta["placement"]["buckets"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="mlp,encoder,llama")
+    ap.add_argument("--layers", type=int, default=2, help="Llama layers (default 2)")
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--budget", type=float, default=None, help="placement budget_s (default: none)")
+    ap.add_argument("--fresh", action="store_true", help="an empty private cost cache (the first compile measures everything)")
+    ap.add_argument("--plans", action="store_true", help="print each model's placement table")
+    args = ap.parse_args(argv)
+    if args.fresh:
+        from tilework.collage import cache as cache_mod
+
+        tmp = tempfile.mkdtemp(prefix="tw-placement-")
+        path = os.path.join(tmp, "costs.sqlite")
+        cache_mod.cache_path = lambda: __import__("pathlib").Path(path)  # type: ignore[assignment]
+    from tilework.backend import availability
+
+    print(f"numpy {np.__version__}, {os.cpu_count()} cpu(s), each runtime's default threads, all configurations in one process; ms = median")
+    for b in ("blas", "torch", "onnxruntime"):
+        print(f"  {b}: {availability(b)[1]}")
+    speedups: list[float] = []
+    worst: list[tuple[float, str]] = []
+    for name in args.models.split(","):
+        r = run_model(name, args.layers, args.repeat, args.budget)
+        ms, cols = r["ms"], list(r["ms"])
+        singles = [c for c in SINGLE if c in ms]
+        print(f"\n{name}")
+        print("| shape | " + " | ".join(cols) + " | best single | auto vs best single |")
+        print("|" + "---|" * (len(cols) + 3))
+        for shape in r["shapes"]:
+            best = min(singles, key=lambda c: ms[c][shape])
+            ratio = ms[best][shape] / ms["auto"][shape]
+            speedups.append(ratio)
+            worst.append((ratio, f"{name} {shape}"))
+            cells = " | ".join(f"{ms[c][shape]:.3f}" for c in cols)
+            print(f"| {shape} | {cells} | {best} | {ratio:.2f}x |")
+        s = r["plan"].stats
+        share = s.get("cache_share", 0.0)
+        print(f"  search {s.get('search_s', 0):.1f} s over {s.get('candidates')} candidates x {s.get('buckets')} bucket(s): {s.get('measured', 0)} measured, {s.get('cache_hits', 0)} from the cache ({100 * share:.0f}%), {s.get('builds', 0)} builds")
+        print(f"  compile with placement: first {r['first_s']:.1f} s, second (warm cost cache) {r['second_s']:.2f} s = {100 * r['second_s'] / r['first_s']:.1f}% of the first; same plan: {r['same_plan']}")
+        print("  single-backend compiles: " + ", ".join(f"{c} {t:.1f} s" for c, t in r["setup"].items()))
+        if args.plans:
+            print("\n".join("  " + line for line in r["plan"].table().splitlines()))
+    geo = math.exp(statistics.fmean(math.log(x) for x in speedups))
+    slower = [w for w in worst if w[0] < 0.97]
+    print(f"\nauto vs the best single backend at each shape: geometric mean {geo:.3f}x; slower than it by more than 3% at {len(slower)} of {len(worst)} shapes" + (f" ({', '.join(f'{n} {x:.2f}x' for x, n in sorted(slower))})" if slower else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
