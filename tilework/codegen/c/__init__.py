@@ -44,7 +44,11 @@ class CpuTarget(Target):
         found = toolchain.lookup_loop_ir(ir_digest)
         if found is None:
             return None
-        return CKernelModule(found.path, list(functions.values()), None, cache_hit=True, key=found.key)
+        try:
+            return CKernelModule(found.path, list(functions.values()), None, cache_hit=True, key=found.key, data=found.data)
+        except OSError as e:
+            toolchain.set_aside(found, f"it does not load ({e})")
+            return None
 
     def remember(self, ir_digest: str, module: KernelModule) -> None:
         if isinstance(module, CKernelModule) and module.key is not None:

@@ -31,6 +31,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from tilework.ir.kernel_abi import SymValues, bind_syms, check_arrays
+from tilework.codegen import cache
 from tilework.codegen.c import toolchain
 from tilework.codegen.c.emit import emit_module
 from tilework.errors import BuildError, IntegerDivisionByZero
@@ -145,12 +146,14 @@ class CKernelModule(KernelModule):
         cache_hit: bool = False,
         source: str | None = None,
         key: str | None = None,
+        data: bytes | None = None,
     ) -> None:
         self.path = path
         self.cache_hit = cache_hit
         self.key = key  # the kernel cache key of the shared object, when it came from the cache
         self.source_text = source
-        self._handle = ctypes.CDLL(str(path)) if path is not None else None
+        # the verified bytes are loaded from a private copy (tilework.codegen.cache.private_copy)
+        self._handle = ctypes.CDLL(str(cache.private_copy(data) if data is not None else path)) if path is not None else None
         tramp = getattr(self._handle, "tw_call_objects", None) if self._handle is not None else None
         if tramp is not None:
             tramp.restype = ctypes.c_int32
@@ -194,7 +197,11 @@ class CKernelModule(KernelModule):
             return CKernelModule(None, [], funcs)
         if not data:
             raise BuildError("no shared-object bytes for a kernel module with kernels")
-        return CKernelModule(toolchain.store_shared_object(data), infos, funcs, cache_hit=True)
+        path = toolchain.store_shared_object(data)
+        try:
+            return CKernelModule(path, infos, funcs, cache_hit=True, data=data)
+        except OSError as e:
+            raise BuildError(f"the native kernel library ({len(data)} bytes) does not load on this machine: {e}") from e
 
 
 def build_library(funcs: Mapping[str, TensorFunc]) -> CKernelModule:
@@ -208,4 +215,11 @@ def build_library(funcs: Mapping[str, TensorFunc]) -> CKernelModule:
     mod = emit_module(funcs)
     result = toolchain.compile_source(mod.text, mod.lines)
     infos = [KernelInfo.of(n, mod.symbols[n], f) for n, f in funcs.items()]
-    return CKernelModule(result.path, infos, funcs, cache_hit=result.cache_hit, source=mod.text, key=result.key)
+    try:
+        return CKernelModule(result.path, infos, funcs, cache_hit=result.cache_hit, source=mod.text, key=result.key, data=result.data)
+    except OSError as e:
+        if not result.cache_hit:
+            raise BuildError(f"the kernel library {result.path} just built does not load: {e}") from e
+        toolchain.set_aside(result, f"it does not load ({e})")
+    result = toolchain.compile_source(mod.text, mod.lines)
+    return CKernelModule(result.path, infos, funcs, cache_hit=result.cache_hit, source=mod.text, key=result.key, data=result.data)

@@ -5,15 +5,17 @@
   -fPIC``; the source and ``-lm`` follow them. ``-fno-math-errno`` changes no value: kernels
   never read ``errno``, and without it ``sqrt`` and friends cannot be vectorized or hoisted
   (the compiler must keep the call that may set it).
-- Cache: ``$TILEWORK_CACHE_DIR``, else ``$XDG_CACHE_HOME/tilework``, else
-  ``~/.cache/tilework``. A shared object is stored under the SHA-256 of the C source, the
-  compiler command (resolved path, size and mtime of its executable), the flags and the CPU
-  (architecture and feature flags), beside its ``.c`` source and a record of its SHA-256. Files
-  are written to a temporary name and moved into place with ``os.replace``, so concurrent
-  builds never see a partial file. A cached object is used only when its bytes still have the
-  recorded digest (a truncated, replaced or planted file is rebuilt, never loaded). A second
+- Cache (``tilework.codegen.cache``: a private directory, nothing in it trusted): a shared
+  object is stored under a key, the SHA-256 of the C source, the compiler command (resolved
+  path, size and mtime of its executable), the flags, the CPU (architecture and feature flags)
+  and the tilework code that emits and loads it. The object's file is named by key and
+  content (``k-<key>-<digest>.so``, beside its ``.c`` source) and a record ``k-<key>.json``
+  names it; the object is loaded only when its bytes have the digest recorded when it was
+  built: a truncated, swapped, planted or garbage object is set aside with a warning and
+  rebuilt, never loaded, and one that verifies but does not load is set aside too. A second
   record, keyed by the source, flags and CPU alone, finds an object built earlier when no
-  compiler is available now (a machine whose compiler went away keeps its warm cache).
+  compiler is available now (a warm cache needs no compiler). A read-only cache is used
+  read-only: what has to be built goes to a private scratch directory.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from tilework.codegen import cache
+from tilework.codegen.cache import cache_dir
 from tilework.errors import BuildError
 
 
@@ -50,6 +54,7 @@ class CompileResult:
     path: Path
     cache_hit: bool
     key: str
+    data: bytes | None = None  # the verified bytes of ``path``: what is loaded
 
 
 def compiler_command() -> list[str]:
@@ -67,18 +72,6 @@ def compiler_command() -> list[str]:
 
 def compiler_flags() -> list[str]:
     return shlex.split(os.environ.get("TILEWORK_CFLAGS", DEFAULT_CFLAGS))
-
-
-def cache_dir() -> Path:
-    """The kernel cache directory (created on demand)."""
-    env = os.environ.get("TILEWORK_CACHE_DIR")
-    if env:
-        path = Path(env)
-    else:
-        xdg = os.environ.get("XDG_CACHE_HOME")
-        path = (Path(xdg) if xdg else Path.home() / ".cache") / "tilework"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def _compiler_identity(cmd: Sequence[str]) -> list[object]:
@@ -100,26 +93,15 @@ def _machine_identity() -> str:
 
 
 def cache_key(source: str, cmd: Sequence[str], flags: Sequence[str]) -> str:
-    blob = json.dumps([source, _compiler_identity(cmd), list(flags), _machine_identity()]).encode()
+    """The key of a shared object: its C source, the compiler (resolved path, size and mtime of
+    its executable), the flags, the CPU and the tilework code that loads it."""
+    blob = json.dumps([source, _compiler_identity(cmd), list(flags), _machine_identity(), _emitter_identity()]).encode()
     return hashlib.sha256(blob).hexdigest()[:32]
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same directory."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def source_key(source: str, flags: Sequence[str]) -> str:
     """The key of a source for any compiler: what the no-compiler lookup uses."""
-    blob = json.dumps([source, list(flags), _machine_identity()]).encode()
+    blob = json.dumps([source, list(flags), _machine_identity(), _emitter_identity()]).encode()
     return hashlib.sha256(blob).hexdigest()[:32]
 
 
@@ -144,31 +126,40 @@ def compile_source(source: str, functions: Mapping[str, tuple[int, int]] | None 
         raise BuildError(f"cannot use the kernel cache directory ({e}); set TILEWORK_CACHE_DIR to a writable directory") from e
 
 
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def _record(root: Path, key: str) -> Path:
+    return root / f"k-{key}.json"
 
 
-def _intact(so: Path) -> bool:
-    """``so`` exists and still has the digest recorded when it was built."""
-    record = so.with_suffix(".json")
-    try:
-        want = json.loads(record.read_text()).get("sha256")
-        return isinstance(want, str) and _digest(so) == want
-    except (OSError, ValueError, AttributeError):
-        return False
+def _lookup(root: Path, key: str) -> CompileResult | None:
+    """The verified shared object built for ``key`` (see ``tilework.codegen.cache``): the
+    record ``k-<key>.json`` names the object, whose bytes must have the digest it recorded. A
+    damaged or foreign object is set aside, and None tells the caller to build it again."""
+    rec = cache.read_json(_record(root, key))
+    name = rec.get("object") if rec is not None else None
+    if not isinstance(name, str) or not re.fullmatch(rf"k-{key}-[0-9a-f]{{16}}\.so", name):
+        return None
+    so = root / name
+    data = cache.read_verified(so, key)
+    if data is None:
+        return None
+    return CompileResult(so, True, key, data)
+
+
+def _found(record: Path) -> CompileResult | None:
+    """Follow a ``{"key": ...}`` record (by source, by loop IR) to its verified object."""
+    rec = cache.read_json(record)
+    key = rec.get("key") if rec is not None else None
+    if not isinstance(key, str) or not re.fullmatch(r"[0-9a-f]{32}", key):
+        return None
+    return _lookup(record.parent, key)
 
 
 def _built_without_compiler(source: str, flags: Sequence[str]) -> CompileResult | None:
     try:
         root = cache_dir()
-        ref = json.loads((root / f"s-{source_key(source, flags)}.json").read_text())
-        key = ref["key"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except BuildError:
         return None
-    if not isinstance(key, str) or not key.isalnum():
-        return None
-    so = root / f"k-{key}.so"
-    return CompileResult(so, True, key) if _intact(so) else None
+    return _found(root / f"s-{source_key(source, flags)}.json")
 
 
 @functools.lru_cache(maxsize=1)
@@ -176,15 +167,24 @@ def _emitter_identity() -> str:
     """A digest of the code that turns loop IR into C: records made by another version of it
     do not apply."""
     here = Path(__file__).resolve().parent
-    h = hashlib.sha256()
-    for path in (here / "emit.py", here / "prelude.py", here.parent / "loop_emit.py"):
+    h = hashlib.sha256(_tilework_version().encode())
+    for path in (here / "emit.py", here / "prelude.py", here / "module.py", here.parent / "loop_emit.py"):
         h.update(path.read_bytes())
     return h.hexdigest()
 
 
-def _ir_record(ir_digest: str) -> Path:
+def _tilework_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tilework")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _ir_record(root: Path, ir_digest: str) -> Path:
     blob = json.dumps([ir_digest, _emitter_identity(), compiler_flags(), _machine_identity()]).encode()
-    return cache_dir() / f"ir-{hashlib.sha256(blob).hexdigest()[:32]}.json"
+    return root / f"ir-{hashlib.sha256(blob).hexdigest()[:32]}.json"
 
 
 def remember_loop_ir(ir_digest: str, key: str) -> None:
@@ -192,32 +192,31 @@ def remember_loop_ir(ir_digest: str, key: str) -> None:
     (with this tilework, these flags, this CPU): a later load of that text finds the object
     without parsing the IR or emitting C again."""
     try:
-        write_atomic(_ir_record(ir_digest), json.dumps({"key": key}).encode())
-    except OSError:
-        pass  # a read-only cache only loses the shortcut
+        root = cache_dir()
+        if cache.writable(root):
+            cache.write_atomic(_ir_record(root, ir_digest), json.dumps({"key": key}).encode())
+    except (OSError, BuildError):
+        pass  # the shortcut is lost, nothing else
 
 
 def lookup_loop_ir(ir_digest: str) -> CompileResult | None:
     """The object built from the loop IR text with digest ``ir_digest``, when the cache holds it
     intact."""
     try:
-        key = json.loads(_ir_record(ir_digest).read_text())["key"]
         root = cache_dir()
-    except (OSError, ValueError, KeyError, TypeError):
+    except BuildError:
         return None
-    if not isinstance(key, str) or not key.isalnum():
-        return None
-    so = root / f"k-{key}.so"
-    return CompileResult(so, True, key) if _intact(so) else None
+    return _found(_ir_record(root, ir_digest))
 
 
 def _compile_cached(source: str, functions: Mapping[str, tuple[int, int]], cmd: list[str], flags: list[str], key: str) -> CompileResult:
     root = cache_dir()
-    so = root / f"k-{key}.so"
-    if so.exists() and _intact(so):
-        return CompileResult(so, True, key)
-    write_atomic(root / f"k-{key}.c", source.encode())
-    with tempfile.TemporaryDirectory(dir=root, prefix=".build-") as tmp:
+    found = _lookup(root, key)
+    if found is not None:
+        return found
+    keep = cache.writable(root)
+    out_dir = root if keep else cache.scratch_dir(root)
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".build-") as tmp:
         src = Path(tmp) / "kernels.c"
         src.write_text(source)
         out = Path(tmp) / "kernels.so"
@@ -228,11 +227,22 @@ def _compile_cached(source: str, functions: Mapping[str, tuple[int, int]], cmd: 
             raise BuildError(f"could not run the C compiler {cmd[0]}: {e}. {_INSTALL_HINT}") from e
         if proc.returncode != 0 or not out.exists():
             raise BuildError(_compile_error(argv, proc.stderr or proc.stdout, source, functions))
-        digest = _digest(out)
+        data = out.read_bytes()
+        # named by key and content: a name always holds the same bytes, so concurrent builders
+        # never see a record and an object that disagree, and a rebuilt object is a new name
+        so = out_dir / f"k-{key}-{cache.digest(data)[:16]}.so"
         os.replace(out, so)
-    write_atomic(so.with_suffix(".json"), json.dumps({"sha256": digest}).encode())
-    write_atomic(root / f"s-{source_key(source, flags)}.json", json.dumps({"key": key}).encode())
-    return CompileResult(so, False, key)
+    if keep:
+        cache.write_atomic(so.with_suffix(".c"), source.encode())
+        cache.write_record(so, key, data)
+        cache.write_atomic(_record(root, key), json.dumps({"key": key, "object": so.name}).encode())
+        cache.write_atomic(root / f"s-{source_key(source, flags)}.json", json.dumps({"key": key}).encode())
+    return CompileResult(so, False, key, data)
+
+
+def set_aside(result: CompileResult, why: str) -> None:
+    """Set aside a cached object that verified but could not be used (it does not load)."""
+    cache.set_aside(result.path, why)
 
 
 def _compile_error(argv: Sequence[str], message: str, source: str, functions: Mapping[str, tuple[int, int]]) -> str:
@@ -260,9 +270,17 @@ def _compile_error(argv: Sequence[str], message: str, source: str, functions: Ma
 
 
 def store_shared_object(data: bytes) -> Path:
-    """Put the bytes of a shared object into the cache (by their hash) and return its path."""
-    digest = hashlib.sha256(data).hexdigest()
-    path = cache_dir() / f"lib-{digest[:32]}.so"
-    if not path.exists() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
-        write_atomic(path, data)  # a file under the name that holds other bytes is replaced
+    """Put the bytes of a shared object into the cache (by their hash) and return its path: a
+    file under that name that holds other bytes is replaced; a read-only cache gets nothing
+    (the bytes go to this process's scratch directory)."""
+    root = cache_dir()
+    d = cache.digest(data)
+    path = root / f"lib-{d[:32]}.so"
+    if cache.read_verified(path, d) is not None:
+        return path
+    if path.exists():
+        cache.set_aside(path, "it does not hold the bytes its name promises")
+    if not cache.writable(root):
+        path = cache.scratch_dir(root) / path.name
+    cache.write_entry(path, data, d)
     return path

@@ -1,0 +1,212 @@
+"""The local cache directory and the rules every cached artifact follows: trust nothing in it.
+
+- Where: ``$TILEWORK_CACHE_DIR``, else ``$XDG_CACHE_HOME/tilework``, else ``~/.cache/tilework``.
+  It is created private (0700). A directory that another user could write (owned by someone
+  other than us or root, or writable by group or others) is refused with ``BuildError``: what
+  it holds could have been put there by anyone.
+- Entries are written atomically (a private temporary file moved into place) and each has a
+  *record*: JSON naming the key the entry was made for and the SHA-256 and size of its bytes.
+  ``read_verified`` reads an entry only when it is a regular file of ours and its bytes have
+  the recorded digest under the record of the key asked for; a truncated, swapped, planted or
+  garbage entry is *set aside* (moved to ``bad/`` in the cache, with a ``CacheWarning``) and
+  the caller rebuilds it. Records are checked the same way (a malformed record is no record).
+- A cache directory we cannot write is used read-only: verified entries are used, nothing is
+  written there, and new artifacts go to a private scratch directory of this process
+  (``scratch_dir``), with one warning.
+
+Users of the cache (kernels: ``tilework.codegen.c.toolchain``; placement costs; LLM
+executables) build on these helpers rather than on paths of their own.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import hashlib
+import json
+import os
+import shutil
+import stat
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Mapping
+
+from tilework.errors import BuildError
+
+
+class CacheWarning(UserWarning):
+    """A cache entry was set aside (and will be rebuilt), or the cache is read-only."""
+
+
+def cache_dir() -> Path:
+    """The cache directory: created 0700 on demand, refused when another user can write it."""
+    env = os.environ.get("TILEWORK_CACHE_DIR")
+    if env:
+        path = Path(env)
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        path = (Path(xdg) if xdg else Path.home() / ".cache") / "tilework"
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = path.stat()
+    except OSError as e:
+        raise BuildError(f"cannot use the cache directory {path} ({e}); set TILEWORK_CACHE_DIR to a writable directory") from e
+    check_private(path, st)
+    return path
+
+
+def check_private(path: Path, st: os.stat_result | None = None) -> None:
+    """Raise ``BuildError`` unless ``path`` is a directory that only we (or root) can write."""
+    st = st or path.stat()
+    if not stat.S_ISDIR(st.st_mode):
+        raise BuildError(f"the cache directory {path} is not a directory; set TILEWORK_CACHE_DIR to a directory of your own")
+    owner_ok = st.st_uid in (os.geteuid(), 0)
+    if not owner_ok or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        who = "is owned by another user" if not owner_ok else f"is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
+        raise BuildError(
+            f"refusing the cache directory {path}: it {who}, so its contents could have been put there by anyone. "
+            f"Use a private one (`chmod 700 {path}`, or set TILEWORK_CACHE_DIR to a directory of your own)"
+        )
+
+
+def writable(root: Path) -> bool:
+    """Whether entries can be added to ``root`` (a read-only cache is used read-only)."""
+    return os.access(root, os.W_OK | os.X_OK)
+
+
+_warned_read_only: set[str] = set()
+
+
+@functools.lru_cache(maxsize=1)
+def _scratch() -> Path:
+    path = Path(tempfile.mkdtemp(prefix="tilework-scratch-"))  # 0700
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
+def scratch_dir(root: Path) -> Path:
+    """Where this process puts what it builds when the cache ``root`` is read-only: a private
+    temporary directory removed at exit (warns once per cache)."""
+    if str(root) not in _warned_read_only:
+        _warned_read_only.add(str(root))
+        warnings.warn(f"tilework: the cache directory {root} is read-only; what is built now is not cached", CacheWarning, stacklevel=3)
+    return _scratch()
+
+
+def private_copy(data: bytes, suffix: str = ".so") -> Path:
+    """``data`` in a file of this process's private scratch directory, named by its digest:
+    what native code is loaded from, so that the bytes loaded are the bytes verified and a
+    later change to the cache (truncating a file that is mapped would kill the process with
+    SIGBUS) cannot reach a running process."""
+    path = _scratch() / f"{digest(data)[:32]}{suffix}"
+    if not path.exists():
+        write_atomic(path, data)
+    return path
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a private temporary file in the same directory."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def record_path(entry: Path) -> Path:
+    return entry.with_name(entry.name + ".json")
+
+
+def write_entry(entry: Path, data: bytes, key: str, **extra: Any) -> None:
+    """Store ``data`` at ``entry`` with its record (the key, digest and size, and ``extra``)."""
+    write_atomic(entry, data)
+    write_record(entry, key, data, **extra)
+
+
+def write_record(entry: Path, key: str, data: bytes, **extra: Any) -> None:
+    rec = {"key": key, "sha256": digest(data), "size": len(data), **extra}
+    write_atomic(record_path(entry), json.dumps(rec).encode())
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A small JSON object from a regular file of ours, or None (missing, foreign, malformed)."""
+    data = _read_own_file(path, limit=1 << 20)
+    if data is None:
+        return None
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def read_verified(entry: Path, key: str) -> bytes | None:
+    """The bytes of ``entry`` when its record names ``key`` and their digest and size; None
+    when there is no such entry. An entry that fails the check is set aside (with a warning)."""
+    if not entry.exists() and not entry.is_symlink():
+        return None
+    rec = read_json(record_path(entry))
+    why = _mismatch(entry, rec, key)
+    if why is None:
+        data = _read_own_file(entry)
+        assert rec is not None
+        if data is not None and len(data) == rec["size"] and digest(data) == rec["sha256"]:
+            return data
+        why = "its bytes do not have the recorded SHA-256 (truncated, replaced or corrupt)"
+    set_aside(entry, why)
+    return None
+
+
+def _mismatch(entry: Path, rec: Mapping[str, Any] | None, key: str) -> str | None:
+    if rec is None:
+        return "it has no valid record (planted, or left by an interrupted build)"
+    if rec.get("key") != key:
+        return f"its record is for another key ({str(rec.get('key'))[:40]!r}): a foreign entry"
+    if not isinstance(rec.get("sha256"), str) or not isinstance(rec.get("size"), int):
+        return "its record is malformed"
+    return None
+
+
+def _read_own_file(path: Path, limit: int | None = None) -> bytes | None:
+    """The bytes of ``path`` if it is a regular file (not a link) owned by us or root that
+    nobody else can write; None otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (os.geteuid(), 0) or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return None
+        if limit is not None and st.st_size > limit:
+            return None
+        return f.read()
+
+
+def set_aside(entry: Path, why: str) -> None:
+    """Move ``entry`` and its record out of the way (into ``bad/`` of its directory, when it can
+    be written) and warn; the caller rebuilds what it needed."""
+    warnings.warn(f"tilework: set aside the cache entry {entry}: {why}; rebuilding it", CacheWarning, stacklevel=3)
+    if not writable(entry.parent):
+        return
+    bad = entry.parent / "bad"
+    stamp = time.time_ns()
+    for path in (entry, record_path(entry)):
+        try:
+            bad.mkdir(mode=0o700, exist_ok=True)
+            os.replace(path, bad / f"{path.name}.{stamp}")
+        except OSError:
+            pass  # already gone (another process set it aside), or not ours to move
+
+
+__all__ = ["CacheWarning", "cache_dir", "private_copy", "check_private", "writable", "scratch_dir", "write_atomic", "write_entry", "write_record", "read_json", "read_verified", "set_aside", "digest", "record_path"]
