@@ -533,10 +533,10 @@ int twrt_match_shape(tw_model* m, const tw_val* x, tw_heap* h, const int64_t* co
         if (code == 3) continue;
         if (i >= ndims) return twrt_fail(m, "%s: %s has %d dims, %d are matched", where, label, ndims, ncodes / 2);
         int64_t d = scalar ? twrt_int_of(x) : x->shape[i];
-        if (scalar) snprintf(at, sizeof at, "%s", label);
-        else snprintf(at, sizeof at, "%s[%d]", label, i);
+#define TW_AT() (scalar ? snprintf(at, sizeof at, "%s", label) : snprintf(at, sizeof at, "%s[%d]", label, i))
         if (code == 0) {
             if (d < h->lo[op] || (h->has_hi[op] && d > h->hi[op])) {
+                TW_AT();
                 if (h->has_hi[op] && d > h->hi[op]) return twrt_fail(m, "%s: %s = %" PRId64 " but %s <= %" PRId64, where, at, d, h->names[op], h->hi[op]);
                 return twrt_fail(m, "%s: %s = %" PRId64 " but %s >= %" PRId64, where, at, d, h->names[op], h->lo[op]);
             }
@@ -544,10 +544,14 @@ int twrt_match_shape(tw_model* m, const tw_val* x, tw_heap* h, const int64_t* co
             h->olab[op] = label;
             h->odim[op] = scalar ? -1 : i;
         } else if (code == 1) {
-            if (d != op) return twrt_fail(m, "%s: %s = %" PRId64 " but it must be %" PRId64, where, at, d, op);
+            if (d != op) {
+                TW_AT();
+                return twrt_fail(m, "%s: %s = %" PRId64 " but it must be %" PRId64, where, at, d, op);
+            }
         } else if (code == 2) {
             if (d != h->v[op]) {
                 char bound[1100] = "";
+                TW_AT();
                 if (h->olab[op] != NULL) {
                     if (h->odim[op] < 0) snprintf(bound, sizeof bound, ", bound by %s", h->olab[op]);
                     else snprintf(bound, sizeof bound, ", bound by %s[%d]", h->olab[op], h->odim[op]);
@@ -555,6 +559,7 @@ int twrt_match_shape(tw_model* m, const tw_val* x, tw_heap* h, const int64_t* co
                 return twrt_fail(m, "%s: %s = %" PRId64 " but %s = %" PRId64 "%s", where, at, d, h->names[op], h->v[op], bound);
             }
         }
+#undef TW_AT
     }
     return 0;
 }
