@@ -153,7 +153,10 @@ def load_file(path: str, *, trust_native: bool = False) -> LoadedFile:
     except TileworkError as e:
         raise FormatError(f"{path!r}: {e}") from None
     loop_ir, kernel_funcs, modules = _load_kernels(ar, meta.get("kernels"), trust_native)
-    exe = Executable(functions, constants, kernel_funcs, modules, dict(meta.get("meta") or {}), loop_ir=loop_ir)
+    exe_meta = meta.get("meta") or {}
+    if not isinstance(exe_meta, dict):
+        raise FormatError(f"{path!r}: malformed executable metadata")
+    exe = Executable(functions, constants, kernel_funcs, modules, dict(exe_meta), loop_ir=loop_ir)
     _check_calls(path, exe)
     arrays_meta = meta.get("arrays") or {}
     texts_meta = meta.get("texts") or {}

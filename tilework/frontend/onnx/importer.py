@@ -149,7 +149,11 @@ class Importer:
         if dtype_name(t.data_type) is None:
             msg = f"tensor {t.name!r} has element type {elem_type_name(t.data_type)}, which is not supported"
             raise ctx.unsupported(msg) if ctx is not None else UnsupportedError(msg)
-        return np.asarray(numpy_helper.to_array(t))
+        try:
+            return np.asarray(numpy_helper.to_array(t))
+        except (ValueError, TypeError) as e:  # data that does not fit its dims and type
+            msg = f"tensor {t.name!r} (dims {list(t.dims)}) cannot be read: {e}"
+            raise ctx.unsupported(msg) if ctx is not None else UnsupportedError(msg) from None
 
     # -- values ---------------------------------------------------------------------------
 
@@ -214,6 +218,12 @@ class Importer:
             result = conv.fn(ctx)
         except (InferenceError, ShapeError, SymbolicError) as e:
             raise type(e)(f"{ctx.where()}: {e}") from e
+        except TileworkError:
+            raise
+        except (IndexError, KeyError, ValueError, TypeError, ArithmeticError, AttributeError) as e:
+            # the model is untrusted data: an operand a converter does not expect (an index out of
+            # range, a negative size, a malformed attribute) names the node rather than crashing
+            raise ctx.unsupported(f"cannot convert it: {type(e).__name__}: {e}") from e
         outs: Sequence[Any] = result if isinstance(result, (list, tuple)) else [result]
         for i, name in enumerate(node.output):
             if not name:
