@@ -4,7 +4,13 @@ Each VM owns one ``Memory``. It hands out three kinds of memory:
 
 - *static* storage: one block per planned static arena (``plan_memory`` sized it for the
   declared upper bounds of the dims). It is obtained on the first call that reaches it and kept
-  for the life of the VM, so later calls obtain no new memory for their intermediates.
+  for the life of the VM, so later calls obtain no new memory for their intermediates. An
+  arena planned for more than ``GROW_ABOVE`` bytes is sized by need instead: its block holds
+  what the shapes seen so far carved from it and grows (at least doubling, never beyond the
+  planned bound) when a carve needs more, so a 3-row call of a model declared for a million
+  rows holds kilobytes, not gigabytes. Tensors carved before a growth keep the old block
+  (they are views of it); the plan never needs two tensors to share memory, only not to
+  overlap while both live, which holds across blocks.
 - *pooled* storage: blocks whose size is only known per call (unbounded dims). Sizes are
   rounded up to a size class (four classes per power of two, at least 256 bytes); a released
   block goes to the free list of its class and serves the next request of that class, in
@@ -31,6 +37,7 @@ from tilework.errors import RuntimeCheckError
 
 ALIGN = 64
 MIN_CLASS = 256
+GROW_ABOVE = 64 << 20  # bytes: a larger static arena is sized by need, up to its bound
 
 
 def size_class(nbytes: int) -> int:
@@ -50,15 +57,29 @@ def _aligned_block(nbytes: int) -> np.ndarray:
 
 class Storage:
     """A block of bytes that tensors are carved from. ``used`` is the high-water mark of the
-    carves since the block was last handed out (the bytes the current shapes need)."""
+    carves since the block was last handed out (the bytes the current shapes need). A storage
+    with a ``limit`` above its ``capacity`` (a static arena sized by need) is given a larger
+    block by ``carve`` when a tensor does not fit, up to ``limit`` bytes."""
 
-    __slots__ = ("buf", "capacity", "used", "requested")
+    __slots__ = ("buf", "capacity", "used", "requested", "limit", "owner")
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, limit: int | None = None, owner: "Memory | None" = None) -> None:
         self.buf = _aligned_block(capacity)
         self.capacity = capacity
         self.used = 0
         self.requested = 0
+        self.limit = capacity if limit is None else limit
+        self.owner = owner  # whose counters a growth updates
+
+    def grow(self, need: int) -> None:
+        """A new block of at least ``need`` bytes (at least double the old one, at most
+        ``limit``); tensors carved from the old block keep it alive."""
+        size = min(self.limit, max(need, 2 * self.capacity))
+        if self.owner is not None:
+            self.owner.static_allocations += 1
+            self.owner.static_bytes += size - self.capacity
+        self.buf = _aligned_block(size)
+        self.capacity = size
 
 
 def carve(storage: Storage, shape: tuple[int, ...], offset: int, dtype: np.dtype) -> np.ndarray:
@@ -67,6 +88,9 @@ def carve(storage: Storage, shape: tuple[int, ...], offset: int, dtype: np.dtype
         a = np.ndarray(shape, dtype, storage.buf, offset)
     except TypeError:
         need = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if need <= storage.limit:
+            storage.grow(need)
+            return carve(storage, shape, offset, dtype)
         raise RuntimeCheckError(
             f"planned storage of {storage.capacity} bytes is too small for a {dtype} tensor of shape {tuple(shape)} "
             f"at offset {offset} ({need} bytes): a dim exceeds the upper bound the plan was made for"
@@ -122,9 +146,12 @@ class Memory:
     # -- static ----------------------------------------------------------------------------
 
     def _obtain_static(self, capacity: int) -> Storage:
+        """The block of a static arena planned for ``capacity`` bytes: all of it, or for a large
+        arena a small block that ``carve`` grows as the shapes need (see ``GROW_ABOVE``)."""
+        size = capacity if capacity <= GROW_ABOVE else MIN_CLASS
         self.static_allocations += 1
-        self.static_bytes += capacity
-        return Storage(capacity)
+        self.static_bytes += size
+        return Storage(size, capacity, self)
 
     def static_slot(self, capacity: int, name: str) -> StaticSlot:
         return StaticSlot(self, capacity, name)
@@ -205,9 +232,10 @@ class Memory:
         """Counters: ``allocations``/``allocated_bytes`` count every time new memory was
         obtained (static blocks, pooled blocks, fresh tensors); ``static_used_bytes`` is what
         the latest call carved from the static arenas (the bytes the current shapes need) and
-        ``static_bytes`` what they hold (sized for the upper bounds); ``pooled_*`` describe the
+        ``static_bytes`` what they hold (sized for the upper bounds, or by need); ``pooled_*`` describe the
         pool, ``fresh_*`` the unplanned tensors, ``live_bytes``/``peak_live_bytes`` the fresh
-        tensors still referenced (with ``track_live``)."""
+        tensors still referenced (with ``track_live``). An arena sized by need holds (in
+        ``static_bytes``) what the largest shapes so far needed, not its bound."""
         static_used = sum(s.storage.used for s in self.static_slots if s.storage is not None)
         return {
             "allocations": self.static_allocations + self.pooled_allocations + self.fresh_allocations,
