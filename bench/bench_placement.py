@@ -22,7 +22,7 @@ the search time, candidates measured, the share served from the cache, and the s
 compile's time against the first. ``--fresh`` starts from an empty cost cache (a private one in
 a temporary directory) so the first compile measures everything.
 
-    python bench/bench_placement.py [--models mlp,encoder,llama] [--layers 2] [--repeat 20] [--fresh]
+    python bench/bench_placement.py [--models mlp,encoder,llama] [--layers 2] [--repeat 20] [--threads 1] [--fresh]
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from tilework.collage import PlacementPlan  # noqa: E402
 from tilework.ir.module import IRModule  # noqa: E402
 from tilework.models import reference as R  # noqa: E402
 
+ORT_THREADS = [0]  # the whole-model session's threads (--threads)
 SINGLE = {"codegen": None, "blas": ["blas", "codegen"], "torch": ["torch", "codegen"], "onnxruntime": ["onnxruntime", "codegen"]}
 
 
@@ -113,7 +114,7 @@ def run_model(name: str, layers: int, repeat: int, budget: float | None) -> dict
         peers["torch eager"] = torch_eager(name, layers)
         peers["torch.compile"] = torch_compiled(name, layers)
     if have_ort:
-        peers["ort whole"] = onnxruntime_whole(mod)
+        peers["ort whole"] = onnxruntime_whole(mod, ORT_THREADS[0])
     ms: dict[str, dict[Any, float]] = {c: {} for c in [*runs, *peers]}
     for shape in shapes:
         arrays = make_inputs(shape) + weights
@@ -123,7 +124,8 @@ def run_model(name: str, layers: int, repeat: int, budget: float | None) -> dict
             if not np.allclose(got, want, rtol=3e-3, atol=3e-3):
                 raise SystemExit(f"{name} {shape}: {col} differs from codegen by {float(np.abs(got - want).max()):.3g}")
             ms[col][shape] = 1e3 * timeit(lambda: fn(*arrays), repeat)
-    return {"ms": ms, "shapes": shapes, "setup": setup, "first_s": first, "second_s": second, "plan": plan, "same_plan": exe2.meta["placement"]["buckets"] == exe.meta["placement"]["buckets"]}
+    same = [b["placement"] for b in exe2.meta["placement"]["buckets"]] == [b["placement"] for b in exe.meta["placement"]["buckets"]]
+    return {"ms": ms, "shapes": shapes, "setup": setup, "first_s": first, "second_s": second, "plan": plan, "same_plan": same}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,7 +136,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=None, help="placement budget_s (default: none)")
     ap.add_argument("--fresh", action="store_true", help="an empty private cost cache (the first compile measures everything)")
     ap.add_argument("--plans", action="store_true", help="print each model's placement table")
+    ap.add_argument("--threads", type=int, default=1, help="threads for every runtime (OpenMP, OpenBLAS, torch, onnxruntime); 0: each library's default (default 1: steadier on a shared machine)")
     args = ap.parse_args(argv)
+    if args.threads and os.environ.get("OMP_NUM_THREADS") != str(args.threads):
+        # the thread counts must be set before the libraries load: run again with them
+        env = {**os.environ, **{k: str(args.threads) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}}
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+    if args.threads:
+        from tilework.backend import onnxruntime as ort_backend
+
+        ort_backend.INTRA_OP_THREADS = ORT_THREADS[0] = args.threads
+        if importlib.util.find_spec("torch") is not None:
+            import torch
+
+            torch.set_num_threads(args.threads)
     if args.fresh:
         from tilework.collage import cache as cache_mod
 
@@ -143,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         cache_mod.cache_path = lambda: __import__("pathlib").Path(path)  # type: ignore[assignment]
     from tilework.backend import availability
 
-    print(f"numpy {np.__version__}, {os.cpu_count()} cpu(s), each runtime's default threads, all configurations in one process; ms = median")
+    threads = f"{args.threads} thread(s) per runtime" if args.threads else "each runtime's default threads"
+    print(f"numpy {np.__version__}, {os.cpu_count()} cpu(s), {threads}, all configurations in one process; ms = median")
     for b in ("blas", "torch", "onnxruntime"):
         print(f"  {b}: {availability(b)[1]}")
     speedups: list[float] = []
