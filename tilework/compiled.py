@@ -35,6 +35,7 @@ from tilework.ir.module import IRModule
 from tilework.ir.visitor import ExprVisitor
 from tilework.nn.module import register_compiler
 from tilework.runtime.executable import load_file
+from tilework.runtime.tensor import is_torch_tensor, to_torch_tree
 from tilework.transform.pipeline import Pipeline, stages
 from tilework.transform.layout_weights import LayoutWeights, transpose_weights
 
@@ -124,7 +125,8 @@ class CompiledModel:
         self.weights = weights
         self.signature = signature
         self.report = report
-        self._main = VM(executable)["main"]
+        self._vm = VM(executable)
+        self._bound: tuple[list[np.ndarray], Any] | None = None  # (weights, main with them bound)
 
     @property
     def module(self) -> IRModule | None:
@@ -137,7 +139,11 @@ class CompiledModel:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         inputs = self.signature.bind(args, kwargs)
-        return self.signature.unflatten(self._main(*inputs, *self.weights))
+        bound = self._bound
+        if bound is None or bound[0] is not self.weights:  # the weights are converted once, not per call
+            bound = self._bound = (self.weights, self._vm.bind("main", *self.weights))
+        out = bound[1](*inputs)
+        return self.signature.unflatten(to_torch_tree(out) if any(is_torch_tensor(a) for a in inputs) else out)
 
     # -- persistence ------------------------------------------------------------------------
 

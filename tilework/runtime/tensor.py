@@ -42,6 +42,15 @@ def to_torch(a: np.ndarray) -> Any:
     return torch.from_numpy(np.ascontiguousarray(a))
 
 
+def to_torch_tree(x: Any) -> Any:
+    """A VM result (arrays, tuples of them, other values) with every array as a torch tensor."""
+    if isinstance(x, tuple):
+        return tuple(to_torch_tree(v) for v in x)
+    if hasattr(x, "__array_interface__"):
+        return to_torch(x)
+    return x
+
+
 def as_array(x: Any) -> Any:
     """A VM input: arrays stay, torch tensors become views, Python scalars stay scalars."""
     if isinstance(x, np.ndarray):

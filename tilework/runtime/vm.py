@@ -27,7 +27,7 @@ from tilework.runtime.bytecode import VMFunction
 from tilework.runtime.executable import Executable
 from tilework.runtime.extern import lookup_extern
 from tilework.runtime.memory import Memory
-from tilework.runtime.tensor import as_array, is_torch_tensor, to_torch
+from tilework.runtime.tensor import as_array, is_torch_tensor, to_torch_tree
 
 Step = tuple[int, Any, Any]
 CALL, RET, GOTO, IF = 0, 1, 2, 3
@@ -64,10 +64,11 @@ class _Loaded:
 class _Bound:
     """The functions of an executable resolved against one ``Memory``: what one call runs."""
 
-    __slots__ = ("memory", "funcs")
+    __slots__ = ("memory", "funcs", "kernels")
 
     def __init__(self, vm: "VM", memory: Memory) -> None:
         self.memory = memory
+        self.kernels = vm.exe.kernel_callables(private=True)  # argument buffers of this set's own
         self.funcs = {name: _Loaded(f) for name, f in vm.exe.functions.items()}
         for loaded in self.funcs.values():
             loaded.steps = [vm._resolve(self, loaded.fn, ins) for ins in loaded.fn.code]
@@ -83,7 +84,6 @@ class VM:
         self.exe = exe
         self.track_live = track_live
         self.memory = Memory(track_live=track_live)
-        self._kernels = exe.kernel_callables()
         self._own = _Bound(self, self.memory)
         self._funcs = self._own.funcs
         self._lock = threading.Lock()  # held by the call that runs on ``_own``
@@ -93,7 +93,7 @@ class VM:
         if kind == "builtin":
             f = B.BUILTINS.get(name)
         elif kind == "kernel":
-            f = self._kernels.get(name)
+            f = bound.kernels.get(name)
         elif kind == "func":
             target = bound.funcs.get(name)
             f = None if target is None else (lambda *a, _t=target: _t.invoke(*a))
@@ -157,7 +157,7 @@ class VM:
                 raise RuntimeCheckError(f"{name} takes {len(params)} argument(s) ({', '.join(params)}), got {len(args)}")
             torch_in = any(is_torch_tensor(a) for a in args)
             out = run(name, [as_array(a) for a in args])
-            return _to_torch_tree(out) if torch_in else out
+            return to_torch_tree(out) if torch_in else out
 
         call.__name__ = name
         return call
@@ -206,11 +206,3 @@ def _make_step(dst: int, callee: Callable[..., Any], args: Sequence[tuple[str, A
     exec(compile(src, "<vm-step>", "exec"), env)  # noqa: S102 - generated from ints only
     step: Callable[[list[Any]], None] = env["step"]
     return step
-
-
-def _to_torch_tree(x: Any) -> Any:
-    if isinstance(x, tuple):
-        return tuple(_to_torch_tree(v) for v in x)
-    if hasattr(x, "__array_interface__"):
-        return to_torch(x)
-    return x
