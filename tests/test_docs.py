@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"^```python\n(.*?)^```$", re.S | re.M)
 FILES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
-NEEDS = {"torch": "torch", "tilework.llm": "gguf"}  # an import in a block -> a package it needs
+NEEDS = {"torch": "torch", "tilework.llm": "gguf", "openai": "openai", "tilework.serve": "uvicorn"}  # an import in a block -> a package it needs
 
 
 def blocks(name: str) -> list[str]:
