@@ -64,12 +64,16 @@ class Executable:
             self._loop_ir = print_module(IRModule(dict(self.kernel_funcs))) if self.kernel_funcs else ""
         return self._loop_ir
 
-    def kernel_callables(self) -> dict[str, Callable[..., Any]]:
-        """``name -> f(*buffers, sym_values)`` for the VM's kernel calls."""
+    def kernel_callables(self, private: bool = False) -> dict[str, Callable[..., Any]]:
+        """``name -> f(*buffers, sym_values)`` for the VM's kernel calls. ``private``: for a
+        caller that runs one call at a time (a VM's set of steps), kernels that offer it
+        (``kernel.private()``) come with argument buffers of their own and no lock."""
         out: dict[str, Callable[..., Any]] = {}
         for module in self.modules:
             for name in module.functions:
-                out[name] = _kernel_adapter(module[name])
+                kernel = module[name]
+                make = getattr(kernel, "private", None) if private else None
+                out[name] = _kernel_adapter(make() if make is not None else kernel)
         return out
 
     def stats(self) -> dict[str, int]:

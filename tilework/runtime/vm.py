@@ -64,10 +64,11 @@ class _Loaded:
 class _Bound:
     """The functions of an executable resolved against one ``Memory``: what one call runs."""
 
-    __slots__ = ("memory", "funcs")
+    __slots__ = ("memory", "funcs", "kernels")
 
     def __init__(self, vm: "VM", memory: Memory) -> None:
         self.memory = memory
+        self.kernels = vm.exe.kernel_callables(private=True)  # argument buffers of this set's own
         self.funcs = {name: _Loaded(f) for name, f in vm.exe.functions.items()}
         for loaded in self.funcs.values():
             loaded.steps = [vm._resolve(self, loaded.fn, ins) for ins in loaded.fn.code]
@@ -83,7 +84,6 @@ class VM:
         self.exe = exe
         self.track_live = track_live
         self.memory = Memory(track_live=track_live)
-        self._kernels = exe.kernel_callables()
         self._own = _Bound(self, self.memory)
         self._funcs = self._own.funcs
         self._lock = threading.Lock()  # held by the call that runs on ``_own``
@@ -93,7 +93,7 @@ class VM:
         if kind == "builtin":
             f = B.BUILTINS.get(name)
         elif kind == "kernel":
-            f = self._kernels.get(name)
+            f = bound.kernels.get(name)
         elif kind == "func":
             target = bound.funcs.get(name)
             f = None if target is None else (lambda *a, _t=target: _t.invoke(*a))

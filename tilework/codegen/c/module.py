@@ -26,7 +26,7 @@ import ctypes
 import os
 import threading
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -97,6 +97,21 @@ class Kernel:
             rc = self._invoke(arrays, sym_values, (ctypes.c_void_p * n)(), (ctypes.c_void_p * n)(), (ctypes.c_int64 * max(self._ns, 1))())
         if rc:
             raise _kernel_error(self.info.name, rc)
+
+    def private(self) -> Callable[[Sequence[np.ndarray], Sequence[int]], None]:
+        """This kernel with argument buffers of its own and no lock, for a caller that never
+        runs it from two threads at once (a VM's set of steps: one call at a time)."""
+        n, nb, ns, name, invoke = max(self._nb, 1), self._nb, self._ns, self.info.name, self._invoke
+        objs, ptrs, syms = (ctypes.c_void_p * n)(), (ctypes.c_void_p * n)(), (ctypes.c_int64 * max(ns, 1))()
+
+        def call(arrays: Sequence[np.ndarray], sym_values: Sequence[int]) -> None:
+            if len(arrays) != nb or len(sym_values) != ns:
+                raise TypeError(f"kernel {name}: expects {nb} arrays and {ns} sym values, got {len(arrays)} and {len(sym_values)}")
+            rc = invoke(arrays, sym_values, objs, ptrs, syms)
+            if rc:
+                raise _kernel_error(name, rc)
+
+        return call
 
     def _invoke(self, arrays: Sequence[np.ndarray], sym_values: Sequence[int], objs: Any, ptrs: Any, syms: Any) -> int:
         for j, v in enumerate(sym_values):
