@@ -177,3 +177,27 @@ def test_buckets_dispatch_at_run_time_in_one_executable(probe_backend: Backend) 
     again = PlacementPlan.from_json(plan.to_json())
     assert again.to_json() == plan.to_json()
     assert "variant 0" in plan.table() and "probe" in plan.table()
+
+
+class _NonAdditive(MockCostModel):
+    """Mock costs per op; end to end, offloading ``up`` without ``out`` is slow (a made-up
+    interaction the additive search cannot see)."""
+
+    def end_to_end(self, mod, placements, env):  # type: ignore[no-untyped-def, override]
+        out = []
+        for p in placements:
+            on = {r.vars[0] for r in p.regions}
+            out.append(10.0 - 3.0 * len(on) + (20.0 if on == {"up"} else 0.0) + (25.0 if on == {"up", "out"} else 0.0))
+        return out
+
+
+def test_evolutionary_refinement_finds_what_the_additive_search_cannot() -> None:
+    mod = mlp()
+    model = _NonAdditive(lambda c, ops, dims: (0.5 if c.backend == "blas" else 1.0) * len(ops))
+    plan = place(mod, ["blas", "codegen"], cost_model=model, buckets={"n": [4]}, refine="evolve")
+    b = plan.buckets[0]
+    # the search offloads both linears (end to end 29); keeping only %out offloaded gives 7
+    assert {r.vars for r in b.placement.regions} == {("out",)}
+    assert b.measured_s == 7.0 and b.chosen_by.startswith("evolutionary")
+    with pytest.raises(UnsupportedError, match="refine must be"):
+        place(mod, ["blas", "codegen"], cost_model=model, refine="yes")

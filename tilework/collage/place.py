@@ -191,7 +191,7 @@ def place(
     buckets: Mapping[str, Sequence[int]] | None = None,
     pins: Mapping[str, str] | None = None,
     max_size: int = 6,
-    refine: bool = True,
+    refine: bool | str = True,
     func: str = "main",
     progress: bool | None = None,
 ) -> PlacementPlan:
@@ -199,8 +199,13 @@ def place(
     available one; codegen is always added); ``cost_model``: default the estimator with the
     persistent cache; ``budget_s``: measuring stops starting new candidates after this many
     seconds (the fallback is always measured); ``buckets``: points per dim name; ``pins``: op
-    name or ``%var`` -> backend; ``max_size``: the largest interval candidate."""
+    name or ``%var`` -> backend; ``max_size``: the largest interval candidate; ``refine``:
+    True (the cover against the single-backend placements, end to end), ``"evolve"`` (then an
+    evolutionary search over the cover's regions, ``tilework.collage.evolve``, within
+    ``budget_s``, or a minute) or False."""
     t0 = time.perf_counter()
+    if refine not in (True, False, "evolve"):
+        raise UnsupportedError(f"refine must be True, False or 'evolve', got {refine!r}")
     resolved = resolve_backends(list(backends) if backends is not None and not isinstance(backends, str) else (backends or default_backends()))
     if FALLBACK not in [b.name for b in resolved]:
         resolved += resolve_backends([FALLBACK])
@@ -235,7 +240,8 @@ def place(
                     specs.append(RegionSpec(c.backend, c.capability, tuple(g.bindings[i].var.name for i in c.nodes), g.func_name, g.block_index))
                 rows.append(_row(g, cs, costs, k))
         searched = Placement(tuple(specs), names)
-        plans.append(_refine(mod, model, bucket, env, searched, tuple(rows), estimate, names, refine, func))
+        deadline = t0 + (budget_s if budget_s is not None else 60.0 * len(grid))
+        plans.append(_refine(mod, model, bucket, env, searched, tuple(rows), estimate, names, refine, deadline))
     stats = {"search_s": round(time.perf_counter() - t0, 3), "candidates": n_cands, "buckets": len(grid)}
     if isinstance(model, MeasuredCostModel):
         s = model.stats.as_dict()
@@ -281,7 +287,7 @@ def _row(g: BlockGraph, cs: Sequence[Candidate], costs: Sequence[float], k: int)
     return Row(g.func_name, g.block_index, tuple(g.bindings[i].var.name for i in c.nodes), ops_of(g, c.nodes), c.backend, costs[k], alt, alt_cost)
 
 
-def _refine(mod: IRModule, model: CostModel, bucket: Bucket, env: Mapping[Any, int], searched: Placement, rows: tuple[Row, ...], estimate: float, names: tuple[str, ...], refine: bool, func: str) -> BucketPlan:
+def _refine(mod: IRModule, model: CostModel, bucket: Bucket, env: Mapping[Any, int], searched: Placement, rows: tuple[Row, ...], estimate: float, names: tuple[str, ...], refine: bool | str, deadline: float) -> BucketPlan:
     """The searched placement, or a single-backend one that measures faster end to end."""
     if not refine:
         return BucketPlan(bucket, searched, rows, estimate)
@@ -299,7 +305,18 @@ def _refine(mod: IRModule, model: CostModel, bucket: Bucket, env: Mapping[Any, i
     for seed, s, label in zip(seeds[1:], times[1:], labels[1:]):
         if s < best_s * 0.97:  # a clear win only: noise must not flip the choice
             best, best_s, how = seed, s, label
-    kept = rows if best is searched else ()
+    if refine == "evolve":
+        from tilework.collage.evolve import evolve
+
+        found = evolve(mod, model, searched, env, deadline=deadline)
+        if found is not None and found[1] < best_s * 0.97:
+            best, best_s, how = found[0], found[1], "evolutionary refinement of the search's cover (end to end)"
+    if best is searched:
+        kept = rows
+    elif how.startswith("evolutionary"):  # the cover's rows for what stayed offloaded (the rest: codegen)
+        kept = tuple(r for r in rows if r.backend == FALLBACK or any(spec.vars == r.vars for spec in best.regions))
+    else:
+        kept = ()
     return BucketPlan(bucket, best, kept, estimate, best_s, how)
 
 
