@@ -101,8 +101,7 @@ def private_copy(data: bytes, suffix: str = ".so") -> Path:
     later change to the cache (truncating a file that is mapped would kill the process with
     SIGBUS) cannot reach a running process."""
     path = _scratch() / f"{digest(data)[:32]}{suffix}"
-    if not path.exists():
-        write_atomic(path, data)
+    write_atomic(path, data)
     return path
 
 
