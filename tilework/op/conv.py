@@ -1,5 +1,6 @@
 """Convolution and pooling over channel-first layouts: ``conv1d`` (``[N, C, L]``), ``conv2d``
-(``[N, C, H, W]``), ``max_pool2d``, ``avg_pool2d`` and ``adaptive_avg_pool2d``.
+(``[N, C, H, W]``), ``conv_transpose`` (1-, 2- or 3-D), ``max_pool2d``, ``avg_pool2d``,
+``adaptive_avg_pool2d`` and ``adaptive_max_pool2d``.
 
 Geometry attributes have one entry per spatial dim (``strides``, ``dilation``, ``pool_size``)
 except ``padding``, which lists the padding before every spatial dim and then the padding after
@@ -12,7 +13,13 @@ output channel ``o`` reads the input channels of group ``o // (out_channels // g
 Pooling with ``ceil_mode`` rounds the output length up but never starts a window in the
 padding after the input (torch's rule). ``avg_pool2d`` divides by the window size clipped to
 the padded input (``count_include_pad``) or by the number of input elements it covers.
-``adaptive_avg_pool2d`` averages rows ``floor(i * d / out) .. ceil((i + 1) * d / out)``.
+``adaptive_avg_pool2d`` averages rows ``floor(i * d / out) .. ceil((i + 1) * d / out)``;
+``adaptive_max_pool2d`` takes their maximum.
+
+``conv_transpose`` (the gradient of a convolution, torch's and ONNX's ``ConvTranspose``) takes
+weights ``[in_channels, out_channels // groups, *kernel]``; input position ``i`` and tap ``k``
+add to output position ``i * stride - pad_before + k * dilation``, so a spatial dim of length
+``d`` gives ``(d - 1) * stride - pad_before - pad_after + dilation * (k - 1) + output_padding + 1``.
 
 Legalization: padded taps are skipped (never loaded); conv accumulates float16/bfloat16 in
 float32.
@@ -46,7 +53,7 @@ from tilework.op.kernel import arg, compute_dtype, op_name, out_tensor
 if TYPE_CHECKING:
     from tilework.transform.legalize import LegalizeCtx
 
-_SPATIAL = {"conv1d": 1, "conv2d": 2, "max_pool2d": 2, "avg_pool2d": 2, "adaptive_avg_pool2d": 2}
+_SPATIAL = {"conv1d": 1, "conv2d": 2, "max_pool2d": 2, "avg_pool2d": 2, "adaptive_avg_pool2d": 2, "adaptive_max_pool2d": 2}
 
 
 def _ints_attr(call: Call, name: str, count: int, ctx: InferCtx, minimum: int) -> tuple[int, ...]:
@@ -121,6 +128,49 @@ def _infer_conv(call: Call, ctx: InferCtx) -> StructInfo:
     return TensorInfo((x.shape[0], out_c) + spatial, dtype)
 
 
+def conv_transpose_out_len(d: Dim, k: Dim, stride: int, pad_before: int, pad_after: int, dilation: int, output_padding: int) -> Dim:
+    """The output length of one spatial dim of a transposed convolution."""
+    grown = sym.add(sym.mul(sym.sub(d, 1), stride), sym.add(sym.mul(dilation, sym.sub(k, 1)), output_padding + 1))
+    return sym.sub(grown, pad_before + pad_after)
+
+
+def _infer_conv_transpose(call: Call, ctx: InferCtx) -> StructInfo:
+    if len(call.args) not in (2, 3):
+        raise ctx.error(f"takes (x, weight) or (x, weight, bias), got {len(call.args)} argument(s)")
+    x, w = tensor_arg(call, 0, ctx), tensor_arg(call, 1, ctx)
+    bias = tensor_arg(call, 2, ctx) if len(call.args) == 3 else None
+    require_float(x, ctx)
+    dtype = unify_dtype([x.dtype, w.dtype] + ([bias.dtype] if bias else []), ctx)
+    nsp = len(call.attrs["strides"]) if isinstance(call.attrs["strides"], tuple) else -1
+    if nsp not in (1, 2, 3):
+        raise ctx.error(f"attribute strides must hold 1, 2 or 3 entries (one per spatial dim), got {call.attrs['strides']!r}")
+    strides, padding, dilation = _geometry(call, ctx, nsp)
+    out_pad = _ints_attr(call, "output_padding", nsp, ctx, 0)
+    groups = int_attr(call, "groups", ctx)
+    if groups < 1:
+        raise ctx.error(f"groups must be >= 1, got {groups}")
+    _check_input(x, nsp, ctx)
+    if w.ndim not in (-1, nsp + 2):
+        raise ctx.shape_error(f"weight must be {nsp + 2}-D [in_channels, out_channels // groups, *kernel], got shape {shape_str(w.shape)}")
+    if bias is not None and bias.ndim not in (-1, 1):
+        raise ctx.shape_error(f"bias must be 1-D [out_channels], got shape {shape_str(bias.shape)}")
+    if x.shape is None or w.shape is None:
+        return TensorInfo(None, dtype, nsp + 2)
+    require_equal(x.shape[1], w.shape[0], ctx, f"input channels of {shape_str(x.shape)} and weight {shape_str(w.shape)} differ")
+    rem = sym.floormod(w.shape[0], groups)
+    if isinstance(rem, int) and rem != 0:
+        raise ctx.shape_error(f"in_channels {w.shape[0]} is not divisible by groups {groups}")
+    if rem != 0:
+        ctx.require("divides", (w.shape[0], groups), f"in_channels {sym.to_str(w.shape[0])} must be divisible by groups {groups}")
+    out_c = sym.mul(w.shape[1], groups)
+    if bias is not None and bias.shape is not None:
+        require_equal(out_c, bias.shape[0], ctx, f"out_channels of weight {shape_str(w.shape)} x {groups} group(s) and bias {shape_str(bias.shape)} differ")
+    spatial = tuple(conv_transpose_out_len(x.shape[2 + i], w.shape[2 + i], strides[i], padding[i], padding[nsp + i], dilation[i], out_pad[i]) for i in range(nsp))
+    _require_positive(x.shape[2:], ctx, "input spatial shape")
+    _require_positive(spatial, ctx, "output spatial shape")
+    return TensorInfo((x.shape[0], out_c) + spatial, dtype)
+
+
 def _infer_pool(call: Call, ctx: InferCtx) -> StructInfo:
     nsp = _SPATIAL[ctx.op_name]
     x = tensor_arg(call, 0, ctx)
@@ -144,7 +194,8 @@ def _infer_pool(call: Call, ctx: InferCtx) -> StructInfo:
 
 def _infer_adaptive(call: Call, ctx: InferCtx) -> StructInfo:
     x = tensor_arg(call, 0, ctx)
-    require_float(x, ctx)
+    if ctx.op_name == "adaptive_avg_pool2d":
+        require_float(x, ctx)
     out = _ints_attr(call, "output_size", 2, ctx, 1)
     _check_input(x, 2, ctx)
     if x.shape is None:
@@ -192,6 +243,36 @@ def _legalize_conv(call: Call, ctx: "LegalizeCtx") -> Expr:
     return ctx.call_te(name, call.args, inputs, [out], call.info)
 
 
+def _legalize_conv_transpose(call: Call, ctx: "LegalizeCtx") -> Expr:
+    """Output position ``o`` gathers tap ``k`` from input position ``(o + pad - k * dil) /
+    stride`` where that is a whole number inside the input."""
+    x, w = arg(call, 0, "x"), arg(call, 1, "weight")
+    bias = arg(call, 2, "bias") if len(call.args) == 3 else None
+    shape, dtype = out_tensor(call)
+    acc = compute_dtype(dtype)
+    strides, padding, dilation = (tuple(call.attrs[a]) for a in ("strides", "padding", "dilation"))
+    nsp = len(strides)
+    groups = int(call.attrs["groups"])
+    cin_g = sym.floordiv(w.shape[0], groups)
+    cout_g = w.shape[1]
+
+    def f(n: Scalar, o: Scalar, *sp: Scalar) -> Scalar:
+        c = te.reduce_axis(cin_g, "c")
+        ks = [te.reduce_axis(w.shape[2 + i], f"k{i}") for i in range(nsp)]
+        nums = [s + padding[i] - k * dilation[i] for i, (s, k) in enumerate(zip(sp, ks))]
+        pos = [num // strides[i] if strides[i] > 1 else num for i, num in enumerate(nums)]
+        conds = [te.eq(num % strides[i], 0) for i, num in enumerate(nums) if strides[i] > 1]
+        chan = c if groups == 1 else o // cout_g * cin_g + c
+        oc = o if groups == 1 else o % cout_g
+        prod = te.cast(x[(n, chan, *pos)], acc) * te.cast(w[(chan, oc, *ks)], acc)
+        total = te.sum(prod, axis=[c, *ks], where=te.all(*conds, _inside(pos, x.shape[2:])))
+        return total if bias is None else total + te.cast(bias[o], acc)
+
+    out = te.compute(shape, f, "conv_transpose", dtype)
+    inputs = [x, w] if bias is None else [x, w, bias]
+    return ctx.call_te("conv_transpose", call.args, inputs, [out], call.info)
+
+
 def _legalize_max_pool(call: Call, ctx: "LegalizeCtx") -> Expr:
     x = arg(call, 0, "x")
     shape, dtype = out_tensor(call)
@@ -236,6 +317,7 @@ def _legalize_avg_pool(call: Call, ctx: "LegalizeCtx") -> Expr:
 
 
 def _legalize_adaptive(call: Call, ctx: "LegalizeCtx") -> Expr:
+    name = op_name(call)
     x = arg(call, 0, "x")
     shape, dtype = out_tensor(call)
     acc = compute_dtype(dtype)
@@ -252,14 +334,16 @@ def _legalize_adaptive(call: Call, ctx: "LegalizeCtx") -> Expr:
         win = [bounds(i, d, o) for i, d, o in zip(sp, dims, outs)]
         pos = [s + k for (s, _), k in zip(win, ks)]
         inside = te.all(*(te.lt(p, e) for p, (_, e) in zip(pos, win)))
+        if name == "adaptive_max_pool2d":
+            return te.max(x[(n, c, *pos)], axis=ks, where=inside)
         total = te.sum(te.cast(x[(n, c, *pos)], acc), axis=ks, where=inside)
         count: Scalar = 1
         for s, e in win:
             count = count * (e - s)
         return total / te.cast(count, acc)
 
-    out = te.compute(shape, f, "adaptive_avg_pool2d", dtype)
-    return ctx.call_te("adaptive_avg_pool2d", call.args, [x], [out], call.info)
+    out = te.compute(shape, f, name, dtype)
+    return ctx.call_te(name, call.args, [x], [out], call.info)
 
 
 _CONV_ATTRS = {"strides": None, "padding": None, "dilation": None, "groups": 1}
@@ -268,6 +352,8 @@ register(Op("conv2d", _infer_conv, OpPattern.OUT_EWISE_FUSABLE, attrs=_CONV_ATTR
 register(Op("max_pool2d", _infer_pool, OpPattern.OUT_EWISE_FUSABLE, attrs={"pool_size": None, "strides": None, "padding": None, "dilation": None, "ceil_mode": False}, num_args=1, legalize=_legalize_max_pool))
 register(Op("avg_pool2d", _infer_pool, OpPattern.OUT_EWISE_FUSABLE, attrs={"pool_size": None, "strides": None, "padding": None, "ceil_mode": False, "count_include_pad": True}, num_args=1, legalize=_legalize_avg_pool))
 register(Op("adaptive_avg_pool2d", _infer_adaptive, OpPattern.OUT_EWISE_FUSABLE, attrs={"output_size": None}, num_args=1, legalize=_legalize_adaptive))
+register(Op("adaptive_max_pool2d", _infer_adaptive, OpPattern.OUT_EWISE_FUSABLE, attrs={"output_size": None}, num_args=1, legalize=_legalize_adaptive))
+register(Op("conv_transpose", _infer_conv_transpose, OpPattern.OUT_EWISE_FUSABLE, attrs={"strides": None, "padding": None, "output_padding": None, "dilation": None, "groups": 1}, legalize=_legalize_conv_transpose))
 
 # -- constructors ---------------------------------------------------------------------------
 
@@ -308,6 +394,14 @@ def conv2d(x: Expr, weight: Expr, bias: Expr | None = None, strides: int | Seque
     return _conv("conv2d", 2, x, weight, bias, strides, padding, dilation, groups)
 
 
+def conv_transpose(x: Expr, weight: Expr, bias: Expr | None = None, strides: int | Sequence[int] = 1, padding: int | Sequence[int] = 0, output_padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1, groups: int = 1, ndim: int = 2) -> Call:
+    """Transposed convolution over ``ndim`` spatial dims of ``x: [N, C, *spatial]`` with
+    ``weight: [C, O // groups, *kernel]``; ``padding`` crops the output (an int, one per dim,
+    or befores then afters) and ``output_padding`` adds to its end."""
+    args = [x, weight] if bias is None else [x, weight, bias]
+    return make_call("conv_transpose", args, strides=_per_dim(strides, ndim, "strides"), padding=_padding(padding, ndim), output_padding=_per_dim(output_padding, ndim, "output_padding"), dilation=_per_dim(dilation, ndim, "dilation"), groups=groups)
+
+
 def max_pool2d(x: Expr, pool_size: int | Sequence[int], strides: int | Sequence[int] | None = None, padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1, ceil_mode: bool = False) -> Call:
     """The maximum over each (dilated) window of ``x: [N, C, H, W]``; padding never wins.
     ``strides`` None is the pool size."""
@@ -328,4 +422,9 @@ def adaptive_avg_pool2d(x: Expr, output_size: int | Sequence[int]) -> Call:
     return make_call("adaptive_avg_pool2d", [x], output_size=_per_dim(output_size, 2, "output_size"))
 
 
-__all__ = ["conv1d", "conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "conv_out_len"]
+def adaptive_max_pool2d(x: Expr, output_size: int | Sequence[int]) -> Call:
+    """The maximum over the windows ``adaptive_avg_pool2d`` averages."""
+    return make_call("adaptive_max_pool2d", [x], output_size=_per_dim(output_size, 2, "output_size"))
+
+
+__all__ = ["conv1d", "conv2d", "conv_transpose", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d", "conv_out_len", "conv_transpose_out_len"]

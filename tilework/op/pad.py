@@ -1,5 +1,5 @@
 """Padding, repetition and resampling: ``pad`` (constant, reflect, edge and wrap modes),
-``tile`` and ``resize`` (nearest, linear and cubic).
+``tile``, ``resize`` (nearest, linear and cubic) and ``grid_sample`` (see its constructor).
 
 - ``pad(x, value, pads, mode)``: ``pads`` lists the amount added before every dim and then the
   amount added after every dim (ONNX's layout); a negative amount crops. Dims stay symbolic:
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from tilework import te
 from tilework.ir import sym
@@ -29,7 +29,7 @@ from tilework.ir.graph import Call, Expr
 from tilework.ir.info import StructInfo, TensorInfo, shape_str
 from tilework.ir.loop import Operand, PExpr, Scalar
 from tilework.ir.sym import Dim, SymExpr
-from tilework.op.base import InferCtx, Op, OpPattern, make_call, register, require_nonneg, tensor_arg, unify_dtype
+from tilework.op.base import InferCtx, Op, OpPattern, make_call, register, require_equal, require_nonneg, tensor_arg, unify_dtype
 from tilework.op.kernel import arg, out_tensor
 
 if TYPE_CHECKING:
@@ -281,3 +281,118 @@ def resize(
     if sc is not None and any(not math.isfinite(s) or s <= 0 for s in sc):
         raise ValueError(f"resize scales must be positive, got {sc}")
     return make_call("resize", [x], sizes=tuple(sizes), scales=sc, mode=mode, coord=coord, rounding=rounding, cubic_a=float(cubic_a), exclude_outside=bool(exclude_outside))
+
+
+# -- grid_sample ---------------------------------------------------------------------------------
+
+GRID_MODES = ("linear", "nearest", "cubic")
+GRID_PADDINGS = ("zeros", "border", "reflection")
+
+
+def _infer_grid_sample(call: Call, ctx: InferCtx) -> StructInfo:
+    x, grid = tensor_arg(call, 0, ctx), tensor_arg(call, 1, ctx)
+    for attr, allowed in (("mode", GRID_MODES), ("padding", GRID_PADDINGS)):
+        if call.attrs[attr] not in allowed:
+            raise ctx.error(f"{attr} must be one of {', '.join(allowed)}, got {call.attrs[attr]!r}")
+    dtype = unify_dtype([x.dtype, grid.dtype], ctx)
+    if dtype is not None and not dtype.startswith(("float", "bfloat")):
+        raise ctx.error(f"grid_sample needs floating-point tensors, got {dtype}")
+    if x.ndim == -1 or grid.ndim == -1:
+        return TensorInfo(None, dtype, x.ndim)
+    nsp = x.ndim - 2
+    if nsp < 1 or grid.ndim != nsp + 2:
+        raise ctx.shape_error(f"x {shape_str(x.shape)} must be [N, C, *spatial] and grid {shape_str(grid.shape)} [N, *out, {max(nsp, 1)}]")
+    if call.attrs["mode"] == "cubic" and nsp != 2:
+        raise ctx.error(f"cubic grid sampling needs a 2-D input, got {nsp} spatial dims")
+    if x.shape is None or grid.shape is None:
+        return TensorInfo(None, dtype, x.ndim)
+    require_equal(x.shape[0], grid.shape[0], ctx, f"the batch of x {shape_str(x.shape)} and grid {shape_str(grid.shape)} differ")
+    require_equal(grid.shape[-1], nsp, ctx, f"the last dim of grid {shape_str(grid.shape)} must be {nsp} (one coordinate per spatial dim)")
+    return TensorInfo(x.shape[:2] + grid.shape[1:-1], dtype)
+
+
+def _unnormalize(g: PExpr, size: PExpr, align: bool) -> PExpr:
+    """A grid coordinate in ``[-1, 1]`` as a position along a dim of ``size`` elements."""
+    if align:
+        return (g + 1.0) * 0.5 * (size - 1.0)
+    return ((g + 1.0) * size - 1.0) * 0.5
+
+
+def _reflect(c: PExpr, twice_low: PExpr, twice_high: PExpr) -> PExpr:
+    """``c`` reflected into ``[twice_low / 2, twice_high / 2]`` (as often as it takes)."""
+    low = twice_low * 0.5
+    span = (twice_high - twice_low) * 0.5
+    r = te.abs(c - low)
+    flips = te.floor(r / span)
+    extra = r - flips * span
+    even = te.eq(flips - 2.0 * te.floor(flips * 0.5), 0.0)
+    return te.if_then_else(te.gt(span, 0.0), te.if_then_else(even, extra + low, span - extra + low), 0.0)
+
+
+def _padded_coord(c: PExpr, size: PExpr, padding: str, align: bool) -> PExpr:
+    if padding == "zeros":
+        return c
+    if padding == "reflection":
+        c = _reflect(c, te.constant(0.0, "float64"), 2.0 * (size - 1.0)) if align else _reflect(c, te.constant(-1.0, "float64"), 2.0 * size - 1.0)
+    return te.minimum(te.maximum(c, 0.0), size - 1.0)
+
+
+def _legalize_grid_sample(call: Call, ctx: "LegalizeCtx") -> Expr:
+    """Each output element reads the taps around its grid point (one for nearest, ``2**n``
+    for linear, 16 for cubic) in float64; a tap outside the input reads 0 (its load is
+    clamped inside, the value replaced)."""
+    x, grid = arg(call, 0, "x"), arg(call, 1, "grid")
+    shape, dtype = out_tensor(call)
+    mode, padding, align = call.attrs["mode"], call.attrs["padding"], bool(call.attrs["align_corners"])
+    nsp = x.ndim - 2
+    dims = x.shape[2:]
+
+    def tap(n: Scalar, c: Scalar, idx: Sequence[Scalar]) -> PExpr:
+        inside = te.all(*(te.logical_and(te.ge(i, 0), te.lt(i, d)) for i, d in zip(idx, dims)))
+        value = te.cast(x[(n, c, *(_clamp(i, d) for i, d in zip(idx, dims)))], "float64")
+        return te.if_then_else(inside, value, 0.0)
+
+    def f(n: Scalar, c: Scalar, *o: Scalar) -> Operand:
+        sizes = [te.cast(d, "float64") for d in dims]
+        raw = [_unnormalize(te.cast(grid[(n, *o, nsp - 1 - k)], "float64"), sizes[k], align) for k in range(nsp)]
+        if mode == "cubic":
+            return _cubic_tap_sum(n, c, raw, sizes, padding, align, tap)
+        coords = [_padded_coord(r, s, padding, align) for r, s in zip(raw, sizes)]
+        if mode == "nearest":
+            return tap(n, c, [te.cast(te.round(v), "int64") for v in coords])
+        base = [te.floor(v) for v in coords]
+        frac = [v - b for v, b in zip(coords, base)]
+        ib = [te.cast(b, "int64") for b in base]
+        total: float | PExpr = 0.0
+        for corner in itertools.product((0, 1), repeat=nsp):
+            weight: float | PExpr = 1.0
+            for k, bit in enumerate(corner):
+                weight = weight * (frac[k] if bit else 1.0 - frac[k])
+            total = total + weight * tap(n, c, [b + bit for b, bit in zip(ib, corner)])
+        return total
+
+    out = te.compute(shape, f, "grid_sample", dtype)
+    return ctx.call_te("grid_sample", call.args, [x, grid], [out], call.info)
+
+
+def _cubic_tap_sum(n: Scalar, c: Scalar, raw: Sequence[PExpr], sizes: Sequence[PExpr], padding: str, align: bool, tap: Callable[..., PExpr]) -> PExpr:
+    """Bicubic: the 4x4 taps around the unpadded point, each tap's position padded on its own."""
+    base = [te.floor(v) for v in raw]
+    weights = [_cubic_weights(v - b, -0.75) for v, b in zip(raw, base)]
+    total: float | PExpr = 0.0
+    for (dy, wy), (dx, wx) in itertools.product(zip((-1, 0, 1, 2), weights[0]), zip((-1, 0, 1, 2), weights[1])):
+        pos = [_padded_coord(base[0] + float(dy), sizes[0], padding, align), _padded_coord(base[1] + float(dx), sizes[1], padding, align)]
+        total = total + wy * wx * tap(n, c, [te.cast(p, "int64") for p in pos])
+    assert isinstance(total, PExpr)
+    return total
+
+
+register(Op("grid_sample", _infer_grid_sample, OpPattern.INJECTIVE, attrs={"mode": "linear", "padding": "zeros", "align_corners": False}, num_args=2, legalize=_legalize_grid_sample))
+
+
+def grid_sample(x: Expr, grid: Expr, mode: str = "linear", padding: str = "zeros", align_corners: bool = False) -> Call:
+    """``x: [N, C, *spatial]`` sampled at the normalized points ``grid: [N, *out, n]`` (the
+    last entry of a point indexes the first spatial dim: ``(x, y)`` for ``[H, W]``), as torch's
+    ``grid_sample`` and ONNX's ``GridSample``: ``mode`` linear, nearest (half to even) or cubic
+    (2-D, Keys with ``a = -0.75``); ``padding`` zeros, border or reflection."""
+    return make_call("grid_sample", [x, grid], mode=mode, padding=padding, align_corners=bool(align_corners))

@@ -7,6 +7,7 @@ pooling (1-D and 2-D), ``Dropout`` (inference), and the indexing ops ``GatherEle
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Sequence
 
 import numpy as np
@@ -399,12 +400,15 @@ def _resize(ctx: NodeCtx) -> Result:
             elif isinstance(d, int):
                 sizes[a] = int(np.floor(d * sc))
             else:
-                raise ctx.unsupported("a fractional scale of a symbolic dim")
+                frac = Fraction(float(sc)).limit_denominator(1024)
+                if float(frac) != float(sc):
+                    raise ctx.unsupported(f"a scale of a symbolic dim that is no fraction with a small denominator ({sc})")
+                sizes[a] = sym.floordiv(sym.mul(d, frac.numerator), frac.denominator)
         given_scales: tuple[float, ...] | None = tuple(scales)
     elif ctx.has_input(3):
-        req = ctx.ints(3, "sizes")
         policy = ctx.attr("keep_aspect_ratio_policy", "stretch")
         if policy != "stretch":
+            req = ctx.ints(3, "sizes")
             dims = [d for d in (shape[a] for a in axes) if isinstance(d, int)]
             if len(dims) != len(axes):
                 raise ctx.unsupported(f"keep_aspect_ratio_policy={policy} with symbolic dims")
@@ -415,7 +419,7 @@ def _resize(ctx: NodeCtx) -> Result:
                 sizes[a] = int(np.floor(d * sc + 0.5))
             given_scales = tuple(scales)
         else:
-            for a, r in zip(axes, req):
+            for a, r in zip(axes, ctx.dims(3, "sizes")):  # static, tracked or lifted at run time
                 sizes[a] = r
             given_scales = None
     else:

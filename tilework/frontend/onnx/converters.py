@@ -11,7 +11,9 @@ from tilework.frontend.onnx import (  # noqa: F401  (importing registers the con
     convert_math,
     convert_nn,
     convert_reduce,
+    convert_rnn,
     convert_shape,
+    convert_vision,
 )
 from tilework.frontend.onnx.registry import Converter, all_converters, converters_of, schema_version
 

@@ -273,7 +273,9 @@ def _conv_nd(t: Translator, node: Any, x: Any, weight: Any, bias: Any = None, st
 @converter("convolution.default", "_convolution.default")
 def _convolution(t: Translator, node: Any, x: Any, weight: Any, bias: Any, stride: Any, padding: Any, dilation: Any, transposed: bool, output_padding: Any, groups: int, *rest: Any) -> Expr:
     if transposed:
-        raise UnsupportedError("transposed convolution is not supported")
+        from tilework.frontend.torch.convert_vision import conv_transpose
+
+        return conv_transpose(t, x, weight, bias, stride, padding, output_padding, groups, dilation)
     return _conv(t, x, weight, bias, stride, padding, dilation, groups)
 
 

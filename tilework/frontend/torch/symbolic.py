@@ -9,6 +9,8 @@ bounds, possibly narrowed by ``dim_bounds``, and rewrites expressions over them 
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 from typing import Any, Callable, Mapping
 
 from tilework.errors import UnsupportedError
@@ -147,12 +149,31 @@ class SymbolTable:
             name = str(e)
             return self.solved[name] if name in self.solved else self.var(name)
         kind = type(e).__name__
+        if kind in ("TruncToInt", "FloorToInt", "CeilToInt"):  # a size scaled by a float factor
+            return self._scaled(e, kind)
         fn = _FUNCTIONS.get(kind)
         if fn is None:
             raise UnsupportedError(f"symbolic size {e} uses {kind}, which tilework cannot express as a dim")
         if kind == "Mul" and any(getattr(a, "is_Rational", False) and not getattr(a, "is_Integer", False) for a in e.args):
             raise UnsupportedError(f"symbolic size {e} has a fractional coefficient")
         return fn([self._sympy(a) for a in e.args])
+
+    def _scaled(self, e: Any, kind: str) -> Dim:
+        """``trunc``/``floor``/``ceil`` of ``c * ToFloat(size)`` (what ``interpolate`` with a
+        scale factor gives) for a factor ``c`` that is a fraction with a small denominator."""
+        (arg,) = e.args
+        factor = Fraction(1)
+        if type(arg).__name__ == "Mul" and len(arg.args) == 2:
+            c, arg = (arg.args if getattr(arg.args[0], "is_Number", False) else (arg.args[1], arg.args[0]))
+            factor = Fraction(float(c)).limit_denominator(1024)
+            if not getattr(c, "is_Number", False) or float(factor) != float(c) or factor < 0:
+                raise UnsupportedError(f"symbolic size {e} scales by {c}, which is no small fraction")
+        if type(arg).__name__ != "ToFloat":
+            raise UnsupportedError(f"symbolic size {e} uses {kind} of {arg}, which tilework cannot express as a dim")
+        scaled = sym.mul(self._sympy(arg.args[0]), factor.numerator)  # non-negative: trunc is floor
+        if kind == "CeilToInt":
+            return sym.ceildiv(scaled, factor.denominator)
+        return sym.floordiv(scaled, factor.denominator)
 
 
 def parse_dim_spec(spec: str) -> tuple[str, str | None, Bounds]:

@@ -25,6 +25,7 @@ import numpy as np
 from tilework import op
 from tilework.errors import InferenceError, ShapeError, UnsupportedError
 from tilework.frontend.torch import convert_create, convert_elementwise, convert_index, convert_nn, convert_reduce, convert_shape  # noqa: F401  (register converters)
+from tilework.frontend.torch import convert_rnn, convert_vision  # noqa: F401  (register converters)
 from tilework.frontend.torch.common import dtype_of_torch
 from tilework.ir.dtype import to_torch
 from tilework.frontend.torch.registry import lookup, op_names
