@@ -16,7 +16,8 @@
   hand the cores over (OpenMP workers spinning, torch's or ONNX Runtime's pools waking up).
   The estimator measures it in place: for each ordered pair of backends ``A -> B`` it takes an
   edge of the model where ``A`` can run the producer and ``B`` the consumer, times the two
-  regions together and subtracts their separate costs (at least zero).
+  regions together and subtracts their separate costs (at least zero, at most
+  ``MAX_TRANSITION_S``).
 
   Every measurement goes through the persistent cost cache (``tilework.collage.cache``), so a
   model placed twice, or a model whose layers repeat, is measured once. A progress bar (tqdm,
@@ -51,6 +52,7 @@ from tilework.ir.sym import SymVar
 from tilework.pattern.graph import BlockGraph
 
 ESTIMATOR_VERSION = 1
+MAX_TRANSITION_S = 1e-3  # pools hand over in microseconds to a millisecond; more is noise of the pair's timing
 _BUILDER: list[Callable[..., Any]] = []
 
 
@@ -160,7 +162,7 @@ class MeasuredCostModel:
     ``max_rounds`` times; ``time_limit_s``: the wall time one candidate may take;
     ``batch``: candidates per build; ``progress``: None = a bar on a terminal."""
 
-    def __init__(self, cache: CostCache | None = None, *, repeat: int = 5, max_spread: float = 0.15, max_rounds: int = 4, time_limit_s: float = 1.0, min_repeat_s: float = 2e-4, batch: int = 48, progress: bool | None = None) -> None:
+    def __init__(self, cache: CostCache | None = None, *, repeat: int = 5, max_spread: float = 0.15, max_rounds: int = 4, time_limit_s: float = 0.5, min_repeat_s: float = 2e-4, batch: int = 48, progress: bool | None = None) -> None:
         self.cache = cache if cache is not None else CostCache()
         self.repeat = repeat
         self.max_spread = max_spread
@@ -188,7 +190,7 @@ class MeasuredCostModel:
         for ((ba, bb), (a, b)), r in zip(pairs, reqs):
             if r.result is None or not math.isfinite(r.result.seconds):
                 continue
-            out[(ba, bb)] = max(0.0, self._net(r.result.seconds) - costs[a] - costs[b])
+            out[(ba, bb)] = min(MAX_TRANSITION_S, max(0.0, self._net(r.result.seconds) - costs[a] - costs[b]))
         return out
 
     def end_to_end(self, mod: IRModule, placements: Sequence[Placement], env: Mapping[SymVar, int]) -> list[float] | None:
@@ -224,7 +226,7 @@ class MeasuredCostModel:
                     entries[i] = Entry(math.inf, 0.0, 0, f"build: {type(e).__name__}: {e}"[:300])
                     fns.append(None)
             live = [(i, f) for i, f in zip(todo, fns) if f is not None]
-            for (i, _), entry in zip(live, self._time_many([f for _, f in live], limit=max(self.time_limit_s, 2.0))):
+            for (i, _), entry in zip(live, self._time_many([f for _, f in live], limit=max(self.time_limit_s, 1.0))):
                 entries[i] = entry
             for i in todo:
                 self.cache.put(keys[i], "e2e", entries[i])
