@@ -187,3 +187,26 @@ def test_cli_export_writes_the_library(tmp_path: Path) -> None:
     assert main(["export", str(tmp_path / "missing.txt"), "-o", str(out)]) == 2
     with pytest.raises(TileworkError):
         export_c(tw.build(_matmul_module()), out, bind={"nope": []})
+
+
+def test_compiled_model_exports_with_its_weights_bound_and_from_its_file(tmp_path: Path) -> None:
+    """``cm.export_c`` binds the weights the CompiledModel passes itself; ``tilework export`` of
+    the saved file writes the same library."""
+    from tilework import nn
+    from tilework.cli import main
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            self.fc = nn.Linear(8, 4)
+
+        def forward(self, x: Any) -> Any:
+            return nn.ops.relu(self.fc(x))
+
+    cm = tw.compile(Net().init_random(seed=1), {"x": nn.spec.Tensor([tw.dim("n", max=32), 8])})
+    result = cm.export_c(str(tmp_path / "a"))
+    assert result.functions == {"main": ("x",)}
+    assert result.weights.stat().st_size >= sum(w.nbytes for w in cm.weights)
+    cm.save(str(tmp_path / "m.tw"))
+    assert main(["export", str(tmp_path / "m.tw"), "-o", str(tmp_path / "b")]) == 0
+    for name in ("model.c", "kernels.c", "model.twb"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
