@@ -33,7 +33,7 @@ import sys
 import time
 from typing import Any, Sequence
 
-from tilework.cli import failure
+from tilework.cli import failure, inputs
 from tilework.errors import TileworkError
 
 DEBUG_HELP = "on an error, show the full traceback (for reporting a bug)"
@@ -219,7 +219,7 @@ def _build(args: argparse.Namespace) -> int:
         return _build_onnx(args)
     if args.dim:
         raise TileworkError("--dim applies to .pt2 and .onnx models only; a module in the text format declares its dims itself")
-    mod = _read_text_module(args.ir_file)
+    mod = inputs.read_text_module(args.ir_file)
     t0 = time.perf_counter()
     exe = tilework.build(mod, target=args.target, backends=args.backends, pipeline=args.pipeline, **placement_build_options(args))
     exe.save(args.output)
@@ -231,66 +231,13 @@ def _build(args: argparse.Namespace) -> int:
     return 0
 
 
-_BINARY_KINDS = ((b"PK\x03\x04", "a zip archive (a .pt2 program?)", ".pt2"), (b"\x89TWEXE", "a tilework executable (run it with `tilework run`)", None))
-BUILD_INPUTS = "tilework build reads a module in the text format, a .pt2 program (torch.export.save) or an .onnx model, by the file's extension"
-
-
-def _read_text_module(path: str) -> Any:
-    """The verified module in the text format at ``path``; every error names the file."""
-    import tilework
-    from tilework.errors import ParseError, WellFormedError
-
-    with open(path, "rb") as fh:
-        data = fh.read()
-    for magic, kind, ext in _BINARY_KINDS:
-        if data.startswith(magic):
-            rename = f": name it {os.path.splitext(path)[0]}{ext}" if ext else ""
-            raise TileworkError(f"{path} is {kind}, not a module in the text format{rename}")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise TileworkError(f"{path} is not a module in the text format (byte {e.start} is not UTF-8 text); {BUILD_INPUTS}") from None
-    try:
-        mod = tilework.parse(text)
-    except ParseError as e:
-        raise ParseError(f"{path}: {e}", e.line, e.column) from None
-    if not len(mod):
-        raise TileworkError(f"{path} defines no function; {BUILD_INPUTS}")
-    try:
-        tilework.verify(mod)
-    except WellFormedError as e:
-        raise WellFormedError(f"{path}: {e}") from None
-    return mod
-
-
 def _build_pt2(args: argparse.Namespace) -> int:
     """Compile a ``torch.export.save`` file with its weights as constants."""
-    try:
-        import torch
-    except ImportError:
-        raise TileworkError("building a .pt2 program needs torch (pip install torch)") from None
     from tilework.compiled import compile as compile_model
-    from tilework.frontend.torch import parse_dim_spec
 
-    if not os.path.exists(args.ir_file):
-        raise TileworkError(f"no such file: {args.ir_file}")
-    names: dict[str, str] = {}
-    bounds: dict[str, tuple[int | None, int | None]] = {}
-    for spec in args.dim:
-        ref, new, rng = parse_dim_spec(spec)
-        if new is not None:
-            names[ref] = new
-        if rng != (None, None):
-            bounds[new or ref] = rng
+    names, bounds = inputs.pt2_dims(args.dim)
     t0 = time.perf_counter()
-    import zipfile
-
-    if not zipfile.is_zipfile(args.ir_file):
-        raise TileworkError(f"{args.ir_file} is not a torch.export program: a .pt2 file is a zip archive written by torch.export.save")
-    try:
-        ep = torch.export.load(args.ir_file)
-    except Exception as e:  # untrusted input: torch reports a bad file with many exception types
-        raise TileworkError(f"{args.ir_file} is not a torch.export program that this torch can read ({type(e).__name__}: {e})") from None
+    ep = inputs.load_pt2(args.ir_file)
     opts = placement_build_options(args)
     cm = compile_model(ep, backends=args.backends, dim_names=names, dim_bounds=bounds, weights="constants", opt_level=0 if args.pipeline == "O0" else 1, target=args.target, placement=opts.get("placement"), **(opts.get("placement_options") or {}))
     cm.save(args.output)
@@ -305,17 +252,10 @@ def _build_onnx(args: argparse.Namespace) -> int:
     constants of the executable)."""
     import tilework
     from tilework.frontend.onnx import from_onnx
-    from tilework.frontend.onnx.compile import parse_dim_spec
 
     if not os.path.exists(args.ir_file):
         raise TileworkError(f"no such file: {args.ir_file}")
-    bounds: dict[str, tuple[int | None, int | None]] = {}
-    for spec in args.dim:  # repeated specs of one dim narrow it together: n>=2 then n<=8
-        name, (lo, hi) = parse_dim_spec(spec)
-        old_lo, old_hi = bounds.get(name, (None, None))
-        bounds[name] = lo, hi = (lo if old_lo is None else old_lo if lo is None else max(lo, old_lo), hi if old_hi is None else old_hi if hi is None else min(hi, old_hi))
-        if lo is not None and hi is not None and lo > hi:
-            raise TileworkError(f"--dim: no value of {name} is both >= {lo} and <= {hi}")
+    bounds = inputs.onnx_dim_bounds(args.dim)
     t0 = time.perf_counter()
     mod = from_onnx(args.ir_file, dim_bounds=bounds)
     exe = tilework.build(mod, target=args.target, backends=args.backends, pipeline=args.pipeline, **placement_build_options(args))

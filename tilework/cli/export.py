@@ -13,6 +13,7 @@ import os
 import time
 from typing import Any
 
+from tilework.cli import inputs
 from tilework.errors import TileworkError
 
 
@@ -70,36 +71,21 @@ def _export_model(args: argparse.Namespace) -> Any:
         return _pt2(args).export_c(args.output)
     if path.endswith(".onnx"):
         from tilework.frontend.onnx import from_onnx
-        from tilework.frontend.onnx.compile import parse_dim_spec
 
-        mod = from_onnx(path, dim_bounds=dict(parse_dim_spec(spec) for spec in args.dim))
+        mod = from_onnx(path, dim_bounds=inputs.onnx_dim_bounds(args.dim))
     else:
         if args.dim:
             raise TileworkError("--dim applies to .pt2 and .onnx models only; a module in the text format declares its dims itself")
-        with open(path) as fh:
-            mod = tilework.parse(fh.read())
-        tilework.verify(mod)
+        mod = inputs.read_text_module(path)
     exe = tilework.build(mod, backends=args.backends)
     return export_c(exe, args.output)
 
 
 def _pt2(args: argparse.Namespace) -> Any:
-    try:
-        import torch
-    except ImportError:
-        raise TileworkError("exporting a .pt2 program needs torch (pip install torch)") from None
     from tilework.compiled import compile as compile_model
-    from tilework.frontend.torch import parse_dim_spec
 
-    names: dict[str, str] = {}
-    bounds: dict[str, tuple[int | None, int | None]] = {}
-    for spec in args.dim:
-        ref, new, rng = parse_dim_spec(spec)
-        if new is not None:
-            names[ref] = new
-        if rng != (None, None):
-            bounds[new or ref] = rng
-    ep = torch.export.load(args.model)
+    names, bounds = inputs.pt2_dims(args.dim)
+    ep = inputs.load_pt2(args.model)
     return compile_model(ep, backends=args.backends, dim_names=names, dim_bounds=bounds, weights="constants")
 
 

@@ -81,9 +81,13 @@ def _range(ctx: NodeCtx) -> Result:
     consts = [c for c in (ctx.const(i) for i in range(3)) if c is not None]
     if len(consts) == 3:
         start, limit, delta = (c.reshape(()).item() for c in consts)
+        if delta == 0:
+            raise ctx.unsupported("delta is 0")
         n = max(int(np.ceil((limit - start) / delta)), 0)
+        if n > MAX_ELEMS:  # a run-time arange, not a constant of n elements made here
+            return ctx.emit(create.arange(start, limit, delta, dtype))
         arr = (np.asarray(start, dtype=dtype) + np.arange(n, dtype=dtype) * np.asarray(delta, dtype=dtype)).astype(dtype)
-        return Value.of_const(arr) if n <= MAX_ELEMS else ctx.emit(create.arange(start, limit, delta, dtype))
+        return Value.of_const(arr)
     if dtype not in ("int32", "int64"):
         raise ctx.unsupported(f"a {dtype} range needs constant start, limit and delta")
     delta_c = ctx.const(2)

@@ -211,6 +211,8 @@ class Importer:
     # -- conversion -----------------------------------------------------------------------
 
     def convert_node(self, node: NodeProto) -> None:
+        if not isinstance(node.op_type, str) or not isinstance(node.domain, str):  # not UTF-8 in the file
+            raise UnsupportedError(f"a node ({node.name!r}) has an op type or domain that is not text: {node.op_type!r}, {node.domain!r}")
         opset = self.opset if node.domain in ("", "ai.onnx") else 0
         conv, version = converters.lookup(node.op_type, opset, node.name, node.domain)
         ctx = NodeCtx(self, node, version, self.opset)
@@ -338,7 +340,15 @@ def from_onnx(
     ``keep_params_as_inputs``, weights are trailing parameters of ``main`` (in initializer
     order; ``param_arrays`` gives their values) and ``num_inputs`` counts the real inputs.
     """
-    return Importer(load_model(model_or_path), dim_bounds, keep_params_as_inputs).run()
+    model = load_model(model_or_path)
+    try:
+        return Importer(model, dim_bounds, keep_params_as_inputs).run()
+    except TileworkError:
+        raise
+    except (IndexError, KeyError, ValueError, TypeError, ArithmeticError, AttributeError) as e:
+        # the model is untrusted data; a node's problems are named by convert_node, this is the
+        # rest (a graph input or output that is not what its type says, a name that is not text)
+        raise UnsupportedError(f"the ONNX model cannot be imported: {type(e).__name__}: {e}") from e
 
 
 def param_arrays(model_or_path: ModelProto | str | os.PathLike[str]) -> list[np.ndarray]:

@@ -1,0 +1,92 @@
+"""Reading the model files commands take (``build``, ``export``, ...): one place, so that every
+command names the file and says what is wrong with it in the same words (docs/errors.md)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+from tilework.errors import ParseError, TileworkError, WellFormedError
+
+MODEL_INPUTS = "a module in the text format, a .pt2 program (torch.export.save) or an .onnx model, told apart by the file's extension"
+_BINARY_KINDS = ((b"PK\x03\x04", "a zip archive (a .pt2 program?)", ".pt2"), (b"\x89TWEXE", "a tilework executable (run it with `tilework run`)", None))
+
+
+def read_text_module(path: str) -> Any:
+    """The verified IRModule in the text format at ``path``; every error names the file."""
+    import tilework
+
+    with open(path, "rb") as fh:
+        data = fh.read()
+    for magic, kind, ext in _BINARY_KINDS:
+        if data.startswith(magic):
+            rename = f": name it {os.path.splitext(path)[0]}{ext}" if ext else ""
+            raise TileworkError(f"{path} is {kind}, not a module in the text format{rename}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TileworkError(f"{path} is not a module in the text format (byte {e.start} is not UTF-8 text); expected {MODEL_INPUTS}") from None
+    try:
+        mod = tilework.parse(text)
+    except ParseError as e:
+        raise ParseError(f"{path}: {e}", e.line, e.column) from None
+    if not len(mod):
+        raise TileworkError(f"{path} defines no function; expected {MODEL_INPUTS}")
+    try:
+        tilework.verify(mod)
+    except WellFormedError as e:
+        raise WellFormedError(f"{path}: {e}") from None
+    return mod
+
+
+def load_pt2(path: str) -> Any:
+    """The ``torch.export`` program saved at ``path``."""
+    import zipfile
+
+    try:
+        import torch
+    except ImportError:
+        raise TileworkError(f"reading {path} needs torch (pip install torch)") from None
+    if not os.path.exists(path):
+        raise TileworkError(f"no such file: {path}")
+    if not zipfile.is_zipfile(path):
+        raise TileworkError(f"{path} is not a torch.export program: a .pt2 file is a zip archive written by torch.export.save")
+    try:
+        return torch.export.load(path)
+    except Exception as e:  # untrusted input: torch reports a bad file with many exception types
+        raise TileworkError(f"{path} is not a torch.export program that this torch can read ({type(e).__name__}: {e})") from None
+
+
+def pt2_dims(specs: Sequence[str]) -> tuple[dict[str, str], dict[str, tuple[int | None, int | None]]]:
+    """The renames and bounds of ``--dim`` specs for a .pt2 program."""
+    from tilework.frontend.torch import parse_dim_spec
+
+    names: dict[str, str] = {}
+    bounds: dict[str, tuple[int | None, int | None]] = {}
+    for spec in specs:
+        ref, new, rng = parse_dim_spec(spec)
+        if new is not None:
+            names[ref] = new
+        if rng != (None, None):
+            bounds[new or ref] = rng
+    return names, bounds
+
+
+def onnx_dim_bounds(specs: Sequence[str]) -> dict[str, tuple[int | None, int | None]]:
+    """The bounds of ``--dim`` specs for an ONNX model; repeated specs of one dim narrow it
+    together (``n>=2`` then ``n<=8``)."""
+    from tilework.frontend.onnx.compile import parse_dim_spec
+
+    bounds: dict[str, tuple[int | None, int | None]] = {}
+    for spec in specs:
+        name, (lo, hi) = parse_dim_spec(spec)
+        old_lo, old_hi = bounds.get(name, (None, None))
+        lo = old_lo if lo is None else lo if old_lo is None else max(lo, old_lo)
+        hi = old_hi if hi is None else hi if old_hi is None else min(hi, old_hi)
+        if lo is not None and hi is not None and lo > hi:
+            raise TileworkError(f"--dim: no value of {name} is both >= {lo} and <= {hi}")
+        bounds[name] = (lo, hi)
+    return bounds
+
+
+__all__ = ["read_text_module", "load_pt2", "pt2_dims", "onnx_dim_bounds", "MODEL_INPUTS"]
