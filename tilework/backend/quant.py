@@ -41,6 +41,7 @@ from typing import Any, Callable
 import numpy as np
 
 from tilework.backend.base import Backend, Capability, Region, lib_call, register_backend, shape_of
+from tilework.codegen import cache
 from tilework.codegen.c import toolchain
 from tilework.codegen.c.module import _DATA_OFFSET  # also sets GOMP_SPINCOUNT before libgomp loads
 from tilework.errors import BuildError, RuntimeCheckError
@@ -140,7 +141,7 @@ def library(portable: bool = False, vnni: bool = True) -> QuantLibrary:
 
 def _load(portable: bool, vnni: bool) -> QuantLibrary:
     result = toolchain.compile_source(source(portable, vnni))
-    handle = ctypes.CDLL(str(result.path))
+    handle = cache.load_shared_object(result.path, result.data)  # the verified bytes
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     entries = {}
     for fmt in FORMATS:

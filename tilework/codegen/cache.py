@@ -21,6 +21,7 @@ executables) build on these helpers rather than on paths of their own.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import functools
 import hashlib
 import json
@@ -103,6 +104,23 @@ def private_copy(data: bytes, suffix: str = ".so") -> Path:
     path = _scratch() / f"{digest(data)[:32]}{suffix}"
     write_atomic(path, data)
     return path
+
+
+def load_shared_object(path: Path, data: bytes | None) -> ctypes.CDLL:
+    """Load the shared object ``path`` whose verified bytes are ``data``: from a private copy of
+    those bytes (removed once loaded, the mapping stays), so that what runs is what was
+    verified and no later change to the cache file can reach this process; from ``path``
+    itself where the scratch directory cannot hold code (a ``noexec`` /tmp) or without
+    ``data``. Raises OSError when the object does not load."""
+    if data is None:
+        return ctypes.CDLL(str(path))
+    copy = private_copy(data)
+    try:
+        return ctypes.CDLL(str(copy))
+    except OSError:
+        return ctypes.CDLL(str(path))
+    finally:
+        copy.unlink(missing_ok=True)
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -208,4 +226,4 @@ def set_aside(entry: Path, why: str) -> None:
             pass  # already gone (another process set it aside), or not ours to move
 
 
-__all__ = ["CacheWarning", "cache_dir", "private_copy", "check_private", "writable", "scratch_dir", "write_atomic", "write_entry", "write_record", "read_json", "read_verified", "set_aside", "digest", "record_path"]
+__all__ = ["CacheWarning", "cache_dir", "private_copy", "load_shared_object", "check_private", "writable", "scratch_dir", "write_atomic", "write_entry", "write_record", "read_json", "read_verified", "set_aside", "digest", "record_path"]

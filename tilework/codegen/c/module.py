@@ -142,23 +142,6 @@ class Kernel:
         return f"Kernel({self.info.name}, symbol={self.info.symbol}, syms=({', '.join(self.info.syms)}))"
 
 
-def _dlopen(path: Path, data: bytes | None) -> ctypes.CDLL:
-    """Load the shared object ``path`` whose verified bytes are ``data``: from a private copy of
-    those bytes (``tilework.codegen.cache.private_copy``; removed once loaded, the mapping
-    stays), so that what runs is what was verified and no later change to the cache file can
-    reach this process; from ``path`` itself where the scratch directory cannot hold code
-    (a ``noexec`` /tmp)."""
-    if data is None:
-        return ctypes.CDLL(str(path))
-    copy = cache.private_copy(data)
-    try:
-        return ctypes.CDLL(str(copy))
-    except OSError:
-        return ctypes.CDLL(str(path))
-    finally:
-        copy.unlink(missing_ok=True)
-
-
 def _kernel_error(name: str, rc: int) -> Exception:
     if rc == 2:
         return IntegerDivisionByZero(f"kernel {name}: integer division by zero (the source framework raises here, e.g. torch's ZeroDivisionError)")
@@ -184,7 +167,7 @@ class CKernelModule(KernelModule):
         self.cache_hit = cache_hit
         self.key = key  # the kernel cache key of the shared object, when it came from the cache
         self.source_text = source
-        self._handle = _dlopen(path, data) if path is not None else None
+        self._handle = cache.load_shared_object(path, data) if path is not None else None
         tramp = getattr(self._handle, "tw_call_objects", None) if self._handle is not None else None
         if tramp is not None:
             tramp.restype = ctypes.c_int32
