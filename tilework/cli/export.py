@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from typing import Any
 
@@ -42,11 +43,12 @@ def run(args: argparse.Namespace) -> int:
     if args.llm or path.endswith(".gguf"):
         from tilework.export.llm import export_gguf
 
-        result = export_gguf(path, args.output, precision=args.precision)
+        result = export_gguf(path, args.output, precision=args.precision, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     else:
         result = _export_model(args)
     where = ""
     if args.build:
+        print(f"building with {args.build} (the kernels compile with -O3: a minute for a large model)", file=sys.stderr, flush=True)
         where = f"; built with {args.build} in {build_export(args.output, args.build)}"
     funcs = ", ".join(f"{n}({', '.join(p)})" for n, p in result.functions.items())
     print(f"exported {funcs} to {result.out_dir} ({', '.join(result.sources)}, weights {result.weights.name}) in {time.perf_counter() - t0:.2f} s{where}")

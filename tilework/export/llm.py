@@ -13,7 +13,7 @@ file (the default model when ``path`` is None).
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from typing import Callable, Mapping
 
 from tilework.export.aot import ExportResult, export_c
 from tilework.llm.compile import compiled_decoder, prepare_weights
@@ -30,23 +30,26 @@ def export_decoder(
     precision: str = "q",
     max_batch: int = 1,
     use_cache: bool = True,
+    progress: Callable[[str], None] | None = None,
 ) -> ExportResult:
     """See the module docstring. ``max_batch`` bounds the batch of the compiled functions (the
-    C example runs one sequence)."""
+    C example runs one sequence); ``progress`` gets a line per stage."""
     formats, weights = prepare_weights(config, tensors, precision)
-    exe = compiled_decoder(config, formats, max_batch=max_batch, use_cache=use_cache)
+    exe = compiled_decoder(config, formats, max_batch=max_batch, use_cache=use_cache, progress=progress)
+    if progress is not None:
+        progress("writing the C library and the weights file")
     shapes = {"layers": config.layers, "kv_heads": config.kv_heads, "head_dim": config.head_dim, "page": PAGE, "vocab": config.vocab, "context": config.context_length}
     return export_c(exe, out_dir, bind={"prefill": weights, "decode": weights}, llm=shapes)
 
 
-def export_gguf(path: str | None, out_dir: str | os.PathLike[str], *, precision: str = "q") -> ExportResult:
+def export_gguf(path: str | None, out_dir: str | os.PathLike[str], *, precision: str = "q", progress: Callable[[str], None] | None = None) -> ExportResult:
     """Export the decoder of a GGUF file or a transformers checkpoint (the embedded default
     model when ``path`` is None)."""
     from tilework.llm.engine import default_model_path
     from tilework.llm.weights import load_weights
 
     config, tensors = load_weights(path or default_model_path())
-    return export_decoder(config, tensors, out_dir, precision=precision)
+    return export_decoder(config, tensors, out_dir, precision=precision, progress=progress)
 
 
 __all__ = ["export_decoder", "export_gguf"]
