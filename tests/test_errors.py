@@ -3,7 +3,7 @@ message it shows, never a traceback.
 
 A row's "Try" cell is run as written, in a directory holding the files the table names:
 ``tilework ...`` through ``tilework.cli.main`` (exit status and stderr), ``python -m
-tilework ...`` in a subprocess, anything else as a Python expression over the names below (the
+tilework ...`` through ``runpy`` as ``python -m`` does, anything else as a Python expression over the names below (the
 exception's class and message). A message cell matches the start of the message; ``…`` stands
 for any text within a line, ``\\n`` for a line break.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import os
 import re
+import runpy
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -93,7 +93,7 @@ class _Names(dict):  # type: ignore[type-arg]
     """The names a Python row may use; the costly ones are made on first use."""
 
     def __missing__(self, key: str) -> Any:
-        makers: dict[str, Callable[[], Any]] = {"ADD2": _compiled_add, "from_onnx": _from_onnx}
+        makers: dict[str, Callable[[], Any]] = {"ADD2": _compiled_add, "from_onnx": _from_onnx, "torch": lambda: pytest.importorskip("torch"), "NUMPY_MODEL": _numpy_model}
         if key not in makers:
             raise KeyError(key)
         self[key] = value = makers[key]()
@@ -108,6 +108,16 @@ def _compiled_add() -> Any:
             return x + y
 
     return tw.compile(Add(), (torch.ones(2, 3), torch.ones(2, 3)))
+
+
+def _numpy_model() -> Any:
+    torch = pytest.importorskip("torch")
+
+    class NumpyModel(torch.nn.Module):
+        def forward(self, x: Any) -> Any:
+            return x.numpy()
+
+    return NumpyModel()
 
 
 def _from_onnx() -> Any:
@@ -151,7 +161,7 @@ def _pattern(cell: str) -> re.Pattern[str]:
 
 
 def _needs(code: str) -> None:
-    if ".pt2" in code or "ADD2" in code:
+    if ".pt2" in code or "ADD2" in code or "torch" in code or "NUMPY_MODEL" in code:
         pytest.importorskip("torch")
     if ".onnx" in code:
         pytest.importorskip("onnx")
@@ -207,12 +217,14 @@ def test_error_table_row(row: tuple[str, str, str, str], workdir: Path, names: _
 
 def _run_cli(code: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
     argv = shlex.split(code)
-    if argv[0] == "python":
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        r = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, env=env, timeout=120)
-        return r.returncode, r.stderr
     try:
-        status = main(argv[1:])
-    except SystemExit as e:  # argparse's own usage errors
+        if argv[:3] == ["python", "-m", "tilework"]:  # what `python -m` runs, in this process
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(sys, "argv", ["tilework", *argv[3:]])
+                runpy.run_module("tilework", run_name="__main__", alter_sys=True)
+            status = 0
+        else:
+            status = main(argv[1:])
+    except SystemExit as e:  # __main__'s exit, or argparse's own usage errors
         status = int(e.code or 0)
     return status, capsys.readouterr().err

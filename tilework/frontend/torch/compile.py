@@ -30,7 +30,11 @@ def import_torch_module(model: Any, options: CompileOptions) -> Imported:
     if options.example_args is None:
         raise UnsupportedError("compiling a torch.nn.Module needs example_args (example inputs for torch.export)")
     args, kwargs = _split_example(options.example_args)
-    ep = torch.export.export(model, tuple(args), dict(kwargs), dynamic_shapes=options.dynamic_shapes, strict=False)
+    try:
+        ep = torch.export.export(model, tuple(args), dict(kwargs), dynamic_shapes=options.dynamic_shapes, strict=False)
+    except Exception as e:  # torch.export refuses a model with many exception types; its own is the cause
+        first = next((line for line in str(e).splitlines() if line.strip()), "")
+        raise UnsupportedError(f"torch.export cannot export {type(model).__name__} with these example_args and dynamic_shapes: {type(e).__name__}: {first}") from e
     names = dict(_dim_names_from_spec(ep, model, args, kwargs, options.dynamic_shapes))
     names.update(options.dim_names or {})
     from tilework.frontend.torch import translate
