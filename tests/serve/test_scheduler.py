@@ -154,8 +154,21 @@ def test_refusals_name_the_field(llm: LLM, make: list[Scheduler], tokens: list[i
     assert info.value.param == param and info.value.status == 400
 
 
+def test_a_full_queue_refuses_with_429(llm: LLM) -> None:
+    s = Scheduler(llm, max_queue=2)  # not started: requests stay queued
+    s.submit([1], GREEDY, Inbox())
+    s.submit([1], GREEDY, Inbox())
+    with pytest.raises(RequestError, match="2 requests are waiting") as info:
+        s.submit([1], GREEDY, Inbox())
+    assert info.value.status == 429
+    s.stop()
+    assert llm.cache.sequences() == []
+
+
 def test_limits_are_checked(llm: LLM) -> None:
     with pytest.raises(Exception, match="max_seqs=17"):
         Scheduler(llm, max_seqs=17)
     with pytest.raises(Exception, match="max_pages=0"):
         Scheduler(llm, max_pages=0)
+    with pytest.raises(Exception, match="max_queue=0"):
+        Scheduler(llm, max_queue=0)

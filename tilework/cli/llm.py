@@ -157,7 +157,7 @@ def chat(args: argparse.Namespace, read: Callable[[], str] = input) -> int:
 def serve(args: argparse.Namespace) -> int:
     from tilework.serve.server import serve as run_server
 
-    for flag in ("port", "max_seqs", "kv_tokens", "prefill_chunk"):
+    for flag in ("port", "max_seqs", "kv_tokens", "prefill_chunk", "max_queue"):
         if getattr(args, flag) < (0 if flag == "port" else 1):
             raise TileworkError(f"--{flag.replace('_', '-')} must be at least {0 if flag == 'port' else 1}, got {getattr(args, flag)}")
     from tilework.llm.engine import LLM

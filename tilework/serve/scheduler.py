@@ -131,8 +131,8 @@ class Scheduler:
         max_pages = cache.num_pages if max_pages is None else max_pages
         if not 1 <= max_pages <= cache.num_pages:
             raise TileworkError(f"max_pages={max_pages}: it must be in [1, {cache.num_pages}] (the KV cache's pages)")
-        if prefill_chunk < 1 or step_tokens < 1 or max_queue < 0:
-            raise TileworkError(f"prefill_chunk={prefill_chunk}, step_tokens={step_tokens} must be >= 1 and max_queue={max_queue} >= 0")
+        if min(prefill_chunk, step_tokens, max_queue) < 1:
+            raise TileworkError(f"prefill_chunk={prefill_chunk}, step_tokens={step_tokens} and max_queue={max_queue} must be >= 1")
         if cache.sequences():
             raise TileworkError("the LLM's KV cache is in use: the scheduler owns the cache (close chat sessions first)")
         self.llm, self.cache = llm, cache
