@@ -26,9 +26,9 @@ from tests.llm.models import SMOLLM2, needs_smollm2
 from tilework import op
 from tilework.backend import availability
 from tilework.backend import quant as Q
-from tilework.errors import RuntimeCheckError
+from tilework.errors import RuntimeCheckError, TileworkError
 from tilework.ir.sym import SymVar
-from tilework.op.quant import QUANT_FORMATS
+from tilework.op.quant import QUANT_FORMATS, interleave_rows
 
 gguf = pytest.importorskip("gguf")
 from gguf.quants import dequantize, quantize  # noqa: E402
@@ -36,8 +36,8 @@ from gguf.quants import dequantize, quantize  # noqa: E402
 ROWS = (1, 3, 8, 33, 128)
 INT8_ROWS = (0, 1, 3, 8, 9, 33)  # the GEMV's pass sizes and the switch to the GEMM
 SIMPLE = ("q4_0", "q4_1", "q8_0", "bf16", "f16")
-INT8 = Q.INT8_FORMATS
-GGML = {f: getattr(gguf.GGMLQuantizationType, f.upper()) for f in Q.FORMATS}
+INT8 = ("q4_0", "q4_1", "q8_0")
+GGML = {f: getattr(gguf.GGMLQuantizationType, f.upper()) for f in Q.FORMATS if f in QUANT_FORMATS}
 
 
 @pytest.fixture
@@ -287,6 +287,47 @@ def test_smollm2_blocks(rng: np.random.Generator) -> None:
         for m in ROWS:
             x = rng.standard_normal((m, k)).astype(np.float32)
             assert_int8_matches(Q.qlinear(x, b, fmt), x, b, fmt, wf)
+
+
+# -- rows interleaved in groups of 16 ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", INT8)
+def test_interleaved_rows_give_the_same_bits(rng: np.random.Generator, fmt: str) -> None:
+    """``q4_1x16`` & co. hold the blocks of ``q4_1`` & co. 16 rows side by side: the GEMV, the
+    GEMM, every build and the legalized kernel give the same bits as on the plain rows."""
+    xfmt = f"{fmt}x16"
+    for n, k in ((48, 96), (16, 32), (80, 576)):
+        b, _ = blocks(rng, fmt, n, k)
+        bx = interleave_rows(b, fmt)
+        assert bx.shape == b.shape and not np.array_equal(bx, b)
+        for m in (1, 3, 8, 9, 33):
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            y = Q.qlinear(x, b, fmt)
+            np.testing.assert_array_equal(Q.qlinear(x, bx, xfmt), y)
+            np.testing.assert_array_equal(Q.qlinear(x, bx, xfmt, vnni=False), y)
+            np.testing.assert_array_equal(Q.qlinear(x, bx, xfmt, portable=True), y)
+    n, k = 32, 64
+    b, _ = blocks(rng, fmt, n, k)
+    x = rng.standard_normal((5, k)).astype(np.float32)
+    np.testing.assert_array_equal(legalized(xfmt, n, k)["main"](x, interleave_rows(b, fmt)), legalized(fmt, n, k)["main"](x, b))
+    ids = SymVar("i", 1)
+    for f, table in ((fmt, b), (xfmt, interleave_rows(b, fmt))):
+        take = module([("t", (n, Q.row_bytes(f, k)), "uint8"), ("ids", (ids,), "int64")], lambda t, i, f=f: op.quant_take(t, i, f, k))
+        rows = tilework.VM(tilework.build(take))["main"](table, np.array([0, 17, 31, 5], np.int64))
+        if f == fmt:
+            plain = rows
+    np.testing.assert_array_equal(rows, plain)
+
+
+def test_interleaved_rows_need_whole_groups(rng: np.random.Generator) -> None:
+    b, _ = blocks(rng, "q4_1", 24, 64)
+    with pytest.raises(ValueError, match="multiple of 16 rows"):
+        interleave_rows(b, "q4_1")
+    with pytest.raises(RuntimeCheckError, match="groups of 16, got 24 rows"):
+        Q.qlinear(np.zeros((1, 64), np.float32), b, "q4_1x16")
+    with pytest.raises(TileworkError, match="24 rows are not whole groups"):
+        module([("x", (1, 64), "float32"), ("w", (24, Q.row_bytes("q4_1", 64)), "uint8")], lambda x, w: op.quant_linear(x, w, "q4_1x16", 64))
 
 
 # -- the backend ---------------------------------------------------------------------------------

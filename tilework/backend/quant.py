@@ -4,7 +4,9 @@ library of our own (``quant_kernels.c``, shipped as package data).
 The library is compiled on first use through the kernel toolchain
 (``tilework.codegen.c.toolchain``: the system compiler with ``-O3 -march=native -fopenmp``,
 the content-hashed cache, atomic writes), never at import. Formats: ``FORMATS`` (all of
-``QUANT_FORMATS`` but ``f32``).
+``QUANT_FORMATS`` but ``f32``, and the interleaved layouts ``q4_0x16``, ``q4_1x16``, ``q8_0x16``
+of ``tilework.op.quant``: the same blocks, 16 rows side by side, which the GEMV reads straight
+into its vectors; the same results, bit for bit, as the plain rows).
 
 q4_0, q4_1 and q8_0 take the integer path, as llama.cpp does: each row of ``x`` is quantized
 once per call to 8-bit blocks of 32 (``d = max|x| / 127``, ``q = rint(x / d)``) and each block's
@@ -48,13 +50,13 @@ from tilework.errors import BuildError, RuntimeCheckError
 from tilework.ir import sym
 from tilework.ir.graph import Call
 from tilework.ir.info import TensorInfo
-from tilework.op.quant import QUANT_FORMATS
+from tilework.op.quant import INTERLEAVED_FORMATS, quant_format
 from tilework.pattern.core import Pattern, is_op, wildcard
 from tilework.pattern.graph import PatternMatch
 from tilework.runtime.extern import register_extern
 
-FORMATS = ("q4_0", "q4_1", "q8_0", "bf16", "f16", "q4_k", "q6_k")  # the order of the C enum
-INT8_FORMATS = ("q4_0", "q4_1", "q8_0")  # the integer path: x quantized to 8-bit blocks of 32
+FORMATS = ("q4_0", "q4_1", "q8_0", "bf16", "f16", "q4_k", "q6_k", "q4_0x16", "q4_1x16", "q8_0x16")  # the C codes' order
+INT8_FORMATS = ("q4_0", "q4_1", "q8_0", "q4_0x16", "q4_1x16", "q8_0x16")  # the integer path: x quantized to 8-bit blocks of 32
 SOURCE = "quant_kernels.c"
 _ERRORS = {
     1: "a null data pointer",
@@ -175,7 +177,7 @@ def _failure(rc: int, fmt: str, dims: tuple[int, int, int]) -> RuntimeCheckError
 
 
 def row_bytes(fmt: str, in_features: int) -> int:
-    return QUANT_FORMATS[fmt].row_bytes(in_features)
+    return quant_format(fmt).row_bytes(in_features)
 
 
 def activation_bound(x: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -205,11 +207,13 @@ def qlinear(
         raise RuntimeCheckError(f"quant_linear: the blocks must be 2-D [out_features, row_bytes], got shape {w.shape}")
     w = w.view(np.uint8)
     k = x.shape[-1]
-    block = QUANT_FORMATS[fmt].block
+    block = quant_format(fmt).block
     if k % block:
         raise RuntimeCheckError(f"quant_linear: in_features {k} is not a multiple of the {fmt} block ({block})")
     if w.shape[1] != row_bytes(fmt, k):
         raise RuntimeCheckError(f"quant_linear: {fmt} rows of {k} weights take {row_bytes(fmt, k)} bytes, got {w.shape[1]}")
+    if fmt in INTERLEAVED_FORMATS and w.shape[0] % 16:
+        raise RuntimeCheckError(f"quant_linear: {fmt} interleaves rows in groups of 16, got {w.shape[0]} rows")
     n, m = w.shape[0], x.size // k if k else int(np.prod(x.shape[:-1]))
     shape = (*x.shape[:-1], n)
     if out is None:
@@ -317,7 +321,7 @@ QUANT = register_backend(
         _available,
         (Capability("quant.linear", QUANT_LINEAR, _quant_linear_ok),),
         lower=_lower,
-        description="quant_linear on GGUF weight blocks (q4_0, q4_1, q8_0, bf16, f16, q4_k, q6_k) with our own C kernels",
+        description="quant_linear on GGUF weight blocks (q4_0, q4_1, q8_0, bf16, f16, q4_k, q6_k; q4_0/q4_1/q8_0 also with 16 rows interleaved) with our own C kernels",
     )
 )
 

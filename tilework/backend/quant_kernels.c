@@ -21,6 +21,12 @@
  *   (1280 bytes a block), and a 4 x 32 register-blocked kernel runs the rows of x over them.
  * Without AVX-512 VNNI (or with TW_QUANT_NO_VNNI) vpmaddubsw + vpmaddwd do the products
  * (q8_0 through |w| and x with w's sign, which keeps the pair sums in int16).
+ * - q4_0x16, q4_1x16, q8_0x16: the same blocks with the rows interleaved in groups of 16 (N a
+ *   multiple of 16), laid out as the GEMV consumes them, so that no transposition is left to do
+ *   at run time: for each group of 16 rows and block j, 16 * nbytes bytes: the 16 rows' fp16 d,
+ *   then (q4_1) their 16 m, then the payloads (16 nibble bytes, or 32 int8) as vectors of 64
+ *   bytes, vector t holding bytes 4t..4t+3 of row 0, then of row 1, ... of row 15. The results
+ *   are the same bits as the plain format's (the same block sums in the same order).
  *
  * bf16, f16, q4_k, q6_k multiply in float32 with the weights decoded exactly (no activation
  * quantization; x @ dequantize(w).T up to float32 rounding):
@@ -32,7 +38,8 @@
  * Both paths have AVX-512 kernels (F + BW, F16C; VNNI where present) and portable ones (any
  * C99 compiler; define TW_QUANT_PORTABLE to force them).
  *
- * Entry points: tw_qlinear_<fmt>(x, w, y, M, N, K) for q4_0 q4_1 q8_0 bf16 f16 q4_k q6_k;
+ * Entry points: tw_qlinear_<fmt>(x, w, y, M, N, K) for q4_0 q4_1 q8_0 bf16 f16 q4_k q6_k
+ * q4_0x16 q4_1x16 q8_0x16;
  * 0 on success, TWQ_E* for a bad argument. tw_qlinear_packed is the trampoline the Python
  * extern calls with NumPy array object addresses; tw_quant_quantize_x exposes the quantization
  * of x to the tests.
@@ -53,6 +60,8 @@
 #endif
 
 enum { TWQ_Q4_0, TWQ_Q4_1, TWQ_Q8_0, TWQ_BF16, TWQ_F16, TWQ_Q4_K, TWQ_Q6_K, TWQ_NFMT };
+/* The interleaved layouts' codes (the entry points' fmt): TWQ_NFMT + q4_0, q4_1, q8_0. */
+enum { TWQ_Q4_0X16 = TWQ_NFMT, TWQ_Q4_1X16, TWQ_Q8_0X16, TWQ_NCODES };
 static const int64_t twq_block[TWQ_NFMT] = {32, 32, 32, 1, 1, 256, 256};
 static const int64_t twq_nbytes[TWQ_NFMT] = {18, 20, 34, 2, 2, 144, 210};
 
@@ -161,6 +170,15 @@ TWQ_UNUSED static void twq_decode32(int fmt, const uint8_t* row, int64_t j, cons
         return;
     }
     }
+}
+
+/* Block j of row `lane` of an interleaved group, gathered back into the plain block layout. */
+TWQ_UNUSED static void twq_block_of_x16(int fmt, const uint8_t* grp, int64_t lane, int64_t j, uint8_t* blk) {
+    const int64_t nbytes = twq_nbytes[fmt], head = fmt == TWQ_Q4_1 ? 4 : 2;
+    const uint8_t* b = grp + j * 16 * nbytes;
+    memcpy(blk, b + 2 * lane, 2);
+    if (head == 4) memcpy(blk + 2, b + 32 + 2 * lane, 2);
+    for (int64_t t = 0; t < (nbytes - head) / 4; ++t) memcpy(blk + head + 4 * t, b + 16 * head + 64 * t + 4 * lane, 4);
 }
 
 static inline int twq_is_k(int fmt) { return fmt == TWQ_Q4_K || fmt == TWQ_Q6_K; }
@@ -672,6 +690,32 @@ TWQ_INLINE void twq_i8_decode(int fmt, const uint8_t* const* rows, int64_t j, __
     }
 }
 
+/* Block j of the interleaved group at grp (16 rows): W, dw, mw as twq_i8_decode gives them. */
+TWQ_INLINE void twq_i8_decode_x16(int fmt, const uint8_t* grp, int64_t j, __m512i* W, __m512* dw, __m512* mw) {
+    const uint8_t* b = grp + j * 16 * twq_nbytes[fmt];
+    *dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)b));
+    b += 32;
+    if (fmt == TWQ_Q4_1) {
+        *mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)b));
+        b += 32;
+    }
+    if (fmt == TWQ_Q8_0) {
+        for (int t = 0; t < 8; ++t) {
+            W[t] = _mm512_loadu_si512((const void*)(b + 64 * t));
+#ifdef TWQ_VNNI
+            W[t] = _mm512_xor_si512(W[t], _mm512_set1_epi8((char)0x80));
+#endif
+        }
+        return;
+    }
+    const __m512i lo = _mm512_set1_epi8(0x0F);
+    for (int t = 0; t < 4; ++t) {
+        const __m512i v = _mm512_loadu_si512((const void*)(b + 64 * t));
+        W[t] = _mm512_and_si512(v, lo);
+        W[t + 4] = _mm512_and_si512(_mm512_srli_epi32(v, 4), lo);
+    }
+}
+
 /* s + the dot products of each lane's 4 weight bytes with x's 4 bytes (xb, broadcast). */
 TWQ_INLINE __m512i twq_dot(int fmt, __m512i s, __m512i w, __m512i xb) {
 #ifdef TWQ_VNNI
@@ -725,9 +769,37 @@ TWQ_INLINE void twq_i8_gemv_tile(int fmt, int MR, const twq_xq* xq, int64_t r0, 
     for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * N + n0, mk, acc[r]);
 }
 
+/* Rows of x r0 .. r0+MR against the interleaved group of W rows n0 .. n0+16 (n0 % 16 == 0). */
+TWQ_INLINE void twq_i8_gemv_tile_x16(int fmt, int MR, const twq_xq* xq, int64_t r0, const uint8_t* w, int64_t rb, int64_t n0,
+                                     int64_t nr, float* y, int64_t N) {
+    (void)nr;
+    const int64_t nb = xq->nb, bb = 16 * twq_nbytes[fmt];
+    const uint8_t* grp = w + n0 * rb;
+    __m512 acc[TWQ_MR];
+    for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
+    const char* ahead = (const char*)(grp + 16 * TWQ_IAHEAD * rb);
+    for (int64_t j = 0; j < nb; ++j) {
+        for (int64_t o = 0; o < bb; o += 64) _mm_prefetch(ahead + j * bb + o, _MM_HINT_T0);
+        __m512i W[8];
+        __m512 dw, mw = _mm512_setzero_ps();
+        twq_i8_decode_x16(fmt, grp, j, W, &dw, &mw);
+        for (int r = 0; r < MR; ++r) {
+            const int64_t at = (r0 + r) * nb + j;
+            const int8_t* q = xq->q + (r0 + r) * xq->K + 32 * j;
+            __m512i s = twq_i8_start(fmt, xq, at);
+            for (int t = 0; t < 8; ++t) s = twq_dot(fmt, s, W[t], _mm512_set1_epi32(twq_i32(q + 4 * t)));
+            acc[r] = twq_i8_acc(fmt, s, dw, mw, xq, at, acc[r]);
+        }
+    }
+    for (int r = 0; r < MR; ++r) _mm512_storeu_ps(y + (r0 + r) * N + n0, acc[r]);
+}
+
 #define TWQ_I8_GEMV_FN(FMT, MR) \
     static void twq_i8_gemv_##FMT##_##MR(const twq_xq* xq, int64_t r0, const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, float* y, int64_t N) { \
         twq_i8_gemv_tile(FMT, MR, xq, r0, w, rb, n0, nr, y, N); \
+    } \
+    static void twq_i8_gemv_x16_##FMT##_##MR(const twq_xq* xq, int64_t r0, const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, float* y, int64_t N) { \
+        twq_i8_gemv_tile_x16(FMT, MR, xq, r0, w, rb, n0, nr, y, N); \
     }
 #define TWQ_I8_GEMV_FMT(FMT) \
     TWQ_I8_GEMV_FN(FMT, 1) TWQ_I8_GEMV_FN(FMT, 2) TWQ_I8_GEMV_FN(FMT, 3) TWQ_I8_GEMV_FN(FMT, 4) \
@@ -736,19 +808,22 @@ TWQ_I8_GEMV_FMT(TWQ_Q4_0)
 TWQ_I8_GEMV_FMT(TWQ_Q4_1)
 TWQ_I8_GEMV_FMT(TWQ_Q8_0)
 typedef void (*twq_i8_gemv_fn)(const twq_xq*, int64_t, const uint8_t*, int64_t, int64_t, int64_t, float*, int64_t);
-#define TWQ_I8_GEMV_ROW(FMT) \
-    {twq_i8_gemv_##FMT##_1, twq_i8_gemv_##FMT##_2, twq_i8_gemv_##FMT##_3, twq_i8_gemv_##FMT##_4, \
-     twq_i8_gemv_##FMT##_5, twq_i8_gemv_##FMT##_6, twq_i8_gemv_##FMT##_7, twq_i8_gemv_##FMT##_8}
-static const twq_i8_gemv_fn twq_i8_gemv_table[3][8] = {TWQ_I8_GEMV_ROW(TWQ_Q4_0), TWQ_I8_GEMV_ROW(TWQ_Q4_1), TWQ_I8_GEMV_ROW(TWQ_Q8_0)};
+#define TWQ_I8_GEMV_ROW(P, FMT) \
+    {P##FMT##_1, P##FMT##_2, P##FMT##_3, P##FMT##_4, P##FMT##_5, P##FMT##_6, P##FMT##_7, P##FMT##_8}
+/* [x16][fmt][M - 1] */
+static const twq_i8_gemv_fn twq_i8_gemv_table[2][3][8] = {
+    {TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q4_0), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q4_1), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q8_0)},
+    {TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q4_0), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q4_1), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q8_0)}};
 
-static void twq_i8_gemv(int fmt, const twq_xq* xq, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t rb) {
+static void twq_i8_gemv(int fmt, int x16, const twq_xq* xq, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t rb) {
     const int64_t tiles = (N + 15) / 16;
     const int par = N * rb >= TWQ_PAR_MIN_BYTES;
+    const twq_i8_gemv_fn fn = twq_i8_gemv_table[x16][fmt][M - 1];
     (void)par; /* used by OpenMP only */
 #pragma omp parallel for schedule(static) if (par)
     for (int64_t g = 0; g < tiles; ++g) {
         const int64_t n0 = 16 * g, nr = N - n0 < 16 ? N - n0 : 16;
-        twq_i8_gemv_table[fmt][M - 1](xq, 0, w, rb, n0, nr, y, N);
+        fn(xq, 0, w, rb, n0, nr, y, N);
     }
 }
 
@@ -763,6 +838,22 @@ TWQ_INLINE void twq_i8_pack(int fmt, const uint8_t* w, int64_t rb, int64_t n0, i
             __m512 dw, mw = _mm512_setzero_ps();
             uint8_t* pj = p + j * TWQ_IBLK;
             twq_i8_decode(fmt, rows, j, W, &dw, &mw);
+            for (int t = 0; t < 8; ++t) _mm512_store_si512((__m512i*)(pj + (2 * t + v) * 64), W[t]);
+            _mm512_store_ps((float*)(pj + 1024 + 64 * v), dw);
+            _mm512_store_ps((float*)(pj + 1152 + 64 * v), mw);
+        }
+    }
+}
+
+/* twq_i8_pack from the interleaved layout (n0 % 16 == 0; a missing second group repeats the first). */
+TWQ_INLINE void twq_i8_pack_x16(int fmt, const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, int64_t nb, uint8_t* p) {
+    for (int v = 0; v < 2; ++v) {
+        const uint8_t* grp = w + (n0 + (16 * v < nr ? 16 * v : 0)) * rb;
+        for (int64_t j = 0; j < nb; ++j) {
+            __m512i W[8];
+            __m512 dw, mw = _mm512_setzero_ps();
+            uint8_t* pj = p + j * TWQ_IBLK;
+            twq_i8_decode_x16(fmt, grp, j, W, &dw, &mw);
             for (int t = 0; t < 8; ++t) _mm512_store_si512((__m512i*)(pj + (2 * t + v) * 64), W[t]);
             _mm512_store_ps((float*)(pj + 1024 + 64 * v), dw);
             _mm512_store_ps((float*)(pj + 1152 + 64 * v), mw);
@@ -814,15 +905,17 @@ typedef void (*twq_i8_micro_fn)(const twq_xq*, int64_t, const uint8_t*, float*, 
 static const twq_i8_micro_fn twq_i8_micro_table[3][TWQ_IPM] = {TWQ_I8_MICRO_ROW(TWQ_Q4_0), TWQ_I8_MICRO_ROW(TWQ_Q4_1), TWQ_I8_MICRO_ROW(TWQ_Q8_0)};
 
 #define TWQ_I8_PACK_FN(FMT) \
-    static void twq_i8_pack_##FMT(const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, int64_t nb, uint8_t* p) { twq_i8_pack(FMT, w, rb, n0, nr, nb, p); }
+    static void twq_i8_pack_##FMT(const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, int64_t nb, uint8_t* p) { twq_i8_pack(FMT, w, rb, n0, nr, nb, p); } \
+    static void twq_i8_pack_x16_##FMT(const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, int64_t nb, uint8_t* p) { twq_i8_pack_x16(FMT, w, rb, n0, nr, nb, p); }
 TWQ_I8_PACK_FN(TWQ_Q4_0)
 TWQ_I8_PACK_FN(TWQ_Q4_1)
 TWQ_I8_PACK_FN(TWQ_Q8_0)
 typedef void (*twq_i8_pack_fn)(const uint8_t*, int64_t, int64_t, int64_t, int64_t, uint8_t*);
-static const twq_i8_pack_fn twq_i8_pack_table[3] = {twq_i8_pack_TWQ_Q4_0, twq_i8_pack_TWQ_Q4_1, twq_i8_pack_TWQ_Q8_0};
+static const twq_i8_pack_fn twq_i8_pack_table[2][3] = {{twq_i8_pack_TWQ_Q4_0, twq_i8_pack_TWQ_Q4_1, twq_i8_pack_TWQ_Q8_0},
+                                                       {twq_i8_pack_x16_TWQ_Q4_0, twq_i8_pack_x16_TWQ_Q4_1, twq_i8_pack_x16_TWQ_Q8_0}};
 
 /* Quantizes x (the threads share the rows), then panels of 32 W rows as twq_gemm. */
-static int twq_i8_gemm(int fmt, const float* x, const twq_xq* xq, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t rb) {
+static int twq_i8_gemm(int fmt, int x16, const float* x, const twq_xq* xq, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t rb) {
     const int64_t panels = (N + 31) / 32;
     int64_t ntm, mc;
     twq_tiles(M, panels, TWQ_IPM, &ntm, &mc);
@@ -845,7 +938,7 @@ static int twq_i8_gemm(int fmt, const float* x, const twq_xq* xq, const uint8_t*
             const int64_t nr = N - n0 < 32 ? N - n0 : 32;
             const __mmask16 mk0 = (__mmask16)(nr >= 16 ? 0xFFFFu : (1u << nr) - 1u);
             const __mmask16 mk1 = (__mmask16)(nr >= 32 ? 0xFFFFu : nr > 16 ? (1u << (nr - 16)) - 1u : 0u);
-            twq_i8_pack_table[fmt](w, rb, n0, nr, xq->nb, p);
+            twq_i8_pack_table[x16][fmt](w, rb, n0, nr, xq->nb, p);
             for (int64_t m = m0; m < m1; m += TWQ_IPM) {
                 const int64_t mr = m1 - m < TWQ_IPM ? m1 - m : TWQ_IPM;
                 twq_i8_micro_table[fmt][mr - 1](xq, m, p, y, N, n0, mk0, mk1);
@@ -856,10 +949,10 @@ static int twq_i8_gemm(int fmt, const float* x, const twq_xq* xq, const uint8_t*
     return failed ? TWQ_ENOMEM : 0;
 }
 
-static int twq_i8_run(int fmt, const float* x, const twq_xq* xq, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t rb) {
-    if (M > TWQ_I8_GEMV_MAX_M) return twq_i8_gemm(fmt, x, xq, w, y, M, N, rb);
+static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t rb) {
+    if (M > TWQ_I8_GEMV_MAX_M) return twq_i8_gemm(fmt, x16, x, xq, w, y, M, N, rb);
     twq_quantize(fmt, x, xq, 0, M);
-    twq_i8_gemv(fmt, xq, w, y, M, N, rb);
+    twq_i8_gemv(fmt, x16, xq, w, y, M, N, rb);
     return 0;
 }
 
@@ -936,7 +1029,7 @@ static int twq_gemm(int fmt, const float* x, const uint8_t* w, float* y, int64_t
 
 /* The integer path in plain C: every output, block by block, the sequence of the file header;
  * each block is decoded once for up to 64 rows of x. */
-static int twq_i8_run(int fmt, const float* x, const twq_xq* xq, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t rb) {
+static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t rb) {
     const int64_t nb = xq->nb;
     const int par = N * rb >= TWQ_PAR_MIN_BYTES || M > 1;
     (void)par; /* used by OpenMP only */
@@ -947,13 +1040,20 @@ static int twq_i8_run(int fmt, const float* x, const twq_xq* xq, const uint8_t* 
 #pragma omp for schedule(static)
         for (int64_t n = 0; n < N; ++n) {
             const uint8_t* row = w + n * rb;
+            const uint8_t* grp = w + (n - n % 16) * rb; /* x16: the row's group, and its lane */
+            const int64_t lane = n % 16;
             for (int64_t r0 = 0; r0 < M; r0 += 64) {
                 const int64_t rn = M - r0 < 64 ? M - r0 : 64;
                 float acc[64];
                 uint8_t wq[32]; /* unsigned: nibbles, q8_0 + 128 (see twq_corr_mul) */
                 for (int64_t r = 0; r < rn; ++r) acc[r] = 0.0f;
                 for (int64_t j = 0; j < nb; ++j) {
+                    uint8_t blk[34]; /* the block as the plain format stores it */
                     const uint8_t* b = row + j * twq_nbytes[fmt];
+                    if (x16) {
+                        twq_block_of_x16(fmt, grp, lane, j, blk);
+                        b = blk;
+                    }
                     const float dw = twq_h2f(twq_u16(b)), mw = fmt == TWQ_Q4_1 ? twq_h2f(twq_u16(b + 2)) : 0.0f;
                     if (fmt == TWQ_Q8_0) {
                         for (int l = 0; l < 32; ++l) wq[l] = (uint8_t)(b[2 + l] ^ 0x80);
@@ -989,8 +1089,10 @@ static int twq_i8_run(int fmt, const float* x, const twq_xq* xq, const uint8_t* 
 /* ==== entry points ========================================================================== */
 
 static int twq_run(int fmt, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) {
-    if (fmt < 0 || fmt >= TWQ_NFMT) return TWQ_EFMT;
-    if (M < 0 || N < 0 || K < 0 || K % twq_block[fmt] != 0) return TWQ_ESHAPE;
+    if (fmt < 0 || fmt >= TWQ_NCODES) return TWQ_EFMT;
+    const int x16 = fmt >= TWQ_NFMT;
+    if (x16) fmt -= TWQ_NFMT;
+    if (M < 0 || N < 0 || K < 0 || K % twq_block[fmt] != 0 || (x16 && N % 16 != 0)) return TWQ_ESHAPE;
     if (M == 0 || N == 0) return 0;
     if (K == 0) {
         if (y == NULL) return TWQ_ENULL;
@@ -1003,7 +1105,7 @@ static int twq_run(int fmt, const float* x, const uint8_t* w, float* y, int64_t 
         twq_xq xq;
         float* scratch = twq_xq_alloc(&xq, M, K);
         if (scratch == NULL) return TWQ_ENOMEM;
-        int rc = twq_i8_run(fmt, x, &xq, w, y, M, N, rb);
+        int rc = twq_i8_run(fmt, x16, x, &xq, w, y, M, N, rb);
         twq_free(scratch);
         return rc;
     }
@@ -1021,6 +1123,9 @@ int32_t tw_qlinear_bf16(const float* x, const uint8_t* w, float* y, int64_t M, i
 int32_t tw_qlinear_f16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_F16, x, w, y, M, N, K); }
 int32_t tw_qlinear_q4_k(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q4_K, x, w, y, M, N, K); }
 int32_t tw_qlinear_q6_k(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q6_K, x, w, y, M, N, K); }
+int32_t tw_qlinear_q4_0x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q4_0X16, x, w, y, M, N, K); }
+int32_t tw_qlinear_q4_1x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q4_1X16, x, w, y, M, N, K); }
+int32_t tw_qlinear_q8_0x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q8_0X16, x, w, y, M, N, K); }
 
 /* The Python extern's trampoline: a[] = {fmt (the enum above), x, w, y (NumPy array object
  * addresses), M, N, K, data offset}; each array's data pointer is read at byte offset a[7] of

@@ -2,7 +2,11 @@
 
 ``prepare_weights(config, tensors, precision)`` decides each weight's format and gives the
 arrays in the decoder's parameter order: ``"q"`` keeps the file's block formats (quantized
-matrices stay quantized: their bytes are views of the memory-mapped file), ``"bf16"`` converts
+matrices stay quantized; the q4_0, q4_1 and q8_0 projections whose rows are whole groups of 16
+are copied once into their interleaved layout, ``tilework.op.quant.interleave_rows``, which
+the quant backend's GEMV reads without transposing; the rest, the token table among them (a
+tied head memory-bound either way, and a copy would add to the peak memory), are views of the
+memory-mapped file), ``"bf16"`` converts
 every matrix to bfloat16 (one tensor at a time, never the whole model in float32), ``"fp32"``
 dequantizes them. Norm weights are float32 in all three. Projections that share an input and a
 format are given as one matrix (``tilework.llm.model.MERGED``: q/k/v, gate/up), their rows
@@ -33,6 +37,7 @@ from tilework.errors import TileworkError
 from tilework.llm.config import LlmConfig
 from tilework.llm.model import LlamaDecoder, decoder_spec, merged_parts
 from tilework.llm.quant import QuantTensor
+from tilework.op.quant import GROUP, interleave_rows, interleaved
 from tilework.runtime.executable import Executable
 
 PRECISIONS = ("q", "bf16", "fp32")
@@ -54,6 +59,9 @@ def prepare_weights(config: LlmConfig, tensors: Mapping[str, QuantTensor], preci
         elif precision == "bf16":
             formats[name] = "bf16"
             values[name] = _to_bf16_bytes(t.data if t.fmt == "bf16" else t.dequantize().reshape(t.shape), t.fmt == "bf16")
+        elif interleaved(t.fmt) and t.shape[0] % GROUP == 0 and name != "model.embed_tokens.weight":
+            formats[name] = interleaved(t.fmt) or t.fmt
+            values[name] = interleave_rows(t.data, t.fmt)
         else:
             formats[name] = t.fmt
             values[name] = t.data

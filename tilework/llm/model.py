@@ -35,7 +35,7 @@ from tilework.nn.core import Parameter, Tensor, emit
 from tilework.nn.module import Module, ModuleList
 from tilework.nn.modules import Linear, RMSNorm
 from tilework.llm.kv_cache import PAGE
-from tilework.op.quant import QUANT_FORMATS
+from tilework.op.quant import ALL_FORMATS
 
 
 # Projections that read the same input are one matrix multiply when their weights share a
@@ -59,8 +59,8 @@ def merged_parts(name: str) -> list[str] | None:
 
 def _fmt(formats: dict[str, str], name: str) -> str:
     fmt = formats.get(name, "f32")
-    if fmt not in QUANT_FORMATS:
-        raise UnsupportedError(f"weight {name}: format {fmt!r} is not supported (supported: {', '.join(QUANT_FORMATS)})")
+    if fmt not in ALL_FORMATS:
+        raise UnsupportedError(f"weight {name}: format {fmt!r} is not supported (supported: {', '.join(ALL_FORMATS)})")
     return fmt
 
 
@@ -70,7 +70,7 @@ class QuantLinear(Module):
 
     def __init__(self, in_features: int, out_features: int, fmt: str, bias: bool = False) -> None:
         self.fmt, self.in_features, self.out_features = fmt, in_features, out_features
-        self.weight = Parameter((out_features, QUANT_FORMATS[fmt].row_bytes(in_features)), "uint8", init="zeros")
+        self.weight = Parameter((out_features, ALL_FORMATS[fmt].row_bytes(in_features)), "uint8", init="zeros")
         self.bias = Parameter((out_features,), "float32", init="zeros") if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
@@ -94,7 +94,7 @@ class Embedding(Module):
         if fmt == "f32":
             self.weight = Parameter((vocab, hidden), "float32")
         else:
-            self.weight = Parameter((vocab, QUANT_FORMATS[fmt].row_bytes(hidden)), "uint8", init="zeros")
+            self.weight = Parameter((vocab, ALL_FORMATS[fmt].row_bytes(hidden)), "uint8", init="zeros")
 
     def forward(self, ids: Tensor) -> Tensor:
         if self.fmt == "f32":

@@ -15,7 +15,15 @@ The formats (``QUANT_FORMATS``; 32 weights per block for the simple ones, little
 | ``f16`` | 2 | one IEEE half per weight | |
 
 In a nibble block, byte ``j`` holds weight ``j`` in its low nibble and weight ``j + 16`` in its
-high nibble. ``q4_k`` and ``q6_k`` (256-weight super-blocks) are listed for the loaders; their
+high nibble.
+
+``q4_0x16``, ``q4_1x16`` and ``q8_0x16`` (``INTERLEAVED_FORMATS``) are the same blocks with the
+rows interleaved in groups of 16, the layout the ``quant`` backend's GEMV reads without
+transposing (``interleave_rows`` makes it from the plain rows): ``w`` is still
+``uint8[out_features, row_bytes]``, ``out_features`` a multiple of 16, and rows ``16g .. 16g +
+15`` together hold, for each block ``j`` in turn, ``16 * bytes/block`` bytes: the 16 rows' ``d``,
+then (``q4_1``) their 16 ``m``, then the payloads (16 nibble bytes or 32 int8) in runs of 4
+bytes: bytes ``4t .. 4t + 3`` of row 0, of row 1, ... of row 15, for ``t = 0, 1, ...``. ``q4_k`` and ``q6_k`` (256-weight super-blocks) are listed for the loaders; their
 products run in the ``quant`` backend's library only.
 
 Legalization gives the reference kernel: each weight is decoded where it is used (the half
@@ -28,6 +36,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from tilework import te
 from tilework.errors import UnsupportedError
@@ -65,28 +75,63 @@ QUANT_FORMATS: dict[str, QuantFormat] = {
         QuantFormat("bf16", 1, 2, 30),
     )
 }
-LEGALIZED_FORMATS = ("q4_0", "q4_1", "q8_0", "bf16", "f16")
+GROUP = 16  # rows per group of an interleaved format
+INTERLEAVED_FORMATS: dict[str, QuantFormat] = {
+    f"{f.name}x{GROUP}": QuantFormat(f"{f.name}x{GROUP}", f.block, f.nbytes, -1) for f in (QUANT_FORMATS[n] for n in ("q4_0", "q4_1", "q8_0"))
+}
+ALL_FORMATS: dict[str, QuantFormat] = {**QUANT_FORMATS, **INTERLEAVED_FORMATS}
+LEGALIZED_FORMATS = ("q4_0", "q4_1", "q8_0", "bf16", "f16", *INTERLEAVED_FORMATS)
 
 
 def quant_format(name: str) -> QuantFormat:
-    fmt = QUANT_FORMATS.get(name)
+    fmt = ALL_FORMATS.get(name)
     if fmt is None:
-        raise KeyError(f"unknown quantization format {name!r}; known: {', '.join(QUANT_FORMATS)}")
+        raise KeyError(f"unknown quantization format {name!r}; known: {', '.join(ALL_FORMATS)}")
     return fmt
+
+
+def interleaved(name: str) -> str | None:
+    """The interleaved layout of format ``name`` (``q4_1`` -> ``q4_1x16``), None if it has none."""
+    x = f"{name}x{GROUP}"
+    return x if x in INTERLEAVED_FORMATS else None
+
+
+def _head_bytes(base: str) -> int:
+    return 4 if base == "q4_1" else 2
+
+
+def interleave_rows(data: np.ndarray, name: str) -> np.ndarray:
+    """Plain ``name`` rows (``uint8[n, row_bytes]``, ``n`` a multiple of 16) in the layout of
+    ``interleaved(name)`` (see the module docstring): a new array of the same shape."""
+    f = QUANT_FORMATS[name]
+    n, rb = data.shape
+    if n % GROUP or rb % f.nbytes:
+        raise ValueError(f"{name} rows to interleave: need a multiple of {GROUP} rows of whole blocks, got shape {data.shape}")
+    head = _head_bytes(name)
+    blocks = np.ascontiguousarray(data).reshape(n // GROUP, GROUP, rb // f.nbytes, f.nbytes).transpose(0, 2, 1, 3)  # [g, j, row, byte]
+    g, nb = blocks.shape[:2]
+    parts = [blocks[..., at : at + 2].reshape(g, nb, 2 * GROUP) for at in range(0, head, 2)]
+    payload = blocks[..., head:].reshape(g, nb, GROUP, -1, 4).transpose(0, 1, 3, 2, 4).reshape(g, nb, -1)
+    return np.ascontiguousarray(np.concatenate([*parts, payload], axis=2)).reshape(n, rb)
 
 
 def _block_attrs(call: Call, ctx: InferCtx, length: str, blocks: TensorInfo, what: str) -> tuple[QuantFormat, int]:
     """The checked ``fmt`` attribute and row length attribute ``length`` of a call whose
     argument ``blocks`` (the ``what``) holds rows of that format."""
     name, n = call.attrs["fmt"], call.attrs[length]
-    fmt = QUANT_FORMATS.get(name)
+    fmt = ALL_FORMATS.get(name)
     if fmt is None or fmt.name == "f32":
-        raise ctx.error(f"fmt must be one of {', '.join(f for f in QUANT_FORMATS if f != 'f32')}, got {name!r}")
+        raise ctx.error(f"fmt must be one of {', '.join(f for f in ALL_FORMATS if f != 'f32')}, got {name!r}")
     if not isinstance(n, int) or isinstance(n, bool) or n <= 0 or n % fmt.block:
         raise ctx.error(f"{length} must be a positive multiple of {fmt.block} ({name} blocks), got {n!r}")
     if blocks.dtype is not None and blocks.dtype != "uint8":
         raise ctx.error(f"the {what} blocks must be uint8, got {blocks.dtype}")
     return fmt, n
+
+
+def _check_groups(fmt: QuantFormat, rows: object, ctx: InferCtx) -> None:
+    if fmt.name in INTERLEAVED_FORMATS and isinstance(rows, int) and rows % GROUP:
+        raise ctx.shape_error(f"{fmt.name} blocks interleave rows in groups of {GROUP}: {rows} rows are not whole groups")
 
 
 def _infer_quant_linear(call: Call, ctx: InferCtx) -> StructInfo:
@@ -102,6 +147,7 @@ def _infer_quant_linear(call: Call, ctx: InferCtx) -> StructInfo:
         raise ctx.shape_error("x needs a last dim of in_features")
     require_equal(x.shape[-1], k, ctx, "x's last dim and in_features")
     require_equal(w.shape[1], fmt.row_bytes(k), ctx, f"row bytes of {fmt.name} weights for in_features {k}")
+    _check_groups(fmt, w.shape[0], ctx)
     return TensorInfo((*x.shape[:-1], w.shape[0]), "float32")
 
 
@@ -130,23 +176,36 @@ def _bf16(lo: Scalar, hi: Scalar) -> Scalar:
 
 
 def _weight(w: te.Tensor, name: str, n: Scalar, kk: Scalar) -> Scalar:
-    """Weight ``(n, kk)`` decoded from the blocks of row ``n``."""
-    fmt = QUANT_FORMATS[name]
+    """Weight ``(n, kk)`` decoded from the blocks of row ``n`` (of its group, interleaved)."""
+    fmt = ALL_FORMATS[name]
     if fmt.block == 1:
         decode = _bf16 if name == "bf16" else _half
         return decode(w[n, kk * 2], w[n, kk * 2 + 1])
     b, j = kk // 32, kk % 32
-    base = b * fmt.nbytes
-    d = _half(w[n, base], w[n, base + 1])
-    if name == "q8_0":
-        q = te.cast(w[n, base + 2 + j], "int32")
+    base_name = name[: -len(f"x{GROUP}")] if name in INTERLEAVED_FORMATS else name
+    head = _head_bytes(base_name)
+    if name in INTERLEAVED_FORMATS:
+        rb = w.shape[1]
+        lane = n % GROUP
+
+        def byte(at: int | Scalar, payload: bool = False) -> Scalar:
+            """Byte ``at`` of row ``n``'s block ``b`` (of its header; of its payload)."""
+            off = b * (GROUP * fmt.nbytes) + (GROUP * head + at // 4 * 64 + lane * 4 + at % 4 if payload else at // 2 * 32 + lane * 2 + at % 2)
+            return w[n - lane + off // rb, off % rb]
+    else:
+
+        def byte(at: int | Scalar, payload: bool = False) -> Scalar:
+            return w[n, b * fmt.nbytes + (head + at if payload else at)]
+
+    d = _half(byte(0), byte(1))
+    if base_name == "q8_0":
+        q = te.cast(byte(j, True), "int32")
         return d * te.cast(te.if_then_else(te.ge(q, 128), q - 256, q), "float32")
-    head = 4 if name == "q4_1" else 2
-    byte = te.cast(w[n, base + head + j % 16], "int32")
-    q = te.cast(te.if_then_else(te.lt(j, 16), byte % 16, byte // 16), "float32")
-    if name == "q4_0":
+    nib = te.cast(byte(j % 16, True), "int32")
+    q = te.cast(te.if_then_else(te.lt(j, 16), nib % 16, nib // 16), "float32")
+    if base_name == "q4_0":
         return d * (q - 8.0)
-    return d * q + _half(w[n, base + 2], w[n, base + 3])
+    return d * q + _half(byte(2), byte(3))
 
 
 def _legalize_quant_linear(call: Call, ctx: "LegalizeCtx") -> Expr:
@@ -174,6 +233,7 @@ def _infer_quant_take(call: Call, ctx: InferCtx) -> StructInfo:
     if len(table.shape) != 2:
         raise ctx.shape_error(f"the table blocks must be [rows, row_bytes], got rank {len(table.shape)}")
     require_equal(table.shape[1], fmt.row_bytes(cols), ctx, f"row bytes of {fmt.name} rows of {cols} values")
+    _check_groups(fmt, table.shape[0], ctx)
     return TensorInfo((*ids.shape, cols), "float32")
 
 
@@ -211,4 +271,4 @@ def quant_linear(x: Expr, w: Expr, fmt: str, in_features: int) -> Call:
     return make_call("quant_linear", [x, w], fmt=fmt, in_features=in_features)
 
 
-__all__ = ["QuantFormat", "QUANT_FORMATS", "LEGALIZED_FORMATS", "quant_format", "quant_linear", "quant_take"]
+__all__ = ["QuantFormat", "QUANT_FORMATS", "INTERLEAVED_FORMATS", "ALL_FORMATS", "LEGALIZED_FORMATS", "interleave_rows", "interleaved", "quant_format", "quant_linear", "quant_take"]
