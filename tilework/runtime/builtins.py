@@ -21,7 +21,7 @@ import numpy as np
 
 from tilework.errors import BuildError, RuntimeCheckError
 from tilework.op.vm import ASSERT_IMM, ASSERT_SLOT, DIM_OPS, STORE
-from tilework.runtime.memory import Memory, carve
+from tilework.runtime.memory import CarveSite, Memory, carve
 from tilework.ir.dtype import np_dtype
 
 
@@ -329,8 +329,14 @@ def _bind_free_storage(memory: Memory, args: list[Arg]) -> Bound:
     return memory.release, args
 
 
+def _bind_carve(memory: Memory, args: list[Arg]) -> Bound:
+    storage, shape, offset, (_, dtype) = args
+    return CarveSite(np_dtype(dtype)), [storage, shape, offset]
+
+
 BIND: dict[str, Callable[[Memory, list[Arg]], Bound]] = {
     "vm_alloc_tensor": _bind_alloc_tensor,
     "vm_alloc_storage": _bind_alloc_storage,
     "vm_free_storage": _bind_free_storage,
+    "vm_alloc_tensor_from_storage": _bind_carve,
 }

@@ -101,6 +101,32 @@ def carve(storage: Storage, shape: tuple[int, ...], offset: int, dtype: np.dtype
     return a
 
 
+class CarveSite:
+    """``carve`` at one call site of one VM, remembering its last tensor: when the storage's
+    block, the shape and the offset are those of the last call, that tensor is handed out again
+    (the same view of the same bytes), so a decoding step, which carves the same tensors at
+    every step, builds no new array objects."""
+
+    __slots__ = ("dtype", "buf", "shape", "offset", "array", "end")
+
+    def __init__(self, dtype: np.dtype) -> None:
+        self.dtype = dtype
+        self.buf: Any = None
+        self.shape: tuple[int, ...] = ()
+        self.offset = -1
+        self.array: Any = None
+        self.end = 0
+
+    def __call__(self, storage: Storage, shape: tuple[int, ...], offset: int) -> np.ndarray:
+        if storage.buf is self.buf and offset == self.offset and shape == self.shape:
+            if self.end > storage.used:
+                storage.used = self.end
+            return self.array
+        a = carve(storage, shape, offset, self.dtype)
+        self.buf, self.shape, self.offset, self.array, self.end = storage.buf, shape, offset, a, offset + a.nbytes
+        return a
+
+
 class StaticSlot:
     """One planned static arena of one VM: its block is obtained on the first call and kept."""
 
