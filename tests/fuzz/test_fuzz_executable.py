@@ -123,7 +123,7 @@ def _mutate_json(meta: Any, draw: st.DataObject) -> Any:
     return meta
 
 
-@fuzz_settings(200)
+@fuzz_settings(120)
 @given(st.sampled_from(["interp", "cpu"]), st.data())
 def test_signed_mutated_metadata(target: str, draw: st.DataObject) -> None:
     data = executable_bytes(target)

@@ -84,7 +84,7 @@ def mutated(draw: st.DrawFn) -> str:
     return text
 
 
-@fuzz_settings(150)
+@fuzz_settings(100)
 @given(mutated())
 def test_mutated_real_modules(text: str) -> None:
     _check(text)
