@@ -196,3 +196,33 @@ def test_key_covers_the_tilework_version(monkeypatch: pytest.MonkeyPatch) -> Non
         monkeypatch.undo()
         toolchain._emitter_identity.cache_clear()
     assert toolchain.cache_key("int x;", cmd, flags) == before
+
+
+def test_concurrent_cold_builds_agree(cache_root: Path) -> None:
+    import threading
+    import warnings
+
+    libs: list[object] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def build() -> None:
+        start.wait()
+        try:
+            libs.append(build_library({"axpy": _axpy(4.0)}))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheWarning)  # no builder sees another's half-written entry
+        threads = [threading.Thread(target=build) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        for lib in libs:
+            _check(lib, 4.0)
+        again = build_library({"axpy": _axpy(4.0)})
+    assert again.cache_hit
+    _check(again, 4.0)
