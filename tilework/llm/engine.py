@@ -22,8 +22,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -32,7 +32,8 @@ from tilework.llm.chat import ChatTemplate, Conversation
 from tilework.llm.compile import PRECISIONS, compiled_decoder, prepare_weights
 from tilework.llm.gguf import read_gguf
 from tilework.llm.kv_cache import PagedKVCache
-from tilework.llm.sampling import Sampler, SamplingParams, StopChecker, StopStream
+from tilework.llm.completion import Completion
+from tilework.llm.sampling import SamplingParams
 from tilework.llm.tokenizer import Tokenizer
 from tilework.llm.weights import load_weights
 
@@ -90,14 +91,9 @@ class Stats:
 @dataclass
 class _Active:
     sid: int
-    sampler: Sampler
-    stream: StopStream
-    decoder: Any
-    history: list[int]
+    out: Completion
     prompt_tokens: int
-    ids: list[int] = field(default_factory=list)
     logits: np.ndarray | None = None
-    finish: str | None = None
 
 
 class LLM:
@@ -177,7 +173,7 @@ class LLM:
         finally:
             for a in actives:
                 self.cache.remove(a.sid)
-        return [Generation(a.stream.text, a.ids, a.prompt_tokens, a.finish or "length") for a in actives]
+        return [Generation(a.out.text, a.out.ids, a.prompt_tokens, a.out.finish or "length") for a in actives]
 
     def chat(self, system: str | None = None, params: SamplingParams | None = None) -> "ChatSession":
         """An interactive session whose history stays in the KV cache between turns."""
@@ -215,11 +211,12 @@ class LLM:
 
     def _start(self, tokens: list[int], params: SamplingParams, i: int, sid: int | None = None) -> _Active:
         seed = None if params.seed is None else params.seed + i
-        sampler = Sampler(SamplingParams(params.temperature, params.top_k, params.top_p, params.repetition_penalty, params.max_tokens, params.stop, seed), self.config.vocab)
+        params = SamplingParams(params.temperature, params.top_k, params.top_p, params.repetition_penalty, params.max_tokens, params.stop, seed)
         owned = sid is None
         if sid is None:
             sid = self.cache.add()
-        a = _Active(sid, sampler, StopStream(StopChecker(params.stop)), self.tokenizer.stream_decoder(skip_special_tokens=True), list(tokens), len(tokens))
+        out = Completion(params, self.config.vocab, self.eos, self.tokenizer.stream_decoder(skip_special_tokens=True), tokens)
+        a = _Active(sid, out, len(tokens))
         try:
             self._feed_prompt(a, tokens)
         except BaseException:
@@ -245,37 +242,22 @@ class LLM:
     def _pick(self, a: _Active, on_text: OnText | None, index: int) -> None:
         """Sample the next token of ``a`` from its logits and decide whether it goes on."""
         assert a.logits is not None
-        token = a.sampler.sample(a.logits, a.history)
-        if token in self.eos:
-            a.finish = "stop"
-        else:
-            a.ids.append(token)
-            a.history.append(token)
-            self.stats.generated_tokens += 1
-            piece, stopped = a.stream.push(a.decoder.feed(token))
-            if piece and on_text is not None:
-                on_text(index, piece)
-            if stopped:
-                a.finish = "stop"
-            elif len(a.ids) >= a.sampler.params.max_tokens:
-                a.finish = "length"
-            elif self.cache.length(a.sid) + 1 > self.config.context_length:
-                a.finish = "length"
-        if a.finish is not None and not a.stream.stopped:
-            rest = a.stream.push(a.decoder.flush())[0] + a.stream.finish()
-            if rest and on_text is not None:
-                on_text(index, rest)
+        made = len(a.out.ids)
+        piece = a.out.add(a.logits, room=self.cache.length(a.sid) + 1 <= self.config.context_length)
+        self.stats.generated_tokens += len(a.out.ids) - made
+        if piece and on_text is not None:
+            on_text(index, piece)
 
     def _run(self, actives: list[_Active], on_text: OnText | None) -> None:
         index = {id(a): i for i, a in enumerate(actives)}
         for a in actives:
             self._pick(a, on_text, index[id(a)])
-        running = [a for a in actives if a.finish is None]
+        running = [a for a in actives if a.out.finish is None]
         while running:
             t0 = time.perf_counter()
             sids = [a.sid for a in running]
             kv_len, table = self.cache.step_inputs(sids, 1)
-            tokens = np.fromiter((a.ids[-1] for a in running), np.int32, len(running))
+            tokens = np.fromiter((a.out.ids[-1] for a in running), np.int32, len(running))
             logits = self._decode(tokens, kv_len, table, self.cache.k, self.cache.v)
             self.cache.advance(sids, 1)
             for a, row in zip(running, logits):
@@ -285,7 +267,7 @@ class LLM:
             self.stats.decoded_tokens += len(running)
             for a in running:
                 self._pick(a, on_text, index[id(a)])
-            running = [a for a in running if a.finish is None]
+            running = [a for a in running if a.out.finish is None]
 
 
 class ChatSession:
@@ -308,8 +290,8 @@ class ChatSession:
         llm.stats = Stats()
         a = llm._start(llm.encode(prompt.text, first), params or self.params, 0, self.sid)
         llm._run([a], None if on_text is None else (lambda _i, piece: on_text(piece)))
-        reply = a.stream.text
-        self.conversation.add_assistant(llm.tokenizer.decode(a.ids))
+        reply = a.out.text
+        self.conversation.add_assistant(llm.tokenizer.decode(a.out.ids))
         return reply
 
     def close(self) -> None:

@@ -27,7 +27,7 @@ prompt only (chunk ``i`` is ``prompt[i * prefill_chunk : (i + 1) * prefill_chunk
 load, and the decode kernels give a row the same bits whatever the batch, so a request's tokens
 do not depend on what else runs (with a seed, sampling draws from the request's own generator).
 
-Sampling and stopping follow ``LLM.generate``: the request's ``Sampler``, end of sequence or end
+Sampling and stopping are ``LLM.generate``'s (``tilework.llm.completion``): the request's ``Sampler``, end of sequence or end
 of turn, stop strings (held back while they may still be forming), ``max_tokens``, the context.
 """
 
@@ -37,13 +37,14 @@ import collections
 import itertools
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from tilework.errors import TileworkError
-from tilework.llm.sampling import Sampler, SamplingParams, StopChecker, StopStream
+from tilework.llm.completion import Completion
+from tilework.llm.sampling import SamplingParams
 from tilework.serve.metrics import ServeMetrics
 
 __all__ = ["Scheduler", "Ticket", "Event", "RequestError"]
@@ -92,18 +93,13 @@ class Ticket:
 class _Seq:
     ticket: Ticket
     tokens: list[int]
-    params: SamplingParams
+    out: Completion
     on_event: OnEvent
-    sampler: Sampler
-    stream: StopStream
-    decoder: Any
     pages: int  # reserved at admission
     submitted: float
     sid: int | None = None
     fed: int = 0  # prompt tokens in the cache
-    history: list[int] = field(default_factory=list)
-    ids: list[int] = field(default_factory=list)
-    finish: str | None = None
+    finish: str | None = None  # the completion's, or "cancelled" / "error"
     first_token_at: float | None = None
 
     @property
@@ -176,10 +172,8 @@ class Scheduler:
         tokens = [int(t) for t in tokens]
         self.check(tokens, params)
         ticket = Ticket(self)
-        tok = self.llm.tokenizer
-        seq = _Seq(ticket, tokens, params, on_event, Sampler(params, self.llm.config.vocab), StopStream(StopChecker(params.stop)),
-                   tok.stream_decoder(skip_special_tokens=True), self._pages(len(tokens), params.max_tokens), time.perf_counter(),
-                   history=list(tokens))
+        out = Completion(params, self.llm.config.vocab, self.llm.eos, self.llm.tokenizer.stream_decoder(skip_special_tokens=True), tokens)
+        seq = _Seq(ticket, tokens, out, on_event, self._pages(len(tokens), params.max_tokens), time.perf_counter())
         with self._cond:
             if self._stopping or (self._thread is not None and not self._thread.is_alive()):
                 raise RequestError("the server is shutting down", status=503)
@@ -306,7 +300,7 @@ class Scheduler:
         sids = [s.sid for s in batch if s.sid is not None]
         t0 = time.perf_counter()
         kv_len, table = self.cache.step_inputs(sids, 1)
-        tokens = np.fromiter((s.ids[-1] for s in batch), np.int32, len(batch))
+        tokens = np.fromiter((s.out.ids[-1] for s in batch), np.int32, len(batch))
         logits = self.llm._decode(tokens, kv_len, table, self.cache.k, self.cache.v)
         self.cache.advance(sids, 1)
         self.metrics.decoded(len(batch), time.perf_counter() - t0)
@@ -314,30 +308,19 @@ class Scheduler:
             self._guard(s, self._pick, s, row)
 
     def _pick(self, s: _Seq, logits: np.ndarray) -> None:
-        """Sample ``s``'s next token and send its text (``LLM._pick``'s rules)."""
+        """Sample ``s``'s next token (``Completion``: the rules of ``LLM.generate``) and send its text."""
         assert s.sid is not None
-        token = s.sampler.sample(logits, s.history)
+        made = len(s.out.ids)
+        piece = s.out.add(logits, room=self.cache.length(s.sid) + 1 <= self.context)
         if s.first_token_at is None:
             s.first_token_at = time.perf_counter()
             self.metrics.first_token(s.first_token_at - s.submitted)
-        piece = ""
-        if token in self.llm.eos:
-            s.finish = "stop"
-        else:
-            s.ids.append(token)
-            s.history.append(token)
-            self.metrics.generated(1)
-            piece, stopped = s.stream.push(s.decoder.feed(token))
-            if stopped:
-                s.finish = "stop"
-            elif len(s.ids) >= s.params.max_tokens or self.cache.length(s.sid) + 1 > self.context:
-                s.finish = "length"
-        if s.finish is None:
+        self.metrics.generated(len(s.out.ids) - made)
+        if s.out.finish is None:
             self._send(s, Event(piece))
             return
-        if not s.stream.stopped:
-            piece += s.stream.push(s.decoder.flush())[0] + s.stream.finish()
-        self._send(s, Event(piece, s.finish, prompt_tokens=len(s.tokens), completion_tokens=len(s.ids)))
+        s.finish = s.out.finish
+        self._send(s, Event(piece, s.finish, prompt_tokens=len(s.tokens), completion_tokens=len(s.out.ids)))
 
     def _send(self, s: _Seq, event: Event) -> None:
         if not event.text and event.finish_reason is None:
@@ -351,7 +334,7 @@ class Scheduler:
 
     def _finish(self, s: _Seq, reason: str, error: str | None = None) -> None:
         s.finish = reason
-        self._send(s, Event(finish_reason=reason, error=error, prompt_tokens=len(s.tokens), completion_tokens=len(s.ids)))
+        self._send(s, Event(finish_reason=reason, error=error, prompt_tokens=len(s.tokens), completion_tokens=len(s.out.ids)))
 
     def _sweep(self) -> None:
         """Free the sequences that finished (or were cancelled) this step."""
