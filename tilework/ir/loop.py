@@ -211,7 +211,9 @@ class Intrin(PExpr):
 
 def promote_dtypes(a: str, b: str) -> str:
     """The dtype two typed operands are computed in: floats beat ints beat bool, the wider
-    wins, float16 with bfloat16 gives float32, uint8 with int8 gives int16."""
+    wins, float16 with bfloat16 gives float32; an unsigned and a signed int meet in the
+    narrowest signed int holding both (NumPy's rule: uint8 with int8 gives int16, uint64
+    with any signed int float64)."""
     if a == b:
         return a
     fa, fb = is_float_dtype(a), is_float_dtype(b)
@@ -221,9 +223,12 @@ def promote_dtypes(a: str, b: str) -> str:
         return a if fa else b
     if a == "bool" or b == "bool":
         return b if a == "bool" else a
-    if "uint8" in (a, b):
-        other = b if a == "uint8" else a
-        return "int16" if itemsize(other) == 1 else other
+    ua, ub = a.startswith("uint"), b.startswith("uint")
+    if ua != ub:
+        u, s = (a, b) if ua else (b, a)
+        if itemsize(s) > itemsize(u):
+            return s
+        return {1: "int16", 2: "int32", 4: "int64"}.get(itemsize(u), "float64")
     return a if itemsize(a) >= itemsize(b) else b
 
 

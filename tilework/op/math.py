@@ -238,7 +238,7 @@ def _legalize_int_binary(call: Call, ctx: "LegalizeCtx") -> Expr:
     a, b = arg(call, 0, "a"), arg(call, 1, "b")
     shape, dtype = out_tensor(call)
     left = call.attrs.get("direction", "left") == "left"
-    bits = {"int8": 8, "uint8": 8, "int16": 16, "int32": 32}.get(dtype, 64)
+    bits = {"int8": 8, "uint8": 8, "int16": 16, "uint16": 16, "int32": 32, "uint32": 32}.get(dtype, 64)
 
     def f(*i: Scalar) -> Scalar:
         va = upcast(a[bcast_index(i, a.shape, shape)], a.dtype)

@@ -245,6 +245,7 @@ def int_range(dtype: str) -> tuple[int, int]:
     bits = {"int8": 8, "int16": 16, "int32": 32, "int64": 64}.get(dtype)
     if bits is not None:
         return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-    if dtype == "uint8":
-        return 0, 255
+    ubits = {"uint8": 8, "uint16": 16, "uint32": 32, "uint64": 64}.get(dtype)
+    if ubits is not None:
+        return 0, (1 << ubits) - 1
     raise ValueError(f"not an integer dtype: {dtype}")

@@ -69,7 +69,7 @@ from tilework.ir.loop import (
 from tilework.ir.sym import Dim, FloorDiv, FloorMod, Max, Min, Poly, SymExpr, SymVar
 
 STACK_LIMIT = 32 * 1024  # scratch of a static size up to this many bytes lives on the stack
-_NARROW_INTS = ("int8", "int16", "uint8")
+_NARROW_INTS = ("int8", "int16", "uint8", "uint16")
 _FLOAT_FN = {
     "exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "erf": "erf", "sin": "sin",
     "cos": "cos", "log1p": "log1p", "expm1": "expm1", "abs": "fabs", "floor": "floor",

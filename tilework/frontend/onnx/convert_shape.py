@@ -17,9 +17,12 @@ from tilework.frontend.onnx.convert_math import scalar_const
 from tilework.frontend.onnx.registry import Result, converter
 from tilework.frontend.onnx.values import MAX_ELEMS, Elem, Value, static_ints
 from tilework.ir import sym
-from tilework.ir.graph import Expr, TupleGetItem
+from tilework.ir.graph import Constant, Expr, ShapeExpr, TupleGetItem
+from tilework.ir.info import TensorInfo
 from tilework.ir.sym import Dim
-from tilework.op import create, manipulate, pad
+from tilework.op import create, manipulate, pad, reduce
+from tilework.op import elementwise as ew
+from tilework.op.shape import shape_to_tensor
 
 INT64_MAX = 2**63 - 1
 
@@ -112,9 +115,35 @@ def _reshape_value(ctx: NodeCtx, v: Value, target: tuple[Dim, ...]) -> Result:
     return ctx.emit(manipulate.reshape(ctx.imp.materialize(v), target))
 
 
+def _runtime_target(ctx: NodeCtx, shape: tuple[Dim, ...], allowzero: bool) -> tuple[Dim, ...]:
+    """A target shape known only at run time, its 0 (copy) and -1 (the rest) entries resolved
+    by graph ops before its values become fresh sym vars (a sym var is a size: never -1)."""
+    info = ctx.info(1)
+    if info.shape is None or len(info.shape) != 1 or not isinstance(info.shape[0], int):
+        return ctx.dims(1, "shape")  # refused there with a message
+    n = info.shape[0]
+    t = ctx.emit(ew.astype(ctx.expr(1), "int64"))
+
+    def const(v: int) -> Expr:
+        return Constant.of(np.asarray(v, np.int64))
+
+    if not allowzero:
+        own = tuple(shape[:n]) + (0,) * max(0, n - len(shape))
+        t = ctx.emit(ew.where(ctx.emit(ew.equal(t, const(0))), ctx.emit(shape_to_tensor(ShapeExpr(own), "int64")), t))
+    is_rest = ctx.emit(ew.equal(t, const(-1)))
+    known = ctx.emit(reduce.prod(ctx.emit(ew.where(is_rest, const(1), t)), axis=0))
+    numel = ctx.emit(manipulate.reshape(ctx.emit(shape_to_tensor(ShapeExpr((sym.product(shape),)), "int64")), ()))
+    rest = ctx.emit(ew.floor_divide(numel, ctx.emit(ew.maximum(known, const(1)))))
+    resolved = ctx.emit(ew.where(is_rest, rest, t))
+    return ctx.imp.lift_dims(Value(TensorInfo((n,), "int64"), resolved), "shape", ctx)
+
+
 @converter("Reshape", 5, 25, static_inputs=(1,))
 def _reshape(ctx: NodeCtx) -> Result:
     shape = ctx.known_shape(0)
+    elems = ctx.value(1).elems
+    if elems is None or any(isinstance(e, bool) for e in elems):
+        return _reshape_value(ctx, ctx.value(0), _runtime_target(ctx, shape, bool(int(ctx.attr("allowzero", 0)))))
     target = list(ctx.dims(1, "shape"))
     if not int(ctx.attr("allowzero", 0)):
         for i, d in enumerate(target):
