@@ -68,25 +68,28 @@ def pt2_dims(specs: Sequence[str]) -> tuple[dict[str, str], dict[str, tuple[int 
         if new is not None:
             names[ref] = new
         if rng != (None, None):
-            bounds[new or ref] = rng
+            _narrow(bounds, new or ref, rng)
     return names, bounds
 
 
 def onnx_dim_bounds(specs: Sequence[str]) -> dict[str, tuple[int | None, int | None]]:
-    """The bounds of ``--dim`` specs for an ONNX model; repeated specs of one dim narrow it
-    together (``n>=2`` then ``n<=8``)."""
+    """The bounds of ``--dim`` specs for an ONNX model."""
     from tilework.frontend.onnx.compile import parse_dim_spec
 
     bounds: dict[str, tuple[int | None, int | None]] = {}
     for spec in specs:
-        name, (lo, hi) = parse_dim_spec(spec)
-        old_lo, old_hi = bounds.get(name, (None, None))
-        lo = old_lo if lo is None else lo if old_lo is None else max(lo, old_lo)
-        hi = old_hi if hi is None else hi if old_hi is None else min(hi, old_hi)
-        if lo is not None and hi is not None and lo > hi:
-            raise TileworkError(f"--dim: no value of {name} is both >= {lo} and <= {hi}")
-        bounds[name] = (lo, hi)
+        _narrow(bounds, *parse_dim_spec(spec))
     return bounds
+
+
+def _narrow(bounds: dict[str, tuple[int | None, int | None]], name: str, rng: tuple[int | None, int | None]) -> None:
+    """Repeated specs of one dim narrow it together (``n>=2`` then ``n<=8``)."""
+    (lo, hi), (old_lo, old_hi) = rng, bounds.get(name, (None, None))
+    lo = old_lo if lo is None else lo if old_lo is None else max(lo, old_lo)
+    hi = old_hi if hi is None else hi if old_hi is None else min(hi, old_hi)
+    if lo is not None and hi is not None and lo > hi:
+        raise TileworkError(f"--dim: no value of {name} is both >= {lo} and <= {hi}")
+    bounds[name] = (lo, hi)
 
 
 __all__ = ["read_text_module", "load_pt2", "pt2_dims", "onnx_dim_bounds", "MODEL_INPUTS"]
