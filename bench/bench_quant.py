@@ -6,9 +6,10 @@ q4_0, q4_1 and q8_0 run the integer path (each call quantizes x to 8-bit blocks 
 exact int8 block dot products with AVX-512 VNNI, as llama.cpp does); bf16, f16, q4_k and q6_k
 multiply in float32 with the weights decoded in registers.
 
-For each format, the matrix shapes of SmolLM2-135M's decoder (N x K = out x in; q/k/v and
-gate/up are one matrix each: 960x576 qkv, 576x576 o, 3072x576 gate/up, 576x1536 down; the
-49152x576 head in q8_0; k-quants only where K is a multiple of 256):
+For each format (q4_0x16, q4_1x16, q8_0x16 are the same blocks with 16 rows interleaved, as
+tilework.llm keeps its projections), the matrix shapes of SmolLM2-135M's decoder (N x K = out x
+in; q/k/v and gate/up are one matrix each: 960x576 qkv, 576x576 o, 3072x576 gate/up, 576x1536
+down; the 49152x576 head in q8_0; k-quants only where K is a multiple of 256):
 
 - GEMV at M = 1 and 8 rows, weights cold: the call cycles through copies of the matrix that
   fill 128 MiB (4x the L3), as in decoding, where every matrix comes from memory once per token.
@@ -55,7 +56,7 @@ from report import emit, table  # noqa: E402
 
 import tilework  # noqa: E402,F401  (registers the externs)
 from tilework.backend import quant as Q  # noqa: E402
-from tilework.op.quant import QUANT_FORMATS  # noqa: E402
+from tilework.op.quant import INTERLEAVED_FORMATS, interleave_rows, quant_format  # noqa: E402
 from tilework.runtime.extern import lookup_extern  # noqa: E402
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
@@ -89,6 +90,10 @@ def make_blocks(rng: np.random.Generator, fmt: str, n: int, k: int) -> tuple[np.
     import gguf
     from gguf.quants import dequantize, quantize
 
+    if fmt in INTERLEAVED_FORMATS:  # the plain format's blocks, 16 rows interleaved
+        base = fmt[: -len("x16")]
+        b, wf = make_blocks(rng, base, n, k)
+        return interleave_rows(b, base), wf
     t = getattr(gguf.GGMLQuantizationType, fmt.upper())
     if fmt in ("q4_k", "q6_k"):
         b = rng.integers(0, 256, (n, Q.row_bytes(fmt, k)), dtype=np.uint8)
@@ -171,8 +176,8 @@ def call_overhead(repeat: int) -> tuple[float, float]:
 
 
 def shapes_for(fmt: str) -> list[tuple[int, int]]:
-    out = [s for s in SHAPES if s[1] % QUANT_FORMATS[fmt].block == 0]
-    return out + ([HEAD] if fmt == "q8_0" else [])
+    out = [s for s in SHAPES if s[1] % quant_format(fmt).block == 0]
+    return out + ([HEAD] if fmt in ("q8_0", "q8_0x16") else [])
 
 
 def print_table(rows: list[Row], bw: float) -> list[tuple[str, ...]]:
@@ -195,27 +200,36 @@ def print_table(rows: list[Row], bw: float) -> list[tuple[str, ...]]:
 
 
 def decode_estimate(rows: list[Row], overhead: float) -> list[str]:
+    """The matmuls of a decode step from the table: q4_1 layers as the file stores them, and as
+    tilework.llm runs them (q4_1x16), with the q8_0 head (the token table, kept as in the file)."""
     t = {(r.fmt, r.n, r.k, r.m): r for r in rows}
-    need = [("q4_1", n, k, 1) for n, k in LAYER] + [("q8_0", *HEAD, 1)]
-    if any(key not in t for key in need):
-        print("\n(decode estimate needs q4_1 and q8_0 in --formats)")
-        return []
+    lines = []
+    for lf in ("q4_1", "q4_1x16"):
+        need = [(lf, n, k, 1) for n, k in LAYER] + [("q8_0", *HEAD, 1)]
+        if any(key not in t for key in need):
+            print(f"\n(a decode estimate with {lf} layers needs {lf} and q8_0 in --formats)")
+            continue
+        lines += _estimate(t, lf)
+    weights = sum(Q.row_bytes("q4_1", k) * n for n, k in LAYER) * LAYERS + Q.row_bytes("q8_0", HEAD[1]) * HEAD[0]
+    print(f"  ({weights / 2**20:.1f} MiB of weights per token; the extern's own overhead is {overhead * 1e6:.2f} us of each call)")
+    return lines
+
+
+def _estimate(t: dict[tuple[str, int, int, int], Row], lf: str) -> list[str]:
     lines = []
     for m in GEMV_ROWS:
-        layer = sum(t[("q4_1", n, k, m)].seconds for n, k in LAYER)
+        layer = sum(t[(lf, n, k, m)].seconds for n, k in LAYER)
         head = t[("q8_0", *HEAD, m)].seconds
         ours = LAYERS * layer + head
-        np_layer = sum(t[("q4_1", n, k, m)].numpy_seconds for n, k in LAYER)
+        np_layer = sum(t[(lf, n, k, m)].numpy_seconds for n, k in LAYER)
         theirs = LAYERS * np_layer + t[("q8_0", *HEAD, m)].numpy_seconds
         line = (
-            f"SmolLM2 decode step, matmuls only (int8 activations), M={m}: {ours * 1e3:.2f} ms = {LAYERS} x {layer * 1e6:.0f} us (q4_1 layer) "
+            f"SmolLM2 decode step, matmuls only (int8 activations), M={m}: {ours * 1e3:.2f} ms = {LAYERS} x {layer * 1e6:.0f} us ({lf} layer) "
             f"+ {head * 1e6:.0f} us (q8_0 head), {LAYERS * len(LAYER) + 1} calls "
             f"-> {m / ours:.0f} tokens/s (numpy fp32 on dequantized weights: {theirs * 1e3:.2f} ms, {m / theirs:.0f} tokens/s)"
         )
         print(line)
         lines.append(line)
-    weights = sum(Q.row_bytes("q4_1", k) * n for n, k in LAYER) * LAYERS + Q.row_bytes("q8_0", HEAD[1]) * HEAD[0]
-    print(f"  ({weights / 2**20:.1f} MiB of weights per token; the extern's own overhead is {overhead * 1e6:.2f} us of each call)")
     return lines
 
 
