@@ -37,7 +37,7 @@ from tilework.nn.module import register_compiler
 from tilework.runtime.executable import load_file
 from tilework.runtime.tensor import is_torch_tensor, to_torch_tree
 from tilework.transform.pipeline import Pipeline, stages
-from tilework.transform.layout_weights import LayoutWeights, transpose_weights
+from tilework.transform.layout_weights import LayoutWeights, pack_weights
 
 KIND = "tilework.compiled_model"
 _WEIGHT_CONSTANT_LIMIT = 1 << 20  # bytes of constants above which the module text is not saved
@@ -94,7 +94,7 @@ def compile(
     if graph_passes and passes is None and backends is None and placement is None:  # weights laid out for our kernels, once
         layout = LayoutWeights(params=weights == "inputs")
         optimized = layout(optimized)
-        model_weights = transpose_weights(optimized, imported.weights)
+        model_weights = pack_weights(optimized, imported.weights)
         graph_passes = [*graph_passes, layout]
     t2 = time.perf_counter()
     placement_options = {"budget_s": budget_s, "buckets": buckets, "pins": pins}

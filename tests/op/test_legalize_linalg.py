@@ -43,8 +43,10 @@ def _linear_ref(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) ->
 
 
 def _linear_io_ref(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-    cols = w.shape[1] if bias is None else bias.shape[0]
-    out = x.astype(np.float64) @ w[:, :cols].astype(np.float64)
+    panels, k_, width = w.shape
+    cols = panels * width if bias is None else bias.shape[0]
+    dense = w.transpose(1, 0, 2).reshape(k_, panels * width)[:, :cols]  # [in, out]
+    out = x.astype(np.float64) @ dense.astype(np.float64)
     return out if bias is None else out + bias.astype(np.float64)
 
 
@@ -72,9 +74,9 @@ def _cases() -> list[Case]:
         Case("linear_1d", op.linear, [T(k), T(m, k), T(m)], _linear_ref, ENVS, tol=1e-4),
         Case("linear_float16", op.linear, [T(n, k, dtype="float16"), T(m, k, dtype="float16"), T(m, dtype="float16")], _linear_ref, ENVS),
         Case("linear_bfloat16", op.linear, [T(b, n, k, dtype="bfloat16"), T(m, k, dtype="bfloat16")], _linear_ref, ENVS),
-        # the laid-out weight [in, columns >= out]: padding columns are never read
-        Case("linear_io_bias", lambda x, w, bias: linear_io(x, w, bias, 17), [T(b, n, k), T(k, 21), T(17)], _linear_io_ref, ENVS, tol=1e-4),
-        Case("linear_io_nobias", lambda x, w: linear_io(x, w, None, 5), [T(n, 16), T(16, 5)], _linear_io_ref, ENVS, tol=1e-4),
+        # the weight packed in column panels [panels, in, width]: columns past out are never read
+        Case("linear_io_bias", lambda x, w, bias: linear_io(x, w, bias, 17), [T(b, n, k), T(3, k, 8), T(17)], _linear_io_ref, ENVS, tol=1e-4),
+        Case("linear_io_nobias", lambda x, w: linear_io(x, w, None, 5), [T(n, 16), T(1, 16, 5)], _linear_io_ref, ENVS, tol=1e-4),
     ]
     return cases
 

@@ -14,11 +14,15 @@ from tests.schedule.helpers import SIZES, check_kernel, well_formed
 from tilework.codegen import CKernelModule, build_library
 from tilework.codegen.interp import run
 from tilework.ir.loop import Allocate, Binary, Buffer, For, IfThenElse, Load, Store, TensorFunc
-from tilework.ir.sym import SymVar
+from tilework import te
+from tilework.ir import sym
+from tilework.ir.sym import Dim, SymVar
 from tilework.schedule import default_schedule
 from tilework.schedule.rules import elementwise, fallback, gemv, matmul, reduction
 from tilework.schedule.rules.common import top_nests
 from tilework.schedule.tree import blocks_of, walk
+
+F32 = "float32"
 
 EXPECTED_RULE = {
     "add": "elementwise",
@@ -222,6 +226,42 @@ def test_compiled_matmul_at_every_few_rows_count(library: CKernelModule, schedul
     kern = library["matmul"]
     sizes = [dict(n=rows, m=37, k=70) for rows in range(1, 12)] + [dict(n=3, m=300, k=5)]
     check_kernel(scheduled["matmul"], "matmul", sizes, runner=lambda f, arrays: kern.run(arrays), seed=3)
+
+
+def _packed_matmul(m: Dim, k: Dim, n: int, panel: int) -> TensorFunc:
+    """``c = a @ w.T`` with ``w`` packed in column panels: ``wp[j // panel, r, j % panel]``."""
+    a = te.placeholder((m, k), F32, "a")
+    wp = te.placeholder((-(-n // panel), k, panel), F32, "wp")
+    r = te.reduce_axis(k, "r")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * wp[sym.floordiv(j, panel), r, sym.floormod(j, panel)], axis=r), "c")
+    return te.create_func([a, wp, c])
+
+
+def test_packed_weights_take_register_tiles_one_panel_wide() -> None:
+    """A B packed in column panels is a matmul (and a GEMV for one row) whose tiles are one
+    panel wide, at every row count, odd column and k sizes (symbolic k: the linear_io cases of
+    tests/op/test_legalize_linalg.py); the C index of the packed weight has no division left
+    (the compiler would gather)."""
+    from tilework.transform.layout_weights import lay_out
+
+    funcs = {
+        "sym": _packed_matmul(SymVar("M", 1), 37, 70, 32),
+        "one_row": _packed_matmul(1, 29, 70, 32),
+    }
+    scheduled = {name: default_schedule(f, strict=True) for name, f in funcs.items()}
+    assert scheduled["one_row"].attrs["schedule_rule"] == "gemv"
+    assert scheduled["sym"].attrs["schedule_rule"] == "matmul"
+    assert {s.buffer.shape[-1] for _, s in walk(scheduled["sym"].body) if isinstance(s, Allocate)} == {32}
+    lib = build_library(scheduled)
+    assert "/ 32" not in lib.source() and "% 32" not in lib.source()
+    rng = np.random.default_rng(4)
+    for name, rows_list, k, n, panel in (("sym", range(1, 20), 37, 70, 32), ("one_row", (1,), 29, 70, 32)):
+        w = rng.standard_normal((n, k)).astype(np.float32)
+        for rows in rows_list:
+            a = rng.standard_normal((rows, k)).astype(np.float32)
+            out = np.full((rows, n), np.nan, np.float32)
+            lib[name].run([a, lay_out(w, panel), out])
+            np.testing.assert_allclose(out, a @ w.T, rtol=2e-5, atol=2e-5, err_msg=f"{name} rows={rows}")
 
 
 def test_a_failing_rule_declines_unless_strict(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,5 +1,5 @@
 """layout_weights: linear weights (constants, and with ``params=True`` the trailing weight params
-of main) are laid out once as ``[in, padded out]`` for ``linear_io``; the numerics equal the
+of main) are packed once in column panels for ``linear_io``; the numerics equal the
 unoptimized module's at symbolic row counts 1, odd ones and ones past a register tile."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from tests.transform.util import ir, run
 from tilework.ir.builder import BlockBuilder
 from tilework.ir.graph import Binding, Call, Constant, GraphFunc, OpRef, Var, bindings_of
 from tilework.ir.info import TensorInfo
-from tilework.transform.layout_weights import ATTR, LayoutWeights, lay_out, padded_columns, transpose_weights
+from tilework.transform.layout_weights import ATTR, PANEL, LayoutWeights, lay_out, pack_weights
 
 ROWS = (1, 3, 7, 8, 13, 40)
 
@@ -23,15 +23,14 @@ def _ops(mod: tw.IRModule) -> list[str]:
     return [b.value.callee.name for b in bindings_of(f) if isinstance(b, Binding) and isinstance(b.value, Call) and isinstance(b.value.callee, OpRef)]
 
 
-def test_padded_columns_are_an_odd_number_of_cache_lines() -> None:
-    assert padded_columns(4096, 4) == 4112 and padded_columns(1024, 4) == 1040
-    assert padded_columns(384, 4) == 400 and padded_columns(17, 4) == 48 and padded_columns(1, 4) == 16
-    assert padded_columns(8, 8) == 8 and padded_columns(9, 8) == 24
-    w = np.arange(12, dtype=np.float32).reshape(3, 4)
-    wt = lay_out(w)
-    assert wt.shape == (4, 16) and wt.flags.c_contiguous
-    np.testing.assert_array_equal(wt[:, :3], w.T)
-    assert not wt[:, 3:].any()
+def test_weights_are_packed_in_column_panels() -> None:
+    w = np.arange(5 * 3, dtype=np.float32).reshape(5, 3)  # [out, in]
+    wp = lay_out(w, panel=2)
+    assert wp.shape == (3, 3, 2) and wp.flags.c_contiguous
+    for j in range(5):
+        np.testing.assert_array_equal(wp[j // 2, :, j % 2], w[j])
+    assert not wp[2, :, 1].any()  # past out_features: zeros
+    assert lay_out(np.ones((70, 9), np.float32)).shape == (3, 9, PANEL)
 
 
 MLP_PARAMS = """
@@ -60,12 +59,12 @@ def test_weight_params_are_laid_out_once_and_compute_the_same() -> None:
     main = after["main"]
     assert isinstance(main, GraphFunc)
     assert main.attrs[ATTR] == (1, 3)  # w1 and w2; biases and the residual s stay
-    assert [p.info.shape for p in main.params if isinstance(p.info, TensorInfo)][1:4] == [(24, 48), (40,), (40, 16)]
+    assert [p.info.shape for p in main.params if isinstance(p.info, TensorInfo)][1:4] == [(2, 24, 32), (40,), (1, 40, 32)]
     assert _ops(after).count("linear_io") == 2 and "linear" not in _ops(after)
     rng = np.random.default_rng(0)
     weights = _mlp_weights(rng)
-    laid = transpose_weights(after, weights)
-    assert laid[0].shape == (24, 48) and laid[2].shape == (40, 16) and laid[1] is weights[1]
+    laid = pack_weights(after, weights)
+    assert laid[0].shape == (2, 24, 32) and laid[2].shape == (1, 40, 32) and laid[1] is weights[1]
     exe_before, exe_after = tw.build(mod), tw.build(after)
     for rows in ROWS:
         x = rng.standard_normal((rows, 24)).astype(np.float32)
@@ -92,8 +91,8 @@ def test_constants_are_laid_out_at_compile_time_once_each() -> None:
     consts = {id(b.value.args[1]): b.value.args[1] for b in bindings_of(after["main"]) if isinstance(b, Binding) and isinstance(b.value, Call) and b.value.args and isinstance(b.value.args[1], Constant)}  # type: ignore[arg-type]
     assert len(consts) == 1
     (c,) = consts.values()
-    assert c.data.shape == (16, 48)
-    np.testing.assert_array_equal(c.data[:, :33], w.T)
+    assert c.data.shape == (2, 16, 32)
+    np.testing.assert_array_equal(c.data, lay_out(w))
     for rows in (1, 2, 9):
         xv = rng.standard_normal((rows, 5, 16)).astype(np.float32)
         np.testing.assert_allclose(run(after, [xv]), run(mod, [xv]), rtol=1e-5, atol=1e-5)
@@ -133,7 +132,7 @@ def test_compile_lays_out_torch_weights_and_saves_them(tmp_path: object) -> None
     n = torch.export.Dim("n", min=1, max=64)
     cm = tw.compile(model, (torch.randn(4, 32),), ({0: n},))
     assert "layout_weights" in cm.report["passes"]["graph"]
-    assert sorted(w.shape for w in cm.weights if w.ndim == 2) == [(32, 80), (72, 48)]
+    assert sorted(w.shape for w in cm.weights if w.ndim == 3) == [(1, 72, 32), (3, 32, 32)]
     path = str(tmp_path) + "/mlp.tw"
     cm.save(path)
     loaded = tw.CompiledModel.load(path)

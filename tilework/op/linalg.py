@@ -1,7 +1,7 @@
 """Linear algebra: ``matmul`` (NumPy ``matmul`` semantics, batched and broadcast), ``linear``
 (``x @ weight.T + bias`` with torch's ``[out_features, in_features]`` weight layout),
-``linear_io`` (the same with the weight ``[in_features, >= out_features]``, as
-``layout_weights`` lays it out at compile time) and
+``linear_io`` (the same with the weight packed in column panels ``[panels, in_features,
+width]``, as ``layout_weights`` lays it out at compile time) and
 ``einsum`` (NumPy's, with explicit or implicit output and ``...`` broadcasting).
 
 The contracted dims must be equal: a provable mismatch is an error, an unprovable one a run-time
@@ -106,9 +106,10 @@ def _infer_linear(call: Call, ctx: InferCtx) -> StructInfo:
 
 
 def _infer_linear_io(call: Call, ctx: InferCtx) -> StructInfo:
-    """``linear_io(x, weight, bias?, out_features)``: ``x @ weight[:, :out_features] + bias``
-    with the weight laid out ``[in_features, columns]``, ``columns >= out_features`` (the extra
-    columns pad the row stride; ``tilework.transform.layout_weights`` makes this layout)."""
+    """``linear_io(x, weight, bias?, out_features)``: ``linear`` with the weight packed in
+    column panels, ``weight[p, k, c] = w[p * NR + c, k]`` (``NR = weight.shape[2]``, zero past
+    ``out_features``): each panel's ``K x NR`` block is contiguous, the order a register tile
+    of the matmul kernels reads it (``tilework.transform.layout_weights`` packs it)."""
     if len(call.args) not in (2, 3):
         raise ctx.error(f"takes (x, weight) or (x, weight, bias), got {len(call.args)} argument(s)")
     x, w = tensor_arg(call, 0, ctx), tensor_arg(call, 1, ctx)
@@ -119,15 +120,17 @@ def _infer_linear_io(call: Call, ctx: InferCtx) -> StructInfo:
         raise ctx.error(f"out_features must be a positive int, got {n!r}")
     if x.ndim == 0:
         raise ctx.shape_error("input must have at least one dim, got shape ()")
-    if w.ndim not in (-1, 2):
-        raise ctx.shape_error(f"weight must be 2-D [in_features, columns], got shape {shape_str(w.shape)}")
+    if w.ndim not in (-1, 3):
+        raise ctx.shape_error(f"weight must be 3-D [panels, in_features, panel width], got shape {shape_str(w.shape)}")
     if bias is not None and bias.ndim not in (-1, 1):
         raise ctx.shape_error(f"bias must be 1-D [out_features], got shape {shape_str(bias.shape)}")
     if w.shape is not None:
+        if not isinstance(w.shape[2], int) or w.shape[2] < 1:
+            raise ctx.shape_error(f"the panel width of weight {shape_str(w.shape)} must be a static positive int")
         if x.shape is not None:
-            require_equal(x.shape[-1], w.shape[0], ctx, f"in_features of input {shape_str(x.shape)} and weight {shape_str(w.shape)} differ")
-        if sym.prove_le(w.shape[1], n - 1):
-            raise ctx.shape_error(f"weight {shape_str(w.shape)} has fewer than out_features = {n} columns")
+            require_equal(x.shape[-1], w.shape[1], ctx, f"in_features of input {shape_str(x.shape)} and weight {shape_str(w.shape)} differ")
+        if sym.prove_le(sym.mul(w.shape[0], w.shape[2]), n - 1):
+            raise ctx.shape_error(f"weight {shape_str(w.shape)} holds fewer than out_features = {n} columns")
     if bias is not None and bias.shape is not None:
         require_equal(n, bias.shape[0], ctx, f"out_features = {n} and bias {shape_str(bias.shape)} differ")
     if x.shape is None:
@@ -243,9 +246,14 @@ def _legalize_linear_io(call: Call, ctx: "LegalizeCtx") -> Expr:
 
     def f(*i: Scalar) -> Scalar:
         k = te.reduce_axis(x.shape[-1], "k")
-        total = te.sum(te.cast(x[i[:-1] + (k,)], acc) * te.cast(w[k, i[-1]], acc), axis=k)
-        return total if bias is None else total + te.cast(bias[i[-1]], acc)
+        j = i[-1]
+        assert isinstance(j, sym.SymVar)
+        wj = (sym.floordiv(j, panel), k, sym.floormod(j, panel))
+        total = te.sum(te.cast(x[i[:-1] + (k,)], acc) * te.cast(w[wj], acc), axis=k)
+        return total if bias is None else total + te.cast(bias[j], acc)
 
+    panel = w.shape[2]
+    assert isinstance(panel, int)
     out = te.compute(shape, f, "linear", dtype)
     inputs = [x, w] if bias is None else [x, w, bias]
     return ctx.call_te("linear_io", call.args, inputs, [out], call.info)
@@ -295,8 +303,8 @@ def linear(x: Expr, weight: Expr, bias: Expr | None = None) -> Call:
 
 
 def linear_io(x: Expr, weight: Expr, bias: Expr | None, out_features: int) -> Call:
-    """``x @ weight[:, :out_features] (+ bias)`` with ``weight`` laid out ``[in_features,
-    columns >= out_features]``: the layout ``layout_weights`` gives a linear's weight."""
+    """``linear`` with ``weight`` packed in column panels ``[panels, in_features, width]``
+    (``weight[p, k, c]`` is column ``p * width + c``): the layout ``layout_weights`` gives."""
     return make_call("linear_io", [x, weight] if bias is None else [x, weight, bias], out_features=out_features)
 
 

@@ -222,7 +222,8 @@ def op_pattern(func: TensorFunc) -> OpPattern:
 
 @dataclass(frozen=True)
 class MatmulParts:
-    """A block ``out[b.., i.., j] += a[.., i.., k] * b[.., k, j]`` (any index order).
+    """A block ``out[b.., i.., j] += a[.., i.., k] * b[.., k, j]`` (any index order), or with
+    ``b`` packed in column panels, ``b[.., j // panel, k, j % panel]``.
 
     ``j`` is the output's last dim (the column), which only ``b`` uses; ``i`` are the spatial
     iter vars only ``a`` uses (the rows: none, one or several); ``batch`` the others (both
@@ -237,6 +238,7 @@ class MatmulParts:
     i: tuple[IterVar, ...]
     j: tuple[IterVar, ...]
     k: IterVar
+    panel: int | None = None  # b packed in column panels: b[.., j // panel, k, j % panel]
 
 
 def matmul_parts(block: Block) -> MatmulParts | None:
@@ -254,14 +256,16 @@ def matmul_parts(block: Block) -> MatmulParts | None:
         return None
     k = rv[0]
     ivs = {iv.var: iv for iv in block.iter_vars}
+    packed = {id(ld): _panel(ld, set(ivs)) for ld in (a, b)}
+    idx = {id(ld): ld.indices if packed[id(ld)] is None else ld.indices[:-3] + (ld.indices[-2], packed[id(ld)][0]) for ld in (a, b)}  # type: ignore[index]
     for ld in (a, b):
-        if not all(_plain_index(x, set(ivs)) or isinstance(x, int) for x in ld.indices):
+        if not all(_plain_index(x, set(ivs)) or isinstance(x, int) for x in idx[id(ld)]):
             return None
-        if sum(x is k.var for x in ld.indices) != 1:
+        if sum(x is k.var for x in idx[id(ld)]) != 1:
             return None
     out_idx = set(red.store.indices)
-    va = {x for x in a.indices if isinstance(x, SymVar)} - {k.var}
-    vb = {x for x in b.indices if isinstance(x, SymVar)} - {k.var}
+    va = {x for x in idx[id(a)] if isinstance(x, SymVar)} - {k.var}
+    vb = {x for x in idx[id(b)] if isinstance(x, SymVar)} - {k.var}
     if not (va | vb) <= out_idx:
         return None
     order = [iv for iv in block.iter_vars if iv.kind == "spatial"]
@@ -273,10 +277,26 @@ def matmul_parts(block: Block) -> MatmulParts | None:
         a, b, va, vb = b, a, vb, va
     if col not in vb or col in va:
         return None
+    panel = packed[id(b)]
+    if packed[id(a)] is not None or (panel is not None and (panel[0] is not col or idx[id(b)][-2] is not k.var)):
+        return None  # only the right operand may be packed, by the column, around k
     i = tuple(iv for iv in order if iv.var in va and iv.var not in vb)
     j = tuple(iv for iv in order if iv.var is col)
     batch = tuple(iv for iv in order if iv.var in vb and iv.var is not col)  # both, or b only
-    return MatmulParts(block, a, b, batch, i, j, k)
+    return MatmulParts(block, a, b, batch, i, j, k, None if panel is None else panel[1])
+
+
+def _panel(ld: Load, ivs: set[SymVar]) -> tuple[SymVar, int] | None:
+    """``(j, c)`` when the last three indices of ``ld`` are ``j // c, <index>, j % c`` for an
+    iter var ``j`` and a constant ``c > 1`` (a weight packed in column panels), else None."""
+    if len(ld.indices) < 3:
+        return None
+    d, m = ld.indices[-3], ld.indices[-1]
+    if not isinstance(d, sym.FloorDiv) or not isinstance(m, sym.FloorMod):
+        return None
+    if not (d.a is m.a and isinstance(d.a, SymVar) and d.a in ivs and isinstance(d.b, int) and d.b == m.b and d.b > 1):
+        return None
+    return d.a, d.b
 
 
 def is_gemv(parts: MatmulParts) -> bool:

@@ -1,22 +1,22 @@
 """layout_weights: weights are laid out once, at compile time, the way their kernels read them.
 
 A ``linear(x, w, b)`` (``x @ w.T + b`` with torch's ``[out, in]`` weight) whose weight is a
-constant becomes ``linear_io(x, wt, b, out_features=out)`` with ``wt = w.T`` stored contiguous
-``[in, columns]``: the matmul kernels' register tiles then load contiguous columns of ``wt``
-for every ``k``, and no call copies or transposes a weight (the ``[out, in]`` layout made the
-many-rows kernel copy the weight transposed on every call, and the few-rows kernel run dot
-products). ``columns`` (``padded_columns``) pads a row to an odd number of cache lines, so
-that the rows of a column panel spread over the cache sets instead of piling into a few of
-them (a 16 KiB stride maps every row of a panel to the same sets of L1 and L2).
+constant becomes ``linear_io(x, wp, b, out_features=out)`` with ``wp`` the weight packed in
+column panels, ``[ceil(out / PANEL), in, PANEL]`` (``wp[p, k, c] = w[p * PANEL + c, k]``, zero
+past ``out``): a register tile of the matmul kernels reads ``PANEL`` columns for every ``k``,
+and in this layout its whole ``K x PANEL`` block is one contiguous stream (no cache-set
+conflicts between its rows, prefetched in order, reused from L2 by the next row tile). No call
+copies or transposes a weight (the ``[out, in]`` layout made the many-rows kernel copy the
+weight transposed on every call, and the few-rows kernel run dot products).
 
 With ``params=True`` the same holds for trailing weight params of ``main`` (after
-``num_inputs``) that are read only as linear weights: such a param becomes ``[in, out]`` and
-its index among the params is recorded in ``main``'s attr ``transposed_weights``; whoever
-passes the weights (``tilework.compile``) transposes them once (``transpose_weights``).
+``num_inputs``) that are read only as linear weights: such a param becomes packed and
+its index among the params is recorded in ``main``'s attr ``packed_weights``; whoever
+passes the weights (``tilework.compile``) packs them once (``pack_weights``).
 
 Only float32 and float64 linears are rewritten (the narrow types keep their own kernels).
 Requires a well-formed module;
-guarantees a well-formed module computing the same values (given the transposed weights).
+guarantees a well-formed module computing the same values (given the packed weights).
 """
 
 from __future__ import annotations
@@ -34,26 +34,23 @@ from tilework.pattern.core import Match, op_call
 from tilework.transform.base import Pass
 from tilework.transform.rewrite_driver import Rule, apply_rules
 
-ATTR = "transposed_weights"
+ATTR = "packed_weights"
+PANEL = 32  # columns per panel: the register tile's width (two float32 vectors of AVX-512)
 _DTYPES = ("float32", "float64")
-_LINE_BYTES = 64
 
 
-def padded_columns(out_features: int, itemsize: int) -> int:
-    """The row length of a laid-out weight: ``out_features`` rounded up to whole cache lines,
-    plus one line when that count is even."""
-    per_line = max(1, _LINE_BYTES // itemsize)
-    lines = -(-out_features // per_line)
-    return (lines + (lines % 2 == 0)) * per_line
-
-
-def lay_out(w: np.ndarray) -> np.ndarray:
-    """A ``[out, in]`` weight as ``linear_io`` takes it: ``[in, padded_columns(out)]``,
-    transposed, zero-padded, contiguous."""
+def lay_out(w: np.ndarray, panel: int = PANEL) -> np.ndarray:
+    """A ``[out, in]`` weight as ``linear_io`` takes it: ``[ceil(out / panel), in, panel]``,
+    ``[p, k, c] = w[p * panel + c, k]``, zero past ``out``, contiguous."""
     out_f, in_f = w.shape
-    wt = np.zeros((in_f, padded_columns(out_f, w.dtype.itemsize)), w.dtype)
-    wt[:, :out_f] = w.T
-    return wt
+    panels = -(-out_f // panel)
+    padded = np.zeros((panels * panel, in_f), w.dtype)
+    padded[:out_f] = w
+    return np.ascontiguousarray(padded.reshape(panels, panel, in_f).transpose(0, 2, 1))
+
+
+def packed_shape(out_f: int, in_f: object, panel: int = PANEL) -> tuple[object, ...]:
+    return (-(-out_f // panel), in_f, panel)
 
 
 def _weight_info(e: Expr) -> TensorInfo | None:
@@ -109,13 +106,13 @@ def _only_as_weight(f: GraphFunc, p: Var) -> bool:
 
 
 class _Layout:
-    """The rewrite of one module: transposed constants are made once per constant."""
+    """The rewrite of one module: each constant is packed once."""
 
     def __init__(self, params: dict[Var, Var]) -> None:
-        self.params = params  # old weight param -> the transposed param
+        self.params = params  # old weight param -> the packed param
         self.constants: dict[int, Constant] = {}
 
-    def transposed(self, w: Expr, m: Match) -> Expr | None:
+    def packed(self, w: Expr, m: Match) -> Expr | None:
         if isinstance(w, Var) and w in self.params:
             return self.params[w]
         c = m.ctx.resolve(w) if isinstance(w, Var) else w
@@ -132,7 +129,7 @@ class _Layout:
         assert isinstance(value, Call)
         if not _rewritable(value) and value.args[1] not in self.params:
             return None
-        wt = self.transposed(value.args[1], m)
+        wt = self.packed(value.args[1], m)
         if wt is None:
             return None
         w = value.args[1].info
@@ -140,12 +137,12 @@ class _Layout:
         return linear_io(value.args[0], wt, value.args[2] if len(value.args) == 3 else None, w.shape[0])
 
 
-def transposed_params(f: GraphFunc) -> tuple[int, ...]:
-    """The param indices ``layout_weights`` transposed in ``f`` (its ``transposed_weights``)."""
+def packed_params(f: GraphFunc) -> tuple[int, ...]:
+    """The param indices ``layout_weights`` packed in ``f`` (its ``packed_weights``)."""
     return tuple(int(i) for i in f.attrs.get(ATTR, ()))
 
 
-def transpose_weights(mod: IRModule, weights: Sequence[np.ndarray]) -> list[np.ndarray]:
+def pack_weights(mod: IRModule, weights: Sequence[np.ndarray]) -> list[np.ndarray]:
     """``weights`` (the trailing params of ``mod``'s ``main``, in order) laid out as the
     module's ``main`` takes them: the ones ``layout_weights`` laid out, through ``lay_out``."""
     main = mod.get("main")
@@ -153,7 +150,7 @@ def transpose_weights(mod: IRModule, weights: Sequence[np.ndarray]) -> list[np.n
     if not isinstance(main, GraphFunc):
         return out
     first = int(main.attrs.get("num_inputs", len(main.params)))
-    for i in transposed_params(main):
+    for i in packed_params(main):
         out[i - first] = lay_out(np.asarray(out[i - first]))
     return out
 
@@ -176,13 +173,12 @@ class LayoutWeights(Pass):
                     p = params[i]
                     info = p.info
                     assert isinstance(info, TensorInfo) and info.shape is not None
-                    assert isinstance(info.shape[0], int) and info.dtype is not None
-                    cols = padded_columns(info.shape[0], np.dtype(info.dtype).itemsize)
-                    params[i] = Var(p.name, TensorInfo((info.shape[1], cols), info.dtype))
+                    assert isinstance(info.shape[0], int)
+                    params[i] = Var(p.name, TensorInfo(packed_shape(info.shape[0], info.shape[1]), info.dtype))  # type: ignore[arg-type]
                     mapping[p] = params[i]
                 mod = mod.with_func("main", main.replace(params=tuple(params), attrs=main.attrs.with_(**{ATTR: tuple(idx)})))
         layout = _Layout(mapping)
         return apply_rules(mod, [Rule("linear_weight_layout", op_call("linear"), layout.rewrite)])
 
 
-__all__ = ["ATTR", "LayoutWeights", "lay_out", "padded_columns", "transpose_weights", "transposed_params"]
+__all__ = ["ATTR", "PANEL", "LayoutWeights", "lay_out", "pack_weights", "packed_params"]

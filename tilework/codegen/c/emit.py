@@ -197,6 +197,7 @@ class _Emitter(LoopEmitter):
         self.parallel = 0
         self.hoisted: set[Block] = set()
         self.written = {s.buffer for s in walk_stmts(func.body) if isinstance(s, Store)}
+        self.bindings: dict[SymVar, Dim] = {}  # iter var -> its binding, inside its block
 
     def legal_name(self, base: str) -> str:
         if base[0].isdigit() or base in _C_KEYWORDS or base in _C_LIBRARY_NAMES or base.startswith(("tw_", "TW_")):
@@ -284,6 +285,7 @@ class _Emitter(LoopEmitter):
                 value = self.dim(iv.binding)
                 self.line(f"const int64_t {self.bind(iv.var, iv.var.name)} = {value};")
             self.scope.add(iv.var)
+            self.bindings[iv.var] = iv.binding
         if b.init is not None and b not in self.hoisted:
             reds = [iv.var for iv in b.iter_vars if iv.kind == "reduce"]
             cond = " && ".join(f"{self.names[v]} == 0" for v in reds) or "1"
@@ -293,6 +295,7 @@ class _Emitter(LoopEmitter):
         self.stmt(b.body)
         for iv in b.iter_vars:
             self.scope.discard(iv.var)
+            self.bindings.pop(iv.var, None)
         self.depth -= 1
         self.line("}")
 
@@ -415,6 +418,14 @@ class _Emitter(LoopEmitter):
             off: Dim = 0
             for d, ext in zip(dims, b.shape):
                 off = sym.add(sym.mul(off, ext), d)
+            if self.bindings and _divmods(off):
+                # In the loop vars a division often cancels (a packed weight's ``j // 32`` with
+                # ``j = 32 * j_0 + j_1``, ``j_1 < 32``, is ``j_0``): an index the C compiler
+                # vectorizes, where the division would make it gather. Taken when it divides
+                # by nothing the iter var bindings do not already divide by.
+                flat = sym.substitute(off, self.bindings)
+                if _divmods(flat) <= set().union(*(_divmods(v) for v in self.bindings.values())):
+                    off = flat
             return self.dim(off)
         text = self.index(indices[0])
         for i, ext in zip(indices[1:], b.shape[1:]):
@@ -541,6 +552,17 @@ def _positive_linear(d: Dim) -> bool:
 
 
 __all__ = ["CModule", "emit_module", "emit_function", "c_symbols"]
+
+
+def _divmods(e: Dim) -> set[Dim]:
+    """The floor division and modulo atoms of ``e`` (interned: equal ones are one object)."""
+    if isinstance(e, (FloorDiv, FloorMod)):
+        return {e}
+    if isinstance(e, sym.Poly):
+        return set().union(*(_divmods(a) for m, _ in e.terms for a in m))
+    if isinstance(e, (Min, Max)):
+        return _divmods(e.a) | _divmods(e.b)
+    return set()
 
 
 def _work(loop: For) -> Dim | None:

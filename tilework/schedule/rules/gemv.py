@@ -53,7 +53,8 @@ def schedule_axpy(func: TensorFunc, parts: MatmulParts) -> TensorFunc:
     order = [f.var for f in block_loops(func, name)]
     if order != outer + [j.var, k.var]:
         raise ScheduleError("gemv: loops are not batch, j, k")
-    func, (jo, ji) = lp.split_vars(func, j.var, [None, lanes(out_dtype(func)) * TILE_VECTORS])
+    width = parts.panel or lanes(out_dtype(func)) * TILE_VECTORS  # a packed B: one panel a tile
+    func, (jo, ji) = lp.split_vars(func, j.var, [None, width])
     func = lp.reorder(func, jo, k.var, ji)
     before = func
     func = cache_write(func, name, jo)

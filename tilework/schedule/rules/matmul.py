@@ -15,8 +15,11 @@ NR`` with ``NR`` as wide as keeps the tile's ``K x NR`` panel of B in L2 (``smal
 from K's bound) and at most ``MAX_ACCUMULATORS`` registers; a symbolic row count picks the tile
 of its exact value (1 .. 7) at run time, so that no tile tests bounds in its ``k`` loop. For
 ``B[j, k]`` vectorized dot products. With a symbolic row count the kernel holds the few-rows
-and many-rows schedules and picks one at run time (``specialize.branch``). Linear layers
-compiled through ``tilework.compile`` get ``B[k, j]`` weights (``layout_weights``).
+and many-rows schedules and picks one at run time (``specialize.branch``).
+
+A B packed in column panels, ``B[j // NR, k, j % NR]`` (``MatmulParts.panel``: the linear
+weights ``tilework.compile`` lays out, ``layout_weights``), takes the same tiles with ``NR``
+the panel width: a tile then streams one contiguous ``K x NR`` block of B.
 """
 from __future__ import annotations
 
@@ -43,7 +46,7 @@ from tilework.schedule.rules.common import (
 from tilework.schedule.rules.inline import inline_producers
 from tilework.schedule.rules.reduction import schedule_reduction
 from tilework.schedule.specialize import branch
-from tilework.schedule.tree import blocks_of, get_at, leaves, less_than, walk
+from tilework.schedule.tree import blocks_of, get_at, leaves, less_than, subst_stmt, walk
 
 NAME = "matmul"
 MR = 8  # rows of a register tile
@@ -65,7 +68,7 @@ def apply(func: TensorFunc) -> TensorFunc | None:
         return None
     b = parts.b.indices
     nt = b[-1] is parts.k.var  # B[.., j, k]: the weight layout of a linear layer
-    if not nt and b[-1] is not parts.j[0].var:
+    if not nt and b[-1] is not parts.j[0].var and parts.panel is None:
         return None
     limit = NT_SMALL_ROWS if nt else NN_SMALL_ROWS
     rows = parts.i[-1].extent  # the row dim that gets tiled
@@ -99,10 +102,23 @@ def _few_rows(func: TensorFunc, nt: bool, rows: Dim) -> TensorFunc:
         return schedule_reduction(func)
     if isinstance(rows, int):
         return _rows_tile(func, max(rows, 1))
-    out = _rows_tile(func, NN_SMALL_ROWS - 1)
+    last = NN_SMALL_ROWS - 1  # the else of every test below: rows == last when rows >= 1
+    lo = sym.bounds(rows)[0]
+    out = _rows_tile(func, last)
+    if lo is not None and lo >= 1:
+        out = _rows_fixed(out, rows, last)
     for r in range(NN_SMALL_ROWS - 2, 0, -1):
-        out = branch(Binary("==", rows, r, "bool"), _rows_tile(func, r), out)
+        out = branch(Binary("==", rows, r, "bool"), _rows_fixed(_rows_tile(func, r), rows, r), out)
     return out
+
+
+def _rows_fixed(func: TensorFunc, rows: Dim, r: int) -> TensorFunc:
+    """A schedule of ``func`` for the run-time case ``rows == r``: a sym var row count
+    becomes ``r`` in the body (the params keep it), so that the full tile runs once and the
+    partial one not at all, both known to the C compiler."""
+    if not isinstance(rows, SymVar):
+        return func
+    return func.replace(body=subst_stmt(func.body, {rows: r}))
 
 
 def _rows_tile(func: TensorFunc, r: int) -> TensorFunc:
@@ -157,7 +173,11 @@ def iv_loops(func: TensorFunc, block: Block) -> dict[SymVar, For] | None:
 
 
 def schedule_matmul(func: TensorFunc, parts: MatmulParts, mr: int, nr: int) -> TensorFunc:
-    """Register tiles of ``mr x nr`` outputs (see the module doc)."""
+    """Register tiles of ``mr x nr`` outputs (see the module doc); a B packed in column panels
+    sets ``nr`` to the panel width, so that a tile's column ``j_0 * nr + j_1`` indexes B as
+    ``[j_0, k, j_1]``."""
+    if parts.panel is not None:
+        nr = parts.panel
     name = parts.block.name
     loops = iv_loops(func, parts.block)
     if loops is None:
