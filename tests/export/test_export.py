@@ -5,6 +5,7 @@ messages, and refuses library calls that have no C implementation at export."""
 
 from __future__ import annotations
 
+import ctypes
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,11 @@ def test_argument_count_and_function_name(cmake_model: ExportedModel) -> None:
         cmake_model.run("main", x)
     with pytest.raises(RuntimeCheckError, match="no function 'nope'"):
         cmake_model.run("nope", x)
+    lib = cmake_model._lib  # the function table of tw_model.h
+    lib.tw_model_function_name.restype = ctypes.c_char_p
+    names = [lib.tw_model_function_name(i).decode() for i in range(lib.tw_model_num_functions())]
+    assert names == ["main", "free"]
+    assert [lib.tw_model_num_inputs(n.encode()) for n in names] == [2, 1] and lib.tw_model_num_inputs(b"nope") == -1
 
 
 def test_weights_file_of_another_export_is_refused(exported: tuple[Any, Path], tmp_path: Path) -> None:
