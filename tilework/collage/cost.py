@@ -173,6 +173,8 @@ class MeasuredCostModel:
         self.progress = progress
         self.stats = Stats()
         self._overhead: float | None = None
+        # (id of block, nodes) -> (function, its structural hash, the block: kept alive so its id stays its own)
+        self._regions: dict[tuple[int, tuple[int, ...]], tuple[GraphFunc, int, BlockGraph]] = {}
         self.deadline: float | None = None  # time.perf_counter() after which nothing new is measured
 
     # -- the interface ---------------------------------------------------------------------
@@ -278,7 +280,7 @@ class MeasuredCostModel:
         dtypes = [getattr(p.info, "dtype", None) for p in f.params]
         return make_key({
             "what": "region",
-            "region": structural_hash(f),
+            "region": self._regions[(id(r.g), tuple(union))][1],
             "regions": [(c.backend, c.capability, [pos for pos, i in enumerate(union) if i in c.nodes]) for c in r.regions],
             "shapes": shapes,
             "dtypes": dtypes,
@@ -293,7 +295,11 @@ class MeasuredCostModel:
             self.stats.requested += 1
             nodes = sorted(set().union(*[c.nodes for c in r.regions]))
             try:
-                r.func = region_function(r.g, nodes)
+                made = self._regions.get((id(r.g), tuple(nodes)))
+                if made is None:  # the same for every bucket: made and hashed once
+                    f = region_function(r.g, nodes)
+                    made = self._regions[(id(r.g), tuple(nodes))] = (f, structural_hash(f), r.g)
+                r.func = made[0]
                 r.key = self._key(r, env)
             except Exception as e:  # noqa: BLE001 - a region that cannot stand alone cannot be measured
                 r.result = Entry(math.inf, 0.0, 0, f"{type(e).__name__}: {e}"[:300])
