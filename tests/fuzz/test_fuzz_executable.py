@@ -64,7 +64,7 @@ def load(data: bytes) -> None:
         exe = result_or_tilework_error(lambda: tw.load(path))
         if exe is not None:
             exe.stats()
-            tw.VM(exe)
+            result_or_tilework_error(lambda: tw.VM(exe))  # binds builtins, builds lazy kernels
     finally:
         os.unlink(path)
 

@@ -113,13 +113,16 @@ class VM:
             return (IF, ins[1], ins[2])
         _, dst, (kind, name), args = ins
         args = list(args)
-        if kind == "builtin" and name in B.BIND:
-            callee, args = B.BIND[name](bound.memory, args)
+        try:
+            if kind == "builtin" and name in B.BIND:
+                callee, args = B.BIND[name](bound.memory, args)
+                return (CALL, _make_step(dst, callee, args, self.exe.constants), None)
+            callee = self._callee(bound, fn, kind, name)
+            if kind == "builtin" and name in B.PREPARE:
+                args = B.PREPARE[name](args)
             return (CALL, _make_step(dst, callee, args, self.exe.constants), None)
-        callee = self._callee(bound, fn, kind, name)
-        if kind == "builtin" and name in B.PREPARE:
-            args = B.PREPARE[name](args)
-        return (CALL, _make_step(dst, callee, args, self.exe.constants), None)
+        except (ValueError, TypeError, KeyError, IndexError) as e:  # a file's malformed immediates
+            raise BuildError(f"{fn.name}: the executable's call of {kind} {name!r} has malformed arguments {args!r}: {e}") from None
 
     def _run(self, name: str, args: Sequence[Any]) -> Any:
         """Run function ``name`` on ``args`` (arrays, in full), on the VM's own memory when it
