@@ -66,3 +66,31 @@ def test_pins_restrict_and_name_the_impossible() -> None:
         block_candidates(g, resolve_backends(["blas", "codegen"]), pins={"relu": "blas"})
     with pytest.raises(UnsupportedError, match="not among the backends"):
         block_candidates(g, resolve_backends(["codegen"]), pins={"relu": "blas"})
+
+
+def test_region_functions_lift_weights_so_layers_share_a_measurement() -> None:
+    import numpy as np
+
+    from tilework import op
+    from tilework.collage.regions import input_arrays, region_function
+    from tilework.ir.builder import BlockBuilder
+    from tilework.ir.graph import Constant, Var
+    from tilework.ir.info import TensorInfo
+    from tilework.ir.structural import structural_hash
+    from tilework.ir.sym import SymVar
+
+    rng = np.random.default_rng(0)
+    n = SymVar("n", 1, 64)
+    x = Var("x", TensorInfo((n, 16), "float32"))
+    bb = BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(op.linear(x, Constant.of(rng.standard_normal((16, 16)).astype("float32"))), name="a")
+            b = bb.emit_output(op.linear(a, Constant.of(rng.standard_normal((16, 16)).astype("float32"))), name="b")
+        bb.emit_func_output(b)
+    g = _block(bb.get())
+    f0, f1 = region_function(g, [0]), region_function(g, [1])
+    assert [p.name for p in f0.params] == ["x", "tw_weight0"] and [p.name for p in f1.params] == ["a", "tw_weight0"]
+    assert structural_hash(f0) == structural_hash(f1)
+    arrays = input_arrays(f0, {n: 5})
+    assert [a.shape for a in arrays] == [(5, 16), (16, 16)]

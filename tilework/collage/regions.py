@@ -2,9 +2,12 @@
 cache hashes.
 
 ``region_function(g, nodes)`` makes a graph function of the bindings ``nodes`` of block ``g``:
-its params are the vars the bindings read from outside (constants stay constants), its result
-the values the bindings provide outside (one, or a tuple). Binding vars keep their names, so a
-``RegionSpec`` naming the original vars names the same bindings in the new function.
+its params are the vars the bindings read from outside, and the floating-point constants of at
+least ``LIFT_ELEMENTS`` elements they read (weights baked in as constants: a cost does not
+depend on their values, so the layers of a model with constant weights share one measurement,
+and the cache key does not hash megabytes); its result the values the bindings provide outside
+(one, or a tuple). Binding vars keep their names, so a ``RegionSpec`` naming the original vars
+names the same bindings in the new function.
 """
 
 from __future__ import annotations
@@ -16,22 +19,44 @@ import numpy as np
 from tilework.ir import sym
 from tilework.ir.builder import BlockBuilder
 from tilework.ir.dtype import np_dtype
-from tilework.ir.graph import Binding, Expr, GraphFunc, MatchCast, Var
+from tilework.ir.graph import Binding, Constant, Expr, GraphFunc, MatchCast, Var
 from tilework.ir.info import TensorInfo
 from tilework.ir.sym import SymVar
-from tilework.ir.visitor import substitute
+from tilework.ir.visitor import ExprMutator
 from tilework.pattern.graph import BlockGraph
+
+
+LIFT_ELEMENTS = 64
+
+
+class _Rebind(ExprMutator):
+    """Vars per ``var_map``, lifted constants (by identity) per ``lifted``; the rebuilt nodes'
+    struct info is inferred again by the builder."""
+
+    keep_info = False
+
+    def __init__(self, var_map: dict[Var, Expr], lifted: dict[int, Var]) -> None:
+        super().__init__(var_map)
+        self.lifted = lifted
+
+    def mutate_constant(self, e: Constant) -> Expr:
+        return self.lifted.get(id(e), e)
 
 
 def region_function(g: BlockGraph, nodes: Sequence[int]) -> GraphFunc:
     """See the module docstring."""
     inputs, outputs = g.region_io(sorted(nodes))
     mapping: dict[Var, Expr] = {}
+    lifted: dict[int, Var] = {}
     params = []
     for e in inputs:
         if isinstance(e, Var):
             p = Var(e.name, e.info)
             mapping[e] = p
+            params.append(p)
+        elif isinstance(e, Constant) and e.data.dtype.kind == "f" and e.data.size >= LIFT_ELEMENTS:
+            p = Var(f"tw_weight{len(lifted)}", e.info)
+            lifted[id(e)] = p
             params.append(p)
     out_set = set(outputs)
     bb = BlockBuilder()
@@ -39,7 +64,7 @@ def region_function(g: BlockGraph, nodes: Sequence[int]) -> GraphFunc:
         with bb.dataflow():
             for i in sorted(nodes):
                 b = g.bindings[i]
-                value = substitute(b.value, mapping)
+                value = _Rebind(mapping, lifted).mutate(b.value)
                 if isinstance(b, MatchCast):
                     v = bb.match_cast(value, b.cast_info, name=b.var.name, output=b.var in out_set)
                 elif b.var in out_set:
