@@ -17,7 +17,7 @@ Then the 16-client throughput over the 1-client one. The run stops by itself: a 
 requests, and both servers are stopped at the end (also on Ctrl-C or an error).
 
     python bench/bench_serve.py [--levels 1,4,16] [--requests 2] [--max-tokens 32]
-                                [--no-llama-cpp] [--json out.json]
+                                [--threads 2] [--no-llama-cpp] [--json out.json]
 
 The machine may be shared with other work: compare the two servers within one run.
 """
@@ -62,6 +62,7 @@ class Server:
     name: str
     argv: list[str]
     port: int
+    threads: int = THREADS
     proc: subprocess.Popen[bytes] | None = None
     log: Any = None
     model: str = ""
@@ -71,7 +72,7 @@ class Server:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def start(self, timeout: float) -> None:
-        env = dict(os.environ, OMP_NUM_THREADS=str(THREADS))
+        env = dict(os.environ, OMP_NUM_THREADS=str(self.threads))
         self.log = tempfile.TemporaryFile()  # not a pipe: a server that logs much would block on a full one
         self.proc = subprocess.Popen(self.argv, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
@@ -170,6 +171,7 @@ def main() -> int:
     ap.add_argument("--model", help="a GGUF file (default: the embedded SmolLM2-135M-Instruct Q4_1)")
     ap.add_argument("--no-llama-cpp", action="store_true", help="only tilework's server")
     ap.add_argument("--timeout", type=float, default=600, help="seconds for a server to start and for one request (default 600)")
+    ap.add_argument("--threads", type=int, default=THREADS, help=f"threads of each server (default {THREADS})")
     ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
@@ -179,15 +181,15 @@ def main() -> int:
         args.model = default_model_path()
     kv_tokens = max(4096, max(levels) * (64 + args.max_tokens) * 2)
     seqs = min(max(levels), 16)
-    servers = [Server("tilework", [sys.executable, "-m", "tilework", "serve", args.model, "--max-seqs", str(seqs), "--kv-tokens", str(kv_tokens)], free_port())]
+    servers = [Server("tilework", [sys.executable, "-m", "tilework", "serve", args.model, "--max-seqs", str(seqs), "--kv-tokens", str(kv_tokens)], free_port(), args.threads)]
     if not args.no_llama_cpp:
         try:
             import llama_cpp.server  # noqa: F401
         except ImportError as exc:
             print(f"llama-cpp-python's server is not available ({exc}): pip install 'tilework[bench]'", file=sys.stderr)
         else:
-            servers.append(Server("llama.cpp", [sys.executable, "-m", "llama_cpp.server", "--model", args.model, "--n_threads", str(THREADS),
-                                                "--n_threads_batch", str(THREADS), "--n_ctx", "4096", "--host", "127.0.0.1"], free_port()))
+            servers.append(Server("llama.cpp", [sys.executable, "-m", "llama_cpp.server", "--model", args.model, "--n_threads", str(args.threads),
+                                                "--n_threads_batch", str(args.threads), "--n_ctx", "4096", "--host", "127.0.0.1"], free_port(), args.threads))
     figures: dict[str, dict[int, dict[str, float]]] = {}
     for server in servers:
         server.argv += ["--port", str(server.port)]
@@ -206,7 +208,7 @@ def main() -> int:
                       + (f" ({r.errors[0]})" if r.errors else ""), file=sys.stderr, flush=True)
         finally:
             server.stop()
-    print(f"\n{args.max_tokens} tokens per request, {args.requests} request(s) per client, greedy, {THREADS} threads per server; {os.path.basename(args.model)}\n")
+    print(f"\n{args.max_tokens} tokens per request, {args.requests} request(s) per client, greedy, {args.threads} thread(s) per server; {os.path.basename(args.model)}\n")
     print("| server | clients | tokens/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | ok / sent |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, rows in figures.items():
