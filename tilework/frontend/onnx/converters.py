@@ -10,6 +10,7 @@ from tilework.frontend.onnx import (  # noqa: F401  (importing registers the con
     convert_loss,
     convert_math,
     convert_nn,
+    convert_quant,
     convert_reduce,
     convert_rnn,
     convert_shape,
