@@ -35,7 +35,9 @@ Two kernels:
   lanes of the score vector (``page`` scores at once per query head); each task covers a range
   of pages, and for long sequences the pages are split across tasks (``splits`` grows with the
   page table's width, up to ``MAX_SPLITS``) whose partial maxima, sums and accumulators a final
-  loop merges.
+  loop merges. Each key and value row of a page is loaded once for all the query heads of the
+  group, and a score is summed over the head dim in ``PARTIALS`` interleaved partial sums:
+  independent chains of multiply-adds rather than one chain as long as the head dim.
 - **prefill**: tasks over (sequence, kv head, block of ``LANES`` query rows, rows being tokens
   times the heads of the group), the rows as lanes, keys a page at a time, skipping pages no row
   of the block sees.
@@ -75,6 +77,7 @@ if TYPE_CHECKING:
 LANES = 16  # float32 lanes of an AVX-512 register: the rows of a prefill task
 MAX_SPLITS = 8  # most tasks one decode sequence's kv head is split into
 PAGES_PER_SPLIT = 8  # a split covers at least this many pages
+PARTIALS = 4  # decode: partial sums a key's score is split into (independent FMA chains)
 
 
 def _infer(call: Call, ctx: InferCtx) -> StructInfo:
@@ -308,8 +311,10 @@ class _Decode(_Kernel):
         sp = sym.floormod(tv, self.splits)
         total = binary("+", self.cached(b), 1)
         G, HD, P = self.group, self.hd, self.page
+        C = PARTIALS if isinstance(HD, int) and HD % PARTIALS == 0 else 1
         qs = Buffer("pa_q", (G, HD), F32)
-        s = Buffer("pa_s", (P,), F32)
+        s4 = Buffer("pa_s4", (C, G, P), F32)  # partial scores
+        s = Buffer("pa_s", (G, P), F32)
         m = Buffer("pa_m", (G,), F32)
         l = Buffer("pa_l", (G,), F32)
         mx = Buffer("pa_mx", (1,), F32)
@@ -332,36 +337,50 @@ class _Decode(_Kernel):
             visible = binary("and", binary("<", pidx, self.width), binary("<", first, total))
             page = _i64(_ld(self.pt, b, pidx))
 
-            def for_head(g: SymVar) -> Stmt:
-                def score(d: SymVar) -> Stmt:
-                    return self.loop("s_j", P, lambda j: block("pa_score", Store(s, (j,), binary("+", _ld(s, j), binary("*", _ld(qs, g, d), _ld(self.kc, self.layer, page, kh, d, j))))), "vectorized")
+            def key_row(c: Dim, d: Dim) -> Stmt:
+                """Dim ``d`` of the page's keys into the ``c``-th partial scores of every head."""
+                return self.loop("s_g", G, lambda g: self.loop("s_j", P, lambda j: block("pa_score", Store(s4, (c, g, j), binary("+", _ld(s4, c, g, j), binary("*", _ld(qs, g, d), _ld(self.kc, self.layer, page, kh, d, j))))), "vectorized"))
 
-                def mask(j: SymVar) -> Stmt:
+            def scores(g: SymVar) -> Stmt:
+                def one(j: SymVar) -> Stmt:
+                    total_s: Scalar = _ld(s4, 0, g, j)
+                    for c in range(1, C):
+                        total_s = binary("+", total_s, _ld(s4, c, g, j))
                     seen = binary("<", sym.add(first, j), total)
-                    return block("pa_mask", Store(s, (j,), Select(seen, _ld(s, j), _c(-math.inf), F32)))
+                    return block("pa_mask", Store(s, (g, j), Select(seen, total_s, _c(-math.inf), F32)))
 
+                return self.loop("mask_j", P, one, "vectorized")
+
+            def for_head(g: SymVar) -> Stmt:
                 def expo(j: SymVar) -> Stmt:
-                    return block("pa_exp", Store(s, (j,), Intrin("exp", (binary("-", _ld(s, j), _ld(mx, 0)),), F32)))
-
-                def pv(j: SymVar) -> Stmt:
-                    return self.loop("pv_e", HD, lambda e: block("pa_pv", Store(acc, (g, e), binary("+", _ld(acc, g, e), binary("*", _ld(s, j), _ld(self.vc, self.layer, page, j, kh, e))))), "vectorized")
+                    return block("pa_exp", Store(s, (g, j), Intrin("exp", (binary("-", _ld(s, g, j), _ld(mx, 0)),), F32)))
 
                 alpha = Intrin("exp", (binary("-", _ld(m, g), _ld(mx, 0)),), F32)
                 return seq([
-                    self.loop("s0_j", P, lambda j: block("pa_s0", Store(s, (j,), _c(0.0))), "vectorized"),
-                    self.loop("s_d", HD, score),
-                    self.loop("mask_j", P, mask, "vectorized"),
                     Store(mx, (0,), _ld(m, g)),
-                    self.loop("max_j", P, lambda j: Store(mx, (0,), binary("max", _ld(mx, 0), _ld(s, j)))),
+                    self.loop("max_j", P, lambda j: Store(mx, (0,), binary("max", _ld(mx, 0), _ld(s, g, j)))),
                     self.loop("scale_e", HD, lambda e: block("pa_rescale", Store(acc, (g, e), binary("*", _ld(acc, g, e), alpha))), "vectorized"),
                     Store(l, (g,), binary("*", _ld(l, g), alpha)),
                     Store(m, (g,), _ld(mx, 0)),
                     self.loop("exp_j", P, expo, "vectorized"),
-                    self.loop("sum_j", P, lambda j: Store(l, (g,), binary("+", _ld(l, g), _ld(s, j)))),
-                    self.loop("pv_j", P, pv),
+                    self.loop("sum_j", P, lambda j: Store(l, (g,), binary("+", _ld(l, g), _ld(s, g, j)))),
                 ])
 
-            return IfThenElse(visible, self.loop("head", G, for_head))
+            def pv(j: SymVar) -> Stmt:
+                """Value ``j`` of the page into every head's accumulator."""
+                return self.loop("pv_g", G, lambda g: self.loop("pv_e", HD, lambda e: block("pa_pv", Store(acc, (g, e), binary("+", _ld(acc, g, e), binary("*", _ld(s, g, j), _ld(self.vc, self.layer, page, j, kh, e))))), "vectorized"))
+
+            if C > 1:  # C interleaved partial sums over the dims: independent chains of FMAs
+                dims = self.loop("s_dd", sym.floordiv(HD, C), lambda dd: seq([key_row(c, sym.add(sym.mul(dd, C), c)) for c in range(C)]))
+            else:
+                dims = self.loop("s_d", HD, lambda d: key_row(0, d))
+            return IfThenElse(visible, seq([
+                self.loop("s0_c", C, lambda c: self.loop("s0_g", G, lambda g: self.loop("s0_j", P, lambda j: block("pa_s0", Store(s4, (c, g, j), _c(0.0))), "vectorized"))),
+                dims,
+                self.loop("mask_g", G, scores),
+                self.loop("head", G, for_head),
+                self.loop("pv_j", P, pv),
+            ]))
 
         def save(g: SymVar) -> Stmt:
             return seq([
@@ -375,7 +394,7 @@ class _Decode(_Kernel):
             self.loop("page", self.per_split, page_step),
             self.loop("save", G, save),
         ])
-        for buf in (acc, mx, l, m, s, qs):
+        for buf in (acc, mx, l, m, s, s4, qs):
             body = Allocate(buf, body)
         return body
 
@@ -463,17 +482,22 @@ class _Prefill(_Kernel):
             first = sym.mul(pi, P)
             page = _i64(_ld(self.pt, b, pi))
 
-            def score(j: SymVar) -> Stmt:
-                def dim(d: SymVar) -> Stmt:
+            def score(d: SymVar) -> Stmt:
+                """Dim ``d`` of every key of the page: the keys' sums are independent chains."""
+
+                def key(j: SymVar) -> Stmt:
                     kv = _ld(self.kc, self.layer, page, kh, d, j)
                     return rows("score", lambda r: Store(st, (j, r), binary("+", _ld(st, j, r), binary("*", kv, _ld(qt, d, r)))))
 
-                def masked(r: SymVar) -> Stmt:
+                return self.loop("qk_j", P, key)
+
+            def masked(j: SymVar) -> Stmt:
+                def one(r: SymVar) -> Stmt:
                     t, _ = lane(r)
                     seen = binary("<=", sym.add(first, j), binary("+", cached, t))
                     return Store(st, (j, r), Select(seen, _ld(st, j, r), _c(-math.inf), F32))
 
-                return seq([rows("s0", lambda r: Store(st, (j, r), _c(0.0))), self.loop("qk_d", HD, dim), rows("mask", masked)])
+                return rows("mask", one)
 
             def prob_rows(j: SymVar) -> Stmt:
                 def one(r: SymVar) -> Stmt:
@@ -483,12 +507,14 @@ class _Prefill(_Kernel):
 
                 return rows("p", one)
 
-            def pv(e: SymVar) -> Stmt:
-                def key(j: SymVar) -> Stmt:
+            def pv(j: SymVar) -> Stmt:
+                """Value ``j`` of the page into every dim's accumulator (independent chains)."""
+
+                def dim(e: SymVar) -> Stmt:
                     vv = _ld(self.vc, self.layer, page, j, kh, e)
                     return rows("pv", lambda r: Store(acc, (e, r), binary("+", _ld(acc, e, r), binary("*", _ld(st, j, r), vv))))
 
-                return seq([rows("rescale", lambda r: Store(acc, (e, r), binary("*", _ld(acc, e, r), _ld(alpha, r)))), self.loop("pv_j", P, key)])
+                return self.loop("pv_e", HD, dim)
 
             def alpha_of(r: SymVar) -> Stmt:
                 unseen = binary("==", _ld(mx, r), _c(-math.inf))
@@ -496,7 +522,9 @@ class _Prefill(_Kernel):
                 return Store(alpha, (r,), Select(unseen, _c(1.0), shrink, F32))
 
             steps = [
-                self.loop("score_j", P, score),
+                self.loop("s0_j", P, lambda j: rows("s0", lambda r: Store(st, (j, r), _c(0.0)))),
+                self.loop("qk_d", HD, score),
+                self.loop("mask_j", P, masked),
                 rows("mx0", lambda r: Store(mx, (r,), _ld(m, r))),
                 self.loop("max_j", P, lambda j: rows("max", lambda r: Store(mx, (r,), binary("max", _ld(mx, r), _ld(st, j, r))))),
                 rows("alpha", alpha_of),
@@ -504,7 +532,8 @@ class _Prefill(_Kernel):
                 rows("m_set", lambda r: Store(m, (r,), _ld(mx, r))),
                 self.loop("p_j", P, prob_rows),
                 self.loop("l_j", P, lambda j: rows("l_sum", lambda r: Store(l, (r,), binary("+", _ld(l, r), _ld(st, j, r))))),
-                self.loop("pv_e", HD, pv),
+                self.loop("rescale_e", HD, lambda e: rows("rescale", lambda r: Store(acc, (e, r), binary("*", _ld(acc, e, r), _ld(alpha, r))))),
+                self.loop("pv_j", P, pv),
             ]
             return IfThenElse(binary("<", first, horizon), seq(steps))
 
