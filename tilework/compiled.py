@@ -59,6 +59,7 @@ def compile(
     budget_s: float | None = None,
     buckets: Mapping[str, Sequence[int]] | None = None,
     pins: Mapping[str, str] | None = None,
+    placement_options: Mapping[str, Any] | None = None,
 ) -> "CompiledModel":
     """Compile ``model`` (a ``torch.nn.Module``, an ``ExportedProgram``, an ``IRModule``, or
     what another registered frontend accepts) once for every shape of its dynamic dims.
@@ -76,7 +77,9 @@ def compile(
     shape bucket (``tilework.collage``, ``docs/placement.md``; over ``backends`` when given,
     else every available backend): ``budget_s`` bounds the measuring, ``buckets`` gives the
     points per dim (``{"seq": [8, 64, 256]}``), ``pins`` fixes ops or vars to a backend
-    (``{"attention": "torch"}``); a ``PlacementPlan`` or a saved plan's path reuses a plan.
+    (``{"attention": "torch"}``), ``placement_options`` passes the search's other options
+(``refine``, ``max_size``, ``progress``, ``cost_model``; ``tilework.collage.place``); a
+``PlacementPlan`` or a saved plan's path reuses a plan.
     ``opt_level=0`` compiles without graph passes, views,
     fusion or memory planning (for comparisons). ``target``: the kernel target (``cpu``, or
     ``interp``, the NumPy reference interpreter)."""
@@ -97,8 +100,8 @@ def compile(
         model_weights = pack_weights(optimized, imported.weights)
         graph_passes = [*graph_passes, layout]
     t2 = time.perf_counter()
-    placement_options = {"budget_s": budget_s, "buckets": buckets, "pins": pins}
-    exe = build(optimized, target, pipeline=name, passes=[], post_legalize_passes=kernel_passes, backends=backends, placement=placement, placement_options=placement_options)
+    search_options = {"budget_s": budget_s, "buckets": buckets, "pins": pins, **dict(placement_options or {})}
+    exe = build(optimized, target, pipeline=name, passes=[], post_legalize_passes=kernel_passes, backends=backends, placement=placement, placement_options=search_options)
     t3 = time.perf_counter()
     lowering = [p.name for stage in ("legalize", "kernel", "schedule", "lowering") for p in staged[stage]]
     report = {
