@@ -9,6 +9,7 @@ from tilework.frontend.onnx import (  # noqa: F401  (importing registers the con
     convert_control,
     convert_loss,
     convert_math,
+    convert_misc_nn,
     convert_nn,
     convert_quant,
     convert_reduce,
