@@ -216,3 +216,28 @@ def test_compiled_model_exports_with_its_weights_bound_and_from_its_file(tmp_pat
     assert main(["export", str(tmp_path / "m.tw"), "-o", str(tmp_path / "b")]) == 0
     for name in ("model.c", "kernels.c", "model.twb"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+def test_one_model_per_thread_runs_concurrently(exported: tuple[Any, Path], cmake_model: ExportedModel) -> None:
+    """The library keeps no mutable global state: models on two threads (ctypes lets go of the
+    GIL during a call) give the single-threaded results."""
+    import threading
+
+    exe, out = exported
+    models = [ExportedModel(out / "build", out / "model.twb") for _ in range(2)]
+    vm = tw.VM(exe)["main"]
+    shapes = [(n % 64) + 1 for n in range(0, 400, 7)]
+    want = {n: vm(*_inputs(n), W) for n in shapes}
+    bad: list[int] = []
+
+    def work(model: ExportedModel, order: list[int]) -> None:
+        for n in order:
+            if not np.array_equal(model.run("main", *_inputs(n))[0], want[n]):
+                bad.append(n)
+
+    threads = [threading.Thread(target=work, args=(m, shapes[::step])) for m, step in zip(models, (1, -1))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert bad == []
