@@ -154,3 +154,26 @@ def test_llama_decoder_generates_from_c_like_the_vm(tmp_path: Path, fmt: str | N
         assert proc.returncode == 0, proc.stderr
         assert [int(t) for t in proc.stdout.split()] == want_ids
         np.testing.assert_array_equal(np.load(tmp_path / "logits.npy"), want_logits)
+
+
+def test_cli_exports_a_pt2_program_that_matches_torch(tmp_path: Path) -> None:
+    """``tilework export model.pt2 -o DIR --dim ... --build make``: the weights become
+    constants in model.twb, the batch stays dynamic."""
+    torch = pytest.importorskip("torch")
+    from tilework.cli import main
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).eval()
+    batch = torch.export.Dim("batch", max=64)
+    ep = torch.export.export(model, (torch.randn(3, 16),), dynamic_shapes=({0: batch},))
+    torch.export.save(ep, str(tmp_path / "m.pt2"))
+    out = tmp_path / "lib"
+    assert main(["export", str(tmp_path / "m.pt2"), "-o", str(out), "--build", "make"]) == 0
+    for n in (1, 5, 64):
+        x = np.random.default_rng(n).standard_normal((n, 16)).astype(np.float32)
+        np.save(tmp_path / "x.npy", x)
+        proc = subprocess.run([str(out / "tw_run"), str(out / "model.twb"), "main", "-o", str(tmp_path), str(tmp_path / "x.npy")], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        with torch.no_grad():
+            want = model(torch.from_numpy(x)).numpy()
+        np.testing.assert_allclose(np.load(tmp_path / "output0.npy"), want, rtol=1e-5, atol=1e-5)
