@@ -183,7 +183,13 @@ CASES = _cases()
 
 @pytest.fixture(scope="module")
 def built() -> Built:
-    return build(CASES)
+    """The direct loop nests (one kernel per case): im2col + matmul is tested whole in
+    tests/op/test_conv_gemm.py."""
+    from tilework.op import conv
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(conv, "GEMM_MIN_REDUCTION", 1 << 30)
+        return build(CASES)
 
 
 @pytest.mark.parametrize("name", [c.name for c in CASES])

@@ -48,7 +48,7 @@ from tilework.op.base import (
     tensor_arg,
     unify_dtype,
 )
-from tilework.op.kernel import arg, compute_dtype, op_name, out_tensor
+from tilework.op.kernel import arg, compute_dtype, op_name, out_tensor, reshape_index
 
 if TYPE_CHECKING:
     from tilework.transform.legalize import LegalizeCtx
@@ -227,6 +227,8 @@ def _legalize_conv(call: Call, ctx: "LegalizeCtx") -> Expr:
     groups = int(call.attrs["groups"])
     cin_g = w.shape[1]
     per_group = sym.floordiv(w.shape[0], groups)
+    if _use_gemm(w.shape, groups, dtype):
+        return _conv_gemm(call, ctx, x, w, bias, shape, strides, padding, dilation, groups)
 
     def f(n: Scalar, o: Scalar, *sp: Scalar) -> Scalar:
         c = te.reduce_axis(cin_g, "c")
@@ -241,6 +243,89 @@ def _legalize_conv(call: Call, ctx: "LegalizeCtx") -> Expr:
     out = te.compute(shape, f, name, dtype)
     inputs = [x, w] if bias is None else [x, w, bias]
     return ctx.call_te(name, call.args, inputs, [out], call.info)
+
+
+# A conv whose reduction (``in_channels // groups * kernel size``) and output channels per
+# group are at least this long runs as im2col + the matmul kernels; a shorter one (depthwise)
+# stays a direct loop nest, where the copy would cost more than the products.
+GEMM_MIN_REDUCTION = 8
+GEMM_MIN_CHANNELS = 4
+GEMM_COLUMNS = 32  # the output positions are padded to a multiple of every register tile's width
+
+
+def _use_gemm(wshape: Sequence[Dim], groups: int, dtype: str) -> bool:
+    if dtype not in ("float32", "float64"):
+        return False
+    red = sym.product(wshape[1:])
+    per_group = sym.floordiv(wshape[0], groups)
+    return sym.prove_ge(red, GEMM_MIN_REDUCTION) and sym.prove_ge(per_group, GEMM_MIN_CHANNELS)
+
+
+def _reshaped(ctx: "LegalizeCtx", value: Expr, src: te.Tensor, shape: Sequence[Dim], hint: str) -> Expr:
+    """``value`` (shaped like ``src``) in row-major order as ``shape``: a copy kernel that
+    ``rewrite_reshape_to_view`` turns into a view."""
+    out = te.compute(tuple(shape), lambda *i: src[reshape_index(i, tuple(shape), src.shape)], hint, src.dtype)
+    info = TensorInfo(tuple(shape), src.dtype)
+    return ctx.bb.emit(ctx.call_te(hint, [value], [src], [out], info), name=hint)
+
+
+def _conv_gemm(call: Call, ctx: "LegalizeCtx", x: te.Tensor, w: te.Tensor, bias: te.Tensor | None, shape: Sequence[Dim], strides: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int) -> Expr:
+    """im2col + matmul: ``col[n, g, c, *k, p]`` holds the input tap ``k`` of channel ``c``
+    reads for output position ``p`` (zero in the padding, and past the last position up to a
+    multiple of ``GEMM_COLUMNS``), viewed as ``[N, G, C/G * K, P]``; the output is
+    ``[G, O/G, C/G * K] @ col`` per batch and group, so the matmul rule's register tiles run
+    along the contiguous output positions with no partial tile, and a copy that drops the
+    padded positions (where there are any) gives ``[N, O, *spatial]`` (elementwise consumers
+    fuse into that copy)."""
+    nsp = len(strides)
+    n, cin_g, kernel, spatial = x.shape[0], w.shape[1], tuple(w.shape[2:]), tuple(shape[2:])
+    per_group = sym.floordiv(w.shape[0], groups)
+    red = sym.product((cin_g, *kernel))
+    npos = sym.product(spatial)
+    padded = npos if sym.prove_eq(sym.floormod(npos, GEMM_COLUMNS), 0) else sym.mul(sym.ceildiv(npos, GEMM_COLUMNS), GEMM_COLUMNS)
+    dtype = x.dtype
+
+    def gather(nn: Scalar, g: Scalar, c: Scalar, *kp: Scalar) -> Scalar:
+        ks, p = kp[:nsp], kp[nsp]
+        os_: list[Scalar] = []
+        for d in reversed(spatial[1:]):
+            os_.insert(0, p % d)
+            p = p // d
+        os_.insert(0, p)
+        pos = _taps(os_, ks, strides, padding, dilation)
+        chan = c if groups == 1 else g * cin_g + c
+        conds = ([te.lt(kp[nsp], npos)] if padded is not npos else []) + ([_inside(pos, x.shape[2:])] if any(padding) else [])
+        load = x[(nn, chan, *pos)]
+        return te.if_then_else(te.all(*conds), load, te.cast(0, dtype)) if conds else load
+
+    col6 = te.compute((n, groups, cin_g, *kernel, padded), gather, "im2col", dtype)
+    col = ctx.bb.emit(ctx.call_te("im2col", [call.args[0]], [x], [col6], TensorInfo(tuple(col6.shape), dtype)), name="im2col")
+    col2 = _reshaped(ctx, col, te.placeholder(col6.shape, dtype, "col"), (n, groups, red, padded), "im2col_view")
+    w3 = _reshaped(ctx, call.args[1], w, (groups, per_group, red), "weight_view")
+    cp, wp = te.placeholder((n, groups, red, padded), dtype, "col"), te.placeholder((groups, per_group, red), dtype, "w")
+    bp = None if bias is None else te.placeholder(bias.shape, bias.dtype, "bias")
+
+    def mm(nn: Scalar, g: Scalar, o: Scalar, p: Scalar) -> Scalar:
+        k = te.reduce_axis(red, "k")
+        total = te.sum(wp[g, o, k] * cp[nn, g, k, p], axis=[k])
+        return total if bp is None else total + bp[g * per_group + o if groups > 1 else o]
+
+    out4 = te.compute((n, groups, per_group, padded), mm, "conv_gemm", dtype)
+    args = [w3, col2] + ([] if bias is None else [call.args[2]])
+    inputs = [wp, cp] + ([] if bp is None else [bp])
+    y = ctx.bb.emit(ctx.call_te("conv_gemm", args, inputs, [out4], TensorInfo(tuple(out4.shape), dtype)), name="conv_gemm")
+    yp = te.placeholder(out4.shape, dtype, "y")
+    if padded is npos:
+        view = te.compute(tuple(shape), lambda *i: yp[reshape_index(i, tuple(shape), yp.shape)], "conv_view", dtype)
+        return ctx.call_te("conv_view", [y], [yp], [view], call.info)
+
+    def crop(nn: Scalar, o: Scalar, *sp: Scalar) -> Scalar:
+        p: Scalar = 0
+        for i, d in zip(sp, spatial):
+            p = p * d + i
+        return yp[nn, o // per_group if groups > 1 else 0, o % per_group if groups > 1 else o, p]
+
+    return ctx.call_te("conv_crop", [y], [yp], [te.compute(tuple(shape), crop, "conv_crop", dtype)], call.info)
 
 
 def _legalize_conv_transpose(call: Call, ctx: "LegalizeCtx") -> Expr:
