@@ -1,4 +1,4 @@
-"""The ``If`` converter.
+"""The ``If`` and ``Loop`` converters.
 
 A condition known at conversion time (a constant, or a comparison of dims that the importer
 could prove) selects its branch, which is inlined. Otherwise both branches are converted into
@@ -8,6 +8,7 @@ sym vars by a ``match_cast`` after it.
 
 from __future__ import annotations
 
+import numpy as np
 from onnx import GraphProto
 
 from tilework.frontend.onnx.context import NodeCtx
@@ -47,3 +48,58 @@ def _if(ctx: NodeCtx) -> Result:
     if n == 1:
         return ctx.refine(result)
     return [ctx.refine(ctx.emit(TupleGetItem(result, i))) for i in range(n)]
+
+
+MAX_UNROLL = 256  # iterations a Loop with a trip count known at conversion time is unrolled to
+
+
+def _run_body(ctx: NodeCtx, body: GraphProto, inputs: list[Value]) -> list[Value]:
+    """The body graph converted once with its inputs bound to ``inputs`` (a nested scope)."""
+    from tilework.frontend.onnx.importer import _Scope  # the importer imports the converters
+
+    imp = ctx.imp
+    if len(body.input) != len(inputs):
+        raise ctx.unsupported(f"the body takes {len(body.input)} inputs, the loop gives {len(inputs)}")
+    imp.scope = _Scope(imp.scope)
+    imp.depth += 1
+    try:
+        for vi, v in zip(body.input, inputs):
+            imp.scope.values[vi.name] = v
+        imp.convert_nodes(body)
+        return [imp.lookup(o.name, ctx) for o in body.output]
+    finally:
+        assert imp.scope.parent is not None
+        imp.scope = imp.scope.parent
+        imp.depth -= 1
+
+
+@converter("Loop", 1, 25, static_inputs=(0, 1))
+def _loop(ctx: NodeCtx) -> Result:
+    """A ``Loop`` whose trip count (and condition, when given) is known at conversion time is
+    unrolled: the body is converted once per iteration, the loop-carried values threaded
+    through, and each scan output stacked along a new first axis. A loop that runs on a
+    condition computed at run time is refused."""
+    body: GraphProto = ctx.attr("body")
+    trips = ctx.ints(0, "the trip count M")[0] if ctx.has_input(0) else None
+    cond = _known_condition(ctx.value(1)) if ctx.has_input(1) else True
+    if cond is None:
+        raise ctx.unsupported("a loop condition computed at run time")
+    if trips is None or trips > MAX_UNROLL:
+        raise ctx.unsupported(f"a trip count that is unknown at conversion time or above {MAX_UNROLL} (got {trips})")
+    carried = [ctx.value(i) for i in range(2, ctx.num_inputs)]
+    n_scan = len(body.output) - 1 - len(carried)
+    scans: list[list[Expr]] = [[] for _ in range(n_scan)]
+    i = 0
+    while cond and i < trips:
+        outs = _run_body(ctx, body, [Value.of_const(np.asarray(i, np.int64)), Value.of_const(np.asarray(True)), *carried])
+        cond = _known_condition(outs[0])
+        if cond is None:
+            raise ctx.unsupported("a loop condition computed at run time")
+        carried = outs[1 : 1 + len(carried)]
+        for k, v in enumerate(outs[1 + len(carried) :]):
+            scans[k].append(ctx.emit(manipulate.expand_dims(ctx.imp.materialize(v), 0)))
+        i += 1
+    if n_scan and i == 0:
+        raise ctx.unsupported("scan outputs of a loop that runs no iteration")
+    stacked = [parts[0] if len(parts) == 1 else ctx.emit(manipulate.concat(parts, 0)) for parts in scans]
+    return [*carried, *stacked]
