@@ -112,3 +112,28 @@ def test_compile_with_a_plan_explains_and_keeps_it(tmp_path: Path) -> None:
     np.testing.assert_allclose(loaded(x), _ref(x, *w), rtol=1e-4, atol=1e-4)
     with pytest.raises(UnsupportedError, match="no such placement file"):
         tw.compile(mod, placement=str(tmp_path / "missing.json"))
+
+
+def test_a_region_whose_dims_no_input_gives_gets_them_as_a_shape(tmp_path: Path) -> None:
+    from tilework import op
+    from tilework.collage.regions import region_function
+    from tilework.ir.builder import BlockBuilder
+    from tilework.ir.graph import Var
+    from tilework.ir.info import ShapeInfo, TensorInfo
+    from tilework.ir.sym import SymVar
+
+    b, s = SymVar("b", 1, 8), SymVar("s", 1, 64)
+    x = Var("x", TensorInfo((b, s, 4), "float32"))
+    bb = BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            flat = bb.emit(op.reshape(x, (b * s, 4)), name="flat")
+            r = bb.emit(op.relu(flat), name="r")
+            y = bb.emit_output(op.reshape(r, (b, s, 4)), name="y")
+        bb.emit_func_output(y)
+    g = graphs_of("main", bb.get()["main"])[0]
+    f = region_function(g, [2])
+    assert f.params[-1].name == "tw_dims" and f.params[-1].info == ShapeInfo((b, s))
+    cands = block_candidates(g, resolve_backends(["codegen"]), max_size=1)
+    costs = _model(tmp_path / "c.sqlite").region_costs(g, cands, {b: 2, s: 3})
+    assert all(math.isfinite(c) for c in costs)

@@ -12,17 +12,18 @@ names the same bindings in the new function.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from tilework.ir import sym
 from tilework.ir.builder import BlockBuilder
 from tilework.ir.dtype import np_dtype
-from tilework.ir.graph import Binding, Constant, Expr, GraphFunc, MatchCast, Var
-from tilework.ir.info import TensorInfo
+from tilework.ir import info as I
+from tilework.ir.graph import Binding, Constant, Expr, GraphFunc, MatchCast, PrimValue, ShapeExpr, Var
+from tilework.ir.info import ShapeInfo, TensorInfo
 from tilework.ir.sym import SymVar
-from tilework.ir.visitor import ExprMutator
+from tilework.ir.visitor import ExprMutator, ExprVisitor
 from tilework.pattern.graph import BlockGraph
 
 
@@ -58,6 +59,9 @@ def region_function(g: BlockGraph, nodes: Sequence[int]) -> GraphFunc:
             p = Var(f"tw_weight{len(lifted)}", e.info)
             lifted[id(e)] = p
             params.append(p)
+    missing = _unbound_sym_vars(g, sorted(nodes), params)
+    if missing:  # dims the bindings use that no input's shape gives: passed as a shape
+        params.append(Var("tw_dims", ShapeInfo(tuple(missing))))
     out_set = set(outputs)
     bb = BlockBuilder()
     with bb.function("region", params):
@@ -80,11 +84,45 @@ def region_function(g: BlockGraph, nodes: Sequence[int]) -> GraphFunc:
     return f
 
 
+class _SymUses(ExprVisitor):
+    def __init__(self) -> None:
+        self.vars: dict[SymVar, None] = {}
+
+    def visit_shape_expr(self, e: ShapeExpr) -> None:
+        for d in e.values:
+            self.vars.update(dict.fromkeys(sym.free_vars(d)))
+
+    def visit_prim_value(self, e: PrimValue) -> None:
+        if isinstance(e.value, sym.SymExpr):
+            self.vars.update(dict.fromkeys(sym.free_vars(e.value)))
+
+
+def _unbound_sym_vars(g: BlockGraph, nodes: Sequence[int], params: Sequence[Var]) -> list[SymVar]:
+    """The sym vars the bindings mention (in their values' shapes and prims, and their results'
+    struct info) that neither a param's shape nor a match_cast among them defines."""
+    uses = _SymUses()
+    defined: set[SymVar] = set()
+    for p in params:
+        defined.update(I.defined_vars(p.info))
+    for i in nodes:
+        b = g.bindings[i]
+        uses.visit(b.value)
+        uses.vars.update(dict.fromkeys(I.free_vars(b.var.info)))
+        if isinstance(b, MatchCast):
+            defined.update(I.defined_vars(b.cast_info))
+    return [v for v in uses.vars if v not in defined]
+
+
 def input_shapes(f: GraphFunc, env: Mapping[SymVar, int]) -> list[tuple[int, ...]]:
-    """The shapes of ``f``'s params at the dims ``env`` (see ``input_arrays``)."""
+    """The shapes of ``f``'s params at the dims ``env`` (see ``input_arrays``); for a shape
+    param, its values."""
     out = []
     for p in f.params:
         info = p.info
+        if isinstance(info, ShapeInfo) and info.values is not None:
+            full = {v: env.get(v, max(1, v.lo or 0)) for d in info.values for v in sym.free_vars(d)}
+            out.append(tuple(sym.evaluate(d, full) for d in info.values))
+            continue
         if not isinstance(info, TensorInfo) or info.shape is None or info.dtype is None:
             raise ValueError(f"param %{p.name} is not a tensor of known shape and dtype ({info})")
         full = dict(env)
@@ -95,13 +133,16 @@ def input_shapes(f: GraphFunc, env: Mapping[SymVar, int]) -> list[tuple[int, ...
     return out
 
 
-def input_arrays(f: GraphFunc, env: Mapping[SymVar, int], seed: int = 0) -> list[np.ndarray]:
+def input_arrays(f: GraphFunc, env: Mapping[SymVar, int], seed: int = 0) -> list[Any]:
     """Inputs for ``f`` at the dims ``env`` (a var missing from ``env`` takes its lower bound,
     at least 1): floats drawn from a normal distribution, integers and booleans zero (always a
     valid index)."""
     rng = np.random.default_rng(seed)
-    out = []
+    out: list[Any] = []
     for p, shape in zip(f.params, input_shapes(f, env)):
+        if isinstance(p.info, ShapeInfo):
+            out.append(shape)  # a shape param takes a tuple of ints
+            continue
         assert isinstance(p.info, TensorInfo) and p.info.dtype is not None
         dtype = np_dtype(p.info.dtype)
         if np.issubdtype(dtype, np.floating):
