@@ -11,9 +11,12 @@ official ``openai`` client, and time every streamed chunk. Reported per level:
 - TTFT p50/p99: from sending a request to its first text chunk;
 - ITL p50/p99: gaps between consecutive text chunks of a request (inter-token latency);
 - ok / failed: every request either completes or fails with an error (nothing hangs: each has a
-  timeout), so ok + failed = the requests sent.
+  timeout), so ok + failed = the requests sent; and the tokens received against those asked for
+  (fewer when a request meets end of text, or is cut short by the server).
 
-Then the 16-client throughput over the 1-client one. The run stops by itself: a fixed number of
+Then the 16-client throughput over the 1-client one, and for tilework also the aggregate decode
+throughput (tokens the decode steps produced over their time, from its ``/metrics``) at 16
+clients over 1. The run stops by itself: a fixed number of
 requests, and both servers are stopped at the end (also on Ctrl-C or an error).
 
     python bench/bench_serve.py [--levels 1,4,16] [--requests 2] [--max-tokens 32]
@@ -155,6 +158,20 @@ def run_level(server: Server, clients: int, requests: int, max_tokens: int, time
     return out
 
 
+def decode_counters(server: Server) -> tuple[float, float] | None:
+    """tilework's ``(decode tokens, decode seconds)`` counters from ``/metrics`` (None for a
+    server without them)."""
+    try:
+        with urllib.request.urlopen(server.url.replace("/v1", "/metrics"), timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line and not line.startswith("#")}
+    if "tilework_decode_tokens_total" not in values:
+        return None
+    return values["tilework_decode_tokens_total"], values["tilework_decode_seconds_total"]
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -189,7 +206,8 @@ def main() -> int:
             print(f"llama-cpp-python's server is not available ({exc}): pip install 'tilework[bench]'", file=sys.stderr)
         else:
             servers.append(Server("llama.cpp", [sys.executable, "-m", "llama_cpp.server", "--model", args.model, "--n_threads", str(args.threads),
-                                                "--n_threads_batch", str(args.threads), "--n_ctx", "4096", "--host", "127.0.0.1"], free_port(), args.threads))
+                                                "--n_threads_batch", str(args.threads), "--n_ctx", "4096", "--host", "127.0.0.1",
+                                                "--interrupt_requests", "False"], free_port(), args.threads))  # else a new request cuts the running one short
     figures: dict[str, dict[int, dict[str, float]]] = {}
     for server in servers:
         server.argv += ["--port", str(server.port)]
@@ -199,9 +217,12 @@ def main() -> int:
             run_level(server, 1, 1, 4, args.timeout)  # warm-up
             figures[server.name] = {}
             for n in levels:
+                before = decode_counters(server)
                 r = run_level(server, n, args.requests, args.max_tokens, args.timeout)
+                after = decode_counters(server)
                 row = {"throughput": r.tokens / r.wall, "ttft_p50": pct(r.ttft, 50), "ttft_p99": pct(r.ttft, 99), "itl_p50": pct(r.itl, 50),
-                       "itl_p99": pct(r.itl, 99), "ok": r.ok, "failed": r.failed, "sent": n * args.requests, "tokens": r.tokens, "wall_s": r.wall}
+                       "itl_p99": pct(r.itl, 99), "ok": r.ok, "failed": r.failed, "sent": n * args.requests, "tokens": r.tokens, "wall_s": r.wall,
+                       "decode_tok_s": (after[0] - before[0]) / (after[1] - before[1]) if before and after and after[1] > before[1] else float("nan")}
                 figures[server.name][n] = row
                 print(f"{server.name:9s} {n:3d} clients: {row['throughput']:7.1f} tok/s, TTFT p50 {1e3 * row['ttft_p50']:7.0f} ms p99 {1e3 * row['ttft_p99']:7.0f} ms,"
                       f" ITL p50 {1e3 * row['itl_p50']:6.1f} ms p99 {1e3 * row['itl_p99']:6.1f} ms, ok {r.ok}/{n * args.requests}"
@@ -209,15 +230,18 @@ def main() -> int:
         finally:
             server.stop()
     print(f"\n{args.max_tokens} tokens per request, {args.requests} request(s) per client, greedy, {args.threads} thread(s) per server; {os.path.basename(args.model)}\n")
-    print("| server | clients | tokens/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | ok / sent |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| server | clients | tokens/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | ok / sent | tokens / asked |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, rows in figures.items():
         for n, row in rows.items():
             print(f"| {name} | {n} | {row['throughput']:.1f} | {1e3 * row['ttft_p50']:.0f} | {1e3 * row['ttft_p99']:.0f} | {1e3 * row['itl_p50']:.1f}"
-                  f" | {1e3 * row['itl_p99']:.1f} | {row['ok']} / {row['sent']} |")
+                  f" | {1e3 * row['itl_p99']:.1f} | {row['ok']} / {row['sent']} | {row['tokens']} / {row['sent'] * args.max_tokens} |")
     for name, rows in figures.items():
         if 1 in rows and max(levels) in rows and max(levels) > 1 and rows[1]["throughput"] > 0:
             print(f"\n{name}: {max(levels)} clients / 1 client throughput = {rows[max(levels)]['throughput'] / rows[1]['throughput']:.2f}x")
+            top, one = rows[max(levels)]["decode_tok_s"], rows[1]["decode_tok_s"]
+            if top == top and one == one:  # not NaN: the server reports its decode steps
+                print(f"{name}: decode tokens/s during decode steps (its /metrics): {one:.1f} at 1 client, {top:.1f} at {max(levels)} = {top / one:.2f}x")
     if "tilework" in figures and "llama.cpp" in figures:
         for n in levels:
             a, b = figures["tilework"].get(n), figures["llama.cpp"].get(n)
