@@ -27,6 +27,8 @@ float32.
 
 from __future__ import annotations
 
+import itertools
+import math
 from typing import TYPE_CHECKING, Sequence
 
 from tilework import te
@@ -358,10 +360,30 @@ def _legalize_conv_transpose(call: Call, ctx: "LegalizeCtx") -> Expr:
     return ctx.call_te("conv_transpose", call.args, inputs, [out], call.info)
 
 
+MAX_UNROLLED_TAPS = 25  # a float max pool with at most this many taps is one expression per output
+
+
 def _legalize_max_pool(call: Call, ctx: "LegalizeCtx") -> Expr:
+    """A float pool with a small window takes the maximum of its taps in one expression (an
+    injective kernel, vectorized along the output row); otherwise a reduction."""
     x = arg(call, 0, "x")
     shape, dtype = out_tensor(call)
     size, strides, padding, dilation = (tuple(call.attrs[a]) for a in ("pool_size", "strides", "padding", "dilation"))
+
+    def taps(n: Scalar, c: Scalar, *sp: Scalar) -> Scalar:
+        best: Scalar | None = None
+        for ks in itertools.product(*(range(k) for k in size)):
+            pos = _taps(sp, ks, strides, padding, dilation)
+            v: Scalar = x[(n, c, *pos)]
+            if any(padding) or call.attrs["ceil_mode"]:
+                v = te.if_then_else(_inside(pos, x.shape[2:]), v, te.cast(float("-inf"), dtype))
+            best = v if best is None else te.maximum(best, v)
+        assert best is not None
+        return best
+
+    if dtype.startswith(("float", "bfloat")) and math.prod(size) <= MAX_UNROLLED_TAPS:
+        out = te.compute(shape, taps, "max_pool2d", dtype)
+        return ctx.call_te("max_pool2d", call.args, [x], [out], call.info)
 
     def f(n: Scalar, c: Scalar, *sp: Scalar) -> Scalar:
         ks = [te.reduce_axis(k, f"k{i}") for i, k in enumerate(size)]
