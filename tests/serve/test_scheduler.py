@@ -70,7 +70,7 @@ def test_requests_join_the_running_batch_and_queue_beyond_the_limits(llm: LLM, m
     """Two sequences at most: the third request waits, joins when the second leaves while the
     first goes on, and each gets the tokens ``LLM.generate`` gives it alone."""
     prompts = ["The capital of France is", "1, 2, 3,", "Hi"]
-    params = [SamplingParams(temperature=0, max_tokens=12), GREEDY, SamplingParams(temperature=0, max_tokens=4)]
+    params = [GREEDY, SamplingParams(temperature=0, max_tokens=4), SamplingParams(temperature=0, max_tokens=2)]
     want = [llm.generate(p, q, chat=False)[0] for p, q in zip(prompts, params)]
     s = start(make, llm, max_seqs=2)
     log: list[tuple[int, int]] = []  # (request, running sequences) at each event
@@ -93,10 +93,11 @@ def test_requests_join_the_running_batch_and_queue_beyond_the_limits(llm: LLM, m
 
 
 def test_chunked_prefill_gives_the_tokens_of_one_prefill(llm: LLM, make: list[Scheduler]) -> None:
-    want = llm.generate(STORY, GREEDY)[0]
+    short = SamplingParams(temperature=0, max_tokens=4)
+    want = llm.generate(STORY, short)[0]
     s = start(make, llm, prefill_chunk=16, step_tokens=16)
     inbox = Inbox()
-    s.submit(llm.encode(llm.prompt_text(STORY)), GREEDY, inbox)
+    s.submit(llm.encode(llm.prompt_text(STORY)), short, inbox)
     text, last = inbox.wait()
     assert text == want.text and last.prompt_tokens == want.prompt_tokens > 48
     assert s.metrics.prefill_tokens == want.prompt_tokens

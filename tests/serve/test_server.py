@@ -66,26 +66,26 @@ def metrics(server: BackgroundServer) -> dict[str, float]:
 
 
 def test_chat_and_completions_streamed_or_not_equal_generate(server: BackgroundServer, client: Any, ref: LLM) -> None:
-    greedy = SamplingParams(temperature=0, max_tokens=6)
+    greedy = SamplingParams(temperature=0, max_tokens=4)
     question = "What is the capital of Italy?"
     want_chat = ref.generate(question, greedy)[0]
     want_text = ref.generate(PROMPTS[0], greedy, chat=False)[0]
-    chat = client.chat.completions.create(model=server.name, messages=[{"role": "user", "content": question}], max_tokens=6, temperature=0)
+    chat = client.chat.completions.create(model=server.name, messages=[{"role": "user", "content": question}], max_tokens=4, temperature=0)
     assert chat.choices[0].message.content == want_chat.text and chat.choices[0].finish_reason == want_chat.finish_reason
     assert (chat.usage.prompt_tokens, chat.usage.completion_tokens) == (want_chat.prompt_tokens, len(want_chat.token_ids))
-    chunks = list(client.chat.completions.create(model=server.name, messages=[{"role": "user", "content": question}], max_tokens=6,
+    chunks = list(client.chat.completions.create(model=server.name, messages=[{"role": "user", "content": question}], max_tokens=4,
                                                  temperature=0, stream=True, stream_options={"include_usage": True}))
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want_chat.text
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == want_chat.finish_reason
     assert chunks[-1].usage.completion_tokens == len(want_chat.token_ids) and not chunks[-1].choices
 
-    done = client.completions.create(model=server.name, prompt=PROMPTS[0], max_tokens=6, temperature=0)
+    done = client.completions.create(model=server.name, prompt=PROMPTS[0], max_tokens=4, temperature=0)
     assert done.choices[0].text == want_text.text and done.usage.completion_tokens == len(want_text.token_ids)
-    streamed = list(client.completions.create(model=server.name, prompt=PROMPTS[0], max_tokens=6, temperature=0, stream=True))
+    streamed = list(client.completions.create(model=server.name, prompt=PROMPTS[0], max_tokens=4, temperature=0, stream=True))
     assert len(streamed) > 2 and "".join(c.choices[0].text for c in streamed) == want_text.text
     assert streamed[-1].choices[0].finish_reason == "length"
-    ids = client.completions.create(model=server.name, prompt=ref.encode(PROMPTS[0]), max_tokens=6, temperature=0)
+    ids = client.completions.create(model=server.name, prompt=ref.encode(PROMPTS[0]), max_tokens=4, temperature=0)
     assert ids.choices[0].text == want_text.text  # a prompt of token ids
     assert [m.id for m in client.models.list().data] == [server.name]
 
