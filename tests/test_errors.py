@@ -78,6 +78,8 @@ def _make_files(d: Path) -> None:
     np.save(d / "obj.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
     (d / "junk.npy").write_text("not an array\n")
     (d / "junk.pt2").write_text("not a zip archive\n")
+    with open(d / "npz.pt2", "wb") as f:
+        np.savez(f, a=np.ones(3))
     (d / "junk.gguf").write_text("hello\n")
     (d / "zero.onnx").write_bytes(b"")
     (d / "text.onnx").write_text(TEXT_MODULE)

@@ -51,10 +51,26 @@ def load_pt2(path: str) -> Any:
         raise TileworkError(f"no such file: {path}")
     if not zipfile.is_zipfile(path):
         raise TileworkError(f"{path} is not a torch.export program: a .pt2 file is a zip archive written by torch.export.save")
+    import logging
+
+    kept: list[BaseException] = []
+
+    class Keep(logging.Handler):  # torch logs the real error (with a traceback), then raises a vague one
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.exc_info and record.exc_info[1] is not None:
+                kept.append(record.exc_info[1])
+
+    log = logging.getLogger("torch.export")
+    handlers, propagate = log.handlers[:], log.propagate
+    log.handlers, log.propagate = [Keep()], False
     try:
         return torch.export.load(path)
     except Exception as e:  # untrusted input: torch reports a bad file with many exception types
-        raise TileworkError(f"{path} is not a torch.export program that this torch can read ({type(e).__name__}: {e})") from None
+        cause = kept[-1] if kept else e
+        first = next((line for line in str(cause).splitlines() if line.strip()), "")
+        raise TileworkError(f"{path} is not a torch.export program that this torch can read ({type(cause).__name__}: {first})") from None
+    finally:
+        log.handlers, log.propagate = handlers, propagate
 
 
 def pt2_dims(specs: Sequence[str]) -> tuple[dict[str, str], dict[str, tuple[int | None, int | None]]]:
