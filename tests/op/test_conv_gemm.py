@@ -1,7 +1,8 @@
-"""Convolutions legalized as im2col + the matmul kernels (``tilework.op.conv._conv_gemm``),
-built whole (views, fusion, the default schedules, C) and run at several values of the
-symbolic batch and spatial dims against the float64 NumPy reference of tests/op/test_conv.py
-and against the direct loop nest (the path taken below the size threshold)."""
+"""The fast convolution paths: im2col + the matmul kernels (``tilework.op.conv._conv_gemm``)
+and the unrolled sum for short reductions such as depthwise (``_conv_unrolled``), built whole
+(views, fusion, the default schedules, C) and run at several values of the symbolic batch and
+spatial dims against the float64 NumPy reference of tests/op/test_conv.py and against the
+plain reduction loop nest (both fast paths switched off)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,10 @@ CASES: dict[str, tuple[tuple[Any, ...], tuple[int, ...], bool, dict[str, Any]]] 
     "conv1d": ((n, 5, w), (7, 5, 3), True, {"strides": 2, "padding": 2, "dilation": 2}),
     "wide_groups_relu": ((n, 32, h, w), (40, 8, 3, 3), True, {"groups": 4, "padding": 1}),
     "static_positions_relu": ((n, 8, 8, 8), (16, 8, 3, 3), True, {"padding": 1}),  # 64 positions: no crop
+    # unrolled (at most MAX_UNROLLED_TAPS products per output)
+    "depthwise_stride_relu": ((n, 6, h, w), (6, 1, 3, 3), True, {"groups": 6, "strides": 2, "padding": 1}),
+    "depthwise_multiplier_5x5_dilation": ((n, 4, h, w), (8, 1, 5, 5), False, {"groups": 4, "padding": (2, 1, 3, 0), "dilation": (1, 2)}),
+    "conv1d_short": ((n, 2, w), (3, 2, 3), True, {"padding": 1}),
 }
 ENVS = [{"n": 1, "h": 7, "w": 9}, {"n": 3, "h": 12, "w": 11}, {"n": 2, "h": 17, "w": 16}]
 
@@ -59,12 +64,13 @@ def _geometry(x: tuple[Any, ...], attrs: dict[str, Any]) -> tuple[tuple[int, ...
 
 @pytest.fixture(scope="module")
 def vms() -> dict[str, tuple[Any, Any]]:
-    """Each case built twice: im2col + matmul, and the direct loop nest."""
+    """Each case built twice: the fast path, and the plain reduction loop nest."""
     out = {}
     for name in CASES:
         gemm = tw.VM(tw.build(_module(name)))
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(conv, "GEMM_MIN_REDUCTION", 1 << 30)
+            mp.setattr(conv, "MAX_UNROLLED_TAPS", 0)
             direct = tw.VM(tw.build(_module(name)))
         out[name] = (gemm, direct)
     return out

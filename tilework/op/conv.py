@@ -231,6 +231,8 @@ def _legalize_conv(call: Call, ctx: "LegalizeCtx") -> Expr:
     per_group = sym.floordiv(w.shape[0], groups)
     if _use_gemm(w.shape, groups, dtype):
         return _conv_gemm(call, ctx, x, w, bias, shape, strides, padding, dilation, groups)
+    if all(isinstance(d, int) for d in w.shape[1:]) and math.prod(_const(d) for d in w.shape[1:]) <= MAX_UNROLLED_TAPS:
+        return _conv_unrolled(call, ctx, x, w, bias, shape, strides, padding, dilation, groups)
 
     def f(n: Scalar, o: Scalar, *sp: Scalar) -> Scalar:
         c = te.reduce_axis(cin_g, "c")
@@ -269,6 +271,40 @@ def _reshaped(ctx: "LegalizeCtx", value: Expr, src: te.Tensor, shape: Sequence[D
     out = te.compute(tuple(shape), lambda *i: src[reshape_index(i, tuple(shape), src.shape)], hint, src.dtype)
     info = TensorInfo(tuple(shape), src.dtype)
     return ctx.bb.emit(ctx.call_te(hint, [value], [src], [out], info), name=hint)
+
+
+def _const(d: Dim) -> int:
+    assert isinstance(d, int)
+    return d
+
+
+def _conv_unrolled(call: Call, ctx: "LegalizeCtx", x: te.Tensor, w: te.Tensor, bias: te.Tensor | None, shape: Sequence[Dim], strides: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int) -> Expr:
+    """A short reduction (depthwise: one input channel per output channel) as one sum of
+    products per output: an injective kernel, vectorized along the output row, each weight
+    a broadcast scalar."""
+    name = op_name(call)
+    dtype = out_tensor(call)[1]
+    acc = compute_dtype(dtype)
+    cin_g, kernel = _const(w.shape[1]), [_const(k) for k in w.shape[2:]]
+    per_group = sym.floordiv(w.shape[0], groups)
+
+    def f(n: Scalar, o: Scalar, *sp: Scalar) -> Scalar:
+        total: Scalar | None = None if bias is None else te.cast(bias[o], acc)
+        for c in range(cin_g):
+            chan = c if groups == 1 else o // per_group * cin_g + c
+            for ks in itertools.product(*(range(k) for k in kernel)):
+                pos = _taps(sp, ks, strides, padding, dilation)
+                v: Scalar = te.cast(x[(n, chan, *pos)], acc)
+                if any(padding):
+                    v = te.if_then_else(_inside(pos, x.shape[2:]), v, te.cast(0, acc))
+                term = v * te.cast(w[(o, c, *ks)], acc)
+                total = term if total is None else total + term
+        assert total is not None
+        return te.cast(total, dtype)
+
+    out = te.compute(tuple(shape), f, name, dtype)
+    inputs = [x, w] if bias is None else [x, w, bias]
+    return ctx.call_te(name, call.args, inputs, [out], call.info)
 
 
 def _conv_gemm(call: Call, ctx: "LegalizeCtx", x: te.Tensor, w: te.Tensor, bias: te.Tensor | None, shape: Sequence[Dim], strides: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int) -> Expr:
