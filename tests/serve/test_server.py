@@ -112,6 +112,7 @@ def test_16_concurrent_clients_get_the_tokens_they_get_alone(server: BackgroundS
     with ThreadPoolExecutor(n) as pool:
         got = list(pool.map(ask, range(n)))
     assert got == [(w.text, len(w.token_ids), w.finish_reason) for w in want]
+    assert [ask(i) for i in (2, 9)] == [got[2], got[9]]  # and through the server alone
     assert metrics(server)["tilework_decode_steps_total"] - before < sum(len(w.token_ids) for w in want) / 2  # batched
 
 
