@@ -38,9 +38,11 @@ from tilework.runtime.executable import load_file
 from tilework.runtime.tensor import is_torch_tensor, to_torch_tree
 from tilework.transform.pipeline import Pipeline, stages
 from tilework.transform.layout_weights import LayoutWeights, pack_weights
+from tilework.transform.bf16_weights import BF16_UNIT, Bf16Weights, bf16_params, convert_weights, weight_error
 
 KIND = "tilework.compiled_model"
 _WEIGHT_CONSTANT_LIMIT = 1 << 20  # bytes of constants above which the module text is not saved
+PRECISIONS = ("fp32", "bf16")
 
 
 def compile(
@@ -60,6 +62,7 @@ def compile(
     buckets: Mapping[str, Sequence[int]] | None = None,
     pins: Mapping[str, str] | None = None,
     placement_options: Mapping[str, Any] | None = None,
+    precision: str = "fp32",
 ) -> "CompiledModel":
     """Compile ``model`` (a ``torch.nn.Module``, an ``ExportedProgram``, an ``IRModule``, or
     what another registered frontend accepts) once for every shape of its dynamic dims.
@@ -82,9 +85,14 @@ def compile(
 ``PlacementPlan`` or a saved plan's path reuses a plan.
     ``opt_level=0`` compiles without graph passes, views,
     fusion or memory planning (for comparisons). ``target``: the kernel target (``cpu``, or
-    ``interp``, the NumPy reference interpreter)."""
+    ``interp``, the NumPy reference interpreter). ``precision="bf16"``: float32 linear weights
+    are stored as bfloat16 and multiplied in float32 by the ``quant`` backend
+    (``tilework.transform.bf16_weights``: each output within ``2**-8 * sum|x * w|`` of float32);
+    ``CompiledModel.check_precision`` measures the error against a float32 model."""
     if weights not in ("inputs", "constants"):
         raise UnsupportedError(f"weights must be 'inputs' or 'constants', got {weights!r}")
+    if precision not in PRECISIONS:
+        raise UnsupportedError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     options = CompileOptions(example_args, dynamic_shapes, dim_names, dim_bounds, weights)
     t0 = time.perf_counter()
     imported = import_model(model, options)
@@ -94,14 +102,19 @@ def compile(
     graph_passes, kernel_passes = staged["graph"], staged["kernel"]
     optimized = Pipeline(graph_passes)(imported.module) if graph_passes else imported.module
     model_weights = imported.weights
+    build_backends = backends
+    precision_report: dict[str, Any] = {"mode": precision}
+    if precision == "bf16":
+        optimized, model_weights, precision_report, build_backends = _to_bf16(optimized, model_weights, weights == "inputs", backends)
+        graph_passes = [*graph_passes, Bf16Weights(params=weights == "inputs")]
     if graph_passes and passes is None and backends is None and placement is None:  # weights laid out for our kernels, once
         layout = LayoutWeights(params=weights == "inputs")
         optimized = layout(optimized)
-        model_weights = pack_weights(optimized, imported.weights)
+        model_weights = pack_weights(optimized, model_weights)
         graph_passes = [*graph_passes, layout]
     t2 = time.perf_counter()
     search_options = {"budget_s": budget_s, "buckets": buckets, "pins": pins, **dict(placement_options or {})}
-    exe = build(optimized, target, pipeline=name, passes=[], post_legalize_passes=kernel_passes, backends=backends, placement=placement, placement_options=search_options)
+    exe = build(optimized, target, pipeline=name, passes=[], post_legalize_passes=kernel_passes, backends=build_backends, placement=placement, placement_options=search_options)
     t3 = time.perf_counter()
     lowering = [p.name for stage in ("legalize", "kernel", "schedule", "lowering") for p in staged[stage]]
     report = {
@@ -112,6 +125,7 @@ def compile(
         "dims": {v.name: [v.lo, v.hi, where] for v, where in imported.dims.items()},
         "graph": _graph_summary(optimized),
         "weights": {"count": len(imported.weights), "bytes": int(sum(w.nbytes for w in imported.weights)), "as": weights},
+        "precision": precision_report,
     }
     return CompiledModel(optimized, exe, model_weights, imported.signature, report)
 
@@ -212,6 +226,7 @@ class CompiledModel:
         w = r["weights"]
         where = "trailing params of main, passed by the compiled model" if w["as"] == "inputs" else "constants inside the executable"
         lines.append(f"  weights: {w['count']} tensor(s), {w['bytes'] / 1e6:.1f} MB, as {where}")
+        lines.extend(_precision_lines(r.get("precision", {"mode": "fp32"})))
         g = r["graph"]
         ops = ", ".join(f"{name} x{n}" for name, n in g["ops"])
         lines.append(f"  graph: {g['bindings']} bindings, {g['op_calls']} op calls ({len(g['ops'])} distinct ops): {ops}")
@@ -236,6 +251,22 @@ class CompiledModel:
             lines.extend("  " + line for line in plan.table().splitlines())
         return "\n".join(lines)
 
+    def check_precision(self, reference: Any, *args: Any, **kwargs: Any) -> dict[str, float]:
+        """Run this model and ``reference`` (the float32 model: a CompiledModel or any
+        callable) on the same inputs and measure the difference of their outputs: ``max_abs``,
+        and ``max_rel`` (``max_abs`` over the largest ``|reference|``). Kept in the report;
+        ``explain`` shows the latest measurement."""
+        ours = _flat_arrays(self(*args, **kwargs))
+        ref = _flat_arrays(reference(*args, **kwargs))
+        if len(ours) != len(ref) or any(a.shape != b.shape for a, b in zip(ours, ref)):
+            raise TileworkError(f"check_precision: the reference's outputs {[b.shape for b in ref]} do not match this model's {[a.shape for a in ours]}")
+        max_abs = max((float(np.max(np.abs(a - b))) for a, b in zip(ours, ref) if a.size), default=0.0)
+        scale = max((float(np.max(np.abs(b))) for b in ref if b.size), default=0.0)
+        max_rel = max_abs / scale if scale else 0.0
+        shapes = ", ".join(str(tuple(a.shape)) for a in _flat_arrays([*args, *kwargs.values()]))
+        self.report.setdefault("precision", {"mode": "fp32"})["measured"] = {"max_abs": max_abs, "max_rel": max_rel, "inputs": shapes}
+        return {"max_abs": max_abs, "max_rel": max_rel}
+
     @property
     def placement(self) -> Any:
         """The ``tilework.collage.PlacementPlan`` the model was compiled with (None: no
@@ -253,6 +284,49 @@ class CompiledModel:
 
 
 # -- helpers ---------------------------------------------------------------------------------------
+
+
+def _to_bf16(mod: IRModule, weights: list[np.ndarray], params: bool, backends: Any) -> tuple[IRModule, list[np.ndarray], dict[str, Any], Any]:
+    """``mod`` with its float32 linear weights in bf16 (``Bf16Weights``), the weights to pass,
+    the precision report and the backends to build with (``quant`` first)."""
+    before = mod
+    mod = Bf16Weights(params=params)(mod)
+    main = mod.get("main")
+    converted = bf16_params(main) if isinstance(main, GraphFunc) else ()
+    first = int(main.attrs.get("num_inputs", len(main.params))) if isinstance(main, GraphFunc) else 0
+    err = max((weight_error(weights[i - first]) for i in converted), default=None)
+    linears = sum(n for op, n in _graph_summary(mod)["ops"] if op == "quant_linear") - sum(n for op, n in _graph_summary(before)["ops"] if op == "quant_linear")
+    report: dict[str, Any] = {"mode": "bf16", "linears": linears, "weight_max_rel_err": err, "bound_rel": BF16_UNIT}
+    names = backends.split(",") if isinstance(backends, str) else list(backends or ["codegen"])
+    if linears and "quant" not in names:
+        names = ["quant", *names]
+    return mod, convert_weights(mod, weights), report, (names if linears or backends is not None else None)
+
+
+def _precision_lines(p: dict[str, Any]) -> list[str]:
+    if p.get("mode", "fp32") == "fp32":
+        lines = ["  precision: fp32"]
+    else:
+        err = p.get("weight_max_rel_err")
+        measured_w = f"; weights rounded by at most {err:.2e} relative (measured)" if err is not None else ""
+        lines = [
+            f"  precision: bf16 weights for {p['linears']} linear(s), fp32 accumulation (quant backend){measured_w}",
+            f"    bound per output: |y - y_fp32| <= {p['bound_rel']:.2e} * sum_k |x_k * w_k| (+ fp32 rounding)",
+        ]
+    m = p.get("measured")
+    if m is not None:
+        lines.append(f"    measured against fp32 on inputs {m['inputs']}: max abs error {m['max_abs']:.3e}, {m['max_rel']:.3e} of the largest output")
+    return lines
+
+
+def _flat_arrays(out: Any) -> list[np.ndarray]:
+    if isinstance(out, (list, tuple)):
+        return [a for o in out for a in _flat_arrays(o)]
+    if isinstance(out, dict):
+        return [a for o in out.values() for a in _flat_arrays(o)]
+    if is_torch_tensor(out):
+        return [out.detach().cpu().float().numpy()]
+    return [] if out is None else [np.asarray(out, dtype=np.float64)]
 
 
 def _info_text(info: Any) -> str:

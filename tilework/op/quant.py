@@ -271,4 +271,19 @@ def quant_linear(x: Expr, w: Expr, fmt: str, in_features: int) -> Call:
     return make_call("quant_linear", [x, w], fmt=fmt, in_features=in_features)
 
 
-__all__ = ["QuantFormat", "QUANT_FORMATS", "INTERLEAVED_FORMATS", "ALL_FORMATS", "LEGALIZED_FORMATS", "interleave_rows", "interleaved", "quant_format", "quant_linear", "quant_take"]
+def bf16_rows(w: np.ndarray) -> np.ndarray:
+    """A float32 ``[out, in]`` matrix as ``bf16`` rows (``uint8[out, 2 * in]``): each value
+    rounded to bfloat16 to nearest, ties to even (finite values stay finite unless beyond
+    bfloat16's range)."""
+    bits = np.ascontiguousarray(w, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return rounded.view(np.uint8).reshape(w.shape[0], w.shape[1] * 2)
+
+
+def bf16_values(rows: np.ndarray) -> np.ndarray:
+    """The float32 values of ``bf16`` rows (``uint8[out, 2 * in]`` -> ``float32[out, in]``)."""
+    h = np.ascontiguousarray(rows).view(np.uint16).astype(np.uint32) << 16
+    return h.view(np.float32).reshape(rows.shape[0], rows.shape[1] // 2)
+
+
+__all__ = ["QuantFormat", "QUANT_FORMATS", "INTERLEAVED_FORMATS", "ALL_FORMATS", "LEGALIZED_FORMATS", "bf16_rows", "bf16_values", "interleave_rows", "interleaved", "quant_format", "quant_linear", "quant_take"]

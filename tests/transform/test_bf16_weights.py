@@ -1,0 +1,126 @@
+"""The bf16 mode (``tilework.compile(..., precision="bf16")``, ``tilework.transform.bf16_weights``):
+float32 linear weights rounded to bfloat16, products and sums in float32 on the quant backend.
+
+Numerics at symbolic shapes including 1 and odd sizes, against float32 within the bound the
+pass states (per output ``|y - y32| <= 2**-8 * sum_k |x_k w_k|``, plus float32 rounding), and
+against the exactly rounded weights within float32 rounding; MiniLM in bf16 against torch's
+float32 within ``MINILM_TOL`` of the largest output; ``explain`` reports the measured error."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from tilework.errors import UnsupportedError
+from tilework.op.quant import bf16_rows, bf16_values
+from tilework.transform.bf16_weights import BF16_UNIT, weight_error
+
+torch = pytest.importorskip("torch", reason="these tests compile torch modules")
+import tilework  # noqa: E402
+
+Dim = torch.export.Dim
+F32_SLACK = 1e-5  # float32 sums of at most a few hundred terms, relative to sum |x * w|
+MINILM_TOL = 1e-2  # MiniLM's outputs in bf16 mode against torch float32, relative to the largest
+long_only = pytest.mark.skipif(os.environ.get("TILEWORK_LONG_TESTS", "") != "1", reason="compiles MiniLM (~20 s cold): set TILEWORK_LONG_TESTS=1")
+
+
+def test_bf16_rows_round_to_nearest_even() -> None:
+    w = np.array([[1.0, 1.0 + 2**-8, 1.0 + 3 * 2**-8, -2.5e-3, 0.0, 3.0e38]], np.float32)
+    got = bf16_values(bf16_rows(w))
+    # 1 + 2**-8 is halfway between 1 and 1 + 2**-7: ties go to the even mantissa (1.0); 1 + 3 * 2**-8 to 1 + 2**-6
+    assert got[0, :3].tolist() == [1.0, 1.0, 1.0 + 2**-6]
+    assert got[0, 4] == 0.0
+    rng = np.random.default_rng(0)
+    r = rng.standard_normal((7, 33)).astype(np.float32)
+    assert weight_error(r) < BF16_UNIT
+    assert np.all(np.abs(bf16_values(bf16_rows(r)) - r) <= BF16_UNIT * np.abs(r))
+
+
+class _Linear(torch.nn.Module):
+    def __init__(self, k: int, n: int, bias: bool) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(k, n, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+@pytest.mark.parametrize("weights", ["inputs", "constants"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_within_the_bf16_bound_at_symbolic_shapes(weights: str, bias: bool) -> None:
+    torch.manual_seed(0)
+    k, n = 37, 65
+    m = _Linear(k, n, bias).eval()
+    b, s = Dim("b", min=1, max=8), Dim("s", min=1, max=64)
+    cm = tilework.compile(m, (torch.randn(2, 3, k),), ({0: b, 1: s},), weights=weights, precision="bf16")
+    assert "quant_linear x1" in cm.explain() and "linear_io" not in str(cm.module)
+    w = m.fc.weight.detach().numpy().astype(np.float64)
+    wq = bf16_values(bf16_rows(m.fc.weight.detach().numpy())).astype(np.float64)
+    bias_v = m.fc.bias.detach().numpy().astype(np.float64) if bias else 0.0
+    for shape in ((1, 1, k), (1, 5, k), (3, 17, k), (8, 64, k)):
+        x = torch.randn(*shape)
+        got = cm(x).numpy().astype(np.float64)
+        xd = x.numpy().astype(np.float64)
+        absprod = np.abs(xd) @ np.abs(w).T
+        exact32 = xd @ w.T + bias_v
+        exact_bf = xd @ wq.T + bias_v
+        assert np.all(np.abs(got - exact_bf) <= F32_SLACK * (absprod + np.abs(bias_v))), shape  # only the weights are rounded
+        assert np.all(np.abs(got - exact32) <= BF16_UNIT * absprod + F32_SLACK * (absprod + np.abs(bias_v))), shape
+
+
+class _Mlp(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(19, 41), torch.nn.Linear(41, 19)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+def test_explain_reports_the_measured_error_against_fp32() -> None:
+    torch.manual_seed(1)
+    m = _Mlp().eval()
+    n = Dim("n", min=1, max=32)
+    fp32 = tilework.compile(m, (torch.randn(3, 19),), ({0: n},))
+    cm = tilework.compile(m, (torch.randn(3, 19),), ({0: n},), precision="bf16")
+    assert "precision: fp32" in fp32.explain()
+    text = cm.explain()
+    assert "precision: bf16 weights for 2 linear(s)" in text and "measured against fp32" not in text
+    x = torch.randn(7, 19)
+    err = cm.check_precision(fp32, x)
+    with torch.no_grad():
+        diff = float((cm(x) - m(x)).abs().max())
+    assert err["max_abs"] == pytest.approx(diff, rel=0.05, abs=1e-6) and 0 < err["max_rel"] < 1e-2
+    text = cm.explain()
+    assert "measured against fp32 on inputs (7, 19)" in text and f"{err['max_abs']:.3e}" in text
+
+
+def test_unknown_precision_is_refused() -> None:
+    with pytest.raises(UnsupportedError, match="precision"):
+        tilework.compile(_Linear(4, 4, True), (torch.randn(2, 4),), precision="fp16")
+
+
+@long_only
+def test_minilm_in_bf16_matches_fp32() -> None:
+    pytest.importorskip("transformers")
+    from tests.frontend.test_torch_models import minilm_dir
+    import transformers
+
+    cfg = transformers.BertConfig.from_pretrained(minilm_dir())
+    cfg._attn_implementation = "sdpa"
+    model = transformers.BertModel.from_pretrained(minilm_dir(), config=cfg).eval()
+    b, s = Dim("batch", min=1, max=16), Dim("seq", min=1, max=512)
+    ids = torch.randint(0, cfg.vocab_size, (2, 16))
+    spec = {"input_ids": {0: b, 1: s}, "attention_mask": {0: b, 1: s}}
+    cm = tilework.compile(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, spec, precision="bf16")
+    assert "quant_linear x37" in cm.explain()
+    gen = torch.Generator().manual_seed(0)
+    for batch, seq in ((1, 1), (1, 9), (3, 31)):
+        ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen)
+        with torch.no_grad():
+            err = cm.check_precision(lambda **kw: model(**kw), input_ids=ids, attention_mask=torch.ones_like(ids))
+        print(f"MiniLM bf16 vs fp32 at {(batch, seq)}: {err}")
+        assert err["max_rel"] <= MINILM_TOL, (batch, seq, err)
+    assert "measured against fp32" in cm.explain()

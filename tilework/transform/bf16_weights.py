@@ -1,0 +1,164 @@
+"""bf16_weights: float32 linear weights stored as bfloat16, products accumulated in float32.
+
+A ``linear(x, w[, b])`` (torch's ``[out, in]`` weight) whose ``x``, ``w`` and result are
+float32 and whose weight is a constant becomes ``quant_linear(x, wq, "bf16", in)`` (``+ b``),
+``wq`` the weight rounded to bfloat16 (to nearest, ties to even: ``bf16_rows``) as
+``uint8[out, 2 * in]``. The ``quant`` backend runs that op (weights decoded exactly in
+registers, float32 multiply-adds and sums); so the only rounding added is that of the weights,
+each by less than a relative ``2**-8``: per output ``|y - y32| <= 2**-8 * sum_k |x_k w_k|`` plus
+float32 rounding (``BF16_UNIT``).
+
+With ``params=True`` the same holds for trailing weight params of ``main`` (after
+``num_inputs``) that are read only as such linear weights: they become ``uint8[out, 2 * in]``
+and their indices are recorded in ``main``'s attr ``bf16_weights``; whoever passes the weights
+(``tilework.compile``) converts them once (``convert_weights``). Run before
+``layout_weights``, which then leaves these linears alone.
+
+Requires a well-formed module; guarantees a well-formed module computing the same values up to
+the weights' rounding (given the converted weights).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from tilework.ir.graph import Binding, Call, Constant, Expr, GraphFunc, OpRef, Var, bindings_of, used_vars
+from tilework.ir.info import TensorInfo
+from tilework.ir.module import IRModule
+from tilework.op.base import make_call
+from tilework.op.quant import bf16_rows, bf16_values, quant_linear
+from tilework.pattern.core import Match, op_call
+from tilework.transform.base import Pass
+from tilework.transform.rewrite_driver import Rule, apply_rules
+
+ATTR = "bf16_weights"
+BF16_UNIT = 2.0**-8  # the unit roundoff of bfloat16 (8 significant bits), round to nearest
+
+
+def _weight_ok(e: Expr) -> bool:
+    info = e.info
+    return isinstance(info, TensorInfo) and info.dtype == "float32" and info.shape is not None and len(info.shape) == 2 and all(isinstance(d, int) for d in info.shape)
+
+
+def _is_linear(e: Expr) -> bool:
+    return isinstance(e, Call) and isinstance(e.callee, OpRef) and e.callee.name == "linear" and len(e.args) in (2, 3)
+
+
+def _rewritable(call: Call) -> bool:
+    x, out = call.args[0].info, call.info
+    return _weight_ok(call.args[1]) and isinstance(x, TensorInfo) and x.dtype == "float32" and isinstance(out, TensorInfo) and out.dtype == "float32"
+
+
+def _weight_params(f: GraphFunc) -> list[int]:
+    """Indices of trailing params of ``f`` read only, once per use, as the weight of rewritable
+    linears (never returned, never read otherwise)."""
+    first = int(f.attrs.get("num_inputs", len(f.params)))
+    found = []
+    for i, p in enumerate(f.params):
+        if i < first or not _weight_ok(p):
+            continue
+        users = [b for b in bindings_of(f) if any(v is p for v in used_vars(b.value))]
+        if users and all(_weight_use(b, p) for b in users) and not any(v is p for v in used_vars(f.body.body)):
+            found.append(i)
+    return found
+
+
+def _weight_use(b: object, p: Var) -> bool:
+    v = b.value if isinstance(b, Binding) else None
+    return isinstance(v, Call) and _is_linear(v) and _rewritable(v) and v.args[1] is p and sum(u is p for u in used_vars(v)) == 1
+
+
+class _Convert:
+    """The rewrite of one module: each constant is converted once."""
+
+    def __init__(self, params: dict[Var, Var]) -> None:
+        self.params = params  # old weight param -> the bf16 param
+        self.constants: dict[int, Constant] = {}
+        self.count = 0
+
+    def weight(self, w: Expr, m: Match) -> Expr | None:
+        if isinstance(w, Var) and w in self.params:
+            return self.params[w]
+        c = m.ctx.resolve(w) if isinstance(w, Var) else w
+        if not isinstance(c, Constant) or not _weight_ok(c):
+            return None
+        done = self.constants.get(id(c))
+        if done is None:
+            data = bf16_rows(np.asarray(c.data))
+            done = Constant(data, TensorInfo(tuple(int(d) for d in data.shape), "uint8"), f"{c.name}.bf16" if c.name else "")
+            self.constants[id(c)] = done
+        return done
+
+    def rewrite(self, value: Expr, m: Match) -> Expr | None:
+        assert isinstance(value, Call)
+        if not _rewritable(value):
+            return None
+        wq = self.weight(value.args[1], m)
+        if wq is None:
+            return None
+        w = value.args[1].info
+        assert isinstance(w, TensorInfo) and w.shape is not None and isinstance(w.shape[1], int)
+        self.count += 1
+        y: Expr = quant_linear(value.args[0], wq, "bf16", w.shape[1])
+        if len(value.args) == 3:
+            y = make_call("add", [y, value.args[2]])
+        return y
+
+
+def bf16_params(f: GraphFunc) -> tuple[int, ...]:
+    """The param indices ``bf16_weights`` converted in ``f`` (its ``bf16_weights``)."""
+    return tuple(int(i) for i in f.attrs.get(ATTR, ()))
+
+
+def convert_weights(mod: IRModule, weights: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """``weights`` (the trailing params of ``mod``'s ``main``, in order) as the module's
+    ``main`` takes them: the ones ``bf16_weights`` converted, through ``bf16_rows``."""
+    main = mod.get("main")
+    out = list(weights)
+    if not isinstance(main, GraphFunc):
+        return out
+    first = int(main.attrs.get("num_inputs", len(main.params)))
+    for i in bf16_params(main):
+        out[i - first] = bf16_rows(np.asarray(out[i - first], np.float32))
+    return out
+
+
+def weight_error(w: np.ndarray) -> float:
+    """The largest relative error of ``w``'s entries after rounding to bfloat16 (measured)."""
+    w = np.asarray(w, np.float32)
+    nz = w != 0
+    if not nz.any():
+        return 0.0
+    return float(np.max(np.abs(bf16_values(bf16_rows(w)) - w)[nz] / np.abs(w[nz])))
+
+
+@dataclass(frozen=True)
+class Bf16Weights(Pass):
+    """See the module docstring. ``params``: convert ``main``'s trailing weight params too."""
+
+    params: bool = False
+    name: str = "bf16_weights"
+
+    def run(self, mod: IRModule) -> IRModule:
+        mapping: dict[Var, Var] = {}
+        main = mod.get("main")
+        if self.params and isinstance(main, GraphFunc) and "num_inputs" in main.attrs and ATTR not in main.attrs:
+            idx = _weight_params(main)
+            if idx:
+                params = list(main.params)
+                for i in idx:
+                    p = params[i]
+                    info = p.info
+                    assert isinstance(info, TensorInfo) and info.shape is not None
+                    out_f, in_f = info.shape
+                    assert isinstance(out_f, int) and isinstance(in_f, int)
+                    params[i] = Var(p.name, TensorInfo((out_f, 2 * in_f), "uint8"))
+                    mapping[p] = params[i]
+                mod = mod.with_func("main", main.replace(params=tuple(params), attrs=main.attrs.with_(**{ATTR: tuple(idx)})))
+        return apply_rules(mod, [Rule("linear_bf16_weight", op_call("linear"), _Convert(mapping).rewrite)])
+
+
+__all__ = ["ATTR", "BF16_UNIT", "Bf16Weights", "bf16_params", "convert_weights", "weight_error"]
