@@ -175,10 +175,10 @@ def test_irmodule_compiles_as_is() -> None:
     assert "source: IRModule" in cm.explain()
 
 
-def test_placement_is_not_faked(tiny: tuple[Any, CompiledModel]) -> None:
-    model, _ = tiny
-    with pytest.raises(UnsupportedError, match="placement='auto'"):
-        tilework.compile(model, _inputs(1, 2), placement="auto")
+def test_a_bad_placement_is_refused(tiny: tuple[Any, CompiledModel]) -> None:
+    model, _ = tiny  # placement="auto" itself: tests/collage
+    with pytest.raises(UnsupportedError, match="placement='bogus': not 'auto' and no such placement file"):
+        tilework.compile(model, _inputs(1, 2), placement="bogus")
 
 
 def test_unknown_models_and_missing_examples() -> None:
