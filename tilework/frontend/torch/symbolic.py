@@ -26,7 +26,7 @@ def _finite_int(v: Any) -> int | None:
         if not bool(getattr(v, "is_finite", True)):
             return None
         return int(v)
-    except (TypeError, ValueError, OverflowError):
+    except (TypeError, ValueError, OverflowError, AttributeError):  # torch's int_oo: no number
         return None
 
 
