@@ -50,6 +50,7 @@ from tilework.op.base import (
     tensor_arg,
     unify_dtype,
 )
+from tilework.op.calls import call_tensor
 from tilework.op.kernel import arg, compute_dtype, op_name, out_tensor, reshape_index
 
 if TYPE_CHECKING:
@@ -273,6 +274,16 @@ def _reshaped(ctx: "LegalizeCtx", value: Expr, src: te.Tensor, shape: Sequence[D
     return ctx.bb.emit(ctx.call_te(hint, [value], [src], [out], info), name=hint)
 
 
+def _call_gather(ctx: "LegalizeCtx", hint: str, args: Sequence[Expr], inputs: Sequence[te.Tensor], outputs: Sequence[te.Tensor], out_info: StructInfo) -> Call:
+    """``ctx.call_te`` for a kernel that reads each input element several times (im2col, a
+    pool or a depthwise window): labelled ``out_ewise_fusable`` so that fusion inlines its
+    elementwise consumers but none of its producers (an inlined batch norm would be computed
+    once per tap)."""
+    func = te.create_func(list(inputs), list(outputs))
+    func = func.replace(attrs=func.attrs.with_(op_pattern="out_ewise_fusable"))
+    return call_tensor(ctx.add_kernel(hint, func), list(args), out_info, tuple(func.sym_params))
+
+
 def _const(d: Dim) -> int:
     assert isinstance(d, int)
     return d
@@ -304,7 +315,7 @@ def _conv_unrolled(call: Call, ctx: "LegalizeCtx", x: te.Tensor, w: te.Tensor, b
 
     out = te.compute(tuple(shape), f, name, dtype)
     inputs = [x, w] if bias is None else [x, w, bias]
-    return ctx.call_te(name, call.args, inputs, [out], call.info)
+    return _call_gather(ctx, name, call.args, inputs, [out], call.info)
 
 
 def _conv_gemm(call: Call, ctx: "LegalizeCtx", x: te.Tensor, w: te.Tensor, bias: te.Tensor | None, shape: Sequence[Dim], strides: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int) -> Expr:
@@ -324,20 +335,24 @@ def _conv_gemm(call: Call, ctx: "LegalizeCtx", x: te.Tensor, w: te.Tensor, bias:
     dtype = x.dtype
 
     def gather(nn: Scalar, g: Scalar, c: Scalar, *kp: Scalar) -> Scalar:
-        ks, p = kp[:nsp], kp[nsp]
-        os_: list[Scalar] = []
-        for d in reversed(spatial[1:]):
-            os_.insert(0, p % d)
-            p = p // d
-        os_.insert(0, p)
+        ks, os_ = kp[:nsp], list(kp[nsp:])
+        if padded is not npos:  # one flat position dim, decoded
+            p = os_[0]
+            os_ = []
+            for d in reversed(spatial[1:]):
+                os_.insert(0, p % d)
+                p = p // d
+            os_.insert(0, p)
         pos = _taps(os_, ks, strides, padding, dilation)
         chan = c if groups == 1 else g * cin_g + c
         conds = ([te.lt(kp[nsp], npos)] if padded is not npos else []) + ([_inside(pos, x.shape[2:])] if any(padding) else [])
         load = x[(nn, chan, *pos)]
         return te.if_then_else(te.all(*conds), load, te.cast(0, dtype)) if conds else load
 
-    col6 = te.compute((n, groups, cin_g, *kernel, padded), gather, "im2col", dtype)
-    col = ctx.bb.emit(ctx.call_te("im2col", [call.args[0]], [x], [col6], TensorInfo(tuple(col6.shape), dtype)), name="im2col")
+    # without padded positions the output positions stay spatial dims: the row loop is plain
+    positions = spatial if padded is npos else (padded,)
+    col6 = te.compute((n, groups, cin_g, *kernel, *positions), gather, "im2col", dtype)
+    col = ctx.bb.emit(_call_gather(ctx, "im2col", [call.args[0]], [x], [col6], TensorInfo(tuple(col6.shape), dtype)), name="im2col")
     col2 = _reshaped(ctx, col, te.placeholder(col6.shape, dtype, "col"), (n, groups, red, padded), "im2col_view")
     w3 = _reshaped(ctx, call.args[1], w, (groups, per_group, red), "weight_view")
     cp, wp = te.placeholder((n, groups, red, padded), dtype, "col"), te.placeholder((groups, per_group, red), dtype, "w")
@@ -419,7 +434,7 @@ def _legalize_max_pool(call: Call, ctx: "LegalizeCtx") -> Expr:
 
     if dtype.startswith(("float", "bfloat")) and math.prod(size) <= MAX_UNROLLED_TAPS:
         out = te.compute(shape, taps, "max_pool2d", dtype)
-        return ctx.call_te("max_pool2d", call.args, [x], [out], call.info)
+        return _call_gather(ctx, "max_pool2d", call.args, [x], [out], call.info)
 
     def f(n: Scalar, c: Scalar, *sp: Scalar) -> Scalar:
         ks = [te.reduce_axis(k, f"k{i}") for i, k in enumerate(size)]
