@@ -30,6 +30,7 @@ CASES: dict[str, tuple[tuple[Any, ...], tuple[int, ...], bool, dict[str, Any]]] 
     "conv1d": ((n, 5, w), (7, 5, 3), True, {"strides": 2, "padding": 2, "dilation": 2}),
     "wide_groups_relu": ((n, 32, h, w), (40, 8, 3, 3), True, {"groups": 4, "padding": 1}),
     "static_positions_relu": ((n, 8, 8, 8), (16, 8, 3, 3), True, {"padding": 1}),  # 64 positions: no crop
+    "static_pointwise": ((n, 12, 4, 8), (8, 12, 1, 1), True, {}),  # 32 positions: the input is the column matrix
     # unrolled (at most MAX_UNROLLED_TAPS products per output)
     "depthwise_stride_relu": ((n, 6, h, w), (6, 1, 3, 3), True, {"groups": 6, "strides": 2, "padding": 1}),
     "depthwise_multiplier_5x5_dilation": ((n, 4, h, w), (8, 1, 5, 5), False, {"groups": 4, "padding": (2, 1, 3, 0), "dilation": (1, 2)}),
@@ -85,6 +86,8 @@ def test_gemm_path_is_taken() -> None:
     assert any(n.startswith("conv_crop") for n in names)  # 3 x 3 = 9 positions at h = w = 7, padded
     names = {name for name, _ in Legalize()(_module("static_positions_relu")).tensor_funcs()}
     assert not any(n.startswith("conv_crop") for n in names)
+    names = {name for name, _ in Legalize()(_module("static_pointwise")).tensor_funcs()}
+    assert "im2col" not in names and not any(n.startswith("conv_crop") for n in names), names
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -351,9 +351,13 @@ def _conv_gemm(call: Call, ctx: "LegalizeCtx", x: te.Tensor, w: te.Tensor, bias:
 
     # without padded positions the output positions stay spatial dims: the row loop is plain
     positions = spatial if padded is npos else (padded,)
-    col6 = te.compute((n, groups, cin_g, *kernel, *positions), gather, "im2col", dtype)
-    col = ctx.bb.emit(_call_gather(ctx, "im2col", [call.args[0]], [x], [col6], TensorInfo(tuple(col6.shape), dtype)), name="im2col")
-    col2 = _reshaped(ctx, col, te.placeholder(col6.shape, dtype, "col"), (n, groups, red, padded), "im2col_view")
+    pointwise = padded is npos and all(k == 1 for k in kernel) and all(st == 1 for st in strides) and not any(padding)
+    if pointwise:  # the input already is the column matrix
+        col2 = _reshaped(ctx, call.args[0], x, (n, groups, red, padded), "im2col_view")
+    else:
+        col6 = te.compute((n, groups, cin_g, *kernel, *positions), gather, "im2col", dtype)
+        col = ctx.bb.emit(_call_gather(ctx, "im2col", [call.args[0]], [x], [col6], TensorInfo(tuple(col6.shape), dtype)), name="im2col")
+        col2 = _reshaped(ctx, col, te.placeholder(col6.shape, dtype, "col"), (n, groups, red, padded), "im2col_view")
     w3 = _reshaped(ctx, call.args[1], w, (groups, per_group, red), "weight_view")
     cp, wp = te.placeholder((n, groups, red, padded), dtype, "col"), te.placeholder((groups, per_group, red), dtype, "w")
     bp = None if bias is None else te.placeholder(bias.shape, bias.dtype, "bias")
