@@ -26,7 +26,7 @@ from __future__ import annotations
 from tilework.errors import ScheduleError
 from tilework.ir import sym
 from tilework.ir.dtype import DTYPE_TABLE
-from tilework.ir.loop import Binary, Block, For, TensorFunc
+from tilework.ir.loop import Allocate, Binary, Block, For, SeqStmt, Stmt, TensorFunc
 from tilework.ir.sym import Dim, SymVar
 from tilework.schedule import loop_primitives as lp
 from tilework.schedule.analysis import FuncKind, MatmulParts, classify, main_block, matmul_parts
@@ -46,7 +46,7 @@ from tilework.schedule.rules.common import (
 from tilework.schedule.rules.inline import inline_producers
 from tilework.schedule.rules.reduction import schedule_reduction
 from tilework.schedule.specialize import branch
-from tilework.schedule.tree import blocks_of, get_at, leaves, less_than, subst_stmt, walk
+from tilework.schedule.tree import blocks_of, children, get_at, leaves, less_than, seq, subst_stmt, walk, with_children
 
 NAME = "matmul"
 MR = 8  # rows of a register tile
@@ -118,7 +118,25 @@ def _rows_fixed(func: TensorFunc, rows: Dim, r: int) -> TensorFunc:
     partial one not at all, both known to the C compiler."""
     if not isinstance(rows, SymVar):
         return func
-    return func.replace(body=subst_stmt(func.body, {rows: r}))
+    body = subst_stmt(func.body, {rows: r})
+    return func.replace(body=_drop_empty(body) or body)
+
+
+def _drop_empty(s: Stmt) -> Stmt | None:
+    """``s`` without the loops that run zero times (the partial tile of an exact one), None
+    when nothing is left."""
+    if isinstance(s, For) and isinstance(s.extent, int) and s.extent <= 0:
+        return None
+    cs = children(s)
+    if not cs:
+        return s
+    new = [_drop_empty(c) for c in cs]
+    if isinstance(s, SeqStmt):
+        kept = [c for c in new if c is not None]
+        return seq(kept) if kept else None
+    if any(c is None for c in new):
+        return None if isinstance(s, (For, Allocate)) else s
+    return with_children(s, [c for c in new if c is not None])
 
 
 def _rows_tile(func: TensorFunc, r: int) -> TensorFunc:
