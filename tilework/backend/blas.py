@@ -34,7 +34,8 @@ from tilework.ir.graph import Call, Expr
 from tilework.ir.info import TensorInfo
 from tilework.pattern.core import Pattern, is_op, wildcard
 from tilework.pattern.graph import PatternMatch
-from tilework.runtime.extern import register_extern
+from tilework.errors import RuntimeCheckError
+from tilework.runtime.extern import register_extern, register_extern_check
 
 DTYPES = ("float32", "float64")
 _SHORT = {"float32": "f32", "float64": "f64"}
@@ -209,9 +210,42 @@ def extern_symbol(dtype: str, kind: str) -> str:
     return f"blas.{_SHORT[dtype]}.{kind}"
 
 
+# The operands each extern reads or writes through raw pointers, as products of its dims: for
+# an executable read from a file, the VM checks each call against these (``_check``).
+_SIZES: dict[str, tuple[tuple[int, ...], ...]] = {  # per array (bias excluded): indices into dims
+    "matmul": ((0, 2), (2, 1), (0, 1)),
+    "linear": ((0, 2), (1, 2), (0, 1)),
+    "batch_matmul": ((0, 1, 3), (0, 3, 2), (0, 1, 2)),
+}
+
+
+def _check(dtype: str, kind: str) -> Callable[..., None]:
+    sizes = _SIZES[kind.replace("_bias", "")]
+    want = np.dtype(dtype)
+
+    def check(symbol: str, *args: Any) -> None:
+        *arrays, dims, out = args
+        if kind.endswith("_bias"):
+            del arrays[2]  # the bias is copied by NumPy, which checks its shape
+        ndims = 4 if kind == "batch_matmul" else 3
+        if not isinstance(dims, tuple) or len(dims) != ndims or not all(isinstance(d, (int, np.integer)) and 0 <= d < 1 << 31 for d in dims):
+            raise RuntimeCheckError(f"{symbol}: dims must be {ndims} non-negative ints, got {dims!r}")
+        for i, (a, idx) in enumerate(zip([*arrays, out], sizes)):
+            if not isinstance(a, np.ndarray) or a.dtype != want or not a.flags.c_contiguous:
+                raise RuntimeCheckError(f"{symbol}: argument {i} must be a C-contiguous {dtype} array, got {a!r:.80}")
+            need = int(np.prod([dims[j] for j in idx], dtype=np.int64))
+            if a.size != need:
+                raise RuntimeCheckError(f"{symbol}: argument {i} has {a.size} elements, but dims {dims} need {need}")
+        if not out.flags.writeable:
+            raise RuntimeCheckError(f"{symbol}: the output is read-only")
+
+    return check
+
+
 for _dt in DTYPES:
     for _kind in ("matmul", "matmul_bias", "linear", "linear_bias", "batch_matmul"):
         register_extern(extern_symbol(_dt, _kind), _lazy(_dt, _kind), override=True)
+        register_extern_check(extern_symbol(_dt, _kind), _check(_dt, _kind))
 
 
 # -- patterns, predicates and lowerings ----------------------------------------------------------

@@ -10,7 +10,7 @@ checks every dim.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence, Union
+from typing import Any, Callable, Mapping, Sequence, Union
 
 import numpy as np
 
@@ -102,3 +102,43 @@ def bind_syms(func: TensorFunc, arrays: Sequence[np.ndarray], sym_params: SymVal
                 detail = f" ({src})" if src else ""
                 raise RuntimeCheckError(f"{name}: {_arg_name(func, i)} shape[{k}] = {a.shape[k]} but {sym.to_str(d)} = {want}{detail}")
     return out
+
+
+_MAX_SYM = 1 << 62
+
+
+def call_checker(func: TensorFunc, name: str = "kernel") -> Callable[[Sequence[Any], Any], None]:
+    """A check of one call ``kernel(arrays, sym_values)`` as a VM makes it (sym values in
+    ``kernel_syms`` order), for code that is not trusted to make it right: the arrays' count,
+    type, dtype, layout and writability (``check_arrays``), the sym values' count, type and
+    declared ranges, and every buffer's shape against its dims evaluated at those values, so
+    that a call that passes is one the kernel's loops stay inside. Raises ``RuntimeCheckError``
+    naming the kernel and the argument."""
+    syms = kernel_syms(func)
+    bufs = func.buffers
+
+    def check(arrays: Sequence[Any], sym_values: Any) -> None:
+        check_arrays(func, arrays, name)
+        if not isinstance(sym_values, (tuple, list)) or len(sym_values) != len(syms):
+            raise RuntimeCheckError(f"{name}: expects {len(syms)} sym value(s) ({', '.join(v.name for v in syms)}), got {sym_values!r}")
+        env: dict[SymVar, int] = {}
+        for v, val in zip(syms, sym_values):
+            if not isinstance(val, (int, np.integer)) or isinstance(val, bool) or not -_MAX_SYM < int(val) < _MAX_SYM:
+                raise RuntimeCheckError(f"{name}: sym value {v.name} = {val!r} is not an int")
+            val = int(val)
+            if val < v.lo or (v.hi is not None and val > v.hi):
+                hi = "" if v.hi is None else f", <= {v.hi}"
+                raise RuntimeCheckError(f"{name}: {v.name} = {val} is outside its range (>= {v.lo}{hi})")
+            env[v] = val
+        for i, (b, a) in enumerate(zip(bufs, arrays)):
+            if a.ndim != len(b.shape):
+                raise RuntimeCheckError(f"{name}: {_arg_name(func, i)} has rank {a.ndim}, expected {len(b.shape)}")
+            for k, d in enumerate(b.shape):
+                try:
+                    want = sym.evaluate(d, env)
+                except (ArithmeticError, KeyError, ValueError) as e:
+                    raise RuntimeCheckError(f"{name}: {_arg_name(func, i)} shape[{k}] = {sym.to_str(d)} cannot be evaluated at the given sym values: {e}") from None
+                if a.shape[k] != want:
+                    raise RuntimeCheckError(f"{name}: {_arg_name(func, i)} shape[{k}] = {a.shape[k]} but {sym.to_str(d)} = {want} at the given sym values")
+
+    return check

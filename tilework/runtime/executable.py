@@ -18,7 +18,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from tilework.errors import BuildError, TileworkError
+from tilework.errors import BuildError, RuntimeCheckError, TileworkError
+from tilework.ir.kernel_abi import call_checker
 from tilework.ir.loop import TensorFunc
 from tilework.ir.module import IRModule
 from tilework.runtime import bytecode
@@ -51,6 +52,9 @@ class Executable:
         self.meta = dict(meta or {})
         self._kernel_funcs = None if kernel_funcs is None else dict(kernel_funcs)
         self._loop_ir = loop_ir
+        # True for an executable read from a file (``load_file``): its bytecode is not trusted
+        # to call kernels right, so a VM checks every kernel and library call (docs/errors.md)
+        self.untrusted = False
 
     @property
     def kernel_funcs(self) -> dict[str, TensorFunc]:
@@ -67,13 +71,23 @@ class Executable:
     def kernel_callables(self, private: bool = False) -> dict[str, Callable[..., Any]]:
         """``name -> f(*buffers, sym_values)`` for the VM's kernel calls. ``private``: for a
         caller that runs one call at a time (a VM's set of steps), kernels that offer it
-        (``kernel.private()``) come with argument buffers of their own and no lock."""
+        (``kernel.private()``) come with argument buffers of their own and no lock. For an
+        ``untrusted`` executable each call is first checked against the kernel's loop IR
+        (``tilework.ir.kernel_abi.call_checker``: dtypes, layout, shapes at the sym values)."""
         out: dict[str, Callable[..., Any]] = {}
+        funcs = self.kernel_funcs if self.untrusted else {}
         for module in self.modules:
             for name in module.functions:
                 kernel = module[name]
                 make = getattr(kernel, "private", None) if private else None
-                out[name] = _kernel_adapter(make() if make is not None else kernel)
+                kernel = make() if make is not None else kernel
+                if self.untrusted:
+                    func = funcs.get(name)
+                    if func is None:
+                        raise FormatError(f"kernel {name!r} has no loop IR to check its calls against")
+                    out[name] = _checked_kernel_adapter(kernel, call_checker(func, f"kernel {name}"))
+                else:
+                    out[name] = _kernel_adapter(kernel)
         return out
 
     def stats(self) -> dict[str, int]:
@@ -161,6 +175,7 @@ def load_file(path: str, *, trust_native: bool = False) -> LoadedFile:
     if not isinstance(exe_meta, dict):
         raise FormatError(f"{path!r}: malformed executable metadata")
     exe = Executable(functions, constants, kernel_funcs, modules, dict(exe_meta), loop_ir=loop_ir)
+    exe.untrusted = True
     _check_calls(path, exe)
     arrays_meta = meta.get("arrays") or {}
     texts_meta = meta.get("texts") or {}
@@ -277,6 +292,17 @@ def _json_safe(v: Any) -> Any:
 def _kernel_adapter(kernel: Callable[..., Any]) -> Callable[..., Any]:
     def call(*args: Any) -> None:
         kernel(args[:-1], args[-1])
+
+    return call
+
+
+def _checked_kernel_adapter(kernel: Callable[..., Any], check: Callable[[Sequence[Any], Any], None]) -> Callable[..., Any]:
+    def call(*args: Any) -> None:
+        if not args:
+            raise RuntimeCheckError("a kernel call without arguments")
+        arrays, sym_values = args[:-1], args[-1]
+        check(arrays, sym_values)
+        kernel(arrays, sym_values)
 
     return call
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 _EXTERNS: dict[str, Callable[..., Any]] = {}
+_CHECKS: dict[str, Callable[..., None]] = {}
 
 
 def register_extern(symbol: str, fn: Callable[..., Any], override: bool = False) -> None:
@@ -22,3 +23,15 @@ def register_extern(symbol: str, fn: Callable[..., Any], override: bool = False)
 def lookup_extern(symbol: str) -> Callable[..., Any] | None:
     """The function registered as ``symbol``, or None."""
     return _EXTERNS.get(symbol)
+
+
+def register_extern_check(symbol: str, check: Callable[..., None]) -> None:
+    """``check(symbol, *args)`` raises ``RuntimeCheckError`` unless ``args`` are a call of
+    ``symbol`` that stays inside its arrays (dtypes, layout, sizes against the dims it is
+    given). A VM runs it before each call of an executable read from a file; a function that
+    reaches memory by raw pointers (ctypes, C) needs one to be safe there."""
+    _CHECKS[symbol] = check
+
+
+def lookup_extern_check(symbol: str) -> Callable[..., None] | None:
+    return _CHECKS.get(symbol)

@@ -21,11 +21,11 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Sequence
 
-from tilework.errors import BuildError, RuntimeCheckError
+from tilework.errors import BuildError, RuntimeCheckError, TileworkError
 from tilework.runtime import builtins as B
 from tilework.runtime.bytecode import VMFunction
 from tilework.runtime.executable import Executable
-from tilework.runtime.extern import lookup_extern
+from tilework.runtime.extern import lookup_extern, lookup_extern_check
 from tilework.runtime.memory import Memory
 from tilework.runtime.tensor import as_array, is_torch_tensor, to_torch_tree
 
@@ -61,6 +61,39 @@ class _Loaded:
                 pc = pc + 1 if regs[a] else b
 
 
+class _Checked(_Loaded):
+    """A VM function of an executable read from a file (``Executable.untrusted``): the same
+    steps (its kernel and library calls checked), and an error that is not a ``TileworkError``
+    (a builtin handed values of the wrong kind by changed bytecode) becomes a
+    ``RuntimeCheckError`` naming the function and the instruction."""
+
+    __slots__ = ()
+
+    def _run(self, *args: Any) -> Any:
+        regs: list[Any] = [None] * self.fn.num_regs
+        regs[: len(args)] = args
+        steps = self.steps
+        pc = 0
+        try:
+            while True:
+                kind, a, b = steps[pc]
+                if kind == CALL:
+                    a(regs)
+                    pc += 1
+                elif kind == RET:
+                    return regs[a]
+                elif kind == GOTO:
+                    pc = a
+                else:
+                    pc = pc + 1 if regs[a] else b
+        except TileworkError:
+            raise
+        except Exception as e:  # a RecursionError too (a function that calls itself)
+            ins = self.fn.code[pc]
+            what = f"call of {ins[2][0]} {ins[2][1]!r}" if ins[0] == "call" else ins[0]
+            raise RuntimeCheckError(f"{self.fn.name}: instruction {pc} ({what}) of the loaded executable failed: {type(e).__name__}: {e}") from None
+
+
 class _Bound:
     """The functions of an executable resolved against one ``Memory``: what one call runs."""
 
@@ -69,7 +102,8 @@ class _Bound:
     def __init__(self, vm: "VM", memory: Memory) -> None:
         self.memory = memory
         self.kernels = vm.exe.kernel_callables(private=True)  # argument buffers of this set's own
-        self.funcs = {name: _Loaded(f) for name, f in vm.exe.functions.items()}
+        cls = _Checked if vm.exe.untrusted else _Loaded
+        self.funcs = {name: cls(f) for name, f in vm.exe.functions.items()}
         for loaded in self.funcs.values():
             loaded.steps = [vm._resolve(self, loaded.fn, ins) for ins in loaded.fn.code]
 
@@ -99,6 +133,9 @@ class VM:
             f = None if target is None else (lambda *a, _t=target: _t.invoke(*a))
         else:
             f = lookup_extern(name)
+            check = lookup_extern_check(name) if self.exe.untrusted else None
+            if f is not None and check is not None:
+                f = _checked_extern(name, f, check)
         if f is None:
             raise BuildError(f"{fn.name}: the executable calls {kind} {name!r}, which is not available here")
         return f
@@ -193,6 +230,14 @@ class VM:
     def memory_stats(self) -> dict[str, int]:
         """The allocator's counters (see ``tilework.runtime.memory.Memory.stats``)."""
         return self.memory.stats()
+
+
+def _checked_extern(name: str, f: Callable[..., Any], check: Callable[..., None]) -> Callable[..., Any]:
+    def call(*args: Any) -> Any:
+        check(name, *args)
+        return f(*args)
+
+    return call
 
 
 def _make_step(dst: int, callee: Callable[..., Any], args: Sequence[tuple[str, Any]], constants: Sequence[Any]) -> Callable[[list[Any]], None]:
