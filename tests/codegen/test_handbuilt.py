@@ -89,10 +89,10 @@ def heap_scratch() -> TensorFunc:
     return TensorFunc((A, out, m), body, 1)
 
 
-def split_reduction(hoistable: bool, parallel_k: bool = False) -> TensorFunc:
+def split_reduction(hoistable: bool, parallel_k: bool = False, k_min: int = 0) -> TensorFunc:
     """C[i, j] = sum_k A[i, k] * B[k, j] with k split into ko * 4 + ki. Hoistable order:
     i, j, ko, ki; otherwise i, ko, j, ki (the init must stay guarded in the block)."""
-    n, m, K4 = tw.dim("n"), tw.dim("m"), tw.dim("K4", 0)
+    n, m, K4 = tw.dim("n"), tw.dim("m"), tw.dim("K4", k_min)
     A, B, C = Buffer("A", (n, K4 * 4), "float32"), Buffer("B", (K4 * 4, m), "float32"), Buffer("C", (n, m), "float32")
     i, j, ko, ki = SymVar("i", 0), SymVar("j", 0), SymVar("ko", 0), SymVar("ki", 0, 3)
     blk = make_block(
@@ -203,19 +203,21 @@ def test_split_reduction(lib: CKernelModule, name: str, n: int, k4: int, m: int)
 
 @pytest.mark.parametrize("name", ["red_hoist", "red_guard"])
 def test_empty_reduction_follows_block_semantics(lib: CKernelModule, name: str) -> None:
-    """With zero reduction iterations the init never runs (reduce vars never are 0): the
-    hoisted init is guarded by the extents, so C leaves the output as the interpreter does."""
+    """With zero reduction iterations the init still runs (block semantics): both targets
+    give the sum over an empty axis, 0, in either loop order."""
     a, b = np.zeros((3, 0), np.float32), np.zeros((0, 2), np.float32)
     gi, gc = _both(lib, name, [a, b], [np.full((3, 2), 5.0, np.float32)], {"K4": 0})
-    np.testing.assert_array_equal(gi[0], np.full((3, 2), 5.0, np.float32))
+    np.testing.assert_array_equal(gi[0], np.zeros((3, 2), np.float32))
     np.testing.assert_array_equal(gc[0], gi[0])
 
 
 def test_init_placement_in_c() -> None:
-    hoisted = emit_function(FUNCS["red_hoist"], "tw_x")
-    guarded = emit_function(FUNCS["red_guard"], "tw_x")
-    assert "/* init of block C */" in hoisted and "if (K4 > 0) {" in hoisted
-    assert "== 0) {" not in hoisted
+    for name in ("red_hoist", "red_guard"):  # K4 may be 0: the init leaves the reduce loops
+        text = emit_function(FUNCS[name], "tw_x")
+        assert "block C_init" in text and "== 0) {" not in text, name
+    hoisted = emit_function(split_reduction(True, k_min=1), "tw_x")  # K4 >= 1: left to C
+    guarded = emit_function(split_reduction(False, k_min=1), "tw_x")
+    assert "/* init of block C */" in hoisted and "== 0) {" not in hoisted
     assert "/* init of block C */" not in guarded
     assert "if (vk == 0) {" in guarded
 

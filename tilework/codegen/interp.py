@@ -4,7 +4,8 @@ It is the oracle for the C code and for schedules, so it follows the loop-level 
 literally and independently of ``tilework.codegen.c``:
 
 - every loop kind runs as a serial loop; a block binds its iter vars from their bindings and
-  runs ``init`` whenever all its reduction iter vars are 0, then its body;
+  runs ``init`` whenever all its reduction iter vars are 0, then its body (an init whose
+  reduction may be empty was first moved out of the reduce loops, ``LoopEmitter``);
 - ``Allocate`` makes a fresh array (floats filled with NaN, integers with a marker value, so a
   read before a write shows); ``IfThenElse`` and ``Select`` evaluate only the chosen side;
 - values are NumPy scalars of their dtype, so float32 arithmetic happens in float32 and

@@ -36,6 +36,7 @@ from tilework.ir.loop import (
     Unary,
 )
 from tilework.ir.sym import Dim, FloorDiv, FloorMod, Max, Min, Poly, SymExpr, SymVar
+from tilework.schedule.reduction_primitives import init_empty_reductions
 
 
 def const_value(c: Const) -> float | int | bool:
@@ -65,7 +66,7 @@ class LoopEmitter(abc.ABC):
     indent = "    "
 
     def __init__(self, func: TensorFunc, name: str) -> None:
-        self.func = func
+        self.func = init_empty_reductions(func)  # an init also runs when its reduction is empty
         self.kname = name
         self.names: dict[object, str] = {}
         self.taken: set[str] = set()

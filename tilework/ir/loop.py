@@ -355,7 +355,9 @@ class IterVar:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Block(Stmt):
-    """A named computation. ``init`` runs when every reduction iter var is 0."""
+    """A named computation. ``init`` runs once per spatial point before its first reduction
+    step (when every reduction iter var is 0), and also when the reduction domain is empty:
+    codegen moves such an init out of the reduce loops (``init_empty_reductions``)."""
 
     name: str
     iter_vars: tuple[IterVar, ...]

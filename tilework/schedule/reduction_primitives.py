@@ -178,6 +178,39 @@ def decompose_reduction(func: TensorFunc, block: str, loop: LoopRef) -> TensorFu
     return func.replace(body=splice_at(body, lpath, [nest, new_loop]))
 
 
+def init_empty_reductions(func: TensorFunc) -> TensorFunc:
+    """Make every reduction whose domain may be empty at run time (a reduce extent not
+    provably >= 1, e.g. ``sum`` over a symbolic axis that is 0, or matmul with K = 0) still
+    run its ``init``: the block's init moves out (``decompose_reduction``) to just before the
+    outermost loop that binds one of its reduce iter vars, so it runs once per spatial point
+    whether or not a reduction step follows. Codegen applies this to every kernel. A block
+    ``decompose_reduction`` refuses (a loop binding both kinds of iter var, a guard mixing
+    them, another block under the loop touching its output: no default schedule rule makes
+    one) keeps its init inside and, over an empty domain, its output unwritten."""
+    todo = [
+        b.name
+        for _, b in walk(func.body)
+        if isinstance(b, Block) and b.init is not None and not _nonempty_reduction(b)
+    ]
+    for name in todo:
+        ctx = block_ctx(func, name, "init_empty_reductions")
+        b = ctx.leaf
+        assert isinstance(b, Block)
+        red = _binding_loops(b, "reduce")
+        outer = next((g for g in ctx.loops if g.var in red), None)
+        if outer is None:
+            continue
+        try:
+            func = decompose_reduction(func, name, outer.var)
+        except ScheduleError:
+            continue
+    return func
+
+
+def _nonempty_reduction(b: Block) -> bool:
+    return all(sym.prove_ge(iv.extent, 1) for iv in b.iter_vars if iv.kind == "reduce")
+
+
 # -- cache_write -------------------------------------------------------------------------------
 
 
