@@ -17,7 +17,11 @@ pool, onnxruntime's ``intra_op_num_threads``.
 3. Loading the compiled model saved to a file (``CompiledModel.load``, warm kernel cache: the
    kernels are rebuilt from their loop IR and found in the cache, no compiler runs).
 
-    python bench/bench_minilm.py [--repeat 10] [--requests 100] [--no-torch-compile]
+4. With ``--precision bf16``: tilework also compiled with ``precision="bf16"`` (bf16 weights,
+   fp32 accumulation), measured in the same loop, its own table: speed against tilework fp32
+   and the best fp32 peer, and its error against tilework fp32's outputs at each shape.
+
+    python bench/bench_minilm.py [--repeat 10] [--requests 100] [--no-torch-compile] [--precision bf16]
 """
 
 from __future__ import annotations
@@ -69,12 +73,12 @@ def median_ms(fn: Callable[[], Any], repeat: int) -> float:
     return 1e3 * statistics.median(samples)
 
 
-def compile_tilework(model: Any, opt_level: int) -> Any:
+def compile_tilework(model: Any, opt_level: int, precision: str = "fp32") -> Any:
     dim = torch.export.Dim
     b, s = dim("batch", min=1, max=16), dim("seq", min=1, max=512)
     example = inputs(2, 16, model.config.vocab_size)
     dyn = {"input_ids": {0: b, 1: s}, "attention_mask": {0: b, 1: s}}
-    return tilework.compile(model, example, dyn, opt_level=opt_level)
+    return tilework.compile(model, example, dyn, opt_level=opt_level, precision=precision)
 
 
 class _Positional(torch.nn.Module):
@@ -108,6 +112,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--requests", type=int, default=100)
     ap.add_argument("--no-torch-compile", action="store_true", help="skip torch.compile (slow to compile)")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="bf16: also measure tilework in bf16 mode (its own table, with the error against fp32)")
     args = ap.parse_args()
     torch.set_num_threads(THREADS)
     from tilework.codegen.c.toolchain import cache_dir
@@ -128,6 +133,11 @@ def main() -> None:
     tw_o0 = compile_tilework(model, 0)
     compile_s["tilework -O0"] = time.perf_counter() - t
     systems["tilework -O0"] = lambda x: tw_o0(**x)
+    tw_bf16: Any = None
+    if args.precision == "bf16":
+        t = time.perf_counter()
+        tw_bf16 = compile_tilework(model, 1, "bf16")
+        compile_s["tilework bf16"] = time.perf_counter() - t
 
     def eager(x: dict[str, torch.Tensor]) -> Any:
         with torch.no_grad():
@@ -171,7 +181,7 @@ def main() -> None:
         print(f"save + load: file {os.path.getsize(saved) / 1e6:.1f} MB, load (warm kernel cache) median {1e3 * statistics.median(loads):.0f} ms, outputs bit-identical: {same}")
 
     names = list(systems)
-    rows = []
+    rows, bf16_rows = [], []
     print("compile (s): " + ", ".join(f"{n} {compile_s.get(n, 0):.1f}" for n in names))
     print(f"{'(batch, seq)':>14} " + " ".join(f"{n:>14}" for n in names) + "   tilework speedup vs " + ", ".join(n for n in names if n != "tilework"))
     for batch, seq in SHAPES:
@@ -182,11 +192,23 @@ def main() -> None:
         print(f"{str((batch, seq)):>14} " + " ".join(f"{ms[n]:14.2f}" for n in names) + "   " + ratios)
         best = min(ms[n] for n in names if not n.startswith("tilework"))
         rows.append([str((batch, seq))] + [f"{ms[n]:.2f}" + ("" if n == "tilework" else f" ({ms[n] / ms['tilework']:.2f}x)") for n in names] + [f"{best / ms['tilework']:.2f}x"])
+        if tw_bf16 is not None:
+            bf = median_ms(lambda: tw_bf16(**x), rep)
+            err = tw_bf16.check_precision(tw_opt, **x)  # not torch eager: the ONNX export above changes what the eager model computes
+            print(f"{'':>14} tilework bf16 {bf:.2f} ms: {ms['tilework'] / bf:.2f}x tilework fp32, {best / bf:.2f}x the best fp32 peer; error vs fp32 {err['max_abs']:.2e} abs, {err['max_rel']:.2e} of the largest output")
+            bf16_rows.append([str((batch, seq)), f"{bf:.2f}", f"{ms['tilework']:.2f}", f"{best:.2f}", f"{ms['tilework'] / bf:.2f}x", f"{best / bf:.2f}x", f"{err['max_abs']:.2e}", f"{err['max_rel']:.2e}"])
     emit(
         "minilm",
         f"Real weights; tilework compiled once through torch.export (batch 1..16, seq 1..512); {THREADS} threads for every system; "
         "median ms; (x) = peer time / tilework time (> 1: tilework is faster):\n\n" + table(["(batch, seq)"] + names + ["tilework vs best peer"], rows),
     )
+    if tw_bf16 is not None:
+        emit(
+            "minilm-bf16",
+            f"tilework with precision='bf16' (bf16 linear weights, fp32 accumulation; compiled once, {compile_s['tilework bf16']:.1f} s) in the same run, {THREADS} threads; "
+            "median ms; error = max |bf16 - tilework fp32| over the outputs (tilework fp32 matches torch within 1e-4: tests/frontend/test_torch_models.py), absolute and relative to the largest output:\n\n"
+            + table(["(batch, seq)", "tilework bf16", "tilework fp32", "best fp32 peer", "bf16 vs tilework fp32", "bf16 vs best peer", "max abs error", "relative error"], bf16_rows),
+        )
 
     rng = np.random.default_rng(0)
     trace = [(int(rng.integers(1, 9)), int(rng.integers(8, 257))) for _ in range(args.requests)]

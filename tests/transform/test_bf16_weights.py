@@ -9,6 +9,7 @@ float32 within ``MINILM_TOL`` of the largest output; ``explain`` reports the mea
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -124,3 +125,25 @@ def test_minilm_in_bf16_matches_fp32() -> None:
         print(f"MiniLM bf16 vs fp32 at {(batch, seq)}: {err}")
         assert err["max_rel"] <= MINILM_TOL, (batch, seq, err)
     assert "measured against fp32" in cm.explain()
+
+
+def test_cli_build_with_precision_bf16(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tilework.cli import main
+    from tilework.compiled import CompiledModel
+
+    torch.manual_seed(2)
+    m = _Mlp().eval()
+    ep = torch.export.export(m, (torch.randn(3, 19),), dynamic_shapes=({0: Dim("n", min=1, max=32)},), strict=False)
+    torch.export.save(ep, str(tmp_path / "mlp.pt2"))
+    out = tmp_path / "mlp.tw"
+    assert main(["build", str(tmp_path / "mlp.pt2"), "-o", str(out), "--precision", "bf16"]) == 0
+    cm = CompiledModel.load(str(out))
+    assert "precision: bf16 weights for 2 linear(s)" in cm.explain()
+    x = torch.randn(5, 19)
+    with torch.no_grad():
+        want = m(x).numpy()
+    got = cm(x.numpy())
+    assert 0 < np.abs(got - want).max() <= 1e-2 * np.abs(want).max()
+    (tmp_path / "m.txt").write_text("")
+    assert main(["build", str(tmp_path / "m.txt"), "-o", str(tmp_path / "x.tw"), "--precision", "bf16"]) == 2
+    assert "--precision bf16 applies to .pt2 models only" in capsys.readouterr().err

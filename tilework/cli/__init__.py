@@ -2,7 +2,7 @@
 
     tilework demo                      build, print, parse back and verify a symbolic model
     tilework build IR_FILE -o OUT.tw   compile a module in the text format to an executable
-    tilework build MODEL.pt2 -o OUT.tw [--dim seq=input_ids.1<=512] [--backends blas,torch,codegen]
+    tilework build MODEL.pt2 -o OUT.tw [--dim seq=input_ids.1<=512] [--backends blas,torch,codegen] [--precision bf16]
                                        compile a torch.export program (torch.export.save)
     tilework build MODEL.onnx -o OUT.tw [--dim seq<=512]
                                        compile an ONNX model (--dim bounds a dim_param)
@@ -60,6 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--backends", metavar="LIST", help="backends in priority order, e.g. blas,torch,codegen: each op goes to the first that can run it, the rest to tilework's kernels (see docs/backends.md)")
     b.add_argument("--target", default="cpu", help="the kernel target: cpu (C + OpenMP, default) or interp (the NumPy reference interpreter: slow, needs no compiler)")
     b.add_argument("--pipeline", choices=("default", "O0"), default="default", help="the pass pipeline: default, or O0 (no graph passes, fusion or memory planning)")
+    b.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="(.pt2) bf16: linear weights stored as bfloat16, products accumulated in float32 (tilework.compile's precision)")
     from tilework.cli import placement
 
     placement.add_build_args(b)
@@ -219,6 +220,8 @@ def _build(args: argparse.Namespace) -> int:
         return _build_onnx(args)
     if args.dim:
         raise TileworkError("--dim applies to .pt2 and .onnx models only; a module in the text format declares its dims itself")
+    if getattr(args, "precision", "fp32") != "fp32":
+        raise TileworkError("--precision bf16 applies to .pt2 models only (compiled through tilework.compile)")
     mod = inputs.read_text_module(args.ir_file)
     t0 = time.perf_counter()
     exe = tilework.build(mod, target=args.target, backends=args.backends, pipeline=args.pipeline, **placement_build_options(args))
@@ -239,7 +242,7 @@ def _build_pt2(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     ep = inputs.load_pt2(args.ir_file)
     opts = placement_build_options(args)
-    cm = compile_model(ep, backends=args.backends, dim_names=names, dim_bounds=bounds, weights="constants", opt_level=0 if args.pipeline == "O0" else 1, target=args.target, placement=opts.get("placement"), **(opts.get("placement_options") or {}))
+    cm = compile_model(ep, backends=args.backends, dim_names=names, dim_bounds=bounds, weights="constants", opt_level=0 if args.pipeline == "O0" else 1, target=args.target, placement=opts.get("placement"), precision=getattr(args, "precision", "fp32"), **(opts.get("placement_options") or {}))
     cm.save(args.output)
     stats = cm.executable.stats()
     dims = ", ".join(f"{n} in [{lo}, {'inf' if hi is None else hi}]" for n, (lo, hi, _) in cm.report["dims"].items()) or "none"
@@ -255,6 +258,8 @@ def _build_onnx(args: argparse.Namespace) -> int:
 
     if not os.path.exists(args.ir_file):
         raise TileworkError(f"no such file: {args.ir_file}")
+    if getattr(args, "precision", "fp32") != "fp32":
+        raise TileworkError("--precision bf16 applies to .pt2 models only (compiled through tilework.compile)")
     bounds = inputs.onnx_dim_bounds(args.dim)
     t0 = time.perf_counter()
     mod = from_onnx(args.ir_file, dim_bounds=bounds)
