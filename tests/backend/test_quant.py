@@ -28,6 +28,7 @@ from tilework.backend import availability
 from tilework.backend import quant as Q
 from tilework.errors import RuntimeCheckError, TileworkError
 from tilework.ir.sym import SymVar
+from tilework.runtime.extern import lookup_extern
 from tilework.op.quant import QUANT_FORMATS, interleave_rows
 
 gguf = pytest.importorskip("gguf")
@@ -355,6 +356,29 @@ def test_available_and_offloaded_through_build(rng: np.random.Generator) -> None
         assert (np.abs(y - ref["main"](x, b)) <= bound).all()  # the legalized, dequantized product
 
 
+def test_a_residual_add_runs_in_the_extern(rng: np.random.Generator) -> None:
+    """``r + quant_linear(x, w)`` (either order) is one library call with the same bits as the
+    product and a separate add; an add that broadcasts stays a kernel of its own."""
+    n, k = 48, 96
+    b, _ = blocks(rng, "q4_1", n, k)
+    rows = SymVar("n", 1)
+    mod = module(
+        [("x", (rows, k), "float32"), ("w", (n, b.shape[1]), "uint8"), ("r", (rows, n), "float32"), ("bias", (n,), "float32")],
+        lambda x, w, r, bias: op.add(op.add(r, op.quant_linear(x, w, "q4_1", k)), op.add(op.quant_linear(op.relu(x), w, "q4_1", k), bias)),
+    )
+    exe = tilework.build(mod, backends=["quant", "codegen"])
+    calls = [ins[2][1] for f in exe.functions.values() for ins in f.code if ins[0] == "call"]
+    assert calls.count("quant.linear_add.q4_1") == 1 and calls.count("quant.linear.q4_1") == 1
+    vm = tilework.VM(exe)
+    for m in (1, 3, 9):
+        x, r, bias = (rng.standard_normal(s).astype(np.float32) for s in ((m, k), (m, n), (n,)))
+        want = (r + Q.qlinear(x, b, "q4_1")) + (Q.qlinear(np.maximum(x, 0), b, "q4_1") + bias)
+        np.testing.assert_array_equal(vm["main"](x, b, r, bias), want)
+    y = np.empty((2, n), np.float32)
+    with pytest.raises(RuntimeCheckError, match="residual to add is the output buffer"):
+        lookup_extern(Q.extern_symbol("q4_1", add=True))(np.ones((2, k), np.float32), b, y, (2, n, k), y)
+
+
 def test_k_quants_run_only_on_the_backend(rng: np.random.Generator) -> None:
     b, wf = blocks(rng, "q6_k", 8, 256)
     mod = module([("x", (SymVar("n", 1), 256), "float32"), ("w", b.shape, "uint8")], lambda x, w: op.quant_linear(x, w, "q6_k", 256))
@@ -404,7 +428,7 @@ def test_bad_arguments_raise_clear_errors(rng: np.random.Generator) -> None:
     assert fn(None, b.ctypes.data, y.ctypes.data, 2, 4, 64) == 1
     assert fn(x.ctypes.data, b.ctypes.data, y.ctypes.data, 2, 4, 48) == 2
     assert fn(x.ctypes.data, b.ctypes.data, y.ctypes.data, -1, 4, 64) == 2
-    block = (ctypes.c_int64 * 8)(99, id(x), id(b), id(y), 2, 4, 64, 0)
+    block = (ctypes.c_int64 * 9)(99, id(x), id(b), id(y), 2, 4, 64, 0, 0)
     assert Q.library().packed(ctypes.addressof(block)) == 3
 
 

@@ -48,7 +48,7 @@ from tilework.codegen.c import toolchain
 from tilework.codegen.c.module import _DATA_OFFSET  # also sets GOMP_SPINCOUNT before libgomp loads
 from tilework.errors import BuildError, RuntimeCheckError
 from tilework.ir import sym
-from tilework.ir.graph import Call
+from tilework.ir.graph import Call, OpRef
 from tilework.ir.info import TensorInfo
 from tilework.op.quant import INTERLEAVED_FORMATS, quant_format
 from tilework.pattern.core import Pattern, is_op, wildcard
@@ -63,11 +63,14 @@ _ERRORS = {
     2: "a negative size, or in_features not a multiple of the format's block",
     3: "an unknown format code",
     4: "the decode scratch could not be allocated",
+    5: "the residual to add is the output buffer itself",
 }
 
 
-def extern_symbol(fmt: str) -> str:
-    return f"quant.linear.{fmt}"
+def extern_symbol(fmt: str, add: bool = False) -> str:
+    """The extern of ``quant_linear`` on ``fmt`` blocks; ``add``: of ``quant_linear(x, w) + r``
+    (arguments x, w, r, dims, out)."""
+    return f"quant.linear_add.{fmt}" if add else f"quant.linear.{fmt}"
 
 
 # -- the library ---------------------------------------------------------------------------------
@@ -93,6 +96,7 @@ class QuantLibrary:
     vnni: bool  # the integer path's dot products use AVX-512 VNNI
     handle: Any
     entries: dict[str, Any]
+    add_entries: dict[str, Any]  # tw_qlinear_add_<fmt>: y = x @ W.T + r
     packed: Any
 
     def set_threads(self, n: int) -> None:
@@ -145,12 +149,16 @@ def _load(portable: bool, vnni: bool) -> QuantLibrary:
     result = toolchain.compile_source(source(portable, vnni))
     handle = cache.load_shared_object(result.path, result.data)  # the verified bytes
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    entries = {}
+    entries, add_entries = {}, {}
     for fmt in FORMATS:
         fn = getattr(handle, f"tw_qlinear_{fmt}")
         fn.argtypes = [p, p, p, i64, i64, i64]
         fn.restype = ctypes.c_int32
         entries[fmt] = fn
+        fn = getattr(handle, f"tw_qlinear_add_{fmt}")
+        fn.argtypes = [p, p, p, p, i64, i64, i64]
+        fn.restype = ctypes.c_int32
+        add_entries[fmt] = fn
     packed = handle.tw_qlinear_packed
     packed.argtypes = [p]
     packed.restype = ctypes.c_int32
@@ -164,7 +172,7 @@ def _load(portable: bool, vnni: bool) -> QuantLibrary:
     handle.tw_quant_quantize_x.argtypes = [p, i64, i64, p, p, p]
     handle.tw_quant_quantize_x.restype = ctypes.c_int32
     simd, has_vnni = bool(handle.tw_quant_simd()), bool(handle.tw_quant_vnni())
-    return QuantLibrary(result.path, result.cache_hit, simd, has_vnni, handle, entries, packed)
+    return QuantLibrary(result.path, result.cache_hit, simd, has_vnni, handle, entries, add_entries, packed)
 
 
 def _failure(rc: int, fmt: str, dims: tuple[int, int, int]) -> RuntimeCheckError:
@@ -234,8 +242,9 @@ _FAST: list[Any] = []  # the trampoline, once the library is loaded
 
 
 def _argument_block() -> tuple[Any, int]:
-    """This thread's argument block: fmt, x, w, out (object addresses), M, N, K, data offset."""
-    block = (ctypes.c_int64 * 8)()
+    """This thread's argument block: fmt, x, w, out (object addresses), M, N, K, data offset,
+    residual (an object address, or 0)."""
+    block = (ctypes.c_int64 * 9)()
     block[7] = _DATA_OFFSET or 0
     _TLS.block = (block, ctypes.addressof(block))
     return _TLS.block
@@ -245,37 +254,59 @@ def _extern(fmt: str) -> Callable[[np.ndarray, np.ndarray, tuple[int, int, int],
     code = FORMATS.index(fmt)
 
     def call(x: np.ndarray, w: np.ndarray, dims: tuple[int, int, int], out: np.ndarray) -> None:
-        m, n, k = dims
-        if not _FAST:
-            _FAST.append(library().packed if _DATA_OFFSET is not None else None)
-        fast = _FAST[0]
-        if fast is None or not (isinstance(x, _ND) and isinstance(w, _ND) and isinstance(out, _ND)):
-            rc = library().entries[fmt](np.asarray(x).ctypes.data, np.asarray(w).ctypes.data, out.ctypes.data, m, n, k)
-        else:
-            try:
-                block, addr = _TLS.block
-            except AttributeError:
-                block, addr = _argument_block()
-            block[0:7] = (code, id(x), id(w), id(out), m, n, k)
-            rc = fast(addr)
-        if rc:
-            raise _failure(rc, fmt, dims)
+        _run(fmt, code, x, w, None, dims, out)
 
     call.__name__ = f"quant_linear_{fmt}"
     return call
 
 
+def _extern_add(fmt: str) -> Callable[[np.ndarray, np.ndarray, np.ndarray, tuple[int, int, int], np.ndarray], None]:
+    code = FORMATS.index(fmt)
+
+    def call(x: np.ndarray, w: np.ndarray, r: np.ndarray, dims: tuple[int, int, int], out: np.ndarray) -> None:
+        _run(fmt, code, x, w, r, dims, out)
+
+    call.__name__ = f"quant_linear_add_{fmt}"
+    return call
+
+
+def _run(fmt: str, code: int, x: np.ndarray, w: np.ndarray, r: np.ndarray | None, dims: tuple[int, int, int], out: np.ndarray) -> None:
+    m, n, k = dims
+    if not _FAST:
+        _FAST.append(library().packed if _DATA_OFFSET is not None else None)
+    fast = _FAST[0]
+    if fast is None or not (isinstance(x, _ND) and isinstance(w, _ND) and isinstance(out, _ND) and (r is None or isinstance(r, _ND))):
+        lib = library()
+        xp, wp = np.asarray(x).ctypes.data, np.asarray(w).ctypes.data
+        if r is None:
+            rc = lib.entries[fmt](xp, wp, out.ctypes.data, m, n, k)
+        else:
+            rc = lib.add_entries[fmt](xp, wp, np.asarray(r).ctypes.data, out.ctypes.data, m, n, k)
+    else:
+        try:
+            block, addr = _TLS.block
+        except AttributeError:
+            block, addr = _argument_block()
+        block[0:7] = (code, id(x), id(w), id(out), m, n, k)
+        block[8] = 0 if r is None else id(r)
+        rc = fast(addr)
+    if rc:
+        raise _failure(rc, fmt, dims)
+
+
 for _fmt in FORMATS:
     register_extern(extern_symbol(_fmt), _extern(_fmt), override=True)
+    register_extern(extern_symbol(_fmt, add=True), _extern_add(_fmt), override=True)
 
 
 # -- capability and lowering ---------------------------------------------------------------------
 
 QUANT_LINEAR: Pattern = is_op("quant_linear", wildcard("x"), wildcard("w"))
+QUANT_LINEAR_ADD: Pattern = is_op("add", QUANT_LINEAR, wildcard("r")) | is_op("add", wildcard("r"), QUANT_LINEAR)
 
 
 def _quant_linear_ok(m: PatternMatch) -> bool:
-    call = m.root_call
+    call = _linear_call(m)
     if call is None or call.attrs.get("fmt") not in FORMATS:
         return False
     x, w = m["x"].info, m["w"].info
@@ -285,12 +316,32 @@ def _quant_linear_ok(m: PatternMatch) -> bool:
     )
 
 
+def _linear_call(m: PatternMatch) -> Call | None:
+    return next((c for c in m.calls if isinstance(c.callee, OpRef) and c.callee.name == "quant_linear"), None)
+
+
+def _quant_linear_add_ok(m: PatternMatch) -> bool:
+    """A residual add of the product's own shape (no broadcast) in float32."""
+    call = _linear_call(m)
+    if call is None or not _quant_linear_ok(m):
+        return False
+    r, y = m["r"].info, call.info
+    if not (isinstance(r, TensorInfo) and r.dtype == "float32" and r.shape is not None and isinstance(y, TensorInfo) and y.shape is not None):
+        return False
+    return len(r.shape) == len(y.shape) and all(sym.prove_eq(a, b) for a, b in zip(r.shape, y.shape))
+
+
 def _lower(region: Region) -> Call:
-    assert region.match is not None and region.match.root_call is not None
-    attrs = region.match.root_call.attrs
+    assert region.match is not None
+    call = _linear_call(region.match)
+    assert call is not None
+    attrs = call.attrs
     x, w = region["x"], region["w"]
     rows = sym.product(shape_of(x)[:-1])
-    return lib_call(extern_symbol(attrs["fmt"]), [x, w], region, (rows, shape_of(w)[0], attrs["in_features"]))
+    dims = (rows, shape_of(w)[0], attrs["in_features"])
+    if region.capability == "quant.linear_add":
+        return lib_call(extern_symbol(attrs["fmt"], add=True), [x, w, region["r"]], region, dims)
+    return lib_call(extern_symbol(attrs["fmt"]), [x, w], region, dims)
 
 
 def _cpu_flags() -> set[str]:
@@ -319,7 +370,7 @@ QUANT = register_backend(
         "quant",
         "library",
         _available,
-        (Capability("quant.linear", QUANT_LINEAR, _quant_linear_ok),),
+        (Capability("quant.linear_add", QUANT_LINEAR_ADD, _quant_linear_add_ok), Capability("quant.linear", QUANT_LINEAR, _quant_linear_ok)),
         lower=_lower,
         description="quant_linear on GGUF weight blocks (q4_0, q4_1, q8_0, bf16, f16, q4_k, q6_k; q4_0/q4_1/q8_0 also with 16 rows interleaved) with our own C kernels",
     )

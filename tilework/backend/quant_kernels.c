@@ -39,7 +39,7 @@
  * C99 compiler; define TW_QUANT_PORTABLE to force them).
  *
  * Entry points: tw_qlinear_<fmt>(x, w, y, M, N, K) for q4_0 q4_1 q8_0 bf16 f16 q4_k q6_k
- * q4_0x16 q4_1x16 q8_0x16;
+ * q4_0x16 q4_1x16 q8_0x16, and tw_qlinear_add_<fmt>(x, w, r, y, M, N, K): y = x @ W.T + r;
  * 0 on success, TWQ_E* for a bad argument. tw_qlinear_packed is the trampoline the Python
  * extern calls with NumPy array object addresses; tw_quant_quantize_x exposes the quantization
  * of x to the tests.
@@ -69,6 +69,7 @@ static const int64_t twq_nbytes[TWQ_NFMT] = {18, 20, 34, 2, 2, 144, 210};
 #define TWQ_ESHAPE 2 /* a negative size, or K not a multiple of the block */
 #define TWQ_EFMT 3   /* unknown format code */
 #define TWQ_ENOMEM 4 /* scratch could not be allocated */
+#define TWQ_EALIAS 5 /* the residual of a linear_add is its output */
 
 #ifndef TWQ_GEMV_MAX_M
 #define TWQ_GEMV_MAX_M 8 /* float path, measured: from about 10 rows of x on, the packed GEMM is faster */
@@ -1127,18 +1128,46 @@ int32_t tw_qlinear_q4_0x16(const float* x, const uint8_t* w, float* y, int64_t M
 int32_t tw_qlinear_q4_1x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q4_1X16, x, w, y, M, N, K); }
 int32_t tw_qlinear_q8_0x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q8_0X16, x, w, y, M, N, K); }
 
+/* y = x @ W.T + r (r [M, N], not y): the product, then the residual added to each output (the
+ * float32 sum a separate add would make, so the same bits). */
+static int twq_run_add(int fmt, const float* x, const uint8_t* w, const float* r, float* y, int64_t M, int64_t N, int64_t K) {
+    if (r == NULL && M > 0 && N > 0) return TWQ_ENULL;
+    if (r == y && M > 0 && N > 0) return TWQ_EALIAS;
+    const int rc = twq_run(fmt, x, w, y, M, N, K);
+    if (rc) return rc;
+    for (int64_t i = 0; i < M * N; ++i) y[i] = y[i] + r[i];
+    return 0;
+}
+
+#define TWQ_ADD_ENTRY(NAME, CODE) \
+    int32_t tw_qlinear_add_##NAME(const float* x, const uint8_t* w, const float* r, float* y, int64_t M, int64_t N, int64_t K) { \
+        return twq_run_add(CODE, x, w, r, y, M, N, K); \
+    }
+TWQ_ADD_ENTRY(q4_0, TWQ_Q4_0)
+TWQ_ADD_ENTRY(q4_1, TWQ_Q4_1)
+TWQ_ADD_ENTRY(q8_0, TWQ_Q8_0)
+TWQ_ADD_ENTRY(bf16, TWQ_BF16)
+TWQ_ADD_ENTRY(f16, TWQ_F16)
+TWQ_ADD_ENTRY(q4_k, TWQ_Q4_K)
+TWQ_ADD_ENTRY(q6_k, TWQ_Q6_K)
+TWQ_ADD_ENTRY(q4_0x16, TWQ_Q4_0X16)
+TWQ_ADD_ENTRY(q4_1x16, TWQ_Q4_1X16)
+TWQ_ADD_ENTRY(q8_0x16, TWQ_Q8_0X16)
+
 /* The Python extern's trampoline: a[] = {fmt (the enum above), x, w, y (NumPy array object
- * addresses), M, N, K, data offset}; each array's data pointer is read at byte offset a[7] of
- * its object (the offset is verified on live arrays by the caller). One pointer argument keeps
- * the ctypes call cheap. */
+ * addresses), M, N, K, data offset, r (a residual to add, or 0)}; each array's data pointer is
+ * read at byte offset a[7] of its object (the offset is verified on live arrays by the
+ * caller). One pointer argument keeps the ctypes call cheap. */
 int32_t tw_qlinear_packed(const int64_t* a) {
     if (a == NULL) return TWQ_ENULL;
     const char *xo = (const char*)(intptr_t)a[1], *wo = (const char*)(intptr_t)a[2], *yo = (const char*)(intptr_t)a[3];
+    const char* ro = (const char*)(intptr_t)a[8];
     if (xo == NULL || wo == NULL || yo == NULL) return TWQ_ENULL;
     const int64_t off = a[7];
     const float* x = *(const float* const*)(xo + off);
     const uint8_t* w = *(const uint8_t* const*)(wo + off);
     float* y = *(float* const*)(yo + off);
+    if (ro != NULL) return twq_run_add((int)a[0], x, w, *(const float* const*)(ro + off), y, a[4], a[5], a[6]);
     return twq_run((int)a[0], x, w, y, a[4], a[5], a[6]);
 }
 

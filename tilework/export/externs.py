@@ -1,6 +1,7 @@
 """Library calls in exported C: which backends' externs have a C implementation, and the call.
 
-- ``quant.linear.<fmt>`` (the ``quant`` backend): ``tw_qlinear_<fmt>`` of
+- ``quant.linear.<fmt>`` and ``quant.linear_add.<fmt>`` (the ``quant`` backend):
+  ``tw_qlinear_<fmt>`` and ``tw_qlinear_add_<fmt>`` of
   ``tilework/backend/quant_kernels.c``, which the export ships as it is (plain C with AVX-512
   paths): the same code the VM calls, so the results are the same bits.
 - ``blas.<f32|f64>.<kind>`` (the ``blas`` backend): tilework's portable C loops in
@@ -23,7 +24,7 @@ from tilework.errors import BuildError
 
 QUANT_FORMATS = ("q4_0", "q4_1", "q8_0", "bf16", "f16", "q4_k", "q6_k", "q4_0x16", "q4_1x16", "q8_0x16")
 BLAS_KINDS = {"matmul": 2, "matmul_bias": 3, "linear": 2, "linear_bias": 3, "batch_matmul": 2}
-_QUANT_ERRORS = ("", "a null data pointer", "a negative size, or in_features not a multiple of the format's block", "an unknown format code", "the decode scratch could not be allocated")
+_QUANT_ERRORS = ("", "a null data pointer", "a negative size, or in_features not a multiple of the format's block", "an unknown format code", "the decode scratch could not be allocated", "the residual to add is the output buffer itself")
 
 
 class ExportError(BuildError):
@@ -34,7 +35,7 @@ class ExportError(BuildError):
 def extra_sources(symbols: Sequence[str]) -> list[str]:
     """The C files (beside the runtime) that the library calls ``symbols`` need."""
     out = []
-    if any(s.startswith("quant.linear.") for s in symbols):
+    if any(s.startswith(("quant.linear.", "quant.linear_add.")) for s in symbols):
         out.append("quant_kernels.c")
     if any(s.startswith("blas.") for s in symbols):
         out.append("tw_blas.c")
@@ -46,6 +47,8 @@ def declarations(symbols: Sequence[str]) -> list[str]:
     for fmt in QUANT_FORMATS:
         if f"quant.linear.{fmt}" in symbols:
             lines.append(f"int32_t tw_qlinear_{fmt}(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K);")
+        if f"quant.linear_add.{fmt}" in symbols:
+            lines.append(f"int32_t tw_qlinear_add_{fmt}(const float* x, const uint8_t* w, const float* r, float* y, int64_t M, int64_t N, int64_t K);")
     for short, ctype in (("f32", "float"), ("f64", "double")):
         for kind, n_in in BLAS_KINDS.items():
             if f"blas.{short}.{kind}" not in symbols:
@@ -63,15 +66,17 @@ def _backend_of(symbol: str) -> tuple[str, str]:
 
 def extern_call(symbol: str, vals: Sequence[str], where: str) -> list[str]:
     """C statements running library call ``symbol`` on argument expressions ``vals``."""
-    if symbol.startswith("quant.linear."):
+    if symbol.startswith(("quant.linear.", "quant.linear_add.")):
         fmt = symbol.rpartition(".")[2]
-        if fmt not in QUANT_FORMATS or len(vals) != 4:
+        add = symbol.startswith("quant.linear_add.")
+        if fmt not in QUANT_FORMATS or len(vals) != 4 + add:
             raise ExportError(f"{where}: library call {symbol!r} with {len(vals)} arguments has no C implementation")
-        x, w, dims, out = vals
+        x, w, *residual, dims, out = vals
+        fn, extra = (f"tw_qlinear_add_{fmt}", f"(const float*)({residual[0]})->data, ") if add else (f"tw_qlinear_{fmt}", "")
         errors = "{" + ", ".join(f'"{e}"' for e in _QUANT_ERRORS) + "}"
         return [
-            f"{{ const tw_val* d_ = {dims}; int32_t rc_ = tw_qlinear_{fmt}((const float*)({x})->data, (const uint8_t*)({w})->data, (float*)({out})->data, d_->shape[0], d_->shape[1], d_->shape[2]);",
-            f"  if (rc_) {{ static const char* const e_[] = {errors}; return twrt_fail(m, \"quant_linear ({fmt}, rows=%\" PRId64 \", out_features=%\" PRId64 \", in_features=%\" PRId64 \"): the library refused the call: %s\", d_->shape[0], d_->shape[1], d_->shape[2], rc_ > 0 && rc_ < 5 ? e_[rc_] : \"an error code\"); }} }}",
+            f"{{ const tw_val* d_ = {dims}; int32_t rc_ = {fn}((const float*)({x})->data, (const uint8_t*)({w})->data, {extra}(float*)({out})->data, d_->shape[0], d_->shape[1], d_->shape[2]);",
+            f"  if (rc_) {{ static const char* const e_[] = {errors}; return twrt_fail(m, \"quant_linear ({fmt}, rows=%\" PRId64 \", out_features=%\" PRId64 \", in_features=%\" PRId64 \"): the library refused the call: %s\", d_->shape[0], d_->shape[1], d_->shape[2], rc_ > 0 && rc_ < 6 ? e_[rc_] : \"an error code\"); }} }}",
         ]
     if symbol.startswith("blas."):
         parts = symbol.split(".")
