@@ -19,9 +19,13 @@ from tilework.errors import RuntimeCheckError
 from tilework.ir.builder import BlockBuilder
 from tilework.ir.graph import Var
 from tilework.ir.info import TensorInfo
-from tilework.ir.loop import Block, TensorFunc, walk_stmts
+from tilework import te
+from tilework.codegen import build_library, interp
 from tilework.ir import sym
-from tilework.schedule.reduction_primitives import init_empty_reductions
+from tilework.ir.loop import Block, TensorFunc, walk_stmts
+from tilework.ir.sym import SymVar
+from tilework.schedule.loop_primitives import reorder, split
+from tilework.schedule.reduction_primitives import cache_write, init_empty_reductions, rfactor
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -122,3 +126,61 @@ def test_every_scheduled_kernel_inits_outside_a_maybe_empty_reduction(exe: Any) 
     assert before, "no kernel reduces over a maybe-empty axis"
     for name, f in funcs.items():
         assert _maybe_empty_inits(init_empty_reductions(f)) == [], name
+
+
+# -- hand-scheduled kernels: every primitive that moves reduce loops ---------------------------
+
+
+def _matmul(K: SymVar) -> TensorFunc:
+    M, N = SymVar("M", 1), SymVar("N", 1)
+    r = te.reduce_axis(K, "r")
+    a, b = te.placeholder((M, K), "float32", "a"), te.placeholder((K, N), "float32", "b")
+    c = te.compute((M, N), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), "c")
+    return te.create_func([a, b, c])
+
+
+def _tiled(K: SymVar) -> TensorFunc:
+    f = split(_matmul(K), "i", [None, 4])
+    f = split(f, "j", [None, 8])
+    return reorder(f, "j_0", "i_0", "r", "i_1", "j_1")  # spatial loops inside the reduction
+
+
+def _row_sum_rfactor(K: SymVar) -> TensorFunc:
+    n = SymVar("n", 1)
+    a = te.placeholder((n, K), "float32", "a")
+    r = te.reduce_axis(K, "r")
+    c = te.compute((n,), lambda i: te.sum(a[i, r], axis=r), "c")
+    f = split(te.create_func([a, c]), "r", [None, 4])
+    return rfactor(f, "c", "r_1")
+
+
+SCHEDULED: dict[str, Callable[[SymVar], TensorFunc]] = {
+    "plain": _matmul,
+    "reduce_outermost": lambda K: reorder(_matmul(K), "r", "i", "j"),
+    "split_reduce_reordered": lambda K: reorder(split(_matmul(K), "r", [None, 3]), "i", "r_0", "j", "r_1"),
+    "tiled": _tiled,
+    "cache_write": lambda K: cache_write(_tiled(K), "c", "i_0"),
+    "rfactor_sum": _row_sum_rfactor,
+}
+
+
+@pytest.mark.parametrize("name", list(SCHEDULED))
+def test_hand_scheduled_reductions_at_empty_extent(name: str) -> None:
+    K = SymVar("K", 0)
+    f = SCHEDULED[name](K)
+    lib = build_library({"f": f})
+    rng = np.random.default_rng(3)
+    for kk in (0, 1, 5):
+        if name == "rfactor_sum":
+            a = rng.standard_normal((6, kk)).astype(np.float32)
+            ins, want = [a], a.sum(1)
+        else:
+            a, b = rng.standard_normal((6, kk)).astype(np.float32), rng.standard_normal((kk, 10)).astype(np.float32)
+            ins, want = [a, b], a @ b
+        for run_on in ("interp", "cpu"):
+            out = np.full(want.shape, 7.0, np.float32)
+            if run_on == "interp":
+                interp.run(f, [*ins, out])
+            else:
+                lib["f"].run([*ins, out])
+            np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5, err_msg=f"{name} on {run_on} at K={kk}")
