@@ -24,7 +24,7 @@ from tilework.codegen import build_library, interp
 from tilework.ir import sym
 from tilework.ir.loop import Block, TensorFunc, walk_stmts
 from tilework.ir.sym import SymVar
-from tilework.schedule.loop_primitives import reorder, split
+from tilework.schedule.loop_primitives import fuse, reorder, split
 from tilework.schedule.reduction_primitives import cache_write, init_empty_reductions, rfactor
 
 torch = pytest.importorskip("torch")
@@ -184,3 +184,20 @@ def test_hand_scheduled_reductions_at_empty_extent(name: str) -> None:
             else:
                 lib["f"].run([*ins, out])
             np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5, err_msg=f"{name} on {run_on} at K={kk}")
+
+
+def test_a_schedule_that_keeps_the_init_inside_refuses_an_empty_domain() -> None:
+    """A reduce loop fused with a spatial one cannot be decomposed: at K = 0 both targets
+    raise a RuntimeCheckError instead of leaving the output unwritten; K >= 1 still runs."""
+    f = fuse(_matmul(SymVar("K", 0)), "j", "r")
+    lib = build_library({"f": f})
+    for kk in (0, 2):
+        a, b = np.ones((2, kk), np.float32), np.ones((kk, 3), np.float32)
+        for run in (lambda o: interp.run(f, [a, b, o]), lambda o: lib["f"].run([a, b, o])):
+            out = np.full((2, 3), 7.0, np.float32)
+            if kk == 0:
+                with pytest.raises(RuntimeCheckError, match="reduction over an empty domain"):
+                    run(out)
+            else:
+                run(out)
+                np.testing.assert_array_equal(out, np.full((2, 3), 2.0, np.float32))

@@ -27,9 +27,9 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from tilework.ir.kernel_abi import SymValues, bind_syms, check_arrays, kernel_syms
-from tilework.codegen.loop_emit import LoopEmitter, comment, const_value
+from tilework.codegen.loop_emit import EMPTY_REDUCTION, LoopEmitter, comment, const_value
 from tilework.codegen.target import Target, register_target
-from tilework.errors import IntegerDivisionByZero, WellFormedError
+from tilework.errors import IntegerDivisionByZero, RuntimeCheckError, WellFormedError
 from tilework.ir import sym
 from tilework.ir.dtype import compute_dtype, is_float_dtype, np_dtype
 from tilework.ir.loop import (
@@ -167,6 +167,7 @@ def _fill(dtype: str) -> Any:
 
 _HELPERS: dict[str, Any] = {
     "np": np,
+    "_RuntimeCheckError": RuntimeCheckError,
     "_icast": _icast,
     "_tdiv": _tdiv,
     "_fdiv": _fdiv,
@@ -213,6 +214,9 @@ class _Translator(LoopEmitter):
         for j, v in enumerate(kernel_syms(self.func)):
             self.line(f"{self.bind(v, v.name)} = _syms[{j}]")
             self.scope.add(v)
+        for block, ext in self.empty_reduction_checks():
+            self.line(f"if {self.dim(ext)} < 1:")
+            self.line(f"    raise _RuntimeCheckError({self.value(f'block {block}: {EMPTY_REDUCTION}', 's')})")
         self.stmt(self.func.body)
         self.line("return None")
 

@@ -34,7 +34,10 @@ from tilework.ir.loop import (
     Store,
     TensorFunc,
     Unary,
+    walk_stmts,
 )
+from tilework.ir import sym
+from tilework.ir.kernel_abi import kernel_syms
 from tilework.ir.sym import Dim, FloorDiv, FloorMod, Max, Min, Poly, SymExpr, SymVar
 from tilework.schedule.reduction_primitives import init_empty_reductions
 
@@ -52,6 +55,12 @@ def const_value(c: Const) -> float | int | bool:
     if c.dtype == "bfloat16":
         return float(np.float32(c.value).astype(np_dtype("bfloat16")))
     return int(c.value)
+
+
+EMPTY_REDUCTION = (
+    "a reduction over an empty domain, which this schedule cannot run: its init stays inside the "
+    "reduce loops (e.g. a reduce loop fused with a spatial one), so the output would stay unwritten"
+)
 
 
 def comment(text: str) -> str:
@@ -96,6 +105,21 @@ class LoopEmitter(abc.ABC):
         if name is None:
             raise self.error(f"{what}, which is neither a param nor allocated")
         return name
+
+    def empty_reduction_checks(self) -> list[tuple[str, Dim]]:
+        """(block, reduce extent) for each block whose init stayed inside a reduction that may
+        be empty (``init_empty_reductions`` could not move it out): the kernel must refuse to
+        run when such an extent is below 1 rather than leave the block's output unwritten.
+        Each extent is an expression of the kernel's sym params."""
+        params = set(kernel_syms(self.func))
+        out: list[tuple[str, Dim]] = []
+        for s in walk_stmts(self.func.body):
+            if isinstance(s, Block) and s.init is not None:
+                for iv in s.iter_vars:
+                    ext = iv.extent
+                    if iv.kind == "reduce" and not sym.prove_ge(ext, 1) and set(sym.free_vars(ext)) <= params:
+                        out.append((s.name, ext))
+        return out
 
     def line(self, text: str) -> None:
         self.lines.append(self.indent * self.depth + text)

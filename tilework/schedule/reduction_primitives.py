@@ -186,7 +186,8 @@ def init_empty_reductions(func: TensorFunc) -> TensorFunc:
     whether or not a reduction step follows. Codegen applies this to every kernel. A block
     ``decompose_reduction`` refuses (a loop binding both kinds of iter var, a guard mixing
     them, another block under the loop touching its output: no default schedule rule makes
-    one) keeps its init inside and, over an empty domain, its output unwritten."""
+    one) keeps its init inside; the kernel then raises a ``RuntimeCheckError`` when that
+    reduction's extent is 0 (``LoopEmitter.empty_reduction_checks``)."""
     todo = [
         b.name
         for _, b in walk(func.body)

@@ -215,6 +215,8 @@ class _Emitter(LoopEmitter):
         for j, v in enumerate(kernel_syms(f)):
             self.line(f"const int64_t {self.bind(v, v.name)} = tw_syms[{j}];")
             self.scope.add(v)
+        for _, ext in self.empty_reduction_checks():
+            self.line(f"if ({self.dim(ext)} < 1) return 3; /* a reduction over an empty domain */")
         self.line("int32_t tw_err = 0;")
         self.stmt(f.body)
         self.line("return tw_err;")

@@ -34,7 +34,8 @@ from tilework.ir.kernel_abi import SymValues, bind_syms, check_arrays
 from tilework.codegen import cache
 from tilework.codegen.c import toolchain
 from tilework.codegen.c.emit import emit_module
-from tilework.errors import BuildError, IntegerDivisionByZero
+from tilework.codegen.loop_emit import EMPTY_REDUCTION
+from tilework.errors import BuildError, IntegerDivisionByZero, RuntimeCheckError
 from tilework.runtime.kernels import KernelInfo, KernelModule
 
 # OpenMP workers of our kernels spin between parallel regions before they sleep. libgomp's
@@ -145,6 +146,8 @@ class Kernel:
 def _kernel_error(name: str, rc: int) -> Exception:
     if rc == 2:
         return IntegerDivisionByZero(f"kernel {name}: integer division by zero (the source framework raises here, e.g. torch's ZeroDivisionError)")
+    if rc == 3:
+        return RuntimeCheckError(f"kernel {name}: {EMPTY_REDUCTION}")
     return MemoryError(f"kernel {name}: scratch memory could not be allocated (code {rc})")
 
 

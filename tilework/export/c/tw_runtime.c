@@ -680,5 +680,7 @@ int twrt_tensor_to_shape(tw_model* m, tw_val* dst, const tw_val* x) {
 int twrt_kernel_fail(tw_model* m, const char* name, int32_t rc) {
     if (rc == 2) /* tw_check_nonzero: the source framework raises here (docs/semantics.md) */
         return twrt_fail(m, "kernel %s: integer division by zero", name);
+    if (rc == 3) /* a reduction over an empty domain whose schedule keeps its init inside */
+        return twrt_fail(m, "kernel %s: a reduction over an empty domain, which this schedule cannot run", name);
     return twrt_fail(m, "kernel %s: scratch memory could not be allocated (code %d)", name, rc);
 }
