@@ -116,15 +116,25 @@ def call_checker(func: TensorFunc, name: str = "kernel") -> Callable[[Sequence[A
     naming the kernel and the argument."""
     syms = kernel_syms(func)
     bufs = func.buffers
+    nb, ns, first_out = len(bufs), len(syms), len(bufs) - func.num_outputs
+    dtypes = [np_dtype(b.dtype) for b in bufs]
+    ranges = [(v.lo, _MAX_SYM if v.hi is None else v.hi) for v in syms]
+    # each dim as (sym index, None) when it is a var of ``syms``, (None, int) when constant,
+    # (None, expr) otherwise (evaluated at the call)
+    position = {v: j for j, v in enumerate(syms)}
+    dims: list[list[tuple[int | None, Any]]] = [[(position[d], None) if isinstance(d, SymVar) and d in position else (None, d) for d in b.shape] for b in bufs]
 
-    def check(arrays: Sequence[Any], sym_values: Any) -> None:
+    def fail(arrays: Sequence[Any], sym_values: Any) -> None:
+        """The detailed checks, run when the fast one below did not pass: they raise with the
+        message, or return when the call is right in a form the fast check does not take
+        (NumPy ints as sym values)."""
         check_arrays(func, arrays, name)
-        if not isinstance(sym_values, (tuple, list)) or len(sym_values) != len(syms):
-            raise RuntimeCheckError(f"{name}: expects {len(syms)} sym value(s) ({', '.join(v.name for v in syms)}), got {sym_values!r}")
+        if not isinstance(sym_values, (tuple, list)) or len(sym_values) != ns:
+            raise RuntimeCheckError(f"{name}: expects {ns} sym value(s) ({', '.join(v.name for v in syms)}), got {sym_values!r:.200}")
         env: dict[SymVar, int] = {}
         for v, val in zip(syms, sym_values):
             if not isinstance(val, (int, np.integer)) or isinstance(val, bool) or not -_MAX_SYM < int(val) < _MAX_SYM:
-                raise RuntimeCheckError(f"{name}: sym value {v.name} = {val!r} is not an int")
+                raise RuntimeCheckError(f"{name}: sym value {v.name} = {val!r:.80} is not an int")
             val = int(val)
             if val < v.lo or (v.hi is not None and val > v.hi):
                 hi = "" if v.hi is None else f", <= {v.hi}"
@@ -140,5 +150,37 @@ def call_checker(func: TensorFunc, name: str = "kernel") -> Callable[[Sequence[A
                     raise RuntimeCheckError(f"{name}: {_arg_name(func, i)} shape[{k}] = {sym.to_str(d)} cannot be evaluated at the given sym values: {e}") from None
                 if a.shape[k] != want:
                     raise RuntimeCheckError(f"{name}: {_arg_name(func, i)} shape[{k}] = {a.shape[k]} but {sym.to_str(d)} = {want} at the given sym values")
+
+    def check(arrays: Sequence[Any], sym_values: Any) -> None:
+        if len(arrays) != nb or type(sym_values) not in (tuple, list) or len(sym_values) != ns:
+            return fail(arrays, sym_values)
+        for val, (lo, hi) in zip(sym_values, ranges):
+            if type(val) is not int or not lo <= val <= hi:
+                return fail(arrays, sym_values)
+        env: dict[SymVar, int] | None = None
+        for i, a in enumerate(arrays):
+            if type(a) is not np.ndarray or a.dtype != dtypes[i] or not a.flags.c_contiguous or (i >= first_out and not a.flags.writeable):
+                return fail(arrays, sym_values)
+            shape = a.shape
+            want = dims[i]
+            if len(shape) != len(want):
+                return fail(arrays, sym_values)
+            for got, (j, d) in zip(shape, want):
+                if j is not None:
+                    if got != sym_values[j]:
+                        return fail(arrays, sym_values)
+                elif type(d) is int:
+                    if got != d:
+                        return fail(arrays, sym_values)
+                else:
+                    if env is None:
+                        env = dict(zip(syms, sym_values))
+                    try:
+                        ok = got == sym.evaluate(d, env)
+                    except (ArithmeticError, KeyError, ValueError):
+                        ok = False
+                    if not ok:
+                        return fail(arrays, sym_values)
+        return None
 
     return check
