@@ -164,11 +164,19 @@ SCHEDULED: dict[str, Callable[[SymVar], TensorFunc]] = {
 }
 
 
-@pytest.mark.parametrize("name", list(SCHEDULED))
-def test_hand_scheduled_reductions_at_empty_extent(name: str) -> None:
+@pytest.fixture(scope="module")
+def scheduled() -> tuple[dict[str, TensorFunc], Any]:
+    """The hand-scheduled kernels and one C library of them all (one compiler run)."""
     K = SymVar("K", 0)
-    f = SCHEDULED[name](K)
-    lib = build_library({"f": f})
+    funcs = {name: make(K) for name, make in SCHEDULED.items()}
+    funcs["fused_jr"] = fuse(_matmul(K), "j", "r")
+    return funcs, build_library(funcs)
+
+
+@pytest.mark.parametrize("name", list(SCHEDULED))
+def test_hand_scheduled_reductions_at_empty_extent(scheduled: tuple[dict[str, TensorFunc], Any], name: str) -> None:
+    funcs, lib = scheduled
+    f = funcs[name]
     rng = np.random.default_rng(3)
     for kk in (0, 1, 5):
         if name == "rfactor_sum":
@@ -182,18 +190,18 @@ def test_hand_scheduled_reductions_at_empty_extent(name: str) -> None:
             if run_on == "interp":
                 interp.run(f, [*ins, out])
             else:
-                lib["f"].run([*ins, out])
+                lib[name].run([*ins, out])
             np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5, err_msg=f"{name} on {run_on} at K={kk}")
 
 
-def test_a_schedule_that_keeps_the_init_inside_refuses_an_empty_domain() -> None:
+def test_a_schedule_that_keeps_the_init_inside_refuses_an_empty_domain(scheduled: tuple[dict[str, TensorFunc], Any]) -> None:
     """A reduce loop fused with a spatial one cannot be decomposed: at K = 0 both targets
     raise a RuntimeCheckError instead of leaving the output unwritten; K >= 1 still runs."""
-    f = fuse(_matmul(SymVar("K", 0)), "j", "r")
-    lib = build_library({"f": f})
+    funcs, lib = scheduled
+    f = funcs["fused_jr"]
     for kk in (0, 2):
         a, b = np.ones((2, kk), np.float32), np.ones((kk, 3), np.float32)
-        for run in (lambda o: interp.run(f, [a, b, o]), lambda o: lib["f"].run([a, b, o])):
+        for run in (lambda o: interp.run(f, [a, b, o]), lambda o: lib["fused_jr"].run([a, b, o])):
             out = np.full((2, 3), 7.0, np.float32)
             if kk == 0:
                 with pytest.raises(RuntimeCheckError, match="reduction over an empty domain"):
