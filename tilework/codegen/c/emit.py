@@ -306,7 +306,8 @@ class _Emitter(LoopEmitter):
         starts a perfect nest of loops ending in the block, the nest's vars feed only reduce
         iter vars, each reduce binding is a positive combination of them (zero exactly when
         they all are), and every nest var is used. The init then runs when every extent of
-        the nest is positive, which is what the block semantics say."""
+        the nest is positive; an init whose reduction may be empty never gets here (it was moved
+        out by ``init_empty_reductions``, or the kernel refuses that case on entry)."""
         chain: list[For] = []
         node: Stmt = s
         while isinstance(node, For):
