@@ -55,22 +55,7 @@ MAX_UNROLL = 256  # iterations a Loop with a trip count known at conversion time
 
 def _run_body(ctx: NodeCtx, body: GraphProto, inputs: list[Value]) -> list[Value]:
     """The body graph converted once with its inputs bound to ``inputs`` (a nested scope)."""
-    from tilework.frontend.onnx.importer import _Scope  # the importer imports the converters
-
-    imp = ctx.imp
-    if len(body.input) != len(inputs):
-        raise ctx.unsupported(f"the body takes {len(body.input)} inputs, the loop gives {len(inputs)}")
-    imp.scope = _Scope(imp.scope)
-    imp.depth += 1
-    try:
-        for vi, v in zip(body.input, inputs):
-            imp.scope.values[vi.name] = v
-        imp.convert_nodes(body)
-        return [imp.lookup(o.name, ctx) for o in body.output]
-    finally:
-        assert imp.scope.parent is not None
-        imp.scope = imp.scope.parent
-        imp.depth -= 1
+    return ctx.imp.convert_subgraph(body, inputs, ctx)
 
 
 @converter("Loop", 1, 25, static_inputs=(0, 1))

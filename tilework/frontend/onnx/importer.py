@@ -241,15 +241,19 @@ class Importer:
         for node in graph.node:
             self.convert_node(node)
 
-    def convert_subgraph(self, graph: GraphProto) -> list[Value]:
-        """Convert a branch graph in a nested scope; its outputs as Values."""
-        if len(graph.input):
-            raise UnsupportedError(f"subgraph {graph.name!r} has inputs; only If branches (no inputs) are supported")
+    def convert_subgraph(self, graph: GraphProto, inputs: Sequence[Value] = (), ctx: NodeCtx | None = None) -> list[Value]:
+        """Convert a subgraph (an If branch, a Loop body) in a nested scope, its inputs bound to
+        ``inputs``; its outputs as Values. ``ctx``: the node it belongs to, for errors."""
+        if len(graph.input) != len(inputs):
+            msg = f"subgraph {graph.name!r} takes {len(graph.input)} input(s), the node gives {len(inputs)}"
+            raise ctx.unsupported(msg) if ctx is not None else UnsupportedError(msg)
         self.scope = _Scope(self.scope)
         self.depth += 1
         try:
+            for vi, v in zip(graph.input, inputs):
+                self.scope.values[vi.name] = v
             self.convert_nodes(graph)
-            return [self.lookup(o.name) for o in graph.output]
+            return [self.lookup(o.name, ctx) for o in graph.output]
         finally:
             assert self.scope.parent is not None
             self.scope = self.scope.parent
