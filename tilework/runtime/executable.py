@@ -175,7 +175,7 @@ def load_file(path: str, *, trust_native: bool = False) -> LoadedFile:
     if not isinstance(exe_meta, dict):
         raise FormatError(f"{path!r}: malformed executable metadata")
     exe = Executable(functions, constants, kernel_funcs, modules, dict(exe_meta), loop_ir=loop_ir)
-    exe.untrusted = True
+    exe.untrusted = not trust_native  # a file trusted with native code needs no checked calls
     _check_calls(path, exe)
     arrays_meta = meta.get("arrays") or {}
     texts_meta = meta.get("texts") or {}
