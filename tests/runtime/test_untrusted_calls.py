@@ -82,3 +82,26 @@ def test_a_blas_call_with_dims_past_its_buffers_is_refused() -> None:
     exe = _resigned(data, wider)
     with pytest.raises(RuntimeCheckError, match=r"blas.f32.linear: argument 1 has 32 elements, but dims \(3, 4000, 8\) need 32000"):
         tw.VM(exe)["main"](x, w)
+
+
+def test_a_quant_call_with_dims_past_its_buffers_is_refused() -> None:
+    from tilework.backend import quant as Q
+
+    n, k = 16, 64
+    rows = SymVar("n", 1)
+    mod = module([("x", (rows, k), "float32"), ("w", (n, Q.row_bytes("q8_0", k)), "uint8")], lambda x, w: op.quant_linear(x, w, "q8_0", k))
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "m.tw")
+        tw.build(mod, backends=["quant"]).save(path)
+        with open(path, "rb") as f:
+            data = f.read()
+    x, w = np.ones((3, k), np.float32), np.zeros((n, Q.row_bytes("q8_0", k)), np.uint8)
+    np.testing.assert_array_equal(tw.VM(_resigned(data, lambda code: None))["main"](x, w), Q.qlinear(x, w, "q8_0"))
+
+    def deeper(code: list[Any]) -> None:  # dims (n, 16, 64) become (n, 16, 6400)
+        _call(code, "quant.linear.q8_0")
+        dims = [ins for ins in code if ins[0] == "call" and ins[3] == "vm_make_shape"][-1]
+        dims[4][1][1]["t"][5] = 6400
+
+    with pytest.raises(RuntimeCheckError, match=r"quant.linear.q8_0: x must be a C-contiguous float32 array of 19200 elements"):
+        tw.VM(_resigned(data, deeper))["main"](x, w)

@@ -53,7 +53,7 @@ from tilework.ir.info import TensorInfo
 from tilework.op.quant import INTERLEAVED_FORMATS, quant_format
 from tilework.pattern.core import Pattern, is_op, wildcard
 from tilework.pattern.graph import PatternMatch
-from tilework.runtime.extern import register_extern
+from tilework.runtime.extern import register_extern, register_extern_check
 
 FORMATS = ("q4_0", "q4_1", "q8_0", "bf16", "f16", "q4_k", "q6_k", "q4_0x16", "q4_1x16", "q8_0x16")  # the C codes' order
 INT8_FORMATS = ("q4_0", "q4_1", "q8_0", "q4_0x16", "q4_1x16", "q8_0x16")  # the integer path: x quantized to 8-bit blocks of 32
@@ -294,9 +294,36 @@ def _run(fmt: str, code: int, x: np.ndarray, w: np.ndarray, r: np.ndarray | None
         raise _failure(rc, fmt, dims)
 
 
+def _check(fmt: str) -> Callable[..., None]:
+    """The check a VM runs before each call of a loaded executable (the C code reads ``x``,
+    ``w`` and the residual and writes ``out`` by raw pointers, as far as the dims say)."""
+
+    def check(symbol: str, x: Any, w: Any, *rest: Any) -> None:
+        *residual, dims, out = rest
+        if len(residual) > 1 or not isinstance(dims, tuple) or len(dims) != 3 or not all(isinstance(d, (int, np.integer)) and 0 <= d < 1 << 31 for d in dims):
+            raise RuntimeCheckError(f"{symbol}: dims must be three non-negative ints, got {dims!r:.80}")
+        m, n, k = (int(d) for d in dims)
+        fm = quant_format(fmt)
+        if k % fm.block or (fmt in INTERLEAVED_FORMATS and n % 16):
+            raise RuntimeCheckError(f"{symbol}: dims {dims} do not fit the {fmt} blocks")
+        for what, a, dtype, size in (("x", x, np.float32, m * k), ("the residual", residual[0] if residual else None, np.float32, m * n), ("out", out, np.float32, m * n)):
+            if a is None and what == "the residual":
+                continue
+            if not isinstance(a, np.ndarray) or a.dtype != dtype or not a.flags.c_contiguous or a.size != size:
+                raise RuntimeCheckError(f"{symbol}: {what} must be a C-contiguous float32 array of {size} elements for dims {dims}, got {a!r:.80}")
+        if not isinstance(w, np.ndarray) or not w.flags.c_contiguous or w.nbytes != n * fm.row_bytes(k):
+            raise RuntimeCheckError(f"{symbol}: the weights must be {n * fm.row_bytes(k)} contiguous bytes for dims {dims}, got {w!r:.80}")
+        if not out.flags.writeable:
+            raise RuntimeCheckError(f"{symbol}: out is read-only")
+
+    return check
+
+
 for _fmt in FORMATS:
     register_extern(extern_symbol(_fmt), _extern(_fmt), override=True)
     register_extern(extern_symbol(_fmt, add=True), _extern_add(_fmt), override=True)
+    register_extern_check(extern_symbol(_fmt), _check(_fmt))
+    register_extern_check(extern_symbol(_fmt, add=True), _check(_fmt))
 
 
 # -- capability and lowering ---------------------------------------------------------------------
