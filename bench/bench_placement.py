@@ -43,6 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tilework as tw  # noqa: E402
 from bench_backends import onnxruntime_whole, timeit, torch_eager, weights_of  # noqa: E402
+from report import emit, table  # noqa: E402
 from tilework.collage import PlacementPlan  # noqa: E402
 from tilework.ir.module import IRModule  # noqa: E402
 from tilework.models import reference as R  # noqa: E402
@@ -164,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {b}: {availability(b)[1]}")
     speedups: list[float] = []
     worst: list[tuple[float, str]] = []
+    summary: list[tuple[str, ...]] = []
+    per_shape: list[str] = []
     for name in args.models.split(","):
         r = run_model(name, args.layers, args.repeat, args.budget)
         ms, cols = r["ms"], list(r["ms"])
@@ -171,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{name}")
         print("| shape | " + " | ".join(cols) + " | best single | auto vs best single |")
         print("|" + "---|" * (len(cols) + 3))
+        rows = []
         for shape in r["shapes"]:
             best = min(singles, key=lambda c: ms[c][shape])
             ratio = ms[best][shape] / ms["auto"][shape]
@@ -178,16 +182,32 @@ def main(argv: list[str] | None = None) -> int:
             worst.append((ratio, f"{name} {shape}"))
             cells = " | ".join(f"{ms[c][shape]:.3f}" for c in cols)
             print(f"| {shape} | {cells} | {best} | {ratio:.2f}x |")
+            rows.append([str(shape)] + [f"{ms[c][shape]:.3f}" for c in cols] + [best, f"{ratio:.2f}x"])
+        per_shape.append(f"{name}, ms:\n\n" + table(["shape"] + cols + ["best single", "auto vs best single"], rows))
         s = r["plan"].stats
         share = s.get("cache_share", 0.0)
         print(f"  search {s.get('search_s', 0):.1f} s over {s.get('candidates')} candidates x {s.get('buckets')} bucket(s): {s.get('measured', 0)} measured, {s.get('cache_hits', 0)} from the cache ({100 * share:.0f}%), {s.get('builds', 0)} builds")
         print(f"  compile with placement: first {r['first_s']:.1f} s, second (warm cost cache) {r['second_s']:.2f} s = {100 * r['second_s'] / r['first_s']:.1f}% of the first; same plan: {r['same_plan']}")
         print("  single-backend compiles: " + ", ".join(f"{c} {t:.1f} s" for c, t in r["setup"].items()))
+        summary.append((
+            name,
+            f"{s.get('search_s', 0):.1f} s",
+            f"{s.get('candidates')} x {s.get('buckets')}, {s.get('measured', 0)} measured, {100 * share:.0f}% from the cache",
+            f"{r['first_s']:.1f} s",
+            f"{r['second_s']:.2f} s ({100 * r['second_s'] / r['first_s']:.1f}%), same plan: {r['same_plan']}",
+        ))
         if args.plans:
             print("\n".join("  " + line for line in r["plan"].table().splitlines()))
     geo = math.exp(statistics.fmean(math.log(x) for x in speedups))
     slower = [w for w in worst if w[0] < 0.97]
-    print(f"\nauto vs the best single backend at each shape: geometric mean {geo:.3f}x; slower than it by more than 3% at {len(slower)} of {len(worst)} shapes" + (f" ({', '.join(f'{n} {x:.2f}x' for x, n in sorted(slower))})" if slower else ""))
+    verdict = f"auto vs the best single backend at each shape: geometric mean {geo:.3f}x (aim 1.15x); slower than it by more than 3% at {len(slower)} of {len(worst)} shapes" + (f" ({', '.join(f'{n} {x:.2f}x' for x, n in sorted(slower))})" if slower else "")
+    print("\n" + verdict)
+    emit(
+        "placement",
+        f"`placement=\"auto\"` vs every single-backend configuration, {threads}, all in one process{', empty cost cache' if args.fresh else ''}:\n\n"
+        + table(["model", "search", "candidates x buckets", "first compile", "second compile (warm cost cache)"], summary)
+        + "\n\n" + "\n\n".join(per_shape) + f"\n\n{verdict}.",
+    )
     return 0
 
 

@@ -41,6 +41,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
+from report import emit
+
 THREADS = 2
 PROMPTS = [
     "1, 2, 3, 4, 5,",
@@ -229,24 +231,27 @@ def main() -> int:
                       + (f" ({r.errors[0]})" if r.errors else ""), file=sys.stderr, flush=True)
         finally:
             server.stop()
-    print(f"\n{args.max_tokens} tokens per request, {args.requests} request(s) per client, greedy, {args.threads} thread(s) per server; {os.path.basename(args.model)}\n")
-    print("| server | clients | tokens/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | ok / sent | tokens / asked |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    out = [f"{args.max_tokens} tokens per request, {args.requests} request(s) per client, greedy, {args.threads} thread(s) per server; {os.path.basename(args.model)}", ""]
+    out.append("| server | clients | tokens/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | ok / sent | tokens / asked |")
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, rows in figures.items():
         for n, row in rows.items():
-            print(f"| {name} | {n} | {row['throughput']:.1f} | {1e3 * row['ttft_p50']:.0f} | {1e3 * row['ttft_p99']:.0f} | {1e3 * row['itl_p50']:.1f}"
-                  f" | {1e3 * row['itl_p99']:.1f} | {row['ok']} / {row['sent']} | {row['tokens']} / {row['sent'] * args.max_tokens} |")
+            out.append(f"| {name} | {n} | {row['throughput']:.1f} | {1e3 * row['ttft_p50']:.0f} | {1e3 * row['ttft_p99']:.0f} | {1e3 * row['itl_p50']:.1f}"
+                       f" | {1e3 * row['itl_p99']:.1f} | {row['ok']} / {row['sent']} | {row['tokens']} / {row['sent'] * args.max_tokens} |")
+    out.append("")
     for name, rows in figures.items():
         if 1 in rows and max(levels) in rows and max(levels) > 1 and rows[1]["throughput"] > 0:
-            print(f"\n{name}: {max(levels)} clients / 1 client throughput = {rows[max(levels)]['throughput'] / rows[1]['throughput']:.2f}x")
+            out.append(f"- {name}: {max(levels)} clients / 1 client throughput = {rows[max(levels)]['throughput'] / rows[1]['throughput']:.2f}x")
             top, one = rows[max(levels)]["decode_tok_s"], rows[1]["decode_tok_s"]
             if top == top and one == one:  # not NaN: the server reports its decode steps
-                print(f"{name}: decode tokens/s during decode steps (its /metrics): {one:.1f} at 1 client, {top:.1f} at {max(levels)} = {top / one:.2f}x")
+                out.append(f"- {name}: decode tokens/s during decode steps (its /metrics): {one:.1f} at 1 client, {top:.1f} at {max(levels)} = {top / one:.2f}x")
     if "tilework" in figures and "llama.cpp" in figures:
         for n in levels:
             a, b = figures["tilework"].get(n), figures["llama.cpp"].get(n)
             if a and b and b["throughput"] > 0:
-                print(f"{n} clients: tilework / llama.cpp throughput = {a['throughput'] / b['throughput']:.2f}x")
+                out.append(f"- {n} clients: tilework / llama.cpp throughput = {a['throughput'] / b['throughput']:.2f}x")
+    print("\n" + "\n".join(out))
+    emit("serve", "\n".join(out))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(figures, fh, indent=1)

@@ -45,15 +45,19 @@ class Bench:
 
 BENCHES = [
     Bench(("graph-build",), ("bench/bench_graph_build.py",)),
-    Bench(("codegen-matmul", "codegen-compile"), ("bench/bench_codegen.py", "--threads", THREADS)),
+    Bench(("codegen-matmul", "codegen-compile", "codegen-mlp"), ("bench/bench_codegen.py", "--threads", THREADS)),
     Bench(("kernels-rows-2t", "kernels-attention-2t"), ("bench/bench_kernels.py", "--threads", "2")),
     Bench(("kernels-rows-1t", "kernels-attention-1t"), ("bench/bench_kernels.py", "--threads", "1")),
     Bench(("vm",), ("bench/bench_vm.py",)),
     Bench(("memory", "fusion"), ("bench/bench_memory.py",)),
-    Bench(("minilm", "minilm-trace"), ("bench/bench_minilm.py",), cold_cache=True),
+    Bench(("minilm", "minilm-bf16", "minilm-trace"), ("bench/bench_minilm.py", "--precision", "bf16"), cold_cache=True),
+    Bench(("vision",), ("bench/bench_vision.py",)),
     Bench(("backends",), ("bench/bench_backends.py",)),
+    Bench(("placement",), ("bench/bench_placement.py", "--fresh", "--repeat", "15")),
     Bench(("quant",), ("bench/bench_quant.py", "--threads", THREADS)),
     Bench(("llm", "llm-aims"), ("bench/bench_llm.py",)),
+    Bench(("serve",), ("bench/bench_serve.py",)),
+    Bench(("aot.overhead", "aot.minilm", "aot.llama"), ("bench/bench_aot.py",)),
 ]
 
 
