@@ -126,3 +126,23 @@ def test_a_batch_decodes_like_its_sequences_alone_and_one_build_serves_all(monke
             t.append(int(np.argmax(row)))
     assert together == alone
     assert builds == [1]  # one compilation for prompts of 1, 3 and 17 tokens and batches of 1 and 3
+
+
+def test_a_cache_that_cannot_be_written_leaves_the_model_working(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """The compiled decoder is kept in the cache when it can be; a read-only cache gives a
+    warning, not an error (the build itself is stubbed: this is about the cache)."""
+    from tilework.codegen.cache import CacheWarning
+    from tilework.runtime.executable import Executable
+
+    cfg = LlmConfig.from_hf_config(_hf().config.to_dict())
+    monkeypatch.setenv("TILEWORK_CACHE_DIR", str(tmp_path / "cache"))
+    built: list[Any] = []
+    monkeypatch.setattr(llm_compile, "_BUILDER", [lambda module, backends=None: built.append(module) or Executable({}, [], {})])
+
+    def refuse(self: Executable, path: str) -> None:
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(Executable, "save", refuse)
+    with pytest.warns(CacheWarning, match="not kept in the cache"):
+        exe = llm_compile.compiled_decoder(cfg, {}, max_batch=1)
+    assert len(built) == 1 and isinstance(exe, Executable)

@@ -28,11 +28,13 @@ import hashlib
 import json
 import platform
 import time
+import warnings
 from pathlib import Path
 from typing import Callable, Mapping
 
 import numpy as np
 
+from tilework.codegen.cache import CacheWarning
 from tilework.errors import TileworkError
 from tilework.llm.config import LlmConfig
 from tilework.llm.model import LlamaDecoder, decoder_spec, merged_parts
@@ -99,7 +101,11 @@ def compiled_decoder(
     if use_cache and path.exists():
         say("loading the compiled model")
         try:
-            return Executable.load(str(path))
+            exe = Executable.load(str(path))
+            # our own entry in the private cache directory (its content hash checked on load),
+            # not a file from elsewhere: its kernel calls need no per-call argument checks
+            exe.untrusted = False
+            return exe
         except TileworkError:
             pass  # a stale or damaged entry: build again
     if not _BUILDER:
@@ -113,8 +119,11 @@ def compiled_decoder(
     exe = _BUILDER[0](module, backends=backends)
     exe.meta["llm"] = {"config": config.to_dict(), "max_batch": max_batch, "compile_s": round(time.perf_counter() - t0, 2)}
     if use_cache:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        exe.save(str(path))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            exe.save(str(path))
+        except OSError as e:  # a read-only cache: the model runs, it is compiled again next time
+            warnings.warn(f"the compiled model is not kept in the cache ({e})", CacheWarning, stacklevel=2)
     return exe
 
 
