@@ -14,22 +14,25 @@ from tilework.ir.builder import BlockBuilder
 from tilework.ir.graph import Var
 from tilework.ir.info import TensorInfo
 from tilework.llm.quant import quantize
-from tilework.op.quant import LEGALIZED_FORMATS, quant_format
+from tilework.op.quant import GROUP, INTERLEAVED_FORMATS, LEGALIZED_FORMATS, interleave_rows, quant_format
 
 K, N = 64, 7
 
 
 def _blocks(fmt: str, rows: int, cols: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Blocks of ``fmt`` for random weights, and the weights they decode to."""
+    """Blocks of ``fmt`` for random weights, and the weights they decode to (an interleaved
+    format: its plain format's blocks, interleaved)."""
     w = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
-    q = quantize(w, fmt)
-    return np.ascontiguousarray(q.data), q.dequantize().reshape(rows, cols)
+    base = fmt[: -len(f"x{GROUP}")] if fmt in INTERLEAVED_FORMATS else fmt
+    q = quantize(w, base)
+    data = np.ascontiguousarray(q.data)
+    return (interleave_rows(data, base) if base != fmt else data), q.dequantize().reshape(rows, cols)
 
 
-def _linear_module(fmt: str) -> tw.IRModule:
+def _linear_module(fmt: str, n: int = N) -> tw.IRModule:
     m = tw.dim("m", max=64)
     x = Var("x", TensorInfo((m, 1, K), "float32"))
-    w = Var("w", TensorInfo((N, quant_format(fmt).row_bytes(K)), "uint8"))
+    w = Var("w", TensorInfo((n, quant_format(fmt).row_bytes(K)), "uint8"))
     bb = BlockBuilder()
     with bb.function("main", [x, w]):
         with bb.dataflow():
@@ -41,8 +44,9 @@ def _linear_module(fmt: str) -> tw.IRModule:
 @pytest.mark.parametrize("target", ["cpu", "interp"])
 @pytest.mark.parametrize("fmt", LEGALIZED_FORMATS)
 def test_quant_linear(target: str, fmt: str) -> None:
-    blocks, weights = _blocks(fmt, N, K)
-    vm = tw.VM(tw.build(_linear_module(fmt), target=target))
+    n = 2 * GROUP if fmt in INTERLEAVED_FORMATS else N  # interleaved: whole groups of rows
+    blocks, weights = _blocks(fmt, n, K)
+    vm = tw.VM(tw.build(_linear_module(fmt, n), target=target))
     for m in (1, 3, 17) if target == "cpu" else (1, 3):
         x = np.random.default_rng(m).standard_normal((m, 1, K)).astype(np.float32)
         np.testing.assert_allclose(vm["main"](x, blocks), x @ weights.T, rtol=1e-5, atol=1e-5)
