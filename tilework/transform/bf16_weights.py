@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from tilework.ir.graph import Binding, Call, Constant, Expr, GraphFunc, OpRef, Var, bindings_of, used_vars
+from tilework.ir.graph import Call, Constant, Expr, GraphFunc, OpRef, Var
 from tilework.ir.info import TensorInfo
 from tilework.ir.module import IRModule
 from tilework.op.base import make_call
@@ -33,6 +33,7 @@ from tilework.op.quant import bf16_rows, bf16_values, quant_linear
 from tilework.pattern.core import Match, op_call
 from tilework.transform.base import Pass
 from tilework.transform.rewrite_driver import Rule, apply_rules
+from tilework.transform.weight_params import retype_weight_params, weight_params
 
 ATTR = "bf16_weights"
 BF16_UNIT = 2.0**-8  # the unit roundoff of bfloat16 (8 significant bits), round to nearest
@@ -55,20 +56,7 @@ def _rewritable(call: Call) -> bool:
 def _weight_params(f: GraphFunc) -> list[int]:
     """Indices of trailing params of ``f`` read only, once per use, as the weight of rewritable
     linears (never returned, never read otherwise)."""
-    first = int(f.attrs.get("num_inputs", len(f.params)))
-    found = []
-    for i, p in enumerate(f.params):
-        if i < first or not _weight_ok(p):
-            continue
-        users = [b for b in bindings_of(f) if any(v is p for v in used_vars(b.value))]
-        if users and all(_weight_use(b, p) for b in users) and not any(v is p for v in used_vars(f.body.body)):
-            found.append(i)
-    return found
-
-
-def _weight_use(b: object, p: Var) -> bool:
-    v = b.value if isinstance(b, Binding) else None
-    return isinstance(v, Call) and _is_linear(v) and _rewritable(v) and v.args[1] is p and sum(u is p for u in used_vars(v)) == 1
+    return weight_params(f, _weight_ok, lambda c: _is_linear(c) and _rewritable(c))
 
 
 class _Convert:
@@ -135,6 +123,14 @@ def weight_error(w: np.ndarray) -> float:
     return float(np.max(np.abs(bf16_values(bf16_rows(w)) - w)[nz] / np.abs(w[nz])))
 
 
+def _bf16_info(info: TensorInfo) -> TensorInfo:
+    """A float32 [out, in] weight as bf16 rows: uint8 [out, 2 * in]."""
+    assert info.shape is not None
+    out_f, in_f = info.shape
+    assert isinstance(out_f, int) and isinstance(in_f, int)
+    return TensorInfo((out_f, 2 * in_f), "uint8")
+
+
 @dataclass(frozen=True)
 class Bf16Weights(Pass):
     """See the module docstring. ``params``: convert ``main``'s trailing weight params too."""
@@ -144,20 +140,8 @@ class Bf16Weights(Pass):
 
     def run(self, mod: IRModule) -> IRModule:
         mapping: dict[Var, Var] = {}
-        main = mod.get("main")
-        if self.params and isinstance(main, GraphFunc) and "num_inputs" in main.attrs and ATTR not in main.attrs:
-            idx = _weight_params(main)
-            if idx:
-                params = list(main.params)
-                for i in idx:
-                    p = params[i]
-                    info = p.info
-                    assert isinstance(info, TensorInfo) and info.shape is not None
-                    out_f, in_f = info.shape
-                    assert isinstance(out_f, int) and isinstance(in_f, int)
-                    params[i] = Var(p.name, TensorInfo((out_f, 2 * in_f), "uint8"))
-                    mapping[p] = params[i]
-                mod = mod.with_func("main", main.replace(params=tuple(params), attrs=main.attrs.with_(**{ATTR: tuple(idx)})))
+        if self.params:
+            mod, mapping = retype_weight_params(mod, ATTR, _weight_params, _bf16_info)
         return apply_rules(mod, [Rule("linear_bf16_weight", op_call("linear"), _Convert(mapping).rewrite)])
 
 

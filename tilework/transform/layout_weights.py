@@ -26,13 +26,14 @@ from typing import Sequence
 
 import numpy as np
 
-from tilework.ir.graph import Binding, Call, Constant, Expr, GraphFunc, OpRef, Var, bindings_of, used_vars
+from tilework.ir.graph import Call, Constant, Expr, GraphFunc, OpRef, Var
 from tilework.ir.info import TensorInfo
 from tilework.ir.module import IRModule
 from tilework.op.linalg import linear_io
 from tilework.pattern.core import Match, op_call
 from tilework.transform.base import Pass
 from tilework.transform.rewrite_driver import Rule, apply_rules
+from tilework.transform.weight_params import retype_weight_params, weight_params
 
 ATTR = "packed_weights"
 PANEL = 32  # columns per panel: the register tile's width (two float32 vectors of AVX-512)
@@ -83,26 +84,7 @@ def _rewritable(call: Call) -> bool:
 def _weight_params(f: GraphFunc) -> list[int]:
     """Indices of the trailing weight params of ``f`` read only as the weight of rewritable
     linears."""
-    first = int(f.attrs.get("num_inputs", len(f.params)))
-    return [i for i, p in enumerate(f.params) if i >= first and _weight_info(p) is not None and _used(f, p) and _only_as_weight(f, p)]
-
-
-def _used(f: GraphFunc, p: Var) -> bool:
-    return any(p in used_vars(b.value) for b in bindings_of(f))
-
-
-def _only_as_weight(f: GraphFunc, p: Var) -> bool:
-    for b in bindings_of(f):
-        uses = sum(v is p for v in used_vars(b.value))
-        if not uses:
-            continue
-        v = b.value
-        if not (isinstance(b, Binding) and _is_linear(v) and isinstance(v, Call) and _rewritable(v)):
-            return False
-        if v.args[1] is not p or uses != 1:
-            return False
-    body_uses = [v for v in used_vars(f.body.body) if v is p]
-    return not body_uses
+    return weight_params(f, lambda p: _weight_info(p) is not None, lambda c: _is_linear(c) and _rewritable(c))
 
 
 class _Layout:
@@ -155,6 +137,11 @@ def pack_weights(mod: IRModule, weights: Sequence[np.ndarray]) -> list[np.ndarra
     return out
 
 
+def _packed_info(info: TensorInfo) -> TensorInfo:
+    assert info.shape is not None and isinstance(info.shape[0], int)
+    return TensorInfo(packed_shape(info.shape[0], info.shape[1]), info.dtype)  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True)
 class LayoutWeights(Pass):
     """See the module docstring. ``params``: lay out ``main``'s trailing weight params too."""
@@ -164,19 +151,8 @@ class LayoutWeights(Pass):
 
     def run(self, mod: IRModule) -> IRModule:
         mapping: dict[Var, Var] = {}
-        main = mod.get("main")
-        if self.params and isinstance(main, GraphFunc) and "num_inputs" in main.attrs and ATTR not in main.attrs:
-            idx = _weight_params(main)
-            if idx:
-                params = list(main.params)
-                for i in idx:
-                    p = params[i]
-                    info = p.info
-                    assert isinstance(info, TensorInfo) and info.shape is not None
-                    assert isinstance(info.shape[0], int)
-                    params[i] = Var(p.name, TensorInfo(packed_shape(info.shape[0], info.shape[1]), info.dtype))  # type: ignore[arg-type]
-                    mapping[p] = params[i]
-                mod = mod.with_func("main", main.replace(params=tuple(params), attrs=main.attrs.with_(**{ATTR: tuple(idx)})))
+        if self.params:
+            mod, mapping = retype_weight_params(mod, ATTR, _weight_params, _packed_info)
         layout = _Layout(mapping)
         return apply_rules(mod, [Rule("linear_weight_layout", op_call("linear"), layout.rewrite)])
 

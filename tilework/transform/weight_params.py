@@ -1,0 +1,51 @@
+"""What the compile-time weight passes (``layout_weights``, ``bf16_weights``) share: finding
+``main``'s trailing weight params that only rewritable linears read, and giving them the type
+of their new storage (the list of retyped params is kept in an attr of ``main``, for the code
+that converts the weights passed at run time)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from tilework.ir.graph import Binding, Call, GraphFunc, Var, bindings_of, used_vars
+from tilework.ir.info import TensorInfo
+from tilework.ir.module import IRModule
+
+
+def weight_params(f: GraphFunc, param_ok: Callable[[Var], bool], linear_ok: Callable[[Call], bool]) -> list[int]:
+    """Indices of ``f``'s trailing params (from ``num_inputs``) that ``param_ok`` accepts, that
+    are read at least once, each time once, as the weight (``args[1]``) of a call ``linear_ok``
+    accepts, and never returned."""
+    first = int(f.attrs.get("num_inputs", len(f.params)))
+    found = []
+    for i, p in enumerate(f.params):
+        if i < first or not param_ok(p):
+            continue
+        users = [b for b in bindings_of(f) if any(v is p for v in used_vars(b.value))]
+        only_weight = all(
+            isinstance(b, Binding) and isinstance(b.value, Call) and linear_ok(b.value) and b.value.args[1] is p and sum(v is p for v in used_vars(b.value)) == 1
+            for b in users
+        )
+        if users and only_weight and not any(v is p for v in used_vars(f.body.body)):
+            found.append(i)
+    return found
+
+
+def retype_weight_params(mod: IRModule, attr: str, find: Callable[[GraphFunc], list[int]], new_info: Callable[[TensorInfo], TensorInfo]) -> tuple[IRModule, dict[Var, Var]]:
+    """``mod`` with the params ``find`` picks in ``main`` retyped by ``new_info`` and listed in
+    ``main``'s attr ``attr``, and the map from each old param to its new one. Nothing changes
+    when ``main`` has no ``num_inputs`` or already has ``attr`` (the pass ran before)."""
+    main = mod.get("main")
+    mapping: dict[Var, Var] = {}
+    if not (isinstance(main, GraphFunc) and "num_inputs" in main.attrs and attr not in main.attrs):
+        return mod, mapping
+    idx = find(main)
+    if not idx:
+        return mod, mapping
+    params = list(main.params)
+    for i in idx:
+        p = params[i]
+        assert isinstance(p.info, TensorInfo) and p.info.shape is not None
+        params[i] = Var(p.name, new_info(p.info))
+        mapping[p] = params[i]
+    return mod.with_func("main", main.replace(params=tuple(params), attrs=main.attrs.with_(**{attr: tuple(idx)}))), mapping
