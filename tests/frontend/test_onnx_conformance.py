@@ -8,6 +8,7 @@ list stays honest. Entries must name attempted node tests.
 
     TILEWORK_ONNX_FULL=1 python -m pytest tests/frontend/test_onnx_conformance.py   # every node test
     python -m pytest tests/frontend/test_onnx_conformance.py                        # the CI subset
+    TILEWORK_ONNX_ONLY='^test_dft' python -m pytest tests/frontend/test_onnx_conformance.py  # node tests matching a regex
 
 Models are compiled in groups (one kernel library per group) before the tests run; see
 ``onnx_backend.TileworkBackend.prepare_group``. Results are recorded in docs/conformance.md.
@@ -35,6 +36,7 @@ from tilework.frontend.onnx import supported
 from tilework.frontend.onnx.importer import default_opset
 
 FULL = os.environ.get("TILEWORK_ONNX_FULL", "") == "1"
+ONLY = os.environ.get("TILEWORK_ONNX_ONLY", "")  # a regex over node-test names: run only those (attempted) tests
 GROUP_SIZE = 40
 HERE = Path(__file__).parent
 
@@ -124,7 +126,10 @@ with warnings.catch_warnings():
     NODE_CASES = {c.name: c for c in load_model_tests(kind="node")}
 ATTEMPTED = {name for name, c in NODE_CASES.items() if attempted(c)}
 EXPECTED_FAILURES = load_expected_failures()
-SELECTED = sorted(ATTEMPTED if FULL else set(CI_SUBSET) & ATTEMPTED)
+if ONLY:
+    SELECTED = sorted(n for n in ATTEMPTED if re.search(ONLY, n))
+else:
+    SELECTED = sorted(ATTEMPTED if FULL else set(CI_SUBSET) & ATTEMPTED)
 
 
 def test_expected_failure_names_are_attempted_node_tests() -> None:
