@@ -95,7 +95,7 @@ def _pool_len(d: int, k: int, s: int, pb: int, pe: int, dil: int, ceil_mode: boo
 
 
 def pool_ref(x: np.ndarray, kind: str, size: Sequence[int], strides: Sequence[int], padding: Sequence[int], dilation: Sequence[int] = (1, 1), ceil_mode: bool = False, count_include_pad: bool = True) -> np.ndarray:
-    """torch's pooling, window by window."""
+    """torch's pooling (ONNX's where torch has no dilated average), window by window."""
     x = x.astype(np.float64)
     H, W = x.shape[2:]
     oh = _pool_len(H, size[0], strides[0], padding[0], padding[2], dilation[0], ceil_mode)
@@ -109,9 +109,8 @@ def pool_ref(x: np.ndarray, kind: str, size: Sequence[int], strides: Sequence[in
         if kind == "max":
             out[:, :, i, j] = win.max(axis=(2, 3))
             continue
-        if count_include_pad:
-            h0, w0 = ys[0], xs[0]
-            cnt = (min(h0 + size[0], H + padding[2]) - h0) * (min(w0 + size[1], W + padding[3]) - w0)
+        if count_include_pad:  # the taps inside the padded input
+            cnt = sum(y < H + padding[2] for y in ys) * sum(q < W + padding[3] for q in xs)
         else:
             cnt = len(ys_in) * len(xs_in)
         out[:, :, i, j] = win.sum(axis=(2, 3)) / cnt
@@ -132,6 +131,8 @@ def adaptive_ref(x: np.ndarray, size: Sequence[int]) -> np.ndarray:
 # -- legalized kernels ---------------------------------------------------------------------------
 
 ENVS = envs({n: 1, h: 5, w: 6}, {n: 2, h: 9, w: 7}, {n: 1, h: 16, w: 11})
+ENVS_POOL = envs({n: 1, h: 1, w: 1}, {n: 2, h: 9, w: 7}, {n: 1, h: 4, w: 11})
+ENVS_DILATED = envs({n: 1, h: 3, w: 5}, {n: 2, h: 9, w: 7}, {n: 1, h: 4, w: 11})
 ENVS_1D = envs({n: 1, w: 3}, {n: 2, w: 17}, {n: 3, w: 64})
 
 
@@ -173,6 +174,10 @@ def _cases() -> list[Case]:
         Case("avg_pool_2", lambda x: op.avg_pool2d(x, 2), [T(n, 3, h, w)], lambda x: pool_ref(x, "avg", (2, 2), (2, 2), (0,) * 4), ENVS),
         Case("avg_pool_pad_include", lambda x: op.avg_pool2d(x, 3, 2, 1, ceil_mode=True), [T(n, 2, h, w)], lambda x: pool_ref(x, "avg", (3, 3), (2, 2), (1,) * 4, ceil_mode=True), ENVS),
         Case("avg_pool_pad_exclude", lambda x: op.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False), [T(n, 2, h, w)], lambda x: pool_ref(x, "avg", (3, 3), (2, 2), (1,) * 4, ceil_mode=True, count_include_pad=False), ENVS),
+        Case("avg_pool_dilated_include", lambda x: op.avg_pool2d(x, (2, 3), (2, 1), (1, 2, 0, 1), ceil_mode=True, dilation=(2, 3)), [T(n, 2, h, w)], lambda x: pool_ref(x, "avg", (2, 3), (2, 1), (1, 2, 0, 1), (2, 3), True), ENVS_DILATED),
+        Case("avg_pool_dilated_exclude", lambda x: op.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False, dilation=2), [T(n, 2, h, w)], lambda x: pool_ref(x, "avg", (3, 3), (2, 2), (1,) * 4, (2, 2), True, False), ENVS_DILATED),
+        Case("avg_pool_wide_pad_exclude", lambda x: op.avg_pool2d(x, 3, 1, 2, count_include_pad=False), [T(n, 2, h, w)], lambda x: pool_ref(x, "avg", (3, 3), (1, 1), (2,) * 4, count_include_pad=False), ENVS_POOL),
+        Case("avg_pool_wide_pad_include", lambda x: op.avg_pool2d(x, 2, 2, (2, 1, 1, 2), ceil_mode=True), [T(n, 2, h, w)], lambda x: pool_ref(x, "avg", (2, 2), (2, 2), (2, 1, 1, 2), ceil_mode=True), ENVS_POOL),
         Case("adaptive_avg_1", lambda x: op.adaptive_avg_pool2d(x, 1), [T(n, 3, h, w)], lambda x: adaptive_ref(x, (1, 1)), ENVS),
         Case("adaptive_avg_3_2", lambda x: op.adaptive_avg_pool2d(x, (3, 2)), [T(n, 2, h, w)], lambda x: adaptive_ref(x, (3, 2)), ENVS),
     ]
@@ -216,5 +221,21 @@ def test_references_match_torch() -> None:
     np.testing.assert_allclose(pool_ref(x, "max", (2, 2), (2, 2), (1,) * 4, (2, 2), True), F.max_pool2d(t(x), 2, 2, 1, dilation=2, ceil_mode=True).numpy())
     for include in (True, False):
         np.testing.assert_allclose(pool_ref(x, "avg", (3, 3), (2, 2), (1,) * 4, ceil_mode=True, count_include_pad=include), F.avg_pool2d(t(x), 3, 2, 1, ceil_mode=True, count_include_pad=include).numpy(), atol=1e-12)
+    np.testing.assert_allclose(pool_ref(x, "avg", (3, 2), (2, 1), (2, 1, 0, 1)), F.avg_pool2d(F.pad(t(x), (1, 1, 2, 0)), (3, 2), (2, 1)).numpy(), atol=1e-12)
     np.testing.assert_allclose(adaptive_ref(x, (3, 2)), F.adaptive_avg_pool2d(t(x), (3, 2)).numpy(), atol=1e-12)
     assert math.isclose(float(adaptive_ref(x, (1, 1))[0, 0, 0, 0]), float(x[0, 0].mean()))
+
+
+def test_dilated_avg_pool_reference_matches_onnx() -> None:
+    """torch has no dilated average pool: the NumPy reference is checked against ONNX's."""
+    pytest.importorskip("onnx", reason="onnx is an optional extra")
+    from onnx import TensorProto, helper
+    from onnx.reference import ReferenceEvaluator
+
+    x = np.random.default_rng(1).standard_normal((1, 2, 9, 7)).astype(np.float32)
+    for include in (0, 1):
+        node = helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1), dilations=(2, 2), ceil_mode=1, count_include_pad=include)
+        vi = helper.make_tensor_value_info
+        model = helper.make_model(helper.make_graph([node], "g", [vi("x", TensorProto.FLOAT, x.shape)], [vi("y", TensorProto.FLOAT, None)]), opset_imports=[helper.make_opsetid("", 19)])
+        (got,) = ReferenceEvaluator(model).run(None, {"x": x})
+        np.testing.assert_allclose(pool_ref(x, "avg", (3, 3), (2, 2), (1,) * 4, (2, 2), True, bool(include)), got, atol=1e-5)

@@ -11,8 +11,10 @@ output length of a spatial dim of length ``d`` is
 ``conv*`` weights are ``[out_channels, in_channels // groups, *kernel]`` (torch's layout);
 output channel ``o`` reads the input channels of group ``o // (out_channels // groups)``.
 Pooling with ``ceil_mode`` rounds the output length up but never starts a window in the
-padding after the input (torch's rule). ``avg_pool2d`` divides by the window size clipped to
-the padded input (``count_include_pad``) or by the number of input elements it covers.
+padding after the input (torch's rule). ``avg_pool2d`` divides by the number of (dilated) taps
+of the window inside the padded input (``count_include_pad``) or inside the input itself; its
+padding may exceed half the window (a window wholly in the padding then averages nothing: NaN
+without ``count_include_pad``). ``max_pool2d``'s padding is at most half the dilated window.
 ``adaptive_avg_pool2d`` averages rows ``floor(i * d / out) .. ceil((i + 1) * d / out)``;
 ``adaptive_max_pool2d`` takes their maximum.
 
@@ -184,7 +186,7 @@ def _infer_pool(call: Call, ctx: InferCtx) -> StructInfo:
     ceil_mode = bool_attr(call, "ceil_mode", ctx)
     if "count_include_pad" in call.attrs:
         bool_attr(call, "count_include_pad", ctx)
-    for i in range(nsp):
+    for i in range(nsp if ctx.op_name == "max_pool2d" else 0):
         if 2 * max(padding[i], padding[nsp + i]) > dilation[i] * (size[i] - 1) + 1:
             raise ctx.error(f"padding {padding} must be at most half the (dilated) pool size {size}")
     _check_input(x, nsp, ctx)
@@ -449,11 +451,21 @@ def _legalize_max_pool(call: Call, ctx: "LegalizeCtx") -> Expr:
     return ctx.call_te("max_pool2d", call.args, [x], [out], call.info)
 
 
+def _taps_within(start: Scalar, lo: Dim, hi: Dim, size: int, dilation: int) -> Scalar:
+    """How many of the taps ``start + k * dilation`` (``0 <= k < size``) lie in ``[lo, hi)``."""
+
+    def first_at_or_after(bound: Scalar) -> Scalar:  # the first k whose tap is >= bound, clamped to [0, size]
+        k = (bound - start + (dilation - 1)) // dilation if dilation > 1 else bound - start
+        return te.minimum(te.maximum(k, 0), size)
+
+    return first_at_or_after(hi) - first_at_or_after(lo)
+
+
 def _legalize_avg_pool(call: Call, ctx: "LegalizeCtx") -> Expr:
     x = arg(call, 0, "x")
     shape, dtype = out_tensor(call)
     acc = compute_dtype(dtype)
-    size, strides, padding = (tuple(call.attrs[a]) for a in ("pool_size", "strides", "padding"))
+    size, strides, padding, dilation = (tuple(call.attrs[a]) for a in ("pool_size", "strides", "padding", "dilation"))
     include_pad = bool(call.attrs["count_include_pad"])
     nsp = len(size)
     dims = x.shape[2:]
@@ -461,16 +473,13 @@ def _legalize_avg_pool(call: Call, ctx: "LegalizeCtx") -> Expr:
     def count(sp: Sequence[Scalar]) -> Scalar:
         total: Scalar = 1
         for i, o in enumerate(sp):
-            start = o * strides[i] - padding[i]
-            end = te.minimum(start + size[i], sym.add(dims[i], padding[nsp + i]))
-            if not include_pad:
-                start, end = te.maximum(start, 0), te.minimum(end, dims[i])
-            total = total * (end - start)
+            lo, hi = (-padding[i], sym.add(dims[i], padding[nsp + i])) if include_pad else (0, dims[i])
+            total = total * _taps_within(o * strides[i] - padding[i], lo, hi, size[i], dilation[i])
         return total
 
     def f(n: Scalar, c: Scalar, *sp: Scalar) -> Scalar:
         ks = [te.reduce_axis(k, f"k{i}") for i, k in enumerate(size)]
-        pos = _taps(sp, ks, strides, padding, (1,) * nsp)
+        pos = _taps(sp, ks, strides, padding, dilation)
         total = te.sum(te.cast(x[(n, c, *pos)], acc), axis=ks, where=_inside(pos, dims))
         return total / te.cast(count(sp), acc)
 
@@ -512,7 +521,7 @@ _CONV_ATTRS = {"strides": None, "padding": None, "dilation": None, "groups": 1}
 register(Op("conv1d", _infer_conv, OpPattern.OUT_EWISE_FUSABLE, attrs=_CONV_ATTRS, legalize=_legalize_conv))
 register(Op("conv2d", _infer_conv, OpPattern.OUT_EWISE_FUSABLE, attrs=_CONV_ATTRS, legalize=_legalize_conv))
 register(Op("max_pool2d", _infer_pool, OpPattern.OUT_EWISE_FUSABLE, attrs={"pool_size": None, "strides": None, "padding": None, "dilation": None, "ceil_mode": False}, num_args=1, legalize=_legalize_max_pool))
-register(Op("avg_pool2d", _infer_pool, OpPattern.OUT_EWISE_FUSABLE, attrs={"pool_size": None, "strides": None, "padding": None, "ceil_mode": False, "count_include_pad": True}, num_args=1, legalize=_legalize_avg_pool))
+register(Op("avg_pool2d", _infer_pool, OpPattern.OUT_EWISE_FUSABLE, attrs={"pool_size": None, "strides": None, "padding": None, "ceil_mode": False, "count_include_pad": True, "dilation": (1, 1)}, num_args=1, legalize=_legalize_avg_pool))
 register(Op("adaptive_avg_pool2d", _infer_adaptive, OpPattern.OUT_EWISE_FUSABLE, attrs={"output_size": None}, num_args=1, legalize=_legalize_adaptive))
 register(Op("adaptive_max_pool2d", _infer_adaptive, OpPattern.OUT_EWISE_FUSABLE, attrs={"output_size": None}, num_args=1, legalize=_legalize_adaptive))
 register(Op("conv_transpose", _infer_conv_transpose, OpPattern.OUT_EWISE_FUSABLE, attrs={"strides": None, "padding": None, "output_padding": None, "dilation": None, "groups": 1}, legalize=_legalize_conv_transpose))
@@ -571,11 +580,11 @@ def max_pool2d(x: Expr, pool_size: int | Sequence[int], strides: int | Sequence[
     return make_call("max_pool2d", [x], pool_size=size, strides=size if strides is None else _per_dim(strides, 2, "strides"), padding=_padding(padding, 2), dilation=_per_dim(dilation, 2, "dilation"), ceil_mode=ceil_mode)
 
 
-def avg_pool2d(x: Expr, pool_size: int | Sequence[int], strides: int | Sequence[int] | None = None, padding: int | Sequence[int] = 0, ceil_mode: bool = False, count_include_pad: bool = True) -> Call:
-    """The mean over each window of ``x: [N, C, H, W]`` (see the module docstring for the
-    divisor). ``strides`` None is the pool size."""
+def avg_pool2d(x: Expr, pool_size: int | Sequence[int], strides: int | Sequence[int] | None = None, padding: int | Sequence[int] = 0, ceil_mode: bool = False, count_include_pad: bool = True, dilation: int | Sequence[int] = 1) -> Call:
+    """The mean over each (dilated) window of ``x: [N, C, H, W]`` (see the module docstring for
+    the divisor). ``strides`` None is the pool size."""
     size = _per_dim(pool_size, 2, "pool_size")
-    return make_call("avg_pool2d", [x], pool_size=size, strides=size if strides is None else _per_dim(strides, 2, "strides"), padding=_padding(padding, 2), ceil_mode=ceil_mode, count_include_pad=count_include_pad)
+    return make_call("avg_pool2d", [x], pool_size=size, strides=size if strides is None else _per_dim(strides, 2, "strides"), padding=_padding(padding, 2), ceil_mode=ceil_mode, count_include_pad=count_include_pad, dilation=_per_dim(dilation, 2, "dilation"))
 
 
 def adaptive_avg_pool2d(x: Expr, output_size: int | Sequence[int]) -> Call:

@@ -216,13 +216,11 @@ def _too_much_padding(pads: Sequence[int], kernel: Sequence[int], dil: Sequence[
     return any(2 * max(pads[i], pads[n + i]) > dil[i] * (kernel[i] - 1) + 1 for i in range(n))
 
 
-def _pad_explicitly(ctx: NodeCtx, x: Expr, kind: str, pads: tuple[int, ...]) -> tuple[Expr, tuple[int, ...]]:
-    """Padding wider than half the window: pad the input itself (with the lowest value for max
-    pooling, zeros for an average that counts the padding) and pool without padding."""
+def _pad_explicitly(ctx: NodeCtx, x: Expr, pads: tuple[int, ...]) -> tuple[Expr, tuple[int, ...]]:
+    """Max pooling with padding wider than half the window: pad the input itself with the
+    lowest value and pool without padding."""
     dtype = ctx.dtype(0)
-    if kind == "avg" and not int(ctx.attr("count_include_pad", 0)):
-        raise ctx.unsupported("average pooling that excludes padding wider than half the window")
-    fill = float(np.finfo(np.dtype(dtype)).min) if kind == "max" else 0.0
+    fill = float(np.finfo(np.dtype(dtype)).min)
     n = len(pads) // 2
     full = (0, 0, *pads[:n], 0, 0, *pads[n:])
     padded = ctx.emit(pad.pad(x, scalar_const(fill, dtype), full))
@@ -232,9 +230,7 @@ def _pad_explicitly(ctx: NodeCtx, x: Expr, kind: str, pads: tuple[int, ...]) -> 
 def _pool2d(ctx: NodeCtx, x: Expr, kind: str, kernel: Sequence[int], strides: Sequence[int], pads: Sequence[int], dil: Sequence[int], ceil_mode: bool, cip: bool) -> Expr:
     if kind == "max":
         return ctx.emit(conv.max_pool2d(x, kernel, strides, pads, dil, ceil_mode))
-    if any(d != 1 for d in dil):
-        raise ctx.unsupported("dilated average pooling")
-    return ctx.emit(conv.avg_pool2d(x, kernel, strides, pads, ceil_mode, cip))
+    return ctx.emit(conv.avg_pool2d(x, kernel, strides, pads, ceil_mode, cip, dil))
 
 
 def pool_nd(ctx: NodeCtx, x: Expr, kind: str, kernel: Sequence[int], strides: Sequence[int], pads: Sequence[int], dil: Sequence[int], ceil_mode: bool, cip: bool) -> Expr:
@@ -270,8 +266,8 @@ def _pool(kind: str) -> ConvertFn:
         pads = _pads(ctx, shape[2:], kernel, strides, dil)
         ceil_mode = bool(ctx.attr("ceil_mode", 0))
         x = ctx.expr(0)
-        if _too_much_padding(pads, kernel, dil) and not ceil_mode:
-            x, pads = _pad_explicitly(ctx, x, kind, pads)
+        if kind == "max" and _too_much_padding(pads, kernel, dil) and not ceil_mode:
+            x, pads = _pad_explicitly(ctx, x, pads)
         return pool_nd(ctx, x, kind, kernel, strides, pads, dil, ceil_mode, bool(ctx.attr("count_include_pad", 0)))
 
     return conv_pool
@@ -468,9 +464,6 @@ def _lp_pool(ctx: NodeCtx) -> Result:
     dtype = ctx.dtype(0)
     p = float(ctx.attr("p", 2))
     x = ctx.emit(ew.power(ctx.emit(ew.abs(ctx.expr(0))), scalar_const(p, dtype)))
-    if _too_much_padding(pads, kernel, dil):
-        x = ctx.emit(pad.pad(x, scalar_const(0, dtype), (0, 0, *pads[:n], 0, 0, *pads[n:])))
-        pads = (0,) * (2 * n)
     mean = pool_nd(ctx, x, "avg", kernel, strides, pads, dil, bool(ctx.attr("ceil_mode", 0)), True)
     total = ctx.emit(ew.multiply(mean, scalar_const(float(np.prod(kernel)), dtype)))
     return ctx.emit(ew.power(total, scalar_const(1.0 / p, dtype)))
