@@ -159,6 +159,25 @@ def _f16_from_f64(x: Any) -> Any:
     return _F32(np.float16(np.float64(x)))
 
 
+def _bitop(op: str, t: type, *xs: Any) -> Any:
+    """A bitwise intrinsic on integers of type ``t`` (index values are Python ints)."""
+    vs = [t(x) if isinstance(x, int) else x for x in xs]
+    if op == "bitwise_not":
+        return np.invert(vs[0])
+    fn = {"bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or, "bitwise_xor": np.bitwise_xor}[op]
+    return t(fn(vs[0], vs[1]))
+
+
+def _bitcast(x: Any, src: str, dst: str) -> Any:
+    """The bytes of ``x`` (a value of dtype ``src``) read as ``dst``, as the C target does:
+    float16/bfloat16 values compute in float32, and a byte read as bool is true when nonzero."""
+    bits = np.asarray(x).astype(np_dtype(src)).view(np.dtype(f"u{np.dtype(np_dtype(src)).itemsize}"))
+    if dst == "bool":
+        return np.bool_(bits != 0)
+    out = bits.view(np_dtype(dst))[()]
+    return _F32(out) if compute_dtype(dst) != dst else out
+
+
 def _fill(dtype: str) -> Any:
     if is_float_dtype(dtype):
         return np.nan
@@ -174,6 +193,8 @@ _HELPERS: dict[str, Any] = {
     "_fmod": _fmod,
     "_check_nonzero": _check_nonzero,
     "_ipow": _ipow,
+    "_bitop": _bitop,
+    "_bitcast": _bitcast,
     "_nonneg": _nonneg,
     "_erf": _erf,
     "_bf16": _bf16,
@@ -353,6 +374,11 @@ class _Translator(LoopEmitter):
         raise self.error(f"unknown binary op {op!r}")
 
     def render_intrin(self, x: Intrin) -> str:
+        if x.name == "bitcast":
+            return f"_bitcast({self.expr(x.args[0])}, {dtype_of(x.args[0])!r}, {x.dtype!r})"
+        if x.name.startswith("bitwise_"):
+            args = ", ".join(self.expr(a) for a in x.args)
+            return f"_bitop({x.name!r}, {self.value(np_dtype(x.dtype).type, 't')}, {args})"
         arg = x.args[0]
         a = self.expr(arg)
         dt = dtype_of(arg)

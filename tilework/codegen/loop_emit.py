@@ -24,6 +24,7 @@ from tilework.ir.loop import (
     Cast,
     Const,
     For,
+    INTRINSIC_ARITY,
     IfThenElse,
     Intrin,
     Load,
@@ -219,8 +220,9 @@ class LoopEmitter(abc.ABC):
         if isinstance(x, Select):
             return self.render_select(x)
         if isinstance(x, Intrin):
-            if len(x.args) != 1:
-                raise self.error(f"intrinsic {x.name} takes one argument, got {len(x.args)}")
+            n = INTRINSIC_ARITY.get(x.name, 1)
+            if len(x.args) != n:
+                raise self.error(f"intrinsic {x.name} takes {n} argument(s), got {len(x.args)}")
             return self.render_intrin(x)
         raise self.error(f"unknown scalar expression {type(x).__name__}")
 

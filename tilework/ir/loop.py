@@ -142,7 +142,10 @@ INTRINSICS = (
     "exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "floor", "ceil", "round",
     "sin", "cos", "log1p", "expm1", "isnan", "isinf",
     "check_nonzero",  # an integer divisor, unchanged; zero raises IntegerDivisionByZero at run time
+    "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",  # two's complement bits of integers
+    "bitcast",  # the argument's bits read as the result's dtype (same size)
 )  # fmt: skip
+INTRINSIC_ARITY = {"bitwise_and": 2, "bitwise_or": 2, "bitwise_xor": 2}  # the others take one argument
 
 
 def dtype_of(x: Scalar) -> str:

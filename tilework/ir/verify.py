@@ -714,6 +714,8 @@ class _LoopCheck(_Checker):
                 self.bad(f"unary op {e.op!r} is unknown; valid ops are {', '.join(L.UNARY_OPS)}", where)
             elif isinstance(e, L.Intrin) and e.name not in L.INTRINSICS:
                 self.bad(f"intrinsic {e.name!r} is unknown; valid ones are {', '.join(L.INTRINSICS)}", where)
+            elif isinstance(e, L.Intrin) and len(e.args) != L.INTRINSIC_ARITY.get(e.name, 1):
+                self.bad(f"intrinsic {e.name} takes {L.INTRINSIC_ARITY.get(e.name, 1)} argument(s), got {len(e.args)}", where)
             elif not isinstance(e, (int, L.PExpr)):
                 self.bad(f"{e!r} (a {type(e).__name__}) is not a scalar expression: wrap constants in Const", where)
 

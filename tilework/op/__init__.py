@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from tilework.op import calls, create, elementwise, linalg, manipulate, nn, reduce
 from tilework.op import conv, index, norm_extra
-from tilework.op import math, pad, search, shape  # the ONNX frontend's families
+from tilework.op import bitwise, math, pad, search, shape  # the ONNX frontend's families
 from tilework.op import vm  # ops of lowered programs (vm_*, assert_dims)
 from tilework.op import paged_attention as _paged_attention  # noqa: F401  (registers the op)
 from tilework.op import quant, rotary
@@ -70,7 +70,7 @@ __all__ = [
     "attention", "layer_norm", "log_softmax", "rms_norm", "softmax",
     "argmax", "argmin", "max", "mean", "min", "prod", "sum",
     "conv", "index", "norm_extra",
-    "math", "pad", "search", "shape",
+    "bitwise", "math", "pad", "search", "shape",
     "adaptive_avg_pool2d", "avg_pool2d", "conv1d", "conv2d", "max_pool2d",
     "cumsum", "gather", "index_tensor", "scatter", "tril", "triu",
     "batch_norm", "group_norm",

@@ -12,7 +12,7 @@ from functools import reduce
 from typing import Union
 
 from tilework.ir.info import check_dtype
-from tilework.ir.dtype import is_float_dtype
+from tilework.ir.dtype import INT_DTYPES, is_float_dtype, itemsize
 from tilework.ir.loop import (
     Cast,
     Const,
@@ -138,6 +138,51 @@ def check_nonzero(x: Operand) -> PExpr:
     if is_float_dtype(dtype_of(a)) or dtype_of(a) == "bool":
         raise TypeError(f"check_nonzero takes an integer divisor, got {dtype_of(a)}")
     return Intrin("check_nonzero", (a,), dtype_of(a))
+
+
+def _int_operands(name: str, *xs: Operand) -> tuple[tuple[Scalar, ...], str]:
+    """``xs`` in their common integer dtype (a Python int takes the typed operand's)."""
+    if [x for x in xs if isinstance(x, (bool, float))]:  # (this module's ``any`` is the loop-level one)
+        raise TypeError(f"{name} takes integer operands, got {[type(x).__name__ for x in xs]}")
+    dt = dtype_of(_scalar(xs[0])) if len(xs) == 1 else operand_dtype(name, xs[0], xs[1])
+    if dt not in INT_DTYPES:
+        raise TypeError(f"{name} takes integer operands, got {dt}")
+    return tuple(convert(x, dt) for x in xs), dt
+
+
+def bitwise_and(a: Operand, b: Operand) -> PExpr:
+    """``a & b`` on the two's complement bits of integers."""
+    args, dt = _int_operands("bitwise_and", a, b)
+    return Intrin("bitwise_and", args, dt)
+
+
+def bitwise_or(a: Operand, b: Operand) -> PExpr:
+    """``a | b`` on the two's complement bits of integers."""
+    args, dt = _int_operands("bitwise_or", a, b)
+    return Intrin("bitwise_or", args, dt)
+
+
+def bitwise_xor(a: Operand, b: Operand) -> PExpr:
+    """``a ^ b`` on the two's complement bits of integers."""
+    args, dt = _int_operands("bitwise_xor", a, b)
+    return Intrin("bitwise_xor", args, dt)
+
+
+def bitwise_not(a: Operand) -> PExpr:
+    """``~a``: every bit of an integer flipped."""
+    args, dt = _int_operands("bitwise_not", a)
+    return Intrin("bitwise_not", args, dt)
+
+
+def bitcast(x: Operand, dtype: str) -> PExpr:
+    """The bits of ``x`` read as ``dtype``, which must have the same size (bool is one byte
+    holding 0 or 1; a byte read as bool is true when nonzero)."""
+    a = _scalar(x)
+    src = dtype_of(a)
+    check_dtype(dtype)
+    if itemsize(src) != itemsize(dtype):
+        raise TypeError(f"bitcast from {src} ({itemsize(src)} bytes) to {dtype} ({itemsize(dtype)} bytes): the sizes differ")
+    return a if isinstance(a, PExpr) and src == dtype else Intrin("bitcast", (a,), dtype)
 
 
 def power(a: Operand, b: Operand) -> PExpr:

@@ -517,7 +517,26 @@ class _Emitter(LoopEmitter):
             return f"(({ct})pow((double)({a}), (double)({b})))"
         raise self.error(f"unknown binary op {op!r}")
 
+    def render_bits(self, x: Intrin) -> str:
+        """The bitwise intrinsics on integers and ``bitcast`` (through the unsigned integer of
+        the same size; ``tw_*_bits``/``tw_bits_*`` copy the bytes of floats)."""
+        ct = DTYPE_TABLE[x.dtype].c_value
+        args = [self.expr(a) for a in x.args]
+        if x.name == "bitwise_not":
+            return f"(({ct})(~{args[0]}))"
+        if x.name != "bitcast":
+            op = {"bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^"}[x.name]
+            return f"(({ct})({args[0]} {op} {args[1]}))"
+        src, dst = dtype_of(x.args[0]), x.dtype
+        u = f"uint{8 * DTYPE_TABLE[src].itemsize}_t"
+        to_bits = {"float32": "(uint32_t)tw_f_bits({})", "float64": "(uint64_t)tw_d_bits({})", "float16": "tw_h_bits({})", "bfloat16": "tw_f2bf({})"}
+        bits = to_bits.get(src, f"(({u})({{}}))").format(args[0])
+        from_bits = {"float32": "tw_bits_f((int32_t)({}))", "float64": "tw_bits_d((int64_t)({}))", "float16": "tw_bits_h({})", "bfloat16": "tw_bf2f({})", "bool": "({} != 0)"}
+        return from_bits.get(dst, f"(({ct})({{}}))").format(bits)
+
     def render_intrin(self, x: Intrin) -> str:
+        if x.name.startswith("bitwise_") or x.name == "bitcast":
+            return self.render_bits(x)
         arg = x.args[0]
         a = self.expr(arg)
         dt = dtype_of(arg)

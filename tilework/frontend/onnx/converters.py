@@ -6,6 +6,7 @@ from __future__ import annotations
 from tilework.errors import UnsupportedError
 from tilework.frontend.onnx import (  # noqa: F401  (importing registers the converters)
     convert_attention,
+    convert_bitwise,
     convert_control,
     convert_loss,
     convert_math,

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from tilework import op
+from tilework.op import bitwise as op_bitwise
 from tilework.errors import UnsupportedError
 from tilework.frontend.torch.registry import converter
 from tilework.ir.graph import Constant, Expr
@@ -34,7 +35,7 @@ def _unary(name: str) -> Callable[..., Expr]:
 
 for _name in _UNARY:
     converter(f"{_name}.default", _name)(_unary(_name))
-converter("bitwise_not.default")(lambda t, node, x: t.emit(op.logical_not(x)) if t.dtype(x) == "bool" else _unsupported("bitwise_not of an integer tensor"))
+converter("bitwise_not.default")(lambda t, node, x: t.emit(op_bitwise.bitwise_not(x)))
 
 
 @converter("round.default")
@@ -47,10 +48,6 @@ def _round(t: Translator, node: Any, x: Any, decimals: int = 0) -> Expr:
 @converter("gelu.default")
 def _gelu(t: Translator, node: Any, x: Any, approximate: str = "none") -> Expr:
     return t.emit(op.gelu_tanh(x) if approximate == "tanh" else op.gelu(x))
-
-
-def _unsupported(what: str) -> Expr:
-    raise UnsupportedError(f"{what} is not supported")
 
 
 # -- arithmetic ---------------------------------------------------------------------------------
@@ -185,10 +182,14 @@ for _name, _fn in _COMPARE.items():
 _LOGICAL: dict[str, Callable[[Expr, Expr], Expr]] = {"and": op.logical_and, "or": op.logical_or, "xor": op.logical_xor}
 
 
+_BITWISE: dict[str, Callable[[Expr, Expr], Expr]] = {"and": op_bitwise.bitwise_and, "or": op_bitwise.bitwise_or, "xor": op_bitwise.bitwise_xor}
+
+
 def _logical(fn: Callable[[Expr, Expr], Expr], name: str, bitwise: bool) -> Callable[..., Expr]:
     def convert(t: Translator, node: Any, a: Any, b: Any) -> Expr:
-        if bitwise and t.out_dtype(node) != "bool":
-            raise UnsupportedError(f"bitwise_{name} of integer tensors is not supported (only of bool tensors)")
+        dtype = t.out_dtype(node)
+        if bitwise and dtype != "bool":  # integers: the bits, in torch's promoted dtype
+            return t.emit(_BITWISE[name](*_operands(t, dtype, a, b)))
         return t.emit(fn(*_operands(t, "bool", a, b)))
 
     return convert
