@@ -46,3 +46,22 @@ def test_batch_norm_training_mode() -> None:
     m = model([node], [tensor("x", F, ["n", 3, "h"]), *vec], [tensor("y", F, ["n", 3, "h"]), tensor("rmean", F, [3]), tensor("rvar", F, [3])], opset=15)
     params = [randn(3), randn(3), randn(3), np.abs(randn(3))]
     check_against_reference(m, [[randn(1, 3, 1), *params], [randn(2, 3, 5), *params], [randn(3, 3, 7), *params]])
+
+
+# -- GatherND with batch dims ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch_dims", [1, 2])
+def test_gather_nd_batch_dims(batch_dims: int) -> None:
+    dshape = [2, 3, 4, 5][: batch_dims + 2] if batch_dims == 2 else [3, 4, 5]
+    k = 2 if batch_dims == 1 else 1
+    node = helper.make_node("GatherND", ["x", "i"], ["y"], batch_dims=batch_dims)
+    ishape: list[int | str] = [*dshape[:batch_dims], "m", k]
+    m = model([node], [tensor("x", F, dshape), tensor("i", I64, ishape)], [tensor("y", F, [*dshape[:batch_dims], "m", *dshape[batch_dims + k :]])], opset=13)
+
+    def index(rows: int) -> np.ndarray:
+        lead = dshape[batch_dims : batch_dims + k]
+        cols = [rng.integers(-d, d, size=(*dshape[:batch_dims], rows)) for d in lead]
+        return np.stack(cols, axis=-1).astype(np.int64)
+
+    check_against_reference(m, [[randn(*dshape), index(r)] for r in (1, 3, 4)])

@@ -328,30 +328,37 @@ def _scatter_elements(ctx: NodeCtx) -> Result:
     return ctx.emit(index.scatter(ctx.expr(0), ctx.expr(1), ctx.expr(2), axis, reduction))
 
 
-def _flat_index(ctx: NodeCtx) -> tuple[Expr, int, tuple[int, ...]]:
+def _flat_index(ctx: NodeCtx, batch_dims: int = 0) -> tuple[Expr, int, tuple[int, ...]]:
     """For ``GatherND``/``ScatterND``: the row-major position of each index tuple (the last dim
-    of operand 1, ``k`` long) in the first ``k`` dims of operand 0 (negative entries count from
-    the end), the tuple length ``k``, and the static shape of operand 0."""
+    of operand 1, ``k`` long) in the first ``batch_dims + k`` dims of operand 0 (negative
+    entries count from the end; the tuple at batch position ``b`` indexes batch entry ``b``),
+    the tuple length ``k``, and the static shape of operand 0."""
     shape = static_ints(ctx.known_shape(0))
     ishape = ctx.known_shape(1)
     k = ishape[-1]
     if shape is None or not isinstance(k, int):
         raise ctx.unsupported("needs static data dims and a static index length")
-    lead = shape[:k]
+    lead = shape[batch_dims : batch_dims + k]
     strides = [int(np.prod(lead[j + 1 :], dtype=np.int64)) for j in range(k)]
     idx = cast_to(ctx, ctx.expr(1), "int64")
     dims = Constant.of(np.asarray(lead, np.int64))
     idx = ctx.emit(ew.where(ctx.emit(ew.less(idx, scalar_const(0, "int64"))), ctx.emit(ew.add(idx, dims)), idx))
     flat = ctx.emit(reduce.sum(ctx.emit(ew.multiply(idx, Constant.of(np.asarray(strides, np.int64)))), -1))
+    if batch_dims:
+        batches = int(np.prod(shape[:batch_dims], dtype=np.int64))
+        first = np.arange(batches, dtype=np.int64) * int(np.prod(lead, dtype=np.int64))
+        first = first.reshape(tuple(shape[:batch_dims]) + (1,) * (len(ishape) - 1 - batch_dims))
+        flat = ctx.emit(ew.add(flat, Constant.of(first)))
     return flat, k, shape
 
 
 @converter("GatherND", 11, 13)
 def _gather_nd(ctx: NodeCtx) -> Result:
-    if int(ctx.attr("batch_dims", 0)):
-        raise ctx.unsupported("batch_dims > 0")
-    flat, k, shape = _flat_index(ctx)
-    rows = ctx.emit(manipulate.reshape(ctx.expr(0), (int(np.prod(shape[:k], dtype=np.int64)), *shape[k:])))
+    """The rows of the data, its first ``batch_dims + k`` dims flattened, at the flat index of
+    each index tuple."""
+    b = int(ctx.attr("batch_dims", 0))
+    flat, k, shape = _flat_index(ctx, b)
+    rows = ctx.emit(manipulate.reshape(ctx.expr(0), (int(np.prod(shape[: b + k], dtype=np.int64)), *shape[b + k :])))
     return ctx.emit(manipulate.take(rows, flat, 0))
 
 
