@@ -8,6 +8,7 @@ from tilework.frontend.onnx import (  # noqa: F401  (importing registers the con
     convert_attention,
     convert_bitwise,
     convert_control,
+    convert_linear_attention,
     convert_loss,
     convert_math,
     convert_misc_nn,
@@ -15,6 +16,7 @@ from tilework.frontend.onnx import (  # noqa: F401  (importing registers the con
     convert_quant,
     convert_reduce,
     convert_rnn,
+    convert_scan,
     convert_shape,
     convert_vision,
 )
