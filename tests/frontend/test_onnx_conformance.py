@@ -33,7 +33,7 @@ with warnings.catch_warnings():
 
 from tests.frontend.onnx_backend import TileworkBackend
 from tilework.frontend.onnx import supported
-from tilework.frontend.onnx.importer import default_opset
+from tilework.frontend.onnx.importer import default_opset, domain_opsets
 
 FULL = os.environ.get("TILEWORK_ONNX_FULL", "") == "1"
 ONLY = os.environ.get("TILEWORK_ONNX_ONLY", "")  # a regex over node-test names: run only those (attempted) tests
@@ -106,10 +106,11 @@ def attempted(case: NodeCase) -> bool:
     if model is None:
         return False
     try:
-        opset = default_opset(model)
+        default_opset(model)
     except Exception:  # noqa: BLE001 - a model without the default domain is not attempted
         return False
-    return all(supported(n.op_type, opset, n.domain) for n in _ops(model.graph))
+    opsets = domain_opsets(model)
+    return all(supported(n.op_type, opsets.get("" if n.domain == "ai.onnx" else n.domain, 0), n.domain) for n in _ops(model.graph))
 
 
 def load_expected_failures() -> dict[str, str]:

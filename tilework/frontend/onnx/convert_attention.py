@@ -10,6 +10,13 @@ sees key ``j`` when ``j <= i + offset`` with ``offset`` the past length (or, wit
 version 25 keeps keys ``p - left <= j <= p + right`` around that absolute position ``p``. A query
 that sees no key gets a zero row instead of NaN. ``qk_matmul_output`` follows
 ``qk_matmul_output_mode``.
+
+``FlexAttention`` (domain ``ai.onnx.preview``, version 1) shares the grouped heads and the
+scaled scores, and runs its ``score_mod``/``prob_mod`` subgraphs on the scores and the
+probabilities (converted inline, their one input bound to the tensor), all in
+``softmax_precision``: float32 for 16-bit inputs unless given, which is also the precision of
+``probs @ V``; the result has ``V``'s type. Its softmax is ONNX's (a row of -inf scores gives
+NaN, as the spec's function body does).
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from tilework.frontend.onnx.values import Value
 from tilework.ir import sym
 from tilework.ir.graph import Constant, Expr
 from tilework.ir.sym import Dim
-from tilework.op import create, linalg, manipulate, pad, reduce
+from tilework.op import create, index, linalg, manipulate, nn, pad, reduce
 from tilework.op import elementwise as ew
 
 
@@ -49,6 +56,32 @@ def _safe_softmax(ctx: NodeCtx, s: Expr, dtype: str) -> Expr:
     return ctx.emit(ew.divide(e, total))
 
 
+def _group_heads(ctx: NodeCtx, k: Expr, v: Expr, heads: Dim) -> tuple[Expr, Expr]:
+    """``k`` and ``v`` (``[b, kv_heads, s, d]``) with each kv head repeated for its contiguous
+    group of query heads: query head ``h`` uses kv head ``h // (heads // kv_heads)``."""
+    kv_heads = ctx.shape_of(k)[1]
+    if sym.prove_eq(kv_heads, heads):
+        return k, v
+    if not (isinstance(heads, int) and isinstance(kv_heads, int)):
+        raise ctx.unsupported("grouped KV heads need static head counts")
+    if kv_heads <= 0 or heads % kv_heads:
+        raise ctx.unsupported(f"{heads} query heads are not a multiple of {kv_heads} kv heads")
+    idx = Constant.of(np.arange(heads, dtype=np.int64) // (heads // kv_heads))
+    return ctx.emit(manipulate.take(k, idx, 1)), ctx.emit(manipulate.take(v, idx, 1))
+
+
+def _scaled_scores(ctx: NodeCtx, q: Expr, k: Expr, dtype: str) -> Expr:
+    """``(q * sqrt(scale)) @ (k * sqrt(scale))^T`` with the ``scale`` attribute (default
+    ``1 / sqrt(head_size)``); scaling both sides keeps 16-bit products in range."""
+    e = ctx.shape_of(q)[-1]
+    if not isinstance(e, int):
+        raise ctx.unsupported("a symbolic head size")
+    scale = float(ctx.attr("scale", 1.0 / math.sqrt(e)))
+    root = scalar_const(math.sqrt(scale), dtype)
+    kt = ctx.emit(manipulate.permute_dims(ctx.emit(ew.multiply(k, root)), (0, 1, 3, 2)))
+    return ctx.emit(linalg.matmul(ctx.emit(ew.multiply(q, root)), kt))
+
+
 def _positions(ctx: NodeCtx, n: Dim, shape: tuple[Dim, ...]) -> Expr:
     return ctx.emit(manipulate.reshape(ctx.emit(create.arange(0, n)), shape))
 
@@ -64,7 +97,7 @@ def _attention(ctx: NodeCtx) -> Result:
     if three_d:
         hq, hkv = int(ctx.attr("q_num_heads")), int(ctx.attr("kv_num_heads"))
         q, k, v = _heads(ctx, q, qs, hq), _heads(ctx, k, ks, hkv), _heads(ctx, v, vs, hkv)
-    b, heads, sq, e = ctx.shape_of(q)
+    b, heads, sq, _ = ctx.shape_of(q)
     if ctx.has_input(4) != ctx.has_input(5):
         raise ctx.unsupported("past_key and past_value must be given together")
     past: Dim = 0
@@ -73,17 +106,9 @@ def _attention(ctx: NodeCtx) -> Result:
         k = ctx.emit(manipulate.concat([ctx.expr(4), k], 2))
         v = ctx.emit(manipulate.concat([ctx.expr(5), v], 2))
     present_k, present_v = k, v
-    kv_heads, total = ctx.shape_of(k)[1:3]
-    if kv_heads != heads:
-        if not (isinstance(heads, int) and isinstance(kv_heads, int)):
-            raise ctx.unsupported("grouped KV heads need static head counts")
-        idx = Constant.of(np.arange(heads, dtype=np.int64) // (heads // kv_heads))
-        k, v = ctx.emit(manipulate.take(k, idx, 1)), ctx.emit(manipulate.take(v, idx, 1))
-    if not isinstance(e, int):
-        raise ctx.unsupported("a symbolic head size")
-    scale = float(ctx.attr("scale", 1.0 / math.sqrt(e)))
-    root = scalar_const(math.sqrt(scale), dtype)
-    qk = ctx.emit(linalg.matmul(ctx.emit(ew.multiply(q, root)), ctx.emit(manipulate.permute_dims(ctx.emit(ew.multiply(k, root)), (0, 1, 3, 2)))))
+    total = ctx.shape_of(k)[2]
+    k, v = _group_heads(ctx, k, v, heads)
+    qk = _scaled_scores(ctx, q, k, dtype)
     mode = int(ctx.attr("qk_matmul_output_mode", 0))
     debug: list[Expr] = [qk]
     s: Expr = qk
@@ -153,6 +178,68 @@ def _add_bias(ctx: NodeCtx, s: Expr, full: tuple[Dim, ...], past: Dim, dtype: st
 
 def _dim_value(d: Dim) -> Value:
     return Value.of_elems((d,), "int64", scalar=True)
+
+
+_SOFTMAX_PRECISIONS = ("float16", "bfloat16", "float32", "float64")
+
+
+def _modified(ctx: NodeCtx, name: str, x: Expr, dtype: str) -> Expr:
+    """``x`` through the subgraph attribute ``name`` when the node has one, in ``dtype``."""
+    graph = ctx.attr(name, None)
+    if graph is None:
+        return x
+    outs = ctx.imp.convert_subgraph(graph, [Value.of_expr(x)], ctx)
+    if len(outs) != 1:
+        raise ctx.unsupported(f"{name} must have exactly one output, got {len(outs)}")
+    return cast_to(ctx, ctx.imp.materialize(outs[0]), dtype)
+
+
+@converter("FlexAttention", 1, 1, domain="ai.onnx.preview")
+def _flex_attention(ctx: NodeCtx) -> Result:
+    if any(ctx.rank(i) != 4 for i in range(3)):
+        raise ctx.unsupported(f"Q, K and V must be rank-4, got shapes {[ctx.known_shape(i) for i in range(3)]}")
+    dtype = ctx.dtype(0)
+    work = ctx.dtype_attr("softmax_precision") if ctx.has_attr("softmax_precision") else "float32" if dtype in ("float16", "bfloat16") else dtype
+    if work not in _SOFTMAX_PRECISIONS:
+        raise ctx.unsupported(f"softmax_precision {work} (a float type is required)")
+    heads = ctx.known_shape(0)[1]
+    k, v = _group_heads(ctx, ctx.expr(1), ctx.expr(2), heads)
+    scores = _modified(ctx, "score_mod", cast_to(ctx, _scaled_scores(ctx, ctx.expr(0), k, dtype), work), work)
+    probs = _modified(ctx, "prob_mod", ctx.emit(nn.softmax(scores, -1)), work)
+    return cast_to(ctx, ctx.emit(linalg.matmul(probs, cast_to(ctx, v, work))), ctx.dtype(2))
+
+
+@converter("TensorScatter", 24, 24)
+def _tensor_scatter(ctx: NodeCtx) -> Result:
+    """The cache with ``update`` written along ``axis`` from each batch entry's write index on
+    (wrapping around in ``circular`` mode; writes past the end are dropped in ``linear``
+    mode): each cache position takes the update row it falls on, or keeps its value."""
+    shape, ushape = ctx.known_shape(0), ctx.known_shape(1)
+    rank = len(shape)
+    axis = int(ctx.attr("axis", -2))
+    if not -rank <= axis < rank or axis % rank == 0:
+        raise ctx.unsupported(f"axis {axis} for a cache of rank {rank} (the batch axis 0 cannot be the sequence axis)")
+    axis %= rank
+    mode = ctx.attr("mode", "linear")
+    if mode not in ("linear", "circular"):
+        raise ctx.unsupported(f"mode={mode!r}")
+    if len(ushape) != rank:
+        raise ctx.unsupported(f"update {ushape} must have the cache's rank {rank}")
+    cache, length, seq = ctx.expr(0), shape[axis], ushape[axis]
+    if isinstance(seq, int) and seq == 0:
+        return cache
+    if not sym.prove_ge(seq, 1):
+        raise ctx.unsupported(f"an update length {seq} that may be 0")
+    rel = _positions(ctx, length, tuple(length if d == axis else 1 for d in range(rank)))
+    if ctx.has_input(2):
+        start = ctx.emit(manipulate.reshape(cast_to(ctx, ctx.expr(2), "int64"), (shape[0],) + (1,) * (rank - 1)))
+        rel = ctx.emit(ew.subtract(rel, start))
+        if mode == "circular":
+            rel = ctx.emit(ew.mod(rel, ctx.imp.materialize(_dim_value(length))))
+    zero, last = scalar_const(0, "int64"), ctx.imp.materialize(_dim_value(sym.sub(seq, 1)))
+    hit = ctx.emit(ew.logical_and(ctx.emit(ew.greater_equal(rel, zero)), ctx.emit(ew.less_equal(rel, last))))
+    row = ctx.emit(manipulate.broadcast_to(ctx.emit(ew.minimum(ctx.emit(ew.maximum(rel, zero)), last)), shape))
+    return ctx.emit(ew.where(hit, ctx.emit(index.gather(ctx.expr(1), row, axis)), cache))
 
 
 @converter("RotaryEmbedding", 23, 23)

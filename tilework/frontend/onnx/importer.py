@@ -50,6 +50,11 @@ def sanitize(name: str, fallback: str = "v") -> str:
     return s
 
 
+def domain_opsets(model: ModelProto) -> dict[str, int]:
+    """The opset the model imports of each domain (the default domain under "")."""
+    return {("" if imp.domain == "ai.onnx" else imp.domain): int(imp.version) for imp in model.opset_import}
+
+
 def default_opset(model: ModelProto) -> int:
     for imp in model.opset_import:
         if imp.domain in ("", "ai.onnx"):
@@ -89,6 +94,7 @@ class Importer:
     def __init__(self, model: ModelProto, dim_bounds: DimBounds | None = None, keep_params_as_inputs: bool = False) -> None:
         self.model = model
         self.opset = default_opset(model)
+        self.opsets = domain_opsets(model)
         self.dim_bounds = dict(dim_bounds or {})
         self.keep_params = keep_params_as_inputs
         self.bb = BlockBuilder()
@@ -213,9 +219,9 @@ class Importer:
     def convert_node(self, node: NodeProto) -> None:
         if not isinstance(node.op_type, str) or not isinstance(node.domain, str):  # not UTF-8 in the file
             raise UnsupportedError(f"a node ({node.name!r}) has an op type or domain that is not text: {node.op_type!r}, {node.domain!r}")
-        opset = self.opset if node.domain in ("", "ai.onnx") else 0
+        opset = self.opset if node.domain in ("", "ai.onnx") else self.opsets.get(node.domain, 0)
         conv, version = converters.lookup(node.op_type, opset, node.name, node.domain)
-        ctx = NodeCtx(self, node, version, self.opset)
+        ctx = NodeCtx(self, node, version, opset)
         try:
             result = conv.fn(ctx)
         except (InferenceError, ShapeError, SymbolicError) as e:
@@ -367,4 +373,4 @@ def param_arrays(model_or_path: ModelProto | str | os.PathLike[str]) -> list[np.
     return out
 
 
-__all__ = ["Importer", "from_onnx", "param_arrays", "load_model", "sanitize", "default_opset"]
+__all__ = ["Importer", "from_onnx", "param_arrays", "load_model", "sanitize", "default_opset", "domain_opsets"]

@@ -13,6 +13,10 @@ shape, pads, ``k``): the converter reads them at conversion time. A constant or 
 importer tracked symbolically works; anything else is lifted into fresh sym vars where the
 result's rank allows it, and is an error otherwise. Test harnesses that feed every operand as
 a graph input use this list to know which inputs a model would carry as initializers.
+
+Ops of another domain than the default one (``ai.onnx.preview``'s ``FlexAttention``) are
+registered with ``domain=`` and keyed by their domain-qualified name; their versions are
+those of that domain's opset.
 """
 
 from __future__ import annotations
@@ -34,35 +38,49 @@ ConvertFn = Callable[["NodeCtx"], Result]
 
 @dataclass(frozen=True)
 class Converter:
-    """One op's converter for schema versions ``lo..hi`` (inclusive)."""
+    """One op's converter for schema versions ``lo..hi`` (inclusive) of ``domain``."""
 
     op_type: str
     lo: int
     hi: int
     fn: ConvertFn
     static_inputs: tuple[int, ...] = ()
+    domain: str = ""
 
 
 _CONVERTERS: dict[str, list[Converter]] = {}
 
+DEFAULT_DOMAINS = ("", "ai.onnx")
 
-def converter(op_type: str, lo: int, hi: int, static_inputs: Sequence[int] = ()) -> Callable[[ConvertFn], ConvertFn]:
+
+def qualified_name(op_type: str, domain: str = "") -> str:
+    """The registry key of an op: its type in the default domain, ``domain.op_type`` elsewhere."""
+    return op_type if domain in DEFAULT_DOMAINS else f"{domain}.{op_type}"
+
+
+def converter(op_type: str, lo: int, hi: int, static_inputs: Sequence[int] = (), domain: str = "") -> Callable[[ConvertFn], ConvertFn]:
     """Register the decorated function for schema versions ``lo..hi`` of ``op_type``."""
+    key = qualified_name(op_type, domain)
 
     def deco(fn: ConvertFn) -> ConvertFn:
-        for other in _CONVERTERS.get(op_type, []):
+        for other in _CONVERTERS.get(key, []):
             if other.lo <= hi and lo <= other.hi:
-                raise ValueError(f"converters for {op_type} overlap: versions {other.lo}-{other.hi} and {lo}-{hi}")
-        _CONVERTERS.setdefault(op_type, []).append(Converter(op_type, lo, hi, fn, tuple(static_inputs)))
+                raise ValueError(f"converters for {key} overlap: versions {other.lo}-{other.hi} and {lo}-{hi}")
+        _CONVERTERS.setdefault(key, []).append(Converter(op_type, lo, hi, fn, tuple(static_inputs), "" if domain in DEFAULT_DOMAINS else domain))
         return fn
 
     return deco
 
 
-def converters_of(op_type: str) -> list[Converter]:
-    """The registered converters of ``op_type`` (those of the modules imported so far:
-    ``tilework.frontend.onnx.converters`` imports them all)."""
-    return list(_CONVERTERS.get(op_type, []))
+def converters_of(op_type: str, domain: str = "") -> list[Converter]:
+    """The registered converters of ``op_type`` in ``domain`` (those of the modules imported so
+    far: ``tilework.frontend.onnx.converters`` imports them all)."""
+    return list(_CONVERTERS.get(qualified_name(op_type, domain), []))
+
+
+def has_domain(domain: str) -> bool:
+    """Whether some converter handles an op of ``domain``."""
+    return domain in DEFAULT_DOMAINS or any(c.domain == domain for cs in _CONVERTERS.values() for c in cs)
 
 
 def all_converters() -> dict[str, list[Converter]]:
@@ -70,12 +88,12 @@ def all_converters() -> dict[str, list[Converter]]:
 
 
 def schema_version(op_type: str, opset: int, domain: str = "") -> int | None:
-    """The ``since_version`` of the schema of ``op_type`` that ``opset`` selects, or None when
-    ONNX defines no such op at that opset."""
+    """The ``since_version`` of the schema of ``op_type`` that ``opset`` (of ``domain``) selects,
+    or None when ONNX defines no such op at that opset."""
     try:
-        return int(onnx.defs.get_schema(op_type, opset, domain).since_version)
+        return int(onnx.defs.get_schema(op_type, opset, "" if domain in DEFAULT_DOMAINS else domain).since_version)
     except onnx.defs.SchemaError:
         return None
 
 
-__all__ = ["Converter", "Result", "ConvertFn", "converter", "schema_version", "converters_of", "all_converters"]
+__all__ = ["Converter", "Result", "ConvertFn", "converter", "schema_version", "converters_of", "all_converters", "qualified_name", "has_domain", "DEFAULT_DOMAINS"]
