@@ -5,6 +5,7 @@ from __future__ import annotations
 from tests.op import (
     test_bitwise,
     test_conv,
+    test_detection,
     test_einsum,
     test_index,
     test_legalize_create,
@@ -42,7 +43,7 @@ TESTED_APART |= {"check_nonzero"}
 def _ops_in_cases() -> set[str]:
     names: set[str] = set()
     bb = BlockBuilder()
-    for mod in (test_legalize_create, test_legalize_elementwise, test_legalize_linalg, test_legalize_manipulate, test_legalize_nn, test_legalize_reduce, test_conv, test_index, test_norm_extra, test_rotary, test_pad, test_math, test_shape, test_one_hot, test_logsumexp_cumprod, test_einsum, test_search, test_rnn_vision_ops, test_bitwise):
+    for mod in (test_legalize_create, test_legalize_elementwise, test_legalize_linalg, test_legalize_manipulate, test_legalize_nn, test_legalize_reduce, test_conv, test_index, test_norm_extra, test_rotary, test_pad, test_math, test_shape, test_one_hot, test_logsumexp_cumprod, test_einsum, test_search, test_rnn_vision_ops, test_bitwise, test_detection):
         for case in mod.CASES:  # type: ignore[attr-defined]
             params = [Var(f"p{i}", info) for i, info in enumerate(case.infos)]
             with bb.function(f"{mod.__name__.rsplit('.', 1)[1]}_{case.name}", params):

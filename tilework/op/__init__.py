@@ -13,6 +13,7 @@ from tilework.op import vm  # ops of lowered programs (vm_*, assert_dims)
 from tilework.op import paged_attention as _paged_attention  # noqa: F401  (registers the op)
 from tilework.op import quant, rotary
 from tilework.op import rnn as _rnn  # noqa: F401  (registers the op)
+from tilework.op import detection as _detection  # noqa: F401  (registers the op)
 from tilework.op.base import DimCheck, Op, OpPattern, all_ops, get, infer_with_checks, make_call, register
 from tilework.op.calls import call_lib, call_packed, call_tensor
 from tilework.op.create import arange, full, full_like, ones, ones_like, zeros, zeros_like

@@ -8,6 +8,7 @@ from tilework.frontend.onnx import (  # noqa: F401  (importing registers the con
     convert_attention,
     convert_bitwise,
     convert_control,
+    convert_detection,
     convert_linear_attention,
     convert_loss,
     convert_math,
