@@ -2,7 +2,7 @@
 (batch statistics and the running-statistics outputs), Dropout in training mode, MaxPool's
 Indices output, Unique along an axis, GatherND with batch dims and Resize's antialias and
 tf_crop_and_resize forms. Each model has symbolic dims, is compiled once and runs at sizes
-including 1 and odd ones against ONNX's reference evaluator (and torch where it has the op)."""
+including 1 and odd ones against ONNX's reference evaluator or onnxruntime."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-from tests.frontend.onnx_util import compile_onnx, model, outputs, tensor
+from tests.frontend.onnx_util import assert_matches_ort, compile_onnx, model, outputs, tensor
 
 F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
 rng = np.random.default_rng(0)
@@ -65,3 +65,19 @@ def test_gather_nd_batch_dims(batch_dims: int) -> None:
         return np.stack(cols, axis=-1).astype(np.int64)
 
     check_against_reference(m, [[randn(*dshape), index(r)] for r in (1, 3, 4)])
+
+
+# -- MaxPool's Indices ----------------------------------------------------------------------
+
+
+def test_max_pool_indices_storage_orders_and_1d() -> None:
+    nodes = [
+        helper.make_node("MaxPool", ["x"], ["y", "i"], kernel_shape=(2, 3), strides=(2, 1), pads=(1, 1, 0, 1), ceil_mode=1),
+        helper.make_node("MaxPool", ["x"], ["y2", "i2"], kernel_shape=(3, 2), pads=(1, 0, 1, 1), storage_order=1),
+        helper.make_node("MaxPool", ["v"], ["y3", "i3"], kernel_shape=(3,), strides=(2,), pads=(1, 1)),
+    ]
+    outs = [tensor(o, F if o[0] == "y" else I64, ["n", 3, None, None]) for o in ("y", "i", "y2", "i2")]
+    outs += [tensor("y3", F, ["n", 3, None]), tensor("i3", I64, ["n", 3, None])]
+    m = model(nodes, [tensor("x", F, ["n", 3, "h", "w"]), tensor("v", F, ["n", 3, "l"])], outs, opset=12)
+    # onnxruntime: the reference evaluator transposes the input of storage_order=1
+    assert_matches_ort(m, [[randn(n, 3, h, w), randn(n, 3, ln)] for n, h, w, ln in ((1, 1, 1, 1), (2, 5, 4, 6), (1, 4, 7, 9))])

@@ -117,6 +117,20 @@ def pool_ref(x: np.ndarray, kind: str, size: Sequence[int], strides: Sequence[in
     return out
 
 
+def pool_indices_ref(x: np.ndarray, size: Sequence[int], strides: Sequence[int], padding: Sequence[int], dilation: Sequence[int] = (1, 1), ceil_mode: bool = False) -> np.ndarray:
+    """Where in its plane (``h * W + w``) the first maximal tap of each window is."""
+    H, W = x.shape[2:]
+    oh = _pool_len(H, size[0], strides[0], padding[0], padding[2], dilation[0], ceil_mode)
+    ow = _pool_len(W, size[1], strides[1], padding[1], padding[3], dilation[1], ceil_mode)
+    out = np.zeros(x.shape[:2] + (oh, ow), np.int64)
+    for b, c, i, j in itertools.product(range(x.shape[0]), range(x.shape[1]), range(oh), range(ow)):
+        taps = [(i * strides[0] - padding[0] + a * dilation[0], j * strides[1] - padding[1] + e * dilation[1]) for a in range(size[0]) for e in range(size[1])]
+        inside = [(y, q) for y, q in taps if 0 <= y < H and 0 <= q < W]
+        y, q = max(inside, key=lambda t: (x[b, c, t[0], t[1]], -inside.index(t)))
+        out[b, c, i, j] = y * W + q
+    return out
+
+
 def adaptive_ref(x: np.ndarray, size: Sequence[int]) -> np.ndarray:
     x = x.astype(np.float64)
     H, W = x.shape[2:]
@@ -174,6 +188,9 @@ def _cases() -> list[Case]:
         Case("avg_pool_2", lambda x: op.avg_pool2d(x, 2), [T(n, 3, h, w)], lambda x: pool_ref(x, "avg", (2, 2), (2, 2), (0,) * 4), ENVS),
         Case("avg_pool_pad_include", lambda x: op.avg_pool2d(x, 3, 2, 1, ceil_mode=True), [T(n, 2, h, w)], lambda x: pool_ref(x, "avg", (3, 3), (2, 2), (1,) * 4, ceil_mode=True), ENVS),
         Case("avg_pool_pad_exclude", lambda x: op.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False), [T(n, 2, h, w)], lambda x: pool_ref(x, "avg", (3, 3), (2, 2), (1,) * 4, ceil_mode=True, count_include_pad=False), ENVS),
+        Case("max_pool_indices", lambda x: op.max_pool2d_indices(x, 2, 1, 1), [T(n, 2, h, w)], lambda x: pool_indices_ref(x, (2, 2), (1, 1), (1,) * 4), ENVS_POOL),
+        Case("max_pool_indices_dilated", lambda x: op.max_pool2d_indices(x, (2, 3), (2, 1), (1, 1, 0, 1), (2, 1), ceil_mode=True), [T(n, 3, h, w)], lambda x: pool_indices_ref(x, (2, 3), (2, 1), (1, 1, 0, 1), (2, 1), True), ENVS_DILATED),
+        Case("max_pool_indices_int32", lambda x: op.max_pool2d_indices(x, 3, 2), [T(n, 2, h, w, dtype="int32")], lambda x: pool_indices_ref(x, (3, 3), (2, 2), (0,) * 4), ENVS_DILATED),
         Case("avg_pool_dilated_include", lambda x: op.avg_pool2d(x, (2, 3), (2, 1), (1, 2, 0, 1), ceil_mode=True, dilation=(2, 3)), [T(n, 2, h, w)], lambda x: pool_ref(x, "avg", (2, 3), (2, 1), (1, 2, 0, 1), (2, 3), True), ENVS_DILATED),
         Case("avg_pool_dilated_exclude", lambda x: op.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False, dilation=2), [T(n, 2, h, w)], lambda x: pool_ref(x, "avg", (3, 3), (2, 2), (1,) * 4, (2, 2), True, False), ENVS_DILATED),
         Case("avg_pool_wide_pad_exclude", lambda x: op.avg_pool2d(x, 3, 1, 2, count_include_pad=False), [T(n, 2, h, w)], lambda x: pool_ref(x, "avg", (3, 3), (1, 1), (2,) * 4, count_include_pad=False), ENVS_POOL),
@@ -219,6 +236,8 @@ def test_references_match_torch() -> None:
     x1, k1 = rng.standard_normal((2, 4, 11)), rng.standard_normal((2, 2, 2))
     np.testing.assert_allclose(conv_ref(x1, k1, None, (2,), (1, 1), (2,), 2), F.conv1d(t(x1), t(k1), stride=2, padding=1, dilation=2, groups=2).numpy(), atol=1e-10)
     np.testing.assert_allclose(pool_ref(x, "max", (2, 2), (2, 2), (1,) * 4, (2, 2), True), F.max_pool2d(t(x), 2, 2, 1, dilation=2, ceil_mode=True).numpy())
+    _, where = F.max_pool2d(t(x), (2, 3), (2, 1), (1, 1), dilation=(2, 1), ceil_mode=True, return_indices=True)
+    np.testing.assert_array_equal(pool_indices_ref(x, (2, 3), (2, 1), (1, 1, 1, 1), (2, 1), True), where.numpy())
     for include in (True, False):
         np.testing.assert_allclose(pool_ref(x, "avg", (3, 3), (2, 2), (1,) * 4, ceil_mode=True, count_include_pad=include), F.avg_pool2d(t(x), 3, 2, 1, ceil_mode=True, count_include_pad=include).numpy(), atol=1e-12)
     np.testing.assert_allclose(pool_ref(x, "avg", (3, 2), (2, 1), (2, 1, 0, 1)), F.avg_pool2d(F.pad(t(x), (1, 1, 2, 0)), (3, 2), (2, 1)).numpy(), atol=1e-12)

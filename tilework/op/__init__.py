@@ -31,7 +31,7 @@ from tilework.op.manipulate import (
 )  # fmt: skip
 from tilework.op.nn import attention, layer_norm, log_softmax, rms_norm, softmax
 from tilework.op.reduce import argmax, argmin, max, mean, min, prod, sum
-from tilework.op.conv import adaptive_avg_pool2d, avg_pool2d, conv1d, conv2d, max_pool2d
+from tilework.op.conv import adaptive_avg_pool2d, avg_pool2d, conv1d, conv2d, max_pool2d, max_pool2d_indices
 from tilework.op.index import cumsum, gather, index_tensor, scatter, tril, triu
 from tilework.op.norm_extra import batch_norm, group_norm
 from tilework.op.paged_attention import paged_attention
@@ -72,7 +72,7 @@ __all__ = [
     "argmax", "argmin", "max", "mean", "min", "prod", "sum",
     "conv", "index", "norm_extra",
     "bitwise", "math", "pad", "search", "shape",
-    "adaptive_avg_pool2d", "avg_pool2d", "conv1d", "conv2d", "max_pool2d",
+    "adaptive_avg_pool2d", "avg_pool2d", "conv1d", "conv2d", "max_pool2d", "max_pool2d_indices",
     "cumsum", "gather", "index_tensor", "scatter", "tril", "triu",
     "batch_norm", "group_norm",
     "paged_attention", "quant", "quant_linear", "quant_take", "rotary", "rotary_embedding",

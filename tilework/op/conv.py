@@ -1,6 +1,7 @@
 """Convolution and pooling over channel-first layouts: ``conv1d`` (``[N, C, L]``), ``conv2d``
-(``[N, C, H, W]``), ``conv_transpose`` (1-, 2- or 3-D), ``max_pool2d``, ``avg_pool2d``,
-``adaptive_avg_pool2d`` and ``adaptive_max_pool2d``.
+(``[N, C, H, W]``), ``conv_transpose`` (1-, 2- or 3-D), ``max_pool2d`` (and
+``max_pool2d_indices``: where each maximum is), ``avg_pool2d``, ``adaptive_avg_pool2d`` and
+``adaptive_max_pool2d``.
 
 Geometry attributes have one entry per spatial dim (``strides``, ``dilation``, ``pool_size``)
 except ``padding``, which lists the padding before every spatial dim and then the padding after
@@ -15,6 +16,9 @@ padding after the input (torch's rule). ``avg_pool2d`` divides by the number of 
 of the window inside the padded input (``count_include_pad``) or inside the input itself; its
 padding may exceed half the window (a window wholly in the padding then averages nothing: NaN
 without ``count_include_pad``). ``max_pool2d``'s padding is at most half the dilated window.
+``max_pool2d_indices`` gives, for each output of ``max_pool2d``, the int64 position
+``h * W + w`` in its input plane of the first tap (in window order) holding the maximum
+(torch's ``return_indices``).
 ``adaptive_avg_pool2d`` averages rows ``floor(i * d / out) .. ceil((i + 1) * d / out)``;
 ``adaptive_max_pool2d`` takes their maximum.
 
@@ -53,12 +57,12 @@ from tilework.op.base import (
     unify_dtype,
 )
 from tilework.op.calls import call_tensor
-from tilework.op.kernel import arg, compute_dtype, op_name, out_tensor, reshape_index
+from tilework.op.kernel import arg, compute_dtype, op_name, out_tensor, reshape_index, upcast
 
 if TYPE_CHECKING:
     from tilework.transform.legalize import LegalizeCtx
 
-_SPATIAL = {"conv1d": 1, "conv2d": 2, "max_pool2d": 2, "avg_pool2d": 2, "adaptive_avg_pool2d": 2, "adaptive_max_pool2d": 2}
+_SPATIAL = {"conv1d": 1, "conv2d": 2, "max_pool2d": 2, "max_pool2d_indices": 2, "avg_pool2d": 2, "adaptive_avg_pool2d": 2, "adaptive_max_pool2d": 2}
 
 
 def _ints_attr(call: Call, name: str, count: int, ctx: InferCtx, minimum: int) -> tuple[int, ...]:
@@ -186,7 +190,7 @@ def _infer_pool(call: Call, ctx: InferCtx) -> StructInfo:
     ceil_mode = bool_attr(call, "ceil_mode", ctx)
     if "count_include_pad" in call.attrs:
         bool_attr(call, "count_include_pad", ctx)
-    for i in range(nsp if ctx.op_name == "max_pool2d" else 0):
+    for i in range(0 if ctx.op_name == "avg_pool2d" else nsp):
         if 2 * max(padding[i], padding[nsp + i]) > dilation[i] * (size[i] - 1) + 1:
             raise ctx.error(f"padding {padding} must be at most half the (dilated) pool size {size}")
     _check_input(x, nsp, ctx)
@@ -195,6 +199,12 @@ def _infer_pool(call: Call, ctx: InferCtx) -> StructInfo:
     spatial = tuple(conv_out_len(x.shape[2 + i], size[i], strides[i], padding[i], padding[nsp + i], dilation[i], ceil_mode) for i in range(nsp))
     _require_positive(spatial, ctx, "output spatial shape")
     return TensorInfo(x.shape[:2] + spatial, x.dtype)
+
+
+def _infer_pool_indices(call: Call, ctx: InferCtx) -> StructInfo:
+    info = _infer_pool(call, ctx)
+    assert isinstance(info, TensorInfo)
+    return TensorInfo(info.shape, "int64", info.ndim)
 
 
 def _infer_adaptive(call: Call, ctx: InferCtx) -> StructInfo:
@@ -451,6 +461,29 @@ def _legalize_max_pool(call: Call, ctx: "LegalizeCtx") -> Expr:
     return ctx.call_te("max_pool2d", call.args, [x], [out], call.info)
 
 
+def _legalize_max_pool_indices(call: Call, ctx: "LegalizeCtx") -> Expr:
+    """The first maximal tap of each window (an argmax over the taps inside the input), then
+    its position in the input plane."""
+    x = arg(call, 0, "x")
+    shape, _ = out_tensor(call)
+    size, strides, padding, dilation = (tuple(call.attrs[a]) for a in ("pool_size", "strides", "padding", "dilation"))
+
+    def best_tap(n: Scalar, c: Scalar, *sp: Scalar) -> Scalar:
+        ks = [te.reduce_axis(k, f"k{i}") for i, k in enumerate(size)]
+        pos = _taps(sp, ks, strides, padding, dilation)
+        return te.argmax(upcast(x[(n, c, *pos)], x.dtype), axis=ks, where=_inside(pos, x.shape[2:]))
+
+    tap = te.compute(shape, best_tap, "max_pool2d_tap", "int64")
+
+    def position(n: Scalar, c: Scalar, oh: Scalar, ow: Scalar) -> Scalar:
+        t = tap[n, c, oh, ow]
+        h, w = _taps((oh, ow), (t // size[1], t % size[1]), strides, padding, dilation)
+        return h * x.shape[3] + w
+
+    out = te.compute(shape, position, "max_pool2d_indices", "int64")
+    return ctx.call_te("max_pool2d_indices", call.args, [x], [out], call.info)
+
+
 def _taps_within(start: Scalar, lo: Dim, hi: Dim, size: int, dilation: int) -> Scalar:
     """How many of the taps ``start + k * dilation`` (``0 <= k < size``) lie in ``[lo, hi)``."""
 
@@ -521,6 +554,7 @@ _CONV_ATTRS = {"strides": None, "padding": None, "dilation": None, "groups": 1}
 register(Op("conv1d", _infer_conv, OpPattern.OUT_EWISE_FUSABLE, attrs=_CONV_ATTRS, legalize=_legalize_conv))
 register(Op("conv2d", _infer_conv, OpPattern.OUT_EWISE_FUSABLE, attrs=_CONV_ATTRS, legalize=_legalize_conv))
 register(Op("max_pool2d", _infer_pool, OpPattern.OUT_EWISE_FUSABLE, attrs={"pool_size": None, "strides": None, "padding": None, "dilation": None, "ceil_mode": False}, num_args=1, legalize=_legalize_max_pool))
+register(Op("max_pool2d_indices", _infer_pool_indices, OpPattern.OUT_EWISE_FUSABLE, attrs={"pool_size": None, "strides": None, "padding": None, "dilation": None, "ceil_mode": False}, num_args=1, legalize=_legalize_max_pool_indices))
 register(Op("avg_pool2d", _infer_pool, OpPattern.OUT_EWISE_FUSABLE, attrs={"pool_size": None, "strides": None, "padding": None, "ceil_mode": False, "count_include_pad": True, "dilation": (1, 1)}, num_args=1, legalize=_legalize_avg_pool))
 register(Op("adaptive_avg_pool2d", _infer_adaptive, OpPattern.OUT_EWISE_FUSABLE, attrs={"output_size": None}, num_args=1, legalize=_legalize_adaptive))
 register(Op("adaptive_max_pool2d", _infer_adaptive, OpPattern.OUT_EWISE_FUSABLE, attrs={"output_size": None}, num_args=1, legalize=_legalize_adaptive))
@@ -580,6 +614,13 @@ def max_pool2d(x: Expr, pool_size: int | Sequence[int], strides: int | Sequence[
     return make_call("max_pool2d", [x], pool_size=size, strides=size if strides is None else _per_dim(strides, 2, "strides"), padding=_padding(padding, 2), dilation=_per_dim(dilation, 2, "dilation"), ceil_mode=ceil_mode)
 
 
+def max_pool2d_indices(x: Expr, pool_size: int | Sequence[int], strides: int | Sequence[int] | None = None, padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1, ceil_mode: bool = False) -> Call:
+    """Where in its input plane each maximum ``max_pool2d`` takes lies (see the module
+    docstring)."""
+    size = _per_dim(pool_size, 2, "pool_size")
+    return make_call("max_pool2d_indices", [x], pool_size=size, strides=size if strides is None else _per_dim(strides, 2, "strides"), padding=_padding(padding, 2), dilation=_per_dim(dilation, 2, "dilation"), ceil_mode=ceil_mode)
+
+
 def avg_pool2d(x: Expr, pool_size: int | Sequence[int], strides: int | Sequence[int] | None = None, padding: int | Sequence[int] = 0, ceil_mode: bool = False, count_include_pad: bool = True, dilation: int | Sequence[int] = 1) -> Call:
     """The mean over each (dilated) window of ``x: [N, C, H, W]`` (see the module docstring for
     the divisor). ``strides`` None is the pool size."""
@@ -598,4 +639,4 @@ def adaptive_max_pool2d(x: Expr, output_size: int | Sequence[int]) -> Call:
     return make_call("adaptive_max_pool2d", [x], output_size=_per_dim(output_size, 2, "output_size"))
 
 
-__all__ = ["conv1d", "conv2d", "conv_transpose", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d", "conv_out_len", "conv_transpose_out_len"]
+__all__ = ["conv1d", "conv2d", "conv_transpose", "max_pool2d", "max_pool2d_indices", "avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d", "conv_out_len", "conv_transpose_out_len"]

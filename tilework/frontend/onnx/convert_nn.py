@@ -21,6 +21,7 @@ from tilework.ir import sym
 from tilework.ir.graph import Constant, Expr
 from tilework.ir.sym import Dim
 from tilework.op import conv, create, index, linalg, manipulate, nn, norm_extra, pad, reduce
+from tilework.op import shape as shape_op
 from tilework.op import elementwise as ew
 
 # -- matrix products ------------------------------------------------------------------------------
@@ -282,19 +283,43 @@ def _pool(kind: str) -> ConvertFn:
     def conv_pool(ctx: NodeCtx) -> Result:
         shape = ctx.known_shape(0)
         n = len(shape) - 2
-        if len([o for o in ctx.node.output if o]) > 1:
-            raise ctx.unsupported("the Indices output is not supported")
         kernel = tuple(int(k) for k in ctx.attr("kernel_shape"))
         strides = tuple(int(s) for s in ctx.attr("strides", (1,) * n))
         dil = tuple(int(d) for d in ctx.attr("dilations", (1,) * n))
         pads = _pads(ctx, shape[2:], kernel, strides, dil)
         ceil_mode = bool(ctx.attr("ceil_mode", 0))
         x = ctx.expr(0)
+        indices = len(ctx.node.output) > 1 and bool(ctx.node.output[1])
+        if indices and (n not in (1, 2) or (_too_much_padding(pads, kernel, dil) and not ceil_mode)):
+            raise ctx.unsupported("the Indices output of 3-D pooling or of padding wider than half the window")
         if kind == "max" and _too_much_padding(pads, kernel, dil) and not ceil_mode:
             x, pads = _pad_explicitly(ctx, x, pads)
-        return pool_nd(ctx, x, kind, kernel, strides, pads, dil, ceil_mode, bool(ctx.attr("count_include_pad", 0)))
+        y = pool_nd(ctx, x, kind, kernel, strides, pads, dil, ceil_mode, bool(ctx.attr("count_include_pad", 0)))
+        return [y, _max_pool_indices(ctx, x, kernel, strides, pads, dil, ceil_mode)] if indices else y
 
     return conv_pool
+
+
+def _max_pool_indices(ctx: NodeCtx, x: Expr, kernel: Sequence[int], strides: Sequence[int], pads: Sequence[int], dil: Sequence[int], ceil_mode: bool) -> Expr:
+    """MaxPool's Indices: each maximum's flat position in the whole input (row-major, or with
+    ``storage_order=1`` its plane flattened column-major), from its position in its plane."""
+    shape = ctx.known_shape(0)
+    if len(kernel) == 1:  # a height-1 image, as pool_nd pools it
+        x = ctx.emit(manipulate.expand_dims(x, 2))
+        kernel, strides, pads, dil = (1, *kernel), (1, *strides), (0, pads[0], 0, pads[1]), (1, *dil)
+    plane = ctx.emit(conv.max_pool2d_indices(x, kernel, strides, pads, dil, ceil_mode))
+    h, w = ctx.shape_of(x)[2:]
+    if int(ctx.attr("storage_order", 0)):
+
+        def size(d: Dim) -> Expr:
+            return ctx.emit(manipulate.reshape(ctx.emit(shape_op.shape_to_tensor([d])), ()))
+
+        rows, cols = ctx.emit(ew.floor_divide(plane, size(w))), ctx.emit(ew.mod(plane, size(w)))
+        plane = ctx.emit(ew.add(rows, ctx.emit(ew.multiply(cols, size(h)))))
+    planes = ctx.emit(create.arange(0, sym.mul(shape[0], shape[1]), dtype="int64"))
+    first = ctx.emit(ew.multiply(ctx.emit(manipulate.reshape(planes, (shape[0], shape[1], 1, 1))), ctx.emit(shape_op.shape_to_tensor([sym.mul(h, w)]))))
+    out = ctx.emit(ew.add(plane, first))
+    return ctx.emit(manipulate.squeeze(out, 2)) if len(shape) == 3 else out
 
 
 converter("MaxPool", 8, 22)(_pool("max"))

@@ -301,9 +301,16 @@ def _max_pool2d(t: Translator, node: Any, x: Any, kernel_size: Any, stride: Any 
 
 
 @converter("max_pool2d_with_indices.default")
-def _max_pool2d_with_indices(t: Translator, node: Any, x: Any, *args: Any) -> tuple[Expr | None, ...]:
-    _only_first(t, node, "max_pool2d_with_indices")
-    return _max_pool2d(t, node, x, *args), None
+def _max_pool2d_with_indices(t: Translator, node: Any, x: Any, kernel_size: Any, stride: Any = (), padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> tuple[Expr | None, ...]:
+    """The maxima and, when used, their positions ``h * W + w`` in their input planes."""
+    y = _max_pool2d(t, node, x, kernel_size, stride, padding, dilation, ceil_mode)
+    if 1 not in t.used_outputs(node):
+        return y, None
+    xb, unbatched = _batched(t, x)
+    size = _per_dim(kernel_size, 2)
+    strides = _per_dim(stride, 2) if as_list(stride) else size
+    where = t.emit(op.max_pool2d_indices(xb, size, strides, _per_dim(padding, 2), _per_dim(dilation, 2), ceil_mode))
+    return y, _unbatch(t, where, unbatched)
 
 
 @converter("avg_pool2d.default")
