@@ -31,7 +31,8 @@ from tilework.codegen.loop_emit import EMPTY_REDUCTION, LoopEmitter, comment, co
 from tilework.codegen.target import Target, register_target
 from tilework.errors import IntegerDivisionByZero, RuntimeCheckError, WellFormedError
 from tilework.ir import sym
-from tilework.ir.dtype import compute_dtype, is_float_dtype, np_dtype
+from tilework.ir import lowp
+from tilework.ir.dtype import DTYPE_TABLE, SUBBYTE_INT_DTYPES, compute_dtype, is_float_dtype, is_lowp_dtype, np_dtype
 from tilework.ir.loop import (
     Allocate,
     Binary,
@@ -178,6 +179,13 @@ def _bitcast(x: Any, src: str, dst: str) -> Any:
     return _F32(out) if compute_dtype(dst) != dst else out
 
 
+def _lowp(x: Any, dst: str) -> Any:
+    """``x`` converted to low-precision ``dst`` (``tilework.ir.lowp``): a float32 for the
+    float formats, an int8/uint8 for the sub-byte integers (their values in computation)."""
+    v = lowp.values(lowp.convert(np.asarray(x), dst), dst).reshape(-1)[0]
+    return _F32(v) if is_float_dtype(dst) else np_dtype(DTYPE_TABLE[dst].c_value[:-2]).type(v)
+
+
 def _fill(dtype: str) -> Any:
     if is_float_dtype(dtype):
         return np.nan
@@ -188,6 +196,7 @@ _HELPERS: dict[str, Any] = {
     "np": np,
     "_RuntimeCheckError": RuntimeCheckError,
     "_icast": _icast,
+    "_lowp": _lowp,
     "_tdiv": _tdiv,
     "_fdiv": _fdiv,
     "_fmod": _fmod,
@@ -330,6 +339,8 @@ class _Translator(LoopEmitter):
 
     def render_load(self, x: Load) -> str:
         text = f"{self.known(x.buffer, f'buffer {x.buffer.name}')}[{self.indices(x.buffer, x.indices)}]"
+        if x.buffer.dtype in SUBBYTE_INT_DTYPES:
+            return f"_lowp({text}, {x.buffer.dtype!r})"
         return f"_F32({text})" if compute_dtype(x.buffer.dtype) != x.buffer.dtype else text
 
     def render_unary(self, x: Unary) -> str:
@@ -343,6 +354,8 @@ class _Translator(LoopEmitter):
         a = self.expr(x.value)
         if src == dst:
             return a
+        if is_lowp_dtype(dst):
+            return f"_lowp({a}, {dst!r})"
         if dst == "float16":
             return f"_f16_from_f32({a})" if compute_dtype(src) == "float32" else f"_f16_from_f64({a})"
         if dst == "bfloat16":

@@ -16,7 +16,8 @@ import re
 import numpy as np
 
 from tilework.errors import WellFormedError
-from tilework.ir.dtype import np_dtype
+from tilework.ir.dtype import is_float_dtype, np_dtype
+from tilework.ir.lowp import round_scalar
 from tilework.ir.loop import (
     Allocate,
     Binary,
@@ -55,6 +56,8 @@ def const_value(c: Const) -> float | int | bool:
         return float(np.float16(c.value))
     if c.dtype == "bfloat16":
         return float(np.float32(c.value).astype(np_dtype("bfloat16")))
+    if is_float_dtype(c.dtype):  # the float8/float4 formats
+        return round_scalar(float(c.value), c.dtype)
     return int(c.value)
 
 

@@ -8,7 +8,15 @@ Storage: ``float16`` is IEEE half, ``bfloat16`` the upper 16 bits of a float32 (
 NumPy dtype), ``bool`` one byte holding 0 or 1. ``c_value`` is the C type a value computes in
 (half and bfloat16 compute in float).
 
-ml_dtypes is imported only when a bfloat16 NumPy dtype is asked for: some releases take half a
+The low-precision dtypes (``LOWP_DTYPES``: the float8 formats, ``float4_e2m1fn``, ``int4``,
+``uint4``, ``int2``, ``uint2``) take one byte per element, as ml_dtypes' NumPy dtypes of the
+same names do (ONNX packs the sub-byte ones two or four to a byte; the ONNX frontend unpacks
+them). In a byte, a sub-byte value sits in the low bits (two's complement for the signed ones, the
+high bits zero), as in ml_dtypes. ``bits`` is the width of the format. Floats compute in float32, the sub-byte integers in
+int32 (a result wraps to the narrow type when stored); conversions are those of
+``tilework.ir.lowp`` (docs/semantics.md).
+
+ml_dtypes is imported only when one of its NumPy dtypes is asked for: some releases take half a
 second to import, which a process that never touches bfloat16 should not pay.
 """
 
@@ -34,6 +42,7 @@ class DType:
     c_value: str
     onnx: int  # onnx.TensorProto element type code
     compute: str  # the dtype arithmetic on values of this dtype runs in
+    bits: int  # the width of one element's format (8 * itemsize but for the sub-byte ints and float4)
 
     @property
     def numpy(self) -> np.dtype:
@@ -48,18 +57,30 @@ class DType:
         return self.kind in ("int", "uint")
 
 
+_ML_DTYPES = frozenset({
+    "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
+    "float4_e2m1fn", "int4", "uint4", "int2", "uint2",
+})  # fmt: skip
+
+
 @functools.cache
 def _numpy_dtype(name: str) -> np.dtype:
-    if name == "bfloat16":
+    if name in _ML_DTYPES:
         import ml_dtypes
 
-        return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(getattr(ml_dtypes, name))
     return np.dtype(name)
 
 
-def _d(name: str, kind: str, size: int, c_storage: str, c_value: str, onnx: int) -> DType:
-    compute = "float32" if kind == "float" and size < 4 else name  # half types compute in float32
-    return DType(name, kind, size, c_storage, c_value, onnx, compute)
+def _d(name: str, kind: str, size: int, c_storage: str, c_value: str, onnx: int, bits: int = 0) -> DType:
+    bits = bits or 8 * size
+    if kind == "float" and size < 4:
+        compute = "float32"  # half and narrower floats compute in float32
+    elif kind in ("int", "uint") and bits < 8:
+        compute = "int32"
+    else:
+        compute = name
+    return DType(name, kind, size, c_storage, c_value, onnx, compute, bits)
 
 
 DTYPE_TABLE: dict[str, DType] = {
@@ -78,12 +99,25 @@ DTYPE_TABLE: dict[str, DType] = {
         _d("bfloat16", "float", 2, "uint16_t", "float", 16),
         _d("float32", "float", 4, "float", "float", 1),
         _d("float64", "float", 8, "double", "double", 11),
+        _d("float8_e4m3fn", "float", 1, "uint8_t", "float", 17),
+        _d("float8_e4m3fnuz", "float", 1, "uint8_t", "float", 18),
+        _d("float8_e5m2", "float", 1, "uint8_t", "float", 19),
+        _d("float8_e5m2fnuz", "float", 1, "uint8_t", "float", 20),
+        _d("float8_e8m0fnu", "float", 1, "uint8_t", "float", 24),
+        _d("float4_e2m1fn", "float", 1, "uint8_t", "float", 23, 4),
+        _d("int4", "int", 1, "uint8_t", "int8_t", 22, 4),
+        _d("uint4", "uint", 1, "uint8_t", "uint8_t", 21, 4),
+        _d("int2", "int", 1, "uint8_t", "int8_t", 26, 2),
+        _d("uint2", "uint", 1, "uint8_t", "uint8_t", 25, 2),
     )
 }
 
 DTYPES: tuple[str, ...] = tuple(DTYPE_TABLE)
 FLOAT_DTYPES: tuple[str, ...] = tuple(n for n, d in DTYPE_TABLE.items() if d.is_float)
 INT_DTYPES: tuple[str, ...] = tuple(n for n, d in DTYPE_TABLE.items() if d.is_int)
+LOWP_FLOAT_DTYPES: tuple[str, ...] = tuple(n for n, d in DTYPE_TABLE.items() if d.is_float and d.bits <= 8)
+SUBBYTE_INT_DTYPES: tuple[str, ...] = tuple(n for n, d in DTYPE_TABLE.items() if d.is_int and d.bits < 8)
+LOWP_DTYPES: tuple[str, ...] = LOWP_FLOAT_DTYPES + SUBBYTE_INT_DTYPES
 
 _BY_ONNX = {d.onnx: d.name for d in DTYPE_TABLE.values()}
 
@@ -105,6 +139,30 @@ def is_int_dtype(name: str) -> bool:
     """Integer dtypes (signed and unsigned), not bool."""
     d = DTYPE_TABLE.get(name)
     return d is not None and d.is_int
+
+
+def is_lowp_dtype(name: str) -> bool:
+    """A float of 8 bits or fewer, or an integer narrower than a byte (``LOWP_DTYPES``)."""
+    return name in LOWP_DTYPES
+
+
+def int_range(name: str) -> tuple[int, int]:
+    """The smallest and largest value of integer dtype ``name``."""
+    d = dtype_info(name)
+    if not d.is_int:
+        raise UnsupportedError(f"int_range: {name} is not an integer dtype")
+    if d.kind == "uint":
+        return 0, (1 << d.bits) - 1
+    return -(1 << (d.bits - 1)), (1 << (d.bits - 1)) - 1
+
+
+def max_finite(name: str) -> float:
+    """The largest finite value of float dtype ``name``."""
+    import ml_dtypes
+
+    if not is_float_dtype(name):
+        raise UnsupportedError(f"max_finite: {name} is not a float dtype")
+    return float(ml_dtypes.finfo(np_dtype(name)).max)
 
 
 def compute_dtype(name: str) -> str:
@@ -187,5 +245,5 @@ def to_torch(name: str) -> Any:
 
 __all__ = [
     "DType", "DTYPE_TABLE", "DTYPES", "FLOAT_DTYPES", "INT_DTYPES", "dtype_info", "is_float_dtype",
-    "is_int_dtype", "compute_dtype", "itemsize", "np_dtype", "dtype_name", "encode_array", "decode_array", "from_onnx", "to_onnx", "from_torch", "to_torch",
+    "is_int_dtype", "compute_dtype", "LOWP_DTYPES", "LOWP_FLOAT_DTYPES", "SUBBYTE_INT_DTYPES", "is_lowp_dtype", "int_range", "max_finite", "itemsize", "np_dtype", "dtype_name", "encode_array", "decode_array", "from_onnx", "to_onnx", "from_torch", "to_torch",
 ]  # fmt: skip

@@ -17,7 +17,7 @@ from typing import Callable, Sequence, Union
 
 from tilework.ir import sym
 from tilework.ir.info import check_dtype
-from tilework.ir.dtype import is_float_dtype, is_int_dtype
+from tilework.ir.dtype import int_range as dtype_int_range, is_float_dtype, is_int_dtype
 from tilework.ir.loop import Operand, PExpr, Scalar, convert, dtype_of
 from tilework.ir.sym import Dim, SymExpr, SymVar
 
@@ -242,10 +242,6 @@ def identity_value(combiner: str, dtype: str) -> Union[int, float, bool]:
 
 
 def int_range(dtype: str) -> tuple[int, int]:
-    bits = {"int8": 8, "int16": 16, "int32": 32, "int64": 64}.get(dtype)
-    if bits is not None:
-        return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-    ubits = {"uint8": 8, "uint16": 16, "uint32": 32, "uint64": 64}.get(dtype)
-    if ubits is not None:
-        return 0, (1 << ubits) - 1
-    raise ValueError(f"not an integer dtype: {dtype}")
+    if not is_int_dtype(dtype):
+        raise ValueError(f"not an integer dtype: {dtype}")
+    return dtype_int_range(dtype)

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 
+from tilework.codegen.c import lowp
 from tilework.codegen.c.prelude import PRELUDE
 from tilework.codegen.loop_emit import LoopEmitter, comment, const_value
 from tilework.errors import WellFormedError
@@ -244,6 +245,8 @@ class _Emitter(LoopEmitter):
             value = f"TW_F2H({value})"
         elif b.dtype == "bfloat16":
             value = f"tw_f2bf({value})"
+        else:
+            value = lowp.store(b.dtype, value) or value
         self.line(f"{name}[{self.flat(b, s.indices)}] = {value};")
 
     def emit_for(self, s: For) -> None:
@@ -449,7 +452,7 @@ class _Emitter(LoopEmitter):
         text = f"{self.known(b, f'load of buffer {b.name}')}[{self.flat(b, x.indices)}]"
         if b.dtype == "float16":
             return f"TW_H2F({text})"
-        return f"tw_bf2f({text})" if b.dtype == "bfloat16" else text
+        return f"tw_bf2f({text})" if b.dtype == "bfloat16" else lowp.load(b.dtype, text) or text
 
     def render_unary(self, x: Unary) -> str:
         a = self.expr(x.a)
@@ -470,13 +473,16 @@ class _Emitter(LoopEmitter):
             return _float_literal(float(v), "f")
         if c.dtype == "int64":
             return _int_literal(int(v))
-        return f"(({DTYPE_TABLE[c.dtype].c_storage}){_int_literal(int(v))})"
+        return f"(({DTYPE_TABLE[c.dtype].c_value}){_int_literal(int(v))})"
 
     def render_cast(self, x: Cast) -> str:
         src, dst = dtype_of(x.value), x.dtype
         a = self.expr(x.value)
         if src == dst:
             return a
+        narrow = lowp.cast(src, dst, a)
+        if narrow is not None:
+            return narrow
         if dst == "float16":
             return f"tw_round_h_f({a})" if src in ("float32", "float16", "bfloat16") else f"tw_round_h_d((double)({a}))"
         if dst == "bfloat16":

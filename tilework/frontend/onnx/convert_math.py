@@ -15,7 +15,7 @@ import numpy as np
 from tilework.frontend.onnx.context import NodeCtx
 from tilework.frontend.onnx.registry import Result, converter
 from tilework.frontend.onnx.values import Value, binary_elems, where_elems
-from tilework.ir.dtype import INT_DTYPES, np_dtype
+from tilework.ir.dtype import INT_DTYPES, LOWP_FLOAT_DTYPES, SUBBYTE_INT_DTYPES, int_range, is_lowp_dtype, max_finite, np_dtype
 from tilework.ir.graph import Constant, Expr
 from tilework.op import elementwise as ew
 from tilework.op import math as op_math
@@ -77,6 +77,8 @@ _MISC_UNARY: dict[str, tuple[str, int, int, tuple[str, ...]]] = {
 def _unary(name: str) -> Callable[[NodeCtx], Result]:
     def conv(ctx: NodeCtx) -> Result:
         v = ctx.value(0)
+        if name == "logical_not" and v.elems is not None and all(isinstance(e, bool) for e in v.elems):
+            return Value.of_elems(tuple(not e for e in v.elems), "bool", v.ndim == 0)
         if name == "neg" and v.elems is not None and v.ndim in (0, 1):
             folded = _fold("sub", ctx, [Value.of_elems((0,) * len(v.elems), v.dtype or "int64", v.ndim == 0), v], v.dtype)
             if folded is not None:
@@ -138,7 +140,7 @@ def _prelu(ctx: NodeCtx) -> Result:
 
 @converter("Identity", 1, 25)
 def _identity(ctx: NodeCtx) -> Result:
-    return ctx.value(0)
+    return ctx.any_value(0)  # sequences and optionals too
 
 
 # -- binary ---------------------------------------------------------------------------------------
@@ -250,13 +252,46 @@ def _clip(ctx: NodeCtx) -> Result:
     return x if x is not ctx.value(0).expr else ctx.value(0)
 
 
+FLOAT8_DTYPES = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")  # what ``saturate`` acts on
+_WIDE_INTS = tuple(d for d in INT_DTYPES if d not in SUBBYTE_INT_DTYPES)
+
+
+def saturate(ctx: NodeCtx, x: Expr, to: str) -> Expr:
+    """``x`` clamped to +-the largest finite value of float8 dtype ``to`` (NaN stays NaN, inf
+    becomes that value): converting the result is ONNX's ``saturate=1`` conversion, since a value
+    within range never rounds past it. Unchanged when ``x``'s dtype cannot exceed the range."""
+    src = getattr(x.info, "dtype", None)
+    top = max_finite(to)
+    if src is None or src == "bool" or (src in INT_DTYPES and max(-int_range(src)[0], int_range(src)[1]) <= top):
+        return x
+    if src in LOWP_FLOAT_DTYPES and max_finite(src) <= top:
+        return x
+    x = ctx.emit(ew.maximum(x, scalar_const(-top, src)))
+    return ctx.emit(ew.minimum(x, scalar_const(top, src)))
+
+
+def lowp_cast(ctx: NodeCtx, x: Expr, to: str, sat: bool) -> Expr:
+    """``x`` converted to low-precision ``to`` as ONNX ``Cast(saturate=sat)`` does (``saturate``
+    concerns the float8 types; float4 has no inf or NaN and always saturates)."""
+    if to in FLOAT8_DTYPES and sat:
+        x = saturate(ctx, x, to)
+    return cast_to(ctx, x, to)
+
+
 def _cast(ctx: NodeCtx, to: str) -> Result:
     v = ctx.value(0)
     if v.dtype == to:
         return v
-    if v.elems is not None and to in INT_DTYPES and v.dtype in INT_DTYPES and v.ndim in (0, 1):
+    if to == "float8_e8m0fnu" and (ctx.attr("round_mode", "up") != "up" or not int(ctx.attr("saturate", 1))):
+        raise ctx.unsupported(
+            f"casting to float8_e8m0fnu with round_mode={ctx.attr('round_mode', 'up')!r}, saturate={int(ctx.attr('saturate', 1))} "
+            "(tilework converts with round_mode='up', saturate=1)"
+        )
+    if is_lowp_dtype(to):
+        return lowp_cast(ctx, ctx.expr(0), to, bool(int(ctx.attr("saturate", 1))))
+    if v.elems is not None and to in _WIDE_INTS and v.dtype in _WIDE_INTS and v.ndim in (0, 1):
         return Value.of_elems(v.elems, to, v.ndim == 0)
-    if v.const is not None and v.const.size <= 64 and v.dtype in INT_DTYPES + ("bool",) and to in INT_DTYPES + ("bool", "float32", "float64"):
+    if v.const is not None and v.const.size <= 64 and v.dtype in _WIDE_INTS + ("bool",) and to in _WIDE_INTS + ("bool", "float32", "float64"):
         return Value.of_const(v.const.astype(np.bool_ if to == "bool" else to))
     return ctx.emit(ew.astype(ctx.expr(0), to))
 

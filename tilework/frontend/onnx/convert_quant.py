@@ -5,24 +5,30 @@
 All are compositions of graph ops: ``dequantize(q) = (q - zero_point) * scale`` and
 ``quantize(x) = saturate(round_half_even(x / scale) + zero_point)``. The integer products
 accumulate exactly (int32 for ``MatMulInteger``; float64, exact for these magnitudes, for the
-convolutions), then are rescaled in float64 as the ONNX reference does. Float8/float4 and 2-/4-bit
-types are not tensors tilework has, so those variants are refused by the importer.
+convolutions), then are rescaled in float64 as the ONNX reference does. The 2- and 4-bit
+integers quantize like the others (saturating to their range). To the float8 types,
+``quantize(x) = convert(x / scale)``, saturating unless ``saturate=0`` (the zero point must be 0
+and is not added); to float4, ``convert(x / scale + zero_point)``; dequantizing either ignores
+the zero point, as the ONNX reference does.
 """
 
 from __future__ import annotations
 
 from tilework.frontend.onnx.context import NodeCtx
-from tilework.frontend.onnx.convert_math import scalar_const
+from tilework.frontend.onnx.convert_math import FLOAT8_DTYPES, lowp_cast, scalar_const
 from tilework.frontend.onnx.convert_nn import _pads
 from tilework.frontend.onnx.registry import Result, converter
 from tilework.ir import sym
-from tilework.ir.dtype import is_int_dtype
+from tilework.ir.dtype import is_float_dtype, is_int_dtype
 from tilework.ir.graph import Expr
 from tilework.ir.info import TensorInfo
 from tilework.ir.sym import Dim
 from tilework.op import conv, linalg, manipulate, reduce
 from tilework.op import elementwise as ew
 from tilework.te.tensor import int_range
+
+
+_QUANT_FLOATS = FLOAT8_DTYPES + ("float4_e2m1fn",)
 
 
 def _along(ctx: NodeCtx, p: Expr, rank: int, axis: int, block: int, dims: tuple[Dim, ...]) -> Expr:
@@ -63,6 +69,10 @@ def quantize(ctx: NodeCtx, x: Expr, scale: Expr, zp: Expr | None, dtype: str) ->
     runs in ``x``'s float dtype as the ONNX reference's does, the rest in float64."""
     dt = x.info.dtype if isinstance(x.info, TensorInfo) and x.info.dtype in ("float32", "float64") else "float32"
     q = ctx.emit(ew.divide(ctx.emit(ew.astype(x, dt)), ctx.emit(ew.astype(scale, dt))))
+    if is_float_dtype(dtype):
+        if dtype == "float4_e2m1fn" and zp is not None:
+            q = ctx.emit(ew.add(q, ctx.emit(ew.astype(zp, dt))))
+        return lowp_cast(ctx, q, dtype, bool(int(ctx.attr("saturate", 1))))
     y = ctx.emit(ew.astype(ctx.emit(ew.round(q)), "float64"))
     if zp is not None:
         y = ctx.emit(ew.add(y, ctx.emit(ew.astype(zp, "float64"))))
@@ -72,14 +82,14 @@ def quantize(ctx: NodeCtx, x: Expr, scale: Expr, zp: Expr | None, dtype: str) ->
 @converter("DequantizeLinear", 10, 28)
 def _dequantize(ctx: NodeCtx) -> Result:
     x, dims = ctx.expr(0), ctx.known_shape(0)
-    if not is_int_dtype(ctx.dtype(0)):
-        raise ctx.unsupported(f"dequantizing {ctx.dtype(0)} (integer types are supported)")
+    if not is_int_dtype(ctx.dtype(0)) and ctx.dtype(0) not in _QUANT_FLOATS:
+        raise ctx.unsupported(f"dequantizing {ctx.dtype(0)} (integer, float8 and float4 types are supported)")
     rank, block = len(dims), int(ctx.attr("block_size", 0))
     axis = _axis(ctx, rank)
     out = ctx.dtype_attr("output_dtype") if ctx.has_attr("output_dtype") and int(ctx.attr("output_dtype")) else ctx.dtype(1)
     scale = _along(ctx, ctx.expr(1), rank, axis, block, dims)
     v = ctx.emit(ew.astype(x, "float32"))
-    if ctx.has_input(2):
+    if ctx.has_input(2) and ctx.dtype(0) not in _QUANT_FLOATS:
         zp = _along(ctx, ctx.expr(2), rank, axis, block, dims)
         v = ctx.emit(ew.subtract(v, ctx.emit(ew.astype(zp, "float32"))))
     y = ctx.emit(ew.multiply(v, ctx.emit(ew.astype(scale, "float32"))))
@@ -97,8 +107,8 @@ def _quantize(ctx: NodeCtx) -> Result:
         dtype = ctx.dtype_attr("output_dtype")
     else:
         dtype = "uint8"
-    if not is_int_dtype(dtype):
-        raise ctx.unsupported(f"quantizing to {dtype} (integer types are supported)")
+    if not is_int_dtype(dtype) and dtype not in _QUANT_FLOATS:
+        raise ctx.unsupported(f"quantizing to {dtype} (integer, float8 and float4 types are supported)")
     scale = _along(ctx, ctx.expr(1), rank, axis, block, dims)
     zp = _along(ctx, ctx.expr(2), rank, axis, block, dims) if ctx.has_input(2) else None
     return quantize(ctx, x, scale, zp, dtype)

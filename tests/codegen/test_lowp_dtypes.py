@@ -1,0 +1,241 @@
+"""The low-precision dtypes (float8, float4, float8_e8m0fnu, int4/uint4/int2/uint2) through the
+compiled path (graph -> legalize -> C kernels -> VM) and the interpreter: every conversion to and
+from them, checked against ml_dtypes (and ONNX's float8_e8m0fnu conversion) at edge values — the
+largest and smallest finite values, subnormals, ties between neighbours, out of range, NaN,
+inf, zeros — at sizes 0, 1 and odd; data movement and upcast arithmetic on them."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Callable, Iterator
+
+import ml_dtypes
+import numpy as np
+import pytest
+from onnx.numpy_helper import to_float8e8m0
+
+import tilework as tw
+from tilework.codegen import interp
+from tilework.ir import lowp
+from tilework.ir.builder import BlockBuilder
+from tilework.ir.dtype import LOWP_FLOAT_DTYPES, SUBBYTE_INT_DTYPES, dtype_name, from_onnx, int_range, np_dtype, to_onnx
+from tilework.ir.graph import Expr, Var
+from tilework.ir.info import TensorInfo
+from tilework.ir.module import IRModule
+from tilework.ir.loop import TensorFunc
+from tilework.op import elementwise as ew
+from tilework.op import manipulate
+from tilework import te
+
+FLOAT_SOURCES = ("float32", "float16", "bfloat16", "float64")
+SIZES = (0, 1, 37)
+
+
+def _edges(dtype: str) -> np.ndarray:
+    """Every finite value of a float format, the midpoints (ties) between neighbours and values
+    just off them, beyond the largest, specials and zeros (float64)."""
+    codes = np.arange(16 if dtype == "float4_e2m1fn" else 256, dtype=np.uint8)
+    v = lowp.values(codes.view(np_dtype(dtype)), dtype).astype(np.float64)
+    v = np.unique(v[np.isfinite(v)])
+    mid = (v[:-1] + v[1:]) / 2
+    top = float(v.max())
+    extra = [top * 1.01, top * 1.5, top * 2, 1e30, 3e38, np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30, -1e-30]
+    x = np.concatenate([v, mid, np.nextafter(mid, np.inf), np.nextafter(mid, -np.inf), extra])
+    return np.concatenate([x, -x])
+
+
+def _expected(x: np.ndarray, dtype: str) -> np.ndarray:
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        if dtype == "float8_e8m0fnu":
+            return to_float8e8m0(x.astype(np.float32), True, "up")
+        return x.astype(np_dtype(dtype))
+
+
+def _assert_same(got: np.ndarray, want: np.ndarray, dtype: str, x: np.ndarray | None = None) -> None:
+    """Equal codes; NaN results need only be NaN, and float4 gives 0 for NaN (ml_dtypes: +-0)."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if dtype in SUBBYTE_INT_DTYPES:
+        np.testing.assert_array_equal(got.astype(np.int64), want.astype(np.int64))
+        return
+    g, w = got.astype(np.float32), want.astype(np.float32)
+    nan = np.isnan(w)
+    np.testing.assert_array_equal(np.isnan(g), nan)
+    skip = nan if x is None or dtype != "float4_e2m1fn" else nan | np.isnan(x)
+    bad = np.nonzero(got.view(np.uint8)[~skip] != want.view(np.uint8)[~skip])[0]
+    if dtype == "float4_e2m1fn" and x is not None:
+        assert np.all(g[np.isnan(x)] == 0)
+    assert bad.size == 0, f"{dtype}: {bad.size} mismatches: inputs {(x[~skip][bad[:6]] if x is not None else '')}, got {g[~skip][bad[:6]]}, want {w[~skip][bad[:6]]}"
+
+
+# -- one module: every conversion as a function of a symbolic-length vector ---------------------
+
+_FUNCS: dict[str, tuple[tuple[str, ...], Callable[..., Expr]]] = {}
+for _d in LOWP_FLOAT_DTYPES:
+    for _s in FLOAT_SOURCES:
+        _FUNCS[f"to_{_d}_from_{_s}"] = ((_s,), lambda x, d=_d: ew.astype(x, d))
+        _FUNCS[f"from_{_d}_to_{_s}"] = ((_d,), lambda x, s=_s: ew.astype(x, s))
+    _FUNCS[f"to_{_d}_from_int32"] = (("int32",), lambda x, d=_d: ew.astype(x, d))
+    _FUNCS[f"add_{_d}"] = ((_d, _d), lambda a, b: ew.add(a, b))
+for _d in SUBBYTE_INT_DTYPES:
+    for _s in ("float32", "float16", "float64", "int32", "int8"):
+        _FUNCS[f"to_{_d}_from_{_s}"] = ((_s,), lambda x, d=_d: ew.astype(x, d))
+    for _s in ("float32", "int8", "int64"):
+        _FUNCS[f"from_{_d}_to_{_s}"] = ((_d,), lambda x, s=_s: ew.astype(x, s))
+    _FUNCS[f"add_{_d}"] = ((_d, _d), lambda a, b: ew.add(a, b))
+for _d in ("float8_e4m3fn", "float4_e2m1fn", "int4", "uint2"):
+    _FUNCS[f"move_{_d}"] = ((_d,), lambda x: _move(x))
+
+
+def _move(x: Var) -> Expr:
+    """``concat([reshape(x, (n, 1)).T, reshape(x, (1, n))], 0)``: data movement only."""
+    n = x.info.shape[0]  # type: ignore[attr-defined]
+    col = manipulate.permute_dims(manipulate.reshape(x, (n, 1)), (1, 0))
+    return manipulate.concat([col, manipulate.reshape(x, (1, n))], 0)
+
+
+def _module() -> IRModule:
+    n = tw.dim("n", min=0)
+    bb = BlockBuilder()
+    for name, (srcs, make) in _FUNCS.items():
+        params = [Var(f"x{i}", TensorInfo((n,), s)) for i, s in enumerate(srcs)]
+        with bb.function(name, params):
+            bb.emit_func_output(bb.emit(make(*params)))
+    return bb.get()
+
+
+@pytest.fixture(scope="module")
+def vm() -> Iterator[tw.VM]:
+    yield tw.VM(tw.build(_module()))
+
+
+def _run(vm: tw.VM, name: str, *args: np.ndarray) -> np.ndarray:
+    return np.asarray(vm[name](*args))
+
+
+def _sized(x: np.ndarray) -> Iterator[np.ndarray]:
+    """``x`` (odd length), and its first 0 and 1 elements."""
+    n = len(x) if len(x) % 2 else len(x) - 1
+    yield x[:n]
+    for k in SIZES[:2]:
+        yield x[:k]
+
+
+@pytest.mark.parametrize("dtype", LOWP_FLOAT_DTYPES)
+@pytest.mark.parametrize("src", FLOAT_SOURCES)
+def test_float_to_lowp(vm: tw.VM, dtype: str, src: str) -> None:
+    with np.errstate(all="ignore"):
+        x = _edges(dtype).astype(np_dtype(src))
+    for xs in _sized(x):
+        _assert_same(_run(vm, f"to_{dtype}_from_{src}", xs), _expected(xs, dtype), dtype, xs.astype(np.float64))
+
+
+@pytest.mark.parametrize("dtype", LOWP_FLOAT_DTYPES)
+def test_int_to_lowp_float(vm: tw.VM, dtype: str) -> None:
+    x = np.array([0, 1, -1, 3, 7, 9, 17, 100, 239, 241, 247, 248, 449, 464, 465, 57343, 61440, 100000, -100000, 2**31 - 1], np.int32)
+    _assert_same(_run(vm, f"to_{dtype}_from_int32", x), _expected(x.astype(np.float64), dtype), dtype)
+
+
+@pytest.mark.parametrize("dtype", LOWP_FLOAT_DTYPES)
+@pytest.mark.parametrize("dst", FLOAT_SOURCES)
+def test_lowp_float_to_float(vm: tw.VM, dtype: str, dst: str) -> None:
+    codes = np.arange(16 if dtype == "float4_e2m1fn" else 256, dtype=np.uint8).view(np_dtype(dtype))
+    for c in _sized(codes):
+        got = _run(vm, f"from_{dtype}_to_{dst}", c)
+        want = c.astype(np.float32).astype(np_dtype(dst))
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got.astype(np.float64), want.astype(np.float64))
+
+
+@pytest.mark.parametrize("dtype", SUBBYTE_INT_DTYPES)
+def test_sub_byte_int_conversions(vm: tw.VM, dtype: str) -> None:
+    f = np.concatenate([np.arange(-20, 20, 0.25), [np.nan, np.inf, -np.inf, 1e30, -0.0, 7.999, 8.0, -8.0, -8.5, 3.5, -2.5, 2.5]])
+    i = np.arange(-300, 301)
+    for src, x in (("float32", f), ("float16", f), ("float64", f), ("int32", i), ("int8", np.arange(-128, 127))):
+        xs = x.astype(np_dtype(src))
+        for part in _sized(xs):
+            _assert_same(_run(vm, f"to_{dtype}_from_{src}", part), _expected(part, dtype), dtype)
+    lo, hi = int_range(dtype)
+    q = np.arange(lo, hi + 1).astype(np_dtype(dtype))
+    q = np.concatenate([q, q, q[:1]])  # odd length
+    for dst in ("float32", "int8", "int64"):
+        for part in _sized(q):
+            got = _run(vm, f"from_{dtype}_to_{dst}", part)
+            np.testing.assert_array_equal(got, part.astype(np.int64).astype(np_dtype(dst)))
+
+
+@pytest.mark.parametrize("dtype", LOWP_FLOAT_DTYPES + SUBBYTE_INT_DTYPES)
+def test_arithmetic_upcasts(vm: tw.VM, dtype: str) -> None:
+    """``add`` computes in float32 (int32 for the sub-byte ints) and converts once, like
+    ml_dtypes' own arithmetic."""
+    rng = np.random.default_rng(1)
+    if dtype in SUBBYTE_INT_DTYPES:
+        a, b = (rng.integers(-8, 16, 41).astype(np_dtype(dtype)) for _ in range(2))
+        want = (a.astype(np.int64) + b.astype(np.int64)).astype(np_dtype(dtype))
+    else:
+        codes = np.arange(16 if dtype == "float4_e2m1fn" else 256, dtype=np.uint8)
+        a, b = (rng.permutation(codes)[:41].view(np_dtype(dtype)) for _ in range(2))
+        want = _expected(a.astype(np.float32) + b.astype(np.float32), dtype)
+    _assert_same(_run(vm, f"add_{dtype}", a, b), want, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float4_e2m1fn", "int4", "uint2"])
+def test_data_movement(vm: tw.VM, dtype: str) -> None:
+    if dtype in SUBBYTE_INT_DTYPES:
+        lo, hi = int_range(dtype)
+        x = np.resize(np.arange(lo, hi + 1), 39).astype(np_dtype(dtype))
+    else:
+        x = np.resize(np.arange(16 if dtype == "float4_e2m1fn" else 256, dtype=np.uint8), 255).view(np_dtype(dtype))
+    for part in _sized(x):
+        got = _run(vm, f"move_{dtype}", part)
+        want = np.concatenate([part.reshape(-1, 1).T, part.reshape(1, -1)], 0)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+# -- the interpreter: the same conversions, as the oracle the C code is checked against ---------
+
+
+def _conversions(dtype: str) -> TensorFunc:
+    n = tw.dim("n", min=0)
+    x = te.placeholder((n,), "float64", "x")
+    y = te.placeholder((n,), dtype, "y")
+    return te.create_func(
+        [x, y],
+        [te.compute((n,), lambda i: x[i].astype(dtype), "to"), te.compute((n,), lambda i: y[i].astype("float32"), "back")],
+    )
+
+
+@pytest.mark.parametrize("dtype", LOWP_FLOAT_DTYPES + SUBBYTE_INT_DTYPES)
+def test_interp_conversions(dtype: str) -> None:
+    x = _edges(dtype) if dtype in LOWP_FLOAT_DTYPES else np.concatenate([np.arange(-20, 20, 0.5), [np.nan, np.inf]])
+    y = _expected(x, dtype)
+    to, back = np.zeros(len(x), np_dtype(dtype)), np.zeros(len(x), np.float32)
+    interp.run(_conversions(dtype), [x, y, to, back])
+    _assert_same(to, y, dtype, x)
+    np.testing.assert_array_equal(back, y.astype(np.float32))
+
+
+def test_lowp_reference_values_match_ml_dtypes() -> None:
+    """``tilework.ir.lowp.values`` decodes every code as ml_dtypes does (NaN as NaN)."""
+    for dtype in LOWP_FLOAT_DTYPES:
+        codes = np.arange(16 if dtype == "float4_e2m1fn" else 256, dtype=np.uint8).view(np_dtype(dtype))
+        np.testing.assert_array_equal(lowp.values(codes, dtype), codes.astype(np.float32))
+    for dtype in SUBBYTE_INT_DTYPES:
+        q = np.arange(-8, 16).astype(np_dtype(dtype))
+        np.testing.assert_array_equal(lowp.values(q, dtype), q.astype(np.int64))
+
+
+def test_e8m0_round_modes_match_onnx() -> None:
+    bits = np.concatenate([np.arange(0, 1 << 12, dtype=np.uint32) << 20, np.arange(0, 1 << 12, dtype=np.uint32) * 0x80001 + 7])
+    x = bits.view(np.float32)
+    for mode in lowp.ROUND_MODES:
+        for sat in (True, False):
+            np.testing.assert_array_equal(lowp.e8m0_codes(x, mode, sat), to_float8e8m0(x, sat, mode).view(np.uint8))
+
+
+def test_numpy_dtypes_are_ml_dtypes() -> None:
+    for dtype in LOWP_FLOAT_DTYPES + SUBBYTE_INT_DTYPES:
+        assert np_dtype(dtype) == np.dtype(getattr(ml_dtypes, dtype))
+        assert dtype_name(np.dtype(getattr(ml_dtypes, dtype))) == dtype
+        assert from_onnx(to_onnx(dtype)) == dtype
