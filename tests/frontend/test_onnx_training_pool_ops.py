@@ -81,3 +81,23 @@ def test_max_pool_indices_storage_orders_and_1d() -> None:
     m = model(nodes, [tensor("x", F, ["n", 3, "h", "w"]), tensor("v", F, ["n", 3, "l"])], outs, opset=12)
     # onnxruntime: the reference evaluator transposes the input of storage_order=1
     assert_matches_ort(m, [[randn(n, 3, h, w), randn(n, 3, ln)] for n, h, w, ln in ((1, 1, 1, 1), (2, 5, 4, 6), (1, 4, 7, 9))])
+
+
+# -- Unique along an axis -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("is_sorted", [1, 0])
+def test_unique_along_an_axis(is_sorted: int) -> None:
+    """Columns (axis -1) of a ``[n, w]`` input, both dims symbolic, against NumPy (the reference
+    evaluator takes the unsorted slices along axis 0)."""
+    node = helper.make_node("Unique", ["x"], ["y", "first", "inverse", "counts"], axis=-1, sorted=is_sorted)
+    outs = [tensor("y", F, ["n", "u"]), tensor("first", I64, ["u"]), tensor("inverse", I64, ["w"]), tensor("counts", I64, ["u"])]
+    fn = compile_onnx(model([node], [tensor("x", F, ["n", "w"])], outs, opset=11))
+    cols = rng.integers(0, 2, size=(3, 4)).astype(np.float32)
+    for x in (cols[:1, :1], cols[:, [1, 0, 1, 3, 2, 0, 0]], cols[:2, [3, 3, 3]]):
+        u, first, inverse, counts = np.unique(x, return_index=True, return_inverse=True, return_counts=True, axis=-1)
+        if not is_sorted:  # in order of first occurrence
+            order = np.argsort(first, kind="stable")
+            u, first, counts, inverse = u[:, order], first[order], counts[order], np.argsort(order)[inverse]
+        for g, w in zip(outputs(fn(x)), (u, first, inverse.reshape(-1), counts)):
+            np.testing.assert_array_equal(g, w)

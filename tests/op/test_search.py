@@ -38,6 +38,8 @@ def test_inference() -> None:
         infer(search.nonzero, T())
     unique, _ = infer(search.unique, T(n, m, dtype="int32"))
     assert isinstance(unique, TupleInfo) and unique.fields[2] == T(n * m, dtype="int64") and unique.fields[0] == R(1, "int32")
+    along, _ = infer(lambda x: search.unique(x, axis=-2), T(n, m, 3))
+    assert isinstance(along, TupleInfo) and along.fields[0] == R(3) and along.fields[2] == T(m, dtype="int64")
 
 
 def _topk_ref(x: np.ndarray, kk: int, axis: int, largest: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -110,3 +112,29 @@ def test_unique_matches_numpy(is_sorted: bool) -> None:
         np.testing.assert_array_equal(first, f)
         np.testing.assert_array_equal(inverse, inv.reshape(-1))
         np.testing.assert_array_equal(counts, c)
+
+
+def _unique_ref(x: np.ndarray, axis: int | None, is_sorted: bool) -> tuple[np.ndarray, ...]:
+    u, f, inv, c = np.unique(x, return_index=True, return_inverse=True, return_counts=True, axis=axis)
+    if not is_sorted:  # order of first occurrence
+        order = np.argsort(f, kind="stable")
+        u, f, c = np.take(u, order, axis=0 if axis is None else axis), f[order], c[order]
+        inv = np.argsort(order)[inv]
+    return u, f, inv.reshape(-1), c
+
+
+@pytest.mark.parametrize("is_sorted", [True, False])
+def test_unique_along_an_axis_matches_numpy(is_sorted: bool) -> None:
+    """Slices along axis 1 of ``[2, n, 3]`` compared whole (lexicographically when sorted)."""
+
+    def make(bb: BlockBuilder, x: Var) -> list[Any]:
+        u = bb.emit(search.unique(x, is_sorted, axis=1))
+        return [bb.emit(TupleGetItem(u, i)) for i in range(4)]
+
+    fn = _compiled(make, T(2, n, 3, dtype="int32"))
+    rng = np.random.default_rng(3)
+    base = rng.integers(-1, 2, size=(2, 4, 3))
+    for x in (base[:, :1], base[:, [2, 0, 2, 1, 0, 3, 3]], rng.integers(0, 2, size=(2, 9, 3)), np.zeros((2, 5, 3))):
+        got = fn(x.astype(np.int32))
+        for g, w in zip(got, _unique_ref(x.astype(np.int32), 1, is_sorted)):
+            np.testing.assert_array_equal(g, w)

@@ -6,10 +6,12 @@
   ``k`` may be symbolic.
 - ``nonzero(x)``: the int64 coordinates ``(x.ndim, n)`` of the ``n`` nonzero elements, in
   row-major order. ``n`` is known only at run time.
-- ``unique(x, sorted)``: over the flattened ``x``, a tuple ``(values, first_indices,
+- ``unique(x, sorted, axis)``: over the flattened ``x``, a tuple ``(values, first_indices,
   inverse_indices, counts)``: the distinct values (ascending when ``sorted``, else in order of
   first occurrence), where each first occurs, the position in ``values`` of every element, and
-  how often each occurs (ONNX's Unique without an axis).
+  how often each occurs (ONNX's Unique). With an ``axis``, the items are the slices along it,
+  compared whole and ordered lexicographically (each read in row-major order of the other
+  dims); ``values`` is ``x`` with the ``n`` distinct slices along ``axis``.
 
 Inference leaves a data-dependent length unknown (``nonzero`` is ``Tensor(ndim=2)``); callers
 bind it with a ``match_cast`` to a fresh sym var. Legalization does the same inside: a first
@@ -169,25 +171,66 @@ def nonzero(x: Expr) -> Call:
 def _infer_unique(call: Call, ctx: InferCtx) -> StructInfo:
     x = tensor_arg(call, 0, ctx)
     bool_attr(call, "sorted", ctx)
-    total: Dim | None = None if x.shape is None else sym.product(x.shape)
-    inverse = TensorInfo(None if total is None else (total,), "int64", 1)
-    return TupleInfo((TensorInfo(None, x.dtype, 1), TensorInfo(None, "int64", 1), inverse, TensorInfo(None, "int64", 1)))
+    if call.attrs["axis"] is None:
+        total: Dim | None = None if x.shape is None else sym.product(x.shape)
+        inverse = TensorInfo(None if total is None else (total,), "int64", 1)
+        return TupleInfo((TensorInfo(None, x.dtype, 1), TensorInfo(None, "int64", 1), inverse, TensorInfo(None, "int64", 1)))
+    if x.ndim < 0:
+        raise ctx.error("unique along an axis needs an input of known rank")
+    axis = normalize_axis(int_attr(call, "axis", ctx), x.ndim, ctx)
+    length = None if x.shape is None else (x.shape[axis],)
+    return TupleInfo((TensorInfo(None, x.dtype, x.ndim), TensorInfo(None, "int64", 1), TensorInfo(length, "int64", 1), TensorInfo(None, "int64", 1)))
+
+
+class _Slices:
+    """The input as ``count`` items compared as wholes: its elements (no axis), or its slices
+    along ``axis``, each read in row-major order of the other dims. ``same``/``before`` are
+    the item comparisons (``before``: lexicographically smaller)."""
+
+    def __init__(self, x: te.Tensor, axis: int | None) -> None:
+        self.x, self.axis = x, axis
+        self.rest: tuple[Dim, ...]
+        self.width: Dim
+        if axis is None:
+            self.count, self.rest, self.width = sym.product(x.shape), (), 1
+            return
+        self.count = x.shape[axis]
+        self.rest = tuple(d for k, d in enumerate(x.shape) if k != axis)
+        self.width = sym.product(self.rest)
+        # each pair of slices: the first position where they differ (0 where they are equal)
+        self.diff = te.compute((self.count, self.count), lambda p, q: te.argmax(te.if_then_else(te.ne(self.at(p, (r := te.reduce_axis(self.width, "r"))), self.at(q, r)), 1, 0), axis=r), "first_diff", "int64")
+
+    def at(self, p: Scalar, r: Scalar) -> Scalar:
+        """Element ``r`` of item ``p``."""
+        if self.axis is None:
+            return upcast(self.x[reshape_index((p,), (self.count,), self.x.shape)], self.x.dtype)
+        inner = tuple(reshape_index((r,), (self.width,), self.rest)) if self.rest else ()
+        return upcast(self.x[(*inner[: self.axis], p, *inner[self.axis :])], self.x.dtype)
+
+    def same(self, p: Scalar, q: Scalar) -> Scalar:
+        if self.axis is None:
+            return te.eq(self.at(p, 0), self.at(q, 0))
+        d = self.diff[p, q]
+        return te.eq(self.at(p, d), self.at(q, d))
+
+    def before(self, p: Scalar, q: Scalar) -> Scalar:
+        d = 0 if self.axis is None else self.diff[p, q]
+        return te.lt(self.at(p, d), self.at(q, d))
 
 
 def _legalize_unique(call: Call, ctx: "LegalizeCtx") -> Expr:
-    """An element is a *first* when no earlier element equals it; each first gets a key (its
-    value's rank among the firsts when sorted, else the number of firsts before it), and the
-    key is the output position."""
+    """An item (an element, or a slice along the axis) is a *first* when no earlier item equals
+    it; each first gets a key (its rank among the firsts when sorted, else the number of firsts
+    before it), and the key is the output position."""
     x = arg(call, 0, "x")
     is_sorted = bool(call.attrs["sorted"])
-    total = sym.product(x.shape)
-
-    def val(p: Scalar) -> Scalar:
-        return upcast(x[reshape_index((p,), (total,), x.shape)], x.dtype)
+    axis = None if call.attrs["axis"] is None else normalize_axis(int(call.attrs["axis"]), x.ndim, InferCtx("unique"))
+    items = _Slices(x, axis)
+    total = items.count
 
     def first_of(p: Scalar) -> Scalar:
         q = te.reduce_axis(total, "q")
-        dup = te.sum(te.if_then_else(te.eq(val(q), val(p)), 1, 0), axis=q, where=te.lt(q, p))
+        dup = te.sum(te.if_then_else(items.same(q, p), 1, 0), axis=q, where=te.lt(q, p))
         return te.if_then_else(te.eq(dup, 0), 1, 0)
 
     def stages() -> tuple[te.Tensor, te.Tensor]:
@@ -195,7 +238,7 @@ def _legalize_unique(call: Call, ctx: "LegalizeCtx") -> Expr:
 
         def key_of(p: Scalar) -> Scalar:
             q = te.reduce_axis(total, "q")
-            earlier = te.lt(val(q), val(p)) if is_sorted else te.lt(q, p)
+            earlier = items.before(q, p) if is_sorted else te.lt(q, p)
             return te.sum(te.if_then_else(te.logical_and(te.eq(first[q], 1), earlier), 1, 0), axis=q)
 
         return first, te.compute((total,), key_of, "key", "int64")
@@ -203,6 +246,7 @@ def _legalize_unique(call: Call, ctx: "LegalizeCtx") -> Expr:
     first0, _ = stages()
     count = te.compute((1,), lambda c: te.sum(first0[(q := te.reduce_axis(total, "q"))], axis=q), "count")
     n = _lift_count(ctx, call, x, count, "nuniq")
+    items = _Slices(x, axis)  # the stages again, in the kernel that fills the results
     first, key = stages()
 
     def first_index(j: Scalar) -> Scalar:
@@ -210,30 +254,36 @@ def _legalize_unique(call: Call, ctx: "LegalizeCtx") -> Expr:
         return te.sum(te.if_then_else(te.logical_and(te.eq(first[p], 1), te.eq(key[p], j)), p, 0), axis=p)
 
     idx = te.compute((n,), first_index, "indices", "int64")
-    values = te.compute((n,), lambda j: x[reshape_index((idx[j],), (total,), x.shape)], "values", x.dtype)
+    if axis is None:
+        vshape: tuple[Dim, ...] = (n,)
+        values = te.compute(vshape, lambda j: x[reshape_index((idx[j],), (total,), x.shape)], "values", x.dtype)
+    else:
+        vshape = tuple(n if k == axis else d for k, d in enumerate(x.shape))
+        values = te.compute(vshape, lambda *i: x[(*i[:axis], idx[i[axis]], *i[axis + 1 :])], "values", x.dtype)
 
     def inverse_of(p: Scalar) -> Scalar:
         q = te.reduce_axis(total, "q")
-        same_first = te.logical_and(te.eq(first[q], 1), te.eq(val(q), val(p)))
+        same_first = te.logical_and(te.eq(first[q], 1), items.same(q, p))
         return te.sum(te.if_then_else(same_first, key[q], 0), axis=q)
 
     inverse = te.compute((total,), inverse_of, "inverse", "int64")
 
     def count_of(j: Scalar) -> Scalar:
         q = te.reduce_axis(total, "q")
-        return te.sum(te.if_then_else(te.eq(val(q), upcast(values[j], x.dtype)), 1, 0), axis=q)
+        return te.sum(te.if_then_else(items.same(q, idx[j]), 1, 0), axis=q)
 
     counts = te.compute((n,), count_of, "counts", "int64")
-    info = TupleInfo((TensorInfo((n,), x.dtype), TensorInfo((n,), "int64"), TensorInfo((total,), "int64"), TensorInfo((n,), "int64")))
+    info = TupleInfo((TensorInfo(vshape, x.dtype), TensorInfo((n,), "int64"), TensorInfo((total,), "int64"), TensorInfo((n,), "int64")))
     return ctx.call_te("unique", call.args, [x], [values, idx, inverse, counts], info)
 
 
-register(Op("unique", _infer_unique, OpPattern.OPAQUE, attrs={"sorted": True}, num_args=1, legalize=_legalize_unique))
+register(Op("unique", _infer_unique, OpPattern.OPAQUE, attrs={"sorted": True, "axis": None}, num_args=1, legalize=_legalize_unique))
 
 
-def unique(x: Expr, sorted: bool = True) -> Call:
-    """``(values, first_indices, inverse_indices, counts)`` of the flattened ``x``."""
-    return make_call("unique", [x], sorted=sorted)
+def unique(x: Expr, sorted: bool = True, axis: int | None = None) -> Call:
+    """``(values, first_indices, inverse_indices, counts)`` of the flattened ``x``, or of its
+    slices along ``axis`` (``values`` then has ``x``'s shape with ``n`` slices)."""
+    return make_call("unique", [x], sorted=sorted, axis=axis)
 
 
 __all__ = ["topk", "nonzero", "unique"]

@@ -200,11 +200,18 @@ def _nonzero(ctx: NodeCtx) -> Result:
 
 @converter("Unique", 11, 28)
 def _unique(ctx: NodeCtx) -> Result:
-    if ctx.has_attr("axis"):
-        raise ctx.unsupported("Unique along an axis (only the flattened form is supported)")
-    out = ctx.emit(search.unique(ctx.expr(0), bool(ctx.attr("sorted", 1))))
-    first = ctx.refine(ctx.emit(TupleGetItem(out, 0)))
-    n = ctx.shape_of(first)[0]
+    """The distinct elements, or with ``axis`` the distinct slices along it (their number is
+    a fresh sym var)."""
+    axis = norm_axis(ctx, int(ctx.attr("axis")), ctx.rank(0)) if ctx.has_attr("axis") else None
+    out = ctx.emit(search.unique(ctx.expr(0), bool(ctx.attr("sorted", 1)), axis))
+    first: Expr = ctx.emit(TupleGetItem(out, 0))
+    if axis is None:
+        first = ctx.refine(first)
+        n = ctx.shape_of(first)[0]
+    else:
+        n = ctx.fresh_dim("unique")
+        shape = tuple(n if k == axis else d for k, d in enumerate(ctx.known_shape(0)))
+        first = ctx.imp.bb.match_cast(first, TensorInfo(shape, ctx.dtype(0)))
     fields: list[Expr] = [first]
     for i in (1, 2, 3):
         f = ctx.emit(TupleGetItem(out, i))
