@@ -11,6 +11,11 @@ ONNX node tests are written, both stated here and in ``docs/conformance.md``:
   model carries as initializers because they fix the result's shape (axes, target shapes, pads,
   ``k``). Inputs that feed such an operand directly (``registry.Converter.static_inputs``) are
   turned into initializers holding the test's value. Every other input stays a run-time input.
+- Sequences and optionals: a sequence input's length and whether an optional input is present
+  are fixed at conversion time (``from_onnx``'s ``sequence_lengths`` and ``absent_optionals``)
+  from the test's inputs; a sequence's element dims that its tensors share are bound like a
+  tensor's, the others are left symbolic. A sequence input is passed as a tuple of arrays, a
+  sequence output comes back as a list.
 
 ``prepare_group`` converts many models and compiles them as the functions of *one* module, so
 that a test run builds one kernel library instead of one per test.
@@ -61,37 +66,87 @@ def as_array(x: Any) -> np.ndarray:
     return numpy_helper.to_array(x) if isinstance(x, onnx.TensorProto) else np.asarray(x)
 
 
+def _set_shape(t: onnx.TypeProto, arrays: Sequence[np.ndarray]) -> None:
+    """The tensor type ``t`` given the dims ``arrays`` share (and unnamed dims where they differ);
+    left as it is when their ranks differ."""
+    if not arrays or len({a.ndim for a in arrays}) != 1 or not t.HasField("tensor_type"):
+        return
+    shape = t.tensor_type.shape
+    shape.ClearField("dim")
+    for axis in range(arrays[0].ndim):
+        sizes = {a.shape[axis] for a in arrays}
+        d = shape.dim.add()
+        if len(sizes) == 1:
+            d.dim_value = int(sizes.pop())
+
+
+def _specialize_type(t: onnx.TypeProto, value: Any) -> None:
+    """The tensor, sequence or optional type ``t`` given the test's value."""
+    if t.HasField("optional_type"):
+        if value is not None:
+            _specialize_type(t.optional_type.elem_type, value)
+    elif t.HasField("sequence_type"):
+        _set_shape(t.sequence_type.elem_type, [as_array(x) for x in value])
+    else:
+        _set_shape(t, [as_array(value)])
+
+
+def structure(model: ModelProto, inputs: Sequence[Any]) -> tuple[dict[str, int], list[str]]:
+    """The lengths of the sequence inputs and the names of the absent optional inputs."""
+    lengths: dict[str, int] = {}
+    absent: list[str] = []
+    for vi, x in zip(_real_inputs(model), inputs):
+        if vi.type.HasField("optional_type") and x is None:
+            absent.append(vi.name)
+        elif isinstance(x, (list, tuple)):
+            lengths[vi.name] = len(x)
+    return lengths, absent
+
+
+def convert(model: ModelProto, inputs: Sequence[Any]) -> IRModule:
+    """``from_onnx`` of the model specialized to the test's inputs."""
+    lengths, absent = structure(model, inputs)
+    return from_onnx(specialize(model, inputs), sequence_lengths=lengths, absent_optionals=absent)
+
+
+def _real_inputs(model: ModelProto) -> list[onnx.ValueInfoProto]:
+    inits = {t.name for t in model.graph.initializer}
+    return [vi for vi in model.graph.input if vi.name not in inits]
+
+
+def _runtime_value(x: Any) -> Any:
+    """A test input as the VM takes it: a sequence as a tuple of arrays."""
+    return tuple(as_array(a) for a in x) if isinstance(x, (list, tuple)) else as_array(x)
+
+
+def _as_output(x: Any) -> Any:
+    """A VM result as the tests compare it: a sequence (a tuple) as a list of arrays."""
+    return [_as_output(a) for a in x] if isinstance(x, tuple) else np.asarray(x)
+
+
 def specialize(model: ModelProto, inputs: Sequence[Any]) -> ModelProto:
     """``model`` with input shapes set from ``inputs`` and static operands made initializers."""
-    inputs = [as_array(x) for x in inputs]
     m = ModelProto()
     m.CopyFrom(model)
-    inits = {t.name for t in m.graph.initializer}
-    real = [vi for vi in m.graph.input if vi.name not in inits]
+    real = _real_inputs(m)
     if len(real) != len(inputs):
         raise TileworkError(f"the model has {len(real)} inputs, the test gives {len(inputs)}")
     static = static_input_names(m)
     keep = []
-    for vi, arr in zip(real, inputs):
+    for vi, x in zip(real, inputs):
         if vi.name in static:
-            m.graph.initializer.append(numpy_helper.from_array(arr, vi.name))
+            m.graph.initializer.append(numpy_helper.from_array(as_array(x), vi.name))
             continue
-        if vi.type.HasField("tensor_type"):
-            shape = vi.type.tensor_type.shape
-            shape.ClearField("dim")
-            for d in arr.shape:
-                shape.dim.add().dim_value = int(d)
+        _specialize_type(vi.type, x)
         keep.append(vi)
     del m.graph.input[:]
     m.graph.input.extend(keep)
     return m
 
 
-def _dynamic_inputs(model: ModelProto, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+def _dynamic_inputs(model: ModelProto, inputs: Sequence[Any]) -> list[Any]:
     static = static_input_names(model)
-    inits = {t.name for t in model.graph.initializer}
-    real = [vi for vi in model.graph.input if vi.name not in inits]
-    return [as_array(a) for vi, a in zip(real, inputs) if vi.name not in static]
+    return [_runtime_value(a) for vi, a in zip(_real_inputs(model), inputs) if vi.name not in static and a is not None]
 
 
 class TileworkRep(BackendRep):
@@ -109,11 +164,11 @@ class TileworkRep(BackendRep):
     def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
         arrays = list(inputs.values()) if isinstance(inputs, dict) else list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
         if self.vm is None:
-            mod = from_onnx(specialize(self.model, arrays))
+            mod = convert(self.model, arrays)
             self.vm = tilework.VM(tilework.build(mod))
         out = self.vm[self.fn](*_dynamic_inputs(self.model, arrays))
-        outs = out if isinstance(out, tuple) else (out,)
-        return tuple(np.asarray(o) for o in outs)
+        outs = (out,) if len(self.model.graph.output) == 1 else out
+        return tuple(_as_output(o) for o in outs)
 
 
 class TileworkBackend(Backend):
@@ -148,7 +203,7 @@ class TileworkBackend(Backend):
         funcs: dict[str, tuple[GraphFunc, ModelProto]] = {}
         for name, model, inputs in cases:
             try:
-                mod = from_onnx(specialize(model, inputs))
+                mod = convert(model, inputs)
             except Exception as e:  # noqa: BLE001 - recorded per case, raised again by its test
                 errors[name] = f"{type(e).__name__}: {e}"
                 continue
@@ -190,4 +245,4 @@ def model_key(model: ModelProto) -> str:
     return hashlib.sha1(model.SerializeToString()).hexdigest()
 
 
-__all__ = ["TileworkBackend", "TileworkRep", "specialize", "static_input_names", "model_key"]
+__all__ = ["TileworkBackend", "TileworkRep", "specialize", "convert", "structure", "static_input_names", "model_key"]

@@ -15,7 +15,7 @@ import onnx
 from onnx import NodeProto
 
 from tilework.errors import UnsupportedError
-from tilework.frontend.onnx.values import Elem, Value, dtype_name, elem_type_name
+from tilework.frontend.onnx.values import AnyValue, Elem, SeqValue, Value, dtype_name, elem_type_name, kind_of
 from tilework.ir import sym
 from tilework.ir.graph import Expr, Var
 from tilework.ir.info import ShapeInfo, TensorInfo
@@ -92,6 +92,19 @@ class NodeCtx:
         if not self.has_input(i):
             raise self.unsupported(f"operand {i} is required")
         return self.imp.lookup(self.node.input[i], self)
+
+    def any_value(self, i: int) -> AnyValue:
+        """Operand ``i`` as it is: a tensor, a sequence or an optional."""
+        if not self.has_input(i):
+            raise self.unsupported(f"operand {i} is required")
+        return self.imp.lookup_any(self.node.input[i], self)
+
+    def seq(self, i: int) -> SeqValue:
+        """Operand ``i``, which must be a sequence."""
+        v = self.any_value(i)
+        if not isinstance(v, SeqValue):
+            raise self.unsupported(f"operand {i} ({self.node.input[i]!r}) must be a sequence, got {kind_of(v)}")
+        return v
 
     def expr(self, i: int) -> Expr:
         """Operand ``i`` as a graph expression (materialized if needed)."""

@@ -18,6 +18,7 @@ from tilework.frontend.onnx import (  # noqa: F401  (importing registers the con
     convert_reduce,
     convert_rnn,
     convert_scan,
+    convert_sequence,
     convert_shape,
     convert_vision,
 )

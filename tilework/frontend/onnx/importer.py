@@ -10,6 +10,10 @@ Nodes are converted in graph order by the converters in ``registry``; each produ
 ``Value``s that track constants and symbolic shape contents (see ``values``), so shape
 arithmetic folds into dims and only tensor computations become bindings. The body is one
 dataflow block unless the graph has control flow (``If``).
+
+A sequence graph input is a tuple parameter of a length fixed at conversion time
+(``sequence_lengths``); an optional graph input is its element, or no parameter at all when it is
+given as absent (``absent_optionals``). A sequence graph output is a tuple of its tensors.
 """
 
 from __future__ import annotations
@@ -17,20 +21,20 @@ from __future__ import annotations
 import keyword
 import os
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto, numpy_helper
+from onnx import GraphProto, ModelProto, NodeProto, TensorProto, TypeProto, ValueInfoProto, numpy_helper
 
 from tilework.errors import FileFormatError, InferenceError, ShapeError, SymbolicError, TileworkError, UnsupportedError
 from tilework.frontend.onnx import converters
 from tilework.frontend.onnx.context import NodeCtx
-from tilework.frontend.onnx.values import MAX_ELEMS, Value, dtype_name, elem_type_name
+from tilework.frontend.onnx.values import MAX_ELEMS, AnyValue, OptValue, SeqValue, Value, dtype_name, elem_type_name, kind_of
 from tilework.ir.builder import BlockBuilder
 from tilework.ir.dtype import INT_DTYPES
-from tilework.ir.graph import Constant, Expr, ShapeExpr, Var
-from tilework.ir.info import ShapeInfo, TensorInfo
+from tilework.ir.graph import Constant, Expr, ShapeExpr, Tuple, TupleGetItem, Var
+from tilework.ir.info import ShapeInfo, StructInfo, TensorInfo, TupleInfo
 from tilework.ir.module import IRModule
 from tilework.ir.sym import Dim, SymVar
 from tilework.op import manipulate
@@ -76,9 +80,9 @@ class _Scope:
 
     def __init__(self, parent: "_Scope | None" = None) -> None:
         self.parent = parent
-        self.values: dict[str, Value] = {}
+        self.values: dict[str, AnyValue] = {}
 
-    def get(self, name: str) -> Value | None:
+    def get(self, name: str) -> AnyValue | None:
         scope: _Scope | None = self
         while scope is not None:
             v = scope.values.get(name)
@@ -91,8 +95,18 @@ class _Scope:
 class Importer:
     """Converts one model; use ``from_onnx``."""
 
-    def __init__(self, model: ModelProto, dim_bounds: DimBounds | None = None, keep_params_as_inputs: bool = False) -> None:
+    def __init__(
+        self,
+        model: ModelProto,
+        dim_bounds: DimBounds | None = None,
+        keep_params_as_inputs: bool = False,
+        sequence_lengths: Mapping[str, int] | None = None,
+        absent_optionals: Collection[str] = (),
+    ) -> None:
         self.model = model
+        self.sequence_lengths = dict(sequence_lengths or {})
+        self.absent_optionals = set(absent_optionals)
+        self._inputs: list[tuple[str, Expr, Callable[[Expr], AnyValue]]] = []  # sequence inputs, unpacked in the body
         self.opset = default_opset(model)
         self.opsets = domain_opsets(model)
         self.dim_bounds = dict(dim_bounds or {})
@@ -133,12 +147,15 @@ class Importer:
         if not vi.type.HasField("tensor_type"):
             kind = vi.type.WhichOneof("value")
             raise UnsupportedError(f"{what} {vi.name!r}: {kind} values are not supported (only tensors)")
-        tt = vi.type.tensor_type
+        return self._tensor_info(vi.type, vi.name, what)
+
+    def _tensor_info(self, t: TypeProto, name: str, what: str) -> TensorInfo:
+        tt = t.tensor_type
         dtype = dtype_name(tt.elem_type)
         if dtype is None:
-            raise UnsupportedError(f"{what} {vi.name!r}: element type {elem_type_name(tt.elem_type)} is not supported")
+            raise UnsupportedError(f"{what} {name!r}: element type {elem_type_name(tt.elem_type)} is not supported")
         if not tt.HasField("shape"):
-            raise UnsupportedError(f"{what} {vi.name!r}: its rank is not given; tilework needs the rank of every input")
+            raise UnsupportedError(f"{what} {name!r}: its rank is not given; tilework needs the rank of every input")
         dims: list[Dim] = []
         for i, d in enumerate(tt.shape.dim):
             if d.HasField("dim_value") and d.dim_value >= 0:
@@ -146,8 +163,43 @@ class Importer:
             elif d.HasField("dim_param") and d.dim_param:
                 dims.append(self._named_dim(d.dim_param))
             else:
-                dims.append(self.fresh_var(f"{vi.name}_dim{i}", DEFAULT_DIM_LO))
+                dims.append(self.fresh_var(f"{name}_dim{i}", DEFAULT_DIM_LO))
         return TensorInfo(tuple(dims), dtype)
+
+    def input_info(self, vi: ValueInfoProto) -> tuple[StructInfo | None, Callable[[Expr], AnyValue]]:
+        """A graph input's parameter type (None: no parameter, an absent optional) and how its
+        value is made from the parameter (inside the function: a sequence's items are emitted)."""
+        if vi.type.WhichOneof("value") != "optional_type":
+            return self._seq_or_tensor_info(vi.type, vi.name)
+        if vi.name in self.absent_optionals:
+            return None, lambda _: OptValue(None)
+        info, make = self._seq_or_tensor_info(vi.type.optional_type.elem_type, vi.name)
+
+        def make_opt(e: Expr) -> AnyValue:
+            elem = make(e)
+            assert not isinstance(elem, OptValue)
+            return OptValue(elem)
+
+        return info, make_opt
+
+    def _seq_or_tensor_info(self, t: TypeProto, name: str) -> tuple[StructInfo, Callable[[Expr], AnyValue]]:
+        kind = t.WhichOneof("value")
+        if kind == "tensor_type":
+            return self._tensor_info(t, name, "graph input"), Value.of_expr
+        elem = t.sequence_type.elem_type
+        if kind != "sequence_type" or elem.WhichOneof("value") != "tensor_type":
+            inner = f" of {elem.WhichOneof('value')} values" if kind == "sequence_type" else ""
+            raise UnsupportedError(f"graph input {name!r}: {kind} values{inner} are not supported (only tensors, sequences of tensors and optionals of those)")
+        n = self.sequence_lengths.get(name)
+        if n is None:
+            raise UnsupportedError(f"graph input {name!r} is a sequence, whose length tilework fixes at conversion time: give it with sequence_lengths={{{name!r}: n}}")
+        dtype = dtype_name(elem.tensor_type.elem_type)
+        infos = tuple(self._tensor_info(elem, f"{name}_{i}", f"element {i} of graph input") for i in range(n))
+
+        def make(e: Expr) -> AnyValue:
+            return SeqValue(tuple(Value.of_expr(self.emit(TupleGetItem(e, i))) for i in range(n)), dtype)
+
+        return TupleInfo(infos), make
 
     # -- arrays ---------------------------------------------------------------------------
 
@@ -163,10 +215,18 @@ class Importer:
 
     # -- values ---------------------------------------------------------------------------
 
-    def lookup(self, name: str, ctx: NodeCtx | None = None) -> Value:
+    def lookup_any(self, name: str, ctx: NodeCtx | None = None) -> AnyValue:
         v = self.scope.get(name)
         if v is None:
             msg = f"value {name!r} is used before it is defined"
+            raise ctx.unsupported(msg) if ctx is not None else UnsupportedError(msg)
+        return v
+
+    def lookup(self, name: str, ctx: NodeCtx | None = None) -> Value:
+        """The tensor ``name``; an error when it is a sequence or an optional."""
+        v = self.lookup_any(name, ctx)
+        if not isinstance(v, Value):
+            msg = f"value {name!r} is {kind_of(v)} where a tensor is expected"
             raise ctx.unsupported(msg) if ctx is not None else UnsupportedError(msg)
         return v
 
@@ -189,6 +249,26 @@ class Importer:
         if self.depth == 0:
             v.expr = e
         return e
+
+    def carry(self, v: AnyValue) -> Expr:
+        """``v`` as one graph expression: a tensor, a tuple of a sequence's tensors, an optional's
+        element (an empty tuple when it has none); ``unpack`` reads it back."""
+        if isinstance(v, Value):
+            return self.materialize(v)
+        if isinstance(v, SeqValue):
+            return self.emit(Tuple(tuple(self.materialize(item) for item in v.items)))
+        return Tuple(()) if v.elem is None else self.carry(v.elem)
+
+    def unpack(self, e: Expr, like: AnyValue, hint: str) -> AnyValue:
+        """The value ``carry`` made ``e`` from, given one of the same layout (``layout_of``)."""
+        if isinstance(like, Value):
+            return Value.of_expr(self.refine(e, hint))
+        if isinstance(like, SeqValue):
+            items = tuple(Value.of_expr(self.refine(self.emit(TupleGetItem(e, i)), hint)) for i in range(len(like.items)))
+            return SeqValue(items, like.dtype)
+        inner = None if like.elem is None else self.unpack(e, like.elem, hint)
+        assert not isinstance(inner, OptValue)  # an optional holds a tensor or a sequence
+        return OptValue(inner)
 
     def lift_dims(self, v: Value, what: str, ctx: NodeCtx) -> tuple[Dim, ...]:
         """The values of a small integer tensor known only at run time, as fresh sym vars."""
@@ -239,7 +319,7 @@ class Importer:
             if i >= len(outs) or outs[i] is None:
                 raise ctx.unsupported(f"output {i} ({name!r}) is not produced by the converter")
             out = outs[i]
-            self.scope.values[name] = out if isinstance(out, Value) else Value.of_expr(out)
+            self.scope.values[name] = out if isinstance(out, (Value, SeqValue, OptValue)) else Value.of_expr(out)
 
     def convert_nodes(self, graph: GraphProto) -> None:
         for t in graph.initializer:
@@ -247,9 +327,19 @@ class Importer:
         for node in graph.node:
             self.convert_node(node)
 
-    def convert_subgraph(self, graph: GraphProto, inputs: Sequence[Value] = (), ctx: NodeCtx | None = None) -> list[Value]:
+    def convert_subgraph(self, graph: GraphProto, inputs: Sequence[AnyValue] = (), ctx: NodeCtx | None = None) -> list[Value]:
         """Convert a subgraph (an If branch, a Loop body) in a nested scope, its inputs bound to
-        ``inputs``; its outputs as Values. ``ctx``: the node it belongs to, for errors."""
+        ``inputs``; its outputs as Values, which must be tensors. ``ctx``: the node it belongs
+        to, for errors."""
+        outs = self.convert_subgraph_any(graph, inputs, ctx)
+        for o, v in zip(graph.output, outs):
+            if not isinstance(v, Value):
+                msg = f"subgraph {graph.name!r}: output {o.name!r} is {kind_of(v)} where a tensor is expected"
+                raise ctx.unsupported(msg) if ctx is not None else UnsupportedError(msg)
+        return [v for v in outs if isinstance(v, Value)]
+
+    def convert_subgraph_any(self, graph: GraphProto, inputs: Sequence[AnyValue] = (), ctx: NodeCtx | None = None) -> list[AnyValue]:
+        """``convert_subgraph`` whose outputs may be sequences and optionals too."""
         if len(graph.input) != len(inputs):
             msg = f"subgraph {graph.name!r} takes {len(graph.input)} input(s), the node gives {len(inputs)}"
             raise ctx.unsupported(msg) if ctx is not None else UnsupportedError(msg)
@@ -257,9 +347,11 @@ class Importer:
         self.depth += 1
         try:
             for vi, v in zip(graph.input, inputs):
+                if vi.type.HasField("optional_type") and not isinstance(v, OptValue):
+                    v = OptValue(v)  # a Loop's carried sequence entering a body input typed optional
                 self.scope.values[vi.name] = v
             self.convert_nodes(graph)
-            return [self.lookup(o.name, ctx) for o in graph.output]
+            return [self.lookup_any(o.name, ctx) for o in graph.output]
         finally:
             assert self.scope.parent is not None
             self.scope = self.scope.parent
@@ -272,10 +364,16 @@ class Importer:
         for vi in graph.input:
             if vi.name in inits:
                 continue  # an initializer listed as an input (older IR versions): a constant
-            info = self.value_info(vi, "graph input")
+            info, make = self.input_info(vi)
+            if info is None:
+                self.scope.values[vi.name] = make(Tuple(()))
+                continue
             var = Var(self._unique(sanitize(vi.name, "input")), info)
             params.append(var)
-            self.scope.values[vi.name] = Value.of_expr(var)
+            if isinstance(info, TensorInfo):
+                self.scope.values[vi.name] = make(var)
+            else:  # made in the body: a sequence's items are bindings
+                self._inputs.append((vi.name, var, make))
         unknown = sorted(set(self.dim_bounds) - set(self.syms))
         if unknown:
             raise TileworkError(f"dim_bounds names dims the model does not have: {', '.join(unknown)} (its named dims: {', '.join(sorted(self.syms)) or 'none'})")
@@ -301,14 +399,21 @@ class Importer:
         return self.bb.get()
 
     def _body(self, graph: GraphProto) -> list[Expr]:
+        for name, var, make in self._inputs:
+            self.scope.values[name] = make(var)
         for node in graph.node:
             self.convert_node(node)
         if not graph.output:
             raise UnsupportedError("the graph has no outputs")
         for vi in graph.output:
-            if not vi.type.HasField("tensor_type") and vi.type.WhichOneof("value") is not None:
-                raise UnsupportedError(f"graph output {vi.name!r}: {vi.type.WhichOneof('value')} values are not supported (only tensors)")
-        return [self.materialize(self.lookup(vi.name)) for vi in graph.output]
+            kind = vi.type.WhichOneof("value")
+            if kind not in (None, "tensor_type", "sequence_type", "optional_type"):
+                raise UnsupportedError(f"graph output {vi.name!r}: {kind} values are not supported (only tensors, sequences and optionals)")
+        outputs = [self.lookup_any(vi.name) for vi in graph.output]
+        for vi, v in zip(graph.output, outputs):
+            if isinstance(v, OptValue) and v.elem is None:
+                raise UnsupportedError(f"graph output {vi.name!r} is an empty optional: tilework returns tensors and sequences, not absent values")
+        return [self.carry(v) for v in outputs]
 
 
 def load_model(model_or_path: ModelProto | str | os.PathLike[str] | bytes) -> ModelProto:
@@ -342,6 +447,8 @@ def from_onnx(
     model_or_path: ModelProto | str | os.PathLike[str],
     dim_bounds: DimBounds | None = None,
     keep_params_as_inputs: bool = False,
+    sequence_lengths: Mapping[str, int] | None = None,
+    absent_optionals: Collection[str] = (),
 ) -> IRModule:
     """The IRModule of an ONNX model (a ``ModelProto`` or a path to a ``.onnx`` file).
 
@@ -349,10 +456,14 @@ def from_onnx(
     bound: ``{"seq": (1, 512)}``. Named dims default to ``>= 1``. With
     ``keep_params_as_inputs``, weights are trailing parameters of ``main`` (in initializer
     order; ``param_arrays`` gives their values) and ``num_inputs`` counts the real inputs.
+
+    ``sequence_lengths`` fixes the length of each sequence graph input (also one inside an
+    optional), which becomes a tuple parameter; ``absent_optionals`` names the optional graph
+    inputs that are empty (no parameter); the other optionals are given their element.
     """
     model = load_model(model_or_path)
     try:
-        return Importer(model, dim_bounds, keep_params_as_inputs).run()
+        return Importer(model, dim_bounds, keep_params_as_inputs, sequence_lengths, absent_optionals).run()
     except TileworkError:
         raise
     except (IndexError, KeyError, ValueError, TypeError, ArithmeticError, AttributeError) as e:

@@ -30,9 +30,9 @@ from tilework.ir.graph import Expr
 
 if TYPE_CHECKING:
     from tilework.frontend.onnx.context import NodeCtx
-    from tilework.frontend.onnx.values import Value
+    from tilework.frontend.onnx.values import AnyValue
 
-Result = Union["Value", Expr, Sequence[Union["Value", Expr, None]]]
+Result = Union["AnyValue", Expr, Sequence[Union["AnyValue", Expr, None]]]
 ConvertFn = Callable[["NodeCtx"], Result]
 
 

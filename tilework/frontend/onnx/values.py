@@ -12,6 +12,11 @@ Exporters compute shapes in the graph (``Shape -> Gather -> Unsqueeze -> Concat 
 Tracking ``elems`` through those ops folds the whole chain into symbolic dims, so ``Reshape``
 gets a symbolic target shape instead of a run-time tensor. A value is materialized as a graph
 expression only when a tensor op consumes it.
+
+ONNX sequences and optionals exist only at conversion time: a ``SeqValue`` is a list of
+``Value``s whose number and order are known while converting (a tuple where it crosses a
+function or ``If`` boundary), an ``OptValue`` holds its element or nothing, known likewise.
+Ops whose effect on them depends on run-time data are refused by their converters.
 """
 
 from __future__ import annotations
@@ -96,6 +101,44 @@ class Value:
         if not isinstance(info, TensorInfo):
             info = TensorInfo(None, None, -1)
         return Value(info, expr)
+
+
+@dataclass
+class SeqValue:
+    """An ONNX sequence during conversion: its tensors, in order. ``dtype`` is the element type
+    (the only thing an empty sequence knows about its elements)."""
+
+    items: tuple[Value, ...]
+    dtype: str | None = None
+
+
+@dataclass
+class OptValue:
+    """An ONNX optional during conversion: its element, or None when it is empty."""
+
+    elem: "Value | SeqValue | None"
+
+
+AnyValue = Union[Value, SeqValue, OptValue]
+
+
+def kind_of(v: AnyValue) -> str:
+    """What ``v`` is, for messages: 'a tensor', 'a sequence of 3 tensors', 'an empty optional'."""
+    if isinstance(v, Value):
+        return "a tensor"
+    if isinstance(v, SeqValue):
+        return f"a sequence of {len(v.items)} tensor(s)"
+    return "an empty optional" if v.elem is None else f"an optional holding {kind_of(v.elem)}"
+
+
+def layout_of(v: AnyValue) -> object:
+    """What must agree between two values for one graph expression to carry either: a tensor,
+    a sequence of so many tensors, an optional with or without its element."""
+    if isinstance(v, Value):
+        return "tensor"
+    if isinstance(v, SeqValue):
+        return ("sequence", len(v.items))
+    return ("optional", None if v.elem is None else layout_of(v.elem))
 
 
 def static_ints(dims: Sequence[Dim]) -> tuple[int, ...] | None:
@@ -208,6 +251,11 @@ __all__ = [
     "Elem",
     "MAX_ELEMS",
     "Value",
+    "SeqValue",
+    "OptValue",
+    "AnyValue",
+    "kind_of",
+    "layout_of",
     "dtype_name",
     "elem_type_name",
     "is_scalar_like",
