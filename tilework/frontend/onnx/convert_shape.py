@@ -92,12 +92,24 @@ def _range(ctx: NodeCtx) -> Result:
         arr = (np.asarray(start, dtype=dtype) + np.arange(n, dtype=dtype) * np.asarray(delta, dtype=dtype)).astype(dtype)
         return Value.of_const(arr)
     if dtype not in ("int32", "int64"):
-        raise ctx.unsupported(f"a {dtype} range needs constant start, limit and delta")
+        return _runtime_range(ctx, dtype)
     delta_c = ctx.const(2)
     if delta_c is None:
         raise ctx.unsupported("delta must be a constant")
     start, limit = ctx.scalar(0, "start"), ctx.scalar(1, "limit")
     return ctx.emit(create.arange(start, limit, int(delta_c.reshape(())), dtype))
+
+
+def _runtime_range(ctx: NodeCtx, dtype: str) -> Result:
+    """A float range with bounds known only at run time: its length ``max(ceil((limit - start)
+    / delta), 0)`` is computed in the graph and lifted into a fresh sym var; the elements are
+    ``start + i * delta``."""
+    start, limit, delta = (ctx.emit(manipulate.reshape(ctx.expr(i), ())) for i in range(3))
+    span = ctx.emit(ew.ceil(ctx.emit(ew.divide(ctx.emit(ew.subtract(limit, start)), delta))))
+    count = ctx.emit(ew.astype(ctx.emit(ew.maximum(span, scalar_const(0, dtype))), "int64"))
+    (n,) = ctx.imp.lift_dims(Value.of_expr(ctx.emit(manipulate.reshape(count, (1,)))), "range length", ctx)
+    steps = ctx.emit(ew.astype(ctx.emit(create.arange(0, n, 1, "int64")), dtype))
+    return ctx.emit(ew.add(start, ctx.emit(ew.multiply(steps, delta))))
 
 
 # -- reshaping -----------------------------------------------------------------------------------

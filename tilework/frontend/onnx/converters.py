@@ -9,6 +9,7 @@ from tilework.frontend.onnx import (  # noqa: F401  (importing registers the con
     convert_bitwise,
     convert_control,
     convert_detection,
+    convert_linalg,
     convert_linear_attention,
     convert_loss,
     convert_math,
@@ -20,6 +21,7 @@ from tilework.frontend.onnx import (  # noqa: F401  (importing registers the con
     convert_scan,
     convert_sequence,
     convert_shape,
+    convert_signal,
     convert_vision,
 )
 from tilework.frontend.onnx.registry import Converter, all_converters, converters_of, has_domain, qualified_name, schema_version
