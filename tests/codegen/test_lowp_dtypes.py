@@ -18,13 +18,13 @@ import tilework as tw
 from tilework.codegen import interp
 from tilework.ir import lowp
 from tilework.ir.builder import BlockBuilder
-from tilework.ir.dtype import LOWP_FLOAT_DTYPES, SUBBYTE_INT_DTYPES, dtype_name, from_onnx, int_range, np_dtype, to_onnx
+from tilework.ir.dtype import LOWP_FLOAT_DTYPES, SUBBYTE_INT_DTYPES, dtype_info, dtype_name, from_onnx, int_range, np_dtype, to_onnx
 from tilework.ir.graph import Expr, Var
 from tilework.ir.info import TensorInfo
 from tilework.ir.module import IRModule
 from tilework.ir.loop import TensorFunc
 from tilework.op import elementwise as ew
-from tilework.op import manipulate
+from tilework.op import bitwise, manipulate
 from tilework import te
 
 FLOAT_SOURCES = ("float32", "float16", "bfloat16", "float64")
@@ -85,6 +85,11 @@ for _d in SUBBYTE_INT_DTYPES:
     _FUNCS[f"add_{_d}"] = ((_d, _d), lambda a, b: ew.add(a, b))
 for _d in ("float8_e4m3fn", "float4_e2m1fn", "int4", "uint2"):
     _FUNCS[f"move_{_d}"] = ((_d,), lambda x: _move(x))
+
+
+for _d in LOWP_FLOAT_DTYPES + SUBBYTE_INT_DTYPES:
+    _FUNCS[f"bits_to_{_d}"] = (("uint8",), lambda x, d=_d: bitwise.bitcast(x, d))
+    _FUNCS[f"bits_of_{_d}"] = ((_d,), lambda x: bitwise.bitcast(x, "uint8"))
 
 
 def _move(x: Var) -> Expr:
@@ -191,6 +196,25 @@ def test_data_movement(vm: tw.VM, dtype: str) -> None:
         want = np.concatenate([part.reshape(-1, 1).T, part.reshape(1, -1)], 0)
         assert got.dtype == want.dtype and got.shape == want.shape
         np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+@pytest.mark.parametrize("dtype", LOWP_FLOAT_DTYPES + SUBBYTE_INT_DTYPES)
+def test_bitcast(vm: tw.VM, dtype: str) -> None:
+    """``bitcast`` between uint8 and a low-precision dtype reads and writes its one-byte code
+    (ml_dtypes' ``view``; a sub-byte integer's high bits are ignored, and written as zero)."""
+    width = 16 if dtype in SUBBYTE_INT_DTYPES or dtype == "float4_e2m1fn" else 256
+    b = np.arange(width, dtype=np.uint8)
+    b = np.concatenate([b, [width - 1]]).astype(np.uint8)
+    for part in _sized(b):
+        got = _run(vm, f"bits_to_{dtype}", part)
+        _assert_same(got, part.view(np_dtype(dtype)), dtype)
+        back = _run(vm, f"bits_of_{dtype}", got)
+        if dtype in SUBBYTE_INT_DTYPES:
+            np.testing.assert_array_equal(back, part & ((1 << dtype_info(dtype).bits) - 1))
+        else:  # values compute as floats: a NaN comes back as the format's NaN, not its payload
+            nan = np.isnan(got.astype(np.float32))
+            np.testing.assert_array_equal(back[~nan], part[~nan])
+            assert np.all(np.isnan(back[nan].view(np_dtype(dtype)).astype(np.float32)))
 
 
 # -- the interpreter: the same conversions, as the oracle the C code is checked against ---------

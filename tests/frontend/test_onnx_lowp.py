@@ -9,13 +9,10 @@ import warnings
 
 import numpy as np
 import onnx
-import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
 from tests.frontend.onnx_util import compile_onnx, model, tensor
-from tilework.errors import UnsupportedError
-from tilework.frontend.onnx import from_onnx
 from tilework.ir import lowp
 from tilework.ir.dtype import np_dtype
 
@@ -115,9 +112,22 @@ def test_cast_and_quantize_match_the_onnx_reference() -> None:
             _same(g, w, name, src)
 
 
-@pytest.mark.parametrize("attrs", [{"round_mode": "nearest"}, {"round_mode": "down"}, {"saturate": 0}])
-def test_e8m0_other_round_modes_are_refused(attrs: dict) -> None:
-    node = helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT8E8M0, **attrs)
-    m = model([node], [tensor("x", TensorProto.FLOAT, [3])], [tensor("y", TensorProto.FLOAT8E8M0, [3])], opset=OPSET)
-    with pytest.raises(UnsupportedError, match="float8_e8m0fnu with round_mode"):
-        from_onnx(m)
+def test_cast_to_e8m0_round_modes() -> None:
+    """Every round_mode and saturate of ``Cast`` to float8_e8m0fnu, on float32 bit patterns
+    that exercise each exponent, the rounding bits, subnormals, the largest exponent, inf and
+    NaN, from float32 and float16."""
+    cases = [(mode, sat, s) for mode in ("up", "down", "nearest") for sat in (1, 0) for s in ("x", "h")]
+    nodes = [helper.make_node("Cast", [s], [f"y_{mode}_{sat}_{s}"], to=TensorProto.FLOAT8E8M0, round_mode=mode, saturate=sat) for mode, sat, s in cases]
+    outs = [tensor(f"y_{mode}_{sat}_{s}", TensorProto.FLOAT8E8M0, ["n"]) for mode, sat, s in cases]
+    m = model(nodes, [tensor("x", TensorProto.FLOAT, ["n"]), tensor("h", TensorProto.FLOAT16, ["n"])], outs, opset=OPSET)
+    hi = np.arange(0, 1 << 9, dtype=np.uint32) << 23
+    low = np.array([0, 1, 0x200000, 0x3FFFFF, 0x400000, 0x400001, 0x600000, 0x7FFFFF], np.uint32)
+    x = (hi[:, None] | low[None, :]).reshape(-1)
+    x = np.concatenate([x, [0x7F7FFFFF, 0xFF7FFFFF, 0x7FC00000]]).astype(np.uint32).view(np.float32)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        h = x.astype(np.float16)
+        want = ReferenceEvaluator(m).run(None, {"x": x, "h": h})
+    got = compile_onnx(m)(x, h)
+    for case, g, w in zip(cases, got, want):
+        np.testing.assert_array_equal(np.asarray(g).view(np.uint8), np.asarray(w).view(np.uint8), err_msg=str(case))

@@ -176,6 +176,8 @@ def _bitcast(x: Any, src: str, dst: str) -> Any:
     if dst == "bool":
         return np.bool_(bits != 0)
     out = bits.view(np_dtype(dst))[()]
+    if dst in SUBBYTE_INT_DTYPES:
+        return _lowp(out, dst)
     return _F32(out) if compute_dtype(dst) != dst else out
 
 

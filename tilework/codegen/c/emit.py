@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterator, Mapping
 
 
 from tilework.codegen.c import lowp
@@ -43,7 +43,7 @@ from tilework.codegen.c.prelude import PRELUDE
 from tilework.codegen.loop_emit import LoopEmitter, comment, const_value
 from tilework.errors import WellFormedError
 from tilework.ir import sym
-from tilework.ir.dtype import DTYPE_TABLE, is_float_dtype, is_int_dtype
+from tilework.ir.dtype import DTYPE_TABLE, is_float_dtype, is_int_dtype, is_lowp_dtype
 from tilework.ir.loop import (
     Allocate,
     Binary,
@@ -65,6 +65,8 @@ from tilework.ir.loop import (
     dtype_of,
     index_dims,
     kernel_syms,
+    stmt_scalars,
+    walk_scalars,
     walk_stmts,
 )
 from tilework.ir.sym import Dim, FloorDiv, FloorMod, Max, Min, Poly, SymExpr, SymVar
@@ -199,6 +201,7 @@ class _Emitter(LoopEmitter):
         self.hoisted: set[Block] = set()
         self.written = {s.buffer for s in walk_stmts(func.body) if isinstance(s, Store)}
         self.bindings: dict[SymVar, Dim] = {}  # iter var -> its binding, inside its block
+        self.hoisted_divmods: dict[SymExpr, str] = {}  # floor div/mod -> the variable holding it
 
     def legal_name(self, base: str) -> str:
         if base[0].isdigit() or base in _C_KEYWORDS or base in _C_LIBRARY_NAMES or base.startswith(("tw_", "TW_")):
@@ -274,11 +277,41 @@ class _Emitter(LoopEmitter):
             self.line(f"#pragma GCC unroll {max(1, min(n, 64))}")
         self.line(f"for (int64_t {var} = 0; {var} < {ext}; ++{var}) {{")
         self.scope.add(s.var)
+        self.depth += 1
+        hoisted = self.hoist_divmods(s)
+        self.depth -= 1
         self.parallel += parallel
         self.nested(s.body)
         self.parallel -= parallel
+        for d in hoisted:
+            del self.hoisted_divmods[d]
         self.scope.discard(s.var)
         self.line("}")
+
+    def hoist_divmods(self, s: For) -> list[SymExpr]:
+        """Declare, at the top of loop ``s``'s body, every floor division and modulo in the body
+        that depends on ``s.var`` and otherwise only on vars already in scope; their uses below
+        read the variable. The C compiler cannot move a division out of the conditions and
+        blocks it sits in (it may trap), so a fused loop's index arithmetic would otherwise run
+        in the innermost loop. A divisor not proven nonzero is tested first: the hoisted value
+        may be computed where the original expression would not have been."""
+        found: dict[SymExpr, None] = {}
+        for d in _stmt_dims(s.body):
+            for a in _nested_divmods(d):
+                if a not in self.hoisted_divmods and s.var in sym.free_vars(a) and set(sym.free_vars(a)) <= self.scope:
+                    found[a] = None
+        for a in found:  # inner ones first: an outer one's text reads them
+            assert isinstance(a, (FloorDiv, FloorMod))
+            text = self.render_divmod(a)
+            if not (sym.prove_ge(a.b, 1) or sym.prove_le(a.b, -1)):
+                text = f"({self.dim(a.b)} != 0 ? {text} : 0)"
+            self.line(f"const int64_t {self.bind(('divmod', a), 'ix')} = {text};")
+            self.hoisted_divmods[a] = self.names[("divmod", a)]
+        return list(found)
+
+    def dim(self, d: Dim) -> str:
+        name = None if isinstance(d, int) else self.hoisted_divmods.get(d)
+        return name if name is not None else super().dim(d)
 
     def emit_block(self, b: Block) -> None:
         self.line(f"{{ /* block {comment(b.name)} */")
@@ -536,7 +569,9 @@ class _Emitter(LoopEmitter):
         src, dst = dtype_of(x.args[0]), x.dtype
         u = f"uint{8 * DTYPE_TABLE[src].itemsize}_t"
         to_bits = {"float32": "(uint32_t)tw_f_bits({})", "float64": "(uint64_t)tw_d_bits({})", "float16": "tw_h_bits({})", "bfloat16": "tw_f2bf({})"}
-        bits = to_bits.get(src, f"(({u})({{}}))").format(args[0])
+        bits = lowp.store(src, args[0]) or to_bits.get(src, f"(({u})({{}}))").format(args[0])
+        if is_lowp_dtype(dst):  # read the low byte as the dtype's one-byte code
+            return f"tw_from_{dst}((uint8_t)({bits}))"
         from_bits = {"float32": "tw_bits_f((int32_t)({}))", "float64": "tw_bits_d((int64_t)({}))", "float16": "tw_bits_h({})", "bfloat16": "tw_bf2f({})", "bool": "({} != 0)"}
         return from_bits.get(dst, f"(({ct})({{}}))").format(bits)
 
@@ -580,6 +615,38 @@ def _positive_linear(d: Dim) -> bool:
 
 
 __all__ = ["CModule", "emit_module", "emit_function", "c_symbols"]
+
+
+def _nested_divmods(e: Dim) -> Iterator[SymExpr]:
+    """The floor division and modulo atoms of ``e`` and of their operands, operands first."""
+    if isinstance(e, (FloorDiv, FloorMod, Min, Max)):
+        yield from _nested_divmods(e.a)
+        yield from _nested_divmods(e.b)
+        if not isinstance(e, (Min, Max)):
+            yield e
+    elif isinstance(e, Poly):
+        for m, _ in e.terms:
+            for a in m:
+                yield from _nested_divmods(a)
+
+
+def _stmt_dims(body: Stmt) -> Iterator[Dim]:
+    """The index expressions of ``body``: loop extents, block bindings, store and load indices,
+    conditions' integer parts."""
+    for st in walk_stmts(body):
+        scalars: list[Scalar] = []
+        if isinstance(st, For):
+            yield st.extent
+        elif isinstance(st, Block):
+            for iv in st.iter_vars:
+                yield iv.binding
+        elif isinstance(st, Allocate):
+            yield from st.buffer.shape
+        scalars.extend(stmt_scalars(st))
+        for x in scalars:
+            for y in walk_scalars(x):
+                if isinstance(y, SymExpr):
+                    yield y
 
 
 def _divmods(e: Dim) -> set[Dim]:

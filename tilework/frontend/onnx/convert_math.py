@@ -17,6 +17,7 @@ from tilework.frontend.onnx.registry import Result, converter
 from tilework.frontend.onnx.values import Value, binary_elems, where_elems
 from tilework.ir.dtype import INT_DTYPES, LOWP_FLOAT_DTYPES, SUBBYTE_INT_DTYPES, int_range, is_lowp_dtype, max_finite, np_dtype
 from tilework.ir.graph import Constant, Expr
+from tilework.op import bitwise
 from tilework.op import elementwise as ew
 from tilework.op import math as op_math
 
@@ -278,17 +279,41 @@ def lowp_cast(ctx: NodeCtx, x: Expr, to: str, sat: bool) -> Expr:
     return cast_to(ctx, x, to)
 
 
+def to_e8m0(ctx: NodeCtx, x: Expr, round_mode: str, sat: bool) -> Expr:
+    """``x`` converted to float8_e8m0fnu as ONNX does it, on the bits of its float32 value: the
+    exponent field, plus one when ``round_mode`` rounds the mantissa up (``up``: any mantissa
+    bit; ``nearest``: the top one, with more below it or a normal value; ``down``: never); NaN
+    and inf stay 0xff (NaN); saturating, 0xfe is not rounded up into NaN. (``astype`` alone
+    is the ``up``, saturating case.)"""
+    if round_mode not in ("up", "down", "nearest"):
+        raise ctx.unsupported(f"round_mode {round_mode!r} (expected 'up', 'down' or 'nearest')")
+
+    def bits(mask: int) -> Expr:
+        return ctx.emit(ew.not_equal(ctx.emit(bitwise.bitwise_and(u, scalar_const(mask, "uint32"))), scalar_const(0, "uint32")))
+
+    u = ctx.emit(bitwise.bitcast(cast_to(ctx, x, "float32"), "uint32"))
+    e = ctx.emit(op_math.bitshift(u, scalar_const(23, "uint32"), "right"))
+    e = ctx.emit(bitwise.bitwise_and(e, scalar_const(0xFF, "uint32")))
+    if round_mode != "down":
+        inc = bits(0x7FFFFF)
+        if round_mode == "nearest":
+            normal = ctx.emit(ew.greater(e, scalar_const(0, "uint32")))
+            inc = ctx.emit(ew.logical_and(bits(0x400000), ctx.emit(ew.logical_or(bits(0x3FFFFF), normal))))
+        for stop in (0xFF, 0xFE) if sat else (0xFF,):
+            inc = ctx.emit(ew.logical_and(inc, ctx.emit(ew.not_equal(e, scalar_const(stop, "uint32")))))
+        e = ctx.emit(ew.add(e, ctx.emit(ew.astype(inc, "uint32"))))
+    return ctx.emit(bitwise.bitcast(ctx.emit(ew.astype(e, "uint8")), "float8_e8m0fnu"))
+
+
 def _cast(ctx: NodeCtx, to: str) -> Result:
     v = ctx.value(0)
     if v.dtype == to:
         return v
-    if to == "float8_e8m0fnu" and (ctx.attr("round_mode", "up") != "up" or not int(ctx.attr("saturate", 1))):
-        raise ctx.unsupported(
-            f"casting to float8_e8m0fnu with round_mode={ctx.attr('round_mode', 'up')!r}, saturate={int(ctx.attr('saturate', 1))} "
-            "(tilework converts with round_mode='up', saturate=1)"
-        )
+    mode, sat = str(ctx.attr("round_mode", "up")), bool(int(ctx.attr("saturate", 1)))
+    if to == "float8_e8m0fnu" and (mode != "up" or not sat):
+        return to_e8m0(ctx, ctx.expr(0), mode, sat)
     if is_lowp_dtype(to):
-        return lowp_cast(ctx, ctx.expr(0), to, bool(int(ctx.attr("saturate", 1))))
+        return lowp_cast(ctx, ctx.expr(0), to, sat)
     if v.elems is not None and to in _WIDE_INTS and v.dtype in _WIDE_INTS and v.ndim in (0, 1):
         return Value.of_elems(v.elems, to, v.ndim == 0)
     if v.const is not None and v.const.size <= 64 and v.dtype in _WIDE_INTS + ("bool",) and to in _WIDE_INTS + ("bool", "float32", "float64"):
