@@ -61,17 +61,20 @@ def test_non_max_suppression_symbolic() -> None:
 
 def test_roi_align_symbolic() -> None:
     attrs = dict(output_height=3, output_width=2, sampling_ratio=2, spatial_scale=0.5)
+    adaptive = dict(attrs, sampling_ratio=0)  # ceil(bin size) points per bin: a count per ROI
     nodes = [
         helper.make_node("RoiAlign", ["x", "rois", "idx"], ["avg"], **attrs),
         helper.make_node("RoiAlign", ["x", "rois", "idx"], ["max"], mode="max", coordinate_transformation_mode="output_half_pixel", **attrs),
+        helper.make_node("RoiAlign", ["x", "rois", "idx"], ["avg0"], **adaptive),
+        helper.make_node("RoiAlign", ["x", "rois", "idx"], ["max0"], mode="max", coordinate_transformation_mode="output_half_pixel", **adaptive),
     ]
     ins = [tensor("x", F, ["n", 3, "h", "w"]), tensor("rois", F, ["r", 4]), tensor("idx", I64, ["r"])]
-    m = _model(nodes, ins, [tensor("avg", F, ["r", 3, 3, 2]), tensor("max", F, ["r", 3, 3, 2])], 16)
+    m = _model(nodes, ins, [tensor(o, F, ["r", 3, 3, 2]) for o in ("avg", "max", "avg0", "max0")], 16)
 
     def run(n: int, h: int, w: int, r: int) -> list[np.ndarray]:
         x = RNG.standard_normal((n, 3, h, w)).astype(np.float32)
         lo = RNG.uniform(-3, 2 * max(h, w), size=(r, 2))  # some ROIs reach outside the image
-        rois = np.concatenate([lo, lo + RNG.uniform(0, 2 * max(h, w), size=(r, 2))], axis=1).astype(np.float32)
+        rois = np.concatenate([lo, lo + RNG.uniform(-1, 3 * max(h, w), size=(r, 2))], axis=1).astype(np.float32)
         return [x, rois, RNG.integers(0, n, size=r).astype(np.int64)]
 
     _check(m, [run(1, 1, 1, 1), run(2, 7, 5, 5), run(3, 4, 9, 0)], tol=1e-4, dim_bounds={"r": (0, None)})
@@ -139,9 +142,9 @@ def test_flex_attention_symbolic() -> None:
 
 
 def test_unsupported_forms_are_named() -> None:
-    node = helper.make_node("RoiAlign", ["x", "rois", "idx"], ["y"], output_height=2, output_width=2)
-    m = _model([node], [tensor("x", F, [1, 1, 4, 4]), tensor("rois", F, [2, 4]), tensor("idx", I64, [2])], [tensor("y", F, [2, 1, 2, 2])], 16)
-    with pytest.raises(UnsupportedError, match="RoiAlign.*sampling_ratio 0"):
+    node = helper.make_node("DeformConv", ["x", "w", "offset"], ["y"])
+    m = _model([node], [tensor("x", F, [1, 1, 4, 4, 4]), tensor("w", F, [1, 1, 2, 2, 2]), tensor("offset", F, [1, 24, 3, 3, 3])], [tensor("y", F, [1, 1, 3, 3, 3])], 19)
+    with pytest.raises(UnsupportedError, match="DeformConv.*only 2-D deformable convolution"):
         from_onnx(m)
     other = helper.make_node("FlexAttention", ["q", "q", "q"], ["y"], domain="com.example")
     m = _model([other], [tensor("q", F, [1, 1, 2, 4])], [tensor("y", F, [1, 1, 2, 4])], 26, domain="com.example")

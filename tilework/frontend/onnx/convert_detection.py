@@ -9,8 +9,9 @@ clamps the others into the image; ``DeformConv`` (like ``GridSample`` with zero 
 
 - ``RoiAlign``: ``sampling_ratio ** 2`` points per output bin, averaged (``avg``) or, in
   ``max`` mode, the largest of the weighted corner values of all points (the reference's
-  definition). An adaptive ``sampling_ratio`` of 0 (a point count that depends on each ROI's
-  size) is refused.
+  definition). With the adaptive ``sampling_ratio`` 0 each ROI takes ``ceil(bin size)`` points
+  per bin and axis: the grid is as wide as the widest ROI's (a count read at run time into a
+  fresh sym var), and each ROI pools over its own first points.
 - ``DeformConv`` (2-D): each kernel tap of each output position is sampled at its offset
   position and scaled by the mask; the sampled columns then meet the weights in one grouped
   matrix product.
@@ -105,8 +106,6 @@ def _roi_align(ctx: NodeCtx) -> Result:
         raise ctx.unsupported(f"X must be 4-D (N, C, H, W), got shape {shape}")
     oh, ow = int(ctx.attr("output_height", 1)), int(ctx.attr("output_width", 1))
     ratio = int(ctx.attr("sampling_ratio", 0))
-    if ratio <= 0:
-        raise ctx.unsupported("sampling_ratio 0 (adaptive: a point count per ROI known only at run time); give a positive sampling_ratio")
     if oh <= 0 or ow <= 0:
         raise ctx.unsupported(f"output size {oh}x{ow}")
     mode = ctx.attr("mode", "avg")
@@ -126,26 +125,62 @@ def _roi_align(ctx: NodeCtx) -> Result:
         col = ctx.emit(manipulate.strided_slice(rois, [1], [k], [k + 1]))
         return ctx.emit(ew.subtract(ctx.emit(ew.multiply(col, scale)), shift))
 
-    def points(start: Expr, end: Expr, bins: int, shape: tuple[Dim, ...]) -> Expr:
-        """``start + bin * (p + (s + 0.5) / ratio)`` for bin ``p`` and sample ``s``."""
+    def points(start: Expr, end: Expr, bins: int) -> tuple[Expr, Expr | None]:
+        """``start + bin * (p + (s + 0.5) / count)`` for bin ``p`` and sample ``s`` as
+        ``(r, bins, samples)``, and with an adaptive ratio each ROI's sample count ``(r, 1)``."""
         size = ctx.emit(ew.subtract(end, start))
         if not half:  # malformed ROIs count as 1x1
             size = ctx.emit(ew.maximum(size, scalar_const(1, cd)))
-        step = ctx.emit(ew.divide(size, scalar_const(bins, cd)))
-        frac = np.asarray([p + (s + 0.5) / ratio for p in range(bins) for s in range(ratio)], dtype=cd)
-        at = ctx.emit(ew.add(start, ctx.emit(ew.multiply(step, Constant.of(frac)))))
-        return ctx.emit(manipulate.reshape(at, shape))
+        step = ctx.emit(manipulate.expand_dims(ctx.emit(ew.divide(size, scalar_const(bins, cd))), 2))
+        if ratio > 0:
+            frac: Expr = Constant.of(np.asarray([[p + (s + 0.5) / ratio for s in range(ratio)] for p in range(bins)], dtype=cd))
+            return ctx.emit(ew.add(ctx.emit(manipulate.expand_dims(start, 2)), ctx.emit(ew.multiply(step, frac)))), None
+        count = ctx.emit(ew.ceil(step))  # (r, 1, 1): as many samples as the bin spans pixels
+        counts = ctx.emit(manipulate.concat([ctx.emit(manipulate.reshape(count, (-1,))), Constant.of(np.ones(1, cd))], 0))
+        widest = ctx.emit(reduce.max(counts, 0, keepdims=True))  # at least 1, also without ROIs
+        (samples,) = ctx.imp.lift_dims(Value.of_expr(cast_to(ctx, widest, "int64")), "the widest ROI's sample count", ctx)
+        offsets = ctx.emit(ew.divide(ctx.emit(ew.add(_arange(ctx, samples, (1, 1, samples), cd), scalar_const(0.5, cd))), count))
+        frac = ctx.emit(ew.add(Constant.of(np.arange(bins, dtype=cd).reshape(1, bins, 1)), offsets))
+        at = ctx.emit(ew.add(ctx.emit(manipulate.expand_dims(start, 2)), ctx.emit(ew.multiply(step, frac))))
+        return at, ctx.emit(manipulate.reshape(count, (r, 1)))
 
-    ys = points(coord(1), coord(3), oh, (r, oh, ratio, 1, 1))
-    xs = points(coord(0), coord(2), ow, (r, 1, 1, ow, ratio))
+    ys, y_count = points(coord(1), coord(3), oh)
+    xs, x_count = points(coord(0), coord(2), ow)
+    sh, sw = ctx.shape_of(ys)[2], ctx.shape_of(xs)[2]
+    ys, xs = ctx.emit(manipulate.reshape(ys, (r, oh, sh, 1, 1))), ctx.emit(manipulate.reshape(xs, (r, 1, 1, ow, sw)))
     n = ctx.emit(manipulate.reshape(cast_to(ctx, ctx.expr(2), "int64"), (r, 1, 1, 1, 1)))
     img = ctx.emit(manipulate.permute_dims(ctx.expr(0), (0, 2, 3, 1)))
     terms = _bilinear(ctx, img, n, ys, xs, [], clamp=True)
-    acc = terms[0]
+    acc: Expr = terms[0]
     for t in terms[1:]:
         acc = ctx.emit(ew.add(acc, t) if mode == "avg" else ew.maximum(acc, t))
-    pooled = ctx.emit(reduce.mean(acc, (2, 4)) if mode == "avg" else reduce.max(acc, (2, 4)))
+    if y_count is None or x_count is None:
+        pooled: Expr = ctx.emit(reduce.mean(acc, (2, 4)) if mode == "avg" else reduce.max(acc, (2, 4)))
+    else:
+        pooled = _adaptive_pool(ctx, acc, y_count, x_count, mode)
     return ctx.emit(manipulate.permute_dims(pooled, (0, 3, 1, 2)))
+
+
+def _adaptive_pool(ctx: NodeCtx, acc: Expr, y_count: Expr, x_count: Expr, mode: str) -> Expr:
+    """Pool ``acc`` ``(r, oh, sh, ow, sw, c)`` over each ROI's own first ``y_count`` by
+    ``x_count`` samples (``(r, 1)`` each): their mean (over at least one), or their maximum
+    (0 for a ROI with none)."""
+    r, _, sh, _, sw, _ = ctx.shape_of(acc)
+    cd = str(getattr(y_count.info, "dtype"))
+    dtype = str(getattr(acc.info, "dtype"))
+
+    def within(count: Expr, samples: Dim, shape: tuple[Dim, ...]) -> Expr:
+        at = _arange(ctx, samples, shape, cd)
+        return ctx.emit(ew.less(at, ctx.emit(manipulate.reshape(count, (r, 1, 1, 1, 1, 1)))))
+
+    inside = ctx.emit(ew.logical_and(within(y_count, sh, (1, 1, sh, 1, 1, 1)), within(x_count, sw, (1, 1, 1, 1, sw, 1))))
+    total = ctx.emit(manipulate.reshape(ctx.emit(ew.multiply(y_count, x_count)), (r, 1, 1, 1)))
+    if mode == "avg":
+        summed = ctx.emit(reduce.sum(ctx.emit(ew.where(inside, acc, scalar_const(0, dtype))), (2, 4)))
+        return ctx.emit(ew.divide(summed, cast_to(ctx, ctx.emit(ew.maximum(total, scalar_const(1, cd))), dtype)))
+    best = ctx.emit(reduce.max(ctx.emit(ew.where(inside, acc, scalar_const(-np.inf, dtype))), (2, 4)))
+    some = ctx.emit(ew.logical_and(ctx.emit(ew.greater(y_count, scalar_const(0, cd))), ctx.emit(ew.greater(x_count, scalar_const(0, cd)))))
+    return ctx.emit(ew.where(ctx.emit(manipulate.reshape(some, (r, 1, 1, 1))), best, scalar_const(0, dtype)))
 
 
 def _static(ctx: NodeCtx, dims: tuple[Dim, ...], what: str) -> tuple[int, ...]:
