@@ -97,3 +97,22 @@ def test_loop16_seq_none_result() -> None:
     for g, w in zip(got, want[0]):
         assert g.shape == w.shape and g.dtype == w.dtype
         np.testing.assert_allclose(g, w)
+
+
+def test_optional_presence_known_through_a_run_time_if() -> None:
+    """Both branches give an empty optional: the If carries nothing for it, and whether it has
+    an element stays known at conversion time."""
+    seq_t = helper.make_sequence_type_proto(helper.make_tensor_type_proto(F, [2]))
+
+    def branch(name: str) -> object:
+        node = helper.make_node("Optional", [], [f"{name}_o"], type=seq_t)
+        return helper.make_graph([node], name, [], [helper.make_value_info(f"{name}_o", helper.make_optional_type_proto(seq_t))])
+
+    nodes = [
+        helper.make_node("If", ["c"], ["o"], then_branch=branch("then"), else_branch=branch("else")),
+        helper.make_node("OptionalHasElement", ["o"], ["h"]),
+        helper.make_node("Add", ["x", "x"], ["y"]),
+    ]
+    m = model(nodes, [tensor("c", B, []), tensor("x", F, [2])], [tensor("h", B, []), tensor("y", F, [2])], opset=18)
+    h, y = compile_onnx(m)(np.array(True), np.ones(2, np.float32))
+    assert not bool(h) and np.array_equal(y, [2, 2])

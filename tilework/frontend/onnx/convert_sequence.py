@@ -56,6 +56,8 @@ def _sequence_empty(ctx: NodeCtx) -> Result:
 @converter("SequenceInsert", 11, 11, static_inputs=(2,))
 def _sequence_insert(ctx: NodeCtx) -> Result:
     s, t = ctx.seq(0), ctx.value(1)
+    if s.dtype is not None and t.dtype is not None and s.dtype != t.dtype:
+        raise ctx.unsupported(f"inserting a {t.dtype} tensor into a sequence of {s.dtype} tensors")
     n = len(s.items)
     p = _position(ctx, 2, n, at_end=True) if ctx.has_input(2) else n
     return SeqValue(s.items[:p] + (t,) + s.items[p:], s.dtype or t.dtype)
@@ -126,9 +128,10 @@ def _concat_from_sequence(ctx: NodeCtx) -> Result:
     if not s.items:
         raise ctx.unsupported("concatenating an empty sequence (its result's shape is not defined)")
     new_axis = bool(ctx.attr("new_axis", 0))
-    rank = len(s.items[0].info.shape or ()) if s.items[0].info.shape is not None else -1
-    if rank < 0:
+    shape = s.items[0].info.shape
+    if shape is None:
         raise ctx.unsupported("the rank of the sequence's tensors is not known")
+    rank = len(shape)
     axis = norm_axis(ctx, int(ctx.attr("axis")), rank + 1 if new_axis else rank)
     parts = [ctx.imp.materialize(v) for v in s.items]
     if new_axis:
