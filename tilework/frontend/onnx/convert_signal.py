@@ -20,6 +20,7 @@ from tilework.frontend.onnx.registry import Result, converter
 from tilework.ir import sym
 from tilework.ir.dtype import is_float_dtype
 from tilework.ir.graph import Expr
+from tilework.ir.info import TensorInfo
 from tilework.ir.sym import Dim
 from tilework.op import create, linalg, manipulate
 from tilework.op import elementwise as ew
@@ -78,7 +79,7 @@ def dft(ctx: NodeCtx, x: Expr, axis: int, length: Dim | None, inverse: bool, one
     """ONNX's DFT of ``x`` (``[..., 1 or 2]``) along ``axis`` (normalized, not the last)."""
     shape = ctx.shape_of(x)
     rank = len(shape)
-    dtype = x.info.dtype  # type: ignore[attr-defined]
+    dtype = x.info.dtype if isinstance(x.info, TensorInfo) else None
     if dtype is None or not is_float_dtype(dtype):
         raise ctx.unsupported(f"the signal must be a float tensor, got {dtype}")
     if shape[-1] not in (1, 2):
@@ -154,6 +155,8 @@ def _stft(ctx: NodeCtx) -> Result:
     window = ctx.expr(2) if ctx.has_input(2) else None
     if ctx.has_input(3):
         frame = ctx.scalar(3, "frame_length")
+        if window is not None and not sym.prove_eq(frame, ctx.shape_of(window)[0]):
+            raise ctx.unsupported(f"frame_length {frame} differs from the window's length {ctx.shape_of(window)[0]}")
     elif window is not None:
         frame = ctx.shape_of(window)[0]
     else:

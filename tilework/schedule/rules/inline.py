@@ -13,6 +13,7 @@ from tilework.schedule.rules.common import attempt
 from tilework.schedule.tree import blocks_of, scalar_vars
 
 EXPENSIVE = ("/", "//", "%", "pow")
+CHEAP_INTRINSICS = ("bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "bitcast")  # one instruction each
 
 
 def inline_producers(func: TensorFunc) -> TensorFunc:
@@ -52,6 +53,6 @@ def _cheap(b: Block) -> bool:
     if st is None:
         return False
     for e in walk_scalars(st.value):
-        if isinstance(e, Intrin) or (isinstance(e, Binary) and e.op in EXPENSIVE):
+        if (isinstance(e, Intrin) and e.name not in CHEAP_INTRINSICS) or (isinstance(e, Binary) and e.op in EXPENSIVE):
             return False
     return True
