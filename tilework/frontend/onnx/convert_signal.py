@@ -153,12 +153,12 @@ def _stft(ctx: NodeCtx) -> Result:
     if isinstance(step, int) and step < 1:
         raise ctx.unsupported(f"frame_step must be positive, got {step}")
     window = ctx.expr(2) if ctx.has_input(2) else None
-    if ctx.has_input(3):
-        frame = ctx.scalar(3, "frame_length")
-        if window is not None and not sym.prove_eq(frame, ctx.shape_of(window)[0]):
-            raise ctx.unsupported(f"frame_length {frame} differs from the window's length {ctx.shape_of(window)[0]}")
-    elif window is not None:
+    if window is not None:  # a frame_length given too must equal the window's length
         frame = ctx.shape_of(window)[0]
+        if ctx.has_input(3) and sym.prove_ne(ctx.scalar(3, "frame_length"), frame):
+            raise ctx.unsupported(f"frame_length {ctx.scalar(3, 'frame_length')} differs from the window's length {frame}")
+    elif ctx.has_input(3):
+        frame = ctx.scalar(3, "frame_length")
     else:
         frame = shape[1]
     frames = sym.add(sym.floordiv(sym.sub(shape[1], frame), step), 1)
