@@ -16,9 +16,10 @@ from onnx.numpy_helper import to_float8e8m0
 
 import tilework as tw
 from tilework.codegen import interp
+from tilework.errors import RuntimeCheckError
 from tilework.ir import lowp
 from tilework.ir.builder import BlockBuilder
-from tilework.ir.dtype import LOWP_FLOAT_DTYPES, SUBBYTE_INT_DTYPES, dtype_info, dtype_name, from_onnx, int_range, np_dtype, to_onnx
+from tilework.ir.dtype import DTYPE_TABLE, LOWP_FLOAT_DTYPES, SUBBYTE_INT_DTYPES, dtype_info, dtype_name, from_onnx, int_range, np_dtype, to_onnx
 from tilework.ir.graph import Expr, Var
 from tilework.ir.info import TensorInfo
 from tilework.ir.module import IRModule
@@ -263,3 +264,25 @@ def test_numpy_dtypes_are_ml_dtypes() -> None:
         assert np_dtype(dtype) == np.dtype(getattr(ml_dtypes, dtype))
         assert dtype_name(np.dtype(getattr(ml_dtypes, dtype))) == dtype
         assert from_onnx(to_onnx(dtype)) == dtype
+
+
+def test_torch_float8_tensors_are_exchanged_by_bytes() -> None:
+    torch = pytest.importorskip("torch")
+    from tilework.runtime.tensor import from_torch, to_torch
+
+    for dtype in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu"):
+        t = torch.arange(0, 255, dtype=torch.uint8).view(getattr(torch, dtype))
+        a = from_torch(t)
+        assert a.dtype == np_dtype(dtype)
+        np.testing.assert_array_equal(a.view(np.uint8), t.view(torch.uint8).numpy())
+        assert to_torch(a).dtype == getattr(torch, dtype)
+    with pytest.raises(RuntimeCheckError, match="int4"):
+        to_torch(np.zeros(3, np_dtype("int4")))
+
+
+def test_export_type_codes_are_distinct() -> None:
+    """The C export tells dtypes apart by (code, bits): every dtype has its own."""
+    from tilework.export.graph_c import dl_type
+
+    codes = [dl_type(n) for n in DTYPE_TABLE]
+    assert len(set(codes)) == len(codes)

@@ -42,7 +42,18 @@ def dtype_index(name: Any) -> int:
 def dl_type(name: str) -> tuple[int, int]:
     """DLPack's (type code, bits) of a dtype (``tw_model.h``)."""
     d = DTYPE_TABLE[name]
+    if name in _DL_LOWP:
+        return _DL_LOWP[name]
     return {"bool": 6, "int": 0, "uint": 1}.get(d.kind, 4 if name == "bfloat16" else 2), 8 * d.itemsize
+
+
+# DLPack's codes of the float8 types; float4 and the sub-byte integers, stored one element per
+# byte (DLPack's 4- and 2-bit types are packed), take tilework's own codes from 128 up.
+_DL_LOWP = {
+    "float8_e4m3fn": (10, 8), "float8_e4m3fnuz": (11, 8), "float8_e5m2": (12, 8), "float8_e5m2fnuz": (13, 8),
+    "float8_e8m0fnu": (14, 8), "float4_e2m1fn": (128, 8), "int4": (129, 8), "uint4": (130, 8), "int2": (131, 8),
+    "uint2": (132, 8),
+}  # fmt: skip
 
 
 def c_string(s: str) -> str:

@@ -2,7 +2,7 @@
 
 dtype names are tilework's (``float32``, ``bfloat16`` ...); ``bfloat16`` is ml_dtypes' NumPy
 dtype. Torch tensors on the CPU become NumPy views (``Tensor.numpy()`` shares memory, bfloat16
-goes through a same-size integer view).
+and the float8 types go through a same-size integer view).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from tilework.errors import RuntimeCheckError
-from tilework.ir.dtype import np_dtype
+from tilework.ir.dtype import LOWP_DTYPES, LOWP_FLOAT_DTYPES, np_dtype
 
 
 
@@ -31,6 +31,9 @@ def from_torch(t: Any) -> np.ndarray:
         t = t.contiguous()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(np_dtype("bfloat16"))
+    name = str(t.dtype).removeprefix("torch.")
+    if name in LOWP_FLOAT_DTYPES:  # torch's float8 tensors: one byte per element, as ml_dtypes'
+        return t.view(torch.uint8).numpy().view(np_dtype(name))
     return t.numpy()
 
 
@@ -39,6 +42,10 @@ def to_torch(a: np.ndarray) -> Any:
 
     if a.dtype.name == "bfloat16":
         return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+    if a.dtype.name in LOWP_DTYPES:
+        if a.dtype.name not in LOWP_FLOAT_DTYPES or not hasattr(torch, a.dtype.name):
+            raise RuntimeCheckError(f"torch has no tensor of {a.dtype.name} with one element per byte; pass NumPy arrays for this dtype")
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.uint8)).view(getattr(torch, a.dtype.name))
     return torch.from_numpy(np.ascontiguousarray(a))
 
 

@@ -27,7 +27,9 @@
 extern "C" {
 #endif
 
-/* DLPack's DLDataType: code 0 int, 1 uint, 2 float, 4 bfloat, 6 bool; bits; lanes (always 1). */
+/* DLPack's DLDataType: code 0 int, 1 uint, 2 float, 4 bfloat, 6 bool, 10-14 the float8 types;
+   128-132 tilework's float4_e2m1fn, int4, uint4, int2, uint2 (one element per byte); bits;
+   lanes (always 1). */
 typedef struct {
     uint8_t code;
     uint8_t bits;
