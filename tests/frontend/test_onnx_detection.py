@@ -139,6 +139,11 @@ def test_flex_attention_symbolic() -> None:
         return [RNG.standard_normal(shape).astype(np.float32) for shape in ((b, 4, lq, 8), (b, 2, s, 8), (b, 2, s, 5))]
 
     _check(m, [run(1, 1, 1), run(2, 3, 7), run(1, 5, 5)], tol=1e-5)
+    # a symbolic head size works with a given scale (the default one needs the size)
+    node = helper.make_node("FlexAttention", ["q", "k", "v"], ["y"], domain="ai.onnx.preview", scale=0.3)
+    ins = [tensor("q", F, ["b", 2, "l", "e"]), tensor("k", F, ["b", 2, "s", "e"]), tensor("v", F, ["b", 2, "s", "e"])]
+    m = _model([node], ins, [tensor("y", F, ["b", 2, "l", "e"])], 26, domain="ai.onnx.preview")
+    _check(m, [[RNG.standard_normal((b, 2, n, e)).astype(np.float32) for n in (lq, s, s)] for b, lq, s, e in ((1, 1, 1, 1), (2, 3, 4, 5))])
 
 
 def test_unsupported_forms_are_named() -> None:

@@ -12,7 +12,7 @@ import pytest
 
 import tilework as tw
 from tests.op.helpers import T, holds, infer
-from tests.op.legalize_harness import Built, Case, build, check, envs, shape_at
+from tests.op.legalize_harness import Built, Case, assert_round_trips, build, check, envs, shape_at
 from tilework.errors import InferenceError, ShapeError
 from tilework.ir.sym import SymVar
 from tilework.op import detection
@@ -106,3 +106,7 @@ def built() -> Built:
 @pytest.mark.parametrize("name", [case.name for case in CASES])
 def test_nms_matches_reference(built: Built, name: str) -> None:
     check(built, name)
+
+
+def test_legalized_module_round_trips(built: Built) -> None:
+    assert_round_trips(built)

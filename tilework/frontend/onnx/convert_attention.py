@@ -73,10 +73,13 @@ def _group_heads(ctx: NodeCtx, k: Expr, v: Expr, heads: Dim) -> tuple[Expr, Expr
 def _scaled_scores(ctx: NodeCtx, q: Expr, k: Expr, dtype: str) -> Expr:
     """``(q * sqrt(scale)) @ (k * sqrt(scale))^T`` with the ``scale`` attribute (default
     ``1 / sqrt(head_size)``); scaling both sides keeps 16-bit products in range."""
-    e = ctx.shape_of(q)[-1]
-    if not isinstance(e, int):
-        raise ctx.unsupported("a symbolic head size")
-    scale = float(ctx.attr("scale", 1.0 / math.sqrt(e)))
+    if ctx.has_attr("scale"):
+        scale = float(ctx.attr("scale"))
+    else:
+        e = ctx.shape_of(q)[-1]
+        if not isinstance(e, int):
+            raise ctx.unsupported("a symbolic head size without a scale attribute")
+        scale = 1.0 / math.sqrt(e)
     root = scalar_const(math.sqrt(scale), dtype)
     kt = ctx.emit(manipulate.permute_dims(ctx.emit(ew.multiply(k, root)), (0, 1, 3, 2)))
     return ctx.emit(linalg.matmul(ctx.emit(ew.multiply(q, root)), kt))
