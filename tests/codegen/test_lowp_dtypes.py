@@ -286,3 +286,26 @@ def test_export_type_codes_are_distinct() -> None:
 
     codes = [dl_type(n) for n in DTYPE_TABLE]
     assert len(set(codes)) == len(codes)
+
+
+def test_text_round_trip() -> None:
+    """Params, constants and casts of the low-precision dtypes print and parse back (a sub-byte
+    integer constant prints as integers)."""
+    from tilework.ir.graph import Constant
+    from tilework.ir.structural import assert_structural_equal
+
+    n = tw.dim("n")
+    bb = BlockBuilder()
+    x = Var("x", TensorInfo((n,), "float8_e4m3fn"))
+    with bb.function("main", [x]):
+        y = bb.emit(ew.astype(x, "float8_e8m0fnu"))
+        c = bb.emit(ew.astype(Constant.of(np.array([1, -3, 7], ml_dtypes.int4)), "float4_e2m1fn"))
+        e = bb.emit(ew.astype(Constant.of(np.array([0.5, 448.0], ml_dtypes.float8_e5m2)), "uint2"))
+        bb.emit_func_output(bb.emit(manipulate.concat([bb.emit(ew.astype(y, "float32")), bb.emit(ew.astype(c, "float32")), bb.emit(ew.astype(e, "float32"))], 0)))
+    mod = bb.get()
+    text = str(mod)
+    assert 'const([1, -3, 7], "int4")' in text
+    assert_structural_equal(tw.parse(text), mod)
+    got = np.asarray(tw.VM(tw.build(tw.parse(text)))["main"](np.array([0.3, -2.0, 448.0], ml_dtypes.float8_e4m3fn)))
+    want = np.concatenate([_expected(np.array([0.3, -2.0, 448.0], ml_dtypes.float8_e4m3fn).astype(np.float32), "float8_e8m0fnu").astype(np.float32), [1, -3, 6], [0, 0]])
+    np.testing.assert_array_equal(got, want.astype(np.float32))

@@ -11,7 +11,7 @@ from typing import Hashable
 
 import numpy as np
 
-from tilework.ir.dtype import DTYPES, np_dtype
+from tilework.ir.dtype import DTYPES, SUBBYTE_INT_DTYPES, np_dtype
 
 # Names with a meaning of their own in the text: a var, sym var or buffer never takes one.
 RESERVED = frozenset(
@@ -55,6 +55,8 @@ def to_python_list(arr: np.ndarray) -> object:
     """The values of ``arr`` as (nested lists of) Python bools, ints or floats."""
     if arr.dtype == np.bool_ or np.issubdtype(arr.dtype, np.integer):
         return arr.tolist()
+    if arr.dtype.name in SUBBYTE_INT_DTYPES:
+        return arr.astype(np.int64).tolist()
     return arr.astype(np.float64).tolist()
 
 
@@ -63,6 +65,8 @@ def array_from_list(values: object, dtype: str, shape: tuple[int, ...] | None = 
     dt = np_dtype(dtype)
     if dt == np.bool_ or np.issubdtype(dt, np.integer):
         arr = np.array(values, dtype=dt)
+    elif dtype in SUBBYTE_INT_DTYPES:
+        arr = np.array(values, dtype=np.int64).astype(dt)
     else:
         arr = np.array(values, dtype=np.float64).astype(dt)
     return arr.reshape(shape) if shape is not None else arr
