@@ -25,7 +25,7 @@ from tilework.ir.info import TensorInfo
 from tilework.ir.module import IRModule
 from tilework.ir.loop import TensorFunc
 from tilework.op import elementwise as ew
-from tilework.op import bitwise, manipulate
+from tilework.op import bitwise, linalg, manipulate, reduce
 from tilework import te
 
 FLOAT_SOURCES = ("float32", "float16", "bfloat16", "float64")
@@ -53,8 +53,13 @@ def _expected(x: np.ndarray, dtype: str) -> np.ndarray:
         return x.astype(np_dtype(dtype))
 
 
-def _assert_same(got: np.ndarray, want: np.ndarray, dtype: str, x: np.ndarray | None = None) -> None:
-    """Equal codes; NaN results need only be NaN, and float4 gives 0 for NaN (ml_dtypes: +-0)."""
+def _assert_same(got: np.ndarray, want: np.ndarray, dtype: str, x: np.ndarray | None = None, signed_zeros: bool = True) -> None:
+    """Equal codes; NaN results need only be NaN, and float4 gives 0 for NaN (ml_dtypes: +-0);
+    ``signed_zeros=False``: -0 and +0 count as equal (a sum starting from +0)."""
+    if not signed_zeros and dtype in LOWP_FLOAT_DTYPES:
+        got, want = got.copy(), want.copy()
+        got[got.astype(np.float32) == 0] = 0
+        want[want.astype(np.float32) == 0] = 0
     assert got.dtype == want.dtype and got.shape == want.shape
     if dtype in SUBBYTE_INT_DTYPES:
         np.testing.assert_array_equal(got.astype(np.int64), want.astype(np.int64))
@@ -88,6 +93,10 @@ for _d in ("float8_e4m3fn", "float4_e2m1fn", "int4", "uint2"):
     _FUNCS[f"move_{_d}"] = ((_d,), lambda x: _move(x))
 
 
+for _d in ("float8_e4m3fn", "float8_e5m2fnuz", "float4_e2m1fn", "int4", "uint4"):
+    _FUNCS[f"sum_{_d}"] = ((_d,), lambda x: reduce.sum(x, axis=[0]))
+    _FUNCS[f"max_{_d}"] = ((_d,), lambda x: reduce.max(x, axis=[0]))
+    _FUNCS[f"outer_{_d}"] = ((_d,), lambda x: linalg.matmul(manipulate.reshape(x, (x.info.shape[0], 1)), manipulate.reshape(x, (1, x.info.shape[0]))))  # type: ignore[attr-defined]
 for _d in LOWP_FLOAT_DTYPES + SUBBYTE_INT_DTYPES:
     _FUNCS[f"bits_to_{_d}"] = (("uint8",), lambda x, d=_d: bitwise.bitcast(x, d))
     _FUNCS[f"bits_of_{_d}"] = ((_d,), lambda x: bitwise.bitcast(x, "uint8"))
@@ -183,6 +192,29 @@ def test_arithmetic_upcasts(vm: tw.VM, dtype: str) -> None:
         a, b = (rng.permutation(codes)[:41].view(np_dtype(dtype)) for _ in range(2))
         want = _expected(a.astype(np.float32) + b.astype(np.float32), dtype)
     _assert_same(_run(vm, f"add_{dtype}", a, b), want, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2fnuz", "float4_e2m1fn", "int4", "uint4"])
+def test_reductions_and_matmul_upcast(vm: tw.VM, dtype: str) -> None:
+    """``sum``, ``max`` and ``matmul`` accumulate in float32 (int32) and convert the result once."""
+    rng = np.random.default_rng(2)
+    if dtype in SUBBYTE_INT_DTYPES:
+        lo, hi = int_range(dtype)
+        x = rng.integers(lo, hi + 1, 23).astype(np_dtype(dtype))
+        wide = x.astype(np.int64)
+
+        def narrow(v: np.ndarray) -> np.ndarray:
+            return np.asarray(v).astype(np.int64).astype(np_dtype(dtype))
+    else:
+        x = (rng.standard_normal(23) * 2).astype(np_dtype(dtype))
+        wide = x.astype(np.float32)
+
+        def narrow(v: np.ndarray) -> np.ndarray:
+            return _expected(np.asarray(v, np.float32), dtype)
+    for part, w in ((x, wide), (x[:1], wide[:1])):
+        _assert_same(_run(vm, f"sum_{dtype}", part), narrow(w.sum(0)), dtype)
+        _assert_same(_run(vm, f"max_{dtype}", part), narrow(w.max(0)), dtype)
+        _assert_same(_run(vm, f"outer_{dtype}", part), narrow(np.outer(w, w)), dtype, signed_zeros=False)
 
 
 @pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float4_e2m1fn", "int4", "uint2"])
