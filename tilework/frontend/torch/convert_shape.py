@@ -195,4 +195,36 @@ def _repeat(t: Translator, node: Any, x: Any, repeats: Sequence[Any]) -> Expr:
     return t.emit(op.reshape(y, t.out_shape(node)))
 
 
+@converter("roll.default")
+def _roll(t: Translator, node: Any, x: Any, shifts: Any, dims: Any = ()) -> Expr:
+    """``torch.roll``: along each dim the last ``shift mod n`` entries move to the front (two
+    slices and a concat; a symbolic length gets a symbolic split point). Without dims the
+    flattened tensor rolls and keeps its shape."""
+    shifts, dims = as_list(shifts), as_list(dims)
+    if not dims:
+        flat = t.emit(op.reshape(x, [sym.simplify(_numel(t.shape(x)))]))
+        return t.emit(op.reshape(_roll(t, node, flat, shifts, [0]), t.shape(x)))
+    if len(shifts) != len(dims):
+        raise UnsupportedError(f"roll: {len(shifts)} shifts for {len(dims)} dims")
+    ndim = len(t.shape(x))
+    y = x
+    for s, d in zip(shifts, dims):
+        axis = norm_axis(d, ndim)
+        n = t.shape(y)[axis]
+        cut = sym.sub(n, sym.floormod(s, n))  # the front part y[:cut] goes to the back
+        if isinstance(n, int) and isinstance(cut, int) and cut in (0, n):
+            continue
+        head = t.emit(op.strided_slice(y, (axis,), (cut,), (None,)))
+        tail = t.emit(op.strided_slice(y, (axis,), (0,), (cut,)))
+        y = t.emit(op.concat([head, tail], axis=axis))
+    return y
+
+
+def _numel(shape: Sequence[Dim]) -> Dim:
+    total: Dim = 1
+    for d in shape:
+        total = sym.mul(total, d)
+    return total
+
+
 __all__: list[str] = []
