@@ -12,7 +12,7 @@ from tests.transform.util import ir, run
 from tilework.ir.builder import BlockBuilder
 from tilework.ir.graph import Binding, Call, Constant, GraphFunc, OpRef, Var, bindings_of
 from tilework.ir.info import TensorInfo
-from tilework.transform.layout_weights import ATTR, PANEL, LayoutWeights, lay_out, pack_weights
+from tilework.transform.layout_weights import ATTR, PANEL, TRANSPOSED, LayoutWeights, lay_out, pack_weights
 
 ROWS = (1, 3, 7, 8, 13, 40)
 
@@ -142,3 +142,65 @@ def test_compile_lays_out_torch_weights_and_saves_them(tmp_path: object) -> None
             want = model(x).numpy()
         np.testing.assert_allclose(cm(x).numpy(), want, rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(loaded(x).numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+MATMUL_PARAMS = """
+@graph(attrs={"num_inputs": 1})
+def main(x: Tensor((b, n, 24), "float32"), w1: Tensor((24, 40), "float32"), b1: Tensor((40,), "float32"), w2: Tensor((40, 9), "float32"), v: Tensor((9,), "float32")):
+    b = sym(lo=0)
+    n = sym(lo=0)
+    with dataflow():
+        h = matmul(x, w1)
+        a = add(h, b1)
+        y = matmul(a, w2)
+        z = add(y, v)
+        output(z)
+    return z
+"""
+
+
+def test_matmul_weights_in_in_out_layout_become_packed_linears() -> None:
+    """ONNX's ``MatMul`` by an ``[in, out]`` weight: the param is transposed and packed once
+    (both listed in main's attrs); a param also read elsewhere stays a matmul operand."""
+    mod = ir(MATMUL_PARAMS)
+    after = LayoutWeights(params=True)(mod)
+    main = after["main"]
+    assert isinstance(main, GraphFunc)
+    assert main.attrs[TRANSPOSED] == (1, 3) and main.attrs[ATTR] == (1, 3)
+    assert _ops(after).count("linear_io") == 2 and "matmul" not in _ops(after)
+    rng = np.random.default_rng(2)
+    weights = [rng.standard_normal(s).astype(np.float32) for s in [(24, 40), (40,), (40, 9), (9,)]]
+    laid = pack_weights(after, weights)
+    np.testing.assert_array_equal(laid[0], lay_out(weights[0].T))
+    exe_before, exe_after = tw.build(mod), tw.build(after)
+    for b, n in ((1, 1), (0, 3), (2, 0), (3, 7), (2, 33)):
+        x = rng.standard_normal((b, n, 24)).astype(np.float32)
+        want = tw.VM(exe_before)["main"](x, *weights)
+        got = tw.VM(exe_after)["main"](x, *laid)
+        assert got.shape == (b, n, 9)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_by_a_constant_is_transposed_once_and_other_matmuls_stay() -> None:
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((16, 33)).astype(np.float32)  # [in, out]
+    bb = BlockBuilder()
+    x = Var("x", TensorInfo((tw.dim("n", min=1), 16), "float32"))
+    y = Var("y", TensorInfo((33, 4), "float32"))
+    wc = Constant.of(w, name="w")
+    with bb.function("main", [x, y]):
+        with bb.dataflow():
+            h = bb.emit(tw.op.matmul(x, wc))
+            g = bb.emit(tw.op.matmul(x, wc))
+            s = bb.emit(tw.op.add(h, g))
+            out = bb.emit_output(tw.op.matmul(s, y))  # activations on both sides: a matmul
+        bb.emit_func_output(out)
+    mod = bb.get()
+    after = LayoutWeights()(mod)
+    assert _ops(after).count("linear_io") == 2 and _ops(after).count("matmul") == 1
+    consts = {id(b.value.args[1]) for b in bindings_of(after["main"]) if isinstance(b, Binding) and isinstance(b.value, Call) and b.value.args and isinstance(b.value.args[1], Constant)}  # type: ignore[arg-type]
+    assert len(consts) == 1
+    yv = rng.standard_normal((33, 4)).astype(np.float32)
+    for rows in (1, 2, 9):
+        xv = rng.standard_normal((rows, 16)).astype(np.float32)
+        np.testing.assert_allclose(run(after, [xv, yv]), run(mod, [xv, yv]), rtol=1e-4, atol=1e-4)

@@ -9,6 +9,11 @@ conflicts between its rows, prefetched in order, reused from L2 by the next row 
 copies or transposes a weight (the ``[out, in]`` layout made the many-rows kernel copy the
 weight transposed on every call, and the few-rows kernel run dot products).
 
+A ``matmul(x, w)`` whose right operand is such a weight in ``[in, out]`` layout (what ONNX
+exporters write for a linear layer: ``MatMul`` by an initializer) is the same product; it is
+first rewritten to ``linear(x, w.T)`` (the constant transposed once; a weight param retyped to
+``[out, in]`` and listed in ``main``'s attr ``transposed_weights``) and then laid out the same way.
+
 With ``params=True`` the same holds for trailing weight params of ``main`` (after
 ``num_inputs``) that are read only as linear weights: such a param becomes packed and
 its index among the params is recorded in ``main``'s attr ``packed_weights``; whoever
@@ -29,13 +34,14 @@ import numpy as np
 from tilework.ir.graph import Call, Constant, Expr, GraphFunc, OpRef, Var
 from tilework.ir.info import TensorInfo
 from tilework.ir.module import IRModule
-from tilework.op.linalg import linear_io
+from tilework.op.linalg import linear, linear_io
 from tilework.pattern.core import Match, op_call
 from tilework.transform.base import Pass
 from tilework.transform.rewrite_driver import Rule, apply_rules
 from tilework.transform.weight_params import retype_weight_params, weight_params
 
 ATTR = "packed_weights"
+TRANSPOSED = "transposed_weights"  # params given as [in, out] (a matmul's weight), taken as [out, in]
 PANEL = 32  # columns per panel: the register tile's width (two float32 vectors of AVX-512)
 _DTYPES = ("float32", "float64")
 
@@ -79,6 +85,53 @@ def _rewritable(call: Call) -> bool:
         and isinstance(out, TensorInfo) and out.dtype == w.dtype
         and isinstance(x, TensorInfo) and x.dtype == w.dtype
     )  # fmt: skip
+
+
+def _is_weight_matmul(e: Expr) -> bool:
+    """``x @ w`` with ``x`` of rank >= 2 and ``w`` a 2-D weight of static out size, one float
+    dtype throughout: the product ``linear(x, w.T)`` computes."""
+    if not (isinstance(e, Call) and isinstance(e.callee, OpRef) and e.callee.name == "matmul" and len(e.args) == 2):
+        return False
+    w, x, out = _weight_info(e.args[1]), e.args[0].info, e.info
+    return (
+        w is not None and w.shape is not None and isinstance(w.shape[1], int)
+        and isinstance(x, TensorInfo) and x.dtype == w.dtype and x.shape is not None and len(x.shape) >= 2
+        and isinstance(out, TensorInfo) and out.dtype == w.dtype
+    )  # fmt: skip
+
+
+def _matmul_params(f: GraphFunc) -> list[int]:
+    """Indices of the trailing weight params of ``f`` read only as the weight of such matmuls."""
+    return weight_params(f, lambda p: _weight_info(p) is not None, _is_weight_matmul)
+
+
+def _transposed_info(info: TensorInfo) -> TensorInfo:
+    assert info.shape is not None and len(info.shape) == 2
+    return TensorInfo((info.shape[1], info.shape[0]), info.dtype)
+
+
+class _AsLinear:
+    """The rewrite of weight matmuls into linears: each constant is transposed once."""
+
+    def __init__(self, params: dict[Var, Var]) -> None:
+        self.params = params  # old [in, out] weight param -> the [out, in] one
+        self.constants: dict[int, Constant] = {}
+
+    def rewrite(self, value: Expr, m: Match) -> Expr | None:
+        if not _is_weight_matmul(value):
+            return None
+        assert isinstance(value, Call)
+        x, w = value.args
+        if isinstance(w, Var) and w in self.params:
+            return linear(x, self.params[w])
+        c = m.ctx.resolve(w) if isinstance(w, Var) else w
+        if not isinstance(c, Constant) or _weight_info(c) is None:
+            return None
+        done = self.constants.get(id(c))
+        if done is None:
+            done = Constant.of(np.ascontiguousarray(c.data.T), name=f"{c.name}.T" if c.name else "")
+            self.constants[id(c)] = done
+        return linear(x, done)
 
 
 def _weight_params(f: GraphFunc) -> list[int]:
@@ -132,6 +185,8 @@ def pack_weights(mod: IRModule, weights: Sequence[np.ndarray]) -> list[np.ndarra
     if not isinstance(main, GraphFunc):
         return out
     first = int(main.attrs.get("num_inputs", len(main.params)))
+    for i in main.attrs.get(TRANSPOSED, ()):
+        out[int(i) - first] = np.ascontiguousarray(np.asarray(out[int(i) - first]).T)
     for i in packed_params(main):
         out[i - first] = lay_out(np.asarray(out[i - first]))
     return out
@@ -150,6 +205,10 @@ class LayoutWeights(Pass):
     name: str = "layout_weights"
 
     def run(self, mod: IRModule) -> IRModule:
+        transposed: dict[Var, Var] = {}
+        if self.params:
+            mod, transposed = retype_weight_params(mod, TRANSPOSED, _matmul_params, _transposed_info)
+        mod = apply_rules(mod, [Rule("matmul_weight_as_linear", op_call("matmul"), _AsLinear(transposed).rewrite)])
         mapping: dict[Var, Var] = {}
         if self.params:
             mod, mapping = retype_weight_params(mod, ATTR, _weight_params, _packed_info)
@@ -157,4 +216,4 @@ class LayoutWeights(Pass):
         return apply_rules(mod, [Rule("linear_weight_layout", op_call("linear"), layout.rewrite)])
 
 
-__all__ = ["ATTR", "PANEL", "LayoutWeights", "lay_out", "pack_weights", "packed_params"]
+__all__ = ["ATTR", "PANEL", "TRANSPOSED", "LayoutWeights", "lay_out", "pack_weights", "packed_params"]
