@@ -100,12 +100,10 @@ def overhead(tmp: Path, repeat: int) -> str:
 def minilm(tmp: Path, repeat: int) -> str:
     import onnxruntime as ort
 
-    from tilework.frontend.onnx import from_onnx
-
     path = minilm_onnx(tmp / "minilm.onnx")
-    exe = tw.build(from_onnx(str(path), dim_bounds={"seq": (1, 512)}))
-    where, weights, lib = exported(exe, tmp, "minilm")
-    vm = tw.VM(exe)["main"]
+    cm = tw.compile(str(path), dim_bounds={"seq": (1, 512)})  # the default pipeline: weights laid out for the kernels
+    where, weights, lib = exported(cm.executable, tmp, "minilm", bind={"main": cm.weights})
+    vm = cm
     so = ort.SessionOptions()
     so.intra_op_num_threads = THREADS
     so.inter_op_num_threads = 1
@@ -173,13 +171,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=200)
     ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--only", default="overhead,minilm,llama", help="comma-separated tables to run (overhead, minilm, llama)")
     args = ap.parse_args()
+    only = set(args.only.split(","))
     print(f"threads: {THREADS}")
     with tempfile.TemporaryDirectory(prefix="bench-aot-") as d:
         tmp = Path(d)
-        emit("aot.overhead", overhead(tmp, args.repeat))
-        emit("aot.minilm", minilm(tmp, args.repeat))
-        emit("aot.llama", llama_decode(tmp, args.steps))
+        if "overhead" in only:
+            emit("aot.overhead", overhead(tmp, args.repeat))
+        if "minilm" in only:
+            emit("aot.minilm", minilm(tmp, args.repeat))
+        if "llama" in only:
+            emit("aot.llama", llama_decode(tmp, args.steps))
 
 
 if __name__ == "__main__":
