@@ -140,3 +140,25 @@ def test_cast_to_e8m0_round_modes() -> None:
     got = compile_onnx(m)(x, h)
     for case, g, w in zip(cases, got, want):
         np.testing.assert_array_equal(np.asarray(g).view(np.uint8), np.asarray(w).view(np.uint8), err_msg=str(case))
+
+
+def test_cast_between_low_precision_floats() -> None:
+    """Every code of each float8/float4 type cast to each other one, saturate on and off (a
+    bound such as float8_e4m3fnuz's 240 is no float8_e5m2 value: clamped in float32)."""
+    types = {**FP8, "float8_e8m0fnu": TensorProto.FLOAT8E8M0, "float4_e2m1fn": TensorProto.FLOAT4E2M1}
+    nodes, outs, cases = [], [], []
+    for src in types:
+        for dst, elem in types.items():
+            for sat in (1, 0) if dst != src else ():
+                o = f"{src}_to_{dst}_{sat}"
+                nodes.append(helper.make_node("Cast", [f"x_{src}"], [o], to=elem, saturate=sat))
+                outs.append(tensor(o, elem, [256]))
+                cases.append((o, src))
+    m = model(nodes, [tensor(f"x_{s}", e, [256]) for s, e in types.items()], outs, opset=OPSET)
+    xs = {s: np.resize(np.arange(16 if s == "float4_e2m1fn" else 256, dtype=np.uint8), 256).view(np_dtype(s)) for s in types}
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        want = ReferenceEvaluator(m).run(None, {f"x_{s}": a for s, a in xs.items()})
+    got = compile_onnx(m)(*xs.values())
+    for (name, src), g, w in zip(cases, got, want):
+        _same(np.asarray(g), np.asarray(w), name, xs[src].astype(np.float64))

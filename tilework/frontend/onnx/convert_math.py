@@ -265,8 +265,8 @@ def saturate(ctx: NodeCtx, x: Expr, to: str) -> Expr:
     top = max_finite(to)
     if src is None or src == "bool" or (src in INT_DTYPES and max(-int_range(src)[0], int_range(src)[1]) <= top):
         return x
-    if src in LOWP_FLOAT_DTYPES and max_finite(src) <= top:
-        return x
+    if src in LOWP_FLOAT_DTYPES:  # in float32 (exact): the bound may not be a value of src
+        x, src = cast_to(ctx, x, "float32"), "float32"
     x = ctx.emit(ew.maximum(x, scalar_const(-top, src)))
     return ctx.emit(ew.minimum(x, scalar_const(top, src)))
 
