@@ -115,7 +115,7 @@ def _int_values(x: np.ndarray, name: str) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         t = np.trunc(x.astype(np.float64))
         ok = (t >= lo) & (t <= hi)
-    return np.where(ok, np.where(ok, t, 0), 0).astype(np.int64)
+    return np.where(ok, t, 0).astype(np.int64)
 
 
 def convert(x: np.ndarray, dtype: str, round_mode: str = "up", saturate: bool = True) -> np.ndarray:
