@@ -67,6 +67,25 @@ def r(*shape: int) -> Any:
     return torch.randn(*shape)
 
 
+def _pad_to_window(s: Any, x: Any) -> Any:
+    """Swin's window padding and shift mask: pads computed from the input's (static) sizes, then
+    a slice of a new mask assigned (torch's ONNX exporter reorders the pads with a Transpose, and
+    the mask's assignment is a ScatterND that needs the padded shape static)."""
+    x = F.pad(x, (0, (4 - x.shape[-1] % 4) % 4, 0, (4 - x.shape[-2] % 4) % 4))
+    mask = x.new_zeros(x.shape[-2:])
+    mask[-2:, 1:3] = 1.0
+    return x + mask
+
+
+def _slice_assign(s: Any, x: Any) -> Any:
+    """Assignments to slices (torch.export writes them as slice_scatter/select_scatter)."""
+    y = x.clone()
+    y[:, 1:5:2] = x[:, :2] * 2
+    y[:, -1] = 0.25
+    y[1:, 0] = x[:-1, 3]
+    return y
+
+
 def _cases() -> list[Case]:
     torch.manual_seed(0)
     ct = torch.nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2)
@@ -93,6 +112,8 @@ def _cases() -> list[Case]:
         # torch.export narrows m to >= 2 here; torch's ONNX exporter needs dims and |shift| <= the dim's length
         Case("roll", Fn(lambda s, x: (torch.roll(x, 2, 1), torch.roll(x, (-1, 3), (0, 2)), torch.roll(x, -3, -1))), lambda n, m: (r(n, m + 1, 4),), ({0: N, 1: M + 1},), sizes=((1, 3), (4, 2), (7, 5)), onnx=True),
         Case("roll_flat", Fn(lambda s, x: (torch.roll(x, 5), torch.roll(x, -7, 1))), lambda n, m: (r(n, 3),), ({0: N},), onnx=False),
+        Case("pad_to_window", Fn(_pad_to_window), lambda n, m: (r(n, 2, 5, 6),), ({0: N},), sizes=((1, 1), (3, 1), (6, 1)), onnx=True),
+        Case("slice_assign", Fn(_slice_assign), lambda n, m: (r(n + 1, 6),), ({0: N + 1},), sizes=((2, 1), (3, 1), (6, 1)), onnx=False),  # export narrows n to >= 2; ONNX: ScatterND on symbolic rows is refused
         Case("weight_norm_minmax", Fn(lambda s, x, y: (s.wn(x), torch.max(x, y), torch.min(x, y * 2)), wn=wn), lambda n, m: (r(n, 4), r(n, 4)), ({0: N}, {0: N})),
         Case("lstm", Fn(lambda s, x: s.l(x), l=torch.nn.LSTM(4, 5, num_layers=2, bidirectional=True, batch_first=True)), lambda n, m: (r(n, 7, 4),), ({0: N},), sizes=((1, 1), (3, 1), (4, 1)), onnx=False, torch="long"),
         Case("gru_rnn", Fn(lambda s, x: (*s.g(x), *s.rn(x)), g=torch.nn.GRU(4, 3), rn=torch.nn.RNN(4, 3, nonlinearity="relu", bidirectional=True)), lambda n, m: (r(5, n, 4),), ({1: N},), onnx=False),

@@ -223,7 +223,13 @@ def _unsqueeze(ctx: NodeCtx) -> Result:
 @converter("Transpose", 1, 25)
 def _transpose(ctx: NodeCtx) -> Result:
     perm = ctx.attr("perm", None)
-    return ctx.emit(manipulate.permute_dims(ctx.expr(0), None if perm is None else tuple(int(p) for p in perm)))
+    axes = None if perm is None else tuple(int(p) for p in perm)
+    v = ctx.value(0)
+    if v.const is not None:  # e.g. the pads torch's exporter reorders: [n, 2] -> [2, n]
+        if axes is not None and sorted(axes) != list(range(v.const.ndim)):
+            raise ctx.unsupported(f"perm {list(axes)} is not a permutation of the {v.const.ndim} axes")
+        return Value.of_const(np.ascontiguousarray(np.transpose(v.const, axes)))
+    return ctx.emit(manipulate.permute_dims(ctx.expr(0), axes))
 
 
 # -- joining and splitting -----------------------------------------------------------------------

@@ -52,6 +52,14 @@ def _fill(t: Translator, node: Any, x: Any, value: Any) -> Expr:
     return _filled(t, node, value)
 
 
+@converter("fill.Tensor")
+def _fill_tensor(t: Translator, node: Any, x: Any, value: Any) -> Expr:
+    """``x``'s shape filled with a 0-d tensor's value (cast to ``x``'s dtype)."""
+    if isinstance(value, Expr) and len(t.shape(value)) != 0:
+        raise UnsupportedError(f"fill.Tensor: the value must be a 0-d tensor, got shape {t.shape(value)}")
+    return t.emit(op.broadcast_to(t.tensor(value, t.out_dtype(node)), t.out_shape(node)))
+
+
 @converter("ones.default", "new_ones.default", "ones_like.default")
 def _ones(t: Translator, node: Any, *args: Any, **kwargs: Any) -> Expr:
     return _filled(t, node, True if t.out_dtype(node) == "bool" else 1)

@@ -1,5 +1,6 @@
 """Converters of ATen ops that index by tensors or run along a dim: ``gather``, the
-``scatter`` family, ``index.Tensor`` (advanced indexing by integer tensors), ``cumsum``,
+``scatter`` family (with ``slice_scatter``/``select_scatter``, how export writes an assignment
+to a slice), ``index.Tensor`` (advanced indexing by integer tensors), ``cumsum``,
 ``tril``/``triu`` and ``diff``.
 
 ``index.Tensor`` takes one index tensor (or None, a full slice) per leading dim. When the
@@ -16,6 +17,7 @@ from tilework import op
 from tilework.errors import UnsupportedError
 from tilework.frontend.torch.common import norm_axis
 from tilework.frontend.torch.registry import converter
+from tilework.ir import sym
 from tilework.ir.graph import Expr
 
 if TYPE_CHECKING:
@@ -59,6 +61,55 @@ def _scatter_reduce(t: Translator, node: Any, x: Any, dim: int, index: Any, src:
     if reduce not in names or not include_self:
         raise UnsupportedError(f"scatter_reduce with reduce={reduce!r}, include_self={include_self} (supported: sum, prod, amax, amin with include_self=True)")
     return _scatter(t, node, x, dim, index, src, names[reduce])
+
+
+def _slice_bound(v: Any, n: Any, default: Any) -> Any:
+    """A slice bound of ``slice_scatter`` as a position in ``[0, n]`` (None and torch's huge
+    open end are ``default``; negative ints count from the end)."""
+    if v is None or (isinstance(v, int) and abs(v) >= 2**62):
+        return default
+    if isinstance(v, int) and v < 0:
+        v = sym.max_(sym.add(n, v), 0)
+    return sym.min_(v, n) if isinstance(v, int) and isinstance(n, int) else v
+
+
+@converter("slice_scatter.default")
+def _slice_scatter(t: Translator, node: Any, x: Any, src: Any, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Expr:
+    """``x`` with ``x[..., start:end:step, ...] = src`` along ``dim``: the parts of ``x`` before
+    and after around ``src`` (step 1), else a scatter at the slice's positions."""
+    dtype = t.out_dtype(node)
+    x, src = t.tensor(x, dtype), t.tensor(src, dtype)
+    axis = norm_axis(dim, len(t.shape(x)))
+    n = t.shape(x)[axis]
+    lo, hi = _slice_bound(start, n, 0), _slice_bound(end, n, n)
+    if not isinstance(step, int) or step <= 0:
+        raise UnsupportedError(f"slice_scatter: step must be a positive int, got {step!r}")
+    if step > 1:
+        src_shape = t.shape(src)
+        pos = t.emit(op.arange(lo, sym.add(lo, sym.mul(src_shape[axis], step)), step, dtype="int64"))
+        pos = t.emit(op.reshape(pos, [src_shape[axis] if i == axis else 1 for i in range(len(src_shape))]))
+        return t.emit(op.scatter(x, t.emit(op.broadcast_to(pos, src_shape)), src, axis))
+    parts = [src]
+    if not (isinstance(lo, int) and lo == 0):
+        parts.insert(0, t.emit(op.strided_slice(x, (axis,), (0,), (lo,))))
+    if not sym.prove_eq(hi, n):
+        parts.append(t.emit(op.strided_slice(x, (axis,), (hi,), (None,))))
+    return parts[0] if len(parts) == 1 else t.emit(op.concat(parts, axis=axis))
+
+
+@converter("copy.default")
+def _copy(t: Translator, node: Any, x: Any, src: Any, non_blocking: bool = False) -> Expr:
+    """``x.copy_(src)`` made functional: ``src`` cast to ``x``'s dtype, broadcast to its shape."""
+    return t.emit(op.broadcast_to(t.tensor(src, t.out_dtype(node)), t.out_shape(node)))
+
+
+@converter("select_scatter.default")
+def _select_scatter(t: Translator, node: Any, x: Any, src: Any, dim: int, index: Any) -> Expr:
+    """``x`` with ``x[..., index, ...] = src`` along ``dim`` (``src`` lacks that dim)."""
+    axis = norm_axis(dim, len(t.shape(x)))
+    row = t.emit(op.expand_dims(t.tensor(src, t.out_dtype(node)), axis))
+    end = None if isinstance(index, int) and index == -1 else sym.add(index, 1)
+    return _slice_scatter(t, node, x, row, dim, index, end, 1)
 
 
 @converter("index.Tensor", "_unsafe_index.Tensor")
