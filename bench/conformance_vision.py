@@ -113,11 +113,16 @@ class Out(torch.nn.Module):
 
 def build(name: str, spec: Spec) -> torch.nn.Module:
     torch.manual_seed(0)
-    model = getattr(tvm, name)(weights=None, **spec.kwargs).eval()
+    model = tvm.get_model(name, weights=None, **spec.kwargs).eval()
     if spec.kind == "segmentation":
         model = Out(model).eval()
-    # random BatchNorm statistics, so that eval-mode normalization is not the identity
+    # random BatchNorm statistics, so that eval-mode normalization is not the identity, and random
+    # values for parameters initialized to zero (ViT's head: its output would be all zeros)
     g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if not p.any():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
     for m in model.modules():
         if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.running_mean is not None:
             m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=g) * 0.1)
