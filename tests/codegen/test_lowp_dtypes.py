@@ -341,3 +341,19 @@ def test_text_round_trip() -> None:
     got = np.asarray(tw.VM(tw.build(tw.parse(text)))["main"](np.array([0.3, -2.0, 448.0], ml_dtypes.float8_e4m3fn)))
     want = np.concatenate([_expected(np.array([0.3, -2.0, 448.0], ml_dtypes.float8_e4m3fn).astype(np.float32), "float8_e8m0fnu").astype(np.float32), [1, -3, 6], [0, 0]])
     np.testing.assert_array_equal(got, want.astype(np.float32))
+
+
+@pytest.mark.parametrize("dtype", LOWP_FLOAT_DTYPES + SUBBYTE_INT_DTYPES)
+def test_scalar_conversions_match_array_ones(dtype: str) -> None:
+    """``lowp.round_scalar``/``int_scalar`` (the interpreter's and constant folding's, one value
+    at a time) give the bits of ``lowp.convert`` (NaN signs included)."""
+    if dtype in SUBBYTE_INT_DTYPES:
+        f = np.concatenate([np.arange(-20, 20, 0.25), [np.nan, np.inf, -np.inf, 1e30]])
+        np.testing.assert_array_equal([lowp.int_scalar(np.float32(v), dtype) for v in f], lowp.convert(f, dtype).astype(np.int64))
+        i = np.arange(-300, 300)
+        np.testing.assert_array_equal([lowp.int_scalar(np.int64(v), dtype) for v in i], lowp.convert(i, dtype).astype(np.int64))
+        return
+    x = _edges(dtype) if dtype != "float8_e8m0fnu" else np.ldexp(1.25, np.arange(-150, 129)).astype(np.float32).astype(np.float64)
+    want = lowp.values(lowp.convert(x, dtype), dtype)
+    got = np.array([lowp.round_scalar(float(v), dtype) for v in x], np.float32)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

@@ -184,8 +184,9 @@ def _bitcast(x: Any, src: str, dst: str) -> Any:
 def _lowp(x: Any, dst: str) -> Any:
     """``x`` converted to low-precision ``dst`` (``tilework.ir.lowp``): a float32 for the
     float formats, an int8/uint8 for the sub-byte integers (their values in computation)."""
-    v = lowp.values(lowp.convert(np.asarray(x), dst), dst).reshape(-1)[0]
-    return _F32(v) if is_float_dtype(dst) else np_dtype(DTYPE_TABLE[dst].c_value[:-2]).type(v)
+    if is_float_dtype(dst):
+        return _F32(lowp.round_scalar(float(x), dst))
+    return (np.int8 if DTYPE_TABLE[dst].kind == "int" else np.uint8)(lowp.int_scalar(x, dst))
 
 
 def _fill(dtype: str) -> Any:

@@ -19,6 +19,8 @@ states them; in short:
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from tilework.errors import UnsupportedError
@@ -148,8 +150,50 @@ def values(a: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def round_scalar(v: float, dtype: str) -> float:
-    """``v`` rounded to low-precision float ``dtype`` (its conversion, then back)."""
-    return float(values(convert(np.asarray([v], np.float64), dtype), dtype)[0])
+    """``v`` rounded to low-precision float ``dtype`` (its conversion, then back), in plain
+    Python: the interpreter and constant folding convert one value at a time. A NaN keeps the
+    sign of its code, as ``values(convert(...))`` gives it."""
+    if dtype == E8M0:
+        with np.errstate(over="ignore"):
+            u = int(np.float32(v).view(np.uint32))  # float32 first, as ONNX; beyond its range: inf
+        e = (u >> 23) & 0xFF
+        e += int(e not in (0xFF, 0xFE) and (u & 0x7FFFFF) != 0)
+        return math.nan if e == 0xFF else math.ldexp(1.0, e - 127)
+    m, emin, maxcode, _, flavour = GRID_FORMATS[dtype]
+    neg = math.copysign(1.0, v) < 0
+    nan = math.copysign(math.nan, -1.0 if flavour == "fnuz" else v)  # fnuz's one NaN, 0x80, reads as -NaN
+    if v != v:
+        return 0.0 if flavour == "sat" else nan
+    a = abs(v)
+    code = maxcode + 1
+    if a != math.inf:
+        e = emin if a == 0 else max(math.frexp(a)[1] - 1, emin)
+        code = ((e - emin) << m) + round(math.ldexp(a, m - e))  # round: ties to even
+    if code > maxcode:
+        if flavour == "ieee":
+            return -math.inf if neg else math.inf
+        if flavour != "sat":
+            return nan
+        code = maxcode
+    if code < (1 << m):
+        r = math.ldexp(code, emin - m)
+    else:
+        r = math.ldexp((code & ((1 << m) - 1)) + (1 << m), (code >> m) + emin - 1 - m)
+    if code == 0 and flavour == "fnuz":
+        return 0.0
+    return -r if neg else r
 
 
-__all__ = ["GRID_FORMATS", "E8M0", "ROUND_MODES", "convert", "values", "e8m0_codes", "round_scalar"]
+def int_scalar(v: object, dtype: str) -> int:
+    """``v`` (a Python or NumPy number) converted to sub-byte integer ``dtype``, in plain Python."""
+    lo, hi = int_range(dtype)
+    if isinstance(v, (float, np.floating)):
+        f = float(v)
+        if f != f or f in (math.inf, -math.inf):
+            return 0
+        t = math.trunc(f)
+        return t if lo <= t <= hi else 0
+    return (int(v) - lo) % (hi - lo + 1) + lo  # type: ignore[call-overload]
+
+
+__all__ = ["GRID_FORMATS", "E8M0", "ROUND_MODES", "convert", "values", "e8m0_codes", "round_scalar", "int_scalar"]
