@@ -38,6 +38,7 @@ from tilework.runtime.executable import load_file
 from tilework.runtime.tensor import is_torch_tensor, to_torch_tree
 from tilework.transform.pipeline import Pipeline, stages
 from tilework.transform.layout_weights import LayoutWeights, pack_weights
+from tilework.transform.fold_batch_norm import fold_batch_norm
 from tilework.transform.bf16_weights import BF16_UNIT, Bf16Weights, bf16_params, convert_weights, weight_error
 
 KIND = "tilework.compiled_model"
@@ -100,8 +101,10 @@ def compile(
     name = pipeline_name(opt_level)
     staged = stages(name, graph=passes, kernel=[] if passes is not None else None)
     graph_passes, kernel_passes = staged["graph"], staged["kernel"]
-    optimized = Pipeline(graph_passes)(imported.module) if graph_passes else imported.module
-    model_weights = imported.weights
+    module, model_weights = imported.module, imported.weights
+    if graph_passes and passes is None and weights == "inputs":  # batch norms folded into the weight params' values
+        module, model_weights = fold_batch_norm(module, model_weights)
+    optimized = Pipeline(graph_passes)(module) if graph_passes else module
     build_backends = backends
     precision_report: dict[str, Any] = {"mode": precision}
     if precision == "bf16":

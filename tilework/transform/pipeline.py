@@ -22,6 +22,7 @@ from tilework.transform.canonicalize_bindings import CanonicalizeBindings
 from tilework.transform.common_subexpr_elim import CommonSubexprElim
 from tilework.transform.dead_code_elimination import DeadCodeElimination
 from tilework.transform.default_schedule import DefaultSchedule
+from tilework.transform.fold_batch_norm import FoldBatchNorm
 from tilework.transform.fold_constant import FoldConstant
 from tilework.transform.fuse_tensor import fusion_passes
 from tilework.transform.kill_after_last_use import KillAfterLastUse
@@ -40,7 +41,7 @@ STAGES = ("graph", "placement", "legalize", "kernel", "schedule", "lowering")
 
 def graph_passes() -> list[Pass]:
     """Graph-level clean-ups run before anything is lowered."""
-    return [CanonicalizeBindings(), FoldConstant(), CommonSubexprElim(), DeadCodeElimination()]
+    return [CanonicalizeBindings(), FoldConstant(), FoldBatchNorm(), CommonSubexprElim(), DeadCodeElimination()]
 
 
 def kernel_passes() -> list[Pass]:
