@@ -24,6 +24,7 @@ from tilework.transform.dead_code_elimination import DeadCodeElimination
 from tilework.transform.default_schedule import DefaultSchedule
 from tilework.transform.fold_batch_norm import FoldBatchNorm
 from tilework.transform.fold_constant import FoldConstant
+from tilework.transform.fuse_attention import FuseAttention
 from tilework.transform.fuse_tensor import fusion_passes
 from tilework.transform.kill_after_last_use import KillAfterLastUse
 from tilework.transform.legalize import Legalize
@@ -41,7 +42,7 @@ STAGES = ("graph", "placement", "legalize", "kernel", "schedule", "lowering")
 
 def graph_passes() -> list[Pass]:
     """Graph-level clean-ups run before anything is lowered."""
-    return [CanonicalizeBindings(), FoldConstant(), FoldBatchNorm(), CommonSubexprElim(), DeadCodeElimination()]
+    return [CanonicalizeBindings(), FoldConstant(), FoldBatchNorm(), CommonSubexprElim(), FuseAttention(), DeadCodeElimination()]
 
 
 def kernel_passes() -> list[Pass]:

@@ -1,0 +1,126 @@
+"""fuse_attention: attention written out as matmul / scale / mask / softmax / matmul (ONNX's
+TorchScript exporter, torch.export of eager attention) becomes the fused ``attention`` op, and
+the head transposes around it cancel; results equal NumPy's at symbolic batch and sequence
+sizes 0, 1 and odd ones. A match whose scores or probabilities are read elsewhere stays."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tilework as tw
+from tests.transform.util import ir
+from tilework.ir.graph import Binding, Call, GraphFunc, OpRef, bindings_of
+from tilework.transform.dead_code_elimination import DeadCodeElimination
+from tilework.transform.fuse_attention import FuseAttention
+from tilework.transform.pipeline import Pipeline
+
+# q, k, v arrive as [b, s, h, d] (projections reshaped to heads), as exporters write them
+HEAD = """
+@graph
+def main(q: Tensor((b, s, 4, 8), "float32"), k: Tensor((b, s, 4, 8), "float32"), v: Tensor((b, s, 4, 8), "float32"){extra}):
+    b = sym(lo=0, hi=16)
+    s = sym(lo=0, hi=256)
+    with dataflow():
+        qh = permute_dims(q, axes=[0, 2, 1, 3])
+        kt = permute_dims(k, axes=[0, 2, 3, 1])
+        vh = permute_dims(v, axes=[0, 2, 1, 3])
+        sc = matmul(qh, kt)
+"""
+TAIL = """
+        p = softmax(m, axis=3)
+        o = matmul(p, vh)
+        ob = permute_dims(o, axes=[0, 2, 1, 3])
+        output({out})
+    return {ret}
+"""
+MASKED = HEAD.format(extra=', mask: Tensor((b, 1, 1, s), "float32")') + """
+        sd = multiply(sc, const(0.35355339, "float32"))
+        m = add(sd, mask)
+""" + TAIL.format(out="ob", ret="ob")
+DIVIDED = HEAD.format(extra="") + """
+        m = divide(sc, const(2.828427, "float32"))
+""" + TAIL.format(out="ob", ret="ob")
+PROBS_READ = HEAD.format(extra="") + """
+        m = multiply(sc, const(0.35355339, "float32"))
+""" + TAIL.format(out="ob, p", ret="(ob, p)")
+
+
+def _ops(mod: tw.IRModule) -> list[str]:
+    f = mod["main"]
+    assert isinstance(f, GraphFunc)
+    return [b.value.callee.name for b in bindings_of(f) if isinstance(b, Binding) and isinstance(b.value, Call) and isinstance(b.value.callee, OpRef)]
+
+
+def _reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, mask: np.ndarray | None) -> np.ndarray:
+    qh, kh, vh = (x.transpose(0, 2, 1, 3).astype(np.float64) for x in (q, k, v))
+    s = qh @ kh.transpose(0, 1, 3, 2) * scale
+    if mask is not None:
+        s = s + mask
+    s = s - s.max(axis=-1, keepdims=True) if s.size else s
+    p = np.exp(s)
+    p = p / p.sum(axis=-1, keepdims=True)
+    return (p @ vh).transpose(0, 2, 1, 3)
+
+
+@pytest.mark.parametrize("text, scale, masked", [(MASKED, 0.35355339, True), (DIVIDED, 1 / 2.828427, False)])
+def test_written_out_attention_becomes_the_fused_op(text: str, scale: float, masked: bool) -> None:
+    mod = ir(text)
+    after = Pipeline([FuseAttention(), DeadCodeElimination()])(mod)
+    ops = _ops(after)
+    assert ops.count("attention") == 1 and "softmax" not in ops and "matmul" not in ops
+    assert "permute_dims" not in ops  # the exporter's head transposes cancel
+    f = tw.VM(tw.build(mod))["main"]
+    rng = np.random.default_rng(0)
+    for b, s in ((1, 1), (2, 0), (0, 3), (3, 7), (2, 33)):
+        q, k, v = (rng.standard_normal((b, s, 4, 8)).astype(np.float32) for _ in range(3))
+        mask = np.where(rng.random((b, 1, 1, s)) < 0.3, np.float32(-1e9), np.float32(0)).astype(np.float32) if masked else None
+        if mask is not None and s:
+            mask[..., 0] = 0  # every row keeps a key
+        got = f(q, k, v, *([mask] if masked else []))
+        assert got.shape == (b, s, 4, 8)
+        np.testing.assert_allclose(got, _reference(q, k, v, scale, mask), rtol=2e-5, atol=2e-5)
+
+
+def test_probabilities_read_elsewhere_keep_the_ops() -> None:
+    mod = ir(PROBS_READ)
+    after = Pipeline([FuseAttention(), DeadCodeElimination()])(mod)
+    assert "attention" not in _ops(after) and _ops(after) == _ops(mod)
+
+
+def test_onnx_minilm_attention_is_fused(tmp_path: object) -> None:
+    """The ONNX route of a BERT encoder layer (TorchScript exporter, dynamic batch and seq)
+    gets the fused op and matches onnxruntime."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    ort = pytest.importorskip("onnxruntime")
+    cfg = transformers.BertConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=128, vocab_size=100, attn_implementation="eager")
+    torch.manual_seed(0)
+    bert = transformers.BertModel(cfg).eval()
+
+    class Last(torch.nn.Module):  # type: ignore[name-defined, misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, ids: object, mask: object) -> object:
+            return self.bert(input_ids=ids, attention_mask=mask).last_hidden_state
+
+    path = f"{tmp_path}/bert.onnx"
+    axes = {0: "batch", 1: "seq"}
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Last(), (torch.zeros((2, 5), dtype=torch.int64), torch.ones((2, 5), dtype=torch.int64)), path, input_names=["ids", "mask"],
+                          output_names=["out"], dynamic_axes={"ids": axes, "mask": axes, "out": axes}, opset_version=17, dynamo=False)
+    cm = tw.compile(path, dim_bounds={"seq": (1, 64)})
+    assert cm.module is not None and "attention" in _ops(cm.module)
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    for b, s in ((1, 1), (2, 7), (3, 16)):
+        ids = rng.integers(0, 100, (b, s)).astype(np.int64)
+        mask = np.ones((b, s), np.int64)
+        mask[0, max(1, s // 2):] = 0
+        want = sess.run(None, {"ids": ids, "mask": mask})[0]
+        np.testing.assert_allclose(cm(ids, mask), want, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,124 @@
+"""fuse_attention: attention written out as graph ops becomes the fused ``attention`` op.
+
+Exporters that do not know an attention op (ONNX's TorchScript exporter, torch.export of
+"eager" attention) write it as
+
+    s = matmul(q, kt)                 # q: [b, h, sq, d], kt: [b, h, d, skv]
+    s = multiply(s, c) | divide(s, c) # c a scalar constant
+    s = add(s, mask) | add(mask, s)   # optional; mask broadcasts to [b, h, sq, skv]
+    p = softmax(s, axis=-1)
+    o = matmul(p, v)                  # v: [b, h, skv, dv]
+
+which materializes the ``[b, h, sq, skv]`` scores twice and runs two batched matmuls and a
+softmax as separate kernels. The pass rewrites ``o`` to ``permute_dims(attention(q', k', v',
+mask, scale), [0, 2, 1, 3])`` with ``q' = permute_dims(q, [0, 2, 1, 3])`` (likewise ``k'`` from
+``kt`` and ``v'``): the online-softmax kernel of ``tilework.op.attention_kernel``, which never
+stores the scores. A second rule then folds a ``permute_dims`` of a ``permute_dims`` into one
+(or none, when they cancel), so the transposes the exporter wrote around the heads disappear.
+
+Only a closed match is rewritten (the scores, the scaled and masked scores and the probabilities
+are read by nothing else); float32/float64 tensors of rank 4 with a static head count; the
+mask float (added) or bool (keeps where True).
+
+Requires a well-formed module; guarantees a well-formed module computing the same values up to
+floating-point reassociation (the kernel sums in another order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tilework.ir.graph import Call, Constant, Expr, OpRef
+from tilework.ir.info import TensorInfo
+from tilework.ir.module import IRModule
+from tilework.op.manipulate import permute_dims
+from tilework.op.nn import attention
+from tilework.pattern.core import Match, is_const, is_op, op_call, wildcard
+from tilework.pattern.graph import PatternMatch
+from tilework.pattern.rewrite import rewrite_subgraphs
+from tilework.transform.base import Pass
+from tilework.transform.rewrite_driver import Rule, apply_rules
+
+_DTYPES = ("float32", "float64")
+_TO_BSHD = (0, 2, 1, 3)  # [b, h, s, d] <-> [b, s, h, d]
+
+
+def _pattern() -> object:
+    scores = is_op("matmul", wildcard("q"), wildcard("kt"))
+    scaled = is_op("multiply", scores, is_const("scale")) | is_op("divide", scores, is_const("divisor"))
+    masked = is_op("add", scaled, wildcard("mask")) | is_op("add", wildcard("mask"), scaled)
+    probs = is_op("softmax", masked | scaled).attr_where("axis", lambda a: a in (3, -1))
+    return is_op("matmul", probs, wildcard("v"))
+
+
+def _rank4(e: Expr | None) -> TensorInfo | None:
+    info = None if e is None else e.info
+    if isinstance(info, TensorInfo) and info.shape is not None and len(info.shape) == 4 and info.dtype in _DTYPES:
+        return info
+    return None
+
+
+def _scalar(c: Expr | None) -> float | None:
+    if not isinstance(c, Constant) or np.asarray(c.data).size != 1:
+        return None
+    v = float(np.asarray(c.data).reshape(()))
+    return v if np.isfinite(v) and v != 0.0 else None
+
+
+def _fuse(m: PatternMatch) -> Expr | None:
+    if not m.is_closed():
+        return None
+    q, kt, v, mask = _rank4(m["q"]), _rank4(m["kt"]), _rank4(m["v"]), m.get("mask")
+    if q is None or kt is None or v is None or not (q.dtype == kt.dtype == v.dtype):
+        return None
+    heads = q.shape[1]  # type: ignore[index]
+    if not isinstance(heads, int) or kt.shape[1] != heads or v.shape[1] != heads:  # type: ignore[index]
+        return None
+    if m.get("scale") is not None:
+        scale = _scalar(m.get("scale"))
+    else:
+        divisor = _scalar(m.get("divisor"))
+        scale = None if divisor is None else 1.0 / divisor
+    if scale is None:
+        return None
+    if mask is not None:
+        mi = mask.info
+        if not (isinstance(mi, TensorInfo) and mi.shape is not None and len(mi.shape) <= 4 and mi.dtype in (q.dtype, "bool")):
+            return None
+    qb = permute_dims(m["q"], _TO_BSHD)
+    kb = permute_dims(m["kt"], (0, 3, 1, 2))
+    vb = permute_dims(m["v"], _TO_BSHD)
+    return permute_dims(attention(qb, kb, vb, mask=mask, scale=scale), _TO_BSHD)
+
+
+def _compose_permutes(value: Expr, m: Match) -> Expr | None:
+    """``permute_dims(permute_dims(x, p), r)`` -> ``permute_dims(x, p[r])``, or ``x`` when the
+    composition is the identity."""
+    assert isinstance(value, Call)
+    inner = m.ctx.resolve(value.args[0])
+    if not (isinstance(inner, Call) and isinstance(inner.callee, OpRef) and inner.callee.name == "permute_dims"):
+        return None
+    p, r = inner.attrs.get("axes"), value.attrs.get("axes")
+    if p is None or r is None or len(p) != len(r):
+        return None
+    axes = tuple(int(p[i]) for i in r)
+    x = inner.args[0]
+    return x if axes == tuple(range(len(axes))) else permute_dims(x, axes)
+
+
+@dataclass(frozen=True)
+class FuseAttention(Pass):
+    """See the module docstring."""
+
+    name: str = "fuse_attention"
+
+    def run(self, mod: IRModule) -> IRModule:
+        fused = rewrite_subgraphs(mod, [(_pattern(), _fuse)])  # type: ignore[list-item]
+        if fused is mod:
+            return mod
+        return apply_rules(fused, [Rule("permute_of_permute", op_call("permute_dims"), _compose_permutes)])
+
+
+__all__ = ["FuseAttention"]
