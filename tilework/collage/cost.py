@@ -19,6 +19,13 @@
   regions together and subtracts their separate costs (at least zero, at most
   ``MAX_TRANSITION_S``).
 
+  *Whole placements* (``end_to_end``, the search's end-to-end validation): each placement of
+  the whole module is built and timed at the bucket's dims, round-robin over the placements,
+  but every timed repeat follows an untimed call of the same placement (*bursts*), so each is
+  timed as a model called in a loop runs: its weights and code warm, not evicted by the other
+  placements'. ``WholeTimes`` keys these by the module's structural hash, the dims, the
+  placement, backend versions, the machine and the measuring protocol (the mock shares it).
+
   Every measurement goes through the persistent cost cache (``tilework.collage.cache``), so a
   model placed twice, or a model whose layers repeat, is measured once. A progress bar (tqdm,
   when installed and the output is a terminal, or when asked) shows candidates done/total,
@@ -52,6 +59,7 @@ from tilework.ir.sym import SymVar
 from tilework.pattern.graph import BlockGraph
 
 ESTIMATOR_VERSION = 1
+MAX_KEPT_BUILDS = 8  # whole-placement executables kept for the next bucket (each may hold the weights)
 MAX_TRANSITION_S = 1e-3  # pools hand over in microseconds to a millisecond; more is noise of the pair's timing
 _BUILDER: list[Callable[..., Any]] = []
 
@@ -84,15 +92,76 @@ def ops_of(g: BlockGraph, nodes: Sequence[int]) -> tuple[str, ...]:
     return tuple(out)
 
 
+E2E_PROTOCOL = "e2e-burst-1"  # what an end-to-end time means (in its cache key): bursts, see the module docstring
+Timer = Callable[[IRModule, Sequence[Placement], Mapping[SymVar, int]], list[Entry]]
+
+
+class WholeTimes:
+    """End-to-end times of whole placements through the persistent cost cache: ``timer``
+    measures the placements the cache does not hold (an ``Entry`` each; infinite seconds: it
+    failed to build or run) and every result is stored. ``protocol``: the measuring settings
+    (part of every key); ``cache`` None: nothing is kept between calls."""
+
+    def __init__(self, cache: CostCache | None, timer: Timer, protocol: Any) -> None:
+        self.cache = cache
+        self.timer = timer
+        self.protocol = protocol
+        self.hits = 0
+        self.measured = 0
+        self.failed = 0
+        self.details: dict[str, str] = {}  # placement JSON -> why it failed (the latest)
+        self._hashed: tuple[IRModule, int] | None = None  # the last module hashed (hashing a big module is not free)
+
+    def _module_hash(self, mod: IRModule) -> int:
+        if self._hashed is None or self._hashed[0] is not mod:
+            self._hashed = (mod, structural_hash(mod))
+        return self._hashed[1]
+
+    def key(self, mod: IRModule, placement: Placement, env: Mapping[SymVar, int]) -> str:
+        return make_key({
+            "what": "e2e",
+            "module": self._module_hash(mod),
+            "placement": placement.to_json(),
+            "env": sorted((v.name, n) for v, n in env.items()),
+            "machine": machine_fingerprint(),
+            "versions": _versions(placement.backends),
+            "protocol": self.protocol,
+        })
+
+    def times(self, mod: IRModule, placements: Sequence[Placement], env: Mapping[SymVar, int]) -> list[float]:
+        keys = [self.key(mod, p, env) if self.cache is not None else "" for p in placements]
+        out: list[Entry | None] = [self.cache.get(k) if self.cache is not None else None for k in keys]
+        self.hits += sum(e is not None for e in out)
+        todo = [i for i, e in enumerate(out) if e is None]
+        if todo:
+            for i, entry in zip(todo, self.timer(mod, [placements[i] for i in todo], env)):
+                out[i] = entry
+                self.measured += 1
+                if not math.isfinite(entry.seconds):
+                    self.failed += 1
+                if self.cache is not None:
+                    self.cache.put(keys[i], "e2e", entry)
+        for p, e in zip(placements, out):
+            if e is not None and not math.isfinite(e.seconds):
+                self.details[p.to_json()] = e.detail
+        return [math.inf if e is None else e.seconds for e in out]
+
+
 @dataclass
 class MockCostModel:
     """Costs from ``cost(candidate, ops, dims)`` (``dims``: the bucket's values by dim name;
-    ``math.inf``: the backend fails); transitions from a table; the end-to-end time is not
-    measured (the search's estimate stands)."""
+    ``math.inf``: the backend fails); transitions from a table; end-to-end times from
+    ``e2e(placement, dims)`` (None: not timed, the search's cover stands; raising or
+    ``math.inf``: the placement fails to build), through ``cache`` when given (keyed as the
+    estimator's, with ``protocol`` "mock"). ``calls``/``e2e_calls`` count what was asked."""
 
     cost: Callable[[Candidate, tuple[str, ...], dict[str, int]], float]
     transitions: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    e2e: Callable[[Placement, dict[str, int]], float] | None = None
+    cache: CostCache | None = None
     calls: int = 0
+    e2e_calls: int = 0
+    whole: WholeTimes | None = field(default=None, init=False, repr=False)
 
     def region_costs(self, g: BlockGraph, cands: Sequence[Candidate], env: Mapping[SymVar, int]) -> list[float]:
         self.calls += len(cands)
@@ -103,7 +172,23 @@ class MockCostModel:
         return dict(self.transitions)
 
     def end_to_end(self, mod: IRModule, placements: Sequence[Placement], env: Mapping[SymVar, int]) -> list[float] | None:
-        return None
+        if self.e2e is None:
+            return None
+        if self.whole is None:
+            self.whole = WholeTimes(self.cache, self._time, "mock")
+        return self.whole.times(mod, placements, env)
+
+    def _time(self, mod: IRModule, placements: Sequence[Placement], env: Mapping[SymVar, int]) -> list[Entry]:
+        assert self.e2e is not None
+        dims = {v.name: n for v, n in env.items()}
+        out = []
+        for p in placements:
+            self.e2e_calls += 1
+            try:
+                out.append(Entry(float(self.e2e(p, dims)), 0.0, 1, ""))
+            except Exception as e:  # noqa: BLE001 - a placement that fails costs infinity
+                out.append(Entry(math.inf, 0.0, 0, f"build: {type(e).__name__}: {e}"[:300]))
+        return out
 
 
 # -- the estimator ------------------------------------------------------------------------------
@@ -128,9 +213,14 @@ class Stats:
     failed: int = 0
     builds: int = 0
     seconds: float = 0.0
+    e2e_measured: int = 0  # whole placements timed (``end_to_end``)
+    e2e_cache_hits: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        return {"requested": self.requested, "measured": self.measured, "cache_hits": self.cache_hits, "failed": self.failed, "builds": self.builds, "seconds": round(self.seconds, 3)}
+        return {
+            "requested": self.requested, "measured": self.measured, "cache_hits": self.cache_hits, "failed": self.failed, "builds": self.builds,
+            "seconds": round(self.seconds, 3), "e2e_measured": self.e2e_measured, "e2e_cache_hits": self.e2e_cache_hits,
+        }  # fmt: skip
 
 
 class _Progress:
@@ -176,6 +266,9 @@ class MeasuredCostModel:
         # (id of block, nodes) -> (function, its structural hash, the block: kept alive so its id stays its own)
         self._regions: dict[tuple[int, tuple[int, ...]], tuple[GraphFunc, int, BlockGraph]] = {}
         self.deadline: float | None = None  # time.perf_counter() after which nothing new is measured
+        self.whole = WholeTimes(self.cache, self._time_whole, [E2E_PROTOCOL, self.repeat, self.max_spread, self.max_rounds])
+        self._built: dict[tuple[int, str], Callable[..., Any]] = {}  # (id of module, placement) -> its main, for the buckets after the first
+        self._built_for: IRModule | None = None
 
     # -- the interface ---------------------------------------------------------------------
 
@@ -196,45 +289,51 @@ class MeasuredCostModel:
         return out
 
     def end_to_end(self, mod: IRModule, placements: Sequence[Placement], env: Mapping[SymVar, int]) -> list[float] | None:
-        """The whole ``main`` under each of ``placements``, timed at ``env`` side by side
-        (interleaved, so a change in the machine's load hits all alike; cached)."""
-        main = mod.get("main")
-        if not isinstance(main, GraphFunc):
+        """The whole ``main`` under each of ``placements``, timed at ``env`` side by side in
+        bursts (see the module docstring; cached)."""
+        if not isinstance(mod.get("main"), GraphFunc):
             return None
-        module_hash = structural_hash(mod)
-        keys = [make_key({"what": "e2e", "module": module_hash, "placement": p.to_json(), "env": sorted((v.name, n) for v, n in env.items()), "machine": machine_fingerprint(), "versions": _versions(p.backends), "estimator": ESTIMATOR_VERSION}) for p in placements]
-        out: list[float | None] = []
-        for key in keys:
-            hit = self.cache.get(key)
-            out.append(None if hit is None else hit.seconds)
-            self.stats.cache_hits += hit is not None
-        todo = [i for i, v in enumerate(out) if v is None]
-        if todo:
-            t0 = time.perf_counter()
-            from tilework.runtime.vm import VM
+        hits, measured = self.whole.hits, self.whole.measured
+        out = self.whole.times(mod, placements, env)
+        self.stats.e2e_cache_hits += self.whole.hits - hits
+        self.stats.e2e_measured += self.whole.measured - measured
+        return out
 
-            args = input_arrays(main, env)
-            fns: list[Callable[[], Any] | None] = []
-            entries: dict[int, Entry] = {}
-            for i in todo:
-                try:
+    def _time_whole(self, mod: IRModule, placements: Sequence[Placement], env: Mapping[SymVar, int]) -> list[Entry]:
+        """Build each placement of ``mod`` (once for all buckets) and time its ``main``."""
+        t0 = time.perf_counter()
+        from tilework.runtime.vm import VM
+
+        main = mod["main"]
+        assert isinstance(main, GraphFunc)
+        if self._built_for is not mod:  # another module: the executables kept are not its
+            self._built, self._built_for = {}, mod
+        args = input_arrays(main, env)
+        calls: list[Callable[[], Any] | None] = []
+        entries: list[Entry | None] = []
+        for p in placements:
+            key = (id(mod), p.to_json())
+            try:
+                fn = self._built.get(key)
+                if fn is None:
                     with warnings.catch_warnings():
                         warnings.simplefilter("error", UserWarning)  # a lowering that gives up: this placement fails
-                        exe = _build(Offload(placements[i]).run(mod))
+                        exe = _build(Offload(p).run(mod))
                     self.stats.builds += 1
-                    fn = VM(exe)["main"]
-                    fns.append(_bind(fn, args))
-                except Exception as e:  # noqa: BLE001 - a placement that fails to build costs infinity
-                    entries[i] = Entry(math.inf, 0.0, 0, f"build: {type(e).__name__}: {e}"[:300])
-                    fns.append(None)
-            live = [(i, f) for i, f in zip(todo, fns) if f is not None]
-            for (i, _), entry in zip(live, self._time_many([f for _, f in live], limit=max(self.time_limit_s, 1.0))):
-                entries[i] = entry
-            for i in todo:
-                self.cache.put(keys[i], "e2e", entries[i])
-                out[i] = entries[i].seconds
-            self.stats.seconds += time.perf_counter() - t0
-        return [math.inf if v is None else v for v in out]
+                    fn = self._built[key] = VM(exe)["main"]
+                    while len(self._built) > MAX_KEPT_BUILDS:
+                        del self._built[next(iter(self._built))]
+                calls.append(_bind(fn, args))
+                entries.append(None)
+            except Exception as e:  # noqa: BLE001 - a placement that fails to build costs infinity
+                calls.append(None)
+                entries.append(Entry(math.inf, 0.0, 0, f"build: {type(e).__name__}: {e}"[:300]))
+        live = [i for i, c in enumerate(calls) if c is not None]
+        timed = self._time_many([c for c in calls if c is not None], limit=max(self.time_limit_s, 1.0), burst=True)
+        for i, entry in zip(live, timed):
+            entries[i] = entry
+        self.stats.seconds += time.perf_counter() - t0
+        return [e if e is not None else Entry(math.inf, 0.0, 0, "not timed") for e in entries]
 
     # -- measuring ---------------------------------------------------------------------------
 
@@ -384,12 +483,14 @@ class MeasuredCostModel:
         vm = VM(exe)
         return [vm[f"c{k}"] for k in range(len(reqs))]
 
-    def _time_many(self, fns: Sequence[Callable[[], Any]], limit: float) -> list[Entry]:
+    def _time_many(self, fns: Sequence[Callable[[], Any]], limit: float, burst: bool = False) -> list[Entry]:
         """Each of ``fns`` timed: a first call (sessions created, caches filled) and warm-up
         calls, then repeats taken round-robin over all of them (a change in the machine's load
-        hits every candidate alike), each repeat ``number`` calls long enough to time; the
-        median per function, more rounds while its spread ((max - min) / median) is above
-        ``max_spread``, within ``limit`` seconds per function. A call that raises: infinity."""
+        hits every candidate alike), each repeat ``number`` calls long enough to time (with
+        ``burst``, after one untimed call: what the function left in the caches is what it
+        finds, not what the others left); the median per function, more rounds while its
+        spread ((max - min) / median) is above ``max_spread``, within ``limit`` seconds per
+        function. A call that raises: infinity."""
         entries: list[Entry | None] = [None] * len(fns)
         live: list[tuple[int, Callable[[], Any], int]] = []
         for i, fn in enumerate(fns):
@@ -416,6 +517,8 @@ class MeasuredCostModel:
                     if entries[i] is not None:
                         continue
                     try:
+                        if burst:
+                            fn()
                         t = time.perf_counter()
                         for _ in range(number):
                             fn()
@@ -486,4 +589,4 @@ def _transition_samples(g: BlockGraph, cands: Sequence[Candidate], costs: Sequen
     return out
 
 
-__all__ = ["CostModel", "MockCostModel", "MeasuredCostModel", "Stats", "register_builder", "ops_of", "ESTIMATOR_VERSION"]
+__all__ = ["CostModel", "MockCostModel", "MeasuredCostModel", "Stats", "WholeTimes", "E2E_PROTOCOL", "register_builder", "ops_of", "ESTIMATOR_VERSION"]

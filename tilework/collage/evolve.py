@@ -21,15 +21,16 @@ from tilework.collage.cost import CostModel
 from tilework.ir.module import IRModule
 
 
-def evolve(mod: IRModule, model: CostModel, searched: Placement, env: Mapping[Any, int], *, deadline: float | None, population: int = 8, generations: int = 6, seed: int = 0) -> tuple[Placement, float] | None:
-    """See the module docstring; None when the cost model does not time whole placements."""
+def evolve(mod: IRModule, model: CostModel, searched: Placement, env: Mapping[Any, int], *, deadline: float | None, population: int = 8, generations: int = 6, seed: int = 0, fixed: frozenset[int] = frozenset()) -> tuple[Placement, float] | None:
+    """See the module docstring; None when the cost model does not time whole placements.
+    ``fixed``: indices of regions that always stay offloaded (they hold pinned bindings)."""
     genes = len(searched.regions)
-    if genes == 0:
+    if genes == 0 or len(fixed) >= genes:
         return None
     rng = random.Random(seed)
 
     def placement(bits: Sequence[int]) -> Placement:
-        return Placement(tuple(r for r, b in zip(searched.regions, bits) if b), searched.backends)
+        return Placement(tuple(r for k, (r, b) in enumerate(zip(searched.regions, bits)) if b or k in fixed), searched.backends)
 
     fitness: dict[tuple[int, ...], float] = {}
 

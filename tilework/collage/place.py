@@ -11,10 +11,11 @@ graph function, found as follows:
    binding that is not an op call costs nothing), then the rest while ``budget_s`` lasts;
 3. the transition costs between backends, then the cheapest exact cover
    (``tilework.collage.search``);
-4. *refinement* on measured end-to-end time (``refine=True``): the cover found, and each
-   single-backend placement by rules, are built whole and timed at the bucket's dims; the
-   fastest is kept (so additive-cost error never makes the result slower than a single
-   backend, as far as the measurement can tell).
+4. *end-to-end validation* (``refine=True``, ``tilework.collage.validate``): the cover found,
+   every single-backend plan, and the cheapest cover over codegen and each one other backend,
+   are built whole and timed at the bucket's dims; the fastest measured is kept (so the error
+   of adding up region costs never makes the result slower than a single backend, as far as
+   the measurement can tell), and every plan's time goes into the bucket's plan.
 
 ``apply_plan(mod, plan)`` gives the module to compile: offloaded by the one placement, or, when
 buckets chose differently, one copy of ``main`` per distinct placement and a ``main`` that
@@ -38,6 +39,7 @@ from tilework.collage.buckets import Bucket, bucket_vars, dispatch_module, make_
 from tilework.collage.candidates import FALLBACK, Candidate, block_candidates, is_op_binding
 from tilework.collage.cost import CostModel, MeasuredCostModel, ops_of
 from tilework.collage.search import exact_cover
+from tilework.collage.validate import Alternative, Option, pin_conflict, validate
 from tilework.errors import TileworkError, UnsupportedError
 from tilework.ir.graph import GraphFunc
 from tilework.ir.module import IRModule
@@ -66,12 +68,18 @@ class Row:
 
 @dataclass(frozen=True)
 class BucketPlan:
+    """A bucket's placement; ``rows``: its regions when it is a cover (the search's), with
+    ``estimate_s`` its cost by the search's sum (None for a plan that is not a cover);
+    ``measured_s``: its end-to-end time; ``alternatives``: every plan timed end to end for the
+    bucket (``tilework.collage.validate``); ``chosen_by``: which plan it is and why."""
+
     bucket: Bucket
     placement: Placement
     rows: tuple[Row, ...] = ()
-    estimate_s: float = 0.0
+    estimate_s: float | None = 0.0
     measured_s: float | None = None
     chosen_by: str = "search"
+    alternatives: tuple[Alternative, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -118,6 +126,7 @@ class PlacementPlan:
                     "estimate_s": _num(b.estimate_s),
                     "measured_s": _num(b.measured_s),
                     "chosen_by": b.chosen_by,
+                    "alternatives": [[a.label, _num(a.seconds), a.detail] for a in b.alternatives],
                 }
                 for b in self.buckets
             ],
@@ -132,8 +141,9 @@ class PlacementPlan:
             for b in d["buckets"]:
                 rows = tuple(Row(r[0], int(r[1]), tuple(r[2]), tuple(r[3]), r[4], _inf(r[5]), r[6], None if r[7] is None else _inf(r[7])) for r in b.get("rows", []))
                 placement = Placement.from_json(json.dumps(b["placement"]))
-                measured = b.get("measured_s")
-                buckets.append(BucketPlan(Bucket.from_dict(b["bucket"]), placement, rows, _inf(b.get("estimate_s") or 0.0), None if measured is None else _inf(measured), str(b.get("chosen_by", "search"))))
+                measured, estimate = b.get("measured_s"), b.get("estimate_s")
+                alts = tuple(Alternative(str(a[0]), _inf(a[1]), str(a[2] or "")) for a in b.get("alternatives") or ())
+                buckets.append(BucketPlan(Bucket.from_dict(b["bucket"]), placement, rows, None if estimate is None else _inf(estimate), None if measured is None else _inf(measured), str(b.get("chosen_by", "search")), alts))
             return PlacementPlan(tuple(buckets), tuple(d["backends"]), str(d.get("func", "main")), dict(d.get("stats") or {}), tuple(d.get("notes") or ()))
         except (KeyError, TypeError, ValueError, IndexError) as e:
             raise TileworkError(f"{where}: malformed placement ({type(e).__name__}: {e})") from None
@@ -224,29 +234,22 @@ def place(
     n_cands = sum(len(c) for c in cands.values())
     for bucket in grid:
         env = bucket.env(by_name)
-        specs: list[RegionSpec] = []
-        rows: list[Row] = []
-        estimate = 0.0
+        solved: list[Solved] = []
         for g in blocks:
             cs = cands[(g.func_name, g.block_index)]
             costs = _costs(model, g, cs, env, t0, budget_s, notes)
             trans = model.transition_costs(g, cs, costs, env)
-            edges = [(u, v) for u in range(len(g)) for v in g.succ[u]]
-            cover = exact_cover(len(g), cs, costs, edges, lambda a, b: trans.get((a, b), 0.0), lambda i: f"%{g.bindings[i].var.name} in @{g.func_name}")
-            estimate += cover.cost
-            for k in cover.chosen:
-                c = cs[k]
-                if c.backend != FALLBACK:
-                    specs.append(RegionSpec(c.backend, c.capability, tuple(g.bindings[i].var.name for i in c.nodes), g.func_name, g.block_index))
-                rows.append(_row(g, cs, costs, k))
-        searched = Placement(tuple(specs), names)
+            solved.append((g, cs, costs, trans))
+        searched = _solve(solved, names, None)
+        assert searched is not None
         deadline = t0 + (budget_s if budget_s is not None else 60.0 * len(grid))
-        plans.append(_refine(mod, model, bucket, env, searched, tuple(rows), estimate, names, refine, deadline))
+        plans.append(_validate(mod, model, bucket, env, searched, solved, names, blocks, pins, refine, None if budget_s is None else t0 + budget_s, deadline, notes))
     stats = {"search_s": round(time.perf_counter() - t0, 3), "candidates": n_cands, "buckets": len(grid)}
     if isinstance(model, MeasuredCostModel):
         s = model.stats.as_dict()
         stats.update(s)
-        stats["cache_share"] = round(s["cache_hits"] / max(1, s["cache_hits"] + s["measured"]), 3)
+        hits = s["cache_hits"] + s["e2e_cache_hits"]
+        stats["cache_share"] = round(hits / max(1, hits + s["measured"] + s["e2e_measured"]), 3)
     return PlacementPlan(tuple(plans), names, func, stats, tuple(dict.fromkeys(notes)))
 
 
@@ -287,37 +290,75 @@ def _row(g: BlockGraph, cs: Sequence[Candidate], costs: Sequence[float], k: int)
     return Row(g.func_name, g.block_index, tuple(g.bindings[i].var.name for i in c.nodes), ops_of(g, c.nodes), c.backend, costs[k], alt, alt_cost)
 
 
-def _refine(mod: IRModule, model: CostModel, bucket: Bucket, env: Mapping[Any, int], searched: Placement, rows: tuple[Row, ...], estimate: float, names: tuple[str, ...], refine: bool | str, deadline: float) -> BucketPlan:
-    """The searched placement, or a single-backend one that measures faster end to end."""
-    if not refine:
-        return BucketPlan(bucket, searched, rows, estimate)
-    seeds = [searched]
-    labels = ["search (confirmed end to end)"]
-    for b in names:
-        seed = Placement((), names) if b == FALLBACK else Placement(partition_by_rules(mod, [b, FALLBACK]).regions, names)
-        if (seed.regions or b == FALLBACK) and all(seed.to_json() != other.to_json() for other in seeds):
-            seeds.append(seed)
-            labels.append(f"end to end: {b} by rules beat the search's cover")
-    times = model.end_to_end(mod, seeds, env)
-    if times is None:
-        return BucketPlan(bucket, searched, rows, estimate)
-    best, best_s, how = searched, times[0], labels[0]
-    for seed, s, label in zip(seeds[1:], times[1:], labels[1:]):
-        if s < best_s * 0.97:  # a clear win only: noise must not flip the choice
-            best, best_s, how = seed, s, label
-    if refine == "evolve":
-        from tilework.collage.evolve import evolve
+Solved = tuple[BlockGraph, list[Candidate], list[float], dict[tuple[str, str], float]]  # a block, its candidates, their costs, the transitions
 
-        found = evolve(mod, model, searched, env, deadline=deadline)
-        if found is not None and found[1] < best_s * 0.97:
-            best, best_s, how = found[0], found[1], "evolutionary refinement of the search's cover (end to end)"
-    if best is searched:
-        kept = rows
-    elif how.startswith("evolutionary"):  # the cover's rows for what stayed offloaded (the rest: codegen)
-        kept = tuple(r for r in rows if r.backend == FALLBACK or any(spec.vars == r.vars for spec in best.regions))
-    else:
-        kept = ()
-    return BucketPlan(bucket, best, kept, estimate, best_s, how)
+
+def _solve(solved: Sequence[Solved], names: tuple[str, ...], allowed: frozenset[str] | None) -> tuple[Placement, tuple[Row, ...], float] | None:
+    """The cheapest cover of every block (over the ``allowed`` backends only, when given; None
+    when they cannot cover a block): the placement, its rows and its estimated cost."""
+    specs: list[RegionSpec] = []
+    rows: list[Row] = []
+    estimate = 0.0
+    for g, cs, all_costs, trans in solved:
+        costs = all_costs if allowed is None else [x if c.backend in allowed else math.inf for c, x in zip(cs, all_costs)]
+        edges = [(u, v) for u in range(len(g)) for v in g.succ[u]]
+        try:
+            cover = exact_cover(len(g), cs, costs, edges, lambda a, b: trans.get((a, b), 0.0), lambda i: f"%{g.bindings[i].var.name} in @{g.func_name}")
+        except UnsupportedError:
+            if allowed is None:
+                raise
+            return None
+        estimate += cover.cost
+        for k in cover.chosen:
+            c = cs[k]
+            if c.backend != FALLBACK:
+                specs.append(RegionSpec(c.backend, c.capability, tuple(g.bindings[i].var.name for i in c.nodes), g.func_name, g.block_index))
+            rows.append(_row(g, cs, costs, k))
+    return Placement(tuple(specs), names), tuple(rows), estimate
+
+
+def _validate(
+    mod: IRModule, model: CostModel, bucket: Bucket, env: Mapping[Any, int], searched: tuple[Placement, tuple[Row, ...], float], solved: Sequence[Solved],
+    names: tuple[str, ...], blocks: Sequence[BlockGraph], pins: Mapping[str, str] | None, refine: bool | str, deadline: float | None, evolve_deadline: float, notes: list[str],
+) -> BucketPlan:  # fmt: skip
+    """The bucket's plan: the searched cover, or the plan that is fastest end to end
+    (``tilework.collage.validate``)."""
+    cover, rows, estimate = searched
+    if not refine:
+        return BucketPlan(bucket, cover, rows, estimate)
+    options = [Option("search", cover)]
+    known: list[tuple[Placement, tuple[Row, ...], float | None]] = [(cover, rows, estimate)]
+    for b in names:
+        single = Placement((), names) if b == FALLBACK else Placement(partition_by_rules(mod, [b, FALLBACK]).regions, names)
+        if b != FALLBACK and not single.regions:
+            continue  # the backend claims nothing here: the same as codegen alone
+        label = b if b == FALLBACK else f"{b} by rules"
+        conflict = pin_conflict(single, blocks, pins)
+        if conflict is not None:
+            notes.append(f"the single-backend plan {label} is not timed end to end: it breaks the pin {conflict}")
+            continue
+        options.append(Option(label, single))
+        known.append((single, (), None))
+    pinned = frozenset((pins or {}).values())
+    for b in names:
+        if b == FALLBACK:
+            continue
+        mixed = _solve(solved, names, frozenset({FALLBACK, b}) | pinned)
+        if mixed is not None:
+            options.append(Option(f"cover over {'+'.join(sorted({FALLBACK, b} | pinned))}", mixed[0], required=False))
+            known.append(mixed)
+    v = validate(mod, model, env, options, deadline=deadline, evolve=refine == "evolve", evolve_deadline=evolve_deadline, blocks=blocks, pins=pins)
+    notes.extend(v.notes)
+    if v.seconds is None:
+        return BucketPlan(bucket, cover, rows, estimate, None, "search" + (" (every plan failed end to end)" if v.alternatives else ""), v.alternatives)
+    how = f"{v.label}: the fastest of {len(v.alternatives)} plan(s) timed end to end"
+    if v.chosen is not None:
+        placement, kept, est = known[v.chosen]
+        return BucketPlan(bucket, placement, kept, est, v.seconds, how, v.alternatives)
+    # evolved from a plan: its rows (a cover's) for what stayed offloaded (the rest runs on codegen)
+    base_rows = known[v.evolved_from][1] if v.evolved_from is not None else ()
+    kept = tuple(r for r in base_rows if r.backend == FALLBACK or any(spec.vars == r.vars for spec in v.placement.regions))
+    return BucketPlan(bucket, v.placement, kept, None, v.seconds, how, v.alternatives)
 
 
 OPTIONS = ("budget_s", "buckets", "pins", "refine", "max_size", "progress", "cost_model", "func")

@@ -1,6 +1,6 @@
-"""The explanation of a placement: per bucket, one line per chosen region with its ops, the
-backend, the measured cost and the best alternative with its cost; then the totals and how the
-search went."""
+"""The explanation of a placement: per bucket, how the plan was chosen, every plan timed end
+to end with its time, then one line per chosen region with its ops, the backend, the measured
+cost and the best alternative with its cost; then the totals and how the search went."""
 
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ def plan_table(plan: "PlacementPlan") -> str:
     for b, k in zip(plan.buckets, index):
         measured = f", end to end {_ms(b.measured_s)} ms" if b.measured_s is not None else ""
         lines.append(f"  bucket {b.bucket.label()}: variant {k}, estimated {_ms(b.estimate_s)} ms{measured}; chosen by {b.chosen_by}")
+        if b.alternatives:
+            lines.append("    end to end, ms: " + "; ".join(f"{a.label} {_ms(a.seconds)}" + (f" ({a.detail[:60]})" if a.detail else "") for a in b.alternatives))
         counts = b.placement.counts()
         if b.rows:
             lines.append(f"    {'region':<22} {'ops':<40} {'backend':<12} {'cost ms':>9}  best alternative")
@@ -42,7 +44,10 @@ def plan_table(plan: "PlacementPlan") -> str:
     if s:
         parts = [f"search {s.get('search_s', 0):.2f} s", f"{s.get('candidates', 0)} candidates"]
         if "measured" in s:
-            parts.append(f"{s['measured']} measured, {s['cache_hits']} from the cache ({100 * s.get('cache_share', 0):.0f}%), {s['failed']} failed, {s['builds']} builds")
+            parts.append(f"{s['measured']} measured, {s['cache_hits']} from the cache, {s['failed']} failed, {s['builds']} builds")
+            if s.get("e2e_measured") or s.get("e2e_cache_hits"):
+                parts.append(f"{s['e2e_measured']} plan(s) timed end to end, {s['e2e_cache_hits']} from the cache")
+            parts.append(f"{100 * s.get('cache_share', 0):.0f}% of all from the cache")
         lines.append("  " + "; ".join(parts))
     lines.extend(f"  note: {n}" for n in plan.notes)
     return "\n".join(lines)

@@ -1,0 +1,165 @@
+"""End-to-end validation of each bucket's plan (``tilework.collage.validate``): with mock region
+costs and a mock end-to-end timer (no timing thresholds), the fastest measured plan is kept, a
+plan that fails to build falls back, pins hold, the persistent cache serves a second compile;
+and, on this machine, a plan that fails to build costs infinity and a second timing is cached."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from tilework.backend import Backend, Capability, lib_call, register_backend, unregister_backend
+from tilework.backend.partition import Placement, RegionSpec
+from tilework.collage import CostCache, MeasuredCostModel, MockCostModel, place
+from tilework.collage.place import PlacementPlan
+from tilework.errors import UnsupportedError
+from tilework.pattern import is_op, wildcard
+
+from tests.collage.helpers import mlp
+
+
+def _cost(c, ops, dims):  # type: ignore[no-untyped-def]
+    """blas costs half of codegen per op (the search offloads both linears to it)."""
+    return {"codegen": 1.0, "blas": 0.5, "probe": 1.0}[c.backend] * len(ops)
+
+
+def _timer(table: Callable[[frozenset[tuple[str, str]]], float]):  # type: ignore[no-untyped-def]
+    """An end-to-end timer from ``table(regions as {(first var, backend)})``."""
+
+    def time_it(p: Placement, dims: dict[str, int]) -> float:
+        return table(frozenset((r.vars[0], r.backend) for r in p.regions))
+
+    return time_it
+
+
+def _on(p: Placement) -> dict[str, str]:
+    return {r.vars[0]: r.backend for r in p.regions}
+
+
+def test_the_fastest_plan_end_to_end_is_kept_and_every_time_is_in_the_plan() -> None:
+    # the search offloads both linears to blas; end to end, codegen alone is faster
+    model = MockCostModel(_cost, e2e=_timer(lambda on: 3.0 if not on else 5.0 + len(on)))
+    plan = place(mlp(), ["blas", "codegen"], cost_model=model, buckets={"n": [4]})
+    b = plan.buckets[0]
+    assert b.placement.regions == () and b.measured_s == 3.0
+    assert b.chosen_by.startswith("codegen") and b.estimate_s is None and b.rows == ()
+    times = {a.label: a.seconds for a in b.alternatives}
+    search = next(label for label in times if label.startswith("search"))
+    assert times[search] == 7.0 and times["codegen"] == 3.0
+    assert model.e2e_calls == len(b.alternatives)  # duplicates (the cover over blas+codegen is the search's) timed once
+    # where the search's cover is fastest it is kept, with its rows and estimate
+    model = MockCostModel(_cost, e2e=_timer(lambda on: 9.0 - len(on)))
+    b = place(mlp(), ["blas", "codegen"], cost_model=model, buckets={"n": [4]}).buckets[0]
+    assert _on(b.placement) == {"up": "blas", "out": "blas"} and b.measured_s == 7.0
+    assert b.chosen_by.startswith("search") and b.rows and b.estimate_s is not None
+    # the alternatives survive the plan's JSON and show in the explanation
+    again = PlacementPlan.from_json(plan.to_json())
+    assert again.to_json() == plan.to_json() and again.buckets[0].alternatives == plan.buckets[0].alternatives
+    assert "end to end, ms: " in plan.table() and "codegen 3000.000" in plan.table()
+
+
+def test_a_plan_that_fails_to_build_falls_back() -> None:
+    def e2e(p: Placement, dims: dict[str, int]) -> float:
+        if any(r.backend == "blas" and r.vars == ("out",) for r in p.regions):
+            raise RuntimeError("blas cannot build this")
+        return 5.0 - len(p.regions)
+
+    model = MockCostModel(_cost, e2e=e2e)
+    b = place(mlp(), ["blas", "codegen"], cost_model=model, buckets={"n": [4]}).buckets[0]
+    failed = [a for a in b.alternatives if not math.isfinite(a.seconds)]
+    assert failed and all("blas cannot build this" in a.detail for a in failed)
+    assert "out" not in _on(b.placement) and math.isfinite(b.measured_s or math.inf)
+    # when every plan fails, the search's cover is kept (the compile will say why) with a note
+    model = MockCostModel(_cost, e2e=lambda p, d: math.inf)
+    plan = place(mlp(), ["blas", "codegen"], cost_model=model, buckets={"n": [4]})
+    b = plan.buckets[0]
+    assert _on(b.placement) == {"up": "blas", "out": "blas"} and b.measured_s is None
+    assert "every plan failed" in b.chosen_by and any("every plan failed" in n for n in plan.notes)
+
+
+@pytest.fixture
+def probe():  # type: ignore[no-untyped-def]
+    """A library backend for linear without bias (never built here)."""
+    backend = Backend("probe", "library", lambda: (True, "test backend"), [Capability("probe.linear", is_op("linear", wildcard("a"), wildcard("b")))], lower=lambda r: lib_call("probe.linear", [r["a"], r["b"]], r))
+    register_backend(backend, replace=True)
+    yield backend
+    unregister_backend("probe")
+
+
+@pytest.mark.parametrize("refine", [True, "evolve"])
+def test_pins_hold_whatever_end_to_end_prefers(probe: Backend, refine: bool | str) -> None:
+    # end to end, fewer regions is faster (codegen alone fastest), but %out is pinned to probe
+    model = MockCostModel(_cost, e2e=_timer(lambda on: 1.0 + len(on)))
+    plan = place(mlp(), ["probe", "blas", "codegen"], cost_model=model, buckets={"n": [4]}, pins={"%out": "probe"}, refine=refine)
+    b = plan.buckets[0]
+    assert _on(b.placement).get("out") == "probe"
+    assert all("codegen" != a.label for a in b.alternatives)  # codegen alone breaks the pin: not timed
+    assert any("breaks the pin %out=probe" in n for n in plan.notes)
+    with pytest.raises(UnsupportedError, match="pinned to probe"):
+        place(mlp(), ["probe", "codegen"], cost_model=model, pins={"%up": "probe"})
+
+
+def _mixed_cost(c, ops, dims):  # type: ignore[no-untyped-def]
+    if c.backend == "blas" and 2 in c.nodes:
+        return 1.5  # blas is slow on %out
+    return {"codegen": 1.0, "blas": 0.5, "probe": 0.4}[c.backend] * len(ops)
+
+
+def test_a_cover_over_codegen_and_one_backend_can_win(probe: Backend) -> None:
+    # the search puts %up on blas and %out on probe; end to end, %up alone on blas is fastest:
+    # neither the search's cover nor any single-backend plan, but the cover over blas+codegen
+    model = MockCostModel(_mixed_cost, e2e=_timer(lambda on: 2.0 if on == {("up", "blas")} else 5.0))
+    b = place(mlp(), ["blas", "probe", "codegen"], cost_model=model, buckets={"n": [4]}).buckets[0]
+    assert _on(b.placement) == {"up": "blas"} and b.measured_s == 2.0
+    assert b.chosen_by.startswith("cover over blas+codegen") and b.rows and b.estimate_s is not None
+    times = {a.label: a.seconds for a in b.alternatives}
+    assert times["search"] == 5.0 and times["probe by rules = cover over codegen+probe"] == 5.0
+
+
+def test_extra_plans_wait_for_the_budget(probe: Backend) -> None:
+    model = MockCostModel(_mixed_cost, e2e=_timer(lambda on: 3.0 + len(on)))
+    plan = place(mlp(), ["blas", "probe", "codegen"], cost_model=model, buckets={"n": [4]}, budget_s=0.0)
+    assert all(not a.label.startswith("cover over") for a in plan.buckets[0].alternatives)  # the cover over blas+codegen is not timed
+    assert any("budget was spent" in n for n in plan.notes)
+
+
+def test_the_cache_serves_the_second_compile(tmp_path: Path) -> None:
+    path = tmp_path / "costs.sqlite"
+    table = _timer(lambda on: 3.0 + len(on))
+    first = MockCostModel(_cost, e2e=table, cache=CostCache(str(path)))
+    one = place(mlp(), ["blas", "codegen"], cost_model=first, buckets={"n": [1, 64]})
+    assert first.e2e_calls > 0
+    second = MockCostModel(_cost, e2e=table, cache=CostCache(str(path)))
+    two = place(mlp(), ["blas", "codegen"], cost_model=second, buckets={"n": [1, 64]})
+    assert second.e2e_calls == 0
+    assert [(b.placement.to_json(), b.measured_s, b.alternatives) for b in two.buckets] == [(b.placement.to_json(), b.measured_s, b.alternatives) for b in one.buckets]
+    # another bucket's dims are another key: measured anew
+    third = MockCostModel(_cost, e2e=table, cache=CostCache(str(path)))
+    place(mlp(), ["blas", "codegen"], cost_model=third, buckets={"n": [2]})
+    assert third.e2e_calls > 0
+
+
+def _refuse(r: object) -> object:
+    raise UnsupportedError("not today")
+
+
+def test_on_this_machine_a_plan_that_fails_to_build_costs_infinity_and_times_are_cached(tmp_path: Path) -> None:
+    register_backend(Backend("e2e_broken", "library", lambda: (True, "t"), [Capability("e2e_broken.relu", is_op("relu", wildcard("x")))], lower=_refuse), replace=True)
+    try:
+        mod = mlp()
+        names = ("e2e_broken", "codegen")
+        plans = [Placement((), names), Placement((RegionSpec("e2e_broken", "e2e_broken.relu", ("act",), "main", 0),), names)]
+        env = {v: 3 for v in {d for p in mod["main"].params for d in getattr(p.info, "shape", ()) if not isinstance(d, int)}}
+        model = MeasuredCostModel(CostCache(str(tmp_path / "c.sqlite")), repeat=3, max_rounds=2, time_limit_s=0.2, progress=False)
+        times = model.end_to_end(mod, plans, env)
+        assert times is not None and math.isfinite(times[0]) and times[0] > 0 and times[1] == math.inf
+        assert "not today" in model.whole.details[plans[1].to_json()]
+        assert model.stats.e2e_measured == 2 and model.stats.builds == 1
+        again = MeasuredCostModel(CostCache(str(tmp_path / "c.sqlite")), repeat=3, max_rounds=2, time_limit_s=0.2, progress=False)
+        assert again.end_to_end(mod, plans, env) == times
+        assert again.stats.e2e_cache_hits == 2 and again.stats.builds == 0
+    finally:
+        unregister_backend("e2e_broken")
