@@ -21,9 +21,9 @@
 
   *Whole placements* (``end_to_end``, the search's end-to-end validation): each placement of
   the whole module is built and timed at the bucket's dims, round-robin over the placements,
-  but every timed repeat follows an untimed call of the same placement (*bursts*), so each is
-  timed as a model called in a loop runs: its weights and code warm, not evicted by the other
-  placements'. ``WholeTimes`` keys these by the module's structural hash, the dims, the
+  but every timed repeat of a placement faster than ``BURST_BELOW_S`` follows an untimed call
+  of the same placement (*bursts*), so each is timed as a model called in a loop runs: its
+  weights and code warm, not evicted by the other placements'. ``WholeTimes`` keys these by the module's structural hash, the dims, the
   placement, backend versions, the machine and the measuring protocol (the mock shares it).
 
   Every measurement goes through the persistent cost cache (``tilework.collage.cache``), so a
@@ -59,6 +59,7 @@ from tilework.ir.sym import SymVar
 from tilework.pattern.graph import BlockGraph
 
 ESTIMATOR_VERSION = 1
+BURST_BELOW_S = 0.02  # whole placements faster than this are timed in bursts (see _time_many)
 MAX_KEPT_BUILDS = 8  # whole-placement executables kept for the next bucket (each may hold the weights)
 MAX_TRANSITION_S = 1e-3  # pools hand over in microseconds to a millisecond; more is noise of the pair's timing
 _BUILDER: list[Callable[..., Any]] = []
@@ -487,12 +488,13 @@ class MeasuredCostModel:
         """Each of ``fns`` timed: a first call (sessions created, caches filled) and warm-up
         calls, then repeats taken round-robin over all of them (a change in the machine's load
         hits every candidate alike), each repeat ``number`` calls long enough to time (with
-        ``burst``, after one untimed call: what the function left in the caches is what it
-        finds, not what the others left); the median per function, more rounds while its
+        ``burst``, after one untimed call when a call is shorter than ``BURST_BELOW_S``: what
+        the function left in the caches is what it finds, not what the others left; a longer
+        call's working set outgrows the caches anyway); the median per function, more rounds while its
         spread ((max - min) / median) is above ``max_spread``, within ``limit`` seconds per
         function. A call that raises: infinity."""
         entries: list[Entry | None] = [None] * len(fns)
-        live: list[tuple[int, Callable[[], Any], int]] = []
+        live: list[tuple[int, Callable[[], Any], int, bool]] = []
         for i, fn in enumerate(fns):
             try:
                 t = time.perf_counter()
@@ -505,19 +507,19 @@ class MeasuredCostModel:
                 t = time.perf_counter()
                 fn()
                 one = max(time.perf_counter() - t, 1e-7)
-                live.append((i, fn, max(1, int(self.min_repeat_s / one))))
+                live.append((i, fn, max(1, int(self.min_repeat_s / one)), burst and one < BURST_BELOW_S))
             except Exception as e:  # noqa: BLE001 - a candidate that fails to run costs infinity
                 entries[i] = Entry(math.inf, 0.0, 0, f"run: {type(e).__name__}: {e}"[:300])
-        samples: dict[int, list[float]] = {i: [] for i, _, _ in live}
+        samples: dict[int, list[float]] = {i: [] for i, _, _, _ in live}
         deadline = time.perf_counter() + limit * max(1, len(live))
         active = list(live)
         for _ in range(self.max_rounds):
             for _ in range(self.repeat):
-                for i, fn, number in active:
+                for i, fn, number, warm in active:
                     if entries[i] is not None:
                         continue
                     try:
-                        if burst:
+                        if warm:
                             fn()
                         t = time.perf_counter()
                         for _ in range(number):
@@ -525,10 +527,10 @@ class MeasuredCostModel:
                         samples[i].append((time.perf_counter() - t) / number)
                     except Exception as e:  # noqa: BLE001
                         entries[i] = Entry(math.inf, 0.0, 0, f"run: {type(e).__name__}: {e}"[:300])
-            active = [(i, fn, number) for i, fn, number in active if entries[i] is None and _spread(samples[i]) > self.max_spread]
+            active = [a for a in active if entries[a[0]] is None and _spread(samples[a[0]]) > self.max_spread]
             if not active or time.perf_counter() > deadline:
                 break
-        for i, _, _ in live:
+        for i, _, _, _ in live:
             if entries[i] is None:
                 entries[i] = Entry(statistics.median(samples[i]), _spread(samples[i]), len(samples[i]), "")
         return [e if e is not None else Entry(math.inf, 0.0, 0, "not timed") for e in entries]

@@ -232,6 +232,7 @@ def place(
     notes: list[str] = []
     plans = []
     n_cands = sum(len(c) for c in cands.values())
+    singles = _single_backend_plans(mod, names) if refine else []
     for bucket in grid:
         env = bucket.env(by_name)
         solved: list[Solved] = []
@@ -243,7 +244,7 @@ def place(
         searched = _solve(solved, names, None)
         assert searched is not None
         deadline = t0 + (budget_s if budget_s is not None else 60.0 * len(grid))
-        plans.append(_validate(mod, model, bucket, env, searched, solved, names, blocks, pins, refine, None if budget_s is None else t0 + budget_s, deadline, notes))
+        plans.append(_validate(mod, model, bucket, env, searched, solved, names, blocks, pins, refine, None if budget_s is None else t0 + budget_s, deadline, notes, singles))
     stats = {"search_s": round(time.perf_counter() - t0, 3), "candidates": n_cands, "buckets": len(grid)}
     if isinstance(model, MeasuredCostModel):
         s = model.stats.as_dict()
@@ -317,9 +318,21 @@ def _solve(solved: Sequence[Solved], names: tuple[str, ...], allowed: frozenset[
     return Placement(tuple(specs), names), tuple(rows), estimate
 
 
+def _single_backend_plans(mod: IRModule, names: tuple[str, ...]) -> list[tuple[str, Placement]]:
+    """Codegen alone, and each other backend by its rules with codegen for the rest (what
+    ``backends=[b, "codegen"]`` compiles), when it claims anything."""
+    out = []
+    for b in names:
+        single = Placement((), names) if b == FALLBACK else Placement(partition_by_rules(mod, [b, FALLBACK]).regions, names)
+        if b == FALLBACK or single.regions:
+            out.append((b if b == FALLBACK else f"{b} by rules", single))
+    return out
+
+
 def _validate(
     mod: IRModule, model: CostModel, bucket: Bucket, env: Mapping[Any, int], searched: tuple[Placement, tuple[Row, ...], float], solved: Sequence[Solved],
     names: tuple[str, ...], blocks: Sequence[BlockGraph], pins: Mapping[str, str] | None, refine: bool | str, deadline: float | None, evolve_deadline: float, notes: list[str],
+    singles: Sequence[tuple[str, Placement]],
 ) -> BucketPlan:  # fmt: skip
     """The bucket's plan: the searched cover, or the plan that is fastest end to end
     (``tilework.collage.validate``)."""
@@ -328,11 +341,7 @@ def _validate(
         return BucketPlan(bucket, cover, rows, estimate)
     options = [Option("search", cover)]
     known: list[tuple[Placement, tuple[Row, ...], float | None]] = [(cover, rows, estimate)]
-    for b in names:
-        single = Placement((), names) if b == FALLBACK else Placement(partition_by_rules(mod, [b, FALLBACK]).regions, names)
-        if b != FALLBACK and not single.regions:
-            continue  # the backend claims nothing here: the same as codegen alone
-        label = b if b == FALLBACK else f"{b} by rules"
+    for label, single in singles:
         conflict = pin_conflict(single, blocks, pins)
         if conflict is not None:
             notes.append(f"the single-backend plan {label} is not timed end to end: it breaks the pin {conflict}")
