@@ -9,8 +9,11 @@
   it on this machine with inputs at the bucket's dims, and times it: warm-up calls, then the
   median of repeats, repeated while the spread between repeats stays high, within a time limit
   per candidate. A candidate that fails to build or run costs infinity (never an error). The
-  cost of calling a function through the VM (measured on an empty function) is subtracted, so
-  costs add up along a cover.
+  cost of the call itself is subtracted, so costs add up along a cover: a *null function* with
+  the region function's params (the same checks and sym var bindings at entry, no work;
+  ``regions.null_function``) is built into the same module and timed beside it, once per
+  distinct signature (a region of many symbolic inputs pays more for its call than an empty
+  function does, and the whole model, running the region's kernels inline, pays neither).
 
   *Transitions*: when consecutive kernels come from different runtimes, their thread pools
   hand the cores over (OpenMP workers spinning, torch's or ONNX Runtime's pools waking up).
@@ -49,7 +52,7 @@ from tilework.backend.offload import Offload
 from tilework.backend.partition import Placement, RegionSpec
 from tilework.collage.cache import CostCache, Entry, machine_fingerprint, make_key
 from tilework.collage.candidates import FALLBACK, BlockShape, Candidate
-from tilework.collage.regions import input_arrays, input_shapes, region_function
+from tilework.collage.regions import input_arrays, input_shapes, null_function, region_function
 from tilework.errors import TileworkError
 from tilework.ir.graph import Binding, Call, GraphFunc, OpRef, Var
 from tilework.ir.info import TensorInfo
@@ -58,7 +61,7 @@ from tilework.ir.structural import structural_hash
 from tilework.ir.sym import SymVar
 from tilework.pattern.graph import BlockGraph
 
-ESTIMATOR_VERSION = 1
+ESTIMATOR_VERSION = 2  # 2: region rows are net of their own call (null functions)
 BURST_BELOW_S = 0.02  # whole placements faster than this are timed in bursts (see _time_many)
 MAX_KEPT_BUILDS = 8  # whole-placement executables kept for the next bucket (each may hold the weights)
 MAX_TRANSITION_S = 1e-3  # pools hand over in microseconds to a millisecond; more is noise of the pair's timing
@@ -286,7 +289,7 @@ class MeasuredCostModel:
         for ((ba, bb), (a, b)), r in zip(pairs, reqs):
             if r.result is None or not math.isfinite(r.result.seconds):
                 continue
-            out[(ba, bb)] = min(MAX_TRANSITION_S, max(0.0, self._net(r.result.seconds) - costs[a] - costs[b]))
+            out[(ba, bb)] = min(MAX_TRANSITION_S, max(0.0, r.result.seconds - costs[a] - costs[b]))
         return out
 
     def end_to_end(self, mod: IRModule, placements: Sequence[Placement], env: Mapping[SymVar, int]) -> list[float] | None:
@@ -339,8 +342,8 @@ class MeasuredCostModel:
     # -- measuring ---------------------------------------------------------------------------
 
     def overhead(self) -> float:
-        """Seconds of calling a function through the VM that does nothing (subtracted from
-        every measurement)."""
+        """Seconds of calling a function through the VM that does nothing (subtracted from a
+        measurement whose null function could not be timed)."""
         key = make_key({"what": "overhead", "machine": machine_fingerprint(), "estimator": ESTIMATOR_VERSION})
         if self._overhead is None:
             hit = self.cache.get(key)  # cached, so that a second search subtracts the same amount
@@ -362,15 +365,10 @@ class MeasuredCostModel:
             self._overhead = entry.seconds
         return self._overhead
 
-    def _net(self, seconds: float) -> float:
-        return max(0.0, seconds - self.overhead())
-
     def _cost(self, r: _Request, c: Candidate) -> float:
         if r.result is None:
             return math.inf
-        if not math.isfinite(r.result.seconds):
-            return math.inf
-        return self._net(r.result.seconds)
+        return r.result.seconds  # stored net of the call (see _measure); infinite when it failed
 
     def _key(self, r: _Request, env: Mapping[SymVar, int]) -> str:
         f = r.func
@@ -435,7 +433,7 @@ class MeasuredCostModel:
         """Build ``reqs`` as one module (bisecting on a build failure), time each, store each."""
         t0 = time.perf_counter()
         try:
-            fns = self._build_batch(reqs)
+            built = self._build_batch(reqs)
         except Exception as e:  # noqa: BLE001 - isolate the candidate that breaks the build
             if len(reqs) == 1:
                 self._store(reqs[0], Entry(math.inf, 0.0, 0, f"build: {type(e).__name__}: {e}"[:300]))
@@ -444,13 +442,25 @@ class MeasuredCostModel:
             self._measure(reqs[:half], env)
             self._measure(reqs[half:], env)
             return
+        fns, nulls, null_of = built
         calls: list[Callable[[], Any]] = []
-        for r, fn in zip(reqs, fns):
+        null_calls: dict[int, Callable[[], Any]] = {}
+        for k, (r, fn) in enumerate(zip(reqs, fns)):
             assert r.func is not None
             args = input_arrays(r.func, env)
             calls.append(_bind(fn, args))
-        for r, entry in zip(reqs, self._time_many(calls, limit=self.time_limit_s)):
-            self._store(r, entry)
+            j = null_of[k]
+            if j is not None and j not in null_calls:
+                null_calls[j] = _bind(nulls[j], args)
+        order = sorted(null_calls)
+        entries = self._time_many(calls + [null_calls[j] for j in order], limit=self.time_limit_s)
+        null_s = {j: e.seconds for j, e in zip(order, entries[len(calls):])}
+        for k, (r, entry) in enumerate(zip(reqs, entries)):
+            j = null_of[k]
+            call = null_s.get(j, math.inf) if j is not None else math.inf
+            if not math.isfinite(call):
+                call = self.overhead()
+            self._store(r, entry if not math.isfinite(entry.seconds) else Entry(max(0.0, entry.seconds - call), entry.spread, entry.repeats, entry.detail))
         self.stats.seconds += time.perf_counter() - t0
 
     def _store(self, r: _Request, entry: Entry) -> None:
@@ -460,11 +470,16 @@ class MeasuredCostModel:
             self.stats.failed += 1
         self.cache.put(r.key, "+".join(sorted({c.backend for c in r.regions})), entry)
 
-    def _build_batch(self, reqs: list[_Request]) -> list[Callable[..., Any]]:
+    def _build_batch(self, reqs: list[_Request]) -> tuple[list[Callable[..., Any]], list[Callable[..., Any]], list[int | None]]:
+        """One module of ``reqs``' functions and, per distinct signature among them, a null
+        function (``regions.null_function``: what the call alone costs); their VM functions and,
+        per request, the index of its null one (None: it has no params)."""
         from tilework.runtime.vm import VM
 
         funcs: dict[str, GraphFunc] = {}
         specs: list[RegionSpec] = []
+        sigs: dict[tuple[str, ...], int] = {}
+        null_of: list[int | None] = []
         for k, r in enumerate(reqs):
             assert r.func is not None
             name = f"c{k}"
@@ -474,6 +489,12 @@ class MeasuredCostModel:
                     continue
                 vars_ = tuple(r.g.bindings[i].var.name for i in c.nodes)
                 specs.append(RegionSpec(c.backend, c.capability, vars_, name, 0))
+            sig = tuple(repr(p.info) for p in r.func.params)
+            null = null_function(r.func) if sig not in sigs else None
+            if null is not None:
+                sigs[sig] = len(sigs)
+                funcs[f"z{sigs[sig]}"] = null
+            null_of.append(sigs.get(sig))
         mod = IRModule(funcs)
         placement = Placement(tuple(specs), tuple(sorted({c.backend for r in reqs for c in r.regions})))
         with warnings.catch_warnings():
@@ -482,7 +503,7 @@ class MeasuredCostModel:
         exe = _build(mod)
         self.stats.builds += 1
         vm = VM(exe)
-        return [vm[f"c{k}"] for k in range(len(reqs))]
+        return [vm[f"c{k}"] for k in range(len(reqs))], [vm[f"z{j}"] for j in range(len(sigs))], null_of
 
     def _time_many(self, fns: Sequence[Callable[[], Any]], limit: float, burst: bool = False) -> list[Entry]:
         """Each of ``fns`` timed: a first call (sessions created, caches filled) and warm-up

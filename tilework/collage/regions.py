@@ -8,6 +8,9 @@ depend on their values, so the layers of a model with constant weights share one
 and the cache key does not hash megabytes); its result the values the bindings provide outside
 (one, or a tuple). Binding vars keep their names, so a ``RegionSpec`` naming the original vars
 names the same bindings in the new function.
+
+``null_function(f)`` has ``f``'s params and does nothing: timed beside ``f``, what the call
+itself costs (param checks, sym var bindings), which the estimator subtracts.
 """
 
 from __future__ import annotations
@@ -84,6 +87,22 @@ def region_function(g: BlockGraph, nodes: Sequence[int]) -> GraphFunc:
     return f
 
 
+def null_function(f: GraphFunc) -> GraphFunc | None:
+    """A function with ``f``'s params (the same struct info: the same checks and sym var
+    bindings at entry) that does no work and returns its first param: what calling ``f`` costs
+    beyond its work, which the whole model, running the region's kernels inline, does not pay.
+    None when ``f`` has no params."""
+    if not f.params:
+        return None
+    params = [Var(p.name, p.info) for p in f.params]
+    bb = BlockBuilder()
+    with bb.function("null", params):
+        bb.emit_func_output(params[0])
+    out = bb.get()["null"]
+    assert isinstance(out, GraphFunc)
+    return out
+
+
 class _SymUses(ExprVisitor):
     def __init__(self) -> None:
         self.vars: dict[SymVar, None] = {}
@@ -152,4 +171,4 @@ def input_arrays(f: GraphFunc, env: Mapping[SymVar, int], seed: int = 0) -> list
     return out
 
 
-__all__ = ["region_function", "input_arrays", "input_shapes"]
+__all__ = ["region_function", "null_function", "input_arrays", "input_shapes"]
