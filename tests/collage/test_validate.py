@@ -163,3 +163,14 @@ def test_on_this_machine_a_plan_that_fails_to_build_costs_infinity_and_times_are
         assert again.stats.e2e_cache_hits == 2 and again.stats.builds == 0
     finally:
         unregister_backend("e2e_broken")
+
+
+def test_a_null_function_has_the_regions_params_and_does_nothing() -> None:
+    from tilework.collage.regions import null_function, region_function
+    from tilework.pattern.graph import graphs_of
+
+    g = graphs_of("main", mlp()["main"])[0]
+    f = region_function(g, [0, 1])
+    null = null_function(f)
+    assert null is not None and [p.info for p in null.params] == [p.info for p in f.params]
+    assert null.body.body is null.params[0] and not null.body.blocks

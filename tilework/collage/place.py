@@ -350,8 +350,8 @@ def _validate(
         known.append((single, (), None))
     pinned = frozenset((pins or {}).values())
     for b in names:
-        if b == FALLBACK:
-            continue
+        if b == FALLBACK or not any(c.backend == b and math.isfinite(x) for _, cs, costs, _ in solved for c, x in zip(cs, costs)):
+            continue  # codegen's own cover, or a backend that can run nothing here
         mixed = _solve(solved, names, frozenset({FALLBACK, b}) | pinned)
         if mixed is not None:
             options.append(Option(f"cover over {'+'.join(sorted({FALLBACK, b} | pinned))}", mixed[0], required=False))
@@ -360,7 +360,7 @@ def _validate(
     notes.extend(v.notes)
     if v.seconds is None:
         return BucketPlan(bucket, cover, rows, estimate, None, "search" + (" (every plan failed end to end)" if v.alternatives else ""), v.alternatives)
-    how = f"{v.label}: the fastest of {len(v.alternatives)} plan(s) timed end to end"
+    how = f"{v.label.split(' = ')[0]}: the fastest of {len(v.alternatives)} plan(s) timed end to end"
     if v.chosen is not None:
         placement, kept, est = known[v.chosen]
         return BucketPlan(bucket, placement, kept, est, v.seconds, how, v.alternatives)
