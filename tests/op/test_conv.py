@@ -205,12 +205,13 @@ CASES = _cases()
 
 @pytest.fixture(scope="module")
 def built() -> Built:
-    """The direct loop nests (one kernel per case): im2col + matmul is tested whole in
-    tests/op/test_conv_gemm.py."""
+    """The direct loop nests (one kernel per case): im2col + matmul and the padded copy before
+    an unrolled conv are tested whole in tests/op/test_conv_gemm.py."""
     from tilework.op import conv
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(conv, "GEMM_MIN_REDUCTION", 1 << 30)
+        mp.setattr(conv, "PAD_UNROLLED", False)
         return build(CASES)
 
 

@@ -27,7 +27,8 @@ weights ``[in_channels, out_channels // groups, *kernel]``; input position ``i``
 add to output position ``i * stride - pad_before + k * dilation``, so a spatial dim of length
 ``d`` gives ``(d - 1) * stride - pad_before - pad_after + dilation * (k - 1) + output_padding + 1``.
 
-Legalization: padded taps are skipped (never loaded); conv accumulates float16/bfloat16 in
+Legalization: padded taps are skipped (never loaded), except that a short (depthwise) conv
+with padding reads a zero-padded copy of its input; conv accumulates float16/bfloat16 in
 float32.
 """
 
@@ -268,6 +269,7 @@ def _legalize_conv(call: Call, ctx: "LegalizeCtx") -> Expr:
 GEMM_MIN_REDUCTION = 8
 GEMM_MIN_CHANNELS = 4
 GEMM_COLUMNS = 32  # the output positions are padded to a multiple of every register tile's width
+PAD_UNROLLED = True  # an unrolled conv with padding reads a zero-padded copy of its input (see _conv_unrolled)
 
 
 def _use_gemm(wshape: Sequence[Dim], groups: int, dtype: str) -> bool:
@@ -304,12 +306,27 @@ def _const(d: Dim) -> int:
 def _conv_unrolled(call: Call, ctx: "LegalizeCtx", x: te.Tensor, w: te.Tensor, bias: te.Tensor | None, shape: Sequence[Dim], strides: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int) -> Expr:
     """A short reduction (depthwise: one input channel per output channel) as one sum of
     products per output: an injective kernel, vectorized along the output row, each weight
-    a broadcast scalar."""
+    a broadcast scalar. With padding (and ``PAD_UNROLLED``) the input is first copied into a
+    zero-padded buffer (one test per input element, not one per tap and output), so that the
+    taps load without bounds tests."""
     name = op_name(call)
     dtype = out_tensor(call)[1]
     acc = compute_dtype(dtype)
     cin_g, kernel = _const(w.shape[1]), [_const(k) for k in w.shape[2:]]
     per_group = sym.floordiv(w.shape[0], groups)
+    x_arg = call.args[0]
+    if any(padding) and PAD_UNROLLED:
+        nsp = len(kernel)
+        before, dims = padding[:nsp], x.shape[2:]
+        pshape = (*x.shape[:2], *(sym.add(d, padding[i] + padding[nsp + i]) for i, d in enumerate(dims)))
+
+        def pad(nn: Scalar, c: Scalar, *sp: Scalar) -> Scalar:
+            pos = [q - b for q, b in zip(sp, before)]
+            return te.if_then_else(_inside(pos, dims), x[(nn, c, *pos)], te.cast(0, x.dtype))
+
+        xp = te.compute(pshape, pad, "conv_pad", x.dtype)
+        x_arg = ctx.bb.emit(ctx.call_te("conv_pad", [call.args[0]], [x], [xp], TensorInfo(pshape, x.dtype)), name="conv_pad")
+        x, padding = te.placeholder(pshape, x.dtype, "xp"), (0,) * len(padding)
 
     def f(n: Scalar, o: Scalar, *sp: Scalar) -> Scalar:
         total: Scalar | None = None if bias is None else te.cast(bias[o], acc)
@@ -327,7 +344,7 @@ def _conv_unrolled(call: Call, ctx: "LegalizeCtx", x: te.Tensor, w: te.Tensor, b
 
     out = te.compute(tuple(shape), f, name, dtype)
     inputs = [x, w] if bias is None else [x, w, bias]
-    return _call_gather(ctx, name, call.args, inputs, [out], call.info)
+    return _call_gather(ctx, name, [x_arg, *call.args[1:]], inputs, [out], call.info)
 
 
 def _conv_gemm(call: Call, ctx: "LegalizeCtx", x: te.Tensor, w: te.Tensor, bias: te.Tensor | None, shape: Sequence[Dim], strides: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int) -> Expr:

@@ -154,7 +154,8 @@ def spatial_nest(func: TensorFunc, top: For, dtype: str) -> TensorFunc:
 
 def _transposed_loop(ch: list[For]) -> For | None:
     """The outer loop of the nest along which a load of its block walks memory contiguously
-    while the innermost loop does not (a transpose), or None."""
+    while the innermost loop does not (a transpose), or None. A load the innermost loop does
+    not move (a per-channel bias or scale, ``b[c]``) is a broadcast scalar, not a transpose."""
     leaf = leaf_of(ch[0])
     if not isinstance(leaf, Block) or not isinstance(leaf.body, Store):
         return None
@@ -166,6 +167,9 @@ def _transposed_loop(ch: list[For]) -> For | None:
         last = subst_scalar(ld.indices[-1], binds)
         if not isinstance(last, (int, sym.SymExpr)) or inner in dim_vars(last):
             continue
+        rest = [subst_scalar(i, binds) for i in ld.indices[:-1]]
+        if all(isinstance(i, (int, sym.SymExpr)) and inner not in dim_vars(i) for i in rest):
+            continue  # invariant along the innermost loop
         for f in ch[:-1]:
             if _unit_stride(last, f.var):
                 return f
