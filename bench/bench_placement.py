@@ -186,13 +186,15 @@ def main(argv: list[str] | None = None) -> int:
         per_shape.append(f"{name}, ms:\n\n" + table(["shape"] + cols + ["best single", "auto vs best single"], rows))
         s = r["plan"].stats
         share = s.get("cache_share", 0.0)
-        print(f"  search {s.get('search_s', 0):.1f} s over {s.get('candidates')} candidates x {s.get('buckets')} bucket(s): {s.get('measured', 0)} measured, {s.get('cache_hits', 0)} from the cache ({100 * share:.0f}%), {s.get('builds', 0)} builds")
+        print(f"  search {s.get('search_s', 0):.1f} s over {s.get('candidates')} candidates x {s.get('buckets')} bucket(s): {s.get('measured', 0)} measured, {s.get('cache_hits', 0)} from the cache, {s.get('e2e_measured', 0)} whole plans timed end to end, {s.get('builds', 0)} builds ({100 * share:.0f}% of all from the cache)")
+        for b in r["plan"].buckets:
+            print(f"  {b.bucket.label()}: {b.chosen_by}")
         print(f"  compile with placement: first {r['first_s']:.1f} s, second (warm cost cache) {r['second_s']:.2f} s = {100 * r['second_s'] / r['first_s']:.1f}% of the first; same plan: {r['same_plan']}")
         print("  single-backend compiles: " + ", ".join(f"{c} {t:.1f} s" for c, t in r["setup"].items()))
         summary.append((
             name,
             f"{s.get('search_s', 0):.1f} s",
-            f"{s.get('candidates')} x {s.get('buckets')}, {s.get('measured', 0)} measured, {100 * share:.0f}% from the cache",
+            f"{s.get('candidates')} x {s.get('buckets')}, {s.get('measured', 0)} measured, {s.get('e2e_measured', 0)} plans end to end, {100 * share:.0f}% from the cache",
             f"{r['first_s']:.1f} s",
             f"{r['second_s']:.2f} s ({100 * r['second_s'] / r['first_s']:.1f}%), same plan: {r['same_plan']}",
         ))
