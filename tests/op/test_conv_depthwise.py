@@ -1,6 +1,6 @@
-"""The cheap path of short-reduction (depthwise) convolutions: a padded conv reads a
-zero-padded copy of its input (``conv.PAD_UNROLLED``), so that its unrolled taps load without
-bounds tests; and a per-channel load (a bias ``b[c]``) does not make the elementwise schedule
+"""The cheap path of short-reduction (depthwise) convolutions and small max pools: a padded
+one reads a zero- (-inf-) padded copy of its input (``conv.PAD_UNROLLED``), so that its
+unrolled taps load without bounds tests; and a per-channel load (a bias ``b[c]``) does not make the elementwise schedule
 tile the kernel as a transpose. Numerics against the float64 reference of tests/op/test_conv.py
 at symbolic batch 0, 1 and odd sizes and odd spatial sizes; the unpadded direct path (the
 copy switched off) must agree too."""
@@ -14,7 +14,7 @@ import pytest
 
 import tilework as tw
 import tilework.op as op
-from tests.op.test_conv import conv_ref
+from tests.op.test_conv import conv_ref, pool_ref
 from tilework import te
 from tilework.ir.builder import BlockBuilder
 from tilework.ir.graph import Tuple, Var
@@ -37,6 +37,9 @@ CASES: list[tuple[tuple[int, ...], bool, dict[str, Any]]] = [
     ((6, 1, 3, 3), True, {"groups": 6}),  # no padding: no copy
 ]
 
+# max pools (size, strides, padding, dilation) with padding: a -inf-padded copy
+POOLS = [((3, 3), (2, 2), (1, 1, 1, 1), (1, 1)), ((3, 2), (1, 2), (1, 0, 1, 1), (2, 1))]
+
 
 def _module() -> Any:
     bb = BlockBuilder()
@@ -49,6 +52,8 @@ def _module() -> Any:
             for i, (_, bias, attrs) in enumerate(CASES):
                 y = bb.emit(op.conv2d(x, ws[i], bs[i] if bias else None, **attrs))
                 outs.append(bb.emit(op.relu(y)))
+            for size, strides, padding, dilation in POOLS:
+                outs.append(bb.emit(op.max_pool2d(bb.emit(op.relu(x)), size, strides, padding, dilation)))
             out = bb.emit_output(Tuple(tuple(outs)))
         bb.emit_func_output(out)
     return bb.get()
@@ -74,6 +79,7 @@ def built() -> tuple[Any, Any]:
 def test_padded_convs_read_a_padded_copy() -> None:
     names = [name for name, _ in Legalize()(_module()).tensor_funcs()]
     assert sum(name.startswith("conv_pad") for name in names) == 4  # one per padded conv
+    assert sum(name.startswith("max_pool_pad") for name in names) == 2
 
 
 @pytest.mark.parametrize("size", [(0, 7, 9), (1, 5, 9), (3, 11, 13)])
@@ -88,6 +94,10 @@ def test_numerics(built: tuple[Any, Any], size: tuple[int, int, int]) -> None:
         for got in (fast[i], direct[i]):
             assert np.asarray(got).shape == want.shape
             np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+    for i, (size_, strides, padding, dilation) in enumerate(POOLS):
+        want = pool_ref(np.maximum(x, 0), "max", size_, strides, padding, dilation)
+        for out in (fast, direct):
+            np.testing.assert_array_equal(np.asarray(out[len(CASES) + i]), want.astype(np.float32))
 
 
 def _kinds(f: TensorFunc) -> list[str]:

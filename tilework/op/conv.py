@@ -28,7 +28,7 @@ add to output position ``i * stride - pad_before + k * dilation``, so a spatial 
 ``d`` gives ``(d - 1) * stride - pad_before - pad_after + dilation * (k - 1) + output_padding + 1``.
 
 Legalization: padded taps are skipped (never loaded), except that a short (depthwise) conv
-with padding reads a zero-padded copy of its input; conv accumulates float16/bfloat16 in
+or a small float max pool (without ceil_mode) with padding reads a padded copy of its input; conv accumulates float16/bfloat16 in
 float32.
 """
 
@@ -269,7 +269,7 @@ def _legalize_conv(call: Call, ctx: "LegalizeCtx") -> Expr:
 GEMM_MIN_REDUCTION = 8
 GEMM_MIN_CHANNELS = 4
 GEMM_COLUMNS = 32  # the output positions are padded to a multiple of every register tile's width
-PAD_UNROLLED = True  # an unrolled conv with padding reads a zero-padded copy of its input (see _conv_unrolled)
+PAD_UNROLLED = True  # an unrolled conv (max pool) with padding reads a zero- (-inf-) padded copy of its input
 
 
 def _use_gemm(wshape: Sequence[Dim], groups: int, dtype: str) -> bool:
@@ -303,6 +303,22 @@ def _const(d: Dim) -> int:
     return d
 
 
+def _padded(ctx: "LegalizeCtx", value: Expr, x: te.Tensor, padding: Sequence[int], fill: float, hint: str) -> tuple[Expr, te.Tensor]:
+    """``value`` (``x``, ``[N, C, *spatial]``) copied into a buffer with ``padding`` (befores,
+    then afters) filled with ``fill`` around it: the emitted copy and its placeholder."""
+    nsp = len(padding) // 2
+    before, dims = padding[:nsp], x.shape[2:]
+    pshape = (*x.shape[:2], *(sym.add(d, padding[i] + padding[nsp + i]) for i, d in enumerate(dims)))
+
+    def pad(nn: Scalar, c: Scalar, *sp: Scalar) -> Scalar:
+        pos = [q - b for q, b in zip(sp, before)]
+        return te.if_then_else(_inside(pos, dims), x[(nn, c, *pos)], te.cast(fill, x.dtype))
+
+    xp = te.compute(pshape, pad, hint, x.dtype)
+    emitted = ctx.bb.emit(ctx.call_te(hint, [value], [x], [xp], TensorInfo(pshape, x.dtype)), name=hint)
+    return emitted, te.placeholder(pshape, x.dtype, "xp")
+
+
 def _conv_unrolled(call: Call, ctx: "LegalizeCtx", x: te.Tensor, w: te.Tensor, bias: te.Tensor | None, shape: Sequence[Dim], strides: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int) -> Expr:
     """A short reduction (depthwise: one input channel per output channel) as one sum of
     products per output: an injective kernel, vectorized along the output row, each weight
@@ -316,17 +332,8 @@ def _conv_unrolled(call: Call, ctx: "LegalizeCtx", x: te.Tensor, w: te.Tensor, b
     per_group = sym.floordiv(w.shape[0], groups)
     x_arg = call.args[0]
     if any(padding) and PAD_UNROLLED:
-        nsp = len(kernel)
-        before, dims = padding[:nsp], x.shape[2:]
-        pshape = (*x.shape[:2], *(sym.add(d, padding[i] + padding[nsp + i]) for i, d in enumerate(dims)))
-
-        def pad(nn: Scalar, c: Scalar, *sp: Scalar) -> Scalar:
-            pos = [q - b for q, b in zip(sp, before)]
-            return te.if_then_else(_inside(pos, dims), x[(nn, c, *pos)], te.cast(0, x.dtype))
-
-        xp = te.compute(pshape, pad, "conv_pad", x.dtype)
-        x_arg = ctx.bb.emit(ctx.call_te("conv_pad", [call.args[0]], [x], [xp], TensorInfo(pshape, x.dtype)), name="conv_pad")
-        x, padding = te.placeholder(pshape, x.dtype, "xp"), (0,) * len(padding)
+        x_arg, x = _padded(ctx, call.args[0], x, padding, 0.0, "conv_pad")
+        padding = (0,) * len(padding)
 
     def f(n: Scalar, o: Scalar, *sp: Scalar) -> Scalar:
         total: Scalar | None = None if bias is None else te.cast(bias[o], acc)
@@ -453,6 +460,11 @@ def _legalize_max_pool(call: Call, ctx: "LegalizeCtx") -> Expr:
     x = arg(call, 0, "x")
     shape, dtype = out_tensor(call)
     size, strides, padding, dilation = (tuple(call.attrs[a]) for a in ("pool_size", "strides", "padding", "dilation"))
+    x_arg = call.args[0]
+    unrolled = dtype.startswith(("float", "bfloat")) and math.prod(size) <= MAX_UNROLLED_TAPS
+    if unrolled and any(padding) and not call.attrs["ceil_mode"] and PAD_UNROLLED:  # taps without bounds tests
+        x_arg, x = _padded(ctx, call.args[0], x, padding, float("-inf"), "max_pool_pad")
+        padding = (0,) * len(padding)
 
     def taps(n: Scalar, c: Scalar, *sp: Scalar) -> Scalar:
         best: Scalar | None = None
@@ -465,9 +477,9 @@ def _legalize_max_pool(call: Call, ctx: "LegalizeCtx") -> Expr:
         assert best is not None
         return best
 
-    if dtype.startswith(("float", "bfloat")) and math.prod(size) <= MAX_UNROLLED_TAPS:
+    if unrolled:
         out = te.compute(shape, taps, "max_pool2d", dtype)
-        return _call_gather(ctx, "max_pool2d", call.args, [x], [out], call.info)
+        return _call_gather(ctx, "max_pool2d", [x_arg], [x], [out], call.info)
 
     def f(n: Scalar, c: Scalar, *sp: Scalar) -> Scalar:
         ks = [te.reduce_axis(k, f"k{i}") for i, k in enumerate(size)]
