@@ -315,6 +315,7 @@ class MeasuredCostModel:
         args = input_arrays(main, env)
         calls: list[Callable[[], Any] | None] = []
         entries: list[Entry | None] = []
+        bar = _Progress(len(placements), self.progress, "placement: building whole plans")
         for p in placements:
             key = (id(mod), p.to_json())
             try:
@@ -332,6 +333,8 @@ class MeasuredCostModel:
             except Exception as e:  # noqa: BLE001 - a placement that fails to build costs infinity
                 calls.append(None)
                 entries.append(Entry(math.inf, 0.0, 0, f"build: {type(e).__name__}: {e}"[:300]))
+            bar.update(1, self.stats.e2e_cache_hits)
+        bar.close()
         live = [i for i, c in enumerate(calls) if c is not None]
         timed = self._time_many([c for c in calls if c is not None], limit=max(self.time_limit_s, 1.0), burst=True)
         for i, entry in zip(live, timed):
