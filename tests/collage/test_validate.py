@@ -158,6 +158,8 @@ def test_on_this_machine_a_plan_that_fails_to_build_costs_infinity_and_times_are
         assert times is not None and math.isfinite(times[0]) and times[0] > 0 and times[1] == math.inf
         assert "not today" in model.whole.details[plans[1].to_json()]
         assert model.stats.e2e_measured == 2 and model.stats.builds == 1
+        other = {v: 5 for v in env}  # another bucket: timed anew, the executable built for the first reused
+        assert model.end_to_end(mod, plans[:1], other) is not None and model.stats.builds == 1 and model.stats.e2e_measured == 3
         again = MeasuredCostModel(CostCache(str(tmp_path / "c.sqlite")), repeat=3, max_rounds=2, time_limit_s=0.2, progress=False)
         assert again.end_to_end(mod, plans, env) == times
         assert again.stats.e2e_cache_hits == 2 and again.stats.builds == 0

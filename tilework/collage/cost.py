@@ -319,8 +319,10 @@ class MeasuredCostModel:
         for p in placements:
             key = (id(mod), p.to_json())
             try:
-                fn = self._built.get(key)
-                if fn is None:
+                fn = self._built.pop(key, None)  # kept most recently used last (evicted least recently used first)
+                if fn is not None:
+                    self._built[key] = fn
+                else:
                     with warnings.catch_warnings():
                         warnings.simplefilter("error", UserWarning)  # a lowering that gives up: this placement fails
                         exe = _build(Offload(p).run(mod))
