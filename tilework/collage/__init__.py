@@ -3,7 +3,8 @@ the whole run fastest on this machine, per shape bucket of the dynamic dims.
 
 ``candidates`` (what each backend could run, valid regions, pins, the codegen fallback),
 ``cost`` (the estimator and a mock), ``cache`` (the persistent SQLite cost cache), ``search``
-(the cheapest exact cover), ``buckets`` (shape buckets and dispatch), ``place`` (the whole
+(the cheapest exact cover), ``validate`` (the fastest plan end to end), ``evolve`` (the
+evolutionary refinement), ``buckets`` (shape buckets and dispatch), ``place`` (the whole
 search, plans, applying them) and ``report`` (the explanation). See ``docs/placement.md``.
 """
 

@@ -210,9 +210,10 @@ def place(
     persistent cache; ``budget_s``: measuring stops starting new candidates after this many
     seconds (the fallback is always measured); ``buckets``: points per dim name; ``pins``: op
     name or ``%var`` -> backend; ``max_size``: the largest interval candidate; ``refine``:
-    True (the cover against the single-backend placements, end to end), ``"evolve"`` (then an
-    evolutionary search over the cover's regions, ``tilework.collage.evolve``, within
-    ``budget_s``, or a minute) or False."""
+    True (end-to-end validation: the cover, the single-backend plans and the covers over
+    codegen and one other backend, timed whole, the fastest kept; ``tilework.collage.validate``),
+    ``"evolve"`` (then an evolutionary search over the fastest plan's regions,
+    ``tilework.collage.evolve``, within ``budget_s``, or a minute per bucket) or False."""
     t0 = time.perf_counter()
     if refine not in (True, False, "evolve"):
         raise UnsupportedError(f"refine must be True, False or 'evolve', got {refine!r}")
