@@ -1,6 +1,6 @@
-"""The cheap path of short-reduction (depthwise) convolutions and small max pools: a padded
-one reads a zero- (-inf-) padded copy of its input (``conv.PAD_UNROLLED``), so that its
-unrolled taps load without bounds tests; and a per-channel load (a bias ``b[c]``) does not make the elementwise schedule
+"""The cheap path of short-reduction (depthwise) convolutions, small max pools and im2col: a
+padded one reads a zero- (-inf-) padded copy of its input (``conv.PAD_UNROLLED``), so that its
+unrolled taps (or im2col's copies) load without bounds tests; and a per-channel load (a bias ``b[c]``) does not make the elementwise schedule
 tile the kernel as a transpose. Numerics against the float64 reference of tests/op/test_conv.py
 at symbolic batch 0, 1 and odd sizes and odd spatial sizes; the unpadded direct path (the
 copy switched off) must agree too."""
@@ -35,6 +35,7 @@ CASES: list[tuple[tuple[int, ...], bool, dict[str, Any]]] = [
     ((6, 1, 3, 3), False, {"groups": 6, "strides": (1, 2), "padding": (0, 1, 1, 0)}),
     ((6, 2, 3, 1), True, {"groups": 3, "padding": (1, 0, 1, 0)}),  # 6 taps per output: unrolled, not a depthwise
     ((6, 1, 3, 3), True, {"groups": 6}),  # no padding: no copy
+    ((8, 6, 3, 3), True, {"strides": 2, "padding": (1, 0, 2, 1)}),  # im2col + matmul: im2col reads the padded copy
 ]
 
 # max pools (size, strides, padding, dilation) with padding: a -inf-padded copy
@@ -78,7 +79,7 @@ def built() -> tuple[Any, Any]:
 
 def test_padded_convs_read_a_padded_copy() -> None:
     names = [name for name, _ in Legalize()(_module()).tensor_funcs()]
-    assert sum(name.startswith("conv_pad") for name in names) == 4  # one per padded conv
+    assert sum(name.startswith("conv_pad") for name in names) == 5  # one per padded conv
     assert sum(name.startswith("max_pool_pad") for name in names) == 2
 
 

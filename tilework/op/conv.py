@@ -27,8 +27,8 @@ weights ``[in_channels, out_channels // groups, *kernel]``; input position ``i``
 add to output position ``i * stride - pad_before + k * dilation``, so a spatial dim of length
 ``d`` gives ``(d - 1) * stride - pad_before - pad_after + dilation * (k - 1) + output_padding + 1``.
 
-Legalization: padded taps are skipped (never loaded), except that a short (depthwise) conv
-or a small float max pool (without ceil_mode) with padding reads a padded copy of its input; conv accumulates float16/bfloat16 in
+Legalization: padded taps are skipped (never loaded), except that im2col, a short (depthwise)
+conv or a small float max pool (without ceil_mode) with padding reads a padded copy of its input; conv accumulates float16/bfloat16 in
 float32.
 """
 
@@ -269,7 +269,7 @@ def _legalize_conv(call: Call, ctx: "LegalizeCtx") -> Expr:
 GEMM_MIN_REDUCTION = 8
 GEMM_MIN_CHANNELS = 4
 GEMM_COLUMNS = 32  # the output positions are padded to a multiple of every register tile's width
-PAD_UNROLLED = True  # an unrolled conv (max pool) with padding reads a zero- (-inf-) padded copy of its input
+PAD_UNROLLED = True  # im2col, an unrolled conv or max pool with padding reads a zero- (-inf-) padded copy of its input
 
 
 def _use_gemm(wshape: Sequence[Dim], groups: int, dtype: str) -> bool:
@@ -369,6 +369,11 @@ def _conv_gemm(call: Call, ctx: "LegalizeCtx", x: te.Tensor, w: te.Tensor, bias:
     npos = sym.product(spatial)
     padded = npos if sym.prove_eq(sym.floormod(npos, GEMM_COLUMNS), 0) else sym.mul(sym.ceildiv(npos, GEMM_COLUMNS), GEMM_COLUMNS)
     dtype = x.dtype
+    pointwise = padded is npos and all(k == 1 for k in kernel) and all(st == 1 for st in strides) and not any(padding)
+    x_in = call.args[0]
+    if any(padding) and PAD_UNROLLED:  # im2col copies without bounds tests
+        x_in, x = _padded(ctx, call.args[0], x, padding, 0.0, "conv_pad")
+        padding = (0,) * len(padding)
 
     def gather(nn: Scalar, g: Scalar, c: Scalar, *kp: Scalar) -> Scalar:
         ks, os_ = kp[:nsp], list(kp[nsp:])
@@ -387,12 +392,11 @@ def _conv_gemm(call: Call, ctx: "LegalizeCtx", x: te.Tensor, w: te.Tensor, bias:
 
     # without padded positions the output positions stay spatial dims: the row loop is plain
     positions = spatial if padded is npos else (padded,)
-    pointwise = padded is npos and all(k == 1 for k in kernel) and all(st == 1 for st in strides) and not any(padding)
     if pointwise:  # the input already is the column matrix
         col2 = _reshaped(ctx, call.args[0], x, (n, groups, red, padded), "im2col_view")
     else:
         col6 = te.compute((n, groups, cin_g, *kernel, *positions), gather, "im2col", dtype)
-        col = ctx.bb.emit(_call_gather(ctx, "im2col", [call.args[0]], [x], [col6], TensorInfo(tuple(col6.shape), dtype)), name="im2col")
+        col = ctx.bb.emit(_call_gather(ctx, "im2col", [x_in], [x], [col6], TensorInfo(tuple(col6.shape), dtype)), name="im2col")
         col2 = _reshaped(ctx, col, te.placeholder(col6.shape, dtype, "col"), (n, groups, red, padded), "im2col_view")
     w3 = _reshaped(ctx, call.args[1], w, (groups, per_group, red), "weight_view")
     cp, wp = te.placeholder((n, groups, red, padded), dtype, "col"), te.placeholder((groups, per_group, red), dtype, "w")
