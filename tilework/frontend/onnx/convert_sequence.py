@@ -18,11 +18,9 @@ import numpy as np
 from onnx import GraphProto
 
 from tilework.frontend.onnx.context import NodeCtx
-from tilework.frontend.onnx.convert_shape import norm_axis
+from tilework.frontend.onnx.convert_shape import norm_axis, split_at
 from tilework.frontend.onnx.registry import Result, converter
 from tilework.frontend.onnx.values import AnyValue, OptValue, SeqValue, Value, dtype_name, kind_of, static_ints
-from tilework.ir import sym
-from tilework.ir.graph import Expr, TupleGetItem
 from tilework.ir.sym import Dim
 from tilework.op import manipulate
 
@@ -107,16 +105,7 @@ def _split_to_sequence(ctx: NodeCtx) -> Result:
         return SeqValue((), ctx.dtype(0))
     x = ctx.expr(0)
     squeeze = not keepdims and not ctx.has_input(1)
-    if len(sizes) == 1:
-        pieces: list[Expr] = [x]
-    else:
-        points: list[Dim] = []
-        acc: Dim = 0
-        for s in sizes[:-1]:
-            acc = sym.add(acc, s)
-            points.append(acc)
-        parts = ctx.emit(manipulate.split(x, points, axis))
-        pieces = [ctx.emit(TupleGetItem(parts, k)) for k in range(len(sizes))]
+    pieces = split_at(ctx, x, sizes, axis)
     if squeeze:
         pieces = [ctx.emit(manipulate.squeeze(p, [axis])) for p in pieces]
     return SeqValue(tuple(Value.of_expr(p) for p in pieces), ctx.dtype(0))

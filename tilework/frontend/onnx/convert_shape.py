@@ -265,15 +265,21 @@ def _split(ctx: NodeCtx) -> Result:
         sizes = tuple([part] * (count - 1) + [sym.sub(d, sym.mul(part, count - 1))])
     if sizes is None:
         parts = ctx.emit(manipulate.split(ctx.expr(0), count, axis))
-    else:
-        points: list[Dim] = []
-        acc: Dim = 0
-        for s in sizes[:-1]:
-            acc = sym.add(acc, s)
-            points.append(acc)
-        parts = ctx.emit(manipulate.split(ctx.expr(0), points, axis))
-        count = len(sizes)
-    return [ctx.emit(TupleGetItem(parts, i)) for i in range(count)]
+        return [ctx.emit(TupleGetItem(parts, i)) for i in range(count)]
+    return split_at(ctx, ctx.expr(0), sizes, axis)
+
+
+def split_at(ctx: NodeCtx, x: Expr, sizes: tuple[Dim, ...], axis: int) -> list[Expr]:
+    """``x`` cut along ``axis`` into consecutive pieces of ``sizes`` (which add up to the dim)."""
+    if len(sizes) == 1:
+        return [x]
+    points: list[Dim] = []
+    acc: Dim = 0
+    for s in sizes[:-1]:
+        acc = sym.add(acc, s)
+        points.append(acc)
+    parts = ctx.emit(manipulate.split(x, points, axis))
+    return [ctx.emit(TupleGetItem(parts, i)) for i in range(len(sizes))]
 
 
 @converter("Slice", 1, 13, static_inputs=(1, 2, 3, 4))
