@@ -85,7 +85,7 @@ MODELS: dict[str, Spec] = {
     "mobilenet_v2": Spec("classification"),
     "efficientnet_b0": Spec("classification"),
     "densenet121": Spec("classification"),
-    "vgg11_bn": Spec("classification"),
+    "vgg11_bn": Spec("classification", image=224),  # at 64x64 its 2x2 map pools adaptively to 7x7, which torch's ONNX exporter refuses
     "regnet_y_400mf": Spec("classification"),
     "convnext_tiny": Spec("classification"),
     "squeezenet1_1": Spec("classification"),
