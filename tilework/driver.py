@@ -4,7 +4,7 @@ The passes are the named pipeline's stages (``tilework.transform.pipeline.stages
 clean-ups, backend offload by rules when ``backends`` is given (``tilework.backend``), legalize,
 views and fusion, the target's default schedules, then lowering to VM form. VM codegen turns
 the graph functions into bytecode, and the ``codegen`` backend compiles every kernel through
-the target (``tilework.codegen.Target``: ``cpu`` is C + OpenMP in one compiler invocation,
+the target (``tilework.codegen.Target``: ``cpu`` is C + OpenMP in one shared object,
 ``interp`` the NumPy reference interpreter) into one kernel module.
 
 ``opt_level=0`` is the ``O0`` pipeline (no graph passes, views, fusion or memory planning), for

@@ -90,14 +90,34 @@ _C_LIBRARY_NAMES = frozenset(
 )
 
 
+UNIT_CHARS = 16_000  # kernels of a library are grouped into translation units of about this much C
+_UNIT_HEADER = "#define TW_NO_CALL_OBJECTS 1\n"
+
+
+@dataclass(frozen=True)
+class CUnit:
+    """One translation unit of a library built in parts: the prelude and some kernels
+    (``lines`` as in ``CModule``, within ``text``). The trampoline ``tw_call_objects`` is left
+    out of each (``TW_NO_CALL_OBJECTS``); a unit of the prelude alone provides it."""
+
+    text: str
+    lines: dict[str, tuple[int, int]]
+
+
 @dataclass(frozen=True)
 class CModule:
     """Generated C text for a set of kernels; ``lines[name]`` is the 1-based inclusive line
-    range of kernel ``name``'s function, ``symbols[name]`` its exported C symbol."""
+    range of kernel ``name``'s function, ``symbols[name]`` its exported C symbol.
+
+    ``units``: the same kernels as translation units that compile separately (in parallel,
+    each cached on its own) and link into a library equivalent to ``text``'s: a large kernel
+    is a unit of its own, small neighbours share one (each unit parses the prelude again).
+    Empty when ``text`` is one unit's worth."""
 
     text: str
     symbols: dict[str, str]
     lines: dict[str, tuple[int, int]]
+    units: tuple[CUnit, ...] = ()
 
 
 _PRELUDE_NAMES = frozenset(re.findall(r"\b(tw_\w+)", PRELUDE)) | {
@@ -122,16 +142,31 @@ def c_symbols(names: list[str]) -> dict[str, str]:
 def emit_module(funcs: Mapping[str, TensorFunc]) -> CModule:
     """One C translation unit holding every kernel of ``funcs``."""
     symbols = c_symbols(list(funcs))
-    parts = [PRELUDE]
+    texts = {name: emit_function(func, symbols[name], name) for name, func in funcs.items()}
+    text, lines = _join(PRELUDE, texts)
+    groups: list[dict[str, str]] = [{}]
+    size = 0
+    for name, t in texts.items():
+        if groups[-1] and size + len(t) > UNIT_CHARS:
+            groups.append({})
+            size = 0
+        groups[-1][name] = t
+        size += len(t)
+    units: tuple[CUnit, ...] = ()
+    if len(groups) > 1:
+        units = (CUnit(PRELUDE, {}), *(CUnit(*_join(_UNIT_HEADER + PRELUDE, g)) for g in groups))
+    return CModule(text, symbols, lines, units)
+
+
+def _join(head: str, texts: Mapping[str, str]) -> tuple[str, dict[str, tuple[int, int]]]:
+    """``head`` followed by the kernel ``texts``, and each kernel's line range."""
     lines: dict[str, tuple[int, int]] = {}
-    line = PRELUDE.count("\n") + 1
-    for name, func in funcs.items():
-        text = emit_function(func, symbols[name], name)
-        parts.append(text)
+    line = head.count("\n") + 1
+    for name, text in texts.items():
         n = text.count("\n")  # the function's lines, then one blank line
         lines[name] = (line, line + n - 2)
         line += n
-    return CModule("".join(parts), symbols, lines)
+    return head + "".join(texts.values()), lines
 
 
 def emit_function(func: TensorFunc, symbol: str, name: str | None = None) -> str:

@@ -1,8 +1,8 @@
 """The CPU target's kernel module: every kernel of a module in one shared object, via ctypes.
 
-``build_library`` emits one C translation unit for all kernels (``tilework.codegen.c.emit``),
-compiles it with one compiler invocation (or finds it in the cache, ``toolchain``) and loads
-it. ``lib.cache_hit`` tells whether the compiler ran. ``to_bytes()`` is the shared object;
+``build_library`` emits the C of all kernels (``tilework.codegen.c.emit``), compiles it into
+one shared object (one compiler invocation, or for a large library units compiled in parallel
+and linked; or finds it in the cache, ``toolchain``) and loads it. ``lib.cache_hit`` tells whether the compiler ran. ``to_bytes()`` is the shared object;
 ``CKernelModule.from_native`` loads such bytes (with the function table) in any process
 without a compiler, which runs native code from wherever the bytes came from: executables
 use it only when the user opts in.
@@ -222,15 +222,16 @@ class CKernelModule(KernelModule):
 
 
 def build_library(funcs: Mapping[str, TensorFunc]) -> CKernelModule:
-    """Compile every kernel of ``funcs`` (name -> TensorFunc) with one compiler invocation, or
-    load the cached shared object; ``lib.cache_hit`` tells which."""
+    """Compile every kernel of ``funcs`` (name -> TensorFunc) into one shared object (a large
+    library in units compiled in parallel, then linked: ``CModule.units``), or load the cached
+    shared object; ``lib.cache_hit`` tells which."""
     for name, f in funcs.items():
         if not isinstance(f, TensorFunc):
             raise TypeError(f"build_library: {name} is not a TensorFunc")
     if not funcs:
         return CKernelModule(None, [], {}, cache_hit=True, source="")
     mod = emit_module(funcs)
-    result = toolchain.compile_source(mod.text, mod.lines)
+    result = toolchain.compile_source(mod.text, mod.lines, mod.units)
     infos = [KernelInfo.of(n, mod.symbols[n], f) for n, f in funcs.items()]
     try:
         return CKernelModule(result.path, infos, funcs, cache_hit=result.cache_hit, source=mod.text, key=result.key, data=result.data)
@@ -238,5 +239,5 @@ def build_library(funcs: Mapping[str, TensorFunc]) -> CKernelModule:
         if not result.cache_hit:
             raise BuildError(f"the kernel library {result.path} just built does not load: {e}") from e
         toolchain.set_aside(result, f"it does not load ({e})")
-    result = toolchain.compile_source(mod.text, mod.lines)
+    result = toolchain.compile_source(mod.text, mod.lines, mod.units)
     return CKernelModule(result.path, infos, funcs, cache_hit=result.cache_hit, source=mod.text, key=result.key, data=result.data)

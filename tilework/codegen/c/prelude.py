@@ -229,10 +229,12 @@ static inline void tw_free(void* p) { free(((void**)p)[-1]); }
 /* Calls kernel fn with the data pointers found at byte offset `offset` of the n objects
    (the data field of NumPy array objects): lets Python pass arrays by address cheaply. */
 typedef int32_t (*tw_kernel_fn)(void* const*, const int64_t*);
+#ifndef TW_NO_CALL_OBJECTS /* defined in a library's kernel units but one (see emit.CUnit) */
 int32_t tw_call_objects(tw_kernel_fn fn, void* const* objs, int64_t n, int64_t offset, const int64_t* syms) {
     void* data[n > 0 ? n : 1];
     for (int64_t i = 0; i < n; ++i) data[i] = *(void* const*)((const char*)objs[i] + offset);
     return fn(data, syms);
 }
+#endif
 """
 PRELUDE += LOWP_PRELUDE  # the low-precision dtypes' conversions

@@ -1,4 +1,4 @@
-"""The system C compiler: finding it, invoking it once per library, caching what it built.
+"""The system C compiler: finding it, invoking it for a library, caching what it built.
 
 - Compiler: ``$CC`` (may carry arguments, e.g. ``"ccache gcc"``), else ``cc``.
 - Flags: ``$TILEWORK_CFLAGS``, else ``-O3 -march=native -fno-math-errno -fopenmp -shared
@@ -16,6 +16,12 @@
   record, keyed by the source, flags and CPU alone, finds an object built earlier when no
   compiler is available now (a warm cache needs no compiler). A read-only cache is used
   read-only: what has to be built goes to a private scratch directory.
+- A large library comes in translation units (``CModule.units``): each is compiled to an
+  object file, ``compile_jobs()`` at once (``$TILEWORK_COMPILE_JOBS``, else the CPUs this
+  process may use), and the objects are linked. Each object is cached like a library (key: the
+  unit's text, compiler, flags, CPU, tilework; ``o-<key>-<digest>.o`` and ``o-<key>.json``,
+  verified before it is linked), so a kernel already compiled for another library is not
+  compiled again.
 """
 
 from __future__ import annotations
@@ -30,12 +36,14 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from tilework.codegen import cache
 from tilework.codegen.cache import cache_dir
+from tilework.codegen.c.emit import CUnit
 from tilework.errors import BuildError
 
 
@@ -105,11 +113,14 @@ def source_key(source: str, flags: Sequence[str]) -> str:
     return hashlib.sha256(blob).hexdigest()[:32]
 
 
-def compile_source(source: str, functions: Mapping[str, tuple[int, int]] | None = None) -> CompileResult:
+def compile_source(source: str, functions: Mapping[str, tuple[int, int]] | None = None, units: Sequence[CUnit] = ()) -> CompileResult:
     """Compile C ``source`` into a shared object, or find it in the cache.
 
     ``functions`` maps kernel names to their 1-based line ranges in ``source``, so a compile
-    error can show the offending kernel's C lines.
+    error can show the offending kernel's C lines. ``units`` (``CModule.units``), when given,
+    are what is compiled: each to an object file (cached by its own text, so an identical
+    kernel of another library is not compiled again), up to ``compile_jobs()`` at once, then
+    linked; the library is still cached and found under ``source``'s key.
     """
     flags = compiler_flags()
     try:
@@ -121,7 +132,7 @@ def compile_source(source: str, functions: Mapping[str, tuple[int, int]] | None 
         return found
     key = cache_key(source, cmd, flags)
     try:
-        return _compile_cached(source, functions or {}, cmd, flags, key)
+        return _compile_cached(source, functions or {}, cmd, flags, key, units)
     except OSError as e:
         raise BuildError(f"cannot use the kernel cache directory ({e}); set TILEWORK_CACHE_DIR to a writable directory") from e
 
@@ -130,13 +141,15 @@ def _record(root: Path, key: str) -> Path:
     return root / f"k-{key}.json"
 
 
-def _lookup(root: Path, key: str) -> CompileResult | None:
+def _lookup(root: Path, key: str, kind: str = "k") -> CompileResult | None:
     """The verified shared object built for ``key`` (see ``tilework.codegen.cache``): the
     record ``k-<key>.json`` names the object, whose bytes must have the digest it recorded. A
-    damaged or foreign object is set aside, and None tells the caller to build it again."""
-    rec = cache.read_json(_record(root, key))
+    damaged or foreign object is set aside, and None tells the caller to build it again.
+    ``kind`` ``"o"``: the object file of a unit, ``o-<key>.json`` naming ``o-<key>-<digest>.o``."""
+    rec = cache.read_json(root / f"{kind}-{key}.json")
     name = rec.get("object") if rec is not None else None
-    if not isinstance(name, str) or not re.fullmatch(rf"k-{key}-[0-9a-f]{{16}}\.so", name):
+    ext = "so" if kind == "k" else "o"
+    if not isinstance(name, str) or not re.fullmatch(rf"{kind}-{key}-[0-9a-f]{{16}}\.{ext}", name):
         return None
     so = root / name
     data = cache.read_verified(so, key)
@@ -168,7 +181,7 @@ def _emitter_identity() -> str:
     do not apply."""
     here = Path(__file__).resolve().parent
     h = hashlib.sha256(_tilework_version().encode())
-    for path in (here / "emit.py", here / "prelude.py", here / "module.py", here.parent / "loop_emit.py"):
+    for path in (here / "emit.py", here / "prelude.py", here / "module.py", here / "toolchain.py", here.parent / "loop_emit.py"):
         h.update(path.read_bytes())
     return h.hexdigest()
 
@@ -209,7 +222,7 @@ def lookup_loop_ir(ir_digest: str) -> CompileResult | None:
     return _found(_ir_record(root, ir_digest))
 
 
-def _compile_cached(source: str, functions: Mapping[str, tuple[int, int]], cmd: list[str], flags: list[str], key: str) -> CompileResult:
+def _compile_cached(source: str, functions: Mapping[str, tuple[int, int]], cmd: list[str], flags: list[str], key: str, units: Sequence[CUnit] = ()) -> CompileResult:
     root = cache_dir()
     found = _lookup(root, key)
     if found is not None:
@@ -217,16 +230,14 @@ def _compile_cached(source: str, functions: Mapping[str, tuple[int, int]], cmd: 
     keep = cache.writable(root)
     out_dir = root if keep else cache.scratch_dir(root)
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".build-") as tmp:
-        src = Path(tmp) / "kernels.c"
-        src.write_text(source)
         out = Path(tmp) / "kernels.so"
-        argv = [*cmd, *flags, "-o", str(out), str(src), "-lm"]
-        try:
-            proc = subprocess.run(argv, capture_output=True, text=True)
-        except OSError as e:
-            raise BuildError(f"could not run the C compiler {cmd[0]}: {e}. {_INSTALL_HINT}") from e
-        if proc.returncode != 0 or not out.exists():
-            raise BuildError(_compile_error(argv, proc.stderr or proc.stdout, source, functions))
+        if len(units) > 1:
+            objects = _unit_objects(units, cmd, flags, Path(tmp), root, keep)
+            _run_compiler([*cmd, *flags, "-o", str(out), *map(str, objects), "-lm"], out, cmd, "", {})
+        else:
+            src = Path(tmp) / "kernels.c"
+            src.write_text(source)
+            _run_compiler([*cmd, *flags, "-o", str(out), str(src), "-lm"], out, cmd, source, functions)
         data = out.read_bytes()
         # named by key and content: a name always holds the same bytes, so concurrent builders
         # never see a record and an object that disagree, and a rebuilt object is a new name
@@ -238,6 +249,67 @@ def _compile_cached(source: str, functions: Mapping[str, tuple[int, int]], cmd: 
         cache.write_atomic(_record(root, key), json.dumps({"key": key, "object": so.name}).encode())
         cache.write_atomic(root / f"s-{source_key(source, flags)}.json", json.dumps({"key": key}).encode())
     return CompileResult(so, False, key, data)
+
+
+def compile_jobs() -> int:
+    """How many compiler processes run at once: ``$TILEWORK_COMPILE_JOBS``, else the CPUs this
+    process may use."""
+    raw = os.environ.get("TILEWORK_COMPILE_JOBS", "")
+    if raw:
+        try:
+            jobs = int(raw)
+        except ValueError:
+            raise BuildError(f"TILEWORK_COMPILE_JOBS must be a positive integer, got {raw!r}") from None
+        if jobs < 1:
+            raise BuildError(f"TILEWORK_COMPILE_JOBS must be a positive integer, got {raw!r}")
+        return jobs
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _unit_objects(units: Sequence[CUnit], cmd: list[str], flags: list[str], tmp: Path, root: Path, keep: bool) -> list[Path]:
+    """The object file of each unit in ``tmp`` (``u<i>.o``, to link): the verified bytes of a
+    cached one (copied, so that what is linked is what was verified), else compiled (the
+    largest first, ``compile_jobs()`` at once) and cached by the unit's key."""
+    paths = [tmp / f"u{i}.o" for i in range(len(units))]
+    keys = [cache_key("object file\n" + u.text, cmd, flags) for u in units]
+    todo = []
+    for i, (unit, key) in enumerate(zip(units, keys)):
+        found = _lookup(root, key, "o")
+        if found is not None and found.data is not None:
+            paths[i].write_bytes(found.data)
+        else:
+            todo.append(i)
+
+    def build(i: int) -> None:
+        src = tmp / f"u{i}" / "kernels.c"  # the name compile errors are matched by
+        src.parent.mkdir()
+        src.write_text(units[i].text)
+        _run_compiler([*cmd, *flags, "-c", "-o", str(paths[i]), str(src)], paths[i], cmd, units[i].text, units[i].lines)
+
+    todo.sort(key=lambda i: -len(units[i].text))
+    with ThreadPoolExecutor(max_workers=min(compile_jobs(), max(len(todo), 1))) as pool:
+        for f in [pool.submit(build, i) for i in todo]:
+            f.result()  # the first failure, in order of submission
+    if keep:
+        for i in todo:
+            data = paths[i].read_bytes()
+            obj = root / f"o-{keys[i]}-{cache.digest(data)[:16]}.o"
+            cache.write_atomic(obj, data)
+            cache.write_record(obj, keys[i], data)
+            cache.write_atomic(root / f"o-{keys[i]}.json", json.dumps({"key": keys[i], "object": obj.name}).encode())
+    return paths
+
+
+def _run_compiler(argv: list[str], out: Path, cmd: list[str], source: str, functions: Mapping[str, tuple[int, int]]) -> None:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True)
+    except OSError as e:
+        raise BuildError(f"could not run the C compiler {cmd[0]}: {e}. {_INSTALL_HINT}") from e
+    if proc.returncode != 0 or not out.exists():
+        raise BuildError(_compile_error(argv, proc.stderr or proc.stdout, source, functions))
 
 
 def set_aside(result: CompileResult, why: str) -> None:
