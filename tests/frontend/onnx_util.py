@@ -50,6 +50,23 @@ def outputs(result: Any) -> list[np.ndarray]:
     return [np.asarray(r) for r in (result if isinstance(result, tuple) else (result,))]
 
 
+def assert_matches_reference(m: onnx.ModelProto, runs: Sequence[Sequence[np.ndarray]], rtol: float = 1e-5, atol: float = 1e-5, **kw: Any) -> None:
+    """Compile ``m`` once (``kw`` to ``from_onnx``) and compare with onnx's reference evaluator
+    on every input set of ``runs`` (for ops and opsets onnxruntime does not have)."""
+    from onnx.reference import ReferenceEvaluator
+
+    fn = compile_onnx(m, **kw)
+    ref = ReferenceEvaluator(m)
+    names = [i.name for i in m.graph.input]
+    for inputs in runs:
+        got = outputs(fn(*inputs))
+        want = [np.asarray(w) for w in ref.run(None, dict(zip(names, inputs)))]
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, w.shape, g.dtype, w.dtype)
+            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+
+
 def assert_matches_ort(m: onnx.ModelProto, runs: Sequence[Sequence[np.ndarray]], rtol: float = 1e-5, atol: float = 1e-6, **kw: Any) -> None:
     """Compile ``m`` once and compare with onnxruntime on every input set of ``runs``."""
     fn = compile_onnx(m, **kw)

@@ -10,9 +10,8 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from onnx.reference import ReferenceEvaluator
 
-from tests.frontend.onnx_util import compile_onnx, outputs, tensor
+from tests.frontend.onnx_util import assert_matches_reference, tensor
 from tilework.errors import UnsupportedError
 from tilework.frontend.onnx import from_onnx
 
@@ -30,16 +29,7 @@ def _model(nodes: Sequence[onnx.NodeProto], inputs: list[onnx.ValueInfoProto], o
 
 
 def _check(m: onnx.ModelProto, runs: Sequence[Sequence[np.ndarray]], tol: float = 1e-5, **kw: object) -> None:
-    fn = compile_onnx(m, **kw)
-    ref = ReferenceEvaluator(m)
-    names = [i.name for i in m.graph.input]
-    for inputs in runs:
-        got = outputs(fn(*inputs))
-        want = ref.run(None, dict(zip(names, inputs)))
-        assert len(got) == len(want)
-        for g, w in zip(got, want):
-            assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, w.shape, g.dtype, w.dtype)
-            np.testing.assert_allclose(g, w, rtol=tol, atol=tol)
+    assert_matches_reference(m, runs, rtol=tol, atol=tol, **kw)
 
 
 def _boxes(b: int, n: int) -> np.ndarray:

@@ -10,9 +10,8 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-from onnx.reference import ReferenceEvaluator
 
-from tests.frontend.onnx_util import assert_matches_ort, compile_onnx, model, outputs, tensor
+from tests.frontend.onnx_util import assert_matches_ort, assert_matches_reference, model, tensor
 from tilework.errors import UnsupportedError
 from tilework.frontend.onnx import from_onnx
 
@@ -24,19 +23,9 @@ def _out(name: str, rank: int) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, F, [None] * rank)
 
 
-def _check(m: onnx.ModelProto, runs: Sequence[Sequence[np.ndarray]], rtol: float = 1e-4, atol: float = 1e-5) -> None:
-    """Compile ``m`` once; compare with onnx's reference evaluator on every input set (onnxruntime
-    has no opset 27 yet)."""
-    fn = compile_onnx(m)
-    ref = ReferenceEvaluator(m)
-    names = [i.name for i in m.graph.input]
-    for inputs in runs:
-        got = outputs(fn(*inputs))
-        want = ref.run(None, dict(zip(names, inputs)))
-        assert len(got) == len(want)
-        for g, w in zip(got, want):
-            assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, w.shape, g.dtype, w.dtype)
-            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+def _check(m: onnx.ModelProto, runs: Sequence[Sequence[np.ndarray]]) -> None:
+    """Against onnx's reference evaluator (onnxruntime has no opset 27 yet)."""
+    assert_matches_reference(m, runs, rtol=1e-4, atol=1e-5)
 
 
 def _la_model(rule: str, hq: int, hkv: int, dk: int, decay_n: int | None, seq: int | str = "seq", **attrs: Any) -> onnx.ModelProto:
