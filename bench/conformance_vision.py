@@ -7,8 +7,10 @@ its largest error, divided by the output's largest magnitude, is at most 1e-4 (t
 ``tests/frontend/test_hf_models.py``). Images are small (64x64 unless the table says otherwise)
 to keep compile and run times sane on 2 cores; the ops are the same at 224x224.
 
-torchvision is a bench-only dependency (the ``bench`` extra) and lives in a venv of its own: the
-PyPI build is a CUDA one whose C extension does not load beside the CPU build of torch. The
+torchvision is in no extra and lives in a venv of its own (``pip install -c constraints.txt -e
+'.[test,all]'`` there, then ``pip install --no-deps torchvision==0.28.0 pillow`` for torch 2.13):
+the PyPI build is a CUDA one whose C extension does not load beside the CPU build of torch, and
+in the main venv it breaks ``import transformers``. The
 models need none of its C++ ops, but its import registers fake kernels for ``torchvision::nms``
 and ``qnms``, so this script defines those two schemas first when the extension is missing.
 
