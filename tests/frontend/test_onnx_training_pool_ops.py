@@ -101,3 +101,35 @@ def test_unique_along_an_axis(is_sorted: int) -> None:
             u, first, counts, inverse = u[:, order], first[order], counts[order], np.argsort(order)[inverse]
         for g, w in zip(outputs(fn(x)), (u, first, inverse.reshape(-1), counts)):
             np.testing.assert_array_equal(g, w)
+
+
+# -- Resize: antialias and tf_crop_and_resize -----------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+def test_resize_antialias(mode: str) -> None:
+    """A shrink by scales of symbolic dims (the antialiased kernel spans 1/scale taps) and one to
+    static sizes with exclude_outside."""
+    consts = [("scales", np.array([1.0, 1.0, 0.5, 0.75], np.float32)), ("sizes", np.array([3, 2], np.int64))]
+    nodes = [
+        helper.make_node("Resize", ["x", "", "scales"], ["y"], mode=mode, antialias=1),
+        helper.make_node("Resize", ["z", "", "", "sizes"], ["y2"], mode=mode, antialias=1, exclude_outside=1, axes=[2, 3], cubic_coeff_a=-0.5),
+    ]
+    m = model(nodes, [tensor("x", F, ["n", 2, "h", "w"]), tensor("z", F, [1, 3, 7, 5])], [tensor("y", F, ["n", 2, None, None]), tensor("y2", F, [1, 3, 3, 2])], consts, opset=19)
+    check_against_reference(m, [[randn(n, 2, h, w), randn(1, 3, 7, 5)] for n, h, w in ((1, 2, 5), (2, 9, 10), (1, 6, 11))])
+
+
+def test_resize_tf_crop_and_resize() -> None:
+    """Boxes partly outside the input (the extrapolation value there), on symbolic dims."""
+    consts = [
+        ("roi", np.array([0.2, -0.1, 0.9, 1.3], np.float32)),
+        ("sizes", np.array([4, 1], np.int64)),
+        ("roi2", np.array([0, 0, 0.1, 0.3, 1, 1, 0.6, 0.7], np.float32)),
+        ("sizes2", np.array([1, 2, 5, 3], np.int64)),
+    ]
+    nodes = [
+        helper.make_node("Resize", ["x", "roi", "", "sizes"], ["y"], mode="linear", coordinate_transformation_mode="tf_crop_and_resize", axes=[2, 3], extrapolation_value=-3.0),
+        helper.make_node("Resize", ["x", "roi2", "", "sizes2"], ["y2"], mode="nearest", coordinate_transformation_mode="tf_crop_and_resize"),
+    ]
+    m = model(nodes, [tensor("x", F, [1, 2, "h", "w"])], [tensor("y", F, [1, 2, 4, 1]), tensor("y2", F, [1, 2, 5, 3])], consts, opset=19)
+    check_against_reference(m, [[randn(1, 2, h, w)] for h, w in ((1, 1), (4, 5), (7, 3))])

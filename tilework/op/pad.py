@@ -14,7 +14,12 @@
   ``linear`` interpolates the two neighbours and ``cubic`` four (Keys' kernel with parameter
   ``cubic_a``; ``exclude_outside`` drops taps outside the input and renormalizes), reading the
   edge element for taps beyond it. ``scales`` (one per dim) are what the source coordinate
-  divides by; None uses ``size / d``.
+  divides by; None uses ``size / d``. ``tf_crop_and_resize`` samples the box ``roi`` (the
+  start of every dim, then the end of every dim, as fractions of ``d - 1``) and gives
+  ``extrapolation`` where the source coordinate of any dim falls outside ``[0, d - 1]``.
+  ``antialias`` widens the linear or cubic kernel of a dim that shrinks by the scale ``s < 1``
+  to ``1 / s`` times its taps (weights ``kernel((tap - source) * s)``, normalized; the scale
+  must then be known when compiling).
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ if TYPE_CHECKING:
     from tilework.transform.legalize import LegalizeCtx
 
 PAD_MODES = ("constant", "reflect", "edge", "wrap")
-COORD_MODES = ("half_pixel", "half_pixel_symmetric", "asymmetric", "align_corners", "pytorch_half_pixel", "tf_half_pixel_for_nn")
+COORD_MODES = ("half_pixel", "half_pixel_symmetric", "asymmetric", "align_corners", "pytorch_half_pixel", "tf_half_pixel_for_nn", "tf_crop_and_resize")
 RESIZE_MODES = ("nearest", "linear", "cubic")
 NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 
@@ -152,16 +157,24 @@ def tile(x: Expr, repeats: Sequence[Dim]) -> Call:
 def _infer_resize(call: Call, ctx: InferCtx) -> StructInfo:
     x = tensor_arg(call, 0, ctx)
     sizes = _dims_attr(call.attrs["sizes"], "sizes", ctx)
-    scales = call.attrs["scales"]
+    scales, roi = call.attrs["scales"], call.attrs["roi"]
     for attr, allowed in (("coord", COORD_MODES), ("rounding", NEAREST_MODES), ("mode", RESIZE_MODES)):
         if call.attrs[attr] not in allowed:
             raise ctx.error(f"{attr} must be one of {', '.join(allowed)}, got {call.attrs[attr]!r}")
     if scales is not None and (not isinstance(scales, tuple) or len(scales) != len(sizes)):
         raise ctx.error(f"scales must be None or one float per dim, got {scales!r}")
+    if (call.attrs["coord"] == "tf_crop_and_resize") != (roi is not None):
+        raise ctx.error(f"roi must be given exactly when coord is tf_crop_and_resize, got {roi!r}")
+    if roi is not None and (not isinstance(roi, tuple) or len(roi) != 2 * len(sizes)):
+        raise ctx.error(f"roi needs a start and an end per dim ({2 * len(sizes)} floats), got {roi!r}")
     if x.ndim not in (-1, len(sizes)):
         raise ctx.error(f"sizes needs one entry per dim ({x.ndim}), got {len(sizes)}")
     if call.attrs["mode"] != "nearest" and x.dtype is not None and not x.dtype.startswith(("float", "bfloat")):
         raise ctx.error(f"{call.attrs['mode']} interpolation needs a floating-point tensor, got {x.dtype}")
+    if call.attrs["antialias"] and call.attrs["mode"] != "nearest" and scales is None and x.shape is not None:
+        for k, (d, out) in enumerate(zip(x.shape, sizes)):
+            if d is not out and _growth(d, out, None) is None:
+                raise ctx.error(f"antialias needs the scale of dim {k} ({sym.to_str(d)} -> {sym.to_str(out)}) when compiling: give scales or static sizes")
     require_nonneg(sizes, ctx, "sizes")
     return TensorInfo(sizes, x.dtype)
 
@@ -177,16 +190,21 @@ def _nearest(s: PExpr, mode: str) -> PExpr:
     return te.if_then_else(te.lt(frac, 0.5), te.floor(s), te.ceil(s))
 
 
-def _src_coord(i: Scalar, d: Dim, out: Dim, scale: float | None, coord: str) -> PExpr:
-    """The source coordinate (float64) of output index ``i``."""
+def _src_coord(i: Scalar, d: Dim, out: Dim, scale: float | None, coord: str, box: tuple[float, float]) -> PExpr:
+    """The source coordinate (float64) of output index ``i`` (``box``: tf_crop_and_resize's
+    start and end along this dim)."""
     fi = te.cast(i, "float64")
     fd, fo = te.cast(d, "float64"), te.cast(out, "float64")
     s = fo / fd if scale is None else te.constant(scale, "float64")
+    span = fo if scale is None else fd * scale  # with a given scale, the unrounded output length
     if coord == "asymmetric":
         return fi / s
-    if coord == "align_corners":  # with a given scale, the unrounded output length
-        span = fo if scale is None else fd * scale
+    if coord == "align_corners":
         return te.if_then_else(te.le(fo, 1.0), 0.0, fi * (fd - 1.0) / (span - 1.0))
+    if coord == "tf_crop_and_resize":
+        start, end = box
+        middle = (start + end) * 0.5 * (fd - 1.0)
+        return te.if_then_else(te.le(fo, 1.0), middle, start * (fd - 1.0) + fi * (end - start) * (fd - 1.0) / (span - 1.0))
     if coord == "tf_half_pixel_for_nn":
         return (fi + 0.5) / s
     half = (fi + 0.5) / s - 0.5
@@ -214,10 +232,19 @@ def _cubic_weights(r: PExpr, a: float) -> list[PExpr]:
     return [far(r + 1.0), near(r), near(1.0 - r), far(2.0 - r)]
 
 
-def _taps(call: Call, i: Scalar, d: Dim, out: Dim, scale: float | None) -> list[tuple[Scalar, float | PExpr]]:
-    """(source index, weight) pairs for output index ``i`` along one resized dim."""
+def _kernel(t: PExpr, mode: str, a: float) -> PExpr:
+    """The linear or (Keys) cubic interpolation kernel at distance ``t``."""
+    u = te.abs(t)
+    if mode == "linear":
+        return te.maximum(1.0 - u, 0.0)
+    near = ((u * (a + 2.0)) - (a + 3.0)) * u * u + 1.0
+    far = ((u * a - 5.0 * a) * u + 8.0 * a) * u - 4.0 * a
+    return te.if_then_else(te.le(u, 1.0), near, te.if_then_else(te.lt(u, 2.0), far, 0.0))
+
+
+def _taps(call: Call, x: PExpr, d: Dim) -> list[tuple[Scalar, float | PExpr]]:
+    """(source index, weight) pairs for source coordinate ``x`` along one resized dim."""
     mode = call.attrs["mode"]
-    x = _src_coord(i, d, out, scale, call.attrs["coord"])
     if mode == "nearest":
         return [(_clamp(te.cast(_nearest(x, call.attrs["rounding"]), "int64"), d), 1.0)]
     base = te.floor(x)
@@ -235,18 +262,32 @@ def _taps(call: Call, i: Scalar, d: Dim, out: Dim, scale: float | None) -> list[
     return [(_clamp(t, d), k / total) for (t, _), k in zip(taps, kept)]
 
 
+def _growth(d: Dim, out: Dim, scale: float | None) -> float | None:
+    """How much a dim grows: its given scale, or ``out / d`` when both are static."""
+    if scale is not None:
+        return scale
+    return out / d if isinstance(d, int) and isinstance(out, int) and d > 0 else None
+
+
 def _legalize_resize(call: Call, ctx: "LegalizeCtx") -> Expr:
     """Every output element is a weighted sum over the taps of each resized dim (one for
-    nearest, two for linear, four for cubic), accumulated in float64."""
+    nearest, two for linear, four for cubic, more for an antialiased shrink), accumulated in
+    float64."""
     x = arg(call, 0, "x")
     shape, dtype = out_tensor(call)
-    scales = call.attrs["scales"]
+    scales, roi, coord = call.attrs["scales"], call.attrs["roi"], call.attrs["coord"]
     nearest = call.attrs["mode"] == "nearest"
-    resized = [k for k, d in enumerate(x.shape) if not (d is shape[k] and (scales is None or scales[k] == 1.0))]
+    rank = len(shape)
+    boxes = [(0.0, 1.0) if roi is None else (float(roi[k]), float(roi[rank + k])) for k in range(rank)]
+    resized = [k for k, d in enumerate(x.shape) if not (d is shape[k] and (scales is None or scales[k] == 1.0) and boxes[k] == (0.0, 1.0))]
+
+    if call.attrs["antialias"] and not nearest:
+        return _resize_separably(call, ctx, x, resized, boxes)
 
     def f(*i: Scalar) -> Operand:
-        per_dim = [_taps(call, i[k], x.shape[k], shape[k], None if scales is None else float(scales[k])) for k in resized]
-        total: float | PExpr = 0.0
+        coords = {k: _src_coord(i[k], x.shape[k], shape[k], None if scales is None else float(scales[k]), coord, boxes[k]) for k in resized}
+        per_dim = [_taps(call, coords[k], x.shape[k]) for k in resized]
+        total: Operand = 0.0
         for combo in itertools.product(*per_dim):
             idx: list[Scalar] = list(i)
             weight: float | PExpr = 1.0
@@ -255,15 +296,74 @@ def _legalize_resize(call: Call, ctx: "LegalizeCtx") -> Expr:
                 weight = weight * w
             value = x[tuple(idx)]
             if nearest:
-                return value
+                total = value
+                break
             total = total + weight * te.cast(value, "float64")
-        return total if not nearest else x[i]
+        if not resized:
+            total = x[i]
+        if coord != "tf_crop_and_resize" or not resized:
+            return total
+        outside = te.any(*(te.logical_or(te.lt(c, 0.0), te.gt(c, te.cast(sym.sub(x.shape[k], 1), "float64"))) for k, c in coords.items()))
+        return te.if_then_else(outside, te.cast(float(call.attrs["extrapolation"]), dtype if nearest else "float64"), total)
 
     out = te.compute(shape, f, "resize", dtype)
     return ctx.call_te("resize", call.args, [x], [out], call.info)
 
 
-register(Op("resize", _infer_resize, OpPattern.INJECTIVE, attrs={"sizes": (), "scales": None, "mode": "nearest", "coord": "half_pixel", "rounding": "round_prefer_floor", "cubic_a": -0.75, "exclude_outside": False}, num_args=1, legalize=_legalize_resize))
+def _resize_separably(call: Call, ctx: "LegalizeCtx", x: te.Tensor, resized: Sequence[int], boxes: Sequence[tuple[float, float]]) -> Expr:
+    """One stage per resized dim, each interpolating along that dim only (in float64), with
+    the taps' first index and weights per output position in tables of their own: an
+    antialiased kernel has many taps, each weight normalized by all of them."""
+    shape, dtype = out_tensor(call)
+    scales = call.attrs["scales"]
+    mode, a = call.attrs["mode"], float(call.attrs["cubic_a"])
+    extrapolate = call.attrs["coord"] == "tf_crop_and_resize"
+    stage = x
+    for n, k in enumerate(resized):
+        d, out = x.shape[k], shape[k]
+        scale = None if scales is None else float(scales[k])
+        growth = min(_growth(d, out, scale) or 1.0, 1.0)
+        reach = 1 if mode == "linear" else 2
+        first = math.floor(-reach / growth) + 1
+        ntaps = 2 - 2 * first
+
+        def coord(i: Scalar, d: Dim = d, out: Dim = out, scale: float | None = scale, k: int = k) -> PExpr:
+            return _src_coord(i, d, out, scale, call.attrs["coord"], boxes[k])
+
+        def frac(i: Scalar, coord: Callable[[Scalar], PExpr] = coord) -> PExpr:  # in (0, 1]
+            c = coord(i)
+            return te.if_then_else(te.eq(c, te.floor(c)), 1.0, c - te.floor(c))
+
+        base = te.compute((out,), lambda i, coord=coord, frac=frac, first=first: te.cast(coord(i) - frac(i), "int64") + first, f"resize_base{k}", "int64")
+
+        def raw(t: Scalar, i: Scalar, d: Dim = d, frac: Callable[[Scalar], PExpr] = frac, base: te.Tensor = base, growth: float = growth, first: int = first) -> PExpr:
+            w = _kernel((te.cast(t + first, "float64") - frac(i)) * growth, mode, a)
+            if not call.attrs["exclude_outside"]:
+                return w
+            pos = base[i] + t
+            return te.if_then_else(te.logical_and(te.ge(pos, 0), te.lt(pos, d)), w, 0.0)
+
+        weights = te.compute((ntaps, out), raw, f"resize_weights{k}", "float64")
+        totals = te.compute((out,), lambda i, weights=weights, ntaps=ntaps: te.sum(weights[(r := te.reduce_axis(ntaps, "r")), i], axis=r), f"resize_total{k}", "float64")
+        src: te.Tensor = stage
+        dims = tuple(shape[j] if j == k or j in resized[:n] else x.shape[j] for j in range(len(shape)))
+
+        def f(*i: Scalar, k: int = k, d: Dim = d, src: te.Tensor = src, base: te.Tensor = base, weights: te.Tensor = weights, totals: te.Tensor = totals, ntaps: int = ntaps, coord: Callable[[Scalar], PExpr] = coord) -> Operand:
+            total: Operand = 0.0
+            for t in range(ntaps):
+                total = total + weights[t, i[k]] * te.cast(src[(*i[:k], _clamp(base[i[k]] + t, d), *i[k + 1 :])], "float64")
+            total = total / totals[i[k]]
+            if not extrapolate:
+                return total
+            c = coord(i[k])
+            return te.if_then_else(te.logical_or(te.lt(c, 0.0), te.gt(c, te.cast(sym.sub(d, 1), "float64"))), float(call.attrs["extrapolation"]), total)
+
+        last = n == len(resized) - 1
+        stage = te.compute(dims, f, "resize" if last else f"resize_dim{k}", dtype if last else "float64")
+    return ctx.call_te("resize", call.args, [x], [stage], call.info)
+
+
+register(Op("resize", _infer_resize, OpPattern.INJECTIVE, attrs={"sizes": (), "scales": None, "mode": "nearest", "coord": "half_pixel", "rounding": "round_prefer_floor", "cubic_a": -0.75, "exclude_outside": False, "antialias": False, "roi": None, "extrapolation": 0.0}, num_args=1, legalize=_legalize_resize))
 
 
 def resize(
@@ -275,12 +375,16 @@ def resize(
     rounding: str = "round_prefer_floor",
     cubic_a: float = -0.75,
     exclude_outside: bool = False,
+    antialias: bool = False,
+    roi: Sequence[float] | None = None,
+    extrapolation: float = 0.0,
 ) -> Call:
     """``x`` resampled to ``sizes`` (see the module docstring)."""
     sc = None if scales is None else tuple(float(s) for s in scales)
     if sc is not None and any(not math.isfinite(s) or s <= 0 for s in sc):
         raise ValueError(f"resize scales must be positive, got {sc}")
-    return make_call("resize", [x], sizes=tuple(sizes), scales=sc, mode=mode, coord=coord, rounding=rounding, cubic_a=float(cubic_a), exclude_outside=bool(exclude_outside))
+    box = None if roi is None else tuple(float(v) for v in roi)
+    return make_call("resize", [x], sizes=tuple(sizes), scales=sc, mode=mode, coord=coord, rounding=rounding, cubic_a=float(cubic_a), exclude_outside=bool(exclude_outside), antialias=bool(antialias), roi=box, extrapolation=float(extrapolation))
 
 
 # -- grid_sample ---------------------------------------------------------------------------------

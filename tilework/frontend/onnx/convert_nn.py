@@ -427,19 +427,32 @@ def _eye_like(ctx: NodeCtx) -> Result:
 
 # -- resampling ---------------------------------------------------------------------------------------
 
-_COORD_V11 = ("half_pixel", "half_pixel_symmetric", "asymmetric", "align_corners", "pytorch_half_pixel", "tf_half_pixel_for_nn")
+_COORD_V11 = ("half_pixel", "half_pixel_symmetric", "asymmetric", "align_corners", "pytorch_half_pixel", "tf_half_pixel_for_nn", "tf_crop_and_resize")
+
+
+def _resize_roi(ctx: NodeCtx, axes: Sequence[int], rank: int) -> tuple[float, ...] | None:
+    """tf_crop_and_resize's box for every dim (the starts, then the ends; an axis not listed
+    keeps all of it), or None in the other modes."""
+    if ctx.attr("coordinate_transformation_mode", "half_pixel") != "tf_crop_and_resize":
+        return None
+    given = ctx.const(1) if ctx.has_input(1) else None
+    if given is None or given.size != 2 * len(axes):
+        raise ctx.unsupported(f"tf_crop_and_resize needs a static roi with a start and an end per axis ({2 * len(axes)} values)")
+    box = [0.0] * rank + [1.0] * rank
+    for j, a in enumerate(axes):
+        box[a], box[rank + a] = float(given.reshape(-1)[j]), float(given.reshape(-1)[len(axes) + j])
+    return tuple(box)
 
 
 @converter("Resize", 11, 19, static_inputs=(1, 2, 3))
 def _resize(ctx: NodeCtx) -> Result:
     shape = ctx.known_shape(0)
     rank = len(shape)
-    if int(ctx.attr("antialias", 0)):
-        raise ctx.unsupported("antialias=1")
     coord = ctx.attr("coordinate_transformation_mode", "half_pixel")
     if coord not in _COORD_V11:
         raise ctx.unsupported(f"coordinate_transformation_mode={coord!r}")
     axes = [norm_axis(ctx, int(a), rank) for a in ctx.attr("axes", range(rank))]
+    roi = _resize_roi(ctx, axes, rank)
     scales_in = ctx.const(2)
     sizes: list[Dim] = list(shape)
     scales: list[float] = [1.0] * rank
@@ -447,7 +460,11 @@ def _resize(ctx: NodeCtx) -> Result:
         for a, sc in zip(axes, scales_in.reshape(-1).tolist()):
             scales[a] = float(sc)
             d = shape[a]
-            if float(sc).is_integer():
+            if roi is not None:  # the output covers the box
+                if not isinstance(d, int):
+                    raise ctx.unsupported("tf_crop_and_resize with scales of a symbolic dim")
+                sizes[a] = int(np.floor(d * (roi[rank + a] - roi[a]) * sc))
+            elif float(sc).is_integer():
                 sizes[a] = sym.mul(d, int(sc))
             elif isinstance(d, int):
                 sizes[a] = int(np.floor(d * sc))
@@ -486,6 +503,9 @@ def _resize(ctx: NodeCtx) -> Result:
             ctx.attr("nearest_mode", "round_prefer_floor"),
             float(ctx.attr("cubic_coeff_a", -0.75)),
             bool(ctx.attr("exclude_outside", 0)),
+            bool(int(ctx.attr("antialias", 0))),
+            roi,
+            float(ctx.attr("extrapolation_value", 0.0)),
         )
     )
 
