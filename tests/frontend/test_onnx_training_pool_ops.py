@@ -1,40 +1,22 @@
 """ONNX ops whose less common forms tilework converts: BatchNormalization in training mode
-(batch statistics and the running-statistics outputs), Dropout in training mode, MaxPool's
-Indices output, Unique along an axis, GatherND with batch dims and Resize's antialias and
+(batch statistics and the running-statistics outputs), MaxPool's Indices output, Unique along an axis, GatherND with batch dims and Resize's antialias and
 tf_crop_and_resize forms. Each model has symbolic dims, is compiled once and runs at sizes
 including 1 and odd ones against ONNX's reference evaluator or onnxruntime."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
-
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
-from onnx.reference import ReferenceEvaluator
 
-from tests.frontend.onnx_util import assert_matches_ort, compile_onnx, model, outputs, tensor
+from tests.frontend.onnx_util import assert_matches_ort, assert_matches_reference, compile_onnx, model, outputs, tensor
 
-F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
+F, I64 = TensorProto.FLOAT, TensorProto.INT64
 rng = np.random.default_rng(0)
 
 
 def randn(*shape: int) -> np.ndarray:
     return rng.standard_normal(shape).astype(np.float32)
-
-
-def check_against_reference(m: Any, runs: Sequence[Sequence[np.ndarray]], rtol: float = 1e-5, atol: float = 1e-5) -> None:
-    fn = compile_onnx(m)
-    ref = ReferenceEvaluator(m)
-    names = [i.name for i in m.graph.input]
-    for inputs in runs:
-        got = outputs(fn(*inputs))
-        want = ref.run(None, dict(zip(names, inputs)))
-        assert len(got) == len(want)
-        for g, w in zip(got, want):
-            w = np.asarray(w)
-            assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, w.shape, g.dtype, w.dtype)
-            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
 
 
 # -- BatchNormalization in training mode ----------------------------------------------------
@@ -45,7 +27,7 @@ def test_batch_norm_training_mode() -> None:
     vec = [tensor(n, F, [3]) for n in ("s", "b", "mean", "var")]
     m = model([node], [tensor("x", F, ["n", 3, "h"]), *vec], [tensor("y", F, ["n", 3, "h"]), tensor("rmean", F, [3]), tensor("rvar", F, [3])], opset=15)
     params = [randn(3), randn(3), randn(3), np.abs(randn(3))]
-    check_against_reference(m, [[randn(1, 3, 1), *params], [randn(2, 3, 5), *params], [randn(3, 3, 7), *params]])
+    assert_matches_reference(m, [[randn(1, 3, 1), *params], [randn(2, 3, 5), *params], [randn(3, 3, 7), *params]])
 
 
 # -- GatherND with batch dims ---------------------------------------------------------------
@@ -64,7 +46,7 @@ def test_gather_nd_batch_dims(batch_dims: int) -> None:
         cols = [rng.integers(-d, d, size=(*dshape[:batch_dims], rows)) for d in lead]
         return np.stack(cols, axis=-1).astype(np.int64)
 
-    check_against_reference(m, [[randn(*dshape), index(r)] for r in (1, 3, 4)])
+    assert_matches_reference(m, [[randn(*dshape), index(r)] for r in (1, 3, 4)])
 
 
 # -- MaxPool's Indices ----------------------------------------------------------------------
@@ -116,7 +98,7 @@ def test_resize_antialias(mode: str) -> None:
         helper.make_node("Resize", ["z", "", "", "sizes"], ["y2"], mode=mode, antialias=1, exclude_outside=1, axes=[2, 3], cubic_coeff_a=-0.5),
     ]
     m = model(nodes, [tensor("x", F, ["n", 2, "h", "w"]), tensor("z", F, [1, 3, 7, 5])], [tensor("y", F, ["n", 2, None, None]), tensor("y2", F, [1, 3, 3, 2])], consts, opset=19)
-    check_against_reference(m, [[randn(n, 2, h, w), randn(1, 3, 7, 5)] for n, h, w in ((1, 2, 5), (2, 9, 10), (1, 6, 11))])
+    assert_matches_reference(m, [[randn(n, 2, h, w), randn(1, 3, 7, 5)] for n, h, w in ((1, 2, 5), (2, 9, 10), (1, 6, 11))])
 
 
 def test_resize_tf_crop_and_resize() -> None:
@@ -132,4 +114,4 @@ def test_resize_tf_crop_and_resize() -> None:
         helper.make_node("Resize", ["x", "roi2", "", "sizes2"], ["y2"], mode="nearest", coordinate_transformation_mode="tf_crop_and_resize"),
     ]
     m = model(nodes, [tensor("x", F, [1, 2, "h", "w"])], [tensor("y", F, [1, 2, 4, 1]), tensor("y2", F, [1, 2, 5, 3])], consts, opset=19)
-    check_against_reference(m, [[randn(1, 2, h, w)] for h, w in ((1, 1), (4, 5), (7, 3))])
+    assert_matches_reference(m, [[randn(1, 2, h, w)] for h, w in ((1, 1), (4, 5), (7, 3))])
