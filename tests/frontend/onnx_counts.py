@@ -15,7 +15,7 @@ import warnings
 
 import onnx
 
-from tilework.frontend.onnx import supported
+from tilework.frontend.onnx import supported, supported_ops
 from tilework.frontend.onnx.importer import default_opset
 
 from tests.frontend.test_onnx_conformance import ATTEMPTED, EXPECTED_FAILURES, NODE_CASES, _ops
@@ -29,7 +29,18 @@ def _missing_ops(model: onnx.ModelProto) -> list[str]:
     return sorted({n.op_type for n in _ops(model.graph) if not supported(n.op_type, opset, n.domain)})
 
 
+def op_table() -> str:
+    """The "Opsets claimed" list: each op with its converted schema versions."""
+    ops = supported_ops()
+    parts = []
+    for name in sorted(ops, key=str.lower):
+        spans = "/".join(f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in ops[name])
+        parts.append(f"{name} {spans}")
+    return f"{len(ops)} ops: " + ", ".join(parts) + "."
+
+
 def main() -> None:
+    print(op_table() + "\n")
     total, attempted = len(NODE_CASES), len(ATTEMPTED)
     failed = len(EXPECTED_FAILURES)
     passed = attempted - failed
