@@ -6,7 +6,6 @@ still names the kernel."""
 
 from __future__ import annotations
 
-import stat
 from pathlib import Path
 
 import numpy as np
@@ -36,25 +35,6 @@ def main(x: Tensor((b, s, 48), "float32"), w: Tensor((48, 40), "float32"), g: Te
         output(p)
     return p
 """
-
-
-@pytest.fixture
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    d = tmp_path / "cache"
-    monkeypatch.setenv("TILEWORK_CACHE_DIR", str(d))
-    return d
-
-
-@pytest.fixture
-def cc_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """CC set to a wrapper that logs each invocation's arguments, then runs the real compiler."""
-    real = toolchain.compiler_command()[0]
-    log = tmp_path / "cc.log"
-    wrapper = tmp_path / "cc-wrapper"
-    wrapper.write_text(f'#!/bin/sh\necho "$@" >> "{log}"\nexec "{real}" "$@"\n')
-    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("CC", str(wrapper))
-    return log
 
 
 def _scaled(scale: float, name: str = "x") -> TensorFunc:
