@@ -21,19 +21,8 @@ from tilework import op
 from tilework.ir.builder import BlockBuilder
 from tilework.ir.graph import Var
 from tilework.ir.info import TensorInfo
-from tilework.runtime.bytecode import VMFunction
-from tilework.runtime.executable import Executable
 
-from bench_vm import timeit
-
-
-def dispatch(untrusted: bool, n: int = 1000) -> float:
-    code = [("call", 1, ("builtin", "vm.copy"), (("r", 0),)) for _ in range(n)] + [("ret", 1)]
-    exe = Executable({"main": VMFunction("main", ("x",), 2, tuple(code))}, [], {})
-    exe.untrusted = untrusted
-    f = tw.VM(exe)["main"]
-    x = np.zeros(1, np.float32)
-    return timeit(lambda: f(x), 20) / n
+from bench_vm import dispatch_overhead, timeit
 
 
 def tiny_ops(n: int = 64) -> tuple[float, float]:
@@ -56,7 +45,7 @@ def tiny_ops(n: int = 64) -> tuple[float, float]:
 
 
 def main() -> None:
-    d0, d1 = dispatch(False), dispatch(True)
+    d0, d1 = dispatch_overhead(untrusted=False), dispatch_overhead(untrusted=True)
     t0, t1 = tiny_ops()
     print(f"dispatch per instruction: built {d0 * 1e9:.0f} ns, loaded (checked) {d1 * 1e9:.0f} ns")
     print(f"tiny kernel op:           built {t0 * 1e6:.2f} us, loaded (checked) {t1 * 1e6:.2f} us, check cost {(t1 - t0) * 1e6:.2f} us per kernel call")

@@ -37,6 +37,7 @@ class _Loaded:
     """A VM function with its instructions resolved into steps."""
 
     __slots__ = ("fn", "steps", "invoke")
+    CHECKED = False  # errors of the steps become RuntimeCheckErrors naming the instruction
 
     def __init__(self, fn: VMFunction) -> None:
         self.fn = fn
@@ -48,33 +49,7 @@ class _Loaded:
         regs[: len(args)] = args
         steps = self.steps
         pc = 0
-        while True:
-            kind, a, b = steps[pc]
-            if kind == CALL:
-                a(regs)
-                pc += 1
-            elif kind == RET:
-                return regs[a]
-            elif kind == GOTO:
-                pc = a
-            else:
-                pc = pc + 1 if regs[a] else b
-
-
-class _Checked(_Loaded):
-    """A VM function of an executable read from a file (``Executable.untrusted``): the same
-    steps (its kernel and library calls checked), and an error that is not a ``TileworkError``
-    (a builtin handed values of the wrong kind by changed bytecode) becomes a
-    ``RuntimeCheckError`` naming the function and the instruction."""
-
-    __slots__ = ()
-
-    def _run(self, *args: Any) -> Any:
-        regs: list[Any] = [None] * self.fn.num_regs
-        regs[: len(args)] = args
-        steps = self.steps
-        pc = 0
-        try:
+        try:  # free until something raises
             while True:
                 kind, a, b = steps[pc]
                 if kind == CALL:
@@ -86,12 +61,22 @@ class _Checked(_Loaded):
                     pc = a
                 else:
                     pc = pc + 1 if regs[a] else b
-        except TileworkError:
-            raise
         except Exception as e:  # a RecursionError too (a function that calls itself)
+            if not self.CHECKED or isinstance(e, TileworkError):
+                raise
             ins = self.fn.code[pc]
             what = f"call of {ins[2][0]} {ins[2][1]!r}" if ins[0] == "call" else ins[0]
             raise RuntimeCheckError(f"{self.fn.name}: instruction {pc} ({what}) of the loaded executable failed: {type(e).__name__}: {e}") from None
+
+
+class _Checked(_Loaded):
+    """A VM function of an executable read from a file (``Executable.untrusted``): the same
+    steps (its kernel and library calls checked), and an error that is not a ``TileworkError``
+    (a builtin handed values of the wrong kind by changed bytecode) becomes a
+    ``RuntimeCheckError`` naming the function and the instruction."""
+
+    __slots__ = ()
+    CHECKED = True
 
 
 class _Bound:
