@@ -42,7 +42,7 @@ from tilework.transform.weight_params import retype_weight_params, weight_params
 
 ATTR = "packed_weights"
 TRANSPOSED = "transposed_weights"  # params given as [in, out] (a matmul's weight), taken as [out, in]
-PANEL = 32  # columns per panel: the register tile's width (two float32 vectors of AVX-512)
+PANEL = 16  # columns per panel: a register tile spans one (AVX2: 2 x 8 floats) or two (AVX-512)
 _DTYPES = ("float32", "float64")
 
 

@@ -4,6 +4,9 @@ the innermost)."""
 
 from __future__ import annotations
 
+import functools
+import os
+from dataclasses import dataclass
 from typing import Callable
 
 from tilework.errors import ScheduleError
@@ -20,6 +23,46 @@ VECTOR_BYTES = 64  # one AVX-512 register; narrower ISAs just split the vector l
 MIN_PARALLEL_WORK = 4096  # a static nest with fewer iterations runs on one thread
 TRANSPOSE_TILE = 16  # a transpose moves 16 x 16 tiles: 16 cache lines each way
 ROW_WORK = 64  # iterations assumed inside each row of a nest that is not perfect
+
+
+@dataclass(frozen=True)
+class VectorRegisters:
+    """The host's vector register file: register width in bytes and how many there are."""
+
+    width: int
+    count: int
+
+    def lanes(self, dtype: str) -> int:
+        return max(1, self.width // (DTYPE_TABLE[dtype].itemsize if dtype in DTYPE_TABLE else 4))
+
+
+@functools.lru_cache(maxsize=1)
+def host_registers() -> VectorRegisters:
+    """The vector registers of the CPU the kernels are compiled for (``-march=native``):
+    AVX-512 has 32 of 64 bytes, AVX/AVX2 16 of 32, NEON 32 of 16, else 16 of 16. A register
+    tile sized for the wrong file spills (an 8 x 32 float tile is 32 AVX2 registers, twice the
+    file), so tile sizes come from here. ``TILEWORK_VECTOR_REGISTERS=<bytes>x<count>``
+    overrides (e.g. ``32x16``). Only speed depends on it: every schedule is correct anywhere."""
+    forced = os.environ.get("TILEWORK_VECTOR_REGISTERS", "")
+    if forced:
+        width, _, count = forced.partition("x")
+        return VectorRegisters(int(width), int(count))
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((ln for ln in f if ln.startswith(("flags", "Features"))), "")
+        flags = set(line.split(":", 1)[-1].split())
+    except OSError:
+        pass
+    if "avx512f" in flags:
+        return VectorRegisters(64, 32)
+    if "avx" in flags:
+        return VectorRegisters(32, 16)
+    if "asimd" in flags:
+        return VectorRegisters(16, 32)
+    if not flags:  # no /proc/cpuinfo: the 64-byte vectors the other rules assume
+        return VectorRegisters(VECTOR_BYTES, 32)
+    return VectorRegisters(16, 16)
 
 
 def lanes(dtype: str) -> int:

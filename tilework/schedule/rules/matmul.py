@@ -1,9 +1,10 @@
 """The matmul rule: ``out[b.., i.., j] = sum_k a[.., i.., k] * b[.., k, j]`` (B contiguous
 in ``j``) or ``* b[.., j, k]`` (a linear layer's weight), batched or not, any dim symbolic.
 
-Many rows: the loop nest becomes tiles of ``MR x NR`` outputs (``NR`` a few vector widths),
-ordered ``j_0, i_0``; the column tiles (with the row tiles when there are few columns) run in
-parallel. Each tile accumulates in registers through a local buffer (``cache_write``),
+Many rows: the loop nest becomes tiles of ``MR x NR`` outputs (``register_tile``: ``NR`` two
+vectors, ``MR`` as many rows as the host's vector registers hold: 8 x 32 floats with AVX-512,
+6 x 16 with AVX2), ordered ``j_0, i_0``; the column tiles (with the row tiles when there are
+few columns) run in parallel. Each tile accumulates in registers through a local buffer (``cache_write``),
 initialised once (``decompose_reduction``), and its micro-kernel runs ``k`` outside an
 unrolled ``i_1`` and a vectorized ``j_1``: per ``k`` it broadcasts ``MR`` values of A and
 loads ``NR`` contiguous values of B, whose ``K x NR`` column stays in L2 while ``i_0`` runs
@@ -17,9 +18,11 @@ of its exact value (1 .. 7) at run time, so that no tile tests bounds in its ``k
 ``B[j, k]`` vectorized dot products. With a symbolic row count the kernel holds the few-rows
 and many-rows schedules and picks one at run time (``specialize.branch``).
 
-A B packed in column panels, ``B[j // NR, k, j % NR]`` (``MatmulParts.panel``: the linear
-weights ``tilework.compile`` lays out, ``layout_weights``), takes the same tiles with ``NR``
-the panel width: a tile then streams one contiguous ``K x NR`` block of B.
+A B packed in column panels, ``B[j // P, k, j % P]`` (``MatmulParts.panel``: the linear
+weights ``tilework.compile`` lays out, ``layout_weights``), takes the same tiles: a tile one
+panel wide streams one contiguous ``K x P`` block of B, one ``NR`` wide across ``NR / P``
+panels streams as many (AVX-512 with 16-column panels), and a panel wider than ``NR`` is run
+in strips of ``NR`` columns.
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ from tilework.schedule.reduction_primitives import cache_write, decompose_reduct
 from tilework.schedule.rules.common import (
     attempt,
     block_loops,
+    host_registers,
     lanes,
     loop,
     new_blocks,
@@ -145,6 +149,8 @@ def _rows_tile(func: TensorFunc, r: int) -> TensorFunc:
     parts = _parts(func)
     assert parts is not None
     vectors = SMALL_NR_VECTORS if r == 1 else max(2, min(small_vectors(parts), MAX_ACCUMULATORS // r))
+    if parts.panel is not None:  # a packed B: the tile spans NR_VECTORS vectors of panels
+        vectors = NR_VECTORS
     return schedule_matmul(func, parts, r, lanes(out_dtype(func)) * vectors)
 
 
@@ -171,7 +177,17 @@ def _big(func: TensorFunc, nt: bool) -> TensorFunc:
         func = cache_read(func, parts.block.name, parts.b.buffer.name, order)
         parts = _parts(func)
         assert parts is not None
-    return schedule_matmul(func, parts, MR, lanes(out_dtype(func)) * NR_VECTORS)
+    mr, nr = register_tile(out_dtype(func))
+    return schedule_matmul(func, parts, mr, nr)
+
+
+def register_tile(dtype: str) -> tuple[int, int]:
+    """``(rows, columns)`` of a many-rows register tile: ``NR_VECTORS`` vectors a row and as
+    many rows (up to ``MR``) as leave registers for those vectors of B and a broadcast of A:
+    8 x 32 floats with AVX-512's 32 registers, 6 x 16 with AVX2's 16."""
+    regs = host_registers()
+    rows = (regs.count - NR_VECTORS - 2) // NR_VECTORS
+    return max(1, min(MR, rows)), regs.lanes(dtype) * NR_VECTORS
 
 
 def iv_loops(func: TensorFunc, block: Block) -> dict[SymVar, For] | None:
@@ -191,11 +207,19 @@ def iv_loops(func: TensorFunc, block: Block) -> dict[SymVar, For] | None:
 
 
 def schedule_matmul(func: TensorFunc, parts: MatmulParts, mr: int, nr: int) -> TensorFunc:
-    """Register tiles of ``mr x nr`` outputs (see the module doc); a B packed in column panels
-    sets ``nr`` to the panel width, so that a tile's column ``j_0 * nr + j_1`` indexes B as
-    ``[j_0, k, j_1]``."""
+    """Register tiles of ``mr x nr`` outputs (see the module doc). With a B packed in column
+    panels a tile's column ``j_0 * panel + j_1`` indexes B as ``[j_0, k, j_1]``: when ``nr`` is
+    a multiple of the panel width a tile spans ``nr / panel`` adjacent panels (a loop ``j_m``
+    unrolled inside ``k``, one contiguous stream of B each); when it divides the panel a row
+    tile runs the panel's strips of ``nr`` columns one after the other (``j_m`` between ``i_0``
+    and ``k``); else it is one panel wide."""
+    groups = strips = 1
     if parts.panel is not None:
-        nr = parts.panel
+        if nr > parts.panel and nr % parts.panel == 0:
+            groups = nr // parts.panel
+        elif nr < parts.panel and parts.panel % nr == 0:
+            strips = parts.panel // nr
+        nr = parts.panel // strips
     name = parts.block.name
     loops = iv_loops(func, parts.block)
     if loops is None:
@@ -214,14 +238,25 @@ def schedule_matmul(func: TensorFunc, parts: MatmulParts, mr: int, nr: int) -> T
     if isinstance(i.extent, int):
         mr = min(mr, i.extent)
     func, (io, ii) = lp.split_vars(func, i.var, [None, mr])
-    func, (jo, ji) = lp.split_vars(func, j.var, [None, nr])
-    func = lp.reorder(func, *batch, jo, io, k.var, ii, ji)
+    jm: SymVar | None = None
+    if strips > 1 or groups > 1:
+        func, (jo, jm, ji) = lp.split_vars(func, j.var, [None, max(strips, groups), nr])
+        inner = [jm, k.var, ii, ji] if strips > 1 else [k.var, ii, jm, ji]
+        func = lp.reorder(func, *batch, jo, io, *inner)
+    else:
+        func, (jo, ji) = lp.split_vars(func, j.var, [None, nr])
+        func = lp.reorder(func, *batch, jo, io, k.var, ii, ji)
     before = func
-    func = cache_write(func, name, io)
+    tile = jm if strips > 1 and jm is not None else io
+    func = cache_write(func, name, tile)
     store = new_blocks(before, func)[0]
     before = func
     func = decompose_reduction(func, name, k.var)
     init = new_blocks(before, func)[0]
+    inside = {}  # how many loops of the init and store blocks are inside the tile
+    for blk in (init, store):
+        vs = [f.var for f in block_loops(func, blk)]
+        inside[blk] = len(vs) - 1 - vs.index(tile)
     # Enough column tiles keep every thread busy without fusing in the row tiles, whose
     # index would then need a division in the inner loops.
     ncol = loop(func, jo).extent
@@ -233,10 +268,13 @@ def schedule_matmul(func: TensorFunc, parts: MatmulParts, mr: int, nr: int) -> T
     assert isinstance(tiles, For)
     func = lp.parallel(func, tiles.var)
     func = attempt(func, lp.unroll, ii)
+    if groups > 1 and jm is not None:
+        func = attempt(func, lp.unroll, jm)
     func = lp.vectorize(func, ji)
-    for blk in (init, store):
-        ls = block_loops(func, blk)
-        func = attempt(func, lp.unroll, ls[-2].var)
+    for blk in (init, store):  # loops inside the tile: unrolled, the last vectorized
+        ls = block_loops(func, blk)[-inside[blk] :]
+        for f in ls[:-1]:
+            func = attempt(func, lp.unroll, f.var)
         func = attempt(func, lp.vectorize, ls[-1].var)
     func = inline_epilogue(func, parts.block.writes[0], store)
     func = schedule_rest(func, tiles.var)

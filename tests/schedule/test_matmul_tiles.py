@@ -1,0 +1,114 @@
+"""The many-rows matmul tiles as each vector register file sizes them (AVX2: 6 x 16, strips of a
+wider panel; AVX-512: 8 x 32, a tile across two 16-column panels), checked against NumPy on
+every host (only speed depends on the host): symbolic rows including 1 and odd counts past a
+tile, K and N that no tile divides, a packed and a plain B, with a bias, an activation and a
+residual fused into the tile store."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import numpy as np
+import pytest
+
+from tilework import te
+from tilework.codegen import build_library
+from tilework.ir import sym
+from tilework.ir.loop import Allocate, TensorFunc
+from tilework.ir.sym import Dim, SymVar
+from tilework.schedule import default_schedule
+from tilework.schedule.rules import common
+from tilework.schedule.rules.matmul import register_tile
+from tilework.schedule.tree import walk
+from tilework.te.tensor import TensorLoad
+from tilework.transform.layout_weights import lay_out
+
+ROWS = (1, 5, 7, 8, 13, 33, 257)
+K, N = 37, 70  # no tile divides either
+
+
+@pytest.fixture(params=["32x16", "64x32"], ids=["avx2", "avx512"])
+def registers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    monkeypatch.setenv("TILEWORK_VECTOR_REGISTERS", request.param)
+    common.host_registers.cache_clear()
+    yield request.param
+    common.host_registers.cache_clear()
+
+
+Epilogue = Callable[[te.Tensor, te.Tensor, te.Tensor], te.Tensor]
+
+EPILOGUES: dict[str, tuple[Epilogue, Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]]] = {
+    "bias": (
+        lambda y, b, r: te.compute(y.shape, lambda i, j: y[i, j] + b[j], "out"),
+        lambda y, b, r: y + b,
+    ),
+    "bias_silu": (
+        lambda y, b, r: te.compute(y.shape, lambda i, j: (y[i, j] + b[j]) * te.sigmoid(y[i, j] + b[j]), "out"),
+        lambda y, b, r: (y + b) / (1 + np.exp(-(y + b))),
+    ),
+    "bias_residual": (
+        lambda y, b, r: te.compute(y.shape, lambda i, j: y[i, j] + b[j] + r[i, j], "out"),
+        lambda y, b, r: y + b + r,
+    ),
+}
+
+
+def _linear(m: Dim, panel: int | None, epilogue: Epilogue) -> TensorFunc:
+    """``epilogue(a @ w.T, bias, res)`` with ``w`` packed in column panels (``panel``) or a
+    plain ``b[k, j]`` (None)."""
+    a = te.placeholder((m, K), "float32", "a")
+    if panel is None:
+        w = te.placeholder((K, N), "float32", "w")
+    else:
+        w = te.placeholder((-(-N // panel), K, panel), "float32", "w")
+    bias = te.placeholder((N,), "float32", "bias")
+    res = te.placeholder((m, N), "float32", "res")
+
+    def wv(r: object, j: object) -> TensorLoad:
+        assert isinstance(j, SymVar)
+        return w[r, j] if panel is None else w[sym.floordiv(j, panel), r, sym.floormod(j, panel)]
+
+    r = te.reduce_axis(K, "r")
+    y = te.compute((m, N), lambda i, j: te.sum(a[i, r] * wv(r, j), axis=r), "y")
+    return te.create_func([a, w, bias, res, epilogue(y, bias, res)])
+
+
+def test_register_tile_fits_the_file(registers: str) -> None:
+    rows, cols = register_tile("float32")
+    width, count = (int(x) for x in registers.split("x"))
+    assert cols == 2 * width // 4 and rows * 2 + 4 <= count  # accumulators, B vectors, a broadcast
+    assert register_tile("float64") == (rows, cols // 2)
+
+
+CASES = {  # name: (panel, epilogue); one library a register file keeps the test short
+    "p16_bias": (16, "bias"),
+    "p16_silu": (16, "bias_silu"),
+    "p32_residual": (32, "bias_residual"),
+    "plain_silu": (None, "bias_silu"),
+}
+
+
+def test_tiles_match_numpy(registers: str) -> None:
+    m = SymVar("M", 1)
+    funcs = {name: default_schedule(_linear(m, panel, EPILOGUES[ep][0]), strict=True) for name, (panel, ep) in CASES.items()}
+    rows_, cols = register_tile("float32")
+    for name, f in funcs.items():
+        assert f.attrs["schedule_rule"] == "matmul"
+        panel = CASES[name][0]
+        shapes = {s.buffer.shape for _, s in walk(f.body) if isinstance(s, Allocate)}
+        # a tile as wide as the register tile: strips of a wider panel, or across narrower ones
+        assert (rows_, cols) in shapes, (name, shapes)
+    lib = build_library(funcs)
+    assert "/ 16" not in lib.source() and "/ 32" not in lib.source()  # packed indices without division
+    rng = np.random.default_rng(7)
+    wt = rng.standard_normal((N, K)).astype(np.float32)  # [out, in]
+    bias = rng.standard_normal(N).astype(np.float32)
+    for rows in ROWS:
+        a = rng.standard_normal((rows, K)).astype(np.float32)
+        res = rng.standard_normal((rows, N)).astype(np.float32)
+        for name, (panel, ep) in CASES.items():
+            wd = np.ascontiguousarray(wt.T) if panel is None else lay_out(wt, panel)
+            out = np.full((rows, N), np.nan, np.float32)
+            lib[name].run([a, wd, bias, res, out])
+            want = EPILOGUES[ep][1](a.astype(np.float64) @ wt.T.astype(np.float64), bias, res)
+            np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4, err_msg=f"{name} rows={rows}")
