@@ -37,7 +37,7 @@ from tilework.nn.module import register_compiler
 from tilework.runtime.executable import load_file
 from tilework.runtime.tensor import is_torch_tensor, to_torch_tree
 from tilework.transform.pipeline import Pipeline, stages
-from tilework.transform.layout_weights import LayoutWeights, pack_weights
+from tilework.transform.layout_weights import LayoutWeights, lay_out_weights
 from tilework.transform.fold_batch_norm import fold_batch_norm
 from tilework.transform.bf16_weights import BF16_UNIT, Bf16Weights, bf16_params, convert_weights, weight_error
 
@@ -110,16 +110,20 @@ def compile(
     if precision == "bf16":
         optimized, model_weights, precision_report, build_backends = _to_bf16(optimized, model_weights, weights == "inputs", backends)
         graph_passes = [*graph_passes, Bf16Weights(params=weights == "inputs")]
-    if graph_passes and passes is None and backends is None and placement is None:  # weights laid out for our kernels, once
+    layout_weights = None  # weights laid out for our kernels, once (packed by exe.meta's weight_layout below)
+    if graph_passes and passes is None and backends is None and placement is None:
         layout = LayoutWeights(params=weights == "inputs")
         optimized = layout(optimized)
-        model_weights = pack_weights(optimized, model_weights)
         graph_passes = [*graph_passes, layout]
+    elif graph_passes and passes is None:  # after offload: what other backends run keeps its weights as given
+        layout_weights = "params" if weights == "inputs" else "constants"
     t2 = time.perf_counter()
     search_options = {"budget_s": budget_s, "buckets": buckets, "pins": pins, **dict(placement_options or {})}
-    exe = build(optimized, target, pipeline=name, passes=[], post_legalize_passes=kernel_passes, backends=build_backends, placement=placement, placement_options=search_options)
+    exe = build(optimized, target, pipeline=name, passes=[], post_legalize_passes=kernel_passes, backends=build_backends, placement=placement, placement_options=search_options, layout_weights=layout_weights)
+    if weights == "inputs":
+        model_weights = lay_out_weights(exe.meta.get("weight_layout") or {}, model_weights)
     t3 = time.perf_counter()
-    lowering = [p.name for stage in ("legalize", "kernel", "schedule", "lowering") for p in staged[stage]]
+    lowering = [*(["layout_weights"] if layout_weights else []), *(p.name for stage in ("legalize", "kernel", "schedule", "lowering") for p in staged[stage])]
     report = {
         "source": imported.source,
         "passes": {"graph": [p.name for p in graph_passes], "lowering": lowering},

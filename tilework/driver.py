@@ -21,9 +21,11 @@ from tilework.codegen import get_target
 from tilework.codegen.vm_codegen import generate
 from tilework.collage.cost import register_builder as register_placement_builder
 from tilework.errors import BuildError
+from tilework.ir.graph import GraphFunc
 from tilework.ir.module import IRModule
 from tilework.llm.compile import register_builder
 from tilework.runtime.executable import Executable
+from tilework.transform.layout_weights import LayoutWeights, weight_layout
 from tilework.transform.pipeline import Pass, Pipeline, flatten, stages
 
 
@@ -47,6 +49,7 @@ def build(
     backends: str | Sequence[Any] | None = None,
     placement: Any = None,
     placement_options: Mapping[str, Any] | None = None,
+    layout_weights: str | None = None,
 ) -> Executable:
     """Compile ``mod`` for ``target`` (``tilework.codegen.targets()``).
 
@@ -62,9 +65,15 @@ def build(
     machine, per shape bucket, over ``backends`` or every available backend) after the graph
     passes; a ``PlacementPlan`` or the path of a saved one applies that plan.
     ``placement_options``: ``budget_s``, ``buckets``, ``pins``, ``refine``, ``max_size``,
-    ``progress`` (see ``tilework.collage.place``). The plan is kept in ``exe.meta["placement"]``."""
+    ``progress`` (see ``tilework.collage.place``). The plan is kept in ``exe.meta["placement"]``.
+    ``layout_weights`` lays out the weights of the linears left to tilework's kernels after
+    offload (``tilework.transform.layout_weights``; offloaded regions read them as given):
+    ``"constants"`` the weight constants, ``"params"`` also ``main``'s weight params, which the
+    caller then passes as ``exe.meta["weight_layout"]`` says (``lay_out_weights``)."""
     if not isinstance(mod, IRModule):
         raise BuildError(f"build expects an IRModule, got {type(mod).__name__}")
+    if layout_weights not in (None, "constants", "params"):
+        raise BuildError(f"layout_weights must be None, 'constants' or 'params', got {layout_weights!r}")
     tgt = get_target(target)
     name = pipeline or pipeline_name(opt_level)
     t0 = time.perf_counter()
@@ -84,6 +93,8 @@ def build(
 
         backend_names = check_backends(backends)
         offload.append(OffloadByRules(tuple(backend_names)))
+    if layout_weights is not None:
+        offload.append(LayoutWeights(params=layout_weights == "params"))
     staged = stages(name, placement=offload, schedule_rules=tgt.schedule_rules, graph=passes, kernel=post_legalize_passes, plan_memory=plan_memory)
     lowered = Pipeline(flatten(staged), verify=verify, dump_dir=dump_dir)(mod)
     t1 = time.perf_counter()
@@ -105,6 +116,9 @@ def build(
     }
     if backends is not None and plan is None:
         meta["backends"] = backend_names
+    main = lowered.get("main")
+    if isinstance(main, GraphFunc) and weight_layout(main):
+        meta["weight_layout"] = weight_layout(main)
     if plan is not None:
         meta["placement"] = plan.to_dict()
     return Executable(functions, constants, kernels, modules, meta)

@@ -31,6 +31,7 @@ from tilework.ir.graph import Call, DataflowVar, GraphFunc, PrimValue, Var
 from tilework.ir.module import IRModule
 from tilework.ir.sym import Dim, SymVar
 from tilework.ir.visitor import ExprMutator
+from tilework.transform.layout_weights import VARIANTS
 
 DEFAULT_POINTS = (8, 64, 512)
 
@@ -143,7 +144,9 @@ def fresh_copy(f: GraphFunc) -> GraphFunc:
 def dispatch_module(mod: IRModule, func: str, choice: Sequence[tuple[Bucket, int]], n_variants: int) -> IRModule:
     """``mod`` with ``func`` copied to ``func__p0..`` (one per placement variant; the caller
     offloads each) and ``func`` replaced by a dispatcher calling the variant of the bucket the
-    dims fall in (the last bucket takes what no other does)."""
+    dims fall in (the last bucket takes what no other does). A dispatching ``main`` names its
+    variants in its attr ``placement_variants``: ``LayoutWeights`` lays out each variant's
+    weight params and passes each the weights as it takes them."""
     f = mod[func]
     if not isinstance(f, GraphFunc):
         raise UnsupportedError(f"@{func} is not a graph function")
@@ -167,7 +170,8 @@ def dispatch_module(mod: IRModule, func: str, choice: Sequence[tuple[Bucket, int
         flag = bb.emit(PrimValue.of(cond), name="in_bucket")
         return bb.emit_if(flag, lambda: bb.emit(call(k), name="out"), lambda: chain(rest[1:]), name="out")
 
-    with bb.function(func, params, attrs=dict(f.attrs), pure=f.pure):
+    attrs = {**dict(f.attrs), VARIANTS: tuple(f"{func}__p{k}" for k in range(n_variants))}
+    with bb.function(func, params, attrs=attrs, pure=f.pure):
         out = chain(list(choice))
         bb.emit_func_output(out, ret_info=f.ret_info)
     return bb.get()

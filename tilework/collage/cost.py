@@ -14,6 +14,9 @@
   ``regions.null_function``) is built into the same module and timed beside it, once per
   distinct signature (a region of many symbolic inputs pays more for its call than an empty
   function does, and the whole model, running the region's kernels inline, pays neither).
+  A region is built as the model will run it: after offload, the linears left to codegen read
+  their weights laid out (``LayoutWeights``; the region's lifted constants and the model's
+  weight params in ``weights``), so codegen is not judged by kernels the model never runs.
 
   *Transitions*: when consecutive kernels come from different runtimes, their thread pools
   hand the cores over (OpenMP workers spinning, torch's or ONNX Runtime's pools waking up).
@@ -26,7 +29,8 @@
   the whole module is built and timed at the bucket's dims, round-robin over the placements,
   but every timed repeat of a placement faster than ``BURST_BELOW_S`` follows an untimed call
   of the same placement (*bursts*), so each is timed as a model called in a loop runs: its
-  weights and code warm, not evicted by the other placements'. ``WholeTimes`` keys these by the module's structural hash, the dims, the
+  weights and code warm, not evicted by the other placements' (each built with its codegen
+  linears' weights laid out, as ``tilework.compile`` builds it). ``WholeTimes`` keys these by the module's structural hash, the dims, the
   placement, backend versions, the machine and the measuring protocol (the mock shares it).
 
   Every measurement goes through the persistent cost cache (``tilework.collage.cache``), so a
@@ -60,8 +64,9 @@ from tilework.ir.module import IRModule
 from tilework.ir.structural import structural_hash
 from tilework.ir.sym import SymVar
 from tilework.pattern.graph import BlockGraph
+from tilework.transform.layout_weights import LayoutWeights
 
-ESTIMATOR_VERSION = 2  # 2: region rows are net of their own call (null functions)
+ESTIMATOR_VERSION = 3  # 2: region rows are net of their own call (null functions); 3: codegen linears read packed weights
 FIRST_CALL_LIMITS = 10  # a first call (sessions created, caches filled) may take this many time limits
 BURST_BELOW_S = 0.02  # whole placements faster than this are timed in bursts (see _time_many)
 MAX_KEPT_BUILDS = 8  # whole-placement executables kept for the next bucket (each may hold the weights)
@@ -97,7 +102,7 @@ def ops_of(g: BlockGraph, nodes: Sequence[int]) -> tuple[str, ...]:
     return tuple(out)
 
 
-E2E_PROTOCOL = "e2e-burst-1"  # what an end-to-end time means (in its cache key): bursts, see the module docstring
+E2E_PROTOCOL = "e2e-burst-2"  # what an end-to-end time means (in its cache key): bursts, see the module docstring; 2: codegen's weights laid out
 Timer = Callable[[IRModule, Sequence[Placement], Mapping[SymVar, int]], list[Entry]]
 
 
@@ -271,8 +276,9 @@ class MeasuredCostModel:
         # (id of block, nodes) -> (function, its structural hash, the block: kept alive so its id stays its own)
         self._regions: dict[tuple[int, tuple[int, ...]], tuple[GraphFunc, int, BlockGraph]] = {}
         self.deadline: float | None = None  # time.perf_counter() after which nothing new is measured
+        self.weights: frozenset[Var] = frozenset()  # the model's weight params (laid out where codegen reads them)
         self.whole = WholeTimes(self.cache, self._time_whole, [E2E_PROTOCOL, self.repeat, self.max_spread, self.max_rounds])
-        self._built: dict[tuple[int, str], Callable[..., Any]] = {}  # (id of module, placement) -> its main, for the buckets after the first
+        self._built: dict[tuple[int, str], tuple[Callable[..., Any], GraphFunc]] = {}  # (id of module, placement) -> its main and main as built, for the buckets after the first
         self._built_for: IRModule | None = None
 
     # -- the interface ---------------------------------------------------------------------
@@ -313,25 +319,28 @@ class MeasuredCostModel:
         assert isinstance(main, GraphFunc)
         if self._built_for is not mod:  # another module: the executables kept are not its
             self._built, self._built_for = {}, mod
-        args = input_arrays(main, env)
+        pool: dict[tuple[int, str], Any] = {}  # inputs by param and struct info: shared by the placements
         calls: list[Callable[[], Any] | None] = []
         entries: list[Entry | None] = []
         bar = _Progress(len(placements), self.progress, "placement: building whole plans")
         for p in placements:
             key = (id(mod), p.to_json())
             try:
-                fn = self._built.pop(key, None)  # kept most recently used last (evicted least recently used first)
-                if fn is not None:
-                    self._built[key] = fn
+                built = self._built.pop(key, None)  # kept most recently used last (evicted least recently used first)
+                if built is not None:
+                    self._built[key] = built
                 else:
                     with warnings.catch_warnings():
                         warnings.simplefilter("error", UserWarning)  # a lowering that gives up: this placement fails
-                        exe = _build(Offload(p).run(mod))
+                        laid = LayoutWeights(params=True)(Offload(p).run(mod))
+                        exe = _build(laid)
                     self.stats.builds += 1
-                    fn = self._built[key] = VM(exe)["main"]
+                    laid_main = laid["main"]
+                    assert isinstance(laid_main, GraphFunc)
+                    built = self._built[key] = (VM(exe)["main"], laid_main)
                     while len(self._built) > MAX_KEPT_BUILDS:
                         del self._built[next(iter(self._built))]
-                calls.append(_bind(fn, args))
+                calls.append(_bind(built[0], _shared_inputs(built[1], env, pool)))
                 entries.append(None)
             except Exception as e:  # noqa: BLE001 - a placement that fails to build costs infinity
                 calls.append(None)
@@ -401,7 +410,7 @@ class MeasuredCostModel:
             try:
                 made = self._regions.get((id(r.g), tuple(nodes)))
                 if made is None:  # the same for every bucket: made and hashed once
-                    f = region_function(r.g, nodes)
+                    f = region_function(r.g, nodes, self.weights)
                     made = self._regions[(id(r.g), tuple(nodes))] = (f, structural_hash(f), r.g)
                 r.func = made[0]
                 r.key = self._key(r, env)
@@ -448,12 +457,11 @@ class MeasuredCostModel:
             self._measure(reqs[:half], env)
             self._measure(reqs[half:], env)
             return
-        fns, nulls, null_of = built
+        fns, nulls, null_of, laid = built
         calls: list[Callable[[], Any]] = []
         null_calls: dict[int, Callable[[], Any]] = {}
-        for k, (r, fn) in enumerate(zip(reqs, fns)):
-            assert r.func is not None
-            args = input_arrays(r.func, env)
+        for k, fn in enumerate(fns):
+            args = input_arrays(laid[k], env)
             calls.append(_bind(fn, args))
             j = null_of[k]
             if j is not None and j not in null_calls:
@@ -476,16 +484,15 @@ class MeasuredCostModel:
             self.stats.failed += 1
         self.cache.put(r.key, "+".join(sorted({c.backend for c in r.regions})), entry)
 
-    def _build_batch(self, reqs: list[_Request]) -> tuple[list[Callable[..., Any]], list[Callable[..., Any]], list[int | None]]:
-        """One module of ``reqs``' functions and, per distinct signature among them, a null
-        function (``regions.null_function``: what the call alone costs); their VM functions and,
-        per request, the index of its null one (None: it has no params)."""
+    def _build_batch(self, reqs: list[_Request]) -> tuple[list[Callable[..., Any]], list[Callable[..., Any]], list[int | None], list[GraphFunc]]:
+        """One module of ``reqs``' functions, offloaded and their weights laid out, and, per
+        distinct signature among them, a null function (``regions.null_function``: what the
+        call alone costs); their VM functions, per request the index of its null one (None: it
+        has no params), and the functions as built (whose params the inputs must fit)."""
         from tilework.runtime.vm import VM
 
         funcs: dict[str, GraphFunc] = {}
         specs: list[RegionSpec] = []
-        sigs: dict[tuple[str, ...], int] = {}
-        null_of: list[int | None] = []
         for k, r in enumerate(reqs):
             assert r.func is not None
             name = f"c{k}"
@@ -495,21 +502,28 @@ class MeasuredCostModel:
                     continue
                 vars_ = tuple(r.g.bindings[i].var.name for i in c.nodes)
                 specs.append(RegionSpec(c.backend, c.capability, vars_, name, 0))
-            sig = tuple(repr(p.info) for p in r.func.params)
-            null = null_function(r.func) if sig not in sigs else None
-            if null is not None:
-                sigs[sig] = len(sigs)
-                funcs[f"z{sigs[sig]}"] = null
-            null_of.append(sigs.get(sig))
-        mod = IRModule(funcs)
         placement = Placement(tuple(specs), tuple(sorted({c.backend for r in reqs for c in r.regions})))
         with warnings.catch_warnings():
             warnings.simplefilter("error", UserWarning)  # a lowering that gives up = a failed candidate
-            mod = Offload(placement).run(mod)
+            mod = LayoutWeights(params=True)(Offload(placement).run(IRModule(funcs)))
+        laid: list[GraphFunc] = []
+        for k in range(len(reqs)):
+            f = mod[f"c{k}"]
+            assert isinstance(f, GraphFunc)
+            laid.append(f)
+        sigs: dict[tuple[str, ...], int] = {}
+        null_of: list[int | None] = []
+        for f in laid:
+            sig = tuple(repr(p.info) for p in f.params)
+            null = null_function(f) if sig not in sigs else None
+            if null is not None:
+                sigs[sig] = len(sigs)
+                mod = mod.with_func(f"z{sigs[sig]}", null)
+            null_of.append(sigs.get(sig))
         exe = _build(mod)
         self.stats.builds += 1
         vm = VM(exe)
-        return [vm[f"c{k}"] for k in range(len(reqs))], [vm[f"z{j}"] for j in range(len(sigs))], null_of
+        return [vm[f"c{k}"] for k in range(len(reqs))], [vm[f"z{j}"] for j in range(len(sigs))], null_of, laid
 
     def _time_many(self, fns: Sequence[Callable[[], Any]], limit: float, burst: bool = False) -> list[Entry]:
         """Each of ``fns`` timed: a first call (sessions created, caches filled: it may take up
@@ -567,6 +581,17 @@ class MeasuredCostModel:
             if entries[i] is None:
                 entries[i] = Entry(statistics.median(samples[i]), _spread(samples[i]), len(samples[i]), "")
         return [e if e is not None else Entry(math.inf, 0.0, 0, "not timed") for e in entries]
+
+
+def _shared_inputs(f: GraphFunc, env: Mapping[SymVar, int], pool: dict[tuple[int, str], Any]) -> list[Any]:
+    """``input_arrays(f, env)``, each array shared through ``pool`` with the functions whose
+    param at the same place has the same struct info (plans differ in which weights they lay
+    out, not in the rest: one copy of each weight per layout)."""
+    keys = [(i, repr(p.info)) for i, p in enumerate(f.params)]
+    if any(k not in pool for k in keys):
+        for k, a in zip(keys, input_arrays(f, env)):
+            pool.setdefault(k, a)
+    return [pool[k] for k in keys]
 
 
 def _bind(fn: Callable[..., Any], args: Sequence[Any]) -> Callable[[], Any]:

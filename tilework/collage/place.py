@@ -7,7 +7,8 @@ graph function, found as follows:
 1. the candidates of each block (``tilework.collage.candidates``: the backends' patterns,
    validity, pins, the codegen fallback);
 2. their costs at the bucket's dims (``tilework.collage.cost``: measured on this machine, from
-   the persistent cache when known): first the fallback (every binding alone on codegen; a
+   the persistent cache when known; codegen's linears with their weights laid out, as the
+   compiled model runs them): first the fallback (every binding alone on codegen; a
    binding that is not an op call costs nothing), then the rest while ``budget_s`` lasts;
 3. the transition costs between backends, then the cheapest exact cover
    (``tilework.collage.search``);
@@ -45,6 +46,7 @@ from tilework.ir.graph import GraphFunc
 from tilework.ir.module import IRModule
 from tilework.pattern.graph import BlockGraph, graphs_of
 from tilework.transform.base import Pass
+from tilework.transform.weight_params import weight_candidates
 
 FORMAT = "tilework.placement"
 FAILED_FALLBACK_S = 1.0  # the cost given to a codegen singleton that failed alone (any alternative wins)
@@ -222,6 +224,8 @@ def place(
         resolved += resolve_backends([FALLBACK])
     names = tuple(b.name for b in resolved)
     model = cost_model if cost_model is not None else MeasuredCostModel(progress=progress)
+    if isinstance(model, MeasuredCostModel):  # codegen regions read these laid out, as the model will
+        model.weights = frozenset(fn.params[i] for _, fn in mod.graph_funcs() for i in weight_candidates(fn))
     f = mod.get(func)
     if not isinstance(f, GraphFunc):
         raise UnsupportedError(f"placement: the module has no graph function @{func} to place")

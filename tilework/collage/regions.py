@@ -7,7 +7,10 @@ least ``LIFT_ELEMENTS`` elements they read (weights baked in as constants: a cos
 depend on their values, so the layers of a model with constant weights share one measurement,
 and the cache key does not hash megabytes); its result the values the bindings provide outside
 (one, or a tuple). Binding vars keep their names, so a ``RegionSpec`` naming the original vars
-names the same bindings in the new function.
+names the same bindings in the new function. The lifted constants and the inputs among
+``weights`` (the model's weight params) are listed in the function's attr ``weight_params``:
+``LayoutWeights`` lays them out as in the whole model, so a codegen region is measured with the
+packed weights the model's kernels will read.
 
 ``null_function(f)`` has ``f``'s params and does nothing: timed beside ``f``, what the call
 itself costs (param checks, sym var bindings), which the estimator subtracts.
@@ -15,7 +18,7 @@ itself costs (param checks, sym var bindings), which the estimator subtracts.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -28,6 +31,7 @@ from tilework.ir.info import ShapeInfo, TensorInfo
 from tilework.ir.sym import SymVar
 from tilework.ir.visitor import ExprMutator, ExprVisitor
 from tilework.pattern.graph import BlockGraph
+from tilework.transform.weight_params import WEIGHTS
 
 
 LIFT_ELEMENTS = 64
@@ -47,27 +51,30 @@ class _Rebind(ExprMutator):
         return self.lifted.get(id(e), e)
 
 
-def region_function(g: BlockGraph, nodes: Sequence[int]) -> GraphFunc:
+def region_function(g: BlockGraph, nodes: Sequence[int], weights: Collection[Var] = ()) -> GraphFunc:
     """See the module docstring."""
     inputs, outputs = g.region_io(sorted(nodes))
     mapping: dict[Var, Expr] = {}
     lifted: dict[int, Var] = {}
-    params = []
+    params: list[Var] = []
+    weight_params: list[int] = []
     for e in inputs:
         if isinstance(e, Var):
             p = Var(e.name, e.info)
             mapping[e] = p
+            weight_params += [len(params)] if e in weights else []
             params.append(p)
         elif isinstance(e, Constant) and e.data.dtype.kind == "f" and e.data.size >= LIFT_ELEMENTS:
             p = Var(f"tw_weight{len(lifted)}", e.info)
             lifted[id(e)] = p
+            weight_params.append(len(params))
             params.append(p)
     missing = _unbound_sym_vars(g, sorted(nodes), params)
     if missing:  # dims the bindings use that no input's shape gives: passed as a shape
         params.append(Var("tw_dims", ShapeInfo(tuple(missing))))
     out_set = set(outputs)
     bb = BlockBuilder()
-    with bb.function("region", params):
+    with bb.function("region", params, attrs={WEIGHTS: tuple(weight_params)} if weight_params else None):
         with bb.dataflow():
             for i in sorted(nodes):
                 b = g.bindings[i]

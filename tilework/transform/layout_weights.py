@@ -17,7 +17,18 @@ first rewritten to ``linear(x, w.T)`` (the constant transposed once; a weight pa
 With ``params=True`` the same holds for trailing weight params of ``main`` (after
 ``num_inputs``) that are read only as linear weights: such a param becomes packed and
 its index among the params is recorded in ``main``'s attr ``packed_weights``; whoever
-passes the weights (``tilework.compile``) packs them once (``pack_weights``).
+passes the weights (``tilework.compile``) packs them once (``pack_weights``). The weight params
+of other functions are laid out too: those a region built on its own lists in its attr
+``weight_params`` (``tilework.collage`` measures a codegen region as the model runs it), and,
+when ``main`` dispatches to a copy of itself per shape bucket (its attr ``placement_variants``,
+``tilework.collage``: each copy offloads other linears), those of every copy. A weight that the
+copies want in different layouts stays as it is in ``main``'s params, and each other layout
+wanted is a copy of it appended to the params (``main``'s attr ``weight_copies``: ``(index,
+transposed, packed)`` each), which ``pack_weights`` appends to the weights.
+
+A placement runs this pass after offload (``tilework.build``'s ``layout_weights``): a region
+offloaded to another backend reads its weights as given (``[out, in]``), and only the linears
+left to tilework's kernels are laid out.
 
 Only float32 and float64 linears are rewritten (the narrow types keep their own kernels).
 Requires a well-formed module;
@@ -27,21 +38,24 @@ guarantees a well-formed module computing the same values (given the packed weig
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from tilework.ir.graph import Call, Constant, Expr, GraphFunc, OpRef, Var
+from tilework.ir.graph import Call, Constant, Expr, GlobalVar, GraphFunc, OpRef, Var, bindings_of, used_vars
 from tilework.ir.info import TensorInfo
 from tilework.ir.module import IRModule
 from tilework.op.linalg import linear, linear_io
 from tilework.pattern.core import Match, op_call
 from tilework.transform.base import Pass
 from tilework.transform.rewrite_driver import Rule, apply_rules
-from tilework.transform.weight_params import retype_weight_params, weight_params
+from tilework.ir.visitor import ExprMutator
+from tilework.transform.weight_params import WEIGHTS, retype_weight_params, weight_candidates, weight_params
 
 ATTR = "packed_weights"
 TRANSPOSED = "transposed_weights"  # params given as [in, out] (a matmul's weight), taken as [out, in]
+VARIANTS = "placement_variants"  # main's attr when it dispatches to copies of itself
+COPIES = "weight_copies"  # ((index, transposed, packed), ...): trailing params, copies of a weight laid out
 PANEL = 16  # columns per panel: a register tile spans one (AVX2: 2 x 8 floats) or two (AVX-512)
 _DTYPES = ("float32", "float64")
 
@@ -177,19 +191,112 @@ def packed_params(f: GraphFunc) -> tuple[int, ...]:
     return tuple(int(i) for i in f.attrs.get(ATTR, ()))
 
 
+def weight_layout(f: GraphFunc) -> dict[str, Any]:
+    """How ``f`` (a model's ``main``) takes its weights, as JSON data (``tilework.build`` keeps it
+    in the executable's meta as ``weight_layout``): the param indices ``transposed`` and
+    ``packed``, the ``copies`` appended, and ``num_inputs``; empty when it takes them as given."""
+    out: dict[str, Any] = {}
+    if f.attrs.get(TRANSPOSED):
+        out["transposed"] = [int(i) for i in f.attrs[TRANSPOSED]]
+    if f.attrs.get(ATTR):
+        out["packed"] = [int(i) for i in f.attrs[ATTR]]
+    if f.attrs.get(COPIES):
+        out["copies"] = [[int(i), bool(t), bool(p)] for i, t, p in f.attrs[COPIES]]
+    if out:
+        out["num_inputs"] = int(f.attrs.get("num_inputs", len(f.params)))
+    return out
+
+
+def lay_out_weights(layout: Mapping[str, Any], weights: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """``weights`` (the trailing params, in order) as a function of ``weight_layout`` ``layout``
+    takes them: transposed, packed through ``lay_out``, and the copies appended."""
+    first = int(layout.get("num_inputs", 0))
+    out = list(weights)
+    for i in layout.get("transposed", ()):
+        out[i - first] = np.ascontiguousarray(np.asarray(out[i - first]).T)
+    for i in layout.get("packed", ()):
+        out[i - first] = lay_out(np.asarray(out[i - first]))
+    for i, transposed, packed in layout.get("copies", ()):
+        w = np.asarray(weights[i - first])
+        w = np.ascontiguousarray(w.T) if transposed else w
+        out.append(lay_out(w) if packed else w)
+    return out
+
+
 def pack_weights(mod: IRModule, weights: Sequence[np.ndarray]) -> list[np.ndarray]:
     """``weights`` (the trailing params of ``mod``'s ``main``, in order) laid out as the
-    module's ``main`` takes them: the ones ``layout_weights`` laid out, through ``lay_out``."""
+    module's ``main`` takes them (``lay_out_weights`` of its ``weight_layout``)."""
     main = mod.get("main")
-    out = list(weights)
     if not isinstance(main, GraphFunc):
-        return out
-    first = int(main.attrs.get("num_inputs", len(main.params)))
-    for i in main.attrs.get(TRANSPOSED, ()):
-        out[int(i) - first] = np.ascontiguousarray(np.asarray(out[int(i) - first]).T)
-    for i in packed_params(main):
-        out[i - first] = lay_out(np.asarray(out[i - first]))
-    return out
+        return list(weights)
+    return lay_out_weights(weight_layout(main), weights)
+
+
+def _param_funcs(mod: IRModule) -> list[str]:
+    """The functions whose weight params are laid out: ``main`` or the copies it dispatches
+    to, and the functions that list their weight params."""
+    main = mod.get("main")
+    names: list[str] = []
+    if isinstance(main, GraphFunc):
+        names = [str(n) for n in main.attrs.get(VARIANTS, ())] or ["main"]
+    return names + [n for n, f in mod.graph_funcs() if WEIGHTS in f.attrs and n not in names]
+
+
+class _VariantArgs(ExprMutator):
+    """The calls of ``main``'s copies with each copy's own weight args."""
+
+    def __init__(self, args: Mapping[str, Sequence[Var]]) -> None:
+        super().__init__()
+        self.args = args
+
+    def mutate_call(self, e: Call) -> Expr:
+        if isinstance(e.callee, GlobalVar) and e.callee.name in self.args:
+            return Call(e.callee, tuple(self.args[e.callee.name]), e.attrs, e.sinfo_args, e.info)
+        return super().mutate_call(e)
+
+
+def _reconcile(mod: IRModule) -> IRModule:
+    """A dispatching ``main`` whose params pass each copy its weights as the copy takes them
+    (see the module docstring)."""
+    main = mod.get("main")
+    if not isinstance(main, GraphFunc) or not main.attrs.get(VARIANTS):
+        return mod
+    names = [str(n) for n in main.attrs[VARIANTS]]
+    variants = [mod[n] for n in names]
+    assert all(isinstance(v, GraphFunc) and len(v.params) == len(main.params) for v in variants)
+    params = list(main.params)
+    args = {n: list(main.params) for n in names}
+    transposed: list[int] = []
+    packed: list[int] = []
+    copies: list[tuple[int, bool, bool]] = []
+    for i in weight_candidates(main):
+        by_form: dict[tuple[bool, bool], list[GraphFunc]] = {}
+        for v in variants:
+            assert isinstance(v, GraphFunc)
+            by_form.setdefault((i in v.attrs.get(TRANSPOSED, ()), i in packed_params(v)), []).append(v)
+        if list(by_form) == [(False, False)]:
+            continue
+        for (t, p), users in by_form.items():
+            if (t, p) == (False, False):
+                continue
+            new = Var(params[i].name if len(by_form) == 1 else f"{params[i].name}.{'packed' if p else 'T'}", users[0].params[i].info)
+            if len(by_form) == 1:
+                params[i] = new
+                transposed += [i] if t else []
+                packed += [i] if p else []
+            else:
+                params.append(new)
+                copies.append((i, t, p))
+            for v in users:
+                args[names[variants.index(v)]][i] = new
+    if params == list(main.params) and not copies:
+        return mod
+    body = _VariantArgs(args).mutate_seq_expr(main.body)
+    retyped = {p for p, q in zip(main.params, params) if p is not q}
+    reads = [body.body, *(b.value for b in bindings_of(body))]
+    assert not any(v in retyped for e in reads for v in used_vars(e)), "main reads a laid-out weight outside its copies' calls"
+    attrs = {k: tuple(v) for k, v in ((TRANSPOSED, transposed), (ATTR, packed), (COPIES, copies)) if v}
+    return mod.with_func("main", main.replace(params=tuple(params), body=body, attrs=main.attrs.with_(**attrs)))
 
 
 def _packed_info(info: TensorInfo) -> TensorInfo:
@@ -205,15 +312,22 @@ class LayoutWeights(Pass):
     name: str = "layout_weights"
 
     def run(self, mod: IRModule) -> IRModule:
+        funcs = _param_funcs(mod) if self.params else []
+        main = mod.get("main")
+        dispatcher = self.params and isinstance(main, GraphFunc) and bool(main.attrs.get(VARIANTS))
+        rest = [n for n, _ in mod.graph_funcs() if not (dispatcher and n == "main")]  # main is rebuilt last (_reconcile)
         transposed: dict[Var, Var] = {}
-        if self.params:
-            mod, transposed = retype_weight_params(mod, TRANSPOSED, _matmul_params, _transposed_info)
-        mod = apply_rules(mod, [Rule("matmul_weight_as_linear", op_call("matmul"), _AsLinear(transposed).rewrite)])
+        for name in funcs:
+            mod, more = retype_weight_params(mod, TRANSPOSED, _matmul_params, _transposed_info, name)
+            transposed.update(more)
+        mod = apply_rules(mod, [Rule("matmul_weight_as_linear", op_call("matmul"), _AsLinear(transposed).rewrite)], funcs=rest)
         mapping: dict[Var, Var] = {}
-        if self.params:
-            mod, mapping = retype_weight_params(mod, ATTR, _weight_params, _packed_info)
+        for name in funcs:
+            mod, more = retype_weight_params(mod, ATTR, _weight_params, _packed_info, name)
+            mapping.update(more)
         layout = _Layout(mapping)
-        return apply_rules(mod, [Rule("linear_weight_layout", op_call("linear"), layout.rewrite)])
+        mod = apply_rules(mod, [Rule("linear_weight_layout", op_call("linear"), layout.rewrite)], funcs=rest)
+        return _reconcile(mod) if dispatcher else mod
 
 
-__all__ = ["ATTR", "PANEL", "TRANSPOSED", "LayoutWeights", "lay_out", "pack_weights", "packed_params"]
+__all__ = ["ATTR", "COPIES", "PANEL", "TRANSPOSED", "VARIANTS", "LayoutWeights", "lay_out", "lay_out_weights", "pack_weights", "packed_params", "weight_layout"]

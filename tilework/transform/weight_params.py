@@ -1,7 +1,11 @@
 """What the compile-time weight passes (``layout_weights``, ``bf16_weights``) share: finding
 ``main``'s trailing weight params that only rewritable linears read, and giving them the type
 of their new storage (the list of retyped params is kept in an attr of ``main``, for the code
-that converts the weights passed at run time)."""
+that converts the weights passed at run time).
+
+A function's weight params are its trailing params from its attr ``num_inputs`` on, or the
+params its attr ``weight_params`` lists (``WEIGHTS``: a region of a model built on its own,
+whose weights are not trailing)."""
 
 from __future__ import annotations
 
@@ -11,15 +15,26 @@ from tilework.ir.graph import Binding, Call, GraphFunc, Var, bindings_of, used_v
 from tilework.ir.info import TensorInfo
 from tilework.ir.module import IRModule
 
+WEIGHTS = "weight_params"
+
+
+def weight_candidates(f: GraphFunc) -> list[int]:
+    """The indices of ``f``'s params that hold weights (see the module docstring)."""
+    if WEIGHTS in f.attrs:
+        return [int(i) for i in f.attrs[WEIGHTS]]
+    if "num_inputs" in f.attrs:
+        return list(range(int(f.attrs["num_inputs"]), len(f.params)))
+    return []
+
 
 def weight_params(f: GraphFunc, param_ok: Callable[[Var], bool], linear_ok: Callable[[Call], bool]) -> list[int]:
-    """Indices of ``f``'s trailing params (from ``num_inputs``) that ``param_ok`` accepts, that
+    """Indices of ``f``'s weight params (``weight_candidates``) that ``param_ok`` accepts, that
     are read at least once, each time once, as the weight (``args[1]``) of a call ``linear_ok``
     accepts, and never returned."""
-    first = int(f.attrs.get("num_inputs", len(f.params)))
     found = []
-    for i, p in enumerate(f.params):
-        if i < first or not param_ok(p):
+    for i in weight_candidates(f):
+        p = f.params[i]
+        if not param_ok(p):
             continue
         users = [b for b in bindings_of(f) if any(v is p for v in used_vars(b.value))]
         only_weight = all(
@@ -31,13 +46,13 @@ def weight_params(f: GraphFunc, param_ok: Callable[[Var], bool], linear_ok: Call
     return found
 
 
-def retype_weight_params(mod: IRModule, attr: str, find: Callable[[GraphFunc], list[int]], new_info: Callable[[TensorInfo], TensorInfo]) -> tuple[IRModule, dict[Var, Var]]:
-    """``mod`` with the params ``find`` picks in ``main`` retyped by ``new_info`` and listed in
-    ``main``'s attr ``attr``, and the map from each old param to its new one. Nothing changes
-    when ``main`` has no ``num_inputs`` or already has ``attr`` (the pass ran before)."""
-    main = mod.get("main")
+def retype_weight_params(mod: IRModule, attr: str, find: Callable[[GraphFunc], list[int]], new_info: Callable[[TensorInfo], TensorInfo], func: str = "main") -> tuple[IRModule, dict[Var, Var]]:
+    """``mod`` with the params ``find`` picks in ``func`` retyped by ``new_info`` and listed in
+    ``func``'s attr ``attr``, and the map from each old param to its new one. Nothing changes
+    when ``func`` has no weight params or already has ``attr`` (the pass ran before)."""
+    main = mod.get(func)
     mapping: dict[Var, Var] = {}
-    if not (isinstance(main, GraphFunc) and "num_inputs" in main.attrs and attr not in main.attrs):
+    if not (isinstance(main, GraphFunc) and ("num_inputs" in main.attrs or WEIGHTS in main.attrs) and attr not in main.attrs):
         return mod, mapping
     idx = find(main)
     if not idx:
@@ -48,4 +63,4 @@ def retype_weight_params(mod: IRModule, attr: str, find: Callable[[GraphFunc], l
         assert isinstance(p.info, TensorInfo) and p.info.shape is not None
         params[i] = Var(p.name, new_info(p.info))
         mapping[p] = params[i]
-    return mod.with_func("main", main.replace(params=tuple(params), attrs=main.attrs.with_(**{attr: tuple(idx)}))), mapping
+    return mod.with_func(func, main.replace(params=tuple(params), attrs=main.attrs.with_(**{attr: tuple(idx)}))), mapping
