@@ -49,6 +49,18 @@ def test_flags_change_the_cache_key(cache: Path, monkeypatch: pytest.MonkeyPatch
     assert len(list(cache.glob("k-*.so"))) == 2
 
 
+def test_avx512_hosts_prefer_512_bit_vectors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The register tiles are sized for 32 zmm registers; gcc's Intel tuning would use ymm."""
+    monkeypatch.delenv("TILEWORK_CFLAGS", raising=False)
+    monkeypatch.setattr(toolchain.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(toolchain, "_machine_identity", lambda: "x86_64 Linux flags : fpu avx2 avx512f fma")
+    assert toolchain.compiler_flags()[-1] == "-mprefer-vector-width=512"
+    monkeypatch.setattr(toolchain, "_machine_identity", lambda: "x86_64 Linux flags : fpu avx2 fma")
+    assert "-mprefer-vector-width=512" not in toolchain.compiler_flags()
+    monkeypatch.setenv("TILEWORK_CFLAGS", "-O2")
+    assert toolchain.compiler_flags() == ["-O2"]
+
+
 def test_missing_compiler(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CC", "/nonexistent/bin/cc")
     with pytest.raises(BuildError, match="apt-get install gcc") as e:

@@ -2,7 +2,7 @@
 
 - Compiler: ``$CC`` (may carry arguments, e.g. ``"ccache gcc"``), else ``cc``.
 - Flags: ``$TILEWORK_CFLAGS``, else ``-O3 -march=native -fno-math-errno -fopenmp -shared
-  -fPIC``; the source and ``-lm`` follow them. ``-fno-math-errno`` changes no value: kernels
+  -fPIC`` (and ``-mprefer-vector-width=512`` on an AVX-512 host); the source and ``-lm`` follow them. ``-fno-math-errno`` changes no value: kernels
   never read ``errno``, and without it ``sqrt`` and friends cannot be vectorized or hoisted
   (the compiler must keep the call that may set it).
 - Cache (``tilework.codegen.cache``: a private directory, nothing in it trusted): a shared
@@ -79,7 +79,16 @@ def compiler_command() -> list[str]:
 
 
 def compiler_flags() -> list[str]:
-    return shlex.split(os.environ.get("TILEWORK_CFLAGS", DEFAULT_CFLAGS))
+    """``$TILEWORK_CFLAGS``, else ``DEFAULT_CFLAGS``, with ``-mprefer-vector-width=512`` on an
+    AVX-512 host: gcc's tuning for Intel cores prefers 256-bit vectors, and the register tiles
+    of the schedules (``tilework.schedule.rules.common.host_registers``) are sized for 32
+    registers of 64 bytes (an 8 x 32 float matmul tile in 256-bit vectors is 32 accumulators,
+    the whole register file: it spills)."""
+    flags = os.environ.get("TILEWORK_CFLAGS")
+    if flags is not None:
+        return shlex.split(flags)
+    wide = platform.machine() in ("x86_64", "AMD64") and " avx512f " in f" {_machine_identity()} "
+    return shlex.split(DEFAULT_CFLAGS) + (["-mprefer-vector-width=512"] if wide else [])
 
 
 def _compiler_identity(cmd: Sequence[str]) -> list[object]:
