@@ -18,7 +18,8 @@ plus float32 rounding; about 1e-3 relative. The float32 operations are the same 
 (up to 8 rows), the GEMM (prefill) and the portable build, so a row's result has the same bits
 whatever else is in the call. bf16, f16, q4_k and q6_k multiply in float32 with the weights
 decoded exactly (``x`` is not quantized): ``x @ dequantize(w).T`` up to float32 rounding.
-AVX-512 where the CPU has it, portable C otherwise.
+AVX-512 where the CPU has it, portable C otherwise (its integer dot products in AVX2 where the
+CPU has that).
 
 Capability ``quant.linear``: any ``quant_linear`` whose ``x`` is float32 with a known rank and
 whose blocks are a 2-D uint8 tensor. It lowers to ``call_lib("quant.linear.<fmt>", x, w,
@@ -381,7 +382,8 @@ def _cpu_flags() -> set[str]:
 
 
 def _available() -> tuple[bool, str]:
-    kind = "AVX-512" if {"avx512f", "avx512bw", "f16c"} <= _cpu_flags() else "portable C"
+    flags = _cpu_flags()
+    kind = "AVX-512" if {"avx512f", "avx512bw", "f16c"} <= flags else "portable C (AVX2 integer dot products)" if "avx2" in flags else "portable C"
     try:
         toolchain.compiler_command()
     except BuildError as e:

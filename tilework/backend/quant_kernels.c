@@ -36,7 +36,9 @@
  *   time: 128 KiB, in L2) and a 12 x 32 register-blocked outer-product FMA kernel runs over it;
  *   panels (and, when there are too few of them, chunks of x rows) are spread over the threads.
  * Both paths have AVX-512 kernels (F + BW, F16C; VNNI where present) and portable ones (any
- * C99 compiler; define TW_QUANT_PORTABLE to force them).
+ * C99 compiler; define TW_QUANT_PORTABLE to force them). Without AVX-512 but with AVX2 the
+ * portable integer path takes each block's dot products with a row of x in AVX2 (vpmaddubsw +
+ * vpmaddwd: the same int32 sums, so the same bits).
  *
  * Entry points: tw_qlinear_<fmt>(x, w, y, M, N, K) for q4_0 q4_1 q8_0 bf16 f16 q4_k q6_k
  * q4_0x16 q4_1x16 q8_0x16, and tw_qlinear_add_<fmt>(x, w, r, y, M, N, K): y = x @ W.T + r;
@@ -57,6 +59,9 @@
 #if defined(__AVX512VNNI__) && !defined(TW_QUANT_NO_VNNI)
 #define TWQ_VNNI 1
 #endif
+#elif defined(__AVX2__) && !defined(TW_QUANT_PORTABLE)
+#define TWQ_AVX2 1 /* the portable kernels, with the integer path's block dot products in AVX2 */
+#include <immintrin.h>
 #endif
 
 enum { TWQ_Q4_0, TWQ_Q4_1, TWQ_Q8_0, TWQ_BF16, TWQ_F16, TWQ_Q4_K, TWQ_Q6_K, TWQ_NFMT };
@@ -1028,8 +1033,19 @@ static int twq_gemm(int fmt, const float* x, const uint8_t* w, float* y, int64_t
     return failed ? TWQ_ENOMEM : 0;
 }
 
+#ifdef TWQ_AVX2
+static inline int32_t twq_hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+#endif
+
 /* The integer path in plain C: every output, block by block, the sequence of the file header;
- * each block is decoded once for up to 64 rows of x. */
+ * each block is decoded once for up to 64 rows of x. With AVX2 a block's dot product with a row
+ * is vpmaddubsw + vpmaddwd and a sum across (the pair sums fit int16: 15 * 127 * 2 for the
+ * nibbles, 128 * 127 * 2 for q8_0's |w|), the same int32 as the loop's. */
 static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t rb) {
     const int64_t nb = xq->nb;
     const int par = N * rb >= TWQ_PAR_MIN_BYTES || M > 1;
@@ -1069,11 +1085,23 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
                             memcpy(wq + 16 + h, &hi, 8);
                         }
                     }
+#ifdef TWQ_AVX2
+                    /* q4: the nibbles, unsigned; q8_0: |w| and, per row, x with w's sign (no
+                     * bias: the sum is corr + sum((w + 128) q) = sum(w q) itself, exactly) */
+                    const __m256i ws = fmt == TWQ_Q8_0 ? _mm256_loadu_si256((const __m256i*)(b + 2)) : _mm256_setzero_si256();
+                    const __m256i wv = fmt == TWQ_Q8_0 ? _mm256_abs_epi8(ws) : _mm256_loadu_si256((const __m256i*)wq);
+#endif
                     for (int64_t r = 0; r < rn; ++r) {
                         const int64_t at = (r0 + r) * nb + j;
                         const int8_t* q = xq->q + (r0 + r) * xq->K + 32 * j;
+#ifdef TWQ_AVX2
+                        __m256i qv = _mm256_loadu_si256((const __m256i*)q);
+                        if (fmt == TWQ_Q8_0) qv = _mm256_sign_epi8(qv, ws);
+                        const int32_t isum = (fmt == TWQ_Q8_0 ? 0 : xq->corr[at]) + twq_hsum_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(wv, qv), _mm256_set1_epi16(1)));
+#else
                         int32_t isum = xq->corr[at];
                         for (int l = 0; l < 32; ++l) isum += wq[l] * q[l];
+#endif
                         acc[r] = fmaf((float)isum, dw * xq->d[at], acc[r]);
                         if (fmt == TWQ_Q4_1) acc[r] = fmaf(mw, xq->cx[at], acc[r]);
                     }
