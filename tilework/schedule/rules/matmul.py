@@ -9,7 +9,9 @@ initialised once (``decompose_reduction``), and its micro-kernel runs ``k`` outs
 unrolled ``i_1`` and a vectorized ``j_1``: per ``k`` it broadcasts ``MR`` values of A and
 loads ``NR`` contiguous values of B, whose ``K x NR`` column stays in L2 while ``i_0`` runs
 down the rows. A ``B[j, k]`` is first copied transposed (``cache_read``). Sizes that do not
-divide are guarded; an elementwise epilogue is inlined into the tile store.
+divide are guarded, but the last row tile computes its rows past the end as copies of the last
+row (``clamp_rest_rows``: its ``k`` loop is a full tile's) and guards only its store; an
+elementwise epilogue is inlined into the tile store.
 
 Few rows (decoding, short prompts): for ``B[k, j]`` one register tile holds every row, ``r x
 NR`` with ``NR`` as wide as keeps the tile's ``K x NR`` panel of B in L2 (``small_vectors``,
@@ -26,10 +28,13 @@ in strips of ``NR`` columns.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Sequence
+
 from tilework.errors import ScheduleError
 from tilework.ir import sym
 from tilework.ir.dtype import DTYPE_TABLE
-from tilework.ir.loop import Allocate, Binary, Block, For, SeqStmt, Stmt, TensorFunc
+from tilework.ir.loop import Allocate, Binary, Block, Buffer, For, IfThenElse, SeqStmt, Stmt, TensorFunc
 from tilework.ir.sym import Dim, SymVar
 from tilework.schedule import loop_primitives as lp
 from tilework.schedule.analysis import FuncKind, MatmulParts, classify, main_block, matmul_parts
@@ -50,7 +55,22 @@ from tilework.schedule.rules.common import (
 from tilework.schedule.rules.inline import inline_producers
 from tilework.schedule.rules.reduction import schedule_reduction
 from tilework.schedule.specialize import branch
-from tilework.schedule.tree import blocks_of, children, get_at, leaves, less_than, seq, subst_stmt, walk, with_children
+from tilework.schedule.tree import (
+    blocks_of,
+    children,
+    conj,
+    conjuncts,
+    dim_vars,
+    find_loop,
+    get_at,
+    leaves,
+    less_than,
+    replace_at,
+    seq,
+    subst_stmt,
+    walk,
+    with_children,
+)
 
 NAME = "matmul"
 MR = 8  # rows of a register tile
@@ -279,8 +299,52 @@ def schedule_matmul(func: TensorFunc, parts: MatmulParts, mr: int, nr: int) -> T
     func = inline_epilogue(func, parts.block.writes[0], store)
     func = schedule_rest(func, tiles.var)
     # Full tiles run without bounds tests; only the last row (column) tile keeps them.
+    before = func
     func = attempt(func, lp.partition, io)
+    func = clamp_rest_rows(func, outer_new_loops(before, func), i.extent)
     return attempt(func, lp.partition, tiles.var)
+
+
+def outer_new_loops(before: TensorFunc, after: TensorFunc) -> list[SymVar]:
+    """The loops of ``after`` not in ``before`` and not inside another such loop."""
+    old = {s.var for _, s in walk(before.body) if isinstance(s, For)}
+    new = {p: s.var for p, s in walk(after.body) if isinstance(s, For) and s.var not in old}
+    return [v for p, v in new.items() if not any(p[:n] in new for n in range(len(p)))]
+
+
+def clamp_rest_rows(func: TensorFunc, rest: Sequence[SymVar], rows: Dim) -> TensorFunc:
+    """The last row tile (under a loop in ``rest``, the copy ``partition`` made) computes its
+    rows past ``rows`` as copies of the last row: its blocks that write only scratch buffers
+    (the accumulator's init and update) lose their row bounds guard and take row ``min(i,
+    rows - 1)``, so that its ``k`` loop runs as a full tile's, without tests (a guard per row
+    and ``k`` made the C compiler spill the accumulators); only its store stays guarded."""
+    params = set(func.buffers)
+    for var in rest:
+        path, f = find_loop(func, var)
+        body = _clamped(f.body, {var}, rows, params)
+        func = func.replace(body=replace_at(func.body, path, replace(f, body=body)))
+    return func
+
+
+def _clamped(s: Stmt, rest: set[SymVar], rows: Dim, params: set[Buffer]) -> Stmt:
+    def is_row_guard(c: object) -> bool:
+        return isinstance(c, Binary) and c.op == "<" and sym.prove_eq(c.b, rows) and bool(dim_vars(c.a) & rest)  # type: ignore[arg-type]
+
+    def scratch_only(x: Stmt) -> bool:
+        return all(not (set(b.writes) & params) for _, b in walk(x) if isinstance(b, Block))
+
+    if isinstance(s, IfThenElse) and s.else_body is None and scratch_only(s.then_body):
+        keep = [c for c in conjuncts(s.cond) if not is_row_guard(c)]
+        body = _clamped(s.then_body, rest, rows, params)
+        return IfThenElse(conj(keep), body) if keep else body
+    if isinstance(s, Block) and scratch_only(s):
+        last = sym.sub(rows, 1)
+        ivs = tuple(
+            replace(iv, binding=sym.min_(iv.binding, last)) if dim_vars(iv.binding) & rest else iv
+            for iv in s.iter_vars
+        )  # fmt: skip
+        return replace(s, iter_vars=ivs)
+    return with_children(s, [_clamped(c, rest, rows, params) for c in children(s)])
 
 
 def inline_epilogue(func: TensorFunc, out: object, store: str) -> TensorFunc:
