@@ -30,6 +30,10 @@ A placement runs this pass after offload (``tilework.build``'s ``layout_weights`
 offloaded to another backend reads its weights as given (``[out, in]``), and only the linears
 left to tilework's kernels are laid out.
 
+2-D convolutions are made linears first (``tilework.transform.conv_gemm``: im2col over
+channel-last data; their weight params listed in ``conv_weights``), so their weights are packed
+alike.
+
 Only float32 and float64 linears are rewritten (the narrow types keep their own kernels).
 Requires a well-formed module;
 guarantees a well-formed module computing the same values (given the packed weights).
@@ -48,6 +52,8 @@ from tilework.ir.module import IRModule
 from tilework.op.linalg import linear, linear_io
 from tilework.pattern.core import Match, op_call
 from tilework.transform.base import Pass
+from tilework.transform.conv_gemm import ATTR as CONV_WEIGHTS
+from tilework.transform.conv_gemm import ConvGemm, conv_weight_matrix
 from tilework.transform.rewrite_driver import Rule, apply_rules
 from tilework.ir.visitor import ExprMutator
 from tilework.transform.weight_params import WEIGHTS, retype_weight_params, weight_candidates, weight_params
@@ -193,9 +199,12 @@ def packed_params(f: GraphFunc) -> tuple[int, ...]:
 
 def weight_layout(f: GraphFunc) -> dict[str, Any]:
     """How ``f`` (a model's ``main``) takes its weights, as JSON data (``tilework.build`` keeps it
-    in the executable's meta as ``weight_layout``): the param indices ``transposed`` and
-    ``packed``, the ``copies`` appended, and ``num_inputs``; empty when it takes them as given."""
+    in the executable's meta as ``weight_layout``): the param indices ``conv`` (conv weights
+    taken as ``conv_gemm.conv_weight_matrix``), ``transposed`` and ``packed``, the ``copies``
+    appended, and ``num_inputs``; empty when it takes them as given."""
     out: dict[str, Any] = {}
+    if f.attrs.get(CONV_WEIGHTS):
+        out["conv"] = [int(i) for i in f.attrs[CONV_WEIGHTS]]
     if f.attrs.get(TRANSPOSED):
         out["transposed"] = [int(i) for i in f.attrs[TRANSPOSED]]
     if f.attrs.get(ATTR):
@@ -212,6 +221,8 @@ def lay_out_weights(layout: Mapping[str, Any], weights: Sequence[np.ndarray]) ->
     takes them: transposed, packed through ``lay_out``, and the copies appended."""
     first = int(layout.get("num_inputs", 0))
     out = list(weights)
+    for i in layout.get("conv", ()):
+        out[i - first] = conv_weight_matrix(out[i - first])
     for i in layout.get("transposed", ()):
         out[i - first] = np.ascontiguousarray(np.asarray(out[i - first]).T)
     for i in layout.get("packed", ()):
@@ -312,6 +323,7 @@ class LayoutWeights(Pass):
     name: str = "layout_weights"
 
     def run(self, mod: IRModule) -> IRModule:
+        mod = ConvGemm(params=self.params)(mod)  # conv weights become linear weights first
         funcs = _param_funcs(mod) if self.params else []
         main = mod.get("main")
         dispatcher = self.params and isinstance(main, GraphFunc) and bool(main.attrs.get(VARIANTS))

@@ -1,0 +1,108 @@
+"""``im2col`` (channel-last column matrix of a 2-D convolution) built whole (the padded copy,
+the gather, its view; C kernels) at several values of the symbolic batch and spatial dims,
+against a NumPy reference, with ``max_pool2d_nhwc`` likewise; and the column matrix times the conv weight as ``[O, KH * KW *
+C]`` (``conv_gemm.conv_weight_matrix``) equals the convolution."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tilework as tw
+import tilework.op as op
+from tests.op.test_conv import conv_ref
+from tilework.ir.builder import BlockBuilder
+from tilework.ir.graph import Tuple, Var
+from tilework.ir.info import TensorInfo
+from tilework.op.conv_nhwc import im2col, max_pool2d_nhwc
+from tilework.transform.conv_gemm import conv_weight_matrix
+
+n, h, w = tw.dim("n"), tw.dim("h"), tw.dim("w")
+
+# name: (channels, kernel, strides, padding (top, left, bottom, right), dilation)
+CASES: dict[str, tuple[int, tuple[int, int], tuple[int, int], tuple[int, int, int, int], tuple[int, int]]] = {
+    "3x3_pad": (5, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+    "3x3_stride2": (4, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),
+    "1x1_stride2": (6, (1, 1), (2, 2), (0, 0, 0, 0), (1, 1)),
+    "7x7_stem": (3, (7, 7), (2, 2), (3, 3, 3, 3), (1, 1)),
+    "asym_dilated": (2, (3, 2), (1, 3), (2, 0, 1, 1), (2, 1)),
+    "no_pad_odd": (1, (2, 3), (3, 2), (0, 0, 0, 0), (1, 1)),
+}
+# max_pool2d_nhwc of the first case's input: (pool size, strides, padding)
+POOLS = [((3, 3), (2, 2), (1, 1, 1, 1)), ((2, 3), (1, 2), (0, 1, 1, 0))]
+ENVS = [{"n": 1, "h": 7, "w": 9}, {"n": 3, "h": 12, "w": 11}, {"n": 2, "h": 5, "w": 16}]
+
+
+def im2col_ref(x: np.ndarray, kernel: tuple[int, int], strides: tuple[int, int], padding: tuple[int, int, int, int], dilation: tuple[int, int]) -> np.ndarray:
+    nb, hh, ww, c = x.shape
+    xp = np.pad(x, ((0, 0), (padding[0], padding[2]), (padding[1], padding[3]), (0, 0)))
+    oh = (hh + padding[0] + padding[2] - dilation[0] * (kernel[0] - 1) - 1) // strides[0] + 1
+    ow = (ww + padding[1] + padding[3] - dilation[1] * (kernel[1] - 1) - 1) // strides[1] + 1
+    out = np.zeros((nb, oh, ow, kernel[0], kernel[1], c), x.dtype)
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            r, q = i * dilation[0], j * dilation[1]
+            out[:, :, :, i, j, :] = xp[:, r : r + strides[0] * (oh - 1) + 1 : strides[0], q : q + strides[1] * (ow - 1) + 1 : strides[1], :]
+    return out.reshape(nb, oh, ow, -1)
+
+
+def max_pool_ref(x: np.ndarray, size: tuple[int, int], strides: tuple[int, int], padding: tuple[int, int, int, int]) -> np.ndarray:
+    nb, hh, ww, c = x.shape
+    xp = np.pad(x, ((0, 0), (padding[0], padding[2]), (padding[1], padding[3]), (0, 0)), constant_values=-np.inf)
+    oh, ow = (hh + padding[0] + padding[2] - size[0]) // strides[0] + 1, (ww + padding[1] + padding[3] - size[1]) // strides[1] + 1
+    taps = [xp[:, i : i + strides[0] * (oh - 1) + 1 : strides[0], j : j + strides[1] * (ow - 1) + 1 : strides[1], :] for i in range(size[0]) for j in range(size[1])]
+    return np.max(taps, axis=0)
+
+
+def _module() -> Any:
+    """Every case in one function (one build): input ``i`` is case ``i``'s."""
+    bb = BlockBuilder()
+    xs = [Var(f"x{i}", TensorInfo((n, h, w, case[0]), "float32")) for i, case in enumerate(CASES.values())]
+    with bb.function("main", xs):
+        with bb.dataflow():
+            outs = []
+            for x, (_, kernel, strides, padding, dilation) in zip(xs, CASES.values()):
+                y = bb.emit(im2col(x, kernel, strides, padding, dilation))
+                outs.append(bb.emit(op.relu(y)))  # an elementwise consumer fuses into the gather
+            for size, strides, padding in POOLS:
+                outs.append(bb.emit(max_pool2d_nhwc(xs[0], size, strides, padding)))
+            out = bb.emit_output(Tuple(tuple(outs)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.fixture(scope="module")
+def vm() -> Any:
+    return tw.VM(tw.build(_module()))
+
+
+def test_struct_info_is_symbolic() -> None:
+    f = _module()["main"]
+    assert str(f.ret_info.fields[1]) == str(TensorInfo((n, (h - 1) // 2 + 1, (w - 1) // 2 + 1, 36), "float32"))
+
+
+def test_matches_reference(vm: Any) -> None:
+    rng = np.random.default_rng(0)
+    for env in ENVS:
+        xs = [rng.standard_normal((env["n"], env["h"], env["w"], case[0])).astype(np.float32) for case in CASES.values()]
+        got = vm["main"](*xs)
+        for i, (name, (_, kernel, strides, padding, dilation)) in enumerate(CASES.items()):
+            want = np.maximum(im2col_ref(xs[i], kernel, strides, padding, dilation), 0)
+            assert np.asarray(got[i]).shape == want.shape, (name, env)
+            np.testing.assert_array_equal(np.asarray(got[i]), want, err_msg=f"{name} at {env}")
+        for i, (size, strides, padding) in enumerate(POOLS):
+            want = max_pool_ref(xs[0], size, strides, padding)
+            np.testing.assert_array_equal(np.asarray(got[len(CASES) + i]), want, err_msg=f"max pool {size} at {env}")
+
+
+@pytest.mark.parametrize("name", ["3x3_pad", "asym_dilated", "7x7_stem"])
+def test_columns_times_weight_matrix_is_the_conv(name: str) -> None:
+    c, kernel, strides, padding, dilation = CASES[name]
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 9, 10, c))
+    k = rng.standard_normal((5, c, *kernel))
+    got = im2col_ref(x, kernel, strides, padding, dilation) @ conv_weight_matrix(k).T
+    want = conv_ref(x.transpose(0, 3, 1, 2), k, None, strides, padding, dilation, 1).transpose(0, 2, 3, 1)
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)

@@ -1,0 +1,138 @@
+"""Channel-last convolution pieces: ``im2col``, the column matrix of a 2-D convolution over an
+``[N, H, W, C]`` input, which ``tilework.transform.conv_gemm`` multiplies by a packed weight
+(``linear``) so that a convolution runs on the matmul kernels, and ``max_pool2d_nhwc``
+(``max_pool2d`` without ``ceil_mode`` over the same layout: the maximum of the taps, vectorized
+along the channels, the input padded with -inf first).
+
+``im2col(x, kernel, strides, padding, dilation)`` gives ``[N, OH, OW, KH * KW * C]`` with
+``col[n, oh, ow, (i * KW + j) * C + c] = x[n, oh * sh - top + i * dh, ow * sw - left + j * dw, c]``
+(zero where that falls in the padding); ``padding`` is ``(top, left, bottom, right)`` and the
+output lengths are ``conv2d``'s. Every tap is a run of ``C`` contiguous values on both sides.
+
+Legalization: with padding the input is first copied into a zero-padded buffer (one test per
+input element instead of one per tap), then one gather kernel writes
+``[N, OH, OW, KH, KW, C]`` (labelled ``out_ewise_fusable``: a producer is not inlined, or it
+would be computed once per tap), viewed as the 4-D result.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Sequence
+
+from tilework import te
+from tilework.ir import sym
+from tilework.ir.graph import Call, Expr
+from tilework.ir.info import StructInfo, TensorInfo, shape_str
+from tilework.ir.loop import Scalar
+from tilework.op.base import InferCtx, Op, OpPattern, make_call, register, require_float, tensor_arg
+from tilework.op.conv import _call_gather, _ints_attr, _inside, _require_positive, conv_out_len
+from tilework.op.kernel import arg, out_tensor, reshape_index
+
+if TYPE_CHECKING:
+    from tilework.transform.legalize import LegalizeCtx
+
+
+def _infer_im2col(call: Call, ctx: InferCtx) -> StructInfo:
+    x = tensor_arg(call, 0, ctx)
+    kernel = _ints_attr(call, "kernel", 2, ctx, 1)
+    strides = _ints_attr(call, "strides", 2, ctx, 1)
+    padding = _ints_attr(call, "padding", 4, ctx, 0)
+    dilation = _ints_attr(call, "dilation", 2, ctx, 1)
+    if x.ndim not in (-1, 4):
+        raise ctx.shape_error(f"input must be 4-D [batch, height, width, channels], got shape {shape_str(x.shape)}")
+    if x.shape is None:
+        return TensorInfo(None, x.dtype, 4)
+    spatial = tuple(conv_out_len(x.shape[1 + i], kernel[i], strides[i], padding[i], padding[2 + i], dilation[i]) for i in range(2))
+    _require_positive(spatial, ctx, "output spatial shape")
+    return TensorInfo((x.shape[0], *spatial, sym.mul(x.shape[3], kernel[0] * kernel[1])), x.dtype)
+
+
+def _padded_nhwc(ctx: "LegalizeCtx", value: Expr, x: te.Tensor, padding: Sequence[int], fill: float, hint: str) -> tuple[Expr, te.Tensor]:
+    """``value`` (``x``, ``[N, H, W, C]``) copied into a buffer with ``padding`` (top, left,
+    bottom, right) filled with ``fill``: the emitted copy and its placeholder; ``value`` and
+    ``x`` themselves without padding."""
+    if not any(padding):
+        return value, x
+    top, left = padding[0], padding[1]
+    pshape = (x.shape[0], sym.add(x.shape[1], top + padding[2]), sym.add(x.shape[2], left + padding[3]), x.shape[3])
+
+    def pad(nn: Scalar, h: Scalar, w: Scalar, ch: Scalar) -> Scalar:
+        pos = [h - top, w - left]
+        return te.if_then_else(_inside(pos, x.shape[1:3]), x[nn, pos[0], pos[1], ch], te.cast(fill, x.dtype))
+
+    xp = te.compute(pshape, pad, hint, x.dtype)
+    emitted = ctx.bb.emit(ctx.call_te(hint, [value], [x], [xp], TensorInfo(pshape, x.dtype)), name=hint)
+    return emitted, te.placeholder(pshape, x.dtype, "xp")
+
+
+def _legalize_im2col(call: Call, ctx: "LegalizeCtx") -> Expr:
+    x = arg(call, 0, "x")
+    shape, dtype = out_tensor(call)
+    kh, kw = call.attrs["kernel"]
+    strides, padding, dilation = (tuple(call.attrs[a]) for a in ("strides", "padding", "dilation"))
+    n, c = x.shape[0], x.shape[3]
+    x_in, x = _padded_nhwc(ctx, call.args[0], x, padding, 0.0, "im2col_pad")
+
+    def gather(nn: Scalar, oh: Scalar, ow: Scalar, i: Scalar, j: Scalar, ch: Scalar) -> Scalar:
+        return x[nn, oh * strides[0] + i * dilation[0], ow * strides[1] + j * dilation[1], ch]
+
+    col6 = te.compute((n, shape[1], shape[2], kh, kw, c), gather, "im2col", dtype)
+    col = ctx.bb.emit(_call_gather(ctx, "im2col", [x_in], [x], [col6], TensorInfo(tuple(col6.shape), dtype)), name="im2col")
+    cp = te.placeholder(col6.shape, dtype, "col")
+    view = te.compute(tuple(shape), lambda *i: cp[reshape_index(i, tuple(shape), cp.shape)], "im2col_view", dtype)
+    return ctx.call_te("im2col_view", [col], [cp], [view], call.info)
+
+
+register(Op("im2col", _infer_im2col, OpPattern.INJECTIVE, attrs={"kernel": None, "strides": None, "padding": None, "dilation": None}, num_args=1, legalize=_legalize_im2col))
+
+
+def _infer_max_pool_nhwc(call: Call, ctx: InferCtx) -> StructInfo:
+    x = tensor_arg(call, 0, ctx)
+    require_float(x, ctx)
+    size = _ints_attr(call, "pool_size", 2, ctx, 1)
+    strides = _ints_attr(call, "strides", 2, ctx, 1)
+    padding = _ints_attr(call, "padding", 4, ctx, 0)
+    dilation = _ints_attr(call, "dilation", 2, ctx, 1)
+    if x.ndim not in (-1, 4):
+        raise ctx.shape_error(f"input must be 4-D [batch, height, width, channels], got shape {shape_str(x.shape)}")
+    if x.shape is None:
+        return TensorInfo(None, x.dtype, 4)
+    spatial = tuple(conv_out_len(x.shape[1 + i], size[i], strides[i], padding[i], padding[2 + i], dilation[i]) for i in range(2))
+    _require_positive(spatial, ctx, "output spatial shape")
+    return TensorInfo((x.shape[0], *spatial, x.shape[3]), x.dtype)
+
+
+def _legalize_max_pool_nhwc(call: Call, ctx: "LegalizeCtx") -> Expr:
+    """The maximum of the taps in one expression, vectorized along the channels; the input
+    padded with -inf first."""
+    x = arg(call, 0, "x")
+    shape, dtype = out_tensor(call)
+    (kh, kw), strides, padding, dilation = (tuple(call.attrs[a]) for a in ("pool_size", "strides", "padding", "dilation"))
+    x_in, x = _padded_nhwc(ctx, call.args[0], x, padding, float("-inf"), "max_pool_pad")
+
+    def taps(nn: Scalar, oh: Scalar, ow: Scalar, ch: Scalar) -> Scalar:
+        best: Scalar | None = None
+        for i, j in itertools.product(range(kh), range(kw)):
+            v: Scalar = x[nn, oh * strides[0] + i * dilation[0], ow * strides[1] + j * dilation[1], ch]
+            best = v if best is None else te.maximum(best, v)
+        assert best is not None
+        return best
+
+    out = te.compute(tuple(shape), taps, "max_pool_nhwc", dtype)
+    return _call_gather(ctx, "max_pool_nhwc", [x_in], [x], [out], call.info)
+
+
+register(Op("max_pool2d_nhwc", _infer_max_pool_nhwc, OpPattern.OUT_EWISE_FUSABLE, attrs={"pool_size": None, "strides": None, "padding": None, "dilation": None}, num_args=1, legalize=_legalize_max_pool_nhwc))
+
+
+def max_pool2d_nhwc(x: Expr, pool_size: Sequence[int], strides: Sequence[int], padding: Sequence[int] = (0, 0, 0, 0), dilation: Sequence[int] = (1, 1)) -> Call:
+    """``max_pool2d`` (without ``ceil_mode``) over ``x: [N, H, W, C]``: ``[N, OH, OW, C]``;
+    ``padding`` is ``(top, left, bottom, right)``."""
+    return make_call("max_pool2d_nhwc", [x], pool_size=tuple(pool_size), strides=tuple(strides), padding=tuple(padding), dilation=tuple(dilation))
+
+
+def im2col(x: Expr, kernel: Sequence[int], strides: Sequence[int] = (1, 1), padding: Sequence[int] = (0, 0, 0, 0), dilation: Sequence[int] = (1, 1)) -> Call:
+    """The column matrix of a 2-D convolution over ``x: [N, H, W, C]`` (see the module
+    docstring): ``[N, OH, OW, KH * KW * C]``."""
+    return make_call("im2col", [x], kernel=tuple(kernel), strides=tuple(strides), padding=tuple(padding), dilation=tuple(dilation))

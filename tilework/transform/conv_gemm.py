@@ -1,0 +1,334 @@
+"""conv_gemm: 2-D convolutions with compile-time weights run as matmuls over channel-last data.
+
+``conv2d(x, w, b)`` (one group, float32 or float64, a static ``[O, C, KH, KW]`` weight that is
+a constant or a weight param of ``main`` read only as such a weight) becomes
+``permute_dims(linear(col, w2, b), (0, 3, 1, 2))``: ``col`` is ``im2col`` of the channel-last
+input ``permute_dims(x, (0, 2, 3, 1))`` (that input itself for a 1x1 conv of stride 1 without
+padding) and ``w2`` the weight as ``[O, KH * KW * C]`` (``conv_weight_matrix``), laid out at
+compile time: a constant is replaced, a weight param retyped and listed in ``main``'s attr
+``conv_weights`` (whoever passes the weights converts them: ``layout_weights.pack_weights``).
+``layout_weights`` then packs ``w2`` for the matmul kernels like any linear weight.
+
+Then the transposes sink towards the consumers and cancel: through elementwise ops (whose
+other operands are transposed alike, 0-d, or transposed to follow), through a global
+average pool (``mean`` over the spatial dims) and a max pool (``max_pool2d_nhwc``), and a
+transpose of a transpose composes. So the data stays channel-last from one convolution to the
+next, and a transpose remains only where channel-first data is read (a grouped or depthwise
+conv, the output). A 1x1 conv of stride 1 without padding of channel-first data is left as it
+is (that data is its own column matrix: a transpose would only cost).
+
+Requires a well-formed module; guarantees a well-formed module computing the same values
+(given the converted weights), up to float reassociation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from tilework.ir.graph import Call, Constant, Expr, GraphFunc, OpRef, Var
+from tilework.ir import sym
+from tilework.ir.info import TensorInfo
+from tilework.ir.sym import Dim
+from tilework.ir.module import IRModule
+from tilework.ir.opdef import get as get_op
+from tilework.op.base import OpPattern, make_call
+from tilework.op.conv_nhwc import im2col, max_pool2d_nhwc
+from tilework.op.linalg import linear
+from tilework.op.manipulate import permute_dims, reshape
+from tilework.op.reduce import mean
+from tilework.pattern.core import Match, op_call
+from tilework.transform.base import Pass
+from tilework.transform.dead_code_elimination import DeadCodeElimination
+from tilework.transform.rewrite_driver import Rule, apply_rules
+from tilework.transform.weight_params import retype_weight_params, weight_params
+
+ATTR = "conv_weights"  # params of main given as [O, C, KH, KW], taken as [O, KH * KW * C]
+TO_NHWC = (0, 2, 3, 1)
+TO_NCHW = (0, 3, 1, 2)
+_DTYPES = ("float32", "float64")
+
+
+def conv_weight_matrix(w: np.ndarray) -> np.ndarray:
+    """A ``[O, C, KH, KW]`` conv weight as the ``[O, KH * KW * C]`` matrix ``im2col``'s columns
+    multiply (tap-major, channel-minor)."""
+    return np.ascontiguousarray(np.asarray(w).transpose(0, 2, 3, 1).reshape(w.shape[0], -1))
+
+
+def _op_name(e: Expr) -> str | None:
+    return e.callee.name if isinstance(e, Call) and isinstance(e.callee, OpRef) else None
+
+
+def _static_weight(info: object) -> tuple[int, int, int, int] | None:
+    if not (isinstance(info, TensorInfo) and info.dtype in _DTYPES and info.shape is not None and len(info.shape) == 4):
+        return None
+    if not all(isinstance(d, int) for d in info.shape):
+        return None
+    return info.shape  # type: ignore[return-value]
+
+
+def _convertible(call: Call) -> bool:
+    """A conv2d this pass rewrites, whatever its weight's origin."""
+    if _op_name(call) != "conv2d" or int(call.attrs.get("groups", 1)) != 1 or len(call.args) not in (2, 3):
+        return False
+    x, out, w = call.args[0].info, call.info, call.args[1].info
+    return (
+        _static_weight(w) is not None and isinstance(w, TensorInfo)
+        and isinstance(x, TensorInfo) and x.shape is not None and len(x.shape) == 4 and x.dtype == w.dtype
+        and isinstance(out, TensorInfo) and out.dtype == x.dtype
+    )  # fmt: skip
+
+
+def _conv_params(f: GraphFunc) -> list[int]:
+    return weight_params(f, lambda p: _static_weight(p.info) is not None, _convertible)
+
+
+def _matrix_info(info: TensorInfo) -> TensorInfo:
+    assert info.shape is not None
+    o, c, kh, kw = (int(d) for d in info.shape)  # type: ignore[arg-type]
+    return TensorInfo((o, c * kh * kw), info.dtype)
+
+
+def _call_of(e: Expr, m: Match, name: str) -> Call | None:
+    v = m.ctx.resolve(e)
+    return v if isinstance(v, Call) and _op_name(v) == name else None
+
+
+def _permuted(e: Expr, m: Match, axes: Sequence[int]) -> Expr | None:
+    """``y`` when ``e`` is (bound to) ``permute_dims(y, axes)``."""
+    v = _call_of(e, m, "permute_dims")
+    if v is None:
+        return None
+    a = v.attrs.get("axes")
+    return v.args[0] if a is not None and tuple(int(i) for i in a) == tuple(axes) else None
+
+
+def _shape(e: Expr) -> tuple[Dim, ...] | None:
+    info = e.info
+    return info.shape if isinstance(info, TensorInfo) else None
+
+
+def _same(a: Dim, b: Dim) -> bool:
+    return a is b or (isinstance(a, int) and isinstance(b, int) and a == b)
+
+
+def _rows(e: Expr, m: Match) -> Expr | None:
+    """``y`` (``[N, P, C]``) when ``e`` (``[N, H, W, C]``) is (bound to) ``reshape(y, ...)``."""
+    v = _call_of(e, m, "reshape")
+    if v is None:
+        return None
+    src, dst = _shape(v.args[0]), _shape(v)
+    if src is None or dst is None or len(src) != 3 or len(dst) != 4:
+        return None
+    return v.args[0] if _same(src[0], dst[0]) and _same(src[2], dst[3]) else None
+
+
+def _channels_last(e: Expr, m: Match) -> tuple[Expr, bool] | None:
+    """What a channel-first ``e`` is a layout change of: ``y`` with ``e = permute_dims(y,
+    TO_NCHW)`` (then False), or ``y`` (``[N, H * W, C]``) with ``e = permute_dims(reshape(y,
+    [N, H, W, C]), TO_NCHW)`` (then True)."""
+    y = _permuted(e, m, TO_NCHW)
+    if y is None:
+        return None
+    rows = _rows(y, m)
+    return (y, False) if rows is None else (rows, True)
+
+
+class _Convs:
+    """The rewrite of the convs of one module: each constant weight is converted once."""
+
+    def __init__(self, params: dict[Var, Var]) -> None:
+        self.params = params
+        self.constants: dict[int, Constant] = {}
+        self.changed = 0  # convs rewritten
+
+    def matrix(self, w: Expr, m: Match) -> Expr | None:
+        if isinstance(w, Var) and w in self.params:
+            return self.params[w]
+        c = m.ctx.resolve(w) if isinstance(w, Var) else w
+        if not isinstance(c, Constant):
+            return None
+        done = self.constants.get(id(c))
+        if done is None:
+            done = Constant.of(conv_weight_matrix(c.data), name=f"{c.name}.hwc" if c.name else "")
+            self.constants[id(c)] = done
+        return done
+
+    def rewrite(self, value: Expr, m: Match) -> Expr | None:
+        assert isinstance(value, Call)
+        if not _convertible(value):
+            return None
+        x = value.args[0]
+        xs, out = _shape(x), _shape(value)
+        w = _static_weight(value.args[1].info)
+        assert w is not None and xs is not None and out is not None
+        n, o, oh, ow = out
+        strides, padding, dilation = (tuple(int(i) for i in value.attrs[a]) for a in ("strides", "padding", "dilation"))
+        pointwise = w[2:] == (1, 1) and strides == (1, 1) and not any(padding)
+        found = _channels_last(x, m)
+        if pointwise and found is None:  # channel-first data is its own column matrix: a transpose would only cost
+            wv = value.args[1]
+            if not (isinstance(wv, Var) and wv in self.params):
+                return None
+            self.changed += 1
+            return make_call("conv2d", [x, reshape(self.params[wv], w), *value.args[2:]], **dict(value.attrs))  # the retyped weight, viewed as it was
+        if pointwise and found is not None and found[1]:
+            rows = found[0]  # a pointwise conv of a conv's result: its rows as they are
+        else:
+            xt = permute_dims(x, TO_NHWC) if found is None else (reshape(found[0], (xs[0], xs[2], xs[3], xs[1])) if found[1] else found[0])
+            col = xt if pointwise else im2col(xt, w[2:], strides, padding, dilation)
+            rows = reshape(col, (n, sym.mul(oh, ow), w[1] * w[2] * w[3]))
+        w2 = self.matrix(value.args[1], m)
+        if w2 is None:
+            return None
+        self.changed += 1
+        y = linear(rows, w2, value.args[2] if len(value.args) == 3 else None)
+        return permute_dims(reshape(y, (n, oh, ow, o)), TO_NCHW)
+
+
+def _compose(value: Expr, m: Match) -> Expr | None:
+    """``permute_dims(permute_dims(x, p), r)`` -> ``permute_dims(x, p[r])``, or ``x``."""
+    assert isinstance(value, Call)
+    inner = _call_of(value.args[0], m, "permute_dims")
+    if inner is None:
+        return None
+    p, r = inner.attrs.get("axes"), value.attrs.get("axes")
+    if p is None or r is None or len(p) != len(r):
+        return None
+    axes = tuple(int(p[i]) for i in r)
+    return inner.args[0] if axes == tuple(range(len(axes))) else permute_dims(inner.args[0], axes)
+
+
+def _reshape_of_reshape(value: Expr, m: Match) -> Expr | None:
+    """``reshape(reshape(x, s), t)`` -> ``reshape(x, t)``, or ``x`` when it has shape ``t``."""
+    assert isinstance(value, Call)
+    inner = _call_of(value.args[0], m, "reshape")
+    dst = _shape(value)
+    if inner is None or dst is None:
+        return None
+    src = _shape(inner.args[0])
+    if src is not None and len(src) == len(dst) and all(_same(a, b) for a, b in zip(src, dst)):
+        return inner.args[0]
+    return reshape(inner.args[0], dst)
+
+
+def _rank(info: object) -> int:
+    return info.ndim if isinstance(info, TensorInfo) else -1
+
+
+def _spatial_ok(a: Expr, out: Sequence[Dim]) -> bool:
+    """A channel-first operand of an op with result shape ``out`` whose rows (``[N, H * W,
+    C]``) broadcast like it: its spatial dims are ``out``'s, or both 1."""
+    sh = _shape(a)
+    if sh is None or len(sh) != 4:
+        return False
+    if _same(sh[2], out[2]) and _same(sh[3], out[3]):
+        return True
+    return isinstance(sh[2], int) and sh[2] == 1 and isinstance(sh[3], int) and sh[3] == 1
+
+
+def _follow(a: Expr, rows: bool) -> Expr:
+    """A channel-first operand ``a`` of an op whose other operands sink: channel-last, as rows
+    when the others are rows."""
+    t = permute_dims(a, TO_NHWC)
+    if not rows:
+        return t
+    sh = _shape(a)
+    assert sh is not None
+    return reshape(t, (sh[0], sym.mul(sh[2], sh[3]), sh[1]))
+
+
+def _sink(value: Expr, m: Match) -> Expr | None:
+    """``op(permute_dims(x, TO_NCHW), ...)`` -> ``permute_dims(op(x, ...), TO_NCHW)`` for an
+    elementwise or broadcast op, through the reshape of rows to spatial dims too (``op`` then
+    runs on the rows). Its other 4-D operands follow (``_follow``: transposed, one copy each,
+    so that the data stays channel-last for the convs after), the 0-d ones stay."""
+    assert isinstance(value, Call)
+    name = _op_name(value)
+    out = _shape(value)
+    if name is None or get_op(name).pattern not in (OpPattern.ELEMWISE, OpPattern.BROADCAST) or out is None or len(out) != 4:
+        return None
+    found = [(a, _channels_last(a, m)) for a in value.args]
+    kinds = {f[1] for _, f in found if f is not None}
+    if not kinds:
+        return None
+    rows = True in kinds  # channel-last operands of both kinds meet as rows
+    args: list[Expr] = []
+    for a, f in found:
+        if rows and _rank(a.info) == 4 and not _spatial_ok(a, out):
+            return None
+        if f is not None and rows and not f[1]:
+            sh = _shape(a)
+            assert sh is not None
+            args.append(reshape(f[0], (sh[0], sym.mul(sh[2], sh[3]), sh[1])))
+        elif f is not None:
+            args.append(f[0])
+        elif _rank(a.info) == 0:
+            args.append(a)
+        elif _rank(a.info) == 4:
+            args.append(_follow(a, rows))
+        else:
+            return None
+    y = make_call(name, args, **dict(value.attrs))
+    n, c, h, w = out
+    return permute_dims(reshape(y, (n, h, w, c)) if rows else y, TO_NCHW)
+
+
+def _sink_global_pool(value: Expr, m: Match) -> Expr | None:
+    """``adaptive_avg_pool2d(permute_dims(x, TO_NCHW), 1)`` -> the spatial mean of ``x``,
+    transposed."""
+    assert isinstance(value, Call)
+    if tuple(value.attrs.get("output_size") or ()) != (1, 1):
+        return None
+    found = _channels_last(value.args[0], m)
+    out = _shape(value)
+    if found is None or out is None:
+        return None
+    y, rows = found
+    if rows:
+        return permute_dims(reshape(mean(y, axis=1, keepdims=True), (out[0], 1, 1, out[1])), TO_NCHW)
+    return permute_dims(mean(y, axis=(1, 2), keepdims=True), TO_NCHW)
+
+
+def _sink_max_pool(value: Expr, m: Match) -> Expr | None:
+    """``max_pool2d(permute_dims(x, TO_NCHW))`` (float, without ``ceil_mode``) -> the
+    channel-last pool of ``x``, transposed."""
+    assert isinstance(value, Call)
+    found, xs = _channels_last(value.args[0], m), _shape(value.args[0])
+    info = value.info
+    if found is None or xs is None or value.attrs.get("ceil_mode") or not (isinstance(info, TensorInfo) and info.dtype in _DTYPES):
+        return None
+    y, rows = found
+    y4 = reshape(y, (xs[0], xs[2], xs[3], xs[1])) if rows else y
+    pool = max_pool2d_nhwc(y4, *(tuple(int(i) for i in value.attrs[a]) for a in ("pool_size", "strides", "padding", "dilation")))
+    return permute_dims(pool, TO_NCHW)
+
+
+SINK_RULES = [
+    Rule("permute_of_permute", op_call("permute_dims"), _compose),
+    Rule("reshape_of_reshape", op_call("reshape"), _reshape_of_reshape),
+    Rule("sink_permute", op_call(None), _sink),
+    Rule("sink_permute_global_pool", op_call("adaptive_avg_pool2d"), _sink_global_pool),
+    Rule("sink_permute_max_pool", op_call("max_pool2d"), _sink_max_pool),
+]
+
+
+@dataclass(frozen=True)
+class ConvGemm(Pass):
+    """See the module docstring. ``params``: convert ``main``'s trailing conv weight params too."""
+
+    params: bool = False
+    name: str = "conv_gemm"
+
+    def run(self, mod: IRModule) -> IRModule:
+        mapping: dict[Var, Var] = {}
+        if self.params:
+            mod, mapping = retype_weight_params(mod, ATTR, _conv_params, _matrix_info)
+        convs = _Convs(mapping)
+        out = apply_rules(mod, [Rule("conv2d_as_linear", op_call("conv2d"), convs.rewrite), *SINK_RULES])
+        return DeadCodeElimination()(out) if convs.changed else mod
+
+
+__all__ = ["ATTR", "ConvGemm", "conv_weight_matrix"]
