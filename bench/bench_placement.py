@@ -47,6 +47,7 @@ from report import emit, table  # noqa: E402
 from tilework.collage import PlacementPlan  # noqa: E402
 from tilework.ir.module import IRModule  # noqa: E402
 from tilework.models import reference as R  # noqa: E402
+from tilework.transform.layout_weights import lay_out_weights  # noqa: E402
 
 ORT_THREADS = [0]  # the whole-model session's threads (--threads)
 SINGLE = {"codegen": None, "blas": ["blas", "codegen"], "torch": ["torch", "codegen"], "onnxruntime": ["onnxruntime", "codegen"]}
@@ -89,6 +90,13 @@ def torch_compiled(name: str, layers: int) -> Callable[..., Any]:
     return run
 
 
+def _bound(exe: Any, weights: list[np.ndarray]) -> Callable[..., Any]:
+    """``exe``'s main with the weights laid out as it takes them (``exe.meta["weight_layout"]``:
+    the linears left to codegen read packed weights, as ``tilework.compile`` passes them) and
+    bound once, called with the inputs."""
+    return tw.VM(exe).bind("main", *lay_out_weights(exe.meta.get("weight_layout") or {}, weights))  # type: ignore[no-any-return]
+
+
 def run_model(name: str, layers: int, repeat: int, budget: float | None) -> dict[str, Any]:
     mod, shapes, make_inputs, buckets = models(layers)[name]
     weights = weights_of(mod)
@@ -100,16 +108,16 @@ def run_model(name: str, layers: int, repeat: int, budget: float | None) -> dict
         if (col == "torch" and not have_torch) or (col == "onnxruntime" and not have_ort):
             continue
         t = time.perf_counter()
-        runs[col] = tw.VM(tw.build(mod, backends=backends))["main"]
+        runs[col] = _bound(tw.build(mod, backends=backends, layout_weights="params"), weights)
         setup[col] = time.perf_counter() - t
     t = time.perf_counter()
-    exe = tw.build(mod, placement="auto", placement_options={"buckets": buckets, "budget_s": budget, "progress": True})
+    exe = tw.build(mod, placement="auto", placement_options={"buckets": buckets, "budget_s": budget, "progress": True}, layout_weights="params")
     first = time.perf_counter() - t
     t = time.perf_counter()
-    exe2 = tw.build(mod, placement="auto", placement_options={"buckets": buckets, "budget_s": budget, "progress": False})
+    exe2 = tw.build(mod, placement="auto", placement_options={"buckets": buckets, "budget_s": budget, "progress": False}, layout_weights="params")
     second = time.perf_counter() - t
     plan = PlacementPlan.from_dict(exe.meta["placement"])
-    runs["auto"] = tw.VM(exe)["main"]
+    runs["auto"] = _bound(exe, weights)
     peers: dict[str, Callable[..., Any]] = {}
     if have_torch:
         peers["torch eager"] = torch_eager(name, layers)
@@ -118,13 +126,15 @@ def run_model(name: str, layers: int, repeat: int, budget: float | None) -> dict
         peers["ort whole"] = onnxruntime_whole(mod, ORT_THREADS[0])
     ms: dict[str, dict[Any, float]] = {c: {} for c in [*runs, *peers]}
     for shape in shapes:
-        arrays = make_inputs(shape) + weights
-        want = runs["codegen"](*arrays)
+        inputs = make_inputs(shape)
+        arrays = inputs + weights
+        want = runs["codegen"](*inputs)
         for col, fn in [*runs.items(), *peers.items()]:
-            got = np.asarray(fn(*arrays))
+            args = inputs if col in runs else arrays
+            got = np.asarray(fn(*args))
             if not np.allclose(got, want, rtol=3e-3, atol=3e-3):
                 raise SystemExit(f"{name} {shape}: {col} differs from codegen by {float(np.abs(got - want).max()):.3g}")
-            ms[col][shape] = 1e3 * timeit(lambda: fn(*arrays), repeat)
+            ms[col][shape] = 1e3 * timeit(lambda: fn(*args), repeat)
     same = [b["placement"] for b in exe2.meta["placement"]["buckets"]] == [b["placement"] for b in exe.meta["placement"]["buckets"]]
     return {"ms": ms, "shapes": shapes, "setup": setup, "first_s": first, "second_s": second, "plan": plan, "same_plan": same}
 

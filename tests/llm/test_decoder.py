@@ -34,7 +34,7 @@ def _hf(kind: str = "llama") -> Any:
 class Runner:
     """The compiled decoder with a KV cache, fed like the engine feeds it."""
 
-    def __init__(self, hf: Any, fmt: str | None = None) -> None:
+    def __init__(self, hf: Any, fmt: str | None = None, max_batch: int = 4) -> None:
         self.cfg = LlmConfig.from_hf_config(hf.config.to_dict())
         tensors: dict[str, QuantTensor] = {}
         for name, value in hf.state_dict().items():
@@ -47,7 +47,7 @@ class Runner:
                 tensors[name] = QuantTensor(name, arr.shape, "f32", arr.view(np.uint8).reshape(arr.shape[0], -1) if arr.ndim == 2 else arr.view(np.uint8))
         self.tensors = tensors
         self.formats, weights = llm_compile.prepare_weights(self.cfg, tensors, "q" if fmt else "fp32")
-        exe = llm_compile.compiled_decoder(self.cfg, self.formats, max_batch=4, use_cache=False)
+        exe = llm_compile.compiled_decoder(self.cfg, self.formats, max_batch=max_batch, use_cache=False)
         vm = tilework.VM(exe)
         self.prefill = vm.bind("prefill", *weights)
         self.decode = vm.bind("decode", *weights)
@@ -84,6 +84,35 @@ def test_prefill_and_decode_give_hugging_faces_logits(kind: str) -> None:
     ref = _hf_logits(hf, prompt + tokens)
     for i, got in enumerate(logits):
         np.testing.assert_allclose(got, ref[len(prompt) - 1 + i], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_batched_decode_gives_hugging_faces_logits_at_every_batch_size(kind: str) -> None:
+    """The float32 projections (weights packed in column panels; llama's tied token table too,
+    its rows gathered from the panels) at batches of 1, 3, 5 and 8 rows: every sequence's
+    logits are Hugging Face's for it alone."""
+    hf = _hf(kind)
+    r = Runner(hf, max_batch=8)
+    rng = np.random.default_rng(0)
+    for batch in (1, 3, 5, 8):
+        prompts = [[int(t) for t in rng.integers(0, r.cfg.vocab, n)] for n in rng.integers(1, 12, batch)]
+        sids = [r.cache.add() for _ in prompts]
+        seqs = [list(p) for p in prompts]
+        for sid, p in zip(sids, prompts):
+            kv_len, table = r.cache.step_inputs([sid], len(p))
+            ref = _hf_logits(hf, p)[-1]
+            np.testing.assert_allclose(r.prefill(np.array([p], np.int32), kv_len, table, r.cache.k, r.cache.v)[0], ref, rtol=1e-4, atol=1e-4)
+            r.cache.advance([sid], len(p))
+        for _ in range(3):
+            nxt = [int(t) for t in rng.integers(0, r.cfg.vocab, batch)]
+            kv_len, table = r.cache.step_inputs(sids, 1)
+            logits = r.decode(np.array(nxt, np.int32), kv_len, table, r.cache.k, r.cache.v)
+            r.cache.advance(sids, 1)
+            for seq, t, got in zip(seqs, nxt, logits):
+                seq.append(t)
+                np.testing.assert_allclose(got, _hf_logits(hf, seq)[-1], rtol=1e-4, atol=1e-4)
+        for sid in sids:
+            r.cache.remove(sid)
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_1"])

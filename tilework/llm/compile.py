@@ -8,9 +8,10 @@ the quant backend's GEMV reads without transposing; the rest, the token table am
 tied head memory-bound either way, and a copy would add to the peak memory), are views of the
 memory-mapped file), ``"bf16"`` converts
 every matrix to bfloat16 (one tensor at a time, never the whole model in float32), ``"fp32"``
-dequantizes them. Norm weights are float32 in all three. Projections that share an input and a
-format are given as one matrix (``tilework.llm.model.MERGED``: q/k/v, gate/up), their rows
-concatenated.
+dequantizes them, and gives each float32 projection packed in column panels (the layout of
+``tilework.llm.model.PackedLinear``; the token table too when the head is tied to it). Norm weights
+are float32 in all three. Projections that share an input and a format are given as one matrix
+(``tilework.llm.model.MERGED``: q/k/v, gate/up), their rows concatenated.
 
 ``compiled_decoder(config, formats)`` exports ``tilework.llm.model.LlamaDecoder`` (``prefill``
 and ``decode``, symbolic batch, length and pages), builds it with the ``quant`` backend for the
@@ -41,6 +42,7 @@ from tilework.llm.model import LlamaDecoder, decoder_spec, merged_parts
 from tilework.llm.quant import QuantTensor
 from tilework.op.quant import GROUP, interleave_rows, interleaved
 from tilework.runtime.executable import Executable
+from tilework.transform.layout_weights import lay_out
 
 PRECISIONS = ("q", "bf16", "fp32")
 Progress = Callable[[str], None]
@@ -73,9 +75,10 @@ def prepare_weights(config: LlmConfig, tensors: Mapping[str, QuantTensor], preci
     if missing:
         raise TileworkError(f"the model file lacks weight(s) {', '.join(missing[:5])}")
     arrays = []
-    for n in names:
+    for n, param in decoder.named_parameters():
         parts = merged_parts(n)
-        arrays.append(values[n] if parts is None else np.concatenate([values.pop(p) for p in parts]))  # pop: one copy at a time
+        a = values.pop(n) if parts is None else np.concatenate([values.pop(p) for p in parts])  # pop: one copy at a time
+        arrays.append(lay_out(a) if len(param.shape) == 3 and a.ndim == 2 else a)  # a PackedLinear's weight
     return {n: f for n, f in formats.items() if f != "f32"}, arrays
 
 

@@ -1,9 +1,11 @@
 """The Llama-family decoder for serving: two entry points over a paged KV cache.
 
 ``LlamaDecoder(cfg, formats)`` is a ``tilework.nn`` module whose weights keep the format they
-have in the model file: a matrix is an ``f32`` parameter (``nn.Linear``) or the ``uint8`` blocks
-of a quantized format (``quant_linear``, never expanded); the embedding table likewise
-(``quant_take`` for quantized tables), and a tied head multiplies by the embedding table itself.
+have in the model file: a matrix is a float32 parameter packed in column panels
+(``PackedLinear``: ``tilework.transform.layout_weights.lay_out`` of the file's ``[out, in]``) or
+the ``uint8`` blocks of a quantized format (``quant_linear``, never expanded); the embedding
+table likewise (``quant_take`` for quantized tables), and a tied head multiplies by the
+embedding table itself.
 ``formats`` maps each Hugging Face parameter name to its format (``f32`` when absent).
 
 Exported with ``decoder_spec`` it gives one module with two functions, compiled once:
@@ -28,14 +30,17 @@ from typing import Any
 
 from tilework import op
 from tilework.errors import UnsupportedError
+from tilework.ir import sym
 from tilework.ir.sym import SymVar
 from tilework.llm.config import LlmConfig
 from tilework.nn import ops, spec
-from tilework.nn.core import Parameter, Tensor, emit
+from tilework.nn.core import Parameter, Tensor, as_expr, emit
 from tilework.nn.module import Module, ModuleList
-from tilework.nn.modules import Linear, RMSNorm
+from tilework.nn.modules import RMSNorm
 from tilework.llm.kv_cache import PAGE
+from tilework.op.linalg import linear_io
 from tilework.op.quant import ALL_FORMATS
+from tilework.transform.layout_weights import PANEL
 
 
 # Projections that read the same input are one matrix multiply when their weights share a
@@ -78,30 +83,71 @@ class QuantLinear(Module):
         return y if self.bias is None else y + self.bias
 
 
+def _panels(out_features: int, in_features: int) -> tuple[int, int, int]:
+    """The shape of an ``[out, in]`` weight packed in column panels (``layout_weights.lay_out``)."""
+    return (-(-out_features // PANEL), in_features, PANEL)
+
+
+class PackedLinear(Module):
+    """``x @ W.T`` with the float32 ``W [out, in]`` given packed in column panels,
+    ``[ceil(out / PANEL), in, PANEL]`` (``tilework.transform.layout_weights.lay_out``; zero past
+    ``out``): a register tile of the matmul kernels streams one contiguous ``K x PANEL`` block,
+    for every row of ``x`` it holds. With ``[out, in]`` a few rows (a decode batch) were dot
+    products, each row reading the weight row again from L1 and summing its vector across."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = Parameter(_panels(out_features, in_features), "float32")
+        self.bias = Parameter((out_features,), "float32", init="zeros") if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        b = None if self.bias is None else self.bias.expr
+        if x.ndim == 2:
+            return emit(linear_io(x.expr, self.weight.expr, b, self.out_features))
+        # one row dim: the matmul rule tiles only the last one (a decode step's x is [batch, 1,
+        # hidden]: tiles of one row, the weight streamed once per sequence)
+        lead = x.shape[:-1]
+        rows = x.reshape(sym.product(lead), self.in_features)
+        return emit(linear_io(rows.expr, self.weight.expr, b, self.out_features)).reshape(*lead, self.out_features)
+
+
 def linear(in_features: int, out_features: int, fmt: str, bias: bool = False) -> Module:
-    """A float32 ``nn.Linear``, or a ``QuantLinear`` for a block format."""
+    """A float32 ``PackedLinear``, or a ``QuantLinear`` for a block format."""
     if fmt == "f32":
-        return Linear(in_features, out_features, bias)
+        return PackedLinear(in_features, out_features, bias)
     return QuantLinear(in_features, out_features, fmt, bias)
 
 
 class Embedding(Module):
     """Rows of the token table, the table float32 or in ``fmt`` blocks; ``head(h)`` multiplies
-    by it (a tied LM head)."""
+    by it (a tied LM head). A float32 table of a tied head is packed in column panels, as a
+    ``PackedLinear``'s weight (the head is the largest matrix: its few-rows products need the
+    layout most), and token ``t``'s row is gathered from it: element ``k`` at ``[t // PANEL, k,
+    t % PANEL]``."""
 
-    def __init__(self, vocab: int, hidden: int, fmt: str) -> None:
+    def __init__(self, vocab: int, hidden: int, fmt: str, tied: bool = False) -> None:
         self.vocab, self.hidden, self.fmt = vocab, hidden, fmt
-        if fmt == "f32":
+        self.packed = fmt == "f32" and tied
+        if self.packed:
+            self.weight = Parameter(_panels(vocab, hidden), "float32")
+        elif fmt == "f32":
             self.weight = Parameter((vocab, hidden), "float32")
         else:
             self.weight = Parameter((vocab, ALL_FORMATS[fmt].row_bytes(hidden)), "uint8", init="zeros")
 
     def forward(self, ids: Tensor) -> Tensor:
+        if self.packed:
+            t = ids.astype("int64")
+            first = emit(op.floor_divide(t.expr, as_expr(PANEL, t))) * (self.hidden * PANEL) + emit(op.mod(t.expr, as_expr(PANEL, t)))
+            at = first.reshape(*ids.shape, 1) + ops.arange(0, self.hidden * PANEL, PANEL)
+            return ops.take(self.weight.reshape(-1), at, 0)
         if self.fmt == "f32":
             return ops.take(self.weight, ids, 0)
         return emit(op.quant_take(self.weight.expr, ids.expr, self.fmt, self.hidden))
 
     def head(self, h: Tensor) -> Tensor:
+        if self.packed:
+            return emit(linear_io(h.expr, self.weight.expr, None, self.vocab))
         if self.fmt == "f32":
             return ops.linear(h, self.weight)
         return emit(op.quant_linear(h.expr, self.weight.expr, self.fmt, self.hidden))
@@ -179,7 +225,7 @@ class Layer(Module):
 
 class Model(Module):
     def __init__(self, cfg: LlmConfig, formats: dict[str, str]) -> None:
-        self.embed_tokens = Embedding(cfg.vocab, cfg.hidden, _fmt(formats, "model.embed_tokens.weight"))
+        self.embed_tokens = Embedding(cfg.vocab, cfg.hidden, _fmt(formats, "model.embed_tokens.weight"), cfg.tie_word_embeddings)
         self.layers = ModuleList(Layer(cfg, i, formats) for i in range(cfg.layers))
         self.norm = RMSNorm(cfg.hidden, cfg.rms_eps)
 
@@ -255,4 +301,4 @@ def decoder_spec(cfg: LlmConfig, max_batch: int = 64, page: int = PAGE) -> spec.
     }
 
 
-__all__ = ["LlamaDecoder", "QuantLinear", "Embedding", "decoder_spec", "merged_parts", "MERGED", "PAGE"]
+__all__ = ["LlamaDecoder", "PackedLinear", "QuantLinear", "Embedding", "decoder_spec", "merged_parts", "MERGED", "PAGE"]
