@@ -11,7 +11,8 @@ output lengths are ``conv2d``'s. Every tap is a run of ``C`` contiguous values o
 
 Legalization: with padding the input is first copied into a zero-padded buffer (one test per
 input element instead of one per tap), then one gather kernel writes
-``[N, OH, OW, KH, KW, C]`` (labelled ``out_ewise_fusable``: a producer is not inlined, or it
+``[N, OH, OW, KH, KW, C]`` (``[N, OH, OW, KH, KW * C]`` from the input's rows viewed as
+``[N, H, W * C]`` without a column dilation: one contiguous run per kernel row) (labelled ``out_ewise_fusable``: a producer is not inlined, or it
 would be computed once per tap), viewed as the 4-D result.
 """
 
@@ -74,12 +75,24 @@ def _legalize_im2col(call: Call, ctx: "LegalizeCtx") -> Expr:
     n, c = x.shape[0], x.shape[3]
     x_in, x = _padded_nhwc(ctx, call.args[0], x, padding, 0.0, "im2col_pad")
 
-    def gather(nn: Scalar, oh: Scalar, ow: Scalar, i: Scalar, j: Scalar, ch: Scalar) -> Scalar:
-        return x[nn, oh * strides[0] + i * dilation[0], ow * strides[1] + j * dilation[1], ch]
+    if dilation[1] == 1:  # a kernel row's taps are one run of KW * C values: the input's rows viewed flat
+        rshape = (n, x.shape[1], sym.mul(x.shape[2], c))
+        xr = te.compute(rshape, lambda *i: x[reshape_index(i, rshape, x.shape)], "im2col_rows", dtype)
+        x_in = ctx.bb.emit(ctx.call_te("im2col_rows", [x_in], [x], [xr], TensorInfo(rshape, dtype)), name="im2col_rows")
+        x = te.placeholder(rshape, dtype, "rows")
 
-    col6 = te.compute((n, shape[1], shape[2], kh, kw, c), gather, "im2col", dtype)
-    col = ctx.bb.emit(_call_gather(ctx, "im2col", [x_in], [x], [col6], TensorInfo(tuple(col6.shape), dtype)), name="im2col")
-    cp = te.placeholder(col6.shape, dtype, "col")
+        def run(nn: Scalar, oh: Scalar, ow: Scalar, i: Scalar, jc: Scalar) -> Scalar:
+            return x[nn, oh * strides[0] + i * dilation[0], ow * (strides[1] * c) + jc]
+
+        col_g = te.compute((n, shape[1], shape[2], kh, sym.mul(kw, c)), run, "im2col", dtype)
+    else:
+
+        def gather(nn: Scalar, oh: Scalar, ow: Scalar, i: Scalar, j: Scalar, ch: Scalar) -> Scalar:
+            return x[nn, oh * strides[0] + i * dilation[0], ow * strides[1] + j * dilation[1], ch]
+
+        col_g = te.compute((n, shape[1], shape[2], kh, kw, c), gather, "im2col", dtype)
+    col = ctx.bb.emit(_call_gather(ctx, "im2col", [x_in], [x], [col_g], TensorInfo(tuple(col_g.shape), dtype)), name="im2col")
+    cp = te.placeholder(col_g.shape, dtype, "col")
     view = te.compute(tuple(shape), lambda *i: cp[reshape_index(i, tuple(shape), cp.shape)], "im2col_view", dtype)
     return ctx.call_te("im2col_view", [col], [cp], [view], call.info)
 
