@@ -1,10 +1,14 @@
 """The system C compiler: finding it, invoking it for a library, caching what it built.
 
 - Compiler: ``$CC`` (may carry arguments, e.g. ``"ccache gcc"``), else ``cc``.
-- Flags: ``$TILEWORK_CFLAGS``, else ``-O3 -march=native -fno-math-errno -fopenmp -shared
-  -fPIC`` (and ``-mprefer-vector-width=512`` on an AVX-512 host); the source and ``-lm`` follow them. ``-fno-math-errno`` changes no value: kernels
-  never read ``errno``, and without it ``sqrt`` and friends cannot be vectorized or hoisted
-  (the compiler must keep the call that may set it).
+- Flags: ``$TILEWORK_CFLAGS``, else ``-O3 -march=native -fno-math-errno -fno-trapping-math
+  -fopenmp -shared -fPIC`` (and ``-mprefer-vector-width=512`` on an AVX-512 host); the source
+  and ``-lm`` follow them. ``-fno-math-errno`` and ``-fno-trapping-math`` change no value:
+  kernels never read ``errno`` or the floating-point exception flags; without the first
+  ``sqrt`` and friends cannot be vectorized or hoisted (the compiler must keep the call that
+  may set it), without the second GCC does not if-convert a float comparison (it may raise
+  "invalid"), so the prelude's branch-free ``tw_exp_f``/``tw_erf_f``/``tw_tanh_f`` stay
+  scalar in a simd loop (a GELU epilogue took as long as its matmul).
 - Cache (``tilework.codegen.cache``: a private directory, nothing in it trusted): a shared
   object is stored under a key, the SHA-256 of the C source, the compiler command (resolved
   path, size and mtime of its executable), the flags, the CPU (architecture and feature flags)
@@ -47,7 +51,7 @@ from tilework.codegen.c.emit import CUnit
 from tilework.errors import BuildError
 
 
-DEFAULT_CFLAGS = "-O3 -march=native -fno-math-errno -fopenmp -shared -fPIC"
+DEFAULT_CFLAGS = "-O3 -march=native -fno-math-errno -fno-trapping-math -fopenmp -shared -fPIC"
 _INSTALL_HINT = (
     "tilework compiles CPU kernels with the system C compiler. Install one "
     "(Debian/Ubuntu: `apt-get install gcc`; Fedora: `dnf install gcc`; macOS: "
