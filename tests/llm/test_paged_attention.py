@@ -14,6 +14,7 @@ import tilework as tw
 from tilework.errors import TileworkError
 from tilework.ir.builder import BlockBuilder
 from tilework.ir.graph import Var
+from tilework.ir.dtype import np_dtype
 from tilework.ir.info import TensorInfo
 from tilework.op import paged_attention
 
@@ -23,13 +24,13 @@ L, NKV, HD, PAGE, NH = 2, 3, 8, 4, 6
 THETA = 500.0
 
 
-def _module(decode: bool, theta: float | None) -> tw.IRModule:
+def _module(decode: bool, theta: float | None, kv: str = "float32") -> tw.IRModule:
     b = tw.dim("b", max=8)
     s: Any = 1 if decode else tw.dim("s", max=64)
     pages, width = tw.dim("pages"), tw.dim("width", max=256)
     qkv = Var("qkv", TensorInfo((b, s, NH + 2 * NKV, HD), "float32"))
-    kc = Var("kc", TensorInfo((L, pages, NKV, HD, PAGE), "float32"))
-    vc = Var("vc", TensorInfo((L, pages, PAGE, NKV, HD), "float32"))
+    kc = Var("kc", TensorInfo((L, pages, NKV, HD, PAGE), kv))
+    vc = Var("vc", TensorInfo((L, pages, PAGE, NKV, HD), kv))
     kl = Var("kl", TensorInfo((b,), "int32"))
     pt = Var("pt", TensorInfo((b, width), "int32"))
     bb = BlockBuilder()
@@ -40,13 +41,13 @@ def _module(decode: bool, theta: float | None) -> tw.IRModule:
     return bb.get()
 
 
-_VMS: dict[tuple[str, bool, float | None], Any] = {}
+_VMS: dict[tuple[str, bool, float | None, str], Any] = {}
 
 
-def _vm(target: str, decode: bool, theta: float | None) -> Any:
-    key = (target, decode, theta)
+def _vm(target: str, decode: bool, theta: float | None, kv: str = "float32") -> Any:
+    key = (target, decode, theta, kv)
     if key not in _VMS:
-        _VMS[key] = tw.VM(tw.build(_module(decode, theta), target=target))
+        _VMS[key] = tw.VM(tw.build(_module(decode, theta, kv), target=target))
     return _VMS[key]
 
 
@@ -60,10 +61,14 @@ def _rotate(x: np.ndarray, pos: int, theta: float) -> np.ndarray:
     return (x64 * cos + turned * sin).astype(np.float32)
 
 
-def _case(target: str, decode: bool, lens: list[int], s: int, pool: int = 64, seed: int = 0, theta: float | None = None) -> None:
+def _case(target: str, decode: bool, lens: list[int], s: int, pool: int = 64, seed: int = 0, theta: float | None = None, kv: str = "float32") -> None:
+    """Random pages (stale data must not leak in), a random cached prefix of ``lens[b]`` tokens
+    per sequence and ``s`` new ones. The new keys and values must be cached as the pool's dtype
+    rounds them; each new token's attention must be NumPy's over the cached keys and values."""
     rng = np.random.default_rng(seed)
-    kc = rng.standard_normal((L, pool, NKV, HD, PAGE)).astype(np.float32)  # stale data must not leak in
-    vc = rng.standard_normal((L, pool, PAGE, NKV, HD)).astype(np.float32)
+    kvdt = np_dtype(kv)
+    kc = rng.standard_normal((L, pool, NKV, HD, PAGE)).astype(kvdt)
+    vc = rng.standard_normal((L, pool, PAGE, NKV, HD)).astype(kvdt)
     width = max(-(-(n + s) // PAGE) for n in lens)
     order = rng.permutation(pool)
     table = np.zeros((len(lens), width), np.int32)
@@ -73,8 +78,8 @@ def _case(target: str, decode: bool, lens: list[int], s: int, pool: int = 64, se
         need = -(-(n + s) // PAGE)
         table[b, :need] = order[used : used + need]
         used += need
-        kb = rng.standard_normal((n + s, NKV, HD)).astype(np.float32)
-        vb = rng.standard_normal((n + s, NKV, HD)).astype(np.float32)
+        kb = rng.standard_normal((n + s, NKV, HD)).astype(kvdt).astype(np.float32)  # as cached
+        vb = rng.standard_normal((n + s, NKV, HD)).astype(kvdt).astype(np.float32)
         for p in range(n):
             kc[1, table[b, p // PAGE], :, :, p % PAGE] = kb[p]
             vc[1, table[b, p // PAGE], p % PAGE] = vb[p]
@@ -85,13 +90,19 @@ def _case(target: str, decode: bool, lens: list[int], s: int, pool: int = 64, se
         keys.append(kb)
         values.append(vb)
     other = kc[0].copy(), vc[0].copy()
-    out = _vm(target, decode, theta)["main"](qkv, kc, vc, np.array(lens, np.int32), table)
+    out = _vm(target, decode, theta, kv)["main"](qkv, kc, vc, np.array(lens, np.int32), table)
     group = NH // NKV
+    # a rotated key rounds to float32 then to the pool's dtype: one unit in its last place apart
+    key_tol = {"float32": 1e-6, "bfloat16": 2.0**-7, "float16": 2.0**-10}[kv]
     for b, n in enumerate(lens):
         for t in range(s):
             pos = n + t
-            np.testing.assert_allclose(kc[1, table[b, pos // PAGE], :, :, pos % PAGE], keys[b][pos], rtol=1e-6, atol=1e-6)
-            np.testing.assert_array_equal(vc[1, table[b, pos // PAGE], pos % PAGE], values[b][pos])
+            cached_k = kc[1, table[b, pos // PAGE], :, :, pos % PAGE].astype(np.float32)
+            np.testing.assert_allclose(cached_k, keys[b][pos].astype(kvdt).astype(np.float32), rtol=key_tol, atol=1e-6)
+            np.testing.assert_array_equal(vc[1, table[b, pos // PAGE], pos % PAGE].astype(np.float32), values[b][pos].astype(kvdt).astype(np.float32))
+            keys[b][pos], values[b][pos] = cached_k, values[b][pos].astype(kvdt).astype(np.float32)
+        for t in range(s):
+            pos = n + t
             q = qkv[b, t, :NH] if theta is None else _rotate(qkv[b, t, :NH], pos, theta)
             for h in range(NH):
                 scores = keys[b][: pos + 1, h // group] @ q[h] / np.sqrt(HD)
@@ -128,6 +139,27 @@ def test_rotary_embedding_inside(target: str, decode: bool) -> None:
     """With rope_theta, the queries and the new keys are turned at position kv_len + t, as
     ``rotary_embedding`` turns them (the keys are cached turned)."""
     _case(target, decode, [0, 6, 13], 1 if decode else 5, theta=THETA)
+
+
+@pytest.mark.parametrize("kv", ["bfloat16", "float16"])
+@pytest.mark.parametrize("lens", [[0], [6], [4, 1, 11]], ids=["kv1", "odd", "page-crossing"])
+def test_decode_with_a_16_bit_pool(kv: str, lens: list[int]) -> None:
+    """The pool holds 16-bit keys and values: each new one is rounded as it is written, and
+    read back widened to float32 (kv lengths 1, 7, and 5, 2, 12: the new token of the first
+    and the last starts a page)."""
+    _case("cpu", True, lens, 1, theta=THETA, kv=kv)
+
+
+@pytest.mark.parametrize("kv", ["bfloat16", "float16"])
+@pytest.mark.parametrize("lens, s", [([0], 1), ([5], 6), ([2, 13], 5)], ids=["kv1", "page-crossing", "batch"])
+def test_prefill_with_a_16_bit_pool(kv: str, lens: list[int], s: int) -> None:
+    _case("cpu", False, lens, s, theta=THETA, kv=kv)
+
+
+def test_16_bit_pool_on_the_interpreter_and_long_splits() -> None:
+    _case("interp", True, [3, 9], 1, theta=THETA, kv="bfloat16")
+    _case("interp", False, [5], 6, theta=THETA, kv="bfloat16")
+    _case("cpu", True, [40, 201], 1, pool=128, theta=THETA, kv="bfloat16")
 
 
 def test_rotation_matches_the_rotary_embedding_op() -> None:
@@ -168,6 +200,13 @@ def test_shapes_are_checked() -> None:
         (good, {"layer": 0, "kv_heads": 0}, "kv_heads must be a positive int"),
         (good, {"layer": 0, "rope_theta": -1.0}, "rope_theta must be a positive number"),
     ]
+    half = Var("kc16", TensorInfo((L, 4, NKV, HD, PAGE), "bfloat16"))
+    ints = Var("kci", TensorInfo((L, 4, NKV, HD, PAGE), "int32"))
+    for k, message in ((half, "one dtype, got bfloat16 and float32"), (ints, "k_cache must be one of float32, bfloat16, float16")):
+        bb = BlockBuilder()
+        with pytest.raises(TileworkError, match=message):
+            with bb.function("main", [good, k, vc, kl, pt]):
+                bb.emit(paged_attention(good, k, vc, kl, pt, layer=0, kv_heads=NKV))
     for x, attrs, message in cases:
         bb = BlockBuilder()
         with pytest.raises(TileworkError, match=message):

@@ -11,7 +11,12 @@ TensorFuncs that read the pages.
   with None they are taken as they are.
 - ``k_cache [layers, pages, kv_heads, hd, page]`` (keys transposed within a page, so the keys of a
   page are contiguous for each dim) and ``v_cache [layers, pages, page, kv_heads, hd]``: the page
-  pool (``tilework.llm.kv_cache`` owns it). ``page`` tokens per page.
+  pool (``tilework.llm.kv_cache`` owns it). ``page`` tokens per page. The pool is float32,
+  bfloat16 or float16 (``KV_DTYPES``, both caches the same): a 16-bit pool halves the bytes the
+  attention reads; each new key and value is rounded once as it is written, and the kernels
+  widen what they read to float32 in registers and compute in float32. (bfloat16 widens by a
+  shift, which gcc vectorizes; gcc 12 leaves ``_Float16`` conversions scalar without
+  AVX-512-FP16, so a float16 pool is slower than float32 there.)
 - ``kv_len int32 [b]``: how many tokens each sequence has cached before this step;
   ``page_table int32 [b, p]``: the pool pages of each sequence in order (``p`` columns are enough
   for the longest sequence after the step; unused entries are never read).
@@ -74,6 +79,7 @@ from tilework.op.kernel import block, free_syms, hand_kernel, known_tensor, out_
 if TYPE_CHECKING:
     from tilework.transform.legalize import LegalizeCtx
 
+KV_DTYPES = ("float32", "bfloat16", "float16")  # what the pages may hold
 LANES = 16  # float32 lanes of an AVX-512 register: the rows of a prefill task
 MAX_SPLITS = 8  # most tasks one decode sequence's kv head is split into
 PAGES_PER_SPLIT = 8  # a split covers at least this many pages
@@ -85,9 +91,14 @@ def _infer(call: Call, ctx: InferCtx) -> StructInfo:
     for t, name, rank in ((qkv, "qkv", 4), (kc, "k_cache", 5), (vc, "v_cache", 5), (kv_len, "kv_len", 1), (pt, "page_table", 2)):
         if t.ndim not in (-1, rank):
             raise ctx.shape_error(f"{name} must have rank {rank}, got {t.ndim}")
-    for t, name, dtype in ((qkv, "qkv", "float32"), (kc, "k_cache", "float32"), (vc, "v_cache", "float32"), (kv_len, "kv_len", "int32"), (pt, "page_table", "int32")):
+    for t, name, dtype in ((qkv, "qkv", "float32"), (kv_len, "kv_len", "int32"), (pt, "page_table", "int32")):
         if t.dtype is not None and t.dtype != dtype:
             raise ctx.error(f"{name} must be {dtype}, got {t.dtype}")
+    for t, name in ((kc, "k_cache"), (vc, "v_cache")):
+        if t.dtype is not None and t.dtype not in KV_DTYPES:
+            raise ctx.error(f"{name} must be one of {', '.join(KV_DTYPES)}, got {t.dtype}")
+    if None not in (kc.dtype, vc.dtype) and kc.dtype != vc.dtype:
+        raise ctx.error(f"k_cache and v_cache must have one dtype, got {kc.dtype} and {vc.dtype}")
     layer, nkv, theta = call.attrs["layer"], call.attrs["kv_heads"], call.attrs["rope_theta"]
     if not isinstance(layer, int) or isinstance(layer, bool) or layer < 0:
         raise ctx.error(f"layer must be a non-negative int, got {layer!r}")
@@ -171,6 +182,11 @@ def _i64(x: Scalar) -> Scalar:
 
 def _ld(buf: Buffer, *idx: Scalar) -> Load:
     return Load(buf, tuple(idx))
+
+
+def _f32(x: Load) -> Scalar:
+    """A cached key or value as float32 (widened in registers from a 16-bit pool)."""
+    return x if x.dtype == F32 else Cast(F32, x)
 
 
 def _c(v: float) -> Scalar:
@@ -339,7 +355,7 @@ class _Decode(_Kernel):
 
             def key_row(c: Dim, d: Dim) -> Stmt:
                 """Dim ``d`` of the page's keys into the ``c``-th partial scores of every head."""
-                return self.loop("s_g", G, lambda g: self.loop("s_j", P, lambda j: block("pa_score", Store(s4, (c, g, j), binary("+", _ld(s4, c, g, j), binary("*", _ld(qs, g, d), _ld(self.kc, self.layer, page, kh, d, j))))), "vectorized"))
+                return self.loop("s_g", G, lambda g: self.loop("s_j", P, lambda j: block("pa_score", Store(s4, (c, g, j), binary("+", _ld(s4, c, g, j), binary("*", _ld(qs, g, d), _f32(_ld(self.kc, self.layer, page, kh, d, j)))))), "vectorized"))
 
             def scores(g: SymVar) -> Stmt:
                 def one(j: SymVar) -> Stmt:
@@ -368,7 +384,7 @@ class _Decode(_Kernel):
 
             def pv(j: SymVar) -> Stmt:
                 """Value ``j`` of the page into every head's accumulator."""
-                return self.loop("pv_g", G, lambda g: self.loop("pv_e", HD, lambda e: block("pa_pv", Store(acc, (g, e), binary("+", _ld(acc, g, e), binary("*", _ld(s, g, j), _ld(self.vc, self.layer, page, j, kh, e))))), "vectorized"))
+                return self.loop("pv_g", G, lambda g: self.loop("pv_e", HD, lambda e: block("pa_pv", Store(acc, (g, e), binary("+", _ld(acc, g, e), binary("*", _ld(s, g, j), _f32(_ld(self.vc, self.layer, page, j, kh, e)))))), "vectorized"))
 
             if C > 1:  # C interleaved partial sums over the dims: independent chains of FMAs
                 dims = self.loop("s_dd", sym.floordiv(HD, C), lambda dd: seq([key_row(c, sym.add(sym.mul(dd, C), c)) for c in range(C)]))
@@ -486,7 +502,7 @@ class _Prefill(_Kernel):
                 """Dim ``d`` of every key of the page: the keys' sums are independent chains."""
 
                 def key(j: SymVar) -> Stmt:
-                    kv = _ld(self.kc, self.layer, page, kh, d, j)
+                    kv = _f32(_ld(self.kc, self.layer, page, kh, d, j))
                     return rows("score", lambda r: Store(st, (j, r), binary("+", _ld(st, j, r), binary("*", kv, _ld(qt, d, r)))))
 
                 return self.loop("qk_j", P, key)
@@ -511,7 +527,7 @@ class _Prefill(_Kernel):
                 """Value ``j`` of the page into every dim's accumulator (independent chains)."""
 
                 def dim(e: SymVar) -> Stmt:
-                    vv = _ld(self.vc, self.layer, page, j, kh, e)
+                    vv = _f32(_ld(self.vc, self.layer, page, j, kh, e))
                     return rows("pv", lambda r: Store(acc, (e, r), binary("+", _ld(acc, e, r), binary("*", _ld(st, j, r), vv))))
 
                 return self.loop("pv_e", HD, dim)
@@ -558,4 +574,4 @@ class _Prefill(_Kernel):
         return body
 
 
-__all__ = ["paged_attention", "LANES", "MAX_SPLITS", "PAGES_PER_SPLIT"]
+__all__ = ["paged_attention", "KV_DTYPES", "LANES", "MAX_SPLITS", "PAGES_PER_SPLIT"]
