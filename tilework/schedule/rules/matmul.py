@@ -34,7 +34,22 @@ from typing import Sequence
 from tilework.errors import ScheduleError
 from tilework.ir import sym
 from tilework.ir.dtype import DTYPE_TABLE
-from tilework.ir.loop import Allocate, Binary, Block, Buffer, For, IfThenElse, SeqStmt, Stmt, TensorFunc
+from tilework.ir.loop import (
+    Allocate,
+    Binary,
+    Block,
+    Buffer,
+    For,
+    IfThenElse,
+    IterVar,
+    Load,
+    PExpr,
+    Scalar,
+    SeqStmt,
+    Stmt,
+    Store,
+    TensorFunc,
+)
 from tilework.ir.sym import Dim, SymVar
 from tilework.schedule import loop_primitives as lp
 from tilework.schedule.analysis import FuncKind, MatmulParts, classify, main_block, matmul_parts
@@ -61,13 +76,18 @@ from tilework.schedule.tree import (
     conj,
     conjuncts,
     dim_vars,
+    find_block,
     find_loop,
+    fresh_name,
     get_at,
     leaves,
     less_than,
+    map_stmt_scalars,
+    new_loop_var,
     replace_at,
     seq,
     subst_stmt,
+    used_names,
     walk,
     with_children,
 )
@@ -198,7 +218,54 @@ def _big(func: TensorFunc, nt: bool) -> TensorFunc:
         parts = _parts(func)
         assert parts is not None
     mr, nr = register_tile(out_dtype(func))
+    if not nt and parts.panel is None:
+        func = pack_panels(func, parts, nr)
+        parts = _parts(func)
+        assert parts is not None
     return schedule_matmul(func, parts, mr, nr)
+
+
+def pack_panels(func: TensorFunc, parts: MatmulParts, panel: int) -> TensorFunc:
+    """B read through a copy packed in column panels, ``Bp[.., j // panel, k, j % panel] =
+    B[.., k, j]``, made once per call before the tiles: a tile then streams one contiguous
+    ``K x panel`` block instead of ``K`` rows a B row apart (which share cache sets: at a
+    4096-float row every one maps to the same L1 set). Columns past ``N`` in the last panel
+    are not filled; only guarded tiles would read them. Unchanged when B is not read as
+    ``B[.., k, j]`` or something in ``func`` writes it."""
+    src, idx = parts.b.buffer, parts.b.indices
+    k, j = parts.k.var, parts.j[0].var
+    if len(idx) < 2 or idx[-2] is not k or idx[-1] is not j or len(src.shape) != len(idx):
+        return func
+    if any(src in b.writes for b in blocks_of(func)):
+        return func
+    used = used_names(func)
+    lead, (kk, nn) = src.shape[:-2], src.shape[-2:]
+    shape = (*lead, sym.ceildiv(nn, panel), kk, panel)
+    copy = Buffer(fresh_name(used, f"{src.name}_panels"), shape, src.dtype)
+    loops = [new_loop_var(fresh_name(used, f"{copy.name}_{d}"), e) for d, e in enumerate(shape)]
+    ivs = [IterVar(SymVar(fresh_name(used, f"v{copy.name}_{d}")), e, "spatial", v) for d, (v, e) in enumerate(zip(loops, shape))]
+    v = [iv.var for iv in ivs]
+    fill = Store(copy, tuple(v), Load(src, (*v[:-3], v[-2], sym.add(sym.mul(v[-3], panel), v[-1]))))
+    names = {b.name for b in blocks_of(func)}
+    nest: Stmt = IfThenElse(
+        less_than(sym.add(sym.mul(loops[-3], panel), loops[-1]), nn),
+        Block(fresh_name(names, f"{src.name}_panels"), tuple(ivs), (src,), (copy,), fill, None),
+    )
+    order = [*range(len(lead)), len(lead) + 1, len(lead), len(lead) + 2]  # k outside the panels:
+    for d in reversed(order):  # B is read along its rows
+        nest = For(loops[d], shape[d], nest)
+    packed = (*idx[:-2], sym.floordiv(j, panel), k, sym.floormod(j, panel))
+
+    def through_copy(n: PExpr) -> Scalar | None:
+        return Load(copy, packed) if isinstance(n, Load) and n.buffer is src and tuple(n.indices) == tuple(idx) else None
+
+    path, b = find_block(func, parts.block.name)
+    nb = map_stmt_scalars(b, through_copy)
+    assert isinstance(nb, Block)
+    nb = replace(nb, reads=tuple(copy if r is src else r for r in nb.reads))
+    body = replace_at(func.body, path, nb)
+    top = next((p for p in (path[:n] for n in range(len(path) + 1)) if isinstance(get_at(body, p), For)), path)
+    return func.replace(body=replace_at(body, top, Allocate(copy, seq([nest, get_at(body, top)]))))
 
 
 def register_tile(dtype: str) -> tuple[int, int]:
