@@ -126,6 +126,7 @@ def minilm(tmp: Path, repeat: int) -> str:
 
 def llama_decode(tmp: Path, steps: int) -> str:
     from tilework.export.llm import export_decoder
+    from tilework.ir.dtype import np_dtype
     from tilework.llm import compile as llm_compile
     from tilework.llm.kv_cache import PAGE
 
@@ -150,11 +151,12 @@ def llama_decode(tmp: Path, steps: int) -> str:
     c_ms = float(proc.stderr.split("decode ")[1].split(" ms")[0])
     c_ids = [int(t) for t in proc.stdout.split()]
     formats, weights = llm_compile.prepare_weights(cfg, tensors, "q")
-    vm = tw.VM(llm_compile.compiled_decoder(cfg, formats, max_batch=1))
+    kv = llm_compile.KV_DTYPE_OF["q"]  # the export's KV cache
+    vm = tw.VM(llm_compile.compiled_decoder(cfg, formats, max_batch=1, kv_dtype=kv))
     prefill, decode = vm.bind("prefill", *weights), vm.bind("decode", *weights)
     pages = -(-(len(prompt) + steps) // PAGE)
-    k = np.zeros((cfg.layers, pages, cfg.kv_heads, cfg.head_dim, PAGE), np.float32)
-    v = np.zeros((cfg.layers, pages, PAGE, cfg.kv_heads, cfg.head_dim), np.float32)
+    k = np.zeros((cfg.layers, pages, cfg.kv_heads, cfg.head_dim, PAGE), np_dtype(kv))
+    v = np.zeros((cfg.layers, pages, PAGE, cfg.kv_heads, cfg.head_dim), np_dtype(kv))
     table_ = np.arange(pages, dtype=np.int32)[None]
     logits = prefill(np.array([prompt], np.int32), np.array([0], np.int32), table_, k, v)[0]
     ids: list[int] = []

@@ -34,7 +34,7 @@ def _hf(kind: str = "llama") -> Any:
 class Runner:
     """The compiled decoder with a KV cache, fed like the engine feeds it."""
 
-    def __init__(self, hf: Any, fmt: str | None = None, max_batch: int = 4) -> None:
+    def __init__(self, hf: Any, fmt: str | None = None, max_batch: int = 4, kv: str = "float32") -> None:
         self.cfg = LlmConfig.from_hf_config(hf.config.to_dict())
         tensors: dict[str, QuantTensor] = {}
         for name, value in hf.state_dict().items():
@@ -47,11 +47,11 @@ class Runner:
                 tensors[name] = QuantTensor(name, arr.shape, "f32", arr.view(np.uint8).reshape(arr.shape[0], -1) if arr.ndim == 2 else arr.view(np.uint8))
         self.tensors = tensors
         self.formats, weights = llm_compile.prepare_weights(self.cfg, tensors, "q" if fmt else "fp32")
-        exe = llm_compile.compiled_decoder(self.cfg, self.formats, max_batch=max_batch, use_cache=False)
+        exe = llm_compile.compiled_decoder(self.cfg, self.formats, max_batch=max_batch, kv_dtype=kv, use_cache=False)
         vm = tilework.VM(exe)
         self.prefill = vm.bind("prefill", *weights)
         self.decode = vm.bind("decode", *weights)
-        self.cache = PagedKVCache.for_tokens(self.cfg.layers, self.cfg.kv_heads, self.cfg.head_dim, 256)
+        self.cache = PagedKVCache.for_tokens(self.cfg.layers, self.cfg.kv_heads, self.cfg.head_dim, 256, dtype=kv)
 
     def run(self, prompt: list[int], steps: int) -> tuple[list[int], list[np.ndarray]]:
         """Greedy ``steps`` tokens after ``prompt``; every step's logits."""
@@ -84,6 +84,22 @@ def test_prefill_and_decode_give_hugging_faces_logits(kind: str) -> None:
     ref = _hf_logits(hf, prompt + tokens)
     for i, got in enumerate(logits):
         np.testing.assert_allclose(got, ref[len(prompt) - 1 + i], rtol=1e-4, atol=1e-4)
+
+
+def test_a_bfloat16_kv_cache_gives_hugging_faces_logits_to_its_precision() -> None:
+    """Keys and values rounded to bfloat16 as they are cached (8 significant bits): the logits
+    move by about what that rounding explains, far more than float32's 1e-4, and the greedy
+    tokens stay; prompt and continuation cross pages (16 tokens each)."""
+    hf = _hf()
+    fp32, half = Runner(hf), Runner(hf, kv="bfloat16")
+    assert half.cache.k.dtype.name == "bfloat16" and half.cache.k.nbytes * 2 == fp32.cache.k.nbytes
+    prompt = [int(t) for t in np.random.default_rng(1).integers(0, 96, 13)]
+    tokens, logits = half.run(prompt, 9)
+    ref_tokens, ref_logits = fp32.run(prompt, 9)
+    assert tokens == ref_tokens
+    err = max(float(np.abs(a - b).max()) for a, b in zip(logits, ref_logits))
+    scale = max(float(np.abs(b).max()) for b in ref_logits)
+    assert 0 < err <= 2.0**-8 * scale, (err, scale)
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])

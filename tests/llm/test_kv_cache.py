@@ -88,3 +88,26 @@ def test_bad_sizes_are_errors() -> None:
     with pytest.raises(TileworkError, match="at least one token"):
         c.step_inputs([c.add()], 0)
     assert PagedKVCache.for_tokens(1, 1, 1, 33, page=16).num_pages == 3
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_16_bit_pool_takes_half_the_bytes_and_copies_shared_pages_exactly(dtype: str) -> None:
+    c = PagedKVCache(layers=2, kv_heads=1, head_dim=2, pages=8, page=4, dtype=dtype)
+    assert c.k.dtype.name == c.v.dtype.name == dtype and c.bytes == 2 * 2 * 8 * 4 * 2 * 2
+    a = c.add()
+    _, ta = c.step_inputs([a], 6)
+    c.k[:, ta[0, 1]] = 1.0 / 3  # rounded to the pool's dtype
+    c.advance([a], 6)
+    b = c.fork(a)
+    _, tb = c.step_inputs([b], 1)  # b writes into the shared second page: a copy of it
+    assert tb[0, 1] != ta[0, 1]
+    np.testing.assert_array_equal(c.k[:, tb[0, 1]], c.k[:, ta[0, 1]])
+
+
+def test_the_pool_dtype_is_checked_and_the_cli_offers_every_one() -> None:
+    from tilework.cli.llm import KV_DTYPE_CHOICES
+    from tilework.llm.kv_cache import KV_DTYPES
+
+    assert sorted(KV_DTYPE_CHOICES) == sorted(KV_DTYPES)
+    with pytest.raises(TileworkError, match="holds one of float32, bfloat16, float16, got 'int8'"):
+        PagedKVCache(1, 1, 1, 1, dtype="int8")

@@ -16,6 +16,8 @@ from typing import Any, Callable, TextIO
 from tilework.errors import TileworkError
 
 PRECISION_NAMES = {"q": "q", "bf16": "bf16", "fp32": "fp32"}
+KV_DTYPE_CHOICES = ("bfloat16", "float16", "float32")  # tilework.llm.kv_cache.KV_DTYPES
+KV_DTYPE_HELP = "the KV cache's keys and values (default: bfloat16 for q and bf16, float32 for fp32)"
 
 
 def add_parsers(sub: Any) -> None:
@@ -35,6 +37,7 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)")
     s.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     s.add_argument("--precision", choices=tuple(PRECISION_NAMES), default="q", help="q: the file's quantized blocks (default); bf16; fp32")
+    s.add_argument("--kv-dtype", choices=KV_DTYPE_CHOICES, help=KV_DTYPE_HELP)
     s.add_argument("--name", metavar="ID", help="the model id the API shows and expects (default: the file name without .gguf)")
     s.add_argument("--max-seqs", type=int, default=16, metavar="N", help="most sequences decoded together; more requests wait in the queue (default 16)")
     s.add_argument("--kv-tokens", type=int, default=32768, metavar="N", help="KV-cache size in tokens, all sequences together; a request reserves prompt + max_tokens (default 32768)")
@@ -47,6 +50,7 @@ def add_parsers(sub: Any) -> None:
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="PATH", help="a .gguf file, or a transformers checkpoint directory (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--precision", choices=tuple(PRECISION_NAMES), default="q", help="q: the file's quantized blocks, dequantized inside the kernels (default); bf16; fp32")
+    p.add_argument("--kv-dtype", choices=KV_DTYPE_CHOICES, help=KV_DTYPE_HELP)
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature; 0 is greedy (default 0.7)")
     p.add_argument("--top-k", type=int, default=0, help="sample among the K most likely tokens (0: off)")
     p.add_argument("--top-p", type=float, default=0.9, help="sample in the smallest set of tokens whose probability reaches P (1: off; default 0.9)")
@@ -102,7 +106,7 @@ def _load(args: argparse.Namespace) -> Any:
 
     progress = _Progress(sys.stderr)
     try:
-        return LLM(args.model, PRECISION_NAMES[args.precision], use_cache=not args.no_cache, progress=progress)
+        return LLM(args.model, PRECISION_NAMES[args.precision], kv_dtype=args.kv_dtype, use_cache=not args.no_cache, progress=progress)
     finally:
         progress.close()
 
@@ -164,7 +168,7 @@ def serve(args: argparse.Namespace) -> int:
 
     progress = _Progress(sys.stderr)
     try:
-        llm = LLM(args.model, PRECISION_NAMES[args.precision], max_batch=max(16, args.max_seqs), kv_tokens=args.kv_tokens, use_cache=not args.no_cache, progress=progress)
+        llm = LLM(args.model, PRECISION_NAMES[args.precision], max_batch=max(16, args.max_seqs), kv_tokens=args.kv_tokens, kv_dtype=args.kv_dtype, use_cache=not args.no_cache, progress=progress)
     finally:
         progress.close()
     run_server(llm, args.host, args.port, name=args.name, default_max_tokens=args.max_tokens,

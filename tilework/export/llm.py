@@ -6,8 +6,11 @@ over token ids in C.
 .prepare_weights``: ``precision="q"`` keeps the file's quantized blocks, whose matrix
 multiplies then run on ``quant_kernels.c``, shipped into the export), compiles the decoder (or
 takes it from the compiled-model cache) and exports it with the weights as the trailing
-parameters of both functions, stored once. ``export_gguf(path, out_dir)`` does it for a GGUF
-file (the default model when ``path`` is None).
+parameters of both functions, stored once. The KV cache's dtype is the engine's for the
+precision (``tilework.llm.compile.KV_DTYPE_OF``) unless ``kv_dtype`` names one; ``llm_config.h``
+gives it to ``tw_generate.c`` (``TW_LLM_KV_CODE``/``TW_LLM_KV_BITS``, DLPack's type code and
+bits). ``export_gguf(path, out_dir)`` does it for a GGUF file (the default model when ``path``
+is None).
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ import os
 from typing import Callable, Mapping
 
 from tilework.export.aot import ExportResult, export_c
-from tilework.llm.compile import compiled_decoder, prepare_weights
+from tilework.errors import TileworkError
+from tilework.llm.compile import KV_DTYPE_OF, compiled_decoder, prepare_weights
 from tilework.llm.config import LlmConfig
-from tilework.llm.kv_cache import PAGE
+from tilework.llm.kv_cache import KV_DTYPES, PAGE
 from tilework.llm.quant import QuantTensor
 
 
@@ -29,27 +33,35 @@ def export_decoder(
     *,
     precision: str = "q",
     max_batch: int = 1,
+    kv_dtype: str | None = None,
     use_cache: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> ExportResult:
     """See the module docstring. ``max_batch`` bounds the batch of the compiled functions (the
     C example runs one sequence); ``progress`` gets a line per stage."""
+    kv_dtype = kv_dtype or KV_DTYPE_OF.get(precision, "float32")
+    if kv_dtype not in KV_DTYPES:
+        raise TileworkError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
     formats, weights = prepare_weights(config, tensors, precision)
-    exe = compiled_decoder(config, formats, max_batch=max_batch, use_cache=use_cache, progress=progress)
+    exe = compiled_decoder(config, formats, max_batch=max_batch, kv_dtype=kv_dtype, use_cache=use_cache, progress=progress)
     if progress is not None:
         progress("writing the C library and the weights file")
     shapes = {"layers": config.layers, "kv_heads": config.kv_heads, "head_dim": config.head_dim, "page": PAGE, "vocab": config.vocab, "context": config.context_length}
+    shapes |= {"kv_code": _DLPACK_CODE[kv_dtype], "kv_bits": 32 if kv_dtype == "float32" else 16}
     return export_c(exe, out_dir, bind={"prefill": weights, "decode": weights}, llm=shapes)
 
 
-def export_gguf(path: str | None, out_dir: str | os.PathLike[str], *, precision: str = "q", progress: Callable[[str], None] | None = None) -> ExportResult:
+_DLPACK_CODE = {"float32": 2, "float16": 2, "bfloat16": 4}
+
+
+def export_gguf(path: str | None, out_dir: str | os.PathLike[str], *, precision: str = "q", kv_dtype: str | None = None, progress: Callable[[str], None] | None = None) -> ExportResult:
     """Export the decoder of a GGUF file or a transformers checkpoint (the embedded default
     model when ``path`` is None)."""
     from tilework.llm.engine import default_model_path
     from tilework.llm.weights import load_weights
 
     config, tensors = load_weights(path or default_model_path())
-    return export_decoder(config, tensors, out_dir, precision=precision, progress=progress)
+    return export_decoder(config, tensors, out_dir, precision=precision, kv_dtype=kv_dtype, progress=progress)
 
 
 __all__ = ["export_decoder", "export_gguf"]

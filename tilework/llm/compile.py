@@ -17,9 +17,13 @@ are float32 in all three. Projections that share an input and a format are given
 and ``decode``, symbolic batch, length and pages), builds it with the ``quant`` backend for the
 block formats and tilework's kernels for the rest, and keeps the executable in the cache
 directory (``$TILEWORK_CACHE_DIR/llm``, like the kernel cache) under a key of the config, the
-formats, the batch bound, tilework's code and the machine; the next start loads it (the kernels
-come from the kernel cache: no compiler runs). Weights are not in the executable: they are
-passed at every call.
+formats, the batch bound, the KV cache's dtype, tilework's code and the machine; the next start
+loads it (the kernels come from the kernel cache: no compiler runs). Weights are not in the
+executable: they are passed at every call.
+
+``KV_DTYPE_OF[precision]`` is the KV cache's default dtype: bfloat16 for ``bf16`` and ``q``
+(half the bytes a decode step's attention reads, which dominate at batch 8 and long prompts),
+float32 for ``fp32``, which keeps the reference path's logits within 1e-3 of transformers'.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from tilework.runtime.executable import Executable
 from tilework.transform.layout_weights import lay_out
 
 PRECISIONS = ("q", "bf16", "fp32")
+KV_DTYPE_OF = {"q": "bfloat16", "bf16": "bfloat16", "fp32": "float32"}
 Progress = Callable[[str], None]
 
 
@@ -95,12 +100,14 @@ def compiled_decoder(
     formats: Mapping[str, str],
     *,
     max_batch: int = 16,
+    kv_dtype: str = "float32",
     progress: Progress | None = None,
     use_cache: bool = True,
 ) -> Executable:
-    """The executable of the decoder (see the module docstring)."""
+    """The executable of the decoder (see the module docstring); ``kv_dtype`` is the KV cache's
+    (``tilework.llm.kv_cache.KV_DTYPES``)."""
     say = progress or (lambda _msg: None)
-    path = _cache_path(config, formats, max_batch)
+    path = _cache_path(config, formats, max_batch, kv_dtype)
     if use_cache and path.exists():
         say("loading the compiled model")
         try:
@@ -116,11 +123,11 @@ def compiled_decoder(
     t0 = time.perf_counter()
     say("exporting the decoder (prefill and decode)")
     decoder = LlamaDecoder(config, dict(formats))
-    module, _ = decoder.export(decoder_spec(config, max_batch=max_batch))
+    module, _ = decoder.export(decoder_spec(config, max_batch=max_batch, kv_dtype=kv_dtype))
     say("compiling (graph passes, fusion, kernels; once per model and machine)")
     backends = ["quant", "codegen"] if formats else None
     exe = _BUILDER[0](module, backends=backends)
-    exe.meta["llm"] = {"config": config.to_dict(), "max_batch": max_batch, "compile_s": round(time.perf_counter() - t0, 2)}
+    exe.meta["llm"] = {"config": config.to_dict(), "max_batch": max_batch, "kv_dtype": kv_dtype, "compile_s": round(time.perf_counter() - t0, 2)}
     if use_cache:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -139,11 +146,11 @@ def register_builder(build: Callable[..., Executable]) -> None:
     _BUILDER[:] = [build]
 
 
-def _cache_path(config: LlmConfig, formats: Mapping[str, str], max_batch: int) -> Path:
+def _cache_path(config: LlmConfig, formats: Mapping[str, str], max_batch: int, kv_dtype: str = "float32") -> Path:
     from tilework.codegen.c.toolchain import cache_dir
 
     blob = json.dumps(
-        {"config": config.to_dict(), "formats": sorted(formats.items()), "max_batch": max_batch, "code": _code_identity(), "machine": platform.machine()},
+        {"config": config.to_dict(), "formats": sorted(formats.items()), "max_batch": max_batch, "kv_dtype": kv_dtype, "code": _code_identity(), "machine": platform.machine()},
         sort_keys=True,
         default=str,
     )
@@ -162,4 +169,4 @@ def _code_identity() -> str:
     return h.hexdigest()
 
 
-__all__ = ["PRECISIONS", "prepare_weights", "compiled_decoder", "register_builder"]
+__all__ = ["PRECISIONS", "KV_DTYPE_OF", "prepare_weights", "compiled_decoder", "register_builder"]

@@ -8,7 +8,9 @@
 ``LLM(model, precision)`` loads the weights (``tilework.llm.weights``: GGUF or safetensors) and
 keeps them in the file's formats (``precision="q"``), converts them to bfloat16 (``"bf16"``) or
 to float32 (``"fp32"``), then gets the compiled decoder (``tilework.llm.compile``: built once per
-model, precision and machine, then loaded from the cache). ``generate`` takes one prompt or a
+model, precision, KV-cache dtype and machine, then loaded from the cache). The KV cache holds
+bfloat16 keys and values for ``q`` and ``bf16``, float32 for ``fp32`` (``kv_dtype`` chooses:
+``"float32"``, ``"bfloat16"`` or ``"float16"``). ``generate`` takes one prompt or a
 list: each sequence is prefilled alone (its own length), then all decode together, one token per
 sequence per step, leaving the batch as they finish. A chat model's prompt goes through its
 chat template unless ``chat=False``.
@@ -29,9 +31,9 @@ import numpy as np
 
 from tilework.errors import TileworkError
 from tilework.llm.chat import ChatTemplate, Conversation
-from tilework.llm.compile import PRECISIONS, compiled_decoder, prepare_weights
+from tilework.llm.compile import KV_DTYPE_OF, PRECISIONS, compiled_decoder, prepare_weights
 from tilework.llm.gguf import read_gguf
-from tilework.llm.kv_cache import PagedKVCache
+from tilework.llm.kv_cache import KV_DTYPES, PagedKVCache
 from tilework.llm.completion import Completion
 from tilework.llm.sampling import SamplingParams
 from tilework.llm.tokenizer import Tokenizer
@@ -106,11 +108,15 @@ class LLM:
         *,
         max_batch: int = 16,
         kv_tokens: int = 16384,
+        kv_dtype: str | None = None,
         progress: Progress | None = None,
         use_cache: bool = True,
     ) -> None:
         if precision not in PRECISIONS:
             raise TileworkError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        kv_dtype = kv_dtype or KV_DTYPE_OF[precision]
+        if kv_dtype not in KV_DTYPES:
+            raise TileworkError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
         say = progress or (lambda _msg: None)
         self.path = model or default_model_path()
         self.precision = precision
@@ -118,7 +124,7 @@ class LLM:
         gguf_file = read_gguf(self.path) if self.path.endswith(".gguf") else None
         self.config, tensors = load_weights(self.path, gguf_file)
         self.formats, self.weights = prepare_weights(self.config, tensors, precision)
-        self.executable = compiled_decoder(self.config, self.formats, max_batch=max_batch, progress=say, use_cache=use_cache)
+        self.executable = compiled_decoder(self.config, self.formats, max_batch=max_batch, kv_dtype=kv_dtype, progress=say, use_cache=use_cache)
         from tilework.runtime.vm import VM
 
         self.vm = VM(self.executable)
@@ -127,7 +133,7 @@ class LLM:
         self.max_batch = max_batch
         self.tokenizer = Tokenizer.from_gguf(gguf_file.metadata) if gguf_file is not None else _tokenizer(self.path)
         self.template = ChatTemplate.from_tokenizer(self.tokenizer) if self.tokenizer.chat_template else None
-        self.cache = PagedKVCache.for_tokens(self.config.layers, self.config.kv_heads, self.config.head_dim, kv_tokens)
+        self.cache = PagedKVCache.for_tokens(self.config.layers, self.config.kv_heads, self.config.head_dim, kv_tokens, dtype=kv_dtype)
         self.eos = set(self.tokenizer.eos_ids) | set(self.config.eos_token_ids)
         self.stats = Stats()
 

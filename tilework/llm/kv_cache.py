@@ -2,7 +2,10 @@
 
 The pool is two arrays the compiled ``paged_attention`` kernels read and write in place
 (``tilework.op.paged_attention`` documents the layout): ``k [layers, pages, kv_heads, head_dim,
-page]`` (a page's keys contiguous per dim) and ``v [layers, pages, page, kv_heads, head_dim]``.
+page]`` (a page's keys contiguous per dim) and ``v [layers, pages, page, kv_heads, head_dim]``,
+of ``dtype``: float32, or bfloat16 or float16 (half the bytes a decode step reads for its
+attention; the kernels round each new key and value once as they write it and compute in
+float32).
 A sequence is a list of pages and a length. ``add`` starts one, ``remove`` frees its pages,
 ``fork`` makes a sequence that shares the pages of another (a page is freed when its last user
 goes; a shared page is copied before anyone writes into it), ``step_inputs`` gives the
@@ -27,6 +30,8 @@ from typing import Sequence
 import numpy as np
 
 from tilework.errors import TileworkError
+from tilework.ir.dtype import np_dtype
+from tilework.op.paged_attention import KV_DTYPES
 
 PAGE = 16
 
@@ -41,33 +46,35 @@ class _Sequence:
     length: int = 0  # tokens in the cache
 
 
-def _lazy_zeros(shape: tuple[int, ...]) -> np.ndarray:
-    """float32 zeros in anonymous memory of ordinary pages, committed as they are first written.
+def _lazy_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """Zeros in anonymous memory of ordinary pages, committed as they are first written.
     (A large NumPy allocation asks for 2 MiB huge pages: one token written to each layer's slice
     would then commit 2 MiB per layer.)"""
-    nbytes = int(np.prod(shape)) * 4
-    buf = mmap.mmap(-1, max(nbytes, 1))
-    return np.frombuffer(buf, np.float32, int(np.prod(shape))).reshape(shape)
+    count = int(np.prod(shape))
+    buf = mmap.mmap(-1, max(count * dtype.itemsize, 1))
+    return np.frombuffer(buf, dtype, count).reshape(shape)
 
 
 class PagedKVCache:
     """See the module docstring. ``pages`` is the pool size; ``page`` tokens per page."""
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, pages: int, page: int = PAGE) -> None:
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, pages: int, page: int = PAGE, dtype: str = "float32") -> None:
         if min(layers, kv_heads, head_dim, pages, page) < 1:
             raise TileworkError(f"a KV cache needs positive sizes, got layers={layers} kv_heads={kv_heads} head_dim={head_dim} pages={pages} page={page}")
-        self.layers, self.kv_heads, self.head_dim, self.page = layers, kv_heads, head_dim, page
-        self.k = _lazy_zeros((layers, pages, kv_heads, head_dim, page))
-        self.v = _lazy_zeros((layers, pages, page, kv_heads, head_dim))
+        if dtype not in KV_DTYPES:
+            raise TileworkError(f"a KV cache holds one of {', '.join(KV_DTYPES)}, got {dtype!r}")
+        self.layers, self.kv_heads, self.head_dim, self.page, self.dtype = layers, kv_heads, head_dim, page, dtype
+        self.k = _lazy_zeros((layers, pages, kv_heads, head_dim, page), np_dtype(dtype))
+        self.v = _lazy_zeros((layers, pages, page, kv_heads, head_dim), np_dtype(dtype))
         self._free = list(range(pages - 1, -1, -1))  # popped from the end: page 0 first
         self._refs = [0] * pages
         self._seqs: dict[int, _Sequence] = {}
         self._next_id = 0
 
     @staticmethod
-    def for_tokens(layers: int, kv_heads: int, head_dim: int, tokens: int, page: int = PAGE) -> "PagedKVCache":
+    def for_tokens(layers: int, kv_heads: int, head_dim: int, tokens: int, page: int = PAGE, dtype: str = "float32") -> "PagedKVCache":
         """A pool holding ``tokens`` tokens in all (rounded up to whole pages)."""
-        return PagedKVCache(layers, kv_heads, head_dim, max(1, -(-tokens // page)), page)
+        return PagedKVCache(layers, kv_heads, head_dim, max(1, -(-tokens // page)), page, dtype)
 
     # -- sequences ---------------------------------------------------------------------------
 
@@ -190,4 +197,4 @@ class PagedKVCache:
             seq.pages[i] = q
 
 
-__all__ = ["PagedKVCache", "KVCacheFull", "PAGE"]
+__all__ = ["PagedKVCache", "KVCacheFull", "PAGE", "KV_DTYPES"]

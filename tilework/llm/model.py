@@ -15,6 +15,8 @@ Exported with ``decoder_spec`` it gives one module with two functions, compiled 
 - ``decode(tokens int32[batch], kv_len, page_table, k_cache, v_cache, *weights) -> logits
   [batch, vocab]``.
 
+The cache arguments are float32, bfloat16 or float16 (``decoder_spec``'s ``kv_dtype``).
+
 Batch, sequence, page-table width and pool size are symbolic (bounded by the context), so one
 compilation serves every prompt length and batch size. Token ``t`` of a sequence sits at
 position ``kv_len + t``: ``paged_attention`` turns its query and key by the rotary angle of that
@@ -284,16 +286,17 @@ class LlamaDecoder(Module):
         return out
 
 
-def decoder_spec(cfg: LlmConfig, max_batch: int = 64, page: int = PAGE) -> spec.Spec:
+def decoder_spec(cfg: LlmConfig, max_batch: int = 64, page: int = PAGE, kv_dtype: str = "float32") -> spec.Spec:
     """The spec of ``prefill`` and ``decode``: batch ``<= max_batch``, tokens ``<= context``,
-    page-table width ``<= ceil(context / page)``, pool pages unbounded above."""
+    page-table width ``<= ceil(context / page)``, pool pages unbounded above, the pool's keys
+    and values ``kv_dtype`` (``tilework.llm.kv_cache.KV_DTYPES``)."""
     ctx = cfg.context_length
     batch = SymVar("batch", 1, max_batch)
     seq = SymVar("seq", 1, ctx)
     width = SymVar("width", 1, (ctx + page - 1) // page)
     pages = SymVar("pages", 1, None)
-    kc = spec.Tensor([cfg.layers, pages, cfg.kv_heads, cfg.head_dim, page], "float32")
-    vc = spec.Tensor([cfg.layers, pages, page, cfg.kv_heads, cfg.head_dim], "float32")
+    kc = spec.Tensor([cfg.layers, pages, cfg.kv_heads, cfg.head_dim, page], kv_dtype)
+    vc = spec.Tensor([cfg.layers, pages, page, cfg.kv_heads, cfg.head_dim], kv_dtype)
     common = {"kv_len": spec.Tensor([batch], "int32"), "page_table": spec.Tensor([batch, width], "int32"), "k_cache": kc, "v_cache": vc}
     return {
         "prefill": {"tokens": spec.Tensor([batch, seq], "int32"), **common},

@@ -6,7 +6,8 @@
  * the last logits (the first maximum), and prints the N_NEW generated ids on one line
  * (tokenization stays outside). The KV cache is one sequence in a pool of pages that holds
  * the prompt and the new tokens: k [layers, pages, kv_heads, head_dim, page] and
- * v [layers, pages, page, kv_heads, head_dim] (float32), the page table [1, pages] = 0, 1, ...,
+ * v [layers, pages, page, kv_heads, head_dim] (of the dtype the decoder was compiled for:
+ * TW_LLM_KV_CODE and TW_LLM_KV_BITS, float32 or a 16-bit float), the page table [1, pages] = 0, 1, ...,
  * kv_len [1] the tokens already in the cache. --logits writes every step's logits as
  * float32 [N_NEW + 1, vocab]. Timings go to stderr. */
 #define _POSIX_C_SOURCE 200809L
@@ -56,8 +57,8 @@ int main(int argc, char** argv) {
     }
     int64_t pages = (n_prompt + n_new + TW_LLM_PAGE - 1) / TW_LLM_PAGE;
     int64_t cache_len = (int64_t)TW_LLM_LAYERS * pages * TW_LLM_KV_HEADS * TW_LLM_HEAD_DIM * TW_LLM_PAGE;
-    float* k = (float*)calloc((size_t)cache_len, sizeof(float));
-    float* v = (float*)calloc((size_t)cache_len, sizeof(float));
+    void* k = calloc((size_t)cache_len, TW_LLM_KV_BITS / 8);
+    void* v = calloc((size_t)cache_len, TW_LLM_KV_BITS / 8);
     int32_t* table = (int32_t*)malloc(sizeof(int32_t) * (size_t)pages);
     float* all_logits = (float*)malloc(sizeof(float) * (size_t)(n_new + 1) * TW_LLM_VOCAB);
     int32_t* out = (int32_t*)malloc(sizeof(int32_t) * (size_t)(n_new + 1));
@@ -70,9 +71,9 @@ int main(int argc, char** argv) {
     int64_t s_tokens[2] = {1, n_prompt}, s_one[1] = {1}, s_table[2] = {1, pages};
     int64_t s_k[5] = {TW_LLM_LAYERS, pages, TW_LLM_KV_HEADS, TW_LLM_HEAD_DIM, TW_LLM_PAGE};
     int64_t s_v[5] = {TW_LLM_LAYERS, pages, TW_LLM_PAGE, TW_LLM_KV_HEADS, TW_LLM_HEAD_DIM};
-    tw_dtype i32 = {TW_DTYPE_INT, 32, 1}, f32 = {TW_DTYPE_FLOAT, 32, 1};
+    tw_dtype i32 = {TW_DTYPE_INT, 32, 1}, f32 = {TW_DTYPE_FLOAT, 32, 1}, kv_dt = {TW_LLM_KV_CODE, TW_LLM_KV_BITS, 1};
     tw_tensor in[5] = {
-        {prompt, 2, i32, s_tokens}, {&kv_len, 1, i32, s_one}, {table, 2, i32, s_table}, {k, 5, f32, s_k}, {v, 5, f32, s_v},
+        {prompt, 2, i32, s_tokens}, {&kv_len, 1, i32, s_one}, {table, 2, i32, s_table}, {k, 5, kv_dt, s_k}, {v, 5, kv_dt, s_v},
     };
     tw_tensor logits;
     double t0 = now_ms();
