@@ -80,6 +80,13 @@ def test_weight_copies_are_appended_in_the_layout_asked() -> None:
     np.testing.assert_array_equal(out[3], w[1].T)
 
 
+def test_a_saved_layout_keeps_its_panel_width() -> None:
+    w = np.arange(40 * 3, dtype="float32").reshape(40, 3)
+    out = lay_out_weights({"num_inputs": 0, "packed": [0], "panel": 32}, [w])
+    assert out[0].shape == (2, 3, 32)
+    np.testing.assert_array_equal(out[0], lay_out(w, 32))
+
+
 class _Mlp(torch.nn.Module):  # type: ignore[name-defined]
     def __init__(self) -> None:
         super().__init__()

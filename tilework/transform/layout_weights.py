@@ -201,7 +201,7 @@ def weight_layout(f: GraphFunc) -> dict[str, Any]:
     """How ``f`` (a model's ``main``) takes its weights, as JSON data (``tilework.build`` keeps it
     in the executable's meta as ``weight_layout``): the param indices ``conv`` (conv weights
     taken as ``conv_gemm.conv_weight_matrix``), ``transposed`` and ``packed``, the ``copies``
-    appended, and ``num_inputs``; empty when it takes them as given."""
+    appended, the ``panel`` width of the packed ones, and ``num_inputs``; empty when it takes them as given."""
     out: dict[str, Any] = {}
     if f.attrs.get(CONV_WEIGHTS):
         out["conv"] = [int(i) for i in f.attrs[CONV_WEIGHTS]]
@@ -209,6 +209,8 @@ def weight_layout(f: GraphFunc) -> dict[str, Any]:
         out["transposed"] = [int(i) for i in f.attrs[TRANSPOSED]]
     if f.attrs.get(ATTR):
         out["packed"] = [int(i) for i in f.attrs[ATTR]]
+    if f.attrs.get(ATTR) or f.attrs.get(COPIES):
+        out["panel"] = PANEL  # the width the kernels were scheduled for (a saved layout keeps it)
     if f.attrs.get(COPIES):
         out["copies"] = [[int(i), bool(t), bool(p)] for i, t, p in f.attrs[COPIES]]
     if out:
@@ -220,17 +222,18 @@ def lay_out_weights(layout: Mapping[str, Any], weights: Sequence[np.ndarray]) ->
     """``weights`` (the trailing params, in order) as a function of ``weight_layout`` ``layout``
     takes them: transposed, packed through ``lay_out``, and the copies appended."""
     first = int(layout.get("num_inputs", 0))
+    panel = int(layout.get("panel", PANEL))
     out = list(weights)
     for i in layout.get("conv", ()):
         out[i - first] = conv_weight_matrix(out[i - first])
     for i in layout.get("transposed", ()):
         out[i - first] = np.ascontiguousarray(np.asarray(out[i - first]).T)
     for i in layout.get("packed", ()):
-        out[i - first] = lay_out(np.asarray(out[i - first]))
+        out[i - first] = lay_out(np.asarray(out[i - first]), panel)
     for i, transposed, packed in layout.get("copies", ()):
         w = np.asarray(weights[i - first])
         w = np.ascontiguousarray(w.T) if transposed else w
-        out.append(lay_out(w) if packed else w)
+        out.append(lay_out(w, panel) if packed else w)
     return out
 
 
