@@ -190,6 +190,10 @@ def test_cli_export_writes_the_library(tmp_path: Path) -> None:
     assert main(["export", str(src), "-o", str(out)]) == 0
     for name in ("model.c", "kernels.c", "tw_runtime.c", "tw_model.h", "model.twb", "CMakeLists.txt", "Makefile", "tw_run.c"):
         assert (out / name).exists(), name
+    from tilework.codegen.c.toolchain import compiler_flags
+
+    flags = [f for f in compiler_flags() if f != "-shared"]  # the VM's flags: the same bits
+    assert f"TW_CFLAGS ?= {' '.join(flags)}" in (out / "Makefile").read_text()
     assert main(["export", str(tmp_path / "missing.txt"), "-o", str(out)]) == 2
     with pytest.raises(TileworkError):
         export_c(tw.build(_matmul_module()), out, bind={"nope": []})

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import shutil
 import struct
 import subprocess
@@ -46,7 +47,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from tilework.codegen.c.emit import emit_module
-from tilework.codegen.c.toolchain import DEFAULT_CFLAGS
+from tilework.codegen.c.toolchain import compiler_flags
 from tilework.errors import BuildError, TileworkError
 from tilework.export.externs import ExportError, declarations, extra_sources
 from tilework.export.graph_c import DTYPES, FunctionC, ModuleText, c_int, c_string, call_depth_regs, check_kernel_symbols, dl_type, dtype_index
@@ -60,8 +61,6 @@ ALIGN = 64
 MAX_NDIM = 16
 RUNTIME_FILES = ("tw_model.h", "tw_internal.h", "tw_runtime.c", "tw_run.c", "tw_npy.h")
 LLM_FILES = ("tw_generate.c",)
-# the flags the VM's kernels are built with, minus -shared (the build files add it for the .so)
-CFLAGS = DEFAULT_CFLAGS.replace("-shared", "").split()
 
 
 @dataclass(frozen=True)
@@ -211,7 +210,7 @@ def _write_blob(path: Path, arrays: list[np.ndarray], export_id: int) -> None:
 
 
 def _build_files(sources: Sequence[str], llm: bool) -> tuple[str, str]:
-    flags = " ".join(CFLAGS)
+    flags = shlex.join(f for f in compiler_flags() if f != "-shared")  # the VM's flags on this machine (the build files add -shared)
     srcs = " ".join(sources)
     programs = ["tw_run", *(["tw_generate"] if llm else [])]
     cmake = "\n".join([
