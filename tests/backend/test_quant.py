@@ -321,6 +321,28 @@ def test_interleaved_rows_give_the_same_bits(rng: np.random.Generator, fmt: str)
     np.testing.assert_array_equal(rows, plain)
 
 
+@pytest.mark.parametrize("n", [1, 13, 48])
+def test_q8_0_tiles_of_eight_rows_give_the_loops_bits(rng: np.random.Generator, n: int) -> None:
+    """q8_0 without AVX-512 runs tiles of 8 W rows over every row of x (in passes of 16): at
+    1, 3, 5, 8, 16 rows and past a pass, on plain and interleaved rows, a ragged last tile, and
+    weights of -128 against activations of +-127 (vpmaddubsw's widest pair sums), the bits of
+    the portable loop."""
+    k = 576 if n == 48 else 96
+    b, _ = blocks(rng, "q8_0", n, k)
+    b[0, 2:34] = 0x80  # a block of -128s
+    wf = dequantize(b, GGML["q8_0"]).reshape(n, k).astype(np.float32)
+    for m in (1, 3, 5, 8, 16, 17, 40):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        x[:, :32] = np.where(rng.random((m, 32)) < 0.5, -1.0, 1.0)  # quantizes to +-127
+        y = Q.qlinear(x, b, "q8_0")
+        assert_int8_matches(y, x, b, "q8_0", wf)
+        np.testing.assert_array_equal(y, Q.qlinear(x, b, "q8_0", portable=True))
+        for i in (0, m - 1):
+            np.testing.assert_array_equal(Q.qlinear(x[i : i + 1], b, "q8_0")[0], y[i])
+        if n % 16 == 0:
+            np.testing.assert_array_equal(Q.qlinear(x, interleave_rows(b, "q8_0"), "q8_0x16"), y)
+
+
 def test_interleaved_rows_need_whole_groups(rng: np.random.Generator) -> None:
     b, _ = blocks(rng, "q4_1", 24, 64)
     with pytest.raises(ValueError, match="multiple of 16 rows"):

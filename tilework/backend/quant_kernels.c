@@ -38,7 +38,9 @@
  * Both paths have AVX-512 kernels (F + BW, F16C; VNNI where present) and portable ones (any
  * C99 compiler; define TW_QUANT_PORTABLE to force them). Without AVX-512 but with AVX2 the
  * portable integer path takes each block's dot products with a row of x in AVX2 (vpmaddubsw +
- * vpmaddwd: the same int32 sums, so the same bits).
+ * vpmaddwd: the same int32 sums, so the same bits); q8_0 (plain and x16, with FMA and F16C)
+ * runs tiles of 8 W rows instead, each block loaded once for every row of x and the 8 rows'
+ * sums side by side in a vector (twq_q8_tile).
  *
  * Entry points: tw_qlinear_<fmt>(x, w, y, M, N, K) for q4_0 q4_1 q8_0 bf16 f16 q4_k q6_k
  * q4_0x16 q4_1x16 q8_0x16, and tw_qlinear_add_<fmt>(x, w, r, y, M, N, K): y = x @ W.T + r;
@@ -1042,6 +1044,91 @@ static inline int32_t twq_hsum_i32(__m256i v) {
 }
 #endif
 
+#if defined(TWQ_AVX2) && defined(__FMA__) && defined(__F16C__)
+#define TWQ_AVX2_Q8 1
+#define TWQ_Q8_AHEAD 4 /* tiles of 8 W rows the prefetch runs ahead */
+/* The 8 x 8 dwords of r transposed: on return r[t] lane i = dword t of r[i] as given. */
+static inline void twq_t8x8(__m256i* r) {
+    __m256i a[8], b[8];
+    for (int i = 0; i < 8; i += 2) {
+        a[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
+        a[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4)
+        for (int h = 0; h < 2; ++h) {
+            b[i + 2 * h] = _mm256_unpacklo_epi64(a[i + h], a[i + 2 + h]);
+            b[i + 2 * h + 1] = _mm256_unpackhi_epi64(a[i + h], a[i + 2 + h]);
+        }
+    for (int t = 0; t < 4; ++t) {
+        r[t] = _mm256_permute2x128_si256(b[t], b[t + 4], 0x20);
+        r[t + 4] = _mm256_permute2x128_si256(b[t], b[t + 4], 0x31);
+    }
+}
+
+/* q8_0 with AVX2: all rows of x against the 8 W rows n0 .. n0+8 (nr valid; past them the last
+ * again). Each block of the 8 rows is loaded once (plain rows transposed by twq_t8x8) into the
+ * interleaved form, vector t lane i = weights 4t..4t+3 of row i, with |w| for vpmaddubsw's
+ * unsigned side, and serves every row of x: 8 steps of x's 4 bytes broadcast, with w's sign,
+ * give the 8 rows' dot products side by side, and the float update of the file header runs
+ * for the 8 outputs at once: the same int32 sums and, lane by lane, the same float operations
+ * as the loop's, so the same bits. The next tiles are prefetched, spread over the blocks. */
+static void twq_q8_tile(int x16, const twq_xq* xq, const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, float* y, int64_t M, int64_t N) {
+    const int64_t nb = xq->nb, nbytes = twq_nbytes[TWQ_Q8_0];
+    const __m256i ones = _mm256_set1_epi16(1);
+    const uint8_t* rows[8];
+    for (int i = 0; i < 8; ++i) rows[i] = w + (n0 + (i < nr ? i : nr - 1)) * rb;
+    const uint8_t* grp = w + (n0 - n0 % 16) * rb; /* x16: the group, the tile its half n0 % 16 / 8 */
+    const int64_t half = n0 % 16 / 8;
+    const char* ahead = (const char*)(w + (n0 + 8 * TWQ_Q8_AHEAD) * rb);
+    const int64_t step = (8 * rb + nb - 1) / nb;
+    for (int64_t r0 = 0; r0 < M; r0 += 16) {
+        const int64_t rn = M - r0 < 16 ? M - r0 : 16;
+        __m256 acc[16];
+        for (int64_t r = 0; r < rn; ++r) acc[r] = _mm256_setzero_ps();
+        for (int64_t j = 0; j < nb; ++j) {
+            if (r0 == 0)
+                for (int64_t o = 0; o < step; o += 64) _mm_prefetch(ahead + j * step + o, _MM_HINT_T0);
+            __m256i ws[8], wa[8]; /* w (its sign) and |w| */
+            __m256 dw;
+            if (x16) {
+                const uint8_t* b = grp + j * 16 * nbytes;
+                dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(b + 16 * half)));
+                for (int t = 0; t < 8; ++t) ws[t] = _mm256_loadu_si256((const __m256i*)(b + 32 + 64 * t + 32 * half));
+            } else {
+                uint16_t h[8];
+                for (int i = 0; i < 8; ++i) {
+                    h[i] = twq_u16(rows[i] + j * nbytes);
+                    ws[i] = _mm256_loadu_si256((const __m256i*)(rows[i] + j * nbytes + 2));
+                }
+                dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)h));
+                twq_t8x8(ws);
+            }
+            for (int t = 0; t < 8; ++t) wa[t] = _mm256_abs_epi8(ws[t]);
+            for (int64_t r = 0; r < rn; ++r) {
+                const int64_t at = (r0 + r) * nb + j;
+                const int8_t* q = xq->q + (r0 + r) * xq->K + 32 * j;
+                __m256i s = _mm256_setzero_si256();
+                for (int t = 0; t < 8; ++t) {
+                    const __m256i xb = _mm256_sign_epi8(_mm256_set1_epi32(twq_i32(q + 4 * t)), ws[t]);
+                    s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(wa[t], xb), ones));
+                }
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(xq->d[at])), acc[r]);
+            }
+        }
+        for (int64_t r = 0; r < rn; ++r) {
+            float* yr = y + (r0 + r) * N + n0;
+            if (nr == 8) {
+                _mm256_storeu_ps(yr, acc[r]);
+                continue;
+            }
+            float v[8];
+            _mm256_storeu_ps(v, acc[r]);
+            for (int64_t i = 0; i < nr; ++i) yr[i] = v[i];
+        }
+    }
+}
+#endif
+
 /* The integer path in plain C: every output, block by block, the sequence of the file header;
  * each block is decoded once for up to 64 rows of x. With AVX2 a block's dot product with a row
  * is vpmaddubsw + vpmaddwd and a sum across (the pair sums fit int16: 15 * 127 * 2 for the
@@ -1054,6 +1141,12 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
     {
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < M; ++r) twq_quantize(fmt, x, xq, r, r + 1);
+#ifdef TWQ_AVX2_Q8
+        if (fmt == TWQ_Q8_0) {
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < (N + 7) / 8; ++t) twq_q8_tile(x16, xq, w, rb, 8 * t, N - 8 * t < 8 ? N - 8 * t : 8, y, M, N);
+        } else
+#endif
 #pragma omp for schedule(static)
         for (int64_t n = 0; n < N; ++n) {
             const uint8_t* row = w + n * rb;
