@@ -1047,6 +1047,13 @@ static inline int32_t twq_hsum_i32(__m256i v) {
 #if defined(TWQ_AVX2) && defined(__FMA__) && defined(__F16C__)
 #define TWQ_AVX2_Q8 1
 #define TWQ_Q8_AHEAD 4 /* tiles of 8 W rows the prefetch runs ahead */
+/* Lane i: the sum of p[i]'s 8 int32 (exact: any order of an int32 sum that fits). */
+static inline __m256i twq_sum8(const __m256i* p) {
+    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
 /* The 8 x 8 dwords of r transposed: on return r[t] lane i = dword t of r[i] as given. */
 static inline void twq_t8x8(__m256i* r) {
     __m256i a[8], b[8];
@@ -1071,7 +1078,8 @@ static inline void twq_t8x8(__m256i* r) {
  * unsigned side, and serves every row of x: 8 steps of x's 4 bytes broadcast, with w's sign,
  * give the 8 rows' dot products side by side, and the float update of the file header runs
  * for the 8 outputs at once: the same int32 sums and, lane by lane, the same float operations
- * as the loop's, so the same bits. The next tiles are prefetched, spread over the blocks. */
+ * as the loop's, so the same bits (one row of x against plain rows skips the transpose and
+ * sums each W row's vector across). The next tiles are prefetched, spread over the blocks. */
 static void twq_q8_tile(int x16, const twq_xq* xq, const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, float* y, int64_t M, int64_t N) {
     const int64_t nb = xq->nb, nbytes = twq_nbytes[TWQ_Q8_0];
     const __m256i ones = _mm256_set1_epi16(1);
@@ -1101,6 +1109,13 @@ static void twq_q8_tile(int x16, const twq_xq* xq, const uint8_t* w, int64_t rb,
                     ws[i] = _mm256_loadu_si256((const __m256i*)(rows[i] + j * nbytes + 2));
                 }
                 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)h));
+                if (M == 1) { /* one row of x: a vector a W row, summed across (cheaper than the transpose) */
+                    const __m256i qv = _mm256_loadu_si256((const __m256i*)(xq->q + 32 * j));
+                    __m256i p[8];
+                    for (int i = 0; i < 8; ++i) p[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(ws[i]), _mm256_sign_epi8(qv, ws[i])), ones);
+                    acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(twq_sum8(p)), _mm256_mul_ps(dw, _mm256_set1_ps(xq->d[j])), acc[0]);
+                    continue;
+                }
                 twq_t8x8(ws);
             }
             for (int t = 0; t < 8; ++t) wa[t] = _mm256_abs_epi8(ws[t]);
