@@ -245,3 +245,25 @@ def test_one_model_per_thread_runs_concurrently(exported: tuple[Any, Path], cmak
     for t in threads:
         t.join()
     assert bad == []
+
+
+def test_cli_export_of_an_llm_passes_precision_and_kv_dtype(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tilework export x.gguf --precision bf16 --kv-dtype float32`` exports the decoder in those
+    formats (the export itself is covered by the long LLM export tests)."""
+    import tilework.export.llm as export_llm
+    from tilework.cli import main
+    from tilework.export.aot import ExportResult
+
+    seen: dict[str, object] = {}
+
+    def fake_export(path: str, out_dir: str, **kw: object) -> ExportResult:
+        seen.update(kw, path=path)
+        return ExportResult(Path(out_dir), Path(out_dir) / "model.twb", {"decode": ("tokens",)}, ("model.c",), 0)
+
+    monkeypatch.setattr(export_llm, "export_gguf", fake_export)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"")
+    assert main(["export", str(model), "-o", str(tmp_path / "out"), "--precision", "bf16", "--kv-dtype", "float32"]) == 0
+    assert (seen["path"], seen["precision"], seen["kv_dtype"]) == (str(model), "bf16", "float32")
+    with pytest.raises(SystemExit):
+        main(["export", str(model), "-o", str(tmp_path / "out"), "--kv-dtype", "int8"])

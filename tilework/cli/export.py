@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from tilework.cli import inputs
+from tilework.cli.llm import KV_DTYPE_CHOICES, KV_DTYPE_HELP
 from tilework.errors import TileworkError
 
 
@@ -30,6 +31,7 @@ def add_parser(sub: Any) -> None:
     e.add_argument("--backends", metavar="LIST", help="backends in priority order; those whose calls export: codegen (always), blas, quant (torch and onnxruntime regions cannot be exported)")
     e.add_argument("--llm", action="store_true", help="MODEL is an LLM (a .gguf file is taken as one anyway): export its prefill and decode with tw_generate.c")
     e.add_argument("--precision", choices=("q", "bf16", "fp32"), default="q", help="(LLMs) the weights' format: the file's quantized blocks (q, default), bf16 or fp32")
+    e.add_argument("--kv-dtype", choices=KV_DTYPE_CHOICES, help=f"(LLMs) {KV_DTYPE_HELP}; tw_generate allocates the cache in it")
     e.add_argument("--build", choices=("make", "cmake"), help="also build the export with make or cmake")
 
 
@@ -43,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     if args.llm or path.endswith(".gguf"):
         from tilework.export.llm import export_gguf
 
-        result = export_gguf(path, args.output, precision=args.precision, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+        result = export_gguf(path, args.output, precision=args.precision, kv_dtype=args.kv_dtype, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     else:
         result = _export_model(args)
     where = ""
