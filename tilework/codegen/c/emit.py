@@ -39,6 +39,7 @@ from typing import Iterator, Mapping
 
 
 from tilework.codegen.c import lowp
+from tilework.codegen.c.hoist import invariant_exprs
 from tilework.codegen.c.prelude import PRELUDE
 from tilework.codegen.loop_emit import LoopEmitter, comment, const_value
 from tilework.errors import WellFormedError
@@ -55,6 +56,7 @@ from tilework.ir.loop import (
     IfThenElse,
     Intrin,
     Load,
+    PExpr,
     Scalar,
     Select,
     SeqStmt,
@@ -237,6 +239,7 @@ class _Emitter(LoopEmitter):
         self.written = {s.buffer for s in walk_stmts(func.body) if isinstance(s, Store)}
         self.bindings: dict[SymVar, Dim] = {}  # iter var -> its binding, inside its block
         self.hoisted_divmods: dict[SymExpr, str] = {}  # floor div/mod -> the variable holding it
+        self.hoisted_exprs: dict[PExpr, str] = {}  # loop-invariant expression -> its variable
 
     def legal_name(self, base: str) -> str:
         if base[0].isdigit() or base in _C_KEYWORDS or base in _C_LIBRARY_NAMES or base.startswith(("tw_", "TW_")):
@@ -296,6 +299,7 @@ class _Emitter(LoopEmitter):
         if hoist is not None:
             self.emit_hoisted_init(*hoist)
         parallel = s.kind == "parallel" and self.parallel == 0
+        invariants: list[PExpr] = []
         if s.kind in ("parallel", "vectorized"):
             why = _conflict(s)
             if why is not None:
@@ -306,6 +310,7 @@ class _Emitter(LoopEmitter):
                 cond = "" if work is None else f" if({self.dim(work)} >= TW_PARALLEL_MIN_WORK)"
                 self.line(f"#pragma omp parallel for schedule(static){cond}")
             elif s.kind == "vectorized":
+                invariants = self.hoist_invariants(s)
                 self.line("#pragma omp simd")
         elif s.kind == "unrolled":
             n = s.extent if isinstance(s.extent, int) else 8
@@ -320,8 +325,42 @@ class _Emitter(LoopEmitter):
         self.parallel -= parallel
         for d in hoisted:
             del self.hoisted_divmods[d]
+        for x in invariants:
+            del self.hoisted_exprs[x]
         self.scope.discard(s.var)
         self.line("}")
+
+    def hoist_invariants(self, s: For) -> list[PExpr]:
+        """Declare, before vectorized loop ``s``, its loop-invariant float subexpressions
+        (``tilework.codegen.c.hoist``); their uses in the loop read the variable."""
+        ivs, found = invariant_exprs(s, self.scope)
+        if not found:
+            return []
+        saved = {v: self.names.get(v) for v, _ in ivs}
+        fresh = [v for v, _ in ivs if v not in self.scope]
+        for v, binding in ivs:  # the block vars read as their bindings, outside their blocks
+            self.names[v] = f"({self.dim(binding)})"
+            self.scope.add(v)
+        same: dict[tuple[str, str], str] = {}  # equal loads read one variable
+        for x in found:
+            text, ct = self.expr(x), DTYPE_TABLE[x.dtype].c_storage
+            name = same.get((ct, text))
+            if name is None:
+                name = same[(ct, text)] = self.bind(("inv", x), "inv")
+                self.line(f"const {ct} {name} = {text};")
+            self.hoisted_exprs[x] = name
+        for v in fresh:
+            self.scope.discard(v)
+        for v, name in saved.items():
+            if name is None:
+                self.names.pop(v, None)
+            else:
+                self.names[v] = name
+        return found
+
+    def expr(self, x: Scalar) -> str:
+        name = self.hoisted_exprs.get(x) if isinstance(x, PExpr) else None
+        return name if name is not None else super().expr(x)
 
     def hoist_divmods(self, s: For) -> list[SymExpr]:
         """Declare, at the top of loop ``s``'s body, every floor division and modulo in the body

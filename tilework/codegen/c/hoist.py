@@ -1,0 +1,109 @@
+"""Loop-invariant scalar expressions of a vectorized loop, computed once before it.
+
+GCC does not always move an invariant expression out of an ``omp simd`` loop: in a
+layer norm's last loop, ``(x[i] - mean[r]) * (1.0f / sqrtf(var[r] + eps)) * g[i] + b[i]``,
+it kept a scalar ``sqrtss`` and ``divss`` per element and did not vectorize the loop at all
+("latch block not empty"), 9.5 us for 8 rows of 384 on Zen 3 where 1.2 us do. The C emitter
+declares each maximal invariant subexpression found here as a ``const`` before the loop and
+reads that variable inside: the same operations on the same values, so the same bits.
+
+An expression is hoisted only where computing it before the loop is as safe as in it: the
+loop runs at least once (its extent provably >= 1), the expression sits in a store reached
+through blocks without an init only (no condition, inner loop or allocation between), it has
+no ``Select`` and no logical op (those evaluate a side conditionally), its loads read buffers
+the loop does not write, every var it reads is bound outside the loop or by a block whose
+binding is itself invariant, and it is a float (no integer division that could trap). Only
+expressions that load, divide or call an intrinsic are worth a variable.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from tilework.ir import sym
+from tilework.ir.loop import Binary, Block, Buffer, Cast, Const, For, Intrin, Load, PExpr, Scalar, SeqStmt, Stmt, Store, Unary, walk_stmts
+from tilework.ir.sym import Dim, SymExpr, SymVar
+
+_FLOATS = ("float32", "float64")
+
+
+def invariant_exprs(loop: For, outer: set[SymVar]) -> tuple[list[tuple[SymVar, Dim]], list[PExpr]]:
+    """For loop ``loop`` (``outer``: the vars in scope before it): the invariant block iter
+    vars with their bindings (outermost first), which the expressions may read, and the
+    maximal invariant subexpressions worth hoisting, in the order they occur."""
+    ext = loop.extent
+    if not (ext >= 1 if isinstance(ext, int) else sym.prove_ge(ext, 1)):
+        return [], []
+    written = {s.buffer for s in walk_stmts(loop.body) if isinstance(s, Store)}
+    ok = set(outer)
+    ok.discard(loop.var)
+    ivs: list[tuple[SymVar, Dim]] = []
+    found: list[PExpr] = []
+    for store in _plain_stores(loop.body, ok, ivs):
+        _collect(store.value, ok, written, found)
+    return ivs, found
+
+
+def _plain_stores(s: Stmt, ok: set[SymVar], ivs: list[tuple[SymVar, Dim]]) -> Iterator[Store]:
+    """The stores of ``s`` reached through sequences and init-free blocks; the iter vars of
+    those blocks whose bindings read only ``ok`` vars join ``ok`` (and ``ivs``)."""
+    if isinstance(s, Store):
+        yield s
+    elif isinstance(s, SeqStmt):
+        for c in s.stmts:
+            yield from _plain_stores(c, ok, ivs)
+    elif isinstance(s, Block) and s.init is None:
+        for iv in s.iter_vars:
+            if set(sym.free_vars(iv.binding)) <= ok:
+                ok.add(iv.var)
+                ivs.append((iv.var, iv.binding))
+        yield from _plain_stores(s.body, ok, ivs)
+
+
+def _collect(x: Scalar, ok: set[SymVar], written: set[Buffer], found: list[PExpr]) -> None:
+    if not isinstance(x, PExpr) or isinstance(x, Const):
+        return
+    if x.dtype in _FLOATS and _worth(x) and _invariant(x, ok, written):
+        found.append(x)
+        return
+    if isinstance(x, Binary) and x.op not in ("and", "or"):
+        _collect(x.a, ok, written, found)
+        _collect(x.b, ok, written, found)
+    elif isinstance(x, Unary):
+        _collect(x.a, ok, written, found)
+    elif isinstance(x, Cast):
+        _collect(x.value, ok, written, found)
+    elif isinstance(x, Intrin):
+        for a in x.args:
+            _collect(a, ok, written, found)
+
+
+def _invariant(x: Scalar, ok: set[SymVar], written: set[Buffer]) -> bool:
+    if isinstance(x, (int, SymExpr)):
+        return set(sym.free_vars(x)) <= ok
+    if isinstance(x, Const):
+        return True
+    if isinstance(x, Load):
+        return x.buffer not in written and all(_invariant(i, ok, written) for i in x.indices)
+    if isinstance(x, Binary):
+        return x.op not in ("and", "or") and _invariant(x.a, ok, written) and _invariant(x.b, ok, written)
+    if isinstance(x, Unary):
+        return _invariant(x.a, ok, written)
+    if isinstance(x, Cast):
+        return _invariant(x.value, ok, written)
+    if isinstance(x, Intrin):
+        return all(_invariant(a, ok, written) for a in x.args)
+    return False  # a Select: one side is evaluated only under its condition
+
+
+def _worth(x: Scalar) -> bool:
+    if isinstance(x, (Load, Intrin)):
+        return True
+    if isinstance(x, Binary):
+        return x.op == "/" or _worth(x.a) or _worth(x.b)
+    if isinstance(x, Unary):
+        return _worth(x.a)
+    if isinstance(x, Cast):
+        return _worth(x.value)
+    return False
+
