@@ -14,12 +14,12 @@ import pytest
 from tilework import te
 from tilework.codegen import build_library
 from tilework.ir import sym
-from tilework.ir.loop import Allocate, TensorFunc
+from tilework.ir.loop import Allocate, Block, IfThenElse, Stmt, TensorFunc
 from tilework.ir.sym import Dim, SymVar
 from tilework.schedule import default_schedule
 from tilework.schedule.rules import common
 from tilework.schedule.rules.matmul import register_tile
-from tilework.schedule.tree import walk
+from tilework.schedule.tree import get_at, walk
 from tilework.te.tensor import TensorLoad
 from tilework.transform.layout_weights import lay_out
 
@@ -46,6 +46,10 @@ EPILOGUES: dict[str, tuple[Epilogue, Callable[[np.ndarray, np.ndarray, np.ndarra
         lambda y, b, r: te.compute(y.shape, lambda i, j: (y[i, j] + b[j]) * te.sigmoid(y[i, j] + b[j]), "out"),
         lambda y, b, r: (y + b) / (1 + np.exp(-(y + b))),
     ),
+    "bias_relu6": (  # MobileNet's
+        lambda y, b, r: te.compute(y.shape, lambda i, j: te.minimum(te.maximum(y[i, j] + b[j], 0.0), 6.0), "out"),
+        lambda y, b, r: np.clip(y + b, 0, 6),
+    ),
     "bias_residual": (
         lambda y, b, r: te.compute(y.shape, lambda i, j: y[i, j] + b[j] + r[i, j], "out"),
         lambda y, b, r: y + b + r,
@@ -53,23 +57,23 @@ EPILOGUES: dict[str, tuple[Epilogue, Callable[[np.ndarray, np.ndarray, np.ndarra
 }
 
 
-def _linear(m: Dim, panel: int | None, epilogue: Epilogue) -> TensorFunc:
-    """``epilogue(a @ w.T, bias, res)`` with ``w`` packed in column panels (``panel``) or a
-    plain ``b[k, j]`` (None)."""
+def _linear(m: Dim, panel: int | None, epilogue: Epilogue, n: int = N) -> TensorFunc:
+    """``epilogue(a @ w.T, bias, res)`` (``n`` columns) with ``w`` packed in column panels
+    (``panel``) or a plain ``b[k, j]`` (None)."""
     a = te.placeholder((m, K), "float32", "a")
     if panel is None:
-        w = te.placeholder((K, N), "float32", "w")
+        w = te.placeholder((K, n), "float32", "w")
     else:
-        w = te.placeholder((-(-N // panel), K, panel), "float32", "w")
-    bias = te.placeholder((N,), "float32", "bias")
-    res = te.placeholder((m, N), "float32", "res")
+        w = te.placeholder((-(-n // panel), K, panel), "float32", "w")
+    bias = te.placeholder((n,), "float32", "bias")
+    res = te.placeholder((m, n), "float32", "res")
 
     def wv(r: object, j: object) -> TensorLoad:
         assert isinstance(j, SymVar)
         return w[r, j] if panel is None else w[sym.floordiv(j, panel), r, sym.floormod(j, panel)]
 
     r = te.reduce_axis(K, "r")
-    y = te.compute((m, N), lambda i, j: te.sum(a[i, r] * wv(r, j), axis=r), "y")
+    y = te.compute((m, n), lambda i, j: te.sum(a[i, r] * wv(r, j), axis=r), "y")
     return te.create_func([a, w, bias, res, epilogue(y, bias, res)])
 
 
@@ -109,6 +113,52 @@ def test_tiles_match_numpy(registers: str) -> None:
         for name, (panel, ep) in CASES.items():
             wd = np.ascontiguousarray(wt.T) if panel is None else lay_out(wt, panel)
             out = np.full((rows, N), np.nan, np.float32)
+            lib[name].run([a, wd, bias, res, out])
+            want = EPILOGUES[ep][1](a.astype(np.float64) @ wt.T.astype(np.float64), bias, res)
+            np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4, err_msg=f"{name} rows={rows}")
+
+
+# MobileNet's 1x1 convs and an odd width: no tile divides them. A 32-column tile over 16-column
+# panels: 24 and 88 end in an empty panel, 37 past the last one (its panel index clamped).
+WIDTHS = {"32x16": (24, 37, 40, 72, 88, 120), "64x32": (24, 37, 88)}
+
+
+def _outside_guards(s: Stmt, names: set[str]) -> bool:
+    """Whether no block named in ``names`` runs under a bounds guard in ``s`` (an ``if``
+    without ``else``; the run-time choice between schedules has one)."""
+    for path, x in walk(s):
+        if isinstance(x, Block) and x.name in names:
+            ancestors = (get_at(s, path[:n]) for n in range(len(path)))
+            if any(isinstance(a, IfThenElse) and a.else_body is None for a in ancestors):
+                return False
+    return True
+
+
+def test_partial_column_tiles(registers: str) -> None:
+    """Output widths that no tile divides: the last column tile computes whole panels (a
+    packed weight is zero past ``N``; a plain B is packed so for the many-rows tiles), the
+    last row tile copies of its last row, with neither a row nor a column guard in ``k``:
+    only the stores are guarded."""
+    m = SymVar("M", 1)
+    funcs = {f"p16_{n}": _linear(m, 16, EPILOGUES["bias_relu6"][0], n) for n in WIDTHS[registers]}
+    funcs["plain_37"] = _linear(m, None, EPILOGUES["bias"][0], 37)
+    funcs = {name: default_schedule(f, strict=True) for name, f in funcs.items()}
+    for name, f in funcs.items():  # a plain B: the many-rows tiles (its few-rows ones read B itself)
+        body = f.body.else_body if name.startswith("plain") and isinstance(f.body, IfThenElse) else f.body
+        assert body is not None and _outside_guards(body, {"y", "y_init"}), name
+    lib = build_library(funcs)
+    rng = np.random.default_rng(11)
+    for name, f in funcs.items():
+        n = int(name.split("_")[1])
+        panel = None if name.startswith("plain") else 16
+        ep = "bias" if panel is None else "bias_relu6"
+        wt = rng.standard_normal((n, K)).astype(np.float32)
+        bias = rng.standard_normal(n).astype(np.float32)
+        wd = np.ascontiguousarray(wt.T) if panel is None else lay_out(wt, panel)
+        for rows in (1, 7, 33):
+            a = rng.standard_normal((rows, K)).astype(np.float32) / 2  # within relu6's range
+            res = np.zeros((rows, n), np.float32)
+            out = np.full((rows, n), np.nan, np.float32)
             lib[name].run([a, wd, bias, res, out])
             want = EPILOGUES[ep][1](a.astype(np.float64) @ wt.T.astype(np.float64), bias, res)
             np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4, err_msg=f"{name} rows={rows}")

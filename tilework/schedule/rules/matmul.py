@@ -8,10 +8,12 @@ few columns) run in parallel. Each tile accumulates in registers through a local
 initialised once (``decompose_reduction``), and its micro-kernel runs ``k`` outside an
 unrolled ``i_1`` and a vectorized ``j_1``: per ``k`` it broadcasts ``MR`` values of A and
 loads ``NR`` contiguous values of B, whose ``K x NR`` column stays in L2 while ``i_0`` runs
-down the rows. A ``B[j, k]`` is first copied transposed (``cache_read``). Sizes that do not
-divide are guarded, but the last row tile computes its rows past the end as copies of the last
-row (``clamp_rest_rows``: its ``k`` loop is a full tile's) and guards only its store; an
-elementwise epilogue is inlined into the tile store.
+down the rows. A ``B[j, k]`` is first copied transposed (``cache_read``), a ``B[k, j]`` packed
+in column panels (``pack_panels``). Sizes that do not divide are guarded, but only in the
+store (``unguard_tiles``): the last row tile computes its rows past the end as copies of the
+last row, the last column tile whole panels of a panel-packed B (zero past the end), so that
+its ``k`` loop is a full tile's; its store runs unguarded when its last lane is in bounds
+(``split_store``). An elementwise epilogue is inlined into the tile store.
 
 Few rows (decoding, short prompts): for ``B[k, j]`` one register tile holds every row, ``r x
 NR`` with ``NR`` as wide as keeps the tile's ``K x NR`` panel of B in L2 (``small_vectors``,
@@ -28,7 +30,7 @@ in strips of ``NR`` columns.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from tilework.errors import ScheduleError
@@ -45,14 +47,18 @@ from tilework.ir.loop import (
     Load,
     PExpr,
     Scalar,
+    Select,
     SeqStmt,
     Stmt,
     Store,
     TensorFunc,
+    const,
+    stmt_scalars,
+    walk_scalars,
 )
 from tilework.ir.sym import Dim, SymVar
 from tilework.schedule import loop_primitives as lp
-from tilework.schedule.analysis import FuncKind, MatmulParts, classify, main_block, matmul_parts
+from tilework.schedule.analysis import FuncKind, MatmulParts, classify, main_block, matmul_parts, spatial_vars
 from tilework.schedule.block_primitives import cache_read, reverse_compute_inline
 from tilework.schedule.reduction_primitives import cache_write, decompose_reduction
 from tilework.schedule.rules.common import (
@@ -77,13 +83,13 @@ from tilework.schedule.tree import (
     conjuncts,
     dim_vars,
     find_block,
-    find_loop,
     fresh_name,
     get_at,
     leaves,
     less_than,
     map_stmt_scalars,
     new_loop_var,
+    rebind,
     replace_at,
     seq,
     subst_stmt,
@@ -230,8 +236,8 @@ def pack_panels(func: TensorFunc, parts: MatmulParts, panel: int) -> TensorFunc:
     B[.., k, j]``, made once per call before the tiles: a tile then streams one contiguous
     ``K x panel`` block instead of ``K`` rows a B row apart (which share cache sets: at a
     4096-float row every one maps to the same L1 set). Columns past ``N`` in the last panel
-    are not filled; only guarded tiles would read them. Unchanged when B is not read as
-    ``B[.., k, j]`` or something in ``func`` writes it."""
+    are zero: the tiles compute them (unstored), as they do a laid-out weight's padding.
+    Unchanged when B is not read as ``B[.., k, j]`` or something in ``func`` writes it."""
     src, idx = parts.b.buffer, parts.b.indices
     k, j = parts.k.var, parts.j[0].var
     if len(idx) < 2 or idx[-2] is not k or idx[-1] is not j or len(src.shape) != len(idx):
@@ -245,12 +251,10 @@ def pack_panels(func: TensorFunc, parts: MatmulParts, panel: int) -> TensorFunc:
     loops = [new_loop_var(fresh_name(used, f"{copy.name}_{d}"), e) for d, e in enumerate(shape)]
     ivs = [IterVar(SymVar(fresh_name(used, f"v{copy.name}_{d}")), e, "spatial", v) for d, (v, e) in enumerate(zip(loops, shape))]
     v = [iv.var for iv in ivs]
-    fill = Store(copy, tuple(v), Load(src, (*v[:-3], v[-2], sym.add(sym.mul(v[-3], panel), v[-1]))))
+    col = sym.add(sym.mul(v[-3], panel), v[-1])
+    fill = Store(copy, tuple(v), Select(less_than(col, nn), Load(src, (*v[:-3], v[-2], col)), const(0, src.dtype), src.dtype))
     names = {b.name for b in blocks_of(func)}
-    nest: Stmt = IfThenElse(
-        less_than(sym.add(sym.mul(loops[-3], panel), loops[-1]), nn),
-        Block(fresh_name(names, f"{src.name}_panels"), tuple(ivs), (src,), (copy,), fill, None),
-    )
+    nest: Stmt = Block(fresh_name(names, f"{src.name}_panels"), tuple(ivs), (src,), (copy,), fill, None)
     order = [*range(len(lead)), len(lead) + 1, len(lead), len(lead) + 2]  # k outside the panels:
     for d in reversed(order):  # B is read along its rows
         nest = For(loops[d], shape[d], nest)
@@ -365,53 +369,191 @@ def schedule_matmul(func: TensorFunc, parts: MatmulParts, mr: int, nr: int) -> T
         func = attempt(func, lp.vectorize, ls[-1].var)
     func = inline_epilogue(func, parts.block.writes[0], store)
     func = schedule_rest(func, tiles.var)
-    # Full tiles run without bounds tests; only the last row (column) tile keeps them.
-    before = func
+    # Full tiles run without bounds tests; only the last row (column) tile keeps them, and in
+    # that tile (in every tile, when the row tiles share the parallel loop) only the store.
     func = attempt(func, lp.partition, io)
-    func = clamp_rest_rows(func, outer_new_loops(before, func), i.extent)
-    return attempt(func, lp.partition, tiles.var)
+    func = attempt(func, lp.partition, tiles.var)
+    spatial = spatial_vars(parts.block)
+    row, col = spatial.index(parts.i[-1]), spatial.index(parts.j[0])
+    func = unguard_tiles(func, frozenset((name, init)), row, col, nr * max(strips, groups))
+    return split_store(func, store)
 
 
-def outer_new_loops(before: TensorFunc, after: TensorFunc) -> list[SymVar]:
-    """The loops of ``after`` not in ``before`` and not inside another such loop."""
-    old = {s.var for _, s in walk(before.body) if isinstance(s, For)}
-    new = {p: s.var for p, s in walk(after.body) if isinstance(s, For) and s.var not in old}
-    return [v for p, v in new.items() if not any(p[:n] in new for n in range(len(p)))]
+def unguard_tiles(func: TensorFunc, names: frozenset[str], row: int, col: int, width: int) -> TensorFunc:
+    """The accumulator's init and update blocks (``names``) run as full tiles; only the store
+    keeps its bounds guards. ``row`` and ``col`` are the positions of the tiled row and the
+    column among the blocks' spatial iter vars, ``width`` the columns a tile spans.
+
+    Rows past the end compute copies of the last row (row ``min(i, rows - 1)``): a guard per
+    row inside ``k`` made the C compiler spill the accumulators. Columns past the end compute
+    from a B packed in column panels (``B[.., j // P, .., j % P]``, the panel index clamped to
+    the last panel where a tile reaches past it): a guard per column turned the vectorized
+    loop over them scalar (N = 24: ~15x slower than N = 32). A block that reads anything else
+    by its column keeps its column guard."""
+    tile = _TileSpec(names, row, col, width, used_names(func))
+    return func.replace(body=_unguard(func.body, tile, False, False))
 
 
-def clamp_rest_rows(func: TensorFunc, rest: Sequence[SymVar], rows: Dim) -> TensorFunc:
-    """The last row tile (under a loop in ``rest``, the copy ``partition`` made) computes its
-    rows past ``rows`` as copies of the last row: its blocks that write only scratch buffers
-    (the accumulator's init and update) lose their row bounds guard and take row ``min(i,
-    rows - 1)``, so that its ``k`` loop runs as a full tile's, without tests (a guard per row
-    and ``k`` made the C compiler spill the accumulators); only its store stays guarded."""
-    params = set(func.buffers)
-    for var in rest:
-        path, f = find_loop(func, var)
-        body = _clamped(f.body, {var}, rows, params)
-        func = func.replace(body=replace_at(func.body, path, replace(f, body=body)))
-    return func
+@dataclass(frozen=True)
+class _TileSpec:
+    names: frozenset[str]  # the accumulator's init and update blocks
+    row: int  # the tiled row among their spatial iter vars
+    col: int  # the column among them
+    width: int  # columns a tile spans
+    used: set[str]  # names taken in the function (grows)
 
 
-def _clamped(s: Stmt, rest: set[SymVar], rows: Dim, params: set[Buffer]) -> Stmt:
-    def is_row_guard(c: object) -> bool:
-        return isinstance(c, Binary) and c.op == "<" and sym.prove_eq(c.b, rows) and bool(dim_vars(c.a) & rest)  # type: ignore[arg-type]
+def _unguard(s: Stmt, t: _TileSpec, rows_off: bool, cols_off: bool) -> Stmt:
+    if isinstance(s, IfThenElse) and s.else_body is None:
+        blocks = [b for _, b in walk(s.then_body) if isinstance(b, Block)]
+        if blocks and all(b.name in t.names for b in blocks):
+            col_ok = all(_panel_reads(b, t.col, t.width) is not None for b in blocks)
+            keep = []
+            for c in conjuncts(s.cond):
+                if all(_bounds_guard(c, spatial_vars(b)[t.row]) for b in blocks):
+                    rows_off = True
+                elif col_ok and all(_bounds_guard(c, spatial_vars(b)[t.col]) for b in blocks):
+                    cols_off = True
+                else:
+                    keep.append(c)
+            body = _unguard(s.then_body, t, rows_off, cols_off)
+            return IfThenElse(conj(keep), body) if keep else body
+    if isinstance(s, Block) and s.name in t.names:
+        return _full_tile(s, t, rows_off, cols_off)
+    return with_children(s, [_unguard(c, t, rows_off, cols_off) for c in children(s)])
 
-    def scratch_only(x: Stmt) -> bool:
-        return all(not (set(b.writes) & params) for _, b in walk(x) if isinstance(b, Block))
 
-    if isinstance(s, IfThenElse) and s.else_body is None and scratch_only(s.then_body):
-        keep = [c for c in conjuncts(s.cond) if not is_row_guard(c)]
-        body = _clamped(s.then_body, rest, rows, params)
-        return IfThenElse(conj(keep), body) if keep else body
-    if isinstance(s, Block) and scratch_only(s):
-        last = sym.sub(rows, 1)
-        ivs = tuple(
-            replace(iv, binding=sym.min_(iv.binding, last)) if dim_vars(iv.binding) & rest else iv
-            for iv in s.iter_vars
-        )  # fmt: skip
-        return replace(s, iter_vars=ivs)
-    return with_children(s, [_clamped(c, rest, rows, params) for c in children(s)])
+def _bounds_guard(c: Scalar, iv: IterVar) -> bool:
+    """Whether ``c`` is the test ``binding < extent`` of ``iv``, however arranged."""
+    if not (isinstance(c, Binary) and c.op == "<"):
+        return False
+    a, b = c.a, c.b
+    if not all(isinstance(x, (int, sym.SymExpr)) and not isinstance(x, bool) for x in (a, b)):
+        return False
+    return sym.prove_eq(sym.sub(a, b), sym.sub(iv.binding, iv.extent))  # type: ignore[arg-type]
+
+
+def _panel_reads(b: Block, col: int, width: int) -> dict[Buffer, tuple[int, bool]] | None:
+    """The buffers ``b`` reads by its column ``j`` (other than those it writes), each as
+    ``{buffer: (d, clamp)}`` when every such read is ``[.., j // P (at d), .., j % P]`` with
+    ``P`` its last extent (as simplified for ``j < N``: ``[0, .., j]`` when ``N <= P``);
+    ``clamp`` when the tiles (``width`` columns each) reach past its last panel. None when
+    some read by ``j`` is not of that form."""
+    j = spatial_vars(b)[col]
+    cols = sym.mul(sym.ceildiv(j.extent, width), width)
+    out: dict[Buffer, tuple[int, bool]] = {}
+    for x in stmt_scalars(b.body):
+        for n in walk_scalars(x):
+            if not isinstance(n, Load) or n.buffer in b.writes:
+                continue
+            idx: list[Dim] = []
+            for i in n.indices:
+                if isinstance(i, PExpr):  # a gather: not followed
+                    return None
+                idx.append(i)
+            if not any(j.var in dim_vars(i) for i in idx):
+                continue
+            shape, p = n.buffer.shape, n.buffer.shape[-1]
+            if not isinstance(p, int) or not sym.prove_eq(idx[-1], sym.floormod(j.var, p)):
+                return None
+            by_j = [d for d, i in enumerate(idx[:-1]) if j.var in dim_vars(i)]
+            at = [d for d, i in enumerate(idx[:-1]) if sym.prove_eq(i, sym.floordiv(j.var, p))]
+            if len(by_j) > 1 or not at or not set(by_j) <= set(at):
+                return None
+            d = (by_j or at)[0]
+            out[n.buffer] = (d, not sym.prove_le(cols, sym.mul(shape[d], p)))
+    return out
+
+
+def _full_tile(b: Block, t: _TileSpec, rows_off: bool, cols_off: bool) -> Block:
+    """``b`` as a full tile runs it: its row clamped to the last one when its row guard is off;
+    when its column guard is off, its column ``j`` ranging over whole tiles (a new iter var)
+    and its panel reads rebuilt from it, the panel index clamped where a tile reaches past
+    the last panel (the indices were simplified for ``j < N``)."""
+    ivs = list(b.iter_vars)
+    if rows_off:
+        iv = spatial_vars(b)[t.row]
+        ivs[ivs.index(iv)] = replace(iv, binding=sym.min_(iv.binding, sym.sub(iv.extent, 1)))
+    reads = _panel_reads(b, t.col, t.width) if cols_off else None
+    if reads is None:
+        return replace(b, iter_vars=tuple(ivs))
+    j = spatial_vars(b)[t.col]
+    cols = sym.mul(sym.ceildiv(j.extent, t.width), t.width)
+    j2 = new_loop_var(fresh_name(t.used, j.var.name), cols)
+    ivs[ivs.index(j)] = IterVar(j2, cols, j.kind, j.binding)
+
+    def from_tile_column(n: PExpr) -> Scalar | None:
+        if not isinstance(n, Load) or n.buffer not in reads:
+            return None
+        d, clamp = reads[n.buffer]
+        p = n.buffer.shape[-1]
+        panel = sym.floordiv(j2, p)
+        panel = sym.min_(panel, sym.sub(n.buffer.shape[d], 1)) if clamp else panel
+        idx = [panel if e == d else i for e, i in enumerate(n.indices[:-1])]
+        return Load(n.buffer, (*idx, sym.floormod(j2, p)))
+
+    body = map_stmt_scalars(b.body, from_tile_column)
+    return replace(b, iter_vars=tuple(ivs), body=subst_stmt(body, {j.var: j2}))
+
+
+def split_store(func: TensorFunc, store: str) -> TensorFunc:
+    """A tile's store nest (the loops around block ``store``) that tests its vector lanes
+    against the column count runs, when the tile's last lane passes that test, as a copy
+    without it: ``if (last lane in bounds) store else guarded store``. The guarded vector
+    loop compiles to masked loads and stores (on AVX2 ``vmaskmovps``, microcoded on AMD),
+    which with a short ``k`` cost more than the tile's FMAs (K = 16, N = 72: ~3x)."""
+    return func.replace(body=_split_store(func.body, store, used_names(func)))
+
+
+def _split_store(s: Stmt, store: str, used: set[str]) -> Stmt:
+    if not isinstance(s, For):
+        return with_children(s, [_split_store(c, store, used) for c in children(s)])
+    blocks = [b for _, b in walk(s) if isinstance(b, Block)]
+    if not blocks or any(b.name != store for b in blocks):
+        return with_children(s, [_split_store(c, store, used) for c in children(s)])
+    loops = [f for _, f in walk(s) if isinstance(f, For)]
+    lanes_ = {f.var for f in loops if f.kind == "vectorized"}
+    ivs = [iv for b in blocks for iv in spatial_vars(b) if dim_vars(iv.binding) & lanes_]
+    guards = [
+        c for _, g in walk(s) if isinstance(g, IfThenElse) and g.else_body is None
+        for c in conjuncts(g.cond) if any(_bounds_guard(c, iv) for iv in ivs)
+    ]  # fmt: skip
+    last = [_at_last(c, loops) for c in guards]
+    if not guards or any(c is None for c in last):
+        return s
+    held = [c for c in last if isinstance(c, Binary) and not sym.prove_le(c.b, c.a)]  # type: ignore[arg-type]
+    if len(held) < len(last):  # the last lane is past the end in every tile
+        return s
+    if all(sym.prove_le(sym.add(c.a, 1), c.b) for c in held):  # type: ignore[arg-type]
+        return _without(s, guards)
+    return IfThenElse(conj(held), _without(s, guards), rebind(s, used))
+
+
+def _at_last(c: Scalar, loops: Sequence[For]) -> Scalar | None:
+    """The guard ``c`` (``a < b``, ``a`` increasing along each of ``loops`` it uses) at the
+    last iteration of those loops: it holds there iff it holds at every iteration. None when
+    ``a`` is not of that form."""
+    assert isinstance(c, Binary)
+    a = c.a
+    assert isinstance(a, (int, sym.SymExpr))
+    for f in loops:
+        if f.var not in dim_vars(a):
+            continue
+        at0 = sym.substitute(a, {f.var: 0})
+        step = sym.sub(sym.substitute(a, {f.var: 1}), at0)
+        if not (isinstance(step, int) and step > 0 and sym.prove_eq(a, sym.add(at0, sym.mul(f.var, step)))):
+            return None
+        a = sym.substitute(a, {f.var: sym.sub(f.extent, 1)})
+    return less_than(a, c.b)  # type: ignore[arg-type]
+
+
+def _without(s: Stmt, guards: Sequence[Scalar]) -> Stmt:
+    """``s`` without the conditions ``guards`` (by identity) in its ``if``s."""
+    s = with_children(s, [_without(c, guards) for c in children(s)])
+    if not isinstance(s, IfThenElse) or s.else_body is not None:
+        return s
+    keep = [c for c in conjuncts(s.cond) if not any(c is g for g in guards)]
+    return IfThenElse(conj(keep), s.then_body) if keep else s.then_body
 
 
 def inline_epilogue(func: TensorFunc, out: object, store: str) -> TensorFunc:
