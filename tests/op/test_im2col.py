@@ -1,6 +1,6 @@
 """``im2col`` (channel-last column matrix of a 2-D convolution) built whole (the padded copy,
 the gather, its view; C kernels) at several values of the symbolic batch and spatial dims,
-against a NumPy reference, with ``max_pool2d_nhwc`` likewise; and the column matrix times the conv weight as ``[O, KH * KW *
+against a NumPy reference, with ``max_pool2d_nhwc`` and ``depthwise_conv2d_nhwc`` likewise; and the column matrix times the conv weight as ``[O, KH * KW *
 C]`` (``conv_gemm.conv_weight_matrix``) equals the convolution."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from tests.op.test_conv import conv_ref
 from tilework.ir.builder import BlockBuilder
 from tilework.ir.graph import Tuple, Var
 from tilework.ir.info import TensorInfo
-from tilework.op.conv_nhwc import im2col, max_pool2d_nhwc
-from tilework.transform.conv_gemm import conv_weight_matrix
+from tilework.op.conv_nhwc import depthwise_conv2d_nhwc, im2col, max_pool2d_nhwc
+from tilework.transform.conv_gemm import conv_weight_matrix, depthwise_weight_matrix
 
 n, h, w = tw.dim("n"), tw.dim("h"), tw.dim("w")
 
@@ -32,6 +32,8 @@ CASES: dict[str, tuple[int, tuple[int, int], tuple[int, int], tuple[int, int, in
 }
 # max_pool2d_nhwc of the first case's input: (pool size, strides, padding)
 POOLS = [((3, 3), (2, 2), (1, 1, 1, 1)), ((2, 3), (1, 2), (0, 1, 1, 0))]
+# depthwise_conv2d_nhwc of the first case's input with a 2 x 3 kernel: (strides, padding, dilation)
+DEPTHWISE = [((1, 1), (1, 1, 0, 1), (1, 1)), ((2, 1), (0, 2, 1, 0), (2, 2))]
 ENVS = [{"n": 1, "h": 7, "w": 9}, {"n": 3, "h": 12, "w": 11}, {"n": 2, "h": 5, "w": 16}]
 
 
@@ -60,7 +62,8 @@ def _module() -> Any:
     """Every case in one function (one build): input ``i`` is case ``i``'s."""
     bb = BlockBuilder()
     xs = [Var(f"x{i}", TensorInfo((n, h, w, case[0]), "float32")) for i, case in enumerate(CASES.values())]
-    with bb.function("main", xs):
+    taps, bias = Var("taps", TensorInfo((6, 5), "float32")), Var("bias", TensorInfo((5,), "float32"))
+    with bb.function("main", [*xs, taps, bias]):
         with bb.dataflow():
             outs = []
             for x, (_, kernel, strides, padding, dilation) in zip(xs, CASES.values()):
@@ -68,6 +71,8 @@ def _module() -> Any:
                 outs.append(bb.emit(op.relu(y)))  # an elementwise consumer fuses into the gather
             for size, strides, padding in POOLS:
                 outs.append(bb.emit(max_pool2d_nhwc(xs[0], size, strides, padding)))
+            for strides, padding, dilation in DEPTHWISE:
+                outs.append(bb.emit(depthwise_conv2d_nhwc(xs[0], taps, bias, (2, 3), strides, padding, dilation)))
             out = bb.emit_output(Tuple(tuple(outs)))
         bb.emit_func_output(out)
     return bb.get()
@@ -87,7 +92,8 @@ def test_matches_reference(vm: Any) -> None:
     rng = np.random.default_rng(0)
     for env in ENVS:
         xs = [rng.standard_normal((env["n"], env["h"], env["w"], case[0])).astype(np.float32) for case in CASES.values()]
-        got = vm["main"](*xs)
+        k, b = rng.standard_normal((5, 1, 2, 3)).astype(np.float32), rng.standard_normal(5).astype(np.float32)
+        got = vm["main"](*xs, depthwise_weight_matrix(k), b)
         for i, (name, (_, kernel, strides, padding, dilation)) in enumerate(CASES.items()):
             want = np.maximum(im2col_ref(xs[i], kernel, strides, padding, dilation), 0)
             assert np.asarray(got[i]).shape == want.shape, (name, env)
@@ -95,6 +101,10 @@ def test_matches_reference(vm: Any) -> None:
         for i, (size, strides, padding) in enumerate(POOLS):
             want = max_pool_ref(xs[0], size, strides, padding)
             np.testing.assert_array_equal(np.asarray(got[len(CASES) + i]), want, err_msg=f"max pool {size} at {env}")
+        x64 = xs[0].transpose(0, 3, 1, 2).astype(np.float64)
+        for i, (strides, padding, dilation) in enumerate(DEPTHWISE):
+            want = conv_ref(x64, k.astype(np.float64), b.astype(np.float64), strides, padding, dilation, 5).transpose(0, 2, 3, 1)
+            np.testing.assert_allclose(np.asarray(got[len(CASES) + len(POOLS) + i]), want, rtol=1e-5, atol=1e-5, err_msg=f"depthwise {strides} at {env}")
 
 
 @pytest.mark.parametrize("name", ["3x3_pad", "asym_dilated", "7x7_stem"])

@@ -15,7 +15,7 @@ from tests.op.test_conv import conv_ref
 from tilework.ir.builder import BlockBuilder
 from tilework.ir.graph import Binding, Call, Constant, GraphFunc, OpRef, Var, bindings_of
 from tilework.ir.info import TensorInfo
-from tilework.transform.conv_gemm import ATTR, ConvGemm, conv_weight_matrix
+from tilework.transform.conv_gemm import ATTR, DEPTHWISE, ConvGemm, conv_weight_matrix
 from tilework.transform.layout_weights import LayoutWeights, pack_weights
 
 torch = pytest.importorskip("torch")
@@ -68,13 +68,13 @@ def compiled() -> tuple[Any, Any]:
 def test_convs_become_linears_between_channel_last_data(compiled: tuple[Any, Any]) -> None:
     _, cm = compiled
     ops = _ops(cm.module)
-    assert ops.count("linear_io") == 7 + 2 + 1, ops  # stem, a1, a2, b1, b2, down, dil; the squeeze-excite pair; fc
-    assert ops.count("conv2d") == 3  # grouped, depthwise, and the pointwise conv of channel-first data after them
-    assert ops.count("im2col") == 7  # the converted convs but the squeeze-excite's (1x1 of stride 1)
-    assert ops.count("permute_dims") == 2, ops  # the input, into the grouped conv
-    assert ops.count("max_pool2d_nhwc") == 1
+    assert ops.count("linear_io") == 7 + 2 + 1 + 1, ops  # stem, a1, a2, b1, b2, down, dil; the squeeze-excite pair; pw; fc
+    assert ops.count("conv2d") == 1  # the grouped conv
+    assert ops.count("depthwise_conv2d_nhwc") == 1 and ops.count("max_pool2d_nhwc") == 1
+    assert ops.count("im2col") == 7  # the converted convs but the 1x1 ones of stride 1
+    assert ops.count("permute_dims") == 4, ops  # the input, around the grouped conv, the pooled [N, 6, 1, 1]
     main = cm.module["main"]
-    assert len(main.attrs[ATTR]) == 7 + 2 + 1  # the pointwise conv after the depthwise one: its weight param viewed as 4-D
+    assert len(main.attrs[ATTR]) == 7 + 2 + 1 and len(main.attrs[DEPTHWISE]) == 1
 
 
 def test_matches_torch_at_symbolic_batch(compiled: tuple[Any, Any]) -> None:

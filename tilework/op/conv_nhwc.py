@@ -2,7 +2,9 @@
 ``[N, H, W, C]`` input, which ``tilework.transform.conv_gemm`` multiplies by a packed weight
 (``linear``) so that a convolution runs on the matmul kernels, and ``max_pool2d_nhwc``
 (``max_pool2d`` without ``ceil_mode`` over the same layout: the maximum of the taps, vectorized
-along the channels, the input padded with -inf first).
+along the channels, the input padded with -inf first) and ``depthwise_conv2d_nhwc`` (one
+input channel per output channel, weights ``[KH * KW, C]``: one sum of products per output,
+vectorized along the channels).
 
 ``im2col(x, kernel, strides, padding, dilation)`` gives ``[N, OH, OW, KH * KW * C]`` with
 ``col[n, oh, ow, (i * KW + j) * C + c] = x[n, oh * sh - top + i * dh, ow * sw - left + j * dw, c]``
@@ -26,9 +28,9 @@ from tilework.ir import sym
 from tilework.ir.graph import Call, Expr
 from tilework.ir.info import StructInfo, TensorInfo, shape_str
 from tilework.ir.loop import Scalar
-from tilework.op.base import InferCtx, Op, OpPattern, make_call, register, require_float, tensor_arg
+from tilework.op.base import InferCtx, Op, OpPattern, make_call, register, require_equal, require_float, tensor_arg
 from tilework.op.conv import _call_gather, _ints_attr, _inside, _require_positive, conv_out_len
-from tilework.op.kernel import arg, out_tensor, reshape_index
+from tilework.op.kernel import arg, compute_dtype, out_tensor, reshape_index
 
 if TYPE_CHECKING:
     from tilework.transform.legalize import LegalizeCtx
@@ -143,6 +145,61 @@ def max_pool2d_nhwc(x: Expr, pool_size: Sequence[int], strides: Sequence[int], p
     """``max_pool2d`` (without ``ceil_mode``) over ``x: [N, H, W, C]``: ``[N, OH, OW, C]``;
     ``padding`` is ``(top, left, bottom, right)``."""
     return make_call("max_pool2d_nhwc", [x], pool_size=tuple(pool_size), strides=tuple(strides), padding=tuple(padding), dilation=tuple(dilation))
+
+
+def _infer_depthwise_nhwc(call: Call, ctx: InferCtx) -> StructInfo:
+    if len(call.args) not in (2, 3):
+        raise ctx.error(f"takes (x, weight) or (x, weight, bias), got {len(call.args)} argument(s)")
+    x, w = tensor_arg(call, 0, ctx), tensor_arg(call, 1, ctx)
+    require_float(x, ctx)
+    kernel = _ints_attr(call, "kernel", 2, ctx, 1)
+    strides = _ints_attr(call, "strides", 2, ctx, 1)
+    padding = _ints_attr(call, "padding", 4, ctx, 0)
+    dilation = _ints_attr(call, "dilation", 2, ctx, 1)
+    if x.ndim not in (-1, 4) or w.ndim not in (-1, 2):
+        raise ctx.shape_error(f"takes x [batch, height, width, channels] and weight [taps, channels], got shapes {shape_str(x.shape)} and {shape_str(w.shape)}")
+    if x.shape is None:
+        return TensorInfo(None, x.dtype, 4)
+    if w.shape is not None:
+        require_equal(w.shape[0], kernel[0] * kernel[1], ctx, f"weight {shape_str(w.shape)} must hold {kernel[0] * kernel[1]} taps")
+        require_equal(w.shape[1], x.shape[3], ctx, f"channels of weight {shape_str(w.shape)} and input {shape_str(x.shape)} differ")
+    spatial = tuple(conv_out_len(x.shape[1 + i], kernel[i], strides[i], padding[i], padding[2 + i], dilation[i]) for i in range(2))
+    _require_positive(spatial, ctx, "output spatial shape")
+    return TensorInfo((x.shape[0], *spatial, x.shape[3]), x.dtype)
+
+
+def _legalize_depthwise_nhwc(call: Call, ctx: "LegalizeCtx") -> Expr:
+    """One sum of products per output, vectorized along the channels (each tap's weights a
+    contiguous row); the input zero-padded first."""
+    x, w = arg(call, 0, "x"), arg(call, 1, "weight")
+    bias = arg(call, 2, "bias") if len(call.args) == 3 else None
+    shape, dtype = out_tensor(call)
+    acc = compute_dtype(dtype)
+    (kh, kw), strides, padding, dilation = (tuple(call.attrs[a]) for a in ("kernel", "strides", "padding", "dilation"))
+    x_in, x = _padded_nhwc(ctx, call.args[0], x, padding, 0.0, "depthwise_pad")
+
+    def f(nn: Scalar, oh: Scalar, ow: Scalar, ch: Scalar) -> Scalar:
+        total: Scalar | None = None if bias is None else te.cast(bias[ch], acc)
+        for i, j in itertools.product(range(kh), range(kw)):
+            v = te.cast(x[nn, oh * strides[0] + i * dilation[0], ow * strides[1] + j * dilation[1], ch], acc) * te.cast(w[i * kw + j, ch], acc)
+            total = v if total is None else total + v
+        assert total is not None
+        return te.cast(total, dtype)
+
+    out = te.compute(tuple(shape), f, "depthwise_nhwc", dtype)
+    inputs = [x, w] if bias is None else [x, w, bias]
+    return _call_gather(ctx, "depthwise_nhwc", [x_in, *call.args[1:]], inputs, [out], call.info)
+
+
+register(Op("depthwise_conv2d_nhwc", _infer_depthwise_nhwc, OpPattern.OUT_EWISE_FUSABLE, attrs={"kernel": None, "strides": None, "padding": None, "dilation": None}, legalize=_legalize_depthwise_nhwc))
+
+
+def depthwise_conv2d_nhwc(x: Expr, weight: Expr, bias: Expr | None, kernel: Sequence[int], strides: Sequence[int] = (1, 1), padding: Sequence[int] = (0, 0, 0, 0), dilation: Sequence[int] = (1, 1)) -> Call:
+    """A depthwise conv (one input channel per output channel) of ``x: [N, H, W, C]`` with
+    ``weight: [KH * KW, C]`` (tap-major: ``weight[i * KW + j, c]`` is torch's
+    ``w[c, 0, i, j]``): ``[N, OH, OW, C]``; ``padding`` is ``(top, left, bottom, right)``."""
+    args = [x, weight] if bias is None else [x, weight, bias]
+    return make_call("depthwise_conv2d_nhwc", args, kernel=tuple(kernel), strides=tuple(strides), padding=tuple(padding), dilation=tuple(dilation))
 
 
 def im2col(x: Expr, kernel: Sequence[int], strides: Sequence[int] = (1, 1), padding: Sequence[int] = (0, 0, 0, 0), dilation: Sequence[int] = (1, 1)) -> Call:

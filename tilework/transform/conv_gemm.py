@@ -7,14 +7,17 @@ input ``permute_dims(x, (0, 2, 3, 1))`` (that input itself for a 1x1 conv of str
 padding) and ``w2`` the weight as ``[O, KH * KW * C]`` (``conv_weight_matrix``), laid out at
 compile time: a constant is replaced, a weight param retyped and listed in ``main``'s attr
 ``conv_weights`` (whoever passes the weights converts them: ``layout_weights.pack_weights``).
-``layout_weights`` then packs ``w2`` for the matmul kernels like any linear weight.
+``layout_weights`` then packs ``w2`` for the matmul kernels like any linear weight. A depthwise
+conv (``[C, 1, KH, KW]`` weight, ``C`` groups) becomes ``depthwise_conv2d_nhwc`` of the
+channel-last input, its weight as ``[KH * KW, C]`` (``depthwise_weight_matrix``; a weight
+param listed in ``depthwise_weights``).
 
 Then the transposes sink towards the consumers and cancel: through elementwise ops (whose
 other operands are transposed alike, 0-d, or transposed to follow), through a global
 average pool (``mean`` over the spatial dims) and a max pool (``max_pool2d_nhwc``), and a
 transpose of a transpose composes. So the data stays channel-last from one convolution to the
-next, and a transpose remains only where channel-first data is read (a grouped or depthwise
-conv, the output). A 1x1 conv of stride 1 without padding of channel-first data is left as it
+next, and a transpose remains only where channel-first data is read (a grouped conv, the
+output). A 1x1 conv of stride 1 without padding of channel-first data is left as it
 is (that data is its own column matrix: a transpose would only cost).
 
 Requires a well-formed module; guarantees a well-formed module computing the same values
@@ -24,7 +27,7 @@ Requires a well-formed module; guarantees a well-formed module computing the sam
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -35,7 +38,7 @@ from tilework.ir.sym import Dim
 from tilework.ir.module import IRModule
 from tilework.ir.opdef import get as get_op
 from tilework.op.base import OpPattern, make_call
-from tilework.op.conv_nhwc import im2col, max_pool2d_nhwc
+from tilework.op.conv_nhwc import depthwise_conv2d_nhwc, im2col, max_pool2d_nhwc
 from tilework.op.linalg import linear
 from tilework.op.manipulate import permute_dims, reshape
 from tilework.op.reduce import mean
@@ -46,6 +49,7 @@ from tilework.transform.rewrite_driver import Rule, apply_rules
 from tilework.transform.weight_params import retype_weight_params, weight_params
 
 ATTR = "conv_weights"  # params of main given as [O, C, KH, KW], taken as [O, KH * KW * C]
+DEPTHWISE = "depthwise_weights"  # params of main given as [C, 1, KH, KW], taken as [KH * KW, C]
 TO_NHWC = (0, 2, 3, 1)
 TO_NCHW = (0, 3, 1, 2)
 _DTYPES = ("float32", "float64")
@@ -55,6 +59,12 @@ def conv_weight_matrix(w: np.ndarray) -> np.ndarray:
     """A ``[O, C, KH, KW]`` conv weight as the ``[O, KH * KW * C]`` matrix ``im2col``'s columns
     multiply (tap-major, channel-minor)."""
     return np.ascontiguousarray(np.asarray(w).transpose(0, 2, 3, 1).reshape(w.shape[0], -1))
+
+
+def depthwise_weight_matrix(w: np.ndarray) -> np.ndarray:
+    """A ``[C, 1, KH, KW]`` depthwise conv weight as the ``[KH * KW, C]`` taps
+    ``depthwise_conv2d_nhwc`` reads (tap-major, a contiguous row of channels per tap)."""
+    return np.ascontiguousarray(np.asarray(w).reshape(w.shape[0], -1).T)
 
 
 def _op_name(e: Expr) -> str | None:
@@ -81,8 +91,32 @@ def _convertible(call: Call) -> bool:
     )  # fmt: skip
 
 
+def _depthwise(call: Call) -> bool:
+    """A conv2d with one input channel per output channel (``[C, 1, KH, KW]`` weight, ``C``
+    groups) whose other operands are as ``_convertible`` wants."""
+    if _op_name(call) != "conv2d" or len(call.args) not in (2, 3):
+        return False
+    x, out, w = call.args[0].info, call.info, call.args[1].info
+    ws = _static_weight(w)
+    return (
+        ws is not None and ws[1] == 1 and int(call.attrs.get("groups", 1)) == ws[0] and isinstance(w, TensorInfo)
+        and isinstance(x, TensorInfo) and x.shape is not None and len(x.shape) == 4 and _same(x.shape[1], ws[0]) and x.dtype == w.dtype
+        and isinstance(out, TensorInfo) and out.dtype == x.dtype
+    )  # fmt: skip
+
+
 def _conv_params(f: GraphFunc) -> list[int]:
     return weight_params(f, lambda p: _static_weight(p.info) is not None, _convertible)
+
+
+def _depthwise_params(f: GraphFunc) -> list[int]:
+    return weight_params(f, lambda p: _static_weight(p.info) is not None, _depthwise)
+
+
+def _taps_info(info: TensorInfo) -> TensorInfo:
+    assert info.shape is not None
+    c, _, kh, kw = (int(d) for d in info.shape)  # type: ignore[arg-type]
+    return TensorInfo((kh * kw, c), info.dtype)
 
 
 def _matrix_info(info: TensorInfo) -> TensorInfo:
@@ -144,7 +178,7 @@ class _Convs:
         self.constants: dict[int, Constant] = {}
         self.changed = 0  # convs rewritten
 
-    def matrix(self, w: Expr, m: Match) -> Expr | None:
+    def matrix(self, w: Expr, m: Match, convert: Callable[[np.ndarray], np.ndarray] = conv_weight_matrix) -> Expr | None:
         if isinstance(w, Var) and w in self.params:
             return self.params[w]
         c = m.ctx.resolve(w) if isinstance(w, Var) else w
@@ -152,12 +186,27 @@ class _Convs:
             return None
         done = self.constants.get(id(c))
         if done is None:
-            done = Constant.of(conv_weight_matrix(c.data), name=f"{c.name}.hwc" if c.name else "")
+            done = Constant.of(convert(c.data), name=f"{c.name}.hwc" if c.name else "")
             self.constants[id(c)] = done
         return done
 
+    def depthwise(self, value: Call, m: Match) -> Expr | None:
+        """A depthwise conv: ``depthwise_conv2d_nhwc`` of the channel-last input."""
+        x, xs, out, w = value.args[0], _shape(value.args[0]), _shape(value), _static_weight(value.args[1].info)
+        assert xs is not None and out is not None and w is not None
+        w2 = self.matrix(value.args[1], m, depthwise_weight_matrix)
+        if w2 is None:
+            return None
+        found = _channels_last(x, m)
+        xt = permute_dims(x, TO_NHWC) if found is None else (reshape(found[0], (xs[0], xs[2], xs[3], xs[1])) if found[1] else found[0])
+        self.changed += 1
+        attrs = (tuple(int(i) for i in value.attrs[a]) for a in ("strides", "padding", "dilation"))
+        return permute_dims(depthwise_conv2d_nhwc(xt, w2, value.args[2] if len(value.args) == 3 else None, w[2:], *attrs), TO_NCHW)
+
     def rewrite(self, value: Expr, m: Match) -> Expr | None:
         assert isinstance(value, Call)
+        if _depthwise(value):
+            return self.depthwise(value, m)
         if not _convertible(value):
             return None
         x = value.args[0]
@@ -326,9 +375,11 @@ class ConvGemm(Pass):
         mapping: dict[Var, Var] = {}
         if self.params:
             mod, mapping = retype_weight_params(mod, ATTR, _conv_params, _matrix_info)
+            mod, more = retype_weight_params(mod, DEPTHWISE, _depthwise_params, _taps_info)
+            mapping.update(more)
         convs = _Convs(mapping)
         out = apply_rules(mod, [Rule("conv2d_as_linear", op_call("conv2d"), convs.rewrite), *SINK_RULES])
         return DeadCodeElimination()(out) if convs.changed else mod
 
 
-__all__ = ["ATTR", "ConvGemm", "conv_weight_matrix"]
+__all__ = ["ATTR", "DEPTHWISE", "ConvGemm", "conv_weight_matrix", "depthwise_weight_matrix"]

@@ -31,8 +31,8 @@ offloaded to another backend reads its weights as given (``[out, in]``), and onl
 left to tilework's kernels are laid out.
 
 2-D convolutions are made linears first (``tilework.transform.conv_gemm``: im2col over
-channel-last data; their weight params listed in ``conv_weights``), so their weights are packed
-alike.
+channel-last data; their weight params listed in ``conv_weights``, depthwise ones in
+``depthwise_weights``), so their weights are packed alike.
 
 Only float32 and float64 linears are rewritten (the narrow types keep their own kernels).
 Requires a well-formed module;
@@ -53,7 +53,7 @@ from tilework.op.linalg import linear, linear_io
 from tilework.pattern.core import Match, op_call
 from tilework.transform.base import Pass
 from tilework.transform.conv_gemm import ATTR as CONV_WEIGHTS
-from tilework.transform.conv_gemm import ConvGemm, conv_weight_matrix
+from tilework.transform.conv_gemm import DEPTHWISE, ConvGemm, conv_weight_matrix, depthwise_weight_matrix
 from tilework.transform.rewrite_driver import Rule, apply_rules
 from tilework.ir.visitor import ExprMutator
 from tilework.transform.weight_params import WEIGHTS, retype_weight_params, weight_candidates, weight_params
@@ -200,11 +200,14 @@ def packed_params(f: GraphFunc) -> tuple[int, ...]:
 def weight_layout(f: GraphFunc) -> dict[str, Any]:
     """How ``f`` (a model's ``main``) takes its weights, as JSON data (``tilework.build`` keeps it
     in the executable's meta as ``weight_layout``): the param indices ``conv`` (conv weights
-    taken as ``conv_gemm.conv_weight_matrix``), ``transposed`` and ``packed``, the ``copies``
-    appended, the ``panel`` width of the packed ones, and ``num_inputs``; empty when it takes them as given."""
+    taken as ``conv_gemm.conv_weight_matrix``), ``depthwise`` (as ``depthwise_weight_matrix``),
+    ``transposed`` and ``packed``, the ``copies`` appended, the ``panel`` width of the packed
+    ones, and ``num_inputs``; empty when it takes them as given."""
     out: dict[str, Any] = {}
     if f.attrs.get(CONV_WEIGHTS):
         out["conv"] = [int(i) for i in f.attrs[CONV_WEIGHTS]]
+    if f.attrs.get(DEPTHWISE):
+        out["depthwise"] = [int(i) for i in f.attrs[DEPTHWISE]]
     if f.attrs.get(TRANSPOSED):
         out["transposed"] = [int(i) for i in f.attrs[TRANSPOSED]]
     if f.attrs.get(ATTR):
@@ -226,6 +229,8 @@ def lay_out_weights(layout: Mapping[str, Any], weights: Sequence[np.ndarray]) ->
     out = list(weights)
     for i in layout.get("conv", ()):
         out[i - first] = conv_weight_matrix(out[i - first])
+    for i in layout.get("depthwise", ()):
+        out[i - first] = depthwise_weight_matrix(out[i - first])
     for i in layout.get("transposed", ()):
         out[i - first] = np.ascontiguousarray(np.asarray(out[i - first]).T)
     for i in layout.get("packed", ()):
