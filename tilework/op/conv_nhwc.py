@@ -27,6 +27,7 @@ from tilework import te
 from tilework.ir import sym
 from tilework.ir.graph import Call, Expr
 from tilework.ir.info import StructInfo, TensorInfo, shape_str
+from tilework.ir.sym import Dim
 from tilework.ir.loop import Scalar
 from tilework.op.base import InferCtx, Op, OpPattern, make_call, register, require_equal, require_float, tensor_arg
 from tilework.op.conv import _call_gather, _ints_attr, _inside, _require_positive, conv_out_len
@@ -36,19 +37,28 @@ if TYPE_CHECKING:
     from tilework.transform.legalize import LegalizeCtx
 
 
+def _window(call: Call, ctx: InferCtx, size_attr: str) -> tuple[Sequence[int], ...]:
+    """The (size, strides, padding, dilation) attrs of a channel-last window op."""
+    return (_ints_attr(call, size_attr, 2, ctx, 1), _ints_attr(call, "strides", 2, ctx, 1), _ints_attr(call, "padding", 4, ctx, 0), _ints_attr(call, "dilation", 2, ctx, 1))
+
+
+def _out_spatial(shape: Sequence[Dim], window: tuple[Sequence[int], ...], ctx: InferCtx) -> tuple[Dim, ...]:
+    """The output height and width of a window over the ``[batch, height, width, channels]`` ``shape``."""
+    size, strides, padding, dilation = window
+    spatial = tuple(conv_out_len(shape[1 + i], size[i], strides[i], padding[i], padding[2 + i], dilation[i]) for i in range(2))
+    _require_positive(spatial, ctx, "output spatial shape")
+    return spatial
+
+
 def _infer_im2col(call: Call, ctx: InferCtx) -> StructInfo:
     x = tensor_arg(call, 0, ctx)
-    kernel = _ints_attr(call, "kernel", 2, ctx, 1)
-    strides = _ints_attr(call, "strides", 2, ctx, 1)
-    padding = _ints_attr(call, "padding", 4, ctx, 0)
-    dilation = _ints_attr(call, "dilation", 2, ctx, 1)
+    window = _window(call, ctx, "kernel")
     if x.ndim not in (-1, 4):
         raise ctx.shape_error(f"input must be 4-D [batch, height, width, channels], got shape {shape_str(x.shape)}")
     if x.shape is None:
         return TensorInfo(None, x.dtype, 4)
-    spatial = tuple(conv_out_len(x.shape[1 + i], kernel[i], strides[i], padding[i], padding[2 + i], dilation[i]) for i in range(2))
-    _require_positive(spatial, ctx, "output spatial shape")
-    return TensorInfo((x.shape[0], *spatial, sym.mul(x.shape[3], kernel[0] * kernel[1])), x.dtype)
+    kernel = window[0]
+    return TensorInfo((x.shape[0], *_out_spatial(x.shape, window, ctx), sym.mul(x.shape[3], kernel[0] * kernel[1])), x.dtype)
 
 
 def _padded_nhwc(ctx: "LegalizeCtx", value: Expr, x: te.Tensor, padding: Sequence[int], fill: float, hint: str) -> tuple[Expr, te.Tensor]:
@@ -105,17 +115,12 @@ register(Op("im2col", _infer_im2col, OpPattern.INJECTIVE, attrs={"kernel": None,
 def _infer_max_pool_nhwc(call: Call, ctx: InferCtx) -> StructInfo:
     x = tensor_arg(call, 0, ctx)
     require_float(x, ctx)
-    size = _ints_attr(call, "pool_size", 2, ctx, 1)
-    strides = _ints_attr(call, "strides", 2, ctx, 1)
-    padding = _ints_attr(call, "padding", 4, ctx, 0)
-    dilation = _ints_attr(call, "dilation", 2, ctx, 1)
+    window = _window(call, ctx, "pool_size")
     if x.ndim not in (-1, 4):
         raise ctx.shape_error(f"input must be 4-D [batch, height, width, channels], got shape {shape_str(x.shape)}")
     if x.shape is None:
         return TensorInfo(None, x.dtype, 4)
-    spatial = tuple(conv_out_len(x.shape[1 + i], size[i], strides[i], padding[i], padding[2 + i], dilation[i]) for i in range(2))
-    _require_positive(spatial, ctx, "output spatial shape")
-    return TensorInfo((x.shape[0], *spatial, x.shape[3]), x.dtype)
+    return TensorInfo((x.shape[0], *_out_spatial(x.shape, window, ctx), x.shape[3]), x.dtype)
 
 
 def _legalize_max_pool_nhwc(call: Call, ctx: "LegalizeCtx") -> Expr:
@@ -152,10 +157,8 @@ def _infer_depthwise_nhwc(call: Call, ctx: InferCtx) -> StructInfo:
         raise ctx.error(f"takes (x, weight) or (x, weight, bias), got {len(call.args)} argument(s)")
     x, w = tensor_arg(call, 0, ctx), tensor_arg(call, 1, ctx)
     require_float(x, ctx)
-    kernel = _ints_attr(call, "kernel", 2, ctx, 1)
-    strides = _ints_attr(call, "strides", 2, ctx, 1)
-    padding = _ints_attr(call, "padding", 4, ctx, 0)
-    dilation = _ints_attr(call, "dilation", 2, ctx, 1)
+    window = _window(call, ctx, "kernel")
+    kernel = window[0]
     if x.ndim not in (-1, 4) or w.ndim not in (-1, 2):
         raise ctx.shape_error(f"takes x [batch, height, width, channels] and weight [taps, channels], got shapes {shape_str(x.shape)} and {shape_str(w.shape)}")
     if x.shape is None:
@@ -163,9 +166,7 @@ def _infer_depthwise_nhwc(call: Call, ctx: InferCtx) -> StructInfo:
     if w.shape is not None:
         require_equal(w.shape[0], kernel[0] * kernel[1], ctx, f"weight {shape_str(w.shape)} must hold {kernel[0] * kernel[1]} taps")
         require_equal(w.shape[1], x.shape[3], ctx, f"channels of weight {shape_str(w.shape)} and input {shape_str(x.shape)} differ")
-    spatial = tuple(conv_out_len(x.shape[1 + i], kernel[i], strides[i], padding[i], padding[2 + i], dilation[i]) for i in range(2))
-    _require_positive(spatial, ctx, "output spatial shape")
-    return TensorInfo((x.shape[0], *spatial, x.shape[3]), x.dtype)
+    return TensorInfo((x.shape[0], *_out_spatial(x.shape, window, ctx), x.shape[3]), x.dtype)
 
 
 def _legalize_depthwise_nhwc(call: Call, ctx: "LegalizeCtx") -> Expr:
