@@ -343,6 +343,30 @@ def test_q8_0_tiles_of_eight_rows_give_the_loops_bits(rng: np.random.Generator, 
             np.testing.assert_array_equal(Q.qlinear(x, interleave_rows(b, "q8_0"), "q8_0x16"), y)
 
 
+@pytest.mark.parametrize("fmt", ["q4_0", "q4_1"])
+@pytest.mark.parametrize("n", [1, 13, 48])
+def test_q4_tiles_of_eight_rows_give_the_loops_bits(rng: np.random.Generator, fmt: str, n: int) -> None:
+    """q4_0 and q4_1 without AVX-512 run tiles of 8 W rows over every row of x (in passes of
+    16), the nibbles unpacked once a block: at 1, 3, 5, 8, 16, 17 rows, on plain and
+    interleaved rows, a ragged last tile, and nibbles of 15 against activations of +-127 (the
+    widest pair sums), the bits of the portable loop."""
+    k = 576 if n == 48 else 96
+    b, _ = blocks(rng, fmt, n, k)
+    at = 2 if fmt == "q4_0" else 4
+    b[0, at : at + 16] = 0xFF  # a block of 15s
+    wf = dequantize(b, GGML[fmt]).reshape(n, k).astype(np.float32)
+    for m in (1, 3, 5, 8, 16, 17):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        x[:, :32] = np.where(rng.random((m, 32)) < 0.5, -1.0, 1.0)  # quantizes to +-127
+        y = Q.qlinear(x, b, fmt)
+        assert_int8_matches(y, x, b, fmt, wf)
+        np.testing.assert_array_equal(y, Q.qlinear(x, b, fmt, portable=True))
+        for i in (0, m - 1):
+            np.testing.assert_array_equal(Q.qlinear(x[i : i + 1], b, fmt)[0], y[i])
+        if n % 16 == 0:
+            np.testing.assert_array_equal(Q.qlinear(x, interleave_rows(b, fmt), fmt + "x16"), y)
+
+
 def test_interleaved_rows_need_whole_groups(rng: np.random.Generator) -> None:
     b, _ = blocks(rng, "q4_1", 24, 64)
     with pytest.raises(ValueError, match="multiple of 16 rows"):

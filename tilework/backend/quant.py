@@ -19,7 +19,8 @@ plus float32 rounding; about 1e-3 relative. The float32 operations are the same 
 whatever else is in the call. bf16, f16, q4_k and q6_k multiply in float32 with the weights
 decoded exactly (``x`` is not quantized): ``x @ dequantize(w).T`` up to float32 rounding.
 AVX-512 where the CPU has it, portable C otherwise (its integer dot products in AVX2 where the
-CPU has that, q8_0 in tiles of 8 weight rows, each block read once for every row of ``x``).
+CPU has that, q8_0, q4_0 and q4_1 in tiles of 8 weight rows, each block read once for every
+row of ``x``).
 
 Capability ``quant.linear``: any ``quant_linear`` whose ``x`` is float32 with a known rank and
 whose blocks are a 2-D uint8 tensor. It lowers to ``call_lib("quant.linear.<fmt>", x, w,

@@ -38,9 +38,10 @@
  * Both paths have AVX-512 kernels (F + BW, F16C; VNNI where present) and portable ones (any
  * C99 compiler; define TW_QUANT_PORTABLE to force them). Without AVX-512 but with AVX2 the
  * portable integer path takes each block's dot products with a row of x in AVX2 (vpmaddubsw +
- * vpmaddwd: the same int32 sums, so the same bits); q8_0 (plain and x16, with FMA and F16C)
- * runs tiles of 8 W rows instead, each block loaded once for every row of x and the 8 rows'
- * sums side by side in a vector (twq_q8_tile).
+ * vpmaddwd: the same int32 sums, so the same bits); q8_0, q4_0 and q4_1 (plain and x16, with
+ * FMA and F16C) run tiles of 8 W rows instead, each block loaded (and its nibbles unpacked)
+ * once for every row of x and the 8 rows' sums side by side in a vector (twq_q8_tile,
+ * twq_q4_tile).
  *
  * Entry points: tw_qlinear_<fmt>(x, w, y, M, N, K) for q4_0 q4_1 q8_0 bf16 f16 q4_k q6_k
  * q4_0x16 q4_1x16 q8_0x16, and tw_qlinear_add_<fmt>(x, w, r, y, M, N, K): y = x @ W.T + r;
@@ -1142,6 +1143,85 @@ static void twq_q8_tile(int x16, const twq_xq* xq, const uint8_t* w, int64_t rb,
         }
     }
 }
+
+/* q4_0 / q4_1 with AVX2: twq_q8_tile's scheme. Each block of the 8 W rows is unpacked once
+ * (mask and shift) into the interleaved form, vector t lane i = the nibbles of weights
+ * 4t..4t+3 of row i (x16: the low nibbles of payload vector t, then the high ones; plain rows:
+ * each row's 32 nibbles in order, transposed by twq_t8x8), and serves every row of x: the
+ * nibbles are vpmaddubsw's unsigned side, x's 4 bytes broadcast the signed one. With the
+ * block's corr (q4_0: -8 * sum(q)) the 8 lanes hold the loop's int32 sums, and the float
+ * update (q4_1: then fma(m_w, cx)) runs lane by lane as the loop's: the same bits. */
+static void twq_q4_tile(int fmt, int x16, const twq_xq* xq, const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, float* y, int64_t M, int64_t N) {
+    const int64_t nb = xq->nb, nbytes = twq_nbytes[fmt], head = fmt == TWQ_Q4_1 ? 4 : 2;
+    const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0F);
+    const uint8_t* rows[8];
+    for (int i = 0; i < 8; ++i) rows[i] = w + (n0 + (i < nr ? i : nr - 1)) * rb;
+    const uint8_t* grp = w + (n0 - n0 % 16) * rb; /* x16: the group, the tile its half n0 % 16 / 8 */
+    const int64_t half = n0 % 16 / 8;
+    const char* ahead = (const char*)(w + (n0 + 8 * TWQ_Q8_AHEAD) * rb);
+    const int64_t step = (8 * rb + nb - 1) / nb;
+    for (int64_t r0 = 0; r0 < M; r0 += 16) {
+        const int64_t rn = M - r0 < 16 ? M - r0 : 16;
+        __m256 acc[16];
+        for (int64_t r = 0; r < rn; ++r) acc[r] = _mm256_setzero_ps();
+        for (int64_t j = 0; j < nb; ++j) {
+            if (r0 == 0)
+                for (int64_t o = 0; o < step; o += 64) _mm_prefetch(ahead + j * step + o, _MM_HINT_T0);
+            __m256i wq[8];
+            __m256 dw, mw = _mm256_setzero_ps();
+            if (x16) {
+                const uint8_t* b = grp + j * 16 * nbytes;
+                dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(b + 16 * half)));
+                if (fmt == TWQ_Q4_1) mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(b + 32 + 16 * half)));
+                for (int t = 0; t < 4; ++t) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i*)(b + 16 * head + 64 * t + 32 * half));
+                    wq[t] = _mm256_and_si256(v, low);
+                    wq[t + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                }
+            } else {
+                uint16_t h[8], hm[8];
+                for (int i = 0; i < 8; ++i) {
+                    const uint8_t* b = rows[i] + j * nbytes;
+                    h[i] = twq_u16(b);
+                    hm[i] = fmt == TWQ_Q4_1 ? twq_u16(b + 2) : 0;
+                    const __m128i v = _mm_loadu_si128((const __m128i*)(b + head));
+                    wq[i] = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1), low);
+                }
+                dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)h));
+                if (fmt == TWQ_Q4_1) mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)hm));
+                if (M == 1) { /* one row of x: a vector a W row, summed across (cheaper than the transpose) */
+                    const __m256i qv = _mm256_loadu_si256((const __m256i*)(xq->q + 32 * j));
+                    __m256i p[8];
+                    for (int i = 0; i < 8; ++i) p[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(wq[i], qv), ones);
+                    const __m256i s = _mm256_add_epi32(twq_sum8(p), _mm256_set1_epi32(xq->corr[j]));
+                    acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(xq->d[j])), acc[0]);
+                    if (fmt == TWQ_Q4_1) acc[0] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xq->cx[j]), acc[0]);
+                    continue;
+                }
+                twq_t8x8(wq);
+            }
+            for (int64_t r = 0; r < rn; ++r) {
+                const int64_t at = (r0 + r) * nb + j;
+                const int8_t* q = xq->q + (r0 + r) * xq->K + 32 * j;
+                __m256i s = _mm256_set1_epi32(xq->corr[at]);
+                for (int t = 0; t < 8; ++t)
+                    s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(wq[t], _mm256_set1_epi32(twq_i32(q + 4 * t))), ones));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(xq->d[at])), acc[r]);
+                if (fmt == TWQ_Q4_1) acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xq->cx[at]), acc[r]);
+            }
+        }
+        for (int64_t r = 0; r < rn; ++r) {
+            float* yr = y + (r0 + r) * N + n0;
+            if (nr == 8) {
+                _mm256_storeu_ps(yr, acc[r]);
+                continue;
+            }
+            float v[8];
+            _mm256_storeu_ps(v, acc[r]);
+            for (int64_t i = 0; i < nr; ++i) yr[i] = v[i];
+        }
+    }
+}
 #endif
 
 /* The integer path in plain C: every output, block by block, the sequence of the file header;
@@ -1160,6 +1240,9 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
         if (fmt == TWQ_Q8_0) {
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < (N + 7) / 8; ++t) twq_q8_tile(x16, xq, w, rb, 8 * t, N - 8 * t < 8 ? N - 8 * t : 8, y, M, N);
+        } else if (fmt == TWQ_Q4_0 || fmt == TWQ_Q4_1) {
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < (N + 7) / 8; ++t) twq_q4_tile(fmt, x16, xq, w, rb, 8 * t, N - 8 * t < 8 ? N - 8 * t : 8, y, M, N);
         } else
 #endif
 #pragma omp for schedule(static)
