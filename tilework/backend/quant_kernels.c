@@ -1073,6 +1073,26 @@ static inline void twq_t8x8(__m256i* r) {
     }
 }
 
+/* Where the 8 weight rows n0 .. n0 + nr - 1 of a tile are (past nr: the last one again), their
+ * x16 group and the tile's half of it, and the prefetch stream of the next tiles, spread over
+ * the nb blocks (twq_q8_tile and twq_q4_tile). */
+typedef struct {
+    const uint8_t* rows[8];
+    const uint8_t* grp;
+    int64_t half, step;
+    const char* ahead;
+} twq_tile;
+
+static twq_tile twq_tile_at(const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, int64_t nb) {
+    twq_tile t;
+    for (int i = 0; i < 8; ++i) t.rows[i] = w + (n0 + (i < nr ? i : nr - 1)) * rb;
+    t.grp = w + (n0 - n0 % 16) * rb;
+    t.half = n0 % 16 / 8;
+    t.ahead = (const char*)(w + (n0 + 8 * TWQ_Q8_AHEAD) * rb);
+    t.step = (8 * rb + nb - 1) / nb;
+    return t;
+}
+
 /* q8_0 with AVX2: all rows of x against the 8 W rows n0 .. n0+8 (nr valid; past them the last
  * again). Each block of the 8 rows is loaded once (plain rows transposed by twq_t8x8) into the
  * interleaved form, vector t lane i = weights 4t..4t+3 of row i, with |w| for vpmaddubsw's
@@ -1084,12 +1104,11 @@ static inline void twq_t8x8(__m256i* r) {
 static void twq_q8_tile(int x16, const twq_xq* xq, const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, float* y, int64_t M, int64_t N) {
     const int64_t nb = xq->nb, nbytes = twq_nbytes[TWQ_Q8_0];
     const __m256i ones = _mm256_set1_epi16(1);
-    const uint8_t* rows[8];
-    for (int i = 0; i < 8; ++i) rows[i] = w + (n0 + (i < nr ? i : nr - 1)) * rb;
-    const uint8_t* grp = w + (n0 - n0 % 16) * rb; /* x16: the group, the tile its half n0 % 16 / 8 */
-    const int64_t half = n0 % 16 / 8;
-    const char* ahead = (const char*)(w + (n0 + 8 * TWQ_Q8_AHEAD) * rb);
-    const int64_t step = (8 * rb + nb - 1) / nb;
+    const twq_tile t = twq_tile_at(w, rb, n0, nr, nb);
+    const uint8_t* const* rows = t.rows;
+    const uint8_t* grp = t.grp;
+    const int64_t half = t.half, step = t.step;
+    const char* ahead = t.ahead;
     for (int64_t r0 = 0; r0 < M; r0 += 16) {
         const int64_t rn = M - r0 < 16 ? M - r0 : 16;
         __m256 acc[16];
@@ -1154,12 +1173,11 @@ static void twq_q8_tile(int x16, const twq_xq* xq, const uint8_t* w, int64_t rb,
 static void twq_q4_tile(int fmt, int x16, const twq_xq* xq, const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, float* y, int64_t M, int64_t N) {
     const int64_t nb = xq->nb, nbytes = twq_nbytes[fmt], head = fmt == TWQ_Q4_1 ? 4 : 2;
     const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0F);
-    const uint8_t* rows[8];
-    for (int i = 0; i < 8; ++i) rows[i] = w + (n0 + (i < nr ? i : nr - 1)) * rb;
-    const uint8_t* grp = w + (n0 - n0 % 16) * rb; /* x16: the group, the tile its half n0 % 16 / 8 */
-    const int64_t half = n0 % 16 / 8;
-    const char* ahead = (const char*)(w + (n0 + 8 * TWQ_Q8_AHEAD) * rb);
-    const int64_t step = (8 * rb + nb - 1) / nb;
+    const twq_tile t = twq_tile_at(w, rb, n0, nr, nb);
+    const uint8_t* const* rows = t.rows;
+    const uint8_t* grp = t.grp;
+    const int64_t half = t.half, step = t.step;
+    const char* ahead = t.ahead;
     for (int64_t r0 = 0; r0 < M; r0 += 16) {
         const int64_t rn = M - r0 < 16 ? M - r0 : 16;
         __m256 acc[16];
