@@ -8,7 +8,9 @@ integer/float helpers whose semantics the interpreter (``tilework.codegen.interp
   defined for every operand (no trap: docs/semantics.md); ``tw_check_nonzero`` flags a zero
   divisor where the framework raises.
 - ``tw_fdiv*``/``tw_fmod*``: NumPy's float ``floor_divide`` and ``remainder`` (``npy_divmod``).
-- ``tw_max*``/``tw_min*``: NaN-propagating, like ``np.maximum``/``np.minimum``.
+- ``tw_max*``/``tw_min*``: NaN-propagating, like ``np.maximum``/``np.minimum``; two selects, not
+  ``a > b || a != a``, whose short circuit kept GCC from vectorizing a loop with a chain of them
+  (a max pool's taps, a hardswish epilogue's clamp after a depthwise conv).
 - ``tw_exp_f`` (within 1 ulp), ``tw_tanh_f`` and ``tw_erf_f`` (within 2 ulp): float32 math
   written so that the C compiler inlines and vectorizes it (libm's are opaque calls); the
   interpreter's NumPy functions may differ in the last bits.
@@ -119,8 +121,8 @@ static inline int64_t tw_max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
 static inline int64_t tw_abs_i64(int64_t a) { return a < 0 ? -a : a; }
 
 #define TW_FLOAT_HELPERS(T, S, FMOD, FLOOR, COPYSIGN)                                  \
-    static inline T tw_max##S(T a, T b) { return (a > b || a != a) ? a : b; }          \
-    static inline T tw_min##S(T a, T b) { return (a < b || a != a) ? a : b; }          \
+    static inline T tw_max##S(T a, T b) { T m = a > b ? a : b; return a != a ? a : m; } \
+    static inline T tw_min##S(T a, T b) { T m = a < b ? a : b; return a != a ? a : m; } \
     static inline T tw_fmod##S(T a, T b) {                                             \
         T m = FMOD(a, b);                                                              \
         if (b == 0) return m;                                                          \
