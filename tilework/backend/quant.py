@@ -18,9 +18,11 @@ plus float32 rounding; about 1e-3 relative. The float32 operations are the same 
 (up to 8 rows), the GEMM (prefill) and the portable build, so a row's result has the same bits
 whatever else is in the call. bf16, f16, q4_k and q6_k multiply in float32 with the weights
 decoded exactly (``x`` is not quantized): ``x @ dequantize(w).T`` up to float32 rounding.
-AVX-512 where the CPU has it, portable C otherwise (its integer dot products in AVX2 where the
-CPU has that, q8_0, q4_0 and q4_1 in tiles of 8 weight rows, each block read once for every
-row of ``x``).
+AVX-512 where the CPU has it, portable C otherwise, with AVX2 (+ FMA, F16C) parts where the CPU
+has that: the integer path's dot products (q8_0, q4_0 and q4_1 in tiles of 8 weight rows, each
+block read once for every row of ``x``), and bf16 and f16 (``quant_float_avx2.c``, spliced into
+the source by ``source``: a GEMV over groups of W rows decoded in registers, and for prefill a
+packed GEMM with a 6 x 16 FMA micro-kernel); q4_k and q6_k keep the portable float kernels.
 
 Capability ``quant.linear``: any ``quant_linear`` whose ``x`` is float32 with a known rank and
 whose blocks are a 2-D uint8 tensor. It lowers to ``call_lib("quant.linear.<fmt>", x, w,
@@ -36,6 +38,7 @@ addresses in one per-thread argument block: about a microsecond of Python per ca
 from __future__ import annotations
 
 import ctypes
+import re
 import threading
 from dataclasses import dataclass
 from importlib import resources
@@ -60,6 +63,7 @@ from tilework.runtime.extern import register_extern, register_extern_check
 FORMATS = ("q4_0", "q4_1", "q8_0", "bf16", "f16", "q4_k", "q6_k", "q4_0x16", "q4_1x16", "q8_0x16")  # the C codes' order
 INT8_FORMATS = ("q4_0", "q4_1", "q8_0", "q4_0x16", "q4_1x16", "q8_0x16")  # the integer path: x quantized to 8-bit blocks of 32
 SOURCE = "quant_kernels.c"
+_INCLUDE = re.compile(r'^#include "(quant_[a-z0-9_]+\.c)".*$', re.M)  # the parts of SOURCE that source() splices in
 _ERRORS = {
     1: "a null data pointer",
     2: "a negative size, or in_features not a multiple of the format's block",
@@ -79,9 +83,12 @@ def extern_symbol(fmt: str, add: bool = False) -> str:
 
 
 def source(portable: bool = False, vnni: bool = True) -> str:
-    """The C source; ``portable`` compiles the plain-C kernels even where AVX-512 exists,
-    ``vnni=False`` the AVX-512BW integer dot products even where VNNI exists."""
-    text = resources.files("tilework.backend").joinpath(SOURCE).read_text()
+    """The C source, one translation unit: ``SOURCE`` with each of its ``#include "quant_*.c"``
+    lines replaced by that file (``quant_float_avx2.c``). ``portable`` compiles the plain-C
+    kernels even where AVX-512 or AVX2 exists, ``vnni=False`` the AVX-512BW integer dot products
+    even where VNNI exists."""
+    files = resources.files("tilework.backend")
+    text = _INCLUDE.sub(lambda m: files.joinpath(m.group(1)).read_text(), files.joinpath(SOURCE).read_text())
     if not vnni:
         text = "#define TW_QUANT_NO_VNNI 1\n" + text
     return "#define TW_QUANT_PORTABLE 1\n" + text if portable else text
@@ -384,7 +391,7 @@ def _cpu_flags() -> set[str]:
 
 def _available() -> tuple[bool, str]:
     flags = _cpu_flags()
-    kind = "AVX-512" if {"avx512f", "avx512bw", "f16c"} <= flags else "portable C (AVX2 integer dot products)" if "avx2" in flags else "portable C"
+    kind = "AVX-512" if {"avx512f", "avx512bw", "f16c"} <= flags else "portable C with AVX2 (bf16, f16, integer dot products)" if {"avx2", "fma", "f16c"} <= flags else "portable C"
     try:
         toolchain.compiler_command()
     except BuildError as e:

@@ -36,7 +36,10 @@
  *   time: 128 KiB, in L2) and a 12 x 32 register-blocked outer-product FMA kernel runs over it;
  *   panels (and, when there are too few of them, chunks of x rows) are spread over the threads.
  * Both paths have AVX-512 kernels (F + BW, F16C; VNNI where present) and portable ones (any
- * C99 compiler; define TW_QUANT_PORTABLE to force them). Without AVX-512 but with AVX2 the
+ * C99 compiler; define TW_QUANT_PORTABLE to force them). Without AVX-512 but with AVX2, FMA and
+ * F16C, bf16 and f16 run the kernels of quant_float_avx2.c (TWQ_A2F: a GEMV over groups of 4 or
+ * 2 W rows, a packed GEMM with a 6 x 16 micro-kernel; see that file), which tilework's quant.py
+ * splices in at its #include below (q4_k and q6_k keep the portable kernels). With AVX2 the
  * portable integer path takes each block's dot products with a row of x in AVX2 (vpmaddubsw +
  * vpmaddwd: the same int32 sums, so the same bits); q8_0, q4_0 and q4_1 (plain and x16, with
  * FMA and F16C) run tiles of 8 W rows instead, each block loaded (and its nibbles unpacked)
@@ -1324,6 +1327,8 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
 
 #endif /* TWQ_AVX512 */
 
+#include "quant_float_avx2.c" /* bf16 and f16 on AVX2 without AVX-512 (TWQ_A2F); spliced in by quant.py */
+
 /* ==== entry points ========================================================================== */
 
 static int twq_run(int fmt, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) {
@@ -1347,6 +1352,9 @@ static int twq_run(int fmt, const float* x, const uint8_t* w, float* y, int64_t 
         twq_free(scratch);
         return rc;
     }
+#ifdef TWQ_A2F
+    if (!twq_is_k(fmt)) return twq_a2_run(fmt, x, w, y, M, N, K, rb);
+#endif
     if (M <= TWQ_GEMV_MAX_M) {
         twq_gemv(fmt, x, w, y, M, N, K, rb);
         return 0;
@@ -1436,6 +1444,15 @@ double tw_quant_read_sum(const float* p, int64_t n) {
             a3 = _mm512_add_ps(a3, _mm512_loadu_ps(q + i + 48));
         }
         total += _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+#elif defined(TWQ_A2F)
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int i = 0; i < 4096; i += 32) {
+            a0 = _mm256_add_ps(a0, _mm256_loadu_ps(q + i));
+            a1 = _mm256_add_ps(a1, _mm256_loadu_ps(q + i + 8));
+            a2 = _mm256_add_ps(a2, _mm256_loadu_ps(q + i + 16));
+            a3 = _mm256_add_ps(a3, _mm256_loadu_ps(q + i + 24));
+        }
+        total += twq_a2_hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 #else
         float s = 0.0f;
         for (int i = 0; i < 4096; ++i) s += q[i];

@@ -46,6 +46,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from tilework.backend.quant import source as quant_source
 from tilework.codegen.c.emit import emit_module
 from tilework.codegen.c.toolchain import compiler_flags
 from tilework.errors import BuildError, TileworkError
@@ -302,7 +303,10 @@ def export_c(
     (out / "model.c").write_text(model_c)
     extra = extra_sources(externs)
     for name in extra:
-        _copy_resource(name, "tilework.backend" if name == "quant_kernels.c" else "tilework.export.c", out / name)
+        if name == "quant_kernels.c":
+            (out / name).write_text(quant_source())  # one file: its AVX2 part spliced in
+        else:
+            _copy_resource(name, "tilework.export.c", out / name)
     for name in RUNTIME_FILES + (LLM_FILES if llm else ()):
         _copy_resource(name, "tilework.export.c", out / name)
     if llm:

@@ -2,8 +2,9 @@
 
 - ``quant.linear.<fmt>`` and ``quant.linear_add.<fmt>`` (the ``quant`` backend):
   ``tw_qlinear_<fmt>`` and ``tw_qlinear_add_<fmt>`` of
-  ``tilework/backend/quant_kernels.c``, which the export ships as it is (plain C with AVX-512
-  paths): the same code the VM calls, so the results are the same bits.
+  ``tilework/backend/quant_kernels.c``, which the export ships as the VM's library compiles it
+  (``quant.source()``: plain C with AVX-512 and AVX2 paths, ``quant_float_avx2.c`` spliced in):
+  the same code the VM calls, so the results are the same bits.
 - ``blas.<f32|f64>.<kind>`` (the ``blas`` backend): tilework's portable C loops in
   ``c/tw_blas.c``. The exported library does not link a BLAS (so it builds anywhere with a C
   compiler); the summation order differs from the OpenBLAS the VM calls, so these regions

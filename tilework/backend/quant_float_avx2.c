@@ -1,0 +1,253 @@
+/* tilework's quant backend: the float path of bf16 and f16 rows on AVX2 (+ FMA, F16C), for
+ * CPUs without AVX-512. Not a translation unit of its own: tilework/backend/quant.py's source()
+ * splices it into quant_kernels.c at that file's #include of it, after the scalars, the scratch
+ * helpers and the portable kernels (which keep q4_k and q6_k), before the entry points.
+ *
+ * The weights are decoded exactly (bf16: zero-extended and shifted up 16 bits; f16: vcvtph2ps)
+ * and multiplied in float32, so the results are x @ dequantize(w).T up to float32 rounding: they
+ * differ from the portable kernels' only by the order of the sums.
+ * - GEMV (M <= TWQ_A2_GEMV_MAX_M, decoding): groups of 4 W rows (2 from 3 rows of x on) over the
+ *   threads, each 8 weights decoded in a register once and multiplied with up to 4 rows of x
+ *   (more rows take passes over the group, which is in L1 by then); the group TWQ_A2_AHEAD on
+ *   is prefetched as the group is read.
+ * - GEMM (prefill): panels of 16 W rows decoded into a k-major float32 scratch (TWQ_A2_KC k at a
+ *   time: 24 KiB, in L1), and a 6 x 16 register-blocked outer-product FMA kernel (12 ymm
+ *   accumulators) runs the rows of x over it; panels, and chunks of x rows when there are too
+ *   few panels, are spread over the threads.
+ */
+#if defined(TWQ_AVX2) && defined(__FMA__) && defined(__F16C__)
+#define TWQ_A2F 1
+
+#ifndef TWQ_A2_GEMV_MAX_M
+#define TWQ_A2_GEMV_MAX_M 8 /* measured: see the commit that set it */
+#endif
+#define TWQ_A2_AHEAD 4 /* GEMV groups prefetched ahead */
+#define TWQ_A2_MR 4    /* most x rows per GEMV pass */
+#define TWQ_A2_PN 16   /* W rows per GEMM panel: two ymm of outputs */
+#define TWQ_A2_PM 6    /* x rows per GEMM micro-kernel */
+#define TWQ_A2_KC 384  /* most k per packed panel: 16 x 384 floats, 24 KiB */
+
+/* Weights k .. k+7 of a bf16 or f16 row, exactly. */
+TWQ_INLINE __m256 twq_a2_w8(int fmt, const uint8_t* row, int64_t k) {
+    const __m128i h = _mm_loadu_si128((const __m128i*)(row + 2 * k));
+    if (fmt == TWQ_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
+}
+
+static inline float twq_a2_hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* ---- GEMV: rows n0 .. n0+NR of W against MR rows of x (row stride K); y row stride N -------- */
+TWQ_INLINE void twq_a2_gemv_tile(int fmt, int MR, int NR, const float* x, const uint8_t* w, int64_t rb,
+                                 float* y, int64_t N, int64_t K, int64_t n0) {
+    __m256 acc[TWQ_A2_MR][4];
+    const uint8_t* rows[4];
+#pragma GCC unroll 8
+    for (int c = 0; c < NR; ++c) rows[c] = w + (n0 + c) * rb;
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+        for (int c = 0; c < NR; ++c) acc[r][c] = _mm256_setzero_ps();
+    /* The group TWQ_A2_AHEAD groups on (contiguous rows; past the end is harmless), one line per
+     * row for each 32 weights read: the hardware prefetchers lose track of several short row
+     * streams at once. */
+    const char* ahead = (const char*)(rows[0] + TWQ_A2_AHEAD * NR * rb);
+    const int64_t k32 = K / 32 * 32, k8 = K / 8 * 8;
+    for (int64_t k = 0; k < k8; k += 8) {
+        if ((k & 31) == 0 && k < k32)
+#pragma GCC unroll 8
+            for (int c = 0; c < NR; ++c) _mm_prefetch(ahead + NR * 2 * k + 64 * c, _MM_HINT_T0);
+        __m256 xv[TWQ_A2_MR];
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) xv[r] = _mm256_loadu_ps(x + r * K + k);
+#pragma GCC unroll 8
+        for (int c = 0; c < NR; ++c) {
+            const __m256 wv = twq_a2_w8(fmt, rows[c], k);
+#pragma GCC unroll 8
+            for (int r = 0; r < MR; ++r) acc[r][c] = _mm256_fmadd_ps(wv, xv[r], acc[r][c]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+        for (int c = 0; c < NR; ++c) {
+            float v = twq_a2_hsum(acc[r][c]);
+            for (int64_t k = k8; k < K; ++k) v += x[r * K + k] * twq_weight1(fmt, rows[c], k);
+            y[r * N + n0 + c] = v;
+        }
+}
+
+#define TWQ_A2_GEMV_FN(FMT, MR, NR) \
+    static void twq_a2_gemv_##FMT##_##MR##_##NR(const float* x, const uint8_t* w, int64_t rb, float* y, int64_t N, int64_t K, int64_t n0) { \
+        twq_a2_gemv_tile(FMT, MR, NR, x, w, rb, y, N, K, n0); \
+    }
+#define TWQ_A2_GEMV_NR(FMT, NR) TWQ_A2_GEMV_FN(FMT, 1, NR) TWQ_A2_GEMV_FN(FMT, 2, NR) TWQ_A2_GEMV_FN(FMT, 3, NR) TWQ_A2_GEMV_FN(FMT, 4, NR)
+#define TWQ_A2_GEMV_FMT(FMT) TWQ_A2_GEMV_NR(FMT, 1) TWQ_A2_GEMV_NR(FMT, 2) TWQ_A2_GEMV_NR(FMT, 4)
+TWQ_A2_GEMV_FMT(TWQ_BF16)
+TWQ_A2_GEMV_FMT(TWQ_F16)
+
+typedef void (*twq_a2_gemv_fn)(const float*, const uint8_t*, int64_t, float*, int64_t, int64_t, int64_t);
+#define TWQ_A2_GEMV_ROW_NR(FMT, NR) {twq_a2_gemv_##FMT##_1_##NR, twq_a2_gemv_##FMT##_2_##NR, twq_a2_gemv_##FMT##_3_##NR, twq_a2_gemv_##FMT##_4_##NR}
+#define TWQ_A2_GEMV_ROW(FMT) {TWQ_A2_GEMV_ROW_NR(FMT, 1), TWQ_A2_GEMV_ROW_NR(FMT, 2), TWQ_A2_GEMV_ROW_NR(FMT, 4)}
+/* [bf16, f16][NR 1, 2, 4][MR - 1] */
+static const twq_a2_gemv_fn twq_a2_gemv_table[2][3][TWQ_A2_MR] = {TWQ_A2_GEMV_ROW(TWQ_BF16), TWQ_A2_GEMV_ROW(TWQ_F16)};
+
+/* Up to 2 rows of x: groups of 4 W rows (4 or 8 accumulators, enough to stream the weights at
+ * the memory's pace); more rows: groups of 2, in passes of up to 4 rows (8 accumulators, 4 x
+ * and a weight vector: 13 of the 16 ymm registers). */
+static void twq_a2_gemv(int fmt, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t rb) {
+    const int want = M <= 2 ? 4 : 2;
+    const int nr = N >= want ? want : 1;
+    const int64_t passes = (M + TWQ_A2_MR - 1) / TWQ_A2_MR, mr_max = (M + passes - 1) / passes; /* balanced: 5 rows as 3 + 2 */
+    const int64_t groups = (N + nr - 1) / nr;
+    const twq_a2_gemv_fn* fns = twq_a2_gemv_table[fmt == TWQ_BF16 ? 0 : 1][nr == 4 ? 2 : nr - 1];
+    const int par = N * rb >= TWQ_PAR_MIN_BYTES;
+    (void)par; /* used by OpenMP only */
+#pragma omp parallel for schedule(static) if (par)
+    for (int64_t g = 0; g < groups; ++g) {
+        /* the last group of a ragged N overlaps the one before: the same values are written */
+        const int64_t n0 = g * nr < N - nr ? g * nr : N - nr;
+        for (int64_t m0 = 0; m0 < M; m0 += mr_max) {
+            const int64_t mr = M - m0 < mr_max ? M - m0 : mr_max;
+            fns[mr - 1](x + m0 * K, w, rb, y + m0 * N, N, K, n0);
+        }
+    }
+}
+
+/* ---- GEMM: panels of 16 decoded W rows, k-major, and a 6 x 16 outer-product micro-kernel ---- */
+
+/* r[i] (row i, 8 floats) becomes column i. */
+TWQ_INLINE void twq_a2_t8x8(__m256* r) {
+    __m256 t[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; ++i) {
+        t[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
+        t[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
+    }
+    for (int i = 0; i < 8; ++i) r[i] = t[i];
+}
+
+/* Rows [n0, n0 + nr) (nr <= 16; the columns past them repeat the last row, their outputs are
+ * never stored), weights [k0, k0 + kc), into the panel p[k][16]. */
+TWQ_INLINE void twq_a2_pack(int fmt, const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, int64_t k0, int64_t kc, float* p) {
+    const uint8_t* rows[TWQ_A2_PN];
+    for (int c = 0; c < TWQ_A2_PN; ++c) rows[c] = w + (n0 + (c < nr ? c : nr - 1)) * rb;
+    const int64_t kc8 = kc / 8 * 8;
+    for (int64_t kk = 0; kk < kc8; kk += 8)
+        for (int h = 0; h < TWQ_A2_PN; h += 8) {
+            __m256 r[8];
+            for (int i = 0; i < 8; ++i) r[i] = twq_a2_w8(fmt, rows[h + i], k0 + kk);
+            twq_a2_t8x8(r);
+            for (int i = 0; i < 8; ++i) _mm256_store_ps(p + (kk + i) * TWQ_A2_PN + h, r[i]);
+        }
+    for (int64_t kk = kc8; kk < kc; ++kk)
+        for (int c = 0; c < TWQ_A2_PN; ++c) p[kk * TWQ_A2_PN + c] = twq_weight1(fmt, rows[c], k0 + kk);
+}
+
+#define TWQ_A2_PACK_FN(FMT) \
+    static void twq_a2_pack_##FMT(const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, int64_t k0, int64_t kc, float* p) { \
+        twq_a2_pack(FMT, w, rb, n0, nr, k0, kc, p); \
+    }
+TWQ_A2_PACK_FN(TWQ_BF16)
+TWQ_A2_PACK_FN(TWQ_F16)
+
+/* y[0..nr) (+)= the 16 outputs in v0, v1; m0, m1: the lanes below nr (twq_a2_mask). */
+TWQ_INLINE void twq_a2_store(float* y, __m256 v0, __m256 v1, __m256i m0, __m256i m1, int add) {
+    if (add) {
+        v0 = _mm256_add_ps(v0, _mm256_maskload_ps(y, m0));
+        v1 = _mm256_add_ps(v1, _mm256_maskload_ps(y + 8, m1));
+    }
+    _mm256_maskstore_ps(y, m0, v0);
+    _mm256_maskstore_ps(y + 8, m1, v1);
+}
+
+static inline __m256i twq_a2_mask(int64_t n) {
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n < 8 ? n : 8)), iota);
+}
+
+/* y[r][0..nr) (+)= x[r][0..kc) @ p[kc][16] for MR rows. */
+TWQ_INLINE void twq_a2_micro(int MR, const float* x, int64_t ldx, const float* p, int64_t kc, float* y, int64_t ldy, int64_t nr, int add) {
+    const __m256i m0 = twq_a2_mask(nr), m1 = twq_a2_mask(nr - 8);
+    __m256 a0[TWQ_A2_PM], a1[TWQ_A2_PM];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < kc; ++k) {
+        const __m256 b0 = _mm256_load_ps(p + TWQ_A2_PN * k), b1 = _mm256_load_ps(p + TWQ_A2_PN * k + 8);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+            const __m256 xr = _mm256_broadcast_ss(x + r * ldx + k);
+            a0[r] = _mm256_fmadd_ps(xr, b0, a0[r]);
+            a1[r] = _mm256_fmadd_ps(xr, b1, a1[r]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) twq_a2_store(y + r * ldy, a0[r], a1[r], m0, m1, add);
+}
+
+#define TWQ_A2_MICRO_FN(MR) \
+    static void twq_a2_micro_##MR(const float* x, int64_t ldx, const float* p, int64_t kc, float* y, int64_t ldy, int64_t nr, int add) { \
+        twq_a2_micro(MR, x, ldx, p, kc, y, ldy, nr, add); \
+    }
+TWQ_A2_MICRO_FN(1) TWQ_A2_MICRO_FN(2) TWQ_A2_MICRO_FN(3) TWQ_A2_MICRO_FN(4) TWQ_A2_MICRO_FN(5) TWQ_A2_MICRO_FN(6)
+typedef void (*twq_a2_micro_fn)(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t, int);
+static const twq_a2_micro_fn twq_a2_micro_table[TWQ_A2_PM] = {twq_a2_micro_1, twq_a2_micro_2, twq_a2_micro_3,
+                                                              twq_a2_micro_4, twq_a2_micro_5, twq_a2_micro_6};
+
+static int twq_a2_gemm(int fmt, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t rb) {
+    const int64_t nkb = (K + TWQ_A2_KC - 1) / TWQ_A2_KC;
+    const int64_t kc = ((K + nkb - 1) / nkb + 7) / 8 * 8;
+    const int64_t panels = (N + TWQ_A2_PN - 1) / TWQ_A2_PN, nth = twq_threads();
+    int64_t ntm = 1; /* chunks of x rows per panel: enough tiles for the threads */
+    while (panels * ntm < 2 * nth && M / (2 * ntm) >= TWQ_A2_PM) ntm *= 2;
+    const int64_t mc = ((M + ntm - 1) / ntm + TWQ_A2_PM - 1) / TWQ_A2_PM * TWQ_A2_PM;
+    const int64_t tiles = panels * ntm;
+    void (*pack)(const uint8_t*, int64_t, int64_t, int64_t, int64_t, int64_t, float*) = fmt == TWQ_BF16 ? twq_a2_pack_TWQ_BF16 : twq_a2_pack_TWQ_F16;
+    int failed = 0;
+#pragma omp parallel
+    {
+        float* p = twq_alloc(kc * TWQ_A2_PN);
+        if (p == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tiles; ++t) {
+            const int64_t n0 = (t / ntm) * TWQ_A2_PN, m0 = (t % ntm) * mc;
+            const int64_t m1 = m0 + mc < M ? m0 + mc : M;
+            if (p == NULL || m0 >= m1) continue;
+            const int64_t nr = N - n0 < TWQ_A2_PN ? N - n0 : TWQ_A2_PN;
+            for (int64_t k0 = 0; k0 < K; k0 += kc) {
+                const int64_t kn = K - k0 < kc ? K - k0 : kc;
+                pack(w, rb, n0, nr, k0, kn, p);
+                for (int64_t m = m0; m < m1; m += TWQ_A2_PM) {
+                    const int64_t mr = m1 - m < TWQ_A2_PM ? m1 - m : TWQ_A2_PM;
+                    twq_a2_micro_table[mr - 1](x + m * K + k0, K, p, kn, y + m * N + n0, N, nr, k0 > 0);
+                }
+            }
+        }
+        twq_free(p);
+    }
+    return failed ? TWQ_ENOMEM : 0;
+}
+
+/* bf16 and f16 rows (q4_k and q6_k keep the portable kernels). */
+static int twq_a2_run(int fmt, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t rb) {
+    if (M > TWQ_A2_GEMV_MAX_M) return twq_a2_gemm(fmt, x, w, y, M, N, K, rb);
+    twq_a2_gemv(fmt, x, w, y, M, N, K, rb);
+    return 0;
+}
+#endif
