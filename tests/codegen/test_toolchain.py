@@ -167,3 +167,28 @@ def test_unwritable_cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("TILEWORK_CACHE_DIR", str(blocker / "cache"))
     with pytest.raises(BuildError, match="set TILEWORK_CACHE_DIR to a writable directory"):
         build_library({"axpy": _axpy()})
+
+
+_BUILD_AXPY = """
+import numpy as np, tilework as tw
+from tilework import te
+from tilework.codegen import build_library
+n = tw.dim("n")
+x = te.placeholder((n,), "float32", "x"); y = te.placeholder((n,), "float32", "y")
+out = te.compute((n,), lambda i: x[i] * 5.0 + y[i], "out")
+lib = build_library({"axpy": te.create_func([x, y, out])})
+a = np.zeros(3, np.float32); lib["axpy"].run([np.arange(3, dtype=np.float32), np.ones(3, np.float32), a])
+print(a.tolist())
+"""
+
+
+def test_processes_building_the_same_kernels_at_once_compile_them_once(cache: Path, cc_log: Path, tmp_path: Path) -> None:
+    slow = tmp_path / "slow-cc"  # the compiler takes a second: both processes want the library while it builds
+    slow.write_text(f'#!/bin/sh\nsleep 1\nexec "{os.environ["CC"]}" "$@"\n')
+    slow.chmod(0o700)
+    env = {**os.environ, "CC": str(slow)}
+    procs = [subprocess.Popen([sys.executable, "-c", _BUILD_AXPY], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [e for _, e in outs]
+    assert [o.strip() for o, _ in outs] == ["[1.0, 6.0, 11.0]"] * 2
+    assert len(cc_log.read_text().splitlines()) == 1  # the second waited for the first's build and loaded it

@@ -10,6 +10,9 @@
   the recorded digest under the record of the key asked for; a truncated, swapped, planted or
   garbage entry is *set aside* (moved to ``bad/`` in the cache, with a ``CacheWarning``) and
   the caller rebuilds it. Records are checked the same way (a malformed record is no record).
+- One builder per entry: ``building(root, key)`` holds an exclusive lock (``flock`` on
+  ``locks/<key>.lock``) while an entry is made, so processes that want the same entry at once
+  (two starts of the same model, test workers) build it once: the others wait, then find it.
 - A cache directory we cannot write is used read-only: verified entries are used, nothing is
   written there, and new artifacts go to a private scratch directory of this process
   (``scratch_dir``), with one warning.
@@ -21,6 +24,7 @@ executables) build on these helpers rather than on paths of their own.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -32,7 +36,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from tilework.errors import BuildError
 
@@ -121,6 +125,29 @@ def load_shared_object(path: Path, data: bytes | None) -> ctypes.CDLL:
         return ctypes.CDLL(str(path))
     finally:
         copy.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def building(root: Path, key: str) -> Iterator[None]:
+    """Hold the cache's lock for the entry ``key`` while it is built: another process building
+    the same entry waits here until this one is done (then finds the entry, and builds nothing).
+    Without ``fcntl`` (not POSIX) or in a read-only cache there is no lock: each builds its own."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    if not writable(root):
+        yield
+        return
+    locks = root / "locks"
+    locks.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(locks / f"{key[:64]}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd is closed, also if the process dies
+        yield
+    finally:
+        os.close(fd)
 
 
 def write_atomic(path: Path, data: bytes) -> None:

@@ -18,7 +18,8 @@ and ``decode``, symbolic batch, length and pages), builds it with the ``quant`` 
 block formats and tilework's kernels for the rest, and keeps the executable in the cache
 directory (``$TILEWORK_CACHE_DIR/llm``, like the kernel cache) under a key of the config, the
 formats, the batch bound, the KV cache's dtype, tilework's code and the machine; the next start
-loads it (the kernels come from the kernel cache: no compiler runs). Weights are not in the
+loads it (the kernels come from the kernel cache: no compiler runs); a second process that
+wants the same model while it compiles waits for it (``tilework.codegen.cache.building``). Weights are not in the
 executable: they are passed at every call.
 
 ``KV_DTYPE_OF[precision]`` is the KV cache's default dtype: bfloat16 for ``bf16`` and ``q``
@@ -39,7 +40,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from tilework.codegen.cache import CacheWarning
+from tilework.codegen.cache import CacheWarning, building, cache_dir
 from tilework.errors import TileworkError
 from tilework.llm.config import LlmConfig
 from tilework.llm.model import LlamaDecoder, decoder_spec, merged_parts
@@ -108,16 +109,30 @@ def compiled_decoder(
     (``tilework.llm.kv_cache.KV_DTYPES``)."""
     say = progress or (lambda _msg: None)
     path = _cache_path(config, formats, max_batch, kv_dtype)
-    if use_cache and path.exists():
-        say("loading the compiled model")
-        try:
-            exe = Executable.load(str(path))
-            # our own entry in the private cache directory (its content hash checked on load),
-            # not a file from elsewhere: its kernel calls need no per-call argument checks
-            exe.untrusted = False
-            return exe
-        except TileworkError:
-            pass  # a stale or damaged entry: build again
+    if not use_cache:
+        return _build(config, formats, max_batch, kv_dtype, say, None)
+    exe = _load_cached(path, say)
+    if exe is not None:
+        return exe
+    with building(cache_dir(), path.stem):  # another process compiling this model: wait for it
+        return _load_cached(path, say) or _build(config, formats, max_batch, kv_dtype, say, path)
+
+
+def _load_cached(path: Path, say: Progress) -> Executable | None:
+    if not path.exists():
+        return None
+    say("loading the compiled model")
+    try:
+        exe = Executable.load(str(path))
+    except TileworkError:
+        return None  # a stale or damaged entry: build again
+    # our own entry in the private cache directory (its content hash checked on load), not a
+    # file from elsewhere: its kernel calls need no per-call argument checks
+    exe.untrusted = False
+    return exe
+
+
+def _build(config: LlmConfig, formats: Mapping[str, str], max_batch: int, kv_dtype: str, say: Progress, path: Path | None) -> Executable:
     if not _BUILDER:
         raise TileworkError("no compiler is registered: import tilework (tilework.driver registers tilework.build)")
     t0 = time.perf_counter()
@@ -128,7 +143,7 @@ def compiled_decoder(
     backends = ["quant", "codegen"] if formats else None
     exe = _BUILDER[0](module, backends=backends)
     exe.meta["llm"] = {"config": config.to_dict(), "max_batch": max_batch, "kv_dtype": kv_dtype, "compile_s": round(time.perf_counter() - t0, 2)}
-    if use_cache:
+    if path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             exe.save(str(path))
@@ -147,8 +162,6 @@ def register_builder(build: Callable[..., Executable]) -> None:
 
 
 def _cache_path(config: LlmConfig, formats: Mapping[str, str], max_batch: int, kv_dtype: str = "float32") -> Path:
-    from tilework.codegen.c.toolchain import cache_dir
-
     blob = json.dumps(
         {"config": config.to_dict(), "formats": sorted(formats.items()), "max_batch": max_batch, "kv_dtype": kv_dtype, "code": _code_identity(), "machine": platform.machine()},
         sort_keys=True,

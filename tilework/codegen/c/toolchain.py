@@ -240,6 +240,11 @@ def _compile_cached(source: str, functions: Mapping[str, tuple[int, int]], cmd: 
     found = _lookup(root, key)
     if found is not None:
         return found
+    with cache.building(root, key):
+        return _lookup(root, key) or _compile_new(source, functions, cmd, flags, key, units, root)
+
+
+def _compile_new(source: str, functions: Mapping[str, tuple[int, int]], cmd: list[str], flags: list[str], key: str, units: Sequence[CUnit], root: Path) -> CompileResult:
     keep = cache.writable(root)
     out_dir = root if keep else cache.scratch_dir(root)
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".build-") as tmp:
