@@ -21,9 +21,11 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from tilework.errors import BuildError, RuntimeCheckError, TileworkError
 from tilework.runtime import builtins as B
-from tilework.runtime.bytecode import VMFunction
+from tilework.runtime.bytecode import Instr, VMFunction
 from tilework.runtime.executable import Executable
 from tilework.runtime.extern import lookup_extern, lookup_extern_check
 from tilework.runtime.memory import Memory
@@ -80,17 +82,31 @@ class _Checked(_Loaded):
 
 
 class _Bound:
-    """The functions of an executable resolved against one ``Memory``: what one call runs."""
+    """The functions of an executable resolved against one ``Memory``: what one call runs.
+    ``variants`` holds the functions of ``VM.bind`` (their bound arguments' checks done once),
+    by (name, first bound param), made on first use."""
 
-    __slots__ = ("memory", "funcs", "kernels")
+    __slots__ = ("vm", "memory", "funcs", "kernels", "variants")
 
     def __init__(self, vm: "VM", memory: Memory) -> None:
+        self.vm = vm
         self.memory = memory
         self.kernels = vm.exe.kernel_callables(private=True)  # argument buffers of this set's own
-        cls = _Checked if vm.exe.untrusted else _Loaded
-        self.funcs = {name: cls(f) for name, f in vm.exe.functions.items()}
-        for loaded in self.funcs.values():
-            loaded.steps = [vm._resolve(self, loaded.fn, ins) for ins in loaded.fn.code]
+        self.funcs = {name: self.load(f) for name, f in vm.exe.functions.items()}
+        self.variants: dict[tuple[str, int], _Loaded] = {}
+
+    def load(self, fn: VMFunction) -> _Loaded:
+        loaded = (_Checked if self.vm.exe.untrusted else _Loaded)(fn)
+        loaded.steps = [self.vm._resolve(self, fn, ins) for ins in fn.code]
+        return loaded
+
+    def variant(self, name: str, lead: int) -> _Loaded:
+        key = (name, lead)
+        loaded = self.variants.get(key)
+        if loaded is None:
+            fn = self.funcs[name].fn
+            loaded = self.variants[key] = self.load(without_bound_checks(fn, lead)[0])
+        return loaded
 
 
 class VM:
@@ -146,13 +162,15 @@ class VM:
         except (ValueError, TypeError, KeyError, IndexError) as e:  # a file's malformed immediates
             raise BuildError(f"{fn.name}: the executable's call of {kind} {name!r} has malformed arguments {args!r}: {e}") from None
 
-    def _run(self, name: str, args: Sequence[Any]) -> Any:
+    def _run(self, name: str, args: Sequence[Any], lead: int | None = None) -> Any:
         """Run function ``name`` on ``args`` (arrays, in full), on the VM's own memory when it
-        is free, else on a spare."""
+        is free, else on a spare; ``lead``: the params from ``lead`` on are bound ones (``bind``),
+        already checked."""
         lock = self._lock
         if lock.acquire(False):
             try:
-                return self._own.funcs[name].invoke(*args)
+                own = self._own
+                return (own.funcs[name] if lead is None else own.variant(name, lead)).invoke(*args)
             except BaseException:
                 self.memory.reclaim()  # the failed call's pooled blocks go back to the pool
                 raise
@@ -163,7 +181,7 @@ class VM:
         except IndexError:
             bound = _Bound(self, Memory(track_live=self.track_live))
         try:
-            return bound.funcs[name].invoke(*args)
+            return (bound.funcs[name] if lead is None else bound.variant(name, lead)).invoke(*args)
         except BaseException:
             bound.memory.reclaim()
             raise
@@ -190,21 +208,28 @@ class VM:
     def bind(self, name: str, *trailing: Any) -> Callable[..., Any]:
         """Function ``name`` with its last parameters fixed to ``trailing`` (converted once):
         what a caller that passes the same weights at every call uses (an LLM step takes
-        hundreds of them). The result takes the leading parameters, NumPy in, NumPy out."""
+        hundreds of them). The result takes the leading parameters, NumPy in, NumPy out. The
+        bound values' static shapes and dtypes are checked here, once (an LLM's or a BERT's
+        weights: ~0.1 ms a call otherwise), not at every call; they are held as views of the
+        VM's own, so that no caller can reshape them afterwards."""
         loaded = self._funcs.get(name)
         if loaded is None:
             raise KeyError(f"no function {name!r} in the executable (it has: {', '.join(self._funcs)})")
         params = loaded.fn.params
         if len(trailing) > len(params):
             raise RuntimeCheckError(f"{name} takes {len(params)} argument(s), {len(trailing)} were bound")
-        fixed = [as_array(a) for a in trailing]
+        # views of our own: nobody else can change their shape or dtype after the check below
+        fixed = [a.view() if isinstance(a, np.ndarray) else a for a in map(as_array, trailing)]
         lead = len(params) - len(fixed)
+        for ins in without_bound_checks(loaded.fn, lead)[1]:  # the bound params' checks, once, here
+            _, _, (_, builtin), args = ins
+            B.BUILTINS[builtin](*[fixed[v - lead] if tag == "r" else v for tag, v in args])
         run = self._run
 
         def call(*args: Any) -> Any:
             if len(args) != lead:
                 raise RuntimeCheckError(f"{name} takes {lead} argument(s) ({', '.join(params[:lead])}) besides the bound ones, got {len(args)}")
-            return run(name, [*[as_array(a) for a in args], *fixed])
+            return run(name, [*[as_array(a) for a in args], *fixed], lead)
 
         call.__name__ = name
         return call
@@ -215,6 +240,40 @@ class VM:
     def memory_stats(self) -> dict[str, int]:
         """The allocator's counters (see ``tilework.runtime.memory.Memory.stats``)."""
         return self.memory.stats()
+
+
+def without_bound_checks(fn: VMFunction, lead: int) -> tuple[VMFunction, list[Instr]]:
+    """``fn`` for callers that fix its params from ``lead`` on (``VM.bind``), and the checks
+    that were taken out of it, to run once on the bound values: a ``vm_check_static_tensors``
+    of the prologue (before any jump, its registers not yet written) keeps only the params
+    before ``lead``, or becomes a jump to the next instruction when none is left."""
+    nparams = len(fn.params)
+    code = list(fn.code)
+    written: set[int] = set()
+    taken: list[Instr] = []
+    for pc, ins in enumerate(fn.code):
+        if ins[0] != "call":
+            break
+        _, dst, (kind, builtin), args = ins
+        if kind == "builtin" and builtin == "vm_check_static_tensors":
+            n = len(args) - 4
+            regs = [v for _, v in args[:n]]
+            extras = [v for _, v in args[n:]]  # shapes, dtypes, labels, where (a file's: checked)
+            well_formed = n >= 0 and all(isinstance(e, tuple) and len(e) == n for e in extras[:3]) and isinstance(extras[3:] and extras[3], str)
+            if well_formed and all(tag == "r" for tag, _ in args[:n]) and all(tag == "i" for tag, _ in args[n:]) and not written.intersection(regs):
+                keep = [i for i, r in enumerate(regs) if not lead <= r < nparams]
+                drop = [i for i, r in enumerate(regs) if lead <= r < nparams]
+                if drop:
+                    taken.append(_static_check(dst, builtin, [regs[i] for i in drop], [tuple(e[i] for i in drop) for e in extras[:3]], extras[3]))
+                    keep_args = [tuple(e[i] for i in keep) for e in extras[:3]]
+                    code[pc] = _static_check(dst, builtin, [regs[i] for i in keep], keep_args, extras[3]) if keep else ("goto", pc + 1)
+        written.add(dst)
+    return VMFunction(fn.name, fn.params, fn.num_regs, tuple(code)), taken
+
+
+def _static_check(dst: int, builtin: str, regs: list[int], extras: list[tuple[Any, ...]], where: str) -> Instr:
+    args = tuple([*(("r", r) for r in regs), *(("i", e) for e in extras), ("i", where)])
+    return ("call", dst, ("builtin", builtin), args)
 
 
 def _checked_extern(name: str, f: Callable[..., Any], check: Callable[..., None]) -> Callable[..., Any]:
