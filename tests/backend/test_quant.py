@@ -349,15 +349,18 @@ def test_q4_tiles_of_eight_rows_give_the_loops_bits(rng: np.random.Generator, fm
     """q4_0 and q4_1 without AVX-512 run tiles of 8 W rows over every row of x (in passes of
     16), the nibbles unpacked once a block: at 1, 3, 5, 8, 16, 17 rows, on plain and
     interleaved rows, a ragged last tile, and nibbles of 15 against activations of +-127 (the
-    widest pair sums), the bits of the portable loop."""
+    widest pair sums; rows of all +127 and all -127 against them reach the most a lane's 8 pair
+    sums add up to in int16, +-30480), the bits of the portable loop."""
     k = 576 if n == 48 else 96
     b, _ = blocks(rng, fmt, n, k)
     at = 2 if fmt == "q4_0" else 4
     b[0, at : at + 16] = 0xFF  # a block of 15s
+    b[n - 1, at : at + 16] = 0xFF
     wf = dequantize(b, GGML[fmt]).reshape(n, k).astype(np.float32)
     for m in (1, 3, 5, 8, 16, 17):
         x = rng.standard_normal((m, k)).astype(np.float32)
         x[:, :32] = np.where(rng.random((m, 32)) < 0.5, -1.0, 1.0)  # quantizes to +-127
+        x[0, :32], x[m - 1, :32] = 1.0, -1.0
         y = Q.qlinear(x, b, fmt)
         assert_int8_matches(y, x, b, fmt, wf)
         np.testing.assert_array_equal(y, Q.qlinear(x, b, fmt, portable=True))

@@ -44,7 +44,10 @@
  * vpmaddwd: the same int32 sums, so the same bits); q8_0, q4_0 and q4_1 (plain and x16, with
  * FMA and F16C) run tiles of 8 W rows instead, each block loaded (and its nibbles unpacked)
  * once for every row of x and the 8 rows' sums side by side in a vector (twq_q8_tile,
- * twq_q4_tile).
+ * twq_q4_tile; q4 x16 at up to 8 rows of x: the 16 rows of a group, twq_q4_x16_group). A q4
+ * block's 8 products with a row of x add up in int16 (at most 8 * 2 * 15 * 127 = 30480) and
+ * are widened once; up to 8 rows of x come with their 4-byte pieces broadcast ahead
+ * (twq_broadcast_x), read as vpmaddubsw's memory operand.
  *
  * Entry points: tw_qlinear_<fmt>(x, w, y, M, N, K) for q4_0 q4_1 q8_0 bf16 f16 q4_k q6_k
  * q4_0x16 q4_1x16 q8_0x16, and tw_qlinear_add_<fmt>(x, w, r, y, M, N, K): y = x @ W.T + r;
@@ -1166,13 +1169,93 @@ static void twq_q8_tile(int x16, const twq_xq* xq, const uint8_t* w, int64_t rb,
     }
 }
 
+/* The int32 sums of one row of x (q: its block's 32 bytes) with 8 W rows: wq[t] lane i = the
+ * nibbles of row i's weights 4t..4t+3 (vpmaddubsw's unsigned side, x's 4 bytes broadcast the
+ * signed one). The 8 pair sums of an int16 lane stay within 8 * 2 * 15 * 127 = 30480, so they
+ * are added as int16 and widened once: the same int32 sums as one vpmaddwd a product. */
+TWQ_INLINE __m256i twq_q4_dot8(const __m256i* wq, const int8_t* q) {
+    __m256i p[8];
+    for (int t = 0; t < 8; ++t) p[t] = _mm256_maddubs_epi16(wq[t], _mm256_set1_epi32(twq_i32(q + 4 * t)));
+    const __m256i s = _mm256_add_epi16(_mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3])),
+                                       _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7])));
+    return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
+}
+
+/* The nibbles of half h (8 rows) of an x16 q4 block b as twq_q4_dot8 takes them: the low
+ * nibbles of payload vector t, then the high ones. */
+TWQ_INLINE void twq_q4_x16_unpack(const uint8_t* b, int64_t head, int64_t h, __m256i* wq) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    for (int t = 0; t < 4; ++t) {
+        const __m256i v = _mm256_loadu_si256((const __m256i*)(b + 16 * head + 64 * t + 32 * h));
+        wq[t] = _mm256_and_si256(v, low);
+        wq[t + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+    }
+}
+
+/* Each 4 bytes of x's quantized rows broadcast to a whole vector: xb[(r * nb + j) * 8 + t] =
+ * bytes 4t..4t+3 of row r's block j in every lane, read by twq_q4_dotx as a memory operand of
+ * vpmaddubsw (a broadcast per product costs a vector operation). */
+static void twq_broadcast_x(const twq_xq* xq, __m256i* xb, int64_t r) {
+    for (int64_t i = 0; i < xq->K / 4; ++i) xb[r * (xq->K / 4) + i] = _mm256_set1_epi32(twq_i32(xq->q + r * xq->K + 4 * i));
+}
+
+#define TWQ_KEEP(v) __asm__("" : "+x"(v)) /* v as computed: GCC would turn a tree of adds into a chain */
+
+/* twq_q4_dot8 with x broadcast ahead (xb: the block's 8 vectors, twq_broadcast_x). */
+TWQ_INLINE __m256i twq_q4_dotx(const __m256i* wq, const __m256i* xb) {
+    __m256i p[8];
+    for (int t = 0; t < 8; ++t) p[t] = _mm256_maddubs_epi16(wq[t], xb[t]);
+    __m256i a = _mm256_add_epi16(p[0], p[1]), b = _mm256_add_epi16(p[2], p[3]), c = _mm256_add_epi16(p[4], p[5]), d = _mm256_add_epi16(p[6], p[7]);
+    TWQ_KEEP(a); TWQ_KEEP(b); TWQ_KEEP(c); TWQ_KEEP(d);
+    return _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(a, b), _mm256_add_epi16(c, d)), _mm256_set1_epi16(1));
+}
+
+/* q4_0 / q4_1 x16, M <= TWQ_I8_GEMV_MAX_M rows of x: the 16 W rows of the group at grp (y: the
+ * column of their first output). Each half's block is unpacked once for all rows of x, which
+ * come broadcast ahead (xb); each output lane runs the loop's sequence (isum with corr, fma by
+ * d_w * d_x, q4_1: fma(m_w, cx)): the same bits. (q4_1's corr is 0: its add is left out.) The
+ * next groups are prefetched, spread over the blocks. Inlined with constant fmt and M (M = 1
+ * keeps its two accumulators in registers: two chains of float updates). */
+TWQ_INLINE void twq_q4_x16_body(int fmt, const twq_xq* xq, const __m256i* xb, const uint8_t* grp, const char* ahead, int64_t step, float* y, int64_t M, int64_t N) {
+    const int64_t nb = xq->nb, nbytes = twq_nbytes[fmt], head = fmt == TWQ_Q4_1 ? 4 : 2;
+    __m256 acc[2][TWQ_I8_GEMV_MAX_M];
+    for (int64_t r = 0; r < M; ++r) acc[0][r] = acc[1][r] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < nb; ++j) {
+        for (int64_t o = 0; o < step; o += 64) _mm_prefetch(ahead + j * step + o, _MM_HINT_T0);
+        const uint8_t* b = grp + j * 16 * nbytes;
+        for (int h = 0; h < 2; ++h) {
+            __m256i wq[8];
+            twq_q4_x16_unpack(b, head, h, wq);
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(b + 16 * h)));
+            const __m256 mw = fmt == TWQ_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(b + 32 + 16 * h))) : _mm256_setzero_ps();
+            for (int64_t r = 0; r < M; ++r) {
+                const int64_t at = r * nb + j;
+                __m256i s = twq_q4_dotx(wq, xb + 8 * at);
+                if (fmt != TWQ_Q4_1) s = _mm256_add_epi32(s, _mm256_set1_epi32(xq->corr[at]));
+                acc[h][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(xq->d[at])), acc[h][r]);
+                if (fmt == TWQ_Q4_1) acc[h][r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xq->cx[at]), acc[h][r]);
+            }
+        }
+    }
+    for (int64_t r = 0; r < M; ++r) {
+        _mm256_storeu_ps(y + r * N, acc[0][r]);
+        _mm256_storeu_ps(y + r * N + 8, acc[1][r]);
+    }
+}
+
+static void twq_q4_x16_group(int fmt, const twq_xq* xq, const __m256i* xb, const uint8_t* grp, const char* ahead, int64_t step, float* y, int64_t M, int64_t N) {
+    if (fmt == TWQ_Q4_1 && M == 1) twq_q4_x16_body(TWQ_Q4_1, xq, xb, grp, ahead, step, y, 1, N);
+    else if (fmt == TWQ_Q4_1) twq_q4_x16_body(TWQ_Q4_1, xq, xb, grp, ahead, step, y, M, N);
+    else if (M == 1) twq_q4_x16_body(TWQ_Q4_0, xq, xb, grp, ahead, step, y, 1, N);
+    else twq_q4_x16_body(TWQ_Q4_0, xq, xb, grp, ahead, step, y, M, N);
+}
+
 /* q4_0 / q4_1 with AVX2: twq_q8_tile's scheme. Each block of the 8 W rows is unpacked once
- * (mask and shift) into the interleaved form, vector t lane i = the nibbles of weights
- * 4t..4t+3 of row i (x16: the low nibbles of payload vector t, then the high ones; plain rows:
- * each row's 32 nibbles in order, transposed by twq_t8x8), and serves every row of x: the
- * nibbles are vpmaddubsw's unsigned side, x's 4 bytes broadcast the signed one. With the
- * block's corr (q4_0: -8 * sum(q)) the 8 lanes hold the loop's int32 sums, and the float
- * update (q4_1: then fma(m_w, cx)) runs lane by lane as the loop's: the same bits. */
+ * (mask and shift) into twq_q4_dot8's form (x16: twq_q4_x16_unpack; plain rows: each row's 32
+ * nibbles in order, transposed by twq_t8x8) and serves every row of x. With the block's corr
+ * (q4_0: -8 * sum(q)) the 8 lanes hold the loop's int32 sums, and the float update (q4_1: then
+ * fma(m_w, cx)) runs lane by lane as the loop's: the same bits. (x16 rows and at most
+ * TWQ_I8_GEMV_MAX_M rows of x run twq_q4_x16_group instead.) */
 static void twq_q4_tile(int fmt, int x16, const twq_xq* xq, const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, float* y, int64_t M, int64_t N) {
     const int64_t nb = xq->nb, nbytes = twq_nbytes[fmt], head = fmt == TWQ_Q4_1 ? 4 : 2;
     const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0F);
@@ -1194,11 +1277,7 @@ static void twq_q4_tile(int fmt, int x16, const twq_xq* xq, const uint8_t* w, in
                 const uint8_t* b = grp + j * 16 * nbytes;
                 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(b + 16 * half)));
                 if (fmt == TWQ_Q4_1) mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(b + 32 + 16 * half)));
-                for (int t = 0; t < 4; ++t) {
-                    const __m256i v = _mm256_loadu_si256((const __m256i*)(b + 16 * head + 64 * t + 32 * half));
-                    wq[t] = _mm256_and_si256(v, low);
-                    wq[t + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-                }
+                twq_q4_x16_unpack(b, head, half, wq);
             } else {
                 uint16_t h[8], hm[8];
                 for (int i = 0; i < 8; ++i) {
@@ -1223,10 +1302,7 @@ static void twq_q4_tile(int fmt, int x16, const twq_xq* xq, const uint8_t* w, in
             }
             for (int64_t r = 0; r < rn; ++r) {
                 const int64_t at = (r0 + r) * nb + j;
-                const int8_t* q = xq->q + (r0 + r) * xq->K + 32 * j;
-                __m256i s = _mm256_set1_epi32(xq->corr[at]);
-                for (int t = 0; t < 8; ++t)
-                    s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(wq[t], _mm256_set1_epi32(twq_i32(q + 4 * t))), ones));
+                const __m256i s = _mm256_add_epi32(twq_q4_dot8(wq, xq->q + (r0 + r) * xq->K + 32 * j), _mm256_set1_epi32(xq->corr[at]));
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(xq->d[at])), acc[r]);
                 if (fmt == TWQ_Q4_1) acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xq->cx[at]), acc[r]);
             }
@@ -1253,14 +1329,30 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
     const int64_t nb = xq->nb;
     const int par = N * rb >= TWQ_PAR_MIN_BYTES || M > 1;
     (void)par; /* used by OpenMP only */
+#ifdef TWQ_AVX2_Q8
+    __m256i* xb = NULL; /* x broadcast for twq_q4_x16_group */
+    if (x16 && fmt != TWQ_Q8_0 && M <= TWQ_I8_GEMV_MAX_M) {
+        xb = (__m256i*)twq_alloc(2 * M * xq->K);
+        if (xb == NULL) return TWQ_ENOMEM;
+    }
+#endif
 #pragma omp parallel if (par)
     {
 #pragma omp for schedule(static)
-        for (int64_t r = 0; r < M; ++r) twq_quantize(fmt, x, xq, r, r + 1);
+        for (int64_t r = 0; r < M; ++r) {
+            twq_quantize(fmt, x, xq, r, r + 1);
+#ifdef TWQ_AVX2_Q8
+            if (xb != NULL) twq_broadcast_x(xq, xb, r);
+#endif
+        }
 #ifdef TWQ_AVX2_Q8
         if (fmt == TWQ_Q8_0) {
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < (N + 7) / 8; ++t) twq_q8_tile(x16, xq, w, rb, 8 * t, N - 8 * t < 8 ? N - 8 * t : 8, y, M, N);
+        } else if (xb != NULL) {
+            const int64_t step = (16 * rb + nb - 1) / nb; /* the next groups' bytes, spread over the blocks */
+#pragma omp for schedule(static)
+            for (int64_t g = 0; g < N / 16; ++g) twq_q4_x16_group(fmt, xq, xb, w + 16 * g * rb, (const char*)(w + 16 * (g + 2) * rb), step, y + 16 * g, M, N);
         } else if (fmt == TWQ_Q4_0 || fmt == TWQ_Q4_1) {
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < (N + 7) / 8; ++t) twq_q4_tile(fmt, x16, xq, w, rb, 8 * t, N - 8 * t < 8 ? N - 8 * t : 8, y, M, N);
@@ -1322,6 +1414,9 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
             }
         }
     }
+#ifdef TWQ_AVX2_Q8
+    twq_free((float*)xb);
+#endif
     return 0;
 }
 
