@@ -1,6 +1,7 @@
 """The hand-built attention kernel (``tilework.op.attention_kernel``) against float64 NumPy
 (and torch's SDPA where torch is installed), at many values of its symbolic dims: one query
-and one key, lengths that leave partial query blocks (16 rows) and key blocks (32 keys),
+and one key, lengths that leave partial query blocks (16 rows) and key blocks (32 keys) or
+stop inside one key tile (8 keys: 7, 8, 9, 40),
 causal masks with more queries than keys (rows that see nothing give zeros), grouped and
 multi-query KV heads whose group does not divide a block, bool and float masks (also masking
 whole rows), head dims below, between and beyond the 8-column value tiles, a symbolic head
@@ -34,6 +35,9 @@ SEQS = envs(
     {b: 2, s: 7, kv: 33},
     {b: 1, s: 33, kv: 33},
     {b: 1, s: 130, kv: 130},
+    {b: 1, s: 8, kv: 8},  # short sequences: the last key block stops at its last tile of keys
+    {b: 1, s: 9, kv: 9},
+    {b: 2, s: 7, kv: 40},
 )
 CAUSAL_SEQS = [*SEQS, *envs({b: 1, s: 40, kv: 9}, {b: 1, s: 17, kv: 1})]  # more queries than keys
 

@@ -18,7 +18,9 @@ horizontal sum, and every key and value is loaded once per block and broadcast t
    value columns.
 5. ``out = acc / l``, or 0 for a row that sees no key.
 
-Causal attention skips the key blocks past the diagonal of the block's last row (aligned at
+The last key block stops at the tile of ``JT`` keys that holds the last key, so a short
+sequence (8 keys) computes one tile, not a block of ``BK``. Causal attention skips the key
+blocks past the diagonal of the block's last row (aligned at
 the end: query ``i`` sees keys ``j <= i + seq_kv - seq_q``). Loads of keys and value columns
 past the end are clamped to the last one (their scores are masked, their columns never
 stored), so the inner loops have static extents. The loops carry their kinds: the task loop
@@ -198,16 +200,18 @@ class _Attention:
 
     def key_block(self, kb: SymVar) -> Stmt:
         j0 = sym.mul(kb, BK)
+        tiles = sym.min_(BK // JT, _ceil_div(sym.sub(self.skv, j0), JT))  # the last block stops at the last tile of keys
+        keys = sym.mul(tiles, JT)
         steps = [
-            self.loop("st_j", BK // JT, lambda jt: self.score_tile(j0, jt)),
+            self.loop("st_j", tiles, lambda jt: self.score_tile(j0, jt)),
             self.rows_loop("mx_init", lambda r: Store(self.mx, (r,), _ld(self.m, r))),
-            self.loop("mx_j", BK, lambda j: self.rows_loop("max", lambda r: self.accumulate(self.mx, "max", _ld(self.s, j, r), r))),
+            self.loop("mx_j", keys, lambda j: self.rows_loop("max", lambda r: self.accumulate(self.mx, "max", _ld(self.s, j, r), r))),
             self.rows_loop("alpha", self.alpha_of),
             self.rows_loop("l_scale", lambda r: self.accumulate(self.l, "*", _ld(self.alpha, r), r)),
             self.rows_loop("m_set", lambda r: Store(self.m, (r,), _ld(self.mx, r))),
-            self.loop("p_j", BK, lambda j: self.rows_loop("p", lambda r: self.prob(j, r))),
-            self.loop("l_j", BK, lambda j: self.rows_loop("l_sum", lambda r: self.accumulate(self.l, "+", _ld(self.s, j, r), r))),
-            self.loop("pv_e", self.etiles, lambda e: self.value_tile(j0, e)),
+            self.loop("p_j", keys, lambda j: self.rows_loop("p", lambda r: self.prob(j, r))),
+            self.loop("l_j", keys, lambda j: self.rows_loop("l_sum", lambda r: self.accumulate(self.l, "+", _ld(self.s, j, r), r))),
+            self.loop("pv_e", self.etiles, lambda e: self.value_tile(j0, e, keys)),
         ]
         return seq(steps)
 
@@ -268,7 +272,7 @@ class _Attention:
         p = Intrin("exp", (binary("-", _ld(self.s, j, r), _ld(self.m, r)),), self.acc)
         return Store(self.s, (j, r), Select(unseen, self.c(0.0), p, self.acc))
 
-    def value_tile(self, j0: Dim, et: SymVar) -> Stmt:
+    def value_tile(self, j0: Dim, et: SymVar, keys: Dim) -> Stmt:
         """``acc[et * ET ...] = alpha * acc + p @ v`` through a register tile ``at``."""
         at = Buffer("attention_at", (ET, self.lanes), self.acc)
         e0 = sym.mul(et, ET)
@@ -285,7 +289,7 @@ class _Attention:
 
         steps = [
             tile(rescaled),
-            self.loop("pv_j", BK, lambda j: tile(lambda ei, r: update(ei, r, j))),
+            self.loop("pv_j", keys, lambda j: tile(lambda ei, r: update(ei, r, j))),
             tile(lambda ei, r: Store(self.acc_buf, (sym.add(e0, ei), r), _ld(at, ei, r))),
         ]
         return Allocate(at, seq(steps))
