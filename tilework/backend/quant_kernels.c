@@ -258,6 +258,17 @@ static inline void twq_quant_block(const float* x, int8_t* q, float* d, int32_t*
     const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
     float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
     if (_mm512_cmp_ps_mask(v0, v1, _CMP_UNORD_Q)) amax = NAN;
+#elif defined(TWQ_AVX2)
+    __m256 v[4], m = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+        v[i] = _mm256_loadu_ps(x + 8 * i);
+        m = _mm256_max_ps(m, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v[i]));
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v[i], v[i], _CMP_UNORD_Q));
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h))); /* the largest |x| (a max is exact in any order) */
+    if (_mm256_movemask_ps(nan)) amax = NAN;
 #else
     float amax = 0.0f;
     int nan = 0;
@@ -281,6 +292,15 @@ static inline void twq_quant_block(const float* x, int8_t* q, float* d, int32_t*
     _mm_storeu_si128((__m128i*)q, _mm512_cvtepi32_epi8(q0));
     _mm_storeu_si128((__m128i*)(q + 16), _mm512_cvtepi32_epi8(q1));
     *s = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+#elif defined(TWQ_AVX2)
+    __m256i q4[4]; /* rint under the default rounding mode, as rintf */
+    for (int i = 0; i < 4; ++i) q4[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(id)));
+    const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(q4[0], q4[1]), _mm256_packs_epi32(q4[2], q4[3])); /* |q| <= 127: no saturation */
+    _mm256_storeu_si256((__m256i*)q, _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    const __m256i t = _mm256_add_epi32(_mm256_add_epi32(q4[0], q4[1]), _mm256_add_epi32(q4[2], q4[3]));
+    __m128i u = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+    u = _mm_add_epi32(u, _mm_shuffle_epi32(u, 0x4E));
+    *s = _mm_cvtsi128_si32(_mm_add_epi32(u, _mm_shuffle_epi32(u, 0xB1)));
 #else
     int32_t sum = 0;
     for (int l = 0; l < 32; ++l) {
