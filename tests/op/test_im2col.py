@@ -17,6 +17,7 @@ from tilework.ir.builder import BlockBuilder
 from tilework.ir.graph import Tuple, Var
 from tilework.ir.info import TensorInfo
 from tilework.op.conv_nhwc import depthwise_conv2d_nhwc, im2col, max_pool2d_nhwc
+from tilework.transform.legalize import Legalize
 from tilework.transform.conv_gemm import conv_weight_matrix, depthwise_weight_matrix
 
 n, h, w = tw.dim("n"), tw.dim("h"), tw.dim("w")
@@ -116,3 +117,44 @@ def test_columns_times_weight_matrix_is_the_conv(name: str) -> None:
     got = im2col_ref(x, kernel, strides, padding, dilation) @ conv_weight_matrix(k).T
     want = conv_ref(x.transpose(0, 3, 1, 2), k, None, strides, padding, dilation, 1).transpose(0, 2, 3, 1)
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+
+
+# depthwise_conv2d_nhwc at static shapes: (height, width, channels, kernel, strides, padding, dilation)
+STATIC_DEPTHWISE = [
+    (7, 9, 5, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+    (13, 11, 3, (5, 5), (2, 2), (2, 2, 2, 2), (1, 1)),
+    (8, 7, 4, (3, 3), (2, 2), (0, 1, 1, 0), (1, 1)),
+    (9, 10, 2, (3, 2), (1, 3), (2, 0, 1, 1), (2, 1)),
+    (9, 10, 2, (3, 3), (1, 1), (1, 1, 1, 1), (2, 2)),  # a clamped tap reads a position outside its window
+    (1, 1, 3, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_depthwise_at_static_shapes_reads_no_padded_copy(dtype: str, batch: int) -> None:
+    """Taps that can fall in the padding read a clamped position and count zero there: no
+    padded copy is made, and an inf or NaN at the input's border reaches only the outputs
+    whose windows hold it (a masked tap adds +0, not inf * 0)."""
+    bb = BlockBuilder()
+    xs = [Var(f"x{i}", TensorInfo((batch, hh, ww, c), dtype)) for i, (hh, ww, c, *_) in enumerate(STATIC_DEPTHWISE)]
+    ks = [Var(f"k{i}", TensorInfo((kernel[0] * kernel[1], c), dtype)) for i, (_, _, c, kernel, *_) in enumerate(STATIC_DEPTHWISE)]
+    with bb.function("main", [*xs, *ks]):
+        with bb.dataflow():
+            outs = [bb.emit(depthwise_conv2d_nhwc(x, k, None, kernel, strides, padding, dilation)) for x, k, (_, _, _, kernel, strides, padding, dilation) in zip(xs, ks, STATIC_DEPTHWISE)]
+            out = bb.emit_output(Tuple(tuple(outs)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    assert not [name for name, _ in Legalize()(mod).tensor_funcs() if "pad" in name]
+    rng = np.random.default_rng(batch)
+    inputs, weights = [], []
+    for hh, ww, c, kernel, *_ in STATIC_DEPTHWISE:
+        x = rng.standard_normal((batch, hh, ww, c)).astype(dtype)
+        x[0, 0, 0, 0], x[-1, -1, -1, -1] = np.inf, np.nan
+        inputs.append(x)
+        weights.append(rng.standard_normal((c, 1, *kernel)).astype(dtype))
+    got = tw.VM(tw.build(mod))["main"](*inputs, *(depthwise_weight_matrix(k) for k in weights))
+    for i, (x, k, (_, _, c, _, strides, padding, dilation)) in enumerate(zip(inputs, weights, STATIC_DEPTHWISE)):
+        want = conv_ref(x.transpose(0, 3, 1, 2), k, None, strides, padding, dilation, c).transpose(0, 2, 3, 1)
+        assert np.asarray(got[i]).shape == want.shape
+        np.testing.assert_allclose(np.asarray(got[i]), want, rtol=1e-5, atol=1e-5, err_msg=f"case {i}")

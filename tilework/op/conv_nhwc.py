@@ -4,7 +4,8 @@
 (``max_pool2d`` without ``ceil_mode`` over the same layout: the maximum of the taps, vectorized
 along the channels, the input padded with -inf first) and ``depthwise_conv2d_nhwc`` (one
 input channel per output channel, weights ``[KH * KW, C]``: one sum of products per output,
-vectorized along the channels).
+vectorized along the channels, its taps that can fall in the padding read clamped into the
+input and masked to zero: no padded copy).
 
 ``im2col(x, kernel, strides, padding, dilation)`` gives ``[N, OH, OW, KH * KW * C]`` with
 ``col[n, oh, ow, (i * KW + j) * C + c] = x[n, oh * sh - top + i * dh, ow * sw - left + j * dw, c]``
@@ -20,6 +21,7 @@ would be computed once per tap), viewed as the 4-D result.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import TYPE_CHECKING, Sequence
 
@@ -169,27 +171,64 @@ def _infer_depthwise_nhwc(call: Call, ctx: InferCtx) -> StructInfo:
     return TensorInfo((x.shape[0], *_out_spatial(x.shape, window, ctx), x.shape[3]), x.dtype)
 
 
+def _tap_index(out: Scalar, tap: int, stride: int, before: int, out_len: Dim, size: Dim) -> tuple[Scalar, list[Scalar]]:
+    """The input position ``out * stride + tap - before`` of one window tap along a dim of
+    length ``size``, clamped into it where some output's tap can fall in the padding, and the
+    conditions under which it is in range (none for a tap that never leaves the input)."""
+    pos = sym.add(sym.mul(out, stride), tap - before)  # type: ignore[arg-type]
+    conds: list[Scalar] = []
+    if tap < before:
+        conds.append(te.ge(pos, 0))
+        pos = sym.max_(pos, 0)
+    if not sym.prove_le(sym.add(sym.mul(sym.sub(out_len, 1), stride), tap - before), sym.sub(size, 1)):
+        conds.append(te.lt(pos, size))
+        pos = sym.min_(pos, sym.sub(size, 1))
+    return pos, conds
+
+
+_MASKS = {"float32": "int32", "float64": "int64"}
+
+
+def _zero_unless(conds: Sequence[Scalar], v: Scalar, dtype: str) -> Scalar:
+    """``v`` where all ``conds`` hold, else +0.0. For float32/64 as the bits of ``v`` and a
+    mask (the AND of ``-cond`` for each: all ones or none) rather than a select: GCC 12 does
+    not vectorize a select of vectors by a scalar condition (it turns ``c1 && c2`` into one),
+    nor a load inside one."""
+    bits = _MASKS.get(dtype)
+    if bits is None:
+        return te.if_then_else(te.all(*conds), v, te.cast(0.0, dtype))
+    masks = [te.cast(0, bits) - te.cast(c, bits) for c in conds]
+    mask = functools.reduce(te.bitwise_and, masks)
+    return te.bitcast(te.bitwise_and(te.bitcast(v, bits), mask), dtype)
+
+
 def _legalize_depthwise_nhwc(call: Call, ctx: "LegalizeCtx") -> Expr:
     """One sum of products per output, vectorized along the channels (each tap's weights a
-    contiguous row); the input zero-padded first."""
+    contiguous row). The padding is not copied: a tap that can fall in it reads its position
+    clamped into the input (a valid address whatever the output) and selects zero where it
+    is outside, a test that is the same for every channel of the vector loop."""
     x, w = arg(call, 0, "x"), arg(call, 1, "weight")
     bias = arg(call, 2, "bias") if len(call.args) == 3 else None
     shape, dtype = out_tensor(call)
     acc = compute_dtype(dtype)
     (kh, kw), strides, padding, dilation = (tuple(call.attrs[a]) for a in ("kernel", "strides", "padding", "dilation"))
-    x_in, x = _padded_nhwc(ctx, call.args[0], x, padding, 0.0, "depthwise_pad")
 
     def f(nn: Scalar, oh: Scalar, ow: Scalar, ch: Scalar) -> Scalar:
         total: Scalar | None = None if bias is None else te.cast(bias[ch], acc)
-        for i, j in itertools.product(range(kh), range(kw)):
-            v = te.cast(x[nn, oh * strides[0] + i * dilation[0], ow * strides[1] + j * dilation[1], ch], acc) * te.cast(w[i * kw + j, ch], acc)
+        rows = [_tap_index(oh, i * dilation[0], strides[0], padding[0], shape[1], x.shape[1]) for i in range(kh)]
+        cols = [_tap_index(ow, j * dilation[1], strides[1], padding[1], shape[2], x.shape[2]) for j in range(kw)]
+        for (i, (h, hc)), (j, (wi, wc)) in itertools.product(enumerate(rows), enumerate(cols)):
+            v: Scalar = x[nn, h, wi, ch]
+            if hc or wc:
+                v = _zero_unless([*hc, *wc], v, x.dtype)
+            v = te.cast(v, acc) * te.cast(w[i * kw + j, ch], acc)
             total = v if total is None else total + v
         assert total is not None
         return te.cast(total, dtype)
 
     out = te.compute(tuple(shape), f, "depthwise_nhwc", dtype)
     inputs = [x, w] if bias is None else [x, w, bias]
-    return _call_gather(ctx, "depthwise_nhwc", [x_in, *call.args[1:]], inputs, [out], call.info)
+    return _call_gather(ctx, "depthwise_nhwc", list(call.args), inputs, [out], call.info)
 
 
 register(Op("depthwise_conv2d_nhwc", _infer_depthwise_nhwc, OpPattern.OUT_EWISE_FUSABLE, attrs={"kernel": None, "strides": None, "padding": None, "dilation": None}, legalize=_legalize_depthwise_nhwc))
