@@ -11,21 +11,28 @@
  *   (more rows take passes over the group, which is in L1 by then); the group TWQ_A2_AHEAD on
  *   is prefetched as the group is read.
  * - GEMM (prefill): panels of 16 W rows decoded into a k-major float32 scratch (TWQ_A2_KC k at a
- *   time: 24 KiB, in L1), and a 6 x 16 register-blocked outer-product FMA kernel (12 ymm
- *   accumulators) runs the rows of x over it; panels, and chunks of x rows when there are too
- *   few panels, are spread over the threads.
+ *   time: 48 KiB, in L2; the next panel's rows prefetched meanwhile), and a 6 x 16
+ *   register-blocked outer-product FMA kernel (12 ymm accumulators) runs the rows of x over it
+ *   in balanced calls; panels, and chunks of x rows when there are too few panels, are spread
+ *   over the threads.
+ * The MR and NR loops carry '#pragma GCC unroll': GCC 12 otherwise keeps the accumulator arrays
+ * in memory (it turns their zeroing into a memset before it unrolls), a store per FMA.
  */
 #if defined(TWQ_AVX2) && defined(__FMA__) && defined(__F16C__)
 #define TWQ_A2F 1
 
 #ifndef TWQ_A2_GEMV_MAX_M
-#define TWQ_A2_GEMV_MAX_M 8 /* measured: see the commit that set it */
+#define TWQ_A2_GEMV_MAX_M 8 /* measured, cold weights: the GEMV 1.2-1.4x faster at 4-8 rows, even at 9-12 */
 #endif
+#ifndef TWQ_A2_AHEAD
 #define TWQ_A2_AHEAD 4 /* GEMV groups prefetched ahead */
+#endif
 #define TWQ_A2_MR 4    /* most x rows per GEMV pass */
 #define TWQ_A2_PN 16   /* W rows per GEMM panel: two ymm of outputs */
 #define TWQ_A2_PM 6    /* x rows per GEMM micro-kernel */
-#define TWQ_A2_KC 384  /* most k per packed panel: 16 x 384 floats, 24 KiB */
+#ifndef TWQ_A2_KC
+#define TWQ_A2_KC 768  /* most k per packed panel: 16 x 768 floats, 48 KiB, in L2 */
+#endif
 
 /* Weights k .. k+7 of a bf16 or f16 row, exactly. */
 TWQ_INLINE __m256 twq_a2_w8(int fmt, const uint8_t* row, int64_t k) {
@@ -146,13 +153,16 @@ TWQ_INLINE void twq_a2_pack(int fmt, const uint8_t* w, int64_t rb, int64_t n0, i
     const uint8_t* rows[TWQ_A2_PN];
     for (int c = 0; c < TWQ_A2_PN; ++c) rows[c] = w + (n0 + (c < nr ? c : nr - 1)) * rb;
     const int64_t kc8 = kc / 8 * 8;
-    for (int64_t kk = 0; kk < kc8; kk += 8)
+    for (int64_t kk = 0; kk < kc8; kk += 8) {
+        if ((kk & 31) == 0) /* the same k of the next panel: weights come from memory */
+            for (int c = 0; c < TWQ_A2_PN; ++c) _mm_prefetch((const char*)(rows[c] + TWQ_A2_PN * rb + 2 * (k0 + kk)), _MM_HINT_T0);
         for (int h = 0; h < TWQ_A2_PN; h += 8) {
             __m256 r[8];
             for (int i = 0; i < 8; ++i) r[i] = twq_a2_w8(fmt, rows[h + i], k0 + kk);
             twq_a2_t8x8(r);
             for (int i = 0; i < 8; ++i) _mm256_store_ps(p + (kk + i) * TWQ_A2_PN + h, r[i]);
         }
+    }
     for (int64_t kk = kc8; kk < kc; ++kk)
         for (int c = 0; c < TWQ_A2_PN; ++c) p[kk * TWQ_A2_PN + c] = twq_weight1(fmt, rows[c], k0 + kk);
 }
@@ -164,8 +174,14 @@ TWQ_INLINE void twq_a2_pack(int fmt, const uint8_t* w, int64_t rb, int64_t n0, i
 TWQ_A2_PACK_FN(TWQ_BF16)
 TWQ_A2_PACK_FN(TWQ_F16)
 
-/* y[0..nr) (+)= the 16 outputs in v0, v1; m0, m1: the lanes below nr (twq_a2_mask). */
-TWQ_INLINE void twq_a2_store(float* y, __m256 v0, __m256 v1, __m256i m0, __m256i m1, int add) {
+/* y[0..nr) (+)= the 16 outputs in v0, v1; m0, m1: the lanes below nr (twq_a2_mask). Whole
+ * panels store plainly: vmaskmovps to memory is microcoded on AMD (tens of cycles). */
+TWQ_INLINE void twq_a2_store(float* y, __m256 v0, __m256 v1, int64_t nr, __m256i m0, __m256i m1, int add) {
+    if (nr == TWQ_A2_PN) {
+        _mm256_storeu_ps(y, add ? _mm256_add_ps(v0, _mm256_loadu_ps(y)) : v0);
+        _mm256_storeu_ps(y + 8, add ? _mm256_add_ps(v1, _mm256_loadu_ps(y + 8)) : v1);
+        return;
+    }
     if (add) {
         v0 = _mm256_add_ps(v0, _mm256_maskload_ps(y, m0));
         v1 = _mm256_add_ps(v1, _mm256_maskload_ps(y + 8, m1));
@@ -195,7 +211,7 @@ TWQ_INLINE void twq_a2_micro(int MR, const float* x, int64_t ldx, const float* p
         }
     }
 #pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) twq_a2_store(y + r * ldy, a0[r], a1[r], m0, m1, add);
+    for (int r = 0; r < MR; ++r) twq_a2_store(y + r * ldy, a0[r], a1[r], nr, m0, m1, add);
 }
 
 #define TWQ_A2_MICRO_FN(MR) \
@@ -233,9 +249,13 @@ static int twq_a2_gemm(int fmt, const float* x, const uint8_t* w, float* y, int6
             for (int64_t k0 = 0; k0 < K; k0 += kc) {
                 const int64_t kn = K - k0 < kc ? K - k0 : kc;
                 pack(w, rb, n0, nr, k0, kn, p);
-                for (int64_t m = m0; m < m1; m += TWQ_A2_PM) {
-                    const int64_t mr = m1 - m < TWQ_A2_PM ? m1 - m : TWQ_A2_PM;
+                /* balanced calls (9 rows as 5 + 4): 2 or 3 rows have too few accumulators to
+                 * hide the FMA latency */
+                const int64_t calls = (m1 - m0 + TWQ_A2_PM - 1) / TWQ_A2_PM;
+                for (int64_t i = 0, m = m0; i < calls; ++i) {
+                    const int64_t mr = (m1 - m + calls - i - 1) / (calls - i);
                     twq_a2_micro_table[mr - 1](x + m * K + k0, K, p, kn, y + m * N + n0, N, nr, k0 > 0);
+                    m += mr;
                 }
             }
         }
