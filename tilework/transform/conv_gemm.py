@@ -14,7 +14,8 @@ param listed in ``depthwise_weights``).
 
 Then the transposes sink towards the consumers and cancel: through elementwise ops (whose
 other operands are transposed alike, 0-d, or transposed to follow), through a global
-average pool (``mean`` over the spatial dims) and a max pool (``max_pool2d_nhwc``), and a
+average pool (``adaptive_avg_pool2d`` to 1 x 1, or ONNX's ``mean``/``max`` over the spatial
+dims, as ``mean``/``max`` of the channel-last data) and a max pool (``max_pool2d_nhwc``), and a
 transpose of a transpose composes. So the data stays channel-last from one convolution to the
 next, and a transpose remains only where channel-first data is read (a grouped conv, the
 output). A 1x1 conv of stride 1 without padding of channel-first data is left as it
@@ -341,6 +342,28 @@ def _sink_global_pool(value: Expr, m: Match) -> Expr | None:
     return permute_dims(mean(y, axis=(1, 2), keepdims=True), TO_NCHW)
 
 
+def _sink_spatial_reduce(value: Expr, m: Match) -> Expr | None:
+    """``mean(permute_dims(x, TO_NCHW), axis=(2, 3))`` (or ``max``: ONNX's GlobalAveragePool
+    and GlobalMaxPool) -> the same reduction of ``x`` over its spatial dims, transposed when
+    the dims are kept (without them it is already ``[N, C]``)."""
+    assert isinstance(value, Call)
+    axis = value.attrs.get("axis")
+    out = _shape(value)
+    if axis is None or out is None or len(out) not in (2, 4) or sorted(int(a) % 4 for a in axis) != [2, 3]:
+        return None
+    found = _channels_last(value.args[0], m)
+    if found is None:
+        return None
+    y, rows = found
+    name, keep = _op_name(value), bool(value.attrs.get("keepdims"))
+    assert name is not None
+    if rows:
+        r = make_call(name, [y], axis=(1,), keepdims=keep)
+        return permute_dims(reshape(r, (out[0], 1, 1, out[1])), TO_NCHW) if keep else r
+    r = make_call(name, [y], axis=(1, 2), keepdims=keep)
+    return permute_dims(r, TO_NCHW) if keep else r
+
+
 def _sink_max_pool(value: Expr, m: Match) -> Expr | None:
     """``max_pool2d(permute_dims(x, TO_NCHW))`` (float, without ``ceil_mode``) -> the
     channel-last pool of ``x``, transposed."""
@@ -361,6 +384,8 @@ SINK_RULES = [
     Rule("sink_permute", op_call(None), _sink),
     Rule("sink_permute_global_pool", op_call("adaptive_avg_pool2d"), _sink_global_pool),
     Rule("sink_permute_max_pool", op_call("max_pool2d"), _sink_max_pool),
+    Rule("sink_permute_mean", op_call("mean"), _sink_spatial_reduce),
+    Rule("sink_permute_max", op_call("max"), _sink_spatial_reduce),
 ]
 
 

@@ -12,7 +12,8 @@ weight transposed on every call, and the few-rows kernel run dot products).
 A ``matmul(x, w)`` whose right operand is such a weight in ``[in, out]`` layout (what ONNX
 exporters write for a linear layer: ``MatMul`` by an initializer) is the same product; it is
 first rewritten to ``linear(x, w.T)`` (the constant transposed once; a weight param retyped to
-``[out, in]`` and listed in ``main``'s attr ``transposed_weights``) and then laid out the same way.
+``[out, in]`` and listed in ``main``'s attr ``transposed_weights``) and then laid out the same way;
+a ``matmul(x, permute_dims(w, (1, 0)))`` (ONNX's Gemm with ``transB``) is ``linear(x, w)``.
 
 With ``params=True`` the same holds for trailing weight params of ``main`` (after
 ``num_inputs``) that are read only as linear weights: such a param becomes packed and
@@ -54,6 +55,7 @@ from tilework.pattern.core import Match, op_call
 from tilework.transform.base import Pass
 from tilework.transform.conv_gemm import ATTR as CONV_WEIGHTS
 from tilework.transform.conv_gemm import DEPTHWISE, ConvGemm, conv_weight_matrix, depthwise_weight_matrix
+from tilework.transform.dead_code_elimination import DeadCodeElimination
 from tilework.transform.rewrite_driver import Rule, apply_rules
 from tilework.ir.visitor import ExprMutator
 from tilework.transform.weight_params import WEIGHTS, retype_weight_params, weight_candidates, weight_params
@@ -118,6 +120,27 @@ def _is_weight_matmul(e: Expr) -> bool:
         and isinstance(x, TensorInfo) and x.dtype == w.dtype and x.shape is not None and len(x.shape) >= 2
         and isinstance(out, TensorInfo) and out.dtype == w.dtype
     )  # fmt: skip
+
+
+def _matmul_of_transpose(value: Expr, m: Match) -> Expr | None:
+    """``matmul(x, permute_dims(w, (1, 0)))`` with ``w`` a 2-D ``[out, in]`` weight (ONNX's
+    Gemm with ``transB``) -> ``linear(x, w)``: then laid out like any linear weight, instead of
+    transposed on every call."""
+    assert isinstance(value, Call)
+    if len(value.args) != 2:
+        return None
+    t = m.ctx.resolve(value.args[1]) if isinstance(value.args[1], Var) else value.args[1]
+    if not (isinstance(t, Call) and isinstance(t.callee, OpRef) and t.callee.name == "permute_dims"):
+        return None
+    if tuple(int(a) for a in t.attrs.get("axes") or ()) != (1, 0):
+        return None
+    w, x, out = _weight_info(t.args[0]), value.args[0].info, value.info
+    ok = (
+        w is not None and w.shape is not None and isinstance(w.shape[0], int)
+        and isinstance(x, TensorInfo) and x.dtype == w.dtype and x.shape is not None and len(x.shape) >= 2
+        and isinstance(out, TensorInfo) and out.dtype == w.dtype
+    )  # fmt: skip
+    return linear(value.args[0], t.args[0]) if ok else None
 
 
 def _matmul_params(f: GraphFunc) -> list[int]:
@@ -332,6 +355,15 @@ class LayoutWeights(Pass):
 
     def run(self, mod: IRModule) -> IRModule:
         mod = ConvGemm(params=self.params)(mod)  # conv weights become linear weights first
+        found: list[Expr] = []
+
+        def as_linear(value: Expr, m: Match) -> Expr | None:
+            y = _matmul_of_transpose(value, m)
+            found.extend([] if y is None else [y])
+            return y
+
+        linears = apply_rules(mod, [Rule("matmul_of_transposed_weight", op_call("matmul"), as_linear)])
+        mod = DeadCodeElimination()(linears) if found else mod  # the transposes left unused
         funcs = _param_funcs(mod) if self.params else []
         main = mod.get("main")
         dispatcher = self.params and isinstance(main, GraphFunc) and bool(main.attrs.get(VARIANTS))
