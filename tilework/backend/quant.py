@@ -20,9 +20,9 @@ whatever else is in the call. bf16, f16, q4_k and q6_k multiply in float32 with 
 decoded exactly (``x`` is not quantized): ``x @ dequantize(w).T`` up to float32 rounding.
 AVX-512 where the CPU has it, portable C otherwise, with AVX2 (+ FMA, F16C) parts where the CPU
 has that: the integer path's dot products (q8_0, q4_0 and q4_1 in tiles of 8 weight rows, each
-block read once for every row of ``x``), and bf16 and f16 (``quant_float_avx2.c``, spliced into
-the source by ``source``: a GEMV over groups of W rows decoded in registers, and for prefill a
-packed GEMM with a 6 x 16 FMA micro-kernel); q4_k and q6_k keep the portable float kernels.
+block read once for every row of ``x``), and the float path (bf16, f16, q4_k, q6_k:
+``quant_float_avx2.c``, spliced into the source by ``source``; a GEMV over groups of W rows
+decoded in registers, and for prefill a packed GEMM with a 6 x 16 FMA micro-kernel).
 
 Capability ``quant.linear``: any ``quant_linear`` whose ``x`` is float32 with a known rank and
 whose blocks are a 2-D uint8 tensor. It lowers to ``call_lib("quant.linear.<fmt>", x, w,
@@ -391,7 +391,7 @@ def _cpu_flags() -> set[str]:
 
 def _available() -> tuple[bool, str]:
     flags = _cpu_flags()
-    kind = "AVX-512" if {"avx512f", "avx512bw", "f16c"} <= flags else "portable C with AVX2 (bf16, f16, integer dot products)" if {"avx2", "fma", "f16c"} <= flags else "portable C"
+    kind = "AVX-512" if {"avx512f", "avx512bw", "f16c"} <= flags else "portable C with AVX2 (the float path, integer dot products)" if {"avx2", "fma", "f16c"} <= flags else "portable C"
     try:
         toolchain.compiler_command()
     except BuildError as e:

@@ -1,11 +1,13 @@
-/* tilework's quant backend: the float path of bf16 and f16 rows on AVX2 (+ FMA, F16C), for
- * CPUs without AVX-512. Not a translation unit of its own: tilework/backend/quant.py's source()
- * splices it into quant_kernels.c at that file's #include of it, after the scalars, the scratch
- * helpers and the portable kernels (which keep q4_k and q6_k), before the entry points.
+/* tilework's quant backend: the float path (bf16, f16, q4_k, q6_k rows) on AVX2 (+ FMA, F16C),
+ * for CPUs without AVX-512. Not a translation unit of its own: tilework/backend/quant.py's
+ * source() splices it into quant_kernels.c at that file's #include of it, after the scalars, the
+ * scratch helpers and the portable kernels, before the entry points.
  *
- * The weights are decoded exactly (bf16: zero-extended and shifted up 16 bits; f16: vcvtph2ps)
- * and multiplied in float32, so the results are x @ dequantize(w).T up to float32 rounding: they
- * differ from the portable kernels' only by the order of the sums.
+ * The weights are decoded 8 at a time as twq_decode32 decodes them (bf16: zero-extended and
+ * shifted up 16 bits; f16: vcvtph2ps, exact; q4_k: fma(q, d * scale, -dmin * min); q6_k:
+ * q * d * scale, the factors from twq_kscales once per super-block and row) and multiplied in
+ * float32, so the results are x @ dequantize(w).T up to float32 rounding: they differ from the
+ * portable kernels' by the order of the sums (and q4_k's decoding by one rounding).
  * - GEMV (M <= TWQ_A2_GEMV_MAX_M, decoding): groups of 4 W rows (2 from 3 rows of x on) over the
  *   threads, each 8 weights decoded in a register once and multiplied with up to 4 rows of x
  *   (more rows take passes over the group, which is in L1 by then); the group TWQ_A2_AHEAD on
@@ -34,11 +36,31 @@
 #define TWQ_A2_KC 768  /* most k per packed panel: 16 x 768 floats, 48 KiB, in L2 */
 #endif
 
-/* Weights k .. k+7 of a bf16 or f16 row, exactly. */
-TWQ_INLINE __m256 twq_a2_w8(int fmt, const uint8_t* row, int64_t k) {
-    const __m128i h = _mm_loadu_si128((const __m128i*)(row + 2 * k));
-    if (fmt == TWQ_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    return _mm256_cvtph_ps(h);
+/* Weights k .. k+7 of a row (k a multiple of 8), decoded as twq_decode32 does; kq: for q4_k and
+ * q6_k, the factors of k's super-block (twq_kscales). */
+TWQ_INLINE __m256 twq_a2_w8(int fmt, const uint8_t* row, int64_t k, const float* kq) {
+    if (fmt == TWQ_BF16 || fmt == TWQ_F16) {
+        const __m128i h = _mm_loadu_si128((const __m128i*)(row + 2 * k));
+        if (fmt == TWQ_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+        return _mm256_cvtph_ps(h);
+    }
+    const int64_t j = k >> 5;
+    const int s = (int)(j & 7), l0 = (int)(k & 31);
+    if (fmt == TWQ_Q4_K) {
+        const uint8_t* qs = row + (j >> 3) * 144 + 16 + 32 * (s >> 1) + l0;
+        __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)qs));
+        q = _mm256_and_si256(_mm256_srl_epi32(q, _mm_cvtsi32_si128(4 * (s & 1))), _mm256_set1_epi32(0xF));
+        return _mm256_fmsub_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(kq[s]), _mm256_set1_ps(kq[8 + s]));
+    }
+    /* q6_k */
+    const int half = s >> 2, t = s & 3;
+    const uint8_t* b = row + (j >> 3) * 210;
+    __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(b + 64 * half + 32 * (t & 1) + l0)));
+    lo = t >= 2 ? _mm256_srli_epi32(lo, 4) : _mm256_and_si256(lo, _mm256_set1_epi32(0xF));
+    __m256i hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(b + 128 + 32 * half + l0)));
+    hi = _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(hi, _mm_cvtsi32_si128(2 * t)), _mm256_set1_epi32(3)), 4);
+    const __m256 q = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_or_si256(lo, hi), _mm256_set1_epi32(32)));
+    return _mm256_mul_ps(q, _mm256_set1_ps(kq[2 * s + (l0 >> 4)]));
 }
 
 static inline float twq_a2_hsum(__m256 v) {
@@ -52,6 +74,7 @@ static inline float twq_a2_hsum(__m256 v) {
 TWQ_INLINE void twq_a2_gemv_tile(int fmt, int MR, int NR, const float* x, const uint8_t* w, int64_t rb,
                                  float* y, int64_t N, int64_t K, int64_t n0) {
     __m256 acc[TWQ_A2_MR][4];
+    float kq[4][16]; /* k-quants: each row's factors of the current super-block */
     const uint8_t* rows[4];
 #pragma GCC unroll 8
     for (int c = 0; c < NR; ++c) rows[c] = w + (n0 + c) * rb;
@@ -59,21 +82,23 @@ TWQ_INLINE void twq_a2_gemv_tile(int fmt, int MR, int NR, const float* x, const 
     for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 8
         for (int c = 0; c < NR; ++c) acc[r][c] = _mm256_setzero_ps();
-    /* The group TWQ_A2_AHEAD groups on (contiguous rows; past the end is harmless), one line per
-     * row for each 32 weights read: the hardware prefetchers lose track of several short row
-     * streams at once. */
+    /* The group TWQ_A2_AHEAD groups on (contiguous rows; past the end is harmless), at the pace
+     * the group is read (step bytes per 32 weights): the hardware prefetchers lose track of
+     * several short row streams at once. */
     const char* ahead = (const char*)(rows[0] + TWQ_A2_AHEAD * NR * rb);
-    const int64_t k32 = K / 32 * 32, k8 = K / 8 * 8;
+    const int64_t k32 = K / 32 * 32, k8 = K / 8 * 8, step = k32 ? (NR * rb + k32 / 32 - 1) / (k32 / 32) : 0;
     for (int64_t k = 0; k < k8; k += 8) {
         if ((k & 31) == 0 && k < k32)
+            for (int64_t o = 0; o < step; o += 64) _mm_prefetch(ahead + (k >> 5) * step + o, _MM_HINT_T0);
+        if (twq_is_k(fmt) && (k & 255) == 0)
 #pragma GCC unroll 8
-            for (int c = 0; c < NR; ++c) _mm_prefetch(ahead + NR * 2 * k + 64 * c, _MM_HINT_T0);
+            for (int c = 0; c < NR; ++c) twq_kscales(fmt, rows[c] + (k >> 8) * twq_nbytes[fmt], kq[c]);
         __m256 xv[TWQ_A2_MR];
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) xv[r] = _mm256_loadu_ps(x + r * K + k);
 #pragma GCC unroll 8
         for (int c = 0; c < NR; ++c) {
-            const __m256 wv = twq_a2_w8(fmt, rows[c], k);
+            const __m256 wv = twq_a2_w8(fmt, rows[c], k, kq[c]);
 #pragma GCC unroll 8
             for (int r = 0; r < MR; ++r) acc[r][c] = _mm256_fmadd_ps(wv, xv[r], acc[r][c]);
         }
@@ -96,12 +121,15 @@ TWQ_INLINE void twq_a2_gemv_tile(int fmt, int MR, int NR, const float* x, const 
 #define TWQ_A2_GEMV_FMT(FMT) TWQ_A2_GEMV_NR(FMT, 1) TWQ_A2_GEMV_NR(FMT, 2) TWQ_A2_GEMV_NR(FMT, 4)
 TWQ_A2_GEMV_FMT(TWQ_BF16)
 TWQ_A2_GEMV_FMT(TWQ_F16)
+TWQ_A2_GEMV_FMT(TWQ_Q4_K)
+TWQ_A2_GEMV_FMT(TWQ_Q6_K)
 
 typedef void (*twq_a2_gemv_fn)(const float*, const uint8_t*, int64_t, float*, int64_t, int64_t, int64_t);
 #define TWQ_A2_GEMV_ROW_NR(FMT, NR) {twq_a2_gemv_##FMT##_1_##NR, twq_a2_gemv_##FMT##_2_##NR, twq_a2_gemv_##FMT##_3_##NR, twq_a2_gemv_##FMT##_4_##NR}
 #define TWQ_A2_GEMV_ROW(FMT) {TWQ_A2_GEMV_ROW_NR(FMT, 1), TWQ_A2_GEMV_ROW_NR(FMT, 2), TWQ_A2_GEMV_ROW_NR(FMT, 4)}
-/* [bf16, f16][NR 1, 2, 4][MR - 1] */
-static const twq_a2_gemv_fn twq_a2_gemv_table[2][3][TWQ_A2_MR] = {TWQ_A2_GEMV_ROW(TWQ_BF16), TWQ_A2_GEMV_ROW(TWQ_F16)};
+/* [fmt - TWQ_BF16: bf16, f16, q4_k, q6_k][NR 1, 2, 4][MR - 1] */
+static const twq_a2_gemv_fn twq_a2_gemv_table[4][3][TWQ_A2_MR] = {TWQ_A2_GEMV_ROW(TWQ_BF16), TWQ_A2_GEMV_ROW(TWQ_F16),
+                                                                 TWQ_A2_GEMV_ROW(TWQ_Q4_K), TWQ_A2_GEMV_ROW(TWQ_Q6_K)};
 
 /* Up to 2 rows of x: groups of 4 W rows (4 or 8 accumulators, enough to stream the weights at
  * the memory's pace); more rows: groups of 2, in passes of up to 4 rows (8 accumulators, 4 x
@@ -111,7 +139,7 @@ static void twq_a2_gemv(int fmt, const float* x, const uint8_t* w, float* y, int
     const int nr = N >= want ? want : 1;
     const int64_t passes = (M + TWQ_A2_MR - 1) / TWQ_A2_MR, mr_max = (M + passes - 1) / passes; /* balanced: 5 rows as 3 + 2 */
     const int64_t groups = (N + nr - 1) / nr;
-    const twq_a2_gemv_fn* fns = twq_a2_gemv_table[fmt == TWQ_BF16 ? 0 : 1][nr == 4 ? 2 : nr - 1];
+    const twq_a2_gemv_fn* fns = twq_a2_gemv_table[fmt - TWQ_BF16][nr == 4 ? 2 : nr - 1];
     const int par = N * rb >= TWQ_PAR_MIN_BYTES;
     (void)par; /* used by OpenMP only */
 #pragma omp parallel for schedule(static) if (par)
@@ -149,16 +177,19 @@ TWQ_INLINE void twq_a2_t8x8(__m256* r) {
 
 /* Rows [n0, n0 + nr) (nr <= 16; the columns past them repeat the last row, their outputs are
  * never stored), weights [k0, k0 + kc), into the panel p[k][16]. */
-TWQ_INLINE void twq_a2_pack(int fmt, const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, int64_t k0, int64_t kc, float* p) {
+TWQ_INLINE void twq_a2_pack(int fmt, const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, int64_t k0, int64_t kc, int64_t K, float* p) {
     const uint8_t* rows[TWQ_A2_PN];
+    float kq[TWQ_A2_PN][16]; /* k-quants: each row's factors of the current super-block */
     for (int c = 0; c < TWQ_A2_PN; ++c) rows[c] = w + (n0 + (c < nr ? c : nr - 1)) * rb;
     const int64_t kc8 = kc / 8 * 8;
     for (int64_t kk = 0; kk < kc8; kk += 8) {
         if ((kk & 31) == 0) /* the same k of the next panel: weights come from memory */
-            for (int c = 0; c < TWQ_A2_PN; ++c) _mm_prefetch((const char*)(rows[c] + TWQ_A2_PN * rb + 2 * (k0 + kk)), _MM_HINT_T0);
+            for (int c = 0; c < TWQ_A2_PN; ++c) _mm_prefetch((const char*)(rows[c] + TWQ_A2_PN * rb + (k0 + kk) * rb / K), _MM_HINT_T0);
+        if (twq_is_k(fmt) && (kk == 0 || ((k0 + kk) & 255) == 0))
+            for (int c = 0; c < TWQ_A2_PN; ++c) twq_kscales(fmt, rows[c] + ((k0 + kk) >> 8) * twq_nbytes[fmt], kq[c]);
         for (int h = 0; h < TWQ_A2_PN; h += 8) {
             __m256 r[8];
-            for (int i = 0; i < 8; ++i) r[i] = twq_a2_w8(fmt, rows[h + i], k0 + kk);
+            for (int i = 0; i < 8; ++i) r[i] = twq_a2_w8(fmt, rows[h + i], k0 + kk, kq[h + i]);
             twq_a2_t8x8(r);
             for (int i = 0; i < 8; ++i) _mm256_store_ps(p + (kk + i) * TWQ_A2_PN + h, r[i]);
         }
@@ -168,11 +199,15 @@ TWQ_INLINE void twq_a2_pack(int fmt, const uint8_t* w, int64_t rb, int64_t n0, i
 }
 
 #define TWQ_A2_PACK_FN(FMT) \
-    static void twq_a2_pack_##FMT(const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, int64_t k0, int64_t kc, float* p) { \
-        twq_a2_pack(FMT, w, rb, n0, nr, k0, kc, p); \
+    static void twq_a2_pack_##FMT(const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, int64_t k0, int64_t kc, int64_t K, float* p) { \
+        twq_a2_pack(FMT, w, rb, n0, nr, k0, kc, K, p); \
     }
 TWQ_A2_PACK_FN(TWQ_BF16)
 TWQ_A2_PACK_FN(TWQ_F16)
+TWQ_A2_PACK_FN(TWQ_Q4_K)
+TWQ_A2_PACK_FN(TWQ_Q6_K)
+typedef void (*twq_a2_pack_fn)(const uint8_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float*);
+static const twq_a2_pack_fn twq_a2_pack_table[4] = {twq_a2_pack_TWQ_BF16, twq_a2_pack_TWQ_F16, twq_a2_pack_TWQ_Q4_K, twq_a2_pack_TWQ_Q6_K};
 
 /* y[0..nr) (+)= the 16 outputs in v0, v1; m0, m1: the lanes below nr (twq_a2_mask). Whole
  * panels store plainly: vmaskmovps to memory is microcoded on AMD (tens of cycles). */
@@ -231,7 +266,7 @@ static int twq_a2_gemm(int fmt, const float* x, const uint8_t* w, float* y, int6
     while (panels * ntm < 2 * nth && M / (2 * ntm) >= TWQ_A2_PM) ntm *= 2;
     const int64_t mc = ((M + ntm - 1) / ntm + TWQ_A2_PM - 1) / TWQ_A2_PM * TWQ_A2_PM;
     const int64_t tiles = panels * ntm;
-    void (*pack)(const uint8_t*, int64_t, int64_t, int64_t, int64_t, int64_t, float*) = fmt == TWQ_BF16 ? twq_a2_pack_TWQ_BF16 : twq_a2_pack_TWQ_F16;
+    const twq_a2_pack_fn pack = twq_a2_pack_table[fmt - TWQ_BF16];
     int failed = 0;
 #pragma omp parallel
     {
@@ -248,7 +283,7 @@ static int twq_a2_gemm(int fmt, const float* x, const uint8_t* w, float* y, int6
             const int64_t nr = N - n0 < TWQ_A2_PN ? N - n0 : TWQ_A2_PN;
             for (int64_t k0 = 0; k0 < K; k0 += kc) {
                 const int64_t kn = K - k0 < kc ? K - k0 : kc;
-                pack(w, rb, n0, nr, k0, kn, p);
+                pack(w, rb, n0, nr, k0, kn, K, p);
                 /* balanced calls (9 rows as 5 + 4): 2 or 3 rows have too few accumulators to
                  * hide the FMA latency */
                 const int64_t calls = (m1 - m0 + TWQ_A2_PM - 1) / TWQ_A2_PM;
@@ -264,7 +299,7 @@ static int twq_a2_gemm(int fmt, const float* x, const uint8_t* w, float* y, int6
     return failed ? TWQ_ENOMEM : 0;
 }
 
-/* bf16 and f16 rows (q4_k and q6_k keep the portable kernels). */
+/* bf16, f16, q4_k and q6_k rows. */
 static int twq_a2_run(int fmt, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t rb) {
     if (M > TWQ_A2_GEMV_MAX_M) return twq_a2_gemm(fmt, x, w, y, M, N, K, rb);
     twq_a2_gemv(fmt, x, w, y, M, N, K, rb);

@@ -37,9 +37,9 @@
  *   panels (and, when there are too few of them, chunks of x rows) are spread over the threads.
  * Both paths have AVX-512 kernels (F + BW, F16C; VNNI where present) and portable ones (any
  * C99 compiler; define TW_QUANT_PORTABLE to force them). Without AVX-512 but with AVX2, FMA and
- * F16C, bf16 and f16 run the kernels of quant_float_avx2.c (TWQ_A2F: a GEMV over groups of 4 or
- * 2 W rows, a packed GEMM with a 6 x 16 micro-kernel; see that file), which tilework's quant.py
- * splices in at its #include below (q4_k and q6_k keep the portable kernels). With AVX2 the
+ * F16C, the float path (bf16, f16, q4_k, q6_k) runs the kernels of quant_float_avx2.c (TWQ_A2F:
+ * a GEMV over groups of 4 or 2 W rows, a packed GEMM with a 6 x 16 micro-kernel; see that
+ * file), which tilework's quant.py splices in at its #include below. With AVX2 the
  * portable integer path takes each block's dot products with a row of x in AVX2 (vpmaddubsw +
  * vpmaddwd: the same int32 sums, so the same bits); q8_0, q4_0 and q4_1 (plain and x16, with
  * FMA and F16C) run tiles of 8 W rows instead, each block loaded (and its nibbles unpacked)
@@ -1442,7 +1442,7 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
 
 #endif /* TWQ_AVX512 */
 
-#include "quant_float_avx2.c" /* bf16 and f16 on AVX2 without AVX-512 (TWQ_A2F); spliced in by quant.py */
+#include "quant_float_avx2.c" /* the float path on AVX2 without AVX-512 (TWQ_A2F); spliced in by quant.py */
 
 /* ==== entry points ========================================================================== */
 
@@ -1468,7 +1468,7 @@ static int twq_run(int fmt, const float* x, const uint8_t* w, float* y, int64_t 
         return rc;
     }
 #ifdef TWQ_A2F
-    if (!twq_is_k(fmt)) return twq_a2_run(fmt, x, w, y, M, N, K, rb);
+    return twq_a2_run(fmt, x, w, y, M, N, K, rb);
 #endif
     if (M <= TWQ_GEMV_MAX_M) {
         twq_gemv(fmt, x, w, y, M, N, K, rb);
