@@ -71,14 +71,18 @@ class Executable:
     def kernel_callables(self, private: bool = False) -> dict[str, Callable[..., Any]]:
         """``name -> f(*buffers, sym_values)`` for the VM's kernel calls. ``private``: for a
         caller that runs one call at a time (a VM's set of steps), kernels that offer it
-        (``kernel.private()``) come with argument buffers of their own and no lock. For an
-        ``untrusted`` executable each call is first checked against the kernel's loop IR
+        (``kernel.vm_call()``, else ``kernel.private()``) come with argument buffers of their
+        own and no lock. For an ``untrusted`` executable each call is first checked against the kernel's loop IR
         (``tilework.ir.kernel_abi.call_checker``: dtypes, layout, shapes at the sym values)."""
         out: dict[str, Callable[..., Any]] = {}
         funcs = self.kernel_funcs if self.untrusted else {}
         for module in self.modules:
             for name in module.functions:
                 kernel = module[name]
+                direct = getattr(kernel, "vm_call", None) if private and not self.untrusted else None
+                if direct is not None:  # called as the VM calls, f(*arrays, sym_values)
+                    out[name] = direct()
+                    continue
                 make = getattr(kernel, "private", None) if private else None
                 kernel = make() if make is not None else kernel
                 if self.untrusted:

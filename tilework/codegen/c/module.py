@@ -114,6 +114,36 @@ class Kernel:
 
         return call
 
+    def vm_call(self) -> Callable[..., None]:
+        """This kernel called as a VM instruction calls it, ``f(*arrays, sym_values)``, with
+        argument buffers of its own and no lock (as ``private``): one generated function per
+        kernel that stores the array addresses and sym values and calls the trampoline, without
+        the layers of ``private`` (about 2 us less a call; a BERT layer makes ten)."""
+        nb, ns, name = self._nb, self._ns, self.info.name
+        n = max(nb, 1)
+        objs, ptrs, syms = (ctypes.c_void_p * n)(), (ctypes.c_void_p * n)(), (ctypes.c_int64 * max(ns, 1))()
+        invoke = self._invoke
+
+        def slow(arrays: Sequence[np.ndarray], sym_values: Sequence[int]) -> int:
+            return invoke(arrays, sym_values, objs, ptrs, syms)
+
+        env = {"ND": np.ndarray, "O": objs, "S": syms, "T": self._tramp, "FP": self._fnptr, "NB": self._nb_c, "OFF": _DATA_OFFSET_C, "slow": slow, "err": _kernel_error, "name": name}
+        a = [f"a{i}" for i in range(nb)]
+        fast = self._tramp is not None and nb > 0
+        lines = [f"def call({', '.join([*a, 'sv'])}):"]
+        lines.append(f"    if len(sv) != {ns}: raise TypeError(f'kernel {{name}}: expects {ns} sym values, got {{len(sv)}}')")
+        if fast:
+            lines.append(f"    if {' and '.join(f'type({x}) is ND' for x in a)}:")
+            lines += [f"        O[{i}] = id({x})" for i, x in enumerate(a)]
+            lines += [f"        S[{j}] = sv[{j}]" for j in range(ns)]
+            lines.append("        rc = T(FP, O, NB, OFF, S)")
+            lines.append("    else:")
+        lines.append(f"{'    ' * (1 + fast)}rc = slow(({''.join(x + ', ' for x in a)}), sv)")
+        lines.append("    if rc: raise err(name, rc)")
+        exec(compile("\n".join(lines) + "\n", f"<kernel {name}>", "exec"), env)  # noqa: S102 - generated from ints only
+        call: Callable[..., None] = env["call"]  # type: ignore[assignment]
+        return call
+
     def _invoke(self, arrays: Sequence[np.ndarray], sym_values: Sequence[int], objs: Any, ptrs: Any, syms: Any) -> int:
         for j, v in enumerate(sym_values):
             syms[j] = v
