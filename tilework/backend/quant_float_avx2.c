@@ -71,6 +71,17 @@ static inline float twq_a2_hsum(__m256 v) {
 }
 
 /* ---- GEMV: rows n0 .. n0+NR of W against MR rows of x (row stride K); y row stride N -------- */
+/* 8 weights at k of the group's rows against the pass's rows of x (twq_a2_gemv_tile's body) */
+#define TWQ_A2_GEMV_STEP(k) \
+    do { \
+        __m256 xv[TWQ_A2_MR]; \
+        _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) xv[r] = _mm256_loadu_ps(x + r * K + (k)); \
+        _Pragma("GCC unroll 8") for (int c = 0; c < NR; ++c) { \
+            const __m256 wv = twq_a2_w8(fmt, rows[c], (k), kq[c]); \
+            _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) acc[r][c] = _mm256_fmadd_ps(wv, xv[r], acc[r][c]); \
+        } \
+    } while (0)
+
 TWQ_INLINE void twq_a2_gemv_tile(int fmt, int MR, int NR, const float* x, const uint8_t* w, int64_t rb,
                                  float* y, int64_t N, int64_t K, int64_t n0) {
     __m256 acc[TWQ_A2_MR][4];
@@ -87,20 +98,20 @@ TWQ_INLINE void twq_a2_gemv_tile(int fmt, int MR, int NR, const float* x, const 
      * several short row streams at once. */
     const char* ahead = (const char*)(rows[0] + TWQ_A2_AHEAD * NR * rb);
     const int64_t k32 = K / 32 * 32, k8 = K / 8 * 8, step = k32 ? (NR * rb + k32 / 32 - 1) / (k32 / 32) : 0;
-    for (int64_t k = 0; k < k8; k += 8) {
-        if ((k & 31) == 0 && k < k32)
-            for (int64_t o = 0; o < step; o += 64) _mm_prefetch(ahead + (k >> 5) * step + o, _MM_HINT_T0);
-        if (twq_is_k(fmt) && (k & 255) == 0)
+    if (twq_is_k(fmt)) { /* a piece of 32 at a time: its factors and pointers worked out once */
+        for (int64_t k0 = 0; k0 < K; k0 += 32) {
+            for (int64_t o = 0; o < step; o += 64) _mm_prefetch(ahead + (k0 >> 5) * step + o, _MM_HINT_T0);
+            if ((k0 & 255) == 0)
 #pragma GCC unroll 8
-            for (int c = 0; c < NR; ++c) twq_kscales(fmt, rows[c] + (k >> 8) * twq_nbytes[fmt], kq[c]);
-        __m256 xv[TWQ_A2_MR];
-#pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r) xv[r] = _mm256_loadu_ps(x + r * K + k);
-#pragma GCC unroll 8
-        for (int c = 0; c < NR; ++c) {
-            const __m256 wv = twq_a2_w8(fmt, rows[c], k, kq[c]);
-#pragma GCC unroll 8
-            for (int r = 0; r < MR; ++r) acc[r][c] = _mm256_fmadd_ps(wv, xv[r], acc[r][c]);
+                for (int c = 0; c < NR; ++c) twq_kscales(fmt, rows[c] + (k0 >> 8) * twq_nbytes[fmt], kq[c]);
+#pragma GCC unroll 4
+            for (int64_t k = k0; k < k0 + 32; k += 8) TWQ_A2_GEMV_STEP(k);
+        }
+    } else { /* measured: a little faster than unrolled by 4 */
+        for (int64_t k = 0; k < k8; k += 8) {
+            if ((k & 31) == 0 && k < k32)
+                for (int64_t o = 0; o < step; o += 64) _mm_prefetch(ahead + (k >> 5) * step + o, _MM_HINT_T0);
+            TWQ_A2_GEMV_STEP(k);
         }
     }
 #pragma GCC unroll 8
