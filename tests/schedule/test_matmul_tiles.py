@@ -14,7 +14,7 @@ import pytest
 from tilework import te
 from tilework.codegen import build_library
 from tilework.ir import sym
-from tilework.ir.loop import Allocate, Block, IfThenElse, Stmt, TensorFunc
+from tilework.ir.loop import Allocate, Block, For, IfThenElse, Stmt, TensorFunc
 from tilework.ir.sym import Dim, SymVar
 from tilework.schedule import default_schedule
 from tilework.schedule.rules import common
@@ -162,3 +162,68 @@ def test_partial_column_tiles(registers: str) -> None:
             lib[name].run([a, wd, bias, res, out])
             want = EPILOGUES[ep][1](a.astype(np.float64) @ wt.T.astype(np.float64), bias, res)
             np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4, err_msg=f"{name} rows={rows}")
+
+
+def test_rest_row_tiles(registers: str) -> None:
+    """Enough column tiles that they alone run in parallel: the row tiles are ``M // MR`` full
+    ones and, when rows are left, one of that many rows rounded up to an even count (chosen at
+    run time; an 8-row matmul on 6-row tiles computed 12 rows), every one without guards in
+    ``k``. Checked at symbolic M past and within each rest size, an odd K and a partial last
+    column tile; a plain B of 16 panels is packed in groups of panels."""
+    m = SymVar("M", 1)
+    n = 16 * 8 * (2 if registers == "64x32" else 1) + 5
+    widths = {"p16": n, "plain": n, "plain_grouped": 16 * 16 * (2 if registers == "64x32" else 1) - 3}
+    funcs = {
+        "p16": _linear(m, 16, EPILOGUES["bias_silu"][0], n),
+        "plain": _linear(m, None, EPILOGUES["bias"][0], n),
+        "plain_grouped": _linear(m, None, EPILOGUES["bias"][0], widths["plain_grouped"]),
+    }
+    funcs = {name: default_schedule(f, strict=True) for name, f in funcs.items()}
+    rows_ = register_tile("float32")[0]
+    for name, f in funcs.items():
+        body = f.body.else_body if isinstance(f.body, IfThenElse) else f.body  # the many-rows tiles
+        assert body is not None and _outside_guards(body, {"y", "y_init"}), name
+        unrolled = {x.extent for _, x in walk(body) if isinstance(x, For) and x.kind == "unrolled"}
+        assert set(range(2, rows_ + 1, 2)) <= unrolled, (name, unrolled)  # the rest tiles' rows
+    groups = [x for _, x in walk(funcs["plain_grouped"].body) if isinstance(x, For) and x.var.name.endswith("_panels_g")]
+    assert groups and groups[0].kind == "parallel"
+    lib = build_library(funcs)
+    rng = np.random.default_rng(5)
+    for name, f in funcs.items():
+        nn = widths[name]
+        wt = rng.standard_normal((nn, K)).astype(np.float32)
+        bias = rng.standard_normal(nn).astype(np.float32)
+        panel = 16 if name == "p16" else None
+        ep = "bias_silu" if panel else "bias"
+        wd = np.ascontiguousarray(wt.T) if panel is None else lay_out(wt, panel)
+        for rows in (1, 3, 7, 8, 9, 10, 11, 13, 14, 15, 17, 24, 31):
+            a = rng.standard_normal((rows, K)).astype(np.float32)
+            res = np.zeros((rows, nn), np.float32)
+            out = np.full((rows, nn), np.nan, np.float32)
+            lib[name].run([a, wd, bias, res, out])
+            want = EPILOGUES[ep][1](a.astype(np.float64) @ wt.T.astype(np.float64), bias, res)
+            np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4, err_msg=f"{name} rows={rows}")
+
+
+def test_one_row_tile_spans_a_threads_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One row of A against a plain B: the tile spans a thread's share of the columns (here two
+    threads, 1037 columns: tiles of 528 and a partial one), checked against NumPy at M = 1 and
+    at the few-rows and many-rows counts around it."""
+    from tilework.schedule.rules import matmul
+
+    monkeypatch.setattr(matmul, "host_threads", lambda: 2)
+    n = 1037
+    m = SymVar("M", 1)
+    f = default_schedule(_linear(m, None, EPILOGUES["bias"][0], n), strict=True)
+    widths = {x.extent for _, x in walk(f.body) if isinstance(x, For) and x.kind == "vectorized"}
+    assert 528 in widths, widths
+    lib = build_library({"plain": f})
+    rng = np.random.default_rng(3)
+    wt = rng.standard_normal((n, K)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    for rows in (1, 2, 9):
+        a = rng.standard_normal((rows, K)).astype(np.float32)
+        out = np.full((rows, n), np.nan, np.float32)
+        lib["plain"].run([a, np.ascontiguousarray(wt.T), bias, np.zeros((rows, n), np.float32), out])
+        want = a.astype(np.float64) @ wt.T.astype(np.float64) + bias
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4, err_msg=f"rows={rows}")

@@ -65,6 +65,15 @@ def host_registers() -> VectorRegisters:
     return VectorRegisters(16, 16)
 
 
+@functools.lru_cache(maxsize=1)
+def host_threads() -> int:
+    """The CPUs this process may run on: the threads a parallel kernel gets by default."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 def lanes(dtype: str) -> int:
     """How many elements of ``dtype`` fill one vector register."""
     return max(1, VECTOR_BYTES // (DTYPE_TABLE[dtype].itemsize if dtype in DTYPE_TABLE else 4))

@@ -13,11 +13,14 @@ in column panels (``pack_panels``). Sizes that do not divide are guarded, but on
 store (``unguard_tiles``): the last row tile computes its rows past the end as copies of the
 last row, the last column tile whole panels of a panel-packed B (zero past the end), so that
 its ``k`` loop is a full tile's; its store runs unguarded when its last lane is in bounds
-(``split_store``). An elementwise epilogue is inlined into the tile store.
+(``split_store``). Where the column tiles alone run in parallel, the rows left after the full
+row tiles run in a tile of as many rows rounded up to an even count, picked at run time
+(``rest_rows``). An elementwise epilogue is inlined into the tile store.
 
 Few rows (decoding, short prompts): for ``B[k, j]`` one register tile holds every row, ``r x
 NR`` with ``NR`` as wide as keeps the tile's ``K x NR`` panel of B in L2 (``small_vectors``,
-from K's bound) and at most ``MAX_ACCUMULATORS`` registers; a symbolic row count picks the tile
+from K's bound) and at most ``MAX_ACCUMULATORS`` registers (one row: a thread's share of the
+columns, ``one_row_vectors``); a symbolic row count picks the tile
 of its exact value (1 .. 7) at run time, so that no tile tests bounds in its ``k`` loop. For
 ``B[j, k]`` vectorized dot products. With a symbolic row count the kernel holds the few-rows
 and many-rows schedules and picks one at run time (``specialize.branch``).
@@ -65,6 +68,7 @@ from tilework.schedule.rules.common import (
     attempt,
     block_loops,
     host_registers,
+    host_threads,
     lanes,
     loop,
     new_blocks,
@@ -77,12 +81,14 @@ from tilework.schedule.rules.inline import inline_producers
 from tilework.schedule.rules.reduction import schedule_reduction
 from tilework.schedule.specialize import branch
 from tilework.schedule.tree import (
+    block_names,
     blocks_of,
     children,
     conj,
     conjuncts,
     dim_vars,
     find_block,
+    find_loop,
     fresh_name,
     get_at,
     leaves,
@@ -90,8 +96,10 @@ from tilework.schedule.tree import (
     map_stmt_scalars,
     new_loop_var,
     rebind,
+    rename_blocks,
     replace_at,
     seq,
+    splice_at,
     subst_stmt,
     used_names,
     walk,
@@ -102,11 +110,13 @@ NAME = "matmul"
 MR = 8  # rows of a register tile
 NR_VECTORS = 2  # vectors per row of a register tile
 SMALL_NR_VECTORS = 16  # vectors per one-row tile when there are few rows
+ONE_ROW_VECTORS = 128  # at most, for a one-row tile spread over the threads
 NN_SMALL_ROWS = 8  # fewer rows than this: one-row tiles (B[k, j])
 NT_SMALL_ROWS = 64  # fewer rows than this: dot products (B[j, k]); else transpose B and tile
 MIN_COLUMN_TILES = 8  # parallelize over column tiles alone when there are this many
 PANEL_BYTES = 256 * 1024  # the K x NR panel of B a few-rows tile streams, kept within L2
 MAX_ACCUMULATORS = 24  # vector registers a few-rows tile may hold
+PACK_GROUP = 8  # column panels of a runtime B packed together, row by row
 
 
 def apply(func: TensorFunc) -> TensorFunc | None:
@@ -194,10 +204,21 @@ def _rows_tile(func: TensorFunc, r: int) -> TensorFunc:
     rows share narrower ones (``small_vectors``)."""
     parts = _parts(func)
     assert parts is not None
-    vectors = SMALL_NR_VECTORS if r == 1 else max(2, min(small_vectors(parts), MAX_ACCUMULATORS // r))
+    vectors = one_row_vectors(parts) if r == 1 else max(2, min(small_vectors(parts), MAX_ACCUMULATORS // r))
     if parts.panel is not None:  # a packed B: the tile spans NR_VECTORS vectors of panels
         vectors = NR_VECTORS
     return schedule_matmul(func, parts, r, lanes(out_dtype(func)) * vectors)
+
+
+def one_row_vectors(parts: MatmulParts) -> int:
+    """Vectors of a one-row tile: a thread's share of the columns, from ``SMALL_NR_VECTORS``
+    to ``ONE_ROW_VECTORS``. The tile streams its columns of each row of B: 1 KB of each 16 KB
+    row of a 4096-wide B (a new page every time) ran at 0.7 of the speed of 8 KB."""
+    n = parts.j[0].extent
+    if not isinstance(n, int):
+        return SMALL_NR_VECTORS
+    share = -(-n // (lanes(parts.b.buffer.dtype) * host_threads()))
+    return max(SMALL_NR_VECTORS, min(ONE_ROW_VECTORS, share))
 
 
 def small_vectors(parts: MatmulParts) -> int:
@@ -228,7 +249,7 @@ def _big(func: TensorFunc, nt: bool) -> TensorFunc:
         func = pack_panels(func, parts, nr)
         parts = _parts(func)
         assert parts is not None
-    return schedule_matmul(func, parts, mr, nr)
+    return schedule_matmul(func, parts, mr, nr, rest=True)
 
 
 def pack_panels(func: TensorFunc, parts: MatmulParts, panel: int) -> TensorFunc:
@@ -237,6 +258,9 @@ def pack_panels(func: TensorFunc, parts: MatmulParts, panel: int) -> TensorFunc:
     ``K x panel`` block instead of ``K`` rows a B row apart (which share cache sets: at a
     4096-float row every one maps to the same L1 set). Columns past ``N`` in the last panel
     are zero: the tiles compute them (unstored), as they do a laid-out weight's padding.
+    ``PACK_GROUP`` panels are packed together, row by row of B (512 contiguous bytes of each
+    row, the panels written as streams), the groups in parallel: k outside all the panels
+    wrote each 64 bytes to another page (M = 32, K = 1024, N = 4096: 1.25x the GFLOP/s).
     Unchanged when B is not read as ``B[.., k, j]`` or something in ``func`` writes it."""
     src, idx = parts.b.buffer, parts.b.indices
     k, j = parts.k.var, parts.j[0].var
@@ -254,10 +278,21 @@ def pack_panels(func: TensorFunc, parts: MatmulParts, panel: int) -> TensorFunc:
     col = sym.add(sym.mul(v[-3], panel), v[-1])
     fill = Store(copy, tuple(v), Select(less_than(col, nn), Load(src, (*v[:-3], v[-2], col)), const(0, src.dtype), src.dtype))
     names = {b.name for b in blocks_of(func)}
+    npanels = shape[-3]
+    group = next((g for g in (PACK_GROUP, 4, 2) if isinstance(npanels, int) and npanels % g == 0 and npanels // g >= 2), 0)
+    if group:  # groups of panels in parallel, each along its rows of B: k inside the group
+        outer, inner = (new_loop_var(fresh_name(used, f"{copy.name}_{d}"), e) for d, e in (("g", npanels // group), ("p", group)))
+        ivs[-3] = replace(ivs[-3], binding=sym.add(sym.mul(outer, group), inner))
     nest: Stmt = Block(fresh_name(names, f"{src.name}_panels"), tuple(ivs), (src,), (copy,), fill, None)
-    order = [*range(len(lead)), len(lead) + 1, len(lead), len(lead) + 2]  # k outside the panels:
-    for d in reversed(order):  # B is read along its rows
-        nest = For(loops[d], shape[d], nest)
+    if group:
+        nest = For(inner, group, For(loops[-1], panel, nest, "vectorized"))
+        nest = For(outer, npanels // group, For(loops[-2], kk, nest), "parallel")
+        for d in reversed(range(len(lead))):
+            nest = For(loops[d], shape[d], nest)
+    else:
+        order = [*range(len(lead)), len(lead) + 1, len(lead), len(lead) + 2]  # k outside the panels:
+        for d in reversed(order):  # B is read along its rows
+            nest = For(loops[d], shape[d], nest)
     packed = (*idx[:-2], sym.floordiv(j, panel), k, sym.floormod(j, panel))
 
     def through_copy(n: PExpr) -> Scalar | None:
@@ -297,7 +332,7 @@ def iv_loops(func: TensorFunc, block: Block) -> dict[SymVar, For] | None:
     return out
 
 
-def schedule_matmul(func: TensorFunc, parts: MatmulParts, mr: int, nr: int) -> TensorFunc:
+def schedule_matmul(func: TensorFunc, parts: MatmulParts, mr: int, nr: int, rest: bool = False) -> TensorFunc:
     """Register tiles of ``mr x nr`` outputs (see the module doc). With a B packed in column
     panels a tile's column ``j_0 * panel + j_1`` indexes B as ``[j_0, k, j_1]``: when ``nr`` is
     a multiple of the panel width a tile spans ``nr / panel`` adjacent panels (a loop ``j_m``
@@ -369,14 +404,77 @@ def schedule_matmul(func: TensorFunc, parts: MatmulParts, mr: int, nr: int) -> T
         func = attempt(func, lp.vectorize, ls[-1].var)
     func = inline_epilogue(func, parts.block.writes[0], store)
     func = schedule_rest(func, tiles.var)
-    # Full tiles run without bounds tests; only the last row (column) tile keeps them, and in
-    # that tile (in every tile, when the row tiles share the parallel loop) only the store.
-    func = attempt(func, lp.partition, io)
-    func = attempt(func, lp.partition, tiles.var)
+    # Every tile's k loop runs without bounds tests: the last row (column) tile computes
+    # copies of the last row (whole panels); only the store is guarded, and split where its
+    # last lane is in bounds. A guard that stays in k (a column read that is not a panel's)
+    # goes to a copy of the last tile (``partition``); else one copy of the tile code serves
+    # every tile (a copy per partial tile doubled the kernel's C, and its compile time).
     spatial = spatial_vars(parts.block)
     row, col = spatial.index(parts.i[-1]), spatial.index(parts.j[0])
-    func = unguard_tiles(func, frozenset((name, init)), row, col, nr * max(strips, groups))
-    return split_store(func, store)
+    tiled = frozenset((name, init))
+    func = unguard_tiles(func, tiled, row, col, nr * max(strips, groups))
+    if not outside_guards(func.body, tiled):
+        func = attempt(func, lp.partition, io)
+        func = attempt(func, lp.partition, tiles.var)
+        return split_store(func, store)
+    func = split_store(func, store)
+    return rest_rows(func, io, mr, i.extent) if rest and io not in par else func
+
+
+def rest_rows(func: TensorFunc, io: SymVar, mr: int, rows: Dim) -> TensorFunc:
+    """The row tiles (loop ``io`` over ``ceil(rows / mr)`` tiles of ``mr`` rows, every one
+    computing whole tiles) as ``rows // mr`` full tiles and, when rows are left, one tile of
+    as many rows rounded up to ``REST_STEP`` (a copy of the tile with its row loops that
+    long, chosen at run time): an 8-row matmul on 6-row tiles computed 12 rows."""
+    if mr <= REST_STEP or isinstance(rows, int) and rows % mr == 0:
+        return func
+    path, f = find_loop(func, io)
+    rowl = {x.var for _, x in walk(f.body) if isinstance(x, For) and x.extent == mr and _row_loop(x, io)}
+    full, left = sym.floordiv(rows, mr), sym.floormod(rows, mr)
+    used, names = used_names(func), block_names(func)
+
+    def tile(n: int) -> Stmt:
+        body = subst_stmt(_row_extents(f.body, rowl, n), {io: full})
+        return rename_blocks(rebind(body, used), names)
+
+    sizes = sorted({min(mr, -(-r // REST_STEP) * REST_STEP) for r in range(1, mr)})
+    if isinstance(left, int):
+        rest: Stmt = tile(next(n for n in sizes if n >= left))
+    else:
+        rest = tile(sizes[-1])
+        for n in reversed(sizes[:-1]):
+            rest = IfThenElse(less_than(left, n + 1), tile(n), rest)
+        rest = IfThenElse(less_than(0, left), rest)
+    return func.replace(body=splice_at(func.body, path, [replace(f, extent=full), rest]))
+
+
+REST_STEP = 2  # the rows of a partial row tile: a multiple of this many
+
+
+def _row_loop(f: For, io: SymVar) -> bool:
+    """Whether ``f`` (inside row tile ``io``) runs over the tile's rows: a block under it has
+    an iter var bound to both."""
+    return any(
+        isinstance(b, Block) and any({f.var, io} <= dim_vars(iv.binding) for iv in b.iter_vars)
+        for _, b in walk(f.body)
+    )  # fmt: skip
+
+
+def _row_extents(s: Stmt, loops: set[SymVar], n: int) -> Stmt:
+    """``s`` with the loops ``loops`` running ``n`` times."""
+    s = with_children(s, [_row_extents(c, loops, n) for c in children(s)])
+    return replace(s, extent=n) if isinstance(s, For) and s.var in loops else s
+
+
+def outside_guards(s: Stmt, names: frozenset[str]) -> bool:
+    """Whether no block named in ``names`` runs under a bounds guard in ``s`` (an ``if``
+    without ``else``; the run-time choice between schedules has one)."""
+    for path, x in walk(s):
+        if isinstance(x, Block) and x.name in names:
+            ancestors = (get_at(s, path[:n]) for n in range(len(path)))
+            if any(isinstance(a, IfThenElse) and a.else_body is None for a in ancestors):
+                return False
+    return True
 
 
 def unguard_tiles(func: TensorFunc, names: frozenset[str], row: int, col: int, width: int) -> TensorFunc:
