@@ -41,10 +41,21 @@ class Signature:
     in_spec: str | None = None
     out_spec: str | None = None
     _specs: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    _orders: dict[tuple[Any, ...], list[int | str]] = field(default_factory=dict, repr=False, compare=False)  # by call form (bind)
 
     def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any]:
-        """The tensor inputs of ``main`` for a call ``(*args, **kwargs)``."""
-        flat = self._flatten(args, kwargs)
+        """The tensor inputs of ``main`` for a call ``(*args, **kwargs)``. A call whose
+        arguments are all arrays or tensors takes its inputs in the order found for the first
+        call of the same form (how many positional arguments, which keywords in which order):
+        flattening a torch pytree spec costs ~0.1 ms a call."""
+        leaves = all(_is_leaf(v) for v in args) and all(_is_leaf(v) for v in kwargs.values())
+        form = (len(args), *kwargs)
+        order = self._orders.get(form) if leaves else None
+        if order is None and leaves:
+            order = self._order_of(len(args), list(kwargs))
+            if order is not None:
+                self._orders[form] = order
+        flat = [args[k] if isinstance(k, int) else kwargs[k] for k in order] if order is not None else self._flatten(args, kwargs)
         out = []
         for spec, value in zip(self.inputs, flat):
             if spec["tensor"]:
@@ -52,6 +63,21 @@ class Signature:
             elif value != spec["value"]:
                 raise TileworkError(f"input {spec['name']} was fixed to {spec['value']!r} when the model was compiled, got {value!r}")
         return out
+
+    def _order_of(self, nargs: int, keywords: list[str]) -> list[int | str] | None:
+        """Where each flat input comes from in a call of ``nargs`` positional arrays and
+        ``keywords`` (a position or a keyword), found by flattening stand-ins; None when such a
+        call does not match (the call itself then raises, with its own values in the message)."""
+        keys: list[int | str] = [*range(nargs), *keywords]
+        marks = [_Mark() for _ in keys]
+        where = {id(m): k for k, m in zip(keys, marks)}
+        try:
+            flat = self._flatten(marks[:nargs], dict(zip(keywords, marks[nargs:])))
+        except TileworkError:
+            return None
+        if not all(id(v) in where for v in flat):
+            return None
+        return [where[id(v)] for v in flat]
 
     def _flatten(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any]:
         names = [i["name"] for i in self.inputs]
@@ -107,6 +133,17 @@ class Signature:
 
     def to_json(self) -> dict[str, Any]:
         return {"inputs": [{**i, "value": i.get("value")} for i in self.inputs], "in_spec": self.in_spec, "out_spec": self.out_spec}
+
+
+class _Mark:
+    """A stand-in argument: where it lands among the flat inputs shows the order of a call form."""
+
+    __slots__ = ()
+
+
+def _is_leaf(v: Any) -> bool:
+    """An array or a tensor: a leaf of every torch pytree."""
+    return isinstance(v, np.ndarray) or (type(v).__module__.startswith("torch") and type(v).__name__ in ("Tensor", "Parameter"))
 
 
 def _render_call(spec: Any, names: Any, values: Sequence[Any] | None = None) -> str:

@@ -20,15 +20,22 @@ def is_torch_tensor(x: Any) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "numpy") and hasattr(x, "dtype")
 
 
+_FROM_TORCH_PLAIN: set[Any] = set()  # torch dtypes whose ``Tensor.numpy()`` is the view: filled on first use
+
+
 def from_torch(t: Any) -> np.ndarray:
     """A NumPy view of a CPU torch tensor (contiguous copy only when it is not contiguous)."""
     import torch
 
+    if not _FROM_TORCH_PLAIN:
+        _FROM_TORCH_PLAIN.update([torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool])
     if t.device.type != "cpu":
         raise RuntimeCheckError(f"tensor on {t.device} given to the CPU runtime; move it with .cpu()")
     t = t.detach()
     if not t.is_contiguous():
         t = t.contiguous()
+    if t.dtype in _FROM_TORCH_PLAIN:
+        return t.numpy()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(np_dtype("bfloat16"))
     name = str(t.dtype).removeprefix("torch.")
@@ -37,9 +44,16 @@ def from_torch(t: Any) -> np.ndarray:
     return t.numpy()
 
 
+# dtypes torch.from_numpy takes as they are (a dtype's ``.name`` is computed in Python by
+# NumPy: ~1 us, which every output of every call paid)
+_TORCH_PLAIN = frozenset(np.dtype(t) for t in ("float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8", "bool", "complex64", "complex128"))
+
+
 def to_torch(a: np.ndarray) -> Any:
     import torch
 
+    if a.dtype in _TORCH_PLAIN:
+        return torch.from_numpy(a if a.flags.c_contiguous else np.ascontiguousarray(a))
     if a.dtype.name == "bfloat16":
         return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
     if a.dtype.name in LOWP_DTYPES:
