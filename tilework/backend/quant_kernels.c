@@ -44,9 +44,9 @@
  * vpmaddwd: the same int32 sums, so the same bits); q8_0, q4_0 and q4_1 (plain and x16, with
  * FMA and F16C) run tiles of 8 W rows instead, each block loaded (and its nibbles unpacked)
  * once for every row of x and the 8 rows' sums side by side in a vector (twq_q8_tile,
- * twq_q4_tile; q4 x16 at up to 8 rows of x: the 16 rows of a group, twq_q4_x16_group). A q4
+ * twq_q4_tile; q4 x16 at up to 16 rows of x: the 16 rows of a group, twq_q4_x16_group). A q4
  * block's 8 products with a row of x add up in int16 (at most 8 * 2 * 15 * 127 = 30480) and
- * are widened once; up to 8 rows of x come with their 4-byte pieces broadcast ahead
+ * are widened once; there x comes with its 4-byte pieces broadcast ahead
  * (twq_broadcast_x), read as vpmaddubsw's memory operand.
  *
  * Entry points: tw_qlinear_<fmt>(x, w, y, M, N, K) for q4_0 q4_1 q8_0 bf16 f16 q4_k q6_k
@@ -1212,6 +1212,9 @@ TWQ_INLINE void twq_q4_x16_unpack(const uint8_t* b, int64_t head, int64_t h, __m
     }
 }
 
+#define TWQ_XB_MAX_M 16                /* most rows of x broadcast ahead (twq_q4_x16_group) */
+#define TWQ_XB_MAX_BYTES (128 << 10)   /* and most bytes: measured, 16 x 576 (72 KiB) gains, 16 x 1536 (192 KiB) loses */
+
 /* Each 4 bytes of x's quantized rows broadcast to a whole vector: xb[(r * nb + j) * 8 + t] =
  * bytes 4t..4t+3 of row r's block j in every lane, read by twq_q4_dotx as a memory operand of
  * vpmaddubsw (a broadcast per product costs a vector operation). */
@@ -1230,7 +1233,7 @@ TWQ_INLINE __m256i twq_q4_dotx(const __m256i* wq, const __m256i* xb) {
     return _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(a, b), _mm256_add_epi16(c, d)), _mm256_set1_epi16(1));
 }
 
-/* q4_0 / q4_1 x16, M <= TWQ_I8_GEMV_MAX_M rows of x: the 16 W rows of the group at grp (y: the
+/* q4_0 / q4_1 x16, M <= TWQ_XB_MAX_M rows of x: the 16 W rows of the group at grp (y: the
  * column of their first output). Each half's block is unpacked once for all rows of x, which
  * come broadcast ahead (xb); each output lane runs the loop's sequence (isum with corr, fma by
  * d_w * d_x, q4_1: fma(m_w, cx)): the same bits. (q4_1's corr is 0: its add is left out.) The
@@ -1238,7 +1241,7 @@ TWQ_INLINE __m256i twq_q4_dotx(const __m256i* wq, const __m256i* xb) {
  * keeps its two accumulators in registers: two chains of float updates). */
 TWQ_INLINE void twq_q4_x16_body(int fmt, const twq_xq* xq, const __m256i* xb, const uint8_t* grp, const char* ahead, int64_t step, float* y, int64_t M, int64_t N) {
     const int64_t nb = xq->nb, nbytes = twq_nbytes[fmt], head = fmt == TWQ_Q4_1 ? 4 : 2;
-    __m256 acc[2][TWQ_I8_GEMV_MAX_M];
+    __m256 acc[2][TWQ_XB_MAX_M];
     for (int64_t r = 0; r < M; ++r) acc[0][r] = acc[1][r] = _mm256_setzero_ps();
     for (int64_t j = 0; j < nb; ++j) {
         for (int64_t o = 0; o < step; o += 64) _mm_prefetch(ahead + j * step + o, _MM_HINT_T0);
@@ -1274,8 +1277,8 @@ static void twq_q4_x16_group(int fmt, const twq_xq* xq, const __m256i* xb, const
  * (mask and shift) into twq_q4_dot8's form (x16: twq_q4_x16_unpack; plain rows: each row's 32
  * nibbles in order, transposed by twq_t8x8) and serves every row of x. With the block's corr
  * (q4_0: -8 * sum(q)) the 8 lanes hold the loop's int32 sums, and the float update (q4_1: then
- * fma(m_w, cx)) runs lane by lane as the loop's: the same bits. (x16 rows and at most
- * TWQ_I8_GEMV_MAX_M rows of x run twq_q4_x16_group instead.) */
+ * fma(m_w, cx)) runs lane by lane as the loop's: the same bits. (x16 rows and few rows of x
+ * run twq_q4_x16_group instead: see twq_i8_run.) */
 static void twq_q4_tile(int fmt, int x16, const twq_xq* xq, const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, float* y, int64_t M, int64_t N) {
     const int64_t nb = xq->nb, nbytes = twq_nbytes[fmt], head = fmt == TWQ_Q4_1 ? 4 : 2;
     const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0F);
@@ -1351,7 +1354,7 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
     (void)par; /* used by OpenMP only */
 #ifdef TWQ_AVX2_Q8
     __m256i* xb = NULL; /* x broadcast for twq_q4_x16_group */
-    if (x16 && fmt != TWQ_Q8_0 && M <= TWQ_I8_GEMV_MAX_M) {
+    if (x16 && fmt != TWQ_Q8_0 && M <= TWQ_XB_MAX_M && 8 * M * xq->K <= TWQ_XB_MAX_BYTES) {
         xb = (__m256i*)twq_alloc(2 * M * xq->K);
         if (xb == NULL) return TWQ_ENOMEM;
     }
