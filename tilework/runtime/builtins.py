@@ -293,6 +293,60 @@ def _prepare_shape_func(args: list[Arg]) -> list[Arg]:
     return [heap, slots, (kind, tuple(compile_dim_program(p) for p in programs))]
 
 
+def _dim_source(program: Any) -> str:
+    """A Python expression of the heap ``h`` computing a dim program that ``compile_dim_program``
+    accepted (so its operations, arities and int operands are known good)."""
+    op, args = program[0], program[1:]
+    if op == "slot":
+        return f"h[{int(args[0])}]"
+    if op == "const":
+        return f"({int(args[0])})"
+    parts = [_dim_source(a) for a in args]
+    if op in ("add", "mul"):
+        return "(" + (" + " if op == "add" else " * ").join(parts) + ")"
+    if op in ("min", "max"):
+        return f"{op}({parts[0]}, {parts[1]})"
+    return f"{'fdiv' if op == 'floordiv' else 'fmod'}({parts[0]}, {parts[1]})"
+
+
+def _divisor(b: int) -> int:
+    if b == 0:
+        raise RuntimeCheckError("a derived dim divides by zero")
+    return b
+
+
+_DIM_ENV = {"fdiv": lambda a, b: a // _divisor(b), "fmod": lambda a, b: a % _divisor(b)}
+
+
+def _generated(src: str, name: str) -> Callable[..., Any]:
+    env = dict(_DIM_ENV)
+    exec(compile(src, f"<vm {name}>", "exec"), env)  # noqa: S102 - generated from checked ints only
+    fn: Callable[..., Any] = env["f"]
+    return fn
+
+
+def _bind_shape_func(memory: Memory, args: list[Arg]) -> Bound:
+    """One generated function of the heap computing every derived slot of the call, in order."""
+    heap, (skind, slots), (pkind, programs) = args
+    if skind != "i" or pkind != "i" or not isinstance(slots, tuple) or not isinstance(programs, tuple) or len(slots) != len(programs):
+        raise RuntimeCheckError("vm_shape_func needs its slots and programs as immediates of one length")
+    for slot, p in zip(slots, programs):
+        compile_dim_program(p)  # checks the program
+        if type(slot) is not int or slot < 0:
+            raise RuntimeCheckError(f"vm_shape_func: invalid slot {slot!r}")
+    body = "".join(f"    h[{slot}] = {_dim_source(p)}\n" for slot, p in zip(slots, programs)) or "    pass\n"
+    return _generated("def f(h):\n" + body, "vm_shape_func"), [heap]
+
+
+def _bind_make_shape(memory: Memory, args: list[Arg]) -> Bound:
+    """A generated function of the heap building the shape (pairs (0, imm) / (1, slot))."""
+    heap, (kind, codes) = args
+    if kind != "i" or not isinstance(codes, tuple) or len(codes) % 2 or not all(type(c) is int for c in codes) or any(c not in (0, 1) for c in codes[::2]):
+        return make_shape, args
+    dims = [f"({codes[i + 1]})" if codes[i] == 0 else f"h[{codes[i + 1]}]" for i in range(0, len(codes), 2)]
+    return _generated("def f(h):\n    return (" + "".join(d + ", " for d in dims) + ")\n", "vm_make_shape"), [heap]
+
+
 PREPARE: dict[str, Callable[[list[Arg]], list[Arg]]] = {"vm_shape_func": _prepare_shape_func}
 
 
@@ -335,6 +389,8 @@ def _bind_carve(memory: Memory, args: list[Arg]) -> Bound:
 
 
 BIND: dict[str, Callable[[Memory, list[Arg]], Bound]] = {
+    "vm_shape_func": _bind_shape_func,
+    "vm_make_shape": _bind_make_shape,
     "vm_alloc_tensor": _bind_alloc_tensor,
     "vm_alloc_storage": _bind_alloc_storage,
     "vm_free_storage": _bind_free_storage,
