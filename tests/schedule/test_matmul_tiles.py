@@ -57,14 +57,14 @@ EPILOGUES: dict[str, tuple[Epilogue, Callable[[np.ndarray, np.ndarray, np.ndarra
 }
 
 
-def _linear(m: Dim, panel: int | None, epilogue: Epilogue, n: int = N) -> TensorFunc:
-    """``epilogue(a @ w.T, bias, res)`` (``n`` columns) with ``w`` packed in column panels
-    (``panel``) or a plain ``b[k, j]`` (None)."""
-    a = te.placeholder((m, K), "float32", "a")
+def _linear(m: Dim, panel: int | None, epilogue: Epilogue, n: int = N, k: int = K) -> TensorFunc:
+    """``epilogue(a @ w.T, bias, res)`` (``n`` columns, ``k`` deep) with ``w`` packed in
+    column panels (``panel``) or a plain ``b[k, j]`` (None)."""
+    a = te.placeholder((m, k), "float32", "a")
     if panel is None:
-        w = te.placeholder((K, n), "float32", "w")
+        w = te.placeholder((k, n), "float32", "w")
     else:
-        w = te.placeholder((-(-n // panel), K, panel), "float32", "w")
+        w = te.placeholder((-(-n // panel), k, panel), "float32", "w")
     bias = te.placeholder((n,), "float32", "bias")
     res = te.placeholder((m, n), "float32", "res")
 
@@ -72,7 +72,7 @@ def _linear(m: Dim, panel: int | None, epilogue: Epilogue, n: int = N) -> Tensor
         assert isinstance(j, SymVar)
         return w[r, j] if panel is None else w[sym.floordiv(j, panel), r, sym.floormod(j, panel)]
 
-    r = te.reduce_axis(K, "r")
+    r = te.reduce_axis(k, "r")
     y = te.compute((m, n), lambda i, j: te.sum(a[i, r] * wv(r, j), axis=r), "y")
     return te.create_func([a, w, bias, res, epilogue(y, bias, res)])
 
@@ -207,23 +207,30 @@ def test_rest_row_tiles(registers: str) -> None:
 
 def test_one_row_tile_spans_a_threads_share(monkeypatch: pytest.MonkeyPatch) -> None:
     """One row of A against a plain B: the tile spans a thread's share of the columns (here two
-    threads, 1037 columns: tiles of 528 and a partial one), checked against NumPy at M = 1 and
-    at the few-rows and many-rows counts around it."""
+    threads, 1037 columns: tiles of 528 and a partial one) and, when 4 divides K, adds 4 rows
+    of B at a time (``jam_k``); checked against NumPy at M = 1 and at the few-rows and
+    many-rows counts around it, K = 36 and 37."""
     from tilework.schedule.rules import matmul
 
     monkeypatch.setattr(matmul, "host_threads", lambda: 2)
     n = 1037
     m = SymVar("M", 1)
-    f = default_schedule(_linear(m, None, EPILOGUES["bias"][0], n), strict=True)
-    widths = {x.extent for _, x in walk(f.body) if isinstance(x, For) and x.kind == "vectorized"}
-    assert 528 in widths, widths
-    lib = build_library({"plain": f})
+    funcs = {f"k{k}": default_schedule(_linear(m, None, EPILOGUES["bias"][0], n, k), strict=True) for k in (36, 37)}
+    for name, f in funcs.items():
+        widths = {x.extent for _, x in walk(f.body) if isinstance(x, For) and x.kind == "vectorized"}
+        assert 528 in widths, widths
+        tiles = [x for _, x in walk(f.body) if isinstance(x, For) and x.kind == "vectorized" and x.extent == 528]
+        jammed = [y for x in tiles for _, y in walk(x.body) if isinstance(y, For) and y.kind == "unrolled" and y.extent == 4]
+        assert bool(jammed) == (name == "k36"), name
+    lib = build_library(funcs)
     rng = np.random.default_rng(3)
-    wt = rng.standard_normal((n, K)).astype(np.float32)
-    bias = rng.standard_normal(n).astype(np.float32)
-    for rows in (1, 2, 9):
-        a = rng.standard_normal((rows, K)).astype(np.float32)
-        out = np.full((rows, n), np.nan, np.float32)
-        lib["plain"].run([a, np.ascontiguousarray(wt.T), bias, np.zeros((rows, n), np.float32), out])
-        want = a.astype(np.float64) @ wt.T.astype(np.float64) + bias
-        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4, err_msg=f"rows={rows}")
+    for name in funcs:
+        k = int(name[1:])
+        wt = rng.standard_normal((n, k)).astype(np.float32)
+        bias = rng.standard_normal(n).astype(np.float32)
+        for rows in (1, 2, 9):
+            a = rng.standard_normal((rows, k)).astype(np.float32)
+            out = np.full((rows, n), np.nan, np.float32)
+            lib[name].run([a, np.ascontiguousarray(wt.T), bias, np.zeros((rows, n), np.float32), out])
+            want = a.astype(np.float64) @ wt.T.astype(np.float64) + bias
+            np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4, err_msg=f"{name} rows={rows}")

@@ -111,6 +111,7 @@ MR = 8  # rows of a register tile
 NR_VECTORS = 2  # vectors per row of a register tile
 SMALL_NR_VECTORS = 16  # vectors per one-row tile when there are few rows
 ONE_ROW_VECTORS = 128  # at most, for a one-row tile spread over the threads
+ONE_ROW_JAM = 4  # rows of B a wide one-row tile adds to its accumulators at a time
 NN_SMALL_ROWS = 8  # fewer rows than this: one-row tiles (B[k, j])
 NT_SMALL_ROWS = 64  # fewer rows than this: dot products (B[j, k]); else transpose B and tile
 MIN_COLUMN_TILES = 8  # parallelize over column tiles alone when there are this many
@@ -207,7 +208,8 @@ def _rows_tile(func: TensorFunc, r: int) -> TensorFunc:
     vectors = one_row_vectors(parts) if r == 1 else max(2, min(small_vectors(parts), MAX_ACCUMULATORS // r))
     if parts.panel is not None:  # a packed B: the tile spans NR_VECTORS vectors of panels
         vectors = NR_VECTORS
-    return schedule_matmul(func, parts, r, lanes(out_dtype(func)) * vectors)
+    jam = ONE_ROW_JAM if r == 1 and vectors > SMALL_NR_VECTORS else 1
+    return schedule_matmul(func, parts, r, lanes(out_dtype(func)) * vectors, jam=jam)
 
 
 def one_row_vectors(parts: MatmulParts) -> int:
@@ -332,13 +334,15 @@ def iv_loops(func: TensorFunc, block: Block) -> dict[SymVar, For] | None:
     return out
 
 
-def schedule_matmul(func: TensorFunc, parts: MatmulParts, mr: int, nr: int, rest: bool = False) -> TensorFunc:
+def schedule_matmul(func: TensorFunc, parts: MatmulParts, mr: int, nr: int, rest: bool = False, jam: int = 1) -> TensorFunc:
     """Register tiles of ``mr x nr`` outputs (see the module doc). With a B packed in column
     panels a tile's column ``j_0 * panel + j_1`` indexes B as ``[j_0, k, j_1]``: when ``nr`` is
     a multiple of the panel width a tile spans ``nr / panel`` adjacent panels (a loop ``j_m``
     unrolled inside ``k``, one contiguous stream of B each); when it divides the panel a row
     tile runs the panel's strips of ``nr`` columns one after the other (``j_m`` between ``i_0``
-    and ``k``); else it is one panel wide."""
+    and ``k``); else it is one panel wide. ``rest``: the rows left after the full row tiles
+    run in a tile of as many rows rounded up to ``REST_STEP`` (``rest_rows``), not a full
+    tile's. ``jam``: ``k`` runs that many steps a vector of outputs (``jam_k``)."""
     groups = strips = 1
     if parts.panel is not None:
         if nr > parts.panel and nr % parts.panel == 0:
@@ -397,6 +401,8 @@ def schedule_matmul(func: TensorFunc, parts: MatmulParts, mr: int, nr: int, rest
     if groups > 1 and jm is not None:
         func = attempt(func, lp.unroll, jm)
     func = lp.vectorize(func, ji)
+    if jam > 1:
+        func = jam_k(func, k.var, ii, ji, jam)
     for blk in (init, store):  # loops inside the tile: unrolled, the last vectorized
         ls = block_loops(func, blk)[-inside[blk] :]
         for f in ls[:-1]:
@@ -475,6 +481,19 @@ def outside_guards(s: Stmt, names: frozenset[str]) -> bool:
             if any(isinstance(a, IfThenElse) and a.else_body is None for a in ancestors):
                 return False
     return True
+
+
+def jam_k(func: TensorFunc, k: SymVar, ii: SymVar, ji: SymVar, factor: int) -> TensorFunc:
+    """The tile's ``k`` loop in steps of ``factor`` outside its rows and vector of columns, the
+    steps unrolled inside: a wide one-row tile (its accumulators in L1, not registers) loads
+    and stores each once per ``factor`` rows of B, not per row (a 1 x 2048 tile: 1.2x).
+    Unchanged when ``factor`` does not divide K."""
+    f = loop(func, k)
+    if not isinstance(f.extent, int) or f.extent % factor:
+        return func
+    func, (ko, ki) = lp.split_vars(func, k, [None, factor])
+    func = attempt(func, lp.reorder, ko, ii, ji, ki)
+    return attempt(func, lp.unroll, ki)
 
 
 def unguard_tiles(func: TensorFunc, names: frozenset[str], row: int, col: int, width: int) -> TensorFunc:
