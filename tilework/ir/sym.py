@@ -594,10 +594,19 @@ def prove_ne(a: Dim, b: Dim) -> bool:
     return False
 
 
+_simplified: dict["SymExpr", Dim] = {}  # interned expressions are kept anyway (``_interned``)
+
+
 def simplify(e: Dim) -> Dim:
     """The canonical form of ``e``. Expressions are canonical on construction; this re-runs
-    the rules bottom-up (a fixed point for expressions built by this module)."""
-    return substitute(e, {})
+    the rules bottom-up (a fixed point for expressions built by this module), once per
+    expression (structural hashing and equality ask again and again)."""
+    if isinstance(e, int):
+        return e
+    got = _simplified.get(e)
+    if got is None:
+        got = _simplified[e] = substitute(e, {})
+    return got
 
 
 # -- traversal ----------------------------------------------------------------------------

@@ -358,20 +358,21 @@ class _GraphCheck(_Checker, ExprVisitor):
         self.define(b.var, "a binding")
 
     def binding_info(self, b: AnyBinding, name: str) -> None:
-        var, value = _info_str(b.var.info), _info_str(b.value.info)
+        # the infos are rendered only for a message: rendering each binding's would cost more than the checks
         if isinstance(b, MatchCast):
-            cast = _info_str(b.cast_info)
             if I.base_check(b.cast_info, b.value.info) is Check.FAIL:
-                self.bad("struct-info", f"the match_cast of {name} can never succeed: the value has {value}, the cast asks for {cast}")
+                msg = f"the match_cast of {name} can never succeed: the value has {_info_str(b.value.info)}, the cast asks for {_info_str(b.cast_info)}"
+                self.bad("struct-info", msg)
             if I.base_check(b.var.info, b.cast_info) is not Check.PASS:
-                self.bad("struct-info", f"{name} has struct info {var} but its match_cast gives {cast}: the var takes the cast info")
+                msg = f"{name} has struct info {_info_str(b.var.info)} but its match_cast gives {_info_str(b.cast_info)}: the var takes the cast info"
+                self.bad("struct-info", msg)
             return
         if isinstance(b.value.info, AnyInfo) and id(b) in self.info_flagged:
             return  # the value's missing info is already reported
         if isinstance(b.var.info, AnyInfo) and not isinstance(b.value.info, AnyInfo):
-            self.bad("struct-info", f"{name} has no struct info but its value has {value}: give the var its value's info")
+            self.bad("struct-info", f"{name} has no struct info but its value has {_info_str(b.value.info)}: give the var its value's info")
         elif I.base_check(b.var.info, b.value.info) is not Check.PASS:
-            msg = f"{name} is declared {var} but its value has {value}: a binding's var info must be a base of its value's"
+            msg = f"{name} is declared {_info_str(b.var.info)} but its value has {_info_str(b.value.info)}: a binding's var info must be a base of its value's"
             self.bad("struct-info", msg + "; use match_cast to assert a narrower info")
 
     # -- expressions ----------------------------------------------------------------------
@@ -403,11 +404,11 @@ class _GraphCheck(_Checker, ExprVisitor):
             self.bad("anf", f"{what} in {self.here()} is a {type(e).__name__}, not a leaf: bind it to a var first")
 
     def consistent(self, what: str, recorded: StructInfo, expected: StructInfo) -> None:
-        at, want = self.here(), _info_str(expected)
         if isinstance(recorded, AnyInfo) and not isinstance(expected, AnyInfo):
-            self.bad("struct-info", f"{what} in {at} has no struct info (the builder gives {want}): build it with BlockBuilder.normalize")
+            msg = f"{what} in {self.here()} has no struct info (the builder gives {_info_str(expected)})"
+            self.bad("struct-info", msg + ": build it with BlockBuilder.normalize")
         elif I.base_check(recorded, expected) is Check.FAIL:
-            self.bad("struct-info", f"{what} in {at} has struct info {_info_str(recorded)}, but its parts give {want}")
+            self.bad("struct-info", f"{what} in {self.here()} has struct info {_info_str(recorded)}, but its parts give {_info_str(expected)}")
 
     def leaf_info(self, e: Constant | ShapeExpr | PrimValue) -> None:
         """A constant's info is its data's shape and dtype, a shape's its values, a prim value's

@@ -68,6 +68,7 @@ from tilework.ir.loop import (
     Select,
     Stmt,
     Store,
+    TensorFunc,
     binary,
     const,
 )
@@ -132,23 +133,26 @@ def _infer(call: Call, ctx: InferCtx) -> StructInfo:
 
 
 def _legalize(call: Call, ctx: "LegalizeCtx") -> Expr:
-    params = []
-    for i, name in enumerate(("qkv", "k_cache", "v_cache", "kv_len", "page_table")):
-        shape, dtype = known_tensor(call.args[i].info, call, f"argument {i}")
-        params.append(Buffer(name, shape, dtype))
+    shapes = [known_tensor(call.args[i].info, call, f"argument {i}") for i in range(5)]
     shape, dtype = out_tensor(call)
-    out = Buffer("out", shape, dtype)
     scale, theta = call.attrs["scale"], call.attrs["rope_theta"]
-    layer = SymVar("layer", 0, None)  # a sym param: every layer calls the same kernel
-    kernel = _Decode if shape[1] == 1 else _Prefill
-    qkv, kc, vc, kv_len, pt = params
-    body = kernel(qkv, int(call.attrs["kv_heads"]), kc, vc, kv_len, pt, out, layer, None if scale is None else float(scale), None if theta is None else float(theta)).body()
-    buffers = [*params, out]
-    func = hand_kernel([*buffers, *free_syms(body, buffers)], body, "opaque")
-    func = func.replace(attrs=func.attrs.with_(scheduled=True, schedule_rule="paged_attention"))  # its loops carry their kinds
-    gv = ctx.add_kernel("paged_attention", func)
+    # every layer calls the same kernel (the layer is its sym param): built once per operand shapes
+    key = ("paged_attention", tuple(shapes), (shape, dtype), call.attrs["kv_heads"], scale, theta)
+    gv, func, layer = ctx.kernel_for(key, "paged_attention", lambda: _kernel(shapes, (shape, dtype), int(call.attrs["kv_heads"]), scale, theta))
     sym_args = tuple(int(call.attrs["layer"]) if p is layer else p for p in func.sym_params)
     return call_tensor(gv, list(call.args), call.info, sym_args)
+
+
+def _kernel(shapes: list[tuple[tuple[Dim, ...], str]], out_shape: tuple[tuple[Dim, ...], str], kv_heads: int, scale: float | None, theta: float | None) -> tuple[TensorFunc, SymVar]:
+    params = [Buffer(name, shape, dtype) for name, (shape, dtype) in zip(("qkv", "k_cache", "v_cache", "kv_len", "page_table"), shapes)]
+    out = Buffer("out", *out_shape)
+    layer = SymVar("layer", 0, None)  # a sym param: every layer calls the same kernel
+    kernel = _Decode if out_shape[0][1] == 1 else _Prefill
+    qkv, kc, vc, kv_len, pt = params
+    body = kernel(qkv, kv_heads, kc, vc, kv_len, pt, out, layer, None if scale is None else float(scale), None if theta is None else float(theta)).body()
+    buffers = [*params, out]
+    func = hand_kernel([*buffers, *free_syms(body, buffers)], body, "opaque")
+    return func.replace(attrs=func.attrs.with_(scheduled=True, schedule_rule="paged_attention")), layer  # its loops carry their kinds
 
 
 register(Op("paged_attention", _infer, OpPattern.OPAQUE, attrs={"layer": 0, "kv_heads": 1, "rope_theta": None, "scale": None}, num_args=5, legalize=_legalize, effect=True))

@@ -16,7 +16,7 @@ legalization stay as they are (for backends that take them whole).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 from tilework.errors import UnsupportedError
 from tilework.ir.builder import BlockBuilder
@@ -45,6 +45,16 @@ class LegalizeCtx:
     def add_kernel(self, hint: str, func: TensorFunc) -> GlobalVar:
         return self.kernels.add(self.bb, hint, func)
 
+    def kernel_for(self, key: Hashable, hint: str, make: Callable[[], tuple[TensorFunc, Any]]) -> tuple[GlobalVar, TensorFunc, Any]:
+        """The kernel ``make()`` builds (with what the caller needs to call it), built and added
+        once per ``key`` (everything the kernel depends on, hashable): calls that repeat with
+        equal operands, one per layer of a model, build it once."""
+        got = self.kernels.made.get(key)
+        if got is None:
+            func, extra = make()
+            got = self.kernels.made[key] = (self.add_kernel(hint, func), func, extra)
+        return got
+
     def call_te(self, hint: str, args: Sequence[Expr], inputs: Sequence[Tensor], outputs: Sequence[Tensor], out_info: StructInfo) -> Call:
         """``call_tensor`` of the kernel computing te ``outputs`` from placeholders ``inputs``
         (one per graph argument in ``args``, in order)."""
@@ -61,6 +71,7 @@ class _KernelTable:
     """Kernels added so far, keyed by structural hash, so equal kernels are emitted once."""
 
     by_hash: dict[int, list[tuple[TensorFunc, str]]] = field(default_factory=dict)
+    made: dict[Hashable, tuple[GlobalVar, TensorFunc, Any]] = field(default_factory=dict)  # LegalizeCtx.kernel_for
 
     def add(self, bb: BlockBuilder, hint: str, func: TensorFunc) -> GlobalVar:
         from tilework.ir.structural import structural_equal, structural_hash
