@@ -16,7 +16,7 @@ from tests.op.test_conv import conv_ref
 from tilework.ir.builder import BlockBuilder
 from tilework.ir.graph import Tuple, Var
 from tilework.ir.info import TensorInfo
-from tilework.op.conv_nhwc import depthwise_conv2d_nhwc, im2col, max_pool2d_nhwc
+from tilework.op.conv_nhwc import MAX_POOLED_RUN, depthwise_conv2d_nhwc, global_avg_pool_nhwc, im2col, max_pool2d_nhwc
 from tilework.transform.legalize import Legalize
 from tilework.transform.conv_gemm import conv_weight_matrix, depthwise_weight_matrix
 
@@ -158,3 +158,23 @@ def test_depthwise_at_static_shapes_reads_no_padded_copy(dtype: str, batch: int)
         want = conv_ref(x.transpose(0, 3, 1, 2), k, None, strides, padding, dilation, c).transpose(0, 2, 3, 1)
         assert np.asarray(got[i]).shape == want.shape
         np.testing.assert_allclose(np.asarray(got[i]), want, rtol=1e-5, atol=1e-5, err_msg=f"case {i}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_global_avg_pool_nhwc(dtype: str) -> None:
+    """Static spatial dims (1 x 1, odd, one over ``MAX_POOLED_RUN``: the mean fallback) and
+    symbolic ones (the fallback), at batch 1 and 3."""
+    shapes: list[tuple[Any, Any, int]] = [(1, 1, 3), (7, 9, 5), (3, MAX_POOLED_RUN + 1, 4), (h, w, 6)]
+    bb = BlockBuilder()
+    xs = [Var(f"x{i}", TensorInfo((n, hh, ww, c), dtype)) for i, (hh, ww, c) in enumerate(shapes)]
+    with bb.function("main", xs):
+        with bb.dataflow():
+            out = bb.emit_output(Tuple(tuple(bb.emit(global_avg_pool_nhwc(x)) for x in xs)))
+        bb.emit_func_output(out)
+    vm = tw.VM(tw.build(bb.get()))
+    rng = np.random.default_rng(7)
+    for batch, env_h, env_w in ((1, 5, 3), (3, 4, 11)):
+        inputs = [rng.standard_normal((batch, env_h if hh is h else hh, env_w if ww is w else ww, c)).astype(dtype) for hh, ww, c in shapes]
+        got = vm["main"](*inputs)
+        for i, x in enumerate(inputs):
+            np.testing.assert_allclose(np.asarray(got[i]), x.mean(axis=(1, 2), keepdims=True), rtol=1e-5, atol=1e-6, err_msg=f"{x.shape}")

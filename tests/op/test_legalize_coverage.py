@@ -38,9 +38,9 @@ TESTED_APART |= {"tensor_to_shape", "nonzero", "unique"}
 TESTED_APART |= {"quant_linear", "quant_take", "paged_attention"}
 # check_nonzero raises at run time: tests/codegen/test_int_division.py (torch's x // 0)
 TESTED_APART |= {"check_nonzero"}
-# the channel-last conv ops of conv_gemm: tests/op/test_im2col.py (im2col, max_pool2d_nhwc and
-# depthwise_conv2d_nhwc against NumPy at symbolic batch, height and width)
-TESTED_APART |= {"im2col", "max_pool2d_nhwc", "depthwise_conv2d_nhwc"}
+# the channel-last conv ops of conv_gemm: tests/op/test_im2col.py (im2col, max_pool2d_nhwc,
+# depthwise_conv2d_nhwc and global_avg_pool_nhwc against NumPy at symbolic batch, height and width)
+TESTED_APART |= {"im2col", "max_pool2d_nhwc", "depthwise_conv2d_nhwc", "global_avg_pool_nhwc"}
 
 
 def _ops_in_cases() -> set[str]:

@@ -5,7 +5,8 @@
 along the channels, the input padded with -inf first) and ``depthwise_conv2d_nhwc`` (one
 input channel per output channel, weights ``[KH * KW, C]``: one sum of products per output,
 vectorized along the channels, its taps that can fall in the padding read clamped into the
-input and masked to zero: no padded copy).
+input and masked to zero: no padded copy), and ``global_avg_pool_nhwc`` (the spatial mean,
+``[N, 1, 1, C]``: sums of pixel rows, then of the rows, vectorized along the channels).
 
 ``im2col(x, kernel, strides, padding, dilation)`` gives ``[N, OH, OW, KH * KW * C]`` with
 ``col[n, oh, ow, (i * KW + j) * C + c] = x[n, oh * sh - top + i * dh, ow * sw - left + j * dw, c]``
@@ -240,6 +241,63 @@ def depthwise_conv2d_nhwc(x: Expr, weight: Expr, bias: Expr | None, kernel: Sequ
     ``w[c, 0, i, j]``): ``[N, OH, OW, C]``; ``padding`` is ``(top, left, bottom, right)``."""
     args = [x, weight] if bias is None else [x, weight, bias]
     return make_call("depthwise_conv2d_nhwc", args, kernel=tuple(kernel), strides=tuple(strides), padding=tuple(padding), dilation=tuple(dilation))
+
+
+MAX_POOLED_RUN = 64  # a global pool over static H, W up to this sums unrolled runs (two kernels)
+
+
+def _infer_global_avg_pool_nhwc(call: Call, ctx: InferCtx) -> StructInfo:
+    x = tensor_arg(call, 0, ctx)
+    require_float(x, ctx)
+    if x.ndim not in (-1, 4):
+        raise ctx.shape_error(f"input must be 4-D [batch, height, width, channels], got shape {shape_str(x.shape)}")
+    if x.shape is None:
+        return TensorInfo(None, x.dtype, 4)
+    return TensorInfo((x.shape[0], 1, 1, x.shape[3]), x.dtype)
+
+
+def _legalize_global_avg_pool_nhwc(call: Call, ctx: "LegalizeCtx") -> Expr:
+    """Over static spatial dims of at most ``MAX_POOLED_RUN``: the sum of each row of pixels
+    (``W`` terms, one expression per ``[n, h, c]``), then of the ``H`` row sums, divided by
+    ``H * W``: both vectorized along the channels (a ``mean`` reduces each channel alone, a
+    scalar loop with a stride of ``C``). Otherwise that ``mean``."""
+    x = arg(call, 0, "x")
+    shape, dtype = out_tensor(call)
+    acc = compute_dtype(dtype)
+    n, h, w, c = x.shape
+    if not (isinstance(h, int) and isinstance(w, int) and h <= MAX_POOLED_RUN and w <= MAX_POOLED_RUN):
+        kh, kw = te.reduce_axis(h, "kh"), te.reduce_axis(w, "kw")
+        area = te.cast(sym.mul(h, w), acc)
+        out = te.compute(tuple(shape), lambda nn, _i, _j, ch: te.cast(te.sum(te.cast(x[nn, kh, kw, ch], acc), axis=[kh, kw]) / area, dtype), "global_avg_pool", dtype)
+        return ctx.call_te("global_avg_pool", list(call.args), [x], [out], call.info)
+
+    def row_sums(nn: Scalar, hh: Scalar, ch: Scalar) -> Scalar:
+        total: Scalar = te.cast(x[nn, hh, 0, ch], acc)
+        for j in range(1, w):
+            total = total + te.cast(x[nn, hh, j, ch], acc)
+        return total
+
+    rows = te.compute((n, h, c), row_sums, "global_pool_rows", acc)
+    rows_info = TensorInfo((n, h, c), acc)
+    summed = ctx.bb.emit(_call_gather(ctx, "global_pool_rows", list(call.args), [x], [rows], rows_info), name="global_pool_rows")
+    r = te.placeholder((n, h, c), acc, "rows")
+
+    def mean(nn: Scalar, _i: Scalar, _j: Scalar, ch: Scalar) -> Scalar:
+        total: Scalar = r[nn, 0, ch]
+        for i in range(1, h):
+            total = total + r[nn, i, ch]
+        return te.cast(total / te.constant(float(h * w), acc), dtype)
+
+    out = te.compute(tuple(shape), mean, "global_avg_pool", dtype)
+    return _call_gather(ctx, "global_avg_pool", [summed], [r], [out], call.info)
+
+
+register(Op("global_avg_pool_nhwc", _infer_global_avg_pool_nhwc, OpPattern.OUT_EWISE_FUSABLE, num_args=1, legalize=_legalize_global_avg_pool_nhwc))
+
+
+def global_avg_pool_nhwc(x: Expr) -> Call:
+    """The mean over the spatial dims of ``x: [N, H, W, C]``: ``[N, 1, 1, C]``."""
+    return make_call("global_avg_pool_nhwc", [x])
 
 
 def im2col(x: Expr, kernel: Sequence[int], strides: Sequence[int] = (1, 1), padding: Sequence[int] = (0, 0, 0, 0), dilation: Sequence[int] = (1, 1)) -> Call:

@@ -15,7 +15,7 @@ param listed in ``depthwise_weights``).
 Then the transposes sink towards the consumers and cancel: through elementwise ops (whose
 other operands are transposed alike, 0-d, or transposed to follow), through a global
 average pool (``adaptive_avg_pool2d`` to 1 x 1, or ONNX's ``mean``/``max`` over the spatial
-dims, as ``mean``/``max`` of the channel-last data) and a max pool (``max_pool2d_nhwc``), and a
+dims: ``global_avg_pool_nhwc``/``max`` of the channel-last data) and a max pool (``max_pool2d_nhwc``), and a
 transpose of a transpose composes. So the data stays channel-last from one convolution to the
 next, and a transpose remains only where channel-first data is read (a grouped conv, the
 output). A 1x1 conv of stride 1 without padding of channel-first data is left as it
@@ -39,10 +39,9 @@ from tilework.ir.sym import Dim
 from tilework.ir.module import IRModule
 from tilework.ir.opdef import get as get_op
 from tilework.op.base import OpPattern, make_call
-from tilework.op.conv_nhwc import depthwise_conv2d_nhwc, im2col, max_pool2d_nhwc
+from tilework.op.conv_nhwc import depthwise_conv2d_nhwc, global_avg_pool_nhwc, im2col, max_pool2d_nhwc
 from tilework.op.linalg import linear
 from tilework.op.manipulate import permute_dims, reshape
-from tilework.op.reduce import mean
 from tilework.pattern.core import Match, op_call
 from tilework.transform.base import Pass
 from tilework.transform.dead_code_elimination import DeadCodeElimination
@@ -326,36 +325,42 @@ def _sink(value: Expr, m: Match) -> Expr | None:
     return permute_dims(reshape(y, (n, h, w, c)) if rows else y, TO_NCHW)
 
 
+def _pooled(y: Expr, rows: bool, xs: Sequence[Dim]) -> Expr:
+    """``global_avg_pool_nhwc`` (``[N, 1, 1, C]``) of the channel-last ``y`` of the
+    channel-first shape ``xs``, given as rows (``[N, H * W, C]``) or not."""
+    return global_avg_pool_nhwc(reshape(y, (xs[0], xs[2], xs[3], xs[1])) if rows else y)
+
+
 def _sink_global_pool(value: Expr, m: Match) -> Expr | None:
-    """``adaptive_avg_pool2d(permute_dims(x, TO_NCHW), 1)`` -> the spatial mean of ``x``,
-    transposed."""
+    """``adaptive_avg_pool2d(permute_dims(x, TO_NCHW), 1)`` -> the spatial mean of ``x``
+    (``global_avg_pool_nhwc``), transposed."""
     assert isinstance(value, Call)
     if tuple(value.attrs.get("output_size") or ()) != (1, 1):
         return None
-    found = _channels_last(value.args[0], m)
-    out = _shape(value)
-    if found is None or out is None:
+    found, xs = _channels_last(value.args[0], m), _shape(value.args[0])
+    if found is None or xs is None:
         return None
-    y, rows = found
-    if rows:
-        return permute_dims(reshape(mean(y, axis=1, keepdims=True), (out[0], 1, 1, out[1])), TO_NCHW)
-    return permute_dims(mean(y, axis=(1, 2), keepdims=True), TO_NCHW)
+    return permute_dims(_pooled(*found, xs), TO_NCHW)
 
 
 def _sink_spatial_reduce(value: Expr, m: Match) -> Expr | None:
     """``mean(permute_dims(x, TO_NCHW), axis=(2, 3))`` (or ``max``: ONNX's GlobalAveragePool
-    and GlobalMaxPool) -> the same reduction of ``x`` over its spatial dims, transposed when
-    the dims are kept (without them it is already ``[N, C]``)."""
+    and GlobalMaxPool) -> the same reduction of ``x`` over its spatial dims (a mean as
+    ``global_avg_pool_nhwc``), transposed when the dims are kept (without them it is already
+    ``[N, C]``)."""
     assert isinstance(value, Call)
     axis = value.attrs.get("axis")
-    out = _shape(value)
-    if axis is None or out is None or len(out) not in (2, 4) or sorted(int(a) % 4 for a in axis) != [2, 3]:
+    out, xs = _shape(value), _shape(value.args[0])
+    if axis is None or out is None or xs is None or len(out) not in (2, 4) or sorted(int(a) % 4 for a in axis) != [2, 3]:
         return None
     found = _channels_last(value.args[0], m)
     if found is None:
         return None
     y, rows = found
     name, keep = _op_name(value), bool(value.attrs.get("keepdims"))
+    if name == "mean":
+        pooled = _pooled(y, rows, xs)
+        return permute_dims(pooled, TO_NCHW) if keep else reshape(pooled, (out[0], out[1]))
     assert name is not None
     if rows:
         r = make_call(name, [y], axis=(1,), keepdims=keep)
