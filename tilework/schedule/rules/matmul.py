@@ -17,10 +17,10 @@ its ``k`` loop is a full tile's; its store runs unguarded when its last lane is 
 row tiles run in a tile of as many rows rounded up to an even count, picked at run time
 (``rest_rows``). An elementwise epilogue is inlined into the tile store.
 
-Few rows (decoding, short prompts): for ``B[k, j]`` one register tile holds every row, ``r x
-NR`` with ``NR`` as wide as keeps the tile's ``K x NR`` panel of B in L2 (``small_vectors``,
-from K's bound) and at most ``MAX_ACCUMULATORS`` registers (one row: a thread's share of the
-columns, ``one_row_vectors``); a symbolic row count picks the tile
+Few rows (decoding, short prompts): for ``B[k, j]`` one tile holds every row, ``r x NR``,
+its accumulators in L1: ``NR`` a thread's share of the columns, within ``WIDE_TILE_BYTES``
+(``wide_vectors``), adding ``ONE_ROW_JAM`` rows of B at a time (``jam_k``); a packed B
+``r x 2 panels`` in registers; a symbolic row count picks the tile
 of its exact value (1 .. 7) at run time, so that no tile tests bounds in its ``k`` loop. For
 ``B[j, k]`` vectorized dot products. With a symbolic row count the kernel holds the few-rows
 and many-rows schedules and picks one at run time (``specialize.branch``).
@@ -111,12 +111,11 @@ MR = 8  # rows of a register tile
 NR_VECTORS = 2  # vectors per row of a register tile
 SMALL_NR_VECTORS = 16  # vectors per one-row tile when there are few rows
 ONE_ROW_VECTORS = 128  # at most, for a one-row tile spread over the threads
-ONE_ROW_JAM = 4  # rows of B a wide one-row tile adds to its accumulators at a time
+ONE_ROW_JAM = 4  # rows of B a wide few-rows tile adds to its accumulators at a time
+WIDE_TILE_BYTES = 16 * 1024  # the accumulators of a wide few-rows tile: half of L1
 NN_SMALL_ROWS = 8  # fewer rows than this: one-row tiles (B[k, j])
 NT_SMALL_ROWS = 64  # fewer rows than this: dot products (B[j, k]); else transpose B and tile
 MIN_COLUMN_TILES = 8  # parallelize over column tiles alone when there are this many
-PANEL_BYTES = 256 * 1024  # the K x NR panel of B a few-rows tile streams, kept within L2
-MAX_ACCUMULATORS = 24  # vector registers a few-rows tile may hold
 PACK_GROUP = 8  # column panels of a runtime B packed together, row by row
 
 
@@ -201,39 +200,33 @@ def _drop_empty(s: Stmt) -> Stmt | None:
 
 
 def _rows_tile(func: TensorFunc, r: int) -> TensorFunc:
-    """Register tiles of ``r`` rows: one row streams wide column tiles (an axpy per k); more
-    rows share narrower ones (``small_vectors``)."""
+    """Tiles of ``r`` rows: over a plain B as wide as ``wide_vectors`` (accumulators in L1);
+    over a packed B two panels wide (in registers)."""
     parts = _parts(func)
     assert parts is not None
-    vectors = one_row_vectors(parts) if r == 1 else max(2, min(small_vectors(parts), MAX_ACCUMULATORS // r))
+    vectors = wide_vectors(parts, r)
     if parts.panel is not None:  # a packed B: the tile spans NR_VECTORS vectors of panels
         vectors = NR_VECTORS
-    jam = ONE_ROW_JAM if r == 1 and vectors > SMALL_NR_VECTORS else 1
+    jam = ONE_ROW_JAM if parts.panel is None else 1
     return schedule_matmul(func, parts, r, lanes(out_dtype(func)) * vectors, jam=jam)
 
 
-def one_row_vectors(parts: MatmulParts) -> int:
-    """Vectors of a one-row tile: a thread's share of the columns, from ``SMALL_NR_VECTORS``
-    to ``ONE_ROW_VECTORS``. The tile streams its columns of each row of B: 1 KB of each 16 KB
-    row of a 4096-wide B (a new page every time) ran at 0.7 of the speed of 8 KB."""
+def wide_vectors(parts: MatmulParts, r: int) -> int:
+    """Vectors of an ``r``-row tile over a plain B: a thread's share of the columns, at most
+    ``ONE_ROW_VECTORS`` and as many (a power of two) as keep the accumulators within
+    ``WIDE_TILE_BYTES`` of L1, at least ``SMALL_NR_VECTORS``. The tile streams its columns of
+    each row of B: 1 KB of each 16 KB row of a 4096-wide B (a new page every time) ran at 0.7
+    of the speed of 8 KB; 2 .. 7 rows in register tiles 256 B wide at 0.3 .. 0.7 of the speed
+    of these."""
     n = parts.j[0].extent
     if not isinstance(n, int):
         return SMALL_NR_VECTORS
-    share = -(-n // (lanes(parts.b.buffer.dtype) * host_threads()))
-    return max(SMALL_NR_VECTORS, min(ONE_ROW_VECTORS, share))
-
-
-def small_vectors(parts: MatmulParts) -> int:
-    """Vectors per few-rows tile: as many as keep the tile's ``K x NR`` panel of B within
-    ``PANEL_BYTES`` (so that it stays in L2 while the tile runs), from 2 to
-    ``SMALL_NR_VECTORS``; K's upper bound when it is symbolic."""
-    k = parts.k.extent
-    hi = k if isinstance(k, int) else sym.bounds(k)[1]
-    if hi is None or hi <= 0:
-        return SMALL_NR_VECTORS
     item = DTYPE_TABLE[parts.b.buffer.dtype].itemsize if parts.b.buffer.dtype in DTYPE_TABLE else 4
-    fit = PANEL_BYTES // (int(hi) * item * lanes(parts.b.buffer.dtype))
-    return max(2, min(SMALL_NR_VECTORS, fit))
+    width = lanes(parts.b.buffer.dtype)
+    share = -(-n // (width * host_threads()))
+    fit = max(1, WIDE_TILE_BYTES // (r * width * item))
+    wide = max(SMALL_NR_VECTORS, min(ONE_ROW_VECTORS, share, 1 << (fit.bit_length() - 1)))
+    return min(wide, -(-n // width))  # no wider than B
 
 
 def _big(func: TensorFunc, nt: bool) -> TensorFunc:
