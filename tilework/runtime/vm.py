@@ -92,13 +92,21 @@ class _Bound:
         self.vm = vm
         self.memory = memory
         self.kernels = vm.exe.kernel_callables(private=True)  # argument buffers of this set's own
-        self.funcs = {name: self.load(f) for name, f in vm.exe.functions.items()}
+        # every function exists before any is resolved: a function's calls of others find them
+        self.funcs = {name: self.new(f) for name, f in vm.exe.functions.items()}
+        for loaded in self.funcs.values():
+            self.resolve(loaded)
         self.variants: dict[tuple[str, int], _Loaded] = {}
 
-    def load(self, fn: VMFunction) -> _Loaded:
-        loaded = (_Checked if self.vm.exe.untrusted else _Loaded)(fn)
-        loaded.steps = [self.vm._resolve(self, fn, ins) for ins in fn.code]
+    def new(self, fn: VMFunction) -> _Loaded:
+        return (_Checked if self.vm.exe.untrusted else _Loaded)(fn)
+
+    def resolve(self, loaded: _Loaded) -> _Loaded:
+        loaded.steps = [self.vm._resolve(self, loaded.fn, ins) for ins in loaded.fn.code]
         return loaded
+
+    def load(self, fn: VMFunction) -> _Loaded:
+        return self.resolve(self.new(fn))
 
     def variant(self, name: str, lead: int) -> _Loaded:
         key = (name, lead)
