@@ -14,12 +14,12 @@ import pytest
 from tilework import te
 from tilework.codegen import build_library
 from tilework.ir import sym
-from tilework.ir.loop import Allocate, Block, For, IfThenElse, Stmt, TensorFunc
+from tilework.ir.loop import Allocate, For, IfThenElse, TensorFunc
 from tilework.ir.sym import Dim, SymVar
 from tilework.schedule import default_schedule
 from tilework.schedule.rules import common
-from tilework.schedule.rules.matmul import register_tile
-from tilework.schedule.tree import get_at, walk
+from tilework.schedule.rules.matmul import outside_guards, register_tile
+from tilework.schedule.tree import walk
 from tilework.te.tensor import TensorLoad
 from tilework.transform.layout_weights import lay_out
 
@@ -123,17 +123,6 @@ def test_tiles_match_numpy(registers: str) -> None:
 WIDTHS = {"32x16": (24, 37, 40, 72, 88, 120), "64x32": (24, 37, 88)}
 
 
-def _outside_guards(s: Stmt, names: set[str]) -> bool:
-    """Whether no block named in ``names`` runs under a bounds guard in ``s`` (an ``if``
-    without ``else``; the run-time choice between schedules has one)."""
-    for path, x in walk(s):
-        if isinstance(x, Block) and x.name in names:
-            ancestors = (get_at(s, path[:n]) for n in range(len(path)))
-            if any(isinstance(a, IfThenElse) and a.else_body is None for a in ancestors):
-                return False
-    return True
-
-
 def test_partial_column_tiles(registers: str) -> None:
     """Output widths that no tile divides: the last column tile computes whole panels (a
     packed weight is zero past ``N``; a plain B is packed so for the many-rows tiles), the
@@ -145,7 +134,7 @@ def test_partial_column_tiles(registers: str) -> None:
     funcs = {name: default_schedule(f, strict=True) for name, f in funcs.items()}
     for name, f in funcs.items():  # a plain B: the many-rows tiles (its few-rows ones read B itself)
         body = f.body.else_body if name.startswith("plain") and isinstance(f.body, IfThenElse) else f.body
-        assert body is not None and _outside_guards(body, {"y", "y_init"}), name
+        assert body is not None and outside_guards(body, frozenset({"y", "y_init"})), name
     lib = build_library(funcs)
     rng = np.random.default_rng(11)
     for name, f in funcs.items():
@@ -182,7 +171,7 @@ def test_rest_row_tiles(registers: str) -> None:
     rows_ = register_tile("float32")[0]
     for name, f in funcs.items():
         body = f.body.else_body if isinstance(f.body, IfThenElse) else f.body  # the many-rows tiles
-        assert body is not None and _outside_guards(body, {"y", "y_init"}), name
+        assert body is not None and outside_guards(body, frozenset({"y", "y_init"})), name
         unrolled = {x.extent for _, x in walk(body) if isinstance(x, For) and x.kind == "unrolled"}
         assert set(range(2, rows_ + 1, 2)) <= unrolled, (name, unrolled)  # the rest tiles' rows
     groups = [x for _, x in walk(funcs["plain_grouped"].body) if isinstance(x, For) and x.var.name.endswith("_panels_g")]
