@@ -18,7 +18,8 @@ class Cursor:
         self.pos = 0
 
     def peek(self, k: int = 0) -> Token:
-        return self.toks[min(self.pos + k, len(self.toks) - 1)]
+        i = self.pos + k
+        return self.toks[i] if i < len(self.toks) else self.toks[-1]
 
     def next(self) -> Token:
         tok = self.peek()

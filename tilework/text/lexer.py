@@ -15,6 +15,7 @@ from tilework.errors import ParseError
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NUMBER = re.compile(r"\d+(\.\d*)?([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?")
 _OPS = ("->", "//", "<=", ">=", "==", "!=", "(", ")", "[", "]", "{", "}", ",", ":", "=", "+", "-", "*", "/", "%", "<", ">", ".")  # fmt: skip
+_OP = re.compile("|".join(re.escape(o) for o in _OPS))  # two-character operators first, as in _OPS
 _OPEN = {"(": ")", "[": "]", "{": "}"}
 MAX_NESTING = 64  # brackets inside brackets, blocks inside blocks: far above what printing makes, far below Python's recursion limit
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\", '"': '"', "'": "'", "/": "/", "b": "\b", "f": "\f"}
@@ -146,9 +147,10 @@ def tokenize(text: str) -> list[Token]:
                     value, i = m.group(), m.end()
                 tokens.append(Token("global", value, lineno, col))
                 continue
-            op = next((o for o in _OPS if line_text.startswith(o, i)), None)
-            if op is None:
+            m = _OP.match(line_text, i)
+            if m is None:
                 raise error_at(text, lineno, col, f"unexpected character {c!r}")
+            op = m.group()
             tok = Token("op", op, lineno, col)
             if op in _OPEN:
                 if len(brackets) >= MAX_NESTING:
