@@ -28,6 +28,7 @@ import time
 from typing import Any, Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+SETTLE_S = 0.3  # pause before timing a system of the MLP part: other systems' threads go idle
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
@@ -159,6 +160,12 @@ def mlp_part(repeat: int, threads: int, torch_compile: bool) -> None:
             return self.l2(torch.nn.functional.silu(self.l1(x)))
 
     def median_ms(fn: Callable[[], Any]) -> float:
+        # The system called just before (the correctness pass calls every one) leaves its
+        # worker threads spinning: OpenBLAS's for ~0.1 s of a core, onnxruntime's ~0.04 s. A
+        # system timed in that window has a thread descheduled; on 2 cores a static OpenMP
+        # split then waits for it (tilework at n = 32, 2 threads: 8 ms right after a NumPy
+        # matmul, 4 ms 0.3 s later). Every system is timed after the others went idle.
+        time.sleep(SETTLE_S)
         fn()
         fn()
         samples = []
