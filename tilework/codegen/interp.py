@@ -395,6 +395,8 @@ class _Translator(LoopEmitter):
         if x.name.startswith("bitwise_"):
             args = ", ".join(self.expr(a) for a in x.args)
             return f"_bitop({x.name!r}, {self.value(np_dtype(x.dtype).type, 't')}, {args})"
+        if x.name == "prefetch":  # a hint for compiled code; its load is not performed
+            return self.value(np_dtype(x.dtype).type(0))
         arg = x.args[0]
         a = self.expr(arg)
         dt = dtype_of(arg)

@@ -144,6 +144,7 @@ INTRINSICS = (
     "check_nonzero",  # an integer divisor, unchanged; zero raises IntegerDivisionByZero at run time
     "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",  # two's complement bits of integers
     "bitcast",  # the argument's bits read as the result's dtype (same size)
+    "prefetch",  # of a load: 0; a hint that its element is read soon (the load is not performed)
 )  # fmt: skip
 INTRINSIC_ARITY = {"bitwise_and": 2, "bitwise_or": 2, "bitwise_xor": 2}  # the others take one argument
 

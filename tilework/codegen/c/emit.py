@@ -653,6 +653,12 @@ class _Emitter(LoopEmitter):
         if x.name.startswith("bitwise_") or x.name == "bitcast":
             return self.render_bits(x)
         arg = x.args[0]
+        if x.name == "prefetch":  # the load's address, not its value
+            if not isinstance(arg, Load):
+                raise self.error("intrinsic prefetch takes a load")
+            b = arg.buffer
+            addr = f"&{self.known(b, f'prefetch of buffer {b.name}')}[{self.flat(b, arg.indices)}]"
+            return f"(__builtin_prefetch({addr}, 0, 3), ({DTYPE_TABLE[x.dtype].c_value})0)"
         a = self.expr(arg)
         dt = dtype_of(arg)
         if x.name in ("isnan", "isinf"):

@@ -61,8 +61,8 @@ def _plain_stores(s: Stmt, ok: set[SymVar], ivs: list[tuple[SymVar, Dim]]) -> It
 
 
 def _collect(x: Scalar, ok: set[SymVar], written: set[Buffer], found: list[PExpr]) -> None:
-    if not isinstance(x, PExpr) or isinstance(x, Const):
-        return
+    if not isinstance(x, PExpr) or isinstance(x, Const) or isinstance(x, Intrin) and x.name == "prefetch":
+        return  # a prefetch hints where it stands; its load is an address, not a value to hoist
     if x.dtype in _FLOATS and _worth(x) and _invariant(x, ok, written):
         found.append(x)
         return
@@ -92,7 +92,7 @@ def _invariant(x: Scalar, ok: set[SymVar], written: set[Buffer]) -> bool:
     if isinstance(x, Cast):
         return _invariant(x.value, ok, written)
     if isinstance(x, Intrin):
-        return all(_invariant(a, ok, written) for a in x.args)
+        return x.name != "prefetch" and all(_invariant(a, ok, written) for a in x.args)
     return False  # a Select: one side is evaluated only under its condition
 
 
