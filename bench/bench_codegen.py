@@ -28,14 +28,14 @@ import time
 from typing import Any, Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SETTLE_S = 0.3  # pause before timing a system of the MLP part: other systems' threads go idle
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-from report import emit, table  # noqa: E402
+from report import SETTLE_S, emit, table  # noqa: E402
 
 
 def best(fn: Callable[[], Any], repeat: int) -> float:
+    time.sleep(SETTLE_S)  # the system timed before went idle
     fn()
     t_best = float("inf")
     for _ in range(repeat):
@@ -160,12 +160,7 @@ def mlp_part(repeat: int, threads: int, torch_compile: bool) -> None:
             return self.l2(torch.nn.functional.silu(self.l1(x)))
 
     def median_ms(fn: Callable[[], Any]) -> float:
-        # The system called just before (the correctness pass calls every one) leaves its
-        # worker threads spinning: OpenBLAS's for ~0.1 s of a core, onnxruntime's ~0.04 s. A
-        # system timed in that window has a thread descheduled; on 2 cores a static OpenMP
-        # split then waits for it (tilework at n = 32, 2 threads: 8 ms right after a NumPy
-        # matmul, 4 ms 0.3 s later). Every system is timed after the others went idle.
-        time.sleep(SETTLE_S)
+        time.sleep(SETTLE_S)  # the systems called before (the correctness pass calls each) went idle
         fn()
         fn()
         samples = []

@@ -42,7 +42,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 import tilework  # noqa: E402
-from report import emit, table  # noqa: E402
+from report import SETTLE_S, emit, table  # noqa: E402
 
 SHAPES = [(1, 8), (1, 32), (1, 128), (1, 256), (8, 128), (8, 256)]
 THREADS = int(os.environ.setdefault("OMP_NUM_THREADS", "2"))
@@ -64,6 +64,7 @@ def inputs(batch: int, seq: int, vocab: int, seed: int = 0) -> dict[str, torch.T
 
 
 def median_ms(fn: Callable[[], Any], repeat: int) -> float:
+    time.sleep(SETTLE_S)  # the system timed before has gone idle (see report.SETTLE_S)
     fn()
     samples = []
     for _ in range(repeat):

@@ -27,6 +27,12 @@ from pathlib import Path
 from typing import Any
 
 BLOCK = re.compile(r"^<!-- table:(?P<key>[\w.-]+) -->\n(?P<body>.*?)^<!-- /table:(?P=key) -->\n?", re.M | re.S)
+# Pause before timing a system right after another one in the same process: the worker
+# threads of the one before spin on for a while (OpenBLAS's ~0.1 s of a core, onnxruntime's
+# ~0.04 s, OpenMP's up to GOMP_SPINCOUNT), and on 2 cores a static split of the next system
+# waits for its descheduled thread (tilework's MLP at n = 32: 8 ms right after a NumPy
+# matmul, 4 ms 0.3 s later).
+SETTLE_S = 0.3
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
