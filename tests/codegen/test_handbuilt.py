@@ -264,3 +264,35 @@ def test_fast_path_accepts_array_subclasses_and_views(lib: CKernelModule) -> Non
     lib["elementwise"]([a, b, c], [2])
     np.testing.assert_allclose(np.asarray(b), (a * 2)[:, ::-1] + 1)
     np.testing.assert_allclose(c, a[:, 0] * 3)
+
+
+def _parallel_map(name: str, fn) -> TensorFunc:  # type: ignore[no-untyped-def]
+    """``out[i] = fn(a[i])`` over a symbolic ``n`` in one parallel loop."""
+    n = SymVar("n", 0)
+    a, out = Buffer("a", (n,), "float32"), Buffer("out", (n,), "float32")
+    i = SymVar("i", 0)
+    body = make_block(name, [("vi", n, i, "spatial")], lambda vi: Store(out, (vi,), fn(Load(a, (vi,)))))
+    return TensorFunc((a, out, n), For(i, n, body, "parallel"), 1)
+
+
+def test_a_costly_intrinsic_weighs_on_the_parallel_threshold() -> None:
+    """A loop of exps forks at fewer elements than a loop of adds: each exp counts
+    COSTLY_WORK more towards the work compared with TW_PARALLEL_MIN_WORK."""
+    from tilework.codegen.c.emit import COSTLY_WORK
+    from tilework.ir.loop import Intrin
+
+    cheap = emit_function(_parallel_map("add1", lambda x: binary("+", x, const(1.0, "float32"))), "tw_cheap")
+    costly = emit_function(_parallel_map("exp", lambda x: Intrin("exp", (x,), "float32")), "tw_costly")
+    assert "if(n >= TW_PARALLEL_MIN_WORK)" in cheap
+    assert f"if(({1 + COSTLY_WORK} * n) >= TW_PARALLEL_MIN_WORK)" in costly
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 9000, 20001])  # 9000 exps fork, 9000 adds do not
+def test_a_parallel_loop_of_exps_computes_exp(n: int) -> None:
+    from tilework.ir.loop import Intrin
+
+    lib = build_library({"pexp": _parallel_map("exp", lambda x: Intrin("exp", (x,), "float32"))})
+    a = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+    out = np.zeros(n, np.float32)
+    lib["pexp"].run([a, out], {"n": n})
+    np.testing.assert_allclose(out, np.exp(a), rtol=2e-6)

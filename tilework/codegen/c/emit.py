@@ -25,9 +25,9 @@ Semantics are those of ``tilework.codegen.interp`` (which runs the same program 
 NumPy arrays); the loop kinds map to ``#pragma omp parallel for`` (parallel), ``#pragma omp
 simd`` (vectorized) and ``#pragma GCC unroll`` (unrolled). A parallel or vectorized loop whose
 iterations provably write one element (a reduction loop) is emitted serial, with a comment.
-A parallel loop forks threads only when its total iteration count reaches
-``TW_PARALLEL_MIN_WORK`` (a fork/join costs microseconds, more on a loaded machine; small
-shapes of a symbolic kernel run serially).
+A parallel loop forks threads only when its work (iterations, an exp or other costly
+intrinsic counting ``COSTLY_WORK`` more) reaches ``TW_PARALLEL_MIN_WORK`` (a fork/join costs
+microseconds, more on a loaded machine; small shapes of a symbolic kernel run serially).
 """
 
 from __future__ import annotations
@@ -740,11 +740,19 @@ def _divmods(e: Dim) -> set[Dim]:
     return set()
 
 
+# Intrinsics that cost many times a multiply-add (a vectorized exp is a polynomial and a
+# scaling, ~15 operations): each counts COSTLY_WORK more towards a parallel loop's work, so
+# that an elementwise silu or softmax forks at fewer elements than a copy does.
+COSTLY = frozenset({"exp", "log", "tanh", "erf", "sigmoid", "sin", "cos", "log1p", "expm1"})
+COSTLY_WORK = 15
+
+
 def _work(loop: For) -> Dim | None:
-    """An upper estimate of the iterations of ``loop`` and everything nested in it, as a dim of
-    the vars in scope at the loop: an inner extent that depends on an inner loop var (a
-    triangular loop) is taken at that var's largest value. None when no estimate is possible
-    (a data-dependent extent)."""
+    """An upper estimate of the work of ``loop`` and everything nested in it, as a dim of the
+    vars in scope at the loop: its statements' iterations, a statement counting one plus
+    ``COSTLY_WORK`` for each costly intrinsic it evaluates; an inner extent that depends on an
+    inner loop var (a triangular loop) is taken at that var's largest value. None when no
+    estimate is possible (a data-dependent extent)."""
 
     def count(st: Stmt, top: dict[SymVar, Dim]) -> Dim | None:
         if isinstance(st, For):
@@ -768,7 +776,7 @@ def _work(loop: For) -> Dim | None:
             return count(st.body, top)
         if isinstance(st, IfThenElse):
             return count(st.then_body, top)
-        return 1
+        return 1 + COSTLY_WORK * sum(isinstance(e, Intrin) and e.name in COSTLY for x in stmt_scalars(st) for e in walk_scalars(x))
 
     inner_vars = {st.var for st in walk_stmts(loop) if isinstance(st, For)}
     for st in walk_stmts(loop):
