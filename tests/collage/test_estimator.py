@@ -137,3 +137,31 @@ def test_a_region_whose_dims_no_input_gives_gets_them_as_a_shape(tmp_path: Path)
     cands = block_candidates(g, resolve_backends(["codegen"]), max_size=1)
     costs = _model(tmp_path / "c.sqlite").region_costs(g, cands, {b: 2, s: 3})
     assert all(math.isfinite(c) for c in costs)
+
+
+def test_a_short_whole_placement_is_timed_after_warm_calls_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bursts: each timed repeat of a placement shorter than BURST_BELOW_S follows untimed calls
+    of the same placement lasting BURST_WARM_S, at most 8 (so its weights are back in the
+    caches after the other placements ran), round-robin over the placements; without
+    ``burst`` none."""
+    import time
+
+    from tilework.collage import cost
+
+    monkeypatch.setattr(cost, "BURST_WARM_S", 1.0)  # longer than 8 calls of ~1 ms: the cap
+    calls: list[str] = []
+
+    def fn(name: str):  # type: ignore[no-untyped-def]
+        def run() -> None:
+            calls.append(name)
+            time.sleep(0.001)
+
+        return run
+
+    model = MeasuredCostModel(None, repeat=2, max_rounds=1, min_repeat_s=1e-4)
+    for burst, warm in ((True, 8), (False, 0)):
+        calls.clear()
+        entries = model._time_many([fn("a"), fn("b")], limit=1.0, burst=burst)
+        assert all(math.isfinite(e.seconds) for e in entries)
+        assert calls[:6] == ["a"] * 3 + ["b"] * 3  # first call, second, and the one that sizes a repeat
+        assert calls[6:] == (["a"] * (warm + 1) + ["b"] * (warm + 1)) * 2, (burst, calls)
