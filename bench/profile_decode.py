@@ -31,30 +31,7 @@ import numpy as np  # noqa: E402
 import tilework  # noqa: E402,F401  (registers the LLM compiler and the externs)
 from tilework.backend import quant  # noqa: E402
 from tilework.llm import LLM  # noqa: E402
-from tilework.runtime import vm as V  # noqa: E402
-
-
-def instrument(loaded: Any, clock: Callable[[], float]) -> dict[int, float]:
-    """Wrap every call step of ``loaded`` so that it keeps its minimum time; returns the minima."""
-    mins: dict[int, float] = {}
-
-    def wrap(i: int, step: Any) -> Any:
-        kind, a, b = step
-        if kind != V.CALL:
-            return step
-        mins[i] = float("inf")
-
-        def timed(r: list[Any]) -> None:
-            t = clock()
-            a(r)
-            d = clock() - t
-            if d < mins[i]:
-                mins[i] = d
-
-        return (kind, timed, b)
-
-    loaded.steps[:] = [wrap(i, s) for i, s in enumerate(loaded.steps)]
-    return mins
+from vm_timing import instrument  # noqa: E402
 
 
 def profile(llm: Any, step: Callable[[], Any], threads: int, calls: int) -> tuple[float, float, dict[tuple[str, str], list[float]]]:

@@ -15,39 +15,15 @@ import os
 import tempfile
 import time
 from collections import defaultdict
-from typing import Any, Callable
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 import torch  # noqa: E402
 
 import bench_minilm as bm  # noqa: E402
-from tilework.runtime import vm as V  # noqa: E402
+from vm_timing import instrument  # noqa: E402
 
 THREADS = int(os.environ["OMP_NUM_THREADS"])
-
-
-def instrument(loaded: Any, clock: Callable[[], float]) -> dict[int, float]:
-    """Wrap every call step of ``loaded`` so that it keeps its minimum time; returns the minima."""
-    mins: dict[int, float] = {}
-
-    def wrap(i: int, step: Any) -> Any:
-        kind, a, b = step
-        if kind != V.CALL:
-            return step
-        mins[i] = float("inf")
-
-        def timed(r: list[Any]) -> None:
-            t = clock()
-            a(r)
-            d = clock() - t
-            if d < mins[i]:
-                mins[i] = d
-
-        return (kind, timed, b)
-
-    loaded.steps[:] = [wrap(i, s) for i, s in enumerate(loaded.steps)]
-    return mins
 
 
 def main() -> None:

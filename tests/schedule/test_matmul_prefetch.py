@@ -7,10 +7,8 @@ print and parse back."""
 
 from __future__ import annotations
 
-from typing import Iterator
 
 import numpy as np
-import pytest
 
 from tests.schedule.helpers import well_formed
 from tilework import te
@@ -20,7 +18,6 @@ from tilework.ir import sym
 from tilework.ir.loop import Block, Intrin, Load, Store, TensorFunc, walk_scalars
 from tilework.ir.sym import SymVar
 from tilework.schedule import default_schedule
-from tilework.schedule.rules import common
 from tilework.schedule.rules.matmul import MIN_COLUMN_TILES, register_tile
 from tilework.schedule.tree import walk
 from tilework.te.tensor import TensorLoad
@@ -28,14 +25,6 @@ from tilework.transform.layout_weights import lay_out
 
 ROWS = (1, 7, 32, 33)
 DEPTHS = (37, 64)  # K: not a multiple of the parts (the last rows of a panel clamp), and one
-
-
-@pytest.fixture(params=["32x16", "64x32"], ids=["avx2", "avx512"])
-def registers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    monkeypatch.setenv("TILEWORK_VECTOR_REGISTERS", request.param)
-    common.host_registers.cache_clear()
-    yield request.param
-    common.host_registers.cache_clear()
 
 
 def _linear_silu(m: SymVar, k: int, n: int, panel: int) -> TensorFunc:

@@ -6,7 +6,7 @@ residual fused into the tile store."""
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -17,7 +17,6 @@ from tilework.ir import sym
 from tilework.ir.loop import Allocate, For, IfThenElse, TensorFunc
 from tilework.ir.sym import Dim, SymVar
 from tilework.schedule import default_schedule
-from tilework.schedule.rules import common
 from tilework.schedule.rules.matmul import outside_guards, register_tile
 from tilework.schedule.tree import walk
 from tilework.te.tensor import TensorLoad
@@ -25,14 +24,6 @@ from tilework.transform.layout_weights import lay_out
 
 ROWS = (1, 5, 7, 8, 13, 33, 257)
 K, N = 37, 70  # no tile divides either
-
-
-@pytest.fixture(params=["32x16", "64x32"], ids=["avx2", "avx512"])
-def registers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    monkeypatch.setenv("TILEWORK_VECTOR_REGISTERS", request.param)
-    common.host_registers.cache_clear()
-    yield request.param
-    common.host_registers.cache_clear()
 
 
 Epilogue = Callable[[te.Tensor, te.Tensor, te.Tensor], te.Tensor]
