@@ -61,14 +61,17 @@ def test_processed_logits_match_transformers(params: SamplingParams, seed: int) 
 
 
 @pytest.mark.parametrize("top_p", [0.3, 0.9, 0.99])
-def test_top_p_on_a_model_sized_vocabulary(top_p: float) -> None:
-    """49152 logits: the nucleus holds thousands of tokens, past the first candidate batch."""
-    logits = (np.random.default_rng(1).standard_normal(49152) * 2).astype(np.float32)
+@pytest.mark.parametrize("spread", [0.1, 2.0, 8.0])  # flat (no first-round candidates), broad, peaked as a model's
+def test_top_p_on_a_model_sized_vocabulary(top_p: float, spread: float) -> None:
+    """49152 logits: the nucleus among the tokens of non-negligible weight, or (flat) past the
+    first candidate batch of the partition."""
+    logits = (np.random.default_rng(1).standard_normal(49152) * spread).astype(np.float32)
     params = SamplingParams(top_p=top_p, temperature=0.8)
     ours = Sampler(params, logits.size).process(logits, [])
     ref = _hf_process(logits, np.array([0]), params)
     np.testing.assert_array_equal(np.isneginf(ours), np.isneginf(ref))
-    assert np.isfinite(ours).sum() > (128 if top_p > 0.5 else 1)
+    if spread == 2.0:
+        assert np.isfinite(ours).sum() > (128 if top_p > 0.5 else 1)
 
 
 def test_top_k_keeps_ties_like_transformers() -> None:

@@ -164,6 +164,7 @@ class Sampler:
 
 
 _BLOCK = 1024
+_CANDIDATE = 1e-4  # top-p: weight (of the largest) from which a token is a first-round candidate
 
 
 def _draw(weights: np.ndarray, u: float) -> int:
@@ -208,14 +209,22 @@ def _apply_top_p(scores: np.ndarray, top_p: float) -> None:
     weights = np.exp(values - values.max()).astype(np.float64)  # exp in float32 (fast), sums in float64
     weights /= weights.sum()
     n = weights.size
-    m = min(n, 128)
-    while True:
-        top = np.argpartition(values, n - m)[n - m :] if m < n else np.arange(n)
-        top = top[np.argsort(-values[top], kind="stable")]
+    # A model's distribution is peaked: the tokens of weight >= _CANDIDATE (of the largest
+    # weight's 1) usually hold top_p of the mass. Every other token ranks below all of them,
+    # so when they do, the nucleus is among them and the rest need no partition.
+    cand = np.flatnonzero(weights >= _CANDIDATE * weights.max())
+    if cand.size < n and weights[cand].sum() >= top_p:
+        top = cand[np.argsort(-values[cand], kind="stable")]
         mass = np.cumsum(weights[top])
-        if mass[-1] >= top_p or m == n:
-            break
-        m = min(n, m * 8)
+    else:  # a flat distribution: the ``m`` most likely, ``m`` growing until they hold top_p
+        m = min(n, 128)
+        while True:
+            top = np.argpartition(values, n - m)[n - m :] if m < n else np.arange(n)
+            top = top[np.argsort(-values[top], kind="stable")]
+            mass = np.cumsum(weights[top])
+            if mass[-1] >= top_p or m == n:
+                break
+            m = min(n, m * 8)
     keep = finite[top[mass - weights[top] < top_p]]
     kept_values = scores[keep]
     scores.fill(-np.inf)
