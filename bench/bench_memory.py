@@ -33,7 +33,7 @@ import numpy as np
 
 import tilework as tw
 from tilework.transform.pipeline import lowering_through
-from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.graph import GraphFunc
 from tilework.ir.info import TensorInfo
 from tilework.models.reference import EncoderConfig, TransformerConfig, encoder, random_weights, transformer_block
@@ -58,7 +58,7 @@ def lowered_plan(mod: tw.IRModule, extra: list[Pass]) -> FunctionPlan:
 def intermediate_peak(plan: FunctionPlan, env: dict[Any, int]) -> int:
     """Peak bytes of live intermediates when each is its own allocation freed after its last
     use: the largest sum of sizes over the lifetimes that contain one binding."""
-    events = [(pl.start, pl.end, sym.evaluate(pl.nbytes, env)) for pl in plan.placements]
+    events = [(pl.start, pl.end, sym_walk.evaluate(pl.nbytes, env)) for pl in plan.placements]
     return max((sum(n for s, e, n in events if s <= t <= e) for t, _, _ in events), default=0)
 
 

@@ -17,6 +17,7 @@ import tilework as tw
 from tilework import te
 from tilework.ir.dtype import np_dtype
 from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.loop import TensorFunc
 
 Arrays = list[np.ndarray]
@@ -44,7 +45,7 @@ def outputs_for(func: TensorFunc, inputs: Arrays, sym_params: dict[str, int]) ->
     env.update({by_name[k]: v for k, v in sym_params.items()})
     outs = []
     for b in func.outputs:
-        shape = tuple(sym.evaluate(d, env) for d in b.shape)
+        shape = tuple(sym_walk.evaluate(d, env) for d in b.shape)
         dt = np_dtype(b.dtype)
         outs.append(np.full(shape, 99, dtype=dt) if dt != np.bool_ else np.ones(shape, dtype=dt))
     return outs

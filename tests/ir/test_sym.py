@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from tilework.errors import SymbolicError
 from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.sym import Dim, SymExpr, SymVar
 
 # -- vars with varied ranges ----------------------------------------------------------------
@@ -193,21 +194,21 @@ def equivalent(draw: st.DrawFn, t: Tree, floor_rules: bool = False) -> Tree:
 def test_construction_and_simplify_match_oracle(t: Tree, envs: list[dict[SymVar, int]]) -> None:
     e = build(t)
     assert not isinstance(e, bool) and isinstance(e, (int, SymExpr))
-    s = sym.simplify(e)
+    s = sym_walk.simplify(e)
     assert same_dim(s, e)  # canonical on construction: simplify is a fixed point
     for env in envs:
         want = naive(t, env)
-        assert sym.evaluate(e, env) == want
-        assert sym.evaluate(s, env) == want
+        assert sym_walk.evaluate(e, env) == want
+        assert sym_walk.evaluate(s, env) == want
 
 
 @PROPS
 @given(tree)
 def test_constants_are_plain_ints(t: Tree) -> None:
     e = build(t)
-    assert type(e) is int or sym.free_vars(e)
+    assert type(e) is int or sym_walk.free_vars(e)
     if isinstance(e, SymExpr):
-        assert set(sym.free_vars(e)) <= {x[1] for x in _leaves(t) if x[0] == "v"}
+        assert set(sym_walk.free_vars(e)) <= {x[1] for x in _leaves(t) if x[0] == "v"}
 
 
 def _leaves(t: Tree) -> list[Tree]:
@@ -274,7 +275,7 @@ def test_floor_rewrites_prove_equal_and_evaluate_equal(data: st.DataObject) -> N
     e, e2 = build(t), build(t2)
     assert not sym.prove_ne(e, e2)
     for env in data.draw(envs_st):
-        assert sym.evaluate(e2, env) == naive(t, env)
+        assert sym_walk.evaluate(e2, env) == naive(t, env)
 
 
 @PROPS
@@ -320,16 +321,16 @@ def test_substitute_then_evaluate(t: Tree, images: list[Tree | None], envs: list
         x = sym.max_(v.lo, build(img))
         mapping[v] = x if v.hi is None else sym.min_(v.hi, x)
     e = build(t)
-    out = sym.substitute(e, mapping)
-    assert set(sym.free_vars(out)) <= {w for m in mapping.values() for w in sym.free_vars(m)} | (
-        set(sym.free_vars(e)) - set(mapping)
+    out = sym_walk.substitute(e, mapping)
+    assert set(sym_walk.free_vars(out)) <= {w for m in mapping.values() for w in sym_walk.free_vars(m)} | (
+        set(sym_walk.free_vars(e)) - set(mapping)
     )
     for env in envs:
         composed = dict(env)
         for v, img in zip(VARS, images):
             if img is not None:
                 composed[v] = _clamp(v, naive(img, env))
-        assert sym.evaluate(out, env) == naive(t, composed)
+        assert sym_walk.evaluate(out, env) == naive(t, composed)
 
 
 # -- (e) sympy as an oracle --------------------------------------------------------------
@@ -356,7 +357,7 @@ def test_floor_equality_agrees_with_sympy(pair: tuple[Tree, Tree], envs: list[di
     eq = sym.prove_eq(x, y)
     for env in envs:
         sx = to_sympy(tx, env)
-        assert sym.evaluate(x, env) == int(sx)
+        assert sym_walk.evaluate(x, env) == int(sx)
         if eq:
             assert sx == to_sympy(ty, env)
 
@@ -416,7 +417,7 @@ def test_pickle_round_trip(t: Tree, envs: list[dict[SymVar, int]]) -> None:
     assert same_dim(e2, build(t, vmap))
     assert sym.to_str(e2) == sym.to_str(e)
     for env in envs:
-        assert sym.evaluate(e2, {vmap[v]: x for v, x in env.items()}) == sym.evaluate(e, env)
+        assert sym_walk.evaluate(e2, {vmap[v]: x for v, x in env.items()}) == sym_walk.evaluate(e, env)
 
 
 # -- unit tests: documented identities ---------------------------------------------------
@@ -463,11 +464,11 @@ def test_floordiv_by_constants() -> None:
 def test_negative_constant_divisors_normalize() -> None:
     assert k // -2 is (-k) // 2
     assert k % -3 is -((-k) % 3)
-    assert sym.evaluate(k // -2, {k: 5}) == -3
-    assert sym.evaluate(k % -3, {k: 5}) == -1
+    assert sym_walk.evaluate(k // -2, {k: 5}) == -3
+    assert sym_walk.evaluate(k % -3, {k: 5}) == -1
     assert k // -n is (-k) // n
     assert k % -n is -((-k) % n)
-    assert sym.evaluate(k % -n, {k: 5, n: 3}) == 5 % -3
+    assert sym_walk.evaluate(k % -n, {k: 5, n: 3}) == 5 % -3
     assert k // -1 is -k and k % -1 == 0
 
 
@@ -556,18 +557,18 @@ def test_bounds() -> None:
 
 def test_ceildiv_and_product() -> None:
     assert sym.ceildiv(n * 64, 64) is n
-    assert sym.evaluate(sym.ceildiv(seq, 64), {seq: 65}) == 2
+    assert sym_walk.evaluate(sym.ceildiv(seq, 64), {seq: 65}) == 2
     assert sym.product([n, 2, m]) is 2 * n * m
     assert sym.product([]) == 1
     assert sym.is_static([1, 2]) and not sym.is_static([1, n])
 
 
 def test_free_vars_and_substitute() -> None:
-    assert sym.free_vars(n * m + n) in ((n, m), (m, n))
-    assert sym.free_vars(5) == ()
-    assert sym.substitute(n * m, {m: 4}) is 4 * n
-    assert sym.substitute(n // m, {n: 12, m: 4}) == 3
-    assert sym.substitute(sym.max_(n, m), {m: n}) is n
+    assert sym_walk.free_vars(n * m + n) in ((n, m), (m, n))
+    assert sym_walk.free_vars(5) == ()
+    assert sym_walk.substitute(n * m, {m: 4}) is 4 * n
+    assert sym_walk.substitute(n // m, {n: 12, m: 4}) == 3
+    assert sym_walk.substitute(sym.max_(n, m), {m: n}) is n
 
 
 def test_to_str() -> None:
@@ -620,9 +621,9 @@ def test_division_by_zero() -> None:
     with pytest.raises(SymbolicError):
         sym.floordiv(3, 0)
     with pytest.raises(SymbolicError):
-        sym.evaluate(m // k, {m: 3, k: 0})
+        sym_walk.evaluate(m // k, {m: 3, k: 0})
     with pytest.raises(SymbolicError):
-        sym.evaluate(m % k, {m: 3, k: 0})
+        sym_walk.evaluate(m % k, {m: 3, k: 0})
 
 
 @pytest.mark.parametrize("bad", [1.0, 2.5, True, False, "3", None, [1]])
@@ -637,12 +638,12 @@ def test_non_int_operands(bad: object) -> None:
     with pytest.raises(SymbolicError):
         n * bad  # type: ignore[operator]
     with pytest.raises(SymbolicError):
-        sym.substitute(n + 1, {n: bad})  # type: ignore[dict-item]
+        sym_walk.substitute(n + 1, {n: bad})  # type: ignore[dict-item]
 
 
 def test_evaluate_missing_var() -> None:
     with pytest.raises(SymbolicError, match="'m'"):
-        sym.evaluate(n + m, {n: 1})
+        sym_walk.evaluate(n + m, {n: 1})
 
 
 @pytest.mark.parametrize("name", ["", "1n", "a b", "n-1", "if", "lambda", "x.y"])

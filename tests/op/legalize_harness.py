@@ -20,7 +20,7 @@ import numpy as np
 from tilework.codegen import build_library
 from tilework.ir.dtype import np_dtype
 from tilework.codegen.c.module import CKernelModule
-from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.builder import BlockBuilder
 from tilework.ir.graph import Binding, Call, Expr, GlobalVar, GraphFunc, OpRef, ShapeExpr, Tuple, Var, bindings_of
 from tilework.ir.info import StructInfo, TensorInfo, TupleInfo
@@ -71,7 +71,7 @@ def random_array(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -
 
 
 def shape_at(shape: Sequence[Any], env: Env) -> tuple[int, ...]:
-    return tuple(sym.evaluate(d, env) for d in shape)
+    return tuple(sym_walk.evaluate(d, env) for d in shape)
 
 
 def default_inputs(case: Case, env: Env, rng: np.random.Generator) -> list[np.ndarray]:
@@ -155,7 +155,7 @@ def run(built: Built, name: str, env: Env, seed: int = 0, scheduled: bool = Fals
     sym_args = call.args[2].values if len(call.args) == 3 else ()  # type: ignore[attr-defined]
     outs = _outputs(call.sinfo_args[0], env)
     kernel = built.lib[f"{gv.name}__scheduled" if scheduled else gv.name]
-    kernel.run(arrays + outs, [sym.evaluate(d, env) for d in sym_args])
+    kernel.run(arrays + outs, [sym_walk.evaluate(d, env) for d in sym_args])
     return inputs, outs
 
 

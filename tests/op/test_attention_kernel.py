@@ -22,6 +22,7 @@ from tests.op.legalize_harness import Built, Case, build, check, envs, random_ar
 from tests.op.test_legalize_nn import attention_ref
 from tilework.codegen import build_library, interp
 from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.info import TensorInfo
 from tilework.ir.loop import Allocate, For, TensorFunc, walk_stmts
 from tilework.ir.sym import SymVar
@@ -151,7 +152,7 @@ def test_scratch_does_not_grow_with_the_sequences() -> None:
     f = _kernel(T(b, s, 8, d), T(b, kv, 2, d), causal=True, mask=T(b, 1, s, kv))
     for st in walk_stmts(f.body):
         if isinstance(st, Allocate):
-            grows = {v for dim in st.buffer.shape for v in sym.free_vars(dim)} & {b, s, kv}
+            grows = {v for dim in st.buffer.shape for v in sym_walk.free_vars(dim)} & {b, s, kv}
             assert not grows, f"scratch {st.buffer.name} has shape {st.buffer.shape}"
     sizes = [sym.product(st.buffer.shape) for st in walk_stmts(_kernel(T(b, s, 8, 64), T(b, kv, 2, 64), True).body) if isinstance(st, Allocate)]
     assert all(isinstance(x, int) for x in sizes)

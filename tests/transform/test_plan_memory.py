@@ -15,6 +15,7 @@ import tilework as tw
 from tilework import op
 from tilework.transform.pipeline import lowering_through
 from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.builder import BlockBuilder
 from tilework.ir.graph import Binding, Call, GraphFunc, OpRef, Var, bindings_of
 from tilework.ir.info import TensorInfo
@@ -55,10 +56,10 @@ def assert_valid(plan: FunctionPlan, envs: list[dict[sym.SymVar, int]]) -> None:
     for pl in plan.placements:
         by_arena.setdefault(pl.arena, []).append(pl)
     for env in envs:
-        sizes = {"static": sym.evaluate(plan.static_size, env), "pooled": sym.evaluate(plan.pooled_size, env)}
+        sizes = {"static": sym_walk.evaluate(plan.static_size, env), "pooled": sym_walk.evaluate(plan.pooled_size, env)}
         assert sizes["static"] <= plan.static_capacity
         for arena, pls in by_arena.items():
-            spans = [(pl, sym.evaluate(pl.offset, env), sym.evaluate(pl.nbytes, env)) for pl in pls]
+            spans = [(pl, sym_walk.evaluate(pl.offset, env), sym_walk.evaluate(pl.nbytes, env)) for pl in pls]
             for pl, off, n in spans:
                 assert off % 64 == 0 and 0 <= off and off + n <= sizes[arena], (pl, env)
             for (a, oa, na), (b, ob, nb) in itertools.combinations(spans, 2):
@@ -91,9 +92,9 @@ def test_unbounded_dims_pack_into_a_pooled_arena() -> None:
     # every intermediate but the returned one is planned; the arena is far below their sum
     assert plan.unplanned == ("l1_res2",)
     env = {batch: 8, seq: 256}
-    total = sum(sym.evaluate(pl.nbytes, env) for pl in plan.placements)
-    assert sym.evaluate(plan.pooled_size, env) * 4 < total
-    assert set(sym.free_vars(plan.pooled_size)) == {batch, seq}
+    total = sum(sym_walk.evaluate(pl.nbytes, env) for pl in plan.placements)
+    assert sym_walk.evaluate(plan.pooled_size, env) * 4 < total
+    assert set(sym_walk.free_vars(plan.pooled_size)) == {batch, seq}
 
 
 def test_bounded_dims_pack_into_a_static_arena() -> None:
@@ -103,10 +104,10 @@ def test_bounded_dims_pack_into_a_static_arena() -> None:
     plan = plan_function(lower_calls(mod), "main")
     assert {pl.arena for pl in plan.placements} == {"static"}
     assert plan.pooled_size == 0
-    assert plan.static_capacity == sym.evaluate(plan.static_size, {batch: 64, seq: 512})
+    assert plan.static_capacity == sym_walk.evaluate(plan.static_size, {batch: 64, seq: 512})
     assert_valid(plan, envs_for(batch, seq))
     # a smaller shape uses a compact prefix: the size is a dim, not the capacity
-    assert sym.evaluate(plan.static_size, {batch: 1, seq: 8}) * 1000 < plan.static_capacity
+    assert sym_walk.evaluate(plan.static_size, {batch: 1, seq: 8}) * 1000 < plan.static_capacity
 
 
 def test_recursive_functions_and_huge_bounds_get_no_static_arena() -> None:

@@ -39,6 +39,7 @@ from tilework.ir.loop import (
     walk_stmts,
 )
 from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.kernel_abi import kernel_syms
 from tilework.ir.sym import Dim, FloorDiv, FloorMod, Max, Min, Poly, SymExpr, SymVar
 from tilework.schedule.reduction_primitives import init_empty_reductions
@@ -121,7 +122,7 @@ class LoopEmitter(abc.ABC):
             if isinstance(s, Block) and s.init is not None:
                 for iv in s.iter_vars:
                     ext = iv.extent
-                    if iv.kind == "reduce" and not sym.prove_ge(ext, 1) and set(sym.free_vars(ext)) <= params:
+                    if iv.kind == "reduce" and not sym.prove_ge(ext, 1) and set(sym_walk.free_vars(ext)) <= params:
                         out.append((s.name, ext))
         return out
 

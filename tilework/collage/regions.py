@@ -23,6 +23,7 @@ from typing import Any, Collection, Mapping, Sequence
 import numpy as np
 
 from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.builder import BlockBuilder
 from tilework.ir.dtype import np_dtype
 from tilework.ir import info as I
@@ -116,11 +117,11 @@ class _SymUses(ExprVisitor):
 
     def visit_shape_expr(self, e: ShapeExpr) -> None:
         for d in e.values:
-            self.vars.update(dict.fromkeys(sym.free_vars(d)))
+            self.vars.update(dict.fromkeys(sym_walk.free_vars(d)))
 
     def visit_prim_value(self, e: PrimValue) -> None:
         if isinstance(e.value, sym.SymExpr):
-            self.vars.update(dict.fromkeys(sym.free_vars(e.value)))
+            self.vars.update(dict.fromkeys(sym_walk.free_vars(e.value)))
 
 
 def _unbound_sym_vars(g: BlockGraph, nodes: Sequence[int], params: Sequence[Var]) -> list[SymVar]:
@@ -146,16 +147,16 @@ def input_shapes(f: GraphFunc, env: Mapping[SymVar, int]) -> list[tuple[int, ...
     for p in f.params:
         info = p.info
         if isinstance(info, ShapeInfo) and info.values is not None:
-            full = {v: env.get(v, max(1, v.lo or 0)) for d in info.values for v in sym.free_vars(d)}
-            out.append(tuple(sym.evaluate(d, full) for d in info.values))
+            full = {v: env.get(v, max(1, v.lo or 0)) for d in info.values for v in sym_walk.free_vars(d)}
+            out.append(tuple(sym_walk.evaluate(d, full) for d in info.values))
             continue
         if not isinstance(info, TensorInfo) or info.shape is None or info.dtype is None:
             raise ValueError(f"param %{p.name} is not a tensor of known shape and dtype ({info})")
         full = dict(env)
         for d in info.shape:
-            for v in sym.free_vars(d):
+            for v in sym_walk.free_vars(d):
                 full.setdefault(v, max(1, v.lo or 0))
-        out.append(tuple(sym.evaluate(d, full) for d in info.shape))
+        out.append(tuple(sym_walk.evaluate(d, full) for d in info.shape))
     return out
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Mapping, Union
 
 from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.dtype import DTYPES
 from tilework.ir.sym import Dim, SymVar
 
@@ -273,7 +274,7 @@ def map_dims(info: StructInfo, f: Callable[[Dim], Dim | None]) -> StructInfo:
 def substitute(info: StructInfo, mapping: Mapping[SymVar, Dim]) -> StructInfo:
     if not mapping:
         return info
-    return map_dims(info, lambda d: sym.substitute(d, mapping))
+    return map_dims(info, lambda d: sym_walk.substitute(d, mapping))
 
 
 def free_vars(info: StructInfo) -> tuple[SymVar, ...]:
@@ -281,7 +282,7 @@ def free_vars(info: StructInfo) -> tuple[SymVar, ...]:
     out: dict[SymVar, None] = {}
 
     def visit(d: Dim) -> Dim:
-        for v in sym.free_vars(d):
+        for v in sym_walk.free_vars(d):
             out[v] = None
         return d
 
@@ -293,7 +294,7 @@ def erase(info: StructInfo, in_scope: Callable[[SymVar], bool]) -> StructInfo:
     """Drop every fact that mentions a sym var out of scope (keeping rank and dtype)."""
 
     def keep(d: Dim) -> Dim | None:
-        return d if all(in_scope(v) for v in sym.free_vars(d)) else None
+        return d if all(in_scope(v) for v in sym_walk.free_vars(d)) else None
 
     return map_dims(info, keep)
 

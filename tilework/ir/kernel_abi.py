@@ -16,6 +16,7 @@ import numpy as np
 
 from tilework.errors import RuntimeCheckError
 from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.loop import TensorFunc, kernel_syms
 from tilework.ir.sym import SymVar
 from tilework.ir.dtype import np_dtype
@@ -96,9 +97,9 @@ def bind_syms(func: TensorFunc, arrays: Sequence[np.ndarray], sym_params: SymVal
         out.append(env[v])
     for i, (b, a) in enumerate(zip(bufs, arrays)):
         for k, d in enumerate(b.shape):
-            want = sym.evaluate(d, env)
+            want = sym_walk.evaluate(d, env)
             if a.shape[k] != want:
-                src = ", ".join(f"{v.name} = {env[v]}, bound by {where[v]}" for v in sym.free_vars(d))
+                src = ", ".join(f"{v.name} = {env[v]}, bound by {where[v]}" for v in sym_walk.free_vars(d))
                 detail = f" ({src})" if src else ""
                 raise RuntimeCheckError(f"{name}: {_arg_name(func, i)} shape[{k}] = {a.shape[k]} but {sym.to_str(d)} = {want}{detail}")
     return out
@@ -145,7 +146,7 @@ def call_checker(func: TensorFunc, name: str = "kernel") -> Callable[[Sequence[A
                 raise RuntimeCheckError(f"{name}: {_arg_name(func, i)} has rank {a.ndim}, expected {len(b.shape)}")
             for k, d in enumerate(b.shape):
                 try:
-                    want = sym.evaluate(d, env)
+                    want = sym_walk.evaluate(d, env)
                 except (ArithmeticError, KeyError, ValueError) as e:
                     raise RuntimeCheckError(f"{name}: {_arg_name(func, i)} shape[{k}] = {sym.to_str(d)} cannot be evaluated at the given sym values: {e}") from None
                 if a.shape[k] != want:
@@ -176,7 +177,7 @@ def call_checker(func: TensorFunc, name: str = "kernel") -> Callable[[Sequence[A
                     if env is None:
                         env = dict(zip(syms, sym_values))
                     try:
-                        ok = got == sym.evaluate(d, env)
+                        ok = got == sym_walk.evaluate(d, env)
                     except (ArithmeticError, KeyError, ValueError):
                         ok = False
                     if not ok:

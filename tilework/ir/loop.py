@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence, Union
 
-from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.dtype import is_float_dtype, itemsize
 from tilework.ir.graph import EMPTY_ATTRS, Attrs
 from tilework.ir.sym import Dim, ScalarOperand, SymExpr, SymVar
@@ -479,7 +479,7 @@ def kernel_syms(func: TensorFunc) -> tuple[SymVar, ...]:
     out: dict[SymVar, None] = {}
     for b in func.buffers:
         for d in b.shape:
-            for v in sym.free_vars(d):
+            for v in sym_walk.free_vars(d):
                 out.setdefault(v, None)
     for v in func.sym_params:
         out.setdefault(v, None)
@@ -496,7 +496,7 @@ def free_sym_vars(body: Stmt, buffers: Iterable[Buffer] = ()) -> tuple[SymVar, .
 
     def use(d: object) -> None:
         if isinstance(d, SymExpr):
-            used.update(dict.fromkeys(sym.free_vars(d)))
+            used.update(dict.fromkeys(sym_walk.free_vars(d)))
 
     for b in buffers:
         for d in b.shape:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from tilework.errors import InferenceError, ShapeError
-from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.graph import EMPTY_ATTRS, Attrs, Call, Expr, OpRef
 from tilework.ir.info import StructInfo
 from tilework.ir.sym import Dim, SymVar
@@ -49,7 +49,7 @@ class DimCheck:
     message: str
 
     def holds(self, env: Mapping[SymVar, int]) -> bool:
-        vals = [sym.evaluate(d, env) for d in self.dims]
+        vals = [sym_walk.evaluate(d, env) for d in self.dims]
         if self.kind == "eq":
             return all(v == vals[0] for v in vals)
         if self.kind == "broadcast":

@@ -32,6 +32,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.graph import (
     Binding,
     BindingBlock,
@@ -451,7 +452,7 @@ class _Equal:
             return e
         got = self._canon.get(e)
         if got is None:
-            got = self._canon[e] = sym.simplify(e)
+            got = self._canon[e] = sym_walk.simplify(e)
         return got
 
     def dim(self, a: Any, b: Any) -> None:
@@ -464,14 +465,14 @@ class _Equal:
             return self.sym_var(a, b)
         if isinstance(a, SymVar) or isinstance(b, SymVar):
             return self.fail(a, b)
-        new_a = [v for v in sym.free_vars(a) if v not in self.fwd]
-        new_b = [v for v in sym.free_vars(b) if v not in self.rev]
+        new_a = [v for v in sym_walk.free_vars(a) if v not in self.fwd]
+        new_b = [v for v in sym_walk.free_vars(b) if v not in self.rev]
         target = self.canonical(b)
         if (new_a or new_b) and self.can_map():
             if len(new_a) != len(new_b):
                 return self.fail(a, b)
             return self.pair_new(a, b, target, new_a, new_b)
-        got = sym.substitute(a, {v: self.fwd.get(v, v) for v in sym.free_vars(a)})
+        got = sym_walk.substitute(a, {v: self.fwd.get(v, v) for v in sym_walk.free_vars(a)})
         if not _same_dim(got, target):
             self.fail(a, b)
 
@@ -494,9 +495,9 @@ class _Equal:
         for cand in candidates:
             if any((x.lo, x.hi) != (y.lo, y.hi) for x, y in zip(new_a, cand)):
                 continue
-            mapping = {v: self.fwd.get(v, v) for v in sym.free_vars(a)}
+            mapping = {v: self.fwd.get(v, v) for v in sym_walk.free_vars(a)}
             mapping.update(zip(new_a, cand))
-            if _same_dim(sym.substitute(a, mapping), target):
+            if _same_dim(sym_walk.substitute(a, mapping), target):
                 for x, y in zip(new_a, cand):
                     self.bind(x, y)
                 return
@@ -658,8 +659,8 @@ class _Hash:
             return None
         canon = self._canon.get(d)
         if canon is None:
-            canon = self._canon[d] = sym.simplify(d)
-        new = [v for v in sym.free_vars(d) if v not in self.idx]
+            canon = self._canon[d] = sym_walk.simplify(d)
+        new = [v for v in sym_walk.free_vars(d) if v not in self.idx]
         if new and mappable:
             self.put("group", len(new))
             for v in new:  # met together, so they share an index: the pairing is not known

@@ -34,6 +34,7 @@ from tilework.errors import TileworkError, WellFormedError
 from tilework.ir import info as I
 from tilework.ir import loop as L
 from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.builder import infer_func_call, is_leaf, is_pure_call
 from tilework.ir.graph import (
     AnyBinding,
@@ -161,7 +162,7 @@ def _dims_syms(dims: Iterable[object]) -> tuple[SymVar, ...]:
     out: dict[SymVar, None] = {}
     for d in dims:
         if isinstance(d, SymExpr):
-            out.update(dict.fromkeys(sym.free_vars(d)))
+            out.update(dict.fromkeys(sym_walk.free_vars(d)))
     return tuple(out)
 
 
@@ -706,7 +707,7 @@ class _LoopCheck(_Checker):
     def scalar(self, x: L.Scalar, bufs: frozenset[L.Buffer], syms: frozenset[SymVar], where: Where) -> None:
         for e in L.walk_scalars(x):
             if isinstance(e, SymExpr):
-                self.syms_in(sym.free_vars(e), syms, f"this {type(where).__name__}", where)
+                self.syms_in(sym_walk.free_vars(e), syms, f"this {type(where).__name__}", where)
             elif isinstance(e, L.Load):
                 self.access(e.buffer, len(e.indices), bufs, "load from", where)
             elif isinstance(e, L.Binary) and e.op not in _SCALAR_OPS:

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.loop import Block, Buffer, For, Load, Scalar, Store, TensorFunc, stmt_scalars, walk_scalars, walk_stmts
 from tilework.ir.sym import Dim, SymExpr, SymVar
 from tilework.schedule.analysis import block_stores
@@ -89,11 +90,11 @@ def _separates(x: Scalar, v: SymVar, inner: set[SymVar]) -> bool:
     ``v`` vary staying in ``[0, |c|)``."""
     if not isinstance(x, (int, SymExpr)) or v not in dim_vars(x):
         return False
-    r = sym.substitute(x, {v: 0})
-    c = sym.sub(sym.substitute(x, {v: 1}), r)
+    r = sym_walk.substitute(x, {v: 0})
+    c = sym.sub(sym_walk.substitute(x, {v: 1}), r)
     if not isinstance(c, int) or c == 0 or not sym.prove_eq(x, sym.add(sym.mul(c, v), r)):
         return False
-    r_inner = sym.sub(r, sym.substitute(r, {u: 0 for u in inner}))
+    r_inner = sym.sub(r, sym_walk.substitute(r, {u: 0 for u in inner}))
     if not dim_vars(r_inner) <= inner:
         return False
     lo, hi = sym.bounds(r_inner)

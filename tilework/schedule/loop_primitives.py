@@ -13,6 +13,7 @@ from typing import Sequence
 
 from tilework.errors import ScheduleError
 from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.loop import Binary, Block, For, IfThenElse, SeqStmt, Stmt, TensorFunc
 from tilework.ir.sym import Dim, SymVar
 from tilework.schedule.analysis import loads_of
@@ -165,7 +166,7 @@ def reorder(func: TensorFunc, *loops: LoopRef) -> TensorFunc:
 def _check_extents(old: list[For], new: list[For]) -> None:
     for k, f in enumerate(new):
         outer_vars = {g.var for g in new[:k]}
-        needs = set() if isinstance(f.extent, int) else set(sym.free_vars(f.extent))
+        needs = set() if isinstance(f.extent, int) else set(sym_walk.free_vars(f.extent))
         inner_loops = {g.var for g in old} - outer_vars
         bad = needs & inner_loops
         if bad:
@@ -192,7 +193,7 @@ def fuse(func: TensorFunc, *loops: LoopRef) -> TensorFunc:
         if f.kind != "serial":
             raise ScheduleError(f"fuse: loop {f.var.name!r} is {f.kind}; fuse before annotating")
         for _, g in fs:
-            if not isinstance(g.extent, int) and f.var in sym.free_vars(g.extent):
+            if not isinstance(g.extent, int) and f.var in sym_walk.free_vars(g.extent):
                 raise ScheduleError(
                     f"fuse: the extent of loop {g.var.name!r} depends on loop {f.var.name!r}"
                 )
@@ -415,8 +416,8 @@ def _bounds_guard(cond: object, v: SymVar) -> tuple[int, Dim] | None:
         return None
     if v in dim_vars(n) or v not in dim_vars(x):
         return None
-    e = sym.substitute(x, {v: 0})
-    c = sym.sub(sym.substitute(x, {v: 1}), e)
+    e = sym_walk.substitute(x, {v: 0})
+    c = sym.sub(sym_walk.substitute(x, {v: 1}), e)
     if not isinstance(c, int) or c <= 0 or not sym.prove_eq(x, sym.add(sym.mul(c, v), e)):
         return None
     lo, hi = sym.bounds(e)

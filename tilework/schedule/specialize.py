@@ -5,7 +5,7 @@ for a prompt), so the kernel is still compiled once for every shape."""
 from __future__ import annotations
 
 from tilework.errors import ScheduleError
-from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.loop import IfThenElse, Scalar, TensorFunc
 from tilework.ir.sym import SymVar
 from tilework.schedule.tree import rebind, scalar_vars, used_names
@@ -25,7 +25,7 @@ def branch(cond: Scalar, then_func: TensorFunc, else_func: TensorFunc) -> Tensor
     known: set[SymVar] = set(then_func.sym_params)
     for b in then_func.buffers:
         for d in b.shape:
-            known.update(() if isinstance(d, int) else sym.free_vars(d))
+            known.update(() if isinstance(d, int) else sym_walk.free_vars(d))
     extra = scalar_vars(cond) - known
     if extra:
         raise ScheduleError(f"branch: the condition uses {sorted(v.name for v in extra)}, which no param supplies")

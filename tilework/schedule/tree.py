@@ -13,6 +13,7 @@ from typing import Callable, Iterator, Mapping, Sequence, Union
 
 from tilework.errors import ScheduleError
 from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.loop import (
     Allocate,
     Binary,
@@ -245,7 +246,7 @@ def loop_names(func: TensorFunc, block: str) -> tuple[str, ...]:
 
 
 def subst_dim(d: Dim, m: Mapping[SymVar, Dim]) -> Dim:
-    return d if isinstance(d, int) or not m else sym.substitute(d, m)
+    return d if isinstance(d, int) or not m else sym_walk.substitute(d, m)
 
 
 def map_dims(x: Scalar, f: Callable[[Dim], Scalar]) -> Scalar:
@@ -307,12 +308,12 @@ def scalar_vars(x: Scalar) -> set[SymVar]:
     out: set[SymVar] = set()
     for e in walk_scalars(x):
         if isinstance(e, SymExpr):
-            out.update(sym.free_vars(e))
+            out.update(sym_walk.free_vars(e))
     return out
 
 
 def dim_vars(d: Dim) -> set[SymVar]:
-    return set() if isinstance(d, int) else set(sym.free_vars(d))
+    return set() if isinstance(d, int) else set(sym_walk.free_vars(d))
 
 
 def scalar_equal(a: Scalar, b: Scalar) -> bool:

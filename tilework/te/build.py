@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Callable, Iterator, Mapping, Sequence
 
 from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.graph import EMPTY_ATTRS, Attrs
 from tilework.ir.dtype import is_float_dtype
 from tilework.ir.loop import (
@@ -74,7 +75,7 @@ def create_func(
     for b in params:
         if isinstance(b, Buffer):
             for d in b.shape:
-                for v in sym.free_vars(d):
+                for v in sym_walk.free_vars(d):
                     needed.setdefault(v, None)
     if sym_params is None:
         params.extend(v for v in needed if v not in supplied)
@@ -126,7 +127,7 @@ def _te_free_vars(x: Scalar) -> list[SymVar]:
     out: dict[SymVar, None] = {}
     for e in walk_te(x):
         if isinstance(e, (int, SymExpr)):
-            for v in sym.free_vars(e):
+            for v in sym_walk.free_vars(e):
                 out[v] = None
     return list(out)
 
@@ -328,7 +329,7 @@ def _rebuild(x: PExpr, f: Callable[[Scalar], Scalar]) -> Scalar:
 def _to_ir(x: Scalar, subst: Mapping[SymVar, Dim], buffers: Mapping[Tensor, Buffer]) -> Scalar:
     """A DSL expression as loop-level IR: vars substituted, tensor loads as buffer loads."""
     if isinstance(x, (int, SymExpr)):
-        return sym.substitute(x, subst)
+        return sym_walk.substitute(x, subst)
     if isinstance(x, Reduce):
         raise AssertionError("a reduction was not lifted into its own stage")
     if isinstance(x, TensorLoad):

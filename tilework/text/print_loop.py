@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, TypeGuard
 
-from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.dtype import DTYPES
 from tilework.ir.loop import (
     INTRINSICS,
@@ -113,7 +113,7 @@ class _LoopSyms:
     def dim(self, d: Any) -> None:
         if not isinstance(d, SymExpr):
             return
-        for v in sym.free_vars(d):
+        for v in sym_walk.free_vars(d):
             self.found[v] = None
             if v in self.binders and v not in self.active:
                 self.escaped.add(v)

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from tilework.ir import info as I
-from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.graph import (
     AnyBinding,
     Binding,
@@ -69,7 +69,7 @@ class _SymCollector(ExprVisitor):
 
     def dim(self, d: object) -> None:
         if isinstance(d, SymExpr):
-            for v in sym.free_vars(d):
+            for v in sym_walk.free_vars(d):
                 self.found[v] = None
 
     def info(self, i: StructInfo) -> None:

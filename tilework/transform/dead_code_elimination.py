@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from tilework.ir import info as I
-from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.builder import is_pure_call
 from tilework.ir.graph import (
     AnyBinding,
@@ -61,11 +61,11 @@ class _SymReads(ExprVisitor):
 
     def visit_shape_expr(self, e: ShapeExpr) -> None:
         for d in e.values:
-            self.syms.update(sym.free_vars(d))
+            self.syms.update(sym_walk.free_vars(d))
 
     def visit_prim_value(self, e: PrimValue) -> None:
         if isinstance(e.value, SymExpr):
-            self.syms.update(sym.free_vars(e.value))
+            self.syms.update(sym_walk.free_vars(e.value))
 
     def visit_call(self, e: Call) -> None:
         for s in e.sinfo_args:

@@ -33,6 +33,7 @@ import numpy as np
 
 from tilework.errors import TileworkError
 from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.builder import BlockBuilder
 from tilework.ir.dtype import np_dtype
 from tilework.ir.kernel_abi import bind_syms
@@ -100,7 +101,7 @@ def _work(s: Stmt, env: Mapping[sym.SymVar, int], times: int) -> int:
     if isinstance(s, Store):
         return times
     if isinstance(s, For):
-        return _work(s.body, env, times * max(sym.evaluate(s.extent, env), 0))
+        return _work(s.body, env, times * max(sym_walk.evaluate(s.extent, env), 0))
     if isinstance(s, SeqStmt):
         return sum(_work(x, env, times) for x in s.stmts)
     if isinstance(s, Block):

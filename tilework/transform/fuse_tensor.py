@@ -25,6 +25,7 @@ from typing import Sequence
 from tilework.errors import ScheduleError, TileworkError
 from tilework.ir import info as I
 from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.graph import (
     Attrs,
     Binding,
@@ -84,18 +85,18 @@ def _solve_linear(pattern: Dim, target: Dim, env: dict[SymVar, Dim]) -> None:
     constant ``a`` and ``target - b`` provably divisible by it."""
     if isinstance(pattern, int):
         return
-    free = [v for v in sym.free_vars(pattern) if v not in env]
+    free = [v for v in sym_walk.free_vars(pattern) if v not in env]
     if len(free) != 1:
         return
     v = free[0]
     t = SymVar("t", v.lo, v.hi)  # stands for v, apart from any caller var of the same identity
-    known = sym.substitute(pattern, {**env, v: t})
-    b = sym.substitute(known, {t: 0})
-    a = sym.sub(sym.substitute(known, {t: 1}), b)
+    known = sym_walk.substitute(pattern, {**env, v: t})
+    b = sym_walk.substitute(known, {t: 0})
+    a = sym.sub(sym_walk.substitute(known, {t: 1}), b)
     if not isinstance(a, int) or a == 0:
         return
     cand = sym.floordiv(sym.sub(target, b), a)
-    if sym.prove_eq(sym.substitute(known, {t: cand}), target):
+    if sym.prove_eq(sym_walk.substitute(known, {t: cand}), target):
         env[v] = cand
 
 
@@ -115,10 +116,10 @@ def match_syms(pairs: Sequence[tuple[Sequence[Dim], Sequence[Dim]]], given: dict
             _solve_linear(p, a, env)
     for pat, act in pairs:
         for p, a in zip(pat, act):
-            unbound = [v.name for v in (sym.free_vars(p) if not isinstance(p, int) else ()) if v not in env]
+            unbound = [v.name for v in (sym_walk.free_vars(p) if not isinstance(p, int) else ()) if v not in env]
             if unbound:
                 raise _CannotFuse(f"sym var {unbound[0]} of a kernel cannot be bound from the caller's shapes")
-            if not sym.prove_eq(sym.substitute(p, env), a):
+            if not sym.prove_eq(sym_walk.substitute(p, env), a):
                 raise _CannotFuse(f"cannot prove {sym.to_str(p)} = {sym.to_str(a)}")
     for v, e in env.items():
         if not sym.prove_ge(e, v.lo) or (v.hi is not None and not sym.prove_le(e, v.hi)):
@@ -140,7 +141,7 @@ class _Instance:
         self.blocks = blocks
 
     def dim(self, d: Dim) -> Dim:
-        return d if isinstance(d, int) else sym.substitute(d, self.env)
+        return d if isinstance(d, int) else sym_walk.substitute(d, self.env)
 
     def var(self, v: SymVar, extent: Dim) -> SymVar:
         hi = sym.bounds(extent)[1]
@@ -403,7 +404,7 @@ class _CallRewriter(FuncRewriter):
             _unify(p.info, a.info, env)
             if not isinstance(p.info, ShapeInfo):
                 tensors.append(a)
-        sym_args = [sym.substitute(v, env) for v in kernel.sym_params]
+        sym_args = [sym_walk.substitute(v, env) for v in kernel.sym_params]
         gv = GlobalVar(value.callee.name)
         return call_tensor(gv, tensors, binding.value.info, sym_args)
 

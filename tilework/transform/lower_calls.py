@@ -23,6 +23,7 @@ from typing import Sequence
 
 from tilework.errors import WellFormedError
 from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.graph import (
     AnyBinding,
     Binding,
@@ -68,13 +69,13 @@ def _solve(mapping: dict[SymVar, Dim], pattern: Sequence[Dim], actual: Sequence[
     if actual is None or len(pattern) != len(actual):
         return
     for p, a in zip(pattern, actual):
-        unknown = [v for v in sym.free_vars(p) if v not in mapping]
+        unknown = [v for v in sym_walk.free_vars(p) if v not in mapping]
         if len(unknown) != 1:
             continue
         v = unknown[0]
-        rest = sym.substitute(p, {**mapping, v: 0})
-        coeff = sym.sub(sym.substitute(p, {**mapping, v: 1}), rest)
-        if isinstance(coeff, int) and coeff != 0 and sym.prove_eq(sym.substitute(p, {**mapping, v: 2}), sym.add(rest, 2 * coeff)):
+        rest = sym_walk.substitute(p, {**mapping, v: 0})
+        coeff = sym.sub(sym_walk.substitute(p, {**mapping, v: 1}), rest)
+        if isinstance(coeff, int) and coeff != 0 and sym.prove_eq(sym_walk.substitute(p, {**mapping, v: 2}), sym.add(rest, 2 * coeff)):
             mapping[v] = sym.floordiv(sym.sub(a, rest), coeff)
 
 

@@ -25,6 +25,7 @@ from typing import Sequence
 from tilework.errors import WellFormedError
 from tilework.ir import info as I
 from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.graph import (
     EMPTY_ATTRS,
     AnyBinding,
@@ -99,7 +100,7 @@ class _Lowerer:
         """Make the value of ``d`` available in the heap (computing derived dims)."""
         if isinstance(d, int):
             return
-        for v in sym.free_vars(d):
+        for v in sym_walk.free_vars(d):
             if v not in self.stored:
                 raise WellFormedError(
                     f"{self.fname}: sym var {v.name} is used before any parameter or match_cast binds it"

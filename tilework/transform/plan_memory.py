@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.graph import (
     AnyBinding,
     Binding,
@@ -219,7 +220,7 @@ class _Liveness:
         dtype = call.attrs.get("dtype")
         itemsize = _itemsize(dtype)
         nbytes = sym.mul(sym.product(shape.values), itemsize) if isinstance(shape, ShapeExpr) and itemsize else None
-        if nbytes is None or not set(sym.free_vars(nbytes)) <= self.entry:
+        if nbytes is None or not set(sym_walk.free_vars(nbytes)) <= self.entry:
             self.skipped.append((p, var))
             return _EMPTY
         assert isinstance(shape, ShapeExpr) and isinstance(dtype, str)
@@ -355,14 +356,14 @@ def _ref_env(dims: Iterable[Dim]) -> dict[SymVar, int]:
     """Values that order dims by size: upper bounds, or a typical size for unbounded vars."""
     env: dict[SymVar, int] = {}
     for d in dims:
-        for v in sym.free_vars(d):
+        for v in sym_walk.free_vars(d):
             env[v] = v.hi if v.hi is not None else max(v.lo, _REF_DIM)
     return env
 
 
 def _weight(size: Dim) -> int:
     hi = sym.bounds(size)[1]
-    return hi if hi is not None else sym.evaluate(size, _ref_env([size]))
+    return hi if hi is not None else sym_walk.evaluate(size, _ref_env([size]))
 
 
 def _disjoint(offset: Dim, size: Dim, other: _Item) -> bool:
@@ -399,7 +400,7 @@ def _pack_offsets(items: list[_Item]) -> Dim:
     for it in sorted(items, key=lambda it: (-it.weight, it.start)):
         live = [q for q in placed if q.start <= it.end and it.start <= q.end]
         ends = {sym.add(q.offset, q.size) for q in live}
-        candidates = sorted({0, *ends}, key=lambda o: (sym.evaluate(o, env), sym.to_str(o)))
+        candidates = sorted({0, *ends}, key=lambda o: (sym_walk.evaluate(o, env), sym.to_str(o)))
         chosen = next((o for o in candidates if all(_disjoint(o, it.size, q) for q in live)), None)
         it.offset = _max(ends) if chosen is None else chosen
         if not isinstance(it.offset, int) and len(sym.to_str(it.offset)) > _MAX_OFFSET_TEXT:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TypeGuard
 
 from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.graph import Call, Expr, GlobalVar, ShapeExpr, Tuple
 from tilework.ir.info import TensorInfo
 from tilework.ir.loop import Block, For, Load, Scalar, Store, TensorFunc
@@ -91,7 +92,7 @@ def is_reshape_kernel(func: TensorFunc) -> bool:
 def _row_major(idx: list[Scalar], in_shape: tuple[Dim, ...], ivars: list[SymVar], out_shape: tuple[Dim, ...]) -> bool:
     """``in[idx]`` over ``out``'s iter vars is the row-major reshape, unit dims aside."""
     unit = {v: 0 for v, d in zip(ivars, out_shape) if d == 1}
-    idx_dims = [sym.substitute(i, unit) for i in idx if isinstance(i, (int, SymExpr))]
+    idx_dims = [sym_walk.substitute(i, unit) for i in idx if isinstance(i, (int, SymExpr))]
     kept_idx: list[Dim] = []
     kept_in: list[Dim] = []
     for i, d in zip(idx_dims, in_shape):

@@ -44,6 +44,7 @@ from tilework.codegen.c.prelude import PRELUDE
 from tilework.codegen.loop_emit import LoopEmitter, comment, const_value
 from tilework.errors import WellFormedError
 from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.dtype import DTYPE_TABLE, is_float_dtype, is_int_dtype, is_lowp_dtype
 from tilework.ir.loop import (
     Allocate,
@@ -211,7 +212,7 @@ def _conflict(loop: For) -> str | None:
             local.add(s.buffer)
 
     def depends(d: Dim, seen: int = 0) -> bool:
-        for v in sym.free_vars(d):
+        for v in sym_walk.free_vars(d):
             if v is loop.var or (v in bindings and seen < 8 and depends(bindings[v], seen + 1)):
                 return True
         return False
@@ -372,7 +373,7 @@ class _Emitter(LoopEmitter):
         found: dict[SymExpr, None] = {}
         for d in _stmt_dims(s.body):
             for a in _nested_divmods(d):
-                if a not in self.hoisted_divmods and s.var in sym.free_vars(a) and set(sym.free_vars(a)) <= self.scope:
+                if a not in self.hoisted_divmods and s.var in sym_walk.free_vars(a) and set(sym_walk.free_vars(a)) <= self.scope:
                     found[a] = None
         for a in found:  # inner ones first: an outer one's text reads them
             assert isinstance(a, (FloorDiv, FloorMod))
@@ -428,7 +429,7 @@ class _Emitter(LoopEmitter):
         nest = {lp.var for lp in chain}
         used: set[SymVar] = set()
         for iv in node.iter_vars:
-            fv = set(sym.free_vars(iv.binding))
+            fv = set(sym_walk.free_vars(iv.binding))
             if iv.kind != "reduce":
                 if fv & nest:
                     return None
@@ -536,7 +537,7 @@ class _Emitter(LoopEmitter):
                 # ``j = 32 * j_0 + j_1``, ``j_1 < 32``, is ``j_0``): an index the C compiler
                 # vectorizes, where the division would make it gather. Taken when it divides
                 # by nothing the iter var bindings do not already divide by.
-                flat = sym.substitute(off, self.bindings)
+                flat = sym_walk.substitute(off, self.bindings)
                 if _divmods(flat) <= set().union(*(_divmods(v) for v in self.bindings.values())):
                     off = flat
             return self.dim(off)
@@ -756,7 +757,7 @@ def _work(loop: For) -> Dim | None:
 
     def count(st: Stmt, top: dict[SymVar, Dim]) -> Dim | None:
         if isinstance(st, For):
-            ext = sym.substitute(st.extent, top)
+            ext = sym_walk.substitute(st.extent, top)
             inner = count(st.body, {**top, st.var: sym.sub(ext, 1)})
             return None if inner is None else sym.mul(ext, inner)
         if isinstance(st, SeqStmt):
@@ -770,7 +771,7 @@ def _work(loop: For) -> Dim | None:
         if isinstance(st, Block):
             inner_top = dict(top)
             for iv in st.iter_vars:
-                inner_top[iv.var] = sym.sub(sym.substitute(iv.extent, top), 1)
+                inner_top[iv.var] = sym.sub(sym_walk.substitute(iv.extent, top), 1)
             return count(st.body, inner_top)
         if isinstance(st, Allocate):
             return count(st.body, top)
@@ -786,6 +787,6 @@ def _work(loop: For) -> Dim | None:
         total = count(loop, {})
     except Exception:  # an extent the symbolic arithmetic refuses: no estimate, stay parallel
         return None
-    if total is None or any(v in inner_vars for v in sym.free_vars(total)):
+    if total is None or any(v in inner_vars for v in sym_walk.free_vars(total)):
         return None
     return total

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.loop import Binary, Block, Buffer, Cast, Const, For, Intrin, Load, PExpr, Scalar, SeqStmt, Stmt, Store, Unary, walk_stmts
 from tilework.ir.sym import Dim, SymExpr, SymVar
 
@@ -54,7 +55,7 @@ def _plain_stores(s: Stmt, ok: set[SymVar], ivs: list[tuple[SymVar, Dim]]) -> It
             yield from _plain_stores(c, ok, ivs)
     elif isinstance(s, Block) and s.init is None:
         for iv in s.iter_vars:
-            if set(sym.free_vars(iv.binding)) <= ok:
+            if set(sym_walk.free_vars(iv.binding)) <= ok:
                 ok.add(iv.var)
                 ivs.append((iv.var, iv.binding))
         yield from _plain_stores(s.body, ok, ivs)
@@ -80,7 +81,7 @@ def _collect(x: Scalar, ok: set[SymVar], written: set[Buffer], found: list[PExpr
 
 def _invariant(x: Scalar, ok: set[SymVar], written: set[Buffer]) -> bool:
     if isinstance(x, (int, SymExpr)):
-        return set(sym.free_vars(x)) <= ok
+        return set(sym_walk.free_vars(x)) <= ok
     if isinstance(x, Const):
         return True
     if isinstance(x, Load):

@@ -15,6 +15,7 @@ from tilework.errors import UnsupportedError
 from tilework.frontend.torch.common import as_list, norm_axis
 from tilework.frontend.torch.registry import converter
 from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.graph import Expr, TupleGetItem
 from tilework.ir.sym import Dim
 
@@ -202,7 +203,7 @@ def _roll(t: Translator, node: Any, x: Any, shifts: Any, dims: Any = ()) -> Expr
     flattened tensor rolls and keeps its shape."""
     shifts, dims = as_list(shifts), as_list(dims)
     if not dims:
-        flat = t.emit(op.reshape(x, [sym.simplify(_numel(t.shape(x)))]))
+        flat = t.emit(op.reshape(x, [sym_walk.simplify(_numel(t.shape(x)))]))
         return t.emit(op.reshape(_roll(t, node, flat, shifts, [0]), t.shape(x)))
     if len(shifts) != len(dims):
         raise UnsupportedError(f"roll: {len(shifts)} shifts for {len(dims)} dims")

@@ -31,6 +31,7 @@ from tilework.ir.dtype import to_torch
 from tilework.frontend.torch.registry import lookup, op_names
 from tilework.frontend.torch.symbolic import Bounds, SymbolTable
 from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.builder import BlockBuilder
 from tilework.ir.graph import Constant, Expr, GraphFunc, MatchCast, Tuple, Var, used_vars
 from tilework.ir.info import TensorInfo
@@ -130,7 +131,7 @@ class Translator:
                 info = self._input_info(val, node, bare)
                 var = Var(_ident(node.name), info)
                 for axis, d in enumerate(info.shape or ()):
-                    for v in sym.free_vars(d):
+                    for v in sym_walk.free_vars(d):
                         self._dims.setdefault(v, f"{node.name}.{axis}")
                 user_params.append(var)
                 self._inputs.append((node.name, True, None))

@@ -11,6 +11,7 @@ from typing import Callable
 
 from tilework.errors import ScheduleError
 from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.dtype import DTYPE_TABLE
 from tilework.ir.loop import Allocate, Block, For, IfThenElse, SeqStmt, Stmt, Store, TensorFunc
 from tilework.ir.sym import Dim, SymVar
@@ -231,8 +232,8 @@ def _transposed_loop(ch: list[For]) -> For | None:
 def _unit_stride(e: Dim, v: SymVar) -> bool:
     if v not in dim_vars(e):
         return False
-    base = sym.substitute(e, {v: 0})
-    return sym.prove_eq(sym.sub(sym.substitute(e, {v: 1}), base), 1)
+    base = sym_walk.substitute(e, {v: 0})
+    return sym.prove_eq(sym.sub(sym_walk.substitute(e, {v: 1}), base), 1)
 
 
 def out_dtype(func: TensorFunc) -> str:

@@ -39,6 +39,7 @@ from typing import Sequence
 
 from tilework.errors import ScheduleError
 from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.dtype import DTYPE_TABLE
 from tilework.ir.loop import (
     Allocate,
@@ -653,11 +654,11 @@ def _at_last(c: Scalar, loops: Sequence[For]) -> Scalar | None:
     for f in loops:
         if f.var not in dim_vars(a):
             continue
-        at0 = sym.substitute(a, {f.var: 0})
-        step = sym.sub(sym.substitute(a, {f.var: 1}), at0)
+        at0 = sym_walk.substitute(a, {f.var: 0})
+        step = sym.sub(sym_walk.substitute(a, {f.var: 1}), at0)
         if not (isinstance(step, int) and step > 0 and sym.prove_eq(a, sym.add(at0, sym.mul(f.var, step)))):
             return None
-        a = sym.substitute(a, {f.var: sym.sub(f.extent, 1)})
+        a = sym_walk.substitute(a, {f.var: sym.sub(f.extent, 1)})
     return less_than(a, c.b)  # type: ignore[arg-type]
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from tilework.errors import ScheduleError
 from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.loop import (
     Allocate,
     Binary,
@@ -207,8 +208,8 @@ def _contiguous(block: Block, v: SymVar) -> bool:
         last = subst_scalar(ld.indices[-1], binds)
         if not isinstance(last, (int, sym.SymExpr)) or v not in dim_vars(last):
             continue
-        r = sym.substitute(last, {v: 0})
-        if sym.prove_eq(sym.sub(sym.substitute(last, {v: 1}), r), 1):
+        r = sym_walk.substitute(last, {v: 0})
+        if sym.prove_eq(sym.sub(sym_walk.substitute(last, {v: 1}), r), 1):
             return True
     return False
 
