@@ -141,14 +141,14 @@ def test_a_region_whose_dims_no_input_gives_gets_them_as_a_shape(tmp_path: Path)
 
 def test_a_short_whole_placement_is_timed_after_warm_calls_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
     """Bursts: each timed repeat of a placement shorter than BURST_BELOW_S follows untimed calls
-    of the same placement lasting BURST_WARM_S, at most 8 (so its weights are back in the
+    of the same placement lasting BURST_WARM_S, at most BURST_WARM_CALLS (so its weights are back in the
     caches after the other placements ran), round-robin over the placements; without
     ``burst`` none."""
     import time
 
     from tilework.collage import cost
 
-    monkeypatch.setattr(cost, "BURST_WARM_S", 1.0)  # longer than 8 calls of ~1 ms: the cap
+    monkeypatch.setattr(cost, "BURST_WARM_S", 1.0)  # longer than the most calls of ~1 ms: the cap
     calls: list[str] = []
 
     def fn(name: str):  # type: ignore[no-untyped-def]
@@ -159,7 +159,7 @@ def test_a_short_whole_placement_is_timed_after_warm_calls_of_its_own(monkeypatc
         return run
 
     model = MeasuredCostModel(None, repeat=2, max_rounds=1, min_repeat_s=1e-4)
-    for burst, warm in ((True, 8), (False, 0)):
+    for burst, warm in ((True, cost.BURST_WARM_CALLS), (False, 0)):
         calls.clear()
         entries = model._time_many([fn("a"), fn("b")], limit=1.0, burst=burst)
         assert all(math.isfinite(e.seconds) for e in entries)

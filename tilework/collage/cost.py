@@ -71,6 +71,7 @@ FIRST_CALL_LIMITS = 10  # a first call (sessions created, caches filled) may tak
 BURST_BELOW_S = 0.02  # whole placements faster than this are timed in bursts (see _time_many)
 BURST_WARM_S = 5e-3  # a burst's untimed calls last at least this long (a few calls: one call of a
 # model whose weights fill the last-level cache leaves them half cold after the other plans)
+BURST_WARM_CALLS = 8  # and are at most this many
 MAX_KEPT_BUILDS = 8  # whole-placement executables kept for the next bucket (each may hold the weights)
 MAX_TRANSITION_S = 1e-3  # pools hand over in microseconds to a millisecond; more is noise of the pair's timing
 _BUILDER: list[Callable[..., Any]] = []
@@ -532,7 +533,7 @@ class MeasuredCostModel:
         to ``FIRST_CALL_LIMITS`` limits; a second call over ``limit`` ends the timing with its
         time) and warm-up calls, then repeats taken round-robin over all of them (a change in the machine's load
         hits every candidate alike), each repeat ``number`` calls long enough to time (with
-        ``burst``, after untimed calls for ``BURST_WARM_S`` when a call is shorter than ``BURST_BELOW_S``: what
+        ``burst``, after untimed calls for ``BURST_WARM_S`` (at most ``BURST_WARM_CALLS``) when a call is shorter than ``BURST_BELOW_S``: what
         the function left in the caches is what it finds, not what the others left; a longer
         call's working set outgrows the caches anyway); the median per function, more rounds while its
         spread ((max - min) / median) is above ``max_spread``, within ``limit`` seconds per
@@ -556,7 +557,7 @@ class MeasuredCostModel:
                 t = time.perf_counter()
                 fn()
                 one = max(time.perf_counter() - t, 1e-7)
-                warm = min(8, math.ceil(BURST_WARM_S / one)) if burst and one < BURST_BELOW_S else 0
+                warm = min(BURST_WARM_CALLS, math.ceil(BURST_WARM_S / one)) if burst and one < BURST_BELOW_S else 0
                 live.append((i, fn, max(1, int(self.min_repeat_s / one)), warm))
             except Exception as e:  # noqa: BLE001 - a candidate that fails to run costs infinity
                 entries[i] = Entry(math.inf, 0.0, 0, f"run: {type(e).__name__}: {e}"[:300])
