@@ -43,13 +43,22 @@ def extra_sources(symbols: Sequence[str]) -> list[str]:
     return out
 
 
-def declarations(symbols: Sequence[str]) -> list[str]:
+def declarations(symbols: Sequence[str], imported: bool = False) -> list[str]:
+    """The C declarations of the library calls ``symbols``: prototypes, or with ``imported``
+    file-scope function pointers of the same names (set when the model is loaded in process,
+    to the functions the VM's own libraries hold: ``tilework.export.native``). Only the quant
+    library's calls can be imported."""
     lines = []
     for fmt in QUANT_FORMATS:
-        if f"quant.linear.{fmt}" in symbols:
-            lines.append(f"int32_t tw_qlinear_{fmt}(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K);")
-        if f"quant.linear_add.{fmt}" in symbols:
-            lines.append(f"int32_t tw_qlinear_add_{fmt}(const float* x, const uint8_t* w, const float* r, float* y, int64_t M, int64_t N, int64_t K);")
+        for add, params in ((False, "const float* x, const uint8_t* w, float* y"), (True, "const float* x, const uint8_t* w, const float* r, float* y")):
+            if f"quant.linear{'_add' * add}.{fmt}" in symbols:
+                name = f"tw_qlinear{'_add' * add}_{fmt}"
+                lines.append(f"static int32_t (*{name})({params}, int64_t M, int64_t N, int64_t K);" if imported else f"int32_t {name}({params}, int64_t M, int64_t N, int64_t K);")
+    if imported:
+        blas = sorted(s for s in symbols if s.startswith("blas."))
+        if blas:
+            raise ExportError(f"library call {blas[0]!r} cannot run in process on the C runtime (the VM calls OpenBLAS for it); compile without the blas backend")
+        return lines
     for short, ctype in (("f32", "float"), ("f64", "double")):
         for kind, n_in in BLAS_KINDS.items():
             if f"blas.{short}.{kind}" not in symbols:

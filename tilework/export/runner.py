@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -33,6 +33,40 @@ class _Tensor(ctypes.Structure):
 _BY_DL = {dl_type(n): n for n in DTYPE_TABLE}
 
 
+def declare(lib: Any) -> Any:
+    """``lib`` (a loaded export) with the C API's argument and result types set."""
+    lib.tw_model_create.argtypes = [ctypes.c_char_p]
+    lib.tw_model_create.restype = ctypes.c_void_p
+    lib.tw_model_create_from_arrays.argtypes = [ctypes.POINTER(_Tensor), ctypes.c_int]
+    lib.tw_model_create_from_arrays.restype = ctypes.c_void_p
+    lib.tw_model_run.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(_Tensor), ctypes.c_int, ctypes.POINTER(_Tensor), ctypes.c_int]
+    lib.tw_model_run.restype = ctypes.c_int
+    lib.tw_model_error.argtypes = [ctypes.c_void_p]
+    lib.tw_model_error.restype = ctypes.c_char_p
+    lib.tw_model_free.argtypes = [ctypes.c_void_p]
+    lib.tw_model_free.restype = None
+    return lib
+
+
+def tensors_of(arrays: Sequence[np.ndarray]) -> tuple[Any, list[Any]]:
+    """``tw_tensor`` structs describing C-contiguous ``arrays``, and what must stay alive while
+    they are used."""
+    tensors = (_Tensor * max(len(arrays), 1))()
+    keep: list[Any] = []
+    for t, a in zip(tensors, arrays):
+        a = np.asarray(a)
+        if not a.flags.c_contiguous:
+            a = np.ascontiguousarray(a)  # (which would make a 0-d array 1-d)
+        code, bits = dl_type(dtype_name(a.dtype))
+        shape = (ctypes.c_int64 * max(a.ndim, 1))(*a.shape)
+        keep += [a, shape]
+        t.data = a.ctypes.data
+        t.ndim = a.ndim
+        t.dtype = _DType(code, bits, 1)
+        t.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
+    return tensors, keep
+
+
 class ExportedModel:
     """A loaded ``libtwmodel.so`` with its weights file; see the module docstring."""
 
@@ -40,40 +74,22 @@ class ExportedModel:
         path = os.path.join(os.fspath(lib_dir), "libtwmodel.so")
         if not os.path.exists(path):
             raise TileworkError(f"no libtwmodel.so in {lib_dir}: build the export first (make or cmake)")
-        lib = ctypes.CDLL(path)
-        lib.tw_model_create.argtypes = [ctypes.c_char_p]
-        lib.tw_model_create.restype = ctypes.c_void_p
-        lib.tw_model_run.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(_Tensor), ctypes.c_int, ctypes.POINTER(_Tensor), ctypes.c_int]
-        lib.tw_model_run.restype = ctypes.c_int
-        lib.tw_model_error.argtypes = [ctypes.c_void_p]
-        lib.tw_model_error.restype = ctypes.c_char_p
-        lib.tw_model_free.argtypes = [ctypes.c_void_p]
-        lib.tw_model_free.restype = None
+        lib = declare(ctypes.CDLL(path))
+        self._attach(lib, lib.tw_model_create(os.fsencode(weights)))
+
+    def _attach(self, lib: Any, handle: Any) -> None:
+        """Hold ``handle`` (a ``tw_model*`` of ``lib``, NULL when its create failed)."""
         self._lib = lib
-        handle = lib.tw_model_create(os.fsencode(weights))
+        self._handle = None
         if not handle:
             raise RuntimeCheckError(lib.tw_model_error(None).decode())
         self._handle = handle
         self._outputs = (_Tensor * MAX_OUTPUTS)()
         self._keep: list[Any] = []
 
-    def _inputs(self, arrays: tuple[np.ndarray, ...]) -> Any:
-        tensors = (_Tensor * max(len(arrays), 1))()
-        keep: list[Any] = []
-        for t, a in zip(tensors, arrays):
-            a = np.ascontiguousarray(a)
-            code, bits = dl_type(dtype_name(a.dtype))
-            shape = (ctypes.c_int64 * max(a.ndim, 1))(*a.shape)
-            keep += [a, shape]
-            t.data = a.ctypes.data
-            t.ndim = a.ndim
-            t.dtype = _DType(code, bits, 1)
-            t.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
-        return tensors, keep
-
     def prepare(self, function: str, *arrays: np.ndarray) -> tuple[bytes, Any, int]:
         """The ctypes arguments of a call, built once (for ``run_raw``)."""
-        tensors, keep = self._inputs(arrays)
+        tensors, keep = tensors_of(arrays)
         self._keep = keep
         return function.encode(), tensors, len(arrays)
 
@@ -110,4 +126,4 @@ class ExportedModel:
             pass
 
 
-__all__ = ["ExportedModel"]
+__all__ = ["ExportedModel", "declare", "tensors_of"]

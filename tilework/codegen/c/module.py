@@ -225,6 +225,11 @@ class CKernelModule(KernelModule):
     def functions(self) -> Mapping[str, KernelInfo]:
         return {name: k.info for name, k in self.kernels.items()}
 
+    def address(self, name: str) -> int:
+        """The address of kernel ``name``'s C function in this process (a caller in C calls it
+        as ``int32_t f(void* const* data, const int64_t* syms)``; the module must stay alive)."""
+        return int(self[name]._fnptr.value or 0)
+
     def source(self) -> str:
         if self.source_text is None and self.path is not None and self.path.with_suffix(".c").exists():
             self.source_text = self.path.with_suffix(".c").read_text()

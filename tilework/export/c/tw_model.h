@@ -52,6 +52,12 @@ typedef struct tw_model tw_model;
    then tw_model_error(NULL) is the reason (per thread). */
 tw_model* tw_model_create(const char* weights_path);
 
+/* The same, on arrays the caller already holds in memory instead of the weights file: the
+   file's arrays in its order (the model's constants, then each bound weight once), each with
+   the dtype and shape the library was made for (else NULL and the reason). The data is used in
+   place and must outlive the model. This is how tilework runs a model in its own process. */
+tw_model* tw_model_create_from_arrays(const tw_tensor* arrays, int num_arrays);
+
 /* Run `function` ("main"; "prefill"/"decode" for an LLM) on its inputs (the bound weights are
    not passed). Returns the number of outputs (at most max_outputs are written), or -1. */
 int tw_model_run(tw_model* model, const char* function, const tw_tensor* inputs, int num_inputs, tw_tensor* outputs, int max_outputs);

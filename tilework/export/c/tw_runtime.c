@@ -93,11 +93,36 @@ static uint32_t rd32(const unsigned char* p) { return (uint32_t)p[0] | (uint32_t
 
 /* -- the public API ------------------------------------------------------------------------ */
 
-tw_model* tw_model_create(const char* path) {
+/* the arrays' descriptors, the static pools and the register stack of a model whose arrays
+   are set by the caller */
+static tw_model* new_model(void) {
     const tw_export_info* info = &tw__info;
     tw_create_err[0] = 0;
     tw_model* m = (tw_model*)calloc(1, sizeof(tw_model));
     if (m == NULL) return create_fail(NULL, "out of memory");
+    m->arrays = (tw_val*)calloc((size_t)(info->num_arrays ? info->num_arrays : 1), sizeof(tw_val));
+    if (m->arrays == NULL) return create_fail(m, "out of memory");
+    for (int32_t k = 0; k < info->num_arrays; ++k) {
+        tw_val* v = &m->arrays[k];
+        v->kind = TW_TENSOR;
+        v->dtype = info->array_dtype[k];
+        v->ndim = info->array_ndim[k];
+        memcpy(v->shape, info->array_shape + (size_t)k * TW_MAX_NDIM, sizeof v->shape);
+    }
+    if (info->static_bytes > 0) {
+        m->static_pool = (char*)aligned_alloc64(info->static_bytes, &m->static_raw);
+        if (m->static_pool == NULL) return create_fail(m, "cannot allocate the static pools (%" PRId64 " bytes)", info->static_bytes);
+    }
+    m->stack_len = info->stack_regs;
+    m->stack = (tw_val*)calloc((size_t)(m->stack_len ? m->stack_len : 1), sizeof(tw_val));
+    if (m->stack == NULL) return create_fail(m, "out of memory");
+    return m;
+}
+
+tw_model* tw_model_create(const char* path) {
+    const tw_export_info* info = &tw__info;
+    tw_model* m = new_model();
+    if (m == NULL) return NULL;
     int fd = open(path, O_RDONLY);
     if (fd < 0) return create_fail(m, "cannot open the weights file %s: %s", path, strerror(errno));
     struct stat st;
@@ -122,26 +147,30 @@ tw_model* tw_model_create(const char* path) {
     uint64_t id = rd64(b + 16);
     if (id != info->id) return create_fail(m, "%s was written for another export (id %016" PRIx64 ", this library is %016" PRIx64 "): use the weights file exported with this library", path, id, info->id);
     if ((int64_t)count != info->num_arrays || 32 + 16 * (uint64_t)count > len) return create_fail(m, "%s holds %u arrays, the library expects %d", path, count, info->num_arrays);
-    m->arrays = (tw_val*)calloc((size_t)(count ? count : 1), sizeof(tw_val));
-    if (m->arrays == NULL) return create_fail(m, "out of memory");
     for (uint32_t k = 0; k < count; ++k) {
         uint64_t off = rd64(b + 32 + 16 * k), nb = rd64(b + 40 + 16 * k);
         if ((int64_t)nb != info->array_nbytes[k] || off > len || nb > len - off || off % TW_ALIGN)
             return create_fail(m, "%s: array %u has %" PRIu64 " bytes at offset %" PRIu64 ", the library expects %" PRId64 " bytes inside the file", path, k, nb, off, info->array_nbytes[k]);
+        m->arrays[k].data = (void*)(b + off);
+    }
+    return m;
+}
+
+static int dtype_of(tw_dtype d);
+
+tw_model* tw_model_create_from_arrays(const tw_tensor* arrays, int num_arrays) {
+    const tw_export_info* info = &tw__info;
+    tw_model* m = new_model();
+    if (m == NULL) return NULL;
+    if (num_arrays != info->num_arrays) return create_fail(m, "%d arrays given, the library expects %d", num_arrays, info->num_arrays);
+    for (int32_t k = 0; k < info->num_arrays; ++k) {
+        const tw_tensor* t = &arrays[k];
         tw_val* v = &m->arrays[k];
-        v->kind = TW_TENSOR;
-        v->dtype = info->array_dtype[k];
-        v->ndim = info->array_ndim[k];
-        memcpy(v->shape, info->array_shape + (size_t)k * TW_MAX_NDIM, sizeof v->shape);
-        v->data = (void*)(b + off);
+        int same = t->ndim == v->ndim && dtype_of(t->dtype) == v->dtype && (t->data != NULL || info->array_nbytes[k] == 0);
+        for (int32_t d = 0; same && d < v->ndim; ++d) same = t->shape[d] == v->shape[d];
+        if (!same) return create_fail(m, "array %d differs from the one the library was made for (its dtype, shape or data)", k);
+        v->data = t->data;
     }
-    if (info->static_bytes > 0) {
-        m->static_pool = (char*)aligned_alloc64(info->static_bytes, &m->static_raw);
-        if (m->static_pool == NULL) return create_fail(m, "cannot allocate the static pools (%" PRId64 " bytes)", info->static_bytes);
-    }
-    m->stack_len = info->stack_regs;
-    m->stack = (tw_val*)calloc((size_t)(m->stack_len ? m->stack_len : 1), sizeof(tw_val));
-    if (m->stack == NULL) return create_fail(m, "out of memory");
     return m;
 }
 

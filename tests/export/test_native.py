@@ -1,0 +1,128 @@
+"""Native graph code in process (``tilework.export.native``): the VM's bytecode as C, calling
+the kernels the VM has loaded, gives the VM's outputs bit for bit at every shape (0, 1, odd,
+the bound), refuses bad inputs with the VM's messages, holds no copy of the weights, and
+refuses what it cannot run (a BLAS library call) so callers fall back to the VM."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tilework as tw
+from tilework import op
+from tilework.errors import RuntimeCheckError
+from tilework.export import ExportError
+from tilework.export.native import NativeModel
+from tilework.ir.builder import BlockBuilder
+from tilework.ir.graph import Var
+from tilework.ir.info import TensorInfo
+from tilework.ir.sym import SymVar
+
+
+def _module() -> Any:
+    """``main(x [n, 16], y [n, 8], w [16, 8])`` with n <= 64 and ``pair(z [m, 8])`` with m
+    unbounded, returning a tuple."""
+    n, m = SymVar("n", 0, 64), SymVar("m", 0, None)
+    x, y, w = Var("x", TensorInfo((n, 16), "float32")), Var("y", TensorInfo((n, 8), "float32")), Var("w", TensorInfo((16, 8), "float32"))
+    z = Var("z", TensorInfo((m, 8), "float32"))
+    bb = BlockBuilder()
+    with bb.function("main", [x, y, w]):
+        with bb.dataflow():
+            h = bb.emit(op.add(op.gelu(op.matmul(op.multiply(x, x), w)), y))
+            out = bb.emit_output(op.softmax(op.tanh(h), -1))
+        bb.emit_func_output(out)
+    with bb.function("pair", [z]):
+        with bb.dataflow():
+            s = bb.emit_output(op.sum(op.exp(op.add(z, z)), axis=[1]))
+            t = bb.emit_output(op.neg(z))
+        bb.emit_func_output((s, t))
+    return bb.get()
+
+
+W = np.random.default_rng(3).standard_normal((16, 8)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def built() -> tuple[Any, NativeModel]:
+    exe = tw.build(_module())
+    return exe, NativeModel(exe, bind={"main": [W], "pair": []})
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 64])
+def test_outputs_equal_the_vms_bit_for_bit(built: tuple[Any, NativeModel], n: int) -> None:
+    exe, native = built
+    vm = tw.VM(exe)
+    rng = np.random.default_rng(n)
+    x, y = rng.standard_normal((n, 16)).astype(np.float32), rng.standard_normal((n, 8)).astype(np.float32)
+    np.testing.assert_array_equal(native.bind("main")(x, y), vm["main"](x, y, W))
+    z = rng.standard_normal((2 * n + 1, 8)).astype(np.float32)
+    got, want = native.bind("pair")(z), vm["pair"](z)
+    assert isinstance(got, tuple) and len(got) == 2
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_bad_inputs_give_the_vms_messages(built: tuple[Any, NativeModel]) -> None:
+    exe, native = built
+    for x, y in [(np.zeros((3, 15), np.float32), np.zeros((3, 8), np.float32)), (np.zeros((65, 16), np.float32), np.zeros((65, 8), np.float32))]:
+        with pytest.raises(RuntimeCheckError) as vm_err:
+            tw.VM(exe)["main"](x, y, W)
+        with pytest.raises(RuntimeCheckError) as native_err:
+            native.bind("main")(x, y)
+        assert str(native_err.value) == str(vm_err.value)
+    with pytest.raises(ExportError, match="no function 'nope'"):
+        native.bind("nope")
+
+
+def test_weights_are_used_in_place() -> None:
+    """The model reads the bound array where it is: no copy is made (a change shows)."""
+    exe = tw.build(_module())
+    w = W.copy()
+    native = NativeModel(exe, bind={"main": [w]})
+    x, y = np.ones((2, 16), np.float32), np.zeros((2, 8), np.float32)
+    before = native.bind("main")(x, y)
+    w *= 2
+    after = native.bind("main")(x, y)
+    np.testing.assert_array_equal(after, tw.VM(exe)["main"](x, y, w))
+    assert not np.array_equal(before, after)
+
+
+def test_a_second_build_comes_from_the_cache(built: tuple[Any, NativeModel]) -> None:
+    exe, _ = built
+    assert NativeModel(exe, bind={"main": [W], "pair": []}).cache_hit
+
+
+def test_blas_library_call_is_refused() -> None:
+    """The VM calls OpenBLAS for the blas backend's regions; native code has no such call."""
+    from tests.export.test_export import _matmul_module
+
+    exe = tw.build(_matmul_module(), backends="blas,codegen")
+    with pytest.raises(ExportError, match=r"'blas\.f32\.\w+' cannot run in process"):
+        NativeModel(exe)
+
+
+def test_compiled_model_runs_natively_and_switches_back() -> None:
+    """``tw.compile(..., runtime="native")`` gives the VM's bits at n = 0, 1 and odd n, a
+    0-d input included; ``cm.runtime`` switches; a bad name is refused naming the choices."""
+    from tilework import nn
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            self.fc = nn.Linear(8, 5)
+
+        def forward(self, x: Any, s: Any) -> Any:
+            return nn.ops.gelu(self.fc(x)) * s
+
+    spec = {"x": nn.spec.Tensor([tw.dim("n", min=0, max=32), 8]), "s": nn.spec.Tensor([])}
+    cm = tw.compile(Net().init_random(seed=2), spec, runtime="native")
+    assert cm.runtime == "native" and "runtime: native graph code" in cm.explain()
+    vm = tw.compile(Net().init_random(seed=2), spec)
+    for n in (0, 1, 9, 32):
+        x, s = np.random.default_rng(n).standard_normal((n, 8)).astype(np.float32), np.float32(1.5)
+        np.testing.assert_array_equal(cm(x, np.asarray(s)), vm(x, np.asarray(s)))
+    cm.runtime = "vm"
+    np.testing.assert_array_equal(cm(x, np.asarray(s)), vm(x, np.asarray(s)))
+    with pytest.raises(tw.errors.UnsupportedError, match="runtime must be one of vm, native"):
+        cm.runtime = "jit"
