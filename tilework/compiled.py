@@ -44,6 +44,7 @@ from tilework.transform.bf16_weights import BF16_UNIT, Bf16Weights, bf16_params,
 KIND = "tilework.compiled_model"
 _WEIGHT_CONSTANT_LIMIT = 1 << 20  # bytes of constants above which the module text is not saved
 PRECISIONS = ("fp32", "bf16")
+RUNTIMES = ("vm", "native")
 
 
 def compile(
@@ -64,6 +65,7 @@ def compile(
     pins: Mapping[str, str] | None = None,
     placement_options: Mapping[str, Any] | None = None,
     precision: str = "fp32",
+    runtime: str = "vm",
 ) -> "CompiledModel":
     """Compile ``model`` (a ``torch.nn.Module``, an ``ExportedProgram``, an ``IRModule``, or
     what another registered frontend accepts) once for every shape of its dynamic dims.
@@ -89,11 +91,18 @@ def compile(
     ``interp``, the NumPy reference interpreter). ``precision="bf16"``: float32 linear weights
     are stored as bfloat16 and multiplied in float32 by the ``quant`` backend
     (``tilework.transform.bf16_weights``: each output within ``2**-8 * sum|x * w|`` of float32);
-    ``CompiledModel.check_precision`` measures the error against a float32 model."""
+    ``CompiledModel.check_precision`` measures the error against a float32 model.
+    ``runtime``: ``"vm"`` runs ``main`` on the Python VM; ``"native"`` as native graph code
+    (``tilework.export.native``: the bytecode translated to C and compiled once, calling the
+    same kernels: the same bits, without the interpreter's few microseconds per instruction;
+    not for models with torch, onnxruntime or blas regions). ``CompiledModel.runtime`` switches
+    it later."""
     if weights not in ("inputs", "constants"):
         raise UnsupportedError(f"weights must be 'inputs' or 'constants', got {weights!r}")
     if precision not in PRECISIONS:
         raise UnsupportedError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if runtime not in RUNTIMES:
+        raise UnsupportedError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
     options = CompileOptions(example_args, dynamic_shapes, dim_names, dim_bounds, weights)
     t0 = time.perf_counter()
     imported = import_model(model, options)
@@ -134,13 +143,13 @@ def compile(
         "weights": {"count": len(imported.weights), "bytes": int(sum(w.nbytes for w in imported.weights)), "as": weights},
         "precision": precision_report,
     }
-    return CompiledModel(optimized, exe, model_weights, imported.signature, report)
+    return CompiledModel(optimized, exe, model_weights, imported.signature, report, runtime=runtime)
 
 
 class CompiledModel:
     """A compiled model: call it like the original. See the module docstring."""
 
-    def __init__(self, module: IRModule | None, executable: Any, weights: list[np.ndarray], signature: Signature, report: dict[str, Any], *, module_text: str | None = None) -> None:
+    def __init__(self, module: IRModule | None, executable: Any, weights: list[np.ndarray], signature: Signature, report: dict[str, Any], *, module_text: str | None = None, runtime: str = "vm") -> None:
         from tilework.runtime.vm import VM
 
         self._module = module
@@ -151,6 +160,37 @@ class CompiledModel:
         self.report = report
         self._vm = VM(executable)
         self._bound: tuple[list[np.ndarray], Any] | None = None  # (weights, main with them bound)
+        self._runtime = "vm"
+        self.runtime = runtime
+
+    @property
+    def runtime(self) -> str:
+        """``"vm"`` or ``"native"`` (see ``tilework.compile``); setting it to ``"native"`` builds
+        the native code now (an ``ExportError`` naming what cannot run natively)."""
+        return self._runtime
+
+    @runtime.setter
+    def runtime(self, value: str) -> None:
+        if value not in RUNTIMES:
+            raise UnsupportedError(f"runtime must be one of {', '.join(RUNTIMES)}, got {value!r}")
+        self._runtime = value
+        self._bound = None
+        if value == "native":
+            self._main()
+
+    def _main(self) -> Any:
+        """``main`` with the weights bound, on the runtime chosen (made again when the weights
+        list was replaced)."""
+        bound = self._bound
+        if bound is None or bound[0] is not self.weights:  # the weights are converted once, not per call
+            if self._runtime == "native":
+                from tilework.export.native import NativeModel
+
+                main = NativeModel(self.executable, bind={"main": self.weights}).bind("main")
+            else:
+                main = self._vm.bind("main", *self.weights)
+            bound = self._bound = (self.weights, main)
+        return bound[1]
 
     @property
     def module(self) -> IRModule | None:
@@ -163,10 +203,7 @@ class CompiledModel:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         inputs = self.signature.bind(args, kwargs)
-        bound = self._bound
-        if bound is None or bound[0] is not self.weights:  # the weights are converted once, not per call
-            bound = self._bound = (self.weights, self._vm.bind("main", *self.weights))
-        out = bound[1](*inputs)
+        out = self._main()(*inputs)
         return self.signature.unflatten(to_torch_tree(out) if any(is_torch_tensor(a) for a in inputs) else out)
 
     # -- persistence ------------------------------------------------------------------------
@@ -180,9 +217,10 @@ class CompiledModel:
         self.executable.save(path, extra=extra, arrays={"weights": self.weights}, texts=texts)
 
     @staticmethod
-    def load(path: str, trust_native: bool = False) -> "CompiledModel":
+    def load(path: str, trust_native: bool = False, runtime: str = "vm") -> "CompiledModel":
         """A CompiledModel saved with ``save``; nothing runs from the file (see
-        ``tilework.load``) and nothing is recompiled when the kernel cache is warm."""
+        ``tilework.load``) and nothing is recompiled when the kernel cache is warm. ``runtime``
+        as in ``tilework.compile``."""
         loaded = load_file(path, trust_native=trust_native)
         extra = loaded.extra
         if extra.get("kind") != KIND:
@@ -191,7 +229,7 @@ class CompiledModel:
         if not isinstance(sig, dict) or not isinstance(sig.get("inputs"), list) or not isinstance(extra.get("report"), dict):
             raise TileworkError(f"{path!r}: malformed compiled-model metadata")
         signature = Signature(sig["inputs"], sig.get("in_spec"), sig.get("out_spec"))
-        return CompiledModel(None, loaded.executable, loaded.arrays.get("weights", []), signature, extra["report"], module_text=loaded.texts.get("module"))
+        return CompiledModel(None, loaded.executable, loaded.arrays.get("weights", []), signature, extra["report"], module_text=loaded.texts.get("module"), runtime=runtime)
 
     def export_c(self, out_dir: str) -> Any:
         """Write the model as a standalone C library into ``out_dir`` (no Python at run time;
@@ -239,6 +277,7 @@ class CompiledModel:
         lines.append(f"  graph: {g['bindings']} bindings, {g['op_calls']} op calls ({len(g['ops'])} distinct ops): {ops}")
         stats = self.executable.stats()
         lines.append(f"  executable: {stats['kernels']} kernel(s), {stats['instructions']} VM instructions, {stats['constants']} constant(s)")
+        lines.append("  runtime: native graph code (the bytecode compiled to C)" if self._runtime == "native" else "  runtime: the Python VM")
         chosen = r.get("build", {}).get("backends")
         plan = self.placement
         if plan is not None:

@@ -18,6 +18,8 @@ from tilework.errors import TileworkError
 PRECISION_NAMES = {"q": "q", "bf16": "bf16", "fp32": "fp32"}
 KV_DTYPE_CHOICES = ("bfloat16", "float16", "float32")  # tilework.llm.kv_cache.KV_DTYPES
 KV_DTYPE_HELP = "the KV cache's keys and values (default: bfloat16 for q and bf16, float32 for fp32)"
+RUNTIMES = ("native", "vm")  # tilework.llm.engine.RUNTIMES
+RUNTIME_HELP = "native: prefill and decode as compiled graph code (default; built once, ~2 s); vm: on the Python VM (same results)"
 
 
 def add_parsers(sub: Any) -> None:
@@ -45,6 +47,7 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--prefill-chunk", type=int, default=256, metavar="N", help="prompts are fed in chunks of N tokens between decode steps (default 256)")
     s.add_argument("--max-queue", type=int, default=1024, metavar="N", help="most requests waiting; more get 429 (default 1024)")
     s.add_argument("--no-cache", action="store_true", help="compile the model again instead of loading it from the cache")
+    s.add_argument("--runtime", choices=RUNTIMES, default="native", help=RUNTIME_HELP)
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -59,6 +62,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop when the text contains TEXT (repeatable)")
     p.add_argument("--system", metavar="TEXT", help="a system message for the chat template")
     p.add_argument("--no-cache", action="store_true", help="compile the model again instead of loading it from the cache")
+    p.add_argument("--runtime", choices=RUNTIMES, default="native", help=RUNTIME_HELP)
 
 
 def _params(args: argparse.Namespace) -> Any:
@@ -106,7 +110,7 @@ def _load(args: argparse.Namespace) -> Any:
 
     progress = _Progress(sys.stderr)
     try:
-        return LLM(args.model, PRECISION_NAMES[args.precision], kv_dtype=args.kv_dtype, use_cache=not args.no_cache, progress=progress)
+        return LLM(args.model, PRECISION_NAMES[args.precision], kv_dtype=args.kv_dtype, use_cache=not args.no_cache, progress=progress, runtime=args.runtime)
     finally:
         progress.close()
 
@@ -168,7 +172,7 @@ def serve(args: argparse.Namespace) -> int:
 
     progress = _Progress(sys.stderr)
     try:
-        llm = LLM(args.model, PRECISION_NAMES[args.precision], max_batch=max(16, args.max_seqs), kv_tokens=args.kv_tokens, kv_dtype=args.kv_dtype, use_cache=not args.no_cache, progress=progress)
+        llm = LLM(args.model, PRECISION_NAMES[args.precision], max_batch=max(16, args.max_seqs), kv_tokens=args.kv_tokens, kv_dtype=args.kv_dtype, use_cache=not args.no_cache, progress=progress, runtime=args.runtime)
     finally:
         progress.close()
     run_server(llm, args.host, args.port, name=args.name, default_max_tokens=args.max_tokens,

