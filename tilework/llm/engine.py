@@ -139,7 +139,7 @@ class LLM:
         if runtime == "native":
             from tilework.export.native import NativeModel
 
-            say("compiling the native graph code")
+            say("native graph code (compiled once, then from the cache)")
             native = NativeModel(self.executable, bind={"prefill": self.weights, "decode": self.weights})
             self._prefill, self._decode = native.bind("prefill"), native.bind("decode")
         else:
