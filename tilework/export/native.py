@@ -18,8 +18,9 @@ arrays where they are, and this object keeps them alive. Outputs are copied out 
 memory (they live until its next run). One model serves one thread at a time; calls are
 serialized by a lock.
 
-What cannot run this way raises ``ExportError`` at construction (a torch, onnxruntime or BLAS
-library call, a kernel of another target): callers fall back to the VM.
+What cannot run this way raises ``ExportError`` at construction, naming it (a torch,
+onnxruntime or BLAS library call, a kernel of another target): such a model runs on the VM
+(``runtime="vm"``).
 """
 
 from __future__ import annotations
