@@ -4,6 +4,7 @@ conversation would, KV-cache pages come back, stop strings, limits, seeds and th
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tests.llm.models import needs_smollm2
@@ -104,3 +105,16 @@ def test_errors(llm: LLM) -> None:
     with pytest.raises(TileworkError, match="precision"):
         LLM(precision="int3")
     assert llm.cache.sequences() == []  # nothing left behind by the failed calls
+
+
+def test_native_code_and_the_vm_give_the_same_bits(llm: LLM) -> None:
+    """The default runtime (native graph code) and the Python VM run the same kernels: the
+    same logits bit for bit, prefill and decode, so the same greedy tokens."""
+    assert llm.runtime == "native"
+    vm = LLM(precision="q", kv_tokens=4096, runtime="vm")
+    tokens = llm.encode("The capital of France is")
+    np.testing.assert_array_equal(llm.score(tokens), vm.score(tokens))
+    params = SamplingParams(temperature=0, max_tokens=16)
+    assert llm.generate("Name a color.", params)[0].token_ids == vm.generate("Name a color.", params)[0].token_ids
+    with pytest.raises(TileworkError, match="runtime must be one of native, vm"):
+        LLM(precision="q", runtime="jit")
