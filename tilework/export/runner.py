@@ -16,10 +16,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from tilework.errors import RuntimeCheckError, TileworkError
+from tilework.codegen.c.module import data_pointer
 from tilework.export.graph_c import dl_type
 from tilework.ir.dtype import DTYPE_TABLE, dtype_name
 
 MAX_OUTPUTS = 64
+MAX_INPUTS = 64
+MAX_NDIM = 16
 
 
 class _DType(ctypes.Structure):
@@ -48,23 +51,59 @@ def declare(lib: Any) -> Any:
     return lib
 
 
-def tensors_of(arrays: Sequence[np.ndarray]) -> tuple[Any, list[Any]]:
-    """``tw_tensor`` structs describing C-contiguous ``arrays``, and what must stay alive while
-    they are used."""
-    tensors = (_Tensor * max(len(arrays), 1))()
-    keep: list[Any] = []
-    for t, a in zip(tensors, arrays):
+_DL_OF: dict[np.dtype, tuple[int, int]] = {}  # NumPy dtype -> DLPack (code, bits), as met
+_NP_OF: dict[tuple[int, int], np.dtype] = {}
+
+
+def _dl_of(dt: np.dtype) -> tuple[int, int]:
+    found = _DL_OF.get(dt)
+    if found is None:
+        found = _DL_OF[dt] = dl_type(dtype_name(dt))
+    return found
+
+
+def _np_of(code: int, bits: int) -> np.dtype:
+    found = _NP_OF.get((code, bits))
+    if found is None:
+        found = _NP_OF[(code, bits)] = np.dtype(DTYPE_TABLE[_BY_DL[(code, bits)]].numpy)
+    return found
+
+
+def tensors_of(arrays: Sequence[np.ndarray], tensors: Any = None) -> tuple[Any, list[Any]]:
+    """``tw_tensor`` structs describing C-contiguous ``arrays`` (written into ``tensors``, a
+    ``_Tensors`` of enough room, when given), and what must stay alive while they are used."""
+    if tensors is None:
+        tensors = _Tensors(len(arrays))
+    keep: list[Any] = [tensors]  # its shape arrays
+    for i, a in enumerate(arrays):
         a = np.asarray(a)
         if not a.flags.c_contiguous:
             a = np.ascontiguousarray(a)  # (which would make a 0-d array 1-d)
-        code, bits = dl_type(dtype_name(a.dtype))
-        shape = (ctypes.c_int64 * max(a.ndim, 1))(*a.shape)
-        keep += [a, shape]
-        t.data = a.ctypes.data
-        t.ndim = a.ndim
-        t.dtype = _DType(code, bits, 1)
-        t.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
-    return tensors, keep
+        t = tensors.structs[i]
+        t.dtype.code, t.dtype.bits = _dl_of(a.dtype)
+        t.data = data_pointer(a)
+        t.ndim = nd = a.ndim
+        if nd > MAX_NDIM:
+            raise RuntimeCheckError(f"input {i} has rank {nd} (at most {MAX_NDIM})")
+        shape = tensors.shapes[i]
+        for d, n in enumerate(a.shape):
+            shape[d] = n
+        keep.append(a)
+    return tensors.structs, keep
+
+
+class _Tensors:
+    """Room for ``n`` ``tw_tensor`` structs, each with its shape array of ``MAX_NDIM``."""
+
+    def __init__(self, n: int) -> None:
+        self.structs = (_Tensor * max(n, 1))()
+        self.shapes = [(ctypes.c_int64 * MAX_NDIM)() for _ in range(max(n, 1))]
+        for t, shape in zip(self.structs, self.shapes):
+            t.shape = ctypes.cast(shape, _I64P)
+            t.dtype.lanes = 1
+
+
+_I64P = ctypes.POINTER(ctypes.c_int64)
 
 
 class ExportedModel:
@@ -85,11 +124,14 @@ class ExportedModel:
             raise RuntimeCheckError(lib.tw_model_error(None).decode())
         self._handle = handle
         self._outputs = (_Tensor * MAX_OUTPUTS)()
+        self._inputs = _Tensors(MAX_INPUTS)
         self._keep: list[Any] = []
 
     def prepare(self, function: str, *arrays: np.ndarray) -> tuple[bytes, Any, int]:
         """The ctypes arguments of a call, built once (for ``run_raw``)."""
-        tensors, keep = tensors_of(arrays)
+        if len(arrays) > MAX_INPUTS:
+            raise RuntimeCheckError(f"{function}: {len(arrays)} inputs (at most {MAX_INPUTS})")
+        tensors, keep = tensors_of(arrays, self._inputs)
         self._keep = keep
         return function.encode(), tensors, len(arrays)
 
@@ -103,15 +145,12 @@ class ExportedModel:
     def run(self, function: str, *arrays: np.ndarray) -> list[np.ndarray]:
         n = self.run_raw(self.prepare(function, *arrays))
         outs = []
-        for t in self._outputs[: min(n, MAX_OUTPUTS)]:
-            dtype = np.dtype(DTYPE_TABLE[_BY_DL[(t.dtype.code, t.dtype.bits)]].numpy)
-            shape = tuple(t.shape[i] for i in range(t.ndim))
-            count = int(np.prod(shape, dtype=np.int64))
-            if not count:
-                outs.append(np.empty(shape, dtype))
-                continue
-            buf = (ctypes.c_char * (count * dtype.itemsize)).from_address(t.data)
-            outs.append(np.frombuffer(memoryview(buf).cast("B"), dtype, count).reshape(shape).copy())
+        for i in range(min(n, MAX_OUTPUTS)):
+            t = self._outputs[i]
+            out = np.empty(t.shape[: t.ndim], _np_of(t.dtype.code, t.dtype.bits))
+            if out.nbytes:
+                ctypes.memmove(data_pointer(out), t.data, out.nbytes)
+            outs.append(out)
         return outs
 
     def close(self) -> None:

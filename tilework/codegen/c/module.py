@@ -62,6 +62,14 @@ _DATA_OFFSET = _data_offset()
 _DATA_OFFSET_C = ctypes.c_int64(_DATA_OFFSET or 0)
 
 
+def data_pointer(a: np.ndarray) -> int:
+    """The address of ``a``'s data (``a.ctypes.data``, read from the object where that is
+    verified to hold: a fifth of the time)."""
+    if _DATA_OFFSET is not None and type(a) is np.ndarray:
+        return int(ctypes.c_void_p.from_address(id(a) + _DATA_OFFSET).value or 0)
+    return int(a.ctypes.data)
+
+
 class Kernel:
     """One compiled kernel. ``func`` is its TensorFunc when known (needed by ``run``)."""
 
