@@ -24,10 +24,11 @@ from tilework.ir.info import TensorInfo
 from tilework.ir.sym import SymVar
 
 
-def _module() -> Any:
-    """``main(x [n, 16], y [n, 8], w [16, 8])`` with n <= 64 (static pools) and ``free(z [m, 8])``
-    with m unbounded (the pooled arena)."""
-    n, m = SymVar("n", 1, 64), SymVar("m", 1, None)
+def _module(lo: int = 1, pair: bool = False) -> Any:
+    """``main(x [n, 16], y [n, 8], w [16, 8])`` with lo <= n <= 64 (static pools) and
+    ``free(z [m, 8])`` with m >= lo unbounded (the pooled arena); with ``pair`` that function is
+    ``pair`` and returns a tuple (the sums and ``-z``)."""
+    n, m = SymVar("n", lo, 64), SymVar("m", lo, None)
     x, y, w = Var("x", TensorInfo((n, 16), "float32")), Var("y", TensorInfo((n, 8), "float32")), Var("w", TensorInfo((16, 8), "float32"))
     z = Var("z", TensorInfo((m, 8), "float32"))
     bb = BlockBuilder()
@@ -36,10 +37,11 @@ def _module() -> Any:
             h = bb.emit(op.add(op.gelu(op.matmul(op.multiply(x, x), w)), y))
             out = bb.emit_output(op.softmax(op.tanh(h), -1))
         bb.emit_func_output(out)
-    with bb.function("free", [z]):
+    with bb.function("pair" if pair else "free", [z]):
         with bb.dataflow():
             out2 = bb.emit_output(op.sum(op.exp(op.add(z, z)), axis=[1]))
-        bb.emit_func_output(out2)
+            neg = bb.emit_output(op.neg(z)) if pair else None
+        bb.emit_func_output((out2, neg) if neg is not None else out2)
     return bb.get()
 
 

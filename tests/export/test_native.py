@@ -11,34 +11,17 @@ import numpy as np
 import pytest
 
 import tilework as tw
-from tilework import op
 from tilework.errors import RuntimeCheckError
 from tilework.export import ExportError
 from tilework.export.native import NativeModel
-from tilework.ir.builder import BlockBuilder
-from tilework.ir.graph import Var
-from tilework.ir.info import TensorInfo
-from tilework.ir.sym import SymVar
 
 
 def _module() -> Any:
-    """``main(x [n, 16], y [n, 8], w [16, 8])`` with n <= 64 and ``pair(z [m, 8])`` with m
-    unbounded, returning a tuple."""
-    n, m = SymVar("n", 0, 64), SymVar("m", 0, None)
-    x, y, w = Var("x", TensorInfo((n, 16), "float32")), Var("y", TensorInfo((n, 8), "float32")), Var("w", TensorInfo((16, 8), "float32"))
-    z = Var("z", TensorInfo((m, 8), "float32"))
-    bb = BlockBuilder()
-    with bb.function("main", [x, y, w]):
-        with bb.dataflow():
-            h = bb.emit(op.add(op.gelu(op.matmul(op.multiply(x, x), w)), y))
-            out = bb.emit_output(op.softmax(op.tanh(h), -1))
-        bb.emit_func_output(out)
-    with bb.function("pair", [z]):
-        with bb.dataflow():
-            s = bb.emit_output(op.sum(op.exp(op.add(z, z)), axis=[1]))
-            t = bb.emit_output(op.neg(z))
-        bb.emit_func_output((s, t))
-    return bb.get()
+    """``tests.export.test_export``'s module from n = 0, its second function returning a
+    tuple."""
+    from tests.export.test_export import _module as exported_module
+
+    return exported_module(lo=0, pair=True)
 
 
 W = np.random.default_rng(3).standard_normal((16, 8)).astype(np.float32)
