@@ -34,6 +34,7 @@ vectorized C that reads the same blocks.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -102,17 +103,29 @@ def _head_bytes(base: str) -> int:
 
 def interleave_rows(data: np.ndarray, name: str) -> np.ndarray:
     """Plain ``name`` rows (``uint8[n, row_bytes]``, ``n`` a multiple of 16) in the layout of
-    ``interleaved(name)`` (see the module docstring): a new array of the same shape."""
+    ``interleaved(name)`` (see the module docstring): a new array of the same shape. Each group
+    of rows is gathered by one permutation of its bytes (``_group_order``): a model's weights
+    in one pass (an LLM start repacks every matrix)."""
     f = QUANT_FORMATS[name]
     n, rb = data.shape
     if n % GROUP or rb % f.nbytes:
         raise ValueError(f"{name} rows to interleave: need a multiple of {GROUP} rows of whole blocks, got shape {data.shape}")
+    groups = np.ascontiguousarray(data).reshape(n // GROUP, GROUP * rb)
+    return np.take(groups, _group_order(name, rb), axis=1).reshape(n, rb)
+
+
+@functools.lru_cache(maxsize=64)
+def _group_order(name: str, rb: int) -> np.ndarray:
+    """Where each byte of an interleaved group of ``GROUP`` rows of ``rb`` bytes comes from, as
+    an index into the plain group's bytes: the layout of the module docstring applied to the
+    indices."""
+    f = QUANT_FORMATS[name]
     head = _head_bytes(name)
-    blocks = np.ascontiguousarray(data).reshape(n // GROUP, GROUP, rb // f.nbytes, f.nbytes).transpose(0, 2, 1, 3)  # [g, j, row, byte]
-    g, nb = blocks.shape[:2]
-    parts = [blocks[..., at : at + 2].reshape(g, nb, 2 * GROUP) for at in range(0, head, 2)]
-    payload = blocks[..., head:].reshape(g, nb, GROUP, -1, 4).transpose(0, 1, 3, 2, 4).reshape(g, nb, -1)
-    return np.ascontiguousarray(np.concatenate([*parts, payload], axis=2)).reshape(n, rb)
+    blocks = np.arange(GROUP * rb, dtype=np.intp).reshape(GROUP, rb // f.nbytes, f.nbytes).transpose(1, 0, 2)  # [j, row, byte]
+    nb = blocks.shape[0]
+    parts = [blocks[..., at : at + 2].reshape(nb, 2 * GROUP) for at in range(0, head, 2)]
+    payload = blocks[..., head:].reshape(nb, GROUP, -1, 4).transpose(0, 2, 1, 3).reshape(nb, -1)
+    return np.concatenate([*parts, payload], axis=1).reshape(-1)
 
 
 def _block_attrs(call: Call, ctx: InferCtx, length: str, blocks: TensorInfo, what: str) -> tuple[QuantFormat, int]:
