@@ -166,7 +166,7 @@ tw_model* tw_model_create_from_arrays(const tw_tensor* arrays, int num_arrays) {
     for (int32_t k = 0; k < info->num_arrays; ++k) {
         const tw_tensor* t = &arrays[k];
         tw_val* v = &m->arrays[k];
-        int same = t->ndim == v->ndim && dtype_of(t->dtype) == v->dtype && (t->data != NULL || info->array_nbytes[k] == 0);
+        int same = t->ndim == v->ndim && (t->ndim == 0 || t->shape != NULL) && dtype_of(t->dtype) == v->dtype && (t->data != NULL || info->array_nbytes[k] == 0);
         for (int32_t d = 0; same && d < v->ndim; ++d) same = t->shape[d] == v->shape[d];
         if (!same) return create_fail(m, "array %d differs from the one the library was made for (its dtype, shape or data)", k);
         v->data = t->data;
