@@ -109,3 +109,23 @@ def test_compiled_model_runs_natively_and_switches_back() -> None:
     np.testing.assert_array_equal(cm(x, np.asarray(s)), vm(x, np.asarray(s)))
     with pytest.raises(tw.errors.UnsupportedError, match="runtime must be one of vm, native"):
         cm.runtime = "jit"
+
+
+def test_arrays_of_another_shape_are_refused_by_the_library(built: tuple[Any, NativeModel]) -> None:
+    """``tw_model_create_from_arrays`` checks each array against the one the library was made
+    for (the C API a host calls directly)."""
+    from tilework.export.runner import tensors_of
+
+    _, native = built
+    arrays = list(native._arrays)
+    good, _keep = tensors_of(arrays)
+    handle = native._lib.tw_model_create_from_arrays(good, len(arrays))
+    assert handle
+    native._lib.tw_model_free(handle)
+    k = next(i for i, a in enumerate(arrays) if a.ndim == 2)
+    arrays[k] = np.zeros((arrays[k].shape[0], arrays[k].shape[1] + 1), arrays[k].dtype)
+    bad, _keep = tensors_of(arrays)
+    assert not native._lib.tw_model_create_from_arrays(bad, len(arrays))
+    assert f"array {k} differs" in native._lib.tw_model_error(None).decode()
+    assert not native._lib.tw_model_create_from_arrays(good, len(arrays) - 1)
+    assert "arrays given" in native._lib.tw_model_error(None).decode()
