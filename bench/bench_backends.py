@@ -6,7 +6,9 @@ and the Llama-shaped graph (a few layers of hidden 576, 9 heads, 3 KV heads, ffn
 n in {1, 32, 256} (rows for the MLP, sequence length otherwise). Each model compiles once per
 configuration and runs every n:
 
-- tilework: ``codegen`` alone, ``blas+codegen``, ``torch+codegen``, ``onnxruntime+codegen``;
+- tilework: ``codegen`` alone, ``blas+codegen``, ``torch+codegen``, ``onnxruntime+codegen``,
+  built as ``tilework.compile`` builds with backends (``layout_weights="params"``: the linear
+  weights left to codegen's kernels are packed for them once, the offloaded ones stay as given);
 - peers: torch eager (the same model written with torch.nn.functional, same weights) and
   onnxruntime running the whole model exported as one ONNX graph (``session.run`` on NumPy
   arrays, no tilework VM around it).
@@ -38,6 +40,7 @@ import numpy as np
 from report import emit, table
 
 import tilework as tw
+from tilework.transform.layout_weights import lay_out_weights
 from tilework.ir.graph import GraphFunc
 from tilework.ir.module import IRModule
 from tilework.models import reference as R
@@ -205,8 +208,10 @@ def worker(model_name: str, column: str, sizes: list[int], layers: int, repeat: 
     mod, make_inputs = models(layers)[model_name]
     weights = weights_of(mod)
     t = time.perf_counter()
-    if column in CONFIGS:
-        run = tw.VM(tw.build(mod, backends=CONFIGS[column]))["main"]
+    if column in CONFIGS:  # as tilework.compile builds with backends: the weights left to codegen's kernels laid out for them
+        exe = tw.build(mod, backends=CONFIGS[column], layout_weights="params")
+        weights = lay_out_weights(exe.meta.get("weight_layout") or {}, weights)
+        run = tw.VM(exe)["main"]
     elif column == "torch eager":
         run = torch_eager(model_name, layers)
     else:
