@@ -15,7 +15,8 @@ last row, the last column tile whole panels of a panel-packed B (zero past the e
 its ``k`` loop is a full tile's; its store runs unguarded when its last lane is in bounds
 (``split_store``). Where the column tiles alone run in parallel, the rows left after the full
 row tiles run in a tile of as many rows rounded up to an even count, picked at run time
-(``rest_rows``), and the first row tiles of a panel prefetch the next one (``matmul_prefetch``).
+(``rest_rows``), and the first row tiles of a panel prefetch the next one (``matmul_prefetch``;
+with few rows the one row tile prefetches all of it).
 An elementwise epilogue is inlined into the tile store.
 
 Few rows (decoding, short prompts): for ``B[k, j]`` one tile holds every row, ``r x NR``,
@@ -80,7 +81,7 @@ from tilework.schedule.rules.common import (
     top_nests,
 )
 from tilework.schedule.rules.inline import inline_producers
-from tilework.schedule.rules.matmul_prefetch import prefetch_next_panel
+from tilework.schedule.rules.matmul_prefetch import PARTS, prefetch_next_panel
 from tilework.schedule.rules.reduction import schedule_reduction
 from tilework.schedule.specialize import branch
 from tilework.schedule.tree import (
@@ -406,8 +407,9 @@ def schedule_matmul(func: TensorFunc, parts: MatmulParts, mr: int, nr: int, rest
         func = attempt(func, lp.vectorize, ls[-1].var)
     func = inline_epilogue(func, parts.block.writes[0], store)
     func = schedule_rest(func, tiles.var)
-    if rest and par == [jo] and groups == strips == 1:  # one panel a tile, the panels in parallel
-        func = prefetch_next_panel(func, parts, jo, io, k.var)
+    if par == [jo] and groups == strips == 1:  # one panel a tile, the panels in parallel
+        # (few rows: the panel's one row tile prefetches all of the next, a line a k step)
+        func = prefetch_next_panel(func, parts, jo, io, k.var, pieces=PARTS if rest else 1)
     # Every tile's k loop runs without bounds tests: the last row (column) tile computes
     # copies of the last row (whole panels); only the store is guarded, and split where its
     # last lane is in bounds. A guard that stays in k (a column read that is not a panel's)
