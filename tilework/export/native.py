@@ -84,17 +84,14 @@ class NativeModel(ExportedModel):
         built = toolchain.compile_source(model_c + runtime_c, units=[CUnit(model_c, {}), CUnit(runtime_c, {})])
         self.cache_hit = built.cache_hit
         lib = declare(cache.load_shared_object(built.path, built.data))
-        if externs:
-            handle = quant.library().handle
-            for name in set(externs):
-                fmt = name.rpartition(".")[2]
-                sym = f"tw_qlinear_add_{fmt}" if name.startswith("quant.linear_add.") else f"tw_qlinear_{fmt}"
-                addresses[sym] = int(ctypes.cast(getattr(handle, sym), ctypes.c_void_p).value or 0)
+        handle = quant.library().handle if externs else None  # the library calls: the quant library's symbols of the same names
         lib.tw_native_import_name.restype = ctypes.c_char_p
         lib.tw_native_set_import.argtypes = [ctypes.c_int, ctypes.c_void_p]
         for i in range(lib.tw_native_num_imports()):
             name = lib.tw_native_import_name(i).decode()
-            if not addresses.get(name) or lib.tw_native_set_import(i, addresses[name]):
+            fn = getattr(handle, name, None) if name not in addresses and handle is not None else None
+            address = addresses.get(name) or (ctypes.cast(fn, ctypes.c_void_p).value if fn is not None else None)
+            if not address or lib.tw_native_set_import(i, address):
                 raise ExportError(f"the native graph code calls {name}, which is not loaded in this process")
         self._arrays = arrays  # the model reads them in place
         tensors, self._array_keep = tensors_of(arrays)

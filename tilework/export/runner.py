@@ -17,12 +17,12 @@ import numpy as np
 
 from tilework.errors import RuntimeCheckError, TileworkError
 from tilework.codegen.c.module import data_pointer
+from tilework.export.aot import MAX_NDIM
 from tilework.export.graph_c import dl_type
 from tilework.ir.dtype import DTYPE_TABLE, dtype_name
 
 MAX_OUTPUTS = 64
 MAX_INPUTS = 64
-MAX_NDIM = 16
 
 
 class _DType(ctypes.Structure):
