@@ -1,7 +1,8 @@
 """The many-rows matmul tiles prefetch their part of the next column panel
 (``tilework.schedule.rules.matmul_prefetch``): a hint that must change no value. Checked against
-NumPy through the C kernels and the reference interpreter at symbolic rows 1, 7, 32 and 33 (the
-few-rows tiles, full row tiles, a rest tile), K with and without a multiple of the parts and N
+NumPy through the C kernels and the reference interpreter at symbolic rows 1, 4, 7, 8, 12, 32 and
+33 (the few-rows tiles, one panel or two wide, full row tiles, a rest tile, fewer row tiles than
+parts), K with and without a multiple of the parts and N
 past the last full panel, on each register file's tiles; the kernels pass the verifier and
 print and parse back."""
 
@@ -23,7 +24,7 @@ from tilework.schedule.tree import walk
 from tilework.te.tensor import TensorLoad
 from tilework.transform.layout_weights import lay_out
 
-ROWS = (1, 7, 32, 33)
+ROWS = (1, 4, 7, 8, 12, 32, 33)
 DEPTHS = (37, 64)  # K: not a multiple of the parts (the last rows of a panel clamp), and one
 
 
@@ -85,3 +86,65 @@ def test_no_prefetch_without_enough_panels() -> None:
     m = SymVar("M", 1)
     f = default_schedule(_linear_silu(m, 37, 16 * 3, 16), strict=True)
     assert not _prefetches(f)
+
+
+def _covered_rows(func: TensorFunc, m: SymVar, rows: int) -> list[int]:
+    """The rows of the next panel that the row tiles of column panel 0 prefetch at ``rows``
+    rows (a row once per hint of it, one a ``k`` step): the statements run with the sym evaluator, branches
+    taken on their conditions, loops enumerated where they hold a hint."""
+    import operator
+
+    from tilework.ir.loop import Binary, For, IfThenElse
+    from tilework.ir.sym_walk import evaluate
+    from tilework.schedule.tree import children
+
+    ops = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne, "&&": operator.and_, "||": operator.or_}
+
+    def value(c: object, env: dict[SymVar, int]) -> int:
+        if isinstance(c, Binary):
+            return int(ops[c.op](value(c.a, env), value(c.b, env)))
+        return evaluate(c, env)  # type: ignore[arg-type]
+
+    def hints(s: object) -> bool:
+        return any(isinstance(x, Block) and x.name.startswith("w_next") for _, x in walk(s))  # type: ignore[arg-type]
+
+    out: list[int] = []
+
+    def run_(s: object, env: dict[SymVar, int]) -> None:
+        if not hints(s):
+            return
+        if isinstance(s, Block):
+            bind = {iv.var: evaluate(iv.binding, env) for iv in s.iter_vars}
+            assert isinstance(s.body, Store)
+            (hint,) = [x for x in walk_scalars(s.body.value) if isinstance(x, Intrin)]
+            ahead = hint.args[0]
+            assert isinstance(ahead, Load)
+            row = ahead.indices[1]
+            assert isinstance(row, (int, sym.SymExpr))
+            out.append(evaluate(row, {**env, **bind}))
+        elif isinstance(s, IfThenElse):
+            branch = s.then_body if value(s.cond, env) else s.else_body
+            if branch is not None:
+                run_(branch, env)
+        elif isinstance(s, For):
+            for i in range(1 if s.kind == "parallel" else evaluate(s.extent, env)):  # panel 0
+                run_(s.body, {**env, s.var: i})
+        else:
+            for c in children(s):  # type: ignore[arg-type]
+                run_(c, env)
+
+    run_(func.body, {m: rows})
+    return out
+
+
+def test_fewer_row_tiles_than_parts_prefetch_the_whole_panel(registers: str) -> None:
+    """With 4 row tiles or more the first 4 prefetch a quarter of the next panel each; with 2
+    or 3 (the rest tile counts) the first 2 a half each, with one it all: at every row count
+    every row of the next panel is prefetched (K a multiple of the parts; a hint each ``k``
+    step, a line every 4, 2 or 1 steps)."""
+    mr, panel = register_tile("float32")
+    n = panel * MIN_COLUMN_TILES + 5
+    m, k = SymVar("M", 1), 64
+    f = default_schedule(_linear_silu(m, k, n, panel), strict=True)
+    for rows in range(8, 6 * mr):  # the many-rows tiles: 1 .. 6 of them
+        assert set(_covered_rows(f, m, rows)) == set(range(k)), f"rows={rows}"

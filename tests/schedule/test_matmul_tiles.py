@@ -214,3 +214,15 @@ def test_one_row_tile_spans_a_threads_share(monkeypatch: pytest.MonkeyPatch) -> 
             lib[name].run([a, np.ascontiguousarray(wt.T), bias, np.zeros((rows, n), np.float32), out])
             want = a.astype(np.float64) @ wt.T.astype(np.float64) + bias
             np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4, err_msg=f"{name} rows={rows}")
+
+
+def test_few_rows_tiles_over_panels_fit_the_registers(registers: str) -> None:
+    """A few-rows tile over a B packed in 16-float panels is two panels wide (two streams of
+    B) while its accumulators fit the register file with a vector of B and a broadcast of A,
+    else one: with AVX2's 16 registers of 8 floats from 4 rows on, never with AVX-512's."""
+    from tilework.schedule.rules.matmul import panel_columns
+
+    for r in range(1, 8):
+        want = 16 if registers == "32x16" and r >= 4 else 32
+        assert panel_columns(16, r, "float32") == want, (registers, r)
+    assert panel_columns(32, 7, "float32") == 32  # one panel already

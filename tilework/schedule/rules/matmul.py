@@ -23,7 +23,8 @@ Few rows (decoding, short prompts): for ``B[k, j]`` one tile holds every row, ``
 its accumulators in L1: ``NR`` a thread's share of the columns, within ``WIDE_TILE_BYTES``
 (``wide_vectors``), adding ``ONE_ROW_JAM`` rows of B at a time (``jam_k``); a packed B
 ``r x 2 panels`` in registers; a symbolic row count picks the tile
-of its exact value (1 .. 7) at run time, so that no tile tests bounds in its ``k`` loop. For
+of its exact value (1 .. 7) at run time, so that no tile tests bounds in its ``k`` loop
+(one panel wide where two would not fit the registers: ``panel_columns``). For
 ``B[j, k]`` vectorized dot products. With a symbolic row count the kernel holds the few-rows
 and many-rows schedules and picks one at run time (``specialize.branch``).
 
@@ -205,14 +206,26 @@ def _drop_empty(s: Stmt) -> Stmt | None:
 
 def _rows_tile(func: TensorFunc, r: int) -> TensorFunc:
     """Tiles of ``r`` rows: over a plain B as wide as ``wide_vectors`` (accumulators in L1);
-    over a packed B two panels wide (in registers)."""
+    over a packed B one or two panels wide (``panel_columns``: in registers)."""
     parts = _parts(func)
     assert parts is not None
-    vectors = wide_vectors(parts, r)
-    if parts.panel is not None:  # a packed B: the tile spans NR_VECTORS vectors of panels
-        vectors = NR_VECTORS
-    jam = ONE_ROW_JAM if parts.panel is None else 1
-    return schedule_matmul(func, parts, r, lanes(out_dtype(func)) * vectors, jam=jam)
+    if parts.panel is not None:  # a packed B: the tile's accumulators in registers
+        return schedule_matmul(func, parts, r, panel_columns(parts.panel, r, out_dtype(func)))
+    return schedule_matmul(func, parts, r, lanes(out_dtype(func)) * wide_vectors(parts, r), jam=ONE_ROW_JAM)
+
+
+def panel_columns(panel: int, r: int, dtype: str) -> int:
+    """Columns of an ``r``-row tile over a B packed in ``panel``-wide column panels:
+    ``NR_VECTORS`` 64-byte vectors (two 16-float panels: two streams of B), or one panel where
+    ``r`` rows of those accumulators, a vector of B and a broadcast of A would not fit the
+    host's registers. AVX-512 holds 7 rows x 32 floats in 14 of its 32 registers; AVX2 needs
+    4 registers a row for them, so from 4 rows on they spilled to the stack (a 7-row tile
+    wanted 28 of its 16 registers): one 16-float panel there, 1.2-1.5x at 4 .. 7 rows."""
+    regs = host_registers()
+    columns = lanes(dtype) * NR_VECTORS
+    if columns > panel and r * -(-columns // regs.lanes(dtype)) + 2 > regs.count:
+        return panel
+    return columns
 
 
 def wide_vectors(parts: MatmulParts, r: int) -> int:
@@ -409,7 +422,8 @@ def schedule_matmul(func: TensorFunc, parts: MatmulParts, mr: int, nr: int, rest
     func = schedule_rest(func, tiles.var)
     if par == [jo] and groups == strips == 1:  # one panel a tile, the panels in parallel
         # (few rows: the panel's one row tile prefetches all of the next, a line a k step)
-        func = prefetch_next_panel(func, parts, jo, io, k.var, pieces=PARTS if rest else 1)
+        row_tiles = sym.ceildiv(i.extent, mr)
+        func = prefetch_next_panel(func, parts, jo, io, k.var, pieces=PARTS if rest else 1, tiles=row_tiles)
     # Every tile's k loop runs without bounds tests: the last row (column) tile computes
     # copies of the last row (whole panels); only the store is guarded, and split where its
     # last lane is in bounds. A guard that stays in k (a column read that is not a panel's)

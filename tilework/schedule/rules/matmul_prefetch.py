@@ -8,10 +8,15 @@ streamed at once. Here the first ``PARTS`` row tiles ``io`` of a panel also pref
 ``io`` of the next panel, one line per ``PARTS`` steps of their ``k`` loop, so that the stream
 overlaps their compute (same M: 4.0 -> 3.2 ms with one thread, 2.1 -> 1.6 ms with two; M = 256
 unchanged: its later row tiles run without the hint). With fewer row tiles than ``PARTS`` (the
-rest tile counts) the parts past them are left to the hardware. With few rows (one row tile a
-panel: decoding, the MLP at n = 1) that tile prefetches all of the next panel, a line a ``k``
-step (the MLP 1024 -> 4096 -> 1024 at n = 1 and 4: 1.04-1.05x; a SmolLM2 fp32 decode step
-1.03x; same-process A/B on Zen 3, 2 threads).
+rest tile counts; known at run time) the panel goes in 2 parts (2 or 3 tiles), a line every
+2 steps, or 1 (one tile, a line a step), so that two tiles (8 .. 12 rows of 6-row tiles)
+cover all of it where they covered half: 8 .. 16 rows 1.06-1.22x at (K, N) = (384, 1536), (1536, 384), (576, 1536),
+(1024, 4096), 32 rows and more level (always two parts lost 3-17% there; a second test in the
+``k`` loop choosing between the schemes cost 5-10%: the part's row is one expression with a
+loop-invariant factor instead). With few rows (one row tile a panel: decoding, the MLP at
+n = 1) that tile prefetches all of the next panel, a line a ``k`` step (the MLP 1024 -> 4096
+-> 1024 at n = 1 and 4: 1.04-1.05x; a SmolLM2 fp32 decode step 1.03x; same-process A/B on
+Zen 3, 2 threads).
 
 The prefetch is a block writing the ``prefetch`` intrinsic (a hint: its value is 0) to a
 one-element scratch buffer that nothing reads; its load is never performed (C emits
@@ -24,7 +29,7 @@ from dataclasses import replace
 
 from tilework.ir import sym
 from tilework.ir.loop import Allocate, Block, Buffer, IfThenElse, Intrin, IterVar, Load, Store, TensorFunc
-from tilework.ir.sym import SymVar
+from tilework.ir.sym import Dim, SymVar
 from tilework.schedule.analysis import MatmulParts
 from tilework.schedule.rules.common import loop, path_of
 from tilework.schedule.tree import block_names, fresh_name, less_than, replace_at, seq, used_names
@@ -32,13 +37,17 @@ from tilework.schedule.tree import block_names, fresh_name, less_than, replace_a
 PARTS = 4  # the next panel is prefetched in this many parts, one a row tile
 
 
-def prefetch_next_panel(func: TensorFunc, parts: MatmulParts, panel: SymVar, io: SymVar, k: SymVar, pieces: int = PARTS) -> TensorFunc:
+def prefetch_next_panel(
+    func: TensorFunc, parts: MatmulParts, panel: SymVar, io: SymVar, k: SymVar, pieces: int = PARTS, tiles: Dim | None = None
+) -> TensorFunc:
     """``func`` (many-rows tiles: loop ``panel`` over column panels of a packed B, one panel a
     tile, ``io`` over row tiles inside it, ``k`` the tile's reduction loop) with row tile
     ``io < PARTS`` prefetching part ``io`` of panel ``panel + 1`` in its ``k`` loop. Unchanged
     when B is not read as ``B[j // P, k, j % P]`` with static extents, or the ``k`` loop is not
     all of K. ``pieces=1``: the panel's one row tile (few rows) prefetches all of the next
-    panel, a line a step."""
+    panel, a line a step. ``tiles``: the row tile count (the rest tile included); under
+    ``pieces`` (4) tiles the panel is prefetched in 2 parts (2 or 3 tiles) or 1 (see the
+    module doc), picked at run time when symbolic."""
     b = parts.b
     buf, idx = b.buffer, b.indices
     if len(buf.shape) != 3 or len(idx) != 3:
@@ -59,11 +68,21 @@ def prefetch_next_panel(func: TensorFunc, parts: MatmulParts, panel: SymVar, io:
         IterVar(vq, pieces, "spatial", io),
         IterVar(vk, depth, "spatial", k),
     )
-    row = sym.min_(sym.add(sym.mul(vq, -(-depth // pieces)), sym.floordiv(vk, pieces)), depth - 1)
+    row: Dim = sym.min_(sym.add(sym.mul(vq, -(-depth // pieces)), sym.floordiv(vk, pieces)), depth - 1)
+    cond = less_than(io, pieces)
+    if tiles is not None and pieces == 4 and depth % pieces == 0:
+        # n parts: 4 with 4 row tiles or more, 2 with 2 or 3, 1 with one. Part io of n is the
+        # rows (io * depth + k) // n, i.e. ((io * depth + k) * m) // 4 with m = 4 // n (loop
+        # invariant): no test in the k loop, no division but by the constant
+        few = sym.min_(sym.max_(sym.sub(pieces, tiles), 0), 1)  # under 4 tiles
+        one = sym.min_(sym.max_(sym.sub(2, tiles), 0), 1)  # one tile
+        m = sym.add(sym.add(1, few), sym.mul(2, one))
+        row = sym.floordiv(sym.mul(sym.add(sym.mul(vq, depth), vk), m), pieces)
+        cond = less_than(sym.mul(io, m), pieces)
     hint = Buffer(fresh_name(used, f"{buf.name}_hint"), (1,), buf.dtype)
     ahead = Load(buf, (sym.min_(sym.add(vp, 1), npanels - 1), row, 0))
     body = Store(hint, (0,), Intrin("prefetch", (ahead,), buf.dtype))
     block = Block(fresh_name(names, f"{buf.name}_next"), ivs, (buf,), (hint,), body, None)
-    hinted = IfThenElse(less_than(io, pieces), Allocate(hint, block))  # C unswitches the k loop on it
+    hinted = IfThenElse(cond, Allocate(hint, block))  # C unswitches the k loop on it
     new = replace(kl, body=seq([hinted, kl.body]))
     return func.replace(body=replace_at(func.body, path_of(func, kl), new))
