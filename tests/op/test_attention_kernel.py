@@ -5,8 +5,9 @@ stop inside one key tile (8 keys: 7, 8, 9, 40),
 causal masks with more queries than keys (rows that see nothing give zeros), grouped and
 multi-query KV heads whose group does not divide a block, bool and float masks (also masking
 whole rows), head dims below, between and beyond the 8-column value tiles, a symbolic head
-dim, float64, float16 and bfloat16. Also: its scratch does not grow with the sequence lengths,
-and the ``attention`` schedule rule keeps its loop kinds."""
+dim, float64, float16 and bfloat16 (tasks of up to 8 rows run in the kernel's narrow copy, more
+in its wide one). Also: its scratch does not grow with the sequence lengths, and the
+``attention`` schedule rule keeps its loop kinds."""
 
 from __future__ import annotations
 
@@ -165,8 +166,24 @@ def test_the_attention_rule_keeps_the_kernel_schedule() -> None:
     assert g.attrs["schedule_rule"] == "attention"
     kinds = [st.kind for st in walk_stmts(g.body) if isinstance(st, For)]
     assert kinds == [st.kind for st in walk_stmts(f.body) if isinstance(st, For)]
-    assert kinds[0] == "parallel" and kinds.count("parallel") == 1
+    assert kinds[0] == "parallel" and kinds.count("parallel") == 2  # the copies for few rows and many
     assert "vectorized" in kinds and "unrolled" in kinds
+
+
+def test_few_rows_run_in_a_narrow_copy() -> None:
+    """Tasks of at most ``NARROW_LANES`` rows (a decoding step's query heads of a kv head) run
+    in a copy of the kernel that many lanes wide, picked at run time; rows known to be few or
+    many build one copy."""
+    from tilework.ir.loop import IfThenElse
+    from tilework.op.attention_kernel import NARROW_LANES
+
+    def lanes(f: TensorFunc) -> set[int]:
+        return {st.buffer.shape[-1] for st in walk_stmts(f.body) if isinstance(st, Allocate) and st.buffer.name.startswith("attention_m")}  # type: ignore[misc]
+
+    both = _kernel(T(b, s, 8, 64), T(b, kv, 2, 64), causal=True)
+    assert isinstance(both.body, IfThenElse) and lanes(both) == {NARROW_LANES, 16}
+    assert lanes(_kernel(T(b, 1, 8, 64), T(b, kv, 2, 64), causal=True)) == {NARROW_LANES}  # 4 rows
+    assert lanes(_kernel(T(b, 3, 8, 64), T(b, kv, 2, 64), causal=True)) == {16}  # 12 rows
 
 
 def test_interpreter_agrees() -> None:

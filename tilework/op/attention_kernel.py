@@ -6,7 +6,11 @@ block are the query positions times the query heads sharing the kv head (grouped
 attention): row ``t`` is query ``t // group`` of head ``kv_head * group + t % group``, so a
 decoding step (one query) still fills its rows with the group's heads. The ``R`` rows are the
 lanes of every vector operation (``R`` values fill one vector register), so no step needs a
-horizontal sum, and every key and value is loaded once per block and broadcast to the lanes:
+horizontal sum, and every key and value is loaded once per block and broadcast to the lanes.
+``R`` is 16 floats (a 64-byte vector); where a task may have ``NARROW_LANES`` (8) rows or fewer
+(a decoding step: the 3 .. 8 query heads of a kv head) the kernel holds a copy 8 lanes wide
+too, picked at run time, so that such a task's vector steps are half as many (AVX2: one
+instruction each, not two, for the same useful lanes; decode with grouped heads 1.2-1.9x):
 
 1. ``qt[d, r]``: the block's queries, transposed and scaled.
 2. Keys in blocks of ``BK``: scores ``s[j, r] = sum_d k[j, d] * qt[d, r]``, accumulated in
@@ -63,14 +67,26 @@ BK = 32  # keys per block of the online softmax
 JT = 8  # keys per register tile of the scores
 ET = 8  # value columns per register tile of the accumulator
 BLOCK_PREFIX = "attention_"  # every block of the kernel is named so (the schedule rule looks)
+NARROW_LANES = 8  # a task of this many rows or fewer runs in a copy of the kernel this wide
 
 
 def attention_kernel(
     q: Buffer, k: Buffer, v: Buffer, mask: Buffer | None, out: Buffer, causal: bool, scale: float | None
 ) -> TensorFunc:
     """The kernel computing ``out = attention(q, k, v, mask)`` (see ``tilework.op.nn``); its
-    params are the buffers (mask only when given) and the sym vars no buffer has as a dim."""
-    body = _Attention(q, k, v, mask, out, causal, scale).body()
+    params are the buffers (mask only when given) and the sym vars no buffer has as a dim.
+    Where a task's rows (query positions times the heads of a kv head) may be
+    ``NARROW_LANES`` or fewer, a copy of the kernel that many lanes wide runs then (decided
+    at run time when the count is symbolic)."""
+    wide = _Attention(q, k, v, mask, out, causal, scale)
+    names = wide.names
+    body = wide.body()
+    if wide.lanes > NARROW_LANES and not sym.prove_ge(wide.rows, NARROW_LANES + 1):
+        narrow = _Attention(q, k, v, mask, out, causal, scale, NARROW_LANES, names)
+        if sym.prove_le(wide.rows, NARROW_LANES):
+            body = narrow.body()
+        else:
+            body = IfThenElse(binary("<=", wide.rows, NARROW_LANES), narrow.body(), body)
     buffers = [q, k, v, out] if mask is None else [q, k, v, mask, out]
     return hand_kernel([*buffers, *free_syms(body, buffers)], body, "reduction")
 
@@ -85,11 +101,22 @@ def _ld(buf: Buffer, *idx: Scalar) -> Load:
 
 class _Attention:
     def __init__(
-        self, q: Buffer, k: Buffer, v: Buffer, mask: Buffer | None, out: Buffer, causal: bool, scale: float | None
+        self,
+        q: Buffer,
+        k: Buffer,
+        v: Buffer,
+        mask: Buffer | None,
+        out: Buffer,
+        causal: bool,
+        scale: float | None,
+        lanes: int | None = None,
+        names: set[str] | None = None,
     ) -> None:
+        """``lanes``: the rows of a task (default: one 64-byte vector of the compute dtype);
+        ``names``: the loop names taken (shared by the copies of one kernel)."""
         self.q, self.k, self.v, self.mask, self.out, self.causal = q, k, v, mask, out, causal
         self.acc = compute_dtype(out.dtype)
-        self.lanes = VECTOR_BYTES // (8 if self.acc == "float64" else 4)
+        self.lanes = lanes or VECTOR_BYTES // (8 if self.acc == "float64" else 4)
         self.nb, self.sq, self.nh, self.hd = q.shape
         self.skv, self.nkv, self.hdv = k.shape[1], k.shape[2], v.shape[3]
         self.group = sym.floordiv(self.nh, self.nkv)
@@ -104,14 +131,15 @@ class _Attention:
         else:
             self.scale = Intrin("rsqrt", (Cast(self.acc, self.hd),), self.acc)
         R, acc = self.lanes, self.acc
-        self.qt = Buffer("attention_qt", (self.hd, R), acc)
-        self.acc_buf = Buffer("attention_acc", (sym.mul(self.etiles, ET), R), acc)
-        self.s = Buffer("attention_s", (BK, R), acc)
-        self.m = Buffer("attention_m", (R,), acc)
-        self.l = Buffer("attention_l", (R,), acc)
-        self.mx = Buffer("attention_mx", (R,), acc)
-        self.alpha = Buffer("attention_alpha", (R,), acc)
-        self.names: set[str] = set()
+        self.tag = "" if lanes is None else str(lanes)  # the scratch of a copy is named apart
+        self.qt = Buffer(f"attention_qt{self.tag}", (self.hd, R), acc)
+        self.acc_buf = Buffer(f"attention_acc{self.tag}", (sym.mul(self.etiles, ET), R), acc)
+        self.s = Buffer(f"attention_s{self.tag}", (BK, R), acc)
+        self.m = Buffer(f"attention_m{self.tag}", (R,), acc)
+        self.l = Buffer(f"attention_l{self.tag}", (R,), acc)
+        self.mx = Buffer(f"attention_mx{self.tag}", (R,), acc)
+        self.alpha = Buffer(f"attention_alpha{self.tag}", (R,), acc)
+        self.names: set[str] = set() if names is None else names
         # per task (set by ``task``): batch, kv head, first row
         self.b: Dim = 0
         self.hk: Dim = 0
@@ -221,7 +249,7 @@ class _Attention:
 
     def score_tile(self, j0: Dim, jt: SymVar) -> Stmt:
         """Scores of keys ``j0 + jt * JT ...`` in a register tile ``st``."""
-        st = Buffer("attention_st", (JT, self.lanes), self.acc)
+        st = Buffer(f"attention_st{self.tag}", (JT, self.lanes), self.acc)
         first = sym.add(j0, sym.mul(jt, JT))
 
         def tile(body: TileBody) -> Stmt:
@@ -274,7 +302,7 @@ class _Attention:
 
     def value_tile(self, j0: Dim, et: SymVar, keys: Dim) -> Stmt:
         """``acc[et * ET ...] = alpha * acc + p @ v`` through a register tile ``at``."""
-        at = Buffer("attention_at", (ET, self.lanes), self.acc)
+        at = Buffer(f"attention_at{self.tag}", (ET, self.lanes), self.acc)
         e0 = sym.mul(et, ET)
 
         def tile(body: TileBody) -> Stmt:
