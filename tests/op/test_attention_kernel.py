@@ -139,14 +139,34 @@ def _compiled(name: str, q: TensorInfo, k: TensorInfo, causal: bool) -> Any:
     return build_library({name: default_schedule(_kernel(q, k, causal), strict=True)})[name]
 
 
-def _kernel(q: TensorInfo, k: TensorInfo, causal: bool, mask: TensorInfo | None = None) -> TensorFunc:
+def _kernel(q: TensorInfo, k: TensorInfo, causal: bool, mask: TensorInfo | None = None, vector_bytes: int = 64, v: TensorInfo | None = None) -> TensorFunc:
     from tilework.ir.loop import Buffer
 
     assert q.shape is not None and k.shape is not None
-    bufs = [Buffer(n, i.shape, i.dtype) for n, i in (("q", q), ("k", k), ("v", k))]  # type: ignore[arg-type]
+    bufs = [Buffer(n, i.shape, i.dtype) for n, i in (("q", q), ("k", k), ("v", v or k))]  # type: ignore[arg-type]
     m = None if mask is None else Buffer("mask", mask.shape, mask.dtype)  # type: ignore[arg-type]
-    out = Buffer("out", q.shape, q.dtype)  # type: ignore[arg-type]
-    return attention_kernel(bufs[0], bufs[1], bufs[2], m, out, causal, None)
+    out = Buffer("out", (*q.shape[:3], bufs[2].shape[3]), q.dtype)  # type: ignore[arg-type]
+    return attention_kernel(bufs[0], bufs[1], bufs[2], m, out, causal, None, vector_bytes)
+
+
+@pytest.mark.parametrize("vector_bytes", [32, 64])
+def test_register_tiles_fit_the_vector_width(vector_bytes: int) -> None:
+    """The register tiles have as many rows as fill 8 registers: with 32-byte registers (AVX2)
+    the wide copy's 16 float lanes take two a row, so its tiles have 4 rows, the narrow copy's 8;
+    with 64-byte ones 8 and 8. Both agree with the reference, at head dims that leave partial
+    value tiles and key counts that stop inside a tile."""
+    f = _kernel(T(b, s, 6, 12), T(b, kv, 2, 12), True, vector_bytes=vector_bytes, v=T(b, kv, 2, 5))
+    tiles = {st.buffer.shape for st in walk_stmts(f.body) if isinstance(st, Allocate) and st.buffer.name.startswith(("attention_st", "attention_at"))}
+    assert tiles == ({(4, 16), (8, 8)} if vector_bytes == 32 else {(8, 16), (8, 8)})
+    kernel = build_library({"k": default_schedule(f, strict=True)})["k"]
+    rng = np.random.default_rng(7)
+    for nb, sq, skv in ((1, 1, 1), (1, 1, 45), (2, 5, 13), (1, 9, 70)):  # 3 rows (narrow), 15 and 27 (wide)
+        q = rng.standard_normal((nb, sq, 6, 12)).astype(np.float32)
+        k = rng.standard_normal((nb, skv, 2, 12)).astype(np.float32)
+        v = rng.standard_normal((nb, skv, 2, 5)).astype(np.float32)
+        out = np.full((nb, sq, 6, 5), np.nan, np.float32)
+        kernel.run([q, k, v, out])
+        np.testing.assert_allclose(out, attention_ref(q, k, v, causal=True), rtol=1e-4, atol=1e-5, err_msg=f"{(nb, sq, skv)}")
 
 
 def test_scratch_does_not_grow_with_the_sequences() -> None:

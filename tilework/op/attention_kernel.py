@@ -22,6 +22,11 @@ instruction each, not two, for the same useful lanes; decode with grouped heads 
    value columns.
 5. ``out = acc / l``, or 0 for a row that sees no key.
 
+A register tile's rows (``JT`` keys, ``ET`` value columns) fill 8 vector registers of the
+target (``vector_bytes``, from the legalization context): 8 rows where ``R`` lanes fill one
+register, 4 where they take two (AVX2's 32-byte registers and 16 lanes: 8 rows were all 16 of
+its registers and spilled; prefill 1.13 -> 1.24x torch SDPA).
+
 The last key block stops at the tile of ``JT`` keys that holds the last key, so a short
 sequence (8 keys) computes one tile, not a block of ``BK``. Causal attention skips the key
 blocks past the diagonal of the block's last row (aligned at
@@ -64,25 +69,34 @@ TileBody = Callable[[SymVar, SymVar], Stmt]
 
 VECTOR_BYTES = 64  # the rows of a task fill one (AVX-512) vector register
 BK = 32  # keys per block of the online softmax
-JT = 8  # keys per register tile of the scores
-ET = 8  # value columns per register tile of the accumulator
+JT = 8  # keys per register tile of the scores (where a row of the tile is one vector register)
+ET = 8  # value columns per register tile of the accumulator (the same)
 BLOCK_PREFIX = "attention_"  # every block of the kernel is named so (the schedule rule looks)
 NARROW_LANES = 8  # a task of this many rows or fewer runs in a copy of the kernel this wide
 
 
 def attention_kernel(
-    q: Buffer, k: Buffer, v: Buffer, mask: Buffer | None, out: Buffer, causal: bool, scale: float | None
+    q: Buffer,
+    k: Buffer,
+    v: Buffer,
+    mask: Buffer | None,
+    out: Buffer,
+    causal: bool,
+    scale: float | None,
+    vector_bytes: int = VECTOR_BYTES,
 ) -> TensorFunc:
     """The kernel computing ``out = attention(q, k, v, mask)`` (see ``tilework.op.nn``); its
     params are the buffers (mask only when given) and the sym vars no buffer has as a dim.
     Where a task's rows (query positions times the heads of a kv head) may be
     ``NARROW_LANES`` or fewer, a copy of the kernel that many lanes wide runs then (decided
-    at run time when the count is symbolic)."""
-    wide = _Attention(q, k, v, mask, out, causal, scale)
+    at run time when the count is symbolic). ``vector_bytes``: the target's vector register
+    width; a register tile has as many rows as fill 8 registers (fewer than ``JT`` / ``ET``
+    where the lanes of a row take two)."""
+    wide = _Attention(q, k, v, mask, out, causal, scale, vector_bytes=vector_bytes)
     names = wide.names
     body = wide.body()
     if wide.lanes > NARROW_LANES and not sym.prove_ge(wide.rows, NARROW_LANES + 1):
-        narrow = _Attention(q, k, v, mask, out, causal, scale, NARROW_LANES, names)
+        narrow = _Attention(q, k, v, mask, out, causal, scale, NARROW_LANES, names, vector_bytes)
         if sym.prove_le(wide.rows, NARROW_LANES):
             body = narrow.body()
         else:
@@ -111,9 +125,11 @@ class _Attention:
         scale: float | None,
         lanes: int | None = None,
         names: set[str] | None = None,
+        vector_bytes: int = VECTOR_BYTES,
     ) -> None:
         """``lanes``: the rows of a task (default: one 64-byte vector of the compute dtype);
-        ``names``: the loop names taken (shared by the copies of one kernel)."""
+        ``names``: the loop names taken (shared by the copies of one kernel);
+        ``vector_bytes``: the width of the target's vector registers (sizes the tiles)."""
         self.q, self.k, self.v, self.mask, self.out, self.causal = q, k, v, mask, out, causal
         self.acc = compute_dtype(out.dtype)
         self.lanes = lanes or VECTOR_BYTES // (8 if self.acc == "float64" else 4)
@@ -122,7 +138,11 @@ class _Attention:
         self.group = sym.floordiv(self.nh, self.nkv)
         self.rows = sym.mul(self.group, self.sq)
         self.nqb = _ceil_div(self.rows, self.lanes)
-        self.etiles = _ceil_div(self.hdv, ET)
+        # a register tile holds JT (ET) rows of R lanes: as many registers as that where R lanes
+        # fill one, else fewer rows (AVX2, 16 float lanes: 2 registers a row, 4 rows)
+        per_row = -(-self.lanes * (8 if self.acc == "float64" else 4) // vector_bytes)
+        self.jt, self.et = max(2, JT // per_row), max(2, ET // per_row)
+        self.etiles = _ceil_div(self.hdv, self.et)
         self.scale: Scalar
         if scale is not None:
             self.scale = const(scale, self.acc)
@@ -133,7 +153,7 @@ class _Attention:
         R, acc = self.lanes, self.acc
         self.tag = "" if lanes is None else str(lanes)  # the scratch of a copy is named apart
         self.qt = Buffer(f"attention_qt{self.tag}", (self.hd, R), acc)
-        self.acc_buf = Buffer(f"attention_acc{self.tag}", (sym.mul(self.etiles, ET), R), acc)
+        self.acc_buf = Buffer(f"attention_acc{self.tag}", (sym.mul(self.etiles, self.et), R), acc)
         self.s = Buffer(f"attention_s{self.tag}", (BK, R), acc)
         self.m = Buffer(f"attention_m{self.tag}", (R,), acc)
         self.l = Buffer(f"attention_l{self.tag}", (R,), acc)
@@ -202,7 +222,7 @@ class _Attention:
             self.loop("qt_d", self.hd, lambda d: self.rows_loop("q", lambda r: self.fill_q(d, r))),
             self.rows_loop("m_init", lambda r: Store(self.m, (r,), inf)),
             self.rows_loop("l_init", lambda r: self.zero(self.l, r)),
-            self.loop("acc_e", sym.mul(self.etiles, ET), lambda e: self.rows_loop("acc_init", lambda r: self.zero(self.acc_buf, e, r))),
+            self.loop("acc_e", sym.mul(self.etiles, self.et), lambda e: self.rows_loop("acc_init", lambda r: self.zero(self.acc_buf, e, r))),
             self.loop("kb", self.key_blocks(), self.key_block),
             self.loop("out_r", self.lanes, self.store_row),
         ]
@@ -228,8 +248,8 @@ class _Attention:
 
     def key_block(self, kb: SymVar) -> Stmt:
         j0 = sym.mul(kb, BK)
-        tiles = sym.min_(BK // JT, _ceil_div(sym.sub(self.skv, j0), JT))  # the last block stops at the last tile of keys
-        keys = sym.mul(tiles, JT)
+        tiles = sym.min_(BK // self.jt, _ceil_div(sym.sub(self.skv, j0), self.jt))  # the last block stops at the last tile of keys
+        keys = sym.mul(tiles, self.jt)
         steps = [
             self.loop("st_j", tiles, lambda jt: self.score_tile(j0, jt)),
             self.rows_loop("mx_init", lambda r: Store(self.mx, (r,), _ld(self.m, r))),
@@ -249,18 +269,18 @@ class _Attention:
 
     def score_tile(self, j0: Dim, jt: SymVar) -> Stmt:
         """Scores of keys ``j0 + jt * JT ...`` in a register tile ``st``."""
-        st = Buffer(f"attention_st{self.tag}", (JT, self.lanes), self.acc)
-        first = sym.add(j0, sym.mul(jt, JT))
+        st = Buffer(f"attention_st{self.tag}", (self.jt, self.lanes), self.acc)
+        first = sym.add(j0, sym.mul(jt, self.jt))
 
         def tile(body: TileBody) -> Stmt:
-            return self.tile_loop("st", JT, body)
+            return self.tile_loop("st", self.jt, body)
 
         def update(ji: SymVar, r: SymVar, d: SymVar) -> Stmt:
             kval = self.up(_ld(self.k, self.b, self.key(sym.add(first, ji)), self.hk, d))
             return Store(st, (ji, r), binary("+", _ld(st, ji, r), binary("*", kval, _ld(self.qt, d, r))))
 
         def put(ji: SymVar, r: SymVar) -> Stmt:
-            return Store(self.s, (sym.add(sym.mul(jt, JT), ji), r), self.masked(_ld(st, ji, r), sym.add(first, ji), r))
+            return Store(self.s, (sym.add(sym.mul(jt, self.jt), ji), r), self.masked(_ld(st, ji, r), sym.add(first, ji), r))
 
         steps = [
             tile(lambda ji, r: self.zero(st, ji, r)),
@@ -302,11 +322,11 @@ class _Attention:
 
     def value_tile(self, j0: Dim, et: SymVar, keys: Dim) -> Stmt:
         """``acc[et * ET ...] = alpha * acc + p @ v`` through a register tile ``at``."""
-        at = Buffer(f"attention_at{self.tag}", (ET, self.lanes), self.acc)
-        e0 = sym.mul(et, ET)
+        at = Buffer(f"attention_at{self.tag}", (self.et, self.lanes), self.acc)
+        e0 = sym.mul(et, self.et)
 
         def tile(body: TileBody) -> Stmt:
-            return self.tile_loop("at", ET, body)
+            return self.tile_loop("at", self.et, body)
 
         def update(ei: SymVar, r: SymVar, j: SymVar) -> Stmt:
             vval = self.up(_ld(self.v, self.b, self.key(sym.add(j0, j)), self.hk, self.column(sym.add(e0, ei))))

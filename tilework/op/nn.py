@@ -288,7 +288,8 @@ def _legalize_attention(call: Call, ctx: "LegalizeCtx") -> Expr:
     out = Buffer("out", shape, dtype)
     mask = bufs[3] if len(bufs) == 4 else None
     given = call.attrs["scale"]
-    func = attention_kernel(bufs[0], bufs[1], bufs[2], mask, out, bool(call.attrs["causal"]), None if given is None else float(given))
+    scale = None if given is None else float(given)
+    func = attention_kernel(bufs[0], bufs[1], bufs[2], mask, out, bool(call.attrs["causal"]), scale, ctx.vector_bytes)
     gv = ctx.add_kernel("attention", func)
     return call_tensor(gv, list(call.args), call.info, tuple(func.sym_params))
 

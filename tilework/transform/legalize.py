@@ -29,6 +29,7 @@ from tilework.ir.sym import Dim
 from tilework.op import base as opbase
 from tilework.op import vm as _vm_ops  # noqa: F401  (registers assert_dims)
 from tilework.op.calls import call_tensor
+from tilework.schedule.rules.common import host_registers
 from tilework.te.tensor import Tensor
 from tilework.transform.base import Pass
 
@@ -41,6 +42,12 @@ class LegalizeCtx:
     def __init__(self, bb: BlockBuilder, kernels: "_KernelTable") -> None:
         self.bb = bb
         self.kernels = kernels
+
+    @property
+    def vector_bytes(self) -> int:
+        """The width of the target's vector registers, for a hand-built kernel that sizes its
+        register tiles (the schedule rules' ``host_registers``; only speed depends on it)."""
+        return host_registers().width
 
     def add_kernel(self, hint: str, func: TensorFunc) -> GlobalVar:
         return self.kernels.add(self.bb, hint, func)
