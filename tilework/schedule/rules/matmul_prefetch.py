@@ -10,13 +10,13 @@ overlaps their compute (same M: 4.0 -> 3.2 ms with one thread, 2.1 -> 1.6 ms wit
 unchanged: its later row tiles run without the hint). With fewer row tiles than ``PARTS`` (the
 rest tile counts; known at run time) the panel goes in 2 parts (2 or 3 tiles), a line every
 2 steps, or 1 (one tile, a line a step), so that two tiles (8 .. 12 rows of 6-row tiles)
-cover all of it where they covered half: 8 .. 16 rows 1.06-1.22x at (K, N) = (384, 1536), (1536, 384), (576, 1536),
-(1024, 4096), 32 rows and more level (always two parts lost 3-17% there; a second test in the
-``k`` loop choosing between the schemes cost 5-10%: the part's row is one expression with a
-loop-invariant factor instead). With few rows (one row tile a panel: decoding, the MLP at
-n = 1) that tile prefetches all of the next panel, a line a ``k`` step (the MLP 1024 -> 4096
--> 1024 at n = 1 and 4: 1.04-1.05x; a SmolLM2 fp32 decode step 1.03x; same-process A/B on
-Zen 3, 2 threads).
+cover all of it where they covered half: 8 .. 16 rows 1.06-1.23x at (K, N) = (384, 1536),
+(1536, 384), (576, 1536) and (1024, 4096), 32 rows and more level (two parts always lost
+3-17% there; a second test in the ``k`` loop choosing between the schemes cost 5-10%: the
+part's row is one expression with a loop-invariant factor instead). With few rows (one row
+tile a panel: decoding, the MLP at n = 1) that tile prefetches all of the next panel, a line
+a ``k`` step (the MLP 1024 -> 4096 -> 1024 at n = 1 and 4: 1.04-1.05x; a SmolLM2 fp32 decode
+step 1.03x; same-process A/B on Zen 3, 2 threads).
 
 The prefetch is a block writing the ``prefetch`` intrinsic (a hint: its value is 0) to a
 one-element scratch buffer that nothing reads; its load is never performed (C emits
