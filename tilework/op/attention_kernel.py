@@ -76,14 +76,7 @@ NARROW_LANES = 8  # a task of this many rows or fewer runs in a copy of the kern
 
 
 def attention_kernel(
-    q: Buffer,
-    k: Buffer,
-    v: Buffer,
-    mask: Buffer | None,
-    out: Buffer,
-    causal: bool,
-    scale: float | None,
-    vector_bytes: int = VECTOR_BYTES,
+    q: Buffer, k: Buffer, v: Buffer, mask: Buffer | None, out: Buffer, causal: bool, scale: float | None, vector_bytes: int = VECTOR_BYTES
 ) -> TensorFunc:
     """The kernel computing ``out = attention(q, k, v, mask)`` (see ``tilework.op.nn``); its
     params are the buffers (mask only when given) and the sym vars no buffer has as a dim.
