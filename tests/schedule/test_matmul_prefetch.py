@@ -1,10 +1,10 @@
 """The many-rows matmul tiles prefetch their part of the next column panel
 (``tilework.schedule.rules.matmul_prefetch``): a hint that must change no value. Checked against
-NumPy through the C kernels and the reference interpreter at symbolic rows 1, 4, 7, 8, 12, 32 and
-33 (the few-rows tiles, one panel or two wide, full row tiles, a rest tile, fewer row tiles than
-parts), K with and without a multiple of the parts and N
-past the last full panel, on each register file's tiles; the kernels pass the verifier and
-print and parse back."""
+NumPy through the C kernels and the reference interpreter at symbolic rows 1, 4, 7, 8, 12, 32
+and 33 (the few-rows tiles, one panel or two wide, full row tiles, a rest tile, fewer row tiles
+than parts), K with and without a multiple of the parts and N past the last full panel, on each
+register file's tiles; the kernels pass the verifier and print and parse back. Also: at every
+row count of the many-rows tiles every row of the next panel is hinted."""
 
 from __future__ import annotations
 
@@ -90,8 +90,8 @@ def test_no_prefetch_without_enough_panels() -> None:
 
 def _covered_rows(func: TensorFunc, m: SymVar, rows: int) -> list[int]:
     """The rows of the next panel that the row tiles of column panel 0 prefetch at ``rows``
-    rows (a row once per hint of it, one a ``k`` step): the statements run with the sym evaluator, branches
-    taken on their conditions, loops enumerated where they hold a hint."""
+    rows (a row once per hint of it, one a ``k`` step): the statements run with the sym
+    evaluator, branches taken on their conditions, loops enumerated where they hold a hint."""
     import operator
 
     from tilework.ir.loop import Binary, For, IfThenElse
