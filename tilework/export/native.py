@@ -89,8 +89,9 @@ class NativeModel(ExportedModel):
         lib.tw_native_set_import.argtypes = [ctypes.c_int, ctypes.c_void_p]
         for i in range(lib.tw_native_num_imports()):
             name = lib.tw_native_import_name(i).decode()
-            fn = getattr(handle, name, None) if name not in addresses and handle is not None else None
-            address = addresses.get(name) or (ctypes.cast(fn, ctypes.c_void_p).value if fn is not None else None)
+            address = addresses.get(name)
+            if address is None and handle is not None and hasattr(handle, name):
+                address = ctypes.cast(getattr(handle, name), ctypes.c_void_p).value
             if not address or lib.tw_native_set_import(i, address):
                 raise ExportError(f"the native graph code calls {name}, which is not loaded in this process")
         self._arrays = arrays  # the model reads them in place

@@ -61,6 +61,7 @@ from tilework.ir.loop import (
     const,
     convert,
 )
+from tilework.ir.dtype import DTYPE_TABLE
 from tilework.ir.sym import Dim, SymVar
 from tilework.op.kernel import bcast_index, block, compute_dtype, free_syms, hand_kernel, seq, serial_var
 
@@ -86,14 +87,15 @@ def attention_kernel(
     width; a register tile has as many rows as fill 8 registers (fewer than ``JT`` / ``ET``
     where the lanes of a row take two)."""
     wide = _Attention(q, k, v, mask, out, causal, scale, vector_bytes=vector_bytes)
-    names = wide.names
-    body = wide.body()
-    if wide.lanes > NARROW_LANES and not sym.prove_ge(wide.rows, NARROW_LANES + 1):
-        narrow = _Attention(q, k, v, mask, out, causal, scale, NARROW_LANES, names, vector_bytes)
-        if sym.prove_le(wide.rows, NARROW_LANES):
-            body = narrow.body()
-        else:
-            body = IfThenElse(binary("<=", wide.rows, NARROW_LANES), narrow.body(), body)
+    narrow = _Attention(q, k, v, mask, out, causal, scale, NARROW_LANES, wide.names, vector_bytes)
+    body: Stmt
+    if wide.lanes <= NARROW_LANES or sym.prove_ge(wide.rows, NARROW_LANES + 1):
+        body = wide.body()
+    elif sym.prove_le(wide.rows, NARROW_LANES):
+        body = narrow.body()
+    else:
+        many = wide.body()  # built first: its loops keep the plain names
+        body = IfThenElse(binary("<=", wide.rows, NARROW_LANES), narrow.body(), many)
     buffers = [q, k, v, out] if mask is None else [q, k, v, mask, out]
     return hand_kernel([*buffers, *free_syms(body, buffers)], body, "reduction")
 
@@ -125,7 +127,8 @@ class _Attention:
         ``vector_bytes``: the width of the target's vector registers (sizes the tiles)."""
         self.q, self.k, self.v, self.mask, self.out, self.causal = q, k, v, mask, out, causal
         self.acc = compute_dtype(out.dtype)
-        self.lanes = lanes or VECTOR_BYTES // (8 if self.acc == "float64" else 4)
+        item = DTYPE_TABLE[self.acc].itemsize
+        self.lanes = lanes or VECTOR_BYTES // item
         self.nb, self.sq, self.nh, self.hd = q.shape
         self.skv, self.nkv, self.hdv = k.shape[1], k.shape[2], v.shape[3]
         self.group = sym.floordiv(self.nh, self.nkv)
@@ -133,7 +136,7 @@ class _Attention:
         self.nqb = _ceil_div(self.rows, self.lanes)
         # a register tile holds JT (ET) rows of R lanes: as many registers as that where R lanes
         # fill one, else fewer rows (AVX2, 16 float lanes: 2 registers a row, 4 rows)
-        per_row = -(-self.lanes * (8 if self.acc == "float64" else 4) // vector_bytes)
+        per_row = -(-self.lanes * item // vector_bytes)
         self.jt, self.et = max(2, JT // per_row), max(2, ET // per_row)
         self.etiles = _ceil_div(self.hdv, self.et)
         self.scale: Scalar

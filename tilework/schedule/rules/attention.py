@@ -12,7 +12,7 @@ few rows and for many, ``tilework.op.attention_kernel.NARROW_LANES``).
 
 from __future__ import annotations
 
-from tilework.ir.loop import Allocate, Block, For, IfThenElse, SeqStmt, Stmt, TensorFunc
+from tilework.ir.loop import Block, For, TensorFunc
 from tilework.op.attention_kernel import BLOCK_PREFIX
 from tilework.schedule.rules.common import out_dtype, spatial_nest, top_nests
 from tilework.schedule.tree import leaves, walk
@@ -22,7 +22,7 @@ NAME = "attention"
 
 def apply(func: TensorFunc) -> TensorFunc | None:
     tops = top_nests(func)
-    kernels = [t for t in _outer_loops(func.body) if is_attention_nest(t)]
+    kernels = [t for t in top_nests(func, branches=True) if is_attention_nest(t)]
     if not kernels:
         return None
     for top in tops:
@@ -30,20 +30,6 @@ def apply(func: TensorFunc) -> TensorFunc | None:
             continue
         func = spatial_nest(func, top, out_dtype(func))
     return func
-
-
-def _outer_loops(s: Stmt) -> list[For]:
-    """The outermost loops of ``s`` under allocations, sequences and branches (the kernel's
-    copies for few rows and for many, chosen at run time, are the branches of a test)."""
-    if isinstance(s, For):
-        return [s]
-    if isinstance(s, Allocate):
-        return _outer_loops(s.body)
-    if isinstance(s, SeqStmt):
-        return [f for c in s.stmts for f in _outer_loops(c)]
-    if isinstance(s, IfThenElse):
-        return _outer_loops(s.then_body) + ([] if s.else_body is None else _outer_loops(s.else_body))
-    return []
 
 
 def is_attention_nest(top: For) -> bool:

@@ -88,8 +88,10 @@ def attempt(func: TensorFunc, prim: Callable[..., TensorFunc], *args: object) ->
         return func
 
 
-def top_nests(func: TensorFunc) -> list[For]:
-    """The outermost loops of ``func``, in order (under allocations and sequences)."""
+def top_nests(func: TensorFunc, branches: bool = False) -> list[For]:
+    """The outermost loops of ``func``, in order (under allocations and sequences; with
+    ``branches`` also under top-level tests, e.g. a hand-built kernel's copies chosen at run
+    time)."""
     out: list[For] = []
 
     def go(s: Stmt) -> None:
@@ -100,6 +102,10 @@ def top_nests(func: TensorFunc) -> list[For]:
         elif isinstance(s, SeqStmt):
             for c in s.stmts:
                 go(c)
+        elif branches and isinstance(s, IfThenElse):
+            go(s.then_body)
+            if s.else_body is not None:
+                go(s.else_body)
 
     go(func.body)
     return out
