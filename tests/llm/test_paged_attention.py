@@ -5,6 +5,7 @@ prefix), pages in any order, batches of unequal lengths, on the C target and the
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ from tilework.ir.graph import Var
 from tilework.ir.dtype import np_dtype
 from tilework.ir.info import TensorInfo
 from tilework.op import paged_attention
+from tilework.op.paged_attention import CHUNK_PAGES
 
 L, NKV, HD, PAGE, NH = 2, 3, 8, 4, 6
 
@@ -121,6 +123,28 @@ def test_decode(target: str, lens: list[int]) -> None:
 @pytest.mark.parametrize("lens", [[130], [40, 200]], ids=["one-long", "two-long"])
 def test_decode_splits_long_sequences_and_merges(lens: list[int]) -> None:
     _case("cpu", True, lens, 1, pool=128)
+
+
+def test_decode_of_a_split_over_several_chunks() -> None:
+    """At batch 8 a sequence's pages are split in 4 (``TASKS``); 300 cached tokens are 76 pages
+    of 4, 19 a split: two chunks of ``CHUNK_PAGES``, the second rescaling the first's
+    accumulators; the other sequences end inside a split, a chunk, a page, or are empty."""
+    assert CHUNK_PAGES < 19
+    _case("cpu", True, [300, 5, 0, 77, 150, 1, 64, 299], 1, pool=256, theta=THETA)
+    _case("cpu", True, [299, 3, 64, 1, 0, 150, 77, 63], 1, pool=256, seed=1, kv="bfloat16")
+
+
+@pytest.mark.parametrize("heads", [(8, 1), (7, 7)], ids=["group-8", "group-1"])
+def test_decode_of_other_groups(monkeypatch: pytest.MonkeyPatch, heads: tuple[int, int]) -> None:
+    """A group wider than ``MAX_TILE_HEADS`` (8 query heads on one kv head: not unrolled into
+    registers), and one head a group (7 kv heads), with a head dim of 24 (three 8-lane vectors,
+    a divisor of no wider tile), on the compiled kernel and the interpreter."""
+    monkeypatch.setattr(sys.modules[__name__], "NH", heads[0])
+    monkeypatch.setattr(sys.modules[__name__], "NKV", heads[1])
+    monkeypatch.setattr(sys.modules[__name__], "HD", 24)
+    monkeypatch.setattr(sys.modules[__name__], "_VMS", {})
+    for target in ("cpu", "interp"):
+        _case(target, True, [0, 9, 22], 1, theta=THETA)
 
 
 @pytest.mark.parametrize("target", ["cpu", "interp"])

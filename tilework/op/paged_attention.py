@@ -36,13 +36,18 @@ pool.
 
 Two kernels:
 
-- **decode** (``s`` is 1): tasks over (sequence, kv head, split). The keys of a page are the
-  lanes of the score vector (``page`` scores at once per query head); each task covers a range
-  of pages, and for long sequences the pages are split across tasks (``splits`` grows with the
-  page table's width, up to ``MAX_SPLITS``) whose partial maxima, sums and accumulators a final
-  loop merges. Each key and value row of a page is loaded once for all the query heads of the
-  group, and a score is summed over the head dim in ``PARTIALS`` interleaved partial sums:
-  independent chains of multiply-adds rather than one chain as long as the head dim.
+- **decode** (``s`` is 1): tasks over (sequence, split): a task reads whole pages, every kv
+  head of each (a page's keys, and its values, are one contiguous block: scattered 2 KB pieces
+  of it, one kv head's, read at about half the bandwidth). A sequence's pages are split across
+  tasks while a step has fewer than ``TASKS`` of them (small batches; at least
+  ``MIN_SPLIT_PAGES`` pages a split, at most ``MAX_SPLITS`` splits), and a final loop merges the
+  splits' partial maxima, sums and accumulators. A task takes its pages ``CHUNK_PAGES`` at a
+  time: the chunk's scores (a register tile of the group's heads x a page's keys per kv head,
+  summed over the head dim), then one online-softmax update per head over the whole chunk
+  (lane-wise maxima and sums, across the lanes once), then the values added into register
+  tiles of ``ACC_REGISTERS`` accumulator vectors (columns of a group's accumulators, rescaled
+  as they are loaded). Each step of a page's scores hints one cache line of the next page
+  (keys and values), so the page's lines are on their way before it is read.
 - **prefill**: tasks over (sequence, kv head, block of ``LANES`` query rows, rows being tokens
   times the heads of the group), the rows as lanes, keys a page at a time, skipping pages no row
   of the block sees.
@@ -54,6 +59,7 @@ import math
 from typing import TYPE_CHECKING, Callable
 
 from tilework.ir import sym
+from tilework.ir.dtype import DTYPE_TABLE
 from tilework.ir.graph import Call, Expr
 from tilework.ir.info import StructInfo, TensorInfo
 from tilework.ir.loop import (
@@ -82,9 +88,14 @@ if TYPE_CHECKING:
 
 KV_DTYPES = ("float32", "bfloat16", "float16")  # what the pages may hold
 LANES = 16  # float32 lanes of an AVX-512 register: the rows of a prefill task
-MAX_SPLITS = 8  # most tasks one decode sequence's kv head is split into
-PAGES_PER_SPLIT = 8  # a split covers at least this many pages
-PARTIALS = 4  # decode: partial sums a key's score is split into (independent FMA chains)
+MAX_SPLITS = 16  # decode: most tasks one sequence's pages are split into
+MIN_SPLIT_PAGES = 4  # decode: a split covers at least this many pages
+TASKS = 32  # decode: splits are added while a step has fewer tasks than this (threads to feed)
+CHUNK_PAGES = 16  # decode: pages whose scores a task holds at once (one softmax update each)
+ACC_REGISTERS = 12  # decode: vector registers of accumulators the value step keeps
+MAX_TILE_HEADS = 6  # decode: a group of more heads than this is not unrolled into registers
+VECTOR_BYTES = 64  # the target's vector registers when the caller does not say (sizes tiles only)
+LINE_BYTES = 64  # a cache line: the stride of the prefetch hints
 
 
 def _infer(call: Call, ctx: InferCtx) -> StructInfo:
@@ -137,19 +148,22 @@ def _legalize(call: Call, ctx: "LegalizeCtx") -> Expr:
     shape, dtype = out_tensor(call)
     scale, theta = call.attrs["scale"], call.attrs["rope_theta"]
     # every layer calls the same kernel (the layer is its sym param): built once per operand shapes
-    key = ("paged_attention", tuple(shapes), (shape, dtype), call.attrs["kv_heads"], scale, theta)
-    gv, func, layer = ctx.kernel_for(key, "paged_attention", lambda: _kernel(shapes, (shape, dtype), int(call.attrs["kv_heads"]), scale, theta))
+    vector_bytes = ctx.vector_bytes
+    key = ("paged_attention", tuple(shapes), (shape, dtype), call.attrs["kv_heads"], scale, theta, vector_bytes)
+    gv, func, layer = ctx.kernel_for(key, "paged_attention", lambda: _kernel(shapes, (shape, dtype), int(call.attrs["kv_heads"]), scale, theta, vector_bytes))
     sym_args = tuple(int(call.attrs["layer"]) if p is layer else p for p in func.sym_params)
     return call_tensor(gv, list(call.args), call.info, sym_args)
 
 
-def _kernel(shapes: list[tuple[tuple[Dim, ...], str]], out_shape: tuple[tuple[Dim, ...], str], kv_heads: int, scale: float | None, theta: float | None) -> tuple[TensorFunc, SymVar]:
+def _kernel(
+    shapes: list[tuple[tuple[Dim, ...], str]], out_shape: tuple[tuple[Dim, ...], str], kv_heads: int, scale: float | None, theta: float | None, vector_bytes: int = VECTOR_BYTES
+) -> tuple[TensorFunc, SymVar]:
     params = [Buffer(name, shape, dtype) for name, (shape, dtype) in zip(("qkv", "k_cache", "v_cache", "kv_len", "page_table"), shapes)]
     out = Buffer("out", *out_shape)
     layer = SymVar("layer", 0, None)  # a sym param: every layer calls the same kernel
     kernel = _Decode if out_shape[0][1] == 1 else _Prefill
     qkv, kc, vc, kv_len, pt = params
-    body = kernel(qkv, kv_heads, kc, vc, kv_len, pt, out, layer, None if scale is None else float(scale), None if theta is None else float(theta)).body()
+    body = kernel(qkv, kv_heads, kc, vc, kv_len, pt, out, layer, None if scale is None else float(scale), None if theta is None else float(theta), vector_bytes).body()
     buffers = [*params, out]
     func = hand_kernel([*buffers, *free_syms(body, buffers)], body, "opaque")
     return func.replace(attrs=func.attrs.with_(scheduled=True, schedule_rule="paged_attention")), layer  # its loops carry their kinds
@@ -200,8 +214,11 @@ def _c(v: float) -> Scalar:
 class _Kernel:
     """What both kernels share: the buffers, naming, loops and the append of the new keys."""
 
-    def __init__(self, qkv: Buffer, nkv: int, kc: Buffer, vc: Buffer, kv_len: Buffer, pt: Buffer, out: Buffer, layer: SymVar, scale: float | None, theta: float | None) -> None:
+    def __init__(
+        self, qkv: Buffer, nkv: int, kc: Buffer, vc: Buffer, kv_len: Buffer, pt: Buffer, out: Buffer, layer: SymVar, scale: float | None, theta: float | None, vector_bytes: int
+    ) -> None:
         self.qkv, self.kc, self.vc, self.kv_len, self.pt, self.out = qkv, kc, vc, kv_len, pt, out
+        self.vector_bytes = vector_bytes
         self.layer = layer
         self.nb, self.sq, self.nh, self.hd = out.shape
         self.nkv = nkv
@@ -308,12 +325,15 @@ class _Decode(_Kernel):
     """One new token per sequence; see the module docstring."""
 
     def body(self) -> Stmt:
-        self.splits = sym.max_(1, sym.min_(MAX_SPLITS, sym.floordiv(self.width, PAGES_PER_SPLIT)))
+        # splits of a sequence's pages: enough tasks for the threads at small batches, never
+        # fewer than MIN_SPLIT_PAGES pages a split
+        wanted = sym.floordiv(sym.add(TASKS, sym.sub(self.nb, 1)), self.nb)
+        self.splits = sym.max_(1, sym.min_(sym.min_(MAX_SPLITS, sym.floordiv(self.width, MIN_SPLIT_PAGES)), wanted))
         self.per_split = sym.floordiv(sym.add(self.width, sym.sub(self.splits, 1)), self.splits)
-        tasks = sym.mul(sym.mul(self.nb, self.nkv), self.splits)
-        self.pm = Buffer("pa_pm", (tasks, self.group), F32)
-        self.pl = Buffer("pa_pl", (tasks, self.group), F32)
-        self.pacc = Buffer("pa_pacc", (tasks, self.group, self.hd), F32)
+        tasks = sym.mul(self.nb, self.splits)
+        self.pm = Buffer("pa_pm", (tasks, self.nh), F32)
+        self.pl = Buffer("pa_pl", (tasks, self.nh), F32)
+        self.pacc = Buffer("pa_pacc", (tasks, self.nh, self.hd), F32)
         steps = [
             self.append(),
             self.loop("task", tasks, self.task, "parallel"),
@@ -324,97 +344,182 @@ class _Decode(_Kernel):
             body = Allocate(buf, body)
         return body
 
+    def acc_columns(self) -> Dim:
+        """Columns of a kv head's accumulators added in registers at once: as many vectors as
+        keep the group's heads within ``ACC_REGISTERS`` and divide the head dim (the whole
+        head dim where no vector count does)."""
+        lanes = max(1, self.vector_bytes // 4)
+        if isinstance(self.hd, int) and isinstance(self.group, int):
+            for vectors in range(max(1, ACC_REGISTERS // self.group), 0, -1):
+                if self.hd % (lanes * vectors) == 0:
+                    return lanes * vectors
+        return self.hd
+
+    def page_lines(self) -> int | None:
+        """Cache lines of a page's keys (as many again of its values); None if not static."""
+        size = sym.mul(sym.mul(self.nkv, self.hd), self.page)
+        return -(-size * DTYPE_TABLE[self.kc.dtype].itemsize // LINE_BYTES) if isinstance(size, int) else None
+
+    def hint(self, page: Scalar, line: Dim, name: str) -> Stmt:
+        """A prefetch of cache line ``line`` of ``page``'s keys and the same of its values (a
+        page's keys, and its values, are one contiguous block: the line is addressed by its
+        flat offset along the last axis)."""
+        per_line = max(1, LINE_BYTES // DTYPE_TABLE[self.kc.dtype].itemsize)
+        hint = Buffer(name, (1,), F32)
+        stores = [Store(hint, (0,), Intrin("prefetch", (_ld(c, self.layer, page, 0, 0, sym.mul(line, per_line)),), F32)) for c in (self.kc, self.vc)]
+        return Allocate(hint, block(name, seq(stores)))
+
     def task(self, tv: SymVar) -> Stmt:
-        per_seq = sym.mul(self.nkv, self.splits)
-        b = sym.floordiv(tv, per_seq)
-        kh = sym.floormod(sym.floordiv(tv, self.splits), self.nkv)
+        b = sym.floordiv(tv, self.splits)
         sp = sym.floormod(tv, self.splits)
         total = binary("+", self.cached(b), 1)
-        G, HD, P = self.group, self.hd, self.page
-        C = PARTIALS if isinstance(HD, int) and HD % PARTIALS == 0 else 1
-        qs = Buffer("pa_q", (G, HD), F32)
-        s4 = Buffer("pa_s4", (C, G, P), F32)  # partial scores
-        s = Buffer("pa_s", (G, P), F32)
-        m = Buffer("pa_m", (G,), F32)
-        l = Buffer("pa_l", (G,), F32)
+        NH, NKV, G, HD, P, CH = self.nh, self.nkv, self.group, self.hd, self.page, CHUNK_PAGES
+        EC = self.acc_columns()
+        tile = "unrolled" if isinstance(G, int) and G <= MAX_TILE_HEADS else "serial"
+        qs = Buffer("pa_q", (NH, HD), F32)
+        sc = Buffer("pa_sc", (NH, CH * P), F32)  # the chunk's scores, then its probabilities
+        s = Buffer("pa_s", (G, P), F32)  # one page's scores of a kv head's group: a register tile
+        lane = Buffer("pa_lane", (P,), F32)  # lane-wise maxima, then sums
         mx = Buffer("pa_mx", (1,), F32)
-        acc = Buffer("pa_acc", (G, HD), F32)
+        m = Buffer("pa_m", (NH,), F32)
+        l = Buffer("pa_l", (NH,), F32)
+        alpha = Buffer("pa_alpha", (NH,), F32)
+        acc = Buffer("pa_acc", (NH, HD), F32)
+        a = Buffer("pa_a", (G, EC), F32)  # columns of a group's accumulators: a register tile
+        split0 = sym.mul(sp, self.per_split)
 
-        def head(g: Dim) -> Dim:
-            return sym.add(sym.mul(kh, G), g)
+        def seen(pidx: Dim) -> Scalar:
+            """Page ``pidx`` of the table holds a token of the sequence."""
+            return binary("and", binary("<", pidx, self.width), binary("<", sym.mul(pidx, P), total))
 
-        def init(g: SymVar) -> Stmt:
+        def init(h: SymVar) -> Stmt:
             return seq([
-                self.loop("q_d", HD, lambda d: block("pa_q", Store(qs, (g, d), binary("*", self.q_at(b, 0, head(g), d), self.scale))), "vectorized"),
-                Store(m, (g,), _c(-math.inf)),
-                Store(l, (g,), _c(0.0)),
-                self.loop("acc0_e", HD, lambda e: block("pa_acc0", Store(acc, (g, e), _c(0.0))), "vectorized"),
+                self.loop("q_d", HD, lambda d: block("pa_q", Store(qs, (h, d), binary("*", self.q_at(b, 0, h, d), self.scale))), "vectorized"),
+                Store(m, (h,), _c(-math.inf)),
+                Store(l, (h,), _c(0.0)),
+                self.loop("acc0_e", HD, lambda e: block("pa_acc0", Store(acc, (h, e), _c(0.0))), "vectorized"),
             ])
 
-        def page_step(pi: SymVar) -> Stmt:
-            pidx = sym.add(sym.mul(sp, self.per_split), pi)
-            first = sym.mul(pidx, P)
-            visible = binary("and", binary("<", pidx, self.width), binary("<", first, total))
-            page = _i64(_ld(self.pt, b, pidx))
+        def chunk(ci: SymVar) -> Stmt:
+            p0 = sym.add(split0, sym.mul(ci, CH))
+            # the chunk's pages (those past the table's width hold no token: -inf scores, never read)
+            count = sym.min_(CH, sym.sub(self.per_split, sym.mul(ci, CH)))
 
-            def key_row(c: Dim, d: Dim) -> Stmt:
-                """Dim ``d`` of the page's keys into the ``c``-th partial scores of every head."""
-                return self.loop("s_g", G, lambda g: self.loop("s_j", P, lambda j: block("pa_score", Store(s4, (c, g, j), binary("+", _ld(s4, c, g, j), binary("*", _ld(qs, g, d), _f32(_ld(self.kc, self.layer, page, kh, d, j)))))), "vectorized"))
+            def scores(pc: SymVar) -> Stmt:
+                """Page ``p0 + pc``'s scores into ``sc`` (-inf past the last token)."""
+                pidx = sym.add(p0, pc)
+                first = sym.mul(pidx, P)
+                page = _i64(_ld(self.pt, b, pidx))
 
-            def scores(g: SymVar) -> Stmt:
-                def one(j: SymVar) -> Stmt:
-                    total_s: Scalar = _ld(s4, 0, g, j)
-                    for c in range(1, C):
-                        total_s = binary("+", total_s, _ld(s4, c, g, j))
-                    seen = binary("<", sym.add(first, j), total)
-                    return block("pa_mask", Store(s, (g, j), Select(seen, total_s, _c(-math.inf), F32)))
+                lines = self.page_lines()
+                ahead = _i64(_ld(self.pt, b, Select(seen(sym.add(pidx, 1)), sym.add(pidx, 1), pidx, "int64")))
 
-                return self.loop("mask_j", P, one, "vectorized")
+                def group(kh: SymVar) -> Stmt:
+                    def dim(d: SymVar) -> Stmt:
+                        """Dim ``d`` of the group's keys, and a line of the next page hinted:
+                        the page's ``NKV * HD`` steps spread its lines (the page itself again
+                        when it is the last)."""
+                        step = sym.add(sym.mul(kh, HD), d)
+                        hinted = [] if lines is None else [self.hint(ahead, sym.floordiv(sym.mul(step, lines), sym.mul(NKV, HD)), "pa_hint")]
 
-            def for_head(g: SymVar) -> Stmt:
-                def expo(j: SymVar) -> Stmt:
-                    return block("pa_exp", Store(s, (g, j), Intrin("exp", (binary("-", _ld(s, g, j), _ld(mx, 0)),), F32)))
+                        def one(g: SymVar) -> Stmt:
+                            return self.loop("s_j", P, lambda j: block("pa_score", Store(s, (g, j), binary("+", _ld(s, g, j), binary("*", _ld(qs, sym.add(sym.mul(kh, G), g), d), _f32(_ld(self.kc, self.layer, page, kh, d, j)))))), "vectorized")
 
-                alpha = Intrin("exp", (binary("-", _ld(m, g), _ld(mx, 0)),), F32)
+                        return seq([*hinted, self.loop("s_g", G, one, tile)])
+
+                    def put(g: SymVar) -> Stmt:
+                        def one(j: SymVar) -> Stmt:
+                            seen_j = binary("<", sym.add(first, j), total)
+                            return block("pa_mask", Store(sc, (sym.add(sym.mul(kh, G), g), sym.add(sym.mul(pc, P), j)), Select(seen_j, _ld(s, g, j), _c(-math.inf), F32)))
+
+                        return self.loop("put_j", P, one, "vectorized")
+
+                    return seq([
+                        self.loop("s0_g", G, lambda g: self.loop("s0_j", P, lambda j: block("pa_s0", Store(s, (g, j), _c(0.0))), "vectorized"), tile),
+                        self.loop("s_d", HD, dim),
+                        self.loop("put_g", G, put, tile),
+                    ])
+
+                def unseen(h: SymVar) -> Stmt:
+                    return self.loop("inf_j", P, lambda j: block("pa_unseen", Store(sc, (h, sym.add(sym.mul(pc, P), j)), _c(-math.inf))), "vectorized")
+
+                computed = self.loop("s_kh", NKV, group)
+                return IfThenElse(binary("<", first, total), computed, self.loop("inf_h", NH, unseen))
+
+            def softmax(h: SymVar) -> Stmt:
+                """Head ``h``'s running maximum, its accumulators' rescale factor, the chunk's
+                probabilities and their sum; lane-wise first, across the lanes once."""
+
+                def pages(name: str, body: Callable[[Dim], Stmt]) -> Stmt:
+                    return self.loop(f"{name}_pc", count, lambda pc: self.loop(f"{name}_j", P, lambda j: block("pa_" + name, body(sym.add(sym.mul(pc, P), j))), "vectorized"))
+
+                def lanes(name: str, value: float) -> Stmt:
+                    return self.loop(f"{name}_j", P, lambda j: block("pa_" + name, Store(lane, (j,), _c(value))), "vectorized")
+
                 return seq([
-                    Store(mx, (0,), _ld(m, g)),
-                    self.loop("max_j", P, lambda j: Store(mx, (0,), binary("max", _ld(mx, 0), _ld(s, g, j)))),
-                    self.loop("scale_e", HD, lambda e: block("pa_rescale", Store(acc, (g, e), binary("*", _ld(acc, g, e), alpha))), "vectorized"),
-                    Store(l, (g,), binary("*", _ld(l, g), alpha)),
-                    Store(m, (g,), _ld(mx, 0)),
-                    self.loop("exp_j", P, expo, "vectorized"),
-                    self.loop("sum_j", P, lambda j: Store(l, (g,), binary("+", _ld(l, g), _ld(s, g, j)))),
+                    lanes("max0", -math.inf),
+                    pages("max", lambda i: Store(lane, (sym.floormod(i, P),), binary("max", _ld(lane, sym.floormod(i, P)), _ld(sc, h, i)))),
+                    Store(mx, (0,), _ld(m, h)),
+                    self.loop("mx_j", P, lambda j: Store(mx, (0,), binary("max", _ld(mx, 0), _ld(lane, j)))),
+                    Store(alpha, (h,), Intrin("exp", (binary("-", _ld(m, h), _ld(mx, 0)),), F32)),
+                    Store(m, (h,), _ld(mx, 0)),
+                    pages("exp", lambda i: Store(sc, (h, i), Intrin("exp", (binary("-", _ld(sc, h, i), _ld(mx, 0)),), F32))),
+                    lanes("sum0", 0.0),
+                    pages("sum", lambda i: Store(lane, (sym.floormod(i, P),), binary("+", _ld(lane, sym.floormod(i, P)), _ld(sc, h, i)))),
+                    Store(l, (h,), binary("*", _ld(l, h), _ld(alpha, h))),
+                    self.loop("l_j", P, lambda j: Store(l, (h,), binary("+", _ld(l, h), _ld(lane, j)))),
                 ])
 
-            def pv(j: SymVar) -> Stmt:
-                """Value ``j`` of the page into every head's accumulator."""
-                return self.loop("pv_g", G, lambda g: self.loop("pv_e", HD, lambda e: block("pa_pv", Store(acc, (g, e), binary("+", _ld(acc, g, e), binary("*", _ld(s, g, j), _f32(_ld(self.vc, self.layer, page, j, kh, e)))))), "vectorized"))
+            def values(kc: SymVar) -> Stmt:
+                """Columns ``[c * EC, c * EC + EC)`` of kv head ``kh``'s group's accumulators
+                (``kc`` is ``c * NKV + kh``): rescaled, then the chunk's values added in registers."""
+                kh, col = sym.floormod(kc, NKV), sym.mul(sym.floordiv(kc, NKV), EC)
 
-            if C > 1:  # C interleaved partial sums over the dims: independent chains of FMAs
-                dims = self.loop("s_dd", sym.floordiv(HD, C), lambda dd: seq([key_row(c, sym.add(sym.mul(dd, C), c)) for c in range(C)]))
-            else:
-                dims = self.loop("s_d", HD, lambda d: key_row(0, d))
-            return IfThenElse(visible, seq([
-                self.loop("s0_c", C, lambda c: self.loop("s0_g", G, lambda g: self.loop("s0_j", P, lambda j: block("pa_s0", Store(s4, (c, g, j), _c(0.0))), "vectorized"))),
-                dims,
-                self.loop("mask_g", G, scores),
-                self.loop("head", G, for_head),
-                self.loop("pv_j", P, pv),
+                def head(g: Dim) -> Dim:
+                    return sym.add(sym.mul(kh, G), g)
+
+                def page_values(pc: SymVar) -> Stmt:
+                    pidx = sym.add(p0, pc)
+                    page = _i64(_ld(self.pt, b, pidx))
+
+                    def key(j: SymVar) -> Stmt:
+                        def one(g: SymVar) -> Stmt:
+                            p = _ld(sc, head(g), sym.add(sym.mul(pc, P), j))
+                            return self.loop("pv_e", EC, lambda e: block("pa_pv", Store(a, (g, e), binary("+", _ld(a, g, e), binary("*", p, _f32(_ld(self.vc, self.layer, page, j, kh, sym.add(col, e))))))), "vectorized")
+
+                        return self.loop("pv_g", G, one, tile)
+
+                    return IfThenElse(binary("<", sym.mul(pidx, P), total), self.loop("pv_j", P, key))
+
+                return seq([
+                    self.loop("a0_g", G, lambda g: self.loop("a0_e", EC, lambda e: block("pa_a0", Store(a, (g, e), binary("*", _ld(acc, head(g), sym.add(col, e)), _ld(alpha, head(g))))), "vectorized"), tile),
+                    self.loop("pv_pc", count, page_values),
+                    self.loop("a1_g", G, lambda g: self.loop("a1_e", EC, lambda e: block("pa_a1", Store(acc, (head(g), sym.add(col, e)), _ld(a, g, e))), "vectorized"), tile),
+                ])
+
+            return IfThenElse(binary("<", sym.mul(p0, P), total), seq([
+                self.loop("sc_pc", count, scores),
+                self.loop("sm_h", NH, softmax),
+                self.loop("pv_kc", sym.mul(sym.floordiv(HD, EC), NKV), values),
             ]))
 
-        def save(g: SymVar) -> Stmt:
+        def save(h: SymVar) -> Stmt:
             return seq([
-                Store(self.pm, (tv, g), _ld(m, g)),
-                Store(self.pl, (tv, g), _ld(l, g)),
-                self.loop("save_e", HD, lambda e: block("pa_save", Store(self.pacc, (tv, g, e), _ld(acc, g, e))), "vectorized"),
+                Store(self.pm, (tv, h), _ld(m, h)),
+                Store(self.pl, (tv, h), _ld(l, h)),
+                self.loop("save_e", HD, lambda e: block("pa_save", Store(self.pacc, (tv, h, e), _ld(acc, h, e))), "vectorized"),
             ])
 
+        chunks = sym.floordiv(sym.add(self.per_split, CH - 1), CH)
+        lines = self.page_lines()
+        first_page = [] if lines is None else [IfThenElse(seen(split0), self.loop("pf_line", lines, lambda ln: self.hint(_i64(_ld(self.pt, b, split0)), ln, "pa_hint0"), "unrolled"))]
         body: Stmt = seq([
-            self.loop("init", G, init),
-            self.loop("page", self.per_split, page_step),
-            self.loop("save", G, save),
+            *first_page,
+            self.loop("init", NH, init),
+            self.loop("chunk", chunks, chunk),
+            self.loop("save", NH, save),
         ])
-        for buf in (acc, mx, l, m, s, s4, qs):
+        for buf in (a, acc, alpha, l, m, mx, lane, s, sc, qs):
             body = Allocate(buf, body)
         return body
 
@@ -427,22 +532,23 @@ class _Decode(_Kernel):
         o = Buffer("pa_o", (HD,), F32)
 
         def task_of(sp: Dim) -> Dim:
-            return sym.add(sym.mul(bk, self.splits), sp)
+            return sym.add(sym.mul(b, self.splits), sp)
 
         def for_head(g: SymVar) -> Stmt:
+            h = sym.add(sym.mul(kh, G), g)
+
             def weight(sp: SymVar) -> Stmt:
-                pm = _ld(self.pm, task_of(sp), g)
+                pm = _ld(self.pm, task_of(sp), h)
                 wt = Select(binary("==", pm, _c(-math.inf)), _c(0.0), Intrin("exp", (binary("-", pm, _ld(mm, 0)),), F32), F32)
-                return seq([Store(w, (sp,), wt), Store(ll, (0,), binary("+", _ld(ll, 0), binary("*", wt, _ld(self.pl, task_of(sp), g))))])
+                return seq([Store(w, (sp,), wt), Store(ll, (0,), binary("+", _ld(ll, 0), binary("*", wt, _ld(self.pl, task_of(sp), h))))])
 
             def add(sp: SymVar) -> Stmt:
-                return self.loop("mo_e", HD, lambda e: block("pa_merge", Store(o, (e,), binary("+", _ld(o, e), binary("*", _ld(w, sp), _ld(self.pacc, task_of(sp), g, e))))), "vectorized")
+                return self.loop("mo_e", HD, lambda e: block("pa_merge", Store(o, (e,), binary("+", _ld(o, e), binary("*", _ld(w, sp), _ld(self.pacc, task_of(sp), h, e))))), "vectorized")
 
             inv = Select(binary(">", _ld(ll, 0), _c(0.0)), binary("/", _c(1.0), _ld(ll, 0)), _c(0.0), F32)
-            h = sym.add(sym.mul(kh, G), g)
             return seq([
                 Store(mm, (0,), _c(-math.inf)),
-                self.loop("mm_sp", self.splits, lambda sp: Store(mm, (0,), binary("max", _ld(mm, 0), _ld(self.pm, task_of(sp), g)))),
+                self.loop("mm_sp", self.splits, lambda sp: Store(mm, (0,), binary("max", _ld(mm, 0), _ld(self.pm, task_of(sp), h)))),
                 Store(ll, (0,), _c(0.0)),
                 self.loop("w_sp", self.splits, weight),
                 self.loop("o0_e", HD, lambda e: block("pa_o0", Store(o, (e,), _c(0.0))), "vectorized"),
@@ -578,4 +684,4 @@ class _Prefill(_Kernel):
         return body
 
 
-__all__ = ["paged_attention", "KV_DTYPES", "LANES", "MAX_SPLITS", "PAGES_PER_SPLIT"]
+__all__ = ["paged_attention", "KV_DTYPES", "LANES", "MAX_SPLITS", "MIN_SPLIT_PAGES"]
