@@ -46,8 +46,9 @@ Two kernels:
   summed over the head dim), then one online-softmax update per head over the whole chunk
   (lane-wise maxima and sums, across the lanes once), then the values added into register
   tiles of ``ACC_REGISTERS`` accumulator vectors (columns of a group's accumulators, rescaled
-  as they are loaded). Each step of a page's scores hints one cache line of the next page
-  (keys and values), so the page's lines are on their way before it is read.
+  as they are loaded). Each step of a page's scores hints a cache line of the next page (keys
+  and values), so the page's lines are on their way before it is read. A sequence's queries
+  are turned and scaled once, beside its new key, for all its splits.
 - **prefill**: tasks over (sequence, kv head, block of ``LANES`` query rows, rows being tokens
   times the heads of the group), the rows as lanes, keys a page at a time, skipping pages no row
   of the block sees.
@@ -92,7 +93,8 @@ MAX_SPLITS = 16  # decode: most tasks one sequence's pages are split into
 MIN_SPLIT_PAGES = 4  # decode: a split covers at least this many pages
 TASKS = 32  # decode: splits are added while a step has fewer tasks than this (threads to feed)
 CHUNK_PAGES = 16  # decode: pages whose scores a task holds at once (one softmax update each)
-ACC_REGISTERS = 12  # decode: vector registers of accumulators the value step keeps
+ACC_REGISTERS = 12  # decode: vector registers of accumulators a register tile keeps
+PARTIALS = 2  # decode: partial sums of a key's score (independent chains) where they fit
 MAX_TILE_HEADS = 6  # decode: a group of more heads than this is not unrolled into registers
 VECTOR_BYTES = 64  # the target's vector registers when the caller does not say (sizes tiles only)
 LINE_BYTES = 64  # a cache line: the stride of the prefetch hints
@@ -294,8 +296,9 @@ class _Kernel:
         """``body`` with the angle table allocated around it (when the op rotates)."""
         return body if self.theta is None else Allocate(self.trig, body)
 
-    def append(self) -> Stmt:
-        """Every new token's key and value into its page slot."""
+    def append(self, queries: Callable[[Dim, Dim], Stmt] | None = None) -> Stmt:
+        """Every new token's key and value into its page slot (and ``queries(b, t)`` after
+        them, where given: the token's angles are at hand)."""
 
         def token(bt: SymVar) -> Stmt:
             b, t = sym.floordiv(bt, self.sq), sym.floormod(bt, self.sq)
@@ -315,8 +318,8 @@ class _Kernel:
 
                 return self.loop("append_d", self.hd, dim, "vectorized")
 
-            heads = self.loop("append_h", self.nkv, put)
-            return heads if self.theta is None else seq([self.angles(b, t), heads])
+            steps = [self.loop("append_h", self.nkv, put)] + ([] if queries is None else [queries(b, t)])
+            return seq(steps if self.theta is None else [self.angles(b, t), *steps])
 
         return self.loop("append_bt", sym.mul(self.nb, self.sq), token, "parallel")
 
@@ -334,15 +337,25 @@ class _Decode(_Kernel):
         self.pm = Buffer("pa_pm", (tasks, self.nh), F32)
         self.pl = Buffer("pa_pl", (tasks, self.nh), F32)
         self.pacc = Buffer("pa_pacc", (tasks, self.nh, self.hd), F32)
+        self.qr = Buffer("pa_qr", (self.nb, self.nh, self.hd), F32)  # queries turned and scaled, once a sequence
         steps = [
-            self.append(),
+            self.append(self.queries),
             self.loop("task", tasks, self.task, "parallel"),
             self.loop("merge", sym.mul(self.nb, self.nkv), self.merge, "parallel"),
         ]
         body: Stmt = self.with_trig(seq(steps))
-        for buf in (self.pacc, self.pl, self.pm):
+        for buf in (self.qr, self.pacc, self.pl, self.pm):
             body = Allocate(buf, body)
         return body
+
+    def queries(self, b: Dim, t: Dim) -> Stmt:
+        """Sequence ``b``'s query heads turned and scaled into ``qr`` (the splits of a sequence
+        all read them)."""
+
+        def head(h: SymVar) -> Stmt:
+            return self.loop("q_d", self.hd, lambda d: block("pa_q", Store(self.qr, (b, h, d), binary("*", self.q_at(b, t, h, d), self.scale))), "vectorized")
+
+        return self.loop("q_h", self.nh, head)
 
     def acc_columns(self) -> Dim:
         """Columns of a kv head's accumulators added in registers at once: as many vectors as
@@ -354,6 +367,16 @@ class _Decode(_Kernel):
                 if self.hd % (lanes * vectors) == 0:
                     return lanes * vectors
         return self.hd
+
+    def partials(self) -> int:
+        """Partial scores a key's sum over the head dim is split into (``PARTIALS`` independent
+        chains of multiply-adds where their register tiles fit ``ACC_REGISTERS``, else one)."""
+        lanes = max(1, self.vector_bytes // 4)
+        hd, group, page = self.hd, self.group, self.page
+        if not (isinstance(hd, int) and isinstance(group, int) and isinstance(page, int)):
+            return 1
+        tile = group * -(-page // lanes)
+        return PARTIALS if hd % PARTIALS == 0 and PARTIALS * tile <= ACC_REGISTERS else 1
 
     def page_lines(self) -> int | None:
         """Cache lines of a page's keys (as many again of its values); None if not static."""
@@ -376,9 +399,9 @@ class _Decode(_Kernel):
         NH, NKV, G, HD, P, CH = self.nh, self.nkv, self.group, self.hd, self.page, CHUNK_PAGES
         EC = self.acc_columns()
         tile = "unrolled" if isinstance(G, int) and G <= MAX_TILE_HEADS else "serial"
-        qs = Buffer("pa_q", (NH, HD), F32)
         sc = Buffer("pa_sc", (NH, CH * P), F32)  # the chunk's scores, then its probabilities
-        s = Buffer("pa_s", (G, P), F32)  # one page's scores of a kv head's group: a register tile
+        C = self.partials()
+        s = Buffer("pa_s", (C, G, P), F32)  # one page's partial scores of a kv head's group: a register tile
         lane = Buffer("pa_lane", (P,), F32)  # lane-wise maxima, then sums
         mx = Buffer("pa_mx", (1,), F32)
         m = Buffer("pa_m", (NH,), F32)
@@ -386,6 +409,7 @@ class _Decode(_Kernel):
         alpha = Buffer("pa_alpha", (NH,), F32)
         acc = Buffer("pa_acc", (NH, HD), F32)
         a = Buffer("pa_a", (G, EC), F32)  # columns of a group's accumulators: a register tile
+        nxt = Buffer("pa_next", (1,), "int64")
         split0 = sym.mul(sp, self.per_split)
 
         def seen(pidx: Dim) -> Scalar:
@@ -394,7 +418,6 @@ class _Decode(_Kernel):
 
         def init(h: SymVar) -> Stmt:
             return seq([
-                self.loop("q_d", HD, lambda d: block("pa_q", Store(qs, (h, d), binary("*", self.q_at(b, 0, h, d), self.scale))), "vectorized"),
                 Store(m, (h,), _c(-math.inf)),
                 Store(l, (h,), _c(0.0)),
                 self.loop("acc0_e", HD, lambda e: block("pa_acc0", Store(acc, (h, e), _c(0.0))), "vectorized"),
@@ -412,38 +435,50 @@ class _Decode(_Kernel):
                 page = _i64(_ld(self.pt, b, pidx))
 
                 lines = self.page_lines()
-                ahead = _i64(_ld(self.pt, b, Select(seen(sym.add(pidx, 1)), sym.add(pidx, 1), pidx, "int64")))
+                steps = sym.mul(NKV, sym.floordiv(HD, C))  # static where lines is
+                per_step = -(-lines // steps) if lines is not None and isinstance(steps, int) else 0  # hints a step
+                ahead = _ld(nxt, 0)  # the next page's pool index, looked up once a page
 
                 def group(kh: SymVar) -> Stmt:
-                    def dim(d: SymVar) -> Stmt:
-                        """Dim ``d`` of the group's keys, and a line of the next page hinted:
-                        the page's ``NKV * HD`` steps spread its lines (the page itself again
-                        when it is the last)."""
-                        step = sym.add(sym.mul(kh, HD), d)
-                        hinted = [] if lines is None else [self.hint(ahead, sym.floordiv(sym.mul(step, lines), sym.mul(NKV, HD)), "pa_hint")]
+                    def dims(dd: SymVar) -> Stmt:
+                        """Dims ``dd * C .. dd * C + C - 1`` of the group's keys into the ``C``
+                        partial scores, and lines of the next page hinted: the page's
+                        ``NKV * HD / C`` steps spread its lines (the page itself again when it is
+                        the last)."""
+                        step = sym.add(sym.mul(kh, sym.floordiv(HD, C)), dd)
+                        hinted = [self.hint(ahead, sym.min_(sym.add(sym.mul(step, per_step), r), (lines or 1) - 1), "pa_hint") for r in range(per_step)]
 
-                        def one(g: SymVar) -> Stmt:
-                            return self.loop("s_j", P, lambda j: block("pa_score", Store(s, (g, j), binary("+", _ld(s, g, j), binary("*", _ld(qs, sym.add(sym.mul(kh, G), g), d), _f32(_ld(self.kc, self.layer, page, kh, d, j)))))), "vectorized")
+                        def part(c: int) -> Stmt:
+                            d = sym.add(sym.mul(dd, C), c)
 
-                        return seq([*hinted, self.loop("s_g", G, one, tile)])
+                            def one(g: SymVar) -> Stmt:
+                                q = _ld(self.qr, b, sym.add(sym.mul(kh, G), g), d)
+                                return self.loop("s_j", P, lambda j: block("pa_score", Store(s, (c, g, j), binary("+", _ld(s, c, g, j), binary("*", q, _f32(_ld(self.kc, self.layer, page, kh, d, j)))))), "vectorized")
+
+                            return self.loop("s_g", G, one, tile)
+
+                        return seq([*hinted, *(part(c) for c in range(C))])
 
                     def put(g: SymVar) -> Stmt:
                         def one(j: SymVar) -> Stmt:
                             seen_j = binary("<", sym.add(first, j), total)
-                            return block("pa_mask", Store(sc, (sym.add(sym.mul(kh, G), g), sym.add(sym.mul(pc, P), j)), Select(seen_j, _ld(s, g, j), _c(-math.inf), F32)))
+                            score: Scalar = _ld(s, 0, g, j)
+                            for c in range(1, C):
+                                score = binary("+", score, _ld(s, c, g, j))
+                            return block("pa_mask", Store(sc, (sym.add(sym.mul(kh, G), g), sym.add(sym.mul(pc, P), j)), Select(seen_j, score, _c(-math.inf), F32)))
 
                         return self.loop("put_j", P, one, "vectorized")
 
-                    return seq([
-                        self.loop("s0_g", G, lambda g: self.loop("s0_j", P, lambda j: block("pa_s0", Store(s, (g, j), _c(0.0))), "vectorized"), tile),
-                        self.loop("s_d", HD, dim),
-                        self.loop("put_g", G, put, tile),
-                    ])
+                    zero = self.loop("s0_g", sym.mul(C, G), lambda cg: self.loop("s0_j", P, lambda j: block("pa_s0", Store(s, (sym.floordiv(cg, G), sym.floormod(cg, G), j), _c(0.0))), "vectorized"), tile)
+                    return seq([zero, self.loop("s_dd", sym.floordiv(HD, C), dims), self.loop("put_g", G, put, tile)])
 
                 def unseen(h: SymVar) -> Stmt:
                     return self.loop("inf_j", P, lambda j: block("pa_unseen", Store(sc, (h, sym.add(sym.mul(pc, P), j)), _c(-math.inf))), "vectorized")
 
-                computed = self.loop("s_kh", NKV, group)
+                computed = seq([
+                    Store(nxt, (0,), _i64(_ld(self.pt, b, Select(seen(sym.add(pidx, 1)), sym.add(pidx, 1), pidx, "int64")))),
+                    self.loop("s_kh", NKV, group),
+                ])
                 return IfThenElse(binary("<", first, total), computed, self.loop("inf_h", NH, unseen))
 
             def softmax(h: SymVar) -> Stmt:
@@ -519,7 +554,7 @@ class _Decode(_Kernel):
             self.loop("chunk", chunks, chunk),
             self.loop("save", NH, save),
         ])
-        for buf in (a, acc, alpha, l, m, mx, lane, s, sc, qs):
+        for buf in (nxt, a, acc, alpha, l, m, mx, lane, s, sc):
             body = Allocate(buf, body)
         return body
 
