@@ -166,26 +166,23 @@ def _infer_quant_linear(call: Call, ctx: InferCtx) -> StructInfo:
 
 def _half(lo: Scalar, hi: Scalar) -> Scalar:
     """The float32 value of the IEEE half whose little-endian bytes are ``lo``, ``hi`` (uint8
-    loads); finite values only (weights and scales are)."""
+    loads); finite values only (weights and scales are): a normal half's exponent and mantissa
+    moved into a float32's bits, a subnormal one scaled."""
     h = te.cast(lo, "int32") + te.cast(hi, "int32") * 256
     sign = te.if_then_else(te.ge(h, 32768), -1.0, 1.0)
     e = (h // 1024) % 32
-    mant = te.cast(h % 1024, "float32")
-    normal = (1.0 + mant / 1024.0) * te.power(2.0, te.cast(e - 15, "float32"))
-    sub = mant * (1.0 / 16777216.0)
+    mant = h % 1024
+    normal = te.bitcast((e + 112) * 8388608 + mant * 8192, "float32")  # (e - 15 + 127) << 23 | mant << 13
+    sub = te.cast(mant, "float32") * (1.0 / 16777216.0)
     return sign * te.if_then_else(te.eq(e, 0), sub, normal)
 
 
 def _bf16(lo: Scalar, hi: Scalar) -> Scalar:
     """The float32 value of the bfloat16 with little-endian bytes ``lo``, ``hi``: the upper half
-    of a float32, decoded arithmetically like ``_half``."""
+    of a float32's bits (the sign applied apart, so that the bits fit an int32)."""
     h = te.cast(lo, "int32") + te.cast(hi, "int32") * 256
     sign = te.if_then_else(te.ge(h, 32768), -1.0, 1.0)
-    e = (h // 128) % 256
-    mant = te.cast(h % 128, "float32")
-    normal = (1.0 + mant / 128.0) * te.power(2.0, te.cast(e - 127, "float32"))
-    sub = mant * te.power(2.0, -133.0)
-    return sign * te.if_then_else(te.eq(e, 0), sub, normal)
+    return sign * te.bitcast((h % 32768) * 65536, "float32")
 
 
 def _weight(w: te.Tensor, name: str, n: Scalar, kk: Scalar) -> Scalar:
