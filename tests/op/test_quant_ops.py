@@ -52,12 +52,8 @@ def test_quant_linear(target: str, fmt: str) -> None:
         np.testing.assert_allclose(vm["main"](x, blocks), x @ weights.T, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("target", ["cpu", "interp"])
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_1", "bf16"])
-def test_quant_take(target: str, fmt: str) -> None:
-    rows = 11
-    blocks, weights = _blocks(fmt, rows, K, seed=1)
-    n = tw.dim("n", max=32)
+def _take_vm(fmt: str, rows: int, target: str) -> tw.VM:
+    n = tw.dim("n", max=max(64, rows))
     table = Var("table", TensorInfo((rows, quant_format(fmt).row_bytes(K)), "uint8"))
     ids = Var("ids", TensorInfo((n,), "int32"))
     bb = BlockBuilder()
@@ -65,10 +61,46 @@ def test_quant_take(target: str, fmt: str) -> None:
         with bb.dataflow():
             out = bb.emit_output(op.quant_take(table, ids, fmt, K))
         bb.emit_func_output(out)
-    vm = tw.VM(tw.build(bb.get(), target=target))
-    for pick in ([0], [10, 3, 3, 0, -1], list(range(rows))):
+    return tw.VM(tw.build(bb.get(), target=target))
+
+
+@pytest.mark.parametrize("target", ["cpu", "interp"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_1", "bf16", "q8_0x16", "q4_1x16"])
+def test_quant_take(target: str, fmt: str) -> None:
+    """Rows of a table (an interleaved one: rows of any lane of two groups) decode exactly."""
+    rows = 2 * GROUP if fmt in INTERLEAVED_FORMATS else 11
+    blocks, weights = _blocks(fmt, rows, K, seed=1)
+    vm = _take_vm(fmt, rows, target)
+    for pick in ([0], [rows - 1, 3, 3, 0, -1, 17 % rows], list(range(rows))):
         got = vm["main"](blocks, np.array(pick, np.int32))
         np.testing.assert_array_equal(got, weights[pick])
+
+
+@pytest.mark.parametrize("target", ["cpu", "interp"])
+def test_half_and_bfloat16_decode_every_finite_value(target: str) -> None:
+    """Every finite half as a q8_0 scale (times 1 and -1: subnormals, zeros of both signs, the
+    largest) and every finite bfloat16 as a weight decode to the float32 NumPy gives them (the
+    interpreter: the edges and every 61st)."""
+    every = np.arange(65536, dtype=np.uint32)
+    if target == "interp":
+        edges = [0x0000, 0x8000, 0x0001, 0x8001, 0x03FF, 0x83FF, 0x0400, 0x8400, 0x3C00, 0xBC00, 0x7BFF, 0xFBFF, 0x007F, 0x0080, 0x7F7F, 0xFF7F]
+        every = np.unique(np.concatenate([every[::61], np.array(edges, np.uint32)]))
+    halves = every.astype(np.uint16)
+    halves = halves[np.isfinite(halves.view(np.float16))]
+    rows = -(-len(halves) // 2)  # K / 32 = 2 blocks a row: one scale each
+    blocks = np.zeros((rows, 2, 34), np.uint8)
+    scales = np.resize(halves, rows * 2).reshape(rows, 2)
+    blocks[:, :, 0:2] = scales.view(np.uint8).reshape(rows, 2, 2)
+    blocks[:, :, 2:34] = np.tile(np.array([1, 255] * 16, np.uint8), (rows, 2, 1))  # q = 1, -1, ...
+    got = _take_vm("q8_0", rows, target)["main"](blocks.reshape(rows, 68), np.arange(rows, dtype=np.int32))
+    want = np.repeat(scales.view(np.float16).astype(np.float32), 32, axis=1) * np.tile(np.array([1.0, -1.0], np.float32), (rows, K // 2))
+    np.testing.assert_array_equal(got, want)
+    bf = every.astype(np.uint16)
+    bf = bf[np.isfinite((bf.astype(np.uint32) << 16).view(np.float32))]
+    rows = -(-len(bf) // K)
+    table = np.resize(bf, rows * K).reshape(rows, K)
+    got = _take_vm("bf16", rows, target)["main"](table.view(np.uint8), np.arange(rows, dtype=np.int32))
+    np.testing.assert_array_equal(got, (table.astype(np.uint32) << 16).view(np.float32))
 
 
 def test_shapes_and_formats_are_checked() -> None:
