@@ -98,6 +98,50 @@ def test_explain_reports_the_measured_error_against_fp32() -> None:
     assert "measured against fp32 on inputs (7, 19)" in text and f"{err['max_abs']:.3e}" in text
 
 
+def _onnx_mlp(path: Path) -> tuple[Path, list[np.ndarray]]:
+    """x [n, 19] -> MatMul 19x41 + b -> Relu -> MatMul 41x19 + b: ONNX's linears, [in, out]
+    weights as initializers."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    w1, b1, w2, b2 = (rng.standard_normal(s).astype(np.float32) for s in ((19, 41), (41,), (41, 19), (19,)))
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"]),
+        helper.make_node("Add", ["h", "b1"], ["hb"]),
+        helper.make_node("Relu", ["hb"], ["r"]),
+        helper.make_node("MatMul", ["r", "w2"], ["o"]),
+        helper.make_node("Add", ["o", "b2"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(a, n) for n, a in (("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2))]
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 19])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 19])], inits)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+    return path, [w1, b1, w2, b2]
+
+
+@pytest.mark.parametrize("weights", ["inputs", "constants"])
+def test_onnx_matmul_weights_within_the_bf16_bound(tmp_path: Path, weights: str) -> None:
+    """An ONNX MatMul with an initializer ([in, out]) is a linear too: its weight transposed to
+    bf16 rows (a weight param converted as the model's weights are passed), each output within
+    the bound of its float32 value."""
+    path, (w1, b1, w2, b2) = _onnx_mlp(tmp_path / "mlp.onnx")
+    cm = tilework.compile(str(path), dim_bounds={"n": (1, 32)}, weights=weights, precision="bf16")
+    assert "quant_linear x2" in cm.explain() and cm.report["precision"]["linears"] == 2
+
+    def bound_check(x: np.ndarray, w: np.ndarray, b: np.ndarray, got: np.ndarray) -> None:
+        xd, wd = x.astype(np.float64), w.astype(np.float64)
+        absprod = np.abs(xd) @ np.abs(wd)
+        assert np.all(np.abs(got - (xd @ wd + b)) <= BF16_UNIT * absprod + F32_SLACK * (absprod + np.abs(b)))
+
+    for n in (1, 5, 17):
+        x = np.random.default_rng(n).standard_normal((n, 19)).astype(np.float32)
+        got = np.asarray(cm(x), np.float64)
+        h = np.maximum(x.astype(np.float64) @ bf16_values(bf16_rows(w1.T)).T.astype(np.float64) + b1, 0)  # the hidden layer as bf16 computes it
+        bound_check(h.astype(np.float32), w2, b2, got)
+
+
 def test_unknown_precision_is_refused() -> None:
     with pytest.raises(UnsupportedError, match="precision"):
         tilework.compile(_Linear(4, 4, True), (torch.randn(2, 4),), precision="fp16")
@@ -144,6 +188,10 @@ def test_cli_build_with_precision_bf16(tmp_path: Path, capsys: pytest.CaptureFix
         want = m(x).numpy()
     got = cm(x.numpy())
     assert 0 < np.abs(got - want).max() <= 1e-2 * np.abs(want).max()
+    path, _ = _onnx_mlp(tmp_path / "mlp.onnx")
+    assert main(["build", str(path), "-o", str(tmp_path / "onnx.tw"), "--dim", "n<=16", "--precision", "bf16"]) == 0
+    assert "precision bf16 (2 linear(s))" in capsys.readouterr().out
+    assert "precision: bf16 weights for 2 linear(s)" in CompiledModel.load(str(tmp_path / "onnx.tw")).explain()
     (tmp_path / "m.txt").write_text("")
     assert main(["build", str(tmp_path / "m.txt"), "-o", str(tmp_path / "x.tw"), "--precision", "bf16"]) == 2
-    assert "--precision bf16 applies to .pt2 models only" in capsys.readouterr().err
+    assert "--precision bf16 applies to .pt2 and .onnx models only" in capsys.readouterr().err

@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--backends", metavar="LIST", help="backends in priority order, e.g. blas,torch,codegen: each op goes to the first that can run it, the rest to tilework's kernels (see docs/backends.md)")
     b.add_argument("--target", default="cpu", help="the kernel target: cpu (C + OpenMP, default) or interp (the NumPy reference interpreter: slow, needs no compiler)")
     b.add_argument("--pipeline", choices=("default", "O0"), default="default", help="the pass pipeline: default, or O0 (no graph passes, fusion or memory planning)")
-    b.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="(.pt2) bf16: linear weights stored as bfloat16, products accumulated in float32 (tilework.compile's precision)")
+    b.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="(.pt2, .onnx) bf16: linear weights stored as bfloat16, products accumulated in float32 (tilework.compile's precision)")
     from tilework.cli import placement
 
     placement.add_build_args(b)
@@ -221,7 +221,7 @@ def _build(args: argparse.Namespace) -> int:
     if args.dim:
         raise TileworkError("--dim applies to .pt2 and .onnx models only; a module in the text format declares its dims itself")
     if getattr(args, "precision", "fp32") != "fp32":
-        raise TileworkError("--precision bf16 applies to .pt2 models only (compiled through tilework.compile)")
+        raise TileworkError("--precision bf16 applies to .pt2 and .onnx models only (compiled through tilework.compile)")
     mod = inputs.read_text_module(args.ir_file)
     t0 = time.perf_counter()
     exe = tilework.build(mod, target=args.target, backends=args.backends, pipeline=args.pipeline, **placement_build_options(args))
@@ -258,10 +258,17 @@ def _build_onnx(args: argparse.Namespace) -> int:
 
     if not os.path.exists(args.ir_file):
         raise TileworkError(f"no such file: {args.ir_file}")
-    if getattr(args, "precision", "fp32") != "fp32":
-        raise TileworkError("--precision bf16 applies to .pt2 models only (compiled through tilework.compile)")
     bounds = inputs.onnx_dim_bounds(args.dim)
     t0 = time.perf_counter()
+    if getattr(args, "precision", "fp32") != "fp32":  # through tilework.compile, which applies it
+        from tilework.compiled import compile as compile_model
+
+        opts = placement_build_options(args)
+        cm = compile_model(args.ir_file, backends=args.backends, dim_bounds=bounds, weights="constants", opt_level=0 if args.pipeline == "O0" else 1, target=args.target, placement=opts.get("placement"), precision=args.precision, **(opts.get("placement_options") or {}))
+        cm.save(args.output)
+        stats = cm.executable.stats()
+        print(f"built {args.output}: {stats['kernels']} kernel(s), {stats['instructions']} instructions, precision {args.precision} ({cm.report['precision'].get('linears', 0)} linear(s)), in {time.perf_counter() - t0:.2f} s")
+        return 0
     mod = from_onnx(args.ir_file, dim_bounds=bounds)
     exe = tilework.build(mod, target=args.target, backends=args.backends, pipeline=args.pipeline, **placement_build_options(args))
     exe.save(args.output)

@@ -3,14 +3,16 @@
 A ``linear(x, w[, b])`` (torch's ``[out, in]`` weight) whose ``x``, ``w`` and result are
 float32 and whose weight is a constant becomes ``quant_linear(x, wq, "bf16", in)`` (``+ b``),
 ``wq`` the weight rounded to bfloat16 (to nearest, ties to even: ``bf16_rows``) as
-``uint8[out, 2 * in]``. The ``quant`` backend runs that op (weights decoded exactly in
+``uint8[out, 2 * in]``; so does a ``matmul(x, w)`` with a constant ``[in, out]`` weight (ONNX's
+MatMul with an initializer), its weight transposed as it is converted. The ``quant`` backend runs that op (weights decoded exactly in
 registers, float32 multiply-adds and sums); so the only rounding added is that of the weights,
 each by less than a relative ``2**-8``: per output ``|y - y32| <= 2**-8 * sum_k |x_k w_k|`` plus
 float32 rounding (``BF16_UNIT``).
 
 With ``params=True`` the same holds for trailing weight params of ``main`` (after
 ``num_inputs``) that are read only as such linear weights: they become ``uint8[out, 2 * in]``
-and their indices are recorded in ``main``'s attr ``bf16_weights``; whoever passes the weights
+and their indices are recorded in ``main``'s attr ``bf16_weights`` (``bf16_weights_t``: read
+as ``matmul`` weights, transposed when converted); whoever passes the weights
 (``tilework.compile``) converts them once (``convert_weights``). Run before
 ``layout_weights``, which then leaves these linears alone.
 
@@ -36,6 +38,7 @@ from tilework.transform.rewrite_driver import Rule, apply_rules
 from tilework.transform.weight_params import retype_weight_params, weight_params
 
 ATTR = "bf16_weights"
+ATTR_T = "bf16_weights_t"  # weight params of matmuls: [in, out], transposed when converted
 BF16_UNIT = 2.0**-8  # the unit roundoff of bfloat16 (8 significant bits), round to nearest
 
 
@@ -46,6 +49,14 @@ def _weight_ok(e: Expr) -> bool:
 
 def _is_linear(e: Expr) -> bool:
     return isinstance(e, Call) and isinstance(e.callee, OpRef) and e.callee.name == "linear" and len(e.args) in (2, 3)
+
+
+def _is_matmul(e: Expr) -> bool:
+    """A ``matmul(x, w)`` whose ``x`` has a known rank of at least 1 (``w`` 2-D: as a linear)."""
+    if not (isinstance(e, Call) and isinstance(e.callee, OpRef) and e.callee.name == "matmul" and len(e.args) == 2):
+        return False
+    x = e.args[0].info
+    return isinstance(x, TensorInfo) and x.ndim >= 1
 
 
 def _rewritable(call: Call) -> bool:
@@ -59,46 +70,56 @@ def _weight_params(f: GraphFunc) -> list[int]:
     return weight_params(f, _weight_ok, lambda c: _is_linear(c) and _rewritable(c))
 
 
+def _matmul_params(f: GraphFunc) -> list[int]:
+    """The same for the weights of rewritable matmuls."""
+    return weight_params(f, _weight_ok, lambda c: _is_matmul(c) and _rewritable(c))
+
+
 class _Convert:
     """The rewrite of one module: each constant is converted once."""
 
     def __init__(self, params: dict[Var, Var]) -> None:
-        self.params = params  # old weight param -> the bf16 param
-        self.constants: dict[int, Constant] = {}
+        self.params = params  # old weight param -> the bf16 param (a matmul's: transposed)
+        self.constants: dict[tuple[int, bool], Constant] = {}
         self.count = 0
 
-    def weight(self, w: Expr, m: Match) -> Expr | None:
+    def weight(self, w: Expr, m: Match, transposed: bool) -> Expr | None:
+        """The bf16 rows of weight ``w`` (``[out, in]``; ``transposed``: ``w`` is ``[in, out]``)."""
         if isinstance(w, Var) and w in self.params:
             return self.params[w]
         c = m.ctx.resolve(w) if isinstance(w, Var) else w
         if not isinstance(c, Constant) or not _weight_ok(c):
             return None
-        done = self.constants.get(id(c))
+        done = self.constants.get((id(c), transposed))
         if done is None:
-            data = bf16_rows(np.asarray(c.data))
+            data = np.asarray(c.data)
+            data = bf16_rows(data.T if transposed else data)
             done = Constant(data, TensorInfo(tuple(int(d) for d in data.shape), "uint8"), f"{c.name}.bf16" if c.name else "")
-            self.constants[id(c)] = done
+            self.constants[(id(c), transposed)] = done
         return done
 
     def rewrite(self, value: Expr, m: Match) -> Expr | None:
         assert isinstance(value, Call)
-        if not _rewritable(value):
+        matmul = _is_matmul(value)
+        if not (matmul or _is_linear(value)) or not _rewritable(value):
             return None
-        wq = self.weight(value.args[1], m)
+        wq = self.weight(value.args[1], m, matmul)
         if wq is None:
             return None
         w = value.args[1].info
-        assert isinstance(w, TensorInfo) and w.shape is not None and isinstance(w.shape[1], int)
+        assert isinstance(w, TensorInfo) and w.shape is not None and isinstance(w.shape[0], int) and isinstance(w.shape[1], int)
         self.count += 1
-        y: Expr = quant_linear(value.args[0], wq, "bf16", w.shape[1])
+        y: Expr = quant_linear(value.args[0], wq, "bf16", w.shape[0] if matmul else w.shape[1])
         if len(value.args) == 3:
             y = make_call("add", [y, value.args[2]])
         return y
 
 
-def bf16_params(f: GraphFunc) -> tuple[int, ...]:
-    """The param indices ``bf16_weights`` converted in ``f`` (its ``bf16_weights``)."""
-    return tuple(int(i) for i in f.attrs.get(ATTR, ()))
+def bf16_params(f: GraphFunc, transposed: bool | None = None) -> tuple[int, ...]:
+    """The param indices ``bf16_weights`` converted in ``f`` (its ``bf16_weights``; with
+    ``transposed`` True only the matmul weights', False only the linear weights')."""
+    attrs = (ATTR, ATTR_T) if transposed is None else (ATTR_T,) if transposed else (ATTR,)
+    return tuple(sorted(int(i) for a in attrs for i in f.attrs.get(a, ())))
 
 
 def convert_weights(mod: IRModule, weights: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -109,8 +130,10 @@ def convert_weights(mod: IRModule, weights: Sequence[np.ndarray]) -> list[np.nda
     if not isinstance(main, GraphFunc):
         return out
     first = int(main.attrs.get("num_inputs", len(main.params)))
-    for i in bf16_params(main):
+    for i in bf16_params(main, transposed=False):
         out[i - first] = bf16_rows(np.asarray(out[i - first], np.float32))
+    for i in bf16_params(main, transposed=True):
+        out[i - first] = bf16_rows(np.asarray(out[i - first], np.float32).T)
     return out
 
 
@@ -131,6 +154,12 @@ def _bf16_info(info: TensorInfo) -> TensorInfo:
     return TensorInfo((out_f, 2 * in_f), "uint8")
 
 
+def _bf16_info_t(info: TensorInfo) -> TensorInfo:
+    """A float32 [in, out] (matmul) weight as bf16 rows of its transpose: uint8 [out, 2 * in]."""
+    assert info.shape is not None
+    return _bf16_info(TensorInfo(tuple(reversed(info.shape)), "float32"))
+
+
 @dataclass(frozen=True)
 class Bf16Weights(Pass):
     """See the module docstring. ``params``: convert ``main``'s trailing weight params too."""
@@ -142,7 +171,10 @@ class Bf16Weights(Pass):
         mapping: dict[Var, Var] = {}
         if self.params:
             mod, mapping = retype_weight_params(mod, ATTR, _weight_params, _bf16_info)
-        return apply_rules(mod, [Rule("linear_bf16_weight", op_call("linear"), _Convert(mapping).rewrite)])
+            mod, transposed = retype_weight_params(mod, ATTR_T, _matmul_params, _bf16_info_t)
+            mapping.update(transposed)
+        convert = _Convert(mapping)
+        return apply_rules(mod, [Rule("linear_bf16_weight", op_call("linear"), convert.rewrite), Rule("matmul_bf16_weight", op_call("matmul"), convert.rewrite)])
 
 
-__all__ = ["ATTR", "BF16_UNIT", "Bf16Weights", "bf16_params", "convert_weights", "weight_error"]
+__all__ = ["ATTR", "ATTR_T", "BF16_UNIT", "Bf16Weights", "bf16_params", "convert_weights", "weight_error"]
