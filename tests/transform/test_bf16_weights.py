@@ -192,6 +192,8 @@ def test_cli_build_with_precision_bf16(tmp_path: Path, capsys: pytest.CaptureFix
     assert main(["build", str(path), "-o", str(tmp_path / "onnx.tw"), "--dim", "n<=16", "--precision", "bf16"]) == 0
     assert "precision bf16 (2 linear(s))" in capsys.readouterr().out
     assert "precision: bf16 weights for 2 linear(s)" in CompiledModel.load(str(tmp_path / "onnx.tw")).explain()
+    assert main(["export", str(tmp_path / "onnx.tw"), "-o", str(tmp_path / "out")]) == 0  # its quant_linear calls have C
+    assert (tmp_path / "out" / "quant_kernels.c").exists()
     (tmp_path / "m.txt").write_text("")
     assert main(["build", str(tmp_path / "m.txt"), "-o", str(tmp_path / "x.tw"), "--precision", "bf16"]) == 2
     assert "--precision bf16 applies to .pt2 and .onnx models only" in capsys.readouterr().err
