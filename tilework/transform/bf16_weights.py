@@ -4,10 +4,10 @@ A ``linear(x, w[, b])`` (torch's ``[out, in]`` weight) whose ``x``, ``w`` and re
 float32 and whose weight is a constant becomes ``quant_linear(x, wq, "bf16", in)`` (``+ b``),
 ``wq`` the weight rounded to bfloat16 (to nearest, ties to even: ``bf16_rows``) as
 ``uint8[out, 2 * in]``; so does a ``matmul(x, w)`` with a constant ``[in, out]`` weight (ONNX's
-MatMul with an initializer), its weight transposed as it is converted. The ``quant`` backend runs that op (weights decoded exactly in
-registers, float32 multiply-adds and sums); so the only rounding added is that of the weights,
-each by less than a relative ``2**-8``: per output ``|y - y32| <= 2**-8 * sum_k |x_k w_k|`` plus
-float32 rounding (``BF16_UNIT``).
+MatMul with an initializer), its weight transposed as it is converted. The ``quant`` backend
+runs that op (weights decoded exactly in registers, float32 multiply-adds and sums); so the
+only rounding added is that of the weights, each by less than a relative ``2**-8``: per output
+``|y - y32| <= 2**-8 * sum_k |x_k w_k|`` plus float32 rounding (``BF16_UNIT``).
 
 With ``params=True`` the same holds for trailing weight params of ``main`` (after
 ``num_inputs``) that are read only as such linear weights: they become ``uint8[out, 2 * in]``
