@@ -9,7 +9,7 @@ multiply in float32 with the weights decoded in registers.
 For each format (q4_0x16, q4_1x16, q8_0x16 are the same blocks with 16 rows interleaved, as
 tilework.llm keeps its projections), the matrix shapes of SmolLM2-135M's decoder (N x K = out x
 in; q/k/v and gate/up are one matrix each: 960x576 qkv, 576x576 o, 3072x576 gate/up, 576x1536
-down; the 49152x576 head in q8_0; k-quants only where K is a multiple of 256):
+down; the 49152x576 head in q8_0 and q8_0x16; k-quants only where K is a multiple of 256):
 
 - GEMV at M = 1 and 8 rows, weights cold: the call cycles through copies of the matrix that
   fill 128 MiB (4x the L3), as in decoding, where every matrix comes from memory once per token.
@@ -25,7 +25,8 @@ Times are per call through the extern the VM calls (Python overhead and the quan
 included): the best of ``--repeat`` passes over the cold copies (GEMV), the best of
 4 x ``--repeat`` single calls (GEMM; on a shared machine short passes are the ones that see no
 other load). The last lines estimate one SmolLM2 decoding step (30 layers' q4_1 matrices and
-the q8_0 head at M = 1, and 8 sequences at M = 8) from the table.
+the q8_0 head at M = 1, and 8 sequences at M = 8; as the file stores them and as tilework.llm
+runs them, interleaved) from the table.
 """
 
 from __future__ import annotations
@@ -200,32 +201,33 @@ def print_table(rows: list[Row], bw: float) -> list[tuple[str, ...]]:
 
 
 def decode_estimate(rows: list[Row], overhead: float) -> list[str]:
-    """The matmuls of a decode step from the table: q4_1 layers as the file stores them, and as
-    tilework.llm runs them (q4_1x16), with the q8_0 head (the token table, kept as in the file)."""
+    """The matmuls of a decode step from the table: the layers and the q8_0 head (the tied token
+    table) as the file stores them (q4_1, q8_0), and as tilework.llm runs them (q4_1x16,
+    q8_0x16)."""
     t = {(r.fmt, r.n, r.k, r.m): r for r in rows}
     lines = []
-    for lf in ("q4_1", "q4_1x16"):
-        need = [(lf, n, k, 1) for n, k in LAYER] + [("q8_0", *HEAD, 1)]
+    for lf, hf in (("q4_1", "q8_0"), ("q4_1x16", "q8_0x16")):
+        need = [(lf, n, k, 1) for n, k in LAYER] + [(hf, *HEAD, 1)]
         if any(key not in t for key in need):
-            print(f"\n(a decode estimate with {lf} layers needs {lf} and q8_0 in --formats)")
+            print(f"\n(a decode estimate with {lf} layers needs {lf} and {hf} in --formats)")
             continue
-        lines += _estimate(t, lf)
+        lines += _estimate(t, lf, hf)
     weights = sum(Q.row_bytes("q4_1", k) * n for n, k in LAYER) * LAYERS + Q.row_bytes("q8_0", HEAD[1]) * HEAD[0]
     print(f"  ({weights / 2**20:.1f} MiB of weights per token; the extern's own overhead is {overhead * 1e6:.2f} us of each call)")
     return lines
 
 
-def _estimate(t: dict[tuple[str, int, int, int], Row], lf: str) -> list[str]:
+def _estimate(t: dict[tuple[str, int, int, int], Row], lf: str, hf: str) -> list[str]:
     lines = []
     for m in GEMV_ROWS:
         layer = sum(t[(lf, n, k, m)].seconds for n, k in LAYER)
-        head = t[("q8_0", *HEAD, m)].seconds
+        head = t[(hf, *HEAD, m)].seconds
         ours = LAYERS * layer + head
         np_layer = sum(t[(lf, n, k, m)].numpy_seconds for n, k in LAYER)
-        theirs = LAYERS * np_layer + t[("q8_0", *HEAD, m)].numpy_seconds
+        theirs = LAYERS * np_layer + t[(hf, *HEAD, m)].numpy_seconds
         line = (
             f"SmolLM2 decode step, matmuls only (int8 activations), M={m}: {ours * 1e3:.2f} ms = {LAYERS} x {layer * 1e6:.0f} us ({lf} layer) "
-            f"+ {head * 1e6:.0f} us (q8_0 head), {LAYERS * len(LAYER) + 1} calls "
+            f"+ {head * 1e6:.0f} us ({hf} head), {LAYERS * len(LAYER) + 1} calls "
             f"-> {m / ours:.0f} tokens/s (numpy fp32 on dequantized weights: {theirs * 1e3:.2f} ms, {m / theirs:.0f} tokens/s)"
         )
         print(line)

@@ -5,9 +5,10 @@ arrays in the decoder's parameter order: ``"q"`` keeps the file's block formats 
 matrices stay quantized; the q4_0, q4_1 and q8_0 matrices whose rows are whole groups of 16,
 the token table among them, are copied once into their interleaved layout,
 ``tilework.op.quant.interleave_rows``, which the quant backend's GEMV reads without
-transposing (SmolLM2's tied q8_0 head: 1.43 ms instead of 1.84 at one row, 2.78 instead of
-4.04 at eight, ``bench/bench_quant.py``; the lookup of the prompt's rows decodes the layout
-too; peak memory measured the same, 283 MiB, ``bench/bench_llm.py``'s ``peak_rss_mib``);
+transposing (SmolLM2's tied q8_0 head, the plain and the interleaved rows alternating in one
+process, cold: 1.22 ms instead of 1.25 at one row, 3.35 instead of 3.81 at eight; the lookup
+of the prompt's rows decodes the layout too; peak memory measured the same, 283 MiB,
+``bench/bench_llm.py``'s ``peak_rss_mib``);
 the rest are views of the memory-mapped file), ``"bf16"`` converts
 every matrix to bfloat16 (one tensor at a time, never the whole model in float32), ``"fp32"``
 dequantizes them, and gives each float32 projection packed in column panels (the layout of
