@@ -51,7 +51,9 @@ Two kernels:
   are turned and scaled once, beside its new key, for all its splits.
 - **prefill**: tasks over (sequence, kv head, block of ``LANES`` query rows, rows being tokens
   times the heads of the group), the rows as lanes, keys a page at a time, skipping pages no row
-  of the block sees.
+  of the block sees. A page's scores are summed in register tiles of a few keys x the rows, its
+  values added in register tiles of a few head dims x the rows (``tile_rows``: within
+  ``ACC_REGISTERS`` vectors; the accumulators rescaled as a tile loads them).
 """
 
 from __future__ import annotations
@@ -620,6 +622,9 @@ class _Prefill(_Kernel):
         mx = Buffer("pp_mx", (R,), F32)
         alpha = Buffer("pp_alpha", (R,), F32)
         acc = Buffer("pp_acc", (HD, R), F32)
+        JT, ET = self.tile_rows(P), self.tile_rows(HD)  # keys, dims of a register tile
+        t = Buffer("pp_t", (JT, R), F32)  # scores of JT keys x the rows
+        a = Buffer("pp_a", (ET, R), F32)  # ET dims of the rows' accumulators
 
         def lane(r: Dim) -> tuple[Dim, Dim]:
             """Token and head of row ``r`` (rows past the last repeat it)."""
@@ -643,14 +648,22 @@ class _Prefill(_Kernel):
             first = sym.mul(pi, P)
             page = _i64(_ld(self.pt, b, pi))
 
-            def score(d: SymVar) -> Stmt:
-                """Dim ``d`` of every key of the page: the keys' sums are independent chains."""
+            def scores(jt: SymVar) -> Stmt:
+                """Keys ``jt * JT ..`` of the page against every row: a register tile of JT keys x
+                the rows, summed over the head dim (independent chains), then stored."""
 
-                def key(j: SymVar) -> Stmt:
-                    kv = _f32(_ld(self.kc, self.layer, page, kh, d, j))
-                    return rows("score", lambda r: Store(st, (j, r), binary("+", _ld(st, j, r), binary("*", kv, _ld(qt, d, r)))))
+                def dim(d: SymVar) -> Stmt:
+                    def key(j: SymVar) -> Stmt:
+                        kv = _f32(_ld(self.kc, self.layer, page, kh, d, sym.add(sym.mul(jt, JT), j)))
+                        return rows("score", lambda r: Store(t, (j, r), binary("+", _ld(t, j, r), binary("*", kv, _ld(qt, d, r)))))
 
-                return self.loop("qk_j", P, key)
+                    return self.loop("qk_j", JT, key, "unrolled")
+
+                return seq([
+                    self.loop("t0_j", JT, lambda j: rows("t0", lambda r: Store(t, (j, r), _c(0.0))), "unrolled"),
+                    self.loop("qk_d", HD, dim),
+                    self.loop("t1_j", JT, lambda j: rows("t1", lambda r: Store(st, (sym.add(sym.mul(jt, JT), j), r), _ld(t, j, r))), "unrolled"),
+                ])
 
             def masked(j: SymVar) -> Stmt:
                 def one(r: SymVar) -> Stmt:
@@ -668,14 +681,25 @@ class _Prefill(_Kernel):
 
                 return rows("p", one)
 
-            def pv(j: SymVar) -> Stmt:
-                """Value ``j`` of the page into every dim's accumulator (independent chains)."""
+            def values(et: SymVar) -> Stmt:
+                """Dims ``et * ET ..`` of every row's accumulator: rescaled as they are loaded into
+                a register tile, the page's values added (independent chains), stored back."""
 
-                def dim(e: SymVar) -> Stmt:
-                    vv = _f32(_ld(self.vc, self.layer, page, j, kh, e))
-                    return rows("pv", lambda r: Store(acc, (e, r), binary("+", _ld(acc, e, r), binary("*", _ld(st, j, r), vv))))
+                def col(e: Dim) -> Dim:
+                    return sym.add(sym.mul(et, ET), e)
 
-                return self.loop("pv_e", HD, dim)
+                def key(j: SymVar) -> Stmt:
+                    def dim(e: SymVar) -> Stmt:
+                        vv = _f32(_ld(self.vc, self.layer, page, j, kh, col(e)))
+                        return rows("pv", lambda r: Store(a, (e, r), binary("+", _ld(a, e, r), binary("*", _ld(st, j, r), vv))))
+
+                    return self.loop("pv_e", ET, dim, "unrolled")
+
+                return seq([
+                    self.loop("a0_e", ET, lambda e: rows("a0", lambda r: Store(a, (e, r), binary("*", _ld(acc, col(e), r), _ld(alpha, r)))), "unrolled"),
+                    self.loop("pv_j", P, key),
+                    self.loop("a1_e", ET, lambda e: rows("a1", lambda r: Store(acc, (col(e), r), _ld(a, e, r))), "unrolled"),
+                ])
 
             def alpha_of(r: SymVar) -> Stmt:
                 unseen = binary("==", _ld(mx, r), _c(-math.inf))
@@ -683,8 +707,7 @@ class _Prefill(_Kernel):
                 return Store(alpha, (r,), Select(unseen, _c(1.0), shrink, F32))
 
             steps = [
-                self.loop("s0_j", P, lambda j: rows("s0", lambda r: Store(st, (j, r), _c(0.0)))),
-                self.loop("qk_d", HD, score),
+                self.loop("qk_jt", sym.floordiv(P, JT), scores),
                 self.loop("mask_j", P, masked),
                 rows("mx0", lambda r: Store(mx, (r,), _ld(m, r))),
                 self.loop("max_j", P, lambda j: rows("max", lambda r: Store(mx, (r,), binary("max", _ld(mx, r), _ld(st, j, r))))),
@@ -693,8 +716,7 @@ class _Prefill(_Kernel):
                 rows("m_set", lambda r: Store(m, (r,), _ld(mx, r))),
                 self.loop("p_j", P, prob_rows),
                 self.loop("l_j", P, lambda j: rows("l_sum", lambda r: Store(l, (r,), binary("+", _ld(l, r), _ld(st, j, r))))),
-                self.loop("rescale_e", HD, lambda e: rows("rescale", lambda r: Store(acc, (e, r), binary("*", _ld(acc, e, r), _ld(alpha, r))))),
-                self.loop("pv_j", P, pv),
+                self.loop("pv_et", sym.floordiv(HD, ET), values),
             ]
             return IfThenElse(binary("<", first, horizon), seq(steps))
 
@@ -714,9 +736,21 @@ class _Prefill(_Kernel):
             self.loop("page", self.width, page_step),
             self.loop("out_r", R, store_row),
         ])
-        for buf in (acc, alpha, mx, l, m, st, qt):
+        for buf in (a, t, acc, alpha, mx, l, m, st, qt):
             body = Allocate(buf, body)
         return body
+
+    def tile_rows(self, extent: Dim) -> int:
+        """Rows of a register tile over ``LANES`` lanes (keys or head dims; each row
+        ``LANES * 4`` bytes of vectors): as many as keep ``ACC_REGISTERS`` vectors and divide
+        ``extent`` (1 where the extent is symbolic)."""
+        per_row = max(1, -(-LANES * 4 // self.vector_bytes))
+        if not isinstance(extent, int):
+            return 1
+        rows = max(1, min(8, ACC_REGISTERS // per_row))
+        while extent % rows:
+            rows -= 1
+        return rows
 
 
 __all__ = ["paged_attention", "KV_DTYPES", "LANES", "MAX_SPLITS", "MIN_SPLIT_PAGES"]
