@@ -236,17 +236,24 @@ def _build(args: argparse.Namespace) -> int:
 
 def _build_pt2(args: argparse.Namespace) -> int:
     """Compile a ``torch.export.save`` file with its weights as constants."""
-    from tilework.compiled import compile as compile_model
-
     names, bounds = inputs.pt2_dims(args.dim)
     t0 = time.perf_counter()
-    ep = inputs.load_pt2(args.ir_file)
+    return _build_compiled(inputs.load_pt2(args.ir_file), args, t0, names, bounds)
+
+
+def _build_compiled(model: Any, args: argparse.Namespace, t0: float, names: Any, bounds: Any) -> int:
+    """``model`` through ``tilework.compile`` (weights as constants, ``--precision`` applied),
+    saved to ``args.output``."""
+    from tilework.compiled import compile as compile_model
+
     opts = placement_build_options(args)
-    cm = compile_model(ep, backends=args.backends, dim_names=names, dim_bounds=bounds, weights="constants", opt_level=0 if args.pipeline == "O0" else 1, target=args.target, placement=opts.get("placement"), precision=getattr(args, "precision", "fp32"), **(opts.get("placement_options") or {}))
+    precision = getattr(args, "precision", "fp32")
+    cm = compile_model(model, backends=args.backends, dim_names=names, dim_bounds=bounds, weights="constants", opt_level=0 if args.pipeline == "O0" else 1, target=args.target, placement=opts.get("placement"), precision=precision, **(opts.get("placement_options") or {}))
     cm.save(args.output)
     stats = cm.executable.stats()
     dims = ", ".join(f"{n} in [{lo}, {'inf' if hi is None else hi}]" for n, (lo, hi, _) in cm.report["dims"].items()) or "none"
-    print(f"built {args.output}: {stats['kernels']} kernel(s), {stats['instructions']} instructions, dynamic dims: {dims}, in {time.perf_counter() - t0:.2f} s")
+    how = "" if precision == "fp32" else f", precision {precision} ({cm.report['precision'].get('linears', 0)} linear(s))"
+    print(f"built {args.output}: {stats['kernels']} kernel(s), {stats['instructions']} instructions, dynamic dims: {dims}{how}, in {time.perf_counter() - t0:.2f} s")
     return 0
 
 
@@ -261,14 +268,7 @@ def _build_onnx(args: argparse.Namespace) -> int:
     bounds = inputs.onnx_dim_bounds(args.dim)
     t0 = time.perf_counter()
     if getattr(args, "precision", "fp32") != "fp32":  # through tilework.compile, which applies it
-        from tilework.compiled import compile as compile_model
-
-        opts = placement_build_options(args)
-        cm = compile_model(args.ir_file, backends=args.backends, dim_bounds=bounds, weights="constants", opt_level=0 if args.pipeline == "O0" else 1, target=args.target, placement=opts.get("placement"), precision=args.precision, **(opts.get("placement_options") or {}))
-        cm.save(args.output)
-        stats = cm.executable.stats()
-        print(f"built {args.output}: {stats['kernels']} kernel(s), {stats['instructions']} instructions, precision {args.precision} ({cm.report['precision'].get('linears', 0)} linear(s)), in {time.perf_counter() - t0:.2f} s")
-        return 0
+        return _build_compiled(args.ir_file, args, t0, None, bounds)
     mod = from_onnx(args.ir_file, dim_bounds=bounds)
     exe = tilework.build(mod, target=args.target, backends=args.backends, pipeline=args.pipeline, **placement_build_options(args))
     exe.save(args.output)

@@ -82,6 +82,7 @@ from tilework.ir.loop import (
     const,
 )
 from tilework.ir.sym import Dim, SymVar
+from tilework.op.attention_kernel import VECTOR_BYTES
 from tilework.op.base import InferCtx, Op, OpPattern, make_call, register, require_equal, tensor_arg
 from tilework.op.calls import call_tensor
 from tilework.op.kernel import block, free_syms, hand_kernel, known_tensor, out_tensor, seq, serial_var
@@ -98,7 +99,6 @@ CHUNK_PAGES = 16  # decode: pages whose scores a task holds at once (one softmax
 ACC_REGISTERS = 12  # decode: vector registers of accumulators a register tile keeps
 PARTIALS = 2  # decode: partial sums of a key's score (independent chains) where they fit
 MAX_TILE_HEADS = 6  # decode: a group of more heads than this is not unrolled into registers
-VECTOR_BYTES = 64  # the target's vector registers when the caller does not say (sizes tiles only)
 LINE_BYTES = 64  # a cache line: the stride of the prefetch hints
 
 
@@ -222,7 +222,7 @@ class _Kernel:
         self, qkv: Buffer, nkv: int, kc: Buffer, vc: Buffer, kv_len: Buffer, pt: Buffer, out: Buffer, layer: SymVar, scale: float | None, theta: float | None, vector_bytes: int
     ) -> None:
         self.qkv, self.kc, self.vc, self.kv_len, self.pt, self.out = qkv, kc, vc, kv_len, pt, out
-        self.vector_bytes = vector_bytes
+        self.lanes = max(1, vector_bytes // 4)  # float32 lanes of a vector register (sizes the tiles)
         self.layer = layer
         self.nb, self.sq, self.nh, self.hd = out.shape
         self.nkv = nkv
@@ -363,21 +363,19 @@ class _Decode(_Kernel):
         """Columns of a kv head's accumulators added in registers at once: as many vectors as
         keep the group's heads within ``ACC_REGISTERS`` and divide the head dim (the whole
         head dim where no vector count does)."""
-        lanes = max(1, self.vector_bytes // 4)
         if isinstance(self.hd, int) and isinstance(self.group, int):
             for vectors in range(max(1, ACC_REGISTERS // self.group), 0, -1):
-                if self.hd % (lanes * vectors) == 0:
-                    return lanes * vectors
+                if self.hd % (self.lanes * vectors) == 0:
+                    return self.lanes * vectors
         return self.hd
 
     def partials(self) -> int:
         """Partial scores a key's sum over the head dim is split into (``PARTIALS`` independent
         chains of multiply-adds where their register tiles fit ``ACC_REGISTERS``, else one)."""
-        lanes = max(1, self.vector_bytes // 4)
         hd, group, page = self.hd, self.group, self.page
         if not (isinstance(hd, int) and isinstance(group, int) and isinstance(page, int)):
             return 1
-        tile = group * -(-page // lanes)
+        tile = group * -(-page // self.lanes)
         return PARTIALS if hd % PARTIALS == 0 and PARTIALS * tile <= ACC_REGISTERS else 1
 
     def page_lines(self) -> int | None:
@@ -413,6 +411,9 @@ class _Decode(_Kernel):
         a = Buffer("pa_a", (G, EC), F32)  # columns of a group's accumulators: a register tile
         nxt = Buffer("pa_next", (1,), "int64")
         split0 = sym.mul(sp, self.per_split)
+        lines = self.page_lines()
+        steps = sym.mul(NKV, sym.floordiv(HD, C))  # a page's scoring steps: static where lines is
+        per_step = -(-lines // steps) if lines is not None and isinstance(steps, int) else 0  # hints a step
 
         def seen(pidx: Dim) -> Scalar:
             """Page ``pidx`` of the table holds a token of the sequence."""
@@ -436,9 +437,6 @@ class _Decode(_Kernel):
                 first = sym.mul(pidx, P)
                 page = _i64(_ld(self.pt, b, pidx))
 
-                lines = self.page_lines()
-                steps = sym.mul(NKV, sym.floordiv(HD, C))  # static where lines is
-                per_step = -(-lines // steps) if lines is not None and isinstance(steps, int) else 0  # hints a step
                 ahead = _ld(nxt, 0)  # the next page's pool index, looked up once a page
 
                 def group(kh: SymVar) -> Stmt:
@@ -548,7 +546,6 @@ class _Decode(_Kernel):
             ])
 
         chunks = sym.floordiv(sym.add(self.per_split, CH - 1), CH)
-        lines = self.page_lines()
         first_page = [] if lines is None else [IfThenElse(seen(split0), self.loop("pf_line", lines, lambda ln: self.hint(_i64(_ld(self.pt, b, split0)), ln, "pa_hint0"), "unrolled"))]
         body: Stmt = seq([
             *first_page,
@@ -744,7 +741,7 @@ class _Prefill(_Kernel):
         """Rows of a register tile over ``LANES`` lanes (keys or head dims; each row
         ``LANES * 4`` bytes of vectors): as many as keep ``ACC_REGISTERS`` vectors and divide
         ``extent`` (1 where the extent is symbolic)."""
-        per_row = max(1, -(-LANES * 4 // self.vector_bytes))
+        per_row = -(-LANES // self.lanes)
         if not isinstance(extent, int):
             return 1
         rows = max(1, min(8, ACC_REGISTERS // per_row))
