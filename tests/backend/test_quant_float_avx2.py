@@ -26,7 +26,7 @@ from tilework.op.quant import QUANT_FORMATS
 AVX2 = {"avx2", "fma", "f16c"} <= _cpu_flags()
 pytestmark = pytest.mark.skipif(not AVX2, reason="the AVX2 float kernels need a CPU with AVX2, FMA and F16C")
 
-ROWS = (1, 3, 7, 8, 9, 33)
+ROWS = (1, 3, 5, 6, 7, 8, 9, 33)
 COLS = (1, 5, 31, 50)
 DEPTHS = (1, 7, 64, 67, 576, 1536)
 
@@ -113,7 +113,7 @@ def test_non_finite_weights_make_their_outputs_non_finite(rng: np.random.Generat
     inf, nan = (0x7F80, 0x7FC0) if fmt == "bf16" else (0x7C00, 0x7E00)
     bits[3, 10], bits[8, 66], bits[17, 5] = inf, nan, inf | 0x8000  # in a vector, in the K tail
     wf = (bits.astype(np.uint32) << 16).view(np.float32) if fmt == "bf16" else bits.view(np.float16).astype(np.float32)
-    for m in (1, 4, 12):
+    for m in (1, 4, 6, 12):
         x = rng.standard_normal((m, k)).astype(np.float32) + 0.5  # no zero products with inf
         y = Q.qlinear(x, bits, fmt)
         with np.errstate(invalid="ignore"):
@@ -129,7 +129,7 @@ def test_residual_add_is_the_product_plus_r(rng: np.random.Generator, fmt: str) 
     n, k = 37, 600
     bits, _ = weights(rng, fmt, n, k)
     lib = Q.library()
-    for m in (2, 20):
+    for m in (2, 7, 20):
         x = rng.standard_normal((m, k)).astype(np.float32)
         r = rng.standard_normal((m, n)).astype(np.float32)
         out = np.empty((m, n), np.float32)

@@ -11,7 +11,9 @@
  * - GEMV (M <= TWQ_A2_GEMV_MAX_M, decoding): groups of 4 W rows (2 from 3 rows of x on) over the
  *   threads, each 8 weights decoded in a register once and multiplied with up to 4 rows of x
  *   (more rows take passes over the group, which is in L1 by then); the group TWQ_A2_AHEAD on
- *   is prefetched as the group is read.
+ *   is prefetched as the group is read. At 5 to 8 rows (TWQ_A2_ONCE) one W row at a time meets
+ *   all of them instead, its weights decoded once for 8 FMAs that read x from L1, k in chunks
+ *   that keep x there (SmolLM2's bf16 GEMMs of a batch-8 decode step: 24.6 -> 20.3 ms).
  * - GEMM (prefill): panels of 16 W rows decoded into a k-major float32 scratch (TWQ_A2_KC k at a
  *   time: 48 KiB, in L2; the next panel's rows prefetched meanwhile), and a 6 x 16
  *   register-blocked outer-product FMA kernel (12 ymm accumulators) runs the rows of x over it
@@ -141,6 +143,98 @@ typedef void (*twq_a2_gemv_fn)(const float*, const uint8_t*, int64_t, float*, in
 /* [fmt - TWQ_BF16: bf16, f16, q4_k, q6_k][NR 1, 2, 4][MR - 1] */
 static const twq_a2_gemv_fn twq_a2_gemv_table[4][3][TWQ_A2_MR] = {TWQ_A2_GEMV_ROW(TWQ_BF16), TWQ_A2_GEMV_ROW(TWQ_F16),
                                                                  TWQ_A2_GEMV_ROW(TWQ_Q4_K), TWQ_A2_GEMV_ROW(TWQ_Q6_K)};
+
+/* ---- GEMV, 5 to 8 rows of x: each W row decoded once for all of them ----------------------- */
+/* The passes above decode each 8 weights once per pass of up to 4 rows: at 8 rows that is a
+ * decode (two vector ops that queue on the FMA ports) per 4 FMAs, and the FMAs wait for them.
+ * Here one W row at a time meets every row of x: 8 accumulators, each 8 weights decoded once
+ * for 8 FMAs that read x from L1 as their memory operand. k is cut in chunks (TWQ_A2_KC8) so
+ * that the chunk of x stays in L1 while a block of W rows passes; later chunks add to y. */
+#ifndef TWQ_A2_ONCE
+#define TWQ_A2_ONCE 1 /* 0: the passes for every M <= 8 (to A/B the two) */
+#endif
+#define TWQ_A2_KC8 768  /* most k per chunk: 8 rows x 768 floats of x, 24 KiB */
+#define TWQ_A2_NB8 16   /* W rows per block (a thread's unit of work) */
+#ifndef TWQ_A2_AHEAD8
+#define TWQ_A2_AHEAD8 4 /* W rows prefetched ahead */
+#endif
+
+/* The MR sums of W row `row` over k0 .. k1 with rows of x (stride K), as one vector (lane r:
+ * row r; lanes past MR are 0). */
+TWQ_INLINE __m256 twq_a2_row8(int fmt, int MR, const float* x, const uint8_t* row, const uint8_t* next, int64_t K,
+                              int64_t k0, int64_t k1, int64_t step) {
+    __m256 acc[8];
+    float kq[16];
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) acc[r] = _mm256_setzero_ps();
+    const int64_t k8 = k0 + (k1 - k0) / 8 * 8;
+    for (int64_t k = k0; k < k8; k += 8) {
+        if ((k & 31) == 0) { /* the next row's line at the pace this one is read */
+            _mm_prefetch((const char*)next + (k >> 5) * step, _MM_HINT_T0);
+            if (twq_is_k(fmt) && (k & 255) == 0) twq_kscales(fmt, row + (k >> 8) * twq_nbytes[fmt], kq);
+        }
+        const __m256 wv = twq_a2_w8(fmt, row, k, kq);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) acc[r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + r * K + k), acc[r]);
+    }
+    /* eight horizontal sums at once: pairs, quads, then the two 128-bit halves */
+    const __m256 h01 = _mm256_hadd_ps(acc[0], acc[1]), h23 = _mm256_hadd_ps(acc[2], acc[3]);
+    const __m256 h45 = _mm256_hadd_ps(acc[4], acc[5]), h67 = _mm256_hadd_ps(acc[6], acc[7]);
+    const __m256 lo = _mm256_hadd_ps(h01, h23), hi = _mm256_hadd_ps(h45, h67);
+    __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31));
+    if (k8 < k1) { /* K not a multiple of 8 (bf16 and f16 only) */
+        float t[8];
+        _mm256_storeu_ps(t, s);
+        for (int r = 0; r < MR; ++r)
+            for (int64_t k = k8; k < k1; ++k) t[r] += x[r * K + k] * twq_weight1(fmt, row, k);
+        s = _mm256_loadu_ps(t);
+    }
+    return s;
+}
+
+TWQ_INLINE void twq_a2_gemv8_block(int fmt, int MR, const float* x, const uint8_t* w, int64_t rb, float* y, int64_t N,
+                                   int64_t K, int64_t n0, int64_t n1, int64_t kc) {
+    const int64_t step = K >= 32 ? rb * 32 / K : rb; /* bytes of a row per 32 weights */
+    for (int64_t k0 = 0; k0 < K; k0 += kc) {
+        const int64_t k1 = K - k0 < kc ? K : k0 + kc;
+        for (int64_t n = n0; n < n1; ++n) {
+            const uint8_t* row = w + n * rb;
+            float t[8];
+            _mm256_storeu_ps(t, twq_a2_row8(fmt, MR, x, row, row + TWQ_A2_AHEAD8 * rb, K, k0, k1, step));
+#pragma GCC unroll 8
+            for (int r = 0; r < MR; ++r) y[r * N + n] = k0 ? y[r * N + n] + t[r] : t[r];
+        }
+    }
+}
+
+#define TWQ_A2_GEMV8_FN(FMT, MR) \
+    static void twq_a2_gemv8_##FMT##_##MR(const float* x, const uint8_t* w, int64_t rb, float* y, int64_t N, int64_t K, int64_t n0, int64_t n1, int64_t kc) { \
+        twq_a2_gemv8_block(FMT, MR, x, w, rb, y, N, K, n0, n1, kc); \
+    }
+#define TWQ_A2_GEMV8_FMT(FMT) TWQ_A2_GEMV8_FN(FMT, 5) TWQ_A2_GEMV8_FN(FMT, 6) TWQ_A2_GEMV8_FN(FMT, 7) TWQ_A2_GEMV8_FN(FMT, 8)
+TWQ_A2_GEMV8_FMT(TWQ_BF16)
+TWQ_A2_GEMV8_FMT(TWQ_F16)
+TWQ_A2_GEMV8_FMT(TWQ_Q4_K)
+TWQ_A2_GEMV8_FMT(TWQ_Q6_K)
+typedef void (*twq_a2_gemv8_fn)(const float*, const uint8_t*, int64_t, float*, int64_t, int64_t, int64_t, int64_t, int64_t);
+#define TWQ_A2_GEMV8_ROW(FMT) {twq_a2_gemv8_##FMT##_5, twq_a2_gemv8_##FMT##_6, twq_a2_gemv8_##FMT##_7, twq_a2_gemv8_##FMT##_8}
+/* [fmt - TWQ_BF16][M - 5] */
+static const twq_a2_gemv8_fn twq_a2_gemv8_table[4][4] = {TWQ_A2_GEMV8_ROW(TWQ_BF16), TWQ_A2_GEMV8_ROW(TWQ_F16),
+                                                         TWQ_A2_GEMV8_ROW(TWQ_Q4_K), TWQ_A2_GEMV8_ROW(TWQ_Q6_K)};
+
+static void twq_a2_gemv8(int fmt, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t rb) {
+    const int64_t chunks = (K + TWQ_A2_KC8 - 1) / TWQ_A2_KC8;
+    const int64_t kc = ((K + chunks - 1) / chunks + 255) / 256 * 256; /* whole k-quant super-blocks */
+    const int64_t blocks = (N + TWQ_A2_NB8 - 1) / TWQ_A2_NB8;
+    const twq_a2_gemv8_fn fn = twq_a2_gemv8_table[fmt - TWQ_BF16][M - 5];
+    const int par = N * rb >= TWQ_PAR_MIN_BYTES;
+    (void)par; /* used by OpenMP only */
+#pragma omp parallel for schedule(static) if (par)
+    for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t n0 = b * TWQ_A2_NB8, n1 = n0 + TWQ_A2_NB8 < N ? n0 + TWQ_A2_NB8 : N;
+        fn(x, w, rb, y, N, K, n0, n1, kc);
+    }
+}
 
 /* Up to 2 rows of x: groups of 4 W rows (4 or 8 accumulators, enough to stream the weights at
  * the memory's pace); more rows: groups of 2, in passes of up to 4 rows (8 accumulators, 4 x
@@ -313,6 +407,10 @@ static int twq_a2_gemm(int fmt, const float* x, const uint8_t* w, float* y, int6
 /* bf16, f16, q4_k and q6_k rows. */
 static int twq_a2_run(int fmt, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t rb) {
     if (M > TWQ_A2_GEMV_MAX_M) return twq_a2_gemm(fmt, x, w, y, M, N, K, rb);
+    if (TWQ_A2_ONCE && M >= 5 && M <= 8) {
+        twq_a2_gemv8(fmt, x, w, y, M, N, K, rb);
+        return 0;
+    }
     twq_a2_gemv(fmt, x, w, y, M, N, K, rb);
     return 0;
 }
