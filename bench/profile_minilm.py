@@ -4,7 +4,7 @@ minimum beside it, and onnxruntime's in the same process. Minima per instruction
 loaded machine where whole-call medians do not; with one thread the clock is the thread's CPU
 time (``time.thread_time``), with more the wall clock.
 
-    OMP_NUM_THREADS=1 python bench/profile_minilm.py [--shapes 1x8,1x32] [--calls 80] [--no-onnxruntime]
+    OMP_NUM_THREADS=1 python bench/profile_minilm.py [--shapes 1x8,1x32] [--calls 80] [--precision bf16] [--no-onnxruntime]
 
 Prints one table per shape (no docs table: this is a diagnosis, not a benchmark)."""
 
@@ -30,12 +30,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="1x8,1x32", help="(batch)x(seq), comma-separated")
     ap.add_argument("--calls", type=int, default=80)
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
     ap.add_argument("--no-onnxruntime", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(THREADS)
     clock = time.thread_time if THREADS == 1 else time.perf_counter
     model = bm.load_model()
-    cm = bm.compile_tilework(model, 1)
+    cm = bm.compile_tilework(model, 1, args.precision)
     sess = None
     if not args.no_onnxruntime:
         import onnxruntime as ort
@@ -45,7 +46,7 @@ def main() -> None:
         so = ort.SessionOptions()
         so.intra_op_num_threads = THREADS
         sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-    print(f"{THREADS} thread(s), clock {clock.__name__}, load {os.getloadavg()[0]:.1f}")
+    print(f"tilework {args.precision}, {THREADS} thread(s), clock {clock.__name__}, load {os.getloadavg()[0]:.1f}")
     for shape in args.shapes.split(","):
         batch, seq = (int(v) for v in shape.split("x"))
         x = bm.inputs(batch, seq, model.config.vocab_size)

@@ -26,7 +26,7 @@ from tilework.op.quant import QUANT_FORMATS
 AVX2 = {"avx2", "fma", "f16c"} <= _cpu_flags()
 pytestmark = pytest.mark.skipif(not AVX2, reason="the AVX2 float kernels need a CPU with AVX2, FMA and F16C")
 
-ROWS = (1, 3, 5, 6, 7, 8, 9, 33)
+ROWS = (1, 3, 5, 6, 7, 8, 9, 12, 13, 33)
 COLS = (1, 5, 31, 50)
 DEPTHS = (1, 7, 64, 67, 576, 1536)
 

@@ -11,9 +11,10 @@
  * - GEMV (M <= TWQ_A2_GEMV_MAX_M, decoding): groups of 4 W rows (2 from 3 rows of x on) over the
  *   threads, each 8 weights decoded in a register once and multiplied with up to 4 rows of x
  *   (more rows take passes over the group, which is in L1 by then); the group TWQ_A2_AHEAD on
- *   is prefetched as the group is read. At 5 to 8 rows (TWQ_A2_ONCE) one W row at a time meets
- *   all of them instead, its weights decoded once for 8 FMAs that read x from L1, k in chunks
- *   that keep x there (SmolLM2's bf16 GEMMs of a batch-8 decode step: 24.6 -> 20.3 ms).
+ *   is prefetched as the group is read. From 5 rows (TWQ_A2_ONCE, to TWQ_A2_ONCE_MAX_M) one W
+ *   row at a time meets up to 8 of them instead, its weights decoded once for 8 FMAs that read
+ *   x from L1, k in chunks that keep x there, more rows in a second pass (SmolLM2's bf16 GEMMs
+ *   of a batch-8 decode step: 24.6 -> 20.3 ms; at 9 rows 40 -> 32 ms against the GEMM).
  * - GEMM (prefill): panels of 16 W rows decoded into a k-major float32 scratch (TWQ_A2_KC k at a
  *   time: 48 KiB, in L2; the next panel's rows prefetched meanwhile), and a 6 x 16
  *   register-blocked outer-product FMA kernel (12 ymm accumulators) runs the rows of x over it
@@ -144,14 +145,18 @@ typedef void (*twq_a2_gemv_fn)(const float*, const uint8_t*, int64_t, float*, in
 static const twq_a2_gemv_fn twq_a2_gemv_table[4][3][TWQ_A2_MR] = {TWQ_A2_GEMV_ROW(TWQ_BF16), TWQ_A2_GEMV_ROW(TWQ_F16),
                                                                  TWQ_A2_GEMV_ROW(TWQ_Q4_K), TWQ_A2_GEMV_ROW(TWQ_Q6_K)};
 
-/* ---- GEMV, 5 to 8 rows of x: each W row decoded once for all of them ----------------------- */
+/* ---- GEMV, 5 to 12 rows of x: each W row decoded once per 8 of them ---------------------- */
 /* The passes above decode each 8 weights once per pass of up to 4 rows: at 8 rows that is a
  * decode (two vector ops that queue on the FMA ports) per 4 FMAs, and the FMAs wait for them.
- * Here one W row at a time meets every row of x: 8 accumulators, each 8 weights decoded once
+ * Here one W row at a time meets up to 8 rows of x: 8 accumulators, each 8 weights decoded once
  * for 8 FMAs that read x from L1 as their memory operand. k is cut in chunks (TWQ_A2_KC8) so
- * that the chunk of x stays in L1 while a block of W rows passes; later chunks add to y. */
+ * that the chunk of x stays in L1 while a block of W rows passes; later chunks add to y. 9 to
+ * 12 rows take two passes over the block (4 to 6 rows each), the second finding it in L2. */
 #ifndef TWQ_A2_ONCE
-#define TWQ_A2_ONCE 1 /* 0: the passes for every M <= 8 (to A/B the two) */
+#define TWQ_A2_ONCE 1 /* 0: the passes above for M <= 8, the GEMM beyond (to A/B them) */
+#endif
+#ifndef TWQ_A2_ONCE_MAX_M
+#define TWQ_A2_ONCE_MAX_M 12 /* more rows: the GEMM (measured: even at 10-12, slower at 16) */
 #endif
 #define TWQ_A2_KC8 768  /* most k per chunk: 8 rows x 768 floats of x, 24 KiB */
 #define TWQ_A2_NB8 16   /* W rows per block (a thread's unit of work) */
@@ -211,28 +216,32 @@ TWQ_INLINE void twq_a2_gemv8_block(int fmt, int MR, const float* x, const uint8_
     static void twq_a2_gemv8_##FMT##_##MR(const float* x, const uint8_t* w, int64_t rb, float* y, int64_t N, int64_t K, int64_t n0, int64_t n1, int64_t kc) { \
         twq_a2_gemv8_block(FMT, MR, x, w, rb, y, N, K, n0, n1, kc); \
     }
-#define TWQ_A2_GEMV8_FMT(FMT) TWQ_A2_GEMV8_FN(FMT, 5) TWQ_A2_GEMV8_FN(FMT, 6) TWQ_A2_GEMV8_FN(FMT, 7) TWQ_A2_GEMV8_FN(FMT, 8)
+#define TWQ_A2_GEMV8_FMT(FMT) TWQ_A2_GEMV8_FN(FMT, 4) TWQ_A2_GEMV8_FN(FMT, 5) TWQ_A2_GEMV8_FN(FMT, 6) TWQ_A2_GEMV8_FN(FMT, 7) TWQ_A2_GEMV8_FN(FMT, 8)
 TWQ_A2_GEMV8_FMT(TWQ_BF16)
 TWQ_A2_GEMV8_FMT(TWQ_F16)
 TWQ_A2_GEMV8_FMT(TWQ_Q4_K)
 TWQ_A2_GEMV8_FMT(TWQ_Q6_K)
 typedef void (*twq_a2_gemv8_fn)(const float*, const uint8_t*, int64_t, float*, int64_t, int64_t, int64_t, int64_t, int64_t);
-#define TWQ_A2_GEMV8_ROW(FMT) {twq_a2_gemv8_##FMT##_5, twq_a2_gemv8_##FMT##_6, twq_a2_gemv8_##FMT##_7, twq_a2_gemv8_##FMT##_8}
-/* [fmt - TWQ_BF16][M - 5] */
-static const twq_a2_gemv8_fn twq_a2_gemv8_table[4][4] = {TWQ_A2_GEMV8_ROW(TWQ_BF16), TWQ_A2_GEMV8_ROW(TWQ_F16),
+#define TWQ_A2_GEMV8_ROW(FMT) {twq_a2_gemv8_##FMT##_4, twq_a2_gemv8_##FMT##_5, twq_a2_gemv8_##FMT##_6, twq_a2_gemv8_##FMT##_7, twq_a2_gemv8_##FMT##_8}
+/* [fmt - TWQ_BF16][rows - 4] */
+static const twq_a2_gemv8_fn twq_a2_gemv8_table[4][5] = {TWQ_A2_GEMV8_ROW(TWQ_BF16), TWQ_A2_GEMV8_ROW(TWQ_F16),
                                                          TWQ_A2_GEMV8_ROW(TWQ_Q4_K), TWQ_A2_GEMV8_ROW(TWQ_Q6_K)};
 
 static void twq_a2_gemv8(int fmt, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t rb) {
     const int64_t chunks = (K + TWQ_A2_KC8 - 1) / TWQ_A2_KC8;
     const int64_t kc = ((K + chunks - 1) / chunks + 255) / 256 * 256; /* whole k-quant super-blocks */
     const int64_t blocks = (N + TWQ_A2_NB8 - 1) / TWQ_A2_NB8;
-    const twq_a2_gemv8_fn fn = twq_a2_gemv8_table[fmt - TWQ_BF16][M - 5];
+    const int64_t passes = (M + 7) / 8, mr = (M + passes - 1) / passes; /* 9 rows: 5 + 4 */
+    const twq_a2_gemv8_fn* fns = twq_a2_gemv8_table[fmt - TWQ_BF16];
     const int par = N * rb >= TWQ_PAR_MIN_BYTES;
     (void)par; /* used by OpenMP only */
 #pragma omp parallel for schedule(static) if (par)
     for (int64_t b = 0; b < blocks; ++b) {
         const int64_t n0 = b * TWQ_A2_NB8, n1 = n0 + TWQ_A2_NB8 < N ? n0 + TWQ_A2_NB8 : N;
-        fn(x, w, rb, y, N, K, n0, n1, kc);
+        for (int64_t m0 = 0; m0 < M; m0 += mr) { /* later passes find the block's rows in L2 */
+            const int64_t rows = M - m0 < mr ? M - m0 : mr;
+            fns[rows - 4](x + m0 * K, w, rb, y + m0 * N, N, K, n0, n1, kc);
+        }
     }
 }
 
@@ -406,11 +415,11 @@ static int twq_a2_gemm(int fmt, const float* x, const uint8_t* w, float* y, int6
 
 /* bf16, f16, q4_k and q6_k rows. */
 static int twq_a2_run(int fmt, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t rb) {
-    if (M > TWQ_A2_GEMV_MAX_M) return twq_a2_gemm(fmt, x, w, y, M, N, K, rb);
-    if (TWQ_A2_ONCE && M >= 5 && M <= 8) {
+    if (TWQ_A2_ONCE && M >= 5 && M <= TWQ_A2_ONCE_MAX_M) {
         twq_a2_gemv8(fmt, x, w, y, M, N, K, rb);
         return 0;
     }
+    if (M > TWQ_A2_GEMV_MAX_M) return twq_a2_gemm(fmt, x, w, y, M, N, K, rb);
     twq_a2_gemv(fmt, x, w, y, M, N, K, rb);
     return 0;
 }
