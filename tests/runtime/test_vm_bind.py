@@ -1,6 +1,8 @@
 """``VM.bind``: the checks of the bound params' static shapes and dtypes run once, when binding
 (with the messages a call would give), and the bound function checks only what the caller
-passes at each call; its results are those of the unbound function."""
+passes at each call; its results are those of the unbound function. A dispatching ``main`` (one
+copy per shape bucket) hands its copies the bound params already checked: their checks of those
+params go too, unless they expect another shape or dtype."""
 
 from __future__ import annotations
 
@@ -100,3 +102,40 @@ def test_reshaping_the_callers_array_after_bind_changes_nothing(vm: tw.VM) -> No
     w.shape = (2, 8)  # the caller's object; the bound function holds a view of its own
     b.dtype = np.int32
     np.testing.assert_array_equal(bound(x, s), want)
+
+
+def _dispatching_module() -> tw.IRModule:
+    """``_module``'s main as copies ``main__p0..`` (one per shape bucket of ``n``) that a
+    dispatching ``main`` calls with its params, as ``placement="auto"`` builds it."""
+    from tilework.collage.buckets import bucket_vars, dispatch_module, make_buckets
+
+    mod = _module()
+    buckets = make_buckets(bucket_vars(mod["main"]), {"n": [1, 8, 64]})
+    return dispatch_module(mod, "main", [(b, k) for k, b in enumerate(buckets)], len(buckets))
+
+
+def test_a_dispatching_main_hands_its_copies_the_bound_params_checked() -> None:
+    vm = tw.VM(tw.build(_dispatching_module()))
+    names = [n for n in vm.exe.functions if n.startswith("main__p")]
+    assert len(names) == 3 and all(_static_checks(vm.exe.functions[n].code) for n in names)
+    for n in (1, 5, 8, 30, 64):
+        args = _arrays(n, seed=n)
+        want = vm["main"](*args)
+        np.testing.assert_allclose(want, args[0] @ args[2] + args[3] + args[1], rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(vm.bind("main", *args[2:])(*args[:2]), want)
+    variants = {key[0]: v for key, v in vm._own.variants.items()}
+    assert set(names) <= set(variants)  # every bucket's copy ran as a variant
+    for n in names:  # w and b (params 2, 3) checked once at bind; s, passed at every call, still
+        (kept,) = _static_checks(variants[n].fn.code)
+        assert [v for tag, v in kept[3] if tag == "r"] == [1]
+    x, s, w, b = _arrays(5)
+    with pytest.raises(RuntimeCheckError, match=r"s\.shape\[0\] = 3 but it must be 4"):
+        vm.bind("main", w, b)(x, s[:3].copy())
+
+
+def test_a_callee_expecting_another_shape_keeps_its_check() -> None:
+    vm = tw.VM(tw.build(_dispatching_module()))
+    own = vm._own
+    assert own.checked_variant("main__p0", {2: ((4, 4), "float32")}) is not own.funcs["main__p0"]
+    assert own.checked_variant("main__p0", {2: ((4, 5), "float32")}) is own.funcs["main__p0"]
+    assert own.checked_variant("main__p0", {2: ((4, 4), "float64")}) is own.funcs["main__p0"]

@@ -19,7 +19,7 @@ its own, made on first need and kept for later concurrent calls.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -84,7 +84,11 @@ class _Checked(_Loaded):
 class _Bound:
     """The functions of an executable resolved against one ``Memory``: what one call runs.
     ``variants`` holds the functions of ``VM.bind`` (their bound arguments' checks done once),
-    by (name, first bound param), made on first use."""
+    by (name, the bound params with their checked shapes and dtypes), made on first use. A
+    variant's call of another graph function that passes it bound params (a dispatching
+    ``main`` handing its weights to the copy for the shape bucket) calls a variant of that
+    function too: its static checks of those params are left out where they expect exactly
+    the shape and dtype the bound value was checked against."""
 
     __slots__ = ("vm", "memory", "funcs", "kernels", "variants")
 
@@ -96,7 +100,7 @@ class _Bound:
         self.funcs = {name: self.new(f) for name, f in vm.exe.functions.items()}
         for loaded in self.funcs.values():
             self.resolve(loaded)
-        self.variants: dict[tuple[str, int], _Loaded] = {}
+        self.variants: dict[tuple[str, tuple[tuple[int, tuple[Any, str]], ...]], _Loaded] = {}
 
     def new(self, fn: VMFunction) -> _Loaded:
         return (_Checked if self.vm.exe.untrusted else _Loaded)(fn)
@@ -109,11 +113,24 @@ class _Bound:
         return self.resolve(self.new(fn))
 
     def variant(self, name: str, lead: int) -> _Loaded:
-        key = (name, lead)
+        """Function ``name`` for callers that bind its params from ``lead`` on (``VM.bind``
+        checked them against the function's own static checks)."""
+        fn = self.funcs[name].fn
+        return self.checked_variant(name, {r: e for r, e in static_expectations(fn).items() if r >= lead})
+
+    def checked_variant(self, name: str, known: Mapping[int, tuple[Any, str]]) -> _Loaded:
+        """Function ``name`` without its static checks of the params in ``known`` (param ->
+        (shape, dtype) its value was checked to have) that expect just that."""
+        fn = self.funcs[name].fn
+        drop = {r for r, e in static_expectations(fn).items() if known.get(r) == e}
+        if not drop:
+            return self.funcs[name]
+        key = (name, tuple(sorted((r, known[r]) for r in drop)))
         loaded = self.variants.get(key)
         if loaded is None:
-            fn = self.funcs[name].fn
-            loaded = self.variants[key] = self.load(without_bound_checks(fn, lead)[0])
+            loaded = self.variants[key] = self.new(without_bound_checks(fn, drop)[0])  # in place before resolving: a call of itself finds it
+            checked = {r: known[r] for r in drop}
+            loaded.steps = [self.vm._resolve(self, loaded.fn, ins, checked) for ins in loaded.fn.code]
         return loaded
 
 
@@ -132,13 +149,16 @@ class VM:
         self._lock = threading.Lock()  # held by the call that runs on ``_own``
         self._spares: list[_Bound] = []  # for calls made while ``_own`` is busy
 
-    def _callee(self, bound: _Bound, fn: VMFunction, kind: str, name: str) -> Callable[..., Any]:
+    def _callee(self, bound: _Bound, fn: VMFunction, kind: str, name: str, passed: Mapping[int, tuple[Any, str]] | None = None) -> Callable[..., Any]:
+        """``passed``: for a graph function, its params that receive checked bound values."""
         if kind == "builtin":
             f = B.BUILTINS.get(name)
         elif kind == "kernel":
             f = bound.kernels.get(name)
         elif kind == "func":
             target = bound.funcs.get(name)
+            if target is not None and passed:
+                target = bound.checked_variant(name, passed)
             f = None if target is None else (lambda *a, _t=target: _t.invoke(*a))
         else:
             f = lookup_extern(name)
@@ -149,7 +169,9 @@ class VM:
             raise BuildError(f"{fn.name}: the executable calls {kind} {name!r}, which is not available here")
         return f
 
-    def _resolve(self, bound: _Bound, fn: VMFunction, ins: tuple[Any, ...]) -> Step:
+    def _resolve(self, bound: _Bound, fn: VMFunction, ins: tuple[Any, ...], checked: Mapping[int, tuple[Any, str]] | None = None) -> Step:
+        """``checked``: ``fn``'s params whose values were checked (shape, dtype) before the call
+        (a bound variant's); a graph function they are passed to gets them as checked too."""
         op = ins[0]
         if op == "ret":
             return (RET, ins[1], None)
@@ -163,7 +185,11 @@ class VM:
             if kind == "builtin" and name in B.BIND:
                 callee, args = B.BIND[name](bound.memory, args)
                 return (CALL, _make_step(dst, callee, args, self.exe.constants), None)
-            callee = self._callee(bound, fn, kind, name)
+            passed = None
+            if kind == "func" and checked:
+                unchanged = {r for r in checked if r not in _written(fn)}
+                passed = {i: checked[v] for i, (tag, v) in enumerate(args) if tag == "r" and v in unchanged}
+            callee = self._callee(bound, fn, kind, name, passed)
             if kind == "builtin" and name in B.PREPARE:
                 args = B.PREPARE[name](args)
             return (CALL, _make_step(dst, callee, args, self.exe.constants), None)
@@ -250,18 +276,13 @@ class VM:
         return self.memory.stats()
 
 
-def without_bound_checks(fn: VMFunction, lead: int) -> tuple[VMFunction, list[Instr]]:
-    """``fn`` for callers that fix its params from ``lead`` on (``VM.bind``), and the checks
-    that were taken out of it, to run once on the bound values: a ``vm_check_static_tensors``
-    of the prologue (before any jump, its registers not yet written) keeps only the params
-    before ``lead``, or becomes a jump to the next instruction when none is left."""
-    nparams = len(fn.params)
-    code = list(fn.code)
+def _prologue_static_checks(fn: VMFunction) -> Iterator[tuple[int, list[int], list[Any]]]:
+    """The well-formed ``vm_check_static_tensors`` of ``fn``'s prologue (before any jump, its
+    registers not yet written): (pc, registers, [shapes, dtypes, labels, where])."""
     written: set[int] = set()
-    taken: list[Instr] = []
     for pc, ins in enumerate(fn.code):
         if ins[0] != "call":
-            break
+            return
         _, dst, (kind, builtin), args = ins
         if kind == "builtin" and builtin == "vm_check_static_tensors":
             n = len(args) - 4
@@ -269,13 +290,44 @@ def without_bound_checks(fn: VMFunction, lead: int) -> tuple[VMFunction, list[In
             extras = [v for _, v in args[n:]]  # shapes, dtypes, labels, where (a file's: checked)
             well_formed = n >= 0 and all(isinstance(e, tuple) and len(e) == n for e in extras[:3]) and isinstance(extras[3:] and extras[3], str)
             if well_formed and all(tag == "r" for tag, _ in args[:n]) and all(tag == "i" for tag, _ in args[n:]) and not written.intersection(regs):
-                keep = [i for i, r in enumerate(regs) if not lead <= r < nparams]
-                drop = [i for i, r in enumerate(regs) if lead <= r < nparams]
-                if drop:
-                    taken.append(_static_check(dst, builtin, [regs[i] for i in drop], [tuple(e[i] for i in drop) for e in extras[:3]], extras[3]))
-                    keep_args = [tuple(e[i] for i in keep) for e in extras[:3]]
-                    code[pc] = _static_check(dst, builtin, [regs[i] for i in keep], keep_args, extras[3]) if keep else ("goto", pc + 1)
+                yield pc, regs, extras
         written.add(dst)
+
+
+def static_expectations(fn: VMFunction) -> dict[int, tuple[Any, str]]:
+    """Param register -> (shape, dtype) that ``fn``'s prologue checks it against statically."""
+    nparams = len(fn.params)
+    out: dict[int, tuple[Any, str]] = {}
+    for _, regs, extras in _prologue_static_checks(fn):
+        for i, r in enumerate(regs):
+            if r < nparams:
+                out.setdefault(r, (extras[0][i], extras[1][i]))
+    return out
+
+
+def _written(fn: VMFunction) -> set[int]:
+    """The registers ``fn``'s instructions write (a param's register may be reused)."""
+    return {ins[1] for ins in fn.code if ins[0] == "call"}
+
+
+def without_bound_checks(fn: VMFunction, bound: int | Collection[int]) -> tuple[VMFunction, list[Instr]]:
+    """``fn`` for callers that fix its params ``bound`` (an int: from that one on, as
+    ``VM.bind`` fixes them), and the checks that were taken out of it, to run once on the bound
+    values: a ``vm_check_static_tensors`` of the prologue (before any jump, its registers not
+    yet written) keeps only the other params, or becomes a jump to the next instruction when
+    none is left."""
+    nparams = len(fn.params)
+    fixed = set(range(bound, nparams)) if isinstance(bound, int) else set(bound)
+    code = list(fn.code)
+    taken: list[Instr] = []
+    for pc, regs, extras in _prologue_static_checks(fn):
+        dst = fn.code[pc][1]
+        keep = [i for i, r in enumerate(regs) if r not in fixed]
+        drop = [i for i, r in enumerate(regs) if r in fixed]
+        if drop:
+            taken.append(_static_check(dst, "vm_check_static_tensors", [regs[i] for i in drop], [tuple(e[i] for i in drop) for e in extras[:3]], extras[3]))
+            keep_args = [tuple(e[i] for i in keep) for e in extras[:3]]
+            code[pc] = _static_check(dst, "vm_check_static_tensors", [regs[i] for i in keep], keep_args, extras[3]) if keep else ("goto", pc + 1)
     return VMFunction(fn.name, fn.params, fn.num_regs, tuple(code)), taken
 
 
