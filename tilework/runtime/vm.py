@@ -100,7 +100,7 @@ class _Bound:
         self.funcs = {name: self.new(f) for name, f in vm.exe.functions.items()}
         for loaded in self.funcs.values():
             self.resolve(loaded)
-        self.variants: dict[tuple[str, tuple[tuple[int, tuple[Any, str]], ...]], _Loaded] = {}
+        self.variants: dict[tuple[str, str], _Loaded] = {}
 
     def new(self, fn: VMFunction) -> _Loaded:
         return (_Checked if self.vm.exe.untrusted else _Loaded)(fn)
@@ -125,7 +125,7 @@ class _Bound:
         drop = {r for r, e in static_expectations(fn).items() if known.get(r) == e}
         if not drop:
             return self.funcs[name]
-        key = (name, tuple(sorted((r, known[r]) for r in drop)))
+        key = (name, repr(sorted((r, known[r]) for r in drop)))  # repr: a file's immediates need not hash
         loaded = self.variants.get(key)
         if loaded is None:
             loaded = self.variants[key] = self.new(without_bound_checks(fn, drop)[0])  # in place before resolving: a call of itself finds it
