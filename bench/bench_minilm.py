@@ -42,7 +42,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 import tilework  # noqa: E402
-from report import SETTLE_S, emit, table  # noqa: E402
+from report import emit, median_ms_in_rounds, table  # noqa: E402
 
 SHAPES = [(1, 8), (1, 32), (1, 128), (1, 256), (8, 128), (8, 256)]
 THREADS = int(os.environ.setdefault("OMP_NUM_THREADS", "2"))
@@ -61,17 +61,6 @@ def inputs(batch: int, seq: int, vocab: int, seed: int = 0) -> dict[str, torch.T
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (batch, seq), generator=g)
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-
-
-def median_ms(fn: Callable[[], Any], repeat: int) -> float:
-    time.sleep(SETTLE_S)  # the system timed before has gone idle (see report.SETTLE_S)
-    fn()
-    samples = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(samples)
 
 
 def compile_tilework(model: Any, opt_level: int, precision: str = "fp32") -> Any:
@@ -192,13 +181,16 @@ def main() -> None:
     for batch, seq in SHAPES:
         x = inputs(batch, seq, vocab)
         rep = args.repeat if batch * seq <= 256 else max(3, args.repeat // 2)
-        ms = {n: median_ms(lambda f=f: f(x), rep) for n, f in systems.items()}
+        timed: dict[str, Callable[[], Any]] = {n: (lambda f=f: f(x)) for n, f in systems.items()}
+        if tw_bf16 is not None:
+            timed["tilework bf16"] = lambda: tw_bf16(**x)
+        ms = median_ms_in_rounds(timed, rep)
         ratios = " ".join(f"{ms[n] / ms['tilework']:5.2f}x" for n in names if n != "tilework")
         print(f"{str((batch, seq)):>14} " + " ".join(f"{ms[n]:14.2f}" for n in names) + "   " + ratios)
         best = min(ms[n] for n in names if not n.startswith("tilework"))
         rows.append([str((batch, seq))] + [f"{ms[n]:.2f}" + ("" if n == "tilework" else f" ({ms[n] / ms['tilework']:.2f}x)") for n in names] + [f"{best / ms['tilework']:.2f}x"])
         if tw_bf16 is not None:
-            bf = median_ms(lambda: tw_bf16(**x), rep)
+            bf = ms["tilework bf16"]
             err = tw_bf16.check_precision(tw_opt, **x)  # against tilework fp32, itself within 1e-4 of torch
             print(f"{'':>14} tilework bf16 {bf:.2f} ms: {ms['tilework'] / bf:.2f}x tilework fp32, {best / bf:.2f}x the best fp32 peer; error vs fp32 {err['max_abs']:.2e} abs, {err['max_rel']:.2e} of the largest output")
             bf16_rows.append([str((batch, seq)), f"{bf:.2f}", f"{ms['tilework']:.2f}", f"{best:.2f}", f"{ms['tilework'] / bf:.2f}x", f"{best / bf:.2f}x", f"{err['max_abs']:.2e}", f"{err['max_rel']:.2e}"])

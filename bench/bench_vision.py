@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -29,7 +28,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from report import cpu_features, cpu_model, emit, table  # noqa: E402
+from report import cpu_features, cpu_model, emit, median_ms_in_rounds, table  # noqa: E402
 
 import tilework  # noqa: E402
 
@@ -126,16 +125,6 @@ MODELS: dict[str, Callable[[], nn.Module]] = {"resnet18": ResNet18, "mobilenet_v
 # -- measuring ------------------------------------------------------------------------------------
 
 
-def median_ms(fn: Callable[[], Any], repeat: int) -> float:
-    fn()
-    samples = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(samples)
-
-
 def randomized(model: nn.Module) -> nn.Module:
     """Random weights and non-trivial batch-norm statistics, in eval mode."""
     torch.manual_seed(0)
@@ -223,12 +212,13 @@ def main() -> None:
             with torch.no_grad():
                 ref = model(x).numpy()
             err = float(np.abs(as_numpy(systems["tilework"](x)) - ref).max() / (np.abs(ref).max() + 1e-30))
-            ms = {n: median_ms(lambda f=f: f(x), args.repeat) for n, f in systems.items()}
+            timed: dict[str, Callable[[], Any]] = {n: (lambda f=f: f(x)) for n, f in systems.items()}
+            ms = median_ms_in_rounds(timed, args.repeat)
             best = min(v for n, v in ms.items() if n != "tilework")
             print(f"{mname} batch {b}: " + ", ".join(f"{n} {v:.1f} ms" for n, v in ms.items()) + f"; tilework / best peer {best / ms['tilework']:.2f}x; max rel error {err:.1e}", flush=True)
             rows.append([mname, str(b)] + [f"{ms[n]:.1f}" if n in ms else "-" for n in names] + [f"{best / ms['tilework']:.2f}x", f"{err:.0e}"])
     head = ["model", "batch"] + [f"{n} ms" for n in names] + ["best peer / tilework", "max rel err"]
-    note = f"`python bench/bench_vision.py --repeat {args.repeat}`: {cpu_model()} ({cpu_features()}), {THREADS} threads each, 224x224, random weights, median of {args.repeat} calls."
+    note = f"`python bench/bench_vision.py --repeat {args.repeat}`: {cpu_model()} ({cpu_features()}), {THREADS} threads each, 224x224, random weights, median of {args.repeat} calls (in 3 rounds over the systems)."
     emit("vision", note + "\n\n" + table(head, rows))
 
 

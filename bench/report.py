@@ -20,11 +20,13 @@ import os
 import platform
 import re
 import shutil
+import statistics
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 BLOCK = re.compile(r"^<!-- table:(?P<key>[\w.-]+) -->\n(?P<body>.*?)^<!-- /table:(?P=key) -->\n?", re.M | re.S)
 # Pause before timing a system right after another one in the same process: the worker
@@ -33,6 +35,26 @@ BLOCK = re.compile(r"^<!-- table:(?P<key>[\w.-]+) -->\n(?P<body>.*?)^<!-- /table
 # waits for its descheduled thread (tilework's MLP at n = 32: 8 ms right after a NumPy
 # matmul, 4 ms 0.3 s later).
 SETTLE_S = 0.3
+
+
+def median_ms_in_rounds(fns: dict[str, Callable[[], Any]], repeat: int, rounds: int = 3) -> dict[str, float]:
+    """Median ms of each of ``fns`` over about ``repeat`` timed calls, taken in ``rounds``
+    rounds: each round times a block of calls of every system in turn (the order rotating),
+    each block after ``SETTLE_S`` and one untimed call. A change of the machine's state between
+    minutes (its memory bandwidth, another tenant) then falls on every system alike, and no
+    system is timed while the one before still spins."""
+    names = list(fns)
+    per = max(1, -(-repeat // rounds))
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for n in names[r % len(names):] + names[: r % len(names)]:
+            time.sleep(SETTLE_S)
+            fns[n]()
+            for _ in range(per):
+                t = time.perf_counter()
+                fns[n]()
+                samples[n].append(time.perf_counter() - t)
+    return {n: 1e3 * statistics.median(v) for n, v in samples.items()}
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
