@@ -61,28 +61,6 @@ def timeit(fn: Callable[[], Any], repeat: int, budget_s: float = 2.0) -> float:
     return statistics.median(samples)
 
 
-def timeit_side_by_side(fns: dict[str, Callable[[], Any]], repeat: int, budget_s: float = 2.0) -> dict[str, float]:
-    """Median seconds of each of ``fns``, timed in rounds that call each once in turn (the
-    order rotating every round), after two warm-up calls of each: a change of the machine's
-    state (memory bandwidth, another tenant) falls on every system alike, not on whichever
-    happened to be timed then. At least 3 rounds; fewer than ``repeat`` when the rounds take
-    more than ``budget_s`` per system."""
-    names = list(fns)
-    for name in names:
-        fns[name]()
-        fns[name]()
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    start = time.perf_counter()
-    for r in range(repeat):
-        if r >= 3 and time.perf_counter() - start > budget_s * len(names):
-            break
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            t = time.perf_counter()
-            fns[name]()
-            samples[name].append(time.perf_counter() - t)
-    return {name: statistics.median(v) for name, v in samples.items()}
-
-
 # -- models and their inputs --------------------------------------------------------------------
 
 

@@ -17,10 +17,10 @@ every shape:
   (dynamic) of it, and onnxruntime running the whole model exported as one ONNX graph.
 
 Every result is checked against codegen's. Each shape's systems are timed side by side (rounds
-calling each once in turn: ``timeit_side_by_side``). Prints median ms per shape, auto placement's speed
-over the best single-backend configuration at that shape (> 1: faster), the geometric mean,
-the search time, candidates measured, the share served from the cache, and the second
-compile's time against the first. ``--fresh`` starts from an empty cost cache (a private one in
+calling each once in turn: ``report.median_ms_in_rounds``). Prints median ms per shape, auto
+placement's speed over the best single-backend configuration at that shape (> 1: faster), the
+geometric mean, the search time, candidates measured, the share served from the cache, and the
+second compile's time against the first. ``--fresh`` starts from an empty cost cache (a private one in
 a temporary directory) so the first compile measures everything.
 
     python bench/bench_placement.py [--models mlp,encoder,llama] [--layers 2] [--repeat 20] [--threads 1] [--fresh]
@@ -43,8 +43,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tilework as tw  # noqa: E402
-from bench_backends import onnxruntime_whole, timeit_side_by_side, torch_eager, weights_of  # noqa: E402
-from report import emit, table  # noqa: E402
+from bench_backends import onnxruntime_whole, torch_eager, weights_of  # noqa: E402
+from report import emit, median_ms_in_rounds, table  # noqa: E402
 from tilework.collage import PlacementPlan  # noqa: E402
 from tilework.ir.module import IRModule  # noqa: E402
 from tilework.models import reference as R  # noqa: E402
@@ -137,8 +137,8 @@ def run_model(name: str, layers: int, repeat: int, budget: float | None) -> dict
             if not np.allclose(got, want, rtol=3e-3, atol=3e-3):
                 raise SystemExit(f"{name} {shape}: {col} differs from codegen by {float(np.abs(got - want).max()):.3g}")
             calls[col] = lambda fn=fn, args=args: fn(*args)
-        for col, s in timeit_side_by_side(calls, repeat).items():
-            ms[col][shape] = 1e3 * s
+        for col, t in median_ms_in_rounds(calls, repeat, rounds=repeat, settle_s=0, budget_s=2.0).items():  # one call of each system a round
+            ms[col][shape] = t
     same = [b["placement"] for b in exe2.meta["placement"]["buckets"]] == [b["placement"] for b in exe.meta["placement"]["buckets"]]
     return {"ms": ms, "shapes": shapes, "setup": setup, "first_s": first, "second_s": second, "plan": plan, "same_plan": same}
 

@@ -37,19 +37,29 @@ BLOCK = re.compile(r"^<!-- table:(?P<key>[\w.-]+) -->\n(?P<body>.*?)^<!-- /table
 SETTLE_S = 0.3
 
 
-def median_ms_in_rounds(fns: dict[str, Callable[[], Any]], repeat: int, rounds: int = 3) -> dict[str, float]:
+def median_ms_in_rounds(fns: dict[str, Callable[[], Any]], repeat: int, rounds: int = 3, settle_s: float = SETTLE_S, budget_s: float | None = None) -> dict[str, float]:
     """Median ms of each of ``fns`` over about ``repeat`` timed calls, taken in ``rounds``
-    rounds: each round times a block of calls of every system in turn (the order rotating),
-    each block after ``SETTLE_S`` and one untimed call. A change of the machine's state between
-    minutes (its memory bandwidth, another tenant) then falls on every system alike, and no
-    system is timed while the one before still spins."""
+    rounds: each round times a block of calls of every system in turn (the order rotating). A
+    change of the machine's state between minutes (its memory bandwidth, another tenant) then
+    falls on every system alike. With ``settle_s`` each block starts after that pause and one
+    untimed call (no system is timed while the one before still spins); without, each system
+    is called twice first and the rounds follow one another. ``budget_s``: no new round once
+    the rounds took that long per system (at least 3 rounds)."""
     names = list(fns)
     per = max(1, -(-repeat // rounds))
-    samples: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds):
-        for n in names[r % len(names):] + names[: r % len(names)]:
-            time.sleep(SETTLE_S)
+    if not settle_s:
+        for n in names:
             fns[n]()
+            fns[n]()
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    start = time.perf_counter()
+    for r in range(rounds):
+        if budget_s is not None and r >= 3 and time.perf_counter() - start > budget_s * len(names):
+            break
+        for n in names[r % len(names):] + names[: r % len(names)]:
+            if settle_s:
+                time.sleep(settle_s)
+                fns[n]()
             for _ in range(per):
                 t = time.perf_counter()
                 fns[n]()
