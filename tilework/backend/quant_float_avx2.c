@@ -158,6 +158,9 @@ static const twq_a2_gemv_fn twq_a2_gemv_table[4][3][TWQ_A2_MR] = {TWQ_A2_GEMV_RO
 #ifndef TWQ_A2_ONCE_MAX_M
 #define TWQ_A2_ONCE_MAX_M 12 /* more rows: the GEMM (measured: even at 10-12, slower at 16) */
 #endif
+#if TWQ_A2_ONCE_MAX_M > 16
+#error "TWQ_A2_ONCE_MAX_M above 16: a pass could have fewer than 4 rows (twq_a2_gemv8_table)"
+#endif
 #define TWQ_A2_KC8 768  /* most k per chunk: 8 rows x 768 floats of x, 24 KiB */
 #define TWQ_A2_NB8 16   /* W rows per block (a thread's unit of work) */
 #ifndef TWQ_A2_AHEAD8
