@@ -90,7 +90,7 @@ class _Bound:
     function too: its static checks of those params are left out where they expect exactly
     the shape and dtype the bound value was checked against."""
 
-    __slots__ = ("vm", "memory", "funcs", "kernels", "variants")
+    __slots__ = ("vm", "memory", "funcs", "kernels", "variants", "bound")
 
     def __init__(self, vm: "VM", memory: Memory) -> None:
         self.vm = vm
@@ -101,6 +101,7 @@ class _Bound:
         for loaded in self.funcs.values():
             self.resolve(loaded)
         self.variants: dict[tuple[str, str], _Loaded] = {}
+        self.bound: dict[tuple[str, int], _Loaded] = {}  # variant() by (name, lead): every bound call looks it up
 
     def new(self, fn: VMFunction) -> _Loaded:
         return (_Checked if self.vm.exe.untrusted else _Loaded)(fn)
@@ -115,8 +116,11 @@ class _Bound:
     def variant(self, name: str, lead: int) -> _Loaded:
         """Function ``name`` for callers that bind its params from ``lead`` on (``VM.bind``
         checked them against the function's own static checks)."""
-        fn = self.funcs[name].fn
-        return self.checked_variant(name, {r: e for r, e in static_expectations(fn).items() if r >= lead})
+        loaded = self.bound.get((name, lead))
+        if loaded is None:
+            fn = self.funcs[name].fn
+            loaded = self.bound[(name, lead)] = self.checked_variant(name, {r: e for r, e in static_expectations(fn).items() if r >= lead})
+        return loaded
 
     def checked_variant(self, name: str, known: Mapping[int, tuple[Any, str]]) -> _Loaded:
         """Function ``name`` without its static checks of the params in ``known`` (param ->
@@ -129,7 +133,8 @@ class _Bound:
         loaded = self.variants.get(key)
         if loaded is None:
             loaded = self.variants[key] = self.new(without_bound_checks(fn, drop)[0])  # in place before resolving: a call of itself finds it
-            checked = {r: known[r] for r in drop}
+            written = _written(fn)  # a param register the function reuses no longer holds the checked value
+            checked = {r: known[r] for r in drop if r not in written}
             loaded.steps = [self.vm._resolve(self, loaded.fn, ins, checked) for ins in loaded.fn.code]
         return loaded
 
@@ -170,8 +175,8 @@ class VM:
         return f
 
     def _resolve(self, bound: _Bound, fn: VMFunction, ins: tuple[Any, ...], checked: Mapping[int, tuple[Any, str]] | None = None) -> Step:
-        """``checked``: ``fn``'s params whose values were checked (shape, dtype) before the call
-        (a bound variant's); a graph function they are passed to gets them as checked too."""
+        """``checked``: ``fn``'s params whose registers hold values checked (shape, dtype) before
+        the call (a bound variant's); a graph function they are passed to gets them as checked."""
         op = ins[0]
         if op == "ret":
             return (RET, ins[1], None)
@@ -187,8 +192,7 @@ class VM:
                 return (CALL, _make_step(dst, callee, args, self.exe.constants), None)
             passed = None
             if kind == "func" and checked:
-                unchanged = {r for r in checked if r not in _written(fn)}
-                passed = {i: checked[v] for i, (tag, v) in enumerate(args) if tag == "r" and v in unchanged}
+                passed = {i: checked[v] for i, (tag, v) in enumerate(args) if tag == "r" and v in checked}
             callee = self._callee(bound, fn, kind, name, passed)
             if kind == "builtin" and name in B.PREPARE:
                 args = B.PREPARE[name](args)
