@@ -135,8 +135,9 @@ def test_clients_that_disconnect_mid_stream_leave_no_pages(server: BackgroundSer
         return r.choices[0].finish_reason
 
     def give_up(_i: int) -> str | None:  # a plain request whose client times out
+        # greedy: the count runs on past 1000 tokens (seconds); a sampled answer could end early
         try:
-            http(server, "/v1/completions", json.dumps({"prompt": "1, 2, 3,", "max_tokens": 1000}).encode(), timeout=0.5)
+            http(server, "/v1/completions", json.dumps({"prompt": "1, 2, 3,", "max_tokens": 1000, "temperature": 0}).encode(), timeout=0.5)
         except (TimeoutError, urllib.error.URLError):
             return None
         return "finished"
