@@ -183,7 +183,7 @@ class _NonAdditive(MockCostModel):
     """Mock costs per op; end to end, offloading ``up`` without ``out`` is slow (a made-up
     interaction the additive search cannot see)."""
 
-    def end_to_end(self, mod, placements, env):  # type: ignore[no-untyped-def, override]
+    def end_to_end(self, mod, placements, env, again=False):  # type: ignore[no-untyped-def, override]
         out = []
         for p in placements:
             on = {r.vars[0] for r in p.regions}

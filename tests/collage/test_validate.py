@@ -61,6 +61,37 @@ def test_the_fastest_plan_end_to_end_is_kept_and_every_time_is_in_the_plan() -> 
     assert "end to end, ms: " in plan.table() and "codegen 3000.000" in plan.table()
 
 
+def test_plans_within_a_few_percent_are_timed_again_head_to_head(tmp_path: Path) -> None:
+    """A first timing puts the search's cover (both linears on blas) 2% ahead of codegen
+    alone, within one timing's noise: the close plans are timed again together and the second
+    timing decides; plans further apart are timed once. The second timing is cached like
+    the first: a second placement decides alike and times nothing."""
+    counts: dict[str, int] = {}
+
+    def e2e(p: Placement, dims: dict[str, int]) -> float:
+        on = _on(p)
+        n = counts[repr(sorted(on.items()))] = counts.get(repr(sorted(on.items())), 0) + 1
+        if not on:
+            return 1.00
+        if on == {"up": "blas", "out": "blas"}:
+            return 0.98 if n == 1 else 1.03
+        return 1.5
+
+    model = MockCostModel(_cost, e2e=e2e, cache=CostCache(str(tmp_path / "c.sqlite")))
+    b = place(mlp(), ["blas", "codegen"], cost_model=model, buckets={"n": [4]}).buckets[0]
+    assert b.placement.regions == () and b.measured_s == 1.00 and b.chosen_by.startswith("codegen")
+    times = {a.label.split(" = ")[0]: a.seconds for a in b.alternatives}
+    assert times["search"] == 1.03 and times["codegen"] == 1.00
+    assert counts[repr([])] == 2 and counts[repr([("out", "blas"), ("up", "blas")])] == 2
+    replay = MockCostModel(_cost, e2e=e2e, cache=CostCache(str(tmp_path / "c.sqlite")))
+    assert place(mlp(), ["blas", "codegen"], cost_model=replay, buckets={"n": [4]}).buckets[0].placement == b.placement
+    assert replay.e2e_calls == 0
+    # 10% apart: each plan is timed once
+    far = MockCostModel(_cost, e2e=lambda p, d: 1.10 if p.regions else 1.00)
+    assert place(mlp(), ["blas", "codegen"], cost_model=far, buckets={"n": [4]}).buckets[0].placement.regions == ()
+    assert far.e2e_calls == 2
+
+
 def test_a_plan_that_fails_to_build_falls_back() -> None:
     def e2e(p: Placement, dims: dict[str, int]) -> float:
         if any(r.backend == "blas" and r.vars == ("out",) for r in p.regions):

@@ -32,6 +32,9 @@
   weights and code warm, not evicted by the other placements' (each built with its codegen
   linears' weights laid out, as ``tilework.compile`` builds it). ``WholeTimes`` keys these by the module's structural hash, the dims, the
   placement, backend versions, the machine and the measuring protocol (the mock shares it).
+  Plans whose times come within a few percent of each other are timed *again*
+  (``end_to_end(..., again=True)``): together, head to head, with ``AGAIN_REPEAT`` times the
+  repeats, kept under keys of their own.
 
   Every measurement goes through the persistent cost cache (``tilework.collage.cache``), so a
   model placed twice, or a model whose layers repeat, is measured once. A progress bar (tqdm,
@@ -93,7 +96,7 @@ class CostModel(Protocol):
 
     def transition_costs(self, g: BlockGraph, cands: Sequence[Candidate], costs: Sequence[float], env: Mapping[SymVar, int]) -> dict[tuple[str, str], float]: ...
 
-    def end_to_end(self, mod: IRModule, placements: Sequence[Placement], env: Mapping[SymVar, int]) -> list[float] | None: ...
+    def end_to_end(self, mod: IRModule, placements: Sequence[Placement], env: Mapping[SymVar, int], again: bool = False) -> list[float] | None: ...
 
 
 def ops_of(g: BlockGraph, nodes: Sequence[int]) -> tuple[str, ...]:
@@ -106,7 +109,8 @@ def ops_of(g: BlockGraph, nodes: Sequence[int]) -> tuple[str, ...]:
 
 
 E2E_PROTOCOL = "e2e-burst-3"  # what an end-to-end time means (in its cache key): bursts, see the module docstring; 2: codegen's weights laid out; 3: warm calls for BURST_WARM_S
-Timer = Callable[[IRModule, Sequence[Placement], Mapping[SymVar, int]], list[Entry]]
+AGAIN_REPEAT = 3  # a head-to-head timing again (``end_to_end(..., again=True)``) takes this many times the repeats
+Timer = Callable[[IRModule, Sequence[Placement], Mapping[SymVar, int], bool], list[Entry]]
 
 
 class WholeTimes:
@@ -130,9 +134,9 @@ class WholeTimes:
             self._hashed = (mod, structural_hash(mod))
         return self._hashed[1]
 
-    def key(self, mod: IRModule, placement: Placement, env: Mapping[SymVar, int]) -> str:
+    def key(self, mod: IRModule, placement: Placement, env: Mapping[SymVar, int], again: bool = False) -> str:
         return make_key({
-            "what": "e2e",
+            "what": "e2e again" if again else "e2e",
             "module": self._module_hash(mod),
             "placement": placement.to_json(),
             "env": sorted((v.name, n) for v, n in env.items()),
@@ -141,13 +145,15 @@ class WholeTimes:
             "protocol": self.protocol,
         })
 
-    def times(self, mod: IRModule, placements: Sequence[Placement], env: Mapping[SymVar, int]) -> list[float]:
-        keys = [self.key(mod, p, env) if self.cache is not None else "" for p in placements]
+    def times(self, mod: IRModule, placements: Sequence[Placement], env: Mapping[SymVar, int], again: bool = False) -> list[float]:
+        """The placements' times; ``again``: the times of a second timing of these placements
+        together, head to head (kept under keys of their own: a second compile decides alike)."""
+        keys = [self.key(mod, p, env, again) if self.cache is not None else "" for p in placements]
         out: list[Entry | None] = [self.cache.get(k) if self.cache is not None else None for k in keys]
         self.hits += sum(e is not None for e in out)
         todo = [i for i, e in enumerate(out) if e is None]
         if todo:
-            for i, entry in zip(todo, self.timer(mod, [placements[i] for i in todo], env)):
+            for i, entry in zip(todo, self.timer(mod, [placements[i] for i in todo], env, again)):
                 out[i] = entry
                 self.measured += 1
                 if not math.isfinite(entry.seconds):
@@ -184,14 +190,14 @@ class MockCostModel:
     def transition_costs(self, g: BlockGraph, cands: Sequence[Candidate], costs: Sequence[float], env: Mapping[SymVar, int]) -> dict[tuple[str, str], float]:
         return dict(self.transitions)
 
-    def end_to_end(self, mod: IRModule, placements: Sequence[Placement], env: Mapping[SymVar, int]) -> list[float] | None:
+    def end_to_end(self, mod: IRModule, placements: Sequence[Placement], env: Mapping[SymVar, int], again: bool = False) -> list[float] | None:
         if self.e2e is None:
             return None
         if self.whole is None:
             self.whole = WholeTimes(self.cache, self._time, "mock")
-        return self.whole.times(mod, placements, env)
+        return self.whole.times(mod, placements, env, again)
 
-    def _time(self, mod: IRModule, placements: Sequence[Placement], env: Mapping[SymVar, int]) -> list[Entry]:
+    def _time(self, mod: IRModule, placements: Sequence[Placement], env: Mapping[SymVar, int], again: bool = False) -> list[Entry]:
         assert self.e2e is not None
         dims = {v.name: n for v, n in env.items()}
         out = []
@@ -302,18 +308,19 @@ class MeasuredCostModel:
             out[(ba, bb)] = min(MAX_TRANSITION_S, max(0.0, r.result.seconds - costs[a] - costs[b]))
         return out
 
-    def end_to_end(self, mod: IRModule, placements: Sequence[Placement], env: Mapping[SymVar, int]) -> list[float] | None:
+    def end_to_end(self, mod: IRModule, placements: Sequence[Placement], env: Mapping[SymVar, int], again: bool = False) -> list[float] | None:
         """The whole ``main`` under each of ``placements``, timed at ``env`` side by side in
-        bursts (see the module docstring; cached)."""
+        bursts (see the module docstring; cached); ``again``: timed once more, head to head,
+        with ``AGAIN_REPEAT`` times the repeats."""
         if not isinstance(mod.get("main"), GraphFunc):
             return None
         hits, measured = self.whole.hits, self.whole.measured
-        out = self.whole.times(mod, placements, env)
+        out = self.whole.times(mod, placements, env, again)
         self.stats.e2e_cache_hits += self.whole.hits - hits
         self.stats.e2e_measured += self.whole.measured - measured
         return out
 
-    def _time_whole(self, mod: IRModule, placements: Sequence[Placement], env: Mapping[SymVar, int]) -> list[Entry]:
+    def _time_whole(self, mod: IRModule, placements: Sequence[Placement], env: Mapping[SymVar, int], again: bool = False) -> list[Entry]:
         """Build each placement of ``mod`` (once for all buckets) and time its ``main``."""
         t0 = time.perf_counter()
         from tilework.runtime.vm import VM
@@ -351,7 +358,8 @@ class MeasuredCostModel:
             bar.update(1, self.stats.e2e_cache_hits)
         bar.close()
         live = [i for i, c in enumerate(calls) if c is not None]
-        timed = self._time_many([c for c in calls if c is not None], limit=max(self.time_limit_s, 1.0), burst=True)
+        scale = AGAIN_REPEAT if again else 1
+        timed = self._time_many([c for c in calls if c is not None], limit=max(self.time_limit_s, 1.0) * scale, burst=True, repeat=self.repeat * scale)
         for i, entry in zip(live, timed):
             entries[i] = entry
         self.stats.seconds += time.perf_counter() - t0
@@ -528,7 +536,7 @@ class MeasuredCostModel:
         vm = VM(exe)
         return [vm[f"c{k}"] for k in range(len(reqs))], [vm[f"z{j}"] for j in range(len(sigs))], null_of, laid
 
-    def _time_many(self, fns: Sequence[Callable[[], Any]], limit: float, burst: bool = False) -> list[Entry]:
+    def _time_many(self, fns: Sequence[Callable[[], Any]], limit: float, burst: bool = False, repeat: int | None = None) -> list[Entry]:
         """Each of ``fns`` timed: a first call (sessions created, caches filled: it may take up
         to ``FIRST_CALL_LIMITS`` limits; a second call over ``limit`` ends the timing with its
         time) and warm-up calls, then repeats taken round-robin over all of them (a change in the machine's load
@@ -537,7 +545,7 @@ class MeasuredCostModel:
         the function left in the caches is what it finds, not what the others left; a longer
         call's working set outgrows the caches anyway); the median per function, more rounds while its
         spread ((max - min) / median) is above ``max_spread``, within ``limit`` seconds per
-        function. A call that raises: infinity."""
+        function (``repeat``: repeats a round, default ``self.repeat``). A call that raises: infinity."""
         entries: list[Entry | None] = [None] * len(fns)
         live: list[tuple[int, Callable[[], Any], int, int]] = []  # (index, fn, calls a repeat, untimed calls before it)
         for i, fn in enumerate(fns):
@@ -565,7 +573,7 @@ class MeasuredCostModel:
         deadline = time.perf_counter() + limit * max(1, len(live))
         active = list(live)
         for _ in range(self.max_rounds):
-            for _ in range(self.repeat):
+            for _ in range(repeat or self.repeat):
                 for i, fn, number, warm in active:
                     if entries[i] is not None:
                         continue
