@@ -125,7 +125,7 @@ def main() -> int:
         print(f"run_all: unknown table(s) {', '.join(sorted(unknown))}; --list shows them", file=sys.stderr)
         return 2
     todo = [b for b in BENCHES if not only or only & set(b.keys)]
-    cpu = cpu_model()
+    cpu = f"{cpu_model()} ({cpu_features()})"  # the features: two machines may share a model name
     bw, how = read_bandwidth()
     doc = replace_block(DOC.read_text(), "machine", machine_block(f"{bw:.1f} GB/s ({how})"))
     failed = []
