@@ -37,14 +37,16 @@ BLOCK = re.compile(r"^<!-- table:(?P<key>[\w.-]+) -->\n(?P<body>.*?)^<!-- /table
 SETTLE_S = 0.3
 
 
-def median_ms_in_rounds(fns: dict[str, Callable[[], Any]], repeat: int, rounds: int = 3, settle_s: float = SETTLE_S, budget_s: float | None = None) -> dict[str, float]:
+def median_ms_in_rounds(fns: dict[str, Callable[[], Any]], repeat: int, rounds: int = 3, settle_s: float = SETTLE_S, budget_s: float | None = None, warm: bool = False) -> dict[str, float]:
     """Median ms of each of ``fns`` over about ``repeat`` timed calls, taken in ``rounds``
     rounds: each round times a block of calls of every system in turn (the order rotating). A
     change of the machine's state between minutes (its memory bandwidth, another tenant) then
     falls on every system alike. With ``settle_s`` each block starts after that pause and one
     untimed call (no system is timed while the one before still spins); without, each system
     is called twice first and the rounds follow one another. ``budget_s``: no new round once
-    the rounds took that long per system (at least 3 rounds)."""
+    the rounds took that long per system (at least 3 rounds). ``warm``: each block follows an
+    untimed call of the same system, also without ``settle_s`` (a model called in a loop finds
+    its own weights and code in the caches, not the system's before it)."""
     names = list(fns)
     per = max(1, -(-repeat // rounds))
     if not settle_s:
@@ -59,6 +61,7 @@ def median_ms_in_rounds(fns: dict[str, Callable[[], Any]], repeat: int, rounds: 
         for n in names[r % len(names):] + names[: r % len(names)]:
             if settle_s:
                 time.sleep(settle_s)
+            if settle_s or warm:
                 fns[n]()
             for _ in range(per):
                 t = time.perf_counter()

@@ -139,16 +139,15 @@ def test_a_region_whose_dims_no_input_gives_gets_them_as_a_shape(tmp_path: Path)
     assert all(math.isfinite(c) for c in costs)
 
 
-def test_a_short_whole_placement_is_timed_after_warm_calls_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Bursts: each timed repeat of a placement shorter than BURST_BELOW_S follows untimed calls
-    of the same placement lasting BURST_WARM_S, at most BURST_WARM_CALLS (so its weights are back in the
-    caches after the other placements ran), round-robin over the placements; without
+def test_a_whole_placement_is_timed_after_warm_calls_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bursts: each timed repeat of a placement follows untimed calls of the same placement
+    lasting BURST_WARM_S, at least one and at most BURST_WARM_CALLS (so its weights are back in
+    the caches after the other placements ran), round-robin over the placements; without
     ``burst`` none."""
     import time
 
     from tilework.collage import cost
 
-    monkeypatch.setattr(cost, "BURST_WARM_S", 1.0)  # longer than the most calls of ~1 ms: the cap
     calls: list[str] = []
 
     def fn(name: str):  # type: ignore[no-untyped-def]
@@ -159,7 +158,8 @@ def test_a_short_whole_placement_is_timed_after_warm_calls_of_its_own(monkeypatc
         return run
 
     model = MeasuredCostModel(None, repeat=2, max_rounds=1, min_repeat_s=1e-4)
-    for burst, warm in ((True, cost.BURST_WARM_CALLS), (False, 0)):
+    for burst, warm, warm_s in ((True, cost.BURST_WARM_CALLS, 1.0), (True, 1, 1e-5), (False, 0, 1.0)):
+        monkeypatch.setattr(cost, "BURST_WARM_S", warm_s)  # 1.0: the cap on ~1 ms calls; 1e-5: less than one call, which is still made
         calls.clear()
         entries = model._time_many([fn("a"), fn("b")], limit=1.0, burst=burst)
         assert all(math.isfinite(e.seconds) for e in entries)

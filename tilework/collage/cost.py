@@ -27,8 +27,8 @@
 
   *Whole placements* (``end_to_end``, the search's end-to-end validation): each placement of
   the whole module is built and timed at the bucket's dims, round-robin over the placements,
-  but every timed repeat of a placement faster than ``BURST_BELOW_S`` follows untimed calls of
-  the same placement for ``BURST_WARM_S`` (*bursts*), so each is timed as a model called in a loop runs: its
+  but every timed repeat of a placement follows untimed calls of the same placement for
+  ``BURST_WARM_S``, at least one (*bursts*), so each is timed as a model called in a loop runs: its
   weights and code warm, not evicted by the other placements' (each built with its codegen
   linears' weights laid out, as ``tilework.compile`` builds it). ``WholeTimes`` keys these by the module's structural hash, the dims, the
   placement, backend versions, the machine and the measuring protocol (the mock shares it).
@@ -71,8 +71,7 @@ from tilework.transform.layout_weights import LayoutWeights
 
 ESTIMATOR_VERSION = 3  # 2: region rows are net of their own call (null functions); 3: codegen linears read packed weights
 FIRST_CALL_LIMITS = 10  # a first call (sessions created, caches filled) may take this many time limits
-BURST_BELOW_S = 0.02  # whole placements faster than this are timed in bursts (see _time_many)
-BURST_WARM_S = 5e-3  # a burst's untimed calls last at least this long (a few calls: one call of a
+BURST_WARM_S = 5e-3  # a burst's untimed calls last at least this long, at least one call (a few calls: one call of a
 # model whose weights fill the last-level cache leaves them half cold after the other plans)
 BURST_WARM_CALLS = 8  # and are at most this many
 MAX_KEPT_BUILDS = 8  # whole-placement executables kept for the next bucket (each may hold the weights)
@@ -108,7 +107,7 @@ def ops_of(g: BlockGraph, nodes: Sequence[int]) -> tuple[str, ...]:
     return tuple(out)
 
 
-E2E_PROTOCOL = "e2e-burst-3"  # what an end-to-end time means (in its cache key): bursts, see the module docstring; 2: codegen's weights laid out; 3: warm calls for BURST_WARM_S
+E2E_PROTOCOL = "e2e-burst-4"  # what an end-to-end time means (in its cache key): bursts, see the module docstring; 2: codegen's weights laid out; 3: warm calls for BURST_WARM_S; 4: bursts at every length
 AGAIN_REPEAT = 3  # a head-to-head timing again (``end_to_end(..., again=True)``) takes this many times the repeats
 Timer = Callable[[IRModule, Sequence[Placement], Mapping[SymVar, int], bool], list[Entry]]
 
@@ -541,9 +540,9 @@ class MeasuredCostModel:
         to ``FIRST_CALL_LIMITS`` limits; a second call over ``limit`` ends the timing with its
         time) and warm-up calls, then repeats taken round-robin over all of them (a change in the machine's load
         hits every candidate alike), each repeat ``number`` calls long enough to time (with
-        ``burst``, after untimed calls for ``BURST_WARM_S`` (at most ``BURST_WARM_CALLS``) when a call is shorter than ``BURST_BELOW_S``: what
-        the function left in the caches is what it finds, not what the others left; a longer
-        call's working set outgrows the caches anyway); the median per function, more rounds while its
+        ``burst``, after untimed calls for ``BURST_WARM_S``, at least one and at most
+        ``BURST_WARM_CALLS``: what the function left in the caches is what it finds, not what the
+        others left; a model of 30 ms may still have its weights in the last-level cache); the median per function, more rounds while its
         spread ((max - min) / median) is above ``max_spread``, within ``limit`` seconds per
         function (``repeat``: repeats a round, default ``self.repeat``). A call that raises: infinity."""
         entries: list[Entry | None] = [None] * len(fns)
@@ -565,7 +564,7 @@ class MeasuredCostModel:
                 t = time.perf_counter()
                 fn()
                 one = max(time.perf_counter() - t, 1e-7)
-                warm = min(BURST_WARM_CALLS, math.ceil(BURST_WARM_S / one)) if burst and one < BURST_BELOW_S else 0
+                warm = max(1, min(BURST_WARM_CALLS, math.ceil(BURST_WARM_S / one))) if burst else 0
                 live.append((i, fn, max(1, int(self.min_repeat_s / one)), warm))
             except Exception as e:  # noqa: BLE001 - a candidate that fails to run costs infinity
                 entries[i] = Entry(math.inf, 0.0, 0, f"run: {type(e).__name__}: {e}"[:300])
