@@ -564,7 +564,7 @@ class MeasuredCostModel:
                 t = time.perf_counter()
                 fn()
                 one = max(time.perf_counter() - t, 1e-7)
-                warm = max(1, min(BURST_WARM_CALLS, math.ceil(BURST_WARM_S / one))) if burst else 0
+                warm = min(BURST_WARM_CALLS, math.ceil(BURST_WARM_S / one)) if burst else 0  # at least 1: one > 0
                 live.append((i, fn, max(1, int(self.min_repeat_s / one)), warm))
             except Exception as e:  # noqa: BLE001 - a candidate that fails to run costs infinity
                 entries[i] = Entry(math.inf, 0.0, 0, f"run: {type(e).__name__}: {e}"[:300])

@@ -133,15 +133,13 @@ def validate(
         notes.append(f"the budget was spent: {len(extra)} extra plan(s) not timed end to end")
     timed = [j for j in range(len(plans)) if times[j] is not None]
     details = getattr(getattr(model, "whole", None), "details", {})
-    alts = [Alternative(labels[j], float(times[j] or 0.0), details.get(plans[j].to_json(), "") if not math.isfinite(times[j] or 0.0) else "") for j in timed]
     best = min(timed, key=lambda j: (times[j], j))
     close = [j for j in timed if (times[j] or 0.0) <= (times[best] or 0.0) * (1 + CLOSE)]
     if len(close) > 1 and math.isfinite(times[best] or 0.0) and (deadline is None or time.perf_counter() < deadline):
-        again = model.end_to_end(mod, [plans[j] for j in close], env, again=True) or []
-        for j, s in zip(close, again):
+        for j, s in zip(close, model.end_to_end(mod, [plans[j] for j in close], env, again=True) or []):
             times[j] = s
-        alts = [Alternative(labels[j], float(times[j] or 0.0), a.detail) for j, a in zip(timed, alts)]
         best = min(timed, key=lambda j: (times[j], j))
+    alts = [Alternative(labels[j], float(times[j] or 0.0), details.get(plans[j].to_json(), "") if not math.isfinite(times[j] or 0.0) else "") for j in timed]
     best_s = times[best]
     assert best_s is not None
     if not math.isfinite(best_s):
