@@ -39,7 +39,7 @@ from tilework.runtime.tensor import is_torch_tensor, to_torch_tree
 from tilework.transform.pipeline import Pipeline, stages
 from tilework.transform.layout_weights import LayoutWeights, lay_out_weights
 from tilework.transform.fold_batch_norm import fold_batch_norm
-from tilework.transform.bf16_weights import BF16_UNIT, Bf16Weights, bf16_params, convert_weights, weight_error
+from tilework.transform.bf16_weights import BF16_BOUND, Bf16Weights, bf16_params, convert_weights, weight_error
 
 KIND = "tilework.compiled_model"
 _WEIGHT_CONSTANT_LIMIT = 1 << 20  # bytes of constants above which the module text is not saved
@@ -342,7 +342,7 @@ def _to_bf16(mod: IRModule, weights: list[np.ndarray], params: bool, backends: A
     first = int(main.attrs.get("num_inputs", len(main.params))) if isinstance(main, GraphFunc) else 0
     err = max((weight_error(weights[i - first]) for i in converted), default=None)
     linears = sum(n for op, n in _graph_summary(mod)["ops"] if op == "quant_linear") - sum(n for op, n in _graph_summary(before)["ops"] if op == "quant_linear")
-    report: dict[str, Any] = {"mode": "bf16", "linears": linears, "weight_max_rel_err": err, "bound_rel": BF16_UNIT}
+    report: dict[str, Any] = {"mode": "bf16", "linears": linears, "weight_max_rel_err": err, "bound_rel": BF16_BOUND}
     names = backends.split(",") if isinstance(backends, str) else list(backends or ["codegen"])
     if linears and "quant" not in names:
         names = ["quant", *names]
@@ -356,7 +356,8 @@ def _precision_lines(p: dict[str, Any]) -> list[str]:
         err = p.get("weight_max_rel_err")
         measured_w = f"; weights rounded by at most {err:.2e} relative (measured)" if err is not None else ""
         lines = [
-            f"  precision: bf16 weights for {p['linears']} linear(s), fp32 accumulation (quant backend){measured_w}",
+            f"  precision: bf16 weights for {p['linears']} linear(s), fp32 accumulation (quant backend; from 5 rows on,"
+            f" activations rounded to bf16 for AVX-512 BF16 dot products where the CPU has them){measured_w}",
             f"    bound per output: |y - y_fp32| <= {p['bound_rel']:.2e} * sum_k |x_k * w_k| (+ fp32 rounding)",
         ]
     m = p.get("measured")

@@ -59,14 +59,32 @@ def blocks(rng: np.random.Generator, fmt: str, n: int, k: int) -> tuple[np.ndarr
     return raw.view(np.uint8).reshape(n, -1), dequantize(raw, GGML[fmt]).reshape(n, k).astype(np.float32)
 
 
-def assert_matches(y: np.ndarray, x: np.ndarray, wf: np.ndarray) -> None:
+def rounds_x(fmt: str, rows: int, lib: Q.QuantLibrary | None = None) -> bool:
+    """Whether the library rounds ``x`` to bf16 for this call (bf16's dot-product GEMM)."""
+    return fmt == "bf16" and rows > 4 and (lib or Q.library()).bf16dot
+
+
+def bf16_round(x: np.ndarray) -> np.ndarray:
+    """float32 ``x`` rounded to bf16 (to nearest, ties to even), as float32."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return (((u + 0x7FFF + ((u >> 16) & 1)) >> 16 << 16).astype(np.uint32)).view(np.float32)
+
+
+def assert_matches(y: np.ndarray, x: np.ndarray, wf: np.ndarray, fmt: str = "f16", lib: Q.QuantLibrary | None = None) -> None:
     """``y == x @ wf.T`` up to float32 rounding: the error of each output is measured against
-    the sum of the magnitudes of its terms."""
+    the sum of the magnitudes of its terms; where the library rounds ``x`` to bf16
+    (``rounds_x``), ``y`` is that product of the rounded ``x`` to float32 rounding and within
+    ``quant.bf16_bound`` of the exact one."""
     x64, w64 = x.astype(np.float64).reshape(-1, x.shape[-1]), wf.astype(np.float64)
-    ref = x64 @ w64.T
-    scale = np.abs(x64) @ np.abs(w64).T + 1e-30
+    rounded = rounds_x(fmt, x64.shape[0], lib)
+    xr = bf16_round(x.reshape(x64.shape)).astype(np.float64) if rounded else x64
+    ref = xr @ w64.T
+    scale = np.abs(xr) @ np.abs(w64).T + 1e-30
     err = np.abs(y.reshape(ref.shape) - ref) / scale
     assert err.max() < 2e-6, f"worst relative error {err.max():.3g}"
+    if rounded:
+        off = np.abs(y.reshape(ref.shape) - x64 @ w64.T) - Q.bf16_bound(x64, w64) * (1 + 1e-5) - 2e-6 * scale
+        assert off.max() <= 0, f"off x @ w.T by {off.max():.3g} beyond the bf16 bound"
 
 
 
@@ -150,8 +168,9 @@ def test_simple_formats_match_the_legalized_kernel_and_dequantize(rng: np.random
                 assert_int8_matches(y, x, b, fmt, wf)
                 assert (np.abs(y - ref) <= Q.activation_bound(x, wf) * 1.01 + 1e-4 * float(np.abs(ref).max())).all()
                 continue
-            assert_matches(y, x, wf)
-            np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
+            assert_matches(y, x, wf, fmt)
+            slack = Q.bf16_bound(x, wf) * 1.01 if rounds_x(fmt, m) else 0.0
+            assert (np.abs(y - ref) <= slack + 1e-4 * np.abs(ref) + 1e-4 * float(np.abs(ref).max())).all()
 
 
 @pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
@@ -246,7 +265,7 @@ def test_every_row_count_and_narrow_outputs(rng: np.random.Generator, fmt: str) 
             if fmt in INT8:
                 assert_int8_matches(Q.qlinear(x, b, fmt), x, b, fmt, wf)
             else:
-                assert_matches(Q.qlinear(x, b, fmt), x, wf)
+                assert_matches(Q.qlinear(x, b, fmt), x, wf, fmt)
 
 
 def test_leading_dims_and_out_buffer(rng: np.random.Generator) -> None:
@@ -271,8 +290,38 @@ def test_portable_kernels_agree(rng: np.random.Generator) -> None:
                 assert_int8_matches(y, x, b, fmt, wf)
                 np.testing.assert_array_equal(y, Q.qlinear(x, b, fmt))
                 continue
-            assert_matches(y, x, wf)
-            np.testing.assert_allclose(y, Q.qlinear(x, b, fmt), rtol=1e-5, atol=1e-5 * float(np.abs(y).max()))
+            assert_matches(y, x, wf, fmt, Q.library(portable=True))
+            if rounds_x(fmt, m):
+                assert (np.abs(y - Q.qlinear(x, b, fmt)) <= Q.bf16_bound(x, wf) * 1.01 + 1e-5 * float(np.abs(y).max())).all()
+            else:
+                np.testing.assert_allclose(y, Q.qlinear(x, b, fmt), rtol=1e-5, atol=1e-5 * float(np.abs(y).max()))
+
+
+def test_bf16_dot_product_gemm(rng: np.random.Generator) -> None:
+    """With AVX-512 BF16, bf16 beyond 4 rows of x rounds x to bf16 and takes vdpbf16ps: the
+    product of the rounded x to float32 rounding, within ``bf16_bound`` of the float32 path
+    (compiled without it); odd K (a pair padded with zero), K past one panel (2048), ragged N;
+    a row's bits are the same in any batch of more than 4 rows; NaN and inf in x reach only
+    their row."""
+    lib = Q.library()
+    if not lib.bf16dot:
+        pytest.skip("no AVX-512 BF16 here: the bf16 GEMM is the float32 one")
+    assert not Q.library(bf16dot=False).bf16dot
+    for n, k in ((37, 70), (3, 33), (64, 2080), (33, 4097)):
+        b, wf = blocks(rng, "bf16", n, k)
+        x = rng.standard_normal((29, k)).astype(np.float32)
+        full = Q.qlinear(x, b, "bf16")
+        for m in (5, 12, 13, 29):
+            y = Q.qlinear(x[:m], b, "bf16")
+            assert_matches(y, x[:m], wf, "bf16")
+            np.testing.assert_array_equal(y, full[:m])
+            exact = Q.qlinear(x[:m], b, "bf16", bf16dot=False)
+            assert (np.abs(y - exact) <= Q.bf16_bound(x[:m], wf) * 1.01 + 1e-5 * float(np.abs(exact).max())).all()
+    b, _ = blocks(rng, "bf16", 20, 96)
+    x = rng.standard_normal((12, 96)).astype(np.float32)
+    x[1, 70], x[4, 3] = np.nan, np.inf
+    y = Q.qlinear(x, b, "bf16")
+    assert np.isnan(y[1]).all() and not np.isfinite(y[4]).any() and np.isfinite(np.delete(y, [1, 4], axis=0)).all()
 
 
 @needs_smollm2

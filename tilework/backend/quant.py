@@ -17,7 +17,11 @@ and summed in float32 in block order. The results therefore differ from
 plus float32 rounding; about 1e-3 relative. The float32 operations are the same on the GEMV
 (up to 8 rows), the GEMM (prefill) and the portable build, so a row's result has the same bits
 whatever else is in the call. bf16, f16, q4_k and q6_k multiply in float32 with the weights
-decoded exactly (``x`` is not quantized): ``x @ dequantize(w).T`` up to float32 rounding.
+decoded exactly (``x`` is not quantized): ``x @ dequantize(w).T`` up to float32 rounding; but
+for bf16 with more than 4 rows of ``x`` on a CPU with AVX-512 BF16 (``QuantLibrary.bf16dot``)
+the GEMM rounds ``x`` to bf16 and multiplies pairs with ``vdpbf16ps``, at twice the float32
+rate: off by at most ``bf16_bound`` more (``2**-8 * sum|x_k w_k|`` per output; values below
+``2**-126`` count as zero there).
 AVX-512 where the CPU has it, portable C otherwise, with AVX2 (+ FMA, F16C) parts where the CPU
 has that: the integer path's dot products (q8_0, q4_0 and q4_1 in tiles of 8 weight rows, each
 block read once for every row of ``x``), and the float path (bf16, f16, q4_k, q6_k:
@@ -82,15 +86,18 @@ def extern_symbol(fmt: str, add: bool = False) -> str:
 # -- the library ---------------------------------------------------------------------------------
 
 
-def source(portable: bool = False, vnni: bool = True) -> str:
+def source(portable: bool = False, vnni: bool = True, bf16dot: bool = True) -> str:
     """The C source, one translation unit: ``SOURCE`` with each of its ``#include "quant_*.c"``
     lines replaced by that file (``quant_float_avx2.c``). ``portable`` compiles the plain-C
     kernels even where AVX-512 or AVX2 exists, ``vnni=False`` the AVX-512BW integer dot products
-    even where VNNI exists."""
+    even where VNNI exists, ``bf16dot=False`` the float32 bf16 GEMM even where AVX-512 BF16
+    exists."""
     files = resources.files("tilework.backend")
     text = _INCLUDE.sub(lambda m: files.joinpath(m.group(1)).read_text(), files.joinpath(SOURCE).read_text())
     if not vnni:
         text = "#define TW_QUANT_NO_VNNI 1\n" + text
+    if not bf16dot:
+        text = "#define TW_QUANT_NO_BF16DOT 1\n" + text
     return "#define TW_QUANT_PORTABLE 1\n" + text if portable else text
 
 
@@ -103,6 +110,7 @@ class QuantLibrary:
     cache_hit: bool
     simd: bool  # AVX-512 kernels (else the portable ones)
     vnni: bool  # the integer path's dot products use AVX-512 VNNI
+    bf16dot: bool  # the bf16 GEMM rounds x to bf16 and uses AVX-512 BF16 dot products
     handle: Any
     entries: dict[str, Any]
     add_entries: dict[str, Any]  # tw_qlinear_add_<fmt>: y = x @ W.T + r
@@ -137,25 +145,25 @@ class QuantLibrary:
         return q, d, s
 
 
-_LIBS: dict[tuple[bool, bool], QuantLibrary] = {}
+_LIBS: dict[tuple[bool, bool, bool], QuantLibrary] = {}
 _LOCK = threading.Lock()
 
 
-def library(portable: bool = False, vnni: bool = True) -> QuantLibrary:
+def library(portable: bool = False, vnni: bool = True, bf16dot: bool = True) -> QuantLibrary:
     """The library, compiled (or found in the kernel cache) and loaded on the first call;
-    ``portable`` and ``vnni`` as in ``source`` (the variants exist to be tested)."""
-    key = (portable, vnni)
+    ``portable``, ``vnni`` and ``bf16dot`` as in ``source`` (the variants exist to be tested)."""
+    key = (portable, vnni, bf16dot)
     lib = _LIBS.get(key)
     if lib is not None:
         return lib
     with _LOCK:
         if key not in _LIBS:
-            _LIBS[key] = _load(portable, vnni)
+            _LIBS[key] = _load(*key)
         return _LIBS[key]
 
 
-def _load(portable: bool, vnni: bool) -> QuantLibrary:
-    result = toolchain.compile_source(source(portable, vnni))
+def _load(portable: bool, vnni: bool, bf16dot: bool) -> QuantLibrary:
+    result = toolchain.compile_source(source(portable, vnni, bf16dot))
     handle = cache.load_shared_object(result.path, result.data)  # the verified bytes
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     entries, add_entries = {}, {}
@@ -178,10 +186,11 @@ def _load(portable: bool, vnni: bool) -> QuantLibrary:
     handle.tw_quant_max_threads.restype = ctypes.c_int32
     handle.tw_quant_simd.restype = ctypes.c_int32
     handle.tw_quant_vnni.restype = ctypes.c_int32
+    handle.tw_quant_bf16dot.restype = ctypes.c_int32
     handle.tw_quant_quantize_x.argtypes = [p, i64, i64, p, p, p]
     handle.tw_quant_quantize_x.restype = ctypes.c_int32
-    simd, has_vnni = bool(handle.tw_quant_simd()), bool(handle.tw_quant_vnni())
-    return QuantLibrary(result.path, result.cache_hit, simd, has_vnni, handle, entries, add_entries, packed)
+    simd, has_vnni, has_bf16dot = bool(handle.tw_quant_simd()), bool(handle.tw_quant_vnni()), bool(handle.tw_quant_bf16dot())
+    return QuantLibrary(result.path, result.cache_hit, simd, has_vnni, has_bf16dot, handle, entries, add_entries, packed)
 
 
 def _failure(rc: int, fmt: str, dims: tuple[int, int, int]) -> RuntimeCheckError:
@@ -207,13 +216,28 @@ def activation_bound(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return half_step @ np.abs(w.astype(np.float64)).reshape(w.shape[0], k // 32, 32).sum(axis=2).T
 
 
+def bf16_bound(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The most the bf16 GEMM with AVX-512 BF16 may add to the error of ``x @ w.T`` (``w`` the
+    bf16 weights as float ``[N, K]``, ``x [M, K]``) by rounding ``x`` to bf16: each ``x_k`` moves
+    by at most ``2**-8 |x_k|`` (8 significant bits, to nearest), so an output by
+    ``2**-8 * sum_k |x_k w_k|``. Float32 rounding of the sums comes on top."""
+    return 2.0**-8 * (np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)).T)
+
+
 def qlinear(
-    x: np.ndarray, w: np.ndarray, fmt: str, out: np.ndarray | None = None, *, portable: bool = False, vnni: bool = True
+    x: np.ndarray,
+    w: np.ndarray,
+    fmt: str,
+    out: np.ndarray | None = None,
+    *,
+    portable: bool = False,
+    vnni: bool = True,
+    bf16dot: bool = True,
 ) -> np.ndarray:
     """``x @ W.T`` for float32 ``x [..., K]`` and ``fmt`` blocks ``w`` (``uint8 [N, row_bytes]``,
     or any array whose bytes are those rows, e.g. GGUF ``F16`` data); every argument is checked
     (a mismatch raises ``RuntimeCheckError``). ``INT8_FORMATS`` quantize ``x`` (see the module
-    docstring); ``portable`` and ``vnni`` pick a library variant (``library``)."""
+    docstring); ``portable``, ``vnni`` and ``bf16dot`` pick a library variant (``library``)."""
     if fmt not in FORMATS:
         raise RuntimeCheckError(f"quant_linear: unknown format {fmt!r}; the quant backend runs {', '.join(FORMATS)}")
     x = np.ascontiguousarray(x)
@@ -237,7 +261,7 @@ def qlinear(
         out = np.empty(shape, np.float32)
     elif out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise RuntimeCheckError(f"quant_linear: out must be a C-contiguous float32 array of shape {shape}, got {out.dtype} {out.shape}")
-    rc = library(portable, vnni).entries[fmt](x.ctypes.data, w.ctypes.data, out.ctypes.data, m, n, k)
+    rc = library(portable, vnni, bf16dot).entries[fmt](x.ctypes.data, w.ctypes.data, out.ctypes.data, m, n, k)
     if rc:
         raise _failure(rc, fmt, (m, n, k))
     return out

@@ -29,12 +29,20 @@
  *   are the same bits as the plain format's (the same block sums in the same order).
  *
  * bf16, f16, q4_k, q6_k multiply in float32 with the weights decoded exactly (no activation
- * quantization; x @ dequantize(w).T up to float32 rounding):
+ * quantization; x @ dequantize(w).T up to float32 rounding), but for bf16 beyond
+ * TWQ_BF16_GEMV_MAX_M rows of x where the CPU has AVX-512 BF16 (TWQ_BF16DOT; define
+ * TW_QUANT_NO_BF16DOT to leave it out): there each row of x is rounded to bf16 once per call
+ * (to nearest even) and vdpbf16ps multiplies pairs of k (products exact in float32, each pair
+ * added to the float32 accumulator in turn; subnormal inputs and sums count as zero), twice
+ * the float32 FMA's rate. That adds the rounding of x: per output at most
+ * 2^-8 * sum(|x_k w_k|) on top of the float32 rounding (bf16_bound in quant.py).
  * - GEMV: parallel over groups of 4 W rows (2 beyond 4 rows of x); each 32-weight piece of the
  *   group's rows is decoded into registers and multiplied with up to 8 rows of x at a time.
  * - GEMM: panels of 32 W rows are decoded into a k-major float32 scratch (at most 1024 k at a
  *   time: 128 KiB, in L2) and a 12 x 32 register-blocked outer-product FMA kernel runs over it;
  *   panels (and, when there are too few of them, chunks of x rows) are spread over the threads.
+ *   bf16 with TWQ_BF16DOT packs panels of 32 W rows x pairs of k (a 32 x 16 transpose of 32-bit
+ *   words per 32 k: no decoding) and runs a 12 x 32 kernel of vdpbf16ps over them.
  * Both paths have AVX-512 kernels (F + BW, F16C; VNNI where present) and portable ones (any
  * C99 compiler; define TW_QUANT_PORTABLE to force them). Without AVX-512 but with AVX2, FMA and
  * F16C, the float path (bf16, f16, q4_k, q6_k) runs the kernels of quant_float_avx2.c (TWQ_A2F:
@@ -68,6 +76,9 @@
 #if defined(__AVX512VNNI__) && !defined(TW_QUANT_NO_VNNI)
 #define TWQ_VNNI 1
 #endif
+#if defined(__AVX512BF16__) && !defined(TW_QUANT_NO_BF16DOT)
+#define TWQ_BF16DOT 1
+#endif
 #elif defined(__AVX2__) && !defined(TW_QUANT_PORTABLE)
 #define TWQ_AVX2 1 /* the portable kernels, with the integer path's block dot products in AVX2 */
 #include <immintrin.h>
@@ -87,6 +98,9 @@ static const int64_t twq_nbytes[TWQ_NFMT] = {18, 20, 34, 2, 2, 144, 210};
 
 #ifndef TWQ_GEMV_MAX_M
 #define TWQ_GEMV_MAX_M 8 /* float path, measured: from about 10 rows of x on, the packed GEMM is faster */
+#endif
+#ifndef TWQ_BF16_GEMV_MAX_M
+#define TWQ_BF16_GEMV_MAX_M 4 /* bf16 with AVX-512 BF16, measured: from 5 rows of x on the dot-product GEMM is faster */
 #endif
 #ifndef TWQ_I8_GEMV_MAX_M
 #define TWQ_I8_GEMV_MAX_M 8 /* integer path (<= 8), measured: the GEMV streams cold weights 1.5-3x faster */
@@ -670,6 +684,129 @@ static int twq_gemm(int fmt, const float* x, const uint8_t* w, float* y, int64_t
     }
     return failed ? TWQ_ENOMEM : 0;
 }
+
+#ifdef TWQ_BF16DOT
+/* ---- bf16 GEMM with AVX-512 BF16 dot products: x rounded to bf16, pairs of k per lane ---- */
+
+#define TWQ_BKC 2048 /* at most this many k per bf16 panel (32 x 2048 bf16 = 128 KiB, in L2) */
+
+/* x [M, K] float32 -> xb [M, kp] bf16 (round to nearest even; zeros from K to kp, kp a multiple
+ * of 32), rows spread over the threads of the enclosing parallel region. */
+TWQ_INLINE void twq_x_bf16(const float* x, int64_t M, int64_t K, uint16_t* xb, int64_t kp) {
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < M; ++r) {
+        const float* xr = x + r * K;
+        for (int64_t k = 0; k < kp; k += 32) {
+            const int64_t n = K - k < 0 ? 0 : K - k;
+            const __mmask16 m0 = (__mmask16)(n >= 16 ? 0xFFFFu : (1u << n) - 1u);
+            const __mmask16 m1 = (__mmask16)(n >= 32 ? 0xFFFFu : n > 16 ? (1u << (n - 16)) - 1u : 0u);
+            const __m512 lo = _mm512_maskz_loadu_ps(m0, xr + k), hi = _mm512_maskz_loadu_ps(m1, xr + k + 16);
+            _mm512_store_si512((__m512i*)(xb + r * kp + k), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
+    }
+}
+
+/* Rows [n0, n0 + nr) (nr <= 32; zero columns past them), weights [k0, k0 + kc) with k0 and kc
+ * multiples of 32 (zeros from K on), into the panel p[kc / 2][32] of 32-bit pairs (k, k + 1):
+ * a row's 16 pairs of a piece are its 64 bytes there, so packing is a 32 x 16 transpose. */
+TWQ_INLINE void twq_pack_bf16(const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, int64_t k0, int64_t kc, int64_t K, uint32_t* p) {
+    float tmp[TWQ_PN * 16] __attribute__((aligned(64)));
+    for (int64_t kk = 0; kk < kc; kk += 32) {
+        const int64_t left = K - (k0 + kk); /* weights of the piece in the row, up to 32 */
+        const uint64_t bits = left >= 32 ? ~0ull : left > 0 ? (1ull << left) - 1ull : 0ull;
+        for (int64_t c = 0; c < TWQ_PN; ++c) {
+            __m512i v = _mm512_setzero_si512();
+            if (c < nr) v = _mm512_maskz_loadu_epi16((__mmask32)bits, w + (n0 + c) * rb + 2 * (k0 + kk));
+            _mm512_store_si512((__m512i*)(tmp + 16 * c), v);
+        }
+        float* q = (float*)p + kk / 2 * TWQ_PN;
+        twq_transpose16(tmp, 16, q, TWQ_PN);
+        twq_transpose16(tmp + 16 * 16, 16, q + 16, TWQ_PN);
+    }
+}
+
+/* y[r][0..32) (+)= xb[r][0..kc) @ p[kc][32] for MR rows, by pairs of k. */
+TWQ_INLINE void twq_micro_bf16(int MR, const uint16_t* xb, int64_t ldx, const uint32_t* p, int64_t kc, float* y, int64_t ldy,
+                               __mmask16 mk0, __mmask16 mk1, int add) {
+    __m512 a0[TWQ_PM], a1[TWQ_PM];
+    for (int r = 0; r < MR; ++r) a0[r] = a1[r] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < kc; k += 2) {
+        const __m512bh b0 = (__m512bh)_mm512_load_si512((const __m512i*)(p + TWQ_PN / 2 * k));
+        const __m512bh b1 = (__m512bh)_mm512_load_si512((const __m512i*)(p + TWQ_PN / 2 * k + 16));
+        for (int r = 0; r < MR; ++r) {
+            int32_t pair;
+            memcpy(&pair, xb + r * ldx + k, 4);
+            const __m512bh xr = (__m512bh)_mm512_set1_epi32(pair);
+            a0[r] = _mm512_dpbf16_ps(a0[r], xr, b0);
+            a1[r] = _mm512_dpbf16_ps(a1[r], xr, b1);
+        }
+    }
+    for (int r = 0; r < MR; ++r) {
+        float* yr = y + r * ldy;
+        if (add) {
+            a0[r] = _mm512_add_ps(a0[r], _mm512_maskz_loadu_ps(mk0, yr));
+            a1[r] = _mm512_add_ps(a1[r], _mm512_maskz_loadu_ps(mk1, yr + 16));
+        }
+        _mm512_mask_storeu_ps(yr, mk0, a0[r]);
+        _mm512_mask_storeu_ps(yr + 16, mk1, a1[r]);
+    }
+}
+
+#define TWQ_MICRO_BF16_FN(MR) \
+    static void twq_micro_bf16_##MR(const uint16_t* x, int64_t ldx, const uint32_t* p, int64_t kc, float* y, int64_t ldy, __mmask16 m0, __mmask16 m1, int add) { \
+        twq_micro_bf16(MR, x, ldx, p, kc, y, ldy, m0, m1, add); \
+    }
+TWQ_MICRO_BF16_FN(1) TWQ_MICRO_BF16_FN(2) TWQ_MICRO_BF16_FN(3) TWQ_MICRO_BF16_FN(4) TWQ_MICRO_BF16_FN(5) TWQ_MICRO_BF16_FN(6)
+TWQ_MICRO_BF16_FN(7) TWQ_MICRO_BF16_FN(8) TWQ_MICRO_BF16_FN(9) TWQ_MICRO_BF16_FN(10) TWQ_MICRO_BF16_FN(11) TWQ_MICRO_BF16_FN(12)
+typedef void (*twq_micro_bf16_fn)(const uint16_t*, int64_t, const uint32_t*, int64_t, float*, int64_t, __mmask16, __mmask16, int);
+static const twq_micro_bf16_fn twq_micro_bf16_table[TWQ_PM] = {
+    twq_micro_bf16_1, twq_micro_bf16_2, twq_micro_bf16_3, twq_micro_bf16_4, twq_micro_bf16_5,  twq_micro_bf16_6,
+    twq_micro_bf16_7, twq_micro_bf16_8, twq_micro_bf16_9, twq_micro_bf16_10, twq_micro_bf16_11, twq_micro_bf16_12};
+
+/* The bf16 GEMM of twq_gemm's shape, x rounded to bf16 once per call (kp: K up to a multiple
+ * of 32, so a pair never straddles a panel and every piece is whole). */
+static int twq_gemm_bf16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t rb) {
+    const int64_t kp = (K + 31) / 32 * 32;
+    const int64_t nkb = (kp + TWQ_BKC - 1) / TWQ_BKC;
+    const int64_t kc = ((kp + nkb - 1) / nkb + 31) / 32 * 32;
+    const int64_t panels = (N + TWQ_PN - 1) / TWQ_PN;
+    int64_t ntm, mc;
+    twq_tiles(M, panels, TWQ_PM, &ntm, &mc);
+    const int64_t tiles = panels * ntm;
+    uint16_t* xb = (uint16_t*)twq_alloc((M * kp + 1) / 2);
+    if (xb == NULL) return TWQ_ENOMEM;
+    int failed = 0;
+#pragma omp parallel
+    {
+        uint32_t* p = (uint32_t*)twq_alloc(kc / 2 * TWQ_PN);
+        if (p == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+        twq_x_bf16(x, M, K, xb, kp); /* (a barrier at its end) */
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tiles; ++t) {
+            const int64_t n0 = (t / ntm) * TWQ_PN, m0 = (t % ntm) * mc;
+            const int64_t m1 = m0 + mc < M ? m0 + mc : M;
+            if (p == NULL || m0 >= m1) continue;
+            const int64_t nr = N - n0 < TWQ_PN ? N - n0 : TWQ_PN;
+            const __mmask16 mk0 = (__mmask16)(nr >= 16 ? 0xFFFFu : (1u << nr) - 1u);
+            const __mmask16 mk1 = (__mmask16)(nr >= 32 ? 0xFFFFu : nr > 16 ? (1u << (nr - 16)) - 1u : 0u);
+            for (int64_t k0 = 0; k0 < kp; k0 += kc) {
+                const int64_t kn = kp - k0 < kc ? kp - k0 : kc;
+                twq_pack_bf16(w, rb, n0, nr, k0, kn, K, p);
+                for (int64_t m = m0; m < m1; m += TWQ_PM) {
+                    const int64_t mr = m1 - m < TWQ_PM ? m1 - m : TWQ_PM;
+                    twq_micro_bf16_table[mr - 1](xb + m * kp + k0, kp, p, kn, y + m * N + n0, N, mk0, mk1, k0 > 0);
+                }
+            }
+        }
+        twq_free((float*)p);
+    }
+    twq_free((float*)xb);
+    return failed ? TWQ_ENOMEM : 0;
+}
+#endif /* TWQ_BF16DOT */
 
 /* ---- integer path: 16 W rows x one block as 8 vectors of 16 rows x 4 weight bytes ---------- */
 
@@ -1473,6 +1610,9 @@ static int twq_run(int fmt, const float* x, const uint8_t* w, float* y, int64_t 
 #ifdef TWQ_A2F
     return twq_a2_run(fmt, x, w, y, M, N, K, rb);
 #endif
+#ifdef TWQ_BF16DOT
+    if (fmt == TWQ_BF16 && M > TWQ_BF16_GEMV_MAX_M) return twq_gemm_bf16(x, w, y, M, N, K, rb);
+#endif
     if (M <= TWQ_GEMV_MAX_M) {
         twq_gemv(fmt, x, w, y, M, N, K, rb);
         return 0;
@@ -1602,6 +1742,15 @@ int32_t tw_quant_simd(void) {
 /* 1 when the integer dot products use AVX-512 VNNI. */
 int32_t tw_quant_vnni(void) {
 #ifdef TWQ_VNNI
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* 1 when the bf16 GEMM uses AVX-512 BF16 dot products (x rounded to bf16). */
+int32_t tw_quant_bf16dot(void) {
+#ifdef TWQ_BF16DOT
     return 1;
 #else
     return 0;

@@ -5,9 +5,12 @@ float32 and whose weight is a constant becomes ``quant_linear(x, wq, "bf16", in)
 ``wq`` the weight rounded to bfloat16 (to nearest, ties to even: ``bf16_rows``) as
 ``uint8[out, 2 * in]``; so does a ``matmul(x, w)`` with a constant ``[in, out]`` weight (ONNX's
 MatMul with an initializer), its weight transposed as it is converted. The ``quant`` backend
-runs that op (weights decoded exactly in registers, float32 multiply-adds and sums); so the
-only rounding added is that of the weights, each by less than a relative ``2**-8``: per output
-``|y - y32| <= 2**-8 * sum_k |x_k w_k|`` plus float32 rounding (``BF16_UNIT``).
+runs that op: products and sums in float32, the weights decoded exactly; the rounding added is
+that of the weights, each by less than a relative ``2**-8`` (``BF16_UNIT``), and where the CPU
+has AVX-512 BF16, from 5 rows of ``x`` on, that of ``x`` too (rounded to bf16 for the
+``vdpbf16ps`` dot products, twice the float32 rate: ``tilework.backend.quant``). So per output
+``|y - y32| <= (2 * 2**-8 + 2**-16) * sum_k |x_k w_k|`` plus float32 rounding
+(``BF16_BOUND``); ``2**-8`` where ``x`` is not rounded.
 
 With ``params=True`` the same holds for trailing weight params of ``main`` (after
 ``num_inputs``) that are read only as such linear weights: they become ``uint8[out, 2 * in]``
@@ -40,6 +43,7 @@ from tilework.transform.weight_params import retype_weight_params, weight_params
 ATTR = "bf16_weights"
 ATTR_T = "bf16_weights_t"  # weight params of matmuls: [in, out], transposed when converted
 BF16_UNIT = 2.0**-8  # the unit roundoff of bfloat16 (8 significant bits), round to nearest
+BF16_BOUND = 2 * BF16_UNIT + BF16_UNIT**2  # per output, relative to sum |x_k w_k|: w and x both rounded
 
 
 def _weight_ok(e: Expr) -> bool:
@@ -177,4 +181,4 @@ class Bf16Weights(Pass):
         return apply_rules(mod, [Rule("linear_bf16_weight", op_call("linear"), convert.rewrite), Rule("matmul_bf16_weight", op_call("matmul"), convert.rewrite)])
 
 
-__all__ = ["ATTR", "ATTR_T", "BF16_UNIT", "Bf16Weights", "bf16_params", "convert_weights", "weight_error"]
+__all__ = ["ATTR", "ATTR_T", "BF16_BOUND", "BF16_UNIT", "Bf16Weights", "bf16_params", "convert_weights", "weight_error"]
