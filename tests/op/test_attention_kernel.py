@@ -27,7 +27,7 @@ from tilework.ir import sym_walk
 from tilework.ir.info import TensorInfo
 from tilework.ir.loop import Allocate, For, TensorFunc, walk_stmts
 from tilework.ir.sym import SymVar
-from tilework.op.attention_kernel import attention_kernel
+from tilework.op.attention_kernel import MAX_SPLITS, MIN_SPLIT_BLOCKS, TASKS, attention_kernel
 from tilework.schedule import default_schedule
 
 b, s, kv, d = tw.dim("b"), tw.dim("s"), tw.dim("kv"), tw.dim("d")
@@ -170,14 +170,19 @@ def test_register_tiles_fit_the_vector_width(vector_bytes: int) -> None:
 
 
 def test_scratch_does_not_grow_with_the_sequences() -> None:
+    """No scratch depends on the batch or the sequences; a task's own fits L1 (the stack); the
+    call's partial results of split tasks are ``TASKS`` rows whatever the shapes."""
     f = _kernel(T(b, s, 8, d), T(b, kv, 2, d), causal=True, mask=T(b, 1, s, kv))
     for st in walk_stmts(f.body):
         if isinstance(st, Allocate):
             grows = {v for dim in st.buffer.shape for v in sym_walk.free_vars(dim)} & {b, s, kv}
             assert not grows, f"scratch {st.buffer.name} has shape {st.buffer.shape}"
-    sizes = [sym.product(st.buffer.shape) for st in walk_stmts(_kernel(T(b, s, 8, 64), T(b, kv, 2, 64), True).body) if isinstance(st, Allocate)]
+    allocs = [st.buffer for st in walk_stmts(_kernel(T(b, s, 8, 64), T(b, kv, 2, 64), True).body) if isinstance(st, Allocate)]
+    sizes = [sym.product(buf.shape) for buf in allocs if not buf.name.startswith(("attention_pm", "attention_pl", "attention_pacc"))]
     assert all(isinstance(x, int) for x in sizes)
     assert 4 * sum(x for x in sizes if isinstance(x, int)) <= 32 * 1024  # a task's float32 scratch: L1, on the stack
+    parts = {buf.shape for buf in allocs if buf.name.startswith("attention_pacc")}
+    assert parts == {(TASKS, 64, 16), (TASKS, 64, 8)}
 
 
 def test_the_attention_rule_keeps_the_kernel_schedule() -> None:
@@ -186,7 +191,7 @@ def test_the_attention_rule_keeps_the_kernel_schedule() -> None:
     assert g.attrs["schedule_rule"] == "attention"
     kinds = [st.kind for st in walk_stmts(g.body) if isinstance(st, For)]
     assert kinds == [st.kind for st in walk_stmts(f.body) if isinstance(st, For)]
-    assert kinds[0] == "parallel" and kinds.count("parallel") == 2  # the copies for few rows and many
+    assert kinds[0] == "parallel" and kinds.count("parallel") == 4  # the copies for few rows and many, each with its merge of split tasks
     assert "vectorized" in kinds and "unrolled" in kinds
 
 
@@ -209,10 +214,41 @@ def test_few_rows_run_in_a_narrow_copy() -> None:
 def test_interpreter_agrees() -> None:
     f = _kernel(T(b, s, 4, 8), T(b, kv, 2, 8), causal=True)
     rng = np.random.default_rng(5)
-    q = rng.standard_normal((1, 3, 4, 8)).astype(np.float32)
-    k = rng.standard_normal((1, 35, 2, 8)).astype(np.float32)
-    v = rng.standard_normal((1, 35, 2, 8)).astype(np.float32)
-    out = np.zeros_like(q)
-    interp.run(f, [q, k, v, out])
-    np.testing.assert_allclose(out, attention_ref(q, k, v, causal=True), rtol=1e-5, atol=1e-5)
-    assert math.isfinite(float(out.sum()))
+    for sq, skv in ((3, 35), (1, 300)):  # 300 keys of 2 tasks: split in 2
+        q = rng.standard_normal((1, sq, 4, 8)).astype(np.float32)
+        k = rng.standard_normal((1, skv, 2, 8)).astype(np.float32)
+        v = rng.standard_normal((1, skv, 2, 8)).astype(np.float32)
+        out = np.zeros_like(q)
+        interp.run(f, [q, k, v, out])
+        np.testing.assert_allclose(out, attention_ref(q, k, v, causal=True), rtol=1e-5, atol=1e-5)
+        assert math.isfinite(float(out.sum()))
+
+
+def test_few_tasks_split_their_keys() -> None:
+    """A call of fewer than ``TASKS // 2`` tasks splits each task's key blocks into ranges
+    (``splits``: by the tasks, by at least ``MIN_SPLIT_BLOCKS`` blocks a range, at most
+    ``MAX_SPLITS``) and merges them: against the reference at 1 .. 7 ranges, with ranges every
+    key of which a float mask hides from a row (its weight is 0) and a row that sees no key."""
+    f = _kernel(T(b, s, 8, 32), T(b, kv, 2, 32), causal=False, mask=T(b, 1, s, kv))
+    wide = f.body.else_body  # type: ignore[attr-defined]  (the copy for many rows)
+    narrow = f.body.then_body  # type: ignore[attr-defined]
+    assert isinstance(wide, Allocate) and isinstance(narrow, Allocate)
+    kernel = build_library({"k": default_schedule(f, strict=True)})["k"]
+    rng = np.random.default_rng(9)
+    # (b, s, kv): tasks = b * 2 kv heads (4 rows each: the narrow copy), blocks = ceil(kv / 32)
+    for nb, sq, skv, splits in ((1, 1, 700, 5), (1, 1, 1000, 7), (3, 1, 300, 2), (1, 1, 127, 1), (4, 1, 900, 1), (1, 3, 2000, 7), (1, 5, 600, 3)):
+        rows = 4 * sq  # a kv head's 4 query heads
+        tasks = nb * 2 * -(-rows // (8 if rows <= 8 else 16))
+        assert max(1, min(MAX_SPLITS, TASKS // tasks, -(-skv // 32) // MIN_SPLIT_BLOCKS)) == splits
+        q = rng.standard_normal((nb, sq, 8, 32)).astype(np.float32)
+        k = rng.standard_normal((nb, skv, 2, 32)).astype(np.float32)
+        v = rng.standard_normal((nb, skv, 2, 32)).astype(np.float32)
+        m = (rng.standard_normal((nb, 1, sq, skv)) * 2).astype(np.float32)
+        m[:, :, 0, : skv // 2] = -np.inf  # the first ranges hide every key from query 0
+        if nb > 1:
+            m[1, :, 0, :] = -np.inf  # batch 1's query 0 sees nothing: zeros
+        out = np.full((nb, sq, 8, 32), np.nan, np.float32)
+        kernel.run([q, k, v, m, out])
+        np.testing.assert_allclose(out, attention_ref(q, k, v, mask=m), rtol=1e-5, atol=1e-5, err_msg=f"{(nb, sq, skv)}")
+        if nb > 1:
+            assert np.all(out[1, 0] == 0)

@@ -27,6 +27,16 @@ target (``vector_bytes``, from the legalization context): 8 rows where ``R`` lan
 register, 4 where they take two (AVX2's 32-byte registers and 16 lanes: 8 rows were all 16 of
 its registers and spilled; prefill 1.13 -> 1.24x torch SDPA).
 
+Few tasks (a decoding step of one sequence: one task per kv head) would leave threads idle
+while each reads all the keys of its head: while a call has fewer than ``TASKS // 2`` tasks,
+each task's key blocks are split into ``splits`` ranges (about ``TASKS`` tasks in all, at most
+``MAX_SPLITS`` ranges, at least ``MIN_SPLIT_BLOCKS`` key blocks each; decided at run time when
+the dims are symbolic). A split task keeps its running max, sum and unnormalized accumulator in
+a scratch of the call (``attention_pm``/``pl``/``pacc``: ``TASKS`` rows, as tasks x splits never
+exceeds it), and a second parallel loop merges a task's splits:
+``M = max m_s``, ``w_s = exp(m_s - M)``, ``out = sum w_s acc_s / sum w_s l_s``. With one split
+the task stores its rows as before (the same operations, the same bits).
+
 The last key block stops at the tile of ``JT`` keys that holds the last key, so a short
 sequence (8 keys) computes one tile, not a block of ``BK``. Causal attention skips the key
 blocks past the diagonal of the block's last row (aligned at
@@ -74,6 +84,9 @@ JT = 8  # keys per register tile of the scores (where a row of the tile is one v
 ET = 8  # value columns per register tile of the accumulator (the same)
 BLOCK_PREFIX = "attention_"  # every block of the kernel is named so (the schedule rule looks)
 NARROW_LANES = 8  # a task of this many rows or fewer runs in a copy of the kernel this wide
+TASKS = 15  # split the keys of fewer than TASKS // 2 tasks into ranges: about this many tasks
+MAX_SPLITS = 8  # at most this many key ranges per task
+MIN_SPLIT_BLOCKS = 4  # key blocks per range, at least (128 keys)
 
 
 def attention_kernel(
@@ -156,6 +169,16 @@ class _Attention:
         self.mx = Buffer(f"attention_mx{self.tag}", (R,), acc)
         self.alpha = Buffer(f"attention_alpha{self.tag}", (R,), acc)
         self.names: set[str] = set() if names is None else names
+        # the split of the keys (see the module doc): ``splits`` ranges of each task's blocks
+        self.ntask = sym.mul(sym.mul(self.nb, self.nkv), self.nqb)
+        by_tasks = sym.floordiv(TASKS, sym.max_(self.ntask, 1))
+        by_keys = sym.floordiv(_ceil_div(self.skv, BK), MIN_SPLIT_BLOCKS)
+        self.splits = sym.max_(1, sym.min_(MAX_SPLITS, sym.min_(by_tasks, by_keys)))
+        self.split = not sym.prove_eq(self.splits, 1)
+        # the partial results of split tasks: at most TASKS of them (tasks x splits <= TASKS)
+        self.pm = Buffer(f"attention_pm{self.tag}", (TASKS, R), acc)
+        self.pl = Buffer(f"attention_pl{self.tag}", (TASKS, R), acc)
+        self.pacc = Buffer(f"attention_pacc{self.tag}", (TASKS, self.hdv, R), acc)
         # per task (set by ``task``): batch, kv head, first row
         self.b: Dim = 0
         self.hk: Dim = 0
@@ -206,21 +229,40 @@ class _Attention:
     # -- the kernel ------------------------------------------------------------------------
 
     def body(self) -> Stmt:
-        ntask = sym.mul(sym.mul(self.nb, self.nkv), self.nqb)
-        return self.loop("task", ntask, self.task, "parallel")
+        tasks = self.loop("task", sym.mul(self.ntask, self.splits), self.task, "parallel")
+        if not self.split:
+            return tasks
+        merge = IfThenElse(binary(">", self.splits, 1), self.loop("merge", self.ntask, self.merge, "parallel"))
+        out: Stmt = seq([tasks, merge])
+        for buf in (self.pacc, self.pl, self.pm):
+            out = Allocate(buf, out)
+        return out
+
+    def at_task(self, t: Dim) -> None:
+        """Set the batch, kv head and first row of task ``t`` (splits apart)."""
+        self.b = sym.floordiv(t, sym.mul(self.nkv, self.nqb))
+        self.hk = sym.floormod(sym.floordiv(t, self.nqb), self.nkv)
+        self.row0 = sym.mul(sym.floormod(t, self.nqb), self.lanes)
 
     def task(self, tv: SymVar) -> Stmt:
-        self.b = sym.floordiv(tv, sym.mul(self.nkv, self.nqb))
-        self.hk = sym.floormod(sym.floordiv(tv, self.nqb), self.nkv)
-        self.row0 = sym.mul(sym.floormod(tv, self.nqb), self.lanes)
+        self.at_task(sym.floordiv(tv, self.splits) if self.split else tv)
         inf = self.c(-math.inf)
+        blocks = self.key_blocks()
+        first: Dim = 0
+        if self.split:  # this task's range of the key blocks
+            chunk = sym.ceildiv(blocks, self.splits)
+            first = sym.mul(sym.floormod(tv, self.splits), chunk)
+            blocks = sym.max_(0, sym.sub(sym.min_(blocks, sym.add(first, chunk)), first))
+        final: Stmt = self.loop("out_r", self.lanes, self.store_row)
+        if self.split:
+            final = IfThenElse(binary("==", self.splits, 1), final, self.store_part(tv))
         steps = [
             self.loop("qt_d", self.hd, lambda d: self.rows_loop("q", lambda r: self.fill_q(d, r))),
             self.rows_loop("m_init", lambda r: Store(self.m, (r,), inf)),
             self.rows_loop("l_init", lambda r: self.zero(self.l, r)),
             self.loop("acc_e", sym.mul(self.etiles, self.et), lambda e: self.rows_loop("acc_init", lambda r: self.zero(self.acc_buf, e, r))),
-            self.loop("kb", self.key_blocks(), self.key_block),
-            self.loop("out_r", self.lanes, self.store_row),
+            self.loop("kb", blocks, lambda kb: self.key_block(sym.add(first, kb))),
+            final,
         ]
         body: Stmt = seq(steps)
         for buf in (self.alpha, self.mx, self.l, self.m, self.s, self.acc_buf, self.qt):
@@ -242,7 +284,7 @@ class _Attention:
         end = sym.add(sym.floordiv(last, self.group), sym.add(sym.sub(self.skv, self.sq), 1))
         return _ceil_div(sym.max_(0, sym.min_(end, self.skv)), BK)
 
-    def key_block(self, kb: SymVar) -> Stmt:
+    def key_block(self, kb: Dim) -> Stmt:
         j0 = sym.mul(kb, BK)
         tiles = sym.min_(BK // self.jt, _ceil_div(sym.sub(self.skv, j0), self.jt))  # the last block stops at the last tile of keys
         keys = sym.mul(tiles, self.jt)
@@ -350,6 +392,70 @@ class _Attention:
             return block(BLOCK_PREFIX + "out", Store(self.out, (self.b, i, h, e), convert(value, self.out.dtype)))
 
         return IfThenElse(valid, self.loop("out_e", self.hdv, put, "vectorized"))
+
+    def store_part(self, tv: SymVar) -> Stmt:
+        """Split task ``tv``'s running max, sum and accumulator into the scratch."""
+        return seq(
+            [
+                self.rows_loop("pm", lambda r: Store(self.pm, (tv, r), _ld(self.m, r))),
+                self.rows_loop("pl", lambda r: Store(self.pl, (tv, r), _ld(self.l, r))),
+                self.loop("pacc_e", self.hdv, lambda e: self.rows_loop("pacc", lambda r: Store(self.pacc, (tv, e, r), _ld(self.acc_buf, e, r)))),
+            ]
+        )
+
+    def merge(self, t: SymVar) -> Stmt:
+        """Task ``t``'s rows from its splits: ``M = max m_s``, ``w_s = exp(m_s - M)`` (0 for a
+        split that saw no key), ``out = sum w_s acc_s / sum w_s l_s`` (0 where no key was seen)."""
+        self.at_task(t)
+        R, acc = self.lanes, self.acc
+        gm = Buffer(f"attention_gm{self.tag}", (R,), acc)
+        gl = Buffer(f"attention_gl{self.tag}", (R,), acc)
+        gw = Buffer(f"attention_gw{self.tag}", (MAX_SPLITS, R), acc)
+        ga = Buffer(f"attention_ga{self.tag}", (self.hdv, R), acc)
+
+        def part(s: SymVar) -> Dim:
+            return sym.add(sym.mul(t, self.splits), s)
+
+        def weight(s: SymVar, r: SymVar) -> Stmt:
+            ms = _ld(self.pm, part(s), r)
+            w = Intrin("exp", (binary("-", ms, _ld(gm, r)),), acc)
+            return Store(gw, (s, r), Select(binary("==", ms, self.c(-math.inf)), self.c(0.0), w, acc))
+
+        def put(r: SymVar) -> Stmt:
+            i, h = self.lane(r)
+
+            def one(e: SymVar) -> Stmt:
+                value = binary("*", _ld(ga, e, r), _ld(gl, r))
+                return block(BLOCK_PREFIX + "out", Store(self.out, (self.b, i, h, e), convert(value, self.out.dtype)))
+
+            return IfThenElse(binary("<", sym.add(self.row0, r), self.rows), self.loop("mg_out_e", self.hdv, one, "vectorized"))
+
+        total = lambda r: _ld(gl, r)  # noqa: E731
+        steps = [
+            self.rows_loop("mg_m0", lambda r: Store(gm, (r,), self.c(-math.inf))),
+            self.loop("mg_m_s", self.splits, lambda s: self.rows_loop("mg_m", lambda r: self.accumulate(gm, "max", _ld(self.pm, part(s), r), r))),
+            self.loop("mg_w_s", self.splits, lambda s: self.rows_loop("mg_w", lambda r: weight(s, r))),
+            self.rows_loop("mg_l0", lambda r: self.zero(gl, r)),
+            self.loop("mg_l_s", self.splits, lambda s: self.rows_loop("mg_l", lambda r: self.accumulate(gl, "+", binary("*", _ld(self.pl, part(s), r), _ld(gw, s, r)), r))),
+            self.rows_loop("mg_inv", lambda r: Store(gl, (r,), Select(binary(">", total(r), self.c(0.0)), binary("/", self.c(1.0), total(r)), self.c(0.0), acc))),
+            self.loop("mg_a0_e", self.hdv, lambda e: self.rows_loop("mg_a0", lambda r: self.zero(ga, e, r))),
+            self.loop(
+                "mg_a_s",
+                self.splits,
+                lambda s: self.loop(
+                    "mg_a_e", self.hdv, lambda e: self.rows_loop("mg_a", lambda r: self.accumulate2(ga, e, binary("*", _ld(self.pacc, part(s), e, r), _ld(gw, s, r)), r))
+                ),
+            ),
+            self.loop("mg_out_r", self.lanes, put),
+        ]
+        body: Stmt = seq(steps)
+        for buf in (ga, gw, gl, gm):
+            body = Allocate(buf, body)
+        return body
+
+    def accumulate2(self, buf: Buffer, e: Dim, value: Scalar, r: SymVar) -> Stmt:
+        """``buf[e, r] += value``."""
+        return Store(buf, (e, r), binary("+", _ld(buf, e, r), value))
 
 
 __all__ = ["attention_kernel", "BLOCK_PREFIX"]
