@@ -4,7 +4,7 @@ NumPy through the C kernels and the reference interpreter at symbolic rows 1, 4,
 and 33 (the few-rows tiles, one panel or two wide, full row tiles, a rest tile, fewer row tiles
 than parts), K with and without a multiple of the parts and N past the last full panel, on each
 register file's tiles; the kernels pass the verifier and print and parse back. Also: at every
-row count of the many-rows tiles every row of the next panel is hinted."""
+row count of the many-rows tiles every line of every row of the next panel is hinted."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from tilework import te
 from tilework.codegen import build_library
 from tilework.codegen.interp import run
 from tilework.ir import sym
-from tilework.ir.loop import Block, Intrin, Load, Store, TensorFunc, walk_scalars
+from tilework.ir.loop import Block, Intrin, Load, Store, TensorFunc, walk_scalars, walk_stmts
 from tilework.ir.sym import SymVar
 from tilework.schedule import default_schedule
 from tilework.schedule.rules.matmul import MIN_COLUMN_TILES, register_tile
@@ -46,8 +46,9 @@ def _linear_silu(m: SymVar, k: int, n: int, panel: int) -> TensorFunc:
 
 def _prefetches(func: TensorFunc) -> list[Intrin]:
     return [
-        x for _, b in walk(func.body) if isinstance(b, Block) and isinstance(b.body, Store)
-        for x in walk_scalars(b.body.value) if isinstance(x, Intrin) and x.name == "prefetch"
+        x for _, b in walk(func.body) if isinstance(b, Block)
+        for st in walk_stmts(b.body) if isinstance(st, Store)
+        for x in walk_scalars(st.value) if isinstance(x, Intrin) and x.name == "prefetch"
     ]  # fmt: skip
 
 
@@ -88,10 +89,11 @@ def test_no_prefetch_without_enough_panels() -> None:
     assert not _prefetches(f)
 
 
-def _covered_rows(func: TensorFunc, m: SymVar, rows: int) -> list[int]:
-    """The rows of the next panel that the row tiles of column panel 0 prefetch at ``rows``
-    rows (a row once per hint of it, one a ``k`` step): the statements run with the sym
-    evaluator, branches taken on their conditions, loops enumerated where they hold a hint."""
+def _covered_lines(func: TensorFunc, m: SymVar, rows: int) -> list[tuple[int, int]]:
+    """The (row, first column) of each cache line of the next panel that the row tiles of
+    column panel 0 prefetch at ``rows`` rows (a hint a line of a row, one row a ``k`` step):
+    the statements run with the sym evaluator, branches taken on their conditions, loops
+    enumerated where they hold a hint."""
     import operator
 
     from tilework.ir.loop import Binary, For, IfThenElse
@@ -108,20 +110,22 @@ def _covered_rows(func: TensorFunc, m: SymVar, rows: int) -> list[int]:
     def hints(s: object) -> bool:
         return any(isinstance(x, Block) and x.name.startswith("w_next") for _, x in walk(s))  # type: ignore[arg-type]
 
-    out: list[int] = []
+    out: list[tuple[int, int]] = []
 
     def run_(s: object, env: dict[SymVar, int]) -> None:
         if not hints(s):
             return
         if isinstance(s, Block):
             bind = {iv.var: evaluate(iv.binding, env) for iv in s.iter_vars}
-            assert isinstance(s.body, Store)
-            (hint,) = [x for x in walk_scalars(s.body.value) if isinstance(x, Intrin)]
-            ahead = hint.args[0]
-            assert isinstance(ahead, Load)
-            row = ahead.indices[1]
-            assert isinstance(row, (int, sym.SymExpr))
-            out.append(evaluate(row, {**env, **bind}))
+            for st in walk_stmts(s.body):
+                if not isinstance(st, Store):
+                    continue
+                (hint,) = [x for x in walk_scalars(st.value) if isinstance(x, Intrin)]
+                ahead = hint.args[0]
+                assert isinstance(ahead, Load)
+                row, col = ahead.indices[1], ahead.indices[2]
+                assert isinstance(row, (int, sym.SymExpr)) and isinstance(col, int)
+                out.append((evaluate(row, {**env, **bind}), col))
         elif isinstance(s, IfThenElse):
             branch = s.then_body if value(s.cond, env) else s.else_body
             if branch is not None:
@@ -140,11 +144,12 @@ def _covered_rows(func: TensorFunc, m: SymVar, rows: int) -> list[int]:
 def test_fewer_row_tiles_than_parts_prefetch_the_whole_panel(registers: str) -> None:
     """With 4 row tiles or more the first 4 prefetch a quarter of the next panel each; with 2
     or 3 (the rest tile counts) the first 2 a half each, with one it all: at every row count
-    every row of the next panel is prefetched (K a multiple of the parts; a hint each ``k``
-    step, a line every 4, 2 or 1 steps)."""
+    every line of every row of the next panel is prefetched (K a multiple of the parts; a hint
+    a line of a row each ``k`` step, a row every 4, 2 or 1 steps; AVX-512's panel rows of 32
+    floats are two lines)."""
     mr, panel = register_tile("float32")
     n = panel * MIN_COLUMN_TILES + 5
     m, k = SymVar("M", 1), 64
     f = default_schedule(_linear_silu(m, k, n, panel), strict=True)
     for rows in range(8, 6 * mr):  # the many-rows tiles: 1 .. 6 of them
-        assert set(_covered_rows(f, m, rows)) == set(range(k)), f"rows={rows}"
+        assert set(_covered_lines(f, m, rows)) == {(r, c) for r in range(k) for c in range(0, panel, 16)}, f"rows={rows}"
