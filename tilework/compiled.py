@@ -89,8 +89,10 @@ def compile(
     ``opt_level=0`` compiles without graph passes, views,
     fusion or memory planning (for comparisons). ``target``: the kernel target (``cpu``, or
     ``interp``, the NumPy reference interpreter). ``precision="bf16"``: float32 linear weights
-    are stored as bfloat16 and multiplied in float32 by the ``quant`` backend
-    (``tilework.transform.bf16_weights``: each output within ``2**-8 * sum|x * w|`` of float32);
+    are stored as bfloat16 and multiplied with float32 sums by the ``quant`` backend (from 9
+    rows on, where the CPU has AVX-512 BF16, the activations rounded to bf16 for its dot
+    products; ``tilework.transform.bf16_weights``: each output within
+    ``BF16_BOUND * sum|x * w|`` of float32, about ``2**-7``);
     ``CompiledModel.check_precision`` measures the error against a float32 model.
     ``runtime``: ``"vm"`` runs ``main`` on the Python VM; ``"native"`` as native graph code
     (``tilework.export.native``: the bytecode translated to C and compiled once, calling the
