@@ -266,6 +266,45 @@ def test_hoist_guards_moves_invariant_conditions_out() -> None:
     well_formed(g)
 
 
+def test_hoist_guards_turns_a_guard_on_the_loop_var_into_its_extent() -> None:
+    """``for j in 32: if j < n: S`` runs ``for j in min(32, n): S`` (a vector loop whose lanes
+    past ``n`` were masked); with ``n`` a constant below 32, ``for j in n``. The same values at
+    ``n`` of 0, 1, odd, and past the extent."""
+    import numpy as np
+
+    from tilework.codegen import build_library
+    from tilework.codegen.interp import run
+    from tilework.ir.loop import Buffer, Load, Store, binary
+    from tilework.ir.sym import SymVar
+    from tilework.op.kernel import hand_kernel, serial_var
+
+    n = SymVar("n", 0)
+    for bound in (n, 16):
+        src, dst = Buffer("src", (40,), "float32"), Buffer("dst", (40,), "float32")
+        j = serial_var("j", 32)
+        body = IfThenElse(binary("<", j, bound), Store(dst, (j,), binary("*", Load(src, (j,)), Load(src, (j,)))))
+        params = [src, dst, n] if bound is n else [src, dst]
+        f = hand_kernel(params, For(j, 32, body, "vectorized"), "elementwise")
+        g = hoist_guards(f)
+        assert isinstance(g.body, For) and _guards(g) == 0
+        assert sym.to_str(g.body.extent) == ("min(32, n)" if bound is n else "16")
+        lib = build_library({"f": f, "g": g})
+        x = np.arange(40, dtype=np.float32) - 7
+        for size in (0, 1, 5, 31, 40) if bound is n else (0,):
+            outs = []
+            for kern in ("f", "g"):
+                out = np.full(40, -1.0, np.float32)
+                lib[kern].run([x, out], {n: size} if bound is n else None)
+                outs.append(out)
+            ref = np.full(40, -1.0, np.float32)
+            run(g, [x, ref], {n: size} if bound is n else None)
+            np.testing.assert_array_equal(outs[0], outs[1])
+            np.testing.assert_array_equal(outs[1], ref)
+            k = min(32, size) if bound is n else 16
+            np.testing.assert_array_equal(outs[1][:k], x[:k] * x[:k])
+            assert (outs[1][k:] == -1).all()
+
+
 # -- partition ----------------------------------------------------------------------------------
 
 

@@ -353,10 +353,14 @@ def merge_loops(func: TensorFunc, *loops: LoopRef) -> TensorFunc:
 
 def hoist_guards(func: TensorFunc) -> TensorFunc:
     """Move each condition out of the loops it does not depend on: ``for j: if c: S``
-    becomes ``if c: for j: S`` when ``c`` uses neither ``j`` nor any buffer. Always valid (a
-    loop whose body does nothing may as well not run); it leaves no vector loop testing a
-    condition that is the same for all its lanes. Loops are no longer perfectly nested
-    afterwards, so this is the last step of a schedule."""
+    becomes ``if c: for j: S`` when ``c`` uses neither ``j`` nor any buffer; and a guard
+    ``j < n`` on the loop var itself (``n`` free of ``j``) becomes the loop's extent:
+    ``for j in min(extent, n): S``. Always valid (a loop whose body does nothing may as well
+    not run, and iterations that do nothing may as well be left out); it leaves no vector
+    loop testing a condition that is the same for all its lanes, nor one whose lanes past
+    ``n`` are masked off (gcc 12 leaves such a loop scalar when its body loads under the
+    mask: a 16-column linear in 32-column AVX-512 tiles stored 4x slower). Loops are no
+    longer perfectly nested afterwards, so this is the last step of a schedule."""
     return func.replace(body=_hoist(func.body))
 
 
@@ -366,11 +370,28 @@ def _hoist(s: Stmt) -> Stmt:
         return s
     cs = conjuncts(s.body.cond)
     out = [c for c in cs if s.var not in scalar_vars(c) and not loads_of(c)]
-    if not out:
+    ends = [c for c in cs if _end_guard(c, s.var) is not None]
+    if not out and not ends:
         return s
-    stay = [c for c in cs if not any(c is o for o in out)]
+    stay = [c for c in cs if not any(c is o for o in (*out, *ends))]
     inner = s.body.then_body if not stay else IfThenElse(conj(stay), s.body.then_body)
-    return IfThenElse(conj(out), For(s.var, s.extent, inner, s.kind))
+    extent = s.extent
+    for c in ends:
+        n = _end_guard(c, s.var)
+        assert n is not None
+        extent = n if sym.prove_le(n, extent) else extent if sym.prove_le(extent, n) else sym.min_(extent, n)
+    loop = For(s.var, sym.max_(extent, 0) if not sym.prove_ge(extent, 0) else extent, inner, s.kind)
+    return IfThenElse(conj(out), loop) if out else loop
+
+
+def _end_guard(cond: object, v: SymVar) -> Dim | None:
+    """``n`` when ``cond`` is ``v < n`` with ``n`` free of ``v``."""
+    if not isinstance(cond, Binary) or cond.op != "<" or cond.a is not v:
+        return None
+    n = cond.b
+    if not isinstance(n, (int, sym.SymExpr)) or v in dim_vars(n):
+        return None
+    return n
 
 
 def partition(func: TensorFunc, loop: LoopRef) -> TensorFunc:
