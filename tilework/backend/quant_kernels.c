@@ -610,6 +610,33 @@ typedef void (*twq_pack_fn)(const uint8_t*, int64_t, int64_t, int64_t, int64_t, 
 static const twq_pack_fn twq_pack_table[TWQ_NFMT] = {[TWQ_BF16] = twq_pack_TWQ_BF16, [TWQ_F16] = twq_pack_TWQ_F16,
                                                      [TWQ_Q4_K] = twq_pack_TWQ_Q4_K, [TWQ_Q6_K] = twq_pack_TWQ_Q6_K};
 
+/* y[r][0..32) (+)= a0[r], a1[r] for MR rows of a register tile; mk0/mk1 mask the valid outputs. */
+TWQ_INLINE void twq_store_tile(int MR, __m512* a0, __m512* a1, float* y, int64_t ldy, __mmask16 mk0, __mmask16 mk1, int add) {
+    for (int r = 0; r < MR; ++r) {
+        float* yr = y + r * ldy;
+        if (add) {
+            a0[r] = _mm512_add_ps(a0[r], _mm512_maskz_loadu_ps(mk0, yr));
+            a1[r] = _mm512_add_ps(a1[r], _mm512_maskz_loadu_ps(mk1, yr + 16));
+        }
+        _mm512_mask_storeu_ps(yr, mk0, a0[r]);
+        _mm512_mask_storeu_ps(yr + 16, mk1, a1[r]);
+    }
+}
+
+/* One function per row count 1 .. TWQ_PM of micro-kernel NAME (x of XT, the panel of PT) and
+ * their table NAME##_table, indexed by rows - 1. */
+#define TWQ_MICRO_ONE(NAME, XT, PT, MR) \
+    static void NAME##_##MR(const XT* x, int64_t ldx, const PT* p, int64_t kc, float* y, int64_t ldy, __mmask16 m0, __mmask16 m1, int add) { \
+        NAME(MR, x, ldx, p, kc, y, ldy, m0, m1, add); \
+    }
+#define TWQ_MICRO_TABLE(NAME, XT, PT) \
+    TWQ_MICRO_ONE(NAME, XT, PT, 1) TWQ_MICRO_ONE(NAME, XT, PT, 2) TWQ_MICRO_ONE(NAME, XT, PT, 3) TWQ_MICRO_ONE(NAME, XT, PT, 4) \
+    TWQ_MICRO_ONE(NAME, XT, PT, 5) TWQ_MICRO_ONE(NAME, XT, PT, 6) TWQ_MICRO_ONE(NAME, XT, PT, 7) TWQ_MICRO_ONE(NAME, XT, PT, 8) \
+    TWQ_MICRO_ONE(NAME, XT, PT, 9) TWQ_MICRO_ONE(NAME, XT, PT, 10) TWQ_MICRO_ONE(NAME, XT, PT, 11) TWQ_MICRO_ONE(NAME, XT, PT, 12) \
+    typedef void (*NAME##_fn)(const XT*, int64_t, const PT*, int64_t, float*, int64_t, __mmask16, __mmask16, int); \
+    static const NAME##_fn NAME##_table[TWQ_PM] = {NAME##_1, NAME##_2, NAME##_3, NAME##_4, NAME##_5, NAME##_6, \
+                                                   NAME##_7, NAME##_8, NAME##_9, NAME##_10, NAME##_11, NAME##_12};
+
 /* y[r][0..32) (+)= x[r][0..kc) @ p[kc][32] for MR rows; mk0/mk1 mask the valid outputs. */
 TWQ_INLINE void twq_micro(int MR, const float* x, int64_t ldx, const float* p, int64_t kc, float* y, int64_t ldy,
                           __mmask16 mk0, __mmask16 mk1, int add) {
@@ -623,26 +650,10 @@ TWQ_INLINE void twq_micro(int MR, const float* x, int64_t ldx, const float* p, i
             a1[r] = _mm512_fmadd_ps(xr, b1, a1[r]);
         }
     }
-    for (int r = 0; r < MR; ++r) {
-        float* yr = y + r * ldy;
-        if (add) {
-            a0[r] = _mm512_add_ps(a0[r], _mm512_maskz_loadu_ps(mk0, yr));
-            a1[r] = _mm512_add_ps(a1[r], _mm512_maskz_loadu_ps(mk1, yr + 16));
-        }
-        _mm512_mask_storeu_ps(yr, mk0, a0[r]);
-        _mm512_mask_storeu_ps(yr + 16, mk1, a1[r]);
-    }
+    twq_store_tile(MR, a0, a1, y, ldy, mk0, mk1, add);
 }
 
-#define TWQ_MICRO_FN(MR) \
-    static void twq_micro_##MR(const float* x, int64_t ldx, const float* p, int64_t kc, float* y, int64_t ldy, __mmask16 m0, __mmask16 m1, int add) { \
-        twq_micro(MR, x, ldx, p, kc, y, ldy, m0, m1, add); \
-    }
-TWQ_MICRO_FN(1) TWQ_MICRO_FN(2) TWQ_MICRO_FN(3) TWQ_MICRO_FN(4) TWQ_MICRO_FN(5) TWQ_MICRO_FN(6)
-TWQ_MICRO_FN(7) TWQ_MICRO_FN(8) TWQ_MICRO_FN(9) TWQ_MICRO_FN(10) TWQ_MICRO_FN(11) TWQ_MICRO_FN(12)
-typedef void (*twq_micro_fn)(const float*, int64_t, const float*, int64_t, float*, int64_t, __mmask16, __mmask16, int);
-static const twq_micro_fn twq_micro_table[TWQ_PM] = {twq_micro_1, twq_micro_2, twq_micro_3, twq_micro_4, twq_micro_5, twq_micro_6,
-                                                     twq_micro_7, twq_micro_8, twq_micro_9, twq_micro_10, twq_micro_11, twq_micro_12};
+TWQ_MICRO_TABLE(twq_micro, float, float)
 
 /* (M x N tiles over the threads: panels, and chunks of x rows when there are too few panels.) */
 static void twq_tiles(int64_t M, int64_t panels, int64_t pm, int64_t* ntm, int64_t* mc) {
@@ -650,6 +661,24 @@ static void twq_tiles(int64_t M, int64_t panels, int64_t pm, int64_t* ntm, int64
     *ntm = 1;
     while (panels * *ntm < 2 * nth && M / (2 * *ntm) >= pm) *ntm *= 2;
     *mc = ((M + *ntm - 1) / *ntm + pm - 1) / pm * pm;
+}
+
+/* Tile t of a GEMM (panels x ntm chunks of mc rows): W rows [n0, n0 + nr), x rows [m0, m1),
+ * and the masks of the tile's valid outputs. */
+typedef struct {
+    int64_t n0, nr, m0, m1;
+    __mmask16 mk0, mk1;
+} twq_tile;
+
+TWQ_INLINE twq_tile twq_tile_at(int64_t t, int64_t ntm, int64_t mc, int64_t M, int64_t N) {
+    twq_tile c;
+    c.n0 = (t / ntm) * TWQ_PN;
+    c.m0 = (t % ntm) * mc;
+    c.m1 = c.m0 + mc < M ? c.m0 + mc : M;
+    c.nr = N - c.n0 < TWQ_PN ? N - c.n0 : TWQ_PN;
+    c.mk0 = (__mmask16)(c.nr >= 16 ? 0xFFFFu : (1u << c.nr) - 1u);
+    c.mk1 = (__mmask16)(c.nr >= 32 ? 0xFFFFu : c.nr > 16 ? (1u << (c.nr - 16)) - 1u : 0u);
+    return c;
 }
 
 static int twq_gemm(int fmt, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t rb) {
@@ -669,18 +698,14 @@ static int twq_gemm(int fmt, const float* x, const uint8_t* w, float* y, int64_t
         }
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < tiles; ++t) {
-            const int64_t n0 = (t / ntm) * TWQ_PN, m0 = (t % ntm) * mc;
-            const int64_t m1 = m0 + mc < M ? m0 + mc : M;
-            if (p == NULL || m0 >= m1) continue;
-            const int64_t nr = N - n0 < TWQ_PN ? N - n0 : TWQ_PN;
-            const __mmask16 mk0 = (__mmask16)(nr >= 16 ? 0xFFFFu : (1u << nr) - 1u);
-            const __mmask16 mk1 = (__mmask16)(nr >= 32 ? 0xFFFFu : nr > 16 ? (1u << (nr - 16)) - 1u : 0u);
+            const twq_tile c = twq_tile_at(t, ntm, mc, M, N);
+            if (p == NULL || c.m0 >= c.m1) continue;
             for (int64_t k0 = 0; k0 < K; k0 += kc) {
                 const int64_t kn = K - k0 < kc ? K - k0 : kc;
-                twq_pack_table[fmt](w, rb, n0, nr, k0, kn, K, p);
-                for (int64_t m = m0; m < m1; m += TWQ_PM) {
-                    const int64_t mr = m1 - m < TWQ_PM ? m1 - m : TWQ_PM;
-                    twq_micro_table[mr - 1](x + m * K + k0, K, p, kn, y + m * N + n0, N, mk0, mk1, k0 > 0);
+                twq_pack_table[fmt](w, rb, c.n0, c.nr, k0, kn, K, p);
+                for (int64_t m = c.m0; m < c.m1; m += TWQ_PM) {
+                    const int64_t mr = c.m1 - m < TWQ_PM ? c.m1 - m : TWQ_PM;
+                    twq_micro_table[mr - 1](x + m * K + k0, K, p, kn, y + m * N + c.n0, N, c.mk0, c.mk1, k0 > 0);
                 }
             }
         }
@@ -749,27 +774,10 @@ TWQ_INLINE void twq_micro_bf16(int MR, const uint16_t* xb, int64_t ldx, const ui
             a1[r] = _mm512_dpbf16_ps(a1[r], xr, b1);
         }
     }
-    for (int r = 0; r < MR; ++r) {
-        float* yr = y + r * ldy;
-        if (add) {
-            a0[r] = _mm512_add_ps(a0[r], _mm512_maskz_loadu_ps(mk0, yr));
-            a1[r] = _mm512_add_ps(a1[r], _mm512_maskz_loadu_ps(mk1, yr + 16));
-        }
-        _mm512_mask_storeu_ps(yr, mk0, a0[r]);
-        _mm512_mask_storeu_ps(yr + 16, mk1, a1[r]);
-    }
+    twq_store_tile(MR, a0, a1, y, ldy, mk0, mk1, add);
 }
 
-#define TWQ_MICRO_BF16_FN(MR) \
-    static void twq_micro_bf16_##MR(const uint16_t* x, int64_t ldx, const uint32_t* p, int64_t kc, float* y, int64_t ldy, __mmask16 m0, __mmask16 m1, int add) { \
-        twq_micro_bf16(MR, x, ldx, p, kc, y, ldy, m0, m1, add); \
-    }
-TWQ_MICRO_BF16_FN(1) TWQ_MICRO_BF16_FN(2) TWQ_MICRO_BF16_FN(3) TWQ_MICRO_BF16_FN(4) TWQ_MICRO_BF16_FN(5) TWQ_MICRO_BF16_FN(6)
-TWQ_MICRO_BF16_FN(7) TWQ_MICRO_BF16_FN(8) TWQ_MICRO_BF16_FN(9) TWQ_MICRO_BF16_FN(10) TWQ_MICRO_BF16_FN(11) TWQ_MICRO_BF16_FN(12)
-typedef void (*twq_micro_bf16_fn)(const uint16_t*, int64_t, const uint32_t*, int64_t, float*, int64_t, __mmask16, __mmask16, int);
-static const twq_micro_bf16_fn twq_micro_bf16_table[TWQ_PM] = {
-    twq_micro_bf16_1, twq_micro_bf16_2, twq_micro_bf16_3, twq_micro_bf16_4, twq_micro_bf16_5,  twq_micro_bf16_6,
-    twq_micro_bf16_7, twq_micro_bf16_8, twq_micro_bf16_9, twq_micro_bf16_10, twq_micro_bf16_11, twq_micro_bf16_12};
+TWQ_MICRO_TABLE(twq_micro_bf16, uint16_t, uint32_t)
 
 /* The bf16 GEMM of twq_gemm's shape, x rounded to bf16 once per call (kp: K up to a multiple
  * of 32, so a pair never straddles a panel and every piece is whole). */
@@ -794,18 +802,14 @@ static int twq_gemm_bf16(const float* x, const uint8_t* w, float* y, int64_t M, 
         twq_x_bf16(x, M, K, xb, kp); /* (a barrier at its end) */
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < tiles; ++t) {
-            const int64_t n0 = (t / ntm) * TWQ_PN, m0 = (t % ntm) * mc;
-            const int64_t m1 = m0 + mc < M ? m0 + mc : M;
-            if (p == NULL || m0 >= m1) continue;
-            const int64_t nr = N - n0 < TWQ_PN ? N - n0 : TWQ_PN;
-            const __mmask16 mk0 = (__mmask16)(nr >= 16 ? 0xFFFFu : (1u << nr) - 1u);
-            const __mmask16 mk1 = (__mmask16)(nr >= 32 ? 0xFFFFu : nr > 16 ? (1u << (nr - 16)) - 1u : 0u);
+            const twq_tile c = twq_tile_at(t, ntm, mc, M, N);
+            if (p == NULL || c.m0 >= c.m1) continue;
             for (int64_t k0 = 0; k0 < kp; k0 += kc) {
                 const int64_t kn = kp - k0 < kc ? kp - k0 : kc;
-                twq_pack_bf16(w, rb, n0, nr, k0, kn, K, p);
-                for (int64_t m = m0; m < m1; m += TWQ_PM) {
-                    const int64_t mr = m1 - m < TWQ_PM ? m1 - m : TWQ_PM;
-                    twq_micro_bf16_table[mr - 1](xb + m * kp + k0, kp, p, kn, y + m * N + n0, N, mk0, mk1, k0 > 0);
+                twq_pack_bf16(w, rb, c.n0, c.nr, k0, kn, K, p);
+                for (int64_t m = c.m0; m < c.m1; m += TWQ_PM) {
+                    const int64_t mr = c.m1 - m < TWQ_PM ? c.m1 - m : TWQ_PM;
+                    twq_micro_bf16_table[mr - 1](xb + m * kp + k0, kp, p, kn, y + m * N + c.n0, N, c.mk0, c.mk1, k0 > 0);
                 }
             }
         }
