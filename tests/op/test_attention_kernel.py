@@ -225,7 +225,7 @@ def test_interpreter_agrees() -> None:
 
 
 def test_few_tasks_split_their_keys() -> None:
-    """A call of fewer than ``TASKS // 2`` tasks splits each task's key blocks into ranges
+    """A call of at most ``TASKS // 2`` tasks splits each task's key blocks into ranges
     (``splits``: by the tasks, by at least ``MIN_SPLIT_BLOCKS`` blocks a range, at most
     ``MAX_SPLITS``) and merges them: against the reference at 1 .. 7 ranges, with ranges every
     key of which a float mask hides from a row (its weight is 0) and a row that sees no key."""

@@ -28,7 +28,7 @@ register, 4 where they take two (AVX2's 32-byte registers and 16 lanes: 8 rows w
 its registers and spilled; prefill 1.13 -> 1.24x torch SDPA).
 
 Few tasks (a decoding step of one sequence: one task per kv head) would leave threads idle
-while each reads all the keys of its head: while a call has fewer than ``TASKS // 2`` tasks,
+while each reads all the keys of its head: while a call has at most ``TASKS // 2`` tasks,
 each task's key blocks are split into ``splits`` ranges (about ``TASKS`` tasks in all, at most
 ``MAX_SPLITS`` ranges, at least ``MIN_SPLIT_BLOCKS`` key blocks each; decided at run time when
 the dims are symbolic). A split task keeps its running max, sum and unnormalized accumulator in
@@ -84,7 +84,7 @@ JT = 8  # keys per register tile of the scores (where a row of the tile is one v
 ET = 8  # value columns per register tile of the accumulator (the same)
 BLOCK_PREFIX = "attention_"  # every block of the kernel is named so (the schedule rule looks)
 NARROW_LANES = 8  # a task of this many rows or fewer runs in a copy of the kernel this wide
-TASKS = 15  # split the keys of fewer than TASKS // 2 tasks into ranges: about this many tasks
+TASKS = 15  # split the keys of at most TASKS // 2 tasks into ranges: about this many tasks
 MAX_SPLITS = 8  # at most this many key ranges per task
 MIN_SPLIT_BLOCKS = 4  # key blocks per range, at least (128 keys)
 
