@@ -94,3 +94,9 @@ def close(got: Any, want: np.ndarray, tol: float = 1e-4) -> None:
     got = np.asarray(got)
     assert got.shape == want.shape and got.dtype == want.dtype, f"{got.shape} {got.dtype} vs {want.shape} {want.dtype}"
     np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol)
+
+
+def bf16_round(x: np.ndarray) -> np.ndarray:
+    """float32 ``x`` rounded to bf16 (to nearest, ties to even), as float32."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return (((u + 0x7FFF + ((u >> 16) & 1)) >> 16 << 16).astype(np.uint32)).view(np.float32)

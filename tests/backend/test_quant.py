@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import tilework
-from tests.backend.helpers import module
+from tests.backend.helpers import bf16_round, module
 from tests.llm.models import SMOLLM2, needs_smollm2
 from tilework import op
 from tilework.backend import availability
@@ -62,12 +62,6 @@ def blocks(rng: np.random.Generator, fmt: str, n: int, k: int) -> tuple[np.ndarr
 def rounds_x(fmt: str, rows: int, lib: Q.QuantLibrary | None = None) -> bool:
     """Whether the library rounds ``x`` to bf16 for this call (bf16's dot-product GEMM)."""
     return fmt == "bf16" and rows > 8 and (lib or Q.library()).bf16dot
-
-
-def bf16_round(x: np.ndarray) -> np.ndarray:
-    """float32 ``x`` rounded to bf16 (to nearest, ties to even), as float32."""
-    u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
-    return (((u + 0x7FFF + ((u >> 16) & 1)) >> 16 << 16).astype(np.uint32)).view(np.float32)
 
 
 def assert_matches(y: np.ndarray, x: np.ndarray, wf: np.ndarray, fmt: str = "f16", lib: Q.QuantLibrary | None = None) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.backend.helpers import bf16_round
 from tilework.backend import quant as Q
 from tilework.backend.quant import _cpu_flags
 from tilework.op.quant import QUANT_FORMATS
@@ -61,8 +62,7 @@ def expected(x: np.ndarray, wf: np.ndarray, fmt: str) -> tuple[np.ndarray, np.nd
     sum (``2**-126`` a step); otherwise ``x @ wf.T``."""
     if not (fmt == "bf16" and x.shape[0] > 8 and Q.library().bf16dot):
         return x.astype(np.float64) @ wf.astype(np.float64).T, gamma_bound(x, wf)
-    u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
-    xr = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16 << 16).astype(np.uint32)).view(np.float32)
+    xr = bf16_round(x)
     xr = np.where(np.abs(xr) < 2.0**-126, 0, xr).astype(np.float32)
     w0 = np.where(np.abs(wf) < 2.0**-126, 0, wf).astype(np.float32)
     return xr.astype(np.float64) @ w0.astype(np.float64).T, gamma_bound(xr, w0) + (x.shape[-1] + 2) * 2.0**-126

@@ -18,7 +18,7 @@ plus float32 rounding; about 1e-3 relative. The float32 operations are the same 
 (up to 8 rows), the GEMM (prefill) and the portable build, so a row's result has the same bits
 whatever else is in the call. bf16, f16, q4_k and q6_k multiply in float32 with the weights
 decoded exactly (``x`` is not quantized): ``x @ dequantize(w).T`` up to float32 rounding; but
-for bf16 with more than 8 rows of ``x`` (the GEMM) on a CPU with AVX-512 BF16 (``QuantLibrary.bf16dot``)
+for bf16 with more than 8 rows of ``x`` on a CPU with AVX-512 BF16 (``QuantLibrary.bf16dot``)
 the GEMM rounds ``x`` to bf16 and multiplies pairs with ``vdpbf16ps``, at twice the float32
 rate: off by at most ``bf16_bound`` more (``2**-8 * sum|x_k w_k|`` per output; values below
 ``2**-126`` count as zero there).

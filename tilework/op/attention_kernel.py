@@ -301,9 +301,9 @@ class _Attention:
         ]
         return seq(steps)
 
-    def accumulate(self, buf: Buffer, op: str, value: Scalar, r: SymVar) -> Stmt:
-        """``buf[r] = buf[r] op value``."""
-        return Store(buf, (r,), binary(op, _ld(buf, r), value))
+    def accumulate(self, buf: Buffer, op: str, value: Scalar, *idx: Dim) -> Stmt:
+        """``buf[idx] = buf[idx] op value``."""
+        return Store(buf, idx, binary(op, _ld(buf, *idx), value))
 
     def score_tile(self, j0: Dim, jt: SymVar) -> Stmt:
         """Scores of keys ``j0 + jt * JT ...`` in a register tile ``st``."""
@@ -430,20 +430,19 @@ class _Attention:
 
             return IfThenElse(binary("<", sym.add(self.row0, r), self.rows), self.loop("mg_out_e", self.hdv, one, "vectorized"))
 
-        total = lambda r: _ld(gl, r)  # noqa: E731
         steps = [
             self.rows_loop("mg_m0", lambda r: Store(gm, (r,), self.c(-math.inf))),
             self.loop("mg_m_s", self.splits, lambda s: self.rows_loop("mg_m", lambda r: self.accumulate(gm, "max", _ld(self.pm, part(s), r), r))),
             self.loop("mg_w_s", self.splits, lambda s: self.rows_loop("mg_w", lambda r: weight(s, r))),
             self.rows_loop("mg_l0", lambda r: self.zero(gl, r)),
             self.loop("mg_l_s", self.splits, lambda s: self.rows_loop("mg_l", lambda r: self.accumulate(gl, "+", binary("*", _ld(self.pl, part(s), r), _ld(gw, s, r)), r))),
-            self.rows_loop("mg_inv", lambda r: Store(gl, (r,), Select(binary(">", total(r), self.c(0.0)), binary("/", self.c(1.0), total(r)), self.c(0.0), acc))),
+            self.rows_loop("mg_inv", lambda r: Store(gl, (r,), Select(binary(">", _ld(gl, r), self.c(0.0)), binary("/", self.c(1.0), _ld(gl, r)), self.c(0.0), acc))),
             self.loop("mg_a0_e", self.hdv, lambda e: self.rows_loop("mg_a0", lambda r: self.zero(ga, e, r))),
             self.loop(
                 "mg_a_s",
                 self.splits,
                 lambda s: self.loop(
-                    "mg_a_e", self.hdv, lambda e: self.rows_loop("mg_a", lambda r: self.accumulate2(ga, e, binary("*", _ld(self.pacc, part(s), e, r), _ld(gw, s, r)), r))
+                    "mg_a_e", self.hdv, lambda e: self.rows_loop("mg_a", lambda r: self.accumulate(ga, "+", binary("*", _ld(self.pacc, part(s), e, r), _ld(gw, s, r)), e, r))
                 ),
             ),
             self.loop("mg_out_r", self.lanes, put),
@@ -452,10 +451,6 @@ class _Attention:
         for buf in (ga, gw, gl, gm):
             body = Allocate(buf, body)
         return body
-
-    def accumulate2(self, buf: Buffer, e: Dim, value: Scalar, r: SymVar) -> Stmt:
-        """``buf[e, r] += value``."""
-        return Store(buf, (e, r), binary("+", _ld(buf, e, r), value))
 
 
 __all__ = ["attention_kernel", "BLOCK_PREFIX"]

@@ -379,8 +379,8 @@ def _hoist(s: Stmt) -> Stmt:
     for c in ends:
         n = _end_guard(c, s.var)
         assert n is not None
-        extent = n if sym.prove_le(n, extent) else extent if sym.prove_le(extent, n) else sym.min_(extent, n)
-    loop = For(s.var, sym.max_(extent, 0) if not sym.prove_ge(extent, 0) else extent, inner, s.kind)
+        extent = sym.min_(extent, n)  # (a loop of a negative extent runs no iteration)
+    loop = For(s.var, extent, inner, s.kind)
     return IfThenElse(conj(out), loop) if out else loop
 
 
