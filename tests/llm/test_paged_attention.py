@@ -242,3 +242,52 @@ def test_shapes_are_checked() -> None:
     with pytest.raises(TileworkError, match="must be even to be rotated"):
         with bb.function("main", [odd, odd_kc, odd_vc, kl, pt]):
             bb.emit(paged_attention(odd, odd_kc, odd_vc, kl, pt, layer=0, kv_heads=NKV, rope_theta=THETA))
+
+
+
+def test_decode_hints_the_next_tasks_pages_during_the_value_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With every sequence as long and its splits even, each task's value pass hints every cache
+    line (keys and values) of every page the next task reads (``NEXT_TASK_HINTS``; under the static schedule
+    a thread's next task): on the interpreter, which runs the tasks in order, every line task t
+    reads was hinted while task t - 1 ran. The hints are recorded in place of the interpreter's
+    no-op prefetch, the pool's reads beside them, each with the task running."""
+    from tilework.codegen import interp
+    from tilework.ir.sym import SymExpr
+
+    per_page = NKV * HD * PAGE
+    hinted: dict[int, set[tuple[str, int, int]]] = {}  # task -> (cache, page, line) hinted
+    read: dict[int, set[tuple[str, int, int]]] = {}  # task -> (cache, page, line) read
+
+    def line(name: str, idx: tuple[int, ...]) -> tuple[str, int, int]:
+        a, b, c = idx[2:]  # a page's flat offset: keys [kv, hd, page], values [page, kv, hd]
+        off = (a * HD + b) * PAGE + c if name == "k_cache" else (a * NKV + b) * HD + c
+        return name, idx[1] + off // per_page, off % per_page * 4 // 64
+
+    def record(kind: str, task: int, name: str, idx: tuple[int, ...], value: Any = 0.0) -> Any:
+        (hinted if kind == "hint" else read).setdefault(task, set()).add(line(name, idx))
+        return value
+
+    def args(self: Any, at: Any) -> str:
+        task = next((v for v in self.scope if v.name == "task"), None)
+        idx = ", ".join(self.dim(i) if isinstance(i, (int, SymExpr)) else f"int({self.expr(i)})" for i in at.indices)
+        return f"{-1 if task is None else self.dim(task)}, {at.buffer.name!r}, ({idx},)"
+
+    plain_intrin, plain_load = interp._Translator.render_intrin, interp._Translator.render_load
+
+    def render_intrin(self: Any, x: Any) -> str:
+        return f"_tw_record('hint', {args(self, x.args[0])})" if x.name == "prefetch" else plain_intrin(self, x)
+
+    def render_load(self: Any, x: Any) -> str:
+        text = plain_load(self, x)
+        return f"_tw_record('read', {args(self, x)}, {text})" if x.buffer.name in ("k_cache", "v_cache") else text
+
+    monkeypatch.setitem(interp._HELPERS, "_tw_record", record)
+    monkeypatch.setattr(interp._Translator, "render_intrin", render_intrin)
+    monkeypatch.setattr(interp._Translator, "render_load", render_load)
+    monkeypatch.setattr(sys.modules[__name__], "_VMS", {})
+    _case("interp", True, [47, 47], 1, pool=64)  # 12 pages of 4 tokens each: 3 splits of 4 pages
+    tasks = sorted(t for t in read if t >= 0)
+    assert len(tasks) >= 4, tasks
+    for t in tasks[1:]:
+        missed = read[t] - hinted.get(t - 1, set())
+        assert not missed, f"task {t} read {len(missed)} lines its predecessor did not hint, e.g. {sorted(missed)[:3]}"
