@@ -547,7 +547,7 @@ class _Decode(_Kernel):
                         hinted = [self.hint(_ld(tnext, 0), sym.min_(sym.add(sym.mul(vstep, per_vstep), r), (lines or 1) - 1), "pa_thint") for r in range(per_vstep)]
                         return seq([*hinted, self.loop("pv_g", G, one, tile)])
 
-                    body = self.loop("pv_j", P, key)
+                    body: Stmt = self.loop("pv_j", P, key)
                     if per_vstep:
                         body = seq([Store(tnext, (0,), npage), body])
                     return IfThenElse(binary("<", sym.mul(pidx, P), total), body)
