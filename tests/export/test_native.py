@@ -101,14 +101,56 @@ def test_compiled_model_runs_natively_and_switches_back() -> None:
     spec = {"x": nn.spec.Tensor([tw.dim("n", min=0, max=32), 8]), "s": nn.spec.Tensor([])}
     cm = tw.compile(Net().init_random(seed=2), spec, runtime="native")
     assert cm.runtime == "native" and "runtime: native graph code" in cm.explain()
-    vm = tw.compile(Net().init_random(seed=2), spec)
+    vm = tw.compile(Net().init_random(seed=2), spec, runtime="vm")
+    assert vm.runtime == "vm" and "runtime: the Python VM" in vm.explain()
     for n in (0, 1, 9, 32):
         x, s = np.random.default_rng(n).standard_normal((n, 8)).astype(np.float32), np.float32(1.5)
         np.testing.assert_array_equal(cm(x, np.asarray(s)), vm(x, np.asarray(s)))
     cm.runtime = "vm"
     np.testing.assert_array_equal(cm(x, np.asarray(s)), vm(x, np.asarray(s)))
-    with pytest.raises(tw.errors.UnsupportedError, match="runtime must be one of vm, native"):
+    with pytest.raises(tw.errors.UnsupportedError, match="runtime must be one of auto, vm, native"):
         cm.runtime = "jit"
+
+
+
+def _net_and_spec() -> tuple[Any, Any]:
+    from tilework import nn
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            self.fc = nn.Linear(8, 5)
+
+        def forward(self, x: Any) -> Any:
+            return nn.ops.gelu(self.fc(x))
+
+    return Net().init_random(seed=3), {"x": nn.spec.Tensor([tw.dim("n", min=0, max=16), 8])}
+
+
+def test_auto_runs_natively_where_it_can_and_says_why_not_elsewhere(tmp_path: Any) -> None:
+    """``runtime="auto"`` (the default): native graph code for a model of tilework's kernels;
+    the VM, with the reason in ``runtime_note`` and ``explain``, for a model with a blas region
+    (a library call native code does not make) and for a model read from a file (its kernel
+    calls are checked on the VM), where ``runtime="native"`` is refused unless the file is
+    trusted. The results are the same bits on every runtime."""
+    net, spec = _net_and_spec()
+    x = np.random.default_rng(0).standard_normal((7, 8)).astype(np.float32)
+    auto = tw.compile(net, spec)
+    assert auto.runtime == "native" and auto.runtime_note == ""
+    vm = tw.compile(net, spec, runtime="vm")
+    np.testing.assert_array_equal(auto(x), vm(x))
+    blas = tw.compile(net, spec, backends="blas,codegen")
+    assert blas.runtime == "vm" and "cannot run in process" in blas.runtime_note
+    assert "runtime: the Python VM (" in blas.explain()
+    np.testing.assert_allclose(blas(x), vm(x), rtol=1e-5, atol=1e-6)
+    path = str(tmp_path / "net.tw")
+    auto.save(path)
+    loaded = tw.CompiledModel.load(path)
+    assert loaded.runtime == "vm" and "trust_native" in loaded.runtime_note
+    np.testing.assert_array_equal(loaded(x), vm(x))
+    with pytest.raises(tw.errors.UnsupportedError, match="trust_native=True"):
+        tw.CompiledModel.load(path, runtime="native")
+    with pytest.raises(tw.errors.UnsupportedError, match="trust_native=True"):
+        loaded.runtime = "native"
 
 
 def test_arrays_of_another_shape_are_refused_by_the_library(built: tuple[Any, NativeModel]) -> None:

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tilework.errors import RuntimeCheckError, TileworkError
+from tilework.errors import IntegerDivisionByZero, RuntimeCheckError, TileworkError
 from tilework.codegen.c.module import data_pointer
 from tilework.export.aot import MAX_NDIM
 from tilework.export.graph_c import dl_type
@@ -24,6 +24,14 @@ from tilework.ir.dtype import DTYPE_TABLE, dtype_name
 MAX_OUTPUTS = 64
 MAX_INPUTS = 64
 
+
+
+def _error(message: str) -> RuntimeCheckError:
+    """The C runtime's message as the exception the VM raises: ``IntegerDivisionByZero`` (a
+    ``ZeroDivisionError``, as the source framework's) for a kernel's integer division by zero."""
+    if message.startswith("kernel ") and message.endswith(": integer division by zero"):
+        return IntegerDivisionByZero(message)
+    return RuntimeCheckError(message)
 
 class _DType(ctypes.Structure):
     _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
@@ -139,7 +147,7 @@ class ExportedModel:
         name, tensors, n = prepared
         got = self._lib.tw_model_run(self._handle, name, tensors, n, self._outputs, MAX_OUTPUTS)
         if got < 0:
-            raise RuntimeCheckError(self._lib.tw_model_error(self._handle).decode())
+            raise _error(self._lib.tw_model_error(self._handle).decode())
         return int(got)
 
     def run(self, function: str, *arrays: np.ndarray) -> list[np.ndarray]:
