@@ -223,7 +223,9 @@ class CompiledModel:
             if self._runtime == "native":
                 from tilework.export.native import NativeModel
 
+                t = time.perf_counter()
                 main = NativeModel(self.executable, bind={"main": self.weights}).bind("main")
+                self.report.setdefault("seconds", {})["native"] = round(time.perf_counter() - t, 3)
             else:
                 main = self._vm.bind("main", *self.weights)
             bound = self._bound = (self.weights, main)
@@ -330,6 +332,8 @@ class CompiledModel:
             parts[-1] += f" = lowering {float(b['passes_s']):.2f} s + C kernels {float(b['codegen_s']):.2f} s"
         if b.get("kernel_cache_hit") is not None:
             parts.append("kernels from the cache" if b["kernel_cache_hit"] else "kernels compiled now")
+        if "native" in s:
+            parts.append(f"then native graph code {s['native']:.2f} s")
         lines.append(f"  compile time: {s['total']:.2f} s ({', '.join(parts)})")
         if plan is not None:
             lines.extend("  " + line for line in plan.table().splitlines())

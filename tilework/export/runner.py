@@ -25,13 +25,13 @@ MAX_OUTPUTS = 64
 MAX_INPUTS = 64
 
 
-
 def _error(message: str) -> RuntimeCheckError:
     """The C runtime's message as the exception the VM raises: ``IntegerDivisionByZero`` (a
     ``ZeroDivisionError``, as the source framework's) for a kernel's integer division by zero."""
     if message.startswith("kernel ") and message.endswith(": integer division by zero"):
         return IntegerDivisionByZero(message)
     return RuntimeCheckError(message)
+
 
 class _DType(ctypes.Structure):
     _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
