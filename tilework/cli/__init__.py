@@ -248,7 +248,7 @@ def _build_compiled(model: Any, args: argparse.Namespace, t0: float, names: Any,
 
     opts = placement_build_options(args)
     precision = getattr(args, "precision", "fp32")
-    cm = compile_model(model, backends=args.backends, dim_names=names, dim_bounds=bounds, weights="constants", opt_level=0 if args.pipeline == "O0" else 1, target=args.target, placement=opts.get("placement"), precision=precision, **(opts.get("placement_options") or {}))
+    cm = compile_model(model, backends=args.backends, dim_names=names, dim_bounds=bounds, weights="constants", opt_level=0 if args.pipeline == "O0" else 1, target=args.target, placement=opts.get("placement"), precision=precision, runtime="vm", **(opts.get("placement_options") or {}))  # saved, not run: no native graph code to build
     cm.save(args.output)
     stats = cm.executable.stats()
     dims = ", ".join(f"{n} in [{lo}, {'inf' if hi is None else hi}]" for n, (lo, hi, _) in cm.report["dims"].items()) or "none"

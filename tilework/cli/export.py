@@ -90,7 +90,7 @@ def _pt2(args: argparse.Namespace) -> Any:
 
     names, bounds = inputs.pt2_dims(args.dim)
     ep = inputs.load_pt2(args.model)
-    return compile_model(ep, backends=args.backends, dim_names=names, dim_bounds=bounds, weights="constants")
+    return compile_model(ep, backends=args.backends, dim_names=names, dim_bounds=bounds, weights="constants", runtime="vm")  # exported, not run here
 
 
 __all__ = ["add_parser", "run"]
