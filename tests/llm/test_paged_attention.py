@@ -244,13 +244,13 @@ def test_shapes_are_checked() -> None:
             bb.emit(paged_attention(odd, odd_kc, odd_vc, kl, pt, layer=0, kv_heads=NKV, rope_theta=THETA))
 
 
-
 def test_decode_hints_the_next_tasks_pages_during_the_value_pass(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With every sequence as long and its splits even, each task's value pass hints every cache
-    line (keys and values) of every page the next task reads (``NEXT_TASK_HINTS``; under the static schedule
-    a thread's next task): on the interpreter, which runs the tasks in order, every line task t
-    reads was hinted while task t - 1 ran. The hints are recorded in place of the interpreter's
-    no-op prefetch, the pool's reads beside them, each with the task running."""
+    """With every sequence as long and its splits even, each task's value pass hints every
+    cache line (keys and values) of every page the next task reads (``NEXT_TASK_HINTS``; under
+    the static schedule, the thread's next task): on the interpreter, which runs the tasks in
+    order, every line task t reads was hinted while task t - 1 ran. The hints are recorded in
+    place of the interpreter's no-op prefetch, the pool's reads beside them, each with the task
+    running."""
     from tilework.codegen import interp
     from tilework.ir.sym import SymExpr
 

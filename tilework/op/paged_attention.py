@@ -536,7 +536,6 @@ class _Decode(_Kernel):
                 def page_values(pc: SymVar) -> Stmt:
                     pidx = sym.add(p0, pc)
                     page = _i64(_ld(self.pt, b, pidx))
-                    npage = next_task_page(ci, pc, page)
 
                     def key(j: SymVar) -> Stmt:
                         def one(g: SymVar) -> Stmt:
@@ -549,7 +548,7 @@ class _Decode(_Kernel):
 
                     body: Stmt = self.loop("pv_j", P, key)
                     if per_vstep:
-                        body = seq([Store(tnext, (0,), npage), body])
+                        body = seq([Store(tnext, (0,), next_task_page(ci, pc, page)), body])
                     return IfThenElse(binary("<", sym.mul(pidx, P), total), body)
 
                 return seq([
