@@ -191,7 +191,7 @@ class CompiledModel:
                     return
                 except BuildError as e:  # ExportError among them: what the C translation refuses
                     why = str(e)
-            self._runtime, self._bound, self.runtime_note = "vm", None, why
+            self._runtime, self.runtime_note = "vm", why
             return
         if value == "native" and getattr(self.executable, "untrusted", False):
             raise UnsupportedError("runtime='native' runs the kernels of a file unchecked: load it with trust_native=True if you trust it (or keep runtime='vm')")

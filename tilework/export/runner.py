@@ -25,12 +25,15 @@ MAX_OUTPUTS = 64
 MAX_INPUTS = 64
 
 
-def _error(message: str) -> RuntimeCheckError:
-    """The C runtime's message as the exception the VM raises: ``IntegerDivisionByZero`` (a
-    ``ZeroDivisionError``, as the source framework's) for a kernel's integer division by zero."""
-    if message.startswith("kernel ") and message.endswith(": integer division by zero"):
-        return IntegerDivisionByZero(message)
-    return RuntimeCheckError(message)
+ERR_ZERO_DIVISION = 2  # tw_model.h's TW_ERR_ZERO_DIVISION
+
+
+def _error(lib: Any, handle: Any) -> RuntimeCheckError:
+    """The model's last failure as the exception the VM raises: ``IntegerDivisionByZero`` (a
+    ``ZeroDivisionError``, as the source framework's) for a kernel's integer division by zero,
+    ``RuntimeCheckError`` otherwise."""
+    message = lib.tw_model_error(handle).decode()
+    return IntegerDivisionByZero(message) if lib.tw_model_error_kind(handle) == ERR_ZERO_DIVISION else RuntimeCheckError(message)
 
 
 class _DType(ctypes.Structure):
@@ -54,6 +57,8 @@ def declare(lib: Any) -> Any:
     lib.tw_model_run.restype = ctypes.c_int
     lib.tw_model_error.argtypes = [ctypes.c_void_p]
     lib.tw_model_error.restype = ctypes.c_char_p
+    lib.tw_model_error_kind.argtypes = [ctypes.c_void_p]
+    lib.tw_model_error_kind.restype = ctypes.c_int
     lib.tw_model_free.argtypes = [ctypes.c_void_p]
     lib.tw_model_free.restype = None
     return lib
@@ -147,7 +152,7 @@ class ExportedModel:
         name, tensors, n = prepared
         got = self._lib.tw_model_run(self._handle, name, tensors, n, self._outputs, MAX_OUTPUTS)
         if got < 0:
-            raise _error(self._lib.tw_model_error(self._handle).decode())
+            raise _error(self._lib, self._handle)
         return int(got)
 
     def run(self, function: str, *arrays: np.ndarray) -> list[np.ndarray]:

@@ -66,6 +66,14 @@ int tw_model_run(tw_model* model, const char* function, const tw_tensor* inputs,
    `model` is NULL); "" when there was none. */
 const char* tw_model_error(const tw_model* model);
 
+/* What the last failure on `model` was: TW_ERR_NONE (none), TW_ERR_CHECK (a shape, dtype or
+   memory check: the message says which), TW_ERR_ZERO_DIVISION (a kernel's integer division by
+   zero, where the source framework raises, e.g. torch's ZeroDivisionError). */
+#define TW_ERR_NONE 0
+#define TW_ERR_CHECK 1
+#define TW_ERR_ZERO_DIVISION 2
+int tw_model_error_kind(const tw_model* model);
+
 /* The exported functions: their count, names and number of inputs (bound weights excluded). */
 int tw_model_num_functions(void);
 const char* tw_model_function_name(int index);

@@ -43,6 +43,7 @@ typedef struct tw_chunk {
 
 struct tw_model {
     char err[4096];
+    int err_kind; /* TW_ERR_*: what the last failure was */
     void* map;
     size_t map_len;
     tw_val* arrays;
@@ -64,6 +65,7 @@ int twrt_fail(tw_model* m, const char* fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(m->err, sizeof m->err, fmt, ap);
     va_end(ap);
+    m->err_kind = TW_ERR_CHECK;
     return 1;
 }
 
@@ -175,6 +177,7 @@ tw_model* tw_model_create_from_arrays(const tw_tensor* arrays, int num_arrays) {
 }
 
 const char* tw_model_error(const tw_model* m) { return m == NULL ? tw_create_err : m->err; }
+int tw_model_error_kind(const tw_model* m) { return m == NULL || m->err[0] == 0 ? TW_ERR_NONE : m->err_kind; }
 
 int tw_model_num_functions(void) { return tw__info.num_functions; }
 
@@ -279,6 +282,7 @@ static void end_run(tw_model* m) {
 int tw_model_run(tw_model* m, const char* function, const tw_tensor* inputs, int num_inputs, tw_tensor* outputs, int max_outputs) {
     if (m == NULL) return -1;
     m->err[0] = 0;
+    m->err_kind = TW_ERR_NONE;
     const tw_function_desc* f = find_function(function);
     if (f == NULL) {
         twrt_fail(m, "no function '%s' in the model", function);
@@ -707,8 +711,11 @@ int twrt_tensor_to_shape(tw_model* m, tw_val* dst, const tw_val* x) {
 }
 
 int twrt_kernel_fail(tw_model* m, const char* name, int32_t rc) {
-    if (rc == 2) /* tw_check_nonzero: the source framework raises here (docs/semantics.md) */
-        return twrt_fail(m, "kernel %s: integer division by zero", name);
+    if (rc == 2) { /* tw_check_nonzero: the source framework raises here (docs/semantics.md) */
+        twrt_fail(m, "kernel %s: integer division by zero", name);
+        m->err_kind = TW_ERR_ZERO_DIVISION;
+        return 1;
+    }
     if (rc == 3) /* a reduction over an empty domain whose schedule keeps its init inside */
         return twrt_fail(m, "kernel %s: a reduction over an empty domain, which this schedule cannot run", name);
     return twrt_fail(m, "kernel %s: scratch memory could not be allocated (code %d)", name, rc);
