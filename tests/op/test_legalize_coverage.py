@@ -41,6 +41,9 @@ TESTED_APART |= {"check_nonzero"}
 # the channel-last conv ops of conv_gemm: tests/op/test_im2col.py (im2col, max_pool2d_nhwc,
 # depthwise_conv2d_nhwc and global_avg_pool_nhwc against NumPy at symbolic batch, height and width)
 TESTED_APART |= {"im2col", "max_pool2d_nhwc", "depthwise_conv2d_nhwc", "global_avg_pool_nhwc"}
+# the Winograd convolution's three ops: tests/transform/test_winograd.py (against the float64
+# reference and the im2col path, at a symbolic batch and odd sizes)
+TESTED_APART |= {"winograd_input_nhwc", "batch_linear_io", "winograd_output_nhwc"}
 
 
 def _ops_in_cases() -> set[str]:

@@ -1,7 +1,8 @@
 """Linear algebra: ``matmul`` (NumPy ``matmul`` semantics, batched and broadcast), ``linear``
 (``x @ weight.T + bias`` with torch's ``[out_features, in_features]`` weight layout),
 ``linear_io`` (the same with the weight packed in column panels ``[panels, in_features,
-width]``, as ``layout_weights`` lays it out at compile time) and
+width]``, as ``layout_weights`` lays it out at compile time), ``batch_linear_io`` (a batch of
+those: ``x[b]`` by the packed weight ``w[b]``, as a Winograd convolution multiplies) and
 ``einsum`` (NumPy's, with explicit or implicit output and ``...`` broadcasting).
 
 The contracted dims must be equal: a provable mismatch is an error, an unprovable one a run-time
@@ -286,9 +287,49 @@ def _legalize_einsum(call: Call, ctx: "LegalizeCtx") -> Expr:
     return ctx.call_te("einsum", call.args, xs, [result], call.info)
 
 
+def _infer_batch_linear_io(call: Call, ctx: InferCtx) -> StructInfo:
+    """``batch_linear_io(x, weight, out_features)``: ``x: [B, M, K]`` by ``weight: [B, panels,
+    K, width]``, each ``weight[b]`` a ``linear_io`` weight: ``[B, M, out_features]``."""
+    x, w = tensor_arg(call, 0, ctx), tensor_arg(call, 1, ctx)
+    dtype = unify_dtype([x.dtype, w.dtype], ctx)
+    n = call.attrs.get("out_features")
+    if not isinstance(n, int) or n < 1:
+        raise ctx.error(f"out_features must be a positive int, got {n!r}")
+    if x.ndim not in (-1, 3) or w.ndim not in (-1, 4):
+        raise ctx.shape_error(f"takes x [batch, rows, in_features] and weight [batch, panels, in_features, panel width], got shapes {shape_str(x.shape)} and {shape_str(w.shape)}")
+    if w.shape is not None:
+        if not isinstance(w.shape[3], int) or w.shape[3] < 1:
+            raise ctx.shape_error(f"the panel width of weight {shape_str(w.shape)} must be a static positive int")
+        if x.shape is not None:
+            require_equal(x.shape[0], w.shape[0], ctx, f"batch of input {shape_str(x.shape)} and weight {shape_str(w.shape)} differ")
+            require_equal(x.shape[2], w.shape[2], ctx, f"in_features of input {shape_str(x.shape)} and weight {shape_str(w.shape)} differ")
+        if sym.prove_le(sym.mul(w.shape[1], w.shape[3]), n - 1):
+            raise ctx.shape_error(f"weight {shape_str(w.shape)} holds fewer than out_features = {n} columns")
+    if x.shape is None:
+        return TensorInfo(None, dtype, 3)
+    return TensorInfo((x.shape[0], x.shape[1], n), dtype)
+
+
+def _legalize_batch_linear_io(call: Call, ctx: "LegalizeCtx") -> Expr:
+    x, w = arg(call, 0, "x"), arg(call, 1, "weight")
+    shape, dtype = out_tensor(call)
+    acc = compute_dtype(dtype)
+    panel = w.shape[3]
+    assert isinstance(panel, int)
+
+    def f(b: Scalar, i: Scalar, j: Scalar) -> Scalar:
+        k = te.reduce_axis(x.shape[-1], "k")
+        assert isinstance(j, sym.SymVar)
+        return te.sum(te.cast(x[b, i, k], acc) * te.cast(w[b, sym.floordiv(j, panel), k, sym.floormod(j, panel)], acc), axis=k)
+
+    out = te.compute(shape, f, "batch_linear", dtype)
+    return ctx.call_te("batch_linear_io", call.args, [x, w], [out], call.info)
+
+
 register(Op("matmul", _infer_matmul, OpPattern.OUT_EWISE_FUSABLE, attrs={"out_dtype": None}, num_args=2, legalize=_legalize_matmul))
 register(Op("linear", _infer_linear, OpPattern.OUT_EWISE_FUSABLE, legalize=_legalize_linear))
 register(Op("linear_io", _infer_linear_io, OpPattern.OUT_EWISE_FUSABLE, attrs={"out_features": 0}, legalize=_legalize_linear_io))
+register(Op("batch_linear_io", _infer_batch_linear_io, OpPattern.OUT_EWISE_FUSABLE, attrs={"out_features": 0}, num_args=2, legalize=_legalize_batch_linear_io))
 register(Op("einsum", _infer_einsum, OpPattern.OPAQUE, attrs={"equation": ""}, legalize=_legalize_einsum))
 
 
@@ -311,3 +352,9 @@ def linear_io(x: Expr, weight: Expr, bias: Expr | None, out_features: int) -> Ca
 def einsum(equation: str, *operands: Expr) -> Call:
     """NumPy's ``einsum`` (explicit or implicit output, ``...`` broadcasting)."""
     return make_call("einsum", list(operands), equation=equation)
+
+
+def batch_linear_io(x: Expr, weight: Expr, out_features: int) -> Call:
+    """``x: [B, M, K]`` by ``weight: [B, panels, K, width]``, each ``weight[b]`` packed as
+    ``linear_io``'s: ``[B, M, out_features]``."""
+    return make_call("batch_linear_io", [x, weight], out_features=out_features)

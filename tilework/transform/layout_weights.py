@@ -54,8 +54,9 @@ from tilework.op.linalg import linear, linear_io
 from tilework.pattern.core import Match, op_call
 from tilework.transform.base import Pass
 from tilework.transform.conv_gemm import ATTR as CONV_WEIGHTS
-from tilework.transform.conv_gemm import DEPTHWISE, ConvGemm, conv_weight_matrix, depthwise_weight_matrix
+from tilework.transform.conv_gemm import DEPTHWISE, WINOGRAD, ConvGemm, conv_weight_matrix, depthwise_weight_matrix, winograd_weight
 from tilework.transform.dead_code_elimination import DeadCodeElimination
+from tilework.transform.panels import PANEL, lay_out, packed_shape
 from tilework.transform.rewrite_driver import Rule, apply_rules
 from tilework.ir.visitor import ExprMutator
 from tilework.transform.weight_params import WEIGHTS, retype_weight_params, weight_candidates, weight_params
@@ -64,22 +65,7 @@ ATTR = "packed_weights"
 TRANSPOSED = "transposed_weights"  # params given as [in, out] (a matmul's weight), taken as [out, in]
 VARIANTS = "placement_variants"  # main's attr when it dispatches to copies of itself
 COPIES = "weight_copies"  # ((index, transposed, packed), ...): trailing params, copies of a weight laid out
-PANEL = 16  # columns per panel: a register tile spans one (AVX2: 2 x 8 floats) or two (AVX-512)
 _DTYPES = ("float32", "float64")
-
-
-def lay_out(w: np.ndarray, panel: int = PANEL) -> np.ndarray:
-    """A ``[out, in]`` weight as ``linear_io`` takes it: ``[ceil(out / panel), in, panel]``,
-    ``[p, k, c] = w[p * panel + c, k]``, zero past ``out``, contiguous."""
-    out_f, in_f = w.shape
-    panels = -(-out_f // panel)
-    padded = np.zeros((panels * panel, in_f), w.dtype)
-    padded[:out_f] = w
-    return np.ascontiguousarray(padded.reshape(panels, panel, in_f).transpose(0, 2, 1))
-
-
-def packed_shape(out_f: int, in_f: object, panel: int = PANEL) -> tuple[object, ...]:
-    return (-(-out_f // panel), in_f, panel)
 
 
 def _weight_info(e: Expr) -> TensorInfo | None:
@@ -224,6 +210,7 @@ def weight_layout(f: GraphFunc) -> dict[str, Any]:
     """How ``f`` (a model's ``main``) takes its weights, as JSON data (``tilework.build`` keeps it
     in the executable's meta as ``weight_layout``): the param indices ``conv`` (conv weights
     taken as ``conv_gemm.conv_weight_matrix``), ``depthwise`` (as ``depthwise_weight_matrix``),
+    ``winograd`` (as ``winograd_weight``),
     ``transposed`` and ``packed``, the ``copies`` appended, the ``panel`` width of the packed
     ones, and ``num_inputs``; empty when it takes them as given."""
     out: dict[str, Any] = {}
@@ -231,11 +218,13 @@ def weight_layout(f: GraphFunc) -> dict[str, Any]:
         out["conv"] = [int(i) for i in f.attrs[CONV_WEIGHTS]]
     if f.attrs.get(DEPTHWISE):
         out["depthwise"] = [int(i) for i in f.attrs[DEPTHWISE]]
+    if f.attrs.get(WINOGRAD):
+        out["winograd"] = [int(i) for i in f.attrs[WINOGRAD]]
     if f.attrs.get(TRANSPOSED):
         out["transposed"] = [int(i) for i in f.attrs[TRANSPOSED]]
     if f.attrs.get(ATTR):
         out["packed"] = [int(i) for i in f.attrs[ATTR]]
-    if f.attrs.get(ATTR) or f.attrs.get(COPIES):
+    if f.attrs.get(ATTR) or f.attrs.get(COPIES) or f.attrs.get(WINOGRAD):
         out["panel"] = PANEL  # the width the kernels were scheduled for (a saved layout keeps it)
     if f.attrs.get(COPIES):
         out["copies"] = [[int(i), bool(t), bool(p)] for i, t, p in f.attrs[COPIES]]
@@ -254,6 +243,8 @@ def lay_out_weights(layout: Mapping[str, Any], weights: Sequence[np.ndarray]) ->
         out[i - first] = conv_weight_matrix(out[i - first])
     for i in layout.get("depthwise", ()):
         out[i - first] = depthwise_weight_matrix(out[i - first])
+    for i in layout.get("winograd", ()):
+        out[i - first] = winograd_weight(out[i - first], panel)
     for i in layout.get("transposed", ()):
         out[i - first] = np.ascontiguousarray(np.asarray(out[i - first]).T)
     for i in layout.get("packed", ()):

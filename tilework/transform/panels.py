@@ -1,0 +1,27 @@
+"""Column panels: the layout of a weight that the matmul kernels stream (``linear_io`` and
+``batch_linear_io`` take it; ``layout_weights`` and ``conv_gemm`` lay weights out in it at
+compile time). ``[out, in]`` becomes ``[ceil(out / PANEL), in, PANEL]``: a register tile reads
+``PANEL`` columns for every ``k``, and its whole ``K x PANEL`` block is one contiguous stream."""
+
+from __future__ import annotations
+
+import numpy as np
+
+PANEL = 16  # columns per panel: a register tile spans one (AVX2: 2 x 8 floats) or two (AVX-512)
+
+
+def lay_out(w: np.ndarray, panel: int = PANEL) -> np.ndarray:
+    """A ``[out, in]`` weight as ``linear_io`` takes it: ``[ceil(out / panel), in, panel]``,
+    ``[p, k, c] = w[p * panel + c, k]``, zero past ``out``, contiguous."""
+    out_f, in_f = w.shape
+    panels = -(-out_f // panel)
+    padded = np.zeros((panels * panel, in_f), w.dtype)
+    padded[:out_f] = w
+    return np.ascontiguousarray(padded.reshape(panels, panel, in_f).transpose(0, 2, 1))
+
+
+def packed_shape(out_f: int, in_f: object, panel: int = PANEL) -> tuple[object, ...]:
+    return (-(-out_f // panel), in_f, panel)
+
+
+__all__ = ["PANEL", "lay_out", "packed_shape"]
