@@ -41,6 +41,29 @@ MASKED = HEAD.format(extra=', mask: Tensor((b, 1, 1, s), "float32")') + """
 DIVIDED = HEAD.format(extra="") + """
         m = divide(sc, const(2.828427, "float32"))
 """ + TAIL.format(out="ob", ret="ob")
+# torch's ONNX export of scaled_dot_product_attention: q and kt scaled by sqrt(scale) each, the
+# softmax guarded against rows that see no key
+GUARDED = """
+@graph
+def main(q: Tensor((b, s, 4, 8), "float32"), k: Tensor((b, s, 4, 8), "float32"), v: Tensor((b, s, 4, 8), "float32"), mask: Tensor((b, 1, 1, s), "float32")):
+    b = sym(lo=0, hi=16)
+    s = sym(lo=0, hi=256)
+    with dataflow():
+        qp = permute_dims(q, axes=[0, 2, 1, 3])
+        kp = permute_dims(k, axes=[0, 2, 3, 1])
+        qh = multiply(qp, const(0.59460356, "float32"))
+        kt = multiply(kp, const(0.59460356, "float32"))
+        vh = permute_dims(v, axes=[0, 2, 1, 3])
+        sc = matmul(qh, kt)
+        m = add(sc, mask)
+        sm = softmax(m, axis=-1)
+        nan = isnan(sm)
+        p = where(nan, const(0.0, "float32"), sm)
+        o = matmul(p, vh)
+        ob = permute_dims(o, axes=[0, 2, 1, 3])
+        output(ob)
+    return ob
+"""
 PROBS_READ = HEAD.format(extra="") + """
         m = multiply(sc, const(0.35355339, "float32"))
 """ + TAIL.format(out="ob, p", ret="(ob, p)")
@@ -82,19 +105,44 @@ def test_written_out_attention_becomes_the_fused_op(text: str, scale: float, mas
         np.testing.assert_allclose(got, _reference(q, k, v, scale, mask), rtol=2e-5, atol=2e-5)
 
 
+def test_prescaled_and_guarded_attention_becomes_the_fused_op() -> None:
+    """Scales on q and kt multiply into the op's; a row masked whole (-inf everywhere: NaN
+    probabilities, zeroed by the guard) is zeros from the kernel too."""
+    mod = ir(GUARDED)
+    after = Pipeline([FuseAttention(), DeadCodeElimination()])(mod)
+    ops = _ops(after)
+    assert ops.count("attention") == 1 and not {"softmax", "matmul", "isnan", "where", "multiply"} & set(ops), ops
+    f = tw.VM(tw.build(after))["main"]
+    rng = np.random.default_rng(2)
+    for b, s in ((1, 1), (2, 0), (3, 7), (2, 33)):
+        q, k, v = (rng.standard_normal((b, s, 4, 8)).astype(np.float32) for _ in range(3))
+        mask = np.where(rng.random((b, 1, 1, s)) < 0.3, np.float32(-np.inf), np.float32(0)).astype(np.float32)
+        if s:
+            mask[..., 0] = 0
+            mask[0] = -np.inf  # sequence 0 sees no key at all
+        want = _reference(q, k, v, 0.59460356**2, np.where(np.isinf(mask), -1e30, mask))
+        want[0] = 0.0
+        got = f(q, k, v, mask)
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+        if s:
+            np.testing.assert_array_equal(tw.VM(tw.build(mod, opt_level=0))["main"](q, k, v, mask)[0], 0.0)  # the unfused guard agrees
+
+
 def test_probabilities_read_elsewhere_keep_the_ops() -> None:
     mod = ir(PROBS_READ)
     after = Pipeline([FuseAttention(), DeadCodeElimination()])(mod)
     assert "attention" not in _ops(after) and _ops(after) == _ops(mod)
 
 
-def test_onnx_minilm_attention_is_fused(tmp_path: object) -> None:
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_onnx_minilm_attention_is_fused(tmp_path: object, impl: str) -> None:
     """The ONNX route of a BERT encoder layer (TorchScript exporter, dynamic batch and seq)
-    gets the fused op and matches onnxruntime."""
+    gets the fused op and matches onnxruntime, from eager attention and from SDPA (q and k
+    scaled apart, the softmax NaN-guarded)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     ort = pytest.importorskip("onnxruntime")
-    cfg = transformers.BertConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=128, vocab_size=100, attn_implementation="eager")
+    cfg = transformers.BertConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=128, vocab_size=100, attn_implementation=impl)
     torch.manual_seed(0)
     bert = transformers.BertModel(cfg).eval()
 

@@ -3,10 +3,12 @@
 Exporters that do not know an attention op (ONNX's TorchScript exporter, torch.export of
 "eager" attention) write it as
 
-    s = matmul(q, kt)                 # q: [b, h, sq, d], kt: [b, h, d, skv]
-    s = multiply(s, c) | divide(s, c) # c a scalar constant
+    s = matmul(q, kt)                 # q: [b, h, sq, d], kt: [b, h, d, skv]; each maybe
+                                      # multiplied by a scalar constant first
+    s = multiply(s, c) | divide(s, c) # optional; c a scalar constant
     s = add(s, mask) | add(mask, s)   # optional; mask broadcasts to [b, h, sq, skv]
     p = softmax(s, axis=-1)
+    p = where(isnan(p), 0, p)         # optional: zeros for a query that sees no key
     o = matmul(p, v)                  # v: [b, h, skv, dv]
 
 which materializes the ``[b, h, sq, skv]`` scores twice and runs two batched matmuls and a
@@ -15,6 +17,11 @@ mask, scale), [0, 2, 1, 3])`` with ``q' = permute_dims(q, [0, 2, 1, 3])`` (likew
 ``kt`` and ``v'``): the online-softmax kernel of ``tilework.op.attention_kernel``, which never
 stores the scores. A second rule then folds a ``permute_dims`` of a ``permute_dims`` into one
 (or none, when they cancel), so the transposes the exporter wrote around the heads disappear.
+
+The scale is the product of the constants (torch's ONNX export of ``scaled_dot_product_attention``
+multiplies ``q`` and ``kt`` by ``scale ** 0.5`` each, and guards the softmax with ``where(isnan(p),
+0, p)``: the kernel's rows that see no key are zeros already; a NaN the inputs carry into the
+scores stays NaN in the kernel where the guard would have made its row zeros).
 
 Only a closed match is rewritten (the scores, the scaled and masked scores and the probabilities
 are read by nothing else); float32/float64 tensors of rank 4 with a static head count; the
@@ -46,11 +53,14 @@ _TO_BSHD = (0, 2, 1, 3)  # [b, h, s, d] <-> [b, s, h, d]
 
 
 def _pattern() -> object:
-    scores = is_op("matmul", wildcard("q"), wildcard("kt"))
-    scaled = is_op("multiply", scores, is_const("scale")) | is_op("divide", scores, is_const("divisor"))
+    q = is_op("multiply", wildcard("q"), is_const("qscale")) | wildcard("q")
+    kt = is_op("multiply", wildcard("kt"), is_const("kscale")) | wildcard("kt")
+    scores = is_op("matmul", q, kt)
+    scaled = is_op("multiply", scores, is_const("scale")) | is_op("divide", scores, is_const("divisor")) | scores
     masked = is_op("add", scaled, wildcard("mask")) | is_op("add", wildcard("mask"), scaled)
     probs = is_op("softmax", masked | scaled).attr_where("axis", lambda a: a in (3, -1))
-    return is_op("matmul", probs, wildcard("v"))
+    guarded = is_op("where", is_op("isnan", probs.named("probs")), is_const("zero"), wildcard("probs"))
+    return is_op("matmul", guarded | probs, wildcard("v"))
 
 
 def _rank4(e: Expr | None) -> TensorInfo | None:
@@ -76,12 +86,20 @@ def _fuse(m: PatternMatch) -> Expr | None:
     heads = q.shape[1]  # type: ignore[index]
     if not isinstance(heads, int) or kt.shape[1] != heads or v.shape[1] != heads:  # type: ignore[index]
         return None
+    scale: float | None = 1.0
     if m.get("scale") is not None:
         scale = _scalar(m.get("scale"))
-    else:
+    elif m.get("divisor") is not None:
         divisor = _scalar(m.get("divisor"))
         scale = None if divisor is None else 1.0 / divisor
+    for name in ("qscale", "kscale"):  # q and kt scaled before their product (by sqrt(scale) each)
+        if scale is not None and m.get(name) is not None:
+            factor = _scalar(m.get(name))
+            scale = None if factor is None else scale * factor
     if scale is None:
+        return None
+    zero = m.get("zero")
+    if zero is not None and not (isinstance(zero, Constant) and np.asarray(zero.data).size == 1 and float(np.asarray(zero.data).reshape(())) == 0.0):
         return None
     if mask is not None:
         mi = mask.info
