@@ -33,7 +33,8 @@ left to tilework's kernels are laid out.
 
 2-D convolutions are made linears first (``tilework.transform.conv_gemm``: im2col over
 channel-last data; their weight params listed in ``conv_weights``, depthwise ones in
-``depthwise_weights``), so their weights are packed alike.
+``depthwise_weights``), so their weights are packed alike; a 3x3 conv that runs as Winograd
+F(2, 3) gets its transformed weights packed by ``conv_gemm`` itself (``winograd_weights``).
 
 Only float32 and float64 linears are rewritten (the narrow types keep their own kernels).
 Requires a well-formed module;
@@ -210,9 +211,9 @@ def weight_layout(f: GraphFunc) -> dict[str, Any]:
     """How ``f`` (a model's ``main``) takes its weights, as JSON data (``tilework.build`` keeps it
     in the executable's meta as ``weight_layout``): the param indices ``conv`` (conv weights
     taken as ``conv_gemm.conv_weight_matrix``), ``depthwise`` (as ``depthwise_weight_matrix``),
-    ``winograd`` (as ``winograd_weight``),
-    ``transposed`` and ``packed``, the ``copies`` appended, the ``panel`` width of the packed
-    ones, and ``num_inputs``; empty when it takes them as given."""
+    ``winograd`` (as ``winograd_weight``), ``transposed`` and ``packed``, the ``copies``
+    appended, the ``panel`` width of the packed ones, and ``num_inputs``; empty when it takes
+    them as given."""
     out: dict[str, Any] = {}
     if f.attrs.get(CONV_WEIGHTS):
         out["conv"] = [int(i) for i in f.attrs[CONV_WEIGHTS]]
