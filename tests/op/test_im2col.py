@@ -32,7 +32,8 @@ CASES: dict[str, tuple[int, tuple[int, int], tuple[int, int], tuple[int, int, in
     "no_pad_odd": (1, (2, 3), (3, 2), (0, 0, 0, 0), (1, 1)),
 }
 # max_pool2d_nhwc of the first case's input: (pool size, strides, padding)
-POOLS = [((3, 3), (2, 2), (1, 1, 1, 1)), ((2, 3), (1, 2), (0, 1, 1, 0))]
+# (the first two read clamped taps, the third a copy padded with -inf: a window all padding)
+POOLS = [((3, 3), (2, 2), (1, 1, 1, 1)), ((2, 3), (1, 2), (0, 1, 1, 0)), ((2, 2), (2, 2), (0, 0, 2, 0))]
 # depthwise_conv2d_nhwc of the first case's input with a 2 x 3 kernel: (strides, padding, dilation)
 DEPTHWISE = [((1, 1), (1, 1, 0, 1), (1, 1)), ((2, 1), (0, 2, 1, 0), (2, 2))]
 ENVS = [{"n": 1, "h": 7, "w": 9}, {"n": 3, "h": 12, "w": 11}, {"n": 2, "h": 5, "w": 16}]

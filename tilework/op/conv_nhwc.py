@@ -2,7 +2,9 @@
 ``[N, H, W, C]`` input, which ``tilework.transform.conv_gemm`` multiplies by a packed weight
 (``linear``) so that a convolution runs on the matmul kernels, and ``max_pool2d_nhwc``
 (``max_pool2d`` without ``ceil_mode`` over the same layout: the maximum of the taps, vectorized
-along the channels, the input padded with -inf first) and ``depthwise_conv2d_nhwc`` (one
+along the channels; a tap in the padding reads the nearest input element, which is in the same
+window, or without that guarantee (dilation, padding as long as the window) the input is padded
+with -inf first) and ``depthwise_conv2d_nhwc`` (one
 input channel per output channel, weights ``[KH * KW, C]``: one sum of products per output,
 vectorized along the channels, its taps that can fall in the padding read clamped into the
 input and masked to zero: no padded copy), and ``global_avg_pool_nhwc`` (the spatial mean,
@@ -127,17 +129,28 @@ def _infer_max_pool_nhwc(call: Call, ctx: InferCtx) -> StructInfo:
 
 
 def _legalize_max_pool_nhwc(call: Call, ctx: "LegalizeCtx") -> Expr:
-    """The maximum of the taps in one expression, vectorized along the channels; the input
-    padded with -inf first."""
+    """The maximum of the taps in one expression, vectorized along the channels. Without
+    dilation and with every side's padding shorter than the window, a tap in the padding reads
+    the nearest input element instead (clamped: that element is in the same window, so the
+    maximum is the same) and no padded copy is made; otherwise the input is padded with -inf
+    first."""
     x = arg(call, 0, "x")
     shape, dtype = out_tensor(call)
     (kh, kw), strides, padding, dilation = (tuple(call.attrs[a]) for a in ("pool_size", "strides", "padding", "dilation"))
-    x_in, x = _padded_nhwc(ctx, call.args[0], x, padding, float("-inf"), "max_pool_pad")
+    clamped = tuple(dilation) == (1, 1) and all(p < k for p, k in zip(padding, (kh, kw, kh, kw)))
+    x_in = call.args[0]
+    if not clamped:
+        x_in, x = _padded_nhwc(ctx, call.args[0], x, padding, float("-inf"), "max_pool_pad")
 
     def taps(nn: Scalar, oh: Scalar, ow: Scalar, ch: Scalar) -> Scalar:
         best: Scalar | None = None
         for i, j in itertools.product(range(kh), range(kw)):
-            v: Scalar = x[nn, oh * strides[0] + i * dilation[0], ow * strides[1] + j * dilation[1], ch]
+            if clamped:
+                h, _ = _tap_index(oh, i, strides[0], padding[0], shape[1], x.shape[1])
+                w, _ = _tap_index(ow, j, strides[1], padding[1], shape[2], x.shape[2])
+                v: Scalar = x[nn, h, w, ch]
+            else:
+                v = x[nn, oh * strides[0] + i * dilation[0], ow * strides[1] + j * dilation[1], ch]
             best = v if best is None else te.maximum(best, v)
         assert best is not None
         return best
