@@ -20,8 +20,9 @@ Prompts are random token ids (the same for every system); decoding is greedy for
 tokens. Prefill ms is the time to fill the KV cache with every prompt of the batch and get the
 first token; decode tok/s = batch * steps / (time of the decode steps: forward + argmax). Each
 figure is the best of ``--repeat`` runs after one warm-up run of the same shape; the runs go in
-rounds (each round: every shape, every system once), so cells compared are minutes apart at
-most.
+rounds (each round: every shape, every system once; each run 0.3 s after the one before, so
+that no system is timed while another's thread pool still spins), so cells compared are minutes
+apart at most.
 
 Memory-read bandwidth is measured in the same run by a small C/OpenMP kernel (2 threads,
 summing a 1 GiB float32 array; NumPy's single-threaded ``sum`` if no C compiler works); each
@@ -56,7 +57,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from report import cpu_features, cpu_model, emit, read_bandwidth, table  # noqa: E402
+from report import SETTLE_S, cpu_features, cpu_model, emit, read_bandwidth, table  # noqa: E402
 
 THREADS = 2
 SHAPES = [(1, 32), (1, 512), (8, 32), (8, 512)]  # (batch, prompt tokens)
@@ -287,7 +288,9 @@ def measure(runners: dict[str, Runner], prompts: dict[tuple[int, int], np.ndarra
     warm-up run of each (their seconds come back, per system). The runs go in rounds, each
     round every shape and every system once, so that the machine's state (its memory bandwidth
     moves by tens of percent over minutes here) falls on every cell alike: the ratios between
-    systems, and between batch 8 and batch 1, compare runs minutes apart at most."""
+    systems, and between batch 8 and batch 1, compare runs minutes apart at most. Each timed
+    run starts ``SETTLE_S`` after the one before, as ``report.median_ms_in_rounds`` does: no
+    system is timed while the previous one's thread pool still spins on the two cores."""
     warmups: dict[str, list[str]] = {}
     runs: dict[tuple[int, int], dict[str, list[Result]]] = {shape: {name: [] for name in runners} for shape in prompts}
     for shape, p in prompts.items():
@@ -298,6 +301,7 @@ def measure(runners: dict[str, Runner], prompts: dict[tuple[int, int], np.ndarra
     for _ in range(repeat):
         for shape, p in prompts.items():
             for name, r in runners.items():
+                time.sleep(SETTLE_S)
                 runs[shape][name].append(run_once(r, p, steps))
     out: dict[tuple[int, int], dict[str, Result]] = {}
     for shape, by_name in runs.items():
@@ -416,7 +420,7 @@ def print_markdown(table: dict[tuple[int, int], dict[str, Result]], steps: int, 
     frac = [[str(shape)] + [fractions[shape].get(n, "") for n in names if n.startswith("tilework")] for shape in table]
     emit(
         "llm",
-        f"SmolLM2-135M-Instruct, random prompt tokens, greedy, {steps} decode steps, best of {repeat} runs after a warm-up (in rounds: every shape and system once a round); "
+        f"SmolLM2-135M-Instruct, random prompt tokens, greedy, {steps} decode steps, best of {repeat} runs after a warm-up (in rounds: every shape and system once a round, each run {SETTLE_S} s after the one before); "
         f"2 threads for every system; cells: prefill ms / decode tokens/s (batch x steps / decode time). Memory-read bandwidth {bandwidth}.\n\n"
         + _table(["(batch, prompt)"] + names, rows)
         + "\n\ntilework decode as a fraction of the read bandwidth (weight bytes per step / step time; then with the KV-cache reads added):\n\n"
