@@ -142,6 +142,23 @@ def test_constant_and_param_weights_at_odd_sizes(h: int, w: int, padding: tuple[
             np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
+def test_exported_c_equals_the_vm_bit_for_bit(models: tuple[Any, Any, Any], tmp_path: Any) -> None:
+    """The transforms' constant tables and packed weights travel into the C export."""
+    from tilework.export import build_export
+    from tilework.export.runner import ExportedModel
+
+    model, wino, _ = models
+    wino.export_c(str(tmp_path / "c"))
+    exported = ExportedModel(build_export(tmp_path / "c", "cmake"), tmp_path / "c" / "model.twb")
+    try:
+        for batch in (1, 3):
+            x = torch.randn(batch, C, 13, 11)
+            (got,) = exported.run("main", x.numpy())
+            np.testing.assert_array_equal(got, np.asarray(wino(x)))
+    finally:
+        exported.close()
+
+
 def test_symbolic_spatial_dims_stay_im2col() -> None:
     n, h = tw.dim("n"), tw.dim("h")
     bb = BlockBuilder()
