@@ -4,11 +4,11 @@
 (``max_pool2d`` without ``ceil_mode`` over the same layout: the maximum of the taps, vectorized
 along the channels; a tap in the padding reads the nearest input element, which is in the same
 window, or without that guarantee (dilation, padding as long as the window) the input is padded
-with -inf first) and ``depthwise_conv2d_nhwc`` (one
-input channel per output channel, weights ``[KH * KW, C]``: one sum of products per output,
-vectorized along the channels, its taps that can fall in the padding read clamped into the
-input and masked to zero: no padded copy), and ``global_avg_pool_nhwc`` (the spatial mean,
-``[N, 1, 1, C]``: sums of pixel rows, then of the rows, vectorized along the channels).
+with -inf first) and ``depthwise_conv2d_nhwc`` (one input channel per output channel, weights
+``[KH * KW, C]``: one sum of products per output, vectorized along the channels, its taps that
+can fall in the padding read clamped into the input and masked to zero: no padded copy), and
+``global_avg_pool_nhwc`` (the spatial mean, ``[N, 1, 1, C]``: sums of pixel rows, then of the
+rows, vectorized along the channels).
 
 ``im2col(x, kernel, strides, padding, dilation)`` gives ``[N, OH, OW, KH * KW * C]`` with
 ``col[n, oh, ow, (i * KW + j) * C + c] = x[n, oh * sh - top + i * dh, ow * sw - left + j * dw, c]``
