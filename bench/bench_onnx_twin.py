@@ -1,6 +1,7 @@
-"""Transformers through ONNX against their torch.export twins: the same module compiled by
-tilework from ``torch.export`` and from its ONNX file (the TorchScript exporter, dynamic batch
-and sequence), timed side by side. The two routes should reach the same heavy kernels (the
+"""Transformers compiled through ONNX against their torch.export twins, side by side.
+
+The same module is compiled by tilework from ``torch.export`` and from its ONNX file (the
+TorchScript exporter, dynamic batch and sequence) and both are timed. The two routes should reach the same heavy kernels (the
 ONNX frontend folds the shape subgraphs into symbolic shapes, ``fuse_attention`` fuses the
 attention the exporter writes out; the table counts each route's kernels), so the aim is the
 ONNX route within 10% of the torch.export one.
