@@ -50,7 +50,7 @@ from tilework.llm.model import LlamaDecoder, decoder_spec, merged_parts
 from tilework.llm.quant import QuantTensor
 from tilework.op.quant import GROUP, interleave_rows, interleaved
 from tilework.runtime.executable import Executable
-from tilework.transform.layout_weights import lay_out
+from tilework.transform.panels import lay_out
 
 PRECISIONS = ("q", "bf16", "fp32")
 KV_DTYPE_OF = {"q": "bfloat16", "bf16": "bfloat16", "fp32": "float32"}

@@ -2,7 +2,7 @@
 
 ``LlamaDecoder(cfg, formats)`` is a ``tilework.nn`` module whose weights keep the format they
 have in the model file: a matrix is a float32 parameter packed in column panels
-(``PackedLinear``: ``tilework.transform.layout_weights.lay_out`` of the file's ``[out, in]``) or
+(``PackedLinear``: ``tilework.transform.panels.lay_out`` of the file's ``[out, in]``) or
 the ``uint8`` blocks of a quantized format (``quant_linear``, never expanded); the embedding
 table likewise (``quant_take`` for quantized tables), and a tied head multiplies by the
 embedding table itself.
@@ -42,7 +42,7 @@ from tilework.nn.modules import RMSNorm
 from tilework.llm.kv_cache import PAGE
 from tilework.op.linalg import linear_io
 from tilework.op.quant import ALL_FORMATS
-from tilework.transform.layout_weights import PANEL
+from tilework.transform.panels import PANEL
 
 
 # Projections that read the same input are one matrix multiply when their weights share a
@@ -86,13 +86,13 @@ class QuantLinear(Module):
 
 
 def _panels(out_features: int, in_features: int) -> tuple[int, int, int]:
-    """The shape of an ``[out, in]`` weight packed in column panels (``layout_weights.lay_out``)."""
+    """The shape of an ``[out, in]`` weight packed in column panels (``panels.lay_out``)."""
     return (-(-out_features // PANEL), in_features, PANEL)
 
 
 class PackedLinear(Module):
     """``x @ W.T`` with the float32 ``W [out, in]`` given packed in column panels,
-    ``[ceil(out / PANEL), in, PANEL]`` (``tilework.transform.layout_weights.lay_out``; zero past
+    ``[ceil(out / PANEL), in, PANEL]`` (``tilework.transform.panels.lay_out``; zero past
     ``out``): a register tile of the matmul kernels streams one contiguous ``K x PANEL`` block,
     for every row of ``x`` it holds. With ``[out, in]`` a few rows (a decode batch) were dot
     products, each row reading the weight row again from L1 and summing its vector across."""

@@ -106,6 +106,25 @@ def _infer_linear(call: Call, ctx: InferCtx) -> StructInfo:
     return TensorInfo(x.shape[:-1] + (out_features,), dtype)
 
 
+def _out_features(call: Call, ctx: InferCtx) -> int:
+    """The ``out_features`` attr of a packed product: a positive int."""
+    n = call.attrs.get("out_features")
+    if not isinstance(n, int) or n < 1:
+        raise ctx.error(f"out_features must be a positive int, got {n!r}")
+    return n
+
+
+def _check_panels(w: TensorInfo, n: int, ctx: InferCtx) -> None:
+    """``w``'s last three dims ``[panels, in_features, width]`` (a weight packed in column
+    panels): a static width, and at least ``n`` columns."""
+    assert w.shape is not None
+    panels, width = w.shape[-3], w.shape[-1]
+    if not isinstance(width, int) or width < 1:
+        raise ctx.shape_error(f"the panel width of weight {shape_str(w.shape)} must be a static positive int")
+    if sym.prove_le(sym.mul(panels, width), n - 1):
+        raise ctx.shape_error(f"weight {shape_str(w.shape)} holds fewer than out_features = {n} columns")
+
+
 def _infer_linear_io(call: Call, ctx: InferCtx) -> StructInfo:
     """``linear_io(x, weight, bias?, out_features)``: ``linear`` with the weight packed in
     column panels, ``weight[p, k, c] = w[p * NR + c, k]`` (``NR = weight.shape[2]``, zero past
@@ -116,9 +135,7 @@ def _infer_linear_io(call: Call, ctx: InferCtx) -> StructInfo:
     x, w = tensor_arg(call, 0, ctx), tensor_arg(call, 1, ctx)
     bias = tensor_arg(call, 2, ctx) if len(call.args) == 3 else None
     dtype = unify_dtype([x.dtype, w.dtype] + ([bias.dtype] if bias else []), ctx)
-    n = call.attrs.get("out_features")
-    if not isinstance(n, int) or n < 1:
-        raise ctx.error(f"out_features must be a positive int, got {n!r}")
+    n = _out_features(call, ctx)
     if x.ndim == 0:
         raise ctx.shape_error("input must have at least one dim, got shape ()")
     if w.ndim not in (-1, 3):
@@ -126,12 +143,9 @@ def _infer_linear_io(call: Call, ctx: InferCtx) -> StructInfo:
     if bias is not None and bias.ndim not in (-1, 1):
         raise ctx.shape_error(f"bias must be 1-D [out_features], got shape {shape_str(bias.shape)}")
     if w.shape is not None:
-        if not isinstance(w.shape[2], int) or w.shape[2] < 1:
-            raise ctx.shape_error(f"the panel width of weight {shape_str(w.shape)} must be a static positive int")
+        _check_panels(w, n, ctx)
         if x.shape is not None:
             require_equal(x.shape[-1], w.shape[1], ctx, f"in_features of input {shape_str(x.shape)} and weight {shape_str(w.shape)} differ")
-        if sym.prove_le(sym.mul(w.shape[0], w.shape[2]), n - 1):
-            raise ctx.shape_error(f"weight {shape_str(w.shape)} holds fewer than out_features = {n} columns")
     if bias is not None and bias.shape is not None:
         require_equal(n, bias.shape[0], ctx, f"out_features = {n} and bias {shape_str(bias.shape)} differ")
     if x.shape is None:
@@ -292,19 +306,14 @@ def _infer_batch_linear_io(call: Call, ctx: InferCtx) -> StructInfo:
     K, width]``, each ``weight[b]`` a ``linear_io`` weight: ``[B, M, out_features]``."""
     x, w = tensor_arg(call, 0, ctx), tensor_arg(call, 1, ctx)
     dtype = unify_dtype([x.dtype, w.dtype], ctx)
-    n = call.attrs.get("out_features")
-    if not isinstance(n, int) or n < 1:
-        raise ctx.error(f"out_features must be a positive int, got {n!r}")
+    n = _out_features(call, ctx)
     if x.ndim not in (-1, 3) or w.ndim not in (-1, 4):
         raise ctx.shape_error(f"takes x [batch, rows, in_features] and weight [batch, panels, in_features, panel width], got shapes {shape_str(x.shape)} and {shape_str(w.shape)}")
     if w.shape is not None:
-        if not isinstance(w.shape[3], int) or w.shape[3] < 1:
-            raise ctx.shape_error(f"the panel width of weight {shape_str(w.shape)} must be a static positive int")
+        _check_panels(w, n, ctx)
         if x.shape is not None:
             require_equal(x.shape[0], w.shape[0], ctx, f"batch of input {shape_str(x.shape)} and weight {shape_str(w.shape)} differ")
             require_equal(x.shape[2], w.shape[2], ctx, f"in_features of input {shape_str(x.shape)} and weight {shape_str(w.shape)} differ")
-        if sym.prove_le(sym.mul(w.shape[1], w.shape[3]), n - 1):
-            raise ctx.shape_error(f"weight {shape_str(w.shape)} holds fewer than out_features = {n} columns")
     if x.shape is None:
         return TensorInfo(None, dtype, 3)
     return TensorInfo((x.shape[0], x.shape[1], n), dtype)

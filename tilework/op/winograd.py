@@ -26,6 +26,7 @@ with coefficients 0, 1/2 and 1 (a few ulps of the sum of the products' magnitude
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -79,9 +80,17 @@ def _infer_input(call: Call, ctx: InferCtx) -> StructInfo:
     return TensorInfo((ALPHA, ALPHA, x.shape[0], tiles(oh), tiles(ow), x.shape[3]), x.dtype)
 
 
-def _table(rows: np.ndarray, dtype: str) -> tuple[Constant, te.Tensor]:
-    c = Constant.of(np.ascontiguousarray(rows, dtype=np.dtype(dtype)))
-    return c, te.placeholder(rows.shape, dtype, "coef")
+_TABLES = {"BT": BT, "AT": AT}
+
+
+@functools.lru_cache(maxsize=None)
+def _constant(name: str, dtype: str) -> Constant:
+    """Coefficient table ``name`` in ``dtype``: one constant, shared by every conv's kernel."""
+    return Constant.of(np.ascontiguousarray(_TABLES[name], dtype=np.dtype(dtype)))
+
+
+def _table(name: str, dtype: str) -> tuple[Constant, te.Tensor]:
+    return _constant(name, dtype), te.placeholder(_TABLES[name].shape, dtype, "coef")
 
 
 def _legalize_input(call: Call, ctx: "LegalizeCtx") -> Expr:
@@ -94,7 +103,7 @@ def _legalize_input(call: Call, ctx: "LegalizeCtx") -> Expr:
     bottom = max(bottom, TILE * th + ALPHA - TILE - x.shape[1] - top)
     right = max(right, TILE * tw + ALPHA - TILE - x.shape[2] - left)
     x_in, xp = _padded_nhwc(ctx, call.args[0], x, (top, left, bottom, right), 0.0, "winograd_pad")
-    table, bt = _table(BT, dtype)
+    table, bt = _table("BT", dtype)
 
     def patch(a: Scalar, b: Scalar, n: Scalar, i: Scalar, j: Scalar, c: Scalar) -> Scalar:
         total: Scalar | None = None
@@ -146,7 +155,7 @@ def _legalize_output(call: Call, ctx: "LegalizeCtx") -> Expr:
     m = arg(call, 0, "m")
     bias = arg(call, 1, "bias") if len(call.args) == 2 else None
     shape, dtype = out_tensor(call)
-    table, at = _table(AT, dtype)
+    table, at = _table("AT", dtype)
 
     def gather(n: Scalar, h: Scalar, w: Scalar, o: Scalar) -> Scalar:
         r, s = sym.floormod(h, TILE), sym.floormod(w, TILE)  # type: ignore[arg-type]

@@ -257,13 +257,12 @@ class _Convs:
         """A 3x3 conv of stride 1 as F(2, 3): input transform, 16 packed products, output
         transform (with the bias) of the channel-last input."""
         u = self.matrix(value.args[1], m, winograd_weight)
-        out = _shape(value)
-        if u is None or out is None:
+        out, w = _shape(value), _static_weight(value.args[1].info)
+        if u is None or out is None or w is None:
             return None
-        n, o, oh, ow = out
-        assert isinstance(oh, int) and isinstance(ow, int) and isinstance(o, int)
+        (n, _, oh, ow), (o, c) = out, w[:2]
+        assert isinstance(oh, int) and isinstance(ow, int)  # static spatial dims (_winograd)
         v = winograd_input_nhwc(self.channels_last(value.args[0], m), tuple(int(i) for i in value.attrs["padding"]))
-        c = _shape(value.args[0])[1]  # type: ignore[index]
         th, tw = tiles(oh), tiles(ow)
         rows = sym.mul(n, th * tw)
         prod = batch_linear_io(reshape(v, (ALPHA * ALPHA, rows, c)), u, o)

@@ -70,11 +70,17 @@ def _rank4(e: Expr | None) -> TensorInfo | None:
     return None
 
 
-def _scalar(c: Expr | None) -> float | None:
+def _value(c: Expr | None) -> float | None:
+    """The value of a one-element constant, else None."""
     if not isinstance(c, Constant) or np.asarray(c.data).size != 1:
         return None
-    v = float(np.asarray(c.data).reshape(()))
-    return v if np.isfinite(v) and v != 0.0 else None
+    return float(np.asarray(c.data).reshape(()))
+
+
+def _scalar(c: Expr | None) -> float | None:
+    """A finite, nonzero one-element constant's value (a scale or divisor), else None."""
+    v = _value(c)
+    return v if v is not None and np.isfinite(v) and v != 0.0 else None
 
 
 def _fuse(m: PatternMatch) -> Expr | None:
@@ -98,8 +104,7 @@ def _fuse(m: PatternMatch) -> Expr | None:
             scale = None if factor is None else scale * factor
     if scale is None:
         return None
-    zero = m.get("zero")
-    if zero is not None and not (isinstance(zero, Constant) and np.asarray(zero.data).size == 1 and float(np.asarray(zero.data).reshape(())) == 0.0):
+    if m.get("zero") is not None and _value(m.get("zero")) != 0.0:  # the guard's fill must be 0
         return None
     if mask is not None:
         mi = mask.info

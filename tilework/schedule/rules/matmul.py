@@ -446,10 +446,8 @@ def rest_rows(func: TensorFunc, io: SymVar, mr: int, rows: Dim) -> TensorFunc:
     computing whole tiles) as ``rows // mr`` full tiles and, when rows are left, one tile of
     as many rows rounded up to ``REST_STEP`` (a copy of the tile with its row loops that
     long, chosen at run time): an 8-row matmul on 6-row tiles computed 12 rows."""
-    if mr <= REST_STEP or isinstance(rows, int) and rows % mr == 0:
-        return func
     full, left = sym.floordiv(rows, mr), sym.floormod(rows, mr)
-    if isinstance(left, int) and left == 0:  # a symbolic multiple of the tile (16 * batch rows): full tiles only
+    if mr <= REST_STEP or isinstance(left, int) and left == 0:  # whole tiles only (static or symbolic: 16 * batch rows)
         return func
     path, f = find_loop(func, io)
     rowl = {x.var for _, x in walk(f.body) if isinstance(x, For) and x.extent == mr and _row_loop(x, io)}
