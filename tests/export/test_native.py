@@ -77,6 +77,35 @@ def test_a_second_build_comes_from_the_cache(built: tuple[Any, NativeModel]) -> 
     assert NativeModel(exe, bind={"main": [W], "pair": []}).cache_hit
 
 
+def test_models_with_the_same_graph_code_keep_their_own_kernels() -> None:
+    """Two models whose graph code is the same text (so the same library bytes) but whose
+    kernels differ (an rms_norm's eps is in its kernel): each runs its own kernels. Their
+    import tables are globals of the library, so each model loads a copy of its own; the
+    loader handed both the first copy once, and the first model ran the second's kernels."""
+    from tilework.ir.builder import BlockBuilder
+    from tilework.ir.graph import Var
+    from tilework.ir.info import TensorInfo
+    from tilework.ir.sym import SymVar
+
+    def module(eps: float) -> Any:
+        n = SymVar("n", 0, 64)
+        x, w = Var("x", TensorInfo((n, 8), "float32")), Var("w", TensorInfo((8,), "float32"))
+        bb = BlockBuilder()
+        with bb.function("main", [x, w]):
+            with bb.dataflow():
+                out = bb.emit_output(tw.op.rms_norm(x, w, eps=eps))
+            bb.emit_func_output(out)
+        return bb.get()
+
+    exes = [tw.build(module(eps)) for eps in (1e-6, 100.0)]
+    natives = [NativeModel(exe) for exe in exes]
+    x, w = np.ones((3, 8), np.float32), np.ones(8, np.float32)
+    got = [native.run("main", x, w)[0] for native in natives]
+    for exe, g in zip(exes, got):
+        np.testing.assert_array_equal(g, tw.VM(exe)["main"](x, w))
+    assert not np.array_equal(got[0], got[1])
+
+
 def test_blas_library_call_is_refused() -> None:
     """The VM calls OpenBLAS for the blas backend's regions; native code has no such call."""
     from tests.export.test_export import _matmul_module

@@ -28,6 +28,7 @@ import contextlib
 import ctypes
 import functools
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -100,25 +101,35 @@ def scratch_dir(root: Path) -> Path:
     return _scratch()
 
 
-def private_copy(data: bytes, suffix: str = ".so") -> Path:
+def private_copy(data: bytes, suffix: str = ".so", own: bool = False) -> Path:
     """``data`` in a file of this process's private scratch directory, named by its digest:
     what native code is loaded from, so that the bytes loaded are the bytes verified and a
     later change to the cache (truncating a file that is mapped would kill the process with
-    SIGBUS) cannot reach a running process."""
-    path = _scratch() / f"{digest(data)[:32]}{suffix}"
+    SIGBUS) cannot reach a running process. ``own``: a name no other copy has (see
+    ``load_shared_object``)."""
+    name = digest(data)[:32] + (f"-{next(_COPIES)}" if own else "")
+    path = _scratch() / f"{name}{suffix}"
     write_atomic(path, data)
     return path
 
 
-def load_shared_object(path: Path, data: bytes | None) -> ctypes.CDLL:
+_COPIES = itertools.count()
+
+
+def load_shared_object(path: Path, data: bytes | None, own: bool = False) -> ctypes.CDLL:
     """Load the shared object ``path`` whose verified bytes are ``data``: from a private copy of
     those bytes (removed once loaded, the mapping stays), so that what runs is what was
     verified and no later change to the cache file can reach this process; from ``path``
     itself where the scratch directory cannot hold code (a ``noexec`` /tmp) or without
-    ``data``. Raises OSError when the object does not load."""
+    ``data``. Raises OSError when the object does not load.
+
+    The loader hands out one handle per file name: loading the same bytes again gives the
+    object already loaded, with its globals as the first load left them. ``own=True`` loads a
+    copy of its own (its own globals: a native model's table of imported kernels), except on
+    the fallback from ``path``, where ``load_shared_object`` cannot tell."""
     if data is None:
         return ctypes.CDLL(str(path))
-    copy = private_copy(data)
+    copy = private_copy(data, own=own)
     try:
         return ctypes.CDLL(str(copy))
     except OSError:

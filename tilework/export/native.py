@@ -71,6 +71,9 @@ def _kernel_sources(exe: Executable) -> tuple[dict[str, tuple[KernelInfo, str]],
     return kernels, addresses
 
 
+_IMPORT_TABLES: dict[int, tuple[int, ...]] = {}  # each loaded graph library's imported addresses
+
+
 class NativeModel(ExportedModel):
     """See the module docstring. ``functions`` lists what it runs; ``cache_hit`` tells whether
     its library came from the kernel cache."""
@@ -83,17 +86,27 @@ class NativeModel(ExportedModel):
         runtime_c = _inline_headers(resources.files("tilework.export.c").joinpath("tw_runtime.c").read_text())
         built = toolchain.compile_source(model_c + runtime_c, units=[CUnit(model_c, {}), CUnit(runtime_c, {})])
         self.cache_hit = built.cache_hit
-        lib = declare(cache.load_shared_object(built.path, built.data))
+        # a copy of its own: the import table is a global of the library, and another model
+        # with the same graph code (the same text, so the same bytes) may import other kernels
+        lib = declare(cache.load_shared_object(built.path, built.data, own=True))
         handle = quant.library().handle if externs else None  # the library calls: the quant library's symbols of the same names
         lib.tw_native_import_name.restype = ctypes.c_char_p
         lib.tw_native_set_import.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        imports = []
         for i in range(lib.tw_native_num_imports()):
             name = lib.tw_native_import_name(i).decode()
             address = addresses.get(name)
             if address is None and handle is not None and hasattr(handle, name):
                 address = ctypes.cast(getattr(handle, name), ctypes.c_void_p).value
-            if not address or lib.tw_native_set_import(i, address):
+            if not address:
                 raise ExportError(f"the native graph code calls {name}, which is not loaded in this process")
+            imports.append(address)
+        table = _IMPORT_TABLES.setdefault(lib._handle, tuple(imports))  # shared only where no copy could be made
+        if table != tuple(imports):
+            raise ExportError("another native model in this process has the same graph code but other kernels, and its library could not be loaded apart (no executable scratch directory): run this one on the VM (runtime='vm')")
+        for i, address in enumerate(imports):
+            if lib.tw_native_set_import(i, address):
+                raise ExportError(f"the native graph code's import {i} is out of its table")
         self._arrays = arrays  # the model reads them in place
         tensors, self._array_keep = tensors_of(arrays)
         self._modules = list(exe.modules)  # the imported kernels' libraries stay loaded
