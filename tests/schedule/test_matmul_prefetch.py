@@ -10,6 +10,7 @@ from __future__ import annotations
 
 
 import numpy as np
+import pytest
 
 from tests.schedule.helpers import well_formed
 from tilework import te
@@ -19,10 +20,10 @@ from tilework.ir import sym
 from tilework.ir.loop import Block, Intrin, Load, Store, TensorFunc, walk_scalars, walk_stmts
 from tilework.ir.sym import SymVar
 from tilework.schedule import default_schedule
-from tilework.schedule.rules.matmul import MIN_COLUMN_TILES, register_tile
+from tilework.schedule.rules.matmul import MIN_COLUMN_TILES, NN_SMALL_ROWS, panel_columns, register_tile
 from tilework.schedule.tree import walk
 from tilework.te.tensor import TensorLoad
-from tilework.transform.layout_weights import lay_out
+from tilework.transform.panels import PANEL, lay_out
 
 ROWS = (1, 4, 7, 8, 12, 32, 33)
 DEPTHS = (37, 64)  # K: not a multiple of the parts (the last rows of a panel clamp), and one
@@ -52,9 +53,13 @@ def _prefetches(func: TensorFunc) -> list[Intrin]:
     ]  # fmt: skip
 
 
-def test_prefetch_changes_no_value(registers: str) -> None:
-    panel = register_tile("float32")[1]  # one panel a tile: the tiles prefetch
-    n = panel * MIN_COLUMN_TILES + 5  # enough column tiles to run in parallel alone; a partial panel
+@pytest.mark.parametrize("layout", ["tile", "panels"])
+def test_prefetch_changes_no_value(registers: str, layout: str) -> None:
+    """``tile``: panels as wide as a register tile (one panel a tile); ``panels``: the layout
+    ``tilework.compile`` gives weights (``PANEL`` columns: AVX-512's tiles span two)."""
+    tile = register_tile("float32")[1]
+    panel = tile if layout == "tile" else PANEL
+    n = tile * MIN_COLUMN_TILES + 5  # enough column tiles to run in parallel alone; a partial panel
     m = SymVar("M", 1)
     funcs = {f"k{k}": default_schedule(_linear_silu(m, k, n, panel), strict=True) for k in DEPTHS}
     for f in funcs.values():
@@ -89,9 +94,9 @@ def test_no_prefetch_without_enough_panels() -> None:
     assert not _prefetches(f)
 
 
-def _covered_lines(func: TensorFunc, m: SymVar, rows: int) -> list[tuple[int, int]]:
-    """The (row, first column) of each cache line of the next panel that the row tiles of
-    column panel 0 prefetch at ``rows`` rows (a hint a line of a row, one row a ``k`` step):
+def _covered_lines(func: TensorFunc, m: SymVar, rows: int) -> list[tuple[int, int, int]]:
+    """The (panel, row, first column) of each cache line of the next panels that the row tiles
+    of column tile 0 prefetch at ``rows`` rows (a hint a line of a row, one row a ``k`` step):
     the statements run with the sym evaluator, branches taken on their conditions, loops
     enumerated where they hold a hint."""
     import operator
@@ -110,7 +115,7 @@ def _covered_lines(func: TensorFunc, m: SymVar, rows: int) -> list[tuple[int, in
     def hints(s: object) -> bool:
         return any(isinstance(x, Block) and x.name.startswith("w_next") for _, x in walk(s))  # type: ignore[arg-type]
 
-    out: list[tuple[int, int]] = []
+    out: list[tuple[int, int, int]] = []
 
     def run_(s: object, env: dict[SymVar, int]) -> None:
         if not hints(s):
@@ -123,9 +128,9 @@ def _covered_lines(func: TensorFunc, m: SymVar, rows: int) -> list[tuple[int, in
                 (hint,) = [x for x in walk_scalars(st.value) if isinstance(x, Intrin)]
                 ahead = hint.args[0]
                 assert isinstance(ahead, Load)
-                row, col = ahead.indices[1], ahead.indices[2]
-                assert isinstance(row, (int, sym.SymExpr)) and isinstance(col, int)
-                out.append((evaluate(row, {**env, **bind}), col))
+                panel, row, col = ahead.indices
+                assert isinstance(panel, (int, sym.SymExpr)) and isinstance(row, (int, sym.SymExpr)) and isinstance(col, int)
+                out.append((evaluate(panel, {**env, **bind}), evaluate(row, {**env, **bind}), col))
         elif isinstance(s, IfThenElse):
             branch = s.then_body if value(s.cond, env) else s.else_body
             if branch is not None:
@@ -141,15 +146,21 @@ def _covered_lines(func: TensorFunc, m: SymVar, rows: int) -> list[tuple[int, in
     return out
 
 
-def test_fewer_row_tiles_than_parts_prefetch_the_whole_panel(registers: str) -> None:
+@pytest.mark.parametrize("layout", ["tile", "panels"])
+def test_fewer_row_tiles_than_parts_prefetch_the_whole_panel(registers: str, layout: str) -> None:
     """With 4 row tiles or more the first 4 prefetch a quarter of the next panel each; with 2
     or 3 (the rest tile counts) the first 2 a half each, with one it all: at every row count
     every line of every row of the next panel is prefetched (K a multiple of the parts; a hint
     a line of a row each ``k`` step, a row every 4, 2 or 1 steps; AVX-512's panel rows of 32
-    floats are two lines)."""
-    mr, panel = register_tile("float32")
-    n = panel * MIN_COLUMN_TILES + 5
+    floats are two lines). A tile spanning two 16-column panels (``panels`` on AVX-512)
+    prefetches both panels of the next tile; the few-rows tiles too (1 .. 7 rows)."""
+    mr, tile = register_tile("float32")
+    panel = tile if layout == "tile" else PANEL
+    n = 2 * tile * MIN_COLUMN_TILES + 5  # enough column tiles for the widest few-rows tiles
     m, k = SymVar("M", 1), 64
     f = default_schedule(_linear_silu(m, k, n, panel), strict=True)
-    for rows in range(8, 6 * mr):  # the many-rows tiles: 1 .. 6 of them
-        assert set(_covered_lines(f, m, rows)) == {(r, c) for r in range(k) for c in range(0, panel, 16)}, f"rows={rows}"
+    for rows in range(1, 6 * mr):  # the few-rows tiles, then 1 .. 6 many-rows tiles
+        width = panel_columns(panel, rows, "float32") if rows < NN_SMALL_ROWS else tile
+        nxt = range(width // panel, 2 * width // panel)  # the panels of column tile 1
+        want = {(p, r, c) for p in nxt for r in range(k) for c in range(0, panel, 16)}
+        assert set(_covered_lines(f, m, rows)) == want, f"rows={rows}"

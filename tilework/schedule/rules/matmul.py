@@ -420,10 +420,10 @@ def schedule_matmul(func: TensorFunc, parts: MatmulParts, mr: int, nr: int, rest
         func = attempt(func, lp.vectorize, ls[-1].var)
     func = inline_epilogue(func, parts.block.writes[0], store)
     func = schedule_rest(func, tiles.var)
-    if par == [jo] and groups == strips == 1:  # one panel a tile, the panels in parallel
-        # (few rows: the panel's one row tile prefetches all of the next, a line a k step)
+    if par == [jo] and strips == 1:  # one or ``groups`` panels a tile, the tiles in parallel
+        # (few rows: the tile's one row tile prefetches all of the next, a line a k step)
         row_tiles = sym.ceildiv(i.extent, mr)
-        func = prefetch_next_panel(func, parts, jo, io, k.var, pieces=PARTS if rest else 1, tiles=row_tiles)
+        func = prefetch_next_panel(func, parts, jo, io, k.var, pieces=PARTS if rest else 1, tiles=row_tiles, groups=groups)
     # Every tile's k loop runs without bounds tests: the last row (column) tile computes
     # copies of the last row (whole panels); only the store is guarded, and split where its
     # last lane is in bounds. A guard that stays in k (a column read that is not a panel's)

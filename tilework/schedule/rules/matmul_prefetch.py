@@ -44,7 +44,14 @@ LINE_BYTES = 64  # a cache line: a panel row wider than this takes a hint per li
 
 
 def prefetch_next_panel(
-    func: TensorFunc, parts: MatmulParts, panel: SymVar, io: SymVar, k: SymVar, pieces: int = PARTS, tiles: Dim | None = None
+    func: TensorFunc,
+    parts: MatmulParts,
+    panel: SymVar,
+    io: SymVar,
+    k: SymVar,
+    pieces: int = PARTS,
+    tiles: Dim | None = None,
+    groups: int = 1,
 ) -> TensorFunc:
     """``func`` (many-rows tiles: loop ``panel`` over column panels of a packed B, one panel a
     tile, ``io`` over row tiles inside it, ``k`` the tile's reduction loop) with row tile
@@ -53,7 +60,9 @@ def prefetch_next_panel(
     all of K. ``pieces=1``: the panel's one row tile (few rows) prefetches all of the next
     panel, a line a step. ``tiles``: the row tile count (the rest tile included); under
     ``pieces`` (4) tiles the panel is prefetched in 2 parts (2 or 3 tiles) or 1 (see the
-    module doc), picked at run time when symbolic."""
+    module doc), picked at run time when symbolic. ``groups``: a tile spans that many adjacent
+    panels (loop ``panel`` over groups of them); it prefetches the next group, the same part
+    of each panel."""
     b = parts.b
     buf, idx = b.buffer, b.indices
     if len(buf.shape) != 3 or len(idx) != 3:
@@ -70,7 +79,7 @@ def prefetch_next_panel(
     used, names = used_names(func), block_names(func)
     vp, vq, vk = (SymVar(fresh_name(used, f"v{buf.name}_next_{c}")) for c in "pqk")
     ivs = (
-        IterVar(vp, npanels, "spatial", panel),
+        IterVar(vp, -(-npanels // groups), "spatial", panel),
         IterVar(vq, pieces, "spatial", io),
         IterVar(vk, depth, "spatial", k),
     )
@@ -87,9 +96,14 @@ def prefetch_next_panel(
         cond = less_than(sym.mul(io, m), pieces)
     lines = max(1, width * DTYPE_TABLE[buf.dtype].itemsize // LINE_BYTES)  # a panel row's cache lines
     step = width // lines
-    hint = Buffer(fresh_name(used, f"{buf.name}_hint"), (lines,), buf.dtype)
-    nxt = sym.min_(sym.add(vp, 1), npanels - 1)
-    body = seq([Store(hint, (c,), Intrin("prefetch", (Load(buf, (nxt, row, c * step)),), buf.dtype)) for c in range(lines)])
+    hint = Buffer(fresh_name(used, f"{buf.name}_hint"), (groups * lines,), buf.dtype)
+    body = seq(
+        [
+            Store(hint, (g * lines + c,), Intrin("prefetch", (Load(buf, (sym.min_(sym.add(sym.mul(vp, groups), groups + g), npanels - 1), row, c * step)),), buf.dtype))
+            for g in range(groups)
+            for c in range(lines)
+        ]
+    )
     block = Block(fresh_name(names, f"{buf.name}_next"), ivs, (buf,), (hint,), body, None)
     hinted = IfThenElse(cond, Allocate(hint, block))  # C unswitches the k loop on it
     new = replace(kl, body=seq([hinted, kl.body]))
