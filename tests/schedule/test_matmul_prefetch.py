@@ -20,7 +20,7 @@ from tilework.ir import sym
 from tilework.ir.loop import Block, Intrin, Load, Store, TensorFunc, walk_scalars, walk_stmts
 from tilework.ir.sym import SymVar
 from tilework.schedule import default_schedule
-from tilework.schedule.rules.matmul import MIN_COLUMN_TILES, NN_SMALL_ROWS, panel_columns, register_tile
+from tilework.schedule.rules.matmul import MIN_COLUMN_TILES, NN_SMALL_ROWS, SPAN_HINT_ROWS, panel_columns, register_tile
 from tilework.schedule.tree import walk
 from tilework.te.tensor import TensorLoad
 from tilework.transform.panels import PANEL, lay_out
@@ -153,7 +153,8 @@ def test_fewer_row_tiles_than_parts_prefetch_the_whole_panel(registers: str, lay
     every line of every row of the next panel is prefetched (K a multiple of the parts; a hint
     a line of a row each ``k`` step, a row every 4, 2 or 1 steps; AVX-512's panel rows of 32
     floats are two lines). A tile spanning two 16-column panels (``panels`` on AVX-512)
-    prefetches both panels of the next tile; the few-rows tiles too (1 .. 7 rows)."""
+    prefetches both panels of the next tile; the few-rows tiles too from ``SPAN_HINT_ROWS`` rows
+    on (one panel wide, from one row on)."""
     mr, tile = register_tile("float32")
     panel = tile if layout == "tile" else PANEL
     n = 2 * tile * MIN_COLUMN_TILES + 5  # enough column tiles for the widest few-rows tiles
@@ -162,5 +163,7 @@ def test_fewer_row_tiles_than_parts_prefetch_the_whole_panel(registers: str, lay
     for rows in range(1, 6 * mr):  # the few-rows tiles, then 1 .. 6 many-rows tiles
         width = panel_columns(panel, rows, "float32") if rows < NN_SMALL_ROWS else tile
         nxt = range(width // panel, 2 * width // panel)  # the panels of column tile 1
+        if width > panel and rows < SPAN_HINT_ROWS:
+            nxt = range(0)  # 1 or 2 rows over several panels: no hints
         want = {(p, r, c) for p in nxt for r in range(k) for c in range(0, panel, 16)}
         assert set(_covered_lines(f, m, rows)) == want, f"rows={rows}"

@@ -118,6 +118,11 @@ SMALL_NR_VECTORS = 16  # vectors per one-row tile when there are few rows
 ONE_ROW_VECTORS = 128  # at most, for a one-row tile spread over the threads
 ONE_ROW_JAM = 4  # rows of B a wide few-rows tile adds to its accumulators at a time
 WIDE_TILE_BYTES = 16 * 1024  # the accumulators of a wide few-rows tile: half of L1
+# A few-rows tile spanning several panels prefetches the next tile's from this many rows on:
+# with 1 or 2 rows a k step has 2 or 4 FMAs, and the two hints beside them cost more than they
+# bring when B is partly in L3 (the MLP 1024 -> 4096 -> 1024 at n = 1, 2: 0.87x, 0.91x; from
+# n = 3 on 1.03-1.13x; same-process A/B, Zen 5, 2 threads)
+SPAN_HINT_ROWS = 3
 NN_SMALL_ROWS = 8  # fewer rows than this: one-row tiles (B[k, j])
 NT_SMALL_ROWS = 64  # fewer rows than this: dot products (B[j, k]); else transpose B and tile
 MIN_COLUMN_TILES = 8  # parallelize over column tiles alone when there are this many
@@ -420,7 +425,7 @@ def schedule_matmul(func: TensorFunc, parts: MatmulParts, mr: int, nr: int, rest
         func = attempt(func, lp.vectorize, ls[-1].var)
     func = inline_epilogue(func, parts.block.writes[0], store)
     func = schedule_rest(func, tiles.var)
-    if par == [jo] and strips == 1:  # one or ``groups`` panels a tile, the tiles in parallel
+    if par == [jo] and strips == 1 and (groups == 1 or rest or mr >= SPAN_HINT_ROWS):  # one or ``groups`` panels a tile, the tiles in parallel
         # (few rows: the tile's one row tile prefetches all of the next, a line a k step)
         row_tiles = sym.ceildiv(i.extent, mr)
         func = prefetch_next_panel(func, parts, jo, io, k.var, pieces=PARTS if rest else 1, tiles=row_tiles, groups=groups)
