@@ -30,7 +30,7 @@ tilework decode figure is shown as the fraction of it achieved: weight bytes per
 (every weight matrix is read once per step; the tied embedding is the LM head) / time per step,
 and with the KV cache read added (every cached position of every sequence, in the cache's dtype).
 
-    python bench/bench_llm.py [--steps 64] [--repeat 2] [--precisions fp32,bf16,q]
+    python bench/bench_llm.py [--steps 64] [--repeat 3] [--precisions fp32,bf16,q]
                               [--shapes 1x32,8x512] [--kv-dtypes float32] [--no-torch-compile]
                               [--no-llama-cpp] [--no-hf] [--no-rss] [--quick]
 """
@@ -434,7 +434,7 @@ def print_markdown(table: dict[tuple[int, int], dict[str, Result]], steps: int, 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=64, help="decode steps after the prompt")
-    ap.add_argument("--repeat", type=int, default=2, help="measured runs per shape (best kept)")
+    ap.add_argument("--repeat", type=int, default=3, help="measured runs per shape (best kept)")
     ap.add_argument("--precisions", default="fp32,bf16,q", help="tilework precisions, comma-separated")
     ap.add_argument("--kv-dtypes", default="", help="KV-cache dtypes run besides each precision's default (float32, bfloat16, float16), comma-separated")
     ap.add_argument("--no-hf", action="store_true", help="skip HF eager (and torch.compile)")
