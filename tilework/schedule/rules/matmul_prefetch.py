@@ -61,7 +61,7 @@ def prefetch_next_panel(
     groups: int = 1,
 ) -> TensorFunc:
     """``func`` (many-rows tiles: loop ``panel`` over column panels of a packed B, one panel a
-    tile, ``io`` over row tiles inside it, ``k`` the tile's reduction loop) with row tile
+    tile (``groups`` panels with ``groups``), ``io`` over row tiles inside it, ``k`` the tile's reduction loop) with row tile
     ``io < PARTS`` prefetching part ``io`` of panel ``panel + 1`` in its ``k`` loop. Unchanged
     when B is not read as ``B[j // P, k, j % P]`` with static extents, or the ``k`` loop is not
     all of K. ``pieces=1``: the panel's one row tile (few rows) prefetches all of the next
@@ -104,13 +104,12 @@ def prefetch_next_panel(
     lines = max(1, width * DTYPE_TABLE[buf.dtype].itemsize // LINE_BYTES)  # a panel row's cache lines
     step = width // lines
     hint = Buffer(fresh_name(used, f"{buf.name}_hint"), (groups * lines,), buf.dtype)
-    body = seq(
-        [
-            Store(hint, (g * lines + c,), Intrin("prefetch", (Load(buf, (sym.min_(sym.add(sym.mul(vp, groups), groups + g), npanels - 1), row, c * step)),), buf.dtype))
-            for g in range(groups)
-            for c in range(lines)
-        ]
-    )
+    first_next = sym.add(sym.mul(vp, groups), groups)  # the next tile's first panel
+    hints = []
+    for g in range(groups):
+        nxt = sym.min_(sym.add(first_next, g), npanels - 1)
+        hints += [Store(hint, (g * lines + c,), Intrin("prefetch", (Load(buf, (nxt, row, c * step)),), buf.dtype)) for c in range(lines)]
+    body = seq(hints)
     block = Block(fresh_name(names, f"{buf.name}_next"), ivs, (buf,), (hint,), body, None)
     hinted = IfThenElse(cond, Allocate(hint, block))  # C unswitches the k loop on it
     new = replace(kl, body=seq([hinted, kl.body]))
