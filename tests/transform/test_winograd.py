@@ -41,6 +41,33 @@ def test_transform_matrices_compute_a_3x3_correlation() -> None:
     np.testing.assert_allclose(y, want, atol=1e-12)
 
 
+def test_transforms_sum_only_the_nonzero_coefficients() -> None:
+    """The input transform reads 4 values of each 4 x 4 patch (BT has two nonzeros a row), the
+    output transform 9 of the 16 products (AT three); the results are checked against NumPy
+    by the tests below."""
+    from tilework.ir.loop import Block, Load, Store, walk_scalars, walk_stmts
+    from tilework.op.winograd import winograd_output_nhwc
+    from tilework.schedule.tree import walk
+
+    x = Var("x", TensorInfo((1, 6, 6, C), "float32"))
+    m = Var("m", TensorInfo((4, 4, 1, 3, 3, C), "float32"))
+    bb = BlockBuilder()
+    with bb.function("main", [x, m]):
+        with bb.dataflow():
+            v = bb.emit_output(winograd_input_nhwc(x, (1, 1, 1, 1)))
+            y = bb.emit_output(winograd_output_nhwc(m, None, 6, 6))
+        bb.emit_func_output((v, y))
+    reads: dict[str, list[str]] = {}
+    for name, f in tw.build(bb.get()).kernel_funcs.items():
+        for _, blk in walk(f.body):
+            if isinstance(blk, Block) and blk.name == name:
+                for st in walk_stmts(blk.body):
+                    if isinstance(st, Store):
+                        reads[name] = [ld.buffer.name for ld in walk_scalars(st.value) if isinstance(ld, Load) and ld.buffer.name != "coef"]
+    assert reads["winograd_input"] == ["xp"] * 4
+    assert reads["winograd_output"] == ["m"] * 9
+
+
 def test_weight_is_transformed_and_packed_per_tap_pair() -> None:
     w = np.random.default_rng(1).standard_normal((40, 33, 3, 3)).astype(np.float32)
     u, packed = transformed_kernel(w), winograd_weight(w)

@@ -16,7 +16,11 @@ channel pair of a direct convolution become 4, done as 16 independent matmuls.
   conv's ``[N, height, width, O]``.
 
 The transforms read their coefficients from small constant tables (one scalar load per tap
-pair, hoisted out of the loop over channels, which is vectorized). Both are labelled
+pair, hoisted out of the loop over channels, which is vectorized), and sum only the terms whose
+coefficient is not zero: 4 of each input patch's 16 (``BT`` has two nonzeros a row), 9 of the
+output's 16 (``AT`` three). The sums are the same bits (the dropped terms were exact zeros
+added in between); ResNet-18 ran 1.09-1.16x faster at batch 8 and 1.05-1.08x at batch 1 than
+with all 16 terms (same-process A/Bs, Zen 5, 2 threads). Both are labelled
 ``out_ewise_fusable`` (``_call_gather``): the output transform takes in the elementwise ops
 after the conv (a residual add, an activation), and neither computes a producer once per
 tap. Spatial dims must be static (the tiles and the cut are fixed at compile time); the batch
@@ -50,6 +54,17 @@ ALPHA = TILE + TAPS - 1  # the transformed tile's side
 BT = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.float64)
 G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], np.float64)
 AT = np.array([[1, 1, 1, 0], [0, 1, -1, -1]], np.float64)
+# The transforms sum only the nonzero coefficients: BT's row a at columns min(a, 1) and
+# 2 + a // 3, AT's row r at columns r .. r + 2.
+assert all(set(np.flatnonzero(BT[a])) == {min(a, 1), 2 + a // 3} for a in range(ALPHA))
+assert all(set(np.flatnonzero(AT[r])) == set(range(r, r + TAPS)) for r in range(TILE))
+
+
+def _bt_nonzero(a: Scalar) -> tuple[Scalar, Scalar]:
+    """The columns of row ``a`` of ``BT`` that are not zero: ``min(a, 1)`` and ``2 + a // 3``
+    (checked where the table is defined). The input transform sums those 2 x 2 terms of each
+    patch, not all 16: 4x fewer loads and multiply-adds (see the module docstring)."""
+    return sym.min_(a, 1), sym.add(2, sym.floordiv(a, 3))  # type: ignore[arg-type]
 
 
 def tiles(n: int) -> int:
@@ -106,9 +121,10 @@ def _legalize_input(call: Call, ctx: "LegalizeCtx") -> Expr:
     table, bt = _table("BT", dtype)
 
     def patch(a: Scalar, b: Scalar, n: Scalar, i: Scalar, j: Scalar, c: Scalar) -> Scalar:
+        # only the nonzero coefficients: 4 terms of the 16 (see _BT_NONZERO)
         total: Scalar | None = None
-        for r in range(ALPHA):
-            for s in range(ALPHA):
+        for r in _bt_nonzero(a):
+            for s in _bt_nonzero(b):
                 term = bt[a, r] * bt[b, s] * xp[n, i * TILE + r, j * TILE + s, c]
                 total = term if total is None else total + term
         assert total is not None
@@ -161,8 +177,10 @@ def _legalize_output(call: Call, ctx: "LegalizeCtx") -> Expr:
         r, s = sym.floormod(h, TILE), sym.floormod(w, TILE)  # type: ignore[arg-type]
         th, tw = sym.floordiv(h, TILE), sym.floordiv(w, TILE)  # type: ignore[arg-type]
         total: Scalar | None = None if bias is None else bias[o]
-        for a in range(ALPHA):
-            for b in range(ALPHA):
+        # only the nonzero coefficients: row r of AT is nonzero at r .. r + 2 (9 terms of 16)
+        for t in range(TAPS):
+            for q in range(TAPS):
+                a, b = sym.add(r, t), sym.add(s, q)
                 term = at[r, a] * at[s, b] * m[a, b, n, th, tw, o]
                 total = term if total is None else total + term
         assert total is not None
