@@ -223,6 +223,12 @@ def main() -> None:
                 return fresh(**x)
 
         systems["torch.compile"] = tc_fresh
+    # the same model compiled again, its kernels in the cache now, as a later process finds them
+    # (torch.export and every tilework pass run again; only the C compiler does not)
+    t = time.perf_counter()
+    tw_warm = compile_tilework(model, 1)
+    compile_s["tilework, warm cache"] = time.perf_counter() - t
+    systems["tilework, warm cache"] = lambda x: tw_warm(**x)
     for n, f in systems.items():
         if n == "tilework -O0":
             continue
@@ -230,15 +236,6 @@ def main() -> None:
         for i, (b, s) in enumerate(trace):
             f(inputs(b, s, vocab, seed=i))
         totals[n] = time.perf_counter() - t + compile_s.get(n, 0.0)
-    # the same model compiled again, its kernels in the cache now, as a later process finds them
-    # (torch.export and every tilework pass run again; only the C compiler does not)
-    t = time.perf_counter()
-    tw_warm = compile_tilework(model, 1)
-    compile_s["tilework, warm cache"] = time.perf_counter() - t
-    t = time.perf_counter()
-    for i, (b, s) in enumerate(trace):
-        tw_warm(**inputs(b, s, vocab, seed=i))
-    totals["tilework, warm cache"] = time.perf_counter() - t + compile_s["tilework, warm cache"]
     for n, v in totals.items():
         print(f"  {n:>20}: {v:8.2f} s   (tilework speedup {v / totals['tilework']:.2f}x)")
     best = min((n for n in totals if not n.startswith("tilework")), key=totals.__getitem__)
@@ -247,9 +244,9 @@ def main() -> None:
         f"A trace of {args.requests} requests (batch 1..8, seq 8..256), seconds including compile time "
         f"(tilework's compile {compile_s['tilework']:.1f} s, kernel cache {cache}; then compiled again in the same process with its kernels in the cache, {compile_s['tilework, warm cache']:.1f} s "
         f"(torch.export and every pass run again, the C compiler does not); torch.compile compiling inside the trace; onnxruntime export + session {compile_s.get('onnxruntime', 0):.1f} s); "
-        "(x) = peer / tilework (cold):\n\n"
+        f"(x) = peer / tilework as first compiled (kernel cache {cache}):\n\n"
         + table(["system", "seconds"], [(n, f"{v:.2f}" + ("" if n.startswith("tilework") else f" ({v / totals['tilework']:.2f}x)")) for n, v in totals.items()])
-        + f"\n\nBest peer ({best}) / tilework: {totals[best] / totals['tilework']:.2f}x with the kernel cache {cache}, {totals[best] / totals['tilework, warm cache']:.2f}x warm.",
+        + f"\n\nBest peer ({best}) / tilework: {totals[best] / totals['tilework']:.2f}x as first compiled (kernel cache {cache}), {totals[best] / totals['tilework, warm cache']:.2f}x compiled again with its kernels in the cache.",
     )
 
 

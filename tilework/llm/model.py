@@ -42,7 +42,7 @@ from tilework.nn.modules import RMSNorm
 from tilework.llm.kv_cache import PAGE
 from tilework.op.linalg import linear_io
 from tilework.op.quant import ALL_FORMATS
-from tilework.transform.panels import PANEL
+from tilework.transform.panels import PANEL, packed_shape
 
 
 # Projections that read the same input are one matrix multiply when their weights share a
@@ -85,11 +85,6 @@ class QuantLinear(Module):
         return y if self.bias is None else y + self.bias
 
 
-def _panels(out_features: int, in_features: int) -> tuple[int, int, int]:
-    """The shape of an ``[out, in]`` weight packed in column panels (``panels.lay_out``)."""
-    return (-(-out_features // PANEL), in_features, PANEL)
-
-
 class PackedLinear(Module):
     """``x @ W.T`` with the float32 ``W [out, in]`` given packed in column panels,
     ``[ceil(out / PANEL), in, PANEL]`` (``tilework.transform.panels.lay_out``; zero past
@@ -99,7 +94,7 @@ class PackedLinear(Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         self.in_features, self.out_features = in_features, out_features
-        self.weight = Parameter(_panels(out_features, in_features), "float32")
+        self.weight = Parameter(packed_shape(out_features, in_features), "float32")
         self.bias = Parameter((out_features,), "float32", init="zeros") if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
@@ -131,7 +126,7 @@ class Embedding(Module):
         self.vocab, self.hidden, self.fmt = vocab, hidden, fmt
         self.packed = fmt == "f32" and tied
         if self.packed:
-            self.weight = Parameter(_panels(vocab, hidden), "float32")
+            self.weight = Parameter(packed_shape(vocab, hidden), "float32")
         elif fmt == "f32":
             self.weight = Parameter((vocab, hidden), "float32")
         else:

@@ -253,6 +253,15 @@ def _legalize_linear(call: Call, ctx: "LegalizeCtx") -> Expr:
     return ctx.call_te("linear", call.args, inputs, [out], call.info)
 
 
+def _panel_dot(x: te.Tensor, w: te.Tensor, rows: tuple[Scalar, ...], lead: tuple[Scalar, ...], j: Scalar, acc: str) -> Scalar:
+    """``sum_k x[*rows, k] * w[*lead, j // P, k, j % P]`` in ``acc``: output column ``j`` of a
+    product by a weight packed in column panels ``P`` wide (``w``'s last dim)."""
+    panel = w.shape[-1]
+    assert isinstance(panel, int) and isinstance(j, sym.SymVar)
+    k = te.reduce_axis(x.shape[-1], "k")
+    return te.sum(te.cast(x[rows + (k,)], acc) * te.cast(w[lead + (sym.floordiv(j, panel), k, sym.floormod(j, panel))], acc), axis=k)
+
+
 def _legalize_linear_io(call: Call, ctx: "LegalizeCtx") -> Expr:
     x, w = arg(call, 0, "x"), arg(call, 1, "weight")
     bias = arg(call, 2, "bias") if len(call.args) == 3 else None
@@ -260,15 +269,9 @@ def _legalize_linear_io(call: Call, ctx: "LegalizeCtx") -> Expr:
     acc = compute_dtype(dtype)
 
     def f(*i: Scalar) -> Scalar:
-        k = te.reduce_axis(x.shape[-1], "k")
-        j = i[-1]
-        assert isinstance(j, sym.SymVar)
-        wj = (sym.floordiv(j, panel), k, sym.floormod(j, panel))
-        total = te.sum(te.cast(x[i[:-1] + (k,)], acc) * te.cast(w[wj], acc), axis=k)
-        return total if bias is None else total + te.cast(bias[j], acc)
+        total = _panel_dot(x, w, i[:-1], (), i[-1], acc)
+        return total if bias is None else total + te.cast(bias[i[-1]], acc)
 
-    panel = w.shape[2]
-    assert isinstance(panel, int)
     out = te.compute(shape, f, "linear", dtype)
     inputs = [x, w] if bias is None else [x, w, bias]
     return ctx.call_te("linear_io", call.args, inputs, [out], call.info)
@@ -323,13 +326,9 @@ def _legalize_batch_linear_io(call: Call, ctx: "LegalizeCtx") -> Expr:
     x, w = arg(call, 0, "x"), arg(call, 1, "weight")
     shape, dtype = out_tensor(call)
     acc = compute_dtype(dtype)
-    panel = w.shape[3]
-    assert isinstance(panel, int)
 
     def f(b: Scalar, i: Scalar, j: Scalar) -> Scalar:
-        k = te.reduce_axis(x.shape[-1], "k")
-        assert isinstance(j, sym.SymVar)
-        return te.sum(te.cast(x[b, i, k], acc) * te.cast(w[b, sym.floordiv(j, panel), k, sym.floormod(j, panel)], acc), axis=k)
+        return _panel_dot(x, w, (b, i), (b,), j, acc)
 
     out = te.compute(shape, f, "batch_linear", dtype)
     return ctx.call_te("batch_linear_io", call.args, [x, w], [out], call.info)

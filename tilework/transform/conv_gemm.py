@@ -160,7 +160,7 @@ def _winograd_info(info: TensorInfo) -> TensorInfo:
     assert info.shape is not None
     o, c = (int(d) for d in info.shape[:2])  # type: ignore[arg-type]
     panels, _, width = packed_shape(o, c)
-    return TensorInfo((ALPHA * ALPHA, panels, c, width), info.dtype)  # type: ignore[arg-type]
+    return TensorInfo((ALPHA * ALPHA, panels, c, width), info.dtype)
 
 
 def _matrix_info(info: TensorInfo) -> TensorInfo:

@@ -335,7 +335,7 @@ def _reconcile(mod: IRModule) -> IRModule:
 
 def _packed_info(info: TensorInfo) -> TensorInfo:
     assert info.shape is not None and isinstance(info.shape[0], int)
-    return TensorInfo(packed_shape(info.shape[0], info.shape[1]), info.dtype)  # type: ignore[arg-type]
+    return TensorInfo(packed_shape(info.shape[0], info.shape[1]), info.dtype)
 
 
 @dataclass(frozen=True)

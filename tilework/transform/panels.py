@@ -5,8 +5,11 @@ compile time). ``[out, in]`` becomes ``[ceil(out / PANEL), in, PANEL]``: a regis
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import numpy as np
 
+_In = TypeVar("_In")
 PANEL = 16  # columns per panel: a register tile spans one (AVX2: 2 x 8 floats) or two (AVX-512)
 
 
@@ -20,7 +23,8 @@ def lay_out(w: np.ndarray, panel: int = PANEL) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(panels, panel, in_f).transpose(0, 2, 1))
 
 
-def packed_shape(out_f: int, in_f: object, panel: int = PANEL) -> tuple[object, ...]:
+def packed_shape(out_f: int, in_f: _In, panel: int = PANEL) -> tuple[int, _In, int]:
+    """The shape ``lay_out`` gives an ``[out_f, in_f]`` weight (``in_f`` may be symbolic)."""
     return (-(-out_f // panel), in_f, panel)
 
 
