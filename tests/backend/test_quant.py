@@ -59,9 +59,10 @@ def blocks(rng: np.random.Generator, fmt: str, n: int, k: int) -> tuple[np.ndarr
     return raw.view(np.uint8).reshape(n, -1), dequantize(raw, GGML[fmt]).reshape(n, k).astype(np.float32)
 
 
-def rounds_x(fmt: str, rows: int, lib: Q.QuantLibrary | None = None) -> bool:
-    """Whether the library rounds ``x`` to bf16 for this call (bf16's dot-product GEMM)."""
-    return fmt == "bf16" and rows > 8 and (lib or Q.library()).bf16dot
+def rounds_x(fmt: str, lib: Q.QuantLibrary | None = None) -> bool:
+    """Whether the library rounds ``x`` to bf16 for this call (bf16's dot products, at every
+    row count)."""
+    return fmt == "bf16" and (lib or Q.library()).bf16dot
 
 
 def assert_matches(y: np.ndarray, x: np.ndarray, wf: np.ndarray, fmt: str = "f16", lib: Q.QuantLibrary | None = None) -> None:
@@ -70,7 +71,7 @@ def assert_matches(y: np.ndarray, x: np.ndarray, wf: np.ndarray, fmt: str = "f16
     (``rounds_x``), ``y`` is that product of the rounded ``x`` to float32 rounding and within
     ``quant.bf16_bound`` of the exact one."""
     x64, w64 = x.astype(np.float64).reshape(-1, x.shape[-1]), wf.astype(np.float64)
-    rounded = rounds_x(fmt, x64.shape[0], lib)
+    rounded = rounds_x(fmt, lib)
     xr = bf16_round(x.reshape(x64.shape)).astype(np.float64) if rounded else x64
     ref = xr @ w64.T
     scale = np.abs(xr) @ np.abs(w64).T + 1e-30
@@ -163,7 +164,7 @@ def test_simple_formats_match_the_legalized_kernel_and_dequantize(rng: np.random
                 assert (np.abs(y - ref) <= Q.activation_bound(x, wf) * 1.01 + 1e-4 * float(np.abs(ref).max())).all()
                 continue
             assert_matches(y, x, wf, fmt)
-            slack = Q.bf16_bound(x, wf) * 1.01 if rounds_x(fmt, m) else 0.0
+            slack = Q.bf16_bound(x, wf) * 1.01 if rounds_x(fmt) else 0.0
             assert (np.abs(y - ref) <= slack + 1e-4 * np.abs(ref) + 1e-4 * float(np.abs(ref).max())).all()
 
 
@@ -285,18 +286,19 @@ def test_portable_kernels_agree(rng: np.random.Generator) -> None:
                 np.testing.assert_array_equal(y, Q.qlinear(x, b, fmt))
                 continue
             assert_matches(y, x, wf, fmt, Q.library(portable=True))
-            if rounds_x(fmt, m):
+            if rounds_x(fmt):
                 assert (np.abs(y - Q.qlinear(x, b, fmt)) <= Q.bf16_bound(x, wf) * 1.01 + 1e-5 * float(np.abs(y).max())).all()
             else:
                 np.testing.assert_allclose(y, Q.qlinear(x, b, fmt), rtol=1e-5, atol=1e-5 * float(np.abs(y).max()))
 
 
-def test_bf16_dot_product_gemm(rng: np.random.Generator) -> None:
-    """With AVX-512 BF16, bf16 beyond 8 rows of x (the GEMM) rounds x to bf16 and takes vdpbf16ps: the
-    product of the rounded x to float32 rounding, within ``bf16_bound`` of the float32 path
-    (compiled without it); odd K (a pair padded with zero), K past one panel (2048), ragged N;
-    a row's bits are the same in any batch of more than 8 rows; NaN and inf in x reach only
-    their row."""
+def test_bf16_dot_product_gemv_and_gemm(rng: np.random.Generator) -> None:
+    """With AVX-512 BF16, bf16 rounds x to bf16 and takes vdpbf16ps at every row count (the GEMV
+    up to 8 rows, the GEMM beyond): the product of the rounded x to float32 rounding, within
+    ``bf16_bound`` of the float32 path (compiled without it); odd K (a pair padded with zero,
+    the GEMV's last piece loaded masked), K past one panel (2048), ragged N; a row's bits are
+    the same in any batch of up to 8 rows, and in any batch of more; NaN and inf in x reach
+    only their row."""
     lib = Q.library()
     if not lib.bf16dot:
         pytest.skip("no AVX-512 BF16 here: the bf16 GEMM is the float32 one")
@@ -304,18 +306,19 @@ def test_bf16_dot_product_gemm(rng: np.random.Generator) -> None:
     for n, k in ((37, 70), (3, 33), (64, 2080), (33, 4097)):
         b, wf = blocks(rng, "bf16", n, k)
         x = rng.standard_normal((29, k)).astype(np.float32)
-        full = Q.qlinear(x, b, "bf16")
-        for m in (9, 12, 13, 29):
+        full, few = Q.qlinear(x, b, "bf16"), Q.qlinear(x[:8], b, "bf16")
+        for m in (1, 2, 5, 8, 9, 12, 13, 29):
             y = Q.qlinear(x[:m], b, "bf16")
             assert_matches(y, x[:m], wf, "bf16")
-            np.testing.assert_array_equal(y, full[:m])
+            np.testing.assert_array_equal(y, (few if m <= 8 else full)[:m])
             exact = Q.qlinear(x[:m], b, "bf16", bf16dot=False)
             assert (np.abs(y - exact) <= Q.bf16_bound(x[:m], wf) * 1.01 + 1e-5 * float(np.abs(exact).max())).all()
     b, _ = blocks(rng, "bf16", 20, 96)
-    x = rng.standard_normal((12, 96)).astype(np.float32)
-    x[1, 70], x[4, 3] = np.nan, np.inf
-    y = Q.qlinear(x, b, "bf16")
-    assert np.isnan(y[1]).all() and not np.isfinite(y[4]).any() and np.isfinite(np.delete(y, [1, 4], axis=0)).all()
+    for m in (6, 12):
+        x = rng.standard_normal((m, 96)).astype(np.float32)
+        x[1, 70], x[4, 3] = np.nan, np.inf
+        y = Q.qlinear(x, b, "bf16")
+        assert np.isnan(y[1]).all() and not np.isfinite(y[4]).any() and np.isfinite(np.delete(y, [1, 4], axis=0)).all()
 
 
 @needs_smollm2

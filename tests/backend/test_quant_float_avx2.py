@@ -3,7 +3,7 @@ CPU with AVX2, FMA and F16C but no AVX-512 runs; with AVX-512 the same checks ho
 against a float64 NumPy reference and the portable build.
 
 The weights are decoded exactly and multiplied in float32, so each output may differ from the
-exact ``x @ w.T`` of the decoded weights only by float32 summation (bf16 beyond 8 rows with
+exact ``x @ w.T`` of the decoded weights only by float32 summation (bf16 with
 AVX-512 BF16: of ``x`` rounded to bf16, subnormals as zero: ``expected``): by at most
 ``(K + 2) * (2**-24 * |x| @ |w|.T + 2**-149)`` (the classic bound of a sum of ``K`` products in
 any order, with float32's underflow; + 2 for the fused products and the final stores), and from
@@ -56,11 +56,11 @@ def gamma_bound(x: np.ndarray, wf: np.ndarray) -> np.ndarray:
 
 
 def expected(x: np.ndarray, wf: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray]:
-    """The exact product the library computes and its float32 bound. bf16 beyond 8 rows on a
-    CPU with AVX-512 BF16 (``QuantLibrary.bf16dot``) multiplies ``x`` rounded to bf16 with the
+    """The exact product the library computes and its float32 bound. bf16 on a CPU with
+    AVX-512 BF16 (``QuantLibrary.bf16dot``) multiplies ``x`` rounded to bf16 with the
     weights, subnormals counting as zero (``vdpbf16ps``), and may flush a subnormal partial
     sum (``2**-126`` a step); otherwise ``x @ wf.T``."""
-    if not (fmt == "bf16" and x.shape[0] > 8 and Q.library().bf16dot):
+    if not (fmt == "bf16" and Q.library().bf16dot):
         return x.astype(np.float64) @ wf.astype(np.float64).T, gamma_bound(x, wf)
     xr = bf16_round(x)
     xr = np.where(np.abs(xr) < 2.0**-126, 0, xr).astype(np.float32)
@@ -71,7 +71,7 @@ def expected(x: np.ndarray, wf: np.ndarray, fmt: str) -> tuple[np.ndarray, np.nd
 def rounding_gap(x: np.ndarray, wf: np.ndarray, fmt: str) -> np.ndarray | float:
     """How far ``expected`` may be from ``x @ wf.T``: bf16's rounding of ``x`` and the
     subnormal weights dropped, where the library rounds ``x`` (else 0)."""
-    if not (fmt == "bf16" and x.shape[0] > 8 and Q.library().bf16dot):
+    if not (fmt == "bf16" and Q.library().bf16dot):
         return 0.0
     tiny = np.where(np.abs(wf) < 2.0**-126, np.abs(wf), 0).astype(np.float64)
     return Q.bf16_bound(x, wf) * (1 + 1e-6) + np.abs(x.astype(np.float64)) @ tiny.T

@@ -18,9 +18,8 @@ plus float32 rounding; about 1e-3 relative. The float32 operations are the same 
 (up to 8 rows), the GEMM (prefill) and the portable build, so a row's result has the same bits
 whatever else is in the call. bf16, f16, q4_k and q6_k multiply in float32 with the weights
 decoded exactly (``x`` is not quantized): ``x @ dequantize(w).T`` up to float32 rounding; but
-for bf16 with more than 8 rows of ``x`` on a CPU with AVX-512 BF16 (``QuantLibrary.bf16dot``)
-the GEMM rounds ``x`` to bf16 and multiplies pairs with ``vdpbf16ps``, at twice the float32
-rate: off by at most ``bf16_bound`` more (``2**-8 * sum|x_k w_k|`` per output; values below
+for bf16 on a CPU with AVX-512 BF16 (``QuantLibrary.bf16dot``) the GEMV and the GEMM round ``x``
+to bf16 and multiply pairs with ``vdpbf16ps``, at twice the float32 rate: off by at most ``bf16_bound`` more (``2**-8 * sum|x_k w_k|`` per output; values below
 ``2**-126`` count as zero there).
 AVX-512 where the CPU has it, portable C otherwise, with AVX2 (+ FMA, F16C) parts where the CPU
 has that: the integer path's dot products (q8_0, q4_0 and q4_1 in tiles of 8 weight rows, each
@@ -110,7 +109,7 @@ class QuantLibrary:
     cache_hit: bool
     simd: bool  # AVX-512 kernels (else the portable ones)
     vnni: bool  # the integer path's dot products use AVX-512 VNNI
-    bf16dot: bool  # the bf16 GEMM rounds x to bf16 and uses AVX-512 BF16 dot products
+    bf16dot: bool  # bf16 rounds x to bf16 and uses AVX-512 BF16 dot products (GEMV and GEMM)
     handle: Any
     entries: dict[str, Any]
     add_entries: dict[str, Any]  # tw_qlinear_add_<fmt>: y = x @ W.T + r

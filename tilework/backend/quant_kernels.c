@@ -29,15 +29,18 @@
  *   are the same bits as the plain format's (the same block sums in the same order).
  *
  * bf16, f16, q4_k, q6_k multiply in float32 with the weights decoded exactly (no activation
- * quantization; x @ dequantize(w).T up to float32 rounding), but for bf16 on the GEMM
- * where the CPU has AVX-512 BF16 (TWQ_BF16DOT; define TW_QUANT_NO_BF16DOT to leave it out):
- * there each row of x is rounded to bf16 once per call
+ * quantization; x @ dequantize(w).T up to float32 rounding), but for bf16 where the CPU has
+ * AVX-512 BF16 (TWQ_BF16DOT; define TW_QUANT_NO_BF16DOT to leave it out), on the GEMV and the
+ * GEMM: there each row of x is rounded to bf16 once per call
  * (to nearest even) and vdpbf16ps multiplies pairs of k (products exact in float32, each pair
  * added to the float32 accumulator in turn; subnormal inputs and sums count as zero), twice
  * the float32 FMA's rate. That adds the rounding of x: per output at most
  * 2^-8 * sum(|x_k w_k|) on top of the float32 rounding (bf16_bound in quant.py).
  * - GEMV: parallel over groups of 4 W rows (2 beyond 4 rows of x); each 32-weight piece of the
  *   group's rows is decoded into registers and multiplied with up to 8 rows of x at a time.
+ *   bf16 with TWQ_BF16DOT decodes nothing: a row's 64 bytes of a piece are the pairs vdpbf16ps
+ *   takes (measured at 8 rows of x, SmolLM2's shapes: 1.6-2.7x with the weights in cache,
+ *   decode at batch 8 1.12x (prompt 32) and 1.21x (prompt 512)).
  * - GEMM: panels of 32 W rows are decoded into a k-major float32 scratch (at most 1024 k at a
  *   time: 128 KiB, in L2; each row's weights TWQ_BPF pieces ahead prefetched: cold f16 weights
  *   at 16-32 rows of x 1.4x) and a 12 x 32 register-blocked outer-product FMA kernel runs over it;
@@ -733,6 +736,84 @@ TWQ_INLINE void twq_x_bf16(const float* x, int64_t M, int64_t K, uint16_t* xb, i
             _mm512_store_si512((__m512i*)(xb + r * kp + k), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
         }
     }
+}
+
+/* GEMV tile: W rows n0 .. n0+NR against MR rows of xb (bf16, row stride kp, zeros from K on),
+ * one vdpbf16ps per 32 weights of a row and row of x: a row's 64 bytes of a piece are already
+ * the pairs (k, k + 1) the instruction takes, as are xb's, so nothing is decoded; the last
+ * piece of a row is loaded masked (no byte past the row). Each output is its 16 lanes' sums
+ * added up at the end, so a row of x gets the same bits whatever MR and NR. */
+TWQ_INLINE void twq_gemv_bf16_tile(int MR, int NR, const uint16_t* xb, int64_t kp, const uint8_t* w, int64_t rb,
+                                   float* y, int64_t N, int64_t K, int64_t n0) {
+    __m512 acc[TWQ_MR][TWQ_NR];
+    const uint8_t* rows[TWQ_NR];
+    for (int c = 0; c < NR; ++c) rows[c] = w + (n0 + c) * rb;
+    for (int r = 0; r < MR; ++r)
+        for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_setzero_ps();
+    const char* ahead = (const char*)(rows[0] + TWQ_AHEAD * NR * rb); /* as twq_gemv_tile */
+    const int64_t nj = K / 32, step = (NR * rb + kp / 32 - 1) / (kp / 32);
+    for (int64_t j = 0; j < nj; ++j) {
+        for (int64_t o = 0; o < step; o += 64) _mm_prefetch(ahead + j * step + o, _MM_HINT_T0);
+        __m512bh xv[TWQ_MR];
+        for (int r = 0; r < MR; ++r) xv[r] = (__m512bh)_mm512_load_si512((const __m512i*)(xb + r * kp + 32 * j));
+        for (int c = 0; c < NR; ++c) {
+            const __m512bh wv = (__m512bh)_mm512_loadu_si512((const void*)(rows[c] + 64 * j));
+            for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv[r], wv);
+        }
+    }
+    if (K % 32) { /* the last piece: K % 32 weights of each row, xb's zeros past them */
+        const __mmask32 mk = (__mmask32)((1u << (K % 32)) - 1u);
+        for (int c = 0; c < NR; ++c) {
+            const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(mk, rows[c] + 64 * nj);
+            for (int r = 0; r < MR; ++r)
+                acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)_mm512_load_si512((const __m512i*)(xb + r * kp + 32 * nj)), wv);
+        }
+    }
+    for (int r = 0; r < MR; ++r)
+        for (int c = 0; c < NR; ++c) y[r * N + n0 + c] = _mm512_reduce_add_ps(acc[r][c]);
+}
+
+#define TWQ_GEMV_BF16_FN(MR, NR) \
+    static void twq_gemv_bf16_##MR##_##NR(const uint16_t* xb, int64_t kp, const uint8_t* w, int64_t rb, float* y, int64_t N, int64_t K, int64_t n0) { \
+        twq_gemv_bf16_tile(MR, NR, xb, kp, w, rb, y, N, K, n0); \
+    }
+#define TWQ_GEMV_BF16_NR(NR) \
+    TWQ_GEMV_BF16_FN(1, NR) TWQ_GEMV_BF16_FN(2, NR) TWQ_GEMV_BF16_FN(3, NR) TWQ_GEMV_BF16_FN(4, NR) TWQ_GEMV_BF16_FN(5, NR) \
+    TWQ_GEMV_BF16_FN(6, NR) TWQ_GEMV_BF16_FN(7, NR) TWQ_GEMV_BF16_FN(8, NR)
+TWQ_GEMV_BF16_FN(1, 4) TWQ_GEMV_BF16_FN(2, 4) TWQ_GEMV_BF16_FN(3, 4) TWQ_GEMV_BF16_FN(4, 4) TWQ_GEMV_BF16_NR(2) TWQ_GEMV_BF16_NR(1)
+typedef void (*twq_gemv_bf16_fn)(const uint16_t*, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t, int64_t);
+#define TWQ_GEMV_BF16_ROW(NR) \
+    {twq_gemv_bf16_1_##NR, twq_gemv_bf16_2_##NR, twq_gemv_bf16_3_##NR, twq_gemv_bf16_4_##NR, \
+     twq_gemv_bf16_5_##NR, twq_gemv_bf16_6_##NR, twq_gemv_bf16_7_##NR, twq_gemv_bf16_8_##NR}
+/* [NR 1, 2, 4][MR - 1] */
+static const twq_gemv_bf16_fn twq_gemv_bf16_table[3][TWQ_MR] = {
+    TWQ_GEMV_BF16_ROW(1), TWQ_GEMV_BF16_ROW(2), {twq_gemv_bf16_1_4, twq_gemv_bf16_2_4, twq_gemv_bf16_3_4, twq_gemv_bf16_4_4, NULL, NULL, NULL, NULL}};
+
+/* twq_gemv's grouping with x rounded to bf16 once per call (by the threads, before the groups). */
+static int twq_gemv_bf16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t rb) {
+    const int want = M <= 4 ? 4 : 2;
+    const int nr = N >= want ? want : 1;
+    const int64_t mr_max = nr == 4 ? 4 : TWQ_MR, kp = (K + 31) / 32 * 32;
+    const int64_t groups = (N + nr - 1) / nr;
+    const twq_gemv_bf16_fn* fns = twq_gemv_bf16_table[nr == 4 ? 2 : nr - 1];
+    uint16_t* xb = (uint16_t*)twq_alloc((M * kp + 1) / 2);
+    if (xb == NULL) return TWQ_ENOMEM;
+    const int par = N * rb >= TWQ_PAR_MIN_BYTES;
+    (void)par; /* used by OpenMP only */
+#pragma omp parallel if (par)
+    {
+        twq_x_bf16(x, M, K, xb, kp); /* (a barrier at its end) */
+#pragma omp for schedule(static)
+        for (int64_t g = 0; g < groups; ++g) {
+            int64_t n0 = g * nr < N - nr ? g * nr : N - nr; /* as twq_gemv */
+            for (int64_t m0 = 0; m0 < M; m0 += mr_max) {
+                int64_t mr = M - m0 < mr_max ? M - m0 : mr_max;
+                fns[mr - 1](xb + m0 * kp, kp, w, rb, y + m0 * N, N, K, n0);
+            }
+        }
+    }
+    twq_free((float*)xb);
+    return 0;
 }
 
 /* Rows [n0, n0 + nr) (nr <= 32; zero columns past them), weights [k0, k0 + kc) with k0 and kc
@@ -1637,6 +1718,9 @@ static int twq_run(int fmt, const float* x, const uint8_t* w, float* y, int64_t 
     return twq_a2_run(fmt, x, w, y, M, N, K, rb);
 #endif
     if (M <= TWQ_GEMV_MAX_M) {
+#ifdef TWQ_BF16DOT
+        if (fmt == TWQ_BF16) return twq_gemv_bf16(x, w, y, M, N, K, rb);
+#endif
         twq_gemv(fmt, x, w, y, M, N, K, rb);
         return 0;
     }
