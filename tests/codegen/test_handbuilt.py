@@ -287,6 +287,39 @@ def test_a_costly_intrinsic_weighs_on_the_parallel_threshold() -> None:
     assert f"if(({1 + COSTLY_WORK} * n) >= TW_PARALLEL_MIN_WORK)" in costly
 
 
+def _parallel_taps(name: str, taps: int) -> TensorFunc:
+    """``out[i] = sum_t a[i + t]`` for ``taps`` taps in one expression (a depthwise conv's
+    shape of statement), over a symbolic ``n`` in one parallel loop."""
+    n = SymVar("n", 0)
+    a, out = Buffer("a", (sym.add(n, taps - 1),), "float32"), Buffer("out", (n,), "float32")
+    i = SymVar("i", 0)
+
+    def total(vi: SymVar):  # type: ignore[no-untyped-def]
+        acc = Load(a, (vi,))
+        for t in range(1, taps):
+            acc = binary("+", acc, Load(a, (sym.add(vi, t),)))
+        return acc
+
+    body = make_block(name, [("vi", n, i, "spatial")], lambda vi: Store(out, (vi,), total(vi)))
+    return TensorFunc((a, out, n), For(i, n, body, "parallel"), 1)
+
+
+def test_a_statement_of_many_loads_weighs_on_the_parallel_threshold() -> None:
+    """A statement reading 25 elements (a 5x5 depthwise conv's taps) counts one per
+    LOADS_PER_WORK loads towards the work, so it forks at fewer outputs than a copy; up to
+    3 loads count one, as a copy does. The values are the sums at any n."""
+    from tilework.codegen.c.emit import LOADS_PER_WORK
+
+    assert "if(n >= TW_PARALLEL_MIN_WORK)" in emit_function(_parallel_taps("taps3", 3), "tw_taps3")
+    assert f"if(({25 // LOADS_PER_WORK} * n) >= TW_PARALLEL_MIN_WORK)" in emit_function(_parallel_taps("taps25", 25), "tw_taps25")
+    lib = build_library({"taps25": _parallel_taps("taps25", 25)})
+    for n in (0, 1, 7, 20001):
+        a = np.random.default_rng(n).standard_normal(n + 24).astype(np.float32)
+        out = np.zeros(n, np.float32)
+        lib["taps25"].run([a, out], {"n": n})
+        np.testing.assert_allclose(out, np.convolve(a, np.ones(25, np.float32), "valid") if n else out, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("n", [0, 1, 7, 9000, 20001])  # 9000 exps fork, 9000 adds do not
 def test_a_parallel_loop_of_exps_computes_exp(n: int) -> None:
     from tilework.ir.loop import Intrin

@@ -25,8 +25,8 @@ Semantics are those of ``tilework.codegen.interp`` (which runs the same program 
 NumPy arrays); the loop kinds map to ``#pragma omp parallel for`` (parallel), ``#pragma omp
 simd`` (vectorized) and ``#pragma GCC unroll`` (unrolled). A parallel or vectorized loop whose
 iterations provably write one element (a reduction loop) is emitted serial, with a comment.
-A parallel loop forks threads only when its work (iterations, an exp or other costly
-intrinsic counting ``COSTLY_WORK`` more) reaches ``TW_PARALLEL_MIN_WORK`` (a fork/join costs
+A parallel loop forks threads only when its work (iterations, a statement of many loads
+counting more, an exp or other costly intrinsic ``COSTLY_WORK`` more) reaches ``TW_PARALLEL_MIN_WORK`` (a fork/join costs
 microseconds, more on a loaded machine; small shapes of a symbolic kernel run serially).
 """
 
@@ -746,12 +746,18 @@ def _divmods(e: Dim) -> set[Dim]:
 # that an elementwise silu or softmax forks at fewer elements than a copy does.
 COSTLY = frozenset({"exp", "log", "tanh", "erf", "sigmoid", "sin", "cos", "log1p", "expm1"})
 COSTLY_WORK = 15
+# A statement that reads many elements (a depthwise conv's taps, summed in one expression) is
+# that many times a copy's work: it counts one per LOADS_PER_WORK loads (at least one), so a
+# 5x5 depthwise conv of 14 x 14 x 240 forks at batch 1 (MobileNetV3-Small batch 1 1.2x, as
+# with every small kernel forking); an elementwise op of up to 3 inputs counts as before.
+LOADS_PER_WORK = 2
 
 
 def _work(loop: For) -> Dim | None:
     """An upper estimate of the work of ``loop`` and everything nested in it, as a dim of the
-    vars in scope at the loop: its statements' iterations, a statement counting one plus
-    ``COSTLY_WORK`` for each costly intrinsic it evaluates; an inner extent that depends on an
+    vars in scope at the loop: its statements' iterations, a statement counting one per
+    ``LOADS_PER_WORK`` loads (at least one) plus ``COSTLY_WORK`` for each costly intrinsic it
+    evaluates; an inner extent that depends on an
     inner loop var (a triangular loop) is taken at that var's largest value. None when no
     estimate is possible (a data-dependent extent)."""
 
@@ -777,7 +783,9 @@ def _work(loop: For) -> Dim | None:
             return count(st.body, top)
         if isinstance(st, IfThenElse):
             return count(st.then_body, top)
-        return 1 + COSTLY_WORK * sum(isinstance(e, Intrin) and e.name in COSTLY for x in stmt_scalars(st) for e in walk_scalars(x))
+        scalars = [e for x in stmt_scalars(st) for e in walk_scalars(x)]
+        loads = sum(isinstance(e, Load) for e in scalars)
+        return max(1, loads // LOADS_PER_WORK) + COSTLY_WORK * sum(isinstance(e, Intrin) and e.name in COSTLY for e in scalars)
 
     inner_vars = {st.var for st in walk_stmts(loop) if isinstance(st, For)}
     for st in walk_stmts(loop):
