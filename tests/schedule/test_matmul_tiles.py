@@ -144,6 +144,33 @@ def test_partial_column_tiles(registers: str) -> None:
             np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4, err_msg=f"{name} rows={rows}")
 
 
+def test_narrow_outputs_take_tiles_no_wider_than_b(registers: str) -> None:
+    """At most one tile's width of columns (a stem conv's 16 output channels as a linear of
+    its column matrix, in one 16-column panel, or 5 and 9 columns of a plain B): the many-rows
+    tile is as wide as the columns rounded up to a vector, not the register tile's two vectors
+    (half of them zero columns), and the values are NumPy's at odd row counts."""
+    m = SymVar("M", 1)
+    width = int(registers.split("x")[0]) // 4  # floats of a vector
+    cases = {"p16_16": (16, 16), "plain_5": (None, 5), "plain_9": (None, 9)}
+    funcs = {name: default_schedule(_linear(m, panel, EPILOGUES["bias"][0], n, 27), strict=True) for name, (panel, n) in cases.items()}
+    rows_, _ = register_tile("float32")
+    for name, f in funcs.items():
+        n = cases[name][1]
+        shapes = {s.buffer.shape for _, s in walk(f.body) if isinstance(s, Allocate)}
+        assert (rows_, -(-n // width) * width) in shapes, (name, shapes)
+    lib = build_library(funcs)
+    rng = np.random.default_rng(5)
+    for name, (panel, n) in cases.items():
+        wt = rng.standard_normal((n, 27)).astype(np.float32)
+        bias = rng.standard_normal(n).astype(np.float32)
+        wd = np.ascontiguousarray(wt.T) if panel is None else lay_out(wt, panel)
+        for rows in (1, 7, 9, 33, 100):
+            a = rng.standard_normal((rows, 27)).astype(np.float32)
+            out = np.full((rows, n), np.nan, np.float32)
+            lib[name].run([a, wd, bias, np.zeros((rows, n), np.float32), out])
+            np.testing.assert_allclose(out, a.astype(np.float64) @ wt.T.astype(np.float64) + bias, rtol=1e-4, atol=1e-4, err_msg=f"{name} rows={rows}")
+
+
 def test_rest_row_tiles(registers: str) -> None:
     """Enough column tiles that they alone run in parallel: the row tiles are ``M // MR`` full
     ones and, when rows are left, one of that many rows rounded up to an even count (chosen at

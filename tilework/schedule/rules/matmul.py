@@ -262,6 +262,9 @@ def _big(func: TensorFunc, nt: bool) -> TensorFunc:
         parts = _parts(func)
         assert parts is not None
     mr, nr = register_tile(out_dtype(func))
+    n, width = parts.j[0].extent, host_registers().lanes(out_dtype(func))
+    if parts.panel is None and isinstance(n, int) and 0 < n < nr:  # no wider than B, in vectors
+        nr = -(-n // width) * width
     if not nt and parts.panel is None:
         func = pack_panels(func, parts, nr)
         parts = _parts(func)
