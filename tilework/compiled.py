@@ -398,7 +398,7 @@ def _precision_lines(p: dict[str, Any]) -> list[str]:
         err = p.get("weight_max_rel_err")
         measured_w = f"; weights rounded by at most {err:.2e} relative (measured)" if err is not None else ""
         lines = [
-            f"  precision: bf16 weights for {p['linears']} linear(s), fp32 accumulation (quant backend; from 9 rows on,"
+            f"  precision: bf16 weights for {p['linears']} linear(s), fp32 accumulation (quant backend;"
             f" activations rounded to bf16 for AVX-512 BF16 dot products where the CPU has them){measured_w}",
             f"    bound per output: |y - y_fp32| <= {p['bound_rel']:.2e} * sum_k |x_k * w_k| (+ fp32 rounding)",
         ]

@@ -7,7 +7,7 @@ float32 and whose weight is a constant becomes ``quant_linear(x, wq, "bf16", in)
 MatMul with an initializer), its weight transposed as it is converted. The ``quant`` backend
 runs that op: products and sums in float32, the weights decoded exactly; the rounding added is
 that of the weights, each by less than a relative ``2**-8`` (``BF16_UNIT``), and where the CPU
-has AVX-512 BF16, from 9 rows of ``x`` on, that of ``x`` too (rounded to bf16 for the
+has AVX-512 BF16 that of ``x`` too, at every row count (rounded to bf16 for the
 ``vdpbf16ps`` dot products, twice the float32 rate: ``tilework.backend.quant``). So per output
 ``|y - y32| <= (2 * 2**-8 + 2**-16) * sum_k |x_k w_k|`` plus float32 rounding
 (``BF16_BOUND``); ``2**-8`` where ``x`` is not rounded.
