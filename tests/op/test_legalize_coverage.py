@@ -39,8 +39,9 @@ TESTED_APART |= {"quant_linear", "quant_take", "paged_attention"}
 # check_nonzero raises at run time: tests/codegen/test_int_division.py (torch's x // 0)
 TESTED_APART |= {"check_nonzero"}
 # the channel-last conv ops of conv_gemm: tests/op/test_im2col.py (im2col, max_pool2d_nhwc,
-# depthwise_conv2d_nhwc and global_avg_pool_nhwc against NumPy at symbolic batch, height and width)
-TESTED_APART |= {"im2col", "max_pool2d_nhwc", "depthwise_conv2d_nhwc", "global_avg_pool_nhwc"}
+# depthwise_conv2d_nhwc and global_avg_pool_nhwc against NumPy at symbolic batch, height and width),
+# tests/op/test_direct_conv.py (direct_conv2d_nhwc against the float64 conv at symbolic dims)
+TESTED_APART |= {"im2col", "max_pool2d_nhwc", "depthwise_conv2d_nhwc", "global_avg_pool_nhwc", "direct_conv2d_nhwc"}
 # the Winograd convolution's three ops: tests/transform/test_winograd.py (against the float64
 # reference and the im2col path, at a symbolic batch and odd sizes)
 TESTED_APART |= {"winograd_input_nhwc", "batch_linear_io", "winograd_output_nhwc"}

@@ -15,7 +15,7 @@ from tests.op.test_conv import conv_ref
 from tilework.ir.builder import BlockBuilder
 from tilework.ir.graph import Binding, Call, Constant, GraphFunc, OpRef, Var, bindings_of
 from tilework.ir.info import TensorInfo
-from tilework.transform.conv_gemm import ATTR, DEPTHWISE, ConvGemm, conv_weight_matrix
+from tilework.transform.conv_gemm import ATTR, DEPTHWISE, DIRECT, ConvGemm, conv_weight_matrix
 from tilework.transform.layout_weights import LayoutWeights, pack_weights
 
 torch = pytest.importorskip("torch")
@@ -68,13 +68,14 @@ def compiled() -> tuple[Any, Any]:
 def test_convs_become_linears_between_channel_last_data(compiled: tuple[Any, Any]) -> None:
     _, cm = compiled
     ops = _ops(cm.module)
-    assert ops.count("linear_io") == 7 + 2 + 1 + 1, ops  # stem, a1, a2, b1, b2, down, dil; the squeeze-excite pair; pw; fc
+    assert ops.count("linear_io") == 6 + 2 + 1 + 1, ops  # a1, a2, b1, b2, down, dil; the squeeze-excite pair; pw; fc
     assert ops.count("conv2d") == 1  # the grouped conv
+    assert ops.count("direct_conv2d_nhwc") == 1  # the stem: 3 channels in, 8 out, reading the channel-first input
     assert ops.count("depthwise_conv2d_nhwc") == 1 and ops.count("max_pool2d_nhwc") == 1
-    assert ops.count("im2col") == 7  # the converted convs but the 1x1 ones of stride 1
-    assert ops.count("permute_dims") == 4, ops  # the input, around the grouped conv, the pooled [N, 6, 1, 1]
+    assert ops.count("im2col") == 6  # the converted convs but the stem and the 1x1 ones of stride 1
+    assert ops.count("permute_dims") == 3, ops  # around the grouped conv, the pooled [N, 6, 1, 1] (none of the input)
     main = cm.module["main"]
-    assert len(main.attrs[ATTR]) == 7 + 2 + 1 and len(main.attrs[DEPTHWISE]) == 1
+    assert len(main.attrs[ATTR]) == 6 + 2 + 1 and len(main.attrs[DEPTHWISE]) == 1 and len(main.attrs[DIRECT]) == 1
 
 
 def test_matches_torch_at_symbolic_batch(compiled: tuple[Any, Any]) -> None:
@@ -118,10 +119,14 @@ def test_constant_weights_are_converted_once_and_match() -> None:
         np.testing.assert_allclose(np.asarray(vm["main"](x)), want, rtol=1e-4, atol=1e-4)
 
 
-def test_weight_params_are_retyped_and_converted_by_pack_weights() -> None:
+@pytest.mark.parametrize("channels, attr, shape", [(5, ATTR, (4, 45)), (3, DIRECT, (27, 4))], ids=["im2col", "direct"])
+def test_weight_params_are_retyped_and_converted_by_pack_weights(channels: int, attr: str, shape: tuple[int, int]) -> None:
+    """A conv weight param is retyped to the matrix its kernel reads (``[O, KH * KW * C]`` for
+    im2col's product, ``[KH * KW * C, O]`` for the direct conv of an image's 3 channels), and
+    ``pack_weights`` converts the given weight to it."""
     n = tw.dim("n")
     bb = BlockBuilder()
-    x, k = Var("x", TensorInfo((n, 3, 6, 6), "float32")), Var("k", TensorInfo((4, 3, 3, 3), "float32"))
+    x, k = Var("x", TensorInfo((n, channels, 6, 6), "float32")), Var("k", TensorInfo((4, channels, 3, 3), "float32"))
     with bb.function("main", [x, k], attrs={"num_inputs": 1}):
         with bb.dataflow():
             out = bb.emit_output(tw.op.conv2d(x, k, padding=1))
@@ -129,12 +134,12 @@ def test_weight_params_are_retyped_and_converted_by_pack_weights() -> None:
     mod = bb.get()
     after = ConvGemm(params=True)(mod)
     main = after["main"]
-    assert isinstance(main, GraphFunc) and main.attrs[ATTR] == (1,)
-    assert isinstance(main.params[1].info, TensorInfo) and main.params[1].info.shape == (4, 27)
-    kw = np.random.default_rng(2).standard_normal((4, 3, 3, 3)).astype(np.float32)
+    assert isinstance(main, GraphFunc) and main.attrs[attr] == (1,) and all(a not in main.attrs for a in (ATTR, DIRECT) if a != attr)
+    assert isinstance(main.params[1].info, TensorInfo) and main.params[1].info.shape == shape
+    kw = np.random.default_rng(2).standard_normal((4, channels, 3, 3)).astype(np.float32)
     laid = LayoutWeights(params=True)(mod)
     packed = pack_weights(laid, [kw])
-    xv = np.random.default_rng(3).standard_normal((2, 3, 6, 6)).astype(np.float32)
+    xv = np.random.default_rng(3).standard_normal((2, channels, 6, 6)).astype(np.float32)
     want = np.asarray(tw.VM(tw.build(mod))["main"](xv, kw))
     np.testing.assert_allclose(np.asarray(tw.VM(tw.build(laid))["main"](xv, *packed)), want, rtol=1e-4, atol=1e-4)
-    np.testing.assert_array_equal(conv_weight_matrix(kw)[:, :3], kw[:, :, 0, 0])  # tap-major, channel-minor
+    np.testing.assert_array_equal(conv_weight_matrix(kw)[:, :channels], kw[:, :, 0, 0])  # tap-major, channel-minor

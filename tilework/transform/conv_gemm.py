@@ -15,7 +15,12 @@ spatial dims and at least ``WINOGRAD_MIN_CHANNELS`` channels in and out, runs as
 F(2, 3) instead (``tilework.op.winograd``: 4 multiplies per output and channel pair instead of
 9): ``winograd_output_nhwc(batch_linear_io(winograd_input_nhwc(x), u), b)``, its weight
 transformed and packed at compile time (``winograd_weight``; a weight param listed in
-``winograd_weights``). ResNet-18 at batch 8 runs 1.2x faster than through im2col.
+``winograd_weights``). ResNet-18 at batch 8 runs 1.2x faster than through im2col. A conv of
+at most ``DIRECT_MAX_CHANNELS`` input channels (a network's stem, reading an image) and
+``DIRECT_MAX_OUT`` output channels becomes
+``direct_conv2d_nhwc``: one sum of products per output, reading the channel-first input as it
+is, its weight as ``[KH * KW * C, O]`` (``direct_weight_matrix``; a weight param listed in
+``direct_conv_weights``): no transpose of the input, no column matrix.
 
 Then the transposes sink towards the consumers and cancel: through elementwise ops (whose
 other operands are transposed alike, 0-d, or transposed to follow), through a global
@@ -44,7 +49,7 @@ from tilework.ir.sym import Dim
 from tilework.ir.module import IRModule
 from tilework.ir.opdef import get as get_op
 from tilework.op.base import OpPattern, make_call
-from tilework.op.conv_nhwc import depthwise_conv2d_nhwc, global_avg_pool_nhwc, im2col, max_pool2d_nhwc
+from tilework.op.conv_nhwc import depthwise_conv2d_nhwc, direct_conv2d_nhwc, global_avg_pool_nhwc, im2col, max_pool2d_nhwc
 from tilework.op.linalg import batch_linear_io, linear
 from tilework.op.manipulate import permute_dims, reshape
 from tilework.op.winograd import ALPHA, TAPS, tiles, transformed_kernel, winograd_input_nhwc, winograd_output_nhwc
@@ -59,6 +64,9 @@ ATTR = "conv_weights"  # params of main given as [O, C, KH, KW], taken as [O, KH
 DEPTHWISE = "depthwise_weights"  # params of main given as [C, 1, KH, KW], taken as [KH * KW, C]
 WINOGRAD = "winograd_weights"  # params of main given as [O, C, 3, 3], taken as winograd_weight's
 WINOGRAD_MIN_CHANNELS = 32  # fewer input or output channels: im2col (the 16 small products would not pay)
+DIRECT = "direct_conv_weights"  # params of main given as [O, C, KH, KW], taken as [KH * KW * C, O]
+DIRECT_MAX_CHANNELS = 4  # input channels up to this (an image's) ...
+DIRECT_MAX_OUT = 16  # ... and output channels up to this: direct_conv2d_nhwc, no column matrix
 TO_NHWC = (0, 2, 3, 1)
 TO_NCHW = (0, 3, 1, 2)
 _DTYPES = ("float32", "float64")
@@ -74,6 +82,13 @@ def depthwise_weight_matrix(w: np.ndarray) -> np.ndarray:
     """A ``[C, 1, KH, KW]`` depthwise conv weight as the ``[KH * KW, C]`` taps
     ``depthwise_conv2d_nhwc`` reads (tap-major, a contiguous row of channels per tap)."""
     return np.ascontiguousarray(np.asarray(w).reshape(w.shape[0], -1).T)
+
+
+def direct_weight_matrix(w: np.ndarray) -> np.ndarray:
+    """A ``[O, C, KH, KW]`` conv weight as the ``[KH * KW * C, O]`` rows ``direct_conv2d_nhwc``
+    reads (``conv_weight_matrix`` transposed: a contiguous row of output channels per tap and
+    input channel)."""
+    return np.ascontiguousarray(conv_weight_matrix(w).T)
 
 
 def winograd_weight(w: np.ndarray, panel: int = PANEL) -> np.ndarray:
@@ -124,6 +139,23 @@ def _winograd(call: Call) -> bool:
     )  # fmt: skip
 
 
+def _direct(call: Call) -> bool:
+    """A conv ``_convertible`` accepts of at most ``DIRECT_MAX_CHANNELS`` input channels (an
+    image's: a network's stem) and ``DIRECT_MAX_OUT`` output channels that is not a pointwise one
+    of stride 1 without padding: it runs as ``direct_conv2d_nhwc``. Its column matrix would hold
+    ``KH * KW * C`` values a pixel, more than the output's, written and read again, around a
+    product the memory traffic bounds (MobileNetV3-Small's stem, 3 -> 16 channels 3x3 / 2, at
+    batch 8: im2col and the product 0.66 ms, directly 0.44). With more output channels the
+    product's register tiles win (ResNet-18's stem, 3 -> 64 7x7 / 2: 7.7 ms through im2col,
+    11.5 directly)."""
+    if not _convertible(call) or _winograd(call):
+        return False
+    w = _static_weight(call.args[1].info)
+    assert w is not None
+    pointwise = w[2:] == (1, 1) and tuple(int(i) for i in call.attrs["strides"]) == (1, 1) and not any(int(i) for i in call.attrs["padding"])
+    return w[1] <= DIRECT_MAX_CHANNELS and w[0] <= DIRECT_MAX_OUT and not pointwise
+
+
 def _depthwise(call: Call) -> bool:
     """A conv2d with one input channel per output channel (``[C, 1, KH, KW]`` weight, ``C``
     groups) whose other operands are as ``_convertible`` wants."""
@@ -146,6 +178,10 @@ def _winograd_params(f: GraphFunc) -> list[int]:
     return weight_params(f, lambda p: _static_weight(p.info) is not None, _winograd)
 
 
+def _direct_params(f: GraphFunc) -> list[int]:
+    return weight_params(f, lambda p: _static_weight(p.info) is not None, _direct)
+
+
 def _depthwise_params(f: GraphFunc) -> list[int]:
     return weight_params(f, lambda p: _static_weight(p.info) is not None, _depthwise)
 
@@ -161,6 +197,12 @@ def _winograd_info(info: TensorInfo) -> TensorInfo:
     o, c = (int(d) for d in info.shape[:2])  # type: ignore[arg-type]
     panels, _, width = packed_shape(o, c)
     return TensorInfo((ALPHA * ALPHA, panels, c, width), info.dtype)
+
+
+def _direct_info(info: TensorInfo) -> TensorInfo:
+    assert info.shape is not None
+    o, c, kh, kw = (int(d) for d in info.shape)  # type: ignore[arg-type]
+    return TensorInfo((kh * kw * c, o), info.dtype)
 
 
 def _matrix_info(info: TensorInfo) -> TensorInfo:
@@ -246,6 +288,21 @@ class _Convs:
         attrs = (tuple(int(i) for i in value.attrs[a]) for a in ("strides", "padding", "dilation"))
         return permute_dims(depthwise_conv2d_nhwc(xt, w2, value.args[2] if len(value.args) == 3 else None, w[2:], *attrs), TO_NCHW)
 
+    def direct(self, value: Call, m: Match) -> Expr | None:
+        """A conv of few input channels: ``direct_conv2d_nhwc`` of its input, channel-last
+        data where the input is a layout change of some, else the channel-first input itself."""
+        w2 = self.matrix(value.args[1], m, direct_weight_matrix)
+        w = _static_weight(value.args[1].info)
+        if w2 is None or w is None:
+            return None
+        x = value.args[0]
+        found = _channels_last(x, m)
+        xin, layout = (x, "NCHW") if found is None else (self.channels_last(x, m), "NHWC")
+        self.changed += 1
+        strides, padding, dilation = (tuple(int(i) for i in value.attrs[a]) for a in ("strides", "padding", "dilation"))
+        y = direct_conv2d_nhwc(xin, w2, value.args[2] if len(value.args) == 3 else None, w[2:], strides, padding, dilation, layout)
+        return permute_dims(y, TO_NCHW)
+
     def channels_last(self, x: Expr, m: Match) -> Expr:
         """The ``[N, H, W, C]`` data of the channel-first conv input ``x``."""
         xs = _shape(x)
@@ -276,6 +333,8 @@ class _Convs:
             return self.depthwise(value, m)
         if _winograd(value):
             return self.winograd(value, m)
+        if _direct(value):
+            return self.direct(value, m)
         if not _convertible(value):
             return None
         x = value.args[0]
@@ -474,6 +533,8 @@ class ConvGemm(Pass):
         mapping: dict[Var, Var] = {}
         if self.params:
             mod, mapping = retype_weight_params(mod, WINOGRAD, _winograd_params, _winograd_info)
+            mod, more = retype_weight_params(mod, DIRECT, _direct_params, _direct_info)
+            mapping.update(more)
             mod, more = retype_weight_params(mod, ATTR, _conv_params, _matrix_info)
             mapping.update(more)
             mod, more = retype_weight_params(mod, DEPTHWISE, _depthwise_params, _taps_info)
@@ -483,4 +544,4 @@ class ConvGemm(Pass):
         return DeadCodeElimination()(out) if convs.changed else mod
 
 
-__all__ = ["ATTR", "DEPTHWISE", "WINOGRAD", "ConvGemm", "conv_weight_matrix", "depthwise_weight_matrix", "winograd_weight"]
+__all__ = ["ATTR", "DEPTHWISE", "DIRECT", "WINOGRAD", "ConvGemm", "conv_weight_matrix", "depthwise_weight_matrix", "direct_weight_matrix", "winograd_weight"]

@@ -33,7 +33,8 @@ left to tilework's kernels are laid out.
 
 2-D convolutions are made linears first (``tilework.transform.conv_gemm``: im2col over
 channel-last data; their weight params listed in ``conv_weights``, depthwise ones in
-``depthwise_weights``), so their weights are packed alike; a 3x3 conv that runs as Winograd
+``depthwise_weights``, those of few input channels, run directly, in ``direct_conv_weights``),
+so their weights are packed alike; a 3x3 conv that runs as Winograd
 F(2, 3) gets its transformed weights packed by ``conv_gemm`` itself (``winograd_weights``).
 
 Only float32 and float64 linears are rewritten (the narrow types keep their own kernels).
@@ -55,7 +56,7 @@ from tilework.op.linalg import linear, linear_io
 from tilework.pattern.core import Match, op_call
 from tilework.transform.base import Pass
 from tilework.transform.conv_gemm import ATTR as CONV_WEIGHTS
-from tilework.transform.conv_gemm import DEPTHWISE, WINOGRAD, ConvGemm, conv_weight_matrix, depthwise_weight_matrix, winograd_weight
+from tilework.transform.conv_gemm import DEPTHWISE, DIRECT, WINOGRAD, ConvGemm, conv_weight_matrix, depthwise_weight_matrix, direct_weight_matrix, winograd_weight
 from tilework.transform.dead_code_elimination import DeadCodeElimination
 from tilework.transform.panels import PANEL, lay_out, packed_shape
 from tilework.transform.rewrite_driver import Rule, apply_rules
@@ -211,6 +212,7 @@ def weight_layout(f: GraphFunc) -> dict[str, Any]:
     """How ``f`` (a model's ``main``) takes its weights, as JSON data (``tilework.build`` keeps it
     in the executable's meta as ``weight_layout``): the param indices ``conv`` (conv weights
     taken as ``conv_gemm.conv_weight_matrix``), ``depthwise`` (as ``depthwise_weight_matrix``),
+    ``direct`` (as ``direct_weight_matrix``),
     ``winograd`` (as ``winograd_weight``), ``transposed`` and ``packed``, the ``copies``
     appended, the ``panel`` width of the packed ones, and ``num_inputs``; empty when it takes
     them as given."""
@@ -219,6 +221,8 @@ def weight_layout(f: GraphFunc) -> dict[str, Any]:
         out["conv"] = [int(i) for i in f.attrs[CONV_WEIGHTS]]
     if f.attrs.get(DEPTHWISE):
         out["depthwise"] = [int(i) for i in f.attrs[DEPTHWISE]]
+    if f.attrs.get(DIRECT):
+        out["direct"] = [int(i) for i in f.attrs[DIRECT]]
     if f.attrs.get(WINOGRAD):
         out["winograd"] = [int(i) for i in f.attrs[WINOGRAD]]
     if f.attrs.get(TRANSPOSED):
@@ -244,6 +248,8 @@ def lay_out_weights(layout: Mapping[str, Any], weights: Sequence[np.ndarray]) ->
         out[i - first] = conv_weight_matrix(out[i - first])
     for i in layout.get("depthwise", ()):
         out[i - first] = depthwise_weight_matrix(out[i - first])
+    for i in layout.get("direct", ()):
+        out[i - first] = direct_weight_matrix(out[i - first])
     for i in layout.get("winograd", ()):
         out[i - first] = winograd_weight(out[i - first], panel)
     for i in layout.get("transposed", ()):
