@@ -515,19 +515,29 @@ static const twq_gemv_fn twq_gemv_table[TWQ_NFMT][3][TWQ_MR] = {
     [TWQ_Q4_K] = TWQ_GEMV_ROW(TWQ_Q4_K), [TWQ_Q6_K] = TWQ_GEMV_ROW(TWQ_Q6_K)};
 
 /* Up to 4 rows of x: groups of 4 W rows, one pass. More: groups of 2 W rows, passes of up to 8
- * rows of x (16 accumulators either way; a group's weights come from memory once). */
-static void twq_gemv(int fmt, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t rb) {
+ * rows of x (16 accumulators either way; a group's weights come from memory once). The W rows
+ * a group takes (nr), the most rows of x a pass takes, and the groups. */
+TWQ_INLINE void twq_gemv_plan(int64_t M, int64_t N, int* nr, int64_t* mr_max, int64_t* groups) {
     const int want = M <= 4 ? 4 : 2;
-    const int nr = N >= want ? want : 1;
-    const int64_t mr_max = nr == 4 ? 4 : TWQ_MR;
-    const int64_t groups = (N + nr - 1) / nr;
+    *nr = N >= want ? want : 1;
+    *mr_max = *nr == 4 ? 4 : TWQ_MR;
+    *groups = (N + *nr - 1) / *nr;
+}
+
+/* The first W row of group g: the last group of a ragged N overlaps the one before (the same
+ * values are written). */
+TWQ_INLINE int64_t twq_group_n0(int64_t g, int nr, int64_t N) { return g * nr < N - nr ? g * nr : N - nr; }
+
+static void twq_gemv(int fmt, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t rb) {
+    int nr;
+    int64_t mr_max, groups;
+    twq_gemv_plan(M, N, &nr, &mr_max, &groups);
     const twq_gemv_fn* fns = twq_gemv_table[fmt][nr == 4 ? 2 : nr - 1];
     const int par = N * rb >= TWQ_PAR_MIN_BYTES;
     (void)par; /* used by OpenMP only */
 #pragma omp parallel for schedule(static) if (par)
     for (int64_t g = 0; g < groups; ++g) {
-        /* the last group of a ragged N overlaps the one before: the same values are written */
-        int64_t n0 = g * nr < N - nr ? g * nr : N - nr;
+        const int64_t n0 = twq_group_n0(g, nr, N);
         for (int64_t m0 = 0; m0 < M; m0 += mr_max) {
             int64_t mr = M - m0 < mr_max ? M - m0 : mr_max;
             fns[mr - 1](x + m0 * K, w, rb, y + m0 * N, N, K, n0);
@@ -791,10 +801,10 @@ static const twq_gemv_bf16_fn twq_gemv_bf16_table[3][TWQ_MR] = {
 
 /* twq_gemv's grouping with x rounded to bf16 once per call (by the threads, before the groups). */
 static int twq_gemv_bf16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t rb) {
-    const int want = M <= 4 ? 4 : 2;
-    const int nr = N >= want ? want : 1;
-    const int64_t mr_max = nr == 4 ? 4 : TWQ_MR, kp = (K + 31) / 32 * 32;
-    const int64_t groups = (N + nr - 1) / nr;
+    int nr;
+    int64_t mr_max, groups;
+    twq_gemv_plan(M, N, &nr, &mr_max, &groups);
+    const int64_t kp = (K + 31) / 32 * 32;
     const twq_gemv_bf16_fn* fns = twq_gemv_bf16_table[nr == 4 ? 2 : nr - 1];
     uint16_t* xb = (uint16_t*)twq_alloc((M * kp + 1) / 2);
     if (xb == NULL) return TWQ_ENOMEM;
@@ -805,7 +815,7 @@ static int twq_gemv_bf16(const float* x, const uint8_t* w, float* y, int64_t M, 
         twq_x_bf16(x, M, K, xb, kp); /* (a barrier at its end) */
 #pragma omp for schedule(static)
         for (int64_t g = 0; g < groups; ++g) {
-            int64_t n0 = g * nr < N - nr ? g * nr : N - nr; /* as twq_gemv */
+            const int64_t n0 = twq_group_n0(g, nr, N);
             for (int64_t m0 = 0; m0 < M; m0 += mr_max) {
                 int64_t mr = M - m0 < mr_max ? M - m0 : mr_max;
                 fns[mr - 1](xb + m0 * kp, kp, w, rb, y + m0 * N, N, K, n0);

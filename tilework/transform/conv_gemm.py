@@ -139,6 +139,12 @@ def _winograd(call: Call) -> bool:
     )  # fmt: skip
 
 
+def _pointwise(call: Call) -> bool:
+    """A 1x1 conv of stride 1 without padding (its channel-last input is its column matrix)."""
+    w = _static_weight(call.args[1].info)
+    return w is not None and w[2:] == (1, 1) and tuple(int(i) for i in call.attrs["strides"]) == (1, 1) and not any(int(i) for i in call.attrs["padding"])
+
+
 def _direct(call: Call) -> bool:
     """A conv ``_convertible`` accepts of at most ``DIRECT_MAX_CHANNELS`` input channels (an
     image's: a network's stem) and ``DIRECT_MAX_OUT`` output channels that is not a pointwise one
@@ -152,8 +158,7 @@ def _direct(call: Call) -> bool:
         return False
     w = _static_weight(call.args[1].info)
     assert w is not None
-    pointwise = w[2:] == (1, 1) and tuple(int(i) for i in call.attrs["strides"]) == (1, 1) and not any(int(i) for i in call.attrs["padding"])
-    return w[1] <= DIRECT_MAX_CHANNELS and w[0] <= DIRECT_MAX_OUT and not pointwise
+    return w[1] <= DIRECT_MAX_CHANNELS and w[0] <= DIRECT_MAX_OUT and not _pointwise(call)
 
 
 def _depthwise(call: Call) -> bool:
@@ -343,7 +348,7 @@ class _Convs:
         assert w is not None and xs is not None and out is not None
         n, o, oh, ow = out
         strides, padding, dilation = (tuple(int(i) for i in value.attrs[a]) for a in ("strides", "padding", "dilation"))
-        pointwise = w[2:] == (1, 1) and strides == (1, 1) and not any(padding)
+        pointwise = _pointwise(value)
         found = _channels_last(x, m)
         if pointwise and found is None:  # channel-first data is its own column matrix: a transpose would only cost
             wv = value.args[1]

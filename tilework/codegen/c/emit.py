@@ -26,8 +26,9 @@ NumPy arrays); the loop kinds map to ``#pragma omp parallel for`` (parallel), ``
 simd`` (vectorized) and ``#pragma GCC unroll`` (unrolled). A parallel or vectorized loop whose
 iterations provably write one element (a reduction loop) is emitted serial, with a comment.
 A parallel loop forks threads only when its work (iterations, a statement of many loads
-counting more, an exp or other costly intrinsic ``COSTLY_WORK`` more) reaches ``TW_PARALLEL_MIN_WORK`` (a fork/join costs
-microseconds, more on a loaded machine; small shapes of a symbolic kernel run serially).
+counting more, an exp or other costly intrinsic ``COSTLY_WORK`` more) reaches
+``TW_PARALLEL_MIN_WORK`` (a fork/join costs microseconds, more on a loaded machine; small
+shapes of a symbolic kernel run serially).
 """
 
 from __future__ import annotations
@@ -757,8 +758,8 @@ def _work(loop: For) -> Dim | None:
     """An upper estimate of the work of ``loop`` and everything nested in it, as a dim of the
     vars in scope at the loop: its statements' iterations, a statement counting one per
     ``LOADS_PER_WORK`` loads (at least one) plus ``COSTLY_WORK`` for each costly intrinsic it
-    evaluates; an inner extent that depends on an
-    inner loop var (a triangular loop) is taken at that var's largest value. None when no
+    evaluates; an inner extent that depends on an inner loop var (a triangular loop) is taken
+    at that var's largest value. None when no
     estimate is possible (a data-dependent extent)."""
 
     def count(st: Stmt, top: dict[SymVar, Dim]) -> Dim | None:
