@@ -17,7 +17,7 @@ from tilework.ir.builder import BlockBuilder
 from tilework.ir.graph import Var
 from tilework.ir.dtype import np_dtype
 from tilework.ir.info import TensorInfo
-from tilework.op import paged_attention
+from tilework.op import paged_attention, paged_rotary
 from tilework.op.paged_attention import CHUNK_PAGES
 
 L, NKV, HD, PAGE, NH = 2, 3, 8, 4, 6
@@ -26,7 +26,7 @@ L, NKV, HD, PAGE, NH = 2, 3, 8, 4, 6
 THETA = 500.0
 
 
-def _module(decode: bool, theta: float | None, kv: str = "float32") -> tw.IRModule:
+def _module(decode: bool, theta: float | None, kv: str = "float32", table: bool = False) -> tw.IRModule:
     b = tw.dim("b", max=8)
     s: Any = 1 if decode else tw.dim("s", max=64)
     pages, width = tw.dim("pages"), tw.dim("width", max=256)
@@ -35,22 +35,29 @@ def _module(decode: bool, theta: float | None, kv: str = "float32") -> tw.IRModu
     vc = Var("vc", TensorInfo((L, pages, PAGE, NKV, HD), kv))
     kl = Var("kl", TensorInfo((b,), "int32"))
     pt = Var("pt", TensorInfo((b, width), "int32"))
+    tokens = Var("tokens", TensorInfo((b, s), "int32"))  # with a table: the step's tokens (their shape)
     bb = BlockBuilder()
-    with bb.function("main", [qkv, kc, vc, kl, pt]):
+    with bb.function("main", [qkv, kc, vc, kl, pt] + ([tokens] if table else [])):
         with bb.dataflow():
-            out = bb.emit_output(paged_attention(qkv, kc, vc, kl, pt, layer=1, kv_heads=NKV, rope_theta=theta))
+            rotary = bb.emit(paged_rotary(tokens, kl, head_dim=HD, rope_theta=theta)) if table else None
+            out = bb.emit_output(paged_attention(qkv, kc, vc, kl, pt, layer=1, kv_heads=NKV, rope_theta=theta, rotary=rotary))
         bb.emit_func_output(out)
     return bb.get()
 
 
-_VMS: dict[tuple[str, bool, float | None, str], Any] = {}
+_VMS: dict[tuple[str, bool, float | None, str, bool], Any] = {}
 
 
-def _vm(target: str, decode: bool, theta: float | None, kv: str = "float32") -> Any:
-    key = (target, decode, theta, kv)
+def _vm(target: str, decode: bool, theta: float | None, kv: str = "float32", table: bool = False) -> Any:
+    key = (target, decode, theta, kv, table)
     if key not in _VMS:
-        _VMS[key] = tw.VM(tw.build(_module(decode, theta, kv), target=target))
+        _VMS[key] = tw.VM(tw.build(_module(decode, theta, kv, table), target=target))
     return _VMS[key]
+
+
+def _tokens(qkv: np.ndarray, table: bool) -> list[np.ndarray]:
+    """The tokens argument of a module with a rotary table (none without)."""
+    return [np.zeros(qkv.shape[:2], np.int32)] if table else []
 
 
 def _rotate(x: np.ndarray, pos: int, theta: float) -> np.ndarray:
@@ -63,7 +70,7 @@ def _rotate(x: np.ndarray, pos: int, theta: float) -> np.ndarray:
     return (x64 * cos + turned * sin).astype(np.float32)
 
 
-def _case(target: str, decode: bool, lens: list[int], s: int, pool: int = 64, seed: int = 0, theta: float | None = None, kv: str = "float32") -> None:
+def _case(target: str, decode: bool, lens: list[int], s: int, pool: int = 64, seed: int = 0, theta: float | None = None, kv: str = "float32", table: bool = False) -> None:
     """Random pages (stale data must not leak in), a random cached prefix of ``lens[b]`` tokens
     per sequence and ``s`` new ones. The new keys and values must be cached as the pool's dtype
     rounds them; each new token's attention must be NumPy's over the cached keys and values."""
@@ -73,18 +80,18 @@ def _case(target: str, decode: bool, lens: list[int], s: int, pool: int = 64, se
     vc = rng.standard_normal((L, pool, PAGE, NKV, HD)).astype(kvdt)
     width = max(-(-(n + s) // PAGE) for n in lens)
     order = rng.permutation(pool)
-    table = np.zeros((len(lens), width), np.int32)
+    pages = np.zeros((len(lens), width), np.int32)
     keys, values, used = [], [], 0  # per sequence: every position's key (as cached: rotated) and value
     qkv = rng.standard_normal((len(lens), s, NH + 2 * NKV, HD)).astype(np.float32)
     for b, n in enumerate(lens):
         need = -(-(n + s) // PAGE)
-        table[b, :need] = order[used : used + need]
+        pages[b, :need] = order[used : used + need]
         used += need
         kb = rng.standard_normal((n + s, NKV, HD)).astype(kvdt).astype(np.float32)  # as cached
         vb = rng.standard_normal((n + s, NKV, HD)).astype(kvdt).astype(np.float32)
         for p in range(n):
-            kc[1, table[b, p // PAGE], :, :, p % PAGE] = kb[p]
-            vc[1, table[b, p // PAGE], p % PAGE] = vb[p]
+            kc[1, pages[b, p // PAGE], :, :, p % PAGE] = kb[p]
+            vc[1, pages[b, p // PAGE], p % PAGE] = vb[p]
         for t in range(s):
             raw_k = qkv[b, t, NH : NH + NKV]
             kb[n + t] = raw_k if theta is None else _rotate(raw_k, n + t, theta)
@@ -92,16 +99,16 @@ def _case(target: str, decode: bool, lens: list[int], s: int, pool: int = 64, se
         keys.append(kb)
         values.append(vb)
     other = kc[0].copy(), vc[0].copy()
-    out = _vm(target, decode, theta, kv)["main"](qkv, kc, vc, np.array(lens, np.int32), table)
+    out = _vm(target, decode, theta, kv, table)["main"](qkv, kc, vc, np.array(lens, np.int32), pages, *_tokens(qkv, table))
     group = NH // NKV
     # a rotated key rounds to float32 then to the pool's dtype: one unit in its last place apart
     key_tol = {"float32": 1e-6, "bfloat16": 2.0**-7, "float16": 2.0**-10}[kv]
     for b, n in enumerate(lens):
         for t in range(s):
             pos = n + t
-            cached_k = kc[1, table[b, pos // PAGE], :, :, pos % PAGE].astype(np.float32)
+            cached_k = kc[1, pages[b, pos // PAGE], :, :, pos % PAGE].astype(np.float32)
             np.testing.assert_allclose(cached_k, keys[b][pos].astype(kvdt).astype(np.float32), rtol=key_tol, atol=1e-6)
-            np.testing.assert_array_equal(vc[1, table[b, pos // PAGE], pos % PAGE].astype(np.float32), values[b][pos].astype(kvdt).astype(np.float32))
+            np.testing.assert_array_equal(vc[1, pages[b, pos // PAGE], pos % PAGE].astype(np.float32), values[b][pos].astype(kvdt).astype(np.float32))
             keys[b][pos], values[b][pos] = cached_k, values[b][pos].astype(kvdt).astype(np.float32)
         for t in range(s):
             pos = n + t
@@ -163,6 +170,47 @@ def test_rotary_embedding_inside(target: str, decode: bool) -> None:
     """With rope_theta, the queries and the new keys are turned at position kv_len + t, as
     ``rotary_embedding`` turns them (the keys are cached turned)."""
     _case(target, decode, [0, 6, 13], 1 if decode else 5, theta=THETA)
+
+
+@pytest.mark.parametrize("target", ["cpu", "interp"])
+@pytest.mark.parametrize("decode", [True, False], ids=["decode", "prefill"])
+def test_a_given_rotary_table_turns_as_the_kernel_does(target: str, decode: bool) -> None:
+    """``paged_rotary``'s table given to the op: the same rotation as computed inside, to the
+    bit (the same loop makes both), for the output and the cached keys."""
+    s = 1 if decode else 5
+    _case(target, decode, [0, 6, 13], s, theta=THETA, table=True)
+    rng = np.random.default_rng(5)
+    lens = np.array([2, 9], np.int32)
+    qkv = rng.standard_normal((2, s, NH + 2 * NKV, HD)).astype(np.float32)
+    kc = rng.standard_normal((L, 16, NKV, HD, PAGE)).astype(np.float32)
+    vc = rng.standard_normal((L, 16, PAGE, NKV, HD)).astype(np.float32)
+    pages = rng.permutation(16)[:8].astype(np.int32).reshape(2, 4)
+    runs = []
+    for table in (False, True):
+        k, v = kc.copy(), vc.copy()
+        runs.append((_vm(target, decode, THETA, table=table)["main"](qkv, k, v, lens, pages, *_tokens(qkv, table)), k, v))
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("target", ["cpu", "interp"])
+@pytest.mark.parametrize("lens, s", [([0], 1), ([4, 0, 17], 1), ([3], 5), ([1, 8], 3)])
+def test_paged_rotary_is_the_cosines_and_sines_of_the_positions(target: str, lens: list[int], s: int) -> None:
+    b = tw.dim("b", max=8)
+    seq = tw.dim("s", max=64)
+    tokens = Var("tokens", TensorInfo((b, seq), "int64"))
+    kl = Var("kl", TensorInfo((b,), "int32"))
+    bb = BlockBuilder()
+    with bb.function("main", [tokens, kl]):
+        with bb.dataflow():
+            out = bb.emit_output(paged_rotary(tokens, kl, head_dim=HD, rope_theta=THETA))
+        bb.emit_func_output(out)
+    got = tw.VM(tw.build(bb.get(), target=target))["main"](np.zeros((len(lens), s), np.int64), np.array(lens, np.int32))
+    assert got.shape == (len(lens), s, 2, HD // 2) and got.dtype == np.float64
+    pos = np.array(lens)[:, None] + np.arange(s)[None, :]
+    angle = pos[:, :, None] * THETA ** (-2.0 * np.arange(HD // 2) / HD)
+    np.testing.assert_allclose(got[:, :, 0], np.cos(angle), rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(got[:, :, 1], np.sin(angle), rtol=1e-13, atol=1e-13)
 
 
 @pytest.mark.parametrize("kv", ["bfloat16", "float16"])
@@ -236,6 +284,22 @@ def test_shapes_are_checked() -> None:
         with pytest.raises(TileworkError, match=message):
             with bb.function("main", [x, kc, vc, kl, pt]):
                 bb.emit(paged_attention(x, kc, vc, kl, pt, **{"kv_heads": NKV, **attrs}))
+    for rotary, attrs, message in (
+        (Var("r", TensorInfo((b, 1, 2, HD // 2), "float64")), {}, "rope_theta is None: nothing would be rotated"),
+        (Var("r", TensorInfo((b, 1, 2, HD // 2), "float32")), {"rope_theta": THETA}, "rotary must be float64"),
+        (Var("r", TensorInfo((b, 2, 2, HD // 2), "float64")), {"rope_theta": THETA}, "rotary's dim 1 and the new tokens"),
+        (Var("r", TensorInfo((b, 1, 2, HD), "float64")), {"rope_theta": THETA}, "rotary's dim 3 and half the head dim"),
+    ):
+        bb = BlockBuilder()
+        with pytest.raises(TileworkError, match=message):
+            with bb.function("main", [good, kc, vc, kl, pt, rotary]):
+                bb.emit(paged_attention(good, kc, vc, kl, pt, layer=0, kv_heads=NKV, rotary=rotary, **attrs))
+    ids = Var("ids", TensorInfo((b, 1), "int32"))
+    for attrs, message in (({"head_dim": HD, "rope_theta": 0.0}, "rope_theta must be a positive number"), ({"head_dim": 7, "rope_theta": THETA}, "head_dim must be a positive even int")):
+        bb = BlockBuilder()
+        with pytest.raises(TileworkError, match=message):
+            with bb.function("main", [ids, kl]):
+                bb.emit(paged_rotary(ids, kl, **attrs))
     bb = BlockBuilder()
     odd_kc = Var("kc7", TensorInfo((L, 4, NKV, 7, PAGE), "float32"))
     odd_vc = Var("vc7", TensorInfo((L, 4, PAGE, NKV, 7), "float32"))

@@ -34,8 +34,9 @@ TESTED_APART = {"shape_of"}  # no kernel: see test_shape_of_is_the_shape_value
 # tests/op/test_shape.py and test_search.py run them end to end
 TESTED_APART |= {"tensor_to_shape", "nonzero", "unique"}
 # the LLM ops: tests/op/test_quant_ops.py (quant_linear, quant_take against dequantized NumPy),
-# tests/llm/test_paged_attention.py (paged_attention against NumPy, decode and prefill)
-TESTED_APART |= {"quant_linear", "quant_take", "paged_attention"}
+# tests/llm/test_paged_attention.py (paged_attention against NumPy, decode and prefill;
+# paged_rotary against NumPy's cosines and sines, and given to paged_attention)
+TESTED_APART |= {"quant_linear", "quant_take", "paged_attention", "paged_rotary"}
 # check_nonzero raises at run time: tests/codegen/test_int_division.py (torch's x // 0)
 TESTED_APART |= {"check_nonzero"}
 # the channel-last conv ops of conv_gemm: tests/op/test_im2col.py (im2col, max_pool2d_nhwc,

@@ -19,9 +19,9 @@ The cache arguments are float32, bfloat16 or float16 (``decoder_spec``'s ``kv_dt
 
 Batch, sequence, page-table width and pool size are symbolic (bounded by the context), so one
 compilation serves every prompt length and batch size. Token ``t`` of a sequence sits at
-position ``kv_len + t``: ``paged_attention`` turns its query and key by the rotary angle of that
-position, writes its key and value to the cache there and attends; the caller advances
-``kv_len``. The cache layout is ``tilework.llm.kv_cache``'s. A layer's q, k and v projections
+position ``kv_len + t``: ``paged_rotary`` computes the rotary angles of the step's positions once,
+and each layer's ``paged_attention`` turns the token's query and key by them, writes its key and
+value to the cache there and attends; the caller advances ``kv_len``. The cache layout is ``tilework.llm.kv_cache``'s. A layer's q, k and v projections
 are one matrix multiply whose output is the attention's input as it is (``MERGED``), and so are
 the MLP's gate and up projections, when their weights share a format.
 """
@@ -178,7 +178,8 @@ class Attention(Module):
         else:
             qkv = ops.concat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], axis=2).reshape(batch, seq, heads, cfg.head_dim)
         # the rotary embedding of q and k happens inside the attention kernel (at kv_len + t)
-        out = emit(op.paged_attention(qkv.expr, cache.k.expr, cache.v.expr, cache.kv_len.expr, cache.page_table.expr, layer=self.layer, kv_heads=cfg.kv_heads, rope_theta=cfg.rope_theta))
+        rotary = None if cache.rotary is None else cache.rotary.expr
+        out = emit(op.paged_attention(qkv.expr, cache.k.expr, cache.v.expr, cache.kv_len.expr, cache.page_table.expr, layer=self.layer, kv_heads=cfg.kv_heads, rope_theta=cfg.rope_theta, rotary=rotary))
         return self.o_proj(out.reshape(batch, seq, cfg.heads * cfg.head_dim))
 
 
@@ -230,8 +231,9 @@ class Model(Module):
 class CacheInputs:
     """The cache arguments of a step, as Tensors of the trace."""
 
-    def __init__(self, kv_len: Tensor, page_table: Tensor, k: Tensor, v: Tensor) -> None:
+    def __init__(self, kv_len: Tensor, page_table: Tensor, k: Tensor, v: Tensor, rotary: Tensor | None = None) -> None:
         self.kv_len, self.page_table, self.k, self.v = kv_len, page_table, k, v
+        self.rotary = rotary  # the step's rotary angles (paged_rotary), shared by the layers
 
 
 class LlamaDecoder(Module):
@@ -260,17 +262,24 @@ class LlamaDecoder(Module):
             h = layer(h, cache)
         return h
 
+    def _cache(self, tokens: Tensor, kv_len: Tensor, page_table: Tensor, k_cache: Tensor, v_cache: Tensor) -> CacheInputs:
+        """The cache inputs of a step of ``tokens [batch, seq]``, with the rotary angles of its
+        positions computed once for every layer."""
+        cfg = self.config
+        rotary = emit(op.paged_rotary(tokens.expr, kv_len.expr, head_dim=cfg.head_dim, rope_theta=cfg.rope_theta))
+        return CacheInputs(kv_len, page_table, k_cache, v_cache, rotary)
+
     def prefill(self, tokens: Tensor, kv_len: Tensor, page_table: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
         batch, seq = tokens.shape[0], tokens.shape[1]
-        cache = CacheInputs(kv_len, page_table, k_cache, v_cache)
+        cache = self._cache(tokens, kv_len, page_table, k_cache, v_cache)
         h = self._layers(self.model.embed_tokens(tokens), cache)
         last = ops.take(h, ops.arange(seq - 1, seq), 1).reshape(batch, self.config.hidden)
         return self._logits(last)
 
     def decode(self, tokens: Tensor, kv_len: Tensor, page_table: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
         batch = tokens.shape[0]
-        cache = CacheInputs(kv_len, page_table, k_cache, v_cache)
         ids = tokens.reshape(batch, 1)
+        cache = self._cache(ids, kv_len, page_table, k_cache, v_cache)
         h = self._layers(self.model.embed_tokens(ids), cache)
         return self._logits(h.reshape(batch, self.config.hidden))
 

@@ -36,7 +36,7 @@ from tilework.op.reduce import argmax, argmin, max, mean, min, prod, sum
 from tilework.op.conv import adaptive_avg_pool2d, avg_pool2d, conv1d, conv2d, max_pool2d, max_pool2d_indices
 from tilework.op.index import cumsum, gather, index_tensor, scatter, tril, triu
 from tilework.op.norm_extra import batch_norm, group_norm
-from tilework.op.paged_attention import paged_attention
+from tilework.op.paged_attention import paged_attention, paged_rotary
 from tilework.op.quant import quant_linear, quant_take
 from tilework.op.rotary import rotary_embedding
 
@@ -77,5 +77,5 @@ __all__ = [
     "adaptive_avg_pool2d", "avg_pool2d", "conv1d", "conv2d", "max_pool2d", "max_pool2d_indices",
     "cumsum", "gather", "index_tensor", "scatter", "tril", "triu",
     "batch_norm", "group_norm",
-    "paged_attention", "quant", "quant_linear", "quant_take", "rotary", "rotary_embedding",
+    "paged_attention", "paged_rotary", "quant", "quant_linear", "quant_take", "rotary", "rotary_embedding",
 ]  # fmt: skip

@@ -1,7 +1,8 @@
 """``paged_attention``: attention over a paged KV cache, one op per layer, as hand-built
 TensorFuncs that read the pages.
 
-    out = paged_attention(qkv, k_cache, v_cache, kv_len, page_table, layer=i, kv_heads=n, rope_theta=t)
+    out = paged_attention(qkv, k_cache, v_cache, kv_len, page_table[, rotary], layer=i, kv_heads=n, rope_theta=t)
+    rotary = paged_rotary(tokens, kv_len, head_dim=hd, rope_theta=t)
 
 - ``qkv [b, s, heads + 2 * kv_heads, hd]``: this step's queries, keys and values side by side
   (the output of one fused projection, reshaped: heads ``[0, heads)`` are the queries, the next
@@ -20,6 +21,11 @@ TensorFuncs that read the pages.
 - ``kv_len int32 [b]``: how many tokens each sequence has cached before this step;
   ``page_table int32 [b, p]``: the pool pages of each sequence in order (``p`` columns are enough
   for the longest sequence after the step; unused entries are never read).
+- ``rotary float64 [b, s, 2, hd / 2]`` (optional, with ``rope_theta``): the cosines
+  (``[:, :, 0]``) and sines of each new token's rotary angles, as ``paged_rotary`` computes them
+  (the same loop, the same bits). The angles depend on the position only, so a step's layers can
+  share one table: without it each layer's op computes them again (at batch 8, SmolLM2's 30
+  layers spent about 5% of a quantized decode step on them).
 
 The result is ``[b, s, heads, hd]``. Taking the three together (rather than three tensors)
 lets one projection feed the op with no copy in between: a slice of the projection's output
@@ -28,9 +34,9 @@ would be a kernel of its own.
 The op first writes the new keys and values into the pages (positions ``kv_len[b] ..
 kv_len[b] + s - 1``), then computes causal attention of each new token over the sequence's
 cached and new tokens (query ``t`` sees positions ``<= kv_len[b] + t``) with an online softmax,
-grouped-query heads sharing a kv head. The cosines and sines of the rotary angles are computed
-once per new token (``head_dim / 2`` of each, in float64, as its key is appended) into a table
-that the rotation of its queries and keys reads. Writing into the pool is the op's effect: it
+grouped-query heads sharing a kv head. Without ``rotary``, the cosines and sines of the rotary
+angles are computed once per new token (``head_dim / 2`` of each, in float64, as its key is
+appended) into a table that the rotation of its queries and keys reads. Writing into the pool is the op's effect: it
 is kept though its result is what the graph uses, and each layer writes its own slice of the
 pool.
 
@@ -108,7 +114,10 @@ NEXT_TASK_HINTS = True  # decode: the value pass hints the pages of the thread's
 
 
 def _infer(call: Call, ctx: InferCtx) -> StructInfo:
+    if len(call.args) not in (5, 6):
+        raise ctx.error(f"takes 5 arguments and an optional rotary table, got {len(call.args)}")
     qkv, kc, vc, kv_len, pt = (tensor_arg(call, i, ctx) for i in range(5))
+    rot = tensor_arg(call, 5, ctx) if len(call.args) == 6 else None
     for t, name, rank in ((qkv, "qkv", 4), (kc, "k_cache", 5), (vc, "v_cache", 5), (kv_len, "kv_len", 1), (pt, "page_table", 2)):
         if t.ndim not in (-1, rank):
             raise ctx.shape_error(f"{name} must have rank {rank}, got {t.ndim}")
@@ -127,6 +136,13 @@ def _infer(call: Call, ctx: InferCtx) -> StructInfo:
         raise ctx.error(f"kv_heads must be a positive int, got {nkv!r}")
     if theta is not None and (isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0):
         raise ctx.error(f"rope_theta must be a positive number or None, got {theta!r}")
+    if rot is not None:
+        if theta is None:
+            raise ctx.error("a rotary table is given but rope_theta is None: nothing would be rotated")
+        if rot.ndim not in (-1, 4):
+            raise ctx.shape_error(f"rotary must have rank 4, got {rot.ndim}")
+        if rot.dtype is not None and rot.dtype != "float64":
+            raise ctx.error(f"rotary must be float64, got {rot.dtype}")
     if None in (qkv.shape, kc.shape, vc.shape, kv_len.shape, pt.shape):
         return TensorInfo(None, "float32", 4)
     assert qkv.shape and kc.shape and vc.shape and kv_len.shape and pt.shape
@@ -149,11 +165,14 @@ def _infer(call: Call, ctx: InferCtx) -> StructInfo:
     require_equal(pt.shape[0], b, ctx, "page_table's rows and the batch")
     if isinstance(kc.shape[0], int) and layer >= kc.shape[0]:
         raise ctx.error(f"layer {layer} is out of range for a cache of {kc.shape[0]} layers")
+    if rot is not None and rot.shape is not None:
+        for i, (dim, want, what) in enumerate(zip(rot.shape, (b, s, 2, sym.floordiv(hd, 2)), ("the batch", "the new tokens", "cos and sin", "half the head dim"))):
+            require_equal(dim, want, ctx, f"rotary's dim {i} and {what}")
     return TensorInfo((b, s, nh, hd), "float32")
 
 
 def _legalize(call: Call, ctx: "LegalizeCtx") -> Expr:
-    shapes = [known_tensor(call.args[i].info, call, f"argument {i}") for i in range(5)]
+    shapes = [known_tensor(a.info, call, f"argument {i}") for i, a in enumerate(call.args)]
     shape, dtype = out_tensor(call)
     scale, theta = call.attrs["scale"], call.attrs["rope_theta"]
     # every layer calls the same kernel (the layer is its sym param): built once per operand shapes
@@ -167,18 +186,19 @@ def _legalize(call: Call, ctx: "LegalizeCtx") -> Expr:
 def _kernel(
     shapes: list[tuple[tuple[Dim, ...], str]], out_shape: tuple[tuple[Dim, ...], str], kv_heads: int, scale: float | None, theta: float | None, vector_bytes: int = VECTOR_BYTES
 ) -> tuple[TensorFunc, SymVar]:
-    params = [Buffer(name, shape, dtype) for name, (shape, dtype) in zip(("qkv", "k_cache", "v_cache", "kv_len", "page_table"), shapes)]
+    params = [Buffer(name, shape, dtype) for name, (shape, dtype) in zip(("qkv", "k_cache", "v_cache", "kv_len", "page_table", "rotary"), shapes)]
     out = Buffer("out", *out_shape)
     layer = SymVar("layer", 0, None)  # a sym param: every layer calls the same kernel
     kernel = _Decode if out_shape[0][1] == 1 else _Prefill
-    qkv, kc, vc, kv_len, pt = params
-    body = kernel(qkv, kv_heads, kc, vc, kv_len, pt, out, layer, None if scale is None else float(scale), None if theta is None else float(theta), vector_bytes).body()
+    qkv, kc, vc, kv_len, pt = params[:5]
+    given = params[5] if len(params) == 6 else None
+    body = kernel(qkv, kv_heads, kc, vc, kv_len, pt, out, layer, None if scale is None else float(scale), None if theta is None else float(theta), vector_bytes, given).body()
     buffers = [*params, out]
     func = hand_kernel([*buffers, *free_syms(body, buffers)], body, "opaque")
     return func.replace(attrs=func.attrs.with_(scheduled=True, schedule_rule="paged_attention")), layer  # its loops carry their kinds
 
 
-register(Op("paged_attention", _infer, OpPattern.OPAQUE, attrs={"layer": 0, "kv_heads": 1, "rope_theta": None, "scale": None}, num_args=5, legalize=_legalize, effect=True))
+register(Op("paged_attention", _infer, OpPattern.OPAQUE, attrs={"layer": 0, "kv_heads": 1, "rope_theta": None, "scale": None}, num_args=None, legalize=_legalize, effect=True))
 
 
 def paged_attention(
@@ -191,10 +211,70 @@ def paged_attention(
     kv_heads: int,
     rope_theta: float | None = None,
     scale: float | None = None,
+    rotary: Expr | None = None,
 ) -> Call:
-    """See the module docstring; ``scale`` defaults to ``1 / sqrt(head_dim)``."""
+    """See the module docstring; ``scale`` defaults to ``1 / sqrt(head_dim)``; ``rotary``: the
+    step's ``paged_rotary`` table (else each call computes the angles itself)."""
     theta = None if rope_theta is None else float(rope_theta)
-    return make_call("paged_attention", [qkv, k_cache, v_cache, kv_len, page_table], layer=layer, kv_heads=kv_heads, rope_theta=theta, scale=scale)
+    args = [qkv, k_cache, v_cache, kv_len, page_table] + ([] if rotary is None else [rotary])
+    return make_call("paged_attention", args, layer=layer, kv_heads=kv_heads, rope_theta=theta, scale=scale)
+
+
+def _rotary_infer(call: Call, ctx: InferCtx) -> StructInfo:
+    tokens, kv_len = tensor_arg(call, 0, ctx), tensor_arg(call, 1, ctx)
+    for t, name, rank in ((tokens, "tokens", 2), (kv_len, "kv_len", 1)):
+        if t.ndim not in (-1, rank):
+            raise ctx.shape_error(f"{name} must have rank {rank}, got {t.ndim}")
+    if kv_len.dtype is not None and kv_len.dtype != "int32":
+        raise ctx.error(f"kv_len must be int32, got {kv_len.dtype}")
+    hd, theta = call.attrs["head_dim"], call.attrs["rope_theta"]
+    if not isinstance(hd, int) or isinstance(hd, bool) or hd < 2 or hd % 2:
+        raise ctx.error(f"head_dim must be a positive even int, got {hd!r}")
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
+        raise ctx.error(f"rope_theta must be a positive number, got {theta!r}")
+    if tokens.shape is None or kv_len.shape is None:
+        return TensorInfo(None, "float64", 4)
+    b, s = tokens.shape
+    require_equal(kv_len.shape[0], b, ctx, "kv_len's length and the batch")
+    return TensorInfo((b, s, 2, hd // 2), "float64")
+
+
+def _rotary_legalize(call: Call, ctx: "LegalizeCtx") -> Expr:
+    (ts, td), (ks, kd) = (known_tensor(call.args[i].info, call, f"argument {i}") for i in range(2))
+    shape, dtype = out_tensor(call)
+    hd, theta = int(call.attrs["head_dim"]), float(call.attrs["rope_theta"])
+    key = ("paged_rotary", (ts, td), (ks, kd), (shape, dtype), hd, theta)
+
+    def build() -> tuple[TensorFunc, None]:
+        tokens, kv_len, out = Buffer("tokens", ts, td), Buffer("kv_len", ks, kd), Buffer("out", shape, dtype)
+        nb, sq = ts
+
+        def loop(name: str, extent: Dim, body: Body, kind: str = "serial") -> For:
+            var = serial_var(name, extent)
+            return For(var, extent, body(var), kind)
+
+        def token(bt: SymVar) -> Stmt:
+            b, t = sym.floordiv(bt, sq), sym.floormod(bt, sq)
+            return _angles(out, b, t, _i64(_ld(kv_len, b)), hd, theta, loop)
+
+        body = loop("rotary_bt", sym.mul(nb, sq), token, "parallel")
+        buffers = [tokens, kv_len, out]
+        func = hand_kernel([*buffers, *free_syms(body, buffers)], body, "opaque")
+        return func.replace(attrs=func.attrs.with_(scheduled=True, schedule_rule="paged_attention")), None
+
+    gv, func, _ = ctx.kernel_for(key, "paged_rotary", build)
+    return call_tensor(gv, list(call.args), call.info, tuple(func.sym_params))
+
+
+register(Op("paged_rotary", _rotary_infer, OpPattern.OPAQUE, attrs={"head_dim": 0, "rope_theta": None}, num_args=2, legalize=_rotary_legalize))
+
+
+def paged_rotary(tokens: Expr, kv_len: Expr, head_dim: int, rope_theta: float) -> Call:
+    """The cosines and sines of the rotary angles of a step's new tokens ``[b, s]`` (their
+    values are not read; token ``t`` of sequence ``b`` is at position ``kv_len[b] + t``),
+    ``[b, s, 2, head_dim / 2]`` float64: what ``paged_attention`` computes in each call, once
+    for all the layers of a step. See the module docstring."""
+    return make_call("paged_rotary", [tokens, kv_len], head_dim=head_dim, rope_theta=float(rope_theta))
 
 
 # -- the kernels -----------------------------------------------------------------------------
@@ -220,11 +300,38 @@ def _c(v: float) -> Scalar:
     return const(v, F32)
 
 
+def _angles(trig: Buffer, b: Dim, t: Dim, cached: Scalar, hd: Dim, theta: float, loop: Callable[[str, Dim, Body], For]) -> Stmt:
+    """The cosine and sine of token ``t``'s rotary angles (one per pair of channels, at position
+    ``cached + t``) into ``trig[b, t]``, in float64: a token's heads share them. One home for
+    both kernels that compute them (the attention's scratch and ``paged_rotary``'s table)."""
+    f64 = "float64"
+    step = -2.0 * math.log(theta)
+    scale = const(step / hd, f64) if isinstance(hd, int) else binary("/", const(step, f64), Cast(f64, hd))
+
+    def one(j: SymVar) -> Stmt:
+        angle = binary("*", Cast(f64, binary("+", cached, t)), Intrin("exp", (binary("*", Cast(f64, j), scale),), f64))
+        return block("pa_angle", seq([Store(trig, (b, t, 0, j), Intrin("cos", (angle,), f64)), Store(trig, (b, t, 1, j), Intrin("sin", (angle,), f64))]))
+
+    return loop("angle_j", sym.floordiv(hd, 2), one)
+
+
 class _Kernel:
     """What both kernels share: the buffers, naming, loops and the append of the new keys."""
 
     def __init__(
-        self, qkv: Buffer, nkv: int, kc: Buffer, vc: Buffer, kv_len: Buffer, pt: Buffer, out: Buffer, layer: SymVar, scale: float | None, theta: float | None, vector_bytes: int
+        self,
+        qkv: Buffer,
+        nkv: int,
+        kc: Buffer,
+        vc: Buffer,
+        kv_len: Buffer,
+        pt: Buffer,
+        out: Buffer,
+        layer: SymVar,
+        scale: float | None,
+        theta: float | None,
+        vector_bytes: int,
+        rotary: Buffer | None = None,
     ) -> None:
         self.qkv, self.kc, self.vc, self.kv_len, self.pt, self.out = qkv, kc, vc, kv_len, pt, out
         self.lanes = max(1, vector_bytes // 4)  # float32 lanes of a vector register (sizes the tiles)
@@ -242,7 +349,10 @@ class _Kernel:
         else:
             self.scale = Intrin("rsqrt", (Cast(F32, self.hd),), F32)
         self.names: set[str] = set()
-        self.trig = Buffer("pa_trig", (sym.mul(self.nb, self.sq), 2, sym.floordiv(self.hd, 2)), "float64")
+        # the angles' cosines and sines [b, s, 2, hd / 2]: given (paged_rotary's), or computed
+        # into a scratch as each token's key is appended
+        self.given = rotary is not None
+        self.trig = rotary if rotary is not None else Buffer("pa_trig", (self.nb, self.sq, 2, sym.floordiv(self.hd, 2)), "float64")
 
     def loop(self, name: str, extent: Dim, body: Body, kind: str = "serial") -> For:
         base, n = name, 0
@@ -268,8 +378,8 @@ class _Kernel:
 
     def _rotated(self, b: Dim, t: Dim, h: Dim, d: Dim) -> Scalar:
         """``qkv[b, t, h, d]`` turned by the rotary angle of its position (``rotary_embedding``'s
-        arithmetic: float64, rounded once; the cosine and sine from ``self.trig``, filled by
-        ``append``); as it is without ``rope_theta``."""
+        arithmetic: float64, rounded once; the cosine and sine from ``self.trig``, given or filled
+        by ``append``); as it is without ``rope_theta``."""
         if self.theta is None:
             return _ld(self.qkv, b, t, h, d)
         half = sym.floordiv(self.hd, 2)
@@ -277,31 +387,15 @@ class _Kernel:
         lower = binary("<", d, half)
         j = Select(lower, d, sym.sub(d, half), "int64")
         partner = Select(lower, sym.add(d, half), sym.sub(d, half), "int64")  # one in-bounds load
-        bt = sym.add(sym.mul(b, self.sq), t)
         mine = Cast(f64, _ld(self.qkv, b, t, h, d))
         other = Cast(f64, _ld(self.qkv, b, t, h, partner))
         signed = Select(lower, binary("-", const(0.0, f64), other), other, f64)
-        return Cast(F32, binary("+", binary("*", mine, _ld(self.trig, bt, 0, j)), binary("*", signed, _ld(self.trig, bt, 1, j))))
-
-    def angles(self, b: Dim, t: Dim) -> Stmt:
-        """The cosine and sine of token ``t``'s rotary angles (one per pair of channels) into
-        ``self.trig``: a token's heads share them, so each is computed once."""
-        half = sym.floordiv(self.hd, 2)
-        f64 = "float64"
-        bt = sym.add(sym.mul(b, self.sq), t)
-        assert self.theta is not None
-        step = -2.0 * math.log(self.theta)
-        scale = const(step / self.hd, f64) if isinstance(self.hd, int) else binary("/", const(step, f64), Cast(f64, self.hd))
-
-        def one(j: SymVar) -> Stmt:
-            angle = binary("*", Cast(f64, binary("+", self.cached(b), t)), Intrin("exp", (binary("*", Cast(f64, j), scale),), f64))
-            return block("pa_angle", seq([Store(self.trig, (bt, 0, j), Intrin("cos", (angle,), f64)), Store(self.trig, (bt, 1, j), Intrin("sin", (angle,), f64))]))
-
-        return self.loop("angle_j", half, one)
+        return Cast(F32, binary("+", binary("*", mine, _ld(self.trig, b, t, 0, j)), binary("*", signed, _ld(self.trig, b, t, 1, j))))
 
     def with_trig(self, body: Stmt) -> Stmt:
-        """``body`` with the angle table allocated around it (when the op rotates)."""
-        return body if self.theta is None else Allocate(self.trig, body)
+        """``body`` with the angle table allocated around it (when the op rotates and the table
+        is not given)."""
+        return body if self.theta is None or self.given else Allocate(self.trig, body)
 
     def append(self, queries: Callable[[Dim, Dim], Stmt] | None = None) -> Stmt:
         """Every new token's key and value into its page slot (and ``queries(b, t)`` after
@@ -326,7 +420,9 @@ class _Kernel:
                 return self.loop("append_d", self.hd, dim, "vectorized")
 
             steps = [self.loop("append_h", self.nkv, put)] + ([] if queries is None else [queries(b, t)])
-            return seq(steps if self.theta is None else [self.angles(b, t), *steps])
+            if self.theta is None or self.given:
+                return seq(steps)
+            return seq([_angles(self.trig, b, t, self.cached(b), self.hd, self.theta, self.loop), *steps])
 
         return self.loop("append_bt", sym.mul(self.nb, self.sq), token, "parallel")
 
