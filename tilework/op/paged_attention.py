@@ -370,11 +370,29 @@ class _Kernel:
         """Query head ``h`` of token ``t``, dim ``d``, rotated."""
         return self._rotated(b, t, h, d)
 
-    def k_at(self, b: Dim, t: Dim, kh: Dim, d: Dim) -> Scalar:
-        return self._rotated(b, t, sym.add(self.nh, kh), d)
-
     def v_at(self, b: Dim, t: Dim, kh: Dim, d: Dim) -> Scalar:
         return _ld(self.qkv, b, t, sym.add(sym.add(self.nh, self.nkv), kh), d)
+
+    def rotated_dims(self, name: str, b: Dim, t: Dim, h: Dim, put: Callable[[Dim, Scalar], Stmt]) -> Stmt:
+        """``put(d, value)`` for every dim ``d`` of head ``h`` of token ``t``, the value turned
+        as ``_rotated`` turns it (term for term: the same bits): with ``rope_theta`` as one loop
+        over the pairs ``j, j + hd / 2``, whose loads are contiguous in each half (the per-dim
+        form reads its partner and angle through selects, which GCC vectorized as gathers)."""
+        if self.theta is None:
+            return self.loop(name, self.hd, lambda d: put(d, _ld(self.qkv, b, t, h, d)), "vectorized")
+        half = sym.floordiv(self.hd, 2)
+        f64 = "float64"
+
+        def pair(j: SymVar) -> Stmt:
+            lo, hi = Cast(f64, _ld(self.qkv, b, t, h, j)), Cast(f64, _ld(self.qkv, b, t, h, sym.add(j, half)))
+            cos, sin = _ld(self.trig, b, t, 0, j), _ld(self.trig, b, t, 1, j)
+
+            def turned(mine: Scalar, signed: Scalar) -> Scalar:
+                return Cast(F32, binary("+", binary("*", mine, cos), binary("*", signed, sin)))
+
+            return seq([put(j, turned(lo, binary("-", const(0.0, f64), hi))), put(sym.add(j, half), turned(hi, lo))])
+
+        return self.loop(name, half, pair, "vectorized")
 
     def _rotated(self, b: Dim, t: Dim, h: Dim, d: Dim) -> Scalar:
         """``qkv[b, t, h, d]`` turned by the rotary angle of its position (``rotary_embedding``'s
@@ -408,16 +426,13 @@ class _Kernel:
             off = binary("%", pos, self.page)
 
             def put(kh: SymVar) -> Stmt:
-                def dim(d: SymVar) -> Stmt:
-                    return block(
-                        "paged_append",
-                        seq([
-                            Store(self.kc, (self.layer, page, kh, d, off), self.k_at(b, t, kh, d)),
-                            Store(self.vc, (self.layer, page, off, kh, d), self.v_at(b, t, kh, d)),
-                        ]),
-                    )
+                def key(d: Dim, value: Scalar) -> Stmt:
+                    return block("paged_append", Store(self.kc, (self.layer, page, kh, d, off), value))
 
-                return self.loop("append_d", self.hd, dim, "vectorized")
+                def value(d: SymVar) -> Stmt:
+                    return block("paged_append_v", Store(self.vc, (self.layer, page, off, kh, d), self.v_at(b, t, kh, d)))
+
+                return seq([self.rotated_dims("append_d", b, t, sym.add(self.nh, kh), key), self.loop("append_v", self.hd, value, "vectorized")])
 
             steps = [self.loop("append_h", self.nkv, put)] + ([] if queries is None else [queries(b, t)])
             if self.theta is None or self.given:
@@ -456,7 +471,7 @@ class _Decode(_Kernel):
         all read them)."""
 
         def head(h: SymVar) -> Stmt:
-            return self.loop("q_d", self.hd, lambda d: block("pa_q", Store(self.qr, (b, h, d), binary("*", self.q_at(b, t, h, d), self.scale))), "vectorized")
+            return self.rotated_dims("q_d", b, t, h, lambda d, value: block("pa_q", Store(self.qr, (b, h, d), binary("*", value, self.scale))))
 
         return self.loop("q_h", self.nh, head)
 
