@@ -19,11 +19,12 @@ The cache arguments are float32, bfloat16 or float16 (``decoder_spec``'s ``kv_dt
 
 Batch, sequence, page-table width and pool size are symbolic (bounded by the context), so one
 compilation serves every prompt length and batch size. Token ``t`` of a sequence sits at
-position ``kv_len + t``: ``paged_rotary`` computes the rotary angles of the step's positions once,
-and each layer's ``paged_attention`` turns the token's query and key by them, writes its key and
-value to the cache there and attends; the caller advances ``kv_len``. The cache layout is ``tilework.llm.kv_cache``'s. A layer's q, k and v projections
-are one matrix multiply whose output is the attention's input as it is (``MERGED``), and so are
-the MLP's gate and up projections, when their weights share a format.
+position ``kv_len + t``: ``paged_rotary`` computes the rotary angles of the step's positions
+once, and each layer's ``paged_attention`` turns the token's query and key by them, writes its
+key and value to the cache there and attends; the caller advances ``kv_len``. The cache layout
+is ``tilework.llm.kv_cache``'s. A layer's q, k and v projections are one matrix multiply whose
+output is the attention's input as it is (``MERGED``), and so are the MLP's gate and up
+projections, when their weights share a format.
 """
 
 from __future__ import annotations
@@ -177,7 +178,8 @@ class Attention(Module):
             qkv = self.qkv_proj(x).reshape(batch, seq, heads, cfg.head_dim)
         else:
             qkv = ops.concat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], axis=2).reshape(batch, seq, heads, cfg.head_dim)
-        # the rotary embedding of q and k happens inside the attention kernel (at kv_len + t)
+        # the rotary embedding of q and k happens inside the attention kernel (at kv_len + t,
+        # the step's angles from cache.rotary)
         rotary = None if cache.rotary is None else cache.rotary.expr
         out = emit(op.paged_attention(qkv.expr, cache.k.expr, cache.v.expr, cache.kv_len.expr, cache.page_table.expr, layer=self.layer, kv_heads=cfg.kv_heads, rope_theta=cfg.rope_theta, rotary=rotary))
         return self.o_proj(out.reshape(batch, seq, cfg.heads * cfg.head_dim))
