@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
+import pytest
 
 from tilework.runtime.pages import ALIGN, HUGE_PAGE, move_to_huge_pages
 
@@ -48,3 +51,17 @@ def test_moving_twice_moves_nothing_more() -> None:
     assert move_to_huge_pages(arrays) > 0
     first = arrays[0]
     assert move_to_huge_pages(arrays) == 0 and arrays[0] is first
+
+
+def test_a_kernel_without_huge_pages_gets_ordinary_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """madvise(MADV_HUGEPAGE) fails with EINVAL where the kernel has no transparent huge pages:
+    the arena is then made of ordinary pages, the values the same."""
+
+    class NoHugePages(mmap.mmap):
+        def madvise(self, *args: int) -> None:
+            raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(mmap, "mmap", NoHugePages)
+    arrays = [np.arange(10, dtype=np.float32)]
+    assert move_to_huge_pages(arrays) == 64
+    np.testing.assert_array_equal(arrays[0], np.arange(10, dtype=np.float32))
