@@ -65,3 +65,19 @@ def test_a_kernel_without_huge_pages_gets_ordinary_ones(monkeypatch: pytest.Monk
     arrays = [np.arange(10, dtype=np.float32)]
     assert move_to_huge_pages(arrays) == 64
     np.testing.assert_array_equal(arrays[0], np.arange(10, dtype=np.float32))
+
+
+def test_the_heap_is_trimmed_after_each_large_array(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A moved array's memory goes back to the system (glibc's malloc_trim) before the next
+    copy, so the load's peak does not hold both; small arrays do not pay for a trim."""
+    from tilework.runtime import pages
+
+    calls: list[int] = []
+    monkeypatch.setattr(pages, "_trim", lambda: calls.append)
+    big = np.ones(pages.TRIM_BYTES // 4, np.float32)
+    arrays = [big, np.ones(3, np.float32), big.copy()]
+    move_to_huge_pages(arrays)
+    assert calls == [0, 0]
+    monkeypatch.setattr(pages, "_trim", lambda: None)  # no glibc: nothing to call
+    arrays = [np.ones(pages.TRIM_BYTES // 4, np.float32)]
+    assert move_to_huge_pages(arrays) == pages.TRIM_BYTES
