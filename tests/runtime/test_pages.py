@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mmap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,7 +35,7 @@ def test_an_array_listed_twice_is_copied_once() -> None:
     np.testing.assert_array_equal(arrays[2], w)
 
 
-def test_maps_and_empty_arrays_stay(tmp_path) -> None:
+def test_maps_and_empty_arrays_stay(tmp_path: Path) -> None:
     path = tmp_path / "w.bin"
     np.arange(16, dtype=np.float32).tofile(path)
     mapped = np.memmap(path, dtype=np.float32, mode="r")

@@ -9,11 +9,10 @@ float32 weights were in huge pages.
 ``move_to_huge_pages`` copies arrays into one private anonymous mapping advised
 ``MADV_HUGEPAGE`` (2 MiB aligned), one at a time, replacing each list entry as it goes and
 handing the original's memory back (``malloc_trim``), so the load's peak memory is what it was
-without the move. Measured on SmolLM2-135M
-(same-process A/B, 2 threads): decode at batch 1 1.03-1.05x faster in float32, 1.06-1.09x in
-bfloat16, 1.01x at batch 8. The quantized weights (a quarter of the bytes, the step bound by
-the int8 dot products more than by memory) measured 0.97-1.0x, so ``tilework.llm`` moves the
-float precisions' weights only.
+without the move. Measured on SmolLM2-135M (same-process A/B, 2 threads): decode at batch 1
+1.03-1.05x faster in float32, 1.06-1.09x in bfloat16, 1.01x at batch 8. The quantized weights
+(a quarter of the bytes, the step bound by the int8 dot products more than by memory) measured
+0.97-1.0x, so ``tilework.llm`` moves the float precisions' weights only.
 
 Arrays that view a map stay where they are: a file's (a GGUF's quantized blocks, used as they
 are), whose copy would add its size to the process's anonymous memory while the file stays
