@@ -278,7 +278,7 @@ def _parallel_map(name: str, fn) -> TensorFunc:  # type: ignore[no-untyped-def]
 def test_a_costly_intrinsic_weighs_on_the_parallel_threshold() -> None:
     """A loop of exps forks at fewer elements than a loop of adds: each exp counts
     COSTLY_WORK more towards the work compared with TW_PARALLEL_MIN_WORK."""
-    from tilework.codegen.c.emit import COSTLY_WORK
+    from tilework.codegen.c.parallel import COSTLY_WORK
     from tilework.ir.loop import Intrin
 
     cheap = emit_function(_parallel_map("add1", lambda x: binary("+", x, const(1.0, "float32"))), "tw_cheap")
@@ -308,7 +308,7 @@ def test_a_statement_of_many_loads_weighs_on_the_parallel_threshold() -> None:
     """A statement reading 25 elements (a 5x5 depthwise conv's taps) counts one per
     LOADS_PER_WORK loads towards the work, so it forks at fewer outputs than a copy; up to
     3 loads count one, as a copy does. The values are the sums at any n."""
-    from tilework.codegen.c.emit import LOADS_PER_WORK
+    from tilework.codegen.c.parallel import LOADS_PER_WORK
 
     assert "if(n >= TW_PARALLEL_MIN_WORK)" in emit_function(_parallel_taps("taps3", 3), "tw_taps3")
     assert f"if(({25 // LOADS_PER_WORK} * n) >= TW_PARALLEL_MIN_WORK)" in emit_function(_parallel_taps("taps25", 25), "tw_taps25")

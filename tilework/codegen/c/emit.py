@@ -25,10 +25,9 @@ Semantics are those of ``tilework.codegen.interp`` (which runs the same program 
 NumPy arrays); the loop kinds map to ``#pragma omp parallel for`` (parallel), ``#pragma omp
 simd`` (vectorized) and ``#pragma GCC unroll`` (unrolled). A parallel or vectorized loop whose
 iterations provably write one element (a reduction loop) is emitted serial, with a comment.
-A parallel loop forks threads only when its work (iterations, a statement of many loads
-counting more, an exp or other costly intrinsic ``COSTLY_WORK`` more) reaches
-``TW_PARALLEL_MIN_WORK`` (a fork/join costs microseconds, more on a loaded machine; small
-shapes of a symbolic kernel run serially).
+A parallel loop forks threads only when its work (``tilework.codegen.c.parallel``: iterations,
+a statement of many loads counting more, an exp or other costly intrinsic ``COSTLY_WORK`` more)
+reaches ``TW_PARALLEL_MIN_WORK`` (small shapes of a symbolic kernel run serially).
 """
 
 from __future__ import annotations
@@ -41,6 +40,7 @@ from typing import Iterator, Mapping
 
 from tilework.codegen.c import lowp
 from tilework.codegen.c.hoist import invariant_exprs
+from tilework.codegen.c.parallel import loop_conflict, parallel_work
 from tilework.codegen.c.prelude import PRELUDE
 from tilework.codegen.loop_emit import LoopEmitter, comment, const_value
 from tilework.errors import WellFormedError
@@ -61,7 +61,6 @@ from tilework.ir.loop import (
     PExpr,
     Scalar,
     Select,
-    SeqStmt,
     Stmt,
     Store,
     TensorFunc,
@@ -201,34 +200,6 @@ def _int_literal(v: int) -> str:
     return str(v) if v >= 0 else f"({v})"
 
 
-def _conflict(loop: For) -> str | None:
-    """Why the iterations of ``loop`` may write the same element, or None. A store outside
-    scratch allocated in the loop whose indices do not depend on the loop var conflicts."""
-    bindings: dict[SymVar, Dim] = {}
-    local: set[Buffer] = set()
-    for s in walk_stmts(loop.body):
-        if isinstance(s, Block):
-            bindings.update((iv.var, iv.binding) for iv in s.iter_vars)
-        elif isinstance(s, Allocate):
-            local.add(s.buffer)
-
-    def depends(d: Dim, seen: int = 0) -> bool:
-        for v in sym_walk.free_vars(d):
-            if v is loop.var or (v in bindings and seen < 8 and depends(bindings[v], seen + 1)):
-                return True
-        return False
-
-    for s in walk_stmts(loop.body):
-        if not isinstance(s, Store) or s.buffer in local:
-            continue
-        dims = index_dims(s.indices)
-        if dims is None:
-            continue
-        if not any(depends(i) for i in dims):
-            return f"every iteration writes the same element of {s.buffer.name}"
-    return None
-
-
 # -- the emitter ----------------------------------------------------------------------------
 
 
@@ -303,12 +274,12 @@ class _Emitter(LoopEmitter):
         parallel = s.kind == "parallel" and self.parallel == 0
         invariants: list[PExpr] = []
         if s.kind in ("parallel", "vectorized"):
-            why = _conflict(s)
+            why = loop_conflict(s)
             if why is not None:
                 self.line(f"/* {comment(s.kind)} loop emitted serial: {comment(why)} */")
                 parallel = False
             elif parallel:
-                work = _work(s)
+                work = parallel_work(s)
                 cond = "" if work is None else f" if({self.dim(work)} >= TW_PARALLEL_MIN_WORK)"
                 self.line(f"#pragma omp parallel for schedule(static){cond}")
             elif s.kind == "vectorized":
@@ -740,62 +711,3 @@ def _divmods(e: Dim) -> set[Dim]:
     if isinstance(e, (Min, Max)):
         return _divmods(e.a) | _divmods(e.b)
     return set()
-
-
-# Intrinsics that cost many times a multiply-add (a vectorized exp is a polynomial and a
-# scaling, ~15 operations): each counts COSTLY_WORK more towards a parallel loop's work, so
-# that an elementwise silu or softmax forks at fewer elements than a copy does.
-COSTLY = frozenset({"exp", "log", "tanh", "erf", "sigmoid", "sin", "cos", "log1p", "expm1"})
-COSTLY_WORK = 15
-# A statement that reads many elements (a depthwise conv's taps, summed in one expression) is
-# that many times a copy's work: it counts one per LOADS_PER_WORK loads (at least one), so a
-# 5x5 depthwise conv of 14 x 14 x 240 forks at batch 1 (MobileNetV3-Small batch 1 1.2x, as
-# with every small kernel forking); an elementwise op of up to 3 inputs counts as before.
-LOADS_PER_WORK = 2
-
-
-def _work(loop: For) -> Dim | None:
-    """An upper estimate of the work of ``loop`` and everything nested in it, as a dim of the
-    vars in scope at the loop: its statements' iterations, a statement counting one per
-    ``LOADS_PER_WORK`` loads (at least one) plus ``COSTLY_WORK`` for each costly intrinsic it
-    evaluates; an inner extent that depends on an inner loop var (a triangular loop) is taken
-    at that var's largest value. None when no
-    estimate is possible (a data-dependent extent)."""
-
-    def count(st: Stmt, top: dict[SymVar, Dim]) -> Dim | None:
-        if isinstance(st, For):
-            ext = sym_walk.substitute(st.extent, top)
-            inner = count(st.body, {**top, st.var: sym.sub(ext, 1)})
-            return None if inner is None else sym.mul(ext, inner)
-        if isinstance(st, SeqStmt):
-            total: Dim = 0
-            for x in st.stmts:
-                c = count(x, top)
-                if c is None:
-                    return None
-                total = sym.add(total, c)
-            return total
-        if isinstance(st, Block):
-            inner_top = dict(top)
-            for iv in st.iter_vars:
-                inner_top[iv.var] = sym.sub(sym_walk.substitute(iv.extent, top), 1)
-            return count(st.body, inner_top)
-        if isinstance(st, Allocate):
-            return count(st.body, top)
-        if isinstance(st, IfThenElse):
-            return count(st.then_body, top)
-        scalars = [e for x in stmt_scalars(st) for e in walk_scalars(x)]
-        loads = sum(isinstance(e, Load) for e in scalars)
-        return max(1, loads // LOADS_PER_WORK) + COSTLY_WORK * sum(isinstance(e, Intrin) and e.name in COSTLY for e in scalars)
-
-    inner_vars = {st.var for st in walk_stmts(loop) if isinstance(st, For)}
-    for st in walk_stmts(loop):
-        if isinstance(st, Block):
-            inner_vars.update(iv.var for iv in st.iter_vars)
-    try:
-        total = count(loop, {})
-    except Exception:  # an extent the symbolic arithmetic refuses: no estimate, stay parallel
-        return None
-    if total is None or any(v in inner_vars for v in sym_walk.free_vars(total)):
-        return None
-    return total
