@@ -18,7 +18,7 @@ from tilework.ir.graph import Var
 from tilework.ir.dtype import np_dtype
 from tilework.ir.info import TensorInfo
 from tilework.op import paged_attention, paged_rotary
-from tilework.op.paged_attention import CHUNK_PAGES
+from tilework.op.paged_attention_kernel import CHUNK_PAGES
 
 L, NKV, HD, PAGE, NH = 2, 3, 8, 4, 6
 

@@ -73,7 +73,7 @@ from tilework.ir.loop import (
 )
 from tilework.ir.dtype import DTYPE_TABLE
 from tilework.ir.sym import Dim, SymVar
-from tilework.op.kernel import bcast_index, block, compute_dtype, free_syms, hand_kernel, seq, serial_var
+from tilework.op.kernel import bcast_index, block, compute_dtype, free_syms, hand_kernel, named_loop, seq
 
 RowBody = Callable[[SymVar], Stmt]
 TileBody = Callable[[SymVar, SymVar], Stmt]
@@ -210,13 +210,7 @@ class _Attention:
 
     def loop(self, name: str, extent: Dim, body: RowBody, kind: str = "serial") -> For:
         """A loop with a var named uniquely in the kernel (names survive printing)."""
-        base, k = name, 0
-        while name in self.names:
-            k += 1
-            name = f"{base}_{k}"
-        self.names.add(name)
-        v = serial_var(name, extent)
-        return For(v, extent, body(v), kind)
+        return named_loop(self.names, name, extent, body, kind)
 
     def rows_loop(self, name: str, body: RowBody) -> Stmt:
         """The vector loop over the task's rows around block ``attention_<name>``."""

@@ -11,7 +11,7 @@ kernel is written to be right for every value the check allows.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from tilework import te
 from tilework.errors import UnsupportedError
@@ -21,6 +21,7 @@ from tilework.ir.info import StructInfo, TensorInfo, TupleInfo
 from tilework.ir.loop import (
     Block,
     Buffer,
+    For,
     Load,
     PExpr,
     Scalar,
@@ -147,6 +148,18 @@ def serial_var(name: str, extent: Dim) -> SymVar:
     return SymVar(name, 0, hi - 1 if hi is not None and hi >= 1 else None)
 
 
+def named_loop(names: set[str], name: str, extent: Dim, body: Callable[[SymVar], Stmt], kind: str = "serial") -> For:
+    """A loop of ``kind`` over ``body(var)`` whose var is named ``name`` (or ``name_<k>``) unique
+    among ``names``, which it joins: a hand-built kernel's names survive printing."""
+    base, k = name, 0
+    while name in names:
+        k += 1
+        name = f"{base}_{k}"
+    names.add(name)
+    var = serial_var(name, extent)
+    return For(var, extent, body(var), kind)
+
+
 def block(name: str, body: Stmt) -> Block:
     """A block named ``name`` without iter vars around ``body``, its reads and writes listed:
     the unit a hand-built kernel names its steps by (fusion inlines producers into its loads)."""
@@ -186,6 +199,7 @@ def free_syms(body: Stmt, buffers: Sequence[Buffer]) -> list[SymVar]:
 __all__ = [
     "Index",
     "block",
+    "named_loop",
     "free_syms",
     "hand_kernel",
     "seq",
