@@ -180,8 +180,7 @@ class Attention(Module):
             qkv = ops.concat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], axis=2).reshape(batch, seq, heads, cfg.head_dim)
         # the rotary embedding of q and k happens inside the attention kernel (at kv_len + t,
         # the step's angles from cache.rotary)
-        rotary = None if cache.rotary is None else cache.rotary.expr
-        out = emit(op.paged_attention(qkv.expr, cache.k.expr, cache.v.expr, cache.kv_len.expr, cache.page_table.expr, layer=self.layer, kv_heads=cfg.kv_heads, rope_theta=cfg.rope_theta, rotary=rotary))
+        out = emit(op.paged_attention(qkv.expr, cache.k.expr, cache.v.expr, cache.kv_len.expr, cache.page_table.expr, layer=self.layer, kv_heads=cfg.kv_heads, rope_theta=cfg.rope_theta, rotary=cache.rotary.expr))
         return self.o_proj(out.reshape(batch, seq, cfg.heads * cfg.head_dim))
 
 
@@ -233,7 +232,7 @@ class Model(Module):
 class CacheInputs:
     """The cache arguments of a step, as Tensors of the trace."""
 
-    def __init__(self, kv_len: Tensor, page_table: Tensor, k: Tensor, v: Tensor, rotary: Tensor | None = None) -> None:
+    def __init__(self, kv_len: Tensor, page_table: Tensor, k: Tensor, v: Tensor, rotary: Tensor) -> None:
         self.kv_len, self.page_table, self.k, self.v = kv_len, page_table, k, v
         self.rotary = rotary  # the step's rotary angles (paged_rotary), shared by the layers
 

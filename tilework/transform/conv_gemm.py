@@ -205,9 +205,9 @@ def _winograd_info(info: TensorInfo) -> TensorInfo:
 
 
 def _direct_info(info: TensorInfo) -> TensorInfo:
-    assert info.shape is not None
-    o, c, kh, kw = (int(d) for d in info.shape)  # type: ignore[arg-type]
-    return TensorInfo((kh * kw * c, o), info.dtype)
+    """``_matrix_info`` transposed, as ``direct_weight_matrix`` is ``conv_weight_matrix``'s."""
+    o, taps = _matrix_info(info).shape or ()
+    return TensorInfo((taps, o), info.dtype)
 
 
 def _matrix_info(info: TensorInfo) -> TensorInfo:
