@@ -438,6 +438,44 @@ def test_interning_examples() -> None:
     assert sym.max_(n * 2, m) is sym.max_(m, 2 * n)
 
 
+def test_expressions_nobody_holds_leave_the_intern_table() -> None:
+    """A process that compiles again and again does not grow: the table is weak, and the
+    simplify / mod-expansion memos live on the nodes (an answer that is the node itself is not
+    a reference to it)."""
+    import gc
+    import threading
+
+    def make() -> list[Dim]:
+        v = SymVar("v", 1, 100)
+        es = [3 * v + 5, (v + 7) // 4, (v * 4 + 3) % 8, sym.min_(v, 9) + v, v % 5]
+        for e in es:
+            sym_walk.simplify(e)
+            sym.prove_le(e, 10**6)
+        return es
+
+    make()
+    gc.collect()
+    before = len(sym._interned)
+    held = make()
+    assert len(sym._interned) > before
+    again = [sym_walk.simplify(e) for e in held]
+    assert all(a is e for a, e in zip(again, held))  # canonical forms answer themselves
+    del held, again
+    assert len(sym._interned) == before  # freed by reference counting, no cycle left
+    gc.collect()
+    assert len(sym._interned) == before
+
+    # several threads building the same structure get the one node
+    v = SymVar("v", 1)
+    got: list[Dim] = []
+    threads = [threading.Thread(target=lambda: got.extend(3 * v + i for i in range(200))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(e) for e in got}) == 200
+
+
 def test_floordiv_mod_split_by_divisor() -> None:
     assert (k * 4 + 3) // 4 is k
     assert (k * 4 + 3) % 4 == 3

@@ -23,6 +23,8 @@ import itertools
 import keyword
 import math
 import operator
+import threading
+import weakref
 from typing import Callable, Iterable, SupportsIndex, Union
 
 from tilework.errors import SymbolicError
@@ -32,7 +34,11 @@ Dim = Union[int, "SymExpr"]
 Mono = tuple["Atom", ...]  # sorted atoms, repeated for powers; () is the constant monomial
 PolyDict = dict[Mono, int]
 
-_interned: dict[tuple, "SymExpr"] = {}
+# Every live expression once: structure -> the expression. Weak, so a compile's expressions go
+# when the compile lets go of them (a process compiling again and again does not grow).
+_interned: weakref.WeakValueDictionary[tuple, "SymExpr"] = weakref.WeakValueDictionary()
+_intern_lock = threading.Lock()
+ITSELF = object()  # a memo slot's answer that is the node itself (see ``SymExpr``)
 _var_serial = itertools.count()
 
 
@@ -46,9 +52,13 @@ class ScalarOperand:
 class SymExpr:
     """Base of symbolic integer expressions. Immutable and interned: compare with ``is``."""
 
-    __slots__ = ("_sort_key", "_bnd", "__weakref__")
+    __slots__ = ("_sort_key", "_bnd", "_canon", "_expd", "__weakref__")
     _sort_key: tuple
     _bnd: Bound | None  # cached bounds (a pure function of the structure and the var ranges)
+    # Memos on the node rather than in global dicts, so they go with it. None: not asked yet;
+    # ITSELF: the answer is the node (a reference to itself would be a cycle outliving it).
+    _canon: object  # ``sym_walk.simplify``
+    _expd: object  # ``_expand_mods``
 
     # -- arithmetic: every operator returns a canonical Dim ------------------------------
     def __add__(self, other: Dim) -> Dim:
@@ -132,6 +142,7 @@ class SymVar(Atom):
         self.lo = lo
         self.hi = hi
         self._bnd = (lo, hi)
+        self._canon = self._expd = None
         self._sort_key = (0, name, next(_var_serial))
 
     def __reduce__(self) -> tuple:
@@ -147,6 +158,7 @@ class _Binary(Atom):
     def __init__(self, a: Dim, b: Dim) -> None:
         self.a, self.b = a, b
         self._bnd = None
+        self._canon = self._expd = None
         self._sort_key = (1, self.OP, _key_of(a), _key_of(b))
 
     def __reduce__(self) -> tuple:
@@ -182,6 +194,7 @@ class Poly(SymExpr):
         self.terms = terms
         self.const = const
         self._bnd = None
+        self._canon = self._expd = None
         self._sort_key = (2, tuple((tuple(a._sort_key for a in m), c) for m, c in terms), const)
 
     def __reduce__(self) -> tuple:
@@ -198,7 +211,9 @@ def _key_of(x: Dim) -> tuple:
 def _intern(key: tuple, make: Callable[..., SymExpr], *args: object) -> SymExpr:
     node = _interned.get(key)
     if node is None:
-        node = _interned.setdefault(key, make(*args))  # setdefault: one winner across threads
+        new = make(*args)
+        with _intern_lock:  # one winner across threads
+            node = _interned.setdefault(key, new)
     return node
 
 
@@ -501,22 +516,20 @@ _OPS: dict[str, Callable[[Dim, Dim], Dim]] = {"//": floordiv, "%": floormod, "mi
 # -- provers ------------------------------------------------------------------------------
 
 
-_expanded: dict[SymExpr, Dim] = {}  # memo of _expand_mods (nodes are interned for good)
-
-
 def _expand_mods(e: Dim) -> Dim:
     """Rewrite every ``a % b`` as ``a - b * (a // b)``, which lets cancellations show."""
     if isinstance(e, int) or isinstance(e, SymVar):
         return e
-    r = _expanded.get(e)
+    r = e._expd
     if r is None:
         if isinstance(e, FloorMod):
             a, b = _expand_mods(e.a), _expand_mods(e.b)
             r = sub(a, mul(b, floordiv(a, b)))
         else:
             r = substitute_atoms(e, _expand_mods)
-        r = _expanded.setdefault(e, r)
-    return r
+        e._expd = ITSELF if r is e else r
+        return r
+    return e if r is ITSELF else r  # type: ignore[return-value]
 
 
 def _div_lower(d: Dim) -> int | None:

@@ -11,10 +11,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from tilework.errors import SymbolicError
-from tilework.ir.sym import Dim, FloorDiv, FloorMod, Min, Poly, SymExpr, SymVar, _Binary, _check, substitute_atoms, to_str
-
-_simplified: dict["SymExpr", Dim] = {}  # interned expressions are kept anyway (``_interned``)
-
+from tilework.ir.sym import ITSELF, Dim, FloorDiv, FloorMod, Min, Poly, SymExpr, SymVar, _Binary, _check, substitute_atoms, to_str
 
 def simplify(e: Dim) -> Dim:
     """The canonical form of ``e``. Expressions are canonical on construction; this re-runs
@@ -22,54 +19,58 @@ def simplify(e: Dim) -> Dim:
     expression (structural hashing and equality ask again and again)."""
     if isinstance(e, int):
         return e
-    got = _simplified.get(e)
+    got = e._canon
     if got is None:
-        got = _simplified[e] = substitute(e, {})
-    return got
+        got = substitute(e, {})
+        e._canon = ITSELF if got is e else got
+        return got
+    return e if got is ITSELF else got  # type: ignore[return-value]
 
 
 def substitute(e: Dim, mapping: Mapping[SymVar, Dim]) -> Dim:
     """Replace vars by dims (simultaneously) and re-canonicalize. Images should lie in their
     var's range, since canonical forms may rely on it."""
-    if isinstance(e, int):
-        return e
-    memo: dict[SymExpr, Dim] = {}
+    return e if isinstance(e, int) else _Substitution(mapping)(e)
 
-    def go(x: Dim) -> Dim:
+
+class _Substitution:
+    """``substitute``'s walk, memoized per call. An object rather than a recursive closure,
+    which would be a reference cycle keeping the memo (and its nodes) alive until a collection."""
+
+    __slots__ = ("mapping", "memo")
+
+    def __init__(self, mapping: Mapping[SymVar, Dim]) -> None:
+        self.mapping = mapping
+        self.memo: dict[SymExpr, Dim] = {}
+
+    def __call__(self, x: Dim) -> Dim:
         if isinstance(x, int):
             return x
         if isinstance(x, SymVar):
-            return _check(mapping[x]) if x in mapping else x
-        r = memo.get(x)
+            return _check(self.mapping[x]) if x in self.mapping else x
+        r = self.memo.get(x)
         if r is None:
-            r = substitute_atoms(x, go)
-            memo[x] = r
+            r = self.memo[x] = substitute_atoms(x, self)
         return r
-
-    return go(e)
 
 
 def free_vars(e: Dim) -> tuple[SymVar, ...]:
     """Vars of ``e`` in first-occurrence order."""
     out: dict[SymVar, None] = {}
     seen: set[SymExpr] = set()
-
-    def go(x: Dim) -> None:
+    todo = [e]  # a stack, children pushed in reverse so they come off in order
+    while todo:
+        x = todo.pop()
         if isinstance(x, int) or x in seen:
-            return
+            continue
         seen.add(x)
         if isinstance(x, SymVar):
             out[x] = None
         elif isinstance(x, Poly):
-            for m, _ in x.terms:
-                for a in m:
-                    go(a)
+            todo.extend(reversed([a for m, _ in x.terms for a in m]))
         else:
             assert isinstance(x, _Binary)
-            go(x.a)
-            go(x.b)
-
-    go(e)
+            todo += (x.b, x.a)
     return tuple(out)
 
 
