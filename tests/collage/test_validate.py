@@ -92,6 +92,25 @@ def test_plans_within_a_few_percent_are_timed_again_head_to_head(tmp_path: Path)
     assert far.e2e_calls == 2
 
 
+@pytest.mark.parametrize("lead, offloaded", [(0.015, False), (0.03, True)])
+def test_an_offloading_plan_must_beat_codegen_alone_by_the_margin(lead: float, offloaded: bool) -> None:
+    """Head to head, the search's cover (both linears on blas) leads codegen alone by 1.5% or
+    3%: within ``OWN_MARGIN`` (2%) tilework's kernels alone are kept, with a note; beyond it
+    the cover is."""
+    from tilework.collage.validate import OWN_MARGIN
+
+    assert 0.015 < OWN_MARGIN < 0.03
+    model = MockCostModel(_cost, e2e=_timer(lambda on: 1.0 if not on else (1.0 / (1 + lead) if len(on) == 2 else 2.0)))
+    plan = place(mlp(), ["blas", "codegen"], cost_model=model, buckets={"n": [4]})
+    b = plan.buckets[0]
+    assert bool(b.placement.regions) is offloaded
+    assert b.measured_s == (1.0 / (1 + lead) if offloaded else 1.0)
+    margin_notes = [n for n in plan.notes if "within the margin" in n]
+    assert bool(margin_notes) is not offloaded
+    if margin_notes:
+        assert "search was 1.5% faster than codegen" in margin_notes[0]
+
+
 def test_a_plan_that_fails_to_build_falls_back() -> None:
     def e2e(p: Placement, dims: dict[str, int]) -> float:
         if any(r.backend == "blas" and r.vars == ("out",) for r in p.regions):
