@@ -465,6 +465,27 @@ def test_expressions_nobody_holds_leave_the_intern_table() -> None:
     gc.collect()
     assert len(sym._interned) == before
 
+    # within ``held`` (a compile) every expression made stays, with its memos, until the
+    # outermost one ends
+    with sym.held():
+        with sym.held():
+            make()
+        gc.collect()
+        assert len(sym._interned) > before
+    assert len(sym._interned) == before
+
+    # two compiles of the same module leave the table as they found it
+    import tilework as tw
+    from tilework.models import reference as R
+
+    mod = R.mlp(R.MLPConfig(hidden=32, ffn=64))
+    tw.build(mod)
+    gc.collect()
+    after_one = len(sym._interned)
+    tw.build(mod)
+    gc.collect()
+    assert len(sym._interned) == after_one
+
     # several threads building the same structure get the one node
     v = SymVar("v", 1)
     got: list[Dim] = []

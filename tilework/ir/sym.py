@@ -19,13 +19,14 @@ Substitution, simplification, free vars and evaluation walk these expressions in
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import keyword
 import math
 import operator
 import threading
 import weakref
-from typing import Callable, Iterable, SupportsIndex, Union
+from typing import Callable, Iterable, Iterator, SupportsIndex, Union
 
 from tilework.errors import SymbolicError
 from tilework.ir.interval import ATOM_BOUNDS, Bound, div_bounds, iadd, imul, meet
@@ -35,9 +36,13 @@ Mono = tuple["Atom", ...]  # sorted atoms, repeated for powers; () is the consta
 PolyDict = dict[Mono, int]
 
 # Every live expression once: structure -> the expression. Weak, so a compile's expressions go
-# when the compile lets go of them (a process compiling again and again does not grow).
+# when the compile is done (a process compiling again and again does not grow); within one
+# (``held``) every expression made is kept, with what is memoized on it (bounds, simplified
+# forms), since passes ask about the same expressions again and again.
 _interned: weakref.WeakValueDictionary[tuple, "SymExpr"] = weakref.WeakValueDictionary()
 _intern_lock = threading.Lock()
+_held: list["SymExpr"] | None = None  # the expressions made while some ``held`` is open
+_holders = 0
 ITSELF = object()  # a memo slot's answer that is the node itself (see ``SymExpr``)
 _var_serial = itertools.count()
 
@@ -214,7 +219,28 @@ def _intern(key: tuple, make: Callable[..., SymExpr], *args: object) -> SymExpr:
         new = make(*args)
         with _intern_lock:  # one winner across threads
             node = _interned.setdefault(key, new)
+            if node is new and _held is not None:
+                _held.append(new)
     return node
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """Keep every expression made until the outermost ``held`` ends (``tilework.build`` holds
+    its compile: the passes' questions about an expression are answered once, not again each
+    time it is rebuilt). Nests, and may be open in several threads at once."""
+    global _held, _holders
+    with _intern_lock:
+        _holders += 1
+        if _held is None:
+            _held = []
+    try:
+        yield
+    finally:
+        with _intern_lock:
+            _holders -= 1
+            if _holders == 0:
+                _held = None
 
 
 def _mono_key(m: Mono) -> tuple:
