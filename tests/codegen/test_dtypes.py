@@ -1,5 +1,7 @@
-"""float16 and bfloat16 conversions, bit for bit against NumPy / ml_dtypes: with the compiler's
-``_Float16`` and with the software fallback (``-DTW_SOFT_F16``), and in the interpreter."""
+"""float16 and bfloat16 conversions, bit for bit against NumPy / ml_dtypes (every half): with the
+prelude's choice for this machine (``_Float16``; on x86 without AVX512-FP16 halves kept as bits,
+widened by the branchless ``tw_h2f`` and narrowed by ``_Float16``) and with the software fallback
+(``-DTW_SOFT_F16``), and in the interpreter."""
 
 from __future__ import annotations
 
