@@ -168,7 +168,8 @@ def validate(
             evolved_label = f"evolutionary refinement of {labels[base_j].split(' = ')[0]}"
             if found[0].to_json() not in seen:
                 alts.append(Alternative(evolved_label, found[1]))
-            if found[1] < best_s:
+            margin = OWN_MARGIN if found[0].regions and not plans[best].regions else 0.0  # an offloading plan against tilework alone
+            if found[1] * (1 + margin) < best_s:
                 return Verdict(None, found[0], found[1], evolved_label, tuple(alts), tuple(notes), first_of[base_j])
     return Verdict(chosen, placement, best_s, label, tuple(alts), tuple(notes))
 

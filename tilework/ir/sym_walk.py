@@ -13,6 +13,7 @@ from typing import Mapping
 from tilework.errors import SymbolicError
 from tilework.ir.sym import ITSELF, Dim, FloorDiv, FloorMod, Min, Poly, SymExpr, SymVar, _Binary, _check, substitute_atoms, to_str
 
+
 def simplify(e: Dim) -> Dim:
     """The canonical form of ``e``. Expressions are canonical on construction; this re-runs
     the rules bottom-up (a fixed point for expressions built by this module), once per
