@@ -36,6 +36,7 @@ def pipeline_name(opt_level: int) -> str:
     return "default" if opt_level >= 1 else "O0"
 
 
+@sym.held()  # the compile's symbolic expressions live until it ends, then go
 def build(
     mod: IRModule,
     target: str = "cpu",
@@ -75,14 +76,6 @@ def build(
         raise BuildError(f"build expects an IRModule, got {type(mod).__name__}")
     if layout_weights not in (None, "constants", "params"):
         raise BuildError(f"layout_weights must be None, 'constants' or 'params', got {layout_weights!r}")
-    with sym.held():  # the compile's symbolic expressions live until it ends, then go
-        return _build(mod, target, passes, post_legalize_passes, dump_dir, verify, opt_level, pipeline, plan_memory, backends, placement, placement_options, layout_weights)
-
-
-def _build(
-    mod: IRModule, target: str, passes: Sequence[Pass] | None, post_legalize_passes: Sequence[Pass] | None, dump_dir: str | None, verify: bool, opt_level: int,
-    pipeline: str | None, plan_memory: bool | None, backends: str | Sequence[Any] | None, placement: Any, placement_options: Mapping[str, Any] | None, layout_weights: str | None,
-) -> Executable:  # fmt: skip
     tgt = get_target(target)
     name = pipeline or pipeline_name(opt_level)
     t0 = time.perf_counter()
