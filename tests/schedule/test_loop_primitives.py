@@ -4,11 +4,13 @@ cannot do with a message that names the loop and the reason."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tests.schedule import kernels
 from tests.schedule.helpers import check_kernel, well_formed
 from tilework import te
+from tilework.codegen.interp import run
 from tilework.errors import ScheduleError
 from tilework.ir import sym
 from tilework.ir.loop import For, IfThenElse, TensorFunc
@@ -20,6 +22,7 @@ from tilework.schedule.primitives import (
     merge_loops,
     parallel,
     partition,
+    peel,
     reorder,
     serial,
     split,
@@ -235,6 +238,16 @@ def test_vectorize_refuses_outer_loop() -> None:
         vectorize(kernels.add(), "i")
 
 
+def test_vectorize_takes_an_unrolled_constant_loop_inside() -> None:
+    """Unroll-and-jam: the unrolled copies of an inner loop run in each lane."""
+    f = reorder(split(kernels.add(), "i", [None, 3]), "i_0", "j", "i_1")
+    with pytest.raises(ScheduleError, match="vectorize: loop 'j' is not innermost .*'i_1'"):
+        vectorize(f, "j")
+    g = vectorize(unroll(f, "i_1"), "j")
+    assert find_loop(g, "j")[1].kind == "vectorized" and find_loop(g, "i_1")[1].kind == "unrolled"
+    check_kernel(g, "add")
+
+
 def test_unroll_refuses_symbolic_extent() -> None:
     with pytest.raises(ScheduleError, match="unroll: loop 'i' has symbolic extent n"):
         unroll(kernels.add(), "i")
@@ -325,3 +338,41 @@ def _guards_in(loop: For) -> int:
 def test_partition_refuses_a_loop_without_bounds_tests() -> None:
     with pytest.raises(ScheduleError, match=r"partition: no guard of the form c \* i \+ e < n \(0 <= e < c\) under loop 'i'"):
         partition(kernels.matmul(), "i")
+
+
+# -- peel -----------------------------------------------------------------------------------
+
+
+def _static_add(rows: int, cols: int) -> TensorFunc:
+    a, b = te.placeholder((rows, cols), "float32", "a"), te.placeholder((rows, cols), "float32", "b")
+    return te.create_func([a, b, te.compute((rows, cols), lambda i, j: a[i, j] + b[i, j], "c")])
+
+
+@pytest.mark.parametrize("cuts", [(2, 8), (1,), (9,), (3, 4, 5)])
+def test_peel_runs_the_ranges_as_consecutive_loops(cuts: tuple[int, ...]) -> None:
+    f = _static_add(5, 10)
+    g, loops = peel(f, "j", cuts)
+    points = [0, *cuts, 10]
+    assert [find_loop(g, v)[1].extent for v in loops] == [b - a for a, b in zip(points, points[1:])]
+    assert loops[0].name == "j" and len({v.name for v in loops}) == len(loops)
+    well_formed(g)  # each copy has its own vars and block names
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((5, 10)).astype(np.float32), rng.standard_normal((5, 10)).astype(np.float32)
+    out = np.full((5, 10), np.nan, np.float32)
+    run(g, [a, b, out])
+    np.testing.assert_array_equal(out, a + b)
+
+
+@pytest.mark.parametrize(
+    ("cuts", "message"),
+    [((0, 4), r"peel: cuts \[0, 4\] of loop 'j' must increase strictly inside \(0, 10\)"),
+     ((6, 4), r"peel: cuts \[6, 4\]"), ((10,), r"peel: cuts \[10\]")],
+)
+def test_peel_refuses_cuts_out_of_order_or_range(cuts: tuple[int, ...], message: str) -> None:
+    with pytest.raises(ScheduleError, match=message):
+        peel(_static_add(5, 10), "j", cuts)
+
+
+def test_peel_refuses_a_symbolic_extent() -> None:
+    with pytest.raises(ScheduleError, match="peel: loop 'j' has symbolic extent m"):
+        peel(kernels.add(), "j", (2,))

@@ -1,7 +1,7 @@
 """Schedules: pure transformations of loop-level TensorFuncs that keep their meaning.
 
 ``default_schedule(func)`` gives a kernel a good schedule without tuning: the rules
-(attention, matmul, GEMV, reduction, elementwise/injective; ``rules/``) are tried in order
+(attention, matmul, GEMV, reduction, stencil, elementwise/injective; ``rules/``) are tried in order
 and the first that applies wins; the fallback rule applies to every function, so this never
 fails. The result is
 marked ``scheduled`` (and ``schedule_rule`` names the rule) in its attrs; a function already

@@ -1,4 +1,4 @@
-"""Loop primitives: split, fuse, reorder, tile, merge_loops, the loop kinds, and the last
+"""Loop primitives: split, fuse, reorder, tile, merge_loops, peel, the loop kinds, and the last
 steps of a schedule (partition, hoist_guards).
 
 Each is a pure function ``TensorFunc -> TensorFunc``. Loops are named by their var or by its
@@ -259,10 +259,12 @@ def parallel(func: TensorFunc, loop: LoopRef) -> TensorFunc:
 
 def vectorize(func: TensorFunc, loop: LoopRef) -> TensorFunc:
     """Run the iterations of the innermost loop ``loop`` as SIMD lanes. Refused when the loop
-    carries a dependence or is a reduction loop (``rfactor`` first), or is not innermost."""
+    carries a dependence or is a reduction loop (``rfactor`` first), or is not innermost; an
+    unrolled loop of a constant extent inside it does not count (the compiler unrolls it
+    before it vectorizes: each lane runs its copies, as in an unroll-and-jam)."""
     _, f = find_loop(func, loop, "vectorize")
     for _, s in walk(f.body):
-        if isinstance(s, For):
+        if isinstance(s, For) and not (s.kind == "unrolled" and isinstance(s.extent, int)):
             raise ScheduleError(f"vectorize: loop {f.var.name!r} is not innermost (it encloses loop {s.var.name!r})")
     _require_independent(f, "vectorize")
     return _set_kind(func, loop, "vectorized")
@@ -426,6 +428,31 @@ def partition(func: TensorFunc, loop: LoopRef) -> TensorFunc:
     rest = rename_blocks(rebind(subst_stmt(f.body, {v: sym.add(full, vb)}), used), block_names(func))
     loops = [For(v, full, _drop_guards(f.body, v), f.kind), For(vb, sym.sub(f.extent, full), rest, f.kind)]
     return func.replace(body=splice_at(func.body, path, loops))
+
+
+def peel(func: TensorFunc, loop: LoopRef, cuts: Sequence[int]) -> tuple[TensorFunc, list[SymVar]]:
+    """Run ``loop`` as consecutive loops over the ranges between ``cuts`` (increasing constants
+    inside its constant extent): ``for i in 10`` cut at ``(2, 8)`` becomes loops over ``[0, 2)``,
+    ``[2, 8)`` and ``[8, 10)``, each a copy of the body (its vars, buffers and blocks renamed,
+    the first keeping the old names) with ``i`` its own var plus the range's start. Returns the
+    new loop vars in order. Always valid (the iterations run in the same order); a compiler
+    knows each copy's range of ``i``, so tests and clamps that are decided on it fold away.
+    Refused for a symbolic extent or cuts out of order or outside the loop."""
+    what = "peel"
+    path, f = find_loop(func, loop, what)
+    if not isinstance(f.extent, int):
+        raise ScheduleError(f"{what}: loop {f.var.name!r} has symbolic extent {_dims(f.extent)}; only a constant extent can be peeled")
+    points = [0, *cuts, f.extent]
+    if any(not isinstance(c, int) or isinstance(c, bool) for c in cuts) or any(a >= b for a, b in zip(points, points[1:])):
+        raise ScheduleError(f"{what}: cuts {list(cuts)} of loop {f.var.name!r} must increase strictly inside (0, {f.extent})")
+    used, names = used_names(func), block_names(func)
+    loops = [For(f.var, points[1], f.body, f.kind)]  # (the var's bound stays the looser old one)
+    for k, (lo, hi) in enumerate(zip(points[1:], points[2:]), 1):
+        v = new_loop_var(fresh_name(used, f"{f.var.name}_p{k}"), hi - lo)
+        body = rename_blocks(rebind(subst_stmt(f.body, {f.var: sym.add(v, lo)}), used), names)
+        loops.append(For(v, hi - lo, body, f.kind))
+    new_vars = [x.var for x in loops]
+    return func.replace(body=splice_at(func.body, path, loops)), new_vars
 
 
 def _bounds_guard(cond: object, v: SymVar) -> tuple[int, Dim] | None:

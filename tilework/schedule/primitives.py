@@ -6,8 +6,9 @@ Loops are addressed by their var or its name, blocks by name (``loop_names(func,
 lists the loops around a block). New loops and blocks get fresh names derived from the old
 ones: splitting ``i`` gives ``i_0, i_1``; fusing ``i, j`` gives ``i_j_fused``.
 
-- loops: ``split``, ``fuse``, ``reorder``, ``tile``, ``merge_loops``, ``parallel``,
-  ``vectorize``, ``unroll``, ``serial`` (``loop_primitives``); block loops can be named
+- loops: ``split``, ``fuse``, ``reorder``, ``tile``, ``merge_loops``, ``peel`` (a loop as
+  consecutive loops over constant ranges), ``parallel``, ``vectorize``, ``unroll``, ``serial``
+  (``loop_primitives``); block loops can be named
   ``"block/loop"`` when loop names repeat across nests;
 - blocks: ``compute_inline``, ``reverse_compute_inline``, ``cache_read``
   (``block_primitives``);
@@ -28,6 +29,7 @@ from tilework.schedule.loop_primitives import (
     merge_loops,
     parallel,
     partition,
+    peel,
     reorder,
     serial,
     split,
@@ -41,6 +43,6 @@ from tilework.schedule.tree import loop_names
 
 __all__ = [
     "Dependence", "branch", "cache_read", "cache_write", "compute_inline", "decompose_reduction", "fuse", "loop_dependence",
-    "hoist_guards", "loop_names", "merge_loops", "partition", "parallel", "reorder", "reverse_compute_inline", "rfactor",
+    "hoist_guards", "loop_names", "merge_loops", "partition", "parallel", "peel", "reorder", "reverse_compute_inline", "rfactor",
     "serial", "split", "tile", "unroll", "vectorize",
 ]  # fmt: skip

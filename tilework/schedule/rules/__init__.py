@@ -6,8 +6,8 @@ The fallback applies to every function.
 
 from __future__ import annotations
 
-from tilework.schedule.rules import attention, elementwise, fallback, gemv, matmul, reduction
+from tilework.schedule.rules import attention, elementwise, fallback, gemv, matmul, reduction, stencil
 
-RULES = (attention, matmul, gemv, reduction, elementwise)
+RULES = (attention, matmul, gemv, reduction, stencil, elementwise)
 
-__all__ = ["RULES", "attention", "elementwise", "fallback", "gemv", "matmul", "reduction"]
+__all__ = ["RULES", "attention", "elementwise", "fallback", "gemv", "matmul", "reduction", "stencil"]

@@ -1,0 +1,121 @@
+"""The stencil rule (``tilework.schedule.rules.stencil``): which kernels it takes, the loops it
+makes (the columns peeled into border and interior loops, the interior's columns unrolled
+inside the channel vector loop), and the numerics of the depthwise convs and max pools it
+schedules against NumPy at symbolic batch 0, 1 and 3, odd spatial sizes, strides, dilation,
+and channel counts that are and are not a multiple of the vector."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tilework as tw
+import tilework.op as op
+from tests.op.test_conv import conv_ref
+from tests.op.test_im2col import max_pool_ref
+from tilework.ir.builder import BlockBuilder
+from tilework.ir.graph import Tuple, Var
+from tilework.ir.info import TensorInfo
+from tilework.ir.loop import For, TensorFunc
+from tilework.op.conv_nhwc import depthwise_conv2d_nhwc, max_pool2d_nhwc
+from tilework.schedule import default_schedule
+from tilework.schedule.tree import walk
+from tilework.transform.conv_gemm import depthwise_weight_matrix
+from tilework.transform.legalize import Legalize
+
+n = tw.dim("n", min=0)
+
+# (height, width, channels, kernel, strides, padding (top, left, bottom, right), dilation)
+DEPTHWISE = [
+    (7, 7, 32, (5, 5), (1, 1), (2, 2, 2, 2), (1, 1)),
+    (14, 9, 48, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+    (13, 11, 24, (5, 5), (2, 2), (2, 2, 2, 2), (1, 1)),  # channels not a multiple of the vector
+    (9, 10, 16, (3, 3), (1, 1), (1, 1, 1, 1), (2, 2)),  # dilated
+    (5, 3, 16, (5, 5), (1, 1), (2, 2, 2, 2), (1, 1)),  # no column sees every tap
+    (1, 1, 16, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+    (8, 14, 16, (2, 3), (1, 2), (2, 0, 1, 1), (2, 1)),  # asymmetric
+]
+POOLS = [(11, 13, 32, (3, 3), (2, 2), (1, 1, 1, 1)), (6, 9, 16, (3, 3), (1, 1), (1, 1, 1, 1))]
+
+
+def _module(relu: bool = True) -> Any:
+    bb = BlockBuilder()
+    xs = [Var(f"x{i}", TensorInfo((n, hh, ww, c), "float32")) for i, (hh, ww, c, *_) in enumerate(DEPTHWISE)]
+    ks = [Var(f"k{i}", TensorInfo((kernel[0] * kernel[1], c), "float32")) for i, (_, _, c, kernel, *_) in enumerate(DEPTHWISE)]
+    bs = [Var(f"b{i}", TensorInfo((c,), "float32")) for i, (_, _, c, *_) in enumerate(DEPTHWISE)]
+    ps = [Var(f"p{i}", TensorInfo((n, hh, ww, c), "float32")) for i, (hh, ww, c, *_) in enumerate(POOLS)]
+    with bb.function("main", [*xs, *ks, *bs, *ps]):
+        with bb.dataflow():
+            outs = []
+            for x, k, b, (_, _, _, kernel, strides, padding, dilation) in zip(xs, ks, bs, DEPTHWISE):
+                y = bb.emit(depthwise_conv2d_nhwc(x, k, b, kernel, strides, padding, dilation))
+                outs.append(bb.emit(op.relu(y)) if relu else y)  # the epilogue fuses into the window
+            for p, (_, _, _, size, strides, padding) in zip(ps, POOLS):
+                outs.append(bb.emit(max_pool2d_nhwc(p, size, strides, padding)))
+            out = bb.emit_output(Tuple(tuple(outs)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _scheduled() -> list[tuple[str, TensorFunc]]:
+    return [(name, default_schedule(f, strict=True)) for name, f in Legalize()(_module(relu=False)).tensor_funcs() if "depthwise" in name or "pool" in name]
+
+
+def _jammed(f: TensorFunc) -> bool:
+    """A vectorized loop holding an unrolled one (interior columns jammed into the lanes)."""
+    return any(isinstance(s, For) and s.kind == "vectorized" and any(isinstance(t, For) and t.kind == "unrolled" for _, t in walk(s.body)) for _, s in walk(f.body))
+
+
+def test_windows_take_the_stencil_rule() -> None:
+    funcs = _scheduled()
+    assert len(funcs) == len(DEPTHWISE) + len(POOLS)
+    rules = [f.attrs["schedule_rule"] for _, f in funcs]
+    one_pixel = DEPTHWISE.index((1, 1, 16, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)))  # every tap reads column 0: no window
+    assert rules == ["elementwise" if i == one_pixel else "stencil" for i in range(len(funcs))]
+    for (name, f), rule in zip(funcs, rules):
+        if rule == "stencil":
+            assert any(isinstance(s, For) and s.kind == "parallel" for _, s in walk(f.body)), name
+    jammed = [i for i, (_, f) in enumerate(funcs) if _jammed(f)]
+    # every window with at least two columns that see all their taps: all but the 5 x 3 and 1 x 1 inputs
+    assert jammed == [i for i in range(len(funcs)) if i not in (one_pixel, one_pixel - 1)]
+
+
+@pytest.mark.parametrize("batch", [0, 1, 3])
+def test_numerics(batch: int) -> None:
+    rng = np.random.default_rng(batch)
+    xs, ks, bs, ps = [], [], [], []
+    for hh, ww, c, kernel, *_ in DEPTHWISE:
+        x = rng.standard_normal((batch, hh, ww, c)).astype(np.float32)
+        if batch:  # an inf or NaN at the border reaches only the outputs whose windows hold it
+            x[0, 0, 0, 0], x[-1, -1, -1, -1] = np.inf, np.nan
+        xs.append(x)
+        ks.append(rng.standard_normal((c, 1, *kernel)).astype(np.float32))
+        bs.append(rng.standard_normal(c).astype(np.float32))
+    for hh, ww, c, *_ in POOLS:
+        ps.append(rng.standard_normal((batch, hh, ww, c)).astype(np.float32))
+    got = tw.VM(tw.build(_module()))["main"](*xs, *(depthwise_weight_matrix(k) for k in ks), *bs, *ps)
+    for i, (x, k, b, (_, _, c, _, strides, padding, dilation)) in enumerate(zip(xs, ks, bs, DEPTHWISE)):
+        want = np.maximum(conv_ref(x.transpose(0, 3, 1, 2), k, b, strides, padding, dilation, c).transpose(0, 2, 3, 1), 0)
+        assert np.asarray(got[i]).shape == want.shape
+        np.testing.assert_allclose(np.asarray(got[i]), want, rtol=1e-5, atol=1e-5, err_msg=f"depthwise case {i} at batch {batch}")
+    for i, (p, (_, _, _, size, strides, padding)) in enumerate(zip(ps, POOLS)):
+        np.testing.assert_array_equal(np.asarray(got[len(DEPTHWISE) + i]), max_pool_ref(p, size, strides, padding), err_msg=f"pool {i} at batch {batch}")
+
+
+def test_declines_short_channels_and_symbolic_columns() -> None:
+    """Fewer channels than a vector, or a symbolic width: the elementwise schedule."""
+    w = tw.dim("w")
+    bb = BlockBuilder()
+    x8 = Var("x8", TensorInfo((n, 9, 9, 8), "float32"))
+    xw = Var("xw", TensorInfo((n, 9, w, 32), "float32"))
+    k8, kw = Var("k8", TensorInfo((9, 8), "float32")), Var("kw", TensorInfo((9, 32), "float32"))
+    with bb.function("main", [x8, xw, k8, kw]):
+        with bb.dataflow():
+            a = bb.emit(depthwise_conv2d_nhwc(x8, k8, None, (3, 3), (1, 1), (1, 1, 1, 1)))
+            c = bb.emit(depthwise_conv2d_nhwc(xw, kw, None, (3, 3), (1, 1), (1, 1, 1, 1)))
+            out = bb.emit_output(Tuple((a, c)))
+        bb.emit_func_output(out)
+    rules = [default_schedule(f, strict=True).attrs["schedule_rule"] for name, f in Legalize()(bb.get()).tensor_funcs() if "depthwise" in name]
+    assert rules == ["elementwise", "elementwise"]

@@ -1,0 +1,182 @@
+"""The stencil rule: a channel-last window op (``depthwise_conv2d_nhwc``, a pool), alone or
+with its fused epilogue, as one nest ``[batch, rows, columns, channels]`` whose value reads one
+input at several columns around the output's (the taps).
+
+The elementwise rule would fuse the three outer loops and run every channel of a pixel in one
+vector loop: each output vector then loads its taps' weights again (a 5 x 5 depthwise conv of
+576 channels streams 57 KB of weights from L2 for every pixel), and the taps that can fall in
+the padding are masked and clamped at every column. Here instead:
+
+- the rows (batch x output rows) run in parallel, and the channels in blocks of at most
+  ``CHANNEL_BLOCK`` (a block's weights stay in L1 while a row of outputs is made);
+- the columns run as consecutive loops (``peel``): the left border, the interior, the rest
+  (the right border). In the interior no tap leaves the input, and the C compiler, which
+  knows each loop's range, folds the masks and clamps away; the interior's columns go
+  ``JAM`` at a time, unrolled inside the channel vector loop (unroll-and-jam: each loaded
+  weight vector serves ``JAM`` outputs, and neighbouring outputs share their input loads).
+
+Measured on MobileNetV3-Small's 5 x 5 depthwise layers at batch 8 (AVX-512, 2 threads): 576
+channels of 7 x 7 1.9x, 240 channels of 14 x 14 1.5x the elementwise schedule.
+
+Declines (the elementwise rule takes the function) unless the function is one perfect nest of
+four loops over one block, the channel loop static and at least a vector long, the column
+loop static, with at least ``MIN_TAPS`` distinct column indices of one input in the value.
+"""
+
+from __future__ import annotations
+
+from tilework.ir import sym, sym_walk
+from tilework.ir.loop import Binary, Block, For, Load, Store, TensorFunc, walk_scalars
+from tilework.ir.sym import Dim, SymVar
+from tilework.schedule import loop_primitives as lp
+from tilework.schedule.analysis import FuncKind, classify
+from tilework.schedule.rules.common import attempt, chain, lanes, loop, out_dtype, top_nests, worth_parallel
+from tilework.schedule.rules.inline import inline_producers
+from tilework.schedule.tree import find_loop, walk
+
+NAME = "stencil"
+
+MIN_TAPS = 3  # distinct column indices of one input: fewer is not a window
+CHANNEL_BLOCK = 16  # most channels a block of the channel loop holds
+JAM = 8  # most interior columns unrolled inside the channel loop
+_COMPARISONS = ("<", "<=", ">", ">=")
+
+
+def apply(func: TensorFunc) -> TensorFunc | None:
+    if classify(func) not in (FuncKind.ELEMWISE, FuncKind.BROADCAST, FuncKind.INJECTIVE):
+        return None
+    func = inline_producers(func)
+    tops = top_nests(func)
+    if len(tops) != 1:
+        return None
+    nest = chain(tops[0])
+    if len(nest) != 4 or any(f.kind != "serial" for f in nest) or not isinstance(nest[-1].body, Block):
+        return None
+    plan = _plan(nest, nest[-1].body, lanes(out_dtype(func)))
+    if plan is None:
+        return None
+    return _schedule(func, nest, *plan)
+
+
+def _plan(nest: list[For], block: Block, vector: int) -> tuple[int, int, int, int] | None:
+    """(channel block, interior start, interior end, jam) for the nest, or None if it is not
+    a stencil along its column loop."""
+    rows, cols, chans = nest[1], nest[2], nest[3]
+    if not all(isinstance(f.extent, int) for f in (rows, cols, chans)) or chans.extent < vector:  # type: ignore[operator]
+        return None
+    by_loop = {iv.binding: iv.var for iv in block.iter_vars if isinstance(iv.binding, SymVar)}
+    col, chan = by_loop.get(cols.var), by_loop.get(chans.var)
+    if col is None or chan is None or not isinstance(block.body, Store):
+        return None
+    value = block.body.value
+    taps: dict[object, set[Dim]] = {}
+    for ld in (x for x in walk_scalars(value) if isinstance(x, Load)):
+        idx = ld.indices
+        if len(idx) != 4 or idx[3] is not chan:
+            continue
+        column = idx[2]
+        if isinstance(column, (int, sym.SymExpr)) and col in sym_walk.free_vars(column):
+            taps.setdefault(ld.buffer, set()).add(column)
+    if not taps or max(len(v) for v in taps.values()) < MIN_TAPS:
+        return None
+    width: int = cols.extent  # type: ignore[assignment]
+    inside = [_interior(value, col, x) for x in range(width)]
+    lo = next((x for x in range(width) if inside[x]), width)
+    hi = lo
+    while hi < width and inside[hi]:
+        hi += 1
+    jam = next((u for u in range(min(JAM, hi - lo), 1, -1) if (hi - lo) % u == 0), min(JAM // 2, hi - lo))
+    return _channel_block(chans.extent, vector), lo, hi, max(jam, 1)  # type: ignore[arg-type]
+
+
+def _channel_block(channels: int, vector: int) -> int:
+    """The largest multiple of the vector dividing ``channels`` up to ``CHANNEL_BLOCK`` (all
+    of them where none does)."""
+    for cb in range(min(CHANNEL_BLOCK, channels) // vector * vector, 0, -vector):
+        if channels % cb == 0:
+            return cb
+    return channels
+
+
+def _interior(value: object, col: SymVar, x: int) -> bool:
+    """Whether at column ``x`` every test of the column alone in ``value`` holds and every
+    clamp of it (a min or max of an index) is inactive: no tap is in the padding."""
+    env = {col: x}
+    for e in walk_scalars(value):  # type: ignore[arg-type]
+        if isinstance(e, Binary) and e.op in _COMPARISONS and _only(e.a, col) and _only(e.b, col):
+            a, b = sym_walk.evaluate(e.a, env), sym_walk.evaluate(e.b, env)  # type: ignore[arg-type]
+            if not {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[e.op]:
+                return False
+        if isinstance(e, Load):
+            for d in e.indices:
+                if isinstance(d, (int, sym.SymExpr)) and not all(_inactive(c, col, env) for c in _clamps(d)):
+                    return False
+    return True
+
+
+def _only(d: object, col: SymVar) -> bool:
+    """``d`` is an index of the column var (and constants) alone."""
+    if not isinstance(d, (int, sym.SymExpr)) or isinstance(d, bool):
+        return False
+    return set(sym_walk.free_vars(d)) == {col}
+
+
+def _clamps(d: Dim) -> list[sym.SymExpr]:
+    """The min and max terms in ``d``."""
+    out: list[sym.SymExpr] = []
+
+    def go(e: Dim) -> Dim:
+        if isinstance(e, (sym.Min, sym.Max)):
+            out.append(e)
+        sym.substitute_atoms(e, go)
+        return e
+
+    go(d)
+    return out
+
+
+def _inactive(c: sym.SymExpr, col: SymVar, env: dict[SymVar, int]) -> bool:
+    """A clamp of the column alone returns its column operand at ``env`` (others: True)."""
+    if not _only(c, col):
+        return True
+    a, b = c.a, c.b  # type: ignore[attr-defined]
+    moving = a if col in sym_walk.free_vars(a) else b
+    return sym_walk.evaluate(c, env) == sym_walk.evaluate(moving, env)
+
+
+def _schedule(func: TensorFunc, nest: list[For], block: int, lo: int, hi: int, jam: int) -> TensorFunc:
+    batch, rows, cols, chans = (f.var for f in nest)
+    extents = [f.extent for f in nest]
+    width: int = nest[2].extent  # type: ignore[assignment]
+    if block < nest[3].extent:  # type: ignore[operator]
+        func, (cblock, chans) = lp.split_vars(func, chans, [None, block])
+        func = lp.reorder(func, batch, rows, cblock, cols, chans)
+    steady = lo + (hi - lo) // jam * jam if jam > 1 else lo
+    cuts = sorted({lo, steady} - {0, width})
+    func, pieces = lp.peel(func, cols, cuts)
+    for piece in pieces:
+        inner = _inner(func, piece)
+        f = loop(func, piece)
+        if jam > 1 and f.extent == steady - lo and _start(pieces, piece, cuts) == lo:
+            func, (outer, lane) = lp.split_vars(func, piece, [None, jam])
+            func = lp.reorder(func, outer, inner, lane)
+            func = lp.unroll(func, lane)
+        func = attempt(func, lp.vectorize, inner)
+    if worth_parallel(extents):
+        fused = attempt(func, lp.fuse, batch, rows)
+        top = top_nests(fused)[0]
+        func = attempt(fused, lp.parallel, top.var)
+    return func
+
+
+def _inner(func: TensorFunc, piece: SymVar) -> SymVar:
+    """The channel loop under the column loop ``piece``."""
+    _, f = find_loop(func, piece)
+    return next(s.var for _, s in walk(f.body) if isinstance(s, For))
+
+
+def _start(pieces: list[SymVar], piece: SymVar, cuts: list[int]) -> int:
+    return ([0, *cuts])[pieces.index(piece)]
+
+
+__all__ = ["NAME", "apply"]
