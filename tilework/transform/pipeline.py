@@ -26,6 +26,7 @@ from tilework.transform.fold_batch_norm import FoldBatchNorm
 from tilework.transform.fold_constant import FoldConstant
 from tilework.transform.fuse_attention import FuseAttention
 from tilework.transform.fuse_tensor import fusion_passes
+from tilework.transform.inline_scalar_constants import InlineScalarConstants
 from tilework.transform.kill_after_last_use import KillAfterLastUse
 from tilework.transform.legalize import Legalize
 from tilework.transform.lower_calls import LowerCalls
@@ -46,8 +47,9 @@ def graph_passes() -> list[Pass]:
 
 
 def kernel_passes() -> list[Pass]:
-    """Passes on the kernels right after legalize: reshape copies become views, then fusion."""
-    return [RewriteReshapeToView(), *fusion_passes()]
+    """Passes on the kernels right after legalize: reshape copies become views, then fusion,
+    then one-element constants become literals in the kernels they are passed to."""
+    return [RewriteReshapeToView(), *fusion_passes(), InlineScalarConstants()]
 
 
 def lowering_passes(plan_memory: bool = True) -> list[Pass]:

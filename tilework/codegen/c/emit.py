@@ -124,7 +124,7 @@ class CModule:
 
 
 _PRELUDE_NAMES = frozenset(re.findall(r"\b(tw_\w+)", PRELUDE)) | {
-    f"tw_{op}{s}" for op in ("max", "min", "fmod", "fdiv") for s in ("_f", "_d")
+    f"tw_{op}{s}" for op in ("max", "min", "maxc", "minc", "fmod", "fdiv") for s in ("_f", "_d")
 }
 
 
@@ -594,6 +594,8 @@ class _Emitter(LoopEmitter):
             fn = "tw_floordiv" if op == "//" else "tw_floormod"
             return f"(({ct}){fn}({a}, {b}))"
         if op in ("min", "max"):
+            if fl and isinstance(x.b, Const) and x.b.value == x.b.value:  # a bound that is not NaN
+                return f"tw_{op}c{sfx}({a}, {b})"
             if fl:
                 return f"tw_{op}{sfx}({a}, {b})"
             return f"(({ct})tw_{op}_i64({a}, {b}))"

@@ -14,7 +14,10 @@ integer/float helpers whose semantics the interpreter (``tilework.codegen.interp
 - ``tw_fdiv*``/``tw_fmod*``: NumPy's float ``floor_divide`` and ``remainder`` (``npy_divmod``).
 - ``tw_max*``/``tw_min*``: NaN-propagating, like ``np.maximum``/``np.minimum``; two selects, not
   ``a > b || a != a``, whose short circuit kept GCC from vectorizing a loop with a chain of them
-  (a max pool's taps, a hardswish epilogue's clamp after a depthwise conv).
+  (a max pool's taps, a hardswish epilogue's clamp after a depthwise conv). ``tw_maxc*``/
+  ``tw_minc*`` are the same results (bit for bit, zeros' signs included) for a bound ``b`` that
+  is not NaN, a constant's: one compare and one select (a relu or clamp epilogue, where the two
+  selects of the general form became a dozen mask operations per vector).
 - ``tw_exp_f`` (within 1 ulp), ``tw_tanh_f`` and ``tw_erf_f`` (within 2 ulp): float32 math
   written so that the C compiler inlines and vectorizes it (libm's are opaque calls); the
   interpreter's NumPy functions may differ in the last bits.
@@ -137,6 +140,8 @@ static inline int64_t tw_abs_i64(int64_t a) { return a < 0 ? -a : a; }
 #define TW_FLOAT_HELPERS(T, S, FMOD, FLOOR, COPYSIGN)                                  \
     static inline T tw_max##S(T a, T b) { T m = a > b ? a : b; return a != a ? a : m; } \
     static inline T tw_min##S(T a, T b) { T m = a < b ? a : b; return a != a ? a : m; } \
+    static inline T tw_maxc##S(T a, T b) { return a <= b ? b : a; }                    \
+    static inline T tw_minc##S(T a, T b) { return a >= b ? b : a; }                    \
     static inline T tw_fmod##S(T a, T b) {                                             \
         T m = FMOD(a, b);                                                              \
         if (b == 0) return m;                                                          \
