@@ -99,8 +99,9 @@ class InlineScalarConstants(Pass):
         for _, f in mod.graph_funcs():
             for block in f.body.blocks:
                 for b in block.bindings:
-                    if isinstance(b, Binding) and _is_call_tensor(b.value):
-                        callers[b.value.args[0].name] += 1  # type: ignore[union-attr]
+                    v = b.value
+                    if isinstance(b, Binding) and isinstance(v, Call) and _is_call_tensor(v) and isinstance(v.args[0], GlobalVar):
+                        callers[v.args[0].name] += 1
         rewriter = _Rewriter(mod, callers)
         out = rewriter.run()
         for name, func in rewriter.kernels.items():
