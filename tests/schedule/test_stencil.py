@@ -1,8 +1,9 @@
-"""The stencil rule (``tilework.schedule.rules.stencil``): which kernels it takes, the loops it
-makes (the columns peeled into border and interior loops, the interior's columns unrolled
-inside the channel vector loop), and the numerics of the depthwise convs and max pools it
-schedules against NumPy at symbolic batch 0, 1 and 3, odd spatial sizes, strides, dilation,
-and channel counts that are and are not a multiple of the vector."""
+"""The stencil rule (``tilework.schedule.rules.stencil``): which kernels it takes (depthwise
+convs, not pools), the loops it makes (rows in parallel, tested for the interior; the columns
+peeled into border and interior loops, the interior's columns unrolled inside the channel
+vector loop), and the numerics of the depthwise convs it schedules (and of the pools beside
+them) against NumPy at symbolic batch 0, 1 and 3, odd spatial sizes, strides, dilation, and
+channel counts that are and are not a multiple of the vector."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from tests.op.test_im2col import max_pool_ref
 from tilework.ir.builder import BlockBuilder
 from tilework.ir.graph import Tuple, Var
 from tilework.ir.info import TensorInfo
-from tilework.ir.loop import For, TensorFunc
+from tilework.ir.loop import For, IfThenElse, TensorFunc
 from tilework.op.conv_nhwc import depthwise_conv2d_nhwc, max_pool2d_nhwc
 from tilework.schedule import default_schedule
 from tilework.schedule.tree import walk
@@ -73,13 +74,17 @@ def test_windows_take_the_stencil_rule() -> None:
     assert len(funcs) == len(DEPTHWISE) + len(POOLS)
     rules = [f.attrs["schedule_rule"] for _, f in funcs]
     one_pixel = DEPTHWISE.index((1, 1, 16, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)))  # every tap reads column 0: no window
-    assert rules == ["elementwise" if i == one_pixel else "stencil" for i in range(len(funcs))]
+    pools = range(len(DEPTHWISE), len(funcs))  # no weights: bound by memory, the elementwise schedule
+    assert rules == ["elementwise" if i == one_pixel or i in pools else "stencil" for i in range(len(funcs))]
+    for (name, f), rule in zip(funcs, rules):
+        if rule == "stencil":  # every case has border rows and interior ones: the interior rows in a branch
+            assert any(isinstance(s, IfThenElse) and s.else_body is not None for _, s in walk(f.body)), name
     for (name, f), rule in zip(funcs, rules):
         if rule == "stencil":
             assert any(isinstance(s, For) and s.kind == "parallel" for _, s in walk(f.body)), name
     jammed = [i for i, (_, f) in enumerate(funcs) if _jammed(f)]
-    # every window with at least two columns that see all their taps: all but the 5 x 3 and 1 x 1 inputs
-    assert jammed == [i for i in range(len(funcs)) if i not in (one_pixel, one_pixel - 1)]
+    # every depthwise conv with at least two columns that see all their taps: all but the 5 x 3 and 1 x 1 inputs
+    assert jammed == [i for i in range(len(DEPTHWISE)) if i not in (one_pixel, one_pixel - 1)]
 
 
 @pytest.mark.parametrize("batch", [0, 1, 3])
