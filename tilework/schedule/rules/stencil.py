@@ -12,9 +12,9 @@ the padding are masked and clamped at every column. Here instead:
   ``CHANNEL_BLOCK`` (a block's weights stay in L1 while a row of outputs is made);
 - the columns run as consecutive loops (``peel``): the left border, the interior, the rest
   (the right border). In the interior no tap leaves the input, and the C compiler, which
-  knows each loop's range, folds the masks and clamps away; the interior's columns go
+  knows each loop's range, folds the masks and clamps away; the interior's columns go up to
   ``JAM`` at a time, unrolled inside the channel vector loop (unroll-and-jam: each loaded
-  weight vector serves ``JAM`` outputs, and neighbouring outputs share their input loads);
+  weight vector serves that many outputs, and neighbouring outputs share their input loads);
 - a row's body is there twice, under a test of the row: interior rows (their row masks and
   clamps fold the same way), then the border rows.
 
@@ -88,10 +88,10 @@ def _plan(nest: list[For], block: Block, vector: int) -> tuple[int, tuple[int, i
     lo, hi = _interior_range(value, col, cols.extent)  # type: ignore[arg-type]
     row = by_loop.get(rows.var)
     row_range = _interior_range(value, row, rows.extent) if row is not None else (0, 0)  # type: ignore[arg-type]
-    jam = next((u for u in range(min(JAM, hi - lo), 1, -1) if (hi - lo) % u == 0), min(JAM // 2, hi - lo))
+    jam = _jam(hi - lo)
     if not any(_per_channel(ld, chan) for ld in walk_scalars(value) if isinstance(ld, Load)):
         return None
-    return _channel_block(chans.extent, vector), (lo, hi), row_range, max(jam, 1)  # type: ignore[arg-type]
+    return _channel_block(chans.extent, vector), (lo, hi), row_range, jam  # type: ignore[arg-type]
 
 
 def _per_channel(ld: Load, chan: SymVar) -> bool:
@@ -101,6 +101,17 @@ def _per_channel(ld: Load, chan: SymVar) -> bool:
     a pixel at once, was 1.15x faster on ResNet-18's max pool."""
     *taps, last = ld.indices
     return bool(taps) and last is chan and all(isinstance(t, int) for t in taps)
+
+
+def _jam(length: int) -> int:
+    """Columns jammed at a time into an interior of ``length``: a divisor of it from 4 to
+    ``JAM``, else ``JAM`` (the rest of the interior runs unjammed, unmasked), at most the
+    interior (1: nothing to jam)."""
+    if length < 2:
+        return 1
+    if length <= JAM:
+        return length
+    return next((u for u in range(JAM, 3, -1) if length % u == 0), JAM)
 
 
 def _interior_range(value: object, var: SymVar, extent: int) -> tuple[int, int]:
@@ -177,7 +188,7 @@ def _schedule(func: TensorFunc, nest: list[For], block: int, columns: tuple[int,
         func, (cblock, chans) = lp.split_vars(func, chans, [None, block])
         func = lp.reorder(func, batch, rows, cblock, cols, chans)
     steady = lo + (hi - lo) // jam * jam if jam > 1 else lo
-    cuts = sorted({lo, steady} - {0, width})
+    cuts = sorted({lo, steady, hi} - {0, width})  # left border, jammed, unjammed interior, right border
     func, pieces = lp.peel(func, cols, cuts)
     for piece in pieces:
         inner = _inner(func, piece)
