@@ -85,13 +85,12 @@ def _plan(nest: list[For], block: Block, vector: int) -> tuple[int, tuple[int, i
             taps.setdefault(ld.buffer, set()).add(column)
     if not taps or max(len(v) for v in taps.values()) < MIN_TAPS:
         return None
+    if not any(_per_channel(ld, chan) for ld in walk_scalars(value) if isinstance(ld, Load)):
+        return None
     lo, hi = _interior_range(value, col, cols.extent)  # type: ignore[arg-type]
     row = by_loop.get(rows.var)
     row_range = _interior_range(value, row, rows.extent) if row is not None else (0, 0)  # type: ignore[arg-type]
-    jam = _jam(hi - lo)
-    if not any(_per_channel(ld, chan) for ld in walk_scalars(value) if isinstance(ld, Load)):
-        return None
-    return _channel_block(chans.extent, vector), (lo, hi), row_range, jam  # type: ignore[arg-type]
+    return _channel_block(chans.extent, vector), (lo, hi), row_range, _jam(hi - lo)  # type: ignore[arg-type]
 
 
 def _per_channel(ld: Load, chan: SymVar) -> bool:
@@ -133,27 +132,28 @@ def _channel_block(channels: int, vector: int) -> int:
     return channels
 
 
-def _interior(value: object, col: SymVar, x: int) -> bool:
-    """Whether at column ``x`` every test of the column alone in ``value`` holds and every
-    clamp of it (a min or max of an index) is inactive: no tap is in the padding."""
-    env = {col: x}
+def _interior(value: object, var: SymVar, x: int) -> bool:
+    """Whether at ``var = x`` (a column, or a row) every test of ``var`` alone in ``value``
+    holds and every clamp of it (a min or max of an index) is inactive: no tap is in the
+    padding."""
+    env = {var: x}
     for e in walk_scalars(value):  # type: ignore[arg-type]
-        if isinstance(e, Binary) and e.op in _COMPARISONS and _only(e.a, col) and _only(e.b, col):
+        if isinstance(e, Binary) and e.op in _COMPARISONS and _only(e.a, var) and _only(e.b, var):
             a, b = sym_walk.evaluate(e.a, env), sym_walk.evaluate(e.b, env)  # type: ignore[arg-type]
             if not {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[e.op]:
                 return False
         if isinstance(e, Load):
             for d in e.indices:
-                if isinstance(d, (int, sym.SymExpr)) and not all(_inactive(c, col, env) for c in _clamps(d)):
+                if isinstance(d, (int, sym.SymExpr)) and not all(_inactive(c, var, env) for c in _clamps(d)):
                     return False
     return True
 
 
-def _only(d: object, col: SymVar) -> bool:
-    """``d`` is an index of the column var (and constants) alone."""
+def _only(d: object, var: SymVar) -> bool:
+    """``d`` is an index of ``var`` (and constants) alone."""
     if not isinstance(d, (int, sym.SymExpr)) or isinstance(d, bool):
         return False
-    return set(sym_walk.free_vars(d)) == {col}
+    return set(sym_walk.free_vars(d)) == {var}
 
 
 def _clamps(d: Dim) -> list[sym.SymExpr]:
@@ -170,12 +170,13 @@ def _clamps(d: Dim) -> list[sym.SymExpr]:
     return out
 
 
-def _inactive(c: sym.SymExpr, col: SymVar, env: dict[SymVar, int]) -> bool:
-    """A clamp of the column alone returns its column operand at ``env`` (others: True)."""
-    if not _only(c, col):
+def _inactive(c: sym.SymExpr, var: SymVar, env: dict[SymVar, int]) -> bool:
+    """A clamp of ``var`` alone returns its operand that moves with ``var`` at ``env``
+    (other clamps: True)."""
+    if not _only(c, var):
         return True
     a, b = c.a, c.b  # type: ignore[attr-defined]
-    moving = a if col in sym_walk.free_vars(a) else b
+    moving = a if var in sym_walk.free_vars(a) else b
     return sym_walk.evaluate(c, env) == sym_walk.evaluate(moving, env)
 
 
@@ -198,24 +199,26 @@ def _schedule(func: TensorFunc, nest: list[For], block: int, columns: tuple[int,
             func = lp.reorder(func, outer, inner, lane)
             func = lp.unroll(func, lane)
         func = attempt(func, lp.vectorize, inner)
-    if worth_parallel(extents):
-        fused = attempt(func, lp.fuse, batch, rows)
-        top = top_nests(fused)[0]
-        func = attempt(fused, lp.parallel, top.var)
-    return _version_rows(func, nest[1].extent, rows_inside)  # type: ignore[arg-type]
+    if not worth_parallel(extents):
+        return func
+    fused = attempt(func, lp.fuse, batch, rows)
+    if fused is func:
+        return attempt(func, lp.parallel, batch)
+    return _version_rows(attempt(fused, lp.parallel, top_nests(fused)[0].var), nest[1].extent, rows_inside)  # type: ignore[arg-type]
 
 
 def _version_rows(func: TensorFunc, height: int, inside: tuple[int, int]) -> TensorFunc:
-    """The row's body twice under a test of the row: interior rows (no tap in the padding)
-    first, so that the compiler folds their row masks and clamps too; the other rows in a
-    copy with its own names. Nothing changes where every row or none is interior."""
+    """The row's body twice under a test of the row (the fused batch-and-row loop modulo the
+    rows): interior rows (no tap in the padding) first, so that the compiler folds their row
+    masks and clamps too; the other rows in a copy with its own names. Nothing changes where
+    every row or none is interior. (Either copy computes any row: the test only picks one.)"""
     lo, hi = inside
     if hi <= lo or (lo == 0 and hi == height):
         return func
     top = top_nests(func)[0]
     if top.kind != "parallel":
         return func
-    row = top.var if top.extent == height else sym.floormod(top.var, height)
+    row = sym.floormod(top.var, height)
     used, names = used_names(func), block_names(func)
     other = rename_blocks(rebind(top.body, used), names)
     test = conj([Binary(">=", row, lo, "bool"), Binary("<", row, hi, "bool")])
