@@ -41,12 +41,12 @@ DEPTHWISE = [
 POOLS = [(11, 13, 32, (3, 3), (2, 2), (1, 1, 1, 1)), (6, 9, 16, (3, 3), (1, 1), (1, 1, 1, 1))]
 
 
-def _module(relu: bool = True) -> Any:
+def _module(relu: bool = True, dtype: str = "float32") -> Any:
     bb = BlockBuilder()
-    xs = [Var(f"x{i}", TensorInfo((n, hh, ww, c), "float32")) for i, (hh, ww, c, *_) in enumerate(DEPTHWISE)]
-    ks = [Var(f"k{i}", TensorInfo((kernel[0] * kernel[1], c), "float32")) for i, (_, _, c, kernel, *_) in enumerate(DEPTHWISE)]
-    bs = [Var(f"b{i}", TensorInfo((c,), "float32")) for i, (_, _, c, *_) in enumerate(DEPTHWISE)]
-    ps = [Var(f"p{i}", TensorInfo((n, hh, ww, c), "float32")) for i, (hh, ww, c, *_) in enumerate(POOLS)]
+    xs = [Var(f"x{i}", TensorInfo((n, hh, ww, c), dtype)) for i, (hh, ww, c, *_) in enumerate(DEPTHWISE)]
+    ks = [Var(f"k{i}", TensorInfo((kernel[0] * kernel[1], c), dtype)) for i, (_, _, c, kernel, *_) in enumerate(DEPTHWISE)]
+    bs = [Var(f"b{i}", TensorInfo((c,), dtype)) for i, (_, _, c, *_) in enumerate(DEPTHWISE)]
+    ps = [Var(f"p{i}", TensorInfo((n, hh, ww, c), dtype)) for i, (hh, ww, c, *_) in enumerate(POOLS)]
     with bb.function("main", [*xs, *ks, *bs, *ps]):
         with bb.dataflow():
             outs = []
@@ -87,24 +87,24 @@ def test_windows_take_the_stencil_rule() -> None:
     assert jammed == [i for i in range(len(DEPTHWISE)) if i not in (one_pixel, one_pixel - 1)]
 
 
-@pytest.mark.parametrize("batch", [0, 1, 3])
-def test_numerics(batch: int) -> None:
+@pytest.mark.parametrize(("batch", "dtype"), [(0, "float32"), (1, "float32"), (3, "float32"), (3, "float64")])
+def test_numerics(batch: int, dtype: str) -> None:
     rng = np.random.default_rng(batch)
     xs, ks, bs, ps = [], [], [], []
     for hh, ww, c, kernel, *_ in DEPTHWISE:
-        x = rng.standard_normal((batch, hh, ww, c)).astype(np.float32)
+        x = rng.standard_normal((batch, hh, ww, c)).astype(dtype)
         if batch:  # an inf or NaN at the border reaches only the outputs whose windows hold it
             x[0, 0, 0, 0], x[-1, -1, -1, -1] = np.inf, np.nan
         xs.append(x)
-        ks.append(rng.standard_normal((c, 1, *kernel)).astype(np.float32))
-        bs.append(rng.standard_normal(c).astype(np.float32))
+        ks.append(rng.standard_normal((c, 1, *kernel)).astype(dtype))
+        bs.append(rng.standard_normal(c).astype(dtype))
     for hh, ww, c, *_ in POOLS:
-        ps.append(rng.standard_normal((batch, hh, ww, c)).astype(np.float32))
-    got = tw.VM(tw.build(_module()))["main"](*xs, *(depthwise_weight_matrix(k) for k in ks), *bs, *ps)
+        ps.append(rng.standard_normal((batch, hh, ww, c)).astype(dtype))
+    got = tw.VM(tw.build(_module(dtype=dtype)))["main"](*xs, *(depthwise_weight_matrix(k) for k in ks), *bs, *ps)
     for i, (x, k, b, (_, _, c, _, strides, padding, dilation)) in enumerate(zip(xs, ks, bs, DEPTHWISE)):
         want = np.maximum(conv_ref(x.transpose(0, 3, 1, 2), k, b, strides, padding, dilation, c).transpose(0, 2, 3, 1), 0)
         assert np.asarray(got[i]).shape == want.shape
-        np.testing.assert_allclose(np.asarray(got[i]), want, rtol=1e-5, atol=1e-5, err_msg=f"depthwise case {i} at batch {batch}")
+        np.testing.assert_allclose(np.asarray(got[i]), want, rtol=1e-5, atol=1e-5, err_msg=f"depthwise case {i} at batch {batch}, {dtype}")
     for i, (p, (_, _, _, size, strides, padding)) in enumerate(zip(ps, POOLS)):
         np.testing.assert_array_equal(np.asarray(got[len(DEPTHWISE) + i]), max_pool_ref(p, size, strides, padding), err_msg=f"pool {i} at batch {batch}")
 
