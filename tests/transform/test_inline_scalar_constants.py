@@ -1,11 +1,13 @@
 """inline_scalar_constants: one-element constants passed to a kernel become literals in it (the
-call loses those arguments, the kernel those params), the clamp against a literal bound is
-emitted as the one-select form; a kernel with several callers keeps its params; numerics are
-unchanged, NaN and signed zeros included."""
+calls lose those arguments, the kernel those params), the clamp against a literal bound is
+emitted as the one-select form; a kernel whose callers pass different values keeps that param,
+one whose callers all pass the same value loses it; numerics are unchanged, NaN and signed zeros
+included."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from tests.transform.util import ir
 from tilework.codegen.c.emit import emit_module
@@ -60,13 +62,15 @@ def test_numerics_unchanged_nan_and_signed_zeros_included() -> None:
     assert np.signbit(got).tolist() == np.signbit(want).tolist()
 
 
-def test_a_kernel_with_two_callers_keeps_its_params() -> None:
-    text = """
+@pytest.mark.parametrize(("second", "inlined"), [(3.0, False), (2.0, True)])
+def test_a_kernel_with_two_callers(second: float, inlined: bool) -> None:
+    """Different values at one param: it stays; the same value at every call: a literal."""
+    text = f"""
     @graph
-    def main(x: Tensor((4,), "float32")):
+    def main(x: Tensor((4,), "float32"), y: Tensor((4,), "float32")):
         with dataflow():
             a = multiply(x, const(2.0, "float32"))
-            b = multiply(x, const(3.0, "float32"))
+            b = multiply(y, const({second}, "float32"))
             gv = (a, b)
             output(gv)
         return gv
@@ -75,7 +79,9 @@ def test_a_kernel_with_two_callers_keeps_its_params() -> None:
     calls = _calls(legal)
     assert len(calls) == 2 and calls[0].args[0].name == calls[1].args[0].name  # type: ignore[union-attr]
     out = InlineScalarConstants()(legal)
-    assert [len(c.args[1].fields) for c in _calls(out)] == [2, 2]  # type: ignore[union-attr]
-    got = tw.VM(tw.build(ir(text)))["main"](np.arange(4, dtype=np.float32))
+    assert [len(c.args[1].fields) for c in _calls(out)] == ([1, 1] if inlined else [2, 2])  # type: ignore[union-attr]
+    (kernel,) = _kernels(out).values()
+    assert len([p for p in kernel.params if isinstance(p, Buffer)]) == (2 if inlined else 3)
+    got = tw.VM(tw.build(ir(text)))["main"](np.arange(4, dtype=np.float32), np.arange(4, dtype=np.float32) + 1)
     np.testing.assert_array_equal(np.asarray(got[0]), np.arange(4) * 2.0)
-    np.testing.assert_array_equal(np.asarray(got[1]), np.arange(4) * 3.0)
+    np.testing.assert_array_equal(np.asarray(got[1]), (np.arange(4) + 1) * second)

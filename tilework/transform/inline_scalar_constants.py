@@ -7,16 +7,16 @@ min against them takes the general two-select form (a dozen mask operations per 
 depthwise conv) where a literal bound takes one compare and one select
 (``tilework.codegen.c.prelude``: ``tw_maxc``/``tw_minc``).
 
-Each argument of a ``call_tensor`` that is a graph constant of one element, of a float or
-integer dtype, is replaced in the kernel by its value (every load of the buffer becomes the
-literal) and dropped from the call, when that call is the kernel's only caller (a kernel shared
-by several calls is left as it is). Runs after fusion, before the schedule. Guarantees: the same
-values (a load of a one-element constant buffer is its element).
+Each param of a kernel that every ``call_tensor`` of it passes the same graph constant of one
+element (of a float or integer dtype: the same dtype and bytes) is replaced in the kernel by
+that value (every load of the buffer becomes the literal) and dropped from the calls; a param
+its callers pass different values stays a param (MobileNetV3's repeated blocks share their
+kernels and their hardswish constants). Runs after fusion, before the schedule. Guarantees: the
+same values (a load of a one-element constant buffer is its element).
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 from tilework.ir.dtype import is_float_dtype
@@ -67,25 +67,51 @@ def _drop_reads(s: Stmt, gone: set[Buffer]) -> Stmt:
     return s
 
 
+def _call_tensors(mod: IRModule) -> list[Call]:
+    out: list[Call] = []
+    for _, f in mod.graph_funcs():
+        for block in f.body.blocks:
+            for b in block.bindings:
+                v = b.value
+                if isinstance(b, Binding) and isinstance(v, Call) and _is_call_tensor(v) and isinstance(v.args[1], Tuple):
+                    out.append(v)
+    return out
+
+
+def _shared_literals(func: TensorFunc, calls: list[Call]) -> dict[int, Const]:
+    """The params of ``func`` that every one of its ``calls`` passes the same one-element
+    constant (the same dtype and bytes) as, with their literals."""
+    first = calls[0].args[1]
+    assert isinstance(first, Tuple)
+    out: dict[int, Const] = {}
+    for i, a in enumerate(first.fields):
+        c = _scalar(a)
+        p = func.params[i] if i < len(func.params) else None
+        if c is None or not isinstance(p, Buffer) or p.dtype != c.dtype:
+            continue
+        same = all(isinstance(t := call.args[1], Tuple) and len(t.fields) == len(first.fields) and _same(t.fields[i], a) for call in calls[1:])
+        if same:
+            out[i] = c
+    return out
+
+
+def _same(a: Expr, b: Expr) -> bool:
+    return isinstance(a, Constant) and isinstance(b, Constant) and a.data.dtype == b.data.dtype and a.data.tobytes() == b.data.tobytes()
+
+
 class _Rewriter(FuncRewriter):
-    def __init__(self, mod: IRModule, callers: Counter[str]) -> None:
+    def __init__(self, mod: IRModule, drop: dict[str, dict[int, Const]]) -> None:
         super().__init__(mod)
-        self.callers = callers
-        self.kernels: dict[str, TensorFunc] = {}
+        self.drop = drop
 
     def rewrite_value(self, binding: Binding, value: Expr) -> Expr:
-        if not _is_call_tensor(value) or not isinstance(value, Call):
+        if not isinstance(value, Call) or not _is_call_tensor(value):
             return value
         gv, args = value.args[0], value.args[1]
         assert isinstance(gv, GlobalVar)
-        func = self.mod[gv.name]
-        if not isinstance(func, TensorFunc) or self.callers[gv.name] != 1 or not isinstance(args, Tuple):
+        values = self.drop.get(gv.name)
+        if not values or not isinstance(args, Tuple):
             return value
-        values = {i: c for i, a in enumerate(args.fields) if (c := _scalar(a)) is not None and isinstance(func.params[i], Buffer)}
-        values = {i: c for i, c in values.items() if func.params[i].dtype == c.dtype}  # type: ignore[union-attr]
-        if not values:
-            return value
-        self.kernels[gv.name] = inline_into(func, values)
         kept = Tuple(tuple(a for i, a in enumerate(args.fields) if i not in values))
         return Call(value.callee, (gv, kept, *value.args[2:]), value.attrs, value.sinfo_args, value.info)
 
@@ -95,17 +121,23 @@ class InlineScalarConstants(Pass):
     name: str = "inline_scalar_constants"
 
     def run(self, mod: IRModule) -> IRModule:
-        callers: Counter[str] = Counter()
-        for _, f in mod.graph_funcs():
-            for block in f.body.blocks:
-                for b in block.bindings:
-                    v = b.value
-                    if isinstance(b, Binding) and isinstance(v, Call) and _is_call_tensor(v) and isinstance(v.args[0], GlobalVar):
-                        callers[v.args[0].name] += 1
-        rewriter = _Rewriter(mod, callers)
-        out = rewriter.run()
-        for name, func in rewriter.kernels.items():
-            out = out.with_func(name, func)
+        by_kernel: dict[str, list[Call]] = {}
+        for call in _call_tensors(mod):
+            by_kernel.setdefault(call.args[0].name, []).append(call)  # type: ignore[attr-defined]
+        drop: dict[str, dict[int, Const]] = {}
+        for name, calls in by_kernel.items():
+            func = mod[name]
+            if isinstance(func, TensorFunc):
+                values = _shared_literals(func, calls)
+                if values:
+                    drop[name] = values
+        if not drop:
+            return mod
+        out = _Rewriter(mod, drop).run()
+        for name, values in drop.items():
+            func = mod[name]
+            assert isinstance(func, TensorFunc)
+            out = out.with_func(name, inline_into(func, values))
         return out
 
 
