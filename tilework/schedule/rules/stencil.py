@@ -20,7 +20,7 @@ the padding are masked and clamped at every column. Here instead:
 
 Measured on MobileNetV3-Small (AMD Zen-class AVX-512, 2 threads, one process, the model
 compiled both ways and called in turn; with ``inline_scalar_constants``, whose literal clamp
-bounds the hardswish epilogues of these kernels need): batch 1 1.13x, batch 8 1.15x the whole
+bounds the hardswish epilogues of these kernels need): batch 1 1.18x, batch 8 1.19x the whole
 model with the elementwise schedule and the constants as buffers.
 
 Declines (the elementwise rule takes the function) unless the function is one perfect nest of
