@@ -11,12 +11,14 @@ Each param of a kernel that every ``call_tensor`` of it passes the same graph co
 element (of a float or integer dtype: the same dtype and bytes) is replaced in the kernel by
 that value (every load of the buffer becomes the literal) and dropped from the calls; a param
 its callers pass different values stays a param (MobileNetV3's repeated blocks share their
-kernels and their hardswish constants). Runs after fusion, before the schedule. Guarantees: the
-same values (a load of a one-element constant buffer is its element).
+kernels and their hardswish constants). Only kernels that nothing refers to but such calls, each
+a binding of a graph function's body, are touched. Runs after fusion, before the schedule.
+Guarantees: the same values (a load of a one-element constant buffer is its element).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from tilework.ir.dtype import is_float_dtype
@@ -24,6 +26,7 @@ from tilework.ir.graph import Binding, Call, Constant, Expr, GlobalVar, OpRef, T
 from tilework.ir.loop import Block, Buffer, Const, Load, PExpr, Scalar, Stmt, TensorFunc, const
 from tilework.ir.module import IRModule
 from tilework.ir.rewrite import FuncRewriter
+from tilework.ir.visitor import ExprVisitor
 from tilework.schedule.tree import children, map_stmt_scalars, with_children
 from tilework.transform.base import Pass
 
@@ -67,15 +70,34 @@ def _drop_reads(s: Stmt, gone: set[Buffer]) -> Stmt:
     return s
 
 
-def _call_tensors(mod: IRModule) -> list[Call]:
-    out: list[Call] = []
+class _References(ExprVisitor):
+    """Every reference to a module function, and the ``call_tensor`` calls among them."""
+
+    def __init__(self) -> None:
+        self.refs: Counter[str] = Counter()
+        self.calls: list[Call] = []
+
+    def visit_global_var(self, e: GlobalVar) -> None:
+        self.refs[e.name] += 1
+
+    def visit_call(self, e: Call) -> None:
+        if _is_call_tensor(e):
+            self.calls.append(e)
+        super().visit_call(e)
+
+
+def _callers(mod: IRModule) -> dict[str, list[Call]]:
+    """Each kernel's ``call_tensor`` calls, for the kernels that are referenced by those calls
+    alone, each a binding of a graph function's body (not inside a branch)."""
+    seen = _References()
+    top: set[int] = set()
     for _, f in mod.graph_funcs():
-        for block in f.body.blocks:
-            for b in block.bindings:
-                v = b.value
-                if isinstance(b, Binding) and isinstance(v, Call) and _is_call_tensor(v) and isinstance(v.args[1], Tuple):
-                    out.append(v)
-    return out
+        seen.visit(f.body)
+        top |= {id(b.value) for block in f.body.blocks for b in block.bindings if isinstance(b, Binding)}
+    by_kernel: dict[str, list[Call]] = {}
+    for call in seen.calls:
+        by_kernel.setdefault(call.args[0].name, []).append(call)  # type: ignore[attr-defined]
+    return {name: calls for name, calls in by_kernel.items() if seen.refs[name] == len(calls) and all(id(c) in top and isinstance(c.args[1], Tuple) for c in calls)}
 
 
 def _shared_literals(func: TensorFunc, calls: list[Call]) -> dict[int, Const]:
@@ -121,11 +143,8 @@ class InlineScalarConstants(Pass):
     name: str = "inline_scalar_constants"
 
     def run(self, mod: IRModule) -> IRModule:
-        by_kernel: dict[str, list[Call]] = {}
-        for call in _call_tensors(mod):
-            by_kernel.setdefault(call.args[0].name, []).append(call)  # type: ignore[attr-defined]
         drop: dict[str, dict[int, Const]] = {}
-        for name, calls in by_kernel.items():
+        for name, calls in _callers(mod).items():
             func = mod[name]
             if isinstance(func, TensorFunc):
                 values = _shared_literals(func, calls)
