@@ -4,7 +4,8 @@
 callers address a stage by name rather than by position:
 
 ``graph`` (clean-ups on the graph) -> ``placement`` (backend offload: the caller's passes, from
-the backend layer) -> ``legalize`` (ops -> loop-level kernels) -> ``kernel`` (views, fusion) ->
+the backend layer) -> ``legalize`` (ops -> loop-level kernels) -> ``kernel`` (views, fusion,
+one-element constants as literals) ->
 ``schedule`` (default schedule rules, the target's) -> ``lowering`` (explicit allocation,
 memory planning, shape lowering, freeing after last use).
 
