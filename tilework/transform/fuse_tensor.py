@@ -236,13 +236,14 @@ def _group_bindings(func: GraphFunc) -> list[Binding]:
     out: list[Binding] = []
     for block in func.body.blocks:
         for b in block.bindings:
-            if not isinstance(b, Binding) or not _is_call_tensor(b.value):
+            if not isinstance(b, Binding) or not is_call_tensor(b.value):
                 raise _CannotFuse(f"%{b.var.name} is not bound to a call_tensor")
             out.append(b)
     return out
 
 
-def _is_call_tensor(e: Expr) -> bool:
+def is_call_tensor(e: Expr) -> bool:
+    """``e`` is a ``call_tensor`` call (of a kernel of the module)."""
     return isinstance(e, Call) and isinstance(e.callee, OpRef) and e.callee.name == "call_tensor"
 
 
@@ -413,7 +414,7 @@ def _callees(func: GraphFunc) -> set[str]:
     out: set[str] = set()
     for block in func.body.blocks:
         for b in block.bindings:
-            if isinstance(b.value, Call) and _is_call_tensor(b.value) and isinstance(b.value.args[0], GlobalVar):
+            if isinstance(b.value, Call) and is_call_tensor(b.value) and isinstance(b.value.args[0], GlobalVar):
                 out.add(b.value.args[0].name)
     return out
 
@@ -462,4 +463,4 @@ def fusion_passes() -> list[Pass]:
     return [AnnotateOpPattern(), FuseOps(), FuseTensor()]
 
 
-__all__ = ["FuseTensor", "fuse_group", "fusion_passes", "match_syms"]
+__all__ = ["FuseTensor", "fuse_group", "fusion_passes", "is_call_tensor", "match_syms"]

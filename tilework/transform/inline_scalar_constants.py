@@ -21,29 +21,27 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from tilework.ir.dtype import is_float_dtype
-from tilework.ir.graph import Binding, Call, Constant, Expr, GlobalVar, OpRef, Tuple
+from tilework.ir.graph import Binding, Call, Constant, Expr, GlobalVar, Tuple
 from tilework.ir.loop import Block, Buffer, Const, Load, PExpr, Scalar, Stmt, TensorFunc, const
 from tilework.ir.module import IRModule
 from tilework.ir.rewrite import FuncRewriter
 from tilework.ir.visitor import ExprVisitor
 from tilework.schedule.tree import children, map_stmt_scalars, with_children
 from tilework.transform.base import Pass
+from tilework.transform.fuse_tensor import is_call_tensor
 
 _DTYPES = ("float32", "float64", "int32", "int64")
 
 
 def _is_call_tensor(e: Expr) -> bool:
-    return isinstance(e, Call) and isinstance(e.callee, OpRef) and e.callee.name == "call_tensor" and isinstance(e.args[0], GlobalVar)
+    return is_call_tensor(e) and isinstance(e.args[0], GlobalVar)  # type: ignore[attr-defined]
 
 
 def _scalar(e: Expr) -> Const | None:
     """The literal of a one-element constant of a dtype kept as a literal, else None."""
     if not isinstance(e, Constant) or e.data.size != 1 or str(e.data.dtype) not in _DTYPES:
         return None
-    dtype = str(e.data.dtype)
-    value = e.data.reshape(()).item()
-    return const(value, dtype) if is_float_dtype(dtype) or isinstance(value, int) else None
+    return const(e.data.reshape(()).item(), str(e.data.dtype))
 
 
 def inline_into(func: TensorFunc, values: dict[int, Const]) -> TensorFunc:
@@ -103,16 +101,11 @@ def _callers(mod: IRModule) -> dict[str, list[Call]]:
 def _shared_literals(func: TensorFunc, calls: list[Call]) -> dict[int, Const]:
     """The params of ``func`` that every one of its ``calls`` passes the same one-element
     constant (the same dtype and bytes) as, with their literals."""
-    first = calls[0].args[1]
-    assert isinstance(first, Tuple)
+    first = calls[0].args[1].fields  # type: ignore[attr-defined]
     out: dict[int, Const] = {}
-    for i, a in enumerate(first.fields):
-        c = _scalar(a)
-        p = func.params[i] if i < len(func.params) else None
-        if c is None or not isinstance(p, Buffer) or p.dtype != c.dtype:
-            continue
-        same = all(isinstance(t := call.args[1], Tuple) and len(t.fields) == len(first.fields) and _same(t.fields[i], a) for call in calls[1:])
-        if same:
+    for i, a in enumerate(first):
+        c, p = _scalar(a), func.params[i]
+        if c is not None and isinstance(p, Buffer) and p.dtype == c.dtype and all(_same(call.args[1].fields[i], a) for call in calls[1:]):  # type: ignore[attr-defined]
             out[i] = c
     return out
 
@@ -127,15 +120,12 @@ class _Rewriter(FuncRewriter):
         self.drop = drop
 
     def rewrite_value(self, binding: Binding, value: Expr) -> Expr:
-        if not isinstance(value, Call) or not _is_call_tensor(value):
+        values = self.drop.get(value.args[0].name) if isinstance(value, Call) and _is_call_tensor(value) else None  # type: ignore[attr-defined]
+        if not values:
             return value
-        gv, args = value.args[0], value.args[1]
-        assert isinstance(gv, GlobalVar)
-        values = self.drop.get(gv.name)
-        if not values or not isinstance(args, Tuple):
-            return value
-        kept = Tuple(tuple(a for i, a in enumerate(args.fields) if i not in values))
-        return Call(value.callee, (gv, kept, *value.args[2:]), value.attrs, value.sinfo_args, value.info)
+        assert isinstance(value, Call)
+        kept = Tuple(tuple(a for i, a in enumerate(value.args[1].fields) if i not in values))  # type: ignore[attr-defined]
+        return Call(value.callee, (value.args[0], kept, *value.args[2:]), value.attrs, value.sinfo_args, value.info)
 
 
 @dataclass(frozen=True)
@@ -143,20 +133,14 @@ class InlineScalarConstants(Pass):
     name: str = "inline_scalar_constants"
 
     def run(self, mod: IRModule) -> IRModule:
-        drop: dict[str, dict[int, Const]] = {}
-        for name, calls in _callers(mod).items():
-            func = mod[name]
-            if isinstance(func, TensorFunc):
-                values = _shared_literals(func, calls)
-                if values:
-                    drop[name] = values
+        callers = _callers(mod)
+        kernels = {name: func for name in callers if isinstance(func := mod[name], TensorFunc)}
+        drop = {name: values for name, func in kernels.items() if (values := _shared_literals(func, callers[name]))}
         if not drop:
             return mod
         out = _Rewriter(mod, drop).run()
         for name, values in drop.items():
-            func = mod[name]
-            assert isinstance(func, TensorFunc)
-            out = out.with_func(name, inline_into(func, values))
+            out = out.with_func(name, inline_into(kernels[name], values))
         return out
 
 

@@ -115,7 +115,8 @@ def _jam(length: int) -> int:
 
 def _interior_range(value: object, var: SymVar, extent: int) -> tuple[int, int]:
     """The first run of positions of ``var`` where no tap is in the padding."""
-    inside = [_interior(value, var, x) for x in range(extent)]
+    tests, clamps = _tests_of(value, var)
+    inside = [_interior(tests, clamps, var, x) for x in range(extent)]
     lo = next((x for x in range(extent) if inside[x]), extent)
     hi = lo
     while hi < extent and inside[hi]:
@@ -132,21 +133,28 @@ def _channel_block(channels: int, vector: int) -> int:
     return channels
 
 
-def _interior(value: object, var: SymVar, x: int) -> bool:
-    """Whether at ``var = x`` (a column, or a row) every test of ``var`` alone in ``value``
-    holds and every clamp of it (a min or max of an index) is inactive: no tap is in the
-    padding."""
-    env = {var: x}
+def _tests_of(value: object, var: SymVar) -> tuple[list[Binary], list[sym.SymExpr]]:
+    """The comparisons of ``var`` alone in ``value`` (a tap's mask) and the clamps of ``var``
+    alone in its load indices (a min or max: a tap's position kept in the input)."""
+    tests: list[Binary] = []
+    clamps: list[sym.SymExpr] = []
     for e in walk_scalars(value):  # type: ignore[arg-type]
         if isinstance(e, Binary) and e.op in _COMPARISONS and _only(e.a, var) and _only(e.b, var):
-            a, b = sym_walk.evaluate(e.a, env), sym_walk.evaluate(e.b, env)  # type: ignore[arg-type]
-            if not {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[e.op]:
-                return False
-        if isinstance(e, Load):
-            for d in e.indices:
-                if isinstance(d, (int, sym.SymExpr)) and not all(_inactive(c, var, env) for c in _clamps(d)):
-                    return False
-    return True
+            tests.append(e)
+        elif isinstance(e, Load):
+            clamps += [c for d in e.indices if isinstance(d, (int, sym.SymExpr)) for c in _clamps(d) if _only(c, var)]
+    return tests, clamps
+
+
+def _interior(tests: list[Binary], clamps: list[sym.SymExpr], var: SymVar, x: int) -> bool:
+    """Whether at ``var = x`` (a column, or a row) every test holds and every clamp is
+    inactive: no tap is in the padding."""
+    env = {var: x}
+    for t in tests:
+        a, b = sym_walk.evaluate(t.a, env), sym_walk.evaluate(t.b, env)  # type: ignore[arg-type]
+        if not {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[t.op]:
+            return False
+    return all(_inactive(c, var, env) for c in clamps)
 
 
 def _only(d: object, var: SymVar) -> bool:
@@ -171,10 +179,7 @@ def _clamps(d: Dim) -> list[sym.SymExpr]:
 
 
 def _inactive(c: sym.SymExpr, var: SymVar, env: dict[SymVar, int]) -> bool:
-    """A clamp of ``var`` alone returns its operand that moves with ``var`` at ``env``
-    (other clamps: True)."""
-    if not _only(c, var):
-        return True
+    """The clamp ``c`` of ``var`` returns its operand that moves with ``var`` at ``env``."""
     a, b = c.a, c.b  # type: ignore[attr-defined]
     moving = a if var in sym_walk.free_vars(a) else b
     return sym_walk.evaluate(c, env) == sym_walk.evaluate(moving, env)
@@ -191,10 +196,9 @@ def _schedule(func: TensorFunc, nest: list[For], block: int, columns: tuple[int,
     steady = lo + (hi - lo) // jam * jam if jam > 1 else lo
     cuts = sorted({lo, steady, hi} - {0, width})  # left border, jammed, unjammed interior, right border
     func, pieces = lp.peel(func, cols, cuts)
-    for piece in pieces:
+    for piece, start in zip(pieces, [0, *cuts]):
         inner = _inner(func, piece)
-        f = loop(func, piece)
-        if jam > 1 and f.extent == steady - lo and _start(pieces, piece, cuts) == lo:
+        if jam > 1 and start == lo and loop(func, piece).extent == steady - lo:
             func, (outer, lane) = lp.split_vars(func, piece, [None, jam])
             func = lp.reorder(func, outer, inner, lane)
             func = lp.unroll(func, lane)
@@ -231,9 +235,6 @@ def _inner(func: TensorFunc, piece: SymVar) -> SymVar:
     _, f = find_loop(func, piece)
     return next(s.var for _, s in walk(f.body) if isinstance(s, For))
 
-
-def _start(pieces: list[SymVar], piece: SymVar, cuts: list[int]) -> int:
-    return ([0, *cuts])[pieces.index(piece)]
 
 
 __all__ = ["NAME", "apply"]
