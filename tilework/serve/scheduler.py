@@ -289,7 +289,7 @@ class Scheduler:
         chunk = s.tokens[s.fed : s.fed + n]
         t0 = time.perf_counter()
         kv_len, table = self.cache.step_inputs([s.sid], n)
-        logits = self.llm._prefill(np.asarray([chunk], np.int32), kv_len, table, self.cache.k, self.cache.v)
+        logits = self.llm._prefill(np.asarray([chunk], np.int32), kv_len, table, *self.llm.kv_args)
         self.cache.advance([s.sid], n)
         s.fed += n
         self.metrics.prefilled(n, time.perf_counter() - t0)
@@ -301,7 +301,7 @@ class Scheduler:
         t0 = time.perf_counter()
         kv_len, table = self.cache.step_inputs(sids, 1)
         tokens = np.fromiter((s.out.ids[-1] for s in batch), np.int32, len(batch))
-        logits = self.llm._decode(tokens, kv_len, table, self.cache.k, self.cache.v)
+        logits = self.llm._decode(tokens, kv_len, table, *self.llm.kv_args)
         self.cache.advance(sids, 1)
         self.metrics.decoded(len(batch), time.perf_counter() - t0)
         for s, row in zip(batch, logits):
