@@ -91,7 +91,7 @@ class TileworkRunner:
             sid = cache.add()
             self.sids.append(sid)
             kv_len, table = cache.step_inputs([sid], len(row))
-            logits = self.llm._prefill(row[None].astype(np.int32), kv_len, table, cache.k, cache.v)
+            logits = self.llm._prefill(row[None].astype(np.int32), kv_len, table, *self.llm.kv_args)
             cache.advance([sid], len(row))
             out.append(int(logits[0].argmax()))
         return np.asarray(out, np.int32)
@@ -99,7 +99,7 @@ class TileworkRunner:
     def decode(self, tokens: np.ndarray) -> np.ndarray:
         cache = self.llm.cache
         kv_len, table = cache.step_inputs(self.sids, 1)
-        logits = self.llm._decode(tokens, kv_len, table, cache.k, cache.v)
+        logits = self.llm._decode(tokens, kv_len, table, *self.llm.kv_args)
         cache.advance(self.sids, 1)
         return logits.argmax(-1).astype(np.int32)
 

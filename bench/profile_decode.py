@@ -77,13 +77,13 @@ def main() -> None:
         sids = [cache.add() for _ in range(batch)]
         for sid in sids:
             kv_len, table = cache.step_inputs([sid], prompt)
-            llm._prefill(rng.integers(100, 49000, (1, prompt)).astype(np.int32), kv_len, table, cache.k, cache.v)
+            llm._prefill(rng.integers(100, 49000, (1, prompt)).astype(np.int32), kv_len, table, *llm.kv_args)
             cache.advance([sid], prompt)
         kv_len, table = cache.step_inputs(sids, 1)
         tokens = rng.integers(100, 49000, batch).astype(np.int32)
 
         def step() -> Any:
-            return llm._decode(tokens, kv_len, table, cache.k, cache.v)
+            return llm._decode(tokens, kv_len, table, *llm.kv_args)
 
         for threads in (int(t) for t in args.threads.split(",")):
             best, median, by = profile(llm, step, threads, args.calls)
