@@ -537,3 +537,42 @@ def test_the_vm_checks_arguments_before_the_library_runs(rng: np.random.Generato
         main(rng.standard_normal((2, 64)), b)
     with pytest.raises(RuntimeCheckError):
         main(rng.standard_normal((2, 64)).astype(np.float32), b[:3])
+
+
+def _join_background() -> None:
+    import threading
+
+    for t in threading.enumerate():
+        if t.name == "tilework-quant-library":
+            t.join()
+
+
+def test_library_in_background_is_the_library_later_calls_get(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Q, "_LIBS", {})
+    monkeypatch.setattr(Q, "_BACKGROUND", [])
+    Q.library_in_background()
+    _join_background()
+    built = Q._LIBS[(False, True, True)]
+    assert Q.library() is built
+    Q.library_in_background()  # once per process: nothing more starts
+    assert Q.library() is built
+
+
+def test_a_failed_background_build_is_reported_by_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tilework.errors import BuildError
+
+    calls = []
+
+    def failing(*key: bool) -> None:
+        calls.append(key)
+        raise BuildError("C compilation failed: no compiler here")
+
+    monkeypatch.setattr(Q, "_LIBS", {})
+    monkeypatch.setattr(Q, "_BACKGROUND", [])
+    monkeypatch.setattr(Q, "_load", failing)
+    Q.library_in_background()
+    _join_background()
+    assert calls == [(False, True, True)]  # tried, and nothing raised in the thread
+    with pytest.raises(BuildError, match="no compiler here"):
+        Q.library()  # the caller's own call tries again and reports it
+    assert len(calls) == 2

@@ -146,6 +146,7 @@ class QuantLibrary:
 
 _LIBS: dict[tuple[bool, bool, bool], QuantLibrary] = {}
 _LOCK = threading.Lock()
+_BACKGROUND: list[bool] = []  # library_in_background has started its thread
 
 
 def library(portable: bool = False, vnni: bool = True, bf16dot: bool = True) -> QuantLibrary:
@@ -159,6 +160,25 @@ def library(portable: bool = False, vnni: bool = True, bf16dot: bool = True) -> 
         if key not in _LIBS:
             _LIBS[key] = _load(*key)
         return _LIBS[key]
+
+
+def library_in_background() -> None:
+    """Start making ``library()`` in a thread, for a caller with other work to do before it
+    needs it (an LLM's first start exports and compiles its decoder, Python work for seconds,
+    while the C compiler builds this library in a process of its own); ``library()`` waits for
+    it. A failure is left to that later call to report (it tries again and raises). Once per
+    process."""
+    if _BACKGROUND:
+        return
+    _BACKGROUND.append(True)
+
+    def build() -> None:
+        try:
+            library()
+        except Exception:  # reported by the caller's own library() call
+            pass
+
+    threading.Thread(target=build, name="tilework-quant-library", daemon=True).start()
 
 
 def _load(portable: bool, vnni: bool, bf16dot: bool) -> QuantLibrary:

@@ -43,6 +43,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from tilework.backend import quant
 from tilework.codegen.cache import CacheWarning, building, cache_dir
 from tilework.errors import TileworkError
 from tilework.llm.config import LlmConfig
@@ -139,6 +140,8 @@ def _build(config: LlmConfig, formats: Mapping[str, str], max_batch: int, kv_dty
     if not _BUILDER:
         raise TileworkError("no compiler is registered: import tilework (tilework.driver registers tilework.build)")
     t0 = time.perf_counter()
+    if formats:  # the matrices' library, compiled meanwhile (the native runtime loads it)
+        quant.library_in_background()
     say("exporting the decoder (prefill and decode)")
     decoder = LlamaDecoder(config, dict(formats))
     module, _ = decoder.export(decoder_spec(config, max_batch=max_batch, kv_dtype=kv_dtype))

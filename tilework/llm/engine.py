@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
+from tilework.backend import quant
 from tilework.errors import TileworkError
 from tilework.llm.chat import ChatTemplate, Conversation
 from tilework.llm.compile import KV_DTYPE_OF, PRECISIONS, compiled_decoder, prepare_weights
@@ -133,6 +134,8 @@ class LLM:
         self.path = model or default_model_path()
         self.precision = precision
         say(f"loading {os.path.basename(self.path)}")
+        if precision != "fp32":  # its matrices run in the quant library: built (or loaded) meanwhile
+            quant.library_in_background()
         gguf_file = read_gguf(self.path) if self.path.endswith(".gguf") else None
         self.config, tensors = load_weights(self.path, gguf_file)
         self.formats, self.weights = prepare_weights(self.config, tensors, precision)
