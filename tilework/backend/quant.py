@@ -167,7 +167,9 @@ def library_in_background() -> None:
     needs it (an LLM's first start exports and compiles its decoder, Python work for seconds,
     while the C compiler builds this library in a process of its own); ``library()`` waits for
     it. A failure is left to that later call to report (it tries again and raises). Once per
-    process."""
+    process. The thread is a daemon: a process that ends meanwhile (a model file it cannot
+    read) does not wait for the compiler, which finishes on its own; its scratch directory
+    (``.build-*`` in the cache) is then left behind."""
     if _BACKGROUND:
         return
     _BACKGROUND.append(True)

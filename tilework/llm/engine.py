@@ -134,7 +134,7 @@ class LLM:
         self.path = model or default_model_path()
         self.precision = precision
         say(f"loading {os.path.basename(self.path)}")
-        if precision != "fp32":  # its matrices run in the quant library: built (or loaded) meanwhile
+        if precision != "fp32" and os.path.isfile(self.path):  # its matrices run in the quant library: built (or loaded) meanwhile
             quant.library_in_background()
         gguf_file = read_gguf(self.path) if self.path.endswith(".gguf") else None
         self.config, tensors = load_weights(self.path, gguf_file)
