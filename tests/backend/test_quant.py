@@ -540,11 +540,8 @@ def test_the_vm_checks_arguments_before_the_library_runs(rng: np.random.Generato
 
 
 def _join_background() -> None:
-    import threading
-
-    for t in threading.enumerate():
-        if t.name == "tilework-quant-library":
-            t.join()
+    for t in Q._BACKGROUND:
+        t.join()
 
 
 def test_library_in_background_is_the_library_later_calls_get(monkeypatch: pytest.MonkeyPatch) -> None:

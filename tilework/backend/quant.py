@@ -146,7 +146,7 @@ class QuantLibrary:
 
 _LIBS: dict[tuple[bool, bool, bool], QuantLibrary] = {}
 _LOCK = threading.Lock()
-_BACKGROUND: list[bool] = []  # library_in_background has started its thread
+_BACKGROUND: list[threading.Thread] = []  # the thread library_in_background started, if any
 
 
 def library(portable: bool = False, vnni: bool = True, bf16dot: bool = True) -> QuantLibrary:
@@ -172,7 +172,6 @@ def library_in_background() -> None:
     (``.build-*`` in the cache) is then left behind."""
     if _BACKGROUND:
         return
-    _BACKGROUND.append(True)
 
     def build() -> None:
         try:
@@ -180,7 +179,8 @@ def library_in_background() -> None:
         except Exception:  # reported by the caller's own library() call
             pass
 
-    threading.Thread(target=build, name="tilework-quant-library", daemon=True).start()
+    _BACKGROUND.append(threading.Thread(target=build, name="tilework-quant-library", daemon=True))
+    _BACKGROUND[0].start()
 
 
 def _load(portable: bool, vnni: bool, bf16dot: bool) -> QuantLibrary:

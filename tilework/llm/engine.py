@@ -150,8 +150,8 @@ class LLM:
             say("native graph code (compiled once, then from the cache)")
             native = NativeModel(self.executable, bind={"prefill": self.weights, "decode": self.weights})
             # the cache goes in as its storage (bfloat16 as uint16 bits: no ml_dtypes import)
-            bits = {3: kv_dtype, 4: kv_dtype}
-            self._prefill, self._decode = native.bind("prefill", bits), native.bind("decode", bits)
+            bits = {f: {i: kv_dtype for i, p in enumerate(native.functions[f]) if p in ("k_cache", "v_cache")} for f in ("prefill", "decode")}
+            self._prefill, self._decode = native.bind("prefill", bits["prefill"]), native.bind("decode", bits["decode"])
             self.kv_args: tuple[np.ndarray, np.ndarray] = (self.cache.k_bits, self.cache.v_bits)
         else:
             self._prefill = self.vm.bind("prefill", *self.weights)
