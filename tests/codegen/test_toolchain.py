@@ -49,14 +49,20 @@ def test_flags_change_the_cache_key(cache: Path, monkeypatch: pytest.MonkeyPatch
     assert len(list(cache.glob("k-*.so"))) == 2
 
 
-def test_avx512_hosts_prefer_512_bit_vectors(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The register tiles are sized for 32 zmm registers; gcc's Intel tuning would use ymm."""
+def test_hosts_prefer_the_vector_width_the_tiles_are_sized_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The register tiles are sized for 32 zmm registers with AVX-512 (gcc's Intel tuning would
+    use ymm) and 16 ymm with AVX2 (gcc's first-Zen tuning would use xmm)."""
     monkeypatch.delenv("TILEWORK_CFLAGS", raising=False)
     monkeypatch.setattr(toolchain.platform, "machine", lambda: "x86_64")
-    monkeypatch.setattr(toolchain, "_machine_identity", lambda: "x86_64 Linux flags : fpu avx2 avx512f fma")
+    monkeypatch.setattr(toolchain, "_machine_identity", lambda: "x86_64 Linux flags : fpu avx avx2 avx512f fma")
     assert toolchain.compiler_flags()[-1] == "-mprefer-vector-width=512"
-    monkeypatch.setattr(toolchain, "_machine_identity", lambda: "x86_64 Linux flags : fpu avx2 fma")
-    assert "-mprefer-vector-width=512" not in toolchain.compiler_flags()
+    monkeypatch.setattr(toolchain, "_machine_identity", lambda: "x86_64 Linux flags : fpu avx avx2 fma")
+    assert toolchain.compiler_flags()[-1] == "-mprefer-vector-width=256"
+    monkeypatch.setattr(toolchain, "_machine_identity", lambda: "x86_64 Linux flags : fpu sse2")
+    assert not any(f.startswith("-mprefer-vector-width") for f in toolchain.compiler_flags())
+    monkeypatch.setattr(toolchain.platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(toolchain, "_machine_identity", lambda: "aarch64 Linux Features : fp asimd")
+    assert not any(f.startswith("-mprefer-vector-width") for f in toolchain.compiler_flags())
     monkeypatch.setenv("TILEWORK_CFLAGS", "-O2")
     assert toolchain.compiler_flags() == ["-O2"]
 

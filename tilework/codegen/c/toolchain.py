@@ -3,7 +3,7 @@
 - Compiler: ``$CC`` (may carry arguments, e.g. ``"ccache gcc"``), else ``cc``.
 - Flags: ``$TILEWORK_CFLAGS``, else ``-O3 -march=native -fno-math-errno -fno-trapping-math
   -fno-tree-loop-distribute-patterns -fopenmp -shared -fPIC`` (and ``-mprefer-vector-width=512``
-  on an AVX-512 host); the source
+  on an AVX-512 host, ``=256`` on an AVX/AVX2 one); the source
   and ``-lm`` follow them. ``-fno-math-errno`` and ``-fno-trapping-math`` change no value:
   kernels never read ``errno`` or the floating-point exception flags; without the first
   ``sqrt`` and friends cannot be vectorized or hoisted (the compiler must keep the call that
@@ -89,16 +89,25 @@ def compiler_command() -> list[str]:
 
 
 def compiler_flags() -> list[str]:
-    """``$TILEWORK_CFLAGS``, else ``DEFAULT_CFLAGS``, with ``-mprefer-vector-width=512`` on an
-    AVX-512 host: gcc's tuning for Intel cores prefers 256-bit vectors, and the register tiles
-    of the schedules (``tilework.schedule.rules.common.host_registers``) are sized for 32
-    registers of 64 bytes (an 8 x 32 float matmul tile in 256-bit vectors is 32 accumulators,
-    the whole register file: it spills)."""
+    """``$TILEWORK_CFLAGS``, else ``DEFAULT_CFLAGS`` with the vector width the register tiles
+    of the schedules are sized for (``tilework.schedule.rules.common.host_registers``): on an
+    x86 host ``-mprefer-vector-width=512`` with AVX-512 (32 registers of 64 bytes; gcc's tuning
+    for Intel cores prefers 256-bit vectors, and an 8 x 32 float matmul tile in them is 32
+    accumulators, the whole register file: it spills), ``=256`` with AVX/AVX2 alone (16 of 32
+    bytes; gcc's tuning for the first Zen cores prefers 128-bit vectors, and a 6 x 16 tile in
+    them is 24 accumulators in a file of 16: the MLP 1024 -> 4096 -> 1024 ran 1.2-1.4x slower
+    at 8 to 256 rows)."""
     flags = os.environ.get("TILEWORK_CFLAGS")
     if flags is not None:
         return shlex.split(flags)
-    wide = platform.machine() in ("x86_64", "AMD64") and " avx512f " in f" {_machine_identity()} "
-    return shlex.split(DEFAULT_CFLAGS) + (["-mprefer-vector-width=512"] if wide else [])
+    width = _vector_width() if platform.machine() in ("x86_64", "AMD64") else None
+    return shlex.split(DEFAULT_CFLAGS) + ([f"-mprefer-vector-width={width}"] if width else [])
+
+
+def _vector_width() -> int | None:
+    """The bits of the widest vectors of this x86 host (its ``/proc/cpuinfo`` flags), or None."""
+    flags = f" {_machine_identity()} "
+    return 512 if " avx512f " in flags else 256 if " avx " in flags else None
 
 
 def _compiler_identity(cmd: Sequence[str]) -> list[object]:
