@@ -32,12 +32,27 @@ LONG = os.environ.get("TILEWORK_LONG_TESTS", "") == "1"
         (["serve", "--max-seqs", "0"], "--max-seqs must be at least 1"),
         (["serve", "--kv-tokens", "0"], "--kv-tokens must be at least 1"),
         (["serve", "--max-tokens", "0"], "--max-tokens must be at least 1"),
+        (["serve", "--port", "99999"], "--port must be in 0..65535, got 99999"),
+        (["serve", "--port", "-1"], "--port must be in 0..65535, got -1"),
+        (["serve", "--host", "no.such.host.invalid"], "cannot listen on no.such.host.invalid:8000"),
     ],
 )
 def test_serve_refuses_bad_arguments_with_one_line(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.splitlines()[-1].startswith("error: ") and message in err and "Traceback" not in err
+
+
+def test_serve_refuses_a_taken_port_before_loading_the_model(capsys: pytest.CaptureFixture[str]) -> None:
+    """The port is bound first: a taken one is an error at once, not after a model's first compile."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "/nonexistent/model.gguf", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == f"error: cannot listen on 127.0.0.1:{port}: Address already in use"
+    assert "/nonexistent/model.gguf" not in err  # the model was never opened
 
 
 @needs_smollm2

@@ -163,20 +163,27 @@ def chat(args: argparse.Namespace, read: Callable[[], str] = input) -> int:
 
 
 def serve(args: argparse.Namespace) -> int:
+    from tilework.serve.server import listen
     from tilework.serve.server import serve as run_server
 
-    for flag in ("port", "max_seqs", "kv_tokens", "prefill_chunk", "max_queue"):
-        if getattr(args, flag) < (0 if flag == "port" else 1):
-            raise TileworkError(f"--{flag.replace('_', '-')} must be at least {0 if flag == 'port' else 1}, got {getattr(args, flag)}")
-    from tilework.llm.engine import LLM
-
-    progress = _Progress(sys.stderr)
+    if not 0 <= args.port <= 65535:
+        raise TileworkError(f"--port must be in 0..65535, got {args.port}")
+    for flag in ("max_seqs", "kv_tokens", "prefill_chunk", "max_queue"):
+        if getattr(args, flag) < 1:
+            raise TileworkError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    sock = listen(args.host, args.port)  # a taken port or a wrong --host fails now, not after the model loads
     try:
-        llm = LLM(args.model, PRECISION_NAMES[args.precision], max_batch=max(16, args.max_seqs), kv_tokens=args.kv_tokens, kv_dtype=args.kv_dtype, use_cache=not args.no_cache, progress=progress, runtime=args.runtime)
+        from tilework.llm.engine import LLM
+
+        progress = _Progress(sys.stderr)
+        try:
+            llm = LLM(args.model, PRECISION_NAMES[args.precision], max_batch=max(16, args.max_seqs), kv_tokens=args.kv_tokens, kv_dtype=args.kv_dtype, use_cache=not args.no_cache, progress=progress, runtime=args.runtime)
+        finally:
+            progress.close()
+        run_server(llm, name=args.name, default_max_tokens=args.max_tokens, sock=sock,
+                   max_seqs=args.max_seqs, prefill_chunk=args.prefill_chunk, max_queue=args.max_queue)
     finally:
-        progress.close()
-    run_server(llm, args.host, args.port, name=args.name, default_max_tokens=args.max_tokens,
-               max_seqs=args.max_seqs, prefill_chunk=args.prefill_chunk, max_queue=args.max_queue)
+        sock.close()
     return 0
 
 

@@ -17,7 +17,7 @@ from tilework.errors import TileworkError
 from tilework.serve.app import create_app
 from tilework.serve.scheduler import Scheduler
 
-__all__ = ["serve", "BackgroundServer", "model_name"]
+__all__ = ["serve", "BackgroundServer", "listen", "model_name"]
 
 
 def _uvicorn() -> Any:
@@ -40,18 +40,42 @@ def _build(llm: Any, name: str | None, default_max_tokens: int, **limits: Any) -
     return scheduler, create_app(scheduler, name, default_max_tokens=default_max_tokens), name
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host``:``port`` (0: a free port), for ``serve`` and
+    ``BackgroundServer``: binding first tells a taken port or a wrong address at once (``tilework
+    serve`` binds before it loads the model), as a ``TileworkError`` naming the address."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise TileworkError(f"port must be an int in 0..65535, got {port!r}")
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    except (OSError, UnicodeError) as e:
+        raise TileworkError(f"cannot listen on {host}:{port}: {getattr(e, 'strerror', None) or e}") from None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise TileworkError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
+
+
 def serve(llm: Any, host: str = "127.0.0.1", port: int = 8000, *, name: str | None = None, default_max_tokens: int = 256,
-          log_level: str = "info", say: Callable[[str], None] | None = None, **limits: Any) -> None:
-    """Serve ``llm`` until interrupted (Ctrl-C); ``limits`` go to ``Scheduler``."""
+          log_level: str = "info", say: Callable[[str], None] | None = None, sock: socket.socket | None = None, **limits: Any) -> None:
+    """Serve ``llm`` until interrupted (Ctrl-C) on ``sock`` (else on ``listen(host, port)``);
+    ``limits`` go to ``Scheduler``."""
     uvicorn = _uvicorn()
+    sock = sock if sock is not None else listen(host, port)
+    host, port = sock.getsockname()[:2]
     scheduler, app, name = _build(llm, name, default_max_tokens, **limits)
     scheduler.start()
     (say or (lambda m: print(m, file=sys.stderr, flush=True)))(
         f"serving {name} at http://{host}:{port}/v1 (up to {scheduler.max_seqs} sequences, {scheduler.max_pages} KV pages of {llm.cache.page} tokens)")
     try:
-        uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)).run()
+        uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5)).run(sockets=[sock])
     finally:
         scheduler.stop()
+        sock.close()
 
 
 class BackgroundServer:
@@ -61,9 +85,7 @@ class BackgroundServer:
                  default_max_tokens: int = 256, **limits: Any) -> None:
         uvicorn = _uvicorn()
         self.scheduler, app, self.name = _build(llm, name, default_max_tokens, **limits)
-        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._socket.bind((host, port))
+        self._socket = listen(host, port)
         self.host, self.port = host, self._socket.getsockname()[1]
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
         self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._socket]}, name="tilework-http", daemon=True)
