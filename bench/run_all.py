@@ -74,12 +74,21 @@ def machine_block(bandwidth: str) -> str:
         except Exception:  # noqa: BLE001  (not installed)
             pass
     cc = subprocess.run(["cc", "--version"], capture_output=True, text=True, check=False).stdout.splitlines()
+    from tilework.codegen.c.toolchain import compiler_flags
+
     return (
         f"- CPU: {cpu_model()} ({os.cpu_count()} cores visible; {cpu_features()})\n"
         f"- memory-read bandwidth at the start of the run: {bandwidth}\n"
         f"- {', '.join(versions)}; {cc[0] if cc else 'no cc'}\n"
+        f"- kernels compiled with `{' '.join(compiler_flags())}` (`-march=native` is {native_arch()} here)\n"
         f"- date: {datetime.date.today()}"
     )
+
+
+def native_arch() -> str:
+    """What ``cc -march=native`` resolves to (e.g. ``znver4``), or ``unknown``."""
+    out = subprocess.run(["cc", "-march=native", "-Q", "--help=target"], capture_output=True, text=True, check=False).stdout
+    return next((line.split()[-1] for line in out.splitlines() if line.strip().startswith("-march=")), "unknown")
 
 
 def replace_block(doc: str, key: str, body: str) -> str:
