@@ -73,8 +73,9 @@ def machine_block(bandwidth: str) -> str:
             versions.append(f"{dist} {version(dist)}")
         except Exception:  # noqa: BLE001  (not installed)
             pass
-    cc = subprocess.run(["cc", "--version"], capture_output=True, text=True, check=False).stdout.splitlines()
-    from tilework.codegen.c.toolchain import compiler_flags
+    from tilework.codegen.c.toolchain import compiler_command, compiler_flags
+
+    cc = subprocess.run([*compiler_command(), "--version"], capture_output=True, text=True, check=False).stdout.splitlines()
 
     return (
         f"- CPU: {cpu_model()} ({os.cpu_count()} cores visible; {cpu_features()})\n"
@@ -86,8 +87,11 @@ def machine_block(bandwidth: str) -> str:
 
 
 def native_arch() -> str:
-    """What ``cc -march=native`` resolves to (e.g. ``znver4``), or ``unknown``."""
-    out = subprocess.run(["cc", "-march=native", "-Q", "--help=target"], capture_output=True, text=True, check=False).stdout
+    """What the kernels' compiler (``$CC``, else ``cc``) takes ``-march=native`` for (e.g.
+    ``znver4``; gcc says it), or ``unknown``."""
+    from tilework.codegen.c.toolchain import compiler_command
+
+    out = subprocess.run([*compiler_command(), "-march=native", "-Q", "--help=target"], capture_output=True, text=True, check=False).stdout
     return next((line.split()[-1] for line in out.splitlines() if line.strip().startswith("-march=")), "unknown")
 
 

@@ -147,6 +147,7 @@ class QuantLibrary:
 _LIBS: dict[tuple[bool, bool, bool], QuantLibrary] = {}
 _LOCK = threading.Lock()
 _BACKGROUND: list[threading.Thread] = []  # the thread library_in_background started, if any
+_BACKGROUND_LOCK = threading.Lock()
 
 
 def library(portable: bool = False, vnni: bool = True, bf16dot: bool = True) -> QuantLibrary:
@@ -170,8 +171,6 @@ def library_in_background() -> None:
     process. The thread is a daemon: a process that ends meanwhile (a model file it cannot
     read) does not wait for the compiler, which finishes on its own; its scratch directory
     (``.build-*`` in the cache) is then left behind."""
-    if _BACKGROUND:
-        return
 
     def build() -> None:
         try:
@@ -179,8 +178,11 @@ def library_in_background() -> None:
         except Exception:  # reported by the caller's own library() call
             pass
 
-    _BACKGROUND.append(threading.Thread(target=build, name="tilework-quant-library", daemon=True))
-    _BACKGROUND[0].start()
+    with _BACKGROUND_LOCK:  # not _LOCK: a build in progress holds that one
+        if _BACKGROUND:
+            return
+        _BACKGROUND.append(threading.Thread(target=build, name="tilework-quant-library", daemon=True))
+        _BACKGROUND[0].start()
 
 
 def _load(portable: bool, vnni: bool, bf16dot: bool) -> QuantLibrary:
