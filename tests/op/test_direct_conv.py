@@ -1,8 +1,9 @@
 """``direct_conv2d_nhwc`` (a conv of few input channels as one sum of products per output,
 no column matrix) built whole (the padded copy, the sum; C kernels) at several values of the
 symbolic batch and spatial dims, batch 0 and 1 and odd sizes included, reading channel-last
-and channel-first inputs, against a float64 reference; and its struct info and argument
-errors."""
+and channel-first inputs, against a float64 reference; at static image sizes (no padded copy:
+the stencil schedule, whose border columns and rows test the padding) the same; and its
+struct info and argument errors."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from tilework.ir.graph import Tuple, Var
 from tilework.ir.info import TensorInfo
 from tilework.op.conv_nhwc import direct_conv2d_nhwc
 from tilework.transform.conv_gemm import direct_weight_matrix
+from tilework.schedule import default_schedule
+from tilework.transform.legalize import Legalize
 
 n, h, w = tw.dim("n", 0), tw.dim("h"), tw.dim("w")
 
@@ -33,13 +36,13 @@ CASES: dict[str, tuple[int, int, tuple[int, int], tuple[int, int], tuple[int, in
 ENVS = [{"n": 1, "h": 7, "w": 9}, {"n": 3, "h": 12, "w": 11}, {"n": 0, "h": 8, "w": 8}, {"n": 2, "h": 5, "w": 16}]
 
 
-def _module() -> Any:
+def _module(hh: Any = h, ww: Any = w) -> Any:
     """Every case in one function (one build): inputs x_i, w_i (and b_i) of case i, each result
     through a relu (an elementwise consumer fuses into the sum)."""
     bb = BlockBuilder()
     params, outs_args = [], []
     for i, (c, o, kernel, _, _, _, layout, bias) in enumerate(CASES.values()):
-        shape = (n, c, h, w) if layout == "NCHW" else (n, h, w, c)
+        shape = (n, c, hh, ww) if layout == "NCHW" else (n, hh, ww, c)
         x, k = Var(f"x{i}", TensorInfo(shape, "float32")), Var(f"w{i}", TensorInfo((kernel[0] * kernel[1] * c, o), "float32"))
         b = Var(f"b{i}", TensorInfo((o,), "float32")) if bias else None
         params += [x, k] + ([b] if b is not None else [])
@@ -59,9 +62,25 @@ def test_symbolic_struct_info_and_values_match_the_reference() -> None:
     mod = _module()
     stem = mod["main"].ret_info.fields[0]
     assert str(stem) == str(TensorInfo((n, (h - 1) // 2 + 1, (w - 1) // 2 + 1, 16), "float32"))
-    vm = tw.VM(tw.build(mod))
+    _check(tw.VM(tw.build(mod)), ENVS)
+
+
+@pytest.mark.parametrize(("hh", "ww"), [(13, 11), (24, 9), (2, 3)])
+def test_static_image_sizes_read_the_input_unpadded(hh: int, ww: int) -> None:
+    """A static image size: no padded copy (the stencil schedule masks the border columns and
+    rows only), at batch 0, 1 and 3; the 2 x 3 image has no interior row or column."""
+    mod = _module(hh, ww)
+    lib = tw.build(mod)
+    funcs = list(Legalize()(mod).tensor_funcs())
+    assert funcs and not any("pad" in name for name, _ in funcs), [name for name, _ in funcs]
+    stems = [f for name, f in funcs if name.startswith("direct_conv") and f.outputs[0].shape[3] in (16, 17)]
+    assert len(stems) == 2 and all(default_schedule(f, strict=True).attrs["schedule_rule"] == "stencil" for f in stems)
+    _check(tw.VM(lib), [{"n": b, "h": hh, "w": ww} for b in (0, 1, 3)])
+
+
+def _check(vm: Any, envs: list[dict[str, int]]) -> None:
     rng = np.random.default_rng(0)
-    for env in ENVS:
+    for env in envs:
         args, wants = [], []
         for c, o, kernel, strides, padding, dilation, layout, bias in CASES.values():
             x = rng.standard_normal((env["n"], c, env["h"], env["w"])).astype(np.float32)

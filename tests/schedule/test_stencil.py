@@ -3,7 +3,8 @@ convs, not pools), the loops it makes (rows in parallel, tested for the interior
 peeled into border and interior loops, the interior's columns unrolled inside the channel
 vector loop), and the numerics of the depthwise convs it schedules (and of the pools beside
 them) against NumPy at symbolic batch 0, 1 and 3, odd spatial sizes, strides, dilation, and
-channel counts that are and are not a multiple of the vector."""
+channel counts that are and are not a multiple of the vector; the jammed columns made tap by
+tap (the same bits as one expression per output; a direct conv's tree of sums as one chain)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,11 @@ from tests.op.test_im2col import max_pool_ref
 from tilework.ir.builder import BlockBuilder
 from tilework.ir.graph import Tuple, Var
 from tilework.ir.info import TensorInfo
-from tilework.ir.loop import For, IfThenElse, TensorFunc
-from tilework.op.conv_nhwc import depthwise_conv2d_nhwc, max_pool2d_nhwc
+from tilework.ir.loop import Allocate, Binary, Block, For, IfThenElse, Store, TensorFunc
+from tilework.op.conv_nhwc import depthwise_conv2d_nhwc, direct_conv2d_nhwc, max_pool2d_nhwc
 from tilework.schedule import default_schedule
+from tilework.schedule.rules import stencil
+from tilework.schedule.rules.common import host_registers
 from tilework.schedule.tree import walk
 from tilework.transform.conv_gemm import depthwise_weight_matrix
 from tilework.transform.legalize import Legalize
@@ -65,8 +68,12 @@ def _scheduled() -> list[tuple[str, TensorFunc]]:
 
 
 def _jammed(f: TensorFunc) -> bool:
-    """A vectorized loop holding an unrolled one (interior columns jammed into the lanes)."""
-    return any(isinstance(s, For) and s.kind == "vectorized" and any(isinstance(t, For) and t.kind == "unrolled" for _, t in walk(s.body)) for _, s in walk(f.body))
+    """Accumulators (an allocation) filled by unrolled loops over columns around vectorized
+    ones over channels: interior columns jammed, made tap by tap."""
+    return any(
+        isinstance(s, Allocate) and any(isinstance(t, For) and t.kind == "unrolled" and isinstance(t.body, For) and t.body.kind == "vectorized" for _, t in walk(s.body))
+        for _, s in walk(f.body)
+    )
 
 
 def test_windows_take_the_stencil_rule() -> None:
@@ -110,12 +117,13 @@ def test_numerics(batch: int, dtype: str) -> None:
 
 
 def test_declines_short_channels_and_symbolic_columns() -> None:
-    """Fewer channels than a vector, or a symbolic width: the elementwise schedule."""
+    """Fewer channels than a vector of the host, or a symbolic width: the elementwise schedule."""
     w = tw.dim("w")
+    half = host_registers().lanes("float32") // 2
     bb = BlockBuilder()
-    x8 = Var("x8", TensorInfo((n, 9, 9, 8), "float32"))
+    x8 = Var("x8", TensorInfo((n, 9, 9, half), "float32"))
     xw = Var("xw", TensorInfo((n, 9, w, 32), "float32"))
-    k8, kw = Var("k8", TensorInfo((9, 8), "float32")), Var("kw", TensorInfo((9, 32), "float32"))
+    k8, kw = Var("k8", TensorInfo((9, half), "float32")), Var("kw", TensorInfo((9, 32), "float32"))
     with bb.function("main", [x8, xw, k8, kw]):
         with bb.dataflow():
             a = bb.emit(depthwise_conv2d_nhwc(x8, k8, None, (3, 3), (1, 1), (1, 1, 1, 1)))
@@ -124,3 +132,39 @@ def test_declines_short_channels_and_symbolic_columns() -> None:
         bb.emit_func_output(out)
     rules = [default_schedule(f, strict=True).attrs["schedule_rule"] for name, f in Legalize()(bb.get()).tensor_funcs() if "depthwise" in name]
     assert rules == ["elementwise", "elementwise"]
+
+
+def test_tap_by_tap_keeps_each_outputs_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The jammed columns made tap by tap add each output's taps in the order of the one
+    expression per output of the elementwise schedule: the same bits, border columns and rows
+    included (with the stencil rule off, the elementwise rule takes every window)."""
+    rng = np.random.default_rng(7)
+    args = [rng.standard_normal((3, hh, ww, c)).astype(np.float32) for hh, ww, c, *_ in DEPTHWISE]
+    args += [rng.standard_normal((kernel[0] * kernel[1], c)).astype(np.float32) for _, _, c, kernel, *_ in DEPTHWISE]
+    args += [rng.standard_normal(c).astype(np.float32) for _, _, c, *_ in DEPTHWISE]
+    args += [rng.standard_normal((3, hh, ww, c)).astype(np.float32) for hh, ww, c, *_ in POOLS]
+    tap_by_tap = tw.VM(tw.build(_module()))["main"](*args)
+    monkeypatch.setattr(stencil, "apply", lambda func: None)
+    per_output = tw.VM(tw.build(_module()))["main"](*args)
+    for i in range(len(DEPTHWISE)):
+        np.testing.assert_array_equal(np.asarray(tap_by_tap[i]), np.asarray(per_output[i]), err_msg=f"depthwise case {i}")
+
+
+def test_a_sum_of_chains_is_made_as_one_chain() -> None:
+    """A direct conv's sum (a chain per kernel row, added at the end, then the bias) is
+    accumulated term by term: one accumulator step per product, in the order of the tree."""
+    bb = BlockBuilder()
+    x = Var("x", TensorInfo((n, 3, 12, 20), "float32"))
+    k, b = Var("k", TensorInfo((27, 16), "float32")), Var("b", TensorInfo((16,), "float32"))
+    with bb.function("main", [x, k, b]):
+        with bb.dataflow():
+            out = bb.emit_output(direct_conv2d_nhwc(x, k, b, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), "NCHW"))
+        bb.emit_func_output(out)
+    (_, func), = [(name, f) for name, f in Legalize()(bb.get()).tensor_funcs() if name.startswith("direct_conv")]
+    scheduled = default_schedule(func, strict=True)
+    assert scheduled.attrs["schedule_rule"] == "stencil"
+    alloc = next(s for _, s in walk(scheduled.body) if isinstance(s, Allocate))
+    steps = [s for _, s in walk(alloc.body) if isinstance(s, Block)]
+    accumulate = [s for s in steps if isinstance(s.body, Store) and s.body.buffer is alloc.buffer]
+    assert len(accumulate) == 27 + 1  # the bias, then each of the 27 products
+    assert all(isinstance(s.body.value, Binary) and s.body.value.op == "+" for s in accumulate[1:])  # type: ignore[union-attr]

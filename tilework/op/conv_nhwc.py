@@ -287,10 +287,14 @@ def _legalize_direct_nhwc(call: Call, ctx: "LegalizeCtx") -> Expr:
     channels: each input value is read once for all of them (a broadcast), each tap's weights
     are a contiguous row; the products of each kernel row are a partial sum of their own (a
     chain of ``KW * C`` FMAs, not one of ``KH * KW * C``: the chains overlap), the rows' sums
-    added at the end. With padding the input is first copied into a zero-padded buffer (few
-    channels: a small copy), so that no tap needs a clamp or a mask (MobileNetV3-Small's stem at
-    batch 8: 0.53 ms with masked taps, 0.44 with the copy). No column matrix is written, and a
-    channel-first input is read as it is."""
+    added at the end. With padding and a symbolic image size the input is first copied into a
+    zero-padded buffer (few channels: a small copy), so that no tap needs a clamp or a mask
+    (MobileNetV3-Small's stem at batch 8 on AVX-512, one expression per output: 0.53 ms with
+    masked taps, 0.44 with the copy). At a static size the stencil schedule takes the conv
+    (``tilework.schedule.rules.stencil``): only its border rows and columns test the padding,
+    and the copy would cost more than they do (the same stem on an AVX2-only Zen: 2.1 ms +
+    1.1 ms for the copy, 2.3 ms without it). No column matrix is written, and a channel-first
+    input is read as it is."""
     x, w = arg(call, 0, "x"), arg(call, 1, "weight")
     bias = arg(call, 2, "bias") if len(call.args) == 3 else None
     shape, dtype = out_tensor(call)
@@ -300,10 +304,11 @@ def _legalize_direct_nhwc(call: Call, ctx: "LegalizeCtx") -> Expr:
     c = x.shape[1] if nchw else x.shape[3]
     assert isinstance(c, int)  # (_infer_direct_nhwc)
     x_in = call.args[0]
-    if any(padding):  # a padded copy (cheap: few channels), then no tap is masked
+    hh, ww = (x.shape[2], x.shape[3]) if nchw else (x.shape[1], x.shape[2])
+    if any(padding) and not (isinstance(hh, int) and isinstance(ww, int)):  # a padded copy, then no tap is masked
         x_in, x = (_padded if nchw else _padded_nhwc)(ctx, call.args[0], x, padding, 0.0, "direct_conv_pad")
         padding = (0, 0, 0, 0)
-    hh, ww = (x.shape[2], x.shape[3]) if nchw else (x.shape[1], x.shape[2])
+        hh, ww = (x.shape[2], x.shape[3]) if nchw else (x.shape[1], x.shape[2])
 
     def f(nn: Scalar, oh: Scalar, ow: Scalar, o: Scalar) -> Scalar:
         rows = [_tap_index(oh, i * dilation[0], strides[0], padding[0], shape[1], hh) for i in range(kh)]
