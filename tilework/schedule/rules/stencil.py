@@ -227,12 +227,12 @@ def _interleave(func: TensorFunc, outer: SymVar) -> TensorFunc:
     ``t2``..., then the epilogue of each column from its accumulator. A depthwise conv's sum is
     one chain: each output adds its taps in the same order as before (the same bits); a sum of
     partial chains (a direct conv's, one per kernel row) becomes one chain, which rounds
-    differently. In one expression per output the compiler makes each output's sum a chain of dependent
-    FMAs (latency-bound) and loads every weight vector again for every output; tap by tap,
-    the jammed columns are independent chains side by side and one loaded weight serves them
-    all (a 5 x 5 depthwise conv of 240 channels, 14 x 14, on one AVX2 core: 1.18 -> 0.46 ms
-    for the interior). ``func`` unchanged where the nest is not that shape or the value has
-    no sum of at least ``MIN_TAPS`` terms."""
+    differently. In one expression per output the compiler makes each output's sum a chain of
+    dependent FMAs (latency-bound) and loads every weight vector again for every output; tap
+    by tap, the jammed columns are independent chains side by side and one loaded weight
+    serves them all (a 5 x 5 depthwise conv of 240 channels, 14 x 14, on one AVX2 core: 1.18
+    -> 0.46 ms for the interior). ``func`` unchanged where the nest is not that shape or the
+    value has no sum of at least ``MIN_TAPS`` terms."""
     path, f = find_loop(func, outer)
     inner = f.body
     if not isinstance(inner, For) or inner.kind != "vectorized" or not isinstance(inner.body, For) or inner.body.kind != "unrolled":
@@ -256,7 +256,7 @@ def _interleave(func: TensorFunc, outer: SymVar) -> TensorFunc:
         at_chan = IterVar(SymVar(fresh_name(used, "vjam_c")), inner.extent, "spatial", inner.var)
         here: tuple[Scalar, ...] = (at_lane.var, at_chan.var)
         value = map_scalars(value, lambda e: Load(acc, here) if isinstance(e, Load) and e.buffer is acc else None)
-        reads = tuple(dict.fromkeys((*block.reads, acc)))
+        reads = block.reads + ((acc,) if any(isinstance(e, Load) and e.buffer is acc for e in walk_scalars(value)) else ())
         body = Store(write, here if indices is None else indices, value)
         b = Block(fresh_name(names, name), (*block.iter_vars, at_lane, at_chan), reads, (write,), body)
         return rebind(For(lane.var, lane.extent, For(inner.var, inner.extent, b, "vectorized"), "unrolled"), used)  # type: ignore[return-value]
