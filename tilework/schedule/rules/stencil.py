@@ -18,7 +18,7 @@ the padding are masked and clamped at every column. Here instead:
   registers), a border whole, and these columns are made tap by tap (``_interleave``): each
   loaded weight vector serves all of them, and their sums are independent chains of FMAs;
 - a row's body is there twice, under a test of the row: interior rows (their row masks and
-  clamps fold the same way), then the border rows.
+  clamps fold the same way), then the border rows (one output at a time where they are few).
 
 Measured on MobileNetV3-Small (AMD Zen-class AVX-512, 2 threads, one process, the model
 compiled both ways and called in turn; with ``inline_scalar_constants``, whose literal clamp
@@ -47,12 +47,13 @@ from tilework.schedule import loop_primitives as lp
 from tilework.schedule.analysis import FuncKind, classify
 from tilework.schedule.rules.common import attempt, chain, host_registers, loop, out_dtype, top_nests, worth_parallel
 from tilework.schedule.rules.inline import inline_producers
-from tilework.schedule.tree import block_names, conj, find_loop, fresh_name, map_scalars, rebind, rename_blocks, replace_at, scalar_equal, seq, used_names, walk
+from tilework.schedule.tree import block_names, conj, find_loop, fresh_name, map_scalars, rebind, rename_blocks, replace_at, scalar_equal, seq, subst_stmt, used_names, walk
 
 NAME = "stencil"
 
 MIN_TAPS = 3  # distinct column indices of one input: fewer is not a window
 JAM = 8  # most interior columns unrolled inside the channel loop
+BORDER_ROWS_SHARE = 8  # border rows fewer than 1 / this of the rows: their copy is not jammed
 SPARE_REGISTERS = 4  # vector registers a jammed step needs besides the accumulators (a weight, an input, ...)
 _COMPARISONS = ("<", "<=", ">", ">=")
 
@@ -194,30 +195,41 @@ def _schedule(func: TensorFunc, nest: list[For], block: int, columns: tuple[int,
     lo, hi = columns
     extents = [f.extent for f in nest]
     width: int = nest[2].extent  # type: ignore[assignment]
+    height: int = nest[1].extent  # type: ignore[assignment]
     if block < nest[3].extent:  # type: ignore[operator]
         func, (cblock, chans) = lp.split_vars(func, chans, [None, block])
         func = lp.reorder(func, batch, rows, cblock, cols, chans)
     steady = lo + (hi - lo) // jam * jam if jam > 1 else lo
     cuts = sorted({lo, steady, hi} - {0, width})  # left border, jammed, unjammed interior, right border
     func, pieces = lp.peel(func, cols, cuts)
+    fast, plain = func, func
     for piece, start in zip(pieces, [0, *cuts]):
         inner = _inner(func, piece)
         extent = loop(func, piece).extent
-        # the steady interior jam at a time; a border or the interior's rest whole, if short
-        unroll = jam if jam > 1 and start == lo and extent == steady - lo else extent if isinstance(extent, int) and 2 <= extent <= jam else 1
+        plain = attempt(plain, lp.vectorize, inner)
+        # the steady interior jam at a time; a border whole, if short (the interior's rest,
+        # less than a jam, runs one output at a time: jammed, it cost more compile time than
+        # it saved run time)
+        border = start < lo or start >= hi
+        unroll = jam if jam > 1 and start == lo and extent == steady - lo else extent if border and isinstance(extent, int) and 2 <= extent <= jam else 1
         if unroll == 1:
-            func = attempt(func, lp.vectorize, inner)
+            fast = attempt(fast, lp.vectorize, inner)
             continue
-        func, (outer, lane) = lp.split_vars(func, piece, [None, unroll])
-        func = lp.reorder(func, outer, inner, lane)
-        func = lp.unroll(func, lane)
-        func = _interleave(attempt(func, lp.vectorize, inner), outer)
+        fast, (outer, lane) = lp.split_vars(fast, piece, [None, unroll])
+        fast = lp.reorder(fast, outer, inner, lane)
+        fast = lp.unroll(fast, lane)
+        fast = _interleave(attempt(fast, lp.vectorize, inner), outer)
     if not worth_parallel(extents):
-        return func
-    fused = attempt(func, lp.fuse, batch, rows)
-    if fused is func:
-        return attempt(func, lp.parallel, batch)
-    return _version_rows(attempt(fused, lp.parallel, top_nests(fused)[0].var), nest[1].extent, rows_inside)  # type: ignore[arg-type]
+        return fast
+    fused = attempt(fast, lp.fuse, batch, rows)
+    if fused is fast:
+        return attempt(fast, lp.parallel, batch)
+    fused = attempt(fused, lp.parallel, top_nests(fused)[0].var)
+    lo_row, hi_row = rows_inside
+    if (height - max(0, hi_row - lo_row)) * BORDER_ROWS_SHARE < height:  # few border rows: their copy plain
+        other = attempt(plain, lp.fuse, batch, rows)
+        return _version_rows(fused, height, rows_inside, top_nests(other)[0] if other is not plain else None)
+    return _version_rows(fused, height, rows_inside)
 
 
 def _interleave(func: TensorFunc, outer: SymVar) -> TensorFunc:
@@ -289,11 +301,17 @@ def _terms(total: Binary) -> list[Scalar]:
     return [t for side in (total.a, total.b) for t in (_terms(side) if isinstance(side, Binary) and side.op == "+" and side.dtype == total.dtype else [side])]
 
 
-def _version_rows(func: TensorFunc, height: int, inside: tuple[int, int]) -> TensorFunc:
+def _version_rows(func: TensorFunc, height: int, inside: tuple[int, int], plain: For | None = None) -> TensorFunc:
     """The row's body twice under a test of the row (the fused batch-and-row loop modulo the
     rows): interior rows (no tap in the padding) first, so that the compiler folds their row
-    masks and clamps too; the other rows in a copy with its own names. Nothing changes where
-    every row or none is interior. (Either copy computes any row: the test only picks one.)"""
+    masks and clamps too; the other rows in a copy with its own names, or given ``plain`` (the
+    same fused loop scheduled without jammed columns) that loop's body: ``_schedule`` gives it
+    where the border rows are fewer than ``1 / BORDER_ROWS_SHARE`` of the rows, whose jammed
+    copy would double the kernel's C and its compile time for little (in-process A/B on AVX2,
+    MobileNetV3-Small at batch 8: its stem 5.3 -> 2.1 s of gcc, the 56 x 56 and 28 x 28
+    depthwise convs, 1 or 2 border rows, as fast or faster plain; the 14 x 14 and 7 x 7 ones,
+    4 border rows, 1.3-1.4x slower plain, so jammed). Nothing changes where every row or none
+    is interior. (Either copy computes any row: the test only picks one.)"""
     lo, hi = inside
     if hi <= lo or (lo == 0 and hi == height):
         return func
@@ -302,7 +320,8 @@ def _version_rows(func: TensorFunc, height: int, inside: tuple[int, int]) -> Ten
         return func
     row = sym.floormod(top.var, height)
     used, names = used_names(func), block_names(func)
-    other = rename_blocks(rebind(top.body, used), names)
+    body = top.body if plain is None else subst_stmt(plain.body, {plain.var: top.var})
+    other = rename_blocks(rebind(body, used), names)
     test = conj([Binary(">=", row, lo, "bool"), Binary("<", row, hi, "bool")])
     path = next(p for p, s in walk(func.body) if s is top)
     return func.replace(body=replace_at(func.body, path, For(top.var, top.extent, IfThenElse(test, top.body, other), top.kind)))
