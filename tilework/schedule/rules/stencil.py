@@ -28,8 +28,9 @@ model with the elementwise schedule and the constants as buffers.
 On the AVX2-only first Zen cores (16 registers of 32 bytes, 2 threads, in-process minima),
 MobileNetV3-Small at batch 8: its depthwise convs 9.4 -> 4.1 ms; its stem (a direct conv of 3
 channels, taken here since it has taps and a weight table too, reading the image unpadded)
-4.0 ms + 1.1 ms for a padded copy -> 2.3 ms; the whole model 0.68x -> 0.92x onnxruntime
-(``bench/bench_vision.py``; 0.77x -> 0.94x at batch 1).
+4.0 ms + 1.1 ms for a padded copy -> 2.0-2.3 ms; the whole model 0.68x -> 0.86-0.95x
+onnxruntime (``bench/bench_vision.py``, several runs on a noisy machine; 0.77x -> 0.75-1.22x
+at batch 1).
 
 Declines (the elementwise rule takes the function) unless the function is one perfect nest of
 four loops over one block, the channel loop static and at least a vector long, the column
