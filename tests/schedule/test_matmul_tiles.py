@@ -14,11 +14,11 @@ import pytest
 from tilework import te
 from tilework.codegen import build_library
 from tilework.ir import sym
-from tilework.ir.loop import Allocate, For, IfThenElse, TensorFunc
+from tilework.ir.loop import Allocate, For, IfThenElse, TensorFunc, walk_scalars
 from tilework.ir.sym import Dim, SymVar
 from tilework.schedule import default_schedule
 from tilework.schedule.rules.matmul import outside_guards, register_tile
-from tilework.schedule.tree import walk
+from tilework.schedule.tree import dim_vars, walk
 from tilework.te.tensor import TensorLoad
 from tilework.transform.layout_weights import lay_out
 
@@ -142,6 +142,45 @@ def test_partial_column_tiles(registers: str) -> None:
             lib[name].run([a, wd, bias, res, out])
             want = EPILOGUES[ep][1](a.astype(np.float64) @ wt.T.astype(np.float64), bias, res)
             np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4, err_msg=f"{name} rows={rows}")
+
+
+def _lane_guards(s: object) -> list[IfThenElse]:
+    """The ``if``s inside a vector loop that test that loop's lane."""
+    out = []
+    for _, f in walk(s):
+        if isinstance(f, For) and f.kind == "vectorized":
+            for _, g in walk(f.body):
+                if isinstance(g, IfThenElse) and any(f.var in dim_vars(x) for x in walk_scalars(g.cond) if isinstance(x, (int, sym.SymExpr))):
+                    out.append(g)
+    return out
+
+
+def test_last_column_tile_stores_its_lanes_in_bounds_without_tests(registers: str) -> None:
+    """A static width that the one-panel tile does not divide (AVX2's 16 columns): the last
+    column tile's store runs the ``N % 16`` lanes in bounds as a vector loop of that length,
+    with no lane test (a lane-tested store made GCC keep the accumulators of every tile in
+    memory). Nothing is written past the output (a sentinel row after it), at row counts that
+    end in a partial row tile."""
+    if register_tile("float32")[1] != 16:  # AVX-512: a tile spans two panels (lane tests kept)
+        pytest.skip("the register tile spans two panels")
+    m = SymVar("M", 1)
+    funcs = {f"p16_{n}": default_schedule(_linear(m, 16, EPILOGUES["bias_relu6"][0], n, k=16), strict=True) for n in (24, 37, 72)}
+    for name, f in funcs.items():
+        assert not _lane_guards(f.body), name
+    lib = build_library(funcs)
+    rng = np.random.default_rng(5)
+    for name in funcs:
+        n = int(name.split("_")[1])
+        wt = rng.standard_normal((n, 16)).astype(np.float32)
+        bias = rng.standard_normal(n).astype(np.float32)
+        for rows in (1, 7, 33):
+            a = rng.standard_normal((rows, 16)).astype(np.float32) / 2
+            res = np.zeros((rows, n), np.float32)
+            out = np.full((rows + 1, n), np.nan, np.float32)
+            lib[name].run([a, lay_out(wt, 16), bias, res, out[:rows]])
+            want = EPILOGUES["bias_relu6"][1](a.astype(np.float64) @ wt.T.astype(np.float64), bias, res)
+            np.testing.assert_allclose(out[:rows], want, rtol=1e-4, atol=1e-4, err_msg=f"{name} rows={rows}")
+            assert np.isnan(out[rows]).all(), f"{name} rows={rows}: written past the output"
 
 
 def test_narrow_outputs_take_tiles_no_wider_than_b(registers: str) -> None:
