@@ -99,6 +99,20 @@ def test_windows_take_the_stencil_rule() -> None:
     assert jammed == [i for i in range(len(DEPTHWISE)) if i not in (one_pixel, one_pixel - 1)]
 
 
+def test_channel_blocks(registers: str) -> None:
+    """The jammed columns' accumulators hold a block of channels: all of them where they are
+    at most two vectors of the register file or the vector does not divide them (16 channels
+    on AVX2: one pass over the columns), else one vector."""
+    lanes = host_registers().lanes("float32")
+    for i, (name, f) in enumerate(_scheduled()[: len(DEPTHWISE)]):
+        channels = DEPTHWISE[i][2]
+        widths = {s.buffer.shape[-1] for _, s in walk(f.body) if isinstance(s, Allocate) and len(s.buffer.shape) == 2}
+        if not _jammed(f):
+            continue
+        want = channels if channels <= 2 * lanes or channels % lanes else lanes
+        assert widths == {want}, (name, channels, widths)
+
+
 @pytest.mark.parametrize(("batch", "dtype"), [(0, "float32"), (1, "float32"), (3, "float32"), (3, "float64")])
 def test_numerics(batch: int, dtype: str) -> None:
     rng = np.random.default_rng(batch)
