@@ -156,15 +156,13 @@ def _lane_guards(s: object) -> list[IfThenElse]:
 
 
 def test_last_column_tile_stores_its_lanes_in_bounds_without_tests(registers: str) -> None:
-    """A static width that the one-panel tile does not divide (AVX2's 16 columns): the last
-    column tile's store runs the ``N % 16`` lanes in bounds as a vector loop of that length,
-    with no lane test (a lane-tested store made GCC keep the accumulators of every tile in
-    memory). Nothing is written past the output (a sentinel row after it), at row counts that
-    end in a partial row tile."""
-    if register_tile("float32")[1] != 16:  # AVX-512: a tile spans two panels (lane tests kept)
-        pytest.skip("the register tile spans two panels")
+    """A static width that the tile (16 columns on AVX2, 32 across two panels on AVX-512) does
+    not divide: the last column tile's store runs its lanes in bounds (``N`` modulo the tile)
+    as a vector loop of that length, with no lane test (a lane-tested store made GCC keep the
+    accumulators of every tile in memory). Nothing is written past the output (a sentinel row
+    after it), at row counts that end in a partial row tile."""
     m = SymVar("M", 1)
-    funcs = {f"p16_{n}": default_schedule(_linear(m, 16, EPILOGUES["bias_relu6"][0], n, k=16), strict=True) for n in (24, 37, 72)}
+    funcs = {f"p16_{n}": default_schedule(_linear(m, 16, EPILOGUES["bias_relu6"][0], n, k=16), strict=True) for n in (24, 37, 72, 88)}
     for name, f in funcs.items():
         assert not _lane_guards(f.body), name
     lib = build_library(funcs)
