@@ -208,16 +208,10 @@ def _schedule(func: TensorFunc, nest: list[For], block: int, columns: tuple[int,
     steady = lo + (hi - lo) // jam * jam if jam > 1 else lo
     cuts = sorted({lo, steady, hi} - {0, width})  # left border, jammed, unjammed interior, right border
     func, pieces = lp.peel(func, cols, cuts)
-    fast, plain = func, func
+    fast = func
     for piece, start in zip(pieces, [0, *cuts]):
         inner = _inner(func, piece)
-        extent = loop(func, piece).extent
-        plain = attempt(plain, lp.vectorize, inner)
-        # the steady interior jam at a time; a border whole, if short (the interior's rest,
-        # less than a jam, runs one output at a time: jammed, it cost more compile time than
-        # it saved run time)
-        border = start < lo or start >= hi
-        unroll = jam if jam > 1 and start == lo and extent == steady - lo else extent if border and isinstance(extent, int) and 2 <= extent <= jam else 1
+        unroll = _unroll(start, loop(func, piece).extent, (lo, steady, hi), jam)
         if unroll == 1:
             fast = attempt(fast, lp.vectorize, inner)
             continue
@@ -233,9 +227,24 @@ def _schedule(func: TensorFunc, nest: list[For], block: int, columns: tuple[int,
     fused = attempt(fused, lp.parallel, top_nests(fused)[0].var)
     lo_row, hi_row = rows_inside
     if (height - max(0, hi_row - lo_row)) * BORDER_ROWS_SHARE < height:  # few border rows: their copy plain
+        plain = func
+        for piece in pieces:
+            plain = attempt(plain, lp.vectorize, _inner(func, piece))
         other = attempt(plain, lp.fuse, batch, rows)
         return _version_rows(fused, height, rows_inside, top_nests(other)[0] if other is not plain else None)
     return _version_rows(fused, height, rows_inside)
+
+
+def _unroll(start: int, extent: Dim, interior: tuple[int, int, int], jam: int) -> int:
+    """Columns made at a time by the column piece from ``start`` (``interior``: where the
+    interior starts, where its jammed part ends, where it ends): the steady interior ``jam``
+    at a time; a border piece whole, if short; else one (the interior's rest, less than a jam,
+    one output at a time: jammed, it cost more compile time than it saved run time)."""
+    lo, steady, hi = interior
+    if jam > 1 and start == lo and extent == steady - lo:
+        return jam
+    border = start < lo or start >= hi
+    return extent if border and isinstance(extent, int) and 2 <= extent <= jam else 1
 
 
 def _interleave(func: TensorFunc, outer: SymVar) -> TensorFunc:
