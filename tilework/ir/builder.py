@@ -96,6 +96,7 @@ class BlockBuilder:
         self._mod_attrs = mod.attrs if mod is not None else EMPTY_ATTRS
         self._func: _FuncScope | None = None
         self._frames: list[_Frame] = []
+        self.emitted = 0  # bindings emitted so far (a caller compares it before and after a call)
 
     # -- module level ---------------------------------------------------------------------
 
@@ -202,6 +203,7 @@ class BlockBuilder:
         cls = DataflowVar if frame.dataflow else Var
         var = cls(self._name(name, "lv" if frame.dataflow else "v"), value.info)
         frame.current.append(Binding(var, value))
+        self.emitted += 1
         return var
 
     def emit_output(self, expr: Expr, name: str | None = None) -> Var:
@@ -212,6 +214,7 @@ class BlockBuilder:
         value = self.normalize(expr)
         var = Var(self._name(name, "gv"), value.info)
         frame.current.append(Binding(var, value))
+        self.emitted += 1
         return var
 
     def match_cast(self, expr: Expr, info: StructInfo, name: str | None = None, output: bool = False) -> Var:
@@ -227,6 +230,7 @@ class BlockBuilder:
         local = frame.dataflow and not output
         var = (DataflowVar if local else Var)(self._name(name, "lv" if local else "gv" if output else "v"), info)
         frame.current.append(MatchCast(var, value, info))
+        self.emitted += 1
         frame.sym_defined.update(I.defined_vars(info))
         return var
 

@@ -3,7 +3,12 @@
 Each op's ``legalize(call, ctx)`` (defined beside the op, in its family file) builds the
 computation with ``te`` over placeholders shaped like the call's arguments — the caller's own
 symbolic dims — and returns ``ctx.call_te(...)``: the TensorFunc is added to the module (kernels
-that are structurally equal are shared) and the graph calls it with ``call_tensor``. Facts that
+that are structurally equal are shared) and the graph calls it with ``call_tensor``. A call
+equal to one legalized before (same op, attributes, argument struct info and aliasing; one per
+layer of a model) whose legalization was that one ``call_tensor`` of its own arguments, nothing
+emitted and no dim of its own, calls the same kernel without building it again (the kernel
+would come out the same: building and comparing it was most of the pass, 1350 calls for 25
+kernels in SmolLM2's decoder). Facts that
 inference could not prove (``DimCheck``s) are kept as ``assert_dims`` bindings just before the
 call, so lower_shapes can check them at run time.
 
@@ -20,12 +25,14 @@ from typing import Any, Callable, Hashable, Sequence
 
 from tilework.errors import UnsupportedError
 from tilework.ir.builder import BlockBuilder
-from tilework.ir.graph import Binding, Call, Expr, GlobalVar, OpRef, ShapeExpr
+from tilework.ir import info as I
+from tilework.ir.graph import Binding, Call, Constant, Expr, GlobalVar, OpRef, PrimValue, ShapeExpr, Tuple, Var
 from tilework.ir.info import StructInfo
 from tilework.ir.loop import TensorFunc
 from tilework.ir.module import IRModule
 from tilework.ir.rewrite import FuncRewriter
-from tilework.ir.sym import Dim
+from tilework.ir import sym_walk
+from tilework.ir.sym import Dim, SymVar
 from tilework.op import base as opbase
 from tilework.op import vm as _vm_ops  # noqa: F401  (registers assert_dims)
 from tilework.op.calls import call_tensor
@@ -98,6 +105,7 @@ class _Legalizer(FuncRewriter):
         self.strict = strict
         self.kernels = _KernelTable()
         self.ctx = LegalizeCtx(self.bb, self.kernels)
+        self.reused: dict[Hashable, _Reuse] = {}  # see the module doc
 
     def rewrite_value(self, binding: Binding, value: Expr) -> Expr:
         if not isinstance(value, Call) or not isinstance(value.callee, OpRef):
@@ -115,7 +123,81 @@ class _Legalizer(FuncRewriter):
         _, checks = opbase.infer_with_checks(call)
         if checks:
             self.bb.emit(assert_dims_call(checks), name="check")
-        return op.legalize(call, self.ctx)
+        key = _reuse_key(call)
+        hit = self.reused.get(key) if key is not None else None
+        if hit is not None:
+            return call_tensor(hit.kernel, [call.args[i] for i in hit.args], hit.out, hit.sym_args)
+        emitted = self.bb.emitted
+        out = op.legalize(call, self.ctx)
+        if key is not None and self.bb.emitted == emitted:
+            reuse = _reusable(out, call)
+            if reuse is not None:
+                self.reused[key] = reuse
+        return out
+
+
+@dataclass(frozen=True)
+class _Reuse:
+    """A legalization to repeat: ``call_tensor(kernel, [call.args[i] for i in args], out, sym_args)``."""
+
+    kernel: GlobalVar
+    args: tuple[int, ...]
+    out: StructInfo
+    sym_args: tuple[Dim, ...]
+
+
+def _reuse_key(call: Call) -> Hashable | None:
+    """What ``call``'s legalization can depend on: its op, attributes, the struct info of each
+    argument (a var), which arguments are the same var, shape and scalar values, constants
+    (themselves); None when an argument is something else."""
+    first: dict[int, int] = {}
+    args: list[Hashable] = []
+    for i, a in enumerate(call.args):
+        same = first.setdefault(id(a), i)
+        if isinstance(a, Var):
+            args.append(("var", same, a.info))
+        elif isinstance(a, ShapeExpr):
+            args.append(("shape", a.values))
+        elif isinstance(a, PrimValue):
+            args.append(("prim", type(a.value).__name__, a.value, a.info))
+        elif isinstance(a, Constant):
+            args.append(("const", same, a))
+        else:
+            return None
+    key = (call.callee.name if isinstance(call.callee, OpRef) else None, call.attrs, tuple(args), call.sinfo_args)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _reusable(out: Expr, call: Call) -> _Reuse | None:
+    """``out`` as a legalization to repeat for calls equal to ``call`` (see the module doc), or
+    None: not one ``call_tensor`` of ``call``'s arguments, or it names a dim that ``call``'s
+    arguments do not (a dim made up for this call)."""
+    if not (isinstance(out, Call) and isinstance(out.callee, OpRef) and out.callee.name == "call_tensor"):
+        return None
+    if len(out.args) not in (2, 3) or not isinstance(out.args[0], GlobalVar) or not isinstance(out.args[1], Tuple) or len(out.sinfo_args) != 1:
+        return None
+    sym_args: tuple[Dim, ...] = ()
+    if len(out.args) == 3:
+        if not isinstance(out.args[2], ShapeExpr):
+            return None
+        sym_args = out.args[2].values
+    where = {id(a): i for i, a in reversed(list(enumerate(call.args)))}
+    args = tuple(where.get(id(a), -1) for a in out.args[1].fields)
+    if -1 in args:
+        return None
+    known: set[SymVar] = set()
+    for a in call.args:
+        known.update(I.free_vars(a.info))
+        if isinstance(a, ShapeExpr):
+            known.update(v for d in a.values for v in sym_walk.free_vars(d))
+    used = set(I.free_vars(out.sinfo_args[0])) | {v for d in sym_args for v in sym_walk.free_vars(d)}
+    if not used <= known:
+        return None
+    return _Reuse(out.args[0], args, out.sinfo_args[0], tuple(sym_args))
 
 
 def assert_dims_call(checks: Sequence[opbase.DimCheck]) -> Call:
