@@ -22,6 +22,7 @@ from tilework.schedule.primitives import (
     reorder,
     reverse_compute_inline,
     rfactor,
+    select,
     split,
     unroll,
     vectorize,
@@ -265,3 +266,16 @@ def test_compute_inline_refuses_a_value_that_uses_a_loop_var() -> None:
     f = TensorFunc((a, c), Allocate(t, SeqStmt((For(i, n, p), For(j, n, q)))))
     with pytest.raises(ScheduleError, match="compute_inline: block 'p' uses loop var 'i' directly"):
         compute_inline(f, "p")
+
+
+def test_select_picks_one_of_several_schedules_at_run_time() -> None:
+    f = kernels.matmul()
+    m = f.buffers[0].shape[0]
+    few = parallel(f, "j")
+    four = vectorize(reorder(split(f, "i", [None, 4]), "i_0", "r", "j", "i_1"), "i_1")
+    many = vectorize(reorder(split(f, "i", [None, 8]), "i_0", "r", "j", "i_1"), "i_1")
+    g = select([(Binary("<", m, 4, "bool"), few), (Binary("<", m, 8, "bool"), four)], many)
+    check_kernel(g, "matmul", [dict(n=1, m=3, k=2), dict(n=3, m=5, k=4), dict(n=9, m=2, k=7), dict(n=2, m=11, k=3)])
+    well_formed(g)  # every body after the first got fresh loop vars and buffers
+    with pytest.raises(ScheduleError, match="select: the functions do not have the same params"):
+        select([(Binary("<", m, 4, "bool"), few), (Binary("<", m, 8, "bool"), kernels.matmul())], many)

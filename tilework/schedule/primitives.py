@@ -16,7 +16,7 @@ ones: splitting ``i`` gives ``i_0, i_1``; fusing ``i, j`` gives ``i_j_fused``.
   (``reduction_primitives``);
 - last steps (loops stop being perfectly nested): ``partition`` (full tiles without bounds
   tests), ``hoist_guards``, and ``branch`` (pick one of two schedules at run time by a
-  condition on sym vars; ``specialize``).
+  condition on sym vars; ``select`` one of several; ``specialize``).
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ from tilework.schedule.loop_primitives import (
     vectorize,
 )
 from tilework.schedule.reduction_primitives import cache_write, decompose_reduction, rfactor
-from tilework.schedule.specialize import branch
+from tilework.schedule.specialize import branch, select
 from tilework.schedule.tree import loop_names
 
 __all__ = [
     "Dependence", "branch", "cache_read", "cache_write", "compute_inline", "decompose_reduction", "fuse", "loop_dependence",
     "hoist_guards", "loop_names", "merge_loops", "partition", "parallel", "peel", "reorder", "reverse_compute_inline", "rfactor",
-    "serial", "split", "tile", "unroll", "vectorize",
+    "select", "serial", "split", "tile", "unroll", "vectorize",
 ]  # fmt: skip

@@ -84,7 +84,7 @@ from tilework.schedule.rules.common import (
 from tilework.schedule.rules.inline import inline_producers
 from tilework.schedule.rules.matmul_prefetch import PARTS, prefetch_next_panel
 from tilework.schedule.rules.reduction import schedule_reduction
-from tilework.schedule.specialize import branch
+from tilework.schedule.specialize import branch, select
 from tilework.schedule.tree import (
     block_names,
     blocks_of,
@@ -177,9 +177,8 @@ def _few_rows(func: TensorFunc, nt: bool, rows: Dim) -> TensorFunc:
     out = _rows_tile(func, last)
     if lo is not None and lo >= 1:
         out = _rows_fixed(out, rows, last)
-    for r in range(NN_SMALL_ROWS - 2, 0, -1):
-        out = branch(Binary("==", rows, r, "bool"), _rows_fixed(_rows_tile(func, r), rows, r), out)
-    return out
+    cases = [(Binary("==", rows, r, "bool"), _rows_fixed(_rows_tile(func, r), rows, r)) for r in range(1, NN_SMALL_ROWS - 1)]
+    return select(cases, out)
 
 
 def _rows_fixed(func: TensorFunc, rows: Dim, r: int) -> TensorFunc:
