@@ -58,6 +58,7 @@ BENCHES = [
     Bench(("quant",), ("bench/bench_quant.py", "--threads", THREADS)),
     Bench(("llm", "llm-aims"), ("bench/bench_llm.py",)),
     Bench(("serve",), ("bench/bench_serve.py",)),
+    Bench(("compile",), ("bench/bench_compile.py",)),
     Bench(("aot.overhead", "aot.minilm", "aot.llama"), ("bench/bench_aot.py",)),
 ]
 
