@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from typing import Callable
@@ -71,7 +70,6 @@ def main() -> None:
     bad = [m for m in names if m not in MODELS]
     if bad:
         ap.error(f"unknown model(s) {', '.join(bad)}; choose from {', '.join(MODELS)}")
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import tilework  # noqa: F401  (registers the compilers)
 
     print(f"CPU {cpu_model()} ({cpu_features()}), OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}")

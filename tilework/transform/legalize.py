@@ -32,7 +32,7 @@ from tilework.ir.info import StructInfo
 from tilework.ir.loop import TensorFunc
 from tilework.ir.module import IRModule
 from tilework.ir.rewrite import FuncRewriter
-from tilework.ir.sym import Dim, SymVar
+from tilework.ir.sym import Dim
 from tilework.op import base as opbase
 from tilework.op import vm as _vm_ops  # noqa: F401  (registers assert_dims)
 from tilework.op.calls import call_tensor
@@ -189,11 +189,7 @@ def _reusable(out: Expr, call: Call) -> _Reuse | None:
     args = tuple(where.get(id(a), -1) for a in out.args[1].fields)
     if -1 in args:
         return None
-    known: set[SymVar] = set()
-    for a in call.args:
-        known.update(I.free_vars(a.info))
-        values = a.values if isinstance(a, ShapeExpr) else (a.value,) if isinstance(a, PrimValue) and not isinstance(a.value, (float, bool)) else ()
-        known.update(v for d in values for v in sym_walk.free_vars(d))
+    known = {v for a in call.args for v in I.free_vars(a.info)}  # a shape's or scalar's values are in its info
     used = set(I.free_vars(out.sinfo_args[0])) | {v for d in sym_args for v in sym_walk.free_vars(d)}
     if not used <= known:
         return None
