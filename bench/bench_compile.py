@@ -1,6 +1,8 @@
-"""Compile time, where it goes: all-MiniLM-L6-v2 through torch.export and SmolLM2-135M's decoder
-(fp32 and the GGUF's quantization), each compiled first with an empty kernel cache (cold: the
-C compiler runs) and then again with its kernels in the cache (warm: only Python runs).
+"""Compile time of MiniLM and SmolLM2, split into import, passes and C code, cold and warm.
+
+all-MiniLM-L6-v2 through torch.export and SmolLM2-135M's decoder (fp32 and the GGUF's
+quantization), each compiled first with an empty kernel cache (cold: the C compiler runs) and
+then again with its kernels in the cache (warm: only Python runs).
 
     python bench/bench_compile.py [--models minilm,smollm2-fp32,smollm2-q] [--repeat 2]
 
@@ -63,8 +65,8 @@ def smollm2(precision: str) -> Callable[[], dict[str, float]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=",".join(MODELS))
-    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
+    ap.add_argument("--repeat", type=int, default=2, help="warm compiles per model (the minimum is reported)")
     args = ap.parse_args()
     names = [m for m in args.models.split(",") if m]
     bad = [m for m in names if m not in MODELS]
