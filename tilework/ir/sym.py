@@ -57,13 +57,14 @@ class ScalarOperand:
 class SymExpr:
     """Base of symbolic integer expressions. Immutable and interned: compare with ``is``."""
 
-    __slots__ = ("_sort_key", "_bnd", "_canon", "_expd", "__weakref__")
+    __slots__ = ("_sort_key", "_bnd", "_canon", "_expd", "_nn", "__weakref__")
     _sort_key: tuple
     _bnd: Bound | None  # cached bounds (a pure function of the structure and the var ranges)
     # Memos on the node rather than in global dicts, so they go with it. None: not asked yet;
     # ITSELF: the answer is the node (a reference to itself would be a cycle outliving it).
     _canon: object  # ``sym_walk.simplify``
     _expd: object  # ``_expand_mods``
+    _nn: bool | None  # ``_nonneg``: the proof of ``self >= 0`` (and ``prove_le``/``ge``, ``min_``/``max_``)
 
     # -- arithmetic: every operator returns a canonical Dim ------------------------------
     def __add__(self, other: Dim) -> Dim:
@@ -147,7 +148,7 @@ class SymVar(Atom):
         self.lo = lo
         self.hi = hi
         self._bnd = (lo, hi)
-        self._canon = self._expd = None
+        self._canon = self._expd = self._nn = None
         self._sort_key = (0, name, next(_var_serial))
 
     def __reduce__(self) -> tuple:
@@ -163,7 +164,7 @@ class _Binary(Atom):
     def __init__(self, a: Dim, b: Dim) -> None:
         self.a, self.b = a, b
         self._bnd = None
-        self._canon = self._expd = None
+        self._canon = self._expd = self._nn = None
         self._sort_key = (1, self.OP, _key_of(a), _key_of(b))
 
     def __reduce__(self) -> tuple:
@@ -199,7 +200,7 @@ class Poly(SymExpr):
         self.terms = terms
         self.const = const
         self._bnd = None
-        self._canon = self._expd = None
+        self._canon = self._expd = self._nn = None
         self._sort_key = (2, tuple((tuple(a._sort_key for a in m), c) for m, c in terms), const)
 
     def __reduce__(self) -> tuple:
@@ -444,6 +445,9 @@ def _negative_lead(b: Dim) -> bool:
 def floordiv(a: Dim, b: Dim) -> Dim:
     """``a // b`` (floor division), canonical. A literal 0 divisor raises SymbolicError."""
     a, b = _check(a), _check(b)
+    known = _interned.get(("//", a, b))
+    if known is not None:  # made from these operands before, irreducible: the rules below would say so again
+        return known
     if isinstance(b, int):
         if b == 0:
             raise SymbolicError(f"division by zero in ({to_str(a)}) // 0")
@@ -478,6 +482,9 @@ def floordiv(a: Dim, b: Dim) -> Dim:
 def floormod(a: Dim, b: Dim) -> Dim:
     """``a % b`` (sign of the divisor, as in Python), canonical. A literal 0 divisor raises."""
     a, b = _check(a), _check(b)
+    known = _interned.get(("%", a, b))
+    if known is not None:  # made from these operands before, irreducible: the rules below would say so again
+        return known
     if isinstance(b, int):
         if b == 0:
             raise SymbolicError(f"modulo by zero in ({to_str(a)}) % 0")
@@ -515,6 +522,9 @@ def _minmax(a: Dim, b: Dim, is_min: bool) -> Dim:
         return min(a, b) if is_min else max(a, b)
     if _key_of(b) < _key_of(a):  # order first, so the result does not depend on argument order
         a, b = b, a
+    known = _interned.get(("min" if is_min else "max", a, b))
+    if known is not None:  # made from these operands before, irreducible: the provers would say so again
+        return known
     if a is b or (prove_le(a, b) if is_min else prove_ge(a, b)):
         return a
     if prove_le(b, a) if is_min else prove_ge(b, a):
@@ -587,9 +597,17 @@ def _div_lower(d: Dim) -> int | None:
 
 
 def _nonneg(d: Dim) -> bool:
-    """True when ``d >= 0`` is proved for every assignment in range."""
+    """True when ``d >= 0`` is proved for every assignment in range (memoized on the node:
+    ``min_`` and ``max_`` ask it of the same differences again and again)."""
     if isinstance(d, int):
         return d >= 0
+    known = d._nn
+    if known is None:
+        known = d._nn = _prove_nonneg(d)
+    return known
+
+
+def _prove_nonneg(d: SymExpr) -> bool:
     expanded = _expand_mods(d)
     for x in (d, expanded) if expanded is not d else (d,):
         if isinstance(x, int):

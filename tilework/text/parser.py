@@ -13,6 +13,7 @@ from typing import Any, Union
 
 from tilework.errors import ParseError
 from tilework.ir import info as I
+from tilework.ir import sym
 from tilework.ir.graph import EMPTY_ATTRS, Attrs, ExternFunc, GraphFunc, Var
 from tilework.ir.info import AnyInfo, FuncInfo, StructInfo
 from tilework.ir.loop import Buffer, TensorFunc
@@ -34,7 +35,8 @@ def parse(text: str) -> IRModule:
         raise ParseError(f"parse expects the text of a module (a str), got {type(text).__name__}")
     cur = Cursor(text, tokenize(text))
     try:
-        return _ModuleParser(cur).run()
+        with sym.held():  # an expression the text repeats is simplified (min, max, //, %) once
+            return _ModuleParser(cur).run()
     except RecursionError:  # a chain the nesting limits do not bound (- - - ... x)
         raise cur.error("the expression here nests too deeply to parse") from None
 
