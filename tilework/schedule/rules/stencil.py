@@ -15,8 +15,12 @@ the padding are masked and clamped at every column. Here instead:
   (the right border). In the interior no tap leaves the input, and the C compiler, which
   knows each loop's range, folds the masks and clamps away; the interior's columns go up to
   ``JAM`` at a time (fewer where a block is several vectors: each column's accumulators are
-  registers), a border whole, and these columns are made tap by tap (``_interleave``): each
-  loaded weight vector serves all of them, and their sums are independent chains of FMAs;
+  registers, and where taps x columns would pass ``JAM_TERMS``), a border whole, and these
+  columns are made tap by tap (``_interleave``): each loaded weight vector serves all of them,
+  and their sums are independent chains of FMAs. A 7 x 7 stem of 3 channels has 147 taps:
+  8 columns at a time unrolled 1176 steps, which ran slower than 4 (AVX2 Zen, 224 x 224,
+  3 -> 8 channels: 1.63 ms, 0.82 at 4) and took gcc 2-3x as long (a 29 x 23 image: 52 s of
+  gcc, 17.5 at 4);
 - a row's body is there twice, under a test of the row: interior rows (their row masks and
   clamps fold the same way), then the border rows (one output at a time where they are few).
 
@@ -57,6 +61,7 @@ JAM = 8  # most interior columns unrolled inside the channel loop
 BORDER_ROWS_SHARE = 8  # border rows fewer than 1 / this of the rows: their copy is not jammed
 WHOLE_BLOCK_VECTORS = 2  # channels in at most this many vectors: one block (``_channel_block``)
 SPARE_REGISTERS = 4  # vector registers a jammed step needs besides the accumulators (a weight, an input, ...)
+JAM_TERMS = 640  # most taps x jammed columns in one step (``_plan``)
 _COMPARISONS = ("<", "<=", ">", ">=")
 
 
@@ -101,6 +106,8 @@ def _plan(nest: list[For], block: Block, vector: int) -> tuple[int, tuple[int, i
     row_range = _interior_range(value, row, rows.extent) if row is not None else (0, 0)  # type: ignore[arg-type]
     width = _channel_block(chans.extent, vector)  # type: ignore[arg-type]
     most = max(1, min(JAM, (host_registers().count - SPARE_REGISTERS) // -(-width // vector)))
+    total = _longest_sum(value)
+    most = max(1, min(most, JAM_TERMS // (len(_terms(total)) if total is not None else 1)))
     return width, (lo, hi), row_range, _jam(hi - lo, most)
 
 
