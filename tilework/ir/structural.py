@@ -541,6 +541,9 @@ class _Hash:
     def reset(self) -> None:
         self.idx: dict[Any, int] = {}
         self.counter = 0
+        # ``sexpr`` digests of dims whose every var had its index (a var keeps it in a function)
+        self._digests: dict[SymExpr, bytes] = {}
+        self._unindexed = 0  # vars without an index met by ``sexpr``: a digest made then is not kept
 
     def put(self, *items: Any) -> None:
         for x in items:
@@ -680,14 +683,24 @@ class _Hash:
         if isinstance(e, int):
             return digest("i", e)
         if isinstance(e, SymVar):
+            if e not in self.idx:
+                self._unindexed += 1
             return digest("s", self.idx.get(e, -1), e.lo, e.hi)
+        known = self._digests.get(e)
+        if known is not None:
+            return known
+        unindexed = self._unindexed
         if isinstance(e, (FloorDiv, FloorMod)):
-            return digest(type(e).__name__, self.sexpr(e.a), self.sexpr(e.b))
-        if isinstance(e, (Min, Max)):
-            return digest(type(e).__name__, *sorted([self.sexpr(e.a), self.sexpr(e.b)]))
-        assert isinstance(e, Poly)
-        terms = sorted(digest("t", c, *sorted(self.sexpr(a) for a in m)) for m, c in e.terms)
-        return digest("P", e.const, *terms)
+            out = digest(type(e).__name__, self.sexpr(e.a), self.sexpr(e.b))
+        elif isinstance(e, (Min, Max)):
+            out = digest(type(e).__name__, *sorted([self.sexpr(e.a), self.sexpr(e.b)]))
+        else:
+            assert isinstance(e, Poly)
+            terms = sorted(digest("t", c, *sorted(self.sexpr(a) for a in m)) for m, c in e.terms)
+            out = digest("P", e.const, *terms)
+        if self._unindexed == unindexed:
+            self._digests[e] = out
+        return out
 
 
 def structural_hash(x: Any) -> int:
