@@ -56,7 +56,6 @@ class Case:
 class Built:
     module: IRModule
     lib: CKernelModule
-    scheduled: bool
     cases: dict[str, Case] = field(default_factory=dict)
     rescheduled: set[str] = field(default_factory=set)  # kernels with a ``__scheduled`` copy that differs
 
@@ -108,14 +107,14 @@ def build(cases: Sequence[Case]) -> Built:
     verify(mod)
     funcs = dict(mod.tensor_funcs())
     schedule = _schedule()
-    rescheduled = set()
+    rescheduled: set[str] = set()
     if schedule is not None:
         for name, f in list(funcs.items()):
             scheduled = schedule(f)
             if not structural_equal(scheduled.replace(attrs=f.attrs), f):  # the same code but its schedule's marks
                 funcs[f"{name}__scheduled"] = scheduled
                 rescheduled.add(name)
-    return Built(mod, build_library(funcs), schedule is not None, {c.name: c for c in cases}, rescheduled)
+    return Built(mod, build_library(funcs), {c.name: c for c in cases}, rescheduled)
 
 
 def kernel_call(func: GraphFunc) -> tuple[Call, list[Call]]:
@@ -168,7 +167,8 @@ def run(built: Built, name: str, env: Env, seed: int = 0, scheduled: bool = Fals
 
 
 def check(built: Built, name: str) -> None:
-    """Run case ``name`` at each of its sym values, plain and scheduled, against its reference."""
+    """Run case ``name`` at each of its sym values against its reference: plain, and scheduled
+    where the schedule changed the kernel."""
     case = built.cases[name]
     func = built.module[name]
     assert isinstance(func, GraphFunc)
