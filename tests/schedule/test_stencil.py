@@ -187,3 +187,27 @@ def test_a_sum_of_chains_is_made_as_one_chain() -> None:
     accumulate = [s for s in steps if isinstance(s.body, Store) and s.body.buffer is alloc.buffer]
     assert len(accumulate) == 27 + 1  # the bias, then each of the 27 products
     assert all(isinstance(s.body.value, Binary) and s.body.value.op == "+" for s in accumulate[1:])  # type: ignore[union-attr]
+
+
+def test_many_taps_jam_fewer_columns() -> None:
+    """A 7 x 7 stem of 3 channels has 147 taps: its interior columns are jammed at most
+    ``JAM_TERMS // 147`` at a time (4, not ``JAM``), a 3 x 3 one's (27 taps) up to ``JAM``."""
+
+    def widest_jam(kernel: int, width: int) -> int:
+        bb = BlockBuilder()
+        x = Var("x", TensorInfo((n, 3, 21, width), "float32"))
+        k, b = Var("k", TensorInfo((kernel * kernel * 3, 8), "float32")), Var("b", TensorInfo((8,), "float32"))
+        pad = kernel // 2
+        with bb.function("main", [x, k, b]):
+            with bb.dataflow():
+                out = bb.emit_output(direct_conv2d_nhwc(x, k, b, (kernel, kernel), (1, 1), (pad,) * 4, (1, 1), "NCHW"))
+            bb.emit_func_output(out)
+        (func,) = [f for name, f in Legalize()(bb.get()).tensor_funcs() if name.startswith("direct_conv")]
+        scheduled = default_schedule(func, strict=True)
+        assert scheduled.attrs["schedule_rule"] == "stencil"
+        unrolled = [s.extent for _, s in walk(scheduled.body) if isinstance(s, For) and s.kind == "unrolled" and isinstance(s.body, For) and s.body.kind == "vectorized"]
+        assert unrolled and all(isinstance(e, int) for e in unrolled)
+        return max(unrolled)  # type: ignore[type-var]
+
+    assert widest_jam(7, 46) == stencil.JAM_TERMS // 147 == 4  # an interior of 40 columns
+    assert widest_jam(3, 42) == min(stencil.JAM, stencil.JAM_TERMS // 27)
