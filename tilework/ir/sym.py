@@ -14,7 +14,8 @@ out-of-range value into a canonical expression does not recover the unsimplified
 Divisors of ``FloorDiv``/``FloorMod`` atoms have a positive sign (a constant one is >= 2).
 
 Substitution, simplification, free vars and evaluation walk these expressions in
-``tilework.ir.sym_walk``.
+``tilework.ir.sym_walk``; their text (``to_str``, the ``repr``) is written by
+``tilework.ir.sym_print``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Callable, Iterable, Iterator, SupportsIndex, Union
 
 from tilework.errors import SymbolicError
 from tilework.ir.interval import ATOM_BOUNDS, Bound, div_bounds, iadd, imul, meet
+from tilework.ir.sym_print import to_str  # re-exported: ``sym.to_str``
 
 Dim = Union[int, "SymExpr"]
 Mono = tuple["Atom", ...]  # sorted atoms, repeated for powers; () is the constant monomial
@@ -685,61 +687,6 @@ def product(dims: Iterable[Dim]) -> Dim:
     for d in dims:
         acc = mul(acc, d)
     return acc
-
-
-# -- printing (Python syntax; the text parser reads it back) -----------------------------
-
-_PREC_ADD, _PREC_MUL, _PREC_ATOM = 1, 2, 3
-
-
-def _str_prec(e: Dim, names: Callable[[SymVar], str]) -> tuple[str, int]:
-    if isinstance(e, int):
-        return str(e), (_PREC_ATOM if e >= 0 else _PREC_ADD)
-    if isinstance(e, SymVar):
-        return names(e), _PREC_ATOM
-    if isinstance(e, (Min, Max)):
-        return f"{e.OP}({_str(e.a, names)}, {_str(e.b, names)})", _PREC_ATOM
-    if isinstance(e, (FloorDiv, FloorMod)):
-        a, pa = _str_prec(e.a, names)
-        b, pb = _str_prec(e.b, names)
-        if pa < _PREC_MUL:
-            a = f"({a})"
-        if pb <= _PREC_MUL:
-            b = f"({b})"
-        return f"{a} {e.OP} {b}", _PREC_MUL
-    assert isinstance(e, Poly)
-    parts: list[str] = []
-    prec = _PREC_ADD
-    for m, c in e.terms:
-        printed = [_str_prec(a, names) for a in m]
-        if len(m) == 1 and abs(c) == 1:
-            body, prec = printed[0]
-            if c < 0 and not parts and prec == _PREC_MUL:
-                body = f"({body})"  # a leading unary minus binds tighter than // and %
-        else:
-            factors = [s if p == _PREC_ATOM else f"({s})" for s, p in printed]
-            if abs(c) != 1:
-                factors.insert(0, str(abs(c)))
-            body, prec = " * ".join(factors), _PREC_MUL
-        parts.append(("- " if c < 0 else "+ ") + body)
-    if e.const:
-        parts.append(("- " if e.const < 0 else "+ ") + str(abs(e.const)))
-    s = " ".join(parts)
-    if len(parts) == 1 and s.startswith("+ "):
-        return s[2:], prec
-    return (s[2:] if s.startswith("+ ") else "-" + s[2:]), _PREC_ADD
-
-
-def _str(e: Dim, names: Callable[[SymVar], str]) -> str:
-    return _str_prec(e, names)[0]
-
-
-def to_str(e: Dim, names: Callable[[SymVar], str] | None = None) -> str:
-    """Python-syntax text of ``e``; ``names`` renames vars (the printer makes names unique).
-    ``eval`` of the text with the vars bound and ``min``/``max`` mapped to ``min_``/``max_``
-    rebuilds ``e`` itself."""
-    return _str(e, names or (lambda v: v.name))
-
 
 
 # -- interval bounds -------------------------------------------------------------------------
