@@ -222,6 +222,17 @@ def test_the_quantization_of_x_is_bit_exact(rng: np.random.Generator) -> None:
         np.testing.assert_array_equal(s, q_ref.sum(axis=2))
 
 
+def test_a_build_without_a_feature_the_target_lacks_is_the_full_library() -> None:
+    """``vnni=False`` / ``bf16dot=False`` change no code where the compiler's target has no VNNI
+    / AVX-512 BF16: the full library is given, not built again; where it has them, a build
+    without them is its own library."""
+    full = Q.library()
+    assert (Q.library(vnni=False) is full) == (not full.vnni)
+    assert (Q.library(bf16dot=False) is full) == (not full.bf16dot)
+    assert (Q.library(vnni=False, bf16dot=False) is full) == (not full.vnni and not full.bf16dot)
+    assert not Q.library(vnni=False).vnni and not Q.library(bf16dot=False).bf16dot
+
+
 @pytest.mark.parametrize("fmt", INT8)
 def test_a_row_has_the_same_bits_alone_in_any_batch_and_in_every_build(rng: np.random.Generator, fmt: str) -> None:
     """What batched decoding relies on: the GEMV (up to 8 rows) and the GEMM do the same float

@@ -104,13 +104,24 @@ def llms(model_path: str) -> Callable[[str], LLM]:
 
 @pytest.fixture(scope="module")
 def hf(model_path: str) -> Any:
-    """HF's Llama with the GGUF's weights, as transformers itself reads and dequantizes them."""
+    """HF's Llama with the GGUF's weights, as transformers itself reads and dequantizes them.
+    Its two readings of the file (config, then tensors) share one ``gguf.GGUFReader`` (parsing
+    the 49k-token vocabulary takes seconds), and the model is made without a random
+    initialization (the file's values replace every weight)."""
+    import gguf
+    from transformers.initialization import no_init_weights
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    config = {k: v for k, v in load_gguf_checkpoint(model_path)["config"].items() if k != "model_type"}
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config, attn_implementation="eager"))
-    tensors = load_gguf_checkpoint(model_path, return_tensors=True, model_to_load=model)["tensors"]
+    real = gguf.GGUFReader
+    reader = real(model_path)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gguf, "GGUFReader", lambda path, *a, **k: reader if (path, a, k) == (model_path, (), {}) else real(path, *a, **k))
+        config = {k: v for k, v in load_gguf_checkpoint(model_path)["config"].items() if k != "model_type"}
+        with no_init_weights():
+            model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config, attn_implementation="eager"))
+        tensors = load_gguf_checkpoint(model_path, return_tensors=True, model_to_load=model)["tensors"]
     missing, unexpected = model.load_state_dict(tensors, strict=False)
+    model.tie_weights()  # made without initialization, the head is tied only now
     assert not unexpected and missing == ["lm_head.weight"] and model.lm_head.weight is model.model.embed_tokens.weight
     return model.float().eval()
 

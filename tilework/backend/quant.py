@@ -152,11 +152,17 @@ _BACKGROUND_LOCK = threading.Lock()
 
 def library(portable: bool = False, vnni: bool = True, bf16dot: bool = True) -> QuantLibrary:
     """The library, compiled (or found in the kernel cache) and loaded on the first call;
-    ``portable``, ``vnni`` and ``bf16dot`` as in ``source`` (the variants exist to be tested)."""
+    ``portable``, ``vnni`` and ``bf16dot`` as in ``source`` (the variants exist to be tested).
+    Leaving out a feature the compiler's target lacks changes no code: that variant is the
+    full library (a second build of the same kernels would take as long as the first)."""
     key = (portable, vnni, bf16dot)
     lib = _LIBS.get(key)
     if lib is not None:
         return lib
+    if not (vnni and bf16dot):
+        full = library(portable)
+        if (vnni or not full.vnni) and (bf16dot or not full.bf16dot):
+            return _LIBS.setdefault(key, full)
     with _LOCK:
         if key not in _LIBS:
             _LIBS[key] = _load(*key)
