@@ -21,9 +21,9 @@ import pytest
 import tilework as tw
 from tilework.export import build_export, export_c
 from tilework.export.runner import ExportedModel
+from tests.long import long_only
 
-LONG = os.environ.get("TILEWORK_LONG_TESTS", "") == "1"
-pytestmark = pytest.mark.skipif(not LONG, reason="the acceptance run: set TILEWORK_LONG_TESTS=1")
+pytestmark = long_only("the acceptance run")
 
 
 def minilm_onnx(path: Path) -> Path:

@@ -10,15 +10,14 @@ magnitude). An acceptance run (minutes on 2 cores), recorded in docs/conformance
 from __future__ import annotations
 
 import io
-import os
 import warnings
 from typing import Any, Callable
 
 import numpy as np
 import pytest
+from tests.long import LONG, long_only
 
-LONG = os.environ.get("TILEWORK_LONG_TESTS", "") == "1"
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not LONG, reason="the acceptance run: set TILEWORK_LONG_TESTS=1")]
+pytestmark = [pytest.mark.slow, long_only("the acceptance run")]
 torch = pytest.importorskip("torch", reason="needs torch (an optional extra)")
 tf = pytest.importorskip("transformers", reason="needs transformers")
 

@@ -15,13 +15,13 @@ run with TILEWORK_LONG_TESTS=1:
 from __future__ import annotations
 
 import io
-import os
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 import pytest
+from tests.long import LONG
 
 pytest.importorskip("torch", reason="the torch frontend needs torch (an optional extra)")
 pytest.importorskip("onnx", reason="the ONNX frontend needs onnx (an optional extra)")
@@ -35,7 +35,6 @@ from tilework.ir.module import IRModule  # noqa: E402
 F = torch.nn.functional
 Dim = torch.export.Dim
 N, M = Dim("n", min=1, max=64), Dim("m", min=1, max=64)
-LONG = os.environ.get("TILEWORK_LONG_TESTS", "") == "1"
 
 
 class Fn(torch.nn.Module):

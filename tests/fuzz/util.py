@@ -17,8 +17,8 @@ from typing import Any, Callable, Iterator
 from hypothesis import HealthCheck, settings
 
 from tilework.errors import TileworkError
+from tests.long import LONG
 
-LONG = os.environ.get("TILEWORK_LONG_TESTS", "") == "1"
 MEMORY_CAP = 2 << 30  # bytes an example may add to the process's address space
 
 

@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
+from tests.long import LONG, long_only
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -35,8 +36,7 @@ from tilework.llm.engine import default_model_path  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-LONG = os.environ.get("TILEWORK_LONG_TESTS", "") == "1"
-long_only = pytest.mark.skipif(not LONG, reason="the acceptance run: set TILEWORK_LONG_TESTS=1")
+acceptance_only = long_only("the acceptance run")
 # The decoder's modules round-trip through text in test_decoder.py; printing and parsing this
 # 30-layer copy of them again would double the cost of a cold build.
 pytestmark = [pytest.mark.slow, pytest.mark.no_roundtrip]
@@ -211,7 +211,7 @@ def test_score_gives_the_log_probabilities_after_every_prefix(llms: Callable[[st
         llm.score([])
 
 
-@pytest.mark.parametrize("precision", ["q", pytest.param("bf16", marks=long_only)])
+@pytest.mark.parametrize("precision", ["q", pytest.param("bf16", marks=acceptance_only)])
 def test_precision_picks_fp32s_tokens_under_teacher_forcing(llms: Callable[[str], LLM], fp32_runs: list[Run], precision: str) -> None:
     llm = llms(precision)
     same = total = 0
@@ -229,7 +229,7 @@ def fp32_perplexity(llms: Callable[[str], LLM]) -> float:
     return _perplexity(llms("fp32"))
 
 
-@long_only
+@acceptance_only
 @pytest.mark.parametrize("precision", ["q", "bf16"])
 def test_precision_perplexity_is_within_3_percent_of_fp32s(llms: Callable[[str], LLM], fp32_perplexity: float, precision: str) -> None:
     ppl = _perplexity(llms(precision))

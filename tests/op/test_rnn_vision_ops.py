@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 from typing import Any, Sequence
 
 import numpy as np
@@ -19,6 +18,7 @@ from tests.op.legalize_harness import Built, Case, assert_round_trips, build, ch
 from tests.op.test_conv import adaptive_ref
 from tilework.errors import InferenceError
 from tilework.op import conv, pad, rnn
+from tests.long import LONG
 
 n, h, w, t = tw.dim("n", min=0), tw.dim("h"), tw.dim("w"), tw.dim("t", min=0)  # batch and time may be 0
 
@@ -260,7 +260,6 @@ def _rnn_case(name: str, cell: str, reverse: bool = False, lbr: bool = True, ful
     return Case(f"rnn_{name}", make, infos, ref, rnn_envs, inputs=_rnn_inputs(cell, hid, full), tol=1e-4)
 
 
-LONG = os.environ.get("TILEWORK_LONG_TESTS", "") == "1"
 # kernels slow to compile (16-tap bicubic, 3-D, the second variants of the recurrences): long runs only
 LONG_CASES = {"grid_sample_cubic_reflection", "grid_sample_3d_linear_border", "rnn_lstm_reverse_lens", "conv_transpose_3d"}
 

@@ -15,7 +15,6 @@ checks what a user gets.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -28,11 +27,11 @@ from tilework.errors import RuntimeCheckError
 from tilework.ir.builder import BlockBuilder
 from tilework.ir.graph import Expr, Var
 from tilework.ir.info import TensorInfo
+from tests.long import long_only
 
 torch = pytest.importorskip("torch", reason="the differential tests compare with torch (an optional extra)")
 
-LONG = os.environ.get("TILEWORK_LONG_TESTS", "") == "1"
-pytestmark = pytest.mark.skipif(not LONG, reason="compiles the whole op table: set TILEWORK_LONG_TESTS=1")
+pytestmark = long_only("compiles the whole op table")
 n, m, k = tw.dim("n", min=0), tw.dim("m", min=0), tw.dim("k", min=0)
 EDGE_DIMS = [{"n": a, "m": b, "k": c} for a in (0, 1) for b in (0, 1) for c in (0, 1)]
 

@@ -16,13 +16,13 @@ import pytest
 
 from tests.llm.models import needs_smollm2
 from tilework.cli import main
+from tests.long import long_only
 
 pytest.importorskip("gguf")
 pytest.importorskip("tokenizers")
 pytest.importorskip("jinja2")
 pytest.importorskip("uvicorn")
 
-LONG = os.environ.get("TILEWORK_LONG_TESTS", "") == "1"
 
 
 @pytest.mark.parametrize(
@@ -56,7 +56,7 @@ def test_serve_refuses_a_taken_port_before_loading_the_model(capsys: pytest.Capt
 
 
 @needs_smollm2
-@pytest.mark.skipif(not LONG, reason="starts two CLI processes: set TILEWORK_LONG_TESTS=1")
+@long_only("starts two CLI processes")
 def test_tilework_serve_answers_like_tilework_generate() -> None:
     env = dict(os.environ, PYTHONIOENCODING="utf-8")
     question = "What is the capital of Italy?"

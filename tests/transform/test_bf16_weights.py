@@ -9,7 +9,6 @@ float32 within ``MINILM_TOL`` of the largest output; ``explain`` reports the mea
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,7 @@ from tilework.errors import UnsupportedError
 from tilework.op.quant import bf16_rows, bf16_values
 from tilework.backend import quant as Q
 from tilework.transform.bf16_weights import BF16_BOUND, BF16_UNIT, weight_error
+from tests.long import long_only
 
 torch = pytest.importorskip("torch", reason="these tests compile torch modules")
 import tilework  # noqa: E402
@@ -26,7 +26,7 @@ import tilework  # noqa: E402
 Dim = torch.export.Dim
 F32_SLACK = 1e-5  # float32 sums of at most a few hundred terms, relative to sum |x * w|
 MINILM_TOL = 1e-2  # MiniLM's outputs in bf16 mode against torch float32, relative to the largest
-long_only = pytest.mark.skipif(os.environ.get("TILEWORK_LONG_TESTS", "") != "1", reason="compiles MiniLM (~20 s cold): set TILEWORK_LONG_TESTS=1")
+minilm_only_long = long_only("compiles MiniLM (~20 s cold)")
 
 
 def test_bf16_rows_round_to_nearest_even() -> None:
@@ -151,7 +151,7 @@ def test_unknown_precision_is_refused() -> None:
         tilework.compile(_Linear(4, 4, True), (torch.randn(2, 4),), precision="fp16")
 
 
-@long_only
+@minilm_only_long
 def test_minilm_in_bf16_matches_fp32() -> None:
     pytest.importorskip("transformers")
     from tests.frontend.test_torch_models import minilm_dir
