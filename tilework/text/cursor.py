@@ -14,12 +14,15 @@ class Cursor:
 
     def __init__(self, text: str, tokens: list[Token]) -> None:
         self.text = text
-        self.toks = tokens
+        self.toks = tokens  # ends with the eof token
+        self.words = [t.value if t.kind == "op" or t.kind == "name" else None for t in tokens]  # what ``at`` compares
         self.pos = 0
 
     def peek(self, k: int = 0) -> Token:
-        i = self.pos + k
-        return self.toks[i] if i < len(self.toks) else self.toks[-1]
+        try:
+            return self.toks[self.pos + k]
+        except IndexError:
+            return self.toks[-1]
 
     def next(self) -> Token:
         tok = self.peek()
@@ -29,8 +32,8 @@ class Cursor:
 
     def at(self, value: str, k: int = 0) -> bool:
         """True when the token ``k`` ahead is the operator or name ``value``."""
-        tok = self.peek(k)
-        return tok.kind in ("op", "name") and tok.value == value
+        i = self.pos + k
+        return i < len(self.words) and self.words[i] == value
 
     def at_kind(self, kind: str, k: int = 0) -> bool:
         return self.peek(k).kind == kind

@@ -8,7 +8,7 @@ line and column so that parse errors can point at it.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from tilework.errors import ParseError
 
@@ -17,13 +17,20 @@ _NUMBER = re.compile(r"\d+(\.\d*)?([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?")
 _OPS = ("->", "//", "<=", ">=", "==", "!=", "(", ")", "[", "]", "{", "}", ",", ":", "=", "+", "-", "*", "/", "%", "<", ">", ".")  # fmt: skip
 _OP = re.compile("|".join(re.escape(o) for o in _OPS))  # two-character operators first, as in _OPS
 _OPEN = {"(": ")", "[": "]", "{": "}"}
+_CLOSE = frozenset(_OPEN.values())
+# One token at a position: the first alternative that matches, in the order the format reads
+# them (a number before the operator ``.``, two-character operators before one-character ones).
+_TOKEN = re.compile(
+    rf"(?P<space>[ \t\r]+)|(?P<comment>#)|(?P<name>{_NAME.pattern})|(?P<number>{_NUMBER.pattern.replace('(', '(?:')})"
+    rf"|(?P<quote>[\"'])|(?P<at>@)|(?P<op>{_OP.pattern})"
+)
 MAX_NESTING = 64  # brackets inside brackets, blocks inside blocks: far above what printing makes, far below Python's recursion limit
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\", '"': '"', "'": "'", "/": "/", "b": "\b", "f": "\f"}
 
 
-@dataclass(frozen=True, slots=True)
-class Token:
-    """``kind`` is one of name, int, float, str, op, global, newline, indent, dedent, eof."""
+class Token(NamedTuple):
+    """``kind`` is one of name, int, float, str, op, global, newline, indent, dedent, eof. (A
+    named tuple: a large module's text is hundreds of thousands of them.)"""
 
     kind: str
     value: str
@@ -90,6 +97,8 @@ def _string(line_text: str, i: int, text: str, lineno: int) -> tuple[str, int]:
 def tokenize(text: str) -> list[Token]:
     """The tokens of ``text``; raises ParseError on characters the format does not use."""
     tokens: list[Token] = []
+    append = tokens.append
+    match = _TOKEN.match
     indents = [0]
     brackets: list[Token] = []
     lines = text.split("\n")
@@ -113,55 +122,49 @@ def tokenize(text: str) -> list[Token]:
                 tokens.append(Token("dedent", "", lineno, i + 1))
             if i != indents[-1]:
                 raise error_at(text, lineno, i + 1, "unindent does not match any outer indentation level")
-        while i < len(line_text):
-            c = line_text[i]
-            if c in " \t\r":
-                i += 1
+        n = len(line_text)
+        while i < n:
+            m = match(line_text, i)
+            if m is None:
+                raise error_at(text, lineno, i + 1, f"unexpected character {line_text[i]!r}")
+            kind = m.lastgroup
+            if kind == "space":
+                i = m.end()
                 continue
-            if c == "#":
+            if kind == "comment":
                 break
             col = i + 1
-            m = _NAME.match(line_text, i)
-            if m:
-                tokens.append(Token("name", m.group(), lineno, col))
-                i = m.end()
-                continue
-            m = _NUMBER.match(line_text, i)
-            if m:
+            if kind == "name" or kind == "number":
                 s = m.group()
-                kind = "float" if any(ch in s for ch in ".eE") else "int"
-                tokens.append(Token(kind, s, lineno, col))
+                if kind == "number":
+                    kind = "float" if "." in s or "e" in s or "E" in s else "int"
+                append(Token(kind, s, lineno, col))
                 i = m.end()
-                continue
-            if c in "\"'":
+            elif kind == "quote":
                 value, i = _string(line_text, i, text, lineno)
-                tokens.append(Token("str", value, lineno, col))
-                continue
-            if c == "@":
-                if i + 1 < len(line_text) and line_text[i + 1] in "\"'":
+                append(Token("str", value, lineno, col))
+            elif kind == "at":
+                if i + 1 < n and line_text[i + 1] in "\"'":
                     value, i = _string(line_text, i + 1, text, lineno)
                 else:
                     m = _NAME.match(line_text, i + 1)
                     if not m:
                         raise error_at(text, lineno, col + 1, "expected a function name after '@'")
                     value, i = m.group(), m.end()
-                tokens.append(Token("global", value, lineno, col))
-                continue
-            m = _OP.match(line_text, i)
-            if m is None:
-                raise error_at(text, lineno, col, f"unexpected character {c!r}")
-            op = m.group()
-            tok = Token("op", op, lineno, col)
-            if op in _OPEN:
-                if len(brackets) >= MAX_NESTING:
-                    raise error_at(text, lineno, col, f"brackets are nested more than {MAX_NESTING} deep")
-                brackets.append(tok)
-            elif op in (")", "]", "}"):
-                if not brackets or _OPEN[brackets[-1].value] != op:
-                    raise error_at(text, lineno, col, f"unmatched '{op}'")
-                brackets.pop()
-            tokens.append(tok)
-            i += len(op)
+                append(Token("global", value, lineno, col))
+            else:
+                op = m.group()
+                tok = Token("op", op, lineno, col)
+                if op in _OPEN:
+                    if len(brackets) >= MAX_NESTING:
+                        raise error_at(text, lineno, col, f"brackets are nested more than {MAX_NESTING} deep")
+                    brackets.append(tok)
+                elif op in _CLOSE:
+                    if not brackets or _OPEN[brackets[-1].value] != op:
+                        raise error_at(text, lineno, col, f"unmatched '{op}'")
+                    brackets.pop()
+                append(tok)
+                i = m.end()
         if not brackets and tokens and tokens[-1].kind not in ("newline", "indent", "dedent"):
             tokens.append(Token("newline", "", lineno, len(line_text) + 1))
     if brackets:
