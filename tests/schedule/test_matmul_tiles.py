@@ -2,7 +2,11 @@
 wider panel; AVX-512: 8 x 32, a tile across two 16-column panels), checked against NumPy on
 every host (only speed depends on the host): symbolic rows including 1 and odd counts past a
 tile, K and N that no tile divides, a packed and a plain B, with a bias, an activation and a
-residual fused into the tile store."""
+residual fused into the tile store.
+
+Only in the long tier: the rest row tiles on AVX-512 (the rule that AVX2's check runs, with 8
+rows a tile), and AVX2's partial column tiles at widths 40, 72 and 120 (a last tile of 8
+columns, as at 24 and 88)."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
+from tests.long import LONG, long_param
 from tilework import te
 from tilework.codegen import build_library
 from tilework.ir import sym
@@ -111,7 +116,8 @@ def test_tiles_match_numpy(registers: str) -> None:
 
 # MobileNet's 1x1 convs and an odd width: no tile divides them. A 32-column tile over 16-column
 # panels: 24 and 88 end in an empty panel, 37 past the last one (its panel index clamped).
-WIDTHS = {"32x16": (24, 37, 40, 72, 88, 120), "64x32": (24, 37, 88)}
+# AVX2's 40, 72 and 120 (a last tile of 8 columns, as at 24 and 88) in the long tier only.
+WIDTHS = {"32x16": (24, 37, 88) + ((40, 72, 120) if LONG else ()), "64x32": (24, 37, 88)}
 
 
 def test_partial_column_tiles(registers: str) -> None:
@@ -208,6 +214,11 @@ def test_narrow_outputs_take_tiles_no_wider_than_b(registers: str) -> None:
             np.testing.assert_allclose(out, a.astype(np.float64) @ wt.T.astype(np.float64) + bias, rtol=1e-4, atol=1e-4, err_msg=f"{name} rows={rows}")
 
 
+@pytest.mark.parametrize(
+    "registers",
+    [pytest.param("32x16", id="avx2"), long_param("64x32", id="avx512", why="the rest tiles of AVX2's check at 8 rows a tile")],
+    indirect=True,
+)
 def test_rest_row_tiles(registers: str) -> None:
     """Enough column tiles that they alone run in parallel: the row tiles are ``M // MR`` full
     ones and, when rows are left, one of that many rows rounded up to an even count (chosen at
