@@ -4,7 +4,12 @@ NumPy through the C kernels and the reference interpreter at symbolic rows 1, 4,
 and 33 (the few-rows tiles, one panel or two wide, full row tiles, a rest tile, fewer row tiles
 than parts), K with and without a multiple of the parts and N past the last full panel, on each
 register file's tiles; the kernels pass the verifier and print and parse back. Also: at every
-row count of the many-rows tiles every line of every row of the next panel is hinted."""
+row count of the many-rows tiles every line of every row of the next panel is hinted.
+
+The default run checks the layout ``tilework.compile`` gives weights (``PANEL`` columns) on each
+register file: one panel a tile on AVX2, a tile spanning two panels on AVX-512. The ``tile``
+layouts run only in the long tier: AVX2's is its ``panels`` one (the same kernels), AVX-512's a
+panel a tile as on AVX2, in a layout ``tilework.compile`` does not give."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.long import long_param
 from tests.schedule.helpers import well_formed
 from tilework import te
 from tilework.codegen import build_library
@@ -53,7 +59,20 @@ def _prefetches(func: TensorFunc) -> list[Intrin]:
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("layout", ["tile", "panels"])
+# (register file, layout): AVX2's tiles are PANEL columns wide, its "tile" layout the same kernels
+LAYOUTS = pytest.mark.parametrize(
+    ("registers", "layout"),
+    [
+        long_param("32x16", "tile", id="avx2-tile", why="AVX2's panels layout again (its tile is PANEL wide)"),
+        pytest.param("32x16", "panels", id="avx2-panels"),
+        long_param("64x32", "tile", id="avx512-tile", why="a panel a tile, as on AVX2, in a layout tilework.compile does not give"),
+        pytest.param("64x32", "panels", id="avx512-panels"),
+    ],
+    indirect=["registers"],
+)
+
+
+@LAYOUTS
 def test_prefetch_changes_no_value(registers: str, layout: str) -> None:
     """``tile``: panels as wide as a register tile (one panel a tile); ``panels``: the layout
     ``tilework.compile`` gives weights (``PANEL`` columns: AVX-512's tiles span two)."""
@@ -146,7 +165,7 @@ def _covered_lines(func: TensorFunc, m: SymVar, rows: int) -> list[tuple[int, in
     return out
 
 
-@pytest.mark.parametrize("layout", ["tile", "panels"])
+@LAYOUTS
 def test_fewer_row_tiles_than_parts_prefetch_the_whole_panel(registers: str, layout: str) -> None:
     """With 4 row tiles or more the first 4 prefetch a quarter of the next panel each; with 2
     or 3 (the rest tile counts) the first 2 a half each, with one it all: at every row count
