@@ -4,10 +4,14 @@ peeled into border and interior loops, the interior's columns unrolled inside th
 vector loop), and the numerics of the depthwise convs it schedules (and of the pools beside
 them) against NumPy at symbolic batch 0, 1 and 3, odd spatial sizes, strides, dilation, and
 channel counts that are and are not a multiple of the vector; the jammed columns made tap by
-tap (the same bits as one expression per output; a direct conv's tree of sums as one chain)."""
+tap (the same bits as one expression per output; a direct conv's tree of sums as one chain).
+
+The float32 module is built once for every batch and the tap-by-tap check; the float64 build
+of the same convs (the same rule at half the lanes) runs only in the long tier."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -15,6 +19,7 @@ import pytest
 
 import tilework as tw
 import tilework.op as op
+from tests.long import long_param
 from tests.op.test_conv import conv_ref
 from tests.op.test_im2col import max_pool_ref
 from tilework.ir.builder import BlockBuilder
@@ -62,6 +67,12 @@ def _module(relu: bool = True, dtype: str = "float32") -> Any:
             out = bb.emit_output(Tuple(tuple(outs)))
         bb.emit_func_output(out)
     return bb.get()
+
+
+@functools.cache
+def _vm(dtype: str) -> Any:
+    """``_module(dtype=dtype)`` built once: its ``main``."""
+    return tw.VM(tw.build(_module(dtype=dtype)))["main"]
 
 
 def _scheduled() -> list[tuple[str, TensorFunc]]:
@@ -113,7 +124,7 @@ def test_channel_blocks(registers: str) -> None:
         assert widths == {want}, (name, channels, widths)
 
 
-@pytest.mark.parametrize(("batch", "dtype"), [(0, "float32"), (1, "float32"), (3, "float32"), (3, "float64")])
+@pytest.mark.parametrize(("batch", "dtype"), [(0, "float32"), (1, "float32"), (3, "float32"), long_param(3, "float64", why="the float32 convs at half the lanes")])
 def test_numerics(batch: int, dtype: str) -> None:
     rng = np.random.default_rng(batch)
     xs, ks, bs, ps = [], [], [], []
@@ -126,7 +137,7 @@ def test_numerics(batch: int, dtype: str) -> None:
         bs.append(rng.standard_normal(c).astype(dtype))
     for hh, ww, c, *_ in POOLS:
         ps.append(rng.standard_normal((batch, hh, ww, c)).astype(dtype))
-    got = tw.VM(tw.build(_module(dtype=dtype)))["main"](*xs, *(depthwise_weight_matrix(k) for k in ks), *bs, *ps)
+    got = _vm(dtype)(*xs, *(depthwise_weight_matrix(k) for k in ks), *bs, *ps)
     for i, (x, k, b, (_, _, c, _, strides, padding, dilation)) in enumerate(zip(xs, ks, bs, DEPTHWISE)):
         want = np.maximum(conv_ref(x.transpose(0, 3, 1, 2), k, b, strides, padding, dilation, c).transpose(0, 2, 3, 1), 0)
         assert np.asarray(got[i]).shape == want.shape
@@ -162,7 +173,7 @@ def test_tap_by_tap_keeps_each_outputs_bits(monkeypatch: pytest.MonkeyPatch) -> 
     args += [rng.standard_normal((kernel[0] * kernel[1], c)).astype(np.float32) for _, _, c, kernel, *_ in DEPTHWISE]
     args += [rng.standard_normal(c).astype(np.float32) for _, _, c, *_ in DEPTHWISE]
     args += [rng.standard_normal((3, hh, ww, c)).astype(np.float32) for hh, ww, c, *_ in POOLS]
-    tap_by_tap = tw.VM(tw.build(_module()))["main"](*args)
+    tap_by_tap = _vm("float32")(*args)  # _module(): the build test_numerics runs
     monkeypatch.setattr(stencil, "apply", lambda func: None)
     per_output = tw.VM(tw.build(_module()))["main"](*args)
     for i in range(len(DEPTHWISE)):
