@@ -1,12 +1,18 @@
 """The compiled decoder on small random Llama and Qwen2 models from transformers configs:
 ``prefill`` and ``decode`` through the paged KV cache give Hugging Face's logits, quantized
 weights give the logits of their dequantized values, a batch decodes like its sequences alone,
-and one compilation serves every prompt length and batch size."""
+and one compilation serves every prompt length and batch size.
+
+Each decoder (model kind, weight format, KV dtype) is compiled once for the module and shared by
+the tests (``_runner``). The long tier (``TILEWORK_LONG_TESTS=1``) adds the batched decode of the
+Qwen2 model (the Llama one runs by default; the QKV bias is checked by the prefill/decode test)
+and the q4_1 weights (q8_0 and q4_0 cover the 8-bit and 4-bit kernels by default)."""
 
 from __future__ import annotations
 
+import functools
 import os
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -19,6 +25,7 @@ from tilework.llm import compile as llm_compile  # noqa: E402
 from tilework.llm.config import LlmConfig  # noqa: E402
 from tilework.llm.kv_cache import PagedKVCache  # noqa: E402
 from tilework.llm.quant import QuantTensor, quantize  # noqa: E402
+from tests.long import long_param  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -29,6 +36,24 @@ def _hf(kind: str = "llama") -> Any:
     if kind == "qwen2":
         return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common, tie_word_embeddings=False)).eval()
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**common, tie_word_embeddings=True)).eval()
+
+
+def _counting(builds: list[int]) -> Callable[..., Any]:
+    """The registered decoder builder, counting its calls in ``builds``."""
+    real = llm_compile._BUILDER[0]
+
+    def build(*args: Any, **kwargs: Any) -> Any:
+        builds.append(1)
+        return real(*args, **kwargs)
+
+    return build
+
+
+def _format_of(fmt: str, name: str) -> str:
+    """The format of matrix ``name`` in a model of ``fmt``: one format, or ``"A+B"``: the MLP's
+    matrices in ``B``, the others (attention, token table, lm head) in ``A``."""
+    first, _, mlp = fmt.partition("+")
+    return mlp if mlp and ".mlp." in name else first
 
 
 class Runner:
@@ -42,12 +67,19 @@ class Runner:
                 continue
             arr = value.detach().numpy().astype(np.float32)
             if fmt is not None and arr.ndim == 2:
-                tensors[name] = quantize(arr, fmt, name)
+                tensors[name] = quantize(arr, _format_of(fmt, name), name)
             else:
                 tensors[name] = QuantTensor(name, arr.shape, "f32", arr.view(np.uint8).reshape(arr.shape[0], -1) if arr.ndim == 2 else arr.view(np.uint8))
         self.tensors = tensors
         self.formats, weights = llm_compile.prepare_weights(self.cfg, tensors, "q" if fmt else "fp32")
-        exe = llm_compile.compiled_decoder(self.cfg, self.formats, max_batch=max_batch, kv_dtype=kv, use_cache=False)
+        builds: list[int] = []  # the compilations this runner's decoder took
+        real = llm_compile._BUILDER[0]
+        llm_compile._BUILDER[0] = _counting(builds)
+        try:
+            exe = llm_compile.compiled_decoder(self.cfg, self.formats, max_batch=max_batch, kv_dtype=kv, use_cache=False)
+        finally:
+            llm_compile._BUILDER[0] = real
+        self.builds = len(builds)
         vm = tilework.VM(exe)
         self.prefill = vm.bind("prefill", *weights)
         self.decode = vm.bind("decode", *weights)
@@ -70,6 +102,16 @@ class Runner:
         return out, all_logits
 
 
+_hf_shared = functools.cache(_hf)
+
+
+@functools.cache
+def _runner(kind: str = "llama", kv: str = "float32") -> Runner:
+    """The float32-weight decoder of ``_hf(kind)`` at a max batch of 8, compiled once for the
+    module; each test removes the sequences it adds."""
+    return Runner(_hf_shared(kind), max_batch=8, kv=kv)
+
+
 def _hf_logits(hf: Any, ids: list[int]) -> np.ndarray:
     with torch.no_grad():
         return hf(torch.tensor([ids])).logits[0].numpy()
@@ -77,8 +119,7 @@ def _hf_logits(hf: Any, ids: list[int]) -> np.ndarray:
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_prefill_and_decode_give_hugging_faces_logits(kind: str) -> None:
-    hf = _hf(kind)
-    r = Runner(hf)
+    hf, r = _hf_shared(kind), _runner(kind)
     prompt = [5, 17, 33, 2, 9, 41, 7]
     tokens, logits = r.run(prompt, 8)
     ref = _hf_logits(hf, prompt + tokens)
@@ -90,8 +131,7 @@ def test_a_bfloat16_kv_cache_gives_hugging_faces_logits_to_its_precision() -> No
     """Keys and values rounded to bfloat16 as they are cached (8 significant bits): the logits
     move by about what that rounding explains, far more than float32's 1e-4, and the greedy
     tokens stay; prompt and continuation cross pages (16 tokens each)."""
-    hf = _hf()
-    fp32, half = Runner(hf), Runner(hf, kv="bfloat16")
+    fp32, half = _runner(), _runner(kv="bfloat16")
     assert half.cache.k.dtype.name == "bfloat16" and half.cache.k.nbytes * 2 == fp32.cache.k.nbytes
     prompt = [int(t) for t in np.random.default_rng(1).integers(0, 96, 13)]
     tokens, logits = half.run(prompt, 9)
@@ -102,13 +142,12 @@ def test_a_bfloat16_kv_cache_gives_hugging_faces_logits_to_its_precision() -> No
     assert 0 < err <= 2.0**-8 * scale, (err, scale)
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("kind", ["llama", long_param("qwen2", why="the second model kind (its QKV bias is checked by the prefill/decode test)")])
 def test_batched_decode_gives_hugging_faces_logits_at_every_batch_size(kind: str) -> None:
     """The float32 projections (weights packed in column panels; llama's tied token table too,
     its rows gathered from the panels) at batches of 1, 3, 5 and 8 rows: every sequence's
-    logits are Hugging Face's for it alone."""
-    hf = _hf(kind)
-    r = Runner(hf, max_batch=8)
+    logits are Hugging Face's for it alone. (Qwen2: long tier only.)"""
+    hf, r = _hf_shared(kind), _runner(kind)
     rng = np.random.default_rng(0)
     for batch in (1, 3, 5, 8):
         prompts = [[int(t) for t in rng.integers(0, r.cfg.vocab, n)] for n in rng.integers(1, 12, batch)]
@@ -131,9 +170,12 @@ def test_batched_decode_gives_hugging_faces_logits_at_every_batch_size(kind: str
             r.cache.remove(sid)
 
 
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_1"])
+@pytest.mark.parametrize("fmt", ["q8_0+q4_0"] + [long_param(f, why="one format throughout (q8_0+q4_0 checks both kernel families in one build)") for f in ("q8_0", "q4_0", "q4_1")])
 def test_quantized_weights_give_the_logits_of_their_values(fmt: str) -> None:
-    hf = _hf()
+    """By default one model of both kernel families, an 8-bit and a 4-bit one: q8_0 attention,
+    token table and lm head, q4_0 MLP (one build). The long tier adds a model all in q8_0, all
+    in q4_0 and all in q4_1."""
+    hf = _hf()  # its own copy: its weights are replaced by the dequantized values
     quant = Runner(hf, fmt)
     with torch.no_grad():
         for name, t in quant.tensors.items():
@@ -150,10 +192,12 @@ def test_quantized_weights_give_the_logits_of_their_values(fmt: str) -> None:
 
 
 def test_a_batch_decodes_like_its_sequences_alone_and_one_build_serves_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shared decoder took one compilation, and running prompts of 1, 3 and 17 tokens alone
+    and in batches of 1 and 3 takes no other."""
+    r = _runner()
+    assert r.builds == 1
     builds: list[int] = []
-    real = llm_compile._BUILDER[0]
-    monkeypatch.setattr(llm_compile, "_BUILDER", [lambda *a, **k: (builds.append(1), real(*a, **k))[1]])
-    r = Runner(_hf())
+    monkeypatch.setattr(llm_compile, "_BUILDER", [_counting(builds)])
     prompts = [[1, 2, 3], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23], [42]]
     alone = [r.run(p, 6)[0] for p in prompts]
     sids = [r.cache.add() for _ in prompts]
@@ -169,8 +213,10 @@ def test_a_batch_decodes_like_its_sequences_alone_and_one_build_serves_all(monke
         r.cache.advance(sids, 1)
         for t, row in zip(together, logits):
             t.append(int(np.argmax(row)))
+    for sid in sids:
+        r.cache.remove(sid)
     assert together == alone
-    assert builds == [1]  # one compilation for prompts of 1, 3 and 17 tokens and batches of 1 and 3
+    assert builds == []  # the one compilation serves prompts of 1, 3 and 17 tokens and batches of 1 and 3
 
 
 def test_a_cache_that_cannot_be_written_leaves_the_model_working(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
@@ -182,7 +228,12 @@ def test_a_cache_that_cannot_be_written_leaves_the_model_working(monkeypatch: py
     cfg = LlmConfig.from_hf_config(_hf().config.to_dict())
     monkeypatch.setenv("TILEWORK_CACHE_DIR", str(tmp_path / "cache"))
     built: list[Any] = []
-    monkeypatch.setattr(llm_compile, "_BUILDER", [lambda module, backends=None: built.append(module) or Executable({}, [], {})])
+
+    def stub(module: Any, backends: Any = None) -> Executable:
+        built.append(module)
+        return Executable({}, [], {})
+
+    monkeypatch.setattr(llm_compile, "_BUILDER", [stub])
 
     def refuse(self: Executable, path: str) -> None:
         raise PermissionError(13, "Permission denied", path)
