@@ -1,6 +1,10 @@
 """Real models under each single backend (with the codegen fallback), compiled once through
 ``tilework.compile(..., backends=[...])``: all-MiniLM-L6-v2 (real weights) and a random-weight
-Llama decoder from transformers, compared with torch at several shapes."""
+Llama decoder from transformers, compared with torch at several shapes.
+
+MiniLM runs under every backend by default; the Llama decoder under onnxruntime only, its blas
+and torch runs are in the long tier (``TILEWORK_LONG_TESTS=1``): MiniLM covers those backends
+on a real model."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ transformers = pytest.importorskip("transformers", reason="the models come from 
 
 import tilework  # noqa: E402
 from tilework.backend import availability  # noqa: E402
+from tests.long import long_param  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 BACKENDS = ["blas", "torch", "onnxruntime"]
@@ -59,8 +64,9 @@ def test_minilm_under_each_backend(minilm: Any, backend: str) -> None:
         assert _rel(got, want) < 1e-4, (backend, batch, seq)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", [long_param(b, why="MiniLM covers this backend on a real model") for b in BACKENDS if b != "onnxruntime"] + ["onnxruntime"])
 def test_llama_under_each_backend(backend: str) -> None:
+    """(blas and torch: long tier only.)"""
     _need(backend)
     cfg = transformers.LlamaConfig(
         vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128
