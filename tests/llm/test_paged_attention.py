@@ -1,12 +1,15 @@
 """``paged_attention``: the new keys and values land in their page slots, and the attention of
 each new token over the sequence's cached and new tokens matches NumPy, for decode (one token,
 splits merged for long sequences) and prefill (several tokens, with and without a cached
-prefix), pages in any order, batches of unequal lengths, on the C target and the interpreter."""
+prefix), pages in any order, batches of unequal lengths, on the C target and the interpreter.
+
+16-bit pools: bfloat16 runs by default; the float16 pool's decode and prefill runs are in the
+long tier (``TILEWORK_LONG_TESTS=1``)."""
 
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -19,6 +22,7 @@ from tilework.ir.dtype import np_dtype
 from tilework.ir.info import TensorInfo
 from tilework.op import paged_attention, paged_rotary
 from tilework.op.paged_attention_kernel import CHUNK_PAGES
+from tests.long import long_param
 
 L, NKV, HD, PAGE, NH = 2, 3, 8, 4, 6
 
@@ -39,7 +43,7 @@ def _module(decode: bool, theta: float | None, kv: str = "float32", table: bool 
     bb = BlockBuilder()
     with bb.function("main", [qkv, kc, vc, kl, pt] + ([tokens] if table else [])):
         with bb.dataflow():
-            rotary = bb.emit(paged_rotary(tokens, kl, head_dim=HD, rope_theta=theta)) if table else None
+            rotary = bb.emit(paged_rotary(tokens, kl, head_dim=HD, rope_theta=cast(float, theta))) if table else None
             out = bb.emit_output(paged_attention(qkv, kc, vc, kl, pt, layer=1, kv_heads=NKV, rope_theta=theta, rotary=rotary))
         bb.emit_func_output(out)
     return bb.get()
@@ -213,18 +217,22 @@ def test_paged_rotary_is_the_cosines_and_sines_of_the_positions(target: str, len
     np.testing.assert_allclose(got[:, :, 1], np.sin(angle), rtol=1e-13, atol=1e-13)
 
 
-@pytest.mark.parametrize("kv", ["bfloat16", "float16"])
+KV16 = ["bfloat16", long_param("float16", why="the second 16-bit pool dtype (bfloat16 runs by default)")]
+
+
+@pytest.mark.parametrize("kv", KV16)
 @pytest.mark.parametrize("lens", [[0], [6], [4, 1, 11]], ids=["kv1", "odd", "page-crossing"])
 def test_decode_with_a_16_bit_pool(kv: str, lens: list[int]) -> None:
     """The pool holds 16-bit keys and values: each new one is rounded as it is written, and
     read back widened to float32 (kv lengths 1, 7, and 5, 2, 12: the new token of the first
-    and the last starts a page)."""
+    and the last starts a page). (float16: long tier only.)"""
     _case("cpu", True, lens, 1, theta=THETA, kv=kv)
 
 
-@pytest.mark.parametrize("kv", ["bfloat16", "float16"])
+@pytest.mark.parametrize("kv", KV16)
 @pytest.mark.parametrize("lens, s", [([0], 1), ([5], 6), ([2, 13], 5)], ids=["kv1", "page-crossing", "batch"])
 def test_prefill_with_a_16_bit_pool(kv: str, lens: list[int], s: int) -> None:
+    """(float16: long tier only.)"""
     _case("cpu", False, lens, s, theta=THETA, kv=kv)
 
 
@@ -266,7 +274,7 @@ def test_shapes_are_checked() -> None:
     bad = Var("bad", TensorInfo((b, 1, 5 + 2 * NKV, HD), "float32"))
     good = Var("good", TensorInfo((b, 1, NH + 2 * NKV, HD), "float32"))
     odd = Var("odd", TensorInfo((b, 1, NH + 2 * NKV, 7), "float32"))
-    cases = [
+    cases: list[tuple[Var, dict[str, Any], str]] = [
         (bad, {"layer": 0}, "positive multiple of 3"),
         (good, {"layer": 2}, "layer 2 is out of range"),
         (good, {"layer": 0, "kv_heads": 0}, "kv_heads must be a positive int"),
@@ -295,7 +303,8 @@ def test_shapes_are_checked() -> None:
             with bb.function("main", [good, kc, vc, kl, pt, rotary]):
                 bb.emit(paged_attention(good, kc, vc, kl, pt, layer=0, kv_heads=NKV, rotary=rotary, **attrs))
     ids = Var("ids", TensorInfo((b, 1), "int32"))
-    for attrs, message in (({"head_dim": HD, "rope_theta": 0.0}, "rope_theta must be a positive number"), ({"head_dim": 7, "rope_theta": THETA}, "head_dim must be a positive even int")):
+    rotary_cases: list[tuple[dict[str, Any], str]] = [({"head_dim": HD, "rope_theta": 0.0}, "rope_theta must be a positive number"), ({"head_dim": 7, "rope_theta": THETA}, "head_dim must be a positive even int")]
+    for attrs, message in rotary_cases:
         bb = BlockBuilder()
         with pytest.raises(TileworkError, match=message):
             with bb.function("main", [ids, kl]):
