@@ -7,7 +7,12 @@ multi-query KV heads whose group does not divide a block, bool and float masks (
 whole rows), head dims below, between and beyond the 8-column value tiles, a symbolic head
 dim, float64, float16 and bfloat16 (tasks of up to 8 rows run in the kernel's narrow copy, more
 in its wide one). Also: its scratch does not grow with the sequence lengths, and the
-``attention`` schedule rule keeps its loop kinds."""
+``attention`` schedule rule keeps its loop kinds.
+
+Only in the long tier (the module is built without them otherwise): ``mha_causal`` (causal
+masks run grouped, ``gqa_causal``, and with a mask, ``float_mask_heads``), ``bool_mask_causal``
+(a bool mask and a causal one run apart and a float mask with causal) and ``float16`` (the
+low-precision path runs in ``bfloat16``)."""
 
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import pytest
 
 import tilework as tw
 import tilework.op as op
+from tests.long import LONG, long_param
 from tests.op.legalize_harness import Built, Case, build, check, envs, random_array, run, shape_at
 from tests.op.test_legalize_nn import attention_ref
 from tilework.codegen import build_library, interp
@@ -96,12 +102,21 @@ MASKED_ROWS = Case(
 )
 
 
+# name: why the case runs only in the long tier
+LONG_CASES = {
+    "attn_mha_causal": "causal masks run grouped and with a float mask",
+    "attn_bool_mask_causal": "bool masks and causal ones run apart and causal with a float mask",
+    "attn_float16": "the low-precision path runs in bfloat16",
+}
+assert set(LONG_CASES) <= {c.name for c in CASES}
+
+
 @pytest.fixture(scope="module")
 def built() -> Built:
-    return build([*CASES, MASKED_ROWS])
+    return build([c for c in [*CASES, MASKED_ROWS] if LONG or c.name not in LONG_CASES])
 
 
-@pytest.mark.parametrize("name", [c.name for c in [*CASES, MASKED_ROWS]])
+@pytest.mark.parametrize("name", [long_param(c.name, why=LONG_CASES[c.name]) if c.name in LONG_CASES else c.name for c in [*CASES, MASKED_ROWS]])
 def test_matches_reference(built: Built, name: str) -> None:
     check(built, name)
 

@@ -1,7 +1,14 @@
 """Legalized nn ops (softmax, log_softmax, layer_norm, rms_norm, attention with causal masks,
 grouped KV heads and bool/float masks), compiled to C and run at several values of their
 symbolic dims, against float64 NumPy references (the attention reference is checked against
-torch where torch is installed)."""
+torch where torch is installed).
+
+Only in the long tier (each kernel's module is built without them otherwise): softmax's
+bfloat16 and log_softmax's float16 and axis-0 cases (the other op's cases of that dtype and
+axis run), layer_norm's bfloat16 and rms_norm's float16 (each keeps its other low-precision
+case), and the attention cases but ``plain`` and ``bool_mask``: ``op.attention`` legalizes to
+the hand-built kernel, whose causal, grouped, scaled, masked, symbolic-head-dim, more-queries
+and bfloat16 cases ``test_attention_kernel`` runs through the same legalization."""
 
 from __future__ import annotations
 
@@ -13,6 +20,7 @@ import pytest
 
 import tilework as tw
 import tilework.op as op
+from tests.long import LONG, long_param
 from tests.op.legalize_harness import Built, Case, assert_round_trips, build, check, envs, random_array, run, shape_at
 from tilework.ir.info import TensorInfo
 from tilework.ir.sym import SymVar
@@ -155,14 +163,27 @@ def _attention_cases() -> list[Case]:
 
 
 CASES = _softmax_cases() + _norm_cases() + _attention_cases()
+# name: why the case runs only in the long tier
+LONG_CASES = {
+    "softmax_bfloat16": "softmax_float16 and log_softmax_bfloat16 run",
+    "log_softmax_float16": "log_softmax_bfloat16 and softmax_float16 run",
+    "log_softmax_axis0": "softmax_axis0 runs",
+    "layer_norm_bfloat16": "layer_norm_float16 runs",
+    "rms_norm_float16": "rms_norm_bfloat16 runs",
+    **{
+        f"attention_{name}": "test_attention_kernel runs the same legalization in such cases"
+        for name in ("causal", "gqa_causal", "mqa_scale", "float_mask_causal", "sym_head_dim", "causal_more_queries", "float16_gqa", "bfloat16")
+    },
+}
+assert set(LONG_CASES) <= {c.name for c in CASES}
 
 
 @pytest.fixture(scope="module")
 def built() -> Built:
-    return build(CASES)
+    return build([c for c in CASES if LONG or c.name not in LONG_CASES])
 
 
-@pytest.mark.parametrize("name", [c.name for c in CASES])
+@pytest.mark.parametrize("name", [long_param(c.name, why=LONG_CASES[c.name]) if c.name in LONG_CASES else c.name for c in CASES])
 def test_matches_reference(built: Built, name: str) -> None:
     check(built, name)
 
