@@ -3,7 +3,8 @@ no column matrix) built whole (the padded copy, the sum; C kernels) at several v
 symbolic batch and spatial dims, batch 0 and 1 and odd sizes included, reading channel-last
 and channel-first inputs, against a float64 reference; at static image sizes (no padded copy:
 the stencil schedule, whose border columns and rows test the padding) the same; and its
-struct info and argument errors."""
+struct info and argument errors. The static 24 x 9 image (interior rows and columns, as the
+13 x 11 one) runs only in the long tier."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 import tilework as tw
+from tests.long import long_param
 from tests.op.test_conv import conv_ref
 from tilework.errors import TileworkError
 from tilework.ir.builder import BlockBuilder
@@ -65,7 +67,7 @@ def test_symbolic_struct_info_and_values_match_the_reference() -> None:
     _check(tw.VM(tw.build(mod)), ENVS)
 
 
-@pytest.mark.parametrize(("hh", "ww"), [(13, 11), (24, 9), (2, 3)])
+@pytest.mark.parametrize(("hh", "ww"), [(13, 11), long_param(24, 9, why="a second image with interior rows and columns"), (2, 3)])
 def test_static_image_sizes_read_the_input_unpadded(hh: int, ww: int) -> None:
     """A static image size: no padded copy (the stencil schedule masks the border columns and
     rows only), at batch 0, 1 and 3; the 2 x 3 image has no interior row or column."""
