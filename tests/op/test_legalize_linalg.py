@@ -1,5 +1,11 @@
 """Legalized matmul (batched, broadcast, 1-D operands, out_dtype) and linear (weight
-[out, in], optional bias), compiled to C and run at several values of their symbolic dims."""
+[out, in], optional bias), compiled to C and run at several values of their symbolic dims.
+
+Only in the long tier (the module is built without them otherwise): ``matmul_bcast_both``
+(each side's broadcast runs alone and both at run time, ``bcast_sym``), ``matmul_vec_batched``
+(``vec_mat`` and ``batched_vec`` run), ``matmul_2d_float16`` (float16 operands run in
+``2d_to_f32`` and ``linear_float16``) and ``linear_bfloat16`` (bfloat16 runs in
+``matmul_batched_bfloat16``)."""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ import pytest
 
 import tilework as tw
 import tilework.op as op
+from tests.long import LONG, long_param
 from tests.op.legalize_harness import Built, Case, assert_round_trips, build, check, envs
 from tilework.ir.info import TensorInfo
 from tilework.op.linalg import linear_io
@@ -82,14 +89,22 @@ def _cases() -> list[Case]:
 
 
 CASES = _cases()
+# name: why the case runs only in the long tier
+LONG_CASES = {
+    "matmul_bcast_both_float32": "each side's broadcast runs alone, and both at run time",
+    "matmul_vec_batched_float32": "vec_mat and batched_vec run",
+    "matmul_2d_float16": "float16 operands run in 2d_to_f32 and linear_float16",
+    "linear_bfloat16": "bfloat16 runs in matmul_batched_bfloat16",
+}
+assert set(LONG_CASES) <= {c.name for c in CASES}
 
 
 @pytest.fixture(scope="module")
 def built() -> Built:
-    return build(CASES)
+    return build([c for c in CASES if LONG or c.name not in LONG_CASES])
 
 
-@pytest.mark.parametrize("name", [c.name for c in CASES])
+@pytest.mark.parametrize("name", [long_param(c.name, why=LONG_CASES[c.name]) if c.name in LONG_CASES else c.name for c in CASES])
 def test_matches_numpy(built: Built, name: str) -> None:
     check(built, name)
 
