@@ -1,6 +1,8 @@
 """``quant_linear`` and ``quant_take`` legalized (the reference kernels that decode each weight
 where it is used) against NumPy on the dequantized blocks, at symbolic row counts including 1
-and odd sizes, on the C target and the interpreter; and their shape checks."""
+and odd sizes, on the C target and the interpreter; and their shape checks. Every format runs on
+both targets but the interleaved ones, which run on C and, through the interpreter, only
+``quant_linear``'s ``q8_0x16``: the others' interpreter runs are in the long tier only."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import numpy as np
 import pytest
 
 import tilework as tw
+from tests.long import long_param
 from tilework import op
 from tilework.errors import TileworkError
 from tilework.ir.builder import BlockBuilder
@@ -17,6 +20,18 @@ from tilework.llm.quant import quantize
 from tilework.op.quant import GROUP, INTERLEAVED_FORMATS, LEGALIZED_FORMATS, interleave_rows, quant_format
 
 K, N = 64, 7
+# (format, target) interpreted in the long tier only: quant_linear's q8_0x16 interprets an
+# interleaved format; its lanes decode as on C
+INTERP_LONG = {("q4_0x16", "interp"), ("q4_1x16", "interp"), ("q8_0x16", "interp")}
+
+
+def _grid(formats: tuple[str, ...] | list[str], long: set[tuple[str, str]]) -> list[object]:
+    """``(fmt, target)`` params, ``long`` ones in the long tier only."""
+    return [
+        long_param(fmt, target, id=f"{fmt}-{target}", why="an interleaved format interpreted: quant_linear's q8_0x16 interprets one")
+        if (fmt, target) in long else pytest.param(fmt, target, id=f"{fmt}-{target}")
+        for fmt in formats for target in ("cpu", "interp")
+    ]  # fmt: skip
 
 
 def _blocks(fmt: str, rows: int, cols: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -41,8 +56,7 @@ def _linear_module(fmt: str, n: int = N) -> tw.IRModule:
     return bb.get()
 
 
-@pytest.mark.parametrize("target", ["cpu", "interp"])
-@pytest.mark.parametrize("fmt", LEGALIZED_FORMATS)
+@pytest.mark.parametrize(("fmt", "target"), _grid(LEGALIZED_FORMATS, INTERP_LONG - {("q8_0x16", "interp")}))
 def test_quant_linear(target: str, fmt: str) -> None:
     n = 2 * GROUP if fmt in INTERLEAVED_FORMATS else N  # interleaved: whole groups of rows
     blocks, weights = _blocks(fmt, n, K)
@@ -64,8 +78,7 @@ def _take_vm(fmt: str, rows: int, target: str) -> tw.VM:
     return tw.VM(tw.build(bb.get(), target=target))
 
 
-@pytest.mark.parametrize("target", ["cpu", "interp"])
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_1", "bf16", "q8_0x16", "q4_1x16"])
+@pytest.mark.parametrize(("fmt", "target"), _grid(["q8_0", "q4_1", "bf16", "q8_0x16", "q4_1x16"], INTERP_LONG))
 def test_quant_take(target: str, fmt: str) -> None:
     """Rows of a table (an interleaved one: rows of any lane of two groups) decode exactly."""
     rows = 2 * GROUP if fmt in INTERLEAVED_FORMATS else 11
