@@ -1,5 +1,8 @@
 """The data-only executable format: what a file holds, bit-exact reloads, and files that try to
-smuggle code or are damaged. Loading runs nothing from a file unless the user opts in."""
+smuggle code or are damaged. Loading runs nothing from a file unless the user opts in.
+
+The long tier (``TILEWORK_LONG_TESTS=1``) adds the encoder to the loop-IR rebuild test (the
+transformer block runs by default)."""
 
 from __future__ import annotations
 
@@ -22,11 +25,12 @@ from tilework.codegen.c import emit_function
 from tilework.codegen.interp import source as interp_source
 from tilework.errors import BuildError, TileworkError
 from tilework.ir.builder import BlockBuilder
-from tilework.ir.graph import Var
+from tilework.ir.graph import GraphFunc, Var
 from tilework.ir.info import TensorInfo
 from tilework.ir.loop import Block, Buffer, For, IterVar, Load, Store, TensorFunc
 from tilework.runtime.archive import Archive, ArchiveWriter, FormatError
 from tilework.runtime.executable import load_file
+from tests.long import long_param
 
 ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -276,10 +280,10 @@ def test_a_build_error_names_the_file(saved: tuple[str, Any], tmp_path: Path) ->
     assert issubclass(FormatError, TileworkError) and not issubclass(BuildError, FormatError)
 
 
-@pytest.mark.parametrize("model", ["transformer", "encoder"])
+@pytest.mark.parametrize("model", ["transformer", long_param("encoder", why="a second model (the transformer block runs by default)")])
 def test_loop_ir_from_the_file_rebuilds_the_same_kernels(model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without the cache's shortcut the loaded file's loop IR is parsed and compiled again:
-    the C is the same text and the outputs are bit-identical."""
+    the C is the same text and the outputs are bit-identical. (encoder: long tier only.)"""
     from tilework.codegen.c import toolchain
     from tilework.models.reference import EncoderConfig, TransformerConfig, encoder, random_weights, transformer_block
 
@@ -293,7 +297,9 @@ def test_loop_ir_from_the_file_rebuilds_the_same_kernels(model: str, tmp_path: P
     monkeypatch.setattr(toolchain, "lookup_loop_ir", lambda digest: None)
     back = tw.load(path)
     assert back.modules[0].source() == exe.modules[0].source()
-    params = mod["main"].params
+    main = mod["main"]
+    assert isinstance(main, GraphFunc)
+    params = main.params
     rng = np.random.default_rng(3)
     n_in = 1 if model == "transformer" else 2
     weights = random_weights(list(params[n_in:]))
