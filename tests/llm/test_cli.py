@@ -1,5 +1,7 @@
 """``tilework generate`` and ``tilework chat`` as a user runs them: the CLI in a subprocess on
-the embedded SmolLM2 (quantized, greedy), the chat driven through stdin; and the errors."""
+the embedded SmolLM2 (quantized, greedy), the chat driven through stdin; and the errors (these
+through ``tilework.cli.main`` in this process: the exit status and stderr are the same, without
+a Python start-up each)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,18 @@ pytest.importorskip("jinja2")
 def tilework(*args: str, stdin: str | None = None, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONIOENCODING="utf-8")
     return subprocess.run([sys.executable, "-m", "tilework", *args], input=stdin, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def tilework_here(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """``python -m tilework ARGS`` in this process: the exit status and stderr."""
+    from tilework.cli import main
+
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as e:  # argparse's usage errors
+        code = e.code if isinstance(e.code, int) else 1
+    return code, capsys.readouterr().err
 
 
 @needs_model
@@ -62,16 +76,16 @@ def test_chat_answers_each_line_of_stdin_until_exit() -> None:
         (["generate", "hi", "--temperature", "-1"], "temperature"),
     ],
 )
-def test_errors_name_the_problem(args: list[str], message: str, tmp_path: Path) -> None:
-    r = tilework(*args, timeout=120)
-    assert r.returncode == 2
-    assert message in r.stderr
-    assert "Traceback" not in r.stderr
+def test_errors_name_the_problem(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = tilework_here(capsys, *args)
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err
 
 
-def test_not_a_model_file(tmp_path: Path) -> None:
+def test_not_a_model_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "model.gguf"
     bad.write_bytes(b"this is not a model")
-    r = tilework("generate", "hi", "--model", str(bad), timeout=120)
-    assert r.returncode == 2
-    assert "not a GGUF file" in r.stderr and "Traceback" not in r.stderr
+    code, err = tilework_here(capsys, "generate", "hi", "--model", str(bad))
+    assert code == 2
+    assert "not a GGUF file" in err and "Traceback" not in err
