@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ import tilework as tw
 from tilework import op
 from tilework.errors import RuntimeCheckError
 from tilework.ir.builder import BlockBuilder
-from tilework.ir.graph import Var
+from tilework.ir.graph import GraphFunc, Var
 from tilework.ir.info import TensorInfo
 from tilework.models.numpy_ref import transformer_block_ref
 from tilework.models.reference import TransformerConfig, random_weights, transformer_block
@@ -36,7 +37,7 @@ def test_transformer_block_one_compile_every_shape(block: tuple, monkeypatch: py
     calls = []
     real = c_target.build_library
 
-    def counting(funcs):  # type: ignore[no-untyped-def]
+    def counting(funcs: Any) -> Any:
         calls.append(len(funcs))
         return real(funcs)
 
@@ -72,11 +73,11 @@ def two_input_vm() -> object:
     return tw.VM(tw.build(_two_input_module()))
 
 
-def test_two_input_numerics(two_input_vm: object) -> None:
+def test_two_input_numerics(two_input_vm: Any) -> None:
     vm = two_input_vm
     x = np.random.rand(3, 5).astype(np.float32)
     y = np.random.rand(5, 3).astype(np.float32)
-    np.testing.assert_allclose(vm["main"](x, y), x + y.T)  # type: ignore[index]
+    np.testing.assert_allclose(vm["main"](x, y), x + y.T)
 
 
 @pytest.mark.parametrize(
@@ -106,7 +107,8 @@ def test_broadcast_check_at_run_time() -> None:
         r = bb.emit(op.add(x, y))
         bb.emit_func_output(r)
     mod = bb.get()
-    assert mod["main"].ret_info == TensorInfo((2, 3), "float32")
+    main = mod["main"]
+    assert isinstance(main, GraphFunc) and main.ret_info == TensorInfo((2, 3), "float32")
     vm = tw.VM(tw.build(mod))
     a = np.random.rand(2, 3).astype(np.float32)
     for k in (1, 3):
@@ -180,12 +182,32 @@ def test_cli_build_and_run(tmp_path: object) -> None:
     )
     assert r.returncode == 0, r.stderr
     np.testing.assert_allclose(np.load(os.path.join(d, "out", "output0.npy")), x + y.T)
-    # a user mistake is one line on stderr and exit status 2, no traceback
-    r = subprocess.run([*cli, "run", os.path.join(d, "m.tw"), "--input", f"x={d}/x.npy"], capture_output=True, text=True, env=env)
-    assert r.returncode == 2 and "missing --input for parameter(s) y" in r.stderr and "Traceback" not in r.stderr
-    r = subprocess.run([*cli, "run", os.path.join(d, "m.tw"), "--input", f"x={d}/y.npy", "--input", f"y={d}/y.npy"], capture_output=True, text=True, env=env)
-    assert r.returncode == 2 and "error: main: argument" in r.stderr and "Traceback" not in r.stderr
-    r = subprocess.run([*cli, "build", os.path.join(d, "missing.txt"), "-o", "x.tw"], capture_output=True, text=True, env=env)
-    assert r.returncode == 2 and "Traceback" not in r.stderr
-    r = subprocess.run([*cli, "--version"], capture_output=True, text=True, env=env)
-    assert r.returncode == 0 and r.stdout.startswith("tilework ")
+
+
+def test_cli_mistakes_are_one_line_errors(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
+    """A user mistake is one line on stderr and exit status 2, no traceback (through
+    ``tilework.cli.main`` in this process; test_cli_build_and_run runs the command itself)."""
+    from tilework.cli import main
+
+    d = str(tmp_path)
+    tw.build(_two_input_module()).save(os.path.join(d, "m.tw"))
+    np.save(os.path.join(d, "x.npy"), np.random.rand(2, 3).astype(np.float32))
+    np.save(os.path.join(d, "y.npy"), np.random.rand(3, 2).astype(np.float32))
+
+    def cli(*args: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        try:
+            code = main(list(args))
+        except SystemExit as e:  # argparse's --version and usage errors
+            code = e.code if isinstance(e.code, int) else 1
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    code, _, err = cli("run", os.path.join(d, "m.tw"), "--input", f"x={d}/x.npy")
+    assert code == 2 and "missing --input for parameter(s) y" in err and "Traceback" not in err
+    code, _, err = cli("run", os.path.join(d, "m.tw"), "--input", f"x={d}/y.npy", "--input", f"y={d}/y.npy")
+    assert code == 2 and "error: main: argument" in err and "Traceback" not in err
+    code, _, err = cli("build", os.path.join(d, "missing.txt"), "-o", os.path.join(d, "x.tw"))
+    assert code == 2 and "Traceback" not in err
+    code, out, _ = cli("--version")
+    assert code == 0 and out.startswith("tilework ")
