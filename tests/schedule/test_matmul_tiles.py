@@ -4,9 +4,11 @@ every host (only speed depends on the host): symbolic rows including 1 and odd c
 tile, K and N that no tile divides, a packed and a plain B, with a bias, an activation and a
 residual fused into the tile store.
 
-Only in the long tier: the rest row tiles on AVX-512 (the rule that AVX2's check runs, with 8
-rows a tile), and AVX2's partial column tiles at widths 40, 72 and 120 (a last tile of 8
-columns, as at 24 and 88)."""
+Only in the long tier: on AVX-512 (a register file variant) the rest row
+tiles, the last column tile's unguarded lane stores and the narrow outputs (the rules that
+AVX2's checks run, at 8 rows and 32 columns a tile; AVX-512's tile across two panels runs in
+``test_tiles_match_numpy`` and ``test_partial_column_tiles``), and AVX2's partial column tiles
+at widths 40, 72 and 120 (a last tile of 8 columns, as at 24 and 88)."""
 
 from __future__ import annotations
 
@@ -71,6 +73,14 @@ def _linear(m: Dim, panel: int | None, epilogue: Epilogue, n: int = N, k: int = 
     r = te.reduce_axis(k, "r")
     y = te.compute((m, n), lambda i, j: te.sum(a[i, r] * wv(r, j), axis=r), "y")
     return te.create_func([a, w, bias, res, epilogue(y, bias, res)])
+
+
+# AVX2 in the default run, AVX-512 in the long tier: the rule AVX2's check runs, at its tile
+AVX2_DEFAULT = pytest.mark.parametrize(
+    "registers",
+    [pytest.param("32x16", id="avx2"), long_param("64x32", id="avx512", why="the rule of the AVX2 check at AVX-512's tile")],
+    indirect=True,
+)
 
 
 def test_register_tile_fits_the_file(registers: str) -> None:
@@ -161,6 +171,7 @@ def _lane_guards(s: object) -> list[IfThenElse]:
     return out
 
 
+@AVX2_DEFAULT
 def test_last_column_tile_stores_its_lanes_in_bounds_without_tests(registers: str) -> None:
     """A static width that the tile (16 columns on AVX2, 32 across two panels on AVX-512) does
     not divide: the last column tile's store runs its lanes in bounds (``N`` modulo the tile)
@@ -187,6 +198,7 @@ def test_last_column_tile_stores_its_lanes_in_bounds_without_tests(registers: st
             assert np.isnan(out[rows]).all(), f"{name} rows={rows}: written past the output"
 
 
+@AVX2_DEFAULT
 def test_narrow_outputs_take_tiles_no_wider_than_b(registers: str) -> None:
     """At most one tile's width of columns (a stem conv's 16 output channels as a linear of
     its column matrix, in one 16-column panel, or 5 and 9 columns of a plain B): the many-rows
@@ -214,11 +226,7 @@ def test_narrow_outputs_take_tiles_no_wider_than_b(registers: str) -> None:
             np.testing.assert_allclose(out, a.astype(np.float64) @ wt.T.astype(np.float64) + bias, rtol=1e-4, atol=1e-4, err_msg=f"{name} rows={rows}")
 
 
-@pytest.mark.parametrize(
-    "registers",
-    [pytest.param("32x16", id="avx2"), long_param("64x32", id="avx512", why="the rest tiles of AVX2's check at 8 rows a tile")],
-    indirect=True,
-)
+@AVX2_DEFAULT
 def test_rest_row_tiles(registers: str) -> None:
     """Enough column tiles that they alone run in parallel: the row tiles are ``M // MR`` full
     ones and, when rows are left, one of that many rows rounded up to an even count (chosen at
