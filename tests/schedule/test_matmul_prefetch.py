@@ -7,9 +7,11 @@ register file's tiles; the kernels pass the verifier and print and parse back. A
 row count of the many-rows tiles every line of every row of the next panel is hinted.
 
 The default run checks the layout ``tilework.compile`` gives weights (``PANEL`` columns) on each
-register file: one panel a tile on AVX2, a tile spanning two panels on AVX-512. The ``tile``
-layouts run only in the long tier: AVX2's is its ``panels`` one (the same kernels), AVX-512's a
-panel a tile as on AVX2, in a layout ``tilework.compile`` does not give."""
+register file: one panel a tile on AVX2, a tile spanning two panels on AVX-512 (its hints line
+by line; its values only in the long tier: a hint changes no value, as AVX2's check shows, and
+``test_matmul_tiles`` checks the values of that tile). The ``tile`` layouts run only in the long
+tier: AVX2's is its ``panels`` one (the same kernels), AVX-512's a panel a tile as on AVX2, in
+a layout ``tilework.compile`` does not give."""
 
 from __future__ import annotations
 
@@ -60,6 +62,18 @@ def _prefetches(func: TensorFunc) -> list[Intrin]:
 
 
 # (register file, layout): AVX2's tiles are PANEL columns wide, its "tile" layout the same kernels
+# The values at AVX-512's tile spanning two panels in the long tier too: the hints it places
+# (both panels of the next tile) are checked line by line in the default run
+VALUE_LAYOUTS = pytest.mark.parametrize(
+    ("registers", "layout"),
+    [
+        long_param("32x16", "tile", id="avx2-tile", why="AVX2's panels layout again (its tile is PANEL wide)"),
+        pytest.param("32x16", "panels", id="avx2-panels"),
+        long_param("64x32", "tile", id="avx512-tile", why="a panel a tile, as on AVX2, in a layout tilework.compile does not give"),
+        long_param("64x32", "panels", id="avx512-panels", why="the hints of a tile over two panels are checked line by line, the values on AVX2"),
+    ],
+    indirect=["registers"],
+)
 LAYOUTS = pytest.mark.parametrize(
     ("registers", "layout"),
     [
@@ -72,7 +86,7 @@ LAYOUTS = pytest.mark.parametrize(
 )
 
 
-@LAYOUTS
+@VALUE_LAYOUTS
 def test_prefetch_changes_no_value(registers: str, layout: str) -> None:
     """``tile``: panels as wide as a register tile (one panel a tile); ``panels``: the layout
     ``tilework.compile`` gives weights (``PANEL`` columns: AVX-512's tiles span two)."""
