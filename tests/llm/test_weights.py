@@ -1,6 +1,10 @@
 """``load_weights``: the embedded SmolLM2 GGUF file (config, every tensor against ``gguf.quants``,
 the q/k rows against transformers' GGUF loader), small GGUF files written here with every
-format, transformers safetensors checkpoints, and the errors."""
+format, transformers safetensors checkpoints, and the errors.
+
+The dequantization of the embedded file's tensors against ``gguf.quants`` checks the first
+tensor of each format by default; all 272 are checked in the long tier
+(``TILEWORK_LONG_TESTS=1``)."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ import mmap
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -23,6 +27,7 @@ from tilework.llm.config import LlmConfig, RopeScaling
 from tilework.llm.gguf import gguf_metadata, hf_tensor_name, raw_tensors, rope_row_order
 from tilework.llm.quant import QUANT_FORMATS, QuantTensor, quantize
 from tilework.llm.weights import expected_shapes, load_weights
+from tests.long import long_param
 
 gguf = pytest.importorskip("gguf")
 from gguf import quants as gq  # noqa: E402
@@ -41,7 +46,8 @@ def mapped(a: np.ndarray) -> bool:
     return isinstance(base, mmap.mmap)
 
 
-def ggml(fmt: str) -> "gguf.GGMLQuantizationType":
+def ggml(fmt: str) -> Any:
+    """``fmt``'s ``gguf.GGMLQuantizationType``."""
     return gguf.GGMLQuantizationType(QUANT_FORMATS[fmt].ggml_type)
 
 
@@ -80,7 +86,7 @@ def test_smollm_config_matches_transformers_gguf_reading(smollm: tuple[LlmConfig
 
     cfg, _ = smollm
     meta = gguf_metadata(smollm_reader)
-    hf = transformers.LlamaConfig(**{hf_key: meta[f"llama.{key}"] for key, hf_key in GGUF_CONFIG_MAPPING["llama"].items() if f"llama.{key}" in meta})
+    hf = transformers.LlamaConfig(**{hf_key: meta[f"llama.{key}"] for key, hf_key in cast(dict[str, str], GGUF_CONFIG_MAPPING["llama"]).items() if f"llama.{key}" in meta})
     assert (hf.hidden_size, hf.num_hidden_layers, hf.num_attention_heads, hf.num_key_value_heads) == (cfg.hidden, cfg.layers, cfg.heads, cfg.kv_heads)
     assert (hf.head_dim, hf.intermediate_size, hf.vocab_size, hf.max_position_embeddings) == (cfg.head_dim, cfg.ffn, cfg.vocab, cfg.context_length)
     assert hf.rope_parameters == {"rope_type": "default", "rope_theta": cfg.rope_theta}
@@ -105,9 +111,15 @@ def test_smollm_tensors(smollm: tuple[LlmConfig, dict[str, QuantTensor]]) -> Non
 
 
 @needs_smollm
-def test_smollm_every_tensor_dequantizes_like_gguf(smollm_reader: Any) -> None:
+@pytest.mark.parametrize("every", [pytest.param(False, id="each-format"), long_param(True, why="the same formats again, on every tensor", id="every-tensor")])
+def test_smollm_every_tensor_dequantizes_like_gguf(smollm_reader: Any, every: bool) -> None:
+    """The first tensor of each format (q4_1, q8_0, f32); all of them in the long tier only."""
     raw = raw_tensors(smollm_reader)
+    seen: set[Any] = set()
     for t in smollm_reader.tensors:
+        if not every and t.tensor_type in seen:
+            continue
+        seen.add(t.tensor_type)
         mine = raw[t.name]
         assert np.shares_memory(mine.data, smollm_reader.data)
         ref = gq.dequantize(t.data, t.tensor_type)
@@ -235,11 +247,12 @@ def k_quant_rows(fmt: str, rows: int, cols: int, seed: int) -> QuantTensor:
 def tiny_tensors(cfg: LlmConfig, seed: int = 0) -> dict[str, QuantTensor]:
     """Random weights for ``cfg``, transformers names and order, in a mix of every format."""
     rng = np.random.default_rng(seed)
-    out = {}
+    out: dict[str, QuantTensor] = {}
     for name, shape in expected_shapes(cfg).items():
         fmt = next((f for key, f in _FORMAT_OF.items() if key in name), "f32")
         if "down_proj" in name:
-            out[name] = k_quant_rows("q6_k" if ".0." in name else "q4_k", *shape, seed=len(out))
+            rows, cols = shape
+            out[name] = k_quant_rows("q6_k" if ".0." in name else "q4_k", rows, cols, seed=len(out))
             continue
         out[name] = quantize(rng.standard_normal(shape).astype(np.float32) * 0.1, fmt if len(shape) == 2 else "f32", name)
     return out
