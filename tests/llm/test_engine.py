@@ -109,12 +109,13 @@ def test_errors(llm: LLM) -> None:
 
 def test_native_code_and_the_vm_give_the_same_bits(llm: LLM) -> None:
     """The default runtime (native graph code) and the Python VM run the same kernels: the
-    same logits bit for bit, prefill and decode, so the same greedy tokens."""
+    same logits bit for bit, prefill and decode, so the same greedy tokens (8 of them: each
+    decode step is the same kernels again, and the VM's steps are the slow ones)."""
     assert llm.runtime == "native"
     vm = LLM(precision="q", kv_tokens=4096, runtime="vm")
     tokens = llm.encode("The capital of France is")
     np.testing.assert_array_equal(llm.score(tokens), vm.score(tokens))
-    params = SamplingParams(temperature=0, max_tokens=16)
+    params = SamplingParams(temperature=0, max_tokens=8)
     assert llm.generate("Name a color.", params)[0].token_ids == vm.generate("Name a color.", params)[0].token_ids
     with pytest.raises(TileworkError, match="runtime must be one of native, vm"):
         LLM(precision="q", runtime="jit")
