@@ -119,7 +119,7 @@ for _d in ("float8_e4m3fn", "float4_e2m1fn", "int4", "uint2"):
 for _d in ("float8_e4m3fn", "float8_e5m2fnuz", "float4_e2m1fn", "int4", "uint4"):
     _FUNCS[f"sum_{_d}"] = ((_d,), lambda x: reduce.sum(x, axis=[0]))
     _FUNCS[f"max_{_d}"] = ((_d,), lambda x: reduce.max(x, axis=[0]))
-    _FUNCS[f"outer_{_d}"] = ((_d,), lambda x: linalg.matmul(manipulate.reshape(x, (x.info.shape[0], 1)), manipulate.reshape(x, (1, x.info.shape[0]))))  # type: ignore[attr-defined]
+    _FUNCS[f"outer_{_d}"] = ((_d,), lambda x: linalg.matmul(manipulate.reshape(x, (x.info.shape[0], 1)), manipulate.reshape(x, (1, x.info.shape[0]))))
 for _d in LOWP_FLOAT_DTYPES + SUBBYTE_INT_DTYPES:
     _FUNCS[f"bits_to_{_d}"] = (("uint8",), lambda x, d=_d: bitwise.bitcast(x, d))
     _FUNCS[f"bits_of_{_d}"] = ((_d,), lambda x: bitwise.bitcast(x, "uint8"))

@@ -250,7 +250,7 @@ def test_few_tasks_split_their_keys() -> None:
     ``MAX_SPLITS``) and merges them: against the reference at 1 .. 7 ranges, with ranges every
     key of which a float mask hides from a row (its weight is 0) and a row that sees no key."""
     f = _kernel(T(b, s, 8, 32), T(b, kv, 2, 32), causal=False, mask=T(b, 1, s, kv))
-    wide = f.body.else_body  # type: ignore[attr-defined]  (the copy for many rows)
+    wide = f.body.else_body  # type: ignore[attr-defined]  # the copy for many rows
     narrow = f.body.then_body  # type: ignore[attr-defined]
     assert isinstance(wide, Allocate) and isinstance(narrow, Allocate)
     kernel = build_library({"k": default_schedule(f, strict=True)})["k"]

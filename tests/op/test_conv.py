@@ -258,4 +258,4 @@ def test_dilated_avg_pool_reference_matches_onnx() -> None:
         vi = helper.make_tensor_value_info
         model = helper.make_model(helper.make_graph([node], "g", [vi("x", TensorProto.FLOAT, x.shape)], [vi("y", TensorProto.FLOAT, None)]), opset_imports=[helper.make_opsetid("", 19)])
         (got,) = ReferenceEvaluator(model).run(None, {"x": x})
-        np.testing.assert_allclose(pool_ref(x, "avg", (3, 3), (2, 2), (1,) * 4, (2, 2), True, bool(include)), got, atol=1e-5)
+        np.testing.assert_allclose(pool_ref(x, "avg", (3, 3), (2, 2), (1,) * 4, (2, 2), True, bool(include)), np.asarray(got), atol=1e-5)

@@ -163,7 +163,7 @@ def test_partial_column_tiles(registers: str) -> None:
 def _lane_guards(s: object) -> list[IfThenElse]:
     """The ``if``s inside a vector loop that test that loop's lane."""
     out = []
-    for _, f in walk(s):
+    for _, f in walk(s):  # type: ignore[arg-type]
         if isinstance(f, For) and f.kind == "vectorized":
             for _, g in walk(f.body):
                 if isinstance(g, IfThenElse) and any(f.var in dim_vars(x) for x in walk_scalars(g.cond) if isinstance(x, (int, sym.SymExpr))):

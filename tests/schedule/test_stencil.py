@@ -197,7 +197,7 @@ def test_a_sum_of_chains_is_made_as_one_chain() -> None:
     steps = [s for _, s in walk(alloc.body) if isinstance(s, Block)]
     accumulate = [s for s in steps if isinstance(s.body, Store) and s.body.buffer is alloc.buffer]
     assert len(accumulate) == 27 + 1  # the bias, then each of the 27 products
-    assert all(isinstance(s.body.value, Binary) and s.body.value.op == "+" for s in accumulate[1:])  # type: ignore[union-attr]
+    assert all(isinstance(s.body.value, Binary) and s.body.value.op == "+" for s in accumulate[1:])  # type: ignore[attr-defined]
 
 
 def test_many_taps_jam_fewer_columns() -> None:
@@ -218,7 +218,7 @@ def test_many_taps_jam_fewer_columns() -> None:
         assert scheduled.attrs["schedule_rule"] == "stencil"
         unrolled = [s.extent for _, s in walk(scheduled.body) if isinstance(s, For) and s.kind == "unrolled" and isinstance(s.body, For) and s.body.kind == "vectorized"]
         assert unrolled and all(isinstance(e, int) for e in unrolled)
-        return max(unrolled)  # type: ignore[type-var]
+        return max(unrolled)  # type: ignore[type-var,return-value]
 
     assert widest_jam(7, 46) == stencil.JAM_TERMS // 147 == 4  # an interior of 40 columns
     assert widest_jam(3, 42) == min(stencil.JAM, stencil.JAM_TERMS // 27)
