@@ -10,14 +10,18 @@ list stays honest. Entries must name attempted node tests.
     python -m pytest tests/frontend/test_onnx_conformance.py                        # the CI subset
     TILEWORK_ONNX_ONLY='^test_dft' python -m pytest tests/frontend/test_onnx_conformance.py  # node tests matching a regex
 
-Models are compiled in groups (one kernel library per group) before the tests run; see
-``onnx_backend.TileworkBackend.prepare_group``. Results are recorded in docs/conformance.md.
+Models are compiled in groups (one kernel library per group), each group a test class whose
+class-scoped fixture compiles it when its first test runs in the process (so xdist workers do not
+each compile every group); see
+``onnx_backend.TileworkBackend.prepare_group``. Only the selected node tests are collected (the
+others are not listed as skipped). Results are recorded in docs/conformance.md.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import unittest
 import warnings
 from pathlib import Path
 from typing import Iterator
@@ -148,13 +152,20 @@ def test_ci_subset_names_are_node_tests() -> None:
     assert len(set(CI_SUBSET) & ATTEMPTED) >= 0.9 * len(CI_SUBSET)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _compile_in_groups() -> None:
-    """Compile the selected models in groups before their tests run."""
-    runnable = [n for n in SELECTED if NODE_CASES[n].data_sets]
-    for k in range(0, len(runnable), GROUP_SIZE):
-        group = runnable[k : k + GROUP_SIZE]
-        TileworkBackend.prepare_group([(n, NODE_CASES[n].model, NODE_CASES[n].data_sets[0][0]) for n in group])  # type: ignore[index, misc]
+# The runnable selected tests in name order, in groups of GROUP_SIZE: each group is a test class
+# of its own whose class-scoped fixture compiles the group's models as one kernel library when
+# the class's first test runs in the process, so an xdist worker compiles only the groups of the
+# tests it is sent (a module-scoped fixture compiled every group on every worker).
+RUNNABLE = sorted((n for n in SELECTED if NODE_CASES[n].data_sets), key=lambda n: n + "_cpu")
+GROUPS = [RUNNABLE[k : k + GROUP_SIZE] for k in range(0, len(RUNNABLE), GROUP_SIZE)]
+
+
+@pytest.fixture(scope="class", autouse=True)
+def _compile_group(request: pytest.FixtureRequest) -> None:
+    """Compile the models of the test class's group (one module) before its tests run."""
+    k = getattr(request.cls, "group", None)
+    if k is not None:
+        TileworkBackend.prepare_group([(n, NODE_CASES[n].model, NODE_CASES[n].data_sets[0][0]) for n in GROUPS[k]])  # type: ignore[index, misc]
 
 
 def _names_pattern(names: list[str]) -> str:
@@ -163,8 +174,22 @@ def _names_pattern(names: list[str]) -> str:
 
 _backend_test = BackendTest(TileworkBackend, __name__)
 _backend_test.include(_names_pattern(SELECTED) if SELECTED else "^$")
+# only the selected node tests become test items: the thousands of others (and every _cuda
+# variant) would be collected only to be skipped, each paying the per-test fixtures
+_cpu_names = {f"{n}_cpu" for n in SELECTED}
+for _category, _items in _backend_test._test_items.items():
+    if "Node" in _category:
+        _backend_test._test_items[_category] = {k: v for k, v in _items.items() if k in _cpu_names}
 for _name in sorted(EXPECTED_FAILURES):
     if _name in SELECTED:
         _backend_test.xfail(f"^{re.escape(_name)}_cpu$")
 
-globals().update({k: v for k, v in _backend_test.test_cases.items() if "Node" in k})
+_node_tests = {k: v for cls in (c for name, c in _backend_test.test_cases.items() if "Node" in name) for k, v in vars(cls).items() if k.startswith("test_")}
+for _k, _group in enumerate(GROUPS):
+    _cls = type(f"OnnxBackendNodeGroup{_k:02d}Test", (unittest.TestCase,), {"group": _k, **{f"{n}_cpu": _node_tests.pop(f"{n}_cpu") for n in _group}})
+    _cls.__module__ = __name__
+    globals()[_cls.__name__] = _cls
+del _cls  # pytest collects every TestCase subclass bound in the module, by any name
+if _node_tests:  # selected tests without data sets: each compiles its own model
+    OnnxBackendNodeModelTest = type("OnnxBackendNodeModelTest", (unittest.TestCase,), _node_tests)
+    OnnxBackendNodeModelTest.__module__ = __name__
