@@ -1,6 +1,10 @@
 """``tilework build MODEL.pt2 -o OUT.tw [--dim ...]``: a program saved with torch.export.save
 becomes a self-contained executable (weights as constants) that ``tilework run`` runs; ``--dim``
-names dims and narrows their bounds, and refuses to widen them."""
+names dims and narrows their bounds, and refuses to widen them.
+
+The Llama decoder through the command line runs only in the long tier (TILEWORK_LONG_TESTS=1):
+the default run covers the .pt2 route with the small encoder here and the Llama decoder through
+torch.export in test_torch_models.py."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import pytest
 pytest.importorskip("torch", reason="the torch frontend needs torch (an optional extra)")
 import torch  # noqa: E402
 
+from tests.long import long_only  # noqa: E402
 from tilework.cli import main  # noqa: E402
 from tilework.compiled import CompiledModel  # noqa: E402
 
@@ -86,6 +91,7 @@ def test_help_documents_dim(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--dim SPEC" in text and "INPUT.AXIS" in text and "only narrow" in text
 
 
+@long_only("a second route (the .pt2 CLI) for the Llama decoder that test_torch_models.py compiles")
 def test_llama_decoder_through_the_cli(tmp_path: Path) -> None:
     """A transformers Llama decoder (random weights), exported with a dynamic seq, built and run
     from the command line at two lengths against torch."""
