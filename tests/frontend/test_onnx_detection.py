@@ -1,10 +1,12 @@
 """``NonMaxSuppression``, ``RoiAlign``, ``DeformConv``, ``TensorScatter`` and ``FlexAttention``
 (domain ``ai.onnx.preview``) imported with symbolic dims (``dim_param``), compiled once and run
-at several sizes, 0, 1 and odd ones included, against ONNX's reference evaluator."""
+at several sizes, 0, 1 and odd ones included, against ONNX's reference evaluator. RoiAlign's
+default run takes two of its four mode x sampling-ratio combinations (each mode and each
+sampling once); the other two run only in the long tier (TILEWORK_LONG_TESTS=1)."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import onnx
@@ -12,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.frontend.onnx_util import assert_matches_reference, tensor
+from tests.long import long_only
 from tilework.errors import UnsupportedError
 from tilework.frontend.onnx import from_onnx
 
@@ -49,17 +52,19 @@ def test_non_max_suppression_symbolic() -> None:
     _check(m, [run(1, 1, 1, 5, 0.0), run(2, 3, 7, 3, 0.1), run(3, 1, 13, 100, 0.0), run(1, 2, 0, 4, 0.0), run(2, 2, 5, 4, 2.0)], dim_bounds={"n": (0, None)})
 
 
-def test_roi_align_symbolic() -> None:
-    attrs = dict(output_height=3, output_width=2, sampling_ratio=2, spatial_scale=0.5)
-    adaptive = dict(attrs, sampling_ratio=0)  # ceil(bin size) points per bin: a count per ROI
-    nodes = [
-        helper.make_node("RoiAlign", ["x", "rois", "idx"], ["avg"], **attrs),
-        helper.make_node("RoiAlign", ["x", "rois", "idx"], ["max"], mode="max", coordinate_transformation_mode="output_half_pixel", **attrs),
-        helper.make_node("RoiAlign", ["x", "rois", "idx"], ["avg0"], **adaptive),
-        helper.make_node("RoiAlign", ["x", "rois", "idx"], ["max0"], mode="max", coordinate_transformation_mode="output_half_pixel", **adaptive),
-    ]
+def _check_roi_align(outs: Sequence[str]) -> None:
+    """The ``outs`` of four RoiAlign nodes (avg or max, a fixed or an adaptive sampling ratio
+    (``...0``), half_pixel or output_half_pixel coordinates (max)) in one model."""
+    attrs: dict[str, Any] = dict(output_height=3, output_width=2, sampling_ratio=2, spatial_scale=0.5)
+    adaptive: dict[str, Any] = dict(attrs, sampling_ratio=0)  # ceil(bin size) points per bin: a count per ROI
+    nodes = {
+        "avg": helper.make_node("RoiAlign", ["x", "rois", "idx"], ["avg"], **attrs),
+        "max": helper.make_node("RoiAlign", ["x", "rois", "idx"], ["max"], mode="max", coordinate_transformation_mode="output_half_pixel", **attrs),
+        "avg0": helper.make_node("RoiAlign", ["x", "rois", "idx"], ["avg0"], **adaptive),
+        "max0": helper.make_node("RoiAlign", ["x", "rois", "idx"], ["max0"], mode="max", coordinate_transformation_mode="output_half_pixel", **adaptive),
+    }
     ins = [tensor("x", F, ["n", 3, "h", "w"]), tensor("rois", F, ["r", 4]), tensor("idx", I64, ["r"])]
-    m = _model(nodes, ins, [tensor(o, F, ["r", 3, 3, 2]) for o in ("avg", "max", "avg0", "max0")], 16)
+    m = _model([nodes[o] for o in outs], ins, [tensor(o, F, ["r", 3, 3, 2]) for o in outs], 16)
 
     def run(n: int, h: int, w: int, r: int) -> list[np.ndarray]:
         x = RNG.standard_normal((n, 3, h, w)).astype(np.float32)
@@ -68,6 +73,17 @@ def test_roi_align_symbolic() -> None:
         return [x, rois, RNG.integers(0, n, size=r).astype(np.int64)]
 
     _check(m, [run(1, 1, 1, 1), run(2, 7, 5, 5), run(3, 4, 9, 0)], tol=1e-4, dim_bounds={"r": (0, None)})
+
+
+def test_roi_align_symbolic() -> None:
+    """Avg with a fixed sampling ratio and max with an adaptive one (and output_half_pixel):
+    each mode, each sampling and each coordinate transformation once."""
+    _check_roi_align(["avg", "max0"])
+
+
+@long_only("the other two combinations of mode and sampling ratio")
+def test_roi_align_other_combinations_symbolic() -> None:
+    _check_roi_align(["max", "avg0"])
 
 
 def test_deform_conv_symbolic() -> None:
@@ -116,7 +132,7 @@ def _causal_score_mod() -> onnx.GraphProto:
         helper.make_node("GreaterOrEqual", ["qcol", "ki"], ["keep"]),
         helper.make_node("Where", ["keep", "s", "ninf"], ["out"]),
     ]
-    consts = [("i2", np.asarray(2, np.int64)), ("i3", np.asarray(3, np.int64)), ("zero", np.asarray(0, np.int64)), ("one", np.asarray(1, np.int64)), ("ax1", np.asarray([1], np.int64)), ("ninf", np.asarray(-np.inf, np.float32))]
+    consts: list[tuple[str, np.ndarray]] = [("i2", np.asarray(2, np.int64)), ("i3", np.asarray(3, np.int64)), ("zero", np.asarray(0, np.int64)), ("one", np.asarray(1, np.int64)), ("ax1", np.asarray([1], np.int64)), ("ninf", np.asarray(-np.inf, np.float32))]
     return helper.make_graph(nodes, "causal", [tensor("s", F, ["B", "H", "L", "S"])], [tensor("out", F, ["B", "H", "L", "S"])], [numpy_helper.from_array(a, n) for n, a in consts])
 
 
