@@ -11,8 +11,9 @@ in its wide one). Also: its scratch does not grow with the sequence lengths, and
 
 Only in the long tier (the module is built without them otherwise): ``mha_causal`` (causal
 masks run grouped, ``gqa_causal``, and with a mask, ``float_mask_heads``), ``bool_mask_causal``
-(a bool mask and a causal one run apart and a float mask with causal) and ``float16`` (the
-low-precision path runs in ``bfloat16``), and the values of
+(a bool mask and a causal one run apart and a float mask with causal), ``float_mask_keys``
+(float masks run broadcast over the batch, ``float_mask_heads``, and per row,
+``float_mask_rows``) and ``float16`` (the low-precision path runs in ``bfloat16``), and the values of
 ``test_register_tiles_fit_the_vector_width[64]`` (the kernels built here by hand have 64-byte
 registers)."""
 
@@ -109,6 +110,7 @@ LONG_CASES = {
     "attn_mha_causal": "causal masks run grouped and with a float mask",
     "attn_bool_mask_causal": "bool masks and causal ones run apart and causal with a float mask",
     "attn_float16": "the low-precision path runs in bfloat16",
+    "attn_float_mask_keys": "float masks broadcast over batch (float_mask_heads) and run per row (float_mask_rows)",
 }
 assert set(LONG_CASES) <= {c.name for c in CASES}
 
