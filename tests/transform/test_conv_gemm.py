@@ -1,7 +1,11 @@
 """conv_gemm: 2-D convolutions with compile-time weights become im2col + packed linears over
 channel-last data, the transposes between them cancel, and the numerics equal torch's (and
 the unconverted module's) at a symbolic batch of 1 and odd sizes, through weight params and
-through constants."""
+through constants.
+
+The network's stem is a 3x3 conv by default; the same network with a 7x7 stem (ResNet's, whose
+direct conv of 147 taps compiles to about 1 MB of C) runs only in the long tier
+(TILEWORK_LONG_TESTS=1)."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import numpy as np
 import pytest
 
 import tilework as tw
+from tests.long import long_param
 from tests.op.test_conv import conv_ref
 from tilework.ir.builder import BlockBuilder
 from tilework.ir.graph import Binding, Call, Constant, GraphFunc, OpRef, Var, bindings_of
@@ -33,9 +38,9 @@ class Net(nn.Module):  # type: ignore[name-defined]
     squeeze-excite multiply, a channel-first pointwise conv, grouped and depthwise convs, a
     dilated conv and a global pool: what the pass converts, sinks through, and leaves."""
 
-    def __init__(self) -> None:
+    def __init__(self, stem: int = 7) -> None:
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 8, 7, 2, 3, bias=False), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, stem, 2, stem // 2, bias=False), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(3, 2, 1))
         self.a1, self.a2 = nn.Conv2d(8, 8, 3, 1, 1), nn.Conv2d(8, 8, 3, 1, 1)
         self.b1, self.b2, self.down = nn.Conv2d(8, 12, 3, 2, 1), nn.Conv2d(12, 12, 3, 1, 1), nn.Conv2d(8, 12, 1, 2)
         self.se1, self.se2 = nn.Conv2d(12, 4, 1), nn.Conv2d(4, 12, 1)
@@ -54,10 +59,10 @@ class Net(nn.Module):  # type: ignore[name-defined]
         return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
 
-@pytest.fixture(scope="module")
-def compiled() -> tuple[Any, Any]:
+@pytest.fixture(scope="module", params=[3, long_param(7, why="the 7x7 stem's direct conv is 1 MB of C (20 s of gcc); tests/schedule/test_stencil.py checks its jam")], ids=lambda k: f"stem{k}")
+def compiled(request: pytest.FixtureRequest) -> tuple[Any, Any]:
     torch.manual_seed(0)
-    model = Net().eval()
+    model = Net(request.param).eval()
     with torch.no_grad():
         model.stem[1].running_mean.uniform_(-0.1, 0.1)
         model.stem[1].running_var.uniform_(0.5, 1.5)
