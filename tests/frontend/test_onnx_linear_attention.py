@@ -1,6 +1,7 @@
 """ONNX ``LinearAttention``, ``CausalConvWithState`` and ``Scan`` beyond the node tests: symbolic
 sequence lengths (one compilation, several lengths), grouped heads with a past state in the
-closed-form rules, scan directions and axes, and the errors for what must be static."""
+closed-form rules (the three of them as nodes of one model, compiled once), scan directions and
+axes, and the errors for what must be static. Nothing here is in the long tier only."""
 
 from __future__ import annotations
 
@@ -48,12 +49,22 @@ def _la_inputs(t: int, hq: int, hkv: int, dk: int, decay_n: int | None) -> list[
     return arrs
 
 
-@pytest.mark.parametrize("rule,decay_heads", [("linear", None), ("gated", "per_head"), ("gated", "per_dim")])
-def test_closed_form_rules_with_a_symbolic_length_grouped_heads_and_a_past_state(rule: str, decay_heads: str | None) -> None:
+def test_closed_form_rules_with_a_symbolic_length_grouped_heads_and_a_past_state() -> None:
+    """The linear rule, and the gated one with a decay per head and per dim: three nodes of one
+    model over the same q, k, v and past state, compiled once (one build, not three)."""
     hq, hkv, dk = 4, 2, 4
-    decay_n = None if decay_heads is None else hkv if decay_heads == "per_head" else hkv * dk
-    m = _la_model(rule, hq, hkv, dk, decay_n)
-    _check(m, [_la_inputs(t, hq, hkv, dk, decay_n) for t in (1, 5)])
+    ins = [tensor("q", F, [2, "seq", hq * dk]), tensor("k", F, [2, "seq", hkv * dk]), tensor("v", F, [2, "seq", hkv * dk]), tensor("past", F, [2, hkv, dk, dk])]
+    ins += [tensor("decay_head", F, [2, "seq", hkv]), tensor("decay_dim", F, [2, "seq", hkv * dk])]
+    heads: dict[str, Any] = dict(q_num_heads=hq, kv_num_heads=hkv)
+    nodes = [
+        helper.make_node("LinearAttention", ["q", "k", "v", "past"], ["o_linear", "state_linear"], name="linear", update_rule="linear", **heads),
+        helper.make_node("LinearAttention", ["q", "k", "v", "past", "decay_head"], ["o_head", "state_head"], name="per_head", update_rule="gated", **heads),
+        helper.make_node("LinearAttention", ["q", "k", "v", "past", "decay_dim"], ["o_dim", "state_dim"], name="per_dim", update_rule="gated", **heads),
+    ]
+    outs = [_out(f"{o}_{n}", 3 if o == "o" else 4) for n in ("linear", "head", "dim") for o in ("o", "state")]
+    m = model(nodes, ins, outs, opset=27)
+    runs = [_la_inputs(t, hq, hkv, dk, hkv) + [-RNG.uniform(0.05, 0.5, (2, t, hkv * dk)).astype(np.float32)] for t in (1, 5)]
+    _check(m, runs)
 
 
 def test_delta_rule_with_a_symbolic_length_is_refused_naming_the_dim() -> None:
