@@ -2,9 +2,9 @@
 
 The default run (the README's test command, CI) keeps every behaviour checked at least once
 and takes under ten minutes on two cores; the long tier adds the acceptance runs (whole models
-against their references, the full ONNX node suite, many fuzz examples) and the rest of the
-grids whose first points the default run checks (other shapes, dtypes, layouts, register
-files). Run everything:
+against their references, many fuzz examples) and the rest of the grids whose first points the
+default run checks (other shapes, dtypes, layouts, register files). Run it (the full ONNX node
+suite has its own switch, ``TILEWORK_ONNX_FULL=1``: tests/frontend/test_onnx_conformance.py):
 
     TILEWORK_LONG_TESTS=1 python -m pytest -n 2
 """
