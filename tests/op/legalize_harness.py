@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 import ml_dtypes
 import numpy as np
 
+from tests.long import LONG, long_param
 from tilework.codegen import build_library
 from tilework.ir.dtype import np_dtype
 from tilework.codegen.c.module import CKernelModule
@@ -209,4 +210,14 @@ def envs(*values: Mapping[SymVar, int]) -> list[Env]:
     return [dict(v) for v in values]
 
 
-__all__ = ["BF16", "Case", "Built", "build", "check", "run", "compare", "envs", "random_array", "shape_at", "assert_round_trips", "kernel_call"]
+def tiered(cases: Sequence[Case], long_cases: Mapping[str, str]) -> tuple[list[Case], list[Any]]:
+    """The cases a module builds (those of ``long_cases``, name -> why, only in the long tier)
+    and the test params of every case's name (the long ones skipped, saying why, outside it)."""
+    names = {c.name for c in cases}
+    assert set(long_cases) <= names, f"long cases that are not cases: {sorted(set(long_cases) - names)}"
+    built = [c for c in cases if LONG or c.name not in long_cases]
+    params = [long_param(c.name, why=long_cases[c.name]) if c.name in long_cases else c.name for c in cases]
+    return built, params
+
+
+__all__ = ["BF16", "Case", "Built", "build", "check", "run", "compare", "envs", "tiered", "random_array", "shape_at", "assert_round_trips", "kernel_call"]

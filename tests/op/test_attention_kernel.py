@@ -27,8 +27,8 @@ import pytest
 
 import tilework as tw
 import tilework.op as op
-from tests.long import LONG, long_param
-from tests.op.legalize_harness import Built, Case, build, check, envs, random_array, run, shape_at
+from tests.long import LONG
+from tests.op.legalize_harness import Built, Case, build, check, envs, random_array, run, shape_at, tiered
 from tests.op.test_legalize_nn import attention_ref
 from tilework.codegen import build_library, interp
 from tilework.ir import sym
@@ -112,15 +112,15 @@ LONG_CASES = {
     "attn_float16": "the low-precision path runs in bfloat16",
     "attn_float_mask_keys": "float masks broadcast over batch (float_mask_heads) and run per row (float_mask_rows)",
 }
-assert set(LONG_CASES) <= {c.name for c in CASES}
+BUILT_CASES, CASE_PARAMS = tiered([*CASES, MASKED_ROWS], LONG_CASES)
 
 
 @pytest.fixture(scope="module")
 def built() -> Built:
-    return build([c for c in [*CASES, MASKED_ROWS] if LONG or c.name not in LONG_CASES])
+    return build(BUILT_CASES)
 
 
-@pytest.mark.parametrize("name", [long_param(c.name, why=LONG_CASES[c.name]) if c.name in LONG_CASES else c.name for c in [*CASES, MASKED_ROWS]])
+@pytest.mark.parametrize("name", CASE_PARAMS)
 def test_matches_reference(built: Built, name: str) -> None:
     check(built, name)
 

@@ -16,8 +16,7 @@ import pytest
 
 import tilework as tw
 import tilework.op as op
-from tests.long import LONG, long_param
-from tests.op.legalize_harness import Built, Case, assert_round_trips, build, check, envs
+from tests.op.legalize_harness import Built, Case, assert_round_trips, build, check, envs, tiered
 from tilework.ir.info import TensorInfo
 from tilework.op.linalg import linear_io
 
@@ -96,15 +95,15 @@ LONG_CASES = {
     "matmul_2d_float16": "float16 operands run in 2d_to_f32 and linear_float16",
     "linear_bfloat16": "bfloat16 runs in matmul_batched_bfloat16",
 }
-assert set(LONG_CASES) <= {c.name for c in CASES}
+BUILT_CASES, CASE_PARAMS = tiered(CASES, LONG_CASES)
 
 
 @pytest.fixture(scope="module")
 def built() -> Built:
-    return build([c for c in CASES if LONG or c.name not in LONG_CASES])
+    return build(BUILT_CASES)
 
 
-@pytest.mark.parametrize("name", [long_param(c.name, why=LONG_CASES[c.name]) if c.name in LONG_CASES else c.name for c in CASES])
+@pytest.mark.parametrize("name", CASE_PARAMS)
 def test_matches_numpy(built: Built, name: str) -> None:
     check(built, name)
 

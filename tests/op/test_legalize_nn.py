@@ -20,8 +20,7 @@ import pytest
 
 import tilework as tw
 import tilework.op as op
-from tests.long import LONG, long_param
-from tests.op.legalize_harness import Built, Case, assert_round_trips, build, check, envs, random_array, run, shape_at
+from tests.op.legalize_harness import Built, Case, assert_round_trips, build, check, envs, random_array, run, shape_at, tiered
 from tilework.ir.info import TensorInfo
 from tilework.ir.sym import SymVar
 
@@ -175,15 +174,15 @@ LONG_CASES = {
         for name in ("causal", "gqa_causal", "mqa_scale", "float_mask_causal", "sym_head_dim", "causal_more_queries", "float16_gqa", "bfloat16")
     },
 }
-assert set(LONG_CASES) <= {c.name for c in CASES}
+BUILT_CASES, CASE_PARAMS = tiered(CASES, LONG_CASES)
 
 
 @pytest.fixture(scope="module")
 def built() -> Built:
-    return build([c for c in CASES if LONG or c.name not in LONG_CASES])
+    return build(BUILT_CASES)
 
 
-@pytest.mark.parametrize("name", [long_param(c.name, why=LONG_CASES[c.name]) if c.name in LONG_CASES else c.name for c in CASES])
+@pytest.mark.parametrize("name", CASE_PARAMS)
 def test_matches_reference(built: Built, name: str) -> None:
     check(built, name)
 

@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 
 import tilework as tw
-from tests.long import LONG, long_param
 from tests.op.helpers import T, infer, info_of
-from tests.op.legalize_harness import Built, Case, assert_round_trips, build, check, envs, shape_at
+from tests.op.legalize_harness import Built, Case, assert_round_trips, build, check, envs, shape_at, tiered
 from tilework.errors import InferenceError
 from tilework.ir.sym import SymVar
 from tilework.op import math as op_math
@@ -87,15 +86,15 @@ def _cases() -> list[Case]:
 CASES = _cases()
 # name: why the case runs only in the long tier
 LONG_CASES = {"math_acos": "acos is pi/2 - asin, and math_asin runs"}
-assert set(LONG_CASES) <= {c.name for c in CASES}
+BUILT_CASES, CASE_PARAMS = tiered(CASES, LONG_CASES)
 
 
 @pytest.fixture(scope="module")
 def built() -> Built:
-    return build([c for c in CASES if LONG or c.name not in LONG_CASES])
+    return build(BUILT_CASES)
 
 
-@pytest.mark.parametrize("name", [long_param(c.name, why=LONG_CASES[c.name]) if c.name in LONG_CASES else c.name for c in CASES])
+@pytest.mark.parametrize("name", CASE_PARAMS)
 def test_matches_reference(built: Built, name: str) -> None:
     check(built, name)
 
