@@ -77,7 +77,9 @@ def _case_unary() -> Case:
         "sin": (te.sin, np.sin), "cos": (te.cos, np.cos), "neg": (lambda x: -x, np.negative),
         "pow": (lambda x: te.power(abs(x), 1.5), lambda x: np.abs(x) ** np.float32(1.5)),
         "log1p": (lambda x: te.log1p(abs(x)), lambda x: np.log1p(np.abs(x))),
-        "expm1": (te.expm1, np.expm1),
+        "expm1": (te.expm1, np.expm1), "atan": (te.atan, np.arctan),
+        "asin": (lambda x: te.asin(x * 0.5), lambda x: np.arcsin(x * np.float32(0.5))),
+        "acos": (lambda x: te.acos(x * 0.5), lambda x: np.arccos(x * np.float32(0.5))),
     }
     def apply(f: Callable[..., object]) -> Callable[..., object]:
         return lambda i: f(A[i])

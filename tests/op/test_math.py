@@ -1,8 +1,6 @@
 """Elementwise math beyond the core set (``tilework.op.math``): trigonometric, hyperbolic and
 parameterized activations, sign, isnan/isinf, fmod and bit shifts: inference, and kernels run
-at several sym values against NumPy. ``math_acos`` (``pi/2 - asin``: ``math_asin`` runs; their
-unshared atan series are the largest kernels of the module) runs only in the long tier, left
-out of the module's build otherwise."""
+at several sym values against NumPy."""
 
 from __future__ import annotations
 
@@ -84,9 +82,7 @@ def _cases() -> list[Case]:
 
 
 CASES = _cases()
-# name: why the case runs only in the long tier
-LONG_CASES = {"math_acos": "acos is pi/2 - asin, and math_asin runs"}
-BUILT_CASES, CASE_PARAMS = tiered(CASES, LONG_CASES)
+BUILT_CASES, CASE_PARAMS = tiered(CASES, {})
 
 
 @pytest.fixture(scope="module")

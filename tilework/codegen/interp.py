@@ -216,7 +216,8 @@ _HELPERS: dict[str, Any] = {
 }
 _NP_FN = {
     "exp": "np.exp", "log": "np.log", "sqrt": "np.sqrt", "tanh": "np.tanh", "sin": "np.sin",
-    "cos": "np.cos", "log1p": "np.log1p", "expm1": "np.expm1", "abs": "np.abs",
+    "cos": "np.cos", "atan": "np.arctan", "asin": "np.arcsin", "acos": "np.arccos",
+    "log1p": "np.log1p", "expm1": "np.expm1", "abs": "np.abs",
     "floor": "np.floor", "ceil": "np.ceil", "round": "np.rint", "erf": "_erf",
 }  # fmt: skip
 

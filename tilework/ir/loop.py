@@ -140,7 +140,7 @@ LOGICAL_OPS = ("and", "or")
 UNARY_OPS = ("neg", "not")
 INTRINSICS = (
     "exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "floor", "ceil", "round",
-    "sin", "cos", "log1p", "expm1", "isnan", "isinf",
+    "sin", "cos", "atan", "asin", "acos", "log1p", "expm1", "isnan", "isinf",
     "check_nonzero",  # an integer divisor, unchanged; zero raises IntegerDivisionByZero at run time
     "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",  # two's complement bits of integers
     "bitcast",  # the argument's bits read as the result's dtype (same size)

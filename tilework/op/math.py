@@ -35,32 +35,6 @@ if TYPE_CHECKING:
 
 # -- unary math and activations ---------------------------------------------------------------
 
-_PI = 3.141592653589793
-_SQRT3 = 1.7320508075688772
-_TAN_PI_12 = 0.2679491924311227
-
-
-def _atan(x: PExpr) -> PExpr:
-    """``atan`` by range reduction (``1/x`` past 1, then ``pi/6`` steps) and an odd series
-    that is exact to float64 rounding on ``|u| <= tan(pi/12)``."""
-    ax = te.abs(x)
-    inv = te.gt(ax, 1.0)
-    t = te.if_then_else(inv, 1.0 / ax, ax)
-    red = te.gt(t, _TAN_PI_12)
-    u = te.if_then_else(red, (t * _SQRT3 - 1.0) / (t + _SQRT3), t)
-    u2 = u * u
-    series: float | PExpr = 1.0 / 27.0
-    for k in range(25, 0, -2):
-        series = 1.0 / k - u2 * series
-    r = u * series
-    r = te.if_then_else(red, r + _PI / 6, r)
-    r = te.if_then_else(inv, _PI / 2 - r, r)
-    return te.if_then_else(te.lt(x, 0.0), -r, r)
-
-
-def _asin(x: PExpr) -> PExpr:
-    return _atan(x / te.sqrt((1.0 - x * x)))
-
 
 def _math(name: str, x: PExpr, a: Attrs) -> PExpr:
     """Op ``name`` of ``x`` (in its compute dtype) with the call's attributes ``a``."""
@@ -68,11 +42,11 @@ def _math(name: str, x: PExpr, a: Attrs) -> PExpr:
     if name == "tan":
         return te.sin(x) / te.cos(x)
     if name == "atan":
-        return _atan(x)
+        return te.atan(x)
     if name == "asin":
-        return _asin(x)
+        return te.asin(x)
     if name == "acos":
-        return _PI / 2 - _asin(x)
+        return te.acos(x)
     if name in ("sinh", "cosh"):
         e, m = te.exp(x), te.exp(-x)
         return (e - m) * 0.5 if name == "sinh" else (e + m) * 0.5

@@ -15,8 +15,11 @@ from __future__ import annotations
 from tilework.te.build import create_func
 from tilework.te.expr import (
     abs,
+    acos,
     all,
     any,
+    asin,
+    atan,
     bitcast,
     bitwise_and,
     bitwise_not,
@@ -76,7 +79,7 @@ from tilework.te.tensor import (
 )
 
 __all__ = [
-    "Reduce", "ReduceVar", "Tensor", "TensorLoad", "abs", "all", "any", "argmax", "argmin",
+    "Reduce", "ReduceVar", "Tensor", "TensorLoad", "abs", "acos", "all", "any", "argmax", "argmin", "asin", "atan",
     "bitcast", "bitwise_and", "bitwise_not", "bitwise_or", "bitwise_xor", "cast", "ceil", "check_nonzero", "compute", "constant", "cos", "create_func", "eq", "erf", "exp", "expm1",
     "floor", "ge", "gt", "if_then_else", "isinf", "isnan", "le", "log", "log1p", "logical_and",
     "logical_not", "logical_or", "lt", "max", "max_value", "maximum", "min", "min_value",

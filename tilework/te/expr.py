@@ -31,7 +31,9 @@ from tilework.ir.loop import (
 from tilework.ir.sym import SymExpr
 from tilework.te.tensor import identity_value
 
-FLOAT_INTRINSICS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "sin", "cos", "log1p", "expm1")
+FLOAT_INTRINSICS = (
+    "exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "sin", "cos", "atan", "asin", "acos", "log1p", "expm1",
+)
 ANY_INTRINSICS = ("abs", "floor", "ceil", "round")
 PREDICATES = ("isnan", "isinf")
 
@@ -96,6 +98,20 @@ def sin(x: Operand) -> PExpr:
 
 def cos(x: Operand) -> PExpr:
     return _intrin("cos", x)
+
+
+def atan(x: Operand) -> PExpr:
+    return _intrin("atan", x)
+
+
+def asin(x: Operand) -> PExpr:
+    """``arcsin``: NaN outside ``[-1, 1]``."""
+    return _intrin("asin", x)
+
+
+def acos(x: Operand) -> PExpr:
+    """``arccos``: NaN outside ``[-1, 1]``."""
+    return _intrin("acos", x)
 
 
 def log1p(x: Operand) -> PExpr:

@@ -42,7 +42,7 @@ def loop_conflict(loop: For) -> str | None:
 # Intrinsics that cost many times a multiply-add (a vectorized exp is a polynomial and a
 # scaling, ~15 operations): each counts COSTLY_WORK more towards a parallel loop's work, so
 # that an elementwise silu or softmax forks at fewer elements than a copy does.
-COSTLY = frozenset({"exp", "log", "tanh", "erf", "sigmoid", "sin", "cos", "log1p", "expm1"})
+COSTLY = frozenset({"exp", "log", "tanh", "erf", "sigmoid", "sin", "cos", "atan", "asin", "acos", "log1p", "expm1"})
 COSTLY_WORK = 15
 # A statement that reads many elements (a depthwise conv's taps, summed in one expression) is
 # that many times a copy's work: it counts one per LOADS_PER_WORK loads (at least one), so a
