@@ -15,7 +15,8 @@ class Cursor:
     def __init__(self, text: str, tokens: list[Token]) -> None:
         self.text = text
         self.toks = tokens  # ends with the eof token
-        self.words = [t.value if t.kind == "op" or t.kind == "name" else None for t in tokens]  # what ``at`` compares
+        self.kinds = [t.kind for t in tokens]
+        self.words = [t.value if kind == "op" or kind == "name" else None for t, kind in zip(tokens, self.kinds)]  # what ``at`` compares
         self.pos = 0
 
     def peek(self, k: int = 0) -> Token:
@@ -25,10 +26,14 @@ class Cursor:
             return self.toks[-1]
 
     def next(self) -> Token:
-        tok = self.peek()
+        tok = self.toks[self.pos]
         if tok.kind != "eof":
             self.pos += 1
         return tok
+
+    def word(self) -> str | None:
+        """The current token's value if it is an operator or a name (else None)."""
+        return self.words[self.pos]
 
     def at(self, value: str, k: int = 0) -> bool:
         """True when the token ``k`` ahead is the operator or name ``value``."""
@@ -36,7 +41,8 @@ class Cursor:
         return i < len(self.words) and self.words[i] == value
 
     def at_kind(self, kind: str, k: int = 0) -> bool:
-        return self.peek(k).kind == kind
+        i = self.pos + k
+        return (self.kinds[i] if i < len(self.kinds) else "eof") == kind
 
     def accept(self, value: str) -> Token | None:
         if self.at(value):

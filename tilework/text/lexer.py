@@ -18,12 +18,15 @@ _OPS = ("->", "//", "<=", ">=", "==", "!=", "(", ")", "[", "]", "{", "}", ",", "
 _OP = re.compile("|".join(re.escape(o) for o in _OPS))  # two-character operators first, as in _OPS
 _OPEN = {"(": ")", "[": "]", "{": "}"}
 _CLOSE = frozenset(_OPEN.values())
-# One token at a position: the first alternative that matches, in the order the format reads
-# them (a number before the operator ``.``, two-character operators before one-character ones).
+# One token at a position, after the spaces before it: the first alternative that matches, in
+# the order the format reads them (a number before the operator ``.``, two-character operators
+# before one-character ones); ``end``: only spaces are left on the line.
 _TOKEN = re.compile(
-    rf"(?P<space>[ \t\r]+)|(?P<comment>#)|(?P<name>{_NAME.pattern})|(?P<number>{_NUMBER.pattern.replace('(', '(?:')})"
-    rf"|(?P<quote>[\"'])|(?P<at>@)|(?P<op>{_OP.pattern})"
+    rf"[ \t\r]*(?:(?P<end>$)|(?P<comment>#)|(?P<name>{_NAME.pattern})|(?P<number>{_NUMBER.pattern.replace('(', '(?:')})"
+    rf"|(?P<quote>[\"'])|(?P<at>@)|(?P<op>{_OP.pattern}))"
 )
+# a string literal without escapes, its quotes included (others go through ``_string``)
+_PLAIN_STRING = re.compile(r'"[^"\\]*"|\'[^\'\\]*\'')
 MAX_NESTING = 64  # brackets inside brackets, blocks inside blocks: far above what printing makes, far below Python's recursion limit
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\", '"': '"', "'": "'", "/": "/", "b": "\b", "f": "\f"}
 
@@ -82,6 +85,9 @@ def _unescape(body: str, text: str, line: int, col: int) -> str:
 
 def _string(line_text: str, i: int, text: str, lineno: int) -> tuple[str, int]:
     """The decoded string literal starting at ``i`` and the index after it."""
+    plain = _PLAIN_STRING.match(line_text, i)
+    if plain is not None:
+        return plain.group()[1:-1], plain.end()
     quote = line_text[i]
     j = i + 1
     while j < len(line_text):
@@ -99,6 +105,7 @@ def tokenize(text: str) -> list[Token]:
     tokens: list[Token] = []
     append = tokens.append
     match = _TOKEN.match
+    new = tuple.__new__  # Token(...) without the named tuple's own __new__ in between
     indents = [0]
     brackets: list[Token] = []
     lines = text.split("\n")
@@ -126,19 +133,19 @@ def tokenize(text: str) -> list[Token]:
         while i < n:
             m = match(line_text, i)
             if m is None:
+                rest = line_text[i:]
+                i += len(rest) - len(rest.lstrip(" \t\r"))
                 raise error_at(text, lineno, i + 1, f"unexpected character {line_text[i]!r}")
             kind = m.lastgroup
-            if kind == "space":
-                i = m.end()
-                continue
-            if kind == "comment":
+            if kind is None or kind == "end" or kind == "comment":  # (every alternative is named)
                 break
+            i = m.start(kind)
             col = i + 1
             if kind == "name" or kind == "number":
-                s = m.group()
+                s = m.group(kind)
                 if kind == "number":
                     kind = "float" if "." in s or "e" in s or "E" in s else "int"
-                append(Token(kind, s, lineno, col))
+                append(new(Token, (kind, s, lineno, col)))
                 i = m.end()
             elif kind == "quote":
                 value, i = _string(line_text, i, text, lineno)
@@ -153,8 +160,8 @@ def tokenize(text: str) -> list[Token]:
                     value, i = m.group(), m.end()
                 append(Token("global", value, lineno, col))
             else:
-                op = m.group()
-                tok = Token("op", op, lineno, col)
+                op = m.group(kind)
+                tok = new(Token, ("op", op, lineno, col))
                 if op in _OPEN:
                     if len(brackets) >= MAX_NESTING:
                         raise error_at(text, lineno, col, f"brackets are nested more than {MAX_NESTING} deep")

@@ -8,6 +8,7 @@ BlockBuilder uses (op inference, function signatures), so hand-written text may 
 from __future__ import annotations
 
 import base64
+import itertools
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
@@ -180,17 +181,16 @@ class GraphParser:
         cur = self.cur
         out: dict[str, Token] = {}
         depth = 0
-        i = 0
         line_start = True
-        while True:
-            tok = cur.peek(i)
-            if tok.kind == "eof" or (tok.kind == "dedent" and depth == 0):
-                return out
-            if tok.kind == "indent":
+        for i, tok in enumerate(itertools.islice(cur.toks, cur.pos, None)):  # i: tokens ahead; the last is eof
+            kind = tok.kind
+            if kind == "eof" or (kind == "dedent" and depth == 0):
+                break
+            if kind == "indent":
                 depth += 1
-            elif tok.kind == "dedent":
+            elif kind == "dedent":
                 depth -= 1
-            elif depth == 0 and line_start and tok.kind == "name" and tok.value == "output" and cur.at("(", i + 1):
+            elif depth == 0 and line_start and tok.value == "output" and kind == "name" and cur.at("(", i + 1):
                 j = i + 2
                 while cur.peek(j).kind == "name":
                     out[cur.peek(j).value] = cur.peek(j)
@@ -200,8 +200,8 @@ class GraphParser:
                     j += 1
                 if not cur.at(")", j):
                     raise cur.error("expected ')' after the output names", cur.peek(j))
-            line_start = tok.kind in ("newline", "indent", "dedent")
-            i += 1
+            line_start = kind == "newline" or kind == "indent" or kind == "dedent"
+        return out
 
     def _skip_line(self) -> None:
         while not self.cur.at_kind("newline"):

@@ -39,7 +39,10 @@ _SYM_OPS: dict[str, Callable[[Dim, Dim], Dim]] = {
     "min": sym.min_,
     "max": sym.max_,
 }
-_CMP = ("<", "<=", "==", "!=", ">", ">=")
+_CMP = frozenset(("<", "<=", "==", "!=", ">", ">="))
+_ADD = frozenset(("+", "-"))
+_MUL = frozenset(("*", "/", "//", "%"))
+_ENDS = frozenset((",", ")", "]"))  # after a lone int or name, the expression is that atom
 
 
 def signed_literal(cur: Cursor) -> int | float | bool:
@@ -75,8 +78,12 @@ class ScalarParser:
         raise self.cur.error(f"expected {what}, found a {x.dtype} expression", tok)
 
     def expr(self) -> Scalar:
+        cur = self.cur
+        tok = cur.toks[cur.pos]
+        if cur.words[cur.pos + 1] in _ENDS and (tok.kind == "int" or (tok.kind == "name" and tok.value != "not")):
+            return self.atom()  # most dims and indices: the precedence levels would find nothing to combine
         a = self._and()
-        while self.cur.at("or"):
+        while self.cur.word() == "or":
             self.cur.next()
             b = self._and()
             a = Binary("or", a, b, "bool")
@@ -84,47 +91,47 @@ class ScalarParser:
 
     def _and(self) -> Scalar:
         a = self._not()
-        while self.cur.at("and"):
+        while self.cur.word() == "and":
             self.cur.next()
             b = self._not()
             a = Binary("and", a, b, "bool")
         return a
 
     def _not(self) -> Scalar:
-        if self.cur.accept("not"):
+        if self.cur.word() == "not":
+            self.cur.next()
             a = self._not()
             return Unary("not", a, unary_dtype("not", a))
         return self._cmp()
 
     def _cmp(self) -> Scalar:
         a = self._arith()
-        tok = self.cur.peek()
-        if tok.kind == "op" and tok.value in _CMP:
-            self.cur.next()
+        if self.cur.word() in _CMP:
+            tok = self.cur.next()
             b = self._arith()
-            if self.cur.peek().kind == "op" and self.cur.peek().value in _CMP:
+            if self.cur.word() in _CMP:
                 raise self.cur.error("comparisons do not chain here; add parentheses")
             return Binary(tok.value, a, b, "bool")
         return a
 
     def _arith(self) -> Scalar:
         a = self._term()
-        while self.cur.at("+") or self.cur.at("-"):
+        while self.cur.word() in _ADD:
             tok = self.cur.next()
             a = self.combine(tok, a, self._term())
         return a
 
     def _term(self) -> Scalar:
         a = self._unary()
-        while any(self.cur.at(o) for o in ("*", "/", "//", "%")):
+        while self.cur.word() in _MUL:
             tok = self.cur.next()
             a = self.combine(tok, a, self._unary())
         return a
 
     def _unary(self) -> Scalar:
-        tok = self.cur.accept("-")
-        if tok is None:
+        if self.cur.word() != "-":
             return self.atom()
+        self.cur.next()
         a = self._unary()
         if is_index(a):
             return sym.mul(a, -1)

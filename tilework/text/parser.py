@@ -96,18 +96,18 @@ class _ModuleParser:
 
     def _end_of_statement(self, pos: int) -> int:
         """The position after the statement starting at ``pos`` (and its indented block)."""
-        toks = self.cur.toks
-        while toks[pos].kind not in ("newline", "eof"):
+        kinds = self.cur.kinds
+        while kinds[pos] != "newline" and kinds[pos] != "eof":
             pos += 1
-        if toks[pos].kind == "newline":
+        if kinds[pos] == "newline":
             pos += 1
-        if toks[pos].kind != "indent":
+        if kinds[pos] != "indent":
             return pos
         depth = 0
-        while toks[pos].kind != "eof":
-            if toks[pos].kind == "indent":
+        while kinds[pos] != "eof":
+            if kinds[pos] == "indent":
                 depth += 1
-            elif toks[pos].kind == "dedent":
+            elif kinds[pos] == "dedent":
                 depth -= 1
                 if depth == 0:
                     return pos + 1
