@@ -106,8 +106,11 @@ def llms(model_path: str) -> Callable[[str], LLM]:
 def hf(model_path: str) -> Any:
     """HF's Llama with the GGUF's weights, as transformers itself reads and dequantizes them.
     Its two readings of the file (config, then tensors) share one ``gguf.GGUFReader`` (parsing
-    the 49k-token vocabulary takes seconds), and the model is made without a random
-    initialization (the file's values replace every weight)."""
+    the 49k-token vocabulary takes seconds); transformers asks gguf for the same tensor-name
+    map once per module (397 times, 12 s), here made once; and the model is made without a
+    random initialization (the file's values replace every weight)."""
+    import functools
+
     import gguf
     from transformers.initialization import no_init_weights
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
@@ -116,6 +119,7 @@ def hf(model_path: str) -> Any:
     reader = real(model_path)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(gguf, "GGUFReader", lambda path, *a, **k: reader if (path, a, k) == (model_path, (), {}) else real(path, *a, **k))
+        mp.setattr(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map))  # (arch, blocks) -> a map read only
         config = {k: v for k, v in load_gguf_checkpoint(model_path)["config"].items() if k != "model_type"}
         with no_init_weights():
             model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config, attn_implementation="eager"))
