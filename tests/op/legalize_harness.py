@@ -2,11 +2,13 @@
 
 A ``Case`` is one op call on params with symbolic shapes, a NumPy reference and the values of
 the sym vars to run it at. ``build(cases)`` puts every case in one module (a graph function per
-case), runs ``Legalize``, verifies the result, and compiles every kernel of the module — plain
-and, when the default scheduler is there and changes it, scheduled — with one ``build_library``
-call (a kernel its schedule leaves as it is, e.g. a hand-built one, is compiled and run once). ``run``
-then calls a case's kernel on NumPy inputs exactly as the graph does: the call's arguments are
-the function's params, its sym args are the caller's dims evaluated at the case's values.
+case), runs ``Legalize``, verifies the result, and compiles every kernel of the module as the
+default scheduler makes it, with one ``build_library`` call. A kernel the schedule changed also
+runs as legalize made it, on the reference interpreter (``tilework.codegen.interp``): the
+legalization is checked apart from its schedule without compiling a second copy that no
+pipeline builds (the C compiler's time is most of the suite's). ``run`` then calls a case's
+kernel on NumPy inputs exactly as the graph does: the call's arguments are the function's
+params, its sym args are the caller's dims evaluated at the case's values.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import ml_dtypes
 import numpy as np
 
 from tests.long import LONG, long_param
-from tilework.codegen import build_library
+from tilework.codegen import build_library, interp
 from tilework.ir.dtype import np_dtype
 from tilework.codegen.c.module import CKernelModule
 from tilework.ir import sym_walk
@@ -58,7 +60,7 @@ class Built:
     module: IRModule
     lib: CKernelModule
     cases: dict[str, Case] = field(default_factory=dict)
-    rescheduled: set[str] = field(default_factory=set)  # kernels with a ``__scheduled`` copy that differs
+    plain: dict[str, TensorFunc] = field(default_factory=dict)  # kernels as legalized, where the schedule changed them
 
 
 def random_array(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -> np.ndarray:
@@ -108,14 +110,13 @@ def build(cases: Sequence[Case]) -> Built:
     verify(mod)
     funcs = dict(mod.tensor_funcs())
     schedule = _schedule()
-    rescheduled: set[str] = set()
+    plain: dict[str, TensorFunc] = {}
     if schedule is not None:
         for name, f in list(funcs.items()):
             scheduled = schedule(f)
             if not structural_equal(scheduled.replace(attrs=f.attrs), f):  # the same code but its schedule's marks
-                funcs[f"{name}__scheduled"] = scheduled
-                rescheduled.add(name)
-    return Built(mod, build_library(funcs), {c.name: c for c in cases}, rescheduled)
+                funcs[name], plain[name] = scheduled, f
+    return Built(mod, build_library(funcs), {c.name: c for c in cases}, plain)
 
 
 def kernel_call(func: GraphFunc) -> tuple[Call, list[Call]]:
@@ -144,8 +145,9 @@ def _outputs(info: StructInfo, env: Env) -> list[np.ndarray]:
     return out
 
 
-def run(built: Built, name: str, env: Env, seed: int = 0, scheduled: bool = False) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Inputs and outputs of case ``name``'s kernel run at ``env``."""
+def run(built: Built, name: str, env: Env, seed: int = 0, scheduled: bool = True) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Inputs and outputs of case ``name``'s kernel run at ``env``: the compiled kernel, or
+    (``scheduled=False``, where the schedule changed it) the kernel as legalized, interpreted."""
     case = built.cases[name]
     func = built.module[name]
     assert isinstance(func, GraphFunc)
@@ -162,26 +164,29 @@ def run(built: Built, name: str, env: Env, seed: int = 0, scheduled: bool = Fals
     assert len(arrays) == len(args.fields), "kernel arguments must be the function's params"
     sym_args = call.args[2].values if len(call.args) == 3 else ()  # type: ignore[attr-defined]
     outs = _outputs(call.sinfo_args[0], env)
-    kernel = built.lib[f"{gv.name}__scheduled" if scheduled and gv.name in built.rescheduled else gv.name]
-    kernel.run(arrays + outs, [sym_walk.evaluate(d, env) for d in sym_args])
+    syms = [sym_walk.evaluate(d, env) for d in sym_args]
+    if not scheduled and gv.name in built.plain:
+        interp.run(built.plain[gv.name], arrays + outs, syms)
+    else:
+        built.lib[gv.name].run(arrays + outs, syms)
     return inputs, outs
 
 
 def check(built: Built, name: str) -> None:
-    """Run case ``name`` at each of its sym values against its reference: plain, and scheduled
-    where the schedule changed the kernel."""
+    """Run case ``name`` at each of its sym values against its reference: compiled as scheduled,
+    and interpreted as legalized where the schedule changed the kernel."""
     case = built.cases[name]
     func = built.module[name]
     assert isinstance(func, GraphFunc)
     gv = kernel_call(func)[0].args[0]
     assert isinstance(gv, GlobalVar)
     for k, env in enumerate(case.envs):
-        for scheduled in (False, True) if gv.name in built.rescheduled else (False,):
+        for scheduled in (False, True) if gv.name in built.plain else (True,):
             inputs, outs = run(built, name, env, seed=k, scheduled=scheduled)
             expected = case.ref(*inputs)
             expected = list(expected) if isinstance(expected, tuple) else [expected]
             assert len(expected) == len(outs)
-            where = f"{name} at {({v.name: x for v, x in env.items()})}{' scheduled' if scheduled else ''}"
+            where = f"{name} at {({v.name: x for v, x in env.items()})}{'' if scheduled else ' as legalized (interpreted)'}"
             for got, want in zip(outs, expected):
                 compare(got, np.asarray(want), where, case.tol)
 
