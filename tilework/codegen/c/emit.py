@@ -78,8 +78,8 @@ STACK_LIMIT = 32 * 1024  # scratch of a static size up to this many bytes lives 
 _NARROW_INTS = ("int8", "int16", "uint8", "uint16")
 _FLOAT_FN = {
     "exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "erf": "erf", "sin": "sin",
-    "cos": "cos", "atan": "atan", "asin": "asin", "acos": "acos", "log1p": "log1p", "expm1": "expm1", "abs": "fabs", "floor": "floor",
-    "ceil": "ceil", "round": "rint",
+    "cos": "cos", "atan": "atan", "asin": "asin", "acos": "acos", "log1p": "log1p",
+    "expm1": "expm1", "abs": "fabs", "floor": "floor", "ceil": "ceil", "round": "rint",
 }  # fmt: skip
 _C_KEYWORDS = frozenset(
     "auto break case char const continue default do double else enum extern float for goto if "
