@@ -13,7 +13,7 @@ from typing import NamedTuple
 from tilework.errors import ParseError
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_NUMBER = re.compile(r"\d+(\.\d*)?([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?")
+_NUMBER = re.compile(r"\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?")
 _OPS = ("->", "//", "<=", ">=", "==", "!=", "(", ")", "[", "]", "{", "}", ",", ":", "=", "+", "-", "*", "/", "%", "<", ">", ".")  # fmt: skip
 _OP = re.compile("|".join(re.escape(o) for o in _OPS))  # two-character operators first, as in _OPS
 _OPEN = {"(": ")", "[": "]", "{": "}"}
@@ -22,7 +22,7 @@ _CLOSE = frozenset(_OPEN.values())
 # the order the format reads them (a number before the operator ``.``, two-character operators
 # before one-character ones); ``end``: only spaces are left on the line.
 _TOKEN = re.compile(
-    rf"[ \t\r]*(?:(?P<end>$)|(?P<comment>#)|(?P<name>{_NAME.pattern})|(?P<number>{_NUMBER.pattern.replace('(', '(?:')})"
+    rf"[ \t\r]*(?:(?P<end>$)|(?P<comment>#)|(?P<name>{_NAME.pattern})|(?P<number>{_NUMBER.pattern})"
     rf"|(?P<quote>[\"'])|(?P<at>@)|(?P<op>{_OP.pattern}))"
 )
 # a string literal without escapes, its quotes included (others go through ``_string``)
