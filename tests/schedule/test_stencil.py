@@ -113,14 +113,16 @@ def test_windows_take_the_stencil_rule() -> None:
 def test_channel_blocks(registers: str) -> None:
     """The jammed columns' accumulators hold a block of channels: all of them where they are
     at most two vectors of the register file or the vector does not divide them (16 channels
-    on AVX2: one pass over the columns), else one vector."""
+    on AVX2: one pass over the columns), else one vector; each column's row of them is whole
+    vectors (24 channels in 16 lanes: 32)."""
     lanes = host_registers().lanes("float32")
     for i, (name, f) in enumerate(_scheduled()[: len(DEPTHWISE)]):
         channels = DEPTHWISE[i][2]
         widths = {s.buffer.shape[-1] for _, s in walk(f.body) if isinstance(s, Allocate) and len(s.buffer.shape) == 2}
         if not _jammed(f):
             continue
-        want = channels if channels <= 2 * lanes or channels % lanes else lanes
+        block = channels if channels <= 2 * lanes or channels % lanes else lanes
+        want = -(-block // lanes) * lanes
         assert widths == {want}, (name, channels, widths)
 
 
@@ -202,12 +204,14 @@ def test_a_sum_of_chains_is_made_as_one_chain() -> None:
 
 def test_many_taps_jam_fewer_columns() -> None:
     """A 7 x 7 stem of 3 channels has 147 taps: its interior columns are jammed at most
-    ``JAM_TERMS // 147`` at a time (4, not ``JAM``), a 3 x 3 one's (27 taps) up to ``JAM``."""
+    ``JAM_TERMS // 147`` at a time (4, not ``JAM``), a 3 x 3 one's (27 taps) up to ``JAM``.
+    One vector of output channels (the rule takes no fewer)."""
+    chans = host_registers().lanes("float32")
 
     def widest_jam(kernel: int, width: int) -> int:
         bb = BlockBuilder()
         x = Var("x", TensorInfo((n, 3, 21, width), "float32"))
-        k, b = Var("k", TensorInfo((kernel * kernel * 3, 8), "float32")), Var("b", TensorInfo((8,), "float32"))
+        k, b = Var("k", TensorInfo((kernel * kernel * 3, chans), "float32")), Var("b", TensorInfo((chans,), "float32"))
         pad = kernel // 2
         with bb.function("main", [x, k, b]):
             with bb.dataflow():
