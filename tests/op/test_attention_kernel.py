@@ -172,9 +172,10 @@ def _kernel(q: TensorInfo, k: TensorInfo, causal: bool, mask: TensorInfo | None 
 def test_register_tiles_fit_the_vector_width(vector_bytes: int) -> None:
     """The register tiles have as many rows as fill 8 registers: with 32-byte registers (AVX2)
     the wide copy's 16 float lanes take two a row, so its tiles have 4 rows, the narrow copy's 8;
-    with 64-byte ones 8 and 8; the narrow copy's value tile is vectors of value columns. Both agree with the reference, at head dims that leave partial
-    value tiles and key counts that stop inside a tile (64-byte registers' values in the long
-    tier only: the other kernels this file builds by hand have them)."""
+    with 64-byte ones 8 and 8; the narrow copy's value tile is vectors of value columns. Both
+    agree with the reference, at head dims that leave partial value tiles and key counts that
+    stop inside a tile (64-byte registers' values in the long tier only: the other kernels this
+    file builds by hand have them)."""
     f = _kernel(T(b, s, 6, 12), T(b, kv, 2, 12), True, vector_bytes=vector_bytes, v=T(b, kv, 2, 5))
     tiles = {st.buffer.shape for st in walk_stmts(f.body) if isinstance(st, Allocate) and st.buffer.name.startswith(("attention_st", "attention_at"))}
     assert tiles == ({(4, 16), (8, 8)} if vector_bytes == 32 else {(8, 16), (8, 8)})

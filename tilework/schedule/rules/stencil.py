@@ -21,7 +21,8 @@ the padding are masked and clamped at every column. Here instead:
   whole vector (a block of 24 channels in 16 lanes takes 32 floats): packed tight, vectors
   shared by two columns had their products added apart from the multiplies (a lost FMA, other
   bits than one expression per output), and the 72-, 88- and 120-channel depthwise convs of
-  MobileNetV3-Small ran 1.2-1.6x slower on AVX-512 (batch 8, in one process). A 7 x 7 stem of 3 channels has 147 taps:
+  MobileNetV3-Small ran 1.2-1.6x slower on AVX-512 (batch 8, in one process). A 7 x 7 stem
+  of 3 channels has 147 taps:
   8 columns at a time unrolled 1176 steps, which ran slower than 4 (AVX2 Zen, 224 x 224,
   3 -> 8 channels: 1.63 ms, 0.82 at 4) and took gcc 2-3x as long (a 29 x 23 image: 52 s of
   gcc, 17.5 at 4);
