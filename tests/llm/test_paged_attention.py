@@ -325,6 +325,7 @@ def test_decode_hints_the_next_tasks_pages_during_the_value_pass(monkeypatch: py
     place of the interpreter's no-op prefetch, the pool's reads beside them, each with the task
     running."""
     from tilework.codegen import interp
+    from tilework.ir.loop import PREFETCHES
     from tilework.ir.sym import SymExpr
 
     per_page = NKV * HD * PAGE
@@ -348,7 +349,7 @@ def test_decode_hints_the_next_tasks_pages_during_the_value_pass(monkeypatch: py
     plain_intrin, plain_load = interp._Translator.render_intrin, interp._Translator.render_load
 
     def render_intrin(self: Any, x: Any) -> str:
-        return f"_tw_record('hint', {args(self, x.args[0])})" if x.name == "prefetch" else plain_intrin(self, x)
+        return f"_tw_record('hint', {args(self, x.args[0])})" if x.name in PREFETCHES else plain_intrin(self, x)
 
     def render_load(self: Any, x: Any) -> str:
         text = plain_load(self, x)

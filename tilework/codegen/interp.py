@@ -44,6 +44,7 @@ from tilework.ir.loop import (
     IfThenElse,
     Intrin,
     Load,
+    PREFETCHES,
     Scalar,
     Select,
     SeqStmt,
@@ -396,7 +397,7 @@ class _Translator(LoopEmitter):
         if x.name.startswith("bitwise_"):
             args = ", ".join(self.expr(a) for a in x.args)
             return f"_bitop({x.name!r}, {self.value(np_dtype(x.dtype).type, 't')}, {args})"
-        if x.name == "prefetch":  # a hint for compiled code; its load is not performed
+        if x.name in PREFETCHES:  # a hint for compiled code; its load is not performed
             return self.value(np_dtype(x.dtype).type(0))
         arg = x.args[0]
         a = self.expr(arg)

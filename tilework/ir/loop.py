@@ -145,7 +145,9 @@ INTRINSICS = (
     "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",  # two's complement bits of integers
     "bitcast",  # the argument's bits read as the result's dtype (same size)
     "prefetch",  # of a load: 0; a hint that its element is read soon (the load is not performed)
+    "prefetch_l2",  # the same, into the second-level cache only: read later, or among much else
 )  # fmt: skip
+PREFETCHES = ("prefetch", "prefetch_l2")  # the hints: their argument is a load whose address they take
 INTRINSIC_ARITY = {"bitwise_and": 2, "bitwise_or": 2, "bitwise_xor": 2}  # the others take one argument
 
 

@@ -718,8 +718,8 @@ class _LoopCheck(_Checker):
                 self.bad(f"intrinsic {e.name!r} is unknown; valid ones are {', '.join(L.INTRINSICS)}", where)
             elif isinstance(e, L.Intrin) and len(e.args) != L.INTRINSIC_ARITY.get(e.name, 1):
                 self.bad(f"intrinsic {e.name} takes {L.INTRINSIC_ARITY.get(e.name, 1)} argument(s), got {len(e.args)}", where)
-            elif isinstance(e, L.Intrin) and e.name == "prefetch" and not isinstance(e.args[0], L.Load):
-                self.bad("intrinsic prefetch takes a load (of the element to prefetch)", where)
+            elif isinstance(e, L.Intrin) and e.name in L.PREFETCHES and not isinstance(e.args[0], L.Load):
+                self.bad(f"intrinsic {e.name} takes a load (of the element to prefetch)", where)
             elif not isinstance(e, (int, L.PExpr)):
                 self.bad(f"{e!r} (a {type(e).__name__}) is not a scalar expression: wrap constants in Const", where)
 

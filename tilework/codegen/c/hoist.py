@@ -22,7 +22,7 @@ from typing import Iterator
 
 from tilework.ir import sym
 from tilework.ir import sym_walk
-from tilework.ir.loop import Binary, Block, Buffer, Cast, Const, For, Intrin, Load, PExpr, Scalar, SeqStmt, Stmt, Store, Unary, walk_stmts
+from tilework.ir.loop import Binary, Block, Buffer, Cast, Const, For, Intrin, Load, PExpr, PREFETCHES, Scalar, SeqStmt, Stmt, Store, Unary, walk_stmts
 from tilework.ir.sym import Dim, SymExpr, SymVar
 
 _FLOATS = ("float32", "float64")
@@ -62,7 +62,7 @@ def _plain_stores(s: Stmt, ok: set[SymVar], ivs: list[tuple[SymVar, Dim]]) -> It
 
 
 def _collect(x: Scalar, ok: set[SymVar], written: set[Buffer], found: list[PExpr]) -> None:
-    if not isinstance(x, PExpr) or isinstance(x, Const) or isinstance(x, Intrin) and x.name == "prefetch":
+    if not isinstance(x, PExpr) or isinstance(x, Const) or isinstance(x, Intrin) and x.name in PREFETCHES:
         return  # a prefetch hints where it stands; its load is an address, not a value to hoist
     if x.dtype in _FLOATS and _worth(x) and _invariant(x, ok, written):
         found.append(x)
@@ -93,7 +93,7 @@ def _invariant(x: Scalar, ok: set[SymVar], written: set[Buffer]) -> bool:
     if isinstance(x, Cast):
         return _invariant(x.value, ok, written)
     if isinstance(x, Intrin):
-        return x.name != "prefetch" and all(_invariant(a, ok, written) for a in x.args)
+        return x.name not in PREFETCHES and all(_invariant(a, ok, written) for a in x.args)
     return False  # a Select: one side is evaluated only under its condition
 
 
