@@ -165,3 +165,25 @@ def test_a_whole_placement_is_timed_after_warm_calls_of_its_own(monkeypatch: pyt
         assert all(math.isfinite(e.seconds) for e in entries)
         assert calls[:6] == ["a"] * 3 + ["b"] * 3  # first call, second, and the one that sizes a repeat
         assert calls[6:] == (["a"] * (warm + 1) + ["b"] * (warm + 1)) * 2, (burst, calls)
+
+
+def test_a_plan_of_our_kernels_alone_waits_for_other_runtimes_to_settle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A whole plan that runs tilework's kernels alone, timed right after a plan that loads
+    another runtime, waits POOL_SETTLE_S first (that runtime's workers may still spin on the
+    cores: OpenBLAS's for about 70 ms); after a plan of its kind, or between two plans that
+    load other runtimes, no wait."""
+    from tilework.collage import cost
+
+    events: list[str] = []
+
+    def fn(name: str):  # type: ignore[no-untyped-def]
+        return lambda: events.append(name)
+
+    monkeypatch.setattr(cost.time, "sleep", lambda s: events.append(f"sleep {s}"))
+    monkeypatch.setattr(cost, "BURST_WARM_S", 1e-9)  # one untimed call before each timed repeat
+    model = MeasuredCostModel(None, repeat=2, max_rounds=1, min_repeat_s=1e-9)
+    model._time_many([fn("own"), fn("blas"), fn("torch")], limit=1.0, burst=True, own=[True, False, False])
+    timed = events[9:]  # after the three calls each function gets before the rounds
+    settle = f"sleep {cost.POOL_SETTLE_S}"
+    # a repeat: (the wait,) an untimed call and a timed one (one call is long enough here)
+    assert timed == ["own", "own", "blas", "blas", "torch", "torch", settle, "own", "own", "blas", "blas", "torch", "torch"]

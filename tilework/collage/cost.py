@@ -30,7 +30,11 @@
   but every timed repeat of a placement follows untimed calls of the same placement for
   ``BURST_WARM_S``, at least one (*bursts*), so each is timed as a model called in a loop runs: its
   weights and code warm, not evicted by the other placements' (each built with its codegen
-  linears' weights laid out, as ``tilework.compile`` builds it). ``WholeTimes`` keys these by the module's structural hash, the dims, the
+  linears' weights laid out, as ``tilework.compile`` builds it). A plan of tilework's kernels
+  alone, timed right after one that loads another runtime, first waits ``POOL_SETTLE_S`` for
+  that runtime's workers to stop spinning (OpenBLAS's on 2 threads took a core from the
+  codegen plan of a Llama graph at one token for the 70 ms they wait: 5.1 ms measured for its
+  0.96, and the BLAS plan was kept). ``WholeTimes`` keys these by the module's structural hash, the dims, the
   placement, backend versions, the machine and the measuring protocol (the mock shares it).
   Plans whose times come within a few percent of each other are timed *again*
   (``end_to_end(..., again=True)``): together, head to head, with ``AGAIN_REPEAT`` times the
@@ -74,6 +78,8 @@ FIRST_CALL_LIMITS = 10  # a first call (sessions created, caches filled) may tak
 BURST_WARM_S = 5e-3  # a burst's untimed calls last at least this long, at least one call (a few calls: one call of a
 # model whose weights fill the last-level cache leaves them half cold after the other plans)
 BURST_WARM_CALLS = 8  # and are at most this many
+POOL_SETTLE_S = 0.1  # before a whole plan that loads no other runtime is timed after one that did: the other's
+# worker threads may still spin (OpenBLAS's wait about 2**28 cycles, 70 ms at 3.7 GHz, before they sleep)
 MAX_KEPT_BUILDS = 8  # whole-placement executables kept for the next bucket (each may hold the weights)
 MAX_TRANSITION_S = 1e-3  # pools hand over in microseconds to a millisecond; more is noise of the pair's timing
 _BUILDER: list[Callable[..., Any]] = []
@@ -107,7 +113,7 @@ def ops_of(g: BlockGraph, nodes: Sequence[int]) -> tuple[str, ...]:
     return tuple(out)
 
 
-E2E_PROTOCOL = "e2e-burst-4"  # what an end-to-end time means (in its cache key): bursts, see the module docstring; 2: codegen's weights laid out; 3: warm calls for BURST_WARM_S; 4: bursts at every length
+E2E_PROTOCOL = "e2e-burst-5"  # what an end-to-end time means (in its cache key): bursts, see the module docstring; 2: codegen's weights laid out; 3: warm calls for BURST_WARM_S; 4: bursts at every length; 5: other runtimes settle before own plans (POOL_SETTLE_S)
 AGAIN_REPEAT = 3  # a head-to-head timing again (``end_to_end(..., again=True)``) takes this many times the repeats
 Timer = Callable[[IRModule, Sequence[Placement], Mapping[SymVar, int], bool], list[Entry]]
 
@@ -358,7 +364,8 @@ class MeasuredCostModel:
         bar.close()
         live = [i for i, c in enumerate(calls) if c is not None]
         scale = AGAIN_REPEAT if again else 1
-        timed = self._time_many([c for c in calls if c is not None], limit=max(self.time_limit_s, 1.0) * scale, burst=True, repeat=self.repeat * scale)
+        own = [not placements[i].regions for i in live]  # only tilework's kernels: no other runtime's pool
+        timed = self._time_many([c for c in calls if c is not None], limit=max(self.time_limit_s, 1.0) * scale, burst=True, repeat=self.repeat * scale, own=own)
         for i, entry in zip(live, timed):
             entries[i] = entry
         self.stats.seconds += time.perf_counter() - t0
@@ -535,7 +542,7 @@ class MeasuredCostModel:
         vm = VM(exe)
         return [vm[f"c{k}"] for k in range(len(reqs))], [vm[f"z{j}"] for j in range(len(sigs))], null_of, laid
 
-    def _time_many(self, fns: Sequence[Callable[[], Any]], limit: float, burst: bool = False, repeat: int | None = None) -> list[Entry]:
+    def _time_many(self, fns: Sequence[Callable[[], Any]], limit: float, burst: bool = False, repeat: int | None = None, own: Sequence[bool] | None = None) -> list[Entry]:
         """Each of ``fns`` timed: a first call (sessions created, caches filled: it may take up
         to ``FIRST_CALL_LIMITS`` limits; a second call over ``limit`` ends the timing with its
         time) and warm-up calls, then repeats taken round-robin over all of them (a change in the machine's load
@@ -544,7 +551,11 @@ class MeasuredCostModel:
         ``BURST_WARM_CALLS``: what the function left in the caches is what it finds, not what the
         others left; a model of 30 ms may still have its weights in the last-level cache); the median per function, more rounds while its
         spread ((max - min) / median) is above ``max_spread``, within ``limit`` seconds per
-        function (``repeat``: repeats a round, default ``self.repeat``). A call that raises: infinity."""
+        function (``repeat``: repeats a round, default ``self.repeat``). A call that raises: infinity.
+        ``own[i]``: function ``i`` runs tilework's kernels alone; timed right after one that
+        does not, it waits ``POOL_SETTLE_S`` first, so that no other runtime's workers, still
+        spinning from that call, take its cores (a Llama graph's codegen plan at one token,
+        after the BLAS plan with OpenBLAS on 2 threads, timed 5.1 ms for its 0.96)."""
         entries: list[Entry | None] = [None] * len(fns)
         live: list[tuple[int, Callable[[], Any], int, int]] = []  # (index, fn, calls a repeat, untimed calls before it)
         for i, fn in enumerate(fns):
@@ -571,11 +582,15 @@ class MeasuredCostModel:
         samples: dict[int, list[float]] = {i: [] for i, _, _, _ in live}
         deadline = time.perf_counter() + limit * max(1, len(live))
         active = list(live)
+        last: int | None = None  # the function timed last
         for _ in range(self.max_rounds):
             for _ in range(repeat or self.repeat):
                 for i, fn, number, warm in active:
                     if entries[i] is not None:
                         continue
+                    if own is not None and last is not None and own[i] and not own[last]:
+                        time.sleep(POOL_SETTLE_S)
+                    last = i
                     try:
                         for _ in range(warm):
                             fn()
