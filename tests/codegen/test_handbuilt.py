@@ -329,3 +329,25 @@ def test_a_parallel_loop_of_exps_computes_exp(n: int) -> None:
     out = np.zeros(n, np.float32)
     lib["pexp"].run([a, out], {"n": n})
     np.testing.assert_allclose(out, np.exp(a), rtol=2e-6)
+
+
+def test_prefetch_hints_name_their_cache_level() -> None:
+    """``prefetch`` hints into L1 (locality 3, x86 prefetcht0), ``prefetch_l2`` into L2
+    (locality 2, prefetcht1); both take the load's address, perform no load, and leave the
+    values alone (compiled and interpreted)."""
+    from tilework.ir.loop import Intrin
+
+    n = SymVar("n", 1)
+    x, y = Buffer("x", (n,), "float32"), Buffer("y", (n,), "float32")
+    i = SymVar("i", 0)
+    ahead = sym.min_(sym.add(i, 16), sym.sub(n, 1))
+    hints = [Intrin(name, (Load(x, (ahead,)),), "float32") for name in ("prefetch", "prefetch_l2")]
+    value = binary("+", binary("+", Load(x, (i,)), hints[0]), hints[1])  # each hint's value is 0
+    func = TensorFunc((x, y), For(i, n, Store(y, (i,), value), "serial"), 1)
+    text = emit_function(func, "tw_x")
+    assert "__builtin_prefetch(&x[" in text and ", 0, 3)" in text and ", 0, 2)" in text
+    a = np.arange(37, dtype=np.float32)
+    for run in (build_library({"hinted": func})["hinted"].run, lambda arrays: interp.run(func, arrays)):
+        out = np.full_like(a, np.nan)
+        run([a, out])
+        np.testing.assert_array_equal(out, a)
