@@ -147,7 +147,7 @@ INTRINSICS = (
     "prefetch",  # of a load: 0; a hint that its element is read soon (the load is not performed)
     "prefetch_l2",  # the same, into the second-level cache only: read later, or among much else
 )  # fmt: skip
-PREFETCHES = ("prefetch", "prefetch_l2")  # the hints: their argument is a load whose address they take
+PREFETCHES = {"prefetch": 1, "prefetch_l2": 2}  # the hints (their argument is a load whose address they take) and the cache level each fills
 INTRINSIC_ARITY = {"bitwise_and": 2, "bitwise_or": 2, "bitwise_xor": 2}  # the others take one argument
 
 

@@ -80,7 +80,7 @@ class ScalarParser:
     def expr(self) -> Scalar:
         cur = self.cur
         tok = cur.toks[cur.pos]
-        if cur.words[cur.pos + 1] in _ENDS and (tok.kind == "int" or (tok.kind == "name" and tok.value != "not")):
+        if tok.kind != "eof" and cur.words[cur.pos + 1] in _ENDS and (tok.kind == "int" or (tok.kind == "name" and tok.value != "not")):
             return self.atom()  # most dims and indices: the precedence levels would find nothing to combine
         a = self._and()
         while self.cur.word() == "or":
