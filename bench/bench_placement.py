@@ -17,9 +17,10 @@ every shape:
   (dynamic) of it, and onnxruntime running the whole model exported as one ONNX graph.
 
 Every result is checked against codegen's. Each shape's systems are timed side by side (rounds
-calling each in turn, an untimed call then a timed one: ``report.median_ms_in_rounds``; each
-timed call finds its own weights in the caches, as a model called in a loop does and as the
-placement search times its plans). Prints median ms per shape, auto
+calling each in turn, untimed calls for 0.1 s then a timed one: ``report.median_ms_in_rounds``;
+each timed call finds its own weights in the caches and no other runtime's thread pool still
+spinning from the system before, as a model called in a loop does and as the placement search
+times its plans). Prints median ms per shape, auto
 placement's speed over the best single-backend configuration at that shape (> 1: faster), the
 geometric mean, the search time, candidates measured, the share served from the cache, and the
 second compile's time against the first. ``--fresh`` starts from an empty cost cache (a private one in
@@ -53,6 +54,7 @@ from tilework.models import reference as R  # noqa: E402
 from tilework.transform.layout_weights import lay_out_weights  # noqa: E402
 
 ORT_THREADS = [0]  # the whole-model session's threads (--threads)
+WARM_S = 0.1  # each timed call follows untimed calls of its own system for this long (see median_ms_in_rounds)
 SINGLE = {"codegen": None, "blas": ["blas", "codegen"], "torch": ["torch", "codegen"], "onnxruntime": ["onnxruntime", "codegen"]}
 
 
@@ -139,7 +141,7 @@ def run_model(name: str, layers: int, repeat: int, budget: float | None) -> dict
             if not np.allclose(got, want, rtol=3e-3, atol=3e-3):
                 raise SystemExit(f"{name} {shape}: {col} differs from codegen by {float(np.abs(got - want).max()):.3g}")
             calls[col] = lambda fn=fn, args=args: fn(*args)
-        for col, t in median_ms_in_rounds(calls, repeat, rounds=repeat, settle_s=0, budget_s=2.0, warm=True).items():  # one timed call of each system a round, after an untimed one
+        for col, t in median_ms_in_rounds(calls, repeat, rounds=repeat, settle_s=0, budget_s=2.0, warm_s=WARM_S).items():
             ms[col][shape] = t
     same = [b["placement"] for b in exe2.meta["placement"]["buckets"]] == [b["placement"] for b in exe.meta["placement"]["buckets"]]
     return {"ms": ms, "shapes": shapes, "setup": setup, "first_s": first, "second_s": second, "plan": plan, "same_plan": same}
@@ -222,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + verdict)
     emit(
         "placement",
-        f"`placement=\"auto\"` vs every single-backend configuration, {threads}, all in one process{', empty cost cache' if args.fresh else ''}; median ms of calls each after an untimed call of the same system:\n\n"
+        f"`placement=\"auto\"` vs every single-backend configuration, {threads}, all in one process{', empty cost cache' if args.fresh else ''}; median ms of calls each after 0.1 s of untimed calls of the same system:\n\n"
         + table(["model", "search", "candidates x buckets", "first compile", "second compile (warm cost cache)"], summary)
         + "\n\n" + "\n\n".join(per_shape) + f"\n\n{verdict}.",
     )

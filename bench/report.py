@@ -37,7 +37,7 @@ BLOCK = re.compile(r"^<!-- table:(?P<key>[\w.-]+) -->\n(?P<body>.*?)^<!-- /table
 SETTLE_S = 0.3
 
 
-def median_ms_in_rounds(fns: dict[str, Callable[[], Any]], repeat: int, rounds: int = 3, settle_s: float = SETTLE_S, budget_s: float | None = None, warm: bool = False) -> dict[str, float]:
+def median_ms_in_rounds(fns: dict[str, Callable[[], Any]], repeat: int, rounds: int = 3, settle_s: float = SETTLE_S, budget_s: float | None = None, warm_s: float | None = None) -> dict[str, float]:
     """Median ms of each of ``fns`` over about ``repeat`` timed calls, taken in ``rounds``
     rounds: each round times a block of calls of every system in turn (the order rotating). A
     change of the machine's state between minutes (its memory bandwidth, another tenant) then
@@ -61,8 +61,11 @@ def median_ms_in_rounds(fns: dict[str, Callable[[], Any]], repeat: int, rounds: 
         for n in names[r % len(names):] + names[: r % len(names)]:
             if settle_s:
                 time.sleep(settle_s)
-            if settle_s or warm:
+            if settle_s or warm_s is not None:
+                t = time.perf_counter()
                 fns[n]()
+                while warm_s and time.perf_counter() - t < warm_s:
+                    fns[n]()
             for _ in range(per):
                 t = time.perf_counter()
                 fns[n]()
