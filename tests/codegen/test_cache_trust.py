@@ -226,3 +226,29 @@ def test_concurrent_cold_builds_agree(cache_root: Path) -> None:
         again = build_library({"axpy": _axpy(4.0)})
     assert again.cache_hit
     _check(again, 4.0)
+
+
+def test_target_finds_a_module_by_its_loop_ir_without_writing_c(cache_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tilework.codegen.c import CPU
+    from tilework.codegen.c import module as c_module
+
+    first = CPU.build({"axpy": _axpy(2.0)})
+    assert not first.cache_hit
+    _check(first, 2.0)
+
+    def no_c(funcs: object) -> None:
+        raise AssertionError("C was written for kernels the cache holds")
+
+    with monkeypatch.context() as m:
+        m.setattr(c_module, "emit_module", no_c)
+        again = CPU.build({"axpy": _axpy(2.0)})
+        assert again.cache_hit and again.key == first.key  # type: ignore[attr-defined]
+        _check(again, 2.0)
+        assert again["axpy"].func is not None  # type: ignore[attr-defined]  # the checked run has its TensorFunc
+        with pytest.raises(AssertionError, match="C was written"):
+            CPU.build({"axpy": _axpy(3.0)})  # other loop IR: not found by the digest
+    so = _object(again)
+    so.write_bytes(so.read_bytes()[:100])  # damaged behind its record: set aside, rebuilt
+    with pytest.warns(CacheWarning):
+        rebuilt = CPU.build({"axpy": _axpy(2.0)})
+    _check(rebuilt, 2.0)

@@ -444,25 +444,26 @@ def walk_stmts(s: Stmt) -> Iterator[Stmt]:
 
 
 def walk_scalars(x: Scalar) -> Iterator[Scalar]:
-    """Every scalar sub-expression of ``x`` in pre-order."""
-    yield x
-    if isinstance(x, Load):
-        for i in x.indices:
-            yield from walk_scalars(i)
-    elif isinstance(x, Binary):
-        yield from walk_scalars(x.a)
-        yield from walk_scalars(x.b)
-    elif isinstance(x, Unary):
-        yield from walk_scalars(x.a)
-    elif isinstance(x, Cast):
-        yield from walk_scalars(x.value)
-    elif isinstance(x, Select):
-        yield from walk_scalars(x.cond)
-        yield from walk_scalars(x.a)
-        yield from walk_scalars(x.b)
-    elif isinstance(x, Intrin):
-        for a in x.args:
-            yield from walk_scalars(a)
+    """Every scalar sub-expression of ``x`` in pre-order (an explicit stack: nested generators
+    cost a frame per level for every value, and this walk runs over every index of every load
+    while schedules are made)."""
+    stack = [x]
+    pop, push = stack.pop, stack.extend
+    while stack:
+        e = pop()
+        yield e
+        if isinstance(e, Load):
+            push(reversed(e.indices))
+        elif isinstance(e, Binary):
+            push((e.b, e.a))
+        elif isinstance(e, Unary):
+            stack.append(e.a)
+        elif isinstance(e, Cast):
+            stack.append(e.value)
+        elif isinstance(e, Select):
+            push((e.b, e.a, e.cond))
+        elif isinstance(e, Intrin):
+            push(reversed(e.args))
 
 
 def stmt_scalars(s: Stmt) -> Iterator[Scalar]:

@@ -8,7 +8,7 @@ per interned expression; ``evaluate`` gives the value under an assignment of eve
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Mapping
 
 from tilework.errors import SymbolicError
 from tilework.ir.sym import ITSELF, Dim, FloorDiv, FloorMod, Min, Poly, SymExpr, SymVar, _Binary, _check, substitute_atoms, to_str
@@ -32,6 +32,12 @@ def substitute(e: Dim, mapping: Mapping[SymVar, Dim]) -> Dim:
     """Replace vars by dims (simultaneously) and re-canonicalize. Images should lie in their
     var's range, since canonical forms may rely on it."""
     return e if isinstance(e, int) else _Substitution(mapping)(e)
+
+
+def substituter(mapping: Mapping[SymVar, Dim]) -> Callable[[Dim], Dim]:
+    """``substitute(., mapping)`` as one function with one memo, for many dims that share
+    their parts (the indices of a loop nest). The mapping must not change while it is used."""
+    return _Substitution(mapping)
 
 
 class _Substitution:

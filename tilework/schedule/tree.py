@@ -274,32 +274,31 @@ def subst_scalar(x: Scalar, m: Mapping[SymVar, Dim]) -> Scalar:
     """``x`` with sym vars replaced by dims (index arithmetic re-canonicalized)."""
     if not m:
         return x
-    return map_dims(x, lambda d: subst_dim(d, m))
+    return map_dims(x, sym_walk.substituter(m))
 
 
 def subst_stmt(s: Stmt, m: Mapping[SymVar, Dim]) -> Stmt:
-    """``s`` with sym vars replaced everywhere: extents, bindings, indices, values, guards."""
-    if not m:
-        return s
+    """``s`` with sym vars replaced everywhere: extents, bindings, indices, values, guards (one
+    memo for the whole statement: its index expressions share their parts)."""
+    return _subst_stmt(s, sym_walk.substituter(m)) if m else s
+
+
+def _subst_stmt(s: Stmt, sub: Callable[[Dim], Dim]) -> Stmt:
     if isinstance(s, Store):
-        idx = tuple(subst_scalar(i, m) for i in s.indices)
-        return Store(s.buffer, idx, subst_scalar(s.value, m))
+        return Store(s.buffer, tuple(map_dims(i, sub) for i in s.indices), map_dims(s.value, sub))
     if isinstance(s, For):
-        return For(s.var, subst_dim(s.extent, m), subst_stmt(s.body, m), s.kind)
+        return For(s.var, sub(s.extent), _subst_stmt(s.body, sub), s.kind)
     if isinstance(s, Block):
-        ivs = tuple(
-            IterVar(iv.var, subst_dim(iv.extent, m), iv.kind, subst_dim(iv.binding, m))
-            for iv in s.iter_vars
-        )
-        init = None if s.init is None else subst_stmt(s.init, m)
-        return Block(s.name, ivs, s.reads, s.writes, subst_stmt(s.body, m), init)
+        ivs = tuple(IterVar(iv.var, sub(iv.extent), iv.kind, sub(iv.binding)) for iv in s.iter_vars)
+        init = None if s.init is None else _subst_stmt(s.init, sub)
+        return Block(s.name, ivs, s.reads, s.writes, _subst_stmt(s.body, sub), init)
     if isinstance(s, IfThenElse):
-        els = None if s.else_body is None else subst_stmt(s.else_body, m)
-        return IfThenElse(subst_scalar(s.cond, m), subst_stmt(s.then_body, m), els)
+        els = None if s.else_body is None else _subst_stmt(s.else_body, sub)
+        return IfThenElse(map_dims(s.cond, sub), _subst_stmt(s.then_body, sub), els)
     if isinstance(s, SeqStmt):
-        return SeqStmt(tuple(subst_stmt(c, m) for c in s.stmts))
+        return SeqStmt(tuple(_subst_stmt(c, sub) for c in s.stmts))
     if isinstance(s, Allocate):
-        return Allocate(s.buffer, subst_stmt(s.body, m))
+        return Allocate(s.buffer, _subst_stmt(s.body, sub))
     raise ScheduleError(f"unknown statement {type(s).__name__}")
 
 
