@@ -13,6 +13,9 @@ every shape:
 - tilework ``placement="auto"``: every available backend, buckets at the benchmark's shapes
   (``buckets=``), measured on this machine with the persistent cost cache; then compiled a
   second time (the cost cache warm) to show what the cache saves;
+- ``codegen again``: codegen alone built once more after the search, the same plan as the
+  ``codegen`` column in an executable of its own: how far apart two builds of one plan time
+  here is the floor of what the comparison can tell apart (printed with the verdict);
 - peers: torch eager (the same model in torch.nn.functional, same weights), torch.compile
   (dynamic) of it, and onnxruntime running the whole model exported as one ONNX graph.
 
@@ -55,6 +58,7 @@ from tilework.transform.layout_weights import lay_out_weights  # noqa: E402
 
 ORT_THREADS = [0]  # the whole-model session's threads (--threads)
 WARM_S = 0.1  # each timed call follows untimed calls of its own system for this long (see median_ms_in_rounds)
+AGAIN = "codegen again"
 SINGLE = {"codegen": None, "blas": ["blas", "codegen"], "torch": ["torch", "codegen"], "onnxruntime": ["onnxruntime", "codegen"]}
 
 
@@ -123,6 +127,9 @@ def run_model(name: str, layers: int, repeat: int, budget: float | None) -> dict
     second = time.perf_counter() - t
     plan = PlacementPlan.from_dict(exe.meta["placement"])
     runs["auto"] = _bound(exe, weights)
+    # codegen alone built once more, now (after the search, as auto was): two builds of one
+    # plan, whose difference is the floor of what this timing can tell apart
+    runs[AGAIN] = _bound(tw.build(mod, layout_weights="params"), weights)
     peers: dict[str, Callable[..., Any]] = {}
     if have_torch:
         peers["torch eager"] = torch_eager(name, layers)
@@ -185,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     worst: list[tuple[float, str]] = []
     summary: list[tuple[str, ...]] = []
     per_shape: list[str] = []
+    floor: list[float] = []
     for name in args.models.split(","):
         r = run_model(name, args.layers, args.repeat, args.budget)
         ms, cols = r["ms"], list(r["ms"])
@@ -218,9 +226,11 @@ def main(argv: list[str] | None = None) -> int:
         ))
         if args.plans:
             print("\n".join("  " + line for line in r["plan"].table().splitlines()))
+        floor.extend(abs(ms[AGAIN][shape] / ms["codegen"][shape] - 1) for shape in r["shapes"])
     geo = math.exp(statistics.fmean(math.log(x) for x in speedups))
     slower = [w for w in worst if w[0] < 0.97]
     verdict = f"auto vs the best single backend at each shape: geometric mean {geo:.3f}x (aim 1.15x); slower than it by more than 3% at {len(slower)} of {len(worst)} shapes" + (f" ({', '.join(f'{n} {x:.2f}x' for x, n in sorted(slower))})" if slower else "")
+    verdict += f"; the two builds of codegen alone (`{AGAIN}`: the same plan built twice) differ by up to {100 * max(floor):.1f}% (median {100 * statistics.median(floor):.1f}%), the floor of what these timings tell apart"
     print("\n" + verdict)
     emit(
         "placement",
