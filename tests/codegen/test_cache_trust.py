@@ -252,3 +252,24 @@ def test_target_finds_a_module_by_its_loop_ir_without_writing_c(cache_root: Path
     with pytest.warns(CacheWarning):
         rebuilt = CPU.build({"axpy": _axpy(2.0)})
     _check(rebuilt, 2.0)
+
+
+@pytest.mark.parametrize("changed", [("ir", "sym.py"), ("c", "hoist.py"), ("schedule", "reduction_primitives.py")])
+def test_identity_covers_what_shapes_the_c(changed: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A changed simplification rule or emitter helper is a new identity: records keyed by loop
+    IR (which every compile now looks up) then no longer apply."""
+    before = toolchain._emitter_identity()
+    real = Path.read_bytes
+
+    def edited(self: Path) -> bytes:
+        data = real(self)
+        return data + b"\n# edited" if (self.parent.name, self.name) == changed else data
+
+    monkeypatch.setattr(Path, "read_bytes", edited)
+    toolchain._emitter_identity.cache_clear()
+    try:
+        assert toolchain._emitter_identity() != before
+    finally:
+        monkeypatch.undo()
+        toolchain._emitter_identity.cache_clear()
+    assert toolchain._emitter_identity() == before

@@ -206,11 +206,15 @@ def _built_without_compiler(source: str, flags: Sequence[str]) -> CompileResult 
 @functools.lru_cache(maxsize=1)
 def _emitter_identity() -> str:
     """A digest of the code that turns loop IR into C: records made by another version of it
-    do not apply."""
-    here = Path(__file__).resolve().parent
+    do not apply. That code is the code generator (``tilework/codegen``), the IR it reads and
+    the symbolic algebra that simplifies the indices it writes (``tilework/ir``), and the
+    reduction lowering it calls: every Python file of those, so that a changed simplification
+    rule is a new identity too (compiles look modules up by loop IR, ``CpuTarget.build``)."""
+    pkg = Path(__file__).resolve().parents[2]
+    files = sorted([*(pkg / "codegen").rglob("*.py"), *(pkg / "ir").rglob("*.py"), pkg / "schedule" / "reduction_primitives.py"])
     h = hashlib.sha256(_tilework_version().encode())
-    for path in (here / "emit.py", here / "prelude.py", here / "module.py", here / "toolchain.py", here.parent / "loop_emit.py"):
-        h.update(path.read_bytes())
+    for path in files:
+        h.update(str(path.relative_to(pkg)).encode() + b"\0" + path.read_bytes())
     return h.hexdigest()
 
 
