@@ -198,3 +198,47 @@ def test_processes_building_the_same_kernels_at_once_compile_them_once(cache: Pa
     assert [p.returncode for p in procs] == [0, 0], [e for _, e in outs]
     assert [o.strip() for o, _ in outs] == ["[1.0, 6.0, 11.0]"] * 2
     assert len(cc_log.read_text().splitlines()) == 1  # the second waited for the first's build and loaded it
+
+
+def test_large_single_unit_is_optimized_in_parallel_only_where_gcc_can(monkeypatch: pytest.MonkeyPatch) -> None:
+    cmd, flags, big = toolchain.compiler_command(), toolchain.compiler_flags(), "x" * toolchain.LTO_MIN_CHARS
+    monkeypatch.setenv("TILEWORK_COMPILE_JOBS", "3")
+    monkeypatch.setattr(toolchain, "_is_gcc", lambda cmd: True)
+    assert toolchain._parallel_lto(cmd, flags, big) == ["-flto=3", "-flto-partition=balanced"]
+    assert toolchain._parallel_lto(cmd, flags, big[:-1]) == []  # small: one process
+    assert toolchain._parallel_lto(cmd, [*flags, "-fno-lto"], big) == []  # the user's flags decide
+    monkeypatch.setenv("TILEWORK_COMPILE_JOBS", "1")
+    assert toolchain._parallel_lto(cmd, flags, big) == []
+    monkeypatch.setenv("TILEWORK_COMPILE_JOBS", "2")
+    monkeypatch.setattr(toolchain, "_is_gcc", lambda cmd: False)  # clang's -flto means another thing
+    assert toolchain._parallel_lto(cmd, flags, big) == []
+
+
+def test_a_failing_parallel_build_falls_back_to_the_plain_one(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[list[str]] = []
+    real = toolchain._run_compiler
+
+    def logged(argv: list[str], *rest: object) -> None:
+        calls.append(argv)
+        real(argv, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(toolchain, "_parallel_lto", lambda cmd, flags, source: ["-fno-such-option-for-lto"])
+    monkeypatch.setattr(toolchain, "_run_compiler", logged)
+    lib = build_library({"axpy": _axpy(5.0)})
+    assert [("-fno-such-option-for-lto" in a) for a in calls] == [True, False]
+    x, y, out = np.arange(5, dtype=np.float32), np.ones(5, np.float32), np.zeros(5, np.float32)
+    lib["axpy"].run([x, y, out])
+    np.testing.assert_allclose(out, x * 5 + 1)
+
+
+def test_gcc_is_told_from_clang() -> None:
+    import shutil
+
+    gcc, clang = shutil.which("gcc"), shutil.which("clang")
+    if gcc is None and clang is None:
+        pytest.skip("neither gcc nor clang on PATH")
+    if gcc is not None:
+        assert toolchain._is_gcc((gcc,))
+    if clang is not None:
+        assert not toolchain._is_gcc((clang,))
+    assert not toolchain._is_gcc(("/nonexistent/cc",))
