@@ -12,7 +12,6 @@ machines without a compiler, and files the user trusts).
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -21,13 +20,12 @@ import numpy as np
 from tilework.errors import BuildError, RuntimeCheckError, TileworkError
 from tilework.ir.kernel_abi import call_checker
 from tilework.ir.loop import TensorFunc
-from tilework.ir.module import IRModule
 from tilework.runtime import bytecode
 from tilework.runtime.archive import Archive, ArchiveWriter, FormatError
 from tilework.runtime.bytecode import VMFunction
 from tilework.runtime.extern import lookup_extern
-from tilework.runtime.kernels import KernelInfo, KernelModule, kernel_loader
-from tilework.text import parse, print_module
+from tilework.runtime.kernels import KernelInfo, KernelModule, kernel_loader, loop_ir_digest, loop_ir_text
+from tilework.text import parse
 
 KIND = "tilework.executable"
 
@@ -65,7 +63,7 @@ class Executable:
     def loop_ir(self) -> str:
         """The kernels as text IR (what the file stores)."""
         if self._loop_ir is None:
-            self._loop_ir = print_module(IRModule(dict(self.kernel_funcs))) if self.kernel_funcs else ""
+            self._loop_ir = loop_ir_text(self.kernel_funcs)
         return self._loop_ir
 
     def kernel_callables(self, private: bool = False) -> dict[str, Callable[..., Any]]:
@@ -119,7 +117,7 @@ class Executable:
         consts = [w.add_array(f"constant/{i}", c) for i, c in enumerate(self.constants)]
         text = self.loop_ir()
         loop_ir = w.add_text("kernels.tir", text) if text else None
-        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        digest = loop_ir_digest(text)
         modules = []
         for m in self.modules:
             _remember(m, digest)
@@ -198,7 +196,7 @@ def _load_kernels(ar: Archive, kernels: Any, trust_native: bool) -> tuple[str, d
     if not isinstance(kernels, dict) or not isinstance(kernels.get("modules"), list):
         raise FormatError(f"{ar.path!r}: malformed kernel table")
     text = ar.text(kernels["loop_ir"]) if kernels.get("loop_ir") is not None else ""
-    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    digest = loop_ir_digest(text)
     parsed: list[dict[str, TensorFunc]] = []
 
     def funcs() -> dict[str, TensorFunc]:

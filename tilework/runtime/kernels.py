@@ -17,6 +17,7 @@ stored native bytes (``from_native``).
 from __future__ import annotations
 
 import abc
+import hashlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -24,6 +25,8 @@ import numpy as np
 
 from tilework.errors import TileworkError
 from tilework.ir.loop import TensorFunc, kernel_syms
+from tilework.ir.module import IRModule
+from tilework.text import print_module
 
 KernelCall = Callable[[Sequence[np.ndarray], Sequence[int]], None]
 
@@ -156,4 +159,15 @@ def kernel_targets() -> list[str]:
     return sorted(_LOADERS)
 
 
-__all__ = ["KernelCall", "KernelInfo", "KernelModule", "KernelLoader", "register_kernel_loader", "kernel_loader", "kernel_targets"]
+def loop_ir_text(funcs: Mapping[str, TensorFunc]) -> str:
+    """``funcs`` as the text loop IR an executable file stores (empty for none)."""
+    return print_module(IRModule(dict(funcs))) if funcs else ""
+
+
+def loop_ir_digest(text: str) -> str:
+    """The SHA-256 of a loop IR text: what a target's records of modules built from it are
+    keyed by (``KernelLoader.cached`` / ``remember``)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+__all__ = ["loop_ir_digest", "loop_ir_text", "KernelCall", "KernelInfo", "KernelModule", "KernelLoader", "register_kernel_loader", "kernel_loader", "kernel_targets"]

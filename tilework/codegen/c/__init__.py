@@ -8,7 +8,6 @@ content, ``module`` loads it and calls its kernels through ctypes (``CKernelModu
 
 from __future__ import annotations
 
-import hashlib
 from typing import Mapping
 
 from tilework.codegen.c import toolchain
@@ -17,14 +16,7 @@ from tilework.codegen.c.module import CKernelModule, Kernel, build_library
 from tilework.codegen.target import Target, register_target
 from tilework.errors import BuildError
 from tilework.ir.loop import TensorFunc
-from tilework.ir.module import IRModule
-from tilework.runtime.kernels import KernelInfo, KernelModule
-from tilework.text import print_module
-
-
-def loop_ir_digest(funcs: Mapping[str, TensorFunc]) -> str:
-    """SHA-256 of ``funcs``' loop IR text, as an executable file holds it (``Executable.loop_ir``)."""
-    return hashlib.sha256(print_module(IRModule(dict(funcs))).encode("utf-8")).hexdigest()
+from tilework.runtime.kernels import KernelInfo, KernelModule, loop_ir_digest, loop_ir_text
 
 
 class CpuTarget(Target):
@@ -47,7 +39,7 @@ class CpuTarget(Target):
         source in the cache, or compiles it)."""
         if not funcs:
             return build_library(funcs)
-        digest = loop_ir_digest(funcs)
+        digest = loop_ir_digest(loop_ir_text(funcs))
         symbols = c_symbols(list(funcs))
         found = self._cached(digest, [KernelInfo.of(n, symbols[n], f) for n, f in funcs.items()], funcs)
         if found is not None:
