@@ -270,11 +270,34 @@ def _make(terms: tuple[tuple[Mono, int], ...], const: int) -> Dim:
 
 
 def _from_poly(p: PolyDict) -> Dim:
-    """The canonical Dim for a polynomial (drops zero coefficients)."""
+    """The canonical Dim for a polynomial (drops zero coefficients; ``k * (x // k) + x % k``
+    becomes ``x``)."""
     terms = [(m, c) for m, c in p.items() if m and c != 0]
+    if len(terms) > 1 and any(len(m) == 1 and isinstance(m[0], FloorMod) for m, _ in terms):
+        joined = _join_divmod(p)
+        if joined is not None:
+            return _from_poly(joined)
     if len(terms) > 1:
         terms.sort(key=_term_order)
     return _make(tuple(terms), p.get((), 0))
+
+
+def _join_divmod(p: PolyDict) -> PolyDict | None:
+    """``p`` with one pair ``c * k * (x // k) + c * (x % k)`` (``k`` a literal) replaced by
+    ``c * x`` (floor division: ``x == k * (x // k) + x % k`` for every ``x``); None if none."""
+    for m, c in p.items():
+        if len(m) != 1 or not isinstance(m[0], FloorMod) or not isinstance(m[0].b, int) or c == 0:
+            continue
+        x, k = m[0].a, m[0].b
+        div = _made("//", x, k)
+        if div is None or p.get((div,), 0) != c * k:
+            continue
+        out = dict(p)
+        del out[m], out[(div,)]
+        for mx, cx in _poly(x).items():
+            out[mx] = out.get(mx, 0) + c * cx
+        return out
+    return None
 
 
 def _terms(x: SymExpr) -> tuple[tuple[tuple[Mono, int], ...], int]:

@@ -323,7 +323,7 @@ class _Decode(_Kernel):
         tile = "unrolled" if isinstance(G, int) and G <= MAX_TILE_HEADS else "serial"
         sc = Buffer("pa_sc", (NH, CH * P), F32)  # the chunk's scores, then its probabilities
         C = self.partials()
-        s = Buffer("pa_s", (C, G, P), F32)  # one page's partial scores of a kv head's group: a register tile
+        s = Buffer("pa_s", (G, sym.mul(C, P)), F32)  # one page's partial scores of a kv head's group: a register tile
         lane = Buffer("pa_lane", (P,), F32)  # lane-wise maxima, then sums
         mx = Buffer("pa_mx", (1,), F32)
         m = Buffer("pa_m", (NH,), F32)
@@ -385,28 +385,37 @@ class _Decode(_Kernel):
                         step = sym.add(sym.mul(kh, sym.floordiv(HD, C)), dd)
                         hinted = [self.hint(ahead, sym.min_(sym.add(sym.mul(step, per_step), r), (lines or 1) - 1), "pa_hint") for r in range(per_step)]
 
-                        def part(c: int) -> Stmt:
-                            d = sym.add(sym.mul(dd, C), c)
+                        d0 = sym.mul(dd, C)
 
-                            def one(g: SymVar) -> Stmt:
-                                q = _ld(self.qr, b, sym.add(sym.mul(kh, G), g), d)
-                                return self.loop("s_j", P, lambda j: block("pa_score", Store(s, (c, g, j), binary("+", _ld(s, c, g, j), binary("*", q, _f32(_ld(self.kc, self.layer, page, kh, d, j)))))), "vectorized")
+                        def one(g: SymVar) -> Stmt:
+                            h = sym.add(sym.mul(kh, G), g)
+                            qs = Buffer("pa_qs", (C,), F32)  # the C dims' queries: a select in the loop reads them safely
 
-                            return self.loop("s_g", G, one, tile)
+                            def lane(j: SymVar) -> Stmt:
+                                # lane j of the C * P: dim d0 + j // P, key j % P (a page's keys
+                                # are contiguous per dim: one loop over C dims' keys)
+                                q: Scalar = _ld(qs, C - 1)
+                                for c in range(C - 2, -1, -1):
+                                    q = Select(binary("<", j, (c + 1) * P), _ld(qs, c), q, F32)
+                                key = _ld(self.kc, self.layer, page, kh, sym.add(d0, sym.floordiv(j, P)), sym.floormod(j, P))
+                                return block("pa_score", Store(s, (g, j), binary("+", _ld(s, g, j), binary("*", q, _f32(key)))))
 
-                        return seq([*hinted, *(part(c) for c in range(C))])
+                            put_q = [Store(qs, (c,), _ld(self.qr, b, h, sym.add(d0, c))) for c in range(C)]
+                            return Allocate(qs, seq([*put_q, self.loop("s_j", sym.mul(C, P), lane, "vectorized")]))
+
+                        return seq([*hinted, self.loop("s_g", G, one, tile)])
 
                     def put(g: SymVar) -> Stmt:
                         def one(j: SymVar) -> Stmt:
                             seen_j = binary("<", sym.add(first, j), total)
-                            score: Scalar = _ld(s, 0, g, j)
+                            score: Scalar = _ld(s, g, j)
                             for c in range(1, C):
-                                score = binary("+", score, _ld(s, c, g, j))
+                                score = binary("+", score, _ld(s, g, sym.add(j, c * P)))
                             return block("pa_mask", Store(sc, (sym.add(sym.mul(kh, G), g), sym.add(sym.mul(pc, P), j)), Select(seen_j, score, _c(-math.inf), F32)))
 
                         return self.loop("put_j", P, one, "vectorized")
 
-                    zero = self.loop("s0_g", sym.mul(C, G), lambda cg: self.loop("s0_j", P, lambda j: block("pa_s0", Store(s, (sym.floordiv(cg, G), sym.floormod(cg, G), j), _c(0.0))), "vectorized"), tile)
+                    zero = self.loop("s0_g", G, lambda g: self.loop("s0_j", sym.mul(C, P), lambda j: block("pa_s0", Store(s, (g, j), _c(0.0))), "vectorized"), tile)
                     return seq([zero, self.loop("s_dd", sym.floordiv(HD, C), dims), self.loop("put_g", G, put, tile)])
 
                 def unseen(h: SymVar) -> Stmt:

@@ -514,10 +514,18 @@ class _Emitter(LoopEmitter):
                 if _divmods(flat) <= set().union(*(_divmods(v) for v in self.bindings.values())):
                     off = flat
             return self.dim(off)
+        # an index computed from a load: the indices up to the last such one as text, the
+        # symbolic ones after it as one offset (whose divisions may cancel, as above)
+        last = max(k for k, i in enumerate(indices) if not isinstance(i, (int, SymExpr)))
         text = self.index(indices[0])
-        for i, ext in zip(indices[1:], b.shape[1:]):
+        for i, ext in zip(indices[1 : last + 1], b.shape[1 : last + 1]):
             text = f"({text} * {self.dim(ext)} + {self.index(i)})"
-        return text
+        if last + 1 == len(indices):
+            return text
+        tail: Dim = 0
+        for d, ext in zip(index_dims(indices[last + 1 :]) or (), b.shape[last + 1 :]):
+            tail = sym.add(sym.mul(tail, ext), d)
+        return f"({text} * {self.dim(sym.product(b.shape[last + 1 :]))} + {self.dim(tail)})"
 
     def index(self, i: Scalar) -> str:
         if isinstance(i, (int, SymExpr)):
