@@ -485,6 +485,23 @@ def test_a_residual_add_runs_in_the_extern(rng: np.random.Generator) -> None:
         lookup_extern(Q.extern_symbol("q4_1", add=True))(np.ones((2, k), np.float32), b, y, (2, n, k), y)
 
 
+@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q8_0", "q4_1x16", "q8_0x16"])
+def test_residual_added_by_the_parallel_gemv_gives_the_same_bits(rng: np.random.Generator, fmt: str) -> None:
+    """The GEMV (M <= 8) adds the residual inside its parallel region, tile by tile; the GEMM
+    after it: either way the bits of the product plus a separate add, on weights large enough to
+    be shared by the threads."""
+    base = fmt.removesuffix("x16")
+    n, k = 256, 576
+    b, _ = blocks(rng, base, n, k)
+    w = interleave_rows(b, base) if fmt != base else b
+    add = lookup_extern(Q.extern_symbol(fmt, add=True))
+    for m in (0, 1, 3, 8, 9):
+        x, r = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((m, n)).astype(np.float32)
+        y = np.empty((m, n), np.float32)
+        add(x, w, r, (m, n, k), y)
+        np.testing.assert_array_equal(y, Q.qlinear(x, b, base) + r)
+
+
 def test_k_quants_run_only_on_the_backend(rng: np.random.Generator) -> None:
     b, wf = blocks(rng, "q6_k", 8, 256)
     mod = module([("x", (SymVar("n", 1), 256), "float32"), ("w", b.shape, "uint8")], lambda x, w: op.quant_linear(x, w, "q6_k", 256))

@@ -130,7 +130,18 @@ def fused_parallel() -> TensorFunc:
     return TensorFunc((A, B), For(f, n * m, blk, "parallel"), 1)
 
 
+def gathered_rows() -> TensorFunc:
+    """out[i, j] = src[idx[i], j // 4, j % 4]: a row picked by a loaded index, read along its
+    last two axes by one vectorized loop."""
+    n, r = tw.dim("n"), tw.dim("r")
+    src, idx, out = Buffer("src", (r, 2, 4), "float32"), Buffer("idx", (n,), "int32"), Buffer("out", (n, 8), "float32")
+    i, j = SymVar("i", 0), SymVar("j", 0)
+    value = Load(src, (convert(Load(idx, (i,)), "int64"), sym.floordiv(j, 4), sym.floormod(j, 4)))
+    return TensorFunc((src, idx, out), For(i, n, For(j, 8, Store(out, (i, j), value), "vectorized")), 1)
+
+
 FUNCS = {
+    "gathered": gathered_rows(),
     "fused": fused_parallel(),
     "elementwise": scheduled_elementwise(),
     "heap": heap_scratch(),
@@ -220,6 +231,17 @@ def test_init_placement_in_c() -> None:
     assert "/* init of block C */" in hoisted and "== 0) {" not in hoisted
     assert "/* init of block C */" not in guarded
     assert "if (vk == 0) {" in guarded
+
+
+def test_offset_after_a_loaded_index_is_one_linear_term(lib: CKernelModule) -> None:
+    """The symbolic indices after a loaded one are one offset, where ``4 * (j // 4) + j % 4``
+    is ``j`` (a contiguous vector load, not a gather)."""
+    src = np.random.default_rng(0).standard_normal((5, 2, 4)).astype(np.float32)
+    idx = np.array([4, 0, 2, 2, 1, 3, 0], np.int32)
+    for got in _both(lib, "gathered", [src, idx], [np.zeros((7, 8), np.float32)]):
+        np.testing.assert_array_equal(got[0], src[idx].reshape(7, 8))
+    text = emit_function(FUNCS["gathered"], "tw_x")
+    assert "src[((int64_t)((int64_t)(idx[i])) * 8 + j)]" in text
 
 
 def test_parallel_reduction_loop_is_emitted_serial() -> None:

@@ -506,6 +506,19 @@ def test_floordiv_mod_split_by_divisor() -> None:
     assert (6 * n * m + 1) // (2 * m) is 3 * n
 
 
+def test_quotient_and_remainder_join() -> None:
+    """``k * (x // k) + x % k`` is ``x`` for floor division, whatever the sign of x or k, and
+    with a common factor; an unmatched pair stays as it is."""
+    assert 16 * (k // 16) + k % 16 is k
+    assert 3 * (k % 16) + 48 * (k // 16) + 5 is 3 * k + 5
+    assert 32 * d + 16 * ((n + 1) // 16) + (n + 1) % 16 is 32 * d + n + 1
+    assert -4 * (k // -4) + k % -4 is k
+    assert str(16 * (k // 16) + k % 8) == str(k % 8 + 16 * (k // 16))
+    for v in range(0, 80):
+        assert sym_walk.evaluate(3 * (k % 16) + 48 * (k // 16) + 5 + k % 5, {k: v}) == 3 * (v % 16) + 48 * (v // 16) + 5 + v % 5
+        assert sym_walk.evaluate(-4 * (k // -4) + k % -4 + 2 * (k // 3), {k: v}) == -4 * (v // -4) + v % -4 + 2 * (v // 3)
+
+
 def test_floordiv_by_constants() -> None:
     assert k // 1 is k
     assert k % 1 == 0

@@ -234,6 +234,12 @@ static void twq_free(float* p) {
     if (p != NULL) free(((void**)p)[-1]);
 }
 
+/* y += r (r NULL: nothing), each output the float32 sum a separate add would make. */
+static void twq_add(const float* r, float* y, int64_t n) {
+    if (r != NULL)
+        for (int64_t i = 0; i < n; ++i) y[i] = y[i] + r[i];
+}
+
 static int twq_threads(void) {
 #ifdef _OPENMP
     return omp_get_max_threads();
@@ -1104,15 +1110,26 @@ static const twq_i8_gemv_fn twq_i8_gemv_table[2][3][8] = {
     {TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q4_0), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q4_1), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q8_0)},
     {TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q4_0), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q4_1), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q8_0)}};
 
-static void twq_i8_gemv(int fmt, int x16, const twq_xq* xq, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t rb) {
+/* x's rows quantized (shared by the threads: at M = 8 the quantization of a serial prologue was
+ * 3-6% of a decode step, the other thread waiting), then tiles of 16 W rows over the threads,
+ * each adding the residual r (or NULL) into its outputs as it finishes them: one parallel region. */
+static void twq_i8_gemv(int fmt, int x16, const float* x, const twq_xq* xq, const uint8_t* w, const float* r, float* y, int64_t M, int64_t N, int64_t rb) {
     const int64_t tiles = (N + 15) / 16;
     const int par = N * rb >= TWQ_PAR_MIN_BYTES;
     const twq_i8_gemv_fn fn = twq_i8_gemv_table[x16][fmt][M - 1];
     (void)par; /* used by OpenMP only */
-#pragma omp parallel for schedule(static) if (par)
-    for (int64_t g = 0; g < tiles; ++g) {
-        const int64_t n0 = 16 * g, nr = N - n0 < 16 ? N - n0 : 16;
-        fn(xq, 0, w, rb, n0, nr, y, N);
+#pragma omp parallel if (par)
+    {
+#pragma omp for schedule(static)
+        for (int64_t m = 0; m < M; ++m) twq_quantize(fmt, x, xq, m, m + 1);
+#pragma omp for schedule(static)
+        for (int64_t g = 0; g < tiles; ++g) {
+            const int64_t n0 = 16 * g, nr = N - n0 < 16 ? N - n0 : 16;
+            fn(xq, 0, w, rb, n0, nr, y, N);
+            if (r != NULL)
+                for (int64_t m = 0; m < M; ++m)
+                    for (int64_t n = n0; n < n0 + nr; ++n) y[m * N + n] = y[m * N + n] + r[m * N + n];
+        }
     }
 }
 
@@ -1238,11 +1255,15 @@ static int twq_i8_gemm(int fmt, int x16, const float* x, const twq_xq* xq, const
     return failed ? TWQ_ENOMEM : 0;
 }
 
-static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t rb) {
-    if (M > TWQ_I8_GEMV_MAX_M) return twq_i8_gemm(fmt, x16, x, xq, w, y, M, N, rb);
-    twq_quantize(fmt, x, xq, 0, M);
-    twq_i8_gemv(fmt, x16, xq, w, y, M, N, rb);
-    return 0;
+/* y = x @ W.T (+ r, where not NULL). */
+static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const uint8_t* w, const float* res, float* y, int64_t M, int64_t N, int64_t rb) {
+    if (M <= TWQ_I8_GEMV_MAX_M) {
+        twq_i8_gemv(fmt, x16, x, xq, w, res, y, M, N, rb);
+        return 0;
+    }
+    const int rc = twq_i8_gemm(fmt, x16, x, xq, w, y, M, N, rb);
+    if (rc == 0) twq_add(res, y, M * N);
+    return rc;
 }
 
 #else /* ==== portable ========================================================================= */
@@ -1602,7 +1623,7 @@ static void twq_q4_tile(int fmt, int x16, const twq_xq* xq, const uint8_t* w, in
  * each block is decoded once for up to 64 rows of x. With AVX2 a block's dot product with a row
  * is vpmaddubsw + vpmaddwd and a sum across (the pair sums fit int16: 15 * 127 * 2 for the
  * nibbles, 128 * 127 * 2 for q8_0's |w|), the same int32 as the loop's. */
-static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t rb) {
+static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const uint8_t* w, const float* res, float* y, int64_t M, int64_t N, int64_t rb) {
     const int64_t nb = xq->nb;
     const int par = N * rb >= TWQ_PAR_MIN_BYTES || M > 1;
     (void)par; /* used by OpenMP only */
@@ -1694,6 +1715,7 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
 #ifdef TWQ_AVX2_Q8
     twq_free((float*)xb);
 #endif
+    twq_add(res, y, M * N);
     return 0;
 }
 
@@ -1703,27 +1725,8 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
 
 /* ==== entry points ========================================================================== */
 
-static int twq_run(int fmt, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) {
-    if (fmt < 0 || fmt >= TWQ_NCODES) return TWQ_EFMT;
-    const int x16 = fmt >= TWQ_NFMT;
-    if (x16) fmt -= TWQ_NFMT;
-    if (M < 0 || N < 0 || K < 0 || K % twq_block[fmt] != 0 || (x16 && N % 16 != 0)) return TWQ_ESHAPE;
-    if (M == 0 || N == 0) return 0;
-    if (K == 0) {
-        if (y == NULL) return TWQ_ENULL;
-        memset(y, 0, (size_t)(M * N) * sizeof(float));
-        return 0;
-    }
-    if (x == NULL || w == NULL || y == NULL) return TWQ_ENULL;
-    const int64_t rb = K / twq_block[fmt] * twq_nbytes[fmt];
-    if (twq_is_i8(fmt)) {
-        twq_xq xq;
-        float* scratch = twq_xq_alloc(&xq, M, K);
-        if (scratch == NULL) return TWQ_ENOMEM;
-        int rc = twq_i8_run(fmt, x16, x, &xq, w, y, M, N, rb);
-        twq_free(scratch);
-        return rc;
-    }
+/* The float paths (not the integer one): y = x @ W.T. */
+static int twq_float_run(int fmt, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t rb) {
 #ifdef TWQ_A2F
     return twq_a2_run(fmt, x, w, y, M, N, K, rb);
 #endif
@@ -1740,26 +1743,51 @@ static int twq_run(int fmt, const float* x, const uint8_t* w, float* y, int64_t 
     return twq_gemm(fmt, x, w, y, M, N, K, rb);
 }
 
-int32_t tw_qlinear_q4_0(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q4_0, x, w, y, M, N, K); }
-int32_t tw_qlinear_q4_1(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q4_1, x, w, y, M, N, K); }
-int32_t tw_qlinear_q8_0(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q8_0, x, w, y, M, N, K); }
-int32_t tw_qlinear_bf16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_BF16, x, w, y, M, N, K); }
-int32_t tw_qlinear_f16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_F16, x, w, y, M, N, K); }
-int32_t tw_qlinear_q4_k(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q4_K, x, w, y, M, N, K); }
-int32_t tw_qlinear_q6_k(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q6_K, x, w, y, M, N, K); }
-int32_t tw_qlinear_q4_0x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q4_0X16, x, w, y, M, N, K); }
-int32_t tw_qlinear_q4_1x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q4_1X16, x, w, y, M, N, K); }
-int32_t tw_qlinear_q8_0x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q8_0X16, x, w, y, M, N, K); }
+/* y = x @ W.T (+ r, r [M, N] or NULL). */
+static int twq_run(int fmt, const float* x, const uint8_t* w, const float* r, float* y, int64_t M, int64_t N, int64_t K) {
+    if (fmt < 0 || fmt >= TWQ_NCODES) return TWQ_EFMT;
+    const int x16 = fmt >= TWQ_NFMT;
+    if (x16) fmt -= TWQ_NFMT;
+    if (M < 0 || N < 0 || K < 0 || K % twq_block[fmt] != 0 || (x16 && N % 16 != 0)) return TWQ_ESHAPE;
+    if (M == 0 || N == 0) return 0;
+    if (K == 0) {
+        if (y == NULL) return TWQ_ENULL;
+        memset(y, 0, (size_t)(M * N) * sizeof(float));
+        twq_add(r, y, M * N);
+        return 0;
+    }
+    if (x == NULL || w == NULL || y == NULL) return TWQ_ENULL;
+    const int64_t rb = K / twq_block[fmt] * twq_nbytes[fmt];
+    if (twq_is_i8(fmt)) {
+        twq_xq xq;
+        float* scratch = twq_xq_alloc(&xq, M, K);
+        if (scratch == NULL) return TWQ_ENOMEM;
+        int rc = twq_i8_run(fmt, x16, x, &xq, w, r, y, M, N, rb);
+        twq_free(scratch);
+        return rc;
+    }
+    const int rc = twq_float_run(fmt, x, w, y, M, N, K, rb);
+    if (rc == 0) twq_add(r, y, M * N);
+    return rc;
+}
+
+int32_t tw_qlinear_q4_0(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q4_0, x, w, NULL, y, M, N, K); }
+int32_t tw_qlinear_q4_1(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q4_1, x, w, NULL, y, M, N, K); }
+int32_t tw_qlinear_q8_0(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q8_0, x, w, NULL, y, M, N, K); }
+int32_t tw_qlinear_bf16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_BF16, x, w, NULL, y, M, N, K); }
+int32_t tw_qlinear_f16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_F16, x, w, NULL, y, M, N, K); }
+int32_t tw_qlinear_q4_k(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q4_K, x, w, NULL, y, M, N, K); }
+int32_t tw_qlinear_q6_k(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q6_K, x, w, NULL, y, M, N, K); }
+int32_t tw_qlinear_q4_0x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q4_0X16, x, w, NULL, y, M, N, K); }
+int32_t tw_qlinear_q4_1x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q4_1X16, x, w, NULL, y, M, N, K); }
+int32_t tw_qlinear_q8_0x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q8_0X16, x, w, NULL, y, M, N, K); }
 
 /* y = x @ W.T + r (r [M, N], not y): the product, then the residual added to each output (the
  * float32 sum a separate add would make, so the same bits). */
 static int twq_run_add(int fmt, const float* x, const uint8_t* w, const float* r, float* y, int64_t M, int64_t N, int64_t K) {
     if (r == NULL && M > 0 && N > 0) return TWQ_ENULL;
     if (r == y && M > 0 && N > 0) return TWQ_EALIAS;
-    const int rc = twq_run(fmt, x, w, y, M, N, K);
-    if (rc) return rc;
-    for (int64_t i = 0; i < M * N; ++i) y[i] = y[i] + r[i];
-    return 0;
+    return twq_run(fmt, x, w, r, y, M, N, K);
 }
 
 #define TWQ_ADD_ENTRY(NAME, CODE) \
@@ -1791,7 +1819,7 @@ int32_t tw_qlinear_packed(const int64_t* a) {
     const uint8_t* w = *(const uint8_t* const*)(wo + off);
     float* y = *(float* const*)(yo + off);
     if (ro != NULL) return twq_run_add((int)a[0], x, w, *(const float* const*)(ro + off), y, a[4], a[5], a[6]);
-    return twq_run((int)a[0], x, w, y, a[4], a[5], a[6]);
+    return twq_run((int)a[0], x, w, NULL, y, a[4], a[5], a[6]);
 }
 
 /* ==== helpers for the benchmark and the tests =============================================== */

@@ -290,7 +290,7 @@ def _join_divmod(p: PolyDict) -> PolyDict | None:
             continue
         x, k = m[0].a, m[0].b
         div = _made("//", x, k)
-        if div is None or p.get((div,), 0) != c * k:
+        if not isinstance(div, FloorDiv) or p.get((div,), 0) != c * k:
             continue
         out = dict(p)
         del out[m], out[(div,)]
