@@ -14,9 +14,11 @@
  * an output's bits do not depend on how many rows of x are in the call or on the build. It
  * differs from x @ dequantize(w).T by the rounding of x: at most sum over blocks b of
  * max|x_b| / 254 * sum(|w| over b) per output, plus float32 rounding (~1e-3 relative).
- * - GEMV (M <= TWQ_I8_GEMV_MAX_M, decoding): tiles of 16 W rows over the threads; each block of a
- *   tile is transposed in registers into 8 vectors of 16 rows x 4 weights and multiplied with
- *   every row of x by vpdpbusd (u8 weights x s8 activations; q8_0's weights biased by 128).
+ * - GEMV (M <= TWQ_I8_GEMV_MAX_M, decoding): one parallel region: the rows of x quantized
+ *   (shared by the threads), then tiles of 16 W rows over the threads; each block of a tile is
+ *   transposed in registers into 8 vectors of 16 rows x 4 weights and multiplied with every row
+ *   of x by vpdpbusd (u8 weights x s8 activations; q8_0's weights biased by 128); a residual
+ *   (tw_qlinear_add_*) is added to each tile's outputs as the tile finishes them.
  * - GEMM (prefill): panels of 32 W rows are decoded that way once into a per-thread scratch
  *   (1280 bytes a block), and a 4 x 32 register-blocked kernel runs the rows of x over them.
  * Without AVX-512 VNNI (or with TW_QUANT_NO_VNNI) vpmaddubsw + vpmaddwd do the products
