@@ -365,3 +365,19 @@ def test_decode_hints_the_next_tasks_pages_during_the_value_pass(monkeypatch: py
     for t in tasks[1:]:
         missed = read[t] - hinted.get(t - 1, set())
         assert not missed, f"task {t} read {len(missed)} lines its predecessor did not hint, e.g. {sorted(missed)[:3]}"
+
+
+def test_decode_scores_two_dims_of_a_page_in_one_vector_loop() -> None:
+    """SmolLM2's shapes (head dim 64, pages of 16, a bf16 pool): a page's keys of two dims are
+    one loop of 32 lanes over contiguous keys (a 16-lane loop of 16-bit loads left gcc with
+    half-width vectors), the key's offset in its page one linear term."""
+    from tilework.codegen.c import emit_function
+    from tilework.op.paged_attention_kernel import paged_attention_kernel
+
+    b, pages, width = tw.dim("b", max=8), tw.dim("pages"), tw.dim("width", max=256)
+    shapes = [((b, 1, 15, 64), "float32"), ((30, pages, 3, 64, 16), "bfloat16"), ((30, pages, 16, 3, 64), "bfloat16"), ((b,), "int32"), ((b, width), "int32")]
+    func, _ = paged_attention_kernel(shapes, ((b, 1, 9, 64), "float32"), 3, None, 10000.0)
+    text = emit_function(func, "tw_x")
+    loop = text[text.index("for (int64_t s_j = 0;"):]
+    assert loop.startswith("for (int64_t s_j = 0; s_j < 32; ++s_j)")
+    assert "* 3072 + (32 * s_dd + s_j + 1024 * s_kh))]" in loop[: loop.index("}")]  # the page's block, then the key
