@@ -25,10 +25,12 @@ that no system is timed while another's thread pool still spins), so cells compa
 apart at most.
 
 Memory-read bandwidth is measured in the same run by a small C/OpenMP kernel (2 threads,
-summing a 1 GiB float32 array; NumPy's single-threaded ``sum`` if no C compiler works); each
-tilework decode figure is shown as the fraction of it achieved: weight bytes per decode step
-(every weight matrix is read once per step; the tied embedding is the LM head) / time per step,
-and with the KV cache read added (every cached position of every sequence, in the cache's dtype).
+summing a 1 GiB float32 array; NumPy's single-threaded ``sum`` if no C compiler works): at the
+start and the end, and before every timed run of a tilework system (the machine's bandwidth
+moves by tens of percent within minutes). Each tilework decode figure is shown as the fraction
+achieved of the bandwidth measured just before its run: weight bytes per decode step (every
+weight matrix is read once per step; the tied embedding is the LM head) / time per step, and
+with the KV cache read added (every cached position of every sequence, in the cache's dtype).
 
     python bench/bench_llm.py [--steps 64] [--repeat 3] [--precisions fp32,bf16,q]
                               [--shapes 1x32,8x512] [--kv-dtypes float32] [--no-torch-compile]
@@ -49,7 +51,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 os.environ["OMP_NUM_THREADS"] = "2"  # before NumPy, torch or llama.cpp start a thread pool
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -57,7 +59,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from report import SETTLE_S, cpu_features, cpu_model, emit, read_bandwidth, table  # noqa: E402
+from report import SETTLE_S, BandwidthMeter, cpu_features, cpu_model, emit, table  # noqa: E402
 
 THREADS = 2
 SHAPES = [(1, 32), (1, 512), (8, 32), (8, 512)]  # (batch, prompt tokens)
@@ -266,6 +268,7 @@ class Result:
     decode_tps: float
     step_s: float  # seconds per decode step
     tokens: list[list[int]] = field(default_factory=list)  # greedy tokens of row 0
+    bandwidth: float | None = None  # memory-read GB/s measured just before the run (metered systems)
 
 
 def run_once(r: Runner, prompts: np.ndarray, steps: int) -> Result:
@@ -283,14 +286,19 @@ def run_once(r: Runner, prompts: np.ndarray, steps: int) -> Result:
     return Result(1e3 * (t1 - t0), b * steps / (t2 - t1), (t2 - t1) / steps, np.stack(seq, 1).tolist())
 
 
-def measure(runners: dict[str, Runner], prompts: dict[tuple[int, int], np.ndarray], steps: int, repeat: int) -> tuple[dict[tuple[int, int], dict[str, Result]], dict[str, list[str]]]:
+def measure(
+    runners: dict[str, Runner], prompts: dict[tuple[int, int], np.ndarray], steps: int, repeat: int, meter: Callable[[], float], metered: set[str]
+) -> tuple[dict[tuple[int, int], dict[str, Result]], dict[str, list[str]]]:
     """Per shape and system, the best prefill and best decode of ``repeat`` runs, after one
     warm-up run of each (their seconds come back, per system). The runs go in rounds, each
     round every shape and every system once, so that the machine's state (its memory bandwidth
     moves by tens of percent over minutes here) falls on every cell alike: the ratios between
     systems, and between batch 8 and batch 1, compare runs minutes apart at most. Each timed
     run starts ``SETTLE_S`` after the one before, as ``report.median_ms_in_rounds`` does: no
-    system is timed while the previous one's thread pool still spins on the two cores."""
+    system is timed while the previous one's thread pool still spins on the two cores. Before
+    each timed run of a ``metered`` system (then the settling pause) ``meter`` measures the read
+    bandwidth, which the run's result carries: the best decode keeps the bandwidth of its own
+    run."""
     warmups: dict[str, list[str]] = {}
     runs: dict[tuple[int, int], dict[str, list[Result]]] = {shape: {name: [] for name in runners} for shape in prompts}
     for shape, p in prompts.items():
@@ -301,14 +309,17 @@ def measure(runners: dict[str, Runner], prompts: dict[tuple[int, int], np.ndarra
     for _ in range(repeat):
         for shape, p in prompts.items():
             for name, r in runners.items():
+                bw = meter() if name in metered else None
                 time.sleep(SETTLE_S)
-                runs[shape][name].append(run_once(r, p, steps))
+                res = run_once(r, p, steps)
+                res.bandwidth = bw
+                runs[shape][name].append(res)
     out: dict[tuple[int, int], dict[str, Result]] = {}
     for shape, by_name in runs.items():
         out[shape] = {}
         for name, rs in by_name.items():
             best = min(rs, key=lambda x: x.step_s)
-            out[shape][name] = Result(min(x.prefill_ms for x in rs), best.decode_tps, best.step_s, best.tokens)
+            out[shape][name] = Result(min(x.prefill_ms for x in rs), best.decode_tps, best.step_s, best.tokens, best.bandwidth)
     return out, warmups
 
 
@@ -423,7 +434,7 @@ def print_markdown(table: dict[tuple[int, int], dict[str, Result]], steps: int, 
         f"SmolLM2-135M-Instruct, random prompt tokens, greedy, {steps} decode steps, best of {repeat} runs after a warm-up (in rounds: every shape and system once a round, each run {SETTLE_S} s after the one before); "
         f"2 threads for every system; cells: prefill ms / decode tokens/s (batch x steps / decode time). Memory-read bandwidth {bandwidth}.\n\n"
         + _table(["(batch, prompt)"] + names, rows)
-        + "\n\ntilework decode as a fraction of the read bandwidth (weight bytes per step / step time; then with the KV-cache reads added):\n\n"
+        + "\n\ntilework decode as a fraction of the read bandwidth measured just before its run (weight bytes per step / step time; then with the KV-cache reads added; the GB/s achieved and the GB/s measured):\n\n"
         + _table(["(batch, prompt)"] + [n for n in names if n.startswith("tilework")], frac),
     )
 
@@ -461,7 +472,8 @@ def main() -> None:
     print(f"date {datetime.date.today()}, CPU {cpu_model()} ({cpu_features()}), {os.cpu_count()} cores visible, {THREADS} threads per system")
     print(f"python {platform.python_version()}, torch {torch.__version__}, numpy {np.__version__}")
     print(f"model {path}")
-    bw, how = read_bandwidth()
+    meter = BandwidthMeter()
+    bw, how = meter(), meter.how
     print(f"memory-read bandwidth {bw:.1f} GB/s ({how})")
     bandwidth = f"{bw:.1f} GB/s"
 
@@ -519,15 +531,16 @@ def main() -> None:
     fractions: dict[tuple[int, int], dict[str, str]] = {}
     rng = np.random.default_rng(0)
     prompts = {(batch, prompt): rng.integers(100, 49000, (batch, prompt)).astype(np.int32) for batch, prompt in shapes}
-    measured, warmups = measure(runners, prompts, steps, repeat)
+    measured, warmups = measure(runners, prompts, steps, repeat, lambda: meter(repeat=3), set(weight_bytes))
     for batch, prompt in shapes:
         res = measured[(batch, prompt)]
         extra: dict[str, str] = {}
         for name in runners:
             if name in weight_bytes and cfg is not None:
+                near = res[name].bandwidth or bw
                 w = weight_bytes[name] / res[name].step_s / 1e9
                 kv = (weight_bytes[name] + kv_bytes(cfg, batch, prompt, steps, kv_itemsize[name])) / res[name].step_s / 1e9
-                extra[name] = f"{w / bw:5.0%} / {kv / bw:4.0%}  ({w:.1f} GB/s)"
+                extra[name] = f"{w / near:5.0%} / {kv / near:4.0%}  ({w:.1f} of {near:.1f} GB/s)"
         table[(batch, prompt)] = res
         fractions[(batch, prompt)] = {n: " ".join(e.split()) for n, e in extra.items()}
         print_shape(batch, prompt, res, extra)
@@ -538,8 +551,9 @@ def main() -> None:
     print("\nwarm-up run per shape, s (torch.compile: includes compiling): ")
     for name, times in warmups.items():
         print(f"  {name:<22} " + ", ".join(times))
-    bw_end, _ = read_bandwidth()
-    bandwidth = f"{bw:.1f} GB/s at the start, {bw_end:.1f} GB/s at the end ({how})"
+    bw_end = meter()
+    runs_bw = [x.bandwidth for res in measured.values() for x in res.values() if x.bandwidth is not None]
+    bandwidth = f"{bw:.1f} GB/s at the start, {bw_end:.1f} GB/s at the end ({how})" + (f"; {min(runs_bw):.1f}-{max(runs_bw):.1f} GB/s before the best tilework runs" if runs_bw else "")
     print(f"memory-read bandwidth at the end: {bw_end:.1f} GB/s")
     print_markdown(table, steps, repeat, bandwidth, fractions)
     print_aims(table, bandwidth)

@@ -131,36 +131,45 @@ float read_sum(const float *x, long n) {
 """
 
 
-def read_bandwidth(gib: float = 1.0, repeat: int = 5) -> tuple[float, str]:
-    """Memory-read GB/s: a C/OpenMP sum over ``gib`` GiB of float32 with ``OMP_NUM_THREADS``
-    threads (NumPy's single-threaded ``sum`` if no C compiler works); best of ``repeat`` after
-    a warm-up. Returns the figure and how it was measured."""
-    import time
+class BandwidthMeter:
+    """Memory-read GB/s, measured as often as a benchmark needs it: a C/OpenMP sum over ``gib``
+    GiB of float32 with ``OMP_NUM_THREADS`` threads (NumPy's single-threaded ``sum`` if no C
+    compiler works), compiled and allocated once; each call is the best of ``repeat`` sums
+    after a warm-up. ``how`` says how it measures."""
 
-    import numpy as np  # here, not at import: a script sets OMP_NUM_THREADS before NumPy starts
+    def __init__(self, gib: float = 1.0) -> None:
+        import numpy as np  # here, not at import: a script sets OMP_NUM_THREADS before NumPy starts
 
-    x = np.ones(int(gib * 2**30) // 4, np.float32)
-    threads = os.environ.get("OMP_NUM_THREADS", str(os.cpu_count()))
-    how = f"NumPy float32 sum over {gib:g} GiB, 1 thread"
-    fn: Any = x.sum
-    with tempfile.TemporaryDirectory() as d:
-        src, lib = os.path.join(d, "read.c"), os.path.join(d, "read.so")
-        Path(src).write_text(_READ_KERNEL)
-        cc = shutil.which(os.environ.get("CC", "cc"))
-        try:
-            if cc is None:
-                raise OSError("no C compiler")
-            subprocess.run([cc, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", src, "-o", lib], check=True, capture_output=True)
-            so = ctypes.CDLL(lib)
-            so.read_sum.restype, so.read_sum.argtypes = ctypes.c_float, [ctypes.c_void_p, ctypes.c_long]
-            fn = lambda: so.read_sum(x.ctypes.data, x.size)  # noqa: E731
-            how = f"C/OpenMP float32 sum over {gib:g} GiB, {threads} threads"
-        except (OSError, subprocess.CalledProcessError):
-            pass
-        fn()
+        self.x = np.ones(int(gib * 2**30) // 4, np.float32)
+        threads = os.environ.get("OMP_NUM_THREADS", str(os.cpu_count()))
+        self.how = f"NumPy float32 sum over {gib:g} GiB, 1 thread"
+        self.fn: Any = self.x.sum
+        with tempfile.TemporaryDirectory() as d:
+            src, lib = os.path.join(d, "read.c"), os.path.join(d, "read.so")
+            Path(src).write_text(_READ_KERNEL)
+            cc = shutil.which(os.environ.get("CC", "cc"))
+            try:
+                if cc is None:
+                    raise OSError("no C compiler")
+                subprocess.run([cc, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", src, "-o", lib], check=True, capture_output=True)
+                so = ctypes.CDLL(lib)  # stays mapped after its file goes
+                so.read_sum.restype, so.read_sum.argtypes = ctypes.c_float, [ctypes.c_void_p, ctypes.c_long]
+                self.fn = lambda: so.read_sum(self.x.ctypes.data, self.x.size)
+                self.how = f"C/OpenMP float32 sum over {gib:g} GiB, {threads} threads"
+            except (OSError, subprocess.CalledProcessError):
+                pass
+
+    def __call__(self, repeat: int = 5) -> float:
+        self.fn()
         best = float("inf")
         for _ in range(repeat):
             t = time.perf_counter()
-            fn()
+            self.fn()
             best = min(best, time.perf_counter() - t)
-    return x.nbytes / best / 1e9, how
+        return self.x.nbytes / best / 1e9
+
+
+def read_bandwidth(gib: float = 1.0, repeat: int = 5) -> tuple[float, str]:
+    """Memory-read GB/s measured once (``BandwidthMeter``) and how it was measured."""
+    meter = BandwidthMeter(gib)
+    return meter(repeat), meter.how
