@@ -1126,9 +1126,7 @@ static void twq_i8_gemv(int fmt, int x16, const float* x, const twq_xq* xq, cons
     for (int64_t g = 0; g < tiles; ++g) {
         const int64_t n0 = 16 * g, nr = N - n0 < 16 ? N - n0 : 16;
         fn(xq, 0, w, rb, n0, nr, y, N);
-        if (r != NULL)
-            for (int64_t m = 0; m < M; ++m)
-                for (int64_t n = n0; n < n0 + nr; ++n) y[m * N + n] = y[m * N + n] + r[m * N + n];
+        for (int64_t m = 0; r != NULL && m < M; ++m) twq_add(r + m * N + n0, y + m * N + n0, nr);
     }
 }
 
