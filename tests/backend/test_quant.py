@@ -332,6 +332,39 @@ def test_bf16_dot_product_gemv_and_gemm(rng: np.random.Generator) -> None:
         assert np.isnan(y[1]).all() and not np.isfinite(y[4]).any() and np.isfinite(np.delete(y, [1, 4], axis=0)).all()
 
 
+def test_bf16x16_rows(rng: np.random.Generator) -> None:
+    """``bf16x16`` (bf16 rows interleaved by pairs in groups of 16), in every build (AVX-512
+    BF16's kernels, the float32 one without them, the portable one): that build's bf16 product
+    to float32 rounding (x rounded to bf16 where it rounds it), each row's bits the same in any
+    batch the GEMV takes and, with AVX-512 BF16, the GEMM's bits and the plain rows' GEMM's (one
+    chain over the pairs per output); N with half a panel left (80), K of one pair, odd pairs,
+    past a panel (2050); odd K and ragged groups refused."""
+    for variant in ({}, {"bf16dot": False}, {"portable": True}):
+        lib = Q.library(**variant)
+        for n, k in ((16, 2), (48, 34), (80, 576), (32, 2050)):
+            b, wf = blocks(rng, "bf16", n, k)
+            bx = interleave_rows(b, "bf16")
+            x = rng.standard_normal((29, k)).astype(np.float32)
+            full, few = Q.qlinear(x, bx, "bf16x16", **variant), Q.qlinear(x[:8], bx, "bf16x16", **variant)
+            for m in (0, 1, 3, 8, 9, 13, 29):
+                y = Q.qlinear(x[:m], bx, "bf16x16", **variant)
+                assert y.shape == (m, n)
+                if m:
+                    assert_matches(y, x[:m], wf, "bf16", lib)
+                np.testing.assert_array_equal(y, (few if m <= 8 else full)[:m])
+                if lib.bf16dot and m > 8:
+                    np.testing.assert_array_equal(y, Q.qlinear(x[:m], b, "bf16"))
+            if lib.bf16dot and k <= 2048:
+                np.testing.assert_array_equal(few, full[:8])
+    b, _ = blocks(rng, "bf16", 16, 33)
+    with pytest.raises(ValueError, match="whole blocks"):
+        interleave_rows(b, "bf16")
+    with pytest.raises(RuntimeCheckError, match="multiple of the bf16x16 block"):
+        Q.qlinear(np.zeros((1, 33), np.float32), np.zeros((16, 66), np.uint8), "bf16x16")
+    with pytest.raises(RuntimeCheckError, match="groups of 16, got 24 rows"):
+        Q.qlinear(np.zeros((1, 32), np.float32), np.zeros((24, 64), np.uint8), "bf16x16")
+
+
 @needs_smollm2
 def test_smollm2_blocks(rng: np.random.Generator) -> None:
     reader = gguf.GGUFReader(SMOLLM2)

@@ -1,8 +1,9 @@
 """``quant_linear`` and ``quant_take`` legalized (the reference kernels that decode each weight
 where it is used) against NumPy on the dequantized blocks, at symbolic row counts including 1
 and odd sizes, on the C target and the interpreter; and their shape checks. Every format runs on
-both targets but the interleaved ones, which run on C and, through the interpreter, only
-``quant_linear``'s ``q8_0x16``: the others' interpreter runs are in the long tier only."""
+both targets but the interleaved block formats, which run on C and, through the interpreter,
+only ``quant_linear``'s ``q8_0x16``: the others' interpreter runs are in the long tier only
+(``bf16x16``, quick to interpret, runs on both)."""
 
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ def _take_vm(fmt: str, rows: int, target: str) -> tw.VM:
     return tw.VM(tw.build(bb.get(), target=target))
 
 
-@pytest.mark.parametrize(("fmt", "target"), _grid(["q8_0", "q4_1", "bf16", "q8_0x16", "q4_1x16"], INTERP_LONG))
+@pytest.mark.parametrize(("fmt", "target"), _grid(["q8_0", "q4_1", "bf16", "q8_0x16", "q4_1x16", "bf16x16"], INTERP_LONG))
 def test_quant_take(target: str, fmt: str) -> None:
     """Rows of a table (an interleaved one: rows of any lane of two groups) decode exactly."""
     rows = 2 * GROUP if fmt in INTERLEAVED_FORMATS else 11

@@ -6,7 +6,10 @@ The library is compiled on first use through the kernel toolchain
 the content-hashed cache, atomic writes), never at import. Formats: ``FORMATS`` (all of
 ``QUANT_FORMATS`` but ``f32``, and the interleaved layouts ``q4_0x16``, ``q4_1x16``, ``q8_0x16``
 of ``tilework.op.quant``: the same blocks, 16 rows side by side, which the GEMV reads straight
-into its vectors; the same results, bit for bit, as the plain rows).
+into its vectors; the same results, bit for bit, as the plain rows; and ``bf16x16``, bf16 rows
+16 side by side by pairs of weights: with AVX-512 BF16 a vector of a group's rows is one
+``vdpbf16ps`` operand, for the GEMV and, unpacked, the GEMM, whose bits are the plain rows';
+elsewhere a plain C loop over the 16 rows).
 
 q4_0, q4_1 and q8_0 take the integer path, as llama.cpp does: each row of ``x`` is quantized
 once per call to 8-bit blocks of 32 (``d = max|x| / 127``, ``q = rint(x / d)``) and each block's
@@ -63,7 +66,7 @@ from tilework.pattern.core import Pattern, is_op, wildcard
 from tilework.pattern.graph import PatternMatch
 from tilework.runtime.extern import register_extern, register_extern_check
 
-FORMATS = ("q4_0", "q4_1", "q8_0", "bf16", "f16", "q4_k", "q6_k", "q4_0x16", "q4_1x16", "q8_0x16")  # the C codes' order
+FORMATS = ("q4_0", "q4_1", "q8_0", "bf16", "f16", "q4_k", "q6_k", "q4_0x16", "q4_1x16", "q8_0x16", "bf16x16")  # the C codes' order
 INT8_FORMATS = ("q4_0", "q4_1", "q8_0", "q4_0x16", "q4_1x16", "q8_0x16")  # the integer path: x quantized to 8-bit blocks of 32
 SOURCE = "quant_kernels.c"
 _INCLUDE = re.compile(r'^#include "(quant_[a-z0-9_]+\.c)".*$', re.M)  # the parts of SOURCE that source() splices in

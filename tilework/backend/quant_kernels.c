@@ -50,6 +50,14 @@
  *   bf16 with TWQ_BF16DOT packs panels of 32 W rows x pairs of k (a 32 x 16 transpose of 32-bit
  *   words per 32 k: no decoding, each row's weights TWQ_BPF lines ahead prefetched: cold
  *   weights are read 1.4-1.7x faster) and runs a 12 x 32 kernel of vdpbf16ps over them.
+ * - bf16x16: bf16 rows interleaved in groups of 16 (N a multiple of 16, K even): for each group
+ *   and pair t of k, 64 bytes, weights 2t and 2t+1 of row 0, then of row 1, ... of row 15: the
+ *   16 lanes of a vector are the group's rows, so with TWQ_BF16DOT the GEMV takes one
+ *   vdpbf16ps per pair and row of x (x's pair broadcast) and stores whole vectors of outputs
+ *   (nothing decoded, no sum across lanes, one stream of weights), and the GEMM reads two
+ *   groups as its panel (nothing packed per call). Each output is one chain over the pairs in
+ *   order on both (the same bits up to TWQ_BKC k). Without TWQ_BF16DOT: twq_bf16x16_float,
+ *   plain C over the lanes (x in float32, each output summed pair by pair).
  * Both paths have AVX-512 kernels (F + BW, F16C; VNNI where present) and portable ones (any
  * C99 compiler; define TW_QUANT_PORTABLE to force them). Without AVX-512 but with AVX2, FMA and
  * F16C, the float path (bf16, f16, q4_k, q6_k) runs the kernels of quant_float_avx2.c (TWQ_A2F:
@@ -65,7 +73,7 @@
  * (twq_broadcast_x), read as vpmaddubsw's memory operand.
  *
  * Entry points: tw_qlinear_<fmt>(x, w, y, M, N, K) for q4_0 q4_1 q8_0 bf16 f16 q4_k q6_k
- * q4_0x16 q4_1x16 q8_0x16, and tw_qlinear_add_<fmt>(x, w, r, y, M, N, K): y = x @ W.T + r;
+ * q4_0x16 q4_1x16 q8_0x16 bf16x16, and tw_qlinear_add_<fmt>(x, w, r, y, M, N, K): y = x @ W.T + r;
  * 0 on success, TWQ_E* for a bad argument. tw_qlinear_packed is the trampoline the Python
  * extern calls with NumPy array object addresses; tw_quant_quantize_x exposes the quantization
  * of x to the tests.
@@ -92,8 +100,8 @@
 #endif
 
 enum { TWQ_Q4_0, TWQ_Q4_1, TWQ_Q8_0, TWQ_BF16, TWQ_F16, TWQ_Q4_K, TWQ_Q6_K, TWQ_NFMT };
-/* The interleaved layouts' codes (the entry points' fmt): TWQ_NFMT + q4_0, q4_1, q8_0. */
-enum { TWQ_Q4_0X16 = TWQ_NFMT, TWQ_Q4_1X16, TWQ_Q8_0X16, TWQ_NCODES };
+/* The interleaved layouts' codes (the entry points' fmt): TWQ_NFMT + q4_0, q4_1, q8_0, bf16. */
+enum { TWQ_Q4_0X16 = TWQ_NFMT, TWQ_Q4_1X16, TWQ_Q8_0X16, TWQ_BF16X16, TWQ_NCODES }; /* bf16x16 = TWQ_NFMT + TWQ_BF16 */
 static const int64_t twq_block[TWQ_NFMT] = {32, 32, 32, 1, 1, 256, 256};
 static const int64_t twq_nbytes[TWQ_NFMT] = {18, 20, 34, 2, 2, 144, 210};
 
@@ -248,6 +256,37 @@ static int twq_threads(void) {
 #else
     return 1;
 #endif
+}
+
+/* bf16x16 without AVX-512 BF16 (any build; the compiler vectorizes the 16 lanes, a group's
+ * rows): x in float32, the weights decoded exactly, each output summed pair by pair in order
+ * (acc + x[2t] w[2t] + x[2t+1] w[2t+1]); up to 4 rows of x per pass over a group. */
+TWQ_UNUSED static void twq_bf16x16_float(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) {
+    const int64_t gb = 32 * K; /* bytes per group of 16 rows */
+    const int par = N * 2 * K >= TWQ_PAR_MIN_BYTES;
+    (void)par; /* used by OpenMP only */
+#pragma omp parallel for schedule(static) if (par)
+    for (int64_t g = 0; g < N / 16; ++g) {
+        const uint8_t* grp = w + g * gb;
+        for (int64_t m0 = 0; m0 < M; m0 += 4) {
+            const int64_t mr = M - m0 < 4 ? M - m0 : 4;
+            float acc[4][16];
+            memset(acc, 0, sizeof acc);
+            for (int64_t t = 0; t < K / 2; ++t) {
+                const uint8_t* b = grp + 64 * t;
+                float w0[16], w1[16];
+                for (int l = 0; l < 16; ++l) {
+                    w0[l] = twq_bf2f(twq_u16(b + 4 * l));
+                    w1[l] = twq_bf2f(twq_u16(b + 4 * l + 2));
+                }
+                for (int64_t r = 0; r < mr; ++r) {
+                    const float x0 = x[(m0 + r) * K + 2 * t], x1 = x[(m0 + r) * K + 2 * t + 1];
+                    for (int l = 0; l < 16; ++l) acc[r][l] = acc[r][l] + x0 * w0[l] + x1 * w1[l];
+                }
+            }
+            for (int64_t r = 0; r < mr; ++r) memcpy(y + (m0 + r) * N + 16 * g, acc[r], sizeof acc[r]);
+        }
+    }
 }
 
 /* ==== 8-bit activations (both builds) ========================================================= */
@@ -857,14 +896,16 @@ TWQ_INLINE void twq_pack_bf16(const uint8_t* w, int64_t rb, int64_t n0, int64_t 
     }
 }
 
-/* y[r][0..32) (+)= xb[r][0..kc) @ p[kc][32] for MR rows, by pairs of k. */
-TWQ_INLINE void twq_micro_bf16(int MR, const uint16_t* xb, int64_t ldx, const uint32_t* p, int64_t kc, float* y, int64_t ldy,
-                               __mmask16 mk0, __mmask16 mk1, int add) {
+/* y[r][0..32) (+)= xb[r][0..kc) @ W for MR rows, by pairs of k: the pairs (k, k + 1) of W's 32
+ * columns are 16 32-bit words at p0 + ps * k / 2 (columns 0..15) and at p1 + ps * k / 2 (16..31):
+ * a packed panel (p1 = p0 + 16, ps = 32) or two bf16x16 groups (ps = 16). */
+TWQ_INLINE void twq_micro_bf16(int MR, const uint16_t* xb, int64_t ldx, const uint32_t* p0, const uint32_t* p1, int64_t ps, int64_t kc,
+                               float* y, int64_t ldy, __mmask16 mk0, __mmask16 mk1, int add) {
     __m512 a0[TWQ_PM], a1[TWQ_PM];
     for (int r = 0; r < MR; ++r) a0[r] = a1[r] = _mm512_setzero_ps();
     for (int64_t k = 0; k < kc; k += 2) {
-        const __m512bh b0 = (__m512bh)_mm512_load_si512((const __m512i*)(p + TWQ_PN / 2 * k));
-        const __m512bh b1 = (__m512bh)_mm512_load_si512((const __m512i*)(p + TWQ_PN / 2 * k + 16));
+        const __m512bh b0 = (__m512bh)_mm512_loadu_si512((const void*)(p0 + ps * (k / 2)));
+        const __m512bh b1 = (__m512bh)_mm512_loadu_si512((const void*)(p1 + ps * (k / 2)));
         for (int r = 0; r < MR; ++r) {
             int32_t pair;
             memcpy(&pair, xb + r * ldx + k, 4);
@@ -876,11 +917,22 @@ TWQ_INLINE void twq_micro_bf16(int MR, const uint16_t* xb, int64_t ldx, const ui
     twq_store_tile(MR, a0, a1, y, ldy, mk0, mk1, add);
 }
 
-TWQ_MICRO_TABLE(twq_micro_bf16, uint16_t, uint32_t)
+#define TWQ_MICRO_BF16_ONE(MR) \
+    static void twq_micro_bf16_##MR(const uint16_t* x, int64_t ldx, const uint32_t* p0, const uint32_t* p1, int64_t ps, int64_t kc, float* y, \
+                                    int64_t ldy, __mmask16 m0, __mmask16 m1, int add) { \
+        twq_micro_bf16(MR, x, ldx, p0, p1, ps, kc, y, ldy, m0, m1, add); \
+    }
+TWQ_MICRO_BF16_ONE(1) TWQ_MICRO_BF16_ONE(2) TWQ_MICRO_BF16_ONE(3) TWQ_MICRO_BF16_ONE(4) TWQ_MICRO_BF16_ONE(5) TWQ_MICRO_BF16_ONE(6)
+TWQ_MICRO_BF16_ONE(7) TWQ_MICRO_BF16_ONE(8) TWQ_MICRO_BF16_ONE(9) TWQ_MICRO_BF16_ONE(10) TWQ_MICRO_BF16_ONE(11) TWQ_MICRO_BF16_ONE(12)
+typedef void (*twq_micro_bf16_fn)(const uint16_t*, int64_t, const uint32_t*, const uint32_t*, int64_t, int64_t, float*, int64_t, __mmask16, __mmask16, int);
+static const twq_micro_bf16_fn twq_micro_bf16_table[TWQ_PM] = {twq_micro_bf16_1, twq_micro_bf16_2, twq_micro_bf16_3, twq_micro_bf16_4,
+                                                               twq_micro_bf16_5, twq_micro_bf16_6, twq_micro_bf16_7, twq_micro_bf16_8,
+                                                               twq_micro_bf16_9, twq_micro_bf16_10, twq_micro_bf16_11, twq_micro_bf16_12};
 
 /* The bf16 GEMM of twq_gemm's shape, x rounded to bf16 once per call (kp: K up to a multiple
- * of 32, so a pair never straddles a panel and every piece is whole). */
-static int twq_gemm_bf16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t rb) {
+ * of 32, so a pair never straddles a panel and every piece is whole). bf16x16 weights (x16) are
+ * read where they are: a panel's 32 rows are two groups. */
+static int twq_gemm_bf16(int x16, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t rb) {
     const int64_t kp = (K + 31) / 32 * 32;
     const int64_t nkb = (kp + TWQ_BKC - 1) / TWQ_BKC;
     const int64_t kc = ((kp + nkb - 1) / nkb + 31) / 32 * 32;
@@ -893,8 +945,8 @@ static int twq_gemm_bf16(const float* x, const uint8_t* w, float* y, int64_t M, 
     int failed = 0;
 #pragma omp parallel
     {
-        uint32_t* p = (uint32_t*)twq_alloc(kc / 2 * TWQ_PN);
-        if (p == NULL) {
+        uint32_t* p = x16 ? NULL : (uint32_t*)twq_alloc(kc / 2 * TWQ_PN);
+        if (!x16 && p == NULL) {
 #pragma omp atomic write
             failed = 1;
         }
@@ -902,13 +954,22 @@ static int twq_gemm_bf16(const float* x, const uint8_t* w, float* y, int64_t M, 
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < tiles; ++t) {
             const twq_tile c = twq_tile_at(t, ntm, mc, M, N);
-            if (p == NULL || c.m0 >= c.m1) continue;
+            if ((!x16 && p == NULL) || c.m0 >= c.m1) continue;
             for (int64_t k0 = 0; k0 < kp; k0 += kc) {
-                const int64_t kn = kp - k0 < kc ? kp - k0 : kc;
-                twq_pack_bf16(w, rb, c.n0, c.nr, k0, kn, K, p);
+                int64_t kn = kp - k0 < kc ? kp - k0 : kc;
+                const uint32_t *p0 = p, *p1 = p + 16;
+                int64_t ps = 32;
+                if (x16) { /* group n0 / 16 from pair k0 / 2 on, and the next group (or again) */
+                    p0 = (const uint32_t*)(w + c.n0 * rb) + 8 * k0;
+                    p1 = c.nr > 16 ? p0 + 4 * rb : p0;
+                    ps = 16;
+                    kn = K - k0 < kn ? K - k0 : kn; /* no pairs past K in a group */
+                } else {
+                    twq_pack_bf16(w, rb, c.n0, c.nr, k0, kn, K, p);
+                }
                 for (int64_t m = c.m0; m < c.m1; m += TWQ_PM) {
                     const int64_t mr = c.m1 - m < TWQ_PM ? c.m1 - m : TWQ_PM;
-                    twq_micro_bf16_table[mr - 1](xb + m * kp + k0, kp, p, kn, y + m * N + c.n0, N, c.mk0, c.mk1, k0 > 0);
+                    twq_micro_bf16_table[mr - 1](xb + m * kp + k0, kp, p0, p1, ps, kn, y + m * N + c.n0, N, c.mk0, c.mk1, k0 > 0);
                 }
             }
         }
@@ -917,6 +978,57 @@ static int twq_gemm_bf16(const float* x, const uint8_t* w, float* y, int64_t M, 
     twq_free((float*)xb);
     return failed ? TWQ_ENOMEM : 0;
 }
+#define TWQ_XAHEAD 2 /* bf16x16 groups prefetched ahead (a line a pair: as fast as they are read) */
+
+/* bf16x16: rows of xb (bf16, row stride kp) against the group of 16 W rows at grp (gb bytes a
+ * group): per pair t, the group's 64 bytes are one vector and each row of x adds its pair t,
+ * broadcast, by one vdpbf16ps: each output one chain over the pairs in order, starting at zero
+ * (the bits of twq_micro_bf16 up to TWQ_BKC k), the 16 outputs stored as a vector. */
+TWQ_INLINE void twq_gemv_bf16x16_tile(int MR, const uint16_t* xb, int64_t kp, const uint8_t* grp, int64_t gb, float* y, int64_t N, int64_t K) {
+    __m512 acc[TWQ_MR];
+    for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
+    const char* ahead = (const char*)(grp + TWQ_XAHEAD * gb);
+    for (int64_t t = 0; t < K / 2; ++t) {
+        _mm_prefetch(ahead + 64 * t, _MM_HINT_T0);
+        const __m512bh wv = (__m512bh)_mm512_loadu_si512((const void*)(grp + 64 * t));
+        for (int r = 0; r < MR; ++r) {
+            int32_t pair;
+            memcpy(&pair, xb + r * kp + 2 * t, 4);
+            acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(pair), wv);
+        }
+    }
+    for (int r = 0; r < MR; ++r) _mm512_storeu_ps(y + r * N, acc[r]);
+}
+
+#define TWQ_GEMV_BF16X16_FN(MR) \
+    static void twq_gemv_bf16x16_##MR(const uint16_t* xb, int64_t kp, const uint8_t* grp, int64_t gb, float* y, int64_t N, int64_t K) { \
+        twq_gemv_bf16x16_tile(MR, xb, kp, grp, gb, y, N, K); \
+    }
+TWQ_GEMV_BF16X16_FN(1) TWQ_GEMV_BF16X16_FN(2) TWQ_GEMV_BF16X16_FN(3) TWQ_GEMV_BF16X16_FN(4)
+TWQ_GEMV_BF16X16_FN(5) TWQ_GEMV_BF16X16_FN(6) TWQ_GEMV_BF16X16_FN(7) TWQ_GEMV_BF16X16_FN(8)
+typedef void (*twq_gemv_bf16x16_fn)(const uint16_t*, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t);
+static const twq_gemv_bf16x16_fn twq_gemv_bf16x16_table[TWQ_MR] = {twq_gemv_bf16x16_1, twq_gemv_bf16x16_2, twq_gemv_bf16x16_3, twq_gemv_bf16x16_4,
+                                                                   twq_gemv_bf16x16_5, twq_gemv_bf16x16_6, twq_gemv_bf16x16_7, twq_gemv_bf16x16_8};
+
+/* M <= TWQ_MR rows of x against bf16x16 weights: x rounded to bf16 once (by the threads), then
+ * the groups over the threads. */
+static int twq_gemv_bf16x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) {
+    const int64_t kp = (K + 31) / 32 * 32, gb = 32 * K;
+    uint16_t* xb = (uint16_t*)twq_alloc((M * kp + 1) / 2);
+    if (xb == NULL) return TWQ_ENOMEM;
+    const twq_gemv_bf16x16_fn fn = twq_gemv_bf16x16_table[M - 1];
+    const int par = N * 2 * K >= TWQ_PAR_MIN_BYTES;
+    (void)par; /* used by OpenMP only */
+#pragma omp parallel if (par)
+    {
+        twq_x_bf16(x, M, K, xb, kp); /* (a barrier at its end) */
+#pragma omp for schedule(static)
+        for (int64_t g = 0; g < N / 16; ++g) fn(xb, kp, w + g * gb, gb, y + 16 * g, N, K);
+    }
+    twq_free((float*)xb);
+    return 0;
+}
+
 #endif /* TWQ_BF16DOT */
 
 /* ---- integer path: 16 W rows x one block as 8 vectors of 16 rows x 4 weight bytes ---------- */
@@ -1723,7 +1835,15 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
 /* ==== entry points ========================================================================== */
 
 /* The float paths (not the integer one): y = x @ W.T. */
-static int twq_float_run(int fmt, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t rb) {
+static int twq_float_run(int fmt, int x16, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t rb) {
+    if (x16) { /* bf16x16, the one interleaved float format */
+#ifdef TWQ_BF16DOT
+        return M <= TWQ_GEMV_MAX_M ? twq_gemv_bf16x16(x, w, y, M, N, K) : twq_gemm_bf16(1, x, w, y, M, N, K, rb);
+#else
+        twq_bf16x16_float(x, w, y, M, N, K);
+        return 0;
+#endif
+    }
 #ifdef TWQ_A2F
     return twq_a2_run(fmt, x, w, y, M, N, K, rb);
 #endif
@@ -1735,7 +1855,7 @@ static int twq_float_run(int fmt, const float* x, const uint8_t* w, float* y, in
         return 0;
     }
 #ifdef TWQ_BF16DOT
-    if (fmt == TWQ_BF16) return twq_gemm_bf16(x, w, y, M, N, K, rb);
+    if (fmt == TWQ_BF16) return twq_gemm_bf16(0, x, w, y, M, N, K, rb);
 #endif
     return twq_gemm(fmt, x, w, y, M, N, K, rb);
 }
@@ -1745,7 +1865,7 @@ static int twq_run(int fmt, const float* x, const uint8_t* w, const float* r, fl
     if (fmt < 0 || fmt >= TWQ_NCODES) return TWQ_EFMT;
     const int x16 = fmt >= TWQ_NFMT;
     if (x16) fmt -= TWQ_NFMT;
-    if (M < 0 || N < 0 || K < 0 || K % twq_block[fmt] != 0 || (x16 && N % 16 != 0)) return TWQ_ESHAPE;
+    if (M < 0 || N < 0 || K < 0 || K % twq_block[fmt] != 0 || (x16 && N % 16 != 0) || (x16 && fmt == TWQ_BF16 && K % 2 != 0)) return TWQ_ESHAPE;
     if (M == 0 || N == 0) return 0;
     if (K == 0) {
         if (y == NULL) return TWQ_ENULL;
@@ -1763,7 +1883,7 @@ static int twq_run(int fmt, const float* x, const uint8_t* w, const float* r, fl
         twq_free(scratch);
         return rc;
     }
-    const int rc = twq_float_run(fmt, x, w, y, M, N, K, rb);
+    const int rc = twq_float_run(fmt, x16, x, w, y, M, N, K, rb);
     if (rc == 0) twq_add(r, y, M * N);
     return rc;
 }
@@ -1778,6 +1898,7 @@ int32_t tw_qlinear_q6_k(const float* x, const uint8_t* w, float* y, int64_t M, i
 int32_t tw_qlinear_q4_0x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q4_0X16, x, w, NULL, y, M, N, K); }
 int32_t tw_qlinear_q4_1x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q4_1X16, x, w, NULL, y, M, N, K); }
 int32_t tw_qlinear_q8_0x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q8_0X16, x, w, NULL, y, M, N, K); }
+int32_t tw_qlinear_bf16x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_BF16X16, x, w, NULL, y, M, N, K); }
 
 /* y = x @ W.T + r (r [M, N], not y): the product, then the residual added to each output (the
  * float32 sum a separate add would make, so the same bits). */
@@ -1801,6 +1922,7 @@ TWQ_ADD_ENTRY(q6_k, TWQ_Q6_K)
 TWQ_ADD_ENTRY(q4_0x16, TWQ_Q4_0X16)
 TWQ_ADD_ENTRY(q4_1x16, TWQ_Q4_1X16)
 TWQ_ADD_ENTRY(q8_0x16, TWQ_Q8_0X16)
+TWQ_ADD_ENTRY(bf16x16, TWQ_BF16X16)
 
 /* The Python extern's trampoline: a[] = {fmt (the enum above), x, w, y (NumPy array object
  * addresses), M, N, K, data offset, r (a residual to add, or 0)}; each array's data pointer is

@@ -17,13 +17,16 @@ The formats (``QUANT_FORMATS``; 32 weights per block for the simple ones, little
 In a nibble block, byte ``j`` holds weight ``j`` in its low nibble and weight ``j + 16`` in its
 high nibble.
 
-``q4_0x16``, ``q4_1x16`` and ``q8_0x16`` (``INTERLEAVED_FORMATS``) are the same blocks with the
-rows interleaved in groups of 16, the layout the ``quant`` backend's GEMV reads without
-transposing (``interleave_rows`` makes it from the plain rows): ``w`` is still
+``q4_0x16``, ``q4_1x16``, ``q8_0x16`` and ``bf16x16`` (``INTERLEAVED_FORMATS``) are the same
+blocks with the rows interleaved in groups of 16, the layout the ``quant`` backend's GEMV reads
+without transposing (``interleave_rows`` makes it from the plain rows): ``w`` is still
 ``uint8[out_features, row_bytes]``, ``out_features`` a multiple of 16, and rows ``16g .. 16g +
 15`` together hold, for each block ``j`` in turn, ``16 * bytes/block`` bytes: the 16 rows' ``d``,
 then (``q4_1``) their 16 ``m``, then the payloads (16 nibble bytes or 32 int8) in runs of 4
-bytes: bytes ``4t .. 4t + 3`` of row 0, of row 1, ... of row 15, for ``t = 0, 1, ...``. ``q4_k`` and ``q6_k`` (256-weight super-blocks) are listed for the loaders; their
+bytes: bytes ``4t .. 4t + 3`` of row 0, of row 1, ... of row 15, for ``t = 0, 1, ...``.
+``bf16x16`` has no header and its blocks are pairs of weights (``in_features`` even): the 64
+bytes of pair ``t`` are weights ``2t, 2t + 1`` of row 0, of row 1, ... of row 15, one vector
+whose lanes are the group's rows. ``q4_k`` and ``q6_k`` (256-weight super-blocks) are listed for the loaders; their
 products run in the ``quant`` backend's library only.
 
 Legalization gives the reference kernel: each weight is decoded where it is used (the half
@@ -78,7 +81,8 @@ QUANT_FORMATS: dict[str, QuantFormat] = {
 }
 GROUP = 16  # rows per group of an interleaved format
 INTERLEAVED_FORMATS: dict[str, QuantFormat] = {
-    f"{f.name}x{GROUP}": QuantFormat(f"{f.name}x{GROUP}", f.block, f.nbytes, -1) for f in (QUANT_FORMATS[n] for n in ("q4_0", "q4_1", "q8_0"))
+    **{f"{f.name}x{GROUP}": QuantFormat(f"{f.name}x{GROUP}", f.block, f.nbytes, -1) for f in (QUANT_FORMATS[n] for n in ("q4_0", "q4_1", "q8_0"))},
+    f"bf16x{GROUP}": QuantFormat(f"bf16x{GROUP}", 2, 4, -1),  # blocks of a pair of weights
 }
 ALL_FORMATS: dict[str, QuantFormat] = {**QUANT_FORMATS, **INTERLEAVED_FORMATS}
 LEGALIZED_FORMATS = ("q4_0", "q4_1", "q8_0", "bf16", "f16", *INTERLEAVED_FORMATS)
@@ -98,7 +102,7 @@ def interleaved(name: str) -> str | None:
 
 
 def _head_bytes(base: str) -> int:
-    return 4 if base == "q4_1" else 2
+    return 4 if base == "q4_1" else 0 if base == "bf16" else 2
 
 
 def interleave_rows(data: np.ndarray, name: str) -> np.ndarray:
@@ -106,7 +110,7 @@ def interleave_rows(data: np.ndarray, name: str) -> np.ndarray:
     ``interleaved(name)`` (see the module docstring): a new array of the same shape. Each group
     of rows is gathered by one permutation of its bytes (``_group_order``): a model's weights
     in one pass (an LLM start repacks every matrix)."""
-    f = QUANT_FORMATS[name]
+    f = INTERLEAVED_FORMATS[f"{name}x{GROUP}"]
     n, rb = data.shape
     if n % GROUP or rb % f.nbytes:
         raise ValueError(f"{name} rows to interleave: need a multiple of {GROUP} rows of whole blocks, got shape {data.shape}")
@@ -119,7 +123,7 @@ def _group_order(name: str, rb: int) -> np.ndarray:
     """Where each byte of an interleaved group of ``GROUP`` rows of ``rb`` bytes comes from, as
     an index into the plain group's bytes: the layout of the module docstring applied to the
     indices."""
-    f = QUANT_FORMATS[name]
+    f = INTERLEAVED_FORMATS[f"{name}x{GROUP}"]
     head = _head_bytes(name)
     blocks = np.arange(GROUP * rb, dtype=np.intp).reshape(GROUP, rb // f.nbytes, f.nbytes).transpose(1, 0, 2)  # [j, row, byte]
     nb = blocks.shape[0]
@@ -188,6 +192,11 @@ def _bf16(lo: Scalar, hi: Scalar) -> Scalar:
 def _weight(w: te.Tensor, name: str, n: Scalar, kk: Scalar) -> Scalar:
     """Weight ``(n, kk)`` decoded from the blocks of row ``n`` (of its group, interleaved)."""
     fmt = ALL_FORMATS[name]
+    if name == f"bf16x{GROUP}":  # pair kk // 2 of the group: 64 bytes, 4 per row
+        lane = n % GROUP
+        off = kk // 2 * 64 + lane * 4 + kk % 2 * 2
+        rb = w.shape[1]
+        return _bf16(w[n - lane + off // rb, off % rb], w[n - lane + off // rb, off % rb + 1])  # off even, rb even: one row
     if fmt.block == 1:
         decode = _bf16 if name == "bf16" else _half
         return decode(w[n, kk * 2], w[n, kk * 2 + 1])
