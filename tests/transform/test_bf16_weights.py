@@ -52,13 +52,16 @@ class _Linear(torch.nn.Module):
 
 @pytest.mark.parametrize("weights", ["inputs", "constants"])
 @pytest.mark.parametrize("bias", [True, False])
-def test_linear_within_the_bf16_bound_at_symbolic_shapes(weights: str, bias: bool) -> None:
+@pytest.mark.parametrize(("k", "n"), [(37, 65), (38, 48)])
+def test_linear_within_the_bf16_bound_at_symbolic_shapes(weights: str, bias: bool, k: int, n: int) -> None:
+    """38 -> 48 (whole groups of 16 rows, an even row) is stored as bf16x16 where the quant
+    library has AVX-512 BF16; 37 -> 65 as plain bf16 rows everywhere."""
     torch.manual_seed(0)
-    k, n = 37, 65
     m = _Linear(k, n, bias).eval()
     b, s = Dim("b", min=1, max=8), Dim("s", min=1, max=64)
     cm = tilework.compile(m, (torch.randn(2, 3, k),), ({0: b, 1: s},), weights=weights, precision="bf16")
     assert "quant_linear x1" in cm.explain() and "linear_io" not in str(cm.module)
+    assert ('"bf16x16"' in str(cm.module)) == (n == 48 and Q.library().bf16dot)
     w = m.fc.weight.detach().numpy().astype(np.float64)
     wq = bf16_values(bf16_rows(m.fc.weight.detach().numpy())).astype(np.float64)
     bias_v = m.fc.bias.detach().numpy().astype(np.float64) if bias else 0.0
@@ -103,13 +106,13 @@ def test_explain_reports_the_measured_error_against_fp32() -> None:
 
 
 def _onnx_mlp(path: Path) -> tuple[Path, list[np.ndarray]]:
-    """x [n, 19] -> MatMul 19x41 + b -> Relu -> MatMul 41x19 + b: ONNX's linears, [in, out]
-    weights as initializers."""
+    """x [n, 20] -> MatMul 20x48 + b -> Relu -> MatMul 48x20 + b: ONNX's linears, [in, out]
+    weights as initializers (the first of whole groups of 16 outputs, the second not)."""
     onnx = pytest.importorskip("onnx")
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(3)
-    w1, b1, w2, b2 = (rng.standard_normal(s).astype(np.float32) for s in ((19, 41), (41,), (41, 19), (19,)))
+    w1, b1, w2, b2 = (rng.standard_normal(s).astype(np.float32) for s in ((20, 48), (48,), (48, 20), (20,)))
     nodes = [
         helper.make_node("MatMul", ["x", "w1"], ["h"]),
         helper.make_node("Add", ["h", "b1"], ["hb"]),
@@ -118,7 +121,7 @@ def _onnx_mlp(path: Path) -> tuple[Path, list[np.ndarray]]:
         helper.make_node("Add", ["o", "b2"], ["y"]),
     ]
     inits = [numpy_helper.from_array(a, n) for n, a in (("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2))]
-    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 19])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 19])], inits)
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 20])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 20])], inits)
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     onnx.save(m, str(path))
@@ -133,6 +136,7 @@ def test_onnx_matmul_weights_within_the_bf16_bound(tmp_path: Path, weights: str)
     path, (w1, b1, w2, b2) = _onnx_mlp(tmp_path / "mlp.onnx")
     cm = tilework.compile(str(path), dim_bounds={"n": (1, 32)}, weights=weights, precision="bf16")
     assert "quant_linear x2" in cm.explain() and cm.report["precision"]["linears"] == 2
+    assert str(cm.module).count('"bf16x16"') == (1 if Q.library().bf16dot else 0)  # the 20 -> 48 one
 
     def bound_check(x: np.ndarray, w: np.ndarray, b: np.ndarray, got: np.ndarray) -> None:
         xd, wd = x.astype(np.float64), w.astype(np.float64)
@@ -140,7 +144,7 @@ def test_onnx_matmul_weights_within_the_bf16_bound(tmp_path: Path, weights: str)
         assert np.all(np.abs(got - (xd @ wd + b)) <= BF16_BOUND * absprod + F32_SLACK * (absprod + np.abs(b)))
 
     for n in (1, 5, 17):
-        x = np.random.default_rng(n).standard_normal((n, 19)).astype(np.float32)
+        x = np.random.default_rng(n).standard_normal((n, 20)).astype(np.float32)
         got = np.asarray(cm(x), np.float64)
         h = np.maximum(x.astype(np.float64) @ bf16_values(bf16_rows(w1.T)).T.astype(np.float64) + b1, 0)  # the hidden layer as bf16 computes it
         bound_check(h.astype(np.float32), w2, b2, got)

@@ -12,10 +12,16 @@ has AVX-512 BF16 that of ``x`` too, at every row count (rounded to bf16 for the
 ``|y - y32| <= (2 * 2**-8 + 2**-16) * sum_k |x_k w_k|`` plus float32 rounding
 (``BF16_BOUND``); ``2**-8`` where ``x`` is not rounded.
 
+With ``groups=True`` a weight of whole groups of 16 rows (``out``) and an even ``in`` is
+stored as ``bf16x16`` instead (the same values, rows interleaved by pairs in groups of 16:
+``tilework.op.quant``), which the ``quant`` backend multiplies with AVX-512 BF16 without
+packing; ``tilework.compile`` asks for it where the quant library has those instructions.
+
 With ``params=True`` the same holds for trailing weight params of ``main`` (after
 ``num_inputs``) that are read only as such linear weights: they become ``uint8[out, 2 * in]``
 and their indices are recorded in ``main``'s attr ``bf16_weights`` (``bf16_weights_t``: read
-as ``matmul`` weights, transposed when converted); whoever passes the weights
+as ``matmul`` weights, transposed when converted; ``bf16_weights_x16`` set: those of whole
+groups interleaved); whoever passes the weights
 (``tilework.compile``) converts them once (``convert_weights``). Run before
 ``layout_weights``, which then leaves these linears alone.
 
@@ -34,7 +40,7 @@ from tilework.ir.graph import Call, Constant, Expr, GraphFunc, OpRef, Var
 from tilework.ir.info import TensorInfo
 from tilework.ir.module import IRModule
 from tilework.op.base import make_call
-from tilework.op.quant import bf16_rows, bf16_values, quant_linear
+from tilework.op.quant import GROUP, bf16_rows, bf16_values, interleave_rows, quant_linear
 from tilework.pattern.core import Match, op_call
 from tilework.transform.base import Pass
 from tilework.transform.rewrite_driver import Rule, apply_rules
@@ -42,6 +48,7 @@ from tilework.transform.weight_params import retype_weight_params, weight_params
 
 ATTR = "bf16_weights"
 ATTR_T = "bf16_weights_t"  # weight params of matmuls: [in, out], transposed when converted
+ATTR_X16 = "bf16_weights_x16"  # set: the converted weight params of whole groups are bf16x16
 BF16_UNIT = 2.0**-8  # the unit roundoff of bfloat16 (8 significant bits), round to nearest
 BF16_BOUND = 2 * BF16_UNIT + BF16_UNIT**2  # per output, relative to sum |x_k w_k|: w and x both rounded
 
@@ -79,11 +86,23 @@ def _matmul_params(f: GraphFunc) -> list[int]:
     return weight_params(f, _weight_ok, lambda c: _is_matmul(c) and _rewritable(c))
 
 
+def _grouped(out_f: int, in_f: int, groups: bool) -> bool:
+    """Whether an ``[out_f, in_f]`` weight is stored as ``bf16x16`` (``groups`` asked for)."""
+    return groups and out_f % GROUP == 0 and in_f % 2 == 0
+
+
+def _rows(w: np.ndarray, groups: bool) -> np.ndarray:
+    """An ``[out, in]`` float32 weight as the bytes its ``quant_linear`` reads."""
+    rows = bf16_rows(w)
+    return interleave_rows(rows, "bf16") if _grouped(w.shape[0], w.shape[1], groups) else rows
+
+
 class _Convert:
     """The rewrite of one module: each constant is converted once."""
 
-    def __init__(self, params: dict[Var, Var]) -> None:
+    def __init__(self, params: dict[Var, Var], groups: bool) -> None:
         self.params = params  # old weight param -> the bf16 param (a matmul's: transposed)
+        self.groups = groups
         self.constants: dict[tuple[int, bool], Constant] = {}
         self.count = 0
 
@@ -97,7 +116,7 @@ class _Convert:
         done = self.constants.get((id(c), transposed))
         if done is None:
             data = np.asarray(c.data)
-            data = bf16_rows(data.T if transposed else data)
+            data = _rows(data.T if transposed else data, self.groups)
             done = Constant(data, TensorInfo(tuple(int(d) for d in data.shape), "uint8"), f"{c.name}.bf16" if c.name else "")
             self.constants[(id(c), transposed)] = done
         return done
@@ -113,7 +132,8 @@ class _Convert:
         w = value.args[1].info
         assert isinstance(w, TensorInfo) and w.shape is not None and isinstance(w.shape[0], int) and isinstance(w.shape[1], int)
         self.count += 1
-        y: Expr = quant_linear(value.args[0], wq, "bf16", w.shape[0] if matmul else w.shape[1])
+        out_f, in_f = (w.shape[1], w.shape[0]) if matmul else (w.shape[0], w.shape[1])
+        y: Expr = quant_linear(value.args[0], wq, "bf16x16" if _grouped(out_f, in_f, self.groups) else "bf16", in_f)
         if len(value.args) == 3:
             y = make_call("add", [y, value.args[2]])
         return y
@@ -128,16 +148,18 @@ def bf16_params(f: GraphFunc, transposed: bool | None = None) -> tuple[int, ...]
 
 def convert_weights(mod: IRModule, weights: Sequence[np.ndarray]) -> list[np.ndarray]:
     """``weights`` (the trailing params of ``mod``'s ``main``, in order) as the module's
-    ``main`` takes them: the ones ``bf16_weights`` converted, through ``bf16_rows``."""
+    ``main`` takes them: the ones ``bf16_weights`` converted, through ``bf16_rows`` (and
+    ``interleave_rows`` where it stored them as ``bf16x16``)."""
     main = mod.get("main")
     out = list(weights)
     if not isinstance(main, GraphFunc):
         return out
     first = int(main.attrs.get("num_inputs", len(main.params)))
+    groups = bool(main.attrs.get(ATTR_X16, False))
     for i in bf16_params(main, transposed=False):
-        out[i - first] = bf16_rows(np.asarray(out[i - first], np.float32))
+        out[i - first] = _rows(np.asarray(out[i - first], np.float32), groups)
     for i in bf16_params(main, transposed=True):
-        out[i - first] = bf16_rows(np.asarray(out[i - first], np.float32).T)
+        out[i - first] = _rows(np.asarray(out[i - first], np.float32).T, groups)
     return out
 
 
@@ -166,9 +188,11 @@ def _bf16_info_t(info: TensorInfo) -> TensorInfo:
 
 @dataclass(frozen=True)
 class Bf16Weights(Pass):
-    """See the module docstring. ``params``: convert ``main``'s trailing weight params too."""
+    """See the module docstring. ``params``: convert ``main``'s trailing weight params too;
+    ``groups``: weights of whole groups of 16 rows as ``bf16x16``."""
 
     params: bool = False
+    groups: bool = False
     name: str = "bf16_weights"
 
     def run(self, mod: IRModule) -> IRModule:
@@ -177,8 +201,11 @@ class Bf16Weights(Pass):
             mod, mapping = retype_weight_params(mod, ATTR, _weight_params, _bf16_info)
             mod, transposed = retype_weight_params(mod, ATTR_T, _matmul_params, _bf16_info_t)
             mapping.update(transposed)
-        convert = _Convert(mapping)
+            main = mod.get("main")
+            if mapping and self.groups and isinstance(main, GraphFunc):
+                mod = mod.with_func("main", main.replace(attrs=main.attrs.with_(**{ATTR_X16: 1})))
+        convert = _Convert(mapping, self.groups)
         return apply_rules(mod, [Rule("linear_bf16_weight", op_call("linear"), convert.rewrite), Rule("matmul_bf16_weight", op_call("matmul"), convert.rewrite)])
 
 
-__all__ = ["ATTR", "ATTR_T", "BF16_BOUND", "BF16_UNIT", "Bf16Weights", "bf16_params", "convert_weights", "weight_error"]
+__all__ = ["ATTR", "ATTR_T", "ATTR_X16", "BF16_BOUND", "BF16_UNIT", "Bf16Weights", "bf16_params", "convert_weights", "weight_error"]
