@@ -7,7 +7,8 @@ exact int8 block dot products with AVX-512 VNNI, as llama.cpp does); bf16, f16, 
 multiply in float32 with the weights decoded in registers.
 
 For each format (q4_0x16, q4_1x16, q8_0x16 are the same blocks with 16 rows interleaved, as
-tilework.llm keeps its projections), the matrix shapes of SmolLM2-135M's decoder (N x K = out x
+tilework.llm keeps its projections; bf16x16 the bf16 rows interleaved by pairs, as its bf16
+precision keeps them where the CPU has AVX-512 BF16), the matrix shapes of SmolLM2-135M's decoder (N x K = out x
 in; q/k/v and gate/up are one matrix each: 960x576 qkv, 576x576 o, 3072x576 gate/up, 576x1536
 down; the 49152x576 head in q8_0 and q8_0x16; k-quants only where K is a multiple of 256):
 
