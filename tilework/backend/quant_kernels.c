@@ -978,6 +978,7 @@ static int twq_gemm_bf16(int x16, const float* x, const uint8_t* w, float* y, in
     twq_free((float*)xb);
     return failed ? TWQ_ENOMEM : 0;
 }
+
 #define TWQ_XAHEAD 2 /* bf16x16 groups prefetched ahead (a line a pair: as fast as they are read) */
 
 /* bf16x16: rows of xb (bf16, row stride kp) against the group of 16 W rows at grp (gb bytes a

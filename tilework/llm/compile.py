@@ -52,7 +52,7 @@ from tilework.errors import TileworkError
 from tilework.llm.config import LlmConfig
 from tilework.llm.model import LlamaDecoder, decoder_spec, merged_parts
 from tilework.llm.quant import QuantTensor
-from tilework.op.quant import GROUP, interleave_rows, interleaved
+from tilework.op.quant import interleavable, interleave_rows, interleaved
 from tilework.runtime.executable import Executable
 from tilework.transform.panels import lay_out
 
@@ -75,8 +75,9 @@ def prepare_weights(config: LlmConfig, tensors: Mapping[str, QuantTensor], preci
             values[name] = t.data.view(np.float32).reshape(t.shape) if t.fmt == "f32" else t.dequantize().reshape(t.shape)
         elif precision == "bf16":
             rows = _to_bf16_bytes(t.data if t.fmt == "bf16" else t.dequantize().reshape(t.shape), t.fmt == "bf16")
-            formats[name], values[name] = ("bf16x16", interleave_rows(rows, "bf16")) if _bf16_groups(t.shape) else ("bf16", rows)
-        elif interleaved(t.fmt) and t.shape[0] % GROUP == 0:
+            grouped = interleavable("bf16", *t.shape) and quant.library().bf16dot  # elsewhere the plain rows' kernels are faster
+            formats[name], values[name] = ("bf16x16", interleave_rows(rows, "bf16")) if grouped else ("bf16", rows)
+        elif interleavable(t.fmt, *t.shape):
             formats[name] = interleaved(t.fmt) or t.fmt
             values[name] = interleave_rows(t.data, t.fmt)
         else:
@@ -93,13 +94,6 @@ def prepare_weights(config: LlmConfig, tensors: Mapping[str, QuantTensor], preci
         a = values.pop(n) if parts is None else np.concatenate([values.pop(p) for p in parts])  # pop: one copy at a time
         arrays.append(lay_out(a) if len(param.shape) == 3 and a.ndim == 2 else a)  # a PackedLinear's weight
     return {n: f for n, f in formats.items() if f != "f32"}, arrays
-
-
-def _bf16_groups(shape: tuple[int, ...]) -> bool:
-    """Whether a bf16 matrix goes in the interleaved layout ``bf16x16``: rows in whole groups of
-    16, an even row length, and a quant library that multiplies it with AVX-512 BF16 (elsewhere
-    the plain rows' kernels are the faster ones)."""
-    return shape[0] % GROUP == 0 and shape[1] % 2 == 0 and quant.library().bf16dot
 
 
 def _to_bf16_bytes(x: np.ndarray, already: bool) -> np.ndarray:

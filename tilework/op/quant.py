@@ -101,6 +101,14 @@ def interleaved(name: str) -> str | None:
     return x if x in INTERLEAVED_FORMATS else None
 
 
+def interleavable(name: str, rows: int, cols: int) -> bool:
+    """Whether ``rows`` x ``cols`` weights in format ``name`` can take the layout
+    ``interleaved(name)``: one exists, the rows are whole groups of 16 and a row is whole blocks
+    of it (``bf16x16``: an even row)."""
+    x = interleaved(name)
+    return x is not None and rows % GROUP == 0 and cols % INTERLEAVED_FORMATS[x].block == 0
+
+
 def _head_bytes(base: str) -> int:
     return 4 if base == "q4_1" else 0 if base == "bf16" else 2
 
@@ -305,4 +313,4 @@ def bf16_values(rows: np.ndarray) -> np.ndarray:
     return h.view(np.float32).reshape(rows.shape[0], rows.shape[1] // 2)
 
 
-__all__ = ["QuantFormat", "QUANT_FORMATS", "INTERLEAVED_FORMATS", "ALL_FORMATS", "LEGALIZED_FORMATS", "bf16_rows", "bf16_values", "interleave_rows", "interleaved", "quant_format", "quant_linear", "quant_take"]
+__all__ = ["QuantFormat", "QUANT_FORMATS", "INTERLEAVED_FORMATS", "ALL_FORMATS", "LEGALIZED_FORMATS", "bf16_rows", "bf16_values", "interleavable", "interleave_rows", "interleaved", "quant_format", "quant_linear", "quant_take"]

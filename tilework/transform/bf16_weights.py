@@ -40,7 +40,7 @@ from tilework.ir.graph import Call, Constant, Expr, GraphFunc, OpRef, Var
 from tilework.ir.info import TensorInfo
 from tilework.ir.module import IRModule
 from tilework.op.base import make_call
-from tilework.op.quant import GROUP, bf16_rows, bf16_values, interleave_rows, quant_linear
+from tilework.op.quant import bf16_rows, bf16_values, interleavable, interleave_rows, quant_linear
 from tilework.pattern.core import Match, op_call
 from tilework.transform.base import Pass
 from tilework.transform.rewrite_driver import Rule, apply_rules
@@ -88,7 +88,7 @@ def _matmul_params(f: GraphFunc) -> list[int]:
 
 def _grouped(out_f: int, in_f: int, groups: bool) -> bool:
     """Whether an ``[out_f, in_f]`` weight is stored as ``bf16x16`` (``groups`` asked for)."""
-    return groups and out_f % GROUP == 0 and in_f % 2 == 0
+    return groups and interleavable("bf16", out_f, in_f)
 
 
 def _rows(w: np.ndarray, groups: bool) -> np.ndarray:
