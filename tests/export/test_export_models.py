@@ -140,15 +140,15 @@ def vm_generate(cfg: Any, tensors: dict[str, Any], precision: str, prompt: list[
     return out, np.stack(logits)
 
 
-@pytest.mark.parametrize("fmt", [None, "q4_0"])
-def test_llama_decoder_generates_from_c_like_the_vm(tmp_path: Path, fmt: str | None) -> None:
+@pytest.mark.parametrize(("fmt", "precision"), [(None, "fp32"), ("q4_0", "q"), (None, "bf16")])
+def test_llama_decoder_generates_from_c_like_the_vm(tmp_path: Path, fmt: str | None, precision: str) -> None:
+    """fp32, q4_0 blocks and bf16 (its matrices bf16x16 where the quant library has AVX-512 BF16)."""
     from tilework.export.llm import export_decoder
 
     cfg, tensors = tiny_llama(fmt)
-    precision = "q" if fmt else "fp32"
     result = export_decoder(cfg, tensors, tmp_path, precision=precision)
     assert set(result.functions) == {"prefill", "decode"}
-    assert ("quant_kernels.c" in result.sources) == (fmt is not None)
+    assert ("quant_kernels.c" in result.sources) == (precision != "fp32")
     prompt, steps = [5, 17, 33, 2, 90], 12
     want_ids, want_logits = vm_generate(cfg, tensors, precision, prompt, steps)
     for tool in ("make", "cmake"):

@@ -102,6 +102,34 @@ class Runner:
         return out, all_logits
 
 
+def test_precision_sets_every_matrix_format() -> None:
+    """``prepare_weights``: ``fp32`` keeps every matrix in float32; ``bf16`` converts every matrix
+    to bfloat16, float32 ones too (``bf16x16`` where its rows are whole groups of 16 and the quant
+    library has AVX-512 BF16; the values the weights rounded to bf16); ``q`` keeps float32
+    matrices as they are and blocks as blocks (interleaved in whole groups of 16 rows)."""
+    from tilework.backend import quant as Q
+    from tilework.op.quant import bf16_rows, interleave_rows
+
+    cfg = LlmConfig.from_hf_config(_hf().config.to_dict())
+    rng = np.random.default_rng(0)
+    floats = {n: rng.standard_normal((96, 64)).astype(np.float32) for n in ("model.embed_tokens.weight",)}
+    floats.update({f"model.layers.{i}.{n}": rng.standard_normal(s).astype(np.float32) for i in range(cfg.layers) for n, s in (
+        ("self_attn.q_proj.weight", (64, 64)), ("self_attn.k_proj.weight", (32, 64)), ("self_attn.v_proj.weight", (32, 64)), ("self_attn.o_proj.weight", (64, 64)),
+        ("mlp.gate_proj.weight", (128, 64)), ("mlp.up_proj.weight", (128, 64)), ("mlp.down_proj.weight", (64, 128)))})
+    norms = {n: np.ones(64, np.float32) for n in ["model.norm.weight", *(f"model.layers.{i}.{k}" for i in range(cfg.layers) for k in ("input_layernorm.weight", "post_attention_layernorm.weight"))]}
+    as_f32 = {n: QuantTensor(n, a.shape, "f32", a.view(np.uint8).reshape(a.shape[0], -1)) for n, a in floats.items()} | {n: QuantTensor(n, a.shape, "f32", a.view(np.uint8)) for n, a in norms.items()}
+    assert llm_compile.prepare_weights(cfg, as_f32, "fp32")[0] == {}
+    grouped = "bf16x16" if Q.library().bf16dot else "bf16"
+    formats, arrays = llm_compile.prepare_weights(cfg, as_f32, "bf16")
+    assert formats == dict.fromkeys(floats, grouped)
+    table = floats["model.embed_tokens.weight"]
+    want = interleave_rows(bf16_rows(table), "bf16") if grouped == "bf16x16" else bf16_rows(table)
+    assert any(a.shape == want.shape and np.array_equal(a, want) for a in arrays)
+    assert llm_compile.prepare_weights(cfg, as_f32, "q")[0] == {}
+    blocks = {n: quantize(a, "q8_0", n) for n, a in floats.items()} | {n: t for n, t in as_f32.items() if n in norms}
+    assert llm_compile.prepare_weights(cfg, blocks, "q")[0] == dict.fromkeys(floats, "q8_0x16")
+
+
 _hf_shared = functools.cache(_hf)
 
 

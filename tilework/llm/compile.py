@@ -70,7 +70,7 @@ def prepare_weights(config: LlmConfig, tensors: Mapping[str, QuantTensor], preci
     values: dict[str, np.ndarray] = {}
     for name, t in tensors.items():
         matrix = len(t.shape) == 2
-        if not matrix or t.fmt == "f32" or precision == "fp32":
+        if not matrix or precision == "fp32" or (t.fmt == "f32" and precision == "q"):  # q keeps float32 matrices as they are
             formats[name] = "f32"
             values[name] = t.data.view(np.float32).reshape(t.shape) if t.fmt == "f32" else t.dequantize().reshape(t.shape)
         elif precision == "bf16":
