@@ -122,8 +122,11 @@ def compile(
     build_backends = backends
     precision_report: dict[str, Any] = {"mode": precision}
     if precision == "bf16":
-        optimized, model_weights, precision_report, build_backends = _to_bf16(optimized, model_weights, weights == "inputs", backends)
-        graph_passes = [*graph_passes, Bf16Weights(params=weights == "inputs", groups=_bf16_groups())]
+        # bf16x16 where the quant library multiplies with AVX-512 BF16 (its GEMV and GEMM read
+        # that layout unpacked; elsewhere the plain rows' kernels are the faster ones)
+        to_bf16 = Bf16Weights(params=weights == "inputs", groups=quant_backend.library().bf16dot)
+        optimized, model_weights, precision_report, build_backends = _to_bf16(to_bf16, optimized, model_weights, backends)
+        graph_passes = [*graph_passes, to_bf16]
     layout_weights = None  # weights laid out for our kernels, once (packed by exe.meta's weight_layout below)
     if graph_passes and passes is None and backends is None and placement is None:
         layout = LayoutWeights(params=weights == "inputs")
@@ -375,18 +378,11 @@ class CompiledModel:
 # -- helpers ---------------------------------------------------------------------------------------
 
 
-def _bf16_groups() -> bool:
-    """Whether bf16 weights of whole groups of 16 rows go in the ``bf16x16`` layout: where the
-    quant library multiplies with AVX-512 BF16 (its GEMV and GEMM read them unpacked; elsewhere
-    the plain rows' kernels are the faster ones)."""
-    return quant_backend.library().bf16dot
-
-
-def _to_bf16(mod: IRModule, weights: list[np.ndarray], params: bool, backends: Any) -> tuple[IRModule, list[np.ndarray], dict[str, Any], Any]:
-    """``mod`` with its float32 linear weights in bf16 (``Bf16Weights``), the weights to pass,
-    the precision report and the backends to build with (``quant`` first)."""
+def _to_bf16(to_bf16: Bf16Weights, mod: IRModule, weights: list[np.ndarray], backends: Any) -> tuple[IRModule, list[np.ndarray], dict[str, Any], Any]:
+    """``mod`` with its float32 linear weights in bf16 (the pass ``to_bf16``), the weights to
+    pass, the precision report and the backends to build with (``quant`` first)."""
     before = mod
-    mod = Bf16Weights(params=params, groups=_bf16_groups())(mod)
+    mod = to_bf16(mod)
     main = mod.get("main")
     converted = bf16_params(main) if isinstance(main, GraphFunc) else ()
     first = int(main.attrs.get("num_inputs", len(main.params))) if isinstance(main, GraphFunc) else 0

@@ -846,8 +846,41 @@ typedef void (*twq_gemv_bf16_fn)(const uint16_t*, int64_t, const uint8_t*, int64
 static const twq_gemv_bf16_fn twq_gemv_bf16_table[3][TWQ_MR] = {
     TWQ_GEMV_BF16_ROW(1), TWQ_GEMV_BF16_ROW(2), {twq_gemv_bf16_1_4, twq_gemv_bf16_2_4, twq_gemv_bf16_3_4, twq_gemv_bf16_4_4, NULL, NULL, NULL, NULL}};
 
-/* twq_gemv's grouping with x rounded to bf16 once per call (by the threads, before the groups). */
-static int twq_gemv_bf16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t rb) {
+#define TWQ_XAHEAD 2 /* bf16x16 groups prefetched ahead (a line a pair: as fast as they are read) */
+
+/* bf16x16: rows of xb (bf16, row stride kp) against the group of 16 W rows at grp (gb bytes a
+ * group): per pair t, the group's 64 bytes are one vector and each row of x adds its pair t,
+ * broadcast, by one vdpbf16ps: each output one chain over the pairs in order, starting at zero
+ * (the bits of twq_micro_bf16 up to TWQ_BKC k), the 16 outputs stored as a vector. */
+TWQ_INLINE void twq_gemv_bf16x16_tile(int MR, const uint16_t* xb, int64_t kp, const uint8_t* grp, int64_t gb, float* y, int64_t N, int64_t K) {
+    __m512 acc[TWQ_MR];
+    for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
+    const char* ahead = (const char*)(grp + TWQ_XAHEAD * gb);
+    for (int64_t t = 0; t < K / 2; ++t) {
+        _mm_prefetch(ahead + 64 * t, _MM_HINT_T0);
+        const __m512bh wv = (__m512bh)_mm512_loadu_si512((const void*)(grp + 64 * t));
+        for (int r = 0; r < MR; ++r) {
+            int32_t pair;
+            memcpy(&pair, xb + r * kp + 2 * t, 4);
+            acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(pair), wv);
+        }
+    }
+    for (int r = 0; r < MR; ++r) _mm512_storeu_ps(y + r * N, acc[r]);
+}
+
+#define TWQ_GEMV_BF16X16_FN(MR) \
+    static void twq_gemv_bf16x16_##MR(const uint16_t* xb, int64_t kp, const uint8_t* grp, int64_t gb, float* y, int64_t N, int64_t K) { \
+        twq_gemv_bf16x16_tile(MR, xb, kp, grp, gb, y, N, K); \
+    }
+TWQ_GEMV_BF16X16_FN(1) TWQ_GEMV_BF16X16_FN(2) TWQ_GEMV_BF16X16_FN(3) TWQ_GEMV_BF16X16_FN(4)
+TWQ_GEMV_BF16X16_FN(5) TWQ_GEMV_BF16X16_FN(6) TWQ_GEMV_BF16X16_FN(7) TWQ_GEMV_BF16X16_FN(8)
+typedef void (*twq_gemv_bf16x16_fn)(const uint16_t*, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t);
+static const twq_gemv_bf16x16_fn twq_gemv_bf16x16_table[TWQ_MR] = {twq_gemv_bf16x16_1, twq_gemv_bf16x16_2, twq_gemv_bf16x16_3, twq_gemv_bf16x16_4,
+                                                                   twq_gemv_bf16x16_5, twq_gemv_bf16x16_6, twq_gemv_bf16x16_7, twq_gemv_bf16x16_8};
+
+/* twq_gemv's grouping with x rounded to bf16 once per call (by the threads, before the groups);
+ * bf16x16 weights (x16): the groups of 16 rows over the threads, every row of x a pass. */
+static int twq_gemv_bf16(int x16, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t rb) {
     int nr;
     int64_t mr_max, groups;
     twq_gemv_plan(M, N, &nr, &mr_max, &groups);
@@ -860,12 +893,17 @@ static int twq_gemv_bf16(const float* x, const uint8_t* w, float* y, int64_t M, 
 #pragma omp parallel if (par)
     {
         twq_x_bf16(x, M, K, xb, kp); /* (a barrier at its end) */
+        if (x16) {
 #pragma omp for schedule(static)
-        for (int64_t g = 0; g < groups; ++g) {
-            const int64_t n0 = twq_group_n0(g, nr, N);
-            for (int64_t m0 = 0; m0 < M; m0 += mr_max) {
-                int64_t mr = M - m0 < mr_max ? M - m0 : mr_max;
-                fns[mr - 1](xb + m0 * kp, kp, w, rb, y + m0 * N, N, K, n0);
+            for (int64_t g = 0; g < N / 16; ++g) twq_gemv_bf16x16_table[M - 1](xb, kp, w + g * 16 * rb, 16 * rb, y + 16 * g, N, K);
+        } else {
+#pragma omp for schedule(static)
+            for (int64_t g = 0; g < groups; ++g) {
+                const int64_t n0 = twq_group_n0(g, nr, N);
+                for (int64_t m0 = 0; m0 < M; m0 += mr_max) {
+                    int64_t mr = M - m0 < mr_max ? M - m0 : mr_max;
+                    fns[mr - 1](xb + m0 * kp, kp, w, rb, y + m0 * N, N, K, n0);
+                }
             }
         }
     }
@@ -977,57 +1015,6 @@ static int twq_gemm_bf16(int x16, const float* x, const uint8_t* w, float* y, in
     }
     twq_free((float*)xb);
     return failed ? TWQ_ENOMEM : 0;
-}
-
-#define TWQ_XAHEAD 2 /* bf16x16 groups prefetched ahead (a line a pair: as fast as they are read) */
-
-/* bf16x16: rows of xb (bf16, row stride kp) against the group of 16 W rows at grp (gb bytes a
- * group): per pair t, the group's 64 bytes are one vector and each row of x adds its pair t,
- * broadcast, by one vdpbf16ps: each output one chain over the pairs in order, starting at zero
- * (the bits of twq_micro_bf16 up to TWQ_BKC k), the 16 outputs stored as a vector. */
-TWQ_INLINE void twq_gemv_bf16x16_tile(int MR, const uint16_t* xb, int64_t kp, const uint8_t* grp, int64_t gb, float* y, int64_t N, int64_t K) {
-    __m512 acc[TWQ_MR];
-    for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
-    const char* ahead = (const char*)(grp + TWQ_XAHEAD * gb);
-    for (int64_t t = 0; t < K / 2; ++t) {
-        _mm_prefetch(ahead + 64 * t, _MM_HINT_T0);
-        const __m512bh wv = (__m512bh)_mm512_loadu_si512((const void*)(grp + 64 * t));
-        for (int r = 0; r < MR; ++r) {
-            int32_t pair;
-            memcpy(&pair, xb + r * kp + 2 * t, 4);
-            acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(pair), wv);
-        }
-    }
-    for (int r = 0; r < MR; ++r) _mm512_storeu_ps(y + r * N, acc[r]);
-}
-
-#define TWQ_GEMV_BF16X16_FN(MR) \
-    static void twq_gemv_bf16x16_##MR(const uint16_t* xb, int64_t kp, const uint8_t* grp, int64_t gb, float* y, int64_t N, int64_t K) { \
-        twq_gemv_bf16x16_tile(MR, xb, kp, grp, gb, y, N, K); \
-    }
-TWQ_GEMV_BF16X16_FN(1) TWQ_GEMV_BF16X16_FN(2) TWQ_GEMV_BF16X16_FN(3) TWQ_GEMV_BF16X16_FN(4)
-TWQ_GEMV_BF16X16_FN(5) TWQ_GEMV_BF16X16_FN(6) TWQ_GEMV_BF16X16_FN(7) TWQ_GEMV_BF16X16_FN(8)
-typedef void (*twq_gemv_bf16x16_fn)(const uint16_t*, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t);
-static const twq_gemv_bf16x16_fn twq_gemv_bf16x16_table[TWQ_MR] = {twq_gemv_bf16x16_1, twq_gemv_bf16x16_2, twq_gemv_bf16x16_3, twq_gemv_bf16x16_4,
-                                                                   twq_gemv_bf16x16_5, twq_gemv_bf16x16_6, twq_gemv_bf16x16_7, twq_gemv_bf16x16_8};
-
-/* M <= TWQ_MR rows of x against bf16x16 weights: x rounded to bf16 once (by the threads), then
- * the groups over the threads. */
-static int twq_gemv_bf16x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) {
-    const int64_t kp = (K + 31) / 32 * 32, gb = 32 * K;
-    uint16_t* xb = (uint16_t*)twq_alloc((M * kp + 1) / 2);
-    if (xb == NULL) return TWQ_ENOMEM;
-    const twq_gemv_bf16x16_fn fn = twq_gemv_bf16x16_table[M - 1];
-    const int par = N * 2 * K >= TWQ_PAR_MIN_BYTES;
-    (void)par; /* used by OpenMP only */
-#pragma omp parallel if (par)
-    {
-        twq_x_bf16(x, M, K, xb, kp); /* (a barrier at its end) */
-#pragma omp for schedule(static)
-        for (int64_t g = 0; g < N / 16; ++g) fn(xb, kp, w + g * gb, gb, y + 16 * g, N, K);
-    }
-    twq_free((float*)xb);
-    return 0;
 }
 
 #endif /* TWQ_BF16DOT */
@@ -1839,7 +1826,7 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
 static int twq_float_run(int fmt, int x16, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t rb) {
     if (x16) { /* bf16x16, the one interleaved float format */
 #ifdef TWQ_BF16DOT
-        return M <= TWQ_GEMV_MAX_M ? twq_gemv_bf16x16(x, w, y, M, N, K) : twq_gemm_bf16(1, x, w, y, M, N, K, rb);
+        return M <= TWQ_GEMV_MAX_M ? twq_gemv_bf16(1, x, w, y, M, N, K, rb) : twq_gemm_bf16(1, x, w, y, M, N, K, rb);
 #else
         twq_bf16x16_float(x, w, y, M, N, K);
         return 0;
@@ -1850,7 +1837,7 @@ static int twq_float_run(int fmt, int x16, const float* x, const uint8_t* w, flo
 #endif
     if (M <= TWQ_GEMV_MAX_M) {
 #ifdef TWQ_BF16DOT
-        if (fmt == TWQ_BF16) return twq_gemv_bf16(x, w, y, M, N, K, rb);
+        if (fmt == TWQ_BF16) return twq_gemv_bf16(0, x, w, y, M, N, K, rb);
 #endif
         twq_gemv(fmt, x, w, y, M, N, K, rb);
         return 0;

@@ -68,6 +68,7 @@ def prepare_weights(config: LlmConfig, tensors: Mapping[str, QuantTensor], preci
         raise TileworkError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     formats: dict[str, str] = {}
     values: dict[str, np.ndarray] = {}
+    bf16_groups = precision == "bf16" and quant.library().bf16dot  # bf16x16 where it has AVX-512 BF16; elsewhere the plain rows' kernels are faster
     for name, t in tensors.items():
         matrix = len(t.shape) == 2
         if not matrix or precision == "fp32" or (t.fmt == "f32" and precision == "q"):  # q keeps float32 matrices as they are
@@ -75,8 +76,7 @@ def prepare_weights(config: LlmConfig, tensors: Mapping[str, QuantTensor], preci
             values[name] = t.data.view(np.float32).reshape(t.shape) if t.fmt == "f32" else t.dequantize().reshape(t.shape)
         elif precision == "bf16":
             rows = _to_bf16_bytes(t.data if t.fmt == "bf16" else t.dequantize().reshape(t.shape), t.fmt == "bf16")
-            grouped = interleavable("bf16", *t.shape) and quant.library().bf16dot  # elsewhere the plain rows' kernels are faster
-            formats[name], values[name] = ("bf16x16", interleave_rows(rows, "bf16")) if grouped else ("bf16", rows)
+            formats[name], values[name] = ("bf16x16", interleave_rows(rows, "bf16")) if bf16_groups and interleavable("bf16", *t.shape) else ("bf16", rows)
         elif interleavable(t.fmt, *t.shape):
             formats[name] = interleaved(t.fmt) or t.fmt
             values[name] = interleave_rows(t.data, t.fmt)
