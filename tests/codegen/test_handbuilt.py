@@ -373,3 +373,71 @@ def test_prefetch_hints_name_their_cache_level() -> None:
         out = np.full_like(a, np.nan)
         run([a, out])
         np.testing.assert_array_equal(out, a)
+
+
+def _dot_func(vectorized: bool = True, form: str = "rows") -> TensorFunc:
+    """``acc[r, j] += sum_p a[r, p, 0, j] * b[p, 0] + a[r, p, 1, j] * b[p, 1]`` over pairs ``p``
+    by ``dot_bf16x2``: ``j`` (lanes, 32 of them) the vectorized loop, ``a``'s two rows of a pair
+    contiguous in ``j`` (``pairs``: ``a[r, p, j, 0]``, ``a[r, p, j, 1]``, a pair's two side by
+    side; ``round``: float32 rows rounded to bfloat16 as they are read), ``b``'s pair shared by
+    the lanes (a decode attention's keys and query)."""
+    from tilework.ir.loop import Cast
+    from tilework.ir.loop import DOT_BF16X2, Intrin
+
+    rows, pairs = SymVar("rows", 0), SymVar("pairs", 0)
+    a = Buffer("a", (rows, pairs, 32, 2) if form == "pairs" else (rows, pairs, 2, 32), "float32" if form == "round" else "bfloat16")
+    b = Buffer("b", (pairs, 2), "bfloat16")
+    acc = Buffer("acc", (rows, 32), "float32")
+    r, p, j = SymVar("r", 0), SymVar("p", 0), SymVar("j", 0)
+    a0, a1 = (Load(a, (r, p, j, 0)), Load(a, (r, p, j, 1))) if form == "pairs" else (Load(a, (r, p, 0, j)), Load(a, (r, p, 1, j)))
+    if form == "round":
+        a0, a1 = Cast("bfloat16", a0), Cast("bfloat16", a1)
+    dot = Intrin(DOT_BF16X2, (Load(acc, (r, j)), a0, a1, Load(b, (p, 0)), Load(b, (p, 1))), "float32")
+    lanes = For(j, 32, Block("dot", (), (acc, a, b), (acc,), Store(acc, (r, j), dot)), "vectorized" if vectorized else "serial")
+    return TensorFunc((a, b, acc), For(r, rows, For(p, pairs, lanes, "serial"), "parallel"), 2)
+
+
+@pytest.mark.parametrize("form", ["rows", "pairs", "round"])
+@pytest.mark.parametrize("rows,pairs", [(0, 3), (1, 0), (1, 1), (3, 7), (5, 32)])
+def test_dot_bf16x2_pairs(rows: int, pairs: int, form: str) -> None:
+    """``dot_bf16x2``: compiled (one ``vdpbf16ps`` a 16 lanes where the compiler targets AVX-512
+    BF16, the portable float32 loop elsewhere) and interpreted, against NumPy's float32 of the
+    same two roundings; the vectorized loop emits both forms (two rows interleaved in registers,
+    pairs loaded as they are, or float32 rows rounded and interleaved)."""
+    from tilework.ir.dtype import np_dtype
+
+    func = _dot_func(form=form)
+    text = emit_function(func, "tw_x")
+    assert "_mm512_dpbf16_ps(" in text and "tw_dot_bf16x2(" in text and "#if defined(TW_DOT_BF16)" in text
+    assert {"rows": "tw_bf16_pairs(", "pairs": "_mm512_loadu_si512(", "round": "tw_f32_pairs("}[form] in text
+    assert "_mm512_dpbf16_ps(" not in emit_function(_dot_func(vectorized=False), "tw_x")
+    rng = np.random.default_rng(rows * 100 + pairs)
+    bf = np_dtype("bfloat16")
+    a32 = rng.standard_normal((rows, pairs, 2, 32)).astype(np.float32)
+    a = a32.astype(bf)
+    b = rng.standard_normal((pairs, 2)).astype(bf)
+    start = rng.standard_normal((rows, 32)).astype(np.float32)
+    want = start.copy()
+    af, bf32 = a.astype(np.float32), b.astype(np.float32)
+    for p in range(pairs):  # the odd product first, each addition rounded to float32
+        want = (want + af[:, p, 1] * bf32[p, 1]) + af[:, p, 0] * bf32[p, 0]
+    given = {"rows": a, "pairs": np.ascontiguousarray(a.transpose(0, 1, 3, 2)), "round": a32}[form]
+    for run in (build_library({"dot": func})["dot"].run, lambda arrays, syms=None: interp.run(func, arrays)):
+        out = start.copy()
+        run([given, b, out])
+        np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
+
+
+def test_dot_bf16x2_needs_bfloat16_pairs() -> None:
+    """The verifier names a ``dot_bf16x2`` whose operands are not bfloat16."""
+    from tilework.errors import WellFormedError
+    from tilework.ir.loop import DOT_BF16X2, Intrin
+    from tilework.ir.module import IRModule
+    from tilework.ir.verify import verify
+
+    n = SymVar("n", 0)
+    x, y = Buffer("x", (n,), "float32"), Buffer("y", (n,), "float32")
+    i = SymVar("i", 0)
+    dot = Intrin(DOT_BF16X2, (Load(y, (i,)), Load(x, (i,)), Load(x, (i,)), Load(x, (i,)), Load(x, (i,))), "float32")
+    with pytest.raises(WellFormedError, match="dot_bf16x2 takes a float32 accumulator and four bfloat16"):
+        verify(IRModule({"f": TensorFunc((x, y), For(i, n, Store(y, (i,), dot), "serial"), 1)}))

@@ -45,6 +45,7 @@ from tilework.ir.loop import (
     Intrin,
     Load,
     PREFETCHES,
+    DOT_BF16X2,
     Scalar,
     Select,
     SeqStmt,
@@ -182,6 +183,11 @@ def _bitcast(x: Any, src: str, dst: str) -> Any:
     return _F32(out) if compute_dtype(dst) != dst else out
 
 
+def _dot_bf16x2(acc: Any, a0: Any, a1: Any, b0: Any, b1: Any) -> Any:
+    """``tilework.ir.loop.DOT_BF16X2``: two float32 roundings, the odd pair's product first."""
+    return _F32(_F32(_F32(acc) + _F32(a1) * _F32(b1)) + _F32(a0) * _F32(b0))
+
+
 def _lowp(x: Any, dst: str) -> Any:
     """``x`` converted to low-precision ``dst`` (``tilework.ir.lowp``): a float32 for the
     float formats, an int8/uint8 for the sub-byte integers (their values in computation)."""
@@ -208,6 +214,7 @@ _HELPERS: dict[str, Any] = {
     "_ipow": _ipow,
     "_bitop": _bitop,
     "_bitcast": _bitcast,
+    "_dot_bf16x2": _dot_bf16x2,
     "_nonneg": _nonneg,
     "_erf": _erf,
     "_bf16": _bf16,
@@ -399,6 +406,8 @@ class _Translator(LoopEmitter):
             return f"_bitop({x.name!r}, {self.value(np_dtype(x.dtype).type, 't')}, {args})"
         if x.name in PREFETCHES:  # a hint for compiled code; its load is not performed
             return self.value(np_dtype(x.dtype).type(0))
+        if x.name == DOT_BF16X2:
+            return f"_dot_bf16x2({', '.join(self.expr(a) for a in x.args)})"
         arg = x.args[0]
         a = self.expr(arg)
         dt = dtype_of(arg)

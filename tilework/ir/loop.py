@@ -146,9 +146,18 @@ INTRINSICS = (
     "bitcast",  # the argument's bits read as the result's dtype (same size)
     "prefetch",  # of a load: 0; a hint that its element is read soon (the load is not performed)
     "prefetch_l2",  # the same, into the second-level cache only: read later, or among much else
+    "dot_bf16x2",  # (acc, a0, a1, b0, b1): acc + a1 * b1 + a0 * b0, float32 acc, bfloat16 pairs (see DOT_BF16X2)
 )  # fmt: skip
 PREFETCHES = {"prefetch": 1, "prefetch_l2": 2}  # the hints (their argument is a load whose address they take) and the cache level each fills
-INTRINSIC_ARITY = {"bitwise_and": 2, "bitwise_or": 2, "bitwise_xor": 2}  # the others take one argument
+INTRINSIC_ARITY = {"bitwise_and": 2, "bitwise_or": 2, "bitwise_xor": 2, "dot_bf16x2": 5}  # the others take one argument
+# ``dot_bf16x2(acc, a0, a1, b0, b1)``: the float32 ``acc`` plus the dot product of two pairs of
+# bfloat16 values, ``(acc + a1 * b1) + a0 * b0`` in float32 (each product of two bfloat16 values
+# is exact in float32: two roundings, in that order): the operation of AVX-512 BF16's
+# ``vdpbf16ps`` on one lane (whose hardware may flush subnormal inputs and results to zero). In a
+# vectorized loop whose ``a0``/``a1`` are loads contiguous in the loop's var and whose ``b0``/``b1``
+# do not depend on it, the C emitter makes each 16 lanes one ``vdpbf16ps`` where the compiler
+# targets AVX-512 BF16 (``tilework.codegen.c.emit``); elsewhere it is that float32 arithmetic.
+DOT_BF16X2 = "dot_bf16x2"
 
 
 def dtype_of(x: Scalar) -> str:

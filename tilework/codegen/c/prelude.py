@@ -104,6 +104,26 @@ static inline uint16_t tw_f2bf(float f) {
     return (uint16_t)(u >> 16);
 }
 static inline float tw_round_bf(float x) { return tw_bf2f(tw_f2bf(x)); }
+/* dot_bf16x2 (tilework.ir.loop.DOT_BF16X2): the values are bfloat16 widened, so each product is
+   exact and this is vdpbf16ps's arithmetic on one lane. With AVX-512 BF16 a vectorized loop of
+   them is emitted as vdpbf16ps (tilework.codegen.c.emit): tw_bf16_pairs interleaves 16 lanes of
+   a0 and a1 (a0 the even half of each pair), tw_f32_pairs the same of float32 rows rounded
+   (vcvtne2ps2bf16); tw_u32_at reads a pair stored side by side. */
+static inline float tw_dot_bf16x2(float acc, float a0, float a1, float b0, float b1) { return (acc + a1 * b1) + a0 * b0; }
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define TW_DOT_BF16 1
+static const uint16_t tw_pair_order[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+static inline __m512i tw_bf16_pairs(const uint16_t* a0, const uint16_t* a1) {
+    __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)a0)), _mm256_loadu_si256((const __m256i*)a1), 1);
+    return _mm512_permutexvar_epi16(_mm512_loadu_si512(tw_pair_order), both);
+}
+static inline __m512i tw_f32_pairs(const float* a0, const float* a1) {
+    __m512bh both = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(a1), _mm512_loadu_ps(a0));
+    return _mm512_permutexvar_epi16(_mm512_loadu_si512(tw_pair_order), (__m512i)both);
+}
+static inline int tw_u32_at(const uint16_t* p) { int v; memcpy(&v, p, 4); return v; }
+#endif
 /* the bytes of a value read as another type of the same size (bitcast) */
 static inline uint16_t tw_h_bits(float x) { tw_half h = TW_F2H(x); uint16_t u; memcpy(&u, &h, 2); return u; }
 static inline float tw_bits_h(uint16_t u) { tw_half h; memcpy(&h, &u, 2); return TW_H2F(h); }
