@@ -205,7 +205,7 @@ def main() -> None:
     if tw_bf16 is not None:
         emit(
             "minilm-bf16",
-            f"tilework with precision='bf16' (bf16 linear weights, activations rounded to bf16 in the GEMMs where the CPU has AVX-512 BF16, fp32 accumulation; compiled once, {compile_s['tilework bf16']:.1f} s) in the same run, {THREADS} threads; "
+            f"tilework with precision='bf16' (bf16 linear weights; where the CPU has AVX-512 BF16 the activations rounded to bf16 in the GEMMs and the attention's q, k, v and probabilities in its products; fp32 accumulation; compiled once, {compile_s['tilework bf16']:.1f} s) in the same run, {THREADS} threads; "
             "median ms; error = max |bf16 - tilework fp32| over the outputs (tilework fp32 matches torch within 1e-4: tests/frontend/test_torch_models.py), absolute and relative to the largest output:\n\n"
             + table(["(batch, seq)", "tilework bf16", "tilework fp32", "best fp32 peer", "bf16 vs tilework fp32", "bf16 vs best peer", "max abs error", "relative error"], bf16_rows),
         )

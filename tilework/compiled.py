@@ -94,7 +94,8 @@ def compile(
     are stored as bfloat16 and multiplied with float32 sums by the ``quant`` backend (from 9
     rows on, where the CPU has AVX-512 BF16, the activations rounded to bf16 for its dot
     products; ``tilework.transform.bf16_weights``: each output within
-    ``BF16_BOUND * sum|x * w|`` of float32, about ``2**-7``);
+    ``BF16_BOUND * sum|x * w|`` of float32, about ``2**-7``), and there the attention too
+    multiplies in bfloat16 (q, k, v and the probabilities rounded, float32 sums: ``vdpbf16ps``);
     ``CompiledModel.check_precision`` measures the error against a float32 model.
     ``runtime``: ``"native"`` runs ``main`` as native graph code (``tilework.export.native``:
     the bytecode translated to C and compiled once, calling the same kernels: the same bits,
@@ -123,8 +124,10 @@ def compile(
     precision_report: dict[str, Any] = {"mode": precision}
     if precision == "bf16":
         # bf16x16 where the quant library multiplies with AVX-512 BF16 (its GEMV and GEMM read
-        # that layout unpacked; elsewhere the plain rows' kernels are the faster ones)
-        to_bf16 = Bf16Weights(params=weights == "inputs", groups=quant_backend.library().bf16dot)
+        # that layout unpacked; elsewhere the plain rows' kernels are the faster ones), and the
+        # attention's products in bf16 there (elsewhere they would only round)
+        bf16dot = quant_backend.library().bf16dot
+        to_bf16 = Bf16Weights(params=weights == "inputs", groups=bf16dot, attention=bf16dot)
         optimized, model_weights, precision_report, build_backends = _to_bf16(to_bf16, optimized, model_weights, backends)
         graph_passes = [*graph_passes, to_bf16]
     layout_weights = None  # weights laid out for our kernels, once (packed by exe.meta's weight_layout below)
@@ -388,7 +391,8 @@ def _to_bf16(to_bf16: Bf16Weights, mod: IRModule, weights: list[np.ndarray], bac
     first = int(main.attrs.get("num_inputs", len(main.params))) if isinstance(main, GraphFunc) else 0
     err = max((weight_error(weights[i - first]) for i in converted), default=None)
     linears = sum(n for op, n in _graph_summary(mod)["ops"] if op == "quant_linear") - sum(n for op, n in _graph_summary(before)["ops"] if op == "quant_linear")
-    report: dict[str, Any] = {"mode": "bf16", "linears": linears, "weight_max_rel_err": err, "bound_rel": BF16_BOUND}
+    attention = _bf16_attention_calls(mod)
+    report: dict[str, Any] = {"mode": "bf16", "linears": linears, "attention": attention, "weight_max_rel_err": err, "bound_rel": BF16_BOUND}
     names = backends.split(",") if isinstance(backends, str) else list(backends or ["codegen"])
     if linears and "quant" not in names:
         names = ["quant", *names]
@@ -406,6 +410,8 @@ def _precision_lines(p: dict[str, Any]) -> list[str]:
             f" activations rounded to bf16 for AVX-512 BF16 dot products where the CPU has them){measured_w}",
             f"    bound per output: |y - y_fp32| <= {p['bound_rel']:.2e} * sum_k |x_k * w_k| (+ fp32 rounding)",
         ]
+        if p.get("attention"):
+            lines.append(f"    attention: bf16 products (q, k, v and probabilities rounded to bf16, fp32 sums) in {p['attention']} call(s)")
     m = p.get("measured")
     if m is not None:
         lines.append(f"    measured against fp32 on inputs {m['inputs']}: max abs error {m['max_abs']:.3e}, {m['max_rel']:.3e} of the largest output")
@@ -426,6 +432,14 @@ def _info_text(info: Any) -> str:
     from tilework.text.printer import print_info
 
     return print_info(info)
+
+
+def _bf16_attention_calls(mod: IRModule) -> int:
+    """The ``attention`` calls of ``mod`` with bfloat16 products."""
+    from tilework.ir.graph import Binding, Call, OpRef, bindings_of
+
+    calls = (b.value for _, func in mod.graph_funcs() for b in bindings_of(func) if isinstance(b, Binding) and isinstance(b.value, Call))
+    return sum(1 for c in calls if isinstance(c.callee, OpRef) and c.callee.name == "attention" and c.attrs.get("bf16"))
 
 
 def _graph_summary(mod: IRModule) -> dict[str, Any]:

@@ -87,6 +87,8 @@ CASES = [
     _case("head_dim_72", [T(b, s, 2, 72), T(b, kv, 1, 72), T(b, kv, 1, 72)], causal=True),
     _case("sym_head_dim", [T(b, s, 2, d), T(b, kv, 2, d), T(b, kv, 2, d)], envs({b: 1, s: 1, kv: 1, d: 1}, {b: 2, s: 19, kv: 40, d: 9}, {b: 1, s: 33, kv: 65, d: 64})),
     _case("bool_mask", [T(b, s, 4, 16), T(b, kv, 2, 16), T(b, kv, 2, 16), T(b, 1, s, kv, dtype="bool")], mask=True),
+    # a padding mask: the same for every row of a task, one bias a key (``key_biases``)
+    _case("bool_padding_mask", [T(b, s, 4, 16), T(b, kv, 2, 16), T(b, kv, 2, 16), T(b, 1, 1, kv, dtype="bool")], mask=True),
     _case("bool_mask_causal", [T(b, s, 4, 16), T(b, kv, 4, 16), T(b, kv, 4, 16), T(s, kv, dtype="bool")], CAUSAL_SEQS, mask=True, causal=True),
     _case("float_mask_keys", [T(b, s, 4, 16), T(b, kv, 4, 16), T(b, kv, 4, 16), T(b, 1, 1, kv)], mask=True),
     _case("float_mask_heads", [T(b, s, 4, 16), T(b, kv, 2, 16), T(b, kv, 2, 16), T(4, s, kv)], CAUSAL_SEQS, mask=True, causal=True),
@@ -278,3 +280,58 @@ def test_few_tasks_split_their_keys() -> None:
         np.testing.assert_allclose(out, attention_ref(q, k, v, mask=m), rtol=1e-5, atol=1e-5, err_msg=f"{(nb, sq, skv)}")
         if nb > 1:
             assert np.all(out[1, 0] == 0)
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    from tilework.ir.dtype import np_dtype
+
+    return x.astype(np_dtype("bfloat16")).astype(np.float32)
+
+
+@pytest.mark.parametrize("causal,masked", [(False, None), (True, None), (False, "float"), (False, "padding")], ids=["plain", "causal", "float_mask", "padding_mask"])
+def test_bf16_products(causal: bool, masked: str | None) -> None:
+    """``bf16``: the wide copy multiplies in bfloat16 (``dot_bf16x2``: queries, keys, values and
+    probabilities rounded; float32 sums), on the C target (``vdpbf16ps`` with AVX-512 BF16) and
+    the interpreter: within bfloat16's rounding of the float64 reference on the rounded
+    inputs, and of the float32 kernel; tasks of up to 8 rows (the narrow copy) stay float32,
+    as does an odd head dim. Lengths: one query and key, odd key counts, partial key blocks,
+    several blocks, rows masked out entirely."""
+    from tilework.codegen.c import emit_function
+    from tilework.ir.loop import Buffer
+
+    def kernel(hd: int, bf16: bool) -> TensorFunc:
+        q, k, v = Buffer("q", (b, s, 4, hd), "float32"), Buffer("k", (b, kv, 2, hd), "float32"), Buffer("v", (b, kv, 2, hd), "float32")
+        m = None if masked is None else Buffer("mask", (b, 1, s, kv), "float32") if masked == "float" else Buffer("mask", (b, 1, 1, kv), "bool")
+        return default_schedule(attention_kernel(q, k, v, m, Buffer("out", (b, s, 4, hd), "float32"), causal, None, 64, bf16), strict=True)
+
+    funcs = {"dot": kernel(16, True), "f32": kernel(16, False), "odd": kernel(15, True)}
+    assert "_mm512_dpbf16_ps(" in emit_function(funcs["dot"], "tw_x")
+    assert "_mm512_dpbf16_ps(" not in emit_function(funcs["odd"], "tw_x")
+    lib = build_library(funcs)
+    rng = np.random.default_rng(11)
+    for nb, sq, skv in ((1, 1, 1), (2, 5, 33), (1, 9, 9), (1, 33, 65), (2, 20, 7)):
+        arrays = [rng.standard_normal(shape).astype(np.float32) for shape in ((nb, sq, 4, 16), (nb, skv, 2, 16), (nb, skv, 2, 16))]
+        if masked == "float":
+            m = (rng.standard_normal((nb, 1, sq, skv)) * 2).astype(np.float32)
+            m[:, :, sq // 2, :] = -np.inf  # a row that sees no key: zeros
+            arrays.append(m)
+        elif masked == "padding":
+            arrays.append(rng.random((nb, 1, 1, skv)) < 0.6)
+        mask = arrays[3] if masked else None
+        q, k, v = arrays[:3]
+        scale = np.float32(1 / math.sqrt(16))
+        want = attention_ref(_bf16(q * scale), _bf16(k), _bf16(v), mask=mask, causal=causal, scale=1.0)
+        fp32 = attention_ref(q, k, v, mask=mask, causal=causal)
+        rows = 2 * sq  # a task's rows: the query positions times the group's 2 heads
+        for name, run_ in (("C", lib["dot"].run), ("interp", lambda a: interp.run(funcs["dot"], a))):
+            out = np.full((nb, sq, 4, 16), np.nan, np.float32)
+            run_([*arrays, out])
+            tol = 2.0**-7 * np.abs(v).max() if rows > 8 else 1e-5  # the probabilities' rounding
+            np.testing.assert_allclose(out, want if rows > 8 else fp32, rtol=0, atol=tol, err_msg=f"{name} {(nb, sq, skv)}")
+            np.testing.assert_allclose(out, fp32, rtol=0, atol=0.05 * np.abs(v).max(), err_msg=f"{name} {(nb, sq, skv)} vs float32")
+            if rows > 8:  # the rounding shows: the products were bfloat16
+                assert np.abs(out - fp32).max() > 1e-5
+        odd = [rng.standard_normal(shape).astype(np.float32) for shape in ((nb, sq, 4, 15), (nb, skv, 2, 15), (nb, skv, 2, 15))]
+        out = np.full((nb, sq, 4, 15), np.nan, np.float32)
+        lib["odd"].run([*odd, *arrays[3:], out])
+        np.testing.assert_allclose(out, attention_ref(*odd, mask=mask, causal=causal), rtol=1e-4, atol=1e-5)

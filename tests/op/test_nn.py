@@ -70,7 +70,9 @@ def test_attention_shapes() -> None:
     assert info_of(op.attention, R(), k, v) == R(4)
     assert info_of(op.attention, q, R(), T(b, kv, 8, 64, dtype=None)) == T(b, s, 32, 64)
     attrs = dict(op.attention(Var("q"), Var("k"), Var("v")).attrs)
-    assert attrs == {"causal": False, "scale": None}
+    assert attrs == {"causal": False, "scale": None, "bf16": False}
+    with pytest.raises(InferenceError, match="attribute bf16 must be a bool"):
+        info_of(lambda x, y, w: op.attention(x, y, w, bf16="yes"), q, k, v)  # type: ignore[arg-type]
 
 
 def test_attention_mask() -> None:

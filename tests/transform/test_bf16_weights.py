@@ -205,3 +205,42 @@ def test_cli_build_with_precision_bf16(tmp_path: Path, capsys: pytest.CaptureFix
     (tmp_path / "m.txt").write_text("")
     assert main(["build", str(tmp_path / "m.txt"), "-o", str(tmp_path / "x.tw"), "--precision", "bf16"]) == 2
     assert "--precision bf16 applies to .pt2 and .onnx models only" in capsys.readouterr().err
+
+
+class _Attention(torch.nn.Module):
+    """q, k, v projections (64 -> 4 heads of 16) and SDPA with a padding mask, then an output
+    projection: the attention of an encoder layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = torch.nn.Linear(64, 192)
+        self.out = torch.nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = (t.reshape(b, s, 4, 16).transpose(1, 2) for t in self.qkv(x).split(64, dim=-1))
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :])
+        return self.out(o.transpose(1, 2).reshape(b, s, 64))
+
+
+def test_attention_multiplies_in_bf16_where_the_cpu_has_it() -> None:
+    """With AVX-512 BF16 the bf16 mode's attention rounds q, k, v and the probabilities to bf16
+    for its products (``explain`` says so); elsewhere it stays float32. Against torch float32
+    within bf16's rounding, at sequence lengths 1 (a task of 4 rows: the float32 narrow copy),
+    17 and 40 (bf16 rows), with padded keys."""
+    torch.manual_seed(3)
+    m = _Attention().eval()
+    b, s = Dim("b", min=1, max=8), Dim("s", min=1, max=64)
+    x, keep = torch.randn(2, 9, 64), torch.ones(2, 9, dtype=torch.bool)
+    cm = tilework.compile(m, (x, keep), ({0: b, 1: s}, {0: b, 1: s}), precision="bf16")
+    text = cm.explain()
+    assert ("attention: bf16 products" in text) == Q.library().bf16dot
+    gen = torch.Generator().manual_seed(4)
+    for batch, seq in ((1, 1), (2, 17), (3, 40)):
+        x = torch.randn(batch, seq, 64, generator=gen)
+        keep = torch.rand(batch, seq, generator=gen) < 0.7
+        keep[:, 0] = True
+        with torch.no_grad():
+            want = m(x, keep).numpy()
+        got = cm(x.numpy(), keep.numpy())
+        assert 0 < np.abs(got - want).max() <= 2e-2 * np.abs(want).max(), (batch, seq)

@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--backends", metavar="LIST", help="backends in priority order, e.g. blas,torch,codegen: each op goes to the first that can run it, the rest to tilework's kernels (see docs/backends.md)")
     b.add_argument("--target", default="cpu", help="the kernel target: cpu (C + OpenMP, default) or interp (the NumPy reference interpreter: slow, needs no compiler)")
     b.add_argument("--pipeline", choices=("default", "O0"), default="default", help="the pass pipeline: default, or O0 (no graph passes, fusion or memory planning)")
-    b.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="(.pt2, .onnx) bf16: linear weights stored as bfloat16, products accumulated in float32 (activations rounded to bf16 in the GEMMs where the CPU has AVX-512 BF16; tilework.compile's precision)")
+    b.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="(.pt2, .onnx) bf16: linear weights stored as bfloat16, products accumulated in float32 (activations rounded to bf16 in the GEMMs, and the attention's products in bf16, where the CPU has AVX-512 BF16; tilework.compile's precision)")
     from tilework.cli import placement
 
     placement.add_build_args(b)

@@ -8,7 +8,11 @@ elementwise ops and live in ``tilework.op.elementwise``.
 multiple of ``num_kv_heads``. An optional mask (bool: True keeps, or float: added to the
 scores) broadcasts to ``[batch, num_heads, seq_q, seq_kv]``. With ``causal``, query ``i`` sees
 keys ``j <= i + seq_kv - seq_q`` (aligned at the end, which is what decoding with a KV cache
-needs). ``scale`` None means ``1 / sqrt(head_dim)``.
+needs). ``scale`` None means ``1 / sqrt(head_dim)``. ``bf16`` (float32 attention only, set by
+``tilework.compile(..., precision="bf16")``): the products in bfloat16 with float32 sums, the
+query, keys, values and probabilities rounded to bfloat16 (``dot_bf16x2``: AVX-512 BF16's
+``vdpbf16ps`` where the CPU has it); each output is then off by at most about ``2**-8`` of the
+scores' and the values' magnitudes more.
 
 Legalization computes statistics in float32 for float16/bfloat16 and subtracts the row max
 before ``exp``; attention is a hand-built kernel (``tilework.op.attention_kernel``) with
@@ -123,6 +127,7 @@ def _infer_attention(call: Call, ctx: InferCtx) -> StructInfo:
         raise ctx.error(f"takes (q, k, v) or (q, k, v, mask), got {len(call.args)} argument(s)")
     q, k, v = (tensor_arg(call, i, ctx) for i in range(3))
     bool_attr(call, "causal", ctx)
+    bool_attr(call, "bf16", ctx)
     _float_attr(call, "scale", ctx, optional=True)
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
         _check_rank4(t, name, ctx)
@@ -289,7 +294,7 @@ def _legalize_attention(call: Call, ctx: "LegalizeCtx") -> Expr:
     mask = bufs[3] if len(bufs) == 4 else None
     given = call.attrs["scale"]
     scale = None if given is None else float(given)
-    func = attention_kernel(bufs[0], bufs[1], bufs[2], mask, out, bool(call.attrs["causal"]), scale, ctx.vector_bytes)
+    func = attention_kernel(bufs[0], bufs[1], bufs[2], mask, out, bool(call.attrs["causal"]), scale, ctx.vector_bytes, bool(call.attrs["bf16"]))
     gv = ctx.add_kernel("attention", func)
     return call_tensor(gv, list(call.args), call.info, tuple(func.sym_params))
 
@@ -298,7 +303,7 @@ register(Op("softmax", _infer_softmax, OpPattern.REDUCTION, attrs={"axis": -1}, 
 register(Op("log_softmax", _infer_softmax, OpPattern.REDUCTION, attrs={"axis": -1}, num_args=1, legalize=_legalize_softmax))
 register(Op("layer_norm", _infer_norm, OpPattern.REDUCTION, attrs={"axes": (-1,), "eps": 1e-5}, num_args=3, legalize=_legalize_norm))
 register(Op("rms_norm", _infer_norm, OpPattern.REDUCTION, attrs={"axes": (-1,), "eps": 1e-6}, num_args=2, legalize=_legalize_norm))
-register(Op("attention", _infer_attention, OpPattern.OPAQUE, attrs={"causal": False, "scale": None}, legalize=_legalize_attention))
+register(Op("attention", _infer_attention, OpPattern.OPAQUE, attrs={"causal": False, "scale": None, "bf16": False}, legalize=_legalize_attention))
 
 
 def _axes(axes: int | Sequence[int]) -> tuple[int, ...]:
@@ -333,8 +338,9 @@ def attention(
     mask: Expr | None = None,
     causal: bool = False,
     scale: float | None = None,
+    bf16: bool = False,
 ) -> Call:
     """Scaled dot-product attention over ``[batch, seq, heads, head_dim]`` tensors (see the
-    module docstring for grouped KV heads, the mask and causal alignment)."""
+    module docstring for grouped KV heads, the mask, causal alignment and ``bf16``)."""
     args = [q, k, v] if mask is None else [q, k, v, mask]
-    return make_call("attention", args, causal=causal, scale=None if scale is None else float(scale))
+    return make_call("attention", args, causal=causal, scale=None if scale is None else float(scale), bf16=bf16)
