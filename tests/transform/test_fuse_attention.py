@@ -177,3 +177,43 @@ def test_onnx_minilm_attention_is_fused(tmp_path: object, impl: str) -> None:
         mask[0, max(1, s // 2):] = 0
         want = sess.run(None, {"ids": ids, "mask": mask})[0]
         np.testing.assert_allclose(cm(ids, mask), want, rtol=1e-4, atol=1e-4)
+
+
+# transformers' SDPA mask: the padding mask [b, 1, 1, s] and-ed with "query index >= 0"
+PADDED = """
+@graph
+def main(q: Tensor((b, s, 4, 8), "float32"), k: Tensor((b, s, 4, 8), "float32"), v: Tensor((b, s, 4, 8), "float32"), pad: Tensor((b, 1, 1, s), "bool")):
+    b = sym(lo=0, hi=16)
+    s = sym(lo=0, hi=256)
+    with dataflow():
+        r = arange(dtype="int64", end=s, start=0, step=1)
+        r0 = add(r, const(0, "int64"))
+        r1 = expand_dims(r0, axis=[0, 1, 3])
+        ge = greater_equal(r1, const({bound}, "int64"))
+        t = logical_and(const(True, "bool"), ge)
+        m = logical_and(t, pad)
+        o = attention(q, k, v, m, scale=0.35355339)
+        output(o)
+    return o
+"""
+
+
+@pytest.mark.parametrize("bound, dropped", [(0, True), (-3, True), (1, False)])
+def test_a_mask_factor_that_is_all_true_is_dropped(bound: int, dropped: bool) -> None:
+    """``attention(q, k, v, logical_and(arange(s)[None, None, :, None] >= c, pad))``: with ``c``
+    at most 0 the first factor is all True and the attention takes ``pad`` itself (``[b, 1, 1,
+    s]``: one bias a key for all the kernel's rows); with ``c = 1`` (query 0 sees nothing) the
+    mask stays. The same values either way, at sequence lengths 0, 1 and odd ones."""
+    mod = ir(PADDED.format(bound=bound))
+    after = Pipeline([FuseAttention(), DeadCodeElimination()])(mod)
+    (call,) = [b.value for b in bindings_of(after["main"]) if isinstance(b, Binding) and isinstance(b.value, Call) and isinstance(b.value.callee, OpRef) and b.value.callee.name == "attention"]
+    assert (call.args[3] is after["main"].params[3]) == dropped
+    assert (_ops(after).count("logical_and") == 0) == dropped
+    fused, plain = tw.VM(tw.build(mod))["main"], tw.VM(tw.build(mod, opt_level=0))["main"]
+    rng = np.random.default_rng(bound + 5)
+    for b, s in ((1, 1), (2, 0), (3, 7), (2, 33)):
+        q, k, v = (rng.standard_normal((b, s, 4, 8)).astype(np.float32) for _ in range(3))
+        pad = rng.random((b, 1, 1, s)) < 0.7
+        if s:
+            pad[..., 0] = True
+        np.testing.assert_allclose(fused(q, k, v, pad), plain(q, k, v, pad), rtol=2e-5, atol=2e-5)

@@ -27,12 +27,25 @@ Only a closed match is rewritten (the scores, the scaled and masked scores and t
 are read by nothing else); float32/float64 tensors of rank 4 with a static head count; the
 mask float (added) or bool (keeps where True).
 
+A third rule drops a factor of an ``attention``'s bool mask that is provably all True:
+``attention(q, k, v, logical_and(a, b))`` -> ``attention(q, k, v, b)`` where every element of ``a``
+is True (the op broadcasts ``b`` itself). transformers builds its SDPA masks so: the padding mask
+``[b, 1, 1, kv]`` and-ed with a "query index >= 0" term ``[1, 1, sq, 1]`` (``arange(sq) >= 0``),
+giving ``[b, 1, sq, kv]``; without the term the kernel reads one bias per key for all its rows
+(``tilework.op.attention_kernel``) instead of a byte a score gathered across the rows
+(all-MiniLM-L6-v2 at (8, 256): 8.5 -> 6.0 ms an attention call, 2 threads). Proven all True: a
+bool constant of True, ``logical_and`` of such, ``greater_equal(x, c)`` with ``c`` a constant
+at most ``x``'s least value (an ``arange`` with a nonnegative step starts at its least value;
+``expand_dims``, ``reshape``, ``broadcast_to`` keep it; ``add`` sums the bounds), and
+``expand_dims``/``reshape``/``broadcast_to`` of such.
+
 Requires a well-formed module; guarantees a well-formed module computing the same values up to
 floating-point reassociation (the kernel sums in another order).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -131,6 +144,76 @@ def _compose_permutes(value: Expr, m: Match) -> Expr | None:
     return x if axes == tuple(range(len(axes))) else permute_dims(x, axes)
 
 
+_SHAPE_ONLY = ("expand_dims", "reshape", "broadcast_to")  # ops that move or repeat values only
+_DEPTH = 12  # how far back through the producers the proofs look
+
+
+def _producer(e: Expr, m: Match) -> tuple[str, Call] | tuple[None, Expr]:
+    """The op name and call that computes ``e`` (bindings followed), or (None, the value)."""
+    c = m.ctx.resolve(e)
+    if isinstance(c, Call) and isinstance(c.callee, OpRef):
+        return c.callee.name, c
+    return None, c
+
+
+def _least(e: Expr, m: Match, depth: int = _DEPTH) -> float | None:
+    """A lower bound of every element of ``e``, where one is plain (see the module docstring)."""
+    name, c = _producer(e, m)
+    if isinstance(c, Constant):
+        data = np.asarray(c.data)
+        return float(data.min()) if data.size and data.dtype.kind in "iuf" else None
+    if name is None or depth == 0 or not isinstance(c, Call):
+        return None
+    if name == "arange":
+        start, step = c.attrs.get("start"), c.attrs.get("step")
+        return float(start) if isinstance(start, (int, float)) and isinstance(step, (int, float)) and step >= 0 else None
+    if name in _SHAPE_ONLY:
+        return _least(c.args[0], m, depth - 1)
+    if name == "add" and len(c.args) == 2:
+        a, b = _least(c.args[0], m, depth - 1), _least(c.args[1], m, depth - 1)
+        return None if a is None or b is None else a + b
+    return None
+
+
+def _all_true(e: Expr, m: Match, depth: int = _DEPTH) -> bool:
+    """Every element of bool tensor ``e`` is provably True (see the module docstring)."""
+    name, c = _producer(e, m)
+    if isinstance(c, Constant):
+        data = np.asarray(c.data)
+        return data.dtype == np.bool_ and bool(data.all())
+    if name is None or depth == 0 or not isinstance(c, Call):
+        return False
+    if name == "logical_and":
+        return all(_all_true(a, m, depth - 1) for a in c.args)
+    if name in _SHAPE_ONLY:
+        return _all_true(c.args[0], m, depth - 1)
+    if name == "greater_equal" and len(c.args) == 2:
+        _, bound = _producer(c.args[1], m)
+        least = _least(c.args[0], m, depth - 1)
+        if isinstance(bound, Constant) and least is not None and np.asarray(bound.data).size:
+            return least >= float(np.asarray(bound.data).max())
+    return False
+
+
+def _drop_true_mask_factor(value: Expr, m: Match) -> Expr | None:
+    """``attention(q, k, v, logical_and(a, b))`` -> ``attention(q, k, v, b)`` where ``a`` is all
+    True (or the same with ``b``)."""
+    assert isinstance(value, Call)
+    if len(value.args) != 4:
+        return None
+    name, mask = _producer(value.args[3], m)
+    if name != "logical_and" or not isinstance(mask, Call) or len(mask.args) != 2:
+        return None
+    a, b = mask.args
+    keep = b if _all_true(a, m) else a if _all_true(b, m) else None
+    if keep is None:
+        return None
+    info = keep.info
+    if not (isinstance(info, TensorInfo) and info.dtype == "bool" and info.shape is not None and len(info.shape) <= 4):
+        return None
+    return dataclasses.replace(value, args=(*value.args[:3], keep))
+
+
 @dataclass(frozen=True)
 class FuseAttention(Pass):
     """See the module docstring."""
@@ -139,9 +222,10 @@ class FuseAttention(Pass):
 
     def run(self, mod: IRModule) -> IRModule:
         fused = rewrite_subgraphs(mod, [(_pattern(), _fuse)])  # type: ignore[list-item]
-        if fused is mod:
-            return mod
-        return apply_rules(fused, [Rule("permute_of_permute", op_call("permute_dims"), _compose_permutes)])
+        rules = [Rule("attention_mask_all_true_factor", op_call("attention"), _drop_true_mask_factor)]
+        if fused is not mod:
+            rules.append(Rule("permute_of_permute", op_call("permute_dims"), _compose_permutes))
+        return apply_rules(fused, rules)
 
 
 __all__ = ["FuseAttention"]
