@@ -441,3 +441,4 @@ def test_dot_bf16x2_needs_bfloat16_pairs() -> None:
     dot = Intrin(DOT_BF16X2, (Load(y, (i,)), Load(x, (i,)), Load(x, (i,)), Load(x, (i,)), Load(x, (i,))), "float32")
     with pytest.raises(WellFormedError, match="dot_bf16x2 takes a float32 accumulator and four bfloat16"):
         verify(IRModule({"f": TensorFunc((x, y), For(i, n, Store(y, (i,), dot), "serial"), 1)}))
+

@@ -267,7 +267,7 @@ class _Emitter(LoopEmitter):
         self.line(f"{name}[{self.flat(b, s.indices)}] = {value};")
 
     def emit_for(self, s: For) -> None:
-        dot = _dot_bf16_loop(s) if s.kind == "vectorized" and not self.dot_fallback else None
+        dot = _dot_bf16_loop(s) if s.kind == "vectorized" and not self.dot_fallback and loop_conflict(s) is None else None
         if dot is not None:
             self.emit_dot_bf16(s, *dot)
             return
@@ -323,7 +323,7 @@ class _Emitter(LoopEmitter):
         self.line("#if defined(TW_DOT_BF16)")
         self.line("{")
         self.depth += 1
-        pair = self.bind(("dot_pair", s), "tw_pair")
+        pair = self.bind(("dot_pair", s), "pair")
         if _side_by_side(b0, b1):  # one 32-bit load broadcast (the C compiler does not merge two)
             assert isinstance(b0, Load)
             self.line(f"const __m512i {pair} = _mm512_set1_epi32(tw_u32_at(&{self.known(b0.buffer, f'load from buffer {b0.buffer.name}')}[{self.flat(b0.buffer, b0.indices)}]));")
@@ -759,8 +759,8 @@ def _dot_bf16_loop(s: For) -> tuple[Store, Intrin, str] | None:
     same = isinstance(acc, Load) and acc.buffer is body.buffer and len(acc.indices) == len(body.indices) and all(x is y or x == y for x, y in zip(acc.indices, body.indices))
     if not same or body.buffer.dtype != "float32" or not contiguous(body.indices):
         return None
-    if uses(b0) or uses(b1):
-        return None
+    if uses(b0) or uses(b1) or any(isinstance(e, Load) and e.buffer is body.buffer for x in (a0, a1, b0, b1) for e in walk_scalars(x)):
+        return None  # b0, b1 are read once before the loop, a0, a1 16 lanes at a time
     rounded = [a.value for a in (a0, a1) if isinstance(a, Cast) and a.dtype == "bfloat16" and isinstance(a.value, Load) and a.value.buffer.dtype == "float32"]
     if len(rounded) == 2 and all(isinstance(a, Load) and contiguous(a.indices) for a in rounded):
         return body, body.value, "round"
