@@ -431,22 +431,21 @@ class _Attention:
         if self.causal:
             conds = [binary("<=", j, sym.add(i, sym.sub(self.skv, self.sq)))]
         if self.key_bias is not None:  # the block's bias of key j, the same for every row
-            return binary("+", score, _ld(self.key_bias, sym.sub(j, self.key_bias_j0)))
+            bias = _ld(self.key_bias, sym.sub(j, self.key_bias_j0))
+            return Select(binary("==", bias, self.c(-math.inf)), self.c(-math.inf), binary("+", score, bias), self.acc)
         value = score
-        if self.mask is not None:
-            value = binary("+", value, self.mask_bias(h, i, j))
+        mask = self.mask
+        if mask is not None:
+            target = (self.nb, self.nh, self.sq, self.skv)
+            mval = _ld(mask, *bcast_index((self.b, h, i, self.key(j)), mask.shape, target))
+            if mask.dtype == "bool":
+                conds.append(mval)
+            else:
+                value = binary("+", value, self.up(mval))
         cond = conds[0]
         for x in conds[1:]:
             cond = binary("and", cond, x)
         return Select(cond, value, self.c(-math.inf), self.acc)
-
-    def mask_bias(self, h: Dim, i: Dim, j: Dim) -> Scalar:
-        """What the mask adds to the score of key ``j`` for query ``i`` of head ``h``: a float
-        mask's value, a bool one's 0 (kept) or -inf."""
-        assert self.mask is not None
-        target = (self.nb, self.nh, self.sq, self.skv)
-        mval = _ld(self.mask, *bcast_index((self.b, h, i, self.key(j)), self.mask.shape, target))
-        return Select(mval, self.c(0.0), self.c(-math.inf), self.acc) if self.mask.dtype == "bool" else self.up(mval)
 
     def row_invariant_mask(self) -> bool:
         """The mask (with no causal mask) is the same for every row of a task: broadcast over
@@ -455,15 +454,19 @@ class _Attention:
         return m is not None and not self.causal and len(m.shape) == 4 and sym.prove_eq(m.shape[1], 1) and sym.prove_eq(m.shape[2], 1)
 
     def key_biases(self, j0: Dim, keys: Dim) -> Stmt:
-        """``key_bias[j]``: the mask's bias of key ``j0 + j`` (-inf past the last key), once a
+        """``key_bias[j]``: the mask's bias of key ``j0 + j`` (a float mask's value; a bool
+        mask's 0 where it keeps the key; -inf where it does not and past the last key), once a
         block rather than once a row (the rows' vector loop would load and select it again for
-        every score: a [b, 1, 1, kv] bool mask at MiniLM's (8, 256), 2 threads, 7.7 -> 6.0 ms a call)."""
-        out = self.key_bias
-        assert out is not None
+        every score: a [b, 1, 1, kv] bool mask at MiniLM's (8, 256), 2 threads, 7.7 -> 6.0 ms a
+        call). A score whose bias is -inf is -inf (whatever the score), else score + bias."""
+        out, mask = self.key_bias, self.mask
+        assert out is not None and mask is not None
 
         def one(j: SymVar) -> Stmt:
             key = sym.add(j0, j)
-            bias = Select(binary("<", key, self.skv), self.mask_bias(0, 0, key), self.c(-math.inf), self.acc)
+            mval = _ld(mask, *bcast_index((self.b, 0, 0, self.key(key)), mask.shape, (self.nb, self.nh, self.sq, self.skv)))
+            given = Select(mval, self.c(0.0), self.c(-math.inf), self.acc) if mask.dtype == "bool" else self.up(mval)
+            bias = Select(binary("<", key, self.skv), given, self.c(-math.inf), self.acc)
             return block(BLOCK_PREFIX + "key_bias", Store(out, (j,), bias))
 
         return self.loop("kbias_j", keys, one, "vectorized")
