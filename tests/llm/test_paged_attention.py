@@ -105,6 +105,7 @@ def _case(target: str, decode: bool, lens: list[int], s: int, pool: int = 64, se
     other = kc[0].copy(), vc[0].copy()
     out = _vm(target, decode, theta, kv, table)["main"](qkv, kc, vc, np.array(lens, np.int32), pages, *_tokens(qkv, table))
     group = NH // NKV
+    dot = not decode and kv == "bfloat16"  # prefill from a bfloat16 pool: bfloat16 products (dot_bf16x2)
     # a rotated key rounds to float32 then to the pool's dtype: one unit in its last place apart
     key_tol = {"float32": 1e-6, "bfloat16": 2.0**-7, "float16": 2.0**-10}[kv]
     for b, n in enumerate(lens):
@@ -118,9 +119,15 @@ def _case(target: str, decode: bool, lens: list[int], s: int, pool: int = 64, se
             pos = n + t
             q = qkv[b, t, :NH] if theta is None else _rotate(qkv[b, t, :NH], pos, theta)
             for h in range(NH):
-                scores = keys[b][: pos + 1, h // group] @ q[h] / np.sqrt(HD)
+                if dot:  # the query (scaled) rounded to bfloat16, as the kernel rounds it
+                    qh = (q[h] * np.float32(1 / np.sqrt(HD))).astype(kvdt).astype(np.float64)
+                    scores = keys[b][: pos + 1, h // group] @ qh
+                else:
+                    scores = keys[b][: pos + 1, h // group] @ q[h] / np.sqrt(HD)
                 p = np.exp(scores - scores.max())
-                np.testing.assert_allclose(out[b, t, h], (p / p.sum()) @ values[b][: pos + 1, h // group], rtol=2e-5, atol=2e-6)
+                # with dot the probabilities are rounded to bfloat16 too (each against the
+                # running maximum of its page's step): within bfloat16's unit of the values
+                np.testing.assert_allclose(out[b, t, h], (p / p.sum()) @ values[b][: pos + 1, h // group], rtol=2e-5, atol=4e-3 if dot else 2e-6)
     np.testing.assert_array_equal(kc[0], other[0])  # another layer's slice is untouched
     np.testing.assert_array_equal(vc[0], other[1])
 
@@ -381,3 +388,18 @@ def test_decode_scores_two_dims_of_a_page_in_one_vector_loop() -> None:
     loop = text[text.index("for (int64_t s_j = 0;"):]
     assert loop.startswith("for (int64_t s_j = 0; s_j < 32; ++s_j)")
     assert "* 3072 + (32 * s_dd + s_j + 1024 * s_kh))]" in loop[: loop.index("}")]  # the page's block, then the key
+
+
+def test_prefill_from_a_bfloat16_pool_multiplies_pairs() -> None:
+    """Prefill from a bfloat16 pool takes its scores and values as ``dot_bf16x2`` (one
+    ``vdpbf16ps`` a vector of rows where the compiler targets AVX-512 BF16), from the sequence's
+    keys and values laid out in pairs once a call; a float32 pool stays float32."""
+    from tilework.codegen.c import emit_function
+    from tilework.op.paged_attention_kernel import paged_attention_kernel
+
+    b, s, pages, width = tw.dim("b", max=8), tw.dim("s", max=512), tw.dim("pages"), tw.dim("width", max=256)
+    for kv, dot in (("bfloat16", True), ("float32", False)):
+        shapes = [((b, s, 15, 64), "float32"), ((30, pages, 3, 64, 16), kv), ((30, pages, 16, 3, 64), kv), ((b,), "int32"), ((b, width), "int32")]
+        func, _ = paged_attention_kernel(shapes, ((b, s, 9, 64), "float32"), 3, None, 10000.0)
+        text = emit_function(func, "tw_x")
+        assert ("_mm512_dpbf16_ps(" in text) == dot and ("pp_kbf" in text) == dot

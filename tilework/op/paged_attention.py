@@ -14,8 +14,10 @@ TensorFuncs that read the pages.
   page are contiguous for each dim) and ``v_cache [layers, pages, page, kv_heads, hd]``: the page
   pool (``tilework.llm.kv_cache`` owns it). ``page`` tokens per page. The pool is float32,
   bfloat16 or float16 (``KV_DTYPES``, both caches the same): a 16-bit pool halves the bytes the
-  attention reads; each new key and value is rounded once as it is written, and the kernels
-  widen what they read to float32 in registers and compute in float32. (bfloat16 widens by a
+  attention reads; each new key and value is rounded once as it is written. Decode widens
+  what it reads to float32 in registers and computes in float32; prefill from a bfloat16 pool
+  multiplies in bfloat16 (the queries and probabilities rounded too, float32 sums: see
+  ``paged_attention_kernel``). (bfloat16 widens by a
   shift, which gcc vectorizes; gcc 12 leaves ``_Float16`` conversions scalar without
   AVX-512-FP16, so a float16 pool is slower than float32 there.)
 - ``kv_len int32 [b]``: how many tokens each sequence has cached before this step;

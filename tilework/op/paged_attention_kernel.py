@@ -34,7 +34,12 @@ Two kernels:
   times the heads of the group), the rows as lanes, keys a page at a time, skipping pages no row
   of the block sees. A page's scores are summed in register tiles of a few keys x the rows, its
   values added in register tiles of a few head dims x the rows (``tile_rows``: within
-  ``ACC_REGISTERS`` vectors; the accumulators rescaled as a tile loads them).
+  ``ACC_REGISTERS`` vectors; the accumulators rescaled as a tile loads them). From a bfloat16
+  pool the products are bfloat16 (``dot_bf16x2``: one ``vdpbf16ps`` a vector of rows where the
+  CPU has AVX-512 BF16, float32 sums): the sequence's keys (a key's pairs of dims side by side)
+  and values (two keys' values of a dim side by side) are laid out once a call (``pairs``), the
+  rows' queries stored rounded as pairs, the probabilities rounded as they are read; SmolLM2's
+  30 layers of prefill attention at 512 tokens, q, 2 threads: 100 -> 68 ms.
 - **the rotary table** (``paged_rotary``): the cosines and sines of a step's positions, computed
   by the same loop (``_angles``) as a kernel that is given no table.
 """
@@ -46,7 +51,7 @@ from typing import Callable
 
 from tilework.ir import sym
 from tilework.ir.dtype import DTYPE_TABLE
-from tilework.ir.loop import Allocate, Buffer, Cast, For, IfThenElse, Intrin, Load, Scalar, Select, Stmt, Store, TensorFunc, binary, const
+from tilework.ir.loop import DOT_BF16X2, Allocate, Buffer, Cast, For, IfThenElse, Intrin, Load, Scalar, Select, Stmt, Store, TensorFunc, binary, const
 from tilework.ir.sym import Dim, SymVar
 from tilework.op.attention_kernel import VECTOR_BYTES
 from tilework.op.kernel import block, free_syms, hand_kernel, named_loop, seq, serial_var
@@ -110,6 +115,10 @@ def _ld(buf: Buffer, *idx: Scalar) -> Load:
 def _f32(x: Load) -> Scalar:
     """A cached key or value as float32 (widened in registers from a 16-bit pool)."""
     return x if x.dtype == F32 else Cast(F32, x)
+
+
+def _even(d: Dim) -> bool:
+    return isinstance(d, int) and d % 2 == 0
 
 
 def _c(v: float) -> Scalar:
@@ -560,7 +569,40 @@ class _Prefill(_Kernel):
         self.rows = sym.mul(self.sq, self.group)
         self.blocks = sym.floordiv(sym.add(self.rows, LANES - 1), LANES)
         tasks = sym.mul(sym.mul(self.nb, self.nkv), self.blocks)
-        return self.with_trig(seq([self.append(), self.loop("task", tasks, self.task, "parallel")]))
+        # a bfloat16 pool: the products in bfloat16 (dot_bf16x2), from the sequence's keys and
+        # values laid out as the pairs take them, once a call (each page is read by many tasks)
+        self.dot = self.kc.dtype == "bfloat16" and _even(self.hd) and _even(self.page) and LANES % 16 == 0
+        slots = sym.mul(self.width, self.page)
+        self.kbf = Buffer("pp_kbf", (self.nb, self.nkv, slots, self.hd), "bfloat16")  # a key's dims side by side
+        self.vbf = Buffer("pp_vbf", (self.nb, self.nkv, sym.floordiv(slots, 2), self.hd, 2), "bfloat16")  # two keys' values of a dim side by side
+        steps = [self.append(), self.loop("task", tasks, self.task, "parallel")]
+        if not self.dot:
+            return self.with_trig(seq(steps))
+        body = seq([steps[0], self.loop("pp_pairs", sym.mul(sym.mul(self.nb, self.nkv), self.width), self.pairs, "parallel"), steps[1]])
+        return self.with_trig(Allocate(self.kbf, Allocate(self.vbf, body)))
+
+    def pairs(self, x: SymVar) -> Stmt:
+        """Page ``x % width`` of a sequence and kv head into ``kbf`` and ``vbf`` (pages past the
+        sequence's last token are not read)."""
+        b = sym.floordiv(x, sym.mul(self.nkv, self.width))
+        kh = sym.floormod(sym.floordiv(x, self.width), self.nkv)
+        pi = sym.floormod(x, self.width)
+        P, HD = self.page, self.hd
+        page = _i64(_ld(self.pt, b, pi))
+
+        def key_dim(d: SymVar) -> Stmt:
+            put = lambda j: block("pp_kbf", Store(self.kbf, (b, kh, sym.add(sym.mul(pi, P), j), d), _ld(self.kc, self.layer, page, kh, d, j)))  # noqa: E731
+            return self.loop("kbf_j", P, put, "vectorized")
+
+        def value_pair(t: SymVar) -> Stmt:
+            def one(e: SymVar) -> Stmt:
+                two = [Store(self.vbf, (b, kh, sym.add(sym.mul(pi, P // 2), t), e, c), _ld(self.vc, self.layer, page, sym.add(sym.mul(t, 2), c), kh, e)) for c in (0, 1)]
+                return block("pp_vbf", seq(two))
+
+            return self.loop("vbf_e", HD, one, "vectorized")
+
+        total = binary("+", self.cached(b), self.sq)
+        return IfThenElse(binary("<", sym.mul(pi, P), total), seq([self.loop("kbf_d", HD, key_dim), self.loop("vbf_t", P // 2, value_pair)]))
 
     def task(self, tv: SymVar) -> Stmt:
         per_seq = sym.mul(self.nkv, self.blocks)
@@ -569,7 +611,7 @@ class _Prefill(_Kernel):
         row0 = sym.mul(sym.floormod(tv, self.blocks), LANES)
         G, HD, P, R = self.group, self.hd, self.page, LANES
         cached = self.cached(b)
-        qt = Buffer("pp_qt", (HD, R), F32)
+        qt = Buffer("pp_qt", (HD // 2, R, 2), "bfloat16") if self.dot else Buffer("pp_qt", (HD, R), F32)  # with dot: each row's pairs side by side
         st = Buffer("pp_s", (P, R), F32)
         m = Buffer("pp_m", (R,), F32)
         l = Buffer("pp_l", (R,), F32)
@@ -591,7 +633,8 @@ class _Prefill(_Kernel):
         def fill(d: SymVar) -> Stmt:
             def one(r: SymVar) -> Stmt:
                 t, h = lane(r)
-                return Store(qt, (d, r), binary("*", self.q_at(b, t, h, d), self.scale))
+                at = (sym.floordiv(d, 2), r, sym.floormod(d, 2)) if self.dot else (d, r)
+                return Store(qt, at, binary("*", self.q_at(b, t, h, d), self.scale))
 
             return rows("q", one)
 
@@ -613,9 +656,19 @@ class _Prefill(_Kernel):
 
                     return self.loop("qk_j", JT, key, "unrolled")
 
+                def pair(i: SymVar) -> Stmt:
+                    """Dims ``2 i``, ``2 i + 1``: one ``dot_bf16x2`` a key and vector of rows."""
+
+                    def key(j: SymVar) -> Stmt:
+                        slot = (b, kh, sym.add(first, sym.add(sym.mul(jt, JT), j)))
+                        ks = (_ld(self.kbf, *slot, sym.mul(i, 2)), _ld(self.kbf, *slot, sym.add(sym.mul(i, 2), 1)))
+                        return rows("score", lambda r: Store(t, (j, r), Intrin(DOT_BF16X2, (_ld(t, j, r), _ld(qt, i, r, 0), _ld(qt, i, r, 1), *ks), F32)))
+
+                    return self.loop("qk_j", JT, key, "unrolled")
+
                 return seq([
                     self.loop("t0_j", JT, lambda j: rows("t0", lambda r: Store(t, (j, r), _c(0.0))), "unrolled"),
-                    self.loop("qk_d", HD, dim),
+                    self.loop("qk_i", HD // 2, pair) if self.dot else self.loop("qk_d", HD, dim),
                     self.loop("t1_j", JT, lambda j: rows("t1", lambda r: Store(st, (sym.add(sym.mul(jt, JT), j), r), _ld(t, j, r))), "unrolled"),
                 ])
 
@@ -649,9 +702,25 @@ class _Prefill(_Kernel):
 
                     return self.loop("pv_e", ET, dim, "unrolled")
 
+                def key_pair(u: SymVar) -> Stmt:
+                    """Keys ``2 u``, ``2 u + 1``: one ``dot_bf16x2`` a dim and vector of rows (the
+                    probabilities rounded to bfloat16 as they are read)."""
+
+                    def dim(e: SymVar) -> Stmt:
+                        at = (b, kh, sym.add(sym.mul(pi, P // 2), u), col(e))
+                        vs = (_ld(self.vbf, *at, 0), _ld(self.vbf, *at, 1))
+
+                        def one(r: SymVar) -> Stmt:
+                            ps = (Cast("bfloat16", _ld(st, sym.add(sym.mul(u, 2), c), r)) for c in (0, 1))
+                            return Store(a, (e, r), Intrin(DOT_BF16X2, (_ld(a, e, r), *ps, *vs), F32))
+
+                        return rows("pv", one)
+
+                    return self.loop("pv_e", ET, dim, "unrolled")
+
                 return seq([
                     self.loop("a0_e", ET, lambda e: rows("a0", lambda r: Store(a, (e, r), binary("*", _ld(acc, col(e), r), _ld(alpha, r)))), "unrolled"),
-                    self.loop("pv_j", P, key),
+                    self.loop("pv_u", P // 2, key_pair) if self.dot else self.loop("pv_j", P, key),
                     self.loop("a1_e", ET, lambda e: rows("a1", lambda r: Store(acc, (col(e), r), _ld(a, e, r))), "unrolled"),
                 ])
 
