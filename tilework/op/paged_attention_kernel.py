@@ -591,7 +591,9 @@ class _Prefill(_Kernel):
         page = _i64(_ld(self.pt, b, pi))
 
         def key_dim(d: SymVar) -> Stmt:
-            put = lambda j: block("pp_kbf", Store(self.kbf, (b, kh, sym.add(sym.mul(pi, P), j), d), _ld(self.kc, self.layer, page, kh, d, j)))  # noqa: E731
+            def put(j: SymVar) -> Stmt:
+                return block("pp_kbf", Store(self.kbf, (b, kh, sym.add(sym.mul(pi, P), j), d), _ld(self.kc, self.layer, page, kh, d, j)))
+
             return self.loop("kbf_j", P, put, "vectorized")
 
         def value_pair(t: SymVar) -> Stmt:
