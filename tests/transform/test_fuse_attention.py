@@ -20,14 +20,16 @@ from tilework.transform.dead_code_elimination import DeadCodeElimination
 from tilework.transform.fuse_attention import FuseAttention
 from tilework.transform.pipeline import Pipeline
 
-# q, k, v arrive as [b, s, h, d] (projections reshaped to heads), as exporters write them
-HEAD = """
+# q, k, v arrive as [b, s, h, d] (projections reshaped to heads), as exporters write them; {extra}:
+# the parameters after them
+SIGNATURE = """
 @graph
 def main(q: Tensor((b, s, 4, 8), "float32"), k: Tensor((b, s, 4, 8), "float32"), v: Tensor((b, s, 4, 8), "float32"){extra}):
     b = sym(lo=0, hi=16)
     s = sym(lo=0, hi=256)
     with dataflow():
-        qh = permute_dims(q, axes=[0, 2, 1, 3])
+"""
+HEAD = SIGNATURE + """        qh = permute_dims(q, axes=[0, 2, 1, 3])
         kt = permute_dims(k, axes=[0, 2, 3, 1])
         vh = permute_dims(v, axes=[0, 2, 1, 3])
         sc = matmul(qh, kt)
@@ -48,13 +50,7 @@ DIVIDED = HEAD.format(extra="") + """
 """ + TAIL.format(out="ob", ret="ob")
 # torch's ONNX export of scaled_dot_product_attention: q and kt scaled by sqrt(scale) each, the
 # softmax guarded against rows that see no key
-GUARDED = """
-@graph
-def main(q: Tensor((b, s, 4, 8), "float32"), k: Tensor((b, s, 4, 8), "float32"), v: Tensor((b, s, 4, 8), "float32"), mask: Tensor((b, 1, 1, s), "float32")):
-    b = sym(lo=0, hi=16)
-    s = sym(lo=0, hi=256)
-    with dataflow():
-        qp = permute_dims(q, axes=[0, 2, 1, 3])
+GUARDED = SIGNATURE.format(extra=', mask: Tensor((b, 1, 1, s), "float32")') + """        qp = permute_dims(q, axes=[0, 2, 1, 3])
         kp = permute_dims(k, axes=[0, 2, 3, 1])
         qh = multiply(qp, const(0.59460356, "float32"))
         kt = multiply(kp, const(0.59460356, "float32"))
@@ -180,13 +176,7 @@ def test_onnx_minilm_attention_is_fused(tmp_path: object, impl: str) -> None:
 
 
 # transformers' SDPA mask: the padding mask [b, 1, 1, s] and-ed with "query index >= 0"
-PADDED = """
-@graph
-def main(q: Tensor((b, s, 4, 8), "float32"), k: Tensor((b, s, 4, 8), "float32"), v: Tensor((b, s, 4, 8), "float32"), pad: Tensor((b, 1, 1, s), "bool")):
-    b = sym(lo=0, hi=16)
-    s = sym(lo=0, hi=256)
-    with dataflow():
-        r = arange(dtype="int64", end=s, start=0, step=1)
+PADDED = SIGNATURE.format(extra=', pad: Tensor((b, 1, 1, s), "bool")') + """        r = arange(dtype="int64", end=s, start=0, step=1)
         r0 = add(r, const(0, "int64"))
         r1 = expand_dims(r0, axis=[0, 1, 3])
         ge = greater_equal(r1, const({bound}, "int64"))

@@ -158,6 +158,7 @@ INTRINSIC_ARITY = {"bitwise_and": 2, "bitwise_or": 2, "bitwise_xor": 2, "dot_bf1
 # do not depend on it, the C emitter makes each 16 lanes one ``vdpbf16ps`` where the compiler
 # targets AVX-512 BF16 (``tilework.codegen.c.emit``); elsewhere it is that float32 arithmetic.
 DOT_BF16X2 = "dot_bf16x2"
+DOT_BF16X2_LANES = 16  # the float32 lanes of one vdpbf16ps: a kernel's vector of dot_bf16x2 lanes
 
 
 def dtype_of(x: Scalar) -> str:

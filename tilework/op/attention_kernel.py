@@ -94,7 +94,7 @@ from tilework.ir.loop import (
     convert,
 )
 from tilework.ir.dtype import DTYPE_TABLE
-from tilework.ir.loop import DOT_BF16X2
+from tilework.ir.loop import DOT_BF16X2, DOT_BF16X2_LANES
 from tilework.ir.sym import Dim, SymVar
 from tilework.op.kernel import bcast_index, block, compute_dtype, free_syms, hand_kernel, named_loop, seq
 
@@ -110,7 +110,6 @@ NARROW_LANES = 8  # a task of this many rows or fewer runs in a copy of the kern
 TASKS = 15  # split the keys of at most TASKS // 2 tasks into ranges: about this many tasks
 MAX_SPLITS = 8  # at most this many key ranges per task
 MIN_SPLIT_BLOCKS = 4  # key blocks per range, at least (128 keys)
-DOT_LANES = 16  # the lanes of one vdpbf16ps: the rows of a task with bfloat16 products
 
 
 def attention_kernel(
@@ -196,7 +195,7 @@ class _Attention:
         self.tag = "" if lanes is None else str(lanes)  # the scratch of a copy is named apart
         # bfloat16 products (``dot_bf16x2``): the rows as lanes (not the narrow copy's columns),
         # float32, an even head dim, whole vectors of 16 lanes
-        self.dot = bf16 and lanes is None and acc == "float32" and isinstance(self.hd, int) and self.hd % 2 == 0 and R % DOT_LANES == 0
+        self.dot = bf16 and lanes is None and acc == "float32" and isinstance(self.hd, int) and self.hd % 2 == 0 and R % DOT_BF16X2_LANES == 0
         if self.dot:  # the queries as pairs of dims, each row's pair side by side
             self.qt = Buffer(f"attention_qt{self.tag}", (self.hd // 2, R, 2), "bfloat16")
             pairs = _ceil_div(self.skv, 2)

@@ -51,7 +51,7 @@ from typing import Callable
 
 from tilework.ir import sym
 from tilework.ir.dtype import DTYPE_TABLE
-from tilework.ir.loop import DOT_BF16X2, Allocate, Buffer, Cast, For, IfThenElse, Intrin, Load, Scalar, Select, Stmt, Store, TensorFunc, binary, const
+from tilework.ir.loop import DOT_BF16X2, DOT_BF16X2_LANES, Allocate, Buffer, Cast, For, IfThenElse, Intrin, Load, Scalar, Select, Stmt, Store, TensorFunc, binary, const
 from tilework.ir.sym import Dim, SymVar
 from tilework.op.attention_kernel import VECTOR_BYTES
 from tilework.op.kernel import block, free_syms, hand_kernel, named_loop, seq, serial_var
@@ -571,7 +571,7 @@ class _Prefill(_Kernel):
         tasks = sym.mul(sym.mul(self.nb, self.nkv), self.blocks)
         # a bfloat16 pool: the products in bfloat16 (dot_bf16x2), from the sequence's keys and
         # values laid out as the pairs take them, once a call (each page is read by many tasks)
-        self.dot = self.kc.dtype == "bfloat16" and _even(self.hd) and _even(self.page) and LANES % 16 == 0
+        self.dot = self.kc.dtype == "bfloat16" and _even(self.hd) and _even(self.page) and LANES % DOT_BF16X2_LANES == 0
         slots = sym.mul(self.width, self.page)
         self.kbf = Buffer("pp_kbf", (self.nb, self.nkv, slots, self.hd), "bfloat16")  # a key's dims side by side
         self.vbf = Buffer("pp_vbf", (self.nb, self.nkv, sym.floordiv(slots, 2), self.hd, 2), "bfloat16")  # two keys' values of a dim side by side

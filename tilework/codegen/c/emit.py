@@ -39,6 +39,7 @@ from typing import Iterator, Mapping
 
 
 from tilework.codegen.c import lowp
+from tilework.codegen.c.dot import dot_bf16_loop, flat_dim, side_by_side
 from tilework.codegen.c.hoist import invariant_exprs
 from tilework.codegen.c.parallel import loop_conflict, parallel_work
 from tilework.codegen.c.prelude import PRELUDE
@@ -61,6 +62,7 @@ from tilework.ir.loop import (
     PExpr,
     PREFETCHES,
     DOT_BF16X2,
+    DOT_BF16X2_LANES,
     Scalar,
     Select,
     Stmt,
@@ -267,7 +269,7 @@ class _Emitter(LoopEmitter):
         self.line(f"{name}[{self.flat(b, s.indices)}] = {value};")
 
     def emit_for(self, s: For) -> None:
-        dot = _dot_bf16_loop(s) if s.kind == "vectorized" and not self.dot_fallback and loop_conflict(s) is None else None
+        dot = dot_bf16_loop(s) if s.kind == "vectorized" and not self.dot_fallback and loop_conflict(s) is None else None
         if dot is not None:
             self.emit_dot_bf16(s, *dot)
             return
@@ -312,7 +314,7 @@ class _Emitter(LoopEmitter):
 
     def emit_dot_bf16(self, s: For, store: Store, dot: Intrin, form: str) -> None:
         """Vectorized loop ``s`` of ``acc[i] = dot_bf16x2(acc[i], a0, a1, b0, b1)`` (see
-        ``_dot_bf16_loop``): with AVX-512 BF16 one ``vdpbf16ps`` a 16 lanes (``a0``'s and
+        ``tilework.codegen.c.dot``): with AVX-512 BF16 one ``vdpbf16ps`` a 16 lanes (``a0``'s and
         ``a1``'s lanes as pairs: loaded so, or two rows interleaved; ``b0, b1`` broadcast), else
         the loop as it is."""
         _, a0, a1, b0, b1 = dot.args
@@ -324,18 +326,18 @@ class _Emitter(LoopEmitter):
         self.line("{")
         self.depth += 1
         pair = self.bind(("dot_pair", s), "pair")
-        if _side_by_side(b0, b1):  # one 32-bit load broadcast (the C compiler does not merge two)
+        if side_by_side(b0, b1):  # one 32-bit load broadcast (the C compiler does not merge two)
             assert isinstance(b0, Load)
-            self.line(f"const __m512i {pair} = _mm512_set1_epi32(tw_u32_at(&{self.known(b0.buffer, f'load from buffer {b0.buffer.name}')}[{self.flat(b0.buffer, b0.indices)}]));")
+            self.line(f"const __m512i {pair} = _mm512_set1_epi32(tw_u32_at(&{self.element(b0)}));")
         else:
             bits = [self.bf16_bits(x) for x in (b0, b1)]
             self.line(f"const __m512i {pair} = _mm512_set1_epi32((int)((uint32_t){bits[1]} << 16 | {bits[0]}));")
         var = self.bind(s.var, s.var.name)
-        self.line(f"for (int64_t {var} = 0; {var} < {self.dim(s.extent)}; {var} += 16) {{")
+        self.line(f"for (int64_t {var} = 0; {var} < {self.dim(s.extent)}; {var} += {DOT_BF16X2_LANES}) {{")
         self.scope.add(s.var)
         self.depth += 1
-        acc = f"&{self.known(store.buffer, f'store to buffer {store.buffer.name}')}[{self.flat(store.buffer, store.indices)}]"
-        a = [f"&{self.known(x.buffer, f'load from buffer {x.buffer.name}')}[{self.flat(x.buffer, x.indices)}]" for x in (a0, a1)]
+        acc = f"&{self.element(store)}"
+        a = [f"&{self.element(x)}" for x in (a0, a1)]
         pairs = {"pairs": f"_mm512_loadu_si512({a[0]})", "rows": f"tw_bf16_pairs({a[0]}, {a[1]})", "round": f"tw_f32_pairs({a[0]}, {a[1]})"}[form]
         self.line(f"_mm512_storeu_ps({acc}, _mm512_dpbf16_ps(_mm512_loadu_ps({acc}), (__m512bh){pairs}, (__m512bh){pair}));")
         self.depth -= 1
@@ -352,8 +354,13 @@ class _Emitter(LoopEmitter):
     def bf16_bits(self, x: Scalar) -> str:
         """The bits of bfloat16 value ``x``: a load's element as stored, else its value rounded."""
         if isinstance(x, Load) and x.buffer.dtype == "bfloat16":
-            return f"{self.known(x.buffer, f'load from buffer {x.buffer.name}')}[{self.flat(x.buffer, x.indices)}]"
+            return self.element(x)
         return f"tw_f2bf({self.expr(x)})"
+
+    def element(self, x: Load | Store) -> str:
+        """The C lvalue of the element ``x`` loads or stores (``&`` of it is its address)."""
+        what = "load from" if isinstance(x, Load) else "store to"
+        return f"{self.known(x.buffer, f'{what} buffer {x.buffer.name}')}[{self.flat(x.buffer, x.indices)}]"
 
     def hoist_invariants(self, s: For) -> list[PExpr]:
         """Declare, before vectorized loop ``s``, its loop-invariant float subexpressions
@@ -551,11 +558,8 @@ class _Emitter(LoopEmitter):
             raise self.error(f"buffer {b.name} of rank {len(b.shape)} accessed with {len(indices)} indices")
         if not indices:
             return "0"
-        dims = index_dims(indices)
-        if dims is not None:
-            off: Dim = 0
-            for d, ext in zip(dims, b.shape):
-                off = sym.add(sym.mul(off, ext), d)
+        off = flat_dim(b, indices)
+        if off is not None:
             if self.bindings and _divmods(off):
                 # In the loop vars a division often cancels (a packed weight's ``j // 32`` with
                 # ``j = 32 * j_0 + j_1``, ``j_1 < 32``, is ``j_0``): an index the C compiler
@@ -693,8 +697,7 @@ class _Emitter(LoopEmitter):
         if x.name in PREFETCHES:  # the load's address, not its value
             if not isinstance(arg, Load):
                 raise self.error(f"intrinsic {x.name} takes a load")
-            b = arg.buffer
-            addr = f"&{self.known(b, f'{x.name} of buffer {b.name}')}[{self.flat(b, arg.indices)}]"
+            addr = f"&{self.element(arg)}"
             # cache level 1 -> locality 3 (x86: prefetcht0), level 2 -> locality 2 (prefetcht1: a
             # stream of pages ahead sent to L1 evicted what the loop was reading; SmolLM2's
             # batch-8 decode attention at 512 tokens 1.3x faster with it, Zen 4)
@@ -723,77 +726,6 @@ class _Emitter(LoopEmitter):
         if x.name not in _FLOAT_FN:
             raise self.error(f"unknown intrinsic {x.name!r}")
         return f"{_FLOAT_FN[x.name]}{s}({a})"
-
-
-DOT_LANES = 16  # float32 lanes of a vdpbf16ps
-
-
-def _dot_bf16_loop(s: For) -> tuple[Store, Intrin, str] | None:
-    """The store and the ``dot_bf16x2`` of vectorized loop ``s`` when it is one ``vdpbf16ps``
-    per 16 lanes, and how ``a0`` and ``a1`` are read (``"rows"``, ``"pairs"``, ``"round"``);
-    else None. That is: a static extent that 16 divides, a body (inside blocks without iter
-    vars) of one float32 store ``acc[..., i] = dot_bf16x2(acc[..., i], a0, a1, b0, b1)`` whose
-    ``acc`` is contiguous in the loop's var ``i`` (in the last index only, with coefficient 1),
-    whose ``b0``, ``b1`` do not depend on it, and whose ``a0`` and ``a1`` are two bfloat16 rows
-    contiguous in ``i`` (``a0[..., i]``, ``a1[..., i]``: interleaved in registers), pairs side
-    by side (elements ``2 i`` and ``2 i + 1`` of one buffer: one load), or two float32 rows
-    contiguous in ``i`` cast to bfloat16 (rounded and interleaved in registers:
-    ``vcvtne2ps2bf16``, which flushes subnormals to zero)."""
-    if not isinstance(s.extent, int) or s.extent % DOT_LANES:
-        return None
-    body = s.body
-    while isinstance(body, Block) and not body.iter_vars and body.init is None:
-        body = body.body
-    if not isinstance(body, Store) or not isinstance(body.value, Intrin) or body.value.name != DOT_BF16X2:
-        return None
-    acc, a0, a1, b0, b1 = body.value.args
-    v = s.var
-
-    def uses(x: Scalar) -> bool:
-        return any(v in sym_walk.free_vars(e) for e in walk_scalars(x) if isinstance(e, SymExpr))
-
-    def contiguous(indices: tuple[Scalar, ...]) -> bool:
-        *outer, last = indices
-        return isinstance(last, (int, SymExpr)) and not uses(sym.sub(last, v)) and uses(last) and not any(uses(i) for i in outer)
-
-    same = isinstance(acc, Load) and acc.buffer is body.buffer and len(acc.indices) == len(body.indices) and all(x is y or x == y for x, y in zip(acc.indices, body.indices))
-    if not same or body.buffer.dtype != "float32" or not contiguous(body.indices):
-        return None
-    if uses(b0) or uses(b1) or any(isinstance(e, Load) and e.buffer is body.buffer for x in (a0, a1, b0, b1) for e in walk_scalars(x)):
-        return None  # b0, b1 are read once before the loop, a0, a1 16 lanes at a time
-    rounded = [a.value for a in (a0, a1) if isinstance(a, Cast) and a.dtype == "bfloat16" and isinstance(a.value, Load) and a.value.buffer.dtype == "float32"]
-    if len(rounded) == 2 and all(isinstance(a, Load) and contiguous(a.indices) for a in rounded):
-        return body, body.value, "round"
-    if not all(isinstance(a, Load) and a.buffer.dtype == "bfloat16" for a in (a0, a1)):
-        return None
-    assert isinstance(a0, Load) and isinstance(a1, Load)
-    if all(contiguous(a.indices) for a in (a0, a1)):
-        return body, body.value, "rows"
-    flat0 = _flat_dim(a0.buffer, a0.indices)
-    if not _side_by_side(a0, a1) or flat0 is None:
-        return None
-    step = sym.sub(sym_walk.substitute(flat0, {v: sym.add(v, 1)}), flat0)
-    return (body, body.value, "pairs") if step == 2 else None
-
-
-def _side_by_side(x: Scalar, y: Scalar) -> bool:
-    """``x`` and ``y`` are loads of consecutive elements of one buffer (``y`` the next)."""
-    if not (isinstance(x, Load) and isinstance(y, Load) and x.buffer is y.buffer):
-        return False
-    fx, fy = _flat_dim(x.buffer, x.indices), _flat_dim(y.buffer, y.indices)
-    return fx is not None and fy is not None and sym.sub(fy, fx) == 1
-
-
-def _flat_dim(b: Buffer, indices: tuple[Scalar, ...]) -> Dim | None:
-    """The row-major element offset of ``indices`` in ``b`` as a dim (None if an index is a
-    loaded value)."""
-    dims = index_dims(indices)
-    if dims is None or len(dims) != len(b.shape):
-        return None
-    off: Dim = 0
-    for d, ext in zip(dims, b.shape):
-        off = sym.add(sym.mul(off, ext), d)
-    return off
 
 
 def _positive_linear(d: Dim) -> bool:
