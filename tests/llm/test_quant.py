@@ -107,6 +107,70 @@ def test_quantize_keeps_leading_dims_and_zeros() -> None:
         assert q.dequantize().shape == (2, 3, 64) and not q.dequantize().any()
 
 
+PLAIN = [f for f in QUANT_FORMATS if f != "f32"]  # the quant library's plain layouts
+
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    bits = x.view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+@pytest.mark.parametrize("fmt", PLAIN)
+@pytest.mark.parametrize("rows, blocks", [(0, 3), (1, 1), (3, 2), (37, 5)])
+def test_the_library_decodes_the_numpy_bits(fmt: str, rows: int, blocks: int) -> None:
+    """``QuantLibrary.dequantize`` (C, every thread) gives ``dequantize_rows``' float32 bits
+    (gguf's too), also for random scale bytes (inf, nan, subnormal halves), and their
+    bfloat16 rounding to nearest even."""
+    from tilework.backend import quant as backend
+
+    lib = backend.library()
+    for data in (random_blocks(fmt, rows, blocks, seed=rows), np.random.default_rng(rows).integers(0, 256, (rows, blocks * QUANT_FORMATS[fmt].nbytes), dtype=np.uint8)):
+        with np.errstate(all="ignore"):
+            ref = dequantize_rows(data, fmt)
+        got = lib.dequantize(data, fmt)
+        assert got.dtype == np.float32 and got.shape == ref.shape
+        np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
+        np.testing.assert_array_equal(lib.dequantize(data, fmt, bf16=True), bf16_bits(ref))
+    if rows:
+        np.testing.assert_array_equal(lib.dequantize(random_blocks(fmt, rows, blocks), fmt), gq.dequantize(random_blocks(fmt, rows, blocks), ggml(fmt)))
+
+
+def test_the_library_refuses_bad_rows() -> None:
+    from tilework.backend import quant as backend
+    from tilework.errors import RuntimeCheckError
+
+    lib = backend.library()
+    with pytest.raises(RuntimeCheckError, match="q4_1x16"):
+        lib.dequantize(np.zeros((16, 20), np.uint8), "q4_1x16")
+    with pytest.raises(RuntimeCheckError, match="multiple of 34 bytes"):
+        lib.dequantize(np.zeros((2, 35), np.uint8), "q8_0")
+
+
+@pytest.mark.parametrize("size", ["small", "large"])
+def test_quant_tensor_dequantize_and_bf16_bits(size: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tensors of ``LIBRARY_WEIGHTS`` or more decode in the library, the others in NumPy; where
+    the library cannot be built, NumPy decodes them all: the same values either way."""
+    from tilework.llm import quant as lq
+
+    shape = (3, 64, 32) if size == "small" else (lq.LIBRARY_WEIGHTS // 64 + 5, 64)
+    t = quantize(np.random.default_rng(5).standard_normal(shape).astype(np.float32), "q4_1", "w")
+    ref = dequantize_rows(t.data, "q4_1").reshape(shape)
+    calls: list[str] = []
+    real = lq._library
+
+    def spy() -> object:
+        calls.append("library")
+        return real()
+
+    monkeypatch.setattr(lq, "_library", spy)
+    np.testing.assert_array_equal(t.dequantize(), ref)
+    np.testing.assert_array_equal(t.dequantize(bf16=True), bf16_bits(ref).reshape(shape))
+    assert calls == ([] if size == "small" else ["library", "library"])
+    monkeypatch.setattr(lq, "_library", lambda: None)  # no C compiler
+    np.testing.assert_array_equal(t.dequantize(), ref)
+    np.testing.assert_array_equal(t.dequantize(bf16=True), bf16_bits(ref).reshape(shape))
+
+
 def test_quant_tensor_rows() -> None:
     x = np.random.default_rng(4).standard_normal((10, 64)).astype(np.float32)
     q = quantize(x, "q8_0", "emb")

@@ -1,57 +1,76 @@
-"""``move_to_huge_pages``: the copies hold the same values, read-only, one arena; maps stay."""
+"""``HugePageArena``: aligned pieces in order, a full arena refused, ``hold`` copies what is not
+in it, the prefault keeps what the caller wrote meanwhile; no huge pages or no ``madvise``: the
+same values."""
 
 from __future__ import annotations
 
 import mmap
-from pathlib import Path
+import sys
 
 import numpy as np
 import pytest
 
-from tilework.runtime.pages import ALIGN, HUGE_PAGE, move_to_huge_pages
+from tilework.errors import TileworkError
+from tilework.runtime import pages
+from tilework.runtime.pages import ALIGN, HUGE_PAGE, HugePageArena, aligned, huge_page_arena
 
 
-def test_copies_hold_the_values_in_one_aligned_arena() -> None:
-    rng = np.random.default_rng(0)
-    originals = [rng.standard_normal((3, 5)).astype(np.float32), rng.integers(0, 255, (7,), dtype=np.uint8), np.arange(6, dtype=np.int64).reshape(2, 3), rng.standard_normal((1,))]
-    arrays = list(originals)
-    moved = move_to_huge_pages(arrays)
-    assert moved == sum(-(-a.nbytes // ALIGN) * ALIGN for a in originals)
-    for a, o in zip(arrays, originals):
-        assert a is not o and a.dtype == o.dtype and a.shape == o.shape
-        np.testing.assert_array_equal(a, o)
-        assert not a.flags.writeable and a.flags.c_contiguous
-        assert a.ctypes.data % ALIGN == 0
-    assert arrays[0].ctypes.data % HUGE_PAGE == 0
-    starts = [a.ctypes.data for a in arrays]
-    assert starts == sorted(starts) and starts[-1] - starts[0] < moved  # one arena, in order
+def test_pieces_are_aligned_contiguous_and_in_order() -> None:
+    arena = HugePageArena(1000)
+    a = arena.take((3, 5), np.float32)
+    b = arena.take((7,), np.uint8)
+    c = arena.take((2, 3), "int64")
+    assert a.ctypes.data % HUGE_PAGE == 0
+    for x, shape, dtype in ((a, (3, 5), np.float32), (b, (7,), np.uint8), (c, (2, 3), np.int64)):
+        assert x.shape == shape and x.dtype == dtype and x.flags.c_contiguous and x.flags.writeable
+        assert x.ctypes.data % ALIGN == 0 and not x.any()
+    assert b.ctypes.data - a.ctypes.data == aligned(a.nbytes) == 64
+    assert c.ctypes.data - b.ctypes.data == 64 and arena.used == 192
+    a[...] = 1.5
+    assert not b.any() and not c.any()  # pieces do not overlap
 
 
-def test_an_array_listed_twice_is_copied_once() -> None:
-    w = np.ones((4, 4), np.float32)
-    arrays = [w, np.zeros(3, np.float32), w]
-    move_to_huge_pages(arrays)
-    assert arrays[0] is arrays[2]
-    np.testing.assert_array_equal(arrays[2], w)
+def test_a_full_arena_is_refused_with_the_sizes() -> None:
+    arena = HugePageArena(128)
+    arena.take((16,), np.float32)
+    with pytest.raises(TileworkError, match="arena of 128 bytes is full: 64 used, 80 more"):
+        arena.take((20,), np.float32)
+    assert arena.take((0,), np.float32).shape == (0,)
 
 
-def test_maps_and_empty_arrays_stay(tmp_path: Path) -> None:
-    path = tmp_path / "w.bin"
-    np.arange(16, dtype=np.float32).tofile(path)
-    mapped = np.memmap(path, dtype=np.float32, mode="r")
-    view = mapped[4:8].view(np.ndarray)
-    empty = np.zeros((0, 3), np.float32)
-    arrays = [mapped, view, empty]
-    assert move_to_huge_pages(arrays) == 0
-    assert arrays[0] is mapped and arrays[1] is view and arrays[2] is empty
-    assert move_to_huge_pages([]) == 0
+def test_hold_copies_what_is_not_in_the_arena_read_only() -> None:
+    arena = HugePageArena(4096)
+    outside = np.arange(6, dtype=np.float32).reshape(2, 3)
+    held = arena.hold(outside)
+    assert held is not outside and np.may_share_memory(held, arena._raw)
+    np.testing.assert_array_equal(held, outside)
+    assert not held.flags.writeable and outside.flags.writeable
+    piece = arena.take((4,), np.int32)
+    piece[...] = 7
+    assert arena.hold(piece) is piece and not piece.flags.writeable  # in the arena already: no copy
 
 
-def test_moving_twice_moves_nothing_more() -> None:
-    arrays = [np.full((5,), 2.0)]
-    assert move_to_huge_pages(arrays) > 0
-    first = arrays[0]
-    assert move_to_huge_pages(arrays) == 0 and arrays[0] is first
+def test_the_prefault_keeps_what_the_caller_wrote_meanwhile() -> None:
+    """The thread populates the pages without writing them: values written before or while it
+    runs stay."""
+    arena = HugePageArena(64 << 20, prefault=True)
+    first = arena.take((1 << 20,), np.float32)
+    first[...] = 3.0
+    rest = arena.take(((64 << 20) // 4 - (1 << 20),), np.float32)
+    rest[::1024] = 2.0
+    if arena._thread is not None:
+        arena._thread.join()
+    assert (first == 3.0).all() and (rest[::1024] == 2.0).all() and not rest[1::1024].any()
+
+
+def test_without_madvise_nothing_is_prefaulted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pages, "_madvise", lambda: None)
+    arena = HugePageArena(1 << 20, prefault=True)
+    if arena._thread is not None:
+        arena._thread.join()
+    piece = arena.take((4,), np.float64)
+    piece[...] = 1.0
+    np.testing.assert_array_equal(piece, 1.0)
 
 
 def test_a_kernel_without_huge_pages_gets_ordinary_ones(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -63,22 +82,22 @@ def test_a_kernel_without_huge_pages_gets_ordinary_ones(monkeypatch: pytest.Monk
             raise OSError(22, "Invalid argument")
 
     monkeypatch.setattr(mmap, "mmap", NoHugePages)
-    arrays = [np.arange(10, dtype=np.float32)]
-    assert move_to_huge_pages(arrays) == 64
-    np.testing.assert_array_equal(arrays[0], np.arange(10, dtype=np.float32))
+    arena = HugePageArena(4096)
+    held = arena.hold(np.arange(10, dtype=np.float32))
+    np.testing.assert_array_equal(held, np.arange(10, dtype=np.float32))
 
 
-def test_the_heap_is_trimmed_after_each_large_array(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A moved array's memory goes back to the system (glibc's malloc_trim) before the next
-    copy, so the load's peak does not hold both; small arrays do not pay for a trim."""
-    from tilework.runtime import pages
+def test_no_arena_without_bytes_or_posix_mmap(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert huge_page_arena(0) is None
+    assert isinstance(huge_page_arena(64), HugePageArena)
+    monkeypatch.delattr(mmap, "MAP_PRIVATE")
+    assert huge_page_arena(64) is None
 
-    calls: list[int] = []
-    monkeypatch.setattr(pages, "_trim", lambda: calls.append)
-    big = np.ones(pages.TRIM_BYTES // 4, np.float32)
-    arrays = [big, np.ones(3, np.float32), big.copy()]
-    move_to_huge_pages(arrays)
-    assert calls == [0, 0]
-    monkeypatch.setattr(pages, "_trim", lambda: None)  # no glibc: nothing to call
-    arrays = [np.ones(pages.TRIM_BYTES // 4, np.float32)]
-    assert move_to_huge_pages(arrays) == pages.TRIM_BYTES
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_POPULATE_WRITE is Linux's")
+def test_the_populate_call_is_linux_madvise() -> None:
+    fn = pages._madvise()
+    assert fn is not None
+    arena = HugePageArena(HUGE_PAGE)
+    rc = fn(arena._raw.ctypes.data, HUGE_PAGE, pages.MADV_POPULATE_WRITE)
+    assert rc in (0, -1)  # -1: a kernel before 5.14 (EINVAL); the prefault then stops at once

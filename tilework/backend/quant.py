@@ -146,6 +146,24 @@ class QuantLibrary:
             raise RuntimeCheckError(f"quantize_x: the library refused the call: {_ERRORS.get(rc, rc)}")
         return q, d, s
 
+    def dequantize(self, data: np.ndarray, fmt: str, bf16: bool = False) -> np.ndarray:
+        """Rows of ``fmt`` blocks (``uint8[rows, row_bytes]``, a plain layout: not ``*x16``)
+        decoded with every thread: float32 ``[rows, cols]``, the values of
+        ``tilework.llm.quant.dequantize_rows`` bit for bit; ``bf16``: their bfloat16 bits
+        (``uint16``, rounded to nearest even)."""
+        if fmt not in FORMATS[:7]:
+            raise RuntimeCheckError(f"dequantize: {fmt!r} is not a plain block format ({', '.join(FORMATS[:7])})")
+        f = quant_format(fmt)
+        data = np.ascontiguousarray(data, np.uint8)
+        if data.ndim != 2 or data.shape[1] % f.nbytes:
+            raise RuntimeCheckError(f"dequantize: {fmt} rows must be uint8 [rows, a multiple of {f.nbytes} bytes], got shape {data.shape}")
+        rows, cols = data.shape[0], data.shape[1] // f.nbytes * f.block
+        out = np.empty((rows, cols), np.uint16 if bf16 else np.float32)
+        rc = self.handle.tw_quant_dequantize(FORMATS.index(fmt), data.ctypes.data, rows, cols, out.ctypes.data, int(bf16))
+        if rc:
+            raise RuntimeCheckError(f"dequantize ({fmt}, rows={rows}, cols={cols}): the library refused the call: {_ERRORS.get(rc, rc)}")
+        return out
+
 
 _LIBS: dict[tuple[bool, bool, bool], QuantLibrary] = {}
 _LOCK = threading.Lock()
@@ -221,6 +239,8 @@ def _load(portable: bool, vnni: bool, bf16dot: bool) -> QuantLibrary:
     handle.tw_quant_bf16dot.restype = ctypes.c_int32
     handle.tw_quant_quantize_x.argtypes = [p, i64, i64, p, p, p]
     handle.tw_quant_quantize_x.restype = ctypes.c_int32
+    handle.tw_quant_dequantize.argtypes = [ctypes.c_int32, p, i64, i64, p, ctypes.c_int32]
+    handle.tw_quant_dequantize.restype = ctypes.c_int32
     simd, has_vnni, has_bf16dot = bool(handle.tw_quant_simd()), bool(handle.tw_quant_vnni()), bool(handle.tw_quant_bf16dot())
     return QuantLibrary(result.path, result.cache_hit, simd, has_vnni, has_bf16dot, handle, entries, add_entries, packed)
 

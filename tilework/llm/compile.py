@@ -54,6 +54,7 @@ from tilework.llm.model import LlamaDecoder, decoder_spec, merged_parts
 from tilework.llm.quant import QuantTensor
 from tilework.op.quant import interleavable, interleave_rows, interleaved
 from tilework.runtime.executable import Executable
+from tilework.runtime.pages import aligned, huge_page_arena, release_file_pages, trim_heap
 from tilework.transform.panels import lay_out
 
 PRECISIONS = ("q", "bf16", "fp32")
@@ -61,47 +62,68 @@ KV_DTYPE_OF = {"q": "bfloat16", "bf16": "bfloat16", "fp32": "float32"}
 Progress = Callable[[str], None]
 
 
-def prepare_weights(config: LlmConfig, tensors: Mapping[str, QuantTensor], precision: str) -> tuple[dict[str, str], list[np.ndarray]]:
+def prepare_weights(config: LlmConfig, tensors: Mapping[str, QuantTensor], precision: str, huge_pages: bool = False) -> tuple[dict[str, str], list[np.ndarray]]:
     """``(formats, arrays)``: each weight's format (``f32`` or a block format) and the arrays in
-    the order of the decoder's parameters."""
+    the order of the decoder's parameters. Each array is made as its parameter comes (a tensor
+    decoded, merged and laid out at a time: never the whole model twice), and the file pages of
+    a tensor made into a copy leave the resident set (``release_file_pages``). ``huge_pages``:
+    the arrays the loader makes (not views of the file) are written straight into one
+    ``HugePageArena`` whose pages a thread faults in meanwhile (``tilework.runtime.pages``)."""
     if precision not in PRECISIONS:
         raise TileworkError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    formats: dict[str, str] = {}
-    values: dict[str, np.ndarray] = {}
     bf16_groups = precision == "bf16" and quant.library().bf16dot  # bf16x16 where it has AVX-512 BF16; elsewhere the plain rows' kernels are faster
-    for name, t in tensors.items():
-        matrix = len(t.shape) == 2
-        if not matrix or precision == "fp32" or (t.fmt == "f32" and precision == "q"):  # q keeps float32 matrices as they are
-            formats[name] = "f32"
-            values[name] = t.data.view(np.float32).reshape(t.shape) if t.fmt == "f32" else t.dequantize().reshape(t.shape)
-        elif precision == "bf16":
-            rows = _to_bf16_bytes(t.data if t.fmt == "bf16" else t.dequantize().reshape(t.shape), t.fmt == "bf16")
-            formats[name], values[name] = ("bf16x16", interleave_rows(rows, "bf16")) if bf16_groups and interleavable("bf16", *t.shape) else ("bf16", rows)
-        elif interleavable(t.fmt, *t.shape):
-            formats[name] = interleaved(t.fmt) or t.fmt
-            values[name] = interleave_rows(t.data, t.fmt)
-        else:
-            formats[name] = t.fmt
-            values[name] = t.data
+    formats = {name: _format(t, precision, bf16_groups) for name, t in tensors.items()}
     decoder = LlamaDecoder(config, {n: f for n, f in formats.items() if f != "f32"})
-    names = [n for n, _ in decoder.named_parameters()]
-    missing = [p for n in names for p in (merged_parts(n) or [n]) if p not in values]
+    params = decoder.named_parameters()
+    missing = [p for n, _ in params for p in (merged_parts(n) or [n]) if p not in tensors]
     if missing:
         raise TileworkError(f"the model file lacks weight(s) {', '.join(missing[:5])}")
+    arena = huge_page_arena(sum(aligned(int(np.prod(p.shape)) * np.dtype(p.dtype).itemsize) for _, p in params), prefault=True) if huge_pages else None
+
+    def new(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
+        return None if arena is None else arena.take(shape, dtype)
+
     arrays = []
-    for n, param in decoder.named_parameters():
-        parts = merged_parts(n)
-        a = values.pop(n) if parts is None else np.concatenate([values.pop(p) for p in parts])  # pop: one copy at a time
-        arrays.append(lay_out(a) if len(param.shape) == 3 and a.ndim == 2 else a)  # a PackedLinear's weight
+    for n, param in params:
+        parts = [tensors[p] for p in merged_parts(n) or [n]]
+        packed = len(param.shape) == 3 and len(parts[0].shape) == 2  # a PackedLinear's weight: laid out in panels
+        values = [_values(t, formats[t.name], new if len(parts) == 1 and not packed else None) for t in parts]
+        a = values[0] if len(values) == 1 else np.concatenate(values, out=None if packed else new(tuple(param.shape), values[0].dtype))
+        if packed:
+            a = lay_out(a, out=new(tuple(param.shape), a.dtype))
+        copied = not np.may_share_memory(a, parts[0].data)  # else the file's own bytes, left where they are
+        if arena is not None and copied:
+            a = arena.hold(a)
+        if copied:
+            for t in parts:
+                release_file_pages(t.data)  # read once: out of the resident set
+        arrays.append(a)
+    if arena is not None:
+        trim_heap()  # the temporaries' memory back to the system
     return {n: f for n, f in formats.items() if f != "f32"}, arrays
 
 
-def _to_bf16_bytes(x: np.ndarray, already: bool) -> np.ndarray:
-    if already:
-        return np.ascontiguousarray(x)
-    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # round to nearest even
-    return rounded.view(np.uint8).reshape(x.shape[0], x.shape[1] * 2)
+def _format(t: QuantTensor, precision: str, bf16_groups: bool) -> str:
+    """The format ``prepare_weights`` gives tensor ``t``."""
+    if len(t.shape) != 2 or precision == "fp32" or (t.fmt == "f32" and precision == "q"):  # q keeps float32 matrices as they are
+        return "f32"
+    if precision == "bf16":
+        return "bf16x16" if bf16_groups and interleavable("bf16", *t.shape) else "bf16"
+    return (interleaved(t.fmt) or t.fmt) if interleavable(t.fmt, *t.shape) else t.fmt
+
+
+def _values(t: QuantTensor, fmt: str, new: Callable[[tuple[int, ...], np.dtype], np.ndarray | None] | None) -> np.ndarray:
+    """Tensor ``t``'s array in format ``fmt``: a view of the file where the file's bytes are
+    that array; an interleaving written into ``new(shape, dtype)`` where that gives an array."""
+    if fmt == "f32":
+        return t.data.view(np.float32).reshape(t.shape) if t.fmt == "f32" else t.dequantize()
+    if fmt in ("bf16", "bf16x16"):
+        bits = t.data if t.fmt == "bf16" else t.dequantize(bf16=True)
+        rows = np.ascontiguousarray(bits).view(np.uint8).reshape(t.shape[0], t.shape[1] * 2)
+        return interleave_rows(rows, "bf16", out=None if new is None else new(rows.shape, rows.dtype)) if fmt == "bf16x16" else rows
+    if fmt != t.fmt:  # interleaved in groups of 16 rows
+        return interleave_rows(t.data, t.fmt, out=None if new is None else new(t.data.shape, t.data.dtype))
+    return t.data
 
 
 def compiled_decoder(

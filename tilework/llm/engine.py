@@ -43,7 +43,6 @@ from tilework.llm.completion import Completion
 from tilework.llm.sampling import SamplingParams
 from tilework.llm.tokenizer import Tokenizer
 from tilework.llm.weights import load_weights
-from tilework.runtime.pages import move_to_huge_pages
 
 if TYPE_CHECKING:
     from tilework.runtime.vm import VM
@@ -134,13 +133,12 @@ class LLM:
         self.path = model or default_model_path()
         self.precision = precision
         say(f"loading {os.path.basename(self.path)}")
-        if precision != "fp32" and os.path.isfile(self.path):  # its matrices run in the quant library: built (or loaded) meanwhile
+        if os.path.isfile(self.path):  # its matrices run in (or, fp32, are decoded by) the quant library: built (or loaded) meanwhile
             quant.library_in_background()
         gguf_file = read_gguf(self.path) if self.path.endswith(".gguf") else None
         self.config, tensors = load_weights(self.path, gguf_file)
-        self.formats, self.weights = prepare_weights(self.config, tensors, precision)
-        if precision != "q":  # what a float decode step streams, in 2 MiB pages (see pages.py)
-            move_to_huge_pages(self.weights)
+        # what a float decode step streams, in 2 MiB pages (see tilework.runtime.pages)
+        self.formats, self.weights = prepare_weights(self.config, tensors, precision, huge_pages=precision != "q")
         self.executable = compiled_decoder(self.config, self.formats, max_batch=max_batch, kv_dtype=kv_dtype, progress=say, use_cache=use_cache)
         self.runtime = runtime
         self.cache = PagedKVCache.for_tokens(self.config.layers, self.config.kv_heads, self.config.head_dim, kv_tokens, dtype=kv_dtype)

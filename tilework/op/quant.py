@@ -113,17 +113,19 @@ def _head_bytes(base: str) -> int:
     return 4 if base == "q4_1" else 0 if base == "bf16" else 2
 
 
-def interleave_rows(data: np.ndarray, name: str) -> np.ndarray:
+def interleave_rows(data: np.ndarray, name: str, out: np.ndarray | None = None) -> np.ndarray:
     """Plain ``name`` rows (``uint8[n, row_bytes]``, ``n`` a multiple of 16) in the layout of
-    ``interleaved(name)`` (see the module docstring): a new array of the same shape. Each group
-    of rows is gathered by one permutation of its bytes (``_group_order``): a model's weights
-    in one pass (an LLM start repacks every matrix)."""
+    ``interleaved(name)`` (see the module docstring): a new array of the same shape (``out``,
+    C-contiguous ``uint8`` of that shape, where it is given). Each group of rows is gathered by
+    one permutation of its bytes (``_group_order``): a model's weights in one pass (an LLM start
+    repacks every matrix)."""
     f = INTERLEAVED_FORMATS[f"{name}x{GROUP}"]
     n, rb = data.shape
     if n % GROUP or rb % f.nbytes:
         raise ValueError(f"{name} rows to interleave: need a multiple of {GROUP} rows of whole blocks, got shape {data.shape}")
     groups = np.ascontiguousarray(data).reshape(n // GROUP, GROUP * rb)
-    return np.take(groups, _group_order(name, rb), axis=1).reshape(n, rb)
+    target = None if out is None else out.reshape(n // GROUP, GROUP * rb)
+    return np.take(groups, _group_order(name, rb), axis=1, out=target).reshape(n, rb)
 
 
 @functools.lru_cache(maxsize=64)

@@ -1,24 +1,25 @@
-"""A model's weights in 2 MiB pages: :func:`move_to_huge_pages`.
+"""A model's weights in 2 MiB pages: :class:`HugePageArena`.
 
 A decode step of an LLM at batch 1 streams every weight from memory once; with 4 KiB pages
 that is a TLB miss every 4 KiB (about 130 000 a step for SmolLM2-135M in float32), and each page
 boundary is one the hardware prefetchers stop at. NumPy asks the kernel for transparent huge
 pages only for its own allocations of 4 MiB and more: measured, 127 of SmolLM2's 540 MB of
-float32 weights were in huge pages.
+float32 weights were in huge pages. Measured on SmolLM2-135M with every weight in huge pages
+(same-process A/B, 2 threads): decode at batch 1 1.03-1.05x faster in float32, 1.06-1.09x in
+bfloat16, 1.01x at batch 8. The quantized weights (a quarter of the bytes, the step bound by the
+int8 dot products more than by memory) measured 0.97-1.0x, so ``tilework.llm`` puts the float
+precisions' weights there only.
 
-``move_to_huge_pages`` copies arrays into one private anonymous mapping advised
-``MADV_HUGEPAGE`` (2 MiB aligned), one at a time, replacing each list entry as it goes and
-handing the original's memory back (``malloc_trim``), so the load's peak memory is what it was
-without the move. Measured on SmolLM2-135M (same-process A/B, 2 threads): decode at batch 1
-1.03-1.05x faster in float32, 1.06-1.09x in bfloat16, 1.01x at batch 8. The quantized weights
-(a quarter of the bytes, the step bound by the int8 dot products more than by memory) measured
-0.97-1.0x, so ``tilework.llm`` moves the float precisions' weights only.
-
-Arrays that view a map stay where they are: a file's (a GGUF's quantized blocks, used as they
-are), whose copy would add its size to the process's anonymous memory while the file stays
-mapped, and an arena of this module's (moved already). Where the kernel has no transparent huge
-pages (``never``, or built without them) the arena is of ordinary pages; without POSIX ``mmap``
-nothing is moved.
+An arena is one private anonymous mapping advised ``MADV_HUGEPAGE`` (2 MiB aligned) that hands
+out arrays one after the other (:meth:`HugePageArena.take`): the loader writes each weight
+straight into it, no copy after. Finding free 2 MiB pages may make the kernel compact memory
+when the arena's pages are first touched: measured 0.05-1.1 s for SmolLM2's 540 MB here,
+depending on how fragmented free memory happens to be. With ``prefault`` a thread touches the
+pages from the moment the arena is made, so that the loader's work meanwhile (decoding the
+weights) hides that time; the thread populates the pages without writing them
+(``MADV_POPULATE_WRITE``), so the loader may fill the first ones meanwhile. Where the kernel has no transparent huge pages (``never``, or built
+without them) the arena is of ordinary pages; without POSIX ``mmap`` (Windows) there is none
+(:func:`huge_page_arena` gives None).
 """
 
 from __future__ import annotations
@@ -26,20 +27,23 @@ from __future__ import annotations
 import ctypes
 import functools
 import mmap
+import sys
+import threading
 from typing import Any, Callable
 
 import numpy as np
 
+from tilework.errors import TileworkError
+
 HUGE_PAGE = 2 << 20
+MADV_POPULATE_WRITE = 23  # Linux's code (5.14 on); Python's mmap module names it from 3.13 only
+POPULATE_PIECE = 16 << 20  # bytes a prefault call populates
 ALIGN = 64  # each array starts on a cache line, as NumPy's and the VM's own allocations do
-TRIM_BYTES = 1 << 20  # the C heap is trimmed after moving an array of this size or more
 
 
 @functools.lru_cache(maxsize=1)
 def _trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim`` (None elsewhere): NumPy frees a moved array into the C heap,
-    which keeps it resident; without the trim the load's peak rose by 180 MiB for SmolLM2 in
-    float32 (928 -> 1085 MiB), with it the peak is the same as without the move."""
+    """glibc's ``malloc_trim`` (None elsewhere)."""
     try:
         fn = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
@@ -48,53 +52,116 @@ def _trim() -> Callable[[int], int] | None:
     return fn
 
 
-def _mapped(a: np.ndarray) -> bool:
-    """Whether ``a``'s memory is a map (of a file, ``np.memmap`` or a view of one; or an arena
-    this module made already)."""
-    base: Any = a
-    while isinstance(base, np.ndarray):
-        if isinstance(base, np.memmap):
-            return True
-        base = base.base
-    if isinstance(base, memoryview):  # np.frombuffer's base
-        base = base.obj
-    return isinstance(base, mmap.mmap)
-
-
-def move_to_huge_pages(arrays: list[np.ndarray]) -> int:
-    """Copy the arrays of ``arrays`` that NumPy owns into one huge-page arena, replacing each
-    entry by its copy (read-only, same dtype, shape and values); returns the bytes moved. An
-    array listed twice is copied once, and both entries get the copy."""
-    picked = [i for i, a in enumerate(arrays) if isinstance(a, np.ndarray) and a.nbytes and not _mapped(a)]
-    offsets: dict[int, int] = {}
-    total = 0
-    for i in picked:
-        if id(arrays[i]) not in offsets:
-            offsets[id(arrays[i])] = total
-            total += -(-arrays[i].nbytes // ALIGN) * ALIGN
-    if not total or not hasattr(mmap, "MAP_PRIVATE"):  # nothing to move, or no POSIX mmap (Windows)
-        return 0
-    arena = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        try:
-            arena.madvise(mmap.MADV_HUGEPAGE)  # before the first touch: each fault then takes 2 MiB
-        except OSError:  # a kernel built without transparent huge pages: ordinary pages
-            pass
-    raw = np.frombuffer(arena, np.uint8)
-    start = (-raw.ctypes.data) % HUGE_PAGE
-    copies: dict[int, np.ndarray] = {}
+def trim_heap() -> None:
+    """Hand the C heap's free memory back to the system: NumPy frees a loader's temporaries
+    (a weight decoded before it is laid out) into the heap, which keeps them resident."""
     trim = _trim()
-    for i in picked:
-        a = arrays[i]
-        key = id(a)
-        if key not in copies:
-            off = start + offsets[key]
-            copy = raw[off : off + a.nbytes].view(a.dtype).reshape(a.shape)
+    if trim is not None:
+        trim(0)
+
+
+@functools.lru_cache(maxsize=1)
+def _madvise() -> Callable[[int, int, int], int] | None:
+    """The C library's ``madvise`` on Linux (None elsewhere: no ``MADV_POPULATE_WRITE``)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    return fn
+
+
+def aligned(nbytes: int) -> int:
+    """``nbytes`` rounded up to ``ALIGN``: what an array of that size takes of an arena."""
+    return -(-int(nbytes) // ALIGN) * ALIGN
+
+
+class HugePageArena:
+    """``nbytes`` of private anonymous memory in 2 MiB pages (see the module docstring), handed
+    out by ``take``; ``prefault``: a thread faults its pages in from the start."""
+
+    def __init__(self, nbytes: int, prefault: bool = False) -> None:
+        self.nbytes = int(nbytes)
+        self.used = 0
+        self._map = mmap.mmap(-1, self.nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            try:
+                self._map.madvise(mmap.MADV_HUGEPAGE)  # before the first touch: each fault then takes 2 MiB
+            except OSError:  # a kernel built without transparent huge pages: ordinary pages
+                pass
+        raw = np.frombuffer(self._map, np.uint8)
+        start = (-raw.ctypes.data) % HUGE_PAGE
+        self._raw = raw[start : start + self.nbytes]
+        self._thread: threading.Thread | None = None
+        if prefault and self.nbytes:
+            self._thread = threading.Thread(target=self._fault, name="tilework-huge-pages", daemon=True)
+            self._thread.start()
+
+    def _fault(self) -> None:
+        """Fault the pages in without writing them (``MADV_POPULATE_WRITE``, Linux 5.14 on: the
+        caller may be writing its first arrays already), a piece at a time (the call holds the
+        process's memory-map lock, which the caller's own allocations need meanwhile); ctypes
+        lets go of the GIL around each call. Nothing where the kernel does not know the call."""
+        madvise = _madvise()
+        if madvise is None:
+            return
+        base = self._raw.ctypes.data
+        for at in range(0, self.nbytes, POPULATE_PIECE):
+            if madvise(base + at, min(POPULATE_PIECE, self.nbytes - at), MADV_POPULATE_WRITE) != 0:
+                return
+
+    def take(self, shape: tuple[int, ...], dtype: np.dtype | str) -> np.ndarray:
+        """The next piece of the arena as a C-contiguous, writable array of ``shape`` and
+        ``dtype`` (zeros), starting on an ``ALIGN`` boundary."""
+        dt = np.dtype(dtype)
+        shape = tuple(int(n) for n in shape)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        if self.used + nbytes > self.nbytes:
+            raise TileworkError(f"huge-page arena of {self.nbytes} bytes is full: {self.used} used, {nbytes} more asked for (shape {shape}, {dt})")
+        piece = self._raw[self.used : self.used + nbytes].view(dt).reshape(shape)
+        self.used += aligned(nbytes)
+        return piece
+
+    def hold(self, a: np.ndarray) -> np.ndarray:
+        """``a`` in the arena, read-only: itself where it is a piece of the arena already, else
+        a copy in the next piece."""
+        if not np.may_share_memory(a, self._raw):
+            copy = self.take(a.shape, a.dtype)
             copy[...] = a
-            copy.flags.writeable = False
-            copies[key] = copy
-        arrays[i] = copies[key]  # the original goes as soon as no entry holds it
-        if trim is not None and a.nbytes >= TRIM_BYTES:
-            del a
-            trim(0)  # and its memory back to the system, before the next copy grows the arena
-    return total
+            a = copy
+        a.flags.writeable = False
+        return a
+
+
+def huge_page_arena(nbytes: int, prefault: bool = False) -> HugePageArena | None:
+    """``HugePageArena(nbytes, prefault)``, or None without POSIX ``mmap`` or bytes to hold."""
+    if not nbytes or not hasattr(mmap, "MAP_PRIVATE"):
+        return None
+    return HugePageArena(nbytes, prefault)
+
+
+def release_file_pages(a: np.ndarray) -> bool:
+    """Take the pages of a file map that ``a`` views (a weight copied into another layout,
+    whose file bytes the process no longer reads) out of the process's resident set
+    (``MADV_DONTNEED``: they stay in the system's page cache, and a later read of them maps them
+    again; the whole pages inside ``a``'s bytes only). SmolLM2's q load: the GGUF's 100 MB were
+    resident beside the interleaved copies of its matrices. False where ``a`` views no file map
+    (or the system cannot)."""
+    base: Any = a
+    while isinstance(base, np.ndarray) and not isinstance(base, np.memmap):
+        base = base.base
+    mm = getattr(base, "_mmap", None) if isinstance(base, np.memmap) else None
+    if not isinstance(mm, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED") or not a.nbytes:
+        return False
+    start = a.ctypes.data - np.frombuffer(mm, np.uint8).ctypes.data
+    first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+    end = (start + a.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if end <= first:
+        return False
+    try:
+        mm.madvise(mmap.MADV_DONTNEED, first, end - first)
+    except (OSError, ValueError):
+        return False
+    return True
