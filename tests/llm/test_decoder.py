@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -128,6 +129,55 @@ def test_precision_sets_every_matrix_format() -> None:
     assert llm_compile.prepare_weights(cfg, as_f32, "q")[0] == {}
     blocks = {n: quantize(a, "q8_0", n) for n, a in floats.items()} | {n: t for n, t in as_f32.items() if n in norms}
     assert llm_compile.prepare_weights(cfg, blocks, "q")[0] == dict.fromkeys(floats, "q8_0x16")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "q"])
+def test_weights_in_huge_pages_are_the_same_arrays(precision: str, tmp_path: Path) -> None:
+    """``prepare_weights(huge_pages=True)``: the same arrays, those the loader made (decoded,
+    merged, laid out, interleaved) read-only in one arena, views of the file left as views; and
+    the file pages of the tensors it copied are released (``release_file_pages``)."""
+    from tilework.runtime import pages
+
+    cfg = LlmConfig.from_hf_config(_hf().config.to_dict())
+    rng = np.random.default_rng(1)
+    shapes = {"model.embed_tokens.weight": (96, 64)} | {f"model.layers.{i}.{n}": s for i in range(cfg.layers) for n, s in (
+        ("self_attn.q_proj.weight", (64, 64)), ("self_attn.k_proj.weight", (32, 64)), ("self_attn.v_proj.weight", (32, 64)), ("self_attn.o_proj.weight", (64, 64)),
+        ("mlp.gate_proj.weight", (128, 64)), ("mlp.up_proj.weight", (128, 64)), ("mlp.down_proj.weight", (64, 128)))}
+    norms = ["model.norm.weight", *(f"model.layers.{i}.{k}" for i in range(cfg.layers) for k in ("input_layernorm.weight", "post_attention_layernorm.weight"))]
+    made = {n: quantize(rng.standard_normal(s).astype(np.float32), "q4_1", n) for n, s in shapes.items()} | {n: quantize(rng.standard_normal(64).astype(np.float32), "f32", n) for n in norms}
+    blob = np.concatenate([t.data.reshape(-1) for t in made.values()])  # one file, mapped, as a GGUF is
+    blob.tofile(tmp_path / "w.bin")
+    mapped = np.memmap(tmp_path / "w.bin", dtype=np.uint8, mode="r")
+    tensors, at = {}, 0
+    for n, t in made.items():
+        tensors[n] = QuantTensor(n, t.shape, t.fmt, mapped[at : at + t.data.size].reshape(t.data.shape))
+        at += t.data.size
+    released: list[int] = []
+    real = pages.release_file_pages
+
+    def spy(a: np.ndarray) -> bool:
+        released.append(a.ctypes.data)
+        return real(a)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(llm_compile, "release_file_pages", spy)
+        formats, plain = llm_compile.prepare_weights(cfg, tensors, precision)
+        assert sorted(released) == sorted(t.data.ctypes.data for n, t in tensors.items() if n not in norms)  # every matrix is copied
+        released.clear()
+        formats2, huge = llm_compile.prepare_weights(cfg, tensors, precision, huge_pages=True)
+    assert formats2 == formats and len(huge) == len(plain)
+    bases = set()
+    for a, b in zip(plain, huge):
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+        if np.may_share_memory(b, mapped):
+            assert np.may_share_memory(a, mapped)  # a view of the file stays one
+        else:
+            assert not b.flags.writeable
+            base = b
+            while isinstance(base, np.ndarray):
+                base = base.base
+            bases.add(id(base))
+    assert len(bases) == 1  # one arena (the engine asks for it for the float precisions only)
 
 
 _hf_shared = functools.cache(_hf)
