@@ -146,11 +146,12 @@ class QuantLibrary:
             raise RuntimeCheckError(f"quantize_x: the library refused the call: {_ERRORS.get(rc, rc)}")
         return q, d, s
 
-    def dequantize(self, data: np.ndarray, fmt: str, bf16: bool = False) -> np.ndarray:
+    def dequantize(self, data: np.ndarray, fmt: str, bf16: bool = False, out: np.ndarray | None = None) -> np.ndarray:
         """Rows of ``fmt`` blocks (``uint8[rows, row_bytes]``, a plain layout: not ``*x16``)
         decoded with every thread: float32 ``[rows, cols]``, the values of
         ``tilework.llm.quant.dequantize_rows`` bit for bit; ``bf16``: their bfloat16 bits
-        (``uint16``, rounded to nearest even)."""
+        (``uint16``, rounded to nearest even). Written into ``out`` (C-contiguous, that dtype,
+        ``rows * cols`` elements) where it is given."""
         if fmt not in FORMATS[:7]:
             raise RuntimeCheckError(f"dequantize: {fmt!r} is not a plain block format ({', '.join(FORMATS[:7])})")
         f = quant_format(fmt)
@@ -158,7 +159,12 @@ class QuantLibrary:
         if data.ndim != 2 or data.shape[1] % f.nbytes:
             raise RuntimeCheckError(f"dequantize: {fmt} rows must be uint8 [rows, a multiple of {f.nbytes} bytes], got shape {data.shape}")
         rows, cols = data.shape[0], data.shape[1] // f.nbytes * f.block
-        out = np.empty((rows, cols), np.uint16 if bf16 else np.float32)
+        dtype = np.dtype(np.uint16 if bf16 else np.float32)
+        if out is None:
+            out = np.empty((rows, cols), dtype)
+        elif out.dtype != dtype or out.size != rows * cols or not out.flags.c_contiguous or not out.flags.writeable:
+            raise RuntimeCheckError(f"dequantize: out must be a writable C-contiguous {dtype} array of {rows * cols} elements, got {out.dtype} of shape {out.shape}")
+        out = out.reshape(rows, cols)
         rc = self.handle.tw_quant_dequantize(FORMATS.index(fmt), data.ctypes.data, rows, cols, out.ctypes.data, int(bf16))
         if rc:
             raise RuntimeCheckError(f"dequantize ({fmt}, rows={rows}, cols={cols}): the library refused the call: {_ERRORS.get(rc, rc)}")

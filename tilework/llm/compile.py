@@ -52,7 +52,7 @@ from tilework.errors import TileworkError
 from tilework.llm.config import LlmConfig
 from tilework.llm.model import LlamaDecoder, decoder_spec, merged_parts
 from tilework.llm.quant import QuantTensor
-from tilework.op.quant import interleavable, interleave_rows, interleaved
+from tilework.op.quant import GROUP, INTERLEAVED_FORMATS, interleavable, interleave_rows, interleaved
 from tilework.runtime.executable import Executable
 from tilework.runtime.pages import aligned, huge_page_arena, release_file_pages, trim_heap
 from tilework.transform.panels import lay_out
@@ -83,23 +83,37 @@ def prepare_weights(config: LlmConfig, tensors: Mapping[str, QuantTensor], preci
     def new(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
         return None if arena is None else arena.take(shape, dtype)
 
+    # the decoded values of a parameter's tensors, side by side (a merged matrix's rows in
+    # order: no concatenation), in one buffer reused from parameter to parameter
+    groups = [(n, param, [tensors[p] for p in merged_parts(n) or [n]]) for n, param in params]
+    scratch = np.empty(max((sum(_decoded_bytes(t, formats[t.name]) for t in parts) for _, _, parts in groups), default=0), np.uint8)
     arrays = []
-    for n, param in params:
-        parts = [tensors[p] for p in merged_parts(n) or [n]]
-        packed = len(param.shape) == 3 and len(parts[0].shape) == 2  # a PackedLinear's weight: laid out in panels
-        values = [_values(t, formats[t.name], new if len(parts) == 1 and not packed else None) for t in parts]
-        a = values[0] if len(values) == 1 else np.concatenate(values, out=None if packed else new(tuple(param.shape), values[0].dtype))
-        if packed:
+    for n, param, parts in groups:
+        fmt = formats[parts[0].name]  # a merged matrix's parts share it
+        sizes = [_decoded_bytes(t, fmt) for t in parts]
+        offsets = np.cumsum([0, *sizes])
+        values = [_rows(t, fmt, scratch[at : at + size] if size else None) for t, size, at in zip(parts, sizes, offsets)]
+        if len(values) == 1:
+            a = values[0]
+        elif all(sizes):  # decoded side by side: the merged rows in order already
+            a = scratch[: offsets[-1]].view(values[0].dtype).reshape(sum(len(v) for v in values), *values[0].shape[1:])
+        else:
+            a = np.concatenate(values)
+        if len(param.shape) == 3 and a.ndim == 2:  # a PackedLinear's weight: laid out in panels
             a = lay_out(a, out=new(tuple(param.shape), a.dtype))
+        elif fmt in INTERLEAVED_FORMATS:  # interleaved in groups of 16 rows (a merged matrix's parts too: whole groups each)
+            a = interleave_rows(a, fmt.removesuffix(f"x{GROUP}"), out=new(a.shape, a.dtype))
         copied = not np.may_share_memory(a, parts[0].data)  # else the file's own bytes, left where they are
         if arena is not None and copied:
             a = arena.hold(a)
+        elif np.may_share_memory(a, scratch):
+            a = a.copy()  # the scratch holds the next parameter's values
         if copied:
             for t in parts:
                 release_file_pages(t.data)  # read once: out of the resident set
         arrays.append(a)
-    if arena is not None:
-        trim_heap()  # the temporaries' memory back to the system
+    del scratch
+    trim_heap()  # the temporaries' memory back to the system
     return {n: f for n, f in formats.items() if f != "f32"}, arrays
 
 
@@ -112,17 +126,24 @@ def _format(t: QuantTensor, precision: str, bf16_groups: bool) -> str:
     return (interleaved(t.fmt) or t.fmt) if interleavable(t.fmt, *t.shape) else t.fmt
 
 
-def _values(t: QuantTensor, fmt: str, new: Callable[[tuple[int, ...], np.dtype], np.ndarray | None] | None) -> np.ndarray:
-    """Tensor ``t``'s array in format ``fmt``: a view of the file where the file's bytes are
-    that array; an interleaving written into ``new(shape, dtype)`` where that gives an array."""
+def _decoded_bytes(t: QuantTensor, fmt: str) -> int:
+    """Bytes of the values tensor ``t`` is decoded to for format ``fmt`` (0: none, the file's
+    bytes are used as they are)."""
+    if fmt == "f32" and t.fmt != "f32":
+        return int(np.prod(t.shape)) * 4
+    if fmt in ("bf16", "bf16x16") and t.fmt != "bf16":
+        return int(np.prod(t.shape)) * 2
+    return 0
+
+
+def _rows(t: QuantTensor, fmt: str, scratch: np.ndarray | None) -> np.ndarray:
+    """Tensor ``t``'s values for format ``fmt`` before any layout (panels, interleaving): decoded
+    into ``scratch`` (``_decoded_bytes`` of it) where it is given, else the file's bytes."""
     if fmt == "f32":
-        return t.data.view(np.float32).reshape(t.shape) if t.fmt == "f32" else t.dequantize()
+        return t.data.view(np.float32).reshape(t.shape) if scratch is None else t.dequantize(out=scratch.view(np.float32))
     if fmt in ("bf16", "bf16x16"):
-        bits = t.data if t.fmt == "bf16" else t.dequantize(bf16=True)
-        rows = np.ascontiguousarray(bits).view(np.uint8).reshape(t.shape[0], t.shape[1] * 2)
-        return interleave_rows(rows, "bf16", out=None if new is None else new(rows.shape, rows.dtype)) if fmt == "bf16x16" else rows
-    if fmt != t.fmt:  # interleaved in groups of 16 rows
-        return interleave_rows(t.data, t.fmt, out=None if new is None else new(t.data.shape, t.data.dtype))
+        bits = t.data if scratch is None else t.dequantize(bf16=True, out=scratch.view(np.uint16))
+        return np.ascontiguousarray(bits).view(np.uint8).reshape(t.shape[0], t.shape[1] * 2)
     return t.data
 
 

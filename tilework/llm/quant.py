@@ -79,20 +79,24 @@ class QuantTensor:
     def nbytes(self) -> int:
         return int(self.data.nbytes)
 
-    def dequantize(self, bf16: bool = False) -> np.ndarray:
+    def dequantize(self, bf16: bool = False, out: np.ndarray | None = None) -> np.ndarray:
         """The float32 values, of shape ``shape``; ``bf16``: their bfloat16 bits (``uint16``, each
-        rounded to nearest even). A tensor of ``LIBRARY_WEIGHTS`` or more decodes in the quant
+        rounded to nearest even); written into ``out`` (C-contiguous, that dtype, as many
+        elements) where it is given. A tensor of ``LIBRARY_WEIGHTS`` or more decodes in the quant
         library (C, every thread: the same bits as ``dequantize_rows``, in a tenth of its time),
         where that library builds; the others, and every tensor where it does not, here."""
         lib = _library() if int(np.prod(self.shape)) >= LIBRARY_WEIGHTS and self.fmt != "f32" else None
         if lib is not None:
-            out = lib.dequantize(self.data.reshape(-1, self.data.shape[-1]), self.fmt, bf16)
-        else:
-            out = dequantize_rows(self.data, self.fmt)
-            if bf16:
-                bits = out.view(np.uint32)
-                out = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # round to nearest even
-        return out.reshape(self.shape)
+            return lib.dequantize(self.data.reshape(-1, self.data.shape[-1]), self.fmt, bf16, out).reshape(self.shape)
+        values = dequantize_rows(self.data, self.fmt)
+        if bf16:
+            bits = values.view(np.uint32)
+            values = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # round to nearest even
+        if out is None:
+            return values.reshape(self.shape)
+        out = out.reshape(self.shape)
+        out[...] = values
+        return out
 
     def take_rows(self, rows: np.ndarray | list[int]) -> np.ndarray:
         """The float32 values of the given rows of a 2-D tensor (an embedding lookup), without
