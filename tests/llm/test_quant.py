@@ -144,6 +144,30 @@ def test_the_library_refuses_bad_rows() -> None:
         lib.dequantize(np.zeros((16, 20), np.uint8), "q4_1x16")
     with pytest.raises(RuntimeCheckError, match="multiple of 34 bytes"):
         lib.dequantize(np.zeros((2, 35), np.uint8), "q8_0")
+    with pytest.raises(RuntimeCheckError, match="out must be a writable C-contiguous float32 array of 64 elements"):
+        lib.dequantize(np.zeros((2, 34), np.uint8), "q8_0", out=np.empty(63, np.float32))
+    with pytest.raises(RuntimeCheckError, match="uint16"):
+        lib.dequantize(np.zeros((2, 34), np.uint8), "q8_0", bf16=True, out=np.empty(64, np.float32))
+
+
+@pytest.mark.parametrize("library", [True, False])
+def test_dequantize_into_out(library: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``QuantTensor.dequantize(out=)`` writes the values (or bf16 bits) into ``out`` and returns
+    it in the tensor's shape, in the library and in NumPy alike."""
+    from tilework.llm import quant as lq
+
+    if not library:
+        monkeypatch.setattr(lq, "_library", lambda: None)
+    shape = (lq.LIBRARY_WEIGHTS // 32 + 3, 32)
+    t = quantize(np.random.default_rng(6).standard_normal(shape).astype(np.float32), "q8_0", "w")
+    ref = dequantize_rows(t.data, "q8_0")
+    flat = np.full(ref.size + 5, np.nan, np.float32)
+    got = t.dequantize(out=flat[: ref.size])
+    assert got.shape == shape and np.shares_memory(got, flat) and np.isnan(flat[ref.size :]).all()
+    np.testing.assert_array_equal(got, ref)
+    bits = np.zeros(ref.size, np.uint16)
+    np.testing.assert_array_equal(t.dequantize(bf16=True, out=bits), bf16_bits(ref))
+    np.testing.assert_array_equal(bits.reshape(shape), bf16_bits(ref))
 
 
 @pytest.mark.parametrize("size", ["small", "large"])
