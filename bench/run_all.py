@@ -57,6 +57,7 @@ BENCHES = [
     Bench(("placement",), ("bench/bench_placement.py", "--fresh", "--repeat", "15")),
     Bench(("quant",), ("bench/bench_quant.py", "--threads", THREADS)),
     Bench(("llm", "llm-aims"), ("bench/bench_llm.py",)),
+    Bench(("llm-start",), ("bench/bench_start.py",)),
     Bench(("serve",), ("bench/bench_serve.py",)),
     Bench(("compile",), ("bench/bench_compile.py",)),
     Bench(("aot.overhead", "aot.minilm", "aot.llama"), ("bench/bench_aot.py",)),
