@@ -1,18 +1,21 @@
 """``HugePageArena``: aligned pieces in order, a full arena refused, ``hold`` copies what is not
 in it, the prefault keeps what the caller wrote meanwhile; no huge pages or no ``madvise``: the
-same values."""
+same values. ``release_file_pages``: a read-only file map's pages leave the resident set and read
+back the same; other arrays are left alone."""
 
 from __future__ import annotations
 
 import mmap
+import re
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tilework.errors import TileworkError
 from tilework.runtime import pages
-from tilework.runtime.pages import ALIGN, HUGE_PAGE, HugePageArena, aligned, huge_page_arena
+from tilework.runtime.pages import ALIGN, HUGE_PAGE, HugePageArena, aligned, huge_page_arena, release_file_pages
 
 
 def test_pieces_are_aligned_contiguous_and_in_order() -> None:
@@ -101,3 +104,41 @@ def test_the_populate_call_is_linux_madvise() -> None:
     arena = HugePageArena(HUGE_PAGE)
     rc = fn(arena._raw.ctypes.data, HUGE_PAGE, pages.MADV_POPULATE_WRITE)
     assert rc in (0, -1)  # -1: a kernel before 5.14 (EINVAL); the prefault then stops at once
+
+
+def _resident_kib(m: np.memmap) -> int:
+    """Resident KiB of the mapping that holds ``m`` in this process (``/proc/self/smaps``)."""
+    at = np.frombuffer(m._mmap, np.uint8).ctypes.data
+    inside, total = False, 0
+    for line in open("/proc/self/smaps"):
+        field = line.split()
+        if re.fullmatch(r"[0-9a-f]+-[0-9a-f]+", field[0]):
+            start, end = (int(x, 16) for x in field[0].split("-"))
+            inside = start <= at < end
+        elif inside and field[0] == "Rss:":
+            total += int(field[1])
+    return total
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_release_file_pages_of_a_read_only_map(tmp_path: Path) -> None:
+    values = np.arange(3 << 18, dtype=np.float32)  # 3 MiB
+    values.tofile(tmp_path / "w.bin")
+    m = np.memmap(tmp_path / "w.bin", dtype=np.uint8, mode="r")
+    view = m[5000:].view(np.float32)[: (3 << 18) - 2000]  # not page-aligned at either end
+    assert float(view.sum(dtype=np.float64)) > 0  # read: resident
+    before = _resident_kib(m)
+    assert release_file_pages(view)
+    assert _resident_kib(m) < before - 2048
+    np.testing.assert_array_equal(view, values.view(np.uint8)[5000:].view(np.float32)[: (3 << 18) - 2000])  # read back the same
+
+
+def test_release_file_pages_leaves_other_arrays(tmp_path: Path) -> None:
+    np.zeros(1 << 16, np.uint8).tofile(tmp_path / "w.bin")
+    assert not release_file_pages(np.ones(1 << 16, np.uint8))  # no map
+    cow = np.memmap(tmp_path / "w.bin", dtype=np.uint8, mode="c")
+    cow[:] = 7
+    assert not release_file_pages(cow)  # copy-on-write: its changes stay
+    assert (cow == 7).all()
+    small = np.memmap(tmp_path / "w.bin", dtype=np.uint8, mode="r")[10:100]
+    assert not release_file_pages(small)  # no whole page inside

@@ -148,20 +148,21 @@ def release_file_pages(a: np.ndarray) -> bool:
     (``MADV_DONTNEED``: they stay in the system's page cache, and a later read of them maps them
     again; the whole pages inside ``a``'s bytes only). SmolLM2's q load: the GGUF's 100 MB were
     resident beside the interleaved copies of its matrices. False where ``a`` views no file map
-    (or the system cannot)."""
+    read-only, or the system cannot)."""
     base: Any = a
     while isinstance(base, np.ndarray) and not isinstance(base, np.memmap):
         base = base.base
-    mm = getattr(base, "_mmap", None) if isinstance(base, np.memmap) else None
+    # a read-only map only: dropping the pages of a copy-on-write one would drop its changes
+    mm = getattr(base, "_mmap", None) if isinstance(base, np.memmap) and base.mode == "r" else None
     if not isinstance(mm, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED") or not a.nbytes:
         return False
-    start = a.ctypes.data - np.frombuffer(mm, np.uint8).ctypes.data
-    first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
-    end = (start + a.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
-    if end <= first:
-        return False
     try:
+        start = a.ctypes.data - np.frombuffer(mm, np.uint8).ctypes.data
+        first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+        end = (start + a.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        if end <= first:
+            return False
         mm.madvise(mmap.MADV_DONTNEED, first, end - first)
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # a closed map, or a system without the call
         return False
     return True
