@@ -8,6 +8,7 @@ import pytest
 
 from tilework.errors import ShapeError, UnsupportedError
 from tilework.llm.quant import QUANT_FORMATS, QUANTIZABLE, QuantTensor, block_format, dequantize_rows, quantize
+from tilework.op.quant import bf16_bits
 
 gguf = pytest.importorskip("gguf")
 from gguf import quants as gq  # noqa: E402
@@ -110,9 +111,16 @@ def test_quantize_keeps_leading_dims_and_zeros() -> None:
 PLAIN = [f for f in QUANT_FORMATS if f != "f32"]  # the quant library's plain layouts
 
 
-def bf16_bits(x: np.ndarray) -> np.ndarray:
-    bits = x.view(np.uint32)
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+def test_bf16_bits_round_to_nearest_even_and_keep_nan() -> None:
+    """``bf16_bits``: ties to even, carries into the exponent, inf stays inf, the largest finite
+    float32 values round to inf, and a NaN of either sign stays a quiet NaN (NaNs whose payload
+    has its top bits set wrapped to zero before)."""
+    from tilework.op.quant import bf16_bits
+
+    u = np.array([0x3F808000, 0x3F818000, 0x3F80FFFF, 0x7F7FFFFF, 0x7F800000, 0xFF800000, 0x7FC00001, 0xFFFFFFFF, 0x7F800001, 0x00008000], np.uint32)
+    want = np.array([0x3F80, 0x3F82, 0x3F81, 0x7F80, 0x7F80, 0xFF80, 0x7FC0, 0xFFFF, 0x7FC0, 0x0000], np.uint16)
+    np.testing.assert_array_equal(bf16_bits(u.view(np.float32)), want)
+    assert bf16_bits(np.zeros((2, 3), np.float32)).shape == (2, 3)
 
 
 @pytest.mark.parametrize("fmt", PLAIN)

@@ -2,8 +2,8 @@
  *
  * tw_quant_dequantize(fmt, w, rows, K, out, bf16) decodes rows x K weights of fmt blocks (the
  * plain layouts: q4_0 q4_1 q8_0 bf16 f16 q4_k q6_k) into float32 rows, or with bf16 set into
- * bfloat16 bits (uint16, each float32 rounded to nearest even as
- * tilework.llm.compile's NumPy rounding does), the threads sharing the rows. Each float32 is
+ * bfloat16 bits (uint16, each float32 rounded to nearest even, a NaN kept a quiet NaN: the
+ * prelude's tw_f2bf, tilework.op.quant.bf16_bits), the threads sharing the rows. Each float32 is
  * the one tilework.llm.quant's NumPy decoders give: the same products and sums in the same order,
  * none contracted into an FMA (q4_k's scale * q - offset rounds twice, as NumPy's does; the
  * other formats' products are exact). A 135M-weight model decodes in about a tenth of the time
@@ -101,7 +101,7 @@ int32_t tw_quant_dequantize(int32_t fmt, const uint8_t* w, int64_t rows, int64_t
             for (int64_t l = 0; l < bw; ++l) {
                 uint32_t bits;
                 memcpy(&bits, &blk[l], 4);
-                o[l] = (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+                o[l] = (bits & 0x7FFFFFFFu) > 0x7F800000u ? (uint16_t)((bits >> 16) | 0x40u) : (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
             }
         }
     }

@@ -31,7 +31,7 @@ import numpy as np
 from tilework.backend import quant as quant_backend
 from tilework.backend.quant import QuantLibrary
 from tilework.errors import ShapeError, TileworkError, UnsupportedError
-from tilework.op.quant import QUANT_FORMATS, QuantFormat
+from tilework.op.quant import QUANT_FORMATS, QuantFormat, bf16_bits
 
 
 _BY_GGML_TYPE = {f.ggml_type: f for f in QUANT_FORMATS.values()}
@@ -80,8 +80,8 @@ class QuantTensor:
         return int(self.data.nbytes)
 
     def dequantize(self, bf16: bool = False, out: np.ndarray | None = None) -> np.ndarray:
-        """The float32 values, of shape ``shape``; ``bf16``: their bfloat16 bits (``uint16``, each
-        rounded to nearest even); written into ``out`` (C-contiguous, that dtype, as many
+        """The float32 values, of shape ``shape``; ``bf16``: their bfloat16 bits (``uint16``, as
+        ``tilework.op.quant.bf16_bits`` rounds them); written into ``out`` (C-contiguous, that dtype, as many
         elements) where it is given. A tensor of ``LIBRARY_WEIGHTS`` or more decodes in the quant
         library (C, every thread: the same bits as ``dequantize_rows``, in a tenth of its time),
         where that library builds; the others, and every tensor where it does not, here."""
@@ -90,8 +90,7 @@ class QuantTensor:
             return lib.dequantize(self.data.reshape(-1, self.data.shape[-1]), self.fmt, bf16, out).reshape(self.shape)
         values = dequantize_rows(self.data, self.fmt)
         if bf16:
-            bits = values.view(np.uint32)
-            values = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # round to nearest even
+            values = bf16_bits(values)
         if out is None:
             return values.reshape(self.shape)
         out = out.reshape(self.shape)

@@ -300,13 +300,20 @@ def quant_linear(x: Expr, w: Expr, fmt: str, in_features: int) -> Call:
     return make_call("quant_linear", [x, w], fmt=fmt, in_features=in_features)
 
 
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """The bfloat16 bits (``uint16``, same shape) of float32 ``x``: rounded to nearest, ties to
+    even (finite values stay finite unless beyond bfloat16's range), a NaN a quiet NaN of the
+    same sign (the C kernels' ``tw_f2bf``)."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = ((bits.astype(np.uint64) + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    return np.where(nan, (bits >> 16).astype(np.uint16) | np.uint16(0x40), rounded)
+
+
 def bf16_rows(w: np.ndarray) -> np.ndarray:
     """A float32 ``[out, in]`` matrix as ``bf16`` rows (``uint8[out, 2 * in]``): each value
-    rounded to bfloat16 to nearest, ties to even (finite values stay finite unless beyond
-    bfloat16's range)."""
-    bits = np.ascontiguousarray(w, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-    return rounded.view(np.uint8).reshape(w.shape[0], w.shape[1] * 2)
+    rounded as ``bf16_bits`` rounds it."""
+    return bf16_bits(w).view(np.uint8).reshape(w.shape[0], w.shape[1] * 2)
 
 
 def bf16_values(rows: np.ndarray) -> np.ndarray:

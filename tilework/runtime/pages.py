@@ -14,12 +14,15 @@ An arena is one private anonymous mapping advised ``MADV_HUGEPAGE`` (2 MiB align
 out arrays one after the other (:meth:`HugePageArena.take`): the loader writes each weight
 straight into it, no copy after. Finding free 2 MiB pages may make the kernel compact memory
 when the arena's pages are first touched: measured 0.05-1.1 s for SmolLM2's 540 MB here,
-depending on how fragmented free memory happens to be. With ``prefault`` a thread touches the
+depending on how fragmented free memory happens to be. With ``prefault`` a thread populates the
 pages from the moment the arena is made, so that the loader's work meanwhile (decoding the
-weights) hides that time; the thread populates the pages without writing them
-(``MADV_POPULATE_WRITE``), so the loader may fill the first ones meanwhile. Where the kernel has no transparent huge pages (``never``, or built
-without them) the arena is of ordinary pages; without POSIX ``mmap`` (Windows) there is none
-(:func:`huge_page_arena` gives None).
+weights) hides that time; it populates them without writing them (``MADV_POPULATE_WRITE``), so
+the loader may fill the first ones meanwhile. Where the kernel has no transparent huge pages
+(``never``, or built without them) the arena is of ordinary pages; without POSIX ``mmap``
+(Windows) there is none (:func:`huge_page_arena` gives None).
+
+:func:`release_file_pages` takes the pages of a read-only file map out of the resident set once
+the loader has copied what they held.
 """
 
 from __future__ import annotations
