@@ -180,6 +180,7 @@ BAD = [
 BAD_CHAT = [
     (json.dumps({"messages": []}), 400, "messages", "non-empty list"),
     (json.dumps({"messages": [{"content": "hi"}]}), 400, "messages", "string role"),
+    (json.dumps({"messages": [{"role": "asistant", "content": "hi"}]}), 400, "messages", "'asistant' is not one of system"),
     (json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}), 400, "messages", "only text parts"),
     (json.dumps({"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}), 400, "stream", "true or false"),
 ]

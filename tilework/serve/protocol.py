@@ -100,6 +100,9 @@ def _content(message: dict[str, Any], i: int) -> str | None:
     raise RequestError(f"messages[{i}].content must be a string or a list of text parts", "messages")
 
 
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")  # the OpenAI API's message roles
+
+
 def _chat_tokens(body: dict[str, Any], llm: Any) -> list[int]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -110,6 +113,8 @@ def _chat_tokens(body: dict[str, Any], llm: Any) -> list[int]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise RequestError(f"messages[{i}] must be an object with a string role", "messages")
+        if m["role"] not in ROLES:
+            raise RequestError(f"messages[{i}].role {m['role']!r} is not one of {', '.join(ROLES)}", "messages")
         content = _content(m, i)
         if content is None and m["role"] != "assistant":
             raise RequestError(f"messages[{i}] ({m['role']}) has no content", "messages")
