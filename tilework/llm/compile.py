@@ -51,6 +51,7 @@ from tilework.codegen.cache import CacheWarning, building, cache_dir
 from tilework.errors import TileworkError
 from tilework.llm.config import LlmConfig
 from tilework.llm.model import LlamaDecoder, decoder_spec, merged_parts
+from tilework.nn.core import Parameter
 from tilework.llm.quant import QuantTensor
 from tilework.op.quant import GROUP, INTERLEAVED_FORMATS, interleavable, interleave_rows, interleaved
 from tilework.runtime.executable import Executable
@@ -78,17 +79,20 @@ def prepare_weights(config: LlmConfig, tensors: Mapping[str, QuantTensor], preci
     missing = [p for n, _ in params for p in (merged_parts(n) or [n]) if p not in tensors]
     if missing:
         raise TileworkError(f"the model file lacks weight(s) {', '.join(missing[:5])}")
-    arena = huge_page_arena(sum(aligned(int(np.prod(p.shape)) * np.dtype(p.dtype).itemsize) for _, p in params), prefault=True) if huge_pages else None
+    groups = [(param, [tensors[p] for p in merged_parts(n) or [n]]) for n, param in params]
+    made = [_made(param, parts, formats[parts[0].name]) for param, parts in groups]  # else a view of the file
+    arena = None
+    if huge_pages:
+        arena = huge_page_arena(sum(aligned(int(np.prod(p.shape)) * np.dtype(p.dtype).itemsize) for (p, _), m in zip(groups, made) if m), prefault=True)
 
     def new(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
         return None if arena is None else arena.take(shape, dtype)
 
     # the decoded values of a parameter's tensors, side by side (a merged matrix's rows in
     # order: no concatenation), in one buffer reused from parameter to parameter
-    groups = [(n, param, [tensors[p] for p in merged_parts(n) or [n]]) for n, param in params]
-    scratch = np.empty(max((sum(_decoded_bytes(t, formats[t.name]) for t in parts) for _, _, parts in groups), default=0), np.uint8)
+    scratch = np.empty(max((sum(_decoded_bytes(t, formats[t.name]) for t in parts) for _, parts in groups), default=0), np.uint8)
     arrays = []
-    for n, param, parts in groups:
+    for (param, parts), copied in zip(groups, made):
         fmt = formats[parts[0].name]  # a merged matrix's parts share it
         sizes = [_decoded_bytes(t, fmt) for t in parts]
         offsets = np.cumsum([0, *sizes])
@@ -103,7 +107,6 @@ def prepare_weights(config: LlmConfig, tensors: Mapping[str, QuantTensor], preci
             a = lay_out(a, out=new(tuple(param.shape), a.dtype))
         elif fmt in INTERLEAVED_FORMATS:  # interleaved in groups of 16 rows (a merged matrix's parts too: whole groups each)
             a = interleave_rows(a, fmt.removesuffix(f"x{GROUP}"), out=new(a.shape, a.dtype))
-        copied = not np.may_share_memory(a, parts[0].data)  # else the file's own bytes, left where they are
         if arena is not None and copied:
             a = arena.hold(a)
         elif np.may_share_memory(a, scratch):
@@ -124,6 +127,12 @@ def _format(t: QuantTensor, precision: str, bf16_groups: bool) -> str:
     if precision == "bf16":
         return "bf16x16" if bf16_groups and interleavable("bf16", *t.shape) else "bf16"
     return (interleaved(t.fmt) or t.fmt) if interleavable(t.fmt, *t.shape) else t.fmt
+
+
+def _made(param: Parameter, parts: list[QuantTensor], fmt: str) -> bool:
+    """Whether ``prepare_weights`` makes a new array for ``param`` (merged, laid out, interleaved
+    or decoded), rather than give a view of the file's bytes."""
+    return len(parts) > 1 or (len(param.shape) == 3 and len(parts[0].shape) == 2) or fmt in INTERLEAVED_FORMATS or _decoded_bytes(parts[0], fmt) > 0
 
 
 def _decoded_bytes(t: QuantTensor, fmt: str) -> int:
