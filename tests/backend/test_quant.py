@@ -470,6 +470,30 @@ def test_interleaved_rows_need_whole_groups(rng: np.random.Generator) -> None:
         module([("x", (1, 64), "float32"), ("w", (24, Q.row_bytes("q4_1", 64)), "uint8")], lambda x, w: op.quant_linear(x, w, "q4_1x16", 64))
 
 
+@pytest.mark.parametrize("name, nbytes", [("q4_0", 18), ("q4_1", 20), ("q8_0", 34), ("bf16", 4)])
+def test_the_library_interleaves_the_same_bytes(rng: np.random.Generator, name: str, nbytes: int) -> None:
+    """``QuantLibrary.interleave`` (C, every thread) gives ``interleave_rows``' bytes: one group,
+    several, odd block counts, a large matrix (threads), none; into ``out`` too."""
+    lib = Q.library()
+    for rows, blocks_ in ((16, 1), (32, 3), (48, 7), (4096, 18), (0, 2)):
+        data = rng.integers(0, 256, (rows, blocks_ * nbytes), dtype=np.uint8)
+        np.testing.assert_array_equal(lib.interleave(data, name), interleave_rows(data, name))
+    data = rng.integers(0, 256, (32, 5 * nbytes), dtype=np.uint8)
+    out = np.zeros_like(data)
+    assert lib.interleave(data, name, out=out) is out
+    np.testing.assert_array_equal(out, interleave_rows(data, name))
+
+
+def test_the_library_refuses_what_it_cannot_interleave() -> None:
+    lib = Q.library()
+    with pytest.raises(RuntimeCheckError, match="multiple of 16"):
+        lib.interleave(np.zeros((24, 20), np.uint8), "q4_1")
+    with pytest.raises(RuntimeCheckError, match="'q4_k' has no interleaved layout"):
+        lib.interleave(np.zeros((16, 144), np.uint8), "q4_k")
+    with pytest.raises(RuntimeCheckError, match="out must be"):
+        lib.interleave(np.zeros((16, 20), np.uint8), "q4_1", out=np.zeros((16, 21), np.uint8))
+
+
 # -- the backend ---------------------------------------------------------------------------------
 
 

@@ -170,6 +170,25 @@ class QuantLibrary:
             raise RuntimeCheckError(f"dequantize ({fmt}, rows={rows}, cols={cols}): the library refused the call: {_ERRORS.get(rc, rc)}")
         return out
 
+    def interleave(self, data: np.ndarray, name: str, out: np.ndarray | None = None) -> np.ndarray:
+        """``tilework.op.quant.interleave_rows(data, name, out)`` with every thread: the same
+        bytes (``name``: q4_0, q4_1, q8_0 or bf16; ``data`` uint8 rows, a multiple of 16)."""
+        codes = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "bf16": 3}  # FORMATS' order
+        if name not in codes:
+            raise RuntimeCheckError(f"interleave: {name!r} has no interleaved layout ({', '.join(codes)})")
+        data = np.ascontiguousarray(data, np.uint8)
+        block = 4 if name == "bf16" else quant_format(name).nbytes  # bf16x16's blocks: a pair of weights
+        if data.ndim != 2 or data.shape[0] % 16 or data.shape[1] % block:
+            raise RuntimeCheckError(f"interleave: {name} rows must be uint8 [a multiple of 16 rows, a multiple of {block} bytes], got shape {data.shape}")
+        if out is None:
+            out = np.empty(data.shape, np.uint8)
+        elif out.dtype != np.uint8 or out.shape != data.shape or not out.flags.c_contiguous or not out.flags.writeable:
+            raise RuntimeCheckError(f"interleave: out must be a writable C-contiguous uint8 array of shape {data.shape}, got {out.dtype} of shape {out.shape}")
+        rc = self.handle.tw_quant_interleave(codes[name], data.ctypes.data, data.shape[0], data.shape[1], out.ctypes.data)
+        if rc:
+            raise RuntimeCheckError(f"interleave ({name}, shape {data.shape}): the library refused the call: {_ERRORS.get(rc, rc)}")
+        return out
+
 
 _LIBS: dict[tuple[bool, bool, bool], QuantLibrary] = {}
 _LOCK = threading.Lock()
@@ -247,6 +266,8 @@ def _load(portable: bool, vnni: bool, bf16dot: bool) -> QuantLibrary:
     handle.tw_quant_quantize_x.restype = ctypes.c_int32
     handle.tw_quant_dequantize.argtypes = [ctypes.c_int32, p, i64, i64, p, ctypes.c_int32]
     handle.tw_quant_dequantize.restype = ctypes.c_int32
+    handle.tw_quant_interleave.argtypes = [ctypes.c_int32, p, i64, i64, p]
+    handle.tw_quant_interleave.restype = ctypes.c_int32
     simd, has_vnni, has_bf16dot = bool(handle.tw_quant_simd()), bool(handle.tw_quant_vnni()), bool(handle.tw_quant_bf16dot())
     return QuantLibrary(result.path, result.cache_hit, simd, has_vnni, has_bf16dot, handle, entries, add_entries, packed)
 

@@ -1,4 +1,5 @@
-/* Dequantization of whole rows, the loaders' path (spliced into quant_kernels.c by quant.py).
+/* The loaders' path (spliced into quant_kernels.c by quant.py): dequantization of whole rows,
+ * and the interleaving of plain rows into the x16 layouts.
  *
  * tw_quant_dequantize(fmt, w, rows, K, out, bf16) decodes rows x K weights of fmt blocks (the
  * plain layouts: q4_0 q4_1 q8_0 bf16 f16 q4_k q6_k) into float32 rows, or with bf16 set into
@@ -102,6 +103,37 @@ int32_t tw_quant_dequantize(int32_t fmt, const uint8_t* w, int64_t rows, int64_t
                 uint32_t bits;
                 memcpy(&bits, &blk[l], 4);
                 o[l] = (bits & 0x7FFFFFFFu) > 0x7F800000u ? (uint16_t)((bits >> 16) | 0x40u) : (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+            }
+        }
+    }
+    return 0;
+}
+
+/* tw_quant_interleave(fmt, src, n, rb, dst): n plain rows of rb bytes (n a multiple of 16) of
+ * q4_0, q4_1, q8_0 (fmt the plain code) or bf16 (TWQ_BF16: blocks of a pair of weights) in the
+ * layout of the format's x16 twin (tilework.op.quant: per group of 16 rows and block, the
+ * rows' d, then q4_1's m, then the payload in runs of 4 bytes, row by row), the threads sharing
+ * the groups: the bytes of tilework.op.quant.interleave_rows, without its byte-gather. */
+int32_t tw_quant_interleave(int32_t fmt, const uint8_t* src, int64_t n, int64_t rb, uint8_t* dst) {
+    if (fmt != TWQ_Q4_0 && fmt != TWQ_Q4_1 && fmt != TWQ_Q8_0 && fmt != TWQ_BF16) return TWQ_EFMT;
+    const int64_t nbytes = fmt == TWQ_BF16 ? 4 : twq_nbytes[fmt], head = fmt == TWQ_Q4_1 ? 4 : fmt == TWQ_BF16 ? 0 : 2;
+    if (n < 0 || rb < 0 || n % 16 || rb % nbytes) return TWQ_ESHAPE;
+    if (n == 0 || rb == 0) return 0;
+    if (src == NULL || dst == NULL) return TWQ_ENULL;
+    const int64_t nb = rb / nbytes, runs = (nbytes - head) / 4, groups = n / 16;
+    const int par = n * rb >= (1 << 20);
+    (void)par; /* used by OpenMP only */
+#pragma omp parallel for schedule(static) if (par)
+    for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* rows = src + g * 16 * rb;
+        uint8_t* out = dst + g * 16 * rb;
+        for (int64_t j = 0; j < nb; ++j) {
+            uint8_t* o = out + j * 16 * nbytes;
+            for (int r = 0; r < 16; ++r) {
+                const uint8_t* b = rows + r * rb + j * nbytes;
+                if (head) memcpy(o + 2 * r, b, 2);
+                if (head == 4) memcpy(o + 32 + 2 * r, b + 2, 2);
+                for (int64_t t = 0; t < runs; ++t) memcpy(o + 16 * head + 64 * t + 4 * r, b + head + 4 * t, 4);
             }
         }
     }
