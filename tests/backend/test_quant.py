@@ -15,6 +15,7 @@ import ctypes
 import os
 import subprocess
 import sys
+from typing import Callable
 from importlib import resources
 
 import numpy as np
@@ -484,14 +485,22 @@ def test_the_library_interleaves_the_same_bytes(rng: np.random.Generator, name: 
     np.testing.assert_array_equal(out, interleave_rows(data, name))
 
 
-def test_the_library_refuses_what_it_cannot_interleave() -> None:
-    lib = Q.library()
-    with pytest.raises(RuntimeCheckError, match="multiple of 16"):
-        lib.interleave(np.zeros((24, 20), np.uint8), "q4_1")
-    with pytest.raises(RuntimeCheckError, match="'q4_k' has no interleaved layout"):
-        lib.interleave(np.zeros((16, 144), np.uint8), "q4_k")
-    with pytest.raises(RuntimeCheckError, match="out must be"):
-        lib.interleave(np.zeros((16, 20), np.uint8), "q4_1", out=np.zeros((16, 21), np.uint8))
+LOADER_REFUSALS = [
+    (lambda lib: lib.interleave(np.zeros((24, 20), np.uint8), "q4_1"), "multiple of 16 rows"),
+    (lambda lib: lib.interleave(np.zeros((16, 144), np.uint8), "q4_k"), "'q4_k' has no interleaved layout"),
+    (lambda lib: lib.interleave(np.zeros((16, 20), np.uint8), "q4_1", out=np.zeros((16, 21), np.uint8)), "out must be"),
+    (lambda lib: lib.dequantize(np.zeros((16, 20), np.uint8), "q4_1x16"), "q4_1x16"),
+    (lambda lib: lib.dequantize(np.zeros((2, 35), np.uint8), "q8_0"), "multiple of 34 bytes"),
+    (lambda lib: lib.dequantize(np.zeros((2, 34), np.uint8), "q8_0", out=np.empty(63, np.float32)), "out must be a writable C-contiguous float32 array of 64 elements"),
+    (lambda lib: lib.dequantize(np.zeros((2, 34), np.uint8), "q8_0", bf16=True, out=np.empty(64, np.float32)), "uint16"),
+]
+
+
+@pytest.mark.parametrize("call, message", LOADER_REFUSALS)
+def test_the_library_refuses_bad_loader_calls(call: Callable[[Q.QuantLibrary], object], message: str) -> None:
+    """The loaders' entry points (``dequantize``, ``interleave``) name what is wrong."""
+    with pytest.raises(RuntimeCheckError, match=message):
+        call(Q.library())
 
 
 # -- the backend ---------------------------------------------------------------------------------
