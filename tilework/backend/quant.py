@@ -57,11 +57,11 @@ from tilework.backend.base import Backend, Capability, Region, lib_call, registe
 from tilework.codegen import cache
 from tilework.codegen.c import toolchain
 from tilework.codegen.c.module import _DATA_OFFSET  # also sets GOMP_SPINCOUNT before libgomp loads
-from tilework.errors import BuildError, RuntimeCheckError
+from tilework.errors import BuildError, RuntimeCheckError, TileworkError
 from tilework.ir import sym
 from tilework.ir.graph import Call, OpRef
 from tilework.ir.info import TensorInfo
-from tilework.op.quant import INTERLEAVED_FORMATS, quant_format
+from tilework.op.quant import INTERLEAVED_FORMATS, interleaved, quant_format
 from tilework.pattern.core import Pattern, is_op, wildcard
 from tilework.pattern.graph import PatternMatch
 from tilework.runtime.extern import register_extern, register_extern_check
@@ -152,8 +152,8 @@ class QuantLibrary:
         ``tilework.llm.quant.dequantize_rows`` bit for bit; ``bf16``: their bfloat16 bits
         (``uint16``, rounded to nearest even). Written into ``out`` (C-contiguous, that dtype,
         ``rows * cols`` elements) where it is given."""
-        if fmt not in FORMATS[:7]:
-            raise RuntimeCheckError(f"dequantize: {fmt!r} is not a plain block format ({', '.join(FORMATS[:7])})")
+        if fmt not in FORMATS or fmt in INTERLEAVED_FORMATS:
+            raise RuntimeCheckError(f"dequantize: {fmt!r} is not a plain block format ({', '.join(f for f in FORMATS if f not in INTERLEAVED_FORMATS)})")
         f = quant_format(fmt)
         data = np.ascontiguousarray(data, np.uint8)
         if data.ndim != 2 or data.shape[1] % f.nbytes:
@@ -172,23 +172,23 @@ class QuantLibrary:
 
     def interleave(self, data: np.ndarray, name: str, out: np.ndarray | None = None) -> np.ndarray:
         """``tilework.op.quant.interleave_rows(data, name, out)`` with every thread: the same
-        bytes (``name``: q4_0, q4_1, q8_0 or bf16; ``data`` uint8 rows, a multiple of 16)."""
-        codes = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "bf16": 3}  # FORMATS' order
-        if name not in codes:
-            raise RuntimeCheckError(f"interleave: {name!r} has no interleaved layout ({', '.join(codes)})")
+        bytes (``name``: a format with an interleaved layout; ``data`` uint8 rows, a multiple
+        of 16)."""
+        x16 = interleaved(name)
+        if x16 is None:
+            raise RuntimeCheckError(f"interleave: {name!r} has no interleaved layout ({', '.join(n.removesuffix('x16') for n in INTERLEAVED_FORMATS)})")
+        block = quant_format(x16).nbytes
         data = np.ascontiguousarray(data, np.uint8)
-        block = 4 if name == "bf16" else quant_format(name).nbytes  # bf16x16's blocks: a pair of weights
         if data.ndim != 2 or data.shape[0] % 16 or data.shape[1] % block:
             raise RuntimeCheckError(f"interleave: {name} rows must be uint8 [a multiple of 16 rows, a multiple of {block} bytes], got shape {data.shape}")
         if out is None:
             out = np.empty(data.shape, np.uint8)
         elif out.dtype != np.uint8 or out.shape != data.shape or not out.flags.c_contiguous or not out.flags.writeable:
             raise RuntimeCheckError(f"interleave: out must be a writable C-contiguous uint8 array of shape {data.shape}, got {out.dtype} of shape {out.shape}")
-        rc = self.handle.tw_quant_interleave(codes[name], data.ctypes.data, data.shape[0], data.shape[1], out.ctypes.data)
+        rc = self.handle.tw_quant_interleave(FORMATS.index(name), data.ctypes.data, data.shape[0], data.shape[1], out.ctypes.data)
         if rc:
             raise RuntimeCheckError(f"interleave ({name}, shape {data.shape}): the library refused the call: {_ERRORS.get(rc, rc)}")
         return out
-
 
 _LIBS: dict[tuple[bool, bool, bool], QuantLibrary] = {}
 _LOCK = threading.Lock()
@@ -213,6 +213,15 @@ def library(portable: bool = False, vnni: bool = True, bf16dot: bool = True) -> 
         if key not in _LIBS:
             _LIBS[key] = _load(*key)
         return _LIBS[key]
+
+
+def library_or_none() -> QuantLibrary | None:
+    """``library()``, or None where it cannot be built (no C compiler): for callers with a NumPy
+    way of their own (the loaders' decoding and interleaving)."""
+    try:
+        return library()
+    except TileworkError:
+        return None
 
 
 def library_in_background() -> None:

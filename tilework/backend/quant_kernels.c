@@ -76,7 +76,8 @@
  * q4_0x16 q4_1x16 q8_0x16 bf16x16, and tw_qlinear_add_<fmt>(x, w, r, y, M, N, K): y = x @ W.T + r;
  * 0 on success, TWQ_E* for a bad argument. tw_qlinear_packed is the trampoline the Python
  * extern calls with NumPy array object addresses; tw_quant_quantize_x exposes the quantization
- * of x to the tests; tw_quant_dequantize (quant_dequant.c) decodes whole rows for the loaders.
+ * of x to the tests; tw_quant_dequantize and tw_quant_interleave (quant_dequant.c) decode and
+ * interleave whole rows for the loaders.
  */
 #include <math.h>
 #include <stdint.h>
@@ -1819,7 +1820,7 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
 #endif /* TWQ_AVX512 */
 
 #include "quant_float_avx2.c" /* the float path on AVX2 without AVX-512 (TWQ_A2F); spliced in by quant.py */
-#include "quant_dequant.c"     /* tw_quant_dequantize: whole rows to float32 or bfloat16 (the loaders' path) */
+#include "quant_dequant.c"     /* the loaders' path: whole rows decoded (float32, bfloat16) or interleaved */
 
 /* ==== entry points ========================================================================== */
 

@@ -29,8 +29,7 @@ from typing import Callable
 import numpy as np
 
 from tilework.backend import quant as quant_backend
-from tilework.backend.quant import QuantLibrary
-from tilework.errors import ShapeError, TileworkError, UnsupportedError
+from tilework.errors import ShapeError, UnsupportedError
 from tilework.op.quant import QUANT_FORMATS, QuantFormat, bf16_bits
 
 
@@ -123,12 +122,7 @@ class QuantTensor:
 LIBRARY_WEIGHTS = 1 << 16
 
 
-def _library() -> QuantLibrary | None:
-    """The quant library, or None where it cannot be built (no C compiler: NumPy decodes)."""
-    try:
-        return quant_backend.library()
-    except TileworkError:
-        return None
+_library = quant_backend.library_or_none  # None where it cannot be built: NumPy decodes
 
 
 def dequantize_rows(data: np.ndarray, fmt: str) -> np.ndarray:
