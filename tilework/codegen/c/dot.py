@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from tilework.ir import sym, sym_walk
 from tilework.ir.loop import DOT_BF16X2, DOT_BF16X2_LANES, Block, Buffer, Cast, For, Intrin, Load, Scalar, Store, index_dims, walk_scalars
+from tilework.ir.structural import structural_equal
 from tilework.ir.sym import Dim, SymExpr
 
 
@@ -51,25 +52,31 @@ def dot_bf16_loop(s: For) -> tuple[Store, Intrin, str] | None:
     assert isinstance(a0, Load) and isinstance(a1, Load)
     if all(contiguous(a.indices) for a in (a0, a1)):
         return body, body.value, "rows"
-    flat0 = flat_dim(a0.buffer, a0.indices)
-    if not side_by_side(a0, a1) or flat0 is None:
+    flat0 = flat_dim(a0.buffer, a0.indices, loads_as_zero=True)
+    if not side_by_side(a0, a1) or flat0 is None or any(uses(i) for i in a0.indices if not isinstance(i, (int, SymExpr))):
         return None
     step = sym.sub(sym_walk.substitute(flat0, {v: sym.add(v, 1)}), flat0)
     return (body, body.value, "pairs") if step == 2 else None
 
 
 def side_by_side(x: Scalar, y: Scalar) -> bool:
-    """``x`` and ``y`` are loads of consecutive elements of one buffer (``y`` the next)."""
-    if not (isinstance(x, Load) and isinstance(y, Load) and x.buffer is y.buffer):
+    """``x`` and ``y`` are loads of consecutive elements of one buffer (``y`` the next); an
+    index computed from a loaded value (a page table's entry) must be the same in both."""
+    if not (isinstance(x, Load) and isinstance(y, Load) and x.buffer is y.buffer and len(x.indices) == len(y.indices)):
         return False
-    fx, fy = flat_dim(x.buffer, x.indices), flat_dim(y.buffer, y.indices)
+    for i, j in zip(x.indices, y.indices):
+        if not isinstance(i, (int, SymExpr)) or not isinstance(j, (int, SymExpr)):
+            if not structural_equal(i, j):
+                return False
+    fx, fy = flat_dim(x.buffer, x.indices, loads_as_zero=True), flat_dim(y.buffer, y.indices, loads_as_zero=True)
     return fx is not None and fy is not None and sym.sub(fy, fx) == 1
 
 
-def flat_dim(b: Buffer, indices: tuple[Scalar, ...]) -> Dim | None:
+def flat_dim(b: Buffer, indices: tuple[Scalar, ...], loads_as_zero: bool = False) -> Dim | None:
     """The row-major element offset of ``indices`` in ``b`` as a dim (None if an index is a
-    loaded value)."""
-    dims = index_dims(indices)
+    loaded value, unless ``loads_as_zero``: then such an index counts as 0, for offsets
+    between elements that share it)."""
+    dims = index_dims(tuple(0 if loads_as_zero and not isinstance(i, (int, SymExpr)) else i for i in indices))
     if dims is None or len(dims) != len(b.shape):
         return None
     off: Dim = 0
