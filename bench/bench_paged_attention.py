@@ -39,6 +39,7 @@ from tilework.ir.builder import BlockBuilder  # noqa: E402
 from tilework.ir.dtype import np_dtype  # noqa: E402
 from tilework.ir.graph import Var  # noqa: E402
 from tilework.ir.info import TensorInfo  # noqa: E402
+from tilework.llm.kv_cache import kv_shapes  # noqa: E402
 from tilework.op import paged_attention  # noqa: E402
 
 LAYERS, NH, NKV, HD, PAGE, THETA = 30, 9, 3, 64, 16, 100000.0
@@ -48,8 +49,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 def decode_vm(kv: str, layers: int = LAYERS) -> tw.VM:
     b, pages, width = tw.dim("b", max=64), tw.dim("pages"), tw.dim("width", max=512)
     qkv = Var("qkv", TensorInfo((b, 1, NH + 2 * NKV, HD), "float32"))
-    kc = Var("kc", TensorInfo((layers, pages, NKV, HD, PAGE), kv))
-    vc = Var("vc", TensorInfo((layers, pages, PAGE, NKV, HD), kv))
+    k_shape, v_shape = kv_shapes(layers, pages, NKV, HD, PAGE, kv)
+    kc, vc = Var("kc", TensorInfo(k_shape, kv)), Var("vc", TensorInfo(v_shape, kv))
     kl, pt = Var("kl", TensorInfo((b,), "int32")), Var("pt", TensorInfo((b, width), "int32"))
     bb = BlockBuilder()
     with bb.function("main", [qkv, kc, vc, kl, pt]):
@@ -83,8 +84,9 @@ def main() -> None:
         kv_len = np.full(batch, cached, np.int32)
         pools = {}
         for kv in dtypes:
-            k = rng.standard_normal((layers, pool, NKV, HD, PAGE)).astype(np_dtype(kv))
-            v = rng.standard_normal((layers, pool, PAGE, NKV, HD)).astype(np_dtype(kv))
+            k_shape, v_shape = kv_shapes(layers, pool, NKV, HD, PAGE, kv)  # the pool's layout (pairs for bfloat16)
+            k = rng.standard_normal(k_shape).astype(np_dtype(kv))
+            v = rng.standard_normal(v_shape).astype(np_dtype(kv))
             pools[kv] = (k, v)
         times: dict[str, list[float]] = {kv: [] for kv in dtypes}
         for i in range(args.repeat + 2):

@@ -21,6 +21,8 @@ from tilework.ir.graph import Var
 from tilework.ir.dtype import np_dtype
 from tilework.ir.info import TensorInfo
 from tilework.op import paged_attention, paged_rotary
+from tilework.llm.kv_cache import kv_shapes
+from tilework.op.paged_attention import pair_width
 from tilework.op.paged_attention_kernel import CHUNK_PAGES
 from tests.long import long_param
 
@@ -30,13 +32,36 @@ L, NKV, HD, PAGE, NH = 2, 3, 8, 4, 6
 THETA = 500.0
 
 
+def _pool(pages: Any, kv: str = "float32") -> tuple[TensorInfo, TensorInfo]:
+    """The infos of a pool's keys and values (in the layout of its dtype's pairs)."""
+    k_shape, v_shape = kv_shapes(L, pages, NKV, HD, PAGE, kv)
+    return TensorInfo(k_shape, kv), TensorInfo(v_shape, kv)
+
+
+def _pack(kc: np.ndarray, vc: np.ndarray, kv: str) -> tuple[np.ndarray, np.ndarray]:
+    """Keys ``[L, pages, NKV, HD, PAGE]`` and values ``[L, pages, PAGE, NKV, HD]`` in the pool's
+    layout for ``kv`` (pairs of dims side by side, and pairs of keys' values: see
+    ``tilework.op.paged_attention``)."""
+    w = pair_width(kv)
+    n = kc.shape[1]
+    k = kc.reshape(L, n, NKV, HD // w, w, PAGE).transpose(0, 1, 2, 3, 5, 4)
+    v = vc.reshape(L, n, PAGE // w, w, NKV, HD).transpose(0, 1, 2, 4, 5, 3)
+    return np.ascontiguousarray(k), np.ascontiguousarray(v)
+
+
+def _unpack(k: np.ndarray, v: np.ndarray, kv: str) -> tuple[np.ndarray, np.ndarray]:
+    """``_pack``'s inverse."""
+    n = k.shape[1]
+    return k.transpose(0, 1, 2, 3, 5, 4).reshape(L, n, NKV, HD, PAGE), v.transpose(0, 1, 2, 5, 3, 4).reshape(L, n, PAGE, NKV, HD)
+
+
 def _module(decode: bool, theta: float | None, kv: str = "float32", table: bool = False) -> tw.IRModule:
     b = tw.dim("b", max=8)
     s: Any = 1 if decode else tw.dim("s", max=64)
     pages, width = tw.dim("pages"), tw.dim("width", max=256)
     qkv = Var("qkv", TensorInfo((b, s, NH + 2 * NKV, HD), "float32"))
-    kc = Var("kc", TensorInfo((L, pages, NKV, HD, PAGE), kv))
-    vc = Var("vc", TensorInfo((L, pages, PAGE, NKV, HD), kv))
+    k_info, v_info = _pool(pages, kv)
+    kc, vc = Var("kc", k_info), Var("vc", v_info)
     kl = Var("kl", TensorInfo((b,), "int32"))
     pt = Var("pt", TensorInfo((b, width), "int32"))
     tokens = Var("tokens", TensorInfo((b, s), "int32"))  # with a table: the step's tokens (their shape)
@@ -103,9 +128,11 @@ def _case(target: str, decode: bool, lens: list[int], s: int, pool: int = 64, se
         keys.append(kb)
         values.append(vb)
     other = kc[0].copy(), vc[0].copy()
-    out = _vm(target, decode, theta, kv, table)["main"](qkv, kc, vc, np.array(lens, np.int32), pages, *_tokens(qkv, table))
+    pool = _pack(kc, vc, kv)
+    out = _vm(target, decode, theta, kv, table)["main"](qkv, *pool, np.array(lens, np.int32), pages, *_tokens(qkv, table))
+    kc, vc = _unpack(*pool, kv)
     group = NH // NKV
-    dot = not decode and kv == "bfloat16"  # prefill from a bfloat16 pool: bfloat16 products (dot_bf16x2)
+    dot = kv == "bfloat16"  # from a bfloat16 pool: bfloat16 products (dot_bf16x2)
     # a rotated key rounds to float32 then to the pool's dtype: one unit in its last place apart
     key_tol = {"float32": 1e-6, "bfloat16": 2.0**-7, "float16": 2.0**-10}[kv]
     for b, n in enumerate(lens):
@@ -126,7 +153,7 @@ def _case(target: str, decode: bool, lens: list[int], s: int, pool: int = 64, se
                     scores = keys[b][: pos + 1, h // group] @ q[h] / np.sqrt(HD)
                 p = np.exp(scores - scores.max())
                 # with dot the probabilities are rounded to bfloat16 too (each against the
-                # running maximum of its page's step): within bfloat16's unit of the values
+                # running maximum of its page's or chunk's step): within bfloat16's unit of the values
                 np.testing.assert_allclose(out[b, t, h], (p / p.sum()) @ values[b][: pos + 1, h // group], rtol=2e-5, atol=4e-3 if dot else 2e-6)
     np.testing.assert_array_equal(kc[0], other[0])  # another layer's slice is untouched
     np.testing.assert_array_equal(vc[0], other[1])
@@ -193,8 +220,7 @@ def test_a_given_rotary_table_turns_as_the_kernel_does(target: str, decode: bool
     rng = np.random.default_rng(5)
     lens = np.array([2, 9], np.int32)
     qkv = rng.standard_normal((2, s, NH + 2 * NKV, HD)).astype(np.float32)
-    kc = rng.standard_normal((L, 16, NKV, HD, PAGE)).astype(np.float32)
-    vc = rng.standard_normal((L, 16, PAGE, NKV, HD)).astype(np.float32)
+    kc, vc = _pack(rng.standard_normal((L, 16, NKV, HD, PAGE)).astype(np.float32), rng.standard_normal((L, 16, PAGE, NKV, HD)).astype(np.float32), "float32")
     pages = rng.permutation(16)[:8].astype(np.int32).reshape(2, 4)
     runs = []
     for table in (False, True):
@@ -263,10 +289,10 @@ def test_rotation_matches_the_rotary_embedding_op() -> None:
     rng = np.random.default_rng(3)
     qkv = rng.standard_normal((1, 3, NH + 2 * NKV, HD)).astype(np.float32)
     turned = tw.VM(tw.build(bb.get()))["main"](qkv, np.array([[7, 8, 9]], np.int64))
-    kc = np.zeros((L, 8, NKV, HD, PAGE), np.float32)
-    vc = np.zeros((L, 8, PAGE, NKV, HD), np.float32)
+    kc, vc = _pack(np.zeros((L, 8, NKV, HD, PAGE), np.float32), np.zeros((L, 8, PAGE, NKV, HD), np.float32), "float32")
     table = np.arange(4, dtype=np.int32)[None]
     _vm("cpu", False, THETA)["main"](qkv, kc, vc, np.array([7], np.int32), table)
+    kc, vc = _unpack(kc, vc, "float32")
     for t in range(3):
         p = 7 + t
         np.testing.assert_array_equal(kc[1, table[0, p // PAGE], :, :, p % PAGE], turned[0, t, NH : NH + NKV])
@@ -274,8 +300,7 @@ def test_rotation_matches_the_rotary_embedding_op() -> None:
 
 def test_shapes_are_checked() -> None:
     b = tw.dim("b")
-    kc = Var("kc", TensorInfo((L, 4, NKV, HD, PAGE), "float32"))
-    vc = Var("vc", TensorInfo((L, 4, PAGE, NKV, HD), "float32"))
+    kc, vc = (Var(name, info) for name, info in zip(("kc", "vc"), _pool(4)))
     kl = Var("kl", TensorInfo((b,), "int32"))
     pt = Var("pt", TensorInfo((b, 2), "int32"))
     bad = Var("bad", TensorInfo((b, 1, 5 + 2 * NKV, HD), "float32"))
@@ -287,13 +312,20 @@ def test_shapes_are_checked() -> None:
         (good, {"layer": 0, "kv_heads": 0}, "kv_heads must be a positive int"),
         (good, {"layer": 0, "rope_theta": -1.0}, "rope_theta must be a positive number"),
     ]
-    half = Var("kc16", TensorInfo((L, 4, NKV, HD, PAGE), "bfloat16"))
-    ints = Var("kci", TensorInfo((L, 4, NKV, HD, PAGE), "int32"))
-    for k, message in ((half, "one dtype, got bfloat16 and float32"), (ints, "k_cache must be one of float32, bfloat16, float16")):
+    half = Var("kc16", TensorInfo((L, 4, NKV, HD // 2, PAGE, 2), "bfloat16"))
+    ints = Var("kci", TensorInfo((L, 4, NKV, HD, PAGE, 1), "int32"))
+    unpaired = Var("kcu", TensorInfo((L, 4, NKV, HD, PAGE, 1), "bfloat16"))  # a bfloat16 pool is in pairs
+    half_v = Var("vc16", _pool(4, "bfloat16")[1])
+    for k, v, message in (
+        (half, vc, "one dtype, got bfloat16 and float32"),
+        (ints, vc, "k_cache must be one of float32, bfloat16, float16"),
+        (unpaired, half_v, "k_cache's pair width .its last dim. for a bfloat16 pool: 1 != 2"),
+        (Var("kc5", TensorInfo((L, 4, NKV, HD, PAGE), "float32")), vc, "k_cache must have rank 6"),
+    ):
         bb = BlockBuilder()
         with pytest.raises(TileworkError, match=message):
-            with bb.function("main", [good, k, vc, kl, pt]):
-                bb.emit(paged_attention(good, k, vc, kl, pt, layer=0, kv_heads=NKV))
+            with bb.function("main", [good, k, v, kl, pt]):
+                bb.emit(paged_attention(good, k, v, kl, pt, layer=0, kv_heads=NKV))
     for x, attrs, message in cases:
         bb = BlockBuilder()
         with pytest.raises(TileworkError, match=message):
@@ -317,11 +349,16 @@ def test_shapes_are_checked() -> None:
             with bb.function("main", [ids, kl]):
                 bb.emit(paged_rotary(ids, kl, **attrs))
     bb = BlockBuilder()
-    odd_kc = Var("kc7", TensorInfo((L, 4, NKV, 7, PAGE), "float32"))
-    odd_vc = Var("vc7", TensorInfo((L, 4, PAGE, NKV, 7), "float32"))
+    odd_kc = Var("kc7", TensorInfo((L, 4, NKV, 7, PAGE, 1), "float32"))
+    odd_vc = Var("vc7", TensorInfo((L, 4, PAGE, NKV, 7, 1), "float32"))
     with pytest.raises(TileworkError, match="must be even to be rotated"):
         with bb.function("main", [odd, odd_kc, odd_vc, kl, pt]):
             bb.emit(paged_attention(odd, odd_kc, odd_vc, kl, pt, layer=0, kv_heads=NKV, rope_theta=THETA))
+    bb = BlockBuilder()
+    odd_kc, odd_vc = Var("kc7", TensorInfo((L, 4, NKV, 3, PAGE, 2), "bfloat16")), Var("vc7", TensorInfo((L, 4, PAGE // 2, NKV, 7, 2), "bfloat16"))
+    with pytest.raises(TileworkError, match="a bfloat16 pool stores pairs of 2: its head dim 7 must be a multiple of 2"):
+        with bb.function("main", [odd, odd_kc, odd_vc, kl, pt]):
+            bb.emit(paged_attention(odd, odd_kc, odd_vc, kl, pt, layer=0, kv_heads=NKV))
 
 
 def test_decode_hints_the_next_tasks_pages_during_the_value_pass(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -340,8 +377,8 @@ def test_decode_hints_the_next_tasks_pages_during_the_value_pass(monkeypatch: py
     read: dict[int, set[tuple[str, int, int]]] = {}  # task -> (cache, page, line) read
 
     def line(name: str, idx: tuple[int, ...]) -> tuple[str, int, int]:
-        a, b, c = idx[2:]  # a page's flat offset: keys [kv, hd, page], values [page, kv, hd]
-        off = (a * HD + b) * PAGE + c if name == "k_cache" else (a * NKV + b) * HD + c
+        a, b, c, d = idx[2:]  # a page's flat offset: keys [kv, hd, page, 1], values [page, kv, hd, 1]
+        off = (a * HD + b) * PAGE + c + d if name == "k_cache" else (a * NKV + b) * HD + c + d
         return name, idx[1] + off // per_page, off % per_page * 4 // 64
 
     def record(kind: str, task: int, name: str, idx: tuple[int, ...], value: Any = 0.0) -> Any:
@@ -374,32 +411,35 @@ def test_decode_hints_the_next_tasks_pages_during_the_value_pass(monkeypatch: py
         assert not missed, f"task {t} read {len(missed)} lines its predecessor did not hint, e.g. {sorted(missed)[:3]}"
 
 
-def test_decode_scores_two_dims_of_a_page_in_one_vector_loop() -> None:
-    """SmolLM2's shapes (head dim 64, pages of 16, a bf16 pool): a page's keys of two dims are
-    one loop of 32 lanes over contiguous keys (a 16-lane loop of 16-bit loads left gcc with
-    half-width vectors), the key's offset in its page one linear term."""
+def _smollm2_kernel_text(kv: str, decode: bool) -> str:
+    """The C of the kernel for SmolLM2's shapes (head dim 64, pages of 16, 9 query heads on 3 kv
+    heads) over a pool of ``kv``."""
     from tilework.codegen.c import emit_function
     from tilework.op.paged_attention_kernel import paged_attention_kernel
 
-    b, pages, width = tw.dim("b", max=8), tw.dim("pages"), tw.dim("width", max=256)
-    shapes = [((b, 1, 15, 64), "float32"), ((30, pages, 3, 64, 16), "bfloat16"), ((30, pages, 16, 3, 64), "bfloat16"), ((b,), "int32"), ((b, width), "int32")]
-    func, _ = paged_attention_kernel(shapes, ((b, 1, 9, 64), "float32"), 3, None, 10000.0)
-    text = emit_function(func, "tw_x")
+    b, s, pages, width = tw.dim("b", max=8), 1 if decode else tw.dim("s", max=512), tw.dim("pages"), tw.dim("width", max=256)
+    k_shape, v_shape = kv_shapes(30, pages, 3, 64, 16, kv)
+    shapes = [((b, s, 15, 64), "float32"), (k_shape, kv), (v_shape, kv), ((b,), "int32"), ((b, width), "int32")]
+    func, _ = paged_attention_kernel(shapes, ((b, s, 9, 64), "float32"), 3, None, 10000.0)
+    return emit_function(func, "tw_x")
+
+
+def test_decode_scores_two_dims_of_a_page_in_one_vector_loop() -> None:
+    """From a float32 pool: a page's keys of two dims are one loop of 32 lanes over contiguous
+    keys (a loop per dim of 16 lanes left gcc with half-width vectors of a 16-bit pool), the
+    key's offset in its page one linear term."""
+    text = _smollm2_kernel_text("float32", True)
     loop = text[text.index("for (int64_t s_j = 0;"):]
     assert loop.startswith("for (int64_t s_j = 0; s_j < 32; ++s_j)")
     assert "* 3072 + (32 * s_dd + s_j + 1024 * s_kh))]" in loop[: loop.index("}")]  # the page's block, then the key
 
 
-def test_prefill_from_a_bfloat16_pool_multiplies_pairs() -> None:
-    """Prefill from a bfloat16 pool takes its scores and values as ``dot_bf16x2`` (one
-    ``vdpbf16ps`` a vector of rows where the compiler targets AVX-512 BF16), from the sequence's
-    keys and values laid out in pairs once a call; a float32 pool stays float32."""
-    from tilework.codegen.c import emit_function
-    from tilework.op.paged_attention_kernel import paged_attention_kernel
-
-    b, s, pages, width = tw.dim("b", max=8), tw.dim("s", max=512), tw.dim("pages"), tw.dim("width", max=256)
+@pytest.mark.parametrize("decode", [True, False], ids=["decode", "prefill"])
+def test_a_bfloat16_pool_is_multiplied_in_the_pairs_it_is_stored_in(decode: bool) -> None:
+    """From a bfloat16 pool the scores and the values are ``dot_bf16x2`` (one ``vdpbf16ps`` a
+    vector where the compiler targets AVX-512 BF16), the pool's pairs loaded as they lie (no
+    interleaving shuffle, no copy of the pages); a float32 pool stays float32."""
     for kv, dot in (("bfloat16", True), ("float32", False)):
-        shapes = [((b, s, 15, 64), "float32"), ((30, pages, 3, 64, 16), kv), ((30, pages, 16, 3, 64), kv), ((b,), "int32"), ((b, width), "int32")]
-        func, _ = paged_attention_kernel(shapes, ((b, s, 9, 64), "float32"), 3, None, 10000.0)
-        text = emit_function(func, "tw_x")
-        assert ("_mm512_dpbf16_ps(" in text) == dot and ("pp_kbf" in text) == dot
+        text = _smollm2_kernel_text(kv, decode)
+        assert ("_mm512_dpbf16_ps(" in text) == dot
+        assert "tw_bf16_pairs(" not in text and "pp_kbf" not in text

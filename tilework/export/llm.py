@@ -24,6 +24,7 @@ from tilework.llm.compile import KV_DTYPE_OF, compiled_decoder, prepare_weights
 from tilework.llm.config import LlmConfig
 from tilework.llm.kv_cache import KV_DTYPES, PAGE
 from tilework.llm.quant import QuantTensor
+from tilework.op.paged_attention import pair_width
 
 
 def export_decoder(
@@ -47,7 +48,7 @@ def export_decoder(
     if progress is not None:
         progress("writing the C library and the weights file")
     shapes = {"layers": config.layers, "kv_heads": config.kv_heads, "head_dim": config.head_dim, "page": PAGE, "vocab": config.vocab, "context": config.context_length}
-    shapes |= {"kv_code": _DLPACK_CODE[kv_dtype], "kv_bits": 32 if kv_dtype == "float32" else 16}
+    shapes |= {"kv_code": _DLPACK_CODE[kv_dtype], "kv_bits": 32 if kv_dtype == "float32" else 16, "kv_pair": pair_width(kv_dtype)}
     return export_c(exe, out_dir, bind={"prefill": weights, "decode": weights}, llm=shapes)
 
 

@@ -1,11 +1,12 @@
 """The paged KV cache: a pool of fixed-size pages and the page tables of the sequences in it.
 
 The pool is two arrays the compiled ``paged_attention`` kernels read and write in place
-(``tilework.op.paged_attention`` documents the layout): ``k [layers, pages, kv_heads, head_dim,
-page]`` (a page's keys contiguous per dim) and ``v [layers, pages, page, kv_heads, head_dim]``,
-of ``dtype``: float32, or bfloat16 or float16 (half the bytes a decode step reads for its
-attention; the kernels round each new key and value once as they write it and compute in
-float32).
+(``tilework.op.paged_attention`` documents the layout): ``k [layers, pages, kv_heads, head_dim /
+w, page, w]`` and ``v [layers, pages, page / w, kv_heads, head_dim, w]``, in pairs of width ``w``
+(2 for bfloat16: a key's dims two by two side by side, and two keys' values; 1 for the others:
+a page's keys contiguous per dim), of ``dtype``: float32, or bfloat16 or float16 (half the bytes
+a decode step reads for its attention; the kernels round each new key and value once as they
+write it).
 A sequence is a list of pages and a length. ``add`` starts one, ``remove`` frees its pages,
 ``fork`` makes a sequence that shares the pages of another (a page is freed when its last user
 goes; a shared page is copied before anyone writes into it), ``step_inputs`` gives the
@@ -32,15 +33,16 @@ from __future__ import annotations
 import functools
 import mmap
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Sequence, TypeVar
 
 import numpy as np
 
 from tilework.errors import TileworkError
 from tilework.ir.dtype import np_dtype
-from tilework.op.paged_attention import KV_DTYPES
+from tilework.op.paged_attention import KV_DTYPES, pair_width
 
 PAGE = 16
+P = TypeVar("P")
 
 
 class KVCacheFull(TileworkError):
@@ -62,6 +64,14 @@ def _lazy_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return np.frombuffer(buf, dtype, count).reshape(shape)
 
 
+def kv_shapes(layers: int, pages: P, kv_heads: int, head_dim: int, page: int, dtype: str) -> tuple[tuple[int | P, ...], tuple[int | P, ...]]:
+    """The shapes of a pool of ``pages`` pages (a count, or a dim of a spec) of keys and values
+    (``tilework.op.paged_attention``'s layout): one home for the cache and the compiled
+    functions' spec."""
+    w = pair_width(dtype)
+    return (layers, pages, kv_heads, head_dim // w, page, w), (layers, pages, page // w, kv_heads, head_dim, w)
+
+
 class PagedKVCache:
     """See the module docstring. ``pages`` is the pool size; ``page`` tokens per page."""
 
@@ -70,10 +80,14 @@ class PagedKVCache:
             raise TileworkError(f"a KV cache needs positive sizes, got layers={layers} kv_heads={kv_heads} head_dim={head_dim} pages={pages} page={page}")
         if dtype not in KV_DTYPES:
             raise TileworkError(f"a KV cache holds one of {', '.join(KV_DTYPES)}, got {dtype!r}")
+        w = pair_width(dtype)
+        if head_dim % w or page % w:
+            raise TileworkError(f"a {dtype} KV cache stores pairs of {w}: head_dim={head_dim} and page={page} must be multiples of {w}")
         self.layers, self.kv_heads, self.head_dim, self.page, self.dtype = layers, kv_heads, head_dim, page, dtype
         storage = np.dtype(np.uint16) if dtype == "bfloat16" else np_dtype(dtype)
-        self.k_bits = _lazy_zeros((layers, pages, kv_heads, head_dim, page), storage)
-        self.v_bits = _lazy_zeros((layers, pages, page, kv_heads, head_dim), storage)
+        k_shape, v_shape = kv_shapes(layers, pages, kv_heads, head_dim, page, dtype)
+        self.k_bits = _lazy_zeros(k_shape, storage)
+        self.v_bits = _lazy_zeros(v_shape, storage)
         self._free = list(range(pages - 1, -1, -1))  # popped from the end: page 0 first
         self._refs = [0] * pages
         self._seqs: dict[int, _Sequence] = {}
@@ -215,4 +229,4 @@ class PagedKVCache:
             seq.pages[i] = q
 
 
-__all__ = ["PagedKVCache", "KVCacheFull", "PAGE", "KV_DTYPES"]
+__all__ = ["PagedKVCache", "KVCacheFull", "kv_shapes", "PAGE", "KV_DTYPES"]

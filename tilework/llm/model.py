@@ -40,7 +40,7 @@ from tilework.nn import ops, spec
 from tilework.nn.core import Parameter, Tensor, as_expr, emit
 from tilework.nn.module import Module, ModuleList
 from tilework.nn.modules import RMSNorm
-from tilework.llm.kv_cache import PAGE
+from tilework.llm.kv_cache import PAGE, kv_shapes
 from tilework.op.linalg import linear_io
 from tilework.op.quant import ALL_FORMATS
 from tilework.transform.panels import PANEL, packed_shape
@@ -300,8 +300,8 @@ def decoder_spec(cfg: LlmConfig, max_batch: int = 64, page: int = PAGE, kv_dtype
     seq = SymVar("seq", 1, ctx)
     width = SymVar("width", 1, (ctx + page - 1) // page)
     pages = SymVar("pages", 1, None)
-    kc = spec.Tensor([cfg.layers, pages, cfg.kv_heads, cfg.head_dim, page], kv_dtype)
-    vc = spec.Tensor([cfg.layers, pages, page, cfg.kv_heads, cfg.head_dim], kv_dtype)
+    k_shape, v_shape = kv_shapes(cfg.layers, pages, cfg.kv_heads, cfg.head_dim, page, kv_dtype)
+    kc, vc = spec.Tensor(list(k_shape), kv_dtype), spec.Tensor(list(v_shape), kv_dtype)
     common = {"kv_len": spec.Tensor([batch], "int32"), "page_table": spec.Tensor([batch, width], "int32"), "k_cache": kc, "v_cache": vc}
     return {
         "prefill": {"tokens": spec.Tensor([batch, seq], "int32"), **common},

@@ -10,16 +10,19 @@ TensorFuncs that read the pages.
   sequences. With ``rope_theta`` the op applies the rotary embedding to the queries and keys
   itself (as ``tilework.op.rotary_embedding`` does, "rotate half", at position ``kv_len[b] + t``);
   with None they are taken as they are.
-- ``k_cache [layers, pages, kv_heads, hd, page]`` (keys transposed within a page, so the keys of a
-  page are contiguous for each dim) and ``v_cache [layers, pages, page, kv_heads, hd]``: the page
-  pool (``tilework.llm.kv_cache`` owns it). ``page`` tokens per page. The pool is float32,
-  bfloat16 or float16 (``KV_DTYPES``, both caches the same): a 16-bit pool halves the bytes the
-  attention reads; each new key and value is rounded once as it is written. Decode widens
-  what it reads to float32 in registers and computes in float32; prefill from a bfloat16 pool
-  multiplies in bfloat16 (the queries and probabilities rounded too, float32 sums: see
-  ``paged_attention_kernel``). (bfloat16 widens by a
-  shift, which gcc vectorizes; gcc 12 leaves ``_Float16`` conversions scalar without
-  AVX-512-FP16, so a float16 pool is slower than float32 there.)
+- ``k_cache [layers, pages, kv_heads, hd / w, page, w]`` and ``v_cache [layers, pages, page / w,
+  kv_heads, hd, w]``: the page pool (``tilework.llm.kv_cache`` owns it), ``page`` tokens per page,
+  in pairs of width ``w`` (``pair_width(dtype)``: 2 for bfloat16, else 1). Key ``j`` of a page,
+  dim ``d``, is at ``k_cache[.., d // w, j, d % w]``: with ``w`` 1 a page's keys are contiguous
+  for each dim; with 2 each key's pairs of dims ``2 i, 2 i + 1`` are side by side. Its value,
+  dim ``e``, is at ``v_cache[.., j // w, kh, e, j % w]``: with 2 the values of keys ``2 u, 2 u + 1``
+  are side by side. The pairs are what one ``vdpbf16ps`` lane takes (``dot_bf16x2``), so a
+  bfloat16 pool is read with no shuffle. The pool is float32, bfloat16 or float16
+  (``KV_DTYPES``, both caches the same): a 16-bit pool halves the bytes the attention reads;
+  each new key and value is rounded once as it is written. From a bfloat16 pool the products
+  are bfloat16 (the queries and probabilities rounded too, float32 sums: see
+  ``paged_attention_kernel``); from the others they are float32 (gcc 12 leaves ``_Float16``
+  conversions scalar without AVX-512-FP16, so a float16 pool is slower than float32 there).
 - ``kv_len int32 [b]``: how many tokens each sequence has cached before this step;
   ``page_table int32 [b, p]``: the pool pages of each sequence in order (``p`` columns are enough
   for the longest sequence after the step; unused entries are never read).
@@ -62,6 +65,13 @@ if TYPE_CHECKING:
     from tilework.transform.legalize import LegalizeCtx
 
 KV_DTYPES = ("float32", "bfloat16", "float16")  # what the pages may hold
+KV_PAIRS = {"bfloat16": 2}  # the pool's pair width by dtype (1 where not named): see pair_width
+
+
+def pair_width(dtype: str) -> int:
+    """The width ``w`` of the pairs a pool of ``dtype`` is stored in (the last dim of both
+    caches; see the module docstring)."""
+    return KV_PAIRS.get(dtype, 1)
 
 
 def _infer(call: Call, ctx: InferCtx) -> StructInfo:
@@ -69,7 +79,7 @@ def _infer(call: Call, ctx: InferCtx) -> StructInfo:
         raise ctx.error(f"takes 5 arguments and an optional rotary table, got {len(call.args)}")
     qkv, kc, vc, kv_len, pt = (tensor_arg(call, i, ctx) for i in range(5))
     rot = tensor_arg(call, 5, ctx) if len(call.args) == 6 else None
-    for t, name, rank in ((qkv, "qkv", 4), (kc, "k_cache", 5), (vc, "v_cache", 5), (kv_len, "kv_len", 1), (pt, "page_table", 2)):
+    for t, name, rank in ((qkv, "qkv", 4), (kc, "k_cache", 6), (vc, "v_cache", 6), (kv_len, "kv_len", 1), (pt, "page_table", 2)):
         if t.ndim not in (-1, rank):
             raise ctx.shape_error(f"{name} must have rank {rank}, got {t.ndim}")
     for t, name, dtype in ((qkv, "qkv", "float32"), (kv_len, "kv_len", "int32"), (pt, "page_table", "int32")):
@@ -105,11 +115,17 @@ def _infer(call: Call, ctx: InferCtx) -> StructInfo:
         raise ctx.shape_error(f"qkv has {all_heads} heads: with {nkv} kv heads that leaves {nh} query heads, which must be a positive multiple of {nkv}")
     if theta is not None and isinstance(hd, int) and hd % 2:
         raise ctx.shape_error(f"head dim {hd} must be even to be rotated")
-    page = kc.shape[4]
+    page, pool = kc.shape[4], kc.dtype or vc.dtype
+    w = kc.shape[5] if pool is None else pair_width(pool)  # unknown dtype: the pairs as given
+    require_equal(kc.shape[5], w, ctx, f"k_cache's pair width (its last dim) for a {pool} pool")
+    require_equal(vc.shape[5], w, ctx, f"v_cache's pair width (its last dim) for a {pool} pool")
+    for dim, what in ((hd, "head dim"), (page, "page size")):
+        if isinstance(w, int) and isinstance(dim, int) and dim % w:
+            raise ctx.shape_error(f"a {pool} pool stores pairs of {w}: its {what} {dim} must be a multiple of {w}")
     require_equal(kc.shape[1], vc.shape[1], ctx, "pages of k_cache and v_cache")
     require_equal(kc.shape[2], nkv, ctx, "k_cache's kv heads")
-    require_equal(kc.shape[3], hd, ctx, "k_cache's head dim")
-    require_equal(vc.shape[2], page, ctx, "v_cache's page size and k_cache's")
+    require_equal(kc.shape[3], sym.floordiv(hd, w), ctx, "k_cache's head dim / pair width")
+    require_equal(vc.shape[2], sym.floordiv(page, w), ctx, "v_cache's page size / pair width and k_cache's page size")
     require_equal(vc.shape[3], nkv, ctx, "v_cache's kv heads")
     require_equal(vc.shape[4], hd, ctx, "v_cache's head dim")
     require_equal(kv_len.shape[0], b, ctx, "kv_len's length and the batch")
@@ -196,4 +212,4 @@ def paged_rotary(tokens: Expr, kv_len: Expr, head_dim: int, rope_theta: float) -
     return make_call("paged_rotary", [tokens, kv_len], head_dim=head_dim, rope_theta=float(rope_theta))
 
 
-__all__ = ["paged_attention", "paged_rotary", "KV_DTYPES"]
+__all__ = ["paged_attention", "paged_rotary", "pair_width", "KV_DTYPES", "KV_PAIRS"]

@@ -29,17 +29,23 @@ Two kernels:
   evicted the lines the loops were reading (the 30 layers' attention of a batch-8 step at 512
   cached tokens, bf16 pool, Zen 4, 2 threads: 6.0-6.2 -> 4.7-4.8 ms; batch 1 0.68-0.70 ->
   0.66-0.68). A sequence's queries are turned and scaled once, beside its new key, for all
-  its splits.
+  its splits. From a bfloat16 pool (stored in pairs: ``tilework.op.paged_attention``) the
+  products are bfloat16 (``dot_bf16x2``: one ``vdpbf16ps`` a vector, float32 sums): a page's
+  scores a pair of dims at a time in ``DOT_PARTIALS`` chains, its values a pair of keys at a
+  time, the pool's pairs loaded as they lie, the queries rounded to bfloat16 once and the
+  probabilities as they are stored (with the pool in the L3, a batch-8 step at 512 cached
+  tokens, 3 layers: 0.29 -> 0.25 ms; from memory, 30 layers, no faster: 4.0-4.5 ms, bound by
+  the memory's latency more than by the instructions there).
 - **prefill**: tasks over (sequence, kv head, block of ``LANES`` query rows, rows being tokens
   times the heads of the group), the rows as lanes, keys a page at a time, skipping pages no row
   of the block sees. A page's scores are summed in register tiles of a few keys x the rows, its
   values added in register tiles of a few head dims x the rows (``tile_rows``: within
   ``ACC_REGISTERS`` vectors; the accumulators rescaled as a tile loads them). From a bfloat16
   pool the products are bfloat16 (``dot_bf16x2``: one ``vdpbf16ps`` a vector of rows where the
-  CPU has AVX-512 BF16, float32 sums): the sequence's keys (a key's pairs of dims side by side)
-  and values (two keys' values of a dim side by side) are laid out once a call (``pairs``), the
-  rows' queries stored rounded as pairs, the probabilities rounded as they are read; SmolLM2's
-  30 layers of prefill attention at 512 tokens, q, 2 threads: 100 -> 68 ms.
+  CPU has AVX-512 BF16, float32 sums): a key's pairs of dims and two keys' values of a dim
+  are read where the pool keeps them side by side, the rows' queries stored rounded as pairs,
+  the probabilities rounded as they are read; SmolLM2's 30 layers of prefill attention at 512
+  tokens, q, 2 threads: 100 -> 68 ms.
 - **the rotary table** (``paged_rotary``): the cosines and sines of a step's positions, computed
   by the same loop (``_angles``) as a kernel that is given no table.
 """
@@ -52,7 +58,7 @@ from typing import Callable
 from tilework.ir import sym
 from tilework.ir.dtype import DTYPE_TABLE
 from tilework.ir.loop import DOT_BF16X2, DOT_BF16X2_LANES, Allocate, Buffer, Cast, For, IfThenElse, Intrin, Load, Scalar, Select, Stmt, Store, TensorFunc, binary, const
-from tilework.ir.sym import Dim, SymVar
+from tilework.ir.sym import Dim, SymExpr, SymVar
 from tilework.op.attention_kernel import VECTOR_BYTES
 from tilework.op.kernel import block, free_syms, hand_kernel, named_loop, seq, serial_var
 
@@ -63,6 +69,7 @@ TASKS = 32  # decode: splits are added while a step has fewer tasks than this (t
 CHUNK_PAGES = 16  # decode: pages whose scores a task holds at once (one softmax update each)
 ACC_REGISTERS = 12  # decode: vector registers of accumulators a register tile keeps
 PARTIALS = 2  # decode: partial sums of a key's score (independent chains) where they fit
+DOT_PARTIALS = 4  # the same with dot_bf16x2 (a longer latency: more chains)
 MAX_TILE_HEADS = 6  # decode: a group of more heads than this is not unrolled into registers
 LINE_BYTES = 64  # a cache line: the stride of the prefetch hints
 NEXT_TASK_HINTS = True  # decode: the value pass hints the pages of the thread's next task
@@ -117,8 +124,13 @@ def _f32(x: Load) -> Scalar:
     return x if x.dtype == F32 else Cast(F32, x)
 
 
-def _even(d: Dim) -> bool:
-    return isinstance(d, int) and d % 2 == 0
+def _pair(x: Scalar, w: int) -> tuple[Scalar, Scalar]:
+    """Index ``x`` of a pool axis stored in pairs of ``w``: (its pair, its place in the pair)."""
+    if w == 1:
+        return x, 0
+    if isinstance(x, (int, SymExpr)):
+        return sym.floordiv(x, w), sym.floormod(x, w)
+    return binary("//", x, w), binary("%", x, w)
 
 
 def _c(v: float) -> Scalar:
@@ -167,6 +179,11 @@ class _Kernel:
         self.nkv = nkv
         self.theta = theta
         self.page = kc.shape[4]
+        w = kc.shape[5]  # the pool's pair width (``pair_width``)
+        assert isinstance(w, int), "a pool's pair width is static"
+        self.w = w
+        # from a bfloat16 pool (in pairs) the products are bfloat16: one vdpbf16ps a vector
+        self.dot = self.kc.dtype == "bfloat16" and self.w == 2
         self.width = pt.shape[1]
         self.group = sym.floordiv(self.nh, self.nkv)
         if scale is not None:
@@ -183,6 +200,17 @@ class _Kernel:
 
     def loop(self, name: str, extent: Dim, body: Body, kind: str = "serial") -> For:
         return named_loop(self.names, name, extent, body, kind)
+
+    def key(self, page: Scalar, kh: Dim, d: Dim, j: Scalar) -> Load:
+        """Key ``j`` of pool page ``page``, kv head ``kh``, dim ``d`` (in the pool's pairs: see
+        ``tilework.op.paged_attention``)."""
+        d_pair, d_in = _pair(d, self.w)
+        return _ld(self.kc, self.layer, page, kh, d_pair, j, d_in)
+
+    def value(self, page: Scalar, j: Scalar, kh: Dim, e: Dim) -> Load:
+        """Dim ``e`` of the value of key ``j`` of pool page ``page``, kv head ``kh``."""
+        j_pair, j_in = _pair(j, self.w)
+        return _ld(self.vc, self.layer, page, j_pair, kh, e, j_in)
 
     def cached(self, b: Dim) -> Scalar:
         return _i64(_ld(self.kv_len, b))
@@ -248,10 +276,10 @@ class _Kernel:
 
             def put(kh: SymVar) -> Stmt:
                 def key(d: Dim, value: Scalar) -> Stmt:
-                    return block("paged_append", Store(self.kc, (self.layer, page, kh, d, off), value))
+                    return block("paged_append", Store(self.kc, self.key(page, kh, d, off).indices, value))
 
                 def value(d: SymVar) -> Stmt:
-                    return block("paged_append_v", Store(self.vc, (self.layer, page, off, kh, d), self.v_at(b, t, kh, d)))
+                    return block("paged_append_v", Store(self.vc, self.value(page, off, kh, d).indices, self.v_at(b, t, kh, d)))
 
                 return seq([self.rotated_dims("append_d", b, t, sym.add(self.nh, kh), key), self.loop("append_v", self.hd, value, "vectorized")])
 
@@ -276,7 +304,9 @@ class _Decode(_Kernel):
         self.pm = Buffer("pa_pm", (tasks, self.nh), F32)
         self.pl = Buffer("pa_pl", (tasks, self.nh), F32)
         self.pacc = Buffer("pa_pacc", (tasks, self.nh, self.hd), F32)
-        self.qr = Buffer("pa_qr", (self.nb, self.nh, self.hd), F32)  # queries turned and scaled, once a sequence
+        self.dot = self.dot and isinstance(self.group, int)
+        # queries turned and scaled, once a sequence (rounded to bfloat16 for the pair products)
+        self.qr = Buffer("pa_qr", (self.nb, self.nh, self.hd), "bfloat16" if self.dot else F32)
         steps = [
             self.append(self.queries),
             self.loop("task", tasks, self.task, "parallel"),
@@ -313,7 +343,12 @@ class _Decode(_Kernel):
         if not (isinstance(hd, int) and isinstance(group, int) and isinstance(page, int)):
             return 1
         tile = group * -(-page // self.lanes)
-        return PARTIALS if hd % PARTIALS == 0 and PARTIALS * tile <= ACC_REGISTERS else 1
+        chains = DOT_PARTIALS if self.dot else PARTIALS
+        dims = 2 * chains if self.dot else chains  # a step's dims: a pair per partial with dot_bf16x2
+        for c in range(chains, 1, -1):
+            if hd % (dims // chains * c) == 0 and c * tile <= ACC_REGISTERS:
+                return c
+        return 1
 
     def page_lines(self) -> int | None:
         """Cache lines of a page's keys (as many again of its values); None if not static."""
@@ -326,7 +361,7 @@ class _Decode(_Kernel):
         flat offset along the last axis)."""
         per_line = max(1, LINE_BYTES // DTYPE_TABLE[self.kc.dtype].itemsize)
         hint = Buffer(name, (1,), F32)
-        stores = [Store(hint, (0,), Intrin("prefetch_l2", (_ld(c, self.layer, page, 0, 0, sym.mul(line, per_line)),), F32)) for c in (self.kc, self.vc)]
+        stores = [Store(hint, (0,), Intrin("prefetch_l2", (_ld(c, self.layer, page, 0, 0, 0, sym.mul(line, per_line)),), F32)) for c in (self.kc, self.vc)]
         return Allocate(hint, block(name, seq(stores)))
 
     def task(self, tv: SymVar) -> Stmt:
@@ -337,6 +372,8 @@ class _Decode(_Kernel):
         EC = self.acc_columns()
         tile = "unrolled" if isinstance(G, int) and G <= MAX_TILE_HEADS else "serial"
         sc = Buffer("pa_sc", (NH, CH * P), F32)  # the chunk's scores, then its probabilities
+        # with dot_bf16x2 the probabilities are rounded to bfloat16 here (their sum too is theirs)
+        prob = Buffer("pa_pb", (NH, CH * P), "bfloat16") if self.dot else sc
         C = self.partials()
         s = Buffer("pa_s", (G, sym.mul(C, P)), F32)  # one page's partial scores of a kv head's group: a register tile
         lane = Buffer("pa_lane", (P,), F32)  # lane-wise maxima, then sums
@@ -355,7 +392,8 @@ class _Decode(_Kernel):
         nsplit0 = sym.mul(sym.floormod(nt, self.splits), self.per_split)
         ntotal = binary("+", self.cached(nb_), 1)
         tnext = Buffer("pa_tnext", (1,), "int64")
-        vsteps = sym.mul(sym.mul(sym.floordiv(HD, EC), NKV), P)  # a page's value steps
+        KS = sym.floordiv(P, 2) if self.dot else P  # a page's key steps: pairs of keys with dot_bf16x2
+        vsteps = sym.mul(sym.mul(sym.floordiv(HD, EC), NKV), KS)  # a page's value steps
         per_vstep = -(-lines // vsteps) if NEXT_TASK_HINTS and lines is not None and isinstance(vsteps, int) else 0
 
         def next_task_page(ci: Dim, pc: Dim, page: Scalar) -> Scalar:
@@ -364,7 +402,8 @@ class _Decode(_Kernel):
             npidx = sym.add(sym.add(nsplit0, sym.mul(ci, CH)), pc)
             nvalid = binary("and", binary("<", sym.add(tv, 1), tasks), binary("and", binary("<", npidx, self.width), binary("<", sym.mul(npidx, P), ntotal)))
             return Select(nvalid, _i64(_ld(self.pt, nb_, sym.min_(npidx, sym.sub(self.width, 1)))), page, "int64")
-        steps = sym.mul(NKV, sym.floordiv(HD, C))  # a page's scoring steps: static where lines is
+        D = 2 * C if self.dot else C  # dims a scoring step takes: C pairs with dot_bf16x2, else C
+        steps = sym.mul(NKV, sym.floordiv(HD, D))  # a page's scoring steps: static where lines is
         per_step = -(-lines // steps) if lines is not None and isinstance(steps, int) else 0  # hints a step
 
         def seen(pidx: Dim) -> Scalar:
@@ -397,10 +436,28 @@ class _Decode(_Kernel):
                         partial scores, and lines of the next page hinted: the page's
                         ``NKV * HD / C`` steps spread its lines (the page itself again when it is
                         the last)."""
-                        step = sym.add(sym.mul(kh, sym.floordiv(HD, C)), dd)
+                        step = sym.add(sym.mul(kh, sym.floordiv(HD, D)), dd)
                         hinted = [self.hint(ahead, sym.min_(sym.add(sym.mul(step, per_step), r), (lines or 1) - 1), "pa_hint") for r in range(per_step)]
 
-                        d0 = sym.mul(dd, C)
+                        d0 = sym.mul(dd, D)
+
+                        def pairs(g: SymVar) -> Stmt:
+                            """The ``C`` pairs of dims from ``d0`` into the ``C`` partial scores,
+                            one ``dot_bf16x2`` a key (a page's rows of two dims are its pairs)."""
+                            h = sym.add(sym.mul(kh, G), g)
+
+                            def partial(c: SymVar) -> Stmt:
+                                d = sym.add(d0, sym.mul(c, 2))
+
+                                def lane(j: SymVar) -> Stmt:
+                                    at = (g, sym.add(sym.mul(c, P), j))
+                                    keys = (self.key(page, kh, d, j), self.key(page, kh, sym.add(d, 1), j))
+                                    dot = Intrin(DOT_BF16X2, (_ld(s, *at), *keys, _ld(self.qr, b, h, d), _ld(self.qr, b, h, sym.add(d, 1))), F32)
+                                    return block("pa_score", Store(s, at, dot))
+
+                                return self.loop("s_j", P, lane, "vectorized")
+
+                            return self.loop("s_c", C, partial, "unrolled")
 
                         def one(g: SymVar) -> Stmt:
                             h = sym.add(sym.mul(kh, G), g)
@@ -412,13 +469,13 @@ class _Decode(_Kernel):
                                 q: Scalar = _ld(qs, C - 1)
                                 for c in range(C - 2, -1, -1):
                                     q = Select(binary("<", j, (c + 1) * P), _ld(qs, c), q, F32)
-                                key = _ld(self.kc, self.layer, page, kh, sym.add(d0, sym.floordiv(j, P)), sym.floormod(j, P))
+                                key = self.key(page, kh, sym.add(d0, sym.floordiv(j, P)), sym.floormod(j, P))
                                 return block("pa_score", Store(s, (g, j), binary("+", _ld(s, g, j), binary("*", q, _f32(key)))))
 
                             put_q = [Store(qs, (c,), _ld(self.qr, b, h, sym.add(d0, c))) for c in range(C)]
                             return Allocate(qs, seq([*put_q, self.loop("s_j", sym.mul(C, P), lane, "vectorized")]))
 
-                        return seq([*hinted, self.loop("s_g", G, one, tile)])
+                        return seq([*hinted, self.loop("s_g", G, pairs if self.dot else one, tile)])
 
                     def put(g: SymVar) -> Stmt:
                         def one(j: SymVar) -> Stmt:
@@ -431,7 +488,7 @@ class _Decode(_Kernel):
                         return self.loop("put_j", P, one, "vectorized")
 
                     zero = self.loop("s0_g", G, lambda g: self.loop("s0_j", sym.mul(C, P), lambda j: block("pa_s0", Store(s, (g, j), _c(0.0))), "vectorized"), tile)
-                    return seq([zero, self.loop("s_dd", sym.floordiv(HD, C), dims), self.loop("put_g", G, put, tile)])
+                    return seq([zero, self.loop("s_dd", sym.floordiv(HD, D), dims), self.loop("put_g", G, put, tile)])
 
                 def unseen(h: SymVar) -> Stmt:
                     return self.loop("inf_j", P, lambda j: block("pa_unseen", Store(sc, (h, sym.add(sym.mul(pc, P), j)), _c(-math.inf))), "vectorized")
@@ -459,9 +516,9 @@ class _Decode(_Kernel):
                     self.loop("mx_j", P, lambda j: Store(mx, (0,), binary("max", _ld(mx, 0), _ld(lane, j)))),
                     Store(alpha, (h,), Intrin("exp", (binary("-", _ld(m, h), _ld(mx, 0)),), F32)),
                     Store(m, (h,), _ld(mx, 0)),
-                    pages("exp", lambda i: Store(sc, (h, i), Intrin("exp", (binary("-", _ld(sc, h, i), _ld(mx, 0)),), F32))),
+                    pages("exp", lambda i: Store(prob, (h, i), Intrin("exp", (binary("-", _ld(sc, h, i), _ld(mx, 0)),), F32))),
                     lanes("sum0", 0.0),
-                    pages("sum", lambda i: Store(lane, (sym.floormod(i, P),), binary("+", _ld(lane, sym.floormod(i, P)), _ld(sc, h, i)))),
+                    pages("sum", lambda i: Store(lane, (sym.floormod(i, P),), binary("+", _ld(lane, sym.floormod(i, P)), _f32(_ld(prob, h, i))))),
                     Store(l, (h,), binary("*", _ld(l, h), _ld(alpha, h))),
                     self.loop("l_j", P, lambda j: Store(l, (h,), binary("+", _ld(l, h), _ld(lane, j)))),
                 ])
@@ -479,15 +536,27 @@ class _Decode(_Kernel):
                     page = _i64(_ld(self.pt, b, pidx))
 
                     def key(j: SymVar) -> Stmt:
+                        """Key ``j`` of the page (with dot_bf16x2 keys ``2j`` and ``2j + 1``)."""
+
                         def one(g: SymVar) -> Stmt:
                             p = _ld(sc, head(g), sym.add(sym.mul(pc, P), j))
-                            return self.loop("pv_e", EC, lambda e: block("pa_pv", Store(a, (g, e), binary("+", _ld(a, g, e), binary("*", p, _f32(_ld(self.vc, self.layer, page, j, kh, sym.add(col, e))))))), "vectorized")
+                            return self.loop("pv_e", EC, lambda e: block("pa_pv", Store(a, (g, e), binary("+", _ld(a, g, e), binary("*", p, _f32(self.value(page, j, kh, sym.add(col, e))))))), "vectorized")
 
-                        vstep = sym.add(sym.mul(kc, P), j)
+                        def pair(g: SymVar) -> Stmt:
+                            at = sym.add(sym.mul(pc, P), sym.mul(j, 2))
+                            probs = (_ld(prob, head(g), at), _ld(prob, head(g), sym.add(at, 1)))
+
+                            def lane(e: SymVar) -> Stmt:
+                                vals = (self.value(page, sym.mul(j, 2), kh, sym.add(col, e)), self.value(page, sym.add(sym.mul(j, 2), 1), kh, sym.add(col, e)))
+                                return block("pa_pv", Store(a, (g, e), Intrin(DOT_BF16X2, (_ld(a, g, e), *vals, *probs), F32)))
+
+                            return self.loop("pv_e", EC, lane, "vectorized")
+
+                        vstep = sym.add(sym.mul(kc, KS), j)
                         hinted = [self.hint(_ld(tnext, 0), sym.min_(sym.add(sym.mul(vstep, per_vstep), r), (lines or 1) - 1), "pa_thint") for r in range(per_vstep)]
-                        return seq([*hinted, self.loop("pv_g", G, one, tile)])
+                        return seq([*hinted, self.loop("pv_g", G, pair if self.dot else one, tile)])
 
-                    body: Stmt = self.loop("pv_j", P, key)
+                    body: Stmt = self.loop("pv_j", KS, key)
                     if per_vstep:
                         body = seq([Store(tnext, (0,), next_task_page(ci, pc, page)), body])
                     return IfThenElse(binary("<", sym.mul(pidx, P), total), body)
@@ -519,7 +588,7 @@ class _Decode(_Kernel):
             self.loop("chunk", chunks, chunk),
             self.loop("save", NH, save),
         ])
-        for buf in (tnext, nxt, a, acc, alpha, l, m, mx, lane, s, sc):
+        for buf in (tnext, nxt, a, acc, alpha, l, m, mx, lane, s, sc, *([prob] if self.dot else [])):
             body = Allocate(buf, body)
         return body
 
@@ -569,42 +638,9 @@ class _Prefill(_Kernel):
         self.rows = sym.mul(self.sq, self.group)
         self.blocks = sym.floordiv(sym.add(self.rows, LANES - 1), LANES)
         tasks = sym.mul(sym.mul(self.nb, self.nkv), self.blocks)
-        # a bfloat16 pool: the products in bfloat16 (dot_bf16x2), from the sequence's keys and
-        # values laid out as the pairs take them, once a call (each page is read by many tasks)
-        self.dot = self.kc.dtype == "bfloat16" and _even(self.hd) and _even(self.page) and LANES % DOT_BF16X2_LANES == 0
-        slots = sym.mul(self.width, self.page)
-        self.kbf = Buffer("pp_kbf", (self.nb, self.nkv, slots, self.hd), "bfloat16")  # a key's dims side by side
-        self.vbf = Buffer("pp_vbf", (self.nb, self.nkv, sym.floordiv(slots, 2), self.hd, 2), "bfloat16")  # two keys' values of a dim side by side
-        steps = [self.append(), self.loop("task", tasks, self.task, "parallel")]
-        if not self.dot:
-            return self.with_trig(seq(steps))
-        body = seq([steps[0], self.loop("pp_pairs", sym.mul(sym.mul(self.nb, self.nkv), self.width), self.pairs, "parallel"), steps[1]])
-        return self.with_trig(Allocate(self.kbf, Allocate(self.vbf, body)))
-
-    def pairs(self, x: SymVar) -> Stmt:
-        """Page ``x % width`` of a sequence and kv head into ``kbf`` and ``vbf`` (pages past the
-        sequence's last token are not read)."""
-        b = sym.floordiv(x, sym.mul(self.nkv, self.width))
-        kh = sym.floormod(sym.floordiv(x, self.width), self.nkv)
-        pi = sym.floormod(x, self.width)
-        P, HD = self.page, self.hd
-        page = _i64(_ld(self.pt, b, pi))
-
-        def key_dim(d: SymVar) -> Stmt:
-            def put(j: SymVar) -> Stmt:
-                return block("pp_kbf", Store(self.kbf, (b, kh, sym.add(sym.mul(pi, P), j), d), _ld(self.kc, self.layer, page, kh, d, j)))
-
-            return self.loop("kbf_j", P, put, "vectorized")
-
-        def value_pair(t: SymVar) -> Stmt:
-            def one(e: SymVar) -> Stmt:
-                two = [Store(self.vbf, (b, kh, sym.add(sym.mul(pi, P // 2), t), e, c), _ld(self.vc, self.layer, page, sym.add(sym.mul(t, 2), c), kh, e)) for c in (0, 1)]
-                return block("pp_vbf", seq(two))
-
-            return self.loop("vbf_e", HD, one, "vectorized")
-
-        total = binary("+", self.cached(b), self.sq)
-        return IfThenElse(binary("<", sym.mul(pi, P), total), seq([self.loop("kbf_d", HD, key_dim), self.loop("vbf_t", P // 2, value_pair)]))
+        # a bfloat16 pool: the products in bfloat16 (dot_bf16x2), its pairs read where they lie
+        self.dot = self.dot and LANES % DOT_BF16X2_LANES == 0
+        return self.with_trig(seq([self.append(), self.loop("task", tasks, self.task, "parallel")]))
 
     def task(self, tv: SymVar) -> Stmt:
         per_seq = sym.mul(self.nkv, self.blocks)
@@ -643,9 +679,11 @@ class _Prefill(_Kernel):
         last_t, _ = lane(R - 1)
         horizon = binary("+", cached, sym.add(last_t, 1))  # keys any row of the block sees
 
+        at = Buffer("pp_page", (1,), "int64")  # the page's pool index, looked up once a page
+
         def page_step(pi: SymVar) -> Stmt:
             first = sym.mul(pi, P)
-            page = _i64(_ld(self.pt, b, pi))
+            page = _ld(at, 0)
 
             def scores(jt: SymVar) -> Stmt:
                 """Keys ``jt * JT ..`` of the page against every row: a register tile of JT keys x
@@ -653,7 +691,7 @@ class _Prefill(_Kernel):
 
                 def dim(d: SymVar) -> Stmt:
                     def key(j: SymVar) -> Stmt:
-                        kv = _f32(_ld(self.kc, self.layer, page, kh, d, sym.add(sym.mul(jt, JT), j)))
+                        kv = _f32(self.key(page, kh, d, sym.add(sym.mul(jt, JT), j)))
                         return rows("score", lambda r: Store(t, (j, r), binary("+", _ld(t, j, r), binary("*", kv, _ld(qt, d, r)))))
 
                     return self.loop("qk_j", JT, key, "unrolled")
@@ -662,8 +700,8 @@ class _Prefill(_Kernel):
                     """Dims ``2 i``, ``2 i + 1``: one ``dot_bf16x2`` a key and vector of rows."""
 
                     def key(j: SymVar) -> Stmt:
-                        slot = (b, kh, sym.add(first, sym.add(sym.mul(jt, JT), j)))
-                        ks = (_ld(self.kbf, *slot, sym.mul(i, 2)), _ld(self.kbf, *slot, sym.add(sym.mul(i, 2), 1)))
+                        key = sym.add(sym.mul(jt, JT), j)
+                        ks = (self.key(page, kh, sym.mul(i, 2), key), self.key(page, kh, sym.add(sym.mul(i, 2), 1), key))
                         return rows("score", lambda r: Store(t, (j, r), Intrin(DOT_BF16X2, (_ld(t, j, r), _ld(qt, i, r, 0), _ld(qt, i, r, 1), *ks), F32)))
 
                     return self.loop("qk_j", JT, key, "unrolled")
@@ -699,7 +737,7 @@ class _Prefill(_Kernel):
 
                 def key(j: SymVar) -> Stmt:
                     def dim(e: SymVar) -> Stmt:
-                        vv = _f32(_ld(self.vc, self.layer, page, j, kh, col(e)))
+                        vv = _f32(self.value(page, j, kh, col(e)))
                         return rows("pv", lambda r: Store(a, (e, r), binary("+", _ld(a, e, r), binary("*", _ld(st, j, r), vv))))
 
                     return self.loop("pv_e", ET, dim, "unrolled")
@@ -709,8 +747,7 @@ class _Prefill(_Kernel):
                     probabilities rounded to bfloat16 as they are read)."""
 
                     def dim(e: SymVar) -> Stmt:
-                        at = (b, kh, sym.add(sym.mul(pi, P // 2), u), col(e))
-                        vs = (_ld(self.vbf, *at, 0), _ld(self.vbf, *at, 1))
+                        vs = (self.value(page, sym.mul(u, 2), kh, col(e)), self.value(page, sym.add(sym.mul(u, 2), 1), kh, col(e)))
 
                         def one(r: SymVar) -> Stmt:
                             ps = (Cast("bfloat16", _ld(st, sym.add(sym.mul(u, 2), c), r)) for c in (0, 1))
@@ -743,7 +780,7 @@ class _Prefill(_Kernel):
                 self.loop("l_j", P, lambda j: rows("l_sum", lambda r: Store(l, (r,), binary("+", _ld(l, r), _ld(st, j, r))))),
                 self.loop("pv_et", sym.floordiv(HD, ET), values),
             ]
-            return IfThenElse(binary("<", first, horizon), seq(steps))
+            return IfThenElse(binary("<", first, horizon), seq([Store(at, (0,), _i64(_ld(self.pt, b, pi))), *steps]))
 
         def store_row(r: SymVar) -> Stmt:
             t, h = lane(r)
@@ -761,7 +798,7 @@ class _Prefill(_Kernel):
             self.loop("page", self.width, page_step),
             self.loop("out_r", R, store_row),
         ])
-        for buf in (a, t, acc, alpha, mx, l, m, st, qt):
+        for buf in (at, a, t, acc, alpha, mx, l, m, st, qt):
             body = Allocate(buf, body)
         return body
 

@@ -5,9 +5,10 @@
  * Runs `prefill` on the prompt's token ids, then `decode` N_NEW times, each on the argmax of
  * the last logits (the first maximum), and prints the N_NEW generated ids on one line
  * (tokenization stays outside). The KV cache is one sequence in a pool of pages that holds
- * the prompt and the new tokens: k [layers, pages, kv_heads, head_dim, page] and
- * v [layers, pages, page, kv_heads, head_dim] (of the dtype the decoder was compiled for:
- * TW_LLM_KV_CODE and TW_LLM_KV_BITS, float32 or a 16-bit float), the page table [1, pages] = 0, 1, ...,
+ * the prompt and the new tokens: k [layers, pages, kv_heads, head_dim / w, page, w] and
+ * v [layers, pages, page / w, kv_heads, head_dim, w], in pairs of w = TW_LLM_KV_PAIR (2 for
+ * bfloat16, else 1; of the dtype the decoder was compiled for: TW_LLM_KV_CODE and
+ * TW_LLM_KV_BITS, float32 or a 16-bit float), the page table [1, pages] = 0, 1, ...,
  * kv_len [1] the tokens already in the cache. --logits writes every step's logits as
  * float32 [N_NEW + 1, vocab]. Timings go to stderr. */
 #define _POSIX_C_SOURCE 200809L
@@ -69,11 +70,11 @@ int main(int argc, char** argv) {
     for (int64_t i = 0; i < pages; ++i) table[i] = (int32_t)i;
     int32_t kv_len = 0;
     int64_t s_tokens[2] = {1, n_prompt}, s_one[1] = {1}, s_table[2] = {1, pages};
-    int64_t s_k[5] = {TW_LLM_LAYERS, pages, TW_LLM_KV_HEADS, TW_LLM_HEAD_DIM, TW_LLM_PAGE};
-    int64_t s_v[5] = {TW_LLM_LAYERS, pages, TW_LLM_PAGE, TW_LLM_KV_HEADS, TW_LLM_HEAD_DIM};
+    int64_t s_k[6] = {TW_LLM_LAYERS, pages, TW_LLM_KV_HEADS, TW_LLM_HEAD_DIM / TW_LLM_KV_PAIR, TW_LLM_PAGE, TW_LLM_KV_PAIR};
+    int64_t s_v[6] = {TW_LLM_LAYERS, pages, TW_LLM_PAGE / TW_LLM_KV_PAIR, TW_LLM_KV_HEADS, TW_LLM_HEAD_DIM, TW_LLM_KV_PAIR};
     tw_dtype i32 = {TW_DTYPE_INT, 32, 1}, f32 = {TW_DTYPE_FLOAT, 32, 1}, kv_dt = {TW_LLM_KV_CODE, TW_LLM_KV_BITS, 1};
     tw_tensor in[5] = {
-        {prompt, 2, i32, s_tokens}, {&kv_len, 1, i32, s_one}, {table, 2, i32, s_table}, {k, 5, kv_dt, s_k}, {v, 5, kv_dt, s_v},
+        {prompt, 2, i32, s_tokens}, {&kv_len, 1, i32, s_one}, {table, 2, i32, s_table}, {k, 6, kv_dt, s_k}, {v, 6, kv_dt, s_v},
     };
     tw_tensor logits;
     double t0 = now_ms();
