@@ -126,7 +126,7 @@ def run(bench: Bench, timeout: float) -> tuple[dict[str, str], str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default="", help="comma-separated table keys (default: all)")
+    ap.add_argument("--only", default="", help="comma-separated table keys (default: all): the scripts that make them run, and every table they make is rewritten")
     ap.add_argument("--list", action="store_true", help="list the tables and their commands")
     ap.add_argument("--dry-run", action="store_true", help="run, but do not write docs/benchmarks.md")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per script")
@@ -151,7 +151,7 @@ def main() -> int:
         got, err = run(b, args.timeout)
         stamp = f"_`{b.command}` — {datetime.date.today()}, {cpu}, {time.perf_counter() - t:.0f} s_"
         for key in b.keys:
-            if key in got and (not only or key in only):
+            if key in got:  # every table of the run: tables of one run cite each other
                 doc = replace_block(doc, key, f"{stamp}\n\n{got[key]}")
         if err:
             failed.append(f"{b.command}: {err}")
