@@ -141,7 +141,7 @@ def llama_decode(tmp: Path, steps: int) -> str:
     from tilework.export.llm import export_decoder
     from tilework.ir.dtype import np_dtype
     from tilework.llm import compile as llm_compile
-    from tilework.llm.kv_cache import PAGE
+    from tilework.llm.kv_cache import PAGE, kv_shapes
 
     try:
         from tilework.llm.engine import default_model_path
@@ -172,8 +172,8 @@ def llama_decode(tmp: Path, steps: int) -> str:
 
     def greedy(prefill: Any, decode: Any) -> tuple[float, list[int]]:
         """ms per decode step of the greedy loop, and its tokens."""
-        k = np.zeros((cfg.layers, pages, cfg.kv_heads, cfg.head_dim, PAGE), np_dtype(kv))
-        v = np.zeros((cfg.layers, pages, PAGE, cfg.kv_heads, cfg.head_dim), np_dtype(kv))
+        k_shape, v_shape = kv_shapes(cfg.layers, pages, cfg.kv_heads, cfg.head_dim, PAGE, kv)
+        k, v = np.zeros(k_shape, np_dtype(kv)), np.zeros(v_shape, np_dtype(kv))
         table_ = np.arange(pages, dtype=np.int32)[None]
         logits = prefill(np.array([prompt], np.int32), np.array([0], np.int32), table_, k, v)[0]
         ids: list[int] = []

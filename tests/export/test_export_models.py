@@ -122,15 +122,15 @@ def vm_generate(cfg: Any, tensors: dict[str, Any], precision: str, prompt: list[
     cache of the precision's dtype (bfloat16 for q)."""
     from tilework.ir.dtype import np_dtype
     from tilework.llm import compile as llm_compile
-    from tilework.llm.kv_cache import PAGE
+    from tilework.llm.kv_cache import PAGE, kv_shapes
 
     kv = llm_compile.KV_DTYPE_OF[precision]
     formats, weights = llm_compile.prepare_weights(cfg, tensors, precision)
     vm = tw.VM(llm_compile.compiled_decoder(cfg, formats, max_batch=1, kv_dtype=kv))
     prefill, decode = vm.bind("prefill", *weights), vm.bind("decode", *weights)
     pages = -(-(len(prompt) + steps) // PAGE)
-    k = np.zeros((cfg.layers, pages, cfg.kv_heads, cfg.head_dim, PAGE), np_dtype(kv))
-    v = np.zeros((cfg.layers, pages, PAGE, cfg.kv_heads, cfg.head_dim), np_dtype(kv))
+    k_shape, v_shape = kv_shapes(cfg.layers, pages, cfg.kv_heads, cfg.head_dim, PAGE, kv)
+    k, v = np.zeros(k_shape, np_dtype(kv)), np.zeros(v_shape, np_dtype(kv))
     table = np.arange(pages, dtype=np.int32)[None]
     logits = [prefill(np.array([prompt], np.int32), np.array([0], np.int32), table, k, v)[0].copy()]
     out: list[int] = []
