@@ -34,8 +34,8 @@ Two kernels:
   scores a pair of dims at a time in ``DOT_PARTIALS`` chains, its values a pair of keys at a
   time, the pool's pairs loaded as they lie, the queries rounded to bfloat16 once and the
   probabilities as they are stored (with the pool in the L3, a batch-8 step at 512 cached
-  tokens, 3 layers: 0.29 -> 0.25 ms; from memory, 30 layers, no faster: 4.0-4.5 ms, bound by
-  the memory's latency more than by the instructions there).
+  tokens, 3 layers: 0.29 -> 0.25 ms; from memory, 30 layers, barely faster: medians 4.8-5.4 ->
+  4.7-4.9 ms, where the memory's reads hardly overlap the arithmetic).
 - **prefill**: tasks over (sequence, kv head, block of ``LANES`` query rows, rows being tokens
   times the heads of the group), the rows as lanes, keys a page at a time, skipping pages no row
   of the block sees. A page's scores are summed in register tiles of a few keys x the rows, its
