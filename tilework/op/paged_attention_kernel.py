@@ -432,9 +432,10 @@ class _Decode(_Kernel):
 
                 def group(kh: SymVar) -> Stmt:
                     def dims(dd: SymVar) -> Stmt:
-                        """Dims ``dd * C .. dd * C + C - 1`` of the group's keys into the ``C``
-                        partial scores, and lines of the next page hinted: the page's
-                        ``NKV * HD / C`` steps spread its lines (the page itself again when it is
+                        """Dims ``dd * D .. dd * D + D - 1`` of the group's keys into the ``C``
+                        partial scores (``D`` is ``C``, or ``2 C``: a pair of dims a partial with
+                        dot_bf16x2), and lines of the next page hinted: the page's
+                        ``NKV * HD / D`` steps spread its lines (the page itself again when it is
                         the last)."""
                         step = sym.add(sym.mul(kh, sym.floordiv(HD, D)), dd)
                         hinted = [self.hint(ahead, sym.min_(sym.add(sym.mul(step, per_step), r), (lines or 1) - 1), "pa_hint") for r in range(per_step)]
@@ -700,8 +701,8 @@ class _Prefill(_Kernel):
                     """Dims ``2 i``, ``2 i + 1``: one ``dot_bf16x2`` a key and vector of rows."""
 
                     def key(j: SymVar) -> Stmt:
-                        key = sym.add(sym.mul(jt, JT), j)
-                        ks = (self.key(page, kh, sym.mul(i, 2), key), self.key(page, kh, sym.add(sym.mul(i, 2), 1), key))
+                        slot = sym.add(sym.mul(jt, JT), j)  # the key's place in its page
+                        ks = (self.key(page, kh, sym.mul(i, 2), slot), self.key(page, kh, sym.add(sym.mul(i, 2), 1), slot))
                         return rows("score", lambda r: Store(t, (j, r), Intrin(DOT_BF16X2, (_ld(t, j, r), _ld(qt, i, r, 0), _ld(qt, i, r, 1), *ks), F32)))
 
                     return self.loop("qk_j", JT, key, "unrolled")
