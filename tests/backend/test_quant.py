@@ -15,6 +15,7 @@ import ctypes
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Callable
 from importlib import resources
 
@@ -667,3 +668,21 @@ def test_a_failed_background_build_is_reported_by_the_caller(monkeypatch: pytest
     with pytest.raises(BuildError, match="no compiler here"):
         Q.library()  # the caller's own call tries again and reports it
     assert len(calls) == 2
+
+
+def test_library_if_built_neither_compiles_nor_waits(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``library_if_built`` is the library where it is loaded or the kernel cache has it, and
+    None where it would have to be compiled (a first start's loaders decode in NumPy meanwhile),
+    with nothing compiled for the asking."""
+    built = Q.library()  # in the kernel cache now
+    monkeypatch.setattr(Q, "_LIBS", {})
+    loaded = Q.library_if_built()
+    assert loaded is not None and loaded.path == built.path
+    monkeypatch.setattr(Q, "_LIBS", {})
+    monkeypatch.setenv("TILEWORK_CACHE_DIR", str(tmp_path / "empty"))
+
+    def compiling(*key: bool) -> None:
+        raise AssertionError("library_if_built compiled the library")
+
+    monkeypatch.setattr(Q, "_load", compiling)
+    assert Q.library_if_built() is None

@@ -44,6 +44,7 @@ addresses in one per-thread argument block: about a microsecond of Python per ca
 from __future__ import annotations
 
 import ctypes
+import functools
 import re
 import threading
 from dataclasses import dataclass
@@ -88,6 +89,7 @@ def extern_symbol(fmt: str, add: bool = False) -> str:
 # -- the library ---------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=None)
 def source(portable: bool = False, vnni: bool = True, bf16dot: bool = True) -> str:
     """The C source, one translation unit: ``SOURCE`` with each of its ``#include "quant_*.c"``
     lines replaced by that file (``quant_float_avx2.c``). ``portable`` compiles the plain-C
@@ -215,11 +217,16 @@ def library(portable: bool = False, vnni: bool = True, bf16dot: bool = True) -> 
         return _LIBS[key]
 
 
-def library_or_none() -> QuantLibrary | None:
-    """``library()``, or None where it cannot be built (no C compiler): for callers with a NumPy
-    way of their own (the loaders' decoding and interleaving)."""
+def library_if_built() -> QuantLibrary | None:
+    """``library()`` where it is loaded or the kernel cache has it (nothing is compiled, no
+    build is waited for), else None: for callers with a NumPy way of their own that should not
+    wait for a first build (the LLM loaders' decoding and interleaving, while
+    ``library_in_background`` builds it beside them)."""
+    lib = _LIBS.get((False, True, True))
+    if lib is not None:
+        return lib
     try:
-        return library()
+        return library() if toolchain.cached_result(source()) is not None else None
     except TileworkError:
         return None
 
@@ -525,4 +532,4 @@ QUANT = register_backend(
     )
 )
 
-__all__ = ["FORMATS", "INT8_FORMATS", "QUANT", "QuantLibrary", "activation_bound", "extern_symbol", "library", "qlinear", "row_bytes", "source"]
+__all__ = ["FORMATS", "INT8_FORMATS", "QUANT", "QuantLibrary", "activation_bound", "extern_symbol", "library", "library_if_built", "library_in_background", "qlinear", "row_bytes", "source"]

@@ -82,8 +82,9 @@ class QuantTensor:
         """The float32 values, of shape ``shape``; ``bf16``: their bfloat16 bits (``uint16``, as
         ``tilework.op.quant.bf16_bits`` rounds them); written into ``out`` (C-contiguous, that dtype, as many
         elements) where it is given. A tensor of ``LIBRARY_WEIGHTS`` or more decodes in the quant
-        library (C, every thread: the same bits as ``dequantize_rows``, in a tenth of its time),
-        where that library builds; the others, and every tensor where it does not, here."""
+        library (C, every thread: the same bits as ``dequantize_rows``, in a tenth of its time)
+        where that library is built (``library_if_built``: a first start does not wait for the
+        compiler, which builds it meanwhile); the others, and every tensor until then, here."""
         lib = _library() if int(np.prod(self.shape)) >= LIBRARY_WEIGHTS and self.fmt != "f32" else None
         if lib is not None:
             return lib.dequantize(self.data.reshape(-1, self.data.shape[-1]), self.fmt, bf16, out).reshape(self.shape)
@@ -122,7 +123,7 @@ class QuantTensor:
 LIBRARY_WEIGHTS = 1 << 16
 
 
-_library = quant_backend.library_or_none  # None where it cannot be built: NumPy decodes
+_library = quant_backend.library_if_built  # None until it is built (or where it cannot be): NumPy decodes
 
 
 def dequantize_rows(data: np.ndarray, fmt: str) -> np.ndarray:

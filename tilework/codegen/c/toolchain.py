@@ -165,6 +165,20 @@ def compile_source(source: str, functions: Mapping[str, tuple[int, int]] | None 
         raise BuildError(f"cannot use the kernel cache directory ({e}); set TILEWORK_CACHE_DIR to a writable directory") from e
 
 
+def cached_result(source: str) -> CompileResult | None:
+    """The shared object ``compile_source(source)`` would return where the kernel cache has it
+    (no compiler runs, no build in progress is waited for); None where it would be compiled."""
+    flags = compiler_flags()
+    try:
+        cmd = compiler_command()
+    except BuildError:
+        return _built_without_compiler(source, flags)
+    try:
+        return _lookup(cache_dir(), cache_key(source, cmd, flags))
+    except OSError:
+        return None
+
+
 def _record(root: Path, key: str) -> Path:
     return root / f"k-{key}.json"
 
