@@ -18,6 +18,7 @@ transformers order.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -122,15 +123,33 @@ def open_gguf(source: "str | os.PathLike[str] | GGUFReader") -> "GGUFReader":
     if not isinstance(source, (str, os.PathLike)):
         return source
     path = _checked_path(source)
-    from gguf import GGUFReader
-
     try:
-        reader = GGUFReader(path, "r")
+        reader = _reader_class()(path, "r")
     except Exception as e:  # the reader raises ValueError, struct.error, IndexError on damage
         raise TileworkError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
     if getattr(reader, "byte_order", "I") != "I":
         raise UnsupportedError(f"{path}: a GGUF file of the other byte order is not supported")
     return reader
+
+
+@functools.lru_cache(maxsize=None)
+def _reader_class() -> type["GGUFReader"]:
+    """``gguf.GGUFReader`` reading the file's bytes through a plain ndarray view of its map:
+    its parse slices them hundreds of thousands of times (every string of the vocabulary), and
+    each slice of an ``np.memmap`` runs Python code (``memmap.__array_finalize__``). The map is
+    the same (the view's base, whose ``filename`` names the file)."""
+    from gguf import GGUFReader
+
+    class Reader(GGUFReader):
+        @property  # type: ignore[override]  # the same bytes as a plain ndarray, not a memmap
+        def data(self) -> np.ndarray:
+            return self._tw_bytes
+
+        @data.setter
+        def data(self, value: np.ndarray) -> None:
+            self._tw_bytes = value.view(np.ndarray)
+
+    return Reader
 
 
 def _checked_path(source: "str | os.PathLike[str]") -> str:
@@ -191,7 +210,8 @@ def _save_index(index: Path, gf: GGUFFile) -> None:
 
 def reader_path(reader: "GGUFReader") -> str:
     """The file a reader maps (for messages)."""
-    return str(getattr(reader.data, "filename", None) or "<gguf>")
+    data = reader.data
+    return str(getattr(data, "filename", None) or getattr(data.base, "filename", None) or "<gguf>")
 
 
 def field_value(field: "ReaderField") -> Any:
