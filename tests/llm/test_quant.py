@@ -147,9 +147,12 @@ def test_the_library_decodes_the_numpy_bits(fmt: str, rows: int, blocks: int) ->
 def test_dequantize_into_out(library: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """``QuantTensor.dequantize(out=)`` writes the values (or bf16 bits) into ``out`` and returns
     it in the tensor's shape, in the library and in NumPy alike."""
+    from tilework.backend import quant as backend
     from tilework.llm import quant as lq
 
-    if not library:
+    if library:
+        backend.library()  # built: the loaders take it (library_if_built)
+    else:
         monkeypatch.setattr(lq, "_library", lambda: None)
     shape = (lq.LIBRARY_WEIGHTS // 32 + 3, 32)
     t = quantize(np.random.default_rng(6).standard_normal(shape).astype(np.float32), "q8_0", "w")
@@ -167,6 +170,7 @@ def test_dequantize_into_out(library: bool, monkeypatch: pytest.MonkeyPatch) -> 
 def test_quant_tensor_dequantize_and_bf16_bits(size: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Tensors of ``LIBRARY_WEIGHTS`` or more decode in the library, the others in NumPy; where
     the library cannot be built, NumPy decodes them all: the same values either way."""
+    from tilework.backend import quant as backend
     from tilework.llm import quant as lq
 
     shape = (3, 64, 32) if size == "small" else (lq.LIBRARY_WEIGHTS // 64 + 5, 64)
@@ -174,10 +178,12 @@ def test_quant_tensor_dequantize_and_bf16_bits(size: str, monkeypatch: pytest.Mo
     ref = dequantize_rows(t.data, "q4_1").reshape(shape)
     calls: list[str] = []
     real = lq._library
+    backend.library()  # built: the loaders take it (library_if_built)
 
     def spy() -> object:
-        calls.append("library")
-        return real()
+        lib = real()
+        calls.append("library" if lib is not None else "none")
+        return lib
 
     monkeypatch.setattr(lq, "_library", spy)
     np.testing.assert_array_equal(t.dequantize(), ref)
