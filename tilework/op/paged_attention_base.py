@@ -1,0 +1,213 @@
+"""What the two ``paged_attention`` kernels (``tilework.op.paged_attention_decode``,
+``tilework.op.paged_attention_prefill``) share: ``PagedKernel`` (the buffers, the pool's
+layout in pairs, the loops, the rotation and the append of the new keys and values), the
+angles of the rotary embedding (``angles``, also ``paged_rotary``'s loop) and the small
+helpers of their loop IR.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from tilework.ir import sym
+from tilework.ir.loop import Allocate, Buffer, Cast, For, Intrin, Load, Scalar, Select, Stmt, Store, TensorFunc, binary, const
+from tilework.ir.sym import Dim, SymExpr, SymVar
+from tilework.op.kernel import block, free_syms, hand_kernel, named_loop, seq, serial_var
+
+ACC_REGISTERS = 12  # vector registers of accumulators a register tile keeps
+
+
+def scheduled(buffers: list[Buffer], body: Stmt) -> TensorFunc:
+    """A hand-built kernel whose loops carry their kinds (the ``paged_attention`` schedule rule
+    keeps them)."""
+    func = hand_kernel([*buffers, *free_syms(body, buffers)], body, "opaque")
+    return func.replace(attrs=func.attrs.with_(scheduled=True, schedule_rule="paged_attention"))
+
+
+Body = Callable[[SymVar], Stmt]
+F32 = "float32"
+
+
+def i64(x: Scalar) -> Scalar:
+    return Cast("int64", x)
+
+
+def ld(buf: Buffer, *idx: Scalar) -> Load:
+    return Load(buf, tuple(idx))
+
+
+def widened(x: Load) -> Scalar:
+    """A cached key or value as float32 (widened in registers from a 16-bit pool)."""
+    return x if x.dtype == F32 else Cast(F32, x)
+
+
+def pair_index(x: Scalar, w: int) -> tuple[Scalar, Scalar]:
+    """Index ``x`` of a pool axis stored in pairs of ``w``: (its pair, its place in the pair)."""
+    if w == 1:
+        return x, 0
+    if isinstance(x, (int, SymExpr)):
+        return sym.floordiv(x, w), sym.floormod(x, w)
+    return binary("//", x, w), binary("%", x, w)
+
+
+def fconst(v: float) -> Scalar:
+    return const(v, F32)
+
+
+def angles(trig: Buffer, b: Dim, t: Dim, cached: Scalar, hd: Dim, theta: float) -> Stmt:
+    """The cosine and sine of token ``t``'s rotary angles (one per pair of channels, at position
+    ``cached + t``) into ``trig[b, t]``, in float64: a token's heads share them. One home for
+    both kernels that compute them (the attention's scratch and ``paged_rotary``'s table)."""
+    f64 = "float64"
+    step = -2.0 * math.log(theta)
+    scale = const(step / hd, f64) if isinstance(hd, int) else binary("/", const(step, f64), Cast(f64, hd))
+
+    def one(j: SymVar) -> Stmt:
+        angle = binary("*", Cast(f64, binary("+", cached, t)), Intrin("exp", (binary("*", Cast(f64, j), scale),), f64))
+        return block("pa_angle", seq([Store(trig, (b, t, 0, j), Intrin("cos", (angle,), f64)), Store(trig, (b, t, 1, j), Intrin("sin", (angle,), f64))]))
+
+    half = sym.floordiv(hd, 2)
+    j = serial_var("angle_j", half)
+    return For(j, half, one(j), "serial")
+
+
+
+class PagedKernel:
+    """What both kernels share: the buffers, naming, loops and the append of the new keys."""
+
+    def __init__(
+        self,
+        qkv: Buffer,
+        nkv: int,
+        kc: Buffer,
+        vc: Buffer,
+        kv_len: Buffer,
+        pt: Buffer,
+        out: Buffer,
+        layer: SymVar,
+        scale: float | None,
+        theta: float | None,
+        vector_bytes: int,
+        rotary: Buffer | None = None,
+    ) -> None:
+        self.qkv, self.kc, self.vc, self.kv_len, self.pt, self.out = qkv, kc, vc, kv_len, pt, out
+        self.lanes = max(1, vector_bytes // 4)  # float32 lanes of a vector register (sizes the tiles)
+        self.layer = layer
+        self.nb, self.sq, self.nh, self.hd = out.shape
+        self.nkv = nkv
+        self.theta = theta
+        self.page = kc.shape[4]
+        w = kc.shape[5]  # the pool's pair width (``pair_width``)
+        assert isinstance(w, int), "a pool's pair width is static"
+        self.w = w
+        # from a bfloat16 pool (in pairs) the products are bfloat16: one vdpbf16ps a vector
+        self.dot = self.kc.dtype == "bfloat16" and self.w == 2
+        self.width = pt.shape[1]
+        self.group = sym.floordiv(self.nh, self.nkv)
+        if scale is not None:
+            self.scale: Scalar = fconst(float(scale))
+        elif isinstance(self.hd, int):
+            self.scale = fconst(1.0 / math.sqrt(self.hd))
+        else:
+            self.scale = Intrin("rsqrt", (Cast(F32, self.hd),), F32)
+        self.names: set[str] = set()
+        # the angles' cosines and sines [b, s, 2, hd / 2]: given (paged_rotary's), or computed
+        # into a scratch as each token's key is appended
+        self.given = rotary is not None
+        self.trig = rotary if rotary is not None else Buffer("pa_trig", (self.nb, self.sq, 2, sym.floordiv(self.hd, 2)), "float64")
+
+    def loop(self, name: str, extent: Dim, body: Body, kind: str = "serial") -> For:
+        return named_loop(self.names, name, extent, body, kind)
+
+    def key(self, page: Scalar, kh: Dim, d: Dim, j: Scalar) -> Load:
+        """Key ``j`` of pool page ``page``, kv head ``kh``, dim ``d`` (in the pool's pairs: see
+        ``tilework.op.paged_attention``)."""
+        d_pair, d_in = pair_index(d, self.w)
+        return ld(self.kc, self.layer, page, kh, d_pair, j, d_in)
+
+    def value(self, page: Scalar, j: Scalar, kh: Dim, e: Dim) -> Load:
+        """Dim ``e`` of the value of key ``j`` of pool page ``page``, kv head ``kh``."""
+        j_pair, j_in = pair_index(j, self.w)
+        return ld(self.vc, self.layer, page, j_pair, kh, e, j_in)
+
+    def cached(self, b: Dim) -> Scalar:
+        return i64(ld(self.kv_len, b))
+
+    def q_at(self, b: Dim, t: Dim, h: Dim, d: Dim) -> Scalar:
+        """Query head ``h`` of token ``t``, dim ``d``, rotated."""
+        return self._rotated(b, t, h, d)
+
+    def v_at(self, b: Dim, t: Dim, kh: Dim, d: Dim) -> Scalar:
+        return ld(self.qkv, b, t, sym.add(sym.add(self.nh, self.nkv), kh), d)
+
+    def rotated_dims(self, name: str, b: Dim, t: Dim, h: Dim, put: Callable[[Dim, Scalar], Stmt]) -> Stmt:
+        """``put(d, value)`` for every dim ``d`` of head ``h`` of token ``t``, the value turned
+        as ``_rotated`` turns it (term for term: the same bits): with ``rope_theta`` as one loop
+        over the pairs ``j, j + hd / 2``, whose loads are contiguous in each half (the per-dim
+        form reads its partner and angle through selects, which GCC vectorized as gathers)."""
+        if self.theta is None:
+            return self.loop(name, self.hd, lambda d: put(d, ld(self.qkv, b, t, h, d)), "vectorized")
+        half = sym.floordiv(self.hd, 2)
+        f64 = "float64"
+
+        def pair(j: SymVar) -> Stmt:
+            lo, hi = Cast(f64, ld(self.qkv, b, t, h, j)), Cast(f64, ld(self.qkv, b, t, h, sym.add(j, half)))
+            cos, sin = ld(self.trig, b, t, 0, j), ld(self.trig, b, t, 1, j)
+
+            def turned(mine: Scalar, signed: Scalar) -> Scalar:
+                return Cast(F32, binary("+", binary("*", mine, cos), binary("*", signed, sin)))
+
+            return seq([put(j, turned(lo, binary("-", const(0.0, f64), hi))), put(sym.add(j, half), turned(hi, lo))])
+
+        return self.loop(name, half, pair, "vectorized")
+
+    def _rotated(self, b: Dim, t: Dim, h: Dim, d: Dim) -> Scalar:
+        """``qkv[b, t, h, d]`` turned by the rotary angle of its position (``rotary_embedding``'s
+        arithmetic: float64, rounded once; the cosine and sine from ``self.trig``, given or filled
+        by ``append``); as it is without ``rope_theta``."""
+        if self.theta is None:
+            return ld(self.qkv, b, t, h, d)
+        half = sym.floordiv(self.hd, 2)
+        f64 = "float64"
+        lower = binary("<", d, half)
+        j = Select(lower, d, sym.sub(d, half), "int64")
+        partner = Select(lower, sym.add(d, half), sym.sub(d, half), "int64")  # one in-bounds load
+        mine = Cast(f64, ld(self.qkv, b, t, h, d))
+        other = Cast(f64, ld(self.qkv, b, t, h, partner))
+        signed = Select(lower, binary("-", const(0.0, f64), other), other, f64)
+        return Cast(F32, binary("+", binary("*", mine, ld(self.trig, b, t, 0, j)), binary("*", signed, ld(self.trig, b, t, 1, j))))
+
+    def with_trig(self, body: Stmt) -> Stmt:
+        """``body`` with the angle table allocated around it (when the op rotates and the table
+        is not given)."""
+        return body if self.theta is None or self.given else Allocate(self.trig, body)
+
+    def append(self, queries: Callable[[Dim, Dim], Stmt] | None = None) -> Stmt:
+        """Every new token's key and value into its page slot (and ``queries(b, t)`` after
+        them, where given: the token's angles are at hand)."""
+
+        def token(bt: SymVar) -> Stmt:
+            b, t = sym.floordiv(bt, self.sq), sym.floormod(bt, self.sq)
+            pos = binary("+", self.cached(b), t)
+            page = i64(ld(self.pt, b, binary("//", pos, self.page)))
+            off = binary("%", pos, self.page)
+
+            def put(kh: SymVar) -> Stmt:
+                def key(d: Dim, value: Scalar) -> Stmt:
+                    return block("paged_append", Store(self.kc, self.key(page, kh, d, off).indices, value))
+
+                def value(d: SymVar) -> Stmt:
+                    return block("paged_append_v", Store(self.vc, self.value(page, off, kh, d).indices, self.v_at(b, t, kh, d)))
+
+                return seq([self.rotated_dims("append_d", b, t, sym.add(self.nh, kh), key), self.loop("append_v", self.hd, value, "vectorized")])
+
+            steps = [self.loop("append_h", self.nkv, put)] + ([] if queries is None else [queries(b, t)])
+            if self.theta is None or self.given:
+                return seq(steps)
+            return seq([angles(self.trig, b, t, self.cached(b), self.hd, self.theta), *steps])
+
+        return self.loop("append_bt", sym.mul(self.nb, self.sq), token, "parallel")
+
+
+__all__ = ["PagedKernel", "ACC_REGISTERS", "F32", "Body", "angles", "fconst", "i64", "ld", "pair_index", "scheduled", "widened"]
