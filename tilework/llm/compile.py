@@ -80,7 +80,8 @@ def prepare_weights(config: LlmConfig, tensors: Mapping[str, QuantTensor], preci
     if missing:
         raise TileworkError(f"the model file lacks weight(s) {', '.join(missing[:5])}")
     groups = [(param, [tensors[p] for p in merged_parts(n) or [n]]) for n, param in params]
-    made = [_made(param, parts, formats[parts[0].name]) for param, parts in groups]  # else a view of the file
+    decoded = [[_decoded_bytes(t, formats[parts[0].name]) for t in parts] for _, parts in groups]  # a merged matrix's parts share a format
+    made = [_made(param, parts, formats[parts[0].name], sizes) for (param, parts), sizes in zip(groups, decoded)]  # else a view of the file
     arena = None
     if huge_pages:
         arena = huge_page_arena(sum(aligned(int(np.prod(p.shape)) * np.dtype(p.dtype).itemsize) for (p, _), m in zip(groups, made) if m), prefault=True)
@@ -90,11 +91,10 @@ def prepare_weights(config: LlmConfig, tensors: Mapping[str, QuantTensor], preci
 
     # the decoded values of a parameter's tensors, side by side (a merged matrix's rows in
     # order: no concatenation), in one buffer reused from parameter to parameter
-    scratch = np.empty(max((sum(_decoded_bytes(t, formats[t.name]) for t in parts) for _, parts in groups), default=0), np.uint8)
+    scratch = np.empty(max((sum(sizes) for sizes in decoded), default=0), np.uint8)
     arrays = []
-    for (param, parts), copied in zip(groups, made):
-        fmt = formats[parts[0].name]  # a merged matrix's parts share it
-        sizes = [_decoded_bytes(t, fmt) for t in parts]
+    for (param, parts), sizes, copied in zip(groups, decoded, made):
+        fmt = formats[parts[0].name]
         offsets = np.cumsum([0, *sizes])
         values = [_rows(t, fmt, scratch[at : at + size] if size else None) for t, size, at in zip(parts, sizes, offsets)]
         if len(values) == 1:
@@ -137,10 +137,11 @@ def _interleaved(rows: np.ndarray, base: str, out: np.ndarray | None) -> np.ndar
     return interleave_rows(rows, base, out=out) if lib is None else lib.interleave(rows, base, out=out)
 
 
-def _made(param: Parameter, parts: list[QuantTensor], fmt: str) -> bool:
+def _made(param: Parameter, parts: list[QuantTensor], fmt: str, decoded: list[int]) -> bool:
     """Whether ``prepare_weights`` makes a new array for ``param`` (merged, laid out, interleaved
-    or decoded), rather than give a view of the file's bytes."""
-    return len(parts) > 1 or (len(param.shape) == 3 and len(parts[0].shape) == 2) or fmt in INTERLEAVED_FORMATS or _decoded_bytes(parts[0], fmt) > 0
+    or decoded: ``decoded`` the parts' ``_decoded_bytes``), rather than give a view of the
+    file's bytes."""
+    return len(parts) > 1 or (len(param.shape) == 3 and len(parts[0].shape) == 2) or fmt in INTERLEAVED_FORMATS or decoded[0] > 0
 
 
 def _decoded_bytes(t: QuantTensor, fmt: str) -> int:

@@ -174,9 +174,16 @@ def cached_result(source: str) -> CompileResult | None:
     except BuildError:
         return _built_without_compiler(source, flags)
     try:
-        return _lookup(cache_dir(), cache_key(source, cmd, flags))
+        return _lookup(cache_dir(), _cached_key(source, tuple(cmd), tuple(flags)))
     except OSError:
         return None
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_key(source: str, cmd: tuple[str, ...], flags: tuple[str, ...]) -> str:
+    """``cache_key`` of a source asked about again and again (``cached_result``: a loader's
+    question, a tensor at a time, until the library is built)."""
+    return cache_key(source, cmd, flags)
 
 
 def _record(root: Path, key: str) -> Path:
