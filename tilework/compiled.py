@@ -126,7 +126,7 @@ def compile(
         # bf16x16 where the quant library multiplies with AVX-512 BF16 (its GEMV and GEMM read
         # that layout unpacked; elsewhere the plain rows' kernels are the faster ones), and the
         # attention's products in bf16 there (elsewhere they would only round)
-        bf16dot = quant_backend.library().bf16dot
+        bf16dot = quant_backend.bf16dot_available()
         to_bf16 = Bf16Weights(params=weights == "inputs", groups=bf16dot, attention=bf16dot)
         optimized, model_weights, precision_report, build_backends = _to_bf16(to_bf16, optimized, model_weights, backends)
         graph_passes = [*graph_passes, to_bf16]

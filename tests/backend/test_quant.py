@@ -635,16 +635,16 @@ def test_the_vm_checks_arguments_before_the_library_runs(rng: np.random.Generato
 
 
 def _join_background() -> None:
-    for t in Q._BACKGROUND:
+    for t in list(Q._BACKGROUND.values()):
         t.join()
 
 
 def test_library_in_background_is_the_library_later_calls_get(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Q, "_LIBS", {})
-    monkeypatch.setattr(Q, "_BACKGROUND", [])
+    monkeypatch.setattr(Q, "_BACKGROUND", {})
     Q.library_in_background()
     _join_background()
-    built = Q._LIBS[(False, True, True)]
+    built = Q._LIBS[(False, True, True, Q.FAMILIES)]
     assert Q.library() is built
     Q.library_in_background()  # once per process: nothing more starts
     assert Q.library() is built
@@ -660,11 +660,11 @@ def test_a_failed_background_build_is_reported_by_the_caller(monkeypatch: pytest
         raise BuildError("C compilation failed: no compiler here")
 
     monkeypatch.setattr(Q, "_LIBS", {})
-    monkeypatch.setattr(Q, "_BACKGROUND", [])
+    monkeypatch.setattr(Q, "_BACKGROUND", {})
     monkeypatch.setattr(Q, "_load", failing)
     Q.library_in_background()
     _join_background()
-    assert calls == [(False, True, True)]  # tried, and nothing raised in the thread
+    assert calls == [(False, True, True, Q.FAMILIES)]  # tried, and nothing raised in the thread
     with pytest.raises(BuildError, match="no compiler here"):
         Q.library()  # the caller's own call tries again and reports it
     assert len(calls) == 2
@@ -686,3 +686,67 @@ def test_library_if_built_neither_compiles_nor_waits(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(Q, "_load", compiling)
     assert Q.library_if_built() is None
+
+
+# -- builds with the paths a model needs ---------------------------------------------------------
+
+
+def test_a_build_with_one_path_runs_its_formats_as_the_full_one_and_refuses_the_others(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, rng: np.random.Generator) -> None:
+    """An LLM's first start compiles the path its formats take (``families_of``): the integer
+    path alone gives the full library's bits and refuses a float format with a named error."""
+    full = Q.library()
+    b, _ = blocks(rng, "q4_1", 32, 64)
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    expected = Q.qlinear(x, b, "q4_1")
+    monkeypatch.setenv("TILEWORK_CACHE_DIR", str(tmp_path))  # the full build is not in this cache
+    monkeypatch.setattr(Q, "_LIBS", {})
+    monkeypatch.setattr(Q, "_BUILDING", {})
+    lib = Q.library(families=["int8"])
+    assert lib.families == ("int8",) and lib.path != full.path and not lib.cache_hit
+    assert set(lib.entries) == {f for f in Q.FORMATS if f in Q.INT8_FORMATS}
+    assert Q.library_for("q8_0x16") is lib
+    y = np.empty((3, 32), np.float32)
+    assert lib.entries["q4_1"](x.ctypes.data, b.ctypes.data, y.ctypes.data, 3, 32, 64) == 0
+    np.testing.assert_array_equal(y, expected)
+    block = (ctypes.c_int64 * 9)(Q.FORMATS.index("bf16"), id(x), id(b), id(y), 3, 32, 64, Q._DATA_OFFSET or 0, 0)
+    assert lib.packed(ctypes.addressof(block)) == 6
+    assert "not in this build" in str(Q._failure(6, "bf16", (3, 32, 64)))
+    # a build of every path, once loaded, serves any of them
+    monkeypatch.setattr(Q, "_LIBS", {(False, True, True, Q.FAMILIES): full})
+    assert Q.library(families=("float",)) is full and Q.library_for("q4_1") is full
+
+
+def test_the_helpers_alone_decode_and_refuse_every_linear(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, rng: np.random.Generator) -> None:
+    """``families=()``: what the fp32 loaders decode with (a tenth of the compile)."""
+    monkeypatch.setenv("TILEWORK_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(Q, "_LIBS", {})
+    monkeypatch.setattr(Q, "_BUILDING", {})
+    lib = Q.library(families=())
+    assert lib.families == () and lib.entries == {}
+    b, wf = blocks(rng, "q4_1", 16, 64)
+    np.testing.assert_array_equal(lib.dequantize(b, "q4_1"), wf)
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    y = np.empty((1, 16), np.float32)
+    for fmt in ("q4_1", "bf16"):
+        block = (ctypes.c_int64 * 9)(Q.FORMATS.index(fmt), id(x), id(b), id(y), 1, 16, 64, Q._DATA_OFFSET or 0, 0)
+        assert lib.packed(ctypes.addressof(block)) == 6
+    assert Q.library_if_built() is lib
+
+
+def test_families_of_formats_and_bad_paths() -> None:
+    assert Q.families_of(["q4_1x16", "q8_0x16", "f32"]) == ("int8",)
+    assert Q.families_of(["bf16x16", "q6_k", "q8_0"]) == ("int8", "float")
+    assert Q.families_of(["f32"]) == ()
+    assert Q.source(families=("int8",)).startswith("#define TWQ_WITH_FLOAT 0\n") and not Q.source().startswith("#define TWQ_WITH_")
+    with pytest.raises(TileworkError, match="unknown quant library path.*simd"):
+        Q.library(families=["simd"])
+
+
+def test_bf16dot_is_known_without_building_the_library() -> None:
+    assert Q.bf16dot_available() == Q.library().bf16dot
+
+
+def test_entry_address_is_the_entry_point_of_the_build_holding_the_format() -> None:
+    lib = Q.library_for("q4_1x16")
+    assert Q.entry_address("tw_qlinear_add_q4_1x16") == ctypes.cast(lib.handle.tw_qlinear_add_q4_1x16, ctypes.c_void_p).value
+    assert Q.entry_address("tw_qlinear_q5_0") is None and Q.entry_address("twk_matmul") is None

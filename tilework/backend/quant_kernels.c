@@ -111,6 +111,17 @@ static const int64_t twq_nbytes[TWQ_NFMT] = {18, 20, 34, 2, 2, 144, 210};
 #define TWQ_EFMT 3   /* unknown format code */
 #define TWQ_ENOMEM 4 /* scratch could not be allocated */
 #define TWQ_EALIAS 5 /* the residual of a linear_add is its output */
+#define TWQ_EFAMILY 6 /* a format whose path this build leaves out (TWQ_WITH_INT8, TWQ_WITH_FLOAT) */
+
+/* The linears' two paths, both unless the build leaves one out (tilework.backend.quant builds
+ * the ones a model needs: a path left out is code no entry point reaches, which the compiler
+ * drops, and its formats' entry points return TWQ_EFAMILY). The helpers are in every build. */
+#ifndef TWQ_WITH_INT8
+#define TWQ_WITH_INT8 1 /* q4_0, q4_1, q8_0 and their x16 layouts */
+#endif
+#ifndef TWQ_WITH_FLOAT
+#define TWQ_WITH_FLOAT 1 /* bf16, f16, q4_k, q6_k and bf16x16 */
+#endif
 
 #ifndef TWQ_GEMV_MAX_M
 #define TWQ_GEMV_MAX_M 8 /* float path, measured: from about 10 rows of x on, the packed GEMM is faster */
@@ -1855,6 +1866,7 @@ static int twq_run(int fmt, const float* x, const uint8_t* w, const float* r, fl
     if (fmt < 0 || fmt >= TWQ_NCODES) return TWQ_EFMT;
     const int x16 = fmt >= TWQ_NFMT;
     if (x16) fmt -= TWQ_NFMT;
+    if (twq_is_i8(fmt) ? !TWQ_WITH_INT8 : !TWQ_WITH_FLOAT) return TWQ_EFAMILY;
     if (M < 0 || N < 0 || K < 0 || K % twq_block[fmt] != 0 || (x16 && N % 16 != 0) || (x16 && fmt == TWQ_BF16 && K % 2 != 0)) return TWQ_ESHAPE;
     if (M == 0 || N == 0) return 0;
     if (K == 0) {
@@ -1865,7 +1877,7 @@ static int twq_run(int fmt, const float* x, const uint8_t* w, const float* r, fl
     }
     if (x == NULL || w == NULL || y == NULL) return TWQ_ENULL;
     const int64_t rb = K / twq_block[fmt] * twq_nbytes[fmt];
-    if (twq_is_i8(fmt)) {
+    if (TWQ_WITH_INT8 && twq_is_i8(fmt)) { /* the constants let the compiler drop a path left out */
         twq_xq xq;
         float* scratch = twq_xq_alloc(&xq, M, K);
         if (scratch == NULL) return TWQ_ENOMEM;
@@ -1873,6 +1885,7 @@ static int twq_run(int fmt, const float* x, const uint8_t* w, const float* r, fl
         twq_free(scratch);
         return rc;
     }
+    if (!TWQ_WITH_FLOAT) return TWQ_EFAMILY;
     const int rc = twq_float_run(fmt, x16, x, w, y, M, N, K, rb);
     if (rc == 0) twq_add(r, y, M * N);
     return rc;
@@ -1995,6 +2008,9 @@ int32_t tw_quant_simd(void) {
     return 0;
 #endif
 }
+
+/* The paths this build holds: 1 the integer one, 2 the float one. */
+int32_t tw_quant_families(void) { return (TWQ_WITH_INT8 ? 1 : 0) | (TWQ_WITH_FLOAT ? 2 : 0); }
 
 /* 1 when the integer dot products use AVX-512 VNNI. */
 int32_t tw_quant_vnni(void) {

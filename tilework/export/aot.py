@@ -46,7 +46,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from tilework.backend.quant import source as quant_source
+from tilework.backend.quant import families_of, source as quant_source
 from tilework.codegen.c.emit import emit_module
 from tilework.codegen.c.toolchain import compiler_flags
 from tilework.errors import BuildError, TileworkError
@@ -330,7 +330,9 @@ def export_c(
     extra = extra_sources(externs)
     for name in extra:
         if name == "quant_kernels.c":
-            (out / name).write_text(quant_source())  # one file: its AVX2 part spliced in
+            # one file, its AVX2 part spliced in, with the paths (int8, float) the model's formats take
+            paths = families_of(s.rpartition(".")[2] for s in externs if s.startswith(("quant.linear.", "quant.linear_add.")))
+            (out / name).write_text(quant_source(families=paths))
         else:
             _copy_resource(name, "tilework.export.c", out / name)
     for name in RUNTIME_FILES + (LLM_FILES if llm else ()):

@@ -89,15 +89,14 @@ class NativeModel(ExportedModel):
         # a copy of its own: the import table is a global of the library, and another model
         # with the same graph code (the same text, so the same bytes) may import other kernels
         lib = declare(cache.load_shared_object(built.path, built.data, own=True))
-        handle = quant.library().handle if externs else None  # the library calls: the quant library's symbols of the same names
         lib.tw_native_import_name.restype = ctypes.c_char_p
         lib.tw_native_set_import.argtypes = [ctypes.c_int, ctypes.c_void_p]
         imports = []
         for i in range(lib.tw_native_num_imports()):
             name = lib.tw_native_import_name(i).decode()
             address = addresses.get(name)
-            if address is None and handle is not None and hasattr(handle, name):
-                address = ctypes.cast(getattr(handle, name), ctypes.c_void_p).value
+            if address is None and externs:  # a library call: the quant library's entry point of the same name
+                address = quant.entry_address(name)
             if not address:
                 raise ExportError(f"the native graph code calls {name}, which is not loaded in this process")
             imports.append(address)

@@ -72,8 +72,7 @@ def prepare_weights(config: LlmConfig, tensors: Mapping[str, QuantTensor], preci
     ``HugePageArena`` whose pages a thread faults in meanwhile (``tilework.runtime.pages``)."""
     if precision not in PRECISIONS:
         raise TileworkError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    bf16_groups = precision == "bf16" and quant.library().bf16dot  # bf16x16 where it has AVX-512 BF16; elsewhere the plain rows' kernels are faster
-    formats = {name: _format(t, precision, bf16_groups) for name, t in tensors.items()}
+    formats = weight_formats(tensors, precision)
     decoder = LlamaDecoder(config, {n: f for n, f in formats.items() if f != "f32"})
     params = decoder.named_parameters()
     missing = [p for n, _ in params for p in (merged_parts(n) or [n]) if p not in tensors]
@@ -118,6 +117,12 @@ def prepare_weights(config: LlmConfig, tensors: Mapping[str, QuantTensor], preci
     del scratch
     trim_heap()  # the temporaries' memory back to the system
     return {n: f for n, f in formats.items() if f != "f32"}, arrays
+
+
+def weight_formats(tensors: Mapping[str, QuantTensor], precision: str) -> dict[str, str]:
+    """The format ``prepare_weights`` gives each tensor (``f32`` or a block format)."""
+    bf16_groups = precision == "bf16" and quant.bf16dot_available()  # bf16x16 where it has AVX-512 BF16; elsewhere the plain rows' kernels are faster
+    return {name: _format(t, precision, bf16_groups) for name, t in tensors.items()}
 
 
 def _format(t: QuantTensor, precision: str, bf16_groups: bool) -> str:
@@ -205,8 +210,8 @@ def _build(config: LlmConfig, formats: Mapping[str, str], max_batch: int, kv_dty
     if not _BUILDER:
         raise TileworkError("no compiler is registered: import tilework (tilework.driver registers tilework.build)")
     t0 = time.perf_counter()
-    if formats:  # the matrices' library, compiled meanwhile (the native runtime loads it)
-        quant.library_in_background()
+    if formats:  # the matrices' library (the paths their formats take), compiled meanwhile (the native runtime loads it)
+        quant.library_in_background(quant.families_of(formats.values()))
     say("exporting the decoder (prefill and decode)")
     decoder = LlamaDecoder(config, dict(formats))
     module, _ = decoder.export(decoder_spec(config, max_batch=max_batch, kv_dtype=kv_dtype))
@@ -253,4 +258,4 @@ def _code_identity() -> str:
     return h.hexdigest()
 
 
-__all__ = ["PRECISIONS", "KV_DTYPE_OF", "prepare_weights", "compiled_decoder", "register_builder"]
+__all__ = ["PRECISIONS", "KV_DTYPE_OF", "prepare_weights", "weight_formats", "compiled_decoder", "register_builder"]

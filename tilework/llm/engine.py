@@ -36,7 +36,7 @@ import numpy as np
 from tilework.backend import quant
 from tilework.errors import TileworkError
 from tilework.llm.chat import ChatTemplate, Conversation
-from tilework.llm.compile import KV_DTYPE_OF, PRECISIONS, compiled_decoder, prepare_weights
+from tilework.llm.compile import KV_DTYPE_OF, PRECISIONS, compiled_decoder, prepare_weights, weight_formats
 from tilework.llm.gguf import read_gguf
 from tilework.llm.kv_cache import KV_DTYPES, PagedKVCache
 from tilework.llm.completion import Completion
@@ -133,10 +133,10 @@ class LLM:
         self.path = model or default_model_path()
         self.precision = precision
         say(f"loading {os.path.basename(self.path)}")
-        if os.path.isfile(self.path):  # its matrices run in (or, fp32, are decoded by) the quant library: built (or loaded) meanwhile
-            quant.library_in_background()
         gguf_file = read_gguf(self.path) if self.path.endswith(".gguf") else None
         self.config, tensors = load_weights(self.path, gguf_file)
+        if os.path.isfile(self.path):  # the quant library decodes its matrices and runs the kept blocks: built (or loaded) meanwhile, with the paths they take
+            quant.library_in_background(quant.families_of(weight_formats(tensors, precision).values()))
         # what a float decode step streams, in 2 MiB pages (see tilework.runtime.pages)
         self.formats, self.weights = prepare_weights(self.config, tensors, precision, huge_pages=precision != "q")
         self.executable = compiled_decoder(self.config, self.formats, max_batch=max_batch, kv_dtype=kv_dtype, progress=say, use_cache=use_cache)

@@ -104,6 +104,25 @@ def compiler_flags() -> list[str]:
     return shlex.split(DEFAULT_CFLAGS) + ([f"-mprefer-vector-width={width}"] if width else [])
 
 
+def predefined_macros() -> frozenset[str]:
+    """The names of the macros the compiler predefines under ``compiler_flags()`` (``-dM -E``:
+    ``__AVX512BF16__`` where the target has AVX-512 BF16): what a source's ``#if`` will see,
+    known without compiling it. BuildError without a compiler, or where it fails."""
+    return _predefined_macros(tuple(compiler_command()), tuple(compiler_flags()))
+
+
+@functools.lru_cache(maxsize=4)
+def _predefined_macros(cmd: tuple[str, ...], flags: tuple[str, ...]) -> frozenset[str]:
+    keep = [f for f in flags if f not in ("-shared", "-fPIC") and not f.startswith(("-o", "-W"))]
+    try:
+        proc = subprocess.run([*cmd, *keep, "-dM", "-E", "-x", "c", os.devnull], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise BuildError(f"the C compiler could not be run ({e})") from e
+    if proc.returncode:
+        raise BuildError(f"the C compiler could not list its predefined macros under {' '.join(flags)}: {proc.stderr.strip()[:400]}")
+    return frozenset(line.split()[1] for line in proc.stdout.splitlines() if line.startswith("#define ") and len(line.split()) > 1)
+
+
 def _vector_width() -> int | None:
     """The bits of the widest vectors of this x86 host (its ``/proc/cpuinfo`` flags), or None."""
     flags = f" {_machine_identity()} "
