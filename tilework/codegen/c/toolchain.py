@@ -198,7 +198,7 @@ def cached_result(source: str) -> CompileResult | None:
         return None
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=8)
 def _cached_key(source: str, cmd: tuple[str, ...], flags: tuple[str, ...]) -> str:
     """``cache_key`` of a source asked about again and again (``cached_result``: a loader's
     question, a tensor at a time, until the library is built)."""
