@@ -4,11 +4,11 @@ library of our own (``quant_kernels.c``, shipped as package data).
 The library is compiled on first use through the kernel toolchain
 (``tilework.codegen.c.toolchain``: the system compiler with ``-O3 -march=native -fopenmp``,
 the content-hashed cache, atomic writes), never at import, with the paths (``FAMILIES``: the
-integer one of q4_0, q4_1, q8_0 and their x16 layouts; the float one of the rest) that are
-asked for: ``library_for(fmt)`` builds ``fmt``'s path alone unless a build holding it is at
-hand (an LLM's first start compiles what its formats take: `q` on SmolLM2 the integer path, 3.3
-s of GCC instead of 8.3 for both; fp32 the helpers alone, 0.4 s); a build's entry points for
-the other path refuse (error 6). Formats: ``FORMATS`` (all of
+integer one of q4_0, q4_1, q8_0 and their x16 layouts; bf16's; the float one of f16, q4_k and
+q6_k) that are asked for: ``library_for(fmt)`` builds ``fmt``'s path alone unless a build
+holding it is at hand (an LLM's first start compiles what its formats take: `q` on SmolLM2 the
+integer path, 3.3 s of GCC instead of 8.3 for all three; fp32 the helpers alone, 0.4 s); a
+build's entry points for another path refuse (error 6). Formats: ``FORMATS`` (all of
 ``QUANT_FORMATS`` but ``f32``, and the interleaved layouts ``q4_0x16``, ``q4_1x16``, ``q8_0x16``
 of ``tilework.op.quant``: the same blocks, 16 rows side by side, which the GEMV reads straight
 into its vectors; the same results, bit for bit, as the plain rows; and ``bf16x16``, bf16 rows
@@ -74,7 +74,7 @@ from tilework.runtime.extern import register_extern, register_extern_check
 
 FORMATS = ("q4_0", "q4_1", "q8_0", "bf16", "f16", "q4_k", "q6_k", "q4_0x16", "q4_1x16", "q8_0x16", "bf16x16")  # the C codes' order
 INT8_FORMATS = ("q4_0", "q4_1", "q8_0", "q4_0x16", "q4_1x16", "q8_0x16")  # the integer path: x quantized to 8-bit blocks of 32
-FAMILIES = ("int8", "float")  # the linears' two paths (INT8_FORMATS, the others): a build of the library holds any of them
+FAMILIES = ("int8", "bf16", "float")  # the linears' paths (INT8_FORMATS; bf16 and bf16x16; f16, q4_k, q6_k): a build of the library holds any of them
 SOURCE = "quant_kernels.c"
 _INCLUDE = re.compile(r'^#include "(quant_[a-z0-9_]+\.c)".*$', re.M)  # the parts of SOURCE that source() splices in
 _ERRORS = {
@@ -95,7 +95,7 @@ def extern_symbol(fmt: str, add: bool = False) -> str:
 
 def family_of(fmt: str) -> str:
     """The path (``FAMILIES``) that runs ``fmt``'s linears."""
-    return "int8" if fmt in INT8_FORMATS else "float"
+    return "int8" if fmt in INT8_FORMATS else "bf16" if fmt in ("bf16", "bf16x16") else "float"
 
 
 def families_of(formats: Iterable[str]) -> tuple[str, ...]:

@@ -111,16 +111,19 @@ static const int64_t twq_nbytes[TWQ_NFMT] = {18, 20, 34, 2, 2, 144, 210};
 #define TWQ_EFMT 3   /* unknown format code */
 #define TWQ_ENOMEM 4 /* scratch could not be allocated */
 #define TWQ_EALIAS 5 /* the residual of a linear_add is its output */
-#define TWQ_EFAMILY 6 /* a format whose path this build leaves out (TWQ_WITH_INT8, TWQ_WITH_FLOAT) */
+#define TWQ_EFAMILY 6 /* a format whose path this build leaves out (TWQ_WITH_INT8, _BF16, _FLOAT) */
 
-/* The linears' two paths, both unless the build leaves one out (tilework.backend.quant builds
+/* The linears' three paths, all unless the build leaves some out (tilework.backend.quant builds
  * the ones a model needs: a path left out is code no entry point reaches, which the compiler
  * drops, and its formats' entry points return TWQ_EFAMILY). The helpers are in every build. */
 #ifndef TWQ_WITH_INT8
 #define TWQ_WITH_INT8 1 /* q4_0, q4_1, q8_0 and their x16 layouts */
 #endif
+#ifndef TWQ_WITH_BF16
+#define TWQ_WITH_BF16 1 /* bf16 and bf16x16 */
+#endif
 #ifndef TWQ_WITH_FLOAT
-#define TWQ_WITH_FLOAT 1 /* bf16, f16, q4_k, q6_k and bf16x16 */
+#define TWQ_WITH_FLOAT 1 /* f16, q4_k, q6_k */
 #endif
 
 #ifndef TWQ_GEMV_MAX_M
@@ -1835,9 +1838,14 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
 
 /* ==== entry points ========================================================================== */
 
-/* The float paths (not the integer one): y = x @ W.T. */
+/* Whether this build holds the path of fmt (a plain format's code: bf16x16's is bf16's). */
+static inline int twq_in_build(int fmt) { return twq_is_i8(fmt) ? TWQ_WITH_INT8 : fmt == TWQ_BF16 ? TWQ_WITH_BF16 : TWQ_WITH_FLOAT; }
+
+/* The float formats (not the integer path): y = x @ W.T. twq_run has refused a format whose
+ * path the build leaves out; the constant tests here let the compiler drop that path. */
 static int twq_float_run(int fmt, int x16, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t rb) {
     if (x16) { /* bf16x16, the one interleaved float format */
+        if (!TWQ_WITH_BF16) return TWQ_EFAMILY;
 #ifdef TWQ_BF16DOT
         return M <= TWQ_GEMV_MAX_M ? twq_gemv_bf16(1, x, w, y, M, N, K, rb) : twq_gemm_bf16(1, x, w, y, M, N, K, rb);
 #else
@@ -1848,16 +1856,17 @@ static int twq_float_run(int fmt, int x16, const float* x, const uint8_t* w, flo
 #ifdef TWQ_A2F
     return twq_a2_run(fmt, x, w, y, M, N, K, rb);
 #endif
-    if (M <= TWQ_GEMV_MAX_M) {
 #ifdef TWQ_BF16DOT
-        if (fmt == TWQ_BF16) return twq_gemv_bf16(0, x, w, y, M, N, K, rb);
+    if (fmt == TWQ_BF16) {
+        if (!TWQ_WITH_BF16) return TWQ_EFAMILY;
+        return M <= TWQ_GEMV_MAX_M ? twq_gemv_bf16(0, x, w, y, M, N, K, rb) : twq_gemm_bf16(0, x, w, y, M, N, K, rb);
+    }
+    if (!TWQ_WITH_FLOAT) return TWQ_EFAMILY; /* the generic kernels below run the float path's formats alone */
 #endif
+    if (M <= TWQ_GEMV_MAX_M) {
         twq_gemv(fmt, x, w, y, M, N, K, rb);
         return 0;
     }
-#ifdef TWQ_BF16DOT
-    if (fmt == TWQ_BF16) return twq_gemm_bf16(0, x, w, y, M, N, K, rb);
-#endif
     return twq_gemm(fmt, x, w, y, M, N, K, rb);
 }
 
@@ -1866,7 +1875,7 @@ static int twq_run(int fmt, const float* x, const uint8_t* w, const float* r, fl
     if (fmt < 0 || fmt >= TWQ_NCODES) return TWQ_EFMT;
     const int x16 = fmt >= TWQ_NFMT;
     if (x16) fmt -= TWQ_NFMT;
-    if (twq_is_i8(fmt) ? !TWQ_WITH_INT8 : !TWQ_WITH_FLOAT) return TWQ_EFAMILY;
+    if (!twq_in_build(fmt)) return TWQ_EFAMILY;
     if (M < 0 || N < 0 || K < 0 || K % twq_block[fmt] != 0 || (x16 && N % 16 != 0) || (x16 && fmt == TWQ_BF16 && K % 2 != 0)) return TWQ_ESHAPE;
     if (M == 0 || N == 0) return 0;
     if (K == 0) {
@@ -1885,7 +1894,7 @@ static int twq_run(int fmt, const float* x, const uint8_t* w, const float* r, fl
         twq_free(scratch);
         return rc;
     }
-    if (!TWQ_WITH_FLOAT) return TWQ_EFAMILY;
+    if (!TWQ_WITH_BF16 && !TWQ_WITH_FLOAT) return TWQ_EFAMILY;
     const int rc = twq_float_run(fmt, x16, x, w, y, M, N, K, rb);
     if (rc == 0) twq_add(r, y, M * N);
     return rc;
@@ -2009,8 +2018,8 @@ int32_t tw_quant_simd(void) {
 #endif
 }
 
-/* The paths this build holds: 1 the integer one, 2 the float one. */
-int32_t tw_quant_families(void) { return (TWQ_WITH_INT8 ? 1 : 0) | (TWQ_WITH_FLOAT ? 2 : 0); }
+/* The paths this build holds: 1 the integer one, 2 bf16's, 4 the float one. */
+int32_t tw_quant_families(void) { return (TWQ_WITH_INT8 ? 1 : 0) | (TWQ_WITH_BF16 ? 2 : 0) | (TWQ_WITH_FLOAT ? 4 : 0); }
 
 /* 1 when the integer dot products use AVX-512 VNNI. */
 int32_t tw_quant_vnni(void) {
