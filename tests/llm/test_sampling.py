@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tilework.errors import TileworkError
-from tilework.llm.sampling import Sampler, SamplingParams, SamplingParamsError, StopChecker, StopStream
+from tilework.llm.sampling import Sampler, SamplingParams, SamplingParamsError, StopChecker, StopStream, _draw
 
 VOCAB = 1000
 
@@ -80,6 +80,34 @@ def test_top_k_keeps_ties_like_transformers() -> None:
     ours = Sampler(params, logits.size).process(logits, [])
     np.testing.assert_array_equal(ours, _hf_process(logits, np.array([0]), params))
     assert np.isfinite(ours).sum() == 3  # all three 3s stay
+
+
+@pytest.mark.parametrize("k", [1, 7, 40, 1000])
+def test_top_k_on_a_model_sized_vocabulary_with_ties(k: int) -> None:
+    """49152 logits rounded so that many tie, some -inf and a NaN: the k-th largest found
+    through every 16th score is the exact one (transformers' warper on the same logits)."""
+    rng = np.random.default_rng(k)
+    logits = np.round(rng.standard_normal(49152) * 4, 1).astype(np.float32)
+    logits[rng.integers(0, logits.size, 50)] = -np.inf
+    params = SamplingParams(top_k=k, temperature=0.7)
+    ours = Sampler(params, logits.size).process(logits, [])
+    np.testing.assert_array_equal(np.isneginf(ours), np.isneginf(_hf_process(logits, np.array([0]), params)))
+    logits[3] = np.nan  # never kept (transformers would keep it: NaN sorts above every score)
+    scores, keep = Sampler(params, logits.size).kept(logits, [])
+    assert keep is not None and 3 not in keep and np.all(keep[1:] > keep[:-1]) and keep.size >= k
+
+
+def test_sample_draws_from_the_kept_tokens_as_from_the_processed_logits() -> None:
+    """``sample`` takes the kept tokens' ids without writing -inf over the vocabulary: the same
+    draws as the distribution of ``process`` (``probs``) gives, token for token."""
+    rng = np.random.default_rng(3)
+    steps = [(rng.standard_normal(VOCAB) * s).astype(np.float32) for s in (0.5, 3.0, 9.0) for _ in range(5)]
+    for params in (SamplingParams(temperature=0.8, top_p=0.9, seed=5), SamplingParams(top_k=30, repetition_penalty=1.3, seed=5), SamplingParams(seed=5)):
+        fast, slow = Sampler(params, VOCAB), Sampler(params, VOCAB)
+        for logits in steps:
+            probs = slow.probs(logits, [1, 2, 3])
+            want = int(np.flatnonzero(probs > 0)[_draw(probs[probs > 0].astype(np.float32), slow.rng.random())])
+            assert fast.sample(logits, [1, 2, 3]) == want
 
 
 def test_greedy_is_argmax_after_penalty() -> None:

@@ -124,21 +124,33 @@ class Sampler:
         scores[ids] = np.where(seen < 0, seen * np.float32(penalty), seen / np.float32(penalty))
         return scores
 
-    def process(self, logits: np.ndarray, history: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Logits after every processor: penalty, temperature, top-k, top-p (removed tokens are -inf)."""
+    def kept(self, logits: np.ndarray, history: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """The logits after the penalty and the temperature (a new array), and the ascending ids
+        of the tokens top-k and top-p leave, never a -inf or NaN one (None: every token stays).
+        :meth:`process` and :meth:`sample` both take the tokens from here; sampling draws from
+        the kept ones without writing -inf over the rest of the vocabulary (a pass less over
+        it at every step, and none sorted beyond the nucleus's candidates)."""
         scores = self.penalize(logits, history)
         p = self.params
         if p.greedy:
-            return scores
+            return scores, None
         if p.temperature != 1.0:
-            scores = scores / np.float32(p.temperature)
+            np.divide(scores, np.float32(p.temperature), out=scores)
+        keep = None if scores.size and scores.min() > -np.inf else np.flatnonzero(scores > -np.inf)  # min is NaN where a NaN is
         if p.top_k > 0:
-            k = min(p.top_k, scores.size)
-            kth = np.partition(scores, scores.size - k)[scores.size - k]
-            scores[scores < kth] = -np.inf
+            keep = _top_k(scores, keep, p.top_k)
         if p.top_p < 1.0:
-            _apply_top_p(scores, p.top_p)
-        return scores
+            keep = _top_p(scores, keep, p.top_p)
+        return scores, keep
+
+    def process(self, logits: np.ndarray, history: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Logits after every processor: penalty, temperature, top-k, top-p (removed tokens are -inf)."""
+        scores, keep = self.kept(logits, history)
+        if keep is None:
+            return scores
+        out = np.full(scores.size, -np.inf, dtype=np.float32)
+        out[keep] = scores[keep]
+        return out
 
     def probs(self, logits: np.ndarray, history: Sequence[int] | np.ndarray) -> np.ndarray:
         """The distribution :meth:`sample` draws from (float64; one-hot when greedy)."""
@@ -152,19 +164,20 @@ class Sampler:
 
     def sample(self, logits: np.ndarray, history: Sequence[int] | np.ndarray = ()) -> int:
         """The next token id; ``history`` is every id of the sequence so far (prompt and output)."""
-        scores = self.process(logits, history)
+        scores, keep = self.kept(logits, history)
         if self.params.greedy:
             return int(np.argmax(scores))
-        kept = np.flatnonzero(scores > -np.inf)
-        if kept.size == 0:
+        if keep is not None and keep.size == 0:
             raise SamplingParamsError("logits", "all -inf or NaN", "finite for at least one token")
-        values = scores if kept.size == scores.size else scores[kept]
+        values = scores if keep is None else scores[keep]
         weights = np.exp(values - values.max())  # float32 exp is vectorized, far faster than float64
-        return int(kept[_draw(weights, self.rng.random())])
+        i = _draw(weights, self.rng.random())
+        return i if keep is None else int(keep[i])
 
 
 _BLOCK = 1024
 _CANDIDATE = 1e-4  # top-p: weight (of the largest) from which a token is a first-round candidate
+_SUBSAMPLE = 16  # top-k: every 16th value gives a lower bound of the k-th largest
 
 
 def _draw(weights: np.ndarray, u: float) -> int:
@@ -192,8 +205,32 @@ def _draw(weights: np.ndarray, u: float) -> int:
     return i
 
 
-def _apply_top_p(scores: np.ndarray, top_p: float) -> None:
-    """Set to -inf, in place, the tokens outside the nucleus of mass ``top_p``.
+def _ids(local: np.ndarray, keep: np.ndarray | None) -> np.ndarray:
+    """Positions among the kept tokens as token ids."""
+    return local if keep is None else keep[local]
+
+
+def _top_k(scores: np.ndarray, keep: np.ndarray | None, k: int) -> np.ndarray | None:
+    """The kept tokens whose score is at least the k-th largest (ties with it stay), as
+    transformers' ``TopKLogitsWarper``. The k-th largest of every 16th score is at most the
+    k-th largest of all (its k scores are among them), so the exact order statistic is found
+    among the scores at or above it: a partition of hundreds instead of the vocabulary."""
+    values = scores if keep is None else scores[keep]
+    n = values.size
+    if k >= n:
+        return keep
+    sub = values[::_SUBSAMPLE]
+    if sub.size >= 4 * k:
+        bound = np.partition(sub, sub.size - k)[sub.size - k]
+        above = values[values >= bound]
+        kth = np.partition(above, above.size - k)[above.size - k]
+    else:
+        kth = np.partition(values, n - k)[n - k]
+    return _ids(np.flatnonzero(values >= kth), keep)
+
+
+def _top_p(scores: np.ndarray, keep: np.ndarray | None, top_p: float) -> np.ndarray | None:
+    """The kept tokens in the nucleus of mass ``top_p``, ascending.
 
     transformers sorts all logits ascending and removes a token when the cumulative probability up
     to it is <= 1 - top_p; equivalently a token stays when the mass of the tokens ranked above it
@@ -202,33 +239,33 @@ def _apply_top_p(scores: np.ndarray, top_p: float) -> None:
     Masses are float64, so a token exactly on the boundary may fall differently than in
     transformers' float32 sum.
     """
-    finite = np.flatnonzero(scores > -np.inf)
-    if finite.size == 0:
-        return
-    values = scores if finite.size == scores.size else scores[finite]
-    weights = np.exp(values - values.max()).astype(np.float64)  # exp in float32 (fast), sums in float64
-    weights /= weights.sum()
-    n = weights.size
-    # A model's distribution is peaked: the tokens of weight >= _CANDIDATE (of the largest
-    # weight's 1) usually hold top_p of the mass. Every other token ranks below all of them,
-    # so when they do, the nucleus is among them and the rest need no partition.
-    cand = np.flatnonzero(weights >= _CANDIDATE * weights.max())
-    if cand.size < n and weights[cand].sum() >= top_p:
-        top = cand[np.argsort(-values[cand], kind="stable")]
-        mass = np.cumsum(weights[top])
+    values = scores if keep is None else scores[keep]
+    if values.size == 0:
+        return keep
+    raw = np.exp(values - values.max())  # float32 (fast; the largest is 1), masses in float64
+    total = raw.astype(np.float64).sum()
+    n = values.size
+    # A model's distribution is peaked: the tokens of weight >= _CANDIDATE (the largest's is 1)
+    # usually hold top_p of the mass. Every other token ranks below all of them, so when they
+    # do, the nucleus is among them, and only their weights are normalized (each weight's
+    # division is its own: the same numbers as normalizing all).
+    cand = np.flatnonzero(raw >= np.float32(_CANDIDATE))
+    weights = raw[cand].astype(np.float64) / total
+    if cand.size < n and weights.sum() >= top_p:
+        order = np.argsort(-values[cand], kind="stable")
+        top, w = cand[order], weights[order]
     else:  # a flat distribution: the ``m`` most likely, ``m`` growing until they hold top_p
+        weights = raw.astype(np.float64) / total
         m = min(n, 128)
         while True:
             top = np.argpartition(values, n - m)[n - m :] if m < n else np.arange(n)
             top = top[np.argsort(-values[top], kind="stable")]
-            mass = np.cumsum(weights[top])
-            if mass[-1] >= top_p or m == n:
+            w = weights[top]
+            if w.sum() >= top_p or m == n:
                 break
             m = min(n, m * 8)
-    keep = finite[top[mass - weights[top] < top_p]]
-    kept_values = scores[keep]
-    scores.fill(-np.inf)
-    scores[keep] = kept_values
+    mass = np.cumsum(w)
+    return _ids(np.sort(top[mass - w < top_p]), keep)
 
 
 class StopChecker:
