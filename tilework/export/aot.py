@@ -330,7 +330,7 @@ def export_c(
     extra = extra_sources(externs)
     for name in extra:
         if name == "quant_kernels.c":
-            # one file, its AVX2 part spliced in, with the paths (int8, float) the model's formats take
+            # one file, its AVX2 part spliced in, with the paths the model's formats take (quant.families_of)
             paths = families_of(s.rpartition(".")[2] for s in externs if s.startswith(("quant.linear.", "quant.linear_add.")))
             (out / name).write_text(quant_source(families=paths))
         else:
