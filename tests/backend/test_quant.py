@@ -751,3 +751,28 @@ def test_entry_address_is_the_entry_point_of_the_build_holding_the_format() -> N
     lib = Q.library_for("q4_1x16")
     assert Q.entry_address("tw_qlinear_add_q4_1x16") == ctypes.cast(lib.handle.tw_qlinear_add_q4_1x16, ctypes.c_void_p).value
     assert Q.entry_address("tw_qlinear_q5_0") is None and Q.entry_address("twk_matmul") is None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own nice value is Linux's")
+def test_the_background_build_steps_back_for_the_foreground(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its thread (and the compilers it starts, which inherit it) runs at a lower priority; the
+    caller's thread keeps its own."""
+    import threading
+
+    from tilework.codegen.c import toolchain
+
+    seen = []
+    built = Q.library()
+
+    def loading(*key: object) -> Q.QuantLibrary:
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return built
+
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    monkeypatch.setattr(Q, "_LIBS", {})
+    monkeypatch.setattr(Q, "_BACKGROUND", {})
+    monkeypatch.setattr(Q, "_load", loading)
+    Q.library_in_background(("int8",))
+    _join_background()
+    assert seen == [min(before + toolchain.BACKGROUND_NICE, 19)] or seen == [before]  # [before]: not permitted here
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
