@@ -763,9 +763,12 @@ def test_the_background_build_steps_back_for_the_foreground(monkeypatch: pytest.
 
     seen = []
     built = Q.library()
+    monkeypatch.setenv("TILEWORK_COMPILE_JOBS", "3")
+    idle = toolchain.idle_jobs()
 
     def loading(*key: object) -> Q.QuantLibrary:
         seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        assert toolchain.idle_jobs() == idle - 1  # a foreground build meanwhile splits its C in fewer units
         return built
 
     before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
@@ -776,3 +779,4 @@ def test_the_background_build_steps_back_for_the_foreground(monkeypatch: pytest.
     _join_background()
     assert seen == [min(before + toolchain.BACKGROUND_NICE, 19)]  # lowering one's own priority needs no privilege
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
+    assert toolchain.idle_jobs() == idle == 3

@@ -47,6 +47,33 @@ def test_outputs_equal_the_vms_bit_for_bit(built: tuple[Any, NativeModel], n: in
         np.testing.assert_array_equal(g, w)
 
 
+def test_graph_functions_compile_in_units_of_their_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With two compile jobs the two graph functions go to two C units, compiled side by side
+    (what they share declared hidden, the import slots defined in the first): the outputs of
+    the one-unit build and the VM's, bit for bit."""
+    from tilework.export.aot import arrays_of, model_units
+    from tilework.export.native import _kernel_sources
+
+    exe = tw.build(_module())
+    kernels, _ = _kernel_sources(exe)
+    arrays, bound = arrays_of(exe, {"main": [W], "pair": []})
+    texts, _ = model_units(exe, kernels, arrays, bound, imported=True, parts=4)
+    assert len(texts) == 2 and sum("int tw_native_set_import" in t for t in texts) == 1
+    assert all("TW_PRIVATE int twf_0(" in t and "TW_PRIVATE int twf_1(" in t for t in texts)  # declared in both, defined in one
+    one, _ = model_units(exe, kernels, arrays, bound, imported=True, parts=1)
+    assert len(one) == 1 and "TW_PRIVATE" not in one[0]
+    builds = []
+    for jobs in ("1", "2"):
+        monkeypatch.setenv("TILEWORK_COMPILE_JOBS", jobs)
+        builds.append(NativeModel(exe, bind={"main": [W], "pair": []}))
+    vm = tw.VM(exe)
+    x, y = np.ones((5, 16), np.float32), np.full((5, 8), 0.5, np.float32)
+    for native in builds:
+        np.testing.assert_array_equal(native.bind("main")(x, y), vm["main"](x, y, W))
+        for g, w in zip(native.bind("pair")(y), vm["pair"](y)):
+            np.testing.assert_array_equal(g, w)
+
+
 def test_bad_inputs_give_the_vms_messages(built: tuple[Any, NativeModel]) -> None:
     exe, native = built
     for x, y in [(np.zeros((3, 15), np.float32), np.zeros((3, 8), np.float32)), (np.zeros((65, 16), np.float32), np.zeros((65, 8), np.float32))]:

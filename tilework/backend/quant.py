@@ -292,18 +292,18 @@ def library_in_background(families: Iterable[str] = FAMILIES) -> None:
     do before it needs it (an LLM's first start loads its weights and compiles its decoder,
     seconds of other work, while the C compiler builds this library in a process of its own);
     ``library()`` waits for it. The thread, and its compiler, run at a lower priority
-    (``toolchain.yield_to_foreground``). A failure is left to that later call to report (it
+    (``toolchain.in_background``). A failure is left to that later call to report (it
     tries again and raises). Once per process for each set of paths. The thread is a daemon: a process that
     ends meanwhile (a model file it cannot read) does not wait for the compiler, which finishes
     on its own; its scratch directory (``.build-*`` in the cache) is then left behind."""
     fams = _families(families)
 
     def build() -> None:
-        toolchain.yield_to_foreground()  # the foreground's own compiles come first; idle cores are this build's
-        try:
-            library(families=fams)
-        except Exception:  # reported by the caller's own library() call
-            pass
+        with toolchain.in_background():  # the foreground's own compiles come first; idle cores are this build's
+            try:
+                library(families=fams)
+            except Exception:  # reported by the caller's own library() call
+                pass
 
     with _BACKGROUND_LOCK:
         if fams in _BACKGROUND:

@@ -43,17 +43,18 @@ def extra_sources(symbols: Sequence[str]) -> list[str]:
     return out
 
 
-def declarations(symbols: Sequence[str], imported: bool = False) -> list[str]:
+def declarations(symbols: Sequence[str], imported: bool = False, storage: str = "static") -> list[str]:
     """The C declarations of the library calls ``symbols``: prototypes, or with ``imported``
     file-scope function pointers of the same names (set when the model is loaded in process,
-    to the functions the VM's own libraries hold: ``tilework.export.native``). Only the quant
-    library's calls can be imported."""
+    to the functions the VM's own libraries hold: ``tilework.export.native``), declared
+    ``storage`` (``extern TW_PRIVATE`` in the units of a split model.c but the one defining
+    them). Only the quant library's calls can be imported."""
     lines = []
     for fmt in QUANT_FORMATS:
         for add, params in ((False, "const float* x, const uint8_t* w, float* y"), (True, "const float* x, const uint8_t* w, const float* r, float* y")):
             if f"quant.linear{'_add' * add}.{fmt}" in symbols:
                 name = f"tw_qlinear{'_add' * add}_{fmt}"
-                lines.append(f"static int32_t (*{name})({params}, int64_t M, int64_t N, int64_t K);" if imported else f"int32_t {name}({params}, int64_t M, int64_t N, int64_t K);")
+                lines.append(f"{storage} int32_t (*{name})({params}, int64_t M, int64_t N, int64_t K);" if imported else f"int32_t {name}({params}, int64_t M, int64_t N, int64_t K);")
     if imported:
         blas = sorted(s for s in symbols if s.startswith("blas."))
         if blas:

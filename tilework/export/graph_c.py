@@ -128,6 +128,7 @@ class FunctionC:
     func_symbols: Mapping[str, str]
     num_constants: int
     static_offset: Callable[[int], int]  # capacity -> offset in the static pool
+    linkage: str = "static"  # of the function's C definition ("TW_PRIVATE" where model.c is split in units)
     body: list[str] = field(default_factory=list)
     heaps: dict[int, tuple[str, int]] = field(default_factory=dict)  # register -> (heap var, size)
     heap_decls: list[str] = field(default_factory=list)
@@ -205,7 +206,7 @@ class FunctionC:
         sym = self.func_symbols[self.fn.name]
         head = [
             f"/* {self.fn.name}({', '.join(self.fn.params)}) */",
-            f"static int {sym}(tw_model* m, const tw_val* args, tw_val* ret) {{",
+            f"{self.linkage} int {sym}(tw_model* m, const tw_val* args, tw_val* ret) {{",
             f"    tw_val* r = twrt_push_regs(m, {self.fn.num_regs});",
             *("    " + d for d in self.heap_decls),
         ]
