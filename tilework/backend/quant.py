@@ -101,11 +101,11 @@ def family_of(fmt: str) -> str:
 def families_of(formats: Iterable[str]) -> tuple[str, ...]:
     """The paths the linears of ``formats`` need, in ``FAMILIES`` order (a format this library
     does not run, ``f32``, needs none; ``()``: the helpers only)."""
-    wanted = {family_of(f) for f in formats if f in FORMATS}
-    return tuple(f for f in FAMILIES if f in wanted)
+    return _families(family_of(f) for f in formats if f in FORMATS)
 
 
 def _families(families: Iterable[str]) -> tuple[str, ...]:
+    """``families`` checked, without repeats, in ``FAMILIES`` order."""
     wanted = set(families)
     unknown = wanted - set(FAMILIES)
     if unknown:

@@ -162,8 +162,8 @@ def model_units(exe: Executable, kernels: dict[str, tuple[KernelInfo, str]], arr
     shapes = ",\n    ".join("{" + ", ".join(c_int(int(d)) for d in a.shape) + "}" if a.ndim else "{0}" for a in arrays) or "{0}"
     dtypes = ",\n    ".join(f"{{{c_string(n)}, {DTYPE_TABLE[n].itemsize}, {dl_type(n)[0]}, {dl_type(n)[1]}}}" for n in DTYPES)
     pointer = "int32_t (*{})(void* const* data, const int64_t* syms);"
+    storage = "TW_PRIVATE" if split else "static"  # of the import slots' definitions (in the first unit)
     if imported:
-        storage = "TW_PRIVATE" if split else "static"  # the slots' definitions (in the first unit)
         kernel_decls = [f"{storage} {pointer.format(sym)}" for _, sym in kernels.values()]
         names = [sym for _, sym in kernels.values()] + [line.split("(*", 1)[1].split(")", 1)[0] for line in declarations(externs, True)]
         slots = ",\n    ".join(f"{{{c_string(n)}, (void*)&{n}}}" for n in names) or "{NULL, NULL}"
@@ -205,7 +205,7 @@ def model_units(exe: Executable, kernels: dict[str, tuple[KernelInfo, str]], arr
     first = [
         "/* the kernels (kernels.c) and library calls */",
         *kernel_decls,
-        *declarations(externs, imported, "TW_PRIVATE" if split else "static"),
+        *declarations(externs, imported, storage),
         *import_table,
         "",
         f"const tw_dtype_desc tw__dtypes[] = {{\n    {dtypes}}};",
