@@ -117,3 +117,30 @@ def test_available_names_the_entry_point() -> None:
     assert ok
     g = B.gemm_for("float32")
     assert (g.symbol in reason) if g is not None else ("numpy.matmul" in reason)
+
+
+def test_each_call_runs_on_the_set_threads_and_restores_the_callers() -> None:
+    """A call runs with ``THREADS`` OpenBLAS threads for the calling thread (OpenBLAS's pool
+    spins after shared calls, against tilework's OpenMP kernels), then the thread's own
+    setting is back: none, or the one it had."""
+    g = B.gemm_for("float32")
+    if g is None or g.local_threads is None:
+        pytest.skip("NumPy's BLAS has no openblas_set_num_threads_local")
+    seen: list[int] = []
+    fake = B._Blas(lambda *a: seen.append(g.threads_now()), g.gemv, g.symbol, g.path, g.int64, g.local_threads, g.threads_now)
+    linear = B._ctypes_externs(fake)["linear"]
+    x, w, out = np.ones((3, 4), np.float32), np.ones((5, 4), np.float32), np.zeros((3, 5), np.float32)
+    library = g.threads_now()
+    linear(x, w, (3, 5, 4), out)
+    assert seen == [B.THREADS] and g.threads_now() == library
+    if library > 1:  # a count of the thread's own (below the library's: a larger one grows its pool)
+        own = library - 1
+        g.local_threads(own)
+        try:
+            linear(x, w, (3, 5, 4), out)
+            assert seen == [B.THREADS, B.THREADS] and g.threads_now() == own
+        finally:
+            g.local_threads(0)
+        assert g.threads_now() == library
+    ok, reason = availability("blas")
+    assert f"{B.THREADS} thread(s) a call" in reason
