@@ -83,7 +83,7 @@ def compile(
     the first backend that can run it, the rest on tilework's kernels. ``placement="auto"``
     chooses the backend of every part instead, by measuring candidates on this machine per
     shape bucket (``tilework.collage``, ``docs/placement.md``; over ``backends`` when given,
-    else every available backend): ``budget_s`` bounds the measuring, ``buckets`` gives the
+    else every available backend): ``budget_s`` bounds the search, ``buckets`` gives the
     points per dim (``{"seq": [8, 64, 256]}``), ``pins`` fixes ops or vars to a backend
     (``{"attention": "torch"}``), ``placement_options`` passes the search's other options
 (``refine``, ``max_size``, ``progress``, ``cost_model``; ``tilework.collage.place``); a
@@ -109,6 +109,9 @@ def compile(
         raise UnsupportedError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if runtime not in RUNTIMES:
         raise UnsupportedError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+    searching = {k: v for k, v in (("budget_s", budget_s), ("buckets", buckets), ("pins", pins), ("placement_options", placement_options)) if v is not None}
+    if searching and placement != "auto":
+        raise UnsupportedError(f"{', '.join(searching)} need(s) placement='auto' (they steer the search), got placement={placement!r}")
     options = CompileOptions(example_args, dynamic_shapes, dim_names, dim_bounds, weights)
     t0 = time.perf_counter()
     imported = import_model(model, options)

@@ -187,11 +187,35 @@ def test_a_cover_over_codegen_and_one_backend_can_win(probe: Backend) -> None:
     assert times["search"] == 5.0 and times["probe by rules = cover over codegen+probe"] == 5.0
 
 
-def test_extra_plans_wait_for_the_budget(probe: Backend) -> None:
-    model = MockCostModel(_mixed_cost, e2e=_timer(lambda on: 3.0 + len(on)))
-    plan = place(mlp(), ["blas", "probe", "codegen"], cost_model=model, buckets={"n": [4]}, budget_s=0.0)
-    assert all(not a.label.startswith("cover over") for a in plan.buckets[0].alternatives)  # the cover over blas+codegen is not timed
-    assert any("budget was spent" in n for n in plan.notes)
+def test_the_budget_bounds_the_search(probe: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a clock that each region cost advances by a second (9 a bucket here), a budget of
+    12 s over 3 buckets (4 s each): the first bucket, past its part once its costs are
+    measured, times end to end only its cover and codegen alone (no other single-backend
+    plan, no cover over one backend); the second begins within the budget but past its part,
+    alike; the third, not begun when the budget is spent, takes codegen alone unmeasured. A
+    budget of 30 s (10 a bucket) times every plan of every bucket."""
+    clock = [0.0]
+    monkeypatch.setattr("time.perf_counter", lambda: clock[0])
+
+    def cost(c, ops, dims):  # type: ignore[no-untyped-def]
+        clock[0] += 1.0
+        return _mixed_cost(c, ops, dims)
+
+    model = MockCostModel(cost, e2e=_timer(lambda on: 3.0 + len(on)))
+    plan = place(mlp(), ["blas", "probe", "codegen"], cost_model=model, buckets={"n": [4, 64, 200]}, budget_s=12.0)
+    *begun, last = plan.buckets
+    for b in begun:
+        assert {a.label.split(" = ")[0] for a in b.alternatives} == {"search", "codegen"}
+        assert b.placement.regions == () and b.measured_s == 3.0
+    assert last.placement.regions == () and last.measured_s is None and last.alternatives == ()
+    assert last.chosen_by.startswith("default (the budget was spent")
+    assert any("extra plan(s) not timed" in n for n in plan.notes) and any("spent before bucket n in" in n for n in plan.notes)
+    assert "the budget was spent" in plan.table()
+    clock[0] = 0.0
+    plan = place(mlp(), ["blas", "probe", "codegen"], cost_model=MockCostModel(cost, e2e=_timer(lambda on: 3.0 + len(on))), buckets={"n": [4, 64, 200]}, budget_s=30.0)
+    for b in plan.buckets:
+        assert {"blas by rules", "probe by rules"} <= {x for a in b.alternatives for x in a.label.split(" = ")}
+    assert not any("budget" in n for n in plan.notes)
 
 
 def test_the_cache_serves_the_second_compile(tmp_path: Path) -> None:

@@ -183,6 +183,8 @@ def test_a_bad_placement_is_refused(tiny: tuple[Any, CompiledModel]) -> None:
     model, _ = tiny  # placement="auto" itself: tests/collage
     with pytest.raises(UnsupportedError, match="placement='bogus': not 'auto' and no such placement file"):
         tilework.compile(model, _inputs(1, 2), placement="bogus")
+    with pytest.raises(UnsupportedError, match=r"budget_s, pins need\(s\) placement='auto'.*got placement=None"):
+        tilework.compile(model, _inputs(1, 2), budget_s=5, pins={"linear": "blas"})
 
 
 def test_unknown_models_and_missing_examples() -> None:

@@ -12,7 +12,7 @@ from tilework.errors import TileworkError
 
 def add_build_args(b: argparse.ArgumentParser) -> None:
     b.add_argument("--placement", metavar="auto|PLAN.json", help="choose the backend of every part by measuring candidates on this machine, per shape bucket (auto; over --backends when given, else every available backend), or apply a saved plan (docs/placement.md)")
-    b.add_argument("--budget", type=float, metavar="SECONDS", help="with --placement auto: stop starting new measurements after this many seconds")
+    b.add_argument("--budget", type=float, metavar="SECONDS", help="with --placement auto: the search's time limit; measuring stops after it and the shape buckets not yet begun take tilework's kernels alone (docs/placement.md)")
     b.add_argument("--bucket", action="append", default=[], metavar="DIM=P1,P2,...", help="with --placement auto: the points a dim's buckets are measured at, e.g. n=1,32,256 (repeat per dim)")
     b.add_argument("--pin", action="append", default=[], metavar="OP=BACKEND", help="with --placement auto: run an op (matmul) or a binding (%%lv3) on this backend")
 

@@ -209,13 +209,16 @@ def place(
 ) -> PlacementPlan:
     """See the module docstring. ``backends``: the backends to place over (default: every
     available one; codegen is always added); ``cost_model``: default the estimator with the
-    persistent cache; ``budget_s``: measuring stops starting new candidates after this many
-    seconds (the fallback is always measured); ``buckets``: points per dim name; ``pins``: op
+    persistent cache; ``budget_s``: the search's time, shared by the buckets in equal parts:
+    past its part a bucket measures no new candidate (its fallback always is) and times end to
+    end only its cover and codegen alone, and once the whole budget is spent a bucket not yet
+    begun takes codegen alone, unmeasured; ``buckets``: points per dim name; ``pins``: op
     name or ``%var`` -> backend; ``max_size``: the largest interval candidate; ``refine``:
     True (end-to-end validation: the cover, the single-backend plans and the covers over
     codegen and one other backend, timed whole, the fastest kept; ``tilework.collage.validate``),
     ``"evolve"`` (then an evolutionary search over the fastest plan's regions,
-    ``tilework.collage.evolve``, within ``budget_s``, or a minute per bucket) or False."""
+    ``tilework.collage.evolve``, within the bucket's part of ``budget_s``, or a minute per
+    bucket) or False."""
     t0 = time.perf_counter()
     if refine not in (True, False, "evolve"):
         raise UnsupportedError(f"refine must be True, False or 'evolve', got {refine!r}")
@@ -238,18 +241,25 @@ def place(
     plans = []
     n_cands = sum(len(c) for c in cands.values())
     singles = _single_backend_plans(mod, names) if refine else []
-    for bucket in grid:
+    for i, bucket in enumerate(grid):
+        # each bucket's share of the budget ends at its own deadline (a bucket that overruns
+        # shortens the next ones' shares); once the whole budget is spent, the rest take codegen
+        share = None if budget_s is None else t0 + budget_s * (i + 1) / len(grid)
+        if budget_s is not None and time.perf_counter() - t0 >= budget_s:
+            notes.append(f"the budget ({budget_s:g} s) was spent before bucket {bucket.label()}: tilework's kernels alone there, not measured")
+            plans.append(BucketPlan(bucket, Placement((), names), (), None, None, "default (the budget was spent before this bucket: tilework's kernels alone, not measured)"))
+            continue
         env = bucket.env(by_name)
         solved: list[Solved] = []
         for g in blocks:
             cs = cands[(g.func_name, g.block_index)]
-            costs = _costs(model, g, cs, env, t0, budget_s, notes)
+            costs = _costs(model, g, cs, env, share, notes)
             trans = model.transition_costs(g, cs, costs, env)
             solved.append((g, cs, costs, trans))
         searched = _solve(solved, names, None)
         assert searched is not None
-        deadline = t0 + (budget_s if budget_s is not None else 60.0 * len(grid))
-        plans.append(_validate(mod, model, bucket, env, searched, solved, names, blocks, pins, refine, None if budget_s is None else t0 + budget_s, deadline, notes, singles))
+        evolve_deadline = share if share is not None else t0 + 60.0 * (i + 1)
+        plans.append(_validate(mod, model, bucket, env, searched, solved, names, blocks, pins, refine, share, evolve_deadline, notes, singles))
     stats = {"search_s": round(time.perf_counter() - t0, 3), "candidates": n_cands, "buckets": len(grid)}
     if isinstance(model, MeasuredCostModel):
         s = model.stats.as_dict()
@@ -259,8 +269,8 @@ def place(
     return PlacementPlan(tuple(plans), names, func, stats, tuple(dict.fromkeys(notes)))
 
 
-def _costs(model: CostModel, g: BlockGraph, cs: Sequence[Candidate], env: Mapping[Any, int], t0: float, budget_s: float | None, notes: list[str]) -> list[float]:
-    """Fallback singletons first (never cut by the budget), then the rest within it."""
+def _costs(model: CostModel, g: BlockGraph, cs: Sequence[Candidate], env: Mapping[Any, int], deadline: float | None, notes: list[str]) -> list[float]:
+    """Fallback singletons first (never cut by the budget), then the rest until ``deadline``."""
     costs = [math.inf] * len(cs)
     free = [k for k, c in enumerate(cs) if c.origin == "fallback" and not is_op_binding(g.bindings[c.first])]
     for k in free:
@@ -273,7 +283,7 @@ def _costs(model: CostModel, g: BlockGraph, cs: Sequence[Candidate], env: Mappin
             cost = FAILED_FALLBACK_S
         costs[k] = cost
     if isinstance(model, MeasuredCostModel):
-        model.deadline = None if budget_s is None else t0 + budget_s
+        model.deadline = deadline
     try:
         for k, cost in zip(rest, model.region_costs(g, [cs[k] for k in rest], env)):
             costs[k] = cost
@@ -346,12 +356,13 @@ def _validate(
         return BucketPlan(bucket, cover, rows, estimate)
     options = [Option("search", cover)]
     known: list[tuple[Placement, tuple[Row, ...], float | None]] = [(cover, rows, estimate)]
+    spent = deadline is not None and time.perf_counter() >= deadline  # then only the cover and tilework alone must be timed
     for label, single in singles:
         conflict = pin_conflict(single, blocks, pins)
         if conflict is not None:
             notes.append(f"the single-backend plan {label} is not timed end to end: it breaks the pin {conflict}")
             continue
-        options.append(Option(label, single))
+        options.append(Option(label, single, required=not spent or not single.regions))
         known.append((single, (), None))
     pinned = frozenset((pins or {}).values())
     for b in names:
