@@ -52,6 +52,11 @@ class IntegerDivisionByZero(RuntimeCheckError, ZeroDivisionError):
     see docs/semantics.md."""
 
 
+class IndexOutOfRange(RuntimeCheckError, IndexError):
+    """An index outside its dim where the source framework raises (torch's embedding,
+    ``index_select``, ``gather``, advanced indexing); see docs/semantics.md."""
+
+
 class UnsupportedError(TileworkError):
     """The input uses something tilework does not support; the message names it."""
 

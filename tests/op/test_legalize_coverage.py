@@ -39,6 +39,8 @@ TESTED_APART |= {"tensor_to_shape", "nonzero", "unique"}
 TESTED_APART |= {"quant_linear", "quant_take", "paged_attention", "paged_rotary"}
 # check_nonzero raises at run time: tests/codegen/test_int_division.py (torch's x // 0)
 TESTED_APART |= {"check_nonzero"}
+# check_index raises at run time: tests/codegen/test_index_check.py (torch's IndexError)
+TESTED_APART |= {"check_index"}
 # the channel-last conv ops of conv_gemm: tests/op/test_im2col.py (im2col, max_pool2d_nhwc,
 # depthwise_conv2d_nhwc and global_avg_pool_nhwc against NumPy at symbolic batch, height and width),
 # tests/op/test_direct_conv.py (direct_conv2d_nhwc against the float64 conv at symbolic dims)

@@ -29,7 +29,7 @@ import numpy as np
 from tilework.ir.kernel_abi import SymValues, bind_syms, check_arrays, kernel_syms
 from tilework.codegen.loop_emit import EMPTY_REDUCTION, LoopEmitter, comment, const_value
 from tilework.codegen.target import Target, register_target
-from tilework.errors import IntegerDivisionByZero, RuntimeCheckError, WellFormedError
+from tilework.errors import IndexOutOfRange, IntegerDivisionByZero, RuntimeCheckError, WellFormedError
 from tilework.ir import sym
 from tilework.ir import lowp
 from tilework.ir.dtype import DTYPE_TABLE, SUBBYTE_INT_DTYPES, compute_dtype, is_float_dtype, is_lowp_dtype, np_dtype
@@ -136,6 +136,12 @@ def _check_nonzero(b: Any) -> Any:
     return b
 
 
+def _check_range(v: Any, lo: Any, hi: Any) -> Any:
+    if not int(lo) <= int(v) < int(hi):
+        raise IndexOutOfRange(f"index {int(v)} is out of range [{int(lo)}, {int(hi)}) (the source framework raises here, e.g. torch's IndexError)")
+    return v
+
+
 def _ipow(a: Any, b: Any, t: type) -> Any:
     return _icast(int(np.float64(a) ** np.float64(b)), t)
 
@@ -211,6 +217,7 @@ _HELPERS: dict[str, Any] = {
     "_fdiv": _fdiv,
     "_fmod": _fmod,
     "_check_nonzero": _check_nonzero,
+    "_check_range": _check_range,
     "_ipow": _ipow,
     "_bitop": _bitop,
     "_bitcast": _bitcast,
@@ -408,6 +415,8 @@ class _Translator(LoopEmitter):
             return self.value(np_dtype(x.dtype).type(0))
         if x.name == DOT_BF16X2:
             return f"_dot_bf16x2({', '.join(self.expr(a) for a in x.args)})"
+        if x.name == "check_range":
+            return f"_check_range({', '.join(self.expr(a) for a in x.args)})"
         arg = x.args[0]
         a = self.expr(arg)
         dt = dtype_of(arg)

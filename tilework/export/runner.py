@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from tilework.errors import IntegerDivisionByZero, RuntimeCheckError, TileworkError
+from tilework.errors import IndexOutOfRange, IntegerDivisionByZero, RuntimeCheckError, TileworkError
 from tilework.codegen.c.module import data_pointer
 from tilework.export.aot import MAX_NDIM
 from tilework.export.graph_c import dl_type
@@ -25,15 +25,17 @@ MAX_OUTPUTS = 64
 MAX_INPUTS = 64
 
 
-ERR_ZERO_DIVISION = 2  # tw_model.h's TW_ERR_ZERO_DIVISION
+ERR_ZERO_DIVISION, ERR_INDEX = 2, 3  # tw_model.h's TW_ERR_ZERO_DIVISION, TW_ERR_INDEX
 
 
 def _error(lib: Any, handle: Any) -> RuntimeCheckError:
     """The model's last failure as the exception the VM raises: ``IntegerDivisionByZero`` (a
     ``ZeroDivisionError``, as the source framework's) for a kernel's integer division by zero,
+    ``IndexOutOfRange`` (an ``IndexError``) for a kernel's index outside its dim,
     ``RuntimeCheckError`` otherwise."""
     message = lib.tw_model_error(handle).decode()
-    return IntegerDivisionByZero(message) if lib.tw_model_error_kind(handle) == ERR_ZERO_DIVISION else RuntimeCheckError(message)
+    kind = lib.tw_model_error_kind(handle)
+    return IntegerDivisionByZero(message) if kind == ERR_ZERO_DIVISION else IndexOutOfRange(message) if kind == ERR_INDEX else RuntimeCheckError(message)
 
 
 class _DType(ctypes.Structure):

@@ -142,6 +142,7 @@ INTRINSICS = (
     "exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "floor", "ceil", "round",
     "sin", "cos", "atan", "asin", "acos", "log1p", "expm1", "isnan", "isinf",
     "check_nonzero",  # an integer divisor, unchanged; zero raises IntegerDivisionByZero at run time
+    "check_range",  # (v, lo, hi): the integer v, unchanged; outside [lo, hi) raises IndexOutOfRange at run time
     "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",  # two's complement bits of integers
     "bitcast",  # the argument's bits read as the result's dtype (same size)
     "prefetch",  # of a load: 0; a hint that its element is read soon (the load is not performed)
@@ -149,7 +150,7 @@ INTRINSICS = (
     "dot_bf16x2",  # (acc, a0, a1, b0, b1): acc + a1 * b1 + a0 * b0, float32 acc, bfloat16 pairs (see DOT_BF16X2)
 )  # fmt: skip
 PREFETCHES = {"prefetch": 1, "prefetch_l2": 2}  # the hints (their argument is a load whose address they take) and the cache level each fills
-INTRINSIC_ARITY = {"bitwise_and": 2, "bitwise_or": 2, "bitwise_xor": 2, "dot_bf16x2": 5}  # the others take one argument
+INTRINSIC_ARITY = {"bitwise_and": 2, "bitwise_or": 2, "bitwise_xor": 2, "dot_bf16x2": 5, "check_range": 3}  # the others take one argument
 # ``dot_bf16x2(acc, a0, a1, b0, b1)``: the float32 ``acc`` plus the dot product of two pairs of
 # bfloat16 values, ``(acc + a1 * b1) + a0 * b0`` in float32 (each product of two bfloat16 values
 # is exact in float32: two roundings, in that order): the operation of AVX-512 BF16's

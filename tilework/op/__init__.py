@@ -34,7 +34,7 @@ from tilework.op.manipulate import (
 from tilework.op.nn import attention, layer_norm, log_softmax, rms_norm, softmax
 from tilework.op.reduce import argmax, argmin, max, mean, min, prod, sum
 from tilework.op.conv import adaptive_avg_pool2d, avg_pool2d, conv1d, conv2d, max_pool2d, max_pool2d_indices
-from tilework.op.index import cumsum, gather, index_tensor, scatter, tril, triu
+from tilework.op.index import check_index, cumsum, gather, index_tensor, scatter, tril, triu
 from tilework.op.norm_extra import batch_norm, group_norm
 from tilework.op.paged_attention import paged_attention, paged_rotary
 from tilework.op.quant import quant_linear, quant_take
@@ -75,7 +75,7 @@ __all__ = [
     "conv", "index", "norm_extra",
     "bitwise", "math", "pad", "search", "shape",
     "adaptive_avg_pool2d", "avg_pool2d", "conv1d", "conv2d", "max_pool2d", "max_pool2d_indices",
-    "cumsum", "gather", "index_tensor", "scatter", "tril", "triu",
+    "check_index", "cumsum", "gather", "index_tensor", "scatter", "tril", "triu",
     "batch_norm", "group_norm",
     "paged_attention", "paged_rotary", "quant", "quant_linear", "quant_take", "rotary", "rotary_embedding",
 ]  # fmt: skip

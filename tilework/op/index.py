@@ -24,7 +24,9 @@
   diagonal ``k``; the others become 0. ``k`` may be symbolic.
 
 Indices may be negative (counted from the end); an out-of-range index is clamped into range
-rather than read or written out of bounds. Legalization of ``scatter``, ``cumsum`` and
+rather than read or written out of bounds. ``check_index(indices, size, negative)`` gives the
+indices unchanged and raises ``IndexOutOfRange`` at run time for one outside its dim: the
+torch frontend puts it before the ops where torch raises IndexError. Legalization of ``scatter``, ``cumsum`` and
 ``cumprod`` searches, sums or multiplies along ``axis`` for every output element (quadratic in
 that dim's length).
 """
@@ -144,6 +146,15 @@ def _infer_one_hot(call: Call, ctx: InferCtx) -> StructInfo:
         return TensorInfo(None, values.dtype, -1 if idx.ndim == -1 else idx.ndim + 1)
     a = normalize_axis(int_attr(call, "axis", ctx), len(idx.shape) + 1, ctx)
     return TensorInfo(idx.shape[:a] + (depth,) + idx.shape[a:], values.dtype)
+
+
+def _infer_check_index(call: Call, ctx: InferCtx) -> StructInfo:
+    idx = _index_arg(call, 0, ctx)
+    size = call.attrs["size"]
+    if isinstance(size, bool) or not isinstance(size, (int, sym.SymExpr)):
+        raise ctx.error(f"attribute size must be an int or a symbolic dim, got {size!r}")
+    bool_attr(call, "negative", ctx)
+    return idx
 
 
 def _infer_cumsum(call: Call, ctx: InferCtx) -> StructInfo:
@@ -280,6 +291,15 @@ def _legalize_index_tensor(call: Call, ctx: "LegalizeCtx") -> Expr:
     return ctx.call_te("index_tensor", call.args, [x, *idxs], [out], call.info)
 
 
+def _legalize_check_index(call: Call, ctx: "LegalizeCtx") -> Expr:
+    idx = arg(call, 0, "indices")
+    shape, dtype = out_tensor(call)
+    size: Dim = call.attrs["size"]
+    lo = sym.sub(0, size) if call.attrs["negative"] else 0
+    out = te.compute(shape, lambda *i: te.check_range(idx[i], lo, size), "check_index", dtype)
+    return ctx.call_te("check_index", call.args, [idx], [out], call.info)
+
+
 def _legalize_one_hot(call: Call, ctx: "LegalizeCtx") -> Expr:
     """Indices count from the end when negative; one outside ``[-depth, depth)`` gives a row
     of ``off`` values."""
@@ -356,6 +376,7 @@ def _legalize_tri(call: Call, ctx: "LegalizeCtx") -> Expr:
 register(Op("gather", _infer_gather, OpPattern.INJECTIVE, attrs={"axis": 0}, num_args=2, legalize=_legalize_gather))
 register(Op("scatter", _infer_scatter, OpPattern.OPAQUE, attrs={"axis": 0, "reduction": "none"}, num_args=3, legalize=_legalize_scatter))
 register(Op("index_tensor", _infer_index_tensor, OpPattern.INJECTIVE, attrs={"axis": 0}, legalize=_legalize_index_tensor))
+register(Op("check_index", _infer_check_index, OpPattern.ELEMWISE, attrs={"size": 1, "negative": False}, num_args=1, legalize=_legalize_check_index))
 register(Op("one_hot", _infer_one_hot, OpPattern.INJECTIVE, attrs={"depth": 1, "axis": -1}, num_args=2, legalize=_legalize_one_hot))
 register(Op("cumsum", _infer_cumsum, OpPattern.OPAQUE, attrs={"axis": -1, "exclusive": False, "reverse": False, "dtype": None}, num_args=1, legalize=_legalize_cumsum))
 register(Op("cumprod", _infer_cumprod, OpPattern.OPAQUE, attrs={"axis": -1, "exclusive": False, "reverse": False}, num_args=1, legalize=_legalize_cumprod))
@@ -380,6 +401,13 @@ def index_tensor(x: Expr, indices: Sequence[Expr], axis: int = 0) -> Call:
     """``x[..., i0, i1, ...]``: advanced indexing of ``len(indices)`` consecutive dims starting
     at ``axis`` by integer tensors that broadcast together."""
     return make_call("index_tensor", [x, *indices], axis=axis)
+
+
+def check_index(indices: Expr, size: sym.Dim, negative: bool = False) -> Call:
+    """``indices`` unchanged; an element outside ``[0, size)`` (``[-size, size)`` when
+    ``negative``) raises ``IndexOutOfRange`` at run time: what torch does where the ops after
+    it (``take``, ``gather``, ...) would clamp (docs/semantics.md)."""
+    return make_call("check_index", [indices], size=size, negative=negative)
 
 
 def one_hot(indices: Expr, values: Expr, depth: sym.Dim, axis: int = -1) -> Call:

@@ -45,6 +45,7 @@ import numpy as np
 
 from tilework import te
 from tilework.errors import UnsupportedError
+from tilework.ir import sym
 from tilework.ir.graph import Call, Expr
 from tilework.ir.info import StructInfo, TensorInfo
 from tilework.ir.loop import Scalar
@@ -276,7 +277,8 @@ def _legalize_quant_take(call: Call, ctx: "LegalizeCtx") -> Expr:
 
     def f(*i: Scalar) -> Scalar:
         row = te.cast(ids[i[:-1]], "int64")
-        row = te.if_then_else(te.lt(row, 0), row + rows, row)  # a negative id counts from the end, as in take
+        row = te.if_then_else(te.lt(row, 0), row + rows, row)  # a negative id counts from the end, as in take,
+        row = te.minimum(te.maximum(row, 0), sym.sub(rows, 1))  # and one outside is clamped (docs/semantics.md)
         return _weight(table, name, row, i[-1])
 
     out = te.compute(shape, f, "quant_take", dtype)

@@ -28,6 +28,7 @@ from tilework.te.expr import (
     cast,
     ceil,
     check_nonzero,
+    check_range,
     constant,
     cos,
     eq,
@@ -80,7 +81,7 @@ from tilework.te.tensor import (
 
 __all__ = [
     "Reduce", "ReduceVar", "Tensor", "TensorLoad", "abs", "acos", "all", "any", "argmax", "argmin", "asin", "atan",
-    "bitcast", "bitwise_and", "bitwise_not", "bitwise_or", "bitwise_xor", "cast", "ceil", "check_nonzero", "compute", "constant", "cos", "create_func", "eq", "erf", "exp", "expm1",
+    "bitcast", "bitwise_and", "bitwise_not", "bitwise_or", "bitwise_xor", "cast", "ceil", "check_nonzero", "check_range", "compute", "constant", "cos", "create_func", "eq", "erf", "exp", "expm1",
     "floor", "ge", "gt", "if_then_else", "isinf", "isnan", "le", "log", "log1p", "logical_and",
     "logical_not", "logical_or", "lt", "max", "max_value", "maximum", "min", "min_value",
     "minimum", "ne", "placeholder", "power", "prod", "reduce_axis", "round", "rsqrt", "select",

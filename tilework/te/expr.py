@@ -156,6 +156,15 @@ def check_nonzero(x: Operand) -> PExpr:
     return Intrin("check_nonzero", (a,), dtype_of(a))
 
 
+def check_range(x: Operand, lo: Operand, hi: Operand) -> PExpr:
+    """The integer index ``x`` unchanged; a value outside ``[lo, hi)`` makes the kernel raise
+    ``IndexOutOfRange`` (where torch raises IndexError, docs/semantics.md)."""
+    a = _scalar(x)
+    if is_float_dtype(dtype_of(a)) or dtype_of(a) == "bool":
+        raise TypeError(f"check_range takes an integer index, got {dtype_of(a)}")
+    return Intrin("check_range", (a, cast(lo, "int64"), cast(hi, "int64")), dtype_of(a))
+
+
 def _int_operands(name: str, *xs: Operand) -> tuple[tuple[Scalar, ...], str]:
     """``xs`` in their common integer dtype (a Python int takes the typed operand's)."""
     if [x for x in xs if isinstance(x, (bool, float))]:  # (this module's ``any`` is the loop-level one)

@@ -693,6 +693,9 @@ class _Emitter(LoopEmitter):
             return self.render_bits(x)
         if x.name == DOT_BF16X2:
             return f"tw_dot_bf16x2({', '.join(self.expr(a) for a in x.args)})"
+        if x.name == "check_range":
+            v, lo, hi = (self.expr(a) for a in x.args)
+            return f"(({DTYPE_TABLE[x.dtype].c_value})tw_check_range({v}, {lo}, {hi}, &tw_err))"
         arg = x.args[0]
         if x.name in PREFETCHES:  # the load's address, not its value
             if not isinstance(arg, Load):

@@ -35,7 +35,9 @@ from tilework.codegen import cache
 from tilework.codegen.c import toolchain
 from tilework.codegen.c.emit import emit_module
 from tilework.codegen.loop_emit import EMPTY_REDUCTION
-from tilework.errors import BuildError, IntegerDivisionByZero, RuntimeCheckError
+
+INDEX_OUT_OF_RANGE = "an index is out of range (the source framework raises here, e.g. torch's IndexError)"
+from tilework.errors import BuildError, IndexOutOfRange, IntegerDivisionByZero, RuntimeCheckError
 from tilework.runtime.kernels import KernelInfo, KernelModule
 
 # OpenMP workers of our kernels spin between parallel regions before they sleep. libgomp's
@@ -186,6 +188,8 @@ def _kernel_error(name: str, rc: int) -> Exception:
         return IntegerDivisionByZero(f"kernel {name}: integer division by zero (the source framework raises here, e.g. torch's ZeroDivisionError)")
     if rc == 3:
         return RuntimeCheckError(f"kernel {name}: {EMPTY_REDUCTION}")
+    if rc == 4:
+        return IndexOutOfRange(f"kernel {name}: {INDEX_OUT_OF_RANGE}")
     return MemoryError(f"kernel {name}: scratch memory could not be allocated (code {rc})")
 
 

@@ -158,6 +158,13 @@ static inline int64_t tw_check_nonzero(int64_t b, int32_t* err) {
     __atomic_store_n(err, 2, __ATOMIC_RELAXED);
     return 1;
 }
+/* check_range: an index whose source framework raises when it is outside its dim (torch).
+   Outside [lo, hi) records code 4 (the caller raises IndexOutOfRange); the index is given
+   back as it is (the gather that reads it clamps). */
+static inline int64_t tw_check_range(int64_t v, int64_t lo, int64_t hi, int32_t* err) {
+    if (v < lo || v >= hi) __atomic_store_n(err, 4, __ATOMIC_RELAXED);
+    return v;
+}
 static inline int64_t tw_min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t tw_max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
 static inline int64_t tw_abs_i64(int64_t a) { return a < 0 ? -a : a; }

@@ -68,10 +68,12 @@ const char* tw_model_error(const tw_model* model);
 
 /* What the last failure on `model` was: TW_ERR_NONE (none), TW_ERR_CHECK (a shape, dtype or
    memory check: the message says which), TW_ERR_ZERO_DIVISION (a kernel's integer division by
-   zero, where the source framework raises, e.g. torch's ZeroDivisionError). */
+   zero, where the source framework raises, e.g. torch's ZeroDivisionError), TW_ERR_INDEX (a
+   kernel's index outside its dim, where the source framework raises, e.g. torch's IndexError). */
 #define TW_ERR_NONE 0
 #define TW_ERR_CHECK 1
 #define TW_ERR_ZERO_DIVISION 2
+#define TW_ERR_INDEX 3
 int tw_model_error_kind(const tw_model* model);
 
 /* The exported functions: their count, names and number of inputs (bound weights excluded). */

@@ -716,6 +716,11 @@ int twrt_kernel_fail(tw_model* m, const char* name, int32_t rc) {
         m->err_kind = TW_ERR_ZERO_DIVISION;
         return 1;
     }
+    if (rc == 4) { /* tw_check_range: the source framework raises here (docs/semantics.md) */
+        twrt_fail(m, "kernel %s: an index is out of range", name);
+        m->err_kind = TW_ERR_INDEX;
+        return 1;
+    }
     if (rc == 3) /* a reduction over an empty domain whose schedule keeps its init inside */
         return twrt_fail(m, "kernel %s: a reduction over an empty domain, which this schedule cannot run", name);
     return twrt_fail(m, "kernel %s: scratch memory could not be allocated (code %d)", name, rc);

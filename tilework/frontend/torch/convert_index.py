@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
 @converter("gather.default")
 def _gather(t: Translator, node: Any, x: Any, dim: int, index: Any, sparse_grad: bool = False) -> Expr:
-    return t.emit(op.gather(x, index, norm_axis(dim, len(t.shape(x)))))
+    axis = norm_axis(dim, len(t.shape(x)))
+    return t.emit(op.gather(x, t.checked_index(index, t.shape(x)[axis]), axis))
 
 
 def _scatter(t: Translator, node: Any, x: Any, dim: int, index: Any, src: Any, reduction: str) -> Expr:
@@ -115,6 +116,8 @@ def _select_scatter(t: Translator, node: Any, x: Any, src: Any, dim: int, index:
 @converter("index.Tensor", "_unsafe_index.Tensor")
 def _index(t: Translator, node: Any, x: Any, indices: Sequence[Any]) -> Expr:
     ndim = len(t.shape(x))
+    if "_unsafe_index" not in str(node.target):  # _unsafe_index: unchecked by torch too (its decompositions' own indices)
+        indices = [v if v is None else t.checked_index(v, t.shape(x)[i], negative=True) for i, v in enumerate(indices)]
     picked = [i for i, v in enumerate(indices) if v is not None]
     if not picked:
         return x

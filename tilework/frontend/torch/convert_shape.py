@@ -173,12 +173,13 @@ def _select(t: Translator, node: Any, x: Any, dim: int, index: Any) -> Expr:
 
 @converter("index_select.default")
 def _index_select(t: Translator, node: Any, x: Any, dim: int, index: Any) -> Expr:
-    return t.emit(op.take(x, index, axis=norm_axis(dim, len(t.shape(x)))))
+    axis = norm_axis(dim, len(t.shape(x)))
+    return t.emit(op.take(x, t.checked_index(index, t.shape(x)[axis]), axis=axis))
 
 
 @converter("embedding.default")
 def _embedding(t: Translator, node: Any, weight: Any, indices: Any, *args: Any) -> Expr:
-    return t.emit(op.take(weight, indices, axis=0))
+    return t.emit(op.take(weight, t.checked_index(indices, t.shape(weight)[0]), axis=0))
 
 
 @converter("repeat.default")

@@ -304,7 +304,7 @@ def _embedding_bag(t: Translator, node: Any, weight: Any, indices: Any, offsets:
     mask = t.emit(op.logical_and(t.emit(op.greater_equal(pos, t.emit(op.expand_dims(starts, 1)))), t.emit(op.less(pos, t.emit(op.expand_dims(ends, 1))))))
     if padding_idx is not None and padding_idx >= 0:
         mask = t.emit(op.logical_and(mask, t.emit(op.not_equal(indices, t.tensor(int(padding_idx), t.dtype(indices))))))
-    vecs = t.emit(op.take(weight, indices, 0))
+    vecs = t.emit(op.take(weight, t.checked_index(indices, t.shape(weight)[0]), 0))
     if per_sample_weights is not None:
         vecs = t.emit(op.multiply(vecs, t.emit(op.expand_dims(t.tensor(per_sample_weights, dtype), 1))))
     if int(mode) == 2:

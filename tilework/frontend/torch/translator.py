@@ -267,6 +267,12 @@ class Translator:
     def cast(self, x: Expr, dtype: str) -> Expr:
         return x if self.dtype(x) == dtype else self.emit(op.astype(x, dtype))
 
+    def checked_index(self, indices: Expr, size: Dim, negative: bool = False) -> Expr:
+        """``indices`` into a dim of ``size``, checked at run time where torch raises on one
+        outside it (``[0, size)``, or ``[-size, size)`` when ``negative``; docs/semantics.md):
+        the ops that read them would clamp it."""
+        return self.emit(op.check_index(indices, size, negative))
+
     def tensor(self, v: Any, dtype: str | None = None) -> Expr:
         """``v`` as a tensor of ``dtype`` (None: its own): tensors are cast, Python numbers
         become 0-d constants, a symbolic size a 0-d int64 tensor holding its value."""
