@@ -95,11 +95,17 @@ class _Names(dict):  # type: ignore[type-arg]
     """The names a Python row may use; the costly ones are made on first use."""
 
     def __missing__(self, key: str) -> Any:
-        makers: dict[str, Callable[[], Any]] = {"ADD2": _compiled_add, "from_onnx": _from_onnx, "torch": lambda: pytest.importorskip("torch"), "NUMPY_MODEL": _numpy_model}
+        makers: dict[str, Callable[[], Any]] = {"ADD2": _compiled_add, "from_onnx": _from_onnx, "torch": lambda: pytest.importorskip("torch"), "NUMPY_MODEL": _numpy_model, "EMBED": _compiled_embedding}
         if key not in makers:
             raise KeyError(key)
         self[key] = value = makers[key]()
         return value
+
+
+def _compiled_embedding() -> Any:
+    torch = pytest.importorskip("torch")
+    n = torch.export.Dim("n", max=64)
+    return tw.compile(torch.nn.Embedding(10, 4), (torch.tensor([1, 2]),), ({0: n},))
 
 
 def _compiled_add() -> Any:

@@ -712,12 +712,12 @@ int twrt_tensor_to_shape(tw_model* m, tw_val* dst, const tw_val* x) {
 
 int twrt_kernel_fail(tw_model* m, const char* name, int32_t rc) {
     if (rc == 2) { /* tw_check_nonzero: the source framework raises here (docs/semantics.md) */
-        twrt_fail(m, "kernel %s: integer division by zero", name);
+        twrt_fail(m, "kernel %s: integer division by zero (the source framework raises here, e.g. torch's ZeroDivisionError)", name);
         m->err_kind = TW_ERR_ZERO_DIVISION;
         return 1;
     }
     if (rc == 4) { /* tw_check_range: the source framework raises here (docs/semantics.md) */
-        twrt_fail(m, "kernel %s: an index is out of range", name);
+        twrt_fail(m, "kernel %s: an index is out of range (the source framework raises here, e.g. torch's IndexError)", name);
         m->err_kind = TW_ERR_INDEX;
         return 1;
     }
