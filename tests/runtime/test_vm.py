@@ -211,3 +211,32 @@ def test_cli_mistakes_are_one_line_errors(tmp_path: object, capsys: pytest.Captu
     assert code == 2 and "Traceback" not in err
     code, out, _ = cli("--version")
     assert code == 0 and out.startswith("tilework ")
+
+
+def test_cli_runs_a_saved_compiled_model(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
+    """``tilework run`` on what ``CompiledModel.save`` wrote binds the stored weights: only the
+    model's own inputs are asked for (it asked for an --input per weight)."""
+    from tilework import nn
+    from tilework.cli import main
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            self.fc = nn.Linear(8, 5)
+
+        def forward(self, x: Any) -> Any:
+            return nn.ops.gelu(self.fc(x))
+
+    d = str(tmp_path)
+    cm = tw.compile(Net().init_random(seed=4), {"x": nn.spec.Tensor([tw.dim("n", min=0, max=16), 8])}, runtime="vm")
+    assert len(cm.weights) == 2
+    cm.save(os.path.join(d, "model.tw"))
+    for n in (0, 1, 7):
+        x = np.random.default_rng(n).standard_normal((n, 8)).astype(np.float32)
+        np.save(os.path.join(d, "x.npy"), x)
+        code = main(["run", os.path.join(d, "model.tw"), "--input", f"x={d}/x.npy", "--output", os.path.join(d, "out")])
+        assert code == 0
+        np.testing.assert_array_equal(np.load(os.path.join(d, "out", "output0.npy")), cm(x))
+    capsys.readouterr()
+    assert main(["run", os.path.join(d, "model.tw")]) == 2
+    err = capsys.readouterr().err
+    assert "missing --input for parameter(s) x of main" in err and "fc" not in err
