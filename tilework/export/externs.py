@@ -103,12 +103,23 @@ def extern_call(symbol: str, vals: Sequence[str], where: str) -> list[str]:
         nd = 4 if kind == "batch_matmul" else 3
         dim_args = ", ".join(f"d_->shape[{i}]" for i in range(nd))
         return [f"{{ const tw_val* d_ = {dims}; twb_{short}_{kind}({ins}, ({ctype}*)({out})->data, {dim_args}); }}"]
+    raise refusal(symbol, where)
+
+
+def exports(symbol: str) -> bool:
+    """Whether library call ``symbol`` has a C implementation (of some arity): else the export
+    refuses it before it looks at its arguments (an onnxruntime call's serialized model)."""
+    return symbol.startswith(("quant.linear.", "quant.linear_add.", "blas."))
+
+
+def refusal(symbol: str, where: str) -> ExportError:
+    """The error for a library call that has no C implementation, naming its op and backend."""
     backend, op = _backend_of(symbol)
-    raise ExportError(
+    return ExportError(
         f"{where} calls library function {symbol!r} (op {op}, backend {backend}), which has no C implementation: "
         f"the exported library runs without Python. Compile the model with backends whose calls export "
         f"(--backends codegen,blas or codegen,quant; codegen alone always does) and export again."
     )
 
 
-__all__ = ["ExportError", "extern_call", "extra_sources", "declarations", "QUANT_FORMATS"]
+__all__ = ["ExportError", "extern_call", "exports", "refusal", "extra_sources", "declarations", "QUANT_FORMATS"]
