@@ -192,6 +192,22 @@ def test_unknown_models_and_missing_examples() -> None:
         tilework.compile(Tiny())
 
 
+def test_a_torch_export_failure_keeps_torch_explanation() -> None:
+    """torch's first line is only a summary ("Constraints violated (h)!"); why, and the fix it
+    suggests, are on the lines after it, and the message keeps them."""
+
+    class Halve(torch.nn.Module):
+        def forward(self, x: Any) -> Any:
+            return torch.nn.functional.max_pool1d(x, 2) * 2 if x.shape[-1] // 2 != 1 else x
+
+    h = Dim("h", min=2, max=64)
+    with pytest.raises(UnsupportedError) as err:
+        tilework.compile(Halve(), (torch.randn(1, 1, 16),), dynamic_shapes=({2: h},))
+    text = str(err.value)
+    assert text.startswith("torch.export cannot export Halve with these example_args and dynamic_shapes: ")
+    assert "Constraints violated (h)" in text and "specialized it to be a constant (16)" in text and "Suggested fixes:\n  h = 16" in text
+
+
 def test_a_frontend_is_one_registration() -> None:
     class Fake:
         pass
