@@ -17,6 +17,7 @@ the ``Signature`` that maps a call's arguments to those inputs and the outputs b
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -220,10 +221,15 @@ def frontends() -> list[str]:
 
 
 def import_model(model: Any, options: CompileOptions) -> Imported:
-    """The first registered frontend that accepts ``model`` imports it."""
+    """The first registered frontend that accepts ``model`` imports it; a path may be a
+    ``str`` or any ``os.PathLike`` (``pathlib.Path``)."""
+    if isinstance(model, os.PathLike):
+        model = os.fspath(model)
     for _, accepts, load in _FRONTENDS:
         if accepts(model):
             return load(model, options)
+    if isinstance(model, str) and os.path.isdir(model):
+        raise UnsupportedError(f"tilework.compile cannot compile {model!r}: it is a directory, not a model file (a .onnx file, say)")
     raise UnsupportedError(f"tilework.compile cannot compile a {type(model).__module__}.{type(model).__name__}; it accepts: {', '.join(frontends())}")
 
 
