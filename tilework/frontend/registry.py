@@ -147,6 +147,9 @@ def _is_leaf(v: Any) -> bool:
     return isinstance(v, np.ndarray) or (type(v).__module__.startswith("torch") and type(v).__name__ in ("Tensor", "Parameter"))
 
 
+_SHOWN = 4  # the items of a list or tuple a call's description shows
+
+
 def _render_call(spec: Any, names: Any, values: Sequence[Any] | None = None) -> str:
     """``(x, y, mask=m)`` for a pytree spec of ``(args, kwargs)``: the leaves by ``names``, or
     described by the values in ``values`` (whose leaves are the top-level call arguments)."""
@@ -169,6 +172,8 @@ def _render_call(spec: Any, names: Any, values: Sequence[Any] | None = None) -> 
         kids = [render(c) for c in sp.children()]
         if sp.type is dict:
             return "{" + ", ".join(f"{k!r}: {v}" for k, v in zip(sp.context, kids)) + "}"
+        if sp.type in (list, tuple) and len(kids) > _SHOWN:  # a list of numbers: its first items and its length
+            kids = [*kids[:_SHOWN], f"... {len(kids)} items"]
         if sp.type is list:
             return "[" + ", ".join(kids) + "]"
         if sp.type is tuple:
