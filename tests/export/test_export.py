@@ -174,7 +174,7 @@ def test_onnxruntime_region_is_refused_naming_the_call_not_its_model(tmp_path: P
     refused; ``explain`` of the model, which runs on the VM for that reason, says so briefly."""
     pytest.importorskip("onnxruntime")
     exe = tw.build(_matmul_module(), backends="onnxruntime,codegen")
-    with pytest.raises(ExportError, match=r"'onnxruntime\.run' \(op run, backend onnxruntime\).*--backends codegen,blas") as err:
+    with pytest.raises(ExportError, match=r"'onnxruntime\.run' \(a region of ONNX MatMul, Relu, backend onnxruntime\).*--backends codegen,blas") as err:
         export_c(exe, tmp_path)
     assert len(str(err.value)) < 400
     from tilework.export.graph_c import ModuleText

@@ -240,7 +240,7 @@ class FunctionC:
 
     def extern(self, dst: int, name: str, args: list[tuple[str, Any]]) -> None:
         if not exports(name):
-            raise refusal(name, self.fn.name)
+            raise refusal(name, self.fn.name, [v if tag == "i" else None for tag, v in args])
         vals = [self.val(a) for a in args]
         for line in extern_call(name, vals, self.fn.name):
             self.emit(line)
