@@ -89,6 +89,20 @@ def _make_files(d: Path) -> None:
         return
     (d / "relu.onnx").write_bytes(relu)
     (d / "trunc.onnx").write_bytes(relu[: len(relu) // 2])
+    _external_data_onnx(d / "noext.onnx")
+    (d / "noext.data").unlink()  # the model without its external-data file
+
+
+def _external_data_onnx(path: Path) -> None:
+    """``x + w`` with the initializer ``w`` in ``noext.data`` beside the model."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.arange(4, dtype=np.float32), "w")
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["n", 4]) for n in ("x", "y")]
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g", io[:1], io[1:], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save_model(model, str(path), save_as_external_data=True, location="noext.data", size_threshold=0)
 
 
 class _Names(dict):  # type: ignore[type-arg]

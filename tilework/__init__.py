@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from tilework.errors import TileworkError
@@ -69,14 +70,22 @@ def build(mod: IRModule, target: str = "cpu", **kw: Any) -> "Executable":
     return _build(mod, target, **kw)
 
 
-def load(path: str, trust_native: bool = False) -> "Executable":
+def load(path: "str | os.PathLike[str]", trust_native: bool = False) -> "Executable":
     """An executable saved with ``Executable.save``. Nothing from the file runs: its kernels
     are rebuilt from their stored loop IR through the kernel cache (no compiler run when the
     cache has them). ``trust_native=True`` uses the native code stored in the file instead
-    (for machines without a C compiler; only for files you trust)."""
-    from tilework.runtime.executable import Executable
+    (for machines without a C compiler; only for files you trust).
 
-    return Executable.load(path, trust_native=trust_native)
+    A file written by ``CompiledModel.save`` gives its executable here, whose ``main`` takes the
+    weights as trailing arguments; ``tilework.CompiledModel.load(path)`` loads it as the
+    callable model, with its weights."""
+    from tilework.compiled import KIND as COMPILED_MODEL
+    from tilework.runtime.executable import load_file
+
+    loaded = load_file(os.fspath(path), trust_native=trust_native)
+    if loaded.extra.get("kind") == COMPILED_MODEL:
+        loaded.executable.call_hint = f"{os.fspath(path)!r} was written by CompiledModel.save: tilework.CompiledModel.load loads it as the model, which passes its weights"
+    return loaded.executable
 
 
 def compile(model: Any, example_args: Any = None, dynamic_shapes: Any = None, backends: Any = None, placement: Any = None, **options: Any) -> "CompiledModel":

@@ -132,3 +132,36 @@ def test_broadcasting_binary_ops(rng: np.random.Generator, name: str) -> None:
     for rows in NS:
         a = rand(rng, (rows, 1, 4))
         close(run(mod, ["torch"], [a, b]), fn(a, b))
+
+
+def test_read_only_inputs_give_no_warning() -> None:
+    """A read-only weight (as a loaded model's are) reaches the torch externs without torch's
+    "NumPy array is not writable" UserWarning in the user's output, and without a copy. In a
+    fresh process: torch warns once per process."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import numpy as np, tilework as tw\n"
+        "from tilework import op\n"
+        "from tilework.ir.builder import BlockBuilder\n"
+        "from tilework.ir.graph import Var\n"
+        "from tilework.ir.info import TensorInfo\n"
+        "n = tw.dim('n')\n"
+        "x, w = Var('x', TensorInfo((n, 4), 'float32')), Var('w', TensorInfo((3, 4), 'float32'))\n"
+        "bb = BlockBuilder()\n"
+        "with bb.function('main', [x, w]):\n"
+        "    with bb.dataflow():\n"
+        "        out = bb.emit_output(op.matmul(x, op.permute_dims(w)))\n"
+        "    bb.emit_func_output(out)\n"
+        "exe = tw.build(bb.get(), backends='torch,codegen')\n"
+        "assert any(i[2][0] == 'extern' for i in exe.functions['main'].code if i[0] == 'call')\n"
+        "a, b = np.ones((5, 4), np.float32), np.ones((3, 4), np.float32)\n"
+        "a.flags.writeable = b.flags.writeable = False\n"
+        "assert (tw.VM(exe)['main'](a, b) == 4).all()\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run([sys.executable, "-W", "default", "-c", script], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=root))
+    assert r.returncode == 0, r.stderr
+    assert "not writable" not in r.stderr

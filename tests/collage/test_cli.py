@@ -69,3 +69,16 @@ def test_cache_stats_and_clear(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, 
     assert "cleared 2 entries" in capsys.readouterr().out
     assert main(["cache", "stats"]) == 0
     assert "0 entries" in capsys.readouterr().out
+
+
+def test_cache_stats_of_no_cache_creates_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``cache stats`` (and ``clear``) where no cache exists report an empty one and write
+    nothing: they created the directory and an empty database."""
+    where = tmp_path / "never"
+    monkeypatch.setenv("TILEWORK_CACHE_DIR", str(where))
+    assert main(["cache", "stats"]) == 0
+    text = capsys.readouterr().out
+    assert "0 entries" in text and "not created yet" in text and str(where) in text
+    assert main(["cache", "clear"]) == 0
+    assert "cleared 0 entries" in capsys.readouterr().out
+    assert not where.exists()

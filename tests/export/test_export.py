@@ -168,6 +168,24 @@ def test_torch_region_is_refused_at_export_naming_op_and_backend(tmp_path: Path)
         export_c(exe, tmp_path)
 
 
+def test_onnxruntime_region_is_refused_naming_the_call_not_its_model(tmp_path: Path) -> None:
+    """The region's serialized ONNX graph (an immediate of ~1 KB) is not the message: the call
+    is refused before its arguments are translated, and a long immediate is cut where one is
+    refused; ``explain`` of the model, which runs on the VM for that reason, says so briefly."""
+    pytest.importorskip("onnxruntime")
+    exe = tw.build(_matmul_module(), backends="onnxruntime,codegen")
+    with pytest.raises(ExportError, match=r"'onnxruntime\.run' \(a region of ONNX MatMul, Relu, backend onnxruntime\).*--backends codegen,blas") as err:
+        export_c(exe, tmp_path)
+    assert len(str(err.value)) < 400
+    from tilework.export.graph_c import ModuleText
+
+    with pytest.raises(ExportError, match=r"the immediate 'AAAA.*\.\.\. \(1002 characters\) cannot be a value"):
+        ModuleText().static_val("A" * 1000)
+    cm = tw.compile(_matmul_module(), backends="onnxruntime,codegen")
+    (line,) = [ln for ln in cm.explain().splitlines() if "runtime:" in ln]
+    assert "the Python VM" in line and "onnxruntime.run" in line and len(line) < 400
+
+
 def test_blas_region_exports_as_portable_c(tmp_path: Path) -> None:
     """The blas backend's calls become tilework's own C loops: a different summation order from
     OpenBLAS, so within float32 rounding (1e-6 relative to the largest output), not bitwise."""

@@ -260,3 +260,31 @@ def test_an_input_given_as_the_bits_of_its_dtype() -> None:
             native.bind("main", {0: name})(np.zeros((2, 5), np.uint32))
         with pytest.raises(RuntimeCheckError, match=f"argument x expects dtype {name}, got uint16"):
             native.bind("main")(np.zeros((2, 5), np.uint16))  # without bits=, uint16 is uint16
+
+
+def test_torch_inputs_are_taken_as_the_vm_takes_them() -> None:
+    """Native graph code converts torch tensors as the VM does (``runtime.tensor.host_array``):
+    one that requires grad, a transposed one, and n = 0, 1, odd run and match torch; a bf16
+    tensor, a meta tensor and None get the VM's messages (they were raw torch/NumPy errors)."""
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.GELU()).eval()
+    args, dims = (torch.randn(4, 6),), ({0: torch.export.Dim("batch", max=64)},)
+    native = tw.compile(model, args, dynamic_shapes=dims, runtime="native")
+    vm = tw.compile(model, args, dynamic_shapes=dims, runtime="vm")
+    assert native.runtime == "native" and vm.runtime == "vm"
+    good = [torch.randn(n, 6, requires_grad=True) for n in (0, 1, 7)] + [torch.randn(6, 3).t()]
+    for x in good:
+        with torch.no_grad():
+            want = model(x)
+        for cm in (native, vm):
+            got = cm(x)
+            assert isinstance(got, torch.Tensor) and got.shape == want.shape
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for bad, match in [(torch.randn(3, 6, dtype=torch.bfloat16), "expects dtype float32, got bfloat16"),
+                       (torch.empty(3, 6, device="meta"), "tensor on meta given to the CPU runtime"),
+                       (None, "expects a tensor, got NoneType None")]:  # fmt: skip
+        with pytest.raises(RuntimeCheckError, match=match) as vm_err:
+            vm(bad)
+        with pytest.raises(RuntimeCheckError, match=match) as native_err:
+            native(bad)
+        assert str(native_err.value) == str(vm_err.value)

@@ -62,3 +62,15 @@ def test_dim_spec_forms() -> None:
     assert parse_dim_spec("1<=seq<=64") == ("seq", (1, 64))
     with pytest.raises(TileworkError, match="expected NAME<=HI"):
         parse_dim_spec("seq<512")
+
+
+def test_compile_takes_a_path_object_and_names_a_directory(tmp_path: Path) -> None:
+    """``tilework.compile(pathlib.Path("m.onnx"))`` as ``tilework.load`` takes one (it was
+    "cannot compile a pathlib.PosixPath"); a directory is said to be one, not a ``str``."""
+    proto = _save_model(tmp_path / "m.onnx")
+    cm = tilework.compile(tmp_path / "m.onnx")
+    x = np.random.default_rng(1).standard_normal((2, 3, 8)).astype(np.float32)
+    np.testing.assert_allclose(cm(x), ort_run(proto, x)[0], rtol=1e-5, atol=1e-6)
+    for d in (tmp_path, str(tmp_path)):
+        with pytest.raises(TileworkError, match=r"cannot compile '.*': it is a directory, not a model file"):
+            tilework.compile(d)

@@ -194,6 +194,39 @@ def test_unknown_models_and_missing_examples() -> None:
         tilework.compile(Tiny())
 
 
+def test_a_list_given_for_a_tensor_is_described_briefly(tiny: tuple[Any, CompiledModel]) -> None:
+    """A nested Python list where a tensor goes: its first items and its length, not every
+    element (one line of thousands of characters)."""
+    _, cm = tiny
+    ids, mask = _inputs(2, 6)
+    with pytest.raises(TileworkError, match="does not match the inputs") as err:
+        cm(ids, torch.ones(64, 64).tolist())
+    text = str(err.value)
+    assert "[[float, float, float, float, ... 64 items], [float, float, float, float, ... 64 items], [float" in text
+    assert text.endswith("... 64 items], ... 64 items])") and len(text) < 400
+    from tilework.runtime.builtins import check_tensor_info
+
+    with pytest.raises(RuntimeCheckError, match=r"x expects a tensor, got dict \{0: 0, 1: 1, .* \.\.\.$") as err2:
+        check_tensor_info({i: i for i in range(1000)}, 2, "float32", "x")
+    assert len(str(err2.value)) < 120
+
+
+def test_a_torch_export_failure_keeps_torch_explanation() -> None:
+    """torch's first line is only a summary ("Constraints violated (h)!"); why, and the fix it
+    suggests, are on the lines after it, and the message keeps them."""
+
+    class Halve(torch.nn.Module):
+        def forward(self, x: Any) -> Any:
+            return torch.nn.functional.max_pool1d(x, 2) * 2 if x.shape[-1] // 2 != 1 else x
+
+    h = Dim("h", min=2, max=64)
+    with pytest.raises(UnsupportedError) as err:
+        tilework.compile(Halve(), (torch.randn(1, 1, 16),), dynamic_shapes=({2: h},))
+    text = str(err.value)
+    assert text.startswith("torch.export cannot export Halve with these example_args and dynamic_shapes: ")
+    assert "Constraints violated (h)" in text and "specialized it to be a constant (16)" in text and "Suggested fixes:\n  h = 16" in text
+
+
 def test_a_frontend_is_one_registration() -> None:
     class Fake:
         pass

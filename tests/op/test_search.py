@@ -138,3 +138,69 @@ def test_unique_along_an_axis_matches_numpy(is_sorted: bool) -> None:
         got = fn(x.astype(np.int32))
         for g, w in zip(got, _unique_ref(x.astype(np.int32), 1, is_sorted)):
             np.testing.assert_array_equal(g, w)
+
+
+def _unique_items_ref(items: list[tuple[float, ...]], is_sorted: bool) -> tuple[list[int], list[int], list[int]]:
+    """Brute-force unique over items compared whole: NaN equal to NaN and after every number.
+    Returns the first index of each distinct item (in output order), the inverse and the counts."""
+
+    def key(item: tuple[float, ...]) -> tuple[tuple[int, float], ...]:
+        return tuple((1, 0.0) if np.isnan(v) else (0, v) for v in item)
+
+    firsts: list[int] = []
+    for p, item in enumerate(items):
+        if all(key(items[f]) != key(item) for f in firsts):
+            firsts.append(p)
+    if is_sorted:
+        firsts.sort(key=lambda p: key(items[p]))
+    inverse = [next(j for j, f in enumerate(firsts) if key(items[f]) == key(item)) for item in items]
+    counts = [inverse.count(j) for j in range(len(firsts))]
+    return firsts, inverse, counts
+
+
+_NAN_CASES = [[np.nan, 1, 2], [3, np.nan, np.nan, 1], [1, 3, 3, 0, 2, 2, np.nan, 1, 0, 5], [2, 1, np.nan],
+              [np.nan], [np.nan, np.nan, np.nan], [4, 1, 4], [7], [], [0.0, -0.0, np.inf, np.nan, -np.inf, np.nan]]  # fmt: skip
+
+
+@pytest.mark.parametrize("is_sorted", [True, False])
+def test_unique_treats_nans_as_one_value_last(is_sorted: bool) -> None:
+    """NaN at the start, middle, end, only NaNs, no NaN: NumPy's ``unique`` (``equal_nan``), and
+    no index outside the input (a NaN used to get the minimum's key, and the first index summed
+    over every NaN ran past the end)."""
+
+    def make(bb: BlockBuilder, x: Var) -> list[Any]:
+        u = bb.emit(search.unique(x, is_sorted))
+        return [bb.emit(TupleGetItem(u, i)) for i in range(4)]
+
+    fn = _compiled(make, T(tw.dim("z", min=0), dtype="float32"))  # the empty input too
+    for case in _NAN_CASES:
+        x = np.array(case, np.float32)
+        values, first, inverse, counts = fn(x)
+        assert first.size == 0 or (0 <= first.min() and first.max() < x.size)
+        u, f, inv, c = _unique_ref(x, None, is_sorted)
+        np.testing.assert_array_equal(values, u)  # NaN == NaN in assert_array_equal
+        np.testing.assert_array_equal(first, f)
+        np.testing.assert_array_equal(inverse, inv)
+        np.testing.assert_array_equal(counts, c)
+        firsts, want_inv, want_counts = _unique_items_ref([(v,) for v in x.tolist()], is_sorted)
+        assert first.tolist() == firsts and inverse.tolist() == want_inv and counts.tolist() == want_counts
+
+
+@pytest.mark.parametrize("is_sorted", [True, False])
+def test_unique_along_an_axis_with_nans(is_sorted: bool) -> None:
+    """Slices holding NaNs: equal when their NaNs are in the same places, NaN after every number
+    in the lexicographic order."""
+
+    def make(bb: BlockBuilder, x: Var) -> list[Any]:
+        u = bb.emit(search.unique(x, is_sorted, axis=0))
+        return [bb.emit(TupleGetItem(u, i)) for i in range(4)]
+
+    fn = _compiled(make, T(n, 2, dtype="float32"))
+    nan = np.nan
+    for rows in ([[nan, 1], [1, 2], [nan, 1], [1, nan]], [[1, 2], [1, nan], [1, 2], [nan, nan], [nan, nan]],
+                 [[nan, nan]], [[3, 1], [0, 2], [3, 1]], [[1, nan], [nan, 0], [0, nan], [1, nan]]):  # fmt: skip
+        x = np.array(rows, np.float32)
+        values, first, inverse, counts = fn(x)
+        firsts, want_inv, want_counts = _unique_items_ref([tuple(r) for r in x.tolist()], is_sorted)
+        assert first.tolist() == firsts and inverse.tolist() == want_inv and counts.tolist() == want_counts
+        np.testing.assert_array_equal(values, x[firsts])

@@ -165,6 +165,27 @@ def test_a_pickle_is_never_loaded(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
+def test_other_zip_archives_are_named_not_called_old_executables(tmp_path: Path) -> None:
+    """Only a zip with format 1's manifest and pickles is an old executable: a torch.export
+    program is named as one (build it first), an .npz as one, any other zip as not a tilework
+    executable (each used to be "an executable of format 1 ... written by an older tilework")."""
+    npz = tmp_path / "a.npz"
+    np.savez(npz, a=np.ones(3))
+    other = tmp_path / "other.zip"
+    with zipfile.ZipFile(other, "w") as zf:
+        zf.writestr("readme.txt", "hello")
+        zf.writestr("manifest.json", "{}")
+    for path, message in [(npz, "is a NumPy .npz archive, not a tilework executable"), (other, "is a zip archive, not a tilework executable")]:
+        with pytest.raises(FormatError, match=message) as err:
+            tw.load(str(path))
+        assert "format 1" not in str(err.value)
+    torch = pytest.importorskip("torch")
+    pt2 = tmp_path / "mlp.pt2"
+    torch.export.save(torch.export.export(torch.nn.Linear(3, 2), (torch.ones(1, 3),)), str(pt2))
+    with pytest.raises(FormatError, match=r"'.*mlp.pt2' is a torch.export program \(.pt2\), not a tilework executable: compile it first \(tilework build "):
+        tw.load(str(pt2))
+
+
 @pytest.mark.parametrize(
     "case, edit, message",
     [

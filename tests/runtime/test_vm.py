@@ -211,3 +211,62 @@ def test_cli_mistakes_are_one_line_errors(tmp_path: object, capsys: pytest.Captu
     assert code == 2 and "Traceback" not in err
     code, out, _ = cli("--version")
     assert code == 0 and out.startswith("tilework ")
+
+
+def test_cli_runs_a_saved_compiled_model(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
+    """``tilework run`` on what ``CompiledModel.save`` wrote binds the stored weights: only the
+    model's own inputs are asked for (it asked for an --input per weight)."""
+    from tilework import nn
+    from tilework.cli import main
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            self.fc = nn.Linear(8, 5)
+
+        def forward(self, x: Any) -> Any:
+            return nn.ops.gelu(self.fc(x))
+
+    d = str(tmp_path)
+    cm = tw.compile(Net().init_random(seed=4), {"x": nn.spec.Tensor([tw.dim("n", min=0, max=16), 8])}, runtime="vm")
+    assert len(cm.weights) == 2
+    cm.save(os.path.join(d, "model.tw"))
+    for n in (0, 1, 7):
+        x = np.random.default_rng(n).standard_normal((n, 8)).astype(np.float32)
+        np.save(os.path.join(d, "x.npy"), x)
+        code = main(["run", os.path.join(d, "model.tw"), "--input", f"x={d}/x.npy", "--output", os.path.join(d, "out")])
+        assert code == 0
+        np.testing.assert_array_equal(np.load(os.path.join(d, "out", "output0.npy")), cm(x))
+    capsys.readouterr()
+    assert main(["run", os.path.join(d, "model.tw")]) == 2
+    err = capsys.readouterr().err
+    assert "missing --input for parameter(s) x of main" in err and "fc" not in err
+
+
+def test_load_of_a_saved_compiled_model_points_to_compiled_model_load(tmp_path: object) -> None:
+    """``tw.load`` of what ``CompiledModel.save`` wrote is the bare executable (the API stays);
+    calling its ``main`` without the weights says to use ``CompiledModel.load``, which gives
+    the callable model."""
+    from tilework import nn
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            self.fc = nn.Linear(4, 3)
+
+        def forward(self, x: Any) -> Any:
+            return self.fc(x)
+
+    path = os.path.join(str(tmp_path), "model.tw")
+    cm = tw.compile(Net().init_random(seed=5), {"x": nn.spec.Tensor([tw.dim("n"), 4])}, runtime="vm")
+    cm.save(path)
+    x = np.ones((3, 4), np.float32)
+    exe = tw.load(path)
+    assert isinstance(exe, tw.Executable)
+    with pytest.raises(RuntimeCheckError, match=r"got 1; .*written by CompiledModel.save: tilework.CompiledModel.load"):
+        tw.VM(exe)["main"](x)
+    np.testing.assert_array_equal(tw.VM(exe)["main"](x, *cm.weights), cm(x))
+    np.testing.assert_array_equal(tw.CompiledModel.load(path)(x), cm(x))
+    plain = os.path.join(str(tmp_path), "m.tw")
+    tw.build(_two_input_module()).save(plain)
+    with pytest.raises(RuntimeCheckError) as err:
+        tw.VM(tw.load(plain))["main"](x)
+    assert "CompiledModel" not in str(err.value)

@@ -90,6 +90,18 @@ def run_region(model_b64: str, *args: Any) -> None:
 register_extern(SYMBOL, run_region, override=True)
 
 
+def region_ops(model_b64: str) -> list[str]:
+    """The ONNX op types of a region's model, each once in order of first use (for messages:
+    the export's refusal names them); empty when the model does not decode."""
+    try:
+        import onnx
+
+        model = onnx.load_from_string(base64.b64decode(model_b64))
+    except Exception:  # a message helper: a model that does not decode has no ops to name
+        return []
+    return list(dict.fromkeys(node.op_type for node in model.graph.node))
+
+
 def _ok(m: PatternMatch) -> bool:
     call = m.root_call
     return call is not None and supported(call)

@@ -23,6 +23,7 @@ subtract, multiply, divide); float32 and float64.
 from __future__ import annotations
 
 import importlib.util
+import warnings
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,10 @@ def _t() -> Any:
     if _torch is None:
         import torch
 
+        # the externs wrap read-only inputs (weights, constants) with torch.from_numpy, which
+        # warns that writing them would be undefined; they are only read. Ignored for calls
+        # from this module alone, with no copy and no per-call cost.
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning, module=__name__)
         _torch = torch
     return _torch
 

@@ -66,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     placement.add_build_args(b)
 
     r = sub.add_parser("run", help="run a function of an executable on .npy inputs")
-    r.add_argument("executable", help="a file written by `tilework build` or Executable.save")
+    r.add_argument("executable", help="a file written by `tilework build`, Executable.save or CompiledModel.save (whose stored weights are passed: --input names only the model's inputs)")
     r.add_argument("--function", default="main", help="the function to run (default main)")
     r.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy", help="an input by parameter name; repeat for each")
     r.add_argument("--output", metavar="DIR", help="write outputs as DIR/output0.npy, ... (default: print a summary)")
@@ -302,11 +302,21 @@ def _run(args: argparse.Namespace) -> int:
 
     import tilework
 
-    exe = tilework.load(args.executable, trust_native=args.trust_native)
+    from tilework.compiled import KIND as COMPILED_MODEL
+    from tilework.runtime.executable import load_file
+
+    loaded = load_file(args.executable, trust_native=args.trust_native)
+    exe = loaded.executable
     vm = tilework.VM(exe)
     if args.function not in exe.functions:
         raise TileworkError(f"no function {args.function!r} in {args.executable} (it has: {', '.join(exe.functions)})")
     params = exe.functions[args.function].params
+    stored: list[np.ndarray] = []  # a compiled model's weights, main's trailing parameters (cm.save)
+    if loaded.extra.get("kind") == COMPILED_MODEL and args.function == "main":
+        stored = loaded.arrays.get("weights", [])
+        if len(stored) > len(params):
+            raise TileworkError(f"{args.executable}: {len(stored)} stored weights for the {len(params)} parameters of main")
+        params = params[: len(params) - len(stored)]
     given: dict[str, np.ndarray] = {}
     for item in args.input:
         name, sep, path = item.partition("=")
@@ -320,7 +330,7 @@ def _run(args: argparse.Namespace) -> int:
     missing = [p for p in params if p not in given]
     if missing:
         raise TileworkError(f"missing --input for parameter(s) {', '.join(missing)} of {args.function}")
-    out = vm[args.function](*[given[p] for p in params])
+    out = vm[args.function](*[given[p] for p in params], *stored)
     outs = list(out) if isinstance(out, tuple) else [out]
     if args.output:
         os.makedirs(args.output, exist_ok=True)

@@ -46,14 +46,19 @@ class CacheWarning(UserWarning):
     """A cache entry was set aside (and will be rebuilt), or the cache is read-only."""
 
 
-def cache_dir() -> Path:
-    """The cache directory: created 0700 on demand, refused when another user can write it."""
+def cache_location() -> Path:
+    """Where the cache directory is (``TILEWORK_CACHE_DIR``, else the XDG cache home's
+    ``tilework``); nothing is created (``cache_dir`` creates it)."""
     env = os.environ.get("TILEWORK_CACHE_DIR")
     if env:
-        path = Path(env)
-    else:
-        xdg = os.environ.get("XDG_CACHE_HOME")
-        path = (Path(xdg) if xdg else Path.home() / ".cache") / "tilework"
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "tilework"
+
+
+def cache_dir() -> Path:
+    """The cache directory: created 0700 on demand, refused when another user can write it."""
+    path = cache_location()
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         st = path.stat()
@@ -264,4 +269,4 @@ def set_aside(entry: Path, why: str) -> None:
             pass  # already gone (another process set it aside), or not ours to move
 
 
-__all__ = ["CacheWarning", "cache_dir", "private_copy", "load_shared_object", "check_private", "writable", "scratch_dir", "write_atomic", "write_entry", "write_record", "read_json", "read_verified", "set_aside", "digest", "record_path"]
+__all__ = ["CacheWarning", "cache_dir", "cache_location", "private_copy", "load_shared_object", "check_private", "writable", "scratch_dir", "write_atomic", "write_entry", "write_record", "read_json", "read_verified", "set_aside", "digest", "record_path"]

@@ -19,8 +19,9 @@ the C ``const tw_val*`` expressions of those arguments.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
+from tilework.backend import onnxruntime as onnxruntime_backend
 from tilework.errors import BuildError
 
 QUANT_FORMATS = ("q4_0", "q4_1", "q8_0", "bf16", "f16", "q4_k", "q6_k", "q4_0x16", "q4_1x16", "q8_0x16", "bf16x16")
@@ -103,12 +104,28 @@ def extern_call(symbol: str, vals: Sequence[str], where: str) -> list[str]:
         nd = 4 if kind == "batch_matmul" else 3
         dim_args = ", ".join(f"d_->shape[{i}]" for i in range(nd))
         return [f"{{ const tw_val* d_ = {dims}; twb_{short}_{kind}({ins}, ({ctype}*)({out})->data, {dim_args}); }}"]
+    raise refusal(symbol, where)
+
+
+def exports(symbol: str) -> bool:
+    """Whether library call ``symbol`` has a C implementation (of some arity): else the export
+    refuses it before it looks at its arguments (an onnxruntime call's serialized model)."""
+    return symbol.startswith(("quant.linear.", "quant.linear_add.", "blas."))
+
+
+def refusal(symbol: str, where: str, args: Sequence[Any] = ()) -> ExportError:
+    """The error for a library call that has no C implementation, naming its op and backend
+    (an onnxruntime region's ONNX ops, read from its model: its first argument)."""
     backend, op = _backend_of(symbol)
-    raise ExportError(
-        f"{where} calls library function {symbol!r} (op {op}, backend {backend}), which has no C implementation: "
+    what = f"op {op}"
+    if symbol == onnxruntime_backend.SYMBOL and args and isinstance(args[0], str):
+        ops = onnxruntime_backend.region_ops(args[0])
+        what = f"a region of ONNX {', '.join(ops)}" if ops else "a region"
+    return ExportError(
+        f"{where} calls library function {symbol!r} ({what}, backend {backend}), which has no C implementation: "
         f"the exported library runs without Python. Compile the model with backends whose calls export "
         f"(--backends codegen,blas or codegen,quant; codegen alone always does) and export again."
     )
 
 
-__all__ = ["ExportError", "extern_call", "extra_sources", "declarations", "QUANT_FORMATS"]
+__all__ = ["ExportError", "extern_call", "exports", "refusal", "extra_sources", "declarations", "QUANT_FORMATS"]

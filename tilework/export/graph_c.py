@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from tilework.errors import BuildError
-from tilework.export.externs import ExportError, extern_call
+from tilework.export.externs import ExportError, extern_call, exports, refusal
 from tilework.ir.dtype import DTYPE_TABLE
 from tilework.runtime.bytecode import VMFunction
 from tilework.runtime.kernels import KernelInfo
@@ -85,6 +85,12 @@ def c_double(v: float) -> str:
     return v.hex()
 
 
+def _short(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to about ``limit`` characters (an immediate may be a serialized model)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 20]}... ({len(text)} characters)"
+
+
 @dataclass
 class ModuleText:
     """File-scope declarations shared by the translated functions."""
@@ -112,7 +118,7 @@ class ModuleText:
             dims = ", ".join(c_int(v) for v in value) or "0"
             init = f"{{.kind = TW_SHAPE, .ndim = {len(value)}, .shape = {{{dims}}}}}"
         else:
-            raise ExportError(f"the immediate {value!r} cannot be a value in the exported C")
+            raise ExportError(f"the immediate {_short(value)} cannot be a value in the exported C")
         self.decls.append(f"static const tw_val {name} = {init};")
         return name
 
@@ -233,6 +239,8 @@ class FunctionC:
         self.emit(f"{{ const tw_val a_[] = {{{vals}}}; TW_TRY({sym}(m, a_, &r[{dst}])); }}")
 
     def extern(self, dst: int, name: str, args: list[tuple[str, Any]]) -> None:
+        if not exports(name):
+            raise refusal(name, self.fn.name, [v if tag == "i" else None for tag, v in args])
         vals = [self.val(a) for a in args]
         for line in extern_call(name, vals, self.fn.name):
             self.emit(line)

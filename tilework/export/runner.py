@@ -20,6 +20,7 @@ from tilework.codegen.c.module import data_pointer
 from tilework.export.aot import MAX_NDIM
 from tilework.export.graph_c import dl_type
 from tilework.ir.dtype import DTYPE_TABLE, dtype_name
+from tilework.runtime.tensor import host_array
 
 MAX_OUTPUTS = 64
 MAX_INPUTS = 64
@@ -92,9 +93,11 @@ def _np_of(code: int, bits: int) -> np.dtype:
     return found
 
 
-def tensors_of(arrays: Sequence[np.ndarray], tensors: Any = None, bits: Mapping[int, str] | None = None) -> tuple[Any, list[Any]]:
+def tensors_of(arrays: Sequence[Any], tensors: Any = None, bits: Mapping[int, str] | None = None, function: str = "", names: Sequence[str] = ()) -> tuple[Any, list[Any]]:
     """``tw_tensor`` structs describing C-contiguous ``arrays`` (written into ``tensors``, a
     ``_Tensors`` of enough room, when given), and what must stay alive while they are used.
+    Torch tensors and numbers are converted as the VM converts them (``host_array``); its errors name
+    the input as the VM's checks do (``function: argument name``, else its position).
     ``bits`` maps a position to a tilework dtype whose bits an integer array there holds (uint16
     for bfloat16: NumPy has no such dtype without ml_dtypes); the item sizes must agree. An
     array of another kind at that position is described by its own dtype."""
@@ -102,7 +105,8 @@ def tensors_of(arrays: Sequence[np.ndarray], tensors: Any = None, bits: Mapping[
         tensors = _Tensors(len(arrays))
     keep: list[Any] = [tensors]  # its shape arrays
     for i, a in enumerate(arrays):
-        a = np.asarray(a)
+        if not isinstance(a, np.ndarray):
+            a = host_array(a, f"{function}: argument {names[i]}" if i < len(names) else f"input {i}")
         if not a.flags.c_contiguous:
             a = np.ascontiguousarray(a)  # (which would make a 0-d array 1-d)
         t = tensors.structs[i]
@@ -138,6 +142,8 @@ _I64P = ctypes.POINTER(ctypes.c_int64)
 class ExportedModel:
     """A loaded ``libtwmodel.so`` with its weights file; see the module docstring."""
 
+    functions: Mapping[str, Sequence[str]] = {}  # each function's input names, where known (for errors)
+
     def __init__(self, lib_dir: str | os.PathLike[str], weights: str | os.PathLike[str]) -> None:
         path = os.path.join(os.fspath(lib_dir), "libtwmodel.so")
         if not os.path.exists(path):
@@ -156,12 +162,12 @@ class ExportedModel:
         self._inputs = _Tensors(MAX_INPUTS)
         self._keep: list[Any] = []
 
-    def prepare(self, function: str, *arrays: np.ndarray, bits: Mapping[int, str] | None = None) -> tuple[bytes, Any, int]:
+    def prepare(self, function: str, *arrays: Any, bits: Mapping[int, str] | None = None) -> tuple[bytes, Any, int]:
         """The ctypes arguments of a call, built once (for ``run_raw``); ``bits`` as in
         ``tensors_of``."""
         if len(arrays) > MAX_INPUTS:
             raise RuntimeCheckError(f"{function}: {len(arrays)} inputs (at most {MAX_INPUTS})")
-        tensors, keep = tensors_of(arrays, self._inputs, bits)
+        tensors, keep = tensors_of(arrays, self._inputs, bits, function, self.functions.get(function, ()))
         self._keep = keep
         return function.encode(), tensors, len(arrays)
 
@@ -172,7 +178,7 @@ class ExportedModel:
             raise _error(self._lib, self._handle)
         return int(got)
 
-    def run(self, function: str, *arrays: np.ndarray, bits: Mapping[int, str] | None = None) -> list[np.ndarray]:
+    def run(self, function: str, *arrays: Any, bits: Mapping[int, str] | None = None) -> list[np.ndarray]:
         n = self.run_raw(self.prepare(function, *arrays, bits=bits))
         outs = []
         for i in range(min(n, MAX_OUTPUTS)):

@@ -17,6 +17,7 @@ the ``Signature`` that maps a call's arguments to those inputs and the outputs b
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -146,6 +147,9 @@ def _is_leaf(v: Any) -> bool:
     return isinstance(v, np.ndarray) or (type(v).__module__.startswith("torch") and type(v).__name__ in ("Tensor", "Parameter"))
 
 
+_SHOWN = 4  # the items of a list or tuple a call's description shows
+
+
 def _render_call(spec: Any, names: Any, values: Sequence[Any] | None = None) -> str:
     """``(x, y, mask=m)`` for a pytree spec of ``(args, kwargs)``: the leaves by ``names``, or
     described by the values in ``values`` (whose leaves are the top-level call arguments)."""
@@ -168,6 +172,8 @@ def _render_call(spec: Any, names: Any, values: Sequence[Any] | None = None) -> 
         kids = [render(c) for c in sp.children()]
         if sp.type is dict:
             return "{" + ", ".join(f"{k!r}: {v}" for k, v in zip(sp.context, kids)) + "}"
+        if sp.type in (list, tuple) and len(kids) > _SHOWN:  # a list of numbers: its first items and its length
+            kids = [*kids[:_SHOWN], f"... {len(kids)} items"]
         if sp.type is list:
             return "[" + ", ".join(kids) + "]"
         if sp.type is tuple:
@@ -220,10 +226,15 @@ def frontends() -> list[str]:
 
 
 def import_model(model: Any, options: CompileOptions) -> Imported:
-    """The first registered frontend that accepts ``model`` imports it."""
+    """The first registered frontend that accepts ``model`` imports it; a path may be a
+    ``str`` or any ``os.PathLike`` (``pathlib.Path``)."""
+    if isinstance(model, os.PathLike):
+        model = os.fspath(model)
     for _, accepts, load in _FRONTENDS:
         if accepts(model):
             return load(model, options)
+    if isinstance(model, str) and os.path.isdir(model):
+        raise UnsupportedError(f"tilework.compile cannot compile {model!r}: it is a directory, not a model file (a .onnx file, say)")
     raise UnsupportedError(f"tilework.compile cannot compile a {type(model).__module__}.{type(model).__name__}; it accepts: {', '.join(frontends())}")
 
 

@@ -11,7 +11,10 @@
   first occurrence), where each first occurs, the position in ``values`` of every element, and
   how often each occurs (ONNX's Unique). With an ``axis``, the items are the slices along it,
   compared whole and ordered lexicographically (each read in row-major order of the other
-  dims); ``values`` is ``x`` with the ``n`` distinct slices along ``axis``.
+  dims); ``values`` is ``x`` with the ``n`` distinct slices along ``axis``. NaNs are equal to
+  each other and sort after every number (NumPy's ``unique``, ``equal_nan=True``): all NaNs are
+  one item, first where the first NaN is. onnxruntime's result for NaN is not defined (it
+  differs with the order of the input), so NumPy's is the reference.
 
 Inference leaves a data-dependent length unknown (``nonzero`` is ``Tensor(ndim=2)``); callers
 bind it with a ``match_cast`` to a fresh sym var. Legalization does the same inside: a first
@@ -28,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from tilework import te
 from tilework.ir import sym
+from tilework.ir.dtype import is_float_dtype
 from tilework.ir.graph import Call, Expr
 from tilework.ir.info import ShapeInfo, StructInfo, TensorInfo, TupleInfo
 from tilework.ir.loop import Scalar
@@ -185,10 +189,13 @@ def _infer_unique(call: Call, ctx: InferCtx) -> StructInfo:
 class _Slices:
     """The input as ``count`` items compared as wholes: its elements (no axis), or its slices
     along ``axis``, each read in row-major order of the other dims. ``same``/``before`` are
-    the item comparisons (``before``: lexicographically smaller)."""
+    the item comparisons (``before``: lexicographically smaller). Elements compare in a total
+    order, NaN equal to NaN and after every number: the keys of the firsts are then exactly
+    ``0 .. n-1``, so every index the fill kernel computes lies inside the input."""
 
     def __init__(self, x: te.Tensor, axis: int | None) -> None:
         self.x, self.axis = x, axis
+        self.floats = is_float_dtype(x.dtype)
         self.rest: tuple[Dim, ...]
         self.width: Dim
         if axis is None:
@@ -198,7 +205,7 @@ class _Slices:
         self.rest = tuple(d for k, d in enumerate(x.shape) if k != axis)
         self.width = sym.product(self.rest)
         # each pair of slices: the first position where they differ (0 where they are equal)
-        self.diff = te.compute((self.count, self.count), lambda p, q: te.argmax(te.if_then_else(te.ne(self.at(p, (r := te.reduce_axis(self.width, "r"))), self.at(q, r)), 1, 0), axis=r), "first_diff", "int64")
+        self.diff = te.compute((self.count, self.count), lambda p, q: te.argmax(te.if_then_else(self.eq(self.at(p, (r := te.reduce_axis(self.width, "r"))), self.at(q, r)), 0, 1), axis=r), "first_diff", "int64")
 
     def at(self, p: Scalar, r: Scalar) -> Scalar:
         """Element ``r`` of item ``p``."""
@@ -207,15 +214,25 @@ class _Slices:
         inner = tuple(reshape_index((r,), (self.width,), self.rest)) if self.rest else ()
         return upcast(self.x[(*inner[: self.axis], p, *inner[self.axis :])], self.x.dtype)
 
+    def eq(self, a: Scalar, b: Scalar) -> Scalar:
+        """Elements equal, NaN equal to NaN."""
+        if not self.floats:
+            return te.eq(a, b)
+        return te.logical_or(te.eq(a, b), te.logical_and(te.isnan(a), te.isnan(b)))
+
+    def lt(self, a: Scalar, b: Scalar) -> Scalar:
+        """``a`` before ``b``, NaN after every number."""
+        if not self.floats:
+            return te.lt(a, b)
+        return te.logical_or(te.lt(a, b), te.logical_and(te.isnan(b), te.logical_not(te.isnan(a))))
+
     def same(self, p: Scalar, q: Scalar) -> Scalar:
-        if self.axis is None:
-            return te.eq(self.at(p, 0), self.at(q, 0))
-        d = self.diff[p, q]
-        return te.eq(self.at(p, d), self.at(q, d))
+        d = 0 if self.axis is None else self.diff[p, q]
+        return self.eq(self.at(p, d), self.at(q, d))
 
     def before(self, p: Scalar, q: Scalar) -> Scalar:
         d = 0 if self.axis is None else self.diff[p, q]
-        return te.lt(self.at(p, d), self.at(q, d))
+        return self.lt(self.at(p, d), self.at(q, d))
 
 
 def _legalize_unique(call: Call, ctx: "LegalizeCtx") -> Expr:

@@ -29,6 +29,7 @@ import mmap
 import os
 import struct
 import tempfile
+import zipfile
 from typing import Any
 
 import numpy as np
@@ -124,12 +125,12 @@ class Archive:
         view = memoryview(self._map)
         if size < HEADER.size:
             if bytes(view[:4]) == _ZIP_MAGIC:
-                self._old_format()
+                self._refuse_zip()
             raise FormatError(f"{path!r} is truncated or not a tilework executable ({size} bytes, the header alone is {HEADER.size})")
         magic, version, _flags, meta_len, data_len, digest = HEADER.unpack_from(view, 0)
         if magic != MAGIC:
             if bytes(view[:4]) == _ZIP_MAGIC:
-                self._old_format()
+                self._refuse_zip()
             raise FormatError(f"{path!r} is not a tilework executable (no tilework header)")
         if version != FORMAT_VERSION:
             age = "an older" if version < FORMAT_VERSION else "a newer"
@@ -152,11 +153,26 @@ class Archive:
         self._data = view[data_at : data_at + data_len]
         self._sections = self._check_sections(meta.get("sections"), data_len)
 
-    def _old_format(self) -> None:
-        raise FormatError(
-            f"{self.path!r} is an executable of format 1 (a zip archive of pickles, written by an older tilework); "
-            "this version never loads pickles: rebuild the model with this version of tilework"
-        )
+    def _refuse_zip(self) -> None:
+        """Refuse a zip archive, saying which kind: tilework's format 1 (a manifest and pickles,
+        never loaded), a torch.export program, a NumPy .npz, or another (only its directory of
+        names is read)."""
+        try:
+            with zipfile.ZipFile(self.path) as zf:
+                names = zf.namelist()
+        except (OSError, zipfile.BadZipFile, ValueError, EOFError):
+            names = []
+        bases = {n.rpartition("/")[2] for n in names}
+        if "manifest.json" in names and any(n.endswith(".pkl") for n in names):
+            raise FormatError(
+                f"{self.path!r} is an executable of format 1 (a zip archive of pickles, written by an older tilework); "
+                "this version never loads pickles: rebuild the model with this version of tilework"
+            )
+        if "archive_format" in bases or any(n.endswith("serialized_exported_program.json") for n in names):
+            raise FormatError(f"{self.path!r} is a torch.export program (.pt2), not a tilework executable: compile it first (tilework build {self.path} -o model.tw, or tilework.compile)")
+        if names and all(n.endswith(".npy") for n in names):
+            raise FormatError(f"{self.path!r} is a NumPy .npz archive, not a tilework executable")
+        raise FormatError(f"{self.path!r} is a zip archive, not a tilework executable")
 
     def _check_sections(self, sections: Any, data_len: int) -> list[tuple[int, int]]:
         if not isinstance(sections, list):

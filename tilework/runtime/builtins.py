@@ -22,6 +22,7 @@ import numpy as np
 from tilework.errors import BuildError, RuntimeCheckError
 from tilework.op.vm import ASSERT_IMM, ASSERT_SLOT, DIM_OPS, STORE
 from tilework.runtime.memory import CarveSite, Memory, carve
+from tilework.runtime.tensor import describe
 from tilework.ir.dtype import np_dtype
 
 
@@ -59,7 +60,7 @@ def _describe(value: Any) -> str:
         return f"a tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
     if isinstance(value, tuple):
         return f"a tuple of {len(value)}"
-    return f"{type(value).__name__} {value!r}"
+    return describe(value)
 
 
 @builtin("vm_check_tensor_info")

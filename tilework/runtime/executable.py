@@ -53,6 +53,8 @@ class Executable:
         # True for an executable read from a file (``load_file``): its bytecode is not trusted
         # to call kernels right, so a VM checks every kernel and library call (docs/errors.md)
         self.untrusted = False
+        # said after a call's wrong argument count (``tilework.load`` of a compiled model's file)
+        self.call_hint = ""
 
     @property
     def kernel_funcs(self) -> dict[str, TensorFunc]:

@@ -72,6 +72,27 @@ def to_torch_tree(x: Any) -> Any:
     return x
 
 
+def describe(x: Any, limit: int = 80) -> str:
+    """``x`` in an error message: its type and repr, cut to about ``limit`` characters."""
+    text = repr(x)
+    if len(text) > limit:
+        text = text[: limit - 5] + " ...]" if text[:1] == "[" else text[: limit - 4] + " ..."
+    return f"{type(x).__name__} {text}"
+
+
+def host_array(x: Any, where: str) -> np.ndarray:
+    """An input of the native graph code or an export, which take tensors only: ``as_array``
+    (arrays stay, torch tensors become views), a number a 0-d array; anything else (None, a
+    list ...) is a ``RuntimeCheckError`` naming ``where``, as the VM's check says it."""
+    if isinstance(x, np.ndarray):
+        return x
+    if is_torch_tensor(x):
+        return from_torch(x)
+    if isinstance(x, (bool, int, float, complex, np.generic)):
+        return np.asarray(x)
+    raise RuntimeCheckError(f"{where} expects a tensor, got {describe(x)}")
+
+
 def as_array(x: Any) -> Any:
     """A VM input: arrays stay, torch tensors become views, Python scalars stay scalars."""
     if isinstance(x, np.ndarray):

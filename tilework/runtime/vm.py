@@ -235,7 +235,8 @@ class VM:
 
         def call(*args: Any) -> Any:
             if len(args) != len(params):
-                raise RuntimeCheckError(f"{name} takes {len(params)} argument(s) ({', '.join(params)}), got {len(args)}")
+                hint = f"; {self.exe.call_hint}" if self.exe.call_hint else ""
+                raise RuntimeCheckError(f"{name} takes {len(params)} argument(s) ({', '.join(params)}), got {len(args)}{hint}")
             torch_in = any(is_torch_tensor(a) for a in args)
             out = run(name, [as_array(a) for a in args])
             return to_torch_tree(out) if torch_in else out

@@ -436,11 +436,30 @@ def load_model(model_or_path: ModelProto | str | os.PathLike[str] | bytes) -> Mo
         raise FileFormatError(f"cannot read {e.filename or what}: {e.strerror or e}") from None
     except DecodeError:
         raise FileFormatError(f"{what} is not an ONNX model: it does not decode as one (truncated, or another kind of file?)") from None
-    except (ValueError, TypeError, RuntimeError) as e:  # onnx's external-data and protobuf checks
-        raise FileFormatError(f"{what}: cannot load the ONNX model ({type(e).__name__}: {e})") from None
+    except (ValueError, TypeError, RuntimeError, onnx.checker.ValidationError) as e:  # onnx's external-data and protobuf checks
+        raise FileFormatError(_missing_external_data(what) or f"{what}: cannot load the ONNX model ({type(e).__name__}: {e})") from None
     if model.ir_version <= 0 or not model.HasField("graph"):
         raise FileFormatError(f"{what} is not an ONNX model: it has no IR version or no graph (truncated, or another kind of file?)")
     return model
+
+
+def _missing_external_data(path: str) -> str | None:
+    """Which external-data file of the model at ``path`` is missing, as an error message (None
+    when each is there, or the model does not read without them either)."""
+    try:
+        from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data  # (every tensor, subgraphs' too)
+
+        model = onnx.load(path, load_external_data=False)
+    except Exception:
+        return None
+    base = os.path.dirname(path)
+    for tensor in _get_all_tensors(model):
+        if not uses_external_data(tensor):
+            continue
+        location = ExternalDataInfo(tensor).location
+        if not os.path.isfile(os.path.join(base, location)):
+            return f"{path}: external data file {location} for tensor {tensor.name} is missing (looked for {os.path.join(base, location)})"
+    return None
 
 
 def from_onnx(

@@ -33,8 +33,7 @@ def import_torch_module(model: Any, options: CompileOptions) -> Imported:
     try:
         ep = torch.export.export(model, tuple(args), dict(kwargs), dynamic_shapes=options.dynamic_shapes, strict=False)
     except Exception as e:  # torch.export refuses a model with many exception types; its own is the cause
-        first = next((line for line in str(e).splitlines() if line.strip()), "")
-        raise UnsupportedError(f"torch.export cannot export {type(model).__name__} with these example_args and dynamic_shapes: {type(e).__name__}: {first}") from e
+        raise UnsupportedError(f"torch.export cannot export {type(model).__name__} with these example_args and dynamic_shapes: {type(e).__name__}: {_explanation(e)}") from e
     names = dict(_dim_names_from_spec(ep, model, args, kwargs, options.dynamic_shapes))
     names.update(options.dim_names or {})
     from tilework.frontend.torch import translate
@@ -42,6 +41,23 @@ def import_torch_module(model: Any, options: CompileOptions) -> Imported:
     tr = translate(ep, options.weights == "inputs", dim_names=names, dim_bounds=options.dim_bounds)
     calls = sum(1 for n in ep.graph.nodes if n.op == "call_function")
     return _imported_from_translation(tr, f"torch.nn.Module {type(model).__name__} via torch.export ({calls} ATen calls)")
+
+
+def _explanation(e: Exception, max_lines: int = 16, max_chars: int = 3000) -> str:
+    """torch's message without its blank lines, cut to ``max_lines`` lines and about
+    ``max_chars`` characters: its first line is often only a summary ("Constraints violated
+    (h)!"), the lines after it say which guard failed and suggest fixes."""
+    lines = [line.rstrip() for line in str(e).splitlines() if line.strip()]
+    kept: list[str] = []
+    size = 0
+    for line in lines[:max_lines]:
+        if kept and size + len(line) > max_chars:
+            break
+        kept.append(line if len(line) <= max_chars else line[:max_chars] + " ...")
+        size += len(line) + 1
+    if len(kept) < len(lines):
+        kept.append(f"... ({len(lines) - len(kept)} more line(s) of torch's message)")
+    return "\n".join(kept)
 
 
 def _imported_from_translation(tr: Any, source: str) -> Imported:
