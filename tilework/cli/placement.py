@@ -59,10 +59,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _cache(action: str) -> int:
-    from tilework.codegen.cache import cache_location
-    from tilework.collage.cache import CostCache
+    from tilework.collage.cache import CostCache, cache_path
 
-    where = cache_location() / "placement" / "costs.sqlite"  # collage.cache.cache_path, which creates its directory
+    where = cache_path(create=False)
     if not where.exists():  # a read of the cache writes nothing: an empty cache is reported, not made
         print(f"cleared 0 entries: no placement cost cache at {where}" if action == "clear" else f"placement cost cache: {where} (not created yet)\n  0 entries, 0.0 KiB")
         return 0

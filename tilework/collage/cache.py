@@ -42,10 +42,14 @@ _TABLE = """CREATE TABLE IF NOT EXISTS costs (
 )"""
 
 
-def cache_path() -> Path:
-    """``<cache dir>/placement/costs.sqlite``; the directory is created private (0700)."""
+def cache_path(create: bool = True) -> Path:
+    """``<cache dir>/placement/costs.sqlite``; the directory is created private (0700) unless
+    ``create`` is False (a read that must write nothing)."""
+    from tilework.codegen.cache import cache_location
     from tilework.codegen.c.toolchain import cache_dir
 
+    if not create:
+        return cache_location() / "placement" / "costs.sqlite"
     d = cache_dir() / "placement"
     d.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(d, 0o700)
