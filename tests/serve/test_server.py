@@ -176,6 +176,9 @@ BAD = [
     (json.dumps({"prompt": ""}), 400, "prompt", "prompt is empty"),
     (json.dumps({"prompt": [1, 999999]}), 400, "prompt", "outside the vocabulary"),
     (json.dumps({"max_tokens": 3}), 400, "prompt", "prompt is required"),
+    (json.dumps({"prompt": "caf\ud800", "max_tokens": 3}), 400, "prompt", r"prompt holds a lone UTF-16 surrogate \(\\ud800 at character 3\)"),
+    (json.dumps({"prompt": ["caf\ud800"]}), 400, "prompt", "lone UTF-16 surrogate"),
+    (json.dumps({"prompt": "hi", "stop": ["a", "\udfff"]}), 400, "stop", r"stop\[1\] holds a lone UTF-16 surrogate"),
 ]
 BAD_CHAT = [
     (json.dumps({"messages": []}), 400, "messages", "non-empty list"),
@@ -183,6 +186,10 @@ BAD_CHAT = [
     (json.dumps({"messages": [{"role": "asistant", "content": "hi"}]}), 400, "messages", "'asistant' is not one of system"),
     (json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}), 400, "messages", "only text parts"),
     (json.dumps({"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}), 400, "stream", "true or false"),
+    (json.dumps({"messages": [{"role": "user", "content": "hi \udfff"}], "max_tokens": 3}), 400, "messages",
+     r"messages\[0\]\.content holds a lone UTF-16 surrogate \(\\udfff"),
+    (json.dumps({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]}),
+     400, "messages", r"messages\[1\]\.content holds a lone"),
 ]
 
 
