@@ -27,7 +27,10 @@ openai = pytest.importorskip("openai")
 
 pytestmark = needs_smollm2
 
+import tilework.serve.app as app_module  # noqa: E402
 from tilework.llm import LLM, SamplingParams  # noqa: E402
+from tilework.llm.completion import Completion  # noqa: E402
+from tilework.serve.scheduler import INTERNAL_ERROR  # noqa: E402
 from tilework.serve.metrics import parse_metrics  # noqa: E402
 from tilework.serve.server import BackgroundServer  # noqa: E402
 
@@ -153,6 +156,48 @@ def test_clients_that_disconnect_mid_stream_leave_no_pages(server: BackgroundSer
     assert m["tilework_kv_pages_used"] == m["tilework_kv_pages_reserved"] == 0
     assert m['tilework_requests_finished_total{reason="cancelled"}'] - before.get('tilework_requests_finished_total{reason="cancelled"}', 0) == 11
     assert http(server, "/health") == (200, '{"status":"ok"}')
+
+
+def sse(text: str) -> list[Any]:
+    """The events of a server-sent event stream, ``[DONE]`` as a string."""
+    return [line[6:] if line == "data: [DONE]" else json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+
+
+def test_a_request_that_fails_inside_the_server_gets_a_clean_500_and_the_others_go_on(
+        server: BackgroundServer, client: Any, ref: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sampling raises for the requests with seed 666 (as a tiny temperature made the sampler
+    do), and parsing raises for the prompt "boom": each of those gets OpenAI's error body with
+    500 and no Python text, while a stream running beside them gets all its tokens."""
+    add, parse = Completion.add, app_module.parse_request
+
+    def failing_add(self: Completion, logits: Any, room: bool = True) -> str:
+        if self.params.seed == 666:
+            raise IndexError("index -1 is out of bounds for axis 0 with size 0")
+        return add(self, logits, room)
+
+    def failing_parse(raw: bytes, *args: Any, **kw: Any) -> Any:
+        if b'"boom"' in raw:
+            raise RuntimeError("secret internals")
+        return parse(raw, *args, **kw)
+
+    monkeypatch.setattr(Completion, "add", failing_add)
+    monkeypatch.setattr(app_module, "parse_request", failing_parse)
+    want = ref.generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=24), chat=False)[0]
+    clean = {"error": {"message": INTERNAL_ERROR, "type": "server_error", "param": None, "code": None}}
+    bad = {"prompt": "Hi", "max_tokens": 8, "temperature": 0.5, "seed": 666}
+    stream = client.completions.create(model=server.name, prompt=PROMPTS[1], max_tokens=24, temperature=0, stream=True)
+    pieces = [next(stream).choices[0].text]  # running
+    code, text = http(server, "/v1/completions", json.dumps(bad).encode())
+    assert (code, json.loads(text)) == (500, clean)
+    code, text = http(server, "/v1/completions", json.dumps({**bad, "stream": True}).encode())
+    assert code == 200 and sse(text) == [clean, "[DONE]"]
+    code, text = http(server, "/v1/completions", json.dumps({"prompt": "boom"}).encode())
+    assert (code, json.loads(text)) == (500, clean)
+    pieces += [c.choices[0].text for c in stream]
+    assert "".join(pieces) == want.text
+    assert http(server, "/health") == (200, '{"status":"ok"}') and server.scheduler.alive
+    again = client.completions.create(model=server.name, prompt=PROMPTS[1], max_tokens=24, temperature=0)
+    assert again.choices[0].text == want.text
 
 
 BAD = [

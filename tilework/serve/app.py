@@ -7,7 +7,8 @@
 A request is parsed and tokenized off the event loop (``tilework.serve.protocol``), handed to the
 scheduler, and its events come back through an ``asyncio.Queue`` (the scheduler's thread puts
 them with ``call_soon_threadsafe``). Every refusal is an OpenAI error body with a 4xx status;
-an unexpected failure is a 500 with the same body, and the server goes on. A client that goes
+an unexpected failure is a 500 with the same body ("internal error ...": the exception goes to
+the log, not to the client), and the server goes on. A client that goes
 away cancels its request: a stream notices when it can no longer send (or, with servers that
 report it, at once), a plain request polls for the disconnect while it waits.
 """
@@ -28,7 +29,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from tilework.serve.protocol import chunk_body, completion_body, error_body, new_id, parse_request
-from tilework.serve.scheduler import Event, RequestError, Scheduler, Ticket
+from tilework.serve.scheduler import INTERNAL_ERROR, Event, RequestError, Scheduler, Ticket, failure_message, log
 
 __all__ = ["create_app"]
 
@@ -68,6 +69,13 @@ def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int
     started = int(time.time())
 
     async def generate(request: Request, kind: str) -> Response:
+        try:
+            return await _generate(request, kind)
+        except Exception as exc:  # a bug, not the request's fault: this request fails, the server goes on
+            log.exception("%s failed", request.url.path)
+            return _error(failure_message(exc), 500)
+
+    async def _generate(request: Request, kind: str) -> Response:
         endpoint = request.url.path
         try:
             raw = await request.body()
@@ -137,7 +145,7 @@ def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int
         return _error(str(exc.detail), exc.status_code)
 
     async def server_error(_request: Request, exc: Exception) -> Response:
-        return _error(f"internal error: {type(exc).__name__}: {exc}", 500)
+        return _error(INTERNAL_ERROR, 500)  # Starlette logs the traceback
 
     routes = [
         Route("/v1/chat/completions", chat, methods=["POST"]),

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -47,7 +48,18 @@ from tilework.llm.completion import Completion
 from tilework.llm.sampling import SamplingParams
 from tilework.serve.metrics import ServeMetrics
 
-__all__ = ["Scheduler", "Ticket", "Event", "RequestError"]
+__all__ = ["Scheduler", "Ticket", "Event", "RequestError", "INTERNAL_ERROR", "failure_message"]
+
+log = logging.getLogger("tilework.serve")
+
+INTERNAL_ERROR = "internal error (the server's log has the details)"
+
+
+def failure_message(exc: BaseException) -> str:
+    """What a client is told when its request fails inside the server: a ``TileworkError``'s own
+    message (written for users), else only ``INTERNAL_ERROR``: a Python exception's text names
+    the server's internals and is for its log."""
+    return str(exc) if isinstance(exc, TileworkError) else INTERNAL_ERROR
 
 
 class RequestError(TileworkError):
@@ -236,7 +248,7 @@ class Scheduler:
                 self._stopping = True
                 waiting = list(self._waiting)
                 self._waiting.clear()
-            why = "the server is shutting down" if self.failure is None else f"internal error: {self.failure!r}"
+            why = "the server is shutting down" if self.failure is None else INTERNAL_ERROR
             for s in waiting:
                 self._send(s, Event(finish_reason="error", error=why, prompt_tokens=len(s.tokens)))
                 self.metrics.finished("error")
@@ -274,15 +286,17 @@ class Scheduler:
             try:
                 self._decode(batch)
             except Exception as exc:
+                log.exception("a decode step of %d sequences failed", len(batch))
                 for s in batch:
-                    self._finish(s, "error", f"decode step failed: {exc}")
+                    self._finish(s, "error", failure_message(exc))
         self._sweep()
 
     def _guard(self, s: _Seq, fn: Callable[..., None], *args: Any) -> None:
         try:
             fn(*args)
-        except Exception as exc:
-            self._finish(s, "error", str(exc))
+        except Exception as exc:  # this request fails; the others go on
+            log.exception("request %d failed in %s", s.ticket.id, getattr(fn, "__name__", fn))
+            self._finish(s, "error", failure_message(exc))
 
     def _prefill_chunk(self, s: _Seq, n: int) -> None:
         assert s.sid is not None
