@@ -200,6 +200,24 @@ def test_a_request_that_fails_inside_the_server_gets_a_clean_500_and_the_others_
     assert again.choices[0].text == want.text
 
 
+def test_the_default_max_tokens_is_capped_by_the_kv_pool() -> None:
+    """48 tokens of KV cache (3 pages) and a default of 1000: a request that gives no max_tokens
+    gets the 40 tokens left after its 8-token prompt, not a refusal over max_tokens=1000; one
+    that asks for more is told the most that fits, and a prompt that fills the pool is refused
+    over the prompt."""
+    with BackgroundServer(LLM(precision="q", kv_tokens=48), default_max_tokens=1000) as small:
+        code, text = http(small, "/v1/completions", json.dumps({"prompt": "1, 2, 3,", "temperature": 0}).encode())
+        assert code == 200, text
+        reply = json.loads(text)
+        assert (reply["usage"]["prompt_tokens"], reply["usage"]["completion_tokens"], reply["choices"][0]["finish_reason"]) == (8, 40, "length")
+        code, text = http(small, "/v1/completions", json.dumps({"prompt": "1, 2, 3,", "max_tokens": 41}).encode())
+        assert code == 400 and "at most max_tokens=40 for this prompt" in json.loads(text)["error"]["message"]
+        code, text = http(small, "/v1/completions", json.dumps({"prompt": list(range(1, 49))}).encode())
+        error = json.loads(text)["error"]
+        assert code == 400 and error["param"] == "prompt", error
+        assert error["message"] == "the prompt has 48 tokens; the server's KV cache holds at most 48 tokens for a sequence (3 pages of 16; prompt and completion)"
+
+
 BAD = [
     (b"{not json", 400, None, "not valid JSON"),
     (b"[1, 2]", 400, None, "must be a JSON object"),

@@ -79,7 +79,7 @@ def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int
         endpoint = request.url.path
         try:
             raw = await request.body()
-            parsed = await run_in_threadpool(parse_request, raw, kind, llm, model_name, default_max_tokens)
+            parsed = await run_in_threadpool(parse_request, raw, kind, llm, model_name, default_max_tokens, scheduler.max_sequence)
             loop = asyncio.get_running_loop()
             queue: asyncio.Queue[Event] = asyncio.Queue()
 

@@ -146,9 +146,11 @@ def _chat_tokens(body: dict[str, Any], llm: Any) -> list[int]:
     return _encode(llm, text, "messages")
 
 
-def parse_request(raw: bytes, kind: str, llm: Any, model_name: str, default_max_tokens: int) -> Parsed:
-    """See the module docstring; ``default_max_tokens`` applies when the body gives none (capped
-    by the context left after the prompt)."""
+def parse_request(raw: bytes, kind: str, llm: Any, model_name: str, default_max_tokens: int, max_sequence: int | None = None) -> Parsed:
+    """See the module docstring; ``default_max_tokens`` applies when the body gives none, capped
+    by the room left after the prompt in ``max_sequence`` tokens (``Scheduler.max_sequence``: the
+    context, or what the KV pool holds for one sequence; default the context), so a client is
+    never refused over a value it did not send."""
     try:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -177,7 +179,8 @@ def parse_request(raw: bytes, kind: str, llm: Any, model_name: str, default_max_
             _text(text, "stop" if isinstance(stop, str) else f"stop[{i}]", "stop")
     tokens = _chat_tokens(body, llm) if kind == "chat" else _prompt_tokens(body, llm)
     if max_tokens is None:
-        max_tokens = max(1, min(default_max_tokens, llm.config.context_length - len(tokens)))
+        room = (llm.config.context_length if max_sequence is None else max_sequence) - len(tokens)
+        max_tokens = max(1, min(default_max_tokens, room))  # no room: the scheduler refuses the prompt
     try:
         params = SamplingParams(
             temperature=float(temperature),

@@ -168,6 +168,10 @@ class Scheduler:
             raise RequestError(
                 f"max_tokens={params.max_tokens} and the prompt's {len(tokens)} tokens exceed the model's context of {self.context}"
                 f" (at most {self.context - len(tokens)} for this prompt)", "max_tokens")
+        if len(tokens) >= self.max_sequence:
+            raise RequestError(
+                f"the prompt has {len(tokens)} tokens; the server's KV cache holds at most {self.max_sequence} tokens for a sequence"
+                f" ({self.max_pages} pages of {self.cache.page}; prompt and completion)", "prompt")
         need = self._pages(len(tokens), params.max_tokens)
         if need > self.max_pages:
             most = self.max_pages * self.cache.page - len(tokens)
@@ -209,6 +213,12 @@ class Scheduler:
             self._cond.notify()
         if self._thread is not None:
             self._thread.join(timeout)
+
+    @property
+    def max_sequence(self) -> int:
+        """The most tokens one sequence may hold, prompt and completion: the model's context, or
+        less when the KV pages (``max_pages``) hold less."""
+        return min(self.context, self.max_pages * self.cache.page)
 
     @property
     def alive(self) -> bool:
