@@ -221,6 +221,9 @@ def test_the_default_max_tokens_is_capped_by_the_kv_pool() -> None:
 BAD = [
     (b"{not json", 400, None, "not valid JSON"),
     (b"[1, 2]", 400, None, "must be a JSON object"),
+    (b'{"prompt": ' + b"[" * 100000 + b"]" * 100000 + b"}", 400, None, "nests arrays or objects too deeply"),
+    (b'{"max_tokens": ' + b"[" * 100000 + b"]" * 100000 + b"}", 400, None, "nests arrays or objects too deeply"),
+    (b'{"prompt": "hi", "stop": ' + b'{"a":' * 100000 + b"1" + b"}" * 100000 + b"}", 400, None, "nests arrays or objects too deeply"),
     (json.dumps({"model": "gpt-4", "prompt": "hi"}), 404, "model", "does not exist"),
     (json.dumps({"prompt": "hi " * 9000}), 400, "prompt", "the model's context is 8192"),
     (json.dumps({"prompt": "hi", "max_tokens": 9000}), 400, "max_tokens", "exceed the model's context"),

@@ -152,6 +152,13 @@ def parse_request(raw: bytes, kind: str, llm: Any, model_name: str, default_max_
     context, or what the KV pool holds for one sequence; default the context), so a client is
     never refused over a value it did not send."""
     try:
+        return _parse(raw, kind, llm, model_name, default_max_tokens, max_sequence)
+    except RecursionError:  # json's reader (or writer, quoting a value) on arrays within arrays 100000 deep
+        raise RequestError("the request body nests arrays or objects too deeply to be read") from None
+
+
+def _parse(raw: bytes, kind: str, llm: Any, model_name: str, default_max_tokens: int, max_sequence: int | None) -> Parsed:
+    try:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RequestError(f"the request body is not valid JSON: {exc}") from None
