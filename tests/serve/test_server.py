@@ -155,6 +155,8 @@ def test_clients_that_disconnect_mid_stream_leave_no_pages(server: BackgroundSer
     assert m["tilework_running_sequences"] == m["tilework_queue_depth"] == 0
     assert m["tilework_kv_pages_used"] == m["tilework_kv_pages_reserved"] == 0
     assert m['tilework_requests_finished_total{reason="cancelled"}'] - before.get('tilework_requests_finished_total{reason="cancelled"}', 0) == 11
+    gone = 'tilework_http_requests_total{endpoint="/v1/completions",status="499"}'
+    assert m[gone] - before.get(gone, 0) == 1  # the plain request whose client left: not a 200
     assert http(server, "/health") == (200, '{"status":"ok"}')
 
 
@@ -185,6 +187,7 @@ def test_a_request_that_fails_inside_the_server_gets_a_clean_500_and_the_others_
     want = ref.generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=24), chat=False)[0]
     clean = {"error": {"message": INTERNAL_ERROR, "type": "server_error", "param": None, "code": None}}
     bad = {"prompt": "Hi", "max_tokens": 8, "temperature": 0.5, "seed": 666}
+    before = metrics(server)
     stream = client.completions.create(model=server.name, prompt=PROMPTS[1], max_tokens=24, temperature=0, stream=True)
     pieces = [next(stream).choices[0].text]  # running
     code, text = http(server, "/v1/completions", json.dumps(bad).encode())
@@ -198,6 +201,10 @@ def test_a_request_that_fails_inside_the_server_gets_a_clean_500_and_the_others_
     assert http(server, "/health") == (200, '{"status":"ok"}') and server.scheduler.alive
     again = client.completions.create(model=server.name, prompt=PROMPTS[1], max_tokens=24, temperature=0)
     assert again.choices[0].text == want.text
+    # each request counted once, with the status its client got (the failing stream's is 200)
+    after = metrics(server)
+    count = [after.get(k, 0) - before.get(k, 0) for k in (f'tilework_http_requests_total{{endpoint="/v1/completions",status="{s}"}}' for s in (200, 500))]
+    assert count == [3, 2]
 
 
 def test_the_default_max_tokens_is_capped_by_the_kv_pool() -> None:

@@ -23,7 +23,7 @@ from typing import Any, AsyncIterator
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
@@ -69,14 +69,23 @@ def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int
     started = int(time.time())
 
     async def generate(request: Request, kind: str) -> Response:
+        """``_generate``, counted once in the metrics with the status the client gets (a stream's
+        is 200, whatever its events say; 499: the client left first)."""
+        status = 500
         try:
-            return await _generate(request, kind)
+            response = await _generate(request, kind)
+            status = response.status_code
+            return response
+        except ClientDisconnect:  # gone while sending its body
+            status = 499
+            return Response(status_code=499)
         except Exception as exc:  # a bug, not the request's fault: this request fails, the server goes on
             log.exception("%s failed", request.url.path)
             return _error(failure_message(exc), 500)
+        finally:
+            metrics.request(request.url.path, status)
 
     async def _generate(request: Request, kind: str) -> Response:
-        endpoint = request.url.path
         try:
             raw = await request.body()
             parsed = await run_in_threadpool(parse_request, raw, kind, llm, model_name, default_max_tokens, scheduler.max_sequence)
@@ -88,9 +97,7 @@ def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int
 
             ticket = scheduler.submit(parsed.tokens, parsed.params, deliver)
         except RequestError as exc:
-            metrics.request(endpoint, exc.status)
             return _error(str(exc), exc.status, exc.param, exc.code)
-        metrics.request(endpoint, 200)
         rid = new_id(kind)
         if parsed.stream:
             return _Stream(_events(kind, rid, queue, parsed.include_usage), ticket)
