@@ -93,6 +93,17 @@ def test_chat_and_completions_streamed_or_not_equal_generate(server: BackgroundS
     assert [m.id for m in client.models.list().data] == [server.name]
 
 
+def test_a_model_is_retrieved_by_its_id(server: BackgroundServer, client: Any) -> None:
+    """``GET /v1/models/{id}`` (the openai client's ``models.retrieve``): the card of the list, or
+    OpenAI's 404 for another id."""
+    assert client.models.retrieve(server.name).model_dump() == client.models.list().data[0].model_dump()
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
+    code, text = http(server, "/v1/models/org/gpt-4")
+    assert code == 404 and json.loads(text)["error"] == {"message": f"the model 'org/gpt-4' does not exist: this server has {server.name!r}",
+                                                          "type": "invalid_request_error", "param": "model", "code": "model_not_found"}
+
+
 def test_16_concurrent_clients_get_the_tokens_they_get_alone(server: BackgroundServer, client: Any, ref: LLM) -> None:
     """Requests 0-7 greedy, 8-15 sampled with seed 100 + i; half streamed. The references are
     ``LLM.generate`` on the same prompts (tests/llm/test_engine.py shows a batch there decodes

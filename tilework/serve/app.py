@@ -2,7 +2,7 @@
 
     POST /v1/chat/completions   POST /v1/completions   (streamed as server-sent events with
                                                         "stream": true, ending in "data: [DONE]")
-    GET  /v1/models             GET  /health           GET  /metrics  (Prometheus text)
+    GET  /v1/models             GET  /v1/models/{id}   GET  /health   GET  /metrics  (Prometheus text)
 
 A request is parsed and tokenized off the event loop (``tilework.serve.protocol``), handed to the
 scheduler, and its events come back through an ``asyncio.Queue`` (the scheduler's thread puts
@@ -134,10 +134,16 @@ def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int
     async def completions(request: Request) -> Response:
         return await generate(request, "completion")
 
+    card = {"id": model_name, "object": "model", "created": started, "owned_by": "tilework", "max_model_len": llm.config.context_length}
+
     async def models(_request: Request) -> Response:
-        card = {"id": model_name, "object": "model", "created": started, "owned_by": "tilework",
-                "max_model_len": llm.config.context_length}
         return JSONResponse({"object": "list", "data": [card]})
+
+    async def model(request: Request) -> Response:
+        asked = request.path_params["model"]
+        if asked != model_name:
+            return _error(f"the model {asked!r} does not exist: this server has {model_name!r}", 404, "model", "model_not_found")
+        return JSONResponse(card)
 
     async def health(_request: Request) -> Response:
         if not scheduler.alive:
@@ -158,6 +164,7 @@ def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", prometheus, methods=["GET"]),
     ]
