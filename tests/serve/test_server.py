@@ -28,6 +28,7 @@ openai = pytest.importorskip("openai")
 pytestmark = needs_smollm2
 
 import tilework.serve.app as app_module  # noqa: E402
+from tilework.errors import TileworkError  # noqa: E402
 from tilework.llm import LLM, SamplingParams  # noqa: E402
 from tilework.llm.completion import Completion  # noqa: E402
 from tilework.serve.scheduler import INTERNAL_ERROR  # noqa: E402
@@ -216,6 +217,11 @@ def test_a_request_that_fails_inside_the_server_gets_a_clean_500_and_the_others_
     after = metrics(server)
     count = [after.get(k, 0) - before.get(k, 0) for k in (f'tilework_http_requests_total{{endpoint="/v1/completions",status="{s}"}}' for s in (200, 500))]
     assert count == [3, 2]
+
+
+def test_an_empty_name_is_refused() -> None:
+    with pytest.raises(TileworkError, match="the model's name must not be empty, got ''"):
+        BackgroundServer(None, name="")
 
 
 def test_the_default_max_tokens_is_capped_by_the_kv_pool() -> None:

@@ -168,6 +168,8 @@ def serve(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port <= 65535:
         raise TileworkError(f"--port must be in 0..65535, got {args.port}")
+    if args.name is not None and not args.name.strip():
+        raise TileworkError(f"--name must not be empty, got {args.name!r} (leave it out to use the file's name)")
     for flag in ("max_seqs", "kv_tokens", "prefill_chunk", "max_queue"):
         if getattr(args, flag) < 1:
             raise TileworkError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
