@@ -155,12 +155,17 @@ def test_refusals_name_the_field(llm: LLM, make: list[Scheduler], tokens: list[i
     assert info.value.param == param and info.value.status == 400
 
 
-def test_a_full_queue_refuses_with_429(llm: LLM) -> None:
-    s = Scheduler(llm, max_queue=2)  # not started: requests stay queued
-    s.submit([1], GREEDY, Inbox())
-    s.submit([1], GREEDY, Inbox())
-    with pytest.raises(RequestError, match="2 requests are waiting") as info:
-        s.submit([1], GREEDY, Inbox())
+@pytest.mark.parametrize("limits, params", [(dict(max_seqs=2), GREEDY), (dict(max_pages=3), SamplingParams(temperature=0, max_tokens=24))])
+def test_a_full_queue_refuses_with_429_counting_only_requests_that_cannot_start(llm: LLM, limits: dict[str, int], params: SamplingParams) -> None:
+    """max_queue 1 beside room for two requests (two sequences, or 3 pages where each reserves 2):
+    the requests that can start at once do not count against the queue, even when they arrive
+    before the scheduler's next step (not started here: every request stays where it is)."""
+    s = Scheduler(llm, max_queue=1, **limits)
+    starts = 2 if "max_seqs" in limits else 1
+    for _ in range(starts + 1):
+        s.submit([1], params, Inbox())
+    with pytest.raises(RequestError, match=r"the queue of requests waiting for room is full \(max_queue=1\)") as info:
+        s.submit([1], params, Inbox())
     assert info.value.status == 429
     s.stop()
     assert llm.cache.sequences() == []

@@ -193,8 +193,9 @@ class Scheduler:
         with self._cond:
             if self._stopping or (self._thread is not None and not self._thread.is_alive()):
                 raise RequestError("the server is shutting down", status=503)
-            if len(self._waiting) >= self.max_queue:
-                raise RequestError(f"the server is busy: {len(self._waiting)} requests are waiting (retry later)", status=429)
+            if self._blocked(seq) > self.max_queue:
+                raise RequestError(f"the server is busy: the queue of requests waiting for room is full (max_queue={self.max_queue});"
+                                   " retry later", status=429)
             self._waiting.append(seq)
             self.metrics.submitted(len(tokens))
             self._cond.notify()
@@ -233,6 +234,18 @@ class Scheduler:
     def _wake(self) -> None:
         with self._cond:
             self._cond.notify()
+
+    def _blocked(self, new: _Seq) -> int:
+        """How many of the waiting requests and ``new`` cannot start at the next step (FIFO: those
+        from the first that finds no sequence slot or not enough free pages); the ones that can
+        start at once do not count against ``max_queue``. Called under the lock."""
+        running, reserved = len(self._running), self._reserved
+        queue = [*self._waiting, new]
+        for i, s in enumerate(queue):
+            if running >= self.max_seqs or reserved + s.pages > self.max_pages:
+                return len(queue) - i
+            running, reserved = running + 1, reserved + s.pages
+        return 0
 
     def _pages(self, prompt: int, max_tokens: int) -> int:
         return -(-(prompt + max_tokens) // self.cache.page)
