@@ -5,6 +5,7 @@ it); bad requests get OpenAI error bodies with a 4xx status and the server goes 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import re
@@ -217,6 +218,27 @@ def test_a_request_that_fails_inside_the_server_gets_a_clean_500_and_the_others_
     after = metrics(server)
     count = [after.get(k, 0) - before.get(k, 0) for k in (f'tilework_http_requests_total{{endpoint="/v1/completions",status="{s}"}}' for s in (200, 500))]
     assert count == [3, 2]
+
+
+def test_a_client_gone_while_sending_its_body_is_a_499(server: BackgroundServer) -> None:
+    """Starlette raises ClientDisconnect from ``request.body()``: counted as 499, not a 500."""
+    app = server.server.config.app
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/completions", "raw_path": b"/v1/completions", "root_path": "", "query_string": b"",
+             "headers": [(b"content-type", b"application/json")], "client": ("127.0.0.1", 1), "server": ("127.0.0.1", server.port)}
+    key = 'tilework_http_requests_total{endpoint="/v1/completions",status="499"}'
+    before = metrics(server).get(key, 0)
+    asyncio.run(app(scope, receive, send))
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 499
+    assert metrics(server)[key] - before == 1
 
 
 def test_an_empty_name_is_refused() -> None:
