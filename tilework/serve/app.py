@@ -8,9 +8,9 @@ A request is parsed and tokenized off the event loop (``tilework.serve.protocol`
 scheduler, and its events come back through an ``asyncio.Queue`` (the scheduler's thread puts
 them with ``call_soon_threadsafe``). Every refusal is an OpenAI error body with a 4xx status;
 an unexpected failure is a 500 with the same body ("internal error ...": the exception goes to
-the log, not to the client), and the server goes on. A client that goes
-away cancels its request: a stream notices when it can no longer send (or, with servers that
-report it, at once), a plain request polls for the disconnect while it waits.
+the log, not to the client), and the server goes on. A client that goes away cancels its
+request: a stream notices when it can no longer send (or, with servers that report it, at
+once), a plain request polls for the disconnect while it waits.
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int
         return _error(str(exc.detail), exc.status_code)
 
     async def server_error(_request: Request, exc: Exception) -> Response:
-        return _error(INTERNAL_ERROR, 500)  # Starlette logs the traceback
+        return _error(INTERNAL_ERROR, 500)  # Starlette then re-raises it, and uvicorn logs it
 
     routes = [
         Route("/v1/chat/completions", chat, methods=["POST"]),

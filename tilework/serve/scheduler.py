@@ -9,7 +9,9 @@
 Requests wait in a FIFO queue and are *admitted* when the running set has room: fewer than
 ``max_seqs`` sequences (at most the batch the decoder was compiled for) and enough free pages
 for the request's worst case, ``ceil((prompt + max_tokens) / page)`` pages, reserved at
-admission. So a running sequence never meets a full KV cache, and nothing is preempted.
+admission. So a running sequence never meets a full KV cache, and nothing is preempted. At
+most ``max_queue`` requests may wait that cannot start at the next step (those that can do not
+count); ``submit`` refuses more (429).
 
 Each iteration of the loop is one *step*:
 
