@@ -32,6 +32,8 @@ pytest.importorskip("uvicorn")
         (["serve", "--max-seqs", "0"], "--max-seqs must be at least 1"),
         (["serve", "--kv-tokens", "0"], "--kv-tokens must be at least 1"),
         (["serve", "--max-tokens", "0"], "--max-tokens must be at least 1"),
+        (["serve", "/nonexistent/model.gguf", "--name", ""], "--name must not be empty, got ''"),  # before the model loads
+        (["serve", "/nonexistent/model.gguf", "--name", " "], "--name must not be empty, got ' '"),
         (["serve", "--port", "99999"], "--port must be in 0..65535, got 99999"),
         (["serve", "--port", "-1"], "--port must be in 0..65535, got -1"),
         (["serve", "--host", "no.such.host.invalid"], "cannot listen on no.such.host.invalid:8000"),

@@ -4,6 +4,7 @@ one prefill, cancels and failures give their pages back, refusals name the field
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 from typing import Iterator
@@ -11,6 +12,7 @@ from typing import Iterator
 import pytest
 
 from tests.llm.models import needs_smollm2
+from tests.long import long_only
 
 pytest.importorskip("gguf")
 pytest.importorskip("tokenizers")
@@ -19,6 +21,7 @@ pytest.importorskip("jinja2")
 pytestmark = needs_smollm2
 
 from tilework.llm import LLM, SamplingParams  # noqa: E402
+from tilework.serve.protocol import parse_request  # noqa: E402
 from tilework.serve.scheduler import Event, RequestError, Scheduler  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
@@ -155,12 +158,51 @@ def test_refusals_name_the_field(llm: LLM, make: list[Scheduler], tokens: list[i
     assert info.value.param == param and info.value.status == 400
 
 
-def test_a_full_queue_refuses_with_429(llm: LLM) -> None:
-    s = Scheduler(llm, max_queue=2)  # not started: requests stay queued
-    s.submit([1], GREEDY, Inbox())
-    s.submit([1], GREEDY, Inbox())
-    with pytest.raises(RequestError, match="2 requests are waiting") as info:
-        s.submit([1], GREEDY, Inbox())
+@pytest.fixture(scope="module")
+def full() -> LLM:
+    """An engine whose KV pool holds a whole context (8192 tokens) for one sequence."""
+    return LLM(precision="q", kv_tokens=8192)
+
+
+def test_a_request_may_fill_the_context_exactly(full: LLM) -> None:
+    """The server's cap on max_tokens is exactly ``context - prompt``: an 8190-token prompt may
+    ask for 2 tokens and not 3, and gets 2 when it gives no max_tokens."""
+    s = Scheduler(full)  # not started: the checks only
+    assert s.max_sequence == s.context == 8192
+    s.submit([1] * 8190, SamplingParams(max_tokens=2), Inbox())
+    with pytest.raises(RequestError, match="exceed the model's context of 8192 \\(at most 2 for this prompt\\)"):
+        s.submit([1] * 8190, SamplingParams(max_tokens=3), Inbox())
+    with pytest.raises(RequestError, match="the prompt has 8192 tokens"):
+        s.submit([1] * 8192, SamplingParams(max_tokens=1), Inbox())
+    body = json.dumps({"prompt": [1] * 8190}).encode()
+    assert parse_request(body, "completion", full, "m", 256, s.max_sequence).params.max_tokens == 2
+    s.stop()
+
+
+@long_only("prefills 8190 tokens (about 40 s on two cores)")
+def test_a_request_at_the_context_edge_generates_context_minus_prompt_tokens(full: LLM, make: list[Scheduler]) -> None:
+    s = Scheduler(full).start()
+    make.append(s)
+    params = parse_request(json.dumps({"prompt": [1] * 8190, "temperature": 0}).encode(), "completion", full, "m", 256, s.max_sequence).params
+    inbox = Inbox()
+    s.submit([1] * 8190, params, inbox)
+    last = inbox.wait()[1]
+    assert (last.completion_tokens, last.finish_reason) == (2, "length")
+    s.stop()
+    assert full.cache.sequences() == []
+
+
+@pytest.mark.parametrize("limits, params", [(dict(max_seqs=2), GREEDY), (dict(max_pages=3), SamplingParams(temperature=0, max_tokens=24))])
+def test_a_full_queue_refuses_with_429_counting_only_requests_that_cannot_start(llm: LLM, limits: dict[str, int], params: SamplingParams) -> None:
+    """max_queue 1 beside room for two requests (two sequences, or 3 pages where each reserves 2):
+    the requests that can start at once do not count against the queue, even when they arrive
+    before the scheduler's next step (not started here: every request stays where it is)."""
+    s = Scheduler(llm, max_queue=1, **limits)
+    starts = 2 if "max_seqs" in limits else 1
+    for _ in range(starts + 1):
+        s.submit([1], params, Inbox())
+    with pytest.raises(RequestError, match=r"the queue of requests waiting for room is full \(max_queue=1\)") as info:
+        s.submit([1], params, Inbox())
     assert info.value.status == 429
     s.stop()
     assert llm.cache.sequences() == []

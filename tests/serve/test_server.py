@@ -5,6 +5,7 @@ it); bad requests get OpenAI error bodies with a 4xx status and the server goes 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import re
@@ -27,7 +28,11 @@ openai = pytest.importorskip("openai")
 
 pytestmark = needs_smollm2
 
+import tilework.serve.app as app_module  # noqa: E402
+from tilework.errors import TileworkError  # noqa: E402
 from tilework.llm import LLM, SamplingParams  # noqa: E402
+from tilework.llm.completion import Completion  # noqa: E402
+from tilework.serve.scheduler import INTERNAL_ERROR  # noqa: E402
 from tilework.serve.metrics import parse_metrics  # noqa: E402
 from tilework.serve.server import BackgroundServer  # noqa: E402
 
@@ -88,6 +93,17 @@ def test_chat_and_completions_streamed_or_not_equal_generate(server: BackgroundS
     ids = client.completions.create(model=server.name, prompt=ref.encode(PROMPTS[0]), max_tokens=4, temperature=0)
     assert ids.choices[0].text == want_text.text  # a prompt of token ids
     assert [m.id for m in client.models.list().data] == [server.name]
+
+
+def test_a_model_is_retrieved_by_its_id(server: BackgroundServer, client: Any) -> None:
+    """``GET /v1/models/{id}`` (the openai client's ``models.retrieve``): the card of the list, or
+    OpenAI's 404 for another id."""
+    assert client.models.retrieve(server.name).model_dump() == client.models.list().data[0].model_dump()
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
+    code, text = http(server, "/v1/models/org/gpt-4")
+    assert code == 404 and json.loads(text)["error"] == {"message": f"the model 'org/gpt-4' does not exist: this server has {server.name!r}",
+                                                          "type": "invalid_request_error", "param": "model", "code": "model_not_found"}
 
 
 def test_16_concurrent_clients_get_the_tokens_they_get_alone(server: BackgroundServer, client: Any, ref: LLM) -> None:
@@ -152,12 +168,108 @@ def test_clients_that_disconnect_mid_stream_leave_no_pages(server: BackgroundSer
     assert m["tilework_running_sequences"] == m["tilework_queue_depth"] == 0
     assert m["tilework_kv_pages_used"] == m["tilework_kv_pages_reserved"] == 0
     assert m['tilework_requests_finished_total{reason="cancelled"}'] - before.get('tilework_requests_finished_total{reason="cancelled"}', 0) == 11
+    gone = 'tilework_http_requests_total{endpoint="/v1/completions",status="499"}'
+    assert m[gone] - before.get(gone, 0) == 1  # the plain request whose client left: not a 200
     assert http(server, "/health") == (200, '{"status":"ok"}')
+
+
+def sse(text: str) -> list[Any]:
+    """The events of a server-sent event stream, ``[DONE]`` as a string."""
+    return [line[6:] if line == "data: [DONE]" else json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+
+
+def test_a_request_that_fails_inside_the_server_gets_a_clean_500_and_the_others_go_on(
+        server: BackgroundServer, client: Any, ref: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sampling raises for the requests with seed 666 (as a tiny temperature made the sampler
+    do), and parsing raises for the prompt "boom": each of those gets OpenAI's error body with
+    500 and no Python text, while a stream running beside them gets all its tokens."""
+    add, parse = Completion.add, app_module.parse_request
+
+    def failing_add(self: Completion, logits: Any, room: bool = True) -> str:
+        if self.params.seed == 666:
+            raise IndexError("index -1 is out of bounds for axis 0 with size 0")
+        return add(self, logits, room)
+
+    def failing_parse(raw: bytes, *args: Any, **kw: Any) -> Any:
+        if b'"boom"' in raw:
+            raise RuntimeError("secret internals")
+        return parse(raw, *args, **kw)
+
+    monkeypatch.setattr(Completion, "add", failing_add)
+    monkeypatch.setattr(app_module, "parse_request", failing_parse)
+    want = ref.generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=24), chat=False)[0]
+    clean = {"error": {"message": INTERNAL_ERROR, "type": "server_error", "param": None, "code": None}}
+    bad = {"prompt": "Hi", "max_tokens": 8, "temperature": 0.5, "seed": 666}
+    before = metrics(server)
+    stream = client.completions.create(model=server.name, prompt=PROMPTS[1], max_tokens=24, temperature=0, stream=True)
+    pieces = [next(stream).choices[0].text]  # running
+    code, text = http(server, "/v1/completions", json.dumps(bad).encode())
+    assert (code, json.loads(text)) == (500, clean)
+    code, text = http(server, "/v1/completions", json.dumps({**bad, "stream": True}).encode())
+    assert code == 200 and sse(text) == [clean, "[DONE]"]
+    code, text = http(server, "/v1/completions", json.dumps({"prompt": "boom"}).encode())
+    assert (code, json.loads(text)) == (500, clean)
+    pieces += [c.choices[0].text for c in stream]
+    assert "".join(pieces) == want.text
+    assert http(server, "/health") == (200, '{"status":"ok"}') and server.scheduler.alive
+    again = client.completions.create(model=server.name, prompt=PROMPTS[1], max_tokens=24, temperature=0)
+    assert again.choices[0].text == want.text
+    # each request counted once, with the status its client got (the failing stream's is 200)
+    after = metrics(server)
+    count = [after.get(k, 0) - before.get(k, 0) for k in (f'tilework_http_requests_total{{endpoint="/v1/completions",status="{s}"}}' for s in (200, 500))]
+    assert count == [3, 2]
+
+
+def test_a_client_gone_while_sending_its_body_is_a_499(server: BackgroundServer) -> None:
+    """Starlette raises ClientDisconnect from ``request.body()``: counted as 499, not a 500."""
+    app = server.server.config.app
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/completions", "raw_path": b"/v1/completions", "root_path": "", "query_string": b"",
+             "headers": [(b"content-type", b"application/json")], "client": ("127.0.0.1", 1), "server": ("127.0.0.1", server.port)}
+    key = 'tilework_http_requests_total{endpoint="/v1/completions",status="499"}'
+    before = metrics(server).get(key, 0)
+    asyncio.run(app(scope, receive, send))
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 499
+    assert metrics(server)[key] - before == 1
+
+
+def test_an_empty_name_is_refused() -> None:
+    with pytest.raises(TileworkError, match="the model's name must not be empty, got ''"):
+        BackgroundServer(None, name="")
+
+
+def test_the_default_max_tokens_is_capped_by_the_kv_pool() -> None:
+    """48 tokens of KV cache (3 pages) and a default of 1000: a request that gives no max_tokens
+    gets the 40 tokens left after its 8-token prompt, not a refusal over max_tokens=1000; one
+    that asks for more is told the most that fits, and a prompt that fills the pool is refused
+    over the prompt."""
+    with BackgroundServer(LLM(precision="q", kv_tokens=48), default_max_tokens=1000) as small:
+        code, text = http(small, "/v1/completions", json.dumps({"prompt": "1, 2, 3,", "temperature": 0}).encode())
+        assert code == 200, text
+        reply = json.loads(text)
+        assert (reply["usage"]["prompt_tokens"], reply["usage"]["completion_tokens"], reply["choices"][0]["finish_reason"]) == (8, 40, "length")
+        code, text = http(small, "/v1/completions", json.dumps({"prompt": "1, 2, 3,", "max_tokens": 41}).encode())
+        assert code == 400 and "at most max_tokens=40 for this prompt" in json.loads(text)["error"]["message"]
+        code, text = http(small, "/v1/completions", json.dumps({"prompt": list(range(1, 49))}).encode())
+        error = json.loads(text)["error"]
+        assert code == 400 and error["param"] == "prompt", error
+        assert error["message"] == "the prompt has 48 tokens; the server's KV cache holds at most 48 tokens for a sequence (3 pages of 16; prompt and completion)"
 
 
 BAD = [
     (b"{not json", 400, None, "not valid JSON"),
     (b"[1, 2]", 400, None, "must be a JSON object"),
+    (b'{"prompt": ' + b"[" * 100000 + b"]" * 100000 + b"}", 400, None, "nests arrays or objects too deeply"),
+    (b'{"max_tokens": ' + b"[" * 100000 + b"]" * 100000 + b"}", 400, None, "nests arrays or objects too deeply"),
+    (b'{"prompt": "hi", "stop": ' + b'{"a":' * 100000 + b"1" + b"}" * 100000 + b"}", 400, None, "nests arrays or objects too deeply"),
     (json.dumps({"model": "gpt-4", "prompt": "hi"}), 404, "model", "does not exist"),
     (json.dumps({"prompt": "hi " * 9000}), 400, "prompt", "the model's context is 8192"),
     (json.dumps({"prompt": "hi", "max_tokens": 9000}), 400, "max_tokens", "exceed the model's context"),
@@ -176,6 +288,9 @@ BAD = [
     (json.dumps({"prompt": ""}), 400, "prompt", "prompt is empty"),
     (json.dumps({"prompt": [1, 999999]}), 400, "prompt", "outside the vocabulary"),
     (json.dumps({"max_tokens": 3}), 400, "prompt", "prompt is required"),
+    (json.dumps({"prompt": "caf\ud800", "max_tokens": 3}), 400, "prompt", r"prompt holds a lone UTF-16 surrogate \(\\ud800 at character 3\)"),
+    (json.dumps({"prompt": ["caf\ud800"]}), 400, "prompt", "lone UTF-16 surrogate"),
+    (json.dumps({"prompt": "hi", "stop": ["a", "\udfff"]}), 400, "stop", r"stop\[1\] holds a lone UTF-16 surrogate"),
 ]
 BAD_CHAT = [
     (json.dumps({"messages": []}), 400, "messages", "non-empty list"),
@@ -183,6 +298,10 @@ BAD_CHAT = [
     (json.dumps({"messages": [{"role": "asistant", "content": "hi"}]}), 400, "messages", "'asistant' is not one of system"),
     (json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}), 400, "messages", "only text parts"),
     (json.dumps({"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}), 400, "stream", "true or false"),
+    (json.dumps({"messages": [{"role": "user", "content": "hi \udfff"}], "max_tokens": 3}), 400, "messages",
+     r"messages\[0\]\.content holds a lone UTF-16 surrogate \(\\udfff"),
+    (json.dumps({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]}),
+     400, "messages", r"messages\[1\]\.content holds a lone"),
 ]
 
 

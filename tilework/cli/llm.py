@@ -43,9 +43,9 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--name", metavar="ID", help="the model id the API shows and expects (default: the file name without .gguf)")
     s.add_argument("--max-seqs", type=int, default=16, metavar="N", help="most sequences decoded together; more requests wait in the queue (default 16)")
     s.add_argument("--kv-tokens", type=int, default=32768, metavar="N", help="KV-cache size in tokens, all sequences together; a request reserves prompt + max_tokens (default 32768)")
-    s.add_argument("--max-tokens", type=int, default=256, metavar="N", help="max_tokens of a request that gives none (default 256)")
+    s.add_argument("--max-tokens", type=int, default=256, metavar="N", help="max_tokens of a request that gives none, capped by the room its prompt leaves in the context and the KV cache (default 256)")
     s.add_argument("--prefill-chunk", type=int, default=256, metavar="N", help="prompts are fed in chunks of N tokens between decode steps (default 256)")
-    s.add_argument("--max-queue", type=int, default=1024, metavar="N", help="most requests waiting; more get 429 (default 1024)")
+    s.add_argument("--max-queue", type=int, default=1024, metavar="N", help="most requests waiting for room (a sequence or KV pages; those that can start at once do not count); more get 429 (default 1024)")
     s.add_argument("--no-cache", action="store_true", help="compile the model again instead of loading it from the cache")
     s.add_argument("--runtime", choices=RUNTIMES, default="native", help=RUNTIME_HELP)
 
@@ -168,6 +168,8 @@ def serve(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port <= 65535:
         raise TileworkError(f"--port must be in 0..65535, got {args.port}")
+    if args.name is not None and not args.name.strip():
+        raise TileworkError(f"--name must not be empty, got {args.name!r} (leave it out to use the file's name)")
     for flag in ("max_seqs", "kv_tokens", "prefill_chunk", "max_queue"):
         if getattr(args, flag) < 1:
             raise TileworkError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")

@@ -2,14 +2,15 @@
 
     POST /v1/chat/completions   POST /v1/completions   (streamed as server-sent events with
                                                         "stream": true, ending in "data: [DONE]")
-    GET  /v1/models             GET  /health           GET  /metrics  (Prometheus text)
+    GET  /v1/models             GET  /v1/models/{id}   GET  /health   GET  /metrics  (Prometheus text)
 
 A request is parsed and tokenized off the event loop (``tilework.serve.protocol``), handed to the
 scheduler, and its events come back through an ``asyncio.Queue`` (the scheduler's thread puts
 them with ``call_soon_threadsafe``). Every refusal is an OpenAI error body with a 4xx status;
-an unexpected failure is a 500 with the same body, and the server goes on. A client that goes
-away cancels its request: a stream notices when it can no longer send (or, with servers that
-report it, at once), a plain request polls for the disconnect while it waits.
+an unexpected failure is a 500 with the same body ("internal error ...": the exception goes to
+the log, not to the client), and the server goes on. A client that goes away cancels its
+request: a stream notices when it can no longer send (or, with servers that report it, at
+once), a plain request polls for the disconnect while it waits.
 """
 
 from __future__ import annotations
@@ -22,13 +23,13 @@ from typing import Any, AsyncIterator
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from tilework.serve.protocol import chunk_body, completion_body, error_body, new_id, parse_request
-from tilework.serve.scheduler import Event, RequestError, Scheduler, Ticket
+from tilework.serve.scheduler import INTERNAL_ERROR, Event, RequestError, Scheduler, Ticket, failure_message, log
 
 __all__ = ["create_app"]
 
@@ -68,10 +69,26 @@ def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int
     started = int(time.time())
 
     async def generate(request: Request, kind: str) -> Response:
-        endpoint = request.url.path
+        """``_generate``, counted once in the metrics with the status the client gets (a stream's
+        is 200, whatever its events say; 499: the client left first)."""
+        status = 500
+        try:
+            response = await _generate(request, kind)
+            status = response.status_code
+            return response
+        except ClientDisconnect:  # gone while sending its body
+            status = 499
+            return Response(status_code=499)
+        except Exception as exc:  # a bug, not the request's fault: this request fails, the server goes on
+            log.exception("%s failed", request.url.path)
+            return _error(failure_message(exc), 500)
+        finally:
+            metrics.request(request.url.path, status)
+
+    async def _generate(request: Request, kind: str) -> Response:
         try:
             raw = await request.body()
-            parsed = await run_in_threadpool(parse_request, raw, kind, llm, model_name, default_max_tokens)
+            parsed = await run_in_threadpool(parse_request, raw, kind, llm, model_name, default_max_tokens, scheduler.max_sequence)
             loop = asyncio.get_running_loop()
             queue: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -80,9 +97,7 @@ def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int
 
             ticket = scheduler.submit(parsed.tokens, parsed.params, deliver)
         except RequestError as exc:
-            metrics.request(endpoint, exc.status)
             return _error(str(exc), exc.status, exc.param, exc.code)
-        metrics.request(endpoint, 200)
         rid = new_id(kind)
         if parsed.stream:
             return _Stream(_events(kind, rid, queue, parsed.include_usage), ticket)
@@ -119,10 +134,16 @@ def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int
     async def completions(request: Request) -> Response:
         return await generate(request, "completion")
 
+    card = {"id": model_name, "object": "model", "created": started, "owned_by": "tilework", "max_model_len": llm.config.context_length}
+
     async def models(_request: Request) -> Response:
-        card = {"id": model_name, "object": "model", "created": started, "owned_by": "tilework",
-                "max_model_len": llm.config.context_length}
         return JSONResponse({"object": "list", "data": [card]})
+
+    async def model(request: Request) -> Response:
+        asked = request.path_params["model"]
+        if asked != model_name:
+            return _error(f"the model {asked!r} does not exist: this server has {model_name!r}", 404, "model", "model_not_found")
+        return JSONResponse(card)
 
     async def health(_request: Request) -> Response:
         if not scheduler.alive:
@@ -137,12 +158,13 @@ def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int
         return _error(str(exc.detail), exc.status_code)
 
     async def server_error(_request: Request, exc: Exception) -> Response:
-        return _error(f"internal error: {type(exc).__name__}: {exc}", 500)
+        return _error(INTERNAL_ERROR, 500)  # Starlette then re-raises it, and uvicorn logs it
 
     routes = [
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", prometheus, methods=["GET"]),
     ]

@@ -49,6 +49,24 @@ def _field(body: dict[str, Any], name: str, kinds: tuple[type, ...], what: str, 
     return value
 
 
+def _text(text: str, where: str, param: str) -> str:
+    """``text``, if it is Unicode that UTF-8 can carry: JSON's ``\\ud800`` escapes give lone
+    surrogates, which no tokenizer takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RequestError(f"{where} holds a lone UTF-16 surrogate (\\u{ord(text[exc.start]):04x} at character {exc.start}):"
+                           " it is not valid Unicode text", param) from None
+    return text
+
+
+def _encode(llm: Any, text: str, param: str) -> list[int]:
+    try:
+        return list(llm.encode(text, True))
+    except TileworkError as exc:
+        raise RequestError(f"{param}: {exc}", param) from None
+
+
 def _unsupported(body: dict[str, Any]) -> None:
     refused = {
         "logprobs": lambda v: v not in (None, False, 0),
@@ -78,7 +96,7 @@ def _prompt_tokens(body: dict[str, Any], llm: Any) -> list[int]:
     if isinstance(prompt, str):
         if not prompt:
             raise RequestError("prompt is empty", "prompt")
-        return list(llm.encode(prompt, True))
+        return _encode(llm, _text(prompt, "prompt", "prompt"), "prompt")
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return list(prompt)
     if prompt is None:
@@ -88,14 +106,16 @@ def _prompt_tokens(body: dict[str, Any], llm: Any) -> list[int]:
 
 def _content(message: dict[str, Any], i: int) -> str | None:
     content = message.get("content")
-    if content is None or isinstance(content, str):
+    if content is None:
         return content
+    if isinstance(content, str):
+        return _text(content, f"messages[{i}].content", "messages")
     if isinstance(content, list):
         parts = []
         for part in content:
             if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
                 raise RequestError(f"messages[{i}].content: only text parts ({{\"type\": \"text\", \"text\": ...}}) are supported", "messages")
-            parts.append(part["text"])
+            parts.append(_text(part["text"], f"messages[{i}].content", "messages"))
         return "".join(parts)
     raise RequestError(f"messages[{i}].content must be a string or a list of text parts", "messages")
 
@@ -123,12 +143,21 @@ def _chat_tokens(body: dict[str, Any], llm: Any) -> list[int]:
         text = llm.template.render(plain, add_generation_prompt=True)
     except TileworkError as exc:
         raise RequestError(f"messages: {exc}", "messages") from exc
-    return list(llm.encode(text, True))
+    return _encode(llm, text, "messages")
 
 
-def parse_request(raw: bytes, kind: str, llm: Any, model_name: str, default_max_tokens: int) -> Parsed:
-    """See the module docstring; ``default_max_tokens`` applies when the body gives none (capped
-    by the context left after the prompt)."""
+def parse_request(raw: bytes, kind: str, llm: Any, model_name: str, default_max_tokens: int, max_sequence: int | None = None) -> Parsed:
+    """See the module docstring; ``default_max_tokens`` applies when the body gives none, capped
+    by the room left after the prompt in ``max_sequence`` tokens (``Scheduler.max_sequence``: the
+    context, or what the KV pool holds for one sequence; default the context), so a client is
+    never refused over a value it did not send."""
+    try:
+        return _parse(raw, kind, llm, model_name, default_max_tokens, max_sequence)
+    except RecursionError:  # json's reader (or writer, quoting a value) on arrays within arrays 100000 deep
+        raise RequestError("the request body nests arrays or objects too deeply to be read") from None
+
+
+def _parse(raw: bytes, kind: str, llm: Any, model_name: str, default_max_tokens: int, max_sequence: int | None) -> Parsed:
     try:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -152,9 +181,13 @@ def parse_request(raw: bytes, kind: str, llm: Any, model_name: str, default_max_
         raise RequestError("stop must be a string or a list of strings", "stop")
     if isinstance(stop, list) and len(stop) > MAX_STOP:
         raise RequestError(f"stop has {len(stop)} strings; at most {MAX_STOP}", "stop")
+    for i, text in enumerate([stop] if isinstance(stop, str) else stop or ()):
+        if isinstance(text, str):
+            _text(text, "stop" if isinstance(stop, str) else f"stop[{i}]", "stop")
     tokens = _chat_tokens(body, llm) if kind == "chat" else _prompt_tokens(body, llm)
     if max_tokens is None:
-        max_tokens = max(1, min(default_max_tokens, llm.config.context_length - len(tokens)))
+        room = (llm.config.context_length if max_sequence is None else max_sequence) - len(tokens)
+        max_tokens = max(1, min(default_max_tokens, room))  # no room: the scheduler refuses the prompt
     try:
         params = SamplingParams(
             temperature=float(temperature),

@@ -9,7 +9,9 @@
 Requests wait in a FIFO queue and are *admitted* when the running set has room: fewer than
 ``max_seqs`` sequences (at most the batch the decoder was compiled for) and enough free pages
 for the request's worst case, ``ceil((prompt + max_tokens) / page)`` pages, reserved at
-admission. So a running sequence never meets a full KV cache, and nothing is preempted.
+admission. So a running sequence never meets a full KV cache, and nothing is preempted. At
+most ``max_queue`` requests may wait that cannot start at the next step (those that can do not
+count); ``submit`` refuses more (429).
 
 Each iteration of the loop is one *step*:
 
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -47,7 +50,18 @@ from tilework.llm.completion import Completion
 from tilework.llm.sampling import SamplingParams
 from tilework.serve.metrics import ServeMetrics
 
-__all__ = ["Scheduler", "Ticket", "Event", "RequestError"]
+__all__ = ["Scheduler", "Ticket", "Event", "RequestError", "INTERNAL_ERROR", "failure_message"]
+
+log = logging.getLogger("tilework.serve")
+
+INTERNAL_ERROR = "internal error (the server's log has the details)"
+
+
+def failure_message(exc: BaseException) -> str:
+    """What a client is told when its request fails inside the server: a ``TileworkError``'s own
+    message (written for users), else only ``INTERNAL_ERROR``: a Python exception's text names
+    the server's internals and is for its log."""
+    return str(exc) if isinstance(exc, TileworkError) else INTERNAL_ERROR
 
 
 class RequestError(TileworkError):
@@ -156,6 +170,10 @@ class Scheduler:
             raise RequestError(
                 f"max_tokens={params.max_tokens} and the prompt's {len(tokens)} tokens exceed the model's context of {self.context}"
                 f" (at most {self.context - len(tokens)} for this prompt)", "max_tokens")
+        if len(tokens) >= self.max_sequence:
+            raise RequestError(
+                f"the prompt has {len(tokens)} tokens; the server's KV cache holds at most {self.max_sequence} tokens for a sequence"
+                f" ({self.max_pages} pages of {self.cache.page}; prompt and completion)", "prompt")
         need = self._pages(len(tokens), params.max_tokens)
         if need > self.max_pages:
             most = self.max_pages * self.cache.page - len(tokens)
@@ -177,8 +195,9 @@ class Scheduler:
         with self._cond:
             if self._stopping or (self._thread is not None and not self._thread.is_alive()):
                 raise RequestError("the server is shutting down", status=503)
-            if len(self._waiting) >= self.max_queue:
-                raise RequestError(f"the server is busy: {len(self._waiting)} requests are waiting (retry later)", status=429)
+            if self._blocked(seq) > self.max_queue:
+                raise RequestError(f"the server is busy: the queue of requests waiting for room is full (max_queue={self.max_queue});"
+                                   " retry later", status=429)
             self._waiting.append(seq)
             self.metrics.submitted(len(tokens))
             self._cond.notify()
@@ -199,6 +218,12 @@ class Scheduler:
             self._thread.join(timeout)
 
     @property
+    def max_sequence(self) -> int:
+        """The most tokens one sequence may hold, prompt and completion: the model's context, or
+        less when the KV pages (``max_pages``) hold less."""
+        return min(self.context, self.max_pages * self.cache.page)
+
+    @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
@@ -211,6 +236,18 @@ class Scheduler:
     def _wake(self) -> None:
         with self._cond:
             self._cond.notify()
+
+    def _blocked(self, new: _Seq) -> int:
+        """How many of the waiting requests and ``new`` cannot start at the next step (FIFO: those
+        from the first that finds no sequence slot or not enough free pages); the ones that can
+        start at once do not count against ``max_queue``. Called under the lock."""
+        running, reserved = len(self._running), self._reserved
+        queue = [*self._waiting, new]
+        for i, s in enumerate(queue):
+            if running >= self.max_seqs or reserved + s.pages > self.max_pages:
+                return len(queue) - i
+            running, reserved = running + 1, reserved + s.pages
+        return 0
 
     def _pages(self, prompt: int, max_tokens: int) -> int:
         return -(-(prompt + max_tokens) // self.cache.page)
@@ -236,7 +273,7 @@ class Scheduler:
                 self._stopping = True
                 waiting = list(self._waiting)
                 self._waiting.clear()
-            why = "the server is shutting down" if self.failure is None else f"internal error: {self.failure!r}"
+            why = "the server is shutting down" if self.failure is None else INTERNAL_ERROR
             for s in waiting:
                 self._send(s, Event(finish_reason="error", error=why, prompt_tokens=len(s.tokens)))
                 self.metrics.finished("error")
@@ -274,15 +311,17 @@ class Scheduler:
             try:
                 self._decode(batch)
             except Exception as exc:
+                log.exception("a decode step of %d sequences failed", len(batch))
                 for s in batch:
-                    self._finish(s, "error", f"decode step failed: {exc}")
+                    self._finish(s, "error", failure_message(exc))
         self._sweep()
 
     def _guard(self, s: _Seq, fn: Callable[..., None], *args: Any) -> None:
         try:
             fn(*args)
-        except Exception as exc:
-            self._finish(s, "error", str(exc))
+        except Exception as exc:  # this request fails; the others go on
+            log.exception("request %d failed in %s", s.ticket.id, getattr(fn, "__name__", fn))
+            self._finish(s, "error", failure_message(exc))
 
     def _prefill_chunk(self, s: _Seq, n: int) -> None:
         assert s.sid is not None

@@ -35,6 +35,8 @@ def model_name(path: str) -> str:
 
 
 def _build(llm: Any, name: str | None, default_max_tokens: int, **limits: Any) -> tuple[Scheduler, Any, str]:
+    if name is not None and not name.strip():
+        raise TileworkError(f"the model's name must not be empty, got {name!r} (None: the file's name)")
     scheduler = Scheduler(llm, **limits)
     name = name or model_name(llm.path)
     return scheduler, create_app(scheduler, name, default_max_tokens=default_max_tokens), name
