@@ -4,6 +4,8 @@ conversation would, KV-cache pages come back, stop strings, limits, seeds and th
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import re
 
 import numpy as np
@@ -107,6 +109,28 @@ def test_errors(llm: LLM) -> None:
     with pytest.raises(TileworkError, match="precision"):
         LLM(precision="int3")
     assert llm.cache.sequences() == []  # nothing left behind by the failed calls
+
+
+def test_prompt_and_reply_fill_the_context_exactly(llm: LLM) -> None:
+    """Prompt + generated tokens reach the context size and no further (as the server caps
+    max_tokens at context - prompt): a prompt of context - 1 tokens gets one token. (On a
+    copy of the model told its context is the prompt + 8 tokens: the same code at a context a
+    test can fill.)"""
+    text = "1, 2, 3, 4,"
+    prompt = llm.encode(text)
+    context = len(prompt) + 8
+    small = copy.copy(llm)
+    small.config = dataclasses.replace(llm.config, context_length=context)
+    params = SamplingParams(temperature=0, max_tokens=100)
+    out = small.generate(text, params, chat=False)[0]
+    assert out.finish_reason == "length" and len(prompt) + len(out.token_ids) == context
+    longer = text + out.text
+    assert len(llm.encode(longer)) == context  # the greedy continuation tokenizes back to its ids
+    one = small.generate(llm.tokenizer.decode(prompt + out.token_ids[:-1]), params, chat=False)[0]
+    assert one.token_ids == out.token_ids[-1:]
+    with pytest.raises(TileworkError, match=f"the prompt needs {context} tokens of context and its reply one more at least, the model has {context}"):
+        small.generate(longer, params, chat=False)
+    assert llm.cache.sequences() == []
 
 
 @pytest.mark.parametrize("tokens, bad", [([49152], "token id 49152 (token 0)"), ([-1], "token id -1 (token 0)"),

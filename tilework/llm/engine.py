@@ -286,8 +286,8 @@ class LLM:
         if not tokens:
             raise TileworkError("the prompt is empty")
         total = self.cache.length(a.sid) + len(tokens)
-        if total > self.config.context_length:
-            raise TileworkError(f"the prompt needs {total} tokens of context, the model has {self.config.context_length}")
+        if total >= self.config.context_length:  # the reply takes one token at least
+            raise TileworkError(f"the prompt needs {total} tokens of context and its reply one more at least, the model has {self.config.context_length}")
         t0 = time.perf_counter()
         kv_len, table = self.cache.step_inputs([a.sid], len(tokens))
         logits = self._prefill(np.asarray([tokens], np.int32), kv_len, table, *self.kv_args)
@@ -300,7 +300,8 @@ class LLM:
         """Sample the next token of ``a`` from its logits and decide whether it goes on."""
         assert a.logits is not None
         made = len(a.out.ids)
-        piece = a.out.add(a.logits, room=self.cache.length(a.sid) + 1 <= self.config.context_length)
+        # the new token is the sequence's (cache + 1)-th: the last when it fills the context
+        piece = a.out.add(a.logits, room=self.cache.length(a.sid) + 1 < self.config.context_length)
         self.stats.generated_tokens += len(a.out.ids) - made
         if piece and on_text is not None:
             on_text(index, piece)
