@@ -76,6 +76,30 @@ def test_a_chat_turn_feeds_only_the_new_text_and_answers_like_the_whole_conversa
     assert llm.cache.sequences() == []
 
 
+def test_chat_history_in_the_cache_is_the_conversation_after_max_tokens_and_stop(llm32: LLM) -> None:
+    """A reply cut by max_tokens or a stop string: its last sampled token was never fed, and a
+    stop string's tokens are past what the user saw. After each turn the cache holds exactly
+    the recorded conversation (the replies as shown), and the next answer is the one a fresh
+    prefill of that conversation gives."""
+    llm = llm32
+    turns = [("Tell me a long story about a dragon.", SamplingParams(temperature=0, max_tokens=5)),
+             ("Count from 1 to 20, one number per line.", SamplingParams(temperature=0, max_tokens=60, stop=["5"])),
+             ("Continue.", SamplingParams(temperature=0, max_tokens=5))]
+    chat = llm.chat()
+    try:
+        for text, params in turns:
+            reply = chat.send(text, params=params)
+            assert chat.conversation.messages[-1] == {"role": "assistant", "content": reply}
+            assert llm.cache.length(chat.sid) == len(llm.encode(chat.conversation.seen))
+        assert "4" in chat.conversation.messages[3]["content"] and "5" not in chat.conversation.messages[3]["content"]
+        answer = chat.send("What is 2+2? Answer with just the number.", params=SamplingParams(temperature=0, max_tokens=20))
+    finally:
+        chat.close()
+    assert llm.template is not None
+    whole = llm.template.render(chat.conversation.messages[:-1], add_generation_prompt=True)
+    assert llm.generate(whole, SamplingParams(temperature=0, max_tokens=20), chat=False)[0].text == answer
+
+
 def test_stop_strings_and_limits(llm: LLM) -> None:
     counted = llm.generate("1, 2, 3, 4,", SamplingParams(temperature=0, max_tokens=40), chat=False)[0]
     assert "7" in counted.text

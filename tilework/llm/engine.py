@@ -289,12 +289,16 @@ class LLM:
         if total >= self.config.context_length:  # the reply takes one token at least
             raise TileworkError(f"the prompt needs {total} tokens of context and its reply one more at least, the model has {self.config.context_length}")
         t0 = time.perf_counter()
-        kv_len, table = self.cache.step_inputs([a.sid], len(tokens))
-        logits = self._prefill(np.asarray([tokens], np.int32), kv_len, table, *self.kv_args)
-        self.cache.advance([a.sid], len(tokens))
-        a.logits = logits[0]
+        a.logits = self._extend(a.sid, tokens)
         self.stats.prefill_s += time.perf_counter() - t0
         self.stats.prompt_tokens += len(tokens)
+
+    def _extend(self, sid: int, tokens: list[int]) -> np.ndarray:
+        """Prefill ``tokens`` after what sequence ``sid`` holds; the logits after the last."""
+        kv_len, table = self.cache.step_inputs([sid], len(tokens))
+        logits = self._prefill(np.asarray([tokens], np.int32), kv_len, table, *self.kv_args)
+        self.cache.advance([sid], len(tokens))
+        return logits[0]
 
     def _pick(self, a: _Active, on_text: OnText | None, index: int) -> None:
         """Sample the next token of ``a`` from its logits and decide whether it goes on."""
@@ -347,10 +351,30 @@ class ChatSession:
             first = True
         llm.stats = Stats()
         a = llm._start(llm.encode(prompt.text, first), params or self.params, 0, self.sid)
+        start = llm.cache.length(self.sid)
         llm._run([a], None if on_text is None else (lambda _i, piece: on_text(piece)))
-        reply = a.out.text
-        self.conversation.add_assistant(llm.tokenizer.decode(a.out.ids))
-        return reply
+        self._keep(a.out.ids, a.out.text, start)
+        self.conversation.add_assistant(a.out.text)
+        return a.out.text
+
+    def _keep(self, ids: list[int], reply: str, start: int) -> None:
+        """Make the cache after position ``start`` hold the tokens of ``reply``, the text the
+        user saw, which the conversation records: the generated ``ids`` as far as their text
+        is a prefix of it, then the rest of it tokenized. What the cache lacks is fed now.
+
+        The cache holds every generated id but the last when the reply ended on
+        ``max_tokens`` or a stop string (it was sampled, never fed), and the ids past a stop
+        string's start, which the user never saw (the text is cut before it)."""
+        llm = self.llm
+        k = len(ids)
+        while k > 0 and not reply.startswith(llm.tokenizer.decode(ids[:k])):
+            k -= 1
+        rest = reply[len(llm.tokenizer.decode(ids[:k])) :]
+        tokens = ids[:k] + (llm.encode(rest, first=False) if rest else [])
+        have = min(k, llm.cache.length(self.sid) - start)
+        llm.cache.truncate(self.sid, start + have)
+        if len(tokens) > have:
+            llm._extend(self.sid, tokens[have:])
 
     def close(self) -> None:
         self.llm.cache.remove(self.sid)
