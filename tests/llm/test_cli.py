@@ -69,6 +69,17 @@ def test_chat_answers_each_line_of_stdin_until_exit() -> None:
     assert sum(line.startswith("prefill ") for line in r.stderr.splitlines()) == 3  # one statistics line per reply, none after /exit
 
 
+@needs_model
+def test_chat_goes_on_after_a_message_that_fails() -> None:
+    """A message past the context is refused with one error line; the session keeps reading
+    and the next message is answered (the failed one is not in the history)."""
+    script = "word " * 8300 + "\nName a color.\n/exit\n"
+    r = tilework("chat", "--temperature", "0", "--max-tokens", "8", stdin=script)
+    assert r.returncode == 0, r.stderr
+    assert "error: the prompt needs" in r.stderr and "/reset starts over" in r.stderr and "Traceback" not in r.stderr
+    assert sum(line.startswith("prefill ") for line in r.stderr.splitlines()) == 1 and r.stdout.strip()
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

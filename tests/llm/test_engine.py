@@ -100,6 +100,35 @@ def test_chat_history_in_the_cache_is_the_conversation_after_max_tokens_and_stop
     assert llm.generate(whole, SamplingParams(temperature=0, max_tokens=20), chat=False)[0].text == answer
 
 
+def test_a_failed_chat_turn_leaves_the_session_as_it_was(llm: LLM) -> None:
+    """A message past the context and a KV cache that fills up in the middle of a reply: each
+    failed turn is undone (messages, what the model has seen, the cache), and the next turn
+    answers as if it had never been sent. (On a copy of the model told its context is 96
+    tokens, and on a model with a pool of 80 tokens.)"""
+    short = SamplingParams(temperature=0, max_tokens=4)
+    small = copy.copy(llm)
+    small.config = dataclasses.replace(llm.config, context_length=96)
+    tight = LLM(precision="q", kv_tokens=80)
+    for model, failing, params in ((small, "word " * 100, short),
+                                   (tight, "Write a long poem about the sea.", SamplingParams(temperature=0, max_tokens=60))):
+        fresh = model.chat()
+        fresh.send("Hi!", params=short)
+        want = fresh.send("Name a color.", params=short)
+        fresh.close()
+        chat = model.chat()
+        try:
+            chat.send("Hi!", params=short)
+            before = (list(chat.conversation.messages), chat.conversation.seen, model.cache.length(chat.sid))
+            with pytest.raises(TileworkError, match="context|KV cache"):
+                chat.send(failing, params=params)
+            assert (chat.conversation.messages, chat.conversation.seen, model.cache.length(chat.sid)) == before
+            assert chat.send("Name a color.", params=short) == want
+            assert model.cache.length(chat.sid) == len(model.encode(chat.conversation.seen))
+        finally:
+            chat.close()
+        assert model.cache.sequences() == [] and model.cache.free_pages == model.cache.num_pages
+
+
 def test_stop_strings_and_limits(llm: LLM) -> None:
     counted = llm.generate("1, 2, 3, 4,", SamplingParams(temperature=0, max_tokens=40), chat=False)[0]
     assert "7" in counted.text

@@ -29,7 +29,7 @@ def add_parsers(sub: Any) -> None:
     g.add_argument("--max-tokens", type=int, default=256, metavar="N", help="most tokens to generate (default 256)")
     g.add_argument("--raw", action="store_true", help="send the prompt as it is, without the chat template")
 
-    c = sub.add_parser("chat", help="an interactive chat with an LLM (history kept in the KV cache)", description="Chat on stdin/stdout: type a message and Enter; /reset starts over, /exit (or end of input) quits.")
+    c = sub.add_parser("chat", help="an interactive chat with an LLM (history kept in the KV cache)", description="Chat on stdin/stdout: type a message and Enter; /reset starts over, /exit (or end of input) quits. A message that fails (past the context, a full KV cache) gets an error line and is left out of the history; the chat goes on.")
     _model_args(c)
     c.add_argument("--max-tokens", type=int, default=512, metavar="N", help="most tokens per reply (default 512)")
 
@@ -154,7 +154,21 @@ def chat(args: argparse.Namespace, read: Callable[[], str] = input) -> int:
             session = llm.chat(args.system, params)
             print("(history cleared)", file=sys.stderr)
             continue
-        session.send(text, on_text=lambda piece: (sys.stdout.write(piece), sys.stdout.flush()))
+        shown: list[str] = []
+
+        def show(piece: str) -> None:
+            shown.append(piece)
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+
+        try:
+            session.send(text, on_text=show)
+        except TileworkError as e:  # the turn is undone; the session goes on
+            if shown:
+                sys.stdout.write("\n")
+                sys.stdout.flush()
+            print(f"error: {e}\n(this message is not in the history; /reset starts over)", file=sys.stderr)
+            continue
         sys.stdout.write("\n")
         sys.stdout.flush()
         print(llm.stats.line(), file=sys.stderr)

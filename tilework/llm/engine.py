@@ -341,20 +341,32 @@ class ChatSession:
         self.sid = llm.cache.add()
 
     def send(self, text: str, on_text: Callable[[str], None] | None = None, params: SamplingParams | None = None) -> str:
-        """The model's reply to ``text`` (streamed to ``on_text`` as it is made)."""
-        llm = self.llm
-        self.conversation.add_user(text)
-        prompt = self.conversation.prompt()
-        first = llm.cache.length(self.sid) == 0
-        if not prompt.incremental:
-            llm.cache.truncate(self.sid, 0)
-            first = True
-        llm.stats = Stats()
-        a = llm._start(llm.encode(prompt.text, first), params or self.params, 0, self.sid)
-        start = llm.cache.length(self.sid)
-        llm._run([a], None if on_text is None else (lambda _i, piece: on_text(piece)))
-        self._keep(a.out.ids, a.out.text, start)
-        self.conversation.add_assistant(a.out.text)
+        """The model's reply to ``text`` (streamed to ``on_text`` as it is made).
+
+        A turn that fails (a message past the context, a full KV cache, bad text, Ctrl-C) leaves
+        the conversation as it was: the next ``send`` goes on from the earlier turns."""
+        llm, conversation = self.llm, self.conversation
+        messages, seen, length = len(conversation.messages), conversation.seen, llm.cache.length(self.sid)
+        rewound = False
+        try:
+            conversation.add_user(text)
+            prompt = conversation.prompt()
+            first = length == 0
+            if not prompt.incremental:
+                llm.cache.truncate(self.sid, 0)
+                rewound = first = True
+            llm.stats = Stats()
+            a = llm._start(llm.encode(prompt.text, first), params or self.params, 0, self.sid)
+            start = llm.cache.length(self.sid)
+            llm._run([a], None if on_text is None else (lambda _i, piece: on_text(piece)))
+            self._keep(a.out.ids, a.out.text, start)
+        except BaseException:
+            del conversation.messages[messages:]
+            # a cache emptied for a rewritten history: the next turn feeds the whole conversation
+            conversation.seen = "" if rewound else seen
+            llm.cache.truncate(self.sid, 0 if rewound else length)
+            raise
+        conversation.add_assistant(a.out.text)
         return a.out.text
 
     def _keep(self, ids: list[int], reply: str, start: int) -> None:
