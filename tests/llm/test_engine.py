@@ -161,6 +161,15 @@ def test_errors(llm: LLM) -> None:
         llm.generate("word " * 9000, GREEDY, chat=False)
     with pytest.raises(TileworkError, match="precision"):
         LLM(precision="int3")
+    with pytest.raises(TileworkError, match=re.escape("prompts[1] is not valid Unicode: character 3 is a lone surrogate U+D800")):
+        llm.generate(["ok", "caf\ud800"], GREEDY)
+    with pytest.raises(TileworkError, match="the system message is not valid Unicode: character 0"):
+        llm.generate("ok", GREEDY, system="\udfff")
+    chat = llm.chat()
+    with pytest.raises(TileworkError, match="the message is not valid Unicode: character 1"):
+        chat.send("a\udce9")
+    assert chat.conversation.messages == [] and llm.cache.length(chat.sid) == 0
+    chat.close()
     assert llm.cache.sequences() == []  # nothing left behind by the failed calls
 
 

@@ -249,6 +249,28 @@ def test_tiny_vocabulary_with_bos_and_added_token() -> None:
 
 
 @pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("caf\ud800", "the text to encode is not valid Unicode: character 3 is a lone surrogate U+D800"),
+        ("hi \udfff there", "character 3 is a lone surrogate U+DFFF"),
+        (b"caf\xe9 ok".decode("utf-8", "surrogateescape"), "character 3 is a lone surrogate U+DCE9 (the byte 0xE9, which is not UTF-8)"),
+        (None, "the text to encode must be a str, got NoneType"),
+        (5, "the text to encode must be a str, got int"),
+        (b"bytes", "the text to encode must be a str, got bytes"),
+    ],
+)
+def test_text_that_is_not_a_valid_unicode_str_is_refused(text: Any, match: str) -> None:
+    """``tokenizers`` raised a TypeError (an internal error in the CLI and a 500 in the server)
+    on a lone surrogate, which is how Python decodes argv and stdin bytes that are not UTF-8."""
+    tiny = Tokenizer.from_gguf(_tiny_metadata())
+    with pytest.raises(TokenizerError, match=re.escape(match)):
+        tiny.encode(text)
+    with pytest.raises(TokenizerError, match=re.escape(match)):
+        tiny.encode_batch(["ab", text])
+    assert tiny.encode("ab é", add_special_tokens=False) == tiny.encode_batch(["ab é"], add_special_tokens=False)[0]
+
+
+@pytest.mark.parametrize(
     ("overrides", "error", "match"),
     [
         ({"ggml.pre": "mystery"}, UnsupportedError, "mystery"),

@@ -8,6 +8,7 @@ once for this machine) and the statistics line (prefill time, decode tokens/s) g
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 import threading
 import time
@@ -135,6 +136,8 @@ def chat(args: argparse.Namespace, read: Callable[[], str] = input) -> int:
     params = _params(args)
     llm = _load(args)
     session = llm.chat(args.system, params)
+    if isinstance(sys.stdin, io.TextIOWrapper):  # bytes that are not UTF-8 reach the tokenizer, which names them
+        sys.stdin.reconfigure(errors="surrogateescape")
     interactive = sys.stdin.isatty()
     print("chat with the model: /reset starts over, /exit quits", file=sys.stderr)
     while True:

@@ -42,7 +42,7 @@ from tilework.llm.gguf import read_gguf
 from tilework.llm.kv_cache import KV_DTYPES, PagedKVCache
 from tilework.llm.completion import Completion
 from tilework.llm.sampling import SamplingParams
-from tilework.llm.tokenizer import Tokenizer
+from tilework.llm.tokenizer import Tokenizer, check_text
 from tilework.llm.weights import load_weights
 
 if TYPE_CHECKING:
@@ -214,6 +214,10 @@ class LLM:
         made (never a piece of a stop string, never half a UTF-8 character)."""
         params = params or SamplingParams()
         batch = [prompts] if isinstance(prompts, str) else list(prompts)
+        for i, p in enumerate(batch):
+            check_text(p, "the prompt" if isinstance(prompts, str) else f"prompts[{i}]")
+        if system is not None:
+            check_text(system, "the system message")
         if not batch:
             return []
         if len(batch) > self.max_batch:
@@ -234,6 +238,8 @@ class LLM:
         """An interactive session whose history stays in the KV cache between turns."""
         if self.template is None:
             raise TileworkError(f"{os.path.basename(self.path)} has no chat template")
+        if system is not None:
+            check_text(system, "the system message")
         return ChatSession(self, Conversation(self.template, system), params or SamplingParams())
 
     def score(self, tokens: Sequence[int]) -> np.ndarray:
@@ -345,6 +351,7 @@ class ChatSession:
 
         A turn that fails (a message past the context, a full KV cache, bad text, Ctrl-C) leaves
         the conversation as it was: the next ``send`` goes on from the earlier turns."""
+        check_text(text, "the message")
         llm, conversation = self.llm, self.conversation
         messages, seen, length = len(conversation.messages), conversation.seen, llm.cache.length(self.sid)
         rewound = False
