@@ -8,6 +8,8 @@ import copy
 import dataclasses
 import re
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -207,6 +209,15 @@ def test_token_ids_outside_the_vocabulary_are_refused(llm: LLM, tokens: list[int
         llm._start(tokens, GREEDY, 0)  # type: ignore[arg-type]
     assert llm.cache.sequences() == []
     assert llm.score(np.array([1, 49151]))[1].shape == (llm.config.vocab,)
+
+
+@pytest.mark.parametrize("name", ["noext.bin", "model.GGUF", "model"])
+def test_a_gguf_file_is_known_by_its_magic_not_its_name(llm: LLM, tmp_path: Path, name: str) -> None:
+    """The weights were read as GGUF by the magic bytes, the tokenizer only from a name ending
+    in .gguf (else a missing tokenizer.json)."""
+    (tmp_path / name).symlink_to(llm.path)
+    other = LLM(str(tmp_path / name), precision="q", kv_tokens=256)
+    assert other.generate("Name a color.", GREEDY)[0].token_ids == llm.generate("Name a color.", GREEDY)[0].token_ids
 
 
 def test_native_code_and_the_vm_give_the_same_bits(llm: LLM) -> None:

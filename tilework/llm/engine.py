@@ -43,7 +43,7 @@ from tilework.llm.kv_cache import KV_DTYPES, PagedKVCache
 from tilework.llm.completion import Completion
 from tilework.llm.sampling import SamplingParams
 from tilework.llm.tokenizer import Tokenizer, check_text
-from tilework.llm.weights import load_weights
+from tilework.llm.weights import load_weights, model_kind
 
 if TYPE_CHECKING:
     from tilework.runtime.vm import VM
@@ -151,7 +151,7 @@ class LLM:
         self.path = model or default_model_path()
         self.precision = precision
         say(f"loading {os.path.basename(self.path)}")
-        gguf_file = read_gguf(self.path) if self.path.endswith(".gguf") else None
+        gguf_file = read_gguf(self.path) if model_kind(self.path) == "gguf" else None
         self.config, tensors = load_weights(self.path, gguf_file)
         if os.path.isfile(self.path):  # the quant library decodes its matrices and runs the kept blocks: built (or loaded) meanwhile, with the paths they take
             quant.library_in_background(quant.families_of(weight_formats(tensors, precision).values()))
