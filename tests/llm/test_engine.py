@@ -175,6 +175,20 @@ def test_errors(llm: LLM) -> None:
     assert llm.cache.sequences() == []  # nothing left behind by the failed calls
 
 
+@pytest.mark.parametrize("prompts, message", [(None, "prompts must be a string or a list of strings, got NoneType"),
+                                              (5, "prompts must be a string or a list of strings, got int"),
+                                              (b"hi", "prompts must be a string or a list of strings, got bytes"),
+                                              ([1, 2], "prompts[0] must be a str, got int"),
+                                              (["ok", None], "prompts[1] must be a str, got NoneType")])
+def test_prompts_that_are_not_strings_are_refused(llm: LLM, prompts: object, message: str) -> None:
+    """They gave a raw TypeError or a misleading "chat template failed"."""
+    with pytest.raises(TileworkError, match=re.escape(message)):
+        llm.generate(prompts, GREEDY)  # type: ignore[arg-type]
+    with pytest.raises(TileworkError, match=re.escape(message)):
+        llm.generate(prompts, GREEDY, chat=False)  # type: ignore[arg-type]
+    assert llm.cache.sequences() == []
+
+
 def test_prompt_and_reply_fill_the_context_exactly(llm: LLM) -> None:
     """Prompt + generated tokens reach the context size and no further (as the server caps
     max_tokens at context - prompt): a prompt of context - 1 tokens gets one token. (On a

@@ -210,11 +210,14 @@ class LLM:
         system: str | None = None,
         on_text: OnText | None = None,
     ) -> list[Generation]:
-        """Complete each prompt; ``on_text(i, piece)`` receives sequence ``i``'s text as it is
-        made (never a piece of a stop string, never half a UTF-8 character)."""
+        """Complete each prompt (``prompts``: a string or a list of strings, checked first: a
+        ``TileworkError`` names a bad one by its index); ``on_text(i, piece)`` receives sequence
+        ``i``'s text as it is made (never a piece of a stop string, never half a UTF-8 character)."""
         params = params or SamplingParams()
+        if not isinstance(prompts, str) and (isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Iterable)):
+            raise TileworkError(f"prompts must be a string or a list of strings, got {type(prompts).__name__}")
         batch = [prompts] if isinstance(prompts, str) else list(prompts)
-        for i, p in enumerate(batch):
+        for i, p in enumerate(batch):  # each a str of valid Unicode
             check_text(p, "the prompt" if isinstance(prompts, str) else f"prompts[{i}]")
         if system is not None:
             check_text(system, "the system message")
