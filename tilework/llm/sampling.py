@@ -130,12 +130,16 @@ class Sampler:
         if ids[0] < 0 or ids[-1] >= self.vocab_size:
             raise SamplingParamsError("history", f"token id {int(ids[0] if ids[0] < 0 else ids[-1])}",
                                       f"within [0, {self.vocab_size})")
-        # float64: exact for a float32 penalty (one rounding, to float32, as float32 arithmetic
-        # gives), and no overflow for any other; the results held within float32's range
+        seen = scores[ids]
+        if _F32_TINY <= penalty <= _F32_MAX and float(np.abs(seen).max()) * max(penalty, 1 / penalty) < _F32_MAX / 2:
+            scores[ids] = np.where(seen < 0, seen * np.float32(penalty), seen / np.float32(penalty))
+            return scores
+        # a penalty outside float32's range, or results that would overflow it: float64 (the same
+        # numbers where they fit: one rounding, to float32), held within float32's range
         factor = float(np.float32(penalty)) if _F32_TINY <= penalty <= _F32_MAX else float(penalty)
-        seen = scores[ids].astype(np.float64)
-        new = np.where(seen < 0, seen * factor, seen / factor)
-        scores[ids] = np.where(np.isinf(seen), seen, np.clip(new, -_F32_MAX, _F32_MAX))
+        wide = seen.astype(np.float64)
+        new = np.where(wide < 0, wide * factor, wide / factor)
+        scores[ids] = np.where(np.isinf(wide), wide, np.clip(new, -_F32_MAX, _F32_MAX))
         return scores
 
     def kept(self, logits: np.ndarray, history: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
