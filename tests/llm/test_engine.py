@@ -154,6 +154,20 @@ def test_streamed_pieces_make_the_text(llm: LLM) -> None:
     assert ["".join(pieces[i]) for i in (0, 1)] == [g.text for g in out]
 
 
+def test_text_cut_inside_a_character_ends_at_the_last_whole_one(llm: LLM) -> None:
+    """max_tokens can end the ids inside a multi-byte character (here an emoji of several
+    byte-level tokens): the text, streamed or not, ends at the last whole character instead of
+    U+FFFD; token_ids keeps every generated id."""
+    cut = 0
+    for n in range(1, 6):
+        pieces: list[str] = []
+        out = llm.generate("Hi 🎉 日本", SamplingParams(temperature=0, max_tokens=n), on_text=lambda _i, p: pieces.append(p))[0]
+        assert "\ufffd" not in out.text and "".join(pieces) == out.text
+        assert llm.tokenizer.decode(out.token_ids).rstrip("\ufffd") == out.text
+        cut += llm.tokenizer.decode(out.token_ids).endswith("\ufffd")
+    assert cut  # some n cut a character
+
+
 def test_errors(llm: LLM) -> None:
     with pytest.raises(TileworkError, match="at most 16"):
         llm.generate(["a"] * 17, GREEDY)

@@ -401,8 +401,9 @@ class StreamDecoder:
         return text[len(prefix_text) :]
 
     def flush(self) -> str:
-        """The text of ids still held back (an unfinished character decodes as U+FFFD)."""
+        """The text of ids still held back, less an unfinished character at its end (the ids
+        ended inside one, e.g. cut by max_tokens: its bytes, which decode as U+FFFD, are dropped)."""
         prefix_text = self._decode(self.ids[self._prefix : self._read])
         text = self._decode(self.ids[self._prefix :])
         self._prefix = self._read = len(self.ids)
-        return text[len(prefix_text) :]
+        return text[len(prefix_text) :].rstrip("\ufffd")
