@@ -179,6 +179,8 @@ def test_errors(llm: LLM) -> None:
         LLM(precision="int3")
     with pytest.raises(TileworkError, match=re.escape("prompts[1] is not valid Unicode: character 3 is a lone surrogate U+D800")):
         llm.generate(["ok", "caf\ud800"], GREEDY)
+    with pytest.raises(TileworkError, match="a system message goes into the chat template, which chat=False leaves out"):
+        llm.generate("ok", GREEDY, chat=False, system="Be brief.")
     with pytest.raises(TileworkError, match="the system message is not valid Unicode: character 0"):
         llm.generate("ok", GREEDY, system="\udfff")
     chat = llm.chat()

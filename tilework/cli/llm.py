@@ -28,7 +28,7 @@ def add_parsers(sub: Any) -> None:
     g.add_argument("prompt", help="the prompt (a chat model gets it as a user message through its chat template unless --raw)")
     _model_args(g)
     g.add_argument("--max-tokens", type=int, default=256, metavar="N", help="most tokens to generate (default 256)")
-    g.add_argument("--raw", action="store_true", help="send the prompt as it is, without the chat template")
+    g.add_argument("--raw", action="store_true", help="send the prompt as it is, without the chat template (and so without --system)")
 
     c = sub.add_parser("chat", help="an interactive chat with an LLM (history kept in the KV cache)", description="Chat on stdin/stdout: type a message and Enter; /reset starts over, /exit (or end of input) quits. A message that fails (past the context, a full KV cache) gets an error line and is left out of the history; the chat goes on.")
     _model_args(c)
@@ -117,6 +117,8 @@ def _load(args: argparse.Namespace) -> Any:
 
 
 def generate(args: argparse.Namespace) -> int:
+    if args.raw and args.system is not None:
+        raise TileworkError("--system goes into the chat template, which --raw leaves out: give one or the other")
     params = _params(args)
     llm = _load(args)
     out = sys.stdout

@@ -221,6 +221,8 @@ class LLM:
             check_text(p, "the prompt" if isinstance(prompts, str) else f"prompts[{i}]")
         if system is not None:
             check_text(system, "the system message")
+            if not chat or self.template is None:
+                raise TileworkError("a system message goes into the chat template, which " + ("chat=False leaves out" if not chat else f"{os.path.basename(self.path)} does not have"))
         if not batch:
             return []
         if len(batch) > self.max_batch:
