@@ -5,6 +5,7 @@ a Python start-up each)."""
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -82,6 +83,16 @@ def test_chat_goes_on_after_a_message_that_fails() -> None:
     assert "error: the prompt needs" in err and "/reset starts over" in err and "Traceback" not in err
     assert "error: the message is not valid Unicode: character 3 is a lone surrogate U+DCE9 (the byte 0xE9, which is not UTF-8)" in err
     assert sum(line.startswith("prefill ") for line in err.splitlines()) == 1 and r.stdout.strip()
+
+
+@needs_model
+def test_chat_commands_in_any_case_and_unknown_ones_list_the_commands(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """/help and an unknown /command were sent to the model as messages; /EXIT was too."""
+    monkeypatch.setattr(sys, "stdin", io.StringIO("/help\n/bogus\n/Reset\nName a color.\n/EXIT\nnever read\n"))
+    code, err = tilework_here(capsys, "chat", "--temperature", "0", "--max-tokens", "4")
+    assert code == 0, err
+    assert err.count("commands: /reset starts over") == 2 and "unknown command /bogus; commands:" in err
+    assert "(history cleared)" in err and sum(line.startswith("prefill ") for line in err.splitlines()) == 1
 
 
 @needs_model

@@ -30,7 +30,7 @@ def add_parsers(sub: Any) -> None:
     g.add_argument("--max-tokens", type=int, default=256, metavar="N", help="most tokens to generate (default 256)")
     g.add_argument("--raw", action="store_true", help="send the prompt as it is, without the chat template (and so without --system)")
 
-    c = sub.add_parser("chat", help="an interactive chat with an LLM (history kept in the KV cache)", description="Chat on stdin/stdout: type a message and Enter; /reset starts over, /exit (or end of input) quits. A message that fails (past the context, a full KV cache) gets an error line and is left out of the history; the chat goes on.")
+    c = sub.add_parser("chat", help="an interactive chat with an LLM (history kept in the KV cache)", description="Chat on stdin/stdout: type a message and Enter; /reset starts over, /exit or /quit (or end of input) quits, /help lists the commands (a line that is one word starting with / is a command, in any case). A message that fails (past the context, a full KV cache) gets an error line and is left out of the history; the chat goes on.")
     _model_args(c)
     c.add_argument("--max-tokens", type=int, default=512, metavar="N", help="most tokens per reply (default 512)")
 
@@ -134,6 +134,9 @@ def generate(args: argparse.Namespace) -> int:
     return 0
 
 
+CHAT_COMMANDS = "commands: /reset starts over, /exit or /quit quits (or end of input), /help lists them"
+
+
 def chat(args: argparse.Namespace, read: Callable[[], str] = input) -> int:
     params = _params(args)
     llm = _load(args)
@@ -141,7 +144,7 @@ def chat(args: argparse.Namespace, read: Callable[[], str] = input) -> int:
     if isinstance(sys.stdin, io.TextIOWrapper):  # bytes that are not UTF-8 reach the tokenizer, which names them
         sys.stdin.reconfigure(errors="surrogateescape")
     interactive = sys.stdin.isatty()
-    print("chat with the model: /reset starts over, /exit quits", file=sys.stderr)
+    print("chat with the model: /reset starts over, /exit quits, /help lists the commands", file=sys.stderr)
     while True:
         if interactive:
             print("> ", end="", file=sys.stderr, flush=True)
@@ -152,12 +155,16 @@ def chat(args: argparse.Namespace, read: Callable[[], str] = input) -> int:
         text = line.strip()
         if not text:
             continue
-        if text in ("/exit", "/quit"):
+        command = text.lower() if text.startswith("/") and len(text.split()) == 1 else None  # a message is never one /word
+        if command in ("/exit", "/quit"):
             break
-        if text == "/reset":
+        if command == "/reset":
             session.close()
             session = llm.chat(args.system, params)
             print("(history cleared)", file=sys.stderr)
+            continue
+        if command is not None:
+            print(("" if command == "/help" else f"unknown command {text}; ") + CHAT_COMMANDS, file=sys.stderr)
             continue
         shown: list[str] = []
 
