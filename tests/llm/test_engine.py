@@ -146,6 +146,9 @@ def test_a_seed_gives_the_same_sample(llm: LLM) -> None:
     assert a.token_ids == b.token_ids
     others = [llm.generate("Tell me a story.", SamplingParams(temperature=1.0, top_p=0.95, max_tokens=12, seed=s))[0].token_ids for s in (8, 9, 10)]
     assert any(o != a.token_ids for o in others)
+    # in a batch, prompt i is seeded with seed + i (docs/llm.md): the second prompt repeats alone with seed 8
+    both = llm.generate(["Name a fruit.", "Tell me a story."], params)
+    assert both[1].token_ids == llm.generate("Tell me a story.", SamplingParams(temperature=1.0, top_p=0.95, max_tokens=12, seed=8))[0].token_ids
 
 
 def test_streamed_pieces_make_the_text(llm: LLM) -> None:

@@ -64,6 +64,10 @@ class SamplingParams:
     ``temperature`` 0 is greedy; ``top_k`` 0, ``top_p`` 1.0 and ``repetition_penalty`` 1.0 are off;
     ``max_tokens`` bounds the generated tokens; ``stop`` strings end the text (a single string is
     taken as a one-element list); ``seed`` None draws from fresh OS entropy.
+
+    ``LLM.generate`` on a list of prompts seeds prompt ``i`` with ``seed + i``: equal prompts
+    in one call sample differently, and prompt ``i`` of a batch repeats alone with
+    ``seed + i`` (not ``seed``).
     """
 
     temperature: float = 1.0
