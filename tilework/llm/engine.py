@@ -395,6 +395,7 @@ class ChatSession:
             k -= 1
         rest = reply[len(llm.tokenizer.decode(ids[:k])) :]
         tokens = ids[:k] + (llm.encode(rest, first=False) if rest else [])
+        tokens = tokens[: llm.config.context_length - start]  # (a re-tokenized rest at the context's end; no next turn fits then)
         have = min(k, llm.cache.length(self.sid) - start)
         llm.cache.truncate(self.sid, start + have)
         if len(tokens) > have:
