@@ -157,6 +157,10 @@ def test_llama_decoder_generates_from_c_like_the_vm(tmp_path: Path, fmt: str | N
         assert proc.returncode == 0, proc.stderr
         assert [int(t) for t in proc.stdout.split()] == want_ids
         np.testing.assert_array_equal(np.load(tmp_path / "logits.npy"), want_logits)
+        for bad, message in ((str(cfg.vocab), f"token id {cfg.vocab} is outside the vocabulary [0, {cfg.vocab})"),
+                             ("-1", "token id -1 is outside"), ("5x", "token id '5x' is not an integer")):
+            proc = subprocess.run([str(where / "tw_generate"), str(tmp_path / "model.twb"), "2", "5", bad], capture_output=True, text=True)
+            assert proc.returncode == 2 and message in proc.stderr, proc.stderr  # refused before the decoder reads out of bounds
 
 
 def test_cli_exports_a_pt2_program_that_matches_torch(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ a Python start-up each)."""
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -67,6 +68,38 @@ def test_chat_answers_each_line_of_stdin_until_exit() -> None:
     assert len([line for line in r.stdout.split("\n") if line.strip()]) >= 3, r.stdout
     assert "(history cleared)" in r.stderr
     assert sum(line.startswith("prefill ") for line in r.stderr.splitlines()) == 3  # one statistics line per reply, none after /exit
+
+
+@needs_model
+def test_chat_goes_on_after_a_message_that_fails() -> None:
+    """A message past the context, and one with bytes that are not UTF-8, are refused with
+    an error line each; the session keeps reading and the next message is answered (the
+    failed ones are not in the history)."""
+    script = ("word " * 8300 + "\n").encode() + b"caf\xe9 au lait\nName a color.\n/exit\n"
+    env = dict(os.environ, PYTHONIOENCODING="utf-8")  # strict: the chat decodes stdin with surrogateescape itself
+    r = subprocess.run([sys.executable, "-m", "tilework", "chat", "--temperature", "0", "--max-tokens", "8"], input=script, capture_output=True, timeout=900, env=env)
+    err = r.stderr.decode()
+    assert r.returncode == 0, err
+    assert "error: the prompt needs" in err and "/reset starts over" in err and "Traceback" not in err
+    assert "error: the message is not valid Unicode: character 3 is a lone surrogate U+DCE9 (the byte 0xE9, which is not UTF-8)" in err
+    assert sum(line.startswith("prefill ") for line in err.splitlines()) == 1 and r.stdout.strip()
+
+
+@needs_model
+def test_chat_commands_in_any_case_and_unknown_ones_list_the_commands(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """/help and an unknown /command were sent to the model as messages; /EXIT was too."""
+    monkeypatch.setattr(sys, "stdin", io.StringIO("/help\n/bogus\n/Reset\nName a color.\n/EXIT\nnever read\n"))
+    code, err = tilework_here(capsys, "chat", "--temperature", "0", "--max-tokens", "4")
+    assert code == 0, err
+    assert err.count("commands: /reset starts over") == 2 and "unknown command /bogus; commands:" in err
+    assert "(history cleared)" in err and sum(line.startswith("prefill ") for line in err.splitlines()) == 1
+
+
+@needs_model
+def test_a_prompt_that_is_not_utf8_is_a_user_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """Python decodes argv with surrogateescape: the byte 0xE9 arrives as U+DCE9."""
+    code, err = tilework_here(capsys, "generate", b"caf\xe9".decode("utf-8", "surrogateescape"), "--max-tokens", "2")
+    assert code == 2 and "error: the prompt is not valid Unicode: character 3 is a lone surrogate U+DCE9 (the byte 0xE9, which is not UTF-8)" in err, err
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,12 @@ conversation would, KV-cache pages come back, stop strings, limits, seeds and th
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import re
+
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -72,6 +78,59 @@ def test_a_chat_turn_feeds_only_the_new_text_and_answers_like_the_whole_conversa
     assert llm.cache.sequences() == []
 
 
+def test_chat_history_in_the_cache_is_the_conversation_after_max_tokens_and_stop(llm32: LLM) -> None:
+    """A reply cut by max_tokens or a stop string: its last sampled token was never fed, and a
+    stop string's tokens are past what the user saw. After each turn the cache holds exactly
+    the recorded conversation (the replies as shown), and the next answer is the one a fresh
+    prefill of that conversation gives."""
+    llm = llm32
+    turns = [("Tell me a long story about a dragon.", SamplingParams(temperature=0, max_tokens=5)),
+             ("Count from 1 to 20, one number per line.", SamplingParams(temperature=0, max_tokens=60, stop=["5"])),
+             ("Continue.", SamplingParams(temperature=0, max_tokens=5))]
+    chat = llm.chat()
+    try:
+        for text, params in turns:
+            reply = chat.send(text, params=params)
+            assert chat.conversation.messages[-1] == {"role": "assistant", "content": reply}
+            assert llm.cache.length(chat.sid) == len(llm.encode(chat.conversation.seen))
+        assert "4" in chat.conversation.messages[3]["content"] and "5" not in chat.conversation.messages[3]["content"]
+        answer = chat.send("What is 2+2? Answer with just the number.", params=SamplingParams(temperature=0, max_tokens=20))
+    finally:
+        chat.close()
+    assert llm.template is not None
+    whole = llm.template.render(chat.conversation.messages[:-1], add_generation_prompt=True)
+    assert llm.generate(whole, SamplingParams(temperature=0, max_tokens=20), chat=False)[0].text == answer
+
+
+def test_a_failed_chat_turn_leaves_the_session_as_it_was(llm: LLM) -> None:
+    """A message past the context and a KV cache that fills up in the middle of a reply: each
+    failed turn is undone (messages, what the model has seen, the cache), and the next turn
+    answers as if it had never been sent. (On a copy of the model told its context is 96
+    tokens, and on a model with a pool of 80 tokens.)"""
+    short = SamplingParams(temperature=0, max_tokens=4)
+    small = copy.copy(llm)
+    small.config = dataclasses.replace(llm.config, context_length=96)
+    tight = LLM(precision="q", kv_tokens=80)
+    for model, failing, params in ((small, "word " * 100, short),
+                                   (tight, "Write a long poem about the sea.", SamplingParams(temperature=0, max_tokens=60))):
+        fresh = model.chat()
+        fresh.send("Hi!", params=short)
+        want = fresh.send("Name a color.", params=short)
+        fresh.close()
+        chat = model.chat()
+        try:
+            chat.send("Hi!", params=short)
+            before = (list(chat.conversation.messages), chat.conversation.seen, model.cache.length(chat.sid))
+            with pytest.raises(TileworkError, match="context|KV cache"):
+                chat.send(failing, params=params)
+            assert (chat.conversation.messages, chat.conversation.seen, model.cache.length(chat.sid)) == before
+            assert chat.send("Name a color.", params=short) == want
+            assert model.cache.length(chat.sid) == len(model.encode(chat.conversation.seen))
+        finally:
+            chat.close()
+        assert model.cache.sequences() == [] and model.cache.free_pages == model.cache.num_pages
+
+
 def test_stop_strings_and_limits(llm: LLM) -> None:
     counted = llm.generate("1, 2, 3, 4,", SamplingParams(temperature=0, max_tokens=40), chat=False)[0]
     assert "7" in counted.text
@@ -87,12 +146,29 @@ def test_a_seed_gives_the_same_sample(llm: LLM) -> None:
     assert a.token_ids == b.token_ids
     others = [llm.generate("Tell me a story.", SamplingParams(temperature=1.0, top_p=0.95, max_tokens=12, seed=s))[0].token_ids for s in (8, 9, 10)]
     assert any(o != a.token_ids for o in others)
+    # in a batch, prompt i is seeded with seed + i (docs/llm.md): the second prompt repeats alone with seed 8
+    both = llm.generate(["Name a fruit.", "Tell me a story."], params)
+    assert both[1].token_ids == llm.generate("Tell me a story.", SamplingParams(temperature=1.0, top_p=0.95, max_tokens=12, seed=8))[0].token_ids
 
 
 def test_streamed_pieces_make_the_text(llm: LLM) -> None:
     pieces: dict[int, list[str]] = {0: [], 1: []}
     out = llm.generate(["Say hello in French.", "Count to five."], GREEDY, on_text=lambda i, p: pieces[i].append(p))
     assert ["".join(pieces[i]) for i in (0, 1)] == [g.text for g in out]
+
+
+def test_text_cut_inside_a_character_ends_at_the_last_whole_one(llm: LLM) -> None:
+    """max_tokens can end the ids inside a multi-byte character (here an emoji of several
+    byte-level tokens): the text, streamed or not, ends at the last whole character instead of
+    U+FFFD; token_ids keeps every generated id."""
+    cut = 0
+    for n in range(1, 6):
+        pieces: list[str] = []
+        out = llm.generate("Hi 🎉 日本", SamplingParams(temperature=0, max_tokens=n), on_text=lambda _i, p: pieces.append(p))[0]
+        assert "\ufffd" not in out.text and "".join(pieces) == out.text
+        assert llm.tokenizer.decode(out.token_ids).rstrip("\ufffd") == out.text
+        cut += llm.tokenizer.decode(out.token_ids).endswith("\ufffd")
+    assert cut  # some n cut a character
 
 
 def test_errors(llm: LLM) -> None:
@@ -104,7 +180,77 @@ def test_errors(llm: LLM) -> None:
         llm.generate("word " * 9000, GREEDY, chat=False)
     with pytest.raises(TileworkError, match="precision"):
         LLM(precision="int3")
+    with pytest.raises(TileworkError, match=re.escape("prompts[1] is not valid Unicode: character 3 is a lone surrogate U+D800")):
+        llm.generate(["ok", "caf\ud800"], GREEDY)
+    with pytest.raises(TileworkError, match="a system message goes into the chat template, which chat=False leaves out"):
+        llm.generate("ok", GREEDY, chat=False, system="Be brief.")
+    with pytest.raises(TileworkError, match="the system message is not valid Unicode: character 0"):
+        llm.generate("ok", GREEDY, system="\udfff")
+    chat = llm.chat()
+    with pytest.raises(TileworkError, match="the message is not valid Unicode: character 1"):
+        chat.send("a\udce9")
+    assert chat.conversation.messages == [] and llm.cache.length(chat.sid) == 0
+    chat.close()
     assert llm.cache.sequences() == []  # nothing left behind by the failed calls
+
+
+@pytest.mark.parametrize("prompts, message", [(None, "prompts must be a string or a list of strings, got NoneType"),
+                                              (5, "prompts must be a string or a list of strings, got int"),
+                                              (b"hi", "prompts must be a string or a list of strings, got bytes"),
+                                              ([1, 2], "prompts[0] must be a str, got int"),
+                                              (["ok", None], "prompts[1] must be a str, got NoneType")])
+def test_prompts_that_are_not_strings_are_refused(llm: LLM, prompts: object, message: str) -> None:
+    """They gave a raw TypeError or a misleading "chat template failed"."""
+    with pytest.raises(TileworkError, match=re.escape(message)):
+        llm.generate(prompts, GREEDY)  # type: ignore[arg-type]
+    with pytest.raises(TileworkError, match=re.escape(message)):
+        llm.generate(prompts, GREEDY, chat=False)  # type: ignore[arg-type]
+    assert llm.cache.sequences() == []
+
+
+def test_prompt_and_reply_fill_the_context_exactly(llm: LLM) -> None:
+    """Prompt + generated tokens reach the context size and no further (as the server caps
+    max_tokens at context - prompt): a prompt of context - 1 tokens gets one token. (On a
+    copy of the model told its context is the prompt + 8 tokens: the same code at a context a
+    test can fill.)"""
+    text = "1, 2, 3, 4,"
+    prompt = llm.encode(text)
+    context = len(prompt) + 8
+    small = copy.copy(llm)
+    small.config = dataclasses.replace(llm.config, context_length=context)
+    params = SamplingParams(temperature=0, max_tokens=100)
+    out = small.generate(text, params, chat=False)[0]
+    assert out.finish_reason == "length" and len(prompt) + len(out.token_ids) == context
+    longer = text + out.text
+    assert len(llm.encode(longer)) == context  # the greedy continuation tokenizes back to its ids
+    one = small.generate(llm.tokenizer.decode(prompt + out.token_ids[:-1]), params, chat=False)[0]
+    assert one.token_ids == out.token_ids[-1:]
+    with pytest.raises(TileworkError, match=f"the prompt needs {context} tokens of context and its reply one more at least, the model has {context}"):
+        small.generate(longer, params, chat=False)
+    assert llm.cache.sequences() == []
+
+
+@pytest.mark.parametrize("tokens, bad", [([49152], "token id 49152 (token 0)"), ([-1], "token id -1 (token 0)"),
+                                         ([1, 99999999], "token id 99999999 (token 1)"), ([1, 2.0], "token 1 is 2.0"),
+                                         ([True], "token 0 is True"), (5, "got int")])
+def test_token_ids_outside_the_vocabulary_are_refused(llm: LLM, tokens: list[int], bad: str) -> None:
+    """The compiled embedding reads its row unchecked: an id past the vocabulary crashed the
+    process (or gave garbage), so every id a user gives is checked first."""
+    with pytest.raises(TileworkError, match=re.escape(bad)):
+        llm.score(tokens)
+    with pytest.raises(TileworkError, match=re.escape(bad)):
+        llm._start(tokens, GREEDY, 0)  # type: ignore[arg-type]
+    assert llm.cache.sequences() == []
+    assert llm.score(np.array([1, 49151]))[1].shape == (llm.config.vocab,)
+
+
+@pytest.mark.parametrize("name", ["noext.bin", "model.GGUF", "model"])
+def test_a_gguf_file_is_known_by_its_magic_not_its_name(llm: LLM, tmp_path: Path, name: str) -> None:
+    """The weights were read as GGUF by the magic bytes, the tokenizer only from a name ending
+    in .gguf (else a missing tokenizer.json)."""
+    (tmp_path / name).symlink_to(llm.path)
+    other = LLM(str(tmp_path / name), precision="q", kv_tokens=256)
+    assert other.generate("Name a color.", GREEDY)[0].token_ids == llm.generate("Name a color.", GREEDY)[0].token_ids
 
 
 def test_native_code_and_the_vm_give_the_same_bits(llm: LLM) -> None:

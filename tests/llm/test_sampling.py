@@ -3,6 +3,7 @@ seeding, the draw itself, parameter validation and stop strings."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -117,6 +118,33 @@ def test_greedy_is_argmax_after_penalty() -> None:
     assert sampler.sample(logits, [1]) == 2  # 5 / 1.5 < 4.5
     assert sampler.sample(np.array([-1.0, -1.2, -3, -4], dtype=np.float32), [0]) == 1  # -1 * 1.5 < -1.2
     np.testing.assert_array_equal(sampler.probs(logits, [1]), [0, 0, 1, 0])
+
+
+@pytest.mark.parametrize(("temperature", "penalty"), [(1e-300, 1.0), (1e-40, 1.0), (1e-30, 1.0), (1e-5, 1.0), (1e300, 1.0), (1e38, 1.0),
+                                                       (1.0, 1e-300), (0.7, 1e300), (0.0, 1e-300), (0.0, 1e300), (1e-300, 1e-300), (1e300, 1e300)])
+@pytest.mark.parametrize(("top_k", "top_p"), [(0, 1.0), (40, 0.9)])
+def test_every_positive_temperature_and_penalty_samples_without_overflow(temperature: float, penalty: float, top_k: int, top_p: float) -> None:
+    """A temperature or penalty far from 1 made float32 divide by 0 (1e-300 is 0 as a float32) or
+    overflow: NaN scores, an IndexError or a message about logits, and NumPy warnings. Now no
+    warning (they are errors here), a proper distribution, and the limits: a tiny temperature
+    picks the most likely token, a huge one is uniform."""
+    rng = np.random.default_rng(1)
+    logits = (rng.standard_normal(VOCAB) * 5).astype(np.float32)
+    history = [int(i) for i in np.argsort(logits)[[0, 1, -3, -2]]]  # two very unlikely tokens, two likely ones
+    params = SamplingParams(temperature, top_k, top_p, penalty, seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sampler = Sampler(params, VOCAB)
+        probs = sampler.probs(logits, history)
+        tokens = [sampler.sample(logits, history) for _ in range(20)]
+    assert np.isfinite(probs).all() and abs(probs.sum() - 1) < 1e-9
+    assert all(probs[t] > 0 for t in tokens)
+    if temperature in (1e-300, 1e-40) and penalty == 1.0:
+        assert set(tokens) == {int(np.argmax(logits))} and probs.max() == 1.0
+    if temperature == 1e300 and penalty == 1.0 and top_k == 0:
+        assert np.all(probs == probs[0])  # every score is 0: uniform
+    if penalty == 1e-300 and temperature < 1:
+        assert set(tokens) <= set(history[2:])  # a seen positive logit / 1e-300 is the largest float32
 
 
 def test_same_seed_same_tokens() -> None:

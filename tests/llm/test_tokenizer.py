@@ -170,9 +170,13 @@ def test_stream_decoder_holds_back_split_characters(tok: Tokenizer) -> None:
     assert len(ids) > 1
     stream = StreamDecoder(tok)
     assert [stream.feed(i) for i in ids] == [""] * (len(ids) - 1) + ["😀"]
-    # An unfinished character at the end comes out as U+FFFD on flush.
+    # An unfinished character at the end (ids cut by max_tokens) is dropped on flush: the text
+    # holds whole characters only (it ended in U+FFFD).
     stream = StreamDecoder(tok)
-    assert stream.feed(ids[0]) == "" and stream.flush() == "\ufffd"
+    assert stream.feed(ids[0]) == "" and stream.flush() == ""
+    cut = tok.encode("é 日本😀")[:-1]
+    stream = StreamDecoder(tok)
+    assert "".join(stream.feed(i) for i in cut) + stream.flush() == "é 日本"
 
 
 def test_stream_decoder_skips_special_tokens(tok: Tokenizer) -> None:
@@ -246,6 +250,28 @@ def test_tiny_vocabulary_with_bos_and_added_token() -> None:
     assert tiny.eos_ids == frozenset({1})
     both = Tokenizer.from_gguf(_tiny_metadata(**{"ggml.add_eos_token": True}))
     assert both.encode("ab") == [0, 6, 1] and both.encode("ab", add_special_tokens=False) == [6]
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("caf\ud800", "the text to encode is not valid Unicode: character 3 is a lone surrogate U+D800"),
+        ("hi \udfff there", "character 3 is a lone surrogate U+DFFF"),
+        (b"caf\xe9 ok".decode("utf-8", "surrogateescape"), "character 3 is a lone surrogate U+DCE9 (the byte 0xE9, which is not UTF-8)"),
+        (None, "the text to encode must be a str, got NoneType"),
+        (5, "the text to encode must be a str, got int"),
+        (b"bytes", "the text to encode must be a str, got bytes"),
+    ],
+)
+def test_text_that_is_not_a_valid_unicode_str_is_refused(text: Any, match: str) -> None:
+    """``tokenizers`` raised a TypeError (an internal error in the CLI and a 500 in the server)
+    on a lone surrogate, which is how Python decodes argv and stdin bytes that are not UTF-8."""
+    tiny = Tokenizer.from_gguf(_tiny_metadata())
+    with pytest.raises(TokenizerError, match=re.escape(match)):
+        tiny.encode(text)
+    with pytest.raises(TokenizerError, match=re.escape(match)):
+        tiny.encode_batch(["ab", text])
+    assert tiny.encode("ab é", add_special_tokens=False) == tiny.encode_batch(["ab é"], add_special_tokens=False)[0]
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tests.llm.models import SMOLLM2, needs_smollm2
-from tilework.errors import ParameterError, ShapeError, TileworkError, UnsupportedError
+from tilework.errors import FileFormatError, ParameterError, ShapeError, TileworkError, UnsupportedError
 from tilework.llm.config import LlmConfig, RopeScaling
 from tilework.llm.gguf import gguf_metadata, hf_tensor_name, raw_tensors, rope_row_order
 from tilework.llm.quant import QUANT_FORMATS, QuantTensor, quantize
@@ -372,8 +372,12 @@ def test_gguf_errors(tmp_path: Path) -> None:
     whole = (tmp_path / "tiny.gguf")
     write_gguf(whole, TINY, tensors)
     (tmp_path / "cut.gguf").write_bytes(whole.read_bytes()[:200])
-    with pytest.raises(TileworkError, match=r"cut\.gguf: not a readable GGUF file"):
+    with pytest.raises(FileFormatError, match=r"cut\.gguf: not a readable GGUF file: it is truncated or damaged \(200 bytes; "):
         load_weights(tmp_path / "cut.gguf")
+    size = whole.stat().st_size
+    (tmp_path / "short.gguf").write_bytes(whole.read_bytes()[: size - 100])  # the header whole, the last tensor's data cut
+    with pytest.raises(FileFormatError, match=rf"short\.gguf: not a readable GGUF file: it is truncated or damaged \({size - 100} bytes; "):
+        load_weights(tmp_path / "short.gguf")
 
 
 def test_file_errors(tmp_path: Path) -> None:

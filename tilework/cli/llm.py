@@ -8,6 +8,7 @@ once for this machine) and the statistics line (prefill time, decode tokens/s) g
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 import threading
 import time
@@ -27,9 +28,9 @@ def add_parsers(sub: Any) -> None:
     g.add_argument("prompt", help="the prompt (a chat model gets it as a user message through its chat template unless --raw)")
     _model_args(g)
     g.add_argument("--max-tokens", type=int, default=256, metavar="N", help="most tokens to generate (default 256)")
-    g.add_argument("--raw", action="store_true", help="send the prompt as it is, without the chat template")
+    g.add_argument("--raw", action="store_true", help="send the prompt as it is, without the chat template (and so without --system)")
 
-    c = sub.add_parser("chat", help="an interactive chat with an LLM (history kept in the KV cache)", description="Chat on stdin/stdout: type a message and Enter; /reset starts over, /exit (or end of input) quits.")
+    c = sub.add_parser("chat", help="an interactive chat with an LLM (history kept in the KV cache)", description="Chat on stdin/stdout: type a message and Enter; /reset starts over, /exit or /quit (or end of input) quits, /help lists the commands (a line that is one word starting with / is a command, in any case). A message that fails (past the context, a full KV cache) gets an error line and is left out of the history; the chat goes on.")
     _model_args(c)
     c.add_argument("--max-tokens", type=int, default=512, metavar="N", help="most tokens per reply (default 512)")
 
@@ -116,6 +117,8 @@ def _load(args: argparse.Namespace) -> Any:
 
 
 def generate(args: argparse.Namespace) -> int:
+    if args.raw and args.system is not None:
+        raise TileworkError("--system goes into the chat template, which --raw leaves out: give one or the other")
     params = _params(args)
     llm = _load(args)
     out = sys.stdout
@@ -131,12 +134,17 @@ def generate(args: argparse.Namespace) -> int:
     return 0
 
 
+CHAT_COMMANDS = "commands: /reset starts over, /exit or /quit quits (or end of input), /help lists them"
+
+
 def chat(args: argparse.Namespace, read: Callable[[], str] = input) -> int:
     params = _params(args)
     llm = _load(args)
     session = llm.chat(args.system, params)
+    if isinstance(sys.stdin, io.TextIOWrapper):  # bytes that are not UTF-8 reach the tokenizer, which names them
+        sys.stdin.reconfigure(errors="surrogateescape")
     interactive = sys.stdin.isatty()
-    print("chat with the model: /reset starts over, /exit quits", file=sys.stderr)
+    print("chat with the model: /reset starts over, /exit quits, /help lists the commands", file=sys.stderr)
     while True:
         if interactive:
             print("> ", end="", file=sys.stderr, flush=True)
@@ -147,14 +155,32 @@ def chat(args: argparse.Namespace, read: Callable[[], str] = input) -> int:
         text = line.strip()
         if not text:
             continue
-        if text in ("/exit", "/quit"):
+        command = text.lower() if text.startswith("/") and len(text.split()) == 1 else None  # a message is never one /word
+        if command in ("/exit", "/quit"):
             break
-        if text == "/reset":
+        if command == "/reset":
             session.close()
             session = llm.chat(args.system, params)
             print("(history cleared)", file=sys.stderr)
             continue
-        session.send(text, on_text=lambda piece: (sys.stdout.write(piece), sys.stdout.flush()))
+        if command is not None:
+            print(("" if command == "/help" else f"unknown command {text}; ") + CHAT_COMMANDS, file=sys.stderr)
+            continue
+        shown: list[str] = []
+
+        def show(piece: str) -> None:
+            shown.append(piece)
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+
+        try:
+            session.send(text, on_text=show)
+        except TileworkError as e:  # the turn is undone; the session goes on
+            if shown:
+                sys.stdout.write("\n")
+                sys.stdout.flush()
+            print(f"error: {e}\n(this message is not in the history; /reset starts over)", file=sys.stderr)
+            continue
         sys.stdout.write("\n")
         sys.stdout.flush()
         print(llm.stats.line(), file=sys.stderr)

@@ -188,9 +188,11 @@ class Conversation:
 
     How the new text is found. The conversation keeps ``seen``: the exact text the model has been
     given or has generated, i.e. every prompt text returned by :meth:`prompt` followed by the
-    assistant replies passed to :meth:`add_assistant` (the reply as it is in the cache, *without* the
-    token that stopped it: generation stops when that token is sampled, before it is fed, so it is not in
-    the cache). :meth:`prompt` renders the whole history with ``add_generation_prompt=True``; when
+    assistant replies passed to :meth:`add_assistant` (the reply as the user saw it, cut before a stop
+    string; the caller's KV cache must hold exactly its tokens, *without* the end-of-turn token that
+    stopped it: generation stops when that token is sampled, before it is fed. ``ChatSession`` feeds
+    the last token of a reply cut by ``max_tokens``, and drops the tokens of a stop string).
+    :meth:`prompt` renders the whole history with ``add_generation_prompt=True``; when
     ``seen`` is a prefix of that rendering, the new text is the rest (for ChatML:
     ``"<|im_end|>\\n<|im_start|>user\\n...<|im_end|>\\n<|im_start|>assistant\\n"``, which closes the
     reply with the end-of-turn token the model stopped on). When it is not a prefix (a template that

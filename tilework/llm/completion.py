@@ -6,7 +6,8 @@ now: whole UTF-8 characters (``StreamDecoder``), never a part of what may still 
 string (``StopStream``). The sequence ends ("stop") at an end-of-sequence or end-of-turn token
 (not added to the output) or a stop string (the text is cut before it), and ("length") at
 ``max_tokens`` or when ``room`` says the context has no place for another token; the text held
-back is then given out with the last piece. ``LLM.generate``, ``ChatSession`` and the server's
+back is then given out with the last piece, less a character the ids ended inside (its bytes
+are not text; ``ids`` keeps them). ``LLM.generate``, ``ChatSession`` and the server's
 scheduler all decide the next token here.
 """
 

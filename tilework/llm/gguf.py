@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tilework.errors import ShapeError, TileworkError, UnsupportedError
+from tilework.errors import FileFormatError, ShapeError, TileworkError, UnsupportedError
 from tilework.llm.quant import QUANT_FORMATS, QuantTensor, format_of_ggml_type
 
 if TYPE_CHECKING:
@@ -126,7 +126,7 @@ def open_gguf(source: "str | os.PathLike[str] | GGUFReader") -> "GGUFReader":
     try:
         reader = _reader_class()(path, "r")
     except Exception as e:  # the reader raises ValueError, struct.error, IndexError on damage
-        raise TileworkError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
+        raise FileFormatError(f"{path}: not a readable GGUF file: it is truncated or damaged ({os.path.getsize(path)} bytes; {type(e).__name__}: {e})") from e
     if getattr(reader, "byte_order", "I") != "I":
         raise UnsupportedError(f"{path}: a GGUF file of the other byte order is not supported")
     return reader

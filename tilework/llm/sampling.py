@@ -15,6 +15,13 @@ distribution here equals the one ``generate`` samples from:
 Temperature 0 is greedy: argmax after the repetition penalty (transformers' ``do_sample=False``,
 which runs no warper). Logits stay float32 like transformers'; top-p masses and the draw are
 float64.
+
+Every positive temperature and penalty works, with no overflow. The penalty is applied in
+float64 and its results held within float32's range (a tiny penalty gives a seen token the
+largest float32 score, so several such tokens tie). A temperature so small that logits /
+temperature would overflow float32 (or below float32's normal range) samples from the limit
+of the distribution as the temperature goes to 0: the most likely tokens, tied or alone; a
+temperature above float32's range divides in float64 (every finite score becomes 0: uniform).
 """
 
 from __future__ import annotations
@@ -28,6 +35,9 @@ import numpy as np
 from tilework.errors import TileworkError
 
 __all__ = ["SamplingParams", "SamplingParamsError", "Sampler", "StopChecker", "StopStream"]
+
+_F32_MAX = float(np.finfo(np.float32).max)
+_F32_TINY = float(np.finfo(np.float32).tiny)
 
 
 class SamplingParamsError(TileworkError, ValueError):
@@ -54,6 +64,10 @@ class SamplingParams:
     ``temperature`` 0 is greedy; ``top_k`` 0, ``top_p`` 1.0 and ``repetition_penalty`` 1.0 are off;
     ``max_tokens`` bounds the generated tokens; ``stop`` strings end the text (a single string is
     taken as a one-element list); ``seed`` None draws from fresh OS entropy.
+
+    ``LLM.generate`` on a list of prompts seeds prompt ``i`` with ``seed + i``: equal prompts
+    in one call sample differently, and prompt ``i`` of a batch repeats alone with
+    ``seed + i`` (not ``seed``).
     """
 
     temperature: float = 1.0
@@ -121,7 +135,15 @@ class Sampler:
             raise SamplingParamsError("history", f"token id {int(ids[0] if ids[0] < 0 else ids[-1])}",
                                       f"within [0, {self.vocab_size})")
         seen = scores[ids]
-        scores[ids] = np.where(seen < 0, seen * np.float32(penalty), seen / np.float32(penalty))
+        if _F32_TINY <= penalty <= _F32_MAX and float(np.abs(seen).max()) * max(penalty, 1 / penalty) < _F32_MAX / 2:
+            scores[ids] = np.where(seen < 0, seen * np.float32(penalty), seen / np.float32(penalty))
+            return scores
+        # a penalty outside float32's range, or results that would overflow it: float64 (the same
+        # numbers where they fit: one rounding, to float32), held within float32's range
+        factor = float(np.float32(penalty)) if _F32_TINY <= penalty <= _F32_MAX else float(penalty)
+        wide = seen.astype(np.float64)
+        new = np.where(wide < 0, wide * factor, wide / factor)
+        scores[ids] = np.where(np.isinf(wide), wide, np.clip(new, -_F32_MAX, _F32_MAX))
         return scores
 
     def kept(self, logits: np.ndarray, history: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
@@ -134,9 +156,17 @@ class Sampler:
         p = self.params
         if p.greedy:
             return scores, None
-        if p.temperature != 1.0:
-            np.divide(scores, np.float32(p.temperature), out=scores)
         keep = None if scores.size and scores.min() > -np.inf else np.flatnonzero(scores > -np.inf)  # min is NaN where a NaN is
+        t = float(p.temperature)
+        if t != 1.0:
+            values = scores if keep is None else scores[keep]
+            if values.size and (t < _F32_TINY or max(float(values.max()), -float(values.min())) / t > _F32_MAX / 2):
+                # logits / t overflows: the limit as t -> 0, the most likely token(s)
+                return scores, _ids(np.flatnonzero(values == values.max()), keep)
+            if t > _F32_MAX:
+                scores = (scores.astype(np.float64) / t).astype(np.float32)
+            else:
+                np.divide(scores, np.float32(t), out=scores)
         if p.top_k > 0:
             keep = _top_k(scores, keep, p.top_k)
         if p.top_p < 1.0:

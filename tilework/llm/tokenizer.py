@@ -32,11 +32,30 @@ if TYPE_CHECKING:
     import gguf
     import tokenizers
 
-__all__ = ["Tokenizer", "StreamDecoder", "TokenizerError", "PRE_TOKENIZER_NAMES"]
+__all__ = ["Tokenizer", "StreamDecoder", "TokenizerError", "PRE_TOKENIZER_NAMES", "check_text"]
 
 
 class TokenizerError(TileworkError):
-    """A tokenizer cannot be built from the given file or metadata (missing key, bad value)."""
+    """A tokenizer cannot be built from the given file or metadata (missing key, bad value), or
+    is given text it cannot encode (not a ``str``, or not valid Unicode: a lone surrogate)."""
+
+
+def check_text(text: object, what: str = "the text to encode") -> str:
+    """``text`` when it is a ``str`` of valid Unicode, else a :class:`TokenizerError` that calls
+    it ``what`` and names the problem. A lone surrogate is what Python makes of bytes that are
+    not UTF-8 when it decodes the command line or a stream with ``surrogateescape``
+    (U+DC80..U+DCFF: one per byte)."""
+    if not isinstance(text, str):
+        raise TokenizerError(f"{what} must be a str, got {type(text).__name__}")
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        origin = f" (the byte 0x{code - 0xDC00:02X}, which is not UTF-8)" if 0xDC80 <= code <= 0xDCFF else ""
+        raise TokenizerError(f"{what} is not valid Unicode: character {exc.start} is a lone surrogate U+{code:04X}{origin}") from None
+    return text
 
 
 # GGUF token types (llama.cpp's llama_token_type).
@@ -235,11 +254,13 @@ class Tokenizer:
         return self.id_to_token(self.eos_id) if self.eos_id is not None else None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return list(self.backend.encode(text, add_special_tokens=add_special_tokens).ids)
+        """The ids of ``text``; text that is not a valid Unicode ``str`` is a :class:`TokenizerError`."""
+        return list(self.backend.encode(check_text(text), add_special_tokens=add_special_tokens).ids)
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
         """Encode several texts at once (``tokenizers`` spreads them over threads)."""
-        return [list(e.ids) for e in self.backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)]
+        checked = [check_text(t) for t in texts]
+        return [list(e.ids) for e in self.backend.encode_batch(checked, add_special_tokens=add_special_tokens)]
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return str(self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
@@ -380,8 +401,9 @@ class StreamDecoder:
         return text[len(prefix_text) :]
 
     def flush(self) -> str:
-        """The text of ids still held back (an unfinished character decodes as U+FFFD)."""
+        """The text of ids still held back, less an unfinished character at its end (the ids
+        ended inside one, e.g. cut by max_tokens: its bytes, which decode as U+FFFD, are dropped)."""
         prefix_text = self._decode(self.ids[self._prefix : self._read])
         text = self._decode(self.ids[self._prefix :])
         self._prefix = self._read = len(self.ids)
-        return text[len(prefix_text) :]
+        return text[len(prefix_text) :].rstrip("\ufffd")

@@ -38,7 +38,7 @@ def load_weights(path: "str | os.PathLike[str]", gguf_file: Any = None) -> tuple
     is the file's :class:`~tilework.llm.gguf.GGUFFile` (or ``gguf.GGUFReader``) when the caller
     has it already."""
     path = os.fspath(path)
-    kind = _file_kind(path)
+    kind = model_kind(path)
     if kind == "gguf":
         gf = read_gguf(gguf_file if gguf_file is not None else path)
         config = LlmConfig.from_gguf(gf)
@@ -114,7 +114,10 @@ def read_safetensors(path: "str | os.PathLike[str]") -> dict[str, QuantTensor]:
     return out
 
 
-def _file_kind(path: str) -> str:
+def model_kind(path: str) -> str:
+    """``"gguf"`` or ``"checkpoint"`` (transformers safetensors): a GGUF file is known by its
+    magic bytes, whatever its name (``model.bin``, ``model.GGUF``), a safetensors file by its
+    header. The one place that tells them apart."""
     if os.path.isdir(path):
         return "checkpoint"
     if not os.path.exists(path):
@@ -125,6 +128,8 @@ def _file_kind(path: str) -> str:
         return "gguf"
     if len(head) == 9 and head[8:] == b"{" and int.from_bytes(head[:8], "little") <= os.path.getsize(path) - 8:
         return "checkpoint"
+    if path.lower().endswith(".gguf"):
+        raise UnsupportedError(f"{path}: not a GGUF file (it starts with {head[:4]!r}, not {GGUF_MAGIC!r})")
     raise UnsupportedError(f"{path}: neither a GGUF file nor a safetensors checkpoint (it starts with {head[:8]!r})")
 
 

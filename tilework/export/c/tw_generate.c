@@ -10,8 +10,11 @@
  * bfloat16, else 1; of the dtype the decoder was compiled for: TW_LLM_KV_CODE and
  * TW_LLM_KV_BITS, float32 or a 16-bit float), the page table [1, pages] = 0, 1, ...,
  * kv_len [1] the tokens already in the cache. --logits writes every step's logits as
- * float32 [N_NEW + 1, vocab]. Timings go to stderr. */
+ * float32 [N_NEW + 1, vocab]. Timings go to stderr. A token id outside [0, vocab) or an
+ * argument that is not an integer is refused (exit 2): the decoder's embedding reads its row
+ * unchecked. */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,18 +37,38 @@ static int32_t argmax(const float* x, int64_t n) {
     return (int32_t)best;
 }
 
+/* `text` as an integer in [lo, hi) (1), or a message naming `what` and the range `within` (0). */
+static int parse_int(const char* text, long lo, long hi, const char* what, const char* within, long* out) {
+    char* end;
+    errno = 0;
+    long value = strtol(text, &end, 10);
+    if (end == text || *end != '\0') {
+        fprintf(stderr, "error: %s '%s' is not an integer\n", what, text);
+        return 0;
+    }
+    if (errno == ERANGE || value < lo || value >= hi) {
+        fprintf(stderr, "error: %s %s is outside %s [%ld, %ld)\n", what, text, within, lo, hi);
+        return 0;
+    }
+    *out = value;
+    return 1;
+}
+
 int main(int argc, char** argv) {
     if (argc < 4) {
         fprintf(stderr, "usage: tw_generate WEIGHTS.twb N_NEW TOKEN_ID... [--logits OUT.npy]\n");
         return 2;
     }
     const char* logits_path = NULL;
-    int n_new = atoi(argv[2]);
+    long value;
+    if (!parse_int(argv[2], 0, TW_LLM_CONTEXT, "N_NEW", "the context", &value)) return 2;
+    int n_new = (int)value;
     int32_t* prompt = (int32_t*)malloc(sizeof(int32_t) * (size_t)argc);
     int64_t n_prompt = 0;
     for (int i = 3; i < argc; ++i) {
         if (strcmp(argv[i], "--logits") == 0 && i + 1 < argc) logits_path = argv[++i];
-        else prompt[n_prompt++] = (int32_t)atol(argv[i]);
+        else if (parse_int(argv[i], 0, TW_LLM_VOCAB, "token id", "the vocabulary", &value)) prompt[n_prompt++] = (int32_t)value;
+        else return 2;
     }
     if (n_prompt < 1 || n_new < 0 || n_prompt + n_new > TW_LLM_CONTEXT) {
         fprintf(stderr, "error: need 1 to %d prompt and new tokens in all\n", TW_LLM_CONTEXT);
