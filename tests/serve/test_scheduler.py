@@ -148,7 +148,7 @@ def test_a_receiver_that_fails_cancels_its_request_only(llm: LLM, make: list[Sch
         ([1] * 8192, GREEDY, "prompt", "the model's context is 8192"),
         ([1] * 8000, SamplingParams(max_tokens=500), "max_tokens", "at most 192 for this prompt"),
         ([1], SamplingParams(max_tokens=5000), "max_tokens", "need 313 KV-cache pages; the server has 256"),
-        ([1, 10**6], GREEDY, "prompt", "token id 1000000 is outside the vocabulary"),
+        ([1, 10**6], GREEDY, "prompt", r"token id 1000000 \(token 1\) is outside the vocabulary"),
     ],
 )
 def test_refusals_name_the_field(llm: LLM, make: list[Scheduler], tokens: list[int], params: SamplingParams, param: str, message: str) -> None:

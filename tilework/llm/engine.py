@@ -71,8 +71,8 @@ def token_ids(tokens: Iterable[int], vocab: int) -> list[int]:
     """``tokens`` as a list of ints, each checked to be an id of a ``vocab``-token vocabulary.
 
     Every id a user gives goes through here before the decoder sees it: the compiled
-    embedding gathers its row unchecked, so an id outside ``[0, vocab)`` would read out of
-    bounds (garbage, or a crash)."""
+    embedding clamps an id outside ``[0, vocab)`` to a row of the table (a wrong token,
+    silently; before it clamped, the lookup read out of bounds)."""
     if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Iterable):
         raise TileworkError(f"token ids must be a list of integers, got {type(tokens).__name__}")
     ids = list(tokens)

@@ -46,6 +46,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from tilework.errors import TileworkError
+from tilework.llm.engine import token_ids
 from tilework.llm.completion import Completion
 from tilework.llm.sampling import SamplingParams
 from tilework.serve.metrics import ServeMetrics
@@ -180,10 +181,10 @@ class Scheduler:
             raise RequestError(
                 f"the prompt ({len(tokens)} tokens) and max_tokens={params.max_tokens} need {need} KV-cache pages; the server has"
                 f" {self.max_pages} (at most max_tokens={max(most, 0)} for this prompt)", "max_tokens")
-        vocab = self.llm.config.vocab
-        bad = next((t for t in tokens if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise RequestError(f"token id {bad} is outside the vocabulary [0, {vocab})", "prompt")
+        try:
+            token_ids(tokens, self.llm.config.vocab)
+        except TileworkError as exc:
+            raise RequestError(str(exc), "prompt") from None
 
     def submit(self, tokens: Sequence[int], params: SamplingParams, on_event: OnEvent) -> Ticket:
         """Queue a request; ``on_event`` gets its events, from the scheduler's thread."""
@@ -350,7 +351,7 @@ class Scheduler:
         """Sample ``s``'s next token (``Completion``: the rules of ``LLM.generate``) and send its text."""
         assert s.sid is not None
         made = len(s.out.ids)
-        piece = s.out.add(logits, room=self.cache.length(s.sid) + 1 <= self.context)
+        piece = s.out.add(logits, room=self.cache.length(s.sid) + 1 < self.context)  # as the engine: prompt + reply within the context
         if s.first_token_at is None:
             s.first_token_at = time.perf_counter()
             self.metrics.first_token(s.first_token_at - s.submitted)
