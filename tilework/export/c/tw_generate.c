@@ -11,8 +11,8 @@
  * TW_LLM_KV_BITS, float32 or a 16-bit float), the page table [1, pages] = 0, 1, ...,
  * kv_len [1] the tokens already in the cache. --logits writes every step's logits as
  * float32 [N_NEW + 1, vocab]. Timings go to stderr. A token id outside [0, vocab) or an
- * argument that is not an integer is refused (exit 2): the decoder's embedding reads its row
- * unchecked. */
+ * argument that is not an integer is refused (exit 2): the decoder's embedding would clamp it
+ * to a row of the table (a wrong token, silently). */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <stdio.h>
