@@ -388,6 +388,13 @@ def test_file_errors(tmp_path: Path) -> None:
         load_weights(tmp_path / "notes.txt")
     with pytest.raises(TileworkError, match="needs a config.json"):
         load_weights(tmp_path)
+    (tmp_path / "empty.gguf").write_bytes(b"")
+    with pytest.raises(FileFormatError, match=r"empty\.gguf: the file is empty"):
+        load_weights(tmp_path / "empty.gguf")
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors.index.json").write_text('{"weight_map": 3}')
+    with pytest.raises(FileFormatError, match=r"model\.safetensors\.index\.json: not a safetensors index"):
+        load_weights(tmp_path)
 
 
 # ---- transformers safetensors checkpoints ---------------------------------------------------

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from tilework.errors import ParameterError, ShapeError, TileworkError, UnsupportedError
+from tilework.errors import FileFormatError, ParameterError, ShapeError, TileworkError, UnsupportedError
 from tilework.llm.config import LlmConfig
 from tilework.llm.gguf import GGUF_MAGIC, gguf_tensors, read_gguf
 from tilework.llm.quant import QuantTensor, block_format
@@ -124,6 +124,8 @@ def model_kind(path: str) -> str:
         raise TileworkError(f"{path}: no such file or directory")
     with open(path, "rb") as f:
         head = f.read(9)
+    if not head:
+        raise FileFormatError(f"{path}: the file is empty (not a GGUF file or a safetensors checkpoint)")
     if head[:4] == GGUF_MAGIC:
         return "gguf"
     if len(head) == 9 and head[8:] == b"{" and int.from_bytes(head[:8], "little") <= os.path.getsize(path) - 8:
@@ -145,8 +147,11 @@ def _checkpoint_files(path: str) -> tuple[str, list[str]]:
         raise TileworkError(f"{path}: a checkpoint directory needs a config.json")
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(index):
-        with open(index, encoding="utf-8") as f:
-            shards = sorted(set(json.load(f)["weight_map"].values()))
+        try:
+            with open(index, encoding="utf-8") as f:
+                shards = sorted(set(json.load(f)["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise FileFormatError(f"{index}: not a safetensors index (a JSON object whose weight_map maps tensors to files): {type(e).__name__}: {e}") from None
         return config, [os.path.join(path, s) for s in shards]
     shards = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not shards:
