@@ -18,13 +18,14 @@ bias, when nothing else reads the matmul), ``blas.linear`` (with or without bias
 float64.
 
 Each call runs on the calling thread (``THREADS``, 1 by default; ``TILEWORK_BLAS_THREADS``
-overrides), set for that thread alone around the call through OpenBLAS's
+overrides, 0 for the library's own count), set for that thread alone around the call through OpenBLAS's
 ``openblas_set_num_threads_local`` (0.3.27 and later; NumPy's other callers, and other
 threads, keep their own setting). OpenBLAS's workers spin for about 2**28 cycles after the
 calls they share (tens of milliseconds) before they sleep, and tilework's OpenMP kernels around
 a BLAS region then wait on a core a spinning worker holds: on the 2-core Zen 4 machine a 64 ->
-128 -> gelu -> 8 MLP of two ``blas`` linears took 31 ms at 64 rows with OpenBLAS's pool and
-0.05 ms on the calling thread (codegen alone 0.04 ms).
+128 -> gelu -> 8 MLP of two ``blas`` linears took 8 ms at 64 rows with OpenBLAS's pool and
+0.05 ms on the calling thread (codegen alone 0.02 ms); the large shapes lose up to 1.9x on one
+thread (docs/backends.md).
 """
 
 from __future__ import annotations
