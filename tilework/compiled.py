@@ -215,7 +215,7 @@ class CompiledModel:
         against its loop IR, unless the file was trusted; the C runtime returns tensors only, as
         a flat tuple."""
         if getattr(self.executable, "untrusted", False):
-            return "read from a file (its kernel calls are checked on the VM; load it with trust_native=True for native code)"
+            return "read from a file: its kernel calls are checked on the VM; load it with trust_native=True for native code"
         fn = self.module.get("main") if self.module is not None else None
         if not isinstance(fn, GraphFunc):
             return "main's result types are unknown (no module)"
@@ -327,7 +327,7 @@ class CompiledModel:
         lines.append(f"  graph: {g['bindings']} bindings, {g['op_calls']} op calls ({len(g['ops'])} distinct ops): {ops}")
         stats = self.executable.stats()
         lines.append(f"  executable: {stats['kernels']} kernel(s), {stats['instructions']} VM instructions, {stats['constants']} constant(s)")
-        lines.append("  runtime: native graph code (the bytecode compiled to C)" if self._runtime == "native" else "  runtime: the Python VM" + (f" ({self.runtime_note})" if self.runtime_note else ""))
+        lines.append("  runtime: native graph code (the bytecode compiled to C)" if self._runtime == "native" else "  runtime: the Python VM" + (f"; {self.runtime_note}" if self.runtime_note else ""))
         chosen = r.get("build", {}).get("backends")
         plan = self.placement
         if plan is not None:

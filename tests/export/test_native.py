@@ -196,7 +196,7 @@ def test_auto_runs_natively_where_it_can_and_says_why_not_elsewhere(tmp_path: An
     np.testing.assert_array_equal(auto(x), vm(x))
     blas = tw.compile(net, spec, backends="blas,codegen")
     assert blas.runtime == "vm" and "cannot run in process" in blas.runtime_note
-    assert "runtime: the Python VM (" in blas.explain()
+    assert "runtime: the Python VM; " in blas.explain()
     np.testing.assert_allclose(blas(x), vm(x), rtol=1e-5, atol=1e-6)
     path = str(tmp_path / "net.tw")
     auto.save(path)

@@ -137,7 +137,7 @@ def test_save_and_load(tiny: tuple[Any, CompiledModel], tmp_path: Path) -> None:
         return [line for line in cm.explain().splitlines()[2:] if not line.startswith("  runtime:")]
 
     assert account(back) == account(cm)
-    assert back.runtime == "vm" and "runtime: the Python VM (read from a file" in back.explain()  # its kernel calls checked
+    assert back.runtime == "vm" and "runtime: the Python VM; read from a file" in back.explain()  # its kernel calls checked
     exe = tilework.load(path)  # the same file is a plain executable: main(inputs..., weights...)
     out = tilework.VM(exe)["main"](ids.numpy(), mask.numpy(), *cm.weights)
     _close(out[1], model(ids, mask)["pooled"])
