@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
+from tilework.errors import TileworkError  # noqa: E402
 from tilework.llm import LLM, SamplingParams  # noqa: E402
 from tilework.llm import engine  # noqa: E402
 from tilework.llm.tokenizer import TokenizerError  # noqa: E402
@@ -44,7 +45,11 @@ def save(path: Path, kind: str = "llama", dtype: str = "float32", tokenizer: boo
     from there in float32 (not the saved model cast: ``.to(bfloat16)`` rounds its rotary
     frequencies too, which the files do not hold)."""
     torch.manual_seed(0)
-    config_cls, model_cls = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM), "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}[kind]
+    config_cls, model_cls = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+    }[kind]
     model = model_cls(config_cls(**{**SMALL, **kw})).to(getattr(torch, dtype)).eval()
     model.save_pretrained(path, **({"max_shard_size": shard} if shard else {}))
     if tokenizer:
@@ -76,6 +81,23 @@ def test_a_checkpoint_directory_generates_transformers_tokens(tmp_path: Path, ki
     want = want[: want.index(2)] if 2 in want else want  # tilework stops at the end of sequence
     out = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=12), chat=False)[0]
     assert out.token_ids[: len(want)] == want and out.text.startswith(word_tokenizer().decode(want))
+
+
+def test_a_mistral_checkpoint_runs_to_the_end_of_its_sliding_window(tmp_path: Path) -> None:
+    """A 16-token window in a 64-token context: the context is the window, and every position of
+    it gives transformers' log-probabilities (its mask is causal there); a longer prompt is
+    refused, as one past any context is."""
+    hf = save(tmp_path, "mistral", sliding_window=16)
+    llm = LLM(str(tmp_path), precision="fp32", max_batch=2, kv_tokens=256)
+    assert llm.config.context_length == 16
+    ids = [int(t) for t in np.random.default_rng(3).integers(3, VOCAB, 16)]
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([ids])).logits[0], -1).numpy()
+    np.testing.assert_allclose(llm.score(ids), ref, rtol=0, atol=1e-4)
+    out = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=30), chat=False)[0]
+    assert len(out.token_ids) <= 8 and out.token_ids == greedy(hf, llm.encode(PROMPT), 8)[: len(out.token_ids)]
+    with pytest.raises(TileworkError, match="the prompt needs 16 tokens of context"):
+        llm.generate(" ".join(f"w{t}" for t in ids), SamplingParams(temperature=0, max_tokens=1), chat=False)
 
 
 def test_a_checkpoint_without_a_tokenizer_is_refused_before_compiling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

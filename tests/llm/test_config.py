@@ -78,6 +78,20 @@ def test_qwen2_config_has_qkv_bias(tmp_path: Path) -> None:
     np.testing.assert_allclose(cfg.rope_inv_freq(), hf_inv_freq(transformers.LlamaConfig(**SMALL, rope_parameters=hf.rope_parameters)), rtol=1e-6)
 
 
+@pytest.mark.parametrize("window, context", [(16, 16), (None, 512), (4096, 512), ("absent", 512)])
+def test_mistral_is_llama_with_its_context_cut_to_the_sliding_window(tmp_path: Path, window: int | None | str, context: int) -> None:
+    """Within its window a sliding window masks nothing; MistralConfig's default window (4096,
+    when the key is absent) is longer than this context. ``None`` is no window."""
+    transformers.MistralConfig(**SMALL, sliding_window=None if window == "absent" else window).save_pretrained(tmp_path)
+    d = json.loads((tmp_path / "config.json").read_text())
+    if window == "absent":
+        del d["sliding_window"]
+    cfg = LlmConfig.from_hf_config(d)
+    hf = transformers.AutoConfig.from_pretrained(tmp_path)
+    assert cfg.architecture == "llama" and not cfg.attention_bias and cfg.context_length == context
+    assert (cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.rms_eps, cfg.rope_theta) == (hf.hidden_size, hf.num_attention_heads, hf.num_key_value_heads, hf.head_dim, hf.rms_norm_eps, hf.rope_parameters["rope_theta"])
+
+
 def test_llama_attention_bias_means_output_bias_too() -> None:
     cfg = LlmConfig.from_hf_config({"model_type": "llama", **SMALL, "attention_bias": True})
     assert cfg.attention_bias and cfg.attention_out_bias
@@ -86,7 +100,8 @@ def test_llama_attention_bias_means_output_bias_too() -> None:
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"model_type": "mistral"}, "model_type 'mistral'"),
+        ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported; supported: llama, mistral, qwen2"),
+        ({"model_type": "phi"}, "model_type 'phi'"),
         ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, "'yarn'"),
         ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}}, "'dynamic'"),
         ({"hidden_act": "gelu"}, "'gelu'"),

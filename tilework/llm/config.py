@@ -3,7 +3,8 @@
 One value describes the model whatever file it came from: a GGUF file's metadata
 (:meth:`LlmConfig.from_gguf`) or a transformers ``config.json`` (:meth:`LlmConfig.from_hf_config`).
 Two architectures are read: ``llama`` and ``qwen2`` (llama with biases on the q, k and v
-projections). Anything the model family could vary that tilework does not implement (another
+projections); a transformers ``mistral`` checkpoint is ``llama`` with its context cut to its
+sliding window. Anything the model family could vary that tilework does not implement (another
 rotary scaling, a partial rotary dim, sliding windows, experts, MLP biases) raises
 :class:`~tilework.errors.UnsupportedError` naming it, rather than loading a model that would
 compute something else.
@@ -202,11 +203,16 @@ class LlmConfig:
     @classmethod
     def from_hf_config(cls, source: "Mapping[str, Any] | str | os.PathLike[str]") -> "LlmConfig":
         """The config of a transformers checkpoint: a ``config.json`` dict, its path, or the
-        checkpoint directory. Missing optional keys take the transformers class defaults."""
+        checkpoint directory. Missing optional keys take the transformers class defaults.
+
+        ``model_type`` ``llama``, ``qwen2`` or ``mistral``: Mistral is llama with a sliding
+        window, so it reads as ``llama`` whose context is at most the window (``sliding_window``
+        tokens: a sequence that fits in the window attends to every earlier token, exactly what
+        the decoder does; a longer one is refused as any prompt past the context is)."""
         d, where = _hf_config_dict(source)
         model_type = d.get("model_type")
-        if model_type not in ARCHITECTURES:
-            raise UnsupportedError(f"{where}: model_type {model_type!r} is not supported; supported: {', '.join(ARCHITECTURES)}")
+        if model_type not in _HF_DEFAULTS:
+            raise UnsupportedError(f"{where}: model_type {model_type!r} is not supported; supported: {', '.join(_HF_DEFAULTS)}")
         defaults = _HF_DEFAULTS[model_type]
 
         def get(key: str) -> Any:
@@ -229,11 +235,16 @@ class LlmConfig:
         else:
             qkv_bias = out_bias = bool(d.get("attention_bias", False))
         hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
+        context = int(get("max_position_embeddings"))
+        if model_type == "mistral":  # llama with a sliding window (null: none; absent: the class default)
+            window = d["sliding_window"] if "sliding_window" in d else defaults["sliding_window"]
+            if window is not None:
+                context = min(context, int(window))  # within the window it masks nothing
         theta, scaling = _hf_rope(d, get, where)
         eos = d.get("eos_token_id")
         eos_ids = () if eos is None else tuple(int(t) for t in eos) if isinstance(eos, list) else (int(eos),)
         return cls(
-            architecture=model_type,
+            architecture="llama" if model_type == "mistral" else model_type,
             hidden=hidden,
             layers=int(need("num_hidden_layers")),
             heads=heads,
@@ -243,7 +254,7 @@ class LlmConfig:
             vocab=int(need("vocab_size")),
             rope_theta=theta,
             rms_eps=float(get("rms_norm_eps")),
-            context_length=int(get("max_position_embeddings")),
+            context_length=context,
             tie_word_embeddings=bool(get("tie_word_embeddings")),
             attention_bias=qkv_bias,
             attention_out_bias=out_bias,
@@ -253,9 +264,11 @@ class LlmConfig:
         )
 
 
-# the transformers class defaults (LlamaConfig, Qwen2Config) of the keys a config.json may omit
+# the transformers class defaults (LlamaConfig, MistralConfig, Qwen2Config) of the keys a
+# config.json may omit; the model types read
 _HF_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "tie_word_embeddings": False, "rope_theta": 10000.0},
+    "mistral": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 131072, "tie_word_embeddings": False, "rope_theta": 10000.0, "sliding_window": 4096},
     "qwen2": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": False, "rope_theta": 10000.0},
 }
 
