@@ -92,6 +92,20 @@ def test_mistral_is_llama_with_its_context_cut_to_the_sliding_window(tmp_path: P
     assert (cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.rms_eps, cfg.rope_theta) == (hf.hidden_size, hf.num_attention_heads, hf.num_key_value_heads, hf.head_dim, hf.rms_norm_eps, hf.rope_parameters["rope_theta"])
 
 
+@pytest.mark.parametrize("use, max_window_layers, context", [(True, 1, 16), (True, 2, 512), (False, 0, 512)])
+def test_qwen2_sliding_window_cuts_the_context_where_a_layer_slides(tmp_path: Path, use: bool, max_window_layers: int, context: int) -> None:
+    """transformers' Qwen2 slides in the layers from ``max_window_layers`` on, with
+    ``use_sliding_window`` only; read from the saved ``layer_types`` and from a transformers-4
+    config that has none. (``use_sliding_window`` was refused whatever the layers.)"""
+    transformers.Qwen2Config(**SMALL, use_sliding_window=use, sliding_window=16, max_window_layers=max_window_layers).save_pretrained(tmp_path)
+    d = json.loads((tmp_path / "config.json").read_text())
+    older = {**{k: v for k, v in d.items() if k != "layer_types"}, "sliding_window": 16}
+    for config in (d, older):
+        assert LlmConfig.from_hf_config(config).context_length == context
+    with pytest.raises(UnsupportedError, match=r"layer types \['chunked_attention'\]"):
+        LlmConfig.from_hf_config({**d, "layer_types": ["chunked_attention", "full_attention"]})
+
+
 def test_llama_attention_bias_means_output_bias_too() -> None:
     cfg = LlmConfig.from_hf_config({"model_type": "llama", **SMALL, "attention_bias": True})
     assert cfg.attention_bias and cfg.attention_out_bias

@@ -3,9 +3,10 @@
 One value describes the model whatever file it came from: a GGUF file's metadata
 (:meth:`LlmConfig.from_gguf`) or a transformers ``config.json`` (:meth:`LlmConfig.from_hf_config`).
 Two architectures are read: ``llama`` and ``qwen2`` (llama with biases on the q, k and v
-projections); a transformers ``mistral`` checkpoint is ``llama`` with its context cut to its
-sliding window. Anything the model family could vary that tilework does not implement (another
-rotary scaling, a partial rotary dim, sliding windows, experts, MLP biases) raises
+projections); a transformers ``mistral`` checkpoint is ``llama``, and a model with
+sliding-window attention has its context cut to the window. Anything the model family could
+vary that tilework does not implement (another rotary scaling, a partial rotary dim, experts,
+MLP biases) raises
 :class:`~tilework.errors.UnsupportedError` naming it, rather than loading a model that would
 compute something else.
 
@@ -205,10 +206,11 @@ class LlmConfig:
         """The config of a transformers checkpoint: a ``config.json`` dict, its path, or the
         checkpoint directory. Missing optional keys take the transformers class defaults.
 
-        ``model_type`` ``llama``, ``qwen2`` or ``mistral``: Mistral is llama with a sliding
-        window, so it reads as ``llama`` whose context is at most the window (``sliding_window``
-        tokens: a sequence that fits in the window attends to every earlier token, exactly what
-        the decoder does; a longer one is refused as any prompt past the context is)."""
+        ``model_type`` ``llama``, ``qwen2`` or ``mistral`` (llama with a sliding window: it reads
+        as ``llama``). A model whose layers attend in a sliding window (Mistral's, Qwen2's with
+        ``use_sliding_window``) has a context of at most the window: a sequence that fits in the
+        window attends to every earlier token, exactly what the decoder does; a longer one is
+        refused as any prompt past the context is."""
         d, where = _hf_config_dict(source)
         model_type = d.get("model_type")
         if model_type not in _HF_DEFAULTS:
@@ -228,18 +230,15 @@ class LlmConfig:
             raise UnsupportedError(f"{where}: hidden_act {get('hidden_act')!r} is not supported (only 'silu')")
         if d.get("mlp_bias"):
             raise UnsupportedError(f"{where}: MLP biases (mlp_bias = true) are not supported")
-        if d.get("use_sliding_window") and d.get("sliding_window"):
-            raise UnsupportedError(f"{where}: sliding-window attention (use_sliding_window) is not supported")
         if model_type == "qwen2":
             qkv_bias, out_bias = True, False
         else:
             qkv_bias = out_bias = bool(d.get("attention_bias", False))
         hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
         context = int(get("max_position_embeddings"))
-        if model_type == "mistral":  # llama with a sliding window (null: none; absent: the class default)
-            window = d["sliding_window"] if "sliding_window" in d else defaults["sliding_window"]
-            if window is not None:
-                context = min(context, int(window))  # within the window it masks nothing
+        window = _hf_sliding_window(d, model_type, int(need("num_hidden_layers")), where)
+        if window is not None:
+            context = min(context, window)  # within the window it masks nothing
         theta, scaling = _hf_rope(d, get, where)
         eos = d.get("eos_token_id")
         eos_ids = () if eos is None else tuple(int(t) for t in eos) if isinstance(eos, list) else (int(eos),)
@@ -308,6 +307,27 @@ def _hf_config_dict(source: "Mapping[str, Any] | str | os.PathLike[str]") -> tup
     if not isinstance(d, dict):
         raise TileworkError(f"{path}: a config must be a JSON object")
     return d, path
+
+
+def _hf_sliding_window(d: Mapping[str, Any], model_type: str, layers: int, where: str) -> int | None:
+    """The sliding window of the model's attention when a layer has one, as transformers decides
+    it: Mistral's ``sliding_window`` (null: none, absent: MistralConfig's 4096); Qwen2's when
+    ``use_sliding_window`` and a layer is a ``sliding_attention`` one (``layer_types``, else
+    the layers from ``max_window_layers`` on)."""
+    if model_type == "mistral":
+        window = d["sliding_window"] if "sliding_window" in d else _HF_DEFAULTS["mistral"]["sliding_window"]
+    elif model_type == "qwen2" and d.get("use_sliding_window"):
+        window = d.get("sliding_window", 4096)
+    else:
+        window = None
+    types = d.get("layer_types")
+    if types is None:
+        first = d.get("max_window_layers", 28) if model_type == "qwen2" else 0
+        types = ["sliding_attention" if window is not None and i >= first else "full_attention" for i in range(layers)]
+    unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
+    if unknown:
+        raise UnsupportedError(f"{where}: layer types {unknown} (layer_types) are not supported; supported: full_attention, sliding_attention")
+    return int(window) if window is not None and "sliding_attention" in types else None
 
 
 def _hf_rope(d: Mapping[str, Any], get: Callable[[str], Any], where: str) -> tuple[float, RopeScaling]:
