@@ -15,6 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tilework.errors import TileworkError, UnsupportedError
 from tilework.llm.config import LlmConfig, RopeScaling
+from tilework.llm.weights import expected_shapes
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -108,7 +109,10 @@ def test_qwen2_sliding_window_cuts_the_context_where_a_layer_slides(tmp_path: Pa
 
 def test_llama_attention_bias_means_output_bias_too() -> None:
     cfg = LlmConfig.from_hf_config({"model_type": "llama", **SMALL, "attention_bias": True})
-    assert cfg.attention_bias and cfg.attention_out_bias
+    assert cfg.attention_bias and cfg.attention_out_bias and not cfg.mlp_bias
+    cfg = LlmConfig.from_hf_config({"model_type": "llama", **SMALL, "mlp_bias": True})
+    assert cfg.mlp_bias and not cfg.attention_bias and LlmConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    assert "model.layers.1.mlp.down_proj.bias" in expected_shapes(cfg)
 
 
 @pytest.mark.parametrize(
@@ -119,7 +123,6 @@ def test_llama_attention_bias_means_output_bias_too() -> None:
         ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, "'yarn'"),
         ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}}, "'dynamic'"),
         ({"hidden_act": "gelu"}, "'gelu'"),
-        ({"mlp_bias": True}, "mlp_bias"),
         ({"partial_rotary_factor": 0.5}, "partial rotary"),
     ],
 )

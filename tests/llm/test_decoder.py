@@ -233,6 +233,37 @@ def test_scaled_rotary_gives_hugging_faces_logits(rope: str) -> None:
     assert np.abs(plain - ref).max() > 100 * 1e-4
 
 
+@pytest.mark.parametrize("fmt", [None, "q8_0"])
+def test_mlp_biases_give_hugging_faces_logits(fmt: str | None) -> None:
+    """llama's ``mlp_bias`` (gate, up and down biases; refused before), with ``attention_bias``
+    too; the biases are random (transformers makes them zero), and float32 or q8_0 matrices (the
+    merged gate/up bias either way). Quantized weights are compared with the model of their
+    dequantized values."""
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**_hf().config.to_dict(), "mlp_bias": True, "attention_bias": True})).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0, 0.5)
+    r = Runner(hf, fmt, max_batch=1)
+    assert r.cfg.mlp_bias and "model.layers.1.mlp.gate_proj.bias" in r.tensors
+    with torch.no_grad():  # the model of the values the runner's weights hold
+        for name, t in r.tensors.items():
+            if t.fmt != "f32":
+                hf.get_parameter(name).copy_(torch.from_numpy(t.dequantize().reshape(t.shape)))
+    prompt = [5, 17, 33, 2, 9, 41, 7]
+    tokens, logits = r.run(prompt, 5)
+    ref = _hf_logits(hf, prompt + tokens)
+    tol = 1e-4 if fmt is None else 1.5e-2  # q: the activations' 8-bit blocks (see the test below)
+    for i, got in enumerate(logits):
+        np.testing.assert_allclose(got, ref[len(prompt) - 1 + i], rtol=tol, atol=tol)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if ".mlp." in name and name.endswith(".bias"):
+                p.zero_()
+    assert np.abs(_hf_logits(hf, prompt + tokens) - ref).max() > 10 * tol
+
+
 def test_a_bfloat16_kv_cache_gives_hugging_faces_logits_to_its_precision() -> None:
     """Keys and values rounded to bfloat16 as they are cached (8 significant bits): the logits
     move by about what that rounding explains, far more than float32's 1e-4, and the greedy

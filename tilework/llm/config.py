@@ -5,10 +5,9 @@ One value describes the model whatever file it came from: a GGUF file's metadata
 Two architectures are read: ``llama`` and ``qwen2`` (llama with biases on the q, k and v
 projections); a transformers ``mistral`` checkpoint is ``llama``, and a model with
 sliding-window attention has its context cut to the window. Anything the model family could
-vary that tilework does not implement (another rotary scaling, a partial rotary dim, experts,
-MLP biases) raises
-:class:`~tilework.errors.UnsupportedError` naming it, rather than loading a model that would
-compute something else.
+vary that tilework does not implement (another rotary scaling, a partial rotary dim, experts)
+raises :class:`~tilework.errors.UnsupportedError` naming it, rather than loading a model that
+would compute something else.
 
 Rotary scaling (``rope_scaling``) is exact for ``default``, ``linear`` (every inverse frequency
 divided by ``factor``) and ``llama3`` (low frequencies divided by ``factor``, high ones kept, a
@@ -63,7 +62,8 @@ class RopeScaling:
 class LlmConfig:
     """A llama-family decoder. ``attention_bias``: q, k, v projections have biases;
     ``attention_out_bias``: the output projection has one too (llama's ``attention_bias``
-    sets both, qwen2 has the first only). ``eos_token_ids``: every token that ends generation."""
+    sets both, qwen2 has the first only); ``mlp_bias``: the gate, up and down projections have
+    biases (llama's ``mlp_bias``). ``eos_token_ids``: every token that ends generation."""
 
     architecture: str
     hidden: int
@@ -79,6 +79,7 @@ class LlmConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False
     attention_out_bias: bool = False
+    mlp_bias: bool = False
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -228,8 +229,6 @@ class LlmConfig:
 
         if get("hidden_act") != "silu":
             raise UnsupportedError(f"{where}: hidden_act {get('hidden_act')!r} is not supported (only 'silu')")
-        if d.get("mlp_bias"):
-            raise UnsupportedError(f"{where}: MLP biases (mlp_bias = true) are not supported")
         if model_type == "qwen2":
             qkv_bias, out_bias = True, False
         else:
@@ -257,6 +256,7 @@ class LlmConfig:
             tie_word_embeddings=bool(get("tie_word_embeddings")),
             attention_bias=qkv_bias,
             attention_out_bias=out_bias,
+            mlp_bias=model_type == "llama" and bool(d.get("mlp_bias", False)),  # (MistralForCausalLM, Qwen2ForCausalLM have none)
             rope_scaling=scaling,
             bos_token_id=None if d.get("bos_token_id") is None else int(d["bos_token_id"]),
             eos_token_ids=eos_ids,

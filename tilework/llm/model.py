@@ -186,13 +186,15 @@ class Attention(Module):
 
 class MLP(Module):
     def __init__(self, cfg: LlmConfig, prefix: str, formats: dict[str, str]) -> None:
+        bias = cfg.mlp_bias
+
         def proj(name: str, n_in: int, n_out: int) -> Module:
-            return linear(n_in, n_out, _fmt(formats, f"{prefix}.mlp.{name}.weight"))
+            return linear(n_in, n_out, _fmt(formats, f"{prefix}.mlp.{name}.weight"), bias)
 
         self.ffn = cfg.ffn
         fmts = {_fmt(formats, f"{prefix}.mlp.{n}.weight") for n in ("gate_proj", "up_proj")}
         if len(fmts) == 1:  # one matrix multiply for the two (see MERGED)
-            self.gate_up_proj = linear(cfg.hidden, 2 * cfg.ffn, fmts.pop())
+            self.gate_up_proj = linear(cfg.hidden, 2 * cfg.ffn, fmts.pop(), bias)
         else:
             self.gate_proj = proj("gate_proj", cfg.hidden, cfg.ffn)
             self.up_proj = proj("up_proj", cfg.hidden, cfg.ffn)
