@@ -144,7 +144,8 @@ class LlmConfig:
     def from_gguf(cls, source: "str | os.PathLike[str] | GGUFFile | GGUFReader") -> "LlmConfig":
         """The config in a GGUF file's metadata (keys ``{arch}.block_count``, ...; ``arch`` is
         ``general.architecture``). The head is tied when the file has no ``output.weight``;
-        biases are present when ``blk.0.attn_q.bias`` / ``blk.0.attn_output.bias`` are."""
+        biases are present when ``blk.0.attn_q.bias`` / ``blk.0.attn_output.bias`` /
+        ``blk.0.ffn_up.bias`` are."""
         from tilework.llm.gguf import read_gguf
 
         gf = read_gguf(source)
@@ -195,6 +196,7 @@ class LlmConfig:
             tie_word_embeddings="output.weight" not in tensors,
             attention_bias="blk.0.attn_q.bias" in tensors,
             attention_out_bias="blk.0.attn_output.bias" in tensors,
+            mlp_bias="blk.0.ffn_up.bias" in tensors,
             rope_scaling=_gguf_rope_scaling(get, arch, where),
             bos_token_id=None if bos is None else int(bos),
             eos_token_ids=tuple(dict.fromkeys(int(t) for t in eos if t is not None)),
