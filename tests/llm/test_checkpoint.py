@@ -100,6 +100,19 @@ def test_a_mistral_checkpoint_runs_to_the_end_of_its_sliding_window(tmp_path: Pa
         llm.generate(" ".join(f"w{t}" for t in ids), SamplingParams(temperature=0, max_tokens=1), chat=False)
 
 
+def test_dynamic_rotary_scaling_is_the_default_to_the_end_of_the_context(tmp_path: Path) -> None:
+    """transformers' ``dynamic`` NTK scaling changes the frequencies of sequences longer than
+    ``max_position_embeddings`` only, which is the context: a whole context's log-probabilities
+    (refused before)."""
+    hf = save(tmp_path, rope_parameters={"rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0})
+    llm = LLM(str(tmp_path), precision="fp32", max_batch=2, kv_tokens=256)
+    assert llm.config.rope_scaling.type == "default" and llm.config.context_length == 64
+    ids = [int(t) for t in np.random.default_rng(4).integers(3, VOCAB, 64)]
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([ids])).logits[0], -1).numpy()
+    np.testing.assert_allclose(llm.score(ids), ref, rtol=0, atol=1e-4)
+
+
 def test_a_checkpoint_without_a_tokenizer_is_refused_before_compiling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """It used to compile the model first and then fail on the missing file (an os error)."""
     save(tmp_path, tokenizer=False)

@@ -121,7 +121,7 @@ def test_llama_attention_bias_means_output_bias_too() -> None:
         ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported; supported: llama, mistral, qwen2"),
         ({"model_type": "phi"}, "model_type 'phi'"),
         ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, "'yarn'"),
-        ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}}, "'dynamic'"),
+        ({"rope_parameters": {"rope_type": "longrope", "factor": 2.0, "rope_theta": 1e4}}, "'longrope'"),
         ({"hidden_act": "gelu"}, "'gelu'"),
         ({"partial_rotary_factor": 0.5}, "partial rotary"),
     ],

@@ -9,9 +9,11 @@ vary that tilework does not implement (another rotary scaling, a partial rotary 
 raises :class:`~tilework.errors.UnsupportedError` naming it, rather than loading a model that
 would compute something else.
 
-Rotary scaling (``rope_scaling``) is exact for ``default``, ``linear`` (every inverse frequency
-divided by ``factor``) and ``llama3`` (low frequencies divided by ``factor``, high ones kept, a
-smooth blend between; as ``transformers.modeling_rope_utils``): :meth:`LlmConfig.rope_inv_freq`.
+Rotary scaling (``rope_scaling``) is exact for ``default``, ``dynamic`` (the default within the
+context, ``max_position_embeddings``: it changes the frequencies of longer sequences only),
+``linear`` (every inverse frequency divided by ``factor``) and ``llama3`` (low frequencies
+divided by ``factor``, high ones kept, a smooth blend between; as
+``transformers.modeling_rope_utils``): :meth:`LlmConfig.rope_inv_freq`.
 """
 
 from __future__ import annotations
@@ -343,7 +345,9 @@ def _hf_rope(d: Mapping[str, Any], get: Callable[[str], Any], where: str) -> tup
     if partial not in (None, 1, 1.0):
         raise UnsupportedError(f"{where}: partial rotary embeddings (partial_rotary_factor = {partial}) are not supported")
     kind = params.get("rope_type", params.get("type", "default"))
-    if kind == "default":
+    if kind in ("default", "dynamic"):
+        # dynamic NTK scales theta by (factor * seq / max_position_embeddings - factor + 1) once
+        # a sequence is longer than max_position_embeddings, the context: never within it
         return theta, RopeScaling()
     if kind == "linear":
         return theta, RopeScaling("linear", float(params["factor"]))
