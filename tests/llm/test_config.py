@@ -15,6 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tilework.errors import TileworkError, UnsupportedError
 from tilework.llm.config import LlmConfig, RopeScaling
+from tilework.llm.weights import expected_shapes
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -78,19 +79,50 @@ def test_qwen2_config_has_qkv_bias(tmp_path: Path) -> None:
     np.testing.assert_allclose(cfg.rope_inv_freq(), hf_inv_freq(transformers.LlamaConfig(**SMALL, rope_parameters=hf.rope_parameters)), rtol=1e-6)
 
 
+@pytest.mark.parametrize("window, context", [(16, 16), (None, 512), (4096, 512), ("absent", 512)])
+def test_mistral_is_llama_with_its_context_cut_to_the_sliding_window(tmp_path: Path, window: int | None | str, context: int) -> None:
+    """Within its window a sliding window masks nothing; MistralConfig's default window (4096,
+    when the key is absent) is longer than this context. ``None`` is no window."""
+    transformers.MistralConfig(**SMALL, sliding_window=None if window == "absent" else window).save_pretrained(tmp_path)
+    d = json.loads((tmp_path / "config.json").read_text())
+    if window == "absent":
+        del d["sliding_window"]
+    cfg = LlmConfig.from_hf_config(d)
+    hf = transformers.AutoConfig.from_pretrained(tmp_path)
+    assert cfg.architecture == "llama" and not cfg.attention_bias and cfg.context_length == context
+    assert (cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.rms_eps, cfg.rope_theta) == (hf.hidden_size, hf.num_attention_heads, hf.num_key_value_heads, hf.head_dim, hf.rms_norm_eps, hf.rope_parameters["rope_theta"])
+
+
+@pytest.mark.parametrize("use, max_window_layers, context", [(True, 1, 16), (True, 2, 512), (False, 0, 512)])
+def test_qwen2_sliding_window_cuts_the_context_where_a_layer_slides(tmp_path: Path, use: bool, max_window_layers: int, context: int) -> None:
+    """transformers' Qwen2 slides in the layers from ``max_window_layers`` on, with
+    ``use_sliding_window`` only; read from the saved ``layer_types`` and from a transformers-4
+    config that has none. (``use_sliding_window`` was refused whatever the layers.)"""
+    transformers.Qwen2Config(**SMALL, use_sliding_window=use, sliding_window=16, max_window_layers=max_window_layers).save_pretrained(tmp_path)
+    d = json.loads((tmp_path / "config.json").read_text())
+    older = {**{k: v for k, v in d.items() if k != "layer_types"}, "sliding_window": 16}
+    for config in (d, older):
+        assert LlmConfig.from_hf_config(config).context_length == context
+    with pytest.raises(UnsupportedError, match=r"layer types \['chunked_attention'\]"):
+        LlmConfig.from_hf_config({**d, "layer_types": ["chunked_attention", "full_attention"]})
+
+
 def test_llama_attention_bias_means_output_bias_too() -> None:
     cfg = LlmConfig.from_hf_config({"model_type": "llama", **SMALL, "attention_bias": True})
-    assert cfg.attention_bias and cfg.attention_out_bias
+    assert cfg.attention_bias and cfg.attention_out_bias and not cfg.mlp_bias
+    cfg = LlmConfig.from_hf_config({"model_type": "llama", **SMALL, "mlp_bias": True})
+    assert cfg.mlp_bias and not cfg.attention_bias and LlmConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    assert "model.layers.1.mlp.down_proj.bias" in expected_shapes(cfg)
 
 
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"model_type": "mistral"}, "model_type 'mistral'"),
+        ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported; supported: llama, mistral, qwen2"),
+        ({"model_type": "phi"}, "model_type 'phi'"),
         ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, "'yarn'"),
-        ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}}, "'dynamic'"),
+        ({"rope_parameters": {"rope_type": "longrope", "factor": 2.0, "rope_theta": 1e4}}, "'longrope'"),
         ({"hidden_act": "gelu"}, "'gelu'"),
-        ({"mlp_bias": True}, "mlp_bias"),
         ({"partial_rotary_factor": 0.5}, "partial rotary"),
     ],
 )

@@ -205,6 +205,65 @@ def test_prefill_and_decode_give_hugging_faces_logits(kind: str) -> None:
         np.testing.assert_allclose(got, ref[len(prompt) - 1 + i], rtol=1e-4, atol=1e-4)
 
 
+ROPE_SCALED = {
+    "linear": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0},
+    # head_dim 16: wavelengths 6.3 (kept: < 32 / 4), 19.9 (blended) and 63 up (divided: > 32 / 1)
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32, "rope_theta": 10000.0},
+}
+
+
+@pytest.mark.parametrize("rope", list(ROPE_SCALED))
+def test_scaled_rotary_gives_hugging_faces_logits(rope: str) -> None:
+    """``rope_scaling`` linear and llama3 (which ``LlmConfig`` reads) are what the decoder
+    computes (it refused them before); the logits of the same weights unscaled differ far more
+    than the tolerance, so the scaling is what is checked (weights 10x ``_hf``'s: with theirs the
+    attention scores are too small for the angles to matter)."""
+    torch.manual_seed(0)
+    config = {**_hf().config.to_dict(), "initializer_range": 0.2}
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config)).eval()
+    scaled = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**config, "rope_parameters": ROPE_SCALED[rope]})).eval()
+    scaled.load_state_dict(hf.state_dict())
+    r = Runner(scaled, max_batch=1)
+    assert r.cfg.rope_scaling.type == rope
+    prompt = [int(t) for t in np.random.default_rng(2).integers(0, 96, 20)]
+    tokens, logits = r.run(prompt, 6)
+    ref, plain = _hf_logits(scaled, prompt + tokens), _hf_logits(hf, prompt + tokens)
+    for i, got in enumerate(logits):
+        np.testing.assert_allclose(got, ref[len(prompt) - 1 + i], rtol=1e-4, atol=1e-4)
+    assert np.abs(plain - ref).max() > 100 * 1e-4
+
+
+@pytest.mark.parametrize("fmt", [None, "q8_0"])
+def test_mlp_biases_give_hugging_faces_logits(fmt: str | None) -> None:
+    """llama's ``mlp_bias`` (gate, up and down biases; refused before), with ``attention_bias``
+    too; the biases are random (transformers makes them zero), and float32 or q8_0 matrices (the
+    merged gate/up bias either way). Quantized weights are compared with the model of their
+    dequantized values."""
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**_hf().config.to_dict(), "mlp_bias": True, "attention_bias": True})).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0, 0.5)
+    r = Runner(hf, fmt, max_batch=1)
+    assert r.cfg.mlp_bias and "model.layers.1.mlp.gate_proj.bias" in r.tensors
+    with torch.no_grad():  # the model of the values the runner's weights hold
+        for name, t in r.tensors.items():
+            if t.fmt != "f32":
+                hf.get_parameter(name).copy_(torch.from_numpy(t.dequantize().reshape(t.shape)))
+    prompt = [5, 17, 33, 2, 9, 41, 7]
+    tokens, logits = r.run(prompt, 5)
+    ref = _hf_logits(hf, prompt + tokens)
+    tol = 1e-4 if fmt is None else 1.5e-2  # q: the activations' 8-bit blocks (see the test below)
+    for i, got in enumerate(logits):
+        np.testing.assert_allclose(got, ref[len(prompt) - 1 + i], rtol=tol, atol=tol)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if ".mlp." in name and name.endswith(".bias"):
+                p.zero_()
+    assert np.abs(_hf_logits(hf, prompt + tokens) - ref).max() > 10 * tol
+
+
 def test_a_bfloat16_kv_cache_gives_hugging_faces_logits_to_its_precision() -> None:
     """Keys and values rounded to bfloat16 as they are cached (8 significant bits): the logits
     move by about what that rounding explains, far more than float32's 1e-4, and the greedy

@@ -250,7 +250,7 @@ def tiny_tensors(cfg: LlmConfig, seed: int = 0) -> dict[str, QuantTensor]:
     out: dict[str, QuantTensor] = {}
     for name, shape in expected_shapes(cfg).items():
         fmt = next((f for key, f in _FORMAT_OF.items() if key in name), "f32")
-        if "down_proj" in name:
+        if "down_proj.weight" in name:
             rows, cols = shape
             out[name] = k_quant_rows("q6_k" if ".0." in name else "q4_k", rows, cols, seed=len(out))
             continue
@@ -323,6 +323,16 @@ def test_tiny_qwen2_gguf_keeps_row_order(tmp_path: Path) -> None:
     assert loaded_cfg == cfg
     for name in ("model.layers.1.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.bias"):
         np.testing.assert_array_equal(w[name].data, tensors[name].data)
+
+
+def test_tiny_gguf_with_mlp_biases(tmp_path: Path) -> None:
+    """``ffn_gate``/``ffn_up``/``ffn_down`` biases make an ``mlp_bias`` config (they were
+    tensors the model did not have)."""
+    cfg = LlmConfig(**{**TINY.to_dict(), "mlp_bias": True, "rope_scaling": RopeScaling()})
+    tensors = tiny_tensors(cfg, seed=2)
+    loaded_cfg, w = load_weights(write_gguf(tmp_path / "mlp.gguf", cfg, tensors))
+    assert loaded_cfg == cfg and list(w) == list(tensors)
+    np.testing.assert_array_equal(w["model.layers.1.mlp.down_proj.bias"].data, tensors["model.layers.1.mlp.down_proj.bias"].data)
 
 
 def test_gguf_rope_scaling(tmp_path: Path) -> None:

@@ -53,7 +53,7 @@ def add_parsers(sub: Any) -> None:
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="PATH", help="a .gguf file, or a transformers checkpoint directory (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--precision", choices=tuple(PRECISION_NAMES), default="q", help="q: the file's quantized blocks, dequantized inside the kernels (default); bf16; fp32")
+    p.add_argument("--precision", choices=tuple(PRECISION_NAMES), default="q", help="q: the file's quantized blocks, dequantized inside the kernels (default; a float checkpoint's matrices stay in its float format: q quantizes nothing); bf16; fp32")
     p.add_argument("--kv-dtype", choices=KV_DTYPE_CHOICES, help=KV_DTYPE_HELP)
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature; 0 is greedy (default 0.7)")
     p.add_argument("--top-k", type=int, default=0, help="sample among the K most likely tokens (0: off)")

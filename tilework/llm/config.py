@@ -3,14 +3,17 @@
 One value describes the model whatever file it came from: a GGUF file's metadata
 (:meth:`LlmConfig.from_gguf`) or a transformers ``config.json`` (:meth:`LlmConfig.from_hf_config`).
 Two architectures are read: ``llama`` and ``qwen2`` (llama with biases on the q, k and v
-projections). Anything the model family could vary that tilework does not implement (another
-rotary scaling, a partial rotary dim, sliding windows, experts, MLP biases) raises
-:class:`~tilework.errors.UnsupportedError` naming it, rather than loading a model that would
-compute something else.
+projections); a transformers ``mistral`` checkpoint is ``llama``, and a model with
+sliding-window attention has its context cut to the window. Anything the model family could
+vary that tilework does not implement (another rotary scaling, a partial rotary dim, experts)
+raises :class:`~tilework.errors.UnsupportedError` naming it, rather than loading a model that
+would compute something else.
 
-Rotary scaling (``rope_scaling``) is exact for ``default``, ``linear`` (every inverse frequency
-divided by ``factor``) and ``llama3`` (low frequencies divided by ``factor``, high ones kept, a
-smooth blend between; as ``transformers.modeling_rope_utils``): :meth:`LlmConfig.rope_inv_freq`.
+Rotary scaling (``rope_scaling``) is exact for ``default``, ``dynamic`` (the default within the
+context, ``max_position_embeddings``: it changes the frequencies of longer sequences only),
+``linear`` (every inverse frequency divided by ``factor``) and ``llama3`` (low frequencies
+divided by ``factor``, high ones kept, a smooth blend between; as
+``transformers.modeling_rope_utils``): :meth:`LlmConfig.rope_inv_freq`.
 """
 
 from __future__ import annotations
@@ -61,7 +64,8 @@ class RopeScaling:
 class LlmConfig:
     """A llama-family decoder. ``attention_bias``: q, k, v projections have biases;
     ``attention_out_bias``: the output projection has one too (llama's ``attention_bias``
-    sets both, qwen2 has the first only). ``eos_token_ids``: every token that ends generation."""
+    sets both, qwen2 has the first only); ``mlp_bias``: the gate, up and down projections have
+    biases (llama's ``mlp_bias``). ``eos_token_ids``: every token that ends generation."""
 
     architecture: str
     hidden: int
@@ -77,6 +81,7 @@ class LlmConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False
     attention_out_bias: bool = False
+    mlp_bias: bool = False
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -141,7 +146,8 @@ class LlmConfig:
     def from_gguf(cls, source: "str | os.PathLike[str] | GGUFFile | GGUFReader") -> "LlmConfig":
         """The config in a GGUF file's metadata (keys ``{arch}.block_count``, ...; ``arch`` is
         ``general.architecture``). The head is tied when the file has no ``output.weight``;
-        biases are present when ``blk.0.attn_q.bias`` / ``blk.0.attn_output.bias`` are."""
+        biases are present when ``blk.0.attn_q.bias`` / ``blk.0.attn_output.bias`` /
+        ``blk.0.ffn_up.bias`` are."""
         from tilework.llm.gguf import read_gguf
 
         gf = read_gguf(source)
@@ -192,6 +198,7 @@ class LlmConfig:
             tie_word_embeddings="output.weight" not in tensors,
             attention_bias="blk.0.attn_q.bias" in tensors,
             attention_out_bias="blk.0.attn_output.bias" in tensors,
+            mlp_bias="blk.0.ffn_up.bias" in tensors,
             rope_scaling=_gguf_rope_scaling(get, arch, where),
             bos_token_id=None if bos is None else int(bos),
             eos_token_ids=tuple(dict.fromkeys(int(t) for t in eos if t is not None)),
@@ -202,11 +209,17 @@ class LlmConfig:
     @classmethod
     def from_hf_config(cls, source: "Mapping[str, Any] | str | os.PathLike[str]") -> "LlmConfig":
         """The config of a transformers checkpoint: a ``config.json`` dict, its path, or the
-        checkpoint directory. Missing optional keys take the transformers class defaults."""
+        checkpoint directory. Missing optional keys take the transformers class defaults.
+
+        ``model_type`` ``llama``, ``qwen2`` or ``mistral`` (llama with a sliding window: it reads
+        as ``llama``). A model whose layers attend in a sliding window (Mistral's, Qwen2's with
+        ``use_sliding_window``) has a context of at most the window: a sequence that fits in the
+        window attends to every earlier token, exactly what the decoder does; a longer one is
+        refused as any prompt past the context is."""
         d, where = _hf_config_dict(source)
         model_type = d.get("model_type")
-        if model_type not in ARCHITECTURES:
-            raise UnsupportedError(f"{where}: model_type {model_type!r} is not supported; supported: {', '.join(ARCHITECTURES)}")
+        if model_type not in _HF_DEFAULTS:
+            raise UnsupportedError(f"{where}: model_type {model_type!r} is not supported; supported: {', '.join(_HF_DEFAULTS)}")
         defaults = _HF_DEFAULTS[model_type]
 
         def get(key: str) -> Any:
@@ -220,20 +233,20 @@ class LlmConfig:
 
         if get("hidden_act") != "silu":
             raise UnsupportedError(f"{where}: hidden_act {get('hidden_act')!r} is not supported (only 'silu')")
-        if d.get("mlp_bias"):
-            raise UnsupportedError(f"{where}: MLP biases (mlp_bias = true) are not supported")
-        if d.get("use_sliding_window") and d.get("sliding_window"):
-            raise UnsupportedError(f"{where}: sliding-window attention (use_sliding_window) is not supported")
         if model_type == "qwen2":
             qkv_bias, out_bias = True, False
         else:
             qkv_bias = out_bias = bool(d.get("attention_bias", False))
         hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
+        context = int(get("max_position_embeddings"))
+        window = _hf_sliding_window(d, model_type, int(need("num_hidden_layers")), where)
+        if window is not None:
+            context = min(context, window)  # within the window it masks nothing
         theta, scaling = _hf_rope(d, get, where)
         eos = d.get("eos_token_id")
         eos_ids = () if eos is None else tuple(int(t) for t in eos) if isinstance(eos, list) else (int(eos),)
         return cls(
-            architecture=model_type,
+            architecture="llama" if model_type == "mistral" else model_type,
             hidden=hidden,
             layers=int(need("num_hidden_layers")),
             heads=heads,
@@ -243,19 +256,22 @@ class LlmConfig:
             vocab=int(need("vocab_size")),
             rope_theta=theta,
             rms_eps=float(get("rms_norm_eps")),
-            context_length=int(get("max_position_embeddings")),
+            context_length=context,
             tie_word_embeddings=bool(get("tie_word_embeddings")),
             attention_bias=qkv_bias,
             attention_out_bias=out_bias,
+            mlp_bias=model_type == "llama" and bool(d.get("mlp_bias", False)),  # (MistralForCausalLM, Qwen2ForCausalLM have none)
             rope_scaling=scaling,
             bos_token_id=None if d.get("bos_token_id") is None else int(d["bos_token_id"]),
             eos_token_ids=eos_ids,
         )
 
 
-# the transformers class defaults (LlamaConfig, Qwen2Config) of the keys a config.json may omit
+# the transformers class defaults (LlamaConfig, MistralConfig, Qwen2Config) of the keys a
+# config.json may omit; the model types read
 _HF_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "tie_word_embeddings": False, "rope_theta": 10000.0},
+    "mistral": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 131072, "tie_word_embeddings": False, "rope_theta": 10000.0, "sliding_window": 4096},
     "qwen2": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": False, "rope_theta": 10000.0},
 }
 
@@ -297,6 +313,27 @@ def _hf_config_dict(source: "Mapping[str, Any] | str | os.PathLike[str]") -> tup
     return d, path
 
 
+def _hf_sliding_window(d: Mapping[str, Any], model_type: str, layers: int, where: str) -> int | None:
+    """The sliding window of the model's attention when a layer has one, as transformers decides
+    it: Mistral's ``sliding_window`` (null: none, absent: MistralConfig's 4096); Qwen2's when
+    ``use_sliding_window`` and a layer is a ``sliding_attention`` one (``layer_types``, else
+    the layers from ``max_window_layers`` on)."""
+    if model_type == "mistral":
+        window = d["sliding_window"] if "sliding_window" in d else _HF_DEFAULTS["mistral"]["sliding_window"]
+    elif model_type == "qwen2" and d.get("use_sliding_window"):
+        window = d.get("sliding_window", 4096)
+    else:
+        window = None
+    types = d.get("layer_types")
+    if types is None:
+        first = d.get("max_window_layers", 28) if model_type == "qwen2" else 0
+        types = ["sliding_attention" if window is not None and i >= first else "full_attention" for i in range(layers)]
+    unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
+    if unknown:
+        raise UnsupportedError(f"{where}: layer types {unknown} (layer_types) are not supported; supported: full_attention, sliding_attention")
+    return int(window) if window is not None and "sliding_attention" in types else None
+
+
 def _hf_rope(d: Mapping[str, Any], get: Callable[[str], Any], where: str) -> tuple[float, RopeScaling]:
     """``(rope_theta, scaling)`` from ``rope_parameters`` (transformers 5) or ``rope_theta`` +
     ``rope_scaling`` (earlier versions)."""
@@ -308,7 +345,9 @@ def _hf_rope(d: Mapping[str, Any], get: Callable[[str], Any], where: str) -> tup
     if partial not in (None, 1, 1.0):
         raise UnsupportedError(f"{where}: partial rotary embeddings (partial_rotary_factor = {partial}) are not supported")
     kind = params.get("rope_type", params.get("type", "default"))
-    if kind == "default":
+    if kind in ("default", "dynamic"):
+        # dynamic NTK scales theta by (factor * seq / max_position_embeddings - factor + 1) once
+        # a sequence is longer than max_position_embeddings, the context: never within it
         return theta, RopeScaling()
     if kind == "linear":
         return theta, RopeScaling("linear", float(params["factor"]))

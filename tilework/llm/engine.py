@@ -42,7 +42,7 @@ from tilework.llm.gguf import read_gguf
 from tilework.llm.kv_cache import KV_DTYPES, PagedKVCache
 from tilework.llm.completion import Completion
 from tilework.llm.sampling import SamplingParams
-from tilework.llm.tokenizer import Tokenizer, check_text
+from tilework.llm.tokenizer import Tokenizer, TokenizerError, check_text
 from tilework.llm.weights import load_weights, model_kind
 
 if TYPE_CHECKING:
@@ -153,6 +153,8 @@ class LLM:
         say(f"loading {os.path.basename(self.path)}")
         gguf_file = read_gguf(self.path) if model_kind(self.path) == "gguf" else None
         self.config, tensors = load_weights(self.path, gguf_file)
+        # the tokenizer before the compiler: a checkpoint without one fails in a second, not after the build
+        self.tokenizer = Tokenizer.from_gguf(gguf_file.metadata) if gguf_file is not None else _tokenizer(self.path)
         if os.path.isfile(self.path):  # the quant library decodes its matrices and runs the kept blocks: built (or loaded) meanwhile, with the paths they take
             quant.library_in_background(quant.families_of(weight_formats(tensors, precision).values()))
         # what a float decode step streams, in 2 MiB pages (see tilework.runtime.pages)
@@ -174,7 +176,6 @@ class LLM:
             self._decode = self.vm.bind("decode", *self.weights)
             self.kv_args = (self.cache.k, self.cache.v)
         self.max_batch = max_batch
-        self.tokenizer = Tokenizer.from_gguf(gguf_file.metadata) if gguf_file is not None else _tokenizer(self.path)
         self.template = ChatTemplate.from_tokenizer(self.tokenizer) if self.tokenizer.chat_template else None
         self.eos = set(self.tokenizer.eos_ids) | set(self.config.eos_token_ids)
         self.stats = Stats()
@@ -406,8 +407,12 @@ class ChatSession:
 
 
 def _tokenizer(path: str) -> Tokenizer:
-    base = path if os.path.isdir(path) else os.path.dirname(path)
-    return Tokenizer.from_file(os.path.join(base, "tokenizer.json"))
+    """The tokenizer of the checkpoint at ``path`` (a directory, or a safetensors file in one)."""
+    base = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    file = os.path.join(base, "tokenizer.json")
+    if not os.path.isfile(file):
+        raise TokenizerError(f"{base}: the checkpoint has no tokenizer.json, which LLM needs to encode and decode text (save the model's tokenizer beside it: tokenizer.save_pretrained)")
+    return Tokenizer.from_file(file)
 
 
 __all__ = ["LLM", "ChatSession", "Generation", "Stats", "default_model_path", "token_ids", "RUNTIMES"]

@@ -20,9 +20,9 @@ The cache arguments are float32, bfloat16 or float16 (``decoder_spec``'s ``kv_dt
 Batch, sequence, page-table width and pool size are symbolic (bounded by the context), so one
 compilation serves every prompt length and batch size. Token ``t`` of a sequence sits at
 position ``kv_len + t``: ``paged_rotary`` computes the rotary angles of the step's positions
-once, and each layer's ``paged_attention`` turns the token's query and key by them, writes its
-key and value to the cache there and attends; the caller advances ``kv_len``. The cache layout
-is ``tilework.llm.kv_cache``'s. A layer's q, k and v projections are one matrix multiply whose
+(scaled as the config's ``rope_scaling`` says) once, and each layer's ``paged_attention`` turns
+the token's query and key by them, writes its key and value to the cache there and attends; the
+caller advances ``kv_len``. The cache layout is ``tilework.llm.kv_cache``'s. A layer's q, k and v projections are one matrix multiply whose
 output is the attention's input as it is (``MERGED``), and so are the MLP's gate and up
 projections, when their weights share a format.
 """
@@ -186,13 +186,15 @@ class Attention(Module):
 
 class MLP(Module):
     def __init__(self, cfg: LlmConfig, prefix: str, formats: dict[str, str]) -> None:
+        bias = cfg.mlp_bias
+
         def proj(name: str, n_in: int, n_out: int) -> Module:
-            return linear(n_in, n_out, _fmt(formats, f"{prefix}.mlp.{name}.weight"))
+            return linear(n_in, n_out, _fmt(formats, f"{prefix}.mlp.{name}.weight"), bias)
 
         self.ffn = cfg.ffn
         fmts = {_fmt(formats, f"{prefix}.mlp.{n}.weight") for n in ("gate_proj", "up_proj")}
         if len(fmts) == 1:  # one matrix multiply for the two (see MERGED)
-            self.gate_up_proj = linear(cfg.hidden, 2 * cfg.ffn, fmts.pop())
+            self.gate_up_proj = linear(cfg.hidden, 2 * cfg.ffn, fmts.pop(), bias)
         else:
             self.gate_proj = proj("gate_proj", cfg.hidden, cfg.ffn)
             self.up_proj = proj("up_proj", cfg.hidden, cfg.ffn)
@@ -244,8 +246,6 @@ class LlamaDecoder(Module):
         formats = dict(formats or {})
         if cfg.architecture not in ("llama", "qwen2"):
             raise UnsupportedError(f"architecture {cfg.architecture!r}: the decoder runs llama-family models (llama, qwen2)")
-        if cfg.rope_scaling.type != "default":
-            raise UnsupportedError(f"rotary embedding scaled by {cfg.rope_scaling.type!r}: the decoder runs unscaled rotary embedding only (rope_theta)")
         self.config = cfg
         self.formats = formats
         self.model = Model(cfg, formats)
@@ -267,7 +267,9 @@ class LlamaDecoder(Module):
         """The cache inputs of a step of ``tokens [batch, seq]``, with the rotary angles of its
         positions computed once for every layer."""
         cfg = self.config
-        rotary = emit(op.paged_rotary(tokens.expr, kv_len.expr, head_dim=cfg.head_dim, rope_theta=cfg.rope_theta))
+        rs = cfg.rope_scaling
+        scaling = None if rs.type == "default" else (rs.type, rs.factor) if rs.type == "linear" else (rs.type, rs.factor, rs.original_context, rs.low_freq_factor, rs.high_freq_factor)
+        rotary = emit(op.paged_rotary(tokens.expr, kv_len.expr, head_dim=cfg.head_dim, rope_theta=cfg.rope_theta, rope_scaling=scaling))
         return CacheInputs(kv_len, page_table, k_cache, v_cache, rotary)
 
     def prefill(self, tokens: Tensor, kv_len: Tensor, page_table: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:

@@ -76,6 +76,10 @@ def expected_shapes(config: LlmConfig) -> dict[str, tuple[int, ...]]:
         out[p + "mlp.gate_proj.weight"] = (c.ffn, c.hidden)
         out[p + "mlp.up_proj.weight"] = (c.ffn, c.hidden)
         out[p + "mlp.down_proj.weight"] = (c.hidden, c.ffn)
+        if c.mlp_bias:
+            out[p + "mlp.gate_proj.bias"] = (c.ffn,)
+            out[p + "mlp.up_proj.bias"] = (c.ffn,)
+            out[p + "mlp.down_proj.bias"] = (c.hidden,)
     out["model.norm.weight"] = (c.hidden,)
     if not c.tie_word_embeddings:
         out["lm_head.weight"] = (c.vocab, c.hidden)

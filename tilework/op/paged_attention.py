@@ -2,7 +2,7 @@
 TensorFuncs that read the pages.
 
     out = paged_attention(qkv, k_cache, v_cache, kv_len, page_table[, rotary], layer=i, kv_heads=n, rope_theta=t)
-    rotary = paged_rotary(tokens, kv_len, head_dim=hd, rope_theta=t)
+    rotary = paged_rotary(tokens, kv_len, head_dim=hd, rope_theta=t[, rope_scaling=("linear", f)])
 
 - ``qkv [b, s, heads + 2 * kv_heads, hd]``: this step's queries, keys and values side by side
   (the output of one fused projection, reshaped: heads ``[0, heads)`` are the queries, the next
@@ -30,7 +30,10 @@ TensorFuncs that read the pages.
   (``[:, :, 0]``) and sines of each new token's rotary angles, as ``paged_rotary`` computes them
   (the same loop, the same bits). The angles depend on the position only, so a step's layers can
   share one table: without it each layer's op computes them again (at batch 8, SmolLM2's 30
-  layers spent 3-6% of a quantized decode step on them).
+  layers spent 3-6% of a quantized decode step on them). ``paged_rotary``'s ``rope_scaling``
+  scales the frequencies (``("linear", factor)`` or ``("llama3", factor, original_context,
+  low_freq_factor, high_freq_factor)``, as transformers does: ``paged_attention_base.angles``);
+  the op's own angles, without a table, are unscaled.
 
 The result is ``[b, s, heads, hd]``. Taking the three together (rather than three tensors)
 lets one projection feed the op with no copy in between: a slice of the projection's output
@@ -51,7 +54,7 @@ The kernels are built by ``tilework.op.paged_attention_kernel`` (decode and pref
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tilework.ir import sym
 from tilework.ir.graph import Call, Expr
@@ -184,6 +187,9 @@ def _rotary_infer(call: Call, ctx: InferCtx) -> StructInfo:
         raise ctx.error(f"head_dim must be a positive even int, got {hd!r}")
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
         raise ctx.error(f"rope_theta must be a positive number, got {theta!r}")
+    scaling = call.attrs["rope_scaling"]
+    if scaling is not None and not _valid_scaling(scaling):
+        raise ctx.error(f"rope_scaling must be None, ('linear', factor) or ('llama3', factor, original_context, low_freq_factor, high_freq_factor) with positive numbers and high_freq_factor > low_freq_factor, got {scaling!r}")
     if tokens.shape is None or kv_len.shape is None:
         return TensorInfo(None, "float64", 4)
     b, s = tokens.shape
@@ -194,22 +200,35 @@ def _rotary_infer(call: Call, ctx: InferCtx) -> StructInfo:
 def _rotary_legalize(call: Call, ctx: "LegalizeCtx") -> Expr:
     (ts, td), (ks, kd) = (known_tensor(call.args[i].info, call, f"argument {i}") for i in range(2))
     shape, dtype = out_tensor(call)
-    hd, theta = int(call.attrs["head_dim"]), float(call.attrs["rope_theta"])
-    key = ("paged_rotary", (ts, td), (ks, kd), (shape, dtype), hd, theta)
+    hd, theta, scaling = int(call.attrs["head_dim"]), float(call.attrs["rope_theta"]), call.attrs["rope_scaling"]
+    key = ("paged_rotary", (ts, td), (ks, kd), (shape, dtype), hd, theta, scaling)
 
-    gv, func, _ = ctx.kernel_for(key, "paged_rotary", lambda: (rotary_kernel((ts, td), (ks, kd), (shape, dtype), hd, theta), None))
+    gv, func, _ = ctx.kernel_for(key, "paged_rotary", lambda: (rotary_kernel((ts, td), (ks, kd), (shape, dtype), hd, theta, scaling), None))
     return call_tensor(gv, list(call.args), call.info, tuple(func.sym_params))
 
 
-register(Op("paged_rotary", _rotary_infer, OpPattern.OPAQUE, attrs={"head_dim": 0, "rope_theta": None}, num_args=2, legalize=_rotary_legalize))
+register(Op("paged_rotary", _rotary_infer, OpPattern.OPAQUE, attrs={"head_dim": 0, "rope_theta": None, "rope_scaling": None}, num_args=2, legalize=_rotary_legalize))
 
 
-def paged_rotary(tokens: Expr, kv_len: Expr, head_dim: int, rope_theta: float) -> Call:
+def _valid_scaling(s: object) -> bool:
+    def positive(x: object) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
+
+    if not isinstance(s, tuple) or not s:
+        return False
+    if s[0] == "linear":
+        return len(s) == 2 and positive(s[1])
+    return s[0] == "llama3" and len(s) == 5 and all(positive(x) for x in s[1:]) and s[4] > s[3]
+
+
+def paged_rotary(tokens: Expr, kv_len: Expr, head_dim: int, rope_theta: float, rope_scaling: tuple[Any, ...] | None = None) -> Call:
     """The cosines and sines of the rotary angles of a step's new tokens ``[b, s]`` (their
     values are not read; token ``t`` of sequence ``b`` is at position ``kv_len[b] + t``),
     ``[b, s, 2, head_dim / 2]`` float64: what ``paged_attention`` computes in each call, once
-    for all the layers of a step. See the module docstring."""
-    return make_call("paged_rotary", [tokens, kv_len], head_dim=head_dim, rope_theta=float(rope_theta))
+    for all the layers of a step; ``rope_scaling`` scales the frequencies. See the module
+    docstring."""
+    scaling = None if rope_scaling is None else tuple(x if isinstance(x, str) else float(x) for x in rope_scaling)
+    return make_call("paged_rotary", [tokens, kv_len], head_dim=head_dim, rope_theta=float(rope_theta), rope_scaling=scaling)
 
 
 __all__ = ["paged_attention", "paged_rotary", "pair_width", "KV_DTYPES", "KV_PAIRS"]

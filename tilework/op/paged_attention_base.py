@@ -8,7 +8,7 @@ helpers of their loop IR.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Any, Callable
 
 from tilework.ir import sym
 from tilework.ir.loop import Allocate, Buffer, Cast, For, Intrin, Load, Scalar, Select, Stmt, Store, TensorFunc, binary, const
@@ -55,16 +55,36 @@ def fconst(v: float) -> Scalar:
     return const(v, F32)
 
 
-def angles(trig: Buffer, b: Dim, t: Dim, cached: Scalar, hd: Dim, theta: float) -> Stmt:
+def angles(trig: Buffer, b: Dim, t: Dim, cached: Scalar, hd: Dim, theta: float, scaling: tuple[Any, ...] | None = None) -> Stmt:
     """The cosine and sine of token ``t``'s rotary angles (one per pair of channels, at position
     ``cached + t``) into ``trig[b, t]``, in float64: a token's heads share them. One home for
-    both kernels that compute them (the attention's scratch and ``paged_rotary``'s table)."""
+    both kernels that compute them (the attention's scratch and ``paged_rotary``'s table).
+
+    ``scaling`` scales the inverse frequencies as transformers' rotary types do:
+    ``("linear", factor)`` divides each by ``factor``; ``("llama3", factor, original_context,
+    low_freq_factor, high_freq_factor)`` divides those of wavelengths above ``original_context /
+    low_freq_factor`` by ``factor``, keeps those below ``original_context / high_freq_factor``
+    and blends between (``1 / factor + (1 - 1 / factor) * smooth``, ``smooth`` clamped to [0, 1]
+    is transformers' three cases in one expression)."""
     f64 = "float64"
     step = -2.0 * math.log(theta)
     scale = const(step / hd, f64) if isinstance(hd, int) else binary("/", const(step, f64), Cast(f64, hd))
 
+    def inv_freq(j: SymVar) -> Scalar:
+        inv: Scalar = Intrin("exp", (binary("*", Cast(f64, j), scale),), f64)
+        if scaling is None:
+            return inv
+        kind, factor = scaling[0], float(scaling[1])
+        if kind == "linear":
+            return binary("/", inv, const(factor, f64))
+        assert kind == "llama3", scaling
+        original, low, high = (float(x) for x in scaling[2:])
+        smooth = binary("-", binary("*", inv, const(original / (2 * math.pi) / (high - low), f64)), const(low / (high - low), f64))
+        clamped = binary("min", binary("max", smooth, const(0.0, f64)), const(1.0, f64))
+        return binary("*", inv, binary("+", const(1 / factor, f64), binary("*", const(1 - 1 / factor, f64), clamped)))
+
     def one(j: SymVar) -> Stmt:
-        angle = binary("*", Cast(f64, binary("+", cached, t)), Intrin("exp", (binary("*", Cast(f64, j), scale),), f64))
+        angle = binary("*", Cast(f64, binary("+", cached, t)), inv_freq(j))
         return block("pa_angle", seq([Store(trig, (b, t, 0, j), Intrin("cos", (angle,), f64)), Store(trig, (b, t, 1, j), Intrin("sin", (angle,), f64))]))
 
     half = sym.floordiv(hd, 2)

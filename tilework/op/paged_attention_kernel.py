@@ -17,6 +17,8 @@ Both kernels share ``tilework.op.paged_attention_base.PagedKernel``; from a bflo
 
 from __future__ import annotations
 
+from typing import Any
+
 from tilework.ir import sym
 from tilework.ir.loop import Buffer, For, TensorFunc
 from tilework.ir.sym import Dim, SymVar
@@ -42,13 +44,13 @@ def paged_attention_kernel(
     return scheduled([*params, out], body), layer
 
 
-def rotary_kernel(tokens_info: tuple[tuple[Dim, ...], str], kv_len_info: tuple[tuple[Dim, ...], str], out_info: tuple[tuple[Dim, ...], str], hd: int, theta: float) -> TensorFunc:
+def rotary_kernel(tokens_info: tuple[tuple[Dim, ...], str], kv_len_info: tuple[tuple[Dim, ...], str], out_info: tuple[tuple[Dim, ...], str], hd: int, theta: float, scaling: tuple[Any, ...] | None = None) -> TensorFunc:
     """The kernel of a ``paged_rotary`` call: ``angles`` of every new token, in parallel."""
     tokens, kv_len, out = Buffer("tokens", *tokens_info), Buffer("kv_len", *kv_len_info), Buffer("out", *out_info)
     nb, sq = tokens_info[0]
     bt = serial_var("rotary_bt", sym.mul(nb, sq))
     b, t = sym.floordiv(bt, sq), sym.floormod(bt, sq)
-    body = For(bt, sym.mul(nb, sq), angles(out, b, t, i64(ld(kv_len, b)), hd, theta), "parallel")
+    body = For(bt, sym.mul(nb, sq), angles(out, b, t, i64(ld(kv_len, b)), hd, theta, scaling), "parallel")
     return scheduled([tokens, kv_len, out], body)
 
 
