@@ -39,6 +39,13 @@ def _matmul(t: Translator, node: Any, a: Any, b: Any) -> Expr:
     return t.emit(op.matmul(a, b))
 
 
+@converter("einsum.default")
+def _einsum(t: Translator, node: Any, equation: str, operands: Any, *, path: Any = None) -> Expr:
+    # torch's equations are NumPy's (explicit or implicit output, ``...``); ``path`` only
+    # orders the contractions
+    return t.emit(op.linalg.einsum(equation, *as_list(operands)))
+
+
 @converter("addmm.default", "baddbmm.default")
 def _addmm(t: Translator, node: Any, bias: Any, a: Any, b: Any, *, beta: Any = 1, alpha: Any = 1) -> Expr:
     dtype = t.out_dtype(node)
