@@ -219,7 +219,8 @@ def _legalize_int_binary(call: Call, ctx: "LegalizeCtx") -> Expr:
         vb = upcast(b[bcast_index(i, b.shape, shape)], b.dtype)
         if name == "bitshift":
             wa, wb = te.cast(va, "int64"), te.cast(vb, "int64")
-            inside = te.logical_and(te.ge(wb, 0), te.lt(wb, bits))
+            # 2**63 is past int64: an int64 right shift by 63 is the sign fill, like larger ones
+            inside = te.logical_and(te.ge(wb, 0), te.lt(wb, 63 if dtype == "int64" and not left else bits))
             p = te.cast(te.power(te.cast(2.0, "float64"), te.cast(te.if_then_else(inside, wb, 0), "float64")), "int64")
             r = wa * p if left else wa // p
             spill = 0 if left else te.if_then_else(te.lt(wa, 0), -1, 0)

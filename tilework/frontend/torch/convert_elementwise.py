@@ -11,6 +11,7 @@ import numpy as np
 
 from tilework import op
 from tilework.op import bitwise as op_bitwise
+from tilework.op import math as op_math
 from tilework.errors import UnsupportedError
 from tilework.frontend.torch.registry import converter
 from tilework.ir.graph import Constant, Expr
@@ -198,6 +199,18 @@ def _logical(fn: Callable[[Expr, Expr], Expr], name: str, bitwise: bool) -> Call
 for _name, _fn in _LOGICAL.items():
     converter(f"logical_{_name}.default")(_logical(_fn, _name, False))
     converter(f"bitwise_{_name}.Tensor", f"bitwise_{_name}.Scalar", f"__{_name}__.Tensor", f"__{_name}__.Scalar")(_logical(_fn, _name, True))
+
+
+def _shift(direction: str) -> Callable[..., Expr]:
+    def convert(t: Translator, node: Any, a: Any, b: Any) -> Expr:
+        x, y = _operands(t, t.out_dtype(node), a, b)
+        return t.emit(op_math.bitshift(x, y, direction))
+
+    return convert
+
+
+for _dir, _name in (("left", "lshift"), ("right", "rshift")):
+    converter(f"__{_name}__.Tensor", f"__{_name}__.Scalar", f"bitwise_{_dir}_shift.Tensor", f"bitwise_{_dir}_shift.Tensor_Scalar", f"bitwise_{_dir}_shift.Scalar_Tensor")(_shift(_dir))
 
 
 @converter("where.self", "where.ScalarSelf", "where.ScalarOther", "where.Scalar")
