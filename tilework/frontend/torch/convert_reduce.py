@@ -1,6 +1,6 @@
 """Converters of ATen reductions: ``sum``, ``mean``, ``prod``, ``amax``/``amin``,
 ``max``/``min`` (whole tensor, or along a dim with their indices), ``argmax``/``argmin``,
-``any``/``all``, ``var``/``std``. An empty dim list reduces every dim (torch's rule); a sum of
+``any``/``all``, ``var``/``std``, ``linalg_vector_norm`` (``F.normalize``, ``x.norm``). An empty dim list reduces every dim (torch's rule); a sum of
 an integer tensor is an int64 sum."""
 
 from __future__ import annotations
@@ -103,6 +103,27 @@ def _var_conv(t: Translator, node: Any, x: Any, dim: Any = None, unbiased: Any =
 @converter("std.correction", "std.dim", "std.default")
 def _std(t: Translator, node: Any, x: Any, dim: Any = None, unbiased: Any = True, keepdim: bool = False, *, correction: Any = None) -> Expr:
     return t.emit(op.sqrt(_var_conv(t, node, x, dim, unbiased, keepdim, correction=correction)))
+
+
+@converter("linalg_vector_norm.default")
+def _vector_norm(t: Translator, node: Any, x: Any, ord: Any = 2, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Expr:
+    """``sum(|x|^ord)^(1/ord)``; ord 2 as ``sqrt(sum(x*x))``, 1 as ``sum(|x|)``, +-inf as the
+    largest / smallest ``|x|``, 0 as the count of nonzeros."""
+    out = t.out_dtype(node)
+    y = t.tensor(x, out)
+    axes = _axes(t, y, dim)
+    if ord == 2:
+        return t.emit(op.sqrt(t.emit(op.sum(t.emit(op.multiply(y, y)), axes, keepdim))))
+    if ord == 0:
+        nonzero = t.emit(op.astype(t.emit(op.not_equal(y, t.tensor(0, out))), out))
+        return t.emit(op.sum(nonzero, axes, keepdim))
+    mag = t.emit(op.abs(y))
+    if ord in (float("inf"), float("-inf")):
+        return t.emit((op.max if ord > 0 else op.min)(mag, axes, keepdim))
+    if ord == 1:
+        return t.emit(op.sum(mag, axes, keepdim))
+    total = t.emit(op.sum(t.emit(op.power(mag, t.tensor(float(ord), out))), axes, keepdim))
+    return t.emit(op.power(total, t.tensor(1.0 / float(ord), out)))
 
 
 __all__: list[str] = []
