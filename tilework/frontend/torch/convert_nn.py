@@ -331,6 +331,26 @@ def _avg_pool2d(t: Translator, node: Any, x: Any, kernel_size: Any, stride: Any 
     return _unbatch(t, y, unbatched)
 
 
+@converter("avg_pool1d.default")
+def _avg_pool1d(t: Translator, node: Any, x: Any, kernel_size: Any, stride: Any = (), padding: Any = 0, ceil_mode: bool = False, count_include_pad: bool = True) -> Expr:
+    """``avg_pool2d`` over a plane one row high (``[..., C, L]`` as ``[..., C, 1, L]``)."""
+    k, p = as_list(kernel_size)[0], as_list(padding)[0]
+    s = as_list(stride)[0] if as_list(stride) else k
+    rows = t.emit(op.expand_dims(x, len(t.shape(x)) - 1))
+    y = _avg_pool2d(t, node, rows, (1, k), (1, s), (0, p), ceil_mode, count_include_pad)
+    return t.emit(op.squeeze(y, len(t.shape(x)) - 1))
+
+
+@converter("max_pool1d.default")
+def _max_pool1d(t: Translator, node: Any, x: Any, kernel_size: Any, stride: Any = (), padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> Expr:
+    """``max_pool2d`` over a plane one row high, as ``avg_pool1d``."""
+    k, p, d = as_list(kernel_size)[0], as_list(padding)[0], as_list(dilation)[0]
+    s = as_list(stride)[0] if as_list(stride) else k
+    rows = t.emit(op.expand_dims(x, len(t.shape(x)) - 1))
+    y = _max_pool2d(t, node, rows, (1, k), (1, s), (0, p), (1, d), ceil_mode)
+    return t.emit(op.squeeze(y, len(t.shape(x)) - 1))
+
+
 @converter("adaptive_avg_pool2d.default", "_adaptive_avg_pool2d.default")
 def _adaptive_avg_pool2d(t: Translator, node: Any, x: Any, output_size: Any) -> Expr:
     out = [d for d in t.out_shape(node)[-2:] if isinstance(d, int)]
