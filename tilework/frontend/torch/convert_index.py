@@ -1,6 +1,6 @@
 """Converters of ATen ops that index by tensors or run along a dim: ``gather``, the
 ``scatter`` family (with ``slice_scatter``/``select_scatter``, how export writes an assignment
-to a slice), ``index.Tensor`` (advanced indexing by integer tensors), ``cumsum``,
+to a slice), ``index.Tensor`` (advanced indexing by integer tensors), ``cumsum``, ``cumprod``,
 ``tril``/``triu`` and ``diff``.
 
 ``index.Tensor`` takes one index tensor (or None, a full slice) per leading dim. When the
@@ -137,6 +137,12 @@ def _index(t: Translator, node: Any, x: Any, indices: Sequence[Any]) -> Expr:
 def _cumsum(t: Translator, node: Any, x: Any, dim: int, *, dtype: Any = None) -> Expr:
     out = t.out_dtype(node)
     return t.emit(op.cumsum(t.tensor(x, out), norm_axis(dim, len(t.shape(x))), dtype=out))
+
+
+@converter("cumprod.default")
+def _cumprod(t: Translator, node: Any, x: Any, dim: int, *, dtype: Any = None) -> Expr:
+    out = t.out_dtype(node)  # an integer or bool input multiplies in int64, as torch's
+    return t.emit(op.index.cumprod(t.tensor(x, out), norm_axis(dim, len(t.shape(x)))))
 
 
 @converter("tril.default")
