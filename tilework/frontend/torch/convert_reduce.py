@@ -1,6 +1,6 @@
 """Converters of ATen reductions: ``sum``, ``mean``, ``prod``, ``amax``/``amin``,
 ``max``/``min`` (whole tensor, or along a dim with their indices), ``argmax``/``argmin``,
-``any``/``all``, ``var``/``std``, ``linalg_vector_norm`` (``F.normalize``, ``x.norm``). An empty dim list reduces every dim (torch's rule); a sum of
+``any``/``all``, ``var``/``std``, ``linalg_vector_norm`` (``F.normalize``, ``x.norm``), ``logsumexp``. An empty dim list reduces every dim (torch's rule); a sum of
 an integer tensor is an int64 sum."""
 
 from __future__ import annotations
@@ -103,6 +103,23 @@ def _var_conv(t: Translator, node: Any, x: Any, dim: Any = None, unbiased: Any =
 @converter("std.correction", "std.dim", "std.default")
 def _std(t: Translator, node: Any, x: Any, dim: Any = None, unbiased: Any = True, keepdim: bool = False, *, correction: Any = None) -> Expr:
     return t.emit(op.sqrt(_var_conv(t, node, x, dim, unbiased, keepdim, correction=correction)))
+
+
+@converter("logsumexp.default")
+def _logsumexp(t: Translator, node: Any, x: Any, dim: Any = (), keepdim: bool = False) -> Expr:
+    """``log(sum(exp(x - m))) + m`` with ``m`` the largest ``x``, or 0 where that is infinite
+    (all ``-inf`` gives ``-inf``, a ``+inf`` gives ``+inf``, as torch's)."""
+    from tilework.op import math as op_math
+
+    out = t.out_dtype(node)
+    y = t.tensor(x, out)
+    axes = _axes(t, y, dim)
+    top = t.emit(op.max(y, axes, True))
+    shift = t.emit(op.where(t.emit(op_math.isinf(top)), t.tensor(0.0, out), top))
+    total = t.emit(op.sum(t.emit(op.exp(t.emit(op.subtract(y, shift)))), axes, keepdim))
+    if not keepdim:
+        shift = t.emit(op.squeeze(shift, axes if axes is not None else tuple(range(len(t.shape(y))))))
+    return t.emit(op.add(t.emit(op.log(total)), shift))
 
 
 @converter("linalg_vector_norm.default")
