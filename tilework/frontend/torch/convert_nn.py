@@ -20,7 +20,7 @@ from tilework.frontend.torch.common import as_list, norm_axis
 from tilework.ir.dtype import to_torch
 from tilework.frontend.torch.registry import converter
 from tilework.ir import sym
-from tilework.ir.graph import Expr
+from tilework.ir.graph import Expr, TupleGetItem
 from tilework.ir.sym import Dim
 
 if TYPE_CHECKING:
@@ -58,6 +58,14 @@ def _addmm(t: Translator, node: Any, bias: Any, a: Any, b: Any, *, beta: Any = 1
     if beta != 1:
         c = t.emit(op.multiply(c, t.tensor(beta, dtype)))
     return t.emit(op.add(c, prod))
+
+
+@converter("glu.default")
+def _glu(t: Translator, node: Any, x: Any, dim: int = -1) -> Expr:
+    """``a * sigmoid(b)`` for the halves ``a``, ``b`` of ``x`` along ``dim``."""
+    halves = t.emit(op.split(x, 2, axis=norm_axis(dim, len(t.shape(x)))))
+    gate = t.emit(op.sigmoid(t.emit(TupleGetItem(halves, 1))))
+    return t.emit(op.multiply(t.emit(TupleGetItem(halves, 0)), gate))
 
 
 # -- normalization --------------------------------------------------------------------------
