@@ -1,6 +1,6 @@
 """Converters of ATen reductions: ``sum``, ``mean``, ``prod``, ``amax``/``amin``,
 ``max``/``min`` (whole tensor, or along a dim with their indices), ``argmax``/``argmin``,
-``any``/``all``, ``var``/``std``, ``linalg_vector_norm`` (``F.normalize``, ``x.norm``), ``logsumexp``. An empty dim list reduces every dim (torch's rule); a sum of
+``any``/``all``, ``var``/``std``, ``var_mean``, ``linalg_vector_norm`` (``F.normalize``, ``x.norm``), ``logsumexp``. An empty dim list reduces every dim (torch's rule); a sum of
 an integer tensor is an int64 sum."""
 
 from __future__ import annotations
@@ -82,27 +82,38 @@ converter("any.default", "any.dim", "any.dims")(_boolean(op.max))
 converter("all.default", "all.dim", "all.dims")(_boolean(op.min))
 
 
-def _var(t: Translator, node: Any, x: Any, dim: Any, correction: Any, keepdim: bool) -> Expr:
+def _var(t: Translator, dtype: str, x: Any, dim: Any, correction: Any, keepdim: bool) -> Expr:
     """``sum((x - mean)^2) / (n - correction)``."""
-    dtype = t.out_dtype(node)
     y = t.tensor(x, dtype)
     axes = _axes(t, y, dim)
     shape = t.shape(y)
     count = sym.product(shape[a] for a in (axes if axes is not None else range(len(shape))))
     dev = t.emit(op.subtract(y, t.emit(op.mean(y, axes, True))))
     total = t.emit(op.sum(t.emit(op.multiply(dev, dev)), axes, keepdim))
-    return t.emit(op.divide(total, t.tensor(sym.sub(count, correction), dtype)))
+    if isinstance(correction, float) and not correction.is_integer():  # a float divisor
+        return t.emit(op.divide(total, t.emit(op.subtract(t.tensor(count, dtype), t.tensor(correction, dtype)))))
+    return t.emit(op.divide(total, t.tensor(sym.sub(count, int(correction)), dtype)))
 
 
 @converter("var.correction", "var.dim", "var.default")
 def _var_conv(t: Translator, node: Any, x: Any, dim: Any = None, unbiased: Any = True, keepdim: bool = False, *, correction: Any = None) -> Expr:
     corr = correction if correction is not None else (1 if unbiased is True else 0 if unbiased is False else unbiased)
-    return _var(t, node, x, dim, corr, keepdim)
+    return _var(t, t.out_dtype(node), x, dim, corr, keepdim)
 
 
 @converter("std.correction", "std.dim", "std.default")
 def _std(t: Translator, node: Any, x: Any, dim: Any = None, unbiased: Any = True, keepdim: bool = False, *, correction: Any = None) -> Expr:
     return t.emit(op.sqrt(_var_conv(t, node, x, dim, unbiased, keepdim, correction=correction)))
+
+
+@converter("var_mean.correction", "var_mean.dim", "var_mean.default")
+def _var_mean(t: Translator, node: Any, x: Any, dim: Any = None, unbiased: Any = True, keepdim: bool = False, *, correction: Any = None) -> tuple[Expr, Expr]:
+    """``(var, mean)``; ``std_mean`` decomposes to it."""
+    dtype = t.out_dtype(node, 0)
+    corr = correction if correction is not None else (1 if unbiased is True else 0 if unbiased is False else unbiased)
+    var = _var(t, dtype, x, dim, corr, keepdim)
+    y = t.tensor(x, dtype)
+    return var, t.emit(op.mean(y, _axes(t, y, dim), keepdim))
 
 
 @converter("logsumexp.default")
