@@ -163,6 +163,14 @@ def test_unsupported_op_names_op_and_node() -> None:
         from_exported_program(ep)
 
 
+def test_indexing_by_a_bool_mask_is_refused_as_such() -> None:
+    """x[mask] has a data-dependent length: refused as that (it said check_index wants ints)."""
+    m = Fn(lambda s, x: x[x[:, 0] > 0])
+    ep = torch.export.export(m, (randn(3, 4),), strict=False)
+    with pytest.raises(UnsupportedError, match=r"indexing by a bool mask \(a data-dependent number of elements\)"):
+        from_exported_program(ep)
+
+
 def test_training_mode_dropout_is_refused() -> None:
     m = Fn(lambda s, x: F.dropout(x, 0.5, training=True))
     ep = torch.export.export(m, (randn(3, 4),), strict=False)
