@@ -395,10 +395,13 @@ def decompose_unsupported(ep: Any, rounds: int = 4) -> Any:
     it, where torch has one (repeated: a decomposition may use another such op)."""
     from torch.export import default_decompositions
 
-    table = default_decompositions()
+    table = None  # built only when needed (~80 ms)
     for _ in range(rounds):
-        targets = {n.target for n in ep.graph.nodes if n.op == "call_function" and hasattr(n.target, "_schema")}
-        todo = {t: table[t] for t in targets if lookup(t) is None and t in table}
+        missing = {n.target for n in ep.graph.nodes if n.op == "call_function" and hasattr(n.target, "_schema") and lookup(n.target) is None}
+        if not missing:
+            break
+        table = table if table is not None else default_decompositions()
+        todo = {t: table[t] for t in missing if t in table}
         if not todo:
             break
         ep = ep.run_decompositions(todo)
