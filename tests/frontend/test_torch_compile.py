@@ -5,6 +5,7 @@ the errors for what is not supported yet."""
 
 from __future__ import annotations
 
+import collections
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,9 @@ from tilework.ir.builder import BlockBuilder  # noqa: E402
 from tilework.ir.graph import GraphFunc, Var  # noqa: E402
 from tilework.ir.info import TensorInfo  # noqa: E402
 from tilework.runtime.executable import load_file  # noqa: E402
+
+
+_Pair = collections.namedtuple("_Pair", "a b")
 
 
 class Tiny(torch.nn.Module):
@@ -141,6 +145,35 @@ def test_save_and_load(tiny: tuple[Any, CompiledModel], tmp_path: Path) -> None:
     exe = tilework.load(path)  # the same file is a plain executable: main(inputs..., weights...)
     out = tilework.VM(exe)["main"](ids.numpy(), mask.numpy(), *cm.weights)
     _close(out[1], model(ids, mask)["pooled"])
+
+
+class Ranked(torch.nn.Module):
+    """Returns torch.return_types (``topk``, ``max``, ``sort``) and a plain namedtuple, whose
+    pytree nodes torch cannot write as text."""
+
+    def forward(self, x: Any) -> Any:
+        return torch.topk(x, 2, dim=-1), x.max(1), _Pair(x.sum(-1), x * 2), torch.sort(x, dim=-1)
+
+
+def test_outputs_of_torch_return_types_and_namedtuples(tmp_path: Path) -> None:
+    """The compiled model returns them as the model does; a saved one as plain tuples (it was
+    torch's NotImplementedError from compile: "No registered serialization name")."""
+    model = Ranked()
+    for runtime in ("native", "vm"):
+        cm = tilework.compile(model, (torch.randn(3, 5),), dynamic_shapes=({0: Dim("n", min=0, max=32)},), runtime=runtime)
+        for n in (0, 1, 7):
+            x = torch.randn(n, 5)
+            got, want = cm(x), model(x)
+            assert [type(g) for g in got] == [type(w) for w in want]
+            assert torch.equal(got[0].values, want[0].values) and torch.equal(got[0].indices, want[0].indices)
+            assert torch.equal(got[1].values, want[1].values) and torch.equal(got[1].indices, want[1].indices)
+            _close(got[2].a, want[2].a)
+            assert torch.equal(got[2].b, want[2].b) and torch.equal(got[3].values, want[3].values)
+    path = str(tmp_path / "ranked.tw")
+    cm.save(path)
+    back = CompiledModel.load(path)(x)
+    assert type(back[0]) is tuple and type(back[2]) is tuple
+    assert torch.equal(back[0][1], want[0].indices) and torch.equal(back[3][0], want[3].values)
 
 
 def test_exported_program_and_weights_as_constants(tmp_path: Path) -> None:

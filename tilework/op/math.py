@@ -1,7 +1,7 @@
 """Elementwise math beyond the core set (``tilework.op.elementwise``): trigonometric and
 hyperbolic functions, parameterized activations (``tan``, ``atan``, ``asinh``, ``softplus``,
-``elu``, ``selu``, ``hard_swish``, ``shrink``, ``sign``, ...), ``isnan`` / ``isinf``, and the
-binaries ``fmod`` (C's truncating remainder) and ``bitshift``.
+``elu``, ``selu``, ``hard_swish``, ``shrink``, ``sign``, ...), ``log1p``, ``expm1``,
+``log2``, ``exp2``, ``trunc``, ``isnan`` / ``isinf``, and the binaries ``fmod`` (C's truncating remainder) and ``bitshift``.
 
 The unary ops take ONNX's attribute names and defaults (``alpha``, ``beta``, ``gamma``, ...).
 Legalization computes in float32 for float16/bfloat16 (float64 for integer inputs of the ops
@@ -58,6 +58,16 @@ def _math(name: str, x: PExpr, a: Attrs) -> PExpr:
         return te.log(x + te.sqrt(x * x - 1.0))
     if name == "atanh":
         return (te.log1p(x) - te.log1p(-x)) * 0.5
+    if name == "log1p":
+        return te.log1p(x)
+    if name == "expm1":
+        return te.expm1(x)
+    if name == "log2":
+        return te.log(x) * 1.4426950408889634
+    if name == "exp2":
+        return te.exp(x * 0.6931471805599453)
+    if name == "trunc":
+        return te.if_then_else(te.lt(x, 0.0), te.ceil(x), te.floor(x))
     if name == "softplus":
         ax = te.abs(x)
         return te.maximum(x, 0.0) + te.log1p(te.exp(-ax))
@@ -93,7 +103,7 @@ def _math(name: str, x: PExpr, a: Attrs) -> PExpr:
 _MATH = (
     "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "softplus",
     "softsign", "reciprocal", "elu", "celu", "selu", "leaky_relu", "thresholded_relu",
-    "hard_sigmoid", "hard_swish", "mish", "shrink",
+    "hard_sigmoid", "hard_swish", "mish", "shrink", "log1p", "expm1", "log2", "exp2", "trunc",
 )  # fmt: skip
 _MATH_ATTRS: dict[str, dict[str, object]] = {
     "elu": {"alpha": 1.0},
@@ -140,7 +150,8 @@ for _name in (*_MATH, "sign"):
 def math(name: str, x: Expr, **attrs: float) -> Call:
     """Elementwise ``name`` (one of ``tan asin acos atan sinh cosh asinh acosh atanh softplus
     softsign reciprocal elu celu selu leaky_relu thresholded_relu hard_sigmoid hard_swish mish
-    shrink sign``) with ONNX's attribute names and defaults (``alpha``, ``beta``, ...)."""
+    shrink sign log1p expm1 log2 exp2 trunc``) with ONNX's attribute names and defaults
+    (``alpha``, ``beta``, ...)."""
     return make_call(name, [x], {k: float(v) for k, v in attrs.items()})
 
 
@@ -219,7 +230,8 @@ def _legalize_int_binary(call: Call, ctx: "LegalizeCtx") -> Expr:
         vb = upcast(b[bcast_index(i, b.shape, shape)], b.dtype)
         if name == "bitshift":
             wa, wb = te.cast(va, "int64"), te.cast(vb, "int64")
-            inside = te.logical_and(te.ge(wb, 0), te.lt(wb, bits))
+            # 2**63 is past int64: an int64 right shift by 63 is the sign fill, like larger ones
+            inside = te.logical_and(te.ge(wb, 0), te.lt(wb, 63 if dtype == "int64" and not left else bits))
             p = te.cast(te.power(te.cast(2.0, "float64"), te.cast(te.if_then_else(inside, wb, 0), "float64")), "int64")
             r = wa * p if left else wa // p
             spill = 0 if left else te.if_then_else(te.lt(wa, 0), -1, 0)

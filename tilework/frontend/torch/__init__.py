@@ -43,9 +43,9 @@ def translate(
 ) -> Any:
     """Like ``from_exported_program``, returning the ``Translation`` (module, weights, inputs,
     dims and the pytree specs a caller needs to run the module like the original model)."""
-    from tilework.frontend.torch.translator import Translator, functional, resolve_dim_refs
+    from tilework.frontend.torch.translator import Translator, decompose_unsupported, functional, resolve_dim_refs
 
-    ep = functional(ep)
+    ep = decompose_unsupported(functional(ep))
     names, bounds = resolve_dim_refs(ep, dim_names or {}, dim_bounds or {})
     return Translator(ep, keep_params_as_inputs, names, bounds).run()
 

@@ -61,12 +61,39 @@ def _explanation(e: Exception, max_lines: int = 16, max_chars: int = 3000) -> st
 
 
 def _imported_from_translation(tr: Any, source: str) -> Imported:
+    inputs = [{"name": name, "tensor": is_param, "value": value} for name, is_param, value in tr.inputs]
+    in_spec = _dumps(tr.in_spec) if tr.in_spec is not None else None
+    out_spec = _dumps(tr.out_spec) if tr.out_spec is not None else None
+    # the live specs serve this process (their node types exactly); the text, a saved model
+    live = {k: v for k, v in (("in", tr.in_spec), ("out", tr.out_spec)) if v is not None}
+    return Imported(tr.module, [w for _, w in tr.weights], Signature(inputs, in_spec, out_spec, _specs=live), source, dict(tr.dims))
+
+
+def _dumps(spec: Any) -> str:
+    """A pytree spec as text. A node type that torch cannot name in text (``torch.return_types``
+    such as ``topk``'s and ``max``'s, a namedtuple registered without a serialized name) is
+    written as a tuple of the same children: a model loaded from a file returns a plain tuple
+    there, the compiled model itself the original type."""
     from torch.utils import _pytree as pytree
 
-    inputs = [{"name": name, "tensor": is_param, "value": value} for name, is_param, value in tr.inputs]
-    in_spec = pytree.treespec_dumps(tr.in_spec) if tr.in_spec is not None else None
-    out_spec = pytree.treespec_dumps(tr.out_spec) if tr.out_spec is not None else None
-    return Imported(tr.module, [w for _, w in tr.weights], Signature(inputs, in_spec, out_spec), source, dict(tr.dims))
+    try:
+        return pytree.treespec_dumps(spec)
+    except NotImplementedError:
+        return pytree.treespec_dumps(_as_tuples(spec))
+
+
+def _as_tuples(spec: Any) -> Any:
+    from torch.utils import _pytree as pytree
+
+    if spec.is_leaf():
+        return spec
+    children = [_as_tuples(c) for c in spec.children()]
+    leaf = pytree.tree_flatten(0)[1]
+    try:
+        pytree.treespec_dumps(pytree.TreeSpec(spec.type, spec.context, [leaf] * len(children)))
+    except NotImplementedError:
+        return pytree.TreeSpec(tuple, None, children)
+    return pytree.TreeSpec(spec.type, spec.context, children)
 
 
 def _split_example(example: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:

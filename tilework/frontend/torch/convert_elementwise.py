@@ -11,6 +11,7 @@ import numpy as np
 
 from tilework import op
 from tilework.op import bitwise as op_bitwise
+from tilework.op import math as op_math
 from tilework.errors import UnsupportedError
 from tilework.frontend.torch.registry import converter
 from tilework.ir.graph import Constant, Expr
@@ -198,6 +199,49 @@ def _logical(fn: Callable[[Expr, Expr], Expr], name: str, bitwise: bool) -> Call
 for _name, _fn in _LOGICAL.items():
     converter(f"logical_{_name}.default")(_logical(_fn, _name, False))
     converter(f"bitwise_{_name}.Tensor", f"bitwise_{_name}.Scalar", f"__{_name}__.Tensor", f"__{_name}__.Scalar")(_logical(_fn, _name, True))
+
+
+def _shift(direction: str) -> Callable[..., Expr]:
+    def convert(t: Translator, node: Any, a: Any, b: Any) -> Expr:
+        x, y = _operands(t, t.out_dtype(node), a, b)
+        return t.emit(op_math.bitshift(x, y, direction))
+
+    return convert
+
+
+for _dir, _name in (("left", "lshift"), ("right", "rshift")):
+    converter(f"__{_name}__.Tensor", f"__{_name}__.Scalar", f"bitwise_{_dir}_shift.Tensor", f"bitwise_{_dir}_shift.Tensor_Scalar", f"bitwise_{_dir}_shift.Scalar_Tensor")(_shift(_dir))
+
+
+def _math(name: str) -> Callable[..., Expr]:
+    def convert(t: Translator, node: Any, x: Any) -> Expr:
+        return t.emit(op_math.math(name, t.tensor(x, t.out_dtype(node))))
+
+    return convert
+
+
+for _name in ("log1p", "expm1", "log2", "exp2", "trunc", "sign"):
+    converter(f"{_name}.default")(_math(_name))
+converter("isnan.default")(lambda t, node, x: t.emit(op_math.isnan(x)))
+converter("isinf.default")(lambda t, node, x: t.emit(op_math.isinf(x)))
+
+
+@converter("fmod.Tensor", "fmod.Scalar")
+def _fmod(t: Translator, node: Any, a: Any, b: Any) -> Expr:
+    x, y = _operands(t, t.out_dtype(node), a, b)
+    return t.emit(op_math.fmod(x, y))
+
+
+@converter("elu.default")
+def _elu(t: Translator, node: Any, x: Any, alpha: Any = 1.0, scale: Any = 1.0, input_scale: Any = 1.0) -> Expr:
+    """``scale * (x if x > 0 else alpha * expm1(input_scale * x))`` (``selu`` and ``celu``
+    decompose to it)."""
+    dtype = t.out_dtype(node)
+    y = t.tensor(x, dtype)
+    neg = t.emit(op_math.math("elu", _scaled(t, y, input_scale), alpha=float(alpha)))
+    if input_scale != 1:
+        neg = t.emit(op.where(t.emit(op.greater(y, t.tensor(0.0, dtype))), y, neg))
+    return _scaled(t, neg, scale)
 
 
 @converter("where.self", "where.ScalarSelf", "where.ScalarOther", "where.Scalar")

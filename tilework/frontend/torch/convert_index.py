@@ -1,6 +1,6 @@
 """Converters of ATen ops that index by tensors or run along a dim: ``gather``, the
 ``scatter`` family (with ``slice_scatter``/``select_scatter``, how export writes an assignment
-to a slice), ``index.Tensor`` (advanced indexing by integer tensors), ``cumsum``,
+to a slice), ``index.Tensor`` (advanced indexing by integer tensors), ``cumsum``, ``cumprod``,
 ``tril``/``triu`` and ``diff``.
 
 ``index.Tensor`` takes one index tensor (or None, a full slice) per leading dim. When the
@@ -116,14 +116,13 @@ def _select_scatter(t: Translator, node: Any, x: Any, src: Any, dim: int, index:
 @converter("index.Tensor", "_unsafe_index.Tensor")
 def _index(t: Translator, node: Any, x: Any, indices: Sequence[Any]) -> Expr:
     ndim = len(t.shape(x))
+    if any(v is not None and t.dtype(v) == "bool" for v in indices):  # before the index check, which wants ints
+        raise UnsupportedError("indexing by a bool mask (a data-dependent number of elements) is not supported")
     if "_unsafe_index" not in str(node.target):  # _unsafe_index: unchecked by torch too (its decompositions' own indices)
         indices = [v if v is None else t.checked_index(v, t.shape(x)[i], negative=True) for i, v in enumerate(indices)]
     picked = [i for i, v in enumerate(indices) if v is not None]
     if not picked:
         return x
-    for i in picked:
-        if t.dtype(indices[i]) == "bool":
-            raise UnsupportedError("indexing by a bool mask (a data-dependent number of elements) is not supported")
     tensors = [indices[i] for i in picked]
     adjacent = picked == list(range(picked[0], picked[0] + len(picked)))
     if adjacent:
@@ -137,6 +136,12 @@ def _index(t: Translator, node: Any, x: Any, indices: Sequence[Any]) -> Expr:
 def _cumsum(t: Translator, node: Any, x: Any, dim: int, *, dtype: Any = None) -> Expr:
     out = t.out_dtype(node)
     return t.emit(op.cumsum(t.tensor(x, out), norm_axis(dim, len(t.shape(x))), dtype=out))
+
+
+@converter("cumprod.default")
+def _cumprod(t: Translator, node: Any, x: Any, dim: int, *, dtype: Any = None) -> Expr:
+    out = t.out_dtype(node)  # an integer or bool input multiplies in int64, as torch's
+    return t.emit(op.index.cumprod(t.tensor(x, out), norm_axis(dim, len(t.shape(x)))))
 
 
 @converter("tril.default")

@@ -20,7 +20,7 @@ from tilework.frontend.torch.common import as_list, norm_axis
 from tilework.ir.dtype import to_torch
 from tilework.frontend.torch.registry import converter
 from tilework.ir import sym
-from tilework.ir.graph import Expr
+from tilework.ir.graph import Expr, TupleGetItem
 from tilework.ir.sym import Dim
 
 if TYPE_CHECKING:
@@ -39,6 +39,13 @@ def _matmul(t: Translator, node: Any, a: Any, b: Any) -> Expr:
     return t.emit(op.matmul(a, b))
 
 
+@converter("einsum.default")
+def _einsum(t: Translator, node: Any, equation: str, operands: Any, *, path: Any = None) -> Expr:
+    # torch's equations are NumPy's (explicit or implicit output, ``...``); ``path`` only
+    # orders the contractions
+    return t.emit(op.linalg.einsum(equation, *as_list(operands)))
+
+
 @converter("addmm.default", "baddbmm.default")
 def _addmm(t: Translator, node: Any, bias: Any, a: Any, b: Any, *, beta: Any = 1, alpha: Any = 1) -> Expr:
     dtype = t.out_dtype(node)
@@ -51,6 +58,14 @@ def _addmm(t: Translator, node: Any, bias: Any, a: Any, b: Any, *, beta: Any = 1
     if beta != 1:
         c = t.emit(op.multiply(c, t.tensor(beta, dtype)))
     return t.emit(op.add(c, prod))
+
+
+@converter("glu.default")
+def _glu(t: Translator, node: Any, x: Any, dim: int = -1) -> Expr:
+    """``a * sigmoid(b)`` for the halves ``a``, ``b`` of ``x`` along ``dim``."""
+    halves = t.emit(op.split(x, 2, axis=norm_axis(dim, len(t.shape(x)))))
+    gate = t.emit(op.sigmoid(t.emit(TupleGetItem(halves, 1))))
+    return t.emit(op.multiply(t.emit(TupleGetItem(halves, 0)), gate))
 
 
 # -- normalization --------------------------------------------------------------------------
@@ -322,6 +337,26 @@ def _avg_pool2d(t: Translator, node: Any, x: Any, kernel_size: Any, stride: Any 
     strides = _per_dim(stride, 2) if as_list(stride) else size
     y = t.emit(op.avg_pool2d(xb, size, strides, _per_dim(padding, 2), ceil_mode, count_include_pad))
     return _unbatch(t, y, unbatched)
+
+
+@converter("avg_pool1d.default")
+def _avg_pool1d(t: Translator, node: Any, x: Any, kernel_size: Any, stride: Any = (), padding: Any = 0, ceil_mode: bool = False, count_include_pad: bool = True) -> Expr:
+    """``avg_pool2d`` over a plane one row high (``[..., C, L]`` as ``[..., C, 1, L]``)."""
+    k, p = as_list(kernel_size)[0], as_list(padding)[0]
+    s = as_list(stride)[0] if as_list(stride) else k
+    rows = t.emit(op.expand_dims(x, len(t.shape(x)) - 1))
+    y = _avg_pool2d(t, node, rows, (1, k), (1, s), (0, p), ceil_mode, count_include_pad)
+    return t.emit(op.squeeze(y, len(t.shape(x)) - 1))
+
+
+@converter("max_pool1d.default")
+def _max_pool1d(t: Translator, node: Any, x: Any, kernel_size: Any, stride: Any = (), padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> Expr:
+    """``max_pool2d`` over a plane one row high, as ``avg_pool1d``."""
+    k, p, d = as_list(kernel_size)[0], as_list(padding)[0], as_list(dilation)[0]
+    s = as_list(stride)[0] if as_list(stride) else k
+    rows = t.emit(op.expand_dims(x, len(t.shape(x)) - 1))
+    y = _max_pool2d(t, node, rows, (1, k), (1, s), (0, p), (1, d), ceil_mode)
+    return t.emit(op.squeeze(y, len(t.shape(x)) - 1))
 
 
 @converter("adaptive_avg_pool2d.default", "_adaptive_avg_pool2d.default")

@@ -1,6 +1,6 @@
 """Converters of ATen reductions: ``sum``, ``mean``, ``prod``, ``amax``/``amin``,
 ``max``/``min`` (whole tensor, or along a dim with their indices), ``argmax``/``argmin``,
-``any``/``all``, ``var``/``std``. An empty dim list reduces every dim (torch's rule); a sum of
+``any``/``all``, ``var``/``std``, ``var_mean``, ``linalg_vector_norm`` (``F.normalize``, ``x.norm``), ``logsumexp``. An empty dim list reduces every dim (torch's rule); a sum of
 an integer tensor is an int64 sum."""
 
 from __future__ import annotations
@@ -82,27 +82,76 @@ converter("any.default", "any.dim", "any.dims")(_boolean(op.max))
 converter("all.default", "all.dim", "all.dims")(_boolean(op.min))
 
 
-def _var(t: Translator, node: Any, x: Any, dim: Any, correction: Any, keepdim: bool) -> Expr:
+def _var(t: Translator, dtype: str, x: Any, dim: Any, correction: Any, keepdim: bool) -> Expr:
     """``sum((x - mean)^2) / (n - correction)``."""
-    dtype = t.out_dtype(node)
     y = t.tensor(x, dtype)
     axes = _axes(t, y, dim)
     shape = t.shape(y)
     count = sym.product(shape[a] for a in (axes if axes is not None else range(len(shape))))
     dev = t.emit(op.subtract(y, t.emit(op.mean(y, axes, True))))
     total = t.emit(op.sum(t.emit(op.multiply(dev, dev)), axes, keepdim))
-    return t.emit(op.divide(total, t.tensor(sym.sub(count, correction), dtype)))
+    if isinstance(correction, float) and not correction.is_integer():  # a float divisor
+        return t.emit(op.divide(total, t.emit(op.subtract(t.tensor(count, dtype), t.tensor(correction, dtype)))))
+    return t.emit(op.divide(total, t.tensor(sym.sub(count, int(correction)), dtype)))
 
 
 @converter("var.correction", "var.dim", "var.default")
 def _var_conv(t: Translator, node: Any, x: Any, dim: Any = None, unbiased: Any = True, keepdim: bool = False, *, correction: Any = None) -> Expr:
     corr = correction if correction is not None else (1 if unbiased is True else 0 if unbiased is False else unbiased)
-    return _var(t, node, x, dim, corr, keepdim)
+    return _var(t, t.out_dtype(node), x, dim, corr, keepdim)
 
 
 @converter("std.correction", "std.dim", "std.default")
 def _std(t: Translator, node: Any, x: Any, dim: Any = None, unbiased: Any = True, keepdim: bool = False, *, correction: Any = None) -> Expr:
     return t.emit(op.sqrt(_var_conv(t, node, x, dim, unbiased, keepdim, correction=correction)))
+
+
+@converter("var_mean.correction", "var_mean.dim", "var_mean.default")
+def _var_mean(t: Translator, node: Any, x: Any, dim: Any = None, unbiased: Any = True, keepdim: bool = False, *, correction: Any = None) -> tuple[Expr, Expr]:
+    """``(var, mean)``; ``std_mean`` decomposes to it."""
+    dtype = t.out_dtype(node, 0)
+    corr = correction if correction is not None else (1 if unbiased is True else 0 if unbiased is False else unbiased)
+    var = _var(t, dtype, x, dim, corr, keepdim)
+    y = t.tensor(x, dtype)
+    return var, t.emit(op.mean(y, _axes(t, y, dim), keepdim))
+
+
+@converter("logsumexp.default")
+def _logsumexp(t: Translator, node: Any, x: Any, dim: Any = (), keepdim: bool = False) -> Expr:
+    """``log(sum(exp(x - m))) + m`` with ``m`` the largest ``x``, or 0 where that is infinite
+    (all ``-inf`` gives ``-inf``, a ``+inf`` gives ``+inf``, as torch's)."""
+    from tilework.op import math as op_math
+
+    out = t.out_dtype(node)
+    y = t.tensor(x, out)
+    axes = _axes(t, y, dim)
+    top = t.emit(op.max(y, axes, True))
+    shift = t.emit(op.where(t.emit(op_math.isinf(top)), t.tensor(0.0, out), top))
+    total = t.emit(op.sum(t.emit(op.exp(t.emit(op.subtract(y, shift)))), axes, keepdim))
+    if not keepdim:
+        shift = t.emit(op.squeeze(shift, axes if axes is not None else tuple(range(len(t.shape(y))))))
+    return t.emit(op.add(t.emit(op.log(total)), shift))
+
+
+@converter("linalg_vector_norm.default")
+def _vector_norm(t: Translator, node: Any, x: Any, ord: Any = 2, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Expr:
+    """``sum(|x|^ord)^(1/ord)``; ord 2 as ``sqrt(sum(x*x))``, 1 as ``sum(|x|)``, +-inf as the
+    largest / smallest ``|x|``, 0 as the count of nonzeros."""
+    out = t.out_dtype(node)
+    y = t.tensor(x, out)
+    axes = _axes(t, y, dim)
+    if ord == 2:
+        return t.emit(op.sqrt(t.emit(op.sum(t.emit(op.multiply(y, y)), axes, keepdim))))
+    if ord == 0:
+        nonzero = t.emit(op.astype(t.emit(op.not_equal(y, t.tensor(0, out))), out))
+        return t.emit(op.sum(nonzero, axes, keepdim))
+    mag = t.emit(op.abs(y))
+    if ord in (float("inf"), float("-inf")):
+        return t.emit((op.max if ord > 0 else op.min)(mag, axes, keepdim))
+    if ord == 1:
+        return t.emit(op.sum(mag, axes, keepdim))
+    total = t.emit(op.sum(t.emit(op.power(mag, t.tensor(float(ord), out))), axes, keepdim))
+    return t.emit(op.power(total, t.tensor(1.0 / float(ord), out)))
 
 
 __all__: list[str] = []

@@ -197,6 +197,15 @@ def _repeat(t: Translator, node: Any, x: Any, repeats: Sequence[Any]) -> Expr:
     return t.emit(op.reshape(y, t.out_shape(node)))
 
 
+@converter("flip.default")
+def _flip(t: Translator, node: Any, x: Any, dims: Any) -> Expr:
+    """``x[::-1]`` along each of ``dims``."""
+    axes = sorted({norm_axis(d, len(t.shape(x))) for d in as_list(dims)})
+    if not axes:
+        return x
+    return t.emit(op.strided_slice(x, axes, [None] * len(axes), [None] * len(axes), [-1] * len(axes)))
+
+
 @converter("roll.default")
 def _roll(t: Translator, node: Any, x: Any, shifts: Any, dims: Any = ()) -> Expr:
     """``torch.roll``: along each dim the last ``shift mod n`` entries move to the front (two

@@ -11,7 +11,10 @@ wins (a cast), and where tilework could not prove torch's shape a ``match_cast``
 
 A program whose graph still mutates tensors (torch.export's training dialect) is first made
 functional with ``run_decompositions({})``, which keeps big ops such as ``linear``,
-``layer_norm`` and ``scaled_dot_product_attention`` whole.
+``layer_norm`` and ``scaled_dot_product_attention`` whole. Then the ops that have no converter
+but a decomposition in torch's default table (``softplus``, ``mish``, ``lerp``, ``prelu``, ...)
+are decomposed, those alone, into ops that may have one; what is left unconverted is refused,
+naming the op.
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ class Translator:
     env: dict[Any, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.ep = functional(self.ep)
+        self.ep = decompose_unsupported(functional(self.ep))
         self.syms = SymbolTable(self.ep.range_constraints, self.dim_names, self.dim_bounds)
         self._permutes: dict[Expr, tuple[Expr, tuple[int, ...]]] = {}
         self._inputs: list[tuple[str, bool, Any]] = []
@@ -385,6 +388,24 @@ def functional(ep: Any) -> Any:
             mutates = True
             break
     return ep.run_decompositions({}) if mutates else ep
+
+
+def decompose_unsupported(ep: Any, rounds: int = 4) -> Any:
+    """``ep`` with each op that has no converter replaced by torch's default decomposition of
+    it, where torch has one (repeated: a decomposition may use another such op)."""
+    from torch.export import default_decompositions
+
+    table = None  # built only when needed (~80 ms)
+    for _ in range(rounds):
+        missing = {n.target for n in ep.graph.nodes if n.op == "call_function" and hasattr(n.target, "_schema") and lookup(n.target) is None}
+        if not missing:
+            break
+        table = table if table is not None else default_decompositions()
+        todo = {t: table[t] for t in missing if t in table}
+        if not todo:
+            break
+        ep = ep.run_decompositions(todo)
+    return ep
 
 
 def _known(info: TensorInfo) -> tuple[tuple[Dim, ...], str]:
