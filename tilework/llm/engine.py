@@ -153,10 +153,11 @@ class LLM:
         say(f"loading {os.path.basename(self.path)}")
         gguf_file = read_gguf(self.path) if model_kind(self.path) == "gguf" else None
         self.config, tensors = load_weights(self.path, gguf_file)
-        # the tokenizer before the compiler: a checkpoint without one fails in a second, not after the build
-        self.tokenizer = Tokenizer.from_gguf(gguf_file.metadata) if gguf_file is not None else _tokenizer(self.path)
         if os.path.isfile(self.path):  # the quant library decodes its matrices and runs the kept blocks: built (or loaded) meanwhile, with the paths they take
             quant.library_in_background(quant.families_of(weight_formats(tensors, precision).values()))
+        # the tokenizer before the compiler (a checkpoint without one fails in a second, not after
+        # the build), after the library's build has started (it takes the idle core meanwhile)
+        self.tokenizer = Tokenizer.from_gguf(gguf_file.metadata) if gguf_file is not None else _tokenizer(self.path)
         # what a float decode step streams, in 2 MiB pages (see tilework.runtime.pages)
         self.formats, self.weights = prepare_weights(self.config, tensors, precision, huge_pages=precision != "q")
         self.executable = compiled_decoder(self.config, self.formats, max_batch=max_batch, kv_dtype=kv_dtype, progress=say, use_cache=use_cache)
