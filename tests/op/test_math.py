@@ -40,9 +40,9 @@ _SCALAR = {
     "leaky_relu": lambda x: np.where(x < 0, 0.01 * x, x), "thresholded_relu": lambda x: np.where(x > 1, x, 0),
     "hard_sigmoid": lambda x: np.clip(0.2 * x + 0.5, 0, 1), "hard_swish": lambda x: x * np.clip(x / 6 + 0.5, 0, 1),
     "mish": lambda x: x * np.tanh(np.log1p(np.exp(x))), "shrink": lambda x: np.where(x < -0.5, x, np.where(x > 0.5, x, 0)),
-    "sign": np.sign,
+    "sign": np.sign, "log1p": np.log1p, "expm1": np.expm1, "log2": np.log2, "exp2": np.exp2, "trunc": np.trunc,
 }  # fmt: skip
-_DOMAIN = {"asin": (-0.99, 0.99), "acos": (-0.99, 0.99), "atanh": (-0.99, 0.99), "acosh": (1.01, 5.0), "atan": (-40.0, 40.0)}
+_DOMAIN = {"asin": (-0.99, 0.99), "acos": (-0.99, 0.99), "atanh": (-0.99, 0.99), "acosh": (1.01, 5.0), "atan": (-40.0, 40.0), "log1p": (-0.99, 3.0), "log2": (0.01, 5.0)}
 ENVS = envs({n: 1, m: 3}, {n: 5, m: 7}, {n: 9, m: 2})
 
 
