@@ -158,7 +158,7 @@ class Translator:
         val = node.meta.get("val")
         if _is_symint(val):  # sym_size and size arithmetic: the value is a dim
             return self.syms.dim(val)
-        if isinstance(val, (bool, int, float)):  # size arithmetic that torch folded
+        if _is_folded(val):  # size arithmetic that torch folded
             return val
         if node.target is operator.getitem:
             seq, index = self._arg(node.args[0]), node.args[1]
@@ -390,6 +390,17 @@ def functional(ep: Any) -> Any:
     return ep.run_decompositions({}) if mutates else ep
 
 
+def _is_folded(val: Any) -> bool:
+    return isinstance(val, (bool, int, float))
+
+
+def _converted(node: Any) -> bool:
+    """Whether ``Translator._convert`` gives ``node`` to a converter: an ATen op whose value is
+    not a dim or a folded number (``sym_size`` and size arithmetic need none)."""
+    val = node.meta.get("val")
+    return node.op == "call_function" and hasattr(node.target, "_schema") and not _is_symint(val) and not _is_folded(val)
+
+
 def decompose_unsupported(ep: Any, rounds: int = 4) -> Any:
     """``ep`` with each op that has no converter replaced by torch's default decomposition of
     it, where torch has one (repeated: a decomposition may use another such op)."""
@@ -397,7 +408,7 @@ def decompose_unsupported(ep: Any, rounds: int = 4) -> Any:
 
     table = None  # built only when needed (~80 ms)
     for _ in range(rounds):
-        missing = {n.target for n in ep.graph.nodes if n.op == "call_function" and hasattr(n.target, "_schema") and lookup(n.target) is None}
+        missing = {n.target for n in ep.graph.nodes if _converted(n) and lookup(n.target) is None}
         if not missing:
             break
         table = table if table is not None else default_decompositions()
