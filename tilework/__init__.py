@@ -79,11 +79,11 @@ def load(path: "str | os.PathLike[str]", trust_native: bool = False) -> "Executa
     A file written by ``CompiledModel.save`` gives its executable here, whose ``main`` takes the
     weights as trailing arguments; ``tilework.CompiledModel.load(path)`` loads it as the
     callable model, with its weights."""
-    from tilework.compiled import KIND as COMPILED_MODEL
+    from tilework.compiled import is_compiled_model
     from tilework.runtime.executable import load_file
 
     loaded = load_file(os.fspath(path), trust_native=trust_native)
-    if loaded.extra.get("kind") == COMPILED_MODEL:
+    if is_compiled_model(loaded):
         loaded.executable.call_hint = f"{os.fspath(path)!r} was written by CompiledModel.save: tilework.CompiledModel.load loads it as the model, which passes its weights"
     return loaded.executable
 

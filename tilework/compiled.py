@@ -44,6 +44,12 @@ from tilework.transform.fold_batch_norm import fold_batch_norm
 from tilework.transform.bf16_weights import BF16_BOUND, Bf16Weights, bf16_params, convert_weights, weight_error
 
 KIND = "tilework.compiled_model"
+
+
+def is_compiled_model(loaded: Any) -> bool:
+    """Whether a file read by ``load_file`` was written by ``CompiledModel.save`` (its
+    executable's ``main`` then takes the stored weights, ``loaded.arrays["weights"]``, last)."""
+    return bool(loaded.extra.get("kind") == KIND)
 _WEIGHT_CONSTANT_LIMIT = 1 << 20  # bytes of constants above which the module text is not saved
 PRECISIONS = ("fp32", "bf16")
 RUNTIMES = ("auto", "vm", "native")
@@ -273,7 +279,7 @@ class CompiledModel:
         ``"auto"`` runs it there and ``"native"`` is refused unless ``trust_native``."""
         loaded = load_file(path, trust_native=trust_native)
         extra = loaded.extra
-        if extra.get("kind") != KIND:
+        if not is_compiled_model(loaded):
             raise TileworkError(f"{path!r} is a plain executable, not a compiled model; load it with tilework.load")
         sig = extra.get("signature")
         if not isinstance(sig, dict) or not isinstance(sig.get("inputs"), list) or not isinstance(extra.get("report"), dict):

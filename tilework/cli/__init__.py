@@ -302,7 +302,7 @@ def _run(args: argparse.Namespace) -> int:
 
     import tilework
 
-    from tilework.compiled import KIND as COMPILED_MODEL
+    from tilework.compiled import is_compiled_model
     from tilework.runtime.executable import load_file
 
     loaded = load_file(args.executable, trust_native=args.trust_native)
@@ -312,7 +312,7 @@ def _run(args: argparse.Namespace) -> int:
         raise TileworkError(f"no function {args.function!r} in {args.executable} (it has: {', '.join(exe.functions)})")
     params = exe.functions[args.function].params
     stored: list[np.ndarray] = []  # a compiled model's weights, main's trailing parameters (cm.save)
-    if loaded.extra.get("kind") == COMPILED_MODEL and args.function == "main":
+    if is_compiled_model(loaded) and args.function == "main":
         stored = loaded.arrays.get("weights", [])
         if len(stored) > len(params):
             raise TileworkError(f"{args.executable}: {len(stored)} stored weights for the {len(params)} parameters of main")

@@ -65,11 +65,12 @@ def _export_model(args: argparse.Namespace) -> Any:
     if path.endswith(".tw"):
         if args.dim or args.backends:
             raise TileworkError("--dim and --backends apply when compiling; a .tw file is compiled already")
+        from tilework.compiled import is_compiled_model
         from tilework.runtime.executable import load_file
 
         loaded = load_file(path)
         weights = loaded.arrays.get("weights", [])
-        bind = {"main": weights} if loaded.extra.get("kind") == "tilework.compiled_model" and weights else None
+        bind = {"main": weights} if is_compiled_model(loaded) and weights else None
         return export_c(loaded.executable, args.output, bind=bind)
     if path.endswith(".pt2"):
         return _pt2(args).export_c(args.output)

@@ -88,11 +88,11 @@ def _explain(path: str) -> int:
 
         print(PlacementPlan.load(path).table())
         return 0
-    from tilework.compiled import KIND, CompiledModel
+    from tilework.compiled import CompiledModel, is_compiled_model
     from tilework.runtime.executable import load_file
 
     loaded = load_file(path)
-    if loaded.extra.get("kind") == KIND:
+    if is_compiled_model(loaded):
         print(CompiledModel.load(path).explain())
         return 0
     exe = loaded.executable

@@ -156,13 +156,16 @@ class Sampler:
         p = self.params
         if p.greedy:
             return scores, None
-        keep = None if scores.size and scores.min() > -np.inf else np.flatnonzero(scores > -np.inf)  # min is NaN where a NaN is
+        lowest = scores.min() if scores.size else None  # NaN where a NaN is
+        keep = None if lowest is not None and lowest > -np.inf else np.flatnonzero(scores > -np.inf)
         t = float(p.temperature)
         if t != 1.0:
             values = scores if keep is None else scores[keep]
-            if values.size and (t < _F32_TINY or max(float(values.max()), -float(values.min())) / t > _F32_MAX / 2):
-                # logits / t overflows: the limit as t -> 0, the most likely token(s)
-                return scores, _ids(np.flatnonzero(values == values.max()), keep)
+            if values.size:
+                top, low = float(values.max()), float(values.min() if keep is not None or lowest is None else lowest)
+                if t < _F32_TINY or max(top, -low) / t > _F32_MAX / 2:
+                    # logits / t overflows: the limit as t -> 0, the most likely token(s)
+                    return scores, _ids(np.flatnonzero(values == top), keep)
             if t > _F32_MAX:
                 scores = (scores.astype(np.float64) / t).astype(np.float32)
             else:

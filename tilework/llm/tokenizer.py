@@ -32,12 +32,23 @@ if TYPE_CHECKING:
     import gguf
     import tokenizers
 
-__all__ = ["Tokenizer", "StreamDecoder", "TokenizerError", "PRE_TOKENIZER_NAMES", "check_text"]
+__all__ = ["Tokenizer", "StreamDecoder", "TokenizerError", "PRE_TOKENIZER_NAMES", "check_text", "lone_surrogate"]
 
 
 class TokenizerError(TileworkError):
     """A tokenizer cannot be built from the given file or metadata (missing key, bad value), or
     is given text it cannot encode (not a ``str``, or not valid Unicode: a lone surrogate)."""
+
+
+def lone_surrogate(text: str) -> int | None:
+    """The position of the first lone surrogate in ``text`` (which UTF-8 cannot carry), or None."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
 
 
 def check_text(text: object, what: str = "the text to encode") -> str:
@@ -47,14 +58,11 @@ def check_text(text: object, what: str = "the text to encode") -> str:
     (U+DC80..U+DCFF: one per byte)."""
     if not isinstance(text, str):
         raise TokenizerError(f"{what} must be a str, got {type(text).__name__}")
-    if text.isascii():
-        return text
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        code = ord(text[exc.start])
+    at = lone_surrogate(text)
+    if at is not None:
+        code = ord(text[at])
         origin = f" (the byte 0x{code - 0xDC00:02X}, which is not UTF-8)" if 0xDC80 <= code <= 0xDCFF else ""
-        raise TokenizerError(f"{what} is not valid Unicode: character {exc.start} is a lone surrogate U+{code:04X}{origin}") from None
+        raise TokenizerError(f"{what} is not valid Unicode: character {at} is a lone surrogate U+{code:04X}{origin}")
     return text
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from tilework.errors import TileworkError
 from tilework.llm.sampling import SamplingParams, SamplingParamsError
+from tilework.llm.tokenizer import lone_surrogate
 from tilework.serve.scheduler import RequestError
 
 __all__ = ["Parsed", "parse_request", "error_body", "completion_body", "chunk_body", "new_id"]
@@ -51,12 +52,10 @@ def _field(body: dict[str, Any], name: str, kinds: tuple[type, ...], what: str, 
 
 def _text(text: str, where: str, param: str) -> str:
     """``text``, if it is Unicode that UTF-8 can carry: JSON's ``\\ud800`` escapes give lone
-    surrogates, which no tokenizer takes."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise RequestError(f"{where} holds a lone UTF-16 surrogate (\\u{ord(text[exc.start]):04x} at character {exc.start}):"
-                           " it is not valid Unicode text", param) from None
+    surrogates, which no tokenizer takes (``tokenizer.lone_surrogate``)."""
+    at = lone_surrogate(text)
+    if at is not None:
+        raise RequestError(f"{where} holds a lone UTF-16 surrogate (\\u{ord(text[at]):04x} at character {at}): it is not valid Unicode text", param)
     return text
 
 
