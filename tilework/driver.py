@@ -123,7 +123,25 @@ def build(
         meta["weight_layout"] = weight_layout(main)
     if plan is not None:
         meta["placement"] = plan.to_dict()
+    meta["signature"] = signature(mod)
     return Executable(functions, constants, kernels, modules, meta)
+
+
+def signature(mod: IRModule) -> dict[str, Any]:
+    """Each graph function's params and result as the text format prints them, and the bounds
+    of the sym vars in its params (JSON data: ``tilework explain`` shows it for an executable
+    built from a module, which keeps no other trace of its source)."""
+    from tilework.ir.info import free_vars
+    from tilework.text.printer import print_info
+
+    out: dict[str, Any] = {}
+    for name, fn in mod.graph_funcs():
+        dims: dict[str, list[int | None]] = {}
+        for p in fn.params:
+            for v in free_vars(p.info):
+                dims.setdefault(v.name, [v.lo, v.hi])
+        out[name] = {"params": [[p.name, print_info(p.info)] for p in fn.params], "returns": print_info(fn.ret_info), "dims": dims}
+    return out
 
 
 def compile_kernels(kernels: dict[str, Any], target: str) -> Any:

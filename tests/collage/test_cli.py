@@ -8,6 +8,7 @@ import pytest
 
 from tilework.cli import main
 from tilework.collage import MockCostModel, place
+from tilework.ir.info import free_vars
 
 from tests.collage.helpers import mlp
 
@@ -27,6 +28,21 @@ def test_build_with_a_saved_plan_then_explain(tmp_path: Path, capsys: pytest.Cap
     assert "2 distinct placement(s)" in text and "bucket n in [9, 256]" in text and "blas" in text
     assert main(["explain", str(tmp_path / "plan.json")]) == 0
     assert "placement of @main" in capsys.readouterr().out
+
+
+def test_explain_shows_the_signature_of_a_module_built_from_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An executable built from the text format keeps its functions' params, result and dim
+    bounds (it printed only its instruction and kernel counts)."""
+    mod = mlp()
+    src = tmp_path / "mlp.txt"
+    src.write_text(str(mod))
+    assert main(["build", str(src), "-o", str(tmp_path / "mlp.tw")]) == 0
+    capsys.readouterr()
+    assert main(["explain", str(tmp_path / "mlp.tw")]) == 0
+    text = capsys.readouterr().out
+    (n,) = {v for p in mod["main"].params for v in free_vars(p.info)}
+    assert f"main(x: Tensor((n, {mod['main'].params[0].info.shape[1]}), \"float32\")" in text
+    assert f"{n.lo} <= n <= {n.hi}" in text and "kernels: " in text
 
 
 def test_build_placement_auto_measures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -38,6 +38,20 @@ def test_build_onnx_with_dim_bound(tmp_path: Path, capsys: pytest.CaptureFixture
         fn(np.zeros((1, 513, 8), np.float32))
 
 
+def test_explain_an_onnx_build(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``tilework build m.onnx`` goes through ``tilework.compile`` like a .pt2 program, so
+    ``tilework explain`` shows the ONNX source, inputs, dims and the compile report (it showed
+    only the executable's counts)."""
+    src, out = tmp_path / "model.onnx", tmp_path / "m.tw"
+    _save_model(src)
+    assert main(["build", str(src), "-o", str(out), "--dim", "seq<=64"]) == 0
+    assert "seq in [1, 64] (x.1)" in capsys.readouterr().out
+    assert main(["explain", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "source: ONNX model (2 nodes" in text and 'x                    Tensor((batch, seq, 8), "float32")' in text
+    assert "1 <= seq <= 64" in text and "compile time:" in text
+
+
 def test_run_command_on_the_built_model(tmp_path: Path) -> None:
     src, exe = tmp_path / "model.onnx", tmp_path / "m.tw"
     m = _save_model(src)

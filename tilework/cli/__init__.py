@@ -251,32 +251,20 @@ def _build_compiled(model: Any, args: argparse.Namespace, t0: float, names: Any,
     cm = compile_model(model, backends=args.backends, dim_names=names, dim_bounds=bounds, weights="constants", opt_level=0 if args.pipeline == "O0" else 1, target=args.target, placement=opts.get("placement"), precision=precision, runtime="vm", **(opts.get("placement_options") or {}))  # saved, not run: no native graph code to build
     cm.save(args.output)
     stats = cm.executable.stats()
-    dims = ", ".join(f"{n} in [{lo}, {'inf' if hi is None else hi}]" for n, (lo, hi, _) in cm.report["dims"].items()) or "none"
+    dims = ", ".join(f"{n} in [{lo}, {'inf' if hi is None else hi}] ({at})" for n, (lo, hi, at) in cm.report["dims"].items()) or "none"
     how = "" if precision == "fp32" else f", precision {precision} ({cm.report['precision'].get('linears', 0)} linear(s))"
     print(f"built {args.output}: {stats['kernels']} kernel(s), {stats['instructions']} instructions, dynamic dims: {dims}{how}, in {time.perf_counter() - t0:.2f} s")
     return 0
 
 
 def _build_onnx(args: argparse.Namespace) -> int:
-    """Compile an ONNX model; ``--dim NAME<=HI`` bounds a ``dim_param`` (weights become
-    constants of the executable)."""
-    import tilework
-    from tilework.frontend.onnx import from_onnx
-
+    """Compile an ONNX model through ``tilework.compile`` like a .pt2 program (so the file
+    keeps its signature and compile report for ``tilework explain``); ``--dim NAME<=HI`` bounds
+    a ``dim_param``."""
     if not os.path.exists(args.ir_file):
         raise TileworkError(f"no such file: {args.ir_file}")
     bounds = inputs.onnx_dim_bounds(args.dim)
-    t0 = time.perf_counter()
-    if getattr(args, "precision", "fp32") != "fp32":  # through tilework.compile, which applies it
-        return _build_compiled(args.ir_file, args, t0, None, bounds)
-    mod = from_onnx(args.ir_file, dim_bounds=bounds)
-    exe = tilework.build(mod, target=args.target, backends=args.backends, pipeline=args.pipeline, **placement_build_options(args))
-    exe.save(args.output)
-    stats = exe.stats()
-    main = mod["main"]
-    dims = sorted({f"{d.name} in [{d.lo}, {'inf' if d.hi is None else d.hi}]" for p in main.params for d in getattr(p.info, "shape", None) or () if hasattr(d, "name")})
-    print(f"built {args.output}: {stats['kernels']} kernel(s), {stats['instructions']} instructions, dynamic dims: {', '.join(dims) or 'none'}, in {time.perf_counter() - t0:.2f} s")
-    return 0
+    return _build_compiled(args.ir_file, args, time.perf_counter(), None, bounds)
 
 
 def _load_npy(name: str, path: str) -> Any:

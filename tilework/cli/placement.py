@@ -98,6 +98,14 @@ def _explain(path: str) -> int:
     exe = loaded.executable
     print(f"{path}: {exe!r}")
     meta = exe.meta
+    for name, sig in (meta.get("signature") or {}).items():  # absent from files of before 2026-12-06
+        params = ", ".join(f"{p}: {info}" for p, info in sig["params"])
+        print(f"  {name}({params}) -> {sig['returns']}")
+        for dim, (lo, hi) in sig["dims"].items():
+            print(f"    {lo} <= {dim}" + (f" <= {hi}" if hi is not None else "  (no upper bound)"))
+    kernels = [k for m in exe.modules for k in m.functions]
+    if kernels:
+        print(f"  kernels: {', '.join(kernels)}")
     print(f"  target {meta.get('target', '?')}, pipeline {meta.get('pipeline', '?')}")
     if meta.get("backends"):
         print(f"  backends by priority: {', '.join(meta['backends'])}")
