@@ -79,6 +79,25 @@ def test_qwen2_config_has_qkv_bias(tmp_path: Path) -> None:
     np.testing.assert_allclose(cfg.rope_inv_freq(), hf_inv_freq(transformers.LlamaConfig(**SMALL, rope_parameters=hf.rope_parameters)), rtol=1e-6)
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_qwen3_config_has_qk_norms_and_its_own_head_dim(tmp_path: Path, bias: bool) -> None:
+    """Qwen3: ``head_dim`` 24 where hidden / heads is 16; ``attention_bias`` on q, k, v and o
+    alike (off by default); a q_norm and a k_norm of ``head_dim`` per layer; a sliding window
+    as Qwen2's."""
+    transformers.Qwen3Config(**SMALL, head_dim=24, attention_bias=bias, tie_word_embeddings=True).save_pretrained(tmp_path)
+    cfg = LlmConfig.from_hf_config(tmp_path)
+    hf = transformers.AutoConfig.from_pretrained(tmp_path)
+    assert cfg.architecture == "qwen3" and cfg.qk_norm and cfg.head_dim == hf.head_dim == 24 and (cfg.attention_bias, cfg.attention_out_bias) == (bias, bias)
+    assert (cfg.rms_eps, cfg.rope_theta, cfg.tie_word_embeddings, cfg.context_length) == (hf.rms_norm_eps, hf.rope_parameters["rope_theta"], True, 512)
+    shapes = expected_shapes(cfg)
+    assert shapes["model.layers.1.self_attn.q_norm.weight"] == shapes["model.layers.1.self_attn.k_norm.weight"] == (24,)
+    assert shapes["model.layers.0.self_attn.q_proj.weight"] == (4 * 24, 64) and shapes["model.layers.0.self_attn.o_proj.weight"] == (64, 4 * 24)
+    assert not LlmConfig.from_hf_config({**SMALL, "model_type": "qwen2"}).qk_norm
+    windowed = json.loads((tmp_path / "config.json").read_text()) | {"use_sliding_window": True, "sliding_window": 16, "layer_types": None, "max_window_layers": 1}
+    assert LlmConfig.from_hf_config(windowed).context_length == 16
+    assert LlmConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+
+
 @pytest.mark.parametrize("window, context", [(16, 16), (None, 512), (4096, 512), ("absent", 512)])
 def test_mistral_is_llama_with_its_context_cut_to_the_sliding_window(tmp_path: Path, window: int | None | str, context: int) -> None:
     """Within its window a sliding window masks nothing; MistralConfig's default window (4096,
@@ -118,7 +137,7 @@ def test_llama_attention_bias_means_output_bias_too() -> None:
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported; supported: llama, mistral, qwen2"),
+        ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported; supported: llama, mistral, qwen2, qwen3"),
         ({"model_type": "phi"}, "model_type 'phi'"),
         ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, "'yarn'"),
         ({"rope_parameters": {"rope_type": "longrope", "factor": 2.0, "rope_theta": 1e4}}, "'longrope'"),

@@ -221,7 +221,8 @@ TINY = LlmConfig(
 # the llama.cpp names, spelled out here rather than derived from the code under test
 _GGUF_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
 _GGUF_PART = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate",
-              "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+              "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+              "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
 _FORMAT_OF = {"embed_tokens": "q8_0", "q_proj.weight": "q8_0", "k_proj.weight": "q4_0", "v_proj.weight": "q4_1", "o_proj.weight": "f16", "gate_proj": "bf16", "lm_head": "q4_1"}
 
 
@@ -322,6 +323,18 @@ def test_tiny_qwen2_gguf_keeps_row_order(tmp_path: Path) -> None:
     loaded_cfg, w = load_weights(write_gguf(tmp_path / "qwen.gguf", cfg, tensors))
     assert loaded_cfg == cfg
     for name in ("model.layers.1.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.bias"):
+        np.testing.assert_array_equal(w[name].data, tensors[name].data)
+
+
+def test_tiny_qwen3_gguf_has_its_qk_norms(tmp_path: Path) -> None:
+    """``attn_q_norm`` / ``attn_k_norm`` are the per-head norms ``self_attn.q_norm`` /
+    ``k_norm`` (transformers order: no row is permuted in a qwen3 file); the head dim is
+    ``attention.key_length`` (24, not hidden / heads)."""
+    cfg = LlmConfig(**{**TINY.to_dict(), "architecture": "qwen3", "head_dim": 24, "attention_bias": False, "attention_out_bias": False, "rope_scaling": RopeScaling()})
+    tensors = tiny_tensors(cfg, seed=3)
+    loaded_cfg, w = load_weights(write_gguf(tmp_path / "qwen3.gguf", cfg, tensors, meta={"qwen3.attention.key_length": 24, "qwen3.attention.value_length": 24}))
+    assert loaded_cfg == cfg and list(w) == list(tensors)
+    for name in ("model.layers.1.self_attn.q_proj.weight", "model.layers.1.self_attn.k_norm.weight", "model.layers.0.self_attn.q_norm.weight"):
         np.testing.assert_array_equal(w[name].data, tensors[name].data)
 
 

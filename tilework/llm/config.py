@@ -2,8 +2,10 @@
 
 One value describes the model whatever file it came from: a GGUF file's metadata
 (:meth:`LlmConfig.from_gguf`) or a transformers ``config.json`` (:meth:`LlmConfig.from_hf_config`).
-Two architectures are read: ``llama`` and ``qwen2`` (llama with biases on the q, k and v
-projections); a transformers ``mistral`` checkpoint is ``llama``, and a model with
+Three architectures are read: ``llama``, ``qwen2`` (llama with biases on the q, k and v
+projections) and ``qwen3`` (llama with an RMSNorm over each query and key head, ``q_norm`` /
+``k_norm``, before the rotary embedding; its ``head_dim`` need not be ``hidden / heads``); a
+transformers ``mistral`` checkpoint is ``llama``, and a model with
 sliding-window attention has its context cut to the window. Anything the model family could
 vary that tilework does not implement (another rotary scaling, a partial rotary dim, experts)
 raises :class:`~tilework.errors.UnsupportedError` naming it, rather than loading a model that
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
 
     from tilework.llm.gguf import GGUFFile
 
-ARCHITECTURES = ("llama", "qwen2")
+ARCHITECTURES = ("llama", "qwen2", "qwen3")
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -65,7 +67,8 @@ class LlmConfig:
     """A llama-family decoder. ``attention_bias``: q, k, v projections have biases;
     ``attention_out_bias``: the output projection has one too (llama's ``attention_bias``
     sets both, qwen2 has the first only); ``mlp_bias``: the gate, up and down projections have
-    biases (llama's ``mlp_bias``). ``eos_token_ids``: every token that ends generation."""
+    biases (llama's ``mlp_bias``). ``eos_token_ids``: every token that ends generation. A
+    ``qwen3`` model normalizes each query and key head (:attr:`qk_norm`)."""
 
     architecture: str
     hidden: int
@@ -97,6 +100,13 @@ class LlmConfig:
         if self.head_dim % 2:
             raise TileworkError(f"LlmConfig: head_dim must be even for rotary embeddings, got {self.head_dim}")
         object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
+
+    @property
+    def qk_norm(self) -> bool:
+        """Each query and key head goes through an RMSNorm of its own weights (``head_dim`` of
+        them, ``self_attn.q_norm`` / ``self_attn.k_norm``, eps ``rms_eps``) before the rotary
+        embedding: Qwen3's attention."""
+        return self.architecture == "qwen3"
 
     @property
     def group(self) -> int:
@@ -147,7 +157,7 @@ class LlmConfig:
         """The config in a GGUF file's metadata (keys ``{arch}.block_count``, ...; ``arch`` is
         ``general.architecture``). The head is tied when the file has no ``output.weight``;
         biases are present when ``blk.0.attn_q.bias`` / ``blk.0.attn_output.bias`` /
-        ``blk.0.ffn_up.bias`` are."""
+        ``blk.0.ffn_up.bias`` are. ``qwen3``'s head dim is ``{arch}.attention.key_length``."""
         from tilework.llm.gguf import read_gguf
 
         gf = read_gguf(source)
@@ -211,9 +221,9 @@ class LlmConfig:
         """The config of a transformers checkpoint: a ``config.json`` dict, its path, or the
         checkpoint directory. Missing optional keys take the transformers class defaults.
 
-        ``model_type`` ``llama``, ``qwen2`` or ``mistral`` (llama with a sliding window: it reads
-        as ``llama``). A model whose layers attend in a sliding window (Mistral's, Qwen2's with
-        ``use_sliding_window``) has a context of at most the window: a sequence that fits in the
+        ``model_type`` ``llama``, ``qwen2``, ``qwen3`` or ``mistral`` (llama with a sliding window:
+        it reads as ``llama``). A model whose layers attend in a sliding window (Mistral's, Qwen2's
+        and Qwen3's with ``use_sliding_window``) has a context of at most the window: a sequence that fits in the
         window attends to every earlier token, exactly what the decoder does; a longer one is
         refused as any prompt past the context is."""
         d, where = _hf_config_dict(source)
@@ -235,7 +245,7 @@ class LlmConfig:
             raise UnsupportedError(f"{where}: hidden_act {get('hidden_act')!r} is not supported (only 'silu')")
         if model_type == "qwen2":
             qkv_bias, out_bias = True, False
-        else:
+        else:  # llama, mistral, qwen3: q, k, v and o alike
             qkv_bias = out_bias = bool(d.get("attention_bias", False))
         hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
         context = int(get("max_position_embeddings"))
@@ -260,19 +270,20 @@ class LlmConfig:
             tie_word_embeddings=bool(get("tie_word_embeddings")),
             attention_bias=qkv_bias,
             attention_out_bias=out_bias,
-            mlp_bias=model_type == "llama" and bool(d.get("mlp_bias", False)),  # (MistralForCausalLM, Qwen2ForCausalLM have none)
+            mlp_bias=model_type == "llama" and bool(d.get("mlp_bias", False)),  # (Mistral, Qwen2 and Qwen3 have none)
             rope_scaling=scaling,
             bos_token_id=None if d.get("bos_token_id") is None else int(d["bos_token_id"]),
             eos_token_ids=eos_ids,
         )
 
 
-# the transformers class defaults (LlamaConfig, MistralConfig, Qwen2Config) of the keys a
+# the transformers class defaults (LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config) of the keys a
 # config.json may omit; the model types read
 _HF_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "tie_word_embeddings": False, "rope_theta": 10000.0},
     "mistral": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 131072, "tie_word_embeddings": False, "rope_theta": 10000.0, "sliding_window": 4096},
     "qwen2": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": False, "rope_theta": 10000.0},
+    "qwen3": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": False, "rope_theta": 10000.0},
 }
 
 
@@ -315,18 +326,18 @@ def _hf_config_dict(source: "Mapping[str, Any] | str | os.PathLike[str]") -> tup
 
 def _hf_sliding_window(d: Mapping[str, Any], model_type: str, layers: int, where: str) -> int | None:
     """The sliding window of the model's attention when a layer has one, as transformers decides
-    it: Mistral's ``sliding_window`` (null: none, absent: MistralConfig's 4096); Qwen2's when
-    ``use_sliding_window`` and a layer is a ``sliding_attention`` one (``layer_types``, else
+    it: Mistral's ``sliding_window`` (null: none, absent: MistralConfig's 4096); Qwen2's and
+    Qwen3's when ``use_sliding_window`` and a layer is a ``sliding_attention`` one (``layer_types``, else
     the layers from ``max_window_layers`` on)."""
     if model_type == "mistral":
         window = d["sliding_window"] if "sliding_window" in d else _HF_DEFAULTS["mistral"]["sliding_window"]
-    elif model_type == "qwen2" and d.get("use_sliding_window"):
+    elif model_type in ("qwen2", "qwen3") and d.get("use_sliding_window"):
         window = d.get("sliding_window", 4096)
     else:
         window = None
     types = d.get("layer_types")
     if types is None:
-        first = d.get("max_window_layers", 28) if model_type == "qwen2" else 0
+        first = d.get("max_window_layers", 28) if model_type in ("qwen2", "qwen3") else 0
         types = ["sliding_attention" if window is not None and i >= first else "full_attention" for i in range(layers)]
     unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
     if unknown:
