@@ -217,6 +217,53 @@ def test_a_qwen3_gguf_gives_transformers_log_probabilities(tmp_path: Path, fmt: 
         np.testing.assert_allclose(llm.score(ids), log_probs(hf, ids), rtol=0, atol=tol)
 
 
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 10000.0}
+
+
+def test_yarn_scaled_qwen3_from_a_checkpoint_and_a_gguf_file(tmp_path: Path) -> None:
+    """Qwen3 with yarn (4x an original context of 16, in a context of 64): the log-probabilities
+    of 40 tokens are transformers', from the checkpoint and from a GGUF file of the same weights
+    whose ``rope.scaling.*`` keys say the same (llama.cpp's yarn keys), and so are the greedy
+    tokens after 20 (from the checkpoint, whose tokenizer reads the words); unscaled, the model
+    gives others."""
+    hf = save(tmp_path / "ckpt", "qwen3", rope_parameters=YARN, **QWEN3)
+    meta = {"qwen3.rope.scaling.type": "yarn", "qwen3.rope.scaling.factor": 4.0, "qwen3.rope.scaling.original_context_length": 16}
+    gguf_path = write_gguf_of(hf, tmp_path / "yarn.gguf", meta=meta)
+    ids = [int(t) for t in np.random.default_rng(6).integers(3, VOCAB, 40)]
+    ref = log_probs(hf, ids)
+    for path in (tmp_path / "ckpt", gguf_path):
+        llm = LLM(str(path), precision="fp32", max_batch=2, kv_tokens=256)
+        assert llm.config.rope_scaling.type == "yarn" and llm.config.rope_scaling.attention_factor == pytest.approx(hf.model.rotary_emb.attention_scaling, rel=1e-6)
+        np.testing.assert_allclose(llm.score(ids), ref, rtol=0, atol=1e-4)
+        if path == gguf_path:
+            continue
+        want = greedy(hf, ids[:20], 8)
+        want = want[: want.index(2)] if 2 in want else want
+        out = llm.generate(" ".join(f"w{t}" for t in ids[:20]), SamplingParams(temperature=0, max_tokens=8), chat=False)[0]
+        assert out.token_ids[: len(want)] == want
+    plain = save(tmp_path / "plain", "qwen3", **QWEN3)
+    assert np.abs(log_probs(plain, ids) - ref).max() > 1e-2
+
+
+def test_longrope_switches_to_its_long_factors_where_transformers_does(tmp_path: Path) -> None:
+    """longrope (original context 16, context 64): generation from a 12-token prompt crosses
+    the original context while decoding, one from a 20-token prompt starts past it; the greedy
+    tokens are transformers' ``generate``'s, which switches factors per forward call (the keys
+    cached before keep their short factors)."""
+    rng = np.random.default_rng(8)
+    rope = {"rope_type": "longrope", "original_max_position_embeddings": 16, "rope_theta": 10000.0,
+            "short_factor": [round(float(x), 3) for x in rng.uniform(1, 2, 8)], "long_factor": [round(float(x), 3) for x in rng.uniform(2, 8, 8)]}  # fmt: skip
+    hf = save(tmp_path, rope_parameters=rope)
+    llm = LLM(str(tmp_path), precision="fp32", max_batch=2, kv_tokens=256)
+    assert llm.config.rope_scaling.type == "longrope" and llm.config.rope_scaling.original_context == 16
+    for n in (12, 20):
+        ids = [int(t) for t in rng.integers(3, VOCAB, n)]
+        want = greedy(hf, ids, 10)
+        want = want[: want.index(2)] if 2 in want else want
+        out = llm.generate(" ".join(f"w{t}" for t in ids), SamplingParams(temperature=0, max_tokens=10), chat=False)[0]
+        assert out.token_ids[: len(want)] == want and len(want) >= 5
+
+
 def test_a_checkpoint_without_a_tokenizer_is_refused_before_compiling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """It used to compile the model first and then fail on the missing file (an os error)."""
     save(tmp_path, tokenizer=False)

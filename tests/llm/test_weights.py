@@ -353,12 +353,22 @@ def test_gguf_rope_scaling(tmp_path: Path) -> None:
     meta = {"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 4.0}
     cfg, _ = load_weights(write_gguf(tmp_path / "linear.gguf", TINY, tensors, meta=meta))
     assert cfg.rope_scaling == RopeScaling("linear", 4.0)
-    meta = {"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}
-    with pytest.raises(UnsupportedError, match="rope scaling 'yarn'"):
-        load_weights(write_gguf(tmp_path / "yarn.gguf", TINY, tensors, meta=meta))
-    extra = {"rope_freqs.weight": (np.ones(8, np.float32), None)}
-    with pytest.raises(UnsupportedError, match="rope_freqs.weight"):
-        load_weights(write_gguf(tmp_path / "llama3.gguf", TINY, tensors, extra=extra))
+    yarn = {"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0, "llama.rope.scaling.original_context_length": 32}
+    cfg, _ = load_weights(write_gguf(tmp_path / "yarn.gguf", TINY, tensors, meta=yarn))
+    assert cfg.rope_scaling == RopeScaling("yarn", 4.0, 32, attention_factor=1 + 0.1 * np.log(4.0))  # llama.cpp's mscale, transformers' too
+    cfg, _ = load_weights(write_gguf(tmp_path / "betas.gguf", TINY, tensors, meta={**yarn, "llama.rope.scaling.yarn_beta_fast": 8.0, "llama.rope.scaling.yarn_beta_slow": 2.0}))
+    assert (cfg.rope_scaling.beta_fast, cfg.rope_scaling.beta_slow) == (8.0, 2.0)
+    for key, message in (("yarn_log_multiplier", "yarn_log_multiplier = 0.1"), ("attn_factor", "attn_factor = 0.1")):
+        with pytest.raises(UnsupportedError, match=message):
+            load_weights(write_gguf(tmp_path / f"{key}.gguf", TINY, tensors, meta={**yarn, f"llama.rope.scaling.{key}": 0.1}))
+    with pytest.raises(TileworkError, match="original_context_length"):
+        load_weights(write_gguf(tmp_path / "yarn-no-ctx.gguf", TINY, tensors, meta={"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}))
+    with pytest.raises(UnsupportedError, match="rope scaling 'longrope'.*supported: none, linear, yarn"):
+        load_weights(write_gguf(tmp_path / "longrope.gguf", TINY, tensors, meta={"llama.rope.scaling.type": "longrope", "llama.rope.scaling.factor": 4.0}))
+    for name in ("rope_freqs.weight", "rope_factors_long.weight"):
+        extra = {name: (np.ones(8, np.float32), None)}
+        with pytest.raises(UnsupportedError, match=name):
+            load_weights(write_gguf(tmp_path / "factors.gguf", TINY, tensors, extra=extra))
 
 
 def test_rope_row_order_inverts_llama_cpp() -> None:

@@ -20,7 +20,8 @@ The cache arguments are float32, bfloat16 or float16 (``decoder_spec``'s ``kv_dt
 Batch, sequence, page-table width and pool size are symbolic (bounded by the context), so one
 compilation serves every prompt length and batch size. Token ``t`` of a sequence sits at
 position ``kv_len + t``: ``paged_rotary`` computes the rotary angles of the step's positions
-(scaled as the config's ``rope_scaling`` says) once, and each layer's ``paged_attention`` turns
+(scaled as the config's ``rope_scaling`` says: longrope's factors chosen per sequence by the end
+of its step, as transformers chooses them per forward call) once, and each layer's ``paged_attention`` turns
 the token's query and key by them, writes its key and value to the cache there and attends; the
 caller advances ``kv_len``. The cache layout is ``tilework.llm.kv_cache``'s. A ``qwen3`` layer
 normalizes each query and key head (its ``q_norm`` / ``k_norm``) between the projection and
@@ -275,9 +276,7 @@ class LlamaDecoder(Module):
         """The cache inputs of a step of ``tokens [batch, seq]``, with the rotary angles of its
         positions computed once for every layer."""
         cfg = self.config
-        rs = cfg.rope_scaling
-        scaling = None if rs.type == "default" else (rs.type, rs.factor) if rs.type == "linear" else (rs.type, rs.factor, rs.original_context, rs.low_freq_factor, rs.high_freq_factor)
-        rotary = emit(op.paged_rotary(tokens.expr, kv_len.expr, head_dim=cfg.head_dim, rope_theta=cfg.rope_theta, rope_scaling=scaling))
+        rotary = emit(op.paged_rotary(tokens.expr, kv_len.expr, head_dim=cfg.head_dim, rope_theta=cfg.rope_theta, rope_scaling=cfg.rope_op_scaling()))
         return CacheInputs(kv_len, page_table, k_cache, v_cache, rotary)
 
     def prefill(self, tokens: Tensor, kv_len: Tensor, page_table: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
