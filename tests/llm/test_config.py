@@ -136,6 +136,8 @@ def test_qwen3_config_has_qk_norms_and_its_own_head_dim(tmp_path: Path, bias: bo
     assert shapes["model.layers.1.self_attn.q_norm.weight"] == shapes["model.layers.1.self_attn.k_norm.weight"] == (24,)
     assert shapes["model.layers.0.self_attn.q_proj.weight"] == (4 * 24, 64) and shapes["model.layers.0.self_attn.o_proj.weight"] == (64, 4 * 24)
     assert not LlmConfig.from_hf_config({**SMALL, "model_type": "qwen2"}).qk_norm
+    # an absent head_dim is Qwen3Config's (128), not hidden / heads
+    assert LlmConfig.from_hf_config({**SMALL, "model_type": "qwen3"}).head_dim == transformers.Qwen3Config(**SMALL).head_dim == 128
     windowed = json.loads((tmp_path / "config.json").read_text()) | {"use_sliding_window": True, "sliding_window": 16, "layer_types": None, "max_window_layers": 1}
     assert LlmConfig.from_hf_config(windowed).context_length == 16
     assert LlmConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg

@@ -387,7 +387,7 @@ def test_shapes_are_checked() -> None:
                 bb.emit(paged_attention(good, kc, vc, kl, pt, layer=0, kv_heads=NKV, rotary=rotary, **attrs))
     ids = Var("ids", TensorInfo((b, 1), "int32"))
     rotary_cases: list[tuple[dict[str, Any], str]] = [({"head_dim": HD, "rope_theta": 0.0}, "rope_theta must be a positive number"), ({"head_dim": 7, "rope_theta": THETA}, "head_dim must be a positive even int")]
-    bad_scalings = [("yarn", 2.0), ("linear", 0.0), ("llama3", 8.0, 64.0, 4.0, 1.0), ("yarn", 2.0, 3.0, 1.0, 1.0), ("longrope", 40.0, 1.0, (1.0,) * (HD // 2), (1.0,) * (HD // 2 - 1))]
+    bad_scalings = [("yarn", 2.0), ("linear", 0.0), ("llama3", 8.0, 64.0, 4.0, 1.0), ("yarn", 2.0, 3.0, 3.0, 1.0), ("longrope", 40.0, 1.0, (1.0,) * (HD // 2), (1.0,) * (HD // 2 - 1))]
     rotary_cases += [({"head_dim": HD, "rope_theta": THETA, "rope_scaling": bad}, "rope_scaling must be None, .'linear', factor.") for bad in bad_scalings]
     for attrs, message in rotary_cases:
         bb = BlockBuilder()

@@ -334,7 +334,7 @@ class LlmConfig:
             layers=int(need("num_hidden_layers")),
             heads=heads,
             kv_heads=int(get("num_key_value_heads") or heads),
-            head_dim=int(d.get("head_dim") or hidden // heads),
+            head_dim=int(d.get("head_dim", defaults.get("head_dim")) or hidden // heads),  # absent: the class default (Qwen3's 128)
             ffn=int(need("intermediate_size")),
             vocab=int(need("vocab_size")),
             rope_theta=theta,
@@ -356,7 +356,7 @@ _HF_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "tie_word_embeddings": False, "rope_theta": 10000.0},
     "mistral": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 131072, "tie_word_embeddings": False, "rope_theta": 10000.0, "sliding_window": 4096},
     "qwen2": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": False, "rope_theta": 10000.0},
-    "qwen3": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": False, "rope_theta": 10000.0},
+    "qwen3": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": False, "rope_theta": 10000.0, "head_dim": 128},
 }
 
 
@@ -383,10 +383,10 @@ def _gguf_rope_scaling(get: Callable[..., Any], arch: str, where: str) -> RopeSc
         return RopeScaling()
     if kind == "linear" and factor is not None:
         return RopeScaling("linear", _f32_value(factor))
-    if kind == "yarn" and factor is not None:
+    if kind == "yarn":
         original = get(f"{arch}.rope.scaling.original_context_length")
-        if original is None:
-            raise TileworkError(f"{where}: yarn rope scaling needs {arch}.rope.scaling.original_context_length")
+        if original is None or factor is None:
+            raise TileworkError(f"{where}: yarn rope scaling needs {arch}.rope.scaling.factor and {arch}.rope.scaling.original_context_length")
         for key, neutral in (("attn_factor", 1.0), ("yarn_ext_factor", 1.0), ("yarn_attn_factor", 1.0), ("yarn_log_multiplier", 0.0)):
             value = get(f"{arch}.rope.scaling.{key}")
             if value is not None and _f32_value(value) != neutral:

@@ -193,8 +193,8 @@ def _rotary_infer(call: Call, ctx: InferCtx) -> StructInfo:
     if scaling is not None and not _valid_scaling(scaling, hd):
         raise ctx.error(
             "rope_scaling must be None, ('linear', factor), ('llama3', factor, original_context, low_freq_factor, high_freq_factor) with high_freq_factor > low_freq_factor, "
-            "('yarn', factor, low, high, attention_factor) with high > low or ('longrope', original_context, attention_factor, short_factors, long_factors) with head_dim / 2 of each, "
-            f"with positive numbers (low, high: non-negative), got {scaling!r}"
+            "('yarn', factor, low, high, attention_factor) with high != low or ('longrope', original_context, attention_factor, short_factors, long_factors) with head_dim / 2 of each, "
+            f"with positive numbers (yarn's low and high: any), got {scaling!r}"
         )
     if tokens.shape is None or kv_len.shape is None:
         return TensorInfo(None, "float64", 4)
@@ -228,7 +228,7 @@ def _valid_scaling(s: object, hd: int) -> bool:
     if s[0] == "linear":
         return len(s) == 2 and positive(s[1])
     if s[0] == "yarn":
-        return len(s) == 5 and positive(s[1]) and positive(s[4]) and number(s[2]) and number(s[3]) and 0 <= s[2] < s[3]
+        return len(s) == 5 and positive(s[1]) and positive(s[4]) and number(s[2]) and number(s[3]) and s[2] != s[3]
     if s[0] == "longrope":
         return len(s) == 5 and positive(s[1]) and positive(s[2]) and all(isinstance(f, tuple) and len(f) == hd // 2 and all(positive(x) for x in f) for f in s[3:])
     return s[0] == "llama3" and len(s) == 5 and all(positive(x) for x in s[1:]) and s[4] > s[3]
