@@ -1,11 +1,13 @@
 """``LLM`` on a transformers checkpoint directory (``save_pretrained`` of a random model and of a
 small word-level tokenizer): the text and token ids of greedy generation and ``score``'s
-log-probabilities are transformers', from float32, bfloat16 and sharded files; a checkpoint
+log-probabilities are transformers', from float32, bfloat16 and sharded files (Qwen3 also from
+a GGUF file written here from the same weights); a checkpoint
 without a tokenizer is refused before anything compiles; the CLI runs one."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +23,11 @@ tokenizers = pytest.importorskip("tokenizers")
 from tilework.errors import TileworkError  # noqa: E402
 from tilework.llm import LLM, SamplingParams  # noqa: E402
 from tilework.llm import engine  # noqa: E402
+from tilework.llm.quant import quantize  # noqa: E402
 from tilework.llm.tokenizer import TokenizerError  # noqa: E402
+from tests.llm.test_weights import ggml, gguf_name, llama_cpp_permute  # noqa: E402
+
+gguf = pytest.importorskip("gguf")
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -49,8 +55,14 @@ def save(path: Path, kind: str = "llama", dtype: str = "float32", tokenizer: boo
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
     }[kind]
-    model = model_cls(config_cls(**{**SMALL, **kw})).to(getattr(torch, dtype)).eval()
+    model = model_cls(config_cls(**{**SMALL, **kw})).eval()
+    with torch.no_grad():  # norm weights away from transformers' ones: their values count too
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.add_(0.3 * torch.randn_like(p))
+    model = model.to(getattr(torch, dtype))
     model.save_pretrained(path, **({"max_shard_size": shard} if shard else {}))
     if tokenizer:
         word_tokenizer().save_pretrained(path)
@@ -111,6 +123,145 @@ def test_dynamic_rotary_scaling_is_the_default_to_the_end_of_the_context(tmp_pat
     with torch.no_grad():
         ref = torch.log_softmax(hf(torch.tensor([ids])).logits[0], -1).numpy()
     np.testing.assert_allclose(llm.score(ids), ref, rtol=0, atol=1e-4)
+
+
+def write_gguf_of(hf: Any, path: Path, fmt: str = "f32", meta: dict[str, Any] | None = None) -> Path:
+    """The weights of transformers model ``hf`` in a GGUF file of its architecture (``fmt``: the
+    format of its matrices; the token table too), with a byte-level BPE vocabulary of ``VOCAB``
+    tokens (the ids are what is fed; the text is never read), the metadata llama.cpp's
+    converter writes, and ``meta`` (strings, floats, ints) after it."""
+    c, arch = hf.config, hf.config.model_type
+    hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    w = gguf.GGUFWriter(str(path), arch)
+    for key, value in {"block_count": c.num_hidden_layers, "context_length": c.max_position_embeddings, "embedding_length": c.hidden_size, "feed_forward_length": c.intermediate_size,
+                       "attention.head_count": c.num_attention_heads, "attention.head_count_kv": c.num_key_value_heads, "attention.key_length": hd,
+                       "attention.value_length": hd, "rope.dimension_count": hd}.items():  # fmt: skip
+        w.add_uint32(f"{arch}.{key}", value)
+    w.add_float32(f"{arch}.rope.freq_base", c.rope_parameters["rope_theta"])
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", c.rms_norm_eps)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(["a", "b", "ab", *(f"w{i}" for i in range(3, VOCAB))])
+    w.add_token_merges(["a b"])
+    w.add_eos_token_id(2)
+    for key, value in (meta or {}).items():
+        {str: w.add_string, float: w.add_float32, int: w.add_uint32}[type(value)](key, value)
+    for name, value in hf.state_dict().items():
+        if name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        data = value.detach().float().numpy()
+        if arch == "llama" and re.search(r"\.(q|k)_proj\.", name):
+            data = llama_cpp_permute(data, c.num_attention_heads if ".q_proj." in name else c.num_key_value_heads)
+        t = quantize(np.ascontiguousarray(data), fmt if data.ndim == 2 else "f32", name)
+        w.add_tensor(gguf_name(name), np.ascontiguousarray(t.data), raw_dtype=ggml(t.fmt))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def log_probs(hf: Any, ids: list[int]) -> np.ndarray:
+    with torch.no_grad():
+        return torch.log_softmax(hf(torch.tensor([ids])).logits[0], -1).numpy()
+
+
+QWEN3 = dict(head_dim=24, tie_word_embeddings=True)  # head_dim is not hidden / heads (16)
+PROMPTS = [[7], [5, 17, 33, 9, 41, 7, 60], [int(t) for t in np.random.default_rng(5).integers(3, VOCAB, 13)]]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_qwen3_checkpoint_gives_transformers_tokens(tmp_path: Path, dtype: str) -> None:
+    """Qwen3: an RMSNorm over each query and key head (random weights here) before they are
+    rotated, no biases, a head_dim of its own, a tied head. A float32 file gives transformers'
+    log-probabilities and greedy tokens after prompts of 1, 7 and 13 tokens; a bfloat16 one
+    (read in float32) its greedy tokens, and its log-probabilities to bfloat16's precision under
+    ``bf16`` (matrices and KV cache in bfloat16). Without the norms the model is another."""
+    hf = save(tmp_path, "qwen3", dtype, **QWEN3)
+    precision = "fp32" if dtype == "float32" else "bf16"
+    llm = LLM(str(tmp_path), precision=precision, max_batch=2, kv_tokens=256)
+    assert llm.config.architecture == "qwen3" and llm.config.qk_norm and llm.config.head_dim == 24
+    tol = 1e-4 if precision == "fp32" else 0.1
+    for ids in PROMPTS:
+        ref = log_probs(hf, ids)
+        np.testing.assert_allclose(llm.score(ids), ref, rtol=0, atol=tol)
+        want = greedy(hf, ids, 6)
+        want = want[: want.index(2)] if 2 in want else want
+        out = llm.generate(" ".join(f"w{t}" for t in ids), SamplingParams(temperature=0, max_tokens=6), chat=False)[0]
+        assert out.token_ids[: len(want)] == want
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            layer.self_attn.q_norm.weight.fill_(1.0)
+    assert np.abs(log_probs(hf, PROMPTS[2]) - ref).max() > 10 * tol
+
+
+@pytest.mark.parametrize("fmt, precision", [("f32", "fp32"), ("q8_0", "q")])
+def test_a_qwen3_gguf_gives_transformers_log_probabilities(tmp_path: Path, fmt: str, precision: str) -> None:
+    """The same model as a GGUF file (architecture ``qwen3``: ``attn_q_norm`` / ``attn_k_norm``,
+    ``attention.key_length`` its head dim): float32 tensors give transformers' log-probabilities
+    to 1e-4; q8_0 matrices run as blocks (``q``) give those of transformers with their
+    dequantized values, within what quantizing the activations to 8-bit blocks moves them
+    (weights 4x smaller for that: at ``SMALL``'s scale it moves Qwen2's as much, 0.1-0.2; here
+    0.03 at most, 1e-6 for the same file at ``fp32``)."""
+    hf = save(tmp_path / "ckpt", "qwen3", **QWEN3, **({} if fmt == "f32" else {"initializer_range": 0.05}))
+    path = write_gguf_of(hf, tmp_path / "qwen3.gguf", fmt)
+    llm = LLM(str(path), precision=precision, max_batch=2, kv_tokens=256, kv_dtype="float32")
+    assert llm.config.architecture == "qwen3" and llm.config.head_dim == 24 and llm.config.tie_word_embeddings
+    assert ("model.layers.0.self_attn.q_proj.weight" in llm.formats) == (fmt != "f32")  # kept in blocks under q
+    if fmt != "f32":
+        with torch.no_grad():
+            for name, p in hf.named_parameters():
+                if p.ndim == 2:
+                    p.copy_(torch.from_numpy(quantize(p.numpy(), fmt, name).dequantize().reshape(p.shape)))
+    tol = 1e-4 if fmt == "f32" else 5e-2
+    for ids in PROMPTS:
+        np.testing.assert_allclose(llm.score(ids), log_probs(hf, ids), rtol=0, atol=tol)
+
+
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 10000.0}
+
+
+def test_yarn_scaled_qwen3_from_a_checkpoint_and_a_gguf_file(tmp_path: Path) -> None:
+    """Qwen3 with yarn (4x an original context of 16, in a context of 64): the log-probabilities
+    of 40 tokens are transformers', from the checkpoint and from a GGUF file of the same weights
+    whose ``rope.scaling.*`` keys say the same (llama.cpp's yarn keys), and so are the greedy
+    tokens after 20 (from the checkpoint, whose tokenizer reads the words); unscaled, the model
+    gives others."""
+    hf = save(tmp_path / "ckpt", "qwen3", rope_parameters=YARN, **QWEN3)
+    meta = {"qwen3.rope.scaling.type": "yarn", "qwen3.rope.scaling.factor": 4.0, "qwen3.rope.scaling.original_context_length": 16}
+    gguf_path = write_gguf_of(hf, tmp_path / "yarn.gguf", meta=meta)
+    ids = [int(t) for t in np.random.default_rng(6).integers(3, VOCAB, 40)]
+    ref = log_probs(hf, ids)
+    for path in (tmp_path / "ckpt", gguf_path):
+        llm = LLM(str(path), precision="fp32", max_batch=2, kv_tokens=256)
+        assert llm.config.rope_scaling.type == "yarn" and llm.config.rope_scaling.attention_factor == pytest.approx(hf.model.rotary_emb.attention_scaling, rel=1e-6)
+        np.testing.assert_allclose(llm.score(ids), ref, rtol=0, atol=1e-4)
+        if path == gguf_path:
+            continue
+        want = greedy(hf, ids[:20], 8)
+        want = want[: want.index(2)] if 2 in want else want
+        out = llm.generate(" ".join(f"w{t}" for t in ids[:20]), SamplingParams(temperature=0, max_tokens=8), chat=False)[0]
+        assert out.token_ids[: len(want)] == want
+    plain = save(tmp_path / "plain", "qwen3", **QWEN3)
+    assert np.abs(log_probs(plain, ids) - ref).max() > 1e-2
+
+
+def test_longrope_switches_to_its_long_factors_where_transformers_does(tmp_path: Path) -> None:
+    """longrope (original context 16, context 64): generation from a 12-token prompt crosses
+    the original context while decoding, one from a 20-token prompt starts past it; the greedy
+    tokens are transformers' ``generate``'s, which switches factors per forward call (the keys
+    cached before keep their short factors)."""
+    rng = np.random.default_rng(8)
+    rope = {"rope_type": "longrope", "original_max_position_embeddings": 16, "rope_theta": 10000.0,
+            "short_factor": [round(float(x), 3) for x in rng.uniform(1, 2, 8)], "long_factor": [round(float(x), 3) for x in rng.uniform(2, 8, 8)]}  # fmt: skip
+    hf = save(tmp_path, rope_parameters=rope)
+    llm = LLM(str(tmp_path), precision="fp32", max_batch=2, kv_tokens=256)
+    assert llm.config.rope_scaling.type == "longrope" and llm.config.rope_scaling.original_context == 16
+    for n in (12, 20):
+        ids = [int(t) for t in rng.integers(3, VOCAB, n)]
+        want = greedy(hf, ids, 10)
+        want = want[: want.index(2)] if 2 in want else want
+        out = llm.generate(" ".join(f"w{t}" for t in ids), SamplingParams(temperature=0, max_tokens=10), chat=False)[0]
+        assert out.token_ids[: len(want)] == want and len(want) >= 5
 
 
 def test_a_checkpoint_without_a_tokenizer_is_refused_before_compiling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -26,6 +26,10 @@ ROPE_CASES: dict[str, dict[str, Any]] = {
     "default": {"rope_type": "default", "rope_theta": 10000.0},
     "linear": {"rope_type": "linear", "factor": 4.0, "rope_theta": 50000.0},
     "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64, "rope_theta": 500000.0},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128, "rope_theta": 10000.0},
+    "yarn-mscale": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64, "mscale": 0.7, "mscale_all_dim": 1.0, "beta_fast": 16, "rope_theta": 10000.0},
+    "longrope": {"rope_type": "longrope", "factor": 4.0, "original_max_position_embeddings": 128, "rope_theta": 10000.0,
+                 "short_factor": [1.0 + 0.05 * i for i in range(8)], "long_factor": [1.5 + 0.5 * i for i in range(8)]},
 }
 
 
@@ -33,6 +37,44 @@ def hf_inv_freq(hf_config: Any) -> np.ndarray:
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     return LlamaRotaryEmbedding(hf_config).inv_freq.numpy()
+
+
+def hf_attention_scaling(hf_config: Any) -> float:
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    return float(LlamaRotaryEmbedding(hf_config).attention_scaling)
+
+
+def test_yarn_and_longrope_as_transformers_computes_them() -> None:
+    """yarn: ramp bounds truncated or not, the attention factor from ``factor``, from
+    ``mscale`` / ``mscale_all_dim`` or given; longrope: the factor from the two contexts when not
+    given, its long inverse frequencies those of a sequence past the original context (what
+    transformers' ``rope_init_fn`` computes for it), a top-level
+    ``original_max_position_embeddings`` (Phi3's) winning over the parameters' one; transformers
+    4's ``rope_scaling`` key reads alike."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    cases = [
+        {"rope_scaling": {"type": "yarn", "factor": 2.0, "original_max_position_embeddings": 256, "truncate": False, "beta_fast": 10.0, "beta_slow": 3.0}, "rope_theta": 5e4},
+        {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128, "attention_factor": 0.9, "rope_theta": 1e4}},
+        {"rope_parameters": {**ROPE_CASES["longrope"], "factor": None}},
+        {"rope_parameters": {**ROPE_CASES["longrope"], "attention_factor": 1.7}, "original_max_position_embeddings": 64},
+    ]
+    for change in cases:
+        d = {"model_type": "llama", **SMALL, **change}
+        cfg, hf = LlmConfig.from_hf_config(d), transformers.LlamaConfig(**{k: v for k, v in d.items() if k != "model_type"})
+        np.testing.assert_allclose(cfg.rope_inv_freq(), hf_inv_freq(hf), rtol=1e-6)
+        assert cfg.rope_scaling.attention_factor == pytest.approx(hf_attention_scaling(hf), rel=1e-12)
+        if cfg.rope_scaling.type == "longrope":
+            original = hf.rope_parameters["original_max_position_embeddings"]
+            assert cfg.rope_scaling.original_context == original
+            long, _ = ROPE_INIT_FUNCTIONS["longrope"](hf, None, seq_len=original + 1)
+            np.testing.assert_allclose(cfg.rope_inv_freq(step_end=original + 1), long.numpy(), rtol=1e-6)
+            np.testing.assert_allclose(cfg.rope_inv_freq(step_end=original), hf_inv_freq(hf), rtol=1e-6)
+            assert not np.allclose(cfg.rope_inv_freq(step_end=original + 1), cfg.rope_inv_freq(step_end=original))
+    assert LlmConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    with pytest.raises(TileworkError, match="3 factors for head_dim 16"):
+        LlmConfig.from_hf_config({"model_type": "llama", **SMALL, "rope_parameters": {**ROPE_CASES["longrope"], "short_factor": [1.0] * 3, "long_factor": [1.0] * 3}})
 
 
 @pytest.mark.parametrize("rope", list(ROPE_CASES))
@@ -44,9 +86,10 @@ def test_llama_config_matches_autoconfig(rope: str, tmp_path: Path) -> None:
         hf.model_type, hf.hidden_size, hf.num_hidden_layers, hf.num_attention_heads, hf.num_key_value_heads, hf.head_dim, hf.intermediate_size, hf.vocab_size,
     )
     assert (cfg.rms_eps, cfg.context_length, cfg.tie_word_embeddings, cfg.bos_token_id, cfg.eos_token_ids) == (hf.rms_norm_eps, 512, True, 5, (6, 7))
-    assert cfg.rope_theta == hf.rope_parameters["rope_theta"] and cfg.rope_scaling.type == rope
+    assert cfg.rope_theta == hf.rope_parameters["rope_theta"] and cfg.rope_scaling.type == rope.partition("-")[0]
     assert (cfg.attention_bias, cfg.attention_out_bias) == (False, False) and cfg.group == 2
     np.testing.assert_allclose(cfg.rope_inv_freq(), hf_inv_freq(hf), rtol=1e-6)
+    assert cfg.rope_scaling.attention_factor == pytest.approx(hf_attention_scaling(hf), rel=1e-12)
     assert LlmConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
 
 
@@ -77,6 +120,27 @@ def test_qwen2_config_has_qkv_bias(tmp_path: Path) -> None:
     assert cfg.architecture == "qwen2" and cfg.attention_bias and not cfg.attention_out_bias
     assert (cfg.hidden, cfg.kv_heads, cfg.rms_eps, cfg.tie_word_embeddings) == (hf.hidden_size, hf.num_key_value_heads, hf.rms_norm_eps, True)
     np.testing.assert_allclose(cfg.rope_inv_freq(), hf_inv_freq(transformers.LlamaConfig(**SMALL, rope_parameters=hf.rope_parameters)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_qwen3_config_has_qk_norms_and_its_own_head_dim(tmp_path: Path, bias: bool) -> None:
+    """Qwen3: ``head_dim`` 24 where hidden / heads is 16; ``attention_bias`` on q, k, v and o
+    alike (off by default); a q_norm and a k_norm of ``head_dim`` per layer; a sliding window
+    as Qwen2's."""
+    transformers.Qwen3Config(**SMALL, head_dim=24, attention_bias=bias, tie_word_embeddings=True).save_pretrained(tmp_path)
+    cfg = LlmConfig.from_hf_config(tmp_path)
+    hf = transformers.AutoConfig.from_pretrained(tmp_path)
+    assert cfg.architecture == "qwen3" and cfg.qk_norm and cfg.head_dim == hf.head_dim == 24 and (cfg.attention_bias, cfg.attention_out_bias) == (bias, bias)
+    assert (cfg.rms_eps, cfg.rope_theta, cfg.tie_word_embeddings, cfg.context_length) == (hf.rms_norm_eps, hf.rope_parameters["rope_theta"], True, 512)
+    shapes = expected_shapes(cfg)
+    assert shapes["model.layers.1.self_attn.q_norm.weight"] == shapes["model.layers.1.self_attn.k_norm.weight"] == (24,)
+    assert shapes["model.layers.0.self_attn.q_proj.weight"] == (4 * 24, 64) and shapes["model.layers.0.self_attn.o_proj.weight"] == (64, 4 * 24)
+    assert not LlmConfig.from_hf_config({**SMALL, "model_type": "qwen2"}).qk_norm
+    # an absent head_dim is Qwen3Config's (128), not hidden / heads
+    assert LlmConfig.from_hf_config({**SMALL, "model_type": "qwen3"}).head_dim == transformers.Qwen3Config(**SMALL).head_dim == 128
+    windowed = json.loads((tmp_path / "config.json").read_text()) | {"use_sliding_window": True, "sliding_window": 16, "layer_types": None, "max_window_layers": 1}
+    assert LlmConfig.from_hf_config(windowed).context_length == 16
+    assert LlmConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
 
 
 @pytest.mark.parametrize("window, context", [(16, 16), (None, 512), (4096, 512), ("absent", 512)])
@@ -118,10 +182,9 @@ def test_llama_attention_bias_means_output_bias_too() -> None:
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported; supported: llama, mistral, qwen2"),
+        ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported; supported: llama, mistral, qwen2, qwen3"),
         ({"model_type": "phi"}, "model_type 'phi'"),
-        ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, "'yarn'"),
-        ({"rope_parameters": {"rope_type": "longrope", "factor": 2.0, "rope_theta": 1e4}}, "'longrope'"),
+        ({"rope_parameters": {"rope_type": "proportional", "factor": 4.0, "rope_theta": 1e4}}, "rope scaling 'proportional' is not supported; supported: default, linear, llama3, yarn, longrope, dynamic"),
         ({"hidden_act": "gelu"}, "'gelu'"),
         ({"partial_rotary_factor": 0.5}, "partial rotary"),
     ],

@@ -205,32 +205,65 @@ def test_prefill_and_decode_give_hugging_faces_logits(kind: str) -> None:
         np.testing.assert_allclose(got, ref[len(prompt) - 1 + i], rtol=1e-4, atol=1e-4)
 
 
+_FACTORS = np.random.default_rng(7)
 ROPE_SCALED = {
     "linear": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0},
     # head_dim 16: wavelengths 6.3 (kept: < 32 / 4), 19.9 (blended) and 63 up (divided: > 32 / 1)
     "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32, "rope_theta": 10000.0},
+    # the ramp over frequencies 0..7 from 0 to 2 (kept below, divided from 2 on); attention factor 1.139
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "rope_theta": 10000.0},
+    # no truncation: a ramp between 1.2 and 2.8 (two frequencies blended); attention factor given
+    "yarn-betas": {"rope_type": "yarn", "factor": 3.0, "original_max_position_embeddings": 32, "beta_fast": 8.0, "beta_slow": 2.0, "truncate": False, "attention_factor": 1.3, "rope_theta": 10000.0},
+    # factor from the contexts (128 / 32): attention factor sqrt(1 + ln 4 / ln 32) = 1.183
+    "longrope": {"rope_type": "longrope", "original_max_position_embeddings": 32, "short_factor": [round(float(x), 3) for x in _FACTORS.uniform(1, 2, 8)],
+                 "long_factor": [round(float(x), 3) for x in _FACTORS.uniform(2, 6, 8)], "rope_theta": 10000.0},
 }
+
+
+def _hf_incremental(hf: Any, prompt: list[int], tokens: list[int]) -> list[np.ndarray]:
+    """transformers' logits after ``prompt`` and after each of ``tokens`` fed one at a time
+    through its cache, as ``generate`` computes them: longrope picks its factors per forward
+    call (by its last position), so for it these are not one forward call's logits."""
+    with torch.no_grad():
+        out = hf(torch.tensor([prompt]), use_cache=True)
+        logits = [out.logits[0, -1].numpy()]
+        for t in tokens:
+            out = hf(torch.tensor([[t]]), cache=out.cache, use_cache=True)
+            logits.append(out.logits[0, -1].numpy())
+    return logits
 
 
 @pytest.mark.parametrize("rope", list(ROPE_SCALED))
 def test_scaled_rotary_gives_hugging_faces_logits(rope: str) -> None:
-    """``rope_scaling`` linear and llama3 (which ``LlmConfig`` reads) are what the decoder
-    computes (it refused them before); the logits of the same weights unscaled differ far more
-    than the tolerance, so the scaling is what is checked (weights 10x ``_hf``'s: with theirs the
-    attention scores are too small for the angles to matter)."""
+    """``rope_scaling`` linear, llama3, yarn and longrope are what the decoder computes: greedy
+    tokens and every step's logits after prompts of 1, 27 and 40 tokens (the original context
+    32 crossed while decoding, and by the prompt itself; the context is 128). The logits of the
+    same weights unscaled differ far more than the tolerance, so the scaling is what is checked
+    (weights 10x ``_hf``'s: with theirs the attention scores are too small for the angles to
+    matter). longrope switches to its long factors in the step that goes past the original
+    context, the keys cached before keeping theirs, as transformers' cache does: the 27-token
+    prompt's decode differs from one forward call over the whole sequence."""
     torch.manual_seed(0)
     config = {**_hf().config.to_dict(), "initializer_range": 0.2}
     hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config)).eval()
     scaled = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**config, "rope_parameters": ROPE_SCALED[rope]})).eval()
     scaled.load_state_dict(hf.state_dict())
     r = Runner(scaled, max_batch=1)
-    assert r.cfg.rope_scaling.type == rope
-    prompt = [int(t) for t in np.random.default_rng(2).integers(0, 96, 20)]
-    tokens, logits = r.run(prompt, 6)
-    ref, plain = _hf_logits(scaled, prompt + tokens), _hf_logits(hf, prompt + tokens)
-    for i, got in enumerate(logits):
-        np.testing.assert_allclose(got, ref[len(prompt) - 1 + i], rtol=1e-4, atol=1e-4)
-    assert np.abs(plain - ref).max() > 100 * 1e-4
+    assert r.cfg.rope_scaling.type == rope.partition("-")[0]
+    assert r.cfg.rope_scaling.attention_factor == pytest.approx(scaled.model.rotary_emb.attention_scaling, rel=1e-12)
+    np.testing.assert_allclose(r.cfg.rope_inv_freq(), scaled.model.rotary_emb.inv_freq.numpy(), rtol=1e-6)
+    rng = np.random.default_rng(2)
+    for n in (1, 27, 40):
+        prompt = [int(t) for t in rng.integers(0, 96, n)]
+        tokens, logits = r.run(prompt, 8)
+        ref = _hf_incremental(scaled, prompt, tokens)
+        assert tokens == [int(np.argmax(x)) for x in ref[:-1]]
+        for got, want in zip(logits, ref):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        plain = _hf_logits(hf, prompt + tokens)
+        assert np.abs(plain[n - 1 :] - np.array(ref)).max() > 100 * 1e-4
+        if rope == "longrope" and n == 27:  # one forward call of 35 tokens: long factors throughout
+            assert np.abs(_hf_logits(scaled, prompt + tokens)[n - 1 :] - np.array(ref)).max() > 100 * 1e-4
 
 
 @pytest.mark.parametrize("fmt", [None, "q8_0"])

@@ -251,28 +251,47 @@ def test_paged_rotary_is_the_cosines_and_sines_of_the_positions(target: str, len
 
 
 
-@pytest.mark.parametrize("scaling", [("linear", 4.0), ("llama3", 8.0, 40.0, 1.0, 4.0)])
-def test_paged_rotary_scales_the_frequencies_as_the_config_does(scaling: tuple[Any, ...]) -> None:
+_LONGROPE = dict(short_factor=tuple(1 + 0.1 * np.arange(HD // 2)), long_factor=tuple(2 + 0.5 * np.arange(HD // 2)))
+ROTARY_SCALINGS: dict[str, dict[str, Any]] = {
+    "linear": dict(type="linear", factor=4.0),
+    "llama3": dict(type="llama3", factor=8.0, original_context=40, low_freq_factor=1.0, high_freq_factor=4.0),
+    "yarn": dict(type="yarn", factor=4.0, original_context=40, attention_factor=1.25, beta_fast=4.0, beta_slow=1.0, truncate=False),
+    "longrope": dict(type="longrope", factor=4.0, original_context=40, attention_factor=1.5, **_LONGROPE),
+}
+
+
+@pytest.mark.parametrize("kind", list(ROTARY_SCALINGS))
+def test_paged_rotary_scales_the_frequencies_as_the_config_does(kind: str) -> None:
     """``rope_scaling``: the angles are the positions times ``LlmConfig.rope_inv_freq`` of the
-    same scaling (transformers' inverse frequencies; llama3's three bands all present here)."""
+    same scaling (transformers' inverse frequencies; llama3's three bands and yarn's ramp all
+    present here), the cosines and sines times its attention factor; longrope's sequence whose
+    step ends past the original context (37 + 5 > 40) has its long factors, the other its short
+    ones."""
     from tilework.llm.config import LlmConfig, RopeScaling
 
+    cfg = LlmConfig("llama", HD, 1, 1, 1, HD, HD, 8, THETA, 1e-5, 64, rope_scaling=RopeScaling(**ROTARY_SCALINGS[kind]))
     b, seq = tw.dim("b", max=8), tw.dim("s", max=64)
     tokens, kl = Var("tokens", TensorInfo((b, seq), "int64")), Var("kl", TensorInfo((b,), "int32"))
     bb = BlockBuilder()
     with bb.function("main", [tokens, kl]):
         with bb.dataflow():
-            out = bb.emit_output(paged_rotary(tokens, kl, head_dim=HD, rope_theta=THETA, rope_scaling=scaling))
+            out = bb.emit_output(paged_rotary(tokens, kl, head_dim=HD, rope_theta=THETA, rope_scaling=cfg.rope_op_scaling()))
         bb.emit_func_output(out)
     lens, s = [0, 37], 5
     got = tw.VM(tw.build(bb.get()))["main"](np.zeros((len(lens), s), np.int64), np.array(lens, np.int32))
-    cfg = LlmConfig("llama", HD, 1, 1, 1, HD, HD, 8, THETA, 1e-5, 64, rope_scaling=RopeScaling(*scaling))
     plain = THETA ** (-2.0 * np.arange(HD // 2) / HD)
     ratio = plain / cfg.rope_inv_freq()
-    assert scaling[0] == "linear" or (np.isclose(ratio, 1).any() and np.isclose(ratio, 8).any() and ((ratio > 1.01) & (ratio < 7.99)).any())
-    angle = (np.array(lens)[:, None] + np.arange(s)[None, :])[:, :, None] * cfg.rope_inv_freq().astype(np.float64)
-    np.testing.assert_allclose(got[:, :, 0], np.cos(angle), rtol=0, atol=1e-5)  # rope_inv_freq is float32
-    np.testing.assert_allclose(got[:, :, 1], np.sin(angle), rtol=0, atol=1e-5)
+    if kind in ("llama3", "yarn"):
+        top = cfg.rope_scaling.factor
+        assert np.isclose(ratio, 1).any() and np.isclose(ratio, top).any() and ((ratio > 1.01) & (ratio < top - 0.01)).any()
+    for row, start in enumerate(lens):
+        inv = cfg.rope_inv_freq(step_end=start + s).astype(np.float64)
+        angle = (start + np.arange(s))[:, None] * inv
+        m = cfg.rope_scaling.attention_factor
+        np.testing.assert_allclose(got[row, :, 0], m * np.cos(angle), rtol=0, atol=1e-5)  # rope_inv_freq is float32
+        np.testing.assert_allclose(got[row, :, 1], m * np.sin(angle), rtol=0, atol=1e-5)
+    if kind == "longrope":
+        assert not np.allclose(cfg.rope_inv_freq(step_end=40), cfg.rope_inv_freq(step_end=41))
 
 
 KV16 = ["bfloat16", long_param("float16", why="the second 16-bit pool dtype (bfloat16 runs by default)")]
@@ -368,7 +387,8 @@ def test_shapes_are_checked() -> None:
                 bb.emit(paged_attention(good, kc, vc, kl, pt, layer=0, kv_heads=NKV, rotary=rotary, **attrs))
     ids = Var("ids", TensorInfo((b, 1), "int32"))
     rotary_cases: list[tuple[dict[str, Any], str]] = [({"head_dim": HD, "rope_theta": 0.0}, "rope_theta must be a positive number"), ({"head_dim": 7, "rope_theta": THETA}, "head_dim must be a positive even int")]
-    rotary_cases += [({"head_dim": HD, "rope_theta": THETA, "rope_scaling": bad}, "rope_scaling must be None, .'linear', factor.") for bad in (("yarn", 2.0), ("linear", 0.0), ("llama3", 8.0, 64.0, 4.0, 1.0))]
+    bad_scalings = [("yarn", 2.0), ("linear", 0.0), ("llama3", 8.0, 64.0, 4.0, 1.0), ("yarn", 2.0, 3.0, 3.0, 1.0), ("longrope", 40.0, 1.0, (1.0,) * (HD // 2), (1.0,) * (HD // 2 - 1))]
+    rotary_cases += [({"head_dim": HD, "rope_theta": THETA, "rope_scaling": bad}, "rope_scaling must be None, .'linear', factor.") for bad in bad_scalings]
     for attrs, message in rotary_cases:
         bb = BlockBuilder()
         with pytest.raises(TileworkError, match=message):

@@ -221,7 +221,8 @@ TINY = LlmConfig(
 # the llama.cpp names, spelled out here rather than derived from the code under test
 _GGUF_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
 _GGUF_PART = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate",
-              "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+              "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+              "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
 _FORMAT_OF = {"embed_tokens": "q8_0", "q_proj.weight": "q8_0", "k_proj.weight": "q4_0", "v_proj.weight": "q4_1", "o_proj.weight": "f16", "gate_proj": "bf16", "lm_head": "q4_1"}
 
 
@@ -325,6 +326,18 @@ def test_tiny_qwen2_gguf_keeps_row_order(tmp_path: Path) -> None:
         np.testing.assert_array_equal(w[name].data, tensors[name].data)
 
 
+def test_tiny_qwen3_gguf_has_its_qk_norms(tmp_path: Path) -> None:
+    """``attn_q_norm`` / ``attn_k_norm`` are the per-head norms ``self_attn.q_norm`` /
+    ``k_norm`` (transformers order: no row is permuted in a qwen3 file); the head dim is
+    ``attention.key_length`` (24, not hidden / heads)."""
+    cfg = LlmConfig(**{**TINY.to_dict(), "architecture": "qwen3", "head_dim": 24, "attention_bias": False, "attention_out_bias": False, "rope_scaling": RopeScaling()})
+    tensors = tiny_tensors(cfg, seed=3)
+    loaded_cfg, w = load_weights(write_gguf(tmp_path / "qwen3.gguf", cfg, tensors, meta={"qwen3.attention.key_length": 24, "qwen3.attention.value_length": 24}))
+    assert loaded_cfg == cfg and list(w) == list(tensors)
+    for name in ("model.layers.1.self_attn.q_proj.weight", "model.layers.1.self_attn.k_norm.weight", "model.layers.0.self_attn.q_norm.weight"):
+        np.testing.assert_array_equal(w[name].data, tensors[name].data)
+
+
 def test_tiny_gguf_with_mlp_biases(tmp_path: Path) -> None:
     """``ffn_gate``/``ffn_up``/``ffn_down`` biases make an ``mlp_bias`` config (they were
     tensors the model did not have)."""
@@ -340,12 +353,22 @@ def test_gguf_rope_scaling(tmp_path: Path) -> None:
     meta = {"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 4.0}
     cfg, _ = load_weights(write_gguf(tmp_path / "linear.gguf", TINY, tensors, meta=meta))
     assert cfg.rope_scaling == RopeScaling("linear", 4.0)
-    meta = {"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}
-    with pytest.raises(UnsupportedError, match="rope scaling 'yarn'"):
-        load_weights(write_gguf(tmp_path / "yarn.gguf", TINY, tensors, meta=meta))
-    extra = {"rope_freqs.weight": (np.ones(8, np.float32), None)}
-    with pytest.raises(UnsupportedError, match="rope_freqs.weight"):
-        load_weights(write_gguf(tmp_path / "llama3.gguf", TINY, tensors, extra=extra))
+    yarn = {"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0, "llama.rope.scaling.original_context_length": 32}
+    cfg, _ = load_weights(write_gguf(tmp_path / "yarn.gguf", TINY, tensors, meta=yarn))
+    assert cfg.rope_scaling == RopeScaling("yarn", 4.0, 32, attention_factor=1 + 0.1 * np.log(4.0))  # llama.cpp's mscale, transformers' too
+    cfg, _ = load_weights(write_gguf(tmp_path / "betas.gguf", TINY, tensors, meta={**yarn, "llama.rope.scaling.yarn_beta_fast": 8.0, "llama.rope.scaling.yarn_beta_slow": 2.0}))
+    assert (cfg.rope_scaling.beta_fast, cfg.rope_scaling.beta_slow) == (8.0, 2.0)
+    for key, message in (("yarn_log_multiplier", "yarn_log_multiplier = 0.1"), ("attn_factor", "attn_factor = 0.1")):
+        with pytest.raises(UnsupportedError, match=message):
+            load_weights(write_gguf(tmp_path / f"{key}.gguf", TINY, tensors, meta={**yarn, f"llama.rope.scaling.{key}": 0.1}))
+    with pytest.raises(TileworkError, match="original_context_length"):
+        load_weights(write_gguf(tmp_path / "yarn-no-ctx.gguf", TINY, tensors, meta={"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}))
+    with pytest.raises(UnsupportedError, match="rope scaling 'longrope'.*supported: none, linear, yarn"):
+        load_weights(write_gguf(tmp_path / "longrope.gguf", TINY, tensors, meta={"llama.rope.scaling.type": "longrope", "llama.rope.scaling.factor": 4.0}))
+    for name in ("rope_freqs.weight", "rope_factors_long.weight"):
+        extra = {name: (np.ones(8, np.float32), None)}
+        with pytest.raises(UnsupportedError, match=name):
+            load_weights(write_gguf(tmp_path / "factors.gguf", TINY, tensors, extra=extra))
 
 
 def test_rope_row_order_inverts_llama_cpp() -> None:

@@ -22,7 +22,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 SEQS = (1, 7, 33)
 
 
-def hf_model(tie: bool = False) -> Any:
+def hf_model(tie: bool = False, **kw: Any) -> Any:
     """A small random Llama; weights larger than the default init so that every layer matters."""
     cfg = transformers.LlamaConfig(
         hidden_size=64,
@@ -33,6 +33,7 @@ def hf_model(tie: bool = False) -> Any:
         intermediate_size=128,
         tie_word_embeddings=tie,
         max_position_embeddings=64,
+        **kw,
     )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg).eval()
@@ -104,7 +105,26 @@ def test_tied_embeddings_share_the_embedding_matrix() -> None:
     assert_close(cm(ids), reference_logits(hf, ids), "tied, seq 9")
 
 
+def test_linear_rotary_scaling_gives_transformers_logits() -> None:
+    """``rope_scaling`` linear (factor 4: every angle a quarter; it was refused): the logits at
+    each length are transformers', and the unscaled model's differ."""
+    hf = hf_model(rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0})
+    cfg = LlamaConfig.from_hf(hf.config)
+    assert cfg.rope_factor == 4.0 and LlamaConfig.from_hf(hf_model().config).rope_factor == 1.0
+    model = LlamaForCausalLM(cfg)
+    model.load_state_dict(hf.state_dict())
+    cm = model.compile()
+    plain = hf_model()  # the same weights (the same seed), unscaled
+    rng = np.random.default_rng(3)
+    for seq in SEQS:
+        ids = rng.integers(0, 128, size=(1, seq))
+        want = reference_logits(hf, ids)
+        assert_close(cm(ids), want, f"linear, seq {seq}")
+        if seq > 1:
+            assert np.abs(reference_logits(plain, ids) - want).max() > 1e-2 * np.abs(want).max()
+
+
 def test_unsupported_configs_are_refused() -> None:
-    cfg = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, rope_scaling={"rope_type": "linear", "factor": 2.0})
-    with pytest.raises(UnsupportedError, match="only the default"):
+    cfg = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0})
+    with pytest.raises(UnsupportedError, match="type 'llama3': only the default kind, unscaled or scaled 'linear'"):
         LlamaConfig.from_hf(cfg)

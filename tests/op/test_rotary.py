@@ -19,12 +19,12 @@ from tilework.ir.sym import SymVar
 b, s, h, d = tw.dim("b"), tw.dim("s"), tw.dim("h"), tw.dim("d")
 
 
-def rope_ref(x: np.ndarray, pos: np.ndarray, theta: float = 10000.0, rotary_dim: int | None = None) -> np.ndarray:
+def rope_ref(x: np.ndarray, pos: np.ndarray, theta: float = 10000.0, rotary_dim: int | None = None, factor: float = 1.0) -> np.ndarray:
     """Rotate-half RoPE in float64, written from the formula in the op's docstring."""
     x = x.astype(np.float64)
     rd = x.shape[3] if rotary_dim is None else rotary_dim
     half = rd // 2
-    inv_freq = theta ** (-2.0 * np.arange(half) / rd)  # (half,)
+    inv_freq = theta ** (-2.0 * np.arange(half) / rd) / factor  # (half,)
     p = np.broadcast_to(pos, x.shape[:2]).astype(np.float64)  # (batch, seq)
     angle = p[:, :, None, None] * inv_freq  # (batch, seq, 1, half)
     cos, sin = np.cos(angle), np.sin(angle)
@@ -63,6 +63,8 @@ def test_rotary_errors() -> None:
         infer(lambda x, p: op.rotary_embedding(x, p, rotary_dim=3), T(1, s, 2, 8), T(s, dtype="int64"))
     with pytest.raises(InferenceError, match="theta must be a positive number"):
         infer(lambda x, p: op.rotary_embedding(x, p, theta=-1.0), T(1, s, 2, 8), T(s, dtype="int64"))
+    with pytest.raises(InferenceError, match="factor must be a positive number, got 0.0"):
+        infer(lambda x, p: op.rotary_embedding(x, p, factor=0.0), T(1, s, 2, 8), T(s, dtype="int64"))
 
 
 def _inputs(xshape: tuple, pshape: tuple, dtype: str = "float32", offset: int = 0) -> Callable[[dict[SymVar, int], np.random.Generator], list[np.ndarray]]:
@@ -87,6 +89,7 @@ def _cases() -> list[Case]:
         Case("rope_seq_positions", op.rotary_embedding, [T(b, s, h, 8), T(s, dtype=i64)], rope_ref, ENVS, inputs=_inputs((b, s, h, 8), (s,)), tol=1e-5),
         Case("rope_batch_positions_theta", lambda x, p: op.rotary_embedding(x, p, theta=500000.0), [T(b, s, h, 16), T(b, s, dtype=i64)], lambda x, p: rope_ref(x, p, 500000.0), ENVS, inputs=_inputs((b, s, h, 16), (b, s)), tol=1e-5),
         Case("rope_decode_offset", op.rotary_embedding, [T(b, s, h, 8), T(1, s, dtype=i64)], rope_ref, ENVS, inputs=_inputs((b, s, h, 8), (1, s), offset=4000), tol=1e-4),
+        Case("rope_linear_factor", lambda x, p: op.rotary_embedding(x, p, factor=4.0), [T(b, s, h, 8), T(s, dtype=i64)], lambda x, p: rope_ref(x, p, factor=4.0), ENVS, inputs=_inputs((b, s, h, 8), (s,), offset=100), tol=1e-5),
         Case("rope_partial", lambda x, p: op.rotary_embedding(x, p, rotary_dim=4), [T(b, s, h, 10), T(s, dtype=i64)], lambda x, p: rope_ref(x, p, rotary_dim=4), ENVS, inputs=_inputs((b, s, h, 10), (s,)), tol=1e-5),
         Case("rope_symbolic_head_dim", op.rotary_embedding, [T(1, s, 2, d), T(s, dtype=i64)], rope_ref, envs({s: 3, d: 8}, {s: 5, d: 2}), inputs=_inputs((1, s, 2, d), (s,)), tol=1e-5),
         Case("rope_float16", op.rotary_embedding, [T(b, s, h, 8, dtype="float16"), T(s, dtype=i64)], rope_ref, ENVS, inputs=_inputs((b, s, h, 8), (s,), "float16"), tol=2e-3),

@@ -2,8 +2,10 @@
 
 One value describes the model whatever file it came from: a GGUF file's metadata
 (:meth:`LlmConfig.from_gguf`) or a transformers ``config.json`` (:meth:`LlmConfig.from_hf_config`).
-Two architectures are read: ``llama`` and ``qwen2`` (llama with biases on the q, k and v
-projections); a transformers ``mistral`` checkpoint is ``llama``, and a model with
+Three architectures are read: ``llama``, ``qwen2`` (llama with biases on the q, k and v
+projections) and ``qwen3`` (llama with an RMSNorm over each query and key head, ``q_norm`` /
+``k_norm``, before the rotary embedding; its ``head_dim`` need not be ``hidden / heads``); a
+transformers ``mistral`` checkpoint is ``llama``, and a model with
 sliding-window attention has its context cut to the window. Anything the model family could
 vary that tilework does not implement (another rotary scaling, a partial rotary dim, experts)
 raises :class:`~tilework.errors.UnsupportedError` naming it, rather than loading a model that
@@ -11,9 +13,13 @@ would compute something else.
 
 Rotary scaling (``rope_scaling``) is exact for ``default``, ``dynamic`` (the default within the
 context, ``max_position_embeddings``: it changes the frequencies of longer sequences only),
-``linear`` (every inverse frequency divided by ``factor``) and ``llama3`` (low frequencies
-divided by ``factor``, high ones kept, a smooth blend between; as
-``transformers.modeling_rope_utils``): :meth:`LlmConfig.rope_inv_freq`.
+``linear`` (every inverse frequency divided by ``factor``), ``llama3`` (low frequencies
+divided by ``factor``, high ones kept, a smooth blend between), ``yarn`` (a linear ramp over the
+frequency index between kept and divided by ``factor``, the cosines and sines multiplied by its
+attention factor) and ``longrope`` (each frequency divided by its ``short_factor``, or by its
+``long_factor`` in a step that ends past ``original_max_position_embeddings``, as transformers
+switches per forward call; the attention factor too); as ``transformers.modeling_rope_utils``:
+:meth:`LlmConfig.rope_inv_freq`.
 """
 
 from __future__ import annotations
@@ -33,31 +39,71 @@ if TYPE_CHECKING:
 
     from tilework.llm.gguf import GGUFFile
 
-ARCHITECTURES = ("llama", "qwen2")
-ROPE_TYPES = ("default", "linear", "llama3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
 @dataclass(frozen=True, slots=True)
 class RopeScaling:
-    """How the rotary inverse frequencies are scaled. ``original_context``,
-    ``low_freq_factor`` and ``high_freq_factor`` are used by ``llama3`` only."""
+    """How the rotary inverse frequencies are scaled (see :meth:`LlmConfig.rope_inv_freq`).
+    ``original_context``: the pretraining context of ``llama3``, ``yarn`` and ``longrope``;
+    ``low_freq_factor`` / ``high_freq_factor``: ``llama3``'s bands; ``beta_fast``,
+    ``beta_slow``, ``truncate``: ``yarn``'s ramp; ``short_factor`` / ``long_factor``:
+    ``longrope``'s per-frequency divisors (``head_dim / 2`` each); ``attention_factor``: what
+    the cosines and sines are multiplied by (``yarn``, ``longrope``: transformers'
+    ``attention_scaling``, resolved from the file's keys when it does not give one)."""
 
     type: str = "default"
     factor: float = 1.0
     original_context: int | None = None
     low_freq_factor: float | None = None
     high_freq_factor: float | None = None
+    attention_factor: float = 1.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    short_factor: tuple[float, ...] | None = None
+    long_factor: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.type not in ROPE_TYPES:
             raise UnsupportedError(f"rope scaling {self.type!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
         if self.factor <= 0:
             raise TileworkError(f"rope scaling {self.type!r}: factor must be positive, got {self.factor}")
+        if not self.attention_factor > 0:
+            raise TileworkError(f"rope scaling {self.type!r}: attention_factor must be positive, got {self.attention_factor}")
+        if self.type in ("llama3", "yarn", "longrope") and (self.original_context is None or self.original_context <= 0):
+            raise TileworkError(f"rope scaling {self.type!r} needs a positive original_context (original_max_position_embeddings), got {self.original_context}")
         if self.type == "llama3":
-            if self.original_context is None or self.low_freq_factor is None or self.high_freq_factor is None:
+            if self.low_freq_factor is None or self.high_freq_factor is None:
                 raise TileworkError("rope scaling 'llama3' needs original_context, low_freq_factor and high_freq_factor")
             if self.high_freq_factor <= self.low_freq_factor:
                 raise TileworkError(f"rope scaling 'llama3': high_freq_factor ({self.high_freq_factor}) must exceed low_freq_factor ({self.low_freq_factor})")
+        for name in ("short_factor", "long_factor"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, tuple(float(x) for x in value))
+        if self.type == "longrope":
+            short, long = self.short_factor, self.long_factor
+            if short is None or long is None or len(short) != len(long) or not short:
+                raise TileworkError(f"rope scaling 'longrope' needs short_factor and long_factor of one length (head_dim / 2), got {short} and {long}")
+            if not all(x > 0 for x in short + long):
+                raise TileworkError("rope scaling 'longrope': short_factor and long_factor must be positive")
+
+    def yarn_ramp(self, head_dim: int, theta: float) -> tuple[float, float]:
+        """``yarn``'s ramp over the frequency index ``j``: ``(low, high)``, the ramp
+        ``clamp((j - low) / (high - low), 0, 1)`` (0: the frequency kept, 1: divided by
+        ``factor``), as transformers' ``find_correction_range`` and ``linear_ramp_factor``."""
+        assert self.original_context is not None
+
+        def dim(rotations: float) -> float:
+            return head_dim * math.log(self.original_context / (rotations * 2 * math.pi)) / (2 * math.log(theta))  # type: ignore[operator]
+
+        low, high = dim(self.beta_fast), dim(self.beta_slow)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, head_dim - 1)
+        return float(low), float(high + 0.001 if low == high else high)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +111,8 @@ class LlmConfig:
     """A llama-family decoder. ``attention_bias``: q, k, v projections have biases;
     ``attention_out_bias``: the output projection has one too (llama's ``attention_bias``
     sets both, qwen2 has the first only); ``mlp_bias``: the gate, up and down projections have
-    biases (llama's ``mlp_bias``). ``eos_token_ids``: every token that ends generation."""
+    biases (llama's ``mlp_bias``). ``eos_token_ids``: every token that ends generation. A
+    ``qwen3`` model normalizes each query and key head (:attr:`qk_norm`)."""
 
     architecture: str
     hidden: int
@@ -96,19 +143,41 @@ class LlmConfig:
             raise TileworkError(f"LlmConfig: heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
         if self.head_dim % 2:
             raise TileworkError(f"LlmConfig: head_dim must be even for rotary embeddings, got {self.head_dim}")
+        factors = self.rope_scaling.short_factor
+        if factors is not None and len(factors) != self.head_dim // 2:
+            raise TileworkError(f"rope scaling 'longrope': {len(factors)} factors for head_dim {self.head_dim} (it needs {self.head_dim // 2}, one a frequency)")
         object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
+
+    @property
+    def qk_norm(self) -> bool:
+        """Each query and key head goes through an RMSNorm of its own weights (``head_dim`` of
+        them, ``self_attn.q_norm`` / ``self_attn.k_norm``, eps ``rms_eps``) before the rotary
+        embedding: Qwen3's attention."""
+        return self.architecture == "qwen3"
 
     @property
     def group(self) -> int:
         """Query heads per key/value head."""
         return self.heads // self.kv_heads
 
-    def rope_inv_freq(self) -> np.ndarray:
+    def rope_inv_freq(self, step_end: int = 1) -> np.ndarray:
         """float32 ``[head_dim // 2]``: the angle of pair ``i`` at position ``p`` is ``p * inv_freq[i]``
-        (rotate-half pairing: element ``i`` with ``i + head_dim // 2``). Computed in float64."""
+        (rotate-half pairing: element ``i`` with ``i + head_dim // 2``); the cosines and sines
+        are then multiplied by ``rope_scaling.attention_factor``. Computed in float64.
+        ``step_end``: one past the last position of the step (a forward call) the angles are
+        for, which ``longrope`` alone reads: its ``long_factor`` divides the frequencies of a
+        step that ends past ``original_context``, ``short_factor`` those of the others
+        (transformers' ``longrope_frequency_update``, with ``max(position_ids) + 1``)."""
         inv = 1.0 / self.rope_theta ** (np.arange(0, self.head_dim, 2, dtype=np.float64) / self.head_dim)
         rs = self.rope_scaling
-        if rs.type == "linear":
+        if rs.type == "yarn":
+            low, high = rs.yarn_ramp(self.head_dim, self.rope_theta)
+            ramp = np.clip((np.arange(self.head_dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+            inv = inv * (ramp / rs.factor + (1 - ramp))
+        elif rs.type == "longrope":
+            assert rs.original_context is not None and rs.short_factor is not None and rs.long_factor is not None
+            inv = inv / np.asarray(rs.long_factor if step_end > rs.original_context else rs.short_factor, np.float64)
+        elif rs.type == "linear":
             inv = inv / rs.factor
         elif rs.type == "llama3":
             assert rs.original_context is not None and rs.low_freq_factor is not None and rs.high_freq_factor is not None
@@ -121,6 +190,19 @@ class LlmConfig:
         return inv.astype(np.float32)
 
     # ---- caching -------------------------------------------------------------------------
+
+    def rope_op_scaling(self) -> tuple[Any, ...] | None:
+        """``rope_scaling`` as ``tilework.op.paged_rotary`` takes it (None: unscaled)."""
+        rs = self.rope_scaling
+        if rs.type == "default":
+            return None
+        if rs.type == "linear":
+            return ("linear", rs.factor)
+        if rs.type == "llama3":
+            return ("llama3", rs.factor, rs.original_context, rs.low_freq_factor, rs.high_freq_factor)
+        if rs.type == "yarn":
+            return ("yarn", rs.factor, *rs.yarn_ramp(self.head_dim, self.rope_theta), rs.attention_factor)
+        return ("longrope", rs.original_context, rs.attention_factor, rs.short_factor, rs.long_factor)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict; :meth:`from_dict` rebuilds an equal config."""
@@ -147,7 +229,7 @@ class LlmConfig:
         """The config in a GGUF file's metadata (keys ``{arch}.block_count``, ...; ``arch`` is
         ``general.architecture``). The head is tied when the file has no ``output.weight``;
         biases are present when ``blk.0.attn_q.bias`` / ``blk.0.attn_output.bias`` /
-        ``blk.0.ffn_up.bias`` are."""
+        ``blk.0.ffn_up.bias`` are. ``qwen3``'s head dim is ``{arch}.attention.key_length``."""
         from tilework.llm.gguf import read_gguf
 
         gf = read_gguf(source)
@@ -167,8 +249,9 @@ class LlmConfig:
             raise UnsupportedError(f"{where}: architecture {arch!r} is not supported; supported: {', '.join(ARCHITECTURES)}")
         if get(f"{arch}.expert_count", 0):
             raise UnsupportedError(f"{where}: mixture-of-experts models ({arch}.expert_count = {get(f'{arch}.expert_count')}) are not supported")
-        if "rope_freqs.weight" in tensors:
-            raise UnsupportedError(f"{where}: per-frequency rotary factors (tensor rope_freqs.weight, llama3-style scaling baked into the file) are not supported")
+        for name in ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"):
+            if name in tensors:
+                raise UnsupportedError(f"{where}: per-frequency rotary factors (tensor {name}: llama3-style or longrope scaling baked into the file) are not supported")
         hidden, heads = int(need(f"{arch}.embedding_length")), int(need(f"{arch}.attention.head_count"))
         head_dim = int(get(f"{arch}.attention.key_length", hidden // heads))
         value_dim = int(get(f"{arch}.attention.value_length", head_dim))
@@ -211,9 +294,9 @@ class LlmConfig:
         """The config of a transformers checkpoint: a ``config.json`` dict, its path, or the
         checkpoint directory. Missing optional keys take the transformers class defaults.
 
-        ``model_type`` ``llama``, ``qwen2`` or ``mistral`` (llama with a sliding window: it reads
-        as ``llama``). A model whose layers attend in a sliding window (Mistral's, Qwen2's with
-        ``use_sliding_window``) has a context of at most the window: a sequence that fits in the
+        ``model_type`` ``llama``, ``qwen2``, ``qwen3`` or ``mistral`` (llama with a sliding window:
+        it reads as ``llama``). A model whose layers attend in a sliding window (Mistral's, Qwen2's
+        and Qwen3's with ``use_sliding_window``) has a context of at most the window: a sequence that fits in the
         window attends to every earlier token, exactly what the decoder does; a longer one is
         refused as any prompt past the context is."""
         d, where = _hf_config_dict(source)
@@ -235,7 +318,7 @@ class LlmConfig:
             raise UnsupportedError(f"{where}: hidden_act {get('hidden_act')!r} is not supported (only 'silu')")
         if model_type == "qwen2":
             qkv_bias, out_bias = True, False
-        else:
+        else:  # llama, mistral, qwen3: q, k, v and o alike
             qkv_bias = out_bias = bool(d.get("attention_bias", False))
         hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
         context = int(get("max_position_embeddings"))
@@ -251,7 +334,7 @@ class LlmConfig:
             layers=int(need("num_hidden_layers")),
             heads=heads,
             kv_heads=int(get("num_key_value_heads") or heads),
-            head_dim=int(d.get("head_dim") or hidden // heads),
+            head_dim=int(d.get("head_dim", defaults.get("head_dim")) or hidden // heads),  # absent: the class default (Qwen3's 128)
             ffn=int(need("intermediate_size")),
             vocab=int(need("vocab_size")),
             rope_theta=theta,
@@ -260,19 +343,20 @@ class LlmConfig:
             tie_word_embeddings=bool(get("tie_word_embeddings")),
             attention_bias=qkv_bias,
             attention_out_bias=out_bias,
-            mlp_bias=model_type == "llama" and bool(d.get("mlp_bias", False)),  # (MistralForCausalLM, Qwen2ForCausalLM have none)
+            mlp_bias=model_type == "llama" and bool(d.get("mlp_bias", False)),  # (Mistral, Qwen2 and Qwen3 have none)
             rope_scaling=scaling,
             bos_token_id=None if d.get("bos_token_id") is None else int(d["bos_token_id"]),
             eos_token_ids=eos_ids,
         )
 
 
-# the transformers class defaults (LlamaConfig, MistralConfig, Qwen2Config) of the keys a
+# the transformers class defaults (LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config) of the keys a
 # config.json may omit; the model types read
 _HF_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "tie_word_embeddings": False, "rope_theta": 10000.0},
     "mistral": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 131072, "tie_word_embeddings": False, "rope_theta": 10000.0, "sliding_window": 4096},
     "qwen2": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": False, "rope_theta": 10000.0},
+    "qwen3": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": False, "rope_theta": 10000.0, "head_dim": 128},
 }
 
 
@@ -283,6 +367,13 @@ def _f32_value(v: Any) -> float:
 
 
 def _gguf_rope_scaling(get: Callable[..., Any], arch: str, where: str) -> RopeScaling:
+    """The rotary scaling of a GGUF file's ``{arch}.rope.scaling.*`` keys, as llama.cpp reads
+    them: ``linear``; ``yarn`` with ``factor``, ``original_context_length`` and
+    ``yarn_beta_fast`` / ``yarn_beta_slow`` (32 and 1 when absent), its attention factor
+    ``1 + 0.1 ln(factor)`` (llama.cpp's and transformers' alike). The keys that change yarn
+    otherwise in llama.cpp (``attn_factor``, ``yarn_ext_factor``, ``yarn_attn_factor``,
+    ``yarn_log_multiplier``, set by its converters for other families) are refused unless they
+    hold their neutral values, as is ``longrope`` (llama.cpp keeps its factors in tensors)."""
     kind = get(f"{arch}.rope.scaling.type")
     factor = get(f"{arch}.rope.scaling.factor")
     if kind is None:
@@ -292,7 +383,18 @@ def _gguf_rope_scaling(get: Callable[..., Any], arch: str, where: str) -> RopeSc
         return RopeScaling()
     if kind == "linear" and factor is not None:
         return RopeScaling("linear", _f32_value(factor))
-    raise UnsupportedError(f"{where}: rope scaling {kind!r} ({arch}.rope.scaling.type) is not supported; supported: none, linear")
+    if kind == "yarn":
+        original = get(f"{arch}.rope.scaling.original_context_length")
+        if original is None or factor is None:
+            raise TileworkError(f"{where}: yarn rope scaling needs {arch}.rope.scaling.factor and {arch}.rope.scaling.original_context_length")
+        for key, neutral in (("attn_factor", 1.0), ("yarn_ext_factor", 1.0), ("yarn_attn_factor", 1.0), ("yarn_log_multiplier", 0.0)):
+            value = get(f"{arch}.rope.scaling.{key}")
+            if value is not None and _f32_value(value) != neutral:
+                raise UnsupportedError(f"{where}: yarn rope scaling with {arch}.rope.scaling.{key} = {_f32_value(value)} is not supported (only {neutral})")
+        f = _f32_value(factor)
+        beta_fast, beta_slow = (_f32_value(get(f"{arch}.rope.scaling.yarn_beta_{b}", d)) for b, d in (("fast", 32.0), ("slow", 1.0)))
+        return RopeScaling("yarn", f, int(original), attention_factor=_yarn_mscale(f), beta_fast=beta_fast, beta_slow=beta_slow)
+    raise UnsupportedError(f"{where}: rope scaling {kind!r} ({arch}.rope.scaling.type) is not supported; supported: none, linear, yarn")
 
 
 def _hf_config_dict(source: "Mapping[str, Any] | str | os.PathLike[str]") -> tuple[dict[str, Any], str]:
@@ -315,18 +417,18 @@ def _hf_config_dict(source: "Mapping[str, Any] | str | os.PathLike[str]") -> tup
 
 def _hf_sliding_window(d: Mapping[str, Any], model_type: str, layers: int, where: str) -> int | None:
     """The sliding window of the model's attention when a layer has one, as transformers decides
-    it: Mistral's ``sliding_window`` (null: none, absent: MistralConfig's 4096); Qwen2's when
-    ``use_sliding_window`` and a layer is a ``sliding_attention`` one (``layer_types``, else
+    it: Mistral's ``sliding_window`` (null: none, absent: MistralConfig's 4096); Qwen2's and
+    Qwen3's when ``use_sliding_window`` and a layer is a ``sliding_attention`` one (``layer_types``, else
     the layers from ``max_window_layers`` on)."""
     if model_type == "mistral":
         window = d["sliding_window"] if "sliding_window" in d else _HF_DEFAULTS["mistral"]["sliding_window"]
-    elif model_type == "qwen2" and d.get("use_sliding_window"):
+    elif model_type in ("qwen2", "qwen3") and d.get("use_sliding_window"):
         window = d.get("sliding_window", 4096)
     else:
         window = None
     types = d.get("layer_types")
     if types is None:
-        first = d.get("max_window_layers", 28) if model_type == "qwen2" else 0
+        first = d.get("max_window_layers", 28) if model_type in ("qwen2", "qwen3") else 0
         types = ["sliding_attention" if window is not None and i >= first else "full_attention" for i in range(layers)]
     unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
     if unknown:
@@ -351,7 +453,30 @@ def _hf_rope(d: Mapping[str, Any], get: Callable[[str], Any], where: str) -> tup
         return theta, RopeScaling()
     if kind == "linear":
         return theta, RopeScaling("linear", float(params["factor"]))
+    # transformers' standardize_rope_params: a top-level original_max_position_embeddings (Phi3
+    # keeps it there) wins over the one in the rope parameters; the context when neither is
+    context = int(get("max_position_embeddings"))
+    original = int(d.get("original_max_position_embeddings") or params.get("original_max_position_embeddings") or context)
     if kind == "llama3":
-        original = params.get("original_max_position_embeddings") or get("max_position_embeddings")
-        return theta, RopeScaling("llama3", float(params["factor"]), int(original), float(params["low_freq_factor"]), float(params["high_freq_factor"]))
-    raise UnsupportedError(f"{where}: rope scaling {kind!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
+        return theta, RopeScaling("llama3", float(params["factor"]), original, float(params["low_freq_factor"]), float(params["high_freq_factor"]))
+    factor = float(params.get("factor") or context / original)  # the ratio of the two contexts where no factor is given
+    attention = params.get("attention_factor")
+    if kind == "yarn":
+        if attention is None:
+            mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
+            attention = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim) if mscale and mscale_all_dim else _yarn_mscale(factor)
+        beta_fast, beta_slow = float(params.get("beta_fast") or 32.0), float(params.get("beta_slow") or 1.0)
+        return theta, RopeScaling("yarn", factor, original, attention_factor=float(attention), beta_fast=beta_fast, beta_slow=beta_slow, truncate=bool(params.get("truncate", True)))
+    if kind == "longrope":
+        if attention is None:
+            attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+        for key in ("short_factor", "long_factor"):
+            if not isinstance(params.get(key), list):
+                raise TileworkError(f"{where}: rope scaling 'longrope' needs a list {key}, got {params.get(key)!r}")
+        return theta, RopeScaling("longrope", factor, original, attention_factor=float(attention), short_factor=tuple(params["short_factor"]), long_factor=tuple(params["long_factor"]))
+    raise UnsupportedError(f"{where}: rope scaling {kind!r} is not supported; supported: {', '.join(ROPE_TYPES)}, dynamic")
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention factor of a ``factor`` (transformers' ``yarn_get_mscale``)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0

@@ -11,8 +11,9 @@ Names are mapped to the transformers Llama names (``blk.{i}.attn_q.weight`` ->
 ``attn_q`` and ``attn_k`` (weights and biases) of ``llama`` models for its rotary layout: within
 each head, transformers pairs dim ``i`` with ``i + head_dim / 2`` (rotate-half), llama.cpp pairs
 ``2i`` with ``2i + 1``. :func:`gguf_tensors` undoes it by gathering whole rows, which copies the
-quantized bytes of those two tensors per layer and nothing else. ``qwen2`` files keep the
-transformers order.
+quantized bytes of those two tensors per layer and nothing else. ``qwen2`` and ``qwen3`` files
+keep the transformers order (llama.cpp rotates them rotate-half, as transformers does), so
+``qwen3``'s per-head ``attn_q_norm`` / ``attn_k_norm`` weights are in transformers' order too.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ _PER_LAYER = {
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",

@@ -20,9 +20,12 @@ The cache arguments are float32, bfloat16 or float16 (``decoder_spec``'s ``kv_dt
 Batch, sequence, page-table width and pool size are symbolic (bounded by the context), so one
 compilation serves every prompt length and batch size. Token ``t`` of a sequence sits at
 position ``kv_len + t``: ``paged_rotary`` computes the rotary angles of the step's positions
-(scaled as the config's ``rope_scaling`` says) once, and each layer's ``paged_attention`` turns
+(scaled as the config's ``rope_scaling`` says: longrope's factors chosen per sequence by the end
+of its step, as transformers chooses them per forward call) once, and each layer's ``paged_attention`` turns
 the token's query and key by them, writes its key and value to the cache there and attends; the
-caller advances ``kv_len``. The cache layout is ``tilework.llm.kv_cache``'s. A layer's q, k and v projections are one matrix multiply whose
+caller advances ``kv_len``. The cache layout is ``tilework.llm.kv_cache``'s. A ``qwen3`` layer
+normalizes each query and key head (its ``q_norm`` / ``k_norm``) between the projection and
+the attention op, which rotates them. A layer's q, k and v projections are one matrix multiply whose
 output is the attention's input as it is (``MERGED``), and so are the MLP's gate and up
 projections, when their weights share a format.
 """
@@ -35,7 +38,7 @@ from tilework import op
 from tilework.errors import UnsupportedError
 from tilework.ir import sym
 from tilework.ir.sym import SymVar
-from tilework.llm.config import LlmConfig
+from tilework.llm.config import ARCHITECTURES, LlmConfig
 from tilework.nn import ops, spec
 from tilework.nn.core import Parameter, Tensor, as_expr, emit
 from tilework.nn.module import Module, ModuleList
@@ -169,6 +172,9 @@ class Attention(Module):
             self.k_proj = proj("k_proj", h, self.kv_size, bias)
             self.v_proj = proj("v_proj", h, self.kv_size, bias)
         self.o_proj = proj("o_proj", cfg.heads * hd, h, cfg.attention_out_bias)
+        if cfg.qk_norm:  # Qwen3: each query and key head normalized before it is rotated
+            self.q_norm = RMSNorm(hd, cfg.rms_eps)
+            self.k_norm = RMSNorm(hd, cfg.rms_eps)
 
     def forward(self, x: Tensor, cache: "CacheInputs") -> Tensor:
         cfg = self.cfg
@@ -178,6 +184,9 @@ class Attention(Module):
             qkv = self.qkv_proj(x).reshape(batch, seq, heads, cfg.head_dim)
         else:
             qkv = ops.concat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], axis=2).reshape(batch, seq, heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q, k, v = qkv[:, :, : cfg.heads], qkv[:, :, cfg.heads : cfg.heads + cfg.kv_heads], qkv[:, :, cfg.heads + cfg.kv_heads :]
+            qkv = ops.concat([self.q_norm(q), self.k_norm(k), v], axis=2)
         # the rotary embedding of q and k happens inside the attention kernel (at kv_len + t,
         # the step's angles from cache.rotary)
         out = emit(op.paged_attention(qkv.expr, cache.k.expr, cache.v.expr, cache.kv_len.expr, cache.page_table.expr, layer=self.layer, kv_heads=cfg.kv_heads, rope_theta=cfg.rope_theta, rotary=cache.rotary.expr))
@@ -244,8 +253,8 @@ class LlamaDecoder(Module):
 
     def __init__(self, cfg: LlmConfig, formats: dict[str, str] | None = None) -> None:
         formats = dict(formats or {})
-        if cfg.architecture not in ("llama", "qwen2"):
-            raise UnsupportedError(f"architecture {cfg.architecture!r}: the decoder runs llama-family models (llama, qwen2)")
+        if cfg.architecture not in ARCHITECTURES:
+            raise UnsupportedError(f"architecture {cfg.architecture!r}: the decoder runs llama-family models ({', '.join(ARCHITECTURES)})")
         self.config = cfg
         self.formats = formats
         self.model = Model(cfg, formats)
@@ -267,9 +276,7 @@ class LlamaDecoder(Module):
         """The cache inputs of a step of ``tokens [batch, seq]``, with the rotary angles of its
         positions computed once for every layer."""
         cfg = self.config
-        rs = cfg.rope_scaling
-        scaling = None if rs.type == "default" else (rs.type, rs.factor) if rs.type == "linear" else (rs.type, rs.factor, rs.original_context, rs.low_freq_factor, rs.high_freq_factor)
-        rotary = emit(op.paged_rotary(tokens.expr, kv_len.expr, head_dim=cfg.head_dim, rope_theta=cfg.rope_theta, rope_scaling=scaling))
+        rotary = emit(op.paged_rotary(tokens.expr, kv_len.expr, head_dim=cfg.head_dim, rope_theta=cfg.rope_theta, rope_scaling=cfg.rope_op_scaling()))
         return CacheInputs(kv_len, page_table, k_cache, v_cache, rotary)
 
     def prefill(self, tokens: Tensor, kv_len: Tensor, page_table: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:

@@ -72,6 +72,9 @@ def expected_shapes(config: LlmConfig) -> dict[str, tuple[int, ...]]:
         out[p + "self_attn.o_proj.weight"] = (c.hidden, q)
         if c.attention_out_bias:
             out[p + "self_attn.o_proj.bias"] = (c.hidden,)
+        if c.qk_norm:
+            out[p + "self_attn.q_norm.weight"] = (c.head_dim,)
+            out[p + "self_attn.k_norm.weight"] = (c.head_dim,)
         out[p + "post_attention_layernorm.weight"] = (c.hidden,)
         out[p + "mlp.gate_proj.weight"] = (c.ffn, c.hidden)
         out[p + "mlp.up_proj.weight"] = (c.ffn, c.hidden)

@@ -9,8 +9,9 @@
 Modules and parameter names mirror Hugging Face's ``LlamaForCausalLM``: ``model.embed_tokens``,
 ``model.layers.{i}.{input_layernorm, self_attn.{q,k,v,o}_proj, post_attention_layernorm,
 mlp.{gate,up,down}_proj}``, ``model.norm`` and ``lm_head`` (absent with tied embeddings: the
-logits then use ``model.embed_tokens.weight``). Rotary embedding is the default (unscaled)
-kind with ``rope_theta``; positions are ``0 .. seq - 1``, computed once and shared by the layers.
+logits then use ``model.embed_tokens.weight``). Rotary embedding is the default kind with
+``rope_theta``, unscaled or scaled ``linear`` (every angle divided by ``rope_factor``);
+positions are ``0 .. seq - 1``, computed once and shared by the layers.
 """
 
 from __future__ import annotations
@@ -44,17 +45,27 @@ class LlamaConfig:
     mlp_bias: bool = False
     max_seq: int = 2048
     dtype: str = "float32"
+    rope_factor: float = 1.0  # transformers' linear rotary scaling factor (1: unscaled)
 
     @staticmethod
     def from_hf(config: Any, dtype: str = "float32") -> "LlamaConfig":
         """The config of a Hugging Face ``LlamaConfig`` (transformers 4 or 5 field names).
-        Scaled rotary embeddings (``rope_scaling``) are not supported yet."""
+        Rotary embeddings unscaled or scaled ``linear`` (``factor``); another scaling
+        (``llama3``, ``yarn``, ...) is refused."""
         rope = getattr(config, "rope_parameters", None) or {}
         scaling = getattr(config, "rope_scaling", None) or {}
-        kind = rope.get("rope_type", "default") if isinstance(rope, dict) else "default"
-        if kind != "default" or (isinstance(scaling, dict) and scaling.get("rope_type", "default") != "default"):
-            raise UnsupportedError(f"rotary embedding of type {kind if kind != 'default' else scaling.get('rope_type')!r}: only the default (unscaled) kind is supported")
-        theta = rope["rope_theta"] if isinstance(rope, dict) and "rope_theta" in rope else getattr(config, "rope_theta", None)
+        rope = rope if isinstance(rope, dict) else {}
+        scaling = scaling if isinstance(scaling, dict) else {}
+
+        def kind_of(d: dict[str, Any]) -> str:
+            return str(d.get("rope_type", d.get("type", "default")))
+
+        source = rope if kind_of(rope) != "default" else scaling  # transformers 5's key, else 4's
+        kind = kind_of(source)
+        if kind not in ("default", "linear"):
+            raise UnsupportedError(f"rotary embedding of type {kind!r}: only the default kind, unscaled or scaled 'linear', is supported")
+        factor = float(source["factor"]) if kind == "linear" else 1.0
+        theta = rope["rope_theta"] if "rope_theta" in rope else getattr(config, "rope_theta", None)
         if getattr(config, "hidden_act", "silu") != "silu":
             raise UnsupportedError(f"hidden_act {config.hidden_act!r}: Llama models use silu")
         return LlamaConfig(
@@ -72,6 +83,7 @@ class LlamaConfig:
             mlp_bias=bool(getattr(config, "mlp_bias", False)),
             max_seq=int(getattr(config, "max_position_embeddings", 2048)),
             dtype=dtype,
+            rope_factor=factor,
         )
 
 
@@ -95,6 +107,7 @@ class LlamaModel(Module):
                 attention_bias=cfg.attention_bias,
                 mlp_bias=cfg.mlp_bias,
                 dtype=cfg.dtype,
+                rope_factor=cfg.rope_factor,
             )
             for _ in range(cfg.layers)
         )

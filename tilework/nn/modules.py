@@ -114,7 +114,8 @@ class Attention(Module):
     ``forward(x [batch, seq, hidden], positions=None)``: ``q_proj``/``k_proj``/``v_proj`` project
     to ``heads``/``kv_heads``/``kv_heads`` heads of ``head_dim``; when ``rope_theta`` is set, q
     and k are rotated by ``positions`` (an integer ``[seq]`` or ``[batch, seq]`` tensor;
-    default ``arange(0, seq)``); ``attend`` combines them; ``o_proj`` projects back.
+    default ``arange(0, seq)``; the angles divided by ``rope_factor``: linear rotary scaling);
+    ``attend`` combines them; ``o_proj`` projects back.
 
     ``attend(q, k, v)`` is where a KV cache hooks in: a cached attention overrides it to append
     this step's k and v to the cache and attend over the whole history, passing positions that
@@ -133,6 +134,7 @@ class Attention(Module):
         out_bias: bool = False,
         causal: bool = True,
         dtype: str = "float32",
+        rope_factor: float = 1.0,
     ) -> None:
         kv_heads = heads if kv_heads is None else kv_heads
         if heads <= 0 or kv_heads <= 0 or heads % kv_heads:
@@ -142,7 +144,7 @@ class Attention(Module):
                 raise ShapeError(f"hidden ({hidden}) is not divisible by heads ({heads}); give head_dim")
             head_dim = hidden // heads
         self.hidden, self.heads, self.kv_heads, self.head_dim = hidden, heads, kv_heads, head_dim
-        self.rope_theta, self.causal = rope_theta, causal
+        self.rope_theta, self.rope_factor, self.causal = rope_theta, rope_factor, causal
         self.q_proj = Linear(hidden, heads * head_dim, bias, dtype)
         self.k_proj = Linear(hidden, kv_heads * head_dim, bias, dtype)
         self.v_proj = Linear(hidden, kv_heads * head_dim, bias, dtype)
@@ -158,8 +160,8 @@ class Attention(Module):
         v = self.v_proj(x).reshape(batch, seq, self.kv_heads, self.head_dim)
         if self.rope_theta is not None:
             pos = positions if positions is not None else ops.arange(0, seq)
-            q = ops.rotary_embedding(q, pos, self.rope_theta)
-            k = ops.rotary_embedding(k, pos, self.rope_theta)
+            q = ops.rotary_embedding(q, pos, self.rope_theta, factor=self.rope_factor)
+            k = ops.rotary_embedding(k, pos, self.rope_theta, factor=self.rope_factor)
         out = self.attend(q, k, v)
         return self.o_proj(out.reshape(batch, seq, self.heads * self.head_dim))
 
@@ -172,7 +174,7 @@ class Attention(Module):
 class TransformerBlock(Module):
     """A pre-norm decoder block: ``h = x + self_attn(input_layernorm(x))``, then
     ``h + mlp(post_attention_layernorm(h))``. ``norm`` is ``rms`` or ``layer``; ``mlp`` is
-    ``swiglu`` or an activation name for a plain ``MLP``."""
+    ``swiglu`` or an activation name for a plain ``MLP``; ``rope_factor``: the attention's."""
 
     def __init__(
         self,
@@ -188,6 +190,7 @@ class TransformerBlock(Module):
         attention_bias: bool = False,
         mlp_bias: bool = False,
         dtype: str = "float32",
+        rope_factor: float = 1.0,
     ) -> None:
         if norm not in ("rms", "layer"):
             raise InferenceError(f"norm must be 'rms' or 'layer', got {norm!r}")
@@ -196,7 +199,7 @@ class TransformerBlock(Module):
             return RMSNorm(hidden, eps, dtype) if norm == "rms" else LayerNorm(hidden, eps, dtype=dtype)
 
         # attribute (so parameter) order as in Hugging Face's decoder layers
-        self.self_attn = Attention(hidden, heads, kv_heads, head_dim, rope_theta, attention_bias, attention_bias, dtype=dtype)
+        self.self_attn = Attention(hidden, heads, kv_heads, head_dim, rope_theta, attention_bias, attention_bias, dtype=dtype, rope_factor=rope_factor)
         self.mlp: Module = SwiGLU(hidden, ffn, mlp_bias, dtype) if mlp == "swiglu" else MLP(hidden, ffn, mlp, mlp_bias, dtype)
         self.input_layernorm = make_norm()
         self.post_attention_layernorm = make_norm()

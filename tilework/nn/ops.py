@@ -94,9 +94,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causa
     return emit(op.attention(q.expr, k.expr, v.expr, None if mask is None else mask.expr, causal, scale))
 
 
-def rotary_embedding(x: Tensor, positions: Tensor, theta: float = 10000.0, rotary_dim: int | None = None) -> Tensor:
-    """``x`` ``[batch, seq, heads, head_dim]`` rotated by the angles of ``positions``."""
-    return emit(op.rotary_embedding(x.expr, positions.expr, theta, rotary_dim))
+def rotary_embedding(x: Tensor, positions: Tensor, theta: float = 10000.0, rotary_dim: int | None = None, factor: float = 1.0) -> Tensor:
+    """``x`` ``[batch, seq, heads, head_dim]`` rotated by the angles of ``positions`` (divided by
+    ``factor``: linear rotary scaling)."""
+    return emit(op.rotary_embedding(x.expr, positions.expr, theta, rotary_dim, factor))
 
 
 def arange(start: Dim, end: Dim, step: int = 1, dtype: str = "int64") -> Tensor:

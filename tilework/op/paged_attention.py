@@ -2,7 +2,7 @@
 TensorFuncs that read the pages.
 
     out = paged_attention(qkv, k_cache, v_cache, kv_len, page_table[, rotary], layer=i, kv_heads=n, rope_theta=t)
-    rotary = paged_rotary(tokens, kv_len, head_dim=hd, rope_theta=t[, rope_scaling=("linear", f)])
+    rotary = paged_rotary(tokens, kv_len, head_dim=hd, rope_theta=t[, rope_scaling=("linear", f) | ("yarn", ...) | ...])
 
 - ``qkv [b, s, heads + 2 * kv_heads, hd]``: this step's queries, keys and values side by side
   (the output of one fused projection, reshaped: heads ``[0, heads)`` are the queries, the next
@@ -31,9 +31,11 @@ TensorFuncs that read the pages.
   (the same loop, the same bits). The angles depend on the position only, so a step's layers can
   share one table: without it each layer's op computes them again (at batch 8, SmolLM2's 30
   layers spent 3-6% of a quantized decode step on them). ``paged_rotary``'s ``rope_scaling``
-  scales the frequencies (``("linear", factor)`` or ``("llama3", factor, original_context,
-  low_freq_factor, high_freq_factor)``, as transformers does: ``paged_attention_base.angles``);
-  the op's own angles, without a table, are unscaled.
+  scales the frequencies (``("linear", factor)``, ``("llama3", factor, original_context,
+  low_freq_factor, high_freq_factor)``, ``("yarn", factor, low, high, attention_factor)`` or
+  ``("longrope", original_context, attention_factor, short_factors, long_factors)``, as
+  transformers does: ``paged_attention_base.angles``); the op's own angles, without a table,
+  are unscaled.
 
 The result is ``[b, s, heads, hd]``. Taking the three together (rather than three tensors)
 lets one projection feed the op with no copy in between: a slice of the projection's output
@@ -188,8 +190,12 @@ def _rotary_infer(call: Call, ctx: InferCtx) -> StructInfo:
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
         raise ctx.error(f"rope_theta must be a positive number, got {theta!r}")
     scaling = call.attrs["rope_scaling"]
-    if scaling is not None and not _valid_scaling(scaling):
-        raise ctx.error(f"rope_scaling must be None, ('linear', factor) or ('llama3', factor, original_context, low_freq_factor, high_freq_factor) with positive numbers and high_freq_factor > low_freq_factor, got {scaling!r}")
+    if scaling is not None and not _valid_scaling(scaling, hd):
+        raise ctx.error(
+            "rope_scaling must be None, ('linear', factor), ('llama3', factor, original_context, low_freq_factor, high_freq_factor) with high_freq_factor > low_freq_factor, "
+            "('yarn', factor, low, high, attention_factor) with high != low or ('longrope', original_context, attention_factor, short_factors, long_factors) with head_dim / 2 of each, "
+            f"with positive numbers (yarn's low and high: any), got {scaling!r}"
+        )
     if tokens.shape is None or kv_len.shape is None:
         return TensorInfo(None, "float64", 4)
     b, s = tokens.shape
@@ -210,14 +216,21 @@ def _rotary_legalize(call: Call, ctx: "LegalizeCtx") -> Expr:
 register(Op("paged_rotary", _rotary_infer, OpPattern.OPAQUE, attrs={"head_dim": 0, "rope_theta": None, "rope_scaling": None}, num_args=2, legalize=_rotary_legalize))
 
 
-def _valid_scaling(s: object) -> bool:
+def _valid_scaling(s: object, hd: int) -> bool:
+    def number(x: object) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+
     def positive(x: object) -> bool:
-        return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
+        return number(x) and x > 0  # type: ignore[operator]
 
     if not isinstance(s, tuple) or not s:
         return False
     if s[0] == "linear":
         return len(s) == 2 and positive(s[1])
+    if s[0] == "yarn":
+        return len(s) == 5 and positive(s[1]) and positive(s[4]) and number(s[2]) and number(s[3]) and s[2] != s[3]
+    if s[0] == "longrope":
+        return len(s) == 5 and positive(s[1]) and positive(s[2]) and all(isinstance(f, tuple) and len(f) == hd // 2 and all(positive(x) for x in f) for f in s[3:])
     return s[0] == "llama3" and len(s) == 5 and all(positive(x) for x in s[1:]) and s[4] > s[3]
 
 
@@ -225,9 +238,11 @@ def paged_rotary(tokens: Expr, kv_len: Expr, head_dim: int, rope_theta: float, r
     """The cosines and sines of the rotary angles of a step's new tokens ``[b, s]`` (their
     values are not read; token ``t`` of sequence ``b`` is at position ``kv_len[b] + t``),
     ``[b, s, 2, head_dim / 2]`` float64: what ``paged_attention`` computes in each call, once
-    for all the layers of a step; ``rope_scaling`` scales the frequencies. See the module
-    docstring."""
-    scaling = None if rope_scaling is None else tuple(x if isinstance(x, str) else float(x) for x in rope_scaling)
+    for all the layers of a step; ``rope_scaling`` scales the frequencies (and the cosines and
+    sines: yarn's and longrope's attention factor; longrope's factors are chosen per sequence
+    by the end of its step, ``kv_len[b] + s``). See the module docstring and
+    ``paged_attention_base.angles``."""
+    scaling = None if rope_scaling is None else tuple(x if isinstance(x, str) else tuple(float(v) for v in x) if isinstance(x, (tuple, list)) else float(x) for x in rope_scaling)
     return make_call("paged_rotary", [tokens, kv_len], head_dim=head_dim, rope_theta=float(rope_theta), rope_scaling=scaling)
 
 

@@ -55,7 +55,16 @@ def fconst(v: float) -> Scalar:
     return const(v, F32)
 
 
-def angles(trig: Buffer, b: Dim, t: Dim, cached: Scalar, hd: Dim, theta: float, scaling: tuple[Any, ...] | None = None) -> Stmt:
+def _table(j: Scalar, values: tuple[float, ...], lo: int, hi: int) -> Scalar:
+    """``values[j]`` for ``lo <= j < hi`` as a balanced tree of selects (depth ``log2`` of
+    their number): a constant table the loop IR can index."""
+    if hi - lo == 1:
+        return const(float(values[lo]), "float64")
+    mid = (lo + hi) // 2
+    return Select(binary("<", j, mid), _table(j, values, lo, mid), _table(j, values, mid, hi), "float64")
+
+
+def angles(trig: Buffer, b: Dim, t: Dim, cached: Scalar, hd: Dim, theta: float, scaling: tuple[Any, ...] | None = None, step_end: Scalar | None = None) -> Stmt:
     """The cosine and sine of token ``t``'s rotary angles (one per pair of channels, at position
     ``cached + t``) into ``trig[b, t]``, in float64: a token's heads share them. One home for
     both kernels that compute them (the attention's scratch and ``paged_rotary``'s table).
@@ -65,27 +74,49 @@ def angles(trig: Buffer, b: Dim, t: Dim, cached: Scalar, hd: Dim, theta: float, 
     low_freq_factor, high_freq_factor)`` divides those of wavelengths above ``original_context /
     low_freq_factor`` by ``factor``, keeps those below ``original_context / high_freq_factor``
     and blends between (``1 / factor + (1 - 1 / factor) * smooth``, ``smooth`` clamped to [0, 1]
-    is transformers' three cases in one expression)."""
+    is transformers' three cases in one expression); ``("yarn", factor, low, high,
+    attention_factor)`` multiplies frequency ``j`` by ``1 - ramp * (1 - 1 / factor)``, ``ramp =
+    clamp((j - low) / (high - low), 0, 1)``; ``("longrope", original_context,
+    attention_factor, short_factors, long_factors)`` divides frequency ``j`` by
+    ``long_factors[j]`` where ``step_end`` (one past the step's last position) is above
+    ``original_context``, else by ``short_factors[j]``. ``yarn`` and ``longrope`` multiply the
+    cosines and sines by ``attention_factor``."""
     f64 = "float64"
     step = -2.0 * math.log(theta)
     scale = const(step / hd, f64) if isinstance(hd, int) else binary("/", const(step, f64), Cast(f64, hd))
+    kind = None if scaling is None else scaling[0]
 
     def inv_freq(j: SymVar) -> Scalar:
         inv: Scalar = Intrin("exp", (binary("*", Cast(f64, j), scale),), f64)
         if scaling is None:
             return inv
-        kind, factor = scaling[0], float(scaling[1])
+        if kind == "longrope":
+            assert step_end is not None, "longrope needs the step's end"
+            short, long = scaling[3], scaling[4]
+            factor_j = Select(binary(">", step_end, const(int(scaling[1]), "int64")), _table(j, long, 0, len(long)), _table(j, short, 0, len(short)), f64)
+            return binary("/", inv, factor_j)
+        factor = float(scaling[1])
         if kind == "linear":
             return binary("/", inv, const(factor, f64))
+        if kind == "yarn":
+            low, high = float(scaling[2]), float(scaling[3])
+            ramp = binary("/", binary("-", Cast(f64, j), const(low, f64)), const(high - low, f64))
+            clamped = binary("min", binary("max", ramp, const(0.0, f64)), const(1.0, f64))
+            return binary("*", inv, binary("-", const(1.0, f64), binary("*", clamped, const(1 - 1 / factor, f64))))
         assert kind == "llama3", scaling
         original, low, high = (float(x) for x in scaling[2:])
         smooth = binary("-", binary("*", inv, const(original / (2 * math.pi) / (high - low), f64)), const(low / (high - low), f64))
         clamped = binary("min", binary("max", smooth, const(0.0, f64)), const(1.0, f64))
         return binary("*", inv, binary("+", const(1 / factor, f64), binary("*", const(1 - 1 / factor, f64), clamped)))
 
+    attention = float(scaling[4] if kind == "yarn" else scaling[2]) if kind in ("yarn", "longrope") and scaling is not None else 1.0
+
+    def scaled(x: Scalar) -> Scalar:
+        return x if attention == 1.0 else binary("*", x, const(attention, f64))
+
     def one(j: SymVar) -> Stmt:
         angle = binary("*", Cast(f64, binary("+", cached, t)), inv_freq(j))
-        return block("pa_angle", seq([Store(trig, (b, t, 0, j), Intrin("cos", (angle,), f64)), Store(trig, (b, t, 1, j), Intrin("sin", (angle,), f64))]))
+        return block("pa_angle", seq([Store(trig, (b, t, 0, j), scaled(Intrin("cos", (angle,), f64))), Store(trig, (b, t, 1, j), scaled(Intrin("sin", (angle,), f64)))]))
 
     half = sym.floordiv(hd, 2)
     j = serial_var("angle_j", half)

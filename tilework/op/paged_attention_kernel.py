@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from tilework.ir import sym
-from tilework.ir.loop import Buffer, For, TensorFunc
+from tilework.ir.loop import Buffer, For, TensorFunc, binary
 from tilework.ir.sym import Dim, SymVar
 from tilework.op.attention_kernel import VECTOR_BYTES
 from tilework.op.kernel import serial_var
@@ -50,7 +50,9 @@ def rotary_kernel(tokens_info: tuple[tuple[Dim, ...], str], kv_len_info: tuple[t
     nb, sq = tokens_info[0]
     bt = serial_var("rotary_bt", sym.mul(nb, sq))
     b, t = sym.floordiv(bt, sq), sym.floormod(bt, sq)
-    body = For(bt, sym.mul(nb, sq), angles(out, b, t, i64(ld(kv_len, b)), hd, theta, scaling), "parallel")
+    # one past the step's last position (longrope picks its factors by it, per sequence)
+    step_end = binary("+", i64(ld(kv_len, b)), sq)
+    body = For(bt, sym.mul(nb, sq), angles(out, b, t, i64(ld(kv_len, b)), hd, theta, scaling, step_end), "parallel")
     return scheduled([tokens, kv_len, out], body)
 
 

@@ -1,4 +1,4 @@
-"""Rotary position embedding (RoPE): ``rotary_embedding(x, positions, theta, rotary_dim)``.
+"""Rotary position embedding (RoPE): ``rotary_embedding(x, positions, theta, rotary_dim, factor)``.
 
 ``x`` is ``[batch, seq, heads, head_dim]`` (the layout of ``attention``); ``positions`` is an
 integer tensor ``[seq]`` or ``[batch, seq]`` (broadcast over heads; a leading 1 broadcasts over
@@ -14,6 +14,8 @@ the angle ``p * theta ** (-2 j / rotary_dim)`` at position ``p``::
     out[..., j + half] = x[..., j + half] * cos(a_j) + x[..., j] * sin(a_j)
 
 Channels from ``rotary_dim`` on pass through unchanged. The result has ``x``'s shape and dtype.
+``factor`` (default 1) divides every angle: transformers' ``linear`` rotary scaling (its
+inverse frequencies divided by ``factor``: position ``p`` turns as ``p / factor`` would).
 
 Legalization: one injective kernel; the angle, its sine and cosine and the rotation are
 computed in float64 and rounded once to ``x``'s dtype (so the frequencies are exact even at
@@ -57,6 +59,13 @@ def _theta(call: Call, ctx: InferCtx) -> float:
     return float(v)
 
 
+def _factor(call: Call, ctx: InferCtx) -> float:
+    v = call.attrs["factor"]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+        raise ctx.error(f"attribute factor must be a positive number, got {v!r}")
+    return float(v)
+
+
 def _rotary_dim(call: Call, head_dim: Dim | None, ctx: InferCtx) -> Dim | None:
     """The number of rotated channels: the attribute, or ``head_dim`` when it is None."""
     v = call.attrs["rotary_dim"]
@@ -75,6 +84,7 @@ def _infer_rotary(call: Call, ctx: InferCtx) -> StructInfo:
     x, pos = tensor_arg(call, 0, ctx), tensor_arg(call, 1, ctx)
     require_float(x, ctx, "x")
     _theta(call, ctx)
+    _factor(call, ctx)
     if x.ndim not in (-1, 4):
         raise ctx.shape_error(f"x must be 4-D [batch, seq, heads, head_dim], got shape {shape_str(x.shape)}")
     if pos.dtype is not None and pos.dtype not in INT_DTYPES:
@@ -105,7 +115,7 @@ def _legalize_rotary(call: Call, ctx: "LegalizeCtx") -> Expr:
     rd = call.attrs["rotary_dim"]
     rd = shape[3] if rd is None else int(rd)
     half = sym.floordiv(rd, 2)
-    theta = float(call.attrs["theta"])
+    theta, factor = float(call.attrs["theta"]), float(call.attrs["factor"])
     f64 = "float64"
     # a_j = p * exp(-2 j / rd * ln(theta)); the scale is folded when rd is static
     scale: Scalar = te.constant(-2.0 * math.log(theta) / rd, f64) if isinstance(rd, int) else te.constant(-2.0 * math.log(theta), f64) / te.cast(rd, f64)
@@ -115,6 +125,8 @@ def _legalize_rotary(call: Call, ctx: "LegalizeCtx") -> Expr:
         j = te.if_then_else(lower, d, d - half)
         p = te.cast(pos[bcast_index((b, s), pos.shape, (nb, sq))], f64)
         angle = p * te.exp(te.cast(j, f64) * scale)
+        if factor != 1.0:  # linear scaling (no extra operation otherwise: the same bits as before)
+            angle = angle / te.constant(factor, f64)
         mine = te.cast(x[b, s, h, d], f64)
         partner = te.if_then_else(lower, -te.cast(x[b, s, h, d + half], f64), te.cast(x[b, s, h, d - half], f64))
         rotated = te.cast(mine * te.cos(angle) + partner * te.sin(angle), dtype)
@@ -131,17 +143,17 @@ register(
         "rotary_embedding",
         _infer_rotary,
         OpPattern.INJECTIVE,
-        attrs={"theta": 10000.0, "rotary_dim": None},
+        attrs={"theta": 10000.0, "rotary_dim": None, "factor": 1.0},
         num_args=2,
         legalize=_legalize_rotary,
     )
 )
 
 
-def rotary_embedding(x: Expr, positions: Expr, theta: float = 10000.0, rotary_dim: int | None = None) -> Call:
-    """``x`` ``[batch, seq, heads, head_dim]`` rotated by the angles of ``positions`` (see the
-    module docstring)."""
-    return make_call("rotary_embedding", [x, positions], theta=float(theta), rotary_dim=rotary_dim)
+def rotary_embedding(x: Expr, positions: Expr, theta: float = 10000.0, rotary_dim: int | None = None, factor: float = 1.0) -> Call:
+    """``x`` ``[batch, seq, heads, head_dim]`` rotated by the angles of ``positions`` (divided
+    by ``factor``: linear scaling; see the module docstring)."""
+    return make_call("rotary_embedding", [x, positions], theta=float(theta), rotary_dim=rotary_dim, factor=float(factor))
 
 
 __all__ = ["rotary_embedding"]
