@@ -114,6 +114,14 @@ for _names, _mode in ((("upsample_linear1d", "upsample_bilinear2d", "upsample_tr
     converter(*(f"{n}.default" for n in _names))(_default)
 
 
+@converter("_upsample_bilinear2d_aa.vec", "_upsample_bilinear2d_aa.default", "_upsample_bicubic2d_aa.vec", "_upsample_bicubic2d_aa.default")
+def _antialiased(t: Translator, node: Any, *args: Any) -> Expr:
+    """Refused by name: a downscaling filter whose support widens with the scale (torch's
+    antialias) is not one of resize's modes."""
+    mode = "bicubic" if "bicubic" in str(node.target) else "bilinear"
+    raise UnsupportedError(f"interpolate(mode={mode!r}, antialias=True) is not supported by the torch frontend (antialias=False is)")
+
+
 @converter("grid_sampler.default", "grid_sampler_2d.default", "grid_sampler_3d.default")
 def _grid_sampler(t: Translator, node: Any, x: Any, grid: Any, interpolation_mode: int, padding_mode: int, align_corners: bool) -> Expr:
     modes, paddings = ("linear", "nearest", "cubic"), ("zeros", "border", "reflection")
