@@ -305,7 +305,7 @@ def _hypot(a: PExpr, b: PExpr) -> PExpr:
     n = te.if_then_else(big_a, ab, aa)
     r = n / te.if_then_else(te.eq(m, 0.0), 1.0, m)
     scaled = m * te.sqrt(r * r + 1.0)
-    return te.if_then_else(te.logical_or(te.isinf(aa), te.isinf(ab)), te.abs(aa + ab), scaled)
+    return te.if_then_else(te.logical_or(te.isinf(aa), te.isinf(ab)), te.max_value(a.dtype), scaled)
 
 
 def _legalize_float_binary(call: Call, ctx: "LegalizeCtx") -> Expr:
