@@ -135,6 +135,8 @@ def _cases() -> list[Case]:
         Case("einsum", Fn(lambda s, x, y: (torch.einsum("nd,md->nm", x, y), torch.einsum("nd,de->ne", x, s.w), torch.einsum("...d,...d->...", x, x), torch.einsum("ij->ji", y), torch.einsum("nd", x), torch.einsum("ij,ij", s.w, s.w), torch.einsum("bi,bj,jk->bik", x, x, s.w)), {"w": w(6, 6)}), lambda n, m: (randn(n, 6), randn(m, 6)), nm({0: N0}, {0: M0}), sizes=((1, 1), (0, 3), (4, 0), (17, 9)), tol=1e-4),
         Case("norms", Fn(lambda s, x, z: (F.layer_norm(x, (8,), s.g, s.b), F.layer_norm(x, (x.shape[-2], 8)), F.rms_norm(x, (8,), s.g, 1e-5), F.rms_norm(x, (8,)), F.group_norm(z, 2, s.g[:4], s.b[:4]), F.batch_norm(z, s.buf_mean, s.buf_var, s.g[:4], s.b[:4], False, 0.1, 1e-3), F.softmax(x, -1), F.log_softmax(x, 1)), {"g": w(8), "b": w(8), "buf_mean": w(4), "buf_var": torch.rand(4, generator=g) + 0.5}), lambda n, m: (randn(2, n, 8), randn(n, 4, m)), nm({1: N}, {0: N, 2: M}), tol=1e-4),
         Case("conv_pool", Fn(lambda s, x, y: (F.conv2d(x, s.k2, s.b2, padding=1), F.conv2d(x, s.k2, None, stride=2, dilation=(1, 2)), F.conv2d(x, s.kg, groups=2, padding="same"), F.conv1d(y, s.k1, s.b1, padding=2, stride=2), F.max_pool2d(x, 2), F.max_pool2d(x, 3, 2, 1, ceil_mode=True), F.avg_pool2d(x, 2, 1), F.avg_pool2d(x, 3, 2, 1, count_include_pad=False), F.adaptive_avg_pool2d(x, (1, 1)), F.adaptive_avg_pool2d(x, 3)), {"k2": w(6, 4, 3, 3), "b2": w(6), "kg": w(4, 2, 3, 3), "k1": w(5, 3, 4), "b1": w(5)}), lambda n, m: (randn(2, 4, n + 4, m + 5), randn(2, 3, n + 6)), nm({2: N + 4, 3: M + 5}, {2: N + 6}), tol=1e-4),
+        # antialias: downscales (the filter widened), upscales, align_corners, to one pixel; scale factors on a static image
+        Case("antialias", Fn(lambda s, x, y: (F.interpolate(x, size=(5, 7), mode="bilinear", antialias=True), F.interpolate(x, size=(3, 20), mode="bicubic", antialias=True), F.interpolate(x, size=(4, 9), mode="bilinear", antialias=True, align_corners=True), F.interpolate(x, size=(1, 1), mode="bicubic", antialias=True, align_corners=True), F.interpolate(y, scale_factor=(0.3, 0.5), mode="bilinear", antialias=True), F.interpolate(y, scale_factor=2.5, mode="bicubic", antialias=True))), lambda n, m: (randn(2, 3, n, m + 1), randn(m, 2, 11, 6)), nm({2: N, 3: M + 1}, {0: M}), tol=1e-5),
         # torch.export specializes the length of max_pool1d and of ceil_mode: there it is static
         Case("pool1d", Fn(lambda s, x, y: (F.avg_pool1d(x, 3, 2, 1), F.avg_pool1d(x, 2), F.avg_pool1d(x[0], 3, 1, 1, count_include_pad=False), F.avg_pool1d(y, 3, 2, ceil_mode=True), F.max_pool1d(y, 2), F.max_pool1d(y, 3, 2, 1, dilation=1, ceil_mode=True), F.max_pool1d(y[0], 2, 1, dilation=2))), lambda n, m: (randn(m, 3, n + 1), randn(m, 3, 9)), nm({0: M, 2: N + 1}, {0: M}), sizes=((4, 4), (5, 7), (8, 4), (17, 9)), tol=1e-5),
         Case("sdpa", Fn(lambda s, q, k, v, mb, mf: (F.scaled_dot_product_attention(q, k, v), F.scaled_dot_product_attention(q, k, v, attn_mask=mb), F.scaled_dot_product_attention(q, k, v, attn_mask=mf, scale=0.3), F.scaled_dot_product_attention(q, k[:, :, :1], v[:, :, :1], enable_gqa=True, is_causal=True), F.scaled_dot_product_attention(q[:, :, :2], k, v, is_causal=True), F.scaled_dot_product_attention(q, q, q, is_causal=True))), lambda n, m: (randn(2, 4, n, 8), randn(2, 4, m, 8), randn(2, 4, m, 8), torch.rand(2, 1, n, m) < 0.8, randn(n, m)), nm({2: N}, {2: M}, {2: M}, {2: N, 3: M}, {0: N, 1: M}), sizes=((4, 5), (8, 8), (17, 9)), tol=1e-4),
@@ -233,10 +235,10 @@ def test_index_put_by_a_mask_with_a_value_per_element_is_refused() -> None:
         from_exported_program(ep)
 
 
-def test_antialiased_interpolate_is_refused_by_name() -> None:
-    m = Fn(lambda s, x: F.interpolate(x, scale_factor=0.5, mode="bilinear", antialias=True))
-    ep = torch.export.export(m, (randn(1, 2, 8, 8),), strict=False)
-    with pytest.raises(UnsupportedError, match=r"interpolate\(mode='bilinear', antialias=True\) is not supported"):
+def test_antialiased_interpolate_of_integers_is_refused_by_name() -> None:
+    m = Fn(lambda s, x: F.interpolate(x, size=(3, 3), mode="bilinear", antialias=True))
+    ep = torch.export.export(m, (torch.randint(0, 255, (1, 2, 8, 8), dtype=torch.uint8),), strict=False)
+    with pytest.raises(UnsupportedError, match=r"interpolate\(mode='bilinear', antialias=True\) of a uint8 tensor is not supported"):
         from_exported_program(ep)
 
 
