@@ -24,6 +24,7 @@ from tilework.ir.module import IRModule  # noqa: E402
 N, M = Dim("n", min=4, max=64), Dim("m", min=4, max=64)  # >= 4: the cases slice a few rows off
 N0, M0 = Dim("n0", min=0, max=64), Dim("m0", min=0, max=64)  # for cases that slice nothing
 N3, M4 = Dim("n3", min=3, max=64), Dim("m4", min=4, max=64)  # kthvalue's k = 3; unfold: torch specializes one window
+R1 = Dim("r1", min=1, max=64)
 SPECIAL = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1.5, -2.0])
 
 
@@ -129,6 +130,8 @@ def _cases() -> list[Case]:
         Case("unfold_diagonal", Fn(lambda s, x, i, v: (x.unfold(1, 3, 1), x.unfold(-1, 3, 2), x.unfold(2, 7, 1), i.unfold(1, 2, 1), torch.diagonal(x), torch.diagonal(x, 1), torch.diagonal(x, -2, 1, 0), x.diagonal(0, -1, 0), i.diagonal(1, 1, 2), torch.diag(x[..., 0]), torch.diag(x[..., 0].T, -1), torch.diag(v), torch.diag(v, 2), torch.diag(v, -1))), lambda n, m: (randn(n, m, 7), ints(9, n, m, 7), randn(n)), nm({0: N0, 1: M4}, {0: N0, 1: M4}, {0: N0}), sizes=((0, 4), (1, 5), (17, 9)), tol=1e-6),
         Case("search", Fn(lambda s, x, i: _search(s, x, i), {"buf_b": torch.tensor([-1.0, 0.0, 0.0, 0.5, 2.0])}), lambda n, m: (randn(n, m), ints(4, n, m, lo=-3)), nm({0: N0, 1: M0}, {0: N0, 1: M0}), sizes=((1, 1), (0, 3), (4, 0), (17, 9))),
         Case("index_put", Fn(lambda s, x, i, j: _index_put(x, i, j)), lambda n, m: (randn(n, m), ints(40, 5, 2), ints(n, 6, lo=-n)), nm({0: N3, 1: M4}, None, None), sizes=((3, 4), (4, 5), (17, 9))),
+        # a symbolic number of indices (0 too), repeated ones taking different values: the last stays, or all add
+        Case("index_put_count", Fn(lambda s, x, i, v: (x.index_put((i,), v), x.index_put((i,), v, accumulate=True), x.index_put((i,), v[:, :1] * 0 + 2.0), x.index_put((i,), v.long().float(), accumulate=True), x.long().index_put((i,), v.long()))), lambda n, m: (randn(n + 1, 3), ints(n + 1, m, lo=-n - 1), randn(m, 3) * 4), nm({0: R1}, {0: M0}, {0: M0}), sizes=((1, 1), (0, 3), (4, 0), (17, 9), (2, 30))),
         Case("create", Fn(lambda s, x: (torch.zeros(x.shape[0], 3) + x[:, :1], torch.ones_like(x) * 2, torch.full((x.shape[1],), 0.5), torch.arange(x.shape[0]), torch.arange(1, x.shape[1], 2) * 1.0, x.new_ones(x.shape[0], 2), x.new_zeros(3), torch.full_like(x, 3, dtype=torch.int64), torch.arange(0.0, 1.0, 0.25), torch.empty(2, x.shape[1]).zero_())), lambda n, m: (randn(n, m),), nm({0: N, 1: M})),
         # nn
         Case("linear_matmul", Fn(lambda s, x, y: (F.linear(x, s.w, s.b), x @ s.w.T, torch.bmm(y, y.transpose(1, 2)), torch.addmm(s.b, x, s.w.T, beta=0.5, alpha=2.0), torch.matmul(y, x[:4].T), x @ s.b[:, None]), {"w": w(6, 6), "b": w(6)}), lambda n, m: (randn(n, 6), randn(m, 3, 6)), nm({0: N}, {0: M}), tol=1e-4),

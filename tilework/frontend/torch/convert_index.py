@@ -184,8 +184,11 @@ def _index_put(t: Translator, node: Any, x: Any, indices: Sequence[Any], values:
     adds every value, and without it the last one stays, as torch's CPU loop leaves it).
 
     The indexed dims go first (as ``index.Tensor`` reads them), flattened into one of their
-    positions' count; the indices become one linear position each, and a ``scatter`` along that
-    dim writes ``values`` (broadcast to the indexed shape, its index dims first)."""
+    positions' count; the indices become one linear position each. ``values`` (broadcast to the
+    indexed shape, its index dims first) are added by a ``scatter`` along that dim; assigned,
+    a scatter of the value numbers into a vector of the positions finds the one that lands on
+    each (positions x values compares, not times the row length too), and the rows are copied
+    by one ``take``."""
     dtype = t.out_dtype(node)
     x, v = t.tensor(x, dtype), t.tensor(values, dtype)
     shape = t.shape(x)
@@ -211,11 +214,19 @@ def _index_put(t: Translator, node: Any, x: Any, indices: Sequence[Any], values:
         vfull = t.permute(vfull, [*range(before, before + nb), *range(before), *range(before + nb, nb + len(rest))])
     count = sym.product(bshape)
     src = t.emit(op.reshape(vfull, [count, *rest_shape]))
-    where = t.emit(op.reshape(lin, [count] + [1] * len(rest)))
-    where = t.emit(op.broadcast_to(where, [count, *rest_shape]))
     front = t.permute(x, picked + rest)
-    flat = t.emit(op.reshape(front, [sym.product(shape[i] for i in picked), *rest_shape]))
-    put = t.emit(op.scatter(flat, where, src, 0, "add" if accumulate else "none"))
+    positions = sym.product(shape[i] for i in picked)
+    flat = t.emit(op.reshape(front, [positions, *rest_shape]))
+    if accumulate:
+        where = t.emit(op.reshape(lin, [count] + [1] * len(rest)))
+        put = t.emit(op.scatter(flat, t.emit(op.broadcast_to(where, [count, *rest_shape])), src, 0, "add"))
+    else:  # which value lands on each position (the last one), then one copy of the rows
+        last = t.emit(op.zeros([positions], "int64"))  # value k lands as k + 1; 0: none does
+        last = t.emit(op.scatter(last, t.emit(op.reshape(lin, [count])), t.emit(op.arange(1, sym.add(count, 1), 1, dtype="int64")), 0))
+        padded = t.emit(op.concat([t.emit(op.zeros([1, *rest_shape], dtype)), src], axis=0))  # row 0 is read where none lands
+        rows = t.emit(op.take(padded, last, 0))
+        hit = t.emit(op.reshape(t.emit(op.greater(last, t.tensor(0, "int64"))), [positions] + [1] * len(rest)))
+        put = t.emit(op.where(hit, rows, flat))
     put = t.emit(op.reshape(put, [shape[i] for i in picked] + rest_shape))
     order = picked + rest
     return t.permute(put, [order.index(d) for d in range(ndim)])
