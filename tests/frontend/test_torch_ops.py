@@ -259,13 +259,19 @@ def test_logsumexp_over_an_empty_dim_is_minus_inf() -> None:
 
 def test_median_of_an_empty_dim_raises_where_torch_does() -> None:
     """torch raises for median/kthvalue over an empty dim; a symbolic dim that is 0 at run time
-    fails topk's check (a tilework error naming the k and the dim) instead of reading nothing."""
+    fails topk's check (a tilework error naming the k and the dim) instead of reading nothing.
+    The median of all of an empty float tensor is NaN (torch's), of a symbolic size too."""
     from tilework.errors import RuntimeCheckError
 
-    m = Fn(lambda s, x: torch.median(x, 1))
-    fn = tilework.compile(torch.export.export(m, (randn(3, 4),), dynamic_shapes=nm({1: M0})(), strict=False))
+    along = tilework.compile(torch.export.export(Fn(lambda s, x: torch.median(x, 1)), (randn(3, 4),), dynamic_shapes=nm({1: M0})(), strict=False))
     with pytest.raises(RuntimeCheckError, match=r"topk: k = .* must not exceed dim 1"):
-        fn(np.zeros((3, 0), np.float32))
+        along(np.zeros((3, 0), np.float32))
+    whole = Fn(lambda s, x: (torch.median(x), torch.median(x[:, :0])))
+    fn = tilework.compile(torch.export.export(whole, (randn(3, 4),), dynamic_shapes=nm({0: N0, 1: M0})(), strict=False))
+    for shape in ((3, 0), (0, 2), (1, 1), (2, 3), (5, 4)):
+        x = randn(*shape)
+        for got, want in zip(fn(x.numpy()), whole(x)):
+            np.testing.assert_array_equal(got, want.numpy(), err_msg=f"at {shape}")
 
 
 def test_training_mode_dropout_is_refused() -> None:

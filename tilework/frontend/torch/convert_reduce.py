@@ -20,6 +20,7 @@ from tilework.frontend.torch.common import as_list, norm_axis
 from tilework.frontend.torch.registry import converter
 from tilework.ir import sym
 from tilework.ir.graph import Expr, TupleGetItem
+from tilework.ir.sym import Dim
 
 if TYPE_CHECKING:
     from tilework.frontend.torch.translator import Translator
@@ -163,12 +164,13 @@ def _kthvalue(t: Translator, node: Any, x: Any, k: int, dim: int = -1, keepdim: 
     return _kth_smallest(t, x, k, norm_axis(dim, len(t.shape(x))), keepdim)
 
 
-def _median_along(t: Translator, x: Expr, axis: int, keepdim: bool) -> tuple[Expr, Expr]:
-    """The lower median: the ``(n + 1) // 2``-th smallest (an empty dim fails topk's check,
-    as torch raises); NaN at the first NaN where there is one."""
+def _median_along(t: Translator, x: Expr, axis: int, keepdim: bool, n: Dim | None = None) -> tuple[Expr, Expr]:
+    """The lower median of the first ``n`` (default: all) along ``axis``: the ``(n + 1) //
+    2``-th smallest (an empty dim fails topk's check, as torch raises); NaN at the first NaN
+    where there is one."""
     from tilework.op import math as op_math
 
-    n = t.shape(x)[axis]
+    n = t.shape(x)[axis] if n is None else n
     val, idx = _kth_smallest(t, x, sym.max_(sym.floordiv(sym.add(n, 1), 2), 1), axis, keepdim)
     if not t.dtype(x).startswith(("float", "bfloat")):
         return val, idx
@@ -188,13 +190,22 @@ def _median_dim(t: Translator, node: Any, x: Any, dim: int = -1, keepdim: bool =
 
 @converter("median.default")
 def _median(t: Translator, node: Any, x: Any) -> Expr:
-    """The lower median of all elements; NaN for an empty tensor of a static size (torch's;
-    a symbolic size that is 0 at run time fails topk's check)."""
+    """The lower median of all elements; NaN for an empty tensor (torch's). A largest value
+    appended after the elements (``+inf``, or the dtype's largest integer: it comes after its
+    equals, which keep the lower indices) leaves the ``(n + 1) // 2``-th smallest of ``n >= 1``
+    unchanged and gives an empty tensor (of a symbolic size) an element to take, replaced by
+    NaN."""
+    out = t.out_dtype(node)
     numel = sym.product(t.shape(x))
     if isinstance(numel, int) and numel == 0:
-        return t.emit(op.full((), float("nan"), t.out_dtype(node)))
+        return t.emit(op.full((), float("nan"), out))
     flat = t.emit(op.reshape(x, [numel]))
-    return t.emit(op.reshape(_median_along(t, flat, 0, False)[0], ()))
+    if isinstance(numel, int) or not t.dtype(x).startswith(("float", "bfloat")):
+        return t.emit(op.reshape(_median_along(t, flat, 0, False)[0], ()))
+    top = t.emit(op.full([1], float("inf"), t.dtype(x)))
+    val = t.emit(op.reshape(_median_along(t, t.emit(op.concat([flat, top], axis=0)), 0, False, numel)[0], ()))
+    empty = t.emit(op.equal(t.tensor(numel, "int64"), t.tensor(0, "int64")))
+    return t.emit(op.where(empty, t.tensor(float("nan"), out), val))
 
 
 @converter("linalg_vector_norm.default")
