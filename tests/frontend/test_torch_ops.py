@@ -41,7 +41,10 @@ def _index_put(x: Any, i: Any, j: Any) -> tuple[Any, ...]:
     h = x[:, None, :].expand(-1, 3, -1).clone(); h[:, torch.tensor([2, 0])] = torch.tensor([[4.0], [5.0]])  # noqa: E702
     k = x.clone(); k[x[:, 0] > 0] = torch.arange(x.shape[1]).float()  # noqa: E702
     m = (x * 3).round().long(); m[j] = 7  # noqa: E702  (an int tensor, duplicate indices without accumulate: one value)
-    return a, b, c, d, e, f, g, h, k, m
+    # indexed dims apart: the index shape goes first in the values' shape (torch's rule)
+    p = x[:, None, :].expand(-1, 3, -1).clone(); p[torch.tensor([0, 2, 0]), :, torch.tensor([1, 1, 3])] = torch.arange(9.0).reshape(3, 3)  # noqa: E702
+    q = x[:, None, :].expand(-1, 3, -1).clone(); torch.ops.aten.index_put_(q, [torch.tensor([[0], [-1]]), None, torch.tensor([1, 1, 3])], torch.arange(3.0)[:, None], True)  # noqa: E702
+    return a, b, c, d, e, f, g, h, k, m, p, q
 
 
 def _search(s: Any, x: Any, i: Any) -> tuple[Any, ...]:
