@@ -78,7 +78,36 @@ def _cases() -> list[Case]:
     c.append(Case("fmod_int", op_math.fmod, [T(n, m, dtype="int32"), T(n, m, dtype="int32")], lambda a, b: np.fmod(a, b), ENVS))
     c.append(Case("shift_left_int8", op_math.bitshift, [T(n, dtype="int8"), T(n, dtype="int8")], lambda a, b: np.where((b >= 0) & (b < 8), np.left_shift(a, np.clip(b, 0, 7)), 0).astype(np.int8), ENVS, inputs=_shifts("int8")))
     c.append(Case("shift_right_int32", lambda a, b: op_math.bitshift(a, b, "right"), [T(n, dtype="int32"), T(n, dtype="int32")], _right_ref, ENVS, inputs=_shifts("int32")))
+    c.extend(_atan2_hypot_cases())
     return c
+
+
+_SPECIAL = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1.5, -2.0], np.float32)
+
+
+def _pairs(scale: float, dtype: str = "float32") -> Any:
+    """Two inputs ``[n, m]`` and ``[m]``, some entries zero (both signs)."""
+
+    def make(env: dict[SymVar, int], rng: np.random.Generator) -> list[np.ndarray]:
+        a = rng.uniform(-3, 3, size=shape_at((n, m), env)) * scale
+        b = rng.uniform(-3, 3, size=shape_at((m,), env)) * scale
+        a.flat[::4], b.flat[::3] = 0.0, -0.0
+        return [a.astype(dtype), b.astype(dtype)]
+
+    return make
+
+
+def _atan2_hypot_cases() -> list[Case]:
+    grid = lambda env, rng: [_SPECIAL[:, None].copy(), _SPECIAL.copy()]  # noqa: E731  (every pair of special values)
+    return [
+        Case("atan2", op_math.atan2, [T(n, m), T(m)], np.arctan2, ENVS, inputs=_pairs(1.0), tol=1e-6),
+        Case("atan2_float64", op_math.atan2, [T(n, m, dtype="float64"), T(m, dtype="float64")], np.arctan2, ENVS, inputs=_pairs(1e3, "float64"), tol=1e-13),
+        Case("atan2_special", op_math.atan2, [T(7, 1), T(7)], np.arctan2, ENVS[:1], inputs=grid, tol=1e-6),
+        # 1e30 squared is past float32 (and 1e200 past float64): the result is not
+        Case("hypot", op_math.hypot, [T(n, m), T(m)], np.hypot, ENVS, inputs=_pairs(1e30), tol=1e-6),
+        Case("hypot_float64", op_math.hypot, [T(n, m, dtype="float64"), T(m, dtype="float64")], np.hypot, ENVS, inputs=_pairs(1e200, "float64"), tol=1e-13),
+        Case("hypot_special", op_math.hypot, [T(7, 1), T(7)], np.hypot, ENVS[:1], inputs=grid, tol=1e-6),
+    ]
 
 
 CASES = _cases()

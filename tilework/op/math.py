@@ -1,7 +1,8 @@
 """Elementwise math beyond the core set (``tilework.op.elementwise``): trigonometric and
 hyperbolic functions, parameterized activations (``tan``, ``atan``, ``asinh``, ``softplus``,
 ``elu``, ``selu``, ``hard_swish``, ``shrink``, ``sign``, ...), ``log1p``, ``expm1``,
-``log2``, ``exp2``, ``trunc``, ``isnan`` / ``isinf``, and the binaries ``fmod`` (C's truncating remainder) and ``bitshift``.
+``log2``, ``exp2``, ``trunc``, ``isnan`` / ``isinf``, and the binaries ``fmod`` (C's truncating remainder),
+``bitshift``, ``atan2`` and ``hypot`` (C's, special values included).
 
 The unary ops take ONNX's attribute names and defaults (``alpha``, ``beta``, ``gamma``, ...).
 Legalization computes in float32 for float16/bfloat16 (float64 for integer inputs of the ops
@@ -258,3 +259,81 @@ def fmod(a: Expr, b: Expr) -> Call:
 def bitshift(a: Expr, b: Expr, direction: str = "left") -> Call:
     """``a << b`` or ``a >> b`` (``direction`` ``"right"``) on integer tensors."""
     return make_call("bitshift", [a, b], direction=direction)
+
+
+# -- atan2 and hypot ---------------------------------------------------------------------------
+
+
+def _infer_float_binary(call: Call, ctx: InferCtx) -> StructInfo:
+    a, b = tensor_arg(call, 0, ctx), tensor_arg(call, 1, ctx)
+    dtype = unify_dtype([a.dtype, b.dtype], ctx)
+    if dtype is not None and not is_float_dtype(dtype):
+        raise ctx.error(f"expects floating-point tensors, got {dtype}")
+    if a.shape is None or b.shape is None:
+        return TensorInfo(None, dtype, -1 if -1 in (a.ndim, b.ndim) else max(a.ndim, b.ndim))
+    return TensorInfo(broadcast_shapes(a.shape, b.shape, ctx), dtype)
+
+
+def _signbit(v: PExpr) -> PExpr:
+    """True for a negative ``v``, ``-0.0`` included (``1 / -0.0`` is ``-inf``)."""
+    return te.logical_or(te.lt(v, 0.0), te.logical_and(te.eq(v, 0.0), te.lt(1.0 / v, 0.0)))
+
+
+def _atan2(y: PExpr, x: PExpr) -> PExpr:
+    """C's ``atan2(y, x)`` from ``atan(y / x)``: ``+-pi`` added where ``x`` is negative (or
+    ``-0``); the two cases where ``y / x`` is NaN without a NaN operand (both zero, both
+    infinite) by their limits (``y`` or ``+-pi``; ``+-pi/4`` or ``+-3pi/4``), signed as ``y``."""
+    neg_x = _signbit(x)
+    pi = te.constant(3.141592653589793, x.dtype)  # in the compute dtype (a bare float is float32)
+    pi_y = te.if_then_else(_signbit(y), -pi, pi)
+    q = te.atan(y / x)
+    general = te.if_then_else(neg_x, q + pi_y, q)
+    zeros = te.if_then_else(neg_x, pi_y, y)
+    infs = te.if_then_else(neg_x, pi_y * 0.75, pi_y * 0.25)
+    both_inf = te.logical_and(te.isinf(x), te.isinf(y))
+    both_zero = te.logical_and(te.eq(x, 0.0), te.eq(y, 0.0))
+    return te.if_then_else(both_zero, zeros, te.if_then_else(both_inf, infs, general))
+
+
+def _hypot(a: PExpr, b: PExpr) -> PExpr:
+    """C's ``hypot``: ``m * sqrt(1 + (n / m)^2)`` with ``m >= n`` the magnitudes (no overflow
+    or underflow of the squares); an infinite operand gives ``inf`` even beside a NaN, a
+    NaN otherwise gives NaN, two zeros 0."""
+    aa, ab = te.abs(a), te.abs(b)
+    big_a = te.gt(aa, ab)
+    m = te.if_then_else(big_a, aa, ab)  # NaN when b is NaN or (a is NaN: the test is false)
+    n = te.if_then_else(big_a, ab, aa)
+    r = n / te.if_then_else(te.eq(m, 0.0), 1.0, m)
+    scaled = m * te.sqrt(r * r + 1.0)
+    return te.if_then_else(te.logical_or(te.isinf(aa), te.isinf(ab)), te.max_value(a.dtype), scaled)
+
+
+def _legalize_float_binary(call: Call, ctx: "LegalizeCtx") -> Expr:
+    """Computed in float64 for float32 inputs and float32 for 16-bit ones, rounded once."""
+    name = op_name(call)
+    a, b = arg(call, 0, "a"), arg(call, 1, "b")
+    shape, dtype = out_tensor(call)
+    acc = "float64" if dtype == "float32" else compute_dtype(dtype)
+
+    def f(*i: Scalar) -> Scalar:
+        va = te.cast(a[bcast_index(i, a.shape, shape)], acc)
+        vb = te.cast(b[bcast_index(i, b.shape, shape)], acc)
+        return _atan2(va, vb) if name == "atan2" else _hypot(va, vb)
+
+    out = te.compute(shape, f, name, dtype)
+    return ctx.call_te(name, call.args, [a, b], [out], call.info)
+
+
+register(Op("atan2", _infer_float_binary, OpPattern.BROADCAST, num_args=2, legalize=_legalize_float_binary))
+register(Op("hypot", _infer_float_binary, OpPattern.BROADCAST, num_args=2, legalize=_legalize_float_binary))
+
+
+def atan2(y: Expr, x: Expr) -> Call:
+    """The angle of the point ``(x, y)`` in ``[-pi, pi]``, C's ``atan2(y, x)`` (signed zeros
+    and infinities included)."""
+    return make_call("atan2", [y, x])
+
+
+def hypot(a: Expr, b: Expr) -> Call:
+    """``sqrt(a^2 + b^2)`` without overflow or underflow of the squares (C's ``hypot``)."""
+    return make_call("hypot", [a, b])

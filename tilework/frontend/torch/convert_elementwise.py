@@ -232,6 +232,18 @@ def _fmod(t: Translator, node: Any, a: Any, b: Any) -> Expr:
     return t.emit(op_math.fmod(x, y))
 
 
+@converter("atan2.default")
+def _atan2(t: Translator, node: Any, a: Any, b: Any) -> Expr:
+    y, x = _operands(t, t.out_dtype(node), a, b)  # integers compute in torch's float dtype
+    return t.emit(op_math.atan2(y, x))
+
+
+@converter("hypot.default")
+def _hypot(t: Translator, node: Any, a: Any, b: Any) -> Expr:
+    x, y = _operands(t, t.out_dtype(node), a, b)
+    return t.emit(op_math.hypot(x, y))
+
+
 @converter("elu.default")
 def _elu(t: Translator, node: Any, x: Any, alpha: Any = 1.0, scale: Any = 1.0, input_scale: Any = 1.0) -> Expr:
     """``scale * (x if x > 0 else alpha * expm1(input_scale * x))`` (``selu`` and ``celu``

@@ -1,12 +1,21 @@
 """Converters of ATen ops that index by tensors or run along a dim: ``gather``, the
 ``scatter`` family (with ``slice_scatter``/``select_scatter``, how export writes an assignment
-to a slice), ``index.Tensor`` (advanced indexing by integer tensors), ``cumsum``, ``cumprod``,
-``tril``/``triu`` and ``diff``.
+to a slice), ``index.Tensor`` (advanced indexing by integer tensors), ``index_put`` (its
+assignment: ``x[idx] = v``, ``accumulate=True`` adds), ``cumsum``, ``cumprod``, ``tril``/``triu``,
+``diff``, ``searchsorted`` and ``bucketize``.
 
 ``index.Tensor`` takes one index tensor (or None, a full slice) per leading dim. When the
 indexed dims are adjacent the broadcast index shape replaces them in place; otherwise (torch's
 rule) it goes first, which the converter gets by moving the indexed dims to the front. Bool
-masks as indices select a data-dependent number of elements and are not supported.
+masks as indices select a data-dependent number of elements and are not supported; as
+``index_put``'s index, a bool mask takes a value that is the same for every selected element
+(a ``where``), and is refused otherwise.
+
+``searchsorted`` and ``bucketize`` count, for each value, the boundaries that come before it
+(``b < v`` on the left side, ``b <= v`` on the right, written ``not (b >= v)`` and ``not (b >
+v)`` so that a NaN value counts every boundary, as torch's binary search ends past them all): a
+comparison of every value with every boundary, summed (not a binary search; for the modest
+boundary counts that bucketing sees in models).
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from tilework.frontend.torch.common import norm_axis
 from tilework.frontend.torch.registry import converter
 from tilework.ir import sym
 from tilework.ir.graph import Expr
+from tilework.ir.sym import Dim
 
 if TYPE_CHECKING:
     from tilework.frontend.torch.translator import Translator
@@ -130,6 +140,126 @@ def _index(t: Translator, node: Any, x: Any, indices: Sequence[Any]) -> Expr:
     rest = [d for d in range(ndim) if d not in picked]
     front = t.permute(x, picked + rest)
     return t.emit(op.index_tensor(front, tensors, axis=0))
+
+
+def _normalized(t: Translator, idx: Expr, size: Any) -> Expr:
+    """``idx`` (checked within ``[-size, size)``) as int64 positions in ``[0, size)``."""
+    idx = t.cast(t.checked_index(idx, size, negative=True), "int64")
+    wrapped = t.emit(op.add(idx, t.tensor(size, "int64")))
+    return t.emit(op.where(t.emit(op.less(idx, t.tensor(0, "int64"))), wrapped, idx))
+
+
+def _index_put_mask(t: Translator, x: Expr, indices: Sequence[Any], v: Expr, accumulate: bool) -> Expr:
+    """``x[mask] = v`` (or ``+=``): ``where(mask, v, x)``, when ``v`` is one value for every
+    element the mask selects (it broadcasts without the selected elements' dim)."""
+    shape = t.shape(x)
+    picked = [i for i, ix in enumerate(indices) if ix is not None]
+    why = "index_put with a bool mask index"
+    if len(picked) != 1 or t.dtype(indices[picked[0]]) != "bool":
+        raise UnsupportedError(f"{why} among other indices is not supported (the number of elements it selects is known only at run time)")
+    p = picked[0]
+    mask = indices[p]
+    r = len(t.shape(mask))
+    rest = len(shape) - p - r
+    vshape: list[Dim] = list(t.shape(v))
+    ones: list[Dim] = [1] * r
+    if len(vshape) > rest:  # v has the dim of the selected elements: it must be 1
+        count = vshape[len(vshape) - rest - 1]
+        if not (isinstance(count, int) and count == 1):
+            raise UnsupportedError(f"{why}: the values must be the same for every selected element (a dim of 1 where the mask's elements go, got shape {tuple(vshape)}); one value per selected element needs their count, known only at run time")
+        vshape = vshape[: len(vshape) - rest - 1] + ones + vshape[len(vshape) - rest :]
+    else:
+        vshape = ones + vshape
+    v = t.emit(op.reshape(v, vshape)) if vshape != list(t.shape(v)) else v
+    m = t.emit(op.reshape(mask, [1] * p + list(t.shape(mask)) + [1] * rest))
+    if accumulate:
+        zero = t.tensor(0, t.dtype(x))
+        return t.emit(op.add(x, t.emit(op.broadcast_to(t.emit(op.where(m, v, zero)), shape))))
+    return t.emit(op.where(m, v, x))
+
+
+@converter("index_put.default", "index_put_.default", "_index_put_impl.default", "_unsafe_index_put.default")
+def _index_put(t: Translator, node: Any, x: Any, indices: Sequence[Any], values: Any, accumulate: bool = False, unsafe: bool = False) -> Expr:
+    """``x`` with ``x[indices] = values`` (``+=`` when ``accumulate``; a repeated position then
+    adds every value, and without it the last one stays, as torch's CPU loop leaves it).
+
+    The indexed dims go first (as ``index.Tensor`` reads them), flattened into one of their
+    positions' count; the indices become one linear position each. ``values`` (broadcast to the
+    indexed shape, its index dims first) are added by a ``scatter`` along that dim; assigned,
+    a scatter of the value numbers into a vector of the positions finds the one that lands on
+    each (positions x values compares, not times the row length too), and the rows are copied
+    by one ``take``."""
+    dtype = t.out_dtype(node)
+    x, v = t.tensor(x, dtype), t.tensor(values, dtype)
+    shape = t.shape(x)
+    ndim = len(shape)
+    if any(ix is not None and t.dtype(ix) == "bool" for ix in indices):
+        return _index_put_mask(t, x, indices, v, bool(accumulate))
+    picked = [i for i, ix in enumerate(indices) if ix is not None]
+    if not picked:
+        return t.emit(op.add(x, v) if accumulate else op.broadcast_to(v, shape))
+    rest = [d for d in range(ndim) if d not in picked]
+    adjacent = picked == list(range(picked[0], picked[0] + len(picked)))
+    lin: Expr | None = None
+    for i in picked:
+        pos = _normalized(t, indices[i], shape[i])
+        lin = pos if lin is None else t.emit(op.add(t.emit(op.multiply(lin, t.tensor(shape[i], "int64"))), pos))
+    assert lin is not None
+    bshape = t.shape(lin)
+    nb = len(bshape)
+    rest_shape = [shape[d] for d in rest]
+    before = picked[0] if adjacent else 0  # the dims of x before the index dims in the values' shape
+    vfull: Expr = t.emit(op.broadcast_to(v, [*rest_shape[:before], *bshape, *rest_shape[before:]]))
+    if before:
+        vfull = t.permute(vfull, [*range(before, before + nb), *range(before), *range(before + nb, nb + len(rest))])
+    count = sym.product(bshape)
+    src = t.emit(op.reshape(vfull, [count, *rest_shape]))
+    front = t.permute(x, picked + rest)
+    positions = sym.product(shape[i] for i in picked)
+    flat = t.emit(op.reshape(front, [positions, *rest_shape]))
+    if accumulate:
+        where = t.emit(op.reshape(lin, [count] + [1] * len(rest)))
+        put = t.emit(op.scatter(flat, t.emit(op.broadcast_to(where, [count, *rest_shape])), src, 0, "add"))
+    else:  # which value lands on each position (the last one), then one copy of the rows
+        last = t.emit(op.zeros([positions], "int64"))  # value k lands as k + 1; 0: none does
+        last = t.emit(op.scatter(last, t.emit(op.reshape(lin, [count])), t.emit(op.arange(1, sym.add(count, 1), 1, dtype="int64")), 0))
+        padded = t.emit(op.concat([t.emit(op.zeros([1, *rest_shape], dtype)), src], axis=0))  # row 0 is read where none lands
+        rows = t.emit(op.take(padded, last, 0))
+        hit = t.emit(op.reshape(t.emit(op.greater(last, t.tensor(0, "int64"))), [positions] + [1] * len(rest)))
+        put = t.emit(op.where(hit, rows, flat))
+    put = t.emit(op.reshape(put, [shape[i] for i in picked] + rest_shape))
+    order = picked + rest
+    return t.permute(put, [order.index(d) for d in range(ndim)])
+
+
+def _search(t: Translator, node: Any, seq: Any, values: Any, right: bool, sorter: Any = None) -> Expr:
+    """For each value, the count of ``seq``'s boundaries before it (along ``seq``'s last dim;
+    an N-d ``seq`` pairs its leading dims with the values')."""
+    common = t.promote(seq, values)
+    seq, vals = t.tensor(seq, common), t.tensor(values, common)
+    if sorter is not None:
+        seq = t.emit(op.gather(seq, t.checked_index(sorter, t.shape(seq)[-1]), len(t.shape(seq)) - 1))
+    sshape, vshape = t.shape(seq), t.shape(vals)
+    if len(sshape) == 1:
+        b = t.emit(op.reshape(seq, [1] * len(vshape) + [sshape[0]]))
+    else:
+        b = t.emit(op.expand_dims(seq, len(sshape) - 1))  # [..., 1, S] against the values' [..., V, 1]
+    before = t.emit(op.greater(b, t.emit(op.expand_dims(vals, len(vshape)))) if right else op.greater_equal(b, t.emit(op.expand_dims(vals, len(vshape)))))
+    counted = t.emit(op.astype(t.emit(op.logical_not(before)), "int64"))
+    return t.cast(t.emit(op.sum(counted, (len(vshape),), False)), t.out_dtype(node))
+
+
+@converter("searchsorted.Tensor", "searchsorted.Scalar")
+def _searchsorted(t: Translator, node: Any, seq: Any, values: Any, *, out_int32: bool = False, right: bool = False, side: Any = None, sorter: Any = None) -> Expr:
+    """``torch.searchsorted``: ``right`` or ``side='right'`` counts the boundaries ``<=`` a
+    value, else those ``<`` it; ``sorter`` orders an unsorted ``seq``."""
+    return _search(t, node, seq, values, bool(right) or side == "right", sorter)
+
+
+@converter("bucketize.Tensor", "bucketize.Scalar")
+def _bucketize(t: Translator, node: Any, values: Any, boundaries: Any, *, out_int32: bool = False, right: bool = False) -> Expr:
+    """``torch.bucketize``: ``searchsorted(boundaries, values, right=right)``."""
+    return _search(t, node, boundaries, values, bool(right))
 
 
 @converter("cumsum.default")

@@ -1,7 +1,15 @@
 """Converters of ATen reductions: ``sum``, ``mean``, ``prod``, ``amax``/``amin``,
 ``max``/``min`` (whole tensor, or along a dim with their indices), ``argmax``/``argmin``,
-``any``/``all``, ``var``/``std``, ``var_mean``, ``linalg_vector_norm`` (``F.normalize``, ``x.norm``), ``logsumexp``. An empty dim list reduces every dim (torch's rule); a sum of
-an integer tensor is an int64 sum."""
+``any``/``all``, ``var``/``std``, ``var_mean``, ``linalg_vector_norm`` (``F.normalize``, ``x.norm``), ``logsumexp``,
+``kthvalue`` and ``median``. An empty dim list reduces every dim (torch's rule); a sum of
+an integer tensor is an int64 sum.
+
+``kthvalue`` and ``median`` (the lower median, torch's) take the ``k``-th of the ``k`` smallest
+(``topk``, which compares every pair along the dim: meant for the modest lengths these see).
+A NaN orders as the largest value (topk ranks it as ``+inf``, so a NaN beside a ``+inf`` may
+come first); ``median`` gives NaN, at the first NaN's index, where the dim holds one (torch's).
+Among equal values any one's index is valid (torch documents no choice): topk's is the k-th in
+order of index."""
 
 from __future__ import annotations
 
@@ -11,7 +19,8 @@ from tilework import op
 from tilework.frontend.torch.common import as_list, norm_axis
 from tilework.frontend.torch.registry import converter
 from tilework.ir import sym
-from tilework.ir.graph import Expr
+from tilework.ir.graph import Expr, TupleGetItem
+from tilework.ir.sym import Dim
 
 if TYPE_CHECKING:
     from tilework.frontend.torch.translator import Translator
@@ -118,19 +127,85 @@ def _var_mean(t: Translator, node: Any, x: Any, dim: Any = None, unbiased: Any =
 
 @converter("logsumexp.default")
 def _logsumexp(t: Translator, node: Any, x: Any, dim: Any = (), keepdim: bool = False) -> Expr:
-    """``log(sum(exp(x - m))) + m`` with ``m`` the largest ``x``, or 0 where that is infinite
-    (all ``-inf`` gives ``-inf``, a ``+inf`` gives ``+inf``, as torch's)."""
-    from tilework.op import math as op_math
-
+    """The logsumexp op: ``m + log(sum(exp(x - m)))`` with ``m`` the largest ``x``, or 0 where
+    that is infinite; an empty set gives ``-inf`` (torch's), as all ``-inf`` does, a ``+inf``
+    gives ``inf``."""
     out = t.out_dtype(node)
     y = t.tensor(x, out)
     axes = _axes(t, y, dim)
-    top = t.emit(op.max(y, axes, True))
-    shift = t.emit(op.where(t.emit(op_math.isinf(top)), t.tensor(0.0, out), top))
-    total = t.emit(op.sum(t.emit(op.exp(t.emit(op.subtract(y, shift)))), axes, keepdim))
+    shape = t.shape(y)
+    if any(isinstance(shape[a], int) and shape[a] == 0 for a in (axes if axes is not None else range(len(shape)))):
+        return t.emit(op.full(t.out_shape(node), float("-inf"), out))  # a kernel's reduction cannot be statically empty
+    return t.emit(op.reduce.logsumexp(y, axes, keepdim))
+
+
+def _kth_smallest(t: Translator, x: Expr, k: Any, axis: int, keepdim: bool) -> tuple[Expr, Expr]:
+    """The ``k``-th smallest along ``axis`` (``k`` from 1, may be symbolic) and its index."""
+    from tilework.op import math as op_math
+    from tilework.op import search
+
+    key = x
+    if t.dtype(x).startswith(("float", "bfloat")):  # NaN ranks as +inf (topk's comparisons skip a NaN)
+        key = t.emit(op.where(t.emit(op_math.isnan(x)), t.tensor(float("inf"), t.dtype(x)), x))
+    order = t.emit(search.topk(key, k, axis, largest=False))
+    idx = t.emit(op.strided_slice(t.emit(TupleGetItem(order, 1)), (axis,), (sym.sub(k, 1),), (k,)))
+    val = t.emit(op.gather(x, idx, axis))
     if not keepdim:
-        shift = t.emit(op.squeeze(shift, axes if axes is not None else tuple(range(len(t.shape(y))))))
-    return t.emit(op.add(t.emit(op.log(total)), shift))
+        idx, val = t.emit(op.squeeze(idx, (axis,))), t.emit(op.squeeze(val, (axis,)))
+    return val, idx
+
+
+@converter("kthvalue.default")
+def _kthvalue(t: Translator, node: Any, x: Any, k: int, dim: int = -1, keepdim: bool = False) -> tuple[Expr, Expr]:
+    """``(values, indices)`` of the ``k``-th smallest along ``dim``; ``k`` past the dim's length
+    fails topk's check (torch raises too)."""
+    if len(t.shape(x)) == 0:
+        return _kthvalue(t, node, t.emit(op.reshape(x, [1])), k, 0, False)
+    return _kth_smallest(t, x, k, norm_axis(dim, len(t.shape(x))), keepdim)
+
+
+def _median_along(t: Translator, x: Expr, axis: int, keepdim: bool, n: Dim | None = None) -> tuple[Expr, Expr]:
+    """The lower median of the first ``n`` (default: all) along ``axis``: the ``(n + 1) //
+    2``-th smallest (an empty dim fails topk's check, as torch raises); NaN at the first NaN
+    where there is one."""
+    from tilework.op import math as op_math
+
+    n = t.shape(x)[axis] if n is None else n
+    val, idx = _kth_smallest(t, x, sym.max_(sym.floordiv(sym.add(n, 1), 2), 1), axis, keepdim)
+    if not t.dtype(x).startswith(("float", "bfloat")):
+        return val, idx
+    nan = t.emit(op.astype(t.emit(op_math.isnan(x)), "int8"))
+    has_nan = t.emit(op.astype(t.emit(op.max(nan, (axis,), keepdim)), "bool"))
+    first_nan = t.emit(op.argmax(nan, axis, keepdim))
+    val = t.emit(op.where(has_nan, t.tensor(float("nan"), t.dtype(x)), val))
+    return val, t.emit(op.where(has_nan, first_nan, idx))
+
+
+@converter("median.dim")
+def _median_dim(t: Translator, node: Any, x: Any, dim: int = -1, keepdim: bool = False) -> tuple[Expr, Expr]:
+    if len(t.shape(x)) == 0:
+        return _median_dim(t, node, t.emit(op.reshape(x, [1])), 0, False)
+    return _median_along(t, x, norm_axis(dim, len(t.shape(x))), keepdim)
+
+
+@converter("median.default")
+def _median(t: Translator, node: Any, x: Any) -> Expr:
+    """The lower median of all elements; NaN for an empty tensor (torch's). A largest value
+    appended after the elements (``+inf``, or the dtype's largest integer: it comes after its
+    equals, which keep the lower indices) leaves the ``(n + 1) // 2``-th smallest of ``n >= 1``
+    unchanged and gives an empty tensor (of a symbolic size) an element to take, replaced by
+    NaN."""
+    out = t.out_dtype(node)
+    numel = sym.product(t.shape(x))
+    if isinstance(numel, int) and numel == 0:
+        return t.emit(op.full((), float("nan"), out))
+    flat = t.emit(op.reshape(x, [numel]))
+    if isinstance(numel, int) or not t.dtype(x).startswith(("float", "bfloat")):
+        return t.emit(op.reshape(_median_along(t, flat, 0, False)[0], ()))
+    top = t.emit(op.full([1], float("inf"), t.dtype(x)))
+    val = t.emit(op.reshape(_median_along(t, t.emit(op.concat([flat, top], axis=0)), 0, False, numel)[0], ()))
+    empty = t.emit(op.equal(t.tensor(numel, "int64"), t.tensor(0, "int64")))
+    return t.emit(op.where(empty, t.tensor(float("nan"), out), val))
 
 
 @converter("linalg_vector_norm.default")

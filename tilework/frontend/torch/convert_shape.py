@@ -1,5 +1,6 @@
 """Converters of ATen ops that move data without computing: views and reshapes, permutes,
-broadcasts, (un)squeezes, concatenation and stacking, splits, slices, selects, ``repeat``.
+broadcasts, (un)squeezes, concatenation and stacking, splits, slices, selects, ``repeat``,
+``flip``, ``roll``, ``unfold`` (sliding windows) and ``diagonal``.
 
 torch's metadata states every output shape, with symbolic sizes, so reshapes and broadcasts
 take their target shape from it (no ``-1`` to resolve) and splits read their parts' lengths
@@ -229,6 +230,46 @@ def _roll(t: Translator, node: Any, x: Any, shifts: Any, dims: Any = ()) -> Expr
         tail = t.emit(op.strided_slice(y, (axis,), (0,), (cut,)))
         y = t.emit(op.concat([head, tail], axis=axis))
     return y
+
+
+@converter("unfold.default")
+def _unfold(t: Translator, node: Any, x: Any, dim: int, size: int, step: int) -> Expr:
+    """``x.unfold(dim, size, step)``: the windows ``x[..., j*step : j*step + size, ...]`` along
+    ``dim`` (their count from torch's metadata), each window's elements in a new last dim; one
+    ``take`` by the ``[count, size]`` positions, then that dim moved last."""
+    out = t.out_shape(node)
+    ndim = len(t.shape(x))
+    if ndim == 0:  # a 0-d tensor unfolds into one window of one element
+        return t.emit(op.reshape(x, out))
+    axis = norm_axis(dim, ndim)
+    if not isinstance(size, int) or not isinstance(step, int) or step <= 0:
+        raise UnsupportedError(f"unfold: size and step must be ints (step positive), got size={size!r}, step={step!r}")
+    count = out[axis]
+    starts = t.emit(op.reshape(t.emit(op.arange(0, sym.mul(count, step), step, dtype="int64")), [count, 1]))
+    within = t.emit(op.reshape(t.emit(op.arange(0, size, 1, dtype="int64")), [1, size]))
+    windows = t.emit(op.take(x, t.emit(op.add(starts, within)), axis))  # [..., count, size, ...]
+    if axis == ndim - 1:
+        return windows
+    perm = [d for d in range(ndim + 1) if d != axis + 1] + [axis + 1]
+    return t.permute(windows, perm)
+
+
+@converter("diagonal.default", "diagonal_copy.default")
+def _diagonal(t: Translator, node: Any, x: Any, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Expr:
+    """``x[..., i, i + offset]`` over ``dim1``, ``dim2`` (a negative offset: ``x[..., i -
+    offset, i]``), the diagonal last: both dims moved last, then indexed by two ``arange``s of
+    the diagonal's length (from torch's metadata)."""
+    ndim = len(t.shape(x))
+    d1, d2 = norm_axis(dim1, ndim), norm_axis(dim2, ndim)
+    if d1 == d2:
+        raise UnsupportedError(f"diagonal: dim1 and dim2 are the same dim ({dim1}, {dim2})")
+    if not isinstance(offset, int):
+        raise UnsupportedError(f"diagonal: offset must be an int, got {offset!r}")
+    length = t.out_shape(node)[-1]
+    front = t.permute(x, [d for d in range(ndim) if d not in (d1, d2)] + [d1, d2])
+    rows = t.emit(op.arange(max(-offset, 0), sym.add(length, max(-offset, 0)), 1, dtype="int64"))
+    cols = t.emit(op.arange(max(offset, 0), sym.add(length, max(offset, 0)), 1, dtype="int64"))
+    return t.emit(op.index_tensor(front, [rows, cols], axis=ndim - 2))
 
 
 def _numel(shape: Sequence[Dim]) -> Dim:

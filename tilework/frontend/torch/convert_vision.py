@@ -1,5 +1,5 @@
 """Converters of the ATen ops vision and sequence models use beyond the basics: transposed
-convolution, upsampling (``interpolate``), ``grid_sampler``, padding in every mode,
+convolution, upsampling (``interpolate``, antialiased too), ``grid_sampler``, padding in every mode,
 ``instance_norm``, ``pixel_shuffle``/``pixel_unshuffle``, adaptive pooling in 1-D and max
 form, ``topk``/``sort``/``argsort``, ``embedding_bag``, ``_weight_norm`` and the binary
 ``max``/``min``.
@@ -112,6 +112,65 @@ for _names, _mode in ((("upsample_linear1d", "upsample_bilinear2d", "upsample_tr
     _vec, _default = _linear_like(_mode)
     converter(*(f"{n}.vec" for n in _names))(_vec)
     converter(*(f"{n}.default" for n in _names))(_default)
+
+
+def _aa_weights(t: Translator, n_in: Dim, n_out: Dim, scale: float | None, align_corners: bool, cubic: bool, dtype: str) -> Expr:
+    """torch's antialiased resampling weights ``[n_out, n_in]`` along one dim: output ``i``
+    centred at ``s * (i + 0.5)`` in the input (``s`` the input/output ratio), input ``j``
+    weighted by the filter at ``(j + 0.5 - centre) / max(s, 1)`` (a downscale widens the filter
+    by ``s``), the weights of each output normalized to sum 1 over the input's pixels (those
+    past its borders left out). Bilinear's filter is the triangle ``1 - |x|``, bicubic's the
+    cubic of ``a = -0.5`` (Pillow's, which torch follows)."""
+    f = lambda v: t.tensor(float(v), dtype)  # noqa: E731
+    s: Expr
+    if align_corners:
+        s = t.emit(op.where(t.emit(op.greater(t.tensor(n_out, "int64"), t.tensor(1, "int64"))),
+                            t.emit(op.divide(t.tensor(sym.sub(n_in, 1), dtype), t.emit(op.maximum(t.tensor(sym.sub(n_out, 1), dtype), f(1))))), f(0)))
+    elif scale is not None and scale > 0:
+        s = f(1.0 / scale)
+    else:
+        s = t.emit(op.divide(t.tensor(n_in, dtype), t.tensor(n_out, dtype)))
+    inv = t.emit(op.where(t.emit(op.greater_equal(s, f(1))), t.emit(op.divide(f(1), s)), f(1)))
+    out_pos = t.emit(op.reshape(t.emit(op.arange(0, n_out, 1, dtype=dtype)), [n_out, 1]))
+    in_pos = t.emit(op.reshape(t.emit(op.arange(0, n_in, 1, dtype=dtype)), [1, n_in]))
+    centre = t.emit(op.multiply(s, t.emit(op.add(out_pos, f(0.5)))))
+    x = t.emit(op.abs(t.emit(op.multiply(t.emit(op.subtract(t.emit(op.add(in_pos, f(0.5))), centre)), inv))))
+    if cubic:
+        a = -0.5
+        near = t.emit(op.add(t.emit(op.multiply(t.emit(op.multiply(t.emit(op.subtract(t.emit(op.multiply(f(a + 2), x)), f(a + 3))), x)), x)), f(1)))
+        far = t.emit(op.multiply(t.emit(op.subtract(t.emit(op.multiply(t.emit(op.add(t.emit(op.multiply(t.emit(op.subtract(x, f(5))), x)), f(8))), x)), f(4))), f(a)))
+        w = t.emit(op.where(t.emit(op.less(x, f(1))), near, t.emit(op.where(t.emit(op.less(x, f(2))), far, f(0)))))
+    else:
+        w = t.emit(op.maximum(t.emit(op.subtract(f(1), x)), f(0)))
+    total = t.emit(op.sum(w, (1,), True))
+    return t.emit(op.divide(w, t.emit(op.where(t.emit(op.equal(total, f(0))), f(1), total))))
+
+
+def _antialiased(t: Translator, node: Any, x: Any, align_corners: bool, scales: Sequence[Any]) -> Expr:
+    """``interpolate(..., antialias=True)`` (bilinear, bicubic) as two matmuls by the weights
+    of each spatial dim (dense ``[out, in]`` matrices: zero outside each output's window)."""
+    cubic = "bicubic" in str(node.target)
+    dtype = t.dtype(x)
+    if dtype not in ("float32", "float64"):
+        raise UnsupportedError(f"interpolate(mode={'bicubic' if cubic else 'bilinear'!r}, antialias=True) of a {dtype} tensor is not supported (float32, float64 are)")
+    h, w = t.shape(x)[-2:]
+    oh, ow = t.out_shape(node)[-2:]
+    scales = list(scales) + [None] * (2 - len(scales))
+    wh = _aa_weights(t, h, oh, scales[0], bool(align_corners), cubic, dtype)
+    ww = _aa_weights(t, w, ow, scales[1], bool(align_corners), cubic, dtype)
+    rows = t.emit(op.matmul(wh, x))  # [..., oh, w]
+    return t.emit(op.matmul(rows, t.emit(op.permute_dims(ww, (1, 0)))))
+
+
+@converter("_upsample_bilinear2d_aa.vec", "_upsample_bicubic2d_aa.vec")
+def _antialiased_vec(t: Translator, node: Any, x: Any, output_size: Any, align_corners: bool, scale_factors: Any) -> Expr:
+    factors = list(scale_factors) if scale_factors is not None else []
+    return _antialiased(t, node, x, align_corners, factors * 2 if len(factors) == 1 else factors)
+
+
+@converter("_upsample_bilinear2d_aa.default", "_upsample_bicubic2d_aa.default")
+def _antialiased_default(t: Translator, node: Any, x: Any, output_size: Any, align_corners: bool, scales_h: Any = None, scales_w: Any = None) -> Expr:
+    return _antialiased(t, node, x, align_corners, [scales_h, scales_w])
 
 
 @converter("grid_sampler.default", "grid_sampler_2d.default", "grid_sampler_3d.default")
