@@ -112,3 +112,22 @@ def test_sigmoid_uses_exp_and_saturates(library: CKernelModule) -> None:
     # 1 / (1 + exp(-x)) overflows to 0 where the exact value is below the normal range
     np.testing.assert_allclose(got[:-1], want[:-1], rtol=3e-7, atol=TINY)
     assert np.isnan(got[-1])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("size", [1, 7, 64])
+def test_a_float_to_int_to_float_round_trip_gives_plus_zero(dtype: str, size: int) -> None:
+    """``float(int64(x))`` for ``x`` in (-1, 0) is ``+0.0`` (C, NumPy, torch's ``x.long().float()``);
+    under ``-fno-trapping-math`` GCC made it ``trunc(x)``, ``-0.0`` (``1 / y`` was ``-inf``)."""
+    x = te.placeholder((n,), dtype, "x")
+    y = te.compute((n,), lambda i: te.cast(te.cast(x[i], "int64"), dtype), "y")
+    f = te.create_func([x, y])
+    lib = build_library({"serial": f, "vec": default_schedule(f, strict=True)})
+    xs = np.linspace(-3.5, 3.5, size).astype(dtype) if size > 1 else np.array([-0.2], dtype)
+    xs[0] = -0.2
+    want = xs.astype(np.int64).astype(dtype)
+    for name in ("serial", "vec"):
+        out = np.empty_like(xs)
+        lib[name].run([xs, out])
+        np.testing.assert_array_equal(out, want)
+        assert not np.signbit(out[0]), name

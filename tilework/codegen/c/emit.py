@@ -207,6 +207,24 @@ def _int_literal(v: int) -> str:
 # -- the emitter ----------------------------------------------------------------------------
 
 
+def _float_int_round_trip(func: TensorFunc) -> bool:
+    """Whether ``func`` converts a float to an integer and an integer to a float. Under
+    ``-fno-trapping-math`` GCC turns ``(float)(int64_t)x`` into ``truncf(x)`` (with SSE4.1's
+    rounding instructions), which keeps the sign of ``-0.2`` (``-0.0``) where the conversions
+    give ``+0.0`` (torch, NumPy, the interpreter); such a kernel is compiled with trapping
+    math, which leaves the conversions as they are (and still vectorizes them)."""
+    to_int = to_float = False
+    for st in walk_stmts(func.body):
+        for x in stmt_scalars(st):
+            for e in walk_scalars(x):
+                if isinstance(e, Cast) and e.dtype != "bool":
+                    src = dtype_of(e.value)
+                    to_int = to_int or (is_float_dtype(src) and is_int_dtype(e.dtype))
+                    to_float = to_float or (is_int_dtype(src) and is_float_dtype(e.dtype))
+    return to_int and to_float
+
+
+
 class _Emitter(LoopEmitter):
     def __init__(self, func: TensorFunc, symbol: str, name: str) -> None:
         super().__init__(func, name)
@@ -227,6 +245,8 @@ class _Emitter(LoopEmitter):
     def run(self) -> str:
         f = self.func
         head = f"int32_t {self.symbol}(void* const* restrict tw_data, const int64_t* restrict tw_syms) {{"
+        if _float_int_round_trip(f):
+            head = f'__attribute__((optimize("trapping-math"))) {head}'
         self.lines = [f"/* kernel {comment(self.kname)} */", head]
         for i, b in enumerate(f.buffers):
             ct = DTYPE_TABLE[b.dtype].c_storage
