@@ -287,3 +287,36 @@ def test_cli_export_of_an_llm_passes_precision_and_kv_dtype(tmp_path: Path, monk
     assert (seen["path"], seen["precision"], seen["kv_dtype"]) == (str(model), "bf16", "float32")
     with pytest.raises(SystemExit):
         main(["export", str(model), "-o", str(tmp_path / "out"), "--kv-dtype", "int8"])
+
+
+def test_tw_run_refuses_a_bad_repeat_and_says_why_it_cannot_write(exported: tuple[Any, Path], tmp_path: Path) -> None:
+    _, out = exported
+    where = build_export(out, "make")
+    x, y = _inputs(3)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    run = [str(where / "tw_run"), str(out / "model.twb"), "main"]
+    files = [str(tmp_path / "x.npy"), str(tmp_path / "y.npy")]
+    for bad in ("abc", "-5", "1.5", "", "99999999999"):
+        proc = subprocess.run([*run, "--repeat", bad, *files], capture_output=True, text=True)
+        assert proc.returncode == 2 and f"--repeat takes a whole number of runs from 0 to 100000000, got '{bad}'" in proc.stderr
+        assert "usage: tw_run" in proc.stderr
+    proc = subprocess.run([*run, *files, "--repeat"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "--repeat needs a value" in proc.stderr
+    proc = subprocess.run([*run, "--repeat", "2", "-o", str(tmp_path), *files], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.startswith("median_us ")
+    missing = tmp_path / "nodir" / "x"
+    proc = subprocess.run([*run, "-o", str(missing), *files], capture_output=True, text=True)
+    assert proc.returncode == 2 and f"cannot write {missing}/output0.npy: No such file or directory" in proc.stderr
+
+
+def test_runtime_sources_compile_without_warnings(exported: tuple[Any, Path], tmp_path: Path) -> None:
+    """The C the export writes compiles with its own flags plus -Wall -Wextra -Werror."""
+    import re
+
+    _, out = exported
+    flags = re.search(r"^TW_CFLAGS \?= (.*)$", (out / "Makefile").read_text(), re.M)
+    assert flags is not None
+    for name in ("tw_runtime.c", "model.c", "tw_run.c"):
+        proc = subprocess.run(["cc", *flags.group(1).split(), "-Wall", "-Wextra", "-Werror", "-fsyntax-only", str(out / name)], capture_output=True, text=True)
+        assert proc.returncode == 0, f"{name}:\n{proc.stderr}"
