@@ -287,3 +287,149 @@ def test_cli_export_of_an_llm_passes_precision_and_kv_dtype(tmp_path: Path, monk
     assert (seen["path"], seen["precision"], seen["kv_dtype"]) == (str(model), "bf16", "float32")
     with pytest.raises(SystemExit):
         main(["export", str(model), "-o", str(tmp_path / "out"), "--kv-dtype", "int8"])
+
+
+def _error_of(lib: Any, handle: Any) -> str:
+    return str(lib.tw_model_error(handle).decode())
+
+
+def test_null_pointers_are_refused_naming_the_argument(exported: tuple[Any, Path], cmake_model: ExportedModel) -> None:
+    """Every pointer of the C API may be NULL: the call returns -1 (or NULL) and the message
+    names the argument (tw_model_error(NULL) for a call without a model), never a crash."""
+    lib, handle = cmake_model._lib, cmake_model._handle
+    lib.tw_model_num_inputs.argtypes = [ctypes.c_char_p]
+    assert lib.tw_model_num_inputs(None) == -1 and _error_of(lib, None) == "tw_model_num_inputs: function is NULL"
+    assert lib.tw_model_num_inputs(b"nope") == -1 and _error_of(lib, None) == "no function 'nope' in the model"
+    x, y = _inputs(2)
+    _, tensors, _ = cmake_model.prepare("main", x, y)
+    outs = cmake_model._outputs
+    assert lib.tw_model_run(None, b"main", tensors, 2, outs, 4) == -1
+    assert _error_of(lib, None) == "tw_model_run: model is NULL" and lib.tw_model_error_kind(None) == 1
+    calls = {
+        "tw_model_run: function is NULL": (None, tensors, 2, outs, 4),
+        "tw_model_run: inputs is NULL but num_inputs is 2": (b"main", None, 2, outs, 4),
+        "tw_model_run: outputs is NULL but max_outputs is 4": (b"main", tensors, 2, None, 4),
+    }
+    for want, args in calls.items():
+        assert lib.tw_model_run(handle, *args) == -1
+        assert _error_of(lib, handle) == want
+    assert lib.tw_model_run(handle, b"main", tensors, 2, None, 0) == 1  # no outputs asked for
+    data = tensors[0].data
+    tensors[0].data = None
+    assert lib.tw_model_run(handle, b"main", tensors, 2, outs, 4) == -1
+    assert _error_of(lib, handle) == "main: input 0 (x): data is NULL but its shape (2, 16) has 32 element(s)"
+    big = (ctypes.c_int64 * 2)(2**62, 2**62)
+    tensors[0].shape = ctypes.cast(big, ctypes.POINTER(ctypes.c_int64))
+    assert lib.tw_model_run(handle, b"main", tensors, 2, outs, 4) == -1
+    assert _error_of(lib, handle).endswith("data is NULL but its shape (4611686018427387904, 4611686018427387904) has more than 2^63 - 1 elements")
+    empty = (ctypes.c_int64 * 2)(0, 16)  # no elements: NULL data is fine, the shape check speaks
+    tensors[0].shape = ctypes.cast(empty, ctypes.POINTER(ctypes.c_int64))
+    assert lib.tw_model_run(handle, b"main", tensors, 2, outs, 4) == -1
+    assert _error_of(lib, handle) == "main: argument x: x.shape[0] = 0 but n >= 1"
+    tensors[0].data, tensors[0].shape = data, None
+    assert lib.tw_model_run(handle, b"main", tensors, 2, outs, 4) == -1
+    assert _error_of(lib, handle) == "main: input 0 (x): shape is NULL but ndim is 2"
+    tensors[0].shape = ctypes.cast(cmake_model._inputs.shapes[0], ctypes.POINTER(ctypes.c_int64))
+    (got,) = cmake_model.run("main", x, y)  # the model runs on after the refusals
+    np.testing.assert_array_equal(got, tw.VM(exported[0])["main"](x, y, W))
+    assert lib.tw_model_create(None) is None and _error_of(lib, None) == "tw_model_create: weights_path is NULL"
+    assert lib.tw_model_create_from_arrays(None, 1) is None
+    assert _error_of(lib, None) == "tw_model_create_from_arrays: arrays is NULL but num_arrays is 1"
+
+
+def _limits_module() -> Any:
+    """``pool(x [1, 2, h, w])``: a 2x2 max pool, whose output dims h // 2 and w // 2 are checked
+    at run time; ``big(s [2])`` and ``flat(s [2])``: zeros of shape (s[0], s[1]) and (s[0] * s[1],),
+    dims read from a tensor (their byte size, or the dim itself, may overflow int64)."""
+    from tilework.ir.info import ShapeInfo
+    from tilework.op.shape import tensor_to_shape
+
+    h, w, a, b = SymVar("h", 1, None), SymVar("w", 1, None), SymVar("a", 0, None), SymVar("b", 0, None)
+    x = Var("x", TensorInfo((1, 2, h, w), "float32"))
+    bb = BlockBuilder()
+    with bb.function("pool", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(op.max_pool2d(x, 2))
+        bb.emit_func_output(out)
+    for name in ("big", "flat"):
+        s = Var("s", TensorInfo((2,), "int64"))
+        with bb.function(name, [s]):
+            with bb.dataflow():
+                bb.match_cast(bb.emit(tensor_to_shape(s)), ShapeInfo((a, b)))
+                out = bb.emit_output(op.zeros((a, b) if name == "big" else (a * b,), "float32"))
+            bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.fixture(scope="module")
+def limits(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, ExportedModel]:
+    exe = tw.build(_limits_module())
+    out = tmp_path_factory.mktemp("limits")
+    export_c(exe, out)
+    return exe, ExportedModel(build_export(out, "make"), out / "model.twb")
+
+
+def test_dim_check_names_the_value_of_its_expression_as_the_vm_does(limits: tuple[Any, ExportedModel]) -> None:
+    exe, model = limits
+    vm = tw.VM(exe)
+    for shape, want in (((1, 2, 1, 5), "h // 2 = 0"), ((1, 2, 3, 1), "w // 2 = 0")):
+        x = np.ones(shape, np.float32)
+        got = _vm_message(model.run, "pool", x)
+        assert got == _vm_message(vm["pool"], x) == f"pool: max_pool2d: output spatial shape (h // 2, w // 2) must be positive: {want}"
+    x = np.random.default_rng(0).standard_normal((1, 2, 3, 5)).astype(np.float32)
+    np.testing.assert_array_equal(model.run("pool", x)[0], vm["pool"](x))
+    np.testing.assert_array_equal(vm["pool"](x), x[:, :, :2, :4].reshape(1, 2, 1, 2, 2, 2).max(axis=(3, 5)))
+
+
+def test_sizes_that_overflow_int64_are_refused_as_the_vm_refuses_them(limits: tuple[Any, ExportedModel]) -> None:
+    """An output of shape (2^32, 2^32) (2^66 bytes) crashed the library (its byte count
+    wrapped); now it is refused with the VM's message, as is one too large to allocate."""
+    exe, model = limits
+    vm = tw.VM(exe)
+    cases = {
+        (2**32, 2**32): "out of memory: a float32 tensor of shape (4294967296, 4294967296) is too large (its byte size exceeds 2^63 - 1)",
+        (2**30, 2**30): "out of memory: a tensor of 4611686018427387904 bytes",
+    }
+    for dims, want in cases.items():
+        s = np.array(dims, np.int64)
+        assert _vm_message(model.run, "big", s) == _vm_message(vm["big"], s) == want
+    s = np.array((2**32, 2**32), np.int64)  # the derived dim a * b itself overflows int64 in C
+    assert _vm_message(model.run, "flat", s) == "a derived dim overflows int64 (its value exceeds 2^63 - 1)"
+    assert "is too large" in _vm_message(vm["flat"], s)
+    for dims in ((0, 3), (1, 1), (3, 5)):
+        s = np.array(dims, np.int64)
+        np.testing.assert_array_equal(model.run("big", s)[0], np.zeros(dims, np.float32))
+        np.testing.assert_array_equal(model.run("flat", s)[0], np.zeros(dims[0] * dims[1], np.float32))
+
+
+def test_tw_run_refuses_a_bad_repeat_and_says_why_it_cannot_write(exported: tuple[Any, Path], tmp_path: Path) -> None:
+    _, out = exported
+    where = build_export(out, "make")
+    x, y = _inputs(3)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    run = [str(where / "tw_run"), str(out / "model.twb"), "main"]
+    files = [str(tmp_path / "x.npy"), str(tmp_path / "y.npy")]
+    for bad in ("abc", "-5", "1.5", "", "99999999999"):
+        proc = subprocess.run([*run, "--repeat", bad, *files], capture_output=True, text=True)
+        assert proc.returncode == 2 and f"--repeat takes a whole number of runs from 0 to 100000000, got '{bad}'" in proc.stderr
+        assert "usage: tw_run" in proc.stderr
+    proc = subprocess.run([*run, *files, "--repeat"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "--repeat needs a value" in proc.stderr
+    proc = subprocess.run([*run, "--repeat", "2", "-o", str(tmp_path), *files], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.startswith("median_us ")
+    missing = tmp_path / "nodir" / "x"
+    proc = subprocess.run([*run, "-o", str(missing), *files], capture_output=True, text=True)
+    assert proc.returncode == 2 and f"cannot write {missing}/output0.npy: No such file or directory" in proc.stderr
+
+
+def test_runtime_sources_compile_without_warnings(exported: tuple[Any, Path], tmp_path: Path) -> None:
+    """The C the export writes compiles with its own flags plus -Wall -Wextra -Werror."""
+    import re
+
+    _, out = exported
+    flags = re.search(r"^TW_CFLAGS \?= (.*)$", (out / "Makefile").read_text(), re.M)
+    assert flags is not None
+    for name in ("tw_runtime.c", "model.c", "tw_run.c"):
+        proc = subprocess.run(["cc", *flags.group(1).split(), "-Wall", "-Wextra", "-Werror", "-fsyntax-only", str(out / name)], capture_output=True, text=True)
+        assert proc.returncode == 0, f"{name}:\n{proc.stderr}"

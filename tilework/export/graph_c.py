@@ -325,7 +325,7 @@ def _check_dims(f: FunctionC, pc: int, dst: int, args: list[tuple[str, Any]]) ->
         cond = _DIM_CHECKS.get(kind)
         if cond is None:
             raise ExportError(f"{f.fn.name}: unknown dim check {kind!r}")
-        f.emit(f"{{ int64_t x_ = {h}_v[{int(a)}], y_ = {h}_v[{int(b)}]; if (!({cond})) return twrt_dim_fail(m, {c_string(where)}, {c_string(message)}, x_, y_); }}")
+        f.emit(f"{{ int64_t x_ = {h}_v[{int(a)}], y_ = {h}_v[{int(b)}]; if (!({cond})) return twrt_dim_fail(m, &{h}, {int(a)}, {int(b)}, {c_string(where)}, {c_string(message)}); }}")
 
 
 def _dim_expr(program: Any, h: str, depth: int = 0) -> str:
@@ -337,10 +337,11 @@ def _dim_expr(program: Any, h: str, depth: int = 0) -> str:
     if op == "const":
         return c_int(int(rest[0]))
     parts = [_dim_expr(p, h, depth + 1) for p in rest]
-    if op == "add":
-        return "(" + " + ".join(parts) + ")"
-    if op == "mul":
-        return "(" + " * ".join(parts) + ")"
+    if op in ("add", "mul") and parts:  # checked for int64 overflow (Python's ints have none)
+        expr = parts[0]
+        for p in parts[1:]:
+            expr = f"twrt_{op}({expr}, {p}, &bad_)"
+        return expr
     if op in ("floordiv", "floormod") and len(parts) == 2:
         return f"twrt_{op}({parts[0]}, {parts[1]}, &bad_)"
     if op in ("min", "max") and len(parts) == 2:
@@ -354,7 +355,7 @@ def _shape_func(f: FunctionC, pc: int, dst: int, args: list[tuple[str, Any]]) ->
     f.emit("{ int bad_ = 0;")
     for slot, program in zip(slots, programs):
         f.emit(f"  {h}_v[{int(slot)}] = {_dim_expr(program, h)};")
-    f.emit("  if (bad_) return twrt_div_zero(m); }")
+    f.emit("  if (bad_) return bad_ == 1 ? twrt_div_zero(m) : twrt_dim_overflow(m); }")
 
 
 def _make_shape(f: FunctionC, pc: int, dst: int, args: list[tuple[str, Any]]) -> None:

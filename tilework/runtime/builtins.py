@@ -21,7 +21,7 @@ import numpy as np
 
 from tilework.errors import BuildError, RuntimeCheckError
 from tilework.op.vm import ASSERT_IMM, ASSERT_SLOT, DIM_OPS, STORE
-from tilework.runtime.memory import CarveSite, Memory, carve
+from tilework.runtime.memory import CarveSite, Memory, carve, empty_tensor
 from tilework.runtime.tensor import describe
 from tilework.ir.dtype import np_dtype
 
@@ -147,13 +147,27 @@ _DIM_CHECKS: dict[str, Callable[[int, int], bool]] = {
 }
 
 
+def _slot_values(heap: ShapeHeap, slots: Sequence[int]) -> str:
+    """``h // 2 = 0``: each slot's name (its dim expression) and value in this call, a constant's
+    slot (its name is its value, a check's bound) left out; ``, ``-separated."""
+    parts = []
+    for s in dict.fromkeys(slots):
+        name, value = heap.names[s], heap[s]
+        if name != str(value):
+            parts.append(f"{name} = {value}")
+    return ", ".join(parts)
+
+
 @builtin("vm_check_dims")
 def check_dims(heap: ShapeHeap, checks: tuple[Any, ...], where: str) -> None:
-    """Facts between slots that inference assumed: ``(kind, slot_a, slot_b, message)``."""
+    """Facts between slots that inference assumed: ``(kind, slot_a, slot_b, message)``. A failed
+    one names the values of its dim expressions: ``must be positive: h // 2 = 0``. The exported
+    C runtime gives the same text (``twrt_dim_fail``)."""
     for kind, a, b, message in checks:
         x, y = heap[a], heap[b]
         if not _DIM_CHECKS[kind](x, y):
-            raise RuntimeCheckError(f"{where}: {message} (got {x} and {y})")
+            values = _slot_values(heap, (a, b))
+            raise RuntimeCheckError(f"{where}: {message}: {values}" if values else f"{where}: {message}")
 
 
 @builtin("vm_make_shape")
@@ -164,7 +178,7 @@ def make_shape(heap: ShapeHeap, codes: tuple[int, ...]) -> tuple[int, ...]:
 
 @builtin("vm_alloc_tensor")
 def alloc_tensor(shape: tuple[int, ...], dtype: str) -> np.ndarray:
-    return np.empty(shape, np_dtype(dtype))
+    return empty_tensor(shape, np_dtype(dtype))
 
 
 BUILTINS["vm_alloc_tensor_from_storage"] = carve

@@ -55,6 +55,26 @@ def _aligned_block(nbytes: int) -> np.ndarray:
     return raw[skip : skip + nbytes]
 
 
+def empty_tensor(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """``np.empty(shape, dtype)``; a tensor whose byte size does not fit in int64, or that cannot
+    be allocated, is a ``RuntimeCheckError`` with the exported C runtime's message
+    (``twrt_alloc_fresh``) instead of NumPy's "array is too big"."""
+    try:
+        return np.empty(shape, dtype)
+    except (ValueError, MemoryError):
+        dims = tuple(int(d) for d in shape)
+        if any(d < 0 for d in dims):
+            raise  # NumPy's "negative dimensions are not allowed"
+        nbytes = np.dtype(dtype).itemsize
+        for d in dims:  # as the C runtime multiplies: a partial product past int64 overflows
+            nbytes *= d
+            if nbytes > 2**63 - 1:
+                break
+        if nbytes > 2**63 - 1:
+            raise RuntimeCheckError(f"out of memory: a {np.dtype(dtype).name} tensor of shape {dims} is too large (its byte size exceeds 2^63 - 1)") from None
+        raise RuntimeCheckError(f"out of memory: a tensor of {nbytes} bytes") from None
+
+
 class Storage:
     """A block of bytes that tensors are carved from. ``used`` is the high-water mark of the
     carves since the block was last handed out (the bytes the current shapes need). A storage
@@ -228,7 +248,7 @@ class Memory:
 
     def alloc_fresh(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """A new tensor that no plan shares (an output, or an allocation left unplanned)."""
-        a = np.empty(shape, dtype)
+        a = empty_tensor(shape, dtype)
         n = a.nbytes
         self.fresh_allocations += 1
         self.fresh_bytes += n

@@ -93,8 +93,10 @@ int twrt_check_tuple_info(tw_model* m, const tw_val* x, int32_t size, const char
 int twrt_check_shape_info(tw_model* m, const tw_val* x, int32_t ndim, const char* where);
 int twrt_check_prim_info(tw_model* m, const tw_val* x, const char* dtype, const char* where);
 int twrt_match_shape(tw_model* m, const tw_val* x, tw_heap* h, const int64_t* codes, int32_t ncodes, const char* where, const char* label);
-int twrt_dim_fail(tw_model* m, const char* where, const char* message, int64_t x, int64_t y);
+/* a failed vm_check_dims check of slots a and b: the VM's message (the slots' names and values) */
+int twrt_dim_fail(tw_model* m, const tw_heap* h, int32_t a, int32_t b, const char* where, const char* message);
 int twrt_div_zero(tw_model* m);
+int twrt_dim_overflow(tw_model* m);
 int twrt_alloc_fresh(tw_model* m, tw_val* dst, const tw_val* shape, int32_t dtype);
 int twrt_pool_acquire(tw_model* m, tw_val* dst, int64_t nbytes);
 void twrt_pool_release(tw_model* m, tw_val* storage);
@@ -109,6 +111,7 @@ int twrt_tensor_to_shape(tw_model* m, tw_val* dst, const tw_val* x);
 int twrt_kernel_fail(tw_model* m, const char* name, int32_t rc);
 int64_t twrt_int_of(const tw_val* x);
 
+/* the element count of a tensor that exists (its bytes were allocated: no overflow) */
 static inline int64_t twrt_numel(const tw_val* x) {
     int64_t n = 1;
     for (int32_t i = 0; i < x->ndim; ++i) n *= x->shape[i];
@@ -117,14 +120,28 @@ static inline int64_t twrt_numel(const tw_val* x) {
 
 static inline int64_t twrt_i(const tw_val* x) { return x->kind == TW_INT ? x->i : twrt_int_of(x); }
 
-/* Python's floor division and modulo on dims; *bad is set when b is 0 */
+/* + and * on dims; *bad is set to 2 on int64 overflow (Python's ints do not overflow) */
+static inline int64_t twrt_add(int64_t a, int64_t b, int* bad) {
+    int64_t r;
+    if (__builtin_add_overflow(a, b, &r)) { if (!*bad) *bad = 2; return 0; }
+    return r;
+}
+static inline int64_t twrt_mul(int64_t a, int64_t b, int* bad) {
+    int64_t r;
+    if (__builtin_mul_overflow(a, b, &r)) { if (!*bad) *bad = 2; return 0; }
+    return r;
+}
+
+/* Python's floor division and modulo on dims; *bad is set to 1 when b is 0 */
 static inline int64_t twrt_floordiv(int64_t a, int64_t b, int* bad) {
-    if (b == 0) { *bad = 1; return 0; }
+    if (b == 0) { if (!*bad) *bad = 1; return 0; }
+    if (b == -1) return twrt_mul(a, -1, bad);
     int64_t q = a / b, r = a % b;
     return q - ((r != 0) & ((r < 0) != (b < 0)));
 }
 static inline int64_t twrt_floormod(int64_t a, int64_t b, int* bad) {
-    if (b == 0) { *bad = 1; return 0; }
+    if (b == 0) { if (!*bad) *bad = 1; return 0; }
+    if (b == -1) return 0;
     int64_t r = a % b;
     return ((r != 0) & ((r < 0) != (b < 0))) ? r + b : r;
 }

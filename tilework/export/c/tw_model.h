@@ -48,35 +48,44 @@ typedef struct {
 
 typedef struct tw_model tw_model;
 
-/* Load the weights file written by the export (checked against this library). NULL on failure;
-   then tw_model_error(NULL) is the reason (per thread). */
+/* Load the weights file written by the export (checked against this library). NULL on failure
+   (weights_path NULL included); then tw_model_error(NULL) is the reason (per thread). */
 tw_model* tw_model_create(const char* weights_path);
 
 /* The same, on arrays the caller already holds in memory instead of the weights file: the
    file's arrays in its order (the model's constants, then each bound weight once), each with
    the dtype and shape the library was made for (else NULL and the reason). The data is used in
-   place and must outlive the model. This is how tilework runs a model in its own process. */
+   place and must outlive the model. This is how tilework runs a model in its own process.
+   arrays may be NULL only when num_arrays is 0. */
 tw_model* tw_model_create_from_arrays(const tw_tensor* arrays, int num_arrays);
 
 /* Run `function` ("main"; "prefill"/"decode" for an LLM) on its inputs (the bound weights are
-   not passed). Returns the number of outputs (at most max_outputs are written), or -1. */
+   not passed). Returns the number of outputs (at most max_outputs are written), or -1 and the
+   reason in tw_model_error(model). A bad call is refused the same way, naming the argument: a
+   NULL function, inputs NULL with num_inputs > 0, outputs NULL with max_outputs > 0, an input
+   whose shape is NULL with ndim > 0 or whose data is NULL with a nonzero element count; a NULL
+   model returns -1 with the reason in tw_model_error(NULL). */
 int tw_model_run(tw_model* model, const char* function, const tw_tensor* inputs, int num_inputs, tw_tensor* outputs, int max_outputs);
 
-/* The message of the last failure on `model` (of the last failed create on this thread when
-   `model` is NULL); "" when there was none. */
+/* The message of the last failure on `model`; "" when there was none. When `model` is NULL: of
+   the last failure on this thread of a call without a model (a failed create, tw_model_run
+   given a NULL model, tw_model_num_inputs of NULL or of an unknown name). */
 const char* tw_model_error(const tw_model* model);
 
 /* What the last failure on `model` was: TW_ERR_NONE (none), TW_ERR_CHECK (a shape, dtype or
    memory check: the message says which), TW_ERR_ZERO_DIVISION (a kernel's integer division by
    zero, where the source framework raises, e.g. torch's ZeroDivisionError), TW_ERR_INDEX (a
-   kernel's index outside its dim, where the source framework raises, e.g. torch's IndexError). */
+   kernel's index outside its dim, where the source framework raises, e.g. torch's IndexError).
+   For NULL: TW_ERR_CHECK when tw_model_error(NULL) is not "", else TW_ERR_NONE. */
 #define TW_ERR_NONE 0
 #define TW_ERR_CHECK 1
 #define TW_ERR_ZERO_DIVISION 2
 #define TW_ERR_INDEX 3
 int tw_model_error_kind(const tw_model* model);
 
-/* The exported functions: their count, names and number of inputs (bound weights excluded). */
+/* The exported functions: their count, names (NULL for an index out of range) and number of
+   inputs (bound weights excluded; -1 for NULL or an unknown name, tw_model_error(NULL) says
+   which). */
 int tw_model_num_functions(void);
 const char* tw_model_function_name(int index);
 int tw_model_num_inputs(const char* function);

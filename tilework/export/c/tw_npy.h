@@ -2,6 +2,7 @@
  * the example programs. Header-only. */
 #ifndef TILEWORK_NPY_H
 #define TILEWORK_NPY_H
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,18 +20,24 @@ static const npy_type NPY_TYPES[] = {
     {"|i1", 0, 8},  {"|u1", 1, 8},  {"|b1", 6, 8},  {"<u2", 4, 16}, /* bfloat16 is written as <u2 bits */
 };
 
-static int tw_npy_die(const char* fmt, const char* a) {
+static inline int tw_npy_die(const char* fmt, const char* a) {
     fprintf(stderr, "error: ");
     fprintf(stderr, fmt, a);
     fprintf(stderr, "\n");
     return 2;
 }
 
-static size_t itemsize(tw_dtype d) { return d.bits / 8; }
+/* "cannot write PATH: No such file or directory" (errno as the failed call left it) */
+static inline int tw_npy_die_errno(const char* what, const char* path) {
+    fprintf(stderr, "error: %s %s: %s\n", what, path, strerror(errno));
+    return 2;
+}
 
-static int read_npy(const char* path, tw_tensor* t) {
+static inline size_t itemsize(tw_dtype d) { return d.bits / 8; }
+
+static inline int read_npy(const char* path, tw_tensor* t) {
     FILE* f = fopen(path, "rb");
-    if (f == NULL) return tw_npy_die("cannot open %s", path);
+    if (f == NULL) return tw_npy_die_errno("cannot open", path);
     unsigned char pre[10];
     if (fread(pre, 1, 10, f) != 10 || memcmp(pre, "\x93NUMPY", 6) != 0) {
         fclose(f);
@@ -68,7 +75,7 @@ static int read_npy(const char* path, tw_tensor* t) {
         if (*p == ')') break;
         char* end;
         long long v = strtoll(p, &end, 10);
-        if (end == p || t->ndim >= 16) { fclose(f); free(h); return tw_npy_die("%s: bad shape", path); }
+        if (end == p || v < 0 || t->ndim >= 16) { fclose(f); free(h); return tw_npy_die("%s: bad shape", path); }
         t->shape[t->ndim++] = v;
         n *= (size_t)v;
         p = end;
@@ -81,7 +88,7 @@ static int read_npy(const char* path, tw_tensor* t) {
     return 0;
 }
 
-static int write_npy(const char* path, const tw_tensor* t) {
+static inline int write_npy(const char* path, const tw_tensor* t) {
     const char* descr = NULL;
     for (size_t i = 0; i < sizeof NPY_TYPES / sizeof NPY_TYPES[0]; ++i)
         if (NPY_TYPES[i].code == t->dtype.code && NPY_TYPES[i].bits == t->dtype.bits) descr = NPY_TYPES[i].descr;
@@ -98,7 +105,7 @@ static int write_npy(const char* path, const tw_tensor* t) {
     int total = 10 + len + 1;
     int pad = (64 - total % 64) % 64;
     FILE* f = fopen(path, "wb");
-    if (f == NULL) return tw_npy_die("cannot write %s", path);
+    if (f == NULL) return tw_npy_die_errno("cannot write", path);
     unsigned short hl = (unsigned short)(len + pad + 1);
     fwrite("\x93NUMPY\x01\x00", 1, 8, f);
     fputc(hl & 0xff, f);
@@ -106,8 +113,10 @@ static int write_npy(const char* path, const tw_tensor* t) {
     fwrite(header, 1, (size_t)len, f);
     for (int i = 0; i < pad; ++i) fputc(' ', f);
     fputc('\n', f);
-    fwrite(t->data, 1, n * itemsize(t->dtype), f);
-    fclose(f);
+    size_t nbytes = n * itemsize(t->dtype);
+    int bad = fwrite(t->data, 1, nbytes, f) != nbytes || ferror(f);
+    bad |= fclose(f) != 0;
+    if (bad) return tw_npy_die_errno("cannot write", path);
     return 0;
 }
 

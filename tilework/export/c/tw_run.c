@@ -6,6 +6,7 @@
  * written as OUTDIR/output0.npy, ... (default: the current directory). --repeat N runs the
  * function N more times and prints the median time per call in microseconds. */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,20 +28,43 @@ static int cmp_double(const void* a, const void* b) {
     return (x > y) - (x < y);
 }
 
+#define USAGE "usage: tw_run WEIGHTS.twb FUNCTION [-o OUTDIR] [--repeat N] INPUT.npy ...\n"
+#define MAX_REPEAT 100000000
+
+static int usage(const char* why, const char* arg) {
+    fprintf(stderr, "error: ");
+    fprintf(stderr, why, arg);
+    fprintf(stderr, "\n" USAGE);
+    return 2;
+}
+
 int main(int argc, char** argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: tw_run WEIGHTS.twb FUNCTION [-o OUTDIR] [--repeat N] INPUT.npy ...\n");
+        fprintf(stderr, USAGE);
         return 2;
     }
     const char* outdir = ".";
     int repeat = 0, n_in = 0;
     tw_tensor inputs[64];
     for (int i = 3; i < argc; ++i) {
-        if (strcmp(argv[i], "-o") == 0 && i + 1 < argc) outdir = argv[++i];
-        else if (strcmp(argv[i], "--repeat") == 0 && i + 1 < argc) repeat = atoi(argv[++i]);
-        else if (n_in < 64) {
+        if (strcmp(argv[i], "-o") == 0 || strcmp(argv[i], "--repeat") == 0) {
+            if (i + 1 == argc) return usage("%s needs a value", argv[i]);
+        }
+        if (strcmp(argv[i], "-o") == 0) {
+            outdir = argv[++i];
+        } else if (strcmp(argv[i], "--repeat") == 0) {
+            const char* text = argv[++i];
+            char* end;
+            errno = 0;
+            long v = strtol(text, &end, 10);
+            if (end == text || *end != 0 || errno != 0 || v < 0 || v > MAX_REPEAT)
+                return usage("--repeat takes a whole number of runs from 0 to 100000000, got '%s'", text);
+            repeat = (int)v;
+        } else if (n_in < 64) {
             if (read_npy(argv[i], &inputs[n_in])) return 2;
             ++n_in;
+        } else {
+            return usage("more than 64 inputs (at %s)", argv[i]);
         }
     }
     tw_model* m = tw_model_create(argv[1]);
@@ -59,6 +83,7 @@ int main(int argc, char** argv) {
     }
     if (repeat > 0) {
         double* t = (double*)malloc(sizeof(double) * (size_t)repeat);
+        if (t == NULL) return tw_npy_die("%s", "out of memory for the timings");
         for (int r = 0; r < repeat; ++r) {
             double t0 = now_us();
             if (tw_model_run(m, argv[2], inputs, n_in, outputs, 64) < 0) return tw_npy_die("%s", tw_model_error(m));

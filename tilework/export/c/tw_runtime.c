@@ -58,7 +58,21 @@ struct tw_model {
     int32_t out_cap;
 };
 
+/* the reason of the last failure on this thread of a call without a model: a create, or a
+   call given a NULL model or function (tw_model_error(NULL)) */
 static _Thread_local char tw_create_err[4096];
+
+static void no_model_fail(const char* fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+static void no_model_fail(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(tw_create_err, sizeof tw_create_err, fmt, ap);
+    va_end(ap);
+}
 
 int twrt_fail(tw_model* m, const char* fmt, ...) {
     va_list ap;
@@ -79,6 +93,8 @@ static tw_model* create_fail(tw_model* m, const char* fmt, ...) {
 }
 
 static void* aligned_alloc64(int64_t nbytes, void** raw) {
+    *raw = NULL;
+    if (nbytes > INT64_MAX - TW_ALIGN) return NULL;
     size_t n = (size_t)(nbytes > 0 ? nbytes : 1) + TW_ALIGN;
     char* r = (char*)malloc(n);
     *raw = r;
@@ -94,6 +110,8 @@ static uint64_t rd64(const unsigned char* p) {
 static uint32_t rd32(const unsigned char* p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
 
 /* -- the public API ------------------------------------------------------------------------ */
+
+static void describe_shape(char* buf, size_t n, const int64_t* shape, int32_t ndim);
 
 /* the arrays' descriptors, the static pools and the register stack of a model whose arrays
    are set by the caller */
@@ -123,6 +141,10 @@ static tw_model* new_model(void) {
 
 tw_model* tw_model_create(const char* path) {
     const tw_export_info* info = &tw__info;
+    if (path == NULL) {
+        no_model_fail("tw_model_create: weights_path is NULL");
+        return NULL;
+    }
     tw_model* m = new_model();
     if (m == NULL) return NULL;
     int fd = open(path, O_RDONLY);
@@ -162,6 +184,10 @@ static int dtype_of(tw_dtype d);
 
 tw_model* tw_model_create_from_arrays(const tw_tensor* arrays, int num_arrays) {
     const tw_export_info* info = &tw__info;
+    if (arrays == NULL && num_arrays > 0) {
+        no_model_fail("tw_model_create_from_arrays: arrays is NULL but num_arrays is %d", num_arrays);
+        return NULL;
+    }
     tw_model* m = new_model();
     if (m == NULL) return NULL;
     if (num_arrays != info->num_arrays) return create_fail(m, "%d arrays given, the library expects %d", num_arrays, info->num_arrays);
@@ -177,7 +203,10 @@ tw_model* tw_model_create_from_arrays(const tw_tensor* arrays, int num_arrays) {
 }
 
 const char* tw_model_error(const tw_model* m) { return m == NULL ? tw_create_err : m->err; }
-int tw_model_error_kind(const tw_model* m) { return m == NULL || m->err[0] == 0 ? TW_ERR_NONE : m->err_kind; }
+int tw_model_error_kind(const tw_model* m) {
+    if (m == NULL) return tw_create_err[0] == 0 ? TW_ERR_NONE : TW_ERR_CHECK;
+    return m->err[0] == 0 ? TW_ERR_NONE : m->err_kind;
+}
 
 int tw_model_num_functions(void) { return tw__info.num_functions; }
 
@@ -192,8 +221,16 @@ static const tw_function_desc* find_function(const char* name) {
 }
 
 int tw_model_num_inputs(const char* function) {
+    if (function == NULL) {
+        no_model_fail("tw_model_num_inputs: function is NULL");
+        return -1;
+    }
     const tw_function_desc* f = find_function(function);
-    return f == NULL ? -1 : f->num_inputs;
+    if (f == NULL) {
+        no_model_fail("no function '%s' in the model", function);
+        return -1;
+    }
+    return f->num_inputs;
 }
 
 static void free_blocks(tw_block* b) {
@@ -279,10 +316,61 @@ static void end_run(tw_model* m) {
     m->sp = 0;
 }
 
+/* the name of parameter i of f (its params are ", "-separated) */
+static void param_name(char* buf, size_t n, const tw_function_desc* f, int i) {
+    const char* p = f->params;
+    for (int k = 0; k < i && p != NULL; ++k) {
+        p = strstr(p, ", ");
+        if (p != NULL) p += 2;
+    }
+    if (p == NULL) {
+        snprintf(buf, n, "?");
+        return;
+    }
+    const char* end = strstr(p, ", ");
+    size_t len = end == NULL ? strlen(p) : (size_t)(end - p);
+    snprintf(buf, n, "%.*s", (int)(len < 200 ? len : 200), p);
+}
+
+/* an input's pointers and rank before any of its fields is read: a shape of ndim dims, data
+   for a nonzero element count (a negative dim is left to the shape checks) */
+static int check_input(tw_model* m, const tw_function_desc* f, const tw_tensor* t, int i) {
+    char name[256];
+    param_name(name, sizeof name, f, i);
+    if (t->ndim < 0 || t->ndim > TW_MAX_NDIM) return twrt_fail(m, "%s: input %d (%s) has rank %d (at most %d)", f->name, i, name, t->ndim, TW_MAX_NDIM);
+    if (t->ndim > 0 && t->shape == NULL) return twrt_fail(m, "%s: input %d (%s): shape is NULL but ndim is %d", f->name, i, name, t->ndim);
+    if (t->data != NULL) return 0;
+    int64_t n = 1;
+    int over = 0;
+    for (int32_t d = 0; d < t->ndim; ++d) {
+        if (t->shape[d] <= 0) return 0;
+        over |= __builtin_mul_overflow(n, t->shape[d], &n);
+    }
+    char s[512];
+    describe_shape(s, sizeof s, t->shape, t->ndim);
+    if (over) return twrt_fail(m, "%s: input %d (%s): data is NULL but its shape %s has more than 2^63 - 1 elements", f->name, i, name, s);
+    return twrt_fail(m, "%s: input %d (%s): data is NULL but its shape %s has %" PRId64 " element(s)", f->name, i, name, s, n);
+}
+
 int tw_model_run(tw_model* m, const char* function, const tw_tensor* inputs, int num_inputs, tw_tensor* outputs, int max_outputs) {
-    if (m == NULL) return -1;
+    if (m == NULL) {
+        no_model_fail("tw_model_run: model is NULL");
+        return -1;
+    }
     m->err[0] = 0;
     m->err_kind = TW_ERR_NONE;
+    if (function == NULL) {
+        twrt_fail(m, "tw_model_run: function is NULL");
+        return -1;
+    }
+    if (inputs == NULL && num_inputs > 0) {
+        twrt_fail(m, "tw_model_run: inputs is NULL but num_inputs is %d", num_inputs);
+        return -1;
+    }
+    if (outputs == NULL && max_outputs > 0) {
+        twrt_fail(m, "tw_model_run: outputs is NULL but max_outputs is %d", max_outputs);
+        return -1;
+    }
     const tw_function_desc* f = find_function(function);
     if (f == NULL) {
         twrt_fail(m, "no function '%s' in the model", function);
@@ -292,6 +380,8 @@ int tw_model_run(tw_model* m, const char* function, const tw_tensor* inputs, int
         twrt_fail(m, "%s takes %d argument(s) (%s), got %d", f->name, f->num_inputs, f->params, num_inputs);
         return -1;
     }
+    for (int i = 0; i < num_inputs; ++i)
+        if (check_input(m, f, &inputs[i], i)) return -1;
     /* the last run's outputs end here, unless one of them is an input of this run */
     for (tw_block* b = m->fresh; b != NULL; b = b->next) {
         b->used = 0;
@@ -304,11 +394,6 @@ int tw_model_run(tw_model* m, const char* function, const tw_tensor* inputs, int
     for (int i = 0; i < num_inputs; ++i) {
         const tw_tensor* t = &inputs[i];
         int dt = dtype_of(t->dtype);
-        if (t->ndim < 0 || t->ndim > TW_MAX_NDIM || (t->ndim > 0 && t->shape == NULL)) {
-            twrt_fail(m, "%s: input %d has rank %d (at most %d)", f->name, i, t->ndim, TW_MAX_NDIM);
-            end_run(m);
-            return -1;
-        }
         if (dt < 0) {
             twrt_fail(m, "%s: input %d has an unknown dtype (code %u, bits %u, lanes %u)", f->name, i, t->dtype.code, t->dtype.bits, t->dtype.lanes);
             end_run(m);
@@ -357,12 +442,14 @@ const tw_val* twrt_array(const tw_model* m, int32_t index) { return &m->arrays[i
 
 char* twrt_static_pool(tw_model* m) { return m->static_pool; }
 
+/* the size class of a request of n bytes; -1 when it does not fit in int64 */
 static int64_t size_class(int64_t n) {
     if (n <= TW_MIN_CLASS) return TW_MIN_CLASS;
     int bits = 0;
     for (uint64_t v = (uint64_t)n; v; v >>= 1) ++bits;
-    int64_t step = (int64_t)1 << (bits - 3);
-    return (n + step - 1) / step * step;
+    int64_t step = (int64_t)1 << (bits - 3), up;
+    if (__builtin_add_overflow(n, step - 1, &up)) return -1;
+    return up / step * step;
 }
 
 static tw_block* new_block(int64_t cap) {
@@ -378,7 +465,9 @@ static tw_block* new_block(int64_t cap) {
 }
 
 int twrt_pool_acquire(tw_model* m, tw_val* dst, int64_t nbytes) {
+    if (nbytes < 0) return twrt_fail(m, "out of memory: a pooled block of %" PRId64 " bytes (a negative size)", nbytes);
     int64_t cls = size_class(nbytes);
+    if (cls < 0) return twrt_fail(m, "out of memory: a pooled block of %" PRId64 " bytes is too large", nbytes);
     tw_block* b = m->pool;
     while (b != NULL && (b->used || b->cap != cls)) b = b->next;
     if (b == NULL) {
@@ -422,10 +511,18 @@ int twrt_alloc_fresh(tw_model* m, tw_val* dst, const tw_val* shape, int32_t dtyp
             describe_shape(s, sizeof s, shape->shape, shape->ndim);
             return twrt_fail(m, "negative dimensions are not allowed: cannot allocate a tensor of shape %s", s);
         }
-        nbytes *= shape->shape[i];
+    }
+    for (int32_t i = 0; i < shape->ndim; ++i) {
+        if (__builtin_mul_overflow(nbytes, shape->shape[i], &nbytes)) {
+            char s[512];
+            describe_shape(s, sizeof s, shape->shape, shape->ndim);
+            return twrt_fail(m, "out of memory: a %s tensor of shape %s is too large (its byte size exceeds 2^63 - 1)", tw__dtypes[dtype].name, s);
+        }
     }
     tw_block* b = m->fresh;
-    while (b != NULL && (b->used || b->cap < nbytes || b->cap > 2 * nbytes + 4096)) b = b->next;
+    int64_t slack; /* a block more than twice as large (and 4 KiB) is not reused */
+    if (__builtin_mul_overflow(nbytes, 2, &slack) || __builtin_add_overflow(slack, 4096, &slack)) slack = INT64_MAX;
+    while (b != NULL && (b->used || b->cap < nbytes || b->cap > slack)) b = b->next;
     if (b == NULL) {
         b = new_block(nbytes);
         if (b == NULL) return twrt_fail(m, "out of memory: a tensor of %" PRId64 " bytes", nbytes);
@@ -444,11 +541,17 @@ int twrt_alloc_fresh(tw_model* m, tw_val* dst, const tw_val* shape, int32_t dtyp
 
 int twrt_carve(tw_model* m, tw_val* dst, const tw_val* storage, const tw_val* shape, int64_t offset, int32_t dtype) {
     int64_t need = tw__dtypes[dtype].itemsize;
-    for (int32_t i = 0; i < shape->ndim; ++i) need *= shape->shape[i];
-    need += offset;
-    if (need > storage->i) {
+    int over = 0, negative = 0;
+    for (int32_t i = 0; i < shape->ndim; ++i) {
+        negative |= shape->shape[i] < 0;
+        over |= __builtin_mul_overflow(need, shape->shape[i], &need);
+    }
+    over |= __builtin_add_overflow(need, offset, &need);
+    if (over || negative || need > storage->i) {
         char s[512];
         describe_shape(s, sizeof s, shape->shape, shape->ndim);
+        if (over || negative)
+            return twrt_fail(m, "planned storage of %" PRId64 " bytes is too small for a %s tensor of shape %s at offset %" PRId64 " (its byte size exceeds 2^63 - 1)", storage->i, tw__dtypes[dtype].name, s, offset);
         return twrt_fail(m, "planned storage of %" PRId64 " bytes is too small for a %s tensor of shape %s at offset %" PRId64 " (%" PRId64 " bytes): a dim exceeds the upper bound the plan was made for",
                        storage->i, tw__dtypes[dtype].name, s, offset, need);
     }
@@ -605,19 +708,35 @@ void twrt_heap_reset(tw_heap* h) {
     }
 }
 
-int twrt_dim_fail(tw_model* m, const char* where, const char* message, int64_t x, int64_t y) {
-    return twrt_fail(m, "%s: %s (got %" PRId64 " and %" PRId64 ")", where, message, x, y);
+/* "h // 2 = 0" for slot s, or "" for a constant's slot (its name is its value) */
+static void slot_value(char* buf, size_t n, const tw_heap* h, int32_t s) {
+    char v[32];
+    snprintf(v, sizeof v, "%" PRId64, h->v[s]);
+    if (strcmp(h->names[s], v) == 0) buf[0] = 0;
+    else snprintf(buf, n, "%s = %s", h->names[s], v);
+}
+
+int twrt_dim_fail(tw_model* m, const tw_heap* h, int32_t a, int32_t b, const char* where, const char* message) {
+    char va[1100], vb[1100];
+    slot_value(va, sizeof va, h, a);
+    slot_value(vb, sizeof vb, h, b);
+    if (a == b) vb[0] = 0;
+    if (va[0] == 0 && vb[0] == 0) return twrt_fail(m, "%s: %s", where, message);
+    return twrt_fail(m, "%s: %s: %s%s%s", where, message, va, va[0] && vb[0] ? ", " : "", vb);
 }
 
 int twrt_div_zero(tw_model* m) { return twrt_fail(m, "a derived dim divides by zero"); }
+
+int twrt_dim_overflow(tw_model* m) { return twrt_fail(m, "a derived dim overflows int64 (its value exceeds 2^63 - 1)"); }
 
 /* -- values ---------------------------------------------------------------------------------- */
 
 int twrt_view(tw_model* m, tw_val* dst, const tw_val* x, const tw_val* shape) {
     if (x->kind != TW_TENSOR) return twrt_fail(m, "a view of a value that is not a tensor");
     int64_t n = 1;
-    for (int32_t i = 0; i < shape->ndim; ++i) n *= shape->shape[i];
-    if (n != twrt_numel(x)) {
+    int over = 0;
+    for (int32_t i = 0; i < shape->ndim; ++i) over |= __builtin_mul_overflow(n, shape->shape[i], &n);
+    if (over || n != twrt_numel(x)) {
         char s[512];
         describe_shape(s, sizeof s, shape->shape, shape->ndim);
         return twrt_fail(m, "cannot reshape array of size %" PRId64 " into shape %s", twrt_numel(x), s);
