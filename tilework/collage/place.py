@@ -9,7 +9,8 @@ graph function, found as follows:
 2. their costs at the bucket's dims (``tilework.collage.cost``: measured on this machine, from
    the persistent cache when known; codegen's linears with their weights laid out, as the
    compiled model runs them): first the fallback (every binding alone on codegen; a
-   binding that is not an op call costs nothing), then the rest while ``budget_s`` lasts;
+   binding that is not an op call costs nothing) and the candidates that run a pinned binding
+   on its backend, then the rest while ``budget_s`` lasts;
 3. the transition costs between backends, then the cheapest exact cover
    (``tilework.collage.search``);
 4. *end-to-end validation* (``refine=True``, ``tilework.collage.validate``): the cover found,
@@ -163,7 +164,7 @@ class PlacementPlan:
         stats = r.obj(d.get("stats") or {}, "stats")
         for k, v in stats.items():
             if isinstance(v, bool) or not isinstance(v, (int, float)):
-                raise FileFormatError(f"{where}: field stats.{k} must be a number, got {v!r}")
+                raise r.fail(f"stats.{k}", "a number", v)
         given = r.items(d, "notes", default=[])
         notes = tuple(r.str_(given, j, "notes") for j in range(len(given)))
         return PlacementPlan(tuple(buckets), r.strs(d, "backends"), r.str_(d, "func", default="main"), dict(stats), notes)
@@ -290,8 +291,8 @@ class _Reader:
             return None
         if value == "inf":
             return math.inf
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise self.fail(field, "a number of seconds >= 0 or \"inf\"" + (" or null" if none else ""), value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.fail(field, "a number of seconds or \"inf\"" + (" or null" if none else ""), value)
         return float(value)
 
     def bucket(self, b: Any, at: str) -> Bucket:
