@@ -118,6 +118,10 @@ def compile(
     searching = {k: v for k, v in (("budget_s", budget_s), ("buckets", buckets), ("pins", pins), ("placement_options", placement_options)) if v is not None}
     if searching and placement != "auto":
         raise UnsupportedError(f"{', '.join(searching)} need(s) placement='auto' (they steer the search), got placement={placement!r}")
+    if searching:  # before the import: a mistake in them should not wait for it
+        from tilework.collage.place import check_options
+
+        check_options(budget_s=budget_s, buckets=buckets, pins=pins)
     options = CompileOptions(example_args, dynamic_shapes, dim_names, dim_bounds, weights)
     t0 = time.perf_counter()
     imported = import_model(model, options)

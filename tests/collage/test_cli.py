@@ -64,6 +64,8 @@ def test_cli_mistakes_are_one_line_errors(tmp_path: Path, capsys: pytest.Capture
         (["--placement", "auto", "--bucket", "seq=4", "--backends", "codegen"], "buckets name dim(s) seq"),
         (["--placement", "auto", "--pin", "relu=blas", "--backends", "blas,codegen"], "pinned to blas, but blas cannot run it"),
         (["--placement", str(tmp_path / "nope.json")], "no such placement file"),
+        (["--placement", "auto", "--pin", "relux=blas", "--backends", "blas,codegen"], "pin relux=blas matches no binding of @main (its ops: linear, relu; a binding is pinned by its name, %name); did you mean relu?"),
+        (["--placement", "auto", "--pin", "%lv9=blas", "--backends", "blas,codegen"], "pin %lv9=blas matches no binding of @main (its bindings: %up, %act, %out)"),
     ]
     for extra, message in cases:
         assert main(["build", str(src), "-o", str(tmp_path / "x.tw"), *extra]) == 2
@@ -98,3 +100,30 @@ def test_cache_stats_of_no_cache_creates_nothing(tmp_path: Path, monkeypatch: py
     assert main(["cache", "clear"]) == 0
     assert "cleared 0 entries" in capsys.readouterr().out
     assert not where.exists()
+
+
+def test_a_corrupt_cost_cache_is_one_warning_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A costs.sqlite that is not a database is moved aside with one ``warning: ...`` line (it
+    printed Python's ``UserWarning`` and the source line ``cache = CostCache()``), as the
+    kernel cache's warnings are shown."""
+    monkeypatch.setenv("TILEWORK_CACHE_DIR", str(tmp_path))
+    (tmp_path / "placement").mkdir(mode=0o700)
+    (tmp_path / "placement" / "costs.sqlite").write_bytes(b"not a database" * 100)
+    assert main(["cache", "stats"]) == 0
+    captured = capsys.readouterr()
+    assert "0 entries" in captured.out
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"warning: the placement cost cache {tmp_path}/placement/costs.sqlite was unreadable"), captured.err
+    assert "moved to" in lines[0] and "Warning" not in lines[0]
+    assert any(p.name.startswith("costs.sqlite.corrupt-") for p in (tmp_path / "placement").iterdir())
+
+
+def test_cache_stats_where_the_cache_dir_is_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """TILEWORK_CACHE_DIR naming a regular file: stats said "(not created yet)"."""
+    where = tmp_path / "afile"
+    where.write_text("x")
+    monkeypatch.setenv("TILEWORK_CACHE_DIR", str(where))
+    for action in ("stats", "clear"):
+        assert main(["cache", action]) == 2
+        err = capsys.readouterr().err
+        assert f"error: the cache directory {where} (TILEWORK_CACHE_DIR) is not a directory" in err

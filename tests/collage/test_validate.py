@@ -5,6 +5,7 @@ and, on this machine, a plan that fails to build costs infinity and a second tim
 
 from __future__ import annotations
 
+import importlib
 import math
 from pathlib import Path
 from typing import Callable
@@ -268,3 +269,105 @@ def test_a_null_function_has_the_regions_params_and_does_nothing() -> None:
     null = null_function(f)
     assert null is not None and [p.info for p in null.params] == [p.info for p in f.params]
     assert null.body.body is null.params[0] and not null.body.blocks
+
+
+class _Deadlined(MeasuredCostModel):
+    """The estimator's budget contract on mock costs: what is asked past ``deadline`` is not
+    measured (infinite); region costs advance the fake clock a second each."""
+
+    def __init__(self, clock: list[float], e2e: Callable[[Placement, dict[str, int]], float]) -> None:
+        super().__init__(CostCache(":memory:"))
+        self.clock = clock
+        self.mock = MockCostModel(_mixed_cost, e2e=e2e)
+
+    def region_costs(self, g, cands, env):  # type: ignore[no-untyped-def, override]
+        out = []
+        for c in cands:
+            if self.deadline is not None and self.clock[0] > self.deadline:
+                out.append(math.inf)
+                continue
+            self.clock[0] += 1.0
+            out.extend(self.mock.region_costs(g, [c], env))
+        return out
+
+    def transition_costs(self, g, cands, costs, env):  # type: ignore[no-untyped-def, override]
+        return {}
+
+    def end_to_end(self, mod, placements, env, again=False):  # type: ignore[no-untyped-def, override]
+        return self.mock.end_to_end(mod, placements, env, again)
+
+
+def test_pins_hold_when_the_budget_runs_out(probe: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pin holds in every plan: a bucket past its part of the budget still measures the
+    pinned candidates (with its fallback), and a bucket the budget never reached takes
+    tilework's kernels with the pinned regions (it took them alone, the pin broken)."""
+    clock = [0.0]
+    monkeypatch.setattr("time.perf_counter", lambda: clock[0])
+    model = _Deadlined(clock, _timer(lambda on: 1.0 + len(on)))
+    plan = place(mlp(), ["blas", "probe", "codegen"], cost_model=model, buckets={"n": [4, 64, 200]}, budget_s=2.0, pins={"%out": "probe"})
+    first, *rest = plan.buckets
+    assert _on(first.placement) == {"out": "probe"} and first.measured_s == 2.0  # measured past its part: the pin's candidate too
+    for b in rest:
+        assert _on(b.placement) == {"out": "probe"} and b.measured_s is None
+        assert b.chosen_by == "default (the budget was spent before this bucket: tilework's kernels alone and the pinned regions, not measured)"
+    assert any("spent before bucket n in [" in n and "the 1 bucket(s) before it took" in n for n in plan.notes)
+
+
+def test_the_setup_does_not_spend_the_budget(probe: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Resolving the backends and making the candidates (here 50 s on a fake clock) is not
+    counted against the budget: the first (only) bucket is measured with its pin (it took
+    codegen alone, unmeasured, "the budget was spent before" it); the setup shows in the
+    stats and the table."""
+    place_module = importlib.import_module("tilework.collage.place")  # the package's place is the function
+    clock = [0.0]
+    monkeypatch.setattr("time.perf_counter", lambda: clock[0])
+    slow = place_module.block_candidates
+
+    def block_candidates(*args, **kwargs):  # type: ignore[no-untyped-def]
+        clock[0] += 50.0
+        return slow(*args, **kwargs)
+
+    monkeypatch.setattr(place_module, "block_candidates", block_candidates)
+    model = _Deadlined(clock, _timer(lambda on: 1.0 + len(on)))
+    plan = place(mlp(), ["blas", "probe", "codegen"], cost_model=model, buckets={"n": [4]}, budget_s=2.0, pins={"%out": "probe"})
+    (b,) = plan.buckets
+    assert _on(b.placement) == {"out": "probe"} and b.measured_s == 2.0
+    assert not b.chosen_by.startswith("default")
+    assert plan.stats["setup_s"] == 50.0 and "(setup 50.00 s: backends, candidates)" in plan.table()
+
+
+def test_a_pin_that_matches_nothing_is_named_with_what_there_is(probe: Backend) -> None:
+    model = MockCostModel(_cost)
+    with pytest.raises(UnsupportedError, match=r"pin matmul=blas matches no binding of @main \(its ops: linear, relu; .*\); did you mean linear\?"):
+        place(mlp(), ["blas", "codegen"], cost_model=model, pins={"matmul": "blas"})
+    with pytest.raises(UnsupportedError, match=r"pin relux=blas matches no binding .*; did you mean relu\?"):
+        place(mlp(), ["blas", "codegen"], cost_model=model, pins={"relux": "blas"})
+    with pytest.raises(UnsupportedError, match=r"pin %lv99=probe matches no binding of @main \(its bindings: %up, %act, %out\)"):
+        place(mlp(), ["probe", "codegen"], cost_model=model, pins={"%out": "probe", "%lv99": "probe"})
+    assert model.calls == 0  # refused before anything is measured
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"pins": ["linear"]}, "pins must map op names or %vars to backends"),
+        ({"pins": {"linear": 3}}, "pins: 'linear': 3 is not an op name"),
+        ({"budget_s": "5"}, "budget_s must be a positive number of seconds, got '5'"),
+        ({"budget_s": -1}, "budget_s must be a positive number of seconds, got -1"),
+        ({"budget_s": 0}, "budget_s must be a positive number of seconds, got 0"),
+        ({"budget_s": math.nan}, "budget_s must be a positive number of seconds, got nan"),
+        ({"buckets": [1, 8]}, "buckets must map dim names to their points"),
+        ({"buckets": {"n": 8}}, r"buckets\['n'\] must be a non-empty list of integer points"),
+        ({"buckets": {"n": ["8"]}}, r"buckets\['n'\] must be a non-empty list of integer points"),
+        ({"buckets": {"n": []}}, r"buckets\['n'\] must be a non-empty list of integer points"),
+    ],
+)
+def test_the_search_arguments_are_checked(options: dict[str, object], message: str) -> None:
+    import tilework as tw
+
+    model = MockCostModel(_cost)
+    with pytest.raises(UnsupportedError, match=message):
+        place(mlp(), ["blas", "codegen"], cost_model=model, **options)  # type: ignore[arg-type]
+    with pytest.raises(UnsupportedError, match=message):  # the same from tilework.compile, before the model is imported
+        tw.compile(mlp(), placement="auto", **options)  # type: ignore[arg-type]
+    assert model.calls == 0

@@ -8,6 +8,7 @@ on stderr and an exit status, so that every subcommand reports the same way.
   status 1.
 
 No traceback is printed unless ``--debug`` asks for it (then before the message, for any kind).
+A cache's ``CacheWarning`` is one ``warning: ...`` line (no category, no source line).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+import warnings
 from typing import Any, Callable
 
 from tilework.errors import TileworkError
@@ -26,7 +28,30 @@ BROKEN_PIPE = 141
 
 
 def guarded(command: Callable[[Any], int], args: Any, *, debug: bool = False) -> int:
-    """Run ``command(args)``; an exception becomes a message on stderr and an exit status."""
+    """Run ``command(args)``; an exception becomes a message on stderr and an exit status, and
+    tilework's own warnings one ``warning: ...`` line each (``show_warning``)."""
+    with warnings.catch_warnings():
+        warnings.showwarning = show_warning(warnings.showwarning)
+        return _guarded(command, args, debug)
+
+
+def show_warning(previous: Callable[..., None]) -> Callable[..., None]:
+    """A ``warnings.showwarning`` that prints the caches' ``CacheWarning`` (an entry set
+    aside, a corrupt cost cache moved away, a read-only cache) as one ``warning: ...`` line on
+    stderr, without Python's category and source line; any other warning as ``previous``."""
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None, line: str | None = None) -> None:
+        from tilework.codegen.cache import CacheWarning
+
+        if issubclass(category, CacheWarning):
+            print(f"warning: {str(message).removeprefix('tilework: ')}", file=sys.stderr if file is None else file)
+        else:
+            previous(message, category, filename, lineno, file, line)
+
+    return show
+
+
+def _guarded(command: Callable[[Any], int], args: Any, debug: bool) -> int:
     try:
         return command(args)
     except KeyboardInterrupt:

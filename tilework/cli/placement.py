@@ -12,9 +12,9 @@ from tilework.errors import TileworkError
 
 def add_build_args(b: argparse.ArgumentParser) -> None:
     b.add_argument("--placement", metavar="auto|PLAN.json", help="choose the backend of every part by measuring candidates on this machine, per shape bucket (auto; over --backends when given, else every available backend), or apply a saved plan (docs/placement.md)")
-    b.add_argument("--budget", type=float, metavar="SECONDS", help="with --placement auto: the search's time limit; measuring stops after it and the shape buckets not yet begun take tilework's kernels alone (docs/placement.md)")
+    b.add_argument("--budget", type=float, metavar="SECONDS", help="with --placement auto: the search's time limit, counted after its setup (loading the backends, making the candidates); measuring stops after it and the shape buckets not yet begun take tilework's kernels alone with the pinned regions (docs/placement.md)")
     b.add_argument("--bucket", action="append", default=[], metavar="DIM=P1,P2,...", help="with --placement auto: the points a dim's buckets are measured at, e.g. n=1,32,256 (repeat per dim)")
-    b.add_argument("--pin", action="append", default=[], metavar="OP=BACKEND", help="with --placement auto: run an op (matmul) or a binding (%%lv3) on this backend")
+    b.add_argument("--pin", action="append", default=[], metavar="OP=BACKEND", help="with --placement auto: run an op or a binding on this backend, e.g. linear=blas (a .pt2 model's nn.Linear), matmul=blas (an ONNX model's MatMul or Gemm), %%lv3=onnxruntime; one that matches no op or binding of the model is an error listing its ops")
 
 
 def build_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -62,6 +62,10 @@ def _cache(action: str) -> int:
     from tilework.collage.cache import CostCache, cache_path
 
     where = cache_path(create=False)
+    for d in (where.parent.parent, where.parent):
+        if d.exists() and not d.is_dir():
+            what = f"the cache directory {d} (TILEWORK_CACHE_DIR)" if d == where.parent.parent else f"{d}, where the placement cost cache would be,"
+            raise TileworkError(f"{what} is not a directory; no placement cost cache can be there")
     if not where.exists():  # a read of the cache writes nothing: an empty cache is reported, not made
         print(f"cleared 0 entries: no placement cost cache at {where}" if action == "clear" else f"placement cost cache: {where} (not created yet)\n  0 entries, 0.0 KiB")
         return 0

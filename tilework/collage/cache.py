@@ -10,7 +10,8 @@ estimator's settings. Identical regions (the layers of a transformer) share a ro
   one short transaction (``INSERT OR REPLACE``), so processes that place models at the same
   time lose nothing and never see a half-written row.
 - **Corruption**: a file that is not a readable database (or fails SQLite's ``quick_check``)
-  is renamed to ``costs.sqlite.corrupt-<time>`` with a warning, and a fresh one is built.
+  is renamed to ``costs.sqlite.corrupt-<time>`` with a warning (the kernel cache's
+  ``CacheWarning``: the command line shows it as one ``warning:`` line), and a fresh one is built.
 - **Where**: ``<tilework cache dir>/placement/costs.sqlite`` (``TILEWORK_CACHE_DIR`` moves the
   cache dir); the directory is private (mode 0700). ``tilework cache stats|clear`` inspect it.
 """
@@ -29,6 +30,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
+
+from tilework.codegen.cache import CacheWarning
 
 SCHEMA = 1
 _TABLE = """CREATE TABLE IF NOT EXISTS costs (
@@ -128,7 +131,7 @@ class CostCache:
             for suffix in ("", "-wal", "-shm"):
                 if os.path.exists(self.path + suffix):
                     os.replace(self.path + suffix, aside + suffix)
-            warnings.warn(f"the placement cost cache {self.path} was unreadable ({e}); it was moved to {aside} and a new one started", stacklevel=3)
+            warnings.warn(f"tilework: the placement cost cache {self.path} was unreadable ({e}); it was moved to {aside} and a new one started", CacheWarning, stacklevel=3)
             return self._connect()
 
     def close(self) -> None:

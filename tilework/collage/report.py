@@ -42,11 +42,12 @@ def plan_table(plan: "PlacementPlan") -> str:
             lines.append(f"    regions: {len(b.placement.regions)}, bindings per backend: {counts or 'all codegen'}")
     s = plan.stats
     if s:
-        parts = [f"search {s.get('search_s', 0):.2f} s", f"{s.get('candidates', 0)} candidates"]
+        setup = f" (setup {s['setup_s']:.2f} s: backends, candidates)" if isinstance(s.get("setup_s"), (int, float)) else ""
+        parts = [f"search {s.get('search_s', 0):.2f} s{setup}", f"{s.get('candidates', 0)} candidates"]
         if "measured" in s:
-            parts.append(f"{s['measured']} measured, {s['cache_hits']} from the cache, {s['failed']} failed, {s['builds']} builds")
+            parts.append(f"{s['measured']} measured, {s.get('cache_hits', 0)} from the cache, {s.get('failed', 0)} failed, {s.get('builds', 0)} builds")
             if s.get("e2e_measured") or s.get("e2e_cache_hits"):
-                parts.append(f"{s['e2e_measured']} plan(s) timed end to end, {s['e2e_cache_hits']} from the cache")
+                parts.append(f"{s.get('e2e_measured', 0)} plan(s) timed end to end, {s.get('e2e_cache_hits', 0)} from the cache")
             parts.append(f"{100 * s.get('cache_share', 0):.0f}% of all from the cache")
         lines.append("  " + "; ".join(parts))
     lines.extend(f"  note: {n}" for n in plan.notes)
