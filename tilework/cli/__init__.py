@@ -214,6 +214,8 @@ def placement_build_options(args: argparse.Namespace) -> dict[str, Any]:
 def _build(args: argparse.Namespace) -> int:
     import tilework
 
+    inputs.check_output(args.ir_file, args.output)
+    inputs.backends_arg(args.backends)
     if args.ir_file.endswith(".pt2"):
         return _build_pt2(args)
     if args.ir_file.endswith(".onnx"):
@@ -328,7 +330,8 @@ def _run(args: argparse.Namespace) -> int:
     else:
         for i, o in enumerate(outs):
             a = np.asarray(o)
-            print(f"output{i}: shape {tuple(a.shape)} dtype {a.dtype} mean {float(a.astype(np.float64).mean()):.6g}")
+            what = "empty" if a.size == 0 else f"mean {float(a.astype(np.float64).mean()):.6g}"
+            print(f"output{i}: shape {tuple(a.shape)} dtype {a.dtype} {what}")
     return 0
 
 
