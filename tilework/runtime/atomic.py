@@ -53,8 +53,8 @@ def write_target(path: str | os.PathLike[str]) -> str:
     return target
 
 
-def _open(fd: int) -> BinaryIO:
-    """The temporary file's writer (a seam for the tests' full disk)."""
+def _open(fd: int, tmp: str) -> BinaryIO:
+    """The writer of the temporary file ``tmp`` (a seam for the tests' full disk)."""
     return os.fdopen(fd, "wb")
 
 
@@ -81,7 +81,7 @@ def write_atomic(path: str | os.PathLike[str], write: Callable[[BinaryIO], None]
         else:
             tmp = ""
             raise FileExistsError(f"no free temporary name in {directory}")
-        with _open(fd) as fh:
+        with _open(fd, tmp) as fh:
             write(fh)
             if keep is not None:
                 os.fchmod(fh.fileno(), keep)
