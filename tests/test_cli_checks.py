@@ -74,3 +74,22 @@ def test_run_summary_of_a_zero_size_output(tmp_path: Path, capsys: pytest.Captur
             warnings.simplefilter("error")
             assert main(["run", str(tmp_path / "m.tw"), "--input", f"x={tmp_path / 'x.npy'}", "--input", f"y={tmp_path / 'y.npy'}"]) == 0
         assert capsys.readouterr().out.strip() == f"output0: shape ({n}, 5) dtype float32 {'empty' if n == 0 else 'mean 3'}"
+
+
+def test_run_output_on_a_full_disk_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.runtime.test_atomic import full_disk
+
+    monkeypatch.chdir(tmp_path)
+    Path("m.txt").write_text(TEXT_MODULE)
+    assert main(["build", "m.txt", "-o", "m.tw"]) == 0
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.save("x.npy", x)
+    np.save("y.npy", x.T.copy())
+    assert main(["run", "m.tw", "--input", "x=x.npy", "--input", "y=y.npy", "--output", "out"]) == 0
+    np.testing.assert_array_equal(np.load("out/output0.npy"), 2 * x)
+    Path("small").mkdir()
+    full_disk(monkeypatch, tmp_path / "small", room=64)
+    capsys.readouterr()
+    assert main(["run", "m.tw", "--input", "x=x.npy", "--input", "y=y.npy", "--output", "small"]) == 2
+    assert capsys.readouterr().err.strip() == "error: cannot write 'small/output0.npy': No space left on device"
+    assert list(Path("small").iterdir()) == []

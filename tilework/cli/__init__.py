@@ -323,9 +323,12 @@ def _run(args: argparse.Namespace) -> int:
     out = vm[args.function](*[given[p] for p in params], *stored)
     outs = list(out) if isinstance(out, tuple) else [out]
     if args.output:
+        from tilework.runtime.atomic import write_atomic
+
         os.makedirs(args.output, exist_ok=True)
         for i, o in enumerate(outs):
-            np.save(os.path.join(args.output, f"output{i}.npy"), np.asarray(o))
+            a = np.asarray(o)
+            write_atomic(os.path.join(args.output, f"output{i}.npy"), lambda fh: np.lib.format.write_array(fh, a, allow_pickle=False))  # a full disk names the file
         print(f"wrote {len(outs)} output(s) to {args.output}")
     else:
         for i, o in enumerate(outs):

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
 def _check_options(args: argparse.Namespace, llm: bool) -> None:
     """What can be refused before compiling: options that do not apply to the model, a bad
     --backends, an output directory that would overwrite the input or a user's files."""
-    from tilework.export.aot import ALL_FILES, LLM_FILES, MANIFEST, RUNTIME_FILES, check_overwrite
+    from tilework.export.aot import ALL_FILES, LLM_FILES, RUNTIME_FILES, check_overwrite
 
     if not llm and args.precision is not None:
         hint = "; for bf16 weights of another model: `tilework build MODEL --precision bf16 -o m.tw`, then `tilework export m.tw` (docs/export.md)" if args.precision == "bf16" else ""
@@ -77,7 +77,7 @@ def _check_options(args: argparse.Namespace, llm: bool) -> None:
     inputs.check_export_dir(args.model, args.output, ALL_FILES)
     if os.path.isdir(args.output):  # the files every export writes; the rest is checked when they are known
         always = ("kernels.c", "model.c", *RUNTIME_FILES, *(LLM_FILES + ("llm_config.h",) if llm else ()), "CMakeLists.txt", "Makefile", "model.twb")
-        check_overwrite(Path(args.output), [n for n in always if n != MANIFEST], force=args.force)
+        check_overwrite(Path(args.output), always, force=args.force)
 
 
 def _export_model(args: argparse.Namespace) -> Any:
