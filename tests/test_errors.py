@@ -68,6 +68,10 @@ def _make_files(d: Path) -> None:
     tw.build(tw.parse(TEXT_MODULE), target="interp").save(str(d / "m.tw"))
     data = (d / "m.tw").read_bytes()
     (d / "trunc.tw").write_bytes(data[: len(data) // 2])
+    (d / "loop.txt").write_text(tw.load(str(d / "m.tw")).loop_ir())
+    (d / "project").mkdir()  # a project of the user's: its own model.c and Makefile
+    (d / "project" / "model.c").write_text("int main(void) { return 0; }\n")
+    (d / "project" / "Makefile").write_text("all: ; echo my project\n")
     (d / "empty.tw").write_bytes(b"")
     np.save(d / "x.npy", rng.standard_normal((2, 3)).astype(np.float32))
     np.save(d / "y.npy", rng.standard_normal((3, 2)).astype(np.float32))

@@ -291,14 +291,16 @@ class CompiledModel:
         signature = Signature(sig["inputs"], sig.get("in_spec"), sig.get("out_spec"))
         return CompiledModel(None, loaded.executable, loaded.arrays.get("weights", []), signature, extra["report"], module_text=loaded.texts.get("module"), runtime=runtime)
 
-    def export_c(self, out_dir: str) -> Any:
+    def export_c(self, out_dir: str, *, force: bool = False) -> Any:
         """Write the model as a standalone C library into ``out_dir`` (no Python at run time;
         ``docs/export.md``): the kernels, ``main`` as straight-line C, the weights in
         ``model.twb``, a header, CMakeLists.txt and a Makefile. Its inputs are the flattened
-        inputs of the model (``self.signature``). Returns a ``tilework.export.ExportResult``."""
+        inputs of the model (``self.signature``). Returns a ``tilework.export.ExportResult``.
+        Files of ``out_dir`` that a tilework export did not write are not replaced unless
+        ``force`` (``tilework.export.export_c``)."""
         from tilework.export import export_c
 
-        return export_c(self.executable, out_dir, bind={"main": self.weights})
+        return export_c(self.executable, out_dir, bind={"main": self.weights}, force=force)
 
     # -- the account ------------------------------------------------------------------------
 

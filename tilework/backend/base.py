@@ -28,7 +28,7 @@ search.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from tilework.errors import UnsupportedError
 from tilework.ir.graph import Binding, Call, Expr, MatchCast, ShapeExpr, Var
@@ -179,8 +179,17 @@ def availability(name: str) -> tuple[bool, str]:
 def resolve_backends(spec: str | Sequence[str | Backend]) -> list[Backend]:
     """Backends by name in priority order (``"blas,torch,codegen"`` or a list of names and
     ``Backend`` objects; an object is registered when its name is new). An unknown or
-    unavailable backend is an error naming the reason."""
-    items: Iterable[str | Backend] = [s.strip() for s in spec.split(",") if s.strip()] if isinstance(spec, str) else spec
+    unavailable backend is an error naming the reason, and so are a spec naming none (``""``,
+    ``",,"``, ``[]``), an empty name and a name given twice."""
+    items: Sequence[str | Backend] = [s.strip() for s in spec.split(",")] if isinstance(spec, str) else list(spec)
+    names = [item.name if isinstance(item, Backend) else item for item in items]
+    if not any(names):
+        raise UnsupportedError(f"backends {spec!r} names no backend; give names in priority order, e.g. 'blas,codegen'")
+    if not all(names):
+        raise UnsupportedError(f"backends {spec!r} has an empty name")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise UnsupportedError(f"backends {spec!r} names {', '.join(twice)} more than once")
     out: list[Backend] = []
     for item in items:
         if isinstance(item, Backend):

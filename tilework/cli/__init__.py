@@ -214,6 +214,8 @@ def placement_build_options(args: argparse.Namespace) -> dict[str, Any]:
 def _build(args: argparse.Namespace) -> int:
     import tilework
 
+    inputs.check_output(args.ir_file, args.output)
+    inputs.backends_arg(args.backends)
     if args.ir_file.endswith(".pt2"):
         return _build_pt2(args)
     if args.ir_file.endswith(".onnx"):
@@ -321,14 +323,18 @@ def _run(args: argparse.Namespace) -> int:
     out = vm[args.function](*[given[p] for p in params], *stored)
     outs = list(out) if isinstance(out, tuple) else [out]
     if args.output:
+        from tilework.runtime.atomic import write_atomic
+
         os.makedirs(args.output, exist_ok=True)
         for i, o in enumerate(outs):
-            np.save(os.path.join(args.output, f"output{i}.npy"), np.asarray(o))
+            a = np.asarray(o)
+            write_atomic(os.path.join(args.output, f"output{i}.npy"), lambda fh: np.lib.format.write_array(fh, a, allow_pickle=False))  # a full disk names the file
         print(f"wrote {len(outs)} output(s) to {args.output}")
     else:
         for i, o in enumerate(outs):
             a = np.asarray(o)
-            print(f"output{i}: shape {tuple(a.shape)} dtype {a.dtype} mean {float(a.astype(np.float64).mean()):.6g}")
+            what = "empty" if a.size == 0 else f"mean {float(a.astype(np.float64).mean()):.6g}"
+            print(f"output{i}: shape {tuple(a.shape)} dtype {a.dtype} {what}")
     return 0
 
 

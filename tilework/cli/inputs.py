@@ -32,6 +32,9 @@ def read_text_module(path: str) -> Any:
         raise ParseError(f"{path}: {e}", e.line, e.column) from None
     if not len(mod):
         raise TileworkError(f"{path} defines no function; expected {MODEL_INPUTS}")
+    if not any(True for _ in mod.graph_funcs()):
+        n = sum(1 for _ in mod.tensor_funcs())
+        raise TileworkError(f"{path} defines no @graph function to compile (it has {n} @tensor function(s))")
     try:
         tilework.verify(mod)
     except WellFormedError as e:
@@ -73,6 +76,58 @@ def load_pt2(path: str) -> Any:
         log.handlers, log.propagate = handlers, propagate
 
 
+def check_output(source: str, output: str) -> None:
+    """Before compiling ``source`` to ``-o output``: the output is writable (not a device, FIFO
+    or directory: ``tilework.runtime.atomic``) and is not the input file (under any spelling)."""
+    from tilework.runtime.atomic import write_target
+
+    write_target(output)
+    if _same_file(source, output):
+        raise TileworkError(f"-o {output} is the input file{'' if output == source else f' ({source})'}: name another output")
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_export_dir(source: str, out_dir: str, names: Sequence[str]) -> None:
+    """Before exporting ``source`` into ``out_dir``: the directory is one (or missing), and
+    none of the files ``names`` that the export writes there is the input."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise TileworkError(f"cannot write {out_dir!r}: not a directory (-o names the directory the export writes)")
+    for name in names:
+        path = os.path.join(out_dir, name)
+        if _same_file(source, path):
+            raise TileworkError(f"{source} is {path}, a file the export writes: export into another directory")
+
+
+INT64_MAX = (1 << 63) - 1
+
+
+def _check_bounds(spec: str, rng: tuple[int | None, int | None]) -> None:
+    for bound in rng:
+        if bound is not None and not -INT64_MAX - 1 <= bound <= INT64_MAX:
+            raise TileworkError(f"--dim {spec!r}: the bound {bound} does not fit in int64 (at most {INT64_MAX})")
+
+
+def backends_arg(value: str | None) -> str | None:
+    """``--backends LIST`` checked: names separated by commas, each once (None: not given)."""
+    if value is None:
+        return None
+    names = [n.strip() for n in value.split(",")]
+    if not any(names):
+        raise TileworkError(f"--backends {value!r} names no backend; give names in priority order, e.g. --backends blas,codegen")
+    if not all(names):
+        raise TileworkError(f"--backends {value!r} has an empty name; separate names by single commas, e.g. --backends blas,codegen")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise TileworkError(f"--backends {value!r} names {', '.join(twice)} more than once")
+    return value
+
+
 def pt2_dims(specs: Sequence[str]) -> tuple[dict[str, str], dict[str, tuple[int | None, int | None]]]:
     """The renames and bounds of ``--dim`` specs for a .pt2 program."""
     from tilework.frontend.torch import parse_dim_spec
@@ -81,6 +136,7 @@ def pt2_dims(specs: Sequence[str]) -> tuple[dict[str, str], dict[str, tuple[int 
     bounds: dict[str, tuple[int | None, int | None]] = {}
     for spec in specs:
         ref, new, rng = parse_dim_spec(spec)
+        _check_bounds(spec, rng)
         if new is not None:
             names[ref] = new
         if rng != (None, None):
@@ -94,7 +150,9 @@ def onnx_dim_bounds(specs: Sequence[str]) -> dict[str, tuple[int | None, int | N
 
     bounds: dict[str, tuple[int | None, int | None]] = {}
     for spec in specs:
-        _narrow(bounds, *parse_dim_spec(spec))
+        name, rng = parse_dim_spec(spec)
+        _check_bounds(spec, rng)
+        _narrow(bounds, name, rng)
     return bounds
 
 
@@ -108,4 +166,4 @@ def _narrow(bounds: dict[str, tuple[int | None, int | None]], name: str, rng: tu
     bounds[name] = (lo, hi)
 
 
-__all__ = ["read_text_module", "load_pt2", "pt2_dims", "onnx_dim_bounds", "MODEL_INPUTS"]
+__all__ = ["read_text_module", "load_pt2", "pt2_dims", "onnx_dim_bounds", "check_output", "check_export_dir", "backends_arg", "MODEL_INPUTS"]

@@ -14,7 +14,11 @@
   ``quant_kernels.c``/``tw_blas.c`` when the model calls those libraries, ``tw_run.c`` (a
   program that runs a function on ``.npy`` files), ``tw_generate.c`` and ``llm_config.h`` for a
   decoder exported with ``llm=...``, and ``CMakeLists.txt`` and a ``Makefile`` that build
-  ``libtwmodel.so``, ``libtwmodel.a`` and the programs with the system C compiler.
+  ``libtwmodel.so``, ``libtwmodel.a`` and the programs with the system C compiler;
+- ``.tilework-export``: the names and SHA-256 digests of the files above. An export replaces
+  only files that a previous export listed there and that did not change since; any other file
+  of the same name is refused (``force=True``, ``tilework export --force``, replaces it). Each
+  file is written atomically (``tilework.runtime.atomic``).
 
 ``bind`` fixes the trailing parameters of functions to arrays (a compiled model's weights, an
 LLM's weights shared by ``prefill`` and ``decode``): they go into ``model.twb`` once (arrays
@@ -34,15 +38,17 @@ multiple of 64 bytes.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shlex
 import shutil
+import stat
 import struct
 import subprocess
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import BinaryIO, Mapping, Sequence
 
 import numpy as np
 
@@ -53,6 +59,7 @@ from tilework.errors import BuildError, TileworkError
 from tilework.export.externs import ExportError, declarations, extra_sources
 from tilework.export.graph_c import DTYPES, FunctionC, ModuleText, c_int, c_string, call_depth_regs, check_kernel_symbols, dl_type, dtype_index
 from tilework.ir.dtype import DTYPE_TABLE, dtype_name
+from tilework.runtime.atomic import write_atomic, write_bytes_atomic
 from tilework.runtime.executable import Executable
 from tilework.runtime.kernels import KernelInfo
 
@@ -244,7 +251,8 @@ def make_export_id(texts: Sequence[str], arrays: Sequence[np.ndarray]) -> int:
     return int.from_bytes(digest.digest()[:8], "little") & ((1 << 63) - 1)
 
 
-def _write_blob(path: Path, arrays: list[np.ndarray], export_id: int) -> None:
+def _write_blob(path: Path, arrays: list[np.ndarray], export_id: int) -> str:
+    """Write the weights file; returns its SHA-256."""
     header = bytearray(MAGIC + struct.pack("<IIQQ", BLOB_VERSION, len(arrays), export_id, 0))
     table = bytearray()
     offset = len(header) + 16 * len(arrays)
@@ -255,19 +263,27 @@ def _write_blob(path: Path, arrays: list[np.ndarray], export_id: int) -> None:
         offset += a.nbytes
     for a, off in zip(arrays, offsets):
         table += struct.pack("<QQ", off, a.nbytes)
-    tmp = path.with_suffix(".twb.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(header)
-        fh.write(table)
+
+    digest = hashlib.sha256()
+
+    def put(fh: BinaryIO) -> None:
+        def emit(data: bytes | bytearray) -> None:
+            digest.update(data)
+            fh.write(data)
+
+        emit(header)
+        emit(table)
         pos = len(header) + len(table)
         for a, off in zip(arrays, offsets):
-            fh.write(b"\0" * (off - pos))
+            emit(b"\0" * (off - pos))
             data = np.ascontiguousarray(a)
             if data.dtype.byteorder == ">":
                 data = data.astype(data.dtype.newbyteorder("<"))
-            fh.write(data.tobytes())
+            emit(data.tobytes())
             pos = off + a.nbytes
-    os.replace(tmp, path)
+
+    write_atomic(path, put)
+    return digest.hexdigest()
 
 
 def _build_files(sources: Sequence[str], llm: bool) -> tuple[str, str]:
@@ -322,8 +338,76 @@ def _build_files(sources: Sequence[str], llm: bool) -> tuple[str, str]:
     return cmake, make
 
 
-def _copy_resource(name: str, package: str, dest: Path) -> None:
-    dest.write_bytes(resources.files(package).joinpath(name).read_bytes())
+def _resource(name: str) -> bytes:
+    return resources.files("tilework.export.c").joinpath(name).read_bytes()
+
+
+MANIFEST = ".tilework-export"
+"""The file in which an export lists what it wrote, with each file's SHA-256: a later export
+replaces those files (unchanged since) and refuses to replace any other file unless forced."""
+
+ALL_FILES = ("kernels.c", "model.c", "quant_kernels.c", "tw_blas.c", *RUNTIME_FILES, *LLM_FILES, "llm_config.h", "CMakeLists.txt", "Makefile", "model.twb", MANIFEST)
+"""Every name an export may write into its directory (which of them depends on the model)."""
+
+
+def _read_manifest(out: Path) -> dict[str, str | None] | None:
+    """The files the manifest in ``out`` lists (name -> digest, None while being written);
+    None when there is no readable manifest."""
+    try:
+        blob = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    files = blob.get("files") if isinstance(blob, dict) and blob.get("written_by") == "tilework export" else None
+    if not isinstance(files, dict) or not all(isinstance(k, str) and (v is None or isinstance(v, str)) for k, v in files.items()):
+        return None
+    return dict(files)
+
+
+def _digest(path: Path) -> str | None:
+    """The SHA-256 of a regular file (not following a link); None for anything else."""
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        return h.hexdigest()
+    except OSError:
+        return None
+
+
+def check_overwrite(out: Path, names: Sequence[str], *, force: bool = False) -> dict[str, str | None]:
+    """Refuse (``ExportError`` naming them) when ``out`` holds any of ``names`` (or a manifest)
+    that a tilework export did not write, or that changed since; ``force`` allows it. Returns
+    what the directory's manifest records (kept for the files this export does not write)."""
+    recorded = _read_manifest(out)
+    if force:
+        return recorded or {}
+    foreign = []
+    for name in [*names, MANIFEST]:
+        path = out / name
+        if not os.path.lexists(path):
+            continue
+        if name == MANIFEST:
+            if recorded is None:
+                foreign.append(name)
+            continue
+        if recorded is None or name not in recorded:
+            foreign.append(name)
+        elif recorded[name] is not None and _digest(path) != recorded[name]:
+            foreign.append(name)
+    if foreign:
+        raise ExportError(
+            f"{out} holds {', '.join(foreign)}, which the export would replace and which a tilework export did not write "
+            "(or which changed since): export into another directory, or pass --force (force=True) to replace them"
+        )
+    return recorded or {}
+
+
+def _write_manifest(out: Path, files: Mapping[str, str | None]) -> None:
+    blob = {"written_by": "tilework export", "note": "the files the last export into this directory wrote; the next export replaces them", "files": dict(files)}
+    write_bytes_atomic(out / MANIFEST, (json.dumps(blob, indent=1) + "\n").encode())
 
 
 def export_c(
@@ -332,15 +416,22 @@ def export_c(
     *,
     bind: Mapping[str, Sequence[np.ndarray]] | None = None,
     llm: Mapping[str, int] | None = None,
+    force: bool = False,
 ) -> ExportResult:
     """Write the C library of ``exe`` into ``out_dir`` (see the module docstring). ``bind``
     maps function names to the arrays fixed as their trailing parameters (only the functions
     named are exported when it is given; all of them otherwise). ``llm`` (for a decoder:
     ``layers``, ``kv_heads``, ``head_dim``, ``page``, ``vocab``, ``context``, and the KV cache's
     DLPack ``kv_code`` and ``kv_bits``, and its pair width ``kv_pair``) adds the C generate example. Raises ``ExportError`` for
-    what C cannot run (a torch or onnxruntime library call, recursion)."""
+    what C cannot run (a torch or onnxruntime library call, recursion), and when ``out_dir``
+    holds a file the export would replace that a tilework export did not write (listed in
+    ``out_dir/.tilework-export`` with its digest), unless ``force``. Each file is written
+    atomically (``tilework.runtime.atomic``); a write that fails names the file."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TileworkError(f"cannot write {os.fspath(out_dir)!r}: {e.strerror or e}") from None
     funcs = exe.kernel_funcs
     infos = {name: info for m in exe.modules for name, info in m.functions.items()}
     missing = [n for n in infos if n not in funcs]
@@ -356,29 +447,37 @@ def export_c(
     export_id = make_export_id([model_c, kernel_text], arrays)
     model_c = model_c.replace("@ID@", str(export_id))
 
-    (out / "kernels.c").write_text(kernel_text)
-    (out / "model.c").write_text(model_c)
+    texts: dict[str, bytes] = {"kernels.c": kernel_text.encode(), "model.c": model_c.encode()}
     extra = extra_sources(externs)
     for name in extra:
         if name == "quant_kernels.c":
             # one file, its AVX2 part spliced in, with the paths the model's formats take (quant.families_of)
             paths = families_of(s.rpartition(".")[2] for s in externs if s.startswith(("quant.linear.", "quant.linear_add.")))
-            (out / name).write_text(quant_source(families=paths))
+            texts[name] = quant_source(families=paths).encode()
         else:
-            _copy_resource(name, "tilework.export.c", out / name)
+            texts[name] = _resource(name)
     for name in RUNTIME_FILES + (LLM_FILES if llm else ()):
-        _copy_resource(name, "tilework.export.c", out / name)
+        texts[name] = _resource(name)
     if llm:
         keys = ("layers", "kv_heads", "head_dim", "page", "vocab", "context", "kv_code", "kv_bits", "kv_pair")
         lines = ["/* generated by tilework export: the decoder's shapes for tw_generate.c */"]
         lines += [f"#define TW_LLM_{k.upper()} {int(llm[k])}" for k in keys]
-        (out / "llm_config.h").write_text("\n".join(lines) + "\n")
+        texts["llm_config.h"] = ("\n".join(lines) + "\n").encode()
     sources = ("model.c", "kernels.c", "tw_runtime.c", *extra)
     cmake, make = _build_files(sources, bool(llm))
-    (out / "CMakeLists.txt").write_text(cmake)
-    (out / "Makefile").write_text(make)
+    texts["CMakeLists.txt"] = cmake.encode()
+    texts["Makefile"] = make.encode()
     weights = out / "model.twb"
-    _write_blob(weights, arrays, export_id)
+    names = [*texts, weights.name]
+    recorded = check_overwrite(out, names, force=force)
+    # names first (an export cut short leaves files this manifest claims), digests once written
+    _write_manifest(out, {**recorded, **dict.fromkeys(names)})
+    digests: dict[str, str | None] = {}
+    for name, data in texts.items():
+        write_bytes_atomic(out / name, data)
+        digests[name] = hashlib.sha256(data).hexdigest()
+    digests[weights.name] = _write_blob(weights, arrays, export_id)
+    _write_manifest(out, {**recorded, **digests})
     functions = {}
     for name in bound or exe.functions:
         params = exe.functions[name].params
@@ -396,7 +495,8 @@ def build_export(out_dir: str | os.PathLike[str], tool: str = "make", *, jobs: i
         where = out
     elif tool == "cmake":
         where = out / "build"
-        steps = [["cmake", "-S", str(out), "-B", str(where), "-DCMAKE_BUILD_TYPE=Release"], ["cmake", "--build", str(where), f"-j{jobs}"]]
+        # absolute: the commands run in ``out`` (a relative ``out`` would be looked for inside itself)
+        steps = [["cmake", "-S", str(out.resolve()), "-B", str(where.resolve()), "-DCMAKE_BUILD_TYPE=Release"], ["cmake", "--build", str(where.resolve()), f"-j{jobs}"]]
     else:
         raise TileworkError(f"tool must be 'make' or 'cmake', got {tool!r}")
     for argv in steps:
@@ -408,4 +508,4 @@ def build_export(out_dir: str | os.PathLike[str], tool: str = "make", *, jobs: i
     return where
 
 
-__all__ = ["ExportError", "ExportResult", "export_c", "build_export", "MAGIC", "BLOB_VERSION"]
+__all__ = ["ExportError", "ExportResult", "export_c", "build_export", "check_overwrite", "MAGIC", "BLOB_VERSION", "MANIFEST", "ALL_FILES"]

@@ -37,9 +37,10 @@ def export_decoder(
     kv_dtype: str | None = None,
     use_cache: bool = True,
     progress: Callable[[str], None] | None = None,
+    force: bool = False,
 ) -> ExportResult:
     """See the module docstring. ``max_batch`` bounds the batch of the compiled functions (the
-    C example runs one sequence); ``progress`` gets a line per stage."""
+    C example runs one sequence); ``progress`` gets a line per stage; ``force`` as for ``export_c``."""
     kv_dtype = kv_dtype or KV_DTYPE_OF.get(precision, "float32")
     if kv_dtype not in KV_DTYPES:
         raise TileworkError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
@@ -49,20 +50,20 @@ def export_decoder(
         progress("writing the C library and the weights file")
     shapes = {"layers": config.layers, "kv_heads": config.kv_heads, "head_dim": config.head_dim, "page": PAGE, "vocab": config.vocab, "context": config.context_length}
     shapes |= {"kv_code": _DLPACK_CODE[kv_dtype], "kv_bits": 32 if kv_dtype == "float32" else 16, "kv_pair": pair_width(kv_dtype)}
-    return export_c(exe, out_dir, bind={"prefill": weights, "decode": weights}, llm=shapes)
+    return export_c(exe, out_dir, bind={"prefill": weights, "decode": weights}, llm=shapes, force=force)
 
 
 _DLPACK_CODE = {"float32": 2, "float16": 2, "bfloat16": 4}
 
 
-def export_gguf(path: str | None, out_dir: str | os.PathLike[str], *, precision: str = "q", kv_dtype: str | None = None, progress: Callable[[str], None] | None = None) -> ExportResult:
+def export_gguf(path: str | None, out_dir: str | os.PathLike[str], *, precision: str = "q", kv_dtype: str | None = None, progress: Callable[[str], None] | None = None, force: bool = False) -> ExportResult:
     """Export the decoder of a GGUF file or a transformers checkpoint (the embedded default
     model when ``path`` is None)."""
     from tilework.llm.engine import default_model_path
     from tilework.llm.weights import load_weights
 
     config, tensors = load_weights(path or default_model_path())
-    return export_decoder(config, tensors, out_dir, precision=precision, kv_dtype=kv_dtype, progress=progress)
+    return export_decoder(config, tensors, out_dir, precision=precision, kv_dtype=kv_dtype, progress=progress, force=force)
 
 
 __all__ = ["export_decoder", "export_gguf"]

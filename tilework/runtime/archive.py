@@ -17,8 +17,9 @@ section area) beside whatever the writer stores. Reading checks the magic, the v
 lengths against the file size and the digest before anything is interpreted, and every error
 names the file and the problem. Nothing in a file is executed: the metadata is parsed as JSON,
 arrays are raw bytes with a dtype and shape, text is text. The file is memory-mapped, so arrays
-read from it are read-only views that cost no copy. Writes go to a temporary file that replaces
-the target atomically.
+read from it are read-only views that cost no copy. Writes go through ``tilework.runtime.atomic``
+(a temporary file that replaces the target atomically; a target that is not a regular file is
+refused, a symbolic link is written through).
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import json
 import mmap
 import os
 import struct
-import tempfile
 import zipfile
 from typing import Any
 
@@ -36,6 +36,7 @@ import numpy as np
 
 from tilework.errors import FileFormatError, TileworkError
 from tilework.ir.dtype import decode_array, encode_array
+from tilework.runtime.atomic import write_atomic
 
 MAGIC = b"\x89TWEXE\r\n"
 FORMAT_VERSION = 2
@@ -87,26 +88,15 @@ class ArchiveWriter:
         for blob in self._blobs:
             digest.update(blob)
         header = HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(body), self._size, digest.digest())
-        directory = os.path.dirname(os.path.abspath(path))
-        try:
-            fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-        except OSError as e:
-            raise TileworkError(f"cannot write {path!r}: {e.strerror or e}") from None
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(header)
-                f.write(body)
-                f.write(head_pad)
-                for blob in self._blobs:
-                    f.write(blob)
-            try:
-                os.replace(tmp, path)
-            except OSError as e:
-                raise TileworkError(f"cannot write {path!r}: {e.strerror or e}") from None
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+
+        def put(f: Any) -> None:
+            f.write(header)
+            f.write(body)
+            f.write(head_pad)
+            for blob in self._blobs:
+                f.write(blob)
+
+        write_atomic(path, put)
 
 
 class Archive:
@@ -131,6 +121,8 @@ class Archive:
         if magic != MAGIC:
             if bytes(view[:4]) == _ZIP_MAGIC:
                 self._refuse_zip()
+            if path.endswith(".onnx"):
+                raise FormatError(f"{path!r} is an ONNX model, not a tilework executable: compile it first (tilework build {path} -o model.tw, or tilework.compile)")
             raise FormatError(f"{path!r} is not a tilework executable (no tilework header)")
         if version != FORMAT_VERSION:
             age = "an older" if version < FORMAT_VERSION else "a newer"

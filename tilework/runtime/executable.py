@@ -111,7 +111,9 @@ class Executable:
     # -- persistence ----------------------------------------------------------------------
 
     def save(self, path: str, *, extra: Mapping[str, Any] | None = None, arrays: Mapping[str, Sequence[np.ndarray]] | None = None, texts: Mapping[str, str] | None = None) -> None:
-        """Write the executable to ``path`` (atomically). ``extra`` (JSON data), ``arrays``
+        """Write the executable to ``path`` (atomically, ``tilework.runtime.atomic``: a path
+        that is not a regular file is refused, a symbolic link is written through, a failed
+        write names the file and leaves the old one). ``extra`` (JSON data), ``arrays``
         (named groups of arrays) and ``texts`` travel with it for a caller that reads them
         back from ``load_file`` (``tilework.compiled.CompiledModel`` keeps its signature,
         weights and module text there)."""
