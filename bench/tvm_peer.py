@@ -142,6 +142,9 @@ def tune(module: Any, example: tuple[Any, ...], trials: int, db_dir: str, thread
         import tvm.s_tir.tensor_intrin  # noqa: F401  # TuneContext imports it: timed apart
 
         intrin_s = time.perf_counter() - t
+        # the build workers unpickle _build_without_intrinsics by reference: they must find this module
+        here = os.path.dirname(os.path.abspath(__file__))
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
         ms.relax_integration.tune_relax(
             fused,
             {},
