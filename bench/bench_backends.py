@@ -17,7 +17,9 @@ configuration and runs every n:
   pipeline (on CPU it schedules nothing), and with ``--tvm-trials N`` also ``tvm tuned``:
   MetaSchedule at each static n, N trials per task, its JSON database in ``--tvm-db DIR``
   (a later run with the same directory reuses it and does not tune); its tuning seconds are
-  printed apart and counted in its setup.
+  printed apart and counted in its setup. The MLP's 6 tasks (2 fused linears at 3 sizes) at
+  32 trials took 815 s on the 2-core machine under a load of ~6 (81 s of it MetaSchedule
+  importing its tensor intrinsics, once), the reused database 18 s of export and compile.
 
 Every result is checked against codegen's before it is timed. Prints the median milliseconds
 and, per row, each configuration's speed relative to codegen alone (> 1: faster).
