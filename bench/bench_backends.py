@@ -9,18 +9,28 @@ configuration and runs every n:
 - tilework: ``codegen`` alone, ``blas+codegen``, ``torch+codegen``, ``onnxruntime+codegen``,
   built as ``tilework.compile`` builds with backends (``layout_weights="params"``: the linear
   weights left to codegen's kernels are packed for them once, the offloaded ones stay as given);
-- peers: torch eager (the same model written with torch.nn.functional, same weights) and
+- peers: torch eager (the same model written with torch.nn.functional, same weights),
   onnxruntime running the whole model exported as one ONNX graph (``session.run`` on NumPy
-  arrays, no tilework VM around it).
+  arrays, no tilework VM around it) and, where apache-tvm imports (it is in no extra: see
+  pyproject.toml), Apache TVM's Relax compiler on the torch model (``bench/tvm_peer.py``; the
+  weights bound as constants): ``tvm`` compiled once with the dynamic dim, by the default
+  pipeline (on CPU it schedules nothing), and with ``--tvm-trials N`` also ``tvm tuned``:
+  MetaSchedule at each static n, N trials per task, its JSON database in ``--tvm-db DIR``
+  (a later run with the same directory reuses it and does not tune); its tuning seconds are
+  printed apart and counted in its setup. The MLP's 6 tasks (2 fused linears at 3 sizes) at
+  32 trials took 815 s on the 2-core machine under a load of ~6 (81 s of it MetaSchedule
+  importing its tensor intrinsics, once), the reused database 18 s of export and compile.
 
 Every result is checked against codegen's before it is timed. Prints the median milliseconds
 and, per row, each configuration's speed relative to codegen alone (> 1: faster).
 
 Each (model, column) runs in its own process so that the thread pools of different runtimes
 never compete; ``--threads`` (default 1) pins every runtime to that many threads (per-core
-figures, steadier on a shared machine; 0 keeps each library's default).
+figures, steadier on a shared machine; 0 keeps each library's default; TVM: ``TVM_NUM_THREADS``
+and its target's ``num-cores``).
 
     python bench/bench_backends.py [--threads 1] [--layers 4] [--repeat 10] [--sizes 1,32,256] [--models mlp,encoder,llama]
+                                   [--no-tvm] [--tvm-trials N] [--tvm-db DIR]
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ import time
 from typing import Any, Callable
 
 import numpy as np
+import tvm_peer
 from report import emit, table
 
 import tilework as tw
@@ -45,6 +56,7 @@ from tilework.ir.graph import GraphFunc
 from tilework.ir.module import IRModule
 from tilework.models import reference as R
 
+PEERS = ("torch eager", "ort whole", "tvm", "tvm tuned")  # no (x) in the markdown table
 CONFIGS = {"codegen": None, "blas": ["blas", "codegen"], "torch": ["torch", "codegen"], "onnxruntime": ["onnxruntime", "codegen"]}
 
 
@@ -92,8 +104,8 @@ def weights_of(mod: IRModule) -> list[np.ndarray]:
 # -- peers --------------------------------------------------------------------------------------
 
 
-def torch_eager(name: str, layers: int) -> Callable[..., Any]:
-    import torch
+def torch_functions(name: str, layers: int) -> Callable[..., Any]:
+    """The model written with torch.nn.functional: its inputs, then its weights, as tensors."""
     import torch.nn.functional as F
 
     def mlp(x: Any, w1: Any, b1: Any, w2: Any, b2: Any) -> Any:
@@ -130,7 +142,13 @@ def torch_eager(name: str, layers: int) -> Callable[..., Any]:
         return F.rms_norm(cur, (h,), w[-1], 1e-6)
 
     table: dict[str, Callable[..., Any]] = {"mlp": mlp, "encoder": encoder, "llama": llama}
-    fn = table[name]
+    return table[name]
+
+
+def torch_eager(name: str, layers: int) -> Callable[..., Any]:
+    import torch
+
+    fn = torch_functions(name, layers)
 
     def run(*arrays: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
@@ -175,6 +193,54 @@ def onnxruntime_whole(mod: IRModule, ort_threads: int = 0) -> Callable[..., Any]
     return run
 
 
+def _tvm_module(name: str, layers: int, weights: list[np.ndarray]) -> Any:
+    """The torch model with ``weights`` held as its parameters (TVM binds them as constants)."""
+    import torch
+
+    fn = torch_functions(name, layers)
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.ParameterList([torch.nn.Parameter(torch.from_numpy(w.copy()), requires_grad=False) for w in weights])
+
+        def forward(self, *inputs: Any) -> Any:
+            return fn(*inputs, *self.w)
+
+    return Model().eval()
+
+
+def tvm_columns(name: str, layers: int, num_inputs: int, weights: list[np.ndarray], sizes: list[int], threads: int, trials: int, db: str) -> tuple[Callable[..., Any], dict[str, Any]]:
+    """TVM on the model: untuned (``trials`` 0: compiled once, n dynamic) or tuned (one module
+    per size, static). Returns a callable on (inputs..., weights...) and what to report."""
+    import torch
+
+    def example(n: int) -> tuple[Any, ...]:  # a fresh generator: the timed inputs stay those of every column
+        return tuple(torch.from_numpy(a) for a in models(layers)[name][1](n)[:num_inputs])
+
+    module = _tvm_module(name, layers, weights)
+    if not trials:
+        n = torch.export.Dim("n", min=1, max=4096)
+        dims = {"mlp": ({0: n},), "encoder": ({1: n}, {3: n}), "llama": ({1: n},)}[name]
+        run = tvm_peer.compile_untuned(module, example(2), (dims,), threads)  # forward(*inputs): one tuple
+        return (lambda *arrays: run(*arrays[:num_inputs])), {}
+    by_n: dict[int, tvm_peer.Tuned] = {}
+    for s in sizes:
+        by_n[s] = tvm_peer.tune(module, example(s), trials, db, threads)
+    axis = 0 if name == "mlp" else 1
+
+    def run_tuned(*arrays: np.ndarray) -> np.ndarray:
+        return by_n[arrays[0].shape[axis]].run(*arrays[:num_inputs])
+
+    info = {
+        "tune_s": sum(t.tune_s for t in by_n.values()),
+        "intrin_import_s": sum(t.intrin_import_s for t in by_n.values()),
+        "tasks": sum(t.tasks for t in by_n.values()),
+        "reused": all(t.reused for t in by_n.values()),
+    }
+    return run_tuned, info
+
+
 def _dim_sources(main: GraphFunc, syms: tuple[Any, ...]) -> list[tuple[int, int]]:
     out = []
     for v in syms:
@@ -194,7 +260,7 @@ def _inputs(make_inputs: Callable[[int], list[np.ndarray]], n: int) -> list[np.n
     return make_inputs(n)
 
 
-def worker(model_name: str, column: str, sizes: list[int], layers: int, repeat: int, ref_path: str, threads: int) -> dict[str, Any]:
+def worker(model_name: str, column: str, sizes: list[int], layers: int, repeat: int, ref_path: str, threads: int, tvm_trials: int = 0, tvm_db: str = "") -> dict[str, Any]:
     """Build (or set up) one column for one model, check it against codegen's results (which
     the codegen worker writes to ``ref_path``) and time it at every size."""
     if threads:
@@ -207,6 +273,7 @@ def worker(model_name: str, column: str, sizes: list[int], layers: int, repeat: 
             torch.set_num_threads(threads)
     mod, make_inputs = models(layers)[model_name]
     weights = weights_of(mod)
+    info: dict[str, Any] = {}
     t = time.perf_counter()
     if column in CONFIGS:  # as tilework.compile builds with backends: the weights left to codegen's kernels laid out for them
         exe = tw.build(mod, backends=CONFIGS[column], layout_weights="params")
@@ -214,6 +281,11 @@ def worker(model_name: str, column: str, sizes: list[int], layers: int, repeat: 
         run = tw.VM(exe)["main"]
     elif column == "torch eager":
         run = torch_eager(model_name, layers)
+    elif column in ("tvm", "tvm tuned"):
+        main = mod["main"]
+        assert isinstance(main, GraphFunc)
+        trials = tvm_trials if column == "tvm tuned" else 0
+        run, info = tvm_columns(model_name, layers, int(main.attrs["num_inputs"]), weights, sizes, threads, trials, os.path.join(tvm_db, f"{model_name}-{threads or 'all'}t"))
     else:
         run = onnxruntime_whole(mod, threads)
     setup_s = time.perf_counter() - t
@@ -231,14 +303,14 @@ def worker(model_name: str, column: str, sizes: list[int], layers: int, repeat: 
         ms[n] = 1e3 * timeit(lambda: run(*arrays), repeat)
     if column == "codegen":
         np.savez(ref_path, **refs)  # type: ignore[arg-type]
-    return {"setup_s": setup_s, "ms": ms}
+    return {"setup_s": setup_s, "ms": ms, **info}
 
 
 def _spawn(model_name: str, column: str, args: argparse.Namespace, ref_path: str) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--worker", model_name, column, ref_path, "--sizes", args.sizes, "--layers", str(args.layers), "--repeat", str(args.repeat), "--threads", str(args.threads)]
+    cmd = [sys.executable, __file__, "--worker", model_name, column, ref_path, "--sizes", args.sizes, "--layers", str(args.layers), "--repeat", str(args.repeat), "--threads", str(args.threads), "--tvm-trials", str(args.tvm_trials), "--tvm-db", args.tvm_db]
     env = dict(os.environ)
     if args.threads:
-        env.update({k: str(args.threads) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
+        env.update({k: str(args.threads) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "TVM_NUM_THREADS")})
     out = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if out.returncode != 0:
         raise SystemExit(f"{model_name} / {column} failed:\n{out.stderr[-2000:]}")
@@ -252,18 +324,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="1,32,256")
     ap.add_argument("--models", default="mlp,encoder,llama")
     ap.add_argument("--threads", type=int, default=1, help="threads for every runtime (OpenMP, OpenBLAS, torch, onnxruntime); 0: each library's default (default 1: per-core figures, steadier on a shared machine)")
+    ap.add_argument("--no-tvm", action="store_true", help="leave Apache TVM out even where it imports")
+    ap.add_argument("--tvm-trials", type=int, default=0, help="also 'tvm tuned': MetaSchedule with this many trials per task at each static n (default 0: TVM untuned only)")
+    ap.add_argument("--tvm-db", default="", help="directory of TVM's tuning databases (one per model and thread count), kept for a later run to reuse (default: a temporary one)")
     ap.add_argument("--worker", nargs=3, metavar=("MODEL", "COLUMN", "REF"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     if args.worker:
         model_name, column, ref_path = args.worker
-        res = worker(model_name, column, sizes, args.layers, args.repeat, ref_path, args.threads)
-        print(json.dumps({"setup_s": res["setup_s"], "ms": {str(k): v for k, v in res["ms"].items()}}))
+        res = worker(model_name, column, sizes, args.layers, args.repeat, ref_path, args.threads, args.tvm_trials, args.tvm_db)
+        print(json.dumps({**res, "ms": {str(k): v for k, v in res["ms"].items()}}))
         return 0
     have_torch = importlib.util.find_spec("torch") is not None
     have_ort = importlib.util.find_spec("onnxruntime") is not None and importlib.util.find_spec("onnx") is not None
     configs = [k for k in CONFIGS if (k != "torch" or have_torch) and (k != "onnxruntime" or have_ort)]
-    columns = configs + (["torch eager"] if have_torch else []) + (["ort whole"] if have_ort else [])
+    have_tvm, tvm_line = (False, "left out (--no-tvm)") if args.no_tvm else tvm_peer.available() if have_torch else (False, "needs torch")
+    tvm_cols = (["tvm"] + (["tvm tuned"] if args.tvm_trials > 0 else [])) if have_tvm else []
+    columns = configs + (["torch eager"] if have_torch else []) + (["ort whole"] if have_ort else []) + tvm_cols
     from tilework.backend import availability
 
     threads = f"{args.threads} thread(s) per runtime" if args.threads else "each runtime's default threads"
@@ -271,20 +348,28 @@ def main(argv: list[str] | None = None) -> int:
     print("OpenMP and ONNX Runtime thread pools never share one); ms = median; (x) = speed vs codegen alone, > 1 is faster")
     for name in ("blas", "torch", "onnxruntime"):
         print(f"  {name}: {availability(name)[1]}")
-    md_rows = []
+    print(f"  tvm (peer): {tvm_line}" + ("" if have_tvm else ", its columns skipped"))
+    md_rows, tvm_notes = [], []
     with tempfile.TemporaryDirectory() as tmp:
+        args.tvm_db = args.tvm_db or os.path.join(tmp, "tvm-db")
         for model_name in args.models.split(","):
             ref_path = os.path.join(tmp, f"{model_name}.npz")
             results = {c: _spawn(model_name, c, args, ref_path) for c in columns}
             setup = ", ".join(f"{c} {r['setup_s']:.1f}s" for c, r in results.items())
+            if "tvm tuned" in results:
+                r = results["tvm tuned"]
+                how = "its database reused, no tuning" if r["reused"] else f"{args.tvm_trials} trials per task, tuning {r['tune_s']:.0f} s (of it {r['intrin_import_s']:.0f} s importing MetaSchedule's tensor intrinsics)"
+                tvm_notes.append(f"{model_name}: tvm tuned {r['tasks']} tasks over {len(sizes)} static sizes, {how}; setup {r['setup_s']:.0f} s with export and compile")
+                print(f"  {tvm_notes[-1]}")
             print(f"\n{model_name} (setup: {setup})")
             print(f"  {'n':>5} " + "".join(f"{c:>21}" for c in columns))
             for n in sizes:
                 base = results["codegen"]["ms"][str(n)]
                 cells = "".join(f"{results[c]['ms'][str(n)]:>11.2f} ({base / results[c]['ms'][str(n)]:>6.2f}x)" for c in columns)
                 print(f"  {n:>5} {cells}")
-                md_rows.append([model_name, n] + [f"{results[c]['ms'][str(n)]:.2f}" + ("" if c == "codegen" or c in ("torch eager", "ort whole") else f" ({base / results[c]['ms'][str(n)]:.2f}x)") for c in columns])
-    emit("backends", f"Each configuration in its own process, {threads}, median ms, (x) = speed vs codegen alone; n = rows for the MLP, seq for the others (batch 1):\n\n" + table(["model", "n"] + columns, md_rows))
+                md_rows.append([model_name, n] + [f"{results[c]['ms'][str(n)]:.2f}" + ("" if c == "codegen" or c in PEERS else f" ({base / results[c]['ms'][str(n)]:.2f}x)") for c in columns])
+    tvm_md = (f"\n\ntvm: {tvm_line}; untuned: the default Relax pipeline, compiled once with n dynamic. " + " ".join(n + "." for n in tvm_notes)) if tvm_cols else ""
+    emit("backends", f"Each configuration in its own process, {threads}, median ms, (x) = speed vs codegen alone; n = rows for the MLP, seq for the others (batch 1):\n\n" + table(["model", "n"] + columns, md_rows) + tvm_md)
     return 0
 
 
