@@ -495,6 +495,11 @@ def resolve_dim_refs(ep: Any, names: Mapping[str, str], bounds: Mapping[str, Bou
         by_symbol[resolve(ref, {})] = name
     if len(set(by_symbol.values())) != len(by_symbol):
         raise UnsupportedError(f"two dynamic dims share a name: {by_symbol}")
+    at = {s: p for p, s in reversed(list(places.items()))}  # a symbol's first INPUT.AXIS
+    for symbol, name in by_symbol.items():
+        if name != symbol and name in symbols and name not in by_symbol:  # the other keeps its torch name
+            other = f"{name} ({at[name]})" if name in at else name
+            raise UnsupportedError(f"two dynamic dims share a name: {name!r} given to {at.get(symbol, symbol)} ({symbol}) is the name of the dynamic dim {other}; choose another name, or rename that dim too")
     named = {v: k for k, v in by_symbol.items()}
     return by_symbol, {resolve(ref, named): b for ref, b in bounds.items()}
 
