@@ -117,6 +117,9 @@ def test_dim_spec_forms() -> None:
     assert parse_dim_spec("1<=seq<=64") == ("seq", (1, 64))
     with pytest.raises(TileworkError, match="expected NAME<=HI"):
         parse_dim_spec("seq<512")
+    assert parse_dim_spec(" 1 <= seq <= 64 ") == ("seq", (1, 64))
+    with pytest.raises(TileworkError, match="'s q' has a space in it"):  # it became a dim named sq
+        parse_dim_spec("s q<=4")
 
 
 def test_compile_takes_a_path_object_and_names_a_directory(tmp_path: Path) -> None:

@@ -20,7 +20,10 @@ _NAME = r"[A-Za-z_][\w.\-/:]*"
 
 def parse_dim_spec(spec: str) -> tuple[str, Bounds]:
     """``NAME<=HI``, ``NAME>=LO``, ``LO<=NAME<=HI`` or ``NAME`` (no bounds) as ``(name, (lo, hi))``."""
-    s = spec.replace(" ", "")
+    s = re.sub(r"\s*([<>]=)\s*", r"\1", spec.strip())
+    spaced = re.search(r"[^<>=]*\s[^<>=]*", s)
+    if spaced:
+        raise TileworkError(f"--dim {spec!r}: {spaced.group()!r} has a space in it; a name or bound is one word")
     m = re.fullmatch(rf"(?:(\d+)<=)?({_NAME})(?:<=(\d+))?", s)
     if m:
         lo, name, hi = m.groups()
