@@ -340,6 +340,54 @@ def test_annotation_overrides_inference() -> None:
     assert z.var.info == AnyInfo() and z.value is y.var
 
 
+_TWO_INPUTS = """
+@graph
+def main(x: Tensor((n, m), "float32"), y: Tensor((m, n), "float32")) -> Tensor((n, m), "float32"):
+    n = sym(lo=1, hi=64)
+    m = sym(lo=1)
+    with dataflow():
+        lv0: Tensor((n, m), "float32") = permute_dims(y, axes=None)
+        gv0: ANNOTATION = add(x, lv0)
+        output(gv0)
+    return gv0
+"""
+
+
+@pytest.mark.parametrize(
+    "annotation, message",
+    [
+        ('Tensor((n, 5), "float32")', 'has struct info Tensor((n, 5), "float32"), but its parts give Tensor((n, m), "float32"), which it is not provably a base of (an annotation may widen a value\'s info, not narrow it): to claim Tensor((n, 5), "float32"), bind the value as it is and match_cast it'),
+        ('Tensor((m, n), "float32")', 'has struct info Tensor((m, n), "float32"), but its parts give Tensor((n, m), "float32"), which it is not provably a base of'),
+        ('Tensor((n, m + 1), "float32")', 'has struct info Tensor((n, m + 1), "float32"), but its parts give Tensor((n, m), "float32")'),
+        ('Tensor((n, m), "float16")', 'has struct info Tensor((n, m), "float16"), but its parts give Tensor((n, m), "float32")'),
+    ],
+    ids=["claim", "swapped", "provably-different", "dtype"],
+)
+def test_an_annotation_that_narrows_its_value_is_refused_by_verify(annotation: str, message: str) -> None:
+    """A binding's annotation is the call's info: verify checks that it is a base of what the
+    call infers, dims included (``(n, 5)`` for ``add``'s ``(n, m)`` passed and was never
+    checked); a claim is a match_cast. The binding is shown underlined."""
+    from tilework import verify
+    from tilework.errors import WellFormedError
+
+    mod = parse(_TWO_INPUTS.replace("ANNOTATION", annotation))
+    with pytest.raises(WellFormedError) as err:
+        verify(mod)
+    text = str(err.value)
+    assert "error[struct-info] in @main: the call of add in the value of %gv0 " + message in text
+    line = f"        gv0: {annotation} = add(x, lv0)"
+    assert line + "\n        " + "^" * (len(line) - 8) + " rule 6" in text
+
+
+def test_an_annotation_may_widen_and_a_match_cast_claims() -> None:
+    from tilework import verify
+
+    for widened in ('Tensor(ndim=2, dtype="float32")', 'Tensor(dtype="float32")'):
+        verify(parse(_TWO_INPUTS.replace("gv0: ANNOTATION = add(x, lv0)", f"gv0: {widened} = add(x, lv0)").replace('-> Tensor((n, m), "float32")', "")))
+    claimed = _TWO_INPUTS.replace("gv0: ANNOTATION = add(x, lv0)", 'lv1: Tensor((n, m), "float32") = add(x, lv0)\n        gv0: Tensor((n, 5), "float32") = match_cast(lv1, Tensor((n, 5), "float32"))')
+    verify(parse(claimed.replace('-> Tensor((n, m), "float32")', '-> Tensor((n, 5), "float32")')))
+
+
 def test_loop_parse_of_blocks_with_init() -> None:
     text = """
     @tensor
