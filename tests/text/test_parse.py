@@ -302,6 +302,62 @@ def test_parse_errors_point_at_the_token(text: str, line: int, col: int, message
     assert _caret_column(err) == col
 
 
+_KERNEL = """
+@tensor
+def k(A: Buffer((4,), "float32"), Bb: Buffer((4,), "float32")):
+    n = sym()
+    for i in range(4):
+        Bb[i] = USE
+"""
+
+
+@pytest.mark.parametrize(
+    "use, message",
+    [
+        ("B[i]", "undefined name 'B': no buffer 'B'; its buffers: A, Bb; did you mean Bb?"),
+        ("z[i] + A[i]", "undefined name 'z': no buffer 'z'; its buffers: A, Bb"),
+        ("sqrtt(A[i])", "undefined name 'sqrtt': unknown function 'sqrtt'; did you mean sqrt or rsqrt?"),
+        ("frob(A[i])", "undefined name 'frob': unknown function 'frob'"),
+        ("A[i] * nn", "undefined name 'nn'; did you mean n? Or declare a symbolic dim at the start of the function: nn = sym()"),
+    ],
+    ids=["buffer-close", "buffer", "function-close", "function", "dim"],
+)
+def test_an_undefined_name_in_a_tensor_function_is_hinted_by_its_use(use: str, message: str) -> None:
+    """A buffer use or a call of an undefined name is said to be one (both were told to declare
+    a symbolic dim: ``z = sym()``)."""
+    err = _error(_KERNEL.replace("USE", use))
+    assert err.line == 6 and str(err).startswith(f"line 6, column {err.column}: {message}\n"), str(err)
+    assert err.column == 17 + use.index(message.split("'")[1])
+
+
+def test_a_module_function_called_without_its_at_is_hinted() -> None:
+    text = """
+    @graph
+    def helper(x: Tensor((4,), "float32")) -> Tensor((4,), "float32"):
+        return x
+
+    @graph
+    def main(x: Tensor((4,), "float32")):
+        y = helper(x)
+        z = expp(y)
+        return z
+    """
+    err = _error(text)
+    assert (err.line, err.column) == (8, 9) and "unknown op 'helper'; did you mean @helper (a function of this module)?" in str(err)
+    err = _error(text.replace("helper(x)", "@helper(x)"))
+    assert (err.line, err.column) == (9, 9) and "unknown op 'expp'; did you mean exp or exp2 or expm1?" in str(err)
+
+
+def test_a_byte_order_mark_is_skipped() -> None:
+    """A UTF-8 BOM at the start (as some editors write) is skipped (it was 'unexpected
+    character'); errors still point at the right line and column."""
+    text = textwrap.dedent(HAND_WRITTEN)
+    assert_structural_equal(parse("\ufeff" + text), parse(text))
+    with pytest.raises(ParseError) as err:
+        parse("\ufeff@graph\ndef main(x: Tensor((4,), \"float32\")):\n    return q\n")
+    assert (err.value.line, err.value.column) == (3, 12)
+
+
 def test_error_shows_the_source_line() -> None:
     err = _error(
         """
