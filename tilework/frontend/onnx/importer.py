@@ -3,9 +3,10 @@
 Graph inputs become parameters. A ``dim_param`` name becomes one ``SymVar`` shared by every
 input and output that names it; an unnamed dynamic dim gets a fresh var of its own, named
 ``INPUT_dimAXIS``. ``dim_bounds`` sets a dim's range by its ``dim_param``, its generated name or
-``INPUT.AXIS`` (as for a torch program). Initializers become ``Constant``s, or trailing parameters (attribute
-``num_inputs``) with ``keep_params_as_inputs`` — except small integer ones, which are shape
-operands (axes, target shapes) and stay constants so that shapes stay symbolic.
+``INPUT.AXIS`` (as for a torch program). Initializers become ``Constant``s, or trailing
+parameters (attribute ``num_inputs``) with ``keep_params_as_inputs`` — except small integer
+ones, which are shape operands (axes, target shapes) and stay constants so that shapes stay
+symbolic.
 
 Nodes are converted in graph order by the converters in ``registry``; each produces
 ``Value``s that track constants and symbolic shape contents (see ``values``), so shape
@@ -448,7 +449,7 @@ class Importer:
         if unknown:
             known = ", ".join(f"{n} ({at})" for n, at in self._input_dims.items()) or "none"
             raise UnknownDimError(unknown, known)
-        self._bounds = {}  # made: an output's fresh dim with a generated name takes none
+        self._bounds = {}  # the input dims are made: no dim made later takes bounds
         num_inputs = len(params)
         for name, t in inits.items():
             arr = self.tensor_array(t)
