@@ -195,6 +195,23 @@ def test_exported_program_and_weights_as_constants(tmp_path: Path) -> None:
     _close(CompiledModel.load(path)(ids, mask)["hidden"], model(ids, mask)["hidden"])
 
 
+def test_a_rename_onto_another_dims_torch_name_is_refused() -> None:
+    """``dim_names`` giving input.0 the torch name of input.1 (a dim it does not rename) is
+    refused like two names given alike: both dims printed with one name, and every message about
+    either said that name. Renaming both (a swap) is fine."""
+    ep = torch.export.export(torch.nn.Linear(16, 4).eval(), (torch.randn(2, 5, 16),), dynamic_shapes=({0: Dim("b", max=8), 1: Dim("s", max=64)},), strict=False)
+    first, second = (str(d.node.expr) for d in next(n for n in ep.graph.nodes if n.op == "placeholder" and n.name == "input").meta["val"].shape[:2])
+    want = f"two dynamic dims share a name: '{second}' given to input.0 \\({first}\\) is the name of the dynamic dim {second} \\(input.1\\)"
+    with pytest.raises(UnsupportedError, match=want):
+        compiled.compile(ep, weights="constants", dim_names={"input.0": second})
+    with pytest.raises(UnsupportedError, match=want):
+        compiled.compile(ep, weights="constants", dim_names={first: second})
+    cm = compiled.compile(ep, weights="constants", dim_names={"input.0": second, "input.1": first})
+    assert list(cm.report["dims"]) == [second, first]
+    with pytest.raises(RuntimeCheckError, match=f"input.shape\\[0\\] = 9 but {second} <= 8"):
+        cm(np.ones((9, 3, 16), np.float32))
+
+
 def test_irmodule_compiles_as_is() -> None:
     n = tilework.dim("n")
     x = Var("x", TensorInfo((n, 4), "float32"))

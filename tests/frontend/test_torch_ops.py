@@ -219,6 +219,19 @@ def test_unsupported_op_names_op_and_node() -> None:
         from_exported_program(ep)
 
 
+def test_an_op_whose_decomposition_has_side_effects_is_named() -> None:
+    """``linalg.inv`` decomposes into ``linalg_inv_ex`` and ``_linalg_check_errors``, an op with
+    side effects ordered by an effect token: refused naming the op that brought the token (it
+    said "input token of kind TOKEN is not supported"); a program decomposed already names the
+    effectful op itself."""
+    m = Fn(lambda s, x: torch.linalg.inv(x) + 1)
+    ep = torch.export.export(m, (randn(3, 3),), strict=False)
+    with pytest.raises(UnsupportedError, match=r"^ATen op linalg_inv\.default \(node %linalg_inv\) is not supported by the torch frontend: its decomposition has side effects \(_linalg_check_errors\.default, ordered by an effect token\)$"):
+        from_exported_program(ep)
+    with pytest.raises(UnsupportedError, match=r"^ATen op _linalg_check_errors\.default is not supported by the torch frontend: side effects, ordered by an effect token \(input token of kind TOKEN\)$"):
+        from_exported_program(ep.run_decompositions())
+
+
 def test_indexing_by_a_bool_mask_is_refused_as_such() -> None:
     """x[mask] has a data-dependent length: refused as that (it said check_index wants ints)."""
     m = Fn(lambda s, x: x[x[:, 0] > 0])

@@ -78,6 +78,11 @@ def test_parse_dim_spec_errors() -> None:
         parse_dim_spec("seq<=lots")
     with pytest.raises(UnsupportedError, match="no dim named"):
         parse_dim_spec("<=5")
+    with pytest.raises(UnsupportedError, match="'b a' has a space in it"):  # it became a dim named ba
+        parse_dim_spec("b a=x.0<=8")
+    with pytest.raises(UnsupportedError, match="'1 6' has a space in it"):
+        parse_dim_spec("x.0 <= 1 6")
+    assert parse_dim_spec(" seq = x.0 <= 8 ") == ("x.0", "seq", (None, 8))
 
 
 def test_derived_input_size_gets_its_own_var() -> None:

@@ -302,6 +302,62 @@ def test_parse_errors_point_at_the_token(text: str, line: int, col: int, message
     assert _caret_column(err) == col
 
 
+_KERNEL = """
+@tensor
+def k(A: Buffer((4,), "float32"), Bb: Buffer((4,), "float32")):
+    n = sym()
+    for i in range(4):
+        Bb[i] = USE
+"""
+
+
+@pytest.mark.parametrize(
+    "use, message",
+    [
+        ("B[i]", "undefined name 'B': no buffer 'B'; its buffers: A, Bb; did you mean Bb?"),
+        ("z[i] + A[i]", "undefined name 'z': no buffer 'z'; its buffers: A, Bb"),
+        ("sqrtt(A[i])", "undefined name 'sqrtt': unknown function 'sqrtt'; did you mean sqrt or rsqrt?"),
+        ("frob(A[i])", "undefined name 'frob': unknown function 'frob'"),
+        ("A[i] * nn", "undefined name 'nn'; did you mean n? Or declare a symbolic dim at the start of the function: nn = sym()"),
+    ],
+    ids=["buffer-close", "buffer", "function-close", "function", "dim"],
+)
+def test_an_undefined_name_in_a_tensor_function_is_hinted_by_its_use(use: str, message: str) -> None:
+    """A buffer use or a call of an undefined name is said to be one (both were told to declare
+    a symbolic dim: ``z = sym()``)."""
+    err = _error(_KERNEL.replace("USE", use))
+    assert err.line == 6 and str(err).startswith(f"line 6, column {err.column}: {message}\n"), str(err)
+    assert err.column == 17 + use.index(message.split("'")[1])
+
+
+def test_a_module_function_called_without_its_at_is_hinted() -> None:
+    text = """
+    @graph
+    def helper(x: Tensor((4,), "float32")) -> Tensor((4,), "float32"):
+        return x
+
+    @graph
+    def main(x: Tensor((4,), "float32")):
+        y = helper(x)
+        z = expp(y)
+        return z
+    """
+    err = _error(text)
+    assert (err.line, err.column) == (8, 9) and "unknown op 'helper'; did you mean @helper (a function of this module)?" in str(err)
+    err = _error(text.replace("helper(x)", "@helper(x)"))
+    assert (err.line, err.column) == (9, 9) and "unknown op 'expp'; did you mean exp or exp2 or expm1?" in str(err)
+
+
+def test_a_byte_order_mark_is_skipped() -> None:
+    """A UTF-8 BOM at the start (as some editors write) is skipped (it was 'unexpected
+    character'); errors still point at the right line and column."""
+    text = textwrap.dedent(HAND_WRITTEN)
+    assert_structural_equal(parse("\ufeff" + text), parse(text))
+    with pytest.raises(ParseError) as err:
+        parse("\ufeff@graph\ndef main(x: Tensor((4,), \"float32\")):\n    return q\n")
+    assert (err.value.line, err.value.column) == (3, 12)
+
+
 def test_error_shows_the_source_line() -> None:
     err = _error(
         """
@@ -338,6 +394,54 @@ def test_annotation_overrides_inference() -> None:
     assert isinstance(y, Binding) and isinstance(y.value, Call)
     assert y.var.info == y.value.info == TensorInfo(None, "float32", 1)
     assert z.var.info == AnyInfo() and z.value is y.var
+
+
+_TWO_INPUTS = """
+@graph
+def main(x: Tensor((n, m), "float32"), y: Tensor((m, n), "float32")) -> Tensor((n, m), "float32"):
+    n = sym(lo=1, hi=64)
+    m = sym(lo=1)
+    with dataflow():
+        lv0: Tensor((n, m), "float32") = permute_dims(y, axes=None)
+        gv0: ANNOTATION = add(x, lv0)
+        output(gv0)
+    return gv0
+"""
+
+
+@pytest.mark.parametrize(
+    "annotation, message",
+    [
+        ('Tensor((n, 5), "float32")', 'has struct info Tensor((n, 5), "float32"), but its parts give Tensor((n, m), "float32"), which it is not provably a base of (an annotation may widen a value\'s info, not narrow it): to claim Tensor((n, 5), "float32"), bind the value as it is and match_cast it'),
+        ('Tensor((m, n), "float32")', 'has struct info Tensor((m, n), "float32"), but its parts give Tensor((n, m), "float32"), which it is not provably a base of'),
+        ('Tensor((n, m + 1), "float32")', 'has struct info Tensor((n, m + 1), "float32"), but its parts give Tensor((n, m), "float32")'),
+        ('Tensor((n, m), "float16")', 'has struct info Tensor((n, m), "float16"), but its parts give Tensor((n, m), "float32")'),
+    ],
+    ids=["claim", "swapped", "provably-different", "dtype"],
+)
+def test_an_annotation_that_narrows_its_value_is_refused_by_verify(annotation: str, message: str) -> None:
+    """A binding's annotation is the call's info: verify checks that it is a base of what the
+    call infers, dims included (``(n, 5)`` for ``add``'s ``(n, m)`` passed and was never
+    checked); a claim is a match_cast. The binding is shown underlined."""
+    from tilework import verify
+    from tilework.errors import WellFormedError
+
+    mod = parse(_TWO_INPUTS.replace("ANNOTATION", annotation))
+    with pytest.raises(WellFormedError) as err:
+        verify(mod)
+    text = str(err.value)
+    assert "error[struct-info] in @main: the call of add in the value of %gv0 " + message in text
+    line = f"        gv0: {annotation} = add(x, lv0)"
+    assert line + "\n        " + "^" * (len(line) - 8) + " rule 6" in text
+
+
+def test_an_annotation_may_widen_and_a_match_cast_claims() -> None:
+    from tilework import verify
+
+    for widened in ('Tensor(ndim=2, dtype="float32")', 'Tensor(dtype="float32")'):
+        verify(parse(_TWO_INPUTS.replace("gv0: ANNOTATION = add(x, lv0)", f"gv0: {widened} = add(x, lv0)").replace('-> Tensor((n, m), "float32")', "")))
+    claimed = _TWO_INPUTS.replace("gv0: ANNOTATION = add(x, lv0)", 'lv1: Tensor((n, m), "float32") = add(x, lv0)\n        gv0: Tensor((n, 5), "float32") = match_cast(lv1, Tensor((n, 5), "float32"))')
+    verify(parse(claimed.replace('-> Tensor((n, m), "float32")', '-> Tensor((n, 5), "float32")')))
 
 
 def test_loop_parse_of_blocks_with_init() -> None:

@@ -56,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="compile a module in the text format, a torch.export program (.pt2) or an ONNX model (.onnx) to an executable file", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_DIM_HELP)
     b.add_argument("ir_file", help="a module in tilework's text format (print(mod) writes it), a .pt2 file written by torch.export.save, or an .onnx model")
     b.add_argument("-o", "--output", required=True, help="the executable to write (e.g. out.tw)")
-    b.add_argument("--dim", action="append", default=[], metavar="SPEC", help="(.pt2 and .onnx) name a dynamic dim and/or narrow its bounds, e.g. seq=input_ids.1<=512 (.pt2) or seq<=512 (.onnx: a dim_param); repeat for each dim (see below)")
+    b.add_argument("--dim", action="append", default=[], metavar="SPEC", help="(.pt2 and .onnx) name a dynamic dim and/or narrow its bounds, e.g. seq=input_ids.1<=512 (.pt2) or seq<=512 (.onnx: a dim_param, INPUT.AXIS or a generated name such as x_dim0); repeat for each dim (see below)")
     b.add_argument("--backends", metavar="LIST", help="backends in priority order, e.g. blas,torch,codegen: each op goes to the first that can run it, the rest to tilework's kernels (see docs/backends.md)")
     b.add_argument("--target", default="cpu", help="the kernel target: cpu (C + OpenMP, default) or interp (the NumPy reference interpreter: slow, needs no compiler)")
     b.add_argument("--pipeline", choices=("default", "O0"), default="default", help="the pass pipeline: default, or O0 (no graph passes, fusion or memory planning)")
@@ -266,7 +266,8 @@ def _build_onnx(args: argparse.Namespace) -> int:
     if not os.path.exists(args.ir_file):
         raise TileworkError(f"no such file: {args.ir_file}")
     bounds = inputs.onnx_dim_bounds(args.dim)
-    return _build_compiled(args.ir_file, args, time.perf_counter(), None, bounds)
+    with inputs.as_dim_option():
+        return _build_compiled(args.ir_file, args, time.perf_counter(), None, bounds)
 
 
 def _load_npy(name: str, path: str) -> Any:

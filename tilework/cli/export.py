@@ -100,7 +100,8 @@ def _export_model(args: argparse.Namespace) -> Any:
     if path.endswith(".onnx"):
         from tilework.frontend.onnx import from_onnx
 
-        mod = from_onnx(path, dim_bounds=inputs.onnx_dim_bounds(args.dim))
+        with inputs.as_dim_option():
+            mod = from_onnx(path, dim_bounds=inputs.onnx_dim_bounds(args.dim))
     else:
         if args.dim:
             raise TileworkError("--dim applies to .pt2 and .onnx models only; a module in the text format declares its dims itself")

@@ -3,8 +3,9 @@ command names the file and says what is wrong with it in the same words (docs/er
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from tilework.errors import ParseError, TileworkError, WellFormedError
 
@@ -156,6 +157,19 @@ def onnx_dim_bounds(specs: Sequence[str]) -> dict[str, tuple[int | None, int | N
     return bounds
 
 
+@contextlib.contextmanager
+def as_dim_option() -> Iterator[None]:
+    """Errors about the ``dim_bounds`` of an ONNX model said as errors of ``--dim``, which gave them."""
+    try:
+        yield
+    except TileworkError as e:
+        from tilework.frontend.onnx.importer import UnknownDimError
+
+        if isinstance(e, UnknownDimError):
+            raise e.for_option("--dim") from None
+        raise
+
+
 def _narrow(bounds: dict[str, tuple[int | None, int | None]], name: str, rng: tuple[int | None, int | None]) -> None:
     """Repeated specs of one dim narrow it together (``n>=2`` then ``n<=8``)."""
     (lo, hi), (old_lo, old_hi) = rng, bounds.get(name, (None, None))
@@ -166,4 +180,4 @@ def _narrow(bounds: dict[str, tuple[int | None, int | None]], name: str, rng: tu
     bounds[name] = (lo, hi)
 
 
-__all__ = ["read_text_module", "load_pt2", "pt2_dims", "onnx_dim_bounds", "check_output", "check_export_dir", "backends_arg", "MODEL_INPUTS"]
+__all__ = ["read_text_module", "load_pt2", "pt2_dims", "onnx_dim_bounds", "as_dim_option", "check_output", "check_export_dir", "backends_arg", "MODEL_INPUTS"]

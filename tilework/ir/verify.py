@@ -15,7 +15,8 @@ The rules (``Diagnostic.rule`` names them):
    and SeqExpr results are leaves; If branches are SeqExprs; no If in a dataflow block.
 5. ``purity``: no impure call inside a dataflow block or in a function marked pure.
 6. ``struct-info``: compound expressions, constants, shapes and prim values carry the info the
-   builder computes (or one consistent with it); a binding's var info is a base of its value's.
+   builder computes (or a base of it: an annotation may widen, a claim needs a match_cast); a
+   binding's var info is a base of its value's.
 7. ``global``: GlobalVars name functions of the module; callees have the right kind and arity;
    op names are registered.
 8. ``ret-info``: a function's ret_info is a base of its body's info.
@@ -408,8 +409,13 @@ class _GraphCheck(_Checker, ExprVisitor):
         if isinstance(recorded, AnyInfo) and not isinstance(expected, AnyInfo):
             msg = f"{what} in {self.here()} has no struct info (the builder gives {_info_str(expected)})"
             self.bad("struct-info", msg + ": build it with BlockBuilder.normalize")
-        elif I.base_check(recorded, expected) is Check.FAIL:
+            return
+        check = I.base_check(recorded, expected)
+        if check is Check.FAIL:
             self.bad("struct-info", f"{what} in {self.here()} has struct info {_info_str(recorded)}, but its parts give {_info_str(expected)}")
+        elif check is Check.RUNTIME and _claims_dims(recorded, expected):
+            msg = f"{what} in {self.here()} has struct info {_info_str(recorded)}, but its parts give {_info_str(expected)}, which it is not provably a base of"
+            self.bad("struct-info", msg + f" (an annotation may widen a value's info, not narrow it): to claim {_info_str(recorded)}, bind the value as it is and match_cast it")
 
     def leaf_info(self, e: Constant | ShapeExpr | PrimValue) -> None:
         """A constant's info is its data's shape and dtype, a shape's its values, a prim value's
@@ -578,6 +584,24 @@ def _count(e: Expr) -> int | None:
     if isinstance(e.info, TupleInfo):
         return len(e.info.fields)
     return e.info.ndim if isinstance(e.info, ShapeInfo) and e.info.ndim >= 0 else None
+
+
+def _claims_dims(recorded: StructInfo, expected: StructInfo) -> bool:
+    """Whether ``recorded`` states a dim that ``expected`` states otherwise, not provably the
+    same (``(n, 5)`` for ``(n, m)``): a claim about the value, which only a match_cast checks.
+    Filling in what ``expected`` leaves open (a shape for its ``ndim=2``, as lowering does) is
+    no claim against it."""
+    if isinstance(recorded, TupleInfo) and isinstance(expected, TupleInfo):
+        return any(_claims_dims(r, e) for r, e in zip(recorded.fields, expected.fields))
+    pairs: tuple[tuple[Dim, ...] | None, tuple[Dim, ...] | None] = (None, None)
+    if isinstance(recorded, TensorInfo) and isinstance(expected, TensorInfo):
+        pairs = (recorded.shape, expected.shape)
+    elif isinstance(recorded, ShapeInfo) and isinstance(expected, ShapeInfo):
+        pairs = (recorded.values, expected.values)
+    elif isinstance(recorded, PrimInfo) and isinstance(expected, PrimInfo) and recorded.value is not None and expected.value is not None:
+        pairs = ((recorded.value,), (expected.value,))
+    r, e = pairs
+    return r is not None and e is not None and len(r) == len(e) and not _same_dims(r, e)
 
 
 def _same_dims(a: tuple[Dim, ...], b: tuple[Dim, ...]) -> bool:

@@ -91,6 +91,14 @@ class Scope:
                 return frame[name]
         return self.declared.get(name)
 
+    def visible(self) -> dict[str, Any]:
+        """Every name visible here and what it names, declared sym vars first, then the frames
+        outermost first (an inner name hides an outer one)."""
+        out: dict[str, Any] = dict(self.declared)
+        for frame in self.frames:
+            out.update(frame)
+        return out
+
     def push(self) -> None:
         self.frames.append({})
 

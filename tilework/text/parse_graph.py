@@ -8,6 +8,7 @@ BlockBuilder uses (op inference, function signatures), so hand-written text may 
 from __future__ import annotations
 
 import base64
+import difflib
 import itertools
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
@@ -328,8 +329,11 @@ class GraphParser:
         if op is not None:
             cur.next()
             return op.ref()
+        if cur.at("(", 1) and tok.value in self.ctx.globals:
+            raise cur.error(f"unknown op '{tok.value}'; did you mean @{tok.value} (a function of this module)?", tok)
         if cur.at("(", 1):
-            raise cur.error(f"unknown op '{tok.value}'", tok)
+            close = difflib.get_close_matches(tok.value, list(opbase.all_ops()), n=3)
+            raise cur.error(f"unknown op '{tok.value}'" + (f"; did you mean {' or '.join(close)}?" if close else ""), tok)
         raise cur.error(f"undefined name '{tok.value}'", tok)
 
     def tuple_or_paren(self) -> Expr:

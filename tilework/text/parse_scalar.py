@@ -8,6 +8,7 @@ that of its first such operand (``bool`` for comparisons and logic).
 
 from __future__ import annotations
 
+import difflib
 from typing import Callable, Sequence
 
 from tilework.errors import SymbolicError
@@ -43,6 +44,13 @@ _CMP = frozenset(("<", "<=", "==", "!=", ">", ">="))
 _ADD = frozenset(("+", "-"))
 _MUL = frozenset(("*", "/", "//", "%"))
 _ENDS = frozenset((",", ")", "]"))  # after a lone int or name, the expression is that atom
+_CALL_FORMS = ("cast", "select", "min", "max", "pow", "binary", "unary", "intrin")  # with INTRINSICS, const and the dtypes
+
+
+def _did_you_mean(name: str, names: Sequence[str]) -> str:
+    """``"; did you mean x?"`` for the names close to ``name``, or nothing."""
+    close = difflib.get_close_matches(name, names, n=3)
+    return f"; did you mean {' or '.join(close)}?" if close else ""
 
 
 def signed_literal(cur: Cursor) -> int | float | bool:
@@ -174,7 +182,21 @@ class ScalarParser:
             return Load(obj, self.indices(tok))
         if obj is not None:
             raise cur.error(f"'{name}' is not a symbolic dim or a buffer here", tok)
-        raise cur.error(f"undefined name '{name}'; declare a symbolic dim at the start of the function: {name} = sym()", tok)
+        raise cur.error(self._undefined(name), tok)
+
+    def _undefined(self, name: str) -> str:
+        """What an undefined ``name`` was meant to be, by its use: a buffer (``z[...]``), a
+        function (``sqrtt(...)``) or else a symbolic dim or loop var."""
+        visible = self.scope.visible()
+        if self.cur.at("[", 1):
+            buffers = [n for n, v in visible.items() if isinstance(v, Buffer)]
+            return f"undefined name '{name}': no buffer '{name}'; its buffers: {', '.join(buffers) or 'none'}{_did_you_mean(name, buffers)}"
+        if self.cur.at("(", 1):
+            functions = sorted({*INTRINSICS, *_CALL_FORMS, "const", *DTYPES})
+            return f"undefined name '{name}': unknown function '{name}'{_did_you_mean(name, functions)}"
+        dims = [n for n, v in visible.items() if isinstance(v, SymVar)]
+        close = _did_you_mean(name, dims)
+        return f"undefined name '{name}'{close}{' Or' if close else ';'} declare a symbolic dim at the start of the function: {name} = sym()"
 
     def indices(self, buf_tok: Token) -> tuple[Scalar, ...]:
         cur = self.cur
@@ -224,7 +246,7 @@ class ScalarParser:
                 dtype = cur.expect_kind("str", "the constant's dtype").value
             cur.expect(")", "after the constant")
             return Const(value, dtype)
-        if name not in ("cast", "select", "min", "max", "pow", "binary", "unary", "intrin") and name not in INTRINSICS:
+        if name not in _CALL_FORMS and name not in INTRINSICS:
             return None
         if self.scope.lookup(name) is not None:
             return None

@@ -33,6 +33,8 @@ def parse(text: str) -> IRModule:
 
     if not isinstance(text, str):
         raise ParseError(f"parse expects the text of a module (a str), got {type(text).__name__}")
+    if text.startswith("\ufeff"):  # a byte order mark, as some editors write UTF-8
+        text = text[1:]
     cur = Cursor(text, tokenize(text))
     try:
         with sym.held():  # an expression the text repeats is simplified (min, max, //, %) once

@@ -2,7 +2,7 @@
 
 ``register()`` makes ``tilework.compile`` accept a ``ModelProto`` or a path to a ``.onnx``
 file; ``parse_dim_spec`` reads the ``--dim`` bounds of ``tilework build model.onnx``
-(``seq<=512``, ``batch>=1``, ``1<=seq<=512``).
+(``seq<=512``, ``batch>=1``, ``1<=seq<=512``, ``x.0<=8``, ``x_dim0<=8``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,10 @@ _NAME = r"[A-Za-z_][\w.\-/:]*"
 
 def parse_dim_spec(spec: str) -> tuple[str, Bounds]:
     """``NAME<=HI``, ``NAME>=LO``, ``LO<=NAME<=HI`` or ``NAME`` (no bounds) as ``(name, (lo, hi))``."""
-    s = spec.replace(" ", "")
+    s = re.sub(r"\s*([<>]=)\s*", r"\1", spec.strip())
+    spaced = re.search(r"[^<>=]*\s[^<>=]*", s)
+    if spaced:
+        raise TileworkError(f"--dim {spec!r}: {spaced.group()!r} has a space in it; a name or bound is one word")
     m = re.fullmatch(rf"(?:(\d+)<=)?({_NAME})(?:<=(\d+))?", s)
     if m:
         lo, name, hi = m.groups()
@@ -28,7 +31,7 @@ def parse_dim_spec(spec: str) -> tuple[str, Bounds]:
     m = re.fullmatch(rf"({_NAME})>=(\d+)", s)
     if m:
         return m.group(1), (int(m.group(2)), None)
-    raise TileworkError(f"--dim {spec!r}: expected NAME<=HI, NAME>=LO or LO<=NAME<=HI (NAME is a dim_param of the model)")
+    raise TileworkError(f"--dim {spec!r}: expected NAME<=HI, NAME>=LO or LO<=NAME<=HI (NAME is a dim_param, INPUT.AXIS or a generated name such as x_dim0)")
 
 
 def accepts(model: Any) -> bool:
@@ -40,7 +43,8 @@ def accepts(model: Any) -> bool:
 
 def load(model: Any, options: CompileOptions) -> Imported:
     """The ``compile`` frontend: weights become trailing params (``weights="inputs"``) or
-    constants; ``dim_bounds`` keys are ``dim_param`` names."""
+    constants; a ``dim_bounds`` key is a ``dim_param``, ``INPUT.AXIS`` or the generated name of
+    an unnamed dim (``x_dim0``)."""
     from tilework.frontend.onnx.importer import from_onnx, load_model, param_arrays
 
     if options.example_args is not None or options.dynamic_shapes is not None:

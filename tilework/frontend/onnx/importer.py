@@ -1,10 +1,12 @@
 """The ONNX importer: a ``ModelProto`` becomes an ``IRModule`` with one graph function, main.
 
 Graph inputs become parameters. A ``dim_param`` name becomes one ``SymVar`` shared by every
-input and output that names it (``dim_bounds`` sets its range); an unnamed dynamic dim gets a
-fresh var of its own. Initializers become ``Constant``s, or trailing parameters (attribute
-``num_inputs``) with ``keep_params_as_inputs`` — except small integer ones, which are shape
-operands (axes, target shapes) and stay constants so that shapes stay symbolic.
+input and output that names it; an unnamed dynamic dim gets a fresh var of its own, named
+``INPUT_dimAXIS``. ``dim_bounds`` sets a dim's range by its ``dim_param``, its generated name or
+``INPUT.AXIS`` (as for a torch program). Initializers become ``Constant``s, or trailing
+parameters (attribute ``num_inputs``) with ``keep_params_as_inputs`` — except small integer
+ones, which are shape operands (axes, target shapes) and stay constants so that shapes stay
+symbolic.
 
 Nodes are converted in graph order by the converters in ``registry``; each produces
 ``Value``s that track constants and symbolic shape contents (see ``values``), so shape
@@ -42,6 +44,25 @@ from tilework.op.shape import shape_to_tensor, tensor_to_shape
 
 DimBounds = Mapping[str, "tuple[int | None, int | None] | int"]
 DEFAULT_DIM_LO = 1
+
+
+class UnknownDimError(TileworkError):
+    """``dim_bounds`` names dims the model's inputs do not have. ``unknown`` are those keys,
+    ``known`` the inputs' dynamic dims as text; ``for_option`` says it for the option that gave
+    the bounds (``--dim`` on the command line)."""
+
+    def __init__(self, unknown: Sequence[str], known: str, option: str = "dim_bounds") -> None:
+        self.unknown, self.known = list(unknown), known
+        super().__init__(f"{option} names dims the model does not have: {', '.join(self.unknown)} (its dynamic input dims: {known})")
+
+    def for_option(self, option: str) -> "UnknownDimError":
+        return UnknownDimError(self.unknown, self.known, option)
+
+
+def _narrowed(old: "tuple[int | None, int | None]", b: "tuple[int | None, int | None] | int") -> "tuple[int | None, int | None]":
+    """Two bounds of one dim together (``dim_bounds`` may name it twice: by name and INPUT.AXIS)."""
+    lo, hi = (None, b) if isinstance(b, int) else b
+    return (old[0] if lo is None else lo if old[0] is None else max(lo, old[0]), old[1] if hi is None else hi if old[1] is None else min(hi, old[1]))
 
 
 def sanitize(name: str, fallback: str = "v") -> str:
@@ -92,6 +113,24 @@ class _Scope:
         return None
 
 
+def _target(key: str, params: Collection[str], axes: Mapping[str, Any]) -> tuple[str, ...]:
+    """What a ``dim_bounds`` key names: ``("param", P)``, a ``dim_param`` (by its name or by
+    ``INPUT.AXIS``); ``("axis", INPUT, AXIS)``, an unnamed dim of a tensor input; else
+    ``("name", KEY)``, maybe the generated name of an unnamed dim (``x_dim0``)."""
+    if key in params:
+        return ("param", key)
+    head, _, tail = key.rpartition(".")
+    dims = axes.get(head)
+    if dims is None or not tail.isdigit() or int(tail) >= len(dims):
+        return ("name", key)
+    d = dims[int(tail)]
+    if d.HasField("dim_param") and d.dim_param:
+        return ("param", d.dim_param)
+    if d.HasField("dim_value") and d.dim_value >= 0:
+        raise UnsupportedError(f"{key} is a static dim of input {head} (size {d.dim_value}); only a dynamic dim takes bounds")
+    return ("axis", head, tail)
+
+
 class Importer:
     """Converts one model; use ``from_onnx``."""
 
@@ -110,6 +149,10 @@ class Importer:
         self.opset = default_opset(model)
         self.opsets = domain_opsets(model)
         self.dim_bounds = dict(dim_bounds or {})
+        self._bounds: dict[tuple[str, ...], tuple[int | None, int | None]] = {}  # a _target -> its bounds
+        self._targets: dict[str, tuple[str, ...]] = {}  # a dim_bounds key -> ("param", P), ("axis", INPUT, AXIS) or ("name", N)
+        self._bounded: set[tuple[str, ...]] = set()  # the targets made, with their bounds
+        self._input_dims: dict[str, str] = {}  # a dynamic input dim's name -> its first INPUT.AXIS
         self.keep_params = keep_params_as_inputs
         self.bb = BlockBuilder()
         self.syms: dict[str, SymVar] = {}
@@ -136,9 +179,9 @@ class Importer:
         if v is None:
             lo: int | None = DEFAULT_DIM_LO
             hi: int | None = None
-            if param in self.dim_bounds:
-                b = self.dim_bounds[param]
-                lo, hi = (DEFAULT_DIM_LO, b) if isinstance(b, int) else b
+            if ("param", param) in self._bounds:
+                lo, hi = self._bounds[("param", param)]
+                self._bounded.add(("param", param))
             v = SymVar(self._unique(sanitize(param, "d")), DEFAULT_DIM_LO if lo is None else lo, hi)
             self.syms[param] = v
         return v
@@ -162,9 +205,36 @@ class Importer:
                 dims.append(int(d.dim_value))
             elif d.HasField("dim_param") and d.dim_param:
                 dims.append(self._named_dim(d.dim_param))
+                self._input_dims.setdefault(d.dim_param, f"{name}.{i}" if what == "graph input" else what)
             else:
-                dims.append(self.fresh_var(f"{name}_dim{i}", DEFAULT_DIM_LO))
+                dims.append(self._unnamed_dim(name, i, what))
         return TensorInfo(tuple(dims), dtype)
+
+    def _unnamed_dim(self, name: str, axis: int, what: str) -> SymVar:
+        """A fresh var for an input's unnamed dim, with the bounds ``dim_bounds`` gives it by
+        ``INPUT.AXIS`` or by the name it gets."""
+        var_name = self._unique(sanitize(f"{name}_dim{axis}", "d"))
+        lo, hi = self._bounds.get(("axis", name, str(axis)), (None, None))
+        lo, hi = _narrowed((lo, hi), self._bounds.get(("name", var_name), (None, None)))
+        self._bounded.update((("axis", name, str(axis)), ("name", var_name)))
+        self._input_dims[var_name] = f"{name}.{axis}" if what == "graph input" else what
+        return SymVar(var_name, DEFAULT_DIM_LO if lo is None else lo, hi)
+
+    def _resolve_bounds(self, inputs: Sequence[ValueInfoProto]) -> None:
+        """Sort ``dim_bounds`` by what its keys name (see ``_target``), two keys of one dim
+        narrowing it together."""
+        params: set[str] = set()
+        axes: dict[str, Any] = {}
+        for vi in inputs:
+            t = vi.type.optional_type.elem_type if vi.type.WhichOneof("value") == "optional_type" else vi.type
+            if t.WhichOneof("value") == "sequence_type":
+                t = t.sequence_type.elem_type
+            elif t.WhichOneof("value") == "tensor_type":
+                axes[vi.name] = t.tensor_type.shape.dim
+            params.update(d.dim_param for d in t.tensor_type.shape.dim if d.HasField("dim_param") and d.dim_param)
+        for key, b in self.dim_bounds.items():
+            target = self._targets[key] = _target(key, params, axes)
+            self._bounds[target] = _narrowed(self._bounds.get(target, (None, None)), b)
 
     def input_info(self, vi: ValueInfoProto) -> tuple[StructInfo | None, Callable[[Expr], AnyValue]]:
         """A graph input's parameter type (None: no parameter, an absent optional) and how its
@@ -361,6 +431,7 @@ class Importer:
         graph = self.model.graph
         inits = {t.name: t for t in graph.initializer}
         params: list[Var] = []
+        self._resolve_bounds([vi for vi in graph.input if vi.name not in inits])
         for vi in graph.input:
             if vi.name in inits:
                 continue  # an initializer listed as an input (older IR versions): a constant
@@ -374,9 +445,11 @@ class Importer:
                 self.scope.values[vi.name] = make(var)
             else:  # made in the body: a sequence's items are bindings
                 self._inputs.append((vi.name, var, make))
-        unknown = sorted(set(self.dim_bounds) - set(self.syms))
+        unknown = sorted(k for k, t in self._targets.items() if t not in self._bounded)
         if unknown:
-            raise TileworkError(f"dim_bounds names dims the model does not have: {', '.join(unknown)} (its named dims: {', '.join(sorted(self.syms)) or 'none'})")
+            known = ", ".join(f"{n} ({at})" for n, at in self._input_dims.items()) or "none"
+            raise UnknownDimError(unknown, known)
+        self._bounds = {}  # the input dims are made: no dim made later takes bounds
         num_inputs = len(params)
         for name, t in inits.items():
             arr = self.tensor_array(t)
@@ -471,8 +544,10 @@ def from_onnx(
 ) -> IRModule:
     """The IRModule of an ONNX model (a ``ModelProto`` or a path to a ``.onnx`` file).
 
-    ``dim_bounds`` maps ``dim_param`` names to ``(lo, hi)`` (either may be None) or to an upper
-    bound: ``{"seq": (1, 512)}``. Named dims default to ``>= 1``. With
+    ``dim_bounds`` maps dims to ``(lo, hi)`` (either may be None) or to an upper bound:
+    ``{"seq": (1, 512)}``. A key is a ``dim_param``, ``INPUT.AXIS`` (``"x.0"``) or the name an
+    unnamed dim gets (``"x_dim0"``); two keys of one dim narrow it together. Dynamic input dims
+    default to ``>= 1``; a key that names no dynamic input dim raises ``UnknownDimError``. With
     ``keep_params_as_inputs``, weights are trailing parameters of ``main`` (in initializer
     order; ``param_arrays`` gives their values) and ``num_inputs`` counts the real inputs.
 
@@ -503,4 +578,4 @@ def param_arrays(model_or_path: ModelProto | str | os.PathLike[str]) -> list[np.
     return out
 
 
-__all__ = ["Importer", "from_onnx", "param_arrays", "load_model", "sanitize", "default_opset", "domain_opsets"]
+__all__ = ["Importer", "UnknownDimError", "from_onnx", "param_arrays", "load_model", "sanitize", "default_opset", "domain_opsets"]

@@ -9,6 +9,7 @@ bounds, possibly narrowed by ``dim_bounds``, and rewrites expressions over them 
 
 from __future__ import annotations
 
+import re
 from fractions import Fraction
 
 from typing import Any, Callable, Mapping
@@ -180,8 +181,11 @@ def parse_dim_spec(spec: str) -> tuple[str, str | None, Bounds]:
     """``[NEW=]REF[<=HI]``, ``REF>=LO`` or ``LO<=REF<=HI`` as ``(REF, NEW, (lo, hi))``.
 
     ``REF`` names a dynamic dim: a torch symbol (``s53``) or ``INPUT.AXIS`` (``input_ids.1``);
-    ``NEW`` renames it."""
-    text = spec.replace(" ", "")
+    ``NEW`` renames it. Spaces may stand around ``=``, ``<=`` and ``>=``, not inside a name."""
+    text = re.sub(r"\s*([<>]?=)\s*", r"\1", spec.strip())
+    spaced = re.search(r"[^<>=]*\s[^<>=]*", text)
+    if spaced:
+        raise UnsupportedError(f"cannot read dim spec {spec!r}: {spaced.group()!r} has a space in it; a name or bound is one word")
     new: str | None = None
     if "=" in text.split("<")[0].split(">")[0] and not text.startswith(("<", ">")):
         head, _, text = text.partition("=")

@@ -124,6 +124,10 @@ class Translator:
                 var = Var(_ident(node.name), TensorInfo(tuple(data.shape), _np_dtype_name(data)))
                 weight_params.append(var)
                 self._weights.append((str(spec.target), data))
+            elif kind == "TOKEN":
+                effects = sorted({op_names(u.args[1])[0] for u in node.users if len(u.args) > 1})
+                what = f"ATen op {effects[0]} is" if len(effects) == 1 else f"ATen ops {', '.join(effects)} are"
+                raise UnsupportedError(f"{what} not supported by the torch frontend: side effects, ordered by an effect token (input {node.name} of kind TOKEN)")
             elif kind != "USER_INPUT":
                 raise UnsupportedError(f"input {node.name} of kind {kind} is not supported")
             elif not _is_tensor(val):
@@ -415,8 +419,30 @@ def decompose_unsupported(ep: Any, rounds: int = 4) -> Any:
         todo = {t: table[t] for t in missing if t in table}
         if not todo:
             break
-        ep = ep.run_decompositions(todo)
+        decomposed = ep.run_decompositions(todo)
+        if _effects(decomposed) and not _effects(ep):
+            raise _effect_error(ep, decomposed, todo)
+        ep = decomposed
     return ep
+
+
+def _effects(ep: Any) -> list[Any]:
+    """The ``with_effects`` nodes of ``ep``: ops with side effects, ordered by an effect token
+    (an input of kind TOKEN) that tilework does not thread."""
+    return [n for n in ep.graph.nodes if n.op == "call_function" and getattr(n.target, "__name__", "") == "with_effects"]
+
+
+def _effect_error(ep: Any, decomposed: Any, todo: Mapping[Any, Any]) -> UnsupportedError:
+    """The ops of ``ep`` whose decomposition brought side effects (``linalg_inv``'s checks its
+    result with ``_linalg_check_errors``), named with the effectful ops."""
+    candidates = {n.name: n for n in ep.graph.nodes if n.op == "call_function" and n.target in todo}
+    culprits: dict[str, set[str]] = {}
+    for n in _effects(decomposed):
+        effect = op_names(n.args[1])[0] if len(n.args) > 1 else str(n.args)
+        sources = [candidates[src.name] for src in n.meta.get("from_node") or () if getattr(src, "name", None) in candidates]
+        for src in sources or candidates.values():
+            culprits.setdefault(f"ATen op {op_names(src.target)[0]} (node %{src.name})", set()).add(effect)
+    return UnsupportedError("; ".join(f"{op} is not supported by the torch frontend: its decomposition has side effects ({', '.join(sorted(effects))}, ordered by an effect token)" for op, effects in culprits.items()))
 
 
 def _known(info: TensorInfo) -> tuple[tuple[Dim, ...], str]:
@@ -495,6 +521,11 @@ def resolve_dim_refs(ep: Any, names: Mapping[str, str], bounds: Mapping[str, Bou
         by_symbol[resolve(ref, {})] = name
     if len(set(by_symbol.values())) != len(by_symbol):
         raise UnsupportedError(f"two dynamic dims share a name: {by_symbol}")
+    at = {s: p for p, s in reversed(list(places.items()))}  # a symbol's first INPUT.AXIS
+    for symbol, name in by_symbol.items():
+        if name != symbol and name in symbols and name not in by_symbol:  # the other keeps its torch name
+            other = f"{name} ({at[name]})" if name in at else name
+            raise UnsupportedError(f"two dynamic dims share a name: {name!r} given to {at.get(symbol, symbol)} ({symbol}) is the name of the dynamic dim {other}; choose another name, or rename that dim too")
     named = {v: k for k, v in by_symbol.items()}
     return by_symbol, {resolve(ref, named): b for ref, b in bounds.items()}
 
