@@ -21,16 +21,7 @@ from tilework.errors import TileworkError
 from tilework.runtime import atomic
 from tilework.runtime.atomic import write_atomic, write_bytes_atomic
 
-TEXT_MODULE = '''@graph
-def main(x: Tensor((n, m), "float32"), y: Tensor((m, n), "float32")) -> Tensor((n, m), "float32"):
-    n = sym(lo=1, hi=64)
-    m = sym(lo=1)
-    with dataflow():
-        lv0: Tensor((n, m), "float32") = permute_dims(y, axes=None)
-        gv0: Tensor((n, m), "float32") = add(x, lv0)
-        output(gv0)
-    return gv0
-'''
+from tests.test_errors import TEXT_MODULE  # the two-input module of the CLI's error table
 
 
 def _null_device(path: Path) -> None:

@@ -176,20 +176,25 @@ def availability(name: str) -> tuple[bool, str]:
     return _AVAILABLE[name]
 
 
+def check_names(spec: object, names: Sequence[str], what: str = "backends", example: str = "'blas,codegen'") -> None:
+    """A list of backends names one at least, no empty name and none twice (``what`` and
+    ``example`` say it as the caller's user wrote it: ``--backends`` on the command line)."""
+    if not any(names):
+        raise UnsupportedError(f"{what} {spec!r} names no backend; give names in priority order, e.g. {example}")
+    if not all(names):
+        raise UnsupportedError(f"{what} {spec!r} has an empty name; separate names by single commas, e.g. {example}")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise UnsupportedError(f"{what} {spec!r} names {', '.join(twice)} more than once")
+
+
 def resolve_backends(spec: str | Sequence[str | Backend]) -> list[Backend]:
     """Backends by name in priority order (``"blas,torch,codegen"`` or a list of names and
     ``Backend`` objects; an object is registered when its name is new). An unknown or
     unavailable backend is an error naming the reason, and so are a spec naming none (``""``,
     ``",,"``, ``[]``), an empty name and a name given twice."""
     items: Sequence[str | Backend] = [s.strip() for s in spec.split(",")] if isinstance(spec, str) else list(spec)
-    names = [item.name if isinstance(item, Backend) else item for item in items]
-    if not any(names):
-        raise UnsupportedError(f"backends {spec!r} names no backend; give names in priority order, e.g. 'blas,codegen'")
-    if not all(names):
-        raise UnsupportedError(f"backends {spec!r} has an empty name")
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise UnsupportedError(f"backends {spec!r} names {', '.join(twice)} more than once")
+    check_names(spec, [item.name if isinstance(item, Backend) else item for item in items])
     out: list[Backend] = []
     for item in items:
         if isinstance(item, Backend):
@@ -267,6 +272,7 @@ __all__ = [
     "backend_names",
     "availability",
     "resolve_backends",
+    "check_names",
     "lib_call",
     "tensor_values",
     "same_dtype_in",

@@ -116,16 +116,10 @@ def _check_bounds(spec: str, rng: tuple[int | None, int | None]) -> None:
 
 def backends_arg(value: str | None) -> str | None:
     """``--backends LIST`` checked: names separated by commas, each once (None: not given)."""
-    if value is None:
-        return None
-    names = [n.strip() for n in value.split(",")]
-    if not any(names):
-        raise TileworkError(f"--backends {value!r} names no backend; give names in priority order, e.g. --backends blas,codegen")
-    if not all(names):
-        raise TileworkError(f"--backends {value!r} has an empty name; separate names by single commas, e.g. --backends blas,codegen")
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise TileworkError(f"--backends {value!r} names {', '.join(twice)} more than once")
+    from tilework.backend.base import check_names
+
+    if value is not None:
+        check_names(value, [n.strip() for n in value.split(",")], "--backends", "--backends blas,codegen")
     return value
 
 
