@@ -90,3 +90,14 @@ def test_a_missing_plan_file_is_named(tmp_path: Path) -> None:
     missing = tmp_path / "missing.json"
     with pytest.raises(FileFormatError, match=f"no such file: {missing}"):
         PlacementPlan.load(str(missing))
+
+
+def test_save_refuses_a_target_that_is_not_a_regular_file(tmp_path: Path) -> None:
+    """``PlacementPlan.save`` goes through the atomic writer: a directory (or a device node, a
+    FIFO) at the path is refused by name, not replaced; a saved plan loads back equal."""
+    plan = PlacementPlan.from_dict(_plan())
+    (tmp_path / "d.json").mkdir()
+    with pytest.raises(tw.TileworkError, match=r"cannot write '.*d\.json': not a regular file \(a directory\)"):
+        plan.save(tmp_path / "d.json")
+    plan.save(tmp_path / "p.json")
+    assert PlacementPlan.load(tmp_path / "p.json").to_dict() == plan.to_dict()

@@ -180,9 +180,12 @@ class PlacementPlan:
             raise FileFormatError(f"{where}: not JSON ({e})") from None
         return PlacementPlan.from_dict(data, where)
 
-    def save(self, path: str) -> None:
-        with open(path, "w") as fh:
-            fh.write(self.to_json())
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the plan as JSON through the one writer of user-named files
+        (``tilework.runtime.atomic``: atomic, a device node or FIFO refused, a full disk named)."""
+        from tilework.runtime.atomic import write_bytes_atomic
+
+        write_bytes_atomic(path, self.to_json().encode())
 
     @staticmethod
     def load(path: str | os.PathLike[str]) -> "PlacementPlan":
