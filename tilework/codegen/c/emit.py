@@ -35,12 +35,12 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Iterator, Mapping
+from typing import Mapping
 
 
 from tilework.codegen.c import lowp
 from tilework.codegen.c.dot import dot_bf16_loop, flat_dim, side_by_side
-from tilework.codegen.c.hoist import invariant_exprs
+from tilework.codegen.c.hoist import divmods, invariant_exprs, nested_divmods, stmt_dims
 from tilework.codegen.c.parallel import loop_conflict, parallel_work
 from tilework.codegen.c.prelude import PRELUDE
 from tilework.codegen.loop_emit import LoopEmitter, comment, const_value
@@ -422,8 +422,8 @@ class _Emitter(LoopEmitter):
         in the innermost loop. A divisor not proven nonzero is tested first: the hoisted value
         may be computed where the original expression would not have been."""
         found: dict[SymExpr, None] = {}
-        for d in _stmt_dims(s.body):
-            for a in _nested_divmods(d):
+        for d in stmt_dims(s.body):
+            for a in nested_divmods(d):
                 if a not in self.hoisted_divmods and s.var in sym_walk.free_vars(a) and set(sym_walk.free_vars(a)) <= self.scope:
                     found[a] = None
         for a in found:  # inner ones first: an outer one's text reads them
@@ -580,13 +580,13 @@ class _Emitter(LoopEmitter):
             return "0"
         off = flat_dim(b, indices)
         if off is not None:
-            if self.bindings and _divmods(off):
+            if self.bindings and divmods(off):
                 # In the loop vars a division often cancels (a packed weight's ``j // 32`` with
                 # ``j = 32 * j_0 + j_1``, ``j_1 < 32``, is ``j_0``): an index the C compiler
                 # vectorizes, where the division would make it gather. Taken when it divides
                 # by nothing the iter var bindings do not already divide by.
                 flat = sym_walk.substitute(off, self.bindings)
-                if _divmods(flat) <= set().union(*(_divmods(v) for v in self.bindings.values())):
+                if divmods(flat) <= set().union(*(divmods(v) for v in self.bindings.values())):
                     off = flat
             return self.dim(off)
         # an index computed from a load: the indices up to the last such one as text, the
@@ -761,46 +761,3 @@ def _positive_linear(d: Dim) -> bool:
 
 
 __all__ = ["CModule", "emit_module", "emit_function", "c_symbols"]
-
-
-def _nested_divmods(e: Dim) -> Iterator[SymExpr]:
-    """The floor division and modulo atoms of ``e`` and of their operands, operands first."""
-    if isinstance(e, (FloorDiv, FloorMod, Min, Max)):
-        yield from _nested_divmods(e.a)
-        yield from _nested_divmods(e.b)
-        if not isinstance(e, (Min, Max)):
-            yield e
-    elif isinstance(e, Poly):
-        for m, _ in e.terms:
-            for a in m:
-                yield from _nested_divmods(a)
-
-
-def _stmt_dims(body: Stmt) -> Iterator[Dim]:
-    """The index expressions of ``body``: loop extents, block bindings, store and load indices,
-    conditions' integer parts."""
-    for st in walk_stmts(body):
-        scalars: list[Scalar] = []
-        if isinstance(st, For):
-            yield st.extent
-        elif isinstance(st, Block):
-            for iv in st.iter_vars:
-                yield iv.binding
-        elif isinstance(st, Allocate):
-            yield from st.buffer.shape
-        scalars.extend(stmt_scalars(st))
-        for x in scalars:
-            for y in walk_scalars(x):
-                if isinstance(y, SymExpr):
-                    yield y
-
-
-def _divmods(e: Dim) -> set[Dim]:
-    """The floor division and modulo atoms of ``e`` (interned: equal ones are one object)."""
-    if isinstance(e, (FloorDiv, FloorMod)):
-        return {e}
-    if isinstance(e, sym.Poly):
-        return set().union(*(_divmods(a) for m, _ in e.terms for a in m))
-    if isinstance(e, (Min, Max)):
-        return _divmods(e.a) | _divmods(e.b)
-    return set()

@@ -14,6 +14,10 @@ no ``Select`` and no logical op (those evaluate a side conditionally), its loads
 the loop does not write, every var it reads is bound outside the loop or by a block whose
 binding is itself invariant, and it is a float (no integer division that could trap). Only
 expressions that load, divide or call an intrinsic are worth a variable.
+
+The index arithmetic's floor divisions and modulos are found here too (``stmt_dims``,
+``nested_divmods``, ``divmods``): the emitter declares those that depend on a loop's var at the
+top of its body (``_Emitter.hoist_divmods``).
 """
 
 from __future__ import annotations
@@ -22,8 +26,8 @@ from typing import Iterator
 
 from tilework.ir import sym
 from tilework.ir import sym_walk
-from tilework.ir.loop import Binary, Block, Buffer, Cast, Const, For, Intrin, Load, PExpr, PREFETCHES, Scalar, SeqStmt, Stmt, Store, Unary, walk_stmts
-from tilework.ir.sym import Dim, SymExpr, SymVar
+from tilework.ir.loop import Allocate, Binary, Block, Buffer, Cast, Const, For, Intrin, Load, PExpr, PREFETCHES, Scalar, SeqStmt, Stmt, Store, Unary, stmt_scalars, walk_scalars, walk_stmts
+from tilework.ir.sym import Dim, FloorDiv, FloorMod, Max, Min, Poly, SymExpr, SymVar
 
 _FLOATS = ("float32", "float64")
 
@@ -108,3 +112,48 @@ def _worth(x: Scalar) -> bool:
         return _worth(x.value)
     return False
 
+
+# -- the floor divisions and modulos of index arithmetic (the emitter hoists them per loop) --
+
+
+def nested_divmods(e: Dim) -> Iterator[SymExpr]:
+    """The floor division and modulo atoms of ``e`` and of their operands, operands first."""
+    if isinstance(e, (FloorDiv, FloorMod, Min, Max)):
+        yield from nested_divmods(e.a)
+        yield from nested_divmods(e.b)
+        if not isinstance(e, (Min, Max)):
+            yield e
+    elif isinstance(e, Poly):
+        for m, _ in e.terms:
+            for a in m:
+                yield from nested_divmods(a)
+
+
+def stmt_dims(body: Stmt) -> Iterator[Dim]:
+    """The index expressions of ``body``: loop extents, block bindings, store and load indices,
+    conditions' integer parts."""
+    for st in walk_stmts(body):
+        scalars: list[Scalar] = []
+        if isinstance(st, For):
+            yield st.extent
+        elif isinstance(st, Block):
+            for iv in st.iter_vars:
+                yield iv.binding
+        elif isinstance(st, Allocate):
+            yield from st.buffer.shape
+        scalars.extend(stmt_scalars(st))
+        for x in scalars:
+            for y in walk_scalars(x):
+                if isinstance(y, SymExpr):
+                    yield y
+
+
+def divmods(e: Dim) -> set[Dim]:
+    """The floor division and modulo atoms of ``e`` (interned: equal ones are one object)."""
+    if isinstance(e, (FloorDiv, FloorMod)):
+        return {e}
+    if isinstance(e, sym.Poly):
+        return set().union(*(divmods(a) for m, _ in e.terms for a in m))
+    if isinstance(e, (Min, Max)):
+        return divmods(e.a) | divmods(e.b)
+    return set()
