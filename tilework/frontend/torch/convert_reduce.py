@@ -20,6 +20,7 @@ from tilework.frontend.torch.common import as_list, norm_axis
 from tilework.frontend.torch.registry import converter
 from tilework.ir import sym
 from tilework.ir.graph import Expr, TupleGetItem
+from tilework.ir.dtype import is_float_dtype
 from tilework.ir.sym import Dim
 
 if TYPE_CHECKING:
@@ -145,7 +146,7 @@ def _kth_smallest(t: Translator, x: Expr, k: Any, axis: int, keepdim: bool) -> t
     from tilework.op import search
 
     key = x
-    if t.dtype(x).startswith(("float", "bfloat")):  # NaN ranks as +inf (topk's comparisons skip a NaN)
+    if is_float_dtype(t.dtype(x)):  # NaN ranks as +inf (topk's comparisons skip a NaN)
         key = t.emit(op.where(t.emit(op_math.isnan(x)), t.tensor(float("inf"), t.dtype(x)), x))
     order = t.emit(search.topk(key, k, axis, largest=False))
     idx = t.emit(op.strided_slice(t.emit(TupleGetItem(order, 1)), (axis,), (sym.sub(k, 1),), (k,)))
@@ -172,7 +173,7 @@ def _median_along(t: Translator, x: Expr, axis: int, keepdim: bool, n: Dim | Non
 
     n = t.shape(x)[axis] if n is None else n
     val, idx = _kth_smallest(t, x, sym.max_(sym.floordiv(sym.add(n, 1), 2), 1), axis, keepdim)
-    if not t.dtype(x).startswith(("float", "bfloat")):
+    if not is_float_dtype(t.dtype(x)):
         return val, idx
     nan = t.emit(op.astype(t.emit(op_math.isnan(x)), "int8"))
     has_nan = t.emit(op.astype(t.emit(op.max(nan, (axis,), keepdim)), "bool"))
@@ -200,7 +201,7 @@ def _median(t: Translator, node: Any, x: Any) -> Expr:
     if isinstance(numel, int) and numel == 0:
         return t.emit(op.full((), float("nan"), out))
     flat = t.emit(op.reshape(x, [numel]))
-    if isinstance(numel, int) or not t.dtype(x).startswith(("float", "bfloat")):
+    if isinstance(numel, int) or not is_float_dtype(t.dtype(x)):
         return t.emit(op.reshape(_median_along(t, flat, 0, False)[0], ()))
     top = t.emit(op.full([1], float("inf"), t.dtype(x)))
     val = t.emit(op.reshape(_median_along(t, t.emit(op.concat([flat, top], axis=0)), 0, False, numel)[0], ()))
