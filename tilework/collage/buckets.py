@@ -58,11 +58,9 @@ class Bucket:
         return f"{', '.join(parts)} (measured at {at})"
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON form of a placement plan's bucket; ``PlacementPlan.from_dict`` reads it
+        back, checking each field (``collage.place``)."""
         return {"ranges": [list(r) for r in self.ranges], "point": [list(p) for p in self.point]}
-
-    @staticmethod
-    def from_dict(d: Mapping[str, Any]) -> "Bucket":
-        return Bucket(tuple((str(n), int(lo), None if hi is None else int(hi)) for n, lo, hi in d["ranges"]), tuple((str(n), int(v)) for n, v in d["point"]))
 
 
 def bucket_vars(f: GraphFunc) -> list[SymVar]:
