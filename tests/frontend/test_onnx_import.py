@@ -3,6 +3,8 @@ data-dependent shapes, control flow and errors. Numerics are checked against onn
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
@@ -260,6 +262,38 @@ def test_unsupported_op_names_op_node_and_opset() -> None:
     m = model([node], [tensor("x", F, [4, 2])], [tensor("y", F, [4, 2])], opset=20)
     with pytest.raises(UnsupportedError, match=r"Bernoulli .*'my_coin'.*opset 20"):
         from_onnx(m)
+
+
+def test_an_opset_the_installed_onnx_does_not_define_is_refused(tmp_path: Path) -> None:
+    """Past the newest opset of the installed onnx, ``get_schema`` answers with its newest
+    schema, which says nothing of what an op means there: such a model is refused, naming the
+    file (or "the ONNX model"), the domain and both opsets. Its newest opset converts; an
+    opset of a domain whose ops tilework never converts is no reason to refuse a model that
+    uses none of them (ai.onnx.ml here)."""
+    import re
+
+    import onnx
+
+    last = onnx.defs.onnx_opset_version()
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [tensor("x", F, ["n"])], [tensor("y", F, ["n"])])
+
+    def relu(*opsets: tuple[str, int]) -> onnx.ModelProto:
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets])
+
+    path = tmp_path / "future.onnx"
+    onnx.save(relu(("", last + 1)), path)
+    want = f"{path} imports opset {last + 1} of domain ai.onnx, which the installed onnx {onnx.__version__} does not define (it knows opsets 1 to {last} of that domain): export the model at opset {last} or lower, or install a newer onnx"
+    with pytest.raises(UnsupportedError, match=f"^{re.escape(want)}$"):
+        from_onnx(path)
+    with pytest.raises(UnsupportedError, match=r"^the ONNX model imports opset 99 of domain ai\.onnx, .* \(it knows opsets 1 to \d+ of that domain\)"):
+        tilework.compile(relu(("ai.onnx", 99)))
+    with pytest.raises(UnsupportedError, match=r"^the ONNX model imports opset 0 of domain ai\.onnx, .* \(it knows opsets 1 to \d+ of that domain\)$"):
+        from_onnx(relu(("", 0)))
+    with pytest.raises(UnsupportedError, match=r"imports opset 2 of domain ai\.onnx\.preview, .* \(it knows opset 1 of that domain\)"):
+        from_onnx(relu(("", 17), ("ai.onnx.preview", 2)))  # FlexAttention's domain: tilework converts its ops
+    x = np.array([-1.0, 0.0, 2.5], np.float32)
+    for m in (relu(("", last)), relu(("", 17), ("ai.onnx.ml", 99), ("com.microsoft", 1))):
+        np.testing.assert_array_equal(outputs(tilework.compile(m)(x))[0], np.maximum(x, 0))
 
 
 def test_unsupported_dtype_names_the_input() -> None:

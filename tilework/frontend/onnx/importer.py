@@ -32,6 +32,7 @@ from onnx import GraphProto, ModelProto, NodeProto, TensorProto, TypeProto, Valu
 from tilework.errors import FileFormatError, InferenceError, ShapeError, SymbolicError, TileworkError, UnsupportedError
 from tilework.frontend.onnx import converters
 from tilework.frontend.onnx.context import NodeCtx
+from tilework.frontend.onnx.registry import has_domain, known_opsets
 from tilework.frontend.onnx.values import MAX_ELEMS, AnyValue, OptValue, SeqValue, Value, dtype_name, elem_type_name, kind_of
 from tilework.ir.builder import BlockBuilder
 from tilework.ir.dtype import INT_DTYPES
@@ -78,6 +79,27 @@ def sanitize(name: str, fallback: str = "v") -> str:
 def domain_opsets(model: ModelProto) -> dict[str, int]:
     """The opset the model imports of each domain (the default domain under "")."""
     return {("" if imp.domain == "ai.onnx" else imp.domain): int(imp.version) for imp in model.opset_import}
+
+
+def check_opsets(model: ModelProto, what: str = "the ONNX model") -> None:
+    """Refuse (``UnsupportedError`` naming ``what``, the domain and both opsets) a model that
+    imports an opset outside those the installed ``onnx`` defines, of the default domain or
+    of another that tilework converts ops of: past them, an op's meaning is unknown (its
+    schema may have changed since), and the newest schema ``onnx`` would answer with could
+    convert it wrongly. The ops of any other domain are refused one by one, whatever its opset."""
+    for imp in model.opset_import:
+        domain = "ai.onnx" if imp.domain in ("", "ai.onnx") else imp.domain
+        if domain != "ai.onnx" and not has_domain(domain):
+            continue
+        known = known_opsets(domain)
+        if known is None or known[0] <= imp.version <= known[1]:
+            continue
+        span = f"opset {known[0]}" if known[0] == known[1] else f"opsets {known[0]} to {known[1]}"
+        hint = f": export the model at opset {known[1]} or lower, or install a newer onnx" if imp.version > known[1] else ""
+        raise UnsupportedError(
+            f"{what} imports opset {imp.version} of domain {domain}, which the installed onnx {onnx.__version__} does not define "
+            f"(it knows {span} of that domain){hint}"
+        )
 
 
 def default_opset(model: ModelProto) -> int:
@@ -492,8 +514,10 @@ class Importer:
 def load_model(model_or_path: ModelProto | str | os.PathLike[str] | bytes) -> ModelProto:
     """A ``ModelProto`` as is, serialized bytes, or the model at a path (external data too).
     A file that is not an ONNX model (empty, truncated, another kind) is a FileFormatError
-    naming it."""
+    naming it; a model of an opset the installed onnx does not define, an UnsupportedError
+    (``check_opsets``)."""
     if isinstance(model_or_path, ModelProto):
+        check_opsets(model_or_path)
         return model_or_path
     from google.protobuf.message import DecodeError
 
@@ -513,6 +537,7 @@ def load_model(model_or_path: ModelProto | str | os.PathLike[str] | bytes) -> Mo
         raise FileFormatError(_missing_external_data(what) or f"{what}: cannot load the ONNX model ({type(e).__name__}: {e})") from None
     if model.ir_version <= 0 or not model.HasField("graph"):
         raise FileFormatError(f"{what} is not an ONNX model: it has no IR version or no graph (truncated, or another kind of file?)")
+    check_opsets(model, what)
     return model
 
 
@@ -578,4 +603,4 @@ def param_arrays(model_or_path: ModelProto | str | os.PathLike[str]) -> list[np.
     return out
 
 
-__all__ = ["Importer", "UnknownDimError", "from_onnx", "param_arrays", "load_model", "sanitize", "default_opset", "domain_opsets"]
+__all__ = ["Importer", "UnknownDimError", "from_onnx", "param_arrays", "load_model", "sanitize", "check_opsets", "default_opset", "domain_opsets"]

@@ -96,4 +96,14 @@ def schema_version(op_type: str, opset: int, domain: str = "") -> int | None:
         return None
 
 
-__all__ = ["Converter", "Result", "ConvertFn", "converter", "schema_version", "converters_of", "all_converters", "qualified_name", "has_domain", "DEFAULT_DOMAINS"]
+def known_opsets(domain: str = "") -> tuple[int, int] | None:
+    """The opsets of ``domain`` that the installed ``onnx`` defines schemas for, ``(first,
+    last)``; None for a domain it does not define (``com.microsoft``). ``schema_version``
+    answers for an opset past ``last`` with the newest schema, which says nothing of what the
+    model's ops mean there: ``check_opsets`` refuses such a model."""
+    versions = onnx.defs.C.schema_version_map()  # what onnx.defs.onnx_opset_version() reads, for every domain
+    found = versions.get("" if domain in DEFAULT_DOMAINS else domain)
+    return None if found is None else (int(found[0]), int(found[1]))
+
+
+__all__ = ["Converter", "Result", "ConvertFn", "converter", "schema_version", "known_opsets", "converters_of", "all_converters", "qualified_name", "has_domain", "DEFAULT_DOMAINS"]
