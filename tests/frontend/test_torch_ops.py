@@ -275,13 +275,30 @@ def test_logsumexp_over_an_empty_dim_is_minus_inf() -> None:
 
 def test_median_of_an_empty_dim_raises_where_torch_does() -> None:
     """torch raises for median/kthvalue over an empty dim; a symbolic dim that is 0 at run time
-    fails topk's check (a tilework error naming the k and the dim) instead of reading nothing.
-    The median of all of an empty float tensor is NaN (torch's), of a symbolic size too."""
+    is a tilework error naming the op the user wrote (not topk, which they are lowered to),
+    the dim and its size, instead of reading nothing (a ``k`` above 1 bounds the dim from below
+    already: torch.export guards it, and so do the compiled inputs' checks). The median of all of an empty float tensor is NaN (torch's), of a symbolic size
+    too; of an empty integer tensor (torch's value is not defined) an error naming median."""
     from tilework.errors import RuntimeCheckError
 
-    along = tilework.compile(torch.export.export(Fn(lambda s, x: torch.median(x, 1)), (randn(3, 4),), dynamic_shapes=nm({1: M0})(), strict=False))
-    with pytest.raises(RuntimeCheckError, match=r"topk: k = .* must not exceed dim 1"):
-        along(np.zeros((3, 0), np.float32))
+    def compiled(f: Callable[..., Any], dtype: Any = torch.float32) -> Any:
+        ep = torch.export.export(Fn(f), (torch.ones(3, 4, dtype=dtype),), dynamic_shapes=nm({0: N0, 1: M0})(), strict=False)
+        return tilework.compile(ep)
+
+    cases = [
+        (lambda s, x: torch.median(x, 1), (3, 0), np.float32, r"^main: median: dim 1 \((\w+)\) must not be empty: \1 = 0$"),
+        (lambda s, x: torch.median(x, 0, keepdim=True), (0, 2), np.int64, r"^main: median: dim 0 \((\w+)\) must not be empty: \1 = 0$"),
+        (lambda s, x: torch.kthvalue(x, 1, 1), (3, 0), np.float32, r"^main: kthvalue: k = 1 must not exceed the size of dim 1 \((\w+)\): \1 = 0$"),
+        (lambda s, x: torch.median(x), (2, 0), np.int64, r"^main: median: the input \(\w+ \* \w+ elements\) must not be empty: \w+ \* \w+ = 0$"),
+    ]
+    for f, shape, dtype, message in cases:
+        fn = compiled(f, torch.int64 if dtype == np.int64 else torch.float32)
+        with pytest.raises(RuntimeCheckError, match=message):
+            fn(np.zeros(shape, dtype))
+        x = np.arange(15, dtype=dtype).reshape(3, 5)[:, ::-1].copy()  # a size where torch answers: so does tilework
+        got, want = fn(x), f(None, torch.from_numpy(x))
+        for g, w in zip(*(r if isinstance(r, tuple) else (r,) for r in (got, want)), strict=True):
+            np.testing.assert_array_equal(g, w.numpy())
     whole = Fn(lambda s, x: (torch.median(x), torch.median(x[:, :0])))
     fn = tilework.compile(torch.export.export(whole, (randn(3, 4),), dynamic_shapes=nm({0: N0, 1: M0})(), strict=False))
     for shape in ((3, 0), (0, 2), (1, 1), (2, 3), (5, 4)):

@@ -141,7 +141,8 @@ def _logsumexp(t: Translator, node: Any, x: Any, dim: Any = (), keepdim: bool = 
 
 
 def _kth_smallest(t: Translator, x: Expr, k: Any, axis: int, keepdim: bool) -> tuple[Expr, Expr]:
-    """The ``k``-th smallest along ``axis`` (``k`` from 1, may be symbolic) and its index."""
+    """The ``k``-th smallest along ``axis`` (``k`` from 1, may be symbolic, at most the dim's
+    size: the caller checks it, naming the user's op) and its index."""
     from tilework.op import math as op_math
     from tilework.op import search
 
@@ -158,20 +159,25 @@ def _kth_smallest(t: Translator, x: Expr, k: Any, axis: int, keepdim: bool) -> t
 
 @converter("kthvalue.default")
 def _kthvalue(t: Translator, node: Any, x: Any, k: int, dim: int = -1, keepdim: bool = False) -> tuple[Expr, Expr]:
-    """``(values, indices)`` of the ``k``-th smallest along ``dim``; ``k`` past the dim's length
-    fails topk's check (torch raises too)."""
+    """``(values, indices)`` of the ``k``-th smallest along ``dim``; ``k`` past the dim's size
+    (an empty dim too) is a run-time error naming kthvalue, ``k`` and the dim (torch raises)."""
     if len(t.shape(x)) == 0:
         return _kthvalue(t, node, t.emit(op.reshape(x, [1])), k, 0, False)
-    return _kth_smallest(t, x, k, norm_axis(dim, len(t.shape(x))), keepdim)
+    axis = norm_axis(dim, len(t.shape(x)))
+    d = t.shape(x)[axis]
+    t.require_at_least(d, k, f"kthvalue: k = {sym.to_str(k)} must not exceed the size of dim {axis} ({sym.to_str(d)})")
+    return _kth_smallest(t, x, k, axis, keepdim)
 
 
-def _median_along(t: Translator, x: Expr, axis: int, keepdim: bool, n: Dim | None = None) -> tuple[Expr, Expr]:
+def _median_along(t: Translator, x: Expr, axis: int, keepdim: bool, n: Dim | None = None, what: str | None = None) -> tuple[Expr, Expr]:
     """The lower median of the first ``n`` (default: all) along ``axis``: the ``(n + 1) //
-    2``-th smallest (an empty dim fails topk's check, as torch raises); NaN at the first NaN
-    where there is one."""
+    2``-th smallest; NaN at the first NaN where there is one. An empty dim is a run-time error
+    naming median and ``what`` (default: the dim and its size), as torch raises."""
     from tilework.op import math as op_math
 
-    n = t.shape(x)[axis] if n is None else n
+    if n is None:
+        n = t.shape(x)[axis]
+        t.require_at_least(n, 1, f"median: {what or f'dim {axis} ({sym.to_str(n)})'} must not be empty")
     val, idx = _kth_smallest(t, x, sym.max_(sym.floordiv(sym.add(n, 1), 2), 1), axis, keepdim)
     if not is_float_dtype(t.dtype(x)):
         return val, idx
@@ -202,7 +208,7 @@ def _median(t: Translator, node: Any, x: Any) -> Expr:
         return t.emit(op.full((), float("nan"), out))
     flat = t.emit(op.reshape(x, [numel]))
     if isinstance(numel, int) or not is_float_dtype(t.dtype(x)):
-        return t.emit(op.reshape(_median_along(t, flat, 0, False)[0], ()))
+        return t.emit(op.reshape(_median_along(t, flat, 0, False, what=f"the input ({sym.to_str(numel)} elements)")[0], ()))
     top = t.emit(op.full([1], float("inf"), t.dtype(x)))
     val = t.emit(op.reshape(_median_along(t, t.emit(op.concat([flat, top], axis=0)), 0, False, numel)[0], ()))
     empty = t.emit(op.equal(t.tensor(numel, "int64"), t.tensor(0, "int64")))

@@ -33,13 +33,16 @@ from tilework.frontend.torch.common import dtype_of_torch
 from tilework.ir.dtype import to_torch
 from tilework.frontend.torch.registry import lookup, op_names
 from tilework.frontend.torch.symbolic import Bounds, SymbolTable
+from tilework.ir import opdef
 from tilework.ir import sym
 from tilework.ir import sym_walk
 from tilework.ir.builder import BlockBuilder
-from tilework.ir.graph import Constant, Expr, GraphFunc, MatchCast, Tuple, Var, used_vars
+from tilework.ir.graph import Call, Constant, Expr, GraphFunc, MatchCast, OpRef, Tuple, Var, used_vars
 from tilework.ir.info import TensorInfo
 from tilework.ir.module import IRModule
+from tilework.ir.opdef import DimCheck
 from tilework.ir.sym import Dim, SymVar
+from tilework.transform.legalize import assert_dims_call
 
 _WEIGHT_KINDS = ("PARAMETER", "BUFFER", "CONSTANT_TENSOR")
 
@@ -280,6 +283,17 @@ class Translator:
         the ops that read them would clamp it."""
         return self.emit(op.check_index(indices, size, negative))
 
+    def require_at_least(self, d: Dim, lo: Dim, message: str) -> None:
+        """``d >= lo``, where torch raises otherwise: a ``ShapeError`` now when it provably
+        fails, else (unless it provably holds) an ``assert_dims`` binding that fails at run time
+        with ``message``: the user's op and dim (``median: dim 1 (n) must not be empty``),
+        before the ops it is lowered to, whose own checks of the same fact name themselves."""
+        if sym.prove_ge(d, lo):
+            return
+        if isinstance(d, int) and isinstance(lo, int):
+            raise ShapeError(f"{message}: {d} < {lo}")
+        self.emit(assert_dims_call([DimCheck("ge", (d, lo), message)]))
+
     def tensor(self, v: Any, dtype: str | None = None) -> Expr:
         """``v`` as a tensor of ``dtype`` (None: its own): tensors are cast, Python numbers
         become 0-d constants, a symbolic size a 0-d int64 tensor holding its value."""
@@ -452,16 +466,24 @@ def _known(info: TensorInfo) -> tuple[tuple[Dim, ...], str]:
     return info.shape, info.dtype
 
 
+def _is_check(value: Expr) -> bool:
+    """An effect op's call (``assert_dims``: a run-time check, used by nothing)."""
+    if not (isinstance(value, Call) and isinstance(value.callee, OpRef)):
+        return False
+    found = opdef.lookup(value.callee.name)
+    return found is not None and found.effect
+
+
 def _prune(func: GraphFunc) -> GraphFunc:
     """``func`` without the bindings nothing uses (values a converter made and a later one
     bypassed, such as a transpose folded into attention's layout). Every binding the
-    translator makes is pure; match_casts are kept (they check facts)."""
+    translator makes is pure but its checks; match_casts and checks are kept."""
     used: set[Var] = set(used_vars(func.body.body))
     blocks = []
     for block in reversed(func.body.blocks):
         kept = []
         for b in reversed(block.bindings):
-            if isinstance(b, MatchCast) or b.var in used:
+            if isinstance(b, MatchCast) or b.var in used or _is_check(b.value):
                 kept.append(b)
                 used.update(used_vars(b.value))
         blocks.append(replace(block, bindings=tuple(reversed(kept))))
