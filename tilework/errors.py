@@ -14,6 +14,11 @@ class TileworkError(Exception):
     nn_module: str | None = None  # set once tracing has put an nn.Module's context in the message
 
 
+class TileworkWarning(UserWarning):
+    """A warning tilework gives on purpose (a cache entry set aside, files an export left); the
+    command line shows it as one ``warning: ...`` line."""
+
+
 class SymbolicError(TileworkError):
     """A symbolic shape expression is malformed or cannot be evaluated (e.g. division by zero)."""
 

@@ -17,7 +17,7 @@ import tilework as tw
 from tests.runtime.test_atomic import TEXT_MODULE, full_disk
 from tilework.cli import main
 from tilework.export import ExportError, export_c
-from tilework.export.aot import MANIFEST
+from tilework.export.manifest import MANIFEST
 
 
 @pytest.fixture
@@ -127,3 +127,95 @@ def test_options_that_do_not_apply_are_refused(project: Path, capsys: pytest.Cap
     assert main(["export", "m.txt", "-o", "out", *flags]) == 2
     assert capsys.readouterr().err.startswith(message)
     assert not Path("out").exists()
+
+
+MATMUL = """@graph
+def main(x: Tensor((n, 64), "float32"), w: Tensor((64, 64), "float32")) -> Tensor((n, 64), "float32"):
+    n = sym(lo=1, hi=64)
+    with dataflow():
+        gv0: Tensor((n, 64), "float32") = matmul(x, w)
+        output(gv0)
+    return gv0
+"""
+
+
+def _reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the files opened for reading from now on (``open``'s)."""
+    seen: list[str] = []
+    real = open
+
+    def spy(file: object, mode: str = "r", *args: object, **kwargs: object) -> object:
+        if "r" in mode and "+" not in mode:
+            seen.append(os.path.basename(os.fspath(file)))  # type: ignore[call-overload]
+        return real(file, mode, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr("builtins.open", spy)
+    return seen
+
+
+def test_a_re_export_reads_no_unchanged_file_but_still_refuses_a_changed_one(project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The manifest keeps each file's size, mtime, ctime and inode beside its digest: a file whose
+    stat is the recorded one is not read again (an LLM's model.twb is hundreds of MB). A file
+    changed behind the export's back, even to the same size and mtime, has another ctime: it is
+    hashed, and refused; one only touched hashes the same and is replaced."""
+    assert main(["export", "m.txt", "-o", "out"]) == 0
+    listed = json.loads(Path("out", MANIFEST).read_text())["files"]
+    twb = os.stat("out/model.twb")
+    assert listed["model.twb"]["size"] == twb.st_size and listed["model.twb"]["mtime_ns"] == twb.st_mtime_ns
+    reads = _reads(monkeypatch)
+    assert main(["export", "m.txt", "-o", "out"]) == 0
+    assert "m.txt" in reads and not [n for n in reads if n in listed], reads  # the model's text only
+    monkeypatch.undo()
+    monkeypatch.chdir(project)
+
+    data = Path("out/model.twb").read_bytes()
+    st = os.stat("out/model.twb")
+    Path("out/model.twb").write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # same size ...
+    os.utime("out/model.twb", ns=(st.st_atime_ns, st.st_mtime_ns))  # ... and mtime
+    capsys.readouterr()
+    assert main(["export", "m.txt", "-o", "out"]) == 2
+    assert capsys.readouterr().err.startswith("error: out holds model.twb, which the export would replace and which a tilework export did not write")
+    Path("out/model.twb").write_bytes(data)  # the bytes the export wrote, a new stat: hashed, and replaced
+    assert main(["export", "m.txt", "-o", "out"]) == 0
+
+
+def test_a_manifest_of_digests_only_is_still_read(project: Path) -> None:
+    """A manifest of bare digests (as exports wrote before they kept stats) still lets an export
+    replace its files, by their digests."""
+    assert main(["export", "m.txt", "-o", "out"]) == 0
+    blob = json.loads(Path("out", MANIFEST).read_text())
+    blob["files"] = {name: e["sha256"] for name, e in blob["files"].items()}
+    Path("out", MANIFEST).write_text(json.dumps(blob))
+    assert main(["export", "m.txt", "-o", "out"]) == 0
+    assert all(isinstance(e, dict) and "mtime_ns" in e for e in json.loads(Path("out", MANIFEST).read_text())["files"].values())
+
+
+def test_files_an_earlier_export_wrote_and_this_one_does_not_are_removed_unless_changed(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An export through the BLAS backend writes tw_blas.c, the next one without it does not:
+    the stale file goes (it is what the first export wrote), and the manifest lists what the
+    last export wrote. A stale file changed since stays, with one warning line; a name no export
+    writes, listed in a manifest, is never touched."""
+    Path("mm.txt").write_text(MATMUL)
+    assert main(["export", "mm.txt", "-o", "out", "--backends", "blas,codegen"]) == 0
+    assert Path("out/tw_blas.c").exists()
+    assert main(["export", "mm.txt", "-o", "out", "--backends", "codegen"]) == 0
+    assert not Path("out/tw_blas.c").exists()
+    assert {p.name for p in Path("out").iterdir()} == {*json.loads(Path("out", MANIFEST).read_text())["files"], MANIFEST}
+
+    assert main(["export", "mm.txt", "-o", "out", "--backends", "blas,codegen"]) == 0
+    with open("out/tw_blas.c", "a") as fh:
+        fh.write("/* my change */\n")
+    blob = json.loads(Path("out", MANIFEST).read_text())
+    blob["files"]["notes.txt"] = blob["files"]["model.c"]  # listed, but no export writes a notes.txt
+    Path("out/notes.txt").write_bytes(Path("out/model.c").read_bytes())
+    Path("out", MANIFEST).write_text(json.dumps(blob))
+    capsys.readouterr()
+    assert main(["export", "mm.txt", "-o", "out", "--backends", "codegen"]) == 0
+    err = capsys.readouterr().err
+    assert err.splitlines()[0] == (
+        "warning: left tw_blas.c in out: an earlier export wrote it and this one does not, but it is not what that export wrote "
+        "(changed since, or that export was cut short); remove it if nothing needs it"
+    ), err
+    assert Path("out/tw_blas.c").read_text().endswith("/* my change */\n") and Path("out/notes.txt").exists()
+    assert main(["export", "mm.txt", "-o", "out", "--backends", "codegen"]) == 0  # unlisted now: the user's, left quietly
+    assert "warning" not in capsys.readouterr().err and Path("out/tw_blas.c").exists()

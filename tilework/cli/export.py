@@ -66,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
 def _check_options(args: argparse.Namespace, llm: bool) -> None:
     """What can be refused before compiling: options that do not apply to the model, a bad
     --backends, an output directory that would overwrite the input or a user's files."""
-    from tilework.export.aot import ALL_FILES, LLM_FILES, RUNTIME_FILES, check_overwrite
+    from tilework.export.aot import ALL_FILES, LLM_FILES, RUNTIME_FILES
+    from tilework.export.manifest import check_overwrite
 
     if not llm and args.precision is not None:
         hint = "; for bf16 weights of another model: `tilework build MODEL --precision bf16 -o m.tw`, then `tilework export m.tw` (docs/export.md)" if args.precision == "bf16" else ""

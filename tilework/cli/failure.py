@@ -8,7 +8,8 @@ on stderr and an exit status, so that every subcommand reports the same way.
   status 1.
 
 No traceback is printed unless ``--debug`` asks for it (then before the message, for any kind).
-A cache's ``CacheWarning`` is one ``warning: ...`` line (no category, no source line).
+tilework's own warnings (``TileworkWarning``: a cache's ``CacheWarning``, files an export left)
+are one ``warning: ...`` line each (no category, no source line).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import traceback
 import warnings
 from typing import Any, Callable
 
-from tilework.errors import TileworkError
+from tilework.errors import TileworkError, TileworkWarning
 
 USER_ERROR = 2
 INTERNAL_ERROR = 1
@@ -36,14 +37,13 @@ def guarded(command: Callable[[Any], int], args: Any, *, debug: bool = False) ->
 
 
 def show_warning(previous: Callable[..., None]) -> Callable[..., None]:
-    """A ``warnings.showwarning`` that prints the caches' ``CacheWarning`` (an entry set
-    aside, a corrupt cost cache moved away, a read-only cache) as one ``warning: ...`` line on
-    stderr, without Python's category and source line; any other warning as ``previous``."""
+    """A ``warnings.showwarning`` that prints tilework's own warnings (``TileworkWarning``: the
+    caches' ``CacheWarning`` for an entry set aside, a corrupt cost cache moved away, a read-only
+    cache; files an export left) as one ``warning: ...`` line on stderr, without Python's
+    category and source line; any other warning as ``previous``."""
 
     def show(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None, line: str | None = None) -> None:
-        from tilework.codegen.cache import CacheWarning
-
-        if issubclass(category, CacheWarning):
+        if issubclass(category, TileworkWarning):
             print(f"warning: {str(message).removeprefix('tilework: ')}", file=sys.stderr if file is None else file)
         else:
             previous(message, category, filename, lineno, file, line)

@@ -39,10 +39,10 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from tilework.errors import BuildError
+from tilework.errors import BuildError, TileworkWarning
 
 
-class CacheWarning(UserWarning):
+class CacheWarning(TileworkWarning):
     """A cache entry was set aside (and will be rebuilt), or the cache is read-only."""
 
 

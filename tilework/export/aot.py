@@ -15,10 +15,12 @@
   program that runs a function on ``.npy`` files), ``tw_generate.c`` and ``llm_config.h`` for a
   decoder exported with ``llm=...``, and ``CMakeLists.txt`` and a ``Makefile`` that build
   ``libtwmodel.so``, ``libtwmodel.a`` and the programs with the system C compiler;
-- ``.tilework-export``: the names and SHA-256 digests of the files above. An export replaces
-  only files that a previous export listed there and that did not change since; any other file
-  of the same name is refused (``force=True``, ``tilework export --force``, replaces it). Each
-  file is written atomically (``tilework.runtime.atomic``).
+- ``.tilework-export``: the names, SHA-256 digests and stats of the files above
+  (``tilework.export.manifest``). An export replaces only files that a previous export listed
+  there and that did not change since; any other file of the same name is refused
+  (``force=True``, ``tilework export --force``, replaces it). A file a previous export listed
+  that this one does not write (``tw_generate.c`` after an LLM) is removed when unchanged, else
+  left with a warning. Each file is written atomically (``tilework.runtime.atomic``).
 
 ``bind`` fixes the trailing parameters of functions to arrays (a compiled model's weights, an
 LLM's weights shared by ``prefill`` and ``decode``): they go into ``model.twb`` once (arrays
@@ -38,11 +40,9 @@ multiple of 64 bytes.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shlex
 import shutil
-import stat
 import struct
 import subprocess
 from dataclasses import dataclass
@@ -58,6 +58,7 @@ from tilework.codegen.c.toolchain import compiler_flags
 from tilework.errors import BuildError, TileworkError
 from tilework.export.externs import ExportError, declarations, extra_sources
 from tilework.export.graph_c import DTYPES, FunctionC, ModuleText, c_int, c_string, call_depth_regs, check_kernel_symbols, dl_type, dtype_index
+from tilework.export.manifest import MANIFEST, Entry, check_overwrite, remove_stale, write_manifest
 from tilework.ir.dtype import DTYPE_TABLE, dtype_name
 from tilework.runtime.atomic import write_atomic, write_bytes_atomic
 from tilework.runtime.executable import Executable
@@ -342,72 +343,8 @@ def _resource(name: str) -> bytes:
     return resources.files("tilework.export.c").joinpath(name).read_bytes()
 
 
-MANIFEST = ".tilework-export"
-"""The file in which an export lists what it wrote, with each file's SHA-256: a later export
-replaces those files (unchanged since) and refuses to replace any other file unless forced."""
-
 ALL_FILES = ("kernels.c", "model.c", "quant_kernels.c", "tw_blas.c", *RUNTIME_FILES, *LLM_FILES, "llm_config.h", "CMakeLists.txt", "Makefile", "model.twb", MANIFEST)
 """Every name an export may write into its directory (which of them depends on the model)."""
-
-
-def _read_manifest(out: Path) -> dict[str, str | None] | None:
-    """The files the manifest in ``out`` lists (name -> digest, None while being written);
-    None when there is no readable manifest."""
-    try:
-        blob = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    files = blob.get("files") if isinstance(blob, dict) and blob.get("written_by") == "tilework export" else None
-    if not isinstance(files, dict) or not all(isinstance(k, str) and (v is None or isinstance(v, str)) for k, v in files.items()):
-        return None
-    return dict(files)
-
-
-def _digest(path: Path) -> str | None:
-    """The SHA-256 of a regular file (not following a link); None for anything else."""
-    try:
-        if not stat.S_ISREG(os.lstat(path).st_mode):
-            return None
-        h = hashlib.sha256()
-        with open(path, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-        return h.hexdigest()
-    except OSError:
-        return None
-
-
-def check_overwrite(out: Path, names: Sequence[str], *, force: bool = False) -> dict[str, str | None]:
-    """Refuse (``ExportError`` naming them) when ``out`` holds any of ``names`` (or a manifest)
-    that a tilework export did not write, or that changed since; ``force`` allows it. Returns
-    what the directory's manifest records (kept for the files this export does not write)."""
-    recorded = _read_manifest(out)
-    if force:
-        return recorded or {}
-    foreign = []
-    for name in [*names, MANIFEST]:
-        path = out / name
-        if not os.path.lexists(path):
-            continue
-        if name == MANIFEST:
-            if recorded is None:
-                foreign.append(name)
-            continue
-        if recorded is None or name not in recorded:
-            foreign.append(name)
-        elif recorded[name] is not None and _digest(path) != recorded[name]:
-            foreign.append(name)
-    if foreign:
-        raise ExportError(
-            f"{out} holds {', '.join(foreign)}, which the export would replace and which a tilework export did not write "
-            "(or which changed since): export into another directory, or pass --force (force=True) to replace them"
-        )
-    return recorded or {}
-
-
-def _write_manifest(out: Path, files: Mapping[str, str | None]) -> None:
-    blob = {"written_by": "tilework export", "note": "the files the last export into this directory wrote; the next export replaces them", "files": dict(files)}
-    write_bytes_atomic(out / MANIFEST, (json.dumps(blob, indent=1) + "\n").encode())
 
 
 def export_c(
@@ -470,14 +407,15 @@ def export_c(
     weights = out / "model.twb"
     names = [*texts, weights.name]
     recorded = check_overwrite(out, names, force=force)
-    # names first (an export cut short leaves files this manifest claims), digests once written
-    _write_manifest(out, {**recorded, **dict.fromkeys(names)})
-    digests: dict[str, str | None] = {}
+    # names first (an export cut short leaves files this manifest claims), entries once written
+    write_manifest(out, {**recorded, **dict.fromkeys(names)})
+    entries: dict[str, Entry | None] = {}
     for name, data in texts.items():
         write_bytes_atomic(out / name, data)
-        digests[name] = hashlib.sha256(data).hexdigest()
-    digests[weights.name] = _write_blob(weights, arrays, export_id)
-    _write_manifest(out, {**recorded, **digests})
+        entries[name] = Entry.written(out / name, hashlib.sha256(data).hexdigest())
+    entries[weights.name] = Entry.written(weights, _write_blob(weights, arrays, export_id))
+    remove_stale(out, recorded, entries, ALL_FILES)  # an earlier export's files this one does not write
+    write_manifest(out, entries)
     functions = {}
     for name in bound or exe.functions:
         params = exe.functions[name].params
@@ -508,4 +446,4 @@ def build_export(out_dir: str | os.PathLike[str], tool: str = "make", *, jobs: i
     return where
 
 
-__all__ = ["ExportError", "ExportResult", "export_c", "build_export", "check_overwrite", "MAGIC", "BLOB_VERSION", "MANIFEST", "ALL_FILES"]
+__all__ = ["ExportError", "ExportResult", "export_c", "build_export", "MAGIC", "BLOB_VERSION", "ALL_FILES"]
