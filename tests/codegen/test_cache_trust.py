@@ -8,6 +8,9 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -183,6 +186,77 @@ def test_read_only_cache_is_used_read_only(cache_root: Path, tmp_path: Path, mon
         assert sorted((p.name, p.stat().st_mtime_ns) for p in cache_root.iterdir()) == before
     finally:
         cache_root.chmod(0o700)
+
+
+DEAD_PID = 4194304 + 1  # above Linux's PID_MAX_LIMIT: no process has it
+
+
+def test_scratch_directories_of_dead_processes_are_swept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process killed before its exit handlers ran leaves its scratch directory (the private
+    copies of the objects it loaded, a read-only cache's builds). The next process that makes
+    one removes those whose process is gone: of this user, this machine and PID namespace only;
+    never a live process's, another user's, a link, a file, or one of the older name (no PID)."""
+    tag = cache._host_tag()
+    if tag is None:
+        pytest.skip("no /proc here to tell this machine's processes from others'")
+
+    def made(name: str) -> Path:
+        d = tmp_path / name
+        d.mkdir(mode=0o700)
+        (d / "0123.so").write_bytes(b"\x7fELF")
+        return d
+
+    gone = made(f"tilework-scratch-{DEAD_PID}-{tag}-k1l2m3n4")
+    kept = [
+        made(f"tilework-scratch-{os.getppid()}-{tag}-a1b2c3d4"),  # a live process's (our parent)
+        made(f"tilework-scratch-{os.getpid()}-{tag}-a1b2c3d4"),  # ours
+        made(f"tilework-scratch-{DEAD_PID}-{'0' * 12 if tag != '0' * 12 else '1' * 12}-a1b2c3d4"),  # another machine's or namespace's
+        made("tilework-scratch-q8w7e6r5"),  # the older name: whose, nobody can tell
+        made(f"tilework-scratch-{DEAD_PID}-{tag}"),  # not a name mkdtemp makes
+        made(f"tilework-scratch-{10 ** 30}-{tag}-a1b2c3d4"),  # not a PID os.kill takes
+    ]
+    link = tmp_path / f"tilework-scratch-{DEAD_PID}-{tag}-linklink"
+    link.symlink_to(kept[0])
+    file = tmp_path / f"tilework-scratch-{DEAD_PID}-{tag}-filefile"
+    file.write_text("not a directory")
+    if os.geteuid() == 0:
+        kept.append(made(f"tilework-scratch-{DEAD_PID}-{tag}-otheruser"))
+        os.chown(kept[-1], 65534, 65534)
+    assert cache.sweep_scratch(tmp_path) == [gone]
+    assert not gone.exists() and all((d / "0123.so").exists() for d in kept) and link.is_symlink() and file.is_file()
+
+    # a process sweeps when it makes its own scratch directory, named with its PID and tag
+    made(gone.name)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    cache._scratch.cache_clear()
+    try:
+        mine = cache._scratch()
+        assert mine.parent == tmp_path and mine.name.startswith(f"tilework-scratch-{os.getpid()}-{tag}-") and stat.S_IMODE(mine.stat().st_mode) == 0o700
+        assert not gone.exists() and all(d.exists() for d in kept)
+    finally:
+        cache._scratch.cache_clear()  # the next use makes one in the real temporary directory again
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
+def test_a_forked_child_has_a_scratch_directory_of_its_own(tmp_path: Path) -> None:
+    """A forked child that exits normally runs the exit handlers it inherited: it removes its
+    own scratch directory, never its parent's, which the parent still uses."""
+    code = """
+import os, sys
+from tilework.codegen import cache
+parent = cache._scratch()
+pid = os.fork()
+if pid == 0:
+    print(cache._scratch(), flush=True)
+    sys.exit(0)
+os.waitpid(pid, 0)
+print(parent, parent.is_dir(), flush=True)
+"""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=True).stdout.split()
+    child, parent, parent_there = Path(out[0]), Path(out[1]), out[2]
+    assert child != parent and child.parent == parent.parent == tmp_path
+    assert parent_there == "True" and not child.exists() and not parent.exists()  # each removed its own at exit
 
 
 def test_key_covers_the_tilework_version(monkeypatch: pytest.MonkeyPatch) -> None:

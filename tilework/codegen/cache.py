@@ -16,6 +16,11 @@
 - A cache directory we cannot write is used read-only: verified entries are used, nothing is
   written there, and new artifacts go to a private scratch directory of this process
   (``scratch_dir``), with one warning.
+- That scratch directory (``tilework-scratch-PID-TAG-XXXXXXXX`` in the temporary directory,
+  0700) also holds the private copies shared objects are loaded from (each removed once
+  loaded). It is removed when the process exits; one left by a process killed before its exit
+  handlers ran is removed by the next process that makes its own (``sweep_scratch``: this
+  user's, this machine's and PID namespace's, of a PID no process has).
 
 Users of the cache (kernels: ``tilework.codegen.c.toolchain``; placement costs; LLM
 executables) build on these helpers rather than on paths of their own.
@@ -31,6 +36,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -90,11 +96,85 @@ def writable(root: Path) -> bool:
 _warned_read_only: set[str] = set()
 
 
+SCRATCH_PREFIX = "tilework-scratch-"
+_SCRATCH_NAME = re.compile(r"tilework-scratch-(\d+)-([0-9a-f]{12})-")
+
+
 @functools.lru_cache(maxsize=1)
 def _scratch() -> Path:
-    path = Path(tempfile.mkdtemp(prefix="tilework-scratch-"))  # 0700
-    atexit.register(shutil.rmtree, path, True)
+    """This process's scratch directory, ``tilework-scratch-PID-HOST-XXXXXXXX`` in the temporary
+    directory (0700), made on first use (first sweeping those of dead processes:
+    ``sweep_scratch``) and removed when this process exits; a forked child makes its own."""
+    sweep_scratch()
+    pid = os.getpid()
+    path = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{pid}-{_host_tag() or 'unknown'}-"))
+    atexit.register(_remove_scratch, path, pid)
     return path
+
+
+def _remove_scratch(path: Path, pid: int) -> None:
+    if os.getpid() == pid:  # not from a forked child: the directory is its parent's
+        shutil.rmtree(path, ignore_errors=True)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_scratch.cache_clear)
+
+
+@functools.lru_cache(maxsize=1)
+def _host_tag() -> str | None:
+    """What tells this machine's processes from others' that may share the temporary directory:
+    a digest of the boot id and of the PID namespace, within which a PID names one process; None
+    where Linux's ``/proc`` cannot tell them (then no directory is swept)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+    return hashlib.sha256(f"{boot} {namespace}".encode()).hexdigest()[:12]
+
+
+def sweep_scratch(tmp: Path | None = None) -> list[Path]:
+    """Remove the scratch directories (in ``tmp``, default the temporary directory) that
+    processes of this user, on this machine and in this PID namespace, made and left when they
+    died without running their exit handlers (killed by a signal, ``os._exit``, a test's
+    timeout); return them. A directory is removed only when it is one (not a link), its owner is
+    this user, its name carries this machine's tag and the PID of a process that no longer
+    exists; a directory of another user, of a live process, or of an older name (without a PID)
+    is never touched."""
+    tag = _host_tag()
+    if tag is None:
+        return []
+    root = Path(tmp or tempfile.gettempdir())
+    removed = []
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return []
+    for entry in entries:
+        m = _SCRATCH_NAME.match(entry.name)
+        if m is None or m.group(2) != tag or int(m.group(1)) == os.getpid():
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or _alive(int(m.group(1))):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(Path(entry.path))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (of any user)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's (or not a PID we can ask about: kept)
+    return True
 
 
 def scratch_dir(root: Path) -> Path:
@@ -269,4 +349,4 @@ def set_aside(entry: Path, why: str) -> None:
             pass  # already gone (another process set it aside), or not ours to move
 
 
-__all__ = ["CacheWarning", "cache_dir", "cache_location", "private_copy", "load_shared_object", "check_private", "writable", "scratch_dir", "write_atomic", "write_entry", "write_record", "read_json", "read_verified", "set_aside", "digest", "record_path"]
+__all__ = ["CacheWarning", "cache_dir", "cache_location", "private_copy", "load_shared_object", "check_private", "writable", "scratch_dir", "sweep_scratch", "write_atomic", "write_entry", "write_record", "read_json", "read_verified", "set_aside", "digest", "record_path"]
