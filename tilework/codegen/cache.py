@@ -102,7 +102,7 @@ _SCRATCH_NAME = re.compile(r"tilework-scratch-(\d+)-([0-9a-f]{12})-")
 
 @functools.lru_cache(maxsize=1)
 def _scratch() -> Path:
-    """This process's scratch directory, ``tilework-scratch-PID-HOST-XXXXXXXX`` in the temporary
+    """This process's scratch directory, ``tilework-scratch-PID-TAG-XXXXXXXX`` in the temporary
     directory (0700), made on first use (first sweeping those of dead processes:
     ``sweep_scratch``) and removed when this process exits; a forked child makes its own."""
     sweep_scratch()
