@@ -72,7 +72,7 @@ from tilework.pattern.core import Pattern, is_op, wildcard
 from tilework.pattern.graph import PatternMatch
 from tilework.runtime.extern import register_extern, register_extern_check
 
-FORMATS = ("q4_0", "q4_1", "q8_0", "bf16", "f16", "q4_k", "q6_k", "q4_0x16", "q4_1x16", "q8_0x16", "bf16x16")  # the C codes' order
+FORMATS = ("q4_0", "q4_1", "q8_0", "bf16", "f16", "q4_k", "q6_k", "q5_k", "q3_k", "q2_k", "q4_0x16", "q4_1x16", "q8_0x16", "bf16x16")  # the C codes' order
 INT8_FORMATS = ("q4_0", "q4_1", "q8_0", "q4_0x16", "q4_1x16", "q8_0x16")  # the integer path: x quantized to 8-bit blocks of 32
 FAMILIES = ("int8", "bf16", "float")  # the linears' paths (INT8_FORMATS; bf16 and bf16x16; f16, q4_k, q6_k): a build of the library holds any of them
 SOURCE = "quant_kernels.c"

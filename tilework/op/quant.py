@@ -26,8 +26,9 @@ then (``q4_1``) their 16 ``m``, then the payloads (16 nibble bytes or 32 int8) i
 bytes: bytes ``4t .. 4t + 3`` of row 0, of row 1, ... of row 15, for ``t = 0, 1, ...``.
 ``bf16x16`` has no header and its blocks are pairs of weights (``in_features`` even): the 64
 bytes of pair ``t`` are weights ``2t, 2t + 1`` of row 0, of row 1, ... of row 15, one vector
-whose lanes are the group's rows. ``q4_k`` and ``q6_k`` (256-weight super-blocks) are listed for the loaders; their
-products run in the ``quant`` backend's library only.
+whose lanes are the group's rows. ``q4_k``, ``q6_k``, ``q5_k``, ``q3_k`` and ``q2_k`` (256-weight
+super-blocks, laid out in ``tilework.llm.quant``) are listed for the loaders; their products run
+in the ``quant`` backend's library only.
 
 Legalization gives the reference kernel: each weight is decoded where it is used (the half
 scales decoded with integer arithmetic), in float32, serially per output. It is correct on
@@ -77,6 +78,9 @@ QUANT_FORMATS: dict[str, QuantFormat] = {
         QuantFormat("q8_0", 32, 34, 8),
         QuantFormat("q4_k", 256, 144, 12),
         QuantFormat("q6_k", 256, 210, 14),
+        QuantFormat("q5_k", 256, 176, 13),
+        QuantFormat("q3_k", 256, 110, 11),
+        QuantFormat("q2_k", 256, 84, 10),
         QuantFormat("bf16", 1, 2, 30),
     )
 }
