@@ -233,12 +233,13 @@ def k_quant_matrix(name: str, fmt: str, shape: tuple[int, int], std: float, seed
 
 def test_a_llama_gguf_of_k_quants_gives_the_log_probabilities_of_its_values(tmp_path: Path) -> None:
     """Llama matrices stored as Q5_K, Q3_K and Q2_K (each format in the q/k projections, whose
-    rows llama.cpp permutes, the others and the head): kept in their blocks (``q``: the quant
-    library's float path, GEMV at one token, GEMM over the prompt) they give transformers'
+    rows llama.cpp permutes, the others, the head and the token table, as llama.cpp's k-quant
+    files store theirs): kept in their blocks (``q``: the quant library's float path, GEMV at one
+    token, GEMM over 13; the table's rows decoded by ``quant_take``) they give transformers'
     log-probabilities with the dequantized values to float32 rounding."""
     hf = save(tmp_path / "ckpt", "llama", hidden_size=256, intermediate_size=256)
     fmts = ("q5_k", "q3_k", "q2_k")
-    matrices = [n for n, p in hf.named_parameters() if p.ndim == 2 and n != "model.embed_tokens.weight"]
+    matrices = [n for n, p in hf.named_parameters() if p.ndim == 2]
     blocks = {n: k_quant_matrix(n, fmts[i % 3], tuple(hf.get_parameter(n).shape), 0.05, seed=i) for i, n in enumerate(matrices)}
     assert {b.fmt for n, b in blocks.items() if ".q_proj." in n or ".k_proj." in n} == set(fmts)
     with torch.no_grad():
