@@ -31,8 +31,8 @@
  *   are the same bits as the plain format's (the same block sums in the same order).
  *
  * bf16, f16 and the k-quants (q4_k, q6_k, q5_k, q3_k, q2_k) multiply in float32 with the weights
- * decoded exactly (no activation
- * quantization; x @ dequantize(w).T up to float32 rounding), but for bf16 where the CPU has
+ * decoded exactly (no activation quantization; x @ dequantize(w).T up to float32 rounding), but
+ * for bf16 where the CPU has
  * AVX-512 BF16 (TWQ_BF16DOT; define TW_QUANT_NO_BF16DOT to leave it out), on the GEMV and the
  * GEMM: there each row of x is rounded to bf16 once per call
  * (to nearest even) and vdpbf16ps multiplies pairs of k (products exact in float32, each pair
@@ -74,8 +74,8 @@
  * (twq_broadcast_x), read as vpmaddubsw's memory operand.
  *
  * Entry points: tw_qlinear_<fmt>(x, w, y, M, N, K) for q4_0 q4_1 q8_0 bf16 f16 q4_k q6_k
- * q5_k q3_k q2_k q4_0x16 q4_1x16 q8_0x16 bf16x16, and tw_qlinear_add_<fmt>(x, w, r, y, M, N, K): y = x @ W.T + r;
- * 0 on success, TWQ_E* for a bad argument. tw_qlinear_packed is the trampoline the Python
+ * q5_k q3_k q2_k q4_0x16 q4_1x16 q8_0x16 bf16x16, and tw_qlinear_add_<fmt>(x, w, r, y, M, N, K):
+ * y = x @ W.T + r; 0 on success, TWQ_E* for a bad argument. tw_qlinear_packed is the trampoline the Python
  * extern calls with NumPy array object addresses; tw_quant_quantize_x exposes the quantization
  * of x to the tests; tw_quant_dequantize and tw_quant_interleave (quant_dequant.c) decode and
  * interleave whole rows for the loaders.
