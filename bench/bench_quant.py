@@ -3,8 +3,8 @@
     python bench/bench_quant.py [--threads 2] [--repeat 5] [--formats q4_1,q8_0,...]
 
 q4_0, q4_1 and q8_0 run the integer path (each call quantizes x to 8-bit blocks of 32 and takes
-exact int8 block dot products with AVX-512 VNNI, as llama.cpp does); bf16, f16, q4_k and q6_k
-multiply in float32 with the weights decoded in registers.
+exact int8 block dot products with AVX-512 VNNI, as llama.cpp does); bf16, f16 and the k-quants
+(q4_k, q6_k, q5_k, q3_k, q2_k) multiply in float32 with the weights decoded in registers.
 
 For each format (q4_0x16, q4_1x16, q8_0x16 are the same blocks with 16 rows interleaved, as
 tilework.llm keeps its projections; bf16x16 the bf16 rows interleaved by pairs, as its bf16
@@ -97,14 +97,16 @@ def make_blocks(rng: np.random.Generator, fmt: str, n: int, k: int) -> tuple[np.
         b, wf = make_blocks(rng, base, n, k)
         return interleave_rows(b, base), wf
     t = getattr(gguf.GGMLQuantizationType, fmt.upper())
-    if fmt in ("q4_k", "q6_k"):
+    if fmt in K_QUANT_HALVES:
         b = rng.integers(0, 256, (n, Q.row_bytes(fmt, k)), dtype=np.uint8)
-        d = (rng.standard_normal((n, k // 256, 2)) * 0.01).astype(np.float16).view(np.uint8)
-        at, width = (0, 4) if fmt == "q4_k" else (208, 2)
-        b.reshape(n, k // 256, -1)[:, :, at : at + width] = d[:, :, :width]
+        for at in K_QUANT_HALVES[fmt]:  # finite fp16 scales; any other bytes are valid
+            b.reshape(n, k // 256, -1)[:, :, at : at + 2] = (rng.standard_normal((n, k // 256, 1)) * 0.01).astype(np.float16).view(np.uint8)
         return b, dequantize(b, t).reshape(n, k).astype(np.float32)
     raw = quantize(rng.standard_normal((n, k)).astype(np.float32), t)
     return np.ascontiguousarray(raw.view(np.uint8).reshape(n, -1)), dequantize(raw, t).reshape(n, k).astype(np.float32)
+
+
+K_QUANT_HALVES = {"q4_k": (0, 2), "q6_k": (208,), "q5_k": (0, 2), "q3_k": (108,), "q2_k": (80, 82)}  # offsets of the fp16 d, dmin
 
 
 def best_of(repeat: int, fn: Callable[[], object], calls: int) -> float:

@@ -100,3 +100,21 @@ def bf16_round(x: np.ndarray) -> np.ndarray:
     """float32 ``x`` rounded to bf16 (to nearest, ties to even), as float32."""
     u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
     return (((u + 0x7FFF + ((u >> 16) & 1)) >> 16 << 16).astype(np.uint32)).view(np.float32)
+
+
+# the byte offsets of each k-quant's fp16 scale fields (d, dmin) in its 256-weight block: every
+# other byte of a block is a valid payload, so random bytes there make valid random blocks
+K_QUANT_HALVES = {"q4_k": (0, 2), "q6_k": (208,), "q5_k": (0, 2), "q3_k": (108,), "q2_k": (80, 82)}
+
+
+def k_quant_blocks(rng: np.random.Generator, fmt: str, n: int, k: int, scale: float = 0.01) -> np.ndarray:
+    """``uint8 [n, row_bytes]`` random ``fmt`` blocks (``gguf`` cannot quantize the k-quants):
+    random payload bytes, finite fp16 scales of about ``scale``."""
+    from tilework.op.quant import QUANT_FORMATS
+
+    f = QUANT_FORMATS[fmt]
+    b = rng.integers(0, 256, (n, f.row_bytes(k)), dtype=np.uint8)
+    blocks = b.reshape(n, k // f.block, f.nbytes)
+    for at in K_QUANT_HALVES[fmt]:
+        blocks[:, :, at : at + 2] = (rng.standard_normal((n, k // f.block, 1)) * scale).astype(np.float16).view(np.uint8)
+    return b

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import tilework
-from tests.backend.helpers import bf16_round, module
+from tests.backend.helpers import K_QUANT_HALVES, bf16_round, k_quant_blocks, module
 from tests.llm.models import SMOLLM2, needs_smollm2
 from tilework import op
 from tilework.backend import availability
@@ -50,12 +50,8 @@ def rng() -> np.random.Generator:
 
 def blocks(rng: np.random.Generator, fmt: str, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     """``uint8 [n, row_bytes]`` blocks of ``fmt`` and their float32 weights (``dequantize``)."""
-    if fmt in ("q4_k", "q6_k"):  # gguf cannot quantize these: random blocks with sane scales
-        b = rng.integers(0, 256, (n, Q.row_bytes(fmt, k)), dtype=np.uint8)
-        size = QUANT_FORMATS[fmt].nbytes
-        d = (rng.standard_normal((n, k // 256, 2)) * 0.01).astype(np.float16).view(np.uint8)
-        at = 0 if fmt == "q4_k" else 208  # q4_k: d, dmin first; q6_k: d last
-        b.reshape(n, -1, size)[:, :, at : at + d.shape[-1]] = d[:, :, : (4 if fmt == "q4_k" else 2)]
+    if fmt in K_QUANT_HALVES:  # gguf cannot quantize these: random blocks with sane scales
+        b = k_quant_blocks(rng, fmt, n, k)
         return b, dequantize(b, GGML[fmt]).reshape(n, k)
     raw = quantize(rng.standard_normal((n, k)).astype(np.float32), GGML[fmt])
     return raw.view(np.uint8).reshape(n, -1), dequantize(raw, GGML[fmt]).reshape(n, k).astype(np.float32)
@@ -170,7 +166,7 @@ def test_simple_formats_match_the_legalized_kernel_and_dequantize(rng: np.random
             assert (np.abs(y - ref) <= slack + 1e-4 * np.abs(ref) + 1e-4 * float(np.abs(ref).max())).all()
 
 
-@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+@pytest.mark.parametrize("fmt", list(K_QUANT_HALVES))
 def test_k_quants_match_dequantize(rng: np.random.Generator, fmt: str) -> None:
     for n, k in ((37, 512), (5, 256), (64, 1536)):
         b, wf = blocks(rng, fmt, n, k)
@@ -289,7 +285,7 @@ def test_portable_kernels_agree(rng: np.random.Generator) -> None:
     """The plain-C path (what a machine without AVX-512 runs), compiled here on purpose: the
     integer path gives the same bits, the float path the same values up to rounding."""
     assert Q.library(portable=True).simd is False
-    for fmt, n, k in (("q4_1", 13, 96), ("q4_0", 4, 64), ("q8_0", 9, 64), ("bf16", 6, 70), ("f16", 3, 33), ("q4_k", 5, 256), ("q6_k", 7, 512)):
+    for fmt, n, k in (("q4_1", 13, 96), ("q4_0", 4, 64), ("q8_0", 9, 64), ("bf16", 6, 70), ("f16", 3, 33), ("q4_k", 5, 256), ("q6_k", 7, 512), ("q5_k", 6, 256), ("q3_k", 5, 512), ("q2_k", 3, 256)):
         b, wf = blocks(rng, fmt, n, k)
         for m in (1, 3, 17, 40):
             x = rng.standard_normal((m, k)).astype(np.float32)

@@ -1,4 +1,4 @@
-"""The quant backend's float path (bf16, f16, q4_k, q6_k) on AVX2 (``quant_float_avx2.c``: what a
+"""The quant backend's float path (bf16, f16, the k-quants) on AVX2 (``quant_float_avx2.c``: what a
 CPU with AVX2, FMA and F16C but no AVX-512 runs; with AVX-512 the same checks hold its kernels)
 against a float64 NumPy reference and the portable build.
 
@@ -11,19 +11,18 @@ the portable kernels' results (another order) by at most twice that. Shapes: row
 GEMV's passes and the switch to the packed GEMM), N odd and not a multiple of 16 (ragged GEMV
 groups, masked GEMM panels), K with a tail past the multiples of 8 and K split into several
 packed chunks. Special values: f16 and bf16 subnormals, infinities and NaN in the weights.
-q4_k and q6_k (random blocks with sane scales, ``gguf``'s ``dequantize`` as the weights): the
-same bound; the decoding rounds once per weight (``d * scale * q - dmin * min``), which the
-bound's factor K covers many times over."""
+The k-quants q4_k, q6_k, q5_k, q3_k, q2_k (random blocks with sane scales, ``gguf``'s
+``dequantize`` as the weights): the same bound; the decoding rounds once per weight
+(``d * scale * q - dmin * min``), which the bound's factor K covers many times over."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from tests.backend.helpers import bf16_round
+from tests.backend.helpers import K_QUANT_HALVES, bf16_round, k_quant_blocks
 from tilework.backend import quant as Q
 from tilework.backend.quant import _cpu_flags
-from tilework.op.quant import QUANT_FORMATS
 
 AVX2 = {"avx2", "fma", "f16c"} <= _cpu_flags()
 pytestmark = pytest.mark.skipif(not AVX2, reason="the AVX2 float kernels need a CPU with AVX2, FMA and F16C")
@@ -99,16 +98,12 @@ def test_matches_float64_and_the_portable_build(rng: np.random.Generator, fmt: s
         lib.set_threads(lib.max_threads())
 
 
-@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+@pytest.mark.parametrize("fmt", list(K_QUANT_HALVES))
 def test_k_quants_match_float64_and_the_portable_build(rng: np.random.Generator, fmt: str) -> None:
     gguf = pytest.importorskip("gguf")
-    size = QUANT_FORMATS[fmt].nbytes
     for k in (256, 512, 1536):
         for n in COLS:
-            b = rng.integers(0, 256, (n, Q.row_bytes(fmt, k)), dtype=np.uint8)
-            d = (rng.standard_normal((n, k // 256, 2)) * 0.01).astype(np.float16).view(np.uint8)
-            at = 0 if fmt == "q4_k" else 208  # q4_k: d, dmin first; q6_k: d last
-            b.reshape(n, -1, size)[:, :, at : at + (4 if fmt == "q4_k" else 2)] = d[:, :, : (4 if fmt == "q4_k" else 2)]
+            b = k_quant_blocks(rng, fmt, n, k)
             wf = gguf.quants.dequantize(b, getattr(gguf.GGMLQuantizationType, fmt.upper())).reshape(n, k).astype(np.float32)
             for m in ROWS:
                 x = rng.standard_normal((m, k)).astype(np.float32)

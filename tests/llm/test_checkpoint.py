@@ -23,8 +23,9 @@ tokenizers = pytest.importorskip("tokenizers")
 from tilework.errors import TileworkError  # noqa: E402
 from tilework.llm import LLM, SamplingParams  # noqa: E402
 from tilework.llm import engine  # noqa: E402
-from tilework.llm.quant import quantize  # noqa: E402
+from tilework.llm.quant import QuantTensor, quantize  # noqa: E402
 from tilework.llm.tokenizer import TokenizerError  # noqa: E402
+from tests.backend.helpers import k_quant_blocks  # noqa: E402
 from tests.llm.test_weights import ggml, gguf_name, llama_cpp_permute  # noqa: E402
 
 gguf = pytest.importorskip("gguf")
@@ -125,11 +126,12 @@ def test_dynamic_rotary_scaling_is_the_default_to_the_end_of_the_context(tmp_pat
     np.testing.assert_allclose(llm.score(ids), ref, rtol=0, atol=1e-4)
 
 
-def write_gguf_of(hf: Any, path: Path, fmt: str = "f32", meta: dict[str, Any] | None = None) -> Path:
+def write_gguf_of(hf: Any, path: Path, fmt: str = "f32", meta: dict[str, Any] | None = None, blocks: dict[str, QuantTensor] | None = None) -> Path:
     """The weights of transformers model ``hf`` in a GGUF file of its architecture (``fmt``: the
-    format of its matrices; the token table too), with a byte-level BPE vocabulary of ``VOCAB``
-    tokens (the ids are what is fed; the text is never read), the metadata llama.cpp's
-    converter writes, and ``meta`` (strings, floats, ints) after it."""
+    format of its matrices; the token table too; ``blocks``: the stored rows of the named
+    matrices instead), with a byte-level BPE vocabulary of ``VOCAB`` tokens (the ids are what is
+    fed; the text is never read), the metadata llama.cpp's converter writes, and ``meta``
+    (strings, floats, ints) after it."""
     c, arch = hf.config, hf.config.model_type
     hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     w = gguf.GGUFWriter(str(path), arch)
@@ -148,10 +150,14 @@ def write_gguf_of(hf: Any, path: Path, fmt: str = "f32", meta: dict[str, Any] | 
     for name, value in hf.state_dict().items():
         if name == "lm_head.weight" and c.tie_word_embeddings:
             continue
-        data = value.detach().float().numpy()
-        if arch == "llama" and re.search(r"\.(q|k)_proj\.", name):
+        given = (blocks or {}).get(name)
+        data = value.detach().float().numpy() if given is None else np.asarray(given.data)
+        if arch == "llama" and re.search(r"\.(q|k)_proj\.", name):  # rows of values or of blocks alike
             data = llama_cpp_permute(data, c.num_attention_heads if ".q_proj." in name else c.num_key_value_heads)
-        t = quantize(np.ascontiguousarray(data), fmt if data.ndim == 2 else "f32", name)
+        if given is None:
+            t = quantize(np.ascontiguousarray(data), fmt if data.ndim == 2 else "f32", name)
+        else:
+            t = QuantTensor(name, given.shape, given.fmt, np.ascontiguousarray(data))
         w.add_tensor(gguf_name(name), np.ascontiguousarray(t.data), raw_dtype=ggml(t.fmt))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -215,6 +221,34 @@ def test_a_qwen3_gguf_gives_transformers_log_probabilities(tmp_path: Path, fmt: 
     tol = 1e-4 if fmt == "f32" else 5e-2
     for ids in PROMPTS:
         np.testing.assert_allclose(llm.score(ids), log_probs(hf, ids), rtol=0, atol=tol)
+
+
+def k_quant_matrix(name: str, fmt: str, shape: tuple[int, int], std: float, seed: int) -> QuantTensor:
+    """Random ``fmt`` rows (``k_quant_blocks``) whose values have a standard deviation of about
+    ``std``: the same payload bytes with the fp16 scales of a first draw scaled to it."""
+    first = QuantTensor(name, shape, fmt, k_quant_blocks(np.random.default_rng(seed), fmt, *shape, scale=1.0))
+    scale = std / float(first.dequantize().std())
+    return QuantTensor(name, shape, fmt, k_quant_blocks(np.random.default_rng(seed), fmt, *shape, scale=scale))
+
+
+def test_a_llama_gguf_of_k_quants_gives_the_log_probabilities_of_its_values(tmp_path: Path) -> None:
+    """Llama matrices stored as Q5_K, Q3_K and Q2_K (each format in the q/k projections, whose
+    rows llama.cpp permutes, the others, the head and the token table, as llama.cpp's k-quant
+    files store theirs): kept in their blocks (``q``: the quant library's float path, GEMV at one
+    token, GEMM over 13; the table's rows decoded by ``quant_take``) they give transformers'
+    log-probabilities with the dequantized values to float32 rounding."""
+    hf = save(tmp_path / "ckpt", "llama", hidden_size=256, intermediate_size=256)
+    fmts = ("q5_k", "q3_k", "q2_k")
+    matrices = [n for n, p in hf.named_parameters() if p.ndim == 2]
+    blocks = {n: k_quant_matrix(n, fmts[i % 3], tuple(hf.get_parameter(n).shape), 0.05, seed=i) for i, n in enumerate(matrices)}
+    assert {b.fmt for n, b in blocks.items() if ".q_proj." in n or ".k_proj." in n} == set(fmts)
+    with torch.no_grad():
+        for n, b in blocks.items():
+            hf.get_parameter(n).copy_(torch.from_numpy(b.dequantize()))
+    llm = LLM(str(write_gguf_of(hf, tmp_path / "kq.gguf", blocks=blocks)), precision="q", max_batch=2, kv_tokens=256, kv_dtype="float32")
+    assert {llm.formats[n] for n in blocks} == set(fmts)
+    for ids in PROMPTS:  # 1, 7 and 13 tokens
+        np.testing.assert_allclose(llm.score(ids), log_probs(hf, ids), rtol=0, atol=1e-4)
 
 
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 10000.0}

@@ -14,7 +14,7 @@ gguf = pytest.importorskip("gguf")
 from gguf import quants as gq  # noqa: E402
 
 # byte offsets of the fp16 scale fields in a block: random bytes there could be inf or nan
-SCALE_FIELDS = {"q8_0": (0,), "q4_0": (0,), "q4_1": (0, 2), "q4_k": (0, 2), "q6_k": (208,)}
+SCALE_FIELDS = {"q8_0": (0,), "q4_0": (0,), "q4_1": (0, 2), "q4_k": (0, 2), "q6_k": (208,), "q5_k": (0, 2), "q3_k": (108,), "q2_k": (80, 82)}
 
 
 def ggml(fmt: str) -> "gguf.GGMLQuantizationType":

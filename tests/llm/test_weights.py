@@ -9,6 +9,7 @@ tensor of each format by default; all 272 are checked in the long tier
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import mmap
 import os
@@ -21,6 +22,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from tests.backend.helpers import k_quant_blocks
 from tests.llm.models import SMOLLM2, needs_smollm2
 from tilework.errors import FileFormatError, ParameterError, ShapeError, TileworkError, UnsupportedError
 from tilework.llm.config import LlmConfig, RopeScaling
@@ -234,15 +236,12 @@ def gguf_name(hf: str) -> str:
     return f"blk.{m[1]}.{_GGUF_PART[m[2]]}.{m[3]}"
 
 
+K_QUANTS = ("q6_k", "q4_k", "q5_k", "q3_k", "q2_k")  # the down projection of layer i: K_QUANTS[i % 5]
+
+
 def k_quant_rows(fmt: str, rows: int, cols: int, seed: int) -> QuantTensor:
-    """Random Q4_K / Q6_K rows (tilework cannot write them; any bytes are valid but the fp16 scales)."""
-    rng = np.random.default_rng(seed)
-    f = QUANT_FORMATS[fmt]
-    data = rng.integers(0, 256, (rows, f.row_bytes(cols)), dtype=np.uint8)
-    blocks = data.reshape(-1, f.nbytes)
-    for at in (0, 2) if fmt == "q4_k" else (208,):
-        blocks[:, at : at + 2] = (rng.standard_normal((len(blocks), 1)) * 0.01).astype(np.float16).view(np.uint8)
-    return QuantTensor("", (rows, cols), fmt, data)
+    """Random k-quant rows (tilework cannot write them; any bytes are valid but the fp16 scales)."""
+    return QuantTensor("", (rows, cols), fmt, k_quant_blocks(np.random.default_rng(seed), fmt, rows, cols))
 
 
 def tiny_tensors(cfg: LlmConfig, seed: int = 0) -> dict[str, QuantTensor]:
@@ -253,7 +252,8 @@ def tiny_tensors(cfg: LlmConfig, seed: int = 0) -> dict[str, QuantTensor]:
         fmt = next((f for key, f in _FORMAT_OF.items() if key in name), "f32")
         if "down_proj.weight" in name:
             rows, cols = shape
-            out[name] = k_quant_rows("q6_k" if ".0." in name else "q4_k", rows, cols, seed=len(out))
+            layer = int(re.findall(r"\.(\d+)\.", name)[0])
+            out[name] = k_quant_rows(K_QUANTS[layer % len(K_QUANTS)], rows, cols, seed=len(out))
             continue
         out[name] = quantize(rng.standard_normal(shape).astype(np.float32) * 0.1, fmt if len(shape) == 2 else "f32", name)
     return out
@@ -301,13 +301,15 @@ def write_gguf(path: Path, cfg: LlmConfig, tensors: dict[str, QuantTensor], arch
 
 
 def test_tiny_llama_gguf_every_format(tmp_path: Path) -> None:
-    """A file with Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, F16, BF16, F32 tensors and q/k biases loads back
-    to the transformers layout: names, row order (q/k rows and biases were permuted as llama.cpp
-    does), values (checked with gguf.quants)."""
-    tensors = tiny_tensors(TINY)
-    path = write_gguf(tmp_path / "tiny.gguf", TINY, tensors)
+    """A file with Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, Q5_K, Q3_K, Q2_K, F16, BF16, F32 tensors (5
+    layers: a k-quant down projection each) and q/k biases loads back to the transformers
+    layout: names, row order (q/k rows and biases were permuted as llama.cpp does), values
+    (checked with gguf.quants)."""
+    five = dataclasses.replace(TINY, layers=len(K_QUANTS))
+    tensors = tiny_tensors(five)
+    path = write_gguf(tmp_path / "tiny.gguf", five, tensors)
     cfg, w = load_weights(path)
-    assert cfg == TINY
+    assert cfg == five
     assert list(w) == list(tensors)
     assert {t.fmt for t in w.values()} == set(QUANT_FORMATS)
     for name, t in tensors.items():
@@ -315,6 +317,35 @@ def test_tiny_llama_gguf_every_format(tmp_path: Path) -> None:
         ref = gq.dequantize(np.asarray(t.data), ggml(t.fmt)).reshape(t.shape)
         np.testing.assert_array_equal(w[name].dequantize(), ref, err_msg=name)
         assert mapped(w[name].data) == (re.search(r"\.(q|k)_proj\.", name) is None), name
+
+
+def test_k_quant_matrices_load_in_every_precision(tmp_path: Path) -> None:
+    """The k-quant down projections of a 5-layer file (one of each k-quant) as the decoder gets
+    them: ``fp32`` the values gguf.quants decodes (laid out in panels), ``bf16`` those rounded
+    to bfloat16 (16 rows side by side where the quant library has AVX-512 BF16), ``q`` the
+    file's blocks as they are."""
+    from tilework.llm.compile import PRECISIONS, prepare_weights
+    from tilework.llm.model import LlamaDecoder
+    from tilework.op.quant import bf16_rows, interleave_rows
+    from tilework.transform.panels import lay_out
+
+    five = dataclasses.replace(TINY, layers=len(K_QUANTS))
+    cfg, w = load_weights(write_gguf(tmp_path / "tiny.gguf", five, tiny_tensors(five)))
+    for precision in PRECISIONS:
+        formats, arrays = prepare_weights(cfg, w, precision)
+        names = [n for n, _ in LlamaDecoder(cfg, {n: f for n, f in formats.items() if f != "f32"}).named_parameters()]
+        for i, fmt in enumerate(K_QUANTS):
+            name = f"model.layers.{i}.mlp.down_proj.weight"
+            t, got = w[name], arrays[names.index(name)]
+            values = gq.dequantize(np.asarray(t.data), ggml(fmt)).reshape(t.shape)
+            if precision == "q":
+                assert formats[name] == fmt and np.array_equal(got, t.data), name
+            elif precision == "bf16":
+                want = bf16_rows(values)
+                np.testing.assert_array_equal(got, interleave_rows(want, "bf16") if formats[name] == "bf16x16" else want, err_msg=name)
+            else:
+                assert name not in formats
+                np.testing.assert_array_equal(got, lay_out(values), err_msg=name)
 
 
 def test_tiny_qwen2_gguf_keeps_row_order(tmp_path: Path) -> None:

@@ -18,7 +18,8 @@ from tilework.ir.builder import BlockBuilder
 from tilework.ir.graph import Var
 from tilework.ir.info import TensorInfo
 from tilework.llm.quant import quantize
-from tilework.op.quant import GROUP, INTERLEAVED_FORMATS, LEGALIZED_FORMATS, interleave_rows, quant_format
+from tilework.op.quant import GROUP, INTERLEAVED_FORMATS, K_QUANTS, LEGALIZED_FORMATS, interleave_rows, quant_format
+from tests.backend.helpers import k_quant_blocks
 
 K, N = 64, 7
 # (format, target) interpreted in the long tier only: quant_linear's q8_0x16 interprets an
@@ -67,14 +68,14 @@ def test_quant_linear(target: str, fmt: str) -> None:
         np.testing.assert_allclose(vm["main"](x, blocks), x @ weights.T, rtol=1e-5, atol=1e-5)
 
 
-def _take_vm(fmt: str, rows: int, target: str) -> tw.VM:
+def _take_vm(fmt: str, rows: int, target: str, cols: int = K) -> tw.VM:
     n = tw.dim("n", max=max(64, rows))
-    table = Var("table", TensorInfo((rows, quant_format(fmt).row_bytes(K)), "uint8"))
+    table = Var("table", TensorInfo((rows, quant_format(fmt).row_bytes(cols)), "uint8"))
     ids = Var("ids", TensorInfo((n,), "int32"))
     bb = BlockBuilder()
     with bb.function("main", [table, ids]):
         with bb.dataflow():
-            out = bb.emit_output(op.quant_take(table, ids, fmt, K))
+            out = bb.emit_output(op.quant_take(table, ids, fmt, cols))
         bb.emit_func_output(out)
     return tw.VM(tw.build(bb.get(), target=target))
 
@@ -88,6 +89,30 @@ def test_quant_take(target: str, fmt: str) -> None:
     for pick in ([0], [rows - 1, 3, 3, 0, -1, 17 % rows], list(range(rows))):
         got = vm["main"](blocks, np.array(pick, np.int32))
         np.testing.assert_array_equal(got, weights[pick])
+
+
+@pytest.mark.parametrize("target", ["cpu", long_param("interp", why="five k-quant take kernels interpreted (10 s)")])
+def test_quant_take_of_k_quant_tables(target: str) -> None:
+    """Rows of tables in every k-quant (one module: one compile), random blocks (every field's
+    bit patterns), decode as ``gguf.quants.dequantize`` decodes them, to one rounding of the
+    products (where the compiler fuses one into an FMA)."""
+    gq = pytest.importorskip("gguf.quants")
+    rows, cols = 5, 512
+    n = tw.dim("n", max=64)
+    tables = [Var(f"t_{fmt}", TensorInfo((rows, quant_format(fmt).row_bytes(cols)), "uint8")) for fmt in K_QUANTS]
+    ids = Var("ids", TensorInfo((n,), "int32"))
+    bb = BlockBuilder()
+    with bb.function("main", [*tables, ids]):
+        with bb.dataflow():
+            outs = [bb.emit_output(op.quant_take(t, ids, fmt, cols)) for t, fmt in zip(tables, K_QUANTS)]
+        bb.emit_func_output(outs)
+    vm = tw.VM(tw.build(bb.get(), target=target))
+    data = [k_quant_blocks(np.random.default_rng(i), fmt, rows, cols) for i, fmt in enumerate(K_QUANTS)]
+    for pick in ([0], [rows - 1, 3, 3, 0, -1], list(range(rows))):
+        got = vm["main"](*data, np.array(pick, np.int32))
+        for fmt, table, g in zip(K_QUANTS, data, got):
+            want = gq.dequantize(table, gq.GGMLQuantizationType(quant_format(fmt).ggml_type)).reshape(rows, cols)[pick]
+            np.testing.assert_allclose(g, want, rtol=1e-6, atol=1e-6 * float(np.abs(want).max()), err_msg=fmt)
 
 
 @pytest.mark.parametrize("target", ["cpu", "interp"])

@@ -1,13 +1,14 @@
-/* tilework's quant backend: the float path (bf16, f16, q4_k, q6_k rows) on AVX2 (+ FMA, F16C),
+/* tilework's quant backend: the float path (bf16, f16, k-quant rows) on AVX2 (+ FMA, F16C),
  * for CPUs without AVX-512. Not a translation unit of its own: tilework/backend/quant.py's
  * source() splices it into quant_kernels.c at that file's #include of it, after the scalars, the
  * scratch helpers and the portable kernels, before the entry points.
  *
  * The weights are decoded 8 at a time as twq_decode32 decodes them (bf16: zero-extended and
- * shifted up 16 bits; f16: vcvtph2ps, exact; q4_k: fma(q, d * scale, -dmin * min); q6_k:
- * q * d * scale, the factors from twq_kscales once per super-block and row) and multiplied in
- * float32, so the results are x @ dequantize(w).T up to float32 rounding: they differ from the
- * portable kernels' by the order of the sums (and q4_k's decoding by one rounding).
+ * shifted up 16 bits; f16: vcvtph2ps, exact; q4_k, q5_k, q2_k: fma(q, d * scale, -dmin * min);
+ * q6_k, q3_k: q * d * scale, the factors from twq_kscales once per super-block and row) and
+ * multiplied in float32, so the results are x @ dequantize(w).T up to float32 rounding: they
+ * differ from the portable kernels' by the order of the sums (and q4_k's, q5_k's and q2_k's
+ * decoding by one rounding).
  * - GEMV (M <= TWQ_A2_GEMV_MAX_M, decoding): groups of 4 W rows (2 from 3 rows of x on) over the
  *   threads, each 8 weights decoded in a register once and multiplied with up to 4 rows of x
  *   (more rows take passes over the group, which is in L1 by then); the group TWQ_A2_AHEAD on
@@ -39,8 +40,8 @@
 #define TWQ_A2_KC 768  /* most k per packed panel: 16 x 768 floats, 48 KiB, in L2 */
 #endif
 
-/* Weights k .. k+7 of a row (k a multiple of 8), decoded as twq_decode32 does; kq: for q4_k and
- * q6_k, the factors of k's super-block (twq_kscales). */
+/* Weights k .. k+7 of a row (k a multiple of 8), decoded as twq_decode32 does; kq: for the
+ * k-quants, the factors of k's super-block (twq_kscales). */
 TWQ_INLINE __m256 twq_a2_w8(int fmt, const uint8_t* row, int64_t k, const float* kq) {
     if (fmt == TWQ_BF16 || fmt == TWQ_F16) {
         const __m128i h = _mm_loadu_si128((const __m128i*)(row + 2 * k));
@@ -54,6 +55,25 @@ TWQ_INLINE __m256 twq_a2_w8(int fmt, const uint8_t* row, int64_t k, const float*
         __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)qs));
         q = _mm256_and_si256(_mm256_srl_epi32(q, _mm_cvtsi32_si128(4 * (s & 1))), _mm256_set1_epi32(0xF));
         return _mm256_fmsub_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(kq[s]), _mm256_set1_ps(kq[8 + s]));
+    }
+    if (fmt == TWQ_Q5_K) { /* q4_k's nibble; bit s of qh (bytes 16-47) its fifth bit */
+        const uint8_t* b = row + (j >> 3) * 176;
+        __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(b + 48 + 32 * (s >> 1) + l0)));
+        __m256i h = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(b + 16 + l0)));
+        q = _mm256_and_si256(_mm256_srl_epi32(q, _mm_cvtsi32_si128(4 * (s & 1))), _mm256_set1_epi32(0xF));
+        h = _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(h, _mm_cvtsi32_si128(s)), _mm256_set1_epi32(1)), 4);
+        return _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_or_si256(q, h)), _mm256_set1_ps(kq[s]), _mm256_set1_ps(kq[8 + s]));
+    }
+    if (fmt == TWQ_Q3_K || fmt == TWQ_Q2_K) { /* quarter s & 3 of half s / 4: bits 2 (s & 3) of 32 bytes */
+        const int q3 = fmt == TWQ_Q3_K, g = 2 * s + (l0 >> 4);
+        const uint8_t* b = row + (j >> 3) * (q3 ? 110 : 84);
+        __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(b + (q3 ? 32 : 16) + 32 * (s >> 2) + l0)));
+        q = _mm256_and_si256(_mm256_srl_epi32(q, _mm_cvtsi32_si128(2 * (s & 3))), _mm256_set1_epi32(3));
+        if (!q3) return _mm256_fmsub_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(kq[g]), _mm256_set1_ps(kq[16 + g]));
+        __m256i h = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(b + l0))); /* hmask bit s set: q, clear: q - 4 */
+        h = _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(h, _mm_cvtsi32_si128(s)), _mm256_set1_epi32(1)), 2);
+        q = _mm256_sub_epi32(_mm256_or_si256(q, h), _mm256_set1_epi32(4));
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(kq[g]));
     }
     /* q6_k */
     const int half = s >> 2, t = s & 3;
@@ -88,7 +108,7 @@ static inline float twq_a2_hsum(__m256 v) {
 TWQ_INLINE void twq_a2_gemv_tile(int fmt, int MR, int NR, const float* x, const uint8_t* w, int64_t rb,
                                  float* y, int64_t N, int64_t K, int64_t n0) {
     __m256 acc[TWQ_A2_MR][4];
-    float kq[4][16]; /* k-quants: each row's factors of the current super-block */
+    float kq[4][TWQ_NKQ]; /* k-quants: each row's factors of the current super-block */
     const uint8_t* rows[4];
 #pragma GCC unroll 8
     for (int c = 0; c < NR; ++c) rows[c] = w + (n0 + c) * rb;
@@ -137,13 +157,17 @@ TWQ_A2_GEMV_FMT(TWQ_BF16)
 TWQ_A2_GEMV_FMT(TWQ_F16)
 TWQ_A2_GEMV_FMT(TWQ_Q4_K)
 TWQ_A2_GEMV_FMT(TWQ_Q6_K)
+TWQ_A2_GEMV_FMT(TWQ_Q5_K)
+TWQ_A2_GEMV_FMT(TWQ_Q3_K)
+TWQ_A2_GEMV_FMT(TWQ_Q2_K)
 
 typedef void (*twq_a2_gemv_fn)(const float*, const uint8_t*, int64_t, float*, int64_t, int64_t, int64_t);
 #define TWQ_A2_GEMV_ROW_NR(FMT, NR) {twq_a2_gemv_##FMT##_1_##NR, twq_a2_gemv_##FMT##_2_##NR, twq_a2_gemv_##FMT##_3_##NR, twq_a2_gemv_##FMT##_4_##NR}
 #define TWQ_A2_GEMV_ROW(FMT) {TWQ_A2_GEMV_ROW_NR(FMT, 1), TWQ_A2_GEMV_ROW_NR(FMT, 2), TWQ_A2_GEMV_ROW_NR(FMT, 4)}
-/* [fmt - TWQ_BF16: bf16, f16, q4_k, q6_k][NR 1, 2, 4][MR - 1] */
-static const twq_a2_gemv_fn twq_a2_gemv_table[4][3][TWQ_A2_MR] = {TWQ_A2_GEMV_ROW(TWQ_BF16), TWQ_A2_GEMV_ROW(TWQ_F16),
-                                                                 TWQ_A2_GEMV_ROW(TWQ_Q4_K), TWQ_A2_GEMV_ROW(TWQ_Q6_K)};
+/* [fmt - TWQ_BF16: bf16, f16, q4_k, q6_k, q5_k, q3_k, q2_k][NR 1, 2, 4][MR - 1] */
+static const twq_a2_gemv_fn twq_a2_gemv_table[7][3][TWQ_A2_MR] = {TWQ_A2_GEMV_ROW(TWQ_BF16), TWQ_A2_GEMV_ROW(TWQ_F16),
+                                                                 TWQ_A2_GEMV_ROW(TWQ_Q4_K), TWQ_A2_GEMV_ROW(TWQ_Q6_K),
+                                                                 TWQ_A2_GEMV_ROW(TWQ_Q5_K), TWQ_A2_GEMV_ROW(TWQ_Q3_K), TWQ_A2_GEMV_ROW(TWQ_Q2_K)};
 
 /* ---- GEMV, 5 to 12 rows of x: each W row decoded once per 8 of them ---------------------- */
 /* The passes above decode each 8 weights once per pass of up to 4 rows: at 8 rows that is a
@@ -172,7 +196,7 @@ static const twq_a2_gemv_fn twq_a2_gemv_table[4][3][TWQ_A2_MR] = {TWQ_A2_GEMV_RO
 TWQ_INLINE __m256 twq_a2_row8(int fmt, int MR, const float* x, const uint8_t* row, const uint8_t* next, int64_t K,
                               int64_t k0, int64_t k1, int64_t step) {
     __m256 acc[8];
-    float kq[16];
+    float kq[TWQ_NKQ];
 #pragma GCC unroll 8
     for (int r = 0; r < 8; ++r) acc[r] = _mm256_setzero_ps();
     const int64_t k8 = k0 + (k1 - k0) / 8 * 8;
@@ -224,11 +248,15 @@ TWQ_A2_GEMV8_FMT(TWQ_BF16)
 TWQ_A2_GEMV8_FMT(TWQ_F16)
 TWQ_A2_GEMV8_FMT(TWQ_Q4_K)
 TWQ_A2_GEMV8_FMT(TWQ_Q6_K)
+TWQ_A2_GEMV8_FMT(TWQ_Q5_K)
+TWQ_A2_GEMV8_FMT(TWQ_Q3_K)
+TWQ_A2_GEMV8_FMT(TWQ_Q2_K)
 typedef void (*twq_a2_gemv8_fn)(const float*, const uint8_t*, int64_t, float*, int64_t, int64_t, int64_t, int64_t, int64_t);
 #define TWQ_A2_GEMV8_ROW(FMT) {twq_a2_gemv8_##FMT##_4, twq_a2_gemv8_##FMT##_5, twq_a2_gemv8_##FMT##_6, twq_a2_gemv8_##FMT##_7, twq_a2_gemv8_##FMT##_8}
 /* [fmt - TWQ_BF16][rows - 4] */
-static const twq_a2_gemv8_fn twq_a2_gemv8_table[4][5] = {TWQ_A2_GEMV8_ROW(TWQ_BF16), TWQ_A2_GEMV8_ROW(TWQ_F16),
-                                                         TWQ_A2_GEMV8_ROW(TWQ_Q4_K), TWQ_A2_GEMV8_ROW(TWQ_Q6_K)};
+static const twq_a2_gemv8_fn twq_a2_gemv8_table[7][5] = {TWQ_A2_GEMV8_ROW(TWQ_BF16), TWQ_A2_GEMV8_ROW(TWQ_F16),
+                                                         TWQ_A2_GEMV8_ROW(TWQ_Q4_K), TWQ_A2_GEMV8_ROW(TWQ_Q6_K),
+                                                         TWQ_A2_GEMV8_ROW(TWQ_Q5_K), TWQ_A2_GEMV8_ROW(TWQ_Q3_K), TWQ_A2_GEMV8_ROW(TWQ_Q2_K)};
 
 static void twq_a2_gemv8(int fmt, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t rb) {
     const int64_t chunks = (K + TWQ_A2_KC8 - 1) / TWQ_A2_KC8;
@@ -296,7 +324,7 @@ TWQ_INLINE void twq_a2_t8x8(__m256* r) {
  * never stored), weights [k0, k0 + kc), into the panel p[k][16]. */
 TWQ_INLINE void twq_a2_pack(int fmt, const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, int64_t k0, int64_t kc, int64_t K, float* p) {
     const uint8_t* rows[TWQ_A2_PN];
-    float kq[TWQ_A2_PN][16]; /* k-quants: each row's factors of the current super-block */
+    float kq[TWQ_A2_PN][TWQ_NKQ]; /* k-quants: each row's factors of the current super-block */
     for (int c = 0; c < TWQ_A2_PN; ++c) rows[c] = w + (n0 + (c < nr ? c : nr - 1)) * rb;
     const int64_t kc8 = kc / 8 * 8;
     for (int64_t kk = 0; kk < kc8; kk += 8) {
@@ -323,8 +351,12 @@ TWQ_A2_PACK_FN(TWQ_BF16)
 TWQ_A2_PACK_FN(TWQ_F16)
 TWQ_A2_PACK_FN(TWQ_Q4_K)
 TWQ_A2_PACK_FN(TWQ_Q6_K)
+TWQ_A2_PACK_FN(TWQ_Q5_K)
+TWQ_A2_PACK_FN(TWQ_Q3_K)
+TWQ_A2_PACK_FN(TWQ_Q2_K)
 typedef void (*twq_a2_pack_fn)(const uint8_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float*);
-static const twq_a2_pack_fn twq_a2_pack_table[4] = {twq_a2_pack_TWQ_BF16, twq_a2_pack_TWQ_F16, twq_a2_pack_TWQ_Q4_K, twq_a2_pack_TWQ_Q6_K};
+static const twq_a2_pack_fn twq_a2_pack_table[7] = {twq_a2_pack_TWQ_BF16, twq_a2_pack_TWQ_F16, twq_a2_pack_TWQ_Q4_K, twq_a2_pack_TWQ_Q6_K,
+                                                    twq_a2_pack_TWQ_Q5_K, twq_a2_pack_TWQ_Q3_K, twq_a2_pack_TWQ_Q2_K};
 
 /* y[0..nr) (+)= the 16 outputs in v0, v1; m0, m1: the lanes below nr (twq_a2_mask). Whole
  * panels store plainly: vmaskmovps to memory is microcoded on AMD (tens of cycles). */
@@ -416,7 +448,7 @@ static int twq_a2_gemm(int fmt, const float* x, const uint8_t* w, float* y, int6
     return failed ? TWQ_ENOMEM : 0;
 }
 
-/* bf16, f16, q4_k and q6_k rows. */
+/* bf16, f16 and k-quant rows. */
 static int twq_a2_run(int fmt, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t rb) {
     if (TWQ_A2_ONCE && M >= 5 && M <= TWQ_A2_ONCE_MAX_M) {
         twq_a2_gemv8(fmt, x, w, y, M, N, K, rb);

@@ -30,8 +30,9 @@
  *   bytes, vector t holding bytes 4t..4t+3 of row 0, then of row 1, ... of row 15. The results
  *   are the same bits as the plain format's (the same block sums in the same order).
  *
- * bf16, f16, q4_k, q6_k multiply in float32 with the weights decoded exactly (no activation
- * quantization; x @ dequantize(w).T up to float32 rounding), but for bf16 where the CPU has
+ * bf16, f16 and the k-quants (q4_k, q6_k, q5_k, q3_k, q2_k) multiply in float32 with the weights
+ * decoded exactly (no activation quantization; x @ dequantize(w).T up to float32 rounding), but
+ * for bf16 where the CPU has
  * AVX-512 BF16 (TWQ_BF16DOT; define TW_QUANT_NO_BF16DOT to leave it out), on the GEMV and the
  * GEMM: there each row of x is rounded to bf16 once per call
  * (to nearest even) and vdpbf16ps multiplies pairs of k (products exact in float32, each pair
@@ -60,7 +61,7 @@
  *   plain C over the lanes (x in float32, each output summed pair by pair).
  * Both paths have AVX-512 kernels (F + BW, F16C; VNNI where present) and portable ones (any
  * C99 compiler; define TW_QUANT_PORTABLE to force them). Without AVX-512 but with AVX2, FMA and
- * F16C, the float path (bf16, f16, q4_k, q6_k) runs the kernels of quant_float_avx2.c (TWQ_A2F:
+ * F16C, the float path (bf16, f16, the k-quants) runs the kernels of quant_float_avx2.c (TWQ_A2F:
  * a GEMV over groups of 4 or 2 W rows, a packed GEMM with a 6 x 16 micro-kernel; see that
  * file), which tilework's quant.py splices in at its #include below. With AVX2 the
  * portable integer path takes each block's dot products with a row of x in AVX2 (vpmaddubsw +
@@ -73,8 +74,8 @@
  * (twq_broadcast_x), read as vpmaddubsw's memory operand.
  *
  * Entry points: tw_qlinear_<fmt>(x, w, y, M, N, K) for q4_0 q4_1 q8_0 bf16 f16 q4_k q6_k
- * q4_0x16 q4_1x16 q8_0x16 bf16x16, and tw_qlinear_add_<fmt>(x, w, r, y, M, N, K): y = x @ W.T + r;
- * 0 on success, TWQ_E* for a bad argument. tw_qlinear_packed is the trampoline the Python
+ * q5_k q3_k q2_k q4_0x16 q4_1x16 q8_0x16 bf16x16, and tw_qlinear_add_<fmt>(x, w, r, y, M, N, K):
+ * y = x @ W.T + r; 0 on success, TWQ_E* for a bad argument. tw_qlinear_packed is the trampoline the Python
  * extern calls with NumPy array object addresses; tw_quant_quantize_x exposes the quantization
  * of x to the tests; tw_quant_dequantize and tw_quant_interleave (quant_dequant.c) decode and
  * interleave whole rows for the loaders.
@@ -100,11 +101,11 @@
 #include <immintrin.h>
 #endif
 
-enum { TWQ_Q4_0, TWQ_Q4_1, TWQ_Q8_0, TWQ_BF16, TWQ_F16, TWQ_Q4_K, TWQ_Q6_K, TWQ_NFMT };
+enum { TWQ_Q4_0, TWQ_Q4_1, TWQ_Q8_0, TWQ_BF16, TWQ_F16, TWQ_Q4_K, TWQ_Q6_K, TWQ_Q5_K, TWQ_Q3_K, TWQ_Q2_K, TWQ_NFMT };
 /* The interleaved layouts' codes (the entry points' fmt): TWQ_NFMT + q4_0, q4_1, q8_0, bf16. */
 enum { TWQ_Q4_0X16 = TWQ_NFMT, TWQ_Q4_1X16, TWQ_Q8_0X16, TWQ_BF16X16, TWQ_NCODES }; /* bf16x16 = TWQ_NFMT + TWQ_BF16 */
-static const int64_t twq_block[TWQ_NFMT] = {32, 32, 32, 1, 1, 256, 256};
-static const int64_t twq_nbytes[TWQ_NFMT] = {18, 20, 34, 2, 2, 144, 210};
+static const int64_t twq_block[TWQ_NFMT] = {32, 32, 32, 1, 1, 256, 256, 256, 256, 256};
+static const int64_t twq_nbytes[TWQ_NFMT] = {18, 20, 34, 2, 2, 144, 210, 176, 110, 84};
 
 #define TWQ_ENULL 1  /* a null pointer */
 #define TWQ_ESHAPE 2 /* a negative size, or K not a multiple of the block */
@@ -123,7 +124,7 @@ static const int64_t twq_nbytes[TWQ_NFMT] = {18, 20, 34, 2, 2, 144, 210};
 #define TWQ_WITH_BF16 1 /* bf16 and bf16x16 */
 #endif
 #ifndef TWQ_WITH_FLOAT
-#define TWQ_WITH_FLOAT 1 /* f16, q4_k, q6_k */
+#define TWQ_WITH_FLOAT 1 /* f16, q4_k, q6_k, q5_k, q3_k, q2_k */
 #endif
 
 #ifndef TWQ_GEMV_MAX_M
@@ -181,10 +182,38 @@ static inline void twq_k4_scale(const uint8_t* sc, int s, int* scale, int* min) 
     }
 }
 
-/* Per super-block factors of a k-quant row: q4_k: 8 (d * scale) then 8 (dmin * min);
- * q6_k: 16 (d * scale), one per 16 weights. */
+#define TWQ_NKQ 32 /* most per super-block factors (twq_kscales): q2_k's */
+
+/* q3_K's 6-bit scale i (0..15) from its 12 packed bytes, less 32: low 4 bits in the nibbles of
+ * bytes 0-7, top 2 in bits 2 * (i / 4) of byte 8 + i % 4. */
+static inline int twq_k3_scale(const uint8_t* sc, int i) {
+    return (((sc[i & 7] >> (4 * (i >> 3))) & 0xF) | (((sc[8 + (i & 3)] >> (2 * (i >> 2))) & 3) << 4)) - 32;
+}
+
+/* The per super-block factors of q3_k (16 d * scale) and q2_k (16 d * scale, 16 dmin * min),
+ * one per 16 weights (twq_kscales). */
+static inline void twq_kscales_23(int fmt, const uint8_t* blk, float* kq) {
+    if (fmt == TWQ_Q3_K) {
+        const float d = twq_h2f(twq_u16(blk + 108));
+        for (int g = 0; g < 16; ++g) kq[g] = d * (float)twq_k3_scale(blk + 96, g);
+    } else {
+        const float d = twq_h2f(twq_u16(blk + 80)), dmin = twq_h2f(twq_u16(blk + 82));
+        for (int g = 0; g < 16; ++g) {
+            kq[g] = d * (float)(blk[g] & 0xF);
+            kq[16 + g] = dmin * (float)(blk[g] >> 4);
+        }
+    }
+}
+
+/* Per super-block factors of a k-quant row (TWQ_NKQ floats at most): q4_k, q5_k: 8 (d * scale)
+ * then 8 (dmin * min); q6_k, q3_k: 16 (d * scale), one per 16 weights; q2_k: 16 (d * scale) then
+ * 16 (dmin * min). */
 static inline void twq_kscales(int fmt, const uint8_t* blk, float* kq) {
-    if (fmt == TWQ_Q4_K) {
+    if (fmt == TWQ_Q3_K || fmt == TWQ_Q2_K) {
+        twq_kscales_23(fmt, blk, kq);
+        return;
+    }
+    if (fmt == TWQ_Q4_K || fmt == TWQ_Q5_K) {
         float d = twq_h2f(twq_u16(blk)), dmin = twq_h2f(twq_u16(blk + 2));
         for (int s = 0; s < 8; ++s) {
             int sc, mn;
@@ -198,7 +227,7 @@ static inline void twq_kscales(int fmt, const uint8_t* blk, float* kq) {
     }
 }
 
-/* The 32 weights of piece j of a bf16, f16, q4_k or q6_k row (weights 32j .. 32j+31), decoded
+/* The 32 weights of piece j of a bf16, f16 or k-quant row (weights 32j .. 32j+31), decoded
  * exactly. For k-quants kq holds the factors of the piece's super-block (twq_kscales). */
 TWQ_UNUSED static void twq_decode32(int fmt, const uint8_t* row, int64_t j, const float* kq, float* out) {
     switch (fmt) {
@@ -211,6 +240,23 @@ TWQ_UNUSED static void twq_decode32(int fmt, const uint8_t* row, int64_t j, cons
         const uint8_t* qs = row + (j >> 3) * 144 + 16;
         int s = (int)(j & 7), shift = (s & 1) * 4;
         for (int l = 0; l < 32; ++l) out[l] = kq[s] * (float)((qs[32 * (s >> 1) + l] >> shift) & 0xF) - kq[8 + s];
+        return;
+    }
+    case TWQ_Q5_K: { /* q4_k's nibble, bit s of qh[l] its fifth bit */
+        const uint8_t* b = row + (j >> 3) * 176;
+        const int s = (int)(j & 7), shift = (s & 1) * 4;
+        const uint8_t *qh = b + 16, *qs = b + 48 + 32 * (s >> 1);
+        for (int l = 0; l < 32; ++l) out[l] = kq[s] * (float)(((qs[l] >> shift) & 0xF) | (((qh[l] >> s) & 1) << 4)) - kq[8 + s];
+        return;
+    }
+    case TWQ_Q3_K: case TWQ_Q2_K: { /* quarter t of half s / 4: bits 2t of 32 bytes of 2-bit fields */
+        const int q3 = fmt == TWQ_Q3_K, s = (int)(j & 7), t = s & 3;
+        const uint8_t* b = row + (j >> 3) * (q3 ? 110 : 84);
+        const uint8_t* qs = b + (q3 ? 32 : 16) + 32 * (s >> 2);
+        for (int l = 0; l < 32; ++l) {
+            const int g = 2 * s + (l >> 4), q = (qs[l] >> (2 * t)) & 3;
+            out[l] = q3 ? kq[g] * (float)(q - (((b[l] >> s) & 1) ? 0 : 4)) : kq[g] * (float)q - kq[16 + g];
+        }
         return;
     }
     default: { /* TWQ_Q6_K */
@@ -237,7 +283,7 @@ TWQ_UNUSED static void twq_block_of_x16(int fmt, const uint8_t* grp, int64_t lan
     for (int64_t t = 0; t < (nbytes - head) / 4; ++t) memcpy(blk + head + 4 * t, b + 16 * head + 64 * t + 4 * lane, 4);
 }
 
-static inline int twq_is_k(int fmt) { return fmt == TWQ_Q4_K || fmt == TWQ_Q6_K; }
+static inline int twq_is_k(int fmt) { return fmt == TWQ_Q4_K || fmt == TWQ_Q6_K || fmt == TWQ_Q5_K || fmt == TWQ_Q3_K || fmt == TWQ_Q2_K; }
 static inline int twq_is_i8(int fmt) { return fmt == TWQ_Q4_0 || fmt == TWQ_Q4_1 || fmt == TWQ_Q8_0; }
 
 /* Weight k of a row, for the K % 32 tail of bf16/f16 rows. */
@@ -430,20 +476,26 @@ static float* twq_xq_alloc(twq_xq* xq, int64_t M, int64_t K) {
 
 TWQ_INLINE __m512i twq_u8x16(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p)); }
 
-/* Floats of per-piece factors: q4_k: d * scale, -dmin * min; q6_k: d * scale of each 16-weight
- * half; none for bf16, f16. */
-TWQ_INLINE int twq_nf(int fmt) { return fmt == TWQ_BF16 || fmt == TWQ_F16 ? 0 : 2; }
+/* Floats of per-piece factors: q4_k, q5_k: d * scale, -dmin * min; q6_k, q3_k: d * scale of each
+ * 16-weight half; q2_k: d * scale, -dmin * min of each half; none for bf16, f16. */
+#define TWQ_MAXNF 4
+TWQ_INLINE int twq_nf(int fmt) { return fmt == TWQ_BF16 || fmt == TWQ_F16 ? 0 : fmt == TWQ_Q2_K ? 4 : 2; }
 
 /* The factors of pieces [j0, j1) of a k-quant row, converted once so that the decoder only
  * broadcasts them from memory (a load, no vector ALU work). */
 TWQ_INLINE void twq_factors(int fmt, const uint8_t* row, int64_t j0, int64_t j1, float* f) {
     if (!twq_is_k(fmt)) return;
-    float kq[16];
+    float kq[TWQ_NKQ];
     for (int64_t j = j0; j < j1; ++j) {
         if (j == j0 || (j & 7) == 0) twq_kscales(fmt, row + (j >> 3) * twq_nbytes[fmt], kq);
         int s = (int)(j & 7);
-        float* o = f + 2 * (j - j0);
-        if (fmt == TWQ_Q4_K) {
+        float* o = f + twq_nf(fmt) * (j - j0);
+        if (fmt == TWQ_Q2_K) {
+            o[0] = kq[2 * s];
+            o[1] = -kq[16 + 2 * s];
+            o[2] = kq[2 * s + 1];
+            o[3] = -kq[16 + 2 * s + 1];
+        } else if (fmt == TWQ_Q4_K || fmt == TWQ_Q5_K) {
             o[0] = kq[s];
             o[1] = -kq[8 + s];
         } else {
@@ -484,6 +536,46 @@ TWQ_INLINE void twq_dec(int fmt, const uint8_t* row, int64_t j, const float* f, 
         *w1 = _mm512_permutexvar_ps(q1, lut);
         return;
     }
+    case TWQ_Q5_K: { /* q4_k's table over 32 values: the nibble and bit s of qh as a 5-bit index */
+        const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        const int s = (int)(j & 7);
+        const uint8_t* b = row + (j >> 3) * 176;
+        const uint8_t *qh = b + 16, *qs = b + 48 + 32 * (s >> 1);
+        const __m512 lo = _mm512_fmadd_ps(iota, _mm512_set1_ps(f[0]), _mm512_set1_ps(f[1]));
+        const __m512 hi = _mm512_fmadd_ps(_mm512_add_ps(iota, _mm512_set1_ps(16.0f)), _mm512_set1_ps(f[0]), _mm512_set1_ps(f[1]));
+        const __m128i sl = _mm_cvtsi32_si128(4 * (s & 1)), sh = _mm_cvtsi32_si128(s);
+        const __m512i lo4 = _mm512_set1_epi32(0xF), bit4 = _mm512_set1_epi32(0x10);
+        /* (q >> 4(s & 1)) & 15 | ((qh >> s) << 4) & 16 */
+        const __m512i q0 = _mm512_or_si512(_mm512_and_si512(_mm512_srl_epi32(twq_u8x16(qs), sl), lo4), _mm512_and_si512(_mm512_slli_epi32(_mm512_srl_epi32(twq_u8x16(qh), sh), 4), bit4));
+        const __m512i q1 = _mm512_or_si512(_mm512_and_si512(_mm512_srl_epi32(twq_u8x16(qs + 16), sl), lo4), _mm512_and_si512(_mm512_slli_epi32(_mm512_srl_epi32(twq_u8x16(qh + 16), sh), 4), bit4));
+        *w0 = _mm512_permutex2var_ps(lo, q0, hi);
+        *w1 = _mm512_permutex2var_ps(lo, q1, hi);
+        return;
+    }
+    case TWQ_Q3_K: case TWQ_Q2_K: { /* 2-bit fields (q3_k: and a high bit) looked up in a table per half */
+        const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        const int q3 = fmt == TWQ_Q3_K, s = (int)(j & 7);
+        const uint8_t* b = row + (j >> 3) * (q3 ? 110 : 84);
+        const uint8_t* qs = b + (q3 ? 32 : 16) + 32 * (s >> 2);
+        const __m128i sq = _mm_cvtsi32_si128(2 * (s & 3)), sh = _mm_cvtsi32_si128(s);
+        const __m512i three = _mm512_set1_epi32(3), four = _mm512_set1_epi32(4);
+        __m512i q0 = _mm512_and_si512(_mm512_srl_epi32(twq_u8x16(qs), sq), three);
+        __m512i q1 = _mm512_and_si512(_mm512_srl_epi32(twq_u8x16(qs + 16), sq), three);
+        __m512 t0, t1;
+        if (q3) { /* index q | hbit << 2, value (index - 4) * d * scale */
+            q0 = _mm512_or_si512(q0, _mm512_and_si512(_mm512_slli_epi32(_mm512_srl_epi32(twq_u8x16(b), sh), 2), four));
+            q1 = _mm512_or_si512(q1, _mm512_and_si512(_mm512_slli_epi32(_mm512_srl_epi32(twq_u8x16(b + 16), sh), 2), four));
+            const __m512 v = _mm512_sub_ps(iota, _mm512_set1_ps(4.0f));
+            t0 = _mm512_mul_ps(v, _mm512_set1_ps(f[0]));
+            t1 = _mm512_mul_ps(v, _mm512_set1_ps(f[1]));
+        } else { /* q * d * scale - dmin * min */
+            t0 = _mm512_fmadd_ps(iota, _mm512_set1_ps(f[0]), _mm512_set1_ps(f[1]));
+            t1 = _mm512_fmadd_ps(iota, _mm512_set1_ps(f[2]), _mm512_set1_ps(f[3]));
+        }
+        *w0 = _mm512_permutexvar_ps(q0, t0);
+        *w1 = _mm512_permutexvar_ps(q1, t1);
+        return;
+    }
     default: { /* TWQ_Q6_K */
         const uint8_t* b = row + (j >> 3) * 210;
         int s = (int)(j & 7), half = s >> 2, t = s & 3;
@@ -512,7 +604,7 @@ TWQ_INLINE void twq_dec(int fmt, const uint8_t* row, int64_t j, const float* f, 
 TWQ_INLINE void twq_gemv_tile(int fmt, int MR, int NR, const float* x, const uint8_t* w, int64_t rb,
                               float* y, int64_t N, int64_t K, int64_t n0) {
     __m512 acc[TWQ_MR][TWQ_NR];
-    float f[TWQ_NR][2 * TWQ_CHUNK];
+    float f[TWQ_NR][TWQ_MAXNF * TWQ_CHUNK];
     const uint8_t* rows[TWQ_NR];
     const int nf = twq_nf(fmt);
     for (int c = 0; c < NR; ++c) rows[c] = w + (n0 + c) * rb;
@@ -563,6 +655,9 @@ TWQ_GEMV_FMT(TWQ_BF16)
 TWQ_GEMV_FMT(TWQ_F16)
 TWQ_GEMV_FMT(TWQ_Q4_K)
 TWQ_GEMV_FMT(TWQ_Q6_K)
+TWQ_GEMV_FMT(TWQ_Q5_K)
+TWQ_GEMV_FMT(TWQ_Q3_K)
+TWQ_GEMV_FMT(TWQ_Q2_K)
 
 typedef void (*twq_gemv_fn)(const float*, const uint8_t*, int64_t, float*, int64_t, int64_t, int64_t);
 #define TWQ_GEMV_ROW_NR(FMT, NR) \
@@ -574,7 +669,8 @@ typedef void (*twq_gemv_fn)(const float*, const uint8_t*, int64_t, float*, int64
 /* [fmt][NR 1, 2, 4][MR - 1]; the integer-path formats have none */
 static const twq_gemv_fn twq_gemv_table[TWQ_NFMT][3][TWQ_MR] = {
     [TWQ_BF16] = TWQ_GEMV_ROW(TWQ_BF16), [TWQ_F16] = TWQ_GEMV_ROW(TWQ_F16),
-    [TWQ_Q4_K] = TWQ_GEMV_ROW(TWQ_Q4_K), [TWQ_Q6_K] = TWQ_GEMV_ROW(TWQ_Q6_K)};
+    [TWQ_Q4_K] = TWQ_GEMV_ROW(TWQ_Q4_K), [TWQ_Q6_K] = TWQ_GEMV_ROW(TWQ_Q6_K),
+    [TWQ_Q5_K] = TWQ_GEMV_ROW(TWQ_Q5_K), [TWQ_Q3_K] = TWQ_GEMV_ROW(TWQ_Q3_K), [TWQ_Q2_K] = TWQ_GEMV_ROW(TWQ_Q2_K)};
 
 /* Up to 4 rows of x: groups of 4 W rows, one pass. More: groups of 2 W rows, passes of up to 8
  * rows of x (16 accumulators either way; a group's weights come from memory once). The W rows
@@ -642,7 +738,7 @@ TWQ_INLINE void twq_transpose16(const float* src, int64_t ss, float* dst, int64_
  * multiple of 32 (of 256 for k-quants), into the panel p[k][32]. */
 TWQ_INLINE void twq_pack(int fmt, const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, int64_t k0, int64_t kc, int64_t K, float* p) {
     float tmp[TWQ_PN * 32] __attribute__((aligned(64)));
-    float f[2];
+    float f[TWQ_MAXNF];
     for (int64_t kk = 0; kk < kc; kk += 32) {
         const int64_t j = (k0 + kk) / 32;
         for (int64_t c = 0; c < TWQ_PN; ++c) {
@@ -681,9 +777,13 @@ TWQ_PACK_FN(TWQ_BF16)
 TWQ_PACK_FN(TWQ_F16)
 TWQ_PACK_FN(TWQ_Q4_K)
 TWQ_PACK_FN(TWQ_Q6_K)
+TWQ_PACK_FN(TWQ_Q5_K)
+TWQ_PACK_FN(TWQ_Q3_K)
+TWQ_PACK_FN(TWQ_Q2_K)
 typedef void (*twq_pack_fn)(const uint8_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float*);
 static const twq_pack_fn twq_pack_table[TWQ_NFMT] = {[TWQ_BF16] = twq_pack_TWQ_BF16, [TWQ_F16] = twq_pack_TWQ_F16,
-                                                     [TWQ_Q4_K] = twq_pack_TWQ_Q4_K, [TWQ_Q6_K] = twq_pack_TWQ_Q6_K};
+                                                     [TWQ_Q4_K] = twq_pack_TWQ_Q4_K, [TWQ_Q6_K] = twq_pack_TWQ_Q6_K,
+                                                     [TWQ_Q5_K] = twq_pack_TWQ_Q5_K, [TWQ_Q3_K] = twq_pack_TWQ_Q3_K, [TWQ_Q2_K] = twq_pack_TWQ_Q2_K};
 
 /* y[r][0..32) (+)= a0[r], a1[r] for MR rows of a register tile; mk0/mk1 mask the valid outputs. */
 TWQ_INLINE void twq_store_tile(int MR, __m512* a0, __m512* a1, float* y, int64_t ldy, __mmask16 mk0, __mmask16 mk1, int add) {
@@ -1390,7 +1490,7 @@ static void twq_gemv(int fmt, const float* x, const uint8_t* w, float* y, int64_
 #pragma omp parallel for schedule(static) if (par)
     for (int64_t n = 0; n < N; ++n) {
         const uint8_t* row = w + n * rb;
-        float acc[TWQ_GEMV_MAX_M], kq[16], buf[32];
+        float acc[TWQ_GEMV_MAX_M], kq[TWQ_NKQ], buf[32];
         for (int64_t m = 0; m < M; ++m) acc[m] = 0.0f;
         const int64_t nj = K / 32;
         for (int64_t j = 0; j < nj; ++j) {
@@ -1420,7 +1520,7 @@ static int twq_gemm(int fmt, const float* x, const uint8_t* w, float* y, int64_t
 #pragma omp parallel
     {
         float* s = twq_alloc(TWQ_TILE_ROWS * K);
-        float kq[16];
+        float kq[TWQ_NKQ];
         if (s == NULL) {
 #pragma omp atomic write
             failed = 1;
@@ -1911,6 +2011,9 @@ int32_t tw_qlinear_bf16(const float* x, const uint8_t* w, float* y, int64_t M, i
 int32_t tw_qlinear_f16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_F16, x, w, NULL, y, M, N, K); }
 int32_t tw_qlinear_q4_k(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q4_K, x, w, NULL, y, M, N, K); }
 int32_t tw_qlinear_q6_k(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q6_K, x, w, NULL, y, M, N, K); }
+int32_t tw_qlinear_q5_k(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q5_K, x, w, NULL, y, M, N, K); }
+int32_t tw_qlinear_q3_k(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q3_K, x, w, NULL, y, M, N, K); }
+int32_t tw_qlinear_q2_k(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q2_K, x, w, NULL, y, M, N, K); }
 int32_t tw_qlinear_q4_0x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q4_0X16, x, w, NULL, y, M, N, K); }
 int32_t tw_qlinear_q4_1x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q4_1X16, x, w, NULL, y, M, N, K); }
 int32_t tw_qlinear_q8_0x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q8_0X16, x, w, NULL, y, M, N, K); }
@@ -1935,6 +2038,9 @@ TWQ_ADD_ENTRY(bf16, TWQ_BF16)
 TWQ_ADD_ENTRY(f16, TWQ_F16)
 TWQ_ADD_ENTRY(q4_k, TWQ_Q4_K)
 TWQ_ADD_ENTRY(q6_k, TWQ_Q6_K)
+TWQ_ADD_ENTRY(q5_k, TWQ_Q5_K)
+TWQ_ADD_ENTRY(q3_k, TWQ_Q3_K)
+TWQ_ADD_ENTRY(q2_k, TWQ_Q2_K)
 TWQ_ADD_ENTRY(q4_0x16, TWQ_Q4_0X16)
 TWQ_ADD_ENTRY(q4_1x16, TWQ_Q4_1X16)
 TWQ_ADD_ENTRY(q8_0x16, TWQ_Q8_0X16)

@@ -15,9 +15,19 @@ The formats (little-endian; ``d``, ``m``, ``dmin`` are IEEE halves):
 | ``q4_1`` | 32 | 20 | ``d``, ``m``, 16 nibble bytes | ``d * q + m`` |
 | ``q4_k`` | 256 | 144 | ``d``, ``dmin``, 12 bytes of 6-bit scales/mins, 128 nibble bytes | ``d * sc * q - dmin * mn`` |
 | ``q6_k`` | 256 | 210 | 128 bytes low nibbles, 64 bytes of 2-bit highs, 16 int8 scales, ``d`` | ``d * sc * (q - 32)`` |
+| ``q5_k`` | 256 | 176 | ``d``, ``dmin``, 12 bytes of 6-bit scales/mins (as ``q4_k``), 32 bytes of high bits, 128 nibble bytes | ``d * sc * q - dmin * mn`` |
+| ``q3_k`` | 256 | 110 | 32 bytes of high bits, 64 bytes of 2-bit lows, 12 bytes of 6-bit scales, ``d`` | ``d * (sc - 32) * q`` |
+| ``q2_k`` | 256 | 84 | 16 bytes of 4-bit scale/min pairs, 64 bytes of 2-bit ``q``, ``d``, ``dmin`` | ``d * sc * q - dmin * mn`` |
 
 In a 32-weight nibble block byte ``j`` holds weight ``j`` (low nibble) and ``j + 16`` (high
-nibble). The names are those of ``tilework.op.quant.QUANT_FORMATS`` (the ``quant_linear`` op), so
+nibble). In the k-quants (256 weights) the 2-bit and 4-bit fields of weight ``32 i + l`` (``l <
+32``) are bits ``2 (i % 4)`` (``q3_k``, ``q2_k``: byte ``l`` of the 32-byte chunk ``i // 4``) or
+``4 (i % 2)`` (``q4_k``, ``q5_k``: chunk ``i // 2``) on; a high bit (``q5_k``: ``q += 16``;
+``q3_k``: ``q -= 4`` where it is clear) is bit ``i`` of byte ``l``. ``q5_k``'s 8 scales and mins
+(one per 32 weights) are packed as ``q4_k``'s; ``q3_k``'s 16 (one per 16 weights) keep their low
+4 bits in the nibbles of bytes 0-7 (scale ``i`` in byte ``i % 8``, high nibble from 8 on) and
+their top 2 in bits ``2 (i // 4)`` of byte ``8 + i % 4``; ``q2_k``'s byte ``i`` holds scale ``i``
+(low nibble) and min ``i`` (high nibble). The names are those of ``tilework.op.quant.QUANT_FORMATS`` (the ``quant_linear`` op), so
 a tensor's ``fmt`` can be handed to the op unchanged; ``ggml_type`` is the GGUF type code.
 """
 
@@ -172,16 +182,21 @@ def _decode_q4_1(b: np.ndarray) -> np.ndarray:
     return _half(b, 0) * q + _half(b, 2)
 
 
-def _decode_q4_k(b: np.ndarray) -> np.ndarray:
-    n = b.shape[0]
+def _k4_factors(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``d * scale`` and ``dmin * min`` (float32 ``[n, 8, 1]``) of the 8 sub-blocks of 32 of
+    ``q4_k`` / ``q5_k`` blocks (``d``, ``dmin``, then 12 bytes of packed 6-bit scales/mins)."""
     s = b[:, 4:16]
     lo, mid, hi = s[:, 0:4], s[:, 4:8], s[:, 8:12]
     # 8 sub-blocks of 32: sub-blocks 0-3 keep scale and min in 6 bits of bytes 0-3 and 4-7;
     # 4-7 take their low 4 bits from bytes 8-11 and their top 2 from the spare bits of 0-7.
     sc = np.concatenate([lo & 0x3F, (hi & 0x0F) | ((lo >> 6) << 4)], axis=1).astype(np.float32)
     mn = np.concatenate([mid & 0x3F, (hi >> 4) | ((mid >> 6) << 4)], axis=1).astype(np.float32)
-    scale = (_half(b, 0) * sc)[:, :, None]
-    offset = (_half(b, 2) * mn)[:, :, None]
+    return (_half(b, 0) * sc)[:, :, None], (_half(b, 2) * mn)[:, :, None]
+
+
+def _decode_q4_k(b: np.ndarray) -> np.ndarray:
+    n = b.shape[0]
+    scale, offset = _k4_factors(b)
     # each 32-byte chunk of qs holds sub-block 2c (low nibbles) and 2c + 1 (high nibbles)
     q = _nibbles(b[:, 16:].reshape(n, 4, 32)).reshape(n, 8, 32).astype(np.float32)
     return (scale * q - offset).reshape(n, 256)
@@ -198,6 +213,42 @@ def _decode_q6_k(b: np.ndarray) -> np.ndarray:
     return (scale * q).reshape(n, 256)
 
 
+_SHIFT2 = np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)  # the 2-bit fields of a byte
+_BIT = np.arange(8, dtype=np.uint8).reshape(1, 8, 1)  # the bits of a high-bit byte
+
+
+def _decode_q5_k(b: np.ndarray) -> np.ndarray:
+    n = b.shape[0]
+    scale, offset = _k4_factors(b)
+    # q4_k's nibbles (bytes 48-175), and sub-block i's fifth bit: bit i of qh[0:32] (bytes 16-47)
+    q = _nibbles(b[:, 48:176].reshape(n, 4, 32)).reshape(n, 8, 32) | (((b[:, 16:48].reshape(n, 1, 32) >> _BIT) & 1) << 4)
+    return (scale * q.astype(np.float32) - offset).reshape(n, 256)
+
+
+def _decode_q3_k(b: np.ndarray) -> np.ndarray:
+    n = b.shape[0]
+    s = b[:, 96:108]
+    # 16 scales of 6 bits: low 4 in the nibbles of bytes 0-7, top 2 in bits 2 (i // 4) of bytes 8-11
+    lo = np.concatenate([s[:, 0:8] & 0x0F, s[:, 0:8] >> 4], axis=1)
+    hi = ((s[:, 8:12].reshape(n, 1, 4) >> _SHIFT2.reshape(1, 4, 1)) & 3).reshape(n, 16)
+    scale = (_half(b, 108) * ((lo | (hi << 4)).astype(np.int8) - np.int8(32)).astype(np.float32))[:, :, None]
+    # 2-bit lows: quarter t of half h is bits 2t of qs[32h : 32h + 32] (bytes 32-95); 4 is taken
+    # off where the high bit (bit 4h + t of hmask, bytes 0-31) is clear
+    ql = ((b[:, 32:96].reshape(n, 2, 1, 32) >> _SHIFT2) & 3).reshape(n, 8, 32)
+    hbit = (b[:, 0:32].reshape(n, 1, 32) >> _BIT) & 1
+    q = (ql.astype(np.int8) - ((hbit ^ 1) << 2).astype(np.int8)).reshape(n, 16, 16).astype(np.float32)
+    return (scale * q).reshape(n, 256)
+
+
+def _decode_q2_k(b: np.ndarray) -> np.ndarray:
+    n = b.shape[0]
+    s = b[:, 0:16]  # per 16 weights: scale (low nibble) and min (high nibble)
+    scale = (_half(b, 80) * (s & 0x0F).astype(np.float32))[:, :, None]
+    offset = (_half(b, 82) * (s >> 4).astype(np.float32))[:, :, None]
+    q = ((b[:, 16:80].reshape(n, 2, 1, 32) >> _SHIFT2) & 3).reshape(n, 16, 16).astype(np.float32)
+    return (scale * q - offset).reshape(n, 256)
+
+
 _DECODERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "f32": _decode_f32,
     "f16": _decode_f16,
@@ -207,6 +258,9 @@ _DECODERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "q4_1": _decode_q4_1,
     "q4_k": _decode_q4_k,
     "q6_k": _decode_q6_k,
+    "q5_k": _decode_q5_k,
+    "q3_k": _decode_q3_k,
+    "q2_k": _decode_q2_k,
 }
 
 

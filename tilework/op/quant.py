@@ -26,8 +26,10 @@ then (``q4_1``) their 16 ``m``, then the payloads (16 nibble bytes or 32 int8) i
 bytes: bytes ``4t .. 4t + 3`` of row 0, of row 1, ... of row 15, for ``t = 0, 1, ...``.
 ``bf16x16`` has no header and its blocks are pairs of weights (``in_features`` even): the 64
 bytes of pair ``t`` are weights ``2t, 2t + 1`` of row 0, of row 1, ... of row 15, one vector
-whose lanes are the group's rows. ``q4_k`` and ``q6_k`` (256-weight super-blocks) are listed for the loaders; their
-products run in the ``quant`` backend's library only.
+whose lanes are the group's rows. ``q4_k``, ``q6_k``, ``q5_k``, ``q3_k`` and ``q2_k`` (256-weight
+super-blocks, laid out in ``tilework.llm.quant``; ``K_QUANTS``) are listed for the loaders; their
+products run in the ``quant`` backend's library only, but ``quant_take`` decodes them in its
+loop kernel too (``TAKE_FORMATS``: a GGUF's token table is often a k-quant).
 
 Legalization gives the reference kernel: each weight is decoded where it is used (the half
 scales decoded with integer arithmetic), in float32, serially per output. It is correct on
@@ -77,6 +79,9 @@ QUANT_FORMATS: dict[str, QuantFormat] = {
         QuantFormat("q8_0", 32, 34, 8),
         QuantFormat("q4_k", 256, 144, 12),
         QuantFormat("q6_k", 256, 210, 14),
+        QuantFormat("q5_k", 256, 176, 13),
+        QuantFormat("q3_k", 256, 110, 11),
+        QuantFormat("q2_k", 256, 84, 10),
         QuantFormat("bf16", 1, 2, 30),
     )
 }
@@ -87,6 +92,8 @@ INTERLEAVED_FORMATS: dict[str, QuantFormat] = {
 }
 ALL_FORMATS: dict[str, QuantFormat] = {**QUANT_FORMATS, **INTERLEAVED_FORMATS}
 LEGALIZED_FORMATS = ("q4_0", "q4_1", "q8_0", "bf16", "f16", *INTERLEAVED_FORMATS)
+K_QUANTS = ("q4_k", "q6_k", "q5_k", "q3_k", "q2_k")  # 256-weight super-blocks
+TAKE_FORMATS = (*LEGALIZED_FORMATS, *K_QUANTS)  # quant_take's loop kernel decodes the k-quants too
 
 
 def quant_format(name: str) -> QuantFormat:
@@ -200,8 +207,58 @@ def _bf16(lo: Scalar, hi: Scalar) -> Scalar:
     return sign * te.bitcast((h % 32768) * 65536, "float32")
 
 
+def _shr(v: Scalar, shift: Scalar, top: int) -> Scalar:
+    """``v >> shift`` for an int32 ``v >= 0`` and ``shift`` in ``0 .. top``: ``v // 2**shift``,
+    the power picked by a chain of selects (the loop IR has no shifts)."""
+    div: Scalar = te.cast(1 << top, "int32")
+    for sh in range(top - 1, -1, -1):
+        div = te.if_then_else(te.eq(shift, sh), te.cast(1 << sh, "int32"), div)
+    return v // div
+
+
+def _k_weight(w: te.Tensor, name: str, n: Scalar, kk: Scalar) -> Scalar:
+    """Weight ``(n, kk)`` of k-quant rows (the layouts of ``tilework.llm.quant``): ``d * scale *
+    q - dmin * min`` (q4_k, q5_k, q2_k) or ``d * scale * q`` (q6_k, q3_k), the factors rounded
+    in that order, as ``dequantize`` rounds them."""
+    fmt = ALL_FORMATS[name]
+    at0 = kk // 256 * fmt.nbytes
+    i = kk % 256
+    s, l, g = i // 32, i % 32, i // 16  # the piece of 32 (sub-block), the weight in it, the group of 16
+
+    def byte(at: int | Scalar) -> Scalar:
+        return te.cast(w[n, at0 + at], "int32")
+
+    def half(at: int) -> Scalar:
+        return _half(w[n, at0 + at], w[n, at0 + at + 1])
+
+    def f32(v: Scalar) -> Scalar:
+        return te.cast(v, "float32")
+
+    if name in ("q4_k", "q5_k"):  # 6-bit scale and min of piece s (twq_k4_scale)
+        first = te.lt(s, 4)
+        sc: Scalar = te.if_then_else(first, byte(4 + s) % 64, byte(8 + s) % 16 + byte(s) // 64 * 16)
+        mn = te.if_then_else(first, byte(8 + s) % 64, byte(8 + s) // 16 + byte(4 + s) // 64 * 16)
+        q: Scalar = _shr(byte((16 if name == "q4_k" else 48) + 32 * (s // 2) + l), 4 * (s % 2), 4) % 16
+        if name == "q5_k":
+            q = q + _shr(byte(16 + l), s, 7) % 2 * 16
+        return half(0) * f32(sc) * f32(q) - half(2) * f32(mn)
+    t = s % 4  # quarter t of half s // 4
+    if name == "q6_k":
+        ql = byte(64 * (s // 4) + 32 * (t % 2) + l)
+        q = te.if_then_else(te.ge(t, 2), ql // 16, ql % 16) + _shr(byte(128 + 32 * (s // 4) + l), 2 * t, 6) % 4 * 16 - 32
+        sc = byte(192 + g)
+        return half(208) * f32(te.if_then_else(te.ge(sc, 128), sc - 256, sc)) * f32(q)
+    q = _shr(byte((32 if name == "q3_k" else 16) + 32 * (s // 4) + l), 2 * t, 6) % 4
+    if name == "q3_k":
+        sc = _shr(byte(96 + g % 8), 4 * (g // 8), 4) % 16 + _shr(byte(104 + g % 4), 2 * (g // 4), 6) % 4 * 16 - 32
+        return half(108) * f32(sc) * f32(q - 4 + _shr(byte(l), s, 7) % 2 * 4)
+    return half(80) * f32(byte(g) % 16) * f32(q) - half(82) * f32(byte(g) // 16)  # q2_k
+
+
 def _weight(w: te.Tensor, name: str, n: Scalar, kk: Scalar) -> Scalar:
     """Weight ``(n, kk)`` decoded from the blocks of row ``n`` (of its group, interleaved)."""
+    if name in K_QUANTS:
+        return _k_weight(w, name, n, kk)
     fmt = ALL_FORMATS[name]
     if name == f"bf16x{GROUP}":  # pair kk // 2 of the group: 64 bytes, 4 per row
         lane = n % GROUP
@@ -270,7 +327,7 @@ def _infer_quant_take(call: Call, ctx: InferCtx) -> StructInfo:
 def _legalize_quant_take(call: Call, ctx: "LegalizeCtx") -> Expr:
     table, ids = arg(call, 0, "table"), arg(call, 1, "ids")
     name = call.attrs["fmt"]
-    if name not in LEGALIZED_FORMATS:
+    if name not in TAKE_FORMATS:
         raise UnsupportedError(f"quant_take: cannot legalize: {name} blocks have no loop-level kernel")
     shape, dtype = out_tensor(call)
     rows = table.shape[0]
@@ -324,4 +381,4 @@ def bf16_values(rows: np.ndarray) -> np.ndarray:
     return h.view(np.float32).reshape(rows.shape[0], rows.shape[1] // 2)
 
 
-__all__ = ["QuantFormat", "QUANT_FORMATS", "INTERLEAVED_FORMATS", "ALL_FORMATS", "LEGALIZED_FORMATS", "bf16_rows", "bf16_values", "interleavable", "interleave_rows", "interleaved", "quant_format", "quant_linear", "quant_take"]
+__all__ = ["QuantFormat", "QUANT_FORMATS", "INTERLEAVED_FORMATS", "ALL_FORMATS", "LEGALIZED_FORMATS", "K_QUANTS", "TAKE_FORMATS", "bf16_rows", "bf16_values", "interleavable", "interleave_rows", "interleaved", "quant_format", "quant_linear", "quant_take"]
