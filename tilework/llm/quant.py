@@ -13,11 +13,13 @@ The formats (little-endian; ``d``, ``m``, ``dmin`` are IEEE halves):
 | ``q8_0`` | 32 | 34 | ``d``, 32 int8 ``q`` | ``d * q`` |
 | ``q4_0`` | 32 | 18 | ``d``, 16 nibble bytes | ``d * (q - 8)`` |
 | ``q4_1`` | 32 | 20 | ``d``, ``m``, 16 nibble bytes | ``d * q + m`` |
+| ``q5_0`` | 32 | 22 | ``d``, uint32 ``qh``, 16 nibble bytes | ``d * (q - 16)`` |
+| ``q5_1`` | 32 | 24 | ``d``, ``m``, uint32 ``qh``, 16 nibble bytes | ``d * q + m`` |
 | ``q4_k`` | 256 | 144 | ``d``, ``dmin``, 12 bytes of 6-bit scales/mins, 128 nibble bytes | ``d * sc * q - dmin * mn`` |
 | ``q6_k`` | 256 | 210 | 128 bytes low nibbles, 64 bytes of 2-bit highs, 16 int8 scales, ``d`` | ``d * sc * (q - 32)`` |
 
 In a 32-weight nibble block byte ``j`` holds weight ``j`` (low nibble) and ``j + 16`` (high
-nibble). The names are those of ``tilework.op.quant.QUANT_FORMATS`` (the ``quant_linear`` op), so
+nibble); q5's ``q`` is that nibble with bit ``j`` of ``qh`` (little-endian) as its fifth bit. The names are those of ``tilework.op.quant.QUANT_FORMATS`` (the ``quant_linear`` op), so
 a tensor's ``fmt`` can be handed to the op unchanged; ``ggml_type`` is the GGUF type code.
 """
 
@@ -172,6 +174,21 @@ def _decode_q4_1(b: np.ndarray) -> np.ndarray:
     return _half(b, 0) * q + _half(b, 2)
 
 
+def _fifth_bits(b: np.ndarray, at: int) -> np.ndarray:
+    """Bit ``j`` of the little-endian uint32 at byte ``at`` of each block, shifted to 16: ``[n, 32]``."""
+    return np.unpackbits(b[:, at : at + 4], axis=1, bitorder="little") << np.uint8(4)
+
+
+def _decode_q5_0(b: np.ndarray) -> np.ndarray:
+    q = (_nibbles(b[:, 6:]) | _fifth_bits(b, 2)).astype(np.int8) - np.int8(16)
+    return _half(b, 0) * q.astype(np.float32)
+
+
+def _decode_q5_1(b: np.ndarray) -> np.ndarray:
+    q = (_nibbles(b[:, 8:]) | _fifth_bits(b, 4)).astype(np.float32)
+    return _half(b, 0) * q + _half(b, 2)
+
+
 def _decode_q4_k(b: np.ndarray) -> np.ndarray:
     n = b.shape[0]
     s = b[:, 4:16]
@@ -205,6 +222,8 @@ _DECODERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "q8_0": _decode_q8_0,
     "q4_0": _decode_q4_0,
     "q4_1": _decode_q4_1,
+    "q5_0": _decode_q5_0,
+    "q5_1": _decode_q5_1,
     "q4_k": _decode_q4_k,
     "q6_k": _decode_q6_k,
 }
