@@ -23,13 +23,16 @@ from tilework.op.quant import GROUP, INTERLEAVED_FORMATS, LEGALIZED_FORMATS, int
 K, N = 64, 7
 # (format, target) interpreted in the long tier only: quant_linear's q8_0x16 interprets an
 # interleaved format; its lanes decode as on C
-INTERP_LONG = {("q4_0x16", "interp"), ("q4_1x16", "interp"), ("q8_0x16", "interp")}
+INTERP_LONG = {("q4_0x16", "interp"), ("q4_1x16", "interp"), ("q5_0x16", "interp"), ("q5_1x16", "interp"), ("q8_0x16", "interp")}
+# q5 on C: q5_0 plain and q5_1 interleaved in the default run (each decoding path once), the
+# other two in the long tier
+Q5_LONG = {("q5_1", "cpu"), ("q5_0x16", "cpu")}
 
 
 def _grid(formats: tuple[str, ...] | list[str], long: set[tuple[str, str]]) -> list[object]:
     """``(fmt, target)`` params, ``long`` ones in the long tier only."""
     return [
-        long_param(fmt, target, id=f"{fmt}-{target}", why="an interleaved format interpreted: quant_linear's q8_0x16 interprets one")
+        long_param(fmt, target, id=f"{fmt}-{target}", why="an interleaved format interpreted: quant_linear's q8_0x16 interprets one" if target == "interp" else "q5_0 and q5_1x16 take the same decoding")
         if (fmt, target) in long else pytest.param(fmt, target, id=f"{fmt}-{target}")
         for fmt in formats for target in ("cpu", "interp")
     ]  # fmt: skip
@@ -57,7 +60,7 @@ def _linear_module(fmt: str, n: int = N) -> tw.IRModule:
     return bb.get()
 
 
-@pytest.mark.parametrize(("fmt", "target"), _grid(LEGALIZED_FORMATS, INTERP_LONG - {("q8_0x16", "interp")}))
+@pytest.mark.parametrize(("fmt", "target"), _grid(LEGALIZED_FORMATS, (INTERP_LONG - {("q8_0x16", "interp")}) | Q5_LONG))
 def test_quant_linear(target: str, fmt: str) -> None:
     n = 2 * GROUP if fmt in INTERLEAVED_FORMATS else N  # interleaved: whole groups of rows
     blocks, weights = _blocks(fmt, n, K)
@@ -79,7 +82,7 @@ def _take_vm(fmt: str, rows: int, target: str) -> tw.VM:
     return tw.VM(tw.build(bb.get(), target=target))
 
 
-@pytest.mark.parametrize(("fmt", "target"), _grid(["q8_0", "q4_1", "bf16", "q8_0x16", "q4_1x16", "bf16x16"], INTERP_LONG))
+@pytest.mark.parametrize(("fmt", "target"), _grid(["q8_0", "q4_1", "q5_1", "bf16", "q8_0x16", "q4_1x16", "q5_1x16", "bf16x16"], INTERP_LONG | {("q5_1", "cpu")}))
 def test_quant_take(target: str, fmt: str) -> None:
     """Rows of a table (an interleaved one: rows of any lane of two groups) decode exactly."""
     rows = 2 * GROUP if fmt in INTERLEAVED_FORMATS else 11

@@ -36,7 +36,7 @@ from tilework.op.quant import QUANT_FORMATS, QuantFormat, bf16_bits
 
 
 _BY_GGML_TYPE = {f.ggml_type: f for f in QUANT_FORMATS.values()}
-QUANTIZABLE = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1")
+QUANTIZABLE = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 
 
 def block_format(name: str) -> QuantFormat:
@@ -287,6 +287,28 @@ def _encode_q4_1(x: np.ndarray) -> np.ndarray:
     return np.concatenate([_f16_bytes(d), _f16_bytes(lo), _pack_nibbles(q)], axis=1)
 
 
+def _pack_q5(q: np.ndarray) -> np.ndarray:
+    """``[n, 32]`` values 0..31 -> ``[n, 20]`` bytes: ``qh`` (bit j: weight j's fifth bit,
+    little-endian), then the low nibbles packed as ``_pack_nibbles`` packs them."""
+    q = q.astype(np.uint8)
+    return np.concatenate([np.packbits(q >> 4, axis=1, bitorder="little"), _pack_nibbles(q & 0x0F)], axis=1)
+
+
+def _encode_q5_0(x: np.ndarray) -> np.ndarray:
+    # as q4_0: the value of largest magnitude (the first one on a tie) maps to -16
+    peak = np.take_along_axis(x, np.abs(x).argmax(axis=1)[:, None], axis=1)
+    d = peak / np.float32(-16)
+    q = np.minimum(np.trunc(x * _inverse(d) + np.float32(16.5)), 31)
+    return np.concatenate([_f16_bytes(d), _pack_q5(q)], axis=1)
+
+
+def _encode_q5_1(x: np.ndarray) -> np.ndarray:
+    lo = x.min(axis=1, keepdims=True)
+    d = (x.max(axis=1, keepdims=True) - lo) / np.float32(31)
+    q = np.minimum(np.trunc((x - lo) * _inverse(d) + np.float32(0.5)), 31)
+    return np.concatenate([_f16_bytes(d), _f16_bytes(lo), _pack_q5(q)], axis=1)
+
+
 def _encode_bf16(x: np.ndarray) -> np.ndarray:
     import ml_dtypes  # a dependency of tilework; rounds to nearest even
 
@@ -300,4 +322,6 @@ _ENCODERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "q8_0": _encode_q8_0,
     "q4_0": _encode_q4_0,
     "q4_1": _encode_q4_1,
+    "q5_0": _encode_q5_0,
+    "q5_1": _encode_q5_1,
 }
