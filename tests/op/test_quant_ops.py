@@ -3,7 +3,8 @@ where it is used) against NumPy on the dequantized blocks, at symbolic row count
 and odd sizes, on the C target and the interpreter; and their shape checks. Every format runs on
 both targets but the interleaved block formats, which run on C and, through the interpreter,
 only ``quant_linear``'s ``q8_0x16``: the others' interpreter runs are in the long tier only
-(``bf16x16``, quick to interpret, runs on both)."""
+(``bf16x16``, quick to interpret, runs on both); q5_0 and q5_1, whose weights decode alike, run
+each layout once on C by default (``Q5_LONG``)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ K, N = 64, 7
 # (format, target) interpreted in the long tier only: quant_linear's q8_0x16 interprets an
 # interleaved format; its lanes decode as on C
 INTERP_LONG = {("q4_0x16", "interp"), ("q4_1x16", "interp"), ("q5_0x16", "interp"), ("q5_1x16", "interp"), ("q8_0x16", "interp")}
-# q5 on C: q5_0 plain and q5_1 interleaved in the default run (each decoding path once), the
-# other two in the long tier
+# q5 on C: quant_linear's q5_0 plain and q5_1 interleaved in the default run (each decoding path
+# once; quant_take's q5_1 interpreted), the others in the long tier
 Q5_LONG = {("q5_1", "cpu"), ("q5_0x16", "cpu")}
 
 
@@ -82,7 +83,7 @@ def _take_vm(fmt: str, rows: int, target: str) -> tw.VM:
     return tw.VM(tw.build(bb.get(), target=target))
 
 
-@pytest.mark.parametrize(("fmt", "target"), _grid(["q8_0", "q4_1", "q5_1", "bf16", "q8_0x16", "q4_1x16", "q5_1x16", "bf16x16"], INTERP_LONG | {("q5_1", "cpu")}))
+@pytest.mark.parametrize(("fmt", "target"), _grid(["q8_0", "q4_1", "q5_1", "bf16", "q8_0x16", "q4_1x16", "q5_1x16", "bf16x16"], INTERP_LONG | {("q5_1", "cpu"), ("q5_1x16", "cpu")}))
 def test_quant_take(target: str, fmt: str) -> None:
     """Rows of a table (an interleaved one: rows of any lane of two groups) decode exactly."""
     rows = 2 * GROUP if fmt in INTERLEAVED_FORMATS else 11
