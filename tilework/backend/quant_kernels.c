@@ -3,13 +3,14 @@
  * x is float32 [M, K] (row-major), w is uint8 [N, row_bytes] (the blocks of each output row,
  * as a GGUF file stores them), y is float32 [M, N].
  *
- * q4_0, q4_1, q8_0 (32-weight blocks) take the integer path, as llama.cpp does. Each row of x is
- * quantized once per call to 8-bit blocks of 32: d = max|x| / 127, q = rint(x * (127 / max|x|))
- * (a block whose max|x| is below 2^-100 gets q = 0; one with a NaN or an infinity gets q = 0 and
- * a non-finite d, so its outputs are NaN). Each output is then, block by block in order,
+ * q4_0, q4_1, q5_0, q5_1, q8_0 (32-weight blocks) take the integer path, as llama.cpp does.
+ * Each row of x is quantized once per call to 8-bit blocks of 32: d = max|x| / 127,
+ * q = rint(x * (127 / max|x|)) (a block whose max|x| is below 2^-100 gets q = 0; one with a NaN
+ * or an infinity gets q = 0 and a non-finite d, so its outputs are NaN). Each output is then, block by block in order,
  *     acc = fma((float)isum, d_w * d_x, acc)       isum = sum(q_w * q_x) exactly, in int32
- *     acc = fma(m_w, d_x * sum(q_x), acc)          (q4_1 only: q_w is the nibble, m_w its min)
- * with q_w = nibble - 8 (q4_0), nibble (q4_1), the int8 (q8_0). That sequence of float32
+ *     acc = fma(m_w, d_x * sum(q_x), acc)          (q4_1, q5_1 only: q_w is the nibble, m_w its min)
+ * with q_w = nibble - 8 (q4_0), nibble (q4_1), the 5-bit value - 16 (q5_0), the 5-bit value
+ * (q5_1: the nibble with its fifth bit from qh), the int8 (q8_0). That sequence of float32
  * operations is the same on the GEMV and the GEMM, in the AVX-512 and the portable build, so
  * an output's bits do not depend on how many rows of x are in the call or on the build. It
  * differs from x @ dequantize(w).T by the rounding of x: at most sum over blocks b of
@@ -17,17 +18,18 @@
  * - GEMV (M <= TWQ_I8_GEMV_MAX_M, decoding): the rows of x quantized, then tiles of 16 W rows
  *   over the threads; each block of a tile is transposed in registers into 8 vectors of 16 rows
  *   x 4 weights and multiplied with every row of x by vpdpbusd (u8 weights x s8 activations;
- *   q8_0's weights biased by 128); a residual (tw_qlinear_add_*) is added to each tile's
+ *   q5's fifth bits added to the nibbles from qh, twq_q5_high; q8_0's weights biased by 128); a residual (tw_qlinear_add_*) is added to each tile's
  *   outputs as the tile finishes them.
  * - GEMM (prefill): panels of 32 W rows are decoded that way once into a per-thread scratch
  *   (1280 bytes a block), and a 4 x 32 register-blocked kernel runs the rows of x over them.
  * Without AVX-512 VNNI (or with TW_QUANT_NO_VNNI) vpmaddubsw + vpmaddwd do the products
  * (q8_0 through |w| and x with w's sign, which keeps the pair sums in int16).
- * - q4_0x16, q4_1x16, q8_0x16: the same blocks with the rows interleaved in groups of 16 (N a
- *   multiple of 16), laid out as the GEMV consumes them, so that no transposition is left to do
- *   at run time: for each group of 16 rows and block j, 16 * nbytes bytes: the 16 rows' fp16 d,
- *   then (q4_1) their 16 m, then the payloads (16 nibble bytes, or 32 int8) as vectors of 64
- *   bytes, vector t holding bytes 4t..4t+3 of row 0, then of row 1, ... of row 15. The results
+ * - q4_0x16, q4_1x16, q5_0x16, q5_1x16, q8_0x16: the same blocks with the rows interleaved in
+ *   groups of 16 (N a multiple of 16), laid out as the GEMV consumes them, so that no
+ *   transposition is left to do at run time: for each group of 16 rows and block j, 16 * nbytes
+ *   bytes: the 16 rows' fp16 d, then (q4_1, q5_1) their 16 m, then the payloads (16 nibble
+ *   bytes; q5's qh and 16 nibble bytes; 32 int8) as vectors of 64 bytes, vector t holding bytes
+ *   4t..4t+3 of row 0, then of row 1, ... of row 15 (q5: vector 0 is the 16 rows' qh). The results
  *   are the same bits as the plain format's (the same block sums in the same order).
  *
  * bf16, f16, q4_k, q6_k multiply in float32 with the weights decoded exactly (no activation
@@ -64,16 +66,17 @@
  * a GEMV over groups of 4 or 2 W rows, a packed GEMM with a 6 x 16 micro-kernel; see that
  * file), which tilework's quant.py splices in at its #include below. With AVX2 the
  * portable integer path takes each block's dot products with a row of x in AVX2 (vpmaddubsw +
- * vpmaddwd: the same int32 sums, so the same bits); q8_0, q4_0 and q4_1 (plain and x16, with
- * FMA and F16C) run tiles of 8 W rows instead, each block loaded (and its nibbles unpacked)
+ * vpmaddwd: the same int32 sums, so the same bits); q8_0, q4_0, q4_1, q5_0 and q5_1 (plain and
+ * x16, with FMA and F16C) run tiles of 8 W rows instead (twq_q5_tile: q5's pair sums widened by
+ * halves, twq_q5_dot8), each block loaded (and its nibbles unpacked)
  * once for every row of x and the 8 rows' sums side by side in a vector (twq_q8_tile,
  * twq_q4_tile; q4 x16 at up to 16 rows of x: the 16 rows of a group, twq_q4_x16_group). A q4
  * block's 8 products with a row of x add up in int16 (at most 8 * 2 * 15 * 127 = 30480) and
  * are widened once; there x comes with its 4-byte pieces broadcast ahead
  * (twq_broadcast_x), read as vpmaddubsw's memory operand.
  *
- * Entry points: tw_qlinear_<fmt>(x, w, y, M, N, K) for q4_0 q4_1 q8_0 bf16 f16 q4_k q6_k
- * q4_0x16 q4_1x16 q8_0x16 bf16x16, and tw_qlinear_add_<fmt>(x, w, r, y, M, N, K): y = x @ W.T + r;
+ * Entry points: tw_qlinear_<fmt>(x, w, y, M, N, K) for q4_0 q4_1 q5_0 q5_1 q8_0 bf16 f16 q4_k
+ * q6_k q4_0x16 q4_1x16 q5_0x16 q5_1x16 q8_0x16 bf16x16, and tw_qlinear_add_<fmt>(x, w, r, y, M, N, K): y = x @ W.T + r;
  * 0 on success, TWQ_E* for a bad argument. tw_qlinear_packed is the trampoline the Python
  * extern calls with NumPy array object addresses; tw_quant_quantize_x exposes the quantization
  * of x to the tests; tw_quant_dequantize and tw_quant_interleave (quant_dequant.c) decode and
@@ -1780,6 +1783,104 @@ static void twq_q4_tile(int fmt, int x16, const twq_xq* xq, const uint8_t* w, in
         }
     }
 }
+
+/* q5 with AVX2: a block's 8 pair sums per int16 lane could reach 8 * 2 * 31 * 127 = 62992, past
+ * int16, so twq_q4_dot8's sum is taken as two halves of 4 (31496 at most), widened apart: the
+ * same int32 sums. */
+TWQ_INLINE __m256i twq_q5_dot8(const __m256i* wq, const int8_t* q) {
+    __m256i p[8];
+    for (int t = 0; t < 8; ++t) p[t] = _mm256_maddubs_epi16(wq[t], _mm256_set1_epi32(twq_i32(q + 4 * t)));
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i a = _mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3]));
+    const __m256i b = _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7]));
+    return _mm256_add_epi32(_mm256_madd_epi16(a, ones), _mm256_madd_epi16(b, ones));
+}
+
+/* Byte l: 16 where bit l of qh is set, else 0 (one q5 row's fifth bits, in weight order). */
+TWQ_INLINE __m256i twq_q5_bits32(uint32_t qh) {
+    const __m256i spread = _mm256_setr_epi64x(0, 0x0101010101010101ll, 0x0202020202020202ll, 0x0303030303030303ll);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(16));
+}
+
+/* The fifth bits added to 8 rows' nibbles in twq_q4_dot8's form (wq[t] lane i: row i's weights
+ * 4t..4t+3 in block order), from qh (lane i: row i's): as twq_q5_high, in 256-bit vectors. */
+TWQ_INLINE void twq_q5_high8(__m256i qh, __m256i* wq) {
+    const __m256i dw = _mm256_setr_epi32(0, 0x04040404, 0x08080808, 0x0C0C0C0C, 0, 0x04040404, 0x08080808, 0x0C0C0C0C);
+    for (int t = 0; t < 8; ++t) {
+        const __m256i bits = _mm256_shuffle_epi8(qh, _mm256_add_epi8(dw, _mm256_set1_epi8((char)((t & 3) / 2 + 2 * (t / 4)))));
+        const __m256i mask = _mm256_set1_epi32((int)(0x08040201u << (4 * (t & 1))));
+        wq[t] = _mm256_or_si256(wq[t], _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bits, mask), mask), _mm256_set1_epi8(16)));
+    }
+}
+
+/* q5_0 / q5_1 with AVX2: twq_q4_tile with each block's fifth bits added to its nibbles (plain
+ * rows: twq_q5_bits32 a row, before the transpose; x16: the half's qh vector, twq_q5_high8),
+ * the 5-bit values unsigned (q5_0's -16 in corr) and twq_q5_dot8's sums: the loop's bits. */
+static void twq_q5_tile(int fmt, int x16, const twq_xq* xq, const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, float* y, int64_t M, int64_t N) {
+    const int64_t nb = xq->nb, nbytes = twq_nbytes[fmt], head = twq_head(fmt);
+    const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0F);
+    const twq_tile t = twq_tile_at(w, rb, n0, nr, nb);
+    const uint8_t* const* rows = t.rows;
+    const int64_t half = t.half, step = t.step;
+    for (int64_t r0 = 0; r0 < M; r0 += 16) {
+        const int64_t rn = M - r0 < 16 ? M - r0 : 16;
+        __m256 acc[16];
+        for (int64_t r = 0; r < rn; ++r) acc[r] = _mm256_setzero_ps();
+        for (int64_t j = 0; j < nb; ++j) {
+            if (r0 == 0)
+                for (int64_t o = 0; o < step; o += 64) _mm_prefetch(t.ahead + j * step + o, _MM_HINT_T0);
+            __m256i wq[8];
+            __m256 dw, mw = _mm256_setzero_ps();
+            if (x16) { /* per block: 16 d, (16 m), then 64-byte runs: the rows' qh, the nibbles */
+                const uint8_t* b = t.grp + j * 16 * nbytes;
+                dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(b + 16 * half)));
+                if (twq_has_m(fmt)) mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(b + 32 + 16 * half)));
+                twq_q4_x16_unpack(b + 64, head, half, wq);
+                twq_q5_high8(_mm256_loadu_si256((const __m256i*)(b + 16 * head + 32 * half)), wq);
+            } else {
+                uint16_t h[8], hm[8];
+                for (int i = 0; i < 8; ++i) {
+                    const uint8_t* b = rows[i] + j * nbytes;
+                    h[i] = twq_u16(b);
+                    hm[i] = twq_has_m(fmt) ? twq_u16(b + 2) : 0;
+                    const __m128i v = _mm_loadu_si128((const __m128i*)(b + head + 4));
+                    wq[i] = _mm256_or_si256(_mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1), low),
+                                            twq_q5_bits32((uint32_t)twq_i32(b + head)));
+                }
+                dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)h));
+                if (twq_has_m(fmt)) mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)hm));
+                if (M == 1) { /* one row of x: a vector a W row, summed across (cheaper than the transpose) */
+                    const __m256i qv = _mm256_loadu_si256((const __m256i*)(xq->q + 32 * j));
+                    __m256i p[8];
+                    for (int i = 0; i < 8; ++i) p[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(wq[i], qv), ones);
+                    const __m256i s = _mm256_add_epi32(twq_sum8(p), _mm256_set1_epi32(xq->corr[j]));
+                    acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(xq->d[j])), acc[0]);
+                    if (twq_has_m(fmt)) acc[0] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xq->cx[j]), acc[0]);
+                    continue;
+                }
+                twq_t8x8(wq);
+            }
+            for (int64_t r = 0; r < rn; ++r) {
+                const int64_t at = (r0 + r) * nb + j;
+                const __m256i s = _mm256_add_epi32(twq_q5_dot8(wq, xq->q + (r0 + r) * xq->K + 32 * j), _mm256_set1_epi32(xq->corr[at]));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(xq->d[at])), acc[r]);
+                if (twq_has_m(fmt)) acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xq->cx[at]), acc[r]);
+            }
+        }
+        for (int64_t r = 0; r < rn; ++r) {
+            float* yr = y + (r0 + r) * N + n0;
+            if (nr == 8) {
+                _mm256_storeu_ps(yr, acc[r]);
+                continue;
+            }
+            float v[8];
+            _mm256_storeu_ps(v, acc[r]);
+            for (int64_t i = 0; i < nr; ++i) yr[i] = v[i];
+        }
+    }
+}
 #endif
 
 /* The integer path in plain C: every output, block by block, the sequence of the file header;
@@ -1817,6 +1918,9 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
         } else if (fmt == TWQ_Q4_0 || fmt == TWQ_Q4_1) {
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < (N + 7) / 8; ++t) twq_q4_tile(fmt, x16, xq, w, rb, 8 * t, N - 8 * t < 8 ? N - 8 * t : 8, y, M, N);
+        } else if (twq_is_q5(fmt)) {
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < (N + 7) / 8; ++t) twq_q5_tile(fmt, x16, xq, w, rb, 8 * t, N - 8 * t < 8 ? N - 8 * t : 8, y, M, N);
         } else
 #endif
 #pragma omp for schedule(static)
