@@ -31,8 +31,8 @@ for bf16 on a CPU with AVX-512 BF16 (``QuantLibrary.bf16dot``) the GEMV and the 
 to bf16 and multiply pairs with ``vdpbf16ps``, at twice the float32 rate: off by at most ``bf16_bound`` more (``2**-8 * sum|x_k w_k|`` per output; values below
 ``2**-126`` count as zero there).
 AVX-512 where the CPU has it, portable C otherwise, with AVX2 (+ FMA, F16C) parts where the CPU
-has that: the integer path's dot products (q8_0, q4_0 and q4_1 in tiles of 8 weight rows, each
-block read once for every row of ``x``; q5_0 and q5_1 a row of weights at a time), and the float path (bf16, f16, q4_k, q6_k:
+has that: the integer path's dot products (q8_0, q4_0, q4_1, q5_0 and q5_1 in tiles of 8 weight
+rows, each block read once for every row of ``x``), and the float path (bf16, f16, q4_k, q6_k:
 ``quant_float_avx2.c``, spliced into the source by ``source``; a GEMV over groups of W rows
 decoded in registers, and for prefill a packed GEMM with a 6 x 16 FMA micro-kernel).
 
