@@ -1,12 +1,12 @@
 """The quant backend's library against the memory bandwidth and OpenBLAS, in one run.
 
-    python bench/bench_quant.py [--threads 2] [--repeat 5] [--formats q4_1,q8_0,...]
+    python bench/bench_quant.py [--threads 2] [--repeat 5] [--formats q4_1,q8_0,...] [--rows 1,8]
 
-q4_0, q4_1 and q8_0 run the integer path (each call quantizes x to 8-bit blocks of 32 and takes
-exact int8 block dot products with AVX-512 VNNI, as llama.cpp does); bf16, f16 and the k-quants
+q4_0, q4_1, q5_0, q5_1 and q8_0 run the integer path (each call quantizes x to 8-bit blocks of 32 and
+takes exact int8 block dot products with AVX-512 VNNI, as llama.cpp does); bf16, f16 and the k-quants
 (q4_k, q6_k, q5_k, q3_k, q2_k) multiply in float32 with the weights decoded in registers.
 
-For each format (q4_0x16, q4_1x16, q8_0x16 are the same blocks with 16 rows interleaved, as
+For each format (q4_0x16, q4_1x16, q5_0x16, q5_1x16, q8_0x16 are the same blocks with 16 rows interleaved, as
 tilework.llm keeps its projections; bf16x16 the bf16 rows interleaved by pairs, as its bf16
 precision keeps them where the CPU has AVX-512 BF16), the matrix shapes of SmolLM2-135M's decoder (N x K = out x
 in; q/k/v and gate/up are one matrix each: 960x576 qkv, 576x576 o, 3072x576 gate/up, 576x1536
@@ -243,8 +243,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=_THREADS)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--formats", default=",".join(Q.FORMATS))
+    ap.add_argument("--rows", default=",".join(str(m) for m in GEMV_ROWS + GEMM_ROWS), help="the M to measure (of 1, 8, 128, 512)")
     args = ap.parse_args()
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    wanted = {int(m) for m in args.rows.split(",") if m.strip()}
     rng = np.random.default_rng(0)
 
     lib = Q.library()
@@ -263,7 +265,7 @@ def main() -> None:
             b, wf = make_blocks(rng, fmt, n, k)
             dequantized[(fmt, n, k)] = wf
             for m in GEMV_ROWS + GEMM_ROWS:
-                if (n, k) == HEAD and m in GEMM_ROWS[1:]:
+                if m not in wanted or ((n, k) == HEAD and m in GEMM_ROWS[1:]):
                     continue
                 rows.append(Row(fmt, n, k, m, time_ours(fmt, b, n, k, m, args.repeat, rng), b.nbytes))
     bw_after = read_bandwidth(lib, args.repeat)

@@ -3,7 +3,7 @@
 random k-quant blocks and SmolLM2's own blocks), at rows 0 to 128 (GEMV and GEMM paths) and odd
 shapes; offloading through ``tilework.build``; refusals with clear errors.
 
-q4_0, q4_1 and q8_0 run the integer path (``x`` quantized to 8-bit blocks): a NumPy emulation
+q4_0, q4_1, q5_0, q5_1 and q8_0 run the integer path (``x`` quantized to 8-bit blocks): a NumPy emulation
 of it (the same quantization, exact integer block sums, the float scales) is the reference to
 float32-summation tolerance; the dequantized float32 product is within
 ``quant.activation_bound``; the quantization of ``x`` is bit-exact; and the bits of a row's
@@ -40,6 +40,7 @@ ROWS = (1, 3, 8, 33, 128)
 INT8_ROWS = (0, 1, 3, 8, 9, 33)  # the GEMV's pass sizes and the switch to the GEMM
 SIMPLE = ("q4_0", "q4_1", "q8_0", "bf16", "f16")
 INT8 = ("q4_0", "q4_1", "q8_0")
+Q5 = ("q5_0", "q5_1")  # the integer path too: their own test (test_q5_formats), to keep the grid small
 GGML = {f: getattr(gguf.GGMLQuantizationType, f.upper()) for f in Q.FORMATS if f in QUANT_FORMATS}
 
 
@@ -100,10 +101,16 @@ def quantize_x(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def block_fields(b: np.ndarray, fmt: str, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The integer weights ``q_w`` (``[N, K/32, 32]``), ``d`` and ``m`` (q4_1; else zeros) of blocks."""
+    """The integer weights ``q_w`` (``[N, K/32, 32]``), ``d`` and ``m`` (q4_1, q5_1; else zeros) of blocks."""
     n, size = b.shape[0], QUANT_FORMATS[fmt].nbytes
     bb = b.reshape(n, k // 32, size)
     half = lambda at: bb[..., at : at + 2].copy().view(np.float16)[..., 0].astype(np.float32)  # noqa: E731
+    if fmt in Q5:  # the nibbles with bit l of the uint32 qh after d (and m) as weight l's fifth
+        head = 2 if fmt == "q5_0" else 4
+        high = np.unpackbits(bb[..., head : head + 4], axis=-1, bitorder="little").astype(np.int64) << 4
+        nib = bb[..., head + 4 :]
+        qw = np.concatenate([nib & 15, nib >> 4], axis=-1).astype(np.int64) | high
+        return (qw - 16, half(0), np.zeros((n, k // 32), np.float32)) if fmt == "q5_0" else (qw, half(0), half(2))
     if fmt == "q8_0":
         return bb[..., 2:].view(np.int8).astype(np.int64), half(0), np.zeros((n, k // 32), np.float32)
     nib = bb[..., 2 if fmt == "q4_0" else 4 :]
@@ -193,6 +200,40 @@ def test_int8_formats_match_their_emulation_and_the_bound(rng: np.random.Generat
             y = Q.qlinear(x, b, fmt)
             assert y.shape == (m, n) and y.dtype == np.float32
             assert_int8_matches(y, x, b, fmt, wf)
+
+
+@pytest.mark.parametrize("fmt", Q5)
+def test_q5_formats(rng: np.random.Generator, fmt: str) -> None:
+    """q5_0 and q5_1 on the integer path (their 5-bit weights unsigned, as q4's nibbles): the
+    emulation and the bound at rows 0 to 33 (GEMV passes and the GEMM), N not a multiple of 16,
+    K of one block to 576, a block of 31s (every fifth bit set) against activations of +-127
+    (the widest pair sums); each row's bits the same alone and in any batch, without VNNI, in
+    the portable build and on the rows interleaved in groups of 16 (``q5_0x16``: each group's
+    ``qh`` one vector)."""
+    head = 2 if fmt == "q5_0" else 4
+    for n, k in ((13, 32), (37, 64), (48, 576)):
+        b, _ = blocks(rng, fmt, n, k)
+        b[0, head : head + 20] = 0xFF  # row 0, block 0: qh and nibbles all ones: q = 31
+        b[n - 1, head + 1] = 0x5A  # a pattern of fifth bits
+        wf = dequantize(b, GGML[fmt]).reshape(n, k).astype(np.float32)
+        x = rng.standard_normal((33, k)).astype(np.float32)
+        x[:, :32] = np.where(rng.random((33, 32)) < 0.5, -1.0, 1.0)  # quantizes to +-127
+        x[0, :32], x[1, :32] = 1.0, -1.0
+        full = Q.qlinear(x, b, fmt)
+        bx = interleave_rows(b, fmt) if n % 16 == 0 else None
+        for m in INT8_ROWS:
+            y = Q.qlinear(x[:m], b, fmt)
+            assert y.shape == (m, n)
+            if m:
+                assert_int8_matches(y, x[:m], b, fmt, wf)
+            np.testing.assert_array_equal(y, full[:m])
+            np.testing.assert_array_equal(Q.qlinear(x[:m], b, fmt, vnni=False), y)
+            np.testing.assert_array_equal(Q.qlinear(x[:m], b, fmt, portable=True), y)
+            if bx is not None:
+                for variant in ({}, {"vnni": False}, {"portable": True}):
+                    np.testing.assert_array_equal(Q.qlinear(x[:m], bx, fmt + "x16", **variant), y)
+        for i in (0, 1, 32):
+            np.testing.assert_array_equal(Q.qlinear(x[i : i + 1], b, fmt)[0], full[i])
 
 
 def test_the_quantization_of_x_is_bit_exact(rng: np.random.Generator) -> None:
@@ -468,7 +509,7 @@ def test_interleaved_rows_need_whole_groups(rng: np.random.Generator) -> None:
         module([("x", (1, 64), "float32"), ("w", (24, Q.row_bytes("q4_1", 64)), "uint8")], lambda x, w: op.quant_linear(x, w, "q4_1x16", 64))
 
 
-@pytest.mark.parametrize("name, nbytes", [("q4_0", 18), ("q4_1", 20), ("q8_0", 34), ("bf16", 4)])
+@pytest.mark.parametrize("name, nbytes", [("q4_0", 18), ("q4_1", 20), ("q5_0", 22), ("q5_1", 24), ("q8_0", 34), ("bf16", 4)])
 def test_the_library_interleaves_the_same_bytes(rng: np.random.Generator, name: str, nbytes: int) -> None:
     """``QuantLibrary.interleave`` (C, every thread) gives ``interleave_rows``' bytes: one group,
     several, odd block counts, a large matrix (threads), none; into ``out`` too."""
@@ -548,7 +589,7 @@ def test_a_residual_add_runs_in_the_extern(rng: np.random.Generator) -> None:
         lookup_extern(Q.extern_symbol("q4_1", add=True))(np.ones((2, k), np.float32), b, y, (2, n, k), y)
 
 
-@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q8_0", "q4_1x16", "q8_0x16"])
+@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q5_0", "q8_0", "q4_1x16", "q5_1x16", "q8_0x16"])
 def test_residual_added_by_the_parallel_gemv_gives_the_same_bits(rng: np.random.Generator, fmt: str) -> None:
     """The GEMV (M <= 8) adds the residual inside its parallel region, tile by tile; the GEMM
     after it: either way the bits of the product plus a separate add, on weights large enough to
@@ -594,7 +635,7 @@ def test_bad_arguments_raise_clear_errors(rng: np.random.Generator) -> None:
     b, _ = blocks(rng, "q4_1", 4, 64)
     x = rng.standard_normal((2, 64)).astype(np.float32)
     with pytest.raises(RuntimeCheckError, match="unknown format"):
-        Q.qlinear(x, b, "q5_0")
+        Q.qlinear(x, b, "iq4_nl")
     with pytest.raises(RuntimeCheckError, match="float32"):
         Q.qlinear(x.astype(np.float64), b, "q4_1")
     with pytest.raises(RuntimeCheckError, match="row_bytes|take 40 bytes"):
@@ -746,7 +787,7 @@ def test_bf16dot_is_known_without_building_the_library() -> None:
 def test_entry_address_is_the_entry_point_of_the_build_holding_the_format() -> None:
     lib = Q.library_for("q4_1x16")
     assert Q.entry_address("tw_qlinear_add_q4_1x16") == ctypes.cast(lib.handle.tw_qlinear_add_q4_1x16, ctypes.c_void_p).value
-    assert Q.entry_address("tw_qlinear_q5_0") is None and Q.entry_address("twk_matmul") is None
+    assert Q.entry_address("tw_qlinear_iq4_nl") is None and Q.entry_address("twk_matmul") is None
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own nice value is Linux's")

@@ -6,7 +6,8 @@ and one compilation serves every prompt length and batch size.
 Each decoder (model kind, weight format, KV dtype) is compiled once for the module and shared by
 the tests (``_runner``). The long tier (``TILEWORK_LONG_TESTS=1``) adds the batched decode of the
 Qwen2 model (the Llama one runs by default; the QKV bias is checked by the prefill/decode test)
-and the q4_1 weights (q8_0 and q4_0 cover the 8-bit and 4-bit kernels by default)."""
+and the q4_1 weights (q8_0 and q4_0 cover the 8-bit and 4-bit kernels by default, q5_1 and q5_0
+the 5-bit ones)."""
 
 from __future__ import annotations
 
@@ -340,10 +341,11 @@ def test_batched_decode_gives_hugging_faces_logits_at_every_batch_size(kind: str
             r.cache.remove(sid)
 
 
-@pytest.mark.parametrize("fmt", ["q8_0+q4_0"] + [long_param(f, why="one format throughout (q8_0+q4_0 checks both kernel families in one build)") for f in ("q8_0", "q4_0", "q4_1")])
+@pytest.mark.parametrize("fmt", ["q8_0+q4_0", "q5_1+q5_0"] + [long_param(f, why="one format throughout (q8_0+q4_0 checks both kernel families in one build)") for f in ("q8_0", "q4_0", "q4_1")])
 def test_quantized_weights_give_the_logits_of_their_values(fmt: str) -> None:
     """By default one model of both kernel families, an 8-bit and a 4-bit one: q8_0 attention,
-    token table and lm head, q4_0 MLP (one build). The long tier adds a model all in q8_0, all
+    token table and lm head, q4_0 MLP (one build), and one of the 5-bit formats (q5_1 and q5_0,
+    as llama.cpp's Q4_K_M / Q5_K_M files hold them). The long tier adds a model all in q8_0, all
     in q4_0 and all in q4_1."""
     hf = _hf()  # its own copy: its weights are replaced by the dequantized values
     quant = Runner(hf, fmt)

@@ -14,7 +14,7 @@ gguf = pytest.importorskip("gguf")
 from gguf import quants as gq  # noqa: E402
 
 # byte offsets of the fp16 scale fields in a block: random bytes there could be inf or nan
-SCALE_FIELDS = {"q8_0": (0,), "q4_0": (0,), "q4_1": (0, 2), "q4_k": (0, 2), "q6_k": (208,), "q5_k": (0, 2), "q3_k": (108,), "q2_k": (80, 82)}
+SCALE_FIELDS = {"q8_0": (0,), "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q4_k": (0, 2), "q6_k": (208,), "q5_k": (0, 2), "q3_k": (108,), "q2_k": (80, 82)}
 
 
 def ggml(fmt: str) -> "gguf.GGMLQuantizationType":
@@ -67,7 +67,7 @@ def test_dequantize_gguf_quantized_matches_gguf(fmt: str) -> None:
     np.testing.assert_array_equal(dequantize_rows(data, fmt), gq.dequantize(data, ggml(fmt)))
 
 
-@pytest.mark.parametrize("fmt", ["f16", "bf16", "q8_0", "q4_0", "q4_1"])
+@pytest.mark.parametrize("fmt", ["f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"])
 def test_quantize_is_llama_cpp_reference_rounding(fmt: str) -> None:
     rng = np.random.default_rng(2)
     x = rng.standard_normal((40, 96)).astype(np.float32) * rng.uniform(0.01, 100, (40, 1)).astype(np.float32)
@@ -75,6 +75,7 @@ def test_quantize_is_llama_cpp_reference_rounding(fmt: str) -> None:
     x[1] = 1.5  # constant blocks
     x[2, :32] = -x[2, :32]  # ties of magnitude between signs
     x[3, :32] = np.linspace(-8, 7, 32)  # exact steps and halves
+    x[4, :32] = np.linspace(-16, 15, 32)  # q5_0's exact steps
     ref = x.astype(np.float16).view(np.uint8) if fmt == "f16" else gq.quantize(x, ggml(fmt))
     q = quantize(x, fmt, "w")
     assert q.shape == (40, 96) and q.fmt == fmt and not q.data.flags.writeable
@@ -83,19 +84,23 @@ def test_quantize_is_llama_cpp_reference_rounding(fmt: str) -> None:
 
 def test_quantize_round_trip_error_is_bounded() -> None:
     """Per block: Q8_0 within half a step (amax/127) plus the fp16 rounding of the scale; Q4_0
-    within one step (amax/8: the value opposite the peak is clipped to +7); Q4_1 within half a
-    step ((max - min)/15) plus the fp16 rounding of scale and minimum."""
+    within one step (amax/8: the value opposite the peak is clipped to +7), Q5_0 (amax/16: to
+    +15) likewise; Q4_1 within half a step ((max - min)/15) plus the fp16 rounding of scale and
+    minimum, Q5_1 ((max - min)/31) likewise."""
     rng = np.random.default_rng(3)
     x = (rng.standard_normal((64, 256)) * rng.uniform(0.1, 10, (64, 1))).astype(np.float32)
     blocks = x.reshape(-1, 32)
     amax = np.abs(blocks).max(1, keepdims=True)
     lo, hi = blocks.min(1, keepdims=True), blocks.max(1, keepdims=True)
     fp16 = 2.0**-11  # relative rounding of an fp16
-    err = {f: np.abs(quantize(x, f).dequantize() - x).reshape(-1, 32) for f in ("q8_0", "q4_0", "q4_1")}
+    err = {f: np.abs(quantize(x, f).dequantize() - x).reshape(-1, 32) for f in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")}
     assert (err["q8_0"] <= amax / 127 * (0.5 + 127 * fp16) * 1.001).all()
     assert (err["q4_0"] <= amax / 8 * (1 + 8 * fp16) * 1.001).all()
+    assert (err["q5_0"] <= amax / 16 * (1 + 16 * fp16) * 1.001).all()
     step = (hi - lo) / 15
     assert (err["q4_1"] <= step * (0.5 + 15 * fp16) * 1.001 + np.abs(lo) * fp16).all()
+    step = (hi - lo) / 31
+    assert (err["q5_1"] <= step * (0.5 + 31 * fp16) * 1.001 + np.abs(lo) * fp16).all()
     # and the errors are not all at the bound: the mean is about a quarter step
     assert err["q8_0"].mean() < 0.3 * (amax / 127).mean()
 
@@ -209,8 +214,9 @@ def test_quant_tensor_rows() -> None:
 
 def test_bad_formats_and_shapes() -> None:
     assert block_format("Q4_1") is QUANT_FORMATS["q4_1"]
-    with pytest.raises(UnsupportedError, match="q5_0"):
-        block_format("q5_0")
+    assert block_format("Q5_0") is QUANT_FORMATS["q5_0"]
+    with pytest.raises(UnsupportedError, match="iq4_nl"):
+        block_format("iq4_nl")
     with pytest.raises(UnsupportedError, match="q4_k"):
         quantize(np.zeros((1, 256), np.float32), "q4_k")
     with pytest.raises(ShapeError, match="multiple of 32"):

@@ -225,7 +225,8 @@ _GGUF_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weigh
 _GGUF_PART = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate",
               "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
               "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
-_FORMAT_OF = {"embed_tokens": "q8_0", "q_proj.weight": "q8_0", "k_proj.weight": "q4_0", "v_proj.weight": "q4_1", "o_proj.weight": "f16", "gate_proj": "bf16", "lm_head": "q4_1"}
+_FORMAT_OF = {"embed_tokens": "q8_0", "q_proj.weight": "q8_0", "k_proj.weight": "q4_0", "v_proj.weight": "q4_1", "o_proj.weight": "f16", "gate_proj": "bf16", "up_proj.weight": "q5_0",
+              "lm_head": "q5_1"}
 
 
 def gguf_name(hf: str) -> str:
@@ -301,7 +302,7 @@ def write_gguf(path: Path, cfg: LlmConfig, tensors: dict[str, QuantTensor], arch
 
 
 def test_tiny_llama_gguf_every_format(tmp_path: Path) -> None:
-    """A file with Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, Q5_K, Q3_K, Q2_K, F16, BF16, F32 tensors (5
+    """A file with Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K, Q5_K, Q3_K, Q2_K, F16, BF16, F32 tensors (5
     layers: a k-quant down projection each) and q/k biases loads back to the transformers
     layout: names, row order (q/k rows and biases were permuted as llama.cpp does), values
     (checked with gguf.quants)."""
@@ -346,6 +347,34 @@ def test_k_quant_matrices_load_in_every_precision(tmp_path: Path) -> None:
             else:
                 assert name not in formats
                 np.testing.assert_array_equal(got, lay_out(values), err_msg=name)
+
+
+def test_q5_gguf_matrices_load_in_every_precision(tmp_path: Path) -> None:
+    """Q5_0 / Q5_1 matrices of a GGUF file (llama.cpp's Q4_K_M / Q5_K_M mixes hold them where a
+    row is not a multiple of 256) in each precision ``prepare_weights`` takes: ``fp32`` their
+    values (gguf's), ``bf16`` those rounded to bfloat16, ``q`` the file's blocks, interleaved in
+    groups of 16 rows."""
+    from tilework.llm import compile as llm_compile
+    from tilework.op.quant import bf16_bits, bf16_rows, interleave_rows
+    from tilework.transform.panels import lay_out
+
+    tensors = tiny_tensors(TINY)
+    _, w = load_weights(write_gguf(tmp_path / "tiny.gguf", TINY, tensors))
+    head, up = w["lm_head.weight"], w["model.layers.1.mlp.up_proj.weight"]
+    assert (head.fmt, up.fmt) == ("q5_1", "q5_0")
+    values = gq.dequantize(np.asarray(head.data), gguf.GGMLQuantizationType.Q5_1).reshape(head.shape)
+    np.testing.assert_array_equal(up.dequantize(), gq.dequantize(np.asarray(up.data), gguf.GGMLQuantizationType.Q5_0).reshape(up.shape))
+    np.testing.assert_array_equal(head.dequantize(bf16=True), bf16_bits(values))
+    grouped = llm_compile.weight_formats(w, "bf16")["lm_head.weight"]
+    for precision, fmt, want in (
+        ("fp32", "f32", lay_out(values)),  # a float32 matrix is laid out in panels
+        ("bf16", grouped, interleave_rows(bf16_rows(values), "bf16") if grouped == "bf16x16" else bf16_rows(values)),
+        ("q", "q5_1x16", interleave_rows(head.data, "q5_1")),
+    ):
+        formats, arrays = llm_compile.prepare_weights(TINY, w, precision)
+        assert formats.get("lm_head.weight", "f32") == fmt
+        assert formats.get(up.name, "f32") == {"q": "q5_0x16", "fp32": "f32"}.get(precision, grouped), precision
+        assert any(a.shape == want.shape and np.array_equal(a, want) for a in arrays), precision
 
 
 def test_tiny_qwen2_gguf_keeps_row_order(tmp_path: Path) -> None:
@@ -411,9 +440,9 @@ def test_gguf_errors(tmp_path: Path) -> None:
     tensors = tiny_tensors(TINY)
     bad = dict(tensors)
     bad["model.layers.1.self_attn.v_proj.weight"] = QuantTensor("v", (32, 64), "f32", np.zeros((32, 256), np.uint8))
-    path = write_gguf(tmp_path / "q5.gguf", TINY, {k: v for k, v in bad.items() if "layers.1.self_attn.v_proj.weight" not in k},
-                      extra={"blk.1.attn_v.weight": (gq.quantize(np.zeros((32, 64), np.float32), gguf.GGMLQuantizationType.Q5_0), gguf.GGMLQuantizationType.Q5_0)})
-    with pytest.raises(UnsupportedError, match=r"q5\.gguf: tensor blk\.1\.attn_v\.weight is stored as Q5_0"):
+    path = write_gguf(tmp_path / "iq4.gguf", TINY, {k: v for k, v in bad.items() if "layers.1.self_attn.v_proj.weight" not in k},
+                      extra={"blk.1.attn_v.weight": (np.zeros((32, 2 * 18), np.uint8), gguf.GGMLQuantizationType.IQ4_NL)})
+    with pytest.raises(UnsupportedError, match=r"iq4\.gguf: tensor blk\.1\.attn_v\.weight is stored as IQ4_NL"):
         load_weights(path)
 
     path = write_gguf(tmp_path / "missing.gguf", TINY, {k: v for k, v in tensors.items() if k != "model.layers.1.mlp.up_proj.weight"})

@@ -3,7 +3,8 @@ where it is used) against NumPy on the dequantized blocks, at symbolic row count
 and odd sizes, on the C target and the interpreter; and their shape checks. Every format runs on
 both targets but the interleaved block formats, which run on C and, through the interpreter,
 only ``quant_linear``'s ``q8_0x16``: the others' interpreter runs are in the long tier only
-(``bf16x16``, quick to interpret, runs on both)."""
+(``bf16x16``, quick to interpret, runs on both); q5_0 and q5_1, whose weights decode alike, run
+each layout once on C by default (``Q5_LONG``)."""
 
 from __future__ import annotations
 
@@ -24,13 +25,16 @@ from tests.backend.helpers import k_quant_blocks
 K, N = 64, 7
 # (format, target) interpreted in the long tier only: quant_linear's q8_0x16 interprets an
 # interleaved format; its lanes decode as on C
-INTERP_LONG = {("q4_0x16", "interp"), ("q4_1x16", "interp"), ("q8_0x16", "interp")}
+INTERP_LONG = {("q4_0x16", "interp"), ("q4_1x16", "interp"), ("q5_0x16", "interp"), ("q5_1x16", "interp"), ("q8_0x16", "interp")}
+# q5 on C: quant_linear's q5_0 plain and q5_1 interleaved in the default run (each decoding path
+# once; quant_take's q5_1 interpreted), the others in the long tier
+Q5_LONG = {("q5_1", "cpu"), ("q5_0x16", "cpu")}
 
 
 def _grid(formats: tuple[str, ...] | list[str], long: set[tuple[str, str]]) -> list[object]:
     """``(fmt, target)`` params, ``long`` ones in the long tier only."""
     return [
-        long_param(fmt, target, id=f"{fmt}-{target}", why="an interleaved format interpreted: quant_linear's q8_0x16 interprets one")
+        long_param(fmt, target, id=f"{fmt}-{target}", why="an interleaved format interpreted: quant_linear's q8_0x16 interprets one" if target == "interp" else "q5_0 and q5_1x16 take the same decoding")
         if (fmt, target) in long else pytest.param(fmt, target, id=f"{fmt}-{target}")
         for fmt in formats for target in ("cpu", "interp")
     ]  # fmt: skip
@@ -58,7 +62,7 @@ def _linear_module(fmt: str, n: int = N) -> tw.IRModule:
     return bb.get()
 
 
-@pytest.mark.parametrize(("fmt", "target"), _grid(LEGALIZED_FORMATS, INTERP_LONG - {("q8_0x16", "interp")}))
+@pytest.mark.parametrize(("fmt", "target"), _grid(LEGALIZED_FORMATS, (INTERP_LONG - {("q8_0x16", "interp")}) | Q5_LONG))
 def test_quant_linear(target: str, fmt: str) -> None:
     n = 2 * GROUP if fmt in INTERLEAVED_FORMATS else N  # interleaved: whole groups of rows
     blocks, weights = _blocks(fmt, n, K)
@@ -80,7 +84,7 @@ def _take_vm(fmt: str, rows: int, target: str, cols: int = K) -> tw.VM:
     return tw.VM(tw.build(bb.get(), target=target))
 
 
-@pytest.mark.parametrize(("fmt", "target"), _grid(["q8_0", "q4_1", "bf16", "q8_0x16", "q4_1x16", "bf16x16"], INTERP_LONG))
+@pytest.mark.parametrize(("fmt", "target"), _grid(["q8_0", "q4_1", "q5_1", "bf16", "q8_0x16", "q4_1x16", "q5_1x16", "bf16x16"], INTERP_LONG | {("q5_1", "cpu"), ("q5_1x16", "cpu")}))
 def test_quant_take(target: str, fmt: str) -> None:
     """Rows of a table (an interleaved one: rows of any lane of two groups) decode exactly."""
     rows = 2 * GROUP if fmt in INTERLEAVED_FORMATS else 11

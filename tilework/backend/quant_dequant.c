@@ -2,7 +2,7 @@
  * and the interleaving of plain rows into the x16 layouts.
  *
  * tw_quant_dequantize(fmt, w, rows, K, out, bf16) decodes rows x K weights of fmt blocks (the
- * plain layouts: q4_0 q4_1 q8_0 bf16 f16 q4_k q6_k q5_k q3_k q2_k) into float32 rows, or with bf16 set into
+ * plain layouts: q4_0 q4_1 q5_0 q5_1 q8_0 bf16 f16 q4_k q6_k q5_k q3_k q2_k) into float32 rows, or with bf16 set into
  * bfloat16 bits (uint16, each float32 rounded to nearest even, a NaN kept a quiet NaN: the
  * prelude's tw_f2bf, tilework.op.quant.bf16_bits), the threads sharing the rows. Each float32 is
  * the one tilework.llm.quant's NumPy decoders give: the same products and sums in the same order,
@@ -41,6 +41,17 @@ TWQ_NO_CONTRACT static void twq_dequant_block(int fmt, const uint8_t* b, float* 
         for (int l = 0; l < 16; ++l) {
             out[l] = d * (float)(b[4 + l] & 0xF) + m;
             out[l + 16] = d * (float)(b[4 + l] >> 4) + m;
+        }
+        return;
+    }
+    case TWQ_Q5_0: case TWQ_Q5_1: { /* q = nibble | bit l of qh << 4; q5_0: d * (q - 16), q5_1: d * q + m */
+        const int64_t head = twq_head(fmt);
+        const float d = twq_h2f(twq_u16(b)), m = fmt == TWQ_Q5_1 ? twq_h2f(twq_u16(b + 2)) : 0.0f;
+        const uint32_t qh = (uint32_t)twq_i32(b + head);
+        for (int l = 0; l < 32; ++l) {
+            const int nib = l < 16 ? b[head + 4 + l] & 0xF : b[head + 4 + l - 16] >> 4;
+            const int q = nib | (int)((qh >> l) & 1u) << 4;
+            out[l] = fmt == TWQ_Q5_0 ? d * (float)(q - 16) : d * (float)q + m;
         }
         return;
     }
@@ -152,13 +163,13 @@ int32_t tw_quant_dequantize(int32_t fmt, const uint8_t* w, int64_t rows, int64_t
 }
 
 /* tw_quant_interleave(fmt, src, n, rb, dst): n plain rows of rb bytes (n a multiple of 16) of
- * q4_0, q4_1, q8_0 (fmt the plain code) or bf16 (TWQ_BF16: blocks of a pair of weights) in the
+ * q4_0, q4_1, q5_0, q5_1, q8_0 (fmt the plain code) or bf16 (TWQ_BF16: blocks of a pair of weights) in the
  * layout of the format's x16 twin (tilework.op.quant: per group of 16 rows and block, the
- * rows' d, then q4_1's m, then the payload in runs of 4 bytes, row by row), the threads sharing
+ * rows' d, then q4_1's and q5_1's m, then the payload in runs of 4 bytes, row by row), the threads sharing
  * the groups: the bytes of tilework.op.quant.interleave_rows, without its byte-gather. */
 int32_t tw_quant_interleave(int32_t fmt, const uint8_t* src, int64_t n, int64_t rb, uint8_t* dst) {
-    if (fmt != TWQ_Q4_0 && fmt != TWQ_Q4_1 && fmt != TWQ_Q8_0 && fmt != TWQ_BF16) return TWQ_EFMT;
-    const int64_t nbytes = fmt == TWQ_BF16 ? 4 : twq_nbytes[fmt], head = fmt == TWQ_Q4_1 ? 4 : fmt == TWQ_BF16 ? 0 : 2;
+    if (fmt != TWQ_Q4_0 && fmt != TWQ_Q4_1 && !twq_is_q5(fmt) && fmt != TWQ_Q8_0 && fmt != TWQ_BF16) return TWQ_EFMT;
+    const int64_t nbytes = fmt == TWQ_BF16 ? 4 : twq_nbytes[fmt], head = fmt == TWQ_BF16 ? 0 : twq_head(fmt);
     if (n < 0 || rb < 0 || n % 16 || rb % nbytes) return TWQ_ESHAPE;
     if (n == 0 || rb == 0) return 0;
     if (src == NULL || dst == NULL) return TWQ_ENULL;

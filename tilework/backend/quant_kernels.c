@@ -3,13 +3,14 @@
  * x is float32 [M, K] (row-major), w is uint8 [N, row_bytes] (the blocks of each output row,
  * as a GGUF file stores them), y is float32 [M, N].
  *
- * q4_0, q4_1, q8_0 (32-weight blocks) take the integer path, as llama.cpp does. Each row of x is
- * quantized once per call to 8-bit blocks of 32: d = max|x| / 127, q = rint(x * (127 / max|x|))
- * (a block whose max|x| is below 2^-100 gets q = 0; one with a NaN or an infinity gets q = 0 and
- * a non-finite d, so its outputs are NaN). Each output is then, block by block in order,
+ * q4_0, q4_1, q5_0, q5_1, q8_0 (32-weight blocks) take the integer path, as llama.cpp does.
+ * Each row of x is quantized once per call to 8-bit blocks of 32: d = max|x| / 127,
+ * q = rint(x * (127 / max|x|)) (a block whose max|x| is below 2^-100 gets q = 0; one with a NaN
+ * or an infinity gets q = 0 and a non-finite d, so its outputs are NaN). Each output is then, block by block in order,
  *     acc = fma((float)isum, d_w * d_x, acc)       isum = sum(q_w * q_x) exactly, in int32
- *     acc = fma(m_w, d_x * sum(q_x), acc)          (q4_1 only: q_w is the nibble, m_w its min)
- * with q_w = nibble - 8 (q4_0), nibble (q4_1), the int8 (q8_0). That sequence of float32
+ *     acc = fma(m_w, d_x * sum(q_x), acc)          (q4_1, q5_1 only: q_w is the nibble, m_w its min)
+ * with q_w = nibble - 8 (q4_0), nibble (q4_1), the 5-bit value - 16 (q5_0), the 5-bit value
+ * (q5_1: the nibble with its fifth bit from qh), the int8 (q8_0). That sequence of float32
  * operations is the same on the GEMV and the GEMM, in the AVX-512 and the portable build, so
  * an output's bits do not depend on how many rows of x are in the call or on the build. It
  * differs from x @ dequantize(w).T by the rounding of x: at most sum over blocks b of
@@ -17,17 +18,18 @@
  * - GEMV (M <= TWQ_I8_GEMV_MAX_M, decoding): the rows of x quantized, then tiles of 16 W rows
  *   over the threads; each block of a tile is transposed in registers into 8 vectors of 16 rows
  *   x 4 weights and multiplied with every row of x by vpdpbusd (u8 weights x s8 activations;
- *   q8_0's weights biased by 128); a residual (tw_qlinear_add_*) is added to each tile's
+ *   q5's fifth bits added to the nibbles from qh, twq_q5_high; q8_0's weights biased by 128); a residual (tw_qlinear_add_*) is added to each tile's
  *   outputs as the tile finishes them.
  * - GEMM (prefill): panels of 32 W rows are decoded that way once into a per-thread scratch
  *   (1280 bytes a block), and a 4 x 32 register-blocked kernel runs the rows of x over them.
  * Without AVX-512 VNNI (or with TW_QUANT_NO_VNNI) vpmaddubsw + vpmaddwd do the products
  * (q8_0 through |w| and x with w's sign, which keeps the pair sums in int16).
- * - q4_0x16, q4_1x16, q8_0x16: the same blocks with the rows interleaved in groups of 16 (N a
- *   multiple of 16), laid out as the GEMV consumes them, so that no transposition is left to do
- *   at run time: for each group of 16 rows and block j, 16 * nbytes bytes: the 16 rows' fp16 d,
- *   then (q4_1) their 16 m, then the payloads (16 nibble bytes, or 32 int8) as vectors of 64
- *   bytes, vector t holding bytes 4t..4t+3 of row 0, then of row 1, ... of row 15. The results
+ * - q4_0x16, q4_1x16, q5_0x16, q5_1x16, q8_0x16: the same blocks with the rows interleaved in
+ *   groups of 16 (N a multiple of 16), laid out as the GEMV consumes them, so that no
+ *   transposition is left to do at run time: for each group of 16 rows and block j, 16 * nbytes
+ *   bytes: the 16 rows' fp16 d, then (q4_1, q5_1) their 16 m, then the payloads (16 nibble
+ *   bytes; q5's qh and 16 nibble bytes; 32 int8) as vectors of 64 bytes, vector t holding bytes
+ *   4t..4t+3 of row 0, then of row 1, ... of row 15 (q5: vector 0 is the 16 rows' qh). The results
  *   are the same bits as the plain format's (the same block sums in the same order).
  *
  * bf16, f16 and the k-quants (q4_k, q6_k, q5_k, q3_k, q2_k) multiply in float32 with the weights
@@ -65,17 +67,18 @@
  * a GEMV over groups of 4 or 2 W rows, a packed GEMM with a 6 x 16 micro-kernel; see that
  * file), which tilework's quant.py splices in at its #include below. With AVX2 the
  * portable integer path takes each block's dot products with a row of x in AVX2 (vpmaddubsw +
- * vpmaddwd: the same int32 sums, so the same bits); q8_0, q4_0 and q4_1 (plain and x16, with
- * FMA and F16C) run tiles of 8 W rows instead, each block loaded (and its nibbles unpacked)
+ * vpmaddwd: the same int32 sums, so the same bits); q8_0, q4_0, q4_1, q5_0 and q5_1 (plain and
+ * x16, with FMA and F16C) run tiles of 8 W rows instead (twq_q5_tile: q5's pair sums widened by
+ * halves, twq_q5_dot8), each block loaded (and its nibbles unpacked)
  * once for every row of x and the 8 rows' sums side by side in a vector (twq_q8_tile,
  * twq_q4_tile; q4 x16 at up to 16 rows of x: the 16 rows of a group, twq_q4_x16_group). A q4
  * block's 8 products with a row of x add up in int16 (at most 8 * 2 * 15 * 127 = 30480) and
  * are widened once; there x comes with its 4-byte pieces broadcast ahead
  * (twq_broadcast_x), read as vpmaddubsw's memory operand.
  *
- * Entry points: tw_qlinear_<fmt>(x, w, y, M, N, K) for q4_0 q4_1 q8_0 bf16 f16 q4_k q6_k
- * q5_k q3_k q2_k q4_0x16 q4_1x16 q8_0x16 bf16x16, and tw_qlinear_add_<fmt>(x, w, r, y, M, N, K):
- * y = x @ W.T + r; 0 on success, TWQ_E* for a bad argument. tw_qlinear_packed is the trampoline the Python
+ * Entry points: tw_qlinear_<fmt>(x, w, y, M, N, K) for q4_0 q4_1 q5_0 q5_1 q8_0 bf16 f16 q4_k
+ * q6_k q5_k q3_k q2_k q4_0x16 q4_1x16 q5_0x16 q5_1x16 q8_0x16 bf16x16, and tw_qlinear_add_<fmt>(x, w, r, y,
+ * M, N, K): y = x @ W.T + r; 0 on success, TWQ_E* for a bad argument. tw_qlinear_packed is the trampoline the Python
  * extern calls with NumPy array object addresses; tw_quant_quantize_x exposes the quantization
  * of x to the tests; tw_quant_dequantize and tw_quant_interleave (quant_dequant.c) decode and
  * interleave whole rows for the loaders.
@@ -101,11 +104,11 @@
 #include <immintrin.h>
 #endif
 
-enum { TWQ_Q4_0, TWQ_Q4_1, TWQ_Q8_0, TWQ_BF16, TWQ_F16, TWQ_Q4_K, TWQ_Q6_K, TWQ_Q5_K, TWQ_Q3_K, TWQ_Q2_K, TWQ_NFMT };
-/* The interleaved layouts' codes (the entry points' fmt): TWQ_NFMT + q4_0, q4_1, q8_0, bf16. */
-enum { TWQ_Q4_0X16 = TWQ_NFMT, TWQ_Q4_1X16, TWQ_Q8_0X16, TWQ_BF16X16, TWQ_NCODES }; /* bf16x16 = TWQ_NFMT + TWQ_BF16 */
-static const int64_t twq_block[TWQ_NFMT] = {32, 32, 32, 1, 1, 256, 256, 256, 256, 256};
-static const int64_t twq_nbytes[TWQ_NFMT] = {18, 20, 34, 2, 2, 144, 210, 176, 110, 84};
+enum { TWQ_Q4_0, TWQ_Q4_1, TWQ_Q5_0, TWQ_Q5_1, TWQ_Q8_0, TWQ_BF16, TWQ_F16, TWQ_Q4_K, TWQ_Q6_K, TWQ_Q5_K, TWQ_Q3_K, TWQ_Q2_K, TWQ_NFMT };
+/* The interleaved layouts' codes (the entry points' fmt): TWQ_NFMT + q4_0, q4_1, q5_0, q5_1, q8_0, bf16. */
+enum { TWQ_Q4_0X16 = TWQ_NFMT, TWQ_Q4_1X16, TWQ_Q5_0X16, TWQ_Q5_1X16, TWQ_Q8_0X16, TWQ_BF16X16, TWQ_NCODES }; /* bf16x16 = TWQ_NFMT + TWQ_BF16 */
+static const int64_t twq_block[TWQ_NFMT] = {32, 32, 32, 32, 32, 1, 1, 256, 256, 256, 256, 256};
+static const int64_t twq_nbytes[TWQ_NFMT] = {18, 20, 22, 24, 34, 2, 2, 144, 210, 176, 110, 84};
 
 #define TWQ_ENULL 1  /* a null pointer */
 #define TWQ_ESHAPE 2 /* a negative size, or K not a multiple of the block */
@@ -118,7 +121,7 @@ static const int64_t twq_nbytes[TWQ_NFMT] = {18, 20, 34, 2, 2, 144, 210, 176, 11
  * the ones a model needs: a path left out is code no entry point reaches, which the compiler
  * drops, and its formats' entry points return TWQ_EFAMILY). The helpers are in every build. */
 #ifndef TWQ_WITH_INT8
-#define TWQ_WITH_INT8 1 /* q4_0, q4_1, q8_0 and their x16 layouts */
+#define TWQ_WITH_INT8 1 /* q4_0, q4_1, q5_0, q5_1, q8_0 and their x16 layouts */
 #endif
 #ifndef TWQ_WITH_BF16
 #define TWQ_WITH_BF16 1 /* bf16 and bf16x16 */
@@ -274,9 +277,20 @@ TWQ_UNUSED static void twq_decode32(int fmt, const uint8_t* row, int64_t j, cons
     }
 }
 
+/* q5_0 and q5_1 are q4_0 and q4_1 with a fifth bit per weight: bit l of the little-endian
+ * uint32 qh after the block's d (and m) is weight l's (q = nibble | bit << 4, 0..31), the 16
+ * nibble bytes follow. The integer path takes them as q4's blocks of unsigned 5-bit weights:
+ * q5_0's -16 through the start of the block's sum as q4_0's -8, q5_1's m as q4_1's. */
+static inline int twq_is_q5(int fmt) { return fmt == TWQ_Q5_0 || fmt == TWQ_Q5_1; }
+/* Whether weights are d * q + m (q4_1, q5_1): the block's m follows its d. */
+static inline int twq_has_m(int fmt) { return fmt == TWQ_Q4_1 || fmt == TWQ_Q5_1; }
+/* Bytes of a block before its payload (d, and m): the payload is q5's qh and nibbles, q4's
+ * nibbles, q8_0's int8; an x16 layout groups the head by 2 bytes and the payload by 4. */
+static inline int64_t twq_head(int fmt) { return twq_has_m(fmt) ? 4 : 2; }
+
 /* Block j of row `lane` of an interleaved group, gathered back into the plain block layout. */
 TWQ_UNUSED static void twq_block_of_x16(int fmt, const uint8_t* grp, int64_t lane, int64_t j, uint8_t* blk) {
-    const int64_t nbytes = twq_nbytes[fmt], head = fmt == TWQ_Q4_1 ? 4 : 2;
+    const int64_t nbytes = twq_nbytes[fmt], head = twq_head(fmt);
     const uint8_t* b = grp + j * 16 * nbytes;
     memcpy(blk, b + 2 * lane, 2);
     if (head == 4) memcpy(blk + 2, b + 32 + 2 * lane, 2);
@@ -284,7 +298,7 @@ TWQ_UNUSED static void twq_block_of_x16(int fmt, const uint8_t* grp, int64_t lan
 }
 
 static inline int twq_is_k(int fmt) { return fmt == TWQ_Q4_K || fmt == TWQ_Q6_K || fmt == TWQ_Q5_K || fmt == TWQ_Q3_K || fmt == TWQ_Q2_K; }
-static inline int twq_is_i8(int fmt) { return fmt == TWQ_Q4_0 || fmt == TWQ_Q4_1 || fmt == TWQ_Q8_0; }
+static inline int twq_is_i8(int fmt) { return fmt == TWQ_Q4_0 || fmt == TWQ_Q4_1 || twq_is_q5(fmt) || fmt == TWQ_Q8_0; }
 
 /* Weight k of a row, for the K % 32 tail of bf16/f16 rows. */
 static inline float twq_weight1(int fmt, const uint8_t* row, int64_t k) {
@@ -362,12 +376,13 @@ typedef struct {
     int64_t K, nb;
 } twq_xq;
 
-/* The dot products multiply unsigned weight bytes: q4_0's nibbles are q_w + 8, and q8_0's bytes
- * are biased to q_w + 128 (but for vpmaddubsw, see twq_dot); the start of each block's sum
+/* The dot products multiply unsigned weight bytes: q4_0's nibbles are q_w + 8 (q5_0's 5-bit
+ * values q_w + 16), and q8_0's bytes are biased to q_w + 128 (but for vpmaddubsw, see twq_dot); the start of each block's sum
  * takes the bias off. (The portable loop needs the bias too: GCC 12 with -march=native turns an
  * int8 x int8 dot-product loop into vpdpbusd, which reads one side as unsigned: wrong sums.) */
 static inline int32_t twq_corr_mul(int fmt) {
     if (fmt == TWQ_Q4_0) return -8;
+    if (fmt == TWQ_Q5_0) return -16;
 #if !defined(TWQ_AVX512) || defined(TWQ_VNNI)
     if (fmt == TWQ_Q8_0) return -128;
 #endif
@@ -1168,14 +1183,31 @@ TWQ_INLINE void twq_t16x4(const uint8_t* const* rows, int64_t off, int nt, __m51
     t[3] = _mm512_shuffle_i64x2(b, d, 0xEE);
 }
 
+/* q5: W (the 16 rows' nibbles, twq_i8_decode's order) given their fifth bits, from qh (lane i =
+ * row i's): W[t]'s byte k is weight 4t + k (t < 4) or 16 + 4(t - 4) + k, whose bit sits in qh's
+ * byte (t & 3) / 2 + 2 (t / 4) at 4 (t & 1) + k; that byte is copied to the lane's 4 bytes, and
+ * where the byte's own bit is set 16 is added. */
+TWQ_INLINE void twq_q5_high(__m512i qh, __m512i* W) {
+    const __m512i dw = _mm512_set_epi32(0x0C0C0C0C, 0x08080808, 0x04040404, 0, 0x0C0C0C0C, 0x08080808, 0x04040404, 0, 0x0C0C0C0C, 0x08080808,
+                                        0x04040404, 0, 0x0C0C0C0C, 0x08080808, 0x04040404, 0);
+    const __m512i sixteen = _mm512_set1_epi8(16);
+    for (int t = 0; t < 8; ++t) {
+        const int src = (t & 3) / 2 + 2 * (t / 4);
+        const __m512i bits = _mm512_shuffle_epi8(qh, _mm512_add_epi8(dw, _mm512_set1_epi8((char)src)));
+        const __mmask64 set = _mm512_test_epi8_mask(bits, _mm512_set1_epi32((int)(0x08040201u << (4 * (t & 1)))));
+        W[t] = _mm512_mask_add_epi8(W[t], set, W[t], sixteen);
+    }
+}
+
 /* Block j of 16 rows: W[t], lane i = row i's weights 4t..4t+3 of the block as bytes (unsigned:
- * nibbles, q8_0 + 128; signed q8_0 without VNNI), and the rows' d (and q4_1's m). */
+ * nibbles (q5: with their fifth bits), q8_0 + 128; signed q8_0 without VNNI), and the rows' d
+ * (and q4_1's, q5_1's m). */
 TWQ_INLINE void twq_i8_decode(int fmt, const uint8_t* const* rows, int64_t j, __m512i* W, __m512* dw, __m512* mw) {
     const int64_t o = j * twq_nbytes[fmt];
     __m512i h;
     twq_t16x4(rows, o, 1, &h);
     *dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
-    if (fmt == TWQ_Q4_1) *mw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16)));
+    if (twq_has_m(fmt)) *mw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16)));
     if (fmt == TWQ_Q8_0) {
         twq_t16x4(rows, o + 2, 4, W);
         twq_t16x4(rows, o + 18, 4, W + 4);
@@ -1185,10 +1217,15 @@ TWQ_INLINE void twq_i8_decode(int fmt, const uint8_t* const* rows, int64_t j, __
         return;
     }
     const __m512i lo = _mm512_set1_epi8(0x0F);
-    twq_t16x4(rows, o + (fmt == TWQ_Q4_0 ? 2 : 4), 4, W);
+    twq_t16x4(rows, o + twq_head(fmt) + (twq_is_q5(fmt) ? 4 : 0), 4, W);
     for (int t = 0; t < 4; ++t) {
         W[t + 4] = _mm512_and_si512(_mm512_srli_epi32(W[t], 4), lo);
         W[t] = _mm512_and_si512(W[t], lo);
+    }
+    if (twq_is_q5(fmt)) {
+        __m512i qh;
+        twq_t16x4(rows, o + twq_head(fmt), 1, &qh);
+        twq_q5_high(qh, W);
     }
 }
 
@@ -1197,10 +1234,12 @@ TWQ_INLINE void twq_i8_decode_x16(int fmt, const uint8_t* grp, int64_t j, __m512
     const uint8_t* b = grp + j * 16 * twq_nbytes[fmt];
     *dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)b));
     b += 32;
-    if (fmt == TWQ_Q4_1) {
+    if (twq_has_m(fmt)) {
         *mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)b));
         b += 32;
     }
+    const __m512i qh = twq_is_q5(fmt) ? _mm512_loadu_si512((const void*)b) : _mm512_setzero_si512(); /* q5: the rows' qh, then the nibbles */
+    if (twq_is_q5(fmt)) b += 64;
     if (fmt == TWQ_Q8_0) {
         for (int t = 0; t < 8; ++t) {
             W[t] = _mm512_loadu_si512((const void*)(b + 64 * t));
@@ -1216,6 +1255,7 @@ TWQ_INLINE void twq_i8_decode_x16(int fmt, const uint8_t* grp, int64_t j, __m512
         W[t] = _mm512_and_si512(v, lo);
         W[t + 4] = _mm512_and_si512(_mm512_srli_epi32(v, 4), lo);
     }
+    if (twq_is_q5(fmt)) twq_q5_high(qh, W);
 }
 
 /* s + the dot products of each lane's 4 weight bytes with x's 4 bytes (xb, broadcast). */
@@ -1239,7 +1279,7 @@ TWQ_INLINE __m512i twq_i8_start(int fmt, const twq_xq* xq, int64_t at) {
 /* The float update of one block (the sequence of the file header), shared by GEMV and GEMM. */
 TWQ_INLINE __m512 twq_i8_acc(int fmt, __m512i isum, __m512 dw, __m512 mw, const twq_xq* xq, int64_t at, __m512 acc) {
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(xq->d[at])), acc);
-    if (fmt == TWQ_Q4_1) acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(xq->cx[at]), acc);
+    if (twq_has_m(fmt)) acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(xq->cx[at]), acc);
     return acc;
 }
 
@@ -1322,14 +1362,18 @@ TWQ_INLINE void twq_i8_gemv_tile_x16(int fmt, int MR, const twq_xq* xq, int64_t 
     TWQ_I8_GEMV_FN(FMT, 5) TWQ_I8_GEMV_FN(FMT, 6) TWQ_I8_GEMV_FN(FMT, 7) TWQ_I8_GEMV_FN(FMT, 8)
 TWQ_I8_GEMV_FMT(TWQ_Q4_0)
 TWQ_I8_GEMV_FMT(TWQ_Q4_1)
+TWQ_I8_GEMV_FMT(TWQ_Q5_0)
+TWQ_I8_GEMV_FMT(TWQ_Q5_1)
 TWQ_I8_GEMV_FMT(TWQ_Q8_0)
 typedef void (*twq_i8_gemv_fn)(const twq_xq*, int64_t, const uint8_t*, int64_t, int64_t, int64_t, float*, int64_t);
 #define TWQ_I8_GEMV_ROW(P, FMT) \
     {P##FMT##_1, P##FMT##_2, P##FMT##_3, P##FMT##_4, P##FMT##_5, P##FMT##_6, P##FMT##_7, P##FMT##_8}
 /* [x16][fmt][M - 1] */
-static const twq_i8_gemv_fn twq_i8_gemv_table[2][3][8] = {
-    {TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q4_0), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q4_1), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q8_0)},
-    {TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q4_0), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q4_1), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q8_0)}};
+static const twq_i8_gemv_fn twq_i8_gemv_table[2][5][8] = {
+    {TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q4_0), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q4_1), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q5_0),
+     TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q5_1), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q8_0)},
+    {TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q4_0), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q4_1), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q5_0),
+     TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q5_1), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q8_0)}};
 
 /* x's rows quantized, then tiles of 16 W rows over the threads, each adding the residual r (or
  * NULL) into its outputs as it finishes them. (Quantizing inside the parallel region, the rows
@@ -1421,20 +1465,26 @@ TWQ_INLINE void twq_i8_micro(int fmt, int MR, const twq_xq* xq, int64_t r0, cons
 #define TWQ_I8_MICRO_FMT(FMT) TWQ_I8_MICRO_FN(FMT, 1) TWQ_I8_MICRO_FN(FMT, 2) TWQ_I8_MICRO_FN(FMT, 3) TWQ_I8_MICRO_FN(FMT, 4)
 TWQ_I8_MICRO_FMT(TWQ_Q4_0)
 TWQ_I8_MICRO_FMT(TWQ_Q4_1)
+TWQ_I8_MICRO_FMT(TWQ_Q5_0)
+TWQ_I8_MICRO_FMT(TWQ_Q5_1)
 TWQ_I8_MICRO_FMT(TWQ_Q8_0)
 typedef void (*twq_i8_micro_fn)(const twq_xq*, int64_t, const uint8_t*, float*, int64_t, int64_t, __mmask16, __mmask16);
 #define TWQ_I8_MICRO_ROW(FMT) {twq_i8_micro_##FMT##_1, twq_i8_micro_##FMT##_2, twq_i8_micro_##FMT##_3, twq_i8_micro_##FMT##_4}
-static const twq_i8_micro_fn twq_i8_micro_table[3][TWQ_IPM] = {TWQ_I8_MICRO_ROW(TWQ_Q4_0), TWQ_I8_MICRO_ROW(TWQ_Q4_1), TWQ_I8_MICRO_ROW(TWQ_Q8_0)};
+static const twq_i8_micro_fn twq_i8_micro_table[5][TWQ_IPM] = {TWQ_I8_MICRO_ROW(TWQ_Q4_0), TWQ_I8_MICRO_ROW(TWQ_Q4_1), TWQ_I8_MICRO_ROW(TWQ_Q5_0),
+                                                                TWQ_I8_MICRO_ROW(TWQ_Q5_1), TWQ_I8_MICRO_ROW(TWQ_Q8_0)};
 
 #define TWQ_I8_PACK_FN(FMT) \
     static void twq_i8_pack_##FMT(const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, int64_t nb, uint8_t* p) { twq_i8_pack(FMT, w, rb, n0, nr, nb, p); } \
     static void twq_i8_pack_x16_##FMT(const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, int64_t nb, uint8_t* p) { twq_i8_pack_x16(FMT, w, rb, n0, nr, nb, p); }
 TWQ_I8_PACK_FN(TWQ_Q4_0)
 TWQ_I8_PACK_FN(TWQ_Q4_1)
+TWQ_I8_PACK_FN(TWQ_Q5_0)
+TWQ_I8_PACK_FN(TWQ_Q5_1)
 TWQ_I8_PACK_FN(TWQ_Q8_0)
 typedef void (*twq_i8_pack_fn)(const uint8_t*, int64_t, int64_t, int64_t, int64_t, uint8_t*);
-static const twq_i8_pack_fn twq_i8_pack_table[2][3] = {{twq_i8_pack_TWQ_Q4_0, twq_i8_pack_TWQ_Q4_1, twq_i8_pack_TWQ_Q8_0},
-                                                       {twq_i8_pack_x16_TWQ_Q4_0, twq_i8_pack_x16_TWQ_Q4_1, twq_i8_pack_x16_TWQ_Q8_0}};
+static const twq_i8_pack_fn twq_i8_pack_table[2][5] = {
+    {twq_i8_pack_TWQ_Q4_0, twq_i8_pack_TWQ_Q4_1, twq_i8_pack_TWQ_Q5_0, twq_i8_pack_TWQ_Q5_1, twq_i8_pack_TWQ_Q8_0},
+    {twq_i8_pack_x16_TWQ_Q4_0, twq_i8_pack_x16_TWQ_Q4_1, twq_i8_pack_x16_TWQ_Q5_0, twq_i8_pack_x16_TWQ_Q5_1, twq_i8_pack_x16_TWQ_Q8_0}};
 
 /* Quantizes x (the threads share the rows), then panels of 32 W rows as twq_gemm. */
 static int twq_i8_gemm(int fmt, int x16, const float* x, const twq_xq* xq, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t rb) {
@@ -1833,6 +1883,104 @@ static void twq_q4_tile(int fmt, int x16, const twq_xq* xq, const uint8_t* w, in
         }
     }
 }
+
+/* q5 with AVX2: a block's 8 pair sums per int16 lane could reach 8 * 2 * 31 * 127 = 62992, past
+ * int16, so twq_q4_dot8's sum is taken as two halves of 4 (31496 at most), widened apart: the
+ * same int32 sums. */
+TWQ_INLINE __m256i twq_q5_dot8(const __m256i* wq, const int8_t* q) {
+    __m256i p[8];
+    for (int t = 0; t < 8; ++t) p[t] = _mm256_maddubs_epi16(wq[t], _mm256_set1_epi32(twq_i32(q + 4 * t)));
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i a = _mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3]));
+    const __m256i b = _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7]));
+    return _mm256_add_epi32(_mm256_madd_epi16(a, ones), _mm256_madd_epi16(b, ones));
+}
+
+/* Byte l: 16 where bit l of qh is set, else 0 (one q5 row's fifth bits, in weight order). */
+TWQ_INLINE __m256i twq_q5_bits32(uint32_t qh) {
+    const __m256i spread = _mm256_setr_epi64x(0, 0x0101010101010101ll, 0x0202020202020202ll, 0x0303030303030303ll);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(16));
+}
+
+/* The fifth bits added to 8 rows' nibbles in twq_q4_dot8's form (wq[t] lane i: row i's weights
+ * 4t..4t+3 in block order), from qh (lane i: row i's): as twq_q5_high, in 256-bit vectors. */
+TWQ_INLINE void twq_q5_high8(__m256i qh, __m256i* wq) {
+    const __m256i dw = _mm256_setr_epi32(0, 0x04040404, 0x08080808, 0x0C0C0C0C, 0, 0x04040404, 0x08080808, 0x0C0C0C0C);
+    for (int t = 0; t < 8; ++t) {
+        const __m256i bits = _mm256_shuffle_epi8(qh, _mm256_add_epi8(dw, _mm256_set1_epi8((char)((t & 3) / 2 + 2 * (t / 4)))));
+        const __m256i mask = _mm256_set1_epi32((int)(0x08040201u << (4 * (t & 1))));
+        wq[t] = _mm256_or_si256(wq[t], _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bits, mask), mask), _mm256_set1_epi8(16)));
+    }
+}
+
+/* q5_0 / q5_1 with AVX2: twq_q4_tile with each block's fifth bits added to its nibbles (plain
+ * rows: twq_q5_bits32 a row, before the transpose; x16: the half's qh vector, twq_q5_high8),
+ * the 5-bit values unsigned (q5_0's -16 in corr) and twq_q5_dot8's sums: the loop's bits. */
+static void twq_q5_tile(int fmt, int x16, const twq_xq* xq, const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, float* y, int64_t M, int64_t N) {
+    const int64_t nb = xq->nb, nbytes = twq_nbytes[fmt], head = twq_head(fmt);
+    const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0F);
+    const twq_tile t = twq_tile_at(w, rb, n0, nr, nb);
+    const uint8_t* const* rows = t.rows;
+    const int64_t half = t.half, step = t.step;
+    for (int64_t r0 = 0; r0 < M; r0 += 16) {
+        const int64_t rn = M - r0 < 16 ? M - r0 : 16;
+        __m256 acc[16];
+        for (int64_t r = 0; r < rn; ++r) acc[r] = _mm256_setzero_ps();
+        for (int64_t j = 0; j < nb; ++j) {
+            if (r0 == 0)
+                for (int64_t o = 0; o < step; o += 64) _mm_prefetch(t.ahead + j * step + o, _MM_HINT_T0);
+            __m256i wq[8];
+            __m256 dw, mw = _mm256_setzero_ps();
+            if (x16) { /* per block: 16 d, (16 m), then 64-byte runs: the rows' qh, the nibbles */
+                const uint8_t* b = t.grp + j * 16 * nbytes;
+                dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(b + 16 * half)));
+                if (twq_has_m(fmt)) mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(b + 32 + 16 * half)));
+                twq_q4_x16_unpack(b + 64, head, half, wq);
+                twq_q5_high8(_mm256_loadu_si256((const __m256i*)(b + 16 * head + 32 * half)), wq);
+            } else {
+                uint16_t h[8], hm[8];
+                for (int i = 0; i < 8; ++i) {
+                    const uint8_t* b = rows[i] + j * nbytes;
+                    h[i] = twq_u16(b);
+                    hm[i] = twq_has_m(fmt) ? twq_u16(b + 2) : 0;
+                    const __m128i v = _mm_loadu_si128((const __m128i*)(b + head + 4));
+                    wq[i] = _mm256_or_si256(_mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1), low),
+                                            twq_q5_bits32((uint32_t)twq_i32(b + head)));
+                }
+                dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)h));
+                if (twq_has_m(fmt)) mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)hm));
+                if (M == 1) { /* one row of x: a vector a W row, summed across (cheaper than the transpose) */
+                    const __m256i qv = _mm256_loadu_si256((const __m256i*)(xq->q + 32 * j));
+                    __m256i p[8];
+                    for (int i = 0; i < 8; ++i) p[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(wq[i], qv), ones);
+                    const __m256i s = _mm256_add_epi32(twq_sum8(p), _mm256_set1_epi32(xq->corr[j]));
+                    acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(xq->d[j])), acc[0]);
+                    if (twq_has_m(fmt)) acc[0] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xq->cx[j]), acc[0]);
+                    continue;
+                }
+                twq_t8x8(wq);
+            }
+            for (int64_t r = 0; r < rn; ++r) {
+                const int64_t at = (r0 + r) * nb + j;
+                const __m256i s = _mm256_add_epi32(twq_q5_dot8(wq, xq->q + (r0 + r) * xq->K + 32 * j), _mm256_set1_epi32(xq->corr[at]));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(xq->d[at])), acc[r]);
+                if (twq_has_m(fmt)) acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xq->cx[at]), acc[r]);
+            }
+        }
+        for (int64_t r = 0; r < rn; ++r) {
+            float* yr = y + (r0 + r) * N + n0;
+            if (nr == 8) {
+                _mm256_storeu_ps(yr, acc[r]);
+                continue;
+            }
+            float v[8];
+            _mm256_storeu_ps(v, acc[r]);
+            for (int64_t i = 0; i < nr; ++i) yr[i] = v[i];
+        }
+    }
+}
 #endif
 
 /* The integer path in plain C: every output, block by block, the sequence of the file header;
@@ -1845,7 +1993,7 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
     (void)par; /* used by OpenMP only */
 #ifdef TWQ_AVX2_Q8
     __m256i* xb = NULL; /* x broadcast for twq_q4_x16_group */
-    if (x16 && fmt != TWQ_Q8_0 && M <= TWQ_XB_MAX_M && 8 * M * xq->K <= TWQ_XB_MAX_BYTES) {
+    if (x16 && (fmt == TWQ_Q4_0 || fmt == TWQ_Q4_1) && M <= TWQ_XB_MAX_M && 8 * M * xq->K <= TWQ_XB_MAX_BYTES) {
         xb = (__m256i*)twq_alloc(2 * M * xq->K);
         if (xb == NULL) return TWQ_ENOMEM;
     }
@@ -1870,6 +2018,9 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
         } else if (fmt == TWQ_Q4_0 || fmt == TWQ_Q4_1) {
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < (N + 7) / 8; ++t) twq_q4_tile(fmt, x16, xq, w, rb, 8 * t, N - 8 * t < 8 ? N - 8 * t : 8, y, M, N);
+        } else if (twq_is_q5(fmt)) {
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < (N + 7) / 8; ++t) twq_q5_tile(fmt, x16, xq, w, rb, 8 * t, N - 8 * t < 8 ? N - 8 * t : 8, y, M, N);
         } else
 #endif
 #pragma omp for schedule(static)
@@ -1889,11 +2040,11 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
                         twq_block_of_x16(fmt, grp, lane, j, blk);
                         b = blk;
                     }
-                    const float dw = twq_h2f(twq_u16(b)), mw = fmt == TWQ_Q4_1 ? twq_h2f(twq_u16(b + 2)) : 0.0f;
+                    const float dw = twq_h2f(twq_u16(b)), mw = twq_has_m(fmt) ? twq_h2f(twq_u16(b + 2)) : 0.0f;
                     if (fmt == TWQ_Q8_0) {
                         for (int l = 0; l < 32; ++l) wq[l] = (uint8_t)(b[2 + l] ^ 0x80);
                     } else {
-                        const uint8_t* nib = b + (fmt == TWQ_Q4_0 ? 2 : 4);
+                        const uint8_t* nib = b + twq_head(fmt) + (twq_is_q5(fmt) ? 4 : 0);
                         for (int h = 0; h < 16; h += 8) { /* 8 bytes at a time in a uint64_t */
                             uint64_t v, lo, hi;
                             memcpy(&v, nib + h, 8);
@@ -1901,6 +2052,10 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
                             hi = (v >> 4) & 0x0F0F0F0F0F0F0F0Full;
                             memcpy(wq + h, &lo, 8);
                             memcpy(wq + 16 + h, &hi, 8);
+                        }
+                        if (twq_is_q5(fmt)) { /* the fifth bits (the 5-bit values stay unsigned) */
+                            const uint32_t qh = (uint32_t)twq_i32(b + twq_head(fmt));
+                            for (int l = 0; l < 32; ++l) wq[l] = (uint8_t)(wq[l] | ((qh >> l) & 1u) << 4);
                         }
                     }
 #ifdef TWQ_AVX2
@@ -1921,7 +2076,7 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
                         for (int l = 0; l < 32; ++l) isum += wq[l] * q[l];
 #endif
                         acc[r] = fmaf((float)isum, dw * xq->d[at], acc[r]);
-                        if (fmt == TWQ_Q4_1) acc[r] = fmaf(mw, xq->cx[at], acc[r]);
+                        if (twq_has_m(fmt)) acc[r] = fmaf(mw, xq->cx[at], acc[r]);
                     }
                 }
                 for (int64_t r = 0; r < rn; ++r) y[(r0 + r) * N + n] = acc[r];
@@ -2006,6 +2161,8 @@ static int twq_run(int fmt, const float* x, const uint8_t* w, const float* r, fl
 
 int32_t tw_qlinear_q4_0(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q4_0, x, w, NULL, y, M, N, K); }
 int32_t tw_qlinear_q4_1(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q4_1, x, w, NULL, y, M, N, K); }
+int32_t tw_qlinear_q5_0(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q5_0, x, w, NULL, y, M, N, K); }
+int32_t tw_qlinear_q5_1(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q5_1, x, w, NULL, y, M, N, K); }
 int32_t tw_qlinear_q8_0(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q8_0, x, w, NULL, y, M, N, K); }
 int32_t tw_qlinear_bf16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_BF16, x, w, NULL, y, M, N, K); }
 int32_t tw_qlinear_f16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_F16, x, w, NULL, y, M, N, K); }
@@ -2016,6 +2173,8 @@ int32_t tw_qlinear_q3_k(const float* x, const uint8_t* w, float* y, int64_t M, i
 int32_t tw_qlinear_q2_k(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q2_K, x, w, NULL, y, M, N, K); }
 int32_t tw_qlinear_q4_0x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q4_0X16, x, w, NULL, y, M, N, K); }
 int32_t tw_qlinear_q4_1x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q4_1X16, x, w, NULL, y, M, N, K); }
+int32_t tw_qlinear_q5_0x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q5_0X16, x, w, NULL, y, M, N, K); }
+int32_t tw_qlinear_q5_1x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q5_1X16, x, w, NULL, y, M, N, K); }
 int32_t tw_qlinear_q8_0x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q8_0X16, x, w, NULL, y, M, N, K); }
 int32_t tw_qlinear_bf16x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_BF16X16, x, w, NULL, y, M, N, K); }
 
@@ -2033,6 +2192,8 @@ static int twq_run_add(int fmt, const float* x, const uint8_t* w, const float* r
     }
 TWQ_ADD_ENTRY(q4_0, TWQ_Q4_0)
 TWQ_ADD_ENTRY(q4_1, TWQ_Q4_1)
+TWQ_ADD_ENTRY(q5_0, TWQ_Q5_0)
+TWQ_ADD_ENTRY(q5_1, TWQ_Q5_1)
 TWQ_ADD_ENTRY(q8_0, TWQ_Q8_0)
 TWQ_ADD_ENTRY(bf16, TWQ_BF16)
 TWQ_ADD_ENTRY(f16, TWQ_F16)
@@ -2043,6 +2204,8 @@ TWQ_ADD_ENTRY(q3_k, TWQ_Q3_K)
 TWQ_ADD_ENTRY(q2_k, TWQ_Q2_K)
 TWQ_ADD_ENTRY(q4_0x16, TWQ_Q4_0X16)
 TWQ_ADD_ENTRY(q4_1x16, TWQ_Q4_1X16)
+TWQ_ADD_ENTRY(q5_0x16, TWQ_Q5_0X16)
+TWQ_ADD_ENTRY(q5_1x16, TWQ_Q5_1X16)
 TWQ_ADD_ENTRY(q8_0x16, TWQ_Q8_0X16)
 TWQ_ADD_ENTRY(bf16x16, TWQ_BF16X16)
 

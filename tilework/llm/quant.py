@@ -13,6 +13,8 @@ The formats (little-endian; ``d``, ``m``, ``dmin`` are IEEE halves):
 | ``q8_0`` | 32 | 34 | ``d``, 32 int8 ``q`` | ``d * q`` |
 | ``q4_0`` | 32 | 18 | ``d``, 16 nibble bytes | ``d * (q - 8)`` |
 | ``q4_1`` | 32 | 20 | ``d``, ``m``, 16 nibble bytes | ``d * q + m`` |
+| ``q5_0`` | 32 | 22 | ``d``, uint32 ``qh``, 16 nibble bytes | ``d * (q - 16)`` |
+| ``q5_1`` | 32 | 24 | ``d``, ``m``, uint32 ``qh``, 16 nibble bytes | ``d * q + m`` |
 | ``q4_k`` | 256 | 144 | ``d``, ``dmin``, 12 bytes of 6-bit scales/mins, 128 nibble bytes | ``d * sc * q - dmin * mn`` |
 | ``q6_k`` | 256 | 210 | 128 bytes low nibbles, 64 bytes of 2-bit highs, 16 int8 scales, ``d`` | ``d * sc * (q - 32)`` |
 | ``q5_k`` | 256 | 176 | ``d``, ``dmin``, 12 bytes of 6-bit scales/mins (as ``q4_k``), 32 bytes of high bits, 128 nibble bytes | ``d * sc * q - dmin * mn`` |
@@ -20,7 +22,7 @@ The formats (little-endian; ``d``, ``m``, ``dmin`` are IEEE halves):
 | ``q2_k`` | 256 | 84 | 16 bytes of 4-bit scale/min pairs, 64 bytes of 2-bit ``q``, ``d``, ``dmin`` | ``d * sc * q - dmin * mn`` |
 
 In a 32-weight nibble block byte ``j`` holds weight ``j`` (low nibble) and ``j + 16`` (high
-nibble). In the k-quants (256 weights) the 2-bit and 4-bit fields of weight ``32 i + l`` (``l <
+nibble); q5's ``q`` is that nibble with bit ``j`` of ``qh`` (little-endian) as its fifth bit. In the k-quants (256 weights) the 2-bit and 4-bit fields of weight ``32 i + l`` (``l <
 32``) are bits ``2 (i % 4)`` (``q3_k``, ``q2_k``: byte ``l`` of the 32-byte chunk ``i // 4``) or
 ``4 (i % 2)`` (``q4_k``, ``q5_k``: chunk ``i // 2``) on; a high bit (``q5_k``: ``q += 16``;
 ``q3_k``: ``q -= 4`` where it is clear) is bit ``i`` of byte ``l``. ``q5_k``'s 8 scales and mins
@@ -44,7 +46,7 @@ from tilework.op.quant import QUANT_FORMATS, QuantFormat, bf16_bits
 
 
 _BY_GGML_TYPE = {f.ggml_type: f for f in QUANT_FORMATS.values()}
-QUANTIZABLE = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1")
+QUANTIZABLE = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 
 
 def block_format(name: str) -> QuantFormat:
@@ -182,6 +184,21 @@ def _decode_q4_1(b: np.ndarray) -> np.ndarray:
     return _half(b, 0) * q + _half(b, 2)
 
 
+def _fifth_bits(b: np.ndarray, at: int) -> np.ndarray:
+    """Bit ``j`` of the little-endian uint32 at byte ``at`` of each block, shifted to 16: ``[n, 32]``."""
+    return np.unpackbits(b[:, at : at + 4], axis=1, bitorder="little") << np.uint8(4)
+
+
+def _decode_q5_0(b: np.ndarray) -> np.ndarray:
+    q = (_nibbles(b[:, 6:]) | _fifth_bits(b, 2)).astype(np.int8) - np.int8(16)
+    return _half(b, 0) * q.astype(np.float32)
+
+
+def _decode_q5_1(b: np.ndarray) -> np.ndarray:
+    q = (_nibbles(b[:, 8:]) | _fifth_bits(b, 4)).astype(np.float32)
+    return _half(b, 0) * q + _half(b, 2)
+
+
 def _k4_factors(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``d * scale`` and ``dmin * min`` (float32 ``[n, 8, 1]``) of the 8 sub-blocks of 32 of
     ``q4_k`` / ``q5_k`` blocks (``d``, ``dmin``, then 12 bytes of packed 6-bit scales/mins)."""
@@ -256,6 +273,8 @@ _DECODERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "q8_0": _decode_q8_0,
     "q4_0": _decode_q4_0,
     "q4_1": _decode_q4_1,
+    "q5_0": _decode_q5_0,
+    "q5_1": _decode_q5_1,
     "q4_k": _decode_q4_k,
     "q6_k": _decode_q6_k,
     "q5_k": _decode_q5_k,
@@ -322,6 +341,28 @@ def _encode_q4_1(x: np.ndarray) -> np.ndarray:
     return np.concatenate([_f16_bytes(d), _f16_bytes(lo), _pack_nibbles(q)], axis=1)
 
 
+def _pack_q5(q: np.ndarray) -> np.ndarray:
+    """``[n, 32]`` values 0..31 -> ``[n, 20]`` bytes: ``qh`` (bit j: weight j's fifth bit,
+    little-endian), then the low nibbles packed as ``_pack_nibbles`` packs them."""
+    q = q.astype(np.uint8)
+    return np.concatenate([np.packbits(q >> 4, axis=1, bitorder="little"), _pack_nibbles(q & 0x0F)], axis=1)
+
+
+def _encode_q5_0(x: np.ndarray) -> np.ndarray:
+    # as q4_0: the value of largest magnitude (the first one on a tie) maps to -16
+    peak = np.take_along_axis(x, np.abs(x).argmax(axis=1)[:, None], axis=1)
+    d = peak / np.float32(-16)
+    q = np.minimum(np.trunc(x * _inverse(d) + np.float32(16.5)), 31)
+    return np.concatenate([_f16_bytes(d), _pack_q5(q)], axis=1)
+
+
+def _encode_q5_1(x: np.ndarray) -> np.ndarray:
+    lo = x.min(axis=1, keepdims=True)
+    d = (x.max(axis=1, keepdims=True) - lo) / np.float32(31)
+    q = np.minimum(np.trunc((x - lo) * _inverse(d) + np.float32(0.5)), 31)
+    return np.concatenate([_f16_bytes(d), _f16_bytes(lo), _pack_q5(q)], axis=1)
+
+
 def _encode_bf16(x: np.ndarray) -> np.ndarray:
     import ml_dtypes  # a dependency of tilework; rounds to nearest even
 
@@ -335,4 +376,6 @@ _ENCODERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "q8_0": _encode_q8_0,
     "q4_0": _encode_q4_0,
     "q4_1": _encode_q4_1,
+    "q5_0": _encode_q5_0,
+    "q5_1": _encode_q5_1,
 }

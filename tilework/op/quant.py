@@ -10,20 +10,24 @@ The formats (``QUANT_FORMATS``; 32 weights per block for the simple ones, little
 |---|---|---|---|
 | ``q4_0`` | 18 | fp16 ``d``, 16 bytes of nibbles | ``d * (q - 8)`` |
 | ``q4_1`` | 20 | fp16 ``d``, fp16 ``m``, 16 bytes of nibbles | ``d * q + m`` |
+| ``q5_0`` | 22 | fp16 ``d``, uint32 ``qh``, 16 bytes of nibbles | ``d * (q - 16)`` |
+| ``q5_1`` | 24 | fp16 ``d``, fp16 ``m``, uint32 ``qh``, 16 bytes of nibbles | ``d * q + m`` |
 | ``q8_0`` | 34 | fp16 ``d``, 32 int8 | ``d * q`` |
 | ``bf16`` | 2 | one bfloat16 per weight | |
 | ``f16`` | 2 | one IEEE half per weight | |
 
 In a nibble block, byte ``j`` holds weight ``j`` in its low nibble and weight ``j + 16`` in its
-high nibble.
+high nibble; in ``q5_0`` and ``q5_1`` bit ``j`` of ``qh`` is weight ``j``'s fifth bit (``q =
+nibble | bit << 4``, 0..31).
 
-``q4_0x16``, ``q4_1x16``, ``q8_0x16`` and ``bf16x16`` (``INTERLEAVED_FORMATS``) are the same
+``q4_0x16``, ``q4_1x16``, ``q5_0x16``, ``q5_1x16``, ``q8_0x16`` and ``bf16x16`` (``INTERLEAVED_FORMATS``) are the same
 blocks with the rows interleaved in groups of 16, the layout the ``quant`` backend's GEMV reads
 without transposing (``interleave_rows`` makes it from the plain rows): ``w`` is still
 ``uint8[out_features, row_bytes]``, ``out_features`` a multiple of 16, and rows ``16g .. 16g +
 15`` together hold, for each block ``j`` in turn, ``16 * bytes/block`` bytes: the 16 rows' ``d``,
-then (``q4_1``) their 16 ``m``, then the payloads (16 nibble bytes or 32 int8) in runs of 4
-bytes: bytes ``4t .. 4t + 3`` of row 0, of row 1, ... of row 15, for ``t = 0, 1, ...``.
+then (``q4_1``, ``q5_1``) their 16 ``m``, then the payloads (16 nibble bytes, ``qh`` and 16
+nibble bytes, or 32 int8) in runs of 4 bytes: bytes ``4t .. 4t + 3`` of row 0, of row 1, ... of
+row 15, for ``t = 0, 1, ...`` (so a q5 block's first run is the 16 rows' ``qh``).
 ``bf16x16`` has no header and its blocks are pairs of weights (``in_features`` even): the 64
 bytes of pair ``t`` are weights ``2t, 2t + 1`` of row 0, of row 1, ... of row 15, one vector
 whose lanes are the group's rows. ``q4_k``, ``q6_k``, ``q5_k``, ``q3_k`` and ``q2_k`` (256-weight
@@ -41,7 +45,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -76,6 +80,8 @@ QUANT_FORMATS: dict[str, QuantFormat] = {
         QuantFormat("f16", 1, 2, 1),
         QuantFormat("q4_0", 32, 18, 2),
         QuantFormat("q4_1", 32, 20, 3),
+        QuantFormat("q5_0", 32, 22, 6),
+        QuantFormat("q5_1", 32, 24, 7),
         QuantFormat("q8_0", 32, 34, 8),
         QuantFormat("q4_k", 256, 144, 12),
         QuantFormat("q6_k", 256, 210, 14),
@@ -87,11 +93,11 @@ QUANT_FORMATS: dict[str, QuantFormat] = {
 }
 GROUP = 16  # rows per group of an interleaved format
 INTERLEAVED_FORMATS: dict[str, QuantFormat] = {
-    **{f"{f.name}x{GROUP}": QuantFormat(f"{f.name}x{GROUP}", f.block, f.nbytes, -1) for f in (QUANT_FORMATS[n] for n in ("q4_0", "q4_1", "q8_0"))},
+    **{f"{f.name}x{GROUP}": QuantFormat(f"{f.name}x{GROUP}", f.block, f.nbytes, -1) for f in (QUANT_FORMATS[n] for n in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0"))},
     f"bf16x{GROUP}": QuantFormat(f"bf16x{GROUP}", 2, 4, -1),  # blocks of a pair of weights
 }
 ALL_FORMATS: dict[str, QuantFormat] = {**QUANT_FORMATS, **INTERLEAVED_FORMATS}
-LEGALIZED_FORMATS = ("q4_0", "q4_1", "q8_0", "bf16", "f16", *INTERLEAVED_FORMATS)
+LEGALIZED_FORMATS = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "bf16", "f16", *INTERLEAVED_FORMATS)
 K_QUANTS = ("q4_k", "q6_k", "q5_k", "q3_k", "q2_k")  # 256-weight super-blocks
 TAKE_FORMATS = (*LEGALIZED_FORMATS, *K_QUANTS)  # quant_take's loop kernel decodes the k-quants too
 
@@ -118,7 +124,7 @@ def interleavable(name: str, rows: int, cols: int) -> bool:
 
 
 def _head_bytes(base: str) -> int:
-    return 4 if base == "q4_1" else 0 if base == "bf16" else 2
+    return 4 if base in ("q4_1", "q5_1") else 0 if base == "bf16" else 2
 
 
 def interleave_rows(data: np.ndarray, name: str, out: np.ndarray | None = None) -> np.ndarray:
@@ -288,10 +294,29 @@ def _weight(w: te.Tensor, name: str, n: Scalar, kk: Scalar) -> Scalar:
     if base_name == "q8_0":
         q = te.cast(byte(j, True), "int32")
         return d * te.cast(te.if_then_else(te.ge(q, 128), q - 256, q), "float32")
+    if base_name in ("q5_0", "q5_1"):
+        return _weight5(base_name, byte, d, j)
     nib = te.cast(byte(j % 16, True), "int32")
     q = te.cast(te.if_then_else(te.lt(j, 16), nib % 16, nib // 16), "float32")
     if base_name == "q4_0":
         return d * (q - 8.0)
+    return d * q + _half(byte(2), byte(3))
+
+
+def _weight5(base_name: str, byte: Callable[..., Scalar], d: Scalar, j: Scalar) -> Scalar:
+    """Weight ``j`` of a ``q5_0`` / ``q5_1`` block whose bytes ``byte`` reads: its payload is
+    ``qh`` (4 bytes), then the 16 nibble bytes. The fifth bit is bit ``j % 8`` of ``qh``'s byte
+    ``j // 8``, shifted out by three exact integer divisions (by 2, 4, 16 where the bits of ``j
+    % 8`` say)."""
+    t = j % 8
+    hb = te.cast(byte(j // 8, True), "int32")
+    hb = hb // te.if_then_else(te.eq(t % 2, 1), 2, 1)
+    hb = hb // te.if_then_else(te.eq(t // 2 % 2, 1), 4, 1)
+    hb = hb // te.if_then_else(te.ge(t, 4), 16, 1)
+    nib = te.cast(byte(4 + j % 16, True), "int32")
+    q = te.cast(te.if_then_else(te.lt(j, 16), nib % 16, nib // 16) + hb % 2 * 16, "float32")
+    if base_name == "q5_0":
+        return d * (q - 16.0)
     return d * q + _half(byte(2), byte(3))
 
 
