@@ -186,8 +186,10 @@ def _legalize_binary(call: Call, ctx: "LegalizeCtx") -> Expr:
 
 # Constant integer exponents of ``power`` computed by multiplication (exponentiation by squaring)
 # rather than by libm's ``pow``, which C compilers keep scalar: a vector loop of a few multiplies
-# against one call per element (GPT-2's tanh GELU cubes its input). Up to 8, a float32 power
-# taken in float64 neither overflows nor underflows where the float32 result does not.
+# against one call per element (GPT-2's tanh GELU cubes its input): a [128, 3072] float32
+# pow(x, n) kernel takes 0.10-0.20 ms for n in -3..8 against 3.5-3.9 ms through powf (1 thread).
+# The bound keeps float64 products within about 7 ulp; float32 ones go through float64, whose
+# range holds the power of any finite float32 to 8 (so overflow and underflow are float32's).
 POW_MUL_MAX = 8
 # The exponents torch's CPU ``pow`` itself computes by multiplication in the value's dtype:
 # ``x * x``, ``x * x * x``, ``1 / x``, ``1 / (x * x)``. Matching them keeps results bitwise equal.
