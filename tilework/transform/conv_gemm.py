@@ -50,6 +50,7 @@ from tilework.ir.module import IRModule
 from tilework.ir.opdef import get as get_op
 from tilework.op.base import OpPattern, make_call
 from tilework.op.conv_nhwc import depthwise_conv2d_nhwc, direct_conv2d_nhwc, global_avg_pool_nhwc, im2col, max_pool2d_nhwc
+from tilework.op.grouped_conv import grouped_conv2d_nhwc
 from tilework.op.linalg import batch_linear_io, linear
 from tilework.op.manipulate import permute_dims, reshape
 from tilework.op.winograd import ALPHA, TAPS, tiles, transformed_kernel, winograd_input_nhwc, winograd_output_nhwc
@@ -161,6 +162,22 @@ def _direct(call: Call) -> bool:
     return w[1] <= DIRECT_MAX_CHANNELS and w[0] <= DIRECT_MAX_OUT and not _pointwise(call)
 
 
+def _grouped(call: Call) -> bool:
+    """A conv2d of ``groups > 1`` groups of more than one input channel each (neither dense nor
+    depthwise) whose other operands are as ``_convertible`` wants: it runs as
+    ``grouped_conv2d_nhwc`` of the channel-last input (no column matrix)."""
+    groups = int(call.attrs.get("groups", 1)) if _op_name(call) == "conv2d" else 1
+    if groups == 1 or len(call.args) not in (2, 3):
+        return False
+    x, out, w = call.args[0].info, call.info, call.args[1].info
+    ws = _static_weight(w)
+    return (
+        ws is not None and ws[1] > 1 and ws[0] % groups == 0 and isinstance(w, TensorInfo)
+        and isinstance(x, TensorInfo) and x.shape is not None and len(x.shape) == 4 and _same(x.shape[1], ws[1] * groups) and x.dtype == w.dtype
+        and isinstance(out, TensorInfo) and out.dtype == x.dtype
+    )  # fmt: skip
+
+
 def _depthwise(call: Call) -> bool:
     """A conv2d with one input channel per output channel (``[C, 1, KH, KW]`` weight, ``C``
     groups) whose other operands are as ``_convertible`` wants."""
@@ -184,7 +201,8 @@ def _winograd_params(f: GraphFunc) -> list[int]:
 
 
 def _direct_params(f: GraphFunc) -> list[int]:
-    return weight_params(f, lambda p: _static_weight(p.info) is not None, _direct)
+    """Weights taken as ``direct_weight_matrix``: those of direct and of grouped convs."""
+    return weight_params(f, lambda p: _static_weight(p.info) is not None, lambda c: _direct(c) or _grouped(c))
 
 
 def _depthwise_params(f: GraphFunc) -> list[int]:
@@ -308,6 +326,20 @@ class _Convs:
         y = direct_conv2d_nhwc(xin, w2, value.args[2] if len(value.args) == 3 else None, w[2:], strides, padding, dilation, layout)
         return permute_dims(y, TO_NCHW)
 
+    def grouped(self, value: Call, m: Match) -> Expr | None:
+        """A grouped conv: ``grouped_conv2d_nhwc`` of the channel-last input (``[N, OH, OW,
+        G, Og]``), viewed as ``[N, OH, OW, O]``."""
+        w2 = self.matrix(value.args[1], m, direct_weight_matrix)
+        w, out = _static_weight(value.args[1].info), _shape(value)
+        if w2 is None or w is None or out is None:
+            return None
+        n, o, oh, ow = out
+        strides, padding, dilation = (tuple(int(i) for i in value.attrs[a]) for a in ("strides", "padding", "dilation"))
+        groups = int(value.attrs["groups"])
+        y = grouped_conv2d_nhwc(self.channels_last(value.args[0], m), w2, value.args[2] if len(value.args) == 3 else None, groups, w[2:], strides, padding, dilation)
+        self.changed += 1
+        return permute_dims(reshape(y, (n, oh, ow, o)), TO_NCHW)
+
     def channels_last(self, x: Expr, m: Match) -> Expr:
         """The ``[N, H, W, C]`` data of the channel-first conv input ``x``."""
         xs = _shape(x)
@@ -340,6 +372,8 @@ class _Convs:
             return self.winograd(value, m)
         if _direct(value):
             return self.direct(value, m)
+        if _grouped(value):
+            return self.grouped(value, m)
         if not _convertible(value):
             return None
         x = value.args[0]

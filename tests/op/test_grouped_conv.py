@@ -1,0 +1,154 @@
+"""``grouped_conv2d_nhwc`` (a conv of several groups of several channels each, computed
+directly over channel-last data: no column matrix) built whole (the padded copy, the sum; C
+kernels) at several values of the symbolic batch and spatial dims, batch 0 and 1 and odd
+sizes included, against the float64 grouped conv; its struct info and argument errors; and
+torch modules of grouped convs (+ batch norm + ReLU) compiled through ``conv_gemm`` against
+torch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tilework as tw
+from tests.op.test_conv import conv_ref
+from tilework.errors import TileworkError
+from tilework.ir.builder import BlockBuilder
+from tilework.ir.graph import Tuple, Var
+from tilework.ir.info import TensorInfo
+from tilework.op.grouped_conv import grouped_conv2d_nhwc
+from tilework.transform.conv_gemm import direct_weight_matrix
+
+n, h, w = tw.dim("n", 0), tw.dim("h"), tw.dim("w")
+
+# name: (groups, in channels per group, out channels per group, kernel, strides, padding (top, left, bottom, right), dilation, bias)
+CASES: dict[str, tuple[int, int, int, tuple[int, int], tuple[int, int], tuple[int, int, int, int], tuple[int, int], bool]] = {
+    "g2": (2, 3, 5, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), True),
+    "g4_stride2": (4, 2, 2, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), False),
+    "width8": (3, 8, 8, (3, 3), (1, 2), (0, 1, 2, 1), (1, 1), True),
+    "asym_dilated": (2, 4, 3, (3, 2), (1, 3), (2, 0, 1, 1), (2, 1), False),
+    "no_pad_1x1": (4, 2, 4, (1, 1), (2, 1), (0, 0, 0, 0), (1, 1), True),
+}
+ENVS = [{"n": 1, "h": 7, "w": 9}, {"n": 3, "h": 12, "w": 11}, {"n": 0, "h": 8, "w": 8}, {"n": 2, "h": 5, "w": 16}]
+
+
+def _module() -> Any:
+    """Every case in one function (one build), each result through a relu (an elementwise
+    consumer fuses into the sum)."""
+    bb = BlockBuilder()
+    params, outs_args = [], []
+    for i, (g, cg, og, kernel, *_, bias) in enumerate(CASES.values()):
+        x, k = Var(f"x{i}", TensorInfo((n, h, w, g * cg), "float32")), Var(f"w{i}", TensorInfo((kernel[0] * kernel[1] * cg, g * og), "float32"))
+        b = Var(f"b{i}", TensorInfo((g * og,), "float32")) if bias else None
+        params += [x, k] + ([b] if b is not None else [])
+        outs_args.append((x, k, b))
+    with bb.function("main", params):
+        with bb.dataflow():
+            outs = []
+            for (x, k, b), (g, _, _, kernel, strides, padding, dilation, _) in zip(outs_args, CASES.values()):
+                y = bb.emit(grouped_conv2d_nhwc(x, k, b, g, kernel, strides, padding, dilation))
+                outs.append(bb.emit(tw.op.relu(y)))
+            out = bb.emit_output(Tuple(tuple(outs)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_symbolic_struct_info_and_values_match_the_reference() -> None:
+    mod = _module()
+    first = mod["main"].ret_info.fields[0]
+    assert str(first) == str(TensorInfo((n, h, w, 2, 5), "float32"))
+    vm = tw.VM(tw.build(mod))
+    rng = np.random.default_rng(0)
+    for env in ENVS:
+        args, wants = [], []
+        for g, cg, og, kernel, strides, padding, dilation, bias in CASES.values():
+            x = rng.standard_normal((env["n"], g * cg, env["h"], env["w"]))
+            k = rng.standard_normal((g * og, cg, *kernel))
+            b = rng.standard_normal(g * og)
+            args += [x.transpose(0, 2, 3, 1).astype(np.float32), direct_weight_matrix(k).astype(np.float32)] + ([b.astype(np.float32)] if bias else [])
+            y = np.maximum(conv_ref(x, k, b if bias else None, strides, padding, dilation, g), 0).transpose(0, 2, 3, 1)
+            wants.append(y.reshape(*y.shape[:3], g, og))
+        got = vm["main"](*args)
+        for i, (name, want) in enumerate(zip(CASES, wants)):
+            assert np.asarray(got[i]).shape == want.shape, (name, env)
+            np.testing.assert_allclose(np.asarray(got[i]), want, rtol=1e-5, atol=1e-5, err_msg=f"{name} at {env}")
+
+
+def _call(x_shape: tuple[Any, ...], w_shape: tuple[Any, ...], groups: int, bias: int | None = None) -> None:
+    bb = BlockBuilder()
+    x, k = Var("x", TensorInfo(x_shape, "float32")), Var("k", TensorInfo(w_shape, "float32"))
+    b = None if bias is None else Var("b", TensorInfo((bias,), "float32"))
+    with bb.function("main", [x, k] + ([b] if b is not None else [])):
+        with bb.dataflow():
+            out = bb.emit_output(grouped_conv2d_nhwc(x, k, b, groups, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)))
+        bb.emit_func_output(out)
+
+
+@pytest.mark.parametrize(
+    "x_shape, w_shape, groups, bias, message",
+    [
+        ((1, 8, 8, 6), (36, 8), 2, None, "input channels"),
+        ((1, 8, 8, 8), (35, 8), 2, None, "9 taps"),
+        ((1, 8, 8, 8), (36, 7), 2, None, "2 group"),
+        ((1, 8, 8, 8), (36, w), 2, None, "static"),
+        ((1, 8, 8), (36, 8), 2, None, "[batch, height, width, channels]"),
+        ((1, 8, 8, 8), (36, 8), 0, None, "groups must be >= 1"),
+        ((1, 8, 8, 4), (18, 8), 2, 6, "bias must be [8]"),
+    ],
+)
+def test_bad_arguments_name_what_is_wrong(x_shape: tuple[Any, ...], w_shape: tuple[Any, ...], groups: int, bias: int | None, message: str) -> None:
+    with pytest.raises(TileworkError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        _call(x_shape, w_shape, groups, bias)
+
+
+torch = pytest.importorskip("torch")
+
+# (channels in, out, groups, kernel, stride, padding, dilation, bias, height, width): group
+# widths 2 (ShuffleNet-like halves), 8 (RegNet's), 4 of 32 groups (ResNeXt's 32x4d), more
+# output than input channels per group
+TORCH_CASES = [
+    (4, 4, 2, 3, 1, 1, 1, False, 9, 7),
+    (16, 16, 2, 3, 2, 1, 1, True, 11, 10),
+    (24, 24, 3, 3, 1, 1, 1, False, 7, 7),
+    (128, 128, 32, 3, 2, 1, 1, False, 9, 9),
+    (8, 12, 4, 3, 1, 2, 2, True, 8, 13),
+    (12, 6, 2, (3, 1), (2, 1), (1, 0), 1, True, 5, 6),
+]
+
+
+class _Grouped(torch.nn.Module):  # type: ignore[name-defined]
+    """The grouped convs of ``TORCH_CASES``, each + batch norm + ReLU, on inputs of their own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.convs = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Conv2d(c, o, k, s, p, d, g, bias), torch.nn.BatchNorm2d(o), torch.nn.ReLU()) for c, o, g, k, s, p, d, bias, *_ in TORCH_CASES
+        )
+        with torch.no_grad():
+            for m in self.convs:
+                m[1].running_mean.uniform_(-0.1, 0.1)
+                m[1].running_var.uniform_(0.5, 1.5)
+
+    def forward(self, x0: Any, x1: Any, x2: Any, x3: Any, x4: Any, x5: Any) -> Any:
+        return tuple(m(x) for m, x in zip(self.convs, (x0, x1, x2, x3, x4, x5)))
+
+
+def test_torch_grouped_convs_run_directly_and_match_torch() -> None:
+    """Grouped convs compiled from torch (dynamic batch): each becomes one
+    ``grouped_conv2d_nhwc`` (no ``im2col``, no ``conv2d`` left), and the results equal
+    torch's at batch 1 and 3."""
+    torch.manual_seed(0)
+    model = _Grouped().eval()
+    inputs = [torch.randn(2, c, hh, ww) for c, *_, hh, ww in TORCH_CASES]
+    batch = torch.export.Dim("batch", min=1, max=8)
+    cm = tw.compile(model, tuple(inputs), tuple({0: batch} for _ in inputs))
+    ops = [b.value.callee.name for b in cm.module["main"].body.blocks[0].bindings if hasattr(b.value, "callee") and hasattr(b.value.callee, "name")]
+    assert ops.count("grouped_conv2d_nhwc") == len(TORCH_CASES) and "conv2d" not in ops and "im2col" not in ops, ops
+    for b in (1, 3):
+        xs = [torch.randn(b, c, hh, ww) for c, *_, hh, ww in TORCH_CASES]
+        with torch.no_grad():
+            wants = model(*xs)
+        for i, (got, want) in enumerate(zip(cm(*xs), wants)):
+            np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-4, atol=1e-4, err_msg=f"case {TORCH_CASES[i]} at batch {b}")
