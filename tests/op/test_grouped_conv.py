@@ -3,7 +3,7 @@ directly over channel-last data: no column matrix) built whole (the padded copy,
 kernels) at several values of the symbolic batch and spatial dims, batch 0 and 1 and odd
 sizes included, against the float64 grouped conv; its struct info and argument errors; and
 torch modules of grouped convs (+ batch norm + ReLU) compiled through ``conv_gemm`` against
-torch."""
+torch; a float64 one with constant weights against the reference."""
 
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ import tilework as tw
 from tests.op.test_conv import conv_ref
 from tilework.errors import TileworkError
 from tilework.ir.builder import BlockBuilder
-from tilework.ir.graph import Tuple, Var
+from tilework.ir.graph import Binding, Call, Constant, OpRef, Tuple, Var, bindings_of
 from tilework.ir.info import TensorInfo
 from tilework.op.grouped_conv import grouped_conv2d_nhwc
 from tilework.transform.conv_gemm import direct_weight_matrix
+from tilework.transform.layout_weights import LayoutWeights
 
 n, h, w = tw.dim("n", 0), tw.dim("h"), tw.dim("w")
 
@@ -152,3 +153,28 @@ def test_torch_grouped_convs_run_directly_and_match_torch() -> None:
             wants = model(*xs)
         for i, (got, want) in enumerate(zip(cm(*xs), wants)):
             np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-4, atol=1e-4, err_msg=f"case {TORCH_CASES[i]} at batch {b}")
+
+
+def test_constant_float64_weights_are_converted_and_match() -> None:
+    """A float64 grouped conv (3 groups of 4 channels, strided, asymmetric padding) with a
+    constant weight and bias, through ``layout_weights`` (``conv_gemm``): one
+    ``grouped_conv2d_nhwc`` reading the converted constant, equal to the reference at batch 0,
+    1 and 3 and odd sizes."""
+    rng = np.random.default_rng(2)
+    k, b = rng.standard_normal((9, 4, 3, 2)), rng.standard_normal(9)
+    bb = BlockBuilder()
+    x = Var("x", TensorInfo((n, 12, h, w), "float64"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(tw.op.relu(bb.emit(tw.op.conv2d(x, Constant.of(k, name="k"), Constant.of(b, name="b"), strides=(2, 1), padding=(1, 0, 2, 1), groups=3))))
+        bb.emit_func_output(out)
+    after = LayoutWeights()(bb.get())
+    ops = [bd.value.callee.name for bd in bindings_of(after["main"]) if isinstance(bd, Binding) and isinstance(bd.value, Call) and isinstance(bd.value.callee, OpRef)]
+    assert ops.count("grouped_conv2d_nhwc") == 1 and "conv2d" not in ops, ops
+    vm = tw.VM(tw.build(after))
+    for shape in ((0, 12, 5, 5), (1, 12, 4, 7), (3, 12, 9, 6)):
+        xv = rng.standard_normal(shape)
+        want = np.maximum(conv_ref(xv, k, b, (2, 1), (1, 0, 2, 1), (1, 1), 3), 0)
+        got = np.asarray(vm["main"](xv))
+        assert got.shape == want.shape and got.dtype == np.float64
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
