@@ -8,8 +8,8 @@ KW]`` as ``tilework.transform.conv_gemm.direct_weight_matrix`` lays it out: ``we
 + j) * Cg + c, g * Og + o]`` is ``w[g * Og + o, c, i, j]``) and gives ``[N, OH, OW, G, Og]``:
 ``y[n, oh, ow, g, o] = bias[g * Og + o] + sum over i, j, c of x[n, oh * sh - top + i * dh, ow
 * sw - left + j * dw, g * Cg + c] * weight[(i * KW + j) * Cg + c, g * Og + o]`` (zero where
-the tap falls in the padding). Viewed as ``[N, OH, OW, G *
-Og]`` that is the conv's channel-last result. ``padding`` is ``(top, left, bottom, right)``.
+the tap falls in the padding). Viewed as ``[N, OH, OW, G * Og]`` that is the conv's
+channel-last result. ``padding`` is ``(top, left, bottom, right)``.
 
 Legalization: one sum of the ``KH * KW * Cg`` products per output, the products of each
 tap a chain of its own, the chains added pairwise (9 independent chains of FMAs for a 3x3
@@ -18,8 +18,11 @@ kernel, where one chain a kernel row left the FMA latency exposed: RegNet-Y's 14
 output channels (the innermost dim): each input value is one scalar broadcast to all of
 them, each tap and input channel's weights a contiguous row. With padding the input is
 first copied into a zero-padded buffer, so that no tap is clamped or masked. The op is
-``out_ewise_fusable``: an elementwise epilogue (a ReLU) fuses into the sum, a producer is not
-inlined (it would be computed once per tap).
+``out_ewise_fusable``: an elementwise epilogue of its 5-D result fuses into the sum, a
+producer is not inlined (it would be computed once per tap). Behind ``conv_gemm``'s 4-D view
+(a ``vm_view`` after ``rewrite_reshape_to_view``, a barrier to fusion) the epilogue (a ReLU)
+fuses into the next kernel instead (RegNet-Y's squeeze-excite multiply, a transpose back to
+channel-first).
 """
 
 from __future__ import annotations
