@@ -20,9 +20,9 @@ them, each tap and input channel's weights a contiguous row. With padding the in
 first copied into a zero-padded buffer, so that no tap is clamped or masked. The op is
 ``out_ewise_fusable``: an elementwise epilogue of its 5-D result fuses into the sum, a
 producer is not inlined (it would be computed once per tap). Behind ``conv_gemm``'s 4-D view
-(a ``vm_view`` after ``rewrite_reshape_to_view``, a barrier to fusion) the epilogue (a ReLU)
-fuses into the next kernel instead (RegNet-Y's squeeze-excite multiply, a transpose back to
-channel-first).
+(a ``vm_view`` after ``rewrite_reshape_to_view``, a barrier to fusion) a ReLU is a kernel of
+its own, or fuses into a transpose back to channel-first (RegNet-Y-400MF, 1 thread: its 16
+ReLUs 0.09 ms of 12.5 at batch 1, 0.47 of 91 at batch 8).
 """
 
 from __future__ import annotations
