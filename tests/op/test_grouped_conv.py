@@ -19,7 +19,7 @@ from tilework.ir.builder import BlockBuilder
 from tilework.ir.graph import Binding, Call, Constant, OpRef, Tuple, Var, bindings_of
 from tilework.ir.info import TensorInfo
 from tilework.op.grouped_conv import grouped_conv2d_nhwc
-from tilework.transform.conv_gemm import direct_weight_matrix
+from tilework.transform.conv_gemm import GROUPED_MAX_TERMS, ConvGemm, direct_weight_matrix
 from tilework.transform.layout_weights import LayoutWeights
 
 n, h, w = tw.dim("n", 0), tw.dim("h"), tw.dim("w")
@@ -178,3 +178,19 @@ def test_constant_float64_weights_are_converted_and_match() -> None:
         got = np.asarray(vm["main"](xv))
         assert got.shape == want.shape and got.dtype == np.float64
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_long_group_sums_stay_conv2d() -> None:
+    """A grouped conv of more than ``GROUPED_MAX_TERMS`` products an output (2 groups of 64
+    channels, 3x3: 576) is left a ``conv2d`` (im2col and the per-group matmul kernels); one
+    of 32 channels a group (288) is converted."""
+    assert 9 * 32 <= GROUPED_MAX_TERMS < 9 * 64
+    for cg, want in ((64, "conv2d"), (32, "grouped_conv2d_nhwc")):
+        bb = BlockBuilder()
+        x = Var("x", TensorInfo((n, 2 * cg, 8, 8), "float32"))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                out = bb.emit_output(tw.op.conv2d(x, Constant.of(np.ones((8, cg, 3, 3), np.float32)), padding=1, groups=2))
+            bb.emit_func_output(out)
+        ops = [bd.value.callee.name for bd in bindings_of(ConvGemm()(bb.get())["main"]) if isinstance(bd, Binding) and isinstance(bd.value, Call) and isinstance(bd.value.callee, OpRef)]
+        assert want in ops and (want == "conv2d") == ("conv2d" in ops), (cg, ops)

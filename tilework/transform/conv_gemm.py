@@ -26,7 +26,8 @@ ResNeXt's 32x4d) becomes ``grouped_conv2d_nhwc`` of the channel-last input (one 
 per output, vectorized along a group's output channels, no column matrix: 2-4x faster than
 im2col and per-group products at batch 8), ``[N, OH, OW, G, Og]`` viewed as ``[N, OH, OW,
 O]``, its weight as ``direct_weight_matrix`` lays it out (a weight param listed in
-``direct_conv_weights`` too).
+``direct_conv_weights`` too); one of more than ``GROUPED_MAX_TERMS`` products an output stays
+a ``conv2d``.
 
 Then the transposes sink towards the consumers and cancel: through elementwise ops (whose
 other operands are transposed alike, 0-d, or transposed to follow), through a global
@@ -74,6 +75,7 @@ WINOGRAD_MIN_CHANNELS = 32  # fewer input or output channels: im2col (the 16 sma
 DIRECT = "direct_conv_weights"  # params of main given as [O, C, KH, KW], taken as [KH * KW * C, O]
 DIRECT_MAX_CHANNELS = 4  # input channels up to this (an image's) ...
 DIRECT_MAX_OUT = 16  # ... and output channels up to this: direct_conv2d_nhwc, no column matrix
+GROUPED_MAX_TERMS = 512  # a grouped conv's KH * KW * Cg up to this: grouped_conv2d_nhwc (one unrolled sum an output)
 TO_NHWC = (0, 2, 3, 1)
 TO_NCHW = (0, 3, 1, 2)
 _DTYPES = ("float32", "float64")
@@ -170,15 +172,17 @@ def _direct(call: Call) -> bool:
 
 def _grouped(call: Call) -> bool:
     """A conv2d of ``groups > 1`` groups of more than one input channel each (neither dense nor
-    depthwise) whose other operands are as ``_convertible`` wants: it runs as
-    ``grouped_conv2d_nhwc`` of the channel-last input (no column matrix)."""
+    depthwise) of at most ``GROUPED_MAX_TERMS`` products an output whose other operands are
+    as ``_convertible`` wants: it runs as ``grouped_conv2d_nhwc`` of the channel-last input (no
+    column matrix). A longer sum (AlexNet's 2 groups of 192 channels: 1728 products) would be
+    unrolled C of that length, and is left to im2col and the per-group matmul kernels."""
     groups = int(call.attrs.get("groups", 1)) if _op_name(call) == "conv2d" else 1
     if groups == 1 or len(call.args) not in (2, 3):
         return False
     x, out, w = call.args[0].info, call.info, call.args[1].info
     ws = _static_weight(w)
     return (
-        ws is not None and ws[1] > 1 and ws[0] % groups == 0 and isinstance(w, TensorInfo)
+        ws is not None and 1 < ws[1] and ws[1] * ws[2] * ws[3] <= GROUPED_MAX_TERMS and ws[0] % groups == 0 and isinstance(w, TensorInfo)
         and isinstance(x, TensorInfo) and x.shape is not None and len(x.shape) == 4 and _same(x.shape[1], ws[1] * groups) and x.dtype == w.dtype
         and isinstance(out, TensorInfo) and out.dtype == x.dtype
     )  # fmt: skip
