@@ -181,11 +181,11 @@ def test_constant_float64_weights_are_converted_and_match() -> None:
 
 
 def test_long_group_sums_stay_conv2d() -> None:
-    """A grouped conv of more than ``GROUPED_MAX_TERMS`` products an output (2 groups of 64
-    channels, 3x3: 576) is left a ``conv2d`` (im2col and the per-group matmul kernels); one
-    of 32 channels a group (288) is converted."""
-    assert 9 * 32 <= GROUPED_MAX_TERMS < 9 * 64
-    for cg, want in ((64, "conv2d"), (32, "grouped_conv2d_nhwc")):
+    """A grouped conv of more than ``GROUPED_MAX_TERMS`` products an output (2 groups of 16
+    channels, 3x3: 144) is left a ``conv2d`` (im2col and the per-group matmul kernels); one
+    of 8 channels a group (72) is converted."""
+    assert 9 * 8 <= GROUPED_MAX_TERMS < 9 * 16
+    for cg, want in ((16, "conv2d"), (8, "grouped_conv2d_nhwc")):
         bb = BlockBuilder()
         x = Var("x", TensorInfo((n, 2 * cg, 8, 8), "float32"))
         with bb.function("main", [x]):

@@ -75,7 +75,7 @@ WINOGRAD_MIN_CHANNELS = 32  # fewer input or output channels: im2col (the 16 sma
 DIRECT = "direct_conv_weights"  # params of main given as [O, C, KH, KW], taken as [KH * KW * C, O]
 DIRECT_MAX_CHANNELS = 4  # input channels up to this (an image's) ...
 DIRECT_MAX_OUT = 16  # ... and output channels up to this: direct_conv2d_nhwc, no column matrix
-GROUPED_MAX_TERMS = 512  # a grouped conv's KH * KW * Cg up to this: grouped_conv2d_nhwc (one unrolled sum an output)
+GROUPED_MAX_TERMS = 72  # a grouped conv's KH * KW * Cg up to this (a 3x3 of 8 channels a group): grouped_conv2d_nhwc
 TO_NHWC = (0, 2, 3, 1)
 TO_NCHW = (0, 3, 1, 2)
 _DTYPES = ("float32", "float64")
@@ -174,8 +174,11 @@ def _grouped(call: Call) -> bool:
     """A conv2d of ``groups > 1`` groups of more than one input channel each (neither dense nor
     depthwise) of at most ``GROUPED_MAX_TERMS`` products an output whose other operands are
     as ``_convertible`` wants: it runs as ``grouped_conv2d_nhwc`` of the channel-last input (no
-    column matrix). A longer sum (AlexNet's 2 groups of 192 channels: 1728 products) would be
-    unrolled C of that length, and is left to im2col and the per-group matmul kernels."""
+    column matrix). A longer sum is left to im2col and the per-group matmul kernels, which then
+    win: 3x3 convs + BN + ReLU at batch 8, 1 thread, im2col -> direct: 4 channels a group (36
+    products, 128 channels at 56 x 56) 54 -> 18 ms, 8 (RegNet's) 2-4x faster, but 16 (512
+    channels at 14 x 14) 18 -> 29 ms and 32 (1024 at 7 x 7) 10.5 -> 67 ms: the unrolled sum's
+    invariant input values no longer fit the registers."""
     groups = int(call.attrs.get("groups", 1)) if _op_name(call) == "conv2d" else 1
     if groups == 1 or len(call.args) not in (2, 3):
         return False
