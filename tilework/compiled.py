@@ -13,7 +13,10 @@ the names of its ``Dim``s name the sym vars), ``tilework.nn`` (a ``tilework.nn.M
 ``example_args`` is the spec of its ``forward``) and ``onnx`` (a ``ModelProto`` or a path).
 
 **Weights** are trailing params of ``main`` by default and the CompiledModel passes them itself
-(``weights="constants"`` instead bakes them into the module as constants). **The saved file**
+(``weights="constants"`` instead bakes them into the module as constants). They are the model's
+at compile time: each is copied once (a torch model's are read as views and copied where they
+are kept as they are; laid out, they are new arrays), so a later in-place change of the model
+does not reach the compiled model. **The saved file**
 is an executable file (``tilework.load`` reads it as a plain ``Executable``; the format is
 ``docs/executable-format.md``) that also holds the signature and the compile report, the
 weights (raw arrays, when they are params) and the optimized module in the text format (unless
