@@ -13,7 +13,10 @@ the names of its ``Dim``s name the sym vars), ``tilework.nn`` (a ``tilework.nn.M
 ``example_args`` is the spec of its ``forward``) and ``onnx`` (a ``ModelProto`` or a path).
 
 **Weights** are trailing params of ``main`` by default and the CompiledModel passes them itself
-(``weights="constants"`` instead bakes them into the module as constants). **The saved file**
+(``weights="constants"`` instead bakes them into the module as constants). They are the model's
+at compile time: each is copied once (a torch model's are read as views and copied where they
+are kept as they are; laid out, they are new arrays), so a later in-place change of the model
+does not reach the compiled model. **The saved file**
 is an executable file (``tilework.load`` reads it as a plain ``Executable``; the format is
 ``docs/executable-format.md``) that also holds the signature and the compile report, the
 weights (raw arrays, when they are params) and the optimized module in the text format (unless
@@ -22,6 +25,7 @@ weight constants make it large). ``CompiledModel.load`` restores a callable.
 
 from __future__ import annotations
 
+import bisect
 import time
 from typing import Any, Mapping, Sequence
 
@@ -155,6 +159,8 @@ def compile(
     exe = build(optimized, target, pipeline=name, passes=[], post_legalize_passes=kernel_passes, backends=build_backends, placement=placement, placement_options=search_options, layout_weights=layout_weights)
     if weights == "inputs":
         model_weights = lay_out_weights(exe.meta.get("weight_layout") or {}, model_weights)
+    if imported.borrowed:
+        model_weights = _owned(model_weights, imported.weights)
     t3 = time.perf_counter()
     lowering = [*(["layout_weights"] if layout_weights else []), *(p.name for stage in ("legalize", "kernel", "schedule", "lowering") for p in staged[stage])]
     report = {
@@ -394,6 +400,30 @@ class CompiledModel:
 
 
 # -- helpers ---------------------------------------------------------------------------------------
+
+
+def _owned(weights: Sequence[np.ndarray], borrowed: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """``weights`` with a copy of each one whose memory may be that of a ``borrowed`` array
+    (a view of the user's model): the others are new arrays that compile made (laid out,
+    folded, converted), which it owns already."""
+    from numpy.lib.array_utils import byte_bounds
+
+    merged: list[list[int]] = []  # the borrowed memory as disjoint [lo, hi) byte ranges
+    for lo, hi in sorted(byte_bounds(np.asarray(b)) for b in borrowed if b.size):
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    starts = [lo for lo, _ in merged]
+
+    def shared(w: np.ndarray) -> bool:
+        if not np.asarray(w).size:
+            return False
+        lo, hi = byte_bounds(np.asarray(w))
+        i = bisect.bisect_left(starts, hi) - 1  # the last range that starts below hi
+        return i >= 0 and merged[i][1] > lo
+
+    return [np.array(w, copy=True) if shared(w) else w for w in weights]
 
 
 def _to_bf16(to_bf16: Bf16Weights, mod: IRModule, weights: list[np.ndarray], backends: Any) -> tuple[IRModule, list[np.ndarray], dict[str, Any], Any]:

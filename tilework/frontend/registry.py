@@ -195,6 +195,10 @@ class Imported:
     signature: Signature
     source: str
     dims: dict[SymVar, str] = field(default_factory=dict)  # sym var -> where it first appears
+    # the weights are read-only views of the model's own tensors (the torch frontends): compile
+    # copies the ones it keeps unchanged, once, so that a later in-place change of the model
+    # does not reach the compiled model (the others it lays out into new arrays anyway)
+    borrowed: bool = False
 
 
 @dataclass

@@ -40,14 +40,17 @@ def translate(
     *,
     dim_names: Mapping[str, str] | None = None,
     dim_bounds: Mapping[str, Bounds] | None = None,
+    copy_weights: bool = True,
 ) -> Any:
     """Like ``from_exported_program``, returning the ``Translation`` (module, weights, inputs,
-    dims and the pytree specs a caller needs to run the module like the original model)."""
+    dims and the pytree specs a caller needs to run the module like the original model). The
+    weights are copies, or with ``copy_weights=False`` (and the weights as params) read-only
+    views of the program's tensors (see ``Translator``)."""
     from tilework.frontend.torch.translator import Translator, decompose_unsupported, functional, resolve_dim_refs
 
     ep = decompose_unsupported(functional(ep))
     names, bounds = resolve_dim_refs(ep, dim_names or {}, dim_bounds or {})
-    return Translator(ep, keep_params_as_inputs, names, bounds).run()
+    return Translator(ep, keep_params_as_inputs, names, bounds, copy_weights=copy_weights, prepared=True).run()
 
 
 __all__ = ["from_exported_program", "translate", "parse_dim_spec", "Bounds"]

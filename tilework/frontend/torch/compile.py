@@ -20,7 +20,7 @@ def is_torch_module(m: Any) -> bool:
 def import_exported_program(ep: Any, options: CompileOptions) -> Imported:
     from tilework.frontend.torch import translate
 
-    tr = translate(ep, options.weights == "inputs", dim_names=options.dim_names, dim_bounds=options.dim_bounds)
+    tr = translate(ep, options.weights == "inputs", dim_names=options.dim_names, dim_bounds=options.dim_bounds, copy_weights=False)
     return _imported_from_translation(tr, f"torch.export ExportedProgram ({sum(1 for n in ep.graph.nodes if n.op == 'call_function')} ATen calls)")
 
 
@@ -38,7 +38,7 @@ def import_torch_module(model: Any, options: CompileOptions) -> Imported:
     names.update(options.dim_names or {})
     from tilework.frontend.torch import translate
 
-    tr = translate(ep, options.weights == "inputs", dim_names=names, dim_bounds=options.dim_bounds)
+    tr = translate(ep, options.weights == "inputs", dim_names=names, dim_bounds=options.dim_bounds, copy_weights=False)
     calls = sum(1 for n in ep.graph.nodes if n.op == "call_function")
     return _imported_from_translation(tr, f"torch.nn.Module {type(model).__name__} via torch.export ({calls} ATen calls)")
 
@@ -66,7 +66,8 @@ def _imported_from_translation(tr: Any, source: str) -> Imported:
     out_spec = _dumps(tr.out_spec) if tr.out_spec is not None else None
     # the live specs serve this process (their node types exactly); the text, a saved model
     live = {k: v for k, v in (("in", tr.in_spec), ("out", tr.out_spec)) if v is not None}
-    return Imported(tr.module, [w for _, w in tr.weights], Signature(inputs, in_spec, out_spec, _specs=live), source, dict(tr.dims))
+    # the weights are views of the model's tensors: compile copies those it keeps as they are
+    return Imported(tr.module, [w for _, w in tr.weights], Signature(inputs, in_spec, out_spec, _specs=live), source, dict(tr.dims), borrowed=True)
 
 
 def _dumps(spec: Any) -> str:

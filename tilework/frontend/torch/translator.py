@@ -10,7 +10,10 @@ metadata. After each conversion the result is reconciled with torch's metadata: 
 wins (a cast), and where tilework could not prove torch's shape a ``match_cast`` asserts it.
 
 A program whose graph still mutates tensors (torch.export's training dialect) is first made
-functional with ``run_decompositions({})``, which keeps big ops such as ``linear``,
+functional: an in-place op that writes a tensor the graph made and nothing views becomes its
+out-of-place op, read by the later readers (``functional``); any other write (to an input, a
+buffer, a view) makes torch functionalize the program with ``run_decompositions({})``, which
+re-traces it whole and keeps big ops such as ``linear``,
 ``layer_norm`` and ``scaled_dot_product_attention`` whole. Then the ops that have no converter
 but a decomposition in torch's default table (``softplus``, ``mish``, ``lerp``, ``prelu``, ...)
 are decomposed, those alone, into ops that may have one; what is left unconverted is refused,
@@ -67,16 +70,25 @@ class Translation:
 
 @dataclass
 class Translator:
+    """Translates ``ep`` (``run``). The weights are copies unless ``copy_weights`` is False and
+    they are params (``keep_params_as_inputs``): then they are read-only NumPy views of the
+    program's CPU tensors (their own memory: a later in-place change of the model shows through
+    them), for a caller that makes the copies it keeps itself (``tilework.compile``). With
+    ``prepared``, ``ep`` was made functional and decomposed already (``translate``)."""
+
     ep: Any
     keep_params_as_inputs: bool = True
     dim_names: Mapping[str, str] | None = None
     dim_bounds: Mapping[str, Bounds] | None = None
     func_name: str = "main"
+    copy_weights: bool = True
+    prepared: bool = False
     bb: BlockBuilder = field(default_factory=BlockBuilder)
     env: dict[Any, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.ep = decompose_unsupported(functional(self.ep))
+        if not self.prepared:
+            self.ep = decompose_unsupported(functional(self.ep))
         self.syms = SymbolTable(self.ep.range_constraints, self.dim_names, self.dim_bounds)
         self._permutes: dict[Expr, tuple[Expr, tuple[int, ...]]] = {}
         self._inputs: list[tuple[str, bool, Any]] = []
@@ -392,20 +404,144 @@ class Translator:
                 if not _is_tensor(t):
                     raise UnsupportedError(f"weight {target} is a {type(t).__name__}, not a tensor")
                 dtype_of_torch(t.dtype)
-                return np.array(from_torch(t), copy=True)
+                data = from_torch(t)
+                if self.copy_weights or not self.keep_params_as_inputs:
+                    return np.array(data, copy=True)
+                view = data.view()  # borrowed: read-only, so that nothing of tilework's writes into the model
+                view.flags.writeable = False
+                return view
         raise UnsupportedError(f"weight {target} is missing from the exported program's state")
 
 
 def functional(ep: Any) -> Any:
-    """``ep`` with a graph free of in-place ops (see the module docstring)."""
+    """``ep`` with a graph free of in-place ops (see the module docstring). Where every in-place
+    op writes a tensor that the graph made itself and that nothing views (T5's ``add_`` on an
+    intermediate, ``x.clone().index_put_(...)``), each becomes its out-of-place op and later
+    reads of the tensor read that op's result (``_rebind_inplace``): that is what
+    functionalization does there, without re-tracing the whole program. Otherwise (a write to an
+    input, a buffer or a view) ``run_decompositions({})`` makes it functional."""
     sig = ep.graph_signature
-    mutates = bool(getattr(sig, "buffers_to_mutate", {})) or bool(getattr(sig, "user_inputs_to_mutate", {}))
-    for n in ep.graph.nodes:
-        schema = getattr(n.target, "_schema", None)
-        if n.op == "call_function" and schema is not None and schema.is_mutable:
-            mutates = True
-            break
-    return ep.run_decompositions({}) if mutates else ep
+    if getattr(sig, "buffers_to_mutate", {}) or getattr(sig, "user_inputs_to_mutate", {}):
+        return ep.run_decompositions({})
+    if not any(_is_inplace(n) for n in ep.graph.nodes):
+        return ep
+    rebound = _rebind_inplace(ep)
+    return rebound if rebound is not None else ep.run_decompositions({})
+
+
+def _is_inplace(node: Any) -> bool:
+    schema = getattr(node.target, "_schema", None)
+    return node.op == "call_function" and schema is not None and schema.is_mutable
+
+
+def _aliased_args(node: Any) -> list[Any]:
+    """The fx nodes among ``node``'s args that its results may share storage with: those its
+    schema annotates (``Tensor(a) self`` of a view, ``Tensor(a!) self`` of an in-place op,
+    ``Tensor(a -> *) self`` of ``split``); [] for an op whose results are new tensors."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return []
+    out: list[Any] = []
+    for i, a in enumerate(schema.arguments):
+        if a.alias_info is None:
+            continue
+        v = node.args[i] if i < len(node.args) else node.kwargs.get(a.name)
+        out.extend(x for x in (v if isinstance(v, (list, tuple)) else [v]) if hasattr(x, "op"))
+    return out
+
+
+def _out_of_place(target: Any) -> Any:
+    """The out-of-place twin of the in-place ATen op ``target`` (``aten.add_.Tensor`` ->
+    ``aten.add.Tensor``): same arguments, ``self`` the only one written, one new tensor out;
+    None where there is none."""
+    import torch
+
+    schema = target._schema
+    args = schema.arguments
+    if not args or args[0].alias_info is None or not args[0].alias_info.is_write or any(a.alias_info is not None for a in args[1:]):
+        return None
+    if len(schema.returns) != 1 or schema.returns[0].alias_info is None or schema.returns[0].alias_info.after_set != args[0].alias_info.after_set:
+        return None
+    base, overload = schema.name.split("::")[-1], schema.overload_name or "default"
+    if not base.endswith("_") or base.startswith("_"):
+        return None
+    packet = getattr(torch.ops.aten, base[:-1], None)
+    twin = getattr(packet, overload, None) if packet is not None else None
+    ts = getattr(twin, "_schema", None)
+    if ts is None or ts.is_mutable or len(ts.returns) != 1 or ts.returns[0].alias_info is not None:
+        return None
+    same = len(ts.arguments) == len(args) and all((a.name, str(a.type), a.kwarg_only) == (b.name, str(b.type), b.kwarg_only) for a, b in zip(ts.arguments, args))
+    return twin if same else None
+
+
+def _rebind_inplace(ep: Any) -> Any:
+    """A copy of ``ep`` whose in-place ops are out-of-place ops whose results the later readers
+    of the written tensor read (``x.add_(y)`` -> ``x2 = add(x, y)``, reads of ``x`` or of the
+    ``add_``'s result after it read ``x2``); the user's ``ep`` is left as it is. None unless
+    every in-place op has an out-of-place twin and writes a tensor that an op of the graph
+    made as a new one (not an input, buffer, view or op result that aliases another), whose
+    only aliases are the in-place ops' results, and whose readers are all ATen ops or the
+    output: then no write can be seen through another name, and rebinding is exact."""
+    import torch
+    from torch.export import ExportedProgram
+    from torch.export.graph_signature import TensorArgument
+
+    nodes = list(ep.graph.nodes)
+    base: dict[Any, Any] = {}  # node -> the node whose storage it shares (itself when new)
+    twins: dict[Any, Any] = {}
+    viewed: set[Any] = set()
+    for n in nodes:
+        base[n] = n
+        if n.op != "call_function":
+            continue
+        aliased = _aliased_args(n)
+        if _is_inplace(n):
+            twin = _out_of_place(n.target)
+            if twin is None or not aliased:
+                return None
+            twins[n] = twin
+            base[n] = base[aliased[0]]
+        elif aliased:
+            base[n] = base[aliased[0]]
+            viewed.update(base[a] for a in aliased)
+    written = {base[n] for n in twins}
+    for b in written:
+        if b.op != "call_function" or b in viewed or _aliased_args(b) or (b.target is operator.getitem and _aliased_args(b.args[0])):
+            return None
+        if b.target is not operator.getitem and getattr(b.target, "_schema", None) is None:
+            return None
+    for n in nodes:
+        if base[n] in written and any(u.op != "output" and getattr(u.target, "_schema", None) is None for u in n.users):
+            return None
+
+    graph = torch.fx.Graph()
+    copies: dict[Any, Any] = {}
+    out_args = graph.graph_copy(ep.graph, copies)
+    old_out = next(n for n in reversed(nodes) if n.op == "output")
+    out_node = graph.output(out_args)
+    out_node.meta = dict(old_out.meta)
+    copies[old_out] = out_node
+    old_of = {c: o for o, c in copies.items()}
+    latest: dict[Any, Any] = {}  # written base -> the copy's node holding its value now
+
+    def read(a: Any) -> Any:
+        return latest.get(base[old_of[a]], a)
+
+    for n in nodes:
+        if n.op not in ("call_function", "output"):
+            continue
+        c = copies[n]
+        c.args = torch.fx.map_arg(c.args, read)
+        c.kwargs = torch.fx.map_arg(c.kwargs, read)
+        if n in twins:
+            c.target = twins[n]
+            latest[base[n]] = c
+    gm = torch.fx.GraphModule(ep.graph_module, graph)
+    outs = list(out_node.args[0])
+    specs = [replace(s, arg=TensorArgument(name=v.name)) if isinstance(s.arg, TensorArgument) and hasattr(v, "name") else s for s, v in zip(ep.graph_signature.output_specs, outs)]
+    sig = replace(ep.graph_signature, output_specs=specs)
+    return ExportedProgram(root=gm, graph=gm.graph, graph_signature=sig, state_dict=ep.state_dict, range_constraints=ep.range_constraints,
+                           module_call_graph=ep.module_call_graph, example_inputs=ep.example_inputs, constants=ep.constants, verifiers=list(ep.verifiers))
 
 
 def _is_folded(val: Any) -> bool:
