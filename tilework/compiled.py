@@ -406,7 +406,10 @@ def _owned(weights: Sequence[np.ndarray], borrowed: Sequence[np.ndarray]) -> lis
     """``weights`` with a copy of each one whose memory may be that of a ``borrowed`` array
     (a view of the user's model): the others are new arrays that compile made (laid out,
     folded, converted), which it owns already."""
-    from numpy.lib.array_utils import byte_bounds
+    try:
+        from numpy.lib.array_utils import byte_bounds
+    except ImportError:  # NumPy < 2.0 (pyproject takes 1.24 on)
+        from numpy import byte_bounds  # type: ignore[attr-defined,no-redef]
 
     merged: list[list[int]] = []  # the borrowed memory as disjoint [lo, hi) byte ranges
     for lo, hi in sorted(byte_bounds(np.asarray(b)) for b in borrowed if b.size):
