@@ -337,19 +337,22 @@ def register_tile(dtype: str) -> tuple[int, int]:
     return max(1, min(MR, rows)), regs.lanes(dtype) * NR_VECTORS
 
 
-EXACT_TILE_VECTORS = (3, 5, 7)  # vectors a row of a register tile that a column count may split into exactly (``exact_tile``)
-EXACT_TILE_ROWS = 3  # fewest rows of such a tile
+EXACT_TILE_VECTORS = (3, 5)  # vectors a row of a register tile that a column count may split into exactly (``exact_tile``)
+EXACT_TILE_ROWS = 4  # fewest rows of such a tile
 
 
 def exact_tile(n: int, panel: int, width: int, tile: tuple[int, int]) -> tuple[int, int]:
     """``(rows, columns)`` of the register tile for ``n`` columns of a B packed in panels of
     ``panel``: ``tile`` (``register_tile``) where its columns divide ``n``; else, where ``n``
-    is whole panels, a tile as wide as 3, 5 or 7 vectors (whole panels) that divides ``n``,
+    is whole panels, a tile as wide as 3 or 5 vectors (whole panels) that divides ``n``,
     with as many rows as leave registers for its vectors of B and a broadcast of A (at most
     ``tile``'s, at least ``EXACT_TILE_ROWS``). The last column tile of a tile that does not
-    divide ``n`` computes whole tiles all the same: EfficientNet's 1x1 convs of 80 and 112
+    divide ``n`` computes a whole tile all the same: EfficientNet's 1x1 convs of 80 and 112
     outputs ran as slowly as 96 and 128 (8 x 32 tiles; 196 rows, 480 and 672 inputs, one
-    AVX-512 core), and MobileNetV2's of 144 outputs as 160."""
+    AVX-512 core), and MobileNetV2's of 144 outputs as 160. With 8 x 48 and 5 x 80 tiles,
+    EfficientNet-B0's kernels of 48, 80, 144 and 240 outputs ran 1.1-1.7x faster (one AVX-512
+    core, 196-6272 rows); its 112-output ones, in a 3 x 112 tile (7 vectors), 1.4x slower
+    (three rows stream B for few products), so 7 vectors are not tried."""
     mr, nr = tile
     if n % nr == 0 or n % panel or n < nr:
         return tile
