@@ -309,3 +309,37 @@ def test_few_rows_tiles_over_panels_fit_the_registers(registers: str) -> None:
         want = 16 if registers == "32x16" and r >= 4 else 32
         assert panel_columns(16, r, "float32") == want, (registers, r)
     assert panel_columns(32, 7, "float32") == 32  # one panel already
+
+
+# (columns, the tile on AVX-512's register file): widths of whole 16-column panels that a
+# 32-column tile does not divide take a tile of 3 or 5 vectors that does (EfficientNet's
+# 80-output 1x1 convs, MobileNetV2's 144); 96 keeps the 8 x 32 tile; 112 (7 vectors: a tile
+# of 3 rows, slower) and 208 (13) have no exact tile and keep it too. AVX2's 16-column tile
+# is a panel: unchanged.
+EXACT = {48: (8, 48), 80: (5, 80), 112: (8, 32), 144: (8, 48), 96: (8, 32), 208: (8, 32)}
+
+
+def test_exact_column_tiles(registers: str) -> None:
+    """A tile as wide as a divisor of the output width, in whole panels: no last column tile
+    computing zeros; numerics against NumPy at rows of one tile, a partial one and several."""
+    m = SymVar("M", 1)
+    funcs = {f"p16_{n}": default_schedule(_linear(m, 16, EPILOGUES["bias_silu"][0], n), strict=True) for n in EXACT}
+    rows_, cols = register_tile("float32")
+    for name, f in funcs.items():
+        n = int(name.split("_")[1])
+        want = EXACT[n] if registers == "64x32" else (rows_, cols)
+        shapes = {s.buffer.shape for _, s in walk(f.body) if isinstance(s, Allocate)}
+        assert want in shapes, (name, shapes)
+        assert outside_guards(f.body, frozenset({"y", "y_init"})), name
+    lib = build_library(funcs)
+    rng = np.random.default_rng(13)
+    for name in funcs:
+        n = int(name.split("_")[1])
+        wt = rng.standard_normal((n, K)).astype(np.float32)
+        bias = rng.standard_normal(n).astype(np.float32)
+        for rows in (1, 5, 8, 33):
+            a = rng.standard_normal((rows, K)).astype(np.float32)
+            out = np.full((rows, n), np.nan, np.float32)
+            lib[name].run([a, lay_out(wt, 16), bias, np.zeros((rows, n), np.float32), out])
+            want_ = EPILOGUES["bias_silu"][1](a.astype(np.float64) @ wt.T.astype(np.float64), bias, np.zeros((rows, n)))
+            np.testing.assert_allclose(out, want_, rtol=1e-4, atol=1e-4, err_msg=f"{name} rows={rows}")
