@@ -1640,6 +1640,19 @@ static inline void twq_t8x8(__m256i* r) {
     }
 }
 
+/* The rn rows of a tile's outputs acc (8 lanes, nr of them valid) into y (row stride N). */
+static inline void twq_store8(const __m256* acc, int64_t rn, int64_t nr, float* y, int64_t N) {
+    for (int64_t r = 0; r < rn; ++r) {
+        if (nr == 8) {
+            _mm256_storeu_ps(y + r * N, acc[r]);
+            continue;
+        }
+        float v[8];
+        _mm256_storeu_ps(v, acc[r]);
+        for (int64_t i = 0; i < nr; ++i) y[r * N + i] = v[i];
+    }
+}
+
 /* Where the 8 weight rows n0 .. n0 + nr - 1 of a tile are (past nr: the last one again), their
  * x16 group and the tile's half of it, and the prefetch stream of the next tiles, spread over
  * the nb blocks (twq_q8_tile and twq_q4_tile). */
@@ -1717,16 +1730,7 @@ static void twq_q8_tile(int x16, const twq_xq* xq, const uint8_t* w, int64_t rb,
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(xq->d[at])), acc[r]);
             }
         }
-        for (int64_t r = 0; r < rn; ++r) {
-            float* yr = y + (r0 + r) * N + n0;
-            if (nr == 8) {
-                _mm256_storeu_ps(yr, acc[r]);
-                continue;
-            }
-            float v[8];
-            _mm256_storeu_ps(v, acc[r]);
-            for (int64_t i = 0; i < nr; ++i) yr[i] = v[i];
-        }
+        twq_store8(acc, rn, nr, y + r0 * N + n0, N);
     }
 }
 
@@ -1871,16 +1875,7 @@ static void twq_q4_tile(int fmt, int x16, const twq_xq* xq, const uint8_t* w, in
                 if (fmt == TWQ_Q4_1) acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xq->cx[at]), acc[r]);
             }
         }
-        for (int64_t r = 0; r < rn; ++r) {
-            float* yr = y + (r0 + r) * N + n0;
-            if (nr == 8) {
-                _mm256_storeu_ps(yr, acc[r]);
-                continue;
-            }
-            float v[8];
-            _mm256_storeu_ps(v, acc[r]);
-            for (int64_t i = 0; i < nr; ++i) yr[i] = v[i];
-        }
+        twq_store8(acc, rn, nr, y + r0 * N + n0, N);
     }
 }
 
@@ -1969,16 +1964,7 @@ static void twq_q5_tile(int fmt, int x16, const twq_xq* xq, const uint8_t* w, in
                 if (twq_has_m(fmt)) acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xq->cx[at]), acc[r]);
             }
         }
-        for (int64_t r = 0; r < rn; ++r) {
-            float* yr = y + (r0 + r) * N + n0;
-            if (nr == 8) {
-                _mm256_storeu_ps(yr, acc[r]);
-                continue;
-            }
-            float v[8];
-            _mm256_storeu_ps(v, acc[r]);
-            for (int64_t i = 0; i < nr; ++i) yr[i] = v[i];
-        }
+        twq_store8(acc, rn, nr, y + r0 * N + n0, N);
     }
 }
 #endif
