@@ -326,19 +326,22 @@ def _encode_q8_0(x: np.ndarray) -> np.ndarray:
     return np.concatenate([_f16_bytes(d), q.view(np.uint8)], axis=1)
 
 
-def _encode_q4_0(x: np.ndarray) -> np.ndarray:
-    # the value of largest magnitude (the first one on a tie) maps to -8
+def _encode_offset(x: np.ndarray, half: int, pack: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """q4_0 (``half`` 8) and q5_0 (16): ``d * (q - half)``, the value of largest magnitude (the
+    first one on a tie) mapped to ``-half``; ``pack`` stores the ``q``."""
     peak = np.take_along_axis(x, np.abs(x).argmax(axis=1)[:, None], axis=1)
-    d = peak / np.float32(-8)
-    q = np.minimum(np.trunc(x * _inverse(d) + np.float32(8.5)), 15)
-    return np.concatenate([_f16_bytes(d), _pack_nibbles(q)], axis=1)
+    d = peak / np.float32(-half)
+    q = np.minimum(np.trunc(x * _inverse(d) + np.float32(half + 0.5)), 2 * half - 1)
+    return np.concatenate([_f16_bytes(d), pack(q)], axis=1)
 
 
-def _encode_q4_1(x: np.ndarray) -> np.ndarray:
+def _encode_min(x: np.ndarray, top: int, pack: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """q4_1 (``top`` 15) and q5_1 (31): ``d * q + m``, ``m`` the block's minimum and ``d`` its
+    range over ``top``; ``pack`` stores the ``q``."""
     lo = x.min(axis=1, keepdims=True)
-    d = (x.max(axis=1, keepdims=True) - lo) / np.float32(15)
-    q = np.minimum(np.trunc((x - lo) * _inverse(d) + np.float32(0.5)), 15)
-    return np.concatenate([_f16_bytes(d), _f16_bytes(lo), _pack_nibbles(q)], axis=1)
+    d = (x.max(axis=1, keepdims=True) - lo) / np.float32(top)
+    q = np.minimum(np.trunc((x - lo) * _inverse(d) + np.float32(0.5)), top)
+    return np.concatenate([_f16_bytes(d), _f16_bytes(lo), pack(q)], axis=1)
 
 
 def _pack_q5(q: np.ndarray) -> np.ndarray:
@@ -346,21 +349,6 @@ def _pack_q5(q: np.ndarray) -> np.ndarray:
     little-endian), then the low nibbles packed as ``_pack_nibbles`` packs them."""
     q = q.astype(np.uint8)
     return np.concatenate([np.packbits(q >> 4, axis=1, bitorder="little"), _pack_nibbles(q & 0x0F)], axis=1)
-
-
-def _encode_q5_0(x: np.ndarray) -> np.ndarray:
-    # as q4_0: the value of largest magnitude (the first one on a tie) maps to -16
-    peak = np.take_along_axis(x, np.abs(x).argmax(axis=1)[:, None], axis=1)
-    d = peak / np.float32(-16)
-    q = np.minimum(np.trunc(x * _inverse(d) + np.float32(16.5)), 31)
-    return np.concatenate([_f16_bytes(d), _pack_q5(q)], axis=1)
-
-
-def _encode_q5_1(x: np.ndarray) -> np.ndarray:
-    lo = x.min(axis=1, keepdims=True)
-    d = (x.max(axis=1, keepdims=True) - lo) / np.float32(31)
-    q = np.minimum(np.trunc((x - lo) * _inverse(d) + np.float32(0.5)), 31)
-    return np.concatenate([_f16_bytes(d), _f16_bytes(lo), _pack_q5(q)], axis=1)
 
 
 def _encode_bf16(x: np.ndarray) -> np.ndarray:
@@ -374,8 +362,8 @@ _ENCODERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "f16": lambda x: x.astype(np.float16).view(np.uint8),
     "bf16": _encode_bf16,
     "q8_0": _encode_q8_0,
-    "q4_0": _encode_q4_0,
-    "q4_1": _encode_q4_1,
-    "q5_0": _encode_q5_0,
-    "q5_1": _encode_q5_1,
+    "q4_0": lambda x: _encode_offset(x, 8, _pack_nibbles),
+    "q4_1": lambda x: _encode_min(x, 15, _pack_nibbles),
+    "q5_0": lambda x: _encode_offset(x, 16, _pack_q5),
+    "q5_1": lambda x: _encode_min(x, 31, _pack_q5),
 }
