@@ -170,12 +170,18 @@ def max_pool2d_nhwc(x: Expr, pool_size: Sequence[int], strides: Sequence[int], p
     return make_call("max_pool2d_nhwc", [x], pool_size=tuple(pool_size), strides=tuple(strides), padding=tuple(padding), dilation=tuple(dilation))
 
 
-def _infer_depthwise_nhwc(call: Call, ctx: InferCtx) -> StructInfo:
+def _conv_args(call: Call, ctx: InferCtx) -> tuple[TensorInfo, TensorInfo, tuple[Sequence[int], ...]]:
+    """``x``, ``weight`` and the window (``_window``) of a channel-last conv taking ``(x,
+    weight)`` or ``(x, weight, bias)`` (depthwise and grouped): ``x`` a float tensor."""
     if len(call.args) not in (2, 3):
         raise ctx.error(f"takes (x, weight) or (x, weight, bias), got {len(call.args)} argument(s)")
     x, w = tensor_arg(call, 0, ctx), tensor_arg(call, 1, ctx)
     require_float(x, ctx)
-    window = _window(call, ctx, "kernel")
+    return x, w, _window(call, ctx, "kernel")
+
+
+def _infer_depthwise_nhwc(call: Call, ctx: InferCtx) -> StructInfo:
+    x, w, window = _conv_args(call, ctx)
     kernel = window[0]
     if x.ndim not in (-1, 4) or w.ndim not in (-1, 2):
         raise ctx.shape_error(f"takes x [batch, height, width, channels] and weight [taps, channels], got shapes {shape_str(x.shape)} and {shape_str(w.shape)}")

@@ -37,9 +37,9 @@ from tilework.ir import sym
 from tilework.ir.graph import Call, Expr
 from tilework.ir.info import StructInfo, TensorInfo, shape_str
 from tilework.ir.loop import Scalar
-from tilework.op.base import InferCtx, int_attr, Op, OpPattern, make_call, register, require_equal, require_float, tensor_arg
+from tilework.op.base import InferCtx, int_attr, Op, OpPattern, make_call, register, require_equal, tensor_arg
 from tilework.op.conv import _call_gather
-from tilework.op.conv_nhwc import _out_spatial, _padded_nhwc, _window
+from tilework.op.conv_nhwc import _conv_args, _out_spatial, _padded_nhwc
 from tilework.op.kernel import arg, compute_dtype, out_tensor
 
 if TYPE_CHECKING:
@@ -47,11 +47,7 @@ if TYPE_CHECKING:
 
 
 def _infer_grouped_nhwc(call: Call, ctx: InferCtx) -> StructInfo:
-    if len(call.args) not in (2, 3):
-        raise ctx.error(f"takes (x, weight) or (x, weight, bias), got {len(call.args)} argument(s)")
-    x, w = tensor_arg(call, 0, ctx), tensor_arg(call, 1, ctx)
-    require_float(x, ctx)
-    window = _window(call, ctx, "kernel")
+    x, w, window = _conv_args(call, ctx)
     kernel = window[0]
     g = int_attr(call, "groups", ctx)
     if g < 1:
