@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_llm import f32_gguf  # noqa: E402
-from report import emit, table  # noqa: E402
+from report import emit, table, write_block  # noqa: E402
 
 from tests.llm.test_smollm2 import TEXT  # noqa: E402
 from tilework.llm import LLM  # noqa: E402
@@ -157,12 +157,7 @@ def main() -> int:
         f"llama-cpp-python {llama_cpp.__version__}, {len(tokens)} tokens_\n\n" + table(HEADERS, rows)
     )
     if args.write:
-        doc = DOC.read_text(encoding="utf-8")
-        start, end = f"<!-- table:{KEY} -->\n", f"<!-- /table:{KEY} -->"
-        i, j = doc.find(start), doc.find(end)
-        if i < 0 or j < i:
-            raise SystemExit(f"{DOC} has no {KEY} block to replace")
-        DOC.write_text(doc[: i + len(start)] + text.rstrip() + "\n" + doc[j:], encoding="utf-8")
+        write_block(DOC, KEY, text)
     emit(KEY, text)
     return 1 if any("FAIL" in c for r in rows for c in r) else 0
 

@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from report import blocks, emit, table  # noqa: E402
+from report import blocks, emit, table, write_block  # noqa: E402
 
 import tilework  # noqa: E402
 from tilework.frontend.onnx import from_onnx  # noqa: E402
@@ -221,15 +221,6 @@ def merge(old: str, new: list[list[str]]) -> str:
     return table(HEADERS, [rows[n] for n in MODELS if n in rows])
 
 
-def write(text: str) -> None:
-    doc = DOC.read_text(encoding="utf-8")
-    start, end = f"<!-- table:{KEY} -->\n", f"<!-- /table:{KEY} -->"
-    i, j = doc.find(start), doc.find(end)
-    if i < 0 or j < i:
-        raise SystemExit(f"{DOC} has no {KEY} block to replace")
-    DOC.write_text(doc[: i + len(start)] + text.rstrip() + "\n" + doc[j:], encoding="utf-8")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated names (default: all)")
@@ -247,7 +238,7 @@ def main() -> int:
     text = table(HEADERS, rows)
     if args.write:
         text = merge(blocks(DOC.read_text(encoding="utf-8")).get(KEY, ""), rows)
-        write(text)
+        write_block(DOC, KEY, text)
     emit(KEY, text)
     return 0
 

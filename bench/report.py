@@ -90,6 +90,26 @@ def blocks(text: str) -> dict[str, str]:
     return {m["key"]: m["body"] for m in BLOCK.finditer(text)}
 
 
+def replace_block(doc: str, key: str, body: str) -> str:
+    """``doc`` with its block ``key`` holding ``body``; a block it lacks is appended under a
+    heading of its own (to be moved by hand)."""
+    new = f"<!-- table:{key} -->\n{body.rstrip()}\n<!-- /table:{key} -->\n"
+    for m in BLOCK.finditer(doc):
+        if m["key"] == key:
+            return doc[: m.start()] + new + doc[m.end() :]
+    return doc.rstrip() + f"\n\n## {key}\n\n{new}"
+
+
+def write_block(path: "os.PathLike[str] | str", key: str, body: str) -> None:
+    """Put ``body`` into the block ``key`` of the markdown file ``path``, which must have one."""
+    from pathlib import Path
+
+    doc = Path(path).read_text(encoding="utf-8")
+    if key not in blocks(doc):
+        raise SystemExit(f"{path} has no {key} block to replace")
+    Path(path).write_text(replace_block(doc, key, body), encoding="utf-8")
+
+
 def cpu_model() -> str:
     """The CPU's model name as ``lscpu`` says it, with its family and model numbers where it
     gives them: the development machines' "AMD EPYC" has been two generations with the same

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from report import BLOCK, blocks, cpu_features, cpu_model, read_bandwidth
+from report import blocks, cpu_features, cpu_model, read_bandwidth, replace_block
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -95,14 +95,6 @@ def native_arch() -> str:
 
     out = subprocess.run([*compiler_command(), "-march=native", "-Q", "--help=target"], capture_output=True, text=True, check=False).stdout
     return next((line.split()[-1] for line in out.splitlines() if line.strip().startswith("-march=")), "unknown")
-
-
-def replace_block(doc: str, key: str, body: str) -> str:
-    new = f"<!-- table:{key} -->\n{body.rstrip()}\n<!-- /table:{key} -->\n"
-    for m in BLOCK.finditer(doc):
-        if m["key"] == key:
-            return doc[: m.start()] + new + doc[m.end() :]
-    return doc.rstrip() + f"\n\n## {key}\n\n{new}"  # a new table: appended, to be moved by hand
 
 
 def run(bench: Bench, timeout: float) -> tuple[dict[str, str], str]:
