@@ -306,13 +306,8 @@ def _weight(w: te.Tensor, name: str, n: Scalar, kk: Scalar) -> Scalar:
 def _weight5(base_name: str, byte: Callable[..., Scalar], d: Scalar, j: Scalar) -> Scalar:
     """Weight ``j`` of a ``q5_0`` / ``q5_1`` block whose bytes ``byte`` reads: its payload is
     ``qh`` (4 bytes), then the 16 nibble bytes. The fifth bit is bit ``j % 8`` of ``qh``'s byte
-    ``j // 8``, shifted out by three exact integer divisions (by 2, 4, 16 where the bits of ``j
-    % 8`` say)."""
-    t = j % 8
-    hb = te.cast(byte(j // 8, True), "int32")
-    hb = hb // te.if_then_else(te.eq(t % 2, 1), 2, 1)
-    hb = hb // te.if_then_else(te.eq(t // 2 % 2, 1), 4, 1)
-    hb = hb // te.if_then_else(te.ge(t, 4), 16, 1)
+    ``j // 8`` (``_shr``)."""
+    hb = _shr(te.cast(byte(j // 8, True), "int32"), j % 8, 7)
     nib = te.cast(byte(4 + j % 16, True), "int32")
     q = te.cast(te.if_then_else(te.lt(j, 16), nib % 16, nib // 16) + hb % 2 * 16, "float32")
     if base_name == "q5_0":

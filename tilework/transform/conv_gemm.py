@@ -121,9 +121,9 @@ def _static_weight(info: object) -> tuple[int, int, int, int] | None:
     return info.shape  # type: ignore[return-value]
 
 
-def _convertible(call: Call) -> bool:
-    """A conv2d this pass rewrites, whatever its weight's origin."""
-    if _op_name(call) != "conv2d" or int(call.attrs.get("groups", 1)) != 1 or len(call.args) not in (2, 3):
+def _operands_ok(call: Call) -> bool:
+    """``(x, weight[, bias])`` of a conv2d: a static weight, a 4-D ``x``, one dtype throughout."""
+    if len(call.args) not in (2, 3):
         return False
     x, out, w = call.args[0].info, call.info, call.args[1].info
     return (
@@ -131,6 +131,11 @@ def _convertible(call: Call) -> bool:
         and isinstance(x, TensorInfo) and x.shape is not None and len(x.shape) == 4 and x.dtype == w.dtype
         and isinstance(out, TensorInfo) and out.dtype == x.dtype
     )  # fmt: skip
+
+
+def _convertible(call: Call) -> bool:
+    """A conv2d this pass rewrites, whatever its weight's origin."""
+    return _op_name(call) == "conv2d" and int(call.attrs.get("groups", 1)) == 1 and _operands_ok(call)
 
 
 def _winograd(call: Call) -> bool:
@@ -180,15 +185,11 @@ def _grouped(call: Call) -> bool:
     channels at 14 x 14) 18 -> 29 ms and 32 (1024 at 7 x 7) 10.5 -> 67 ms: the unrolled sum's
     invariant input values no longer fit the registers."""
     groups = int(call.attrs.get("groups", 1)) if _op_name(call) == "conv2d" else 1
-    if groups == 1 or len(call.args) not in (2, 3):
+    if groups == 1 or not _operands_ok(call):
         return False
-    x, out, w = call.args[0].info, call.info, call.args[1].info
-    ws = _static_weight(w)
-    return (
-        ws is not None and 1 < ws[1] and ws[1] * ws[2] * ws[3] <= GROUPED_MAX_TERMS and ws[0] % groups == 0 and isinstance(w, TensorInfo)
-        and isinstance(x, TensorInfo) and x.shape is not None and len(x.shape) == 4 and _same(x.shape[1], ws[1] * groups) and x.dtype == w.dtype
-        and isinstance(out, TensorInfo) and out.dtype == x.dtype
-    )  # fmt: skip
+    x, ws = call.args[0].info, _static_weight(call.args[1].info)
+    assert isinstance(x, TensorInfo) and x.shape is not None and ws is not None  # (_operands_ok)
+    return 1 < ws[1] and ws[1] * ws[2] * ws[3] <= GROUPED_MAX_TERMS and ws[0] % groups == 0 and _same(x.shape[1], ws[1] * groups)
 
 
 def _depthwise(call: Call) -> bool:

@@ -36,15 +36,15 @@ from tilework.frontend.torch.common import dtype_of_torch
 from tilework.ir.dtype import to_torch
 from tilework.frontend.torch.registry import lookup, op_names
 from tilework.frontend.torch.symbolic import Bounds, SymbolTable
-from tilework.ir import opdef
 from tilework.ir import sym
 from tilework.ir import sym_walk
 from tilework.ir.builder import BlockBuilder
-from tilework.ir.graph import Call, Constant, Expr, GraphFunc, MatchCast, OpRef, Tuple, Var, used_vars
+from tilework.ir.graph import Constant, Expr, GraphFunc, MatchCast, Tuple, Var, used_vars
 from tilework.ir.info import TensorInfo
 from tilework.ir.module import IRModule
 from tilework.ir.opdef import DimCheck
 from tilework.ir.sym import Dim, SymVar
+from tilework.transform.dead_code_elimination import has_effect
 from tilework.transform.legalize import assert_dims_call
 
 _WEIGHT_KINDS = ("PARAMETER", "BUFFER", "CONSTANT_TENSOR")
@@ -118,7 +118,7 @@ class Translator:
                 result = self.bb.emit_output(outs[0] if len(outs) == 1 else Tuple(tuple(outs)), name="output")
             self.bb.emit_func_output(result)
         mod = self.bb.get()
-        mod = mod.with_func(self.func_name, _prune(mod.graph_func(self.func_name)))
+        mod = mod.with_func(self.func_name, _prune(mod.graph_func(self.func_name), mod))
         spec = getattr(self.ep, "call_spec", None)
         return Translation(mod, self._inputs, self._weights, self._dims, getattr(spec, "in_spec", None), getattr(spec, "out_spec", None), len(outs))
 
@@ -602,15 +602,7 @@ def _known(info: TensorInfo) -> tuple[tuple[Dim, ...], str]:
     return info.shape, info.dtype
 
 
-def _is_check(value: Expr) -> bool:
-    """An effect op's call (``assert_dims``: a run-time check, used by nothing)."""
-    if not (isinstance(value, Call) and isinstance(value.callee, OpRef)):
-        return False
-    found = opdef.lookup(value.callee.name)
-    return found is not None and found.effect
-
-
-def _prune(func: GraphFunc) -> GraphFunc:
+def _prune(func: GraphFunc, mod: IRModule) -> GraphFunc:
     """``func`` without the bindings nothing uses (values a converter made and a later one
     bypassed, such as a transpose folded into attention's layout). Every binding the
     translator makes is pure but its checks; match_casts and checks are kept."""
@@ -619,7 +611,7 @@ def _prune(func: GraphFunc) -> GraphFunc:
     for block in reversed(func.body.blocks):
         kept = []
         for b in reversed(block.bindings):
-            if isinstance(b, MatchCast) or b.var in used or _is_check(b.value):
+            if isinstance(b, MatchCast) or b.var in used or has_effect(b.value, mod):
                 kept.append(b)
                 used.update(used_vars(b.value))
         blocks.append(replace(block, bindings=tuple(reversed(kept))))
