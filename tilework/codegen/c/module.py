@@ -43,8 +43,9 @@ from tilework.runtime.kernels import KernelInfo, KernelModule
 # OpenMP workers of our kernels spin between parallel regions before they sleep. libgomp's
 # default spin (hundreds of microseconds) starves the other thread pools of a process (BLAS,
 # torch, onnxruntime, another VM) on small machines; a short spin keeps back-to-back kernels
-# warm without that. libgomp reads this when the first kernel library loads; a user's setting
-# wins.
+# warm without that. libgomp reads this once, when it loads: with the first kernel library, or
+# earlier with `import torch` (torch's wheel carries a libgomp.so.1, which our kernels then
+# share), so it takes effect where tilework is imported before torch; a user's setting wins.
 os.environ.setdefault("GOMP_SPINCOUNT", "20000")
 from tilework.ir.loop import TensorFunc
 
