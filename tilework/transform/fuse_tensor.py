@@ -66,6 +66,7 @@ from tilework.ir.sym import Dim, SymExpr, SymVar
 from tilework.op.calls import call_tensor
 from tilework.schedule.analysis import is_reduction
 from tilework.schedule.block_primitives import compute_inline
+from tilework.schedule.rules.inline import repeats_work
 from tilework.schedule.tree import blocks_of
 from tilework.transform.annotate_op_pattern import PATTERN_ATTR, func_pattern, pattern_name
 from tilework.transform.fuse_ops import PRIMITIVE_ATTR
@@ -359,10 +360,11 @@ def _sym_params(body: Stmt, buffers: list[Buffer]) -> list[SymVar]:
 
 def _inline_scratch(func: TensorFunc, scratch: list[Buffer]) -> TensorFunc:
     """Inline the block producing each value passed between kernels into its readers, where
-    ``compute_inline`` allows it (the block is not a reduction and is one store)."""
+    ``compute_inline`` allows it (the block is not a reduction and is one store) and it does
+    not repeat costly work (``repeats_work``: a reader reusing one element of it many times)."""
     for buf in scratch:
         writers = [b for b in blocks_of(func) if any(w is buf for w in b.writes)]
-        if len(writers) != 1 or is_reduction(writers[0]):
+        if len(writers) != 1 or is_reduction(writers[0]) or repeats_work(func, writers[0]):
             continue
         try:
             func = compute_inline(func, writers[0].name)
