@@ -26,6 +26,8 @@ integer/float helpers whose semantics the interpreter (``tilework.codegen.interp
   every specialization of a kernel: a GELU linear of MiniLM has a dozen, and inlined they
   doubled its compile time (1.14 -> 0.53 s of gcc for that unit; MiniLM's latency at (1, 8),
   (1, 128) and (8, 128) stayed within the run-to-run noise, alternating processes).
+- ``tw_sigmoid_f``: ``1 / (1 + exp(-x))`` with one scale factor instead of ``tw_exp_f``'s two
+  (its input clamped where the result saturates): the SiLU and sigmoid epilogues.
 - ``tw_call_objects``: the one exported helper, a trampoline used by ``library.Kernel``.
 """
 
@@ -221,6 +223,32 @@ static inline float tw_exp_f(float x) {
     float s1 = tw_bits_f((int32_t)((uint32_t)(n1 + 127) << 23));
     float s2 = tw_bits_f((int32_t)((uint32_t)(n2 + 127) << 23));
     return x != x ? x : p * s1 * s2;
+}
+
+/* float32 sigmoid, 1 / (1 + exp(-x)), with tw_exp_f's reduction and polynomial but one
+   factor 2^n: -x is clamped to [-88, 89], where n stays in [-127, 128] and the one factor is
+   0 (then exp(-x) < 2^-126 and 1 + exp(-x) rounds to 1 anyway) or inf at the ends (a result
+   below float's normal range, true below -88.37, flushed to 0). Within 1 ulp of tw_exp_f's
+   form elsewhere, and 15% faster in a vector loop (six operations fewer: an epilogue of every
+   SiLU, 6 M of them in EfficientNet-B0 at batch 1). sigmoid(NaN) = NaN. */
+static inline float tw_sigmoid_f(float x) {
+    const float round_magic = 12582912.0f;
+    float xc = -x > -88.0f ? -x : -88.0f; /* NaN becomes -88 here, and NaN again at the end */
+    xc = xc < 89.0f ? xc : 89.0f;
+    float t = fmaf(xc, 1.44269504088896341f, round_magic);
+    float n = t - round_magic;
+    float r = fmaf(n, -0.693145751953125f, xc);
+    r = fmaf(n, -1.42860682e-06f, r);
+    float p = 0.0013751407f;
+    p = fmaf(p, r, 0.0083689159f);
+    p = fmaf(p, r, 0.041669533f);
+    p = fmaf(p, r, 0.16666518f);
+    p = fmaf(p, r, 0.49999988f);
+    p = fmaf(p, r, 1.0f);
+    p = fmaf(p, r, 1.0f);
+    /* 2^n from t's low bits (n + the magic's): (n + 127) << 23 */
+    uint32_t e = ((uint32_t)tw_f_bits(t) << 23) + ((uint32_t)(127 - tw_f_bits(round_magic)) << 23);
+    return x != x ? x : 1.0f / (1.0f + p * tw_bits_f((int32_t)e));
 }
 
 /* float32 tanh and erf, branch-free like tw_exp_f (both pieces computed, one selected), within
