@@ -205,8 +205,13 @@ static inline float tw_bits_f(int32_t i) { float f; memcpy(&f, &i, 4); return f;
 static inline int32_t tw_f_bits(float f) { int32_t i; memcpy(&i, &f, 4); return i; }
 static inline float tw_exp_f(float x) {
     const float round_magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
-    float xc = x > -104.0f ? x : -104.0f; /* NaN becomes -104 here, and NaN again at the end */
-    xc = xc < 89.0f ? xc : 89.0f;
+    /* x clamped to [-104, 89] on its bits (as tw_sigmoid_f does; NaN becomes one of the two
+       here, and NaN again at the end): the same values as two float clamps, which GCC's
+       vector code made seven mask operations; a vector loop of exp 0.31 -> 0.24 ns an
+       element (Zen 4) */
+    uint32_t b = (uint32_t)tw_f_bits(x);
+    b = b < 0xC2D00000u ? b : 0xC2D00000u; /* -104.0f */
+    float xc = tw_bits_f((int32_t)b < 0x42B20000 ? (int32_t)b : 0x42B20000); /* 89.0f */
     float t = fmaf(xc, 1.44269504088896341f, round_magic);
     float n = t - round_magic;
     float r = fmaf(n, -0.693145751953125f, xc);
@@ -230,16 +235,14 @@ static inline float tw_exp_f(float x) {
    where n stays in [-127, 128] and the factor is 0 (exp(-x) < 2^-126: 1 + exp(-x) rounds to
    1) or inf at the ends (a result below float's normal range, true below -88.37, flushed to
    0). The clamp works on x's bits: an unsigned min bounds the negative floats (-inf and a
-   negative NaN too), a signed min the positive ones; two float clamps became seven mask
-   operations in GCC's vector code. Within 3 ulp where the result is normal; sigmoid(NaN) =
+   negative NaN too), a signed min the positive ones. Within 3 ulp where the result is normal; sigmoid(NaN) =
    NaN. A SiLU vector loop 0.40 -> 0.26 ns an element (Zen 4): the epilogue of every SiLU,
    6 M of them in EfficientNet-B0 at batch 1. */
 static inline float tw_sigmoid_f(float x) {
     const float round_magic = 12582912.0f; /* 1.5 * 2^23 */
     uint32_t b = (uint32_t)tw_f_bits(x);
     b = b < 0xC2B20000u ? b : 0xC2B20000u; /* -89.0f */
-    int32_t sb = (int32_t)b < 0x42B00000 ? (int32_t)b : 0x42B00000; /* 88.0f */
-    float xc = tw_bits_f(sb);
+    float xc = tw_bits_f((int32_t)b < 0x42B00000 ? (int32_t)b : 0x42B00000); /* 88.0f */
     float t = fmaf(xc, -1.44269504088896341f, round_magic);
     float n = t - round_magic; /* round(-x / ln 2) */
     float q = fmaf(n, 0.693145751953125f, xc); /* q = -r, r = -x - n ln2 */
