@@ -4,8 +4,9 @@ The kernels that a ``primitive`` graph function (made by fuse_ops) calls are ins
 after another in a single TensorFunc: the group's tensor params become its input buffers, its
 results the output buffers, and each value passed between kernels a scratch buffer
 (``Allocate``) whose producing block is inlined into its readers with ``compute_inline`` where
-that is valid (not a reduction, one store). Each callee's sym vars are mapped to the caller's
-dims by matching buffer shapes: bare vars bind first (a callee ``[n, m, n*m]`` accepts ``[16,
+that is valid (not a reduction, one store) and repeats no costly work (``repeats_work``: a
+sigmoid of ``[N, 1, C]`` that a multiply reads at every pixel stays a block, computed once).
+Each callee's sym vars are mapped to the caller's dims by matching buffer shapes: bare vars bind first (a callee ``[n, m, n*m]`` accepts ``[16,
 16, 256]``), a compound dim with one unbound var is solved when it is linear in it, and every
 dim must then be provably equal, so a static caller specialises a symbolic kernel (substituted
 and simplified). Loop vars, iter vars, scratch buffers and block names are renewed so each is

@@ -235,9 +235,9 @@ static inline float tw_exp_f(float x) {
    where n stays in [-127, 128] and the factor is 0 (exp(-x) < 2^-126: 1 + exp(-x) rounds to
    1) or inf at the ends (a result below float's normal range, true below -88.37, flushed to
    0). The clamp works on x's bits: an unsigned min bounds the negative floats (-inf and a
-   negative NaN too), a signed min the positive ones. Within 3 ulp where the result is normal; sigmoid(NaN) =
-   NaN. A SiLU vector loop 0.40 -> 0.26 ns an element (Zen 4): the epilogue of every SiLU,
-   6 M of them in EfficientNet-B0 at batch 1. */
+   negative NaN too), a signed min the positive ones. Within 3 ulp where the result is
+   normal; sigmoid(NaN) = NaN. A SiLU vector loop 0.40 -> 0.26 ns an element (Zen 4): the
+   epilogue of every SiLU, 6 M of them in EfficientNet-B0 at batch 1. */
 static inline float tw_sigmoid_f(float x) {
     const float round_magic = 12582912.0f; /* 1.5 * 2^23 */
     uint32_t b = (uint32_t)tw_f_bits(x);

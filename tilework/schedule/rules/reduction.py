@@ -242,13 +242,11 @@ def _store_contiguous(block: Block, v: SymVar) -> bool:
     if up is None or not up[0].indices:
         return False
     binds = {iv.var: iv.binding for iv in block.iter_vars}
-    idx = [subst_scalar(i, binds) for i in up[0].indices]
-    if not all(isinstance(i, (int, sym.SymExpr)) for i in idx):
-        return False
-    if any(v in dim_vars(i) for i in idx[:-1]):  # type: ignore[arg-type]
+    idx = [d for d in (subst_scalar(i, binds) for i in up[0].indices) if isinstance(d, (int, sym.SymExpr))]
+    if len(idx) != len(up[0].indices) or any(v in dim_vars(i) for i in idx[:-1]):
         return False
     last = idx[-1]
-    return sym.prove_eq(sym.sub(sym_walk.substitute(last, {v: 1}), sym_walk.substitute(last, {v: 0})), 1)  # type: ignore[arg-type]
+    return sym.prove_eq(sym.sub(sym_walk.substitute(last, {v: 1}), sym_walk.substitute(last, {v: 0})), 1)
 
 
 def _contiguous(block: Block, v: SymVar) -> bool:
