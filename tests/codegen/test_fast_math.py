@@ -36,7 +36,9 @@ def library() -> CKernelModule:
         f = te.create_func([x, te.compute((n,), lambda i, fn=fn: fn(x[i]), "y")])
         funcs[name] = f  # serial: scalar code
         funcs[f"{name}_vec"] = default_schedule(f, strict=True)  # vector code
-    funcs["sigmoid"] = default_schedule(te.create_func([x, te.compute((n,), lambda i: te.sigmoid(x[i]), "y")]), strict=True)
+    sig = te.create_func([x, te.compute((n,), lambda i: te.sigmoid(x[i]), "y")])
+    funcs["sigmoid"] = default_schedule(sig, strict=True)
+    funcs["sigmoid_serial"] = sig
     return build_library(funcs)
 
 
@@ -104,14 +106,28 @@ def test_exp_subnormal_results_round_once(library: CKernelModule) -> None:
     assert _ulp_error(got, np.exp(x.astype(np.float64))).max() <= 1.0
 
 
-def test_sigmoid_uses_exp_and_saturates(library: CKernelModule) -> None:
+@pytest.mark.parametrize("vector", [False, True])
+def test_sigmoid_uses_exp_and_saturates(library: CKernelModule, vector: bool) -> None:
     x = np.concatenate([np.linspace(-120, 120, 10_001, dtype=np.float32), np.array([np.inf, -np.inf, np.nan], np.float32)])
-    got = _run(library, "sigmoid", x)
+    got = _run(library, "sigmoid" if vector else "sigmoid_serial", x)
     with np.errstate(over="ignore"):
         want = (1.0 / (1.0 + np.exp(-x.astype(np.float64)))).astype(np.float32)
     # 1 / (1 + exp(-x)) overflows to 0 where the exact value is below the normal range
     np.testing.assert_allclose(got[:-1], want[:-1], rtol=3e-7, atol=TINY)
     assert np.isnan(got[-1])
+    assert got[-3] == 1.0 and got[-2] == 0.0 and got[5_000] == 0.5
+
+
+@pytest.mark.parametrize("vector", [False, True])
+def test_sigmoid_accuracy_over_the_range(library: CKernelModule, vector: bool) -> None:
+    """``tw_sigmoid_f`` (one scale factor where ``tw_exp_f`` has two) within 3 ulp wherever
+    the result is a normal float, and within float's smallest normal below that."""
+    x = np.concatenate([_inputs(-88.0, 88.72, np.random.default_rng(1)), np.linspace(-89.5, -86.5, 30_001, dtype=np.float32)])
+    got = _run(library, "sigmoid" if vector else "sigmoid_serial", x)
+    want = 1.0 / (1.0 + np.exp(-x.astype(np.float64)))
+    normal = want >= TINY
+    assert _ulp_error(got[normal], want[normal]).max() <= 3.0
+    assert np.all(np.abs(got[~normal] - want[~normal]) <= TINY) and np.all(got >= 0) and np.all(got <= 1)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

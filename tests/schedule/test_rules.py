@@ -285,3 +285,34 @@ def test_a_failing_rule_declines_unless_strict(monkeypatch: pytest.MonkeyPatch) 
     h = default_schedule(kernels.add())  # even the fallback failed: left serial, as it was
     assert h.attrs["schedule_rule"] == "none" and h.attrs["scheduled"] is True
     assert _kinds(h) == ["serial", "serial"]
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_a_reduction_over_outer_axes_vectorizes_along_the_kept_axis(static: bool) -> None:
+    """The mean of ``[N, H, W, C]`` over ``H, W`` (a global average pool, channel-last): the
+    channel loop moves inside the reduction loops and runs vectorized (a scalar sum strided
+    by ``C`` before); numerics against NumPy at 1 and odd sizes, compiled and interpreted."""
+    nv, hv, wv, cv = (SymVar(s) for s in "nhwc")
+    shape: tuple[Dim, ...] = (3, 70, 67, 17) if static else (nv, hv, wv, cv)
+    x = te.placeholder(shape, F32, "x")
+    kh, kw = te.reduce_axis(shape[1], "kh"), te.reduce_axis(shape[2], "kw")
+    area = te.cast(sym.mul(shape[1], shape[2]), F32)
+    out = te.compute((shape[0], 1, 1, shape[3]), lambda b, _i, _j, ch: te.sum(x[b, kh, kw, ch], axis=[kh, kw]) / area, "pool")
+    f = default_schedule(te.create_func([x, out]), strict=True)
+    assert f.attrs["schedule_rule"] == "reduction"
+    well_formed(f)
+    (update,) = [b for b in blocks_of(f) if b.name.endswith("_sum")]
+    loops = [s for p, s in walk(f.body) if isinstance(s, For) and any(b is update for _, b in walk(s))]
+    assert loops[-1].kind == "vectorized" and loops[-3].var.name == "kh"  # kh, kw, then the channels
+    lib = build_library({"pool": f})
+    rng = np.random.default_rng(3)
+    for dims in [(3, 70, 67, 17)] if static else [(1, 1, 1, 1), (2, 5, 3, 17), (1, 9, 70, 33)]:
+        xs = rng.standard_normal(dims).astype(F32)
+        want = xs.mean(axis=(1, 2), keepdims=True)
+        got = np.empty(want.shape, F32)
+        lib["pool"].run([xs, got])
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        if dims[1] * dims[2] <= 64:
+            interp = np.empty(want.shape, F32)
+            run(f, [xs, interp])
+            np.testing.assert_allclose(interp, want, rtol=1e-5, atol=1e-6)

@@ -13,12 +13,14 @@ import tilework as tw
 from tests.transform.test_fuse_ops import KERNELS
 from tests.transform.util import check_pass
 from tilework.ir.graph import Call, GraphFunc, OpRef, bindings_of
+from tilework.ir.loop import Block, Intrin, Store, walk_scalars, walk_stmts
 from tilework.ir.module import IRModule
 from tilework.ir.sym import SymVar
 from tilework.models.numpy_ref import encoder_ref, transformer_block_ref
 from tilework.models.reference import EncoderConfig, TransformerConfig, encoder, random_weights, transformer_block
 from tilework.transform.fuse_ops import FuseOps
 from tilework.transform.fuse_tensor import FuseTensor, _CannotFuse, fusion_passes, match_syms
+from tilework.schedule.tree import walk
 from tilework.transform.legalize import Legalize
 from tilework.transform.pipeline import Pipeline
 
@@ -214,7 +216,8 @@ def test_static_caller_specialises_a_symbolic_kernel() -> None:
 
 def test_reduction_output_stays_scratch_or_output_and_groups_may_have_two_outputs() -> None:
     # the add is inlined into the rowsum; the rowsum's result is both an output and the
-    # input of the exp; p comes from the output buffer's shape, so no sym arg is needed.
+    # input of the exp; p comes from the output buffer's shape, so no sym arg is needed. The
+    # exp the tile repeats along p stays a block of its own (inlined, it would run p times).
     before = """
     @graph
     def main(y: Tensor((n, m), "float32"), r: Tensor((n, m), "float32"), x: Tensor((n,), "float32"), z: Tensor(ndim=1, dtype="float32")) -> Tuple(Tensor((n,), "float32"), Tensor((n,), "float32"), Tensor(ndim=2, dtype="float32")):
@@ -271,14 +274,21 @@ def test_reduction_output_stays_scratch_or_output_and_groups_may_have_two_output
     def fused_vexp_tile(x: Buffer((n,), "float32"), gv3: Buffer((p, n), "float32")):
         n = sym()
         p = sym()
-        for i_1 in range(p):
-            for j in range(n):
-                with block("tile"):
-                    vi_1 = spatial(p, i_1)
-                    vj = spatial(n, j)
+        with allocate((n,), "float32") as e:
+            for i in range(n):
+                with block("vexp"):
+                    vi = spatial(n, i)
                     reads(x)
-                    writes(gv3)
-                    gv3[vi_1, vj] = exp(x[vj])
+                    writes(e)
+                    e[vi] = exp(x[vi])
+            for i_1 in range(p):
+                for j in range(n):
+                    with block("tile"):
+                        vi_1 = spatial(p, i_1)
+                        vj = spatial(n, j)
+                        reads(e)
+                        writes(gv3)
+                        gv3[vi_1, vj] = e[vj]
     """
     check_pass(BOTH, src(("add", "rowsum", "vexp", "tile"), before), textwrap.dedent(expected))
 
@@ -431,3 +441,39 @@ def test_llama_graph_gives_the_same_results_fused_and_fused_kernels_keep_their_s
     want = tw.VM(tw.build(mod))["main"](x, *weights)
     got = tw.VM(tw.build(fmod))["main"](x, *weights)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_squeeze_excite_scale_is_computed_once_per_channel() -> None:
+    """A squeeze-excite's ``x * sigmoid(fc(mean(x)))`` (the sigmoid of ``[N, 1, C]`` scaling
+    ``[N, HW, C]``): the group keeps the sigmoid a block of its own, computed once per channel
+    instead of once per pixel inside the multiply, and matches torch at 1 and odd sizes."""
+    torch = pytest.importorskip("torch")
+
+    class SE(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dw, self.fc1, self.fc2 = torch.nn.Conv2d(7, 7, 3, padding=1, groups=7), torch.nn.Conv2d(7, 3, 1), torch.nn.Conv2d(3, 7, 1)
+
+        def forward(self, x: "torch.Tensor") -> "torch.Tensor":
+            y = torch.nn.functional.silu(self.dw(x))
+            s = self.fc2(torch.relu(self.fc1(torch.nn.functional.adaptive_avg_pool2d(y, 1))))
+            return y * torch.sigmoid(s)
+
+    torch.manual_seed(0)
+    m = SE().eval()
+    n = torch.export.Dim("n", min=1, max=8)
+    cm = tw.compile(m, (torch.randn(2, 7, 9, 5),), ({0: n},))
+    for batch in (1, 3):
+        x = torch.randn(batch, 7, 9, 5)
+        with torch.no_grad():
+            want = m(x).numpy()
+        np.testing.assert_allclose(np.asarray(cm(x)), want, rtol=1e-5, atol=1e-6)
+    def sigmoids(block: Block) -> int:
+        return sum(isinstance(e, Intrin) and e.name == "sigmoid" for st in walk_stmts(block.body) if isinstance(st, Store) for e in walk_scalars(st.value))
+
+    funcs = cm.executable.kernel_funcs
+    (scale,) = [f for name, f in funcs.items() if "multiply" in name]
+    blocks = [b for _, b in walk(scale.body) if isinstance(b, Block)]
+    mult = [b for b in blocks if b.name.startswith("multiply")]
+    assert mult and all(sigmoids(b) == 0 for b in mult)
+    assert any(sigmoids(b) == 1 for b in blocks)

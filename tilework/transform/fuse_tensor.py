@@ -4,8 +4,9 @@ The kernels that a ``primitive`` graph function (made by fuse_ops) calls are ins
 after another in a single TensorFunc: the group's tensor params become its input buffers, its
 results the output buffers, and each value passed between kernels a scratch buffer
 (``Allocate``) whose producing block is inlined into its readers with ``compute_inline`` where
-that is valid (not a reduction, one store). Each callee's sym vars are mapped to the caller's
-dims by matching buffer shapes: bare vars bind first (a callee ``[n, m, n*m]`` accepts ``[16,
+that is valid (not a reduction, one store) and repeats no costly work (``repeats_work``: a
+sigmoid of ``[N, 1, C]`` that a multiply reads at every pixel stays a block, computed once).
+Each callee's sym vars are mapped to the caller's dims by matching buffer shapes: bare vars bind first (a callee ``[n, m, n*m]`` accepts ``[16,
 16, 256]``), a compound dim with one unbound var is solved when it is linear in it, and every
 dim must then be provably equal, so a static caller specialises a symbolic kernel (substituted
 and simplified). Loop vars, iter vars, scratch buffers and block names are renewed so each is
@@ -66,6 +67,7 @@ from tilework.ir.sym import Dim, SymExpr, SymVar
 from tilework.op.calls import call_tensor
 from tilework.schedule.analysis import is_reduction
 from tilework.schedule.block_primitives import compute_inline
+from tilework.schedule.rules.inline import repeats_work
 from tilework.schedule.tree import blocks_of
 from tilework.transform.annotate_op_pattern import PATTERN_ATTR, func_pattern, pattern_name
 from tilework.transform.fuse_ops import PRIMITIVE_ATTR
@@ -359,10 +361,11 @@ def _sym_params(body: Stmt, buffers: list[Buffer]) -> list[SymVar]:
 
 def _inline_scratch(func: TensorFunc, scratch: list[Buffer]) -> TensorFunc:
     """Inline the block producing each value passed between kernels into its readers, where
-    ``compute_inline`` allows it (the block is not a reduction and is one store)."""
+    ``compute_inline`` allows it (the block is not a reduction and is one store) and it does
+    not repeat costly work (``repeats_work``: a reader reusing one element of it many times)."""
     for buf in scratch:
         writers = [b for b in blocks_of(func) if any(w is buf for w in b.writes)]
-        if len(writers) != 1 or is_reduction(writers[0]):
+        if len(writers) != 1 or is_reduction(writers[0]) or repeats_work(func, writers[0]):
             continue
         try:
             func = compute_inline(func, writers[0].name)

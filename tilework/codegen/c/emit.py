@@ -741,9 +741,8 @@ class _Emitter(LoopEmitter):
         one = "1.0" if dt == "float64" else "1.0f"
         if x.name == "rsqrt":
             return f"({one} / sqrt{s}({a}))"
-        exp = "tw_exp_f" if s else "exp"  # the prelude's inlinable, vectorizable float exp
-        if x.name == "sigmoid":
-            return f"({one} / ({one} + {exp}(-{a})))"
+        if x.name == "sigmoid":  # the prelude's inlinable, vectorizable float sigmoid
+            return f"tw_sigmoid_f({a})" if s else f"({one} / ({one} + exp(-{a})))"
         if s and x.name in ("exp", "tanh", "erf"):
             return f"tw_{x.name}_f({a})"
         if x.name not in _FLOAT_FN:

@@ -26,6 +26,8 @@ integer/float helpers whose semantics the interpreter (``tilework.codegen.interp
   every specialization of a kernel: a GELU linear of MiniLM has a dozen, and inlined they
   doubled its compile time (1.14 -> 0.53 s of gcc for that unit; MiniLM's latency at (1, 8),
   (1, 128) and (8, 128) stayed within the run-to-run noise, alternating processes).
+- ``tw_sigmoid_f``: ``1 / (1 + exp(-x))`` with one scale factor instead of ``tw_exp_f``'s two
+  (its input clamped where the result saturates): the SiLU and sigmoid epilogues.
 - ``tw_call_objects``: the one exported helper, a trampoline used by ``library.Kernel``.
 """
 
@@ -203,8 +205,13 @@ static inline float tw_bits_f(int32_t i) { float f; memcpy(&f, &i, 4); return f;
 static inline int32_t tw_f_bits(float f) { int32_t i; memcpy(&i, &f, 4); return i; }
 static inline float tw_exp_f(float x) {
     const float round_magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
-    float xc = x > -104.0f ? x : -104.0f; /* NaN becomes -104 here, and NaN again at the end */
-    xc = xc < 89.0f ? xc : 89.0f;
+    /* x clamped to [-104, 89] on its bits (as tw_sigmoid_f does; NaN becomes one of the two
+       here, and NaN again at the end): the same values as two float clamps, which GCC's
+       vector code made seven mask operations; a vector loop of exp 0.31 -> 0.24 ns an
+       element (Zen 4) */
+    uint32_t b = (uint32_t)tw_f_bits(x);
+    b = b < 0xC2D00000u ? b : 0xC2D00000u; /* -104.0f */
+    float xc = tw_bits_f((int32_t)b < 0x42B20000 ? (int32_t)b : 0x42B20000); /* 89.0f */
     float t = fmaf(xc, 1.44269504088896341f, round_magic);
     float n = t - round_magic;
     float r = fmaf(n, -0.693145751953125f, xc);
@@ -221,6 +228,35 @@ static inline float tw_exp_f(float x) {
     float s1 = tw_bits_f((int32_t)((uint32_t)(n1 + 127) << 23));
     float s2 = tw_bits_f((int32_t)((uint32_t)(n2 + 127) << 23));
     return x != x ? x : p * s1 * s2;
+}
+
+/* float32 sigmoid, 1 / (1 + exp(-x)), with tw_exp_f's reduction and polynomial (of -x,
+   their signs folded into the constants) but one factor 2^n: x is clamped to [-89, 88],
+   where n stays in [-127, 128] and the factor is 0 (exp(-x) < 2^-126: 1 + exp(-x) rounds to
+   1) or inf at the ends (a result below float's normal range, true below -88.37, flushed to
+   0). The clamp works on x's bits: an unsigned min bounds the negative floats (-inf and a
+   negative NaN too), a signed min the positive ones. Within 3 ulp where the result is
+   normal; sigmoid(NaN) = NaN. A SiLU vector loop 0.40 -> 0.26 ns an element (Zen 4): the
+   epilogue of every SiLU, 6 M of them in EfficientNet-B0 at batch 1. */
+static inline float tw_sigmoid_f(float x) {
+    const float round_magic = 12582912.0f; /* 1.5 * 2^23 */
+    uint32_t b = (uint32_t)tw_f_bits(x);
+    b = b < 0xC2B20000u ? b : 0xC2B20000u; /* -89.0f */
+    float xc = tw_bits_f((int32_t)b < 0x42B00000 ? (int32_t)b : 0x42B00000); /* 88.0f */
+    float t = fmaf(xc, -1.44269504088896341f, round_magic);
+    float n = t - round_magic; /* round(-x / ln 2) */
+    float q = fmaf(n, 0.693145751953125f, xc); /* q = -r, r = -x - n ln2 */
+    q = fmaf(n, 1.42860682e-06f, q);
+    float p = 0.0013751407f;
+    p = fmaf(p, q, -0.0083689159f);
+    p = fmaf(p, q, 0.041669533f);
+    p = fmaf(p, q, -0.16666518f);
+    p = fmaf(p, q, 0.49999988f);
+    p = fmaf(p, q, -1.0f);
+    p = fmaf(p, q, 1.0f); /* exp(r) */
+    /* 2^n from t's low bits (n + the magic's): (n + 127) << 23 */
+    uint32_t e = ((uint32_t)tw_f_bits(t) << 23) + ((uint32_t)(127 - tw_f_bits(round_magic)) << 23);
+    return x != x ? x : 1.0f / fmaf(p, tw_bits_f((int32_t)e), 1.0f);
 }
 
 /* float32 tanh and erf, branch-free like tw_exp_f (both pieces computed, one selected), within

@@ -22,10 +22,18 @@ def inline_producers(func: TensorFunc) -> TensorFunc:
     for b in blocks_of(func):
         if is_reduction(b) or any(id(w) in params for w in b.writes):
             continue
-        if _reused(func, b) and not _cheap(b):
+        if repeats_work(func, b):
             continue
         func = attempt(func, compute_inline, b.name)
     return func
+
+
+def repeats_work(func: TensorFunc, producer: Block) -> bool:
+    """Whether inlining ``producer`` would compute its costly value again on several
+    iterations of a consumer (reused, and not cheap): such a block stays a block of its own.
+    Fusion (``transform.fuse_tensor``) asks it too, so that a group's broadcast operand (a
+    squeeze-excite's ``sigmoid`` of ``[N, 1, C]`` scaling ``[N, HW, C]``) is computed once."""
+    return _reused(func, producer) and not _cheap(producer)
 
 
 def _reused(func: TensorFunc, producer: Block) -> bool:

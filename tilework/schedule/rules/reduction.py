@@ -11,8 +11,12 @@
 4. A reduction whose innermost loop walks memory contiguously is split by a multiple of the
    vector width and ``rfactor``-ed: the partial results (several vector accumulators) update
    in a vectorized loop, then are combined pairwise in halving steps (a tree: six short
-   vector steps instead of a chain of 64 dependent scalar adds). Elementwise blocks vectorize
-   their innermost loop.
+   vector steps instead of a chain of 64 dependent scalar adds). A reduction over outer axes
+   instead (the mean of ``[N, H, W, C]`` over ``H, W``: the innermost loop, a reduction one,
+   strides by ``C``) has, before step 3, the spatial loop just outside its reduction loops
+   moved inside them when that loop walks memory contiguously: its init split out, it runs
+   vectorized, each step adding a vector of inputs into a vector of outputs. Elementwise
+   blocks vectorize their innermost loop.
 5. Per-row scratch (the row max, sum, mean ...) that only one row loop touches, each
    iteration at its own row, becomes one element allocated inside that loop: a value the C
    compiler keeps in a register, instead of a shared array whose loads it cannot move out of
@@ -56,7 +60,7 @@ from tilework.schedule.analysis import (
     single_store,
     update_store,
 )
-from tilework.schedule.reduction_primitives import rfactor
+from tilework.schedule.reduction_primitives import decompose_reduction, rfactor
 from tilework.schedule.rules.common import (
     attempt,
     block_loops,
@@ -105,6 +109,8 @@ def schedule_reduction(func: TensorFunc) -> TensorFunc:
     merged = merge_rows(func, None)
     if _rows_shared(merged):
         func = merged
+    for name in [b.name for b in blocks_of(func) if is_reduction(b)]:
+        func = _column_reduce(func, name)
     for top in top_nests(func):
         func = parallel_rows(func, top)
     for name in [b.name for b in blocks_of(func)]:  # the blocks rfactor adds are done
@@ -192,6 +198,55 @@ def _vector_reduce(func: TensorFunc, name: str) -> TensorFunc:
             h = attempt(h, lp.vectorize, block_loops(h, made)[-1].var)
     h = tree_writeback(h, name)
     return attempt(h, lp.partition, ko)  # whole vectors without the bounds test
+
+
+def _column_reduce(func: TensorFunc, name: str) -> TensorFunc:
+    """Step 4's reduction over outer axes, before the rows go parallel: when the innermost
+    loop of block ``name`` is a reduction loop that does not walk memory contiguously, the
+    spatial loop around its trailing reduction loops becomes the innermost, vectorized, if a
+    load of the block and its store both move by one element per iteration of it (else
+    ``func`` unchanged)."""
+    loops = block_loops(func, name)
+    block = _block(func, name)
+    red_loops: set[SymVar] = set()
+    for iv in block.iter_vars:
+        if iv.kind == "reduce":
+            red_loops |= dim_vars(iv.binding)
+    if not loops or loops[-1].var not in red_loops or _contiguous(block, loops[-1].var):
+        return func
+    k = len(loops)
+    while k > 0 and loops[k - 1].var in red_loops:
+        k -= 1
+    if k == 0 or loops[k - 1].kind != "serial":
+        return func
+    sp, reds = loops[k - 1], loops[k:]
+    if not _contiguous(block, sp.var) or not _store_contiguous(block, sp.var):
+        return func
+    before = func
+    try:
+        g = decompose_reduction(func, name, sp.var)
+        init = new_blocks(before, g)
+        g = lp.reorder(g, *(f.var for f in reds), sp.var)
+        g = lp.vectorize(g, sp.var)
+    except ScheduleError:
+        return func
+    for made in init:
+        g = attempt(g, lp.vectorize, block_loops(g, made)[-1].var)
+    return g
+
+
+def _store_contiguous(block: Block, v: SymVar) -> bool:
+    """Whether the update store of ``block`` moves by one element per iteration of loop
+    ``v`` in its last index (its earlier indices not moving with ``v``)."""
+    up = update_store(block)
+    if up is None or not up[0].indices:
+        return False
+    binds = {iv.var: iv.binding for iv in block.iter_vars}
+    idx = [d for d in (subst_scalar(i, binds) for i in up[0].indices) if isinstance(d, (int, sym.SymExpr))]
+    if len(idx) != len(up[0].indices) or any(v in dim_vars(i) for i in idx[:-1]):
+        return False
+    last = idx[-1]
+    return sym.prove_eq(sym.sub(sym_walk.substitute(last, {v: 1}), sym_walk.substitute(last, {v: 0})), 1)
 
 
 def _contiguous(block: Block, v: SymVar) -> bool:
