@@ -147,3 +147,24 @@ def test_only_units_whose_kernels_use_intrinsics_parse_them(cache: Path, monkeyp
         build_library(funcs)["dot"].run([given, b, out])
         outs.append(out)
     assert np.array_equal(outs[0], outs[1])
+
+
+def test_a_unit_adds_its_own_flags_after_the_librarys(cache: Path, cc_log: Path) -> None:
+    """``CUnit.flags`` follow the library's flags on that unit's command alone (the native graph
+    code's ``-O1``) and are part of its object's key: the same text with other flags compiles
+    again, and with the same flags is found in the cache."""
+    one = "int tw_unit_one(void) { return 1; }\n"
+    two = "int tw_unit_two(void) { return 2; }\n"
+
+    def build(flags: tuple[str, ...]) -> None:
+        toolchain.compile_source(one + two + str(flags), units=[emit.CUnit(one, {}), emit.CUnit(two, {}, flags)])
+
+    build(("-O1",))
+    first = _units(cc_log)
+    assert len(first) == 2 and sum(" -O1 " in f" {ln} " for ln in first) == 1
+    flagged = next(ln.split() for ln in first if " -O1 " in f" {ln} ")
+    assert flagged[flagged.index("-c") - 1] == "-O1"  # after every flag of the library's
+    build(("-O2",))
+    assert len(_units(cc_log)) == 3  # only the unit whose flags changed
+    build(("-O1",))
+    assert len(_units(cc_log)) == 3

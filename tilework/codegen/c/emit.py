@@ -106,10 +106,12 @@ _UNIT_HEADER = "#define TW_NO_CALL_OBJECTS 1\n"
 class CUnit:
     """One translation unit of a library built in parts: the prelude and some kernels
     (``lines`` as in ``CModule``, within ``text``). The trampoline ``tw_call_objects`` is left
-    out of each (``TW_NO_CALL_OBJECTS``); a unit of the prelude alone provides it."""
+    out of each (``TW_NO_CALL_OBJECTS``); a unit of the prelude alone provides it. ``flags``
+    follow the library's compiler flags for this unit alone (a later ``-O`` wins)."""
 
     text: str
     lines: dict[str, tuple[int, int]]
+    flags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
