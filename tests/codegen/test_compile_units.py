@@ -119,3 +119,52 @@ def test_compile_jobs_setting(monkeypatch: pytest.MonkeyPatch) -> None:
         toolchain.compile_jobs()
     monkeypatch.delenv("TILEWORK_COMPILE_JOBS")
     assert toolchain.compile_jobs() >= 1
+
+
+def test_only_units_whose_kernels_use_intrinsics_parse_them(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``TW_NO_INTRINSICS`` (immintrin.h left out: most of a unit's parse time) heads every unit
+    and library none of whose kernels tests ``TW_DOT_BF16``; a unit with a ``dot_bf16x2``
+    loop keeps the intrinsics, and its kernel computes what it does in one translation unit."""
+    from tests.codegen.test_handbuilt import _dot_func
+    from tilework.ir.dtype import np_dtype
+
+    flag = "#define TW_NO_INTRINSICS 1\n"
+    assert flag in emit.emit_module({"a": _scaled(2.0), "b": _scaled(3.0)}).text
+    funcs = {"a": _scaled(2.0), "dot": _dot_func(form="rows")}
+    assert flag not in emit.emit_module(funcs).text
+    monkeypatch.setattr(emit, "UNIT_CHARS", 1)
+    mod = emit.emit_module(funcs)
+    prelude, a, dot = mod.units
+    assert flag in prelude.text and flag in a.text and flag not in dot.text and "TW_DOT_BF16" in dot.text
+    rng = np.random.default_rng(3)
+    given = rng.standard_normal((3, 5, 2, 32)).astype(np.float32).astype(np_dtype("bfloat16"))
+    b = rng.standard_normal((5, 2)).astype(np_dtype("bfloat16"))
+    start = rng.standard_normal((3, 32)).astype(np.float32)
+    outs = []
+    for chars in (1, 10**9):
+        monkeypatch.setattr(emit, "UNIT_CHARS", chars)
+        out = start.copy()
+        build_library(funcs)["dot"].run([given, b, out])
+        outs.append(out)
+    assert np.array_equal(outs[0], outs[1])
+
+
+def test_a_unit_adds_its_own_flags_after_the_librarys(cache: Path, cc_log: Path) -> None:
+    """``CUnit.flags`` follow the library's flags on that unit's command alone (the native graph
+    code's ``-O1``) and are part of its object's key: the same text with other flags compiles
+    again, and with the same flags is found in the cache."""
+    one = "int tw_unit_one(void) { return 1; }\n"
+    two = "int tw_unit_two(void) { return 2; }\n"
+
+    def build(flags: tuple[str, ...]) -> None:
+        toolchain.compile_source(one + two + str(flags), units=[emit.CUnit(one, {}), emit.CUnit(two, {}, flags)])
+
+    build(("-O1",))
+    first = _units(cc_log)
+    assert len(first) == 2 and sum(" -O1 " in f" {ln} " for ln in first) == 1
+    flagged = next(ln.split() for ln in first if " -O1 " in f" {ln} ")
+    assert flagged[flagged.index("-c") - 1] == "-O1"  # after every flag of the library's
+    build(("-O2",))
+    assert len(_units(cc_log)) == 3  # only the unit whose flags changed
+    build(("-O1",))
+    assert len(_units(cc_log)) == 3

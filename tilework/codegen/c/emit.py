@@ -32,15 +32,16 @@ reaches ``TW_PARALLEL_MIN_WORK`` (small shapes of a symbolic kernel run serially
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterable, Iterator, Mapping
 
 
 from tilework.codegen.c import lowp
 from tilework.codegen.c.dot import dot_bf16_loop, flat_dim, side_by_side
-from tilework.codegen.c.hoist import divmods, invariant_exprs, nested_divmods, stmt_dims
+from tilework.codegen.c.hoist import divmods, invariant_exprs, nested_divmods, stmt_dims, unswitch_plan, unswitch_select
 from tilework.codegen.c.parallel import loop_conflict, parallel_work
 from tilework.codegen.c.prelude import PRELUDE
 from tilework.codegen.loop_emit import LoopEmitter, comment, const_value
@@ -105,10 +106,12 @@ _UNIT_HEADER = "#define TW_NO_CALL_OBJECTS 1\n"
 class CUnit:
     """One translation unit of a library built in parts: the prelude and some kernels
     (``lines`` as in ``CModule``, within ``text``). The trampoline ``tw_call_objects`` is left
-    out of each (``TW_NO_CALL_OBJECTS``); a unit of the prelude alone provides it."""
+    out of each (``TW_NO_CALL_OBJECTS``); a unit of the prelude alone provides it. ``flags``
+    follow the library's compiler flags for this unit alone (a later ``-O`` wins)."""
 
     text: str
     lines: dict[str, tuple[int, int]]
+    flags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -150,7 +153,7 @@ def emit_module(funcs: Mapping[str, TensorFunc]) -> CModule:
     """One C translation unit holding every kernel of ``funcs``."""
     symbols = c_symbols(list(funcs))
     texts = {name: emit_function(func, symbols[name], name) for name, func in funcs.items()}
-    text, lines = _join(PRELUDE, texts)
+    text, lines = _join(_head(texts.values()) + PRELUDE, texts)
     groups: list[dict[str, str]] = [{}]
     size = 0
     for name, t in texts.items():
@@ -161,8 +164,19 @@ def emit_module(funcs: Mapping[str, TensorFunc]) -> CModule:
         size += len(t)
     units: tuple[CUnit, ...] = ()
     if len(groups) > 1:
-        units = (CUnit(PRELUDE, {}), *(CUnit(*_join(_UNIT_HEADER + PRELUDE, g)) for g in groups))
+        units = (CUnit(_NO_INTRINSICS + PRELUDE, {}), *(CUnit(*_join(_UNIT_HEADER + _head(g.values()) + PRELUDE, g)) for g in groups))
     return CModule(text, symbols, lines, units)
+
+
+_NO_INTRINSICS = "#define TW_NO_INTRINSICS 1\n"
+
+
+def _head(texts: Iterable[str]) -> str:
+    """What goes before the prelude of C holding the kernel ``texts``: ``TW_NO_INTRINSICS``
+    where none of them uses the prelude's intrinsics (``TW_DOT_BF16``), so that the unit does
+    not parse immintrin.h: under -march=native on an AVX-512 host 0.14 of a prelude's 0.16 s of
+    compile time (a unit of DenseNet-121's kernels about 0.44 s, of 49 units)."""
+    return "" if any("TW_DOT_BF16" in t for t in texts) else _NO_INTRINSICS
 
 
 def _join(head: str, texts: Mapping[str, str]) -> tuple[str, dict[str, tuple[int, int]]]:
@@ -236,6 +250,8 @@ class _Emitter(LoopEmitter):
         self.hoisted_divmods: dict[SymExpr, str] = {}  # floor div/mod -> the variable holding it
         self.hoisted_exprs: dict[PExpr, str] = {}  # loop-invariant expression -> its variable
         self.dot_fallback = False  # emitting the portable copy of a dot_bf16x2 loop
+        self.decided: dict[Select, bool] = {}  # an unswitched select -> the side this copy takes
+        self.unswitching: set[For] = set()  # vectorized loops being emitted in unswitched copies
 
     def legal_name(self, base: str) -> str:
         if base[0].isdigit() or base in _C_KEYWORDS or base in _C_LIBRARY_NAMES or base.startswith(("tw_", "TW_")):
@@ -289,6 +305,11 @@ class _Emitter(LoopEmitter):
         self.line(f"{name}[{self.flat(b, s.indices)}] = {value};")
 
     def emit_for(self, s: For) -> None:
+        if s.kind == "vectorized" and (s in self.unswitching or unswitch_plan(s, self.scope)):
+            found = unswitch_select(s, self.scope, self.decided)
+            if found is not None:
+                self.emit_unswitched(s, *found)
+                return
         dot = dot_bf16_loop(s) if s.kind == "vectorized" and not self.dot_fallback and loop_conflict(s) is None else None
         if dot is not None:
             self.emit_dot_bf16(s, *dot)
@@ -331,6 +352,21 @@ class _Emitter(LoopEmitter):
             del self.hoisted_exprs[x]
         self.scope.discard(s.var)
         self.line("}")
+
+    def emit_unswitched(self, s: For, sel: Select, ivs: list[tuple[SymVar, Dim]]) -> None:
+        """Loop ``s`` once where ``sel``'s invariant condition holds, once where it does not,
+        each with ``sel`` as the side it takes (``hoist.unswitch_plan``); the condition reads
+        block iter vars ``ivs`` as their bindings."""
+        self.unswitching.add(s)
+        with self.read_as_bindings(ivs):
+            self.line(f"if ({self.expr(sel.cond)}) {{")
+        for taken in (True, False):
+            self.decided[sel] = taken
+            self.nested(s)
+            self.line("} else {" if taken else "}")
+        del self.decided[sel]
+        if not self.decided:
+            self.unswitching.discard(s)
 
     def emit_dot_bf16(self, s: For, store: Store, dot: Intrin, form: str) -> None:
         """Vectorized loop ``s`` of ``acc[i] = dot_bf16x2(acc[i], a0, a1, b0, b1)`` (see
@@ -388,27 +424,32 @@ class _Emitter(LoopEmitter):
         ivs, found = invariant_exprs(s, self.scope)
         if not found:
             return []
+        same: dict[tuple[str, str], str] = {}  # equal loads read one variable
+        with self.read_as_bindings(ivs):
+            for x in found:
+                text, ct = self.expr(x), DTYPE_TABLE[x.dtype].c_storage
+                name = same.get((ct, text))
+                if name is None:
+                    name = same[(ct, text)] = self.bind(("inv", x), "inv")
+                    self.line(f"const {ct} {name} = {text};")
+                self.hoisted_exprs[x] = name
+        return found
+
+    @contextlib.contextmanager
+    def read_as_bindings(self, ivs: list[tuple[SymVar, Dim]]) -> Iterator[None]:
+        """Within: block iter vars ``ivs`` read as their bindings (outside their blocks)."""
         saved = {v: self.names.get(v) for v, _ in ivs}
         fresh = [v for v, _ in ivs if v not in self.scope]
-        for v, binding in ivs:  # the block vars read as their bindings, outside their blocks
+        for v, binding in ivs:
             self.names[v] = f"({self.dim(binding)})"
             self.scope.add(v)
-        same: dict[tuple[str, str], str] = {}  # equal loads read one variable
-        for x in found:
-            text, ct = self.expr(x), DTYPE_TABLE[x.dtype].c_storage
-            name = same.get((ct, text))
-            if name is None:
-                name = same[(ct, text)] = self.bind(("inv", x), "inv")
-                self.line(f"const {ct} {name} = {text};")
-            self.hoisted_exprs[x] = name
-        for v in fresh:
-            self.scope.discard(v)
+        yield
+        self.scope.difference_update(fresh)
         for v, name in saved.items():
             if name is None:
                 self.names.pop(v, None)
             else:
                 self.names[v] = name
-        return found
 
     def expr(self, x: Scalar) -> str:
         name = self.hoisted_exprs.get(x) if isinstance(x, PExpr) else None
@@ -625,6 +666,9 @@ class _Emitter(LoopEmitter):
         return f"(({DTYPE_TABLE[x.dtype].c_value})(-{a}))" if x.dtype in _NARROW_INTS else f"(-{a})"
 
     def render_select(self, x: Select) -> str:
+        taken = self.decided.get(x)
+        if taken is not None:
+            return self.expr(x.a if taken else x.b)
         return f"({self.expr(x.cond)} ? {self.expr(x.a)} : {self.expr(x.b)})"
 
     def render_const(self, c: Const) -> str:

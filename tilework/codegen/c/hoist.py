@@ -15,6 +15,10 @@ the loop does not write, every var it reads is bound outside the loop or by a bl
 binding is itself invariant, and it is a float (no integer division that could trap). Only
 expressions that load, divide or call an intrinsic are worth a variable.
 
+A vectorized loop whose stores choose between inputs on conditions that do not change in it
+(a concat fused with what follows it: ``c0 ? x0 : c1 ? x1 : ... : xn``) is emitted once per
+input, each copy reading one (``unswitch_plan``, ``unswitch_select``).
+
 The index arithmetic's floor divisions and modulos are found here too (``stmt_dims``,
 ``nested_divmods``, ``divmods``): the emitter declares those that depend on a loop's var at the
 top of its body (``_Emitter.hoist_divmods``).
@@ -22,11 +26,11 @@ top of its body (``_Emitter.hoist_divmods``).
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Mapping
 
 from tilework.ir import sym
 from tilework.ir import sym_walk
-from tilework.ir.loop import Allocate, Binary, Block, Buffer, Cast, Const, For, Intrin, Load, PExpr, PREFETCHES, Scalar, SeqStmt, Stmt, Store, Unary, stmt_scalars, walk_scalars, walk_stmts
+from tilework.ir.loop import Allocate, Binary, Block, Buffer, Cast, Const, For, Intrin, Load, PExpr, PREFETCHES, Scalar, Select, SeqStmt, Stmt, Store, Unary, stmt_scalars, walk_scalars, walk_stmts
 from tilework.ir.sym import Dim, FloorDiv, FloorMod, Max, Min, Poly, SymExpr, SymVar
 
 _FLOATS = ("float32", "float64")
@@ -111,6 +115,104 @@ def _worth(x: Scalar) -> bool:
     if isinstance(x, Cast):
         return _worth(x.value)
     return False
+
+
+# -- selects whose condition a vectorized loop does not change (the emitter unswitches them) --
+
+UNSWITCH_COPIES = 64  # the most copies of one vectorized loop that unswitching may emit
+
+
+def unswitch_select(loop: For, outer: set[SymVar], decided: Mapping[Select, bool]) -> tuple[Select, list[tuple[SymVar, Dim]]] | None:
+    """The first select (in pre-order) of innermost loop ``loop``'s body whose condition is
+    loop-invariant, reads no buffer and is not yet ``decided`` (selects on the side a decided
+    one does not take are not looked at), with the invariant block iter vars and their
+    bindings (outermost first), which the condition may read; or None. The emitter emits
+    ``loop`` once where the condition holds and once where it does not, each copy with that
+    select replaced by the side it takes (``unswitch_plan`` says when)."""
+    ok, ivs = _invariant_vars(loop, outer)
+    sel = next(_invariant_selects(loop, ok, decided), None)
+    return None if sel is None else (sel, ivs)
+
+
+def unswitch_plan(loop: For, outer: set[SymVar]) -> bool:
+    """Whether innermost vectorized loop ``loop`` is worth unswitching on its invariant selects:
+    there are at least two (a concat's chain ``c0 ? x0 : c1 ? x1 : ... : xn``, one per input),
+    and splitting on them all makes at most one copy of the loop more than there are selects
+    and at most ``UNSWITCH_COPIES`` (a chain: one copy per input; independent conditions, which
+    double the copies each, are left to the compiler). GCC, given the chain, if-converts the
+    loads of every input into each vector iteration and unswitches on a few conditions
+    (``--param max-unswitch-level``): a DenseNet-121 concat + batch norm + relu of 14 inputs
+    compiled in 0.35 s, its copies one per input in 0.09 s, the same values selected."""
+    if any(not isinstance(st, (Store, SeqStmt, Block)) or isinstance(st, Block) and st.init is not None for st in walk_stmts(loop.body)):
+        return False  # an inner loop, an allocation, a condition or an init: not a plain loop
+    ok, _ = _invariant_vars(loop, outer)
+    count = sum(1 for _ in _invariant_selects(loop, ok, {}, every=True))
+    if count < 2:
+        return False
+    cap = min(count + 1, UNSWITCH_COPIES)
+    return _leaves(loop, ok, {}, cap) <= cap
+
+
+def _invariant_vars(loop: For, outer: set[SymVar]) -> tuple[set[SymVar], list[tuple[SymVar, Dim]]]:
+    """The vars that keep their value through ``loop``: ``outer`` less its own var, and the
+    iter vars of its blocks whose bindings read only those (with the bindings)."""
+    ok = set(outer)
+    ok.discard(loop.var)
+    ivs: list[tuple[SymVar, Dim]] = []
+    for st in walk_stmts(loop.body):
+        if isinstance(st, Block):
+            for iv in st.iter_vars:
+                if set(sym_walk.free_vars(iv.binding)) <= ok:
+                    ok.add(iv.var)
+                    ivs.append((iv.var, iv.binding))
+    return ok, ivs
+
+
+def _leaves(loop: For, ok: set[SymVar], decided: dict[Select, bool], cap: int) -> int:
+    """The copies unswitching ``loop`` on ``decided`` and its further invariant selects makes,
+    counted up to just past ``cap``."""
+    sel = next(_invariant_selects(loop, ok, decided), None)
+    if sel is None:
+        return 1
+    n = _leaves(loop, ok, {**decided, sel: True}, cap)
+    return n if n > cap else n + _leaves(loop, ok, {**decided, sel: False}, cap - n)
+
+
+def _invariant_selects(loop: For, ok: set[SymVar], decided: Mapping[Select, bool], every: bool = False) -> Iterator[Select]:
+    """The undecided selects of ``loop``'s body whose condition reads only ``ok`` vars and no
+    buffer, on the live sides of the decided ones (``every``: on both sides of every select)."""
+    seen: set[Select] = set()
+    for st in walk_stmts(loop.body):
+        stack = list(stmt_scalars(st))
+        while stack:
+            e = stack.pop()
+            if isinstance(e, Select):
+                if e in decided and not every:
+                    stack.append(e.a if decided[e] else e.b)
+                    continue
+                if e not in seen and e not in decided and _index_only(e.cond, ok):
+                    seen.add(e)
+                    yield e
+                stack.extend((e.b, e.a, e.cond))
+            elif isinstance(e, Load):
+                stack.extend(reversed(e.indices))
+            elif isinstance(e, Binary):
+                stack.extend((e.b, e.a))
+            elif isinstance(e, (Unary, Cast)):
+                stack.append(e.a if isinstance(e, Unary) else e.value)
+            elif isinstance(e, Intrin):
+                stack.extend(reversed(e.args))
+
+
+def _index_only(x: Scalar, ok: set[SymVar]) -> bool:
+    """``x`` reads no buffer and no var outside ``ok``: computing it before the loop, even one
+    that runs no iteration, reads and risks nothing."""
+    for e in walk_scalars(x):
+        if isinstance(e, (Load, Intrin)):
+            return False
+        if isinstance(e, SymExpr) and not set(sym_walk.free_vars(e)) <= ok:
+            return False
+    return True
 
 
 # -- the floor divisions and modulos of index arithmetic (the emitter hoists them per loop) --

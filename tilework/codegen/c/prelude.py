@@ -112,7 +112,9 @@ static inline float tw_round_bf(float x) { return tw_bf2f(tw_f2bf(x)); }
    a0 and a1 (a0 the even half of each pair), tw_f32_pairs the same of float32 rows rounded
    (vcvtne2ps2bf16); tw_u32_at reads a pair stored side by side. */
 static inline float tw_dot_bf16x2(float acc, float a0, float a1, float b0, float b1) { return (acc + a1 * b1) + a0 * b0; }
-#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+/* TW_NO_INTRINSICS (emit.emit_module: C none of whose kernels tests TW_DOT_BF16) leaves this out:
+   immintrin.h under -march=native is most of what a unit costs to parse. */
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && !defined(TW_NO_INTRINSICS)
 #include <immintrin.h>
 #define TW_DOT_BF16 1
 static const uint16_t tw_pair_order[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};

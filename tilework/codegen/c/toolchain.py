@@ -31,7 +31,8 @@
   process may use), and the objects are linked. Each object is cached like a library (key: the
   unit's text, compiler, flags, CPU, tilework; ``o-<key>-<digest>.o`` and ``o-<key>.json``,
   verified before it is linked), so a kernel already compiled for another library is not
-  compiled again.
+  compiled again. A unit may add flags of its own after the library's (``CUnit.flags``: the
+  native graph code's ``-O1``), part of its key.
 """
 
 from __future__ import annotations
@@ -437,7 +438,7 @@ def _unit_objects(units: Sequence[CUnit], cmd: list[str], flags: list[str], tmp:
     cached one (copied, so that what is linked is what was verified), else compiled (the
     largest first, ``compile_jobs()`` at once) and cached by the unit's key."""
     paths = [tmp / f"u{i}.o" for i in range(len(units))]
-    keys = [cache_key("object file\n" + u.text, cmd, flags) for u in units]
+    keys = [cache_key("object file\n" + u.text, cmd, [*flags, *u.flags]) for u in units]
     todo = []
     for i, (unit, key) in enumerate(zip(units, keys)):
         found = _lookup(root, key, "o")
@@ -450,7 +451,7 @@ def _unit_objects(units: Sequence[CUnit], cmd: list[str], flags: list[str], tmp:
         src = tmp / f"u{i}" / "kernels.c"  # the name compile errors are matched by
         src.parent.mkdir()
         src.write_text(units[i].text)
-        _run_compiler([*cmd, *flags, "-c", "-o", str(paths[i]), str(src)], paths[i], cmd, units[i].text, units[i].lines)
+        _run_compiler([*cmd, *flags, *units[i].flags, "-c", "-o", str(paths[i]), str(src)], paths[i], cmd, units[i].text, units[i].lines)
 
     todo.sort(key=lambda i: -len(units[i].text))
     with ThreadPoolExecutor(max_workers=min(compile_jobs(), max(len(todo), 1))) as pool:
