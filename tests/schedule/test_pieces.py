@@ -11,10 +11,10 @@ from tests.schedule.helpers import well_formed
 from tilework import te
 from tilework.codegen import build_library
 from tilework.codegen.interp import run
-from tilework.ir.loop import Select, TensorFunc
+from tilework.ir.loop import For, Select, TensorFunc
 from tilework.schedule import default_schedule
 from tilework.schedule.rules.common import top_nests
-from tilework.schedule.tree import map_stmt_scalars
+from tilework.schedule.tree import map_stmt_scalars, walk
 
 F32 = "float32"
 CHANNELS = (5, 4, 2)  # the pieces' channels; 11 in all
@@ -82,13 +82,21 @@ def test_a_concat_along_an_outer_axis_runs_as_one_nest_a_piece(batch: object) ->
             np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
 
 
-def test_a_concat_along_the_innermost_axis_is_left_as_one_nest() -> None:
-    """Moving the innermost (contiguous) loop outermost would stride every store."""
-    f = _concat_scale_relu(2, 3)
+def test_a_concat_along_the_innermost_axis_runs_a_loop_a_piece_inside_the_others() -> None:
+    """A channel-last concat: the outer loops stay outside (fused, parallel), the pieces'
+    loops inside them, each vectorized and reading one input."""
+    f = _concat_scale_relu(tw.dim("n"), 3)
     g = default_schedule(f, strict=True)
-    assert len(top_nests(g)) == 1 and _selects(g) == 2
-    ins = _inputs(2, 3, np.random.default_rng(1))
-    want = _reference(ins, 3)
-    out = np.full(want.shape, np.nan, np.float32)
-    build_library({"k": g})["k"].run([*ins, out])
-    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
+    assert len(top_nests(g)) == 1 and _selects(g) == 0
+    kinds = [s.kind for _, s in walk(g.body) if isinstance(s, For)]
+    assert kinds == ["parallel"] + ["vectorized"] * len(CHANNELS), kinds
+    well_formed(g)
+    lib = build_library({"k": g})
+    rng = np.random.default_rng(1)
+    for n in (1, 2, 5):
+        ins = _inputs(n, 3, rng)
+        want = _reference(ins, 3)
+        for runner in (lambda arrays: run(g, arrays), lib["k"].run):
+            out = np.full(want.shape, np.nan, np.float32)
+            runner([*ins, out])
+            np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)

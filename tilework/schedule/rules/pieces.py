@@ -16,23 +16,25 @@ from tilework.ir import sym
 from tilework.ir.loop import Binary, Block, For, PExpr, Scalar, Select, Store, TensorFunc
 from tilework.ir.sym import Dim, SymVar
 from tilework.schedule import loop_primitives as lp
-from tilework.schedule.rules.common import chain, leaf_of, loop, path_of
-from tilework.schedule.tree import dim_vars, map_scalars, map_stmt_scalars, replace_at, walk
+from tilework.schedule.rules.common import attempt, chain, leaf_of, loop, path_of, vectorize_innermost, worth_parallel
+from tilework.schedule.tree import dim_vars, get_at, map_scalars, map_stmt_scalars, replace_at, walk
 
 MAX_PIECES = 256  # more cuts than this: left as it is (each piece is a copy of the body)
 
 
 def split_at_pieces(func: TensorFunc, top: For) -> tuple[TensorFunc, list[SymVar]]:
-    """Split the perfect nest at ``top`` at the cuts of the selects along one of its outer
-    loops (see the module docstring). Returns the function and the outermost loop var of
-    every nest that replaced ``top`` (``[top.var]`` and ``func`` as it was when there is
-    nothing to split)."""
+    """Split the perfect nest at ``top`` at the cuts of the selects along one of its loops
+    (see the module docstring). Returns the function and the outermost loop var of every
+    nest left to schedule: ``[top.var]`` and ``func`` as it was when there is nothing to
+    split. Along the innermost loop (a channel-last concat) the pieces stay inside the outer
+    loops, which are fused and run in parallel, and each piece's loop is vectorized: then
+    nothing is left to schedule."""
     ch = chain(top)
     leaf = leaf_of(top)
     if len(ch) < 2 or not isinstance(leaf, Block) or not isinstance(leaf.body, Store):
         return func, [top.var]
     binds = {iv.var: iv.binding for iv in leaf.iter_vars}
-    outer = {f.var: f for f in ch[:-1] if isinstance(f.extent, int)}
+    outer = {f.var: f for f in ch if isinstance(f.extent, int)}
     cuts: dict[SymVar, set[int]] = {}
     for s in _selects(leaf.body.value):
         found = _cut(s.cond, binds)
@@ -45,8 +47,9 @@ def split_at_pieces(func: TensorFunc, top: For) -> tuple[TensorFunc, list[SymVar
     if len(points) >= MAX_PIECES:
         return func, [top.var]
     k = [f.var for f in ch].index(v)
+    inner = k == len(ch) - 1
     try:
-        moved = lp.reorder(func, v, *(f.var for f in ch[:k])) if k else func
+        moved = lp.reorder(func, v, *(f.var for f in ch[:k])) if k and not inner else func
         out, pieces = lp.peel(moved, v, points)
     except ScheduleError:
         return func, [top.var]
@@ -55,7 +58,18 @@ def split_at_pieces(func: TensorFunc, top: For) -> tuple[TensorFunc, list[SymVar
         path = path_of(out, f)
         piece = _Piece(p, lo, f.extent, {iv.var: iv.binding for _, b in walk(f) if isinstance(b, Block) for iv in b.iter_vars})
         out = out.replace(body=replace_at(out.body, path, For(f.var, f.extent, map_stmt_scalars(f.body, piece.decide), f.kind)))
-    return out, pieces
+    if not inner:
+        return out, pieces
+    outers = [f.var for f in ch[:-1]]
+    if worth_parallel([f.extent for f in ch]):
+        at = path_of(out, loop(out, outers[0]))
+        out = attempt(out, lp.fuse, *outers) if len(outers) > 1 else out
+        par = get_at(out.body, at)
+        assert isinstance(par, For)
+        out = attempt(out, lp.parallel, par.var)
+    for p in pieces:
+        out = vectorize_innermost(out, p)
+    return out, []
 
 
 def _selects(x: Scalar) -> list[Select]:
