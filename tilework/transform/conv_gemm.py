@@ -32,10 +32,16 @@ a ``conv2d``.
 Then the transposes sink towards the consumers and cancel: through elementwise ops (whose
 other operands are transposed alike, 0-d, or transposed to follow), through a global
 average pool (``adaptive_avg_pool2d`` to 1 x 1, or ONNX's ``mean``/``max`` over the spatial
-dims: ``global_avg_pool_nhwc``/``max`` of the channel-last data) and a max pool (``max_pool2d_nhwc``), and a
-transpose of a transpose composes. So the data stays channel-last from one convolution to the
-next, and a transpose remains only where channel-first data is read (the output). A 1x1
-conv of stride 1 without padding of channel-first data is left as it is (that data is its
+dims: ``global_avg_pool_nhwc``/``max`` of the channel-last data) and a max pool (``max_pool2d_nhwc``),
+through a batch norm along the channels (a pre-activation norm: axis 3 of the channel-last
+data), a concat along the channels (axis 3; pieces that are not channel-last follow,
+transposed) and an average pool without padding of a few taps (the sum of a strided slice a
+tap, divided by the count), and a transpose of a transpose composes. Before all that, an
+average pool without padding of a pointwise conv's output moves before the conv (both linear:
+the conv then multiplies a quarter of the pixels under a 2x2 pool). So the data stays
+channel-last from one convolution to the next (DenseNet-121's from the stem to the
+classifier), and a transpose remains only where channel-first data is read (the output). A
+1x1 conv of stride 1 without padding of channel-first data is left as it is (that data is its
 own column matrix: a transpose would only cost).
 
 Requires a well-formed module; guarantees a well-formed module computing the same values
