@@ -66,6 +66,8 @@ def test_the_dense_block_runs_channel_last(compiled: tuple[Any, Any]) -> None:
     f = cm.module["main"]
     calls = [b.value for b in tw.ir.graph.bindings_of(f) if isinstance(b.value, tw.ir.graph.Call) and isinstance(b.value.callee, tw.ir.graph.OpRef)]
     assert {int(c.attrs["axis"]) for c in calls if c.callee.name in ("concat", "batch_norm")} == {3}
+    (transition,) = [c for c in calls if c.callee.name == "linear_io" and int(c.attrs["out_features"]) == 8]
+    assert transition.args[0].info.shape[1:] == (4 * 3, 6 + 3 * 5)  # the pool before the 1x1 conv: its pixels pooled
 
 
 def test_matches_torch_at_symbolic_batch(compiled: tuple[Any, Any]) -> None:

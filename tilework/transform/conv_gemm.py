@@ -598,8 +598,8 @@ def _sink_batch_norm(value: Expr, m: Match) -> Expr | None:
 
 def _sink_concat(value: Expr, m: Match) -> Expr | None:
     """``concat((permute_dims(x, TO_NCHW), ...), axis=1)`` -> the concat of the channel-last
-    data along its channel axis (3), transposed, when one piece at least is channel-last (the
-    others follow: transposed, one copy each). DenseNet's concat of every earlier layer's
+    data along its channel axis (3), transposed, when half the pieces at least are channel-last
+    (the others follow: transposed, one copy each). DenseNet's concat of every earlier layer's
     features stays channel-last, so its 1x1 convs run as linears over rows."""
     assert isinstance(value, Call)
     out = _shape(value)
@@ -607,8 +607,8 @@ def _sink_concat(value: Expr, m: Match) -> Expr | None:
     if out is None or len(out) != 4 or int(value.attrs.get("axis", 0)) not in (1, -3) or not isinstance(tup, Tuple):
         return None
     pieces = [(f, _nhwc(f, m)) for f in tup.fields]
-    if all(y is None for _, y in pieces) or any(_rank(f.info) != 4 for f, _ in pieces):
-        return None
+    if 2 * sum(y is not None for _, y in pieces) < len(pieces) or any(_rank(f.info) != 4 for f, _ in pieces):
+        return None  # (at most as many transposed copies as pieces that need none)
     nhwc = [y if y is not None else permute_dims(f, TO_NHWC) for f, y in pieces]
     return permute_dims(concat(nhwc, axis=3), TO_NCHW)
 
@@ -644,7 +644,7 @@ def _sink_avg_pool(value: Expr, m: Match) -> Expr | None:
 
 def _pool_first(value: Expr, m: Match) -> Expr | None:
     """``avg_pool2d(conv2d(x, w, b))`` of a pointwise conv (1x1, stride 1, no padding) and a
-    pool without padding or ``ceil_mode`` -> ``conv2d(avg_pool2d(x), w, b)``: both are linear
+    strided pool without padding or ``ceil_mode`` -> ``conv2d(avg_pool2d(x), w, b)``: both are linear
     and every window holds all its taps, so they commute, and the conv runs on the pooled
     pixels (a DenseNet transition's 2x2 pool: a quarter of the products). A conv read
     elsewhere too still runs there as well."""
@@ -652,7 +652,7 @@ def _pool_first(value: Expr, m: Match) -> Expr | None:
     conv = _call_of(value.args[0], m, "conv2d")
     if conv is None or int(conv.attrs.get("groups", 1)) != 1 or not _operands_ok(conv) or not _pointwise(conv):
         return None
-    if value.attrs.get("ceil_mode") or any(int(i) for i in value.attrs["padding"]):
+    if value.attrs.get("ceil_mode") or any(int(i) for i in value.attrs["padding"]) or all(int(i) == 1 for i in value.attrs["strides"]):
         return None
     pooled = make_call("avg_pool2d", [conv.args[0]], **dict(value.attrs))
     return make_call("conv2d", [pooled, *conv.args[1:]], **dict(conv.attrs))

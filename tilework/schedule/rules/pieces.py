@@ -16,7 +16,7 @@ from tilework.ir import sym
 from tilework.ir.loop import Binary, Block, For, PExpr, Scalar, Select, Store, TensorFunc
 from tilework.ir.sym import Dim, SymVar
 from tilework.schedule import loop_primitives as lp
-from tilework.schedule.rules.common import attempt, chain, leaf_of, loop, path_of, vectorize_innermost, worth_parallel
+from tilework.schedule.rules.common import attempt, chain, lanes, leaf_of, loop, out_dtype, path_of, vectorize_innermost, worth_parallel
 from tilework.schedule.tree import dim_vars, get_at, map_scalars, map_stmt_scalars, replace_at, walk
 
 MAX_PIECES = 256  # more cuts than this: left as it is (each piece is a copy of the body)
@@ -48,6 +48,10 @@ def split_at_pieces(func: TensorFunc, top: For) -> tuple[TensorFunc, list[SymVar
         return func, [top.var]
     k = [f.var for f in ch].index(v)
     inner = k == len(ch) - 1
+    extent = outer[v].extent
+    assert isinstance(extent, int)
+    if inner and min(b - a for a, b in zip([0, *points], [*points, extent])) < lanes(out_dtype(func)):
+        return func, [top.var]  # pieces shorter than a vector: one nest (spatial_nest counts short rows)
     try:
         moved = lp.reorder(func, v, *(f.var for f in ch[:k])) if k and not inner else func
         out, pieces = lp.peel(moved, v, points)
