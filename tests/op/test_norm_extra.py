@@ -120,3 +120,15 @@ def test_references_match_torch() -> None:
     t = torch.from_numpy
     np.testing.assert_allclose(batch_norm_ref(x, mean, var, g, b, eps=1e-3), F.batch_norm(t(x), t(mean), t(var), t(g), t(b), False, 0.1, 1e-3).numpy(), atol=1e-10)
     np.testing.assert_allclose(group_norm_ref(x, g, b, 3), F.group_norm(t(x), 3, t(g), t(b)).numpy(), atol=1e-10)
+
+
+def test_batch_norm_takes_one_rsqrt_a_channel(built: Built) -> None:
+    """The scale ``rsqrt(var + eps) * gamma`` is a stage of its own, ``[C]``: channel-last data
+    (the channel innermost) would otherwise take an rsqrt per element."""
+    from tilework.ir.loop import Intrin, stmt_scalars, walk_scalars
+    from tilework.schedule.tree import blocks_of
+
+    funcs = dict(built.module.tensor_funcs())
+    f = next(f for name, f in funcs.items() if "batch_norm" in name and f.params[0].shape[-1] == 6)  # type: ignore[union-attr]
+    with_rsqrt = [b for b in blocks_of(f) if any(isinstance(e, Intrin) and e.name == "rsqrt" for s in [b.body] for x in stmt_scalars(s) for e in walk_scalars(x))]
+    assert [len(b.iter_vars) for b in with_rsqrt] == [1]

@@ -104,10 +104,13 @@ def _legalize_batch_norm(call: Call, ctx: "LegalizeCtx") -> Expr:
     axis = normalize_axis(int(call.attrs["axis"]), x.ndim, InferCtx("batch_norm"))
     eps = float(call.attrs["eps"])
 
+    # the per-channel scale once per call, its own stage (an rsqrt is not inlined where it
+    # would be recomputed: channel-last data would take one per element)
+    scale = te.compute((x.shape[axis],), lambda c: te.rsqrt(te.cast(var[c], acc) + eps) * te.cast(gamma[c], acc), "batch_norm_scale", acc)
+
     def f(*i: Scalar) -> Scalar:
         c = (i[axis],)
-        norm = (te.cast(x[i], acc) - te.cast(mean[c], acc)) * te.rsqrt(te.cast(var[c], acc) + eps)
-        return norm * te.cast(gamma[c], acc) + te.cast(beta[c], acc)
+        return (te.cast(x[i], acc) - te.cast(mean[c], acc)) * scale[c] + te.cast(beta[c], acc)
 
     out = te.compute(shape, f, "batch_norm", dtype)
     return ctx.call_te("batch_norm", call.args, [x, mean, var, gamma, beta], [out], call.info)

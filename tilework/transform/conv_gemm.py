@@ -32,10 +32,16 @@ a ``conv2d``.
 Then the transposes sink towards the consumers and cancel: through elementwise ops (whose
 other operands are transposed alike, 0-d, or transposed to follow), through a global
 average pool (``adaptive_avg_pool2d`` to 1 x 1, or ONNX's ``mean``/``max`` over the spatial
-dims: ``global_avg_pool_nhwc``/``max`` of the channel-last data) and a max pool (``max_pool2d_nhwc``), and a
-transpose of a transpose composes. So the data stays channel-last from one convolution to the
-next, and a transpose remains only where channel-first data is read (the output). A 1x1
-conv of stride 1 without padding of channel-first data is left as it is (that data is its
+dims: ``global_avg_pool_nhwc``/``max`` of the channel-last data) and a max pool (``max_pool2d_nhwc``),
+through a batch norm along the channels (a pre-activation norm: axis 3 of the channel-last
+data), a concat along the channels (axis 3; pieces that are not channel-last follow,
+transposed) and an average pool without padding of a few taps (the sum of a strided slice a
+tap, divided by the count), and a transpose of a transpose composes. Before all that, an
+average pool without padding of a pointwise conv's output moves before the conv (both linear:
+the conv then multiplies a quarter of the pixels under a 2x2 pool). So the data stays
+channel-last from one convolution to the next (DenseNet-121's from the stem to the
+classifier), and a transpose remains only where channel-first data is read (the output). A
+1x1 conv of stride 1 without padding of channel-first data is left as it is (that data is its
 own column matrix: a transpose would only cost).
 
 Requires a well-formed module; guarantees a well-formed module computing the same values
@@ -49,7 +55,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from tilework.ir.graph import Call, Constant, Expr, GraphFunc, OpRef, Var
+from tilework.ir.graph import Call, Constant, Expr, GraphFunc, OpRef, Tuple, Var
 from tilework.ir import sym
 from tilework.ir.info import TensorInfo
 from tilework.ir.sym import Dim
@@ -59,7 +65,8 @@ from tilework.op.base import OpPattern, make_call
 from tilework.op.conv_nhwc import depthwise_conv2d_nhwc, direct_conv2d_nhwc, global_avg_pool_nhwc, im2col, max_pool2d_nhwc
 from tilework.op.grouped_conv import grouped_conv2d_nhwc
 from tilework.op.linalg import batch_linear_io, linear
-from tilework.op.manipulate import permute_dims, reshape
+from tilework.op.elementwise import add, divide
+from tilework.op.manipulate import concat, permute_dims, reshape, strided_slice
 from tilework.op.winograd import ALPHA, TAPS, tiles, transformed_kernel, winograd_input_nhwc, winograd_output_nhwc
 from tilework.pattern.core import Match, op_call
 from tilework.transform.base import Pass
@@ -564,6 +571,93 @@ def _sink_max_pool(value: Expr, m: Match) -> Expr | None:
     return permute_dims(pool, TO_NCHW)
 
 
+def _nhwc(x: Expr, m: Match) -> Expr | None:
+    """The ``[N, H, W, C]`` data of the channel-first ``x`` where ``x`` is a layout change of
+    some (``_channels_last``), else None."""
+    found, xs = _channels_last(x, m), _shape(x)
+    if found is None or xs is None:
+        return None
+    y, rows = found
+    return reshape(y, (xs[0], xs[2], xs[3], xs[1])) if rows else y
+
+
+def _sink_batch_norm(value: Expr, m: Match) -> Expr | None:
+    """``batch_norm(permute_dims(x, TO_NCHW), ..., axis=1)`` -> the batch norm of ``x`` along
+    its channel axis (3), transposed: a pre-activation norm (DenseNet's, a ResNet-v2's) keeps
+    the data channel-last for the conv after it."""
+    assert isinstance(value, Call)
+    out = _shape(value)
+    if out is None or len(out) != 4 or int(value.attrs.get("axis", 1)) not in (1, -3):
+        return None
+    y = _nhwc(value.args[0], m)
+    if y is None:
+        return None
+    attrs = {**dict(value.attrs), "axis": 3}
+    return permute_dims(make_call("batch_norm", [y, *value.args[1:]], **attrs), TO_NCHW)
+
+
+def _sink_concat(value: Expr, m: Match) -> Expr | None:
+    """``concat((permute_dims(x, TO_NCHW), ...), axis=1)`` -> the concat of the channel-last
+    data along its channel axis (3), transposed, when half the pieces at least are channel-last
+    (the others follow: transposed, one copy each). DenseNet's concat of every earlier layer's
+    features stays channel-last, so its 1x1 convs run as linears over rows."""
+    assert isinstance(value, Call)
+    out = _shape(value)
+    tup = m.ctx.resolve(value.args[0]) if isinstance(value.args[0], Var) else value.args[0]
+    if out is None or len(out) != 4 or int(value.attrs.get("axis", 0)) not in (1, -3) or not isinstance(tup, Tuple):
+        return None
+    pieces = [(f, _nhwc(f, m)) for f in tup.fields]
+    if 2 * sum(y is not None for _, y in pieces) < len(pieces) or any(_rank(f.info) != 4 for f, _ in pieces):
+        return None  # (at most as many transposed copies as pieces that need none)
+    nhwc = [y if y is not None else permute_dims(f, TO_NHWC) for f, y in pieces]
+    return permute_dims(concat(nhwc, axis=3), TO_NCHW)
+
+
+AVG_POOL_MAX_TAPS = 9  # an avg pool of at most this many taps sinks as a sum of strided slices
+
+
+def _sink_avg_pool(value: Expr, m: Match) -> Expr | None:
+    """``avg_pool2d(permute_dims(x, TO_NCHW))`` without padding, dilation or ``ceil_mode``, of
+    at most ``AVG_POOL_MAX_TAPS`` taps (float) -> the sum of the strided slices of ``x`` that
+    each tap reads, divided by the tap count (the legalized pool's order of operations),
+    transposed: a DenseNet transition's 2x2 pool keeps the next block channel-last."""
+    assert isinstance(value, Call)
+    out, info = _shape(value), value.info
+    if out is None or len(out) != 4 or not (isinstance(info, TensorInfo) and info.dtype in _DTYPES):
+        return None
+    size, strides, padding, dilation = (tuple(int(i) for i in value.attrs[a]) for a in ("pool_size", "strides", "padding", "dilation"))
+    if value.attrs.get("ceil_mode") or any(padding) or any(d != 1 for d in dilation) or size[0] * size[1] > AVG_POOL_MAX_TAPS:
+        return None
+    y = _nhwc(value.args[0], m)
+    if y is None:
+        return None
+    oh, ow = out[2], out[3]
+    total: Expr | None = None
+    for i in range(size[0]):
+        for j in range(size[1]):
+            ends = (sym.add(i + 1, sym.mul(strides[0], sym.sub(oh, 1))), sym.add(j + 1, sym.mul(strides[1], sym.sub(ow, 1))))
+            tap = strided_slice(y, (1, 2), (i, j), ends, strides)
+            total = tap if total is None else add(total, tap)
+    assert total is not None
+    return permute_dims(divide(total, Constant.of(np.array(size[0] * size[1], dtype=info.dtype))), TO_NCHW)
+
+
+def _pool_first(value: Expr, m: Match) -> Expr | None:
+    """``avg_pool2d(conv2d(x, w, b))`` of a pointwise conv (1x1, stride 1, no padding) and a
+    strided pool without padding or ``ceil_mode`` -> ``conv2d(avg_pool2d(x), w, b)``: both are linear
+    and every window holds all its taps, so they commute, and the conv runs on the pooled
+    pixels (a DenseNet transition's 2x2 pool: a quarter of the products). A conv read
+    elsewhere too still runs there as well."""
+    assert isinstance(value, Call)
+    conv = _call_of(value.args[0], m, "conv2d")
+    if conv is None or int(conv.attrs.get("groups", 1)) != 1 or not _operands_ok(conv) or not _pointwise(conv):
+        return None
+    if value.attrs.get("ceil_mode") or any(int(i) for i in value.attrs["padding"]) or all(int(i) == 1 for i in value.attrs["strides"]):
+        return None
+    pooled = make_call("avg_pool2d", [conv.args[0]], **dict(value.attrs))
+    return make_call("conv2d", [pooled, *conv.args[1:]], **dict(conv.attrs))
+
+
 SINK_RULES = [
     Rule("permute_of_permute", op_call("permute_dims"), _compose),
     Rule("reshape_of_reshape", op_call("reshape"), _reshape_of_reshape),
@@ -572,6 +666,9 @@ SINK_RULES = [
     Rule("sink_permute_max_pool", op_call("max_pool2d"), _sink_max_pool),
     Rule("sink_permute_mean", op_call("mean"), _sink_spatial_reduce),
     Rule("sink_permute_max", op_call("max"), _sink_spatial_reduce),
+    Rule("sink_permute_batch_norm", op_call("batch_norm"), _sink_batch_norm),
+    Rule("sink_permute_concat", op_call("concat"), _sink_concat),
+    Rule("sink_permute_avg_pool", op_call("avg_pool2d"), _sink_avg_pool),
 ]
 
 
@@ -584,6 +681,7 @@ class ConvGemm(Pass):
 
     def run(self, mod: IRModule) -> IRModule:
         mapping: dict[Var, Var] = {}
+        mod = apply_rules(mod, [Rule("pool_before_pointwise_conv", op_call("avg_pool2d"), _pool_first)])
         if self.params:
             mod, mapping = retype_weight_params(mod, WINOGRAD, _winograd_params, _winograd_info)
             mod, more = retype_weight_params(mod, DIRECT, _direct_params, _direct_info)
