@@ -77,3 +77,29 @@ def test_matches_torch_at_symbolic_batch(compiled: tuple[Any, Any]) -> None:
         with torch.no_grad():
             want = model(x).numpy()
         np.testing.assert_allclose(np.asarray(cm(x)), want, rtol=1e-4, atol=1e-4)
+
+
+class Branch(nn.Module):  # type: ignore[name-defined]
+    """A 1x1 conv read by a 2x2 average pool and by something else: the pool does not move
+    before it (the conv would run twice: once on the pooled pixels, once for the other reader)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(5, 4, 1)
+
+    def forward(self, x: Any) -> Any:
+        y = self.conv(x)
+        return nn.functional.avg_pool2d(y, 2).sum((2, 3)) + y.mean((2, 3))
+
+
+def test_a_conv_read_twice_is_not_pooled_first() -> None:
+    torch.manual_seed(0)
+    model = Branch().eval()
+    cm = tw.compile(model, (torch.randn(2, 5, 7, 9),), ({0: torch.export.Dim("batch", min=1, max=4)},))
+    ops = _ops(cm.module)
+    assert ops.count("linear_io") + ops.count("conv2d") + ops.count("linear") == 1, ops
+    for b in (1, 3):
+        x = torch.randn(b, 5, 7, 9)
+        with torch.no_grad():
+            want = model(x).numpy()
+        np.testing.assert_allclose(np.asarray(cm(x)), want, rtol=1e-4, atol=1e-4)

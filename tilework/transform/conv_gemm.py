@@ -50,12 +50,13 @@ Requires a well-formed module; guarantees a well-formed module computing the sam
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
-from tilework.ir.graph import Call, Constant, Expr, GraphFunc, OpRef, Tuple, Var
+from tilework.ir.graph import Call, Constant, Expr, GraphFunc, OpRef, Tuple, Var, bindings_of, used_vars
 from tilework.ir import sym
 from tilework.ir.info import TensorInfo
 from tilework.ir.sym import Dim
@@ -642,12 +643,34 @@ def _sink_avg_pool(value: Expr, m: Match) -> Expr | None:
     return permute_dims(divide(total, Constant.of(np.array(size[0] * size[1], dtype=info.dtype))), TO_NCHW)
 
 
-def _pool_first(value: Expr, m: Match) -> Expr | None:
-    """``avg_pool2d(conv2d(x, w, b))`` of a pointwise conv (1x1, stride 1, no padding) and a
-    strided pool without padding or ``ceil_mode`` -> ``conv2d(avg_pool2d(x), w, b)``: both are linear
-    and every window holds all its taps, so they commute, and the conv runs on the pooled
-    pixels (a DenseNet transition's 2x2 pool: a quarter of the products). A conv read
-    elsewhere too still runs there as well."""
+def _sole_readers(mod: IRModule) -> set[Var]:
+    """The vars of the bindings whose first operand is a var that nothing else in the function
+    reads (once)."""
+    found: set[Var] = set()
+    for _, f in mod.graph_funcs():
+        bindings = list(bindings_of(f))
+        reads = Counter(v for b in bindings for v in used_vars(b.value))
+        reads.update(used_vars(f.body.body))
+        for b in bindings:
+            if isinstance(b.value, Call) and b.value.args and isinstance(b.value.args[0], Var) and reads[b.value.args[0]] == 1:
+                found.add(b.var)
+    return found
+
+
+def _pool_first(sole: set[Var]) -> Callable[[Expr, Match], Expr | None]:
+    """The rule ``avg_pool2d(conv2d(x, w, b))`` of a pointwise conv (1x1, stride 1, no padding)
+    and a strided pool without padding or ``ceil_mode`` -> ``conv2d(avg_pool2d(x), w, b)``:
+    both are linear and every window holds all its taps, so they commute, and the conv runs on
+    the pooled pixels (a DenseNet transition's 2x2 pool: a quarter of the products). Only for
+    the pools in ``sole`` (``_sole_readers``): a conv read elsewhere too would run twice."""
+
+    def rewrite(value: Expr, m: Match) -> Expr | None:
+        return _pooled_conv(value, m) if m.ctx.var in sole else None
+
+    return rewrite
+
+
+def _pooled_conv(value: Expr, m: Match) -> Expr | None:
     assert isinstance(value, Call)
     conv = _call_of(value.args[0], m, "conv2d")
     if conv is None or int(conv.attrs.get("groups", 1)) != 1 or not _operands_ok(conv) or not _pointwise(conv):
@@ -681,7 +704,7 @@ class ConvGemm(Pass):
 
     def run(self, mod: IRModule) -> IRModule:
         mapping: dict[Var, Var] = {}
-        mod = apply_rules(mod, [Rule("pool_before_pointwise_conv", op_call("avg_pool2d"), _pool_first)])
+        mod = apply_rules(mod, [Rule("pool_before_pointwise_conv", op_call("avg_pool2d"), _pool_first(_sole_readers(mod)))])
         if self.params:
             mod, mapping = retype_weight_params(mod, WINOGRAD, _winograd_params, _winograd_info)
             mod, more = retype_weight_params(mod, DIRECT, _direct_params, _direct_info)

@@ -17,7 +17,9 @@ expressions that load, divide or call an intrinsic are worth a variable.
 
 A vectorized loop whose stores choose between inputs on conditions that do not change in it
 (a concat fused with what follows it: ``c0 ? x0 : c1 ? x1 : ... : xn``) is emitted once per
-input, each copy reading one (``unswitch_plan``, ``unswitch_select``).
+input, each copy reading one (``unswitch_plan``, ``unswitch_select``). The elementwise rule
+already splits a concat's nest at constant cut points (``schedule.rules.pieces``); what reaches
+here are pieces of symbolic size and chains the schedule left whole.
 
 The index arithmetic's floor divisions and modulos are found here too (``stmt_dims``,
 ``nested_divmods``, ``divmods``): the emitter declares those that depend on a loop's var at the

@@ -6,7 +6,10 @@ every side (a DenseNet layer's concat of 25 pieces, with its batch norm and ReLU
 5-10x slower than the copy it is). Here the loop of ``i`` moves outermost and is peeled at the
 constant cut points (``loop_primitives.peel``), and in each piece the selects that its range
 of ``i`` decides are replaced by the side they take: each piece becomes its own perfect nest
-that reads one input, for ``spatial_nest`` to schedule like any other.
+that reads one input, for ``spatial_nest`` to schedule like any other. Cut points that are
+not constants (a piece of symbolic size) leave the nest as it is; where the split axis is
+outside the vectorized loop, the C emitter then makes one copy of that loop per input
+(``codegen.c.hoist.unswitch_plan``: unswitching on its loop-invariant selects).
 """
 
 from __future__ import annotations
