@@ -9,6 +9,13 @@ Every system runs in this one process with ``OMP_NUM_THREADS`` threads (2 unless
 of ``--repeat`` calls after one warm-up call; a ratio above 1 means tilework is faster.
 
     python bench/bench_vision.py [--repeat 10] [--batches 1,8] [--models resnet18,mobilenet_v3_small]
+
+``--torchvision NAMES`` (``default``: ``TORCHVISION_MODELS``) runs torchvision's own
+constructors instead (random weights and batch-norm statistics as ``conformance_vision.build``
+makes them, 224x224) into a second table, ``vision-torchvision``. torchvision is a bench-only
+peer outside every extra (its PyPI build is a CUDA one that breaks ``import transformers``
+beside CPU torch): install it into a folder of its own, ``pip install --no-deps --target DIR
+torchvision==0.28.0 pillow``, and name that folder in ``TORCHVISION_PATH``.
 """
 
 from __future__ import annotations
@@ -121,6 +128,25 @@ class MobileNetV3Small(nn.Module):
 
 
 MODELS: dict[str, Callable[[], nn.Module]] = {"resnet18": ResNet18, "mobilenet_v3_small": MobileNetV3Small}
+# torchvision's models beyond the two above that its users run most (``--torchvision default``)
+TORCHVISION_MODELS = ("resnet50", "mobilenet_v2", "efficientnet_b0", "densenet121", "regnet_y_400mf", "convnext_tiny", "shufflenet_v2_x1_0", "googlenet")
+
+
+def torchvision_models(names: str) -> dict[str, Callable[[], nn.Module]]:
+    """Constructors of torchvision's models ``names`` (comma-separated, or ``default``), from
+    the folder in ``TORCHVISION_PATH`` (or wherever ``import torchvision`` finds it)."""
+    path = os.environ.get("TORCHVISION_PATH")
+    if path:
+        sys.path.append(path)
+    try:
+        import conformance_vision as cv  # defines torchvision's C++ op schemas, then imports it
+    except ImportError as e:
+        raise SystemExit(f"bench_vision: --torchvision needs torchvision ({e}); install it with `pip install --no-deps --target DIR torchvision==0.28.0 pillow` and set TORCHVISION_PATH=DIR")
+    chosen = TORCHVISION_MODELS if names == "default" else tuple(n for n in names.split(",") if n)
+    unknown = [n for n in chosen if n not in cv.MODELS or cv.MODELS[n].kind != "classification"]
+    if unknown:
+        raise SystemExit(f"bench_vision: --torchvision: unknown model(s) {', '.join(unknown)}; known: {', '.join(n for n, s in cv.MODELS.items() if s.kind == 'classification')}")
+    return {n: (lambda n=n: cv.build(n, cv.MODELS[n])) for n in chosen}
 
 # -- measuring ------------------------------------------------------------------------------------
 
@@ -195,6 +221,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--torchvision", default="", metavar="NAMES", help="torchvision's models instead (comma-separated, or 'default'), into the table vision-torchvision; torchvision from TORCHVISION_PATH")
     ap.add_argument("--no-torch-compile", action="store_true", help="skip torch.compile (slow to compile)")
     ap.add_argument("--no-onnxruntime", action="store_true")
     args = ap.parse_args()
@@ -203,8 +230,9 @@ def main() -> None:
     rows = []
     names = ["tilework", "torch eager", "torch.compile", "onnxruntime"]
     tmp = tempfile.mkdtemp()
-    for mname in args.models.split(","):
-        model = randomized(MODELS[mname]())
+    builders = torchvision_models(args.torchvision) if args.torchvision else {m: (lambda m=m: randomized(MODELS[m]())) for m in args.models.split(",")}
+    for mname, build in builders.items():
+        model = build()
         systems, compile_s = systems_for(model, not args.no_torch_compile, not args.no_onnxruntime, tmp)
         print(f"{mname}: tilework compile {compile_s['tilework']:.1f} s", flush=True)
         for b in batches:
@@ -218,8 +246,10 @@ def main() -> None:
             print(f"{mname} batch {b}: " + ", ".join(f"{n} {v:.1f} ms" for n, v in ms.items()) + f"; tilework / best peer {best / ms['tilework']:.2f}x; max rel error {err:.1e}", flush=True)
             rows.append([mname, str(b)] + [f"{ms[n]:.1f}" if n in ms else "-" for n in names] + [f"{best / ms['tilework']:.2f}x", f"{err:.0e}"])
     head = ["model", "batch"] + [f"{n} ms" for n in names] + ["best peer / tilework", "max rel err"]
-    note = f"`python bench/bench_vision.py --repeat {args.repeat}`: {cpu_model()} ({cpu_features()}), {THREADS} threads each, 224x224, random weights, median of {args.repeat} calls (in 3 rounds over the systems)."
-    emit("vision", note + "\n\n" + table(head, rows))
+    source = "torchvision's constructors (`--torchvision`), " if args.torchvision else ""
+    flags = (f" --torchvision {args.torchvision}" if args.torchvision else "") + (" --no-torch-compile" if args.no_torch_compile else "") + (" --no-onnxruntime" if args.no_onnxruntime else "")
+    note = f"`python bench/bench_vision.py --repeat {args.repeat}{flags}`: {cpu_model()} ({cpu_features()}), {THREADS} threads each, {source}224x224, random weights, median of {args.repeat} calls (in 3 rounds over the systems)."
+    emit("vision-torchvision" if args.torchvision else "vision", note + "\n\n" + table(head, rows))
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ BENCHES = [
     Bench(("memory", "fusion"), ("bench/bench_memory.py",)),
     Bench(("minilm", "minilm-bf16", "minilm-trace"), ("bench/bench_minilm.py", "--precision", "bf16"), cold_cache=True),
     Bench(("vision",), ("bench/bench_vision.py",)),
+    Bench(("vision-torchvision",), ("bench/bench_vision.py", "--torchvision", "default")),  # torchvision from TORCHVISION_PATH
     Bench(("onnx-twin",), ("bench/bench_onnx_twin.py",)),
     Bench(("backends",), ("bench/bench_backends.py",)),
     Bench(("placement",), ("bench/bench_placement.py", "--fresh", "--repeat", "15")),
