@@ -572,6 +572,31 @@ def _sink_max_pool(value: Expr, m: Match) -> Expr | None:
     return permute_dims(pool, TO_NCHW)
 
 
+def _sink_ceil_max_pool(value: Expr, m: Match) -> Expr | None:
+    """``max_pool2d(permute_dims(x, TO_NCHW), ceil_mode=True)`` (float, static spatial dims) ->
+    the channel-last pool of ``x`` with the bottom and right padding grown to cover the windows
+    that ``ceil_mode`` adds, transposed. Those windows start inside the input or its top/left
+    padding (torch's rule), so each holds an input element and the grown padding (shorter than
+    the window) never decides a maximum: GoogLeNet's pools stay channel-last."""
+    assert isinstance(value, Call)
+    out, xs, info = _shape(value), _shape(value.args[0]), value.info
+    if not value.attrs.get("ceil_mode") or out is None or xs is None or not (isinstance(info, TensorInfo) and info.dtype in _DTYPES):
+        return None
+    if not all(isinstance(d, int) for d in (*xs[2:], *out[2:])):
+        return None
+    size, strides, padding, dilation = (tuple(int(i) for i in value.attrs[a]) for a in ("pool_size", "strides", "padding", "dilation"))
+    grown = list(padding)
+    for i in range(2):
+        o, d = out[2 + i], xs[2 + i]
+        assert isinstance(o, int) and isinstance(d, int)
+        need = (o - 1) * strides[i] + dilation[i] * (size[i] - 1) + 1 - d - padding[i]
+        grown[2 + i] = max(padding[2 + i], need)
+    y = _nhwc(value.args[0], m)
+    if y is None:
+        return None
+    return permute_dims(max_pool2d_nhwc(y, size, strides, grown, dilation), TO_NCHW)
+
+
 def _nhwc(x: Expr, m: Match) -> Expr | None:
     """The ``[N, H, W, C]`` data of the channel-first ``x`` where ``x`` is a layout change of
     some (``_channels_last``), else None."""
@@ -687,6 +712,7 @@ SINK_RULES = [
     Rule("sink_permute", op_call(None), _sink),
     Rule("sink_permute_global_pool", op_call("adaptive_avg_pool2d"), _sink_global_pool),
     Rule("sink_permute_max_pool", op_call("max_pool2d"), _sink_max_pool),
+    Rule("sink_permute_ceil_max_pool", op_call("max_pool2d"), _sink_ceil_max_pool),
     Rule("sink_permute_mean", op_call("mean"), _sink_spatial_reduce),
     Rule("sink_permute_max", op_call("max"), _sink_spatial_reduce),
     Rule("sink_permute_batch_norm", op_call("batch_norm"), _sink_batch_norm),
