@@ -32,7 +32,8 @@ a ``conv2d``.
 Then the transposes sink towards the consumers and cancel: through elementwise ops (whose
 other operands are transposed alike, 0-d, or transposed to follow), through a global
 average pool (``adaptive_avg_pool2d`` to 1 x 1, or ONNX's ``mean``/``max`` over the spatial
-dims: ``global_avg_pool_nhwc``/``max`` of the channel-last data) and a max pool (``max_pool2d_nhwc``),
+dims: ``global_avg_pool_nhwc``/``max`` of the channel-last data) and a max pool (``max_pool2d_nhwc``;
+with ``ceil_mode`` the windows it adds become bottom/right padding, given static spatial dims),
 through a batch norm along the channels (a pre-activation norm: axis 3 of the channel-last
 data), a concat along the channels (axis 3; pieces that are not channel-last follow,
 transposed) and an average pool without padding of a few taps (the sum of a strided slice a
