@@ -32,7 +32,8 @@ a ``conv2d``.
 Then the transposes sink towards the consumers and cancel: through elementwise ops (whose
 other operands are transposed alike, 0-d, or transposed to follow), through a global
 average pool (``adaptive_avg_pool2d`` to 1 x 1, or ONNX's ``mean``/``max`` over the spatial
-dims: ``global_avg_pool_nhwc``/``max`` of the channel-last data) and a max pool (``max_pool2d_nhwc``),
+dims: ``global_avg_pool_nhwc``/``max`` of the channel-last data) and a max pool (``max_pool2d_nhwc``;
+with ``ceil_mode`` the windows it adds become bottom/right padding, given static spatial dims),
 through a batch norm along the channels (a pre-activation norm: axis 3 of the channel-last
 data), a concat along the channels (axis 3; pieces that are not channel-last follow,
 transposed) and an average pool without padding of a few taps (the sum of a strided slice a
@@ -572,6 +573,31 @@ def _sink_max_pool(value: Expr, m: Match) -> Expr | None:
     return permute_dims(pool, TO_NCHW)
 
 
+def _sink_ceil_max_pool(value: Expr, m: Match) -> Expr | None:
+    """``max_pool2d(permute_dims(x, TO_NCHW), ceil_mode=True)`` (float, static spatial dims) ->
+    the channel-last pool of ``x`` with the bottom and right padding grown to cover the windows
+    that ``ceil_mode`` adds, transposed. Those windows start inside the input or its top/left
+    padding (torch's rule), so each holds an input element and the grown padding (shorter than
+    the window) never decides a maximum: GoogLeNet's pools stay channel-last."""
+    assert isinstance(value, Call)
+    out, xs, info = _shape(value), _shape(value.args[0]), value.info
+    if not value.attrs.get("ceil_mode") or out is None or xs is None or not (isinstance(info, TensorInfo) and info.dtype in _DTYPES):
+        return None
+    if not all(isinstance(d, int) for d in (*xs[2:], *out[2:])):
+        return None
+    size, strides, padding, dilation = (tuple(int(i) for i in value.attrs[a]) for a in ("pool_size", "strides", "padding", "dilation"))
+    grown = list(padding)
+    for i in range(2):
+        o, d = out[2 + i], xs[2 + i]
+        assert isinstance(o, int) and isinstance(d, int)
+        need = (o - 1) * strides[i] + dilation[i] * (size[i] - 1) + 1 - d - padding[i]
+        grown[2 + i] = max(padding[2 + i], need)
+    y = _nhwc(value.args[0], m)
+    if y is None:
+        return None
+    return permute_dims(max_pool2d_nhwc(y, size, strides, grown, dilation), TO_NCHW)
+
+
 def _nhwc(x: Expr, m: Match) -> Expr | None:
     """The ``[N, H, W, C]`` data of the channel-first ``x`` where ``x`` is a layout change of
     some (``_channels_last``), else None."""
@@ -687,6 +713,7 @@ SINK_RULES = [
     Rule("sink_permute", op_call(None), _sink),
     Rule("sink_permute_global_pool", op_call("adaptive_avg_pool2d"), _sink_global_pool),
     Rule("sink_permute_max_pool", op_call("max_pool2d"), _sink_max_pool),
+    Rule("sink_permute_ceil_max_pool", op_call("max_pool2d"), _sink_ceil_max_pool),
     Rule("sink_permute_mean", op_call("mean"), _sink_spatial_reduce),
     Rule("sink_permute_max", op_call("max"), _sink_spatial_reduce),
     Rule("sink_permute_batch_norm", op_call("batch_norm"), _sink_batch_norm),
