@@ -66,8 +66,9 @@ def instrument(loaded: Any, clock: Any) -> tuple[dict[int, float], dict[int, lis
 def gemm_shape(shapes: list[Shape], consts: list[Shape]) -> tuple[int, int, int] | None:
     """``(rows, K, N)`` of a matmul kernel: a packed weight ``[P, K, 16]`` among its arguments,
     the output (the last) ``[.., N]``."""
+    shapes = [s for s in shapes if s]  # scalars (sym args) aside
     ws = [s for s in consts + shapes if len(s) == 3 and s[2] == 16]
-    if not ws or not shapes or not shapes[-1]:
+    if not ws or len(shapes) < 2:
         return None
     out = shapes[-1]
     k = ws[0][1]

@@ -24,7 +24,8 @@ PANEL = 16
 CASES = {
     "big_a": (4099, 37, 70, False),  # 4099 x 37 floats of A: past ROWS_OUTER_A_BYTES
     "seven_rows": (49, 37, 70, True),  # 49 rows: 7-row tiles divide them
-    "one_column_tile": (48, 67, 13, True),  # N within one tile, K deep enough: prefetch A
+    "one_column_tile": (1536, 67, 13, True),  # N within one tile, K and A large enough: prefetch A
+    "small_a": (48, 67, 13, True),  # as wide, too little of A to prefetch
     "columns_outer": (48, 37, 70, False),  # small A, rows a multiple of 6 and 8: the default order
 }
 

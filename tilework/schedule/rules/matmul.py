@@ -85,7 +85,7 @@ from tilework.schedule.rules.common import (
     top_nests,
 )
 from tilework.schedule.rules.inline import inline_producers
-from tilework.schedule.rules.matmul_order import least_waste, rows_outer
+from tilework.schedule.rules.matmul_order import least_waste, prefetch_rows, rows_outer
 from tilework.schedule.rules.matmul_prefetch import PARTS, prefetch_next_panel, prefetch_next_rows
 from tilework.schedule.rules.reduction import schedule_reduction
 from tilework.schedule.specialize import branch, select
@@ -471,7 +471,7 @@ def schedule_matmul(func: TensorFunc, parts: MatmulParts, mr: int, nr: int, rest
         # (few rows: the tile's one row tile prefetches all of the next, a line a k step)
         row_tiles = sym.ceildiv(i.extent, mr)
         func = prefetch_next_panel(func, parts, jo, io, k.var, pieces=PARTS if rest else 1, tiles=row_tiles, groups=groups)
-    if rest and ncol == 1 and isinstance(k.extent, int) and k.extent >= PREFETCH_ROWS_MIN_K:
+    if rest and ncol == 1 and prefetch_rows(parts, i.extent):
         func = prefetch_next_rows(func, parts, name, ii, k.var, mr)
     # Every tile's k loop runs without bounds tests: the last row (column) tile computes
     # copies of the last row (whole panels); only the store is guarded, and split where its
@@ -518,7 +518,6 @@ def rest_rows(func: TensorFunc, io: SymVar, mr: int, rows: Dim) -> TensorFunc:
 
 
 REST_STEP = 2  # the rows of a partial row tile: a multiple of this many
-PREFETCH_ROWS_MIN_K = 64  # a tile as wide as all of B, this deep or deeper, prefetches the next tile's rows of A
 
 
 def _row_loop(f: For, io: SymVar) -> bool:

@@ -33,9 +33,9 @@ A tile as wide as all of B (one column tile: MobileNet's 1x1 convs to 24 and 32 
 reads nothing but its rows of A from memory, ``MR`` rows at once, a float of each a ``k``
 step: too slow a stream for the hardware prefetcher. It prefetches the next tile's rows, a
 line a ``k`` step (``prefetch_next_rows``): MobileNetV2's 144 -> 24 conv over 8 x 3136 rows
-3.5 -> 2.4 ms, 96 -> 24 2.0 -> 1.5 ms (one thread, Zen 4). With more column tiles, or K under
-``matmul.PREFETCH_ROWS_MIN_K``, the hints cost more than they brought (16 -> 96 over 8 x 12544
-rows 4.9 -> 6.2 ms, 96 -> 576 over 8 x 196 1.75 -> 1.96 ms).
+3.5 -> 2.4 ms, 96 -> 24 2.0 -> 1.5 ms (one thread, Zen 4). Where there are more column
+tiles, K is short or a slice's rows of A few (``matmul_order.prefetch_rows``), the hints cost
+more than they brought.
 
 The prefetch is a block writing the ``prefetch`` intrinsic (a hint: its value is 0) to a
 scratch buffer of a row's lines that nothing reads; its loads are never performed (C emits
