@@ -17,7 +17,10 @@ its ``k`` loop is a full tile's; its store runs unguarded when its last lane is 
 row tiles run in a tile of as many rows rounded up to an even count, picked at run time
 (``rest_rows``), and the first row tiles of a panel prefetch the next one (``matmul_prefetch``;
 with few rows the one row tile prefetches all of it).
-An elementwise epilogue is inlined into the tile store.
+Where B is small and A large (MobileNet's pointwise convs: ``matmul_order.rows_outer``) the
+row tiles run outside instead, in parallel, each across every column, a static row count in
+tiles of 6 .. 8 rows that divide it best; a tile as wide as B prefetches the next tile's rows
+of A (``prefetch_next_rows``). An elementwise epilogue is inlined into the tile store.
 
 Few rows (decoding, short prompts): for ``B[k, j]`` one tile holds every row, ``r x NR``,
 its accumulators in L1: ``NR`` a thread's share of the columns, within ``WIDE_TILE_BYTES``
@@ -82,7 +85,8 @@ from tilework.schedule.rules.common import (
     top_nests,
 )
 from tilework.schedule.rules.inline import inline_producers
-from tilework.schedule.rules.matmul_prefetch import PARTS, prefetch_next_panel
+from tilework.schedule.rules.matmul_order import least_waste, prefetch_rows, rows_outer
+from tilework.schedule.rules.matmul_prefetch import PARTS, prefetch_next_panel, prefetch_next_rows
 from tilework.schedule.rules.reduction import schedule_reduction
 from tilework.schedule.specialize import branch, select
 from tilework.schedule.tree import (
@@ -412,19 +416,22 @@ def schedule_matmul(func: TensorFunc, parts: MatmulParts, mr: int, nr: int, rest
     # With several row dims (a linear layer on [batch, seq, k]) the last one is tiled and the
     # others join the batch loops.
     batch, i = batch + rows[:-1], loop(func, rows[-1])
+    by_rows = rest and rows_outer(parts, i.extent, mr)
     if isinstance(i.extent, int):
         mr = min(mr, i.extent)
+        if by_rows:
+            mr = least_waste(i.extent, mr)
     func, (io, ii) = lp.split_vars(func, i.var, [None, mr])
     jm: SymVar | None = None
     if strips > 1 or groups > 1:
         func, (jo, jm, ji) = lp.split_vars(func, j.var, [None, max(strips, groups), nr])
         inner = [jm, k.var, ii, ji] if strips > 1 else [k.var, ii, jm, ji]
-        func = lp.reorder(func, *batch, jo, io, *inner)
     else:
         func, (jo, ji) = lp.split_vars(func, j.var, [None, nr])
-        func = lp.reorder(func, *batch, jo, io, k.var, ii, ji)
+        inner = [k.var, ii, ji]
+    func = lp.reorder(func, *batch, *((io, jo) if by_rows else (jo, io)), *inner)
     before = func
-    tile = jm if strips > 1 and jm is not None else io
+    tile = jm if strips > 1 and jm is not None else jo if by_rows else io
     func = cache_write(func, name, tile)
     store = new_blocks(before, func)[0]
     before = func
@@ -437,7 +444,10 @@ def schedule_matmul(func: TensorFunc, parts: MatmulParts, mr: int, nr: int, rest
     # Enough column tiles keep every thread busy without fusing in the row tiles, whose
     # index would then need a division in the inner loops.
     ncol = loop(func, jo).extent
-    par = batch + [jo] if isinstance(ncol, int) and ncol >= MIN_COLUMN_TILES else batch + [jo, io]
+    if by_rows:
+        par = batch + [io]
+    else:
+        par = batch + [jo] if isinstance(ncol, int) and ncol >= MIN_COLUMN_TILES else batch + [jo, io]
     p = path_of(func, loop(func, par[0]))
     if len(par) > 1:
         func = lp.fuse(func, *par)
@@ -461,6 +471,8 @@ def schedule_matmul(func: TensorFunc, parts: MatmulParts, mr: int, nr: int, rest
         # (few rows: the tile's one row tile prefetches all of the next, a line a k step)
         row_tiles = sym.ceildiv(i.extent, mr)
         func = prefetch_next_panel(func, parts, jo, io, k.var, pieces=PARTS if rest else 1, tiles=row_tiles, groups=groups)
+    if rest and ncol == 1 and prefetch_rows(parts, i.extent):
+        func = prefetch_next_rows(func, parts, name, ii, k.var, mr)
     # Every tile's k loop runs without bounds tests: the last row (column) tile computes
     # copies of the last row (whole panels); only the store is guarded, and split where its
     # last lane is in bounds. A guard that stays in k (a column read that is not a panel's)
