@@ -9,5 +9,6 @@ from __future__ import annotations
 from tilework.schedule.rules import attention, elementwise, fallback, gemv, matmul, reduction, stencil, winograd_images
 
 RULES = (attention, winograd_images, matmul, gemv, reduction, stencil, elementwise)
+winograd_images.STEP_RULES = (matmul, gemv, reduction, stencil, elementwise, fallback)  # a step of one image
 
 __all__ = ["RULES", "attention", "elementwise", "fallback", "gemv", "matmul", "reduction", "stencil", "winograd_images"]

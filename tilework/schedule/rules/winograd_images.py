@@ -18,9 +18,9 @@ it scratch allocations and a sequence of loop nests holding the steps' blocks.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
-from tilework.errors import ScheduleError
+from tilework.errors import ScheduleError, TileworkError
 from tilework.ir import sym, sym_walk
 from tilework.ir.loop import Allocate, Block, Buffer, For, IterVar, Load, Scalar, SeqStmt, Stmt, Store, TensorFunc, free_sym_vars, stmt_scalars, walk_scalars, walk_stmts
 from tilework.ir.sym import Dim, SymExpr, SymVar
@@ -32,6 +32,7 @@ from tilework.schedule.rules.inline import repeats_work
 from tilework.schedule.tree import blocks_of, children, leaves, with_children
 
 NAME = "winograd_images"
+STEP_RULES: tuple[Any, ...] = ()  # the rules for one step, in order, the fallback last (set by ``tilework.schedule.rules``)
 
 
 def _image_loop(func: TensorFunc) -> For | None:
@@ -125,9 +126,6 @@ def _schedule_step(step: Stmt, image: SymVar, batch: Dim, per: dict[Buffer, Buff
     buffers the step writes and its epilogue reads that nothing else needs (the conv's
     result): they become the step's own scratch of one image, inlined into their readers
     where valid."""
-    from tilework.schedule import default_schedule
-    from tilework.schedule.rules import RULES
-
     one: Stmt = rebase(step, {b: (p, _shift(sym.sub(0, image))) for b, p in per.items()})
     if epilogue:
         one = SeqStmt((one, *epilogue))
@@ -144,9 +142,22 @@ def _schedule_step(step: Stmt, image: SymVar, batch: Dim, per: dict[Buffer, Buff
                 func = compute_inline(func, writers[0].name)
             except ScheduleError:
                 pass
-    done = default_schedule(func, rules=[r for r in RULES if r.NAME != NAME])
+    done = _scheduled(func)
     back = {p: (b, _shift(image)) for b, p in per.items() if b not in scratch}
     return rebase(done.body, back)
+
+
+def _scheduled(func: TensorFunc) -> TensorFunc:
+    """``func`` scheduled by the first of ``STEP_RULES`` that applies (as
+    ``tilework.schedule.default_schedule`` does; left as it is where none does)."""
+    for rule in STEP_RULES:
+        try:
+            out = rule.apply(func)
+        except TileworkError:
+            out = None
+        if out is not None:
+            return out
+    return func
 
 
 def _strip(s: Stmt, drop: set[Buffer]) -> Stmt:
