@@ -261,3 +261,19 @@ def test_one_image_at_a_time_at_odd_sizes(monkeypatch: Any, h: int, w: int, padd
         want = conv_ref(x.transpose(0, 3, 1, 2), k, b, (1, 1), padding, (1, 1), 1).transpose(0, 2, 3, 1)
         for got in (run_const(x), run_params(x, *packed)):
             np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_large_images_run_one_image_at_a_time() -> None:
+    """``_per_image``: DenseNet-121's 56 x 56 3x3 conv (128 -> 32, 6.4 MB of transformed input
+    an image) becomes ``winograd_conv_nhwc``; at 7 x 7 it stays the three ops (the weight is
+    larger than an image's transformed input)."""
+    for hw, want in ((56, "winograd_conv_nhwc"), (7, "winograd_input_nhwc")):
+        bb = BlockBuilder()
+        x = Var("x", TensorInfo((tw.dim("n"), 128, hw, hw), "float32"))
+        wv = np.zeros((32, 128, 3, 3), np.float32)
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                out = bb.emit_output(tw.op.conv2d(x, Constant.of(wv), padding=1))
+            bb.emit_func_output(out)
+        ops = _ops(ConvGemm()(bb.get()))
+        assert want in ops and {"winograd_conv_nhwc", "winograd_input_nhwc"} - {want} - set(ops), ops

@@ -15,6 +15,10 @@ channel pair of a direct convolution become 4, done as 16 independent matmuls.
   M[a, b, n, h // 2, w // 2, o] (+ bias[o])`` of ``M`` viewed ``[4, 4, N, TH, TW, O]``, cut to the
   conv's ``[N, height, width, O]``.
 
+Where an image's transformed input is large, ``tilework.op.winograd_images`` runs the same three
+steps in one kernel, one image at a time (``input_patch`` and ``output_gather`` are the steps'
+compute bodies, shared).
+
 The transforms read their coefficients from small constant tables (one scalar load per tap
 pair, hoisted out of the loop over channels, which is vectorized), and sum only the terms whose
 coefficient is not zero: 4 of each input patch's 16 (``BT`` has two nonzeros a row), 9 of the
