@@ -47,7 +47,7 @@ TESTED_APART |= {"check_index"}
 TESTED_APART |= {"im2col", "max_pool2d_nhwc", "depthwise_conv2d_nhwc", "global_avg_pool_nhwc", "direct_conv2d_nhwc"}
 # the Winograd convolution's three ops: tests/transform/test_winograd.py (against the float64
 # reference and the im2col path, at a symbolic batch and odd sizes)
-TESTED_APART |= {"winograd_input_nhwc", "batch_linear_io", "winograd_output_nhwc"}
+TESTED_APART |= {"winograd_input_nhwc", "batch_linear_io", "winograd_output_nhwc", "winograd_conv_nhwc"}
 # tests/op/test_grouped_conv.py (grouped_conv2d_nhwc against the float64 conv at symbolic dims)
 TESTED_APART |= {"grouped_conv2d_nhwc"}
 

@@ -223,3 +223,57 @@ def test_linear_on_a_symbolic_multiple_of_the_row_tile() -> None:
     for b in (1, 2):
         xv = np.random.default_rng(b).standard_normal((b, 16, 40)).astype(np.float32)
         np.testing.assert_allclose(np.asarray(run(xv)), xv.reshape(-1, 40) @ wv.T, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("h, w, padding, bias", [(7, 5, (1, 1, 1, 1), True), (6, 9, (0, 2, 1, 0), False), (3, 3, (0, 0, 0, 0), True)])
+def test_one_image_at_a_time_at_odd_sizes(monkeypatch: Any, h: int, w: int, padding: tuple[int, int, int, int], bias: bool) -> None:
+    """Convs over large images run as ``winograd_conv_nhwc`` (its three steps one image at a
+    time, scheduled by the ``winograd_images`` rule); forced here at small sizes, with
+    constant and param weights, at a symbolic batch of 1 and 3."""
+    monkeypatch.setattr(conv_gemm, "_per_image", lambda *_: True)
+    n = tw.dim("n")
+    rng = np.random.default_rng(8)
+    k = rng.standard_normal((40, C, 3, 3)).astype(np.float32)  # 40 outputs: a partial panel
+    b = rng.standard_normal(40).astype(np.float32) if bias else None
+
+    def module(weight: Any) -> tw.IRModule:
+        bb = BlockBuilder()
+        x = Var("x", TensorInfo((n, h, w, C), "float32"))
+        params = [x] + ([weight] if isinstance(weight, Var) else [])
+        with bb.function("main", params, attrs={"num_inputs": 1}):
+            with bb.dataflow():
+                xt = bb.emit(tw.op.permute_dims(x, (0, 3, 1, 2)))  # channel-last data, as between convs
+                y = bb.emit(tw.op.conv2d(xt, weight, None if b is None else Constant.of(b), padding=padding))
+                out = bb.emit_output(tw.op.permute_dims(y, (0, 2, 3, 1)))
+            bb.emit_func_output(out)
+        return bb.get()
+
+    const = LayoutWeights()(module(Constant.of(k)))
+    params = LayoutWeights(params=True)(module(Var("k", TensorInfo(k.shape, "float32"))))
+    for mod in (const, params):
+        assert "winograd_conv_nhwc" in _ops(mod) and "winograd_input_nhwc" not in _ops(mod), _ops(mod)
+    ex = tw.build(const)
+    assert any(f.attrs.get("schedule_rule") == "winograd_images" for f in ex.kernel_funcs.values())
+    run_const, run_params = tw.VM(ex)["main"], tw.VM(tw.build(params))["main"]
+    packed = pack_weights(params, [k])
+    for batch in (1, 3):
+        x = rng.standard_normal((batch, h, w, C)).astype(np.float32)
+        want = conv_ref(x.transpose(0, 3, 1, 2), k, b, (1, 1), padding, (1, 1), 1).transpose(0, 2, 3, 1)
+        for got in (run_const(x), run_params(x, *packed)):
+            np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_large_images_run_one_image_at_a_time() -> None:
+    """``_per_image``: DenseNet-121's 56 x 56 3x3 conv (128 -> 32, 6.4 MB of transformed input
+    an image) becomes ``winograd_conv_nhwc``; at 7 x 7 it stays the three ops (the weight is
+    larger than an image's transformed input)."""
+    for hw, want in ((56, "winograd_conv_nhwc"), (7, "winograd_input_nhwc")):
+        bb = BlockBuilder()
+        x = Var("x", TensorInfo((tw.dim("n"), 128, hw, hw), "float32"))
+        wv = np.zeros((32, 128, 3, 3), np.float32)
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                out = bb.emit_output(tw.op.conv2d(x, Constant.of(wv), padding=1))
+            bb.emit_func_output(out)
+        ops = _ops(ConvGemm()(bb.get()))
+        assert want in ops and {"winograd_conv_nhwc", "winograd_input_nhwc"} - {want} - set(ops), ops

@@ -10,6 +10,7 @@ from tilework.op import calls, create, elementwise, linalg, manipulate, nn, redu
 from tilework.op import conv, index, norm_extra
 from tilework.op import conv_nhwc as _conv_nhwc  # noqa: F401  (registers im2col, max_pool2d_nhwc)
 from tilework.op import winograd as _winograd  # noqa: F401  (registers the Winograd transforms)
+from tilework.op import winograd_images as _winograd_images  # noqa: F401  (registers the per-image Winograd conv)
 from tilework.op import grouped_conv as _grouped_conv  # noqa: F401  (registers grouped_conv2d_nhwc)
 from tilework.op import bitwise, math, pad, search, shape  # the ONNX frontend's families
 from tilework.op import vm  # ops of lowered programs (vm_*, assert_dims)

@@ -15,6 +15,10 @@ channel pair of a direct convolution become 4, done as 16 independent matmuls.
   M[a, b, n, h // 2, w // 2, o] (+ bias[o])`` of ``M`` viewed ``[4, 4, N, TH, TW, O]``, cut to the
   conv's ``[N, height, width, O]``.
 
+Where an image's transformed input is large, ``tilework.op.winograd_images`` runs the same three
+steps in one kernel, one image at a time (``input_patch`` and ``output_gather`` are the steps'
+compute bodies, shared).
+
 The transforms read their coefficients from small constant tables (one scalar load per tap
 pair, hoisted out of the loop over channels, which is vectorized), and sum only the terms whose
 coefficient is not zero: 4 of each input patch's 16 (``BT`` has two nonzeros a row), 9 of the
@@ -31,7 +35,7 @@ with coefficients 0, 1/2 and 1 (a few ulps of the sum of the products' magnitude
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
@@ -108,6 +112,48 @@ def _table(name: str, dtype: str) -> tuple[Constant, te.Tensor]:
     return _constant(name, dtype), te.placeholder(_TABLES[name].shape, dtype, "coef")
 
 
+def tables(dtype: str) -> tuple[tuple[Constant, te.Tensor], tuple[Constant, te.Tensor]]:
+    """The ``BT`` and ``AT`` coefficient tables in ``dtype``: each the constant a kernel is
+    called with and the placeholder its transform reads."""
+    return _table("BT", dtype), _table("AT", dtype)
+
+
+def input_patch(xp: te.Tensor, bt: te.Tensor) -> Callable[..., Scalar]:
+    """``V[a, b, n, i, j, c]`` of the padded ``xp: [N, H, W, C]`` (``bt`` the ``BT`` table): the
+    input transform's compute body, summing only the nonzero coefficients (4 terms of 16)."""
+
+    def patch(a: Scalar, b: Scalar, n: Scalar, i: Scalar, j: Scalar, c: Scalar) -> Scalar:
+        total: Scalar | None = None
+        for r in _bt_nonzero(a):
+            for s in _bt_nonzero(b):
+                term = bt[a, r] * bt[b, s] * xp[n, i * TILE + r, j * TILE + s, c]
+                total = term if total is None else total + term
+        assert total is not None
+        return total
+
+    return patch
+
+
+def output_gather(m: te.Tensor, at: te.Tensor, bias: te.Tensor | None) -> Callable[..., Scalar]:
+    """``y[n, h, w, o]`` of the products ``m: [4, 4, N, TH, TW, O]`` (``at`` the ``AT`` table),
+    plus ``bias[o]``: the output transform's compute body (9 terms of 16)."""
+
+    def gather(n: Scalar, h: Scalar, w: Scalar, o: Scalar) -> Scalar:
+        r, s = sym.floormod(h, TILE), sym.floormod(w, TILE)  # type: ignore[arg-type]
+        th, tw = sym.floordiv(h, TILE), sym.floordiv(w, TILE)  # type: ignore[arg-type]
+        total: Scalar | None = None if bias is None else bias[o]
+        # only the nonzero coefficients: row r of AT is nonzero at r .. r + 2
+        for t in range(TAPS):
+            for q in range(TAPS):
+                a, b = sym.add(r, t), sym.add(s, q)
+                term = at[r, a] * at[s, b] * m[a, b, n, th, tw, o]
+                total = term if total is None else total + term
+        assert total is not None
+        return total
+
+    return gather
+
+
 def _legalize_input(call: Call, ctx: "LegalizeCtx") -> Expr:
     x = arg(call, 0, "x")
     shape, dtype = out_tensor(call)
@@ -119,18 +165,7 @@ def _legalize_input(call: Call, ctx: "LegalizeCtx") -> Expr:
     right = max(right, TILE * tw + ALPHA - TILE - x.shape[2] - left)
     x_in, xp = _padded_nhwc(ctx, call.args[0], x, (top, left, bottom, right), 0.0, "winograd_pad")
     table, bt = _table("BT", dtype)
-
-    def patch(a: Scalar, b: Scalar, n: Scalar, i: Scalar, j: Scalar, c: Scalar) -> Scalar:
-        # only the nonzero coefficients: 4 terms of the 16 (see _BT_NONZERO)
-        total: Scalar | None = None
-        for r in _bt_nonzero(a):
-            for s in _bt_nonzero(b):
-                term = bt[a, r] * bt[b, s] * xp[n, i * TILE + r, j * TILE + s, c]
-                total = term if total is None else total + term
-        assert total is not None
-        return total
-
-    out = te.compute(tuple(shape), patch, "winograd_input", dtype)
+    out = te.compute(tuple(shape), input_patch(xp, bt), "winograd_input", dtype)
     return _call_gather(ctx, "winograd_input", [x_in, table], [xp, bt], [out], call.info)
 
 
@@ -173,20 +208,7 @@ def _legalize_output(call: Call, ctx: "LegalizeCtx") -> Expr:
     shape, dtype = out_tensor(call)
     table, at = _table("AT", dtype)
 
-    def gather(n: Scalar, h: Scalar, w: Scalar, o: Scalar) -> Scalar:
-        r, s = sym.floormod(h, TILE), sym.floormod(w, TILE)  # type: ignore[arg-type]
-        th, tw = sym.floordiv(h, TILE), sym.floordiv(w, TILE)  # type: ignore[arg-type]
-        total: Scalar | None = None if bias is None else bias[o]
-        # only the nonzero coefficients: row r of AT is nonzero at r .. r + 2 (9 terms of 16)
-        for t in range(TAPS):
-            for q in range(TAPS):
-                a, b = sym.add(r, t), sym.add(s, q)
-                term = at[r, a] * at[s, b] * m[a, b, n, th, tw, o]
-                total = term if total is None else total + term
-        assert total is not None
-        return total
-
-    out = te.compute(tuple(shape), gather, "winograd_output", dtype)
+    out = te.compute(tuple(shape), output_gather(m, at, bias), "winograd_output", dtype)
     inputs = [m, at] if bias is None else [m, at, bias]
     args = [call.args[0], table] if bias is None else [call.args[0], table, call.args[1]]
     return _call_gather(ctx, "winograd_output", args, inputs, [out], call.info)
@@ -200,4 +222,4 @@ def winograd_output_nhwc(m: Expr, bias: Expr | None, height: int, width: int) ->
     return make_call("winograd_output_nhwc", [m] if bias is None else [m, bias], height=height, width=width)
 
 
-__all__ = ["ALPHA", "AT", "BT", "G", "TAPS", "TILE", "tiles", "transformed_kernel", "winograd_input_nhwc", "winograd_output_nhwc"]
+__all__ = ["ALPHA", "AT", "BT", "G", "TAPS", "TILE", "input_patch", "output_gather", "tables", "tiles", "transformed_kernel", "winograd_input_nhwc", "winograd_output_nhwc"]

@@ -15,7 +15,11 @@ spatial dims and at least ``WINOGRAD_MIN_CHANNELS`` channels in and out, runs as
 F(2, 3) instead (``tilework.op.winograd``: 4 multiplies per output and channel pair instead of
 9): ``winograd_output_nhwc(batch_linear_io(winograd_input_nhwc(x), u), b)``, its weight
 transformed and packed at compile time (``winograd_weight``; a weight param listed in
-``winograd_weights``). ResNet-18 at batch 8 runs 1.2x faster than through im2col. A conv of
+``winograd_weights``). ResNet-18 at batch 8 runs 1.2x faster than through im2col. Where an
+image's transformed input is large (``_per_image``: at least ``WINOGRAD_IMAGE_MIN_BYTES``, and
+larger than the transformed weight) the three steps are one op, ``winograd_conv_nhwc``, whose
+kernel runs them one image at a time, so that the transformed data stays in cache at any
+batch (``tilework.op.winograd_images``). A conv of
 at most ``DIRECT_MAX_CHANNELS`` input channels (a network's stem, reading an image) and
 ``DIRECT_MAX_OUT`` output channels becomes
 ``direct_conv2d_nhwc``: one sum of products per output, reading the channel-first input as it
@@ -70,6 +74,7 @@ from tilework.op.linalg import batch_linear_io, linear
 from tilework.op.elementwise import add, divide
 from tilework.op.manipulate import concat, permute_dims, reshape, strided_slice
 from tilework.op.winograd import ALPHA, TAPS, tiles, transformed_kernel, winograd_input_nhwc, winograd_output_nhwc
+from tilework.op.winograd_images import winograd_conv_nhwc
 from tilework.pattern.core import Match, op_call
 from tilework.transform.base import Pass
 from tilework.transform.dead_code_elimination import DeadCodeElimination
@@ -81,6 +86,7 @@ ATTR = "conv_weights"  # params of main given as [O, C, KH, KW], taken as [O, KH
 DEPTHWISE = "depthwise_weights"  # params of main given as [C, 1, KH, KW], taken as [KH * KW, C]
 WINOGRAD = "winograd_weights"  # params of main given as [O, C, 3, 3], taken as winograd_weight's
 WINOGRAD_MIN_CHANNELS = 32  # fewer input or output channels: im2col (the 16 small products would not pay)
+WINOGRAD_IMAGE_MIN_BYTES = 1 << 20  # an image's transformed input at least this: one image at a time
 DIRECT = "direct_conv_weights"  # params of main given as [O, C, KH, KW], taken as [KH * KW * C, O]
 DIRECT_MAX_CHANNELS = 4  # input channels up to this (an image's) ...
 DIRECT_MAX_OUT = 16  # ... and output channels up to this: direct_conv2d_nhwc, no column matrix
@@ -160,6 +166,20 @@ def _winograd(call: Call) -> bool:
         and tuple(int(i) for i in call.attrs["strides"]) == (1, 1) and tuple(int(i) for i in call.attrs["dilation"]) == (1, 1)
         and all(isinstance(d, int) for d in x.shape[2:])
     )  # fmt: skip
+
+
+def _w_dtype(call: Call) -> str:
+    info = call.args[1].info
+    assert isinstance(info, TensorInfo) and info.dtype is not None
+    return info.dtype
+
+
+def _per_image(tiles_per_image: int, c: int, o: int, dtype: str) -> bool:
+    """Whether a Winograd conv runs one image at a time (``winograd_conv_nhwc``): where an
+    image's transformed input (``16 x tiles x C``) is at least ``WINOGRAD_IMAGE_MIN_BYTES``
+    and larger than the transformed weight (``16 x C x O``, read again for every image)."""
+    size = np.dtype(dtype).itemsize * ALPHA * ALPHA
+    return size * tiles_per_image * c >= WINOGRAD_IMAGE_MIN_BYTES and tiles_per_image >= o
 
 
 def _pointwise(call: Call) -> bool:
@@ -379,12 +399,16 @@ class _Convs:
             return None
         (n, _, oh, ow), (o, c) = out, w[:2]
         assert isinstance(oh, int) and isinstance(ow, int)  # static spatial dims (_winograd)
-        v = winograd_input_nhwc(self.channels_last(value.args[0], m), tuple(int(i) for i in value.attrs["padding"]))
+        padding = tuple(int(i) for i in value.attrs["padding"])
+        bias = value.args[2] if len(value.args) == 3 else None
         th, tw = tiles(oh), tiles(ow)
+        self.changed += 1
+        if _per_image(th * tw, c, o, _w_dtype(value)):
+            return permute_dims(winograd_conv_nhwc(self.channels_last(value.args[0], m), u, bias, padding, o), TO_NCHW)
+        v = winograd_input_nhwc(self.channels_last(value.args[0], m), padding)
         rows = sym.mul(n, th * tw)
         prod = batch_linear_io(reshape(v, (ALPHA * ALPHA, rows, c)), u, o)
-        y = winograd_output_nhwc(reshape(prod, (ALPHA, ALPHA, n, th, tw, o)), value.args[2] if len(value.args) == 3 else None, oh, ow)
-        self.changed += 1
+        y = winograd_output_nhwc(reshape(prod, (ALPHA, ALPHA, n, th, tw, o)), bias, oh, ow)
         return permute_dims(y, TO_NCHW)
 
     def rewrite(self, value: Expr, m: Match) -> Expr | None:

@@ -6,8 +6,9 @@ The fallback applies to every function.
 
 from __future__ import annotations
 
-from tilework.schedule.rules import attention, elementwise, fallback, gemv, matmul, reduction, stencil
+from tilework.schedule.rules import attention, elementwise, fallback, gemv, matmul, reduction, stencil, winograd_images
 
-RULES = (attention, matmul, gemv, reduction, stencil, elementwise)
+RULES = (attention, winograd_images, matmul, gemv, reduction, stencil, elementwise)
+winograd_images.STEP_RULES = (matmul, gemv, reduction, stencil, elementwise, fallback)  # a step of one image
 
-__all__ = ["RULES", "attention", "elementwise", "fallback", "gemv", "matmul", "reduction", "stencil"]
+__all__ = ["RULES", "attention", "elementwise", "fallback", "gemv", "matmul", "reduction", "stencil", "winograd_images"]
