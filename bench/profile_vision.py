@@ -64,13 +64,16 @@ def instrument(loaded: Any, clock: Any) -> tuple[dict[int, float], dict[int, lis
 
 
 def gemm_shape(shapes: list[Shape], consts: list[Shape]) -> tuple[int, int, int] | None:
-    """``(rows, K, N)`` of a matmul kernel: a packed weight ``[P, K, 16]`` among its arguments,
-    the output (the last) ``[.., N]``."""
+    """``(rows, K, N)`` of a matmul kernel: a packed weight ``[P, K, 16]`` among its arguments
+    (``P`` the panels of ``N``: an activation ``[.., K, 16]`` is not taken for it), the output
+    (the last) ``[.., N]``."""
     shapes = [s for s in shapes if s]  # scalars (sym args) aside
-    ws = [s for s in consts + shapes if len(s) == 3 and s[2] == 16]
-    if not ws or len(shapes) < 2:
+    if len(shapes) < 2:
         return None
     out = shapes[-1]
+    ws = [s for s in consts + shapes[:-1] if len(s) == 3 and s[2] == 16 and s[0] == -(-out[-1] // 16)]
+    if not ws:
+        return None
     k = ws[0][1]
     return int(np.prod(out[:-1])), k, out[-1]
 
