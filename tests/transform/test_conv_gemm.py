@@ -83,6 +83,22 @@ def test_convs_become_linears_between_channel_last_data(compiled: tuple[Any, Any
     assert len(main.attrs[ATTR]) == 6 + 2 + 1 and len(main.attrs[DEPTHWISE]) == 1 and len(main.attrs[DIRECT]) == 1 + 1  # the stem's, the grouped conv's
 
 
+def compile_with_random_norms(model: Any, image: tuple[int, ...]) -> tuple[Any, Any]:
+    """``model`` in eval mode with random batch-norm statistics and affine parameters, and its
+    compilation at a symbolic batch (1..8) for inputs ``[batch, *image]``."""
+    torch.manual_seed(0)
+    model = model.eval()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 1.5)
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.5, 0.5)
+    batch = torch.export.Dim("batch", min=1, max=8)
+    return model, tw.compile(model, (torch.randn(2, *image),), ({0: batch},))
+
+
 def matches_torch(model: Any, cm: Any, image: tuple[int, ...], batches: tuple[int, ...] = (1, 3)) -> None:
     """``cm`` computes what ``model`` does, within 1e-4, at each batch size for a random input
     of ``[batch, *image]``."""

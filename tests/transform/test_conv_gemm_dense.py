@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import tilework as tw
-from tests.transform.test_conv_gemm import _ops, matches_torch
+from tests.transform.test_conv_gemm import _ops, compile_with_random_norms, matches_torch
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
@@ -44,16 +44,7 @@ class Dense(nn.Module):  # type: ignore[name-defined]
 @pytest.fixture(scope="module")
 def compiled() -> tuple[Any, Any]:
     torch.manual_seed(0)
-    model = Dense().eval()
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.5, 0.5)
-                m.running_var.uniform_(0.5, 1.5)
-                m.weight.uniform_(0.5, 1.5)
-                m.bias.uniform_(-0.5, 0.5)
-    batch = torch.export.Dim("batch", min=1, max=8)
-    return model, tw.compile(model, (torch.randn(2, 3, 9, 7),), ({0: batch},))
+    return compile_with_random_norms(Dense(), (3, 9, 7))
 
 
 def test_the_dense_block_runs_channel_last(compiled: tuple[Any, Any]) -> None:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tilework as tw
-from tests.transform.test_conv_gemm import _ops
+from tests.transform.test_conv_gemm import _ops, compile_with_random_norms
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
@@ -60,16 +60,7 @@ class Tiny(nn.Module):  # type: ignore[name-defined]
 @pytest.fixture(scope="module")
 def compiled() -> tuple[Any, Any]:
     torch.manual_seed(0)
-    model = Tiny().eval()
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.5, 0.5)
-                m.running_var.uniform_(0.5, 1.5)
-                m.weight.uniform_(0.5, 1.5)
-                m.bias.uniform_(-0.5, 0.5)
-    batch = torch.export.Dim("batch", min=1, max=8)
-    return model, tw.compile(model, (torch.randn(2, 3, 15, 13),), ({0: batch},))
+    return compile_with_random_norms(Tiny(), (3, 15, 13))
 
 
 def test_the_ceil_mode_pools_run_channel_last(compiled: tuple[Any, Any]) -> None:
