@@ -44,6 +44,7 @@ from tilework.ir import sym
 from tilework.ir.graph import Call, Constant, Expr
 from tilework.ir.info import StructInfo, TensorInfo, shape_str
 from tilework.ir.loop import Scalar
+from tilework.ir.sym import Dim
 from tilework.op.base import InferCtx, Op, OpPattern, make_call, register, require_equal, require_float, tensor_arg
 from tilework.op.conv import _call_gather, _ints_attr
 from tilework.op.conv_nhwc import _padded_nhwc
@@ -82,6 +83,18 @@ def transformed_kernel(w: np.ndarray) -> np.ndarray:
     return u.astype(w.dtype)
 
 
+def output_hw(shape: tuple[Dim, ...], padding: Sequence[int], ctx: InferCtx) -> tuple[int, int]:
+    """The output height and width of a 3x3 conv of ``[N, H, W, C]`` data with ``padding``
+    (top, left, bottom, right); static spatial dims only."""
+    h, w = shape[1], shape[2]
+    if not (isinstance(h, int) and isinstance(w, int)):
+        raise ctx.shape_error(f"needs static spatial dims, got input shape {shape_str(shape)}")
+    oh, ow = h + padding[0] + padding[2] - TAPS + 1, w + padding[1] + padding[3] - TAPS + 1
+    if oh < 1 or ow < 1:
+        raise ctx.shape_error(f"input {shape_str(shape)} with padding {tuple(padding)} is smaller than the 3x3 kernel")
+    return oh, ow
+
+
 def _infer_input(call: Call, ctx: InferCtx) -> StructInfo:
     x = tensor_arg(call, 0, ctx)
     require_float(x, ctx)
@@ -90,12 +103,7 @@ def _infer_input(call: Call, ctx: InferCtx) -> StructInfo:
         raise ctx.shape_error(f"input must be 4-D [batch, height, width, channels], got shape {shape_str(x.shape)}")
     if x.shape is None:
         return TensorInfo(None, x.dtype, 6)
-    h, w = x.shape[1], x.shape[2]
-    if not (isinstance(h, int) and isinstance(w, int)):
-        raise ctx.shape_error(f"needs static spatial dims, got input shape {shape_str(x.shape)}")
-    oh, ow = h + padding[0] + padding[2] - TAPS + 1, w + padding[1] + padding[3] - TAPS + 1
-    if oh < 1 or ow < 1:
-        raise ctx.shape_error(f"input {shape_str(x.shape)} with padding {tuple(padding)} is smaller than the 3x3 kernel")
+    oh, ow = output_hw(x.shape, padding, ctx)
     return TensorInfo((ALPHA, ALPHA, x.shape[0], tiles(oh), tiles(ow), x.shape[3]), x.dtype)
 
 

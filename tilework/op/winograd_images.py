@@ -35,7 +35,7 @@ from tilework.op.conv import _inside, _ints_attr
 from tilework.op.conv_nhwc import _padded_nhwc
 from tilework.op.kernel import arg, compute_dtype, out_tensor
 from tilework.op.linalg import _panel_dot
-from tilework.op.winograd import ALPHA, TAPS, TILE, input_patch, output_gather, tables, tiles
+from tilework.op.winograd import ALPHA, TILE, input_patch, output_gather, output_hw, tables, tiles
 
 if TYPE_CHECKING:
     from tilework.transform.legalize import LegalizeCtx
@@ -66,12 +66,7 @@ def _infer(call: Call, ctx: InferCtx) -> StructInfo:
             require_equal(bias.shape[0] if len(bias.shape) == 1 else -1, o, ctx, f"bias {shape_str(bias.shape)} must be [{o}]")
     if x.shape is None:
         return TensorInfo(None, x.dtype, 4)
-    h, w = x.shape[1], x.shape[2]
-    if not (isinstance(h, int) and isinstance(w, int)):
-        raise ctx.shape_error(f"needs static spatial dims, got input shape {shape_str(x.shape)}")
-    oh, ow = h + padding[0] + padding[2] - TAPS + 1, w + padding[1] + padding[3] - TAPS + 1
-    if oh < 1 or ow < 1:
-        raise ctx.shape_error(f"input {shape_str(x.shape)} with padding {tuple(padding)} is smaller than the 3x3 kernel")
+    oh, ow = output_hw(x.shape, padding, ctx)
     return TensorInfo((x.shape[0], oh, ow, o), x.dtype)
 
 
