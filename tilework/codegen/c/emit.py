@@ -41,7 +41,7 @@ from typing import Iterable, Iterator, Mapping
 
 from tilework.codegen.c import lowp
 from tilework.codegen.c.dot import dot_bf16_loop, flat_dim, side_by_side
-from tilework.codegen.c.hoist import divmods, invariant_exprs, nested_divmods, stmt_dims, unswitch_plan, unswitch_select
+from tilework.codegen.c.hoist import divmods, invariant_exprs, nested_divmods, positive_linear, stmt_dims, unswitch_plan, unswitch_select
 from tilework.codegen.c.parallel import loop_conflict, parallel_work
 from tilework.codegen.c.prelude import PRELUDE
 from tilework.codegen.loop_emit import LoopEmitter, comment, const_value
@@ -526,7 +526,7 @@ class _Emitter(LoopEmitter):
                 if fv & nest:
                     return None
                 continue
-            if not fv <= nest or not _positive_linear(iv.binding):
+            if not fv <= nest or not positive_linear(iv.binding):
                 return None
             used |= fv
         if used != nest:
@@ -792,15 +792,6 @@ class _Emitter(LoopEmitter):
         if x.name not in _FLOAT_FN:
             raise self.error(f"unknown intrinsic {x.name!r}")
         return f"{_FLOAT_FN[x.name]}{s}({a})"
-
-
-def _positive_linear(d: Dim) -> bool:
-    """``d`` is a sum of distinct vars with positive coefficients and no constant."""
-    if isinstance(d, SymVar):
-        return True
-    if not isinstance(d, Poly) or d.const != 0:
-        return False
-    return all(len(m) == 1 and isinstance(m[0], SymVar) and c > 0 for m, c in d.terms)
 
 
 __all__ = ["CModule", "emit_module", "emit_function", "c_symbols"]

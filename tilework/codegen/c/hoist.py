@@ -261,3 +261,12 @@ def divmods(e: Dim) -> set[Dim]:
     if isinstance(e, (Min, Max)):
         return divmods(e.a) | divmods(e.b)
     return set()
+
+
+def positive_linear(d: Dim) -> bool:
+    """``d`` is a sum of distinct vars with positive coefficients and no constant."""
+    if isinstance(d, SymVar):
+        return True
+    if not isinstance(d, Poly) or d.const != 0:
+        return False
+    return all(len(m) == 1 and isinstance(m[0], SymVar) and c > 0 for m, c in d.terms)
