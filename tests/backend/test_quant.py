@@ -3,7 +3,7 @@
 random k-quant blocks and SmolLM2's own blocks), at rows 0 to 128 (GEMV and GEMM paths) and odd
 shapes; offloading through ``tilework.build``; refusals with clear errors.
 
-q4_0, q4_1, q5_0, q5_1 and q8_0 run the integer path (``x`` quantized to 8-bit blocks): a NumPy emulation
+q4_0, q4_1, q5_0, q5_1, q8_0 and q4_k run the integer path (``x`` quantized to 8-bit blocks): a NumPy emulation
 of it (the same quantization, exact integer block sums, the float scales) is the reference to
 float32-summation tolerance; the dequantized float32 product is within
 ``quant.activation_bound``; the quantization of ``x`` is bit-exact; and the bits of a row's
@@ -101,8 +101,11 @@ def quantize_x(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def block_fields(b: np.ndarray, fmt: str, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The integer weights ``q_w`` (``[N, K/32, 32]``), ``d`` and ``m`` (q4_1, q5_1; else zeros) of blocks."""
+    """The integer weights ``q_w`` (``[N, K/32, 32]``), ``d`` and ``m`` (q4_1, q5_1, q4_k; else
+    zeros) of blocks; q4_k per 32-weight sub-block: ``d * scale`` and ``-(dmin * min)``."""
     n, size = b.shape[0], QUANT_FORMATS[fmt].nbytes
+    if fmt == "q4_k":
+        return q4_k_fields(b, k)
     bb = b.reshape(n, k // 32, size)
     half = lambda at: bb[..., at : at + 2].copy().view(np.float16)[..., 0].astype(np.float32)  # noqa: E731
     if fmt in Q5:  # the nibbles with bit l of the uint32 qh after d (and m) as weight l's fifth
@@ -118,6 +121,23 @@ def block_fields(b: np.ndarray, fmt: str, k: int) -> tuple[np.ndarray, np.ndarra
     if fmt == "q4_0":
         return qw - 8, half(0), np.zeros((n, k // 32), np.float32)
     return qw, half(0), half(2)
+
+
+def q4_k_fields(b: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``block_fields`` of q4_k super-blocks (d, dmin, 12 bytes of 6-bit scales and mins, 128 of
+    nibbles: sub-block ``s``'s weights the low (``s`` even) or high nibbles of bytes ``32 (s // 2) ..``)."""
+    n = b.shape[0]
+    sb = b.reshape(n, k // 256, 144).astype(np.int64)
+    d = sb[..., 0:2].astype(np.uint8).copy().view(np.float16)[..., 0].astype(np.float32)
+    dmin = sb[..., 2:4].astype(np.uint8).copy().view(np.float16)[..., 0].astype(np.float32)
+    sc6 = sb[..., 4:16]
+    scale = np.concatenate([sc6[..., 0:4] & 63, (sc6[..., 8:12] & 15) | (sc6[..., 0:4] >> 6) << 4], axis=-1)
+    mins = np.concatenate([sc6[..., 4:8] & 63, (sc6[..., 8:12] >> 4) | (sc6[..., 4:8] >> 6) << 4], axis=-1)
+    pairs = sb[..., 16:].reshape(n, k // 256, 4, 32)
+    qw = np.stack([pairs & 15, pairs >> 4], axis=3).reshape(n, k // 32, 32)  # sub-block 2c: low nibbles of pair c, 2c + 1: high
+    dw = (d[..., None] * scale.astype(np.float32)).reshape(n, k // 32)
+    mw = -(dmin[..., None] * mins.astype(np.float32)).reshape(n, k // 32)
+    return qw, dw.astype(np.float32), mw.astype(np.float32)
 
 
 def int8_reference(x: np.ndarray, b: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray]:
@@ -173,7 +193,7 @@ def test_simple_formats_match_the_legalized_kernel_and_dequantize(rng: np.random
             assert (np.abs(y - ref) <= slack + 1e-4 * np.abs(ref) + 1e-4 * float(np.abs(ref).max())).all()
 
 
-@pytest.mark.parametrize("fmt", list(K_QUANT_HALVES))
+@pytest.mark.parametrize("fmt", [f for f in K_QUANT_HALVES if f not in Q.INT8_FORMATS])
 def test_k_quants_match_dequantize(rng: np.random.Generator, fmt: str) -> None:
     for n, k in ((37, 512), (5, 256), (64, 1536)):
         b, wf = blocks(rng, fmt, n, k)
@@ -234,6 +254,49 @@ def test_q5_formats(rng: np.random.Generator, fmt: str) -> None:
                     np.testing.assert_array_equal(Q.qlinear(x[:m], bx, fmt + "x16", **variant), y)
         for i in (0, 1, 32):
             np.testing.assert_array_equal(Q.qlinear(x[i : i + 1], b, fmt)[0], full[i])
+
+
+def test_q4_k_on_the_integer_path(rng: np.random.Generator) -> None:
+    """q4_k on the integer path (each 32-weight sub-block a q4_1 block with ``d * scale`` and
+    ``-(dmin * min)``): the emulation and the bound at rows 0 to 33 (GEMV passes and the GEMM), N
+    of 1, 13 and 48, K of one to six super-blocks, sub-blocks of 15s with the largest 6-bit scales
+    and mins (their top bits set) against activations of +-127; each row's bits the same alone
+    and in any batch, without VNNI, in the portable build and on the rows interleaved in groups
+    of 16 (``q4_kx16``)."""
+    for n, k in ((1, 256), (13, 512), (48, 1536)):
+        b = k_quant_blocks(rng, "q4_k", n, k)
+        b[0, 4:16] = 0xFF  # row 0, super-block 0: every scale and min 63
+        b[0, 16:48] = 0xFF  # its sub-blocks 0 and 1 all 15s
+        b[n - 1, 4:16] = rng.integers(0, 256, 12, dtype=np.uint8) | 0xC0  # top bits of the 6-bit fields set
+        wf = dequantize(b, GGML["q4_k"]).reshape(n, k).astype(np.float32)
+        x = rng.standard_normal((33, k)).astype(np.float32)
+        x[:, :64] = np.where(rng.random((33, 64)) < 0.5, -1.0, 1.0)  # quantizes to +-127
+        x[0, :64], x[1, :64] = 1.0, -1.0
+        full = Q.qlinear(x, b, "q4_k")
+        bx = interleave_rows(b, "q4_k") if n % 16 == 0 else None
+        for m in INT8_ROWS:
+            y = Q.qlinear(x[:m], b, "q4_k")
+            assert y.shape == (m, n)
+            if m:
+                assert_int8_matches(y, x[:m], b, "q4_k", wf)
+            np.testing.assert_array_equal(y, full[:m])
+            np.testing.assert_array_equal(Q.qlinear(x[:m], b, "q4_k", vnni=False), y)
+            np.testing.assert_array_equal(Q.qlinear(x[:m], b, "q4_k", portable=True), y)
+            if bx is not None:
+                for variant in ({}, {"vnni": False}, {"portable": True}):
+                    np.testing.assert_array_equal(Q.qlinear(x[:m], bx, "q4_kx16", **variant), y)
+        for i in (0, 1, 32):
+            np.testing.assert_array_equal(Q.qlinear(x[i : i + 1], b, "q4_k")[0], full[i])
+
+
+def test_q4_kx16_runs_only_on_the_backend(rng: np.random.Generator) -> None:
+    """``q4_kx16``, as ``q4_k``, has no loop-level kernel: a clear refusal, not a wrong product."""
+    b = interleave_rows(k_quant_blocks(rng, "q4_k", 16, 256), "q4_k")
+    mod = module([("x", (1, 256), "float32"), ("w", b.shape, "uint8")], lambda x, w: op.quant_linear(x, w, "q4_kx16", 256))
+    with pytest.raises(TileworkError, match="q4_kx16 blocks have no loop-level kernel"):
+        tilework.build(mod)
+    y = tilework.VM(tilework.build(mod, backends=["quant", "codegen"]))["main"](np.ones((1, 256), np.float32), b)
+    np.testing.assert_array_equal(y, Q.qlinear(np.ones((1, 256), np.float32), b, "q4_kx16"))
 
 
 def test_the_quantization_of_x_is_bit_exact(rng: np.random.Generator) -> None:
@@ -307,7 +370,7 @@ def test_every_row_count_and_narrow_outputs(rng: np.random.Generator, fmt: str) 
         b, wf = blocks(rng, fmt, n, k)
         for m in range(1, 18):
             x = rng.standard_normal((m, k)).astype(np.float32)
-            if fmt in INT8:
+            if fmt in Q.INT8_FORMATS:
                 assert_int8_matches(Q.qlinear(x, b, fmt), x, b, fmt, wf)
             else:
                 assert_matches(Q.qlinear(x, b, fmt), x, wf, fmt)
@@ -331,7 +394,7 @@ def test_portable_kernels_agree(rng: np.random.Generator) -> None:
         for m in (1, 3, 17, 40):
             x = rng.standard_normal((m, k)).astype(np.float32)
             y = Q.qlinear(x, b, fmt, portable=True)
-            if fmt in INT8:
+            if fmt in Q.INT8_FORMATS:
                 assert_int8_matches(y, x, b, fmt, wf)
                 np.testing.assert_array_equal(y, Q.qlinear(x, b, fmt))
                 continue
@@ -509,7 +572,7 @@ def test_interleaved_rows_need_whole_groups(rng: np.random.Generator) -> None:
         module([("x", (1, 64), "float32"), ("w", (24, Q.row_bytes("q4_1", 64)), "uint8")], lambda x, w: op.quant_linear(x, w, "q4_1x16", 64))
 
 
-@pytest.mark.parametrize("name, nbytes", [("q4_0", 18), ("q4_1", 20), ("q5_0", 22), ("q5_1", 24), ("q8_0", 34), ("bf16", 4)])
+@pytest.mark.parametrize("name, nbytes", [("q4_0", 18), ("q4_1", 20), ("q5_0", 22), ("q5_1", 24), ("q8_0", 34), ("bf16", 4), ("q4_k", 144)])
 def test_the_library_interleaves_the_same_bytes(rng: np.random.Generator, name: str, nbytes: int) -> None:
     """``QuantLibrary.interleave`` (C, every thread) gives ``interleave_rows``' bytes: one group,
     several, odd block counts, a large matrix (threads), none; into ``out`` too."""
@@ -525,7 +588,7 @@ def test_the_library_interleaves_the_same_bytes(rng: np.random.Generator, name: 
 
 LOADER_REFUSALS = [
     (lambda lib: lib.interleave(np.zeros((24, 20), np.uint8), "q4_1"), "multiple of 16 rows"),
-    (lambda lib: lib.interleave(np.zeros((16, 144), np.uint8), "q4_k"), "'q4_k' has no interleaved layout"),
+    (lambda lib: lib.interleave(np.zeros((16, 210), np.uint8), "q6_k"), "'q6_k' has no interleaved layout"),
     (lambda lib: lib.interleave(np.zeros((16, 20), np.uint8), "q4_1", out=np.zeros((16, 21), np.uint8)), "out must be"),
     (lambda lib: lib.dequantize(np.zeros((16, 20), np.uint8), "q4_1x16"), "q4_1x16"),
     (lambda lib: lib.dequantize(np.zeros((2, 35), np.uint8), "q8_0"), "multiple of 34 bytes"),
