@@ -288,3 +288,43 @@ def test_torch_inputs_are_taken_as_the_vm_takes_them() -> None:
         with pytest.raises(RuntimeCheckError, match=match) as native_err:
             native(bad)
         assert str(native_err.value) == str(vm_err.value)
+
+
+@pytest.mark.parametrize("fmt", __import__("tilework.backend.quant", fromlist=["FORMATS"]).FORMATS)
+def test_every_quant_format_runs_natively_as_in_the_vm(fmt: str) -> None:
+    """Each of the quant library's formats, alone and with its residual add fused
+    (``quant.linear.<fmt>``, ``quant.linear_add.<fmt>``), in native graph code: the VM's bits
+    (what an LLM whose file holds that format decodes with by default)."""
+    from tests.backend.helpers import module
+    from tilework import op
+    from tilework.backend import quant as Q
+    from tilework.ir.sym import SymVar
+    from tilework.op.quant import interleave_rows, quant_format
+
+    rng = np.random.default_rng(7)
+    n, k = 32, 256
+    base = fmt.removesuffix("x16")
+    w = rng.integers(0, 256, (n, Q.row_bytes(base, k)), dtype=np.uint8)
+    if base in ("bf16", "f16"):  # finite weights: random bits below the exponent's top
+        w[:, 1::2] &= 0x3B
+    else:  # finite fp16 scales (any other bytes are valid blocks)
+        f = quant_format(base)
+        halves = (f.nbytes - 2,) if base == "q6_k" else (0, 2) if base in ("q4_1", "q5_1", "q4_k", "q5_k", "q2_k") else (108,) if base == "q3_k" else (0,)
+        if base == "q2_k":
+            halves = (80, 82)
+        blocks = w.reshape(n, -1, f.nbytes)
+        for at in halves:
+            blocks[:, :, at : at + 2] = (rng.standard_normal((n, blocks.shape[1], 1)) * 0.01).astype(np.float16).view(np.uint8)
+    if fmt != base:
+        w = interleave_rows(w, base)
+    rows = SymVar("m", 1)
+    for add in (False, True):
+        params = [("x", (rows, k), "float32"), ("w", w.shape, "uint8")] + [("r", (rows, n), "float32")] * add
+        mod = module(params, lambda x, wv, *r: op.add(op.quant_linear(x, wv, fmt, k), r[0]) if r else op.quant_linear(x, wv, fmt, k))
+        exe = tw.build(mod, backends=["quant", "codegen"])
+        native = NativeModel(exe)
+        for m in (1, 9):
+            args = [rng.standard_normal((m, k)).astype(np.float32), w] + [rng.standard_normal((m, n)).astype(np.float32)] * add
+            want = tw.VM(exe)["main"](*args)
+            assert np.isfinite(want).all()
+            np.testing.assert_array_equal(native.bind("main")(*args), want)
