@@ -35,6 +35,15 @@ with the KV cache read added (every cached position of every sequence, in the ca
     python bench/bench_llm.py [--steps 64] [--repeat 3] [--precisions fp32,bf16,q]
                               [--shapes 1x32,8x512] [--kv-dtypes float32] [--no-torch-compile]
                               [--no-llama-cpp] [--no-hf] [--no-rss] [--quick]
+                              [--model PATH.gguf | --random-llama Q4_K_M] [--table KEY]
+
+``--model`` runs every system on another llama-family GGUF file instead (llama.cpp on it, named
+by its file type, and on its F32 copy; HF skipped with a message if transformers cannot load
+it; the aims, SmolLM2's, not printed); ``--random-llama FTYPE`` on ``bench/gguf_files.py``'s
+random-weight Llama (hidden 1024, intermediate 2816, 16 layers: widths that are multiples of
+256, so llama.cpp's ``Q4_K_M`` holds Q4_K and Q6_K blocks) quantized by llama.cpp to ``FTYPE``.
+Their table is ``llm-model``, or ``llm-`` and the file type (``llm-q4km``); ``--table`` names
+another.
 """
 
 from __future__ import annotations
@@ -59,6 +68,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from gguf_files import RandomLlama, block_formats, f32_gguf, file_type, random_llama_gguf  # noqa: E402
 from report import SETTLE_S, BandwidthMeter, cpu_features, cpu_model, emit, table  # noqa: E402
 
 THREADS = 2
@@ -229,36 +239,6 @@ def load_hf(path: str) -> Any:
     return model
 
 
-def f32_gguf(src: str) -> str:
-    """An F32 GGUF of ``src``'s weights (metadata copied, every tensor dequantized), made once
-    under the temp directory."""
-    import gguf
-
-    dst = Path(tempfile.gettempdir()) / "tilework-bench" / (Path(src).stem.rsplit(".", 1)[0] + ".F32.gguf")
-    if dst.exists() and dst.stat().st_mtime > Path(src).stat().st_mtime:
-        return str(dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    reader = gguf.GGUFReader(src)
-    arch = reader.fields["general.architecture"].contents()
-    tmp = dst.with_suffix(".partial")
-    writer = gguf.GGUFWriter(str(tmp), arch)
-    for f in reader.fields.values():
-        if f.name.startswith("GGUF.") or f.name in ("general.architecture", "general.file_type"):
-            continue
-        vtype = f.types[0]
-        sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(f.name, f.contents(), vtype, sub_type=sub)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    for t in reader.tensors:
-        writer.add_tensor(t.name, np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    tmp.rename(dst)
-    return str(dst)
-
-
 # -- measuring ------------------------------------------------------------------------------
 
 
@@ -329,14 +309,14 @@ def kv_bytes(cfg: Any, batch: int, prompt: int, steps: int, itemsize: int) -> fl
     return batch * per_token * (prompt + steps / 2)
 
 
-def peak_rss_mib(precision: str) -> float | None:
+def peak_rss_mib(precision: str, model: str | None = None) -> float | None:
     """Peak resident memory (VmHWM: ``ru_maxrss`` would keep this process's peak across the
-    exec) of a fresh process without torch that loads ``LLM(precision)``, prefills 32 tokens
-    and decodes 16."""
+    exec) of a fresh process without torch that loads ``LLM(model, precision)`` (``None``: the
+    embedded model), prefills 32 tokens and decodes 16."""
     code = f"""
 import numpy as np
 from tilework.llm import LLM
-llm = LLM(precision={precision!r}); c = llm.cache; s = c.add()
+llm = LLM({model!r}, precision={precision!r}); c = llm.cache; s = c.add()
 kv, t = c.step_inputs([s], 32); x = llm._prefill(np.arange(100, 132, dtype=np.int32)[None], kv, t, c.k, c.v); c.advance([s], 32)
 for _ in range(16):
     kv, t = c.step_inputs([s], 1); x = llm._decode(x.argmax(-1).astype(np.int32), kv, t, c.k, c.v); c.advance([s], 1)
@@ -425,13 +405,15 @@ def ratio_b8(table: dict[tuple[int, int], dict[str, Result]], name: str, prompt:
     return eight[name].decode_tps / one[name].decode_tps if name in one and name in eight else None
 
 
-def print_markdown(table: dict[tuple[int, int], dict[str, Result]], steps: int, repeat: int, bandwidth: str, fractions: dict[tuple[int, int], dict[str, str]]) -> None:
+def print_markdown(
+    table: dict[tuple[int, int], dict[str, Result]], steps: int, repeat: int, bandwidth: str, fractions: dict[tuple[int, int], dict[str, str]], key: str = "llm", model: str = "SmolLM2-135M-Instruct"
+) -> None:
     names = list(next(iter(table.values())))
     rows = [[str(shape)] + [f"{res[n].prefill_ms:.1f} / {res[n].decode_tps:.1f}" if n in res else "—" for n in names] for shape, res in table.items()]
     frac = [[str(shape)] + [fractions[shape].get(n, "") for n in names if n.startswith("tilework")] for shape in table]
     emit(
-        "llm",
-        f"SmolLM2-135M-Instruct, random prompt tokens, greedy, {steps} decode steps, best of {repeat} runs after a warm-up (in rounds: every shape and system once a round, each run {SETTLE_S} s after the one before); "
+        key,
+        f"{model}, random prompt tokens, greedy, {steps} decode steps, best of {repeat} runs after a warm-up (in rounds: every shape and system once a round, each run {SETTLE_S} s after the one before); "
         f"2 threads for every system; cells: prefill ms / decode tokens/s (batch x steps / decode time). Memory-read bandwidth {bandwidth}.\n\n"
         + _table(["(batch, prompt)"] + names, rows)
         + "\n\ntilework decode as a fraction of the read bandwidth measured just before its run (weight bytes per step / step time; then with the KV-cache reads added; the GB/s achieved and the GB/s measured):\n\n"
@@ -455,7 +437,17 @@ def main() -> None:
     ap.add_argument("--llama-no-extra-bufts", action="store_true", help="llama.cpp without weight repacking (use_extra_bufts=False)")
     ap.add_argument("--shapes", default=",".join(f"{b}x{p}" for b, p in SHAPES), help="BATCHxPROMPT, comma-separated")
     ap.add_argument("--quick", action="store_true", help="batch 1, prompt 32 (or --shapes), 8 steps, 1 run: for debugging")
+    ap.add_argument("--model", default="", help="a llama-family GGUF file instead of the embedded SmolLM2 (HF eager is tried on it, skipped if transformers cannot load it; no aims)")
+    ap.add_argument(
+        "--random-llama",
+        metavar="FTYPE",
+        default="",
+        help=f"instead of the embedded SmolLM2, bench/gguf_files.py's random-weight Llama ({RandomLlama()}) quantized by llama.cpp to FTYPE (Q4_K_M, Q4_0, Q8_0, ...), made once under the temp directory",
+    )
+    ap.add_argument("--table", default="", help="key of the markdown table printed (default: llm; llm-<ftype> with --random-llama, e.g. llm-q4km; llm-model with --model)")
     args = ap.parse_args()
+    if args.model and args.random_llama:
+        ap.error("--model and --random-llama name two models: give one")
     shapes = [(int(b), int(p)) for b, p in (x.split("x") for x in args.shapes.split(",") if x)]
     if args.quick and args.shapes == ap.get_default("shapes"):
         shapes = [(1, 32)]
@@ -468,10 +460,17 @@ def main() -> None:
     from tilework.llm.compile import KV_DTYPE_OF, _cache_path
     from tilework.llm.engine import default_model_path
 
-    path = default_model_path()
+    custom = bool(args.model or args.random_llama)  # another model than the embedded one
+    t = time.perf_counter()
+    try:
+        path = args.model or (random_llama_gguf(RandomLlama(), args.random_llama) if args.random_llama else default_model_path())
+    except ImportError as e:
+        ap.error(f"--random-llama quantizes with llama.cpp: {e} (pip install 'tilework[bench]')")
+    model_arg = path if custom else None  # what LLM() is given
     print(f"date {datetime.date.today()}, CPU {cpu_model()} ({cpu_features()}), {os.cpu_count()} cores visible, {THREADS} threads per system")
     print(f"python {platform.python_version()}, torch {torch.__version__}, numpy {np.__version__}")
-    print(f"model {path}")
+    ftype, formats = file_type(path), block_formats(path)
+    print(f"model {path} ({time.perf_counter() - t:.1f} s to find or make): llama.cpp file type {ftype}, tensor types {formats}")
     meter = BandwidthMeter()
     bw, how = meter(), meter.how
     print(f"memory-read bandwidth {bw:.1f} GB/s ({how})")
@@ -485,7 +484,7 @@ def main() -> None:
         for kv in [None, *(k for k in args.kv_dtypes.split(",") if k and k != KV_DTYPE_OF[prec])]:
             name = f"tilework {prec}" + (f" kv={kv}" if kv else "")
             t, wall = time.perf_counter(), time.time()
-            llm = LLM(precision=prec, kv_dtype=kv)
+            llm = LLM(model_arg, precision=prec, kv_dtype=kv)
             took = time.perf_counter() - t
             built = _cache_path(llm.config, llm.formats, llm.max_batch, llm.cache.dtype).stat().st_mtime >= wall - 1
             state = "cold: compiled now" if built else "warm: loaded from the cache"
@@ -496,10 +495,17 @@ def main() -> None:
             kv_itemsize[name] = llm.cache.k.itemsize
 
     if not args.no_rss and not args.quick:  # now, while the compiled decoders are in the cache
-        rss = {prec: peak_rss_mib(prec) for prec in precisions}
+        rss = {prec: peak_rss_mib(prec, model_arg) for prec in precisions}
         print("peak RSS of a fresh process that loads LLM(precision), prefills 32 tokens, decodes 16: " + ", ".join(f"{p} {v:.0f} MiB" if v else f"{p} failed" for p, v in rss.items()))
     t = time.perf_counter()
-    hf = None if args.no_hf else load_hf(path)
+    hf = None
+    if not args.no_hf:
+        try:
+            hf = load_hf(path)
+        except Exception as e:  # noqa: BLE001  (a peer that cannot read the file is skipped, not the run)
+            if not custom:
+                raise
+            print(f"HF eager and torch.compile skipped: transformers cannot load {Path(path).name}: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
     if hf is not None:
         print(f"HF eager fp32: loaded (GGUF dequantized by transformers) in {time.perf_counter() - t:.1f} s, transformers {_version('transformers')}")
         runners["HF eager fp32"] = HFRunner(hf, hf)
@@ -520,7 +526,7 @@ def main() -> None:
             f32 = f32_gguf(path)
             print(f"llama.cpp {_version('llama-cpp-python')}: F32 GGUF {f32} ready in {time.perf_counter() - t:.1f} s; extra buffer types (repacking) {'off' if args.llama_no_extra_bufts else 'on'}")
             print("  " + llama_cpp.llama_print_system_info().decode().strip())
-            for name, file in (("llama.cpp F32", f32), ("llama.cpp Q4_1", path)):
+            for name, file in (("llama.cpp F32", f32), (f"llama.cpp {ftype}", path)):
                 lr = LlamaCppRunner(file, max_batch, seq_tokens, extra_bufts=not args.llama_no_extra_bufts)
                 llama.append(lr)
                 runners[name] = lr
@@ -555,8 +561,15 @@ def main() -> None:
     runs_bw = [x.bandwidth for res in measured.values() for x in res.values() if x.bandwidth is not None]
     bandwidth = f"{bw:.1f} GB/s at the start, {bw_end:.1f} GB/s at the end ({how})" + (f"; {min(runs_bw):.1f}-{max(runs_bw):.1f} GB/s before the best tilework runs" if runs_bw else "")
     print(f"memory-read bandwidth at the end: {bw_end:.1f} GB/s")
-    print_markdown(table, steps, repeat, bandwidth, fractions)
-    print_aims(table, bandwidth)
+    if not custom:
+        print_markdown(table, steps, repeat, bandwidth, fractions, args.table or "llm")
+        print_aims(table, bandwidth)
+    else:
+        assert cfg is not None
+        what = f"bench/gguf_files.py's random-weight Llama quantized by llama.cpp to {ftype}" if args.random_llama else f"{Path(path).name} (llama.cpp file type {ftype})"
+        shape = f"hidden {cfg.hidden}, intermediate {cfg.ffn}, {cfg.layers} layers, {cfg.heads} heads ({cfg.kv_heads} kv, head dim {cfg.head_dim}), vocabulary {cfg.vocab}"
+        key = args.table or ("llm-" + args.random_llama.lower().replace("_", "") if args.random_llama else "llm-model")  # Q4_K_M: "llm-q4km"
+        print_markdown(table, steps, repeat, bandwidth, fractions, key, f"{what} ({shape}; tensor types {formats})")
     for lr in llama:
         lr.close()
 

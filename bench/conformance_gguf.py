@@ -16,7 +16,7 @@ same ~260 tokens of plain English (``tests/llm/test_smollm2.py``'s ``TEXT``), te
 
 llama-cpp-python is an optional bench dependency (it builds llama.cpp from source: ``CMAKE_ARGS=
 "-DGGML_NATIVE=ON" pip install llama-cpp-python``). The quantized files are made once under the
-temp directory (``tilework-bench/``).
+temp directory (``tilework-bench/``, ``bench/gguf_files.py``).
 
     python bench/conformance_gguf.py [--types Q4_K_M,Q5_0,...] [--write]
 
@@ -26,12 +26,10 @@ temp directory (``tilework-bench/``).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import sys
 import time
 import traceback
-from collections import Counter
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
@@ -41,7 +39,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_llm import f32_gguf  # noqa: E402
+from gguf_files import block_formats, f32_gguf, llama_cpp_scores, quantized  # noqa: E402
 from report import emit, table, write_block  # noqa: E402
 
 from tests.llm.test_smollm2 import TEXT  # noqa: E402
@@ -55,33 +53,6 @@ TYPES = ("F32", "Q8_0", "Q6_K", "Q5_K_M", "Q5_1", "Q5_0", "Q4_K_M", "Q4_1", "Q4_
 HEADERS = ("file type", "block formats (tensors)", "tilework q ppl", "tilework fp32 ppl", "llama.cpp ppl", "q vs llama.cpp argmax", "tilework load + compile s")
 
 
-def quantized(f32: str, ftype: str) -> str:
-    """The F32 GGUF ``f32`` quantized by llama.cpp to ``ftype``, made once beside it."""
-    if ftype == "F32":
-        return f32
-    import llama_cpp
-
-    dst = Path(f32).with_name(Path(f32).name.replace(".F32.", f".{ftype}."))
-    if dst.exists() and dst.stat().st_mtime > Path(f32).stat().st_mtime:
-        return str(dst)
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
-    params.nthread = int(os.environ["OMP_NUM_THREADS"])
-    tmp = dst.with_suffix(".partial")
-    rc = llama_cpp.llama_model_quantize(f32.encode(), str(tmp).encode(), ctypes.byref(params))
-    if rc != 0:
-        raise RuntimeError(f"llama_model_quantize to {ftype} failed ({rc})")
-    tmp.rename(dst)
-    return str(dst)
-
-
-def block_formats(path: str) -> str:
-    import gguf
-
-    counts = Counter(t.tensor_type.name for t in gguf.GGUFReader(path).tensors)
-    return ", ".join(f"{name} {n}" for name, n in sorted(counts.items(), key=lambda kv: -kv[1]))
-
-
 def log_probs(logits: np.ndarray) -> np.ndarray:
     z = logits.astype(np.float64) - logits.max(axis=1, keepdims=True)
     return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
@@ -89,18 +60,6 @@ def log_probs(logits: np.ndarray) -> np.ndarray:
 
 def perplexity(lp: np.ndarray, tokens: list[int]) -> float:
     return float(np.exp(-lp[np.arange(len(tokens) - 1), tokens[1:]].mean()))
-
-
-def llama_cpp_scores(path: str, tokens: list[int]) -> np.ndarray:
-    """llama.cpp's logits after every prefix of ``tokens`` (one batch, ``logits_all``)."""
-    import llama_cpp
-
-    llm = llama_cpp.Llama(path, n_ctx=max(512, len(tokens) + 8), n_batch=512, n_threads=int(os.environ["OMP_NUM_THREADS"]), logits_all=True, verbose=False)
-    try:
-        llm.eval(tokens)
-        return np.array(llm.scores[: len(tokens)], np.float32)
-    finally:
-        llm.close()
 
 
 def _short(e: BaseException) -> str:

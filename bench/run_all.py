@@ -58,6 +58,7 @@ BENCHES = [
     Bench(("placement",), ("bench/bench_placement.py", "--fresh", "--repeat", "15")),
     Bench(("quant",), ("bench/bench_quant.py", "--threads", THREADS)),
     Bench(("llm", "llm-aims"), ("bench/bench_llm.py",)),
+    Bench(("llm-q4km",), ("bench/bench_llm.py", "--random-llama", "Q4_K_M", "--precisions", "q,fp32", "--shapes", "1x32,8x32", "--no-hf")),
     Bench(("llm-start",), ("bench/bench_start.py",)),
     Bench(("serve",), ("bench/bench_serve.py",)),
     Bench(("compile",), ("bench/bench_compile.py",)),
