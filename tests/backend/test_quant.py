@@ -3,7 +3,7 @@
 random k-quant blocks and SmolLM2's own blocks), at rows 0 to 128 (GEMV and GEMM paths) and odd
 shapes; offloading through ``tilework.build``; refusals with clear errors.
 
-q4_0, q4_1, q5_0, q5_1, q8_0 and q4_k run the integer path (``x`` quantized to 8-bit blocks): a NumPy emulation
+q4_0, q4_1, q5_0, q5_1, q8_0, q4_k and q5_k run the integer path (``x`` quantized to 8-bit blocks): a NumPy emulation
 of it (the same quantization, exact integer block sums, the float scales) is the reference to
 float32-summation tolerance; the dequantized float32 product is within
 ``quant.activation_bound``; the quantization of ``x`` is bit-exact; and the bits of a row's
@@ -104,8 +104,8 @@ def block_fields(b: np.ndarray, fmt: str, k: int) -> tuple[np.ndarray, np.ndarra
     """The integer weights ``q_w`` (``[N, K/32, 32]``), ``d`` and ``m`` (q4_1, q5_1, q4_k; else
     zeros) of blocks; q4_k per 32-weight sub-block: ``d * scale`` and ``-(dmin * min)``."""
     n, size = b.shape[0], QUANT_FORMATS[fmt].nbytes
-    if fmt == "q4_k":
-        return q4_k_fields(b, k)
+    if fmt in ("q4_k", "q5_k"):
+        return k45_fields(b, k, fmt)
     bb = b.reshape(n, k // 32, size)
     half = lambda at: bb[..., at : at + 2].copy().view(np.float16)[..., 0].astype(np.float32)  # noqa: E731
     if fmt in Q5:  # the nibbles with bit l of the uint32 qh after d (and m) as weight l's fifth
@@ -123,18 +123,24 @@ def block_fields(b: np.ndarray, fmt: str, k: int) -> tuple[np.ndarray, np.ndarra
     return qw, half(0), half(2)
 
 
-def q4_k_fields(b: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def k45_fields(b: np.ndarray, k: int, fmt: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``block_fields`` of q4_k super-blocks (d, dmin, 12 bytes of 6-bit scales and mins, 128 of
-    nibbles: sub-block ``s``'s weights the low (``s`` even) or high nibbles of bytes ``32 (s // 2) ..``)."""
+    nibbles: sub-block ``s``'s weights the low (``s`` even) or high nibbles of bytes ``32 (s // 2) ..``)
+    or q5_k ones (the scales, then 32 bytes of ``qh``, bit ``s`` of ``qh[l]`` weight ``l``'s fifth
+    in sub-block ``s``, then the nibbles)."""
     n = b.shape[0]
-    sb = b.reshape(n, k // 256, 144).astype(np.int64)
+    sb = b.reshape(n, k // 256, QUANT_FORMATS[fmt].nbytes).astype(np.int64)
     d = sb[..., 0:2].astype(np.uint8).copy().view(np.float16)[..., 0].astype(np.float32)
     dmin = sb[..., 2:4].astype(np.uint8).copy().view(np.float16)[..., 0].astype(np.float32)
     sc6 = sb[..., 4:16]
     scale = np.concatenate([sc6[..., 0:4] & 63, (sc6[..., 8:12] & 15) | (sc6[..., 0:4] >> 6) << 4], axis=-1)
     mins = np.concatenate([sc6[..., 4:8] & 63, (sc6[..., 8:12] >> 4) | (sc6[..., 4:8] >> 6) << 4], axis=-1)
-    pairs = sb[..., 16:].reshape(n, k // 256, 4, 32)
-    qw = np.stack([pairs & 15, pairs >> 4], axis=3).reshape(n, k // 32, 32)  # sub-block 2c: low nibbles of pair c, 2c + 1: high
+    pairs = sb[..., 16 if fmt == "q4_k" else 48 :].reshape(n, k // 256, 4, 32)
+    qw = np.stack([pairs & 15, pairs >> 4], axis=3).reshape(n, k // 256, 8, 32)  # sub-block 2c: low nibbles of pair c, 2c + 1: high
+    if fmt == "q5_k":
+        qh = sb[..., 16:48]  # [n, super-block, l]
+        qw = qw | ((qh[:, :, None, :] >> np.arange(8)[None, None, :, None]) & 1) << 4
+    qw = qw.reshape(n, k // 32, 32)
     dw = (d[..., None] * scale.astype(np.float32)).reshape(n, k // 32)
     mw = -(dmin[..., None] * mins.astype(np.float32)).reshape(n, k // 32)
     return qw, dw.astype(np.float32), mw.astype(np.float32)
@@ -256,37 +262,41 @@ def test_q5_formats(rng: np.random.Generator, fmt: str) -> None:
             np.testing.assert_array_equal(Q.qlinear(x[i : i + 1], b, fmt)[0], full[i])
 
 
-def test_q4_k_on_the_integer_path(rng: np.random.Generator) -> None:
-    """q4_k on the integer path (each 32-weight sub-block a q4_1 block with ``d * scale`` and
-    ``-(dmin * min)``): the emulation and the bound at rows 0 to 33 (GEMV passes and the GEMM), N
-    of 1, 13 and 48, K of one to six super-blocks, sub-blocks of 15s with the largest 6-bit scales
-    and mins (their top bits set) against activations of +-127; each row's bits the same alone
-    and in any batch, without VNNI, in the portable build and on the rows interleaved in groups
-    of 16 (``q4_kx16``)."""
+@pytest.mark.parametrize("fmt", ["q4_k", "q5_k"])
+def test_k_quants_on_the_integer_path(rng: np.random.Generator, fmt: str) -> None:
+    """q4_k and q5_k on the integer path (each 32-weight sub-block a q4_1 / q5_1 block with ``d *
+    scale`` and ``-(dmin * min)``): the emulation and the bound at rows 0 to 33 (GEMV passes and
+    the GEMM), N of 1, 13 and 48, K of one to six super-blocks, sub-blocks of 15s (q5_k: 31s)
+    with the largest 6-bit scales and mins (their top bits set) against activations of +-127;
+    each row's bits the same alone and in any batch, without VNNI, in the portable build and on
+    the rows interleaved in groups of 16 (``q4_kx16``, ``q5_kx16``)."""
+    qs = 16 if fmt == "q4_k" else 48
     for n, k in ((1, 256), (13, 512), (48, 1536)):
-        b = k_quant_blocks(rng, "q4_k", n, k)
+        b = k_quant_blocks(rng, fmt, n, k)
         b[0, 4:16] = 0xFF  # row 0, super-block 0: every scale and min 63
-        b[0, 16:48] = 0xFF  # its sub-blocks 0 and 1 all 15s
+        b[0, qs : qs + 32] = 0xFF  # its sub-blocks 0 and 1 all 15s
+        if fmt == "q5_k":
+            b[0, 16:48] = 0xFF  # and every fifth bit set: 31s
         b[n - 1, 4:16] = rng.integers(0, 256, 12, dtype=np.uint8) | 0xC0  # top bits of the 6-bit fields set
-        wf = dequantize(b, GGML["q4_k"]).reshape(n, k).astype(np.float32)
+        wf = dequantize(b, GGML[fmt]).reshape(n, k).astype(np.float32)
         x = rng.standard_normal((33, k)).astype(np.float32)
         x[:, :64] = np.where(rng.random((33, 64)) < 0.5, -1.0, 1.0)  # quantizes to +-127
         x[0, :64], x[1, :64] = 1.0, -1.0
-        full = Q.qlinear(x, b, "q4_k")
-        bx = interleave_rows(b, "q4_k") if n % 16 == 0 else None
+        full = Q.qlinear(x, b, fmt)
+        bx = interleave_rows(b, fmt) if n % 16 == 0 else None
         for m in INT8_ROWS:
-            y = Q.qlinear(x[:m], b, "q4_k")
+            y = Q.qlinear(x[:m], b, fmt)
             assert y.shape == (m, n)
             if m:
-                assert_int8_matches(y, x[:m], b, "q4_k", wf)
+                assert_int8_matches(y, x[:m], b, fmt, wf)
             np.testing.assert_array_equal(y, full[:m])
-            np.testing.assert_array_equal(Q.qlinear(x[:m], b, "q4_k", vnni=False), y)
-            np.testing.assert_array_equal(Q.qlinear(x[:m], b, "q4_k", portable=True), y)
+            np.testing.assert_array_equal(Q.qlinear(x[:m], b, fmt, vnni=False), y)
+            np.testing.assert_array_equal(Q.qlinear(x[:m], b, fmt, portable=True), y)
             if bx is not None:
                 for variant in ({}, {"vnni": False}, {"portable": True}):
-                    np.testing.assert_array_equal(Q.qlinear(x[:m], bx, "q4_kx16", **variant), y)
+                    np.testing.assert_array_equal(Q.qlinear(x[:m], bx, fmt + "x16", **variant), y)
         for i in (0, 1, 32):
-            np.testing.assert_array_equal(Q.qlinear(x[i : i + 1], b, "q4_k")[0], full[i])
+            np.testing.assert_array_equal(Q.qlinear(x[i : i + 1], b, fmt)[0], full[i])
 
 
 def test_q4_kx16_runs_only_on_the_backend(rng: np.random.Generator) -> None:
@@ -572,7 +582,7 @@ def test_interleaved_rows_need_whole_groups(rng: np.random.Generator) -> None:
         module([("x", (1, 64), "float32"), ("w", (24, Q.row_bytes("q4_1", 64)), "uint8")], lambda x, w: op.quant_linear(x, w, "q4_1x16", 64))
 
 
-@pytest.mark.parametrize("name, nbytes", [("q4_0", 18), ("q4_1", 20), ("q5_0", 22), ("q5_1", 24), ("q8_0", 34), ("bf16", 4), ("q4_k", 144)])
+@pytest.mark.parametrize("name, nbytes", [("q4_0", 18), ("q4_1", 20), ("q5_0", 22), ("q5_1", 24), ("q8_0", 34), ("bf16", 4), ("q4_k", 144), ("q5_k", 176)])
 def test_the_library_interleaves_the_same_bytes(rng: np.random.Generator, name: str, nbytes: int) -> None:
     """``QuantLibrary.interleave`` (C, every thread) gives ``interleave_rows``' bytes: one group,
     several, odd block counts, a large matrix (threads), none; into ``out`` too."""

@@ -3,15 +3,15 @@
  * x is float32 [M, K] (row-major), w is uint8 [N, row_bytes] (the blocks of each output row,
  * as a GGUF file stores them), y is float32 [M, N].
  *
- * q4_0, q4_1, q5_0, q5_1, q8_0 (32-weight blocks) and q4_k (256-weight super-blocks of 8 blocks
- * of 32 nibbles) take the integer path, as llama.cpp does.
+ * q4_0, q4_1, q5_0, q5_1, q8_0 (32-weight blocks), q4_k and q5_k (256-weight super-blocks of 8
+ * blocks of 32 4- or 5-bit weights) take the integer path, as llama.cpp does.
  * Each row of x is quantized once per call to 8-bit blocks of 32: d = max|x| / 127,
  * q = rint(x * (127 / max|x|)) (a block whose max|x| is below 2^-100 gets q = 0; one with a NaN
  * or an infinity gets q = 0 and a non-finite d, so its outputs are NaN). Each output is then, block by block in order,
  *     acc = fma((float)isum, d_w * d_x, acc)       isum = sum(q_w * q_x) exactly, in int32
- *     acc = fma(m_w, d_x * sum(q_x), acc)          (q4_1, q5_1, q4_k only: q_w is the nibble, m_w its min)
+ *     acc = fma(m_w, d_x * sum(q_x), acc)          (q4_1, q5_1, q4_k, q5_k only: q_w is the nibble, m_w its min)
  * with q_w = nibble - 8 (q4_0), nibble (q4_1, q4_k), the 5-bit value - 16 (q5_0), the 5-bit value
- * (q5_1: the nibble with its fifth bit from qh), the int8 (q8_0); q4_k's d_w of block s of a
+ * (q5_1, q5_k: the nibble with its fifth bit from qh), the int8 (q8_0); q4_k's (q5_k's) d_w of block s of a
  * super-block is d * scale_s and its m_w = -(dmin * min_s), both exact in float32 (twq_k4_factors). That sequence of float32
  * operations is the same on the GEMV and the GEMM, in the AVX-512 and the portable build, so
  * an output's bits do not depend on how many rows of x are in the call or on the build. It
@@ -26,16 +26,16 @@
  *   (1280 bytes a block), and a 4 x 32 register-blocked kernel runs the rows of x over them.
  * Without AVX-512 VNNI (or with TW_QUANT_NO_VNNI) vpmaddubsw + vpmaddwd do the products
  * (q8_0 through |w| and x with w's sign, which keeps the pair sums in int16).
- * - q4_0x16, q4_1x16, q5_0x16, q5_1x16, q8_0x16, q4_kx16: the same blocks with the rows interleaved in
+ * - q4_0x16, q4_1x16, q5_0x16, q5_1x16, q8_0x16, q4_kx16, q5_kx16: the same blocks with the rows interleaved in
  *   groups of 16 (N a multiple of 16), laid out as the GEMV consumes them, so that no
  *   transposition is left to do at run time: for each group of 16 rows and block j, 16 * nbytes
- *   bytes: the 16 rows' fp16 d, then (q4_1, q5_1) their 16 m (q4_k: its super-blocks' dmin), then
+ *   bytes: the 16 rows' fp16 d, then (q4_1, q5_1) their 16 m (q4_k, q5_k: its super-blocks' dmin), then
  *   the payloads (16 nibble bytes; q5's qh and 16 nibble bytes; 32 int8; q4_k's 12 bytes of
- *   scales and 128 of nibbles) as vectors of 64 bytes, vector t holding bytes
+ *   scales and 128 of nibbles; q5_k's scales, 32 bytes of qh, nibbles) as vectors of 64 bytes, vector t holding bytes
  *   4t..4t+3 of row 0, then of row 1, ... of row 15 (q5: vector 0 is the 16 rows' qh). The results
  *   are the same bits as the plain format's (the same block sums in the same order).
  *
- * bf16, f16 and the other k-quants (q6_k, q5_k, q3_k, q2_k) multiply in float32 with the weights
+ * bf16, f16 and the other k-quants (q6_k, q3_k, q2_k) multiply in float32 with the weights
  * decoded exactly (no activation quantization; x @ dequantize(w).T up to float32 rounding), but
  * for bf16 where the CPU has
  * AVX-512 BF16 (TWQ_BF16DOT; define TW_QUANT_NO_BF16DOT to leave it out), on the GEMV and the
@@ -80,7 +80,7 @@
  * (twq_broadcast_x), read as vpmaddubsw's memory operand.
  *
  * Entry points: tw_qlinear_<fmt>(x, w, y, M, N, K) for q4_0 q4_1 q5_0 q5_1 q8_0 bf16 f16 q4_k
- * q6_k q5_k q3_k q2_k q4_0x16 q4_1x16 q5_0x16 q5_1x16 q8_0x16 bf16x16 q4_kx16, and tw_qlinear_add_<fmt>(x, w, r, y,
+ * q6_k q5_k q3_k q2_k q4_0x16 q4_1x16 q5_0x16 q5_1x16 q8_0x16 bf16x16 q4_kx16 q5_kx16, and tw_qlinear_add_<fmt>(x, w, r, y,
  * M, N, K): y = x @ W.T + r; 0 on success, TWQ_E* for a bad argument. tw_qlinear_packed is the trampoline the Python
  * extern calls with NumPy array object addresses; tw_quant_quantize_x exposes the quantization
  * of x to the tests; tw_quant_dequantize and tw_quant_interleave (quant_dequant.c) decode and
@@ -109,8 +109,8 @@
 
 enum { TWQ_Q4_0, TWQ_Q4_1, TWQ_Q5_0, TWQ_Q5_1, TWQ_Q8_0, TWQ_BF16, TWQ_F16, TWQ_Q4_K, TWQ_Q6_K, TWQ_Q5_K, TWQ_Q3_K, TWQ_Q2_K, TWQ_NFMT };
 /* The interleaved layouts' codes (the entry points' fmt) follow the plain ones; twq_x16_base gives each its plain format. */
-enum { TWQ_Q4_0X16 = TWQ_NFMT, TWQ_Q4_1X16, TWQ_Q5_0X16, TWQ_Q5_1X16, TWQ_Q8_0X16, TWQ_BF16X16, TWQ_Q4_KX16, TWQ_NCODES };
-static const int twq_x16_base[TWQ_NCODES - TWQ_NFMT] = {TWQ_Q4_0, TWQ_Q4_1, TWQ_Q5_0, TWQ_Q5_1, TWQ_Q8_0, TWQ_BF16, TWQ_Q4_K};
+enum { TWQ_Q4_0X16 = TWQ_NFMT, TWQ_Q4_1X16, TWQ_Q5_0X16, TWQ_Q5_1X16, TWQ_Q8_0X16, TWQ_BF16X16, TWQ_Q4_KX16, TWQ_Q5_KX16, TWQ_NCODES };
+static const int twq_x16_base[TWQ_NCODES - TWQ_NFMT] = {TWQ_Q4_0, TWQ_Q4_1, TWQ_Q5_0, TWQ_Q5_1, TWQ_Q8_0, TWQ_BF16, TWQ_Q4_K, TWQ_Q5_K};
 static const int64_t twq_block[TWQ_NFMT] = {32, 32, 32, 32, 32, 1, 1, 256, 256, 256, 256, 256};
 static const int64_t twq_nbytes[TWQ_NFMT] = {18, 20, 22, 24, 34, 2, 2, 144, 210, 176, 110, 84};
 
@@ -288,13 +288,17 @@ TWQ_UNUSED static void twq_decode32(int fmt, const uint8_t* row, int64_t j, cons
 static inline int twq_is_q5(int fmt) { return fmt == TWQ_Q5_0 || fmt == TWQ_Q5_1; }
 /* Whether weights are d * q + m (q4_1, q5_1): the block's m follows its d. */
 static inline int twq_has_m(int fmt) { return fmt == TWQ_Q4_1 || fmt == TWQ_Q5_1; }
+/* q4_k and q5_k: super-blocks of 8 blocks of 32 with 6-bit scales and mins (q5_k: q4_k's
+ * nibbles with a fifth bit each, bit s of qh[l] for weight l of block s). */
+static inline int twq_is_k45(int fmt) { return fmt == TWQ_Q4_K || fmt == TWQ_Q5_K; }
 /* Whether the integer path adds m * d_x * sum(q_x) to each block's sum: q4_1's and q5_1's m,
- * q4_k's m = -dmin * min of the sub-block. */
-static inline int twq_i8_m(int fmt) { return twq_has_m(fmt) || fmt == TWQ_Q4_K; }
-/* Bytes of a block before its payload (d, and m; q4_k's super-block: d, dmin): the payload is
- * q5's qh and nibbles, q4's nibbles, q8_0's int8, q4_k's 12 bytes of scales and 128 of nibbles;
- * an x16 layout groups the head by 2 bytes and the payload by 4. */
-static inline int64_t twq_head(int fmt) { return twq_has_m(fmt) || fmt == TWQ_Q4_K ? 4 : 2; }
+ * q4_k's and q5_k's m = -dmin * min of the sub-block. */
+static inline int twq_i8_m(int fmt) { return twq_has_m(fmt) || twq_is_k45(fmt); }
+/* Bytes of a block before its payload (d, and m; q4_k's and q5_k's super-block: d, dmin): the
+ * payload is q5's qh and nibbles, q4's nibbles, q8_0's int8, q4_k's 12 bytes of scales and 128
+ * of nibbles (q5_k: the scales, 32 bytes of qh, the nibbles); an x16 layout groups the head by
+ * 2 bytes and the payload by 4. */
+static inline int64_t twq_head(int fmt) { return twq_has_m(fmt) || twq_is_k45(fmt) ? 4 : 2; }
 
 /* Block j of row `lane` of an interleaved group, gathered back into the plain block layout. */
 TWQ_UNUSED static void twq_block_of_x16(int fmt, const uint8_t* grp, int64_t lane, int64_t j, uint8_t* blk) {
@@ -306,13 +310,17 @@ TWQ_UNUSED static void twq_block_of_x16(int fmt, const uint8_t* grp, int64_t lan
 }
 
 static inline int twq_is_k(int fmt) { return fmt == TWQ_Q4_K || fmt == TWQ_Q6_K || fmt == TWQ_Q5_K || fmt == TWQ_Q3_K || fmt == TWQ_Q2_K; }
-static inline int twq_is_i8(int fmt) { return fmt == TWQ_Q4_0 || fmt == TWQ_Q4_1 || twq_is_q5(fmt) || fmt == TWQ_Q8_0 || fmt == TWQ_Q4_K; }
+static inline int twq_is_i8(int fmt) { return fmt == TWQ_Q4_0 || fmt == TWQ_Q4_1 || twq_is_q5(fmt) || fmt == TWQ_Q8_0 || twq_is_k45(fmt); }
 /* The integer path's tables' index of a format (twq_is_i8). */
-static inline int twq_i8_slot(int fmt) { return fmt == TWQ_Q4_K ? 5 : fmt; }
+static inline int twq_i8_slot(int fmt) { return fmt == TWQ_Q4_K ? 5 : fmt == TWQ_Q5_K ? 6 : fmt; }
+#define TWQ_I8_SLOTS 7
+/* Where a q4_k / q5_k super-block's nibbles start (after d, dmin, the scales, and q5_k's qh). */
+static inline int64_t twq_k45_qs(int fmt) { return fmt == TWQ_Q5_K ? 48 : 16; }
 
-/* q4_k's 32-weight sub-block s (0..7) as the integer path takes it from a super-block's 6-bit
- * scales and mins: d * scale (exact in float32: an 11-bit significand times 6 bits) and
- * m = -(dmin * min) (exact too), with its weights d * scale * q + m, q the nibbles. */
+/* q4_k's and q5_k's 32-weight sub-block s (0..7) as the integer path takes it from a
+ * super-block's 6-bit scales and mins: d * scale (exact in float32: an 11-bit significand times
+ * 6 bits) and m = -(dmin * min) (exact too), with its weights d * scale * q + m, q the nibbles
+ * (q5_k: with their fifth bits). */
 static inline void twq_k4_factors(const uint8_t* blk, int s, float* dw, float* mw) {
     int sc, mn;
     twq_k4_scale(blk + 4, s, &sc, &mn);
@@ -1243,25 +1251,39 @@ TWQ_INLINE void twq_k4_nibbles(__m512i* W, int s) {
     for (int t = 0; t < 8; ++t) W[t] = _mm512_and_si512((s & 1) ? _mm512_srli_epi32(W[t], 4) : W[t], lo);
 }
 
-/* q4_k's 32-weight block j (sub-block j % 8 of super-block j / 8) of 16 plain rows, as twq_i8_decode gives a block. */
-TWQ_INLINE void twq_k4_decode(const uint8_t* const* rows, int64_t j, __m512i* W, __m512* dw, __m512* mw) {
-    const int64_t o = (j >> 3) * 144;
+/* q5_k: the fifth bits of sub-block s added to its nibbles W from the 8 vectors H of the rows' qh
+ * (vector t, lane i: row i's qh bytes 4t..4t+3, whose bit s belongs to weights 4t..4t+3). */
+TWQ_INLINE void twq_k5_high(const __m512i* H, int s, __m512i* W) {
+    const __m128i at = _mm_cvtsi32_si128(s);
+    const __m512i one = _mm512_set1_epi8(1);
+    for (int t = 0; t < 8; ++t) W[t] = _mm512_or_si512(W[t], _mm512_slli_epi32(_mm512_and_si512(_mm512_srl_epi32(H[t], at), one), 4));
+}
+
+/* q4_k's or q5_k's 32-weight block j (sub-block j % 8 of super-block j / 8) of 16 plain rows, as twq_i8_decode gives a block. */
+TWQ_INLINE void twq_k4_decode(int fmt, const uint8_t* const* rows, int64_t j, __m512i* W, __m512* dw, __m512* mw) {
+    const int64_t o = (j >> 3) * twq_nbytes[fmt], qs = o + twq_k45_qs(fmt);
     const int s = (int)(j & 7);
-    __m512i h, S[4]; /* S[3]: nibble bytes, unused */
+    __m512i h, S[4]; /* S[3]: the bytes after the scales, unused */
     twq_t16x4(rows, o, 1, &h);
     twq_t16x4(rows, o + 4, 3, S);
     twq_k4_factors_v(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16))), S, s, dw, mw);
-    twq_t16x4(rows, o + 16 + 32 * (s >> 1), 4, W);
-    twq_t16x4(rows, o + 32 + 32 * (s >> 1), 4, W + 4);
+    twq_t16x4(rows, qs + 32 * (s >> 1), 4, W);
+    twq_t16x4(rows, qs + 16 + 32 * (s >> 1), 4, W + 4);
     twq_k4_nibbles(W, s);
+    if (fmt == TWQ_Q5_K) {
+        __m512i H[8];
+        twq_t16x4(rows, o + 16, 4, H);
+        twq_t16x4(rows, o + 32, 4, H + 4);
+        twq_k5_high(H, s, W);
+    }
 }
 
 /* Block j of 16 rows: W[t], lane i = row i's weights 4t..4t+3 of the block as bytes (unsigned:
  * nibbles (q5: with their fifth bits), q8_0 + 128; signed q8_0 without VNNI), and the rows' d
  * (and q4_1's, q5_1's m). */
 TWQ_INLINE void twq_i8_decode(int fmt, const uint8_t* const* rows, int64_t j, __m512i* W, __m512* dw, __m512* mw) {
-    if (fmt == TWQ_Q4_K) {
-        twq_k4_decode(rows, j, W, dw, mw);
+    if (twq_is_k45(fmt)) {
+        twq_k4_decode(fmt, rows, j, W, dw, mw);
         return;
     }
     const int64_t o = j * twq_nbytes[fmt];
@@ -1292,13 +1314,19 @@ TWQ_INLINE void twq_i8_decode(int fmt, const uint8_t* const* rows, int64_t j, __
 
 /* Block j of the interleaved group at grp (16 rows): W, dw, mw as twq_i8_decode gives them. */
 TWQ_INLINE void twq_i8_decode_x16(int fmt, const uint8_t* grp, int64_t j, __m512i* W, __m512* dw, __m512* mw) {
-    if (fmt == TWQ_Q4_K) { /* super-block j / 8: 16 d, 16 dmin, 3 vectors of scale bytes, 32 of nibble bytes (4 per pair of sub-blocks) */
-        const uint8_t* k = grp + (j >> 3) * 16 * 144;
+    if (twq_is_k45(fmt)) { /* super-block j / 8: 16 d, 16 dmin, 3 vectors of scale bytes, (q5_k: 8 of qh,) 32 of nibble bytes (8 per pair of sub-blocks) */
+        const uint8_t* k = grp + (j >> 3) * 16 * twq_nbytes[fmt];
         const int s = (int)(j & 7);
         const __m512i S[3] = {_mm512_loadu_si512((const void*)(k + 64)), _mm512_loadu_si512((const void*)(k + 128)), _mm512_loadu_si512((const void*)(k + 192))};
         twq_k4_factors_v(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)k)), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(k + 32))), S, s, dw, mw);
-        for (int t = 0; t < 8; ++t) W[t] = _mm512_loadu_si512((const void*)(k + 256 + 64 * (8 * (s >> 1) + t)));
+        const uint8_t* qs = k + 64 + 16 * (twq_k45_qs(fmt) - 4);
+        for (int t = 0; t < 8; ++t) W[t] = _mm512_loadu_si512((const void*)(qs + 64 * (8 * (s >> 1) + t)));
         twq_k4_nibbles(W, s);
+        if (fmt == TWQ_Q5_K) {
+            __m512i H[8];
+            for (int t = 0; t < 8; ++t) H[t] = _mm512_loadu_si512((const void*)(k + 256 + 64 * t));
+            twq_k5_high(H, s, W);
+        }
         return;
     }
     const uint8_t* b = grp + j * 16 * twq_nbytes[fmt];
@@ -1436,15 +1464,18 @@ TWQ_I8_GEMV_FMT(TWQ_Q5_0)
 TWQ_I8_GEMV_FMT(TWQ_Q5_1)
 TWQ_I8_GEMV_FMT(TWQ_Q8_0)
 TWQ_I8_GEMV_FMT(TWQ_Q4_K)
+TWQ_I8_GEMV_FMT(TWQ_Q5_K)
 typedef void (*twq_i8_gemv_fn)(const twq_xq*, int64_t, const uint8_t*, int64_t, int64_t, int64_t, float*, int64_t);
 #define TWQ_I8_GEMV_ROW(P, FMT) \
     {P##FMT##_1, P##FMT##_2, P##FMT##_3, P##FMT##_4, P##FMT##_5, P##FMT##_6, P##FMT##_7, P##FMT##_8}
 /* [x16][twq_i8_slot(fmt)][M - 1] */
-static const twq_i8_gemv_fn twq_i8_gemv_table[2][6][8] = {
+static const twq_i8_gemv_fn twq_i8_gemv_table[2][TWQ_I8_SLOTS][8] = {
     {TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q4_0), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q4_1), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q5_0),
-     TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q5_1), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q8_0), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q4_K)},
+     TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q5_1), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q8_0), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q4_K),
+     TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q5_K)},
     {TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q4_0), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q4_1), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q5_0),
-     TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q5_1), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q8_0), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q4_K)}};
+     TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q5_1), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q8_0), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q4_K),
+     TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q5_K)}};
 
 /* x's rows quantized, then tiles of 16 W rows over the threads, each adding the residual r (or
  * NULL) into its outputs as it finishes them. (Quantizing inside the parallel region, the rows
@@ -1540,10 +1571,12 @@ TWQ_I8_MICRO_FMT(TWQ_Q5_0)
 TWQ_I8_MICRO_FMT(TWQ_Q5_1)
 TWQ_I8_MICRO_FMT(TWQ_Q8_0)
 TWQ_I8_MICRO_FMT(TWQ_Q4_K)
+TWQ_I8_MICRO_FMT(TWQ_Q5_K)
 typedef void (*twq_i8_micro_fn)(const twq_xq*, int64_t, const uint8_t*, float*, int64_t, int64_t, __mmask16, __mmask16);
 #define TWQ_I8_MICRO_ROW(FMT) {twq_i8_micro_##FMT##_1, twq_i8_micro_##FMT##_2, twq_i8_micro_##FMT##_3, twq_i8_micro_##FMT##_4}
-static const twq_i8_micro_fn twq_i8_micro_table[6][TWQ_IPM] = {TWQ_I8_MICRO_ROW(TWQ_Q4_0), TWQ_I8_MICRO_ROW(TWQ_Q4_1), TWQ_I8_MICRO_ROW(TWQ_Q5_0),
-                                                                TWQ_I8_MICRO_ROW(TWQ_Q5_1), TWQ_I8_MICRO_ROW(TWQ_Q8_0), TWQ_I8_MICRO_ROW(TWQ_Q4_K)};
+static const twq_i8_micro_fn twq_i8_micro_table[TWQ_I8_SLOTS][TWQ_IPM] = {TWQ_I8_MICRO_ROW(TWQ_Q4_0), TWQ_I8_MICRO_ROW(TWQ_Q4_1), TWQ_I8_MICRO_ROW(TWQ_Q5_0),
+                                                                TWQ_I8_MICRO_ROW(TWQ_Q5_1), TWQ_I8_MICRO_ROW(TWQ_Q8_0), TWQ_I8_MICRO_ROW(TWQ_Q4_K),
+                                                                TWQ_I8_MICRO_ROW(TWQ_Q5_K)};
 
 #define TWQ_I8_PACK_FN(FMT) \
     static void twq_i8_pack_##FMT(const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, int64_t nb, uint8_t* p) { twq_i8_pack(FMT, w, rb, n0, nr, nb, p); } \
@@ -1554,10 +1587,12 @@ TWQ_I8_PACK_FN(TWQ_Q5_0)
 TWQ_I8_PACK_FN(TWQ_Q5_1)
 TWQ_I8_PACK_FN(TWQ_Q8_0)
 TWQ_I8_PACK_FN(TWQ_Q4_K)
+TWQ_I8_PACK_FN(TWQ_Q5_K)
 typedef void (*twq_i8_pack_fn)(const uint8_t*, int64_t, int64_t, int64_t, int64_t, uint8_t*);
-static const twq_i8_pack_fn twq_i8_pack_table[2][6] = {
-    {twq_i8_pack_TWQ_Q4_0, twq_i8_pack_TWQ_Q4_1, twq_i8_pack_TWQ_Q5_0, twq_i8_pack_TWQ_Q5_1, twq_i8_pack_TWQ_Q8_0, twq_i8_pack_TWQ_Q4_K},
-    {twq_i8_pack_x16_TWQ_Q4_0, twq_i8_pack_x16_TWQ_Q4_1, twq_i8_pack_x16_TWQ_Q5_0, twq_i8_pack_x16_TWQ_Q5_1, twq_i8_pack_x16_TWQ_Q8_0, twq_i8_pack_x16_TWQ_Q4_K}};
+static const twq_i8_pack_fn twq_i8_pack_table[2][TWQ_I8_SLOTS] = {
+    {twq_i8_pack_TWQ_Q4_0, twq_i8_pack_TWQ_Q4_1, twq_i8_pack_TWQ_Q5_0, twq_i8_pack_TWQ_Q5_1, twq_i8_pack_TWQ_Q8_0, twq_i8_pack_TWQ_Q4_K, twq_i8_pack_TWQ_Q5_K},
+    {twq_i8_pack_x16_TWQ_Q4_0, twq_i8_pack_x16_TWQ_Q4_1, twq_i8_pack_x16_TWQ_Q5_0, twq_i8_pack_x16_TWQ_Q5_1, twq_i8_pack_x16_TWQ_Q8_0, twq_i8_pack_x16_TWQ_Q4_K,
+     twq_i8_pack_x16_TWQ_Q5_K}};
 
 /* Quantizes x (the threads share the rows), then panels of 32 W rows as twq_gemm. */
 static int twq_i8_gemm(int fmt, int x16, const float* x, const twq_xq* xq, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t rb) {
@@ -2093,18 +2128,20 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
                 uint8_t wq[32]; /* unsigned: nibbles, q8_0 + 128 (see twq_corr_mul) */
                 for (int64_t r = 0; r < rn; ++r) acc[r] = 0.0f;
                 for (int64_t j = 0; j < nb; ++j) {
-                    uint8_t blk[144]; /* the block (q4_k: super-block) as the plain format stores it */
-                    const int64_t at_j = fmt == TWQ_Q4_K ? j >> 3 : j;
+                    uint8_t blk[176]; /* the block (q4_k, q5_k: super-block) as the plain format stores it */
+                    const int64_t at_j = twq_is_k45(fmt) ? j >> 3 : j;
                     const uint8_t* b = row + at_j * twq_nbytes[fmt];
                     if (x16) {
                         twq_block_of_x16(fmt, grp, lane, at_j, blk);
                         b = blk;
                     }
                     float dw = twq_h2f(twq_u16(b)), mw = twq_has_m(fmt) ? twq_h2f(twq_u16(b + 2)) : 0.0f;
-                    if (fmt == TWQ_Q4_K) { /* sub-block j % 8: its pair's 32 bytes, low or high nibbles */
+                    if (twq_is_k45(fmt)) { /* sub-block j % 8: its pair's 32 bytes, low or high nibbles (q5_k: bit s of qh[l] the fifth) */
                         const int s = (int)(j & 7);
                         twq_k4_factors(b, s, &dw, &mw);
-                        for (int l = 0; l < 32; ++l) wq[l] = (uint8_t)((b[16 + 32 * (s >> 1) + l] >> (4 * (s & 1))) & 0xF);
+                        for (int l = 0; l < 32; ++l) wq[l] = (uint8_t)((b[twq_k45_qs(fmt) + 32 * (s >> 1) + l] >> (4 * (s & 1))) & 0xF);
+                        if (fmt == TWQ_Q5_K)
+                            for (int l = 0; l < 32; ++l) wq[l] = (uint8_t)(wq[l] | ((b[16 + l] >> s) & 1) << 4);
                     } else if (fmt == TWQ_Q8_0) {
                         for (int l = 0; l < 32; ++l) wq[l] = (uint8_t)(b[2 + l] ^ 0x80);
                     } else {
@@ -2242,6 +2279,7 @@ int32_t tw_qlinear_q5_1x16(const float* x, const uint8_t* w, float* y, int64_t M
 int32_t tw_qlinear_q8_0x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q8_0X16, x, w, NULL, y, M, N, K); }
 int32_t tw_qlinear_bf16x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_BF16X16, x, w, NULL, y, M, N, K); }
 int32_t tw_qlinear_q4_kx16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q4_KX16, x, w, NULL, y, M, N, K); }
+int32_t tw_qlinear_q5_kx16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q5_KX16, x, w, NULL, y, M, N, K); }
 
 /* y = x @ W.T + r (r [M, N], not y): the product, then the residual added to each output (the
  * float32 sum a separate add would make, so the same bits). */
@@ -2274,6 +2312,7 @@ TWQ_ADD_ENTRY(q5_1x16, TWQ_Q5_1X16)
 TWQ_ADD_ENTRY(q8_0x16, TWQ_Q8_0X16)
 TWQ_ADD_ENTRY(bf16x16, TWQ_BF16X16)
 TWQ_ADD_ENTRY(q4_kx16, TWQ_Q4_KX16)
+TWQ_ADD_ENTRY(q5_kx16, TWQ_Q5_KX16)
 
 /* The Python extern's trampoline: a[] = {fmt (the enum above), x, w, y (NumPy array object
  * addresses), M, N, K, data offset, r (a residual to add, or 0)}; each array's data pointer is
