@@ -20,7 +20,7 @@ In a nibble block, byte ``j`` holds weight ``j`` in its low nibble and weight ``
 high nibble; in ``q5_0`` and ``q5_1`` bit ``j`` of ``qh`` is weight ``j``'s fifth bit (``q =
 nibble | bit << 4``, 0..31).
 
-``q4_0x16``, ``q4_1x16``, ``q5_0x16``, ``q5_1x16``, ``q8_0x16``, ``q4_kx16`` and ``bf16x16`` (``INTERLEAVED_FORMATS``) are the same
+``q4_0x16``, ``q4_1x16``, ``q5_0x16``, ``q5_1x16``, ``q8_0x16``, ``q4_kx16``, ``q6_kx16`` and ``bf16x16`` (``INTERLEAVED_FORMATS``) are the same
 blocks with the rows interleaved in groups of 16, the layout the ``quant`` backend's GEMV reads
 without transposing (``interleave_rows`` makes it from the plain rows): ``w`` is still
 ``uint8[out_features, row_bytes]``, ``out_features`` a multiple of 16, and rows ``16g .. 16g +
@@ -28,8 +28,10 @@ without transposing (``interleave_rows`` makes it from the plain rows): ``w`` is
 then (``q4_1``, ``q5_1``) their 16 ``m`` (``q4_k``: its super-blocks' 16 ``dmin``), then the
 payloads (16 nibble bytes, ``qh`` and 16 nibble bytes, 32 int8, or ``q4_k``'s 12 bytes of scales
 and 128 of nibbles) in runs of 4 bytes: bytes ``4t .. 4t + 3`` of row 0, of row 1, ... of
-row 15, for ``t = 0, 1, ...`` (so a q5 block's first run is the 16 rows' ``qh``). ``q4_kx16``,
-like ``q4_k``, runs on the ``quant`` backend only.
+row 15, for ``t = 0, 1, ...`` (so a q5 block's first run is the 16 rows' ``qh``). A ``q6_k``
+super-block's ``d`` is its last 2 bytes: ``q6_kx16`` puts the 16 ``d`` first all the same and
+the payload is bytes 0 .. 207 (128 of low nibbles, 64 of high bit pairs, 16 scales: runs 0-31,
+32-47, 48-51). ``q4_kx16`` and ``q6_kx16``, like their k-quants, run on the ``quant`` backend only.
 ``bf16x16`` has no header and its blocks are pairs of weights (``in_features`` even): the 64
 bytes of pair ``t`` are weights ``2t, 2t + 1`` of row 0, of row 1, ... of row 15, one vector
 whose lanes are the group's rows. ``q4_k``, ``q6_k``, ``q5_k``, ``q3_k`` and ``q2_k`` (256-weight
@@ -98,6 +100,7 @@ INTERLEAVED_FORMATS: dict[str, QuantFormat] = {
     **{f"{f.name}x{GROUP}": QuantFormat(f"{f.name}x{GROUP}", f.block, f.nbytes, -1) for f in (QUANT_FORMATS[n] for n in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0"))},
     f"bf16x{GROUP}": QuantFormat(f"bf16x{GROUP}", 2, 4, -1),  # blocks of a pair of weights
     f"q4_kx{GROUP}": QuantFormat(f"q4_kx{GROUP}", 256, 144, -1),  # super-blocks
+    f"q6_kx{GROUP}": QuantFormat(f"q6_kx{GROUP}", 256, 210, -1),
 }
 ALL_FORMATS: dict[str, QuantFormat] = {**QUANT_FORMATS, **INTERLEAVED_FORMATS}
 K_QUANTS = ("q4_k", "q6_k", "q5_k", "q3_k", "q2_k")  # 256-weight super-blocks
@@ -130,6 +133,10 @@ def _head_bytes(base: str) -> int:
     return 4 if base in ("q4_1", "q5_1", "q4_k") else 0 if base == "bf16" else 2  # q4_k: the super-block's d, dmin
 
 
+def _head_at(base: str) -> int:
+    return 208 if base == "q6_k" else 0  # where a block's head sits: q6_k's d is its last 2 bytes
+
+
 def interleave_rows(data: np.ndarray, name: str, out: np.ndarray | None = None) -> np.ndarray:
     """Plain ``name`` rows (``uint8[n, row_bytes]``, ``n`` a multiple of 16) in the layout of
     ``interleaved(name)`` (see the module docstring): a new array of the same shape (``out``,
@@ -151,11 +158,12 @@ def _group_order(name: str, rb: int) -> np.ndarray:
     an index into the plain group's bytes: the layout of the module docstring applied to the
     indices."""
     f = INTERLEAVED_FORMATS[f"{name}x{GROUP}"]
-    head = _head_bytes(name)
+    head, ha = _head_bytes(name), _head_at(name)
     blocks = np.arange(GROUP * rb, dtype=np.intp).reshape(GROUP, rb // f.nbytes, f.nbytes).transpose(1, 0, 2)  # [j, row, byte]
     nb = blocks.shape[0]
-    parts = [blocks[..., at : at + 2].reshape(nb, 2 * GROUP) for at in range(0, head, 2)]
-    payload = blocks[..., head:].reshape(nb, GROUP, -1, 4).transpose(0, 2, 1, 3).reshape(nb, -1)
+    parts = [blocks[..., at : at + 2].reshape(nb, 2 * GROUP) for at in range(ha, ha + head, 2)]
+    rest = np.concatenate([blocks[..., :ha], blocks[..., ha + head :]], axis=-1)  # the payload: the block less its head
+    payload = rest.reshape(nb, GROUP, -1, 4).transpose(0, 2, 1, 3).reshape(nb, -1)
     return np.concatenate([*parts, payload], axis=1).reshape(-1)
 
 
