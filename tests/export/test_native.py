@@ -288,3 +288,36 @@ def test_torch_inputs_are_taken_as_the_vm_takes_them() -> None:
         with pytest.raises(RuntimeCheckError, match=match) as native_err:
             native(bad)
         assert str(native_err.value) == str(vm_err.value)
+
+
+def test_every_quant_format_has_a_c_call() -> None:
+    """The export's quant library calls are the library's formats (``quant.FORMATS``): each
+    plain and interleaved one, with and without a residual, declares and calls its entry point."""
+    from tilework.backend import quant as Q
+    from tilework.export.externs import declarations, extern_call
+
+    for fmt in Q.FORMATS:
+        for add in (False, True):
+            symbol = f"quant.linear{'_add' * add}.{fmt}"
+            assert f"tw_qlinear{'_add' * add}_{fmt}(" in declarations([symbol])[0]
+            assert f"tw_qlinear{'_add' * add}_{fmt}(" in extern_call(symbol, ["a", "b", *["r"] * add, "d", "y"], "main")[0]
+
+
+@pytest.mark.parametrize("fmt", ["q4_kx16", "q6_kx16"])
+def test_k_quant_x16_linears_run_natively(fmt: str) -> None:
+    """A k-quant x16 linear (and linear + residual) offloaded to the quant library runs in
+    native code with the VM's bits (the LLM's q precision takes these layouts)."""
+    from tests.backend.helpers import k_quant_blocks, module
+    from tilework.ir.sym import SymVar
+    from tilework.op.quant import interleave_rows
+
+    rng = np.random.default_rng(4)
+    b = interleave_rows(k_quant_blocks(rng, fmt[:4], 32, 512), fmt[:4])
+    n = SymVar("n", 1, 16)
+    mod = module([("x", (n, 512), "float32"), ("w", b.shape, "uint8"), ("r", (n, 32), "float32")],
+                 lambda x, w, r: tw.op.add(tw.op.quant_linear(x, w, fmt, 512), tw.op.add(tw.op.quant_linear(x, w, fmt, 512), r)))
+    exe = tw.build(mod, backends=["quant", "codegen"])
+    native = NativeModel(exe)
+    for rows in (1, 9):
+        x, r = rng.standard_normal((rows, 512)).astype(np.float32), rng.standard_normal((rows, 32)).astype(np.float32)
+        np.testing.assert_array_equal(native.run("main", x, b, r)[0], tw.VM(exe)["main"](x, b, r))

@@ -22,9 +22,9 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from tilework.backend import onnxruntime as onnxruntime_backend
+from tilework.backend.quant import FORMATS as QUANT_FORMATS  # every format the library has entry points for
 from tilework.errors import BuildError
 
-QUANT_FORMATS = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "bf16", "f16", "q4_k", "q6_k", "q5_k", "q3_k", "q2_k", "q4_0x16", "q4_1x16", "q5_0x16", "q5_1x16", "q8_0x16", "bf16x16")
 BLAS_KINDS = {"matmul": 2, "matmul_bias": 3, "linear": 2, "linear_bias": 3, "batch_matmul": 2}
 _QUANT_ERRORS = ("", "a null data pointer", "a negative size, or in_features not a multiple of the format's block", "an unknown format code", "the decode scratch could not be allocated", "the residual to add is the output buffer itself")
 
