@@ -3,7 +3,7 @@
 random k-quant blocks and SmolLM2's own blocks), at rows 0 to 128 (GEMV and GEMM paths) and odd
 shapes; offloading through ``tilework.build``; refusals with clear errors.
 
-q4_0, q4_1, q5_0, q5_1, q8_0, q4_k and q5_k run the integer path (``x`` quantized to 8-bit blocks): a NumPy emulation
+q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k and q6_k run the integer path (``x`` quantized to 8-bit blocks): a NumPy emulation
 of it (the same quantization, exact integer block sums, the float scales) is the reference to
 float32-summation tolerance; the dequantized float32 product is within
 ``quant.activation_bound``; the quantization of ``x`` is bit-exact; and the bits of a row's
@@ -102,10 +102,13 @@ def quantize_x(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def block_fields(b: np.ndarray, fmt: str, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The integer weights ``q_w`` (``[N, K/32, 32]``), ``d`` and ``m`` (q4_1, q5_1, q4_k; else
-    zeros) of blocks; q4_k per 32-weight sub-block: ``d * scale`` and ``-(dmin * min)``."""
+    zeros) of blocks; q4_k per 32-weight sub-block: ``d * scale`` and ``-(dmin * min)``; q6_k
+    (``q6_k_fields``) ``q_w`` times its 16-weight scale and the super-block's ``d``."""
     n, size = b.shape[0], QUANT_FORMATS[fmt].nbytes
     if fmt in ("q4_k", "q5_k"):
         return k45_fields(b, k, fmt)
+    if fmt == "q6_k":
+        return q6_k_fields(b, k)
     bb = b.reshape(n, k // 32, size)
     half = lambda at: bb[..., at : at + 2].copy().view(np.float16)[..., 0].astype(np.float32)  # noqa: E731
     if fmt in Q5:  # the nibbles with bit l of the uint32 qh after d (and m) as weight l's fifth
@@ -144,6 +147,24 @@ def k45_fields(b: np.ndarray, k: int, fmt: str) -> tuple[np.ndarray, np.ndarray,
     dw = (d[..., None] * scale.astype(np.float32)).reshape(n, k // 32)
     mw = -(dmin[..., None] * mins.astype(np.float32)).reshape(n, k // 32)
     return qw, dw.astype(np.float32), mw.astype(np.float32)
+
+
+def q6_k_fields(b: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``block_fields`` of q6_k super-blocks (128 bytes of low nibbles, 64 of high bit pairs, 16
+    int8 scales, d): sub-block ``s`` (half ``h = s // 4``, quarter ``t = s % 4``) takes nibble
+    ``t // 2`` of bytes ``64 h + 32 (t % 2) ..`` and bits ``2 t`` of bytes ``128 + 32 h ..``, ``q =
+    that - 32``; its weights ``l < 16`` scale ``2 s``, the rest ``2 s + 1``. ``q_w`` comes times
+    the scale (the integer path's ``sc0 * sum + sc1 * sum``, exact) and ``d`` is the
+    super-block's for each of its sub-blocks."""
+    n = b.shape[0]
+    sb = b.reshape(n, k // 256, 210).astype(np.int64)
+    d = sb[..., 208:210].astype(np.uint8).copy().view(np.float16)[..., 0].astype(np.float32)
+    ql, qh = sb[..., :128].reshape(n, -1, 2, 2, 32), sb[..., 128:192].reshape(n, -1, 2, 1, 32)  # [.., half, t % 2, l]
+    qs = [((ql[:, :, :, t % 2] >> (4 * (t // 2))) & 15 | ((qh[:, :, :, 0] >> (2 * t)) & 3) << 4) - 32 for t in range(4)]
+    q = np.stack(qs, axis=3)  # [n, super-block, half, t, l]
+    scale = sb[..., 192:208].astype(np.uint8).view(np.int8).astype(np.int64).reshape(n, -1, 2, 4, 2, 1)  # [.., half, t, l // 16]
+    qw = (q.reshape(n, -1, 2, 4, 2, 16) * scale).reshape(n, k // 32, 32)
+    return qw, np.repeat(d, 8, axis=1), np.zeros((n, k // 32), np.float32)
 
 
 def int8_reference(x: np.ndarray, b: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray]:
@@ -299,14 +320,64 @@ def test_k_quants_on_the_integer_path(rng: np.random.Generator, fmt: str) -> Non
             np.testing.assert_array_equal(Q.qlinear(x[i : i + 1], b, fmt)[0], full[i])
 
 
-def test_q4_kx16_runs_only_on_the_backend(rng: np.random.Generator) -> None:
-    """``q4_kx16``, as ``q4_k``, has no loop-level kernel: a clear refusal, not a wrong product."""
-    b = interleave_rows(k_quant_blocks(rng, "q4_k", 16, 256), "q4_k")
-    mod = module([("x", (1, 256), "float32"), ("w", b.shape, "uint8")], lambda x, w: op.quant_linear(x, w, "q4_kx16", 256))
-    with pytest.raises(TileworkError, match="q4_kx16 blocks have no loop-level kernel"):
+def test_q6_k_on_the_integer_path(rng: np.random.Generator) -> None:
+    """q6_k on the integer path (each 32-weight sub-block's halves summed exactly, times their
+    int8 scales in int32, then ``fma(isum, d * d_x, acc)``): the emulation and the bound at rows 0
+    to 33 (GEMV passes and the GEMM), N of 1, 13 and 48, K of one to six super-blocks; the
+    extremes (6-bit values 63 and 0 against activations of +-127, scales 127 and -128: sums near
+    2^24); each row's bits the same alone and in any batch, without VNNI, in the portable build
+    and on the rows interleaved in groups of 16 (``q6_kx16``)."""
+    for n, k in ((1, 256), (13, 512), (48, 1536)):
+        b = k_quant_blocks(rng, "q6_k", n, k)
+        b[0, :192], b[0, 192:208] = 0xFF, 0x7F  # row 0, super-block 0: every value 63, every scale 127
+        b[n - 1, :192], b[n - 1, 192:208] = 0, 0x80  # the last row's: every value 0 (q = -32), every scale -128
+        if n > 2:
+            b[1, 192:208] = rng.choice(np.array([0x7F, 0x80, 0x00, 0x01, 0xFF], np.uint8), 16)
+        wf = dequantize(b, GGML["q6_k"]).reshape(n, k).astype(np.float32)
+        x = rng.standard_normal((33, k)).astype(np.float32)
+        x[:, :64] = np.where(rng.random((33, 64)) < 0.5, -1.0, 1.0)  # quantizes to +-127
+        x[0, :64], x[1, :64] = 1.0, -1.0
+        full = Q.qlinear(x, b, "q6_k")
+        bx = interleave_rows(b, "q6_k") if n % 16 == 0 else None
+        for m in INT8_ROWS:
+            y = Q.qlinear(x[:m], b, "q6_k")
+            assert y.shape == (m, n)
+            if m:
+                assert_int8_matches(y, x[:m], b, "q6_k", wf)
+            np.testing.assert_array_equal(y, full[:m])
+            np.testing.assert_array_equal(Q.qlinear(x[:m], b, "q6_k", vnni=False), y)
+            np.testing.assert_array_equal(Q.qlinear(x[:m], b, "q6_k", portable=True), y)
+            if bx is not None:
+                for variant in ({}, {"vnni": False}, {"portable": True}):
+                    np.testing.assert_array_equal(Q.qlinear(x[:m], bx, "q6_kx16", **variant), y)
+        for i in (0, 1, 32):
+            np.testing.assert_array_equal(Q.qlinear(x[i : i + 1], b, "q6_k")[0], full[i])
+
+
+@pytest.mark.parametrize("fmt", ["q4_kx16", "q5_kx16", "q6_kx16"])
+def test_quant_take_reads_the_k_quant_x16_layouts(rng: np.random.Generator, fmt: str) -> None:
+    """An LLM's tied token table is its head's layout: ``quant_take``'s loop kernel decodes rows
+    of ``q4_kx16`` & co. to ``dequantize``'s values of the plain rows (ids in 3 groups, the last
+    row, a negative id)."""
+    base = fmt.removesuffix("x16")
+    b = k_quant_blocks(rng, base, 48, 512)
+    wf = dequantize(b, GGML[base]).reshape(48, 512).astype(np.float32)
+    ids = SymVar("i", 1)
+    take = module([("t", b.shape, "uint8"), ("ids", (ids,), "int64")], lambda t, i: op.quant_take(t, i, fmt, 512))
+    picks = np.array([0, 17, 31, 5, 47, -1], np.int64)
+    rows = tilework.VM(tilework.build(take))["main"](interleave_rows(b, base), picks)
+    np.testing.assert_array_equal(rows, wf[picks])
+
+
+@pytest.mark.parametrize("fmt", ["q4_kx16", "q5_kx16", "q6_kx16"])
+def test_k_quant_x16_runs_only_on_the_backend(rng: np.random.Generator, fmt: str) -> None:
+    """``q4_kx16``, ``q5_kx16`` and ``q6_kx16``, as their k-quants, have no loop-level kernel: a clear refusal, not a wrong product."""
+    b = interleave_rows(k_quant_blocks(rng, fmt[:4], 16, 256), fmt[:4])
+    mod = module([("x", (1, 256), "float32"), ("w", b.shape, "uint8")], lambda x, w: op.quant_linear(x, w, fmt, 256))
+    with pytest.raises(TileworkError, match=f"{fmt} blocks have no loop-level kernel"):
         tilework.build(mod)
     y = tilework.VM(tilework.build(mod, backends=["quant", "codegen"]))["main"](np.ones((1, 256), np.float32), b)
-    np.testing.assert_array_equal(y, Q.qlinear(np.ones((1, 256), np.float32), b, "q4_kx16"))
+    np.testing.assert_array_equal(y, Q.qlinear(np.ones((1, 256), np.float32), b, fmt))
 
 
 def test_the_quantization_of_x_is_bit_exact(rng: np.random.Generator) -> None:
@@ -371,11 +442,11 @@ def test_non_finite_x_makes_its_row_nan(rng: np.random.Generator) -> None:
         assert np.isnan(y[[1, 4]]).all() and np.isfinite(np.delete(y, [1, 4], axis=0)).all()
 
 
-@pytest.mark.parametrize("fmt", ["q4_1", "bf16", "q6_k"])
+@pytest.mark.parametrize("fmt", ["q4_1", "bf16", "q3_k"])
 def test_every_row_count_and_narrow_outputs(rng: np.random.Generator, fmt: str) -> None:
     """Rows 1..17 cover each GEMV pass size and the switch to the GEMM; N of 1, 3 and 13 the
     one-row groups and the overlapping last group of a ragged N."""
-    k = 256 if fmt == "q6_k" else 160
+    k = 256 if fmt == "q3_k" else 160
     for n in (1, 3, 13):
         b, wf = blocks(rng, fmt, n, k)
         for m in range(1, 18):
@@ -582,7 +653,7 @@ def test_interleaved_rows_need_whole_groups(rng: np.random.Generator) -> None:
         module([("x", (1, 64), "float32"), ("w", (24, Q.row_bytes("q4_1", 64)), "uint8")], lambda x, w: op.quant_linear(x, w, "q4_1x16", 64))
 
 
-@pytest.mark.parametrize("name, nbytes", [("q4_0", 18), ("q4_1", 20), ("q5_0", 22), ("q5_1", 24), ("q8_0", 34), ("bf16", 4), ("q4_k", 144), ("q5_k", 176)])
+@pytest.mark.parametrize("name, nbytes", [("q4_0", 18), ("q4_1", 20), ("q5_0", 22), ("q5_1", 24), ("q8_0", 34), ("bf16", 4), ("q4_k", 144), ("q5_k", 176), ("q6_k", 210)])
 def test_the_library_interleaves_the_same_bytes(rng: np.random.Generator, name: str, nbytes: int) -> None:
     """``QuantLibrary.interleave`` (C, every thread) gives ``interleave_rows``' bytes: one group,
     several, odd block counts, a large matrix (threads), none; into ``out`` too."""
@@ -598,7 +669,7 @@ def test_the_library_interleaves_the_same_bytes(rng: np.random.Generator, name: 
 
 LOADER_REFUSALS = [
     (lambda lib: lib.interleave(np.zeros((24, 20), np.uint8), "q4_1"), "multiple of 16 rows"),
-    (lambda lib: lib.interleave(np.zeros((16, 210), np.uint8), "q6_k"), "'q6_k' has no interleaved layout"),
+    (lambda lib: lib.interleave(np.zeros((16, 110), np.uint8), "q3_k"), "'q3_k' has no interleaved layout"),
     (lambda lib: lib.interleave(np.zeros((16, 20), np.uint8), "q4_1", out=np.zeros((16, 21), np.uint8)), "out must be"),
     (lambda lib: lib.dequantize(np.zeros((16, 20), np.uint8), "q4_1x16"), "q4_1x16"),
     (lambda lib: lib.dequantize(np.zeros((2, 35), np.uint8), "q8_0"), "multiple of 34 bytes"),
@@ -680,8 +751,8 @@ def test_residual_added_by_the_parallel_gemv_gives_the_same_bits(rng: np.random.
 
 
 def test_k_quants_run_only_on_the_backend(rng: np.random.Generator) -> None:
-    b, wf = blocks(rng, "q6_k", 8, 256)
-    mod = module([("x", (SymVar("n", 1), 256), "float32"), ("w", b.shape, "uint8")], lambda x, w: op.quant_linear(x, w, "q6_k", 256))
+    b, wf = blocks(rng, "q3_k", 8, 256)
+    mod = module([("x", (SymVar("n", 1), 256), "float32"), ("w", b.shape, "uint8")], lambda x, w: op.quant_linear(x, w, "q3_k", 256))
     vm = tilework.VM(tilework.build(mod, backends=["quant", "codegen"]))
     x = rng.standard_normal((4, 256)).astype(np.float32)
     assert_matches(vm["main"](x, b), x, wf)
@@ -845,7 +916,7 @@ def test_the_helpers_alone_decode_and_refuse_every_linear(monkeypatch: pytest.Mo
 
 def test_families_of_formats_and_bad_paths() -> None:
     assert Q.families_of(["q4_1x16", "q8_0x16", "f32"]) == ("int8",)
-    assert Q.families_of(["bf16x16", "q6_k", "q8_0"]) == ("int8", "bf16", "float")
+    assert Q.families_of(["bf16x16", "q3_k", "q8_0"]) == ("int8", "bf16", "float")
     assert Q.families_of(["bf16", "f16"]) == ("bf16", "float")
     assert Q.families_of(["f32"]) == ()
     assert Q.source(families=("int8",)).startswith("#define TWQ_WITH_FLOAT 0\n") and not Q.source().startswith("#define TWQ_WITH_")

@@ -1,4 +1,4 @@
-"""The quant backend's float path (bf16, f16, the k-quants but q4_k and q5_k) on AVX2 (``quant_float_avx2.c``: what a
+"""The quant backend's float path (bf16, f16, the k-quants q3_k and q2_k) on AVX2 (``quant_float_avx2.c``: what a
 CPU with AVX2, FMA and F16C but no AVX-512 runs; with AVX-512 the same checks hold its kernels)
 against a float64 NumPy reference and the portable build.
 
@@ -11,7 +11,7 @@ the portable kernels' results (another order) by at most twice that. Shapes: row
 GEMV's passes and the switch to the packed GEMM), N odd and not a multiple of 16 (ragged GEMV
 groups, masked GEMM panels), K with a tail past the multiples of 8 and K split into several
 packed chunks. Special values: f16 and bf16 subnormals, infinities and NaN in the weights.
-The k-quants q6_k, q3_k, q2_k (random blocks with sane scales, ``gguf``'s
+The k-quants q3_k, q2_k (random blocks with sane scales, ``gguf``'s
 ``dequantize`` as the weights): the same bound; the decoding rounds once per weight
 (``d * scale * q - dmin * min``), which the bound's factor K covers many times over."""
 
@@ -98,7 +98,7 @@ def test_matches_float64_and_the_portable_build(rng: np.random.Generator, fmt: s
         lib.set_threads(lib.max_threads())
 
 
-@pytest.mark.parametrize("fmt", [f for f in K_QUANT_HALVES if f not in Q.INT8_FORMATS])  # q4_k, q5_k: the integer path (test_quant.py)
+@pytest.mark.parametrize("fmt", [f for f in K_QUANT_HALVES if f not in Q.INT8_FORMATS])  # q4_k, q5_k, q6_k: the integer path (test_quant.py)
 def test_k_quants_match_float64_and_the_portable_build(rng: np.random.Generator, fmt: str) -> None:
     gguf = pytest.importorskip("gguf")
     for k in (256, 512, 1536):

@@ -295,7 +295,7 @@ def test_every_quant_format_runs_natively_as_in_the_vm(fmt: str) -> None:
     """Each of the quant library's formats, alone and with its residual add fused
     (``quant.linear.<fmt>``, ``quant.linear_add.<fmt>``), in native graph code: the VM's bits
     (what an LLM whose file holds that format decodes with by default)."""
-    from tests.backend.helpers import module
+    from tests.backend.helpers import K_QUANT_HALVES, k_quant_blocks, module
     from tilework import op
     from tilework.backend import quant as Q
     from tilework.ir.sym import SymVar
@@ -304,16 +304,15 @@ def test_every_quant_format_runs_natively_as_in_the_vm(fmt: str) -> None:
     rng = np.random.default_rng(7)
     n, k = 32, 256
     base = fmt.removesuffix("x16")
-    w = rng.integers(0, 256, (n, Q.row_bytes(base, k)), dtype=np.uint8)
-    if base in ("bf16", "f16"):  # finite weights: random bits below the exponent's top
+    if base in K_QUANT_HALVES:
+        w = k_quant_blocks(rng, base, n, k)
+    elif base in ("bf16", "f16"):  # finite weights: random bits below the exponent's top
+        w = rng.integers(0, 256, (n, 2 * k), dtype=np.uint8)
         w[:, 1::2] &= 0x3B
-    else:  # finite fp16 scales (any other bytes are valid blocks)
-        f = quant_format(base)
-        halves = (f.nbytes - 2,) if base == "q6_k" else (0, 2) if base in ("q4_1", "q5_1", "q4_k", "q5_k", "q2_k") else (108,) if base == "q3_k" else (0,)
-        if base == "q2_k":
-            halves = (80, 82)
-        blocks = w.reshape(n, -1, f.nbytes)
-        for at in halves:
+    else:  # random blocks with finite fp16 d (and m: q4_1, q5_1)
+        w = rng.integers(0, 256, (n, Q.row_bytes(base, k)), dtype=np.uint8)
+        blocks = w.reshape(n, -1, quant_format(base).nbytes)
+        for at in (0, 2) if base in ("q4_1", "q5_1") else (0,):
             blocks[:, :, at : at + 2] = (rng.standard_normal((n, blocks.shape[1], 1)) * 0.01).astype(np.float16).view(np.uint8)
     if fmt != base:
         w = interleave_rows(w, base)

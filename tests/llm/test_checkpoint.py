@@ -231,24 +231,32 @@ def k_quant_matrix(name: str, fmt: str, shape: tuple[int, int], std: float, seed
     return QuantTensor(name, shape, fmt, k_quant_blocks(np.random.default_rng(seed), fmt, *shape, scale=scale))
 
 
-def test_a_llama_gguf_of_k_quants_gives_the_log_probabilities_of_its_values(tmp_path: Path) -> None:
-    """Llama matrices stored as Q5_K, Q3_K and Q2_K (each format in the q/k projections, whose
-    rows llama.cpp permutes, the others, the head and the token table, as llama.cpp's k-quant
-    files store theirs): kept in their blocks (``q``: the quant library's float path, GEMV at one
-    token, GEMM over 13; the table's rows decoded by ``quant_take``) they give transformers'
-    log-probabilities with the dequantized values to float32 rounding."""
+@pytest.mark.parametrize("fmts", [("q3_k", "q2_k"), ("q4_k", "q5_k", "q6_k")])
+def test_a_llama_gguf_of_k_quants_gives_the_log_probabilities_of_its_values(tmp_path: Path, fmts: tuple[str, ...]) -> None:
+    """Llama matrices stored as k-quants (each format in the q/k projections, whose rows
+    llama.cpp permutes, the others, the head and the token table, as llama.cpp's k-quant files
+    store theirs): kept in their blocks (``q``; GEMV at one token, GEMM over 13; the table's rows
+    decoded by ``quant_take``) they give transformers' log-probabilities with the dequantized
+    values: to float32 rounding on the quant library's float path (Q3_K, Q2_K); on its integer
+    path (Q4_K, Q5_K, Q6_K: 16 rows interleaved, activations rounded to 8-bit blocks as
+    llama.cpp's are) off by what that rounding adds: on average under 0.02, at worst under 5%
+    of a position's spread of log-probabilities (measured: 0.004-0.008 and 0.11 of 4.4)."""
     hf = save(tmp_path / "ckpt", "llama", hidden_size=256, intermediate_size=256)
-    fmts = ("q5_k", "q3_k", "q2_k")
     matrices = [n for n, p in hf.named_parameters() if p.ndim == 2]
-    blocks = {n: k_quant_matrix(n, fmts[i % 3], tuple(hf.get_parameter(n).shape), 0.05, seed=i) for i, n in enumerate(matrices)}
+    blocks = {n: k_quant_matrix(n, fmts[i % len(fmts)], tuple(hf.get_parameter(n).shape), 0.05, seed=i) for i, n in enumerate(matrices)}
     assert {b.fmt for n, b in blocks.items() if ".q_proj." in n or ".k_proj." in n} == set(fmts)
     with torch.no_grad():
         for n, b in blocks.items():
             hf.get_parameter(n).copy_(torch.from_numpy(b.dequantize()))
     llm = LLM(str(write_gguf_of(hf, tmp_path / "kq.gguf", blocks=blocks)), precision="q", max_batch=2, kv_tokens=256, kv_dtype="float32")
-    assert {llm.formats[n] for n in blocks} == set(fmts)
+    assert {llm.formats[n].removesuffix("x16") for n in blocks} == set(fmts)
     for ids in PROMPTS:  # 1, 7 and 13 tokens
-        np.testing.assert_allclose(llm.score(ids), log_probs(hf, ids), rtol=0, atol=1e-4)
+        got, want = llm.score(ids), log_probs(hf, ids)
+        if fmts[0] == "q3_k":
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+            continue
+        err = np.abs(got - want)
+        assert err.mean() < 0.02 and (err.max(-1) < 0.05 * (want.max(-1) - want.min(-1))).all(), (err.mean(), err.max())
 
 
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 10000.0}

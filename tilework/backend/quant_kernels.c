@@ -3,8 +3,8 @@
  * x is float32 [M, K] (row-major), w is uint8 [N, row_bytes] (the blocks of each output row,
  * as a GGUF file stores them), y is float32 [M, N].
  *
- * q4_0, q4_1, q5_0, q5_1, q8_0 (32-weight blocks), q4_k and q5_k (256-weight super-blocks of 8
- * blocks of 32 4- or 5-bit weights) take the integer path, as llama.cpp does.
+ * q4_0, q4_1, q5_0, q5_1, q8_0 (32-weight blocks), q4_k, q5_k and q6_k (256-weight super-blocks
+ * of 8 blocks of 32 4-, 5- or 6-bit weights) take the integer path, as llama.cpp does.
  * Each row of x is quantized once per call to 8-bit blocks of 32: d = max|x| / 127,
  * q = rint(x * (127 / max|x|)) (a block whose max|x| is below 2^-100 gets q = 0; one with a NaN
  * or an infinity gets q = 0 and a non-finite d, so its outputs are NaN). Each output is then, block by block in order,
@@ -12,7 +12,12 @@
  *     acc = fma(m_w, d_x * sum(q_x), acc)          (q4_1, q5_1, q4_k, q5_k only: q_w is the nibble, m_w its min)
  * with q_w = nibble - 8 (q4_0), nibble (q4_1, q4_k), the 5-bit value - 16 (q5_0), the 5-bit value
  * (q5_1, q5_k: the nibble with its fifth bit from qh), the int8 (q8_0); q4_k's (q5_k's) d_w of block s of a
- * super-block is d * scale_s and its m_w = -(dmin * min_s), both exact in float32 (twq_k4_factors). That sequence of float32
+ * super-block is d * scale_s and its m_w = -(dmin * min_s), both exact in float32 (twq_k4_factors).
+ * q6_k's blocks have two int8 scales, one per 16 weights, so its update is instead
+ *     acc = fma((float)isum, d_w * d_x, acc)       isum = sc0 * sum(q_w * q_x over weights 0-15)
+ *                                                         + sc1 * sum(q_w * q_x over weights 16-31)
+ * exactly in int32 (|isum| <= 2 * 128 * 16 * 32 * 127 < 2^24, so (float)isum is exact too), d_w
+ * the super-block's d, q_w the 6-bit value - 32 (twq_k6_isum). That sequence of float32
  * operations is the same on the GEMV and the GEMM, in the AVX-512 and the portable build, so
  * an output's bits do not depend on how many rows of x are in the call or on the build. It
  * differs from x @ dequantize(w).T by the rounding of x: at most sum over blocks b of
@@ -26,16 +31,17 @@
  *   (1280 bytes a block), and a 4 x 32 register-blocked kernel runs the rows of x over them.
  * Without AVX-512 VNNI (or with TW_QUANT_NO_VNNI) vpmaddubsw + vpmaddwd do the products
  * (q8_0 through |w| and x with w's sign, which keeps the pair sums in int16).
- * - q4_0x16, q4_1x16, q5_0x16, q5_1x16, q8_0x16, q4_kx16, q5_kx16: the same blocks with the rows interleaved in
+ * - q4_0x16, q4_1x16, q5_0x16, q5_1x16, q8_0x16, q4_kx16, q5_kx16, q6_kx16: the same blocks with the rows interleaved in
  *   groups of 16 (N a multiple of 16), laid out as the GEMV consumes them, so that no
  *   transposition is left to do at run time: for each group of 16 rows and block j, 16 * nbytes
  *   bytes: the 16 rows' fp16 d, then (q4_1, q5_1) their 16 m (q4_k, q5_k: its super-blocks' dmin), then
  *   the payloads (16 nibble bytes; q5's qh and 16 nibble bytes; 32 int8; q4_k's 12 bytes of
- *   scales and 128 of nibbles; q5_k's scales, 32 bytes of qh, nibbles) as vectors of 64 bytes, vector t holding bytes
+ *   scales and 128 of nibbles; q5_k's scales, 32 bytes of qh, nibbles; q6_k's 208 bytes before
+ *   its d: 128 of low nibbles, 64 of high bit pairs, 16 scales) as vectors of 64 bytes, vector t holding bytes
  *   4t..4t+3 of row 0, then of row 1, ... of row 15 (q5: vector 0 is the 16 rows' qh). The results
  *   are the same bits as the plain format's (the same block sums in the same order).
  *
- * bf16, f16 and the other k-quants (q6_k, q3_k, q2_k) multiply in float32 with the weights
+ * bf16, f16 and the other k-quants (q3_k, q2_k) multiply in float32 with the weights
  * decoded exactly (no activation quantization; x @ dequantize(w).T up to float32 rounding), but
  * for bf16 where the CPU has
  * AVX-512 BF16 (TWQ_BF16DOT; define TW_QUANT_NO_BF16DOT to leave it out), on the GEMV and the
@@ -66,7 +72,7 @@
  *   plain C over the lanes (x in float32, each output summed pair by pair).
  * Both paths have AVX-512 kernels (F + BW, F16C; VNNI where present) and portable ones (any
  * C99 compiler; define TW_QUANT_PORTABLE to force them). Without AVX-512 but with AVX2, FMA and
- * F16C, the float path (bf16, f16, the k-quants) runs the kernels of quant_float_avx2.c (TWQ_A2F:
+ * F16C, the float path (bf16, f16, q5_k, q3_k, q2_k) runs the kernels of quant_float_avx2.c (TWQ_A2F:
  * a GEMV over groups of 4 or 2 W rows, a packed GEMM with a 6 x 16 micro-kernel; see that
  * file), which tilework's quant.py splices in at its #include below. With AVX2 the
  * portable integer path takes each block's dot products with a row of x in AVX2 (vpmaddubsw +
@@ -80,7 +86,7 @@
  * (twq_broadcast_x), read as vpmaddubsw's memory operand.
  *
  * Entry points: tw_qlinear_<fmt>(x, w, y, M, N, K) for q4_0 q4_1 q5_0 q5_1 q8_0 bf16 f16 q4_k
- * q6_k q5_k q3_k q2_k q4_0x16 q4_1x16 q5_0x16 q5_1x16 q8_0x16 bf16x16 q4_kx16 q5_kx16, and tw_qlinear_add_<fmt>(x, w, r, y,
+ * q6_k q5_k q3_k q2_k q4_0x16 q4_1x16 q5_0x16 q5_1x16 q8_0x16 bf16x16 q4_kx16 q5_kx16 q6_kx16, and tw_qlinear_add_<fmt>(x, w, r, y,
  * M, N, K): y = x @ W.T + r; 0 on success, TWQ_E* for a bad argument. tw_qlinear_packed is the trampoline the Python
  * extern calls with NumPy array object addresses; tw_quant_quantize_x exposes the quantization
  * of x to the tests; tw_quant_dequantize and tw_quant_interleave (quant_dequant.c) decode and
@@ -109,8 +115,8 @@
 
 enum { TWQ_Q4_0, TWQ_Q4_1, TWQ_Q5_0, TWQ_Q5_1, TWQ_Q8_0, TWQ_BF16, TWQ_F16, TWQ_Q4_K, TWQ_Q6_K, TWQ_Q5_K, TWQ_Q3_K, TWQ_Q2_K, TWQ_NFMT };
 /* The interleaved layouts' codes (the entry points' fmt) follow the plain ones; twq_x16_base gives each its plain format. */
-enum { TWQ_Q4_0X16 = TWQ_NFMT, TWQ_Q4_1X16, TWQ_Q5_0X16, TWQ_Q5_1X16, TWQ_Q8_0X16, TWQ_BF16X16, TWQ_Q4_KX16, TWQ_Q5_KX16, TWQ_NCODES };
-static const int twq_x16_base[TWQ_NCODES - TWQ_NFMT] = {TWQ_Q4_0, TWQ_Q4_1, TWQ_Q5_0, TWQ_Q5_1, TWQ_Q8_0, TWQ_BF16, TWQ_Q4_K, TWQ_Q5_K};
+enum { TWQ_Q4_0X16 = TWQ_NFMT, TWQ_Q4_1X16, TWQ_Q5_0X16, TWQ_Q5_1X16, TWQ_Q8_0X16, TWQ_BF16X16, TWQ_Q4_KX16, TWQ_Q5_KX16, TWQ_Q6_KX16, TWQ_NCODES };
+static const int twq_x16_base[TWQ_NCODES - TWQ_NFMT] = {TWQ_Q4_0, TWQ_Q4_1, TWQ_Q5_0, TWQ_Q5_1, TWQ_Q8_0, TWQ_BF16, TWQ_Q4_K, TWQ_Q5_K, TWQ_Q6_K};
 static const int64_t twq_block[TWQ_NFMT] = {32, 32, 32, 32, 32, 1, 1, 256, 256, 256, 256, 256};
 static const int64_t twq_nbytes[TWQ_NFMT] = {18, 20, 22, 24, 34, 2, 2, 144, 210, 176, 110, 84};
 
@@ -125,13 +131,13 @@ static const int64_t twq_nbytes[TWQ_NFMT] = {18, 20, 22, 24, 34, 2, 2, 144, 210,
  * the ones a model needs: a path left out is code no entry point reaches, which the compiler
  * drops, and its formats' entry points return TWQ_EFAMILY). The helpers are in every build. */
 #ifndef TWQ_WITH_INT8
-#define TWQ_WITH_INT8 1 /* q4_0, q4_1, q5_0, q5_1, q8_0 and their x16 layouts */
+#define TWQ_WITH_INT8 1 /* q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q6_k and their x16 layouts */
 #endif
 #ifndef TWQ_WITH_BF16
 #define TWQ_WITH_BF16 1 /* bf16 and bf16x16 */
 #endif
 #ifndef TWQ_WITH_FLOAT
-#define TWQ_WITH_FLOAT 1 /* f16, q4_k, q6_k, q5_k, q3_k, q2_k */
+#define TWQ_WITH_FLOAT 1 /* f16, q5_k, q3_k, q2_k */
 #endif
 
 #ifndef TWQ_GEMV_MAX_M
@@ -294,26 +300,29 @@ static inline int twq_is_k45(int fmt) { return fmt == TWQ_Q4_K || fmt == TWQ_Q5_
 /* Whether the integer path adds m * d_x * sum(q_x) to each block's sum: q4_1's and q5_1's m,
  * q4_k's and q5_k's m = -dmin * min of the sub-block. */
 static inline int twq_i8_m(int fmt) { return twq_has_m(fmt) || twq_is_k45(fmt); }
-/* Bytes of a block before its payload (d, and m; q4_k's and q5_k's super-block: d, dmin): the
- * payload is q5's qh and nibbles, q4's nibbles, q8_0's int8, q4_k's 12 bytes of scales and 128
- * of nibbles (q5_k: the scales, 32 bytes of qh, the nibbles); an x16 layout groups the head by
- * 2 bytes and the payload by 4. */
+/* A block's head (d, and m; q4_k's and q5_k's super-block: d, dmin; q6_k's: d) and its payload,
+ * the rest: q5's qh and nibbles, q4's nibbles, q8_0's int8, q4_k's 12 bytes of scales and 128
+ * of nibbles (q5_k: the scales, 32 bytes of qh, the nibbles), q6_k's 128 bytes of low nibbles,
+ * 64 of high bit pairs and 16 int8 scales. The head is the block's first twq_head bytes, but
+ * q6_k's d is its last 2 (twq_head_at: where the head sits); an x16 layout groups the head by
+ * 2 bytes and the payload by 4, head first. */
 static inline int64_t twq_head(int fmt) { return twq_has_m(fmt) || twq_is_k45(fmt) ? 4 : 2; }
+static inline int64_t twq_head_at(int fmt) { return fmt == TWQ_Q6_K ? 208 : 0; }
 
 /* Block j of row `lane` of an interleaved group, gathered back into the plain block layout. */
 TWQ_UNUSED static void twq_block_of_x16(int fmt, const uint8_t* grp, int64_t lane, int64_t j, uint8_t* blk) {
-    const int64_t nbytes = twq_nbytes[fmt], head = twq_head(fmt);
+    const int64_t nbytes = twq_nbytes[fmt], head = twq_head(fmt), at = twq_head_at(fmt), pay = at ? 0 : head;
     const uint8_t* b = grp + j * 16 * nbytes;
-    memcpy(blk, b + 2 * lane, 2);
-    if (head == 4) memcpy(blk + 2, b + 32 + 2 * lane, 2);
-    for (int64_t t = 0; t < (nbytes - head) / 4; ++t) memcpy(blk + head + 4 * t, b + 16 * head + 64 * t + 4 * lane, 4);
+    memcpy(blk + at, b + 2 * lane, 2);
+    if (head == 4) memcpy(blk + at + 2, b + 32 + 2 * lane, 2);
+    for (int64_t t = 0; t < (nbytes - head) / 4; ++t) memcpy(blk + pay + 4 * t, b + 16 * head + 64 * t + 4 * lane, 4);
 }
 
 static inline int twq_is_k(int fmt) { return fmt == TWQ_Q4_K || fmt == TWQ_Q6_K || fmt == TWQ_Q5_K || fmt == TWQ_Q3_K || fmt == TWQ_Q2_K; }
-static inline int twq_is_i8(int fmt) { return fmt == TWQ_Q4_0 || fmt == TWQ_Q4_1 || twq_is_q5(fmt) || fmt == TWQ_Q8_0 || twq_is_k45(fmt); }
+static inline int twq_is_i8(int fmt) { return fmt == TWQ_Q4_0 || fmt == TWQ_Q4_1 || twq_is_q5(fmt) || fmt == TWQ_Q8_0 || twq_is_k45(fmt) || fmt == TWQ_Q6_K; }
 /* The integer path's tables' index of a format (twq_is_i8). */
-static inline int twq_i8_slot(int fmt) { return fmt == TWQ_Q4_K ? 5 : fmt == TWQ_Q5_K ? 6 : fmt; }
-#define TWQ_I8_SLOTS 7
+static inline int twq_i8_slot(int fmt) { return fmt == TWQ_Q4_K ? 5 : fmt == TWQ_Q5_K ? 6 : fmt == TWQ_Q6_K ? 7 : fmt; }
+#define TWQ_I8_SLOTS 8
 /* Where a q4_k / q5_k super-block's nibbles start (after d, dmin, the scales, and q5_k's qh). */
 static inline int64_t twq_k45_qs(int fmt) { return fmt == TWQ_Q5_K ? 48 : 16; }
 
@@ -395,22 +404,26 @@ TWQ_UNUSED static void twq_bf16x16_float(const float* x, const uint8_t* w, float
 /* ==== 8-bit activations (both builds) ========================================================= */
 
 /* x quantized for the integer path; per block b of row r (index r * nb + b): d, cx = d * sum(q)
- * and corr = twq_corr_mul(fmt) * sum(q), the integer start of the block's dot products. */
+ * and corr = twq_corr_mul(fmt) * sum(q), the integer start of the block's dot products, and
+ * corr16 = twq_corr_mul(fmt) * (the sum of its first 16 q): q6_k's two halves (scales) start at
+ * corr16 and corr - corr16. */
 typedef struct {
     int8_t* q; /* [M][K], the order of x */
     float* d;
     float* cx;
     int32_t* corr;
+    int32_t* corr16;
     int64_t K, nb;
 } twq_xq;
 
 /* The dot products multiply unsigned weight bytes: q4_0's nibbles are q_w + 8 (q5_0's 5-bit
- * values q_w + 16), and q8_0's bytes are biased to q_w + 128 (but for vpmaddubsw, see twq_dot); the start of each block's sum
+ * values q_w + 16, q6_k's 6-bit ones q_w + 32), and q8_0's bytes are biased to q_w + 128 (but for vpmaddubsw, see twq_dot); the start of each block's sum
  * takes the bias off. (The portable loop needs the bias too: GCC 12 with -march=native turns an
  * int8 x int8 dot-product loop into vpdpbusd, which reads one side as unsigned: wrong sums.) */
 static inline int32_t twq_corr_mul(int fmt) {
     if (fmt == TWQ_Q4_0) return -8;
     if (fmt == TWQ_Q5_0) return -16;
+    if (fmt == TWQ_Q6_K) return -32;
 #if !defined(TWQ_AVX512) || defined(TWQ_VNNI)
     if (fmt == TWQ_Q8_0) return -128;
 #endif
@@ -419,8 +432,8 @@ static inline int32_t twq_corr_mul(int fmt) {
 
 #define TWQ_TINY 0x1p-100f /* blocks of x below this magnitude quantize to zero (127 / max stays finite) */
 
-/* One block of 32: q and d as the file header states; *s = sum(q). */
-static inline void twq_quant_block(const float* x, int8_t* q, float* d, int32_t* s) {
+/* One block of 32: q and d as the file header states; *s = sum(q), *s16 = the sum of its first 16. */
+static inline void twq_quant_block(const float* x, int8_t* q, float* d, int32_t* s, int32_t* s16) {
 #ifdef TWQ_AVX512
     const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
     float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
@@ -449,7 +462,7 @@ static inline void twq_quant_block(const float* x, int8_t* q, float* d, int32_t*
     *d = amax / 127.0f;
     if (!(amax <= 3.4028234663852886e38f)) { /* NaN or infinity: d is too, the products are NaN */
         memset(q, 0, 32);
-        *s = 0;
+        *s = *s16 = 0;
         return;
     }
     const float id = amax > TWQ_TINY ? 127.0f / amax : 0.0f;
@@ -458,24 +471,30 @@ static inline void twq_quant_block(const float* x, int8_t* q, float* d, int32_t*
     const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
     _mm_storeu_si128((__m128i*)q, _mm512_cvtepi32_epi8(q0));
     _mm_storeu_si128((__m128i*)(q + 16), _mm512_cvtepi32_epi8(q1));
-    *s = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    *s16 = _mm512_reduce_add_epi32(q0);
+    *s = *s16 + _mm512_reduce_add_epi32(q1);
 #elif defined(TWQ_AVX2)
     __m256i q4[4]; /* rint under the default rounding mode, as rintf */
     for (int i = 0; i < 4; ++i) q4[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(id)));
     const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(q4[0], q4[1]), _mm256_packs_epi32(q4[2], q4[3])); /* |q| <= 127: no saturation */
     _mm256_storeu_si256((__m256i*)q, _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-    const __m256i t = _mm256_add_epi32(_mm256_add_epi32(q4[0], q4[1]), _mm256_add_epi32(q4[2], q4[3]));
+    const __m256i t0 = _mm256_add_epi32(q4[0], q4[1]), t = _mm256_add_epi32(t0, _mm256_add_epi32(q4[2], q4[3]));
     __m128i u = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+    __m128i u0 = _mm_add_epi32(_mm256_castsi256_si128(t0), _mm256_extracti128_si256(t0, 1));
     u = _mm_add_epi32(u, _mm_shuffle_epi32(u, 0x4E));
+    u0 = _mm_add_epi32(u0, _mm_shuffle_epi32(u0, 0x4E));
     *s = _mm_cvtsi128_si32(_mm_add_epi32(u, _mm_shuffle_epi32(u, 0xB1)));
+    *s16 = _mm_cvtsi128_si32(_mm_add_epi32(u0, _mm_shuffle_epi32(u0, 0xB1)));
 #else
-    int32_t sum = 0;
+    int32_t sum = 0, sum16 = 0;
     for (int l = 0; l < 32; ++l) {
         int32_t v = (int32_t)rintf(x[l] * id); /* |x * id| <= 127 (rounded up by at most 2 ulp) */
         q[l] = (int8_t)v;
         sum += v;
+        sum16 += l < 16 ? v : 0;
     }
     *s = sum;
+    *s16 = sum16;
 #endif
 }
 
@@ -484,22 +503,24 @@ static void twq_quantize(int fmt, const float* x, const twq_xq* xq, int64_t r0, 
     for (int64_t r = r0; r < r1; ++r)
         for (int64_t b = 0; b < xq->nb; ++b) {
             const int64_t at = r * xq->nb + b;
-            int32_t s;
-            twq_quant_block(x + r * xq->K + 32 * b, xq->q + r * xq->K + 32 * b, &xq->d[at], &s);
+            int32_t s, s16;
+            twq_quant_block(x + r * xq->K + 32 * b, xq->q + r * xq->K + 32 * b, &xq->d[at], &s, &s16);
             xq->cx[at] = xq->d[at] * (float)s;
             xq->corr[at] = cm * s;
+            xq->corr16[at] = cm * s16;
         }
 }
 
-/* The scratch for M rows (one allocation: q, then d, cx, corr); NULL when malloc fails. */
+/* The scratch for M rows (one allocation: q, then d, cx, corr, corr16); NULL when malloc fails. */
 static float* twq_xq_alloc(twq_xq* xq, int64_t M, int64_t K) {
     const int64_t nb = K / 32, qf = (M * K + 63) / 64 * 16;
-    float* base = twq_alloc(qf + 3 * M * nb);
+    float* base = twq_alloc(qf + 4 * M * nb);
     if (base == NULL) return NULL;
     xq->q = (int8_t*)base;
     xq->d = base + qf;
     xq->cx = xq->d + M * nb;
     xq->corr = (int32_t*)(xq->cx + M * nb);
+    xq->corr16 = xq->corr + M * nb;
     xq->K = K;
     xq->nb = nb;
     return base;
@@ -1278,12 +1299,59 @@ TWQ_INLINE void twq_k4_decode(int fmt, const uint8_t* const* rows, int64_t j, __
     }
 }
 
+/* q6_k's sub-block s (0..7) of 16 rows from the 8 vectors L of their 32 low-nibble bytes and H
+ * of their 32 high-bit bytes (twq_i8_decode's order): into L, the 6-bit values q + 32 (the
+ * nibble (s & 3) / 2 of L's bytes, the bit pair s & 3 of H's above it). */
+TWQ_INLINE void twq_k6_bits(__m512i* L, const __m512i* H, int s) {
+    const int t = s & 3;
+    const __m512i lo = _mm512_set1_epi8(0x0F), hi = _mm512_set1_epi8(0x30);
+    for (int i = 0; i < 8; ++i) {
+        const __m512i n = t >= 2 ? _mm512_srli_epi32(L[i], 4) : L[i];
+        const __m512i h = t < 2 ? _mm512_slli_epi32(H[i], 4 - 2 * t) : t == 2 ? H[i] : _mm512_srli_epi32(H[i], 2);
+        L[i] = _mm512_ternarylogic_epi32(_mm512_and_si512(n, lo), h, hi, 0xF8); /* a | (b & c) */
+    }
+}
+
+/* q6_k's sub-block s's two int8 scales, each row's 4 scale bytes 4 (s / 2) .. in S's lane: the
+ * pair moved to the lane's top two bytes (scale 2s in byte 2, 2s + 1 in byte 3), as twq_k6_isum
+ * takes them (the "mw" of a q6_k block, its bits an int32 vector). */
+TWQ_INLINE __m512 twq_k6_scales(__m512i S, int s) { return _mm512_castsi512_ps(_mm512_slli_epi32(S, 16 - 16 * (s & 1))); }
+
+/* q6_k's integer sum of a sub-block, sc0 * s + sc1 * u (s, u: its halves' sums; exact in int32:
+ * at most 2 * 128 * 16 * 32 * 127 in magnitude), the scales from twq_k6_scales. */
+TWQ_INLINE __m512i twq_k6_isum(__m512i s, __m512i u, __m512 sc) {
+    const __m512i p = _mm512_castps_si512(sc);
+    return _mm512_add_epi32(_mm512_mullo_epi32(s, _mm512_srai_epi32(_mm512_slli_epi32(p, 8), 24)), _mm512_mullo_epi32(u, _mm512_srai_epi32(p, 24)));
+}
+
+/* q6_k's 32-weight block j (sub-block j % 8 of super-block j / 8) of 16 plain rows: W as
+ * twq_i8_decode gives a block, dw the rows' d, mw their scales (twq_k6_scales). Every load stays
+ * inside the super-block (d is its last 2 bytes: read from byte 194). */
+TWQ_INLINE void twq_k6_decode(const uint8_t* const* rows, int64_t j, __m512i* W, __m512* dw, __m512* mw) {
+    const int64_t o = (j >> 3) * 210;
+    const int s = (int)(j & 7), half = s >> 2;
+    __m512i H[8], S[4], T[4];
+    twq_t16x4(rows, o + 64 * half + 32 * (s & 1), 4, W);
+    twq_t16x4(rows, o + 64 * half + 32 * (s & 1) + 16, 4, W + 4);
+    twq_t16x4(rows, o + 128 + 32 * half, 4, H);
+    twq_t16x4(rows, o + 144 + 32 * half, 4, H + 4);
+    twq_k6_bits(W, H, s);
+    twq_t16x4(rows, o + 192, (s >> 1) + 1, S);
+    twq_t16x4(rows, o + 194, 4, T);
+    *dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(T[3], 16)));
+    *mw = twq_k6_scales(S[s >> 1], s);
+}
+
 /* Block j of 16 rows: W[t], lane i = row i's weights 4t..4t+3 of the block as bytes (unsigned:
  * nibbles (q5: with their fifth bits), q8_0 + 128; signed q8_0 without VNNI), and the rows' d
  * (and q4_1's, q5_1's m). */
 TWQ_INLINE void twq_i8_decode(int fmt, const uint8_t* const* rows, int64_t j, __m512i* W, __m512* dw, __m512* mw) {
     if (twq_is_k45(fmt)) {
         twq_k4_decode(fmt, rows, j, W, dw, mw);
+        return;
+    }
+    if (fmt == TWQ_Q6_K) {
+        twq_k6_decode(rows, j, W, dw, mw);
         return;
     }
     const int64_t o = j * twq_nbytes[fmt];
@@ -1327,6 +1395,19 @@ TWQ_INLINE void twq_i8_decode_x16(int fmt, const uint8_t* grp, int64_t j, __m512
             for (int t = 0; t < 8; ++t) H[t] = _mm512_loadu_si512((const void*)(k + 256 + 64 * t));
             twq_k5_high(H, s, W);
         }
+        return;
+    }
+    if (fmt == TWQ_Q6_K) { /* super-block j / 8: 16 d, then runs of 4 bytes: low nibbles 0-31, high bits 32-47, scales 48-51 */
+        const uint8_t* k = grp + (j >> 3) * 16 * 210 + 32;
+        const int s = (int)(j & 7), half = s >> 2;
+        __m512i H[8];
+        for (int t = 0; t < 8; ++t) {
+            W[t] = _mm512_loadu_si512((const void*)(k + 64 * (16 * half + 8 * (s & 1) + t)));
+            H[t] = _mm512_loadu_si512((const void*)(k + 64 * (32 + 8 * half + t)));
+        }
+        twq_k6_bits(W, H, s);
+        *dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(k - 32)));
+        *mw = twq_k6_scales(_mm512_loadu_si512((const void*)(k + 64 * (48 + (s >> 1)))), s);
         return;
     }
     const uint8_t* b = grp + j * 16 * twq_nbytes[fmt];
@@ -1374,6 +1455,10 @@ TWQ_INLINE __m512i twq_i8_start(int fmt, const twq_xq* xq, int64_t at) {
     return twq_corr_mul(fmt) ? _mm512_set1_epi32(xq->corr[at]) : _mm512_setzero_si512();
 }
 
+/* The starts of a q6_k block's two chains (its halves: weights 0-15 and 16-31), the -32 of q_w = q + 32 - 32. */
+TWQ_INLINE __m512i twq_k6_start0(const twq_xq* xq, int64_t at) { return _mm512_set1_epi32(xq->corr16[at]); }
+TWQ_INLINE __m512i twq_k6_start1(const twq_xq* xq, int64_t at) { return _mm512_set1_epi32(xq->corr[at] - xq->corr16[at]); }
+
 /* The float update of one block (the sequence of the file header), shared by GEMV and GEMM. */
 TWQ_INLINE __m512 twq_i8_acc(int fmt, __m512i isum, __m512 dw, __m512 mw, const twq_xq* xq, int64_t at, __m512 acc) {
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(xq->d[at])), acc);
@@ -1393,8 +1478,8 @@ TWQ_INLINE void twq_i8_rows(int fmt, int MR, const twq_xq* xq, int64_t r0, int64
     __m512i s[TWQ_MR], u[TWQ_MR];
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
-        s[r] = twq_i8_start(fmt, xq, (r0 + r) * nb + j);
-        u[r] = _mm512_setzero_si512();
+        s[r] = fmt == TWQ_Q6_K ? twq_k6_start0(xq, (r0 + r) * nb + j) : twq_i8_start(fmt, xq, (r0 + r) * nb + j);
+        u[r] = fmt == TWQ_Q6_K ? twq_k6_start1(xq, (r0 + r) * nb + j) : _mm512_setzero_si512();
     }
 #pragma GCC unroll 8
     for (int t = 0; t < 4; ++t)
@@ -1404,7 +1489,10 @@ TWQ_INLINE void twq_i8_rows(int fmt, int MR, const twq_xq* xq, int64_t r0, int64
             u[r] = twq_dot(fmt, u[r], W[t + 4], _mm512_set1_epi32(twq_i32(q + r * xq->K + 4 * t + 16)));
         }
 #pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) acc[r] = twq_i8_acc(fmt, _mm512_add_epi32(s[r], u[r]), dw, mw, xq, (r0 + r) * nb + j, acc[r]);
+    for (int r = 0; r < MR; ++r) {
+        const __m512i isum = fmt == TWQ_Q6_K ? twq_k6_isum(s[r], u[r], mw) : _mm512_add_epi32(s[r], u[r]);
+        acc[r] = twq_i8_acc(fmt, isum, dw, mw, xq, (r0 + r) * nb + j, acc[r]);
+    }
 }
 
 /* Rows of x r0 .. r0+MR against W rows n0 .. n0+nr (nr <= 16). */
@@ -1465,6 +1553,7 @@ TWQ_I8_GEMV_FMT(TWQ_Q5_1)
 TWQ_I8_GEMV_FMT(TWQ_Q8_0)
 TWQ_I8_GEMV_FMT(TWQ_Q4_K)
 TWQ_I8_GEMV_FMT(TWQ_Q5_K)
+TWQ_I8_GEMV_FMT(TWQ_Q6_K)
 typedef void (*twq_i8_gemv_fn)(const twq_xq*, int64_t, const uint8_t*, int64_t, int64_t, int64_t, float*, int64_t);
 #define TWQ_I8_GEMV_ROW(P, FMT) \
     {P##FMT##_1, P##FMT##_2, P##FMT##_3, P##FMT##_4, P##FMT##_5, P##FMT##_6, P##FMT##_7, P##FMT##_8}
@@ -1472,10 +1561,10 @@ typedef void (*twq_i8_gemv_fn)(const twq_xq*, int64_t, const uint8_t*, int64_t, 
 static const twq_i8_gemv_fn twq_i8_gemv_table[2][TWQ_I8_SLOTS][8] = {
     {TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q4_0), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q4_1), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q5_0),
      TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q5_1), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q8_0), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q4_K),
-     TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q5_K)},
+     TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q5_K), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q6_K)},
     {TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q4_0), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q4_1), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q5_0),
      TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q5_1), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q8_0), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q4_K),
-     TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q5_K)}};
+     TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q5_K), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q6_K)}};
 
 /* x's rows quantized, then tiles of 16 W rows over the threads, each adding the residual r (or
  * NULL) into its outputs as it finishes them. (Quantizing inside the parallel region, the rows
@@ -1496,7 +1585,8 @@ static void twq_i8_gemv(int fmt, int x16, const float* x, const twq_xq* xq, cons
 }
 
 /* Decode rows [n0, n0 + nr) (nr <= 32; past them the last row again) into a panel: per block,
- * W[t] of rows 0..15 and 16..31 (t = 0..7), then their d, then their m (TWQ_IBLK bytes). */
+ * W[t] of rows 0..15 and 16..31 (t = 0..7), then their d, then their m (q6_k: the scale pairs
+ * of twq_k6_scales) (TWQ_IBLK bytes). */
 TWQ_INLINE void twq_i8_pack(int fmt, const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, int64_t nb, uint8_t* p) {
     for (int v = 0; v < 2; ++v) {
         const uint8_t* rows[16];
@@ -1537,9 +1627,15 @@ TWQ_INLINE void twq_i8_micro(int fmt, int MR, const twq_xq* xq, int64_t r0, cons
     for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t j = 0; j < nb; ++j) {
         const uint8_t* pj = p + j * TWQ_IBLK;
-        __m512i s[TWQ_IPM][2];
-        for (int r = 0; r < MR; ++r) s[r][0] = s[r][1] = twq_i8_start(fmt, xq, (r0 + r) * nb + j);
+        __m512i s[TWQ_IPM][2], h[TWQ_IPM][2]; /* q6_k: h the first halves' sums */
+        for (int r = 0; r < MR; ++r) s[r][0] = s[r][1] = fmt == TWQ_Q6_K ? twq_k6_start0(xq, (r0 + r) * nb + j) : twq_i8_start(fmt, xq, (r0 + r) * nb + j);
         for (int t = 0; t < 8; ++t) {
+            if (fmt == TWQ_Q6_K && t == 4)
+                for (int r = 0; r < MR; ++r) {
+                    h[r][0] = s[r][0];
+                    h[r][1] = s[r][1];
+                    s[r][0] = s[r][1] = twq_k6_start1(xq, (r0 + r) * nb + j);
+                }
             const __m512i w0 = _mm512_load_si512((const __m512i*)(pj + 128 * t)), w1 = _mm512_load_si512((const __m512i*)(pj + 128 * t + 64));
             for (int r = 0; r < MR; ++r) {
                 const __m512i xb = _mm512_set1_epi32(twq_i32(xq->q + (r0 + r) * xq->K + 32 * j + 4 * t));
@@ -1550,6 +1646,10 @@ TWQ_INLINE void twq_i8_micro(int fmt, int MR, const twq_xq* xq, int64_t r0, cons
         const float* f = (const float*)(pj + 1024);
         const __m512 d0 = _mm512_load_ps(f), d1 = _mm512_load_ps(f + 16), m0 = _mm512_load_ps(f + 32), m1 = _mm512_load_ps(f + 48);
         for (int r = 0; r < MR; ++r) {
+            if (fmt == TWQ_Q6_K) {
+                s[r][0] = twq_k6_isum(h[r][0], s[r][0], m0);
+                s[r][1] = twq_k6_isum(h[r][1], s[r][1], m1);
+            }
             acc[r][0] = twq_i8_acc(fmt, s[r][0], d0, m0, xq, (r0 + r) * nb + j, acc[r][0]);
             acc[r][1] = twq_i8_acc(fmt, s[r][1], d1, m1, xq, (r0 + r) * nb + j, acc[r][1]);
         }
@@ -1572,11 +1672,12 @@ TWQ_I8_MICRO_FMT(TWQ_Q5_1)
 TWQ_I8_MICRO_FMT(TWQ_Q8_0)
 TWQ_I8_MICRO_FMT(TWQ_Q4_K)
 TWQ_I8_MICRO_FMT(TWQ_Q5_K)
+TWQ_I8_MICRO_FMT(TWQ_Q6_K)
 typedef void (*twq_i8_micro_fn)(const twq_xq*, int64_t, const uint8_t*, float*, int64_t, int64_t, __mmask16, __mmask16);
 #define TWQ_I8_MICRO_ROW(FMT) {twq_i8_micro_##FMT##_1, twq_i8_micro_##FMT##_2, twq_i8_micro_##FMT##_3, twq_i8_micro_##FMT##_4}
 static const twq_i8_micro_fn twq_i8_micro_table[TWQ_I8_SLOTS][TWQ_IPM] = {TWQ_I8_MICRO_ROW(TWQ_Q4_0), TWQ_I8_MICRO_ROW(TWQ_Q4_1), TWQ_I8_MICRO_ROW(TWQ_Q5_0),
                                                                 TWQ_I8_MICRO_ROW(TWQ_Q5_1), TWQ_I8_MICRO_ROW(TWQ_Q8_0), TWQ_I8_MICRO_ROW(TWQ_Q4_K),
-                                                                TWQ_I8_MICRO_ROW(TWQ_Q5_K)};
+                                                                TWQ_I8_MICRO_ROW(TWQ_Q5_K), TWQ_I8_MICRO_ROW(TWQ_Q6_K)};
 
 #define TWQ_I8_PACK_FN(FMT) \
     static void twq_i8_pack_##FMT(const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, int64_t nb, uint8_t* p) { twq_i8_pack(FMT, w, rb, n0, nr, nb, p); } \
@@ -1588,11 +1689,13 @@ TWQ_I8_PACK_FN(TWQ_Q5_1)
 TWQ_I8_PACK_FN(TWQ_Q8_0)
 TWQ_I8_PACK_FN(TWQ_Q4_K)
 TWQ_I8_PACK_FN(TWQ_Q5_K)
+TWQ_I8_PACK_FN(TWQ_Q6_K)
 typedef void (*twq_i8_pack_fn)(const uint8_t*, int64_t, int64_t, int64_t, int64_t, uint8_t*);
 static const twq_i8_pack_fn twq_i8_pack_table[2][TWQ_I8_SLOTS] = {
-    {twq_i8_pack_TWQ_Q4_0, twq_i8_pack_TWQ_Q4_1, twq_i8_pack_TWQ_Q5_0, twq_i8_pack_TWQ_Q5_1, twq_i8_pack_TWQ_Q8_0, twq_i8_pack_TWQ_Q4_K, twq_i8_pack_TWQ_Q5_K},
+    {twq_i8_pack_TWQ_Q4_0, twq_i8_pack_TWQ_Q4_1, twq_i8_pack_TWQ_Q5_0, twq_i8_pack_TWQ_Q5_1, twq_i8_pack_TWQ_Q8_0, twq_i8_pack_TWQ_Q4_K, twq_i8_pack_TWQ_Q5_K,
+     twq_i8_pack_TWQ_Q6_K},
     {twq_i8_pack_x16_TWQ_Q4_0, twq_i8_pack_x16_TWQ_Q4_1, twq_i8_pack_x16_TWQ_Q5_0, twq_i8_pack_x16_TWQ_Q5_1, twq_i8_pack_x16_TWQ_Q8_0, twq_i8_pack_x16_TWQ_Q4_K,
-     twq_i8_pack_x16_TWQ_Q5_K}};
+     twq_i8_pack_x16_TWQ_Q5_K, twq_i8_pack_x16_TWQ_Q6_K}};
 
 /* Quantizes x (the threads share the rows), then panels of 32 W rows as twq_gemm. */
 static int twq_i8_gemm(int fmt, int x16, const float* x, const twq_xq* xq, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t rb) {
@@ -2125,11 +2228,12 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
             for (int64_t r0 = 0; r0 < M; r0 += 64) {
                 const int64_t rn = M - r0 < 64 ? M - r0 : 64;
                 float acc[64];
-                uint8_t wq[32]; /* unsigned: nibbles, q8_0 + 128 (see twq_corr_mul) */
+                uint8_t wq[32]; /* unsigned: nibbles, q8_0 + 128 (see twq_corr_mul), q6_k's q + 32 */
                 for (int64_t r = 0; r < rn; ++r) acc[r] = 0.0f;
                 for (int64_t j = 0; j < nb; ++j) {
-                    uint8_t blk[176]; /* the block (q4_k, q5_k: super-block) as the plain format stores it */
-                    const int64_t at_j = twq_is_k45(fmt) ? j >> 3 : j;
+                    uint8_t blk[210]; /* the block (q4_k, q5_k, q6_k: super-block) as the plain format stores it */
+                    const int64_t at_j = twq_is_k(fmt) ? j >> 3 : j;
+                    int32_t sc0 = 0, sc1 = 0; /* q6_k: the sub-block's scales */
                     const uint8_t* b = row + at_j * twq_nbytes[fmt];
                     if (x16) {
                         twq_block_of_x16(fmt, grp, lane, at_j, blk);
@@ -2142,6 +2246,13 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
                         for (int l = 0; l < 32; ++l) wq[l] = (uint8_t)((b[twq_k45_qs(fmt) + 32 * (s >> 1) + l] >> (4 * (s & 1))) & 0xF);
                         if (fmt == TWQ_Q5_K)
                             for (int l = 0; l < 32; ++l) wq[l] = (uint8_t)(wq[l] | ((b[16 + l] >> s) & 1) << 4);
+                    } else if (fmt == TWQ_Q6_K) { /* sub-block j % 8 (twq_decode32's TWQ_Q6_K) */
+                        const int s = (int)(j & 7), t = s & 3;
+                        const uint8_t *ql = b + 64 * (s >> 2) + 32 * (t & 1), *qh = b + 128 + 32 * (s >> 2);
+                        dw = twq_h2f(twq_u16(b + 208));
+                        sc0 = (int8_t)b[192 + 2 * s];
+                        sc1 = (int8_t)b[193 + 2 * s];
+                        for (int l = 0; l < 32; ++l) wq[l] = (uint8_t)(((ql[l] >> (4 * (t >> 1))) & 0xF) | ((qh[l] >> (2 * t)) & 3) << 4);
                     } else if (fmt == TWQ_Q8_0) {
                         for (int l = 0; l < 32; ++l) wq[l] = (uint8_t)(b[2 + l] ^ 0x80);
                     } else {
@@ -2171,10 +2282,22 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
 #ifdef TWQ_AVX2
                         __m256i qv = _mm256_loadu_si256((const __m256i*)q);
                         if (fmt == TWQ_Q8_0) qv = _mm256_sign_epi8(qv, ws);
-                        const int32_t isum = (fmt == TWQ_Q8_0 ? 0 : xq->corr[at]) + twq_hsum_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(wv, qv), _mm256_set1_epi16(1)));
+                        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wv, qv), _mm256_set1_epi16(1)); /* lanes 0-3: weights 0-15 */
+                        int32_t isum;
+                        if (fmt == TWQ_Q6_K) {
+                            const __m256i lo = _mm256_blend_epi32(p, _mm256_setzero_si256(), 0xF0); /* the halves apart: [lo, 0] and [0, hi] */
+                            isum = sc0 * (xq->corr16[at] + twq_hsum_i32(lo)) + sc1 * (xq->corr[at] - xq->corr16[at] + twq_hsum_i32(_mm256_sub_epi32(p, lo)));
+                        } else
+                            isum = (fmt == TWQ_Q8_0 ? 0 : xq->corr[at]) + twq_hsum_i32(p);
 #else
                         int32_t isum = xq->corr[at];
-                        for (int l = 0; l < 32; ++l) isum += wq[l] * q[l];
+                        if (fmt == TWQ_Q6_K) { /* the halves' sums, each times its scale */
+                            int32_t s0 = xq->corr16[at], s1 = xq->corr[at] - xq->corr16[at];
+                            for (int l = 0; l < 16; ++l) s0 += wq[l] * q[l];
+                            for (int l = 16; l < 32; ++l) s1 += wq[l] * q[l];
+                            isum = sc0 * s0 + sc1 * s1;
+                        } else
+                            for (int l = 0; l < 32; ++l) isum += wq[l] * q[l];
 #endif
                         acc[r] = fmaf((float)isum, dw * xq->d[at], acc[r]);
                         if (twq_i8_m(fmt)) acc[r] = fmaf(mw, xq->cx[at], acc[r]);
@@ -2280,6 +2403,7 @@ int32_t tw_qlinear_q8_0x16(const float* x, const uint8_t* w, float* y, int64_t M
 int32_t tw_qlinear_bf16x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_BF16X16, x, w, NULL, y, M, N, K); }
 int32_t tw_qlinear_q4_kx16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q4_KX16, x, w, NULL, y, M, N, K); }
 int32_t tw_qlinear_q5_kx16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q5_KX16, x, w, NULL, y, M, N, K); }
+int32_t tw_qlinear_q6_kx16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q6_KX16, x, w, NULL, y, M, N, K); }
 
 /* y = x @ W.T + r (r [M, N], not y): the product, then the residual added to each output (the
  * float32 sum a separate add would make, so the same bits). */
@@ -2313,6 +2437,7 @@ TWQ_ADD_ENTRY(q8_0x16, TWQ_Q8_0X16)
 TWQ_ADD_ENTRY(bf16x16, TWQ_BF16X16)
 TWQ_ADD_ENTRY(q4_kx16, TWQ_Q4_KX16)
 TWQ_ADD_ENTRY(q5_kx16, TWQ_Q5_KX16)
+TWQ_ADD_ENTRY(q6_kx16, TWQ_Q6_KX16)
 
 /* The Python extern's trampoline: a[] = {fmt (the enum above), x, w, y (NumPy array object
  * addresses), M, N, K, data offset, r (a residual to add, or 0)}; each array's data pointer is
@@ -2339,7 +2464,10 @@ int32_t tw_quant_quantize_x(const float* x, int64_t M, int64_t K, int8_t* q, flo
     if (M < 0 || K < 0 || K % 32) return TWQ_ESHAPE;
     if (M > 0 && K > 0 && (x == NULL || q == NULL || d == NULL || s == NULL)) return TWQ_ENULL;
     for (int64_t r = 0; r < M; ++r)
-        for (int64_t b = 0; b < K / 32; ++b) twq_quant_block(x + r * K + 32 * b, q + r * K + 32 * b, d + r * (K / 32) + b, s + r * (K / 32) + b);
+        for (int64_t b = 0; b < K / 32; ++b) {
+            int32_t s16;
+            twq_quant_block(x + r * K + 32 * b, q + r * K + 32 * b, d + r * (K / 32) + b, s + r * (K / 32) + b, &s16);
+        }
     return 0;
 }
 

@@ -20,7 +20,7 @@ In a nibble block, byte ``j`` holds weight ``j`` in its low nibble and weight ``
 high nibble; in ``q5_0`` and ``q5_1`` bit ``j`` of ``qh`` is weight ``j``'s fifth bit (``q =
 nibble | bit << 4``, 0..31).
 
-``q4_0x16``, ``q4_1x16``, ``q5_0x16``, ``q5_1x16``, ``q8_0x16``, ``q4_kx16``, ``q5_kx16`` and ``bf16x16`` (``INTERLEAVED_FORMATS``) are the same
+``q4_0x16``, ``q4_1x16``, ``q5_0x16``, ``q5_1x16``, ``q8_0x16``, ``q4_kx16``, ``q5_kx16``, ``q6_kx16`` and ``bf16x16`` (``INTERLEAVED_FORMATS``) are the same
 blocks with the rows interleaved in groups of 16, the layout the ``quant`` backend's GEMV reads
 without transposing (``interleave_rows`` makes it from the plain rows): ``w`` is still
 ``uint8[out_features, row_bytes]``, ``out_features`` a multiple of 16, and rows ``16g .. 16g +
@@ -28,8 +28,10 @@ without transposing (``interleave_rows`` makes it from the plain rows): ``w`` is
 then (``q4_1``, ``q5_1``) their 16 ``m`` (``q4_k``, ``q5_k``: its super-blocks' 16 ``dmin``), then the
 payloads (16 nibble bytes, ``qh`` and 16 nibble bytes, 32 int8, or ``q4_k``'s 12 bytes of scales
 and 128 of nibbles, ``q5_k``'s scales, 32 bytes of ``qh`` and nibbles) in runs of 4 bytes: bytes ``4t .. 4t + 3`` of row 0, of row 1, ... of
-row 15, for ``t = 0, 1, ...`` (so a q5 block's first run is the 16 rows' ``qh``). ``q4_kx16``
-and ``q5_kx16``, like the k-quants, run on the ``quant`` backend only.
+row 15, for ``t = 0, 1, ...`` (so a q5 block's first run is the 16 rows' ``qh``). A ``q6_k``
+super-block's ``d`` is its last 2 bytes: ``q6_kx16`` puts the 16 ``d`` first all the same and
+the payload is bytes 0 .. 207 (128 of low nibbles, 64 of high bit pairs, 16 scales: runs 0-31,
+32-47, 48-51). ``q4_kx16``, ``q5_kx16`` and ``q6_kx16``, like the k-quants, run on the ``quant`` backend only.
 ``bf16x16`` has no header and its blocks are pairs of weights (``in_features`` even): the 64
 bytes of pair ``t`` are weights ``2t, 2t + 1`` of row 0, of row 1, ... of row 15, one vector
 whose lanes are the group's rows. ``q4_k``, ``q6_k``, ``q5_k``, ``q3_k`` and ``q2_k`` (256-weight
@@ -97,12 +99,12 @@ GROUP = 16  # rows per group of an interleaved format
 INTERLEAVED_FORMATS: dict[str, QuantFormat] = {
     **{f"{f.name}x{GROUP}": QuantFormat(f"{f.name}x{GROUP}", f.block, f.nbytes, -1) for f in (QUANT_FORMATS[n] for n in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0"))},
     f"bf16x{GROUP}": QuantFormat(f"bf16x{GROUP}", 2, 4, -1),  # blocks of a pair of weights
-    **{f"{n}x{GROUP}": QuantFormat(f"{n}x{GROUP}", 256, QUANT_FORMATS[n].nbytes, -1) for n in ("q4_k", "q5_k")},  # super-blocks
+    **{f"{n}x{GROUP}": QuantFormat(f"{n}x{GROUP}", 256, QUANT_FORMATS[n].nbytes, -1) for n in ("q4_k", "q5_k", "q6_k")},  # super-blocks
 }
 ALL_FORMATS: dict[str, QuantFormat] = {**QUANT_FORMATS, **INTERLEAVED_FORMATS}
 K_QUANTS = ("q4_k", "q6_k", "q5_k", "q3_k", "q2_k")  # 256-weight super-blocks
 LEGALIZED_FORMATS = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "bf16", "f16", *(f for f in INTERLEAVED_FORMATS if f[: -len(f"x{GROUP}")] not in K_QUANTS))
-TAKE_FORMATS = (*LEGALIZED_FORMATS, *K_QUANTS)  # quant_take's loop kernel decodes the k-quants too
+TAKE_FORMATS = (*LEGALIZED_FORMATS, *K_QUANTS, *(f for f in INTERLEAVED_FORMATS if f not in LEGALIZED_FORMATS))  # quant_take's loop kernel decodes the k-quants too (a tied token table is the head's layout)
 
 
 def quant_format(name: str) -> QuantFormat:
@@ -130,6 +132,10 @@ def _head_bytes(base: str) -> int:
     return 4 if base in ("q4_1", "q5_1", "q4_k", "q5_k") else 0 if base == "bf16" else 2  # q4_k, q5_k: the super-block's d, dmin
 
 
+def _head_at(base: str) -> int:
+    return 208 if base == "q6_k" else 0  # where a block's head sits: q6_k's d is its last 2 bytes
+
+
 def interleave_rows(data: np.ndarray, name: str, out: np.ndarray | None = None) -> np.ndarray:
     """Plain ``name`` rows (``uint8[n, row_bytes]``, ``n`` a multiple of 16) in the layout of
     ``interleaved(name)`` (see the module docstring): a new array of the same shape (``out``,
@@ -151,11 +157,12 @@ def _group_order(name: str, rb: int) -> np.ndarray:
     an index into the plain group's bytes: the layout of the module docstring applied to the
     indices."""
     f = INTERLEAVED_FORMATS[f"{name}x{GROUP}"]
-    head = _head_bytes(name)
+    head, ha = _head_bytes(name), _head_at(name)
     blocks = np.arange(GROUP * rb, dtype=np.intp).reshape(GROUP, rb // f.nbytes, f.nbytes).transpose(1, 0, 2)  # [j, row, byte]
     nb = blocks.shape[0]
-    parts = [blocks[..., at : at + 2].reshape(nb, 2 * GROUP) for at in range(0, head, 2)]
-    payload = blocks[..., head:].reshape(nb, GROUP, -1, 4).transpose(0, 2, 1, 3).reshape(nb, -1)
+    parts = [blocks[..., at : at + 2].reshape(nb, 2 * GROUP) for at in range(ha, ha + head, 2)]
+    rest = np.concatenate([blocks[..., :ha], blocks[..., ha + head :]], axis=-1)  # the payload: the block less its head
+    payload = rest.reshape(nb, GROUP, -1, 4).transpose(0, 2, 1, 3).reshape(nb, -1)
     return np.concatenate([*parts, payload], axis=1).reshape(-1)
 
 
@@ -226,19 +233,37 @@ def _shr(v: Scalar, shift: Scalar, top: int) -> Scalar:
 
 
 def _k_weight(w: te.Tensor, name: str, n: Scalar, kk: Scalar) -> Scalar:
-    """Weight ``(n, kk)`` of k-quant rows (the layouts of ``tilework.llm.quant``): ``d * scale *
-    q - dmin * min`` (q4_k, q5_k, q2_k) or ``d * scale * q`` (q6_k, q3_k), the factors rounded
-    in that order, as ``dequantize`` rounds them."""
+    """Weight ``(n, kk)`` of k-quant rows (the layouts of ``tilework.llm.quant``; ``q4_kx16`` &
+    co.: read through the 16-row layout of the module docstring): ``d * scale * q - dmin * min``
+    (q4_k, q5_k, q2_k) or ``d * scale * q`` (q6_k, q3_k), the factors rounded in that order, as
+    ``dequantize`` rounds them."""
+    x16 = name in INTERLEAVED_FORMATS
+    name = name[: -len(f"x{GROUP}")] if x16 else name
     fmt = ALL_FORMATS[name]
     at0 = kk // 256 * fmt.nbytes
     i = kk % 256
     s, l, g = i // 32, i % 32, i // 16  # the piece of 32 (sub-block), the weight in it, the group of 16
+    if x16:  # byte at of row n's super-block: its head's 2-byte parts, then its payload in runs of 4
+        rb, lane, head, head_at = w.shape[1], n % GROUP, _head_bytes(name), _head_at(name)
+        start = kk // 256 * (GROUP * fmt.nbytes)
+
+        def raw(at: int | Scalar) -> Scalar:
+            if isinstance(at, int) and head_at <= at < head_at + head:
+                off = start + (at - head_at) // 2 * 2 * GROUP + lane * 2 + (at - head_at) % 2
+            else:
+                q = at - (0 if head_at else head)
+                off = start + GROUP * head + q // 4 * 4 * GROUP + lane * 4 + q % 4
+            return w[n - lane + off // rb, off % rb]
+    else:
+
+        def raw(at: int | Scalar) -> Scalar:
+            return w[n, at0 + at]
 
     def byte(at: int | Scalar) -> Scalar:
-        return te.cast(w[n, at0 + at], "int32")
+        return te.cast(raw(at), "int32")
 
     def half(at: int) -> Scalar:
-        return _half(w[n, at0 + at], w[n, at0 + at + 1])
+        return _half(raw(at), raw(at + 1))
 
     def f32(v: Scalar) -> Scalar:
         return te.cast(v, "float32")
@@ -266,7 +291,7 @@ def _k_weight(w: te.Tensor, name: str, n: Scalar, kk: Scalar) -> Scalar:
 
 def _weight(w: te.Tensor, name: str, n: Scalar, kk: Scalar) -> Scalar:
     """Weight ``(n, kk)`` decoded from the blocks of row ``n`` (of its group, interleaved)."""
-    if name in K_QUANTS:
+    if name.removesuffix(f"x{GROUP}") in K_QUANTS:
         return _k_weight(w, name, n, kk)
     fmt = ALL_FORMATS[name]
     if name == f"bf16x{GROUP}":  # pair kk // 2 of the group: 64 bytes, 4 per row
