@@ -1,14 +1,14 @@
-/* tilework's quant backend: the float path (bf16, f16, k-quant rows) on AVX2 (+ FMA, F16C),
+/* tilework's quant backend: the float path (bf16, f16, q3_k and q2_k rows) on AVX2 (+ FMA, F16C),
  * for CPUs without AVX-512. Not a translation unit of its own: tilework/backend/quant.py's
  * source() splices it into quant_kernels.c at that file's #include of it, after the scalars, the
  * scratch helpers and the portable kernels, before the entry points.
  *
  * The weights are decoded 8 at a time as twq_decode32 decodes them (bf16: zero-extended and
- * shifted up 16 bits; f16: vcvtph2ps, exact; q4_k, q5_k, q2_k: fma(q, d * scale, -dmin * min);
- * q6_k, q3_k: q * d * scale, the factors from twq_kscales once per super-block and row) and
- * multiplied in float32, so the results are x @ dequantize(w).T up to float32 rounding: they
- * differ from the portable kernels' by the order of the sums (and q4_k's, q5_k's and q2_k's
- * decoding by one rounding).
+ * shifted up 16 bits; f16: vcvtph2ps, exact; q2_k: fma(q, d * scale, -dmin * min); q3_k: q * d
+ * * scale, the factors from twq_kscales once per super-block and row) and multiplied in float32,
+ * so the results are x @ dequantize(w).T up to float32 rounding: they differ from the portable
+ * kernels' by the order of the sums (and q2_k's decoding by one rounding). q4_k, q5_k and q6_k
+ * take the integer path.
  * - GEMV (M <= TWQ_A2_GEMV_MAX_M, decoding): groups of 4 W rows (2 from 3 rows of x on) over the
  *   threads, each 8 weights decoded in a register once and multiplied with up to 4 rows of x
  *   (more rows take passes over the group, which is in L1 by then); the group TWQ_A2_AHEAD on
@@ -50,40 +50,16 @@ TWQ_INLINE __m256 twq_a2_w8(int fmt, const uint8_t* row, int64_t k, const float*
     }
     const int64_t j = k >> 5;
     const int s = (int)(j & 7), l0 = (int)(k & 31);
-    if (fmt == TWQ_Q4_K) {
-        const uint8_t* qs = row + (j >> 3) * 144 + 16 + 32 * (s >> 1) + l0;
-        __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)qs));
-        q = _mm256_and_si256(_mm256_srl_epi32(q, _mm_cvtsi32_si128(4 * (s & 1))), _mm256_set1_epi32(0xF));
-        return _mm256_fmsub_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(kq[s]), _mm256_set1_ps(kq[8 + s]));
-    }
-    if (fmt == TWQ_Q5_K) { /* q4_k's nibble; bit s of qh (bytes 16-47) its fifth bit */
-        const uint8_t* b = row + (j >> 3) * 176;
-        __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(b + 48 + 32 * (s >> 1) + l0)));
-        __m256i h = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(b + 16 + l0)));
-        q = _mm256_and_si256(_mm256_srl_epi32(q, _mm_cvtsi32_si128(4 * (s & 1))), _mm256_set1_epi32(0xF));
-        h = _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(h, _mm_cvtsi32_si128(s)), _mm256_set1_epi32(1)), 4);
-        return _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_or_si256(q, h)), _mm256_set1_ps(kq[s]), _mm256_set1_ps(kq[8 + s]));
-    }
-    if (fmt == TWQ_Q3_K || fmt == TWQ_Q2_K) { /* quarter s & 3 of half s / 4: bits 2 (s & 3) of 32 bytes */
-        const int q3 = fmt == TWQ_Q3_K, g = 2 * s + (l0 >> 4);
-        const uint8_t* b = row + (j >> 3) * (q3 ? 110 : 84);
-        __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(b + (q3 ? 32 : 16) + 32 * (s >> 2) + l0)));
-        q = _mm256_and_si256(_mm256_srl_epi32(q, _mm_cvtsi32_si128(2 * (s & 3))), _mm256_set1_epi32(3));
-        if (!q3) return _mm256_fmsub_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(kq[g]), _mm256_set1_ps(kq[16 + g]));
-        __m256i h = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(b + l0))); /* hmask bit s set: q, clear: q - 4 */
-        h = _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(h, _mm_cvtsi32_si128(s)), _mm256_set1_epi32(1)), 2);
-        q = _mm256_sub_epi32(_mm256_or_si256(q, h), _mm256_set1_epi32(4));
-        return _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(kq[g]));
-    }
-    /* q6_k */
-    const int half = s >> 2, t = s & 3;
-    const uint8_t* b = row + (j >> 3) * 210;
-    __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(b + 64 * half + 32 * (t & 1) + l0)));
-    lo = t >= 2 ? _mm256_srli_epi32(lo, 4) : _mm256_and_si256(lo, _mm256_set1_epi32(0xF));
-    __m256i hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(b + 128 + 32 * half + l0)));
-    hi = _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(hi, _mm_cvtsi32_si128(2 * t)), _mm256_set1_epi32(3)), 4);
-    const __m256 q = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_or_si256(lo, hi), _mm256_set1_epi32(32)));
-    return _mm256_mul_ps(q, _mm256_set1_ps(kq[2 * s + (l0 >> 4)]));
+    /* q3_k, q2_k: quarter s & 3 of half s / 4: bits 2 (s & 3) of 32 bytes */
+    const int q3 = fmt == TWQ_Q3_K, g = 2 * s + (l0 >> 4);
+    const uint8_t* b = row + (j >> 3) * (q3 ? 110 : 84);
+    __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(b + (q3 ? 32 : 16) + 32 * (s >> 2) + l0)));
+    q = _mm256_and_si256(_mm256_srl_epi32(q, _mm_cvtsi32_si128(2 * (s & 3))), _mm256_set1_epi32(3));
+    if (!q3) return _mm256_fmsub_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(kq[g]), _mm256_set1_ps(kq[16 + g]));
+    __m256i h = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(b + l0))); /* hmask bit s set: q, clear: q - 4 */
+    h = _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(h, _mm_cvtsi32_si128(s)), _mm256_set1_epi32(1)), 2);
+    q = _mm256_sub_epi32(_mm256_or_si256(q, h), _mm256_set1_epi32(4));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(kq[g]));
 }
 
 static inline float twq_a2_hsum(__m256 v) {
@@ -155,19 +131,15 @@ TWQ_INLINE void twq_a2_gemv_tile(int fmt, int MR, int NR, const float* x, const 
 #define TWQ_A2_GEMV_FMT(FMT) TWQ_A2_GEMV_NR(FMT, 1) TWQ_A2_GEMV_NR(FMT, 2) TWQ_A2_GEMV_NR(FMT, 4)
 TWQ_A2_GEMV_FMT(TWQ_BF16)
 TWQ_A2_GEMV_FMT(TWQ_F16)
-TWQ_A2_GEMV_FMT(TWQ_Q4_K)
-TWQ_A2_GEMV_FMT(TWQ_Q6_K)
-TWQ_A2_GEMV_FMT(TWQ_Q5_K)
 TWQ_A2_GEMV_FMT(TWQ_Q3_K)
 TWQ_A2_GEMV_FMT(TWQ_Q2_K)
 
 typedef void (*twq_a2_gemv_fn)(const float*, const uint8_t*, int64_t, float*, int64_t, int64_t, int64_t);
 #define TWQ_A2_GEMV_ROW_NR(FMT, NR) {twq_a2_gemv_##FMT##_1_##NR, twq_a2_gemv_##FMT##_2_##NR, twq_a2_gemv_##FMT##_3_##NR, twq_a2_gemv_##FMT##_4_##NR}
 #define TWQ_A2_GEMV_ROW(FMT) {TWQ_A2_GEMV_ROW_NR(FMT, 1), TWQ_A2_GEMV_ROW_NR(FMT, 2), TWQ_A2_GEMV_ROW_NR(FMT, 4)}
-/* [fmt - TWQ_BF16: bf16, f16, q4_k, q6_k, q5_k, q3_k, q2_k][NR 1, 2, 4][MR - 1] */
-static const twq_a2_gemv_fn twq_a2_gemv_table[7][3][TWQ_A2_MR] = {TWQ_A2_GEMV_ROW(TWQ_BF16), TWQ_A2_GEMV_ROW(TWQ_F16),
-                                                                 TWQ_A2_GEMV_ROW(TWQ_Q4_K), TWQ_A2_GEMV_ROW(TWQ_Q6_K),
-                                                                 TWQ_A2_GEMV_ROW(TWQ_Q5_K), TWQ_A2_GEMV_ROW(TWQ_Q3_K), TWQ_A2_GEMV_ROW(TWQ_Q2_K)};
+/* [fmt - TWQ_BF16: bf16, f16, (q4_k, q6_k, q5_k: the integer path's), q3_k, q2_k][NR 1, 2, 4][MR - 1] */
+static const twq_a2_gemv_fn twq_a2_gemv_table[7][3][TWQ_A2_MR] = {[0] = TWQ_A2_GEMV_ROW(TWQ_BF16), [1] = TWQ_A2_GEMV_ROW(TWQ_F16),
+                                                                 [TWQ_Q3_K - TWQ_BF16] = TWQ_A2_GEMV_ROW(TWQ_Q3_K), [TWQ_Q2_K - TWQ_BF16] = TWQ_A2_GEMV_ROW(TWQ_Q2_K)};
 
 /* ---- GEMV, 5 to 12 rows of x: each W row decoded once per 8 of them ---------------------- */
 /* The passes above decode each 8 weights once per pass of up to 4 rows: at 8 rows that is a
@@ -246,17 +218,13 @@ TWQ_INLINE void twq_a2_gemv8_block(int fmt, int MR, const float* x, const uint8_
 #define TWQ_A2_GEMV8_FMT(FMT) TWQ_A2_GEMV8_FN(FMT, 4) TWQ_A2_GEMV8_FN(FMT, 5) TWQ_A2_GEMV8_FN(FMT, 6) TWQ_A2_GEMV8_FN(FMT, 7) TWQ_A2_GEMV8_FN(FMT, 8)
 TWQ_A2_GEMV8_FMT(TWQ_BF16)
 TWQ_A2_GEMV8_FMT(TWQ_F16)
-TWQ_A2_GEMV8_FMT(TWQ_Q4_K)
-TWQ_A2_GEMV8_FMT(TWQ_Q6_K)
-TWQ_A2_GEMV8_FMT(TWQ_Q5_K)
 TWQ_A2_GEMV8_FMT(TWQ_Q3_K)
 TWQ_A2_GEMV8_FMT(TWQ_Q2_K)
 typedef void (*twq_a2_gemv8_fn)(const float*, const uint8_t*, int64_t, float*, int64_t, int64_t, int64_t, int64_t, int64_t);
 #define TWQ_A2_GEMV8_ROW(FMT) {twq_a2_gemv8_##FMT##_4, twq_a2_gemv8_##FMT##_5, twq_a2_gemv8_##FMT##_6, twq_a2_gemv8_##FMT##_7, twq_a2_gemv8_##FMT##_8}
 /* [fmt - TWQ_BF16][rows - 4] */
-static const twq_a2_gemv8_fn twq_a2_gemv8_table[7][5] = {TWQ_A2_GEMV8_ROW(TWQ_BF16), TWQ_A2_GEMV8_ROW(TWQ_F16),
-                                                         TWQ_A2_GEMV8_ROW(TWQ_Q4_K), TWQ_A2_GEMV8_ROW(TWQ_Q6_K),
-                                                         TWQ_A2_GEMV8_ROW(TWQ_Q5_K), TWQ_A2_GEMV8_ROW(TWQ_Q3_K), TWQ_A2_GEMV8_ROW(TWQ_Q2_K)};
+static const twq_a2_gemv8_fn twq_a2_gemv8_table[7][5] = {[0] = TWQ_A2_GEMV8_ROW(TWQ_BF16), [1] = TWQ_A2_GEMV8_ROW(TWQ_F16),
+                                                         [TWQ_Q3_K - TWQ_BF16] = TWQ_A2_GEMV8_ROW(TWQ_Q3_K), [TWQ_Q2_K - TWQ_BF16] = TWQ_A2_GEMV8_ROW(TWQ_Q2_K)};
 
 static void twq_a2_gemv8(int fmt, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t rb) {
     const int64_t chunks = (K + TWQ_A2_KC8 - 1) / TWQ_A2_KC8;
@@ -349,14 +317,11 @@ TWQ_INLINE void twq_a2_pack(int fmt, const uint8_t* w, int64_t rb, int64_t n0, i
     }
 TWQ_A2_PACK_FN(TWQ_BF16)
 TWQ_A2_PACK_FN(TWQ_F16)
-TWQ_A2_PACK_FN(TWQ_Q4_K)
-TWQ_A2_PACK_FN(TWQ_Q6_K)
-TWQ_A2_PACK_FN(TWQ_Q5_K)
 TWQ_A2_PACK_FN(TWQ_Q3_K)
 TWQ_A2_PACK_FN(TWQ_Q2_K)
 typedef void (*twq_a2_pack_fn)(const uint8_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float*);
-static const twq_a2_pack_fn twq_a2_pack_table[7] = {twq_a2_pack_TWQ_BF16, twq_a2_pack_TWQ_F16, twq_a2_pack_TWQ_Q4_K, twq_a2_pack_TWQ_Q6_K,
-                                                    twq_a2_pack_TWQ_Q5_K, twq_a2_pack_TWQ_Q3_K, twq_a2_pack_TWQ_Q2_K};
+static const twq_a2_pack_fn twq_a2_pack_table[7] = {[0] = twq_a2_pack_TWQ_BF16, [1] = twq_a2_pack_TWQ_F16, [TWQ_Q3_K - TWQ_BF16] = twq_a2_pack_TWQ_Q3_K,
+                                                    [TWQ_Q2_K - TWQ_BF16] = twq_a2_pack_TWQ_Q2_K};
 
 /* y[0..nr) (+)= the 16 outputs in v0, v1; m0, m1: the lanes below nr (twq_a2_mask). Whole
  * panels store plainly: vmaskmovps to memory is microcoded on AMD (tens of cycles). */

@@ -218,48 +218,18 @@ static inline void twq_kscales_23(int fmt, const uint8_t* blk, float* kq) {
     }
 }
 
-/* Per super-block factors of a k-quant row (TWQ_NKQ floats at most): q4_k, q5_k: 8 (d * scale)
- * then 8 (dmin * min); q6_k, q3_k: 16 (d * scale), one per 16 weights; q2_k: 16 (d * scale) then
- * 16 (dmin * min). */
-static inline void twq_kscales(int fmt, const uint8_t* blk, float* kq) {
-    if (fmt == TWQ_Q3_K || fmt == TWQ_Q2_K) {
-        twq_kscales_23(fmt, blk, kq);
-        return;
-    }
-    if (fmt == TWQ_Q4_K || fmt == TWQ_Q5_K) {
-        float d = twq_h2f(twq_u16(blk)), dmin = twq_h2f(twq_u16(blk + 2));
-        for (int s = 0; s < 8; ++s) {
-            int sc, mn;
-            twq_k4_scale(blk + 4, s, &sc, &mn);
-            kq[s] = d * (float)sc;
-            kq[8 + s] = dmin * (float)mn;
-        }
-    } else {
-        float d = twq_h2f(twq_u16(blk + 208));
-        for (int g = 0; g < 16; ++g) kq[g] = d * (float)(int8_t)blk[192 + g];
-    }
-}
+/* Per super-block factors of a float-path k-quant row (TWQ_NKQ floats at most): q3_k: 16 (d *
+ * scale), one per 16 weights; q2_k: 16 (d * scale) then 16 (dmin * min). (q4_k, q5_k and q6_k
+ * take the integer path.) */
+static inline void twq_kscales(int fmt, const uint8_t* blk, float* kq) { twq_kscales_23(fmt, blk, kq); }
 
-/* The 32 weights of piece j of a bf16, f16 or k-quant row (weights 32j .. 32j+31), decoded
- * exactly. For k-quants kq holds the factors of the piece's super-block (twq_kscales). */
+/* The 32 weights of piece j of a bf16, f16, q3_k or q2_k row (weights 32j .. 32j+31), decoded
+ * exactly. For the k-quants kq holds the factors of the piece's super-block (twq_kscales). */
 TWQ_UNUSED static void twq_decode32(int fmt, const uint8_t* row, int64_t j, const float* kq, float* out) {
     switch (fmt) {
     case TWQ_BF16: case TWQ_F16: {
         const uint8_t* b = row + j * 64;
         for (int l = 0; l < 32; ++l) out[l] = fmt == TWQ_BF16 ? twq_bf2f(twq_u16(b + 2 * l)) : twq_h2f(twq_u16(b + 2 * l));
-        return;
-    }
-    case TWQ_Q4_K: {
-        const uint8_t* qs = row + (j >> 3) * 144 + 16;
-        int s = (int)(j & 7), shift = (s & 1) * 4;
-        for (int l = 0; l < 32; ++l) out[l] = kq[s] * (float)((qs[32 * (s >> 1) + l] >> shift) & 0xF) - kq[8 + s];
-        return;
-    }
-    case TWQ_Q5_K: { /* q4_k's nibble, bit s of qh[l] its fifth bit */
-        const uint8_t* b = row + (j >> 3) * 176;
-        const int s = (int)(j & 7), shift = (s & 1) * 4;
-        const uint8_t *qh = b + 16, *qs = b + 48 + 32 * (s >> 1);
-        for (int l = 0; l < 32; ++l) out[l] = kq[s] * (float)(((qs[l] >> shift) & 0xF) | (((qh[l] >> s) & 1) << 4)) - kq[8 + s];
         return;
     }
     case TWQ_Q3_K: case TWQ_Q2_K: { /* quarter t of half s / 4: bits 2t of 32 bytes of 2-bit fields */
@@ -269,18 +239,6 @@ TWQ_UNUSED static void twq_decode32(int fmt, const uint8_t* row, int64_t j, cons
         for (int l = 0; l < 32; ++l) {
             const int g = 2 * s + (l >> 4), q = (qs[l] >> (2 * t)) & 3;
             out[l] = q3 ? kq[g] * (float)(q - (((b[l] >> s) & 1) ? 0 : 4)) : kq[g] * (float)q - kq[16 + g];
-        }
-        return;
-    }
-    default: { /* TWQ_Q6_K */
-        const uint8_t* b = row + (j >> 3) * 210;
-        int s = (int)(j & 7), half = s >> 2, t = s & 3;
-        const uint8_t* ql = b + 64 * half + 32 * (t & 1);
-        const uint8_t* qh = b + 128 + 32 * half;
-        for (int l = 0; l < 32; ++l) {
-            int nib = t >= 2 ? ql[l] >> 4 : ql[l] & 0xF;
-            int q = (nib | (((qh[l] >> (2 * t)) & 3) << 4)) - 32;
-            out[l] = kq[2 * s + (l >> 4)] * (float)q;
         }
         return;
     }
@@ -540,8 +498,8 @@ static float* twq_xq_alloc(twq_xq* xq, int64_t M, int64_t K) {
 
 TWQ_INLINE __m512i twq_u8x16(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p)); }
 
-/* Floats of per-piece factors: q4_k, q5_k: d * scale, -dmin * min; q6_k, q3_k: d * scale of each
- * 16-weight half; q2_k: d * scale, -dmin * min of each half; none for bf16, f16. */
+/* Floats of per-piece factors: q3_k: d * scale of each 16-weight half; q2_k: d * scale,
+ * -dmin * min of each half; none for bf16, f16. */
 #define TWQ_MAXNF 4
 TWQ_INLINE int twq_nf(int fmt) { return fmt == TWQ_BF16 || fmt == TWQ_F16 ? 0 : fmt == TWQ_Q2_K ? 4 : 2; }
 
@@ -559,9 +517,6 @@ TWQ_INLINE void twq_factors(int fmt, const uint8_t* row, int64_t j0, int64_t j1,
             o[1] = -kq[16 + 2 * s];
             o[2] = kq[2 * s + 1];
             o[3] = -kq[16 + 2 * s + 1];
-        } else if (fmt == TWQ_Q4_K || fmt == TWQ_Q5_K) {
-            o[0] = kq[s];
-            o[1] = -kq[8 + s];
         } else {
             o[0] = kq[2 * s];
             o[1] = kq[2 * s + 1];
@@ -570,8 +525,8 @@ TWQ_INLINE void twq_factors(int fmt, const uint8_t* row, int64_t j0, int64_t j1,
 }
 
 /* The 32 weights of piece j as two vectors (weights 0..15, 16..31); f: the piece's factors.
- * q4_k looks its values up in a 16-entry table built per piece (vpermps reads only the low 4
- * bits of each index, so the low nibble needs no mask). */
+ * The k-quants look their values up in a table built per half piece (vpermps reads only the
+ * low 4 bits of each index). */
 TWQ_INLINE void twq_dec(int fmt, const uint8_t* row, int64_t j, const float* f, __m512* w0, __m512* w1) {
     switch (fmt) {
     case TWQ_BF16: {
@@ -584,36 +539,6 @@ TWQ_INLINE void twq_dec(int fmt, const uint8_t* row, int64_t j, const float* f, 
         const uint8_t* b = row + j * 64;
         *w0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)b));
         *w1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(b + 32)));
-        return;
-    }
-    case TWQ_Q4_K: {
-        const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        int s = (int)(j & 7);
-        const uint8_t* qs = row + (j >> 3) * 144 + 16 + 32 * (s >> 1);
-        __m512 lut = _mm512_fmadd_ps(iota, _mm512_set1_ps(f[0]), _mm512_set1_ps(f[1]));
-        __m512i q0 = twq_u8x16(qs), q1 = twq_u8x16(qs + 16);
-        if (s & 1) {
-            q0 = _mm512_srli_epi32(q0, 4);
-            q1 = _mm512_srli_epi32(q1, 4);
-        }
-        *w0 = _mm512_permutexvar_ps(q0, lut);
-        *w1 = _mm512_permutexvar_ps(q1, lut);
-        return;
-    }
-    case TWQ_Q5_K: { /* q4_k's table over 32 values: the nibble and bit s of qh as a 5-bit index */
-        const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        const int s = (int)(j & 7);
-        const uint8_t* b = row + (j >> 3) * 176;
-        const uint8_t *qh = b + 16, *qs = b + 48 + 32 * (s >> 1);
-        const __m512 lo = _mm512_fmadd_ps(iota, _mm512_set1_ps(f[0]), _mm512_set1_ps(f[1]));
-        const __m512 hi = _mm512_fmadd_ps(_mm512_add_ps(iota, _mm512_set1_ps(16.0f)), _mm512_set1_ps(f[0]), _mm512_set1_ps(f[1]));
-        const __m128i sl = _mm_cvtsi32_si128(4 * (s & 1)), sh = _mm_cvtsi32_si128(s);
-        const __m512i lo4 = _mm512_set1_epi32(0xF), bit4 = _mm512_set1_epi32(0x10);
-        /* (q >> 4(s & 1)) & 15 | ((qh >> s) << 4) & 16 */
-        const __m512i q0 = _mm512_or_si512(_mm512_and_si512(_mm512_srl_epi32(twq_u8x16(qs), sl), lo4), _mm512_and_si512(_mm512_slli_epi32(_mm512_srl_epi32(twq_u8x16(qh), sh), 4), bit4));
-        const __m512i q1 = _mm512_or_si512(_mm512_and_si512(_mm512_srl_epi32(twq_u8x16(qs + 16), sl), lo4), _mm512_and_si512(_mm512_slli_epi32(_mm512_srl_epi32(twq_u8x16(qh + 16), sh), 4), bit4));
-        *w0 = _mm512_permutex2var_ps(lo, q0, hi);
-        *w1 = _mm512_permutex2var_ps(lo, q1, hi);
         return;
     }
     case TWQ_Q3_K: case TWQ_Q2_K: { /* 2-bit fields (q3_k: and a high bit) looked up in a table per half */
@@ -638,27 +563,6 @@ TWQ_INLINE void twq_dec(int fmt, const uint8_t* row, int64_t j, const float* f, 
         }
         *w0 = _mm512_permutexvar_ps(q0, t0);
         *w1 = _mm512_permutexvar_ps(q1, t1);
-        return;
-    }
-    default: { /* TWQ_Q6_K */
-        const uint8_t* b = row + (j >> 3) * 210;
-        int s = (int)(j & 7), half = s >> 2, t = s & 3;
-        const uint8_t* ql = b + 64 * half + 32 * (t & 1);
-        const uint8_t* qh = b + 128 + 32 * half;
-        const __m512i lo4 = _mm512_set1_epi32(0xF), three = _mm512_set1_epi32(3), bias = _mm512_set1_epi32(32);
-        __m512i l0 = twq_u8x16(ql), l1 = twq_u8x16(ql + 16);
-        if (t >= 2) {
-            l0 = _mm512_srli_epi32(l0, 4);
-            l1 = _mm512_srli_epi32(l1, 4);
-        } else {
-            l0 = _mm512_and_si512(l0, lo4);
-            l1 = _mm512_and_si512(l1, lo4);
-        }
-        __m128i sh = _mm_cvtsi32_si128(2 * t);
-        __m512i h0 = _mm512_slli_epi32(_mm512_and_si512(_mm512_srl_epi32(twq_u8x16(qh), sh), three), 4);
-        __m512i h1 = _mm512_slli_epi32(_mm512_and_si512(_mm512_srl_epi32(twq_u8x16(qh + 16), sh), three), 4);
-        *w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_or_si512(l0, h0), bias)), _mm512_set1_ps(f[0]));
-        *w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_or_si512(l1, h1), bias)), _mm512_set1_ps(f[1]));
         return;
     }
     }
@@ -717,9 +621,6 @@ TWQ_INLINE void twq_gemv_tile(int fmt, int MR, int NR, const float* x, const uin
     TWQ_GEMV_FN(FMT, 1, 4) TWQ_GEMV_FN(FMT, 2, 4) TWQ_GEMV_FN(FMT, 3, 4) TWQ_GEMV_FN(FMT, 4, 4) TWQ_GEMV_NR(FMT, 2) TWQ_GEMV_NR(FMT, 1)
 TWQ_GEMV_FMT(TWQ_BF16)
 TWQ_GEMV_FMT(TWQ_F16)
-TWQ_GEMV_FMT(TWQ_Q4_K)
-TWQ_GEMV_FMT(TWQ_Q6_K)
-TWQ_GEMV_FMT(TWQ_Q5_K)
 TWQ_GEMV_FMT(TWQ_Q3_K)
 TWQ_GEMV_FMT(TWQ_Q2_K)
 
@@ -732,9 +633,7 @@ typedef void (*twq_gemv_fn)(const float*, const uint8_t*, int64_t, float*, int64
      {twq_gemv_##FMT##_1_4, twq_gemv_##FMT##_2_4, twq_gemv_##FMT##_3_4, twq_gemv_##FMT##_4_4, NULL, NULL, NULL, NULL}}
 /* [fmt][NR 1, 2, 4][MR - 1]; the integer-path formats have none */
 static const twq_gemv_fn twq_gemv_table[TWQ_NFMT][3][TWQ_MR] = {
-    [TWQ_BF16] = TWQ_GEMV_ROW(TWQ_BF16), [TWQ_F16] = TWQ_GEMV_ROW(TWQ_F16),
-    [TWQ_Q4_K] = TWQ_GEMV_ROW(TWQ_Q4_K), [TWQ_Q6_K] = TWQ_GEMV_ROW(TWQ_Q6_K),
-    [TWQ_Q5_K] = TWQ_GEMV_ROW(TWQ_Q5_K), [TWQ_Q3_K] = TWQ_GEMV_ROW(TWQ_Q3_K), [TWQ_Q2_K] = TWQ_GEMV_ROW(TWQ_Q2_K)};
+    [TWQ_BF16] = TWQ_GEMV_ROW(TWQ_BF16), [TWQ_F16] = TWQ_GEMV_ROW(TWQ_F16), [TWQ_Q3_K] = TWQ_GEMV_ROW(TWQ_Q3_K), [TWQ_Q2_K] = TWQ_GEMV_ROW(TWQ_Q2_K)};
 
 /* Up to 4 rows of x: groups of 4 W rows, one pass. More: groups of 2 W rows, passes of up to 8
  * rows of x (16 accumulators either way; a group's weights come from memory once). The W rows
@@ -839,15 +738,12 @@ TWQ_INLINE void twq_pack(int fmt, const uint8_t* w, int64_t rb, int64_t n0, int6
     }
 TWQ_PACK_FN(TWQ_BF16)
 TWQ_PACK_FN(TWQ_F16)
-TWQ_PACK_FN(TWQ_Q4_K)
-TWQ_PACK_FN(TWQ_Q6_K)
-TWQ_PACK_FN(TWQ_Q5_K)
 TWQ_PACK_FN(TWQ_Q3_K)
 TWQ_PACK_FN(TWQ_Q2_K)
 typedef void (*twq_pack_fn)(const uint8_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float*);
-static const twq_pack_fn twq_pack_table[TWQ_NFMT] = {[TWQ_BF16] = twq_pack_TWQ_BF16, [TWQ_F16] = twq_pack_TWQ_F16,
-                                                     [TWQ_Q4_K] = twq_pack_TWQ_Q4_K, [TWQ_Q6_K] = twq_pack_TWQ_Q6_K,
-                                                     [TWQ_Q5_K] = twq_pack_TWQ_Q5_K, [TWQ_Q3_K] = twq_pack_TWQ_Q3_K, [TWQ_Q2_K] = twq_pack_TWQ_Q2_K};
+/* [fmt]; the integer-path formats have none */
+static const twq_pack_fn twq_pack_table[TWQ_NFMT] = {[TWQ_BF16] = twq_pack_TWQ_BF16, [TWQ_F16] = twq_pack_TWQ_F16, [TWQ_Q3_K] = twq_pack_TWQ_Q3_K,
+                                                     [TWQ_Q2_K] = twq_pack_TWQ_Q2_K};
 
 /* y[r][0..32) (+)= a0[r], a1[r] for MR rows of a register tile; mk0/mk1 mask the valid outputs. */
 TWQ_INLINE void twq_store_tile(int MR, __m512* a0, __m512* a1, float* y, int64_t ldy, __mmask16 mk0, __mmask16 mk1, int add) {
@@ -2246,7 +2142,7 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
                         for (int l = 0; l < 32; ++l) wq[l] = (uint8_t)((b[twq_k45_qs(fmt) + 32 * (s >> 1) + l] >> (4 * (s & 1))) & 0xF);
                         if (fmt == TWQ_Q5_K)
                             for (int l = 0; l < 32; ++l) wq[l] = (uint8_t)(wq[l] | ((b[16 + l] >> s) & 1) << 4);
-                    } else if (fmt == TWQ_Q6_K) { /* sub-block j % 8 (twq_decode32's TWQ_Q6_K) */
+                    } else if (fmt == TWQ_Q6_K) { /* sub-block j % 8 (the layout of tilework.llm.quant) */
                         const int s = (int)(j & 7), t = s & 3;
                         const uint8_t *ql = b + 64 * (s >> 2) + 32 * (t & 1), *qh = b + 128 + 32 * (s >> 2);
                         dw = twq_h2f(twq_u16(b + 208));
