@@ -249,6 +249,29 @@ def test_int8_formats_match_their_emulation_and_the_bound(rng: np.random.Generat
             assert_int8_matches(y, x, b, fmt, wf)
 
 
+def assert_rows_in_every_build(x: np.ndarray, b: np.ndarray, fmt: str, wf: np.ndarray) -> None:
+    """``fmt``'s product of the first 0, 1, 3, 8, 9, 33 rows of ``x`` (GEMV passes and the GEMM):
+    the emulation and the bound (``assert_int8_matches``), and each row's bits the same alone and
+    in any batch, without VNNI, in the portable build and, where the rows are whole groups of
+    16, on the rows interleaved (``<fmt>x16``) in each of those builds."""
+    n = b.shape[0]
+    full = Q.qlinear(x, b, fmt)
+    bx = interleave_rows(b, fmt) if n % 16 == 0 else None
+    for m in INT8_ROWS:
+        y = Q.qlinear(x[:m], b, fmt)
+        assert y.shape == (m, n)
+        if m:
+            assert_int8_matches(y, x[:m], b, fmt, wf)
+        np.testing.assert_array_equal(y, full[:m])
+        np.testing.assert_array_equal(Q.qlinear(x[:m], b, fmt, vnni=False), y)
+        np.testing.assert_array_equal(Q.qlinear(x[:m], b, fmt, portable=True), y)
+        if bx is not None:
+            for variant in ({}, {"vnni": False}, {"portable": True}):
+                np.testing.assert_array_equal(Q.qlinear(x[:m], bx, fmt + "x16", **variant), y)
+    for i in (0, 1, 32):
+        np.testing.assert_array_equal(Q.qlinear(x[i : i + 1], b, fmt)[0], full[i])
+
+
 @pytest.mark.parametrize("fmt", Q5)
 def test_q5_formats(rng: np.random.Generator, fmt: str) -> None:
     """q5_0 and q5_1 on the integer path (their 5-bit weights unsigned, as q4's nibbles): the
@@ -266,21 +289,7 @@ def test_q5_formats(rng: np.random.Generator, fmt: str) -> None:
         x = rng.standard_normal((33, k)).astype(np.float32)
         x[:, :32] = np.where(rng.random((33, 32)) < 0.5, -1.0, 1.0)  # quantizes to +-127
         x[0, :32], x[1, :32] = 1.0, -1.0
-        full = Q.qlinear(x, b, fmt)
-        bx = interleave_rows(b, fmt) if n % 16 == 0 else None
-        for m in INT8_ROWS:
-            y = Q.qlinear(x[:m], b, fmt)
-            assert y.shape == (m, n)
-            if m:
-                assert_int8_matches(y, x[:m], b, fmt, wf)
-            np.testing.assert_array_equal(y, full[:m])
-            np.testing.assert_array_equal(Q.qlinear(x[:m], b, fmt, vnni=False), y)
-            np.testing.assert_array_equal(Q.qlinear(x[:m], b, fmt, portable=True), y)
-            if bx is not None:
-                for variant in ({}, {"vnni": False}, {"portable": True}):
-                    np.testing.assert_array_equal(Q.qlinear(x[:m], bx, fmt + "x16", **variant), y)
-        for i in (0, 1, 32):
-            np.testing.assert_array_equal(Q.qlinear(x[i : i + 1], b, fmt)[0], full[i])
+        assert_rows_in_every_build(x, b, fmt, wf)
 
 
 @pytest.mark.parametrize("fmt", ["q4_k", "q5_k"])
@@ -303,21 +312,7 @@ def test_k_quants_on_the_integer_path(rng: np.random.Generator, fmt: str) -> Non
         x = rng.standard_normal((33, k)).astype(np.float32)
         x[:, :64] = np.where(rng.random((33, 64)) < 0.5, -1.0, 1.0)  # quantizes to +-127
         x[0, :64], x[1, :64] = 1.0, -1.0
-        full = Q.qlinear(x, b, fmt)
-        bx = interleave_rows(b, fmt) if n % 16 == 0 else None
-        for m in INT8_ROWS:
-            y = Q.qlinear(x[:m], b, fmt)
-            assert y.shape == (m, n)
-            if m:
-                assert_int8_matches(y, x[:m], b, fmt, wf)
-            np.testing.assert_array_equal(y, full[:m])
-            np.testing.assert_array_equal(Q.qlinear(x[:m], b, fmt, vnni=False), y)
-            np.testing.assert_array_equal(Q.qlinear(x[:m], b, fmt, portable=True), y)
-            if bx is not None:
-                for variant in ({}, {"vnni": False}, {"portable": True}):
-                    np.testing.assert_array_equal(Q.qlinear(x[:m], bx, fmt + "x16", **variant), y)
-        for i in (0, 1, 32):
-            np.testing.assert_array_equal(Q.qlinear(x[i : i + 1], b, fmt)[0], full[i])
+        assert_rows_in_every_build(x, b, fmt, wf)
 
 
 def test_q6_k_on_the_integer_path(rng: np.random.Generator) -> None:
@@ -337,21 +332,7 @@ def test_q6_k_on_the_integer_path(rng: np.random.Generator) -> None:
         x = rng.standard_normal((33, k)).astype(np.float32)
         x[:, :64] = np.where(rng.random((33, 64)) < 0.5, -1.0, 1.0)  # quantizes to +-127
         x[0, :64], x[1, :64] = 1.0, -1.0
-        full = Q.qlinear(x, b, "q6_k")
-        bx = interleave_rows(b, "q6_k") if n % 16 == 0 else None
-        for m in INT8_ROWS:
-            y = Q.qlinear(x[:m], b, "q6_k")
-            assert y.shape == (m, n)
-            if m:
-                assert_int8_matches(y, x[:m], b, "q6_k", wf)
-            np.testing.assert_array_equal(y, full[:m])
-            np.testing.assert_array_equal(Q.qlinear(x[:m], b, "q6_k", vnni=False), y)
-            np.testing.assert_array_equal(Q.qlinear(x[:m], b, "q6_k", portable=True), y)
-            if bx is not None:
-                for variant in ({}, {"vnni": False}, {"portable": True}):
-                    np.testing.assert_array_equal(Q.qlinear(x[:m], bx, "q6_kx16", **variant), y)
-        for i in (0, 1, 32):
-            np.testing.assert_array_equal(Q.qlinear(x[i : i + 1], b, "q6_k")[0], full[i])
+        assert_rows_in_every_build(x, b, "q6_k", wf)
 
 
 @pytest.mark.parametrize("fmt", ["q4_kx16", "q5_kx16", "q6_kx16"])
