@@ -619,7 +619,7 @@ QUANT = register_backend(
         _available,
         (Capability("quant.linear_add", QUANT_LINEAR_ADD, _quant_linear_add_ok), Capability("quant.linear", QUANT_LINEAR, _quant_linear_ok)),
         lower=_lower,
-        description="quant_linear on GGUF weight blocks (q4_0, q4_1, q5_0, q5_1, q8_0, bf16, f16, q4_k, q6_k, q5_k, q3_k, q2_k; q4_0/q4_1/q5_0/q5_1/q8_0/bf16/q4_k/q6_k also with 16 rows interleaved) with our own C kernels",
+        description="quant_linear on GGUF weight blocks (q4_0, q4_1, q5_0, q5_1, q8_0, bf16, f16, q4_k, q6_k, q5_k, q3_k, q2_k; q4_0/q4_1/q5_0/q5_1/q8_0/bf16/q4_k/q5_k/q6_k also with 16 rows interleaved) with our own C kernels",
     )
 )
 
