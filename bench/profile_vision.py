@@ -17,7 +17,6 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 THREADS = int(os.environ["OMP_NUM_THREADS"])
@@ -29,38 +28,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 if os.environ.get("TORCHVISION_PATH"):
     sys.path.append(os.environ["TORCHVISION_PATH"])
 import conformance_vision as cv  # noqa: E402  (torchvision's op schemas, then torchvision)
+from vm_timing import instrument  # noqa: E402
 
 import tilework  # noqa: E402
-from tilework.runtime import vm as V  # noqa: E402
 
 Shape = tuple[int, ...]
-
-
-def instrument(loaded: Any, clock: Any) -> tuple[dict[int, float], dict[int, list[Shape]]]:
-    """Wrap every call step of ``loaded``: its minimum time and its arguments' shapes."""
-    mins: dict[int, float] = {}
-    shapes: dict[int, list[Shape]] = {}
-
-    def wrap(i: int, step: Any) -> Any:
-        kind, a, b = step
-        if kind != V.CALL:
-            return step
-        mins[i] = float("inf")
-        regs = [v for tag, v in loaded.fn.code[i][3] if tag == "r"]
-
-        def timed(r: list[Any]) -> None:
-            if i not in shapes:
-                shapes[i] = [tuple(getattr(r[v], "shape", ())) for v in regs]
-            t = clock()
-            a(r)
-            d = clock() - t
-            if d < mins[i]:
-                mins[i] = d
-
-        return (kind, timed, b)
-
-    loaded.steps[:] = [wrap(i, s) for i, s in enumerate(loaded.steps)]
-    return mins, shapes
 
 
 def gemm_shape(shapes: list[Shape], consts: list[Shape]) -> tuple[int, int, int] | None:
@@ -96,7 +68,8 @@ def main() -> None:
     bound = cm._vm._own
     loaded = bound.variant("main", len(cm.signature.inputs)) if hasattr(bound, "variant") else bound.funcs["main"]
     saved = list(loaded.steps)
-    mins, shapes = instrument(loaded, clock)
+    shapes: dict[int, list[Shape]] = {}
+    mins = instrument(loaded, clock, shapes)
     for _ in range(args.calls):
         cm(x)
     loaded.steps[:] = saved
