@@ -13,7 +13,7 @@ simplify and bound with the same machinery as shapes.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence, Union
 
 from tilework.ir import sym_walk
 from tilework.ir.dtype import is_float_dtype, itemsize
@@ -484,6 +484,30 @@ def stmt_scalars(s: Stmt) -> Iterator[Scalar]:
         yield s.value
     elif isinstance(s, IfThenElse):
         yield s.cond
+
+
+def map_scalars(x: Scalar, f: Callable[[PExpr], Scalar | None]) -> Scalar:
+    """Rebuild ``x`` bottom-up; ``f`` may replace any sub-expression (``None`` keeps it)."""
+    if isinstance(x, (int, SymExpr)):
+        return x
+    new: Scalar
+    if isinstance(x, Load):
+        new = Load(x.buffer, tuple(map_scalars(i, f) for i in x.indices))
+    elif isinstance(x, Binary):
+        new = Binary(x.op, map_scalars(x.a, f), map_scalars(x.b, f), x.dtype)
+    elif isinstance(x, Unary):
+        new = Unary(x.op, map_scalars(x.a, f), x.dtype)
+    elif isinstance(x, Cast):
+        new = Cast(x.dtype, map_scalars(x.value, f))
+    elif isinstance(x, Select):
+        new = Select(map_scalars(x.cond, f), map_scalars(x.a, f), map_scalars(x.b, f), x.dtype)
+    elif isinstance(x, Intrin):
+        new = Intrin(x.name, tuple(map_scalars(a, f) for a in x.args), x.dtype)
+    else:
+        new = x
+    assert isinstance(new, PExpr)
+    r = f(new)
+    return new if r is None else r
 
 
 def kernel_syms(func: TensorFunc) -> tuple[SymVar, ...]:

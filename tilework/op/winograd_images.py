@@ -27,7 +27,7 @@ from tilework import te
 from tilework.ir import sym
 from tilework.ir.graph import Call, Expr
 from tilework.ir.info import StructInfo, TensorInfo, shape_str
-from tilework.ir.loop import Allocate, Binary, Block, Buffer, Cast, For, IfThenElse, Intrin, Load, Scalar, Select, SeqStmt, Stmt, Store, TensorFunc, Unary, free_sym_vars
+from tilework.ir.loop import Allocate, Block, Buffer, For, IfThenElse, Load, PExpr, Scalar, SeqStmt, Stmt, Store, TensorFunc, free_sym_vars, map_scalars
 from tilework.ir.sym import SymVar
 from tilework.op.base import InferCtx, Op, OpPattern, make_call, register, require_equal, require_float, tensor_arg
 from tilework.op.calls import call_tensor
@@ -78,24 +78,14 @@ def rebase(s: Stmt, moves: Mapping[Buffer, tuple[Buffer, IndexMap]]) -> Stmt:
     at the mapped indices (one image's buffer into the batch's, a 6-D view into the 3-D
     scratch)."""
 
+    def moved(x: PExpr) -> Scalar | None:
+        if isinstance(x, Load) and x.buffer in moves:
+            buf, f = moves[x.buffer]
+            return Load(buf, f(x.indices))
+        return None
+
     def scalar(x: Scalar) -> Scalar:
-        if isinstance(x, Load):
-            idx = tuple(scalar(i) for i in x.indices)
-            if x.buffer in moves:
-                buf, f = moves[x.buffer]
-                return Load(buf, f(idx))
-            return Load(x.buffer, idx)
-        if isinstance(x, Binary):
-            return Binary(x.op, scalar(x.a), scalar(x.b), x.dtype)
-        if isinstance(x, Unary):
-            return Unary(x.op, scalar(x.a), x.dtype)
-        if isinstance(x, Cast):
-            return Cast(x.dtype, scalar(x.value))
-        if isinstance(x, Select):
-            return Select(scalar(x.cond), scalar(x.a), scalar(x.b), x.dtype)
-        if isinstance(x, Intrin):
-            return Intrin(x.name, tuple(scalar(a) for a in x.args), x.dtype)
-        return x
+        return map_scalars(x, moved)
 
     def stmt(x: Stmt) -> Stmt:
         if isinstance(x, Store):

@@ -34,6 +34,7 @@ from tilework.ir.loop import (
     Store,
     TensorFunc,
     Unary,
+    map_scalars,
     walk_scalars,
 )
 from tilework.ir.sym import Dim, SymExpr, SymVar
@@ -349,30 +350,6 @@ def scalar_equal(a: Scalar, b: Scalar) -> bool:
 
 def _all_equal(xs: Sequence[Scalar], ys: Sequence[Scalar]) -> bool:
     return len(xs) == len(ys) and all(scalar_equal(x, y) for x, y in zip(xs, ys))
-
-
-def map_scalars(x: Scalar, f: Callable[[PExpr], Scalar | None]) -> Scalar:
-    """Rebuild ``x`` bottom-up; ``f`` may replace any sub-expression (``None`` keeps it)."""
-    if isinstance(x, (int, SymExpr)):
-        return x
-    new: Scalar
-    if isinstance(x, Load):
-        new = Load(x.buffer, tuple(map_scalars(i, f) for i in x.indices))
-    elif isinstance(x, Binary):
-        new = Binary(x.op, map_scalars(x.a, f), map_scalars(x.b, f), x.dtype)
-    elif isinstance(x, Unary):
-        new = Unary(x.op, map_scalars(x.a, f), x.dtype)
-    elif isinstance(x, Cast):
-        new = Cast(x.dtype, map_scalars(x.value, f))
-    elif isinstance(x, Select):
-        new = Select(map_scalars(x.cond, f), map_scalars(x.a, f), map_scalars(x.b, f), x.dtype)
-    elif isinstance(x, Intrin):
-        new = Intrin(x.name, tuple(map_scalars(a, f) for a in x.args), x.dtype)
-    else:
-        new = x
-    assert isinstance(new, PExpr)
-    r = f(new)
-    return new if r is None else r
 
 
 def map_stmt_scalars(s: Stmt, f: Callable[[PExpr], Scalar | None]) -> Stmt:
