@@ -126,12 +126,13 @@ def test_dynamic_rotary_scaling_is_the_default_to_the_end_of_the_context(tmp_pat
     np.testing.assert_allclose(llm.score(ids), ref, rtol=0, atol=1e-4)
 
 
-def write_gguf_of(hf: Any, path: Path, fmt: str = "f32", meta: dict[str, Any] | None = None, blocks: dict[str, QuantTensor] | None = None) -> Path:
+def write_gguf_of(hf: Any, path: Path, fmt: str = "f32", meta: dict[str, Any] | None = None, blocks: dict[str, QuantTensor] | None = None,
+                  extra: dict[str, np.ndarray] | None = None) -> Path:
     """The weights of transformers model ``hf`` in a GGUF file of its architecture (``fmt``: the
     format of its matrices; the token table too; ``blocks``: the stored rows of the named
     matrices instead), with a byte-level BPE vocabulary of ``VOCAB`` tokens (the ids are what is
     fed; the text is never read), the metadata llama.cpp's converter writes, and ``meta``
-    (strings, floats, ints) after it."""
+    (strings, floats, ints) after it; ``extra``: more tensors, under their GGUF names."""
     c, arch = hf.config, hf.config.model_type
     hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     w = gguf.GGUFWriter(str(path), arch)
@@ -159,6 +160,8 @@ def write_gguf_of(hf: Any, path: Path, fmt: str = "f32", meta: dict[str, Any] | 
         else:
             t = QuantTensor(name, given.shape, given.fmt, np.ascontiguousarray(data))
         w.add_tensor(gguf_name(name), np.ascontiguousarray(t.data), raw_dtype=ggml(t.fmt))
+    for name, value in (extra or {}).items():
+        w.add_tensor(name, value)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

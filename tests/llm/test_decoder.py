@@ -61,8 +61,8 @@ def _format_of(fmt: str, name: str) -> str:
 class Runner:
     """The compiled decoder with a KV cache, fed like the engine feeds it."""
 
-    def __init__(self, hf: Any, fmt: str | None = None, max_batch: int = 4, kv: str = "float32") -> None:
-        self.cfg = LlmConfig.from_hf_config(hf.config.to_dict())
+    def __init__(self, hf: Any, fmt: str | None = None, max_batch: int = 4, kv: str = "float32", cfg: LlmConfig | None = None) -> None:
+        self.cfg = cfg or LlmConfig.from_hf_config(hf.config.to_dict())  # cfg: the same model's, read elsewhere (a GGUF file)
         tensors: dict[str, QuantTensor] = {}
         for name, value in hf.state_dict().items():
             if name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and self.cfg.tie_word_embeddings):

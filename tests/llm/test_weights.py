@@ -426,10 +426,17 @@ def test_gguf_rope_scaling(tmp_path: Path) -> None:
         load_weights(write_gguf(tmp_path / "yarn-no-ctx.gguf", TINY, tensors, meta={"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}))
     with pytest.raises(UnsupportedError, match="rope scaling 'longrope'.*supported: none, linear, yarn"):
         load_weights(write_gguf(tmp_path / "longrope.gguf", TINY, tensors, meta={"llama.rope.scaling.type": "longrope", "llama.rope.scaling.factor": 4.0}))
-    for name in ("rope_freqs.weight", "rope_factors_long.weight"):
-        extra = {name: (np.ones(8, np.float32), None)}
-        with pytest.raises(UnsupportedError, match=name):
-            load_weights(write_gguf(tmp_path / "factors.gguf", TINY, tensors, extra=extra))
+    factors = np.linspace(1.0, 8.0, TINY.head_dim // 2, dtype=np.float32)
+    cfg, w = load_weights(write_gguf(tmp_path / "freqs.gguf", TINY, tensors, extra={"rope_freqs.weight": (factors, None)}))
+    assert cfg.rope_scaling == RopeScaling("freq_factors", freq_factors=tuple(float(f) for f in factors)) and list(w) == list(tensors)  # read into the config, not a weight
+    np.testing.assert_allclose(cfg.rope_inv_freq(), TINY.rope_inv_freq() / factors, rtol=1e-6)
+    assert cfg.rope_op_scaling() == ("freq_factors", cfg.rope_scaling.freq_factors)
+    with pytest.raises(TileworkError, match=f"rope_freqs.weight must be {TINY.head_dim // 2} float32 values"):
+        load_weights(write_gguf(tmp_path / "freqs-short.gguf", TINY, tensors, extra={"rope_freqs.weight": (factors[:-1], None)}))
+    with pytest.raises(UnsupportedError, match="'linear' .* together with per-frequency factors"):
+        load_weights(write_gguf(tmp_path / "freqs-linear.gguf", TINY, tensors, meta=meta, extra={"rope_freqs.weight": (factors, None)}))
+    with pytest.raises(UnsupportedError, match="rope_factors_long.weight"):
+        load_weights(write_gguf(tmp_path / "factors.gguf", TINY, tensors, extra={"rope_factors_long.weight": (factors, None)}))
 
 
 def test_rope_row_order_inverts_llama_cpp() -> None:

@@ -19,7 +19,9 @@ frequency index between kept and divided by ``factor``, the cosines and sines mu
 attention factor) and ``longrope`` (each frequency divided by its ``short_factor``, or by its
 ``long_factor`` in a step that ends past ``original_max_position_embeddings``, as transformers
 switches per forward call; the attention factor too); as ``transformers.modeling_rope_utils``:
-:meth:`LlmConfig.rope_inv_freq`.
+:meth:`LlmConfig.rope_inv_freq`. A GGUF file may instead hold one divisor per frequency in a
+``rope_freqs`` tensor (llama.cpp's converter stores ``llama3`` scaling so): ``freq_factors``,
+each frequency divided by its factor, as llama.cpp does.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ if TYPE_CHECKING:
     from tilework.llm.gguf import GGUFFile
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
-ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "freq_factors")
+HF_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "dynamic")  # the names a transformers config uses
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,9 +52,11 @@ class RopeScaling:
     ``original_context``: the pretraining context of ``llama3``, ``yarn`` and ``longrope``;
     ``low_freq_factor`` / ``high_freq_factor``: ``llama3``'s bands; ``beta_fast``,
     ``beta_slow``, ``truncate``: ``yarn``'s ramp; ``short_factor`` / ``long_factor``:
-    ``longrope``'s per-frequency divisors (``head_dim / 2`` each); ``attention_factor``: what
-    the cosines and sines are multiplied by (``yarn``, ``longrope``: transformers'
-    ``attention_scaling``, resolved from the file's keys when it does not give one)."""
+    ``longrope``'s per-frequency divisors (``head_dim / 2`` each); ``freq_factors``: the divisors
+    of ``freq_factors`` (a GGUF file's ``rope_freqs`` tensor, ``head_dim / 2`` of them: how
+    llama.cpp's converter stores ``llama3`` scaling, applied as llama.cpp applies it);
+    ``attention_factor``: what the cosines and sines are multiplied by (``yarn``, ``longrope``:
+    transformers' ``attention_scaling``, resolved from the file's keys when it does not give one)."""
 
     type: str = "default"
     factor: float = 1.0
@@ -64,6 +69,7 @@ class RopeScaling:
     truncate: bool = True
     short_factor: tuple[float, ...] | None = None
     long_factor: tuple[float, ...] | None = None
+    freq_factors: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.type not in ROPE_TYPES:
@@ -79,7 +85,7 @@ class RopeScaling:
                 raise TileworkError("rope scaling 'llama3' needs original_context, low_freq_factor and high_freq_factor")
             if self.high_freq_factor <= self.low_freq_factor:
                 raise TileworkError(f"rope scaling 'llama3': high_freq_factor ({self.high_freq_factor}) must exceed low_freq_factor ({self.low_freq_factor})")
-        for name in ("short_factor", "long_factor"):
+        for name in ("short_factor", "long_factor", "freq_factors"):
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, tuple(float(x) for x in value))
@@ -89,6 +95,10 @@ class RopeScaling:
                 raise TileworkError(f"rope scaling 'longrope' needs short_factor and long_factor of one length (head_dim / 2), got {short} and {long}")
             if not all(x > 0 for x in short + long):
                 raise TileworkError("rope scaling 'longrope': short_factor and long_factor must be positive")
+        if (self.type == "freq_factors") != (self.freq_factors is not None):
+            raise TileworkError(f"rope scaling {self.type!r}: freq_factors go with the type 'freq_factors' and it needs them, got {self.freq_factors}")
+        if self.freq_factors is not None and not (self.freq_factors and all(x > 0 and math.isfinite(x) for x in self.freq_factors)):
+            raise TileworkError(f"rope scaling 'freq_factors': the factors must be positive and finite, got {self.freq_factors}")
 
     def yarn_ramp(self, head_dim: int, theta: float) -> tuple[float, float]:
         """``yarn``'s ramp over the frequency index ``j``: ``(low, high)``, the ramp
@@ -143,9 +153,10 @@ class LlmConfig:
             raise TileworkError(f"LlmConfig: heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
         if self.head_dim % 2:
             raise TileworkError(f"LlmConfig: head_dim must be even for rotary embeddings, got {self.head_dim}")
-        factors = self.rope_scaling.short_factor
+        rs = self.rope_scaling
+        factors = rs.short_factor if rs.type == "longrope" else rs.freq_factors
         if factors is not None and len(factors) != self.head_dim // 2:
-            raise TileworkError(f"rope scaling 'longrope': {len(factors)} factors for head_dim {self.head_dim} (it needs {self.head_dim // 2}, one a frequency)")
+            raise TileworkError(f"rope scaling {rs.type!r}: {len(factors)} factors for head_dim {self.head_dim} (it needs {self.head_dim // 2}, one a frequency)")
         object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
 
     @property
@@ -177,6 +188,8 @@ class LlmConfig:
         elif rs.type == "longrope":
             assert rs.original_context is not None and rs.short_factor is not None and rs.long_factor is not None
             inv = inv / np.asarray(rs.long_factor if step_end > rs.original_context else rs.short_factor, np.float64)
+        elif rs.type == "freq_factors":
+            inv = inv / np.asarray(rs.freq_factors, np.float64)
         elif rs.type == "linear":
             inv = inv / rs.factor
         elif rs.type == "llama3":
@@ -202,6 +215,8 @@ class LlmConfig:
             return ("llama3", rs.factor, rs.original_context, rs.low_freq_factor, rs.high_freq_factor)
         if rs.type == "yarn":
             return ("yarn", rs.factor, *rs.yarn_ramp(self.head_dim, self.rope_theta), rs.attention_factor)
+        if rs.type == "freq_factors":
+            return ("freq_factors", rs.freq_factors)
         return ("longrope", rs.original_context, rs.attention_factor, rs.short_factor, rs.long_factor)
 
     def to_dict(self) -> dict[str, Any]:
@@ -230,7 +245,7 @@ class LlmConfig:
         ``general.architecture``). The head is tied when the file has no ``output.weight``;
         biases are present when ``blk.0.attn_q.bias`` / ``blk.0.attn_output.bias`` /
         ``blk.0.ffn_up.bias`` are. ``qwen3``'s head dim is ``{arch}.attention.key_length``."""
-        from tilework.llm.gguf import read_gguf
+        from tilework.llm.gguf import FREQ_FACTORS_TENSOR, read_gguf
 
         gf = read_gguf(source)
         where, meta = gf.path, gf.metadata
@@ -249,9 +264,9 @@ class LlmConfig:
             raise UnsupportedError(f"{where}: architecture {arch!r} is not supported; supported: {', '.join(ARCHITECTURES)}")
         if get(f"{arch}.expert_count", 0):
             raise UnsupportedError(f"{where}: mixture-of-experts models ({arch}.expert_count = {get(f'{arch}.expert_count')}) are not supported")
-        for name in ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"):
+        for name in ("rope_factors_long.weight", "rope_factors_short.weight"):
             if name in tensors:
-                raise UnsupportedError(f"{where}: per-frequency rotary factors (tensor {name}: llama3-style or longrope scaling baked into the file) are not supported")
+                raise UnsupportedError(f"{where}: per-frequency rotary factors for long contexts (tensor {name}: longrope scaling baked into the file) are not supported")
         hidden, heads = int(need(f"{arch}.embedding_length")), int(need(f"{arch}.attention.head_count"))
         head_dim = int(get(f"{arch}.attention.key_length", hidden // heads))
         value_dim = int(get(f"{arch}.attention.value_length", head_dim))
@@ -282,7 +297,7 @@ class LlmConfig:
             attention_bias="blk.0.attn_q.bias" in tensors,
             attention_out_bias="blk.0.attn_output.bias" in tensors,
             mlp_bias="blk.0.ffn_up.bias" in tensors,
-            rope_scaling=_gguf_rope_scaling(get, arch, where),
+            rope_scaling=_gguf_rope_scaling(get, arch, where, _gguf_freq_factors(gf, tensors.get(FREQ_FACTORS_TENSOR), head_dim)),
             bos_token_id=None if bos is None else int(bos),
             eos_token_ids=tuple(dict.fromkeys(int(t) for t in eos if t is not None)),
         )
@@ -366,7 +381,30 @@ def _f32_value(v: Any) -> float:
     return float(str(np.float32(v)))
 
 
-def _gguf_rope_scaling(get: Callable[..., Any], arch: str, where: str) -> RopeScaling:
+def _gguf_freq_factors(gf: "GGUFFile", t: Any, head_dim: int) -> tuple[float, ...] | None:
+    """The values of a GGUF file's ``rope_freqs`` tensor (``t``; None: the file has none):
+    ``head_dim / 2`` float32 divisors of the rotary frequencies. llama.cpp's converter writes
+    them for ``llama3`` scaling (Llama 3.1, 3.2, ...: 1 for the high frequencies, the factor
+    for the low ones, a blend between) and llama.cpp divides each frequency by its factor."""
+    if t is None:
+        return None
+    if t.ggml_type != 0 or t.shape != (head_dim // 2,):
+        raise TileworkError(f"{gf.path}: tensor {t.name} must be {head_dim // 2} float32 values (head_dim {head_dim} / 2), got GGML type {t.ggml_type} of shape {list(t.shape)}")
+    return tuple(float(v) for v in gf.tensor_bytes(t).view("<f4"))
+
+
+def _gguf_rope_scaling(get: Callable[..., Any], arch: str, where: str, freq_factors: tuple[float, ...] | None = None) -> RopeScaling:
+    """The rotary scaling of a GGUF file: its ``freq_factors`` (the ``rope_freqs`` tensor) if it
+    has them, else its keys (:func:`_gguf_keys_rope_scaling`); both together are refused."""
+    scaling = _gguf_keys_rope_scaling(get, arch, where)
+    if freq_factors is None:
+        return scaling
+    if scaling.type != "default":
+        raise UnsupportedError(f"{where}: rope scaling {scaling.type!r} ({arch}.rope.scaling.*) together with per-frequency factors (rope_freqs.weight) is not supported")
+    return RopeScaling("freq_factors", freq_factors=freq_factors)
+
+
+def _gguf_keys_rope_scaling(get: Callable[..., Any], arch: str, where: str) -> RopeScaling:
     """The rotary scaling of a GGUF file's ``{arch}.rope.scaling.*`` keys, as llama.cpp reads
     them: ``linear``; ``yarn`` with ``factor``, ``original_context_length`` and
     ``yarn_beta_fast`` / ``yarn_beta_slow`` (32 and 1 when absent), its attention factor
@@ -474,7 +512,7 @@ def _hf_rope(d: Mapping[str, Any], get: Callable[[str], Any], where: str) -> tup
             if not isinstance(params.get(key), list):
                 raise TileworkError(f"{where}: rope scaling 'longrope' needs a list {key}, got {params.get(key)!r}")
         return theta, RopeScaling("longrope", factor, original, attention_factor=float(attention), short_factor=tuple(params["short_factor"]), long_factor=tuple(params["long_factor"]))
-    raise UnsupportedError(f"{where}: rope scaling {kind!r} is not supported; supported: {', '.join(ROPE_TYPES)}, dynamic")
+    raise UnsupportedError(f"{where}: rope scaling {kind!r} is not supported; supported: {', '.join(HF_ROPE_TYPES)}")
 
 
 def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:

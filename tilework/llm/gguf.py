@@ -58,6 +58,7 @@ _PER_LAYER = {
     "ffn_norm": "post_attention_layernorm",
 }
 _NAME = re.compile(r"(?:blk\.(\d+)\.)?(\w+)\.(weight|bias)")
+FREQ_FACTORS_TENSOR = "rope_freqs.weight"  # per-frequency rotary divisors: part of the config (LlmConfig.from_gguf), not a weight
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,6 +290,8 @@ def gguf_tensors(source: "str | os.PathLike[str] | GGUFFile | GGUFReader", confi
     gf = read_gguf(source)
     out = {}
     for gguf_name, t in raw_tensors(gf).items():
+        if gguf_name == FREQ_FACTORS_TENSOR:
+            continue
         name = hf_tensor_name(gguf_name)
         if name is None:
             raise UnsupportedError(f"{gf.path}: tensor {gguf_name} has no counterpart in a {config.architecture} model")

@@ -34,7 +34,8 @@ TensorFuncs that read the pages.
   scales the frequencies (``("linear", factor)``, ``("llama3", factor, original_context,
   low_freq_factor, high_freq_factor)``, ``("yarn", factor, low, high, attention_factor)`` or
   ``("longrope", original_context, attention_factor, short_factors, long_factors)``, as
-  transformers does: ``paged_attention_base.angles``); the op's own angles, without a table,
+  transformers does; ``("freq_factors", factors)``, a divisor per frequency, as llama.cpp's
+  ``rope_freqs``: ``paged_attention_base.angles``); the op's own angles, without a table,
   are unscaled.
 
 The result is ``[b, s, heads, hd]``. Taking the three together (rather than three tensors)
@@ -193,7 +194,8 @@ def _rotary_infer(call: Call, ctx: InferCtx) -> StructInfo:
     if scaling is not None and not _valid_scaling(scaling, hd):
         raise ctx.error(
             "rope_scaling must be None, ('linear', factor), ('llama3', factor, original_context, low_freq_factor, high_freq_factor) with high_freq_factor > low_freq_factor, "
-            "('yarn', factor, low, high, attention_factor) with high != low or ('longrope', original_context, attention_factor, short_factors, long_factors) with head_dim / 2 of each, "
+            "('yarn', factor, low, high, attention_factor) with high != low, ('longrope', original_context, attention_factor, short_factors, long_factors) with head_dim / 2 of each "
+            "or ('freq_factors', factors) with head_dim / 2 factors, "
             f"with positive numbers (yarn's low and high: any), got {scaling!r}"
         )
     if tokens.shape is None or kv_len.shape is None:
@@ -229,6 +231,8 @@ def _valid_scaling(s: object, hd: int) -> bool:
         return len(s) == 2 and positive(s[1])
     if s[0] == "yarn":
         return len(s) == 5 and positive(s[1]) and positive(s[4]) and number(s[2]) and number(s[3]) and s[2] != s[3]
+    if s[0] == "freq_factors":
+        return len(s) == 2 and isinstance(s[1], tuple) and len(s[1]) == hd // 2 and all(positive(x) for x in s[1])
     if s[0] == "longrope":
         return len(s) == 5 and positive(s[1]) and positive(s[2]) and all(isinstance(f, tuple) and len(f) == hd // 2 and all(positive(x) for x in f) for f in s[3:])
     return s[0] == "llama3" and len(s) == 5 and all(positive(x) for x in s[1:]) and s[4] > s[3]

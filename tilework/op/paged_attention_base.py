@@ -79,8 +79,9 @@ def angles(trig: Buffer, b: Dim, t: Dim, cached: Scalar, hd: Dim, theta: float, 
     clamp((j - low) / (high - low), 0, 1)``; ``("longrope", original_context,
     attention_factor, short_factors, long_factors)`` divides frequency ``j`` by
     ``long_factors[j]`` where ``step_end`` (one past the step's last position) is above
-    ``original_context``, else by ``short_factors[j]``. ``yarn`` and ``longrope`` multiply the
-    cosines and sines by ``attention_factor``."""
+    ``original_context``, else by ``short_factors[j]``; ``("freq_factors", factors)`` divides
+    frequency ``j`` by ``factors[j]`` (llama.cpp's ``rope_freqs``). ``yarn`` and ``longrope``
+    multiply the cosines and sines by ``attention_factor``."""
     f64 = "float64"
     step = -2.0 * math.log(theta)
     scale = const(step / hd, f64) if isinstance(hd, int) else binary("/", const(step, f64), Cast(f64, hd))
@@ -95,6 +96,8 @@ def angles(trig: Buffer, b: Dim, t: Dim, cached: Scalar, hd: Dim, theta: float, 
             short, long = scaling[3], scaling[4]
             factor_j = Select(binary(">", step_end, const(int(scaling[1]), "int64")), _table(j, long, 0, len(long)), _table(j, short, 0, len(short)), f64)
             return binary("/", inv, factor_j)
+        if kind == "freq_factors":
+            return binary("/", inv, _table(j, scaling[1], 0, len(scaling[1])))
         factor = float(scaling[1])
         if kind == "linear":
             return binary("/", inv, const(factor, f64))
