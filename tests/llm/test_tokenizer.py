@@ -278,7 +278,8 @@ def test_text_that_is_not_a_valid_unicode_str_is_refused(text: Any, match: str) 
     ("overrides", "error", "match"),
     [
         ({"ggml.pre": "mystery"}, UnsupportedError, "mystery"),
-        ({"ggml.model": "llama"}, UnsupportedError, "only byte-level BPE"),
+        ({"ggml.model": "t5"}, UnsupportedError, "'t5': GGUF vocabularies are built for byte-level BPE ('gpt2') and SentencePiece BPE ('llama')"),
+        ({"ggml.model": "llama"}, TokenizerError, "tokenizer.ggml.scores"),
         ({"ggml.merges": None}, TokenizerError, "tokenizer.ggml.merges"),
         ({"ggml.merges": ["ab"]}, TokenizerError, "'ab'"),
         ({"ggml.eos_token_id": 99}, TokenizerError, "eos_token_id = 99"),

@@ -313,31 +313,37 @@ def _from_gguf_metadata(cls: type[Tokenizer], meta: Mapping[str, Any]) -> Tokeni
         return meta.get(f"tokenizer.{key}", default)
 
     model = get("ggml.model")
-    if model != "gpt2":
+    if model not in ("gpt2", "llama"):
         raise UnsupportedError(
-            f"tokenizer.ggml.model = {model!r}: only byte-level BPE ('gpt2') vocabularies are built from GGUF; "
-            "use Tokenizer.from_file with the checkpoint's tokenizer.json for other kinds"
+            f"tokenizer.ggml.model = {model!r}: GGUF vocabularies are built for byte-level BPE ('gpt2') and "
+            "SentencePiece BPE ('llama'); use Tokenizer.from_file with the checkpoint's tokenizer.json for other kinds"
         )
-    for key in ("ggml.tokens", "ggml.merges"):
+    spm = model == "llama"
+    for key in ("ggml.tokens", "ggml.scores" if spm else "ggml.merges"):
         if get(key) is None:
             raise TokenizerError(f"GGUF metadata has no 'tokenizer.{key}'")
     tokens = [str(t) for t in _as_list(get("ggml.tokens"))]
     types = [int(t) for t in _as_list(get("ggml.token_type", [_NORMAL] * len(tokens)))]
     if len(types) != len(tokens):
         raise TokenizerError(f"tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens")
-    merges: list[tuple[str, str]] = []
-    for merge in _as_list(get("ggml.merges")):
-        left, sep, right = str(merge).partition(" ")
-        if not sep:
-            raise TokenizerError(f"tokenizer.ggml.merges entry {merge!r} is not 'left right'")
-        merges.append((left, right))
-
     vocab: dict[str, int] = {}
     for index, token in enumerate(tokens):
         vocab.setdefault(token, index)  # a repeated spelling keeps its first id, as llama.cpp's text->id map
-    backend = Backend(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False, ignore_merges=False))
-    backend.pre_tokenizer = _pre_tokenizer(str(get("ggml.pre", "default")))
-    backend.decoder = decoders.ByteLevel()
+    if spm:
+        scores = [float(x) for x in _as_list(get("ggml.scores"))]
+        if len(scores) != len(tokens):
+            raise TokenizerError(f"tokenizer.ggml.scores has {len(scores)} entries for {len(tokens)} tokens")
+        backend = _spm_backend(tokens, scores, types, vocab, bool(get("ggml.add_space_prefix", True)))
+    else:
+        merges: list[tuple[str, str]] = []
+        for merge in _as_list(get("ggml.merges")):
+            left, sep, right = str(merge).partition(" ")
+            if not sep:
+                raise TokenizerError(f"tokenizer.ggml.merges entry {merge!r} is not 'left right'")
+            merges.append((left, right))
+        backend = Backend(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False, ignore_merges=False))
+        backend.pre_tokenizer = _pre_tokenizer(str(get("ggml.pre", "default")))
+        backend.decoder = decoders.ByteLevel()
     control = [AddedToken(tokens[i], special=True, normalized=False) for i, t in enumerate(types) if t == _CONTROL]
     user = [AddedToken(tokens[i], special=False, normalized=False) for i, t in enumerate(types) if t == _USER_DEFINED]
     backend.add_special_tokens(control)
@@ -352,10 +358,11 @@ def _from_gguf_metadata(cls: type[Tokenizer], meta: Mapping[str, Any]) -> Tokeni
         return int(value)
 
     bos, eos = special_id("bos"), special_id("eos")
-    add_bos, add_eos = bool(get("ggml.add_bos_token", False)), bool(get("ggml.add_eos_token", False))
+    # llama.cpp's defaults where the keys are absent: a SentencePiece vocabulary adds bos, a BPE one nothing
+    add_bos, add_eos = bool(get("ggml.add_bos_token", spm)), bool(get("ggml.add_eos_token", False))
     if (add_bos and bos is None) or (add_eos and eos is None):
         raise TokenizerError("tokenizer.ggml.add_bos_token/add_eos_token is set but the token id is missing")
-    # add_space_prefix only concerns SentencePiece vocabularies (llama.cpp ignores it for BPE), so it is not read.
+    # add_space_prefix only concerns SentencePiece vocabularies (llama.cpp ignores it for BPE): _spm_backend reads it.
     if add_bos or add_eos:
         pre = [tokens[bos]] if add_bos and bos is not None else []
         post = [tokens[eos]] if add_eos and eos is not None else []
@@ -376,6 +383,45 @@ def _from_gguf_metadata(cls: type[Tokenizer], meta: Mapping[str, Any]) -> Tokeni
         extra_eos_ids=extra,
         chat_template=str(template) if template is not None else None,
     )
+
+
+_SPACE = "\u2581"  # SentencePiece's visible space
+
+
+def _spm_backend(tokens: list[str], scores: list[float], types: list[int], vocab: dict[str, int], add_space_prefix: bool) -> Any:
+    """A SentencePiece BPE vocabulary (GGUF ``tokenizer.ggml.model = "llama"``: Llama 2, Mistral,
+    TinyLlama, Gemma ...) as llama.cpp's SPM tokenizer runs it, built from ``tokenizers`` parts:
+
+    - each piece of text between special (and user-defined) tokens gets a space in front
+      (``add_space_prefix``: the text's start and the text after such a token, as in
+      llama.cpp) and every space becomes ``▁`` (U+2581);
+    - its characters are merged, again and again, at the adjacent pair whose joined text is a
+      token with the highest score (the leftmost of equal ones): a BPE whose merge list is every
+      split ``(left, right)`` of every token into two tokens, ranked by the joined token's score,
+      highest first (ties in id order), which applies the same merges in the same order;
+    - a character that is no token is its UTF-8 bytes, tokens ``<0xXX>`` (byte fallback), and
+      ``<unk>`` where the vocabulary has no byte tokens.
+
+    Decoding turns ``▁`` back into spaces, byte tokens into their bytes, and drops the space
+    the prefix added."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, normalizers
+
+    ranked = sorted(range(len(tokens)), key=lambda i: (-scores[i], i))
+    merges: list[tuple[str, str]] = []
+    for i in ranked:
+        text = tokens[i]
+        if types[i] == _BYTE or vocab.get(text) != i:
+            continue
+        splits = [(text[:k], text[k:]) for k in range(1, len(text)) if text[:k] in vocab and text[k:] in vocab]
+        merges.extend(sorted(splits, key=lambda lr: (vocab[lr[0]], vocab[lr[1]])))
+    unk = next((tokens[i] for i, t in enumerate(types) if t == _UNKNOWN), None)
+    backend = Backend(models.BPE(vocab, merges, unk_token=unk, fuse_unk=True, byte_fallback=True, ignore_merges=False))
+    steps = [normalizers.Prepend(_SPACE)] if add_space_prefix else []
+    backend.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", _SPACE)])
+    parts = [decoders.Replace(_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    backend.decoder = decoders.Sequence([*parts, decoders.Strip(" ", 1, 0)] if add_space_prefix else parts)
+    return backend
 
 
 class StreamDecoder:
