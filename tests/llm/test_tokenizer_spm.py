@@ -137,3 +137,17 @@ def test_ids_are_llama_cpps(sp_model: Any, tmp_path: Path) -> None:
         for bos in (True, False):
             want = ref.tokenize(text.encode(), add_bos=bos, special=True)
             assert tok.encode(text, add_special_tokens=bos) == want, (text, bos)
+
+
+def test_streamed_text_continues_the_prompt(sp_model: Any) -> None:
+    """Decoded whole, a SentencePiece text drops the space its first word carries; streamed after
+    a prompt (its last id the context) that space is the reply's: " fox" after "The quick brown".
+    Piece by piece the stream gives the whole text either way, emoji bytes held back until whole."""
+    tok = Tokenizer.from_gguf(gguf_metadata(sp_model))
+    prompt, reply = tok.encode("The quick brown"), tok.encode("fox jumps 😀 over", add_special_tokens=False)
+    assert tok.decode(reply) == "fox jumps 😀 over"
+    stream = tok.stream_decoder(skip_special_tokens=True, context=prompt[-1:])
+    pieces = [stream.feed(i) for i in reply]
+    assert "".join(pieces) + stream.flush() == " fox jumps 😀 over" and all("\ufffd" not in p for p in pieces)
+    stream = tok.stream_decoder()
+    assert "".join(stream.feed(i) for i in reply) + stream.flush() == "fox jumps 😀 over"

@@ -285,7 +285,7 @@ class LLM:
         owned = sid is None
         if sid is None:
             sid = self.cache.add()
-        out = Completion(params, self.config.vocab, self.eos, self.tokenizer.stream_decoder(skip_special_tokens=True), tokens)
+        out = Completion(params, self.config.vocab, self.eos, self.tokenizer.stream_decoder(skip_special_tokens=True, context=tokens[-1:]), tokens)
         a = _Active(sid, out, len(tokens))
         try:
             self._feed_prompt(a, tokens)

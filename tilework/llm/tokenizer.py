@@ -287,8 +287,8 @@ class Tokenizer:
         """Whether the id is a special token (skipped by ``skip_special_tokens``)."""
         return int(token_id) in self._special_ids
 
-    def stream_decoder(self, skip_special_tokens: bool = False) -> StreamDecoder:
-        return StreamDecoder(self, skip_special_tokens=skip_special_tokens)
+    def stream_decoder(self, skip_special_tokens: bool = False, context: Sequence[int] = ()) -> StreamDecoder:
+        return StreamDecoder(self, skip_special_tokens=skip_special_tokens, context=context)
 
     def __repr__(self) -> str:
         return f"Tokenizer(vocab_size={self.vocab_size}, bos={self.bos_token!r}, eos={self.eos_token!r})"
@@ -432,14 +432,19 @@ class StreamDecoder:
     once the window decodes to more text than the prefix did and does not end in U+FFFD (an
     unfinished multi-byte character). The concatenation of all pieces plus :meth:`flush` equals
     ``tokenizer.decode(all_ids)`` for any ids that decode to valid UTF-8.
+
+    ``context``: ids the text continues (a prompt's last one), never given out: the pieces are
+    then the text ``decode(context + ids)`` adds to ``decode(context)``. A SentencePiece
+    vocabulary drops the space in front of a text's first word when decoding it whole; after
+    the prompt that space belongs to the reply (``"The quick brown"`` continues ``" fox"``).
     """
 
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False) -> None:
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False, context: Sequence[int] = ()) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
-        self.ids: list[int] = []
+        self.ids: list[int] = [int(t) for t in context]
         self._prefix = 0  # start of the context window
-        self._read = 0  # ids before this have been given out
+        self._read = len(self.ids)  # ids before this have been given out (or are the context)
 
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)

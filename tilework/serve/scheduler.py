@@ -191,7 +191,7 @@ class Scheduler:
         tokens = [int(t) for t in tokens]
         self.check(tokens, params)
         ticket = Ticket(self)
-        out = Completion(params, self.llm.config.vocab, self.llm.eos, self.llm.tokenizer.stream_decoder(skip_special_tokens=True), tokens)
+        out = Completion(params, self.llm.config.vocab, self.llm.eos, self.llm.tokenizer.stream_decoder(skip_special_tokens=True, context=tokens[-1:]), tokens)
         seq = _Seq(ticket, tokens, out, on_event, self._pages(len(tokens), params.max_tokens), time.perf_counter())
         with self._cond:
             if self._stopping or (self._thread is not None and not self._thread.is_alive()):
