@@ -248,6 +248,9 @@ def test_tiny_vocabulary_with_bos_and_added_token() -> None:
     assert not tiny.is_special(9) and tiny.is_special(0)
     assert tiny.decode([0, 6, 7, 1], skip_special_tokens=True) == "ab ab"
     assert tiny.eos_ids == frozenset({1})
+    # a prompt that writes bos itself (a chat template's) gets no second one
+    assert tiny.encode_prompt("<s>ab") == [0, 6] and tiny.encode("<s>ab") == [0, 0, 6]
+    assert tiny.encode_prompt("ab<s>") == [0, 6, 0] and tiny.encode_prompt("<s>ab", first=False) == [0, 6]
     both = Tokenizer.from_gguf(_tiny_metadata(**{"ggml.add_eos_token": True}))
     assert both.encode("ab") == [0, 6, 1] and both.encode("ab", add_special_tokens=False) == [6]
 

@@ -199,7 +199,8 @@ class LLM:
         return self.template.render(messages, add_generation_prompt=True)
 
     def encode(self, text: str, first: bool = True) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=first)
+        """The ids of ``text`` as the model is fed them (``Tokenizer.encode_prompt``)."""
+        return self.tokenizer.encode_prompt(text, first)
 
     # -- generation ---------------------------------------------------------------------------
 

@@ -265,6 +265,17 @@ class Tokenizer:
         """The ids of ``text``; text that is not a valid Unicode ``str`` is a :class:`TokenizerError`."""
         return list(self.backend.encode(check_text(text), add_special_tokens=add_special_tokens).ids)
 
+    def encode_prompt(self, text: str, first: bool = True) -> list[int]:
+        """The ids a model is fed for ``text`` (``first``: it starts the sequence, so bos/eos are
+        added as the model wants): ``encode``, except that a text beginning with the bos token
+        itself (chat templates write it: Llama 2's, Llama 3's) gets no second one in front, as
+        transformers' ``apply_chat_template`` adds none (llama.cpp warns of the double bos)."""
+        ids = self.encode(text, add_special_tokens=first)
+        bos = self.bos_token
+        if first and len(ids) > 1 and ids[0] == ids[1] == self.bos_id and bos is not None and text.startswith(bos):
+            return ids[1:]
+        return ids
+
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
         """Encode several texts at once (``tokenizers`` spreads them over threads)."""
         checked = [check_text(t) for t in texts]
