@@ -418,14 +418,15 @@ def _spm_backend(tokens: list[str], scores: list[float], types: list[int], vocab
     from tokenizers import Tokenizer as Backend
     from tokenizers import decoders, models, normalizers
 
-    ranked = sorted(range(len(tokens)), key=lambda i: (-scores[i], i))
+    descending = all(a >= b for a, b in zip(scores, scores[1:]))  # a BPE model's scores are (-id): already in order
+    ranked: Iterable[int] = range(len(tokens)) if descending else sorted(range(len(tokens)), key=lambda i: (-scores[i], i))
     merges: list[tuple[str, str]] = []
     for i in ranked:
         text = tokens[i]
-        if types[i] == _BYTE or vocab.get(text) != i:
+        if len(text) < 2 or types[i] == _BYTE or vocab.get(text) != i:
             continue
         splits = [(text[:k], text[k:]) for k in range(1, len(text)) if text[:k] in vocab and text[k:] in vocab]
-        merges.extend(sorted(splits, key=lambda lr: (vocab[lr[0]], vocab[lr[1]])))
+        merges.extend(splits if len(splits) < 2 else sorted(splits, key=lambda lr: (vocab[lr[0]], vocab[lr[1]])))
     unk = next((tokens[i] for i, t in enumerate(types) if t == _UNKNOWN), None)
     backend = Backend(models.BPE(vocab, merges, unk_token=unk, fuse_unk=True, byte_fallback=True, ignore_merges=False))
     steps = [normalizers.Prepend(_SPACE)] if add_space_prefix else []
