@@ -9,6 +9,7 @@ llama-cpp-python, llama.cpp scores a random ``gemma3`` file as tilework does."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -225,3 +226,25 @@ def test_llama_cpp_scores_a_gemma3_file_as_tilework_does(tmp_path: Path) -> None
     assert (got.max(-1) - got.min(-1)).min() > 1.0  # the log-probabilities differ enough to compare
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-2)
     np.testing.assert_allclose(got, log_probs(hf, ids), rtol=0, atol=1e-4)
+
+
+def test_a_multimodal_checkpoint_runs_its_text_decoder(tmp_path: Path) -> None:
+    """A ``Gemma3ForConditionalGeneration`` checkpoint (4B and larger): its config's
+    ``text_config`` and its text decoder's tensors (``model.language_model.*``, transformers 5's
+    names) give the text model's log-probabilities; the vision tower's tensors are left out."""
+    from safetensors.numpy import save_file
+
+    from tilework.llm.weights import read_safetensors
+
+    hf = gemma(tmp_path / "text")
+    mm = tmp_path / "mm"
+    mm.mkdir()
+    tensors = {n: t.dequantize().reshape(t.shape) for n, t in read_safetensors(tmp_path / "text" / "model.safetensors").items()}
+    renamed = {("model.language_model." + n.removeprefix("model.")) if n.startswith("model.") else n: v for n, v in tensors.items()}
+    save_file({**renamed, "model.vision_tower.vision_model.post_layernorm.weight": np.ones(8, np.float32), "model.multi_modal_projector.mm_input_projection_weight": np.ones((8, 64), np.float32)}, str(mm / "model.safetensors"))
+    text = hf.config.to_dict()
+    (mm / "config.json").write_text(json.dumps({"model_type": "gemma3", "text_config": text, "vision_config": {"model_type": "siglip_vision_model"}}))
+    word_tokenizer().save_pretrained(mm)
+    llm = LLM(str(mm), precision="fp32", max_batch=1, kv_tokens=64)
+    assert llm.config == LlmConfig.from_hf_config(text)
+    np.testing.assert_allclose(llm.score(PROMPTS[1]), log_probs(hf, PROMPTS[1]), rtol=0, atol=1e-4)

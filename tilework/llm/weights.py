@@ -18,6 +18,7 @@ and copies what it reads.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import math
@@ -124,6 +125,7 @@ def _gemma_text_tensors(tensors: dict[str, QuantTensor]) -> dict[str, QuantTenso
         for old, new in _GEMMA_TEXT_PREFIXES:
             if name.startswith(old):
                 name = new + name[len(old) :]
+                t = dataclasses.replace(t, name=name)
                 break
         out[name] = t
     return out
