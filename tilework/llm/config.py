@@ -355,16 +355,16 @@ class LlmConfig:
 
         ``model_type`` ``llama``, ``qwen2``, ``qwen3`` or ``mistral`` (llama with a sliding window:
         it reads as ``llama``); ``gemma3_text`` and ``gemma3`` (its text part) are read by
-        :func:`tilework.llm.gemma3.hf_config`. A model whose layers attend in a sliding window (Mistral's, Qwen2's
+        :func:`tilework.llm.gemma3.hf_fields`. A model whose layers attend in a sliding window (Mistral's, Qwen2's
         and Qwen3's with ``use_sliding_window``) has a context of at most the window: a sequence that fits in the
         window attends to every earlier token, exactly what the decoder does; a longer one is
         refused as any prompt past the context is."""
         d, where = _hf_config_dict(source)
         model_type = d.get("model_type")
         if model_type in ("gemma3_text", "gemma3"):  # Gemma 3's text decoder: its own reading
-            from tilework.llm.gemma3 import hf_config
+            from tilework.llm.gemma3 import hf_fields
 
-            return hf_config(d, where)
+            return cls(**hf_fields(d, where, _hf_rope))
         if model_type not in _HF_DEFAULTS:
             raise UnsupportedError(f"{where}: model_type {model_type!r} is not supported; supported: {', '.join(_HF_DEFAULTS)}, gemma3_text, gemma3")
         defaults = _HF_DEFAULTS[model_type]

@@ -1,7 +1,9 @@
 """Gemma 3's text decoder in an :class:`~tilework.llm.config.LlmConfig`: what its GGUF metadata
-(``general.architecture = gemma3``) and its transformers config (``model_type`` ``gemma3_text``,
-or the ``text_config`` of a multimodal ``gemma3`` one) say, read as transformers'
-``Gemma3ForCausalLM`` and llama.cpp's ``gemma3`` compute it.
+(``general.architecture = gemma3``; :func:`gguf_fields`) and its transformers config
+(``model_type`` ``gemma3_text``, or the ``text_config`` of a multimodal ``gemma3`` one;
+:func:`hf_fields`) say, read as transformers' ``Gemma3ForCausalLM`` and llama.cpp's ``gemma3``
+compute it. ``LlmConfig.from_gguf`` / ``from_hf_config`` call them (this module imports nothing
+of the config's but its types).
 
 What sets Gemma 3 apart from a Llama (``LlmConfig.gemma``; ``tilework.llm.model`` computes it):
 
@@ -37,7 +39,7 @@ import numpy as np
 from tilework.errors import TileworkError, UnsupportedError
 
 if TYPE_CHECKING:
-    from tilework.llm.config import LlmConfig
+    from tilework.llm.config import RopeScaling
 
 SLIDING_PATTERN = 6  # every sixth layer is global (transformers' default sliding_window_pattern, llama.cpp's fixed one)
 LOCAL_THETA = 10000.0  # the sliding layers' rotary base (rope_local_base_freq's default; llama.cpp's fixed value)
@@ -96,14 +98,13 @@ def text_config(d: Mapping[str, Any], where: str) -> dict[str, Any]:
     return out
 
 
-def hf_config(d0: Mapping[str, Any], where: str) -> "LlmConfig":
-    """The ``LlmConfig`` of a transformers Gemma 3 config (``gemma3_text``; ``gemma3``: its text
-    part, :func:`text_config`); missing keys take Gemma3TextConfig's defaults. The rotary
+def hf_fields(d0: Mapping[str, Any], where: str, hf_rope: Callable[..., tuple[float, "RopeScaling"]]) -> dict[str, Any]:
+    """The ``LlmConfig`` fields of a transformers Gemma 3 config (``gemma3_text``; ``gemma3``: its
+    text part, :func:`text_config`); missing keys take Gemma3TextConfig's defaults. The rotary
     parameters are transformers 5's ``rope_parameters`` per layer type (``full_attention``,
     ``sliding_attention``) or the earlier ``rope_theta``, ``rope_scaling`` (the global layers')
-    and ``rope_local_base_freq``."""
-    from tilework.llm.config import LlmConfig, _hf_rope
-
+    and ``rope_local_base_freq``; ``hf_rope`` reads the global layers' as a llama config's
+    (``LlmConfig.from_hf_config`` passes its reader: this module sits below the config's)."""
     d = text_config(d0, where)
 
     def get(key: str) -> Any:
@@ -141,11 +142,11 @@ def hf_config(d0: Mapping[str, Any], where: str) -> "LlmConfig":
     local_kind = local.get("rope_type", local.get("type", "default"))
     if local_kind != "default":
         raise UnsupportedError(f"{where}: rotary scaling {local_kind!r} of the sliding layers (rope_parameters.sliding_attention) is not supported")
-    theta, scaling = _hf_rope({**d, "rope_parameters": full, "rope_scaling": None}, get, where)
+    theta, scaling = hf_rope({**d, "rope_parameters": full, "rope_scaling": None}, get, where)
     attn_bias = bool(d.get("attention_bias", False))
     eos = get("eos_token_id")
     hidden, heads = int(need("hidden_size")), int(get("num_attention_heads"))
-    return LlmConfig(
+    return dict(
         architecture="gemma3",
         hidden=hidden,
         layers=layers,
@@ -176,4 +177,4 @@ def embedding_scale(hidden: int) -> float:
     return float(np.float32(math.sqrt(hidden)))
 
 
-__all__ = ["gguf_fields", "hf_config", "text_config", "pattern_layers", "embedding_scale", "SLIDING_PATTERN", "LOCAL_THETA"]
+__all__ = ["gguf_fields", "hf_fields", "text_config", "pattern_layers", "embedding_scale", "SLIDING_PATTERN", "LOCAL_THETA"]
