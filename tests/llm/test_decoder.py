@@ -27,6 +27,7 @@ from tilework.llm import compile as llm_compile  # noqa: E402
 from tilework.llm.config import LlmConfig  # noqa: E402
 from tilework.llm.kv_cache import PagedKVCache  # noqa: E402
 from tilework.llm.quant import QuantTensor, quantize  # noqa: E402
+from tilework.llm.weights import gemma_norm_multipliers  # noqa: E402
 from tests.long import long_param  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -72,6 +73,8 @@ class Runner:
                 tensors[name] = quantize(arr, _format_of(fmt, name), name)
             else:
                 tensors[name] = QuantTensor(name, arr.shape, "f32", arr.view(np.uint8).reshape(arr.shape[0], -1) if arr.ndim == 2 else arr.view(np.uint8))
+        if self.cfg.gemma:  # transformers' Gemma norm weights w: the multipliers 1 + w, as load_weights gives them
+            tensors = gemma_norm_multipliers(tensors)
         self.tensors = tensors
         self.formats, weights = llm_compile.prepare_weights(self.cfg, tensors, "q" if fmt else "fp32")
         builds: list[int] = []  # the compilations this runner's decoder took

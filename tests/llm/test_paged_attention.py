@@ -55,7 +55,7 @@ def _unpack(k: np.ndarray, v: np.ndarray, kv: str) -> tuple[np.ndarray, np.ndarr
     return k.transpose(0, 1, 2, 3, 5, 4).reshape(L, n, NKV, HD, PAGE), v.transpose(0, 1, 2, 5, 3, 4).reshape(L, n, PAGE, NKV, HD)
 
 
-def _module(decode: bool, theta: float | None, kv: str = "float32", table: bool = False) -> tw.IRModule:
+def _module(decode: bool, theta: float | None, kv: str = "float32", table: bool = False, window: int | None = None) -> tw.IRModule:
     b = tw.dim("b", max=8)
     s: Any = 1 if decode else tw.dim("s", max=64)
     pages, width = tw.dim("pages"), tw.dim("width", max=256)
@@ -69,18 +69,18 @@ def _module(decode: bool, theta: float | None, kv: str = "float32", table: bool 
     with bb.function("main", [qkv, kc, vc, kl, pt] + ([tokens] if table else [])):
         with bb.dataflow():
             rotary = bb.emit(paged_rotary(tokens, kl, head_dim=HD, rope_theta=cast(float, theta))) if table else None
-            out = bb.emit_output(paged_attention(qkv, kc, vc, kl, pt, layer=1, kv_heads=NKV, rope_theta=theta, rotary=rotary))
+            out = bb.emit_output(paged_attention(qkv, kc, vc, kl, pt, layer=1, kv_heads=NKV, rope_theta=theta, rotary=rotary, window=window))
         bb.emit_func_output(out)
     return bb.get()
 
 
-_VMS: dict[tuple[str, bool, float | None, str, bool], Any] = {}
+_VMS: dict[tuple[str, bool, float | None, str, bool, int | None], Any] = {}
 
 
-def _vm(target: str, decode: bool, theta: float | None, kv: str = "float32", table: bool = False) -> Any:
-    key = (target, decode, theta, kv, table)
+def _vm(target: str, decode: bool, theta: float | None, kv: str = "float32", table: bool = False, window: int | None = None) -> Any:
+    key = (target, decode, theta, kv, table, window)
     if key not in _VMS:
-        _VMS[key] = tw.VM(tw.build(_module(decode, theta, kv, table), target=target))
+        _VMS[key] = tw.VM(tw.build(_module(decode, theta, kv, table, window), target=target))
     return _VMS[key]
 
 
@@ -99,10 +99,12 @@ def _rotate(x: np.ndarray, pos: int, theta: float) -> np.ndarray:
     return (x64 * cos + turned * sin).astype(np.float32)
 
 
-def _case(target: str, decode: bool, lens: list[int], s: int, pool: int = 64, seed: int = 0, theta: float | None = None, kv: str = "float32", table: bool = False) -> None:
+def _case(target: str, decode: bool, lens: list[int], s: int, pool: int = 64, seed: int = 0, theta: float | None = None, kv: str = "float32", table: bool = False,
+          window: int | None = None) -> None:
     """Random pages (stale data must not leak in), a random cached prefix of ``lens[b]`` tokens
     per sequence and ``s`` new ones. The new keys and values must be cached as the pool's dtype
-    rounds them; each new token's attention must be NumPy's over the cached keys and values."""
+    rounds them; each new token's attention must be NumPy's over the cached keys and values (with
+    a ``window``, over those of positions ``(pos - window, pos]``: transformers' sliding-window mask)."""
     rng = np.random.default_rng(seed)
     kvdt = np_dtype(kv)
     kc = rng.standard_normal((L, pool, NKV, HD, PAGE)).astype(kvdt)
@@ -129,7 +131,7 @@ def _case(target: str, decode: bool, lens: list[int], s: int, pool: int = 64, se
         values.append(vb)
     other = kc[0].copy(), vc[0].copy()
     pool = _pack(kc, vc, kv)
-    out = _vm(target, decode, theta, kv, table)["main"](qkv, *pool, np.array(lens, np.int32), pages, *_tokens(qkv, table))
+    out = _vm(target, decode, theta, kv, table, window)["main"](qkv, *pool, np.array(lens, np.int32), pages, *_tokens(qkv, table))
     kc, vc = _unpack(*pool, kv)
     group = NH // NKV
     dot = kv == "bfloat16"  # from a bfloat16 pool: bfloat16 products (dot_bf16x2)
@@ -144,17 +146,18 @@ def _case(target: str, decode: bool, lens: list[int], s: int, pool: int = 64, se
             keys[b][pos], values[b][pos] = cached_k, values[b][pos].astype(kvdt).astype(np.float32)
         for t in range(s):
             pos = n + t
+            lo = 0 if window is None else max(0, pos - window + 1)  # the first key the query sees
             q = qkv[b, t, :NH] if theta is None else _rotate(qkv[b, t, :NH], pos, theta)
             for h in range(NH):
                 if dot:  # the query (scaled) rounded to bfloat16, as the kernel rounds it
                     qh = (q[h] * np.float32(1 / np.sqrt(HD))).astype(kvdt).astype(np.float64)
-                    scores = keys[b][: pos + 1, h // group] @ qh
+                    scores = keys[b][lo : pos + 1, h // group] @ qh
                 else:
-                    scores = keys[b][: pos + 1, h // group] @ q[h] / np.sqrt(HD)
+                    scores = keys[b][lo : pos + 1, h // group] @ q[h] / np.sqrt(HD)
                 p = np.exp(scores - scores.max())
                 # with dot the probabilities are rounded to bfloat16 too (each against the
                 # running maximum of its page's or chunk's step): within bfloat16's unit of the values
-                np.testing.assert_allclose(out[b, t, h], (p / p.sum()) @ values[b][: pos + 1, h // group], rtol=2e-5, atol=4e-3 if dot else 2e-6)
+                np.testing.assert_allclose(out[b, t, h], (p / p.sum()) @ values[b][lo : pos + 1, h // group], rtol=2e-5, atol=4e-3 if dot else 2e-6)
     np.testing.assert_array_equal(kc[0], other[0])  # another layer's slice is untouched
     np.testing.assert_array_equal(vc[0], other[1])
 
@@ -200,6 +203,29 @@ def test_prefill(target: str, lens: list[int], s: int) -> None:
 
 def test_prefill_of_many_rows_uses_several_row_blocks() -> None:
     _case("cpu", False, [3], 20)  # 20 tokens x 2 heads per kv head: 40 rows, three blocks of 16
+
+
+@pytest.mark.parametrize("target", ["cpu", "interp"])
+@pytest.mark.parametrize("window", [1, 5, 8])
+def test_a_sliding_window(target: str, window: int) -> None:
+    """A window of 1 (a query sees its own key only), 5 (not a whole number of pages of 4) and 8
+    (two pages): decode after prefixes inside and past the window, splits of a long sequence
+    (whose first splits are wholly before it), and prefill, fresh and continued, whose rows'
+    windows start on different pages; with rotation, pages in any order."""
+    _case(target, True, [0, 3, 4, 9, 30], 1, theta=THETA, window=window)
+    _case(target, False, [0, 2, 13], 7, theta=THETA, window=window)
+    if target == "cpu":
+        _case(target, True, [130, 0, 200, 6], 1, pool=256, window=window)
+        _case(target, False, [40], 21, pool=128, window=window)
+
+
+@pytest.mark.parametrize("decode", [True, False], ids=["decode", "prefill"])
+def test_a_sliding_window_with_a_bfloat16_pool(decode: bool) -> None:
+    """The window over a bfloat16 pool (the pair products), across splits and chunks."""
+    if decode:
+        _case("cpu", True, [299, 3, 64, 1, 0, 150, 77, 63], 1, pool=256, seed=2, kv="bfloat16", window=6, theta=THETA)
+    else:
+        _case("cpu", False, [5, 30], 9, pool=64, seed=3, kv="bfloat16", window=6, theta=THETA)
 
 
 @pytest.mark.parametrize("target", ["cpu", "interp"])
@@ -355,6 +381,7 @@ def test_shapes_are_checked() -> None:
         (good, {"layer": 2}, "layer 2 is out of range"),
         (good, {"layer": 0, "kv_heads": 0}, "kv_heads must be a positive int"),
         (good, {"layer": 0, "rope_theta": -1.0}, "rope_theta must be a positive number"),
+        (good, {"layer": 0, "window": 0}, "window must be a positive int or None"),
     ]
     half = Var("kc16", TensorInfo((L, 4, NKV, HD // 2, PAGE, 2), "bfloat16"))
     ints = Var("kci", TensorInfo((L, 4, NKV, HD, PAGE, 1), "int32"))

@@ -2,10 +2,12 @@
 
 One value describes the model whatever file it came from: a GGUF file's metadata
 (:meth:`LlmConfig.from_gguf`) or a transformers ``config.json`` (:meth:`LlmConfig.from_hf_config`).
-Three architectures are read: ``llama``, ``qwen2`` (llama with biases on the q, k and v
-projections) and ``qwen3`` (llama with an RMSNorm over each query and key head, ``q_norm`` /
-``k_norm``, before the rotary embedding; its ``head_dim`` need not be ``hidden / heads``); a
-transformers ``mistral`` checkpoint is ``llama``, and a model with
+Four architectures are read: ``llama``, ``qwen2`` (llama with biases on the q, k and v
+projections), ``qwen3`` (llama with an RMSNorm over each query and key head, ``q_norm`` /
+``k_norm``, before the rotary embedding; its ``head_dim`` need not be ``hidden / heads``) and
+``gemma3`` (Gemma 3's text decoder: sliding-window layers with a rotary base of their own, and
+more: :mod:`tilework.llm.gemma3` reads its configs); a
+transformers ``mistral`` checkpoint is ``llama``, and a llama-family model with
 sliding-window attention has its context cut to the window. Anything the model family could
 vary that tilework does not implement (another rotary scaling, a partial rotary dim, experts)
 raises :class:`~tilework.errors.UnsupportedError` naming it, rather than loading a model that
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
 
     from tilework.llm.gguf import GGUFFile
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "freq_factors")
 HF_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "dynamic")  # the names a transformers config uses
 
@@ -122,7 +124,11 @@ class LlmConfig:
     ``attention_out_bias``: the output projection has one too (llama's ``attention_bias``
     sets both, qwen2 has the first only); ``mlp_bias``: the gate, up and down projections have
     biases (llama's ``mlp_bias``). ``eos_token_ids``: every token that ends generation. A
-    ``qwen3`` model normalizes each query and key head (:attr:`qk_norm`)."""
+    ``qwen3`` model normalizes each query and key head (:attr:`qk_norm`). ``sliding_layers``:
+    the layers that attend to the last ``sliding_window`` tokens only (:meth:`layer_window`),
+    turned by an unscaled rotary base of their own, ``rope_local_theta`` (None: the global
+    ``rope_theta`` and scaling); ``query_pre_attn_scalar``: the attention's scores are scaled
+    by its ``** -0.5`` (None: ``head_dim``'s). Gemma 3 sets these (:attr:`gemma`)."""
 
     architecture: str
     hidden: int
@@ -142,6 +148,10 @@ class LlmConfig:
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    sliding_window: int | None = None
+    sliding_layers: tuple[int, ...] = ()
+    rope_local_theta: float | None = None
+    query_pre_attn_scalar: float | None = None
 
     def __post_init__(self) -> None:
         if self.architecture not in ARCHITECTURES:
@@ -158,13 +168,39 @@ class LlmConfig:
         if factors is not None and len(factors) != self.head_dim // 2:
             raise TileworkError(f"rope scaling {rs.type!r}: {len(factors)} factors for head_dim {self.head_dim} (it needs {self.head_dim // 2}, one a frequency)")
         object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
+        object.__setattr__(self, "sliding_layers", tuple(sorted(int(i) for i in self.sliding_layers)))
+        if self.sliding_layers:
+            if not isinstance(self.sliding_window, int) or self.sliding_window <= 0:
+                raise TileworkError(f"LlmConfig: sliding layers need a positive int sliding_window, got {self.sliding_window!r}")
+            if self.sliding_layers[0] < 0 or self.sliding_layers[-1] >= self.layers or len(set(self.sliding_layers)) != len(self.sliding_layers):
+                raise TileworkError(f"LlmConfig: sliding_layers must be distinct layer indices below {self.layers}, got {list(self.sliding_layers)}")
+        if self.query_pre_attn_scalar is not None and not self.query_pre_attn_scalar > 0:
+            raise TileworkError(f"LlmConfig: query_pre_attn_scalar must be positive, got {self.query_pre_attn_scalar}")
+
+    @property
+    def gemma(self) -> bool:
+        """Gemma 3's decoder (``tilework.llm.gemma3``): the embedding scaled by ``sqrt(hidden)``,
+        four norms a layer (each sublayer's output normalized too), a GELU (tanh) gated MLP,
+        ``q_norm`` / ``k_norm``; its norm weights are the multipliers (``1 + w`` of transformers'
+        ``w``, as llama.cpp's GGUF files store them)."""
+        return self.architecture == "gemma3"
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of ``layer``'s attention (None: it attends to every earlier token)."""
+        return self.sliding_window if layer in self.sliding_layers else None
+
+    @property
+    def attention_scale(self) -> float | None:
+        """What the attention's scores are multiplied by: ``query_pre_attn_scalar ** -0.5``
+        (None: ``head_dim ** -0.5``)."""
+        return None if self.query_pre_attn_scalar is None else float(self.query_pre_attn_scalar) ** -0.5
 
     @property
     def qk_norm(self) -> bool:
         """Each query and key head goes through an RMSNorm of its own weights (``head_dim`` of
         them, ``self_attn.q_norm`` / ``self_attn.k_norm``, eps ``rms_eps``) before the rotary
-        embedding: Qwen3's attention."""
-        return self.architecture == "qwen3"
+        embedding: Qwen3's and Gemma 3's attention."""
+        return self.architecture in ("qwen3", "gemma3")
 
     @property
     def group(self) -> int:
@@ -235,6 +271,7 @@ class LlmConfig:
         rope = kw.get("rope_scaling", {})
         kw["rope_scaling"] = RopeScaling(**rope) if isinstance(rope, Mapping) else rope
         kw["eos_token_ids"] = tuple(kw.get("eos_token_ids", ()))
+        kw["sliding_layers"] = tuple(kw.get("sliding_layers", ()))
         return cls(**kw)
 
     # ---- GGUF ----------------------------------------------------------------------------
@@ -281,10 +318,16 @@ class LlmConfig:
             vocab = len(tokens) if tokens is not None else int(tensors["token_embd.weight"].shape[0])
         eos = [get(k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")]
         bos = get("tokenizer.ggml.bos_token_id")
+        layers = int(need(f"{arch}.block_count"))
+        extra: dict[str, Any] = {}
+        if arch == "gemma3":
+            from tilework.llm.gemma3 import gguf_fields
+
+            extra = gguf_fields(get, arch, where, layers, hidden, heads, head_dim)
         return cls(
             architecture=arch,
             hidden=hidden,
-            layers=int(need(f"{arch}.block_count")),
+            layers=layers,
             heads=heads,
             kv_heads=int(get(f"{arch}.attention.head_count_kv", heads)),
             head_dim=head_dim,
@@ -300,6 +343,7 @@ class LlmConfig:
             rope_scaling=_gguf_rope_scaling(get, arch, where, _gguf_freq_factors(gf, tensors.get(FREQ_FACTORS_TENSOR), head_dim)),
             bos_token_id=None if bos is None else int(bos),
             eos_token_ids=tuple(dict.fromkeys(int(t) for t in eos if t is not None)),
+            **extra,
         )
 
     # ---- transformers --------------------------------------------------------------------
@@ -310,14 +354,19 @@ class LlmConfig:
         checkpoint directory. Missing optional keys take the transformers class defaults.
 
         ``model_type`` ``llama``, ``qwen2``, ``qwen3`` or ``mistral`` (llama with a sliding window:
-        it reads as ``llama``). A model whose layers attend in a sliding window (Mistral's, Qwen2's
+        it reads as ``llama``); ``gemma3_text`` and ``gemma3`` (its text part) are read by
+        :func:`tilework.llm.gemma3.hf_fields`. A model whose layers attend in a sliding window (Mistral's, Qwen2's
         and Qwen3's with ``use_sliding_window``) has a context of at most the window: a sequence that fits in the
         window attends to every earlier token, exactly what the decoder does; a longer one is
         refused as any prompt past the context is."""
         d, where = _hf_config_dict(source)
         model_type = d.get("model_type")
+        if model_type in ("gemma3_text", "gemma3"):  # Gemma 3's text decoder: its own reading
+            from tilework.llm.gemma3 import hf_fields
+
+            return cls(**hf_fields(d, where, _hf_rope))
         if model_type not in _HF_DEFAULTS:
-            raise UnsupportedError(f"{where}: model_type {model_type!r} is not supported; supported: {', '.join(_HF_DEFAULTS)}")
+            raise UnsupportedError(f"{where}: model_type {model_type!r} is not supported; supported: {', '.join(_HF_DEFAULTS)}, gemma3_text, gemma3")
         defaults = _HF_DEFAULTS[model_type]
 
         def get(key: str) -> Any:

@@ -13,7 +13,9 @@ each head, transformers pairs dim ``i`` with ``i + head_dim / 2`` (rotate-half),
 ``2i`` with ``2i + 1``. :func:`gguf_tensors` undoes it by gathering whole rows, which copies the
 quantized bytes of those two tensors per layer and nothing else. ``qwen2`` and ``qwen3`` files
 keep the transformers order (llama.cpp rotates them rotate-half, as transformers does), so
-``qwen3``'s per-head ``attn_q_norm`` / ``attn_k_norm`` weights are in transformers' order too.
+``qwen3``'s per-head ``attn_q_norm`` / ``attn_k_norm`` weights are in transformers' order too;
+so do ``gemma3`` files, whose norm weights are the multipliers ``1 + w`` (llama.cpp's converter
+adds the 1 transformers' Gemma norms add), as tilework's Gemma norms take them.
 """
 
 from __future__ import annotations
@@ -57,6 +59,14 @@ _PER_LAYER = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
+# Gemma 3's four norms a layer: ffn_norm is the one before the MLP, and two more after the sublayers
+_GEMMA3_PER_LAYER = {
+    **_PER_LAYER,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+_PER_LAYER_OF = {"gemma3": _GEMMA3_PER_LAYER}
 _NAME = re.compile(r"(?:blk\.(\d+)\.)?(\w+)\.(weight|bias)")
 FREQ_FACTORS_TENSOR = "rope_freqs.weight"  # per-frequency rotary divisors: part of the config (LlmConfig.from_gguf), not a weight
 
@@ -265,8 +275,9 @@ def _ggml_type_name(code: int) -> str:
         return f"GGML type {code}"
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
-    """The transformers Llama name of a GGUF tensor name, or None when it has none."""
+def hf_tensor_name(gguf_name: str, architecture: str = "llama") -> str | None:
+    """The transformers name of a GGUF tensor name in a model of ``architecture`` (Llama's
+    names; Gemma 3's norms are others), or None when it has none."""
     m = _NAME.fullmatch(gguf_name)
     if m is None:
         return None
@@ -274,7 +285,7 @@ def hf_tensor_name(gguf_name: str) -> str | None:
     if layer is None:
         base = _TOP_LEVEL.get(part)
         return None if base is None else f"{base}.{kind}"
-    base = _PER_LAYER.get(part)
+    base = _PER_LAYER_OF.get(architecture, _PER_LAYER).get(part)
     return None if base is None else f"model.layers.{int(layer)}.{base}.{kind}"
 
 
@@ -292,7 +303,7 @@ def gguf_tensors(source: "str | os.PathLike[str] | GGUFFile | GGUFReader", confi
     for gguf_name, t in raw_tensors(gf).items():
         if gguf_name == FREQ_FACTORS_TENSOR:
             continue
-        name = hf_tensor_name(gguf_name)
+        name = hf_tensor_name(gguf_name, config.architecture)
         if name is None:
             raise UnsupportedError(f"{gf.path}: tensor {gguf_name} has no counterpart in a {config.architecture} model")
         part = _NAME.fullmatch(gguf_name).group(2)  # type: ignore[union-attr]  # it has a name, so it matched

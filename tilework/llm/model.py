@@ -28,6 +28,13 @@ normalizes each query and key head (its ``q_norm`` / ``k_norm``) between the pro
 the attention op, which rotates them. A layer's q, k and v projections are one matrix multiply whose
 output is the attention's input as it is (``MERGED``), and so are the MLP's gate and up
 projections, when their weights share a format.
+
+A ``gemma3`` model (``LlmConfig.gemma``, ``tilework.llm.gemma3``) scales the embedding by
+``sqrt(hidden)``, normalizes each sublayer's output too (``post_attention_layernorm`` after the
+attention, ``pre_feedforward_layernorm`` / ``post_feedforward_layernorm`` around the MLP, whose
+activation is GELU's tanh form), scales the scores by ``query_pre_attn_scalar ** -0.5``, and its
+sliding layers attend in their window (``paged_attention``'s ``window``), turned by a second
+rotary table of their own base (``paged_rotary`` unscaled: two tables a step).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from tilework.errors import UnsupportedError
 from tilework.ir import sym
 from tilework.ir.sym import SymVar
 from tilework.llm.config import ARCHITECTURES, LlmConfig
+from tilework.llm.gemma3 import embedding_scale
 from tilework.nn import ops, spec
 from tilework.nn.core import Parameter, Tensor, as_expr, emit
 from tilework.nn.module import Module, ModuleList
@@ -172,7 +180,7 @@ class Attention(Module):
             self.k_proj = proj("k_proj", h, self.kv_size, bias)
             self.v_proj = proj("v_proj", h, self.kv_size, bias)
         self.o_proj = proj("o_proj", cfg.heads * hd, h, cfg.attention_out_bias)
-        if cfg.qk_norm:  # Qwen3: each query and key head normalized before it is rotated
+        if cfg.qk_norm:  # Qwen3, Gemma 3: each query and key head normalized before it is rotated
             self.q_norm = RMSNorm(hd, cfg.rms_eps)
             self.k_norm = RMSNorm(hd, cfg.rms_eps)
 
@@ -188,8 +196,14 @@ class Attention(Module):
             q, k, v = qkv[:, :, : cfg.heads], qkv[:, :, cfg.heads : cfg.heads + cfg.kv_heads], qkv[:, :, cfg.heads + cfg.kv_heads :]
             qkv = ops.concat([self.q_norm(q), self.k_norm(k), v], axis=2)
         # the rotary embedding of q and k happens inside the attention kernel (at kv_len + t,
-        # the step's angles from cache.rotary)
-        out = emit(op.paged_attention(qkv.expr, cache.k.expr, cache.v.expr, cache.kv_len.expr, cache.page_table.expr, layer=self.layer, kv_heads=cfg.kv_heads, rope_theta=cfg.rope_theta, rotary=cache.rotary.expr))
+        # the step's angles from cache.rotary; a sliding layer's from cache.local where its
+        # base is another)
+        window = cfg.layer_window(self.layer)
+        local = window is not None and cache.local is not None
+        rotary, theta = (cache.local, cfg.rope_local_theta) if local else (cache.rotary, cfg.rope_theta)
+        assert rotary is not None and theta is not None
+        out = emit(op.paged_attention(qkv.expr, cache.k.expr, cache.v.expr, cache.kv_len.expr, cache.page_table.expr, layer=self.layer, kv_heads=cfg.kv_heads,
+                                      rope_theta=theta, scale=cfg.attention_scale, rotary=rotary.expr, window=window))  # fmt: skip
         return self.o_proj(out.reshape(batch, seq, cfg.heads * cfg.head_dim))
 
 
@@ -201,6 +215,7 @@ class MLP(Module):
             return linear(n_in, n_out, _fmt(formats, f"{prefix}.mlp.{name}.weight"), bias)
 
         self.ffn = cfg.ffn
+        self.gelu = cfg.gemma  # Gemma: gelu_tanh(gate) * up
         fmts = {_fmt(formats, f"{prefix}.mlp.{n}.weight") for n in ("gate_proj", "up_proj")}
         if len(fmts) == 1:  # one matrix multiply for the two (see MERGED)
             self.gate_up_proj = linear(cfg.hidden, 2 * cfg.ffn, fmts.pop(), bias)
@@ -215,7 +230,8 @@ class MLP(Module):
             gate, up = y[:, :, : self.ffn], y[:, :, self.ffn :]
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(ops.silu(gate) * up)
+        act = ops.gelu(gate, "tanh") if self.gelu else ops.silu(gate)
+        return self.down_proj(act * up)
 
 
 class Layer(Module):
@@ -226,8 +242,16 @@ class Layer(Module):
         self.mlp = MLP(cfg, prefix, formats)
         self.input_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
+        self.sandwich = cfg.gemma  # Gemma: each sublayer's output normalized too, before the residual add
+        if self.sandwich:
+            self.pre_feedforward_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
+            self.post_feedforward_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
 
     def forward(self, x: Tensor, cache: "CacheInputs") -> Tensor:
+        if self.sandwich:
+            h = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cache))
+            gemma: Tensor = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+            return gemma
         h = x + self.self_attn(self.input_layernorm(x), cache)
         out: Tensor = h + self.mlp(self.post_attention_layernorm(h))
         return out
@@ -243,9 +267,10 @@ class Model(Module):
 class CacheInputs:
     """The cache arguments of a step, as Tensors of the trace."""
 
-    def __init__(self, kv_len: Tensor, page_table: Tensor, k: Tensor, v: Tensor, rotary: Tensor) -> None:
+    def __init__(self, kv_len: Tensor, page_table: Tensor, k: Tensor, v: Tensor, rotary: Tensor, local: Tensor | None = None) -> None:
         self.kv_len, self.page_table, self.k, self.v = kv_len, page_table, k, v
         self.rotary = rotary  # the step's rotary angles (paged_rotary), shared by the layers
+        self.local = local  # the sliding layers' angles, where their base is another (Gemma 3)
 
 
 class LlamaDecoder(Module):
@@ -277,12 +302,21 @@ class LlamaDecoder(Module):
         positions computed once for every layer."""
         cfg = self.config
         rotary = emit(op.paged_rotary(tokens.expr, kv_len.expr, head_dim=cfg.head_dim, rope_theta=cfg.rope_theta, rope_scaling=cfg.rope_op_scaling()))
-        return CacheInputs(kv_len, page_table, k_cache, v_cache, rotary)
+        local = None
+        if cfg.sliding_layers and cfg.rope_local_theta is not None:  # a second table, unscaled, for the sliding layers
+            local = emit(op.paged_rotary(tokens.expr, kv_len.expr, head_dim=cfg.head_dim, rope_theta=cfg.rope_local_theta))
+        return CacheInputs(kv_len, page_table, k_cache, v_cache, rotary, local)
+
+    def _embed(self, ids: Tensor) -> Tensor:
+        h = self.model.embed_tokens(ids)
+        if self.config.gemma:  # scaled by sqrt(hidden), a float32 constant
+            h = h * embedding_scale(self.config.hidden)
+        return h
 
     def prefill(self, tokens: Tensor, kv_len: Tensor, page_table: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
         batch, seq = tokens.shape[0], tokens.shape[1]
         cache = self._cache(tokens, kv_len, page_table, k_cache, v_cache)
-        h = self._layers(self.model.embed_tokens(tokens), cache)
+        h = self._layers(self._embed(tokens), cache)
         last = ops.take(h, ops.arange(seq - 1, seq), 1).reshape(batch, self.config.hidden)
         return self._logits(last)
 
@@ -290,7 +324,7 @@ class LlamaDecoder(Module):
         batch = tokens.shape[0]
         ids = tokens.reshape(batch, 1)
         cache = self._cache(ids, kv_len, page_table, k_cache, v_cache)
-        h = self._layers(self.model.embed_tokens(ids), cache)
+        h = self._layers(self._embed(ids), cache)
         return self._logits(h.reshape(batch, self.config.hidden))
 
     def ignored_state_keys(self, keys: Any) -> set[str]:

@@ -6,7 +6,9 @@ Either way the result is an :class:`~tilework.llm.config.LlmConfig` and the tens
 transformers names in transformers' layout, each a :class:`~tilework.llm.quant.QuantTensor`
 whose bytes are a read-only view of the memory-mapped file (the GGUF ``q_proj`` / ``k_proj``
 rows excepted: see :mod:`tilework.llm.gguf`). The set of tensors and their shapes are checked
-against the config; a tied model has no ``lm_head.weight``.
+against the config; a tied model has no ``lm_head.weight``. A Gemma 3 checkpoint's norm weights
+are made the multipliers ``1 + w`` its norms compute with (:func:`gemma_norm_multipliers`: what a
+GGUF file holds), and a multimodal one's text decoder is read under ``Gemma3ForCausalLM``'s names.
 
 safetensors files are read by their documented layout (an 8-byte little-endian header length, a
 JSON header of dtype, shape and byte offsets, then the data) and mapped with ``np.memmap``:
@@ -16,6 +18,7 @@ and copies what it reads.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import math
@@ -49,6 +52,8 @@ def load_weights(path: "str | os.PathLike[str]", gguf_file: Any = None) -> tuple
     for shard in shards:
         tensors.update(read_safetensors(shard))
     tensors = {n: t for n, t in tensors.items() if not n.endswith(_IGNORED_SUFFIXES)}
+    if config.gemma:
+        tensors = gemma_norm_multipliers(_gemma_text_tensors(tensors))
     if config.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)  # the embedding itself; some checkpoints store it twice
     return config, _checked(config, tensors, path)
@@ -76,6 +81,9 @@ def expected_shapes(config: LlmConfig) -> dict[str, tuple[int, ...]]:
             out[p + "self_attn.q_norm.weight"] = (c.head_dim,)
             out[p + "self_attn.k_norm.weight"] = (c.head_dim,)
         out[p + "post_attention_layernorm.weight"] = (c.hidden,)
+        if c.gemma:
+            out[p + "pre_feedforward_layernorm.weight"] = (c.hidden,)
+            out[p + "post_feedforward_layernorm.weight"] = (c.hidden,)
         out[p + "mlp.gate_proj.weight"] = (c.ffn, c.hidden)
         out[p + "mlp.up_proj.weight"] = (c.ffn, c.hidden)
         out[p + "mlp.down_proj.weight"] = (c.hidden, c.ffn)
@@ -86,6 +94,40 @@ def expected_shapes(config: LlmConfig) -> dict[str, tuple[int, ...]]:
     out["model.norm.weight"] = (c.hidden,)
     if not c.tie_word_embeddings:
         out["lm_head.weight"] = (c.vocab, c.hidden)
+    return out
+
+
+def gemma_norm_multipliers(tensors: dict[str, QuantTensor]) -> dict[str, QuantTensor]:
+    """A Gemma checkpoint's tensors with each RMSNorm weight ``w`` (``*norm.weight``) made the
+    multiplier ``1 + w`` in float32, as transformers' ``Gemma3RMSNorm`` computes it and as
+    llama.cpp's converter stores it in a GGUF file: the decoder's norms multiply by their weight."""
+    out = dict(tensors)
+    for name, t in tensors.items():
+        if name.endswith("norm.weight"):
+            values = (1.0 + t.dequantize().astype(np.float32)).reshape(t.shape)
+            out[name] = QuantTensor(name, t.shape, "f32", values.view(np.uint8).reshape(t.shape[:-1] + (t.shape[-1] * 4,)))
+    return out
+
+
+# a multimodal Gemma 3 checkpoint (Gemma3ForConditionalGeneration): its text decoder's tensors
+# under these prefixes (transformers 5's and earlier versions' names), the vision tower's dropped
+_GEMMA_TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."))
+_GEMMA_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+
+
+def _gemma_text_tensors(tensors: dict[str, QuantTensor]) -> dict[str, QuantTensor]:
+    """The text decoder's tensors of a Gemma 3 checkpoint under ``Gemma3ForCausalLM``'s names (a
+    text-only checkpoint's as they are)."""
+    out = {}
+    for name, t in tensors.items():
+        if name.startswith(_GEMMA_VISION_PREFIXES):
+            continue
+        for old, new in _GEMMA_TEXT_PREFIXES:
+            if name.startswith(old):
+                name = new + name[len(old) :]
+                t = dataclasses.replace(t, name=name)
+                break
+        out[name] = t
     return out
 
 

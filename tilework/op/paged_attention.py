@@ -1,7 +1,7 @@
 """``paged_attention``: attention over a paged KV cache, one op per layer, as hand-built
 TensorFuncs that read the pages.
 
-    out = paged_attention(qkv, k_cache, v_cache, kv_len, page_table[, rotary], layer=i, kv_heads=n, rope_theta=t)
+    out = paged_attention(qkv, k_cache, v_cache, kv_len, page_table[, rotary], layer=i, kv_heads=n, rope_theta=t[, window=w])
     rotary = paged_rotary(tokens, kv_len, head_dim=hd, rope_theta=t[, rope_scaling=("linear", f) | ("yarn", ...) | ...])
 
 - ``qkv [b, s, heads + 2 * kv_heads, hd]``: this step's queries, keys and values side by side
@@ -44,7 +44,10 @@ would be a kernel of its own.
 
 The op first writes the new keys and values into the pages (positions ``kv_len[b] ..
 kv_len[b] + s - 1``), then computes causal attention of each new token over the sequence's
-cached and new tokens (query ``t`` sees positions ``<= kv_len[b] + t``) with an online softmax,
+cached and new tokens (query ``t`` at position ``p = kv_len[b] + t`` sees positions ``<= p``; with
+a ``window`` ``w``, a sliding window, those in ``(p - w, p]`` only: transformers' and llama.cpp's
+sliding-window mask; every page stays in the pool, the pages wholly before a window are not
+read) with an online softmax,
 grouped-query heads sharing a kv head. Without ``rotary``, the cosines and sines of the rotary
 angles are computed once per new token (``head_dim / 2`` of each, in float64, as its key is
 appended) into a table that the rotation of its queries and keys reads. Writing into the pool
@@ -96,7 +99,9 @@ def _infer(call: Call, ctx: InferCtx) -> StructInfo:
             raise ctx.error(f"{name} must be one of {', '.join(KV_DTYPES)}, got {t.dtype}")
     if None not in (kc.dtype, vc.dtype) and kc.dtype != vc.dtype:
         raise ctx.error(f"k_cache and v_cache must have one dtype, got {kc.dtype} and {vc.dtype}")
-    layer, nkv, theta = call.attrs["layer"], call.attrs["kv_heads"], call.attrs["rope_theta"]
+    layer, nkv, theta, window = call.attrs["layer"], call.attrs["kv_heads"], call.attrs["rope_theta"], call.attrs["window"]
+    if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+        raise ctx.error(f"window must be a positive int or None, got {window!r}")
     if not isinstance(layer, int) or isinstance(layer, bool) or layer < 0:
         raise ctx.error(f"layer must be a non-negative int, got {layer!r}")
     if not isinstance(nkv, int) or isinstance(nkv, bool) or nkv < 1:
@@ -147,16 +152,17 @@ def _infer(call: Call, ctx: InferCtx) -> StructInfo:
 def _legalize(call: Call, ctx: "LegalizeCtx") -> Expr:
     shapes = [known_tensor(a.info, call, f"argument {i}") for i, a in enumerate(call.args)]
     shape, dtype = out_tensor(call)
-    scale, theta = call.attrs["scale"], call.attrs["rope_theta"]
-    # every layer calls the same kernel (the layer is its sym param): built once per operand shapes
+    scale, theta, window = call.attrs["scale"], call.attrs["rope_theta"], call.attrs["window"]
+    # every layer calls the same kernel (the layer is its sym param): built once per operand
+    # shapes (and window: a model's sliding-window layers share one kernel, its others another)
     vector_bytes = ctx.vector_bytes
-    key = ("paged_attention", tuple(shapes), (shape, dtype), call.attrs["kv_heads"], scale, theta, vector_bytes)
-    gv, func, layer = ctx.kernel_for(key, "paged_attention", lambda: paged_attention_kernel(shapes, (shape, dtype), int(call.attrs["kv_heads"]), scale, theta, vector_bytes))
+    key = ("paged_attention", tuple(shapes), (shape, dtype), call.attrs["kv_heads"], scale, theta, vector_bytes, window)
+    gv, func, layer = ctx.kernel_for(key, "paged_attention", lambda: paged_attention_kernel(shapes, (shape, dtype), int(call.attrs["kv_heads"]), scale, theta, vector_bytes, window))
     sym_args = tuple(int(call.attrs["layer"]) if p is layer else p for p in func.sym_params)
     return call_tensor(gv, list(call.args), call.info, sym_args)
 
 
-register(Op("paged_attention", _infer, OpPattern.OPAQUE, attrs={"layer": 0, "kv_heads": 1, "rope_theta": None, "scale": None}, num_args=None, legalize=_legalize, effect=True))
+register(Op("paged_attention", _infer, OpPattern.OPAQUE, attrs={"layer": 0, "kv_heads": 1, "rope_theta": None, "scale": None, "window": None}, num_args=None, legalize=_legalize, effect=True))
 
 
 def paged_attention(
@@ -170,12 +176,14 @@ def paged_attention(
     rope_theta: float | None = None,
     scale: float | None = None,
     rotary: Expr | None = None,
+    window: int | None = None,
 ) -> Call:
     """See the module docstring; ``scale`` defaults to ``1 / sqrt(head_dim)``; ``rotary``: the
-    step's ``paged_rotary`` table (else each call computes the angles itself)."""
+    step's ``paged_rotary`` table (else each call computes the angles itself); ``window``: the
+    sliding window (None: every earlier key)."""
     theta = None if rope_theta is None else float(rope_theta)
     args = [qkv, k_cache, v_cache, kv_len, page_table] + ([] if rotary is None else [rotary])
-    return make_call("paged_attention", args, layer=layer, kv_heads=kv_heads, rope_theta=theta, scale=scale)
+    return make_call("paged_attention", args, layer=layer, kv_heads=kv_heads, rope_theta=theta, scale=scale, window=window)
 
 
 def _rotary_infer(call: Call, ctx: InferCtx) -> StructInfo:

@@ -144,7 +144,9 @@ class PagedKernel:
         theta: float | None,
         vector_bytes: int,
         rotary: Buffer | None = None,
+        window: int | None = None,
     ) -> None:
+        self.window = window  # a sliding window: the keys a query at p sees are (p - window, p]
         self.qkv, self.kc, self.vc, self.kv_len, self.pt, self.out = qkv, kc, vc, kv_len, pt, out
         self.lanes = max(1, vector_bytes // 4)  # float32 lanes of a vector register (sizes the tiles)
         self.layer = layer

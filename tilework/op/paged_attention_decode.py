@@ -133,6 +133,14 @@ class Decode(PagedKernel):
         b = sym.floordiv(tv, self.splits)
         sp = sym.floormod(tv, self.splits)
         total = binary("+", self.cached(b), 1)
+        # a sliding window: the query (at total - 1) sees keys from `start` on; a chunk or page
+        # that ends at or before it is neither scored nor read (-inf scores, no values)
+        start = None if self.window is None else binary("-", total, self.window)
+
+        def ends_after_start(end: Dim, cond: Scalar) -> Scalar:
+            """``cond``, and (with a window) keys before position ``end`` reach the window."""
+            return cond if start is None else binary("and", cond, binary(">", end, start))
+
         NH, NKV, G, HD, P, CH = self.nh, self.nkv, self.group, self.hd, self.page, CHUNK_PAGES
         EC = self.acc_columns()
         tile = "unrolled" if isinstance(G, int) and G <= MAX_TILE_HEADS else "serial"
@@ -246,6 +254,8 @@ class Decode(PagedKernel):
                     def put(g: SymVar) -> Stmt:
                         def one(j: SymVar) -> Stmt:
                             seen_j = binary("<", sym.add(first, j), total)
+                            if start is not None:
+                                seen_j = binary("and", seen_j, binary(">=", sym.add(first, j), start))
                             score: Scalar = ld(s, g, j)
                             for c in range(1, C):
                                 score = binary("+", score, ld(s, g, sym.add(j, c * P)))
@@ -263,7 +273,7 @@ class Decode(PagedKernel):
                     Store(nxt, (0,), i64(ld(self.pt, b, Select(seen(sym.add(pidx, 1)), sym.add(pidx, 1), pidx, "int64")))),
                     self.loop("s_kh", NKV, group),
                 ])
-                return IfThenElse(binary("<", first, total), computed, self.loop("inf_h", NH, unseen))
+                return IfThenElse(ends_after_start(sym.add(first, P), binary("<", first, total)), computed, self.loop("inf_h", NH, unseen))
 
             def softmax(h: SymVar) -> Stmt:
                 """Head ``h``'s running maximum, its accumulators' rescale factor, the chunk's
@@ -325,7 +335,7 @@ class Decode(PagedKernel):
                     body: Stmt = self.loop("pv_j", KS, key)
                     if per_vstep:
                         body = seq([Store(tnext, (0,), next_task_page(ci, pc, page)), body])
-                    return IfThenElse(binary("<", sym.mul(pidx, P), total), body)
+                    return IfThenElse(ends_after_start(sym.mul(sym.add(pidx, 1), P), binary("<", sym.mul(pidx, P), total)), body)
 
                 return seq([
                     self.loop("a0_g", G, lambda g: self.loop("a0_e", EC, lambda e: block("pa_a0", Store(a, (g, e), binary("*", ld(acc, head(g), sym.add(col, e)), ld(alpha, head(g))))), "vectorized"), tile),
@@ -333,7 +343,8 @@ class Decode(PagedKernel):
                     self.loop("a1_g", G, lambda g: self.loop("a1_e", EC, lambda e: block("pa_a1", Store(acc, (head(g), sym.add(col, e)), ld(a, g, e))), "vectorized"), tile),
                 ])
 
-            return IfThenElse(binary("<", sym.mul(p0, P), total), seq([
+            # (with a window, a chunk scored has a key in it: its softmax update never sees only -inf)
+            return IfThenElse(ends_after_start(sym.mul(sym.add(p0, count), P), binary("<", sym.mul(p0, P), total)), seq([
                 self.loop("sc_pc", count, scores),
                 self.loop("sm_h", NH, softmax),
                 self.loop("pv_kc", sym.mul(sym.floordiv(HD, EC), NKV), values),

@@ -71,6 +71,10 @@ class Prefill(PagedKernel):
 
         last_t, _ = lane(R - 1)
         horizon = binary("+", cached, sym.add(last_t, 1))  # keys any row of the block sees
+        first_t, _ = lane(0)
+        # with a sliding window the block's first row sees keys from this position on (a page
+        # that ends at or before it is skipped: every row's scores there are -inf)
+        window_start = None if self.window is None else binary("-", binary("+", cached, sym.add(first_t, 1)), self.window)
 
         at = Buffer("pp_page", (1,), "int64")  # the page's pool index, looked up once a page
 
@@ -109,6 +113,8 @@ class Prefill(PagedKernel):
                 def one(r: SymVar) -> Stmt:
                     t, _ = lane(r)
                     seen = binary("<=", sym.add(first, j), binary("+", cached, t))
+                    if self.window is not None:  # and inside the row's window: key > position - window
+                        seen = binary("and", seen, binary(">", sym.add(sym.add(first, j), self.window), binary("+", cached, t)))
                     return Store(st, (j, r), Select(seen, ld(st, j, r), fconst(-math.inf), F32))
 
                 return rows("mask", one)
@@ -173,7 +179,10 @@ class Prefill(PagedKernel):
                 self.loop("l_j", P, lambda j: rows("l_sum", lambda r: Store(l, (r,), binary("+", ld(l, r), ld(st, j, r))))),
                 self.loop("pv_et", sym.floordiv(HD, ET), values),
             ]
-            return IfThenElse(binary("<", first, horizon), seq([Store(at, (0,), i64(ld(self.pt, b, pi))), *steps]))
+            visible = binary("<", first, horizon)
+            if window_start is not None:
+                visible = binary("and", visible, binary(">", sym.add(first, P), window_start))
+            return IfThenElse(visible, seq([Store(at, (0,), i64(ld(self.pt, b, pi))), *steps]))
 
         def store_row(r: SymVar) -> Stmt:
             t, h = lane(r)

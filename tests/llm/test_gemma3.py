@@ -1,0 +1,252 @@
+"""Gemma 3's text decoder (``Gemma3ForCausalLM``; GGUF ``gemma3``) on small random models: the
+configs read as transformers reads them, and the decoder gives transformers' logits and greedy
+tokens from a checkpoint directory and from a GGUF file written as llama.cpp's converter writes
+it (norm weights stored as ``w + 1``, ``ffn_norm`` the norm before the MLP), with prompts of 1, 7
+and 13 tokens across a sliding window of 5 (layers sliding, global, sliding: two rotary bases,
+the global one scaled), a head dim (24) that is not ``hidden / heads`` and a query scalar of its
+own (from a GGUF file six layers, llama.cpp's fixed pattern); one compilation serves every prompt and decode step; ``bf16`` and ``q`` run it. With
+llama-cpp-python, llama.cpp scores a random ``gemma3`` file as tilework does."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+
+from tilework.errors import UnsupportedError  # noqa: E402
+from tilework.llm import LLM, SamplingParams  # noqa: E402
+from tilework.llm.config import LlmConfig  # noqa: E402
+from tilework.llm.quant import quantize  # noqa: E402
+from tests.llm.test_checkpoint import VOCAB, greedy, log_probs, word_tokenizer  # noqa: E402
+from tests.llm.test_decoder import Runner, _hf_incremental  # noqa: E402
+from tests.llm.test_weights import ggml  # noqa: E402
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+TYPES = ["sliding_attention", "full_attention", "sliding_attention"]
+ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 100.0}, "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}
+GEMMA = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=24, vocab_size=VOCAB,
+             max_position_embeddings=64, bos_token_id=1, eos_token_id=2, pad_token_id=0, initializer_range=0.2, query_pre_attn_scalar=20,
+             sliding_window=5, layer_types=TYPES, rope_parameters=ROPE)  # fmt: skip
+PROMPTS = [[7], [5, 17, 33, 9, 41, 7, 60], [int(t) for t in np.random.default_rng(5).integers(3, VOCAB, 13)]]
+
+
+def gemma(path: Path | None = None, dtype: str = "float32", **kw: Any) -> Any:
+    """A random ``Gemma3ForCausalLM`` (its norm weights random too: transformers starts them at
+    0, a multiplier of 1), saved to ``path`` in ``dtype`` with a word tokenizer and read back in
+    float32, where a path is given."""
+    torch.manual_seed(0)
+    model = transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(**{**GEMMA, **kw})).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.add_(0.3 * torch.randn_like(p))
+    if path is None:
+        return model
+    model.to(getattr(torch, dtype)).save_pretrained(path)
+    word_tokenizer().save_pretrained(path)
+    return transformers.Gemma3ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+# llama.cpp's tensor names of Gemma 3 (gguf-py's tensor map)
+_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
+_PART = {
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
+    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+}  # fmt: skip
+
+
+def gemma_gguf(hf: Any, path: Path, fmt: str = "f32", vocab: list[str] | None = None) -> Path:
+    """``hf`` as llama.cpp's ``convert_hf_to_gguf.py`` writes a Gemma 3 model (``Gemma3Model``):
+    the ``gemma3.*`` keys it writes (the global layers' rotary base and linear scaling, the
+    window; no pattern, no local base, no query scalar: llama.cpp fixes or derives those), every
+    ``*norm.weight`` stored as ``w + 1``, q and k rows in transformers' order, no output tensor
+    (tied); the matrices in ``fmt``. ``vocab``: the token texts (else words ``w0 ..``)."""
+    c = hf.config
+    w = gguf.GGUFWriter(str(path), "gemma3")
+    for key, value in {"context_length": c.max_position_embeddings, "embedding_length": c.hidden_size, "block_count": c.num_hidden_layers,
+                       "feed_forward_length": c.intermediate_size, "attention.head_count": c.num_attention_heads, "attention.head_count_kv": c.num_key_value_heads,
+                       "attention.key_length": c.head_dim, "attention.value_length": c.head_dim, "attention.sliding_window": c.sliding_window}.items():  # fmt: skip
+        w.add_uint32(f"gemma3.{key}", value)
+    full = c.rope_parameters["full_attention"]
+    w.add_float32("gemma3.rope.freq_base", full["rope_theta"])
+    w.add_float32("gemma3.attention.layer_norm_rms_epsilon", c.rms_norm_eps)
+    if full["rope_type"] == "linear":
+        w.add_string("gemma3.rope.scaling.type", "linear")
+        w.add_float32("gemma3.rope.scaling.factor", full["factor"])
+    w.add_tokenizer_model("llama")
+    tokens = vocab or [f"w{i}" for i in range(c.vocab_size)]
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * len(tokens))
+    w.add_token_types([1] * len(tokens))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_space_prefix(False)
+    for name, value in hf.state_dict().items():
+        if name == "lm_head.weight":
+            continue
+        data = value.detach().float().numpy()
+        if name.endswith("norm.weight"):
+            data = data + 1  # Gemma3RMSNorm multiplies by 1 + w: the converter stores it so
+        if name in _TOP:
+            gname = _TOP[name]
+        else:
+            _, _, layer, rest = name.split(".", 3)
+            gname = f"blk.{layer}.{_PART[rest.removesuffix('.weight')]}.weight"
+        t = quantize(np.ascontiguousarray(data, np.float32), fmt if data.ndim == 2 else "f32", name)
+        w.add_tensor(gname, np.ascontiguousarray(t.data), raw_dtype=ggml(t.fmt))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_configs_read_as_transformers_reads_them() -> None:
+    """transformers 5's ``rope_parameters`` per layer type, and the keys of the configs on the Hub
+    (``rope_theta``, ``rope_local_base_freq``, ``rope_scaling`` of the global layers, no
+    ``layer_types``: every sixth layer global), and a multimodal ``gemma3`` config's text part;
+    the variants tilework does not compute are refused naming their key."""
+    cfg = LlmConfig.from_hf_config(transformers.Gemma3TextConfig(**GEMMA).to_dict())
+    assert cfg.architecture == "gemma3" and cfg.gemma and cfg.qk_norm and cfg.tie_word_embeddings
+    assert (cfg.sliding_window, cfg.sliding_layers, [cfg.layer_window(i) for i in range(3)]) == (5, (0, 2), [5, None, 5])
+    assert (cfg.rope_theta, cfg.rope_local_theta, cfg.rope_scaling.type, cfg.rope_scaling.factor) == (10000.0, 100.0, "linear", 2.0)
+    assert (cfg.head_dim, cfg.query_pre_attn_scalar, cfg.attention_scale) == (24, 20.0, 20**-0.5)
+    hub = {"model_type": "gemma3_text", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 13, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 24, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+           "sliding_window": 1024, "sliding_window_pattern": 6, "query_pre_attn_scalar": 24, "vocab_size": 262208, "eos_token_id": [1, 106]}  # fmt: skip
+    cfg = LlmConfig.from_hf_config(hub)
+    want = [i for i, t in enumerate(transformers.Gemma3TextConfig(**{k: v for k, v in hub.items() if k != "model_type"}).layer_types) if t == "sliding_attention"]
+    assert list(cfg.sliding_layers) == want == [i for i in range(13) if i not in (5, 11)]
+    assert (cfg.rope_theta, cfg.rope_local_theta, cfg.rope_scaling.factor, cfg.eos_token_ids, cfg.context_length) == (1e6, 1e4, 8.0, (1, 106), 131072)
+    multimodal = {"model_type": "gemma3", "text_config": {k: v for k, v in hub.items() if k != "eos_token_id"}, "eos_token_id": [1, 106], "vision_config": {}}
+    assert LlmConfig.from_hf_config(multimodal) == cfg
+    assert LlmConfig.from_dict(cfg.to_dict()) == cfg
+    for key, value in (("final_logit_softcapping", 30.0), ("attn_logit_softcapping", 50.0), ("use_bidirectional_attention", True), ("hidden_activation", "gelu")):
+        with pytest.raises(UnsupportedError, match=key):
+            LlmConfig.from_hf_config({**hub, key: value})
+    local_scaled = {"full_attention": {"rope_type": "default", "rope_theta": 1e6}, "sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}
+    with pytest.raises(UnsupportedError, match="sliding_attention"):
+        LlmConfig.from_hf_config({**hub, "rope_parameters": local_scaled})
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_gemma3_checkpoint_gives_transformers_tokens(tmp_path: Path, dtype: str) -> None:
+    """A float32 checkpoint: transformers' log-probabilities (1e-4) and greedy tokens after
+    prompts of 1, 7 and 13 tokens (the window of 5 crossed in prefill and in decode); a bfloat16
+    one under ``bf16`` (matrices and KV cache in bfloat16) its greedy tokens, its
+    log-probabilities to bfloat16's precision. A model whose window covers the prompt gives
+    other log-probabilities: the window counts."""
+    hf = gemma(tmp_path, dtype)
+    precision = "fp32" if dtype == "float32" else "bf16"
+    llm = LLM(str(tmp_path), precision=precision, max_batch=2, kv_tokens=256)
+    assert llm.config.gemma and llm.config.sliding_layers == (0, 2)
+    tol = 1e-4 if precision == "fp32" else 0.1
+    for ids in PROMPTS:
+        ref = log_probs(hf, ids)
+        np.testing.assert_allclose(llm.score(ids), ref, rtol=0, atol=tol)
+        want = greedy(hf, ids, 10)
+        want = want[: want.index(2)] if 2 in want else want
+        out = llm.generate(" ".join(f"w{t}" for t in ids), SamplingParams(temperature=0, max_tokens=10), chat=False)[0]
+        assert out.token_ids[: len(want)] == want
+    assert np.abs(log_probs(gemma(sliding_window=64), PROMPTS[2]) - ref).max() > 10 * tol
+
+
+def test_prefill_and_every_decode_step_from_one_compilation() -> None:
+    """The compiled decoder (one build) fed like the engine: transformers' logits after prompts
+    of 1, 6 and 13 tokens and after each of 9 greedy steps through its cache, the decode steps'
+    windows sliding over the cached keys; greedy tokens too."""
+    hf = gemma()
+    r = Runner(hf, max_batch=2)
+    assert r.builds == 1
+    for prompt in ([3], [5, 17, 33, 9, 41, 7], PROMPTS[2]):
+        tokens, logits = r.run(prompt, 9)
+        want = _hf_incremental(hf, prompt, tokens)
+        assert tokens == [int(np.argmax(x)) for x in want[:-1]]
+        for got, ref in zip(logits, want):
+            np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+    assert r.builds == 1
+
+
+@pytest.mark.parametrize("fmt, precision", [("f32", "fp32"), ("q8_0", "q")])
+def test_a_gemma3_gguf_gives_transformers_log_probabilities(tmp_path: Path, fmt: str, precision: str) -> None:
+    """The model as a GGUF file of llama.cpp's converter (its rotary bases and query scalar the
+    ones llama.cpp fixes or derives: 10000 for the sliding layers, ``head_dim``): float32 tensors
+    give transformers' log-probabilities to 1e-4; q8_0 matrices kept in blocks (``q``) those of
+    the dequantized values within what 8-bit activations move them (as for Qwen2 and Qwen3)."""
+    rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}, "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}}
+    # six layers in transformers' default pattern (layer 5 global), the one llama.cpp fixes
+    hf = gemma(rope_parameters=rope, query_pre_attn_scalar=24, num_hidden_layers=6, layer_types=None, **({} if fmt == "f32" else {"initializer_range": 0.05}))
+    path = gemma_gguf(hf, tmp_path / "gemma3.gguf", fmt)
+    llm = LLM(str(path), precision=precision, max_batch=2, kv_tokens=256, kv_dtype="float32")
+    c = llm.config
+    assert c == LlmConfig.from_hf_config(hf.config.to_dict())  # the file's config is the checkpoint's
+    assert (c.sliding_window, c.sliding_layers, c.rope_local_theta, c.rope_theta, c.query_pre_attn_scalar, c.tie_word_embeddings) == (5, (0, 1, 2, 3, 4), 1e4, 1e6, 24.0, True)
+    assert ("model.layers.0.self_attn.q_proj.weight" in llm.formats) == (fmt != "f32")
+    if fmt != "f32":
+        with torch.no_grad():
+            for name, p in hf.named_parameters():
+                if p.ndim == 2:
+                    p.copy_(torch.from_numpy(quantize(p.numpy(), fmt, name).dequantize().reshape(p.shape)))
+    for ids in PROMPTS:
+        got, want = llm.score(ids), log_probs(hf, ids)
+        if fmt == "f32":
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+        else:  # six layers of 8-bit activations: measured 0.01 on average, 0.05 at worst
+            err = np.abs(got - want)
+            assert err.mean() < 0.02 and err.max() < 0.1, (err.mean(), err.max())
+
+
+@pytest.mark.slow
+def test_llama_cpp_scores_a_gemma3_file_as_tilework_does(tmp_path: Path) -> None:
+    """llama.cpp (llama-cpp-python) reads the same kind of file: a random Gemma 3 of 6 layers
+    (hidden 256, head dim 64, window 8, layer 5 global) scores 40 tokens as tilework does:
+    within 0.004 measured, what transformers' own log-probabilities differ from llama.cpp's by
+    (llama.cpp's GELU reads a table of half-precision inputs on CPU), where tilework's are
+    transformers' to 1e-5."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python (an optional bench dependency) reads the file")
+    from tests.llm.test_llama_cpp_q4_k_m import gguf_files, log_softmax
+
+    rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}, "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}}
+    hf = gemma(num_hidden_layers=6, layer_types=None, hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=64, query_pre_attn_scalar=64,
+               sliding_window=8, rope_parameters=rope, max_position_embeddings=128, vocab_size=512, initializer_range=0.05)  # fmt: skip
+    vocab = ["<pad>", "<bos>", "<eos>", *(f"w{i}" for i in range(3, 512))]
+    path = str(gemma_gguf(hf, tmp_path / "gemma3.gguf", vocab=vocab))
+    ids = [1] + [int(t) for t in np.random.default_rng(0).integers(3, 512, 39)]
+    want = log_softmax(gguf_files().llama_cpp_scores(path, ids, threads=2))
+    got = LLM(path, precision="fp32", max_batch=1, kv_tokens=256).score(ids)
+    assert (got.max(-1) - got.min(-1)).min() > 1.0  # the log-probabilities differ enough to compare
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-2)
+    np.testing.assert_allclose(got, log_probs(hf, ids), rtol=0, atol=1e-4)
+
+
+def test_a_multimodal_checkpoint_runs_its_text_decoder(tmp_path: Path) -> None:
+    """A ``Gemma3ForConditionalGeneration`` checkpoint (4B and larger): its config's
+    ``text_config`` and its text decoder's tensors (``model.language_model.*``, transformers 5's
+    names) give the text model's log-probabilities; the vision tower's tensors are left out."""
+    from safetensors.numpy import save_file
+
+    from tilework.llm.weights import read_safetensors
+
+    hf = gemma(tmp_path / "text")
+    mm = tmp_path / "mm"
+    mm.mkdir()
+    tensors = {n: t.dequantize().reshape(t.shape) for n, t in read_safetensors(tmp_path / "text" / "model.safetensors").items()}
+    renamed = {("model.language_model." + n.removeprefix("model.")) if n.startswith("model.") else n: v for n, v in tensors.items()}
+    save_file({**renamed, "model.vision_tower.vision_model.post_layernorm.weight": np.ones(8, np.float32), "model.multi_modal_projector.mm_input_projection_weight": np.ones((8, 64), np.float32)}, str(mm / "model.safetensors"))
+    text = hf.config.to_dict()
+    (mm / "config.json").write_text(json.dumps({"model_type": "gemma3", "text_config": text, "vision_config": {"model_type": "siglip_vision_model"}}))
+    word_tokenizer().save_pretrained(mm)
+    llm = LLM(str(mm), precision="fp32", max_batch=1, kv_tokens=64)
+    assert llm.config == LlmConfig.from_hf_config(text)
+    np.testing.assert_allclose(llm.score(PROMPTS[1]), log_probs(hf, PROMPTS[1]), rtol=0, atol=1e-4)
