@@ -57,6 +57,7 @@ def save(path: Path, kind: str = "llama", dtype: str = "float32", tokenizer: boo
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
         "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+        "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
     }[kind]
     model = model_cls(config_cls(**{**SMALL, **kw})).eval()
     with torch.no_grad():  # norm weights away from transformers' ones: their values count too

@@ -6,7 +6,11 @@ Four architectures are read: ``llama``, ``qwen2`` (llama with biases on the q, k
 projections), ``qwen3`` (llama with an RMSNorm over each query and key head, ``q_norm`` /
 ``k_norm``, before the rotary embedding; its ``head_dim`` need not be ``hidden / heads``) and
 ``gemma3`` (Gemma 3's text decoder: sliding-window layers with a rotary base of their own, and
-more: :mod:`tilework.llm.gemma3` reads its configs); a
+more: :mod:`tilework.llm.gemma3` reads its configs); ``phi3`` (Phi-3, Phi-3.5: llama whose q, k,
+v projections are one matrix in the file, and the MLP's gate and up another, split on loading;
+from a transformers checkpoint every layer attends in its ``sliding_window``, where it is shorter
+than the context, as transformers does; a GGUF file's window is not applied, as llama.cpp
+applies none); a
 transformers ``mistral`` checkpoint is ``llama``, and a llama-family model with
 sliding-window attention has its context cut to the window. Anything the model family could
 vary that tilework does not implement (another rotary scaling, a partial rotary dim, experts)
@@ -43,7 +47,7 @@ if TYPE_CHECKING:
 
     from tilework.llm.gguf import GGUFFile
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "freq_factors")
 HF_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "dynamic")  # the names a transformers config uses
 
@@ -301,9 +305,10 @@ class LlmConfig:
             raise UnsupportedError(f"{where}: architecture {arch!r} is not supported; supported: {', '.join(ARCHITECTURES)}")
         if get(f"{arch}.expert_count", 0):
             raise UnsupportedError(f"{where}: mixture-of-experts models ({arch}.expert_count = {get(f'{arch}.expert_count')}) are not supported")
-        for name in ("rope_factors_long.weight", "rope_factors_short.weight"):
-            if name in tensors:
-                raise UnsupportedError(f"{where}: per-frequency rotary factors for long contexts (tensor {name}: longrope scaling baked into the file) are not supported")
+        longrope = [tensors.get(n) for n in ("rope_factors_short.weight", "rope_factors_long.weight")]
+        if any(t is not None for t in longrope) and (arch != "phi3" or None in longrope):
+            name = next(t.name for t in longrope if t is not None)
+            raise UnsupportedError(f"{where}: per-frequency rotary factors for long contexts (tensor {name}: longrope scaling baked into the file) are read for phi3 files with both rope_factors_short and rope_factors_long only")
         hidden, heads = int(need(f"{arch}.embedding_length")), int(need(f"{arch}.attention.head_count"))
         head_dim = int(get(f"{arch}.attention.key_length", hidden // heads))
         value_dim = int(get(f"{arch}.attention.value_length", head_dim))
@@ -319,11 +324,17 @@ class LlmConfig:
         eos = [get(k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")]
         bos = get("tokenizer.ggml.bos_token_id")
         layers = int(need(f"{arch}.block_count"))
+        context = int(need(f"{arch}.context_length"))
         extra: dict[str, Any] = {}
         if arch == "gemma3":
             from tilework.llm.gemma3 import gguf_fields
 
             extra = gguf_fields(get, arch, where, layers, hidden, heads, head_dim)
+        elif arch == "phi3":
+            # {arch}.attention.sliding_window is not applied: llama.cpp attends to every earlier token
+            # in phi3 files (transformers, from a checkpoint, does apply Phi-3's window)
+            if longrope[0] is not None:
+                extra["rope_scaling"] = _gguf_longrope(gf, longrope, get, arch, where, head_dim, context)
         return cls(
             architecture=arch,
             hidden=hidden,
@@ -335,15 +346,14 @@ class LlmConfig:
             vocab=int(vocab),
             rope_theta=_f32_value(get(f"{arch}.rope.freq_base", 10000.0)),
             rms_eps=_f32_value(need(f"{arch}.attention.layer_norm_rms_epsilon")),
-            context_length=int(need(f"{arch}.context_length")),
+            context_length=context,
             tie_word_embeddings="output.weight" not in tensors,
             attention_bias="blk.0.attn_q.bias" in tensors,
             attention_out_bias="blk.0.attn_output.bias" in tensors,
             mlp_bias="blk.0.ffn_up.bias" in tensors,
-            rope_scaling=_gguf_rope_scaling(get, arch, where, _gguf_freq_factors(gf, tensors.get(FREQ_FACTORS_TENSOR), head_dim)),
             bos_token_id=None if bos is None else int(bos),
             eos_token_ids=tuple(dict.fromkeys(int(t) for t in eos if t is not None)),
-            **extra,
+            **{"rope_scaling": _gguf_rope_scaling(get, arch, where, _gguf_freq_factors(gf, tensors.get(FREQ_FACTORS_TENSOR), head_dim)), **extra},
         )
 
     # ---- transformers --------------------------------------------------------------------
@@ -353,9 +363,11 @@ class LlmConfig:
         """The config of a transformers checkpoint: a ``config.json`` dict, its path, or the
         checkpoint directory. Missing optional keys take the transformers class defaults.
 
-        ``model_type`` ``llama``, ``qwen2``, ``qwen3`` or ``mistral`` (llama with a sliding window:
+        ``model_type`` ``llama``, ``qwen2``, ``qwen3``, ``phi3`` (every layer in its
+        ``sliding_window``, where that is shorter than the context; longrope also under its early
+        name ``su``) or ``mistral`` (llama with a sliding window:
         it reads as ``llama``); ``gemma3_text`` and ``gemma3`` (its text part) are read by
-        :func:`tilework.llm.gemma3.hf_fields`. A model whose layers attend in a sliding window (Mistral's, Qwen2's
+        :func:`tilework.llm.gemma3.hf_fields`. A llama, qwen2 or qwen3 model whose layers attend in a sliding window (Mistral's, Qwen2's
         and Qwen3's with ``use_sliding_window``) has a context of at most the window: a sequence that fits in the
         window attends to every earlier token, exactly what the decoder does; a longer one is
         refused as any prompt past the context is."""
@@ -382,13 +394,19 @@ class LlmConfig:
             raise UnsupportedError(f"{where}: hidden_act {get('hidden_act')!r} is not supported (only 'silu')")
         if model_type == "qwen2":
             qkv_bias, out_bias = True, False
+        elif model_type == "phi3":  # no biases (its projections are fused in the file: weights.split_fused)
+            qkv_bias = out_bias = False
         else:  # llama, mistral, qwen3: q, k, v and o alike
             qkv_bias = out_bias = bool(d.get("attention_bias", False))
         hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
         context = int(get("max_position_embeddings"))
-        window = _hf_sliding_window(d, model_type, int(need("num_hidden_layers")), where)
-        if window is not None:
-            context = min(context, window)  # within the window it masks nothing
+        sliding: dict[str, Any] = {}
+        if model_type == "phi3":  # every layer in the window (Phi3Attention's sliding_window)
+            sliding = _all_layers_sliding(d.get("sliding_window"), int(need("num_hidden_layers")), context)
+        else:
+            window = _hf_sliding_window(d, model_type, int(need("num_hidden_layers")), where)
+            if window is not None:
+                context = min(context, window)  # within the window it masks nothing
         theta, scaling = _hf_rope(d, get, where)
         eos = d.get("eos_token_id")
         eos_ids = () if eos is None else tuple(int(t) for t in eos) if isinstance(eos, list) else (int(eos),)
@@ -411,6 +429,7 @@ class LlmConfig:
             rope_scaling=scaling,
             bos_token_id=None if d.get("bos_token_id") is None else int(d["bos_token_id"]),
             eos_token_ids=eos_ids,
+            **sliding,
         )
 
 
@@ -421,6 +440,7 @@ _HF_DEFAULTS: dict[str, dict[str, Any]] = {
     "mistral": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 131072, "tie_word_embeddings": False, "rope_theta": 10000.0, "sliding_window": 4096},
     "qwen2": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": False, "rope_theta": 10000.0},
     "qwen3": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": False, "rope_theta": 10000.0, "head_dim": 128},
+    "phi3": {"hidden_act": "silu", "rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "tie_word_embeddings": False, "rope_theta": 10000.0},
 }
 
 
@@ -431,15 +451,42 @@ def _f32_value(v: Any) -> float:
 
 
 def _gguf_freq_factors(gf: "GGUFFile", t: Any, head_dim: int) -> tuple[float, ...] | None:
-    """The values of a GGUF file's ``rope_freqs`` tensor (``t``; None: the file has none):
-    ``head_dim / 2`` float32 divisors of the rotary frequencies. llama.cpp's converter writes
-    them for ``llama3`` scaling (Llama 3.1, 3.2, ...: 1 for the high frequencies, the factor
-    for the low ones, a blend between) and llama.cpp divides each frequency by its factor."""
+    """The values of a GGUF file's per-frequency rotary divisors ``t`` (None: the file has none):
+    ``head_dim / 2`` float32 values. ``rope_freqs``: llama.cpp's converter writes them for
+    ``llama3`` scaling (Llama 3.1, 3.2, ...: 1 for the high frequencies, the factor for the low
+    ones, a blend between) and llama.cpp divides each frequency by its factor; phi3's
+    ``rope_factors_short`` / ``_long``: longrope's (:func:`_gguf_longrope`)."""
     if t is None:
         return None
     if t.ggml_type != 0 or t.shape != (head_dim // 2,):
         raise TileworkError(f"{gf.path}: tensor {t.name} must be {head_dim // 2} float32 values (head_dim {head_dim} / 2), got GGML type {t.ggml_type} of shape {list(t.shape)}")
     return tuple(float(v) for v in gf.tensor_bytes(t).view("<f4"))
+
+
+def _all_layers_sliding(window: Any, layers: int, context: int) -> dict[str, Any]:
+    """The config fields of a model whose every layer attends in ``window`` (Phi-3's
+    ``sliding_window``; None or one no shorter than the context: no window)."""
+    if window is None or int(window) >= context:
+        return {}
+    return {"sliding_window": int(window), "sliding_layers": tuple(range(layers))}
+
+
+def _gguf_longrope(gf: "GGUFFile", tensors: list[Any], get: Callable[..., Any], arch: str, where: str, head_dim: int, context: int) -> RopeScaling:
+    """A phi3 file's longrope scaling, as llama.cpp's converter writes it: the per-frequency
+    divisors in tensors ``rope_factors_short`` / ``rope_factors_long`` (``tensors``, in that
+    order), ``{arch}.rope.scaling.original_context_length`` and the attention factor
+    ``{arch}.rope.scaling.attn_factor`` (transformers' ``sqrt(1 + ln(factor) / ln(original))``
+    where absent). Run as transformers runs it: the long factors for a step that ends past the
+    original context (llama.cpp takes them for the whole run when its context is longer)."""
+    original = get(f"{arch}.rope.scaling.original_context_length")
+    if original is None:
+        raise TileworkError(f"{where}: longrope factors need {arch}.rope.scaling.original_context_length")
+    short, long = (_gguf_freq_factors(gf, t, head_dim) for t in tensors)
+    factor = context / int(original)
+    attention = get(f"{arch}.rope.scaling.attn_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(int(original)))
+    return RopeScaling("longrope", factor, int(original), attention_factor=_f32_value(attention), short_factor=short, long_factor=long)
 
 
 def _gguf_rope_scaling(get: Callable[..., Any], arch: str, where: str, freq_factors: tuple[float, ...] | None = None) -> RopeScaling:
@@ -534,6 +581,7 @@ def _hf_rope(d: Mapping[str, Any], get: Callable[[str], Any], where: str) -> tup
     if partial not in (None, 1, 1.0):
         raise UnsupportedError(f"{where}: partial rotary embeddings (partial_rotary_factor = {partial}) are not supported")
     kind = params.get("rope_type", params.get("type", "default"))
+    kind = "longrope" if kind == "su" else kind  # the name early Phi-3 configs gave it
     if kind in ("default", "dynamic"):
         # dynamic NTK scales theta by (factor * seq / max_position_embeddings - factor + 1) once
         # a sequence is longer than max_position_embeddings, the context: never within it

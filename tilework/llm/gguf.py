@@ -66,9 +66,12 @@ _GEMMA3_PER_LAYER = {
     "ffn_norm": "pre_feedforward_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
-_PER_LAYER_OF = {"gemma3": _GEMMA3_PER_LAYER}
+# Phi-3: the q, k, v projections one tensor, the MLP's gate and up another (weights.split_fused parts them)
+_PHI3_PER_LAYER = {**_PER_LAYER, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
+_PER_LAYER_OF = {"gemma3": _GEMMA3_PER_LAYER, "phi3": _PHI3_PER_LAYER}
 _NAME = re.compile(r"(?:blk\.(\d+)\.)?(\w+)\.(weight|bias)")
 FREQ_FACTORS_TENSOR = "rope_freqs.weight"  # per-frequency rotary divisors: part of the config (LlmConfig.from_gguf), not a weight
+CONFIG_TENSORS = (FREQ_FACTORS_TENSOR, "rope_factors_short.weight", "rope_factors_long.weight")  # read into the config (phi3's longrope: the other two)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,7 +304,7 @@ def gguf_tensors(source: "str | os.PathLike[str] | GGUFFile | GGUFReader", confi
     gf = read_gguf(source)
     out = {}
     for gguf_name, t in raw_tensors(gf).items():
-        if gguf_name == FREQ_FACTORS_TENSOR:
+        if gguf_name in CONFIG_TENSORS:
             continue
         name = hf_tensor_name(gguf_name, config.architecture)
         if name is None:

@@ -45,7 +45,7 @@ def load_weights(path: "str | os.PathLike[str]", gguf_file: Any = None) -> tuple
     if kind == "gguf":
         gf = read_gguf(gguf_file if gguf_file is not None else path)
         config = LlmConfig.from_gguf(gf)
-        return config, _checked(config, gguf_tensors(gf, config), path)
+        return config, _checked(config, split_fused(config, gguf_tensors(gf, config)), path)
     config_path, shards = _checkpoint_files(path)
     config = LlmConfig.from_hf_config(config_path)
     tensors: dict[str, QuantTensor] = {}
@@ -54,9 +54,38 @@ def load_weights(path: "str | os.PathLike[str]", gguf_file: Any = None) -> tuple
     tensors = {n: t for n, t in tensors.items() if not n.endswith(_IGNORED_SUFFIXES)}
     if config.gemma:
         tensors = gemma_norm_multipliers(_gemma_text_tensors(tensors))
+    tensors = split_fused(config, tensors)
     if config.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)  # the embedding itself; some checkpoints store it twice
     return config, _checked(config, tensors, path)
+
+
+# a fused projection (Phi-3's) -> its parts, in the order of their rows
+_FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+
+
+def split_fused(config: LlmConfig, tensors: dict[str, QuantTensor]) -> dict[str, QuantTensor]:
+    """``tensors`` with each fused projection (``qkv_proj``: the q, k and v rows one after the
+    other; ``gate_up_proj``: the gate's, then the up projection's; Phi-3's files, GGUF and
+    transformers alike) parted into the projections it holds, each a view of its rows (the
+    decoder joins them again where their formats agree: ``model.MERGED``)."""
+    c = config
+    sizes = {"self_attn.qkv_proj": (c.heads * c.head_dim, c.kv_heads * c.head_dim, c.kv_heads * c.head_dim), "mlp.gate_up_proj": (c.ffn, c.ffn)}
+    out: dict[str, QuantTensor] = {}
+    for name, t in tensors.items():
+        prefix, fused, kind = next(((name.rpartition(f".{f}.")[0], f, name.rpartition(f".{f}.")[2]) for f in _FUSED if f".{f}." in name), (None, None, None))
+        if fused is None:
+            out[name] = t
+            continue
+        rows = sum(sizes[fused])
+        if t.shape[0] != rows:
+            raise ShapeError(f"tensor {name} has {t.shape[0]} rows, the config implies {rows} ({' + '.join(str(n) for n in sizes[fused])})")
+        at = 0
+        for part, n in zip(_FUSED[fused], sizes[fused]):
+            part_name = f"{prefix}.{part}.{kind}"
+            out[part_name] = QuantTensor(part_name, (n, *t.shape[1:]), t.fmt, t.data[at : at + n])
+            at += n
+    return out
 
 
 def expected_shapes(config: LlmConfig) -> dict[str, tuple[int, ...]]:

@@ -1,0 +1,135 @@
+"""Phi-3 (``phi3``): llama with its q, k, v projections one matrix and the MLP's gate and up
+another (``qkv_proj``, ``gate_up_proj``; GGUF ``attn_qkv``, ``ffn_up``), every layer attending in
+its ``sliding_window``, and Phi-3.5's longrope (GGUF: ``rope_factors_short`` / ``_long`` tensors).
+A random ``Phi3ForCausalLM`` gives transformers' log-probabilities and greedy tokens from its
+checkpoint directory and from a GGUF file written as llama.cpp's converter writes it, and
+llama.cpp's log-probabilities on that file (where llama-cpp-python is installed)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+
+from tilework.llm import LLM, SamplingParams  # noqa: E402
+from tilework.llm.quant import quantize  # noqa: E402
+from tests.llm.test_checkpoint import VOCAB, greedy, log_probs, save  # noqa: E402
+from tests.llm.test_decoder import _hf_incremental  # noqa: E402
+from tests.llm.test_weights import ggml  # noqa: E402
+
+PHI3 = dict(pad_token_id=0)  # Phi3Config's default (32000) is outside the small vocabulary
+WINDOW = dict(PHI3, sliding_window=6)  # shorter than the 20-token prompts: the window is what is checked
+LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.4, 2.9, 3.5],
+            "long_factor": [1.0, 1.5, 2.2, 3.1, 4.0, 5.5, 7.0, 9.0]}  # fmt: skip
+
+
+def phi3_gguf(hf: Any, path: Path, fmt: str = "f32") -> Path:
+    """``hf``'s weights as llama.cpp's converter writes a phi3 file: fused ``attn_qkv`` and
+    ``ffn_up`` (gate rows, then up rows) in transformers' row order (llama.cpp rotates phi3
+    rotate-half), ``sliding_window`` and ``original_context_length`` keys, and for longrope its
+    factors as tensors with the attention factor; a byte-level BPE vocabulary (ids are fed)."""
+    c = hf.config
+    w = gguf.GGUFWriter(str(path), "phi3")
+    hd = c.hidden_size // c.num_attention_heads
+    for key, value in {"block_count": c.num_hidden_layers, "context_length": c.max_position_embeddings, "embedding_length": c.hidden_size,
+                       "feed_forward_length": c.intermediate_size, "attention.head_count": c.num_attention_heads, "attention.head_count_kv": c.num_key_value_heads,
+                       "rope.dimension_count": hd, "rope.scaling.original_context_length": c.original_max_position_embeddings}.items():  # fmt: skip
+        w.add_uint32(f"phi3.{key}", value)
+    if c.sliding_window is not None:
+        w.add_uint32("phi3.attention.sliding_window", c.sliding_window)
+    w.add_float32("phi3.rope.freq_base", c.rope_parameters["rope_theta"])
+    w.add_float32("phi3.attention.layer_norm_rms_epsilon", c.rms_norm_eps)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(["a", "b", "ab", *(f"w{i}" for i in range(3, VOCAB))])
+    w.add_token_merges(["a b"])
+    w.add_eos_token_id(2)
+    rope = c.rope_parameters
+    if rope.get("rope_type") == "longrope":
+        scale = c.max_position_embeddings / c.original_max_position_embeddings
+        w.add_float32("phi3.rope.scaling.attn_factor", math.sqrt(1 + math.log(scale) / math.log(c.original_max_position_embeddings)))
+        w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], np.float32))
+        w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], np.float32))
+    names = {"self_attn.qkv_proj": "attn_qkv", "self_attn.o_proj": "attn_output", "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+             "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}  # fmt: skip
+    for name, value in hf.state_dict().items():
+        data = value.detach().float().numpy()
+        if name.startswith("model.layers."):
+            layer, part = name.removeprefix("model.layers.").split(".", 1)
+            out = f"blk.{layer}.{names[part.removesuffix('.weight')]}.weight"
+        else:
+            out = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}[name]
+        t = quantize(np.ascontiguousarray(data), fmt if data.ndim == 2 else "f32", name)
+        w.add_tensor(out, np.ascontiguousarray(t.data), raw_dtype=ggml(t.fmt))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("rope", ["window", "longrope"])
+def test_a_phi3_checkpoint_and_gguf_give_transformers_log_probabilities(tmp_path: Path, rope: str) -> None:
+    """window: every layer attends to its last 6 tokens (context 64); longrope: an original
+    context of 16 in a context of 64, crossed at the 17th token. The greedy tokens after 20
+    words (a step past the original context: long factors) from the checkpoint, whose tokenizer
+    reads them."""
+    kw: dict[str, Any] = dict(WINDOW, original_max_position_embeddings=64) if rope == "window" else dict(PHI3, rope_parameters=LONGROPE, original_max_position_embeddings=16)
+    hf = save(tmp_path / "ckpt", "phi3", **kw)
+    ids = [int(t) for t in np.random.default_rng(11).integers(3, VOCAB, 20)]
+    # the references: token by token through transformers' cache, as score feeds them (longrope's
+    # factors are chosen per step: short ones up to 16 tokens, long ones after, cached keys keeping theirs)
+    gguf_path = phi3_gguf(hf, tmp_path / "phi3.gguf")
+    # a GGUF file's window is not applied (llama.cpp applies none): its reference is the same model without one
+    wide = save(tmp_path / "wide", "phi3", **PHI3, original_max_position_embeddings=64) if rope == "window" else hf
+    for path, model in ((tmp_path / "ckpt", hf), (gguf_path, wide)):
+        llm = LLM(str(path), precision="fp32", max_batch=2, kv_tokens=256)
+        cfg = llm.config
+        if rope == "window":
+            assert (cfg.sliding_window, cfg.sliding_layers) == ((6, tuple(range(cfg.layers))) if model is hf else (None, ()))
+        else:
+            assert cfg.rope_scaling.type == "longrope" and cfg.rope_scaling.attention_factor == pytest.approx(hf.model.rotary_emb.attention_scaling, rel=1e-6)
+        ref = torch.log_softmax(torch.tensor(np.array(_hf_incremental(model, ids[:1], ids[1:]))), -1).numpy()
+        np.testing.assert_allclose(llm.score(ids), ref, rtol=0, atol=1e-4)
+    want = greedy(hf, ids, 8)
+    want = want[: want.index(2)] if 2 in want else want
+    out = LLM(str(tmp_path / "ckpt"), precision="fp32", max_batch=1, kv_tokens=256).generate(" ".join(f"w{t}" for t in ids), SamplingParams(temperature=0, max_tokens=8), chat=False)[0]
+    assert out.token_ids[: len(want)] == want and len(want) >= 4
+    if rope == "window":  # without the window the model gives others
+        assert np.abs(log_probs(wide, ids) - log_probs(hf, ids)).max() > 1e-2
+
+
+def test_a_quantized_phi3_gguf_runs_its_blocks(tmp_path: Path) -> None:
+    """q8_0 matrices under ``q``: the fused tensors part into rows of blocks (views), the decoder
+    joins them again; the log-probabilities are those of the dequantized weights to what 8-bit
+    activations add."""
+    hf = save(tmp_path / "ckpt", "phi3", **WINDOW, original_max_position_embeddings=64)
+    path = phi3_gguf(hf, tmp_path / "q8.gguf", "q8_0")
+    ids = [int(t) for t in np.random.default_rng(12).integers(3, VOCAB, 12)]
+    fp32 = LLM(str(path), precision="fp32", max_batch=1, kv_tokens=128).score(ids)
+    q = LLM(str(path), precision="q", max_batch=1, kv_tokens=128)
+    assert {f.removesuffix("x16") for n, f in q.formats.items() if n.endswith("proj.weight")} == {"q8_0"}
+    err = np.abs(q.score(ids) - fp32)  # 8-bit activations of a random model with weights of std 0.2: ~0.03 on average
+    assert err.mean() < 0.06 and err.max() < 0.4 and np.ptp(fp32, axis=1).min() > 5  # rows parted wrongly would be off by whole units
+
+
+@pytest.mark.slow
+def test_llama_cpp_scores_a_phi3_file_as_tilework_does(tmp_path: Path) -> None:
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python (an optional bench dependency) reads the file")
+    from tests.llm.test_llama_cpp_q4_k_m import gguf_files, log_softmax
+
+    """30 tokens of a file that says a window of 6, which neither llama.cpp nor tilework applies
+    to a phi3 GGUF file."""
+    hf = save(tmp_path / "ckpt", "phi3", **WINDOW, original_max_position_embeddings=64)
+    path = str(phi3_gguf(hf, tmp_path / "phi3.gguf"))
+    ids = [int(t) for t in np.random.default_rng(13).integers(3, VOCAB, 30)]
+    want = log_softmax(gguf_files().llama_cpp_scores(path, ids, threads=2))
+    got = LLM(path, precision="fp32", max_batch=1, kv_tokens=128).score(ids)
+    np.testing.assert_allclose(got, want, rtol=0, atol=3e-2)  # llama.cpp's float16 KV cache: 0.012 here, as transformers without the window
+    assert np.abs(log_probs(hf, ids) - want).max() > 0.5  # transformers applies the window
