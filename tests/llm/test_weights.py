@@ -441,9 +441,9 @@ def test_gguf_errors(tmp_path: Path) -> None:
     tensors = tiny_tensors(TINY)
     bad = dict(tensors)
     bad["model.layers.1.self_attn.v_proj.weight"] = QuantTensor("v", (32, 64), "f32", np.zeros((32, 256), np.uint8))
-    path = write_gguf(tmp_path / "iq4.gguf", TINY, {k: v for k, v in bad.items() if "layers.1.self_attn.v_proj.weight" not in k},
-                      extra={"blk.1.attn_v.weight": (np.zeros((32, 2 * 18), np.uint8), gguf.GGMLQuantizationType.IQ4_NL)})
-    with pytest.raises(UnsupportedError, match=r"iq4\.gguf: tensor blk\.1\.attn_v\.weight is stored as IQ4_NL"):
+    path = write_gguf(tmp_path / "q8_1.gguf", TINY, {k: v for k, v in bad.items() if "layers.1.self_attn.v_proj.weight" not in k},
+                      extra={"blk.1.attn_v.weight": (np.zeros((32, 2 * 40), np.uint8), gguf.GGMLQuantizationType.Q8_1)})
+    with pytest.raises(UnsupportedError, match=r"q8_1\.gguf: tensor blk\.1\.attn_v\.weight is stored as Q8_1"):
         load_weights(path)
 
     path = write_gguf(tmp_path / "missing.gguf", TINY, {k: v for k, v in tensors.items() if k != "model.layers.1.mlp.up_proj.weight"})
