@@ -86,11 +86,12 @@
  * a GEMV over groups of 4 or 2 W rows, a packed GEMM with a 6 x 16 micro-kernel; see that
  * file), which tilework's quant.py splices in at its #include below. With AVX2 the
  * portable integer path takes each block's dot products with a row of x in AVX2 (vpmaddubsw +
- * vpmaddwd: the same int32 sums, so the same bits; q8_0 and iq4 as |w| and x with w's sign); q8_0, q4_0, q4_1, q5_0 and q5_1 (plain and
- * x16, with FMA and F16C) run tiles of 8 W rows instead (twq_q5_tile: q5's pair sums widened by
+ * vpmaddwd: the same int32 sums, so the same bits; q8_0 and iq4 as |w| and x with w's sign); q8_0, q4_0, q4_1, q5_0, q5_1,
+ * iq4_nl and iq4_xs (plain and x16, with FMA and F16C) run tiles of 8 W rows instead (twq_q5_tile: q5's pair sums widened by
  * halves, twq_q5_dot8), each block loaded (and its nibbles unpacked)
  * once for every row of x and the 8 rows' sums side by side in a vector (twq_q8_tile,
- * twq_q4_tile; q4 x16 at up to 16 rows of x: the 16 rows of a group, twq_q4_x16_group). A q4
+ * twq_q4_tile; iq4: twq_q8_tile on values looked up by vpshufb, twq_iq4_block8; q4 x16 at up to
+ * 16 rows of x: the 16 rows of a group, twq_q4_x16_group). A q4
  * block's 8 products with a row of x add up in int16 (at most 8 * 2 * 15 * 127 = 30480) and
  * are widened once; there x comes with its 4-byte pieces broadcast ahead
  * (twq_broadcast_x), read as vpmaddubsw's memory operand.
@@ -1884,6 +1885,47 @@ static twq_tile twq_tile_at(const uint8_t* w, int64_t rb, int64_t n0, int64_t nr
     return t;
 }
 
+/* iq4's values in both 128-bit lanes, for vpshufb (a nibble is a byte index there, its top bit clear). */
+TWQ_INLINE __m256i twq_iq4_table8(void) { return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)twq_iq4_values)); }
+
+/* Block j of a tile's 8 iq4_nl / iq4_xs rows as twq_q8_tile takes q8_0's: the int8 values the
+ * nibbles index (vpshufb), plain rows' in weight order (ws[i]: row i's 32), an x16 group half's
+ * as its vectors (ws[u] lane i: row i's values 4u..4u+3; the nibble runs' low nibbles are u < 4,
+ * their high ones u + 4); and the rows' d (iq4_xs: the sub-block's d * (ls - 32), exact). */
+static inline __m256 twq_iq4_block8(int fmt, int x16, const twq_tile* t, int64_t j, __m256i* ws) {
+    const __m256i low = _mm256_set1_epi8(0x0F), tab = twq_iq4_table8();
+    const int xs = fmt == TWQ_IQ4_XS, s = (int)(j & 7);
+    const int64_t nbytes = twq_nbytes[fmt], at = xs ? j >> 3 : j;
+    if (x16) { /* per (super-)block: 16 d, (iq4_xs: 16 scales_h, the scales_l run,) the nibble runs */
+        const uint8_t* b = t->grp + at * 16 * nbytes;
+        const int64_t half = t->half;
+        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(b + 16 * half)));
+        if (xs) {
+            const __m256i sh = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(b + 32 + 16 * half)));
+            const __m256i sl = _mm256_loadu_si256((const __m256i*)(b + 64 + 32 * half));
+            const __m256i lo = _mm256_and_si256(_mm256_srl_epi32(sl, _mm_cvtsi32_si128(4 * s)), _mm256_set1_epi32(15));
+            const __m256i hi = _mm256_and_si256(_mm256_srl_epi32(sh, _mm_cvtsi32_si128(2 * s)), _mm256_set1_epi32(3));
+            dw = _mm256_mul_ps(dw, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32))));
+        }
+        const uint8_t* qs = xs ? b + 64 * (2 + 4 * s) : b + 32; /* iq4_xs: runs 1 + 4s .. after the 64 bytes of head */
+        for (int u = 0; u < 4; ++u) {
+            const __m256i v = _mm256_loadu_si256((const __m256i*)(qs + 64 * u + 32 * half));
+            ws[u] = _mm256_shuffle_epi8(tab, _mm256_and_si256(v, low));
+            ws[u + 4] = _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
+        }
+        return dw;
+    }
+    float d[8];
+    for (int i = 0; i < 8; ++i) {
+        const uint8_t* b = t->rows[i] + at * nbytes;
+        d[i] = twq_h2f(twq_u16(b)); /* the value _mm256_cvtph_ps gives: both exact */
+        if (xs) d[i] = d[i] * (float)(twq_iq4xs_ls(b, s) - 32);
+        const __m128i v = _mm_loadu_si128((const __m128i*)(b + twq_iq4_qs(fmt, s)));
+        ws[i] = _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1), low));
+    }
+    return _mm256_loadu_ps(d);
+}
+
 /* q8_0 with AVX2: all rows of x against the 8 W rows n0 .. n0+8 (nr valid; past them the last
  * again). Each block of the 8 rows is loaded once (plain rows transposed by twq_t8x8) into the
  * interleaved form, vector t lane i = weights 4t..4t+3 of row i, with |w| for vpmaddubsw's
@@ -1891,8 +1933,9 @@ static twq_tile twq_tile_at(const uint8_t* w, int64_t rb, int64_t n0, int64_t nr
  * give the 8 rows' dot products side by side, and the float update of the file header runs
  * for the 8 outputs at once: the same int32 sums and, lane by lane, the same float operations
  * as the loop's, so the same bits (one row of x against plain rows skips the transpose and
- * sums each W row's vector across). The next tiles are prefetched, spread over the blocks. */
-static void twq_q8_tile(int x16, const twq_xq* xq, const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, float* y, int64_t M, int64_t N) {
+ * sums each W row's vector across). The next tiles are prefetched, spread over the blocks.
+ * iq4_nl and iq4_xs (fmt) run the same with their blocks' values looked up (twq_iq4_block8). */
+static void twq_q8_tile(int fmt, int x16, const twq_xq* xq, const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, float* y, int64_t M, int64_t N) {
     const int64_t nb = xq->nb, nbytes = twq_nbytes[TWQ_Q8_0];
     const __m256i ones = _mm256_set1_epi16(1);
     const twq_tile t = twq_tile_at(w, rb, n0, nr, nb);
@@ -1909,17 +1952,23 @@ static void twq_q8_tile(int x16, const twq_xq* xq, const uint8_t* w, int64_t rb,
                 for (int64_t o = 0; o < step; o += 64) _mm_prefetch(ahead + j * step + o, _MM_HINT_T0);
             __m256i ws[8], wa[8]; /* w (its sign) and |w| */
             __m256 dw;
-            if (x16) {
+            if (x16 && fmt != TWQ_Q8_0) {
+                dw = twq_iq4_block8(fmt, 1, &t, j, ws);
+            } else if (x16) {
                 const uint8_t* b = grp + j * 16 * nbytes;
                 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(b + 16 * half)));
                 for (int t = 0; t < 8; ++t) ws[t] = _mm256_loadu_si256((const __m256i*)(b + 32 + 64 * t + 32 * half));
             } else {
-                uint16_t h[8];
-                for (int i = 0; i < 8; ++i) {
-                    h[i] = twq_u16(rows[i] + j * nbytes);
-                    ws[i] = _mm256_loadu_si256((const __m256i*)(rows[i] + j * nbytes + 2));
+                if (fmt != TWQ_Q8_0) {
+                    dw = twq_iq4_block8(fmt, 0, &t, j, ws);
+                } else {
+                    uint16_t h[8];
+                    for (int i = 0; i < 8; ++i) {
+                        h[i] = twq_u16(rows[i] + j * nbytes);
+                        ws[i] = _mm256_loadu_si256((const __m256i*)(rows[i] + j * nbytes + 2));
+                    }
+                    dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)h));
                 }
-                dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)h));
                 if (M == 1) { /* one row of x: a vector a W row, summed across (cheaper than the transpose) */
                     const __m256i qv = _mm256_loadu_si256((const __m256i*)(xq->q + 32 * j));
                     __m256i p[8];
@@ -2205,9 +2254,9 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
 #endif
         }
 #ifdef TWQ_AVX2_Q8
-        if (fmt == TWQ_Q8_0) {
+        if (twq_w_signed(fmt)) { /* q8_0, iq4_nl, iq4_xs */
 #pragma omp for schedule(static)
-            for (int64_t t = 0; t < (N + 7) / 8; ++t) twq_q8_tile(x16, xq, w, rb, 8 * t, N - 8 * t < 8 ? N - 8 * t : 8, y, M, N);
+            for (int64_t t = 0; t < (N + 7) / 8; ++t) twq_q8_tile(fmt, x16, xq, w, rb, 8 * t, N - 8 * t < 8 ? N - 8 * t : 8, y, M, N);
         } else if (xb != NULL) {
             const int64_t step = (16 * rb + nb - 1) / nb; /* the next groups' bytes, spread over the blocks */
 #pragma omp for schedule(static)
