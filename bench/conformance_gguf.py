@@ -49,7 +49,7 @@ from tilework.llm.engine import default_model_path  # noqa: E402
 KEY = "gguf-files"
 DOC = Path(__file__).resolve().parents[1] / "docs" / "conformance.md"
 # llama.cpp file types (llama_cpp.LLAMA_FTYPE_MOSTLY_<name>), in the order of the table
-TYPES = ("F32", "Q8_0", "Q6_K", "Q5_K_M", "Q5_1", "Q5_0", "Q4_K_M", "Q4_1", "Q4_0", "Q3_K_M", "Q2_K")
+TYPES = ("F32", "Q8_0", "Q6_K", "Q5_K_M", "Q5_1", "Q5_0", "Q4_K_M", "Q4_1", "Q4_0", "IQ4_NL", "IQ4_XS", "Q3_K_M", "Q2_K")
 HEADERS = ("file type", "block formats (tensors)", "tilework q ppl", "tilework fp32 ppl", "llama.cpp ppl", "q vs llama.cpp argmax", "tilework load + compile s")
 
 

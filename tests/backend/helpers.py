@@ -102,13 +102,14 @@ def bf16_round(x: np.ndarray) -> np.ndarray:
     return (((u + 0x7FFF + ((u >> 16) & 1)) >> 16 << 16).astype(np.uint32)).view(np.float32)
 
 
-# the byte offsets of each k-quant's fp16 scale fields (d, dmin) in its 256-weight block: every
-# other byte of a block is a valid payload, so random bytes there make valid random blocks
-K_QUANT_HALVES = {"q4_k": (0, 2), "q6_k": (208,), "q5_k": (0, 2), "q3_k": (108,), "q2_k": (80, 82)}
+# the byte offsets of each k-quant's fp16 scale fields (d, dmin) in its 256-weight block (and of
+# iq4_nl's and iq4_xs's d): every other byte of a block is a valid payload, so random bytes there
+# make valid random blocks
+K_QUANT_HALVES = {"q4_k": (0, 2), "q6_k": (208,), "q5_k": (0, 2), "q3_k": (108,), "q2_k": (80, 82), "iq4_nl": (0,), "iq4_xs": (0,)}
 
 
 def k_quant_blocks(rng: np.random.Generator, fmt: str, n: int, k: int, scale: float = 0.01) -> np.ndarray:
-    """``uint8 [n, row_bytes]`` random ``fmt`` blocks (``gguf`` cannot quantize the k-quants):
+    """``uint8 [n, row_bytes]`` random ``fmt`` blocks (``gguf`` cannot quantize the k-quants, nor iq4):
     random payload bytes, finite fp16 scales of about ``scale``."""
     from tilework.op.quant import QUANT_FORMATS
 

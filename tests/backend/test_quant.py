@@ -29,7 +29,7 @@ from tilework.backend import quant as Q
 from tilework.errors import RuntimeCheckError, TileworkError
 from tilework.ir.sym import SymVar
 from tilework.runtime.extern import lookup_extern
-from tilework.op.quant import QUANT_FORMATS, interleave_rows
+from tilework.op.quant import IQ4_VALUES, QUANT_FORMATS, interleave_rows
 
 gguf = pytest.importorskip("gguf")
 from gguf.quants import dequantize, quantize  # noqa: E402
@@ -107,6 +107,8 @@ def block_fields(b: np.ndarray, fmt: str, k: int) -> tuple[np.ndarray, np.ndarra
         return k45_fields(b, k, fmt)
     if fmt == "q6_k":
         return q6_k_fields(b, k)
+    if fmt in ("iq4_nl", "iq4_xs"):
+        return iq4_fields(b, k, fmt)
     bb = b.reshape(n, k // 32, size)
     half = lambda at: bb[..., at : at + 2].copy().view(np.float16)[..., 0].astype(np.float32)  # noqa: E731
     if fmt in Q5:  # the nibbles with bit l of the uint32 qh after d (and m) as weight l's fifth
@@ -163,6 +165,22 @@ def q6_k_fields(b: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
     scale = sb[..., 192:208].astype(np.uint8).view(np.int8).astype(np.int64).reshape(n, -1, 2, 4, 2, 1)  # [.., half, t, l // 16]
     qw = (q.reshape(n, -1, 2, 4, 2, 16) * scale).reshape(n, k // 32, 32)
     return qw, np.repeat(d, 8, axis=1), np.zeros((n, k // 32), np.float32)
+
+
+def iq4_fields(b: np.ndarray, k: int, fmt: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``block_fields`` of iq4_nl blocks (``d``, 16 nibble bytes: ``q_w`` the values the nibbles
+    index) or iq4_xs super-blocks (``d``, ``scales_h``, 4 bytes of ``scales_l``, 16 nibble bytes a
+    sub-block; ``d`` per sub-block ``d * (ls - 32)``, exact)."""
+    n, size = b.shape[0], QUANT_FORMATS[fmt].nbytes
+    sb = b.reshape(n, -1, size)
+    d = sb[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    nib = sb[..., 2:] if fmt == "iq4_nl" else sb[..., 8:].reshape(n, -1, 8, 16)
+    qw = np.array(IQ4_VALUES, np.int64)[np.concatenate([nib & 15, nib >> 4], axis=-1)].reshape(n, k // 32, 32)
+    if fmt == "iq4_xs":
+        sh = sb[..., 2:4].copy().view(np.uint16)[..., 0].astype(np.int64)
+        ls = np.stack([sb[..., 4:8] & 15, sb[..., 4:8] >> 4], axis=-1).reshape(n, -1, 8) | ((sh[..., None] >> (2 * np.arange(8))) & 3) << 4
+        d = (d[..., None] * (ls - 32).astype(np.float32)).reshape(n, k // 32)
+    return qw, d.astype(np.float32), np.zeros((n, k // 32), np.float32)
 
 
 def int8_reference(x: np.ndarray, b: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray]:

@@ -3,7 +3,8 @@ F16C runs: the portable loop with AVX2 block dot products, and the 8-row tiles o
 q4_1, q5_0, q5_1): the same bits as the library this machine runs (the file header's float32
 sequence on every build), for every integer-path format, plain and 16 rows interleaved, at the
 GEMV's and the GEMM's row counts, on blocks with extreme values (q6_k: the 6-bit values 63 and 0,
-scales 127 and -128, against activations of +-127).
+scales 127 and -128, against activations of +-127; iq4: the values -127 and 113 under iq4_xs's
+scales -32 and 31).
 
 The library is compiled here from ``quant.source`` (the integer path alone) with
 ``-mavx2 -mfma -mf16c`` and no ``-march=native``, and called through ctypes; skipped where the CPU
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 
 from tests.backend.helpers import K_QUANT_HALVES, k_quant_blocks
+from tests.backend.test_quant_iq4 import extreme_blocks
 from tilework.backend import quant as Q
 from tilework.backend.quant import _cpu_flags
 from tilework.codegen.c import toolchain
@@ -27,7 +29,7 @@ from tilework.op.quant import QUANT_FORMATS, interleave_rows, interleaved
 
 pytestmark = pytest.mark.skipif(not {"avx2", "fma", "f16c"} <= _cpu_flags(), reason="an AVX2 build runs on a CPU with AVX2, FMA and F16C")
 
-PLAIN = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
+PLAIN = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs")
 HALVES = {"q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q8_0": (0,)}  # the blocks' fp16 fields
 
 
@@ -47,7 +49,9 @@ def avx2_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
 
 
 def weight_blocks(rng: np.random.Generator, fmt: str, n: int, k: int) -> np.ndarray:
-    """Random ``fmt`` rows with sane fp16 scales; q6_k's first and last rows at the extremes."""
+    """Random ``fmt`` rows with sane fp16 scales; q6_k's and iq4's first and last rows at the extremes."""
+    if fmt in ("iq4_nl", "iq4_xs"):
+        return extreme_blocks(rng, fmt, n, k)
     if fmt in K_QUANT_HALVES:
         b = k_quant_blocks(rng, fmt, n, k)
         if fmt == "q6_k":

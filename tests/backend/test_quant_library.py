@@ -36,7 +36,7 @@ def test_bad_arguments_raise_clear_errors(rng: np.random.Generator) -> None:
     b, _ = blocks(rng, "q4_1", 4, 64)
     x = rng.standard_normal((2, 64)).astype(np.float32)
     with pytest.raises(RuntimeCheckError, match="unknown format"):
-        Q.qlinear(x, b, "iq4_nl")
+        Q.qlinear(x, b, "iq2_xxs")
     with pytest.raises(RuntimeCheckError, match="float32"):
         Q.qlinear(x.astype(np.float64), b, "q4_1")
     with pytest.raises(RuntimeCheckError, match="row_bytes|take 40 bytes"):
@@ -188,7 +188,7 @@ def test_bf16dot_is_known_without_building_the_library() -> None:
 def test_entry_address_is_the_entry_point_of_the_build_holding_the_format() -> None:
     lib = Q.library_for("q4_1x16")
     assert Q.entry_address("tw_qlinear_add_q4_1x16") == ctypes.cast(lib.handle.tw_qlinear_add_q4_1x16, ctypes.c_void_p).value
-    assert Q.entry_address("tw_qlinear_iq4_nl") is None and Q.entry_address("twk_matmul") is None
+    assert Q.entry_address("tw_qlinear_iq2_xxs") is None and Q.entry_address("twk_matmul") is None
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own nice value is Linux's")

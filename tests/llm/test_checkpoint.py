@@ -235,16 +235,17 @@ def k_quant_matrix(name: str, fmt: str, shape: tuple[int, int], std: float, seed
     return QuantTensor(name, shape, fmt, k_quant_blocks(np.random.default_rng(seed), fmt, *shape, scale=scale))
 
 
-@pytest.mark.parametrize("fmts", [("q3_k", "q2_k"), ("q4_k", "q5_k", "q6_k")])
+@pytest.mark.parametrize("fmts", [("q3_k", "q2_k"), ("q4_k", "q5_k", "q6_k"), ("iq4_nl", "iq4_xs")])
 def test_a_llama_gguf_of_k_quants_gives_the_log_probabilities_of_its_values(tmp_path: Path, fmts: tuple[str, ...]) -> None:
     """Llama matrices stored as k-quants (each format in the q/k projections, whose rows
     llama.cpp permutes, the others, the head and the token table, as llama.cpp's k-quant files
     store theirs): kept in their blocks (``q``; GEMV at one token, GEMM over 13; the table's rows
     decoded by ``quant_take``) they give transformers' log-probabilities with the dequantized
     values: to float32 rounding on the quant library's float path (Q3_K, Q2_K); on its integer
-    path (Q4_K, Q5_K, Q6_K: 16 rows interleaved, activations rounded to 8-bit blocks as
-    llama.cpp's are) off by what that rounding adds: on average under 0.02, at worst under 5%
-    of a position's spread of log-probabilities (measured: 0.004-0.008 and 0.11 of 4.4)."""
+    path (Q4_K, Q5_K, Q6_K, and IQ4_NL, IQ4_XS: 16 rows interleaved, activations rounded to
+    8-bit blocks as llama.cpp's are) off by what that rounding adds: on average under 0.02, at
+    worst under 5% of a position's spread of log-probabilities (measured: 0.004-0.008 and 0.11
+    of 4.4; IQ4: 0.009-0.011 and 0.13 of 5.1)."""
     hf = save(tmp_path / "ckpt", "llama", hidden_size=256, intermediate_size=256)
     matrices = [n for n, p in hf.named_parameters() if p.ndim == 2]
     blocks = {n: k_quant_matrix(n, fmts[i % len(fmts)], tuple(hf.get_parameter(n).shape), 0.05, seed=i) for i, n in enumerate(matrices)}
@@ -254,6 +255,7 @@ def test_a_llama_gguf_of_k_quants_gives_the_log_probabilities_of_its_values(tmp_
             hf.get_parameter(n).copy_(torch.from_numpy(b.dequantize()))
     llm = LLM(str(write_gguf_of(hf, tmp_path / "kq.gguf", blocks=blocks)), precision="q", max_batch=2, kv_tokens=256, kv_dtype="float32")
     assert {llm.formats[n].removesuffix("x16") for n in blocks} == set(fmts)
+    assert all(llm.formats[n].endswith("x16") for n in blocks if fmts[0] != "q3_k" and blocks[n].shape[0] % 16 == 0)  # the 16-row layouts
     for ids in PROMPTS:  # 1, 7 and 13 tokens
         got, want = llm.score(ids), log_probs(hf, ids)
         if fmts[0] == "q3_k":

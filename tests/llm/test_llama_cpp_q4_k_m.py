@@ -6,7 +6,8 @@ hidden 256, intermediate 512, 2 layers; the embedded SmolLM2's vocabulary), and 
 for some ``attn_v`` / ``ffn_down`` and the tied token table. tilework's ``q`` keeps those blocks
 and gives llama.cpp's log-probabilities on the same file (both quantize nothing further but
 llama.cpp's activations, to 8-bit blocks). The file the benchmark ``bench_llm.py
---random-llama Q4_K_M`` decodes is the same model at hidden 1024.
+--random-llama Q4_K_M`` decodes is the same model at hidden 1024. The same holds for an
+``IQ4_XS`` file (IQ4_XS matrices, some in llama.cpp's choice of k-quants).
 
 llama-cpp-python is an optional bench dependency: without it (or without the embedded model)
 the test is skipped.
@@ -50,16 +51,19 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.slow
-def test_a_q4_k_m_file_gives_llama_cpp_log_probabilities(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ftype", ["Q4_K_M", "IQ4_XS"])
+def test_a_llama_cpp_file_gives_its_log_probabilities(tmp_path: Path, ftype: str) -> None:
     g = gguf_files()
     cfg = g.RandomLlama(hidden=256, intermediate=512, heads=4, kv_heads=2, layers=2)
-    path = g.random_llama_gguf(cfg, "Q4_K_M", directory=tmp_path)
+    path = g.random_llama_gguf(cfg, ftype, directory=tmp_path)
     types = g.tensor_types(path)
-    assert g.file_type(path) == "Q4_K_M"
-    assert set(types) == {"Q4_K", "Q6_K", "F32"} and types["Q4_K"] > types["Q6_K"] > 0, types
+    assert g.file_type(path) == ftype
+    assert types.most_common(1)[0][0] == ftype.removesuffix("_M") and "F32" in types, types  # mostly Q4_K / IQ4_XS
+    if ftype == "Q4_K_M":
+        assert set(types) == {"Q4_K", "Q6_K", "F32"} and types["Q4_K"] > types["Q6_K"] > 0, types
     llm = LLM(path, precision="q", max_batch=1, kv_tokens=256)
     assert (llm.config.hidden, llm.config.ffn, llm.config.layers, llm.config.kv_heads) == (256, 512, 2, 2)
-    assert {f.removesuffix("x16") for f in llm.formats.values()} == {"q4_k", "q6_k"}  # kept in their blocks (16 rows side by side where the format has that layout)
+    assert {f.removesuffix("x16") for f in llm.formats.values()} == {t.lower() for t in types if t != "F32"}  # kept in their blocks (16 rows side by side where the format has that layout)
     ids = [int(t) for t in np.random.default_rng(0).integers(100, 49000, 13)]
     got = llm.score(ids)
     assert np.isfinite(got).all()

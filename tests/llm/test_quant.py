@@ -14,7 +14,7 @@ gguf = pytest.importorskip("gguf")
 from gguf import quants as gq  # noqa: E402
 
 # byte offsets of the fp16 scale fields in a block: random bytes there could be inf or nan
-SCALE_FIELDS = {"q8_0": (0,), "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q4_k": (0, 2), "q6_k": (208,), "q5_k": (0, 2), "q3_k": (108,), "q2_k": (80, 82)}
+SCALE_FIELDS = {"q8_0": (0,), "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q4_k": (0, 2), "q6_k": (208,), "q5_k": (0, 2), "q3_k": (108,), "q2_k": (80, 82), "iq4_nl": (0,), "iq4_xs": (0,)}
 
 
 def ggml(fmt: str) -> "gguf.GGMLQuantizationType":
@@ -215,8 +215,9 @@ def test_quant_tensor_rows() -> None:
 def test_bad_formats_and_shapes() -> None:
     assert block_format("Q4_1") is QUANT_FORMATS["q4_1"]
     assert block_format("Q5_0") is QUANT_FORMATS["q5_0"]
-    with pytest.raises(UnsupportedError, match="iq4_nl"):
-        block_format("iq4_nl")
+    assert block_format("IQ4_XS") is QUANT_FORMATS["iq4_xs"]
+    with pytest.raises(UnsupportedError, match="iq2_xxs"):
+        block_format("iq2_xxs")
     with pytest.raises(UnsupportedError, match="q4_k"):
         quantize(np.zeros((1, 256), np.float32), "q4_k")
     with pytest.raises(ShapeError, match="multiple of 32"):

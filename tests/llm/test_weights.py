@@ -237,7 +237,7 @@ def gguf_name(hf: str) -> str:
     return f"blk.{m[1]}.{_GGUF_PART[m[2]]}.{m[3]}"
 
 
-K_QUANTS = ("q6_k", "q4_k", "q5_k", "q3_k", "q2_k")  # the down projection of layer i: K_QUANTS[i % 5]
+K_QUANTS = ("q6_k", "q4_k", "q5_k", "q3_k", "q2_k", "iq4_xs", "iq4_nl")  # the down projection of layer i: K_QUANTS[i % 7] (the k-quants, and iq4's super-block and block formats)
 
 
 def k_quant_rows(fmt: str, rows: int, cols: int, seed: int) -> QuantTensor:
@@ -302,8 +302,8 @@ def write_gguf(path: Path, cfg: LlmConfig, tensors: dict[str, QuantTensor], arch
 
 
 def test_tiny_llama_gguf_every_format(tmp_path: Path) -> None:
-    """A file with Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K, Q5_K, Q3_K, Q2_K, F16, BF16, F32 tensors (5
-    layers: a k-quant down projection each) and q/k biases loads back to the transformers
+    """A file with Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K, Q5_K, Q3_K, Q2_K, IQ4_XS, IQ4_NL, F16, BF16, F32 tensors (7
+    layers: a k-quant or iq4 down projection each) and q/k biases loads back to the transformers
     layout: names, row order (q/k rows and biases were permuted as llama.cpp does), values
     (checked with gguf.quants)."""
     five = dataclasses.replace(TINY, layers=len(K_QUANTS))
@@ -321,10 +321,10 @@ def test_tiny_llama_gguf_every_format(tmp_path: Path) -> None:
 
 
 def test_k_quant_matrices_load_in_every_precision(tmp_path: Path) -> None:
-    """The k-quant down projections of a 5-layer file (one of each k-quant) as the decoder gets
+    """The k-quant and iq4 down projections of a 7-layer file (one of each format) as the decoder gets
     them: ``fp32`` the values gguf.quants decodes (laid out in panels), ``bf16`` those rounded
     to bfloat16 (16 rows side by side where the quant library has AVX-512 BF16), ``q`` the
-    file's blocks as they are (q4_k's and q6_k's 16 rows side by side where the rows are whole groups)."""
+    file's blocks as they are (q4_k's, q5_k's, q6_k's and iq4's 16 rows side by side where the rows are whole groups)."""
     from tilework.llm.compile import PRECISIONS, prepare_weights
     from tilework.llm.model import LlamaDecoder
     from tilework.op.quant import bf16_rows, interleavable, interleave_rows, interleaved
@@ -448,9 +448,9 @@ def test_gguf_errors(tmp_path: Path) -> None:
     tensors = tiny_tensors(TINY)
     bad = dict(tensors)
     bad["model.layers.1.self_attn.v_proj.weight"] = QuantTensor("v", (32, 64), "f32", np.zeros((32, 256), np.uint8))
-    path = write_gguf(tmp_path / "iq4.gguf", TINY, {k: v for k, v in bad.items() if "layers.1.self_attn.v_proj.weight" not in k},
-                      extra={"blk.1.attn_v.weight": (np.zeros((32, 2 * 18), np.uint8), gguf.GGMLQuantizationType.IQ4_NL)})
-    with pytest.raises(UnsupportedError, match=r"iq4\.gguf: tensor blk\.1\.attn_v\.weight is stored as IQ4_NL"):
+    path = write_gguf(tmp_path / "q8_1.gguf", TINY, {k: v for k, v in bad.items() if "layers.1.self_attn.v_proj.weight" not in k},
+                      extra={"blk.1.attn_v.weight": (np.zeros((32, 2 * 40), np.uint8), gguf.GGMLQuantizationType.Q8_1)})
+    with pytest.raises(UnsupportedError, match=r"q8_1\.gguf: tensor blk\.1\.attn_v\.weight is stored as Q8_1"):
         load_weights(path)
 
     path = write_gguf(tmp_path / "missing.gguf", TINY, {k: v for k, v in tensors.items() if k != "model.layers.1.mlp.up_proj.weight"})

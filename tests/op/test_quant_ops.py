@@ -62,7 +62,7 @@ def _linear_module(fmt: str, n: int = N) -> tw.IRModule:
     return bb.get()
 
 
-@pytest.mark.parametrize(("fmt", "target"), _grid(LEGALIZED_FORMATS, (INTERP_LONG - {("q8_0x16", "interp")}) | Q5_LONG))
+@pytest.mark.parametrize(("fmt", "target"), _grid([f for f in LEGALIZED_FORMATS if not f.startswith("iq4")], (INTERP_LONG - {("q8_0x16", "interp")}) | Q5_LONG))  # iq4: test_iq4_linear_and_take
 def test_quant_linear(target: str, fmt: str) -> None:
     n = 2 * GROUP if fmt in INTERLEAVED_FORMATS else N  # interleaved: whole groups of rows
     blocks, weights = _blocks(fmt, n, K)
@@ -172,3 +172,35 @@ def test_super_block_formats_need_the_quant_backend() -> None:
     with pytest.raises(TileworkError, match="run the op on the 'quant' backend"):
         tw.build(bb.get())
 
+
+
+@pytest.mark.parametrize("target", ["cpu", long_param("interp", why="eight iq4 kernels interpreted")])
+def test_iq4_linear_and_take(target: str) -> None:
+    """``quant_linear`` and ``quant_take`` on ``iq4_nl`` and ``iq4_xs`` rows, plain and 16 rows
+    interleaved (one module: one compile), random blocks (every nibble, every 6-bit scale):
+    the rows decode to ``gguf.quants.dequantize``'s values exactly (the products of the values
+    and scales are exact), the products are ``x @ W.T`` to float32 summation."""
+    gq = pytest.importorskip("gguf.quants")
+    rows, cols = 2 * GROUP, 512
+    fmts = ("iq4_nl", "iq4_xs", "iq4_nlx16", "iq4_xsx16")
+    m, n = tw.dim("m", max=64), tw.dim("n", max=64)
+    tables = [Var(f"t_{fmt}", TensorInfo((rows, quant_format(fmt).row_bytes(cols)), "uint8")) for fmt in fmts]
+    x, ids = Var("x", TensorInfo((m, cols), "float32")), Var("ids", TensorInfo((n,), "int32"))
+    bb = BlockBuilder()
+    with bb.function("main", [*tables, x, ids]):
+        with bb.dataflow():
+            outs = [bb.emit_output(op.quant_take(t, ids, fmt, cols)) for t, fmt in zip(tables, fmts)]
+            outs += [bb.emit_output(op.quant_linear(x, t, fmt, cols)) for t, fmt in zip(tables, fmts)]
+        bb.emit_func_output(outs)
+    vm = tw.VM(tw.build(bb.get(), target=target))
+    plain = [k_quant_blocks(np.random.default_rng(i), fmt, rows, cols) for i, fmt in enumerate(fmts[:2])]
+    data = plain + [interleave_rows(b, fmt) for b, fmt in zip(plain, fmts[:2])]
+    values = [gq.dequantize(b, gq.GGMLQuantizationType(quant_format(fmt).ggml_type)).reshape(rows, cols) for b, fmt in zip(plain, fmts[:2])] * 2
+    for pick, mx in (([0], 1), ([rows - 1, 3, 17, 0, -1], 3), (list(range(rows)), 17) if target == "cpu" else ([5], 1)):
+        xv = np.random.default_rng(mx).standard_normal((mx, cols)).astype(np.float32)
+        got = vm["main"](*data, xv, np.array(pick, np.int32))
+        for fmt, want, g in zip(fmts, values, got[:4]):
+            np.testing.assert_array_equal(g, want[pick], err_msg=fmt)
+        for fmt, want, g in zip(fmts, values, got[4:]):
+            ref = xv.astype(np.float64) @ want.T.astype(np.float64)
+            np.testing.assert_allclose(g, ref, rtol=0, atol=2e-6 * float((np.abs(xv) @ np.abs(want).T).max()), err_msg=fmt)

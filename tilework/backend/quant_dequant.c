@@ -2,12 +2,13 @@
  * and the interleaving of plain rows into the x16 layouts.
  *
  * tw_quant_dequantize(fmt, w, rows, K, out, bf16) decodes rows x K weights of fmt blocks (the
- * plain layouts: q4_0 q4_1 q5_0 q5_1 q8_0 bf16 f16 q4_k q6_k q5_k q3_k q2_k) into float32 rows, or with bf16 set into
+ * plain layouts: q4_0 q4_1 q5_0 q5_1 q8_0 bf16 f16 q4_k q6_k q5_k q3_k q2_k iq4_nl iq4_xs) into float32 rows, or with bf16 set into
  * bfloat16 bits (uint16, each float32 rounded to nearest even, a NaN kept a quiet NaN: the
  * prelude's tw_f2bf, tilework.op.quant.bf16_bits), the threads sharing the rows. Each float32 is
  * the one tilework.llm.quant's NumPy decoders give: the same products and sums in the same order,
  * none contracted into an FMA (q4_k's, q5_k's and q2_k's scale * q - offset rounds twice, as
- * NumPy's does; the other formats' products are exact). A 135M-weight model decodes in about a tenth of the time
+ * NumPy's does; the other formats' products are exact: iq4_xs's d * (ls - 32) * value has at most
+ * 11 + 6 + 7 significant bits). A 135M-weight model decodes in about a tenth of the time
  * NumPy takes (several passes over the float32 copy there, one here).
  */
 
@@ -114,6 +115,18 @@ TWQ_NO_CONTRACT static void twq_dequant_block(int fmt, const uint8_t* b, float* 
         }
         return;
     }
+    case TWQ_IQ4_NL: case TWQ_IQ4_XS: { /* d * value (iq4_xs: (d * (ls - 32)) * value per sub-block of 32) */
+        const float d = twq_h2f(twq_u16(b));
+        for (int s = 0; s < (fmt == TWQ_IQ4_XS ? 8 : 1); ++s) {
+            const float dl = fmt == TWQ_IQ4_XS ? d * (float)(twq_iq4xs_ls(b, s) - 32) : d;
+            const uint8_t* qs = b + twq_iq4_qs(fmt, s);
+            for (int l = 0; l < 16; ++l) {
+                out[32 * s + l] = dl * (float)twq_iq4_values[qs[l] & 0xF];
+                out[32 * s + l + 16] = dl * (float)twq_iq4_values[qs[l] >> 4];
+            }
+        }
+        return;
+    }
     default: { /* TWQ_Q6_K */
         const float d = twq_h2f(twq_u16(b + 208));
         for (int s = 0; s < 8; ++s) { /* quarter t of half s / 4 */
@@ -163,13 +176,13 @@ int32_t tw_quant_dequantize(int32_t fmt, const uint8_t* w, int64_t rows, int64_t
 }
 
 /* tw_quant_interleave(fmt, src, n, rb, dst): n plain rows of rb bytes (n a multiple of 16) of
- * q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k (fmt the plain code) or bf16 (TWQ_BF16: blocks of a pair of weights) in the
+ * q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k, iq4_nl, iq4_xs (fmt the plain code) or bf16 (TWQ_BF16: blocks of a pair of weights) in the
  * layout of the format's x16 twin (tilework.op.quant: per group of 16 rows and block, the
- * rows' d, then q4_1's and q5_1's m (q4_k's and q5_k's dmin), then the payload (the rest of the block, in
+ * rows' d, then q4_1's and q5_1's m (q4_k's and q5_k's dmin, iq4_xs's scales_h), then the payload (the rest of the block, in
  * order; q6_k's d is its last 2 bytes, twq_head_at) in runs of 4 bytes, row by row), the threads sharing
  * the groups: the bytes of tilework.op.quant.interleave_rows, without its byte-gather. */
 int32_t tw_quant_interleave(int32_t fmt, const uint8_t* src, int64_t n, int64_t rb, uint8_t* dst) {
-    if (fmt != TWQ_Q4_0 && fmt != TWQ_Q4_1 && !twq_is_q5(fmt) && fmt != TWQ_Q8_0 && fmt != TWQ_BF16 && !twq_is_k45(fmt) && fmt != TWQ_Q6_K) return TWQ_EFMT;
+    if (fmt != TWQ_Q4_0 && fmt != TWQ_Q4_1 && !twq_is_q5(fmt) && fmt != TWQ_Q8_0 && fmt != TWQ_BF16 && !twq_is_k45(fmt) && fmt != TWQ_Q6_K && !twq_is_iq4(fmt)) return TWQ_EFMT;
     const int64_t nbytes = fmt == TWQ_BF16 ? 4 : twq_nbytes[fmt], head = fmt == TWQ_BF16 ? 0 : twq_head(fmt);
     const int64_t at = fmt == TWQ_BF16 ? 0 : twq_head_at(fmt), pay = at ? 0 : head; /* the head's and the payload's bytes in a block */
     if (n < 0 || rb < 0 || n % 16 || rb % nbytes) return TWQ_ESHAPE;

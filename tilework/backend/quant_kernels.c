@@ -3,8 +3,8 @@
  * x is float32 [M, K] (row-major), w is uint8 [N, row_bytes] (the blocks of each output row,
  * as a GGUF file stores them), y is float32 [M, N].
  *
- * q4_0, q4_1, q5_0, q5_1, q8_0 (32-weight blocks), q4_k, q5_k and q6_k (256-weight super-blocks
- * of 8 blocks of 32 4-, 5- or 6-bit weights) take the integer path, as llama.cpp does.
+ * q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl (32-weight blocks), q4_k, q5_k, q6_k and iq4_xs (256-weight
+ * super-blocks of 8 blocks of 32 4-, 5- or 6-bit weights) take the integer path, as llama.cpp does.
  * Each row of x is quantized once per call to 8-bit blocks of 32: d = max|x| / 127,
  * q = rint(x * (127 / max|x|)) (a block whose max|x| is below 2^-100 gets q = 0; one with a NaN
  * or an infinity gets q = 0 and a non-finite d, so its outputs are NaN). Each output is then, block by block in order,
@@ -13,6 +13,11 @@
  * with q_w = nibble - 8 (q4_0), nibble (q4_1, q4_k), the 5-bit value - 16 (q5_0), the 5-bit value
  * (q5_1, q5_k: the nibble with its fifth bit from qh), the int8 (q8_0); q4_k's (q5_k's) d_w of block s of a
  * super-block is d * scale_s and its m_w = -(dmin * min_s), both exact in float32 (twq_k4_factors).
+ * iq4_nl and iq4_xs are q8_0 whose int8 weights come from a lookup: q_w = twq_iq4_values[nibble]
+ * (-127..113), the nibbles laid out as q4_0's (byte l: weight l low, weight l + 16 high), d_w
+ * the block's d (iq4_nl) or, for sub-block s of an iq4_xs super-block, d * (ls_s - 32) with the
+ * 6-bit ls_s of twq_iq4xs_ls (exact in float32: 11 significant bits times at most 32); no m.
+ * Their isum is at most 32 * 127 * 127 = 516128 in magnitude (exact in int32 and as a float).
  * q6_k's blocks have two int8 scales, one per 16 weights, so its update is instead
  *     acc = fma((float)isum, d_w * d_x, acc)       isum = sc0 * sum(q_w * q_x over weights 0-15)
  *                                                         + sc1 * sum(q_w * q_x over weights 16-31)
@@ -25,19 +30,24 @@
  * - GEMV (M <= TWQ_I8_GEMV_MAX_M, decoding): the rows of x quantized, then tiles of 16 W rows
  *   over the threads; each block of a tile is transposed in registers into 8 vectors of 16 rows
  *   x 4 weights and multiplied with every row of x by vpdpbusd (u8 weights x s8 activations;
- *   q5's fifth bits added to the nibbles from qh, twq_q5_high; q8_0's weights biased by 128); a residual (tw_qlinear_add_*) is added to each tile's
+ *   q5's fifth bits added to the nibbles from qh, twq_q5_high; q8_0's weights biased by 128; iq4's
+ *   nibbles looked up by vpshufb as value + 128, 1..241, twq_iq4_lookup, the sum started at
+ *   -128 * sum(q_x) as q8_0's); a residual (tw_qlinear_add_*) is added to each tile's
  *   outputs as the tile finishes them.
  * - GEMM (prefill): panels of 32 W rows are decoded that way once into a per-thread scratch
  *   (1280 bytes a block), and a 4 x 32 register-blocked kernel runs the rows of x over them.
  * Without AVX-512 VNNI (or with TW_QUANT_NO_VNNI) vpmaddubsw + vpmaddwd do the products
- * (q8_0 through |w| and x with w's sign, which keeps the pair sums in int16).
- * - q4_0x16, q4_1x16, q5_0x16, q5_1x16, q8_0x16, q4_kx16, q5_kx16, q6_kx16: the same blocks with the rows interleaved in
+ * (q8_0 and iq4 through |w| and x with w's sign, which keeps the pair sums in int16: at most
+ * 2 * 128 * 127 = 32512, where biased bytes would reach 2 * 241 * 127; twq_w_signed).
+ * - q4_0x16, q4_1x16, q5_0x16, q5_1x16, q8_0x16, q4_kx16, q5_kx16, q6_kx16, iq4_nlx16, iq4_xsx16: the same blocks with the rows interleaved in
  *   groups of 16 (N a multiple of 16), laid out as the GEMV consumes them, so that no
  *   transposition is left to do at run time: for each group of 16 rows and block j, 16 * nbytes
- *   bytes: the 16 rows' fp16 d, then (q4_1, q5_1) their 16 m (q4_k, q5_k: its super-blocks' dmin), then
- *   the payloads (16 nibble bytes; q5's qh and 16 nibble bytes; 32 int8; q4_k's 12 bytes of
+ *   bytes: the 16 rows' fp16 d, then (q4_1, q5_1) their 16 m (q4_k, q5_k: its super-blocks' dmin;
+ *   iq4_xs: its 16 uint16 scales_h), then
+ *   the payloads (16 nibble bytes (q4_0, q4_1, iq4_nl); q5's qh and 16 nibble bytes; 32 int8; q4_k's 12 bytes of
  *   scales and 128 of nibbles; q5_k's scales, 32 bytes of qh, nibbles; q6_k's 208 bytes before
- *   its d: 128 of low nibbles, 64 of high bit pairs, 16 scales) as vectors of 64 bytes, vector t holding bytes
+ *   its d: 128 of low nibbles, 64 of high bit pairs, 16 scales; iq4_xs's 4 bytes of scales_l and
+ *   128 of nibbles, 16 a sub-block) as vectors of 64 bytes, vector t holding bytes
  *   4t..4t+3 of row 0, then of row 1, ... of row 15 (q5: vector 0 is the 16 rows' qh). The results
  *   are the same bits as the plain format's (the same block sums in the same order).
  *
@@ -76,17 +86,18 @@
  * a GEMV over groups of 4 or 2 W rows, a packed GEMM with a 6 x 16 micro-kernel; see that
  * file), which tilework's quant.py splices in at its #include below. With AVX2 the
  * portable integer path takes each block's dot products with a row of x in AVX2 (vpmaddubsw +
- * vpmaddwd: the same int32 sums, so the same bits); q8_0, q4_0, q4_1, q5_0 and q5_1 (plain and
- * x16, with FMA and F16C) run tiles of 8 W rows instead (twq_q5_tile: q5's pair sums widened by
+ * vpmaddwd: the same int32 sums, so the same bits; q8_0 and iq4 as |w| and x with w's sign); q8_0, q4_0, q4_1, q5_0, q5_1,
+ * iq4_nl and iq4_xs (plain and x16, with FMA and F16C) run tiles of 8 W rows instead (twq_q5_tile: q5's pair sums widened by
  * halves, twq_q5_dot8), each block loaded (and its nibbles unpacked)
  * once for every row of x and the 8 rows' sums side by side in a vector (twq_q8_tile,
- * twq_q4_tile; q4 x16 at up to 16 rows of x: the 16 rows of a group, twq_q4_x16_group). A q4
+ * twq_q4_tile; iq4: twq_q8_tile on values looked up by vpshufb, twq_iq4_block8; q4 x16 at up to
+ * 16 rows of x: the 16 rows of a group, twq_q4_x16_group). A q4
  * block's 8 products with a row of x add up in int16 (at most 8 * 2 * 15 * 127 = 30480) and
  * are widened once; there x comes with its 4-byte pieces broadcast ahead
  * (twq_broadcast_x), read as vpmaddubsw's memory operand.
  *
  * Entry points: tw_qlinear_<fmt>(x, w, y, M, N, K) for q4_0 q4_1 q5_0 q5_1 q8_0 bf16 f16 q4_k
- * q6_k q5_k q3_k q2_k q4_0x16 q4_1x16 q5_0x16 q5_1x16 q8_0x16 bf16x16 q4_kx16 q5_kx16 q6_kx16, and tw_qlinear_add_<fmt>(x, w, r, y,
+ * q6_k q5_k q3_k q2_k iq4_nl iq4_xs q4_0x16 q4_1x16 q5_0x16 q5_1x16 q8_0x16 bf16x16 q4_kx16 q5_kx16 q6_kx16 iq4_nlx16 iq4_xsx16, and tw_qlinear_add_<fmt>(x, w, r, y,
  * M, N, K): y = x @ W.T + r; 0 on success, TWQ_E* for a bad argument. tw_qlinear_packed is the trampoline the Python
  * extern calls with NumPy array object addresses; tw_quant_quantize_x exposes the quantization
  * of x to the tests; tw_quant_dequantize and tw_quant_interleave (quant_dequant.c) decode and
@@ -113,12 +124,12 @@
 #include <immintrin.h>
 #endif
 
-enum { TWQ_Q4_0, TWQ_Q4_1, TWQ_Q5_0, TWQ_Q5_1, TWQ_Q8_0, TWQ_BF16, TWQ_F16, TWQ_Q4_K, TWQ_Q6_K, TWQ_Q5_K, TWQ_Q3_K, TWQ_Q2_K, TWQ_NFMT };
+enum { TWQ_Q4_0, TWQ_Q4_1, TWQ_Q5_0, TWQ_Q5_1, TWQ_Q8_0, TWQ_BF16, TWQ_F16, TWQ_Q4_K, TWQ_Q6_K, TWQ_Q5_K, TWQ_Q3_K, TWQ_Q2_K, TWQ_IQ4_NL, TWQ_IQ4_XS, TWQ_NFMT };
 /* The interleaved layouts' codes (the entry points' fmt) follow the plain ones; twq_x16_base gives each its plain format. */
-enum { TWQ_Q4_0X16 = TWQ_NFMT, TWQ_Q4_1X16, TWQ_Q5_0X16, TWQ_Q5_1X16, TWQ_Q8_0X16, TWQ_BF16X16, TWQ_Q4_KX16, TWQ_Q5_KX16, TWQ_Q6_KX16, TWQ_NCODES };
-static const int twq_x16_base[TWQ_NCODES - TWQ_NFMT] = {TWQ_Q4_0, TWQ_Q4_1, TWQ_Q5_0, TWQ_Q5_1, TWQ_Q8_0, TWQ_BF16, TWQ_Q4_K, TWQ_Q5_K, TWQ_Q6_K};
-static const int64_t twq_block[TWQ_NFMT] = {32, 32, 32, 32, 32, 1, 1, 256, 256, 256, 256, 256};
-static const int64_t twq_nbytes[TWQ_NFMT] = {18, 20, 22, 24, 34, 2, 2, 144, 210, 176, 110, 84};
+enum { TWQ_Q4_0X16 = TWQ_NFMT, TWQ_Q4_1X16, TWQ_Q5_0X16, TWQ_Q5_1X16, TWQ_Q8_0X16, TWQ_BF16X16, TWQ_Q4_KX16, TWQ_Q5_KX16, TWQ_Q6_KX16, TWQ_IQ4_NLX16, TWQ_IQ4_XSX16, TWQ_NCODES };
+static const int twq_x16_base[TWQ_NCODES - TWQ_NFMT] = {TWQ_Q4_0, TWQ_Q4_1, TWQ_Q5_0, TWQ_Q5_1, TWQ_Q8_0, TWQ_BF16, TWQ_Q4_K, TWQ_Q5_K, TWQ_Q6_K, TWQ_IQ4_NL, TWQ_IQ4_XS};
+static const int64_t twq_block[TWQ_NFMT] = {32, 32, 32, 32, 32, 1, 1, 256, 256, 256, 256, 256, 32, 256};
+static const int64_t twq_nbytes[TWQ_NFMT] = {18, 20, 22, 24, 34, 2, 2, 144, 210, 176, 110, 84, 18, 136};
 
 #define TWQ_ENULL 1  /* a null pointer */
 #define TWQ_ESHAPE 2 /* a negative size, or K not a multiple of the block */
@@ -131,7 +142,7 @@ static const int64_t twq_nbytes[TWQ_NFMT] = {18, 20, 22, 24, 34, 2, 2, 144, 210,
  * the ones a model needs: a path left out is code no entry point reaches, which the compiler
  * drops, and its formats' entry points return TWQ_EFAMILY). The helpers are in every build. */
 #ifndef TWQ_WITH_INT8
-#define TWQ_WITH_INT8 1 /* q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q6_k and their x16 layouts */
+#define TWQ_WITH_INT8 1 /* q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k, iq4_nl, iq4_xs and their x16 layouts */
 #endif
 #ifndef TWQ_WITH_BF16
 #define TWQ_WITH_BF16 1 /* bf16 and bf16x16 */
@@ -258,13 +269,21 @@ static inline int twq_is_k45(int fmt) { return fmt == TWQ_Q4_K || fmt == TWQ_Q5_
 /* Whether the integer path adds m * d_x * sum(q_x) to each block's sum: q4_1's and q5_1's m,
  * q4_k's and q5_k's m = -dmin * min of the sub-block. */
 static inline int twq_i8_m(int fmt) { return twq_has_m(fmt) || twq_is_k45(fmt); }
+/* iq4_nl and iq4_xs: 4-bit indices into one table of 16 int8 values (twq_iq4_values). */
+static inline int twq_is_iq4(int fmt) { return fmt == TWQ_IQ4_NL || fmt == TWQ_IQ4_XS; }
+/* Whether the integer path's weights are int8 values rather than small unsigned fields: q8_0's
+ * bytes and iq4's looked-up values. With VNNI they are biased by 128 for vpdpbusd (the start
+ * of each block's sum takes 128 * sum(q_x) off); vpmaddubsw (no VNNI, AVX2) takes |w| and x
+ * with w's sign instead, whose pair sums stay in int16 (2 * 128 * 127 = 32512 < 32768), where
+ * the biased bytes' would not (2 * 255 * 127). */
+static inline int twq_w_signed(int fmt) { return fmt == TWQ_Q8_0 || twq_is_iq4(fmt); }
 /* A block's head (d, and m; q4_k's and q5_k's super-block: d, dmin; q6_k's: d) and its payload,
  * the rest: q5's qh and nibbles, q4's nibbles, q8_0's int8, q4_k's 12 bytes of scales and 128
  * of nibbles (q5_k: the scales, 32 bytes of qh, the nibbles), q6_k's 128 bytes of low nibbles,
  * 64 of high bit pairs and 16 int8 scales. The head is the block's first twq_head bytes, but
  * q6_k's d is its last 2 (twq_head_at: where the head sits); an x16 layout groups the head by
  * 2 bytes and the payload by 4, head first. */
-static inline int64_t twq_head(int fmt) { return twq_has_m(fmt) || twq_is_k45(fmt) ? 4 : 2; }
+static inline int64_t twq_head(int fmt) { return twq_has_m(fmt) || twq_is_k45(fmt) || fmt == TWQ_IQ4_XS ? 4 : 2; }
 static inline int64_t twq_head_at(int fmt) { return fmt == TWQ_Q6_K ? 208 : 0; }
 
 /* Block j of row `lane` of an interleaved group, gathered back into the plain block layout. */
@@ -277,10 +296,10 @@ TWQ_UNUSED static void twq_block_of_x16(int fmt, const uint8_t* grp, int64_t lan
 }
 
 static inline int twq_is_k(int fmt) { return fmt == TWQ_Q4_K || fmt == TWQ_Q6_K || fmt == TWQ_Q5_K || fmt == TWQ_Q3_K || fmt == TWQ_Q2_K; }
-static inline int twq_is_i8(int fmt) { return fmt == TWQ_Q4_0 || fmt == TWQ_Q4_1 || twq_is_q5(fmt) || fmt == TWQ_Q8_0 || twq_is_k45(fmt) || fmt == TWQ_Q6_K; }
+static inline int twq_is_i8(int fmt) { return fmt == TWQ_Q4_0 || fmt == TWQ_Q4_1 || twq_is_q5(fmt) || fmt == TWQ_Q8_0 || twq_is_k45(fmt) || fmt == TWQ_Q6_K || twq_is_iq4(fmt); }
 /* The integer path's tables' index of a format (twq_is_i8). */
-static inline int twq_i8_slot(int fmt) { return fmt == TWQ_Q4_K ? 5 : fmt == TWQ_Q5_K ? 6 : fmt == TWQ_Q6_K ? 7 : fmt; }
-#define TWQ_I8_SLOTS 8
+static inline int twq_i8_slot(int fmt) { return fmt == TWQ_Q4_K ? 5 : fmt == TWQ_Q5_K ? 6 : fmt == TWQ_Q6_K ? 7 : fmt == TWQ_IQ4_NL ? 8 : fmt == TWQ_IQ4_XS ? 9 : fmt; }
+#define TWQ_I8_SLOTS 10
 /* Where a q4_k / q5_k super-block's nibbles start (after d, dmin, the scales, and q5_k's qh). */
 static inline int64_t twq_k45_qs(int fmt) { return fmt == TWQ_Q5_K ? 48 : 16; }
 
@@ -294,6 +313,20 @@ static inline void twq_k4_factors(const uint8_t* blk, int s, float* dw, float* m
     *dw = twq_h2f(twq_u16(blk)) * (float)sc;
     *mw = -(twq_h2f(twq_u16(blk + 2)) * (float)mn);
 }
+
+/* The 16 values an iq4 nibble indexes (iq4_nl's and iq4_xs's weights are d * value, iq4_xs's d
+ * per 32-weight sub-block d * (ls - 32)). */
+static const int8_t twq_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+/* iq4_xs's 6-bit scale of sub-block s (0..7) of the super-block at blk (d, uint16 scales_h, 4
+ * bytes scales_l, 128 of nibbles): its low 4 bits are nibble s % 2 of scales_l[s / 2], its top 2
+ * bits 2s, 2s + 1 of scales_h. */
+static inline int twq_iq4xs_ls(const uint8_t* blk, int s) { return ((blk[4 + s / 2] >> (4 * (s & 1))) & 0xF) | (((twq_u16(blk + 2) >> (2 * s)) & 3) << 4); }
+
+/* Where sub-block s's 16 nibble bytes are in an iq4 block (iq4_nl: the block, 2 bytes after its
+ * d; iq4_xs: the super-block, 8 bytes of head and scales, then 16 bytes a sub-block): byte l
+ * holds weight l (low nibble) and weight l + 16 (high nibble), as q4_0's. */
+static inline int64_t twq_iq4_qs(int fmt, int s) { return fmt == TWQ_IQ4_XS ? 8 + 16 * s : 2; }
 
 /* Weight k of a row, for the K % 32 tail of bf16/f16 rows. */
 static inline float twq_weight1(int fmt, const uint8_t* row, int64_t k) {
@@ -375,7 +408,7 @@ typedef struct {
 } twq_xq;
 
 /* The dot products multiply unsigned weight bytes: q4_0's nibbles are q_w + 8 (q5_0's 5-bit
- * values q_w + 16, q6_k's 6-bit ones q_w + 32), and q8_0's bytes are biased to q_w + 128 (but for vpmaddubsw, see twq_dot); the start of each block's sum
+ * values q_w + 16, q6_k's 6-bit ones q_w + 32), and q8_0's bytes (iq4's values) are biased to q_w + 128 (but for vpmaddubsw, see twq_dot); the start of each block's sum
  * takes the bias off. (The portable loop needs the bias too: GCC 12 with -march=native turns an
  * int8 x int8 dot-product loop into vpdpbusd, which reads one side as unsigned: wrong sums.) */
 static inline int32_t twq_corr_mul(int fmt) {
@@ -383,7 +416,7 @@ static inline int32_t twq_corr_mul(int fmt) {
     if (fmt == TWQ_Q5_0) return -16;
     if (fmt == TWQ_Q6_K) return -32;
 #if !defined(TWQ_AVX512) || defined(TWQ_VNNI)
-    if (fmt == TWQ_Q8_0) return -128;
+    if (twq_w_signed(fmt)) return -128;
 #endif
     return 0;
 }
@@ -1238,10 +1271,61 @@ TWQ_INLINE void twq_k6_decode(const uint8_t* const* rows, int64_t j, __m512i* W,
     *mw = twq_k6_scales(S[s >> 1], s);
 }
 
+/* iq4: the values of the nibbles in W (twq_i8_decode's order, each byte 0..15), looked up by
+ * vpshufb in the 16 bytes of twq_iq4_values repeated in each 128-bit lane (the nibble is a byte
+ * index there, its top bit clear): with VNNI value + 128 (1..241, vpdpbusd's unsigned side;
+ * twq_corr_mul's -128 * sum(q_x) takes the bias off), without it the int8 value itself (twq_dot
+ * takes |w| and x with w's sign, as q8_0's). */
+TWQ_INLINE void twq_iq4_lookup(__m512i* W) {
+    __m128i t = _mm_loadu_si128((const __m128i*)twq_iq4_values);
+#ifdef TWQ_VNNI
+    t = _mm_xor_si128(t, _mm_set1_epi8((char)0x80)); /* + 128 modulo 256: the value + 128 as an unsigned byte */
+#endif
+    const __m512i tab = _mm512_broadcast_i32x4(t);
+    for (int i = 0; i < 8; ++i) W[i] = _mm512_shuffle_epi8(tab, W[i]);
+}
+
+/* iq4_xs's sub-block s for 16 rows: dw = d * (ls - 32) (twq_iq4xs_ls; exact in float32: an
+ * 11-bit significand times at most 32), from the rows' d, scales_h (sh: lane i row i's in its
+ * low 16 bits, the rest zero) and scales_l (sl: lane i row i's 4 bytes). */
+TWQ_INLINE __m512 twq_iq4xs_dw(__m512 d, __m512i sh, __m512i sl, int s) {
+    const __m512i lo = _mm512_and_si512(_mm512_srl_epi32(sl, _mm_cvtsi32_si128(4 * s)), _mm512_set1_epi32(15));
+    const __m512i hi = _mm512_and_si512(_mm512_srl_epi32(sh, _mm_cvtsi32_si128(2 * s)), _mm512_set1_epi32(3));
+    const __m512i ls = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 4));
+    return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(ls, _mm512_set1_epi32(32))));
+}
+
+/* The low nibbles of W[0..3] into W[0..3] and their high nibbles into W[4..7] (a q4-style
+ * block's weights 4t..4t+3 and 16 + 4t..16 + 4t + 3). */
+TWQ_INLINE void twq_split_nibbles(__m512i* W) {
+    const __m512i lo = _mm512_set1_epi8(0x0F);
+    for (int t = 0; t < 4; ++t) {
+        W[t + 4] = _mm512_and_si512(_mm512_srli_epi32(W[t], 4), lo);
+        W[t] = _mm512_and_si512(W[t], lo);
+    }
+}
+
+/* iq4_xs's 32-weight block j (sub-block j % 8 of super-block j / 8) of 16 plain rows: W as
+ * twq_i8_decode gives a block (the looked-up values), dw the rows' d * (ls - 32). */
+TWQ_INLINE void twq_iq4xs_decode(const uint8_t* const* rows, int64_t j, __m512i* W, __m512* dw) {
+    const int64_t o = (j >> 3) * 136;
+    const int s = (int)(j & 7);
+    __m512i h[4]; /* lane i: row i's d and scales_h; its scales_l; (the rest unused) */
+    twq_t16x4(rows, o, 2, h);
+    *dw = twq_iq4xs_dw(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(h[0])), _mm512_srli_epi32(h[0], 16), h[1], s);
+    twq_t16x4(rows, o + twq_iq4_qs(TWQ_IQ4_XS, s), 4, W);
+    twq_split_nibbles(W);
+    twq_iq4_lookup(W);
+}
+
 /* Block j of 16 rows: W[t], lane i = row i's weights 4t..4t+3 of the block as bytes (unsigned:
- * nibbles (q5: with their fifth bits), q8_0 + 128; signed q8_0 without VNNI), and the rows' d
+ * nibbles (q5: with their fifth bits), q8_0 + 128, iq4's values + 128; signed q8_0 and iq4 values without VNNI), and the rows' d
  * (and q4_1's, q5_1's m). */
 TWQ_INLINE void twq_i8_decode(int fmt, const uint8_t* const* rows, int64_t j, __m512i* W, __m512* dw, __m512* mw) {
+    if (fmt == TWQ_IQ4_XS) {
+        twq_iq4xs_decode(rows, j, W, dw);
+        return;
+    }
     if (twq_is_k45(fmt)) {
         twq_k4_decode(fmt, rows, j, W, dw, mw);
         return;
@@ -1274,10 +1358,21 @@ TWQ_INLINE void twq_i8_decode(int fmt, const uint8_t* const* rows, int64_t j, __
         twq_t16x4(rows, o + twq_head(fmt), 1, &qh);
         twq_q5_high(qh, W);
     }
+    if (fmt == TWQ_IQ4_NL) twq_iq4_lookup(W); /* q4_0's nibbles, looked up */
 }
 
 /* Block j of the interleaved group at grp (16 rows): W, dw, mw as twq_i8_decode gives them. */
 TWQ_INLINE void twq_i8_decode_x16(int fmt, const uint8_t* grp, int64_t j, __m512i* W, __m512* dw, __m512* mw) {
+    if (fmt == TWQ_IQ4_XS) { /* super-block j / 8: 16 d, 16 scales_h, then runs of 4 bytes: scales_l (run 0), sub-block s's nibbles (runs 1 + 4s .. 4 + 4s) */
+        const uint8_t* k = grp + (j >> 3) * 16 * 136;
+        const int s = (int)(j & 7);
+        *dw = twq_iq4xs_dw(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)k)), _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(k + 32))),
+                           _mm512_loadu_si512((const void*)(k + 64)), s);
+        for (int t = 0; t < 4; ++t) W[t] = _mm512_loadu_si512((const void*)(k + 64 * (2 + 4 * s + t)));
+        twq_split_nibbles(W);
+        twq_iq4_lookup(W);
+        return;
+    }
     if (twq_is_k45(fmt)) { /* super-block j / 8: 16 d, 16 dmin, 3 vectors of scale bytes, (q5_k: 8 of qh,) 32 of nibble bytes (8 per pair of sub-blocks) */
         const uint8_t* k = grp + (j >> 3) * 16 * twq_nbytes[fmt];
         const int s = (int)(j & 7);
@@ -1331,6 +1426,7 @@ TWQ_INLINE void twq_i8_decode_x16(int fmt, const uint8_t* grp, int64_t j, __m512
         W[t + 4] = _mm512_and_si512(_mm512_srli_epi32(v, 4), lo);
     }
     if (twq_is_q5(fmt)) twq_q5_high(qh, W);
+    if (fmt == TWQ_IQ4_NL) twq_iq4_lookup(W); /* q4_0x16's nibbles, looked up */
 }
 
 /* s + the dot products of each lane's 4 weight bytes with x's 4 bytes (xb, broadcast). */
@@ -1339,7 +1435,7 @@ TWQ_INLINE __m512i twq_dot(int fmt, __m512i s, __m512i w, __m512i xb) {
     (void)fmt;
     return _mm512_dpbusd_epi32(s, w, xb);
 #else
-    if (fmt == TWQ_Q8_0) { /* |w| <= 128 and |x| <= 127 keep vpmaddubsw's pair sums in int16 */
+    if (twq_w_signed(fmt)) { /* |w| <= 128 and |x| <= 127 keep vpmaddubsw's pair sums in int16 */
         xb = _mm512_mask_sub_epi8(xb, _mm512_movepi8_mask(w), _mm512_setzero_si512(), xb);
         w = _mm512_abs_epi8(w);
     }
@@ -1450,6 +1546,8 @@ TWQ_I8_GEMV_FMT(TWQ_Q8_0)
 TWQ_I8_GEMV_FMT(TWQ_Q4_K)
 TWQ_I8_GEMV_FMT(TWQ_Q5_K)
 TWQ_I8_GEMV_FMT(TWQ_Q6_K)
+TWQ_I8_GEMV_FMT(TWQ_IQ4_NL)
+TWQ_I8_GEMV_FMT(TWQ_IQ4_XS)
 typedef void (*twq_i8_gemv_fn)(const twq_xq*, int64_t, const uint8_t*, int64_t, int64_t, int64_t, float*, int64_t);
 #define TWQ_I8_GEMV_ROW(P, FMT) \
     {P##FMT##_1, P##FMT##_2, P##FMT##_3, P##FMT##_4, P##FMT##_5, P##FMT##_6, P##FMT##_7, P##FMT##_8}
@@ -1457,10 +1555,12 @@ typedef void (*twq_i8_gemv_fn)(const twq_xq*, int64_t, const uint8_t*, int64_t, 
 static const twq_i8_gemv_fn twq_i8_gemv_table[2][TWQ_I8_SLOTS][8] = {
     {TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q4_0), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q4_1), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q5_0),
      TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q5_1), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q8_0), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q4_K),
-     TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q5_K), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q6_K)},
+     TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q5_K), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q6_K), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_IQ4_NL),
+     TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_IQ4_XS)},
     {TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q4_0), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q4_1), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q5_0),
      TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q5_1), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q8_0), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q4_K),
-     TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q5_K), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q6_K)}};
+     TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q5_K), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q6_K), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_IQ4_NL),
+     TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_IQ4_XS)}};
 
 /* x's rows quantized, then tiles of 16 W rows over the threads, each adding the residual r (or
  * NULL) into its outputs as it finishes them. (Quantizing inside the parallel region, the rows
@@ -1569,11 +1669,14 @@ TWQ_I8_MICRO_FMT(TWQ_Q8_0)
 TWQ_I8_MICRO_FMT(TWQ_Q4_K)
 TWQ_I8_MICRO_FMT(TWQ_Q5_K)
 TWQ_I8_MICRO_FMT(TWQ_Q6_K)
+TWQ_I8_MICRO_FMT(TWQ_IQ4_NL)
+TWQ_I8_MICRO_FMT(TWQ_IQ4_XS)
 typedef void (*twq_i8_micro_fn)(const twq_xq*, int64_t, const uint8_t*, float*, int64_t, int64_t, __mmask16, __mmask16);
 #define TWQ_I8_MICRO_ROW(FMT) {twq_i8_micro_##FMT##_1, twq_i8_micro_##FMT##_2, twq_i8_micro_##FMT##_3, twq_i8_micro_##FMT##_4}
 static const twq_i8_micro_fn twq_i8_micro_table[TWQ_I8_SLOTS][TWQ_IPM] = {TWQ_I8_MICRO_ROW(TWQ_Q4_0), TWQ_I8_MICRO_ROW(TWQ_Q4_1), TWQ_I8_MICRO_ROW(TWQ_Q5_0),
                                                                 TWQ_I8_MICRO_ROW(TWQ_Q5_1), TWQ_I8_MICRO_ROW(TWQ_Q8_0), TWQ_I8_MICRO_ROW(TWQ_Q4_K),
-                                                                TWQ_I8_MICRO_ROW(TWQ_Q5_K), TWQ_I8_MICRO_ROW(TWQ_Q6_K)};
+                                                                TWQ_I8_MICRO_ROW(TWQ_Q5_K), TWQ_I8_MICRO_ROW(TWQ_Q6_K), TWQ_I8_MICRO_ROW(TWQ_IQ4_NL),
+                                                                TWQ_I8_MICRO_ROW(TWQ_IQ4_XS)};
 
 #define TWQ_I8_PACK_FN(FMT) \
     static void twq_i8_pack_##FMT(const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, int64_t nb, uint8_t* p) { twq_i8_pack(FMT, w, rb, n0, nr, nb, p); } \
@@ -1586,12 +1689,14 @@ TWQ_I8_PACK_FN(TWQ_Q8_0)
 TWQ_I8_PACK_FN(TWQ_Q4_K)
 TWQ_I8_PACK_FN(TWQ_Q5_K)
 TWQ_I8_PACK_FN(TWQ_Q6_K)
+TWQ_I8_PACK_FN(TWQ_IQ4_NL)
+TWQ_I8_PACK_FN(TWQ_IQ4_XS)
 typedef void (*twq_i8_pack_fn)(const uint8_t*, int64_t, int64_t, int64_t, int64_t, uint8_t*);
 static const twq_i8_pack_fn twq_i8_pack_table[2][TWQ_I8_SLOTS] = {
     {twq_i8_pack_TWQ_Q4_0, twq_i8_pack_TWQ_Q4_1, twq_i8_pack_TWQ_Q5_0, twq_i8_pack_TWQ_Q5_1, twq_i8_pack_TWQ_Q8_0, twq_i8_pack_TWQ_Q4_K, twq_i8_pack_TWQ_Q5_K,
-     twq_i8_pack_TWQ_Q6_K},
+     twq_i8_pack_TWQ_Q6_K, twq_i8_pack_TWQ_IQ4_NL, twq_i8_pack_TWQ_IQ4_XS},
     {twq_i8_pack_x16_TWQ_Q4_0, twq_i8_pack_x16_TWQ_Q4_1, twq_i8_pack_x16_TWQ_Q5_0, twq_i8_pack_x16_TWQ_Q5_1, twq_i8_pack_x16_TWQ_Q8_0, twq_i8_pack_x16_TWQ_Q4_K,
-     twq_i8_pack_x16_TWQ_Q5_K, twq_i8_pack_x16_TWQ_Q6_K}};
+     twq_i8_pack_x16_TWQ_Q5_K, twq_i8_pack_x16_TWQ_Q6_K, twq_i8_pack_x16_TWQ_IQ4_NL, twq_i8_pack_x16_TWQ_IQ4_XS}};
 
 /* Quantizes x (the threads share the rows), then panels of 32 W rows as twq_gemm. */
 static int twq_i8_gemm(int fmt, int x16, const float* x, const twq_xq* xq, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t rb) {
@@ -1780,6 +1885,47 @@ static twq_tile twq_tile_at(const uint8_t* w, int64_t rb, int64_t n0, int64_t nr
     return t;
 }
 
+/* iq4's values in both 128-bit lanes, for vpshufb (a nibble is a byte index there, its top bit clear). */
+TWQ_INLINE __m256i twq_iq4_table8(void) { return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)twq_iq4_values)); }
+
+/* Block j of a tile's 8 iq4_nl / iq4_xs rows as twq_q8_tile takes q8_0's: the int8 values the
+ * nibbles index (vpshufb), plain rows' in weight order (ws[i]: row i's 32), an x16 group half's
+ * as its vectors (ws[u] lane i: row i's values 4u..4u+3; the nibble runs' low nibbles are u < 4,
+ * their high ones u + 4); and the rows' d (iq4_xs: the sub-block's d * (ls - 32), exact). */
+static inline __m256 twq_iq4_block8(int fmt, int x16, const twq_tile* t, int64_t j, __m256i* ws) {
+    const __m256i low = _mm256_set1_epi8(0x0F), tab = twq_iq4_table8();
+    const int xs = fmt == TWQ_IQ4_XS, s = (int)(j & 7);
+    const int64_t nbytes = twq_nbytes[fmt], at = xs ? j >> 3 : j;
+    if (x16) { /* per (super-)block: 16 d, (iq4_xs: 16 scales_h, the scales_l run,) the nibble runs */
+        const uint8_t* b = t->grp + at * 16 * nbytes;
+        const int64_t half = t->half;
+        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(b + 16 * half)));
+        if (xs) {
+            const __m256i sh = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(b + 32 + 16 * half)));
+            const __m256i sl = _mm256_loadu_si256((const __m256i*)(b + 64 + 32 * half));
+            const __m256i lo = _mm256_and_si256(_mm256_srl_epi32(sl, _mm_cvtsi32_si128(4 * s)), _mm256_set1_epi32(15));
+            const __m256i hi = _mm256_and_si256(_mm256_srl_epi32(sh, _mm_cvtsi32_si128(2 * s)), _mm256_set1_epi32(3));
+            dw = _mm256_mul_ps(dw, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32))));
+        }
+        const uint8_t* qs = xs ? b + 64 * (2 + 4 * s) : b + 32; /* iq4_xs: runs 1 + 4s .. after the 64 bytes of head */
+        for (int u = 0; u < 4; ++u) {
+            const __m256i v = _mm256_loadu_si256((const __m256i*)(qs + 64 * u + 32 * half));
+            ws[u] = _mm256_shuffle_epi8(tab, _mm256_and_si256(v, low));
+            ws[u + 4] = _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
+        }
+        return dw;
+    }
+    float d[8];
+    for (int i = 0; i < 8; ++i) {
+        const uint8_t* b = t->rows[i] + at * nbytes;
+        d[i] = twq_h2f(twq_u16(b)); /* the value _mm256_cvtph_ps gives: both exact */
+        if (xs) d[i] = d[i] * (float)(twq_iq4xs_ls(b, s) - 32);
+        const __m128i v = _mm_loadu_si128((const __m128i*)(b + twq_iq4_qs(fmt, s)));
+        ws[i] = _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1), low));
+    }
+    return _mm256_loadu_ps(d);
+}
+
 /* q8_0 with AVX2: all rows of x against the 8 W rows n0 .. n0+8 (nr valid; past them the last
  * again). Each block of the 8 rows is loaded once (plain rows transposed by twq_t8x8) into the
  * interleaved form, vector t lane i = weights 4t..4t+3 of row i, with |w| for vpmaddubsw's
@@ -1787,8 +1933,9 @@ static twq_tile twq_tile_at(const uint8_t* w, int64_t rb, int64_t n0, int64_t nr
  * give the 8 rows' dot products side by side, and the float update of the file header runs
  * for the 8 outputs at once: the same int32 sums and, lane by lane, the same float operations
  * as the loop's, so the same bits (one row of x against plain rows skips the transpose and
- * sums each W row's vector across). The next tiles are prefetched, spread over the blocks. */
-static void twq_q8_tile(int x16, const twq_xq* xq, const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, float* y, int64_t M, int64_t N) {
+ * sums each W row's vector across). The next tiles are prefetched, spread over the blocks.
+ * iq4_nl and iq4_xs (fmt) run the same with their blocks' values looked up (twq_iq4_block8). */
+static void twq_q8_tile(int fmt, int x16, const twq_xq* xq, const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, float* y, int64_t M, int64_t N) {
     const int64_t nb = xq->nb, nbytes = twq_nbytes[TWQ_Q8_0];
     const __m256i ones = _mm256_set1_epi16(1);
     const twq_tile t = twq_tile_at(w, rb, n0, nr, nb);
@@ -1805,17 +1952,23 @@ static void twq_q8_tile(int x16, const twq_xq* xq, const uint8_t* w, int64_t rb,
                 for (int64_t o = 0; o < step; o += 64) _mm_prefetch(ahead + j * step + o, _MM_HINT_T0);
             __m256i ws[8], wa[8]; /* w (its sign) and |w| */
             __m256 dw;
-            if (x16) {
+            if (x16 && fmt != TWQ_Q8_0) {
+                dw = twq_iq4_block8(fmt, 1, &t, j, ws);
+            } else if (x16) {
                 const uint8_t* b = grp + j * 16 * nbytes;
                 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(b + 16 * half)));
                 for (int t = 0; t < 8; ++t) ws[t] = _mm256_loadu_si256((const __m256i*)(b + 32 + 64 * t + 32 * half));
             } else {
-                uint16_t h[8];
-                for (int i = 0; i < 8; ++i) {
-                    h[i] = twq_u16(rows[i] + j * nbytes);
-                    ws[i] = _mm256_loadu_si256((const __m256i*)(rows[i] + j * nbytes + 2));
+                if (fmt != TWQ_Q8_0) {
+                    dw = twq_iq4_block8(fmt, 0, &t, j, ws);
+                } else {
+                    uint16_t h[8];
+                    for (int i = 0; i < 8; ++i) {
+                        h[i] = twq_u16(rows[i] + j * nbytes);
+                        ws[i] = _mm256_loadu_si256((const __m256i*)(rows[i] + j * nbytes + 2));
+                    }
+                    dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)h));
                 }
-                dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)h));
                 if (M == 1) { /* one row of x: a vector a W row, summed across (cheaper than the transpose) */
                     const __m256i qv = _mm256_loadu_si256((const __m256i*)(xq->q + 32 * j));
                     __m256i p[8];
@@ -2101,9 +2254,9 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
 #endif
         }
 #ifdef TWQ_AVX2_Q8
-        if (fmt == TWQ_Q8_0) {
+        if (twq_w_signed(fmt)) { /* q8_0, iq4_nl, iq4_xs */
 #pragma omp for schedule(static)
-            for (int64_t t = 0; t < (N + 7) / 8; ++t) twq_q8_tile(x16, xq, w, rb, 8 * t, N - 8 * t < 8 ? N - 8 * t : 8, y, M, N);
+            for (int64_t t = 0; t < (N + 7) / 8; ++t) twq_q8_tile(fmt, x16, xq, w, rb, 8 * t, N - 8 * t < 8 ? N - 8 * t : 8, y, M, N);
         } else if (xb != NULL) {
             const int64_t step = (16 * rb + nb - 1) / nb; /* the next groups' bytes, spread over the blocks */
 #pragma omp for schedule(static)
@@ -2124,11 +2277,11 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
             for (int64_t r0 = 0; r0 < M; r0 += 64) {
                 const int64_t rn = M - r0 < 64 ? M - r0 : 64;
                 float acc[64];
-                uint8_t wq[32]; /* unsigned: nibbles, q8_0 + 128 (see twq_corr_mul), q6_k's q + 32 */
+                uint8_t wq[32]; /* unsigned: nibbles, q8_0 + 128 (see twq_corr_mul), q6_k's q + 32, iq4's values + 128 */
                 for (int64_t r = 0; r < rn; ++r) acc[r] = 0.0f;
                 for (int64_t j = 0; j < nb; ++j) {
-                    uint8_t blk[210]; /* the block (q4_k, q5_k, q6_k: super-block) as the plain format stores it */
-                    const int64_t at_j = twq_is_k(fmt) ? j >> 3 : j;
+                    uint8_t blk[210]; /* the block (q4_k, q5_k, q6_k, iq4_xs: super-block) as the plain format stores it */
+                    const int64_t at_j = twq_is_k(fmt) || fmt == TWQ_IQ4_XS ? j >> 3 : j;
                     int32_t sc0 = 0, sc1 = 0; /* q6_k: the sub-block's scales */
                     const uint8_t* b = row + at_j * twq_nbytes[fmt];
                     if (x16) {
@@ -2151,6 +2304,14 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
                         for (int l = 0; l < 32; ++l) wq[l] = (uint8_t)(((ql[l] >> (4 * (t >> 1))) & 0xF) | ((qh[l] >> (2 * t)) & 3) << 4);
                     } else if (fmt == TWQ_Q8_0) {
                         for (int l = 0; l < 32; ++l) wq[l] = (uint8_t)(b[2 + l] ^ 0x80);
+                    } else if (twq_is_iq4(fmt)) { /* the nibbles' values + 128 (as q8_0's bytes); iq4_xs: sub-block j % 8, d * (ls - 32) exact */
+                        const int s = (int)(j & 7);
+                        const uint8_t* nib = b + twq_iq4_qs(fmt, s);
+                        if (fmt == TWQ_IQ4_XS) dw = dw * (float)(twq_iq4xs_ls(b, s) - 32);
+                        for (int l = 0; l < 16; ++l) {
+                            wq[l] = (uint8_t)(twq_iq4_values[nib[l] & 0xF] ^ 0x80);
+                            wq[l + 16] = (uint8_t)(twq_iq4_values[nib[l] >> 4] ^ 0x80);
+                        }
                     } else {
                         const uint8_t* nib = b + twq_head(fmt) + (twq_is_q5(fmt) ? 4 : 0);
                         for (int h = 0; h < 16; h += 8) { /* 8 bytes at a time in a uint64_t */
@@ -2167,24 +2328,27 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
                         }
                     }
 #ifdef TWQ_AVX2
-                    /* q4: the nibbles, unsigned; q8_0: |w| and, per row, x with w's sign (no
-                     * bias: the sum is corr + sum((w + 128) q) = sum(w q) itself, exactly) */
-                    const __m256i ws = fmt == TWQ_Q8_0 ? _mm256_loadu_si256((const __m256i*)(b + 2)) : _mm256_setzero_si256();
-                    const __m256i wv = fmt == TWQ_Q8_0 ? _mm256_abs_epi8(ws) : _mm256_loadu_si256((const __m256i*)wq);
+                    /* q4: the nibbles, unsigned; q8_0 (iq4: the values, wq's bytes less the bias):
+                     * |w| and, per row, x with w's sign (no bias: the sum is corr + sum((w + 128) q)
+                     * = sum(w q) itself, exactly) */
+                    const __m256i ws = fmt == TWQ_Q8_0 ? _mm256_loadu_si256((const __m256i*)(b + 2))
+                                       : twq_is_iq4(fmt) ? _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)wq), _mm256_set1_epi8((char)0x80))
+                                                         : _mm256_setzero_si256();
+                    const __m256i wv = twq_w_signed(fmt) ? _mm256_abs_epi8(ws) : _mm256_loadu_si256((const __m256i*)wq);
 #endif
                     for (int64_t r = 0; r < rn; ++r) {
                         const int64_t at = (r0 + r) * nb + j;
                         const int8_t* q = xq->q + (r0 + r) * xq->K + 32 * j;
 #ifdef TWQ_AVX2
                         __m256i qv = _mm256_loadu_si256((const __m256i*)q);
-                        if (fmt == TWQ_Q8_0) qv = _mm256_sign_epi8(qv, ws);
+                        if (twq_w_signed(fmt)) qv = _mm256_sign_epi8(qv, ws);
                         const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wv, qv), _mm256_set1_epi16(1)); /* lanes 0-3: weights 0-15 */
                         int32_t isum;
                         if (fmt == TWQ_Q6_K) {
                             const __m256i lo = _mm256_blend_epi32(p, _mm256_setzero_si256(), 0xF0); /* the halves apart: [lo, 0] and [0, hi] */
                             isum = sc0 * (xq->corr16[at] + twq_hsum_i32(lo)) + sc1 * (xq->corr[at] - xq->corr16[at] + twq_hsum_i32(_mm256_sub_epi32(p, lo)));
                         } else
-                            isum = (fmt == TWQ_Q8_0 ? 0 : xq->corr[at]) + twq_hsum_i32(p);
+                            isum = (twq_w_signed(fmt) ? 0 : xq->corr[at]) + twq_hsum_i32(p);
 #else
                         int32_t isum = xq->corr[at];
                         if (fmt == TWQ_Q6_K) { /* the halves' sums, each times its scale */
@@ -2300,6 +2464,10 @@ int32_t tw_qlinear_bf16x16(const float* x, const uint8_t* w, float* y, int64_t M
 int32_t tw_qlinear_q4_kx16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q4_KX16, x, w, NULL, y, M, N, K); }
 int32_t tw_qlinear_q5_kx16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q5_KX16, x, w, NULL, y, M, N, K); }
 int32_t tw_qlinear_q6_kx16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q6_KX16, x, w, NULL, y, M, N, K); }
+int32_t tw_qlinear_iq4_nl(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_IQ4_NL, x, w, NULL, y, M, N, K); }
+int32_t tw_qlinear_iq4_xs(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_IQ4_XS, x, w, NULL, y, M, N, K); }
+int32_t tw_qlinear_iq4_nlx16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_IQ4_NLX16, x, w, NULL, y, M, N, K); }
+int32_t tw_qlinear_iq4_xsx16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_IQ4_XSX16, x, w, NULL, y, M, N, K); }
 
 /* y = x @ W.T + r (r [M, N], not y): the product, then the residual added to each output (the
  * float32 sum a separate add would make, so the same bits). */
@@ -2334,6 +2502,10 @@ TWQ_ADD_ENTRY(bf16x16, TWQ_BF16X16)
 TWQ_ADD_ENTRY(q4_kx16, TWQ_Q4_KX16)
 TWQ_ADD_ENTRY(q5_kx16, TWQ_Q5_KX16)
 TWQ_ADD_ENTRY(q6_kx16, TWQ_Q6_KX16)
+TWQ_ADD_ENTRY(iq4_nl, TWQ_IQ4_NL)
+TWQ_ADD_ENTRY(iq4_xs, TWQ_IQ4_XS)
+TWQ_ADD_ENTRY(iq4_nlx16, TWQ_IQ4_NLX16)
+TWQ_ADD_ENTRY(iq4_xsx16, TWQ_IQ4_XSX16)
 
 /* The Python extern's trampoline: a[] = {fmt (the enum above), x, w, y (NumPy array object
  * addresses), M, N, K, data offset, r (a residual to add, or 0)}; each array's data pointer is

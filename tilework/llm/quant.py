@@ -20,6 +20,8 @@ The formats (little-endian; ``d``, ``m``, ``dmin`` are IEEE halves):
 | ``q5_k`` | 256 | 176 | ``d``, ``dmin``, 12 bytes of 6-bit scales/mins (as ``q4_k``), 32 bytes of high bits, 128 nibble bytes | ``d * sc * q - dmin * mn`` |
 | ``q3_k`` | 256 | 110 | 32 bytes of high bits, 64 bytes of 2-bit lows, 12 bytes of 6-bit scales, ``d`` | ``d * (sc - 32) * q`` |
 | ``q2_k`` | 256 | 84 | 16 bytes of 4-bit scale/min pairs, 64 bytes of 2-bit ``q``, ``d``, ``dmin`` | ``d * sc * q - dmin * mn`` |
+| ``iq4_nl`` | 32 | 18 | ``d``, 16 nibble bytes | ``d * IQ4_VALUES[q]`` |
+| ``iq4_xs`` | 256 | 136 | ``d``, uint16 ``scales_h``, 4 bytes ``scales_l``, 128 nibble bytes | ``d * (ls - 32) * IQ4_VALUES[q]`` |
 
 In a 32-weight nibble block byte ``j`` holds weight ``j`` (low nibble) and ``j + 16`` (high
 nibble); q5's ``q`` is that nibble with bit ``j`` of ``qh`` (little-endian) as its fifth bit. In the k-quants (256 weights) the 2-bit and 4-bit fields of weight ``32 i + l`` (``l <
@@ -29,7 +31,10 @@ nibble); q5's ``q`` is that nibble with bit ``j`` of ``qh`` (little-endian) as i
 (one per 32 weights) are packed as ``q4_k``'s; ``q3_k``'s 16 (one per 16 weights) keep their low
 4 bits in the nibbles of bytes 0-7 (scale ``i`` in byte ``i % 8``, high nibble from 8 on) and
 their top 2 in bits ``2 (i // 4)`` of byte ``8 + i % 4``; ``q2_k``'s byte ``i`` holds scale ``i``
-(low nibble) and min ``i`` (high nibble). The names are those of ``tilework.op.quant.QUANT_FORMATS`` (the ``quant_linear`` op), so
+(low nibble) and min ``i`` (high nibble). ``iq4_nl``'s nibbles index ``IQ4_VALUES`` (-127 .. 113,
+``tilework.op.quant``), laid out as ``q4_0``'s; ``iq4_xs`` is 8 such sub-blocks of 32 (bytes
+``8 + 16 i ..``) under one ``d``, sub-block ``i`` scaled by ``ls - 32``: ``ls`` is 6 bits, nibble
+``i % 2`` of ``scales_l[i // 2]`` and bits ``2 i, 2 i + 1`` of ``scales_h`` above it. The names are those of ``tilework.op.quant.QUANT_FORMATS`` (the ``quant_linear`` op), so
 a tensor's ``fmt`` can be handed to the op unchanged; ``ggml_type`` is the GGUF type code.
 """
 
@@ -42,7 +47,7 @@ import numpy as np
 
 from tilework.backend import quant as quant_backend
 from tilework.errors import ShapeError, UnsupportedError
-from tilework.op.quant import QUANT_FORMATS, QuantFormat, bf16_bits
+from tilework.op.quant import IQ4_VALUES, QUANT_FORMATS, QuantFormat, bf16_bits
 
 
 _BY_GGML_TYPE = {f.ggml_type: f for f in QUANT_FORMATS.values()}
@@ -266,6 +271,23 @@ def _decode_q2_k(b: np.ndarray) -> np.ndarray:
     return (scale * q - offset).reshape(n, 256)
 
 
+_IQ4 = np.array(IQ4_VALUES, np.float32)
+
+
+def _decode_iq4_nl(b: np.ndarray) -> np.ndarray:
+    return _half(b, 0) * _IQ4[_nibbles(b[:, 2:])]
+
+
+def _decode_iq4_xs(b: np.ndarray) -> np.ndarray:
+    n = b.shape[0]
+    scales_h = b[:, 2:4].copy().view(np.uint16).astype(np.int32)  # [n, 1]
+    lo = np.stack([b[:, 4:8] & 0x0F, b[:, 4:8] >> 4], axis=2).reshape(n, 8).astype(np.int32)  # sub-block i: nibble i % 2 of byte i // 2
+    hi = (scales_h >> (2 * np.arange(8, dtype=np.int32))) & 3
+    scale = (_half(b, 0) * ((lo | (hi << 4)) - 32).astype(np.float32))[:, :, None]  # d * (ls - 32), exact
+    q = _IQ4[_nibbles(b[:, 8:].reshape(n, 8, 16))]  # [n, 8, 32]
+    return (scale * q).reshape(n, 256)
+
+
 _DECODERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "f32": _decode_f32,
     "f16": _decode_f16,
@@ -280,6 +302,8 @@ _DECODERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "q5_k": _decode_q5_k,
     "q3_k": _decode_q3_k,
     "q2_k": _decode_q2_k,
+    "iq4_nl": _decode_iq4_nl,
+    "iq4_xs": _decode_iq4_xs,
 }
 
 

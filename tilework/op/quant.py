@@ -13,21 +13,28 @@ The formats (``QUANT_FORMATS``; 32 weights per block for the simple ones, little
 | ``q5_0`` | 22 | fp16 ``d``, uint32 ``qh``, 16 bytes of nibbles | ``d * (q - 16)`` |
 | ``q5_1`` | 24 | fp16 ``d``, fp16 ``m``, uint32 ``qh``, 16 bytes of nibbles | ``d * q + m`` |
 | ``q8_0`` | 34 | fp16 ``d``, 32 int8 | ``d * q`` |
+| ``iq4_nl`` | 18 | fp16 ``d``, 16 bytes of nibbles | ``d * IQ4_VALUES[q]`` |
 | ``bf16`` | 2 | one bfloat16 per weight | |
 | ``f16`` | 2 | one IEEE half per weight | |
 
 In a nibble block, byte ``j`` holds weight ``j`` in its low nibble and weight ``j + 16`` in its
 high nibble; in ``q5_0`` and ``q5_1`` bit ``j`` of ``qh`` is weight ``j``'s fifth bit (``q =
-nibble | bit << 4``, 0..31).
+nibble | bit << 4``, 0..31). ``iq4_xs`` (GGML type 23) is ``iq4_nl`` in 256-weight super-blocks
+of 136 bytes: fp16 ``d``, uint16 ``scales_h``, 4 bytes ``scales_l``, 128 bytes of nibbles (sub-block
+``s`` of 32: bytes ``16 s .. 16 s + 15``, laid out as a nibble block's), each sub-block's weights
+``d * (ls - 32) * IQ4_VALUES[q]`` with the 6-bit ``ls`` = nibble ``s % 2`` of ``scales_l[s // 2]``
+and bits ``2 s, 2 s + 1`` of ``scales_h`` above it.
 
-``q4_0x16``, ``q4_1x16``, ``q5_0x16``, ``q5_1x16``, ``q8_0x16``, ``q4_kx16``, ``q5_kx16``, ``q6_kx16`` and ``bf16x16`` (``INTERLEAVED_FORMATS``) are the same
+``q4_0x16``, ``q4_1x16``, ``q5_0x16``, ``q5_1x16``, ``q8_0x16``, ``q4_kx16``, ``q5_kx16``, ``q6_kx16``, ``iq4_nlx16``, ``iq4_xsx16`` and ``bf16x16`` (``INTERLEAVED_FORMATS``) are the same
 blocks with the rows interleaved in groups of 16, the layout the ``quant`` backend's GEMV reads
 without transposing (``interleave_rows`` makes it from the plain rows): ``w`` is still
 ``uint8[out_features, row_bytes]``, ``out_features`` a multiple of 16, and rows ``16g .. 16g +
 15`` together hold, for each block ``j`` in turn, ``16 * bytes/block`` bytes: the 16 rows' ``d``,
-then (``q4_1``, ``q5_1``) their 16 ``m`` (``q4_k``, ``q5_k``: its super-blocks' 16 ``dmin``), then the
+then (``q4_1``, ``q5_1``) their 16 ``m`` (``q4_k``, ``q5_k``: its super-blocks' 16 ``dmin``;
+``iq4_xs``: their 16 ``scales_h``), then the
 payloads (16 nibble bytes, ``qh`` and 16 nibble bytes, 32 int8, or ``q4_k``'s 12 bytes of scales
-and 128 of nibbles, ``q5_k``'s scales, 32 bytes of ``qh`` and nibbles) in runs of 4 bytes: bytes ``4t .. 4t + 3`` of row 0, of row 1, ... of
+and 128 of nibbles, ``q5_k``'s scales, 32 bytes of ``qh`` and nibbles, ``iq4_xs``'s 4 bytes of
+``scales_l`` and 128 of nibbles) in runs of 4 bytes: bytes ``4t .. 4t + 3`` of row 0, of row 1, ... of
 row 15, for ``t = 0, 1, ...`` (so a q5 block's first run is the 16 rows' ``qh``). A ``q6_k``
 super-block's ``d`` is its last 2 bytes: ``q6_kx16`` puts the 16 ``d`` first all the same and
 the payload is bytes 0 .. 207 (128 of low nibbles, 64 of high bit pairs, 16 scales: runs 0-31,
@@ -37,7 +44,9 @@ bytes of pair ``t`` are weights ``2t, 2t + 1`` of row 0, of row 1, ... of row 15
 whose lanes are the group's rows. ``q4_k``, ``q6_k``, ``q5_k``, ``q3_k`` and ``q2_k`` (256-weight
 super-blocks, laid out in ``tilework.llm.quant``; ``K_QUANTS``) are listed for the loaders; their
 products run in the ``quant`` backend's library only, but ``quant_take`` decodes them in its
-loop kernel too (``TAKE_FORMATS``: a GGUF's token table is often a k-quant).
+loop kernel too (``TAKE_FORMATS``: a GGUF's token table is often a k-quant). ``iq4_nl`` and
+``iq4_xs`` (and their x16 layouts) have loop-level kernels for both ops (``LEGALIZED_FORMATS``:
+the value of a nibble picked by a tree of selects).
 
 Legalization gives the reference kernel: each weight is decoded where it is used (the half
 scales decoded with integer arithmetic), in float32, serially per output. It is correct on
@@ -93,6 +102,8 @@ QUANT_FORMATS: dict[str, QuantFormat] = {
         QuantFormat("q3_k", 256, 110, 11),
         QuantFormat("q2_k", 256, 84, 10),
         QuantFormat("bf16", 1, 2, 30),
+        QuantFormat("iq4_nl", 32, 18, 20),
+        QuantFormat("iq4_xs", 256, 136, 23),
     )
 }
 GROUP = 16  # rows per group of an interleaved format
@@ -100,10 +111,12 @@ INTERLEAVED_FORMATS: dict[str, QuantFormat] = {
     **{f"{f.name}x{GROUP}": QuantFormat(f"{f.name}x{GROUP}", f.block, f.nbytes, -1) for f in (QUANT_FORMATS[n] for n in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0"))},
     f"bf16x{GROUP}": QuantFormat(f"bf16x{GROUP}", 2, 4, -1),  # blocks of a pair of weights
     **{f"{n}x{GROUP}": QuantFormat(f"{n}x{GROUP}", 256, QUANT_FORMATS[n].nbytes, -1) for n in ("q4_k", "q5_k", "q6_k")},  # super-blocks
+    **{f"{f.name}x{GROUP}": QuantFormat(f"{f.name}x{GROUP}", f.block, f.nbytes, -1) for f in (QUANT_FORMATS[n] for n in ("iq4_nl", "iq4_xs"))},
 }
 ALL_FORMATS: dict[str, QuantFormat] = {**QUANT_FORMATS, **INTERLEAVED_FORMATS}
 K_QUANTS = ("q4_k", "q6_k", "q5_k", "q3_k", "q2_k")  # 256-weight super-blocks
-LEGALIZED_FORMATS = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "bf16", "f16", *(f for f in INTERLEAVED_FORMATS if f[: -len(f"x{GROUP}")] not in K_QUANTS))
+IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # what an iq4_nl / iq4_xs nibble indexes
+LEGALIZED_FORMATS = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "bf16", "f16", *(f for f in INTERLEAVED_FORMATS if f[: -len(f"x{GROUP}")] not in K_QUANTS), "iq4_nl", "iq4_xs")
 TAKE_FORMATS = (*LEGALIZED_FORMATS, *K_QUANTS, *(f for f in INTERLEAVED_FORMATS if f not in LEGALIZED_FORMATS))  # quant_take's loop kernel decodes the k-quants too (a tied token table is the head's layout)
 
 
@@ -129,7 +142,7 @@ def interleavable(name: str, rows: int, cols: int) -> bool:
 
 
 def _head_bytes(base: str) -> int:
-    return 4 if base in ("q4_1", "q5_1", "q4_k", "q5_k") else 0 if base == "bf16" else 2  # q4_k, q5_k: the super-block's d, dmin
+    return 4 if base in ("q4_1", "q5_1", "q4_k", "q5_k", "iq4_xs") else 0 if base == "bf16" else 2  # q4_k, q5_k: the super-block's d, dmin; iq4_xs: d, scales_h
 
 
 def _head_at(base: str) -> int:
@@ -235,8 +248,8 @@ def _shr(v: Scalar, shift: Scalar, top: int) -> Scalar:
 def _k_weight(w: te.Tensor, name: str, n: Scalar, kk: Scalar) -> Scalar:
     """Weight ``(n, kk)`` of k-quant rows (the layouts of ``tilework.llm.quant``; ``q4_kx16`` &
     co.: read through the 16-row layout of the module docstring): ``d * scale * q - dmin * min``
-    (q4_k, q5_k, q2_k) or ``d * scale * q`` (q6_k, q3_k), the factors rounded in that order, as
-    ``dequantize`` rounds them."""
+    (q4_k, q5_k, q2_k) or ``d * scale * q`` (q6_k, q3_k; iq4_xs: ``d * (ls - 32) * value``), the
+    factors rounded in that order, as ``dequantize`` rounds them."""
     x16 = name in INTERLEAVED_FORMATS
     name = name[: -len(f"x{GROUP}")] if x16 else name
     fmt = ALL_FORMATS[name]
@@ -276,6 +289,10 @@ def _k_weight(w: te.Tensor, name: str, n: Scalar, kk: Scalar) -> Scalar:
         if name == "q5_k":
             q = q + _shr(byte(16 + l), s, 7) % 2 * 16
         return half(0) * f32(sc) * f32(q) - half(2) * f32(mn)
+    if name == "iq4_xs":  # 6-bit ls: nibble s % 2 of scales_l[s // 2], bits 2s of scales_h above it; the nibbles as a q4_0 block's
+        ls = _shr(byte(4 + s // 2), 4 * (s % 2), 4) % 16 + _shr(byte(2) + byte(3) * 256, 2 * s, 14) % 4 * 16
+        nib = byte(8 + 16 * s + l % 16)
+        return half(0) * f32(ls - 32) * _iq4_value(te.if_then_else(te.lt(l, 16), nib % 16, nib // 16))
     t = s % 4  # quarter t of half s // 4
     if name == "q6_k":
         ql = byte(64 * (s // 4) + 32 * (t % 2) + l)
@@ -289,9 +306,22 @@ def _k_weight(w: te.Tensor, name: str, n: Scalar, kk: Scalar) -> Scalar:
     return half(80) * f32(byte(g) % 16) * f32(q) - half(82) * f32(byte(g) // 16)  # q2_k
 
 
+def _iq4_value(i: Scalar) -> Scalar:
+    """``IQ4_VALUES[i]`` as a float32 for an int32 ``i`` in 0..15: a binary tree of selects (the
+    loop IR has no constant tables)."""
+
+    def pick(lo: int, hi: int) -> Scalar:
+        if hi - lo == 1:
+            return te.constant(float(IQ4_VALUES[lo]), "float32")
+        mid = (lo + hi) // 2
+        return te.if_then_else(te.lt(i, mid), pick(lo, mid), pick(mid, hi))
+
+    return pick(0, 16)
+
+
 def _weight(w: te.Tensor, name: str, n: Scalar, kk: Scalar) -> Scalar:
     """Weight ``(n, kk)`` decoded from the blocks of row ``n`` (of its group, interleaved)."""
-    if name.removesuffix(f"x{GROUP}") in K_QUANTS:
+    if name.removesuffix(f"x{GROUP}") in (*K_QUANTS, "iq4_xs"):
         return _k_weight(w, name, n, kk)
     fmt = ALL_FORMATS[name]
     if name == f"bf16x{GROUP}":  # pair kk // 2 of the group: 64 bytes, 4 per row
@@ -324,6 +354,9 @@ def _weight(w: te.Tensor, name: str, n: Scalar, kk: Scalar) -> Scalar:
         return d * te.cast(te.if_then_else(te.ge(q, 128), q - 256, q), "float32")
     if base_name in ("q5_0", "q5_1"):
         return _weight5(base_name, byte, d, j)
+    if base_name == "iq4_nl":  # q4_0's nibble, looked up
+        nib4 = te.cast(byte(j % 16, True), "int32")
+        return d * _iq4_value(te.if_then_else(te.lt(j, 16), nib4 % 16, nib4 // 16))
     nib = te.cast(byte(j % 16, True), "int32")
     q = te.cast(te.if_then_else(te.lt(j, 16), nib % 16, nib // 16), "float32")
     if base_name == "q4_0":
@@ -429,4 +462,4 @@ def bf16_values(rows: np.ndarray) -> np.ndarray:
     return h.view(np.float32).reshape(rows.shape[0], rows.shape[1] // 2)
 
 
-__all__ = ["QuantFormat", "QUANT_FORMATS", "INTERLEAVED_FORMATS", "ALL_FORMATS", "LEGALIZED_FORMATS", "K_QUANTS", "TAKE_FORMATS", "bf16_rows", "bf16_values", "interleavable", "interleave_rows", "interleaved", "quant_format", "quant_linear", "quant_take"]
+__all__ = ["QuantFormat", "QUANT_FORMATS", "INTERLEAVED_FORMATS", "ALL_FORMATS", "LEGALIZED_FORMATS", "K_QUANTS", "IQ4_VALUES", "TAKE_FORMATS", "bf16_rows", "bf16_values", "interleavable", "interleave_rows", "interleaved", "quant_format", "quant_linear", "quant_take"]
