@@ -139,26 +139,28 @@ def test_qwen3_config_has_qk_norms_and_its_own_head_dim(tmp_path: Path, bias: bo
     # an absent head_dim is Qwen3Config's (128), not hidden / heads
     assert LlmConfig.from_hf_config({**SMALL, "model_type": "qwen3"}).head_dim == transformers.Qwen3Config(**SMALL).head_dim == 128
     windowed = json.loads((tmp_path / "config.json").read_text()) | {"use_sliding_window": True, "sliding_window": 16, "layer_types": None, "max_window_layers": 1}
-    assert LlmConfig.from_hf_config(windowed).context_length == 16
+    got = LlmConfig.from_hf_config(windowed)
+    assert (got.context_length, got.sliding_window, got.sliding_layers) == (512, 16, (1,))
     assert LlmConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
 
 
-@pytest.mark.parametrize("window, context", [(16, 16), (None, 512), (4096, 512), ("absent", 512)])
-def test_mistral_is_llama_with_its_context_cut_to_the_sliding_window(tmp_path: Path, window: int | None | str, context: int) -> None:
-    """Within its window a sliding window masks nothing; MistralConfig's default window (4096,
-    when the key is absent) is longer than this context. ``None`` is no window."""
+@pytest.mark.parametrize("window, sliding", [(16, 16), (None, None), (4096, None), ("absent", None)])
+def test_mistral_is_llama_with_every_layer_in_its_sliding_window(tmp_path: Path, window: int | None | str, sliding: int | None) -> None:
+    """Every layer attends in the window; MistralConfig's default window (4096, when the key is
+    absent) is longer than this context (512): no window. ``None`` is no window."""
     transformers.MistralConfig(**SMALL, sliding_window=None if window == "absent" else window).save_pretrained(tmp_path)
     d = json.loads((tmp_path / "config.json").read_text())
     if window == "absent":
         del d["sliding_window"]
     cfg = LlmConfig.from_hf_config(d)
     hf = transformers.AutoConfig.from_pretrained(tmp_path)
-    assert cfg.architecture == "llama" and not cfg.attention_bias and cfg.context_length == context
+    assert cfg.architecture == "llama" and not cfg.attention_bias and cfg.context_length == 512
+    assert (cfg.sliding_window, cfg.sliding_layers) == ((sliding, (0, 1)) if sliding else (None, ()))
     assert (cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.rms_eps, cfg.rope_theta) == (hf.hidden_size, hf.num_attention_heads, hf.num_key_value_heads, hf.head_dim, hf.rms_norm_eps, hf.rope_parameters["rope_theta"])
 
 
-@pytest.mark.parametrize("use, max_window_layers, context", [(True, 1, 16), (True, 2, 512), (False, 0, 512)])
-def test_qwen2_sliding_window_cuts_the_context_where_a_layer_slides(tmp_path: Path, use: bool, max_window_layers: int, context: int) -> None:
+@pytest.mark.parametrize("use, max_window_layers, layers", [(True, 1, (1,)), (True, 0, (0, 1)), (True, 2, ()), (False, 0, ())])
+def test_qwen2_slides_in_the_layers_transformers_does(tmp_path: Path, use: bool, max_window_layers: int, layers: tuple[int, ...]) -> None:
     """transformers' Qwen2 slides in the layers from ``max_window_layers`` on, with
     ``use_sliding_window`` only; read from the saved ``layer_types`` and from a transformers-4
     config that has none. (``use_sliding_window`` was refused whatever the layers.)"""
@@ -166,7 +168,8 @@ def test_qwen2_sliding_window_cuts_the_context_where_a_layer_slides(tmp_path: Pa
     d = json.loads((tmp_path / "config.json").read_text())
     older = {**{k: v for k, v in d.items() if k != "layer_types"}, "sliding_window": 16}
     for config in (d, older):
-        assert LlmConfig.from_hf_config(config).context_length == context
+        cfg = LlmConfig.from_hf_config(config)
+        assert (cfg.context_length, cfg.sliding_layers, cfg.sliding_window) == (512, layers, 16 if layers else None)
     with pytest.raises(UnsupportedError, match=r"layer types \['chunked_attention'\]"):
         LlmConfig.from_hf_config({**d, "layer_types": ["chunked_attention", "full_attention"]})
 

@@ -11,8 +11,9 @@ v projections are one matrix in the file, and the MLP's gate and up another, spl
 from a transformers checkpoint every layer attends in its ``sliding_window``, where it is shorter
 than the context, as transformers does; a GGUF file's window is not applied, as llama.cpp
 applies none); a
-transformers ``mistral`` checkpoint is ``llama``, and a llama-family model with
-sliding-window attention has its context cut to the window. Anything the model family could
+transformers ``mistral`` checkpoint is ``llama``, and a checkpoint's sliding-window layers
+(Mistral's, Qwen2's and Qwen3's with ``use_sliding_window``) attend in their window as
+transformers' do (a GGUF file's llama-family window is not applied: llama.cpp applies none). Anything the model family could
 vary that tilework does not implement (another rotary scaling, a partial rotary dim, experts)
 raises :class:`~tilework.errors.UnsupportedError` naming it, rather than loading a model that
 would compute something else.
@@ -363,14 +364,12 @@ class LlmConfig:
         """The config of a transformers checkpoint: a ``config.json`` dict, its path, or the
         checkpoint directory. Missing optional keys take the transformers class defaults.
 
-        ``model_type`` ``llama``, ``qwen2``, ``qwen3``, ``phi3`` (every layer in its
-        ``sliding_window``, where that is shorter than the context; longrope also under its early
-        name ``su``) or ``mistral`` (llama with a sliding window:
-        it reads as ``llama``); ``gemma3_text`` and ``gemma3`` (its text part) are read by
-        :func:`tilework.llm.gemma3.hf_fields`. A llama, qwen2 or qwen3 model whose layers attend in a sliding window (Mistral's, Qwen2's
-        and Qwen3's with ``use_sliding_window``) has a context of at most the window: a sequence that fits in the
-        window attends to every earlier token, exactly what the decoder does; a longer one is
-        refused as any prompt past the context is."""
+        ``model_type`` ``llama``, ``qwen2``, ``qwen3``, ``phi3`` (longrope also under its early
+        name ``su``) or ``mistral`` (llama with a sliding window: it reads as ``llama``);
+        ``gemma3_text`` and ``gemma3`` (its text part) are read by
+        :func:`tilework.llm.gemma3.hf_fields`. The layers that attend in a sliding window
+        (Mistral's and Phi-3's ``sliding_window``, Qwen2's and Qwen3's with ``use_sliding_window``)
+        attend in it (``sliding_layers``: ``_hf_sliding_window``), as transformers' mask does."""
         d, where = _hf_config_dict(source)
         model_type = d.get("model_type")
         if model_type in ("gemma3_text", "gemma3"):  # Gemma 3's text decoder: its own reading
@@ -400,13 +399,7 @@ class LlmConfig:
             qkv_bias = out_bias = bool(d.get("attention_bias", False))
         hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
         context = int(get("max_position_embeddings"))
-        sliding: dict[str, Any] = {}
-        if model_type == "phi3":  # every layer in the window (Phi3Attention's sliding_window)
-            sliding = _all_layers_sliding(d.get("sliding_window"), int(need("num_hidden_layers")), context)
-        else:
-            window = _hf_sliding_window(d, model_type, int(need("num_hidden_layers")), where)
-            if window is not None:
-                context = min(context, window)  # within the window it masks nothing
+        sliding = _hf_sliding_window(d, model_type, int(need("num_hidden_layers")), context, where)
         theta, scaling = _hf_rope(d, get, where)
         eos = d.get("eos_token_id")
         eos_ids = () if eos is None else tuple(int(t) for t in eos) if isinstance(eos, list) else (int(eos),)
@@ -461,14 +454,6 @@ def _gguf_freq_factors(gf: "GGUFFile", t: Any, head_dim: int) -> tuple[float, ..
     if t.ggml_type != 0 or t.shape != (head_dim // 2,):
         raise TileworkError(f"{gf.path}: tensor {t.name} must be {head_dim // 2} float32 values (head_dim {head_dim} / 2), got GGML type {t.ggml_type} of shape {list(t.shape)}")
     return tuple(float(v) for v in gf.tensor_bytes(t).view("<f4"))
-
-
-def _all_layers_sliding(window: Any, layers: int, context: int) -> dict[str, Any]:
-    """The config fields of a model whose every layer attends in ``window`` (Phi-3's
-    ``sliding_window``; None or one no shorter than the context: no window)."""
-    if window is None or int(window) >= context:
-        return {}
-    return {"sliding_window": int(window), "sliding_layers": tuple(range(layers))}
 
 
 def _gguf_longrope(gf: "GGUFFile", tensors: list[Any], get: Callable[..., Any], arch: str, where: str, head_dim: int, context: int) -> RopeScaling:
@@ -549,13 +534,16 @@ def _hf_config_dict(source: "Mapping[str, Any] | str | os.PathLike[str]") -> tup
     return d, path
 
 
-def _hf_sliding_window(d: Mapping[str, Any], model_type: str, layers: int, where: str) -> int | None:
-    """The sliding window of the model's attention when a layer has one, as transformers decides
-    it: Mistral's ``sliding_window`` (null: none, absent: MistralConfig's 4096); Qwen2's and
-    Qwen3's when ``use_sliding_window`` and a layer is a ``sliding_attention`` one (``layer_types``, else
-    the layers from ``max_window_layers`` on)."""
+def _hf_sliding_window(d: Mapping[str, Any], model_type: str, layers: int, context: int, where: str) -> dict[str, Any]:
+    """The config fields (``sliding_window``, ``sliding_layers``) of the layers that attend in a
+    sliding window, as transformers decides them: Mistral's ``sliding_window`` (null: none,
+    absent: MistralConfig's 4096) and Phi-3's, every layer; Qwen2's and Qwen3's when
+    ``use_sliding_window`` and a layer is a ``sliding_attention`` one (``layer_types``, else the
+    layers from ``max_window_layers`` on). None where the window is no shorter than the context."""
     if model_type == "mistral":
         window = d["sliding_window"] if "sliding_window" in d else _HF_DEFAULTS["mistral"]["sliding_window"]
+    elif model_type == "phi3":
+        window = d.get("sliding_window")
     elif model_type in ("qwen2", "qwen3") and d.get("use_sliding_window"):
         window = d.get("sliding_window", 4096)
     else:
@@ -567,7 +555,10 @@ def _hf_sliding_window(d: Mapping[str, Any], model_type: str, layers: int, where
     unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
     if unknown:
         raise UnsupportedError(f"{where}: layer types {unknown} (layer_types) are not supported; supported: full_attention, sliding_attention")
-    return int(window) if window is not None and "sliding_attention" in types else None
+    sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+    if window is None or not sliding or int(window) >= context:
+        return {}
+    return {"sliding_window": int(window), "sliding_layers": sliding}
 
 
 def _hf_rope(d: Mapping[str, Any], get: Callable[[str], Any], where: str) -> tuple[float, RopeScaling]:
