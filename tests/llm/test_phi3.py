@@ -88,8 +88,9 @@ def test_a_phi3_checkpoint_and_gguf_give_transformers_log_probabilities(tmp_path
     gguf_path = phi3_gguf(hf, tmp_path / "phi3.gguf")
     # a GGUF file's window is not applied (llama.cpp applies none): its reference is the same model without one
     wide = save(tmp_path / "wide", "phi3", **PHI3, original_max_position_embeddings=64) if rope == "window" else hf
+    llms = {}
     for path, model in ((tmp_path / "ckpt", hf), (gguf_path, wide)):
-        llm = LLM(str(path), precision="fp32", max_batch=2, kv_tokens=256)
+        llm = llms[path] = LLM(str(path), precision="fp32", max_batch=1, kv_tokens=256)
         cfg = llm.config
         if rope == "window":
             assert (cfg.sliding_window, cfg.sliding_layers) == ((6, tuple(range(cfg.layers))) if model is hf else (None, ()))
@@ -99,7 +100,7 @@ def test_a_phi3_checkpoint_and_gguf_give_transformers_log_probabilities(tmp_path
         np.testing.assert_allclose(llm.score(ids), ref, rtol=0, atol=1e-4)
     want = greedy(hf, ids, 8)
     want = want[: want.index(2)] if 2 in want else want
-    out = LLM(str(tmp_path / "ckpt"), precision="fp32", max_batch=1, kv_tokens=256).generate(" ".join(f"w{t}" for t in ids), SamplingParams(temperature=0, max_tokens=8), chat=False)[0]
+    out = llms[tmp_path / "ckpt"].generate(" ".join(f"w{t}" for t in ids), SamplingParams(temperature=0, max_tokens=8), chat=False)[0]
     assert out.token_ids[: len(want)] == want and len(want) >= 4
     if rope == "window":  # without the window the model gives others
         assert np.abs(log_probs(wide, ids) - log_probs(hf, ids)).max() > 1e-2
