@@ -204,54 +204,16 @@ static inline void twq_k4_scale(const uint8_t* sc, int s, int* scale, int* min) 
     }
 }
 
-#define TWQ_NKQ 32 /* most per super-block factors (twq_kscales): q2_k's */
-
 /* q3_K's 6-bit scale i (0..15) from its 12 packed bytes, less 32: low 4 bits in the nibbles of
  * bytes 0-7, top 2 in bits 2 * (i / 4) of byte 8 + i % 4. */
 static inline int twq_k3_scale(const uint8_t* sc, int i) {
     return (((sc[i & 7] >> (4 * (i >> 3))) & 0xF) | (((sc[8 + (i & 3)] >> (2 * (i >> 2))) & 3) << 4)) - 32;
 }
 
-/* The per super-block factors of q3_k (16 d * scale) and q2_k (16 d * scale, 16 dmin * min),
- * one per 16 weights (twq_kscales). */
-static inline void twq_kscales_23(int fmt, const uint8_t* blk, float* kq) {
-    if (fmt == TWQ_Q3_K) {
-        const float d = twq_h2f(twq_u16(blk + 108));
-        for (int g = 0; g < 16; ++g) kq[g] = d * (float)twq_k3_scale(blk + 96, g);
-    } else {
-        const float d = twq_h2f(twq_u16(blk + 80)), dmin = twq_h2f(twq_u16(blk + 82));
-        for (int g = 0; g < 16; ++g) {
-            kq[g] = d * (float)(blk[g] & 0xF);
-            kq[16 + g] = dmin * (float)(blk[g] >> 4);
-        }
-    }
-}
-
-/* Per super-block factors of a float-path k-quant row (TWQ_NKQ floats at most): q3_k: 16 (d *
- * scale), one per 16 weights; q2_k: 16 (d * scale) then 16 (dmin * min). (q4_k, q5_k and q6_k
- * take the integer path.) */
-static inline void twq_kscales(int fmt, const uint8_t* blk, float* kq) { twq_kscales_23(fmt, blk, kq); }
-
-/* The 32 weights of piece j of a bf16, f16, q3_k or q2_k row (weights 32j .. 32j+31), decoded
- * exactly. For the k-quants kq holds the factors of the piece's super-block (twq_kscales). */
-TWQ_UNUSED static void twq_decode32(int fmt, const uint8_t* row, int64_t j, const float* kq, float* out) {
-    switch (fmt) {
-    case TWQ_BF16: case TWQ_F16: {
-        const uint8_t* b = row + j * 64;
-        for (int l = 0; l < 32; ++l) out[l] = fmt == TWQ_BF16 ? twq_bf2f(twq_u16(b + 2 * l)) : twq_h2f(twq_u16(b + 2 * l));
-        return;
-    }
-    case TWQ_Q3_K: case TWQ_Q2_K: { /* quarter t of half s / 4: bits 2t of 32 bytes of 2-bit fields */
-        const int q3 = fmt == TWQ_Q3_K, s = (int)(j & 7), t = s & 3;
-        const uint8_t* b = row + (j >> 3) * (q3 ? 110 : 84);
-        const uint8_t* qs = b + (q3 ? 32 : 16) + 32 * (s >> 2);
-        for (int l = 0; l < 32; ++l) {
-            const int g = 2 * s + (l >> 4), q = (qs[l] >> (2 * t)) & 3;
-            out[l] = q3 ? kq[g] * (float)(q - (((b[l] >> s) & 1) ? 0 : 4)) : kq[g] * (float)q - kq[16 + g];
-        }
-        return;
-    }
-    }
+/* The 32 weights of piece j of a bf16 or f16 row (weights 32j .. 32j+31), decoded exactly. */
+TWQ_UNUSED static void twq_decode32(int fmt, const uint8_t* row, int64_t j, float* out) {
+    const uint8_t* b = row + j * 64;
+    for (int l = 0; l < 32; ++l) out[l] = fmt == TWQ_BF16 ? twq_bf2f(twq_u16(b + 2 * l)) : twq_h2f(twq_u16(b + 2 * l));
 }
 
 /* q5_0 and q5_1 are q4_0 and q4_1 with a fifth bit per weight: bit l of the little-endian
@@ -505,7 +467,6 @@ static float* twq_xq_alloc(twq_xq* xq, int64_t M, int64_t K) {
 /* ==== AVX-512 ================================================================================ */
 #ifdef TWQ_AVX512
 
-#define TWQ_CHUNK 64   /* pieces whose factors a GEMV group converts ahead of use */
 #define TWQ_AHEAD 4    /* GEMV groups of W rows prefetched ahead */
 #define TWQ_PN 32      /* W rows per packed GEMM panel: two vectors of outputs */
 #define TWQ_PM 12      /* x rows per GEMM micro-kernel: 24 accumulators */
@@ -514,85 +475,23 @@ static float* twq_xq_alloc(twq_xq* xq, int64_t M, int64_t K) {
 #define TWQ_BPF 4      /* pieces of each row prefetched ahead as a GEMM panel is packed */
 #endif
 
-TWQ_INLINE __m512i twq_u8x16(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p)); }
-
-/* Floats of per-piece factors: q3_k: d * scale of each 16-weight half; q2_k: d * scale,
- * -dmin * min of each half; none for bf16, f16. */
-#define TWQ_MAXNF 4
-TWQ_INLINE int twq_nf(int fmt) { return fmt == TWQ_BF16 || fmt == TWQ_F16 ? 0 : fmt == TWQ_Q2_K ? 4 : 2; }
-
-/* The factors of pieces [j0, j1) of a k-quant row, converted once so that the decoder only
- * broadcasts them from memory (a load, no vector ALU work). */
-TWQ_INLINE void twq_factors(int fmt, const uint8_t* row, int64_t j0, int64_t j1, float* f) {
-    if (!twq_is_k(fmt)) return;
-    float kq[TWQ_NKQ];
-    for (int64_t j = j0; j < j1; ++j) {
-        if (j == j0 || (j & 7) == 0) twq_kscales(fmt, row + (j >> 3) * twq_nbytes[fmt], kq);
-        int s = (int)(j & 7);
-        float* o = f + twq_nf(fmt) * (j - j0);
-        if (fmt == TWQ_Q2_K) {
-            o[0] = kq[2 * s];
-            o[1] = -kq[16 + 2 * s];
-            o[2] = kq[2 * s + 1];
-            o[3] = -kq[16 + 2 * s + 1];
-        } else {
-            o[0] = kq[2 * s];
-            o[1] = kq[2 * s + 1];
-        }
-    }
-}
-
-/* The 32 weights of piece j as two vectors (weights 0..15, 16..31); f: the piece's factors.
- * The k-quants look their values up in a table built per half piece (vpermps reads only the
- * low 4 bits of each index). */
-TWQ_INLINE void twq_dec(int fmt, const uint8_t* row, int64_t j, const float* f, __m512* w0, __m512* w1) {
-    switch (fmt) {
-    case TWQ_BF16: {
-        const uint8_t* b = row + j * 64;
+/* The 32 weights of piece j of a bf16 or f16 row as two vectors (weights 0..15, 16..31). */
+TWQ_INLINE void twq_dec(int fmt, const uint8_t* row, int64_t j, __m512* w0, __m512* w1) {
+    const uint8_t* b = row + j * 64;
+    if (fmt == TWQ_BF16) {
         *w0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)b)), 16));
         *w1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(b + 32))), 16));
         return;
     }
-    case TWQ_F16: {
-        const uint8_t* b = row + j * 64;
-        *w0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)b));
-        *w1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(b + 32)));
-        return;
-    }
-    case TWQ_Q3_K: case TWQ_Q2_K: { /* 2-bit fields (q3_k: and a high bit) looked up in a table per half */
-        const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        const int q3 = fmt == TWQ_Q3_K, s = (int)(j & 7);
-        const uint8_t* b = row + (j >> 3) * (q3 ? 110 : 84);
-        const uint8_t* qs = b + (q3 ? 32 : 16) + 32 * (s >> 2);
-        const __m128i sq = _mm_cvtsi32_si128(2 * (s & 3)), sh = _mm_cvtsi32_si128(s);
-        const __m512i three = _mm512_set1_epi32(3), four = _mm512_set1_epi32(4);
-        __m512i q0 = _mm512_and_si512(_mm512_srl_epi32(twq_u8x16(qs), sq), three);
-        __m512i q1 = _mm512_and_si512(_mm512_srl_epi32(twq_u8x16(qs + 16), sq), three);
-        __m512 t0, t1;
-        if (q3) { /* index q | hbit << 2, value (index - 4) * d * scale */
-            q0 = _mm512_or_si512(q0, _mm512_and_si512(_mm512_slli_epi32(_mm512_srl_epi32(twq_u8x16(b), sh), 2), four));
-            q1 = _mm512_or_si512(q1, _mm512_and_si512(_mm512_slli_epi32(_mm512_srl_epi32(twq_u8x16(b + 16), sh), 2), four));
-            const __m512 v = _mm512_sub_ps(iota, _mm512_set1_ps(4.0f));
-            t0 = _mm512_mul_ps(v, _mm512_set1_ps(f[0]));
-            t1 = _mm512_mul_ps(v, _mm512_set1_ps(f[1]));
-        } else { /* q * d * scale - dmin * min */
-            t0 = _mm512_fmadd_ps(iota, _mm512_set1_ps(f[0]), _mm512_set1_ps(f[1]));
-            t1 = _mm512_fmadd_ps(iota, _mm512_set1_ps(f[2]), _mm512_set1_ps(f[3]));
-        }
-        *w0 = _mm512_permutexvar_ps(q0, t0);
-        *w1 = _mm512_permutexvar_ps(q1, t1);
-        return;
-    }
-    }
+    *w0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)b));
+    *w1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(b + 32)));
 }
 
 /* ---- float GEMV: rows n0 .. n0+NR of W against MR rows of x (row stride K); y row stride N ---- */
 TWQ_INLINE void twq_gemv_tile(int fmt, int MR, int NR, const float* x, const uint8_t* w, int64_t rb,
                               float* y, int64_t N, int64_t K, int64_t n0) {
     __m512 acc[TWQ_MR][TWQ_NR];
-    float f[TWQ_NR][TWQ_MAXNF * TWQ_CHUNK];
     const uint8_t* rows[TWQ_NR];
-    const int nf = twq_nf(fmt);
     for (int c = 0; c < NR; ++c) rows[c] = w + (n0 + c) * rb;
     for (int r = 0; r < MR; ++r)
         for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_setzero_ps();
@@ -602,22 +501,17 @@ TWQ_INLINE void twq_gemv_tile(int fmt, int MR, int NR, const float* x, const uin
      * short row streams, and a big matrix then runs at half the memory bandwidth. */
     const char* ahead = (const char*)(rows[0] + TWQ_AHEAD * NR * rb);
     const int64_t step = nj ? (NR * rb + nj - 1) / nj : 0;
-    for (int64_t j0 = 0; j0 < nj; j0 += TWQ_CHUNK) {
-        const int64_t j1 = j0 + TWQ_CHUNK < nj ? j0 + TWQ_CHUNK : nj;
-        if (nf)
-            for (int c = 0; c < NR; ++c) twq_factors(fmt, rows[c], j0, j1, f[c]);
-        for (int64_t j = j0; j < j1; ++j) {
-            for (int64_t o = 0; o < step; o += 64) _mm_prefetch(ahead + j * step + o, _MM_HINT_T0);
-            __m512 x0[TWQ_MR], x1[TWQ_MR];
-            for (int r = 0; r < MR; ++r) {
-                x0[r] = _mm512_loadu_ps(x + r * K + 32 * j);
-                x1[r] = _mm512_loadu_ps(x + r * K + 32 * j + 16);
-            }
-            for (int c = 0; c < NR; ++c) {
-                __m512 w0, w1;
-                twq_dec(fmt, rows[c], j, f[c] + nf * (j - j0), &w0, &w1);
-                for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_fmadd_ps(w1, x1[r], _mm512_fmadd_ps(w0, x0[r], acc[r][c]));
-            }
+    for (int64_t j = 0; j < nj; ++j) {
+        for (int64_t o = 0; o < step; o += 64) _mm_prefetch(ahead + j * step + o, _MM_HINT_T0);
+        __m512 x0[TWQ_MR], x1[TWQ_MR];
+        for (int r = 0; r < MR; ++r) {
+            x0[r] = _mm512_loadu_ps(x + r * K + 32 * j);
+            x1[r] = _mm512_loadu_ps(x + r * K + 32 * j + 16);
+        }
+        for (int c = 0; c < NR; ++c) {
+            __m512 w0, w1;
+            twq_dec(fmt, rows[c], j, &w0, &w1);
+            for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_fmadd_ps(w1, x1[r], _mm512_fmadd_ps(w0, x0[r], acc[r][c]));
         }
     }
     for (int r = 0; r < MR; ++r)
@@ -639,8 +533,6 @@ TWQ_INLINE void twq_gemv_tile(int fmt, int MR, int NR, const float* x, const uin
     TWQ_GEMV_FN(FMT, 1, 4) TWQ_GEMV_FN(FMT, 2, 4) TWQ_GEMV_FN(FMT, 3, 4) TWQ_GEMV_FN(FMT, 4, 4) TWQ_GEMV_NR(FMT, 2) TWQ_GEMV_NR(FMT, 1)
 TWQ_GEMV_FMT(TWQ_BF16)
 TWQ_GEMV_FMT(TWQ_F16)
-TWQ_GEMV_FMT(TWQ_Q3_K)
-TWQ_GEMV_FMT(TWQ_Q2_K)
 
 typedef void (*twq_gemv_fn)(const float*, const uint8_t*, int64_t, float*, int64_t, int64_t, int64_t);
 #define TWQ_GEMV_ROW_NR(FMT, NR) \
@@ -651,7 +543,7 @@ typedef void (*twq_gemv_fn)(const float*, const uint8_t*, int64_t, float*, int64
      {twq_gemv_##FMT##_1_4, twq_gemv_##FMT##_2_4, twq_gemv_##FMT##_3_4, twq_gemv_##FMT##_4_4, NULL, NULL, NULL, NULL}}
 /* [fmt][NR 1, 2, 4][MR - 1]; the integer-path formats have none */
 static const twq_gemv_fn twq_gemv_table[TWQ_NFMT][3][TWQ_MR] = {
-    [TWQ_BF16] = TWQ_GEMV_ROW(TWQ_BF16), [TWQ_F16] = TWQ_GEMV_ROW(TWQ_F16), [TWQ_Q3_K] = TWQ_GEMV_ROW(TWQ_Q3_K), [TWQ_Q2_K] = TWQ_GEMV_ROW(TWQ_Q2_K)};
+    [TWQ_BF16] = TWQ_GEMV_ROW(TWQ_BF16), [TWQ_F16] = TWQ_GEMV_ROW(TWQ_F16)};
 
 /* Up to 4 rows of x: groups of 4 W rows, one pass. More: groups of 2 W rows, passes of up to 8
  * rows of x (16 accumulators either way; a group's weights come from memory once). The W rows
@@ -716,10 +608,9 @@ TWQ_INLINE void twq_transpose16(const float* src, int64_t ss, float* dst, int64_
 }
 
 /* Decode rows [n0, n0 + nr) (nr <= 32; zero columns past them), weights [k0, k0 + kc) with k0 a
- * multiple of 32 (of 256 for k-quants), into the panel p[k][32]. */
+ * multiple of 32, into the panel p[k][32]. */
 TWQ_INLINE void twq_pack(int fmt, const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, int64_t k0, int64_t kc, int64_t K, float* p) {
     float tmp[TWQ_PN * 32] __attribute__((aligned(64)));
-    float f[TWQ_MAXNF];
     for (int64_t kk = 0; kk < kc; kk += 32) {
         const int64_t j = (k0 + kk) / 32;
         for (int64_t c = 0; c < TWQ_PN; ++c) {
@@ -732,10 +623,8 @@ TWQ_INLINE void twq_pack(int fmt, const uint8_t* w, int64_t rb, int64_t n0, int6
             const uint8_t* row = w + (n0 + c) * rb;
             if (k0 + kk + 32 <= K) {
                 __m512 w0, w1;
-                /* the row's weights TWQ_BPF pieces ahead (its block there, for the k-quants) */
-                _mm_prefetch((const char*)(row + 32 * (j + TWQ_BPF) / twq_block[fmt] * twq_nbytes[fmt]), _MM_HINT_T0);
-                twq_factors(fmt, row, j, j + 1, f);
-                twq_dec(fmt, row, j, f, &w0, &w1);
+                _mm_prefetch((const char*)(row + 64 * (j + TWQ_BPF)), _MM_HINT_T0); /* the row's weights TWQ_BPF pieces ahead */
+                twq_dec(fmt, row, j, &w0, &w1);
                 _mm512_store_ps(t, w0);
                 _mm512_store_ps(t + 16, w1);
             } else {
@@ -756,12 +645,9 @@ TWQ_INLINE void twq_pack(int fmt, const uint8_t* w, int64_t rb, int64_t n0, int6
     }
 TWQ_PACK_FN(TWQ_BF16)
 TWQ_PACK_FN(TWQ_F16)
-TWQ_PACK_FN(TWQ_Q3_K)
-TWQ_PACK_FN(TWQ_Q2_K)
 typedef void (*twq_pack_fn)(const uint8_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float*);
 /* [fmt]; the integer-path formats have none */
-static const twq_pack_fn twq_pack_table[TWQ_NFMT] = {[TWQ_BF16] = twq_pack_TWQ_BF16, [TWQ_F16] = twq_pack_TWQ_F16, [TWQ_Q3_K] = twq_pack_TWQ_Q3_K,
-                                                     [TWQ_Q2_K] = twq_pack_TWQ_Q2_K};
+static const twq_pack_fn twq_pack_table[TWQ_NFMT] = {[TWQ_BF16] = twq_pack_TWQ_BF16, [TWQ_F16] = twq_pack_TWQ_F16};
 
 /* y[r][0..32) (+)= a0[r], a1[r] for MR rows of a register tile; mk0/mk1 mask the valid outputs. */
 TWQ_INLINE void twq_store_tile(int MR, __m512* a0, __m512* a1, float* y, int64_t ldy, __mmask16 mk0, __mmask16 mk1, int add) {
@@ -836,7 +722,7 @@ TWQ_INLINE twq_tile twq_tile_at(int64_t t, int64_t ntm, int64_t mc, int64_t M, i
 
 static int twq_gemm(int fmt, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t rb) {
     const int64_t nkb = (K + TWQ_KC - 1) / TWQ_KC;
-    const int64_t kc = ((K + nkb - 1) / nkb + 255) / 256 * 256; /* whole super-blocks per panel */
+    const int64_t kc = ((K + nkb - 1) / nkb + 255) / 256 * 256; /* a multiple of 256 k per panel (once whole k-quant super-blocks) */
     const int64_t panels = (N + TWQ_PN - 1) / TWQ_PN;
     int64_t ntm, mc;
     twq_tiles(M, panels, TWQ_PM, &ntm, &mc);
@@ -1806,12 +1692,11 @@ static void twq_gemv(int fmt, const float* x, const uint8_t* w, float* y, int64_
 #pragma omp parallel for schedule(static) if (par)
     for (int64_t n = 0; n < N; ++n) {
         const uint8_t* row = w + n * rb;
-        float acc[TWQ_GEMV_MAX_M], kq[TWQ_NKQ], buf[32];
+        float acc[TWQ_GEMV_MAX_M], buf[32];
         for (int64_t m = 0; m < M; ++m) acc[m] = 0.0f;
         const int64_t nj = K / 32;
         for (int64_t j = 0; j < nj; ++j) {
-            if (twq_is_k(fmt) && (j & 7) == 0) twq_kscales(fmt, row + (j >> 3) * twq_nbytes[fmt], kq);
-            twq_decode32(fmt, row, j, kq, buf);
+            twq_decode32(fmt, row, j, buf);
             for (int64_t m = 0; m < M; ++m) {
                 const float* xr = x + m * K + 32 * j;
                 float v = 0.0f;
@@ -1836,7 +1721,6 @@ static int twq_gemm(int fmt, const float* x, const uint8_t* w, float* y, int64_t
 #pragma omp parallel
     {
         float* s = twq_alloc(TWQ_TILE_ROWS * K);
-        float kq[TWQ_NKQ];
         if (s == NULL) {
 #pragma omp atomic write
             failed = 1;
@@ -1848,10 +1732,7 @@ static int twq_gemm(int fmt, const float* x, const uint8_t* w, float* y, int64_t
             for (int64_t c = 0; c < nr; ++c) {
                 const uint8_t* row = w + (n0 + c) * rb;
                 float* out = s + c * K;
-                for (int64_t j = 0; j < K / 32; ++j) {
-                    if (twq_is_k(fmt) && (j & 7) == 0) twq_kscales(fmt, row + (j >> 3) * twq_nbytes[fmt], kq);
-                    twq_decode32(fmt, row, j, kq, out + 32 * j);
-                }
+                for (int64_t j = 0; j < K / 32; ++j) twq_decode32(fmt, row, j, out + 32 * j);
                 for (int64_t k = K / 32 * 32; k < K; ++k) out[k] = twq_weight1(fmt, row, k);
             }
             for (int64_t m = 0; m < M; ++m) {
