@@ -7,7 +7,7 @@ the content-hashed cache, atomic writes), never at import, with the paths (``FAM
 integer one of q4_0, q4_1, q5_0, q5_1, q8_0, the k-quants and their x16 layouts; bf16's; the float one of f16) that
 are asked for: ``library_for(fmt)`` builds ``fmt``'s path alone unless a build
 holding it is at hand (an LLM's first start compiles what its formats take: `q` on SmolLM2 the
-integer path, 3.3 s of GCC instead of 8.3 for all three; fp32 the helpers alone, 0.4 s); a
+integer path, 12.8 s of GCC's CPU instead of 14.8 for all three; fp32 the helpers alone, 0.6 s); a
 build's entry points for another path refuse (error 6). Formats: ``FORMATS`` (all of
 ``QUANT_FORMATS`` but ``f32``, and the interleaved layouts ``q4_0x16``, ``q4_1x16``, ``q5_0x16``,
 ``q5_1x16``, ``q8_0x16``, ``q4_kx16``, ``q5_kx16``, ``q6_kx16``, ``q3_kx16``, ``q2_kx16`` of ``tilework.op.quant``: the same blocks, 16 rows side by side, which the GEMV reads straight
@@ -131,8 +131,9 @@ def source(portable: bool = False, vnni: bool = True, bf16dot: bool = True, fami
     kernels even where AVX-512 or AVX2 exists, ``vnni=False`` the AVX-512BW integer dot products
     even where VNNI exists, ``bf16dot=False`` the float32 bf16 GEMM even where AVX-512 BF16
     exists. ``families``: the linears' paths compiled in (``FAMILIES`` order; the helpers are
-    always there): of the 8.3 s of CPU GCC 12 takes for all three on the Zen 4 machine, the
-    integer path alone takes 3.3, bf16's 1.4, the float one 5.7, the helpers alone 0.4 (an
+    always there): of the 14.8 s of CPU GCC 12 takes for all three on the Zen 4 machine, the
+    integer path alone takes 12.8 (9.5 before q3_k and q2_k joined it), bf16's 1.6, the float
+    one (f16) 2.1, the helpers alone 0.6 (an
     LLM's first start waits for them)."""
     files = resources.files("tilework.backend")
     text = _INCLUDE.sub(lambda m: files.joinpath(m.group(1)).read_text(), files.joinpath(SOURCE).read_text())
