@@ -2,11 +2,12 @@
 
     python bench/bench_quant.py [--threads 2] [--repeat 5] [--formats q4_1,q8_0,...] [--rows 1,8]
 
-q4_0, q4_1, q5_0, q5_1 and q8_0 run the integer path (each call quantizes x to 8-bit blocks of 32 and
-takes exact int8 block dot products with AVX-512 VNNI, as llama.cpp does); bf16, f16 and the k-quants
-(q4_k, q6_k, q5_k, q3_k, q2_k) multiply in float32 with the weights decoded in registers.
+q4_0, q4_1, q5_0, q5_1, q8_0 and the k-quants (q4_k, q6_k, q5_k, q3_k, q2_k) run the integer path
+(each call quantizes x to 8-bit blocks of 32 and takes exact int8 block dot products with AVX-512
+VNNI, as llama.cpp does); bf16 and f16 multiply in float32 with the weights decoded in registers.
 
-For each format (q4_0x16, q4_1x16, q5_0x16, q5_1x16, q8_0x16 are the same blocks with 16 rows interleaved, as
+For each format (q4_0x16, q4_1x16, q5_0x16, q5_1x16, q8_0x16, q4_kx16, q5_kx16, q6_kx16, q3_kx16,
+q2_kx16 are the same blocks with 16 rows interleaved, as
 tilework.llm keeps its projections; bf16x16 the bf16 rows interleaved by pairs, as its bf16
 precision keeps them where the CPU has AVX-512 BF16), the matrix shapes of SmolLM2-135M's decoder (N x K = out x
 in; q/k/v and gate/up are one matrix each: 960x576 qkv, 576x576 o, 3072x576 gate/up, 576x1536

@@ -1,4 +1,4 @@
-"""The quant backend's float path (bf16, f16, the k-quants q3_k and q2_k) on AVX2 (``quant_float_avx2.c``: what a
+"""The quant backend's float path (bf16, f16) on AVX2 (``quant_float_avx2.c``: what a
 CPU with AVX2, FMA and F16C but no AVX-512 runs; with AVX-512 the same checks hold its kernels)
 against a float64 NumPy reference and the portable build.
 
@@ -11,16 +11,14 @@ the portable kernels' results (another order) by at most twice that. Shapes: row
 GEMV's passes and the switch to the packed GEMM), N odd and not a multiple of 16 (ragged GEMV
 groups, masked GEMM panels), K with a tail past the multiples of 8 and K split into several
 packed chunks. Special values: f16 and bf16 subnormals, infinities and NaN in the weights.
-The k-quants q3_k, q2_k (random blocks with sane scales, ``gguf``'s
-``dequantize`` as the weights): the same bound; the decoding rounds once per weight
-(``d * scale * q - dmin * min``), which the bound's factor K covers many times over."""
+(The k-quants take the integer path: ``test_quant_k_quants.py``.)"""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from tests.backend.helpers import K_QUANT_HALVES, bf16_round, k_quant_blocks
+from tests.backend.helpers import bf16_round
 from tilework.backend import quant as Q
 from tilework.backend.quant import _cpu_flags
 
@@ -96,20 +94,6 @@ def test_matches_float64_and_the_portable_build(rng: np.random.Generator, fmt: s
                 assert ref64 is not None
     finally:
         lib.set_threads(lib.max_threads())
-
-
-@pytest.mark.parametrize("fmt", [f for f in K_QUANT_HALVES if f not in Q.INT8_FORMATS])  # q4_k, q5_k, q6_k: the integer path (test_quant.py)
-def test_k_quants_match_float64_and_the_portable_build(rng: np.random.Generator, fmt: str) -> None:
-    gguf = pytest.importorskip("gguf")
-    for k in (256, 512, 1536):
-        for n in COLS:
-            b = k_quant_blocks(rng, fmt, n, k)
-            wf = gguf.quants.dequantize(b, getattr(gguf.GGMLQuantizationType, fmt.upper())).reshape(n, k).astype(np.float32)
-            for m in ROWS:
-                x = rng.standard_normal((m, k)).astype(np.float32)
-                y, bound = Q.qlinear(x, b, fmt), gamma_bound(x, wf)
-                assert np.all(np.abs(y - x.astype(np.float64) @ wf.astype(np.float64).T) <= bound), (fmt, m, n, k)
-                assert np.all(np.abs(y - Q.qlinear(x, b, fmt, portable=True)) <= 2 * bound), (fmt, m, n, k)
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "f16"])

@@ -2,9 +2,10 @@
 F16C runs: the portable loop with AVX2 block dot products, and the 8-row tiles of q8_0, q4_0,
 q4_1, q5_0, q5_1): the same bits as the library this machine runs (the file header's float32
 sequence on every build), for every integer-path format, plain and 16 rows interleaved, at the
-GEMV's and the GEMM's row counts, on blocks with extreme values (q6_k: the 6-bit values 63 and 0,
-scales 127 and -128, against activations of +-127; iq4: the values -127 and 113 under iq4_xs's
-scales -32 and 31).
+GEMV's and the GEMM's row counts, on blocks with extreme values against activations of +-127
+(q6_k: the 6-bit values 63 and 0, scales 127 and -128; q3_k: values 3 and -4, scales 31 and
+-32; q2_k: values 3, scales and mins 15; iq4: the values -127 and 113 under iq4_xs's scales
+-32 and 31).
 
 The library is compiled here from ``quant.source`` (the integer path alone) with
 ``-mavx2 -mfma -mf16c`` and no ``-march=native``, and called through ctypes; skipped where the CPU
@@ -29,7 +30,7 @@ from tilework.op.quant import QUANT_FORMATS, interleave_rows, interleaved
 
 pytestmark = pytest.mark.skipif(not {"avx2", "fma", "f16c"} <= _cpu_flags(), reason="an AVX2 build runs on a CPU with AVX2, FMA and F16C")
 
-PLAIN = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs")
+PLAIN = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "q3_k", "q2_k", "iq4_nl", "iq4_xs")
 HALVES = {"q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q8_0": (0,)}  # the blocks' fp16 fields
 
 
@@ -49,7 +50,8 @@ def avx2_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
 
 
 def weight_blocks(rng: np.random.Generator, fmt: str, n: int, k: int) -> np.ndarray:
-    """Random ``fmt`` rows with sane fp16 scales; q6_k's and iq4's first and last rows at the extremes."""
+    """Random ``fmt`` rows with sane fp16 scales; q6_k's, q3_k's, q2_k's and iq4's first and last
+    rows at the extremes."""
     if fmt in ("iq4_nl", "iq4_xs"):
         return extreme_blocks(rng, fmt, n, k)
     if fmt in K_QUANT_HALVES:
@@ -57,6 +59,11 @@ def weight_blocks(rng: np.random.Generator, fmt: str, n: int, k: int) -> np.ndar
         if fmt == "q6_k":
             b[0, :192], b[0, 192:208] = 0xFF, 0x7F
             b[n - 1, :192], b[n - 1, 192:208] = 0, 0x80
+        elif fmt == "q3_k":  # values 3, scales 31; values -4, scales -32
+            b[0, :108], b[n - 1, :108] = 0xFF, 0
+        elif fmt == "q2_k":  # values 3, scales and mins 15; scales 0, mins 15
+            b[0, :80] = 0xFF
+            b[n - 1, :16] = 0xF0
         return b
     f = QUANT_FORMATS[fmt]
     b = rng.integers(0, 256, (n, f.row_bytes(k)), dtype=np.uint8)

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from tests.backend.helpers import k_quant_blocks
-from tests.backend.test_quant import GGML, assert_rows_in_every_build
+from tests.backend.quant_int8 import assert_rows_in_every_build
+from tests.backend.test_quant import GGML
 from tilework.backend import quant as Q
 from tilework.llm.quant import dequantize_rows
 from tilework.op.quant import QUANT_FORMATS, bf16_bits, interleave_rows

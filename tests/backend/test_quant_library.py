@@ -173,7 +173,7 @@ def test_the_helpers_alone_decode_and_refuse_every_linear(monkeypatch: pytest.Mo
 
 def test_families_of_formats_and_bad_paths() -> None:
     assert Q.families_of(["q4_1x16", "q8_0x16", "f32"]) == ("int8",)
-    assert Q.families_of(["bf16x16", "q3_k", "q8_0"]) == ("int8", "bf16", "float")
+    assert Q.families_of(["bf16x16", "f16", "q3_k"]) == ("int8", "bf16", "float")
     assert Q.families_of(["bf16", "f16"]) == ("bf16", "float")
     assert Q.families_of(["f32"]) == ()
     assert Q.source(families=("int8",)).startswith("#define TWQ_WITH_FLOAT 0\n") and not Q.source().startswith("#define TWQ_WITH_")

@@ -242,11 +242,12 @@ def test_a_llama_gguf_of_k_quants_gives_the_log_probabilities_of_its_values(tmp_
     llama.cpp permutes, the others, the head and the token table, as llama.cpp's k-quant files
     store theirs): kept in their blocks (``q``; GEMV at one token, GEMM over 13; the table's rows
     decoded by ``quant_take``) they give transformers' log-probabilities with the dequantized
-    values: to float32 rounding on the quant library's float path (Q3_K, Q2_K); on its integer
-    path (Q4_K, Q5_K, Q6_K, and IQ4_NL, IQ4_XS: 16 rows interleaved, activations rounded to
-    8-bit blocks as llama.cpp's are) off by what that rounding adds: on average under 0.02, at
-    worst under 5% of a position's spread of log-probabilities (measured: 0.004-0.008 and 0.11
-    of 4.4; IQ4: 0.009-0.011 and 0.13 of 5.1)."""
+    values, off by what the quant library's integer path adds (16 rows interleaved, activations
+    rounded to 8-bit blocks as llama.cpp's are): on average under 0.02, at worst under 5% of a
+    position's spread of log-probabilities (measured: Q4_K/Q5_K/Q6_K 0.004-0.008 and 0.11 of
+    4.4; Q3_K/Q2_K 0.006-0.0198 and 0.16 of 3.9: each random model amplifies the rounding of
+    the activations by its own amount, one of Q6_K matrices alone to 0.021 at one token; IQ4_NL,
+    IQ4_XS 0.009-0.011 and 0.13 of 5.1)."""
     hf = save(tmp_path / "ckpt", "llama", hidden_size=256, intermediate_size=256)
     matrices = [n for n, p in hf.named_parameters() if p.ndim == 2]
     blocks = {n: k_quant_matrix(n, fmts[i % len(fmts)], tuple(hf.get_parameter(n).shape), 0.05, seed=i) for i, n in enumerate(matrices)}
@@ -259,9 +260,6 @@ def test_a_llama_gguf_of_k_quants_gives_the_log_probabilities_of_its_values(tmp_
     assert all(llm.formats[n].endswith("x16") for n in blocks if fmts[0] != "q3_k" and blocks[n].shape[0] % 16 == 0)  # the 16-row layouts
     for ids in PROMPTS:  # 1, 7 and 13 tokens
         got, want = llm.score(ids), log_probs(hf, ids)
-        if fmts[0] == "q3_k":
-            np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
-            continue
         err = np.abs(got - want)
         assert err.mean() < 0.02 and (err.max(-1) < 0.05 * (want.max(-1) - want.min(-1))).all(), (err.mean(), err.max())
 

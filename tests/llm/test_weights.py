@@ -324,7 +324,7 @@ def test_k_quant_matrices_load_in_every_precision(tmp_path: Path) -> None:
     """The k-quant and iq4 down projections of a 7-layer file (one of each format) as the decoder gets
     them: ``fp32`` the values gguf.quants decodes (laid out in panels), ``bf16`` those rounded
     to bfloat16 (16 rows side by side where the quant library has AVX-512 BF16), ``q`` the
-    file's blocks as they are (q4_k's, q5_k's, q6_k's and iq4's 16 rows side by side where the rows are whole groups)."""
+    file's blocks as they are (16 rows side by side where the rows are whole groups)."""
     from tilework.llm.compile import PRECISIONS, prepare_weights
     from tilework.llm.model import LlamaDecoder
     from tilework.op.quant import bf16_rows, interleavable, interleave_rows, interleaved
@@ -339,7 +339,7 @@ def test_k_quant_matrices_load_in_every_precision(tmp_path: Path) -> None:
             name = f"model.layers.{i}.mlp.down_proj.weight"
             t, got = w[name], arrays[names.index(name)]
             values = gq.dequantize(np.asarray(t.data), ggml(fmt)).reshape(t.shape)
-            if precision == "q":  # q4_k, q6_k: 16 rows side by side (q4_kx16, q6_kx16) where they are whole groups
+            if precision == "q":  # 16 rows side by side (q4_kx16 & co.) where they are whole groups
                 x16 = interleavable(fmt, *t.shape) and interleaved(fmt)
                 assert formats[name] == (x16 or fmt) and np.array_equal(got, interleave_rows(t.data, fmt) if x16 else t.data), name
             elif precision == "bf16":

@@ -4,25 +4,28 @@ library of our own (``quant_kernels.c``, shipped as package data).
 The library is compiled on first use through the kernel toolchain
 (``tilework.codegen.c.toolchain``: the system compiler with ``-O3 -march=native -fopenmp``,
 the content-hashed cache, atomic writes), never at import, with the paths (``FAMILIES``: the
-integer one of q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k, iq4_nl, iq4_xs and their x16 layouts; bf16's; the float one of f16 and the
-other k-quants q3_k, q2_k) that are asked for: ``library_for(fmt)`` builds ``fmt``'s path alone unless a build
+integer one of q4_0, q4_1, q5_0, q5_1, q8_0, the k-quants, iq4_nl, iq4_xs and their x16 layouts; bf16's; the float
+one of f16) that are asked for: ``library_for(fmt)`` builds ``fmt``'s path alone unless a build
 holding it is at hand (an LLM's first start compiles what its formats take: `q` on SmolLM2 the
-integer path, 3.3 s of GCC instead of 8.3 for all three; fp32 the helpers alone, 0.4 s); a
+integer path, 12.8 s of GCC's CPU instead of 14.8 for all three; fp32 the helpers alone, 0.6 s); a
 build's entry points for another path refuse (error 6). Formats: ``FORMATS`` (all of
 ``QUANT_FORMATS`` but ``f32``, and the interleaved layouts ``q4_0x16``, ``q4_1x16``, ``q5_0x16``,
-``q5_1x16``, ``q8_0x16``, ``q4_kx16``, ``q5_kx16``, ``q6_kx16``, ``iq4_nlx16``, ``iq4_xsx16`` of ``tilework.op.quant``: the same blocks, 16 rows side by side, which the GEMV reads straight
+``q5_1x16``, ``q8_0x16``, ``q4_kx16``, ``q5_kx16``, ``q6_kx16``, ``q3_kx16``, ``q2_kx16``, ``iq4_nlx16``, ``iq4_xsx16`` of ``tilework.op.quant``: the same blocks, 16 rows side by side, which the GEMV reads straight
 into its vectors; the same results, bit for bit, as the plain rows; and ``bf16x16``, bf16 rows
 16 side by side by pairs of weights: with AVX-512 BF16 a vector of a group's rows is one
 ``vdpbf16ps`` operand, for the GEMV and, unpacked, the GEMM, whose bits are the plain rows';
 elsewhere a plain C loop over the 16 rows).
 
-q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k, iq4_nl and iq4_xs take the integer path, as llama.cpp does (q5's weights are
-unsigned 5-bit values there, as q4's are 4-bit ones; a q4_k super-block is 8 blocks of 32
-nibbles, each with its own ``d * scale`` and ``m = -dmin * min``, as q4_1's ``d`` and ``m``, and
-q5_k's the same with 5-bit values; a q6_k one 8 blocks of 32 6-bit values less 32, each half of
-a block with its own int8 scale: the two halves' exact sums times their scales, added in int32,
-then times ``d * d_x``; iq4_nl and iq4_xs are q8_0 whose int8 weights are looked up from their
-nibbles in a table of 16 values, ``vpshufb``, iq4_xs's ``d`` per 32 weights ``d * (ls - 32)``):
+q4_0, q4_1, q5_0, q5_1, q8_0, the k-quants (q4_k, q5_k, q6_k, q3_k, q2_k), iq4_nl and iq4_xs take the
+integer path, as llama.cpp does (q5's weights are unsigned 5-bit values there, as q4's are 4-bit ones; a
+q4_k super-block is 8 blocks of 32 nibbles, each with its own ``d * scale`` and ``m = -dmin *
+min``, as q4_1's ``d`` and ``m``, and q5_k's the same with 5-bit values; a q6_k one 8 blocks of
+32 6-bit values less 32, each half of a block with its own int8 scale: the two halves' exact
+sums times their scales, added in int32, then times ``d * d_x``; q3_k the same with 3-bit values
+less 4 and 6-bit scales less 32; q2_k with 2-bit values and 4-bit scales, and its 4-bit mins
+times the halves' sums of ``x``'s 8-bit values, added in int32, then times ``-dmin * d_x``;
+iq4_nl and iq4_xs are q8_0 whose int8 weights are looked up from their nibbles in a table of
+16 values, ``vpshufb``, iq4_xs's ``d`` per 32 weights ``d * (ls - 32)``):
 each row of ``x`` is quantized
 once per call to 8-bit blocks of 32 (``d = max|x| / 127``, ``q = rint(x / d)``) and each block's
 dot product is exact in int32 (AVX-512 VNNI ``vpdpbusd``; ``vpmaddubsw`` without VNNI), scaled
@@ -31,14 +34,14 @@ and summed in float32 in block order. The results therefore differ from
 ``sum_b max|x_b| / 254 * sum_b |w|`` over the blocks ``b`` of the row (``activation_bound``),
 plus float32 rounding; about 1e-3 relative. The float32 operations are the same on the GEMV
 (up to 8 rows), the GEMM (prefill) and the portable build, so a row's result has the same bits
-whatever else is in the call. bf16, f16 and the other k-quants multiply in float32 with the weights
+whatever else is in the call. bf16 and f16 multiply in float32 with the weights
 decoded exactly (``x`` is not quantized): ``x @ dequantize(w).T`` up to float32 rounding; but
 for bf16 on a CPU with AVX-512 BF16 (``QuantLibrary.bf16dot``) the GEMV and the GEMM round ``x``
 to bf16 and multiply pairs with ``vdpbf16ps``, at twice the float32 rate: off by at most ``bf16_bound`` more (``2**-8 * sum|x_k w_k|`` per output; values below
 ``2**-126`` count as zero there).
 AVX-512 where the CPU has it, portable C otherwise, with AVX2 (+ FMA, F16C) parts where the CPU
 has that: the integer path's dot products (q8_0, q4_0, q4_1, q5_0 and q5_1 in tiles of 8 weight
-rows, each block read once for every row of ``x``), and the float path (bf16, f16, q3_k, q2_k:
+rows, each block read once for every row of ``x``), and the float path (bf16, f16:
 ``quant_float_avx2.c``, spliced into the source by ``source``; a GEMV over groups of W rows
 decoded in registers, and for prefill a packed GEMM with a 6 x 16 FMA micro-kernel).
 
@@ -79,9 +82,11 @@ from tilework.pattern.core import Pattern, is_op, wildcard
 from tilework.pattern.graph import PatternMatch
 from tilework.runtime.extern import register_extern, register_extern_check
 
-FORMATS = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "bf16", "f16", "q4_k", "q6_k", "q5_k", "q3_k", "q2_k", "iq4_nl", "iq4_xs", "q4_0x16", "q4_1x16", "q5_0x16", "q5_1x16", "q8_0x16", "bf16x16", "q4_kx16", "q5_kx16", "q6_kx16", "iq4_nlx16", "iq4_xsx16")  # the C codes' order
-INT8_FORMATS = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "q4_0x16", "q4_1x16", "q5_0x16", "q5_1x16", "q8_0x16", "q4_kx16", "q5_kx16", "q6_kx16", "iq4_nl", "iq4_xs", "iq4_nlx16", "iq4_xsx16")  # the integer path: x quantized to 8-bit blocks of 32
-FAMILIES = ("int8", "bf16", "float")  # the linears' paths (INT8_FORMATS; bf16 and bf16x16; f16 and the k-quants): a build of the library holds any of them
+FORMATS = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "bf16", "f16", "q4_k", "q6_k", "q5_k", "q3_k", "q2_k", "iq4_nl", "iq4_xs", "q4_0x16", "q4_1x16", "q5_0x16", "q5_1x16",
+           "q8_0x16", "bf16x16", "q4_kx16", "q5_kx16", "q6_kx16", "q3_kx16", "q2_kx16", "iq4_nlx16", "iq4_xsx16")  # the C codes' order
+INT8_FORMATS = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "q3_k", "q2_k", "q4_0x16", "q4_1x16", "q5_0x16", "q5_1x16", "q8_0x16", "q4_kx16", "q5_kx16",
+                "q6_kx16", "q3_kx16", "q2_kx16", "iq4_nl", "iq4_xs", "iq4_nlx16", "iq4_xsx16")  # the integer path: x quantized to 8-bit blocks of 32
+FAMILIES = ("int8", "bf16", "float")  # the linears' paths (INT8_FORMATS; bf16 and bf16x16; f16): a build of the library holds any of them
 SOURCE = "quant_kernels.c"
 _INCLUDE = re.compile(r'^#include "(quant_[a-z0-9_]+\.c)".*$', re.M)  # the parts of SOURCE that source() splices in
 _ERRORS = {
@@ -130,8 +135,9 @@ def source(portable: bool = False, vnni: bool = True, bf16dot: bool = True, fami
     kernels even where AVX-512 or AVX2 exists, ``vnni=False`` the AVX-512BW integer dot products
     even where VNNI exists, ``bf16dot=False`` the float32 bf16 GEMM even where AVX-512 BF16
     exists. ``families``: the linears' paths compiled in (``FAMILIES`` order; the helpers are
-    always there): of the 8.3 s of CPU GCC 12 takes for all three on the Zen 4 machine, the
-    integer path alone takes 3.3, bf16's 1.4, the float one 5.7, the helpers alone 0.4 (an
+    always there): of the 14.8 s of CPU GCC 12 takes for all three on the Zen 4 machine, the
+    integer path alone takes 12.8 (9.5 before q3_k and q2_k joined it), bf16's 1.6, the float
+    one (f16) 2.1, the helpers alone 0.6 (an
     LLM's first start waits for them)."""
     files = resources.files("tilework.backend")
     text = _INCLUDE.sub(lambda m: files.joinpath(m.group(1)).read_text(), files.joinpath(SOURCE).read_text())
@@ -621,7 +627,7 @@ QUANT = register_backend(
         _available,
         (Capability("quant.linear_add", QUANT_LINEAR_ADD, _quant_linear_add_ok), Capability("quant.linear", QUANT_LINEAR, _quant_linear_ok)),
         lower=_lower,
-        description="quant_linear on GGUF weight blocks (q4_0, q4_1, q5_0, q5_1, q8_0, bf16, f16, q4_k, q6_k, q5_k, q3_k, q2_k, iq4_nl, iq4_xs; q4_0/q4_1/q5_0/q5_1/q8_0/bf16/q4_k/q5_k/q6_k/iq4_nl/iq4_xs also with 16 rows interleaved) with our own C kernels",
+        description="quant_linear on GGUF weight blocks (q4_0, q4_1, q5_0, q5_1, q8_0, bf16, f16, q4_k, q6_k, q5_k, q3_k, q2_k, iq4_nl, iq4_xs; q4_0/q4_1/q5_0/q5_1/q8_0/bf16, the k-quants and iq4_nl/iq4_xs also with 16 rows interleaved) with our own C kernels",
     )
 )
 

@@ -176,13 +176,13 @@ int32_t tw_quant_dequantize(int32_t fmt, const uint8_t* w, int64_t rows, int64_t
 }
 
 /* tw_quant_interleave(fmt, src, n, rb, dst): n plain rows of rb bytes (n a multiple of 16) of
- * q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k, iq4_nl, iq4_xs (fmt the plain code) or bf16 (TWQ_BF16: blocks of a pair of weights) in the
+ * q4_0, q4_1, q5_0, q5_1, q8_0, a k-quant, iq4_nl, iq4_xs (fmt the plain code) or bf16 (TWQ_BF16: blocks of a pair of weights) in the
  * layout of the format's x16 twin (tilework.op.quant: per group of 16 rows and block, the
- * rows' d, then q4_1's and q5_1's m (q4_k's and q5_k's dmin, iq4_xs's scales_h), then the payload (the rest of the block, in
- * order; q6_k's d is its last 2 bytes, twq_head_at) in runs of 4 bytes, row by row), the threads sharing
+ * rows' d, then q4_1's and q5_1's m (q4_k's, q5_k's and q2_k's dmin, iq4_xs's scales_h), then the payload (the rest of the block, in
+ * order; q6_k's and q3_k's d, q2_k's d and dmin are their last bytes, twq_head_at) in runs of 4 bytes, row by row), the threads sharing
  * the groups: the bytes of tilework.op.quant.interleave_rows, without its byte-gather. */
 int32_t tw_quant_interleave(int32_t fmt, const uint8_t* src, int64_t n, int64_t rb, uint8_t* dst) {
-    if (fmt != TWQ_Q4_0 && fmt != TWQ_Q4_1 && !twq_is_q5(fmt) && fmt != TWQ_Q8_0 && fmt != TWQ_BF16 && !twq_is_k45(fmt) && fmt != TWQ_Q6_K && !twq_is_iq4(fmt)) return TWQ_EFMT;
+    if (fmt != TWQ_Q4_0 && fmt != TWQ_Q4_1 && !twq_is_q5(fmt) && fmt != TWQ_Q8_0 && fmt != TWQ_BF16 && !twq_is_k(fmt) && !twq_is_iq4(fmt)) return TWQ_EFMT;
     const int64_t nbytes = fmt == TWQ_BF16 ? 4 : twq_nbytes[fmt], head = fmt == TWQ_BF16 ? 0 : twq_head(fmt);
     const int64_t at = fmt == TWQ_BF16 ? 0 : twq_head_at(fmt), pay = at ? 0 : head; /* the head's and the payload's bytes in a block */
     if (n < 0 || rb < 0 || n % 16 || rb % nbytes) return TWQ_ESHAPE;

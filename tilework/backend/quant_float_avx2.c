@@ -1,14 +1,12 @@
-/* tilework's quant backend: the float path (bf16, f16, q3_k and q2_k rows) on AVX2 (+ FMA, F16C),
+/* tilework's quant backend: the float path (bf16 and f16 rows) on AVX2 (+ FMA, F16C),
  * for CPUs without AVX-512. Not a translation unit of its own: tilework/backend/quant.py's
  * source() splices it into quant_kernels.c at that file's #include of it, after the scalars, the
  * scratch helpers and the portable kernels, before the entry points.
  *
  * The weights are decoded 8 at a time as twq_decode32 decodes them (bf16: zero-extended and
- * shifted up 16 bits; f16: vcvtph2ps, exact; q2_k: fma(q, d * scale, -dmin * min); q3_k: q * d
- * * scale, the factors from twq_kscales once per super-block and row) and multiplied in float32,
- * so the results are x @ dequantize(w).T up to float32 rounding: they differ from the portable
- * kernels' by the order of the sums (and q2_k's decoding by one rounding). q4_k, q5_k and q6_k
- * take the integer path.
+ * shifted up 16 bits; f16: vcvtph2ps, exact) and multiplied in float32, so the results are
+ * x @ dequantize(w).T up to float32 rounding: they differ from the portable kernels' by the
+ * order of the sums. The k-quants take the integer path.
  * - GEMV (M <= TWQ_A2_GEMV_MAX_M, decoding): groups of 4 W rows (2 from 3 rows of x on) over the
  *   threads, each 8 weights decoded in a register once and multiplied with up to 4 rows of x
  *   (more rows take passes over the group, which is in L1 by then); the group TWQ_A2_AHEAD on
@@ -40,26 +38,11 @@
 #define TWQ_A2_KC 768  /* most k per packed panel: 16 x 768 floats, 48 KiB, in L2 */
 #endif
 
-/* Weights k .. k+7 of a row (k a multiple of 8), decoded as twq_decode32 does; kq: for the
- * k-quants, the factors of k's super-block (twq_kscales). */
-TWQ_INLINE __m256 twq_a2_w8(int fmt, const uint8_t* row, int64_t k, const float* kq) {
-    if (fmt == TWQ_BF16 || fmt == TWQ_F16) {
-        const __m128i h = _mm_loadu_si128((const __m128i*)(row + 2 * k));
-        if (fmt == TWQ_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-        return _mm256_cvtph_ps(h);
-    }
-    const int64_t j = k >> 5;
-    const int s = (int)(j & 7), l0 = (int)(k & 31);
-    /* q3_k, q2_k: quarter s & 3 of half s / 4: bits 2 (s & 3) of 32 bytes */
-    const int q3 = fmt == TWQ_Q3_K, g = 2 * s + (l0 >> 4);
-    const uint8_t* b = row + (j >> 3) * (q3 ? 110 : 84);
-    __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(b + (q3 ? 32 : 16) + 32 * (s >> 2) + l0)));
-    q = _mm256_and_si256(_mm256_srl_epi32(q, _mm_cvtsi32_si128(2 * (s & 3))), _mm256_set1_epi32(3));
-    if (!q3) return _mm256_fmsub_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(kq[g]), _mm256_set1_ps(kq[16 + g]));
-    __m256i h = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(b + l0))); /* hmask bit s set: q, clear: q - 4 */
-    h = _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(h, _mm_cvtsi32_si128(s)), _mm256_set1_epi32(1)), 2);
-    q = _mm256_sub_epi32(_mm256_or_si256(q, h), _mm256_set1_epi32(4));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(kq[g]));
+/* Weights k .. k+7 of a bf16 or f16 row, decoded as twq_decode32 does. */
+TWQ_INLINE __m256 twq_a2_w8(int fmt, const uint8_t* row, int64_t k) {
+    const __m128i h = _mm_loadu_si128((const __m128i*)(row + 2 * k));
+    if (fmt == TWQ_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
 }
 
 static inline float twq_a2_hsum(__m256 v) {
@@ -76,7 +59,7 @@ static inline float twq_a2_hsum(__m256 v) {
         __m256 xv[TWQ_A2_MR]; \
         _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) xv[r] = _mm256_loadu_ps(x + r * K + (k)); \
         _Pragma("GCC unroll 8") for (int c = 0; c < NR; ++c) { \
-            const __m256 wv = twq_a2_w8(fmt, rows[c], (k), kq[c]); \
+            const __m256 wv = twq_a2_w8(fmt, rows[c], (k)); \
             _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) acc[r][c] = _mm256_fmadd_ps(wv, xv[r], acc[r][c]); \
         } \
     } while (0)
@@ -84,7 +67,6 @@ static inline float twq_a2_hsum(__m256 v) {
 TWQ_INLINE void twq_a2_gemv_tile(int fmt, int MR, int NR, const float* x, const uint8_t* w, int64_t rb,
                                  float* y, int64_t N, int64_t K, int64_t n0) {
     __m256 acc[TWQ_A2_MR][4];
-    float kq[4][TWQ_NKQ]; /* k-quants: each row's factors of the current super-block */
     const uint8_t* rows[4];
 #pragma GCC unroll 8
     for (int c = 0; c < NR; ++c) rows[c] = w + (n0 + c) * rb;
@@ -97,21 +79,10 @@ TWQ_INLINE void twq_a2_gemv_tile(int fmt, int MR, int NR, const float* x, const 
      * several short row streams at once. */
     const char* ahead = (const char*)(rows[0] + TWQ_A2_AHEAD * NR * rb);
     const int64_t k32 = K / 32 * 32, k8 = K / 8 * 8, step = k32 ? (NR * rb + k32 / 32 - 1) / (k32 / 32) : 0;
-    if (twq_is_k(fmt)) { /* a piece of 32 at a time: its factors and pointers worked out once */
-        for (int64_t k0 = 0; k0 < K; k0 += 32) {
-            for (int64_t o = 0; o < step; o += 64) _mm_prefetch(ahead + (k0 >> 5) * step + o, _MM_HINT_T0);
-            if ((k0 & 255) == 0)
-#pragma GCC unroll 8
-                for (int c = 0; c < NR; ++c) twq_kscales(fmt, rows[c] + (k0 >> 8) * twq_nbytes[fmt], kq[c]);
-#pragma GCC unroll 4
-            for (int64_t k = k0; k < k0 + 32; k += 8) TWQ_A2_GEMV_STEP(k);
-        }
-    } else { /* measured: a little faster than unrolled by 4 */
-        for (int64_t k = 0; k < k8; k += 8) {
-            if ((k & 31) == 0 && k < k32)
-                for (int64_t o = 0; o < step; o += 64) _mm_prefetch(ahead + (k >> 5) * step + o, _MM_HINT_T0);
-            TWQ_A2_GEMV_STEP(k);
-        }
+    for (int64_t k = 0; k < k8; k += 8) { /* measured: a little faster than unrolled by 4 */
+        if ((k & 31) == 0 && k < k32)
+            for (int64_t o = 0; o < step; o += 64) _mm_prefetch(ahead + (k >> 5) * step + o, _MM_HINT_T0);
+        TWQ_A2_GEMV_STEP(k);
     }
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r)
@@ -131,15 +102,12 @@ TWQ_INLINE void twq_a2_gemv_tile(int fmt, int MR, int NR, const float* x, const 
 #define TWQ_A2_GEMV_FMT(FMT) TWQ_A2_GEMV_NR(FMT, 1) TWQ_A2_GEMV_NR(FMT, 2) TWQ_A2_GEMV_NR(FMT, 4)
 TWQ_A2_GEMV_FMT(TWQ_BF16)
 TWQ_A2_GEMV_FMT(TWQ_F16)
-TWQ_A2_GEMV_FMT(TWQ_Q3_K)
-TWQ_A2_GEMV_FMT(TWQ_Q2_K)
 
 typedef void (*twq_a2_gemv_fn)(const float*, const uint8_t*, int64_t, float*, int64_t, int64_t, int64_t);
 #define TWQ_A2_GEMV_ROW_NR(FMT, NR) {twq_a2_gemv_##FMT##_1_##NR, twq_a2_gemv_##FMT##_2_##NR, twq_a2_gemv_##FMT##_3_##NR, twq_a2_gemv_##FMT##_4_##NR}
 #define TWQ_A2_GEMV_ROW(FMT) {TWQ_A2_GEMV_ROW_NR(FMT, 1), TWQ_A2_GEMV_ROW_NR(FMT, 2), TWQ_A2_GEMV_ROW_NR(FMT, 4)}
-/* [fmt - TWQ_BF16: bf16, f16, (q4_k, q6_k, q5_k: the integer path's), q3_k, q2_k][NR 1, 2, 4][MR - 1] */
-static const twq_a2_gemv_fn twq_a2_gemv_table[7][3][TWQ_A2_MR] = {[0] = TWQ_A2_GEMV_ROW(TWQ_BF16), [1] = TWQ_A2_GEMV_ROW(TWQ_F16),
-                                                                 [TWQ_Q3_K - TWQ_BF16] = TWQ_A2_GEMV_ROW(TWQ_Q3_K), [TWQ_Q2_K - TWQ_BF16] = TWQ_A2_GEMV_ROW(TWQ_Q2_K)};
+/* [fmt - TWQ_BF16: bf16, f16][NR 1, 2, 4][MR - 1] */
+static const twq_a2_gemv_fn twq_a2_gemv_table[2][3][TWQ_A2_MR] = {TWQ_A2_GEMV_ROW(TWQ_BF16), TWQ_A2_GEMV_ROW(TWQ_F16)};
 
 /* ---- GEMV, 5 to 12 rows of x: each W row decoded once per 8 of them ---------------------- */
 /* The passes above decode each 8 weights once per pass of up to 4 rows: at 8 rows that is a
@@ -168,16 +136,12 @@ static const twq_a2_gemv_fn twq_a2_gemv_table[7][3][TWQ_A2_MR] = {[0] = TWQ_A2_G
 TWQ_INLINE __m256 twq_a2_row8(int fmt, int MR, const float* x, const uint8_t* row, const uint8_t* next, int64_t K,
                               int64_t k0, int64_t k1, int64_t step) {
     __m256 acc[8];
-    float kq[TWQ_NKQ];
 #pragma GCC unroll 8
     for (int r = 0; r < 8; ++r) acc[r] = _mm256_setzero_ps();
     const int64_t k8 = k0 + (k1 - k0) / 8 * 8;
     for (int64_t k = k0; k < k8; k += 8) {
-        if ((k & 31) == 0) { /* the next row's line at the pace this one is read */
-            _mm_prefetch((const char*)next + (k >> 5) * step, _MM_HINT_T0);
-            if (twq_is_k(fmt) && (k & 255) == 0) twq_kscales(fmt, row + (k >> 8) * twq_nbytes[fmt], kq);
-        }
-        const __m256 wv = twq_a2_w8(fmt, row, k, kq);
+        if ((k & 31) == 0) _mm_prefetch((const char*)next + (k >> 5) * step, _MM_HINT_T0); /* the next row's line at the pace this one is read */
+        const __m256 wv = twq_a2_w8(fmt, row, k);
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) acc[r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + r * K + k), acc[r]);
     }
@@ -186,7 +150,7 @@ TWQ_INLINE __m256 twq_a2_row8(int fmt, int MR, const float* x, const uint8_t* ro
     const __m256 h45 = _mm256_hadd_ps(acc[4], acc[5]), h67 = _mm256_hadd_ps(acc[6], acc[7]);
     const __m256 lo = _mm256_hadd_ps(h01, h23), hi = _mm256_hadd_ps(h45, h67);
     __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31));
-    if (k8 < k1) { /* K not a multiple of 8 (bf16 and f16 only) */
+    if (k8 < k1) { /* K not a multiple of 8 */
         float t[8];
         _mm256_storeu_ps(t, s);
         for (int r = 0; r < MR; ++r)
@@ -218,17 +182,14 @@ TWQ_INLINE void twq_a2_gemv8_block(int fmt, int MR, const float* x, const uint8_
 #define TWQ_A2_GEMV8_FMT(FMT) TWQ_A2_GEMV8_FN(FMT, 4) TWQ_A2_GEMV8_FN(FMT, 5) TWQ_A2_GEMV8_FN(FMT, 6) TWQ_A2_GEMV8_FN(FMT, 7) TWQ_A2_GEMV8_FN(FMT, 8)
 TWQ_A2_GEMV8_FMT(TWQ_BF16)
 TWQ_A2_GEMV8_FMT(TWQ_F16)
-TWQ_A2_GEMV8_FMT(TWQ_Q3_K)
-TWQ_A2_GEMV8_FMT(TWQ_Q2_K)
 typedef void (*twq_a2_gemv8_fn)(const float*, const uint8_t*, int64_t, float*, int64_t, int64_t, int64_t, int64_t, int64_t);
 #define TWQ_A2_GEMV8_ROW(FMT) {twq_a2_gemv8_##FMT##_4, twq_a2_gemv8_##FMT##_5, twq_a2_gemv8_##FMT##_6, twq_a2_gemv8_##FMT##_7, twq_a2_gemv8_##FMT##_8}
 /* [fmt - TWQ_BF16][rows - 4] */
-static const twq_a2_gemv8_fn twq_a2_gemv8_table[7][5] = {[0] = TWQ_A2_GEMV8_ROW(TWQ_BF16), [1] = TWQ_A2_GEMV8_ROW(TWQ_F16),
-                                                         [TWQ_Q3_K - TWQ_BF16] = TWQ_A2_GEMV8_ROW(TWQ_Q3_K), [TWQ_Q2_K - TWQ_BF16] = TWQ_A2_GEMV8_ROW(TWQ_Q2_K)};
+static const twq_a2_gemv8_fn twq_a2_gemv8_table[2][5] = {TWQ_A2_GEMV8_ROW(TWQ_BF16), TWQ_A2_GEMV8_ROW(TWQ_F16)};
 
 static void twq_a2_gemv8(int fmt, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t rb) {
     const int64_t chunks = (K + TWQ_A2_KC8 - 1) / TWQ_A2_KC8;
-    const int64_t kc = ((K + chunks - 1) / chunks + 255) / 256 * 256; /* whole k-quant super-blocks */
+    const int64_t kc = ((K + chunks - 1) / chunks + 255) / 256 * 256; /* a multiple of 256 k (once whole k-quant super-blocks) */
     const int64_t blocks = (N + TWQ_A2_NB8 - 1) / TWQ_A2_NB8;
     const int64_t passes = (M + 7) / 8, mr = (M + passes - 1) / passes; /* 9 rows: 5 + 4 */
     const twq_a2_gemv8_fn* fns = twq_a2_gemv8_table[fmt - TWQ_BF16];
@@ -292,17 +253,14 @@ TWQ_INLINE void twq_a2_t8x8(__m256* r) {
  * never stored), weights [k0, k0 + kc), into the panel p[k][16]. */
 TWQ_INLINE void twq_a2_pack(int fmt, const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, int64_t k0, int64_t kc, int64_t K, float* p) {
     const uint8_t* rows[TWQ_A2_PN];
-    float kq[TWQ_A2_PN][TWQ_NKQ]; /* k-quants: each row's factors of the current super-block */
     for (int c = 0; c < TWQ_A2_PN; ++c) rows[c] = w + (n0 + (c < nr ? c : nr - 1)) * rb;
     const int64_t kc8 = kc / 8 * 8;
     for (int64_t kk = 0; kk < kc8; kk += 8) {
         if ((kk & 31) == 0) /* the same k of the next panel: weights come from memory */
             for (int c = 0; c < TWQ_A2_PN; ++c) _mm_prefetch((const char*)(rows[c] + TWQ_A2_PN * rb + (k0 + kk) * rb / K), _MM_HINT_T0);
-        if (twq_is_k(fmt) && (kk == 0 || ((k0 + kk) & 255) == 0))
-            for (int c = 0; c < TWQ_A2_PN; ++c) twq_kscales(fmt, rows[c] + ((k0 + kk) >> 8) * twq_nbytes[fmt], kq[c]);
         for (int h = 0; h < TWQ_A2_PN; h += 8) {
             __m256 r[8];
-            for (int i = 0; i < 8; ++i) r[i] = twq_a2_w8(fmt, rows[h + i], k0 + kk, kq[h + i]);
+            for (int i = 0; i < 8; ++i) r[i] = twq_a2_w8(fmt, rows[h + i], k0 + kk);
             twq_a2_t8x8(r);
             for (int i = 0; i < 8; ++i) _mm256_store_ps(p + (kk + i) * TWQ_A2_PN + h, r[i]);
         }
@@ -317,11 +275,8 @@ TWQ_INLINE void twq_a2_pack(int fmt, const uint8_t* w, int64_t rb, int64_t n0, i
     }
 TWQ_A2_PACK_FN(TWQ_BF16)
 TWQ_A2_PACK_FN(TWQ_F16)
-TWQ_A2_PACK_FN(TWQ_Q3_K)
-TWQ_A2_PACK_FN(TWQ_Q2_K)
 typedef void (*twq_a2_pack_fn)(const uint8_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float*);
-static const twq_a2_pack_fn twq_a2_pack_table[7] = {[0] = twq_a2_pack_TWQ_BF16, [1] = twq_a2_pack_TWQ_F16, [TWQ_Q3_K - TWQ_BF16] = twq_a2_pack_TWQ_Q3_K,
-                                                    [TWQ_Q2_K - TWQ_BF16] = twq_a2_pack_TWQ_Q2_K};
+static const twq_a2_pack_fn twq_a2_pack_table[2] = {twq_a2_pack_TWQ_BF16, twq_a2_pack_TWQ_F16}; /* [fmt - TWQ_BF16] */
 
 /* y[0..nr) (+)= the 16 outputs in v0, v1; m0, m1: the lanes below nr (twq_a2_mask). Whole
  * panels store plainly: vmaskmovps to memory is microcoded on AMD (tens of cycles). */
@@ -413,7 +368,7 @@ static int twq_a2_gemm(int fmt, const float* x, const uint8_t* w, float* y, int6
     return failed ? TWQ_ENOMEM : 0;
 }
 
-/* bf16, f16 and k-quant rows. */
+/* bf16 and f16 rows. */
 static int twq_a2_run(int fmt, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t rb) {
     if (TWQ_A2_ONCE && M >= 5 && M <= TWQ_A2_ONCE_MAX_M) {
         twq_a2_gemv8(fmt, x, w, y, M, N, K, rb);

@@ -3,8 +3,9 @@
  * x is float32 [M, K] (row-major), w is uint8 [N, row_bytes] (the blocks of each output row,
  * as a GGUF file stores them), y is float32 [M, N].
  *
- * q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl (32-weight blocks), q4_k, q5_k, q6_k and iq4_xs (256-weight
- * super-blocks of 8 blocks of 32 4-, 5- or 6-bit weights) take the integer path, as llama.cpp does.
+ * q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl (32-weight blocks) and the k-quants q4_k, q5_k, q6_k, q3_k,
+ * q2_k and iq4_xs (256-weight super-blocks of 8 blocks of 32 4-, 5-, 6-, 3- or 2-bit weights) take
+ * the integer path, as llama.cpp does.
  * Each row of x is quantized once per call to 8-bit blocks of 32: d = max|x| / 127,
  * q = rint(x * (127 / max|x|)) (a block whose max|x| is below 2^-100 gets q = 0; one with a NaN
  * or an infinity gets q = 0 and a non-finite d, so its outputs are NaN). Each output is then, block by block in order,
@@ -18,11 +19,17 @@
  * the block's d (iq4_nl) or, for sub-block s of an iq4_xs super-block, d * (ls_s - 32) with the
  * 6-bit ls_s of twq_iq4xs_ls (exact in float32: 11 significant bits times at most 32); no m.
  * Their isum is at most 32 * 127 * 127 = 516128 in magnitude (exact in int32 and as a float).
- * q6_k's blocks have two int8 scales, one per 16 weights, so its update is instead
+ * q6_k's, q3_k's and q2_k's blocks have a scale per 16 weights, so their update is instead
  *     acc = fma((float)isum, d_w * d_x, acc)       isum = sc0 * sum(q_w * q_x over weights 0-15)
  *                                                         + sc1 * sum(q_w * q_x over weights 16-31)
- * exactly in int32 (|isum| <= 2 * 128 * 16 * 32 * 127 < 2^24, so (float)isum is exact too), d_w
- * the super-block's d, q_w the 6-bit value - 32 (twq_k6_isum). That sequence of float32
+ *     acc = fma((float)msum, -(dmin * d_x), acc)   (q2_k only) msum = mn0 * sum(q_x over 0-15)
+ *                                                                    + mn1 * sum(q_x over 16-31)
+ * exactly in int32 (twq_k16_acc), d_w the super-block's d: q6_k's q_w the 6-bit value - 32, sc
+ * its int8 scales (|isum| <= 2 * 128 * 16 * 32 * 127 < 2^24, so (float)isum is exact too);
+ * q3_k's q_w the 2-bit field - 4 where its hmask bit is clear (-4..3), sc its 6-bit scales - 32
+ * (|isum| <= 2 * 32 * 16 * 4 * 127 = 520192); q2_k's q_w the 2-bit field (0..3), sc and mn its
+ * 4-bit scales and mins (|isum| <= 2 * 15 * 16 * 3 * 127 = 182880, |msum| <= 2 * 15 * 16 * 127
+ * = 60960), dmin its super-block's (weights d * sc * q - dmin * mn). That sequence of float32
  * operations is the same on the GEMV and the GEMM, in the AVX-512 and the portable build, so
  * an output's bits do not depend on how many rows of x are in the call or on the build. It
  * differs from x @ dequantize(w).T by the rounding of x: at most sum over blocks b of
@@ -39,19 +46,20 @@
  * Without AVX-512 VNNI (or with TW_QUANT_NO_VNNI) vpmaddubsw + vpmaddwd do the products
  * (q8_0 and iq4 through |w| and x with w's sign, which keeps the pair sums in int16: at most
  * 2 * 128 * 127 = 32512, where biased bytes would reach 2 * 241 * 127; twq_w_signed).
- * - q4_0x16, q4_1x16, q5_0x16, q5_1x16, q8_0x16, q4_kx16, q5_kx16, q6_kx16, iq4_nlx16, iq4_xsx16: the same blocks with the rows interleaved in
+ * - q4_0x16, q4_1x16, q5_0x16, q5_1x16, q8_0x16, q4_kx16, q5_kx16, q6_kx16, q3_kx16, q2_kx16, iq4_nlx16, iq4_xsx16: the same blocks with the rows interleaved in
  *   groups of 16 (N a multiple of 16), laid out as the GEMV consumes them, so that no
  *   transposition is left to do at run time: for each group of 16 rows and block j, 16 * nbytes
- *   bytes: the 16 rows' fp16 d, then (q4_1, q5_1) their 16 m (q4_k, q5_k: its super-blocks' dmin;
+ *   bytes: the 16 rows' fp16 d, then (q4_1, q5_1) their 16 m (q4_k, q5_k, q2_k: its super-blocks' dmin;
  *   iq4_xs: its 16 uint16 scales_h), then
  *   the payloads (16 nibble bytes (q4_0, q4_1, iq4_nl); q5's qh and 16 nibble bytes; 32 int8; q4_k's 12 bytes of
  *   scales and 128 of nibbles; q5_k's scales, 32 bytes of qh, nibbles; q6_k's 208 bytes before
- *   its d: 128 of low nibbles, 64 of high bit pairs, 16 scales; iq4_xs's 4 bytes of scales_l and
- *   128 of nibbles, 16 a sub-block) as vectors of 64 bytes, vector t holding bytes
+ *   its d: 128 of low nibbles, 64 of high bit pairs, 16 scales; q3_k's 108 before its d: 32 of
+ *   hmask, 64 of 2-bit fields, 12 of scales; q2_k's 80 before its d and dmin: 16 scale bytes, 64
+ *   of 2-bit fields; iq4_xs's 4 bytes of scales_l and 128 of nibbles, 16 a sub-block) as vectors of 64 bytes, vector t holding bytes
  *   4t..4t+3 of row 0, then of row 1, ... of row 15 (q5: vector 0 is the 16 rows' qh). The results
  *   are the same bits as the plain format's (the same block sums in the same order).
  *
- * bf16, f16 and the other k-quants (q3_k, q2_k) multiply in float32 with the weights
+ * bf16 and f16 multiply in float32 with the weights
  * decoded exactly (no activation quantization; x @ dequantize(w).T up to float32 rounding), but
  * for bf16 where the CPU has
  * AVX-512 BF16 (TWQ_BF16DOT; define TW_QUANT_NO_BF16DOT to leave it out), on the GEMV and the
@@ -82,7 +90,7 @@
  *   plain C over the lanes (x in float32, each output summed pair by pair).
  * Both paths have AVX-512 kernels (F + BW, F16C; VNNI where present) and portable ones (any
  * C99 compiler; define TW_QUANT_PORTABLE to force them). Without AVX-512 but with AVX2, FMA and
- * F16C, the float path (bf16, f16, q5_k, q3_k, q2_k) runs the kernels of quant_float_avx2.c (TWQ_A2F:
+ * F16C, the float path (bf16, f16) runs the kernels of quant_float_avx2.c (TWQ_A2F:
  * a GEMV over groups of 4 or 2 W rows, a packed GEMM with a 6 x 16 micro-kernel; see that
  * file), which tilework's quant.py splices in at its #include below. With AVX2 the
  * portable integer path takes each block's dot products with a row of x in AVX2 (vpmaddubsw +
@@ -97,7 +105,7 @@
  * (twq_broadcast_x), read as vpmaddubsw's memory operand.
  *
  * Entry points: tw_qlinear_<fmt>(x, w, y, M, N, K) for q4_0 q4_1 q5_0 q5_1 q8_0 bf16 f16 q4_k
- * q6_k q5_k q3_k q2_k iq4_nl iq4_xs q4_0x16 q4_1x16 q5_0x16 q5_1x16 q8_0x16 bf16x16 q4_kx16 q5_kx16 q6_kx16 iq4_nlx16 iq4_xsx16, and tw_qlinear_add_<fmt>(x, w, r, y,
+ * q6_k q5_k q3_k q2_k iq4_nl iq4_xs q4_0x16 q4_1x16 q5_0x16 q5_1x16 q8_0x16 bf16x16 q4_kx16 q5_kx16 q6_kx16 q3_kx16 q2_kx16 iq4_nlx16 iq4_xsx16, and tw_qlinear_add_<fmt>(x, w, r, y,
  * M, N, K): y = x @ W.T + r; 0 on success, TWQ_E* for a bad argument. tw_qlinear_packed is the trampoline the Python
  * extern calls with NumPy array object addresses; tw_quant_quantize_x exposes the quantization
  * of x to the tests; tw_quant_dequantize and tw_quant_interleave (quant_dequant.c) decode and
@@ -126,8 +134,9 @@
 
 enum { TWQ_Q4_0, TWQ_Q4_1, TWQ_Q5_0, TWQ_Q5_1, TWQ_Q8_0, TWQ_BF16, TWQ_F16, TWQ_Q4_K, TWQ_Q6_K, TWQ_Q5_K, TWQ_Q3_K, TWQ_Q2_K, TWQ_IQ4_NL, TWQ_IQ4_XS, TWQ_NFMT };
 /* The interleaved layouts' codes (the entry points' fmt) follow the plain ones; twq_x16_base gives each its plain format. */
-enum { TWQ_Q4_0X16 = TWQ_NFMT, TWQ_Q4_1X16, TWQ_Q5_0X16, TWQ_Q5_1X16, TWQ_Q8_0X16, TWQ_BF16X16, TWQ_Q4_KX16, TWQ_Q5_KX16, TWQ_Q6_KX16, TWQ_IQ4_NLX16, TWQ_IQ4_XSX16, TWQ_NCODES };
-static const int twq_x16_base[TWQ_NCODES - TWQ_NFMT] = {TWQ_Q4_0, TWQ_Q4_1, TWQ_Q5_0, TWQ_Q5_1, TWQ_Q8_0, TWQ_BF16, TWQ_Q4_K, TWQ_Q5_K, TWQ_Q6_K, TWQ_IQ4_NL, TWQ_IQ4_XS};
+enum { TWQ_Q4_0X16 = TWQ_NFMT, TWQ_Q4_1X16, TWQ_Q5_0X16, TWQ_Q5_1X16, TWQ_Q8_0X16, TWQ_BF16X16, TWQ_Q4_KX16, TWQ_Q5_KX16, TWQ_Q6_KX16, TWQ_Q3_KX16, TWQ_Q2_KX16, TWQ_IQ4_NLX16,
+       TWQ_IQ4_XSX16, TWQ_NCODES };
+static const int twq_x16_base[TWQ_NCODES - TWQ_NFMT] = {TWQ_Q4_0, TWQ_Q4_1, TWQ_Q5_0, TWQ_Q5_1, TWQ_Q8_0, TWQ_BF16, TWQ_Q4_K, TWQ_Q5_K, TWQ_Q6_K, TWQ_Q3_K, TWQ_Q2_K, TWQ_IQ4_NL, TWQ_IQ4_XS};
 static const int64_t twq_block[TWQ_NFMT] = {32, 32, 32, 32, 32, 1, 1, 256, 256, 256, 256, 256, 32, 256};
 static const int64_t twq_nbytes[TWQ_NFMT] = {18, 20, 22, 24, 34, 2, 2, 144, 210, 176, 110, 84, 18, 136};
 
@@ -142,13 +151,13 @@ static const int64_t twq_nbytes[TWQ_NFMT] = {18, 20, 22, 24, 34, 2, 2, 144, 210,
  * the ones a model needs: a path left out is code no entry point reaches, which the compiler
  * drops, and its formats' entry points return TWQ_EFAMILY). The helpers are in every build. */
 #ifndef TWQ_WITH_INT8
-#define TWQ_WITH_INT8 1 /* q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k, iq4_nl, iq4_xs and their x16 layouts */
+#define TWQ_WITH_INT8 1 /* q4_0, q4_1, q5_0, q5_1, q8_0, the k-quants, iq4_nl, iq4_xs, and their x16 layouts */
 #endif
 #ifndef TWQ_WITH_BF16
 #define TWQ_WITH_BF16 1 /* bf16 and bf16x16 */
 #endif
 #ifndef TWQ_WITH_FLOAT
-#define TWQ_WITH_FLOAT 1 /* f16, q5_k, q3_k, q2_k */
+#define TWQ_WITH_FLOAT 1 /* f16 */
 #endif
 
 #ifndef TWQ_GEMV_MAX_M
@@ -206,54 +215,16 @@ static inline void twq_k4_scale(const uint8_t* sc, int s, int* scale, int* min) 
     }
 }
 
-#define TWQ_NKQ 32 /* most per super-block factors (twq_kscales): q2_k's */
-
 /* q3_K's 6-bit scale i (0..15) from its 12 packed bytes, less 32: low 4 bits in the nibbles of
  * bytes 0-7, top 2 in bits 2 * (i / 4) of byte 8 + i % 4. */
 static inline int twq_k3_scale(const uint8_t* sc, int i) {
     return (((sc[i & 7] >> (4 * (i >> 3))) & 0xF) | (((sc[8 + (i & 3)] >> (2 * (i >> 2))) & 3) << 4)) - 32;
 }
 
-/* The per super-block factors of q3_k (16 d * scale) and q2_k (16 d * scale, 16 dmin * min),
- * one per 16 weights (twq_kscales). */
-static inline void twq_kscales_23(int fmt, const uint8_t* blk, float* kq) {
-    if (fmt == TWQ_Q3_K) {
-        const float d = twq_h2f(twq_u16(blk + 108));
-        for (int g = 0; g < 16; ++g) kq[g] = d * (float)twq_k3_scale(blk + 96, g);
-    } else {
-        const float d = twq_h2f(twq_u16(blk + 80)), dmin = twq_h2f(twq_u16(blk + 82));
-        for (int g = 0; g < 16; ++g) {
-            kq[g] = d * (float)(blk[g] & 0xF);
-            kq[16 + g] = dmin * (float)(blk[g] >> 4);
-        }
-    }
-}
-
-/* Per super-block factors of a float-path k-quant row (TWQ_NKQ floats at most): q3_k: 16 (d *
- * scale), one per 16 weights; q2_k: 16 (d * scale) then 16 (dmin * min). (q4_k, q5_k and q6_k
- * take the integer path.) */
-static inline void twq_kscales(int fmt, const uint8_t* blk, float* kq) { twq_kscales_23(fmt, blk, kq); }
-
-/* The 32 weights of piece j of a bf16, f16, q3_k or q2_k row (weights 32j .. 32j+31), decoded
- * exactly. For the k-quants kq holds the factors of the piece's super-block (twq_kscales). */
-TWQ_UNUSED static void twq_decode32(int fmt, const uint8_t* row, int64_t j, const float* kq, float* out) {
-    switch (fmt) {
-    case TWQ_BF16: case TWQ_F16: {
-        const uint8_t* b = row + j * 64;
-        for (int l = 0; l < 32; ++l) out[l] = fmt == TWQ_BF16 ? twq_bf2f(twq_u16(b + 2 * l)) : twq_h2f(twq_u16(b + 2 * l));
-        return;
-    }
-    case TWQ_Q3_K: case TWQ_Q2_K: { /* quarter t of half s / 4: bits 2t of 32 bytes of 2-bit fields */
-        const int q3 = fmt == TWQ_Q3_K, s = (int)(j & 7), t = s & 3;
-        const uint8_t* b = row + (j >> 3) * (q3 ? 110 : 84);
-        const uint8_t* qs = b + (q3 ? 32 : 16) + 32 * (s >> 2);
-        for (int l = 0; l < 32; ++l) {
-            const int g = 2 * s + (l >> 4), q = (qs[l] >> (2 * t)) & 3;
-            out[l] = q3 ? kq[g] * (float)(q - (((b[l] >> s) & 1) ? 0 : 4)) : kq[g] * (float)q - kq[16 + g];
-        }
-        return;
-    }
-    }
+/* The 32 weights of piece j of a bf16 or f16 row (weights 32j .. 32j+31), decoded exactly. */
+TWQ_UNUSED static void twq_decode32(int fmt, const uint8_t* row, int64_t j, float* out) {
+    const uint8_t* b = row + j * 64;
+    for (int l = 0; l < 32; ++l) out[l] = fmt == TWQ_BF16 ? twq_bf2f(twq_u16(b + 2 * l)) : twq_h2f(twq_u16(b + 2 * l));
 }
 
 /* q5_0 and q5_1 are q4_0 and q4_1 with a fifth bit per weight: bit l of the little-endian
@@ -277,14 +248,17 @@ static inline int twq_is_iq4(int fmt) { return fmt == TWQ_IQ4_NL || fmt == TWQ_I
  * with w's sign instead, whose pair sums stay in int16 (2 * 128 * 127 = 32512 < 32768), where
  * the biased bytes' would not (2 * 255 * 127). */
 static inline int twq_w_signed(int fmt) { return fmt == TWQ_Q8_0 || twq_is_iq4(fmt); }
-/* A block's head (d, and m; q4_k's and q5_k's super-block: d, dmin; q6_k's: d) and its payload,
- * the rest: q5's qh and nibbles, q4's nibbles, q8_0's int8, q4_k's 12 bytes of scales and 128
- * of nibbles (q5_k: the scales, 32 bytes of qh, the nibbles), q6_k's 128 bytes of low nibbles,
- * 64 of high bit pairs and 16 int8 scales. The head is the block's first twq_head bytes, but
- * q6_k's d is its last 2 (twq_head_at: where the head sits); an x16 layout groups the head by
- * 2 bytes and the payload by 4, head first. */
-static inline int64_t twq_head(int fmt) { return twq_has_m(fmt) || twq_is_k45(fmt) || fmt == TWQ_IQ4_XS ? 4 : 2; }
-static inline int64_t twq_head_at(int fmt) { return fmt == TWQ_Q6_K ? 208 : 0; }
+/* A block's head (d, and m; q4_k's, q5_k's and q2_k's super-block: d, dmin; q6_k's, q3_k's: d)
+ * and its payload, the rest: q5's qh and nibbles, q4's nibbles, q8_0's int8, q4_k's 12 bytes of
+ * scales and 128 of nibbles (q5_k: the scales, 32 bytes of qh, the nibbles), q6_k's 128 bytes
+ * of low nibbles, 64 of high bit pairs and 16 int8 scales, q3_k's 32 bytes of hmask, 64 of
+ * 2-bit fields and 12 of scales, q2_k's 16 scale bytes and 64 of 2-bit fields (iq4_nl: d and its
+ * nibbles; iq4_xs: d and scales_h, then scales_l and the nibbles). The head is the
+ * block's first twq_head bytes, but q6_k's, q3_k's and q2_k's head is its last bytes
+ * (twq_head_at: where the head sits); an x16 layout groups the head by 2 bytes and the payload
+ * by 4, head first. */
+static inline int64_t twq_head(int fmt) { return twq_has_m(fmt) || twq_is_k45(fmt) || fmt == TWQ_Q2_K || fmt == TWQ_IQ4_XS ? 4 : 2; }
+static inline int64_t twq_head_at(int fmt) { return fmt == TWQ_Q6_K ? 208 : fmt == TWQ_Q3_K ? 108 : fmt == TWQ_Q2_K ? 80 : 0; }
 
 /* Block j of row `lane` of an interleaved group, gathered back into the plain block layout. */
 TWQ_UNUSED static void twq_block_of_x16(int fmt, const uint8_t* grp, int64_t lane, int64_t j, uint8_t* blk) {
@@ -296,10 +270,15 @@ TWQ_UNUSED static void twq_block_of_x16(int fmt, const uint8_t* grp, int64_t lan
 }
 
 static inline int twq_is_k(int fmt) { return fmt == TWQ_Q4_K || fmt == TWQ_Q6_K || fmt == TWQ_Q5_K || fmt == TWQ_Q3_K || fmt == TWQ_Q2_K; }
-static inline int twq_is_i8(int fmt) { return fmt == TWQ_Q4_0 || fmt == TWQ_Q4_1 || twq_is_q5(fmt) || fmt == TWQ_Q8_0 || twq_is_k45(fmt) || fmt == TWQ_Q6_K || twq_is_iq4(fmt); }
+/* q6_k, q3_k and q2_k: a scale per 16 weights, so the integer path sums each 32-weight block
+ * as two halves (two chains of dot products) and combines them in int32 (twq_k16_acc). */
+static inline int twq_is_k16(int fmt) { return fmt == TWQ_Q6_K || fmt == TWQ_Q3_K || fmt == TWQ_Q2_K; }
+static inline int twq_is_i8(int fmt) { return fmt == TWQ_Q4_0 || fmt == TWQ_Q4_1 || twq_is_q5(fmt) || fmt == TWQ_Q8_0 || twq_is_k(fmt) || twq_is_iq4(fmt); }
 /* The integer path's tables' index of a format (twq_is_i8). */
-static inline int twq_i8_slot(int fmt) { return fmt == TWQ_Q4_K ? 5 : fmt == TWQ_Q5_K ? 6 : fmt == TWQ_Q6_K ? 7 : fmt == TWQ_IQ4_NL ? 8 : fmt == TWQ_IQ4_XS ? 9 : fmt; }
-#define TWQ_I8_SLOTS 10
+static inline int twq_i8_slot(int fmt) {
+    return fmt == TWQ_Q4_K ? 5 : fmt == TWQ_Q5_K ? 6 : fmt == TWQ_Q6_K ? 7 : fmt == TWQ_Q3_K ? 8 : fmt == TWQ_Q2_K ? 9 : fmt == TWQ_IQ4_NL ? 10 : fmt == TWQ_IQ4_XS ? 11 : fmt;
+}
+#define TWQ_I8_SLOTS 12
 /* Where a q4_k / q5_k super-block's nibbles start (after d, dmin, the scales, and q5_k's qh). */
 static inline int64_t twq_k45_qs(int fmt) { return fmt == TWQ_Q5_K ? 48 : 16; }
 
@@ -396,8 +375,9 @@ TWQ_UNUSED static void twq_bf16x16_float(const float* x, const uint8_t* w, float
 
 /* x quantized for the integer path; per block b of row r (index r * nb + b): d, cx = d * sum(q)
  * and corr = twq_corr_mul(fmt) * sum(q), the integer start of the block's dot products, and
- * corr16 = twq_corr_mul(fmt) * (the sum of its first 16 q): q6_k's two halves (scales) start at
- * corr16 and corr - corr16. */
+ * corr16 = twq_corr_mul(fmt) * (the sum of its first 16 q): q6_k's and q3_k's two halves
+ * (scales) start at corr16 and corr - corr16. q2_k's halves start at 0: its corr and corr16
+ * are the sums themselves (twq_corr_mul 1), which its mins multiply (twq_k16_acc). */
 typedef struct {
     int8_t* q; /* [M][K], the order of x */
     float* d;
@@ -408,13 +388,16 @@ typedef struct {
 } twq_xq;
 
 /* The dot products multiply unsigned weight bytes: q4_0's nibbles are q_w + 8 (q5_0's 5-bit
- * values q_w + 16, q6_k's 6-bit ones q_w + 32), and q8_0's bytes (iq4's values) are biased to q_w + 128 (but for vpmaddubsw, see twq_dot); the start of each block's sum
+ * values q_w + 16, q6_k's 6-bit ones q_w + 32, q3_k's 3-bit ones q_w + 4), and q8_0's bytes (iq4's values) are biased to q_w + 128 (but for vpmaddubsw, see twq_dot); the start of each block's sum
  * takes the bias off. (The portable loop needs the bias too: GCC 12 with -march=native turns an
- * int8 x int8 dot-product loop into vpdpbusd, which reads one side as unsigned: wrong sums.) */
+ * int8 x int8 dot-product loop into vpdpbusd, which reads one side as unsigned: wrong sums.)
+ * q2_k's 1 keeps the plain sums of q_x (see twq_xq). */
 static inline int32_t twq_corr_mul(int fmt) {
     if (fmt == TWQ_Q4_0) return -8;
     if (fmt == TWQ_Q5_0) return -16;
     if (fmt == TWQ_Q6_K) return -32;
+    if (fmt == TWQ_Q3_K) return -4;
+    if (fmt == TWQ_Q2_K) return 1;
 #if !defined(TWQ_AVX512) || defined(TWQ_VNNI)
     if (twq_w_signed(fmt)) return -128;
 #endif
@@ -520,7 +503,6 @@ static float* twq_xq_alloc(twq_xq* xq, int64_t M, int64_t K) {
 /* ==== AVX-512 ================================================================================ */
 #ifdef TWQ_AVX512
 
-#define TWQ_CHUNK 64   /* pieces whose factors a GEMV group converts ahead of use */
 #define TWQ_AHEAD 4    /* GEMV groups of W rows prefetched ahead */
 #define TWQ_PN 32      /* W rows per packed GEMM panel: two vectors of outputs */
 #define TWQ_PM 12      /* x rows per GEMM micro-kernel: 24 accumulators */
@@ -529,85 +511,23 @@ static float* twq_xq_alloc(twq_xq* xq, int64_t M, int64_t K) {
 #define TWQ_BPF 4      /* pieces of each row prefetched ahead as a GEMM panel is packed */
 #endif
 
-TWQ_INLINE __m512i twq_u8x16(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p)); }
-
-/* Floats of per-piece factors: q3_k: d * scale of each 16-weight half; q2_k: d * scale,
- * -dmin * min of each half; none for bf16, f16. */
-#define TWQ_MAXNF 4
-TWQ_INLINE int twq_nf(int fmt) { return fmt == TWQ_BF16 || fmt == TWQ_F16 ? 0 : fmt == TWQ_Q2_K ? 4 : 2; }
-
-/* The factors of pieces [j0, j1) of a k-quant row, converted once so that the decoder only
- * broadcasts them from memory (a load, no vector ALU work). */
-TWQ_INLINE void twq_factors(int fmt, const uint8_t* row, int64_t j0, int64_t j1, float* f) {
-    if (!twq_is_k(fmt)) return;
-    float kq[TWQ_NKQ];
-    for (int64_t j = j0; j < j1; ++j) {
-        if (j == j0 || (j & 7) == 0) twq_kscales(fmt, row + (j >> 3) * twq_nbytes[fmt], kq);
-        int s = (int)(j & 7);
-        float* o = f + twq_nf(fmt) * (j - j0);
-        if (fmt == TWQ_Q2_K) {
-            o[0] = kq[2 * s];
-            o[1] = -kq[16 + 2 * s];
-            o[2] = kq[2 * s + 1];
-            o[3] = -kq[16 + 2 * s + 1];
-        } else {
-            o[0] = kq[2 * s];
-            o[1] = kq[2 * s + 1];
-        }
-    }
-}
-
-/* The 32 weights of piece j as two vectors (weights 0..15, 16..31); f: the piece's factors.
- * The k-quants look their values up in a table built per half piece (vpermps reads only the
- * low 4 bits of each index). */
-TWQ_INLINE void twq_dec(int fmt, const uint8_t* row, int64_t j, const float* f, __m512* w0, __m512* w1) {
-    switch (fmt) {
-    case TWQ_BF16: {
-        const uint8_t* b = row + j * 64;
+/* The 32 weights of piece j of a bf16 or f16 row as two vectors (weights 0..15, 16..31). */
+TWQ_INLINE void twq_dec(int fmt, const uint8_t* row, int64_t j, __m512* w0, __m512* w1) {
+    const uint8_t* b = row + j * 64;
+    if (fmt == TWQ_BF16) {
         *w0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)b)), 16));
         *w1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(b + 32))), 16));
         return;
     }
-    case TWQ_F16: {
-        const uint8_t* b = row + j * 64;
-        *w0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)b));
-        *w1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(b + 32)));
-        return;
-    }
-    case TWQ_Q3_K: case TWQ_Q2_K: { /* 2-bit fields (q3_k: and a high bit) looked up in a table per half */
-        const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        const int q3 = fmt == TWQ_Q3_K, s = (int)(j & 7);
-        const uint8_t* b = row + (j >> 3) * (q3 ? 110 : 84);
-        const uint8_t* qs = b + (q3 ? 32 : 16) + 32 * (s >> 2);
-        const __m128i sq = _mm_cvtsi32_si128(2 * (s & 3)), sh = _mm_cvtsi32_si128(s);
-        const __m512i three = _mm512_set1_epi32(3), four = _mm512_set1_epi32(4);
-        __m512i q0 = _mm512_and_si512(_mm512_srl_epi32(twq_u8x16(qs), sq), three);
-        __m512i q1 = _mm512_and_si512(_mm512_srl_epi32(twq_u8x16(qs + 16), sq), three);
-        __m512 t0, t1;
-        if (q3) { /* index q | hbit << 2, value (index - 4) * d * scale */
-            q0 = _mm512_or_si512(q0, _mm512_and_si512(_mm512_slli_epi32(_mm512_srl_epi32(twq_u8x16(b), sh), 2), four));
-            q1 = _mm512_or_si512(q1, _mm512_and_si512(_mm512_slli_epi32(_mm512_srl_epi32(twq_u8x16(b + 16), sh), 2), four));
-            const __m512 v = _mm512_sub_ps(iota, _mm512_set1_ps(4.0f));
-            t0 = _mm512_mul_ps(v, _mm512_set1_ps(f[0]));
-            t1 = _mm512_mul_ps(v, _mm512_set1_ps(f[1]));
-        } else { /* q * d * scale - dmin * min */
-            t0 = _mm512_fmadd_ps(iota, _mm512_set1_ps(f[0]), _mm512_set1_ps(f[1]));
-            t1 = _mm512_fmadd_ps(iota, _mm512_set1_ps(f[2]), _mm512_set1_ps(f[3]));
-        }
-        *w0 = _mm512_permutexvar_ps(q0, t0);
-        *w1 = _mm512_permutexvar_ps(q1, t1);
-        return;
-    }
-    }
+    *w0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)b));
+    *w1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(b + 32)));
 }
 
 /* ---- float GEMV: rows n0 .. n0+NR of W against MR rows of x (row stride K); y row stride N ---- */
 TWQ_INLINE void twq_gemv_tile(int fmt, int MR, int NR, const float* x, const uint8_t* w, int64_t rb,
                               float* y, int64_t N, int64_t K, int64_t n0) {
     __m512 acc[TWQ_MR][TWQ_NR];
-    float f[TWQ_NR][TWQ_MAXNF * TWQ_CHUNK];
     const uint8_t* rows[TWQ_NR];
-    const int nf = twq_nf(fmt);
     for (int c = 0; c < NR; ++c) rows[c] = w + (n0 + c) * rb;
     for (int r = 0; r < MR; ++r)
         for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_setzero_ps();
@@ -617,22 +537,17 @@ TWQ_INLINE void twq_gemv_tile(int fmt, int MR, int NR, const float* x, const uin
      * short row streams, and a big matrix then runs at half the memory bandwidth. */
     const char* ahead = (const char*)(rows[0] + TWQ_AHEAD * NR * rb);
     const int64_t step = nj ? (NR * rb + nj - 1) / nj : 0;
-    for (int64_t j0 = 0; j0 < nj; j0 += TWQ_CHUNK) {
-        const int64_t j1 = j0 + TWQ_CHUNK < nj ? j0 + TWQ_CHUNK : nj;
-        if (nf)
-            for (int c = 0; c < NR; ++c) twq_factors(fmt, rows[c], j0, j1, f[c]);
-        for (int64_t j = j0; j < j1; ++j) {
-            for (int64_t o = 0; o < step; o += 64) _mm_prefetch(ahead + j * step + o, _MM_HINT_T0);
-            __m512 x0[TWQ_MR], x1[TWQ_MR];
-            for (int r = 0; r < MR; ++r) {
-                x0[r] = _mm512_loadu_ps(x + r * K + 32 * j);
-                x1[r] = _mm512_loadu_ps(x + r * K + 32 * j + 16);
-            }
-            for (int c = 0; c < NR; ++c) {
-                __m512 w0, w1;
-                twq_dec(fmt, rows[c], j, f[c] + nf * (j - j0), &w0, &w1);
-                for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_fmadd_ps(w1, x1[r], _mm512_fmadd_ps(w0, x0[r], acc[r][c]));
-            }
+    for (int64_t j = 0; j < nj; ++j) {
+        for (int64_t o = 0; o < step; o += 64) _mm_prefetch(ahead + j * step + o, _MM_HINT_T0);
+        __m512 x0[TWQ_MR], x1[TWQ_MR];
+        for (int r = 0; r < MR; ++r) {
+            x0[r] = _mm512_loadu_ps(x + r * K + 32 * j);
+            x1[r] = _mm512_loadu_ps(x + r * K + 32 * j + 16);
+        }
+        for (int c = 0; c < NR; ++c) {
+            __m512 w0, w1;
+            twq_dec(fmt, rows[c], j, &w0, &w1);
+            for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_fmadd_ps(w1, x1[r], _mm512_fmadd_ps(w0, x0[r], acc[r][c]));
         }
     }
     for (int r = 0; r < MR; ++r)
@@ -654,8 +569,6 @@ TWQ_INLINE void twq_gemv_tile(int fmt, int MR, int NR, const float* x, const uin
     TWQ_GEMV_FN(FMT, 1, 4) TWQ_GEMV_FN(FMT, 2, 4) TWQ_GEMV_FN(FMT, 3, 4) TWQ_GEMV_FN(FMT, 4, 4) TWQ_GEMV_NR(FMT, 2) TWQ_GEMV_NR(FMT, 1)
 TWQ_GEMV_FMT(TWQ_BF16)
 TWQ_GEMV_FMT(TWQ_F16)
-TWQ_GEMV_FMT(TWQ_Q3_K)
-TWQ_GEMV_FMT(TWQ_Q2_K)
 
 typedef void (*twq_gemv_fn)(const float*, const uint8_t*, int64_t, float*, int64_t, int64_t, int64_t);
 #define TWQ_GEMV_ROW_NR(FMT, NR) \
@@ -666,7 +579,7 @@ typedef void (*twq_gemv_fn)(const float*, const uint8_t*, int64_t, float*, int64
      {twq_gemv_##FMT##_1_4, twq_gemv_##FMT##_2_4, twq_gemv_##FMT##_3_4, twq_gemv_##FMT##_4_4, NULL, NULL, NULL, NULL}}
 /* [fmt][NR 1, 2, 4][MR - 1]; the integer-path formats have none */
 static const twq_gemv_fn twq_gemv_table[TWQ_NFMT][3][TWQ_MR] = {
-    [TWQ_BF16] = TWQ_GEMV_ROW(TWQ_BF16), [TWQ_F16] = TWQ_GEMV_ROW(TWQ_F16), [TWQ_Q3_K] = TWQ_GEMV_ROW(TWQ_Q3_K), [TWQ_Q2_K] = TWQ_GEMV_ROW(TWQ_Q2_K)};
+    [TWQ_BF16] = TWQ_GEMV_ROW(TWQ_BF16), [TWQ_F16] = TWQ_GEMV_ROW(TWQ_F16)};
 
 /* Up to 4 rows of x: groups of 4 W rows, one pass. More: groups of 2 W rows, passes of up to 8
  * rows of x (16 accumulators either way; a group's weights come from memory once). The W rows
@@ -731,10 +644,9 @@ TWQ_INLINE void twq_transpose16(const float* src, int64_t ss, float* dst, int64_
 }
 
 /* Decode rows [n0, n0 + nr) (nr <= 32; zero columns past them), weights [k0, k0 + kc) with k0 a
- * multiple of 32 (of 256 for k-quants), into the panel p[k][32]. */
+ * multiple of 32, into the panel p[k][32]. */
 TWQ_INLINE void twq_pack(int fmt, const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, int64_t k0, int64_t kc, int64_t K, float* p) {
     float tmp[TWQ_PN * 32] __attribute__((aligned(64)));
-    float f[TWQ_MAXNF];
     for (int64_t kk = 0; kk < kc; kk += 32) {
         const int64_t j = (k0 + kk) / 32;
         for (int64_t c = 0; c < TWQ_PN; ++c) {
@@ -747,10 +659,8 @@ TWQ_INLINE void twq_pack(int fmt, const uint8_t* w, int64_t rb, int64_t n0, int6
             const uint8_t* row = w + (n0 + c) * rb;
             if (k0 + kk + 32 <= K) {
                 __m512 w0, w1;
-                /* the row's weights TWQ_BPF pieces ahead (its block there, for the k-quants) */
-                _mm_prefetch((const char*)(row + 32 * (j + TWQ_BPF) / twq_block[fmt] * twq_nbytes[fmt]), _MM_HINT_T0);
-                twq_factors(fmt, row, j, j + 1, f);
-                twq_dec(fmt, row, j, f, &w0, &w1);
+                _mm_prefetch((const char*)(row + 64 * (j + TWQ_BPF)), _MM_HINT_T0); /* the row's weights TWQ_BPF pieces ahead */
+                twq_dec(fmt, row, j, &w0, &w1);
                 _mm512_store_ps(t, w0);
                 _mm512_store_ps(t + 16, w1);
             } else {
@@ -771,12 +681,9 @@ TWQ_INLINE void twq_pack(int fmt, const uint8_t* w, int64_t rb, int64_t n0, int6
     }
 TWQ_PACK_FN(TWQ_BF16)
 TWQ_PACK_FN(TWQ_F16)
-TWQ_PACK_FN(TWQ_Q3_K)
-TWQ_PACK_FN(TWQ_Q2_K)
 typedef void (*twq_pack_fn)(const uint8_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float*);
 /* [fmt]; the integer-path formats have none */
-static const twq_pack_fn twq_pack_table[TWQ_NFMT] = {[TWQ_BF16] = twq_pack_TWQ_BF16, [TWQ_F16] = twq_pack_TWQ_F16, [TWQ_Q3_K] = twq_pack_TWQ_Q3_K,
-                                                     [TWQ_Q2_K] = twq_pack_TWQ_Q2_K};
+static const twq_pack_fn twq_pack_table[TWQ_NFMT] = {[TWQ_BF16] = twq_pack_TWQ_BF16, [TWQ_F16] = twq_pack_TWQ_F16};
 
 /* y[r][0..32) (+)= a0[r], a1[r] for MR rows of a register tile; mk0/mk1 mask the valid outputs. */
 TWQ_INLINE void twq_store_tile(int MR, __m512* a0, __m512* a1, float* y, int64_t ldy, __mmask16 mk0, __mmask16 mk1, int add) {
@@ -851,7 +758,7 @@ TWQ_INLINE twq_tile twq_tile_at(int64_t t, int64_t ntm, int64_t mc, int64_t M, i
 
 static int twq_gemm(int fmt, const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t rb) {
     const int64_t nkb = (K + TWQ_KC - 1) / TWQ_KC;
-    const int64_t kc = ((K + nkb - 1) / nkb + 255) / 256 * 256; /* whole super-blocks per panel */
+    const int64_t kc = ((K + nkb - 1) / nkb + 255) / 256 * 256; /* a multiple of 256 k per panel (once whole k-quant super-blocks) */
     const int64_t panels = (N + TWQ_PN - 1) / TWQ_PN;
     int64_t ntm, mc;
     twq_tiles(M, panels, TWQ_PM, &ntm, &mc);
@@ -1318,6 +1225,80 @@ TWQ_INLINE void twq_iq4xs_decode(const uint8_t* const* rows, int64_t j, __m512i*
     twq_iq4_lookup(W);
 }
 
+/* q3_k's sub-block s (0..7) of 16 rows from the 8 vectors L of their 32 bytes of 2-bit fields
+ * (those of half s / 4) and H of their 32 hmask bytes (twq_i8_decode's order): into L, the 3-bit
+ * values q_w + 4 = field | hbit << 2 (0..7; q_w = field - 4 where the hmask bit is clear): bits
+ * 2 (s & 3) of L's bytes, bit s of H's moved to bit 2. */
+TWQ_INLINE void twq_k3_bits(__m512i* L, const __m512i* H, int s) {
+    const __m128i at = _mm_cvtsi32_si128(2 * (s & 3));
+    const __m512i three = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
+    for (int i = 0; i < 8; ++i) {
+        const __m512i h = s >= 2 ? _mm512_srli_epi32(H[i], s - 2) : _mm512_slli_epi32(H[i], 2 - s); /* bit s of a byte at its bit 2 */
+        L[i] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srl_epi32(L[i], at), three), h, four, 0xF8); /* a | (b & c) */
+    }
+}
+
+/* q3_k's sub-block s's two scales (6-bit, less 32: -32..31) for 16 rows from two dwords of
+ * their 12 scale bytes (lane i: row i's): scale g's low 4 bits are nibble g / 8 of byte g % 8,
+ * its top 2 bits 2 (g / 4) of byte 8 + g % 4; for g = 2s, 2s + 1 that is bytes 2 (s & 1) and
+ * 2 (s & 1) + 1 of dword (s & 3) / 2 (lo) and of dword 2 (hi). The pair, as int8, is moved to
+ * the lane's top two bytes, as twq_k6_isum takes them (the "mw" of a q3_k block). */
+TWQ_INLINE __m512 twq_k3_scales(__m512i lo, __m512i hi, int s) {
+    const __m512i l4 = _mm512_and_si512(_mm512_srl_epi32(lo, _mm_cvtsi32_si128(4 * (s >> 2))), _mm512_set1_epi8(0x0F));
+    const __m512i h2 = _mm512_and_si512(_mm512_srl_epi32(hi, _mm_cvtsi32_si128(2 * (s >> 1))), _mm512_set1_epi8(3));
+    const __m512i v = _mm512_sub_epi8(_mm512_or_si512(l4, _mm512_slli_epi32(h2, 4)), _mm512_set1_epi8(32)); /* h2 << 4 stays in its byte */
+    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16 - 16 * (s & 1)));
+}
+
+/* q2_k's sub-block s of 16 rows: the 2-bit fields q_w (0..3), bits 2 (s & 3) of L's bytes (the
+ * 32 bytes of half s / 4, twq_i8_decode's order), into L. */
+TWQ_INLINE void twq_k2_bits(__m512i* L, int s) {
+    const __m128i at = _mm_cvtsi32_si128(2 * (s & 3));
+    for (int i = 0; i < 8; ++i) L[i] = _mm512_and_si512(_mm512_srl_epi32(L[i], at), _mm512_set1_epi8(3));
+}
+
+/* q2_k's "mw" of sub-block s for 16 rows: bits 0-15 of a lane the row's dmin (fp16 bits: dm's
+ * low 16), bytes 2 and 3 its scale bytes 2s and 2s + 1 (each sc | mn << 4), found at bytes
+ * 2 (s & 1) + 0, 1 of S (lane i: row i's dword (s / 2) of the 16 scale bytes); twq_k16_acc
+ * takes them apart. */
+TWQ_INLINE __m512 twq_k2_scales(__m512i S, __m512i dm, int s) {
+    const __m512i pair = _mm512_slli_epi32(S, 16 - 16 * (s & 1));
+    return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(pair, dm, _mm512_set1_epi32((int)0xFFFF0000u), 0xE4)); /* c ? a : b */
+}
+
+/* q3_k's 32-weight block j (sub-block j % 8 of super-block j / 8) of 16 plain rows: W as
+ * twq_i8_decode gives a block (q_w + 4), dw the rows' d, mw their scales (twq_k3_scales). Every
+ * load stays inside the 110-byte super-block (the scales read from byte 92, d from 94). */
+TWQ_INLINE void twq_k3_decode(const uint8_t* const* rows, int64_t j, __m512i* W, __m512* dw, __m512* mw) {
+    const int64_t o = (j >> 3) * 110;
+    const int s = (int)(j & 7), half = s >> 2;
+    __m512i H[8], S[4], T[4];
+    twq_t16x4(rows, o + 32 + 32 * half, 4, W);
+    twq_t16x4(rows, o + 48 + 32 * half, 4, W + 4);
+    twq_t16x4(rows, o, 4, H);
+    twq_t16x4(rows, o + 16, 4, H + 4);
+    twq_k3_bits(W, H, s);
+    twq_t16x4(rows, o + 92, 4, S); /* S[1..3]: scale bytes 0-3, 4-7, 8-11 */
+    twq_t16x4(rows, o + 94, 4, T); /* T[3]: bytes 106-109, d in the top two */
+    *dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(T[3], 16)));
+    *mw = twq_k3_scales(S[1 + ((s & 3) >> 1)], S[3], s);
+}
+
+/* q2_k's 32-weight block j of 16 plain rows: W (q_w), dw the rows' d, mw their dmin and scale
+ * bytes (twq_k2_scales). Every load stays inside the 84-byte super-block (d, dmin read from 68). */
+TWQ_INLINE void twq_k2_decode(const uint8_t* const* rows, int64_t j, __m512i* W, __m512* dw, __m512* mw) {
+    const int64_t o = (j >> 3) * 84;
+    const int s = (int)(j & 7), half = s >> 2;
+    __m512i S[4], T[4];
+    twq_t16x4(rows, o + 16 + 32 * half, 4, W);
+    twq_t16x4(rows, o + 32 + 32 * half, 4, W + 4);
+    twq_k2_bits(W, s);
+    twq_t16x4(rows, o, (s >> 1) + 1, S);
+    twq_t16x4(rows, o + 68, 4, T); /* T[3]: bytes 80-83, d and dmin */
+    *dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(T[3]));
+    *mw = twq_k2_scales(S[s >> 1], _mm512_srli_epi32(T[3], 16), s);
+}
+
 /* Block j of 16 rows: W[t], lane i = row i's weights 4t..4t+3 of the block as bytes (unsigned:
  * nibbles (q5: with their fifth bits), q8_0 + 128, iq4's values + 128; signed q8_0 and iq4 values without VNNI), and the rows' d
  * (and q4_1's, q5_1's m). */
@@ -1332,6 +1313,14 @@ TWQ_INLINE void twq_i8_decode(int fmt, const uint8_t* const* rows, int64_t j, __
     }
     if (fmt == TWQ_Q6_K) {
         twq_k6_decode(rows, j, W, dw, mw);
+        return;
+    }
+    if (fmt == TWQ_Q3_K) {
+        twq_k3_decode(rows, j, W, dw, mw);
+        return;
+    }
+    if (fmt == TWQ_Q2_K) {
+        twq_k2_decode(rows, j, W, dw, mw);
         return;
     }
     const int64_t o = j * twq_nbytes[fmt];
@@ -1401,6 +1390,28 @@ TWQ_INLINE void twq_i8_decode_x16(int fmt, const uint8_t* grp, int64_t j, __m512
         *mw = twq_k6_scales(_mm512_loadu_si512((const void*)(k + 64 * (48 + (s >> 1)))), s);
         return;
     }
+    if (fmt == TWQ_Q3_K) { /* super-block j / 8: 16 d, then runs of 4 bytes: hmask 0-7, 2-bit fields 8-23, scales 24-26 */
+        const uint8_t* k = grp + (j >> 3) * 16 * 110 + 32;
+        const int s = (int)(j & 7), half = s >> 2;
+        __m512i H[8];
+        for (int t = 0; t < 8; ++t) {
+            W[t] = _mm512_loadu_si512((const void*)(k + 64 * (8 + 8 * half + t)));
+            H[t] = _mm512_loadu_si512((const void*)(k + 64 * t));
+        }
+        twq_k3_bits(W, H, s);
+        *dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(k - 32)));
+        *mw = twq_k3_scales(_mm512_loadu_si512((const void*)(k + 64 * (24 + ((s & 3) >> 1)))), _mm512_loadu_si512((const void*)(k + 64 * 26)), s);
+        return;
+    }
+    if (fmt == TWQ_Q2_K) { /* super-block j / 8: 16 d, 16 dmin, then runs of 4 bytes: scales 0-3, 2-bit fields 4-19 */
+        const uint8_t* k = grp + (j >> 3) * 16 * 84 + 64;
+        const int s = (int)(j & 7), half = s >> 2;
+        for (int t = 0; t < 8; ++t) W[t] = _mm512_loadu_si512((const void*)(k + 64 * (4 + 8 * half + t)));
+        twq_k2_bits(W, s);
+        *dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(k - 64)));
+        *mw = twq_k2_scales(_mm512_loadu_si512((const void*)(k + 64 * (s >> 1))), _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(k - 32))), s);
+        return;
+    }
     const uint8_t* b = grp + j * 16 * twq_nbytes[fmt];
     *dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)b));
     b += 32;
@@ -1429,7 +1440,9 @@ TWQ_INLINE void twq_i8_decode_x16(int fmt, const uint8_t* grp, int64_t j, __m512
     if (fmt == TWQ_IQ4_NL) twq_iq4_lookup(W); /* q4_0x16's nibbles, looked up */
 }
 
-/* s + the dot products of each lane's 4 weight bytes with x's 4 bytes (xb, broadcast). */
+/* s + the dot products of each lane's 4 weight bytes with x's 4 bytes (xb, broadcast). Without
+ * VNNI vpmaddubsw's pair sums stay within int16: the unsigned weights are at most 63 (q6_k; q5's
+ * 31, q3_k's 7, q2_k's 3), 2 * 63 * 127 = 16002; q8_0 below. */
 TWQ_INLINE __m512i twq_dot(int fmt, __m512i s, __m512i w, __m512i xb) {
 #ifdef TWQ_VNNI
     (void)fmt;
@@ -1447,9 +1460,33 @@ TWQ_INLINE __m512i twq_i8_start(int fmt, const twq_xq* xq, int64_t at) {
     return twq_corr_mul(fmt) ? _mm512_set1_epi32(xq->corr[at]) : _mm512_setzero_si512();
 }
 
-/* The starts of a q6_k block's two chains (its halves: weights 0-15 and 16-31), the -32 of q_w = q + 32 - 32. */
-TWQ_INLINE __m512i twq_k6_start0(const twq_xq* xq, int64_t at) { return _mm512_set1_epi32(xq->corr16[at]); }
-TWQ_INLINE __m512i twq_k6_start1(const twq_xq* xq, int64_t at) { return _mm512_set1_epi32(xq->corr[at] - xq->corr16[at]); }
+/* The starts of a q6_k or q3_k block's two chains (its halves: weights 0-15 and 16-31), the -32
+ * (-4) of q_w = (q_w + 32) - 32; q2_k's chains start at 0 (its q_w are the unsigned bytes). */
+TWQ_INLINE __m512i twq_k16_start0(int fmt, const twq_xq* xq, int64_t at) {
+    return fmt == TWQ_Q2_K ? _mm512_setzero_si512() : _mm512_set1_epi32(xq->corr16[at]);
+}
+TWQ_INLINE __m512i twq_k16_start1(int fmt, const twq_xq* xq, int64_t at) {
+    return fmt == TWQ_Q2_K ? _mm512_setzero_si512() : _mm512_set1_epi32(xq->corr[at] - xq->corr16[at]);
+}
+
+/* The float update of a q6_k, q3_k or q2_k block (the file header's sequence) from its halves'
+ * sums s and u and mw (twq_k6_scales, twq_k3_scales, twq_k2_scales): isum = sc0 * s + sc1 * u
+ * in int32, acc = fma((float)isum, d_w * d_x, acc); for q2_k then msum = mn0 * S0 + mn1 * S1
+ * (S0, S1: the halves' sums of q_x, |S| <= 16 * 127, and the mins 0..15 as int16 pairs: one
+ * vpmaddwd, exact) and acc = fma((float)msum, -(dmin * d_x), acc). */
+TWQ_INLINE __m512 twq_k16_acc(int fmt, __m512i s, __m512i u, __m512 dw, __m512 mw, const twq_xq* xq, int64_t at, __m512 acc) {
+    const __m512 dx = _mm512_set1_ps(xq->d[at]);
+    if (fmt != TWQ_Q2_K) return _mm512_fmadd_ps(_mm512_cvtepi32_ps(twq_k6_isum(s, u, mw)), _mm512_mul_ps(dw, dx), acc);
+    const __m512i p = _mm512_castps_si512(mw), lo4 = _mm512_set1_epi32(15);
+    const __m512i sc0 = _mm512_and_si512(_mm512_srli_epi32(p, 16), lo4), sc1 = _mm512_and_si512(_mm512_srli_epi32(p, 24), lo4);
+    const __m512i mn = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(p, 20), lo4), _mm512_slli_epi32(_mm512_srli_epi32(p, 28), 16)); /* mn0, mn1 as int16 */
+    const uint32_t s0 = (uint32_t)xq->corr16[at], s1 = (uint32_t)(xq->corr[at] - xq->corr16[at]);
+    const __m512i msum = _mm512_madd_epi16(mn, _mm512_set1_epi32((int)((s0 & 0xFFFFu) | s1 << 16)));
+    const __m512i isum = _mm512_add_epi32(_mm512_mullo_epi32(s, sc0), _mm512_mullo_epi32(u, sc1));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, dx), acc);
+    const __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(p));
+    return _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmin, dx), acc); /* fma(msum, -(dmin * d_x), acc): the same rounding */
+}
 
 /* The float update of one block (the sequence of the file header), shared by GEMV and GEMM. */
 TWQ_INLINE __m512 twq_i8_acc(int fmt, __m512i isum, __m512 dw, __m512 mw, const twq_xq* xq, int64_t at, __m512 acc) {
@@ -1470,8 +1507,8 @@ TWQ_INLINE void twq_i8_rows(int fmt, int MR, const twq_xq* xq, int64_t r0, int64
     __m512i s[TWQ_MR], u[TWQ_MR];
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
-        s[r] = fmt == TWQ_Q6_K ? twq_k6_start0(xq, (r0 + r) * nb + j) : twq_i8_start(fmt, xq, (r0 + r) * nb + j);
-        u[r] = fmt == TWQ_Q6_K ? twq_k6_start1(xq, (r0 + r) * nb + j) : _mm512_setzero_si512();
+        s[r] = twq_is_k16(fmt) ? twq_k16_start0(fmt, xq, (r0 + r) * nb + j) : twq_i8_start(fmt, xq, (r0 + r) * nb + j);
+        u[r] = twq_is_k16(fmt) ? twq_k16_start1(fmt, xq, (r0 + r) * nb + j) : _mm512_setzero_si512();
     }
 #pragma GCC unroll 8
     for (int t = 0; t < 4; ++t)
@@ -1482,8 +1519,8 @@ TWQ_INLINE void twq_i8_rows(int fmt, int MR, const twq_xq* xq, int64_t r0, int64
         }
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
-        const __m512i isum = fmt == TWQ_Q6_K ? twq_k6_isum(s[r], u[r], mw) : _mm512_add_epi32(s[r], u[r]);
-        acc[r] = twq_i8_acc(fmt, isum, dw, mw, xq, (r0 + r) * nb + j, acc[r]);
+        const int64_t at = (r0 + r) * nb + j;
+        acc[r] = twq_is_k16(fmt) ? twq_k16_acc(fmt, s[r], u[r], dw, mw, xq, at, acc[r]) : twq_i8_acc(fmt, _mm512_add_epi32(s[r], u[r]), dw, mw, xq, at, acc[r]);
     }
 }
 
@@ -1546,6 +1583,8 @@ TWQ_I8_GEMV_FMT(TWQ_Q8_0)
 TWQ_I8_GEMV_FMT(TWQ_Q4_K)
 TWQ_I8_GEMV_FMT(TWQ_Q5_K)
 TWQ_I8_GEMV_FMT(TWQ_Q6_K)
+TWQ_I8_GEMV_FMT(TWQ_Q3_K)
+TWQ_I8_GEMV_FMT(TWQ_Q2_K)
 TWQ_I8_GEMV_FMT(TWQ_IQ4_NL)
 TWQ_I8_GEMV_FMT(TWQ_IQ4_XS)
 typedef void (*twq_i8_gemv_fn)(const twq_xq*, int64_t, const uint8_t*, int64_t, int64_t, int64_t, float*, int64_t);
@@ -1555,12 +1594,12 @@ typedef void (*twq_i8_gemv_fn)(const twq_xq*, int64_t, const uint8_t*, int64_t, 
 static const twq_i8_gemv_fn twq_i8_gemv_table[2][TWQ_I8_SLOTS][8] = {
     {TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q4_0), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q4_1), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q5_0),
      TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q5_1), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q8_0), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q4_K),
-     TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q5_K), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q6_K), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_IQ4_NL),
-     TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_IQ4_XS)},
+     TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q5_K), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q6_K), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q3_K),
+     TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q2_K), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_IQ4_NL), TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_IQ4_XS)},
     {TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q4_0), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q4_1), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q5_0),
      TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q5_1), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q8_0), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q4_K),
-     TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q5_K), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q6_K), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_IQ4_NL),
-     TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_IQ4_XS)}};
+     TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q5_K), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q6_K), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q3_K),
+     TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q2_K), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_IQ4_NL), TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_IQ4_XS)}};
 
 /* x's rows quantized, then tiles of 16 W rows over the threads, each adding the residual r (or
  * NULL) into its outputs as it finishes them. (Quantizing inside the parallel region, the rows
@@ -1581,8 +1620,8 @@ static void twq_i8_gemv(int fmt, int x16, const float* x, const twq_xq* xq, cons
 }
 
 /* Decode rows [n0, n0 + nr) (nr <= 32; past them the last row again) into a panel: per block,
- * W[t] of rows 0..15 and 16..31 (t = 0..7), then their d, then their m (q6_k: the scale pairs
- * of twq_k6_scales) (TWQ_IBLK bytes). */
+ * W[t] of rows 0..15 and 16..31 (t = 0..7), then their d, then their m (q6_k, q3_k, q2_k: their "mw",
+ * twq_k6_scales & co.) (TWQ_IBLK bytes). */
 TWQ_INLINE void twq_i8_pack(int fmt, const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, int64_t nb, uint8_t* p) {
     for (int v = 0; v < 2; ++v) {
         const uint8_t* rows[16];
@@ -1623,14 +1662,14 @@ TWQ_INLINE void twq_i8_micro(int fmt, int MR, const twq_xq* xq, int64_t r0, cons
     for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t j = 0; j < nb; ++j) {
         const uint8_t* pj = p + j * TWQ_IBLK;
-        __m512i s[TWQ_IPM][2], h[TWQ_IPM][2]; /* q6_k: h the first halves' sums */
-        for (int r = 0; r < MR; ++r) s[r][0] = s[r][1] = fmt == TWQ_Q6_K ? twq_k6_start0(xq, (r0 + r) * nb + j) : twq_i8_start(fmt, xq, (r0 + r) * nb + j);
+        __m512i s[TWQ_IPM][2], h[TWQ_IPM][2]; /* q6_k, q3_k, q2_k: h the first halves' sums */
+        for (int r = 0; r < MR; ++r) s[r][0] = s[r][1] = twq_is_k16(fmt) ? twq_k16_start0(fmt, xq, (r0 + r) * nb + j) : twq_i8_start(fmt, xq, (r0 + r) * nb + j);
         for (int t = 0; t < 8; ++t) {
-            if (fmt == TWQ_Q6_K && t == 4)
+            if (twq_is_k16(fmt) && t == 4)
                 for (int r = 0; r < MR; ++r) {
                     h[r][0] = s[r][0];
                     h[r][1] = s[r][1];
-                    s[r][0] = s[r][1] = twq_k6_start1(xq, (r0 + r) * nb + j);
+                    s[r][0] = s[r][1] = twq_k16_start1(fmt, xq, (r0 + r) * nb + j);
                 }
             const __m512i w0 = _mm512_load_si512((const __m512i*)(pj + 128 * t)), w1 = _mm512_load_si512((const __m512i*)(pj + 128 * t + 64));
             for (int r = 0; r < MR; ++r) {
@@ -1642,12 +1681,14 @@ TWQ_INLINE void twq_i8_micro(int fmt, int MR, const twq_xq* xq, int64_t r0, cons
         const float* f = (const float*)(pj + 1024);
         const __m512 d0 = _mm512_load_ps(f), d1 = _mm512_load_ps(f + 16), m0 = _mm512_load_ps(f + 32), m1 = _mm512_load_ps(f + 48);
         for (int r = 0; r < MR; ++r) {
-            if (fmt == TWQ_Q6_K) {
-                s[r][0] = twq_k6_isum(h[r][0], s[r][0], m0);
-                s[r][1] = twq_k6_isum(h[r][1], s[r][1], m1);
+            const int64_t at = (r0 + r) * nb + j;
+            if (twq_is_k16(fmt)) {
+                acc[r][0] = twq_k16_acc(fmt, h[r][0], s[r][0], d0, m0, xq, at, acc[r][0]);
+                acc[r][1] = twq_k16_acc(fmt, h[r][1], s[r][1], d1, m1, xq, at, acc[r][1]);
+            } else {
+                acc[r][0] = twq_i8_acc(fmt, s[r][0], d0, m0, xq, at, acc[r][0]);
+                acc[r][1] = twq_i8_acc(fmt, s[r][1], d1, m1, xq, at, acc[r][1]);
             }
-            acc[r][0] = twq_i8_acc(fmt, s[r][0], d0, m0, xq, (r0 + r) * nb + j, acc[r][0]);
-            acc[r][1] = twq_i8_acc(fmt, s[r][1], d1, m1, xq, (r0 + r) * nb + j, acc[r][1]);
         }
     }
     for (int r = 0; r < MR; ++r) {
@@ -1669,14 +1710,16 @@ TWQ_I8_MICRO_FMT(TWQ_Q8_0)
 TWQ_I8_MICRO_FMT(TWQ_Q4_K)
 TWQ_I8_MICRO_FMT(TWQ_Q5_K)
 TWQ_I8_MICRO_FMT(TWQ_Q6_K)
+TWQ_I8_MICRO_FMT(TWQ_Q3_K)
+TWQ_I8_MICRO_FMT(TWQ_Q2_K)
 TWQ_I8_MICRO_FMT(TWQ_IQ4_NL)
 TWQ_I8_MICRO_FMT(TWQ_IQ4_XS)
 typedef void (*twq_i8_micro_fn)(const twq_xq*, int64_t, const uint8_t*, float*, int64_t, int64_t, __mmask16, __mmask16);
 #define TWQ_I8_MICRO_ROW(FMT) {twq_i8_micro_##FMT##_1, twq_i8_micro_##FMT##_2, twq_i8_micro_##FMT##_3, twq_i8_micro_##FMT##_4}
 static const twq_i8_micro_fn twq_i8_micro_table[TWQ_I8_SLOTS][TWQ_IPM] = {TWQ_I8_MICRO_ROW(TWQ_Q4_0), TWQ_I8_MICRO_ROW(TWQ_Q4_1), TWQ_I8_MICRO_ROW(TWQ_Q5_0),
                                                                 TWQ_I8_MICRO_ROW(TWQ_Q5_1), TWQ_I8_MICRO_ROW(TWQ_Q8_0), TWQ_I8_MICRO_ROW(TWQ_Q4_K),
-                                                                TWQ_I8_MICRO_ROW(TWQ_Q5_K), TWQ_I8_MICRO_ROW(TWQ_Q6_K), TWQ_I8_MICRO_ROW(TWQ_IQ4_NL),
-                                                                TWQ_I8_MICRO_ROW(TWQ_IQ4_XS)};
+                                                                TWQ_I8_MICRO_ROW(TWQ_Q5_K), TWQ_I8_MICRO_ROW(TWQ_Q6_K), TWQ_I8_MICRO_ROW(TWQ_Q3_K),
+                                                                TWQ_I8_MICRO_ROW(TWQ_Q2_K), TWQ_I8_MICRO_ROW(TWQ_IQ4_NL), TWQ_I8_MICRO_ROW(TWQ_IQ4_XS)};
 
 #define TWQ_I8_PACK_FN(FMT) \
     static void twq_i8_pack_##FMT(const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, int64_t nb, uint8_t* p) { twq_i8_pack(FMT, w, rb, n0, nr, nb, p); } \
@@ -1689,14 +1732,16 @@ TWQ_I8_PACK_FN(TWQ_Q8_0)
 TWQ_I8_PACK_FN(TWQ_Q4_K)
 TWQ_I8_PACK_FN(TWQ_Q5_K)
 TWQ_I8_PACK_FN(TWQ_Q6_K)
+TWQ_I8_PACK_FN(TWQ_Q3_K)
+TWQ_I8_PACK_FN(TWQ_Q2_K)
 TWQ_I8_PACK_FN(TWQ_IQ4_NL)
 TWQ_I8_PACK_FN(TWQ_IQ4_XS)
 typedef void (*twq_i8_pack_fn)(const uint8_t*, int64_t, int64_t, int64_t, int64_t, uint8_t*);
 static const twq_i8_pack_fn twq_i8_pack_table[2][TWQ_I8_SLOTS] = {
     {twq_i8_pack_TWQ_Q4_0, twq_i8_pack_TWQ_Q4_1, twq_i8_pack_TWQ_Q5_0, twq_i8_pack_TWQ_Q5_1, twq_i8_pack_TWQ_Q8_0, twq_i8_pack_TWQ_Q4_K, twq_i8_pack_TWQ_Q5_K,
-     twq_i8_pack_TWQ_Q6_K, twq_i8_pack_TWQ_IQ4_NL, twq_i8_pack_TWQ_IQ4_XS},
+     twq_i8_pack_TWQ_Q6_K, twq_i8_pack_TWQ_Q3_K, twq_i8_pack_TWQ_Q2_K, twq_i8_pack_TWQ_IQ4_NL, twq_i8_pack_TWQ_IQ4_XS},
     {twq_i8_pack_x16_TWQ_Q4_0, twq_i8_pack_x16_TWQ_Q4_1, twq_i8_pack_x16_TWQ_Q5_0, twq_i8_pack_x16_TWQ_Q5_1, twq_i8_pack_x16_TWQ_Q8_0, twq_i8_pack_x16_TWQ_Q4_K,
-     twq_i8_pack_x16_TWQ_Q5_K, twq_i8_pack_x16_TWQ_Q6_K, twq_i8_pack_x16_TWQ_IQ4_NL, twq_i8_pack_x16_TWQ_IQ4_XS}};
+     twq_i8_pack_x16_TWQ_Q5_K, twq_i8_pack_x16_TWQ_Q6_K, twq_i8_pack_x16_TWQ_Q3_K, twq_i8_pack_x16_TWQ_Q2_K, twq_i8_pack_x16_TWQ_IQ4_NL, twq_i8_pack_x16_TWQ_IQ4_XS}};
 
 /* Quantizes x (the threads share the rows), then panels of 32 W rows as twq_gemm. */
 static int twq_i8_gemm(int fmt, int x16, const float* x, const twq_xq* xq, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t rb) {
@@ -1752,12 +1797,11 @@ static void twq_gemv(int fmt, const float* x, const uint8_t* w, float* y, int64_
 #pragma omp parallel for schedule(static) if (par)
     for (int64_t n = 0; n < N; ++n) {
         const uint8_t* row = w + n * rb;
-        float acc[TWQ_GEMV_MAX_M], kq[TWQ_NKQ], buf[32];
+        float acc[TWQ_GEMV_MAX_M], buf[32];
         for (int64_t m = 0; m < M; ++m) acc[m] = 0.0f;
         const int64_t nj = K / 32;
         for (int64_t j = 0; j < nj; ++j) {
-            if (twq_is_k(fmt) && (j & 7) == 0) twq_kscales(fmt, row + (j >> 3) * twq_nbytes[fmt], kq);
-            twq_decode32(fmt, row, j, kq, buf);
+            twq_decode32(fmt, row, j, buf);
             for (int64_t m = 0; m < M; ++m) {
                 const float* xr = x + m * K + 32 * j;
                 float v = 0.0f;
@@ -1782,7 +1826,6 @@ static int twq_gemm(int fmt, const float* x, const uint8_t* w, float* y, int64_t
 #pragma omp parallel
     {
         float* s = twq_alloc(TWQ_TILE_ROWS * K);
-        float kq[TWQ_NKQ];
         if (s == NULL) {
 #pragma omp atomic write
             failed = 1;
@@ -1794,10 +1837,7 @@ static int twq_gemm(int fmt, const float* x, const uint8_t* w, float* y, int64_t
             for (int64_t c = 0; c < nr; ++c) {
                 const uint8_t* row = w + (n0 + c) * rb;
                 float* out = s + c * K;
-                for (int64_t j = 0; j < K / 32; ++j) {
-                    if (twq_is_k(fmt) && (j & 7) == 0) twq_kscales(fmt, row + (j >> 3) * twq_nbytes[fmt], kq);
-                    twq_decode32(fmt, row, j, kq, out + 32 * j);
-                }
+                for (int64_t j = 0; j < K / 32; ++j) twq_decode32(fmt, row, j, out + 32 * j);
                 for (int64_t k = K / 32 * 32; k < K; ++k) out[k] = twq_weight1(fmt, row, k);
             }
             for (int64_t m = 0; m < M; ++m) {
@@ -2277,12 +2317,13 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
             for (int64_t r0 = 0; r0 < M; r0 += 64) {
                 const int64_t rn = M - r0 < 64 ? M - r0 : 64;
                 float acc[64];
-                uint8_t wq[32]; /* unsigned: nibbles, q8_0 + 128 (see twq_corr_mul), q6_k's q + 32, iq4's values + 128 */
+                uint8_t wq[32]; /* unsigned: nibbles, q8_0 + 128 (see twq_corr_mul), q6_k's q + 32, q3_k's q + 4, q2_k's q, iq4's values + 128 */
                 for (int64_t r = 0; r < rn; ++r) acc[r] = 0.0f;
                 for (int64_t j = 0; j < nb; ++j) {
-                    uint8_t blk[210]; /* the block (q4_k, q5_k, q6_k, iq4_xs: super-block) as the plain format stores it */
+                    uint8_t blk[210]; /* the block (the k-quants, iq4_xs: super-block) as the plain format stores it */
                     const int64_t at_j = twq_is_k(fmt) || fmt == TWQ_IQ4_XS ? j >> 3 : j;
-                    int32_t sc0 = 0, sc1 = 0; /* q6_k: the sub-block's scales */
+                    int32_t sc0 = 0, sc1 = 0, mn0 = 0, mn1 = 0; /* q6_k, q3_k, q2_k: the sub-block's scales (q2_k: and mins) */
+                    float dmin = 0.0f; /* q2_k */
                     const uint8_t* b = row + at_j * twq_nbytes[fmt];
                     if (x16) {
                         twq_block_of_x16(fmt, grp, lane, at_j, blk);
@@ -2302,6 +2343,23 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
                         sc0 = (int8_t)b[192 + 2 * s];
                         sc1 = (int8_t)b[193 + 2 * s];
                         for (int l = 0; l < 32; ++l) wq[l] = (uint8_t)(((ql[l] >> (4 * (t >> 1))) & 0xF) | ((qh[l] >> (2 * t)) & 3) << 4);
+                    } else if (fmt == TWQ_Q3_K) { /* sub-block j % 8: bits 2t of the 2-bit fields of half s / 4, bit s of hmask above them */
+                        const int s = (int)(j & 7), t = s & 3;
+                        const uint8_t* qs = b + 32 + 32 * (s >> 2);
+                        dw = twq_h2f(twq_u16(b + 108));
+                        sc0 = twq_k3_scale(b + 96, 2 * s);
+                        sc1 = twq_k3_scale(b + 96, 2 * s + 1);
+                        for (int l = 0; l < 32; ++l) wq[l] = (uint8_t)(((qs[l] >> (2 * t)) & 3) | ((b[l] >> s) & 1) << 2);
+                    } else if (fmt == TWQ_Q2_K) { /* sub-block j % 8: bits 2t of the 2-bit fields of half s / 4; scale bytes 2s, 2s + 1 */
+                        const int s = (int)(j & 7), t = s & 3;
+                        const uint8_t* qs = b + 16 + 32 * (s >> 2);
+                        dw = twq_h2f(twq_u16(b + 80));
+                        dmin = twq_h2f(twq_u16(b + 82));
+                        sc0 = b[2 * s] & 0xF;
+                        sc1 = b[2 * s + 1] & 0xF;
+                        mn0 = b[2 * s] >> 4;
+                        mn1 = b[2 * s + 1] >> 4;
+                        for (int l = 0; l < 32; ++l) wq[l] = (uint8_t)((qs[l] >> (2 * t)) & 3);
                     } else if (fmt == TWQ_Q8_0) {
                         for (int l = 0; l < 32; ++l) wq[l] = (uint8_t)(b[2 + l] ^ 0x80);
                     } else if (twq_is_iq4(fmt)) { /* the nibbles' values + 128 (as q8_0's bytes); iq4_xs: sub-block j % 8, d * (ls - 32) exact */
@@ -2339,20 +2397,22 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
                     for (int64_t r = 0; r < rn; ++r) {
                         const int64_t at = (r0 + r) * nb + j;
                         const int8_t* q = xq->q + (r0 + r) * xq->K + 32 * j;
+                        /* q6_k, q3_k: the halves' chains start at corr16 and corr - corr16; q2_k's at 0 */
+                        const int32_t k16_0 = fmt == TWQ_Q2_K ? 0 : xq->corr16[at], k16_1 = fmt == TWQ_Q2_K ? 0 : xq->corr[at] - xq->corr16[at];
 #ifdef TWQ_AVX2
                         __m256i qv = _mm256_loadu_si256((const __m256i*)q);
                         if (twq_w_signed(fmt)) qv = _mm256_sign_epi8(qv, ws);
                         const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wv, qv), _mm256_set1_epi16(1)); /* lanes 0-3: weights 0-15 */
                         int32_t isum;
-                        if (fmt == TWQ_Q6_K) {
+                        if (twq_is_k16(fmt)) {
                             const __m256i lo = _mm256_blend_epi32(p, _mm256_setzero_si256(), 0xF0); /* the halves apart: [lo, 0] and [0, hi] */
-                            isum = sc0 * (xq->corr16[at] + twq_hsum_i32(lo)) + sc1 * (xq->corr[at] - xq->corr16[at] + twq_hsum_i32(_mm256_sub_epi32(p, lo)));
+                            isum = sc0 * (k16_0 + twq_hsum_i32(lo)) + sc1 * (k16_1 + twq_hsum_i32(_mm256_sub_epi32(p, lo)));
                         } else
                             isum = (twq_w_signed(fmt) ? 0 : xq->corr[at]) + twq_hsum_i32(p);
 #else
                         int32_t isum = xq->corr[at];
-                        if (fmt == TWQ_Q6_K) { /* the halves' sums, each times its scale */
-                            int32_t s0 = xq->corr16[at], s1 = xq->corr[at] - xq->corr16[at];
+                        if (twq_is_k16(fmt)) { /* the halves' sums, each times its scale */
+                            int32_t s0 = k16_0, s1 = k16_1;
                             for (int l = 0; l < 16; ++l) s0 += wq[l] * q[l];
                             for (int l = 16; l < 32; ++l) s1 += wq[l] * q[l];
                             isum = sc0 * s0 + sc1 * s1;
@@ -2361,6 +2421,8 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
 #endif
                         acc[r] = fmaf((float)isum, dw * xq->d[at], acc[r]);
                         if (twq_i8_m(fmt)) acc[r] = fmaf(mw, xq->cx[at], acc[r]);
+                        if (fmt == TWQ_Q2_K) /* the mins: corr16, corr are the halves' sums of q_x here */
+                            acc[r] = fmaf((float)(mn0 * xq->corr16[at] + mn1 * (xq->corr[at] - xq->corr16[at])), -(dmin * xq->d[at]), acc[r]);
                     }
                 }
                 for (int64_t r = 0; r < rn; ++r) y[(r0 + r) * N + n] = acc[r];
@@ -2466,6 +2528,8 @@ int32_t tw_qlinear_q5_kx16(const float* x, const uint8_t* w, float* y, int64_t M
 int32_t tw_qlinear_q6_kx16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q6_KX16, x, w, NULL, y, M, N, K); }
 int32_t tw_qlinear_iq4_nl(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_IQ4_NL, x, w, NULL, y, M, N, K); }
 int32_t tw_qlinear_iq4_xs(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_IQ4_XS, x, w, NULL, y, M, N, K); }
+int32_t tw_qlinear_q3_kx16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q3_KX16, x, w, NULL, y, M, N, K); }
+int32_t tw_qlinear_q2_kx16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q2_KX16, x, w, NULL, y, M, N, K); }
 int32_t tw_qlinear_iq4_nlx16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_IQ4_NLX16, x, w, NULL, y, M, N, K); }
 int32_t tw_qlinear_iq4_xsx16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_IQ4_XSX16, x, w, NULL, y, M, N, K); }
 
@@ -2502,6 +2566,8 @@ TWQ_ADD_ENTRY(bf16x16, TWQ_BF16X16)
 TWQ_ADD_ENTRY(q4_kx16, TWQ_Q4_KX16)
 TWQ_ADD_ENTRY(q5_kx16, TWQ_Q5_KX16)
 TWQ_ADD_ENTRY(q6_kx16, TWQ_Q6_KX16)
+TWQ_ADD_ENTRY(q3_kx16, TWQ_Q3_KX16)
+TWQ_ADD_ENTRY(q2_kx16, TWQ_Q2_KX16)
 TWQ_ADD_ENTRY(iq4_nl, TWQ_IQ4_NL)
 TWQ_ADD_ENTRY(iq4_xs, TWQ_IQ4_XS)
 TWQ_ADD_ENTRY(iq4_nlx16, TWQ_IQ4_NLX16)

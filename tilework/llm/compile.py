@@ -2,8 +2,9 @@
 
 ``prepare_weights(config, tensors, precision)`` decides each weight's format and gives the
 arrays in the decoder's parameter order: ``"q"`` keeps the file's block formats (quantized
-matrices stay quantized; the q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k, iq4_nl and iq4_xs matrices whose
-rows are whole groups of 16, the token table among them, are copied once into their interleaved layout,
+matrices stay quantized; the q4_0, q4_1, q5_0, q5_1, q8_0, k-quant (q4_k, q5_k, q6_k, q3_k,
+q2_k), iq4_nl and iq4_xs matrices whose rows are whole groups of 16, the token table among them,
+are copied once into their interleaved layout,
 ``tilework.op.quant.interleave_rows``, which the quant backend's GEMV reads without
 transposing (SmolLM2's tied q8_0 head, the plain and the interleaved rows alternating in one
 process, cold: 1.22 ms instead of 1.25 at one row, 3.35 instead of 3.81 at eight; the lookup

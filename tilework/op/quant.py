@@ -25,12 +25,13 @@ of 136 bytes: fp16 ``d``, uint16 ``scales_h``, 4 bytes ``scales_l``, 128 bytes o
 ``d * (ls - 32) * IQ4_VALUES[q]`` with the 6-bit ``ls`` = nibble ``s % 2`` of ``scales_l[s // 2]``
 and bits ``2 s, 2 s + 1`` of ``scales_h`` above it.
 
-``q4_0x16``, ``q4_1x16``, ``q5_0x16``, ``q5_1x16``, ``q8_0x16``, ``q4_kx16``, ``q5_kx16``, ``q6_kx16``, ``iq4_nlx16``, ``iq4_xsx16`` and ``bf16x16`` (``INTERLEAVED_FORMATS``) are the same
+``q4_0x16``, ``q4_1x16``, ``q5_0x16``, ``q5_1x16``, ``q8_0x16``, the k-quants' ``q4_kx16``, ``q5_kx16``,
+``q6_kx16``, ``q3_kx16``, ``q2_kx16``, ``iq4_nlx16``, ``iq4_xsx16`` and ``bf16x16`` (``INTERLEAVED_FORMATS``) are the same
 blocks with the rows interleaved in groups of 16, the layout the ``quant`` backend's GEMV reads
 without transposing (``interleave_rows`` makes it from the plain rows): ``w`` is still
 ``uint8[out_features, row_bytes]``, ``out_features`` a multiple of 16, and rows ``16g .. 16g +
 15`` together hold, for each block ``j`` in turn, ``16 * bytes/block`` bytes: the 16 rows' ``d``,
-then (``q4_1``, ``q5_1``) their 16 ``m`` (``q4_k``, ``q5_k``: its super-blocks' 16 ``dmin``;
+then (``q4_1``, ``q5_1``) their 16 ``m`` (``q4_k``, ``q5_k``, ``q2_k``: its super-blocks' 16 ``dmin``;
 ``iq4_xs``: their 16 ``scales_h``), then the
 payloads (16 nibble bytes, ``qh`` and 16 nibble bytes, 32 int8, or ``q4_k``'s 12 bytes of scales
 and 128 of nibbles, ``q5_k``'s scales, 32 bytes of ``qh`` and nibbles, ``iq4_xs``'s 4 bytes of
@@ -38,7 +39,10 @@ and 128 of nibbles, ``q5_k``'s scales, 32 bytes of ``qh`` and nibbles, ``iq4_xs`
 row 15, for ``t = 0, 1, ...`` (so a q5 block's first run is the 16 rows' ``qh``). A ``q6_k``
 super-block's ``d`` is its last 2 bytes: ``q6_kx16`` puts the 16 ``d`` first all the same and
 the payload is bytes 0 .. 207 (128 of low nibbles, 64 of high bit pairs, 16 scales: runs 0-31,
-32-47, 48-51). ``q4_kx16``, ``q5_kx16`` and ``q6_kx16``, like the k-quants, run on the ``quant`` backend only.
+32-47, 48-51); so does ``q3_kx16`` with ``q3_k``'s ``d`` (its bytes 108-109; the payload: 32
+bytes of hmask, 64 of 2-bit fields, 12 of scales, runs 0-7, 8-23, 24-26) and ``q2_kx16`` with
+``q2_k``'s ``d`` and ``dmin`` (bytes 80-83; the payload: 16 scale bytes, 64 of 2-bit fields, runs
+0-3, 4-19). The k-quants' x16 layouts, like the k-quants, run on the ``quant`` backend only.
 ``bf16x16`` has no header and its blocks are pairs of weights (``in_features`` even): the 64
 bytes of pair ``t`` are weights ``2t, 2t + 1`` of row 0, of row 1, ... of row 15, one vector
 whose lanes are the group's rows. ``q4_k``, ``q6_k``, ``q5_k``, ``q3_k`` and ``q2_k`` (256-weight
@@ -110,7 +114,7 @@ GROUP = 16  # rows per group of an interleaved format
 INTERLEAVED_FORMATS: dict[str, QuantFormat] = {
     **{f"{f.name}x{GROUP}": QuantFormat(f"{f.name}x{GROUP}", f.block, f.nbytes, -1) for f in (QUANT_FORMATS[n] for n in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0"))},
     f"bf16x{GROUP}": QuantFormat(f"bf16x{GROUP}", 2, 4, -1),  # blocks of a pair of weights
-    **{f"{n}x{GROUP}": QuantFormat(f"{n}x{GROUP}", 256, QUANT_FORMATS[n].nbytes, -1) for n in ("q4_k", "q5_k", "q6_k")},  # super-blocks
+    **{f"{n}x{GROUP}": QuantFormat(f"{n}x{GROUP}", 256, QUANT_FORMATS[n].nbytes, -1) for n in ("q4_k", "q5_k", "q6_k", "q3_k", "q2_k")},  # super-blocks
     **{f"{f.name}x{GROUP}": QuantFormat(f"{f.name}x{GROUP}", f.block, f.nbytes, -1) for f in (QUANT_FORMATS[n] for n in ("iq4_nl", "iq4_xs"))},
 }
 ALL_FORMATS: dict[str, QuantFormat] = {**QUANT_FORMATS, **INTERLEAVED_FORMATS}
@@ -142,11 +146,11 @@ def interleavable(name: str, rows: int, cols: int) -> bool:
 
 
 def _head_bytes(base: str) -> int:
-    return 4 if base in ("q4_1", "q5_1", "q4_k", "q5_k", "iq4_xs") else 0 if base == "bf16" else 2  # q4_k, q5_k: the super-block's d, dmin; iq4_xs: d, scales_h
+    return 4 if base in ("q4_1", "q5_1", "q4_k", "q5_k", "q2_k", "iq4_xs") else 0 if base == "bf16" else 2  # q4_k, q5_k, q2_k: the super-block's d, dmin; iq4_xs: d, scales_h
 
 
 def _head_at(base: str) -> int:
-    return 208 if base == "q6_k" else 0  # where a block's head sits: q6_k's d is its last 2 bytes
+    return {"q6_k": 208, "q3_k": 108, "q2_k": 80}.get(base, 0)  # where a block's head sits: q6_k's and q3_k's d, q2_k's d and dmin are its last bytes
 
 
 def interleave_rows(data: np.ndarray, name: str, out: np.ndarray | None = None) -> np.ndarray:
