@@ -141,7 +141,7 @@ def test_a_build_with_one_path_runs_its_formats_as_the_full_one_and_refuses_the_
     monkeypatch.setattr(Q, "_BUILDING", {})
     lib = Q.library(families=["int8"])
     assert lib.families == ("int8",) and lib.path != full.path and not lib.cache_hit
-    assert set(lib.entries) == {f for f in Q.FORMATS if f in Q.INT8_FORMATS}
+    assert set(lib.entries) == {f for f in Q.FORMATS if f in Q.INT8_FORMATS and f not in Q.KQUANT_FORMATS}
     assert Q.library_for("q8_0x16") is lib
     y = np.empty((3, 32), np.float32)
     assert lib.entries["q4_1"](x.ctypes.data, b.ctypes.data, y.ctypes.data, 3, 32, 64) == 0
@@ -149,6 +149,8 @@ def test_a_build_with_one_path_runs_its_formats_as_the_full_one_and_refuses_the_
     block = (ctypes.c_int64 * 9)(Q.FORMATS.index("bf16"), id(x), id(b), id(y), 3, 32, 64, Q._DATA_OFFSET or 0, 0)
     assert lib.packed(ctypes.addressof(block)) == 6
     assert "not in this build" in str(Q._failure(6, "bf16", (3, 32, 64)))
+    kq = (ctypes.c_int64 * 9)(Q.FORMATS.index("q4_k"), id(x), id(b), id(y), 3, 32, 64, Q._DATA_OFFSET or 0, 0)
+    assert lib.packed(ctypes.addressof(kq)) == 6  # the k-quants' integer path is a path of its own
     # a build of every path, once loaded, serves any of them
     monkeypatch.setattr(Q, "_LIBS", {(False, True, True, Q.FAMILIES): full})
     assert Q.library(families=("float",)) is full and Q.library_for("q4_1") is full
@@ -173,10 +175,11 @@ def test_the_helpers_alone_decode_and_refuse_every_linear(monkeypatch: pytest.Mo
 
 def test_families_of_formats_and_bad_paths() -> None:
     assert Q.families_of(["q4_1x16", "q8_0x16", "f32"]) == ("int8",)
-    assert Q.families_of(["bf16x16", "f16", "q3_k"]) == ("int8", "bf16", "float")
+    assert Q.families_of(["bf16x16", "f16", "q3_k"]) == ("bf16", "float", "kquant")
+    assert Q.families_of(["q4_kx16", "q6_k", "iq4_xs", "q8_0"]) == ("int8", "kquant")
     assert Q.families_of(["bf16", "f16"]) == ("bf16", "float")
     assert Q.families_of(["f32"]) == ()
-    assert Q.source(families=("int8",)).startswith("#define TWQ_WITH_FLOAT 0\n") and not Q.source().startswith("#define TWQ_WITH_")
+    assert Q.source(families=("int8",)).startswith("#define TWQ_WITH_KQUANT 0\n#define TWQ_WITH_FLOAT 0\n") and not Q.source().startswith("#define TWQ_WITH_")
     with pytest.raises(TileworkError, match="unknown quant library path.*simd"):
         Q.library(families=["simd"])
 

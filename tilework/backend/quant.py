@@ -4,10 +4,11 @@ library of our own (``quant_kernels.c``, shipped as package data).
 The library is compiled on first use through the kernel toolchain
 (``tilework.codegen.c.toolchain``: the system compiler with ``-O3 -march=native -fopenmp``,
 the content-hashed cache, atomic writes), never at import, with the paths (``FAMILIES``: the
-integer one of q4_0, q4_1, q5_0, q5_1, q8_0, the k-quants, iq4_nl, iq4_xs and their x16 layouts; bf16's; the float
-one of f16) that are asked for: ``library_for(fmt)`` builds ``fmt``'s path alone unless a build
-holding it is at hand (an LLM's first start compiles what its formats take: `q` on SmolLM2 the
-integer path, 12.8 s of GCC's CPU instead of 14.8 for all three; fp32 the helpers alone, 0.6 s); a
+integer one of q4_0, q4_1, q5_0, q5_1, q8_0 and their x16 layouts; bf16's; the float one of f16;
+the integer one of the k-quants, iq4_nl, iq4_xs and their x16 layouts, ``KQUANT_FORMATS``) that
+are asked for: ``library_for(fmt)`` builds ``fmt``'s path alone unless a build holding it is at
+hand (an LLM's first start compiles what its formats take: `q` on SmolLM2 the first integer
+path, 5.4 s of GCC's CPU instead of 16.9 for all four; fp32 the helpers alone, 0.6 s); a
 build's entry points for another path refuse (error 6). Formats: ``FORMATS`` (all of
 ``QUANT_FORMATS`` but ``f32``, and the interleaved layouts ``q4_0x16``, ``q4_1x16``, ``q5_0x16``,
 ``q5_1x16``, ``q8_0x16``, ``q4_kx16``, ``q5_kx16``, ``q6_kx16``, ``q3_kx16``, ``q2_kx16``, ``iq4_nlx16``, ``iq4_xsx16`` of ``tilework.op.quant``: the same blocks, 16 rows side by side, which the GEMV reads straight
@@ -86,7 +87,8 @@ FORMATS = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "bf16", "f16", "q4_k", "q6_k"
            "q8_0x16", "bf16x16", "q4_kx16", "q5_kx16", "q6_kx16", "q3_kx16", "q2_kx16", "iq4_nlx16", "iq4_xsx16")  # the C codes' order
 INT8_FORMATS = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "q3_k", "q2_k", "q4_0x16", "q4_1x16", "q5_0x16", "q5_1x16", "q8_0x16", "q4_kx16", "q5_kx16",
                 "q6_kx16", "q3_kx16", "q2_kx16", "iq4_nl", "iq4_xs", "iq4_nlx16", "iq4_xsx16")  # the integer path: x quantized to 8-bit blocks of 32
-FAMILIES = ("int8", "bf16", "float")  # the linears' paths (INT8_FORMATS; bf16 and bf16x16; f16): a build of the library holds any of them
+KQUANT_FORMATS = ("q4_k", "q5_k", "q6_k", "q3_k", "q2_k", "iq4_nl", "iq4_xs", "q4_kx16", "q5_kx16", "q6_kx16", "q3_kx16", "q2_kx16", "iq4_nlx16", "iq4_xsx16")  # of INT8_FORMATS: their own path
+FAMILIES = ("int8", "bf16", "float", "kquant")  # the linears' paths (INT8_FORMATS less KQUANT_FORMATS; bf16 and bf16x16; f16; KQUANT_FORMATS): a build of the library holds any of them
 SOURCE = "quant_kernels.c"
 _INCLUDE = re.compile(r'^#include "(quant_[a-z0-9_]+\.c)".*$', re.M)  # the parts of SOURCE that source() splices in
 _ERRORS = {
@@ -107,7 +109,7 @@ def extern_symbol(fmt: str, add: bool = False) -> str:
 
 def family_of(fmt: str) -> str:
     """The path (``FAMILIES``) that runs ``fmt``'s linears."""
-    return "int8" if fmt in INT8_FORMATS else "bf16" if fmt in ("bf16", "bf16x16") else "float"
+    return "kquant" if fmt in KQUANT_FORMATS else "int8" if fmt in INT8_FORMATS else "bf16" if fmt in ("bf16", "bf16x16") else "float"
 
 
 def families_of(formats: Iterable[str]) -> tuple[str, ...]:
@@ -135,10 +137,10 @@ def source(portable: bool = False, vnni: bool = True, bf16dot: bool = True, fami
     kernels even where AVX-512 or AVX2 exists, ``vnni=False`` the AVX-512BW integer dot products
     even where VNNI exists, ``bf16dot=False`` the float32 bf16 GEMM even where AVX-512 BF16
     exists. ``families``: the linears' paths compiled in (``FAMILIES`` order; the helpers are
-    always there): of the 14.8 s of CPU GCC 12 takes for all three on the Zen 4 machine, the
-    integer path alone takes 12.8 (9.5 before q3_k and q2_k joined it), bf16's 1.6, the float
-    one (f16) 2.1, the helpers alone 0.6 (an
-    LLM's first start waits for them)."""
+    always there): of the 16.9 s of CPU GCC 12 takes for all four on the Zen 4 machine, the
+    integer path of q4_0 .. q8_0 alone takes 5.4, the k-quants' and iq4's 9.5, bf16's 1.6, the
+    float one (f16) 2.0, the helpers alone 0.6 (an LLM's first start waits for them; one
+    integer path of every format took 14.5, and a q4_1 model's first start with it)."""
     files = resources.files("tilework.backend")
     text = _INCLUDE.sub(lambda m: files.joinpath(m.group(1)).read_text(), files.joinpath(SOURCE).read_text())
     for family in FAMILIES:
