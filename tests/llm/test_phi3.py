@@ -134,3 +134,29 @@ def test_llama_cpp_scores_a_phi3_file_as_tilework_does(tmp_path: Path) -> None:
     got = LLM(path, precision="fp32", max_batch=1, kv_tokens=128).score(ids)
     np.testing.assert_allclose(got, want, rtol=0, atol=3e-2)  # llama.cpp's float16 KV cache: 0.012 here, as transformers without the window
     assert np.abs(log_probs(hf, ids) - want).max() > 0.5  # transformers applies the window
+
+
+def test_fused_tensors_part_into_views_of_their_rows() -> None:
+    """``split_fused``: a fused matrix's rows and a fused bias's values go to q, k, v (gate, up)
+    in order, as views; a fused tensor of the wrong size is refused naming it."""
+    from tilework.errors import ShapeError
+    from tilework.llm.config import LlmConfig
+    from tilework.llm.quant import QuantTensor
+    from tilework.llm.weights import split_fused
+
+    cfg = LlmConfig(architecture="phi3", hidden=8, layers=1, heads=2, kv_heads=1, head_dim=4, ffn=6, vocab=10, rope_theta=1e4, rms_eps=1e-5, context_length=16)
+    w, b = np.arange(16 * 8, dtype=np.float32).reshape(16, 8), np.arange(16, dtype=np.float32)
+    gu = np.arange(12 * 8, dtype=np.float32).reshape(12, 8)
+    tensors = {"model.layers.0.self_attn.qkv_proj.weight": QuantTensor("w", (16, 8), "f32", w.view(np.uint8).reshape(16, 32)),
+               "model.layers.0.self_attn.qkv_proj.bias": QuantTensor("b", (16,), "f32", b.view(np.uint8)),
+               "model.layers.0.mlp.gate_up_proj.weight": QuantTensor("g", (12, 8), "f32", gu.view(np.uint8).reshape(12, 32))}  # fmt: skip
+    out = split_fused(cfg, tensors)
+    want = {"self_attn.q_proj.weight": w[:8], "self_attn.k_proj.weight": w[8:12], "self_attn.v_proj.weight": w[12:], "self_attn.q_proj.bias": b[:8],
+            "self_attn.k_proj.bias": b[8:12], "self_attn.v_proj.bias": b[12:], "mlp.gate_proj.weight": gu[:6], "mlp.up_proj.weight": gu[6:]}  # fmt: skip
+    assert sorted(out) == sorted(f"model.layers.0.{n}" for n in want)
+    for n, v in want.items():
+        t = out[f"model.layers.0.{n}"]
+        np.testing.assert_array_equal(t.dequantize(), v)
+        assert np.shares_memory(t.data, tensors[f"model.layers.0.{n.split('.')[0]}.{'qkv_proj' if 'self_attn' in n else 'gate_up_proj'}.{n.rsplit('.', 1)[1]}"].data)
+    with pytest.raises(ShapeError, match="qkv_proj.weight has 15 rows, the config implies 16"):
+        split_fused(cfg, {"model.layers.0.self_attn.qkv_proj.weight": QuantTensor("w", (15, 8), "f32", w[:15].view(np.uint8).reshape(15, 32))})

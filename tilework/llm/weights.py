@@ -67,23 +67,26 @@ _FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_a
 def split_fused(config: LlmConfig, tensors: dict[str, QuantTensor]) -> dict[str, QuantTensor]:
     """``tensors`` with each fused projection (``qkv_proj``: the q, k and v rows one after the
     other; ``gate_up_proj``: the gate's, then the up projection's; Phi-3's files, GGUF and
-    transformers alike) parted into the projections it holds, each a view of its rows (the
-    decoder joins them again where their formats agree: ``model.MERGED``)."""
+    transformers alike) parted into the projections it holds, each a view of its rows (of its
+    values, for a bias; the decoder joins them again where their formats agree:
+    ``model.MERGED``)."""
     c = config
     sizes = {"self_attn.qkv_proj": (c.heads * c.head_dim, c.kv_heads * c.head_dim, c.kv_heads * c.head_dim), "mlp.gate_up_proj": (c.ffn, c.ffn)}
     out: dict[str, QuantTensor] = {}
     for name, t in tensors.items():
-        prefix, fused, kind = next(((name.rpartition(f".{f}.")[0], f, name.rpartition(f".{f}.")[2]) for f in _FUSED if f".{f}." in name), (None, None, None))
+        fused = next((f for f in _FUSED if f".{f}." in name), None)
         if fused is None:
             out[name] = t
             continue
-        rows = sum(sizes[fused])
-        if t.shape[0] != rows:
-            raise ShapeError(f"tensor {name} has {t.shape[0]} rows, the config implies {rows} ({' + '.join(str(n) for n in sizes[fused])})")
+        prefix, _, kind = name.rpartition(f".{fused}.")
+        if t.shape[0] != sum(sizes[fused]):
+            raise ShapeError(f"tensor {name} has {t.shape[0]} rows, the config implies {sum(sizes[fused])} ({' + '.join(str(n) for n in sizes[fused])})")
         at = 0
         for part, n in zip(_FUSED[fused], sizes[fused]):
             part_name = f"{prefix}.{part}.{kind}"
-            out[part_name] = QuantTensor(part_name, (n, *t.shape[1:]), t.fmt, t.data[at : at + n])
+            # a matrix's rows are rows of blocks; a bias's values are bytes of its one row
+            data = t.data[at : at + n] if len(t.shape) > 1 else t.data[t.format.row_bytes(at) : t.format.row_bytes(at + n)]
+            out[part_name] = QuantTensor(part_name, (n, *t.shape[1:]), t.fmt, data)
             at += n
     return out
 
