@@ -3,7 +3,9 @@
 Two sources: a GGUF file's ``tokenizer.ggml.*`` metadata (:meth:`Tokenizer.from_gguf`) and a
 transformers checkpoint's ``tokenizer.json`` (:meth:`Tokenizer.from_file`). The BPE itself, the
 pre-tokenizer splits and the byte-level decoding are ``tokenizers``' (a well-kept Rust component);
-this module only assembles it from the GGUF metadata the way llama.cpp reads that metadata.
+this module only assembles it from the GGUF metadata the way llama.cpp reads that metadata: a
+byte-level BPE from its merges (``tokenizer.ggml.model = "gpt2"``), or a SentencePiece BPE from
+its scores (``"llama"``: ``_spm_backend``).
 
 Pre-tokenizers. A GGUF names its split rule in ``tokenizer.ggml.pre``; llama.cpp maps each name to
 a list of regexes applied one after another (each later regex splits the pieces of the earlier
@@ -409,7 +411,9 @@ def _spm_backend(tokens: list[str], scores: list[float], types: list[int], vocab
     - its characters are merged, again and again, at the adjacent pair whose joined text is a
       token with the highest score (the leftmost of equal ones): a BPE whose merge list is every
       split ``(left, right)`` of every token into two tokens, ranked by the joined token's score,
-      highest first (ties in id order), which applies the same merges in the same order;
+      highest first (ties in id order), which applies the same merges in the same order where
+      the scores are distinct (a BPE model's are: ``-id``; two overlapping pairs of one score
+      could merge the other way round);
     - a character that is no token is its UTF-8 bytes, tokens ``<0xXX>`` (byte fallback), and
       ``<unk>`` where the vocabulary has no byte tokens.
 
