@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import numpy as np
 
 from tilework.errors import TileworkError, UnsupportedError
+from tilework.llm.hf_keys import key_reader
 
 if TYPE_CHECKING:
     from gguf import GGUFReader
@@ -331,11 +332,9 @@ class LlmConfig:
             from tilework.llm.gemma3 import gguf_fields
 
             extra = gguf_fields(get, arch, where, layers, hidden, heads, head_dim)
-        elif arch == "phi3":
-            # {arch}.attention.sliding_window is not applied: llama.cpp attends to every earlier token
-            # in phi3 files (transformers, from a checkpoint, does apply Phi-3's window)
-            if longrope[0] is not None:
-                extra["rope_scaling"] = _gguf_longrope(gf, longrope, get, arch, where, head_dim, context)
+        # phi3: {arch}.attention.sliding_window is not applied: llama.cpp attends to every earlier
+        # token in phi3 files (transformers, from a checkpoint, does apply Phi-3's window)
+        long_scaling = _gguf_longrope(gf, longrope, get, arch, where, head_dim, context) if longrope[0] is not None else None
         return cls(
             architecture=arch,
             hidden=hidden,
@@ -354,7 +353,8 @@ class LlmConfig:
             mlp_bias="blk.0.ffn_up.bias" in tensors,
             bos_token_id=None if bos is None else int(bos),
             eos_token_ids=tuple(dict.fromkeys(int(t) for t in eos if t is not None)),
-            **{"rope_scaling": _gguf_rope_scaling(get, arch, where, _gguf_freq_factors(gf, tensors.get(FREQ_FACTORS_TENSOR), head_dim)), **extra},
+            rope_scaling=_gguf_rope_scaling(get, arch, where, _gguf_freq_factors(gf, tensors.get(FREQ_FACTORS_TENSOR), head_dim), long_scaling),
+            **extra,
         )
 
     # ---- transformers --------------------------------------------------------------------
@@ -380,15 +380,7 @@ class LlmConfig:
             raise UnsupportedError(f"{where}: model_type {model_type!r} is not supported; supported: {', '.join(_HF_DEFAULTS)}, gemma3_text, gemma3")
         defaults = _HF_DEFAULTS[model_type]
 
-        def get(key: str) -> Any:
-            v = d.get(key)
-            return defaults.get(key) if v is None else v
-
-        def need(key: str) -> Any:
-            if d.get(key) is None:
-                raise TileworkError(f"{where}: config has no {key!r}")
-            return d[key]
-
+        get, need = key_reader(d, defaults, where)
         if get("hidden_act") != "silu":
             raise UnsupportedError(f"{where}: hidden_act {get('hidden_act')!r} is not supported (only 'silu')")
         if model_type == "qwen2":
@@ -474,15 +466,18 @@ def _gguf_longrope(gf: "GGUFFile", tensors: list[Any], get: Callable[..., Any], 
     return RopeScaling("longrope", factor, int(original), attention_factor=_f32_value(attention), short_factor=short, long_factor=long)
 
 
-def _gguf_rope_scaling(get: Callable[..., Any], arch: str, where: str, freq_factors: tuple[float, ...] | None = None) -> RopeScaling:
-    """The rotary scaling of a GGUF file: its ``freq_factors`` (the ``rope_freqs`` tensor) if it
-    has them, else its keys (:func:`_gguf_keys_rope_scaling`); both together are refused."""
+def _gguf_rope_scaling(get: Callable[..., Any], arch: str, where: str, freq_factors: tuple[float, ...] | None = None, longrope: RopeScaling | None = None) -> RopeScaling:
+    """The rotary scaling of a GGUF file: its ``freq_factors`` (the ``rope_freqs`` tensor) or
+    its ``longrope`` (phi3's ``rope_factors_*`` tensors, :func:`_gguf_longrope`) if it has them,
+    else its keys (:func:`_gguf_keys_rope_scaling`); tensors together with a scaling type in the
+    keys are refused."""
     scaling = _gguf_keys_rope_scaling(get, arch, where)
-    if freq_factors is None:
+    if freq_factors is None and longrope is None:
         return scaling
+    tensor = "rope_freqs.weight" if freq_factors is not None else "rope_factors_short/long.weight"
     if scaling.type != "default":
-        raise UnsupportedError(f"{where}: rope scaling {scaling.type!r} ({arch}.rope.scaling.*) together with per-frequency factors (rope_freqs.weight) is not supported")
-    return RopeScaling("freq_factors", freq_factors=freq_factors)
+        raise UnsupportedError(f"{where}: rope scaling {scaling.type!r} ({arch}.rope.scaling.*) together with per-frequency factors ({tensor}) is not supported")
+    return longrope if longrope is not None else RopeScaling("freq_factors", freq_factors=freq_factors)
 
 
 def _gguf_keys_rope_scaling(get: Callable[..., Any], arch: str, where: str) -> RopeScaling:

@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
-from tilework.errors import TileworkError, UnsupportedError
+from tilework.errors import UnsupportedError
+from tilework.llm.hf_keys import key_reader
 
 if TYPE_CHECKING:
     from tilework.llm.config import RopeScaling
@@ -106,15 +107,7 @@ def hf_fields(d0: Mapping[str, Any], where: str, hf_rope: Callable[..., tuple[fl
     and ``rope_local_base_freq``; ``hf_rope`` reads the global layers' as a llama config's
     (``LlmConfig.from_hf_config`` passes its reader: this module sits below the config's)."""
     d = text_config(d0, where)
-
-    def get(key: str) -> Any:
-        v = d.get(key)
-        return HF_DEFAULTS.get(key) if v is None else v
-
-    def need(key: str) -> Any:
-        if d.get(key) is None:
-            raise TileworkError(f"{where}: config has no {key!r}")
-        return d[key]
+    get, need = key_reader(d, HF_DEFAULTS, where)
 
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
         if d.get(key) is not None:
