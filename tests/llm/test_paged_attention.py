@@ -55,7 +55,7 @@ def _unpack(k: np.ndarray, v: np.ndarray, kv: str) -> tuple[np.ndarray, np.ndarr
     return k.transpose(0, 1, 2, 3, 5, 4).reshape(L, n, NKV, HD, PAGE), v.transpose(0, 1, 2, 5, 3, 4).reshape(L, n, PAGE, NKV, HD)
 
 
-def _module(decode: bool, theta: float | None, kv: str = "float32", table: bool = False, window: int | None = None) -> tw.IRModule:
+def _module(decode: bool, theta: float | None, kv: str = "float32", table: bool = False, window: int | None = None, softcap: float | None = None) -> tw.IRModule:
     b = tw.dim("b", max=8)
     s: Any = 1 if decode else tw.dim("s", max=64)
     pages, width = tw.dim("pages"), tw.dim("width", max=256)
@@ -69,18 +69,18 @@ def _module(decode: bool, theta: float | None, kv: str = "float32", table: bool 
     with bb.function("main", [qkv, kc, vc, kl, pt] + ([tokens] if table else [])):
         with bb.dataflow():
             rotary = bb.emit(paged_rotary(tokens, kl, head_dim=HD, rope_theta=cast(float, theta))) if table else None
-            out = bb.emit_output(paged_attention(qkv, kc, vc, kl, pt, layer=1, kv_heads=NKV, rope_theta=theta, rotary=rotary, window=window))
+            out = bb.emit_output(paged_attention(qkv, kc, vc, kl, pt, layer=1, kv_heads=NKV, rope_theta=theta, rotary=rotary, window=window, softcap=softcap))
         bb.emit_func_output(out)
     return bb.get()
 
 
-_VMS: dict[tuple[str, bool, float | None, str, bool, int | None], Any] = {}
+_VMS: dict[tuple[str, bool, float | None, str, bool, int | None, float | None], Any] = {}
 
 
-def _vm(target: str, decode: bool, theta: float | None, kv: str = "float32", table: bool = False, window: int | None = None) -> Any:
-    key = (target, decode, theta, kv, table, window)
+def _vm(target: str, decode: bool, theta: float | None, kv: str = "float32", table: bool = False, window: int | None = None, softcap: float | None = None) -> Any:
+    key = (target, decode, theta, kv, table, window, softcap)
     if key not in _VMS:
-        _VMS[key] = tw.VM(tw.build(_module(decode, theta, kv, table, window), target=target))
+        _VMS[key] = tw.VM(tw.build(_module(decode, theta, kv, table, window, softcap), target=target))
     return _VMS[key]
 
 
@@ -100,11 +100,13 @@ def _rotate(x: np.ndarray, pos: int, theta: float) -> np.ndarray:
 
 
 def _case(target: str, decode: bool, lens: list[int], s: int, pool: int = 64, seed: int = 0, theta: float | None = None, kv: str = "float32", table: bool = False,
-          window: int | None = None) -> None:
+          window: int | None = None, softcap: float | None = None) -> np.ndarray:
     """Random pages (stale data must not leak in), a random cached prefix of ``lens[b]`` tokens
     per sequence and ``s`` new ones. The new keys and values must be cached as the pool's dtype
     rounds them; each new token's attention must be NumPy's over the cached keys and values (with
-    a ``window``, over those of positions ``(pos - window, pos]``: transformers' sliding-window mask)."""
+    a ``window``, over those of positions ``(pos - window, pos]``: transformers' sliding-window
+    mask; with a ``softcap`` ``c``, of the scores ``c * tanh(score / c)``: Gemma 2's). Returns
+    the kernel's output."""
     rng = np.random.default_rng(seed)
     kvdt = np_dtype(kv)
     kc = rng.standard_normal((L, pool, NKV, HD, PAGE)).astype(kvdt)
@@ -131,7 +133,7 @@ def _case(target: str, decode: bool, lens: list[int], s: int, pool: int = 64, se
         values.append(vb)
     other = kc[0].copy(), vc[0].copy()
     pool = _pack(kc, vc, kv)
-    out = _vm(target, decode, theta, kv, table, window)["main"](qkv, *pool, np.array(lens, np.int32), pages, *_tokens(qkv, table))
+    out = _vm(target, decode, theta, kv, table, window, softcap)["main"](qkv, *pool, np.array(lens, np.int32), pages, *_tokens(qkv, table))
     kc, vc = _unpack(*pool, kv)
     group = NH // NKV
     dot = kv == "bfloat16"  # from a bfloat16 pool: bfloat16 products (dot_bf16x2)
@@ -154,12 +156,15 @@ def _case(target: str, decode: bool, lens: list[int], s: int, pool: int = 64, se
                     scores = keys[b][lo : pos + 1, h // group] @ qh
                 else:
                     scores = keys[b][lo : pos + 1, h // group] @ q[h] / np.sqrt(HD)
+                if softcap is not None:
+                    scores = softcap * np.tanh(scores / softcap)
                 p = np.exp(scores - scores.max())
                 # with dot the probabilities are rounded to bfloat16 too (each against the
                 # running maximum of its page's or chunk's step): within bfloat16's unit of the values
                 np.testing.assert_allclose(out[b, t, h], (p / p.sum()) @ values[b][lo : pos + 1, h // group], rtol=2e-5, atol=4e-3 if dot else 2e-6)
     np.testing.assert_array_equal(kc[0], other[0])  # another layer's slice is untouched
     np.testing.assert_array_equal(vc[0], other[1])
+    return np.asarray(out)
 
 
 @pytest.mark.parametrize("target", ["cpu", "interp"])
@@ -226,6 +231,19 @@ def test_a_sliding_window_with_a_bfloat16_pool(decode: bool) -> None:
         _case("cpu", True, [299, 3, 64, 1, 0, 150, 77, 63], 1, pool=256, seed=2, kv="bfloat16", window=6, theta=THETA)
     else:
         _case("cpu", False, [5, 30], 9, pool=64, seed=3, kv="bfloat16", window=6, theta=THETA)
+
+
+@pytest.mark.parametrize("kv", ["float32", "bfloat16"])
+def test_soft_capped_scores(kv: str) -> None:
+    """Gemma 2's soft cap ``c * tanh(score / c)`` of the scaled scores, with a window (its sliding
+    layers) and without: decode, also across splits and chunks, and prefill over cached and new
+    keys, compiled and on the interpreter. The cap, 0.5, is below most scores of unit-normal
+    queries and keys: the same cases uncapped give other outputs."""
+    for target in ("cpu", "interp"):
+        capped = _case(target, True, [0, 3, 9, 30], 1, theta=THETA, kv=kv, window=6, softcap=0.5)
+        _case(target, False, [0, 13], 7, theta=THETA, kv=kv, softcap=0.5)
+    assert np.abs(capped - _case("interp", True, [0, 3, 9, 30], 1, theta=THETA, kv=kv, window=6)).max() > 0.1
+    _case("cpu", True, [299, 64, 1, 150], 1, pool=256, seed=2, kv=kv, softcap=0.5)
 
 
 @pytest.mark.parametrize("target", ["cpu", "interp"])
@@ -382,6 +400,8 @@ def test_shapes_are_checked() -> None:
         (good, {"layer": 0, "kv_heads": 0}, "kv_heads must be a positive int"),
         (good, {"layer": 0, "rope_theta": -1.0}, "rope_theta must be a positive number"),
         (good, {"layer": 0, "window": 0}, "window must be a positive int or None"),
+        (good, {"layer": 0, "softcap": 0.0}, "softcap must be a positive finite number or None"),
+        (good, {"layer": 0, "softcap": float("inf")}, "softcap must be a positive finite number or None"),
     ]
     half = Var("kc16", TensorInfo((L, 4, NKV, HD // 2, PAGE, 2), "bfloat16"))
     ints = Var("kci", TensorInfo((L, 4, NKV, HD, PAGE, 1), "int32"))

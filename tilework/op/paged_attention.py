@@ -1,7 +1,7 @@
 """``paged_attention``: attention over a paged KV cache, one op per layer, as hand-built
 TensorFuncs that read the pages.
 
-    out = paged_attention(qkv, k_cache, v_cache, kv_len, page_table[, rotary], layer=i, kv_heads=n, rope_theta=t[, window=w])
+    out = paged_attention(qkv, k_cache, v_cache, kv_len, page_table[, rotary], layer=i, kv_heads=n, rope_theta=t[, window=w][, softcap=c])
     rotary = paged_rotary(tokens, kv_len, head_dim=hd, rope_theta=t[, rope_scaling=("linear", f) | ("yarn", ...) | ...])
 
 - ``qkv [b, s, heads + 2 * kv_heads, hd]``: this step's queries, keys and values side by side
@@ -48,6 +48,8 @@ cached and new tokens (query ``t`` at position ``p = kv_len[b] + t`` sees positi
 a ``window`` ``w``, a sliding window, those in ``(p - w, p]`` only: transformers' and llama.cpp's
 sliding-window mask; every page stays in the pool, the pages wholly before a window are not
 read) with an online softmax,
+each score (scaled) soft-capped to ``c * tanh(score / c)`` where a ``softcap`` ``c`` is given
+(Gemma 2's ``attn_logit_softcapping``),
 grouped-query heads sharing a kv head. Without ``rotary``, the cosines and sines of the rotary
 angles are computed once per new token (``head_dim / 2`` of each, in float64, as its key is
 appended) into a table that the rotation of its queries and keys reads. Writing into the pool
@@ -100,6 +102,9 @@ def _infer(call: Call, ctx: InferCtx) -> StructInfo:
     if None not in (kc.dtype, vc.dtype) and kc.dtype != vc.dtype:
         raise ctx.error(f"k_cache and v_cache must have one dtype, got {kc.dtype} and {vc.dtype}")
     layer, nkv, theta, window = call.attrs["layer"], call.attrs["kv_heads"], call.attrs["rope_theta"], call.attrs["window"]
+    cap = call.attrs["softcap"]
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0 or cap == float("inf")):
+        raise ctx.error(f"softcap must be a positive finite number or None, got {cap!r}")
     if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
         raise ctx.error(f"window must be a positive int or None, got {window!r}")
     if not isinstance(layer, int) or isinstance(layer, bool) or layer < 0:
@@ -152,17 +157,17 @@ def _infer(call: Call, ctx: InferCtx) -> StructInfo:
 def _legalize(call: Call, ctx: "LegalizeCtx") -> Expr:
     shapes = [known_tensor(a.info, call, f"argument {i}") for i, a in enumerate(call.args)]
     shape, dtype = out_tensor(call)
-    scale, theta, window = call.attrs["scale"], call.attrs["rope_theta"], call.attrs["window"]
+    scale, theta, window, cap = call.attrs["scale"], call.attrs["rope_theta"], call.attrs["window"], call.attrs["softcap"]
     # every layer calls the same kernel (the layer is its sym param): built once per operand
     # shapes (and window: a model's sliding-window layers share one kernel, its others another)
     vector_bytes = ctx.vector_bytes
-    key = ("paged_attention", tuple(shapes), (shape, dtype), call.attrs["kv_heads"], scale, theta, vector_bytes, window)
-    gv, func, layer = ctx.kernel_for(key, "paged_attention", lambda: paged_attention_kernel(shapes, (shape, dtype), int(call.attrs["kv_heads"]), scale, theta, vector_bytes, window))
+    key = ("paged_attention", tuple(shapes), (shape, dtype), call.attrs["kv_heads"], scale, theta, vector_bytes, window, cap)
+    gv, func, layer = ctx.kernel_for(key, "paged_attention", lambda: paged_attention_kernel(shapes, (shape, dtype), int(call.attrs["kv_heads"]), scale, theta, vector_bytes, window, cap))
     sym_args = tuple(int(call.attrs["layer"]) if p is layer else p for p in func.sym_params)
     return call_tensor(gv, list(call.args), call.info, sym_args)
 
 
-register(Op("paged_attention", _infer, OpPattern.OPAQUE, attrs={"layer": 0, "kv_heads": 1, "rope_theta": None, "scale": None, "window": None}, num_args=None, legalize=_legalize, effect=True))
+register(Op("paged_attention", _infer, OpPattern.OPAQUE, attrs={"layer": 0, "kv_heads": 1, "rope_theta": None, "scale": None, "window": None, "softcap": None}, num_args=None, legalize=_legalize, effect=True))
 
 
 def paged_attention(
@@ -177,13 +182,15 @@ def paged_attention(
     scale: float | None = None,
     rotary: Expr | None = None,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> Call:
     """See the module docstring; ``scale`` defaults to ``1 / sqrt(head_dim)``; ``rotary``: the
     step's ``paged_rotary`` table (else each call computes the angles itself); ``window``: the
-    sliding window (None: every earlier key)."""
+    sliding window (None: every earlier key); ``softcap``: the scores' soft cap (None: none)."""
     theta = None if rope_theta is None else float(rope_theta)
+    cap = softcap if softcap is None or isinstance(softcap, bool) else float(softcap)
     args = [qkv, k_cache, v_cache, kv_len, page_table] + ([] if rotary is None else [rotary])
-    return make_call("paged_attention", args, layer=layer, kv_heads=kv_heads, rope_theta=theta, scale=scale, window=window)
+    return make_call("paged_attention", args, layer=layer, kv_heads=kv_heads, rope_theta=theta, scale=scale, window=window, softcap=cap)
 
 
 def _rotary_infer(call: Call, ctx: InferCtx) -> StructInfo:

@@ -145,8 +145,10 @@ class PagedKernel:
         vector_bytes: int,
         rotary: Buffer | None = None,
         window: int | None = None,
+        softcap: float | None = None,
     ) -> None:
         self.window = window  # a sliding window: the keys a query at p sees are (p - window, p]
+        self.softcap = softcap  # scores soft-capped to softcap * tanh(score / softcap) (Gemma 2)
         self.qkv, self.kc, self.vc, self.kv_len, self.pt, self.out = qkv, kc, vc, kv_len, pt, out
         self.lanes = max(1, vector_bytes // 4)  # float32 lanes of a vector register (sizes the tiles)
         self.layer = layer
@@ -172,6 +174,14 @@ class PagedKernel:
         # into a scratch as each token's key is appended
         self.given = rotary is not None
         self.trig = rotary if rotary is not None else Buffer("pa_trig", (self.nb, self.sq, 2, sym.floordiv(self.hd, 2)), "float64")
+
+    def capped(self, score: Scalar) -> Scalar:
+        """A (scaled) score soft-capped, ``c * tanh(score / c)`` with ``softcap`` ``c`` (as it is
+        without one)."""
+        if self.softcap is None:
+            return score
+        c = float(self.softcap)
+        return binary("*", fconst(c), Intrin("tanh", (binary("/", score, fconst(c)),), F32))
 
     def loop(self, name: str, extent: Dim, body: Body, kind: str = "serial") -> For:
         return named_loop(self.names, name, extent, body, kind)

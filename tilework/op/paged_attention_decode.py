@@ -259,7 +259,7 @@ class Decode(PagedKernel):
                             score: Scalar = ld(s, g, j)
                             for c in range(1, C):
                                 score = binary("+", score, ld(s, g, sym.add(j, c * P)))
-                            return block("pa_mask", Store(sc, (sym.add(sym.mul(kh, G), g), sym.add(sym.mul(pc, P), j)), Select(seen_j, score, fconst(-math.inf), F32)))
+                            return block("pa_mask", Store(sc, (sym.add(sym.mul(kh, G), g), sym.add(sym.mul(pc, P), j)), Select(seen_j, self.capped(score), fconst(-math.inf), F32)))
 
                         return self.loop("put_j", P, one, "vectorized")
 

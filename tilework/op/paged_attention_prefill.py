@@ -115,7 +115,7 @@ class Prefill(PagedKernel):
                     seen = binary("<=", sym.add(first, j), binary("+", cached, t))
                     if self.window is not None:  # and inside the row's window: key > position - window
                         seen = binary("and", seen, binary(">", sym.add(sym.add(first, j), self.window), binary("+", cached, t)))
-                    return Store(st, (j, r), Select(seen, ld(st, j, r), fconst(-math.inf), F32))
+                    return Store(st, (j, r), Select(seen, self.capped(ld(st, j, r)), fconst(-math.inf), F32))
 
                 return rows("mask", one)
 
