@@ -2,11 +2,12 @@
 
 One value describes the model whatever file it came from: a GGUF file's metadata
 (:meth:`LlmConfig.from_gguf`) or a transformers ``config.json`` (:meth:`LlmConfig.from_hf_config`).
-Four architectures are read: ``llama``, ``qwen2`` (llama with biases on the q, k and v
+These architectures are read: ``llama``, ``qwen2`` (llama with biases on the q, k and v
 projections), ``qwen3`` (llama with an RMSNorm over each query and key head, ``q_norm`` /
-``k_norm``, before the rotary embedding; its ``head_dim`` need not be ``hidden / heads``) and
-``gemma3`` (Gemma 3's text decoder: sliding-window layers with a rotary base of their own, and
-more: :mod:`tilework.llm.gemma3` reads its configs); ``phi3`` (Phi-3, Phi-3.5: llama whose q, k,
+``k_norm``, before the rotary embedding; its ``head_dim`` need not be ``hidden / heads``);
+``gemma2`` and ``gemma3`` (Gemma's decoders: four norms a layer, sliding-window layers, Gemma 2's
+soft caps, Gemma 3's second rotary base, and more: :mod:`tilework.llm.gemma` reads their
+configs); ``phi3`` (Phi-3, Phi-3.5: llama whose q, k,
 v projections are one matrix in the file, and the MLP's gate and up another, split on loading;
 from a transformers checkpoint every layer attends in its ``sliding_window``, where it is shorter
 than the context, as transformers does; a GGUF file's window is not applied, as llama.cpp
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
 
     from tilework.llm.gguf import GGUFFile
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "freq_factors")
 HF_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "dynamic")  # the names a transformers config uses
 
@@ -134,7 +135,9 @@ class LlmConfig:
     the layers that attend to the last ``sliding_window`` tokens only (:meth:`layer_window`),
     turned by an unscaled rotary base of their own, ``rope_local_theta`` (None: the global
     ``rope_theta`` and scaling); ``query_pre_attn_scalar``: the attention's scores are scaled
-    by its ``** -0.5`` (None: ``head_dim``'s). Gemma 3 sets these (:attr:`gemma`)."""
+    by its ``** -0.5`` (None: ``head_dim``'s); ``attn_softcap`` / ``final_softcap``: the scaled
+    scores / the logits soft-capped to ``c * tanh(x / c)`` (None: not). Gemma 2 and 3 set these
+    (:attr:`gemma`)."""
 
     architecture: str
     hidden: int
@@ -158,6 +161,8 @@ class LlmConfig:
     sliding_layers: tuple[int, ...] = ()
     rope_local_theta: float | None = None
     query_pre_attn_scalar: float | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
 
     def __post_init__(self) -> None:
         if self.architecture not in ARCHITECTURES:
@@ -182,14 +187,18 @@ class LlmConfig:
                 raise TileworkError(f"LlmConfig: sliding_layers must be distinct layer indices below {self.layers}, got {list(self.sliding_layers)}")
         if self.query_pre_attn_scalar is not None and not self.query_pre_attn_scalar > 0:
             raise TileworkError(f"LlmConfig: query_pre_attn_scalar must be positive, got {self.query_pre_attn_scalar}")
+        for name in ("attn_softcap", "final_softcap"):
+            cap = getattr(self, name)
+            if cap is not None and not (isinstance(cap, (int, float)) and not isinstance(cap, bool) and 0 < cap < math.inf):
+                raise TileworkError(f"LlmConfig.{name} must be a positive finite number or None, got {cap!r}")
 
     @property
     def gemma(self) -> bool:
-        """Gemma 3's decoder (``tilework.llm.gemma3``): the embedding scaled by ``sqrt(hidden)``,
-        four norms a layer (each sublayer's output normalized too), a GELU (tanh) gated MLP,
-        ``q_norm`` / ``k_norm``; its norm weights are the multipliers (``1 + w`` of transformers'
-        ``w``, as llama.cpp's GGUF files store them)."""
-        return self.architecture == "gemma3"
+        """Gemma 2's or 3's decoder (``tilework.llm.gemma``): the embedding scaled by
+        ``sqrt(hidden)``, four norms a layer (each sublayer's output normalized too), a GELU (tanh)
+        gated MLP; its norm weights are the multipliers (``1 + w`` of transformers' ``w``, as
+        llama.cpp's GGUF files store them)."""
+        return self.architecture in ("gemma2", "gemma3")
 
     def layer_window(self, layer: int) -> int | None:
         """The sliding window of ``layer``'s attention (None: it attends to every earlier token)."""
@@ -328,8 +337,8 @@ class LlmConfig:
         layers = int(need(f"{arch}.block_count"))
         context = int(need(f"{arch}.context_length"))
         extra: dict[str, Any] = {}
-        if arch == "gemma3":
-            from tilework.llm.gemma3 import gguf_fields
+        if arch in ("gemma2", "gemma3"):
+            from tilework.llm.gemma import gguf_fields
 
             extra = gguf_fields(get, arch, where, layers, hidden, heads, head_dim)
         # phi3: {arch}.attention.sliding_window is not applied: llama.cpp attends to every earlier
@@ -366,18 +375,18 @@ class LlmConfig:
 
         ``model_type`` ``llama``, ``qwen2``, ``qwen3``, ``phi3`` (longrope also under its early
         name ``su``) or ``mistral`` (llama with a sliding window: it reads as ``llama``);
-        ``gemma3_text`` and ``gemma3`` (its text part) are read by
-        :func:`tilework.llm.gemma3.hf_fields`. The layers that attend in a sliding window
+        ``gemma2``, ``gemma3_text`` and ``gemma3`` (its text part) are read by
+        :func:`tilework.llm.gemma.hf_fields`. The layers that attend in a sliding window
         (Mistral's and Phi-3's ``sliding_window``, Qwen2's and Qwen3's with ``use_sliding_window``)
         attend in it (``sliding_layers``: ``_hf_sliding_window``), as transformers' mask does."""
         d, where = _hf_config_dict(source)
         model_type = d.get("model_type")
-        if model_type in ("gemma3_text", "gemma3"):  # Gemma 3's text decoder: its own reading
-            from tilework.llm.gemma3 import hf_fields
+        if model_type in ("gemma2", "gemma3_text", "gemma3"):  # Gemma's decoders: their own reading
+            from tilework.llm.gemma import hf_fields
 
             return cls(**hf_fields(d, where, _hf_rope))
         if model_type not in _HF_DEFAULTS:
-            raise UnsupportedError(f"{where}: model_type {model_type!r} is not supported; supported: {', '.join(_HF_DEFAULTS)}, gemma3_text, gemma3")
+            raise UnsupportedError(f"{where}: model_type {model_type!r} is not supported; supported: {', '.join(_HF_DEFAULTS)}, gemma2, gemma3_text, gemma3")
         defaults = _HF_DEFAULTS[model_type]
 
         get, need = key_reader(d, defaults, where)

@@ -14,7 +14,7 @@ each head, transformers pairs dim ``i`` with ``i + head_dim / 2`` (rotate-half),
 quantized bytes of those two tensors per layer and nothing else. ``qwen2`` and ``qwen3`` files
 keep the transformers order (llama.cpp rotates them rotate-half, as transformers does), so
 ``qwen3``'s per-head ``attn_q_norm`` / ``attn_k_norm`` weights are in transformers' order too;
-so do ``gemma3`` files, whose norm weights are the multipliers ``1 + w`` (llama.cpp's converter
+so do ``gemma2`` and ``gemma3`` files, whose norm weights are the multipliers ``1 + w`` (llama.cpp's converter
 adds the 1 transformers' Gemma norms add), as tilework's Gemma norms take them.
 """
 
@@ -59,8 +59,8 @@ _PER_LAYER = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
-# Gemma 3's four norms a layer: ffn_norm is the one before the MLP, and two more after the sublayers
-_GEMMA3_PER_LAYER = {
+# Gemma's four norms a layer: ffn_norm is the one before the MLP, and two more after the sublayers
+_GEMMA_PER_LAYER = {
     **_PER_LAYER,
     "post_attention_norm": "post_attention_layernorm",
     "ffn_norm": "pre_feedforward_layernorm",
@@ -68,7 +68,7 @@ _GEMMA3_PER_LAYER = {
 }
 # Phi-3: the q, k, v projections one tensor, the MLP's gate and up another (weights.split_fused parts them)
 _PHI3_PER_LAYER = {**_PER_LAYER, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
-_PER_LAYER_OF = {"gemma3": _GEMMA3_PER_LAYER, "phi3": _PHI3_PER_LAYER}
+_PER_LAYER_OF = {"gemma2": _GEMMA_PER_LAYER, "gemma3": _GEMMA_PER_LAYER, "phi3": _PHI3_PER_LAYER}
 _NAME = re.compile(r"(?:blk\.(\d+)\.)?(\w+)\.(weight|bias)")
 FREQ_FACTORS_TENSOR = "rope_freqs.weight"  # per-frequency rotary divisors: part of the config (LlmConfig.from_gguf), not a weight
 CONFIG_TENSORS = (FREQ_FACTORS_TENSOR, "rope_factors_short.weight", "rope_factors_long.weight")  # read into the config (phi3's longrope: the other two)
@@ -280,7 +280,7 @@ def _ggml_type_name(code: int) -> str:
 
 def hf_tensor_name(gguf_name: str, architecture: str = "llama") -> str | None:
     """The transformers name of a GGUF tensor name in a model of ``architecture`` (Llama's
-    names; Gemma 3's norms are others), or None when it has none."""
+    names; Gemma's norms are others), or None when it has none."""
     m = _NAME.fullmatch(gguf_name)
     if m is None:
         return None

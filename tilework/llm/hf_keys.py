@@ -1,6 +1,6 @@
 """Reading a transformers ``config.json`` dict: one home for the two lookups every model
 family's reader makes (:meth:`tilework.llm.config.LlmConfig.from_hf_config`,
-:func:`tilework.llm.gemma3.hf_fields`)."""
+:func:`tilework.llm.gemma.hf_fields`)."""
 
 from __future__ import annotations
 

@@ -29,12 +29,14 @@ the attention op, which rotates them. A layer's q, k and v projections are one m
 output is the attention's input as it is (``MERGED``), and so are the MLP's gate and up
 projections, when their weights share a format.
 
-A ``gemma3`` model (``LlmConfig.gemma``, ``tilework.llm.gemma3``) scales the embedding by
-``sqrt(hidden)``, normalizes each sublayer's output too (``post_attention_layernorm`` after the
-attention, ``pre_feedforward_layernorm`` / ``post_feedforward_layernorm`` around the MLP, whose
-activation is GELU's tanh form), scales the scores by ``query_pre_attn_scalar ** -0.5``, and its
-sliding layers attend in their window (``paged_attention``'s ``window``), turned by a second
-rotary table of their own base (``paged_rotary`` unscaled: two tables a step).
+A ``gemma2`` or ``gemma3`` model (``LlmConfig.gemma``, ``tilework.llm.gemma``) scales the
+embedding by ``sqrt(hidden)``, normalizes each sublayer's output too (``post_attention_layernorm``
+after the attention, ``pre_feedforward_layernorm`` / ``post_feedforward_layernorm`` around the
+MLP, whose activation is GELU's tanh form), scales the scores by ``query_pre_attn_scalar **
+-0.5``, and its sliding layers attend in their window (``paged_attention``'s ``window``);
+Gemma 3's are turned by a second rotary table of their own base (``paged_rotary`` unscaled: two
+tables a step); Gemma 2 soft-caps the attention's scores (``paged_attention``'s ``softcap``) and
+the logits (``c * tanh(logits / c)``).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from tilework.errors import UnsupportedError
 from tilework.ir import sym
 from tilework.ir.sym import SymVar
 from tilework.llm.config import ARCHITECTURES, LlmConfig
-from tilework.llm.gemma3 import embedding_scale
+from tilework.llm.gemma import embedding_scale
 from tilework.nn import ops, spec
 from tilework.nn.core import Parameter, Tensor, as_expr, emit
 from tilework.nn.module import Module, ModuleList
@@ -203,7 +205,7 @@ class Attention(Module):
         rotary, theta = (cache.local, cfg.rope_local_theta) if local else (cache.rotary, cfg.rope_theta)
         assert rotary is not None and theta is not None
         out = emit(op.paged_attention(qkv.expr, cache.k.expr, cache.v.expr, cache.kv_len.expr, cache.page_table.expr, layer=self.layer, kv_heads=cfg.kv_heads,
-                                      rope_theta=theta, scale=cfg.attention_scale, rotary=rotary.expr, window=window))  # fmt: skip
+                                      rope_theta=theta, scale=cfg.attention_scale, rotary=rotary.expr, window=window, softcap=cfg.attn_softcap))  # fmt: skip
         return self.o_proj(out.reshape(batch, seq, cfg.heads * cfg.head_dim))
 
 
@@ -287,9 +289,10 @@ class LlamaDecoder(Module):
 
     def _logits(self, h: Tensor) -> Tensor:
         h = self.model.norm(h)
-        if self.lm_head is None:
-            return self.model.embed_tokens.head(h)
-        out: Tensor = self.lm_head(h)
+        out: Tensor = self.model.embed_tokens.head(h) if self.lm_head is None else self.lm_head(h)
+        cap = self.config.final_softcap
+        if cap is not None:  # Gemma 2: the logits soft-capped
+            out = ops.tanh(out / cap) * cap
         return out
 
     def _layers(self, h: Tensor, cache: CacheInputs) -> Tensor:

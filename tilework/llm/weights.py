@@ -6,7 +6,7 @@ Either way the result is an :class:`~tilework.llm.config.LlmConfig` and the tens
 transformers names in transformers' layout, each a :class:`~tilework.llm.quant.QuantTensor`
 whose bytes are a read-only view of the memory-mapped file (the GGUF ``q_proj`` / ``k_proj``
 rows excepted: see :mod:`tilework.llm.gguf`). The set of tensors and their shapes are checked
-against the config; a tied model has no ``lm_head.weight``. A Gemma 3 checkpoint's norm weights
+against the config; a tied model has no ``lm_head.weight``. A Gemma checkpoint's norm weights
 are made the multipliers ``1 + w`` its norms compute with (:func:`gemma_norm_multipliers`: what a
 GGUF file holds), and a multimodal one's text decoder is read under ``Gemma3ForCausalLM``'s names.
 
@@ -131,7 +131,7 @@ def expected_shapes(config: LlmConfig) -> dict[str, tuple[int, ...]]:
 
 def gemma_norm_multipliers(tensors: dict[str, QuantTensor]) -> dict[str, QuantTensor]:
     """A Gemma checkpoint's tensors with each RMSNorm weight ``w`` (``*norm.weight``) made the
-    multiplier ``1 + w`` in float32, as transformers' ``Gemma3RMSNorm`` computes it and as
+    multiplier ``1 + w`` in float32, as transformers' ``Gemma2RMSNorm`` / ``Gemma3RMSNorm`` compute it and as
     llama.cpp's converter stores it in a GGUF file: the decoder's norms multiply by their weight."""
     out = dict(tensors)
     for name, t in tensors.items():

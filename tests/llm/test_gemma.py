@@ -1,11 +1,12 @@
-"""Gemma 3's text decoder (``Gemma3ForCausalLM``; GGUF ``gemma3``) on small random models: the
-configs read as transformers reads them, and the decoder gives transformers' logits and greedy
+"""Gemma 3's text decoder (``Gemma3ForCausalLM``; GGUF ``gemma3``) and Gemma 2's
+(``Gemma2ForCausalLM``; GGUF ``gemma2``: soft-capped scores and logits, every other layer
+sliding, one rotary base) on small random models: the configs read as transformers reads them, and the decoder gives transformers' logits and greedy
 tokens from a checkpoint directory and from a GGUF file written as llama.cpp's converter writes
 it (norm weights stored as ``w + 1``, ``ffn_norm`` the norm before the MLP), with prompts of 1, 7
 and 13 tokens across a sliding window of 5 (layers sliding, global, sliding: two rotary bases,
 the global one scaled), a head dim (24) that is not ``hidden / heads`` and a query scalar of its
 own (from a GGUF file six layers, llama.cpp's fixed pattern); one compilation serves every prompt and decode step; ``bf16`` and ``q`` run it. With
-llama-cpp-python, llama.cpp scores a random ``gemma3`` file as tilework does."""
+llama-cpp-python, llama.cpp scores a random ``gemma3`` and ``gemma2`` file as tilework does."""
 
 from __future__ import annotations
 
@@ -36,15 +37,20 @@ ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 100.0}, "ful
 GEMMA = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=24, vocab_size=VOCAB,
              max_position_embeddings=64, bos_token_id=1, eos_token_id=2, pad_token_id=0, initializer_range=0.2, query_pre_attn_scalar=20,
              sliding_window=5, layer_types=TYPES, rope_parameters=ROPE)  # fmt: skip
+# Gemma 2: layers 0 and 2 sliding (its default pattern), caps low enough that most scores and
+# logits of the random model are capped
+GEMMA2 = {**{k: v for k, v in GEMMA.items() if k not in ("layer_types", "rope_parameters")}, "rope_parameters": {"rope_type": "default", "rope_theta": 1000.0},
+          "attn_logit_softcapping": 1.5, "final_logit_softcapping": 4.0}  # fmt: skip
 PROMPTS = [[7], [5, 17, 33, 9, 41, 7, 60], [int(t) for t in np.random.default_rng(5).integers(3, VOCAB, 13)]]
 
 
-def gemma(path: Path | None = None, dtype: str = "float32", **kw: Any) -> Any:
-    """A random ``Gemma3ForCausalLM`` (its norm weights random too: transformers starts them at
-    0, a multiplier of 1), saved to ``path`` in ``dtype`` with a word tokenizer and read back in
-    float32, where a path is given."""
+def gemma(path: Path | None = None, dtype: str = "float32", version: int = 3, **kw: Any) -> Any:
+    """A random ``Gemma3ForCausalLM`` (``version`` 2: ``Gemma2ForCausalLM``; its norm weights
+    random too: transformers starts them at 0, a multiplier of 1), saved to ``path`` in ``dtype``
+    with a word tokenizer and read back in float32, where a path is given."""
     torch.manual_seed(0)
-    model = transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(**{**GEMMA, **kw})).eval()
+    cls, config, base = (transformers.Gemma2ForCausalLM, transformers.Gemma2Config, GEMMA2) if version == 2 else (transformers.Gemma3ForCausalLM, transformers.Gemma3TextConfig, GEMMA)
+    model = cls(config(**{**base, **kw})).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -53,10 +59,10 @@ def gemma(path: Path | None = None, dtype: str = "float32", **kw: Any) -> Any:
         return model
     model.to(getattr(torch, dtype)).save_pretrained(path)
     word_tokenizer().save_pretrained(path)
-    return transformers.Gemma3ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return cls.from_pretrained(path, dtype=torch.float32).eval()
 
 
-# llama.cpp's tensor names of Gemma 3 (gguf-py's tensor map)
+# llama.cpp's tensor names of Gemma 2 and 3 (gguf-py's tensor map)
 _TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
 _PART = {
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
@@ -71,19 +77,26 @@ def gemma_gguf(hf: Any, path: Path, fmt: str = "f32", vocab: list[str] | None = 
     the ``gemma3.*`` keys it writes (the global layers' rotary base and linear scaling, the
     window; no pattern, no local base, no query scalar: llama.cpp fixes or derives those), every
     ``*norm.weight`` stored as ``w + 1``, q and k rows in transformers' order, no output tensor
-    (tied); the matrices in ``fmt``. ``vocab``: the token texts (else words ``w0 ..``)."""
+    (tied); the matrices in ``fmt``. ``vocab``: the token texts (else words ``w0 ..``). A Gemma 2
+    model as ``Gemma2Model`` writes it: ``gemma2.*`` keys, the two soft caps, the window, the
+    rotary base (which the converter leaves to llama.cpp's default, 10000, where it is that)."""
     c = hf.config
-    w = gguf.GGUFWriter(str(path), "gemma3")
+    arch = "gemma2" if c.model_type == "gemma2" else "gemma3"
+    w = gguf.GGUFWriter(str(path), arch)
     for key, value in {"context_length": c.max_position_embeddings, "embedding_length": c.hidden_size, "block_count": c.num_hidden_layers,
                        "feed_forward_length": c.intermediate_size, "attention.head_count": c.num_attention_heads, "attention.head_count_kv": c.num_key_value_heads,
                        "attention.key_length": c.head_dim, "attention.value_length": c.head_dim, "attention.sliding_window": c.sliding_window}.items():  # fmt: skip
-        w.add_uint32(f"gemma3.{key}", value)
-    full = c.rope_parameters["full_attention"]
-    w.add_float32("gemma3.rope.freq_base", full["rope_theta"])
-    w.add_float32("gemma3.attention.layer_norm_rms_epsilon", c.rms_norm_eps)
+        w.add_uint32(f"{arch}.{key}", value)
+    full = c.rope_parameters if arch == "gemma2" else c.rope_parameters["full_attention"]
+    if arch == "gemma3" or full["rope_theta"] != 10000.0:
+        w.add_float32(f"{arch}.rope.freq_base", full["rope_theta"])
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", c.rms_norm_eps)
     if full["rope_type"] == "linear":
-        w.add_string("gemma3.rope.scaling.type", "linear")
-        w.add_float32("gemma3.rope.scaling.factor", full["factor"])
+        w.add_string(f"{arch}.rope.scaling.type", "linear")
+        w.add_float32(f"{arch}.rope.scaling.factor", full["factor"])
+    if arch == "gemma2":
+        w.add_float32("gemma2.attn_logit_softcapping", c.attn_logit_softcapping)
+        w.add_float32("gemma2.final_logit_softcapping", c.final_logit_softcapping)
     w.add_tokenizer_model("llama")
     tokens = vocab or [f"w{i}" for i in range(c.vocab_size)]
     w.add_token_list(tokens)
@@ -97,7 +110,7 @@ def gemma_gguf(hf: Any, path: Path, fmt: str = "f32", vocab: list[str] | None = 
             continue
         data = value.detach().float().numpy()
         if name.endswith("norm.weight"):
-            data = data + 1  # Gemma3RMSNorm multiplies by 1 + w: the converter stores it so
+            data = data + 1  # Gemma's RMSNorm multiplies by 1 + w: the converter stores it so
         if name in _TOP:
             gname = _TOP[name]
         else:
@@ -162,11 +175,13 @@ def test_a_gemma3_checkpoint_gives_transformers_tokens(tmp_path: Path, dtype: st
     assert np.abs(log_probs(gemma(sliding_window=64), PROMPTS[2]) - ref).max() > 10 * tol
 
 
-def test_prefill_and_every_decode_step_from_one_compilation() -> None:
+@pytest.mark.parametrize("version", [3, 2])
+def test_prefill_and_every_decode_step_from_one_compilation(version: int) -> None:
     """The compiled decoder (one build) fed like the engine: transformers' logits after prompts
     of 1, 6 and 13 tokens and after each of 9 greedy steps through its cache, the decode steps'
-    windows sliding over the cached keys; greedy tokens too."""
-    hf = gemma()
+    windows sliding over the cached keys (Gemma 2: their scores and the logits soft-capped);
+    greedy tokens too."""
+    hf = gemma(version=version)
     r = Runner(hf, max_batch=2)
     assert r.builds == 1
     for prompt in ([3], [5, 17, 33, 9, 41, 7], PROMPTS[2]):
@@ -208,26 +223,106 @@ def test_a_gemma3_gguf_gives_transformers_log_probabilities(tmp_path: Path, fmt:
 
 
 @pytest.mark.slow
-def test_llama_cpp_scores_a_gemma3_file_as_tilework_does(tmp_path: Path) -> None:
-    """llama.cpp (llama-cpp-python) reads the same kind of file: a random Gemma 3 of 6 layers
-    (hidden 256, head dim 64, window 8, layer 5 global) scores 40 tokens as tilework does:
-    within 0.004 measured, what transformers' own log-probabilities differ from llama.cpp's by
-    (llama.cpp's GELU reads a table of half-precision inputs on CPU), where tilework's are
-    transformers' to 1e-5."""
+@pytest.mark.parametrize("version", [3, 2])
+def test_llama_cpp_scores_a_gemma_file_as_tilework_does(tmp_path: Path, version: int) -> None:
+    """llama.cpp (llama-cpp-python) reads the same kind of file: a random Gemma of 6 layers
+    (hidden 256, head dim 64, window 8; Gemma 3: layer 5 global; Gemma 2: layers 1, 3, 5, caps
+    of 10 on the scores and 8 on the logits, which move its log-probabilities by 0.3) scores 40
+    tokens as tilework does: within 0.004 measured (Gemma 3) and 0.002 (Gemma 2), what
+    transformers' own log-probabilities differ from llama.cpp's by (llama.cpp's GELU reads a
+    table of half-precision inputs on CPU), where tilework's are transformers' to 1e-5."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python (an optional bench dependency) reads the file")
     from tests.llm.test_llama_cpp_q4_k_m import gguf_files, log_softmax
 
-    rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}, "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}}
+    if version == 3:
+        rope: dict[str, Any] = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}, "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}}
+        own: dict[str, Any] = {}
+    else:
+        rope, own = {"rope_type": "default", "rope_theta": 10000.0}, {"attn_logit_softcapping": 10.0, "final_logit_softcapping": 8.0}
     hf = gemma(num_hidden_layers=6, layer_types=None, hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=64, query_pre_attn_scalar=64,
-               sliding_window=8, rope_parameters=rope, max_position_embeddings=128, vocab_size=512, initializer_range=0.05)  # fmt: skip
+               sliding_window=8, rope_parameters=rope, max_position_embeddings=128, vocab_size=512, initializer_range=0.05, version=version, **own)  # fmt: skip
     vocab = ["<pad>", "<bos>", "<eos>", *(f"w{i}" for i in range(3, 512))]
-    path = str(gemma_gguf(hf, tmp_path / "gemma3.gguf", vocab=vocab))
+    path = str(gemma_gguf(hf, tmp_path / "gemma.gguf", vocab=vocab))
     ids = [1] + [int(t) for t in np.random.default_rng(0).integers(3, 512, 39)]
     want = log_softmax(gguf_files().llama_cpp_scores(path, ids, threads=2))
     got = LLM(path, precision="fp32", max_batch=1, kv_tokens=256).score(ids)
     assert (got.max(-1) - got.min(-1)).min() > 1.0  # the log-probabilities differ enough to compare
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-2)
     np.testing.assert_allclose(got, log_probs(hf, ids), rtol=0, atol=1e-4)
+
+
+def test_gemma2_configs_read_as_transformers_reads_them() -> None:
+    """A ``gemma2`` config: every other layer sliding (transformers' default ``layer_types``), one
+    rotary base, no q / k norms, both soft caps (absent: Gemma2Config's 50 and 30; null: none);
+    the GGUF keys llama.cpp reads give the same fields (absent caps: 50 and 30; absent window:
+    4096; the 46-layer 27B's query scalar hidden / heads)."""
+    cfg = LlmConfig.from_hf_config(transformers.Gemma2Config(**GEMMA2).to_dict())
+    assert (cfg.architecture, cfg.gemma, cfg.qk_norm, cfg.tie_word_embeddings) == ("gemma2", True, False, True)
+    assert (cfg.sliding_window, cfg.sliding_layers, cfg.rope_local_theta, cfg.rope_theta) == (5, (0, 2), None, 1000.0)
+    assert (cfg.attn_softcap, cfg.final_softcap, cfg.attention_scale) == (1.5, 4.0, 20**-0.5)
+    hub = {"model_type": "gemma2", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 7, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 24, "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 24, "sliding_window": 4096,
+           "max_position_embeddings": 8192, "vocab_size": 256000, "eos_token_id": 1}  # fmt: skip
+    cfg = LlmConfig.from_hf_config(hub)
+    want = [i for i, t in enumerate(transformers.Gemma2Config(**{k: v for k, v in hub.items() if k != "model_type"}).layer_types) if t == "sliding_attention"]
+    assert list(cfg.sliding_layers) == want == [0, 2, 4, 6]
+    assert (cfg.attn_softcap, cfg.final_softcap, cfg.rope_theta, cfg.context_length) == (50.0, 30.0, 10000.0, 8192)
+    assert LlmConfig.from_hf_config({**hub, "final_logit_softcapping": None}).final_softcap is None
+    assert LlmConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(UnsupportedError, match="hidden_activation"):
+        LlmConfig.from_hf_config({**hub, "hidden_activation": "gelu"})
+
+    from tilework.llm.gemma import gguf_fields
+
+    def fields(meta: dict[str, Any], layers: int = 26, hidden: int = 2304) -> dict[str, Any]:
+        return gguf_fields(lambda k, default=None: meta.get(k, default), "gemma2", "f.gguf", layers, hidden, 8, 256)
+
+    got = fields({"gemma2.attention.sliding_window": 4096, "gemma2.attn_logit_softcapping": 50.0, "gemma2.final_logit_softcapping": 30.0})
+    assert got == fields({}) == {"sliding_window": 4096, "sliding_layers": tuple(range(0, 26, 2)), "rope_local_theta": None, "query_pre_attn_scalar": 256.0,
+                                 "attn_softcap": 50.0, "final_softcap": 30.0}  # fmt: skip
+    assert fields({}, layers=46, hidden=4608)["query_pre_attn_scalar"] == 4608 // 8
+
+
+def test_a_gemma2_checkpoint_gives_transformers_log_probabilities(tmp_path: Path) -> None:
+    """A float32 Gemma 2 checkpoint: transformers' log-probabilities (1e-4) and greedy tokens after
+    prompts of 1, 7 and 13 tokens, the window of 5 crossed; the model without its caps gives
+    other log-probabilities (the caps count)."""
+    hf = gemma(tmp_path, version=2)
+    llm = LLM(str(tmp_path), precision="fp32", max_batch=2, kv_tokens=256)
+    assert llm.config.architecture == "gemma2" and llm.config.sliding_layers == (0, 2)
+    for ids in PROMPTS:
+        ref = log_probs(hf, ids)
+        np.testing.assert_allclose(llm.score(ids), ref, rtol=0, atol=1e-4)
+        want = greedy(hf, ids, 10)
+        want = want[: want.index(2)] if 2 in want else want
+        out = llm.generate(" ".join(f"w{t}" for t in ids), SamplingParams(temperature=0, max_tokens=10), chat=False)[0]
+        assert out.token_ids[: len(want)] == want
+    uncapped = gemma(version=2, attn_logit_softcapping=None, final_logit_softcapping=None)
+    assert np.abs(log_probs(uncapped, PROMPTS[2]) - ref).max() > 0.1
+
+
+@pytest.mark.parametrize("fmt, precision", [("f32", "fp32"), ("q8_0", "q")])
+def test_a_gemma2_gguf_gives_transformers_log_probabilities(tmp_path: Path, fmt: str, precision: str) -> None:
+    """A Gemma 2 GGUF file of llama.cpp's converter: its config is the checkpoint's (the caps
+    and window from the file, the rotary base llama.cpp's default, the query scalar
+    ``head_dim``); float32 tensors give transformers' log-probabilities to 1e-4, q8_0 blocks
+    (``q``) those of the dequantized values within what 8-bit activations move them."""
+    hf = gemma(version=2, query_pre_attn_scalar=24, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **({} if fmt == "f32" else {"initializer_range": 0.05}))
+    path = gemma_gguf(hf, tmp_path / "gemma2.gguf", fmt)
+    llm = LLM(str(path), precision=precision, max_batch=2, kv_tokens=256, kv_dtype="float32")
+    assert llm.config == LlmConfig.from_hf_config(hf.config.to_dict())
+    if fmt != "f32":
+        with torch.no_grad():
+            for name, p in hf.named_parameters():
+                if p.ndim == 2:
+                    p.copy_(torch.from_numpy(quantize(p.numpy(), fmt, name).dequantize().reshape(p.shape)))
+    for ids in PROMPTS:
+        got, want = llm.score(ids), log_probs(hf, ids)
+        if fmt == "f32":
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+        else:
+            err = np.abs(got - want)
+            assert err.mean() < 0.02 and err.max() < 0.1, (err.mean(), err.max())
 
 
 def test_a_multimodal_checkpoint_runs_its_text_decoder(tmp_path: Path) -> None:
