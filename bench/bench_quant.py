@@ -88,8 +88,8 @@ class Row:
 
 
 def make_blocks(rng: np.random.Generator, fmt: str, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Realistic blocks (gguf's quantizer; k-quants: random bytes with sane scales) and their
-    dequantized float32 weights."""
+    """Realistic blocks (gguf's quantizer; k-quants and iq4, which it does not quantize: random
+    bytes with sane scales) and their dequantized float32 weights."""
     import gguf
     from gguf.quants import dequantize, quantize
 
@@ -98,16 +98,17 @@ def make_blocks(rng: np.random.Generator, fmt: str, n: int, k: int) -> tuple[np.
         b, wf = make_blocks(rng, base, n, k)
         return interleave_rows(b, base), wf
     t = getattr(gguf.GGMLQuantizationType, fmt.upper())
-    if fmt in K_QUANT_HALVES:
+    if fmt in RANDOM_BYTES:
         b = rng.integers(0, 256, (n, Q.row_bytes(fmt, k)), dtype=np.uint8)
-        for at in K_QUANT_HALVES[fmt]:  # finite fp16 scales; any other bytes are valid
-            b.reshape(n, k // 256, -1)[:, :, at : at + 2] = (rng.standard_normal((n, k // 256, 1)) * 0.01).astype(np.float16).view(np.uint8)
+        for at in RANDOM_BYTES[fmt]:  # finite fp16 scales; any other bytes are valid
+            b.reshape(n, k // quant_format(fmt).block, -1)[:, :, at : at + 2] = (rng.standard_normal((n, k // quant_format(fmt).block, 1)) * 0.01).astype(np.float16).view(np.uint8)
         return b, dequantize(b, t).reshape(n, k).astype(np.float32)
     raw = quantize(rng.standard_normal((n, k)).astype(np.float32), t)
     return np.ascontiguousarray(raw.view(np.uint8).reshape(n, -1)), dequantize(raw, t).reshape(n, k).astype(np.float32)
 
 
-K_QUANT_HALVES = {"q4_k": (0, 2), "q6_k": (208,), "q5_k": (0, 2), "q3_k": (108,), "q2_k": (80, 82)}  # offsets of the fp16 d, dmin
+# formats made of random bytes, and the offsets of their blocks' fp16 d (and dmin)
+RANDOM_BYTES = {"q4_k": (0, 2), "q6_k": (208,), "q5_k": (0, 2), "q3_k": (108,), "q2_k": (80, 82), "iq4_nl": (0,), "iq4_xs": (0,)}
 
 
 def best_of(repeat: int, fn: Callable[[], object], calls: int) -> float:
