@@ -57,6 +57,7 @@ def save(path: Path, kind: str = "llama", dtype: str = "float32", tokenizer: boo
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
         "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
         "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
+        "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM),
     }[kind]
     model = model_cls(config_cls(**{**SMALL, **kw})).eval()
     with torch.no_grad():  # norm weights away from transformers' ones: their values count too
@@ -155,7 +156,7 @@ def write_gguf_of(hf: Any, path: Path, fmt: str = "f32", meta: dict[str, Any] | 
             continue
         given = (blocks or {}).get(name)
         data = value.detach().float().numpy() if given is None else np.asarray(given.data)
-        if arch == "llama" and re.search(r"\.(q|k)_proj\.", name):  # rows of values or of blocks alike
+        if arch in ("llama", "smollm3") and re.search(r"\.(q|k)_proj\.", name):  # rows of values or of blocks alike
             data = llama_cpp_permute(data, c.num_attention_heads if ".q_proj." in name else c.num_key_value_heads)
         if given is None:
             t = quantize(np.ascontiguousarray(data), fmt if data.ndim == 2 else "f32", name)

@@ -7,7 +7,8 @@ projections), ``qwen3`` (llama with an RMSNorm over each query and key head, ``q
 ``k_norm``, before the rotary embedding; its ``head_dim`` need not be ``hidden / heads``);
 ``gemma2`` and ``gemma3`` (Gemma's decoders: four norms a layer, sliding-window layers, Gemma 2's
 soft caps, Gemma 3's second rotary base, and more: :mod:`tilework.llm.gemma` reads their
-configs); ``phi3`` (Phi-3, Phi-3.5: llama whose q, k,
+configs); ``smollm3`` (SmolLM3: llama whose every fourth layer, ``no_rope_layers``, attends
+without the rotary embedding); ``phi3`` (Phi-3, Phi-3.5: llama whose q, k,
 v projections are one matrix in the file, and the MLP's gate and up another, split on loading;
 from a transformers checkpoint every layer attends in its ``sliding_window``, where it is shorter
 than the context, as transformers does; a GGUF file's window is not applied, as llama.cpp
@@ -50,7 +51,8 @@ if TYPE_CHECKING:
 
     from tilework.llm.gguf import GGUFFile
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3")
+NOPE_INTERVAL = 4  # SmolLM3: every fourth layer is not rotated (transformers' no_rope_layer_interval default; llama.cpp's fixed step)
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "freq_factors")
 HF_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "dynamic")  # the names a transformers config uses
 
@@ -137,7 +139,8 @@ class LlmConfig:
     ``rope_theta`` and scaling); ``query_pre_attn_scalar``: the attention's scores are scaled
     by its ``** -0.5`` (None: ``head_dim``'s); ``attn_softcap`` / ``final_softcap``: the scaled
     scores / the logits soft-capped to ``c * tanh(x / c)`` (None: not). Gemma 2 and 3 set these
-    (:attr:`gemma`)."""
+    (:attr:`gemma`). ``nope_layers``: the layers whose queries and keys are not rotated
+    (SmolLM3's)."""
 
     architecture: str
     hidden: int
@@ -163,6 +166,7 @@ class LlmConfig:
     query_pre_attn_scalar: float | None = None
     attn_softcap: float | None = None
     final_softcap: float | None = None
+    nope_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.architecture not in ARCHITECTURES:
@@ -185,6 +189,9 @@ class LlmConfig:
                 raise TileworkError(f"LlmConfig: sliding layers need a positive int sliding_window, got {self.sliding_window!r}")
             if self.sliding_layers[0] < 0 or self.sliding_layers[-1] >= self.layers or len(set(self.sliding_layers)) != len(self.sliding_layers):
                 raise TileworkError(f"LlmConfig: sliding_layers must be distinct layer indices below {self.layers}, got {list(self.sliding_layers)}")
+        object.__setattr__(self, "nope_layers", tuple(sorted(int(i) for i in self.nope_layers)))
+        if self.nope_layers and (self.nope_layers[0] < 0 or self.nope_layers[-1] >= self.layers or len(set(self.nope_layers)) != len(self.nope_layers)):
+            raise TileworkError(f"LlmConfig: nope_layers must be distinct layer indices below {self.layers}, got {list(self.nope_layers)}")
         if self.query_pre_attn_scalar is not None and not self.query_pre_attn_scalar > 0:
             raise TileworkError(f"LlmConfig: query_pre_attn_scalar must be positive, got {self.query_pre_attn_scalar}")
         for name in ("attn_softcap", "final_softcap"):
@@ -287,6 +294,7 @@ class LlmConfig:
         kw["rope_scaling"] = RopeScaling(**rope) if isinstance(rope, Mapping) else rope
         kw["eos_token_ids"] = tuple(kw.get("eos_token_ids", ()))
         kw["sliding_layers"] = tuple(kw.get("sliding_layers", ()))
+        kw["nope_layers"] = tuple(kw.get("nope_layers", ()))
         return cls(**kw)
 
     # ---- GGUF ----------------------------------------------------------------------------
@@ -341,6 +349,8 @@ class LlmConfig:
             from tilework.llm.gemma import gguf_fields
 
             extra = gguf_fields(get, arch, where, layers, hidden, heads, head_dim)
+        if arch == "smollm3":  # llama.cpp's fixed step: no GGUF key states it
+            extra = {"nope_layers": tuple(i for i in range(layers) if (i + 1) % NOPE_INTERVAL == 0)}
         # phi3: {arch}.attention.sliding_window is not applied: llama.cpp attends to every earlier
         # token in phi3 files (transformers, from a checkpoint, does apply Phi-3's window)
         long_scaling = _gguf_longrope(gf, longrope, get, arch, where, head_dim, context) if longrope[0] is not None else None
@@ -373,8 +383,8 @@ class LlmConfig:
         """The config of a transformers checkpoint: a ``config.json`` dict, its path, or the
         checkpoint directory. Missing optional keys take the transformers class defaults.
 
-        ``model_type`` ``llama``, ``qwen2``, ``qwen3``, ``phi3`` (longrope also under its early
-        name ``su``) or ``mistral`` (llama with a sliding window: it reads as ``llama``);
+        ``model_type`` ``llama``, ``qwen2``, ``qwen3``, ``smollm3``, ``phi3`` (longrope also under
+        its early name ``su``) or ``mistral`` (llama with a sliding window: it reads as ``llama``);
         ``gemma2``, ``gemma3_text`` and ``gemma3`` (its text part) are read by
         :func:`tilework.llm.gemma.hf_fields`. The layers that attend in a sliding window
         (Mistral's and Phi-3's ``sliding_window``, Qwen2's and Qwen3's with ``use_sliding_window``)
@@ -396,7 +406,7 @@ class LlmConfig:
             qkv_bias, out_bias = True, False
         elif model_type == "phi3":  # no biases (its projections are fused in the file: weights.split_fused)
             qkv_bias = out_bias = False
-        else:  # llama, mistral, qwen3: q, k, v and o alike
+        else:  # llama, mistral, qwen3, smollm3: q, k, v and o alike
             qkv_bias = out_bias = bool(d.get("attention_bias", False))
         hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
         context = int(get("max_position_embeddings"))
@@ -419,10 +429,11 @@ class LlmConfig:
             tie_word_embeddings=bool(get("tie_word_embeddings")),
             attention_bias=qkv_bias,
             attention_out_bias=out_bias,
-            mlp_bias=model_type == "llama" and bool(d.get("mlp_bias", False)),  # (Mistral, Qwen2 and Qwen3 have none)
+            mlp_bias=model_type in ("llama", "smollm3") and bool(d.get("mlp_bias", False)),  # (Mistral, Qwen2 and Qwen3 have none)
             rope_scaling=scaling,
             bos_token_id=None if d.get("bos_token_id") is None else int(d["bos_token_id"]),
             eos_token_ids=eos_ids,
+            nope_layers=_hf_nope_layers(d, int(need("num_hidden_layers")), where) if model_type == "smollm3" else (),
             **sliding,
         )
 
@@ -435,7 +446,21 @@ _HF_DEFAULTS: dict[str, dict[str, Any]] = {
     "qwen2": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": False, "rope_theta": 10000.0},
     "qwen3": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": False, "rope_theta": 10000.0, "head_dim": 128},
     "phi3": {"hidden_act": "silu", "rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "tie_word_embeddings": False, "rope_theta": 10000.0},
+    "smollm3": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": True, "rope_theta": 2000000.0},
 }
+
+
+def _hf_nope_layers(d: Mapping[str, Any], layers: int, where: str) -> tuple[int, ...]:
+    """SmolLM3's layers without the rotary embedding: the zeros of ``no_rope_layers`` (one flag
+    a layer, 1: rotated), else every ``no_rope_layer_interval``-th layer (4), as SmolLM3Config
+    makes them."""
+    flags = d.get("no_rope_layers")
+    if flags is None:
+        interval = int(d.get("no_rope_layer_interval") or NOPE_INTERVAL)
+        flags = [int((i + 1) % interval != 0) for i in range(layers)]
+    if len(flags) != layers or any(f not in (0, 1) for f in flags):
+        raise UnsupportedError(f"{where}: no_rope_layers {list(flags)} is not supported (a 0 or 1 for each of the {layers} layers)")
+    return tuple(i for i, f in enumerate(flags) if not f)
 
 
 def _f32_value(v: Any) -> float:
@@ -541,19 +566,22 @@ def _hf_config_dict(source: "Mapping[str, Any] | str | os.PathLike[str]") -> tup
 def _hf_sliding_window(d: Mapping[str, Any], model_type: str, layers: int, context: int, where: str) -> dict[str, Any]:
     """The config fields (``sliding_window``, ``sliding_layers``) of the layers that attend in a
     sliding window, as transformers decides them: Mistral's ``sliding_window`` (null: none,
-    absent: MistralConfig's 4096) and Phi-3's, every layer; Qwen2's and Qwen3's when
+    absent: MistralConfig's 4096) and Phi-3's, every layer; Qwen2's, Qwen3's and SmolLM3's when
     ``use_sliding_window`` and a layer is a ``sliding_attention`` one (``layer_types``, else the
-    layers from ``max_window_layers`` on). None where the window is no shorter than the context."""
+    layers from ``max_window_layers`` on; SmolLM3's: its layers without rotation). None where the window is no shorter than the context."""
     if model_type == "mistral":
         window = d["sliding_window"] if "sliding_window" in d else _HF_DEFAULTS["mistral"]["sliding_window"]
     elif model_type == "phi3":
         window = d.get("sliding_window")
-    elif model_type in ("qwen2", "qwen3") and d.get("use_sliding_window"):
-        window = d.get("sliding_window", 4096)
+    elif model_type in ("qwen2", "qwen3", "smollm3") and d.get("use_sliding_window"):
+        window = d.get("sliding_window", 4096 if model_type != "smollm3" else None)
     else:
         window = None
     types = d.get("layer_types")
-    if types is None:
+    if types is None and model_type == "smollm3":  # SmolLM3Config: its layers without rotation slide
+        nope = _hf_nope_layers(d, layers, where)
+        types = ["sliding_attention" if window is not None and i in nope else "full_attention" for i in range(layers)]
+    elif types is None:
         first = d.get("max_window_layers", 28) if model_type in ("qwen2", "qwen3") else 0
         types = ["sliding_attention" if window is not None and i >= first else "full_attention" for i in range(layers)]
     unknown = sorted(set(types) - {"full_attention", "sliding_attention"})

@@ -36,7 +36,8 @@ MLP, whose activation is GELU's tanh form), scales the scores by ``query_pre_att
 -0.5``, and its sliding layers attend in their window (``paged_attention``'s ``window``);
 Gemma 3's are turned by a second rotary table of their own base (``paged_rotary`` unscaled: two
 tables a step); Gemma 2 soft-caps the attention's scores (``paged_attention``'s ``softcap``) and
-the logits (``c * tanh(logits / c)``).
+the logits (``c * tanh(logits / c)``). A ``smollm3`` model's ``nope_layers`` attend without the
+rotary embedding (``paged_attention`` with no ``rope_theta``).
 """
 
 from __future__ import annotations
@@ -204,8 +205,10 @@ class Attention(Module):
         local = window is not None and cache.local is not None
         rotary, theta = (cache.local, cfg.rope_local_theta) if local else (cache.rotary, cfg.rope_theta)
         assert rotary is not None and theta is not None
+        turned = self.layer not in cfg.nope_layers  # SmolLM3: a NoPE layer's queries and keys are not rotated
         out = emit(op.paged_attention(qkv.expr, cache.k.expr, cache.v.expr, cache.kv_len.expr, cache.page_table.expr, layer=self.layer, kv_heads=cfg.kv_heads,
-                                      rope_theta=theta, scale=cfg.attention_scale, rotary=rotary.expr, window=window, softcap=cfg.attn_softcap))  # fmt: skip
+                                      rope_theta=theta if turned else None, scale=cfg.attention_scale, rotary=rotary.expr if turned else None, window=window,
+                                      softcap=cfg.attn_softcap))  # fmt: skip
         return self.o_proj(out.reshape(batch, seq, cfg.heads * cfg.head_dim))
 
 
