@@ -77,6 +77,27 @@ def greedy(hf: Any, ids: list[int], n: int) -> list[int]:
     return [int(t) for t in out[0, len(ids) :]]
 
 
+def assert_greedy(llm: Any, hf: Any, ids: list[int], n: int) -> list[int]:
+    """``llm``'s greedy tokens after the words ``w{id}`` of ``ids`` are transformers'
+    ``generate``'s, up to its first eos (2); returns those."""
+    want = greedy(hf, ids, n)
+    want = want[: want.index(2)] if 2 in want else want
+    out = llm.generate(" ".join(f"w{t}" for t in ids), SamplingParams(temperature=0, max_tokens=n), chat=False)[0]
+    assert out.token_ids[: len(want)] == want
+    return want
+
+
+def assert_transformers_tokens(llm: Any, hf: Any, tol: float = 1e-4, steps: int = 10) -> np.ndarray:
+    """After each of ``PROMPTS`` (1, 7 and 13 tokens), ``llm``'s log-probabilities within ``tol``
+    of transformers' and its ``steps`` greedy tokens transformers'; returns transformers'
+    log-probabilities of the last prompt."""
+    for ids in PROMPTS:
+        ref = log_probs(hf, ids)
+        np.testing.assert_allclose(llm.score(ids), ref, rtol=0, atol=tol)
+        assert_greedy(llm, hf, ids, steps)
+    return ref
+
+
 @pytest.mark.parametrize(
     "kind, dtype, shard, kw",
     [("llama", "float32", "40KB", {}), ("qwen2", "bfloat16", None, {"tie_word_embeddings": True})],
@@ -193,13 +214,7 @@ def test_a_qwen3_checkpoint_gives_transformers_tokens(tmp_path: Path, dtype: str
     llm = LLM(str(tmp_path), precision=precision, max_batch=2, kv_tokens=256)
     assert llm.config.architecture == "qwen3" and llm.config.qk_norm and llm.config.head_dim == 24
     tol = 1e-4 if precision == "fp32" else 0.1
-    for ids in PROMPTS:
-        ref = log_probs(hf, ids)
-        np.testing.assert_allclose(llm.score(ids), ref, rtol=0, atol=tol)
-        want = greedy(hf, ids, 6)
-        want = want[: want.index(2)] if 2 in want else want
-        out = llm.generate(" ".join(f"w{t}" for t in ids), SamplingParams(temperature=0, max_tokens=6), chat=False)[0]
-        assert out.token_ids[: len(want)] == want
+    ref = assert_transformers_tokens(llm, hf, tol, steps=6)
     with torch.no_grad():
         for layer in hf.model.layers:
             layer.self_attn.q_norm.weight.fill_(1.0)
@@ -285,10 +300,7 @@ def test_yarn_scaled_qwen3_from_a_checkpoint_and_a_gguf_file(tmp_path: Path) -> 
         np.testing.assert_allclose(llm.score(ids), ref, rtol=0, atol=1e-4)
         if path == gguf_path:
             continue
-        want = greedy(hf, ids[:20], 8)
-        want = want[: want.index(2)] if 2 in want else want
-        out = llm.generate(" ".join(f"w{t}" for t in ids[:20]), SamplingParams(temperature=0, max_tokens=8), chat=False)[0]
-        assert out.token_ids[: len(want)] == want
+        assert_greedy(llm, hf, ids[:20], 8)
     plain = save(tmp_path / "plain", "qwen3", **QWEN3)
     assert np.abs(log_probs(plain, ids) - ref).max() > 1e-2
 
@@ -306,10 +318,7 @@ def test_longrope_switches_to_its_long_factors_where_transformers_does(tmp_path:
     assert llm.config.rope_scaling.type == "longrope" and llm.config.rope_scaling.original_context == 16
     for n in (12, 20):
         ids = [int(t) for t in rng.integers(3, VOCAB, n)]
-        want = greedy(hf, ids, 10)
-        want = want[: want.index(2)] if 2 in want else want
-        out = llm.generate(" ".join(f"w{t}" for t in ids), SamplingParams(temperature=0, max_tokens=10), chat=False)[0]
-        assert out.token_ids[: len(want)] == want and len(want) >= 5
+        assert len(assert_greedy(llm, hf, ids, 10)) >= 5
 
 
 def test_a_checkpoint_without_a_tokenizer_is_refused_before_compiling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

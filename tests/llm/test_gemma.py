@@ -23,10 +23,10 @@ transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
 from tilework.errors import UnsupportedError  # noqa: E402
-from tilework.llm import LLM, SamplingParams  # noqa: E402
+from tilework.llm import LLM  # noqa: E402
 from tilework.llm.config import LlmConfig  # noqa: E402
 from tilework.llm.quant import quantize  # noqa: E402
-from tests.llm.test_checkpoint import VOCAB, greedy, log_probs, word_tokenizer  # noqa: E402
+from tests.llm.test_checkpoint import VOCAB, assert_transformers_tokens, log_probs, word_tokenizer  # noqa: E402
 from tests.llm.test_decoder import Runner, _hf_incremental  # noqa: E402
 from tests.llm.test_weights import ggml  # noqa: E402
 
@@ -165,13 +165,7 @@ def test_a_gemma3_checkpoint_gives_transformers_tokens(tmp_path: Path, dtype: st
     llm = LLM(str(tmp_path), precision=precision, max_batch=2, kv_tokens=256)
     assert llm.config.gemma and llm.config.sliding_layers == (0, 2)
     tol = 1e-4 if precision == "fp32" else 0.1
-    for ids in PROMPTS:
-        ref = log_probs(hf, ids)
-        np.testing.assert_allclose(llm.score(ids), ref, rtol=0, atol=tol)
-        want = greedy(hf, ids, 10)
-        want = want[: want.index(2)] if 2 in want else want
-        out = llm.generate(" ".join(f"w{t}" for t in ids), SamplingParams(temperature=0, max_tokens=10), chat=False)[0]
-        assert out.token_ids[: len(want)] == want
+    ref = assert_transformers_tokens(llm, hf, tol)
     assert np.abs(log_probs(gemma(sliding_window=64), PROMPTS[2]) - ref).max() > 10 * tol
 
 
@@ -193,20 +187,28 @@ def test_prefill_and_every_decode_step_from_one_compilation(version: int) -> Non
     assert r.builds == 1
 
 
+@pytest.mark.parametrize("version", [3, 2])
 @pytest.mark.parametrize("fmt, precision", [("f32", "fp32"), ("q8_0", "q")])
-def test_a_gemma3_gguf_gives_transformers_log_probabilities(tmp_path: Path, fmt: str, precision: str) -> None:
-    """The model as a GGUF file of llama.cpp's converter (its rotary bases and query scalar the
-    ones llama.cpp fixes or derives: 10000 for the sliding layers, ``head_dim``): float32 tensors
-    give transformers' log-probabilities to 1e-4; q8_0 matrices kept in blocks (``q``) those of
-    the dequantized values within what 8-bit activations move them (as for Qwen2 and Qwen3)."""
-    rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}, "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}}
-    # six layers in transformers' default pattern (layer 5 global), the one llama.cpp fixes
-    hf = gemma(rope_parameters=rope, query_pre_attn_scalar=24, num_hidden_layers=6, layer_types=None, **({} if fmt == "f32" else {"initializer_range": 0.05}))
-    path = gemma_gguf(hf, tmp_path / "gemma3.gguf", fmt)
+def test_a_gemma_gguf_gives_transformers_log_probabilities(tmp_path: Path, version: int, fmt: str, precision: str) -> None:
+    """The model as a GGUF file of llama.cpp's converter, its config the checkpoint's (Gemma 3:
+    six layers in transformers' default pattern, layer 5 global, the one llama.cpp fixes; its
+    rotary bases and query scalar the ones llama.cpp fixes or derives, 10000 for the sliding
+    layers and ``head_dim``; Gemma 2: the caps and window from the file, the rotary base
+    llama.cpp's default): float32 tensors give transformers' log-probabilities to 1e-4; q8_0
+    matrices kept in blocks (``q``) those of the dequantized values within what 8-bit activations
+    move them (as for Qwen2 and Qwen3)."""
+    small = {} if fmt == "f32" else {"initializer_range": 0.05}
+    if version == 3:
+        rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}, "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}}
+        hf = gemma(rope_parameters=rope, query_pre_attn_scalar=24, num_hidden_layers=6, layer_types=None, **small)
+    else:
+        hf = gemma(version=2, query_pre_attn_scalar=24, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **small)
+    path = gemma_gguf(hf, tmp_path / "gemma.gguf", fmt)
     llm = LLM(str(path), precision=precision, max_batch=2, kv_tokens=256, kv_dtype="float32")
     c = llm.config
     assert c == LlmConfig.from_hf_config(hf.config.to_dict())  # the file's config is the checkpoint's
-    assert (c.sliding_window, c.sliding_layers, c.rope_local_theta, c.rope_theta, c.query_pre_attn_scalar, c.tie_word_embeddings) == (5, (0, 1, 2, 3, 4), 1e4, 1e6, 24.0, True)
+    if version == 3:
+        assert (c.sliding_window, c.sliding_layers, c.rope_local_theta, c.rope_theta, c.query_pre_attn_scalar, c.tie_word_embeddings) == (5, (0, 1, 2, 3, 4), 1e4, 1e6, 24.0, True)
     assert ("model.layers.0.self_attn.q_proj.weight" in llm.formats) == (fmt != "f32")
     if fmt != "f32":
         with torch.no_grad():
@@ -217,7 +219,7 @@ def test_a_gemma3_gguf_gives_transformers_log_probabilities(tmp_path: Path, fmt:
         got, want = llm.score(ids), log_probs(hf, ids)
         if fmt == "f32":
             np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
-        else:  # six layers of 8-bit activations: measured 0.01 on average, 0.05 at worst
+        else:  # 8-bit activations: measured 0.01 on average, 0.05 at worst (Gemma 3's six layers)
             err = np.abs(got - want)
             assert err.mean() < 0.02 and err.max() < 0.1, (err.mean(), err.max())
 
@@ -290,39 +292,9 @@ def test_a_gemma2_checkpoint_gives_transformers_log_probabilities(tmp_path: Path
     hf = gemma(tmp_path, version=2)
     llm = LLM(str(tmp_path), precision="fp32", max_batch=2, kv_tokens=256)
     assert llm.config.architecture == "gemma2" and llm.config.sliding_layers == (0, 2)
-    for ids in PROMPTS:
-        ref = log_probs(hf, ids)
-        np.testing.assert_allclose(llm.score(ids), ref, rtol=0, atol=1e-4)
-        want = greedy(hf, ids, 10)
-        want = want[: want.index(2)] if 2 in want else want
-        out = llm.generate(" ".join(f"w{t}" for t in ids), SamplingParams(temperature=0, max_tokens=10), chat=False)[0]
-        assert out.token_ids[: len(want)] == want
+    ref = assert_transformers_tokens(llm, hf)
     uncapped = gemma(version=2, attn_logit_softcapping=None, final_logit_softcapping=None)
     assert np.abs(log_probs(uncapped, PROMPTS[2]) - ref).max() > 0.1
-
-
-@pytest.mark.parametrize("fmt, precision", [("f32", "fp32"), ("q8_0", "q")])
-def test_a_gemma2_gguf_gives_transformers_log_probabilities(tmp_path: Path, fmt: str, precision: str) -> None:
-    """A Gemma 2 GGUF file of llama.cpp's converter: its config is the checkpoint's (the caps
-    and window from the file, the rotary base llama.cpp's default, the query scalar
-    ``head_dim``); float32 tensors give transformers' log-probabilities to 1e-4, q8_0 blocks
-    (``q``) those of the dequantized values within what 8-bit activations move them."""
-    hf = gemma(version=2, query_pre_attn_scalar=24, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **({} if fmt == "f32" else {"initializer_range": 0.05}))
-    path = gemma_gguf(hf, tmp_path / "gemma2.gguf", fmt)
-    llm = LLM(str(path), precision=precision, max_batch=2, kv_tokens=256, kv_dtype="float32")
-    assert llm.config == LlmConfig.from_hf_config(hf.config.to_dict())
-    if fmt != "f32":
-        with torch.no_grad():
-            for name, p in hf.named_parameters():
-                if p.ndim == 2:
-                    p.copy_(torch.from_numpy(quantize(p.numpy(), fmt, name).dequantize().reshape(p.shape)))
-    for ids in PROMPTS:
-        got, want = llm.score(ids), log_probs(hf, ids)
-        if fmt == "f32":
-            np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
-        else:
-            err = np.abs(got - want)
-            assert err.mean() < 0.02 and err.max() < 0.1, (err.mean(), err.max())
 
 
 def test_a_multimodal_checkpoint_runs_its_text_decoder(tmp_path: Path) -> None:
