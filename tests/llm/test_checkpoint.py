@@ -58,6 +58,7 @@ def save(path: Path, kind: str = "llama", dtype: str = "float32", tokenizer: boo
         "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
         "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
         "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM),
+        "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM),
     }[kind]
     model = model_cls(config_cls(**{**SMALL, **kw})).eval()
     with torch.no_grad():  # norm weights away from transformers' ones: their values count too
@@ -183,7 +184,7 @@ def write_gguf_of(hf: Any, path: Path, fmt: str = "f32", meta: dict[str, Any] | 
             t = quantize(np.ascontiguousarray(data), fmt if data.ndim == 2 else "f32", name)
         else:
             t = QuantTensor(name, given.shape, given.fmt, np.ascontiguousarray(data))
-        w.add_tensor(gguf_name(name), np.ascontiguousarray(t.data), raw_dtype=ggml(t.fmt))
+        w.add_tensor(gguf_name(name, arch), np.ascontiguousarray(t.data), raw_dtype=ggml(t.fmt))
     for name, value in (extra or {}).items():
         w.add_tensor(name, value)
     w.write_header_to_file()

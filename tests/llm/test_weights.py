@@ -229,12 +229,17 @@ _FORMAT_OF = {"embed_tokens": "q8_0", "q_proj.weight": "q8_0", "k_proj.weight": 
               "lm_head": "q5_1"}
 
 
-def gguf_name(hf: str) -> str:
+# OLMo 2's norms after its sublayers (gguf-py's tensor map)
+_GGUF_PART_OF = {"olmo2": {**_GGUF_PART, "post_attention_layernorm": "post_attention_norm", "post_feedforward_layernorm": "post_ffw_norm"}}
+
+
+def gguf_name(hf: str, arch: str = "llama") -> str:
+    """The GGUF name llama.cpp's converter gives transformers tensor ``hf`` of an ``arch`` model."""
     if hf in _GGUF_TOP:
         return _GGUF_TOP[hf]
     m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", hf)
     assert m is not None
-    return f"blk.{m[1]}.{_GGUF_PART[m[2]]}.{m[3]}"
+    return f"blk.{m[1]}.{_GGUF_PART_OF.get(arch, _GGUF_PART)[m[2]]}.{m[3]}"
 
 
 K_QUANTS = ("q6_k", "q4_k", "q5_k", "q3_k", "q2_k", "iq4_xs", "iq4_nl")  # the down projection of layer i: K_QUANTS[i % 7] (the k-quants, and iq4's super-block and block formats)

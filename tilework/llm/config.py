@@ -8,7 +8,9 @@ projections), ``qwen3`` (llama with an RMSNorm over each query and key head, ``q
 ``gemma2`` and ``gemma3`` (Gemma's decoders: four norms a layer, sliding-window layers, Gemma 2's
 soft caps, Gemma 3's second rotary base, and more: :mod:`tilework.llm.gemma` reads their
 configs); ``smollm3`` (SmolLM3: llama whose every fourth layer, ``no_rope_layers``, attends
-without the rotary embedding); ``phi3`` (Phi-3, Phi-3.5: llama whose q, k,
+without the rotary embedding); ``olmo2`` (OLMo 2: no norm before the sublayers, one after
+each, before the residual add, and an RMSNorm over all query heads together and one over all
+key heads, :attr:`LlmConfig.post_norm`); ``phi3`` (Phi-3, Phi-3.5: llama whose q, k,
 v projections are one matrix in the file, and the MLP's gate and up another, split on loading;
 from a transformers checkpoint every layer attends in its ``sliding_window``, where it is shorter
 than the context, as transformers does; a GGUF file's window is not applied, as llama.cpp
@@ -51,7 +53,7 @@ if TYPE_CHECKING:
 
     from tilework.llm.gguf import GGUFFile
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "olmo2")
 NOPE_INTERVAL = 4  # SmolLM3: every fourth layer is not rotated (transformers' no_rope_layer_interval default; llama.cpp's fixed step)
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "freq_factors")
 HF_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "dynamic")  # the names a transformers config uses
@@ -218,11 +220,20 @@ class LlmConfig:
         return None if self.query_pre_attn_scalar is None else float(self.query_pre_attn_scalar) ** -0.5
 
     @property
+    def post_norm(self) -> bool:
+        """OLMo 2's layer: each sublayer's input as it is (no ``input_layernorm``), its output
+        normalized (``post_attention_layernorm``, ``post_feedforward_layernorm``) before the
+        residual add; ``q_norm`` / ``k_norm`` over the whole projected queries and keys (``heads *
+        head_dim`` and ``kv_heads * head_dim`` weights), not each head."""
+        return self.architecture == "olmo2"
+
+    @property
     def qk_norm(self) -> bool:
         """Each query and key head goes through an RMSNorm of its own weights (``head_dim`` of
         them, ``self_attn.q_norm`` / ``self_attn.k_norm``, eps ``rms_eps``) before the rotary
-        embedding: Qwen3's and Gemma 3's attention."""
-        return self.architecture in ("qwen3", "gemma3")
+        embedding: Qwen3's and Gemma 3's attention (OLMo 2's over all heads together:
+        :attr:`post_norm`)."""
+        return self.architecture in ("qwen3", "gemma3", "olmo2")
 
     @property
     def group(self) -> int:
@@ -383,7 +394,7 @@ class LlmConfig:
         """The config of a transformers checkpoint: a ``config.json`` dict, its path, or the
         checkpoint directory. Missing optional keys take the transformers class defaults.
 
-        ``model_type`` ``llama``, ``qwen2``, ``qwen3``, ``smollm3``, ``phi3`` (longrope also under
+        ``model_type`` ``llama``, ``qwen2``, ``qwen3``, ``smollm3``, ``olmo2``, ``phi3`` (longrope also under
         its early name ``su``) or ``mistral`` (llama with a sliding window: it reads as ``llama``);
         ``gemma2``, ``gemma3_text`` and ``gemma3`` (its text part) are read by
         :func:`tilework.llm.gemma.hf_fields`. The layers that attend in a sliding window
@@ -406,7 +417,7 @@ class LlmConfig:
             qkv_bias, out_bias = True, False
         elif model_type == "phi3":  # no biases (its projections are fused in the file: weights.split_fused)
             qkv_bias = out_bias = False
-        else:  # llama, mistral, qwen3, smollm3: q, k, v and o alike
+        else:  # llama, mistral, qwen3, smollm3, olmo2: q, k, v and o alike
             qkv_bias = out_bias = bool(d.get("attention_bias", False))
         hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
         context = int(get("max_position_embeddings"))
@@ -447,6 +458,7 @@ _HF_DEFAULTS: dict[str, dict[str, Any]] = {
     "qwen3": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": False, "rope_theta": 10000.0, "head_dim": 128},
     "phi3": {"hidden_act": "silu", "rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "tie_word_embeddings": False, "rope_theta": 10000.0},
     "smollm3": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": True, "rope_theta": 2000000.0},
+    "olmo2": {"hidden_act": "silu", "rms_norm_eps": 1e-5, "max_position_embeddings": 2048, "tie_word_embeddings": False, "rope_theta": 10000.0},
 }
 
 

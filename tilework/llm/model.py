@@ -37,7 +37,9 @@ MLP, whose activation is GELU's tanh form), scales the scores by ``query_pre_att
 Gemma 3's are turned by a second rotary table of their own base (``paged_rotary`` unscaled: two
 tables a step); Gemma 2 soft-caps the attention's scores (``paged_attention``'s ``softcap``) and
 the logits (``c * tanh(logits / c)``). A ``smollm3`` model's ``nope_layers`` attend without the
-rotary embedding (``paged_attention`` with no ``rope_theta``).
+rotary embedding (``paged_attention`` with no ``rope_theta``). An ``olmo2`` layer
+(``LlmConfig.post_norm``) normalizes each sublayer's output, not its input, and normalizes the
+projected queries and keys over all their heads before they are split into heads.
 """
 
 from __future__ import annotations
@@ -183,19 +185,23 @@ class Attention(Module):
             self.k_proj = proj("k_proj", h, self.kv_size, bias)
             self.v_proj = proj("v_proj", h, self.kv_size, bias)
         self.o_proj = proj("o_proj", cfg.heads * hd, h, cfg.attention_out_bias)
-        if cfg.qk_norm:  # Qwen3, Gemma 3: each query and key head normalized before it is rotated
-            self.q_norm = RMSNorm(hd, cfg.rms_eps)
-            self.k_norm = RMSNorm(hd, cfg.rms_eps)
+        if cfg.qk_norm:  # Qwen3, Gemma 3: each query and key head normalized before it is rotated (OLMo 2: all heads together)
+            self.q_norm = RMSNorm(self.q_size if cfg.post_norm else hd, cfg.rms_eps)
+            self.k_norm = RMSNorm(self.kv_size if cfg.post_norm else hd, cfg.rms_eps)
 
     def forward(self, x: Tensor, cache: "CacheInputs") -> Tensor:
         cfg = self.cfg
         batch, seq = x.shape[0], x.shape[1]
         heads = cfg.heads + 2 * cfg.kv_heads
         if hasattr(self, "qkv_proj"):
-            qkv = self.qkv_proj(x).reshape(batch, seq, heads, cfg.head_dim)
+            flat = self.qkv_proj(x)
         else:
-            qkv = ops.concat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], axis=2).reshape(batch, seq, heads, cfg.head_dim)
-        if cfg.qk_norm:
+            flat = ops.concat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], axis=2)
+        if cfg.post_norm:  # OLMo 2: the queries' and the keys' norms over all their heads
+            q, k, v = flat[:, :, : self.q_size], flat[:, :, self.q_size : self.q_size + self.kv_size], flat[:, :, self.q_size + self.kv_size :]
+            flat = ops.concat([self.q_norm(q), self.k_norm(k), v], axis=2)
+        qkv = flat.reshape(batch, seq, heads, cfg.head_dim)
+        if cfg.qk_norm and not cfg.post_norm:
             q, k, v = qkv[:, :, : cfg.heads], qkv[:, :, cfg.heads : cfg.heads + cfg.kv_heads], qkv[:, :, cfg.heads + cfg.kv_heads :]
             qkv = ops.concat([self.q_norm(q), self.k_norm(k), v], axis=2)
         # the rotary embedding of q and k happens inside the attention kernel (at kv_len + t,
@@ -245,14 +251,21 @@ class Layer(Module):
         # attribute (so parameter) order as in Hugging Face's decoder layers
         self.self_attn = Attention(cfg, prefix, formats, i)
         self.mlp = MLP(cfg, prefix, formats)
-        self.input_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
+        self.post_only = cfg.post_norm  # OLMo 2: each sublayer's output normalized, its input not
+        if not self.post_only:
+            self.input_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
         self.sandwich = cfg.gemma  # Gemma: each sublayer's output normalized too, before the residual add
         if self.sandwich:
             self.pre_feedforward_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
+        if self.sandwich or self.post_only:
             self.post_feedforward_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
 
     def forward(self, x: Tensor, cache: "CacheInputs") -> Tensor:
+        if self.post_only:
+            h = x + self.post_attention_layernorm(self.self_attn(x, cache))
+            olmo: Tensor = h + self.post_feedforward_layernorm(self.mlp(h))
+            return olmo
         if self.sandwich:
             h = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cache))
             gemma: Tensor = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))

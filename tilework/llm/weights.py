@@ -98,7 +98,8 @@ def expected_shapes(config: LlmConfig) -> dict[str, tuple[int, ...]]:
     out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab, c.hidden)}
     for i in range(c.layers):
         p = f"model.layers.{i}."
-        out[p + "input_layernorm.weight"] = (c.hidden,)
+        if not c.post_norm:
+            out[p + "input_layernorm.weight"] = (c.hidden,)
         out[p + "self_attn.q_proj.weight"] = (q, c.hidden)
         out[p + "self_attn.k_proj.weight"] = (kv, c.hidden)
         out[p + "self_attn.v_proj.weight"] = (kv, c.hidden)
@@ -109,12 +110,13 @@ def expected_shapes(config: LlmConfig) -> dict[str, tuple[int, ...]]:
         out[p + "self_attn.o_proj.weight"] = (c.hidden, q)
         if c.attention_out_bias:
             out[p + "self_attn.o_proj.bias"] = (c.hidden,)
-        if c.qk_norm:
-            out[p + "self_attn.q_norm.weight"] = (c.head_dim,)
-            out[p + "self_attn.k_norm.weight"] = (c.head_dim,)
+        if c.qk_norm:  # each head's (OLMo 2: all heads' together)
+            out[p + "self_attn.q_norm.weight"] = (q,) if c.post_norm else (c.head_dim,)
+            out[p + "self_attn.k_norm.weight"] = (kv,) if c.post_norm else (c.head_dim,)
         out[p + "post_attention_layernorm.weight"] = (c.hidden,)
         if c.gemma:
             out[p + "pre_feedforward_layernorm.weight"] = (c.hidden,)
+        if c.gemma or c.post_norm:
             out[p + "post_feedforward_layernorm.weight"] = (c.hidden,)
         out[p + "mlp.gate_proj.weight"] = (c.ffn, c.hidden)
         out[p + "mlp.up_proj.weight"] = (c.ffn, c.hidden)
