@@ -151,3 +151,25 @@ def test_streamed_text_continues_the_prompt(sp_model: Any) -> None:
     assert "".join(pieces) + stream.flush() == " fox jumps 😀 over" and all("\ufffd" not in p for p in pieces)
     stream = tok.stream_decoder()
     assert "".join(stream.feed(i) for i in reply) + stream.flush() == "fox jumps 😀 over"
+
+
+def test_the_built_vocabulary_is_kept_in_the_cache(sp_model: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first build keeps the SentencePiece BPE in the cache directory; the next one reads it
+    (not built again) and encodes alike; another vocabulary (no space prefix) is another entry; a
+    damaged entry is built again and rewritten."""
+    from tilework.llm import tokenizer as tk
+
+    monkeypatch.setenv("TILEWORK_CACHE_DIR", str(tmp_path))
+    builds: list[int] = []
+    build = tk._spm_backend
+    monkeypatch.setattr(tk, "_spm_backend", lambda *a: builds.append(1) or build(*a))
+    texts = plain(CORPUS)
+    want = [Tokenizer.from_gguf(gguf_metadata(sp_model)).encode(t) for t in texts]
+    entries = sorted((tmp_path / "llm").glob("spm-*.json"))
+    assert len(builds) == 1 and len(entries) == 1
+    assert [Tokenizer.from_gguf(gguf_metadata(sp_model)).encode(t) for t in texts] == want and len(builds) == 1
+    Tokenizer.from_gguf(gguf_metadata(sp_model, add_space_prefix=False))
+    assert len(builds) == 2 and len(list((tmp_path / "llm").glob("spm-*.json"))) == 2
+    entries[0].write_text('{"version": "1.0", "model": ', encoding="utf-8")
+    assert [Tokenizer.from_gguf(gguf_metadata(sp_model)).encode(t) for t in texts] == want and len(builds) == 3
+    assert Tokenizer.from_gguf(gguf_metadata(sp_model)).encode(texts[0]) == want[0] and len(builds) == 3  # rewritten whole

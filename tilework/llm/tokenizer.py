@@ -5,7 +5,11 @@ transformers checkpoint's ``tokenizer.json`` (:meth:`Tokenizer.from_file`). The 
 pre-tokenizer splits and the byte-level decoding are ``tokenizers``' (a well-kept Rust component);
 this module only assembles it from the GGUF metadata the way llama.cpp reads that metadata: a
 byte-level BPE from its merges (``tokenizer.ggml.model = "gpt2"``), or a SentencePiece BPE from
-its scores (``"llama"``: ``_spm_backend``).
+its scores (``"llama"``: ``_spm_backend``). A SentencePiece BPE is assembled in Python (its
+merges from every token's splits: 1-1.5 s for Gemma's 262144 tokens), so it is kept as
+``tokenizers``' own JSON in the cache directory (``$TILEWORK_CACHE_DIR/llm/spm-*.json``, written
+atomically, keyed by a hash of everything it is built from); the next start reads that instead
+(``Tokenizer.from_str``: data only, no code runs from it; a damaged file is built again).
 
 Pre-tokenizers. A GGUF names its split rule in ``tokenizer.ggml.pre``; llama.cpp maps each name to
 a list of regexes applied one after another (each later regex splits the pieces of the earlier
@@ -346,7 +350,7 @@ def _from_gguf_metadata(cls: type[Tokenizer], meta: Mapping[str, Any]) -> Tokeni
         scores = [float(x) for x in _as_list(get("ggml.scores"))]
         if len(scores) != len(tokens):
             raise TokenizerError(f"tokenizer.ggml.scores has {len(scores)} entries for {len(tokens)} tokens")
-        backend = _spm_backend(tokens, scores, types, vocab, bool(get("ggml.add_space_prefix", True)))
+        backend = _cached_spm_backend(tokens, scores, types, vocab, bool(get("ggml.add_space_prefix", True)))
     else:
         merges: list[tuple[str, str]] = []
         for merge in _as_list(get("ggml.merges")):
@@ -399,6 +403,39 @@ def _from_gguf_metadata(cls: type[Tokenizer], meta: Mapping[str, Any]) -> Tokeni
 
 
 _SPACE = "\u2581"  # SentencePiece's visible space
+
+
+_SPM_CACHE_VERSION = 1  # bump when _spm_backend builds something else from the same vocabulary
+
+
+def _cached_spm_backend(tokens: list[str], scores: list[float], types: list[int], vocab: dict[str, int], add_space_prefix: bool) -> Any:
+    """``_spm_backend``'s result, read from the cache directory where an earlier start kept it
+    (see the module docstring), else built and kept there."""
+    import hashlib
+
+    import tokenizers
+    from tokenizers import Tokenizer as Backend
+
+    from tilework.codegen.c.toolchain import cache_dir
+
+    key = json.dumps([_SPM_CACHE_VERSION, tokenizers.__version__, add_space_prefix, tokens, scores, types], ensure_ascii=False)
+    try:
+        path = cache_dir() / "llm" / f"spm-{hashlib.sha256(key.encode('utf-8', 'surrogatepass')).hexdigest()[:32]}.json"
+    except TileworkError:
+        return _spm_backend(tokens, scores, types, vocab, add_space_prefix)  # no usable cache directory
+    try:
+        return Backend.from_str(path.read_text(encoding="utf-8"))
+    except Exception:  # noqa: BLE001  (absent, unreadable, or damaged: tokenizers raises a bare Exception; build it again)
+        pass
+    backend = _spm_backend(tokens, scores, types, vocab, add_space_prefix)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(backend.to_str(), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache only costs the next start its speed
+    return backend
 
 
 def _spm_backend(tokens: list[str], scores: list[float], types: list[int], vocab: dict[str, int], add_space_prefix: bool) -> Any:
