@@ -122,12 +122,15 @@ def tensor_types(path: str) -> Counter[str]:
     return Counter(t.tensor_type.name for t in gguf.GGUFReader(path).tensors)
 
 
-def llama_cpp_scores(path: str, tokens: list[int], threads: int | None = None) -> np.ndarray:
-    """llama.cpp's logits after every prefix of ``tokens`` (one batch, ``logits_all``)."""
+def llama_cpp_scores(path: str, tokens: list[int], threads: int | None = None, f32_cache: bool = False) -> np.ndarray:
+    """llama.cpp's logits after every prefix of ``tokens`` (one batch, ``logits_all``); its KV
+    cache float16 (llama.cpp's default), or float32 with ``f32_cache`` (then a float32 model's
+    logits are float32 work throughout: what a tight comparison wants)."""
     import llama_cpp
 
     threads = threads or int(os.environ.get("OMP_NUM_THREADS", "2"))
-    llm = llama_cpp.Llama(path, n_ctx=max(512, len(tokens) + 8), n_batch=512, n_threads=threads, logits_all=True, verbose=False)
+    cache = {"type_k": llama_cpp.GGML_TYPE_F32, "type_v": llama_cpp.GGML_TYPE_F32} if f32_cache else {}
+    llm = llama_cpp.Llama(path, n_ctx=max(512, len(tokens) + 8), n_batch=512, n_threads=threads, logits_all=True, verbose=False, **cache)
     try:
         llm.eval(tokens)
         return np.array(llm.scores[: len(tokens)], np.float32)

@@ -77,6 +77,58 @@ def test_yarn_and_longrope_as_transformers_computes_them() -> None:
         LlmConfig.from_hf_config({"model_type": "llama", **SMALL, "rope_parameters": {**ROPE_CASES["longrope"], "short_factor": [1.0] * 3, "long_factor": [1.0] * 3}})
 
 
+PARTIAL_LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0 + 0.1 * i for i in range(6)], "long_factor": [1.5 + 0.5 * i for i in range(6)]}
+
+
+@pytest.mark.parametrize("where", ["top", "rope_parameters"])
+@pytest.mark.parametrize("rope", ["default", "longrope"])
+def test_a_phi3_partial_rotary_factor_as_transformers_computes_it(tmp_path: Path, rope: str, where: str) -> None:
+    """Phi-4-mini's ``partial_rotary_factor`` (0.75 of a head dim of 16: 12 rotated dims, as
+    ``int(head_dim * factor)``), at the top level of its ``config.json`` or in the rope
+    parameters: ``rope_dim``, the inverse frequencies over the 12 dims and longrope's 6 factors a
+    list, as ``Phi3RotaryEmbedding`` computes them (short and long)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+
+    params: dict[str, Any] = dict(PARTIAL_LONGROPE) if rope == "longrope" else {"rope_type": "default", "rope_theta": 10000.0}
+    kw: dict[str, Any] = {"original_max_position_embeddings": 128} if rope == "longrope" else {}
+    if where == "top":
+        kw["partial_rotary_factor"] = 0.75
+    else:
+        params["partial_rotary_factor"] = 0.75
+    transformers.Phi3Config(**SMALL, rope_parameters=params, pad_token_id=0, **kw).save_pretrained(tmp_path)
+    hf = transformers.AutoConfig.from_pretrained(tmp_path)
+    cfg = LlmConfig.from_hf_config(tmp_path)
+    assert (cfg.head_dim, cfg.rope_dim, cfg.rotary_dims) == (16, 12, 12) and cfg.rope_scaling.type == rope
+    np.testing.assert_allclose(cfg.rope_inv_freq(), Phi3RotaryEmbedding(hf).inv_freq.numpy(), rtol=1e-6)
+    if rope == "longrope":
+        long, _ = ROPE_INIT_FUNCTIONS["longrope"](hf, None, seq_len=129)
+        assert long.shape == (6,)
+        np.testing.assert_allclose(cfg.rope_inv_freq(step_end=129), long.numpy(), rtol=1e-6)
+        assert cfg.rope_op_scaling()[3] == tuple(PARTIAL_LONGROPE["short_factor"])
+    assert LlmConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+
+
+def test_rope_dim_is_checked() -> None:
+    """A whole head's worth is the full rotation (None); an odd or too large ``rope_dim`` is
+    refused, as is a factor that turns an odd number of dims, longrope factors of the head dim's
+    length for a partial rotation, and a partial rotation outside phi3 (transformers' llama, qwen
+    and the others turn every dim)."""
+    base = dict(architecture="phi3", hidden=64, layers=1, heads=4, kv_heads=2, head_dim=16, ffn=96, vocab=10, rope_theta=1e4, rms_eps=1e-5, context_length=64)
+    assert LlmConfig(**base, rope_dim=16).rope_dim is None and LlmConfig(**base).rotary_dims == 16
+    for bad in (5, 18, 0):
+        with pytest.raises(TileworkError, match="rope_dim must be None or a positive even int"):
+            LlmConfig(**base, rope_dim=bad)
+    phi3 = {"model_type": "phi3", **SMALL, "pad_token_id": 0}
+    assert LlmConfig.from_hf_config({**phi3, "partial_rotary_factor": 1.0}).rope_dim is None
+    with pytest.raises(UnsupportedError, match="turns 3 dims"):
+        LlmConfig.from_hf_config({**phi3, "partial_rotary_factor": 0.2})
+    with pytest.raises(TileworkError, match="8 factors for rope_dim 12 .the rotated dims. .it needs 6"):
+        LlmConfig.from_hf_config({**phi3, "partial_rotary_factor": 0.75, "rope_parameters": {**ROPE_CASES["longrope"]}})
+    with pytest.raises(UnsupportedError, match="partial rotary embeddings .partial_rotary_factor = 0.75. are supported for phi3 checkpoints only"):
+        LlmConfig.from_hf_config({"model_type": "qwen3", **SMALL, "partial_rotary_factor": 0.75})
+
+
 @pytest.mark.parametrize("rope", list(ROPE_CASES))
 def test_llama_config_matches_autoconfig(rope: str, tmp_path: Path) -> None:
     transformers.LlamaConfig(**SMALL, rope_parameters=ROPE_CASES[rope], tie_word_embeddings=True, bos_token_id=5, eos_token_id=[6, 7]).save_pretrained(tmp_path)

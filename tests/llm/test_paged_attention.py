@@ -55,7 +55,7 @@ def _unpack(k: np.ndarray, v: np.ndarray, kv: str) -> tuple[np.ndarray, np.ndarr
     return k.transpose(0, 1, 2, 3, 5, 4).reshape(L, n, NKV, HD, PAGE), v.transpose(0, 1, 2, 5, 3, 4).reshape(L, n, PAGE, NKV, HD)
 
 
-def _module(decode: bool, theta: float | None, kv: str = "float32", table: bool = False, window: int | None = None, softcap: float | None = None) -> tw.IRModule:
+def _module(decode: bool, theta: float | None, kv: str = "float32", table: bool = False, window: int | None = None, softcap: float | None = None, rope_dim: int | None = None) -> tw.IRModule:
     b = tw.dim("b", max=8)
     s: Any = 1 if decode else tw.dim("s", max=64)
     pages, width = tw.dim("pages"), tw.dim("width", max=256)
@@ -68,19 +68,19 @@ def _module(decode: bool, theta: float | None, kv: str = "float32", table: bool 
     bb = BlockBuilder()
     with bb.function("main", [qkv, kc, vc, kl, pt] + ([tokens] if table else [])):
         with bb.dataflow():
-            rotary = bb.emit(paged_rotary(tokens, kl, head_dim=HD, rope_theta=cast(float, theta))) if table else None
-            out = bb.emit_output(paged_attention(qkv, kc, vc, kl, pt, layer=1, kv_heads=NKV, rope_theta=theta, rotary=rotary, window=window, softcap=softcap))
+            rotary = bb.emit(paged_rotary(tokens, kl, head_dim=HD, rope_theta=cast(float, theta), rope_dim=rope_dim)) if table else None
+            out = bb.emit_output(paged_attention(qkv, kc, vc, kl, pt, layer=1, kv_heads=NKV, rope_theta=theta, rotary=rotary, window=window, softcap=softcap, rope_dim=rope_dim))
         bb.emit_func_output(out)
     return bb.get()
 
 
-_VMS: dict[tuple[str, bool, float | None, str, bool, int | None, float | None], Any] = {}
+_VMS: dict[tuple[str, bool, float | None, str, bool, int | None, float | None, int | None], Any] = {}
 
 
-def _vm(target: str, decode: bool, theta: float | None, kv: str = "float32", table: bool = False, window: int | None = None, softcap: float | None = None) -> Any:
-    key = (target, decode, theta, kv, table, window, softcap)
+def _vm(target: str, decode: bool, theta: float | None, kv: str = "float32", table: bool = False, window: int | None = None, softcap: float | None = None, rope_dim: int | None = None) -> Any:
+    key = (target, decode, theta, kv, table, window, softcap, rope_dim)
     if key not in _VMS:
-        _VMS[key] = tw.VM(tw.build(_module(decode, theta, kv, table, window, softcap), target=target))
+        _VMS[key] = tw.VM(tw.build(_module(decode, theta, kv, table, window, softcap, rope_dim), target=target))
     return _VMS[key]
 
 
@@ -89,23 +89,26 @@ def _tokens(qkv: np.ndarray, table: bool) -> list[np.ndarray]:
     return [np.zeros(qkv.shape[:2], np.int32)] if table else []
 
 
-def _rotate(x: np.ndarray, pos: int, theta: float) -> np.ndarray:
-    """``x [..., HD]`` turned by the angles of position ``pos`` ("rotate half", in float64)."""
-    half = HD // 2
-    angle = pos * theta ** (-2.0 * np.arange(half) / HD)
+def _rotate(x: np.ndarray, pos: int, theta: float, rope_dim: int | None = None) -> np.ndarray:
+    """``x [..., HD]`` turned by the angles of position ``pos`` ("rotate half", in float64); with
+    ``rope_dim`` ``r`` its first ``r`` dims only (frequencies over ``r``), the others as they are."""
+    r = HD if rope_dim is None else rope_dim
+    half = r // 2
+    angle = pos * theta ** (-2.0 * np.arange(half) / r)
     cos, sin = np.cos(np.concatenate([angle, angle])), np.sin(np.concatenate([angle, angle]))
-    x64 = x.astype(np.float64)
+    x64 = x[..., :r].astype(np.float64)
     turned = np.concatenate([-x64[..., half:], x64[..., :half]], axis=-1)
-    return (x64 * cos + turned * sin).astype(np.float32)
+    return np.concatenate([(x64 * cos + turned * sin).astype(np.float32), x[..., r:]], axis=-1)
 
 
 def _case(target: str, decode: bool, lens: list[int], s: int, pool: int = 64, seed: int = 0, theta: float | None = None, kv: str = "float32", table: bool = False,
-          window: int | None = None, softcap: float | None = None) -> np.ndarray:
+          window: int | None = None, softcap: float | None = None, rope_dim: int | None = None) -> np.ndarray:
     """Random pages (stale data must not leak in), a random cached prefix of ``lens[b]`` tokens
     per sequence and ``s`` new ones. The new keys and values must be cached as the pool's dtype
     rounds them; each new token's attention must be NumPy's over the cached keys and values (with
     a ``window``, over those of positions ``(pos - window, pos]``: transformers' sliding-window
-    mask; with a ``softcap`` ``c``, of the scores ``c * tanh(score / c)``: Gemma 2's). Returns
+    mask; with a ``softcap`` ``c``, of the scores ``c * tanh(score / c)``: Gemma 2's; with a
+    ``rope_dim``, the queries and keys turned in their first ``rope_dim`` dims only). Returns
     the kernel's output."""
     rng = np.random.default_rng(seed)
     kvdt = np_dtype(kv)
@@ -127,13 +130,13 @@ def _case(target: str, decode: bool, lens: list[int], s: int, pool: int = 64, se
             vc[1, pages[b, p // PAGE], p % PAGE] = vb[p]
         for t in range(s):
             raw_k = qkv[b, t, NH : NH + NKV]
-            kb[n + t] = raw_k if theta is None else _rotate(raw_k, n + t, theta)
+            kb[n + t] = raw_k if theta is None else _rotate(raw_k, n + t, theta, rope_dim)
             vb[n + t] = qkv[b, t, NH + NKV :]
         keys.append(kb)
         values.append(vb)
     other = kc[0].copy(), vc[0].copy()
     pool = _pack(kc, vc, kv)
-    out = _vm(target, decode, theta, kv, table, window, softcap)["main"](qkv, *pool, np.array(lens, np.int32), pages, *_tokens(qkv, table))
+    out = _vm(target, decode, theta, kv, table, window, softcap, rope_dim)["main"](qkv, *pool, np.array(lens, np.int32), pages, *_tokens(qkv, table))
     kc, vc = _unpack(*pool, kv)
     group = NH // NKV
     dot = kv == "bfloat16"  # from a bfloat16 pool: bfloat16 products (dot_bf16x2)
@@ -149,7 +152,7 @@ def _case(target: str, decode: bool, lens: list[int], s: int, pool: int = 64, se
         for t in range(s):
             pos = n + t
             lo = 0 if window is None else max(0, pos - window + 1)  # the first key the query sees
-            q = qkv[b, t, :NH] if theta is None else _rotate(qkv[b, t, :NH], pos, theta)
+            q = qkv[b, t, :NH] if theta is None else _rotate(qkv[b, t, :NH], pos, theta, rope_dim)
             for h in range(NH):
                 if dot:  # the query (scaled) rounded to bfloat16, as the kernel rounds it
                     qh = (q[h] * np.float32(1 / np.sqrt(HD))).astype(kvdt).astype(np.float64)
@@ -256,11 +259,13 @@ def test_rotary_embedding_inside(target: str, decode: bool) -> None:
 
 @pytest.mark.parametrize("target", ["cpu", "interp"])
 @pytest.mark.parametrize("decode", [True, False], ids=["decode", "prefill"])
-def test_a_given_rotary_table_turns_as_the_kernel_does(target: str, decode: bool) -> None:
+@pytest.mark.parametrize("rope_dim", [None, 6], ids=["full", "partial"])
+def test_a_given_rotary_table_turns_as_the_kernel_does(target: str, decode: bool, rope_dim: int | None) -> None:
     """``paged_rotary``'s table given to the op: the same rotation as computed inside, to the
-    bit (the same loop makes both), for the output and the cached keys."""
+    bit (the same loop makes both), for the output and the cached keys; also of a partial
+    rotation (6 of the 8 dims, the table of 3 angles)."""
     s = 1 if decode else 5
-    _case(target, decode, [0, 6, 13], s, theta=THETA, table=True)
+    _case(target, decode, [0, 6, 13], s, theta=THETA, table=True, rope_dim=rope_dim)
     rng = np.random.default_rng(5)
     lens = np.array([2, 9], np.int32)
     qkv = rng.standard_normal((2, s, NH + 2 * NKV, HD)).astype(np.float32)
@@ -269,14 +274,36 @@ def test_a_given_rotary_table_turns_as_the_kernel_does(target: str, decode: bool
     runs = []
     for table in (False, True):
         k, v = kc.copy(), vc.copy()
-        runs.append((_vm(target, decode, THETA, table=table)["main"](qkv, k, v, lens, pages, *_tokens(qkv, table)), k, v))
+        runs.append((_vm(target, decode, THETA, table=table, rope_dim=rope_dim)["main"](qkv, k, v, lens, pages, *_tokens(qkv, table)), k, v))
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("target", ["cpu", "interp"])
-@pytest.mark.parametrize("lens, s", [([0], 1), ([4, 0, 17], 1), ([3], 5), ([1, 8], 3)])
-def test_paged_rotary_is_the_cosines_and_sines_of_the_positions(target: str, lens: list[int], s: int) -> None:
+@pytest.mark.parametrize("decode", [True, False], ids=["decode", "prefill"])
+def test_a_partial_rotation_turns_the_first_rope_dim_dims(target: str, decode: bool) -> None:
+    """``rope_dim`` 6 of a head dim of 8 (Phi-4-mini's 96 of 128, small): the first 6 dims of
+    each query and key turned as a head of 6 would be (pairs ``i, i + 3``, frequencies over 6),
+    the last 2 as they are, the keys cached so; a whole head's worth (``rope_dim`` 8) is the
+    full rotation to the bit, and the full rotation gives other outputs. Compiled: also over a
+    bfloat16 pool, and a decode across splits."""
+    s = 1 if decode else 5
+    lens = [0, 6, 13]
+    partial = _case(target, decode, lens, s, theta=THETA, rope_dim=6)
+    full = _case(target, decode, lens, s, theta=THETA)
+    np.testing.assert_array_equal(_case(target, decode, lens, s, theta=THETA, rope_dim=HD), full)
+    assert np.abs(partial - full).max() > 0.1
+    if target == "cpu":
+        _case(target, decode, [5, 30] if not decode else [299, 3, 64, 1], s, pool=256, seed=4, theta=THETA, kv="bfloat16", rope_dim=6)
+        if decode:
+            _case(target, decode, [40, 201], s, pool=128, theta=THETA, rope_dim=2)  # one pair turned, splits merged
+
+
+@pytest.mark.parametrize("target", ["cpu", "interp"])
+@pytest.mark.parametrize("lens, s, rope_dim", [([0], 1, None), ([4, 0, 17], 1, None), ([3], 5, None), ([1, 8], 3, None), ([4, 0, 17], 3, 6)])
+def test_paged_rotary_is_the_cosines_and_sines_of_the_positions(target: str, lens: list[int], s: int, rope_dim: int | None) -> None:
+    """(With a ``rope_dim`` of 6: 3 angles, the frequencies over 6.)"""
+    r = HD if rope_dim is None else rope_dim
     b = tw.dim("b", max=8)
     seq = tw.dim("s", max=64)
     tokens = Var("tokens", TensorInfo((b, seq), "int64"))
@@ -284,12 +311,12 @@ def test_paged_rotary_is_the_cosines_and_sines_of_the_positions(target: str, len
     bb = BlockBuilder()
     with bb.function("main", [tokens, kl]):
         with bb.dataflow():
-            out = bb.emit_output(paged_rotary(tokens, kl, head_dim=HD, rope_theta=THETA))
+            out = bb.emit_output(paged_rotary(tokens, kl, head_dim=HD, rope_theta=THETA, rope_dim=rope_dim))
         bb.emit_func_output(out)
     got = tw.VM(tw.build(bb.get(), target=target))["main"](np.zeros((len(lens), s), np.int64), np.array(lens, np.int32))
-    assert got.shape == (len(lens), s, 2, HD // 2) and got.dtype == np.float64
+    assert got.shape == (len(lens), s, 2, r // 2) and got.dtype == np.float64
     pos = np.array(lens)[:, None] + np.arange(s)[None, :]
-    angle = pos[:, :, None] * THETA ** (-2.0 * np.arange(HD // 2) / HD)
+    angle = pos[:, :, None] * THETA ** (-2.0 * np.arange(r // 2) / r)
     np.testing.assert_allclose(got[:, :, 0], np.cos(angle), rtol=1e-13, atol=1e-13)
     np.testing.assert_allclose(got[:, :, 1], np.sin(angle), rtol=1e-13, atol=1e-13)
 
@@ -304,28 +331,33 @@ ROTARY_SCALINGS: dict[str, dict[str, Any]] = {
 }
 
 
-@pytest.mark.parametrize("kind", list(ROTARY_SCALINGS))
-def test_paged_rotary_scales_the_frequencies_as_the_config_does(kind: str) -> None:
+@pytest.mark.parametrize("kind, rope_dim", [(kind, None) for kind in ROTARY_SCALINGS] + [("yarn", 6), ("longrope", 6)])
+def test_paged_rotary_scales_the_frequencies_as_the_config_does(kind: str, rope_dim: int | None) -> None:
     """``rope_scaling``: the angles are the positions times ``LlmConfig.rope_inv_freq`` of the
     same scaling (transformers' inverse frequencies; llama3's three bands and yarn's ramp all
     present here), the cosines and sines times its attention factor; longrope's sequence whose
     step ends past the original context (37 + 5 > 40) has its long factors, the other its short
-    ones."""
+    ones. With a ``rope_dim`` of 6 (a partial rotation): 3 frequencies over 6 dims, yarn's ramp
+    and longrope's 3 factors over them."""
     from tilework.llm.config import LlmConfig, RopeScaling
 
-    cfg = LlmConfig("llama", HD, 1, 1, 1, HD, HD, 8, THETA, 1e-5, 64, rope_scaling=RopeScaling(**ROTARY_SCALINGS[kind]))
+    r = HD if rope_dim is None else rope_dim
+    params = {**ROTARY_SCALINGS[kind], **({k: v[: r // 2] for k, v in _LONGROPE.items()} if kind == "longrope" else {})}
+    cfg = LlmConfig("llama", HD, 1, 1, 1, HD, HD, 8, THETA, 1e-5, 64, rope_scaling=RopeScaling(**params), rope_dim=rope_dim)
     b, seq = tw.dim("b", max=8), tw.dim("s", max=64)
     tokens, kl = Var("tokens", TensorInfo((b, seq), "int64")), Var("kl", TensorInfo((b,), "int32"))
     bb = BlockBuilder()
     with bb.function("main", [tokens, kl]):
         with bb.dataflow():
-            out = bb.emit_output(paged_rotary(tokens, kl, head_dim=HD, rope_theta=THETA, rope_scaling=cfg.rope_op_scaling()))
+            out = bb.emit_output(paged_rotary(tokens, kl, head_dim=HD, rope_theta=THETA, rope_scaling=cfg.rope_op_scaling(), rope_dim=rope_dim))
         bb.emit_func_output(out)
     lens, s = [0, 37], 5
     got = tw.VM(tw.build(bb.get()))["main"](np.zeros((len(lens), s), np.int64), np.array(lens, np.int32))
-    plain = THETA ** (-2.0 * np.arange(HD // 2) / HD)
+    assert got.shape == (2, s, 2, r // 2) and cfg.rope_inv_freq().shape == (r // 2,)
+    plain = THETA ** (-2.0 * np.arange(r // 2) / r)
     ratio = plain / cfg.rope_inv_freq()
-    if kind in ("llama3", "yarn"):
+    assert not np.allclose(ratio, 1)
+    if kind in ("llama3", "yarn") and rope_dim is None:
         top = cfg.rope_scaling.factor
         assert np.isclose(ratio, 1).any() and np.isclose(ratio, top).any() and ((ratio > 1.01) & (ratio < top - 0.01)).any()
     for row, start in enumerate(lens):
@@ -402,6 +434,9 @@ def test_shapes_are_checked() -> None:
         (good, {"layer": 0, "window": 0}, "window must be a positive int or None"),
         (good, {"layer": 0, "softcap": 0.0}, "softcap must be a positive finite number or None"),
         (good, {"layer": 0, "softcap": float("inf")}, "softcap must be a positive finite number or None"),
+        (good, {"layer": 0, "rope_theta": THETA, "rope_dim": 5}, "rope_dim must be a positive even int or None"),
+        (good, {"layer": 0, "rope_theta": THETA, "rope_dim": HD + 2}, f"rope_dim {HD + 2} exceeds the head dim {HD}"),
+        (good, {"layer": 0, "rope_dim": 6}, "a rope_dim is given but rope_theta is None"),
     ]
     half = Var("kc16", TensorInfo((L, 4, NKV, HD // 2, PAGE, 2), "bfloat16"))
     ints = Var("kci", TensorInfo((L, 4, NKV, HD, PAGE, 1), "int32"))
@@ -427,6 +462,7 @@ def test_shapes_are_checked() -> None:
         (Var("r", TensorInfo((b, 1, 2, HD // 2), "float32")), {"rope_theta": THETA}, "rotary must be float64"),
         (Var("r", TensorInfo((b, 2, 2, HD // 2), "float64")), {"rope_theta": THETA}, "rotary's dim 1 and the new tokens"),
         (Var("r", TensorInfo((b, 1, 2, HD), "float64")), {"rope_theta": THETA}, "rotary's dim 3 and half the head dim"),
+        (Var("r", TensorInfo((b, 1, 2, HD // 2), "float64")), {"rope_theta": THETA, "rope_dim": 6}, r"rotary's dim 3 and half the rotated dims \(rope_dim 6\)"),
     ):
         bb = BlockBuilder()
         with pytest.raises(TileworkError, match=message):
@@ -436,6 +472,9 @@ def test_shapes_are_checked() -> None:
     rotary_cases: list[tuple[dict[str, Any], str]] = [({"head_dim": HD, "rope_theta": 0.0}, "rope_theta must be a positive number"), ({"head_dim": 7, "rope_theta": THETA}, "head_dim must be a positive even int")]
     bad_scalings = [("yarn", 2.0), ("linear", 0.0), ("llama3", 8.0, 64.0, 4.0, 1.0), ("yarn", 2.0, 3.0, 3.0, 1.0), ("longrope", 40.0, 1.0, (1.0,) * (HD // 2), (1.0,) * (HD // 2 - 1))]
     rotary_cases += [({"head_dim": HD, "rope_theta": THETA, "rope_scaling": bad}, "rope_scaling must be None, .'linear', factor.") for bad in bad_scalings]
+    rotary_cases += [({"head_dim": HD, "rope_theta": THETA, "rope_dim": r}, "rope_dim must be a positive even int of at most head_dim") for r in (HD + 2, 3, 0)]
+    # longrope's factors: rope_dim / 2 of them (3), not head_dim / 2
+    rotary_cases.append(({"head_dim": HD, "rope_theta": THETA, "rope_dim": 6, "rope_scaling": ("longrope", 40.0, 1.0, (1.0,) * (HD // 2), (1.0,) * (HD // 2))}, "rope_scaling must be None"))
     for attrs, message in rotary_cases:
         bb = BlockBuilder()
         with pytest.raises(TileworkError, match=message):

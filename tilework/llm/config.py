@@ -10,16 +10,17 @@ soft caps, Gemma 3's second rotary base, and more: :mod:`tilework.llm.gemma` rea
 configs); ``smollm3`` (SmolLM3: llama whose every fourth layer, ``no_rope_layers``, attends
 without the rotary embedding); ``olmo2`` (OLMo 2: no norm before the sublayers, one after
 each, before the residual add, and an RMSNorm over all query heads together and one over all
-key heads, :attr:`LlmConfig.post_norm`); ``phi3`` (Phi-3, Phi-3.5: llama whose q, k,
+key heads, :attr:`LlmConfig.post_norm`); ``phi3`` (Phi-3, Phi-3.5, Phi-4-mini: llama whose q, k,
 v projections are one matrix in the file, and the MLP's gate and up another, split on loading;
 from a transformers checkpoint every layer attends in its ``sliding_window``, where it is shorter
 than the context, as transformers does; a GGUF file's window is not applied, as llama.cpp
-applies none); a
+applies none; Phi-4-mini turns 96 of each head's 128 dims, :attr:`LlmConfig.rope_dim`, from
+its ``partial_rotary_factor`` or its GGUF file's ``phi3.rope.dimension_count``); a
 transformers ``mistral`` checkpoint is ``llama``, and a checkpoint's sliding-window layers
 (Mistral's, Qwen2's and Qwen3's with ``use_sliding_window``) attend in their window as
 transformers' do (a GGUF file's llama-family window is not applied: llama.cpp applies none). Anything the model family could
-vary that tilework does not implement (another rotary scaling, a partial rotary dim, experts)
-raises :class:`~tilework.errors.UnsupportedError` naming it, rather than loading a model that
+vary that tilework does not implement (another rotary scaling, a partial rotary dim outside
+phi3, experts) raises :class:`~tilework.errors.UnsupportedError` naming it, rather than loading a model that
 would compute something else.
 
 Rotary scaling (``rope_scaling``) is exact for ``default``, ``dynamic`` (the default within the
@@ -65,8 +66,8 @@ class RopeScaling:
     ``original_context``: the pretraining context of ``llama3``, ``yarn`` and ``longrope``;
     ``low_freq_factor`` / ``high_freq_factor``: ``llama3``'s bands; ``beta_fast``,
     ``beta_slow``, ``truncate``: ``yarn``'s ramp; ``short_factor`` / ``long_factor``:
-    ``longrope``'s per-frequency divisors (``head_dim / 2`` each); ``freq_factors``: the divisors
-    of ``freq_factors`` (a GGUF file's ``rope_freqs`` tensor, ``head_dim / 2`` of them: how
+    ``longrope``'s per-frequency divisors (``rotary_dims / 2`` each); ``freq_factors``: the divisors
+    of ``freq_factors`` (a GGUF file's ``rope_freqs`` tensor, ``rotary_dims / 2`` of them: how
     llama.cpp's converter stores ``llama3`` scaling, applied as llama.cpp applies it);
     ``attention_factor``: what the cosines and sines are multiplied by (``yarn``, ``longrope``:
     transformers' ``attention_scaling``, resolved from the file's keys when it does not give one)."""
@@ -116,7 +117,8 @@ class RopeScaling:
     def yarn_ramp(self, head_dim: int, theta: float) -> tuple[float, float]:
         """``yarn``'s ramp over the frequency index ``j``: ``(low, high)``, the ramp
         ``clamp((j - low) / (high - low), 0, 1)`` (0: the frequency kept, 1: divided by
-        ``factor``), as transformers' ``find_correction_range`` and ``linear_ramp_factor``."""
+        ``factor``), as transformers' ``find_correction_range`` and ``linear_ramp_factor``;
+        ``head_dim``: the rotated dims (:attr:`LlmConfig.rotary_dims`)."""
         assert self.original_context is not None
 
         def dim(rotations: float) -> float:
@@ -142,7 +144,10 @@ class LlmConfig:
     by its ``** -0.5`` (None: ``head_dim``'s); ``attn_softcap`` / ``final_softcap``: the scaled
     scores / the logits soft-capped to ``c * tanh(x / c)`` (None: not). Gemma 2 and 3 set these
     (:attr:`gemma`). ``nope_layers``: the layers whose queries and keys are not rotated
-    (SmolLM3's)."""
+    (SmolLM3's). ``rope_dim``: a partial rotation's rotated dims, the first of each query and key
+    head (Phi-4-mini's 96 of 128: ``partial_rotary_factor``, GGUF ``rope.dimension_count``), the
+    frequencies over them (:attr:`rotary_dims`); None (what a whole head's worth becomes): every
+    dim is turned."""
 
     architecture: str
     hidden: int
@@ -169,6 +174,7 @@ class LlmConfig:
     attn_softcap: float | None = None
     final_softcap: float | None = None
     nope_layers: tuple[int, ...] = ()
+    rope_dim: int | None = None
 
     def __post_init__(self) -> None:
         if self.architecture not in ARCHITECTURES:
@@ -178,12 +184,17 @@ class LlmConfig:
                 raise TileworkError(f"LlmConfig.{name} must be a positive int, got {getattr(self, name)!r}")
         if self.heads % self.kv_heads:
             raise TileworkError(f"LlmConfig: heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
-        if self.head_dim % 2:
+        if self.rope_dim == self.head_dim:
+            object.__setattr__(self, "rope_dim", None)  # a whole head's worth: the full rotation
+        if self.rope_dim is not None and (not isinstance(self.rope_dim, int) or isinstance(self.rope_dim, bool) or not 2 <= self.rope_dim < self.head_dim or self.rope_dim % 2):
+            raise TileworkError(f"LlmConfig.rope_dim must be None or a positive even int of at most head_dim ({self.head_dim}), got {self.rope_dim!r}")
+        if self.rope_dim is None and self.head_dim % 2:
             raise TileworkError(f"LlmConfig: head_dim must be even for rotary embeddings, got {self.head_dim}")
         rs = self.rope_scaling
         factors = rs.short_factor if rs.type == "longrope" else rs.freq_factors
-        if factors is not None and len(factors) != self.head_dim // 2:
-            raise TileworkError(f"rope scaling {rs.type!r}: {len(factors)} factors for head_dim {self.head_dim} (it needs {self.head_dim // 2}, one a frequency)")
+        if factors is not None and len(factors) != self.rotary_dims // 2:
+            dims = f"head_dim {self.head_dim}" if self.rope_dim is None else f"rope_dim {self.rope_dim} (the rotated dims)"
+            raise TileworkError(f"rope scaling {rs.type!r}: {len(factors)} factors for {dims} (it needs {self.rotary_dims // 2}, one a frequency)")
         object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
         object.__setattr__(self, "sliding_layers", tuple(sorted(int(i) for i in self.sliding_layers)))
         if self.sliding_layers:
@@ -236,23 +247,31 @@ class LlmConfig:
         return self.architecture in ("qwen3", "gemma3", "olmo2")
 
     @property
+    def rotary_dims(self) -> int:
+        """The dims of each query and key head that are rotated, the first ones: ``rope_dim``
+        (a partial rotation), else ``head_dim``."""
+        return self.head_dim if self.rope_dim is None else self.rope_dim
+
+    @property
     def group(self) -> int:
         """Query heads per key/value head."""
         return self.heads // self.kv_heads
 
     def rope_inv_freq(self, step_end: int = 1) -> np.ndarray:
-        """float32 ``[head_dim // 2]``: the angle of pair ``i`` at position ``p`` is ``p * inv_freq[i]``
-        (rotate-half pairing: element ``i`` with ``i + head_dim // 2``); the cosines and sines
+        """float32 ``[r // 2]`` for the ``r`` rotated dims (:attr:`rotary_dims`): the angle of pair
+        ``i`` at position ``p`` is ``p * inv_freq[i]`` (rotate-half pairing: element ``i`` with
+        ``i + r // 2``; the dims from ``r`` on are not turned); the cosines and sines
         are then multiplied by ``rope_scaling.attention_factor``. Computed in float64.
         ``step_end``: one past the last position of the step (a forward call) the angles are
         for, which ``longrope`` alone reads: its ``long_factor`` divides the frequencies of a
         step that ends past ``original_context``, ``short_factor`` those of the others
         (transformers' ``longrope_frequency_update``, with ``max(position_ids) + 1``)."""
-        inv = 1.0 / self.rope_theta ** (np.arange(0, self.head_dim, 2, dtype=np.float64) / self.head_dim)
+        dims = self.rotary_dims
+        inv = 1.0 / self.rope_theta ** (np.arange(0, dims, 2, dtype=np.float64) / dims)
         rs = self.rope_scaling
         if rs.type == "yarn":
-            low, high = rs.yarn_ramp(self.head_dim, self.rope_theta)
-            ramp = np.clip((np.arange(self.head_dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+            low, high = rs.yarn_ramp(dims, self.rope_theta)
+            ramp = np.clip((np.arange(dims // 2, dtype=np.float64) - low) / (high - low), 0, 1)
             inv = inv * (ramp / rs.factor + (1 - ramp))
         elif rs.type == "longrope":
             assert rs.original_context is not None and rs.short_factor is not None and rs.long_factor is not None
@@ -274,7 +293,8 @@ class LlmConfig:
     # ---- caching -------------------------------------------------------------------------
 
     def rope_op_scaling(self) -> tuple[Any, ...] | None:
-        """``rope_scaling`` as ``tilework.op.paged_rotary`` takes it (None: unscaled)."""
+        """``rope_scaling`` as ``tilework.op.paged_rotary`` takes it (None: unscaled), over the
+        rotated dims (:attr:`rotary_dims`; the op's ``rope_dim`` is :attr:`rope_dim`)."""
         rs = self.rope_scaling
         if rs.type == "default":
             return None
@@ -283,7 +303,7 @@ class LlmConfig:
         if rs.type == "llama3":
             return ("llama3", rs.factor, rs.original_context, rs.low_freq_factor, rs.high_freq_factor)
         if rs.type == "yarn":
-            return ("yarn", rs.factor, *rs.yarn_ramp(self.head_dim, self.rope_theta), rs.attention_factor)
+            return ("yarn", rs.factor, *rs.yarn_ramp(self.rotary_dims, self.rope_theta), rs.attention_factor)
         if rs.type == "freq_factors":
             return ("freq_factors", rs.freq_factors)
         return ("longrope", rs.original_context, rs.attention_factor, rs.short_factor, rs.long_factor)
@@ -315,7 +335,10 @@ class LlmConfig:
         """The config in a GGUF file's metadata (keys ``{arch}.block_count``, ...; ``arch`` is
         ``general.architecture``). The head is tied when the file has no ``output.weight``;
         biases are present when ``blk.0.attn_q.bias`` / ``blk.0.attn_output.bias`` /
-        ``blk.0.ffn_up.bias`` are. ``qwen3``'s head dim is ``{arch}.attention.key_length``."""
+        ``blk.0.ffn_up.bias`` are. ``qwen3``'s head dim is ``{arch}.attention.key_length``. A
+        phi3 file's ``{arch}.rope.dimension_count`` below the head dim is a partial rotation
+        (:attr:`rope_dim`, as llama.cpp's phi3 graph turns ``n_rot`` dims); its rotary factor
+        tensors then hold ``rope.dimension_count / 2`` values."""
         from tilework.llm.gguf import FREQ_FACTORS_TENSOR, read_gguf
 
         gf = read_gguf(source)
@@ -345,8 +368,8 @@ class LlmConfig:
         rope_dim = int(get(f"{arch}.rope.dimension_count", head_dim))
         if value_dim != head_dim:
             raise UnsupportedError(f"{where}: key length {head_dim} != value length {value_dim} is not supported")
-        if rope_dim != head_dim:
-            raise UnsupportedError(f"{where}: partial rotary embeddings ({arch}.rope.dimension_count = {rope_dim}, head_dim {head_dim}) are not supported")
+        if rope_dim != head_dim and arch != "phi3":  # (llama.cpp's graphs of the others want every dim turned)
+            raise UnsupportedError(f"{where}: partial rotary embeddings ({arch}.rope.dimension_count = {rope_dim}, head_dim {head_dim}) are supported for phi3 files only")
         vocab = get(f"{arch}.vocab_size")
         if vocab is None:
             tokens = meta.get("tokenizer.ggml.tokens")
@@ -364,7 +387,7 @@ class LlmConfig:
             extra = {"nope_layers": tuple(i for i in range(layers) if (i + 1) % NOPE_INTERVAL == 0)}
         # phi3: {arch}.attention.sliding_window is not applied: llama.cpp attends to every earlier
         # token in phi3 files (transformers, from a checkpoint, does apply Phi-3's window)
-        long_scaling = _gguf_longrope(gf, longrope, get, arch, where, head_dim, context) if longrope[0] is not None else None
+        long_scaling = _gguf_longrope(gf, longrope, get, arch, where, rope_dim, context) if longrope[0] is not None else None
         return cls(
             architecture=arch,
             hidden=hidden,
@@ -383,7 +406,8 @@ class LlmConfig:
             mlp_bias="blk.0.ffn_up.bias" in tensors,
             bos_token_id=None if bos is None else int(bos),
             eos_token_ids=tuple(dict.fromkeys(int(t) for t in eos if t is not None)),
-            rope_scaling=_gguf_rope_scaling(get, arch, where, _gguf_freq_factors(gf, tensors.get(FREQ_FACTORS_TENSOR), head_dim), long_scaling),
+            rope_scaling=_gguf_rope_scaling(get, arch, where, _gguf_freq_factors(gf, tensors.get(FREQ_FACTORS_TENSOR), rope_dim), long_scaling),
+            rope_dim=rope_dim,
             **extra,
         )
 
@@ -422,7 +446,8 @@ class LlmConfig:
         hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
         context = int(get("max_position_embeddings"))
         sliding = _hf_sliding_window(d, model_type, int(need("num_hidden_layers")), context, where)
-        theta, scaling = _hf_rope(d, get, where)
+        theta, scaling = _hf_rope(d, get, where, partial=model_type == "phi3")
+        head_dim = int(d.get("head_dim", defaults.get("head_dim")) or hidden // heads)  # absent: the class default (Qwen3's 128)
         eos = d.get("eos_token_id")
         eos_ids = () if eos is None else tuple(int(t) for t in eos) if isinstance(eos, list) else (int(eos),)
         return cls(
@@ -431,7 +456,7 @@ class LlmConfig:
             layers=int(need("num_hidden_layers")),
             heads=heads,
             kv_heads=int(get("num_key_value_heads") or heads),
-            head_dim=int(d.get("head_dim", defaults.get("head_dim")) or hidden // heads),  # absent: the class default (Qwen3's 128)
+            head_dim=head_dim,
             ffn=int(need("intermediate_size")),
             vocab=int(need("vocab_size")),
             rope_theta=theta,
@@ -445,6 +470,7 @@ class LlmConfig:
             bos_token_id=None if d.get("bos_token_id") is None else int(d["bos_token_id"]),
             eos_token_ids=eos_ids,
             nope_layers=_hf_nope_layers(d, int(need("num_hidden_layers")), where) if model_type == "smollm3" else (),
+            rope_dim=_hf_rope_dim(d, head_dim, where) if model_type == "phi3" else None,
             **sliding,
         )
 
@@ -481,20 +507,20 @@ def _f32_value(v: Any) -> float:
     return float(str(np.float32(v)))
 
 
-def _gguf_freq_factors(gf: "GGUFFile", t: Any, head_dim: int) -> tuple[float, ...] | None:
+def _gguf_freq_factors(gf: "GGUFFile", t: Any, dims: int) -> tuple[float, ...] | None:
     """The values of a GGUF file's per-frequency rotary divisors ``t`` (None: the file has none):
-    ``head_dim / 2`` float32 values. ``rope_freqs``: llama.cpp's converter writes them for
+    ``dims / 2`` float32 values (``dims``: the rotated dims, ``rope.dimension_count``). ``rope_freqs``: llama.cpp's converter writes them for
     ``llama3`` scaling (Llama 3.1, 3.2, ...: 1 for the high frequencies, the factor for the low
     ones, a blend between) and llama.cpp divides each frequency by its factor; phi3's
     ``rope_factors_short`` / ``_long``: longrope's (:func:`_gguf_longrope`)."""
     if t is None:
         return None
-    if t.ggml_type != 0 or t.shape != (head_dim // 2,):
-        raise TileworkError(f"{gf.path}: tensor {t.name} must be {head_dim // 2} float32 values (head_dim {head_dim} / 2), got GGML type {t.ggml_type} of shape {list(t.shape)}")
+    if t.ggml_type != 0 or t.shape != (dims // 2,):
+        raise TileworkError(f"{gf.path}: tensor {t.name} must be {dims // 2} float32 values (rotated dims {dims} / 2), got GGML type {t.ggml_type} of shape {list(t.shape)}")
     return tuple(float(v) for v in gf.tensor_bytes(t).view("<f4"))
 
 
-def _gguf_longrope(gf: "GGUFFile", tensors: list[Any], get: Callable[..., Any], arch: str, where: str, head_dim: int, context: int) -> RopeScaling:
+def _gguf_longrope(gf: "GGUFFile", tensors: list[Any], get: Callable[..., Any], arch: str, where: str, dims: int, context: int) -> RopeScaling:
     """A phi3 file's longrope scaling, as llama.cpp's converter writes it: the per-frequency
     divisors in tensors ``rope_factors_short`` / ``rope_factors_long`` (``tensors``, in that
     order), ``{arch}.rope.scaling.original_context_length`` and the attention factor
@@ -504,7 +530,7 @@ def _gguf_longrope(gf: "GGUFFile", tensors: list[Any], get: Callable[..., Any], 
     original = get(f"{arch}.rope.scaling.original_context_length")
     if original is None:
         raise TileworkError(f"{where}: longrope factors need {arch}.rope.scaling.original_context_length")
-    short, long = (_gguf_freq_factors(gf, t, head_dim) for t in tensors)
+    short, long = (_gguf_freq_factors(gf, t, dims) for t in tensors)
     factor = context / int(original)
     attention = get(f"{arch}.rope.scaling.attn_factor")
     if attention is None:
@@ -605,16 +631,42 @@ def _hf_sliding_window(d: Mapping[str, Any], model_type: str, layers: int, conte
     return {"sliding_window": int(window), "sliding_layers": sliding}
 
 
-def _hf_rope(d: Mapping[str, Any], get: Callable[[str], Any], where: str) -> tuple[float, RopeScaling]:
-    """``(rope_theta, scaling)`` from ``rope_parameters`` (transformers 5) or ``rope_theta`` +
-    ``rope_scaling`` (earlier versions)."""
+def _hf_rope_params(d: Mapping[str, Any], where: str) -> Mapping[str, Any]:
     params = d.get("rope_parameters") or d.get("rope_scaling") or {}
     if not isinstance(params, Mapping) or any(isinstance(v, Mapping) for v in params.values()):
         raise UnsupportedError(f"{where}: per-layer-type rope parameters are not supported")
+    return params
+
+
+def _hf_partial_factor(d: Mapping[str, Any], where: str) -> float:
+    """``partial_rotary_factor`` (1: every dim turned): in the rope parameters, else at the top
+    level (Phi-4-mini's ``config.json``), as ``Phi3Config`` takes it."""
+    params = _hf_rope_params(d, where)
+    partial = params.get("partial_rotary_factor", d.get("partial_rotary_factor"))
+    return 1.0 if partial is None else float(partial)
+
+
+def _hf_rope_dim(d: Mapping[str, Any], head_dim: int, where: str) -> int | None:
+    """A phi3 checkpoint's rotated dims, ``int(head_dim * partial_rotary_factor)`` as
+    transformers' rotary init computes them (None: every dim)."""
+    factor = _hf_partial_factor(d, where)
+    if not 0 < factor <= 1:
+        raise TileworkError(f"{where}: partial_rotary_factor must be in (0, 1], got {factor}")
+    dims = int(head_dim * factor)
+    if dims % 2 or dims < 2:
+        raise UnsupportedError(f"{where}: partial_rotary_factor {factor} of head_dim {head_dim} turns {dims} dims: an even number (pairs) of at least 2 is supported")
+    return None if dims == head_dim else dims
+
+
+def _hf_rope(d: Mapping[str, Any], get: Callable[[str], Any], where: str, partial: bool = False) -> tuple[float, RopeScaling]:
+    """``(rope_theta, scaling)`` from ``rope_parameters`` (transformers 5) or ``rope_theta`` +
+    ``rope_scaling`` (earlier versions). A ``partial_rotary_factor`` below 1 is refused unless
+    ``partial`` (phi3: :func:`_hf_rope_dim` reads it); its scaling is then over the rotated dims."""
+    params = _hf_rope_params(d, where)
     theta = float(params.get("rope_theta") or get("rope_theta"))
-    partial = params.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0))
-    if partial not in (None, 1, 1.0):
-        raise UnsupportedError(f"{where}: partial rotary embeddings (partial_rotary_factor = {partial}) are not supported")
+    factor = _hf_partial_factor(d, where)
+    if factor != 1.0 and not partial:
+        raise UnsupportedError(f"{where}: partial rotary embeddings (partial_rotary_factor = {factor}) are supported for phi3 checkpoints only")
     kind = params.get("rope_type", params.get("type", "default"))
     kind = "longrope" if kind == "su" else kind  # the name early Phi-3 configs gave it
     if kind in ("default", "dynamic"):

@@ -40,6 +40,9 @@ the logits (``c * tanh(logits / c)``). A ``smollm3`` model's ``nope_layers`` att
 rotary embedding (``paged_attention`` with no ``rope_theta``). An ``olmo2`` layer
 (``LlmConfig.post_norm``) normalizes each sublayer's output, not its input, and normalizes the
 projected queries and keys over all their heads before they are split into heads.
+A partial rotation (the config's ``rope_dim``: Phi-4-mini's) is both ops' ``rope_dim``: the
+table holds its angles, the attention turns the first ``rope_dim`` dims of each query and key
+head and passes the others.
 """
 
 from __future__ import annotations
@@ -214,7 +217,7 @@ class Attention(Module):
         turned = self.layer not in cfg.nope_layers  # SmolLM3: a NoPE layer's queries and keys are not rotated
         out = emit(op.paged_attention(qkv.expr, cache.k.expr, cache.v.expr, cache.kv_len.expr, cache.page_table.expr, layer=self.layer, kv_heads=cfg.kv_heads,
                                       rope_theta=theta if turned else None, scale=cfg.attention_scale, rotary=rotary.expr if turned else None, window=window,
-                                      softcap=cfg.attn_softcap))  # fmt: skip
+                                      softcap=cfg.attn_softcap, rope_dim=cfg.rope_dim if turned else None))  # fmt: skip
         return self.o_proj(out.reshape(batch, seq, cfg.heads * cfg.head_dim))
 
 
@@ -320,10 +323,10 @@ class LlamaDecoder(Module):
         """The cache inputs of a step of ``tokens [batch, seq]``, with the rotary angles of its
         positions computed once for every layer."""
         cfg = self.config
-        rotary = emit(op.paged_rotary(tokens.expr, kv_len.expr, head_dim=cfg.head_dim, rope_theta=cfg.rope_theta, rope_scaling=cfg.rope_op_scaling()))
+        rotary = emit(op.paged_rotary(tokens.expr, kv_len.expr, head_dim=cfg.head_dim, rope_theta=cfg.rope_theta, rope_scaling=cfg.rope_op_scaling(), rope_dim=cfg.rope_dim))
         local = None
         if cfg.sliding_layers and cfg.rope_local_theta is not None:  # a second table, unscaled, for the sliding layers
-            local = emit(op.paged_rotary(tokens.expr, kv_len.expr, head_dim=cfg.head_dim, rope_theta=cfg.rope_local_theta))
+            local = emit(op.paged_rotary(tokens.expr, kv_len.expr, head_dim=cfg.head_dim, rope_theta=cfg.rope_local_theta, rope_dim=cfg.rope_dim))
         return CacheInputs(kv_len, page_table, k_cache, v_cache, rotary, local)
 
     def _embed(self, ids: Tensor) -> Tensor:

@@ -1,15 +1,19 @@
 """``paged_attention``: attention over a paged KV cache, one op per layer, as hand-built
 TensorFuncs that read the pages.
 
-    out = paged_attention(qkv, k_cache, v_cache, kv_len, page_table[, rotary], layer=i, kv_heads=n, rope_theta=t[, window=w][, softcap=c])
-    rotary = paged_rotary(tokens, kv_len, head_dim=hd, rope_theta=t[, rope_scaling=("linear", f) | ("yarn", ...) | ...])
+    out = paged_attention(qkv, k_cache, v_cache, kv_len, page_table[, rotary], layer=i, kv_heads=n, rope_theta=t[, rope_dim=r][, window=w][, softcap=c])
+    rotary = paged_rotary(tokens, kv_len, head_dim=hd, rope_theta=t[, rope_dim=r][, rope_scaling=("linear", f) | ("yarn", ...) | ...])
 
 - ``qkv [b, s, heads + 2 * kv_heads, hd]``: this step's queries, keys and values side by side
   (the output of one fused projection, reshaped: heads ``[0, heads)`` are the queries, the next
   ``kv_heads`` the keys, the last ``kv_heads`` the values), for ``s`` new tokens of each of ``b``
   sequences. With ``rope_theta`` the op applies the rotary embedding to the queries and keys
   itself (as ``tilework.op.rotary_embedding`` does, "rotate half", at position ``kv_len[b] + t``);
-  with None they are taken as they are.
+  with None they are taken as they are. ``rope_dim`` ``r`` (None: the head dim) turns the first
+  ``r`` dims of each query and key head only (partial rotary embeddings, Phi-4-mini's: dim ``i <
+  r / 2`` paired with ``i + r / 2``, the frequencies ``theta ** (-2 i / r)``), the others passed
+  as they are, as transformers' ``partial_rotary_factor`` and llama.cpp's ``rope.dimension_count``
+  below the head dim do; ``r`` is even and at most the head dim.
 - ``k_cache [layers, pages, kv_heads, hd / w, page, w]`` and ``v_cache [layers, pages, page / w,
   kv_heads, hd, w]``: the page pool (``tilework.llm.kv_cache`` owns it), ``page`` tokens per page,
   in pairs of width ``w`` (``pair_width(dtype)``: 2 for bfloat16, else 1). Key ``j`` of a page,
@@ -26,11 +30,12 @@ TensorFuncs that read the pages.
 - ``kv_len int32 [b]``: how many tokens each sequence has cached before this step;
   ``page_table int32 [b, p]``: the pool pages of each sequence in order (``p`` columns are enough
   for the longest sequence after the step; unused entries are never read).
-- ``rotary float64 [b, s, 2, hd / 2]`` (optional, with ``rope_theta``): the cosines
-  (``[:, :, 0]``) and sines of each new token's rotary angles, as ``paged_rotary`` computes them
-  (the same loop, the same bits). The angles depend on the position only, so a step's layers can
-  share one table: without it each layer's op computes them again (at batch 8, SmolLM2's 30
-  layers spent 3-6% of a quantized decode step on them). ``paged_rotary``'s ``rope_scaling``
+- ``rotary float64 [b, s, 2, r / 2]`` (optional, with ``rope_theta``; ``r`` the rotated dims,
+  ``rope_dim`` or the head dim): the cosines (``[:, :, 0]``) and sines of each new token's rotary
+  angles, as ``paged_rotary`` with the same ``rope_dim`` computes them (the same loop, the same
+  bits). The angles depend on the position only, so a step's layers can share one table:
+  without it each layer's op computes them again (at batch 8, SmolLM2's 30 layers spent 3-6% of
+  a quantized decode step on them). ``paged_rotary``'s ``rope_scaling``
   scales the frequencies (``("linear", factor)``, ``("llama3", factor, original_context,
   low_freq_factor, high_freq_factor)``, ``("yarn", factor, low, high, attention_factor)`` or
   ``("longrope", original_context, attention_factor, short_factors, long_factors)``, as
@@ -51,7 +56,7 @@ read) with an online softmax,
 each score (scaled) soft-capped to ``c * tanh(score / c)`` where a ``softcap`` ``c`` is given
 (Gemma 2's ``attn_logit_softcapping``),
 grouped-query heads sharing a kv head. Without ``rotary``, the cosines and sines of the rotary
-angles are computed once per new token (``head_dim / 2`` of each, in float64, as its key is
+angles are computed once per new token (``r / 2`` of each, in float64, as its key is
 appended) into a table that the rotation of its queries and keys reads. Writing into the pool
 is the op's effect: it is kept though its result is what the graph uses, and each layer writes
 its own slice of the pool.
@@ -113,6 +118,12 @@ def _infer(call: Call, ctx: InferCtx) -> StructInfo:
         raise ctx.error(f"kv_heads must be a positive int, got {nkv!r}")
     if theta is not None and (isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0):
         raise ctx.error(f"rope_theta must be a positive number or None, got {theta!r}")
+    rope_dim = call.attrs["rope_dim"]
+    if rope_dim is not None:
+        if not _even_dim(rope_dim):
+            raise ctx.error(f"rope_dim must be a positive even int or None, got {rope_dim!r}")
+        if theta is None:
+            raise ctx.error("a rope_dim is given but rope_theta is None: nothing would be rotated")
     if rot is not None:
         if theta is None:
             raise ctx.error("a rotary table is given but rope_theta is None: nothing would be rotated")
@@ -129,8 +140,10 @@ def _infer(call: Call, ctx: InferCtx) -> StructInfo:
     nh = all_heads - 2 * nkv
     if nh < nkv or nh % nkv:
         raise ctx.shape_error(f"qkv has {all_heads} heads: with {nkv} kv heads that leaves {nh} query heads, which must be a positive multiple of {nkv}")
-    if theta is not None and isinstance(hd, int) and hd % 2:
+    if theta is not None and rope_dim is None and isinstance(hd, int) and hd % 2:
         raise ctx.shape_error(f"head dim {hd} must be even to be rotated")
+    if rope_dim is not None and isinstance(hd, int) and rope_dim > hd:
+        raise ctx.shape_error(f"rope_dim {rope_dim} exceeds the head dim {hd}")
     page, pool = kc.shape[4], kc.dtype or vc.dtype
     w = kc.shape[5] if pool is None else pair_width(pool)  # unknown dtype: the pairs as given
     require_equal(kc.shape[5], w, ctx, f"k_cache's pair width (its last dim) for a {pool} pool")
@@ -149,7 +162,8 @@ def _infer(call: Call, ctx: InferCtx) -> StructInfo:
     if isinstance(kc.shape[0], int) and layer >= kc.shape[0]:
         raise ctx.error(f"layer {layer} is out of range for a cache of {kc.shape[0]} layers")
     if rot is not None and rot.shape is not None:
-        for i, (dim, want, what) in enumerate(zip(rot.shape, (b, s, 2, sym.floordiv(hd, 2)), ("the batch", "the new tokens", "cos and sin", "half the head dim"))):
+        half, what = (sym.floordiv(hd, 2), "half the head dim") if rope_dim is None else (rope_dim // 2, f"half the rotated dims (rope_dim {rope_dim})")
+        for i, (dim, want, what) in enumerate(zip(rot.shape, (b, s, 2, half), ("the batch", "the new tokens", "cos and sin", what))):
             require_equal(dim, want, ctx, f"rotary's dim {i} and {what}")
     return TensorInfo((b, s, nh, hd), "float32")
 
@@ -158,16 +172,19 @@ def _legalize(call: Call, ctx: "LegalizeCtx") -> Expr:
     shapes = [known_tensor(a.info, call, f"argument {i}") for i, a in enumerate(call.args)]
     shape, dtype = out_tensor(call)
     scale, theta, window, cap = call.attrs["scale"], call.attrs["rope_theta"], call.attrs["window"], call.attrs["softcap"]
+    rope_dim = call.attrs["rope_dim"]
+    if isinstance(rope_dim, int) and rope_dim == shapes[0][0][3]:  # every dim: the full rotation's kernel
+        rope_dim = None
     # every layer calls the same kernel (the layer is its sym param): built once per operand
     # shapes (and window: a model's sliding-window layers share one kernel, its others another)
     vector_bytes = ctx.vector_bytes
-    key = ("paged_attention", tuple(shapes), (shape, dtype), call.attrs["kv_heads"], scale, theta, vector_bytes, window, cap)
-    gv, func, layer = ctx.kernel_for(key, "paged_attention", lambda: paged_attention_kernel(shapes, (shape, dtype), int(call.attrs["kv_heads"]), scale, theta, vector_bytes, window, cap))
+    key = ("paged_attention", tuple(shapes), (shape, dtype), call.attrs["kv_heads"], scale, theta, vector_bytes, window, cap, rope_dim)
+    gv, func, layer = ctx.kernel_for(key, "paged_attention", lambda: paged_attention_kernel(shapes, (shape, dtype), int(call.attrs["kv_heads"]), scale, theta, vector_bytes, window, cap, rope_dim))
     sym_args = tuple(int(call.attrs["layer"]) if p is layer else p for p in func.sym_params)
     return call_tensor(gv, list(call.args), call.info, sym_args)
 
 
-register(Op("paged_attention", _infer, OpPattern.OPAQUE, attrs={"layer": 0, "kv_heads": 1, "rope_theta": None, "scale": None, "window": None, "softcap": None}, num_args=None, legalize=_legalize, effect=True))
+register(Op("paged_attention", _infer, OpPattern.OPAQUE, attrs={"layer": 0, "kv_heads": 1, "rope_theta": None, "scale": None, "window": None, "softcap": None, "rope_dim": None}, num_args=None, legalize=_legalize, effect=True))
 
 
 def paged_attention(
@@ -183,14 +200,17 @@ def paged_attention(
     rotary: Expr | None = None,
     window: int | None = None,
     softcap: float | None = None,
+    rope_dim: int | None = None,
 ) -> Call:
     """See the module docstring; ``scale`` defaults to ``1 / sqrt(head_dim)``; ``rotary``: the
     step's ``paged_rotary`` table (else each call computes the angles itself); ``window``: the
-    sliding window (None: every earlier key); ``softcap``: the scores' soft cap (None: none)."""
+    sliding window (None: every earlier key); ``softcap``: the scores' soft cap (None: none);
+    ``rope_dim``: the dims of each query and key head that are turned, the first ones (None:
+    all of them)."""
     theta = None if rope_theta is None else float(rope_theta)
     cap = softcap if softcap is None or isinstance(softcap, bool) else float(softcap)
     args = [qkv, k_cache, v_cache, kv_len, page_table] + ([] if rotary is None else [rotary])
-    return make_call("paged_attention", args, layer=layer, kv_heads=kv_heads, rope_theta=theta, scale=scale, window=window, softcap=cap)
+    return make_call("paged_attention", args, layer=layer, kv_heads=kv_heads, rope_theta=theta, scale=scale, window=window, softcap=cap, rope_dim=rope_dim)
 
 
 def _rotary_infer(call: Call, ctx: InferCtx) -> StructInfo:
@@ -200,37 +220,47 @@ def _rotary_infer(call: Call, ctx: InferCtx) -> StructInfo:
             raise ctx.shape_error(f"{name} must have rank {rank}, got {t.ndim}")
     if kv_len.dtype is not None and kv_len.dtype != "int32":
         raise ctx.error(f"kv_len must be int32, got {kv_len.dtype}")
-    hd, theta = call.attrs["head_dim"], call.attrs["rope_theta"]
-    if not isinstance(hd, int) or isinstance(hd, bool) or hd < 2 or hd % 2:
+    hd, theta, rope_dim = call.attrs["head_dim"], call.attrs["rope_theta"], call.attrs["rope_dim"]
+    if rope_dim is None and not _even_dim(hd):
         raise ctx.error(f"head_dim must be a positive even int, got {hd!r}")
+    if rope_dim is not None:
+        if not isinstance(hd, int) or isinstance(hd, bool) or hd < 1:
+            raise ctx.error(f"head_dim must be a positive int, got {hd!r}")
+        if not _even_dim(rope_dim) or rope_dim > hd:
+            raise ctx.error(f"rope_dim must be a positive even int of at most head_dim ({hd}) or None, got {rope_dim!r}")
+    dims = hd if rope_dim is None else rope_dim  # the rotated dims
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
         raise ctx.error(f"rope_theta must be a positive number, got {theta!r}")
     scaling = call.attrs["rope_scaling"]
-    if scaling is not None and not _valid_scaling(scaling, hd):
+    if scaling is not None and not _valid_scaling(scaling, dims):
         raise ctx.error(
             "rope_scaling must be None, ('linear', factor), ('llama3', factor, original_context, low_freq_factor, high_freq_factor) with high_freq_factor > low_freq_factor, "
-            "('yarn', factor, low, high, attention_factor) with high != low, ('longrope', original_context, attention_factor, short_factors, long_factors) with head_dim / 2 of each "
-            "or ('freq_factors', factors) with head_dim / 2 factors, "
+            "('yarn', factor, low, high, attention_factor) with high != low, ('longrope', original_context, attention_factor, short_factors, long_factors) with rotated dims / 2 of each "
+            "or ('freq_factors', factors) with rotated dims / 2 factors (the rotated dims: rope_dim, else head_dim), "
             f"with positive numbers (yarn's low and high: any), got {scaling!r}"
         )
     if tokens.shape is None or kv_len.shape is None:
         return TensorInfo(None, "float64", 4)
     b, s = tokens.shape
     require_equal(kv_len.shape[0], b, ctx, "kv_len's length and the batch")
-    return TensorInfo((b, s, 2, hd // 2), "float64")
+    return TensorInfo((b, s, 2, dims // 2), "float64")
 
 
 def _rotary_legalize(call: Call, ctx: "LegalizeCtx") -> Expr:
     (ts, td), (ks, kd) = (known_tensor(call.args[i].info, call, f"argument {i}") for i in range(2))
     shape, dtype = out_tensor(call)
-    hd, theta, scaling = int(call.attrs["head_dim"]), float(call.attrs["rope_theta"]), call.attrs["rope_scaling"]
-    key = ("paged_rotary", (ts, td), (ks, kd), (shape, dtype), hd, theta, scaling)
+    hd, theta, scaling = int(call.attrs["rope_dim"] or call.attrs["head_dim"]), float(call.attrs["rope_theta"]), call.attrs["rope_scaling"]
+    key = ("paged_rotary", (ts, td), (ks, kd), (shape, dtype), hd, theta, scaling)  # hd: the rotated dims, all the table depends on
 
     gv, func, _ = ctx.kernel_for(key, "paged_rotary", lambda: (rotary_kernel((ts, td), (ks, kd), (shape, dtype), hd, theta, scaling), None))
     return call_tensor(gv, list(call.args), call.info, tuple(func.sym_params))
 
 
-register(Op("paged_rotary", _rotary_infer, OpPattern.OPAQUE, attrs={"head_dim": 0, "rope_theta": None, "rope_scaling": None}, num_args=2, legalize=_rotary_legalize))
+register(Op("paged_rotary", _rotary_infer, OpPattern.OPAQUE, attrs={"head_dim": 0, "rope_theta": None, "rope_scaling": None, "rope_dim": None}, num_args=2, legalize=_rotary_legalize))
+
+
+def _even_dim(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 2 and x % 2 == 0
 
 
 def _valid_scaling(s: object, hd: int) -> bool:
@@ -253,16 +283,18 @@ def _valid_scaling(s: object, hd: int) -> bool:
     return s[0] == "llama3" and len(s) == 5 and all(positive(x) for x in s[1:]) and s[4] > s[3]
 
 
-def paged_rotary(tokens: Expr, kv_len: Expr, head_dim: int, rope_theta: float, rope_scaling: tuple[Any, ...] | None = None) -> Call:
+def paged_rotary(tokens: Expr, kv_len: Expr, head_dim: int, rope_theta: float, rope_scaling: tuple[Any, ...] | None = None, rope_dim: int | None = None) -> Call:
     """The cosines and sines of the rotary angles of a step's new tokens ``[b, s]`` (their
     values are not read; token ``t`` of sequence ``b`` is at position ``kv_len[b] + t``),
-    ``[b, s, 2, head_dim / 2]`` float64: what ``paged_attention`` computes in each call, once
-    for all the layers of a step; ``rope_scaling`` scales the frequencies (and the cosines and
-    sines: yarn's and longrope's attention factor; longrope's factors are chosen per sequence
-    by the end of its step, ``kv_len[b] + s``). See the module docstring and
+    ``[b, s, 2, r / 2]`` float64 for ``r`` rotated dims (``rope_dim``, at most ``head_dim``;
+    None: ``head_dim``), the frequencies ``theta ** (-2 i / r)``: what ``paged_attention`` with
+    the same ``rope_dim`` computes in each call, once for all the layers of a step;
+    ``rope_scaling`` scales the frequencies (and the cosines and sines: yarn's and longrope's
+    attention factor; longrope's factors are chosen per sequence by the end of its step,
+    ``kv_len[b] + s``; longrope's and freq_factors' factors: ``r / 2`` of each). See the module docstring and
     ``paged_attention_base.angles``."""
     scaling = None if rope_scaling is None else tuple(x if isinstance(x, str) else tuple(float(v) for v in x) if isinstance(x, (tuple, list)) else float(x) for x in rope_scaling)
-    return make_call("paged_rotary", [tokens, kv_len], head_dim=head_dim, rope_theta=float(rope_theta), rope_scaling=scaling)
+    return make_call("paged_rotary", [tokens, kv_len], head_dim=head_dim, rope_theta=float(rope_theta), rope_scaling=scaling, rope_dim=rope_dim)
 
 
 __all__ = ["paged_attention", "paged_rotary", "pair_width", "KV_DTYPES", "KV_PAIRS"]

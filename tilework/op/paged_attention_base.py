@@ -68,6 +68,8 @@ def angles(trig: Buffer, b: Dim, t: Dim, cached: Scalar, hd: Dim, theta: float, 
     """The cosine and sine of token ``t``'s rotary angles (one per pair of channels, at position
     ``cached + t``) into ``trig[b, t]``, in float64: a token's heads share them. One home for
     both kernels that compute them (the attention's scratch and ``paged_rotary``'s table).
+    ``hd``: the rotated dims (the head dim, or a partial rotation's fewer): the inverse
+    frequencies are ``theta ** (-2 j / hd)``, ``j < hd / 2``.
 
     ``scaling`` scales the inverse frequencies as transformers' rotary types do:
     ``("linear", factor)`` divides each by ``factor``; ``("llama3", factor, original_context,
@@ -146,6 +148,7 @@ class PagedKernel:
         rotary: Buffer | None = None,
         window: int | None = None,
         softcap: float | None = None,
+        rope_dim: int | None = None,
     ) -> None:
         self.window = window  # a sliding window: the keys a query at p sees are (p - window, p]
         self.softcap = softcap  # scores soft-capped to softcap * tanh(score / softcap) (Gemma 2)
@@ -155,6 +158,10 @@ class PagedKernel:
         self.nb, self.sq, self.nh, self.hd = out.shape
         self.nkv = nkv
         self.theta = theta
+        # the rotated dims of a head, its first ones (partial rotation: fewer than the head dim,
+        # the rest passed as they are); a whole head's rotation is the same kernel as without one
+        self.partial = rope_dim is not None and not (isinstance(self.hd, int) and rope_dim == self.hd)
+        self.rope: Dim = rope_dim if rope_dim is not None and self.partial else self.hd
         self.page = kc.shape[4]
         w = kc.shape[5]  # the pool's pair width (``pair_width``)
         assert isinstance(w, int), "a pool's pair width is static"
@@ -170,10 +177,10 @@ class PagedKernel:
         else:
             self.scale = Intrin("rsqrt", (Cast(F32, self.hd),), F32)
         self.names: set[str] = set()
-        # the angles' cosines and sines [b, s, 2, hd / 2]: given (paged_rotary's), or computed
+        # the angles' cosines and sines [b, s, 2, rope / 2]: given (paged_rotary's), or computed
         # into a scratch as each token's key is appended
         self.given = rotary is not None
-        self.trig = rotary if rotary is not None else Buffer("pa_trig", (self.nb, self.sq, 2, sym.floordiv(self.hd, 2)), "float64")
+        self.trig = rotary if rotary is not None else Buffer("pa_trig", (self.nb, self.sq, 2, sym.floordiv(self.rope, 2)), "float64")
 
     def capped(self, score: Scalar) -> Scalar:
         """A (scaled) score soft-capped, ``c * tanh(score / c)`` with ``softcap`` ``c`` (as it is
@@ -210,11 +217,12 @@ class PagedKernel:
     def rotated_dims(self, name: str, b: Dim, t: Dim, h: Dim, put: Callable[[Dim, Scalar], Stmt]) -> Stmt:
         """``put(d, value)`` for every dim ``d`` of head ``h`` of token ``t``, the value turned
         as ``_rotated`` turns it (term for term: the same bits): with ``rope_theta`` as one loop
-        over the pairs ``j, j + hd / 2``, whose loads are contiguous in each half (the per-dim
-        form reads its partner and angle through selects, which GCC vectorized as gathers)."""
+        over the pairs ``j, j + rope / 2``, whose loads are contiguous in each half (the per-dim
+        form reads its partner and angle through selects, which GCC vectorized as gathers), then
+        (partial rotation) one over the dims from ``rope`` on, as they are."""
         if self.theta is None:
             return self.loop(name, self.hd, lambda d: put(d, ld(self.qkv, b, t, h, d)), "vectorized")
-        half = sym.floordiv(self.hd, 2)
+        half = sym.floordiv(self.rope, 2)
         f64 = "float64"
 
         def pair(j: SymVar) -> Stmt:
@@ -226,23 +234,34 @@ class PagedKernel:
 
             return seq([put(j, turned(lo, binary("-", const(0.0, f64), hi))), put(sym.add(j, half), turned(hi, lo))])
 
-        return self.loop(name, half, pair, "vectorized")
+        pairs = self.loop(name, half, pair, "vectorized")
+        if not self.partial:
+            return pairs
+
+        def passed(e: SymVar) -> Stmt:
+            d = sym.add(e, self.rope)
+            return put(d, ld(self.qkv, b, t, h, d))
+
+        return seq([pairs, self.loop(f"{name}_pass", sym.sub(self.hd, self.rope), passed, "vectorized")])
 
     def _rotated(self, b: Dim, t: Dim, h: Dim, d: Dim) -> Scalar:
         """``qkv[b, t, h, d]`` turned by the rotary angle of its position (``rotary_embedding``'s
         arithmetic: float64, rounded once; the cosine and sine from ``self.trig``, given or filled
-        by ``append``); as it is without ``rope_theta``."""
+        by ``append``; a dim from ``rope`` on, of a partial rotation, as it is); as it is without
+        ``rope_theta``."""
         if self.theta is None:
             return ld(self.qkv, b, t, h, d)
-        half = sym.floordiv(self.hd, 2)
+        half = sym.floordiv(self.rope, 2)
         f64 = "float64"
         lower = binary("<", d, half)
-        j = Select(lower, d, sym.sub(d, half), "int64")
+        # the dim's angle; past the rotated dims any in-bounds one (its product is not used)
+        j = sym.floormod(d, half) if self.partial else Select(lower, d, sym.sub(d, half), "int64")
         partner = Select(lower, sym.add(d, half), sym.sub(d, half), "int64")  # one in-bounds load
         mine = Cast(f64, ld(self.qkv, b, t, h, d))
         other = Cast(f64, ld(self.qkv, b, t, h, partner))
         signed = Select(lower, binary("-", const(0.0, f64), other), other, f64)
-        return Cast(F32, binary("+", binary("*", mine, ld(self.trig, b, t, 0, j)), binary("*", signed, ld(self.trig, b, t, 1, j))))
+        turned = Cast(F32, binary("+", binary("*", mine, ld(self.trig, b, t, 0, j)), binary("*", signed, ld(self.trig, b, t, 1, j))))
+        return Select(binary("<", d, self.rope), turned, ld(self.qkv, b, t, h, d), F32) if self.partial else turned
 
     def with_trig(self, body: Stmt) -> Stmt:
         """``body`` with the angle table allocated around it (when the op rotates and the table
@@ -271,7 +290,7 @@ class PagedKernel:
             steps = [self.loop("append_h", self.nkv, put)] + ([] if queries is None else [queries(b, t)])
             if self.theta is None or self.given:
                 return seq(steps)
-            return seq([angles(self.trig, b, t, self.cached(b), self.hd, self.theta), *steps])
+            return seq([angles(self.trig, b, t, self.cached(b), self.rope, self.theta), *steps])
 
         return self.loop("append_bt", sym.mul(self.nb, self.sq), token, "parallel")
 

@@ -31,19 +31,20 @@ from tilework.op.paged_attention_prefill import LANES, Prefill
 
 def paged_attention_kernel(
     shapes: list[tuple[tuple[Dim, ...], str]], out_shape: tuple[tuple[Dim, ...], str], kv_heads: int, scale: float | None, theta: float | None, vector_bytes: int = VECTOR_BYTES, window: int | None = None,
-    softcap: float | None = None,
+    softcap: float | None = None, rope_dim: int | None = None,
 ) -> tuple[TensorFunc, SymVar]:
     """The kernel of a ``paged_attention`` call (operand shapes and dtypes, with the rotary table
     last where it is given) and its ``layer`` sym param: every layer calls the same kernel;
     ``window``: the sliding window (None: causal over every earlier key); ``softcap``: the
-    scores' soft cap (None: none)."""
+    scores' soft cap (None: none); ``rope_dim``: the rotated dims, the first of each head (None:
+    all)."""
     params = [Buffer(name, shape, dtype) for name, (shape, dtype) in zip(("qkv", "k_cache", "v_cache", "kv_len", "page_table", "rotary"), shapes)]
     out = Buffer("out", *out_shape)
     layer = SymVar("layer", 0, None)  # a sym param: every layer calls the same kernel
     kernel = Decode if out_shape[0][1] == 1 else Prefill
     qkv, kc, vc, kv_len, pt = params[:5]
     given = params[5] if len(params) == 6 else None
-    body = kernel(qkv, kv_heads, kc, vc, kv_len, pt, out, layer, None if scale is None else float(scale), None if theta is None else float(theta), vector_bytes, given, window, softcap).body()
+    body = kernel(qkv, kv_heads, kc, vc, kv_len, pt, out, layer, None if scale is None else float(scale), None if theta is None else float(theta), vector_bytes, given, window, softcap, rope_dim).body()
     return scheduled([*params, out], body), layer
 
 
