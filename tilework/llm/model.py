@@ -37,12 +37,17 @@ MLP, whose activation is GELU's tanh form), scales the scores by ``query_pre_att
 Gemma 3's are turned by a second rotary table of their own base (``paged_rotary`` unscaled: two
 tables a step); Gemma 2 soft-caps the attention's scores (``paged_attention``'s ``softcap``) and
 the logits (``c * tanh(logits / c)``). A ``smollm3`` model's ``nope_layers`` attend without the
-rotary embedding (``paged_attention`` with no ``rope_theta``).
+rotary embedding (``paged_attention`` with no ``rope_theta``). A ``granite`` model multiplies the
+embedding by ``embedding_multiplier``, each sublayer's output by ``residual_multiplier`` before the
+residual add, the scores by ``attention_multiplier`` (``paged_attention``'s ``scale``), and divides
+the logits by ``logit_scale``: float32 constants, as transformers' float32 model computes them.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from tilework import op
 from tilework.errors import UnsupportedError
@@ -251,14 +256,18 @@ class Layer(Module):
         if self.sandwich:
             self.pre_feedforward_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
             self.post_feedforward_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
+        self.residual = float(np.float32(cfg.residual_multiplier))  # Granite: each sublayer's output times it
+
+    def _scaled(self, y: Tensor) -> Tensor:
+        return y if self.residual == 1.0 else y * self.residual
 
     def forward(self, x: Tensor, cache: "CacheInputs") -> Tensor:
         if self.sandwich:
-            h = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cache))
-            gemma: Tensor = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+            h = x + self._scaled(self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cache)))
+            gemma: Tensor = h + self._scaled(self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h))))
             return gemma
-        h = x + self.self_attn(self.input_layernorm(x), cache)
-        out: Tensor = h + self.mlp(self.post_attention_layernorm(h))
+        h = x + self._scaled(self.self_attn(self.input_layernorm(x), cache))
+        out: Tensor = h + self._scaled(self.mlp(self.post_attention_layernorm(h)))
         return out
 
 
@@ -293,6 +302,8 @@ class LlamaDecoder(Module):
     def _logits(self, h: Tensor) -> Tensor:
         h = self.model.norm(h)
         out: Tensor = self.model.embed_tokens.head(h) if self.lm_head is None else self.lm_head(h)
+        if self.config.logit_scale != 1.0:  # Granite: the logits divided by it
+            out = out / float(np.float32(self.config.logit_scale))
         cap = self.config.final_softcap
         if cap is not None:  # Gemma 2: the logits soft-capped
             out = ops.tanh(out / cap) * cap
@@ -317,6 +328,8 @@ class LlamaDecoder(Module):
         h = self.model.embed_tokens(ids)
         if self.config.gemma:  # scaled by sqrt(hidden), a float32 constant
             h = h * embedding_scale(self.config.hidden)
+        if self.config.embedding_multiplier != 1.0:  # Granite's, a float32 constant
+            h = h * float(np.float32(self.config.embedding_multiplier))
         return h
 
     def prefill(self, tokens: Tensor, kv_len: Tensor, page_table: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
