@@ -59,6 +59,7 @@ def save(path: Path, kind: str = "llama", dtype: str = "float32", tokenizer: boo
         "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
         "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM),
         "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM),
+        "granite": (transformers.GraniteConfig, transformers.GraniteForCausalLM),
     }[kind]
     model = model_cls(config_cls(**{**SMALL, **kw})).eval()
     with torch.no_grad():  # norm weights away from transformers' ones: their values count too
@@ -157,7 +158,7 @@ def write_gguf_of(hf: Any, path: Path, fmt: str = "f32", meta: dict[str, Any] | 
     format of its matrices; the token table too; ``blocks``: the stored rows of the named
     matrices instead), with a byte-level BPE vocabulary of ``VOCAB`` tokens (the ids are what is
     fed; the text is never read), the metadata llama.cpp's converter writes, and ``meta``
-    (strings, floats, ints) after it; ``extra``: more tensors, under their GGUF names."""
+    (strings, floats, ints, bools) after it; ``extra``: more tensors, under their GGUF names."""
     c, arch = hf.config, hf.config.model_type
     hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     w = gguf.GGUFWriter(str(path), arch)
@@ -171,14 +172,19 @@ def write_gguf_of(hf: Any, path: Path, fmt: str = "f32", meta: dict[str, Any] | 
     w.add_token_list(["a", "b", "ab", *(f"w{i}" for i in range(3, VOCAB))])
     w.add_token_merges(["a b"])
     w.add_eos_token_id(2)
+    if arch == "granite":  # its multipliers under llama.cpp's names, where set (as its converter writes them)
+        for key, name in (("embedding_scale", "embedding_multiplier"), ("residual_scale", "residual_multiplier"), ("attention.scale", "attention_multiplier"),
+                          ("logit_scale", "logits_scaling")):  # fmt: skip
+            if getattr(c, name):
+                w.add_float32(f"{arch}.{key}", float(getattr(c, name)))
     for key, value in (meta or {}).items():
-        {str: w.add_string, float: w.add_float32, int: w.add_uint32}[type(value)](key, value)
+        {str: w.add_string, float: w.add_float32, int: w.add_uint32, bool: w.add_bool}[type(value)](key, value)
     for name, value in hf.state_dict().items():
         if name == "lm_head.weight" and c.tie_word_embeddings:
             continue
         given = (blocks or {}).get(name)
         data = value.detach().float().numpy() if given is None else np.asarray(given.data)
-        if arch in ("llama", "smollm3") and re.search(r"\.(q|k)_proj\.", name):  # rows of values or of blocks alike
+        if arch in ("llama", "smollm3", "granite") and re.search(r"\.(q|k)_proj\.", name):  # rows of values or of blocks alike
             data = llama_cpp_permute(data, c.num_attention_heads if ".q_proj." in name else c.num_key_value_heads)
         if given is None:
             t = quantize(np.ascontiguousarray(data), fmt if data.ndim == 2 else "f32", name)

@@ -10,7 +10,9 @@ soft caps, Gemma 3's second rotary base, and more: :mod:`tilework.llm.gemma` rea
 configs); ``smollm3`` (SmolLM3: llama whose every fourth layer, ``no_rope_layers``, attends
 without the rotary embedding); ``olmo2`` (OLMo 2: no norm before the sublayers, one after
 each, before the residual add, and an RMSNorm over all query heads together and one over all
-key heads, :attr:`LlmConfig.post_norm`); ``phi3`` (Phi-3, Phi-3.5, Phi-4-mini: llama whose q, k,
+key heads, :attr:`LlmConfig.post_norm`); ``granite`` (IBM Granite 3.x: llama with four multipliers, of the
+embedding, of each sublayer's output, of the attention's scores, and a divisor of the logits);
+``phi3`` (Phi-3, Phi-3.5, Phi-4-mini: llama whose q, k,
 v projections are one matrix in the file, and the MLP's gate and up another, split on loading;
 from a transformers checkpoint every layer attends in its ``sliding_window``, where it is shorter
 than the context, as transformers does; a GGUF file's window is not applied, as llama.cpp
@@ -54,7 +56,7 @@ if TYPE_CHECKING:
 
     from tilework.llm.gguf import GGUFFile
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "olmo2")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "olmo2", "granite")
 NOPE_INTERVAL = 4  # SmolLM3: every fourth layer is not rotated (transformers' no_rope_layer_interval default; llama.cpp's fixed step)
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "freq_factors")
 HF_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "dynamic")  # the names a transformers config uses
@@ -147,7 +149,11 @@ class LlmConfig:
     (SmolLM3's). ``rope_dim``: a partial rotation's rotated dims, the first of each query and key
     head (Phi-4-mini's 96 of 128: ``partial_rotary_factor``, GGUF ``rope.dimension_count``), the
     frequencies over them (:attr:`rotary_dims`); None (what a whole head's worth becomes): every
-    dim is turned."""
+    dim is turned. Granite's multipliers: ``embedding_multiplier`` (the token embedding times it),
+    ``residual_multiplier`` (each sublayer's output times it before it is added to the residual),
+    ``attention_multiplier`` (the scores' scale in place of ``head_dim ** -0.5``: see
+    :attr:`attention_scale`) and ``logit_scale`` (the logits divided by it); each is applied as a
+    float32 constant, as transformers' float32 model and llama.cpp apply it."""
 
     architecture: str
     hidden: int
@@ -175,6 +181,10 @@ class LlmConfig:
     final_softcap: float | None = None
     nope_layers: tuple[int, ...] = ()
     rope_dim: int | None = None
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    attention_multiplier: float | None = None
+    logit_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if self.architecture not in ARCHITECTURES:
@@ -207,6 +217,15 @@ class LlmConfig:
             raise TileworkError(f"LlmConfig: nope_layers must be distinct layer indices below {self.layers}, got {list(self.nope_layers)}")
         if self.query_pre_attn_scalar is not None and not self.query_pre_attn_scalar > 0:
             raise TileworkError(f"LlmConfig: query_pre_attn_scalar must be positive, got {self.query_pre_attn_scalar}")
+        if self.attention_multiplier is not None and self.query_pre_attn_scalar is not None:
+            raise TileworkError("LlmConfig: attention_multiplier and query_pre_attn_scalar both scale the scores: give one")
+        for name in ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logit_scale"):
+            v = getattr(self, name)
+            if v is None and name == "attention_multiplier":
+                continue
+            positive = name in ("attention_multiplier", "logit_scale")  # a scale of the scores, a divisor
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (positive and v <= 0):
+                raise TileworkError(f"LlmConfig.{name} must be a finite number{' above 0' if positive else ''}, got {v!r}")
         for name in ("attn_softcap", "final_softcap"):
             cap = getattr(self, name)
             if cap is not None and not (isinstance(cap, (int, float)) and not isinstance(cap, bool) and 0 < cap < math.inf):
@@ -226,8 +245,10 @@ class LlmConfig:
 
     @property
     def attention_scale(self) -> float | None:
-        """What the attention's scores are multiplied by: ``query_pre_attn_scalar ** -0.5``
-        (None: ``head_dim ** -0.5``)."""
+        """What the attention's scores are multiplied by: Granite's ``attention_multiplier``, or
+        Gemma's ``query_pre_attn_scalar ** -0.5`` (None: ``head_dim ** -0.5``)."""
+        if self.attention_multiplier is not None:
+            return float(self.attention_multiplier)
         return None if self.query_pre_attn_scalar is None else float(self.query_pre_attn_scalar) ** -0.5
 
     @property
@@ -385,6 +406,8 @@ class LlmConfig:
             extra = gguf_fields(get, arch, where, layers, hidden, heads, head_dim)
         if arch == "smollm3":  # llama.cpp's fixed step: no GGUF key states it
             extra = {"nope_layers": tuple(i for i in range(layers) if (i + 1) % NOPE_INTERVAL == 0)}
+        if arch == "granite":
+            extra = _gguf_granite(get, need, arch, layers)
         # phi3: {arch}.attention.sliding_window is not applied: llama.cpp attends to every earlier
         # token in phi3 files (transformers, from a checkpoint, does apply Phi-3's window)
         long_scaling = _gguf_longrope(gf, longrope, get, arch, where, rope_dim, context) if longrope[0] is not None else None
@@ -418,7 +441,7 @@ class LlmConfig:
         """The config of a transformers checkpoint: a ``config.json`` dict, its path, or the
         checkpoint directory. Missing optional keys take the transformers class defaults.
 
-        ``model_type`` ``llama``, ``qwen2``, ``qwen3``, ``smollm3``, ``olmo2``, ``phi3`` (longrope also under
+        ``model_type`` ``llama``, ``qwen2``, ``qwen3``, ``smollm3``, ``olmo2``, ``granite``, ``phi3`` (longrope also under
         its early name ``su``) or ``mistral`` (llama with a sliding window: it reads as ``llama``);
         ``gemma2``, ``gemma3_text`` and ``gemma3`` (its text part) are read by
         :func:`tilework.llm.gemma.hf_fields`. The layers that attend in a sliding window
@@ -441,7 +464,7 @@ class LlmConfig:
             qkv_bias, out_bias = True, False
         elif model_type == "phi3":  # no biases (its projections are fused in the file: weights.split_fused)
             qkv_bias = out_bias = False
-        else:  # llama, mistral, qwen3, smollm3, olmo2: q, k, v and o alike
+        else:  # llama, mistral, qwen3, smollm3, olmo2, granite: q, k, v and o alike
             qkv_bias = out_bias = bool(d.get("attention_bias", False))
         hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
         context = int(get("max_position_embeddings"))
@@ -465,17 +488,18 @@ class LlmConfig:
             tie_word_embeddings=bool(get("tie_word_embeddings")),
             attention_bias=qkv_bias,
             attention_out_bias=out_bias,
-            mlp_bias=model_type in ("llama", "smollm3") and bool(d.get("mlp_bias", False)),  # (Mistral, Qwen2 and Qwen3 have none)
+            mlp_bias=model_type in ("llama", "smollm3", "granite") and bool(d.get("mlp_bias", False)),  # (Mistral, Qwen2 and Qwen3 have none)
             rope_scaling=scaling,
             bos_token_id=None if d.get("bos_token_id") is None else int(d["bos_token_id"]),
             eos_token_ids=eos_ids,
             nope_layers=_hf_nope_layers(d, int(need("num_hidden_layers")), where) if model_type == "smollm3" else (),
             rope_dim=_hf_rope_dim(d, head_dim, where) if model_type == "phi3" else None,
             **sliding,
+            **(_hf_granite(get) if model_type == "granite" else {}),
         )
 
 
-# the transformers class defaults (LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config) of the keys a
+# the transformers class defaults (LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, ...) of the keys a
 # config.json may omit; the model types read
 _HF_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "tie_word_embeddings": False, "rope_theta": 10000.0},
@@ -485,7 +509,20 @@ _HF_DEFAULTS: dict[str, dict[str, Any]] = {
     "phi3": {"hidden_act": "silu", "rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "tie_word_embeddings": False, "rope_theta": 10000.0},
     "smollm3": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": True, "rope_theta": 2000000.0},
     "olmo2": {"hidden_act": "silu", "rms_norm_eps": 1e-5, "max_position_embeddings": 2048, "tie_word_embeddings": False, "rope_theta": 10000.0},
+    "granite": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "tie_word_embeddings": False, "rope_theta": 10000.0,
+                "embedding_multiplier": 1.0, "residual_multiplier": 1.0, "attention_multiplier": 1.0, "logits_scaling": 1.0},
 }
+
+
+def _hf_granite(get: Callable[[str], Any]) -> dict[str, Any]:
+    """GraniteConfig's multipliers (each 1.0 where absent: an absent ``attention_multiplier``
+    scales the scores by 1, not by ``head_dim ** -0.5``); ``logits_scaling`` divides the logits."""
+    return {
+        "embedding_multiplier": float(get("embedding_multiplier")),
+        "residual_multiplier": float(get("residual_multiplier")),
+        "attention_multiplier": float(get("attention_multiplier")),
+        "logit_scale": float(get("logits_scaling")),
+    }
 
 
 def _hf_nope_layers(d: Mapping[str, Any], layers: int, where: str) -> tuple[int, ...]:
@@ -499,6 +536,27 @@ def _hf_nope_layers(d: Mapping[str, Any], layers: int, where: str) -> tuple[int,
     if len(flags) != layers or any(f not in (0, 1) for f in flags):
         raise UnsupportedError(f"{where}: no_rope_layers {list(flags)} is not supported (a 0 or 1 for each of the {layers} layers)")
     return tuple(i for i, f in enumerate(flags) if not f)
+
+
+def _gguf_granite(get: Callable[..., Any], need: Callable[[str], Any], arch: str, layers: int) -> dict[str, Any]:
+    """A granite file's multipliers, as llama.cpp reads them: ``{arch}.embedding_scale`` and
+    ``{arch}.residual_scale`` (absent or 0: none), ``{arch}.attention.scale`` (absent or 0:
+    ``head_dim ** -0.5``), ``{arch}.logit_scale`` (required: llama.cpp refuses a file without
+    it); ``{arch}.rope.scaling.finetuned`` false: no layer is rotated (llama.cpp's switch for
+    Granite, whose default is true)."""
+
+    def scale(key: str) -> float | None:
+        v = get(key)
+        return None if v is None or float(v) == 0.0 else _f32_value(v)
+
+    unrotated = get(f"{arch}.rope.scaling.finetuned") is False
+    return {
+        "embedding_multiplier": scale(f"{arch}.embedding_scale") or 1.0,
+        "residual_multiplier": scale(f"{arch}.residual_scale") or 1.0,
+        "attention_multiplier": scale(f"{arch}.attention.scale"),
+        "logit_scale": _f32_value(need(f"{arch}.logit_scale")),
+        "nope_layers": tuple(range(layers)) if unrotated else (),
+    }
 
 
 def _f32_value(v: Any) -> float:

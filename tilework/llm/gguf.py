@@ -8,7 +8,7 @@ dims fastest-first (``attn_k`` ``[576, 192]`` is 192 rows of 576).
 
 Names are mapped to the transformers Llama names (``blk.{i}.attn_q.weight`` ->
 ``model.layers.{i}.self_attn.q_proj.weight``, ...). llama.cpp's converter reorders the rows of
-``attn_q`` and ``attn_k`` (weights and biases) of ``llama`` and ``smollm3`` models for its rotary layout: within
+``attn_q`` and ``attn_k`` (weights and biases) of ``llama``, ``smollm3`` and ``granite`` models for its rotary layout: within
 each head, transformers pairs dim ``i`` with ``i + head_dim / 2`` (rotate-half), llama.cpp pairs
 ``2i`` with ``2i + 1``. :func:`gguf_tensors` undoes it by gathering whole rows, which copies the
 quantized bytes of those two tensors per layer and nothing else. ``qwen2`` and ``qwen3`` files
@@ -72,7 +72,7 @@ _PHI3_PER_LAYER = {**_PER_LAYER, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "ml
 _OLMO2_PER_LAYER = {k: v for k, v in _GEMMA_PER_LAYER.items() if k not in ("attn_norm", "ffn_norm")}
 _PER_LAYER_OF = {"gemma2": _GEMMA_PER_LAYER, "gemma3": _GEMMA_PER_LAYER, "phi3": _PHI3_PER_LAYER, "olmo2": _OLMO2_PER_LAYER}
 _NAME = re.compile(r"(?:blk\.(\d+)\.)?(\w+)\.(weight|bias)")
-PERMUTED = ("llama", "smollm3")  # architectures whose attn_q / attn_k rows llama.cpp's converter reorders (see the module docstring)
+PERMUTED = ("llama", "smollm3", "granite")  # architectures whose attn_q / attn_k rows llama.cpp's converter reorders (see the module docstring)
 FREQ_FACTORS_TENSOR = "rope_freqs.weight"  # per-frequency rotary divisors: part of the config (LlmConfig.from_gguf), not a weight
 CONFIG_TENSORS = (FREQ_FACTORS_TENSOR, "rope_factors_short.weight", "rope_factors_long.weight")  # read into the config (phi3's longrope: the other two)
 

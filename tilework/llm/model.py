@@ -43,11 +43,17 @@ projected queries and keys over all their heads before they are split into heads
 A partial rotation (the config's ``rope_dim``: Phi-4-mini's) is both ops' ``rope_dim``: the
 table holds its angles, the attention turns the first ``rope_dim`` dims of each query and key
 head and passes the others.
+A ``granite`` model multiplies the
+embedding by ``embedding_multiplier``, each sublayer's output by ``residual_multiplier`` before the
+residual add, the scores by ``attention_multiplier`` (``paged_attention``'s ``scale``), and divides
+the logits by ``logit_scale``: float32 constants, as transformers' float32 model computes them.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from tilework import op
 from tilework.errors import UnsupportedError
@@ -263,18 +269,22 @@ class Layer(Module):
             self.pre_feedforward_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
         if self.sandwich or self.post_only:
             self.post_feedforward_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
+        self.residual = float(np.float32(cfg.residual_multiplier))  # Granite: each sublayer's output times it
+
+    def _scaled(self, y: Tensor) -> Tensor:
+        return y if self.residual == 1.0 else y * self.residual
 
     def forward(self, x: Tensor, cache: "CacheInputs") -> Tensor:
         if self.post_only:
-            h = x + self.post_attention_layernorm(self.self_attn(x, cache))
-            olmo: Tensor = h + self.post_feedforward_layernorm(self.mlp(h))
+            h = x + self._scaled(self.post_attention_layernorm(self.self_attn(x, cache)))
+            olmo: Tensor = h + self._scaled(self.post_feedforward_layernorm(self.mlp(h)))
             return olmo
         if self.sandwich:
-            h = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cache))
-            gemma: Tensor = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+            h = x + self._scaled(self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cache)))
+            gemma: Tensor = h + self._scaled(self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h))))
             return gemma
-        h = x + self.self_attn(self.input_layernorm(x), cache)
-        out: Tensor = h + self.mlp(self.post_attention_layernorm(h))
+        h = x + self._scaled(self.self_attn(self.input_layernorm(x), cache))
+        out: Tensor = h + self._scaled(self.mlp(self.post_attention_layernorm(h)))
         return out
 
 
@@ -309,6 +319,8 @@ class LlamaDecoder(Module):
     def _logits(self, h: Tensor) -> Tensor:
         h = self.model.norm(h)
         out: Tensor = self.model.embed_tokens.head(h) if self.lm_head is None else self.lm_head(h)
+        if self.config.logit_scale != 1.0:  # Granite: the logits divided by it
+            out = out / float(np.float32(self.config.logit_scale))
         cap = self.config.final_softcap
         if cap is not None:  # Gemma 2: the logits soft-capped
             out = ops.tanh(out / cap) * cap
@@ -333,6 +345,8 @@ class LlamaDecoder(Module):
         h = self.model.embed_tokens(ids)
         if self.config.gemma:  # scaled by sqrt(hidden), a float32 constant
             h = h * embedding_scale(self.config.hidden)
+        if self.config.embedding_multiplier != 1.0:  # Granite's, a float32 constant
+            h = h * float(np.float32(self.config.embedding_multiplier))
         return h
 
     def prefill(self, tokens: Tensor, kv_len: Tensor, page_table: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
