@@ -200,6 +200,24 @@ def write_gguf_of(hf: Any, path: Path, fmt: str = "f32", meta: dict[str, Any] | 
     return path
 
 
+def llama_cpp_and_tilework(hf: Any, path: Path, seed: int, meta: dict[str, Any] | None = None, n: int = 40) -> tuple[np.ndarray, np.ndarray, Any, list[int]]:
+    """``hf``'s GGUF file (``write_gguf_of`` at ``path``, with ``meta``) scored over ``n`` random
+    tokens (``seed``) by llama.cpp (llama-cpp-python: the test is skipped without it, an optional
+    bench dependency) and by tilework (``fp32``): (tilework's log-probabilities, llama.cpp's, the
+    tilework LLM, the ids). The log-probabilities must differ enough across the vocabulary to
+    compare."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python (an optional bench dependency) reads the file")
+    from tests.llm.test_llama_cpp_q4_k_m import gguf_files, log_softmax
+
+    file = str(write_gguf_of(hf, path, meta=meta))
+    ids = [int(t) for t in np.random.default_rng(seed).integers(3, VOCAB, n)]
+    want = log_softmax(gguf_files().llama_cpp_scores(file, ids, threads=2))
+    llm = LLM(file, precision="fp32", max_batch=1, kv_tokens=128)
+    got = llm.score(ids)
+    assert (got.max(-1) - got.min(-1)).min() > 0.5
+    return got, want, llm, ids
+
+
 def log_probs(hf: Any, ids: list[int]) -> np.ndarray:
     with torch.no_grad():
         return torch.log_softmax(hf(torch.tensor([ids])).logits[0], -1).numpy()

@@ -20,9 +20,9 @@ transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
 from tilework.errors import TileworkError  # noqa: E402
-from tilework.llm import LLM, SamplingParams  # noqa: E402
+from tilework.llm import LLM  # noqa: E402
 from tilework.llm.config import LlmConfig  # noqa: E402
-from tests.llm.test_checkpoint import PROMPTS, VOCAB, greedy, log_probs, save, write_gguf_of  # noqa: E402
+from tests.llm.test_checkpoint import PROMPTS, assert_transformers_tokens, llama_cpp_and_tilework, log_probs, save, write_gguf_of  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -76,14 +76,9 @@ def test_a_granite_checkpoint_and_gguf_give_transformers_log_probabilities(tmp_p
     path = write_gguf_of(hf, tmp_path / "granite.gguf")
     from_file = LLM(str(path), precision="fp32", max_batch=2, kv_tokens=256)
     assert from_file.config == LlmConfig.from_dict({**llm.config.to_dict(), "bos_token_id": None, "eos_token_ids": [2]})
+    ref = assert_transformers_tokens(llm, hf, steps=8)
     for ids in PROMPTS:
-        ref = log_probs(hf, ids)
-        np.testing.assert_allclose(llm.score(ids), ref, rtol=0, atol=1e-4)
-        np.testing.assert_allclose(from_file.score(ids), ref, rtol=0, atol=1e-4)
-        want = greedy(hf, ids, 8)
-        want = want[: want.index(2)] if 2 in want else want
-        out = llm.generate(" ".join(f"w{t}" for t in ids), SamplingParams(temperature=0, max_tokens=8), chat=False)[0]
-        assert out.token_ids[: len(want)] == want
+        np.testing.assert_allclose(from_file.score(ids), log_probs(hf, ids), rtol=0, atol=1e-4)
     for name in MULTIPLIERS:
         other = save(tmp_path / name, "granite", tokenizer=False, **{**GRANITE, name: 1.0})
         assert np.abs(log_probs(other, PROMPTS[2]) - ref).max() > 0.05, name
@@ -95,18 +90,11 @@ def test_llama_cpp_scores_a_granite_file_as_tilework_does(tmp_path: Path) -> Non
     log-probabilities as tilework's, within 6e-5 measured, where the same weights without the
     multipliers are 8.2 from llama.cpp's; with ``rope.scaling.finetuned`` false (no layer
     rotated: llama.cpp's switch) within 6e-5 too, where the rotated model is 0.059 away."""
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python (an optional bench dependency) reads the file")
-    from tests.llm.test_llama_cpp_q4_k_m import gguf_files, log_softmax
-
     hf = save(tmp_path / "ckpt", "granite", tokenizer=False, **{**GRANITE, "num_hidden_layers": 4})
-    ids = [int(t) for t in np.random.default_rng(2).integers(3, VOCAB, 40)]
     plain = save(tmp_path / "plain", "granite", tokenizer=False, **{**GRANITE, **{k: 1.0 for k in MULTIPLIERS}, "num_hidden_layers": 4})
     rotated = None
     for name, meta in (("granite.gguf", {}), ("unrotated.gguf", {"granite.rope.scaling.finetuned": False})):
-        path = str(write_gguf_of(hf, tmp_path / name, meta=meta))
-        want = log_softmax(gguf_files().llama_cpp_scores(path, ids, threads=2))
-        llm = LLM(path, precision="fp32", max_batch=1, kv_tokens=128)
-        got = llm.score(ids)
+        got, want, llm, ids = llama_cpp_and_tilework(hf, tmp_path / name, seed=2, meta=meta)
         assert (got.max(-1) - got.min(-1)).min() > 1.0  # the log-probabilities differ enough to compare
         np.testing.assert_allclose(got, want, rtol=0, atol=3e-4)
         if rotated is None:

@@ -21,7 +21,7 @@ gguf = pytest.importorskip("gguf")
 
 from tilework.llm import LLM  # noqa: E402
 from tilework.llm.config import LlmConfig  # noqa: E402
-from tests.llm.test_checkpoint import PROMPTS, VOCAB, assert_transformers_tokens, log_probs, save, write_gguf_of  # noqa: E402
+from tests.llm.test_checkpoint import PROMPTS, assert_transformers_tokens, llama_cpp_and_tilework, log_probs, save, write_gguf_of  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -54,14 +54,7 @@ def test_llama_cpp_scores_an_olmo2_file_as_tilework_does(tmp_path: Path) -> None
     """llama.cpp (llama-cpp-python) on the GGUF file of a random OLMo 2 of 4 layers: 40 tokens'
     log-probabilities as tilework's, within 0.0019 measured (what transformers' differ from
     llama.cpp's by), where the same model with its q / k norms all ones is 1.05 away."""
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python (an optional bench dependency) reads the file")
-    from tests.llm.test_llama_cpp_q4_k_m import gguf_files, log_softmax
-
     hf = save(tmp_path / "ckpt", "olmo2", **{**OLMO, "num_hidden_layers": 4}, initializer_range=0.05)
-    path = str(write_gguf_of(hf, tmp_path / "olmo2.gguf"))
-    ids = [int(t) for t in np.random.default_rng(3).integers(3, VOCAB, 40)]
-    want = log_softmax(gguf_files().llama_cpp_scores(path, ids, threads=2))
-    got = LLM(path, precision="fp32", max_batch=1, kv_tokens=128).score(ids)
-    assert (got.max(-1) - got.min(-1)).min() > 0.5  # the log-probabilities differ enough to compare
+    got, want, _, ids = llama_cpp_and_tilework(hf, tmp_path / "olmo2.gguf", seed=3)
     np.testing.assert_allclose(got, log_probs(hf, ids), rtol=0, atol=1e-4)
     np.testing.assert_allclose(got, want, rtol=0, atol=6e-3)

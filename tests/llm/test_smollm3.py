@@ -20,7 +20,7 @@ gguf = pytest.importorskip("gguf")
 from tilework.errors import UnsupportedError  # noqa: E402
 from tilework.llm import LLM  # noqa: E402
 from tilework.llm.config import LlmConfig  # noqa: E402
-from tests.llm.test_checkpoint import PROMPTS, VOCAB, assert_transformers_tokens, log_probs, save, write_gguf_of  # noqa: E402
+from tests.llm.test_checkpoint import PROMPTS, assert_transformers_tokens, llama_cpp_and_tilework, log_probs, save, write_gguf_of  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -66,14 +66,7 @@ def test_llama_cpp_scores_a_smollm3_file_as_tilework_does(tmp_path: Path) -> Non
     """llama.cpp (llama-cpp-python) on the GGUF file of a random SmolLM3 of 8 layers (3 and 7
     unrotated): 40 tokens' log-probabilities as tilework's, within 6e-4 measured, where the same
     model with every layer rotated is 0.026 from llama.cpp's."""
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python (an optional bench dependency) reads the file")
-    from tests.llm.test_llama_cpp_q4_k_m import gguf_files, log_softmax
-
     hf = save(tmp_path / "ckpt", "smollm3", **{**SMOL, "num_hidden_layers": 8}, initializer_range=0.05)
-    path = str(write_gguf_of(hf, tmp_path / "smollm3.gguf"))
-    ids = [int(t) for t in np.random.default_rng(2).integers(3, VOCAB, 40)]
-    want = log_softmax(gguf_files().llama_cpp_scores(path, ids, threads=2))
-    got = LLM(path, precision="fp32", max_batch=1, kv_tokens=128).score(ids)
-    assert (got.max(-1) - got.min(-1)).min() > 0.5  # the log-probabilities differ enough to compare
+    got, want, _, ids = llama_cpp_and_tilework(hf, tmp_path / "smollm3.gguf", seed=2)
     np.testing.assert_allclose(got, log_probs(hf, ids), rtol=0, atol=1e-4)
     np.testing.assert_allclose(got, want, rtol=0, atol=3e-3)
