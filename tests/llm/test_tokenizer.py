@@ -302,6 +302,7 @@ def test_bad_metadata_is_refused(overrides: dict[str, Any], error: type[Exceptio
         ("smollm", ["I", "'", "M", "ĠĠ", "1", "2", "3", "4", "5", "Ġhi", "!", "ĊĊ", "Ġx"]),
         ("llama-bpe", ["I", "'M", "Ġ", "Ġ", "123", "45", "Ġhi", "!ĊĊ", "Ġx"]),
         ("qwen2", ["I", "'M", "Ġ", "Ġ", "1", "2", "3", "4", "5", "Ġhi", "!ĊĊ", "Ġx"]),
+        ("gpt-4o", ["I'M", "Ġ", "Ġ", "123", "45", "Ġhi", "!ĊĊ", "Ġx"]),
     ],
 )
 def test_pre_tokenizer_families(pre: str, pieces: list[str]) -> None:

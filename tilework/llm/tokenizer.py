@@ -84,6 +84,13 @@ _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# GPT-4o's (o200k: Phi-4-mini, Llama 4), as their tokenizer.json files write it: a word's capitals
+# and lower-case letters kept together with its contraction ("I'M" one piece)
+_GPT4O_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 # tokenizer.ggml.pre -> the family of split rules llama.cpp uses for it.
 _PRE_FAMILY: dict[str, str] = {
@@ -97,6 +104,7 @@ _PRE_FAMILY: dict[str, str] = {
         for name in ("llama3", "llama-v3", "llama-bpe", "falcon3", "dbrx", "smaug-bpe", "pixtral", "chatglm-bpe")
     },
     **{name: "qwen2" for name in ("qwen2", "deepseek-r1-qwen", "stablelm2", "megrez")},
+    **{name: "gpt4o" for name in ("gpt-4o", "llama4")},
 }
 PRE_TOKENIZER_NAMES: frozenset[str] = frozenset(_PRE_FAMILY)
 
@@ -121,7 +129,7 @@ def _pre_tokenizer(pre: str) -> Any:
         return byte_level_split
     if family == "digits+gpt2":
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level_split])
-    regex = _LLAMA3_SPLIT if family == "llama3" else _QWEN2_SPLIT
+    regex = {"llama3": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT, "gpt4o": _GPT4O_SPLIT}[family]
     return pre_tokenizers.Sequence(
         [
             pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
