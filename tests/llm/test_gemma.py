@@ -281,7 +281,7 @@ def test_gemma2_configs_read_as_transformers_reads_them() -> None:
 
     got = fields({"gemma2.attention.sliding_window": 4096, "gemma2.attn_logit_softcapping": 50.0, "gemma2.final_logit_softcapping": 30.0})
     assert got == fields({}) == {"sliding_window": 4096, "sliding_layers": tuple(range(0, 26, 2)), "rope_local_theta": None, "query_pre_attn_scalar": 256.0,
-                                 "attn_softcap": 50.0, "final_softcap": 30.0}  # fmt: skip
+                                 "attn_softcap": 50.0, "final_softcap": 30.0, "embedding_multiplier": 48.0}  # fmt: skip
     assert fields({}, layers=46, hidden=4608)["query_pre_attn_scalar"] == 4608 // 8
 
 

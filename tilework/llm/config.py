@@ -149,7 +149,8 @@ class LlmConfig:
     (SmolLM3's). ``rope_dim``: a partial rotation's rotated dims, the first of each query and key
     head (Phi-4-mini's 96 of 128: ``partial_rotary_factor``, GGUF ``rope.dimension_count``), the
     frequencies over them (:attr:`rotary_dims`); None (what a whole head's worth becomes): every
-    dim is turned. Granite's multipliers: ``embedding_multiplier`` (the token embedding times it),
+    dim is turned. ``embedding_multiplier``: the token embedding times it (Gemma's
+    ``sqrt(hidden)``, Granite's ``embedding_multiplier``). Granite's other multipliers:
     ``residual_multiplier`` (each sublayer's output times it before it is added to the residual),
     ``attention_multiplier`` (the scores' scale in place of ``head_dim ** -0.5``: see
     :attr:`attention_scale`) and ``logit_scale`` (the logits divided by it); each is applied as a

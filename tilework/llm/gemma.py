@@ -8,7 +8,8 @@ config's but its types).
 
 What sets Gemma apart from a Llama (``LlmConfig.gemma``; ``tilework.llm.model`` computes it):
 
-- the token embedding multiplied by ``sqrt(hidden)`` (a float32 constant);
+- the token embedding multiplied by ``sqrt(hidden)`` (a float32 constant: the config's
+  ``embedding_multiplier``, the one home of an embedding's scale, Granite's too);
 - four RMSNorms a layer: before and after the attention, before and after the MLP (each
   sublayer's output normalized before it is added to the residual); transformers multiplies by
   ``1 + w`` in float32, and llama.cpp's converter stores ``w + 1`` in the GGUF file, which
@@ -103,6 +104,7 @@ def gguf_fields(get: Callable[..., Any], arch: str, where: str, layers: int, hid
         "sliding_layers": sliding,
         "rope_local_theta": None if arch == "gemma2" else float(local) if local is not None else LOCAL_THETA,
         "query_pre_attn_scalar": float(scalar),
+        "embedding_multiplier": embedding_scale(hidden),
         "attn_softcap": softcaps[0],
         "final_softcap": softcaps[1],
     }
@@ -200,6 +202,7 @@ def hf_fields(d0: Mapping[str, Any], where: str, hf_rope: Callable[..., tuple[fl
         sliding_layers=sliding,
         rope_local_theta=None if gemma2 else float(local.get("rope_theta") or LOCAL_THETA),
         query_pre_attn_scalar=float(get("query_pre_attn_scalar")),
+        embedding_multiplier=embedding_scale(hidden),
         attn_softcap=caps[0],
         final_softcap=caps[1],
     )

@@ -30,7 +30,7 @@ output is the attention's input as it is (``MERGED``), and so are the MLP's gate
 projections, when their weights share a format.
 
 A ``gemma2`` or ``gemma3`` model (``LlmConfig.gemma``, ``tilework.llm.gemma``) scales the
-embedding by ``sqrt(hidden)``, normalizes each sublayer's output too (``post_attention_layernorm``
+embedding by ``sqrt(hidden)`` (its config's ``embedding_multiplier``), normalizes each sublayer's output too (``post_attention_layernorm``
 after the attention, ``pre_feedforward_layernorm`` / ``post_feedforward_layernorm`` around the
 MLP, whose activation is GELU's tanh form), scales the scores by ``query_pre_attn_scalar **
 -0.5``, and its sliding layers attend in their window (``paged_attention``'s ``window``);
@@ -60,7 +60,6 @@ from tilework.errors import UnsupportedError
 from tilework.ir import sym
 from tilework.ir.sym import SymVar
 from tilework.llm.config import ARCHITECTURES, LlmConfig
-from tilework.llm.gemma import embedding_scale
 from tilework.nn import ops, spec
 from tilework.nn.core import Parameter, Tensor, as_expr, emit
 from tilework.nn.module import Module, ModuleList
@@ -343,9 +342,7 @@ class LlamaDecoder(Module):
 
     def _embed(self, ids: Tensor) -> Tensor:
         h = self.model.embed_tokens(ids)
-        if self.config.gemma:  # scaled by sqrt(hidden), a float32 constant
-            h = h * embedding_scale(self.config.hidden)
-        if self.config.embedding_multiplier != 1.0:  # Granite's, a float32 constant
+        if self.config.embedding_multiplier != 1.0:  # Gemma's sqrt(hidden), Granite's multiplier: a float32 constant
             h = h * float(np.float32(self.config.embedding_multiplier))
         return h
 
