@@ -59,6 +59,7 @@ def save(path: Path, kind: str = "llama", dtype: str = "float32", tokenizer: boo
         "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
         "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM),
         "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM),
+        "exaone4": (transformers.Exaone4Config, transformers.Exaone4ForCausalLM),
         "granite": (transformers.GraniteConfig, transformers.GraniteForCausalLM),
     }[kind]
     model = model_cls(config_cls(**{**SMALL, **kw})).eval()
@@ -158,7 +159,7 @@ def write_gguf_of(hf: Any, path: Path, fmt: str = "f32", meta: dict[str, Any] | 
     format of its matrices; the token table too; ``blocks``: the stored rows of the named
     matrices instead), with a byte-level BPE vocabulary of ``VOCAB`` tokens (the ids are what is
     fed; the text is never read), the metadata llama.cpp's converter writes, and ``meta``
-    (strings, floats, ints, bools) after it; ``extra``: more tensors, under their GGUF names."""
+    (strings, floats, ints, bools, arrays) after it; ``extra``: more tensors, under their GGUF names."""
     c, arch = hf.config, hf.config.model_type
     hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     w = gguf.GGUFWriter(str(path), arch)
@@ -178,7 +179,7 @@ def write_gguf_of(hf: Any, path: Path, fmt: str = "f32", meta: dict[str, Any] | 
             if getattr(c, name):
                 w.add_float32(f"{arch}.{key}", float(getattr(c, name)))
     for key, value in (meta or {}).items():
-        {str: w.add_string, float: w.add_float32, int: w.add_uint32, bool: w.add_bool}[type(value)](key, value)
+        {str: w.add_string, float: w.add_float32, int: w.add_uint32, bool: w.add_bool, list: w.add_array}[type(value)](key, value)
     for name, value in hf.state_dict().items():
         if name == "lm_head.weight" and c.tie_word_embeddings:
             continue

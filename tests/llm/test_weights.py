@@ -229,8 +229,8 @@ _FORMAT_OF = {"embed_tokens": "q8_0", "q_proj.weight": "q8_0", "k_proj.weight": 
               "lm_head": "q5_1"}
 
 
-# OLMo 2's norms after its sublayers (gguf-py's tensor map)
-_GGUF_PART_OF = {"olmo2": {**_GGUF_PART, "post_attention_layernorm": "post_attention_norm", "post_feedforward_layernorm": "post_ffw_norm"}}
+# OLMo 2's and EXAONE 4's norms after their sublayers (gguf-py's tensor map)
+_GGUF_PART_OF = {arch: {**_GGUF_PART, "post_attention_layernorm": "post_attention_norm", "post_feedforward_layernorm": "post_ffw_norm"} for arch in ("olmo2", "exaone4")}
 
 
 def gguf_name(hf: str, arch: str = "llama") -> str:

@@ -10,7 +10,9 @@ soft caps, Gemma 3's second rotary base, and more: :mod:`tilework.llm.gemma` rea
 configs); ``smollm3`` (SmolLM3: llama whose every fourth layer, ``no_rope_layers``, attends
 without the rotary embedding); ``olmo2`` (OLMo 2: no norm before the sublayers, one after
 each, before the residual add, and an RMSNorm over all query heads together and one over all
-key heads, :attr:`LlmConfig.post_norm`); ``granite`` (IBM Granite 3.x: llama with four multipliers, of the
+key heads, :attr:`LlmConfig.post_norm`); ``exaone4`` (EXAONE 4.0: OLMo 2's layer with Qwen3's
+per-head q/k norms; with a sliding window, its global layers attend without the rotary
+embedding); ``granite`` (IBM Granite 3.x: llama with four multipliers, of the
 embedding, of each sublayer's output, of the attention's scores, and a divisor of the logits);
 ``phi3`` (Phi-3, Phi-3.5, Phi-4-mini: llama whose q, k,
 v projections are one matrix in the file, and the MLP's gate and up another, split on loading;
@@ -56,7 +58,7 @@ if TYPE_CHECKING:
 
     from tilework.llm.gguf import GGUFFile
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "olmo2", "granite")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "olmo2", "granite", "exaone4")
 NOPE_INTERVAL = 4  # SmolLM3: every fourth layer is not rotated (transformers' no_rope_layer_interval default; llama.cpp's fixed step)
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "freq_factors")
 HF_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "dynamic")  # the names a transformers config uses
@@ -254,19 +256,24 @@ class LlmConfig:
 
     @property
     def post_norm(self) -> bool:
-        """OLMo 2's layer: each sublayer's input as it is (no ``input_layernorm``), its output
-        normalized (``post_attention_layernorm``, ``post_feedforward_layernorm``) before the
-        residual add; ``q_norm`` / ``k_norm`` over the whole projected queries and keys (``heads *
-        head_dim`` and ``kv_heads * head_dim`` weights), not each head."""
+        """OLMo 2's and EXAONE 4's layer: each sublayer's input as it is (no
+        ``input_layernorm``), its output normalized (``post_attention_layernorm``,
+        ``post_feedforward_layernorm``) before the residual add."""
+        return self.architecture in ("olmo2", "exaone4")
+
+    @property
+    def whole_qk_norm(self) -> bool:
+        """OLMo 2's ``q_norm`` / ``k_norm``: over the whole projected queries and keys (``heads *
+        head_dim`` and ``kv_heads * head_dim`` weights), before they are split into heads."""
         return self.architecture == "olmo2"
 
     @property
     def qk_norm(self) -> bool:
         """Each query and key head goes through an RMSNorm of its own weights (``head_dim`` of
         them, ``self_attn.q_norm`` / ``self_attn.k_norm``, eps ``rms_eps``) before the rotary
-        embedding: Qwen3's and Gemma 3's attention (OLMo 2's over all heads together:
-        :attr:`post_norm`)."""
-        return self.architecture in ("qwen3", "gemma3", "olmo2")
+        embedding: Qwen3's, Gemma 3's and EXAONE 4's attention (OLMo 2's over all heads together:
+        :attr:`whole_qk_norm`)."""
+        return self.architecture in ("qwen3", "gemma3", "olmo2", "exaone4")
 
     @property
     def rotary_dims(self) -> int:
@@ -409,6 +416,8 @@ class LlmConfig:
             extra = {"nope_layers": tuple(i for i in range(layers) if (i + 1) % NOPE_INTERVAL == 0)}
         if arch == "granite":
             extra = _gguf_granite(get, need, arch, layers)
+        if arch == "exaone4":
+            extra = _gguf_exaone4(get, arch, where, layers)
         # phi3: {arch}.attention.sliding_window is not applied: llama.cpp attends to every earlier
         # token in phi3 files (transformers, from a checkpoint, does apply Phi-3's window)
         long_scaling = _gguf_longrope(gf, longrope, get, arch, where, rope_dim, context) if longrope[0] is not None else None
@@ -442,7 +451,7 @@ class LlmConfig:
         """The config of a transformers checkpoint: a ``config.json`` dict, its path, or the
         checkpoint directory. Missing optional keys take the transformers class defaults.
 
-        ``model_type`` ``llama``, ``qwen2``, ``qwen3``, ``smollm3``, ``olmo2``, ``granite``, ``phi3`` (longrope also under
+        ``model_type`` ``llama``, ``qwen2``, ``qwen3``, ``smollm3``, ``olmo2``, ``exaone4``, ``granite``, ``phi3`` (longrope also under
         its early name ``su``) or ``mistral`` (llama with a sliding window: it reads as ``llama``);
         ``gemma2``, ``gemma3_text`` and ``gemma3`` (its text part) are read by
         :func:`tilework.llm.gemma.hf_fields`. The layers that attend in a sliding window
@@ -465,11 +474,15 @@ class LlmConfig:
             qkv_bias, out_bias = True, False
         elif model_type == "phi3":  # no biases (its projections are fused in the file: weights.split_fused)
             qkv_bias = out_bias = False
-        else:  # llama, mistral, qwen3, smollm3, olmo2, granite: q, k, v and o alike
+        else:  # llama, mistral, qwen3, smollm3, olmo2, exaone4, granite: q, k, v and o alike
             qkv_bias = out_bias = bool(d.get("attention_bias", False))
         hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
         context = int(get("max_position_embeddings"))
-        sliding = _hf_sliding_window(d, model_type, int(need("num_hidden_layers")), context, where)
+        if model_type == "exaone4":
+            sliding, nope = _hf_exaone4_layers(d, int(need("num_hidden_layers")), context, where)
+        else:
+            sliding = _hf_sliding_window(d, model_type, int(need("num_hidden_layers")), context, where)
+            nope = _hf_nope_layers(d, int(need("num_hidden_layers")), where) if model_type == "smollm3" else ()
         theta, scaling = _hf_rope(d, get, where, partial=model_type == "phi3")
         head_dim = int(d.get("head_dim", defaults.get("head_dim")) or hidden // heads)  # absent: the class default (Qwen3's 128)
         eos = d.get("eos_token_id")
@@ -493,7 +506,7 @@ class LlmConfig:
             rope_scaling=scaling,
             bos_token_id=None if d.get("bos_token_id") is None else int(d["bos_token_id"]),
             eos_token_ids=eos_ids,
-            nope_layers=_hf_nope_layers(d, int(need("num_hidden_layers")), where) if model_type == "smollm3" else (),
+            nope_layers=nope,
             rope_dim=_hf_rope_dim(d, head_dim, where) if model_type == "phi3" else None,
             **sliding,
             **(_hf_granite(get) if model_type == "granite" else {}),
@@ -510,6 +523,7 @@ _HF_DEFAULTS: dict[str, dict[str, Any]] = {
     "phi3": {"hidden_act": "silu", "rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "tie_word_embeddings": False, "rope_theta": 10000.0},
     "smollm3": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": True, "rope_theta": 2000000.0},
     "olmo2": {"hidden_act": "silu", "rms_norm_eps": 1e-5, "max_position_embeddings": 2048, "tie_word_embeddings": False, "rope_theta": 10000.0},
+    "exaone4": {"hidden_act": "silu", "rms_norm_eps": 1e-5, "max_position_embeddings": 2048, "tie_word_embeddings": False, "rope_theta": 10000.0, "sliding_window": 4096},
     "granite": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "tie_word_embeddings": False, "rope_theta": 10000.0,
                 "embedding_multiplier": 1.0, "residual_multiplier": 1.0, "attention_multiplier": 1.0, "logits_scaling": 1.0},
 }
@@ -688,6 +702,56 @@ def _hf_sliding_window(d: Mapping[str, Any], model_type: str, layers: int, conte
     if window is None or not sliding or int(window) >= context:
         return {}
     return {"sliding_window": int(window), "sliding_layers": sliding}
+
+
+def _exaone4_pattern(pattern: Any, layers: int, where: str) -> tuple[int, ...]:
+    """The sliding layers of EXAONE 4's ``sliding_window_pattern``: an int ``n`` (every ``n``-th
+    layer global), a string of ``L`` (local) and ``G`` (global) repeated over the layers, or one
+    flag a layer (a GGUF file's array)."""
+    if isinstance(pattern, bool) or pattern is None:
+        raise UnsupportedError(f"{where}: sliding_window_pattern {pattern!r} is not supported")
+    if isinstance(pattern, int):
+        return tuple(i for i in range(layers) if pattern > 0 and (i + 1) % pattern)
+    if isinstance(pattern, str) and pattern and set(pattern) <= {"L", "G"}:
+        return tuple(i for i in range(layers) if pattern[i % len(pattern)] == "L")
+    if isinstance(pattern, (list, tuple)) and len(pattern) == layers:
+        return tuple(i for i, flag in enumerate(pattern) if flag)
+    raise UnsupportedError(f"{where}: sliding_window_pattern {pattern!r} is not supported (an int, a string of L and G, or a flag for each of the {layers} layers)")
+
+
+def _hf_exaone4_layers(d: Mapping[str, Any], layers: int, context: int, where: str) -> tuple[dict[str, Any], tuple[int, ...]]:
+    """EXAONE 4's sliding-window fields and its layers without rotation, as Exaone4Config and its
+    attention decide them: with a ``sliding_window`` (absent: 4096) the ``sliding_attention``
+    layers (``layer_types``, else ``sliding_window_pattern``: 4) attend in it and the others are
+    global and not rotated; with ``sliding_window`` null every layer is global and rotated. The
+    window's fields are left out where it is no shorter than the context (it cuts nothing); the
+    global layers stay unrotated."""
+    window = d["sliding_window"] if "sliding_window" in d else _HF_DEFAULTS["exaone4"]["sliding_window"]
+    if window is None:
+        return {}, ()
+    types = d.get("layer_types")
+    if types is None:
+        sliding = _exaone4_pattern(d.get("sliding_window_pattern", 4), layers, where)
+    else:
+        unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
+        if unknown or len(types) != layers:
+            raise UnsupportedError(f"{where}: layer_types {list(types)} are not supported (one of full_attention, sliding_attention a layer)")
+        sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+    nope = tuple(i for i in range(layers) if i not in sliding)
+    fields = {"sliding_window": int(window), "sliding_layers": sliding} if sliding and int(window) < context else {}
+    return fields, nope
+
+
+def _gguf_exaone4(get: Callable[..., Any], arch: str, where: str, layers: int) -> dict[str, Any]:
+    """An exaone4 file's sliding layers and unrotated layers, as llama.cpp reads them: a window
+    ``{arch}.attention.sliding_window`` makes the layers ``{arch}.attention.sliding_window_pattern``
+    flags sliding (rotated) and the others global without rotation; no window: every layer
+    global and rotated."""
+    window = int(get(f"{arch}.attention.sliding_window") or 0)
+    if not window:
+        return {}
+    sliding = _exaone4_pattern(get(f"{arch}.attention.sliding_window_pattern", 4), layers, where)
+    return {"sliding_window": window, "sliding_layers": sliding, "nope_layers": tuple(i for i in range(layers) if i not in sliding)}
 
 
 def _hf_rope_params(d: Mapping[str, Any], where: str) -> Mapping[str, Any]:

@@ -68,9 +68,9 @@ _GEMMA_PER_LAYER = {
 }
 # Phi-3: the q, k, v projections one tensor, the MLP's gate and up another (weights.split_fused parts them)
 _PHI3_PER_LAYER = {**_PER_LAYER, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
-# OLMo 2: the two norms after the sublayers only (no attn_norm, no ffn_norm)
+# OLMo 2, EXAONE 4: the two norms after the sublayers only (no attn_norm, no ffn_norm)
 _OLMO2_PER_LAYER = {k: v for k, v in _GEMMA_PER_LAYER.items() if k not in ("attn_norm", "ffn_norm")}
-_PER_LAYER_OF = {"gemma2": _GEMMA_PER_LAYER, "gemma3": _GEMMA_PER_LAYER, "phi3": _PHI3_PER_LAYER, "olmo2": _OLMO2_PER_LAYER}
+_PER_LAYER_OF = {"gemma2": _GEMMA_PER_LAYER, "gemma3": _GEMMA_PER_LAYER, "phi3": _PHI3_PER_LAYER, "olmo2": _OLMO2_PER_LAYER, "exaone4": _OLMO2_PER_LAYER}
 _NAME = re.compile(r"(?:blk\.(\d+)\.)?(\w+)\.(weight|bias)")
 PERMUTED = ("llama", "smollm3", "granite")  # architectures whose attn_q / attn_k rows llama.cpp's converter reorders (see the module docstring)
 FREQ_FACTORS_TENSOR = "rope_freqs.weight"  # per-frequency rotary divisors: part of the config (LlmConfig.from_gguf), not a weight

@@ -37,9 +37,11 @@ MLP, whose activation is GELU's tanh form), scales the scores by ``query_pre_att
 Gemma 3's are turned by a second rotary table of their own base (``paged_rotary`` unscaled: two
 tables a step); Gemma 2 soft-caps the attention's scores (``paged_attention``'s ``softcap``) and
 the logits (``c * tanh(logits / c)``). A ``smollm3`` model's ``nope_layers`` attend without the
-rotary embedding (``paged_attention`` with no ``rope_theta``). An ``olmo2`` layer
-(``LlmConfig.post_norm``) normalizes each sublayer's output, not its input, and normalizes the
-projected queries and keys over all their heads before they are split into heads.
+rotary embedding (``paged_attention`` with no ``rope_theta``), as do an ``exaone4`` model's
+global layers where it has sliding ones. An ``olmo2`` or ``exaone4`` layer
+(``LlmConfig.post_norm``) normalizes each sublayer's output, not its input; OLMo 2 normalizes the
+projected queries and keys over all their heads before they are split into heads
+(``whole_qk_norm``), EXAONE 4 each head (as Qwen3).
 A partial rotation (the config's ``rope_dim``: Phi-4-mini's) is both ops' ``rope_dim``: the
 table holds its angles, the attention turns the first ``rope_dim`` dims of each query and key
 head and passes the others.
@@ -194,8 +196,8 @@ class Attention(Module):
             self.v_proj = proj("v_proj", h, self.kv_size, bias)
         self.o_proj = proj("o_proj", cfg.heads * hd, h, cfg.attention_out_bias)
         if cfg.qk_norm:  # Qwen3, Gemma 3: each query and key head normalized before it is rotated (OLMo 2: all heads together)
-            self.q_norm = RMSNorm(self.q_size if cfg.post_norm else hd, cfg.rms_eps)
-            self.k_norm = RMSNorm(self.kv_size if cfg.post_norm else hd, cfg.rms_eps)
+            self.q_norm = RMSNorm(self.q_size if cfg.whole_qk_norm else hd, cfg.rms_eps)
+            self.k_norm = RMSNorm(self.kv_size if cfg.whole_qk_norm else hd, cfg.rms_eps)
 
     def forward(self, x: Tensor, cache: "CacheInputs") -> Tensor:
         cfg = self.cfg
@@ -205,11 +207,11 @@ class Attention(Module):
             flat = self.qkv_proj(x)
         else:
             flat = ops.concat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], axis=2)
-        if cfg.post_norm:  # OLMo 2: the queries' and the keys' norms over all their heads
+        if cfg.whole_qk_norm:  # OLMo 2: the queries' and the keys' norms over all their heads
             q, k, v = flat[:, :, : self.q_size], flat[:, :, self.q_size : self.q_size + self.kv_size], flat[:, :, self.q_size + self.kv_size :]
             flat = ops.concat([self.q_norm(q), self.k_norm(k), v], axis=2)
         qkv = flat.reshape(batch, seq, heads, cfg.head_dim)
-        if cfg.qk_norm and not cfg.post_norm:
+        if cfg.qk_norm and not cfg.whole_qk_norm:
             q, k, v = qkv[:, :, : cfg.heads], qkv[:, :, cfg.heads : cfg.heads + cfg.kv_heads], qkv[:, :, cfg.heads + cfg.kv_heads :]
             qkv = ops.concat([self.q_norm(q), self.k_norm(k), v], axis=2)
         # the rotary embedding of q and k happens inside the attention kernel (at kv_len + t,
@@ -259,7 +261,7 @@ class Layer(Module):
         # attribute (so parameter) order as in Hugging Face's decoder layers
         self.self_attn = Attention(cfg, prefix, formats, i)
         self.mlp = MLP(cfg, prefix, formats)
-        self.post_only = cfg.post_norm  # OLMo 2: each sublayer's output normalized, its input not
+        self.post_only = cfg.post_norm  # OLMo 2, EXAONE 4: each sublayer's output normalized, its input not
         if not self.post_only:
             self.input_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)

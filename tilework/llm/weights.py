@@ -111,8 +111,8 @@ def expected_shapes(config: LlmConfig) -> dict[str, tuple[int, ...]]:
         if c.attention_out_bias:
             out[p + "self_attn.o_proj.bias"] = (c.hidden,)
         if c.qk_norm:  # each head's (OLMo 2: all heads' together)
-            out[p + "self_attn.q_norm.weight"] = (q,) if c.post_norm else (c.head_dim,)
-            out[p + "self_attn.k_norm.weight"] = (kv,) if c.post_norm else (c.head_dim,)
+            out[p + "self_attn.q_norm.weight"] = (q,) if c.whole_qk_norm else (c.head_dim,)
+            out[p + "self_attn.k_norm.weight"] = (kv,) if c.whole_qk_norm else (c.head_dim,)
         out[p + "post_attention_layernorm.weight"] = (c.hidden,)
         if c.gemma:
             out[p + "pre_feedforward_layernorm.weight"] = (c.hidden,)
