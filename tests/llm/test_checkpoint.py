@@ -60,6 +60,7 @@ def save(path: Path, kind: str = "llama", dtype: str = "float32", tokenizer: boo
         "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM),
         "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM),
         "exaone4": (transformers.Exaone4Config, transformers.Exaone4ForCausalLM),
+        "ernie4_5": (transformers.Ernie4_5Config, transformers.Ernie4_5ForCausalLM),
         "granite": (transformers.GraniteConfig, transformers.GraniteForCausalLM),
     }[kind]
     model = model_cls(config_cls(**{**SMALL, **kw})).eval()

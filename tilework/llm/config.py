@@ -12,7 +12,10 @@ without the rotary embedding); ``olmo2`` (OLMo 2: no norm before the sublayers, 
 each, before the residual add, and an RMSNorm over all query heads together and one over all
 key heads, :attr:`LlmConfig.post_norm`); ``exaone4`` (EXAONE 4.0: OLMo 2's layer with Qwen3's
 per-head q/k norms; with a sliding window, its global layers attend without the rotary
-embedding); ``granite`` (IBM Granite 3.x: llama with four multipliers, of the
+embedding); ``ernie4_5`` (ERNIE 4.5: llama whose rotary embedding pairs dims ``2i, 2i + 1`` of a
+head, in its checkpoints and GGUF files alike: the loaders reorder its q / k rows to the
+"rotate half" order, ``tilework.llm.gguf.INTERLEAVED``; ``use_bias``: every projection's bias);
+``granite`` (IBM Granite 3.x: llama with four multipliers, of the
 embedding, of each sublayer's output, of the attention's scores, and a divisor of the logits);
 ``phi3`` (Phi-3, Phi-3.5, Phi-4-mini: llama whose q, k,
 v projections are one matrix in the file, and the MLP's gate and up another, split on loading;
@@ -58,7 +61,7 @@ if TYPE_CHECKING:
 
     from tilework.llm.gguf import GGUFFile
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "olmo2", "granite", "exaone4")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "olmo2", "granite", "exaone4", "ernie4_5")
 NOPE_INTERVAL = 4  # SmolLM3: every fourth layer is not rotated (transformers' no_rope_layer_interval default; llama.cpp's fixed step)
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "freq_factors")
 HF_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "dynamic")  # the names a transformers config uses
@@ -451,7 +454,7 @@ class LlmConfig:
         """The config of a transformers checkpoint: a ``config.json`` dict, its path, or the
         checkpoint directory. Missing optional keys take the transformers class defaults.
 
-        ``model_type`` ``llama``, ``qwen2``, ``qwen3``, ``smollm3``, ``olmo2``, ``exaone4``, ``granite``, ``phi3`` (longrope also under
+        ``model_type`` ``llama``, ``qwen2``, ``qwen3``, ``smollm3``, ``olmo2``, ``exaone4``, ``ernie4_5``, ``granite``, ``phi3`` (longrope also under
         its early name ``su``) or ``mistral`` (llama with a sliding window: it reads as ``llama``);
         ``gemma2``, ``gemma3_text`` and ``gemma3`` (its text part) are read by
         :func:`tilework.llm.gemma.hf_fields`. The layers that attend in a sliding window
@@ -474,6 +477,8 @@ class LlmConfig:
             qkv_bias, out_bias = True, False
         elif model_type == "phi3":  # no biases (its projections are fused in the file: weights.split_fused)
             qkv_bias = out_bias = False
+        elif model_type == "ernie4_5":  # use_bias: every projection's, the MLP's too
+            qkv_bias = out_bias = bool(d.get("use_bias", False))
         else:  # llama, mistral, qwen3, smollm3, olmo2, exaone4, granite: q, k, v and o alike
             qkv_bias = out_bias = bool(d.get("attention_bias", False))
         hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
@@ -502,7 +507,7 @@ class LlmConfig:
             tie_word_embeddings=bool(get("tie_word_embeddings")),
             attention_bias=qkv_bias,
             attention_out_bias=out_bias,
-            mlp_bias=model_type in ("llama", "smollm3", "granite") and bool(d.get("mlp_bias", False)),  # (Mistral, Qwen2 and Qwen3 have none)
+            mlp_bias=model_type in ("llama", "smollm3", "granite") and bool(d.get("mlp_bias", False)) or model_type == "ernie4_5" and bool(d.get("use_bias", False)),  # (Mistral, Qwen2 and Qwen3 have none)
             rope_scaling=scaling,
             bos_token_id=None if d.get("bos_token_id") is None else int(d["bos_token_id"]),
             eos_token_ids=eos_ids,
@@ -523,6 +528,7 @@ _HF_DEFAULTS: dict[str, dict[str, Any]] = {
     "phi3": {"hidden_act": "silu", "rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "tie_word_embeddings": False, "rope_theta": 10000.0},
     "smollm3": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": True, "rope_theta": 2000000.0},
     "olmo2": {"hidden_act": "silu", "rms_norm_eps": 1e-5, "max_position_embeddings": 2048, "tie_word_embeddings": False, "rope_theta": 10000.0},
+    "ernie4_5": {"hidden_act": "silu", "rms_norm_eps": 1e-5, "max_position_embeddings": 131072, "tie_word_embeddings": True, "rope_theta": 500000.0, "head_dim": 128},
     "exaone4": {"hidden_act": "silu", "rms_norm_eps": 1e-5, "max_position_embeddings": 2048, "tie_word_embeddings": False, "rope_theta": 10000.0, "sliding_window": 4096},
     "granite": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "tie_word_embeddings": False, "rope_theta": 10000.0,
                 "embedding_multiplier": 1.0, "residual_multiplier": 1.0, "attention_multiplier": 1.0, "logits_scaling": 1.0},

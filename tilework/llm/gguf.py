@@ -15,7 +15,11 @@ quantized bytes of those two tensors per layer and nothing else. ``qwen2`` and `
 keep the transformers order (llama.cpp rotates them rotate-half, as transformers does), so
 ``qwen3``'s per-head ``attn_q_norm`` / ``attn_k_norm`` weights are in transformers' order too;
 so do ``gemma2`` and ``gemma3`` files, whose norm weights are the multipliers ``1 + w`` (llama.cpp's converter
-adds the 1 transformers' Gemma norms add), as tilework's Gemma norms take them.
+adds the 1 transformers' Gemma norms add), as tilework's Gemma norms take them. ``ernie4_5``
+pairs ``2i`` with ``2i + 1`` in transformers itself, and its files keep that order: its rows are
+gathered the same way, into the rotate-half order tilework's rotary embedding takes (a
+transformers ERNIE checkpoint's rows too: ``tilework.llm.weights``), the same pairs turned by
+the same angles.
 """
 
 from __future__ import annotations
@@ -73,6 +77,9 @@ _OLMO2_PER_LAYER = {k: v for k, v in _GEMMA_PER_LAYER.items() if k not in ("attn
 _PER_LAYER_OF = {"gemma2": _GEMMA_PER_LAYER, "gemma3": _GEMMA_PER_LAYER, "phi3": _PHI3_PER_LAYER, "olmo2": _OLMO2_PER_LAYER, "exaone4": _OLMO2_PER_LAYER}
 _NAME = re.compile(r"(?:blk\.(\d+)\.)?(\w+)\.(weight|bias)")
 PERMUTED = ("llama", "smollm3", "granite")  # architectures whose attn_q / attn_k rows llama.cpp's converter reorders (see the module docstring)
+# architectures whose rotary embedding pairs dims 2i, 2i + 1 of a head in transformers too (their
+# checkpoints' and GGUF files' q / k rows alike): reordered on loading as llama's GGUF rows are
+INTERLEAVED = ("ernie4_5",)
 FREQ_FACTORS_TENSOR = "rope_freqs.weight"  # per-frequency rotary divisors: part of the config (LlmConfig.from_gguf), not a weight
 CONFIG_TENSORS = (FREQ_FACTORS_TENSOR, "rope_factors_short.weight", "rope_factors_long.weight")  # read into the config (phi3's longrope: the other two)
 
@@ -314,7 +321,7 @@ def gguf_tensors(source: "str | os.PathLike[str] | GGUFFile | GGUFReader", confi
             raise UnsupportedError(f"{gf.path}: tensor {gguf_name} has no counterpart in a {config.architecture} model")
         part = _NAME.fullmatch(gguf_name).group(2)  # type: ignore[union-attr]  # it has a name, so it matched
         heads = {"attn_q": config.heads, "attn_k": config.kv_heads}.get(part)
-        if config.architecture in PERMUTED and heads is not None:
+        if config.architecture in PERMUTED + INTERLEAVED and heads is not None:
             if t.shape[0] != heads * config.head_dim:
                 raise ShapeError(f"{gf.path}: tensor {gguf_name} has {t.shape[0]} rows, expected {heads} heads x {config.head_dim}")
             t = t.gather_rows(rope_row_order(heads, config.head_dim))

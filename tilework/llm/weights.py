@@ -29,7 +29,7 @@ import numpy as np
 
 from tilework.errors import FileFormatError, ParameterError, ShapeError, TileworkError, UnsupportedError
 from tilework.llm.config import LlmConfig
-from tilework.llm.gguf import GGUF_MAGIC, gguf_tensors, read_gguf
+from tilework.llm.gguf import GGUF_MAGIC, INTERLEAVED, gguf_tensors, read_gguf, rope_row_order
 from tilework.llm.quant import QuantTensor, block_format
 
 _SAFETENSORS_FORMATS = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
@@ -54,6 +54,8 @@ def load_weights(path: "str | os.PathLike[str]", gguf_file: Any = None) -> tuple
     tensors = {n: t for n, t in tensors.items() if not n.endswith(_IGNORED_SUFFIXES)}
     if config.gemma:
         tensors = gemma_norm_multipliers(_gemma_text_tensors(tensors))
+    if config.architecture in INTERLEAVED:
+        tensors = _rotate_half_rows(config, tensors)
     tensors = split_fused(config, tensors)
     if config.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)  # the embedding itself; some checkpoints store it twice
@@ -128,6 +130,20 @@ def expected_shapes(config: LlmConfig) -> dict[str, tuple[int, ...]]:
     out["model.norm.weight"] = (c.hidden,)
     if not c.tie_word_embeddings:
         out["lm_head.weight"] = (c.vocab, c.hidden)
+    return out
+
+
+def _rotate_half_rows(config: LlmConfig, tensors: dict[str, QuantTensor]) -> dict[str, QuantTensor]:
+    """A checkpoint whose rotary embedding pairs dims ``2i, 2i + 1`` of a head (ERNIE 4.5) with its
+    q / k rows (weights and biases) gathered into the rotate-half order the decoder's rotary
+    embedding takes: the same pairs turned by the same angles (``tilework.llm.gguf.INTERLEAVED``)."""
+    out = dict(tensors)
+    for name, t in tensors.items():
+        heads = config.heads if ".self_attn.q_proj." in name else config.kv_heads if ".self_attn.k_proj." in name else None
+        if heads is not None:
+            if t.shape[0] != heads * config.head_dim:
+                raise ShapeError(f"tensor {name} has {t.shape[0]} rows, expected {heads} heads x {config.head_dim}")
+            out[name] = t.gather_rows(rope_row_order(heads, config.head_dim))
     return out
 
 
