@@ -195,6 +195,18 @@ def write_gguf_of(hf: Any, path: Path, fmt: str = "f32", meta: dict[str, Any] | 
         w.add_tensor(gguf_name(name, arch), np.ascontiguousarray(t.data), raw_dtype=ggml(t.fmt))
     for name, value in (extra or {}).items():
         w.add_tensor(name, value)
+    return close_gguf(w, path)
+
+
+def add_tensor(w: Any, gguf_name: str, data: np.ndarray, fmt: str, name: str = "") -> None:
+    """``data`` (float32 values) into GGUF writer ``w`` under ``gguf_name``: a matrix in ``fmt``, the
+    rest in f32."""
+    t = quantize(np.ascontiguousarray(data, np.float32), fmt if data.ndim == 2 else "f32", name or gguf_name)
+    w.add_tensor(gguf_name, np.ascontiguousarray(t.data), raw_dtype=ggml(t.fmt))
+
+
+def close_gguf(w: Any, path: Path) -> Path:
+    """Writes GGUF writer ``w``'s header, metadata and tensors, closes it; returns ``path``."""
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -26,9 +26,8 @@ from tilework.errors import UnsupportedError  # noqa: E402
 from tilework.llm import LLM  # noqa: E402
 from tilework.llm.config import LlmConfig  # noqa: E402
 from tilework.llm.quant import quantize  # noqa: E402
-from tests.llm.test_checkpoint import VOCAB, assert_transformers_tokens, log_probs, word_tokenizer  # noqa: E402
+from tests.llm.test_checkpoint import VOCAB, add_tensor, assert_transformers_tokens, close_gguf, log_probs, word_tokenizer  # noqa: E402
 from tests.llm.test_decoder import Runner, _hf_incremental  # noqa: E402
-from tests.llm.test_weights import ggml  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -116,13 +115,8 @@ def gemma_gguf(hf: Any, path: Path, fmt: str = "f32", vocab: list[str] | None = 
         else:
             _, _, layer, rest = name.split(".", 3)
             gname = f"blk.{layer}.{_PART[rest.removesuffix('.weight')]}.weight"
-        t = quantize(np.ascontiguousarray(data, np.float32), fmt if data.ndim == 2 else "f32", name)
-        w.add_tensor(gname, np.ascontiguousarray(t.data), raw_dtype=ggml(t.fmt))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+        add_tensor(w, gname, data, fmt, name)
+    return close_gguf(w, path)
 
 
 def test_configs_read_as_transformers_reads_them() -> None:

@@ -20,10 +20,8 @@ pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
 from tilework.llm import LLM, SamplingParams  # noqa: E402
-from tilework.llm.quant import quantize  # noqa: E402
-from tests.llm.test_checkpoint import VOCAB, greedy, log_probs, save  # noqa: E402
+from tests.llm.test_checkpoint import VOCAB, add_tensor, close_gguf, greedy, log_probs, save  # noqa: E402
 from tests.llm.test_decoder import _hf_incremental  # noqa: E402
-from tests.llm.test_weights import ggml  # noqa: E402
 
 PHI3 = dict(pad_token_id=0)  # Phi3Config's default (32000) is outside the small vocabulary
 WINDOW = dict(PHI3, sliding_window=6)  # shorter than the 20-token prompts: the window is what is checked
@@ -72,13 +70,8 @@ def phi3_gguf(hf: Any, path: Path, fmt: str = "f32") -> Path:
             out = f"blk.{layer}.{names[part.removesuffix('.weight')]}.weight"
         else:
             out = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}[name]
-        t = quantize(np.ascontiguousarray(data), fmt if data.ndim == 2 else "f32", name)
-        w.add_tensor(out, np.ascontiguousarray(t.data), raw_dtype=ggml(t.fmt))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+        add_tensor(w, out, data, fmt, name)
+    return close_gguf(w, path)
 
 
 @pytest.mark.parametrize("rope", ["window", "longrope"])
