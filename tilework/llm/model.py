@@ -30,10 +30,11 @@ output is the attention's input as it is (``MERGED``), and so are the MLP's gate
 projections, when their weights share a format.
 
 A ``gemma2`` or ``gemma3`` model (``LlmConfig.gemma``, ``tilework.llm.gemma``) scales the
-embedding by ``sqrt(hidden)`` (its config's ``embedding_multiplier``), normalizes each sublayer's output too (``post_attention_layernorm``
-after the attention, ``pre_feedforward_layernorm`` / ``post_feedforward_layernorm`` around the
-MLP, whose activation is GELU's tanh form), scales the scores by ``query_pre_attn_scalar **
--0.5``, and its sliding layers attend in their window (``paged_attention``'s ``window``);
+embedding by ``sqrt(hidden)`` (its config's ``embedding_multiplier``), normalizes each
+sublayer's output too (``post_attention_layernorm`` after the attention,
+``pre_feedforward_layernorm`` / ``post_feedforward_layernorm`` around the MLP, whose activation
+is GELU's tanh form), scales the scores by ``query_pre_attn_scalar ** -0.5``, and its sliding
+layers attend in their window (``paged_attention``'s ``window``);
 Gemma 3's are turned by a second rotary table of their own base (``paged_rotary`` unscaled: two
 tables a step); Gemma 2 soft-caps the attention's scores (``paged_attention``'s ``softcap``) and
 the logits (``c * tanh(logits / c)``). A ``smollm3`` model's ``nope_layers`` attend without the
@@ -44,11 +45,10 @@ projected queries and keys over all their heads before they are split into heads
 (``whole_qk_norm``), EXAONE 4 each head (as Qwen3).
 A partial rotation (the config's ``rope_dim``: Phi-4-mini's) is both ops' ``rope_dim``: the
 table holds its angles, the attention turns the first ``rope_dim`` dims of each query and key
-head and passes the others.
-A ``granite`` model multiplies the
-embedding by ``embedding_multiplier``, each sublayer's output by ``residual_multiplier`` before the
-residual add, the scores by ``attention_multiplier`` (``paged_attention``'s ``scale``), and divides
-the logits by ``logit_scale``: float32 constants, as transformers' float32 model computes them.
+head and passes the others. A ``granite`` model multiplies the embedding by
+``embedding_multiplier``, each sublayer's output by ``residual_multiplier`` before the residual
+add, the scores by ``attention_multiplier`` (``paged_attention``'s ``scale``), and divides the
+logits by ``logit_scale``: float32 constants, as transformers' float32 model computes them.
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ class Attention(Module):
             self.k_proj = proj("k_proj", h, self.kv_size, bias)
             self.v_proj = proj("v_proj", h, self.kv_size, bias)
         self.o_proj = proj("o_proj", cfg.heads * hd, h, cfg.attention_out_bias)
-        if cfg.qk_norm:  # Qwen3, Gemma 3: each query and key head normalized before it is rotated (OLMo 2: all heads together)
+        if cfg.qk_norm:  # Qwen3, Gemma 3, EXAONE 4: each query and key head normalized before it is rotated (OLMo 2: all heads together)
             self.q_norm = RMSNorm(self.q_size if cfg.whole_qk_norm else hd, cfg.rms_eps)
             self.k_norm = RMSNorm(self.kv_size if cfg.whole_qk_norm else hd, cfg.rms_eps)
 
