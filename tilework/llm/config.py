@@ -507,7 +507,7 @@ class LlmConfig:
             tie_word_embeddings=bool(get("tie_word_embeddings")),
             attention_bias=qkv_bias,
             attention_out_bias=out_bias,
-            mlp_bias=model_type in ("llama", "smollm3", "granite") and bool(d.get("mlp_bias", False)) or model_type == "ernie4_5" and bool(d.get("use_bias", False)),  # (Mistral, Qwen2 and Qwen3 have none)
+            mlp_bias=bool(d.get("use_bias", False)) if model_type == "ernie4_5" else model_type in ("llama", "smollm3", "granite") and bool(d.get("mlp_bias", False)),  # (Mistral, Qwen2 and Qwen3 have none)
             rope_scaling=scaling,
             bos_token_id=None if d.get("bos_token_id") is None else int(d["bos_token_id"]),
             eos_token_ids=eos_ids,
