@@ -49,7 +49,7 @@ from tilework.errors import UnsupportedError
 from tilework.llm.hf_keys import key_reader
 
 if TYPE_CHECKING:
-    from tilework.llm.config import RopeScaling
+    from tilework.llm.rope import RopeScaling
 
 SLIDING_PATTERN = 6  # Gemma 3: every sixth layer is global (transformers' default sliding_window_pattern, llama.cpp's fixed one)
 GEMMA2_PATTERN = 2  # Gemma 2: every second layer is global
