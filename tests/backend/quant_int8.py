@@ -196,6 +196,16 @@ def assert_int8_matches(y: np.ndarray, x: np.ndarray, b: np.ndarray, fmt: str, w
 
 
 
+def extreme_activations(rng: np.random.Generator, k: int, width: int) -> np.ndarray:
+    """33 rows of ``k`` normal activations whose first ``width`` columns are +-1 (they quantize to
+    +-127, the widest products), rows 0 and 1 all +1 and all -1 there."""
+    x = rng.standard_normal((33, k)).astype(np.float32)
+    w = min(k, width)
+    x[:, :w] = np.where(rng.random((33, w)) < 0.5, -1.0, 1.0)
+    x[0, :w], x[1, :w] = 1.0, -1.0
+    return x
+
+
 def assert_rows_in_every_build(x: np.ndarray, b: np.ndarray, fmt: str, wf: np.ndarray) -> None:
     """``fmt``'s product of the first 0, 1, 3, 8, 9, 33 rows of ``x`` (GEMV passes and the GEMM):
     the emulation and the bound (``assert_int8_matches``), and each row's bits the same alone and

@@ -23,7 +23,7 @@ import pytest
 
 import tilework
 from tests.backend.helpers import K_QUANT_HALVES, bf16_round, k_quant_blocks, module
-from tests.backend.quant_int8 import INT8_ROWS, Q5, assert_int8_matches, assert_rows_in_every_build, quantize_x
+from tests.backend.quant_int8 import INT8_ROWS, Q5, assert_int8_matches, assert_rows_in_every_build, extreme_activations, quantize_x
 from tests.llm.models import SMOLLM2, needs_smollm2
 from tilework import op
 from tilework.backend import availability
@@ -141,9 +141,7 @@ def test_q5_formats(rng: np.random.Generator, fmt: str) -> None:
         b[0, head : head + 20] = 0xFF  # row 0, block 0: qh and nibbles all ones: q = 31
         b[n - 1, head + 1] = 0x5A  # a pattern of fifth bits
         wf = dequantize(b, GGML[fmt]).reshape(n, k).astype(np.float32)
-        x = rng.standard_normal((33, k)).astype(np.float32)
-        x[:, :32] = np.where(rng.random((33, 32)) < 0.5, -1.0, 1.0)  # quantizes to +-127
-        x[0, :32], x[1, :32] = 1.0, -1.0
+        x = extreme_activations(rng, k, 32)  # +-1 columns: +-127 once quantized
         assert_rows_in_every_build(x, b, fmt, wf)
 
 

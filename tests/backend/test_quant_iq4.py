@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tests.backend.helpers import k_quant_blocks
-from tests.backend.quant_int8 import assert_rows_in_every_build
+from tests.backend.quant_int8 import assert_rows_in_every_build, extreme_activations
 from tests.backend.test_quant import GGML
 from tilework.backend import quant as Q
 from tilework.llm.quant import dequantize_rows
@@ -69,9 +69,7 @@ def test_iq4_on_the_integer_path(fmt: str) -> None:
     for n, k in shapes:
         b = extreme_blocks(rng, fmt, n, k)
         wf = dequantize(b, GGML[fmt]).reshape(n, k).astype(np.float32)
-        x = rng.standard_normal((33, k)).astype(np.float32)
-        x[:, : min(k, 64)] = np.where(rng.random((33, min(k, 64))) < 0.5, -1.0, 1.0)  # quantizes to +-127
-        x[0, :64], x[1, :64] = 1.0, -1.0
+        x = extreme_activations(rng, k, 64)  # +-1 columns: +-127 once quantized
         x[2] *= 1e-3
         assert_rows_in_every_build(x, b, fmt, wf)
 

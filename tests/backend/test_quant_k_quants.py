@@ -12,7 +12,7 @@ import pytest
 
 import tilework
 from tests.backend.helpers import k_quant_blocks, module
-from tests.backend.quant_int8 import assert_rows_in_every_build
+from tests.backend.quant_int8 import assert_rows_in_every_build, extreme_activations
 from tilework import op
 from tilework.backend import quant as Q
 from tilework.errors import TileworkError
@@ -48,9 +48,7 @@ def test_k_quants_on_the_integer_path(rng: np.random.Generator, fmt: str) -> Non
             b[0, 16:48] = 0xFF  # and every fifth bit set: 31s
         b[n - 1, 4:16] = rng.integers(0, 256, 12, dtype=np.uint8) | 0xC0  # top bits of the 6-bit fields set
         wf = dequantize(b, GGML[fmt]).reshape(n, k).astype(np.float32)
-        x = rng.standard_normal((33, k)).astype(np.float32)
-        x[:, :64] = np.where(rng.random((33, 64)) < 0.5, -1.0, 1.0)  # quantizes to +-127
-        x[0, :64], x[1, :64] = 1.0, -1.0
+        x = extreme_activations(rng, k, 64)  # +-1 columns: +-127 once quantized
         assert_rows_in_every_build(x, b, fmt, wf)
 
 
@@ -68,9 +66,7 @@ def test_q6_k_on_the_integer_path(rng: np.random.Generator) -> None:
         if n > 2:
             b[1, 192:208] = rng.choice(np.array([0x7F, 0x80, 0x00, 0x01, 0xFF], np.uint8), 16)
         wf = dequantize(b, GGML["q6_k"]).reshape(n, k).astype(np.float32)
-        x = rng.standard_normal((33, k)).astype(np.float32)
-        x[:, :64] = np.where(rng.random((33, 64)) < 0.5, -1.0, 1.0)  # quantizes to +-127
-        x[0, :64], x[1, :64] = 1.0, -1.0
+        x = extreme_activations(rng, k, 64)  # +-1 columns: +-127 once quantized
         assert_rows_in_every_build(x, b, "q6_k", wf)
 
 
@@ -97,9 +93,7 @@ def test_q3_k_and_q2_k_on_the_integer_path(rng: np.random.Generator, fmt: str) -
             if n > 2:
                 b[1, :16], b[1, 16:80] = 0xF0, 0  # scales 0, mins 15: the min term alone
         wf = dequantize(b, GGML[fmt]).reshape(n, k).astype(np.float32)
-        x = rng.standard_normal((33, k)).astype(np.float32)
-        x[:, :64] = np.where(rng.random((33, 64)) < 0.5, -1.0, 1.0)  # quantizes to +-127
-        x[0, :64], x[1, :64] = 1.0, -1.0
+        x = extreme_activations(rng, k, 64)  # +-1 columns: +-127 once quantized
         assert_rows_in_every_build(x, b, fmt, wf)
 
 
