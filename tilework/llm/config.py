@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import numpy as np
 
 from tilework.errors import TileworkError, UnsupportedError
-from tilework.llm.hf_keys import key_reader
+from tilework.llm.hf_keys import key_reader, sliding_layers
 from tilework.llm.rope import RopeScaling, f32_value, gguf_freq_factors, gguf_longrope, gguf_rope_scaling, hf_rope, hf_rope_dim
 
 if TYPE_CHECKING:
@@ -534,10 +534,7 @@ def _hf_sliding_window(d: Mapping[str, Any], model_type: str, layers: int, conte
     elif types is None:
         first = d.get("max_window_layers", 28) if model_type in ("qwen2", "qwen3") else 0
         types = ["sliding_attention" if window is not None and i >= first else "full_attention" for i in range(layers)]
-    unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
-    if unknown:
-        raise UnsupportedError(f"{where}: layer types {unknown} (layer_types) are not supported; supported: full_attention, sliding_attention")
-    sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+    sliding = sliding_layers(types, None, where)
     if window is None or not sliding or int(window) >= context:
         return {}
     return {"sliding_window": int(window), "sliding_layers": sliding}
@@ -572,10 +569,7 @@ def _hf_exaone4_layers(d: Mapping[str, Any], layers: int, context: int, where: s
     if types is None:
         sliding = _exaone4_pattern(d.get("sliding_window_pattern", 4), layers, where)
     else:
-        unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
-        if unknown or len(types) != layers:
-            raise UnsupportedError(f"{where}: layer_types {list(types)} are not supported (one of full_attention, sliding_attention a layer)")
-        sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+        sliding = sliding_layers(types, layers, where)
     nope = tuple(i for i in range(layers) if i not in sliding)
     fields = {"sliding_window": int(window), "sliding_layers": sliding} if sliding and int(window) < context else {}
     return fields, nope

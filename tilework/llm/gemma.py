@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import numpy as np
 
 from tilework.errors import UnsupportedError
-from tilework.llm.hf_keys import key_reader
+from tilework.llm.hf_keys import key_reader, sliding_layers
 
 if TYPE_CHECKING:
     from tilework.llm.rope import RopeScaling
@@ -158,11 +158,8 @@ def hf_fields(d0: Mapping[str, Any], where: str, hf_rope: Callable[..., tuple[fl
     layers = int(need("num_hidden_layers"))
     period = GEMMA2_PATTERN if gemma2 else int(d.get("sliding_window_pattern") or SLIDING_PATTERN)
     types = d.get("layer_types") or ["sliding_attention" if (i + 1) % period else "full_attention" for i in range(layers)]
-    unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
-    if unknown or len(types) != layers:
-        raise UnsupportedError(f"{where}: layer_types {list(types)} are not supported (one of full_attention, sliding_attention a layer)")
     window = d.get("sliding_window", defaults["sliding_window"])
-    sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention") if window else ()
+    sliding = sliding_layers(types, layers, where) if window else ()
     # the rotary parameters of each layer type
     params = d.get("rope_parameters")
     if isinstance(params, Mapping) and any(isinstance(v, Mapping) for v in params.values()):
