@@ -37,6 +37,7 @@ import numpy as np
 
 from tilework.errors import FileFormatError, ShapeError, TileworkError, UnsupportedError
 from tilework.llm.quant import QUANT_FORMATS, QuantTensor, format_of_ggml_type
+from tilework.runtime.atomic import write_atomic
 
 if TYPE_CHECKING:
     from gguf import GGUFReader, ReaderField
@@ -226,12 +227,11 @@ def _load_index(index: Path, path: str) -> GGUFFile | None:
 
 def _save_index(index: Path, gf: GGUFFile) -> None:
     blob = {"version": _INDEX_VERSION, "metadata": gf.metadata, "tensors": [[t.name, t.ggml_type, list(t.shape), t.offset, t.nbytes] for t in gf.tensors]}
+    data = json.dumps(blob).encode("utf-8")
     try:
         index.parent.mkdir(parents=True, exist_ok=True)
-        tmp = index.with_name(f"{index.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(blob), encoding="utf-8")
-        os.replace(tmp, index)
-    except OSError:
+        write_atomic(index, lambda fh: fh.writelines([data]))
+    except (OSError, TileworkError):
         pass  # a read-only cache only costs the next start its speed
 
 

@@ -425,6 +425,7 @@ def _cached_spm_backend(tokens: list[str], scores: list[float], types: list[int]
     from tokenizers import Tokenizer as Backend
 
     from tilework.codegen.c.toolchain import cache_dir
+    from tilework.runtime.atomic import write_atomic
 
     key = json.dumps([_SPM_CACHE_VERSION, tokenizers.__version__, add_space_prefix, tokens, scores, types], ensure_ascii=False)
     try:
@@ -436,12 +437,11 @@ def _cached_spm_backend(tokens: list[str], scores: list[float], types: list[int]
     except Exception:  # noqa: BLE001  (absent, unreadable, or damaged: tokenizers raises a bare Exception; build it again)
         pass
     backend = _spm_backend(tokens, scores, types, vocab, add_space_prefix)
+    text = backend.to_str().encode("utf-8")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(backend.to_str(), encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError:
+        write_atomic(path, lambda fh: fh.writelines([text]))
+    except (OSError, TileworkError):
         pass  # a read-only cache only costs the next start its speed
     return backend
 
