@@ -33,10 +33,10 @@ TESTED_APART = {"shape_of"}  # no kernel: see test_shape_of_is_the_shape_value
 # tensor_to_shape has no kernel, nonzero and unique bind a run-time count between two kernels:
 # tests/op/test_shape.py and test_search.py run them end to end
 TESTED_APART |= {"tensor_to_shape", "nonzero", "unique"}
-# the LLM ops: tests/op/test_quant_ops.py (quant_linear, quant_take against dequantized NumPy),
+# the LLM ops: tests/op/test_quant_ops.py (quant_linear, quant_take against dequantized NumPy), tests/op/test_expert_linear.py,
 # tests/llm/test_paged_attention.py (paged_attention against NumPy, decode and prefill;
 # paged_rotary against NumPy's cosines and sines, and given to paged_attention)
-TESTED_APART |= {"quant_linear", "quant_take", "paged_attention", "paged_rotary"}
+TESTED_APART |= {"quant_linear", "quant_take", "expert_linear", "paged_attention", "paged_rotary"}
 # check_nonzero raises at run time: tests/codegen/test_int_division.py (torch's x // 0)
 TESTED_APART |= {"check_nonzero"}
 # check_index raises at run time: tests/codegen/test_index_check.py (torch's IndexError)

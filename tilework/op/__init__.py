@@ -39,7 +39,7 @@ from tilework.op.conv import adaptive_avg_pool2d, avg_pool2d, conv1d, conv2d, ma
 from tilework.op.index import check_index, cumsum, gather, index_tensor, scatter, tril, triu
 from tilework.op.norm_extra import batch_norm, group_norm
 from tilework.op.paged_attention import paged_attention, paged_rotary
-from tilework.op.quant import quant_linear, quant_take
+from tilework.op.quant import expert_linear, quant_linear, quant_take
 from tilework.op.rotary import rotary_embedding
 
 __all__ = [
@@ -79,5 +79,5 @@ __all__ = [
     "adaptive_avg_pool2d", "avg_pool2d", "conv1d", "conv2d", "max_pool2d", "max_pool2d_indices",
     "check_index", "cumsum", "gather", "index_tensor", "scatter", "tril", "triu",
     "batch_norm", "group_norm",
-    "paged_attention", "paged_rotary", "quant", "quant_linear", "quant_take", "rotary", "rotary_embedding",
+    "expert_linear", "paged_attention", "paged_rotary", "quant", "quant_linear", "quant_take", "rotary", "rotary_embedding",
 ]  # fmt: skip

@@ -427,10 +427,75 @@ def _legalize_quant_take(call: Call, ctx: "LegalizeCtx") -> Expr:
     return ctx.call_te("quant_take", call.args, [table, ids], [out], call.info)
 
 
+def _infer_expert_linear(call: Call, ctx: InferCtx) -> StructInfo:
+    x, w, ids = tensor_arg(call, 0, ctx), tensor_arg(call, 1, ctx), tensor_arg(call, 2, ctx)
+    name, k, experts = call.attrs["fmt"], call.attrs["in_features"], call.attrs["experts"]
+    if name == "f32":
+        if not isinstance(k, int) or isinstance(k, bool) or k <= 0:
+            raise ctx.error(f"in_features must be a positive int, got {k!r}")
+        if w.dtype is not None and w.dtype != "float32":
+            raise ctx.error(f"f32 expert weights must be float32, got {w.dtype}")
+        fmt = QUANT_FORMATS["f32"]
+    else:
+        fmt, k = _block_attrs(call, ctx, "in_features", w, "weight")
+    if not isinstance(experts, int) or isinstance(experts, bool) or experts <= 0:
+        raise ctx.error(f"experts must be a positive int, got {experts!r}")
+    if x.dtype is not None and x.dtype != "float32":
+        raise ctx.error(f"x must be float32, got {x.dtype}")
+    if ids.dtype is not None and ids.dtype not in ("int32", "int64"):
+        raise ctx.error(f"ids must be int32 or int64, got {ids.dtype}")
+    if w.shape is None or x.shape is None or ids.shape is None:
+        return TensorInfo(None, "float32", 3)
+    if len(w.shape) != 2:
+        raise ctx.shape_error(f"the expert weights must be [experts * out_features, row_bytes], got rank {len(w.shape)}")
+    if len(x.shape) != 3 or len(ids.shape) != 2:
+        raise ctx.shape_error(f"x must be [tokens, 1 or slots, in_features] and ids [tokens, slots], got ranks {len(x.shape)} and {len(ids.shape)}")
+    require_equal(x.shape[-1], k, ctx, "x's last dim and in_features")
+    require_equal(x.shape[0], ids.shape[0], ctx, "the tokens of x and of ids")
+    if not (sym.prove_eq(x.shape[1], 1) or sym.prove_eq(x.shape[1], ids.shape[1])):
+        raise ctx.shape_error(f"x's dim 1 must be 1 (one input for every slot) or the slots of ids ({sym.to_str(ids.shape[1])}), got {sym.to_str(x.shape[1])}")
+    if name == "f32":
+        require_equal(w.shape[1], k, ctx, "the f32 weights' row length and in_features")
+    else:
+        require_equal(w.shape[1], fmt.row_bytes(k), ctx, f"row bytes of {name} weights for in_features {k}")
+    rows = w.shape[0]
+    if not isinstance(rows, int):
+        raise ctx.shape_error(f"the expert weights' rows must be a constant, got {sym.to_str(rows)}")
+    if rows % experts:
+        raise ctx.shape_error(f"{rows} weight rows are not {experts} experts of equal size")
+    _check_groups(fmt, rows // experts, ctx)
+    return TensorInfo((x.shape[0], ids.shape[1], rows // experts), "float32")
+
+
+def _legalize_expert_linear(call: Call, ctx: "LegalizeCtx") -> Expr:
+    x, w, ids = arg(call, 0, "x"), arg(call, 1, "w"), arg(call, 2, "ids")
+    name, experts = call.attrs["fmt"], call.attrs["experts"]
+    if name != "f32" and name not in LEGALIZED_FORMATS:
+        raise UnsupportedError(f"expert_linear: cannot legalize: {name} blocks have no loop-level kernel; run the op on the 'quant' backend (backends=['quant', 'codegen'])")
+    shape, dtype = out_tensor(call)
+    n_out = shape[2]
+    shared = sym.prove_eq(x.shape[1], 1)
+
+    def f(t: Scalar, s: Scalar, n: Scalar) -> Scalar:
+        e = te.cast(ids[t, s], "int64")
+        e = te.if_then_else(te.lt(e, 0), e + experts, e)  # as take: a negative id counts from the end,
+        e = te.minimum(te.maximum(e, 0), experts - 1)  # one outside is clamped
+        row = e * n_out + n
+        k = te.reduce_axis(call.attrs["in_features"], "k")
+        wk = w[row, k] if name == "f32" else _weight(w, name, row, k)
+        return te.sum(x[t, 0 if shared else s, k] * wk, axis=k)
+
+    out = te.compute(shape, f, "expert_linear", dtype)
+    return ctx.call_te("expert_linear", call.args, [x, w, ids], [out], call.info)
+
+
 register(Op("quant_linear", _infer_quant_linear, OpPattern.OPAQUE, attrs={"fmt": "q4_1", "in_features": 0}, num_args=2, legalize=_legalize_quant_linear))
 
 
 register(Op("quant_take", _infer_quant_take, OpPattern.INJECTIVE, attrs={"fmt": "q8_0", "cols": 0}, num_args=2, legalize=_legalize_quant_take))
+
+
+register(Op("expert_linear", _infer_expert_linear, OpPattern.OPAQUE, attrs={"fmt": "q4_1", "in_features": 0, "experts": 1}, num_args=3, legalize=_legalize_expert_linear))
 
 
 def quant_take(table: Expr, ids: Expr, fmt: str, cols: int) -> Call:
@@ -442,6 +507,18 @@ def quant_take(table: Expr, ids: Expr, fmt: str, cols: int) -> Call:
 def quant_linear(x: Expr, w: Expr, fmt: str, in_features: int) -> Call:
     """``x @ W.T`` with ``W`` stored as ``fmt`` blocks in ``w`` (``uint8[out, row_bytes]``)."""
     return make_call("quant_linear", [x, w], fmt=fmt, in_features=in_features)
+
+
+def expert_linear(x: Expr, w: Expr, ids: Expr, fmt: str, in_features: int, experts: int) -> Call:
+    """A mixture of experts' products: ``out[t, s] = x[t, s] @ W_e.T`` with ``e = ids[t, s]``, for
+    ``x`` float32 ``[tokens, slots or 1, in_features]`` (dim 1 of one: the same input for every
+    slot), ``ids`` int32/int64 ``[tokens, slots]`` and the ``experts`` matrices ``W_e``
+    (``[out, in_features]`` each) stacked in ``w``: rows ``e * out .. e * out + out - 1`` are
+    ``W_e``'s, as ``fmt`` blocks (``uint8[experts * out, row_bytes]``; an interleaved format's
+    groups of 16 never straddle two experts) or float32 (``fmt="f32"``: ``[experts * out,
+    in_features]``). An id outside ``[0, experts)`` is read as ``take`` reads it (negative
+    from the end, then clamped). Result: float32 ``[tokens, slots, out]``."""
+    return make_call("expert_linear", [x, w, ids], fmt=fmt, in_features=in_features, experts=experts)
 
 
 def bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -466,4 +543,4 @@ def bf16_values(rows: np.ndarray) -> np.ndarray:
     return h.view(np.float32).reshape(rows.shape[0], rows.shape[1] // 2)
 
 
-__all__ = ["QuantFormat", "QUANT_FORMATS", "INTERLEAVED_FORMATS", "ALL_FORMATS", "LEGALIZED_FORMATS", "K_QUANTS", "IQ4_VALUES", "TAKE_FORMATS", "bf16_rows", "bf16_values", "interleavable", "interleave_rows", "interleaved", "quant_format", "quant_linear", "quant_take"]
+__all__ = ["QuantFormat", "QUANT_FORMATS", "INTERLEAVED_FORMATS", "ALL_FORMATS", "LEGALIZED_FORMATS", "K_QUANTS", "IQ4_VALUES", "TAKE_FORMATS", "bf16_rows", "bf16_values", "expert_linear", "interleavable", "interleave_rows", "interleaved", "quant_format", "quant_linear", "quant_take"]
