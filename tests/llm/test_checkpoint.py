@@ -62,6 +62,9 @@ def save(path: Path, kind: str = "llama", dtype: str = "float32", tokenizer: boo
         "exaone4": (transformers.Exaone4Config, transformers.Exaone4ForCausalLM),
         "ernie4_5": (transformers.Ernie4_5Config, transformers.Ernie4_5ForCausalLM),
         "granite": (transformers.GraniteConfig, transformers.GraniteForCausalLM),
+        "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
+        "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM),
+        "olmoe": (transformers.OlmoeConfig, transformers.OlmoeForCausalLM),
     }[kind]
     model = model_cls(config_cls(**{**SMALL, **kw})).eval()
     with torch.no_grad():  # norm weights away from transformers' ones: their values count too
@@ -161,9 +164,16 @@ def write_gguf_of(hf: Any, path: Path, fmt: str = "f32", meta: dict[str, Any] | 
     matrices instead), with a byte-level BPE vocabulary of ``VOCAB`` tokens (the ids are what is
     fed; the text is never read), the metadata llama.cpp's converter writes, and ``meta``
     (strings, floats, ints, bools, arrays) after it; ``extra``: more tensors, under their GGUF names."""
-    c, arch = hf.config, hf.config.model_type
+    c = hf.config
+    arch = GGUF_ARCH.get(c.model_type, c.model_type)
     hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     w = gguf.GGUFWriter(str(path), arch)
+    experts = getattr(c, "num_local_experts", None) or getattr(c, "num_experts", None)
+    if experts:  # a mixture of experts (the converter's keys)
+        w.add_uint32(f"{arch}.expert_count", experts)
+        w.add_uint32(f"{arch}.expert_used_count", c.num_experts_per_tok)
+        if arch == "qwen3moe":
+            w.add_uint32(f"{arch}.expert_feed_forward_length", c.moe_intermediate_size)
     for key, value in {"block_count": c.num_hidden_layers, "context_length": c.max_position_embeddings, "embedding_length": c.hidden_size, "feed_forward_length": c.intermediate_size,
                        "attention.head_count": c.num_attention_heads, "attention.head_count_kv": c.num_key_value_heads, "attention.key_length": hd,
                        "attention.value_length": hd, "rope.dimension_count": hd}.items():  # fmt: skip
@@ -181,14 +191,17 @@ def write_gguf_of(hf: Any, path: Path, fmt: str = "f32", meta: dict[str, Any] | 
                 w.add_float32(f"{arch}.{key}", float(getattr(c, name)))
     for key, value in (meta or {}).items():
         {str: w.add_string, float: w.add_float32, int: w.add_uint32, bool: w.add_bool, list: w.add_array}[type(value)](key, value)
-    for name, value in hf.state_dict().items():
+    for name, value in moe_state(hf.state_dict()).items():
         if name == "lm_head.weight" and c.tie_word_embeddings:
             continue
         given = (blocks or {}).get(name)
         data = value.detach().float().numpy() if given is None else np.asarray(given.data)
         if arch in ("llama", "smollm3", "granite") and re.search(r"\.(q|k)_proj\.", name):  # rows of values or of blocks alike
             data = llama_cpp_permute(data, c.num_attention_heads if ".q_proj." in name else c.num_key_value_heads)
-        if given is None:
+        if given is None and data.ndim == 3:  # stacked experts: each expert's rows in fmt
+            t = quantize(np.ascontiguousarray(data.reshape(-1, data.shape[-1])), fmt, name)
+            t = QuantTensor(name, data.shape, t.fmt, t.data.reshape(*data.shape[:2], -1))
+        elif given is None:
             t = quantize(np.ascontiguousarray(data), fmt if data.ndim == 2 else "f32", name)
         else:
             t = QuantTensor(name, given.shape, given.fmt, np.ascontiguousarray(data))
@@ -196,6 +209,25 @@ def write_gguf_of(hf: Any, path: Path, fmt: str = "f32", meta: dict[str, Any] | 
     for name, value in (extra or {}).items():
         w.add_tensor(name, value)
     return close_gguf(w, path)
+
+
+GGUF_ARCH = {"qwen3_moe": "qwen3moe", "mixtral": "llama"}  # llama.cpp's architecture of a transformers model type where they differ
+
+
+def moe_state(state: dict[str, Any]) -> dict[str, Any]:
+    """A transformers 5 state dict with each mixture's fused ``mlp.experts.gate_up_proj``
+    (``[experts, 2 * ffn, hidden]``) parted into ``mlp.experts.gate_proj`` and ``up_proj``, as
+    the GGUF file stacks them (``ffn_gate_exps``, ``ffn_up_exps``)."""
+    out = {}
+    for name, value in state.items():
+        if name.endswith("mlp.experts.gate_up_proj"):
+            gate, up = value.chunk(2, dim=1)
+            out[name.replace("gate_up_proj", "gate_proj.weight")], out[name.replace("gate_up_proj", "up_proj.weight")] = gate, up
+        elif name.endswith("mlp.experts.down_proj"):
+            out[name + ".weight"] = value
+        else:
+            out[name] = value
+    return out
 
 
 def add_tensor(w: Any, gguf_name: str, data: np.ndarray, fmt: str, name: str = "") -> None:

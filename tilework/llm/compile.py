@@ -76,10 +76,10 @@ def prepare_weights(config: LlmConfig, tensors: Mapping[str, QuantTensor], preci
     formats = weight_formats(tensors, precision)
     decoder = LlamaDecoder(config, {n: f for n, f in formats.items() if f != "f32"})
     params = decoder.named_parameters()
-    missing = [p for n, _ in params for p in (merged_parts(n) or [n]) if p not in tensors]
+    missing = [p for n, _ in params for p in (merged_parts(n, config.experts) or [n]) if p not in tensors]
     if missing:
         raise TileworkError(f"the model file lacks weight(s) {', '.join(missing[:5])}")
-    groups = [(param, [tensors[p] for p in merged_parts(n) or [n]]) for n, param in params]
+    groups = [(param, [tensors[p] for p in merged_parts(n, config.experts) or [n]]) for n, param in params]
     decoded = [[_decoded_bytes(t, formats[parts[0].name]) for t in parts] for _, parts in groups]  # a merged matrix's parts share a format
     made = [_made(param, parts, formats[parts[0].name], sizes) for (param, parts), sizes in zip(groups, decoded)]  # else a view of the file
     arena = None

@@ -44,6 +44,7 @@ import numpy as np
 
 from tilework.errors import TileworkError, UnsupportedError
 from tilework.llm.hf_keys import key_reader, sliding_layers
+from tilework.llm.moe import check_moe, gguf_moe, hf_moe
 from tilework.llm.rope import RopeScaling, f32_value, gguf_freq_factors, gguf_longrope, gguf_rope_scaling, hf_rope, hf_rope_dim
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
 
     from tilework.llm.gguf import GGUFFile
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "olmo2", "granite", "exaone4", "ernie4_5")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "olmo2", "granite", "exaone4", "ernie4_5", "qwen3moe", "olmoe")
 NOPE_INTERVAL = 4  # SmolLM3: every fourth layer is not rotated (transformers' no_rope_layer_interval default; llama.cpp's fixed step)
 @dataclass(frozen=True, slots=True)
 class LlmConfig:
@@ -74,7 +75,10 @@ class LlmConfig:
     ``residual_multiplier`` (each sublayer's output times it before it is added to the residual),
     ``attention_multiplier`` (the scores' scale in place of ``head_dim ** -0.5``: see
     :attr:`attention_scale`) and ``logit_scale`` (the logits divided by it); each is applied as a
-    float32 constant, as transformers' float32 model and llama.cpp apply it."""
+    float32 constant, as transformers' float32 model and llama.cpp apply it. ``experts`` (0: a
+    dense model), ``experts_used``, ``expert_ffn``, ``expert_norm``, ``expert_scale`` and
+    ``dense_layers``: a mixture-of-experts MLP in every layer but ``dense_layers``
+    (:mod:`tilework.llm.moe`, :meth:`moe_layer`)."""
 
     architecture: str
     hidden: int
@@ -106,6 +110,12 @@ class LlmConfig:
     residual_multiplier: float = 1.0
     attention_multiplier: float | None = None
     logit_scale: float = 1.0
+    experts: int = 0
+    experts_used: int = 0
+    expert_ffn: int = 0
+    expert_norm: bool = False
+    expert_scale: float = 1.0
+    dense_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.architecture not in ARCHITECTURES:
@@ -147,6 +157,8 @@ class LlmConfig:
             positive = name in ("attention_multiplier", "logit_scale")  # a scale of the scores, a divisor
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (positive and v <= 0):
                 raise TileworkError(f"LlmConfig.{name} must be a finite number{' above 0' if positive else ''}, got {v!r}")
+        object.__setattr__(self, "dense_layers", tuple(sorted(int(i) for i in self.dense_layers)))
+        check_moe(self.experts, self.experts_used, self.expert_ffn, self.expert_scale, self.dense_layers, self.layers)
         for name in ("attn_softcap", "final_softcap"):
             cap = getattr(self, name)
             if cap is not None and not (isinstance(cap, (int, float)) and not isinstance(cap, bool) and 0 < cap < math.inf):
@@ -159,6 +171,10 @@ class LlmConfig:
         gated MLP; its norm weights are the multipliers (``1 + w`` of transformers' ``w``, as
         llama.cpp's GGUF files store them)."""
         return self.architecture in ("gemma2", "gemma3")
+
+    def moe_layer(self, layer: int) -> bool:
+        """Whether ``layer``'s MLP is a mixture of experts (:mod:`tilework.llm.moe`)."""
+        return self.experts > 0 and layer not in self.dense_layers
 
     def layer_window(self, layer: int) -> int | None:
         """The sliding window of ``layer``'s attention (None: it attends to every earlier token)."""
@@ -183,7 +199,7 @@ class LlmConfig:
     def whole_qk_norm(self) -> bool:
         """OLMo 2's ``q_norm`` / ``k_norm``: over the whole projected queries and keys (``heads *
         head_dim`` and ``kv_heads * head_dim`` weights), before they are split into heads."""
-        return self.architecture == "olmo2"
+        return self.architecture in ("olmo2", "olmoe")
 
     @property
     def qk_norm(self) -> bool:
@@ -191,7 +207,7 @@ class LlmConfig:
         them, ``self_attn.q_norm`` / ``self_attn.k_norm``, eps ``rms_eps``) before the rotary
         embedding: Qwen3's, Gemma 3's and EXAONE 4's attention (OLMo 2's over all heads together:
         :attr:`whole_qk_norm`)."""
-        return self.architecture in ("qwen3", "gemma3", "olmo2", "exaone4")
+        return self.architecture in ("qwen3", "qwen3moe", "gemma3", "olmo2", "olmoe", "exaone4")
 
     @property
     def rotary_dims(self) -> int:
@@ -273,6 +289,7 @@ class LlmConfig:
         kw["eos_token_ids"] = tuple(kw.get("eos_token_ids", ()))
         kw["sliding_layers"] = tuple(kw.get("sliding_layers", ()))
         kw["nope_layers"] = tuple(kw.get("nope_layers", ()))
+        kw["dense_layers"] = tuple(kw.get("dense_layers", ()))
         return cls(**kw)
 
     # ---- GGUF ----------------------------------------------------------------------------
@@ -303,8 +320,6 @@ class LlmConfig:
         arch = get("general.architecture")
         if arch not in ARCHITECTURES:
             raise UnsupportedError(f"{where}: architecture {arch!r} is not supported; supported: {', '.join(ARCHITECTURES)}")
-        if get(f"{arch}.expert_count", 0):
-            raise UnsupportedError(f"{where}: mixture-of-experts models ({arch}.expert_count = {get(f'{arch}.expert_count')}) are not supported")
         longrope = [tensors.get(n) for n in ("rope_factors_short.weight", "rope_factors_long.weight")]
         if any(t is not None for t in longrope) and (arch != "phi3" or None in longrope):
             name = next(t.name for t in longrope if t is not None)
@@ -336,6 +351,7 @@ class LlmConfig:
             extra = _gguf_granite(get, need, arch, layers)
         if arch == "exaone4":
             extra = _gguf_exaone4(get, arch, where, layers)
+        extra.update(gguf_moe(get, arch, where, layers, int(need(f"{arch}.feed_forward_length")), tensors))
         # phi3: {arch}.attention.sliding_window is not applied: llama.cpp attends to every earlier
         # token in phi3 files (transformers, from a checkpoint, does apply Phi-3's window)
         long_scaling = gguf_longrope(gf, longrope, get, arch, where, rope_dim, context) if longrope[0] is not None else None
@@ -407,8 +423,10 @@ class LlmConfig:
         head_dim = int(d.get("head_dim", defaults.get("head_dim")) or hidden // heads)  # absent: the class default (Qwen3's 128)
         eos = d.get("eos_token_id")
         eos_ids = () if eos is None else tuple(int(t) for t in eos) if isinstance(eos, list) else (int(eos),)
+        if d.get("clip_qkv") is not None:
+            raise UnsupportedError(f"{where}: clip_qkv = {d['clip_qkv']} is not supported (the projected queries, keys and values clipped)")
         return cls(
-            architecture="llama" if model_type == "mistral" else model_type,
+            architecture=_HF_ARCHITECTURE.get(model_type, model_type),
             hidden=hidden,
             layers=int(need("num_hidden_layers")),
             heads=heads,
@@ -430,9 +448,12 @@ class LlmConfig:
             rope_dim=hf_rope_dim(d, head_dim, where) if model_type == "phi3" else None,
             **sliding,
             **(_hf_granite(get) if model_type == "granite" else {}),
+            **hf_moe(d, model_type, where, int(need("num_hidden_layers"))),
         )
 
 
+# the architecture (LlmConfig.architecture, GGUF's name) of a transformers model type where they differ
+_HF_ARCHITECTURE = {"mistral": "llama", "mixtral": "llama", "qwen3_moe": "qwen3moe"}
 # the transformers class defaults (LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, ...) of the keys a
 # config.json may omit; the model types read
 _HF_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -445,6 +466,9 @@ _HF_DEFAULTS: dict[str, dict[str, Any]] = {
     "olmo2": {"hidden_act": "silu", "rms_norm_eps": 1e-5, "max_position_embeddings": 2048, "tie_word_embeddings": False, "rope_theta": 10000.0},
     "ernie4_5": {"hidden_act": "silu", "rms_norm_eps": 1e-5, "max_position_embeddings": 131072, "tie_word_embeddings": True, "rope_theta": 500000.0, "head_dim": 128},
     "exaone4": {"hidden_act": "silu", "rms_norm_eps": 1e-5, "max_position_embeddings": 2048, "tie_word_embeddings": False, "rope_theta": 10000.0, "sliding_window": 4096},
+    "mixtral": {"hidden_act": "silu", "rms_norm_eps": 1e-5, "max_position_embeddings": 131072, "tie_word_embeddings": False, "rope_theta": 1000000.0},
+    "qwen3_moe": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": False, "rope_theta": 10000.0, "head_dim": 128},
+    "olmoe": {"hidden_act": "silu", "rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "tie_word_embeddings": False, "rope_theta": 10000.0},
     "granite": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "tie_word_embeddings": False, "rope_theta": 10000.0,
                 "embedding_multiplier": 1.0, "residual_multiplier": 1.0, "attention_multiplier": 1.0, "logits_scaling": 1.0},
 }
@@ -521,7 +545,7 @@ def _hf_sliding_window(d: Mapping[str, Any], model_type: str, layers: int, conte
     layers from ``max_window_layers`` on; SmolLM3's: its layers without rotation). None where the window is no shorter than the context."""
     if model_type == "mistral":
         window = d["sliding_window"] if "sliding_window" in d else _HF_DEFAULTS["mistral"]["sliding_window"]
-    elif model_type == "phi3":
+    elif model_type in ("phi3", "mixtral"):
         window = d.get("sliding_window")
     elif model_type in ("qwen2", "qwen3", "smollm3") and d.get("use_sliding_window"):
         window = d.get("sliding_window", 4096 if model_type != "smollm3" else None)

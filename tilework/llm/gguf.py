@@ -63,6 +63,12 @@ _PER_LAYER = {
     "ffn_down": "mlp.down_proj",
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
+    # a mixture of experts' router, and its experts' projections stacked ([experts, out, in]:
+    # tilework.llm.weights.split_experts parts them)
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
 }
 # Gemma's four norms a layer: ffn_norm is the one before the MLP, and two more after the sublayers
 _GEMMA_PER_LAYER = {
@@ -77,6 +83,7 @@ _PHI3_PER_LAYER = {**_PER_LAYER, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "ml
 _OLMO2_PER_LAYER = {k: v for k, v in _GEMMA_PER_LAYER.items() if k not in ("attn_norm", "ffn_norm")}
 _PER_LAYER_OF = {"gemma2": _GEMMA_PER_LAYER, "gemma3": _GEMMA_PER_LAYER, "phi3": _PHI3_PER_LAYER, "olmo2": _OLMO2_PER_LAYER, "exaone4": _OLMO2_PER_LAYER}
 _NAME = re.compile(r"(?:blk\.(\d+)\.)?(\w+)\.(weight|bias)")
+_EXPERT_NAME = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight")  # one expert's matrix (older Mixtral files)
 PERMUTED = ("llama", "smollm3", "granite")  # architectures whose attn_q / attn_k rows llama.cpp's converter reorders (see the module docstring)
 # architectures whose rotary embedding pairs dims 2i, 2i + 1 of a head in transformers too (their
 # checkpoints' and GGUF files' q / k rows alike): reordered on loading as llama's GGUF rows are
@@ -293,7 +300,8 @@ def hf_tensor_name(gguf_name: str, architecture: str = "llama") -> str | None:
     names; Gemma's norms are others), or None when it has none."""
     m = _NAME.fullmatch(gguf_name)
     if m is None:
-        return None
+        e = _EXPERT_NAME.fullmatch(gguf_name)
+        return None if e is None else f"model.layers.{int(e.group(1))}.mlp.experts.{int(e.group(3))}.{e.group(2)}_proj.weight"
     layer, part, kind = m.groups()
     if layer is None:
         base = _TOP_LEVEL.get(part)
@@ -319,8 +327,8 @@ def gguf_tensors(source: "str | os.PathLike[str] | GGUFFile | GGUFReader", confi
         name = hf_tensor_name(gguf_name, config.architecture)
         if name is None:
             raise UnsupportedError(f"{gf.path}: tensor {gguf_name} has no counterpart in a {config.architecture} model")
-        part = _NAME.fullmatch(gguf_name).group(2)  # type: ignore[union-attr]  # it has a name, so it matched
-        heads = {"attn_q": config.heads, "attn_k": config.kv_heads}.get(part)
+        m = _NAME.fullmatch(gguf_name)
+        heads = None if m is None else {"attn_q": config.heads, "attn_k": config.kv_heads}.get(m.group(2))
         if config.architecture in PERMUTED + INTERLEAVED and heads is not None:
             if t.shape[0] != heads * config.head_dim:
                 raise ShapeError(f"{gf.path}: tensor {gguf_name} has {t.shape[0]} rows, expected {heads} heads x {config.head_dim}")

@@ -60,15 +60,17 @@ import numpy as np
 from tilework import op
 from tilework.errors import UnsupportedError
 from tilework.ir import sym
+from tilework.ir.graph import TupleGetItem
 from tilework.ir.sym import SymVar
 from tilework.llm.config import ARCHITECTURES, LlmConfig
 from tilework.nn import ops, spec
-from tilework.nn.core import Parameter, Tensor, as_expr, emit
+from tilework.nn.core import Parameter, Tensor, as_expr, current_trace, emit
 from tilework.nn.module import Module, ModuleList
 from tilework.nn.modules import RMSNorm
 from tilework.llm.kv_cache import PAGE, kv_shapes
 from tilework.op.linalg import linear_io
 from tilework.op.quant import ALL_FORMATS
+from tilework.op.search import topk
 from tilework.transform.panels import PANEL, packed_shape
 
 
@@ -80,10 +82,16 @@ MERGED = {
 }
 
 
-def merged_parts(name: str) -> list[str] | None:
+def merged_parts(name: str, experts: int = 0) -> list[str] | None:
     """The Hugging Face parameters whose rows make up the decoder's parameter ``name`` (e.g.
-    ``model.layers.0.mlp.gate_up_proj.weight`` is ``gate_proj.weight`` then ``up_proj.weight``),
-    or None when ``name`` is one of them itself."""
+    ``model.layers.0.mlp.gate_up_proj.weight`` is ``gate_proj.weight`` then ``up_proj.weight``;
+    of a model with ``experts``, ``model.layers.0.mlp.experts.gate_proj.weight`` is
+    ``mlp.experts.0.gate_proj.weight``, ``mlp.experts.1.gate_proj.weight``, ...), or None when
+    ``name`` is one of them itself."""
+    prefix, sep, rest = name.rpartition(".mlp.experts.")
+    if sep and experts and rest.count(".") == 1:  # a stacked projection, not one expert's
+        proj, kind = rest.split(".")
+        return [f"{prefix}.mlp.experts.{e}.{proj}.{kind}" for e in range(experts)]
     for merged, parts in MERGED.items():
         prefix, sep, kind = name.rpartition(f".{merged}.")
         if sep:
@@ -255,12 +263,68 @@ class MLP(Module):
         return self.down_proj(act * up)
 
 
+class ExpertLinear(Module):
+    """The ``experts`` matrices ``[out, in]`` of a mixture's projection stacked as one weight
+    (``[experts * out, ...]``: expert ``e``'s rows from ``e * out``; ``fmt`` blocks or float32
+    rows): ``op.expert_linear`` of an input for each token (``[tokens, 1, in]``) or for each
+    of its slots (``[tokens, slots, in]``) and the experts the slots chose (``[tokens, slots]``)."""
+
+    def __init__(self, experts: int, in_features: int, out_features: int, fmt: str) -> None:
+        self.experts, self.in_features, self.fmt = experts, in_features, fmt
+        row = in_features if fmt == "f32" else ALL_FORMATS[fmt].row_bytes(in_features)
+        self.weight = Parameter((experts * out_features, row), "float32" if fmt == "f32" else "uint8", init="zeros")
+
+    def forward(self, x: Tensor, ids: Tensor) -> Tensor:
+        return emit(op.expert_linear(x.expr, self.weight.expr, ids.expr, self.fmt, self.in_features, self.experts))
+
+
+class Experts(Module):
+    """A mixture's experts (:mod:`tilework.llm.moe`), each a SwiGLU MLP: one ``ExpertLinear``
+    for the gates, one for the up projections, one for the down projections."""
+
+    def __init__(self, cfg: LlmConfig, prefix: str, formats: dict[str, str]) -> None:
+        def proj(name: str, n_in: int, n_out: int) -> ExpertLinear:
+            return ExpertLinear(cfg.experts, n_in, n_out, _fmt(formats, f"{prefix}.mlp.experts.0.{name}.weight"))  # every expert's format is the first's (one tensor in a GGUF file)
+
+        self.gate_proj = proj("gate_proj", cfg.hidden, cfg.expert_ffn)
+        self.up_proj = proj("up_proj", cfg.hidden, cfg.expert_ffn)
+        self.down_proj = proj("down_proj", cfg.expert_ffn, cfg.hidden)
+
+
+class MoE(Module):
+    """A mixture-of-experts MLP: the router (``gate``) picks ``experts_used`` experts a token,
+    whose outputs are summed with their routing weights (:mod:`tilework.llm.moe`)."""
+
+    def __init__(self, cfg: LlmConfig, prefix: str, formats: dict[str, str]) -> None:
+        self.cfg = cfg
+        self.gate = linear(cfg.hidden, cfg.experts, _fmt(formats, f"{prefix}.mlp.gate.weight"))
+        self.experts = Experts(cfg, prefix, formats)
+
+    def forward(self, x: Tensor) -> Tensor:
+        cfg = self.cfg
+        lead, k = x.shape[:-1], cfg.experts_used
+        tokens = sym.product(lead)
+        flat = x.reshape(tokens, cfg.hidden)
+        probs = ops.softmax(self.gate(flat), -1)  # [tokens, experts]
+        top = current_trace().bb.emit(topk(probs.expr, k, -1))
+        weights, ids = emit(TupleGetItem(top, 0)), emit(TupleGetItem(top, 1))
+        if cfg.expert_norm:
+            weights = weights / ops.sum(weights, -1, keepdims=True)
+        if cfg.expert_scale != 1.0:
+            weights = weights * float(np.float32(cfg.expert_scale))
+        one = flat.reshape(tokens, 1, cfg.hidden)
+        experts = self.experts
+        h = ops.silu(experts.gate_proj(one, ids)) * experts.up_proj(one, ids)  # [tokens, k, expert_ffn]
+        y = experts.down_proj(h, ids)  # [tokens, k, hidden]
+        return ops.sum(y * weights.reshape(tokens, k, 1), 1).reshape(*lead, cfg.hidden)
+
+
 class Layer(Module):
     def __init__(self, cfg: LlmConfig, i: int, formats: dict[str, str]) -> None:
         prefix = f"model.layers.{i}"
         # attribute (so parameter) order as in Hugging Face's decoder layers
         self.self_attn = Attention(cfg, prefix, formats, i)
-        self.mlp = MLP(cfg, prefix, formats)
+        self.mlp: Module = MoE(cfg, prefix, formats) if cfg.moe_layer(i) else MLP(cfg, prefix, formats)
         self.post_only = cfg.post_norm  # OLMo 2, EXAONE 4: each sublayer's output normalized, its input not
         if not self.post_only:
             self.input_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
@@ -387,4 +451,4 @@ def decoder_spec(cfg: LlmConfig, max_batch: int = 64, page: int = PAGE, kv_dtype
     }
 
 
-__all__ = ["LlamaDecoder", "PackedLinear", "QuantLinear", "Embedding", "decoder_spec", "merged_parts", "MERGED", "PAGE"]
+__all__ = ["LlamaDecoder", "ExpertLinear", "MoE", "PackedLinear", "QuantLinear", "Embedding", "decoder_spec", "merged_parts", "MERGED", "PAGE"]

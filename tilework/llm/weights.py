@@ -23,6 +23,7 @@ import glob
 import json
 import math
 import os
+import re
 from typing import Any
 
 import numpy as np
@@ -45,7 +46,7 @@ def load_weights(path: "str | os.PathLike[str]", gguf_file: Any = None) -> tuple
     if kind == "gguf":
         gf = read_gguf(gguf_file if gguf_file is not None else path)
         config = LlmConfig.from_gguf(gf)
-        return config, _checked(config, split_fused(config, gguf_tensors(gf, config)), path)
+        return config, _checked(config, split_fused(config, split_experts(gguf_tensors(gf, config))), path)
     config_path, shards = _checkpoint_files(path)
     config = LlmConfig.from_hf_config(config_path)
     tensors: dict[str, QuantTensor] = {}
@@ -56,6 +57,7 @@ def load_weights(path: "str | os.PathLike[str]", gguf_file: Any = None) -> tuple
         tensors = gemma_norm_multipliers(_gemma_text_tensors(tensors))
     if config.architecture in INTERLEAVED:
         tensors = _rotate_half_rows(config, tensors)
+    tensors = split_experts(_mixtral_names(tensors))
     tensors = split_fused(config, tensors)
     if config.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)  # the embedding itself; some checkpoints store it twice
@@ -93,6 +95,45 @@ def split_fused(config: LlmConfig, tensors: dict[str, QuantTensor]) -> dict[str,
     return out
 
 
+_STACKED = re.compile(r"(.*\.mlp\.experts)\.(gate_proj|up_proj|down_proj)\.weight")
+_MIXTRAL = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}  # Mixtral's experts' matrices
+_MIXTRAL_NAME = re.compile(r"(.*)\.block_sparse_moe\.(gate|experts\.\d+\.(w1|w2|w3))\.weight")
+
+
+def split_experts(tensors: dict[str, QuantTensor]) -> dict[str, QuantTensor]:
+    """``tensors`` with each stack of experts' matrices (``mlp.experts.gate_proj.weight``
+    ``[experts, out, in]``: a GGUF ``ffn_gate_exps``, or a transformers checkpoint saved with
+    its experts fused) parted into one matrix an expert (``mlp.experts.{e}.gate_proj.weight``),
+    each a view of its rows (the decoder stacks them again: ``model.merged_parts``)."""
+    out: dict[str, QuantTensor] = {}
+    for name, t in tensors.items():
+        m = _STACKED.fullmatch(name)
+        if m is None:
+            out[name] = t
+            continue
+        if len(t.shape) != 3:
+            raise ShapeError(f"tensor {name}: stacked experts' matrices must be 3-D [experts, out, in], got shape {list(t.shape)}")
+        for e in range(t.shape[0]):
+            part = f"{m.group(1)}.{e}.{m.group(2)}.weight"
+            out[part] = QuantTensor(part, t.shape[1:], t.fmt, t.data[e])
+    return out
+
+
+def _mixtral_names(tensors: dict[str, QuantTensor]) -> dict[str, QuantTensor]:
+    """A Mixtral checkpoint's ``block_sparse_moe`` tensors under the names of the other
+    mixtures (``mlp.gate``, ``mlp.experts.{e}.gate_proj`` / ``up_proj`` / ``down_proj`` for its
+    ``w1`` / ``w3`` / ``w2``)."""
+    out: dict[str, QuantTensor] = {}
+    for name, t in tensors.items():
+        m = _MIXTRAL_NAME.fullmatch(name)
+        if m is not None:
+            part = "gate" if m.group(3) is None else f"{m.group(2).rsplit('.', 1)[0]}.{_MIXTRAL[m.group(3)]}"
+            name = f"{m.group(1)}.mlp.{part}.weight"
+            t = dataclasses.replace(t, name=name)
+        out[name] = t
+    return out
+
+
 def expected_shapes(config: LlmConfig) -> dict[str, tuple[int, ...]]:
     """The tensors a model of ``config`` has, transformers names -> shapes, in a fixed order."""
     c = config
@@ -120,6 +161,13 @@ def expected_shapes(config: LlmConfig) -> dict[str, tuple[int, ...]]:
             out[p + "pre_feedforward_layernorm.weight"] = (c.hidden,)
         if c.gemma or c.post_norm:
             out[p + "post_feedforward_layernorm.weight"] = (c.hidden,)
+        if c.moe_layer(i):  # the router and each expert's MLP (tilework.llm.moe)
+            out[p + "mlp.gate.weight"] = (c.experts, c.hidden)
+            for e in range(c.experts):
+                out[p + f"mlp.experts.{e}.gate_proj.weight"] = (c.expert_ffn, c.hidden)
+                out[p + f"mlp.experts.{e}.up_proj.weight"] = (c.expert_ffn, c.hidden)
+                out[p + f"mlp.experts.{e}.down_proj.weight"] = (c.hidden, c.expert_ffn)
+            continue
         out[p + "mlp.gate_proj.weight"] = (c.ffn, c.hidden)
         out[p + "mlp.up_proj.weight"] = (c.ffn, c.hidden)
         out[p + "mlp.down_proj.weight"] = (c.hidden, c.ffn)
