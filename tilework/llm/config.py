@@ -15,6 +15,9 @@ per-head q/k norms; with a sliding window, its global layers attend without the 
 embedding); ``ernie4_5`` (ERNIE 4.5: llama whose rotary embedding pairs dims ``2i, 2i + 1`` of a
 head, in its checkpoints and GGUF files alike: the loaders reorder its q / k rows to the
 "rotate half" order, ``tilework.llm.gguf.INTERLEAVED``; ``use_bias``: every projection's bias);
+``qwen3moe`` (Qwen3-MoE: qwen3 with a mixture of experts as its MLP) and ``olmoe`` (OLMoE:
+OLMo 2's q / k norms, llama's norms, a mixture of experts), and ``llama`` files and ``mixtral``
+checkpoints with experts (Mixtral): :mod:`tilework.llm.moe` reads the experts' fields;
 ``granite`` (IBM Granite 3.x: llama with four multipliers, of the
 embedding, of each sublayer's output, of the attention's scores, and a divisor of the logits);
 ``phi3`` (Phi-3, Phi-3.5, Phi-4-mini: llama whose q, k,
@@ -27,7 +30,7 @@ transformers ``mistral`` checkpoint is ``llama``, and a checkpoint's sliding-win
 (Mistral's, Qwen2's and Qwen3's with ``use_sliding_window``) attend in their window as
 transformers' do (a GGUF file's llama-family window is not applied: llama.cpp applies none). Anything the model family could
 vary that tilework does not implement (another rotary scaling, a partial rotary dim outside
-phi3, experts) raises :class:`~tilework.errors.UnsupportedError` naming it, rather than loading a model that
+phi3, shared experts) raises :class:`~tilework.errors.UnsupportedError` naming it, rather than loading a model that
 would compute something else. The rotary scaling (``rope_scaling``, a
 :class:`~tilework.llm.rope.RopeScaling`) is read by :mod:`tilework.llm.rope`.
 """

@@ -49,6 +49,10 @@ head and passes the others. A ``granite`` model multiplies the embedding by
 ``embedding_multiplier``, each sublayer's output by ``residual_multiplier`` before the residual
 add, the scores by ``attention_multiplier`` (``paged_attention``'s ``scale``), and divides the
 logits by ``logit_scale``: float32 constants, as transformers' float32 model computes them.
+A mixture of experts (``LlmConfig.experts``: Qwen3-MoE, Mixtral, OLMoE) has a ``MoE`` as the MLP
+of its routed layers: the router's softmax, ``topk`` and the renormalized weights in the graph,
+and each of the experts' three projections one ``op.expert_linear`` over the experts' matrices
+stacked (``ExpertLinear``; ``merged_parts`` names the expert matrices a stack is made of).
 """
 
 from __future__ import annotations
