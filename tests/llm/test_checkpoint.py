@@ -65,6 +65,7 @@ def save(path: Path, kind: str = "llama", dtype: str = "float32", tokenizer: boo
         "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
         "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM),
         "olmoe": (transformers.OlmoeConfig, transformers.OlmoeForCausalLM),
+        "granitemoe": (transformers.GraniteMoeConfig, transformers.GraniteMoeForCausalLM),
     }[kind]
     model = model_cls(config_cls(**{**SMALL, **kw})).eval()
     with torch.no_grad():  # norm weights away from transformers' ones: their values count too
@@ -184,7 +185,7 @@ def write_gguf_of(hf: Any, path: Path, fmt: str = "f32", meta: dict[str, Any] | 
     w.add_token_list(["a", "b", "ab", *(f"w{i}" for i in range(3, VOCAB))])
     w.add_token_merges(["a b"])
     w.add_eos_token_id(2)
-    if arch == "granite":  # its multipliers under llama.cpp's names, where set (as its converter writes them)
+    if arch in ("granite", "granitemoe"):  # its multipliers under llama.cpp's names, where set (as its converter writes them)
         for key, name in (("embedding_scale", "embedding_multiplier"), ("residual_scale", "residual_multiplier"), ("attention.scale", "attention_multiplier"),
                           ("logit_scale", "logits_scaling")):  # fmt: skip
             if getattr(c, name):
@@ -196,7 +197,7 @@ def write_gguf_of(hf: Any, path: Path, fmt: str = "f32", meta: dict[str, Any] | 
             continue
         given = (blocks or {}).get(name)
         data = value.detach().float().numpy() if given is None else np.asarray(given.data)
-        if arch in ("llama", "smollm3", "granite") and re.search(r"\.(q|k)_proj\.", name):  # rows of values or of blocks alike
+        if arch in ("llama", "smollm3", "granite", "granitemoe") and re.search(r"\.(q|k)_proj\.", name):  # rows of values or of blocks alike
             data = llama_cpp_permute(data, c.num_attention_heads if ".q_proj." in name else c.num_key_value_heads)
         if given is None and data.ndim == 3:  # stacked experts: each expert's rows in fmt
             t = quantize(np.ascontiguousarray(data.reshape(-1, data.shape[-1])), fmt, name)
@@ -220,6 +221,7 @@ def moe_state(state: dict[str, Any]) -> dict[str, Any]:
     the GGUF file stacks them (``ffn_gate_exps``, ``ffn_up_exps``)."""
     out = {}
     for name, value in state.items():
+        name = name.replace(".block_sparse_moe.router.", ".mlp.gate.").replace(".block_sparse_moe.experts.", ".mlp.experts.")  # Granite MoE's
         if name.endswith("mlp.experts.gate_up_proj"):
             gate, up = value.chunk(2, dim=1)
             out[name.replace("gate_up_proj", "gate_proj.weight")], out[name.replace("gate_up_proj", "up_proj.weight")] = gate, up

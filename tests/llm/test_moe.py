@@ -1,6 +1,7 @@
 """Mixture-of-experts decoders (``tilework.llm.moe``): Qwen3-MoE (``Qwen3MoeForCausalLM``; GGUF
-``qwen3moe``), Mixtral (``MixtralForCausalLM``; GGUF ``llama`` with experts) and OLMoE
-(``OlmoeForCausalLM``; GGUF ``olmoe``). Small random models: the config read as transformers
+``qwen3moe``), Mixtral (``MixtralForCausalLM``; GGUF ``llama`` with experts), OLMoE
+(``OlmoeForCausalLM``; GGUF ``olmoe``) and Granite MoE (``GraniteMoeForCausalLM``, GGUF
+``granitemoe``: Granite's multipliers too). Small random models: the config read as transformers
 reads it, transformers' log-probabilities and greedy tokens from a checkpoint and from a GGUF
 file written as llama.cpp's converter writes it (the experts stacked), the quantized and bf16
 paths against float32, and, with llama-cpp-python, llama.cpp's scores on the file."""
@@ -32,11 +33,14 @@ MOE: dict[str, dict[str, Any]] = {
     "qwen3_moe": dict(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, head_dim=16, mlp_only_layers=[1]),
     "mixtral": dict(num_local_experts=6, num_experts_per_tok=2, intermediate_size=32, num_hidden_layers=1),
     "olmoe": dict(num_experts=6, num_experts_per_tok=2, intermediate_size=32, norm_topk_prob=False, num_hidden_layers=1, num_key_value_heads=4),
-}  # (Mixtral and OLMoE: one layer, the suite's time; OLMoE without grouped queries, as llama.cpp reads its k_norm)
+    "granitemoe": dict(num_local_experts=6, num_experts_per_tok=2, intermediate_size=32, num_hidden_layers=1, embedding_multiplier=4.0, residual_multiplier=0.5,
+                       attention_multiplier=0.1, logits_scaling=2.0),
+}  # (Mixtral, OLMoE and Granite: one layer, the suite's time; OLMoE without grouped queries, as llama.cpp reads its k_norm)
 FIELDS = {  # (architecture, experts, experts_used, expert_ffn, expert_norm, dense_layers) as read
     "qwen3_moe": ("qwen3moe", 6, 2, 32, True, (1,)),
     "mixtral": ("llama", 6, 2, 32, True, ()),
     "olmoe": ("olmoe", 6, 2, 32, False, ()),
+    "granitemoe": ("granitemoe", 6, 2, 32, True, ()),
 }
 
 
@@ -61,8 +65,11 @@ def test_a_checkpoint_and_its_gguf_give_transformers_log_probabilities(tmp_path:
     for ids in PROMPTS:
         np.testing.assert_allclose(from_file.score(ids), log_probs(hf, ids), rtol=0, atol=1e-4)
     with torch.no_grad():
-        for layer in (layer for layer in hf.model.layers if hasattr(layer.mlp, "gate")):  # (Qwen3-MoE's dense layer has none)
-            layer.mlp.gate.weight.copy_(layer.mlp.gate.weight[:1].expand_as(layer.mlp.gate.weight))
+        for layer in hf.model.layers:
+            moe = layer.block_sparse_moe if kind == "granitemoe" else layer.mlp
+            router = moe.router if kind == "granitemoe" else getattr(moe, "gate", None)
+            if router is not None and router.weight.ndim == 2:  # (Qwen3-MoE's dense layer has none)
+                router.weight.copy_(router.weight[:1].expand_as(router.weight))
     assert np.abs(log_probs(hf, PROMPTS[2]) - ref).max() > 0.05
 
 
@@ -104,7 +111,8 @@ def test_what_is_not_supported_is_refused(tmp_path: Path) -> None:
 def test_llama_cpp_scores_a_moe_file_as_tilework_does(tmp_path: Path, kind: str) -> None:
     """llama.cpp (llama-cpp-python) on the GGUF file of a random mixture of 3 layers: 40 tokens'
     log-probabilities as tilework's (and transformers', 1e-4): measured 5.9e-4 (Qwen3-MoE), 2.8e-4
-    (Mixtral), 4.7e-4 (OLMoE) from tilework, what transformers' differ from llama.cpp's by."""
+    (Mixtral), 4.7e-4 (OLMoE), 9.3e-5 (Granite MoE, its multipliers set) from tilework, what
+    transformers' differ from llama.cpp's by."""
     hf = save(tmp_path / "ckpt", kind, **{**MOE[kind], "num_hidden_layers": 3, "mlp_only_layers": []}, initializer_range=0.05)
     got, want, _, ids = llama_cpp_and_tilework(hf, tmp_path / f"{kind}.gguf", seed=5)
     np.testing.assert_allclose(got, log_probs(hf, ids), rtol=0, atol=1e-4)

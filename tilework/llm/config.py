@@ -15,8 +15,9 @@ per-head q/k norms; with a sliding window, its global layers attend without the 
 embedding); ``ernie4_5`` (ERNIE 4.5: llama whose rotary embedding pairs dims ``2i, 2i + 1`` of a
 head, in its checkpoints and GGUF files alike: the loaders reorder its q / k rows to the
 "rotate half" order, ``tilework.llm.gguf.INTERLEAVED``; ``use_bias``: every projection's bias);
-``qwen3moe`` (Qwen3-MoE: qwen3 with a mixture of experts as its MLP) and ``olmoe`` (OLMoE:
-OLMo 2's q / k norms, llama's norms, a mixture of experts), and ``llama`` files and ``mixtral``
+``qwen3moe`` (Qwen3-MoE: qwen3 with a mixture of experts as its MLP), ``olmoe`` (OLMoE:
+OLMo 2's q / k norms, llama's norms, a mixture of experts) and ``granitemoe`` (Granite 3.x MoE:
+granite's multipliers and a mixture of experts), and ``llama`` files and ``mixtral``
 checkpoints with experts (Mixtral): :mod:`tilework.llm.moe` reads the experts' fields;
 ``granite`` (IBM Granite 3.x: llama with four multipliers, of the
 embedding, of each sublayer's output, of the attention's scores, and a divisor of the logits);
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
 
     from tilework.llm.gguf import GGUFFile
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "olmo2", "granite", "exaone4", "ernie4_5", "qwen3moe", "olmoe")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "olmo2", "granite", "exaone4", "ernie4_5", "qwen3moe", "olmoe", "granitemoe")
 NOPE_INTERVAL = 4  # SmolLM3: every fourth layer is not rotated (transformers' no_rope_layer_interval default; llama.cpp's fixed step)
 @dataclass(frozen=True, slots=True)
 class LlmConfig:
@@ -350,7 +351,7 @@ class LlmConfig:
             extra = gguf_fields(get, arch, where, layers, hidden, heads, head_dim)
         if arch == "smollm3":  # llama.cpp's fixed step: no GGUF key states it
             extra = {"nope_layers": tuple(i for i in range(layers) if (i + 1) % NOPE_INTERVAL == 0)}
-        if arch == "granite":
+        if arch in ("granite", "granitemoe"):
             extra = _gguf_granite(get, need, arch, layers)
         if arch == "exaone4":
             extra = _gguf_exaone4(get, arch, where, layers)
@@ -450,7 +451,7 @@ class LlmConfig:
             nope_layers=nope,
             rope_dim=hf_rope_dim(d, head_dim, where) if model_type == "phi3" else None,
             **sliding,
-            **(_hf_granite(get) if model_type == "granite" else {}),
+            **(_hf_granite(get) if model_type in ("granite", "granitemoe") else {}),
             **hf_moe(d, model_type, where, int(need("num_hidden_layers"))),
         )
 
@@ -472,6 +473,8 @@ _HF_DEFAULTS: dict[str, dict[str, Any]] = {
     "mixtral": {"hidden_act": "silu", "rms_norm_eps": 1e-5, "max_position_embeddings": 131072, "tie_word_embeddings": False, "rope_theta": 1000000.0},
     "qwen3_moe": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": False, "rope_theta": 10000.0, "head_dim": 128},
     "olmoe": {"hidden_act": "silu", "rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "tie_word_embeddings": False, "rope_theta": 10000.0},
+    "granitemoe": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "tie_word_embeddings": False, "rope_theta": 10000.0,
+                   "embedding_multiplier": 1.0, "residual_multiplier": 1.0, "attention_multiplier": 1.0, "logits_scaling": 1.0},
     "granite": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "tie_word_embeddings": False, "rope_theta": 10000.0,
                 "embedding_multiplier": 1.0, "residual_multiplier": 1.0, "attention_multiplier": 1.0, "logits_scaling": 1.0},
 }

@@ -84,7 +84,7 @@ _OLMO2_PER_LAYER = {k: v for k, v in _GEMMA_PER_LAYER.items() if k not in ("attn
 _PER_LAYER_OF = {"gemma2": _GEMMA_PER_LAYER, "gemma3": _GEMMA_PER_LAYER, "phi3": _PHI3_PER_LAYER, "olmo2": _OLMO2_PER_LAYER, "exaone4": _OLMO2_PER_LAYER}
 _NAME = re.compile(r"(?:blk\.(\d+)\.)?(\w+)\.(weight|bias)")
 _EXPERT_NAME = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight")  # one expert's matrix (older Mixtral files)
-PERMUTED = ("llama", "smollm3", "granite")  # architectures whose attn_q / attn_k rows llama.cpp's converter reorders (see the module docstring)
+PERMUTED = ("llama", "smollm3", "granite", "granitemoe")  # architectures whose attn_q / attn_k rows llama.cpp's converter reorders (see the module docstring)
 # architectures whose rotary embedding pairs dims 2i, 2i + 1 of a head in transformers too (their
 # checkpoints' and GGUF files' q / k rows alike): reordered on loading as llama's GGUF rows are
 INTERLEAVED = ("ernie4_5",)

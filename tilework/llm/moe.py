@@ -10,9 +10,10 @@ weights. ``dense_layers`` keep the dense MLP (Qwen3-MoE's ``mlp_only_layers`` an
 ``decoder_sparse_step``).
 
 Read (the rest is refused, naming the key): GGUF ``llama`` files with ``expert_count`` (Mixtral;
-the top weights renormalized, as llama.cpp's graph does), ``qwen3moe`` (renormalized, as
-llama.cpp does whatever the file says) and ``olmoe`` (not renormalized); transformers
-``mixtral``, ``qwen3_moe`` (``norm_topk_prob``) and ``olmoe`` (``norm_topk_prob``) configs. A
+the top weights renormalized, as llama.cpp's graph does), ``qwen3moe`` and ``granitemoe``
+(renormalized, as llama.cpp does whatever the file says) and ``olmoe`` (not renormalized);
+transformers ``mixtral``, ``granitemoe`` (a softmax over the top logits: renormalized),
+``qwen3_moe`` (``norm_topk_prob``) and ``olmoe`` (``norm_topk_prob``) configs. A
 softmax router alone (``{arch}.expert_gating_func`` 1 or absent); no shared experts, no leading
 dense blocks in GGUF files (``leading_dense_block_count``; a layer without a router is dense).
 """
@@ -24,8 +25,8 @@ from typing import Any, Callable, Collection, Mapping
 
 from tilework.errors import TileworkError, UnsupportedError
 
-MOE_GGUF = ("llama", "qwen3moe", "olmoe")  # GGUF architectures whose files may hold experts
-_GGUF_NORM = {"llama": True, "qwen3moe": True, "olmoe": False}  # llama.cpp's graphs renormalize the top weights of these
+MOE_GGUF = ("llama", "qwen3moe", "olmoe", "granitemoe")  # GGUF architectures whose files may hold experts
+_GGUF_NORM = {"llama": True, "qwen3moe": True, "olmoe": False, "granitemoe": True}  # llama.cpp's graphs renormalize the top weights of these
 _SOFTMAX = 1  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX
 
 
@@ -36,7 +37,7 @@ def gguf_moe(get: Callable[..., Any], arch: str, where: str, layers: int, ffn: i
     among the file's ``tensors``) are dense."""
     count = int(get(f"{arch}.expert_count", 0) or 0)
     if count == 0:
-        if arch in ("qwen3moe", "olmoe"):
+        if arch in ("qwen3moe", "olmoe", "granitemoe"):
             raise TileworkError(f"{where}: a {arch} file needs {arch}.expert_count > 0")
         return {}
     if arch not in MOE_GGUF:
@@ -59,10 +60,10 @@ def gguf_moe(get: Callable[..., Any], arch: str, where: str, layers: int, ffn: i
 
 
 def hf_moe(d: Mapping[str, Any], model_type: str, where: str, layers: int) -> dict[str, Any]:
-    """The experts' fields of a transformers ``mixtral``, ``qwen3_moe`` or ``olmoe`` config
+    """The experts' fields of a transformers ``mixtral``, ``granitemoe``, ``qwen3_moe`` or ``olmoe`` config
     (``{}`` for the dense model types)."""
-    if model_type == "mixtral":
-        count, ffn, norm = d.get("num_local_experts", 8), d.get("intermediate_size", 14336), True
+    if model_type in ("mixtral", "granitemoe"):  # (Granite's softmax over the top logits: the renormalized weights)
+        count, ffn, norm = d.get("num_local_experts", 8), d.get("intermediate_size", 14336 if model_type == "mixtral" else 1024), True
     elif model_type in ("qwen3_moe", "olmoe"):
         default = (128, 768) if model_type == "qwen3_moe" else (64, 1024)
         count = d.get("num_experts", d.get("num_local_experts", default[0]))  # (transformers 5 writes the second name)

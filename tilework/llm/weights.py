@@ -57,7 +57,7 @@ def load_weights(path: "str | os.PathLike[str]", gguf_file: Any = None) -> tuple
         tensors = gemma_norm_multipliers(_gemma_text_tensors(tensors))
     if config.architecture in INTERLEAVED:
         tensors = _rotate_half_rows(config, tensors)
-    tensors = split_experts(_mixtral_names(tensors))
+    tensors = split_experts(_moe_names(tensors))
     tensors = split_fused(config, tensors)
     if config.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)  # the embedding itself; some checkpoints store it twice
@@ -98,6 +98,7 @@ def split_fused(config: LlmConfig, tensors: dict[str, QuantTensor]) -> dict[str,
 _STACKED = re.compile(r"(.*\.mlp\.experts)\.(gate_proj|up_proj|down_proj)\.weight")
 _MIXTRAL = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}  # Mixtral's experts' matrices
 _MIXTRAL_NAME = re.compile(r"(.*)\.block_sparse_moe\.(gate|experts\.\d+\.(w1|w2|w3))\.weight")
+_GRANITE_NAME = re.compile(r"(.*)\.block_sparse_moe\.(router\.layer|input_linear|output_linear)\.weight")  # Granite MoE's
 
 
 def split_experts(tensors: dict[str, QuantTensor]) -> dict[str, QuantTensor]:
@@ -119,18 +120,36 @@ def split_experts(tensors: dict[str, QuantTensor]) -> dict[str, QuantTensor]:
     return out
 
 
-def _mixtral_names(tensors: dict[str, QuantTensor]) -> dict[str, QuantTensor]:
-    """A Mixtral checkpoint's ``block_sparse_moe`` tensors under the names of the other
-    mixtures (``mlp.gate``, ``mlp.experts.{e}.gate_proj`` / ``up_proj`` / ``down_proj`` for its
-    ``w1`` / ``w3`` / ``w2``)."""
+def _moe_names(tensors: dict[str, QuantTensor]) -> dict[str, QuantTensor]:
+    """A Mixtral or Granite MoE checkpoint's ``block_sparse_moe`` tensors under the names of
+    the other mixtures: Mixtral's ``gate`` and each expert's ``w1`` / ``w3`` / ``w2`` are
+    ``mlp.gate`` and ``mlp.experts.{e}.gate_proj`` / ``up_proj`` / ``down_proj``; Granite's
+    ``router.layer`` is ``mlp.gate``, its ``input_linear`` (``[experts, 2 * ffn, hidden]``, the
+    gates' rows, then the up projections') and ``output_linear`` the stacked experts'
+    ``gate_proj`` / ``up_proj`` and ``down_proj`` (each a view of its rows; ``split_experts``
+    parts them)."""
     out: dict[str, QuantTensor] = {}
     for name, t in tensors.items():
         m = _MIXTRAL_NAME.fullmatch(name)
         if m is not None:
             part = "gate" if m.group(3) is None else f"{m.group(2).rsplit('.', 1)[0]}.{_MIXTRAL[m.group(3)]}"
             name = f"{m.group(1)}.mlp.{part}.weight"
-            t = dataclasses.replace(t, name=name)
-        out[name] = t
+            out[name] = dataclasses.replace(t, name=name)
+            continue
+        m = _GRANITE_NAME.fullmatch(name)
+        if m is None:
+            out[name] = t
+        elif m.group(2) == "router.layer":
+            out[f"{m.group(1)}.mlp.gate.weight"] = dataclasses.replace(t, name=f"{m.group(1)}.mlp.gate.weight")
+        elif m.group(2) == "output_linear":
+            out[f"{m.group(1)}.mlp.experts.down_proj.weight"] = dataclasses.replace(t, name=f"{m.group(1)}.mlp.experts.down_proj.weight")
+        else:  # input_linear: the gates' rows, then the up projections'
+            if len(t.shape) != 3 or t.shape[1] % 2:
+                raise ShapeError(f"tensor {name}: Granite's input_linear must be [experts, 2 * ffn, hidden], got shape {list(t.shape)}")
+            ffn = t.shape[1] // 2
+            for proj, rows in (("gate_proj", slice(0, ffn)), ("up_proj", slice(ffn, 2 * ffn))):
+                part = f"{m.group(1)}.mlp.experts.{proj}.weight"
+                out[part] = QuantTensor(part, (t.shape[0], ffn, t.shape[2]), t.fmt, t.data[:, rows])
     return out
 
 
