@@ -65,11 +65,11 @@ def gathered(x: np.ndarray, w: np.ndarray, ids: np.ndarray, fmt: str) -> np.ndar
 
 
 def cases(rng: np.random.Generator, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(x, ids) at 0, 1 and odd tokens, both x layouts: random ids (repeats), every token on
-    expert 2 (beyond the GEMV's 8 rows), negative and out-of-range ids."""
+    """(x, ids) at 0, 1 and odd tokens, both x layouts: random ids (repeats; at 23 tokens more
+    than the GEMV's 8 rows an expert), every token on expert 2, negative and out-of-range ids."""
     out = []
     for per_slot in (False, True):
-        for t in (0, 1, 5, 11):
+        for t in (0, 1, 5, 11, 23):
             x = rng.standard_normal((t, SLOTS if per_slot else 1, k)).astype(np.float32)
             ids = rng.integers(0, E, (t, SLOTS)).astype(np.int64)
             if t == 11:

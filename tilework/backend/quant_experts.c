@@ -13,9 +13,11 @@
  * scattered back. An expert with one row reads it from x and writes y in place (decoding: nothing
  * copied), and one holding all of x's rows in order reads x itself. With S == 1 a token routed to
  * one expert by two slots is one row. So every output has the bits tw_qlinear_<fmt> gives that
- * row (a row's result does not depend on the other rows of the call). The scratch is one
- * allocation for the routing and, where some expert has more than one row, one for the rows (the
- * integer path's quantized x: one for the call, not one per expert).
+ * row (a row's result does not depend on the other rows of the call). The scratch is a few
+ * allocations a call, none an expert (the integer path's quantized x: one for the call).
+ * With AVX-512, the integer path with at most 8 rows an expert (decoding) runs as one GEMV
+ * (twq_experts_gemv): x quantized once, one parallel loop over all the routed experts' tiles of
+ * twq_i8_gemv's tile kernels: one fork and join a call instead of one an expert.
  *
  * Entry points: tw_qexperts_<fmt>(x, w, ids, ids_bytes, y, T, S, slots, E, N, K) for every
  * format of tw_qlinear_<fmt>; tw_qexperts_packed, the Python extern's trampoline. 0 on success,
@@ -51,6 +53,114 @@ static inline int64_t twq_expert_rows(const int64_t* pe, int64_t np, int64_t S, 
     return m;
 }
 
+/* The row of x of pair p. */
+static inline int64_t twq_expert_xrow(int64_t p, int64_t S, int64_t slots) { return S == 1 ? p / slots : p; }
+
+/* y's rows of an expert's pairs pe[0 .. np) from its m rows of results ym (row by row, as
+ * twq_expert_rows counts them); with m == 1 ym is the first pair's row, copied to the others. */
+static void twq_expert_scatter(const int64_t* pe, int64_t np, int64_t m, const float* ym, float* y, int64_t S, int64_t slots, int64_t N) {
+    for (int64_t i = 0, r = -1, last = -1; i < np; ++i) {
+        const int64_t row = twq_expert_xrow(pe[i], S, slots);
+        if (row != last) {
+            last = row;
+            ++r;
+        }
+        if (ym + r * N != y + pe[i] * N) memcpy(y + pe[i] * N, ym + (m == 1 ? 0 : r) * N, (size_t)N * sizeof(float));
+    }
+}
+
+#ifdef TWQ_AVX512
+/* Quantized rows r .. of xq as a twq_xq of their own (pointers into xq's scratch). */
+static twq_xq twq_xq_rows(const twq_xq* xq, int64_t r) {
+    twq_xq v = *xq;
+    v.q += r * xq->K;
+    v.d += r * xq->nb;
+    v.cx += r * xq->nb;
+    v.corr += r * xq->nb;
+    v.corr16 += r * xq->nb;
+    return v;
+}
+
+/* Row r of xq copied to row i of to (the same quantization: a row's fields depend on it alone). */
+static void twq_xq_copy_row(const twq_xq* to, int64_t i, const twq_xq* xq, int64_t r) {
+    const int64_t nb = xq->nb;
+    memcpy(to->q + i * xq->K, xq->q + r * xq->K, (size_t)xq->K);
+    memcpy(to->d + i * nb, xq->d + r * nb, (size_t)nb * sizeof(float));
+    memcpy(to->cx + i * nb, xq->cx + r * nb, (size_t)nb * sizeof(float));
+    memcpy(to->corr + i * nb, xq->corr + r * nb, (size_t)nb * sizeof(int32_t));
+    memcpy(to->corr16 + i * nb, xq->corr16 + r * nb, (size_t)nb * sizeof(int32_t));
+}
+
+typedef struct {
+    twq_xq xq;        /* the expert's rows of x, quantized */
+    const uint8_t* w; /* its rows of W */
+    float* y;         /* its m rows of results (N each) */
+    twq_i8_gemv_fn fn;
+} twq_expert_gemv;
+
+/* Decoding on the integer path, every routed expert at most TWQ_I8_GEMV_MAX_M rows: x's rows
+ * quantized once (with S == 1 a token's row serves all its experts), each expert's gathered
+ * (copied) where it has several, then one parallel loop over every routed expert's tiles of 16
+ * W rows, the tile kernels of twq_i8_gemv (so its bits): one fork and join a call, not one an
+ * expert (at 2 threads on a loaded machine each join may wait out a time slice). An expert of
+ * one row writes y in place. */
+static int twq_experts_gemv(int fmt, int x16, const float* x, const uint8_t* w, float* y, const int64_t* start, const int64_t* order, int64_t S, int64_t slots, int64_t E, int64_t N, int64_t K,
+                            int64_t rb, int64_t xrows, int64_t routed, int64_t gathered) {
+    twq_xq xa, xg;
+    float* xas = twq_xq_alloc(&xa, xrows, K);
+    float* xgs = gathered ? twq_xq_alloc(&xg, gathered, K) : NULL;
+    float* yg = gathered ? twq_alloc(gathered * N) : NULL;
+    twq_expert_gemv* g = (twq_expert_gemv*)malloc((size_t)routed * sizeof(twq_expert_gemv));
+    int rc = xas == NULL || g == NULL || (gathered && (xgs == NULL || yg == NULL)) ? TWQ_ENOMEM : 0;
+    if (rc == 0) {
+        twq_quantize(fmt, x, &xa, 0, xrows);
+        int64_t n = 0, at = 0;
+        for (int64_t e = 0; e < E; ++e) {
+            const int64_t *pe = order + start[e], np = start[e + 1] - start[e];
+            if (np == 0) continue;
+            const int64_t m = twq_expert_rows(pe, np, S, slots);
+            g[n].w = w + e * N * rb;
+            g[n].fn = twq_i8_gemv_table[x16][twq_i8_slot(fmt)][m - 1];
+            if (m == 1) {
+                g[n].xq = twq_xq_rows(&xa, twq_expert_xrow(pe[0], S, slots));
+                g[n].y = y + pe[0] * N;
+            } else {
+                g[n].xq = twq_xq_rows(&xg, at);
+                g[n].y = yg + at * N;
+                for (int64_t i = 0, r = 0, last = -1; i < np; ++i) {
+                    const int64_t row = twq_expert_xrow(pe[i], S, slots);
+                    if (row == last) continue;
+                    last = row;
+                    twq_xq_copy_row(&g[n].xq, r++, &xa, row);
+                }
+                at += m;
+            }
+            ++n;
+        }
+        const int64_t tiles = (N + 15) / 16;
+        const int par = routed * N * rb >= TWQ_PAR_MIN_BYTES;
+        (void)par; /* used by OpenMP only */
+#pragma omp parallel for schedule(static) if (par)
+        for (int64_t i = 0; i < routed * tiles; ++i) {
+            const twq_expert_gemv* ge = g + i / tiles;
+            const int64_t n0 = 16 * (i % tiles), nr = N - n0 < 16 ? N - n0 : 16;
+            ge->fn(&ge->xq, 0, ge->w, rb, n0, nr, ge->y, N);
+        }
+        n = 0;
+        for (int64_t e = 0; e < E; ++e) {
+            const int64_t *pe = order + start[e], np = start[e + 1] - start[e];
+            if (np == 0) continue;
+            twq_expert_scatter(pe, np, twq_expert_rows(pe, np, S, slots), g[n++].y, y, S, slots, N);
+        }
+    }
+    free(g);
+    twq_free(yg);
+    twq_free(xgs);
+    twq_free(xas);
+    return rc;
+}
+#endif
+
 static int twq_experts(int fmt, const float* x, const uint8_t* w, const void* ids, int64_t ids_bytes, float* y, int64_t T, int64_t S, int64_t slots, int64_t E, int64_t N, int64_t K) {
     if (fmt < 0 || fmt >= TWQ_NCODES) return TWQ_EFMT;
     const int x16 = fmt >= TWQ_NFMT;
@@ -77,52 +187,46 @@ static int twq_experts(int fmt, const float* x, const uint8_t* w, const void* id
         next[e] = start[e];
     }
     for (int64_t p = 0; p < P; ++p) order[next[twq_expert_of(ids, ids_bytes, p, E)]++] = p;
-    int64_t mall = 1, mx = 0, my = 0; /* the most rows an expert runs, gathers from x, scatters to y */
+    int64_t mall = 1, mx = 0, my = 0, routed = 0, gathered = 0; /* the most rows an expert runs, gathers from x, scatters to y; experts with pairs; rows of those with several */
     for (int64_t e = 0; e < E; ++e) {
         const int64_t np = start[e + 1] - start[e], m = twq_expert_rows(order + start[e], np, S, slots);
+        routed += np > 0;
+        gathered += m > 1 ? m : 0;
         mall = m > mall ? m : mall;
         if (m > 1 && m < xrows && m > mx) mx = m;
         if (m > 1 && !(np == P && m == P) && m > my) my = m;
     }
+    int rc = 0;
+#ifdef TWQ_AVX512
+    if (twq_is_i8(fmt) && mall <= TWQ_I8_GEMV_MAX_M) {
+        rc = twq_experts_gemv(fmt, x16, x, w, y, start, order, S, slots, E, N, K, rb, xrows, routed, gathered);
+        free(start);
+        return rc;
+    }
+#endif
     float *xg = NULL, *yg = NULL, *xqs = NULL;
     twq_xq xq;
     memset(&xq, 0, sizeof xq);
-    int rc = 0;
     if (twq_is_i8(fmt) && (xqs = twq_xq_alloc(&xq, mall, K)) == NULL) rc = TWQ_ENOMEM;
     if (rc == 0 && mx > 0 && (xg = twq_alloc(mx * K)) == NULL) rc = TWQ_ENOMEM;
     if (rc == 0 && my > 0 && (yg = twq_alloc(my * N)) == NULL) rc = TWQ_ENOMEM;
-    for (int64_t e = 0; rc == 0 && e < E; ++e) {
+    for (int64_t e = 0; rc == 0 && e < E; ++e) { /* each expert alone: the GEMV, or the GEMM for many rows */
         const int64_t *pe = order + start[e], np = start[e + 1] - start[e];
         if (np == 0) continue;
-        const uint8_t* we = w + e * N * rb;
         const int64_t m = twq_expert_rows(pe, np, S, slots);
-        if (m == 1) { /* one row of x (one pair, or one token's slots): in place */
-            float* y0 = y + pe[0] * N;
-            rc = twq_experts_product(fmt, x16, x + (S == 1 ? pe[0] / slots : pe[0]) * K, we, y0, 1, N, K, rb, &xq);
-            for (int64_t i = 1; rc == 0 && i < np; ++i) memcpy(y + pe[i] * N, y0, (size_t)N * sizeof(float));
-            continue;
-        }
-        const float* xe = x; /* all of x's rows, in order: x itself */
-        if (m < xrows) {
-            for (int64_t i = 0, r = -1, last = -1; i < np; ++i) {
-                const int64_t row = S == 1 ? pe[i] / slots : pe[i];
+        const float* xe = x + (m == 1 ? twq_expert_xrow(pe[0], S, slots) * K : 0); /* one row, or all of x's rows in order: in place */
+        if (m > 1 && m < xrows) {
+            for (int64_t i = 0, r = 0, last = -1; i < np; ++i) {
+                const int64_t row = twq_expert_xrow(pe[i], S, slots);
                 if (row == last) continue;
                 last = row;
-                memcpy(xg + ++r * K, x + row * K, (size_t)K * sizeof(float));
+                memcpy(xg + r++ * K, x + row * K, (size_t)K * sizeof(float));
             }
             xe = xg;
         }
-        float* ye = np == P && m == P ? y : yg; /* every pair, one row each, in order: y itself */
-        rc = twq_experts_product(fmt, x16, xe, we, ye, m, N, K, rb, &xq);
-        if (rc != 0 || ye == y) continue;
-        for (int64_t i = 0, r = -1, last = -1; i < np; ++i) {
-            const int64_t row = S == 1 ? pe[i] / slots : pe[i];
-            if (row != last) {
-                last = row;
-                ++r;
-            }
-            memcpy(y + pe[i] * N, yg + r * N, (size_t)N * sizeof(float));
-        }
+        float* ye = m == 1 ? y + pe[0] * N : np == P && m == P ? y : yg; /* one row, or every pair in order: in place */
+        rc = twq_experts_product(fmt, x16, xe, w + e * N * rb, ye, m, N, K, rb, &xq);
+        if (rc == 0) twq_expert_scatter(pe, np, m, ye, y, S, slots, N);
     }
     twq_free(yg);
     twq_free(xg);
