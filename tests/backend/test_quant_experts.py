@@ -8,6 +8,10 @@ and the native graph code (the VM's bits)."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -171,10 +175,10 @@ def module(fmt: str, n: int, k: int, per_slot: bool, rows: int) -> tw.IRModule:
 
 
 @pytest.mark.parametrize("fmt", ["q4_0", "q4_kx16"])
-def test_offloaded_through_build_and_run_natively(fmt: str) -> None:
+def test_offloaded_through_build_and_run_natively(fmt: str, tmp_path: Path) -> None:
     """Built with the quant backend: the extern's results are ``qexperts``' (and within the
     activation bound of the reference build's, where a loop-level kernel exists); the native
-    graph code gives the VM's bits."""
+    graph code and a loaded executable (the extern's check passes) give the VM's bits."""
     from tilework.export.native import NativeModel
 
     k, n = 256, 16
@@ -184,6 +188,8 @@ def test_offloaded_through_build_and_run_natively(fmt: str) -> None:
         mod = module(fmt, n, k, per_slot, w.shape[0])
         assert offloaded(mod, ["quant", "codegen"]) == {Q.experts_symbol(fmt): 1}
         exe = tw.build(mod, backends=["quant", "codegen"])
+        exe.save(tmp_path / "m.tw")
+        loaded = tw.VM(tw.load(tmp_path / "m.tw"))  # untrusted: the extern's check runs before each call
         vm, native = tw.VM(exe), NativeModel(exe).bind("main")
         reference = tw.VM(tw.build(mod, backends=["codegen"])) if fmt == "q4_0" else None
         for t in (0, 1, 7):
@@ -192,6 +198,7 @@ def test_offloaded_through_build_and_run_natively(fmt: str) -> None:
             got = vm["main"](x, w, ids)
             np.testing.assert_array_equal(got, qexperts(x, w, ids, fmt, E))
             np.testing.assert_array_equal(native(x, w, ids), got)
+            np.testing.assert_array_equal(loaded["main"](x, w, ids), got)
             if reference is not None:
                 want = reference["main"](x, w, ids)
                 xs = np.broadcast_to(x, (t, SLOTS, k))
@@ -199,3 +206,20 @@ def test_offloaded_through_build_and_run_natively(fmt: str) -> None:
                 for (i, j), e in np.ndenumerate(chosen(ids)):
                     bound[i, j] = Q.activation_bound(xs[i, j][None], wf[e])[0]
                 assert (np.abs(got - want) <= bound + 1e-4).all()
+
+
+def test_the_exported_c_calls_the_library_cleanly(tmp_path: Path) -> None:
+    """The AOT export of the call (``tw_qexperts_<fmt>``'s prototype, the ids' item size from
+    their dtype) compiles with the export's flags and -Wall -Wextra -Werror, and ships the
+    library (its run: ``test_offloaded_through_build_and_run_natively``, the same C text)."""
+    from tilework.export import export_c
+
+    k, n = 64, 16
+    w, _ = experts("q8_0", n, k)
+    out = tmp_path
+    export_c(tw.build(module("q8_0", n, k, False, w.shape[0]), backends=["quant", "codegen"]), out)
+    assert "tw_qexperts_q8_0(" in (out / "model.c").read_text() and (out / "quant_kernels.c").exists()
+    flags = re.search(r"^TW_CFLAGS \?= (.*)$", (out / "Makefile").read_text(), re.M)
+    assert flags is not None
+    proc = subprocess.run(["cc", *flags.group(1).split(), "-Wall", "-Wextra", "-Werror", "-fsyntax-only", str(out / "model.c")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
