@@ -15,9 +15,10 @@
  * one expert by two slots is one row. So every output has the bits tw_qlinear_<fmt> gives that
  * row (a row's result does not depend on the other rows of the call). The scratch is a few
  * allocations a call, none an expert (the integer path's quantized x: one for the call).
- * With AVX-512, the integer path with at most 8 rows an expert (decoding) runs as one GEMV
- * (twq_experts_gemv): x quantized once, one parallel loop over all the routed experts' tiles of
- * twq_i8_gemv's tile kernels: one fork and join a call instead of one an expert.
+ * With AVX-512, the integer path's experts of at most 8 rows (all of them when decoding) run as
+ * one GEMV (twq_experts_gemv): x quantized once, one parallel loop over all those experts' tiles
+ * of twq_i8_gemv's tile kernels: one fork and join a call instead of one an expert; the experts
+ * of more rows (prefill) run their GEMMs one by one.
  *
  * Entry points: tw_qexperts_<fmt>(x, w, ids, ids_bytes, y, T, S, slots, E, N, K) for every
  * format of tw_qlinear_<fmt>; tw_qexperts_packed, the Python extern's trampoline. 0 on success,
@@ -98,27 +99,27 @@ typedef struct {
     twq_i8_gemv_fn fn;
 } twq_expert_gemv;
 
-/* Decoding on the integer path, every routed expert at most TWQ_I8_GEMV_MAX_M rows: x's rows
- * quantized once (with S == 1 a token's row serves all its experts), each expert's gathered
- * (copied) where it has several, then one parallel loop over every routed expert's tiles of 16
- * W rows, the tile kernels of twq_i8_gemv (so its bits): one fork and join a call, not one an
- * expert (at 2 threads on a loaded machine each join may wait out a time slice). An expert of
- * one row writes y in place. */
+/* The integer path's routed experts of at most TWQ_I8_GEMV_MAX_M rows (``small`` of them, the
+ * rows of those with several ``gathered``): x's rows quantized once (with S == 1 a token's row
+ * serves all its experts), each expert's gathered (copied) where it has several, then one
+ * parallel loop over those experts' tiles of 16 W rows, the tile kernels of twq_i8_gemv (so its
+ * bits): one fork and join a call, not one an expert (at 2 threads on a loaded machine each join
+ * may wait out a time slice). An expert of one row writes y in place. */
 static int twq_experts_gemv(int fmt, int x16, const float* x, const uint8_t* w, float* y, const int64_t* start, const int64_t* order, int64_t S, int64_t slots, int64_t E, int64_t N, int64_t K,
-                            int64_t rb, int64_t xrows, int64_t routed, int64_t gathered) {
+                            int64_t rb, int64_t xrows, int64_t small, int64_t gathered) {
     twq_xq xa, xg;
     float* xas = twq_xq_alloc(&xa, xrows, K);
     float* xgs = gathered ? twq_xq_alloc(&xg, gathered, K) : NULL;
     float* yg = gathered ? twq_alloc(gathered * N) : NULL;
-    twq_expert_gemv* g = (twq_expert_gemv*)malloc((size_t)routed * sizeof(twq_expert_gemv));
+    twq_expert_gemv* g = (twq_expert_gemv*)malloc((size_t)small * sizeof(twq_expert_gemv));
     int rc = xas == NULL || g == NULL || (gathered && (xgs == NULL || yg == NULL)) ? TWQ_ENOMEM : 0;
     if (rc == 0) {
         twq_quantize(fmt, x, &xa, 0, xrows);
         int64_t n = 0, at = 0;
         for (int64_t e = 0; e < E; ++e) {
             const int64_t *pe = order + start[e], np = start[e + 1] - start[e];
-            if (np == 0) continue;
             const int64_t m = twq_expert_rows(pe, np, S, slots);
+            if (np == 0 || m > TWQ_I8_GEMV_MAX_M) continue;
             g[n].w = w + e * N * rb;
             g[n].fn = twq_i8_gemv_table[x16][twq_i8_slot(fmt)][m - 1];
             if (m == 1) {
@@ -138,10 +139,10 @@ static int twq_experts_gemv(int fmt, int x16, const float* x, const uint8_t* w, 
             ++n;
         }
         const int64_t tiles = (N + 15) / 16;
-        const int par = routed * N * rb >= TWQ_PAR_MIN_BYTES;
+        const int par = small * N * rb >= TWQ_PAR_MIN_BYTES;
         (void)par; /* used by OpenMP only */
 #pragma omp parallel for schedule(static) if (par)
-        for (int64_t i = 0; i < routed * tiles; ++i) {
+        for (int64_t i = 0; i < small * tiles; ++i) {
             const twq_expert_gemv* ge = g + i / tiles;
             const int64_t n0 = 16 * (i % tiles), nr = N - n0 < 16 ? N - n0 : 16;
             ge->fn(&ge->xq, 0, ge->w, rb, n0, nr, ge->y, N);
@@ -149,8 +150,8 @@ static int twq_experts_gemv(int fmt, int x16, const float* x, const uint8_t* w, 
         n = 0;
         for (int64_t e = 0; e < E; ++e) {
             const int64_t *pe = order + start[e], np = start[e + 1] - start[e];
-            if (np == 0) continue;
-            twq_expert_scatter(pe, np, twq_expert_rows(pe, np, S, slots), g[n++].y, y, S, slots, N);
+            const int64_t m = twq_expert_rows(pe, np, S, slots);
+            if (np > 0 && m <= TWQ_I8_GEMV_MAX_M) twq_expert_scatter(pe, np, m, g[n++].y, y, S, slots, N);
         }
     }
     free(g);
@@ -187,19 +188,22 @@ static int twq_experts(int fmt, const float* x, const uint8_t* w, const void* id
         next[e] = start[e];
     }
     for (int64_t p = 0; p < P; ++p) order[next[twq_expert_of(ids, ids_bytes, p, E)]++] = p;
-    int64_t mall = 1, mx = 0, my = 0, routed = 0, gathered = 0; /* the most rows an expert runs, gathers from x, scatters to y; experts with pairs; rows of those with several */
+    int64_t mall = 1, mx = 0, my = 0, small = 0, gathered = 0; /* the most rows an expert runs, gathers from x, scatters to y; twq_experts_gemv's experts and rows */
     for (int64_t e = 0; e < E; ++e) {
         const int64_t np = start[e + 1] - start[e], m = twq_expert_rows(order + start[e], np, S, slots);
-        routed += np > 0;
-        gathered += m > 1 ? m : 0;
+        small += np > 0 && m <= TWQ_I8_GEMV_MAX_M;
+        gathered += m > 1 && m <= TWQ_I8_GEMV_MAX_M ? m : 0;
         mall = m > mall ? m : mall;
         if (m > 1 && m < xrows && m > mx) mx = m;
         if (m > 1 && !(np == P && m == P) && m > my) my = m;
     }
-    int rc = 0;
+    int rc = 0, fused = 0; /* whether twq_experts_gemv ran the experts of at most TWQ_I8_GEMV_MAX_M rows */
 #ifdef TWQ_AVX512
-    if (twq_is_i8(fmt) && mall <= TWQ_I8_GEMV_MAX_M) {
-        rc = twq_experts_gemv(fmt, x16, x, w, y, start, order, S, slots, E, N, K, rb, xrows, routed, gathered);
+    if (twq_is_i8(fmt) && small > 0) {
+        rc = twq_experts_gemv(fmt, x16, x, w, y, start, order, S, slots, E, N, K, rb, xrows, small, gathered);
+        fused = 1;
+    }
+    if (fused && (rc != 0 || mall <= TWQ_I8_GEMV_MAX_M)) { /* nothing left for the loop below */
         free(start);
         return rc;
     }
@@ -214,6 +218,7 @@ static int twq_experts(int fmt, const float* x, const uint8_t* w, const void* id
         const int64_t *pe = order + start[e], np = start[e + 1] - start[e];
         if (np == 0) continue;
         const int64_t m = twq_expert_rows(pe, np, S, slots);
+        if (fused && m <= TWQ_I8_GEMV_MAX_M) continue;
         const float* xe = x + (m == 1 ? twq_expert_xrow(pe[0], S, slots) * K : 0); /* one row, or all of x's rows in order: in place */
         if (m > 1 && m < xrows) {
             for (int64_t i = 0, r = 0, last = -1; i < np; ++i) {
