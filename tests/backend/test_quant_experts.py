@@ -100,6 +100,16 @@ def test_qexperts_gives_qlinears_bits_on_the_gathered_rows(fmt: str) -> None:
         np.testing.assert_array_equal(got, gathered(x, w, ids, fmt), err_msg=f"{fmt} x {x.shape} ids {ids.dtype}")
 
 
+def test_the_portable_build_gives_the_same_bits() -> None:
+    """The plain-C library (a CPU without AVX-512: every expert alone, twq_i8_run's portable
+    loops) gives the integer path's bits, as its linears do."""
+    k, n = 256, 16
+    for fmt in ("q4_0", "q4_kx16"):
+        w, _ = experts(fmt, n, k)
+        for x, ids in cases(np.random.default_rng(4), k):
+            np.testing.assert_array_equal(qexperts(x, w, ids, fmt, E, portable=True), qexperts(x, w, ids, fmt, E))
+
+
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_k", "bf16x16"])
 def test_qexperts_matches_numpy_on_the_dequantized_experts(fmt: str) -> None:
     k, n = 256, 16

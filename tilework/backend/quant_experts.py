@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tilework.backend.quant import _ERRORS, FORMATS, experts_symbol, library_for, row_bytes
+from tilework.backend.quant import _ERRORS, FORMATS, experts_symbol, family_of, library, library_for, row_bytes
 from tilework.codegen.c.module import _DATA_OFFSET
 from tilework.errors import RuntimeCheckError
 from tilework.op.quant import INTERLEAVED_FORMATS, quant_format
@@ -41,11 +41,12 @@ def _failure(rc: int, fmt: str, dims: Dims) -> RuntimeCheckError:
     return RuntimeCheckError(f"expert_linear ({fmt}, tokens={t}, x dim 1={s}, slots={slots}, experts={e}, out_features={n}, in_features={k}): the library refused the call: {why}")
 
 
-def qexperts(x: np.ndarray, w: np.ndarray, ids: np.ndarray, fmt: str, experts: int, out: np.ndarray | None = None) -> np.ndarray:
+def qexperts(x: np.ndarray, w: np.ndarray, ids: np.ndarray, fmt: str, experts: int, out: np.ndarray | None = None, *, portable: bool = False) -> np.ndarray:
     """``expert_linear(x, w, ids, fmt, K, experts)`` on the library: float32 ``x [T, S, K]``
     (``S`` 1 or the slots), ``fmt`` blocks ``w`` (``uint8 [experts * N, row_bytes]``), ids
     int32/int64 ``[T, slots]``; float32 ``[T, slots, N]`` (into ``out`` where given). Every
-    argument is checked: a mismatch raises ``RuntimeCheckError`` naming it."""
+    argument is checked: a mismatch raises ``RuntimeCheckError`` naming it. ``portable``: the
+    plain-C build (``quant.library``)."""
     if fmt not in FORMATS:
         raise RuntimeCheckError(f"expert_linear: unknown format {fmt!r}; the quant backend runs {', '.join(FORMATS)}")
     if not isinstance(experts, (int, np.integer)) or isinstance(experts, bool) or experts <= 0:
@@ -73,7 +74,8 @@ def qexperts(x: np.ndarray, w: np.ndarray, ids: np.ndarray, fmt: str, experts: i
     elif out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous or not out.flags.writeable:
         raise RuntimeCheckError(f"expert_linear: out must be a writable C-contiguous float32 array of shape {shape}, got {out.dtype} {out.shape}")
     dims = (t, s, slots, int(experts), n, k)
-    rc = library_for(fmt).experts[fmt](x.ctypes.data, w.ctypes.data, ids.ctypes.data, ids.itemsize, out.ctypes.data, *dims)
+    lib = library(portable, families=(family_of(fmt),))
+    rc = lib.experts[fmt](x.ctypes.data, w.ctypes.data, ids.ctypes.data, ids.itemsize, out.ctypes.data, *dims)
     if rc:
         raise _failure(rc, fmt, dims)
     return out
