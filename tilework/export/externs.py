@@ -25,12 +25,12 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from tilework.backend import onnxruntime as onnxruntime_backend
-from tilework.backend.quant import FORMATS as QUANT_FORMATS  # every format has both entry points
+from tilework.backend.quant import _ERRORS as QUANT_ERROR_TEXT
+from tilework.backend.quant import FORMATS as QUANT_FORMATS  # every format has all three entry points
 from tilework.errors import BuildError
 
 BLAS_KINDS = {"matmul": 2, "matmul_bias": 3, "linear": 2, "linear_bias": 3, "batch_matmul": 2}
-_QUANT_ERRORS = ("", "a null data pointer", "a negative size, or in_features not a multiple of the format's block", "an unknown format code", "the decode scratch could not be allocated", "the residual to add is the output buffer itself",
-                 "the format's path is not in this build of the library", "x's dim 1 is neither 1 nor the slots, there are no experts, or the ids are neither int32 nor int64")
+_QUANT_ERRORS = ("", *(QUANT_ERROR_TEXT[rc] for rc in range(1, len(QUANT_ERROR_TEXT) + 1)))  # by the library's return code
 QUANT_PREFIXES = ("quant.linear.", "quant.linear_add.", "quant.experts.")  # the quant library's calls
 _EXPERTS_PARAMS = "const float* x, const uint8_t* w, const void* ids, int64_t ids_bytes, float* y, int64_t T, int64_t S, int64_t slots, int64_t E, int64_t N, int64_t K"
 
