@@ -18,7 +18,8 @@
  * With AVX-512, the integer path's experts of at most 8 rows (all of them when decoding) run as
  * one GEMV (twq_experts_gemv): x quantized once, one parallel loop over all those experts' tiles
  * of twq_i8_gemv's tile kernels: one fork and join a call instead of one an expert; the experts
- * of more rows (prefill) run their GEMMs one by one.
+ * of more rows (prefill) run their GEMMs one by one. bf16x16 with AVX-512 BF16 the same way (x
+ * rounded to bf16 once, twq_gemv_bf16's tile kernels); the other float formats expert by expert.
  *
  * Entry points: tw_qexperts_<fmt>(x, w, ids, ids_bytes, y, T, S, slots, E, N, K) for every
  * format of tw_qlinear_<fmt>; tw_qexperts_packed, the Python extern's trampoline. 0 on success,
@@ -93,65 +94,91 @@ static void twq_xq_copy_row(const twq_xq* to, int64_t i, const twq_xq* xq, int64
 }
 
 typedef struct {
-    twq_xq xq;        /* the expert's rows of x, quantized */
-    const uint8_t* w; /* its rows of W */
-    float* y;         /* its m rows of results (N each) */
-    twq_i8_gemv_fn fn;
+    twq_xq xq;          /* integer path: the expert's rows of x, quantized */
+    const uint16_t* xb; /* bf16x16: its rows of x rounded to bf16 (row stride kp) */
+    const uint8_t* w;   /* its rows of W */
+    float* y;           /* its m rows of results (N each) */
+    int64_t m;
 } twq_expert_gemv;
 
-/* The integer path's routed experts of at most TWQ_I8_GEMV_MAX_M rows (``small`` of them, the
- * rows of those with several ``gathered``): x's rows quantized once (with S == 1 a token's row
- * serves all its experts), each expert's gathered (copied) where it has several, then one
- * parallel loop over those experts' tiles of 16 W rows, the tile kernels of twq_i8_gemv (so its
- * bits): one fork and join a call, not one an expert (at 2 threads on a loaded machine each join
- * may wait out a time slice). An expert of one row writes y in place. */
-static int twq_experts_gemv(int fmt, int x16, const float* x, const uint8_t* w, float* y, const int64_t* start, const int64_t* order, int64_t S, int64_t slots, int64_t E, int64_t N, int64_t K,
-                            int64_t rb, int64_t xrows, int64_t small, int64_t gathered) {
+/* The routed experts of at most gmax rows (what twq_run gives the GEMV: TWQ_I8_GEMV_MAX_M, for
+ * bf16 TWQ_GEMV_MAX_M; at most 8, its kernels' tables), ``small`` of them, the rows of those with
+ * several ``gathered``, on the integer path or bf16x16's with AVX-512 BF16 (``bf16``): x's rows
+ * quantized (rounded to bf16) once, with S == 1 a token's row serving all its experts; each
+ * expert's rows gathered (copied) where it has several; then one parallel loop over those
+ * experts' tiles of 16 W rows, the tile kernels of twq_i8_gemv (twq_gemv_bf16's): so their bits.
+ * One fork and join a call, not one an expert (at 2 threads on a loaded machine each join may
+ * wait out a time slice). An expert of one row writes y in place. */
+static int twq_experts_gemv(int fmt, int x16, int bf16, const float* x, const uint8_t* w, float* y, const int64_t* start, const int64_t* order, int64_t S, int64_t slots, int64_t E, int64_t N,
+                            int64_t K, int64_t rb, int64_t xrows, int64_t gmax, int64_t small, int64_t gathered) {
+    const int64_t kp = (K + 31) / 32 * 32; /* bf16x16: x's row stride */
     twq_xq xa, xg;
-    float* xas = twq_xq_alloc(&xa, xrows, K);
-    float* xgs = gathered ? twq_xq_alloc(&xg, gathered, K) : NULL;
+    memset(&xa, 0, sizeof xa);
+    memset(&xg, 0, sizeof xg);
+    float *xas = NULL, *xgs = NULL;
+    if (bf16) {
+        xas = twq_alloc((xrows * kp + 1) / 2);
+        xgs = gathered ? twq_alloc((gathered * kp + 1) / 2) : NULL;
+    } else {
+        xas = twq_xq_alloc(&xa, xrows, K);
+        xgs = gathered ? twq_xq_alloc(&xg, gathered, K) : NULL;
+    }
     float* yg = gathered ? twq_alloc(gathered * N) : NULL;
     twq_expert_gemv* g = (twq_expert_gemv*)malloc((size_t)small * sizeof(twq_expert_gemv));
     int rc = xas == NULL || g == NULL || (gathered && (xgs == NULL || yg == NULL)) ? TWQ_ENOMEM : 0;
     if (rc == 0) {
-        twq_quantize(fmt, x, &xa, 0, xrows);
+#ifdef TWQ_BF16DOT
+        if (bf16) twq_x_bf16(x, xrows, K, (uint16_t*)xas, kp); /* outside a parallel region: this thread's */
+#endif
+        if (!bf16) twq_quantize(fmt, x, &xa, 0, xrows);
         int64_t n = 0, at = 0;
         for (int64_t e = 0; e < E; ++e) {
             const int64_t *pe = order + start[e], np = start[e + 1] - start[e];
             const int64_t m = twq_expert_rows(pe, np, S, slots);
-            if (np == 0 || m > TWQ_I8_GEMV_MAX_M) continue;
-            g[n].w = w + e * N * rb;
-            g[n].fn = twq_i8_gemv_table[x16][twq_i8_slot(fmt)][m - 1];
+            if (np == 0 || m > gmax) continue;
+            twq_expert_gemv* ge = g + n++;
+            ge->w = w + e * N * rb;
+            ge->m = m;
             if (m == 1) {
-                g[n].xq = twq_xq_rows(&xa, twq_expert_xrow(pe[0], S, slots));
-                g[n].y = y + pe[0] * N;
-            } else {
-                g[n].xq = twq_xq_rows(&xg, at);
-                g[n].y = yg + at * N;
-                for (int64_t i = 0, r = 0, last = -1; i < np; ++i) {
-                    const int64_t row = twq_expert_xrow(pe[i], S, slots);
-                    if (row == last) continue;
-                    last = row;
-                    twq_xq_copy_row(&g[n].xq, r++, &xa, row);
-                }
-                at += m;
+                const int64_t row = twq_expert_xrow(pe[0], S, slots);
+                if (bf16) ge->xb = (const uint16_t*)xas + row * kp;
+                else ge->xq = twq_xq_rows(&xa, row);
+                ge->y = y + pe[0] * N;
+                continue;
             }
-            ++n;
+            if (bf16) ge->xb = (const uint16_t*)xgs + at * kp;
+            else ge->xq = twq_xq_rows(&xg, at);
+            ge->y = yg + at * N;
+            for (int64_t i = 0, r = 0, last = -1; i < np; ++i) {
+                const int64_t row = twq_expert_xrow(pe[i], S, slots);
+                if (row == last) continue;
+                last = row;
+                if (bf16) memcpy((uint16_t*)xgs + (at + r++) * kp, (const uint16_t*)xas + row * kp, (size_t)kp * sizeof(uint16_t));
+                else twq_xq_copy_row(&ge->xq, r++, &xa, row);
+            }
+            at += m;
         }
-        const int64_t tiles = (N + 15) / 16;
+        const int64_t tiles = (N + 15) / 16, slot = twq_i8_slot(fmt);
         const int par = small * N * rb >= TWQ_PAR_MIN_BYTES;
         (void)par; /* used by OpenMP only */
+        (void)slot;
 #pragma omp parallel for schedule(static) if (par)
         for (int64_t i = 0; i < small * tiles; ++i) {
             const twq_expert_gemv* ge = g + i / tiles;
             const int64_t n0 = 16 * (i % tiles), nr = N - n0 < 16 ? N - n0 : 16;
-            ge->fn(&ge->xq, 0, ge->w, rb, n0, nr, ge->y, N);
+#ifdef TWQ_BF16DOT
+            if (bf16) {
+                twq_gemv_bf16x16_table[ge->m - 1](ge->xb, kp, ge->w + n0 * rb, 16 * rb, ge->y + n0, N, K);
+                continue;
+            }
+#endif
+            twq_i8_gemv_table[x16][slot][ge->m - 1](&ge->xq, 0, ge->w, rb, n0, nr, ge->y, N);
         }
         n = 0;
         for (int64_t e = 0; e < E; ++e) {
             const int64_t *pe = order + start[e], np = start[e + 1] - start[e];
             const int64_t m = twq_expert_rows(pe, np, S, slots);
-            if (np > 0 && m <= TWQ_I8_GEMV_MAX_M) twq_expert_scatter(pe, np, m, g[n++].y, y, S, slots, N);
+            if (np > 0 && m <= gmax) twq_expert_scatter(pe, np, m, g[n++].y, y, S, slots, N);
         }
     }
     free(g);
@@ -188,22 +215,28 @@ static int twq_experts(int fmt, const float* x, const uint8_t* w, const void* id
         next[e] = start[e];
     }
     for (int64_t p = 0; p < P; ++p) order[next[twq_expert_of(ids, ids_bytes, p, E)]++] = p;
+#ifdef TWQ_BF16DOT
+    const int bf16 = x16 && fmt == TWQ_BF16; /* bf16x16 with vdpbf16ps: twq_experts_gemv runs it too */
+#else
+    const int bf16 = 0;
+#endif
+    const int64_t gmax = bf16 ? TWQ_GEMV_MAX_M : TWQ_I8_GEMV_MAX_M; /* the most rows twq_run gives the GEMV */
     int64_t mall = 1, mx = 0, my = 0, small = 0, gathered = 0; /* the most rows an expert runs, gathers from x, scatters to y; twq_experts_gemv's experts and rows */
     for (int64_t e = 0; e < E; ++e) {
         const int64_t np = start[e + 1] - start[e], m = twq_expert_rows(order + start[e], np, S, slots);
-        small += np > 0 && m <= TWQ_I8_GEMV_MAX_M;
-        gathered += m > 1 && m <= TWQ_I8_GEMV_MAX_M ? m : 0;
+        small += np > 0 && m <= gmax;
+        gathered += m > 1 && m <= gmax ? m : 0;
         mall = m > mall ? m : mall;
         if (m > 1 && m < xrows && m > mx) mx = m;
         if (m > 1 && !(np == P && m == P) && m > my) my = m;
     }
-    int rc = 0, fused = 0; /* whether twq_experts_gemv ran the experts of at most TWQ_I8_GEMV_MAX_M rows */
+    int rc = 0, fused = 0; /* whether twq_experts_gemv ran the experts of at most gmax rows */
 #ifdef TWQ_AVX512
-    if (twq_is_i8(fmt) && small > 0) {
-        rc = twq_experts_gemv(fmt, x16, x, w, y, start, order, S, slots, E, N, K, rb, xrows, small, gathered);
+    if ((twq_is_i8(fmt) || bf16) && small > 0) {
+        rc = twq_experts_gemv(fmt, x16, bf16, x, w, y, start, order, S, slots, E, N, K, rb, xrows, gmax, small, gathered);
         fused = 1;
     }
-    if (fused && (rc != 0 || mall <= TWQ_I8_GEMV_MAX_M)) { /* nothing left for the loop below */
+    if (fused && (rc != 0 || mall <= gmax)) { /* nothing left for the loop below */
         free(start);
         return rc;
     }
@@ -218,7 +251,7 @@ static int twq_experts(int fmt, const float* x, const uint8_t* w, const void* id
         const int64_t *pe = order + start[e], np = start[e + 1] - start[e];
         if (np == 0) continue;
         const int64_t m = twq_expert_rows(pe, np, S, slots);
-        if (fused && m <= TWQ_I8_GEMV_MAX_M) continue;
+        if (fused && m <= gmax) continue;
         const float* xe = x + (m == 1 ? twq_expert_xrow(pe[0], S, slots) * K : 0); /* one row, or all of x's rows in order: in place */
         if (m > 1 && m < xrows) {
             for (int64_t i = 0, r = 0, last = -1; i < np; ++i) {
