@@ -191,7 +191,8 @@ def test_bf16dot_is_known_without_building_the_library() -> None:
 def test_entry_address_is_the_entry_point_of_the_build_holding_the_format() -> None:
     lib = Q.library_for("q4_1x16")
     assert Q.entry_address("tw_qlinear_add_q4_1x16") == ctypes.cast(lib.handle.tw_qlinear_add_q4_1x16, ctypes.c_void_p).value
-    assert Q.entry_address("tw_qlinear_iq2_xxs") is None and Q.entry_address("twk_matmul") is None
+    assert Q.entry_address("tw_qexperts_q4_1x16") == ctypes.cast(lib.handle.tw_qexperts_q4_1x16, ctypes.c_void_p).value
+    assert Q.entry_address("tw_qlinear_iq2_xxs") is None and Q.entry_address("tw_qexperts_f32") is None and Q.entry_address("twk_matmul") is None
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own nice value is Linux's")

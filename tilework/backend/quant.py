@@ -48,7 +48,15 @@ decoded in registers, and for prefill a packed GEMM with a 6 x 16 FMA micro-kern
 
 Capability ``quant.linear``: any ``quant_linear`` whose ``x`` is float32 with a known rank and
 whose blocks are a 2-D uint8 tensor. It lowers to ``call_lib("quant.linear.<fmt>", x, w,
-(rows, out_features, in_features))``.
+(rows, out_features, in_features))``. ``quant.linear_add``: that product plus a float32
+residual of its shape, ``call_lib("quant.linear_add.<fmt>", x, w, r, dims)``.
+Capability ``quant.experts``: ``expert_linear`` (a mixture of experts' products, the experts'
+matrices stacked as block rows) on these formats, with ``x`` float32 ``[T, S, K]``, the blocks
+2-D uint8 and ids int32/int64 ``[T, slots]``. It lowers to ``call_lib("quant.experts.<fmt>",
+x, w, ids, (T, S, slots, experts, out_features, in_features))``, the library's
+``tw_qexperts_<fmt>`` (``quant_experts.c``: each routed expert's rows through the kernels
+above, so the bits of ``quant_linear`` on them); its extern, check and checked entry point
+``qexperts`` are ``tilework.backend.quant_experts``'s.
 
 The extern is the hot path of decoding (one call per weight matrix and token), so it trusts
 the VM's arguments (C-contiguous NumPy arrays of the inferred dtypes and shapes, as
@@ -98,7 +106,14 @@ _ERRORS = {
     4: "the decode scratch could not be allocated",
     5: "the residual to add is the output buffer itself",
     6: "the format's path is not in this build of the library",
+    7: "x's dim 1 is neither 1 nor the slots, there are no experts, or the ids are neither int32 nor int64",
 }
+
+
+def experts_symbol(fmt: str) -> str:
+    """The extern of ``expert_linear`` on ``fmt`` blocks (arguments x, w, ids, dims (T, S,
+    slots, experts, out_features, in_features), out; ``tilework.backend.quant_experts``)."""
+    return f"quant.experts.{fmt}"
 
 
 def extern_symbol(fmt: str, add: bool = False) -> str:
@@ -133,7 +148,7 @@ def _families(families: Iterable[str]) -> tuple[str, ...]:
 @functools.lru_cache(maxsize=None)
 def source(portable: bool = False, vnni: bool = True, bf16dot: bool = True, families: tuple[str, ...] = FAMILIES) -> str:
     """The C source, one translation unit: ``SOURCE`` with each of its ``#include "quant_*.c"``
-    lines replaced by that file (``quant_float_avx2.c``). ``portable`` compiles the plain-C
+    lines replaced by that file (``quant_float_avx2.c``, ``quant_dequant.c``, ``quant_experts.c``). ``portable`` compiles the plain-C
     kernels even where AVX-512 or AVX2 exists, ``vnni=False`` the AVX-512BW integer dot products
     even where VNNI exists, ``bf16dot=False`` the float32 bf16 GEMM even where AVX-512 BF16
     exists. ``families``: the linears' paths compiled in (``FAMILIES`` order; the helpers are
@@ -168,6 +183,8 @@ class QuantLibrary:
     entries: dict[str, Any]
     add_entries: dict[str, Any]  # tw_qlinear_add_<fmt>: y = x @ W.T + r
     packed: Any
+    experts: dict[str, Any]  # tw_qexperts_<fmt>: expert_linear (quant_experts.c)
+    experts_packed: Any
 
     def set_threads(self, n: int) -> None:
         """The OpenMP thread count of later calls (of every OpenMP library in the process)."""
@@ -339,12 +356,13 @@ def bf16dot_available() -> bool:
 
 
 def entry_address(name: str) -> int | None:
-    """The address of the library's entry point ``name`` (``tw_qlinear_<fmt>`` or
-    ``tw_qlinear_add_<fmt>``, from the build holding ``fmt``'s path), None for another name."""
-    m = re.fullmatch(r"tw_qlinear_(add_)?([a-z0-9_]+)", name)
-    if m is None or m.group(2) not in FORMATS:
+    """The address of the library's entry point ``name`` (``tw_qlinear_<fmt>``,
+    ``tw_qlinear_add_<fmt>`` or ``tw_qexperts_<fmt>``, from the build holding ``fmt``'s path),
+    None for another name."""
+    m = re.fullmatch(r"tw_q(?:linear_(?:add_)?|experts_)([a-z0-9_]+)", name)
+    if m is None or m.group(1) not in FORMATS:
         return None
-    return ctypes.cast(getattr(library_for(m.group(2)).handle, name), ctypes.c_void_p).value
+    return ctypes.cast(getattr(library_for(m.group(1)).handle, name), ctypes.c_void_p).value
 
 
 def _load(portable: bool, vnni: bool, bf16dot: bool, families: tuple[str, ...]) -> QuantLibrary:
@@ -353,7 +371,7 @@ def _load(portable: bool, vnni: bool, bf16dot: bool, families: tuple[str, ...]) 
     result = toolchain.compile_source(source(portable, vnni, bf16dot, families))
     handle = cache.load_shared_object(result.path, result.data)  # the verified bytes
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    entries, add_entries = {}, {}
+    entries, add_entries, experts = {}, {}, {}
     for fmt in (f for f in FORMATS if family_of(f) in families):
         fn = getattr(handle, f"tw_qlinear_{fmt}")
         fn.argtypes = [p, p, p, i64, i64, i64]
@@ -363,9 +381,14 @@ def _load(portable: bool, vnni: bool, bf16dot: bool, families: tuple[str, ...]) 
         fn.argtypes = [p, p, p, p, i64, i64, i64]
         fn.restype = ctypes.c_int32
         add_entries[fmt] = fn
-    packed = handle.tw_qlinear_packed
-    packed.argtypes = [p]
-    packed.restype = ctypes.c_int32
+        fn = getattr(handle, f"tw_qexperts_{fmt}")
+        fn.argtypes = [p, p, p, i64, p, i64, i64, i64, i64, i64, i64]
+        fn.restype = ctypes.c_int32
+        experts[fmt] = fn
+    packed, experts_packed = handle.tw_qlinear_packed, handle.tw_qexperts_packed
+    for fn in (packed, experts_packed):
+        fn.argtypes = [p]
+        fn.restype = ctypes.c_int32
     handle.tw_quant_read_sum.argtypes = [p, i64]
     handle.tw_quant_read_sum.restype = ctypes.c_double
     handle.tw_quant_set_threads.argtypes = [ctypes.c_int32]
@@ -385,7 +408,7 @@ def _load(portable: bool, vnni: bool, bf16dot: bool, families: tuple[str, ...]) 
     held = tuple(f for i, f in enumerate(FAMILIES) if handle.tw_quant_families() >> i & 1)
     if held != families:
         raise BuildError(f"the quant library at {result.path} holds the paths {held}, not {families}")
-    return QuantLibrary(result.path, result.cache_hit, simd, has_vnni, has_bf16dot, families, handle, entries, add_entries, packed)
+    return QuantLibrary(result.path, result.cache_hit, simd, has_vnni, has_bf16dot, families, handle, entries, add_entries, packed, experts, experts_packed)
 
 
 def _failure(rc: int, fmt: str, dims: tuple[int, int, int]) -> RuntimeCheckError:
@@ -559,6 +582,7 @@ for _fmt in FORMATS:
 
 QUANT_LINEAR: Pattern = is_op("quant_linear", wildcard("x"), wildcard("w"))
 QUANT_LINEAR_ADD: Pattern = is_op("add", QUANT_LINEAR, wildcard("r")) | is_op("add", wildcard("r"), QUANT_LINEAR)
+EXPERT_LINEAR: Pattern = is_op("expert_linear", wildcard("x"), wildcard("w"), wildcard("ids"))
 
 
 def _quant_linear_ok(m: PatternMatch) -> bool:
@@ -572,8 +596,32 @@ def _quant_linear_ok(m: PatternMatch) -> bool:
     )
 
 
-def _linear_call(m: PatternMatch) -> Call | None:
-    return next((c for c in m.calls if isinstance(c.callee, OpRef) and c.callee.name == "quant_linear"), None)
+def _linear_call(m: PatternMatch, name: str = "quant_linear") -> Call | None:
+    return next((c for c in m.calls if isinstance(c.callee, OpRef) and c.callee.name == name), None)
+
+
+def _experts_ok(m: PatternMatch) -> bool:
+    """``expert_linear`` on blocks this library runs: x float32 ``[T, S, K]``, the blocks 2-D
+    uint8, ids int32/int64 ``[T, slots]`` (the op's inference checked the rest)."""
+    call = _linear_call(m, "expert_linear")
+    if call is None or call.attrs.get("fmt") not in FORMATS:
+        return False
+    x, w, ids = m["x"].info, m["w"].info, m["ids"].info
+    return (
+        isinstance(x, TensorInfo) and x.dtype == "float32" and x.shape is not None and len(x.shape) == 3
+        and isinstance(w, TensorInfo) and w.dtype == "uint8" and w.shape is not None and len(w.shape) == 2
+        and isinstance(ids, TensorInfo) and ids.dtype in ("int32", "int64") and ids.shape is not None and len(ids.shape) == 2
+    )
+
+
+def _lower_experts(region: Region) -> Call:
+    assert region.match is not None
+    call = _linear_call(region.match, "expert_linear")
+    assert call is not None
+    x, w, ids = region["x"], region["w"], region["ids"]
+    (t, s, k), experts = shape_of(x), call.attrs["experts"]
+    dims = (t, s, shape_of(ids)[1], experts, shape_of(call)[2], k)
+    return lib_call(experts_symbol(call.attrs["fmt"]), [x, w, ids], region, dims)
 
 
 def _quant_linear_add_ok(m: PatternMatch) -> bool:
@@ -589,6 +637,8 @@ def _quant_linear_add_ok(m: PatternMatch) -> bool:
 
 def _lower(region: Region) -> Call:
     assert region.match is not None
+    if region.capability == "quant.experts":
+        return _lower_experts(region)
     call = _linear_call(region.match)
     assert call is not None
     attrs = call.attrs
@@ -627,13 +677,17 @@ QUANT = register_backend(
         "quant",
         "library",
         _available,
-        (Capability("quant.linear_add", QUANT_LINEAR_ADD, _quant_linear_add_ok), Capability("quant.linear", QUANT_LINEAR, _quant_linear_ok)),
+        (
+            Capability("quant.linear_add", QUANT_LINEAR_ADD, _quant_linear_add_ok),
+            Capability("quant.linear", QUANT_LINEAR, _quant_linear_ok),
+            Capability("quant.experts", EXPERT_LINEAR, _experts_ok),
+        ),
         lower=_lower,
-        description="quant_linear on GGUF weight blocks (q4_0, q4_1, q5_0, q5_1, q8_0, bf16, f16, q4_k, q6_k, q5_k, q3_k, q2_k, iq4_nl, iq4_xs; q4_0/q4_1/q5_0/q5_1/q8_0/bf16, the k-quants and iq4_nl/iq4_xs also with 16 rows interleaved) with our own C kernels",
+        description="quant_linear and expert_linear on GGUF weight blocks (q4_0, q4_1, q5_0, q5_1, q8_0, bf16, f16, q4_k, q6_k, q5_k, q3_k, q2_k, iq4_nl, iq4_xs; q4_0/q4_1/q5_0/q5_1/q8_0/bf16, the k-quants and iq4_nl/iq4_xs also with 16 rows interleaved) with our own C kernels",
     )
 )
 
 __all__ = [
-    "FAMILIES", "FORMATS", "INT8_FORMATS", "QUANT", "QuantLibrary", "activation_bound", "bf16dot_available", "entry_address", "extern_symbol", "families_of",
+    "FAMILIES", "FORMATS", "INT8_FORMATS", "QUANT", "QuantLibrary", "activation_bound", "bf16dot_available", "entry_address", "experts_symbol", "extern_symbol", "families_of",
     "family_of", "library", "library_for", "library_if_built", "library_in_background", "qlinear", "row_bytes", "source",
 ]

@@ -107,7 +107,8 @@
  * Entry points: tw_qlinear_<fmt>(x, w, y, M, N, K) for q4_0 q4_1 q5_0 q5_1 q8_0 bf16 f16 q4_k
  * q6_k q5_k q3_k q2_k iq4_nl iq4_xs q4_0x16 q4_1x16 q5_0x16 q5_1x16 q8_0x16 bf16x16 q4_kx16 q5_kx16 q6_kx16 q3_kx16 q2_kx16 iq4_nlx16 iq4_xsx16, and tw_qlinear_add_<fmt>(x, w, r, y,
  * M, N, K): y = x @ W.T + r; 0 on success, TWQ_E* for a bad argument. tw_qlinear_packed is the trampoline the Python
- * extern calls with NumPy array object addresses; tw_quant_quantize_x exposes the quantization
+ * extern calls with NumPy array object addresses; tw_qexperts_<fmt> and tw_qexperts_packed
+ * (quant_experts.c) run a mixture of experts' products with the same kernels; tw_quant_quantize_x exposes the quantization
  * of x to the tests; tw_quant_dequantize and tw_quant_interleave (quant_dequant.c) decode and
  * interleave whole rows for the loaders.
  */
@@ -2623,6 +2624,8 @@ int32_t tw_qlinear_packed(const int64_t* a) {
     if (ro != NULL) return twq_run_add((int)a[0], x, w, *(const float* const*)(ro + off), y, a[4], a[5], a[6]);
     return twq_run((int)a[0], x, w, NULL, y, a[4], a[5], a[6]);
 }
+
+#include "quant_experts.c" /* expert_linear: tw_qexperts_<fmt>, the experts' rows run by the kernels above; spliced in by quant.py */
 
 /* ==== helpers for the benchmark and the tests =============================================== */
 

@@ -56,7 +56,7 @@ from tilework.backend.quant import families_of, source as quant_source
 from tilework.codegen.c.emit import emit_module
 from tilework.codegen.c.toolchain import compiler_flags
 from tilework.errors import BuildError, TileworkError
-from tilework.export.externs import ExportError, declarations, extra_sources
+from tilework.export.externs import QUANT_PREFIXES, ExportError, declarations, extra_sources
 from tilework.export.graph_c import DTYPES, FunctionC, ModuleText, c_int, c_string, call_depth_regs, check_kernel_symbols, dl_type, dtype_index
 from tilework.export.manifest import MANIFEST, Entry, check_overwrite, remove_stale, write_manifest
 from tilework.ir.dtype import DTYPE_TABLE, dtype_name
@@ -389,7 +389,7 @@ def export_c(
     for name in extra:
         if name == "quant_kernels.c":
             # one file, its AVX2 part spliced in, with the paths the model's formats take (quant.families_of)
-            paths = families_of(s.rpartition(".")[2] for s in externs if s.startswith(("quant.linear.", "quant.linear_add.")))
+            paths = families_of(s.rpartition(".")[2] for s in externs if s.startswith(QUANT_PREFIXES))
             texts[name] = quant_source(families=paths).encode()
         else:
             texts[name] = _resource(name)

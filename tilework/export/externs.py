@@ -5,6 +5,9 @@
   ``tilework/backend/quant_kernels.c``, which the export ships as the VM's library compiles it
   (``quant.source()``: plain C with AVX-512 and AVX2 paths, ``quant_float_avx2.c`` spliced in):
   the same code the VM calls, so the results are the same bits.
+- ``quant.experts.<fmt>`` (the ``quant`` backend's ``expert_linear``): ``tw_qexperts_<fmt>`` of
+  the same library (``quant_experts.c``, spliced into it), the ids' item size read from their
+  dtype: the VM's bits too.
 - ``blas.<f32|f64>.<kind>`` (the ``blas`` backend): tilework's portable C loops in
   ``c/tw_blas.c``. The exported library does not link a BLAS (so it builds anywhere with a C
   compiler); the summation order differs from the OpenBLAS the VM calls, so these regions
@@ -22,11 +25,14 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from tilework.backend import onnxruntime as onnxruntime_backend
-from tilework.backend.quant import FORMATS as QUANT_FORMATS  # every format has both entry points
+from tilework.backend.quant import _ERRORS as QUANT_ERROR_TEXT
+from tilework.backend.quant import FORMATS as QUANT_FORMATS  # every format has all three entry points
 from tilework.errors import BuildError
 
 BLAS_KINDS = {"matmul": 2, "matmul_bias": 3, "linear": 2, "linear_bias": 3, "batch_matmul": 2}
-_QUANT_ERRORS = ("", "a null data pointer", "a negative size, or in_features not a multiple of the format's block", "an unknown format code", "the decode scratch could not be allocated", "the residual to add is the output buffer itself")
+_QUANT_ERRORS = ("", *(QUANT_ERROR_TEXT[rc] for rc in range(1, len(QUANT_ERROR_TEXT) + 1)))  # by the library's return code
+QUANT_PREFIXES = ("quant.linear.", "quant.linear_add.", "quant.experts.")  # the quant library's calls
+_EXPERTS_PARAMS = "const float* x, const uint8_t* w, const void* ids, int64_t ids_bytes, float* y, int64_t T, int64_t S, int64_t slots, int64_t E, int64_t N, int64_t K"
 
 
 class ExportError(BuildError):
@@ -37,7 +43,7 @@ class ExportError(BuildError):
 def extra_sources(symbols: Sequence[str]) -> list[str]:
     """The C files (beside the runtime) that the library calls ``symbols`` need."""
     out = []
-    if any(s.startswith(("quant.linear.", "quant.linear_add.")) for s in symbols):
+    if any(s.startswith(QUANT_PREFIXES) for s in symbols):
         out.append("quant_kernels.c")
     if any(s.startswith("blas.") for s in symbols):
         out.append("tw_blas.c")
@@ -56,6 +62,8 @@ def declarations(symbols: Sequence[str], imported: bool = False, storage: str = 
             if f"quant.linear{'_add' * add}.{fmt}" in symbols:
                 name = f"tw_qlinear{'_add' * add}_{fmt}"
                 lines.append(f"{storage} int32_t (*{name})({params}, int64_t M, int64_t N, int64_t K);" if imported else f"int32_t {name}({params}, int64_t M, int64_t N, int64_t K);")
+        if f"quant.experts.{fmt}" in symbols:
+            lines.append(f"{storage} int32_t (*tw_qexperts_{fmt})({_EXPERTS_PARAMS});" if imported else f"int32_t tw_qexperts_{fmt}({_EXPERTS_PARAMS});")
     if imported:
         blas = sorted(s for s in symbols if s.startswith("blas."))
         if blas:
@@ -88,7 +96,18 @@ def extern_call(symbol: str, vals: Sequence[str], where: str) -> list[str]:
         errors = "{" + ", ".join(f'"{e}"' for e in _QUANT_ERRORS) + "}"
         return [
             f"{{ const tw_val* d_ = {dims}; int32_t rc_ = {fn}((const float*)({x})->data, (const uint8_t*)({w})->data, {extra}(float*)({out})->data, d_->shape[0], d_->shape[1], d_->shape[2]);",
-            f"  if (rc_) {{ static const char* const e_[] = {errors}; return twrt_fail(m, \"quant_linear ({fmt}, rows=%\" PRId64 \", out_features=%\" PRId64 \", in_features=%\" PRId64 \"): the library refused the call: %s\", d_->shape[0], d_->shape[1], d_->shape[2], rc_ > 0 && rc_ < 6 ? e_[rc_] : \"an error code\"); }} }}",
+            f"  if (rc_) {{ static const char* const e_[] = {errors}; return twrt_fail(m, \"quant_linear ({fmt}, rows=%\" PRId64 \", out_features=%\" PRId64 \", in_features=%\" PRId64 \"): the library refused the call: %s\", d_->shape[0], d_->shape[1], d_->shape[2], rc_ > 0 && rc_ < {len(_QUANT_ERRORS)} ? e_[rc_] : \"an error code\"); }} }}",
+        ]
+    if symbol.startswith("quant.experts."):
+        fmt = symbol.rpartition(".")[2]
+        if fmt not in QUANT_FORMATS or len(vals) != 5:
+            raise ExportError(f"{where}: library call {symbol!r} with {len(vals)} arguments has no C implementation")
+        x, w, ids, dims, out = vals
+        errors = "{" + ", ".join(f'"{e}"' for e in _QUANT_ERRORS) + "}"
+        dim_args = ", ".join(f"d_->shape[{i}]" for i in range(6))
+        return [
+            f"{{ const tw_val* d_ = {dims}; const tw_val* i_ = {ids}; int32_t rc_ = tw_qexperts_{fmt}((const float*)({x})->data, (const uint8_t*)({w})->data, i_->data, tw__dtypes[i_->dtype].itemsize, (float*)({out})->data, {dim_args});",
+            f"  if (rc_) {{ static const char* const e_[] = {errors}; return twrt_fail(m, \"expert_linear ({fmt}, tokens=%\" PRId64 \", slots=%\" PRId64 \", experts=%\" PRId64 \", out_features=%\" PRId64 \", in_features=%\" PRId64 \"): the library refused the call: %s\", d_->shape[0], d_->shape[2], d_->shape[3], d_->shape[4], d_->shape[5], rc_ > 0 && rc_ < {len(_QUANT_ERRORS)} ? e_[rc_] : \"an error code\"); }} }}",
         ]
     if symbol.startswith("blas."):
         parts = symbol.split(".")
@@ -110,7 +129,7 @@ def extern_call(symbol: str, vals: Sequence[str], where: str) -> list[str]:
 def exports(symbol: str) -> bool:
     """Whether library call ``symbol`` has a C implementation (of some arity): else the export
     refuses it before it looks at its arguments (an onnxruntime call's serialized model)."""
-    return symbol.startswith(("quant.linear.", "quant.linear_add.", "blas."))
+    return symbol.startswith((*QUANT_PREFIXES, "blas."))
 
 
 def refusal(symbol: str, where: str, args: Sequence[Any] = ()) -> ExportError:
@@ -128,4 +147,4 @@ def refusal(symbol: str, where: str, args: Sequence[Any] = ()) -> ExportError:
     )
 
 
-__all__ = ["ExportError", "extern_call", "exports", "refusal", "extra_sources", "declarations", "QUANT_FORMATS"]
+__all__ = ["ExportError", "extern_call", "exports", "refusal", "extra_sources", "declarations", "QUANT_FORMATS", "QUANT_PREFIXES"]

@@ -476,7 +476,7 @@ def call_depth_regs(functions: Mapping[str, VMFunction]) -> int:
 def check_kernel_symbols(symbols: Sequence[str]) -> None:
     """Kernel symbols live beside the runtime's names in one library."""
     for s in symbols:
-        if s.startswith(("tw_model_", "twrt_", "twb_", "tw_qlinear", "tw_imm")) or s in ("tw_val", "tw_heap", "tw_tensor", "tw_dtype", "tw_model"):
+        if s.startswith(("tw_model_", "twrt_", "twb_", "tw_qlinear", "tw_qexperts", "tw_imm")) or s in ("tw_val", "tw_heap", "tw_tensor", "tw_dtype", "tw_model"):
             raise BuildError(f"kernel symbol {s} would clash with a name of the exported runtime")
 
 
