@@ -99,7 +99,8 @@ KQUANT_FORMATS = ("q4_k", "q5_k", "q6_k", "q3_k", "q2_k", "iq4_nl", "iq4_xs", "q
 FAMILIES = ("int8", "bf16", "float", "kquant")  # the linears' paths (INT8_FORMATS less KQUANT_FORMATS; bf16 and bf16x16; f16; KQUANT_FORMATS): a build of the library holds any of them
 SOURCE = "quant_kernels.c"
 _INCLUDE = re.compile(r'^#include "(quant_[a-z0-9_]+\.c)".*$', re.M)  # the parts of SOURCE that source() splices in
-_ERRORS = {
+# the library's return codes -> what they mean (the export's C messages take them too)
+ERROR_TEXT = {
     1: "a null data pointer",
     2: "a negative size, or in_features not a multiple of the format's block",
     3: "an unknown format code",
@@ -211,7 +212,7 @@ class QuantLibrary:
         s = np.empty((m, k // 32), np.int32)
         rc = self.handle.tw_quant_quantize_x(x.ctypes.data, m, k, q.ctypes.data, d.ctypes.data, s.ctypes.data)
         if rc:
-            raise RuntimeCheckError(f"quantize_x: the library refused the call: {_ERRORS.get(rc, rc)}")
+            raise RuntimeCheckError(f"quantize_x: the library refused the call: {ERROR_TEXT.get(rc, rc)}")
         return q, d, s
 
     def dequantize(self, data: np.ndarray, fmt: str, bf16: bool = False, out: np.ndarray | None = None) -> np.ndarray:
@@ -235,7 +236,7 @@ class QuantLibrary:
         out = out.reshape(rows, cols)
         rc = self.handle.tw_quant_dequantize(FORMATS.index(fmt), data.ctypes.data, rows, cols, out.ctypes.data, int(bf16))
         if rc:
-            raise RuntimeCheckError(f"dequantize ({fmt}, rows={rows}, cols={cols}): the library refused the call: {_ERRORS.get(rc, rc)}")
+            raise RuntimeCheckError(f"dequantize ({fmt}, rows={rows}, cols={cols}): the library refused the call: {ERROR_TEXT.get(rc, rc)}")
         return out
 
     def interleave(self, data: np.ndarray, name: str, out: np.ndarray | None = None) -> np.ndarray:
@@ -255,7 +256,7 @@ class QuantLibrary:
             raise RuntimeCheckError(f"interleave: out must be a writable C-contiguous uint8 array of shape {data.shape}, got {out.dtype} of shape {out.shape}")
         rc = self.handle.tw_quant_interleave(FORMATS.index(name), data.ctypes.data, data.shape[0], data.shape[1], out.ctypes.data)
         if rc:
-            raise RuntimeCheckError(f"interleave ({name}, shape {data.shape}): the library refused the call: {_ERRORS.get(rc, rc)}")
+            raise RuntimeCheckError(f"interleave ({name}, shape {data.shape}): the library refused the call: {ERROR_TEXT.get(rc, rc)}")
         return out
 
 _Key = tuple[bool, bool, bool, tuple[str, ...]]
@@ -413,7 +414,7 @@ def _load(portable: bool, vnni: bool, bf16dot: bool, families: tuple[str, ...]) 
 
 def _failure(rc: int, fmt: str, dims: tuple[int, int, int]) -> RuntimeCheckError:
     m, n, k = dims
-    why = _ERRORS.get(rc, f"error code {rc}")
+    why = ERROR_TEXT.get(rc, f"error code {rc}")
     return RuntimeCheckError(f"quant_linear ({fmt}, rows={m}, out_features={n}, in_features={k}): the library refused the call: {why}")
 
 
@@ -689,5 +690,5 @@ QUANT = register_backend(
 
 __all__ = [
     "FAMILIES", "FORMATS", "INT8_FORMATS", "QUANT", "QuantLibrary", "activation_bound", "bf16dot_available", "entry_address", "experts_symbol", "extern_symbol", "families_of",
-    "family_of", "library", "library_for", "library_if_built", "library_in_background", "qlinear", "row_bytes", "source",
+    "ERROR_TEXT", "family_of", "library", "library_for", "library_if_built", "library_in_background", "qlinear", "row_bytes", "source",
 ]

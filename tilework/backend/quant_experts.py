@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tilework.backend.quant import _ERRORS, FORMATS, experts_symbol, family_of, library, library_for, row_bytes
+from tilework.backend.quant import ERROR_TEXT, FORMATS, experts_symbol, family_of, library, library_for, row_bytes
 from tilework.codegen.c.module import _DATA_OFFSET
 from tilework.errors import RuntimeCheckError
 from tilework.op.quant import INTERLEAVED_FORMATS, quant_format
@@ -37,7 +37,7 @@ Dims = tuple[int, int, int, int, int, int]  # T, S, slots, experts, N, K
 
 def _failure(rc: int, fmt: str, dims: Dims) -> RuntimeCheckError:
     t, s, slots, e, n, k = dims
-    why = _ERRORS.get(rc, f"error code {rc}")
+    why = ERROR_TEXT.get(rc, f"error code {rc}")
     return RuntimeCheckError(f"expert_linear ({fmt}, tokens={t}, x dim 1={s}, slots={slots}, experts={e}, out_features={n}, in_features={k}): the library refused the call: {why}")
 
 

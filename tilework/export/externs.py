@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from tilework.backend import onnxruntime as onnxruntime_backend
-from tilework.backend.quant import _ERRORS as QUANT_ERROR_TEXT
+from tilework.backend.quant import ERROR_TEXT as QUANT_ERROR_TEXT
 from tilework.backend.quant import FORMATS as QUANT_FORMATS  # every format has all three entry points
 from tilework.errors import BuildError
 
