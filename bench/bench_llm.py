@@ -29,7 +29,8 @@ summing a 1 GiB float32 array; NumPy's single-threaded ``sum`` if no C compiler 
 start and the end, and before every timed run of a tilework system (the machine's bandwidth
 moves by tens of percent within minutes). Each tilework decode figure is shown as the fraction
 achieved of the bandwidth measured just before its run: weight bytes per decode step (every
-weight matrix is read once per step; the tied embedding is the LM head) / time per step, and
+weight matrix is read once per step; the tied embedding is the LM head; of a mixture of experts
+the experts its tokens choose, on average: ``step_weight_bytes``) / time per step, and
 with the KV cache read added (every cached position of every sequence, in the cache's dtype).
 
     python bench/bench_llm.py [--steps 64] [--repeat 3] [--precisions fp32,bf16,q]
@@ -69,6 +70,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from gguf_files import RandomLlama, block_formats, f32_gguf, file_type, random_llama_gguf  # noqa: E402
+
+# --moe: Qwen3-30B-A3B's mixture (hidden 2048, 128 experts of width 768, 8 a token, 32 query heads
+# of 64 and 4 kv heads: a llama attention in place of its per-head q/k norms), 2 layers of its 48
+MOE_LLAMA = RandomLlama(hidden=2048, intermediate=768, heads=32, kv_heads=4, layers=2, experts=128, experts_used=8)
 from report import SETTLE_S, BandwidthMeter, cpu_features, cpu_model, emit, table  # noqa: E402
 
 THREADS = 2
@@ -303,6 +308,26 @@ def measure(
     return out, warmups
 
 
+def step_weight_bytes(llm: Any, batch: int) -> float:
+    """Weight bytes a decode step of ``batch`` sequences reads: every matrix once, but of a
+    mixture of experts only the experts its tokens choose, ``E (1 - (1 - k / E) ** batch)`` a
+    layer on average (``k`` of ``E`` chosen at random for each token)."""
+    from tilework.op.quant import ALL_FORMATS
+
+    total = float(sum(int(w.nbytes) for w in llm.weights))
+    c = llm.config
+    for i in range(c.layers):
+        if not c.moe_layer(i):
+            continue
+        one = 0  # one expert's bytes: its gate, up and down matrices
+        for proj, rows, cols in (("gate_proj", c.expert_ffn, c.hidden), ("up_proj", c.expert_ffn, c.hidden), ("down_proj", c.hidden, c.expert_ffn)):
+            fmt = llm.formats.get(f"model.layers.{i}.mlp.experts.0.{proj}.weight", "f32")
+            one += rows * (cols * 4 if fmt == "f32" else ALL_FORMATS[fmt].row_bytes(cols))
+        read = c.experts * (1 - (1 - c.experts_used / c.experts) ** batch)
+        total -= (c.experts - read) * one
+    return total
+
+
 def kv_bytes(cfg: Any, batch: int, prompt: int, steps: int, itemsize: int) -> float:
     """Mean KV-cache bytes a decode step reads (keys and values of ``itemsize`` bytes, every layer)."""
     per_token = 2 * cfg.layers * cfg.kv_heads * cfg.head_dim * itemsize
@@ -444,10 +469,13 @@ def main() -> None:
         default="",
         help=f"instead of the embedded SmolLM2, bench/gguf_files.py's random-weight Llama ({RandomLlama()}) quantized by llama.cpp to FTYPE (Q4_K_M, Q4_0, Q8_0, ...), made once under the temp directory",
     )
-    ap.add_argument("--table", default="", help="key of the markdown table printed (default: llm; llm-<ftype> with --random-llama, e.g. llm-q4km; llm-model with --model)")
+    ap.add_argument("--moe", action="store_true", help=f"with --random-llama: the random model a mixture of experts with Qwen3-30B-A3B's widths ({MOE_LLAMA}), 2 of its 48 layers")
+    ap.add_argument("--table", default="", help="key of the markdown table printed (default: llm; llm-<ftype> with --random-llama, e.g. llm-q4km, llm-moe-<ftype> with --moe; llm-model with --model)")
     args = ap.parse_args()
     if args.model and args.random_llama:
         ap.error("--model and --random-llama name two models: give one")
+    if args.moe and not args.random_llama:
+        ap.error("--moe makes the random Llama a mixture of experts: give --random-llama FTYPE")
     shapes = [(int(b), int(p)) for b, p in (x.split("x") for x in args.shapes.split(",") if x)]
     if args.quick and args.shapes == ap.get_default("shapes"):
         shapes = [(1, 32)]
@@ -463,7 +491,7 @@ def main() -> None:
     custom = bool(args.model or args.random_llama)  # another model than the embedded one
     t = time.perf_counter()
     try:
-        path = args.model or (random_llama_gguf(RandomLlama(), args.random_llama) if args.random_llama else default_model_path())
+        path = args.model or (random_llama_gguf(MOE_LLAMA if args.moe else RandomLlama(), args.random_llama) if args.random_llama else default_model_path())
     except ImportError as e:
         ap.error(f"--random-llama quantizes with llama.cpp: {e} (pip install 'tilework[bench]')")
     model_arg = path if custom else None  # what LLM() is given
@@ -477,7 +505,7 @@ def main() -> None:
     bandwidth = f"{bw:.1f} GB/s"
 
     runners: dict[str, Runner] = {}
-    weight_bytes: dict[str, int] = {}
+    weight_bytes: dict[str, dict[int, float]] = {}  # per batch size
     kv_itemsize: dict[str, int] = {}
     cfg = None
     for prec in precisions:
@@ -491,7 +519,7 @@ def main() -> None:
             print(f"{name}: LLM() {took:.1f} s, compiled decoder {state}; weights {sum(w.nbytes for w in llm.weights) / 1e6:.1f} MB, KV cache {llm.cache.dtype}")
             cfg = llm.config
             runners[name] = TileworkRunner(llm)
-            weight_bytes[name] = sum(int(w.nbytes) for w in llm.weights)
+            weight_bytes[name] = {batch: step_weight_bytes(llm, batch) for batch, _ in shapes}
             kv_itemsize[name] = llm.cache.k.itemsize
 
     if not args.no_rss and not args.quick:  # now, while the compiled decoders are in the cache
@@ -544,8 +572,8 @@ def main() -> None:
         for name in runners:
             if name in weight_bytes and cfg is not None:
                 near = res[name].bandwidth or bw
-                w = weight_bytes[name] / res[name].step_s / 1e9
-                kv = (weight_bytes[name] + kv_bytes(cfg, batch, prompt, steps, kv_itemsize[name])) / res[name].step_s / 1e9
+                w = weight_bytes[name][batch] / res[name].step_s / 1e9
+                kv = (weight_bytes[name][batch] + kv_bytes(cfg, batch, prompt, steps, kv_itemsize[name])) / res[name].step_s / 1e9
                 extra[name] = f"{w / near:5.0%} / {kv / near:4.0%}  ({w:.1f} of {near:.1f} GB/s)"
         table[(batch, prompt)] = res
         fractions[(batch, prompt)] = {n: " ".join(e.split()) for n, e in extra.items()}
@@ -568,7 +596,9 @@ def main() -> None:
         assert cfg is not None
         what = f"bench/gguf_files.py's random-weight Llama quantized by llama.cpp to {ftype}" if args.random_llama else f"{Path(path).name} (llama.cpp file type {ftype})"
         shape = f"hidden {cfg.hidden}, intermediate {cfg.ffn}, {cfg.layers} layers, {cfg.heads} heads ({cfg.kv_heads} kv, head dim {cfg.head_dim}), vocabulary {cfg.vocab}"
-        key = args.table or ("llm-" + args.random_llama.lower().replace("_", "") if args.random_llama else "llm-model")  # Q4_K_M: "llm-q4km"
+        if cfg.experts:
+            shape += f", {cfg.experts} experts of width {cfg.expert_ffn}, {cfg.experts_used} a token"
+        key = args.table or ("llm-" + "moe-" * args.moe + args.random_llama.lower().replace("_", "") if args.random_llama else "llm-model")  # Q4_K_M: "llm-q4km"
         print_markdown(table, steps, repeat, bandwidth, fractions, key, f"{what} ({shape}; tensor types {formats})")
     for lr in llama:
         lr.close()

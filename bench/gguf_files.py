@@ -15,7 +15,8 @@ renamed) and reused while it is newer than what it was made from:
   SmolLM2-135M (``tilework.llm.engine.default_model_path``), the head tied to the token table
   as SmolLM2's. Its widths (default hidden 1024, intermediate 2816) are multiples of 256, so
   llama.cpp's k-quant mixes hold k-quant blocks (``Q4_K_M``: Q4_K and Q6_K), where SmolLM2's
-  576 falls back to Q5_0 / Q8_0;
+  576 falls back to Q5_0 / Q8_0; with ``experts``, a mixture of experts in every layer
+  (Mixtral's layout: a router ``ffn_gate_inp``, the experts stacked in ``ffn_*_exps``);
 - :func:`block_formats`: the tensor types a file holds, with their counts;
 - :func:`llama_cpp_scores`: llama.cpp's logits of a file after every prefix of some tokens.
 
@@ -169,10 +170,14 @@ class RandomLlama:
     layers: int = 16
     std: float = 0.02
     seed: int = 0
+    experts: int = 0  # > 0: a mixture of experts in every layer (Mixtral's layout), each of width ``intermediate``
+    experts_used: int = 0
 
     def __post_init__(self) -> None:
         if self.hidden % self.heads or self.heads % self.kv_heads:
             raise ValueError(f"hidden {self.hidden} must split into {self.heads} heads, and the heads into {self.kv_heads} kv heads")
+        if self.experts and not 0 < self.experts_used <= self.experts:
+            raise ValueError(f"experts_used must be in 1..{self.experts}, got {self.experts_used}")
 
     @property
     def head_dim(self) -> int:
@@ -181,7 +186,8 @@ class RandomLlama:
     @property
     def name(self) -> str:
         """The file's stem: the config, so that each config is made once."""
-        return f"random-llama-h{self.hidden}-i{self.intermediate}-a{self.heads}-kv{self.kv_heads}-l{self.layers}-std{self.std:g}-s{self.seed}-g{GENERATION}"
+        moe = f"-e{self.experts}x{self.experts_used}" if self.experts else ""
+        return f"random-llama-h{self.hidden}-i{self.intermediate}-a{self.heads}-kv{self.kv_heads}-l{self.layers}{moe}-std{self.std:g}-s{self.seed}-g{GENERATION}"
 
 
 def random_llama_gguf(cfg: RandomLlama = RandomLlama(), ftype: str = "F32", vocab_from: str | None = None, directory: str | Path | None = None) -> str:
@@ -211,6 +217,9 @@ def random_llama_gguf(cfg: RandomLlama = RandomLlama(), ftype: str = "F32", voca
         w.add_head_count(cfg.heads)
         w.add_head_count_kv(cfg.kv_heads)
         w.add_rope_dimension_count(cfg.head_dim)
+        if cfg.experts:
+            w.add_expert_count(cfg.experts)
+            w.add_expert_used_count(cfg.experts_used)
         copy_fields(reader, w, lambda name: name.startswith("tokenizer.") or name in KEPT_KEYS)
         w.add_file_type(gguf.LlamaFileType.ALL_F32)
         rng = np.random.default_rng(cfg.seed)
@@ -229,9 +238,20 @@ def random_llama_gguf(cfg: RandomLlama = RandomLlama(), ftype: str = "F32", voca
                 ("attn_v", normal(kv, cfg.hidden)),
                 ("attn_output", normal(cfg.hidden, cfg.hidden)),
                 ("ffn_norm", ones),
-                ("ffn_gate", normal(cfg.intermediate, cfg.hidden)),
-                ("ffn_up", normal(cfg.intermediate, cfg.hidden)),
-                ("ffn_down", normal(cfg.hidden, cfg.intermediate)),
+                *(
+                    (
+                        ("ffn_gate_inp", normal(cfg.experts, cfg.hidden) * np.float32(10.0)),  # router logits of std ~1: varied choices
+                        ("ffn_gate_exps", normal(cfg.experts, cfg.intermediate, cfg.hidden)),
+                        ("ffn_up_exps", normal(cfg.experts, cfg.intermediate, cfg.hidden)),
+                        ("ffn_down_exps", normal(cfg.experts, cfg.hidden, cfg.intermediate)),
+                    )
+                    if cfg.experts
+                    else (
+                        ("ffn_gate", normal(cfg.intermediate, cfg.hidden)),
+                        ("ffn_up", normal(cfg.intermediate, cfg.hidden)),
+                        ("ffn_down", normal(cfg.hidden, cfg.intermediate)),
+                    )
+                ),
             ):
                 w.add_tensor(f"blk.{i}.{name}.weight", value)
         w.add_tensor("output_norm.weight", ones)

@@ -59,6 +59,7 @@ BENCHES = [
     Bench(("quant",), ("bench/bench_quant.py", "--threads", THREADS)),
     Bench(("llm", "llm-aims"), ("bench/bench_llm.py",)),
     Bench(("llm-q4km",), ("bench/bench_llm.py", "--random-llama", "Q4_K_M", "--precisions", "q,fp32", "--shapes", "1x32,8x32", "--no-hf")),
+    Bench(("llm-moe-q4km",), ("bench/bench_llm.py", "--random-llama", "Q4_K_M", "--moe", "--precisions", "q", "--shapes", "1x32,8x32,1x512", "--no-hf", "--no-rss")),
     Bench(("llm-start",), ("bench/bench_start.py",)),
     Bench(("serve",), ("bench/bench_serve.py",)),
     Bench(("compile",), ("bench/bench_compile.py",)),

@@ -17,13 +17,10 @@ import pytest
 
 import tilework as tw
 from tests.backend.helpers import K_QUANT_HALVES, k_quant_blocks, offloaded
-from tilework import op
+from tests.op.test_expert_linear import module
 from tilework.backend import quant as Q
 from tilework.backend.quant_experts import qexperts
 from tilework.errors import RuntimeCheckError
-from tilework.ir.builder import BlockBuilder
-from tilework.ir.graph import Var
-from tilework.ir.info import TensorInfo
 from tilework.llm.quant import dequantize_rows, quantize
 from tilework.op.quant import interleave_rows
 from tilework.runtime.extern import lookup_extern_check
@@ -173,19 +170,6 @@ def test_the_extern_check_names_the_argument() -> None:
             check("quant.experts.q8_0", *args)
 
 
-def module(fmt: str, n: int, k: int, per_slot: bool, rows: int) -> tw.IRModule:
-    t = tw.dim("t", min=0, max=64)
-    x = Var("x", TensorInfo((t, SLOTS if per_slot else 1, k), "float32"))
-    w = Var("w", TensorInfo((rows, Q.row_bytes(fmt, k)), "uint8"))
-    ids = Var("ids", TensorInfo((t, SLOTS), "int64"))
-    bb = BlockBuilder()
-    with bb.function("main", [x, w, ids]):
-        with bb.dataflow():
-            out = bb.emit_output(op.expert_linear(x, w, ids, fmt, k, E))
-        bb.emit_func_output(out)
-    return bb.get()
-
-
 @pytest.mark.parametrize("fmt", ["q4_0", "q4_kx16"])
 def test_offloaded_through_build_and_run_natively(fmt: str, tmp_path: Path) -> None:
     """Built with the quant backend: the extern's results are ``qexperts``' (and within the
@@ -197,7 +181,7 @@ def test_offloaded_through_build_and_run_natively(fmt: str, tmp_path: Path) -> N
     w, wf = experts(fmt, n, k)
     rng = np.random.default_rng(3)
     for per_slot in (False, True):
-        mod = module(fmt, n, k, per_slot, w.shape[0])
+        mod = module(fmt, n, per_slot, k, E, SLOTS)
         assert offloaded(mod, ["quant", "codegen"]) == {Q.experts_symbol(fmt): 1}
         exe = tw.build(mod, backends=["quant", "codegen"])
         exe.save(tmp_path / "m.tw")
@@ -229,7 +213,7 @@ def test_the_exported_c_calls_the_library_cleanly(tmp_path: Path) -> None:
     k, n = 64, 16
     w, _ = experts("q8_0", n, k)
     out = tmp_path
-    export_c(tw.build(module("q8_0", n, k, False, w.shape[0]), backends=["quant", "codegen"]), out)
+    export_c(tw.build(module("q8_0", n, False, k, E, SLOTS), backends=["quant", "codegen"]), out)
     assert "tw_qexperts_q8_0(" in (out / "model.c").read_text() and (out / "quant_kernels.c").exists()
     flags = re.search(r"^TW_CFLAGS \?= (.*)$", (out / "Makefile").read_text(), re.M)
     assert flags is not None

@@ -39,16 +39,18 @@ def reference(x: np.ndarray, w: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return np.einsum("tsk,tsnk->tsn", xs.astype(np.float64), w[e].astype(np.float64)).astype(np.float32)
 
 
-def module(fmt: str, n: int, per_slot: bool) -> tw.IRModule:
+def module(fmt: str, n: int, per_slot: bool, k: int = K, experts: int = E, slots: int = SLOTS) -> tw.IRModule:
+    """``main(x, w, ids)``: one ``expert_linear`` of ``experts`` experts of ``n`` rows of ``k``
+    (``fmt`` rows), ``slots`` slots a token, the token count symbolic (0 to 64)."""
     t = tw.dim("t", min=0, max=64)
-    x = Var("x", TensorInfo((t, SLOTS if per_slot else 1, K), "float32"))
-    row = K if fmt == "f32" else quant_format(fmt).row_bytes(K)
-    w = Var("w", TensorInfo((E * n, row), "float32" if fmt == "f32" else "uint8"))
-    ids = Var("ids", TensorInfo((t, SLOTS), "int64"))
+    x = Var("x", TensorInfo((t, slots if per_slot else 1, k), "float32"))
+    row = k if fmt == "f32" else quant_format(fmt).row_bytes(k)
+    w = Var("w", TensorInfo((experts * n, row), "float32" if fmt == "f32" else "uint8"))
+    ids = Var("ids", TensorInfo((t, slots), "int64"))
     bb = BlockBuilder()
     with bb.function("main", [x, w, ids]):
         with bb.dataflow():
-            out = bb.emit_output(op.expert_linear(x, w, ids, fmt, K, E))
+            out = bb.emit_output(op.expert_linear(x, w, ids, fmt, k, experts))
         bb.emit_func_output(out)
     return bb.get()
 

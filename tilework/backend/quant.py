@@ -559,17 +559,31 @@ def _check(fmt: str) -> Callable[..., None]:
         fm = quant_format(fmt)
         if k % fm.block or (fmt in INTERLEAVED_FORMATS and n % 16):
             raise RuntimeCheckError(f"{symbol}: dims {dims} do not fit the {fmt} blocks")
-        for what, a, dtype, size in (("x", x, np.float32, m * k), ("the residual", residual[0] if residual else None, np.float32, m * n), ("out", out, np.float32, m * n)):
-            if a is None and what == "the residual":
-                continue
-            if not isinstance(a, np.ndarray) or a.dtype != dtype or not a.flags.c_contiguous or a.size != size:
-                raise RuntimeCheckError(f"{symbol}: {what} must be a C-contiguous float32 array of {size} elements for dims {dims}, got {a!r:.80}")
-        if not isinstance(w, np.ndarray) or not w.flags.c_contiguous or w.nbytes != n * fm.row_bytes(k):
-            raise RuntimeCheckError(f"{symbol}: the weights must be {n * fm.row_bytes(k)} contiguous bytes for dims {dims}, got {w!r:.80}")
-        if not out.flags.writeable:
-            raise RuntimeCheckError(f"{symbol}: out is read-only")
+        for what, a, size in (("x", x, m * k), ("the residual", residual[0] if residual else None, m * n)):
+            if a is not None or what == "x":
+                check_array(symbol, what, a, (np.float32,), size, dims)
+        check_weights_and_out(symbol, w, n * fm.row_bytes(k), out, m * n, dims)
 
     return check
+
+
+def check_array(symbol: str, what: str, a: Any, dtypes: tuple[Any, ...], size: int, dims: tuple[int, ...]) -> None:
+    """A library call's argument ``what``: a C-contiguous NumPy array of one of ``dtypes`` and
+    ``size`` elements (the C code reads it by raw pointer, as far as ``dims`` say), else a
+    ``RuntimeCheckError`` naming it."""
+    if not isinstance(a, np.ndarray) or a.dtype not in dtypes or not a.flags.c_contiguous or a.size != size:
+        kinds = " or ".join(np.dtype(d).name for d in dtypes)
+        raise RuntimeCheckError(f"{symbol}: {what} must be a C-contiguous {kinds} array of {size} elements for dims {dims}, got {a!r:.80}")
+
+
+def check_weights_and_out(symbol: str, w: Any, nbytes: int, out: Any, size: int, dims: tuple[int, ...]) -> None:
+    """A library call's weights (``nbytes`` contiguous bytes) and its float32 output (``size``
+    elements, writable), else a ``RuntimeCheckError`` naming them."""
+    if not isinstance(w, np.ndarray) or not w.flags.c_contiguous or w.nbytes != nbytes:
+        raise RuntimeCheckError(f"{symbol}: the weights must be {nbytes} contiguous bytes for dims {dims}, got {w!r:.80}")
+    check_array(symbol, "out", out, (np.float32,), size, dims)
+    if not out.flags.writeable:
+        raise RuntimeCheckError(f"{symbol}: out is read-only")
 
 
 for _fmt in FORMATS:
@@ -690,5 +704,5 @@ QUANT = register_backend(
 
 __all__ = [
     "FAMILIES", "FORMATS", "INT8_FORMATS", "QUANT", "QuantLibrary", "activation_bound", "bf16dot_available", "entry_address", "experts_symbol", "extern_symbol", "families_of",
-    "ERROR_TEXT", "family_of", "library", "library_for", "library_if_built", "library_in_background", "qlinear", "row_bytes", "source",
+    "ERROR_TEXT", "check_array", "check_weights_and_out", "family_of", "library", "library_for", "library_if_built", "library_in_background", "qlinear", "row_bytes", "source",
 ]

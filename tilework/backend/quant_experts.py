@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tilework.backend.quant import ERROR_TEXT, FORMATS, experts_symbol, family_of, library, library_for, row_bytes
+from tilework.backend.quant import ERROR_TEXT, FORMATS, check_array, check_weights_and_out, experts_symbol, family_of, library, library_for, row_bytes
 from tilework.codegen.c.module import _DATA_OFFSET
 from tilework.errors import RuntimeCheckError
 from tilework.op.quant import INTERLEAVED_FORMATS, quant_format
@@ -134,15 +134,9 @@ def _check(fmt: str) -> Callable[..., None]:
         fm = quant_format(fmt)
         if s not in (1, slots) or e == 0 or k % fm.block or (fmt in INTERLEAVED_FORMATS and n % 16):
             raise RuntimeCheckError(f"{symbol}: dims {dims} do not fit the {fmt} blocks and experts")
-        for what, a, size in (("x", x, t * s * k), ("out", out, t * slots * n)):
-            if not isinstance(a, np.ndarray) or a.dtype != np.float32 or not a.flags.c_contiguous or a.size != size:
-                raise RuntimeCheckError(f"{symbol}: {what} must be a C-contiguous float32 array of {size} elements for dims {dims}, got {a!r:.80}")
-        if not isinstance(ids, np.ndarray) or ids.dtype not in (np.int32, np.int64) or not ids.flags.c_contiguous or ids.size != t * slots:
-            raise RuntimeCheckError(f"{symbol}: ids must be a C-contiguous int32 or int64 array of {t * slots} elements for dims {dims}, got {ids!r:.80}")
-        if not isinstance(w, np.ndarray) or not w.flags.c_contiguous or w.nbytes != e * n * fm.row_bytes(k):
-            raise RuntimeCheckError(f"{symbol}: the weights w must be {e * n * fm.row_bytes(k)} contiguous bytes for dims {dims}, got {w!r:.80}")
-        if not out.flags.writeable:
-            raise RuntimeCheckError(f"{symbol}: out is read-only")
+        check_array(symbol, "x", x, (np.float32,), t * s * k, dims)
+        check_array(symbol, "ids", ids, (np.int32, np.int64), t * slots, dims)
+        check_weights_and_out(symbol, w, e * n * fm.row_bytes(k), out, t * slots * n, dims)
 
     return check
 
