@@ -10,7 +10,7 @@ times on the same cache positions (the step's keys and values are written to the
 again, so every call has the same shape); the thread counts take turns within one process
 (``omp_set_num_threads``: every OpenMP library of the process shares one runtime).
 
-    python bench/profile_decode.py [--precision q] [--shapes 1x32,8x32] [--threads 1,2] [--calls 40]
+    python bench/profile_decode.py [--precision q] [--shapes 1x32,8x32] [--threads 1,2] [--calls 40] [--model PATH]
 
 Prints one table per shape and thread count, then the batch-8 to batch-1 throughput ratios
 (by whole-step minimum and by the sum of instruction minima). A diagnosis, not a docs table.
@@ -67,8 +67,9 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
     ap.add_argument("--calls", type=int, default=40)
     ap.add_argument("--top", type=int, default=12, help="callees shown per table")
+    ap.add_argument("--model", default=None, help="a GGUF file or checkpoint instead of the embedded SmolLM2-135M")
     args = ap.parse_args()
-    llm = LLM(precision=args.precision, runtime="vm")  # the VM's instructions are what is timed (native code runs the same kernels)
+    llm = LLM(args.model, precision=args.precision, runtime="vm")  # the VM's instructions are what is timed (native code runs the same kernels)
     cache, rng = llm.cache, np.random.default_rng(0)
     print(f"tilework {args.precision}, KV cache {cache.dtype}, load {os.getloadavg()[0]:.1f} at the start")
     results: dict[tuple[int, int, int], tuple[float, float]] = {}
