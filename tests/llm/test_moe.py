@@ -117,3 +117,15 @@ def test_llama_cpp_scores_a_moe_file_as_tilework_does(tmp_path: Path, kind: str)
     got, want, _, ids = llama_cpp_and_tilework(hf, tmp_path / f"{kind}.gguf", seed=5)
     np.testing.assert_allclose(got, log_probs(hf, ids), rtol=0, atol=1e-4)
     np.testing.assert_allclose(got, want, rtol=0, atol=6e-3)
+
+
+def test_gguf_names_of_experts() -> None:
+    """A router and the stacked experts' tensors (``ffn_*_exps``), and an older Mixtral file's one
+    tensor an expert (``ffn_gate.{e}``), under the decoder's names."""
+    from tilework.llm.gguf import hf_tensor_name
+
+    assert hf_tensor_name("blk.2.ffn_gate_inp.weight") == "model.layers.2.mlp.gate.weight"
+    assert hf_tensor_name("blk.2.ffn_up_exps.weight", "qwen3moe") == "model.layers.2.mlp.experts.up_proj.weight"
+    assert hf_tensor_name("blk.3.ffn_down.5.weight") == "model.layers.3.mlp.experts.5.down_proj.weight"
+    assert hf_tensor_name("blk.3.ffn_gate.12.weight") == "model.layers.3.mlp.experts.12.gate_proj.weight"
+    assert hf_tensor_name("blk.3.ffn_norm.5.weight") is None
