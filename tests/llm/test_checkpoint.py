@@ -66,6 +66,7 @@ def save(path: Path, kind: str = "llama", dtype: str = "float32", tokenizer: boo
         "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM),
         "olmoe": (transformers.OlmoeConfig, transformers.OlmoeForCausalLM),
         "granitemoe": (transformers.GraniteMoeConfig, transformers.GraniteMoeForCausalLM),
+        "qwen2_moe": (transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM),
     }[kind]
     model = model_cls(config_cls(**{**SMALL, **kw})).eval()
     with torch.no_grad():  # norm weights away from transformers' ones: their values count too
@@ -173,8 +174,10 @@ def write_gguf_of(hf: Any, path: Path, fmt: str = "f32", meta: dict[str, Any] | 
     if experts:  # a mixture of experts (the converter's keys)
         w.add_uint32(f"{arch}.expert_count", experts)
         w.add_uint32(f"{arch}.expert_used_count", c.num_experts_per_tok)
-        if arch == "qwen3moe":
+        if arch in ("qwen3moe", "qwen2moe"):
             w.add_uint32(f"{arch}.expert_feed_forward_length", c.moe_intermediate_size)
+        if arch == "qwen2moe":
+            w.add_uint32(f"{arch}.expert_shared_feed_forward_length", c.shared_expert_intermediate_size)
     for key, value in {"block_count": c.num_hidden_layers, "context_length": c.max_position_embeddings, "embedding_length": c.hidden_size, "feed_forward_length": c.intermediate_size,
                        "attention.head_count": c.num_attention_heads, "attention.head_count_kv": c.num_key_value_heads, "attention.key_length": hd,
                        "attention.value_length": hd, "rope.dimension_count": hd}.items():  # fmt: skip
@@ -212,7 +215,7 @@ def write_gguf_of(hf: Any, path: Path, fmt: str = "f32", meta: dict[str, Any] | 
     return close_gguf(w, path)
 
 
-GGUF_ARCH = {"qwen3_moe": "qwen3moe", "mixtral": "llama"}  # llama.cpp's architecture of a transformers model type where they differ
+GGUF_ARCH = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama"}  # llama.cpp's architecture of a transformers model type where they differ
 
 
 def moe_state(state: dict[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Mixture-of-experts decoders (``tilework.llm.moe``): Qwen3-MoE (``Qwen3MoeForCausalLM``; GGUF
 ``qwen3moe``), Mixtral (``MixtralForCausalLM``; GGUF ``llama`` with experts), OLMoE
-(``OlmoeForCausalLM``; GGUF ``olmoe``) and Granite MoE (``GraniteMoeForCausalLM``, GGUF
-``granitemoe``: Granite's multipliers too). Small random models: the config read as transformers
+(``OlmoeForCausalLM``; GGUF ``olmoe``), Granite MoE (``GraniteMoeForCausalLM``, GGUF
+``granitemoe``: Granite's multipliers too) and Qwen2-MoE (``Qwen2MoeForCausalLM``, GGUF
+``qwen2moe``: a shared expert, gated). Small random models: the config read as transformers
 reads it, transformers' log-probabilities and greedy tokens from a checkpoint and from a GGUF
 file written as llama.cpp's converter writes it (the experts stacked), the quantized and bf16
 paths against float32, and, with llama-cpp-python, llama.cpp's scores on the file."""
@@ -33,6 +34,7 @@ MOE: dict[str, dict[str, Any]] = {
     "qwen3_moe": dict(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, head_dim=16, mlp_only_layers=[1]),
     "mixtral": dict(num_local_experts=6, num_experts_per_tok=2, intermediate_size=32, num_hidden_layers=1),
     "olmoe": dict(num_experts=6, num_experts_per_tok=2, intermediate_size=32, norm_topk_prob=False, num_hidden_layers=1, num_key_value_heads=4),
+    "qwen2_moe": dict(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48, norm_topk_prob=False, num_hidden_layers=1),
     "granitemoe": dict(num_local_experts=6, num_experts_per_tok=2, intermediate_size=32, num_hidden_layers=1, embedding_multiplier=4.0, residual_multiplier=0.5,
                        attention_multiplier=0.1, logits_scaling=2.0),
 }  # (Mixtral, OLMoE and Granite: one layer, the suite's time; OLMoE without grouped queries, as llama.cpp reads its k_norm)
@@ -40,6 +42,7 @@ FIELDS = {  # (architecture, experts, experts_used, expert_ffn, expert_norm, den
     "qwen3_moe": ("qwen3moe", 6, 2, 32, True, (1,)),
     "mixtral": ("llama", 6, 2, 32, True, ()),
     "olmoe": ("olmoe", 6, 2, 32, False, ()),
+    "qwen2_moe": ("qwen2moe", 6, 2, 32, False, ()),
     "granitemoe": ("granitemoe", 6, 2, 32, True, ()),
 }
 

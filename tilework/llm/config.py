@@ -15,7 +15,8 @@ per-head q/k norms; with a sliding window, its global layers attend without the 
 embedding); ``ernie4_5`` (ERNIE 4.5: llama whose rotary embedding pairs dims ``2i, 2i + 1`` of a
 head, in its checkpoints and GGUF files alike: the loaders reorder its q / k rows to the
 "rotate half" order, ``tilework.llm.gguf.INTERLEAVED``; ``use_bias``: every projection's bias);
-``qwen3moe`` (Qwen3-MoE: qwen3 with a mixture of experts as its MLP), ``olmoe`` (OLMoE:
+``qwen3moe`` (Qwen3-MoE: qwen3 with a mixture of experts as its MLP), ``qwen2moe`` (Qwen2-MoE,
+Qwen1.5-MoE: qwen2 with a mixture of experts and a shared expert), ``olmoe`` (OLMoE:
 OLMo 2's q / k norms, llama's norms, a mixture of experts) and ``granitemoe`` (Granite 3.x MoE:
 granite's multipliers and a mixture of experts), and ``llama`` files and ``mixtral``
 checkpoints with experts (Mixtral): :mod:`tilework.llm.moe` reads the experts' fields;
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
 
     from tilework.llm.gguf import GGUFFile
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "olmo2", "granite", "exaone4", "ernie4_5", "qwen3moe", "olmoe", "granitemoe")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "olmo2", "granite", "exaone4", "ernie4_5", "qwen3moe", "olmoe", "granitemoe", "qwen2moe")
 NOPE_INTERVAL = 4  # SmolLM3: every fourth layer is not rotated (transformers' no_rope_layer_interval default; llama.cpp's fixed step)
 @dataclass(frozen=True, slots=True)
 class LlmConfig:
@@ -82,7 +83,8 @@ class LlmConfig:
     float32 constant, as transformers' float32 model and llama.cpp apply it. ``experts`` (0: a
     dense model), ``experts_used``, ``expert_ffn``, ``expert_norm``, ``expert_scale`` and
     ``dense_layers``: a mixture-of-experts MLP in every layer but ``dense_layers``
-    (:mod:`tilework.llm.moe`, :meth:`moe_layer`)."""
+    (:mod:`tilework.llm.moe`, :meth:`moe_layer`); ``shared_ffn``: the width of its shared expert
+    (0: none; Qwen2-MoE's)."""
 
     architecture: str
     hidden: int
@@ -120,6 +122,7 @@ class LlmConfig:
     expert_norm: bool = False
     expert_scale: float = 1.0
     dense_layers: tuple[int, ...] = ()
+    shared_ffn: int = 0
 
     def __post_init__(self) -> None:
         if self.architecture not in ARCHITECTURES:
@@ -162,7 +165,7 @@ class LlmConfig:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (positive and v <= 0):
                 raise TileworkError(f"LlmConfig.{name} must be a finite number{' above 0' if positive else ''}, got {v!r}")
         object.__setattr__(self, "dense_layers", tuple(sorted(int(i) for i in self.dense_layers)))
-        check_moe(self.experts, self.experts_used, self.expert_ffn, self.expert_scale, self.dense_layers, self.layers)
+        check_moe(self.experts, self.experts_used, self.expert_ffn, self.expert_scale, self.dense_layers, self.layers, self.shared_ffn)
         for name in ("attn_softcap", "final_softcap"):
             cap = getattr(self, name)
             if cap is not None and not (isinstance(cap, (int, float)) and not isinstance(cap, bool) and 0 < cap < math.inf):
@@ -408,7 +411,7 @@ class LlmConfig:
         get, need = key_reader(d, defaults, where)
         if get("hidden_act") != "silu":
             raise UnsupportedError(f"{where}: hidden_act {get('hidden_act')!r} is not supported (only 'silu')")
-        if model_type == "qwen2":
+        if model_type in ("qwen2", "qwen2_moe"):
             qkv_bias, out_bias = True, False
         elif model_type == "phi3":  # no biases (its projections are fused in the file: weights.split_fused)
             qkv_bias = out_bias = False
@@ -457,7 +460,7 @@ class LlmConfig:
 
 
 # the architecture (LlmConfig.architecture, GGUF's name) of a transformers model type where they differ
-_HF_ARCHITECTURE = {"mistral": "llama", "mixtral": "llama", "qwen3_moe": "qwen3moe"}
+_HF_ARCHITECTURE = {"mistral": "llama", "mixtral": "llama", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe"}
 # the transformers class defaults (LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, ...) of the keys a
 # config.json may omit; the model types read
 _HF_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -471,6 +474,7 @@ _HF_DEFAULTS: dict[str, dict[str, Any]] = {
     "ernie4_5": {"hidden_act": "silu", "rms_norm_eps": 1e-5, "max_position_embeddings": 131072, "tie_word_embeddings": True, "rope_theta": 500000.0, "head_dim": 128},
     "exaone4": {"hidden_act": "silu", "rms_norm_eps": 1e-5, "max_position_embeddings": 2048, "tie_word_embeddings": False, "rope_theta": 10000.0, "sliding_window": 4096},
     "mixtral": {"hidden_act": "silu", "rms_norm_eps": 1e-5, "max_position_embeddings": 131072, "tie_word_embeddings": False, "rope_theta": 1000000.0},
+    "qwen2_moe": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": False, "rope_theta": 10000.0},
     "qwen3_moe": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": False, "rope_theta": 10000.0, "head_dim": 128},
     "olmoe": {"hidden_act": "silu", "rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "tie_word_embeddings": False, "rope_theta": 10000.0},
     "granitemoe": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "tie_word_embeddings": False, "rope_theta": 10000.0,
@@ -553,7 +557,7 @@ def _hf_sliding_window(d: Mapping[str, Any], model_type: str, layers: int, conte
         window = d["sliding_window"] if "sliding_window" in d else _HF_DEFAULTS["mistral"]["sliding_window"]
     elif model_type in ("phi3", "mixtral"):
         window = d.get("sliding_window")
-    elif model_type in ("qwen2", "qwen3", "smollm3") and d.get("use_sliding_window"):
+    elif model_type in ("qwen2", "qwen3", "smollm3", "qwen2_moe", "qwen3_moe") and d.get("use_sliding_window"):
         window = d.get("sliding_window", 4096 if model_type != "smollm3" else None)
     else:
         window = None
@@ -562,7 +566,7 @@ def _hf_sliding_window(d: Mapping[str, Any], model_type: str, layers: int, conte
         nope = _hf_nope_layers(d, layers, where)
         types = ["sliding_attention" if window is not None and i in nope else "full_attention" for i in range(layers)]
     elif types is None:
-        first = d.get("max_window_layers", 28) if model_type in ("qwen2", "qwen3") else 0
+        first = d.get("max_window_layers", 28) if model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") else 0
         types = ["sliding_attention" if window is not None and i >= first else "full_attention" for i in range(layers)]
     sliding = sliding_layers(types, None, where)
     if window is None or not sliding or int(window) >= context:

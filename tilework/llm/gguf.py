@@ -69,6 +69,11 @@ _PER_LAYER = {
     "ffn_gate_exps": "mlp.experts.gate_proj",
     "ffn_up_exps": "mlp.experts.up_proj",
     "ffn_down_exps": "mlp.experts.down_proj",
+    # Qwen2-MoE's shared expert and its gate (a GGUF vector of hidden weights: the [1, hidden] matrix)
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
 # Gemma's four norms a layer: ffn_norm is the one before the MLP, and two more after the sublayers
 _GEMMA_PER_LAYER = {
@@ -333,5 +338,7 @@ def gguf_tensors(source: "str | os.PathLike[str] | GGUFFile | GGUFReader", confi
             if t.shape[0] != heads * config.head_dim:
                 raise ShapeError(f"{gf.path}: tensor {gguf_name} has {t.shape[0]} rows, expected {heads} heads x {config.head_dim}")
             t = t.gather_rows(rope_row_order(heads, config.head_dim))
+        if name.endswith(".shared_expert_gate.weight") and len(t.shape) == 1:  # stored as a vector: a matrix of one row
+            t = QuantTensor(name, (1, *t.shape), t.fmt, t.data.reshape(1, -1))
         out[name] = dataclasses.replace(t, name=name)
     return out

@@ -80,10 +80,7 @@ from tilework.transform.panels import PANEL, packed_shape
 
 # Projections that read the same input are one matrix multiply when their weights share a
 # format: the merged parameter's rows are the parts' rows, in this order (biases likewise).
-MERGED = {
-    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
-}
+MERGED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
 
 def merged_parts(name: str, experts: int = 0) -> list[str] | None:
@@ -96,11 +93,10 @@ def merged_parts(name: str, experts: int = 0) -> list[str] | None:
     if sep and experts and rest.count(".") == 1:  # a stacked projection, not one expert's
         proj, kind = rest.split(".")
         return [f"{prefix}.mlp.experts.{e}.{proj}.{kind}" for e in range(experts)]
-    for merged, parts in MERGED.items():
-        prefix, sep, kind = name.rpartition(f".{merged}.")
-        if sep:
-            return [f"{prefix}.{part}.{kind}" for part in parts]
-    return None
+    prefix, _, leaf = name.rpartition(".")
+    path, _, merged = prefix.rpartition(".")
+    parts = MERGED.get(merged)
+    return None if parts is None else [f"{path}.{part}.{leaf}" for part in parts]
 
 
 def _fmt(formats: dict[str, str], name: str) -> str:
@@ -241,21 +237,25 @@ class Attention(Module):
 
 
 class MLP(Module):
-    def __init__(self, cfg: LlmConfig, prefix: str, formats: dict[str, str]) -> None:
+    """A gated MLP of width ``ffn`` (default: the config's) whose weights are ``{prefix}.{path}.*``
+    (``mlp``; a Qwen2-MoE shared expert's ``mlp.shared_expert``)."""
+
+    def __init__(self, cfg: LlmConfig, prefix: str, formats: dict[str, str], path: str = "mlp", ffn: int | None = None) -> None:
         bias = cfg.mlp_bias
+        width = cfg.ffn if ffn is None else ffn
 
         def proj(name: str, n_in: int, n_out: int) -> Module:
-            return linear(n_in, n_out, _fmt(formats, f"{prefix}.mlp.{name}.weight"), bias)
+            return linear(n_in, n_out, _fmt(formats, f"{prefix}.{path}.{name}.weight"), bias)
 
-        self.ffn = cfg.ffn
+        self.ffn = width
         self.gelu = cfg.gemma  # Gemma: gelu_tanh(gate) * up
-        fmts = {_fmt(formats, f"{prefix}.mlp.{n}.weight") for n in ("gate_proj", "up_proj")}
+        fmts = {_fmt(formats, f"{prefix}.{path}.{n}.weight") for n in ("gate_proj", "up_proj")}
         if len(fmts) == 1:  # one matrix multiply for the two (see MERGED)
-            self.gate_up_proj = linear(cfg.hidden, 2 * cfg.ffn, fmts.pop(), bias)
+            self.gate_up_proj = linear(cfg.hidden, 2 * width, fmts.pop(), bias)
         else:
-            self.gate_proj = proj("gate_proj", cfg.hidden, cfg.ffn)
-            self.up_proj = proj("up_proj", cfg.hidden, cfg.ffn)
-        self.down_proj = proj("down_proj", cfg.ffn, cfg.hidden)
+            self.gate_proj = proj("gate_proj", cfg.hidden, width)
+            self.up_proj = proj("up_proj", cfg.hidden, width)
+        self.down_proj = proj("down_proj", width, cfg.hidden)
 
     def forward(self, x: Tensor) -> Tensor:
         if hasattr(self, "gate_up_proj"):
@@ -297,12 +297,17 @@ class Experts(Module):
 
 class MoE(Module):
     """A mixture-of-experts MLP: the router (``gate``) picks ``experts_used`` experts a token,
-    whose outputs are summed with their routing weights (:mod:`tilework.llm.moe`)."""
+    whose outputs are summed with their routing weights (:mod:`tilework.llm.moe`); with
+    ``shared_ffn`` a shared expert (an MLP of that width) adds its output times
+    ``sigmoid(shared_expert_gate(x))`` (Qwen2-MoE)."""
 
     def __init__(self, cfg: LlmConfig, prefix: str, formats: dict[str, str]) -> None:
         self.cfg = cfg
         self.gate = linear(cfg.hidden, cfg.experts, _fmt(formats, f"{prefix}.mlp.gate.weight"))
         self.experts = Experts(cfg, prefix, formats)
+        if cfg.shared_ffn:
+            self.shared_expert = MLP(cfg, prefix, formats, "mlp.shared_expert", cfg.shared_ffn)
+            self.shared_expert_gate = linear(cfg.hidden, 1, _fmt(formats, f"{prefix}.mlp.shared_expert_gate.weight"))
 
     def forward(self, x: Tensor) -> Tensor:
         cfg = self.cfg
@@ -320,7 +325,10 @@ class MoE(Module):
         experts = self.experts
         h = ops.silu(experts.gate_proj(one, ids)) * experts.up_proj(one, ids)  # [tokens, k, expert_ffn]
         y = experts.down_proj(h, ids)  # [tokens, k, hidden]
-        return ops.sum(y * weights.reshape(tokens, k, 1), 1).reshape(*lead, cfg.hidden)
+        out = ops.sum(y * weights.reshape(tokens, k, 1), 1).reshape(*lead, cfg.hidden)
+        if cfg.shared_ffn:
+            out = out + self.shared_expert(x) * ops.sigmoid(self.shared_expert_gate(x))
+        return out
 
 
 class Layer(Module):

@@ -186,6 +186,11 @@ def expected_shapes(config: LlmConfig) -> dict[str, tuple[int, ...]]:
                 out[p + f"mlp.experts.{e}.gate_proj.weight"] = (c.expert_ffn, c.hidden)
                 out[p + f"mlp.experts.{e}.up_proj.weight"] = (c.expert_ffn, c.hidden)
                 out[p + f"mlp.experts.{e}.down_proj.weight"] = (c.hidden, c.expert_ffn)
+            if c.shared_ffn:  # Qwen2-MoE's shared expert and its gate
+                out[p + "mlp.shared_expert.gate_proj.weight"] = (c.shared_ffn, c.hidden)
+                out[p + "mlp.shared_expert.up_proj.weight"] = (c.shared_ffn, c.hidden)
+                out[p + "mlp.shared_expert.down_proj.weight"] = (c.hidden, c.shared_ffn)
+                out[p + "mlp.shared_expert_gate.weight"] = (1, c.hidden)
             continue
         out[p + "mlp.gate_proj.weight"] = (c.ffn, c.hidden)
         out[p + "mlp.up_proj.weight"] = (c.ffn, c.hidden)
