@@ -598,7 +598,7 @@ def main() -> None:
         shape = f"hidden {cfg.hidden}, intermediate {cfg.ffn}, {cfg.layers} layers, {cfg.heads} heads ({cfg.kv_heads} kv, head dim {cfg.head_dim}), vocabulary {cfg.vocab}"
         if cfg.experts:
             shape += f", {cfg.experts} experts of width {cfg.expert_ffn}, {cfg.experts_used} a token"
-        key = args.table or ("llm-" + "moe-" * args.moe + args.random_llama.lower().replace("_", "") if args.random_llama else "llm-model")  # Q4_K_M: "llm-q4km"
+        key = args.table or ("llm-" + "moe-" * args.moe + args.random_llama.lower().replace("_", "") if args.random_llama else "llm-model")  # Q4_K_M: "llm-q4km", with --moe "llm-moe-q4km"
         print_markdown(table, steps, repeat, bandwidth, fractions, key, f"{what} ({shape}; tensor types {formats})")
     for lr in llama:
         lr.close()

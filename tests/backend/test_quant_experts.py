@@ -163,7 +163,7 @@ def test_the_extern_check_names_the_argument() -> None:
         ((x, w, ids, (2, 2, SLOTS, E, n, k), out), "do not fit"),
         ((x[:1], w, ids, dims, out), "x must be a C-contiguous float32 array of 128"),
         ((x, w, ids.astype(np.int16), dims, out), "ids must be a C-contiguous int32 or int64"),
-        ((x, w[1:], ids, dims, out), "the weights w must be"),
+        ((x, w[1:], ids, dims, out), "the weights must be"),
         ((x, w, ids, dims, out[:, :, :-1]), "out must be"),
     ]:
         with pytest.raises(RuntimeCheckError, match=message):
