@@ -40,15 +40,40 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: a test that takes more than a second or two")
 
 
-# (structural hash, digest of the text) of the modules that survived print -> parse in this process: a
+# the keys (``_module_key``) of the modules that survived print -> parse in this process: a
 # pipeline rebuilds many modules equal to earlier ones (the same model, config or pass result
 # in several tests); parsing the same text again would check nothing new
-_ROUND_TRIPPED: set[tuple[int, bytes]] = set()
+_ROUND_TRIPPED: set[tuple[Any, ...]] = set()
+
+
+def _module_key(mod: IRModule, seen: dict[tuple[int, str], tuple[int, bytes]]) -> tuple[Any, ...]:
+    """What decides a module's round trip: its attrs and, for each function in order, its name,
+    its structural hash and the digest of its text printed alone. Two modules with one key print
+    to the same text (the same functions in the same order; a meta section's constants are
+    structurally part of their functions) and hash alike, so one round trip checks both. Each
+    function object is hashed and printed once (``seen``: by its id and name, while the test's
+    modules, which hold it, are alive): a pipeline's modules share most of their functions."""
+    from tilework.ir.structural import structural_hash
+    from tilework.text import print_module
+
+    funcs = []
+    for name, func in mod.items():
+        k = (id(func), name)
+        if k not in seen:
+            try:
+                text = print_module(IRModule({name: func}))
+            except Exception:  # (printed alone it fails: the whole module's round trip will say why)
+                text = f"unprintable alone: {id(func)}"
+            seen[k] = (structural_hash(func), hashlib.blake2b(text.encode(), digest_size=16).digest())
+        funcs.append((name, *seen[k]))
+    return (structural_hash(IRModule({}, mod.attrs)), tuple(funcs))  # (the attrs hashed as a module hashes them)
 
 
 @pytest.fixture(autouse=True)
 def roundtrip_built_modules(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[IRModule]]:
-    """Records the modules built during the test and checks their text round trip afterwards."""
+    """Records the modules built during the test and checks their text round trip afterwards:
+    each prints, parses back structurally equal, and the parsed module's functions (and attrs)
+    hash as the built one's (so the module hashes alike)."""
     built: list[IRModule] = []
     if request.node.get_closest_marker("no_roundtrip") is not None:
         yield built
@@ -67,20 +92,17 @@ def roundtrip_built_modules(request: pytest.FixtureRequest, monkeypatch: pytest.
     from tilework.ir.structural import assert_structural_equal, structural_hash
     from tilework.text import parse, print_module
 
-    seen: set[int] = set()
+    funcs: dict[tuple[int, str], tuple[int, bytes]] = {}
     for mod in built:
-        if id(mod) in seen:
-            continue
-        seen.add(id(mod))
-        digest = structural_hash(mod)
-        text = print_module(mod)
-        key = (digest, hashlib.blake2b(text.encode(), digest_size=16).digest())
+        key = _module_key(mod, funcs)
         if key in _ROUND_TRIPPED:
-            continue  # a structurally equal module with the same text already round-tripped in this process
+            continue  # a module that prints to the same text and hashes alike already round-tripped in this process
+        text = print_module(mod)
         try:
             back = parse(text)
             assert_structural_equal(mod, back)
-            assert digest == structural_hash(back), "equal modules hash differently"
+            # a module's hash is its attrs' and then each function's, in order: these equal, it is equal
+            assert key[0] == structural_hash(IRModule({}, back.attrs)) and [f[1] for f in key[1]] == [structural_hash(back[name]) for name in mod], "equal modules hash differently"
         except Exception as e:
             pytest.fail(f"module does not round-trip through text ({e})\n--- text ---\n{text}", pytrace=False)
         _ROUND_TRIPPED.add(key)
