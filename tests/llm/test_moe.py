@@ -114,8 +114,8 @@ def test_what_is_not_supported_is_refused(tmp_path: Path) -> None:
 def test_llama_cpp_scores_a_moe_file_as_tilework_does(tmp_path: Path, kind: str) -> None:
     """llama.cpp (llama-cpp-python) on the GGUF file of a random mixture of 3 layers: 40 tokens'
     log-probabilities as tilework's (and transformers', 1e-4): measured 5.9e-4 (Qwen3-MoE), 2.8e-4
-    (Mixtral), 4.7e-4 (OLMoE), 9.3e-5 (Granite MoE, its multipliers set) from tilework, what
-    transformers' differ from llama.cpp's by."""
+    (Mixtral), 4.7e-4 (OLMoE), 9.3e-5 (Granite MoE, its multipliers set), 5.3e-4 (Qwen2-MoE, its
+    shared expert) from tilework, what transformers' differ from llama.cpp's by."""
     hf = save(tmp_path / "ckpt", kind, **{**MOE[kind], "num_hidden_layers": 3, "mlp_only_layers": []}, initializer_range=0.05)
     got, want, _, ids = llama_cpp_and_tilework(hf, tmp_path / f"{kind}.gguf", seed=5)
     np.testing.assert_allclose(got, log_probs(hf, ids), rtol=0, atol=1e-4)
