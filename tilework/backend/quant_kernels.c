@@ -1577,15 +1577,12 @@ TWQ_INLINE void twq_i8_gemv_tile(int fmt, int MR, const twq_xq* xq, int64_t r0, 
  * weight vectors are added before one vpmaddwd (at most 2 * 2 * 63 * 127 = 32004). The int32
  * sums are those of twq_k6_bits + twq_i8_rows (exact in any order), and the float updates run
  * block by block in order as twq_k16_acc's: the same bits. The next tile is prefetched into L2
- * (TWQ_K6_HINT), not L1: measured on the Zen 4 machine with the 49152 x 2048 head in DRAM at one
+ * (as twq_x16_l2), not L1: measured on the Zen 4 machine with the 49152 x 2048 head in DRAM at one
  * row of x, 2.9 ms against 7-9 ms with _MM_HINT_T0 (the half's 27 lines of the next tile
  * arriving as its own 27 are read, 54 KiB of tiles in a 32 KiB L1), where the block-by-block
  * kernel took 4.8-6 ms; with the weights in L3 (2048 x 5632) 0.19 ms against 0.31. Beyond
  * TWQ_K6_MR rows the block-by-block kernel (twq_i8_gemv_tile_x16), also prefetching into L2,
  * is faster with VNNI (at 8 rows 0.78 ms against 0.87 in L3), slower without. */
-#ifndef TWQ_K6_HINT
-#define TWQ_K6_HINT _MM_HINT_T1
-#endif
 #ifndef TWQ_K6_MR
 #ifdef TWQ_VNNI
 #define TWQ_K6_MR 5
@@ -1605,8 +1602,8 @@ TWQ_INLINE void twq_k6_dots(int MR, int lo, int hi, const __m512i* Hp, const uin
 #endif
 #pragma GCC unroll 8
     for (int t = 0; t < 8; ++t) {
-        if (2 * t < lines) _mm_prefetch(pf + 128 * t, TWQ_K6_HINT);
-        if (2 * t + 1 < lines) _mm_prefetch(pf + 128 * t + 64, TWQ_K6_HINT);
+        if (2 * t < lines) _mm_prefetch(pf + 128 * t, _MM_HINT_T1);
+        if (2 * t + 1 < lines) _mm_prefetch(pf + 128 * t + 64, _MM_HINT_T1);
         const __m512i l = _mm512_loadu_si512((const void*)(L + 64 * t));
         const __m512i wl = lo ? _mm512_ternarylogic_epi32(l, _mm512_slli_epi32(Hp[t], 4), m0f, 0xE4) : l; /* c ? a : b */
         const __m512i wh = hi ? _mm512_ternarylogic_epi32(_mm512_srli_epi32(l, 4), Hp[t], m0f, 0xE4) : l;
@@ -1702,6 +1699,14 @@ TWQ_INLINE void twq_k6_gemv_tile_x16(int MR, const twq_xq* xq, int64_t r0, const
     for (int r = 0; r < MR; ++r) _mm512_storeu_ps(y + (r0 + r) * N + n0, acc[r]);
 }
 
+/* Whether the x16 GEMV prefetches the next tile into L2 (_MM_HINT_T1) rather than L1: the
+ * k-quants and iq4. Measured on the Zen 4 machine (1 thread, old and new in one process in
+ * rounds, min), one row of x, the 49152 x 2048 head from DRAM: q4_kx16 2.61 -> 1.87 ms, q5_kx16
+ * 5.69 -> 4.41, q3_kx16 3.04 -> 2.70, iq4_nlx16 2.19 -> 1.79, iq4_xsx16 2.08 -> 1.62, q2_kx16
+ * 1.92 either way; at eight rows 1.0-1.1x; 2048 x 5632 (in L3) 1.0-1.15x. Not for the
+ * others: q8_0x16 and q4_1x16 read 0.95x as fast at one row (49152 x 2048, 49152 x 576). */
+static inline int twq_x16_l2(int fmt) { return twq_is_k(fmt) || twq_is_iq4(fmt); }
+
 /* Rows of x r0 .. r0+MR against the interleaved group of W rows n0 .. n0+16 (n0 % 16 == 0). */
 TWQ_INLINE void twq_i8_gemv_tile_x16(int fmt, int MR, const twq_xq* xq, int64_t r0, const uint8_t* w, int64_t rb, int64_t n0,
                                      int64_t nr, float* y, int64_t N) {
@@ -1717,7 +1722,7 @@ TWQ_INLINE void twq_i8_gemv_tile_x16(int fmt, int MR, const twq_xq* xq, int64_t 
     const char* ahead = (const char*)(grp + 16 * TWQ_IAHEAD * rb);
     for (int64_t j = 0; j < nb; ++j) {
         for (int64_t o = 0; o < bb; o += 64) {
-            if (fmt == TWQ_Q6_K) _mm_prefetch(ahead + j * bb + o, TWQ_K6_HINT); /* see twq_k6_gemv_tile_x16 */
+            if (twq_x16_l2(fmt)) _mm_prefetch(ahead + j * bb + o, _MM_HINT_T1);
             else _mm_prefetch(ahead + j * bb + o, _MM_HINT_T0);
         }
         __m512i W[8];
