@@ -1564,17 +1564,167 @@ TWQ_INLINE void twq_i8_gemv_tile(int fmt, int MR, const twq_xq* xq, int64_t r0, 
     for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * N + n0, mk, acc[r]);
 }
 
+/* q6_kx16's GEMV at up to TWQ_K6_MR rows of x: a half super-block (blocks j0 .. j0+3,
+ * sub-blocks 4h .. 4h+3 of its 16 rows) at a time. Sub-blocks 4h + p and 4h + 2 + p (p = 0, 1)
+ * share their 8 vectors L of low-nibble bytes (the low and the high nibbles) and all four the 8
+ * vectors H of high-bit bytes, so a half loads 24 vectors where block by block took 64 (with
+ * the scales' and d's), and the bit pairs are masked once per pair: Hp = (H >> 2p) & 0x33 holds
+ * pair p at bits 0-1 and pair 2 + p at bits 4-5, bits 2-3 and 6-7 clear, so each weight vector
+ * (q + 32, twq_k6_bits' bytes) takes one shift and one vpternlogd (the nibble where 0x0F, the
+ * pair above it: (L & 0x0F) | (Hp << 4 & 0xF0), (L >> 4 & 0x0F) | (Hp & 0xF0)) where it took
+ * three or four. At one or two rows of x a pair's two sub-blocks run in one pass over L (4 MR
+ * chains), beyond that one after the other. Without VNNI, vpmaddubsw's int16 pair sums of two
+ * weight vectors are added before one vpmaddwd (at most 2 * 2 * 63 * 127 = 32004). The int32
+ * sums are those of twq_k6_bits + twq_i8_rows (exact in any order), and the float updates run
+ * block by block in order as twq_k16_acc's: the same bits. The next tile is prefetched into L2
+ * (as twq_x16_l2), not L1: measured on the Zen 4 machine with the 49152 x 2048 head in DRAM at one
+ * row of x, 2.9 ms against 7-9 ms with _MM_HINT_T0 (the half's 27 lines of the next tile
+ * arriving as its own 27 are read, 54 KiB of tiles in a 32 KiB L1), where the block-by-block
+ * kernel took 4.8-6 ms; with the weights in L3 (2048 x 5632) 0.19 ms against 0.31. Beyond
+ * TWQ_K6_MR rows the block-by-block kernel (twq_i8_gemv_tile_x16), also prefetching into L2,
+ * is faster with VNNI (at 8 rows 0.78 ms against 0.87 in L3), slower without. */
+#ifndef TWQ_K6_MR
+#ifdef TWQ_VNNI
+#define TWQ_K6_MR 5
+#else
+#define TWQ_K6_MR 8
+#endif
+#endif
+
+/* The dot products of one pass over a pair's 8 vectors L (lo: the low nibbles', hi: the high
+ * nibbles' sub-block, chains sl, ul and sh, uh: each block's halves, the high one's x 64 bytes
+ * on), prefetching lines pf .. pf + 64 (lines - 1) of the next tile on the way. */
+TWQ_INLINE void twq_k6_dots(int MR, int lo, int hi, const __m512i* Hp, const uint8_t* L, const int8_t* q, int64_t K,
+                            __m512i* sl, __m512i* ul, __m512i* sh, __m512i* uh, const char* pf, int lines) {
+    const __m512i m0f = _mm512_set1_epi8(0x0F);
+#ifndef TWQ_VNNI
+    __m512i pl[TWQ_MR], ph[TWQ_MR]; /* the int16 pair sums of an even t */
+#endif
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; ++t) {
+        if (2 * t < lines) _mm_prefetch(pf + 128 * t, _MM_HINT_T1);
+        if (2 * t + 1 < lines) _mm_prefetch(pf + 128 * t + 64, _MM_HINT_T1);
+        const __m512i l = _mm512_loadu_si512((const void*)(L + 64 * t));
+        const __m512i wl = lo ? _mm512_ternarylogic_epi32(l, _mm512_slli_epi32(Hp[t], 4), m0f, 0xE4) : l; /* c ? a : b */
+        const __m512i wh = hi ? _mm512_ternarylogic_epi32(_mm512_srli_epi32(l, 4), Hp[t], m0f, 0xE4) : l;
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+            const __m512i xb = _mm512_set1_epi32(twq_i32(q + r * K + 4 * t)); /* weights 4t..4t+3 of both blocks' 32 */
+            const __m512i xh = hi ? _mm512_set1_epi32(twq_i32(q + r * K + 64 + 4 * t)) : xb; /* block j + 2 */
+#ifdef TWQ_VNNI
+            if (lo) {
+                if (t < 4) sl[r] = _mm512_dpbusd_epi32(sl[r], wl, xb);
+                else ul[r] = _mm512_dpbusd_epi32(ul[r], wl, xb);
+            }
+            if (hi) {
+                if (t < 4) sh[r] = _mm512_dpbusd_epi32(sh[r], wh, xh);
+                else uh[r] = _mm512_dpbusd_epi32(uh[r], wh, xh);
+            }
+#else /* vpmaddubsw's pair sums of vectors t and t + 1 (both halves' even t) added in int16: at most 2 * 2 * 63 * 127 = 32004 */
+            const __m512i one = _mm512_set1_epi16(1);
+            if (lo) {
+                const __m512i pr = _mm512_maddubs_epi16(wl, xb);
+                if ((t & 1) == 0) pl[r] = pr;
+                else if (t < 4) sl[r] = _mm512_add_epi32(sl[r], _mm512_madd_epi16(_mm512_add_epi16(pl[r], pr), one));
+                else ul[r] = _mm512_add_epi32(ul[r], _mm512_madd_epi16(_mm512_add_epi16(pl[r], pr), one));
+            }
+            if (hi) {
+                const __m512i pr = _mm512_maddubs_epi16(wh, xh);
+                if ((t & 1) == 0) ph[r] = pr;
+                else if (t < 4) sh[r] = _mm512_add_epi32(sh[r], _mm512_madd_epi16(_mm512_add_epi16(ph[r], pr), one));
+                else uh[r] = _mm512_add_epi32(uh[r], _mm512_madd_epi16(_mm512_add_epi16(ph[r], pr), one));
+            }
+#endif
+        }
+    }
+}
+
+/* sc0 * s + sc1 * u (twq_k6_isum) with the scales bytes 2p, 2p + 1 of S's lanes. */
+TWQ_INLINE __m512i twq_k6_isum_at(__m512i s, __m512i u, __m512i S, int p) {
+    const __m512i sc0 = _mm512_srai_epi32(_mm512_slli_epi32(S, 24 - 16 * p), 24), sc1 = _mm512_srai_epi32(_mm512_slli_epi32(S, 16 - 16 * p), 24);
+    return _mm512_add_epi32(_mm512_mullo_epi32(s, sc0), _mm512_mullo_epi32(u, sc1));
+}
+
+TWQ_INLINE void twq_k6_gemv_tile_x16(int MR, const twq_xq* xq, int64_t r0, const uint8_t* grp, int64_t rb, float* y, int64_t N, int64_t n0) {
+    const int64_t nb = xq->nb, K = xq->K;
+    const int joint = MR <= 2; /* a pair's two sub-blocks in one pass (4 MR chains) */
+    __m512 acc[TWQ_MR];
+    for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
+    const char* ahead = (const char*)(grp + 16 * TWQ_IAHEAD * rb);
+    const __m512i m33 = _mm512_set1_epi8(0x33);
+    for (int64_t j0 = 0; j0 < nb; j0 += 4) {
+        const uint8_t* k = grp + (j0 >> 3) * 16 * 210 + 32;
+        const int h = (int)((j0 >> 2) & 1);
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(k - 32)));
+        const __m512i S0 = _mm512_loadu_si512((const void*)(k + 64 * (48 + 2 * h))), S1 = _mm512_loadu_si512((const void*)(k + 64 * (49 + 2 * h)));
+        __m512i is[4][TWQ_MR];
+#pragma GCC unroll 2
+        for (int p = 0; p < 2; ++p) {
+            __m512i Hp[8];
+            for (int t = 0; t < 8; ++t) {
+                const __m512i v = _mm512_loadu_si512((const void*)(k + 64 * (32 + 8 * h + t)));
+                Hp[t] = _mm512_and_si512(p ? _mm512_srli_epi32(v, 2) : v, m33);
+            }
+            const uint8_t* L = k + 64 * (16 * h + 8 * p);
+            const int8_t* q = xq->q + r0 * K + 32 * (j0 + p);
+            __m512i sl[TWQ_MR], ul[TWQ_MR], sh[TWQ_MR], uh[TWQ_MR];
+#pragma GCC unroll 8
+            for (int r = 0; r < MR; ++r) {
+                const int64_t a0 = (r0 + r) * nb + j0 + p, a2 = a0 + 2;
+                sl[r] = _mm512_set1_epi32(xq->corr16[a0]);
+                ul[r] = _mm512_set1_epi32(xq->corr[a0] - xq->corr16[a0]);
+                sh[r] = _mm512_set1_epi32(xq->corr16[a2]);
+                uh[r] = _mm512_set1_epi32(xq->corr[a2] - xq->corr16[a2]);
+            }
+            /* the same half of the tile TWQ_IAHEAD on prefetched over the passes: its 1680 bytes in 27 lines */
+            const char* pf = ahead + j0 * 420 + 1024 * p;
+            if (joint) {
+                twq_k6_dots(MR, 1, 1, Hp, L, q, K, sl, ul, sh, uh, pf, p ? 11 : 16);
+            } else {
+                twq_k6_dots(MR, 1, 0, Hp, L, q, K, sl, ul, sh, uh, pf, 8);
+                twq_k6_dots(MR, 0, 1, Hp, L, q, K, sl, ul, sh, uh, pf + 512, p ? 3 : 8);
+            }
+#pragma GCC unroll 8
+            for (int r = 0; r < MR; ++r) {
+                is[p][r] = twq_k6_isum_at(sl[r], ul[r], S0, p);
+                is[2 + p][r] = twq_k6_isum_at(sh[r], uh[r], S1, p);
+            }
+        }
+#pragma GCC unroll 4
+        for (int b = 0; b < 4; ++b)
+#pragma GCC unroll 8
+            for (int r = 0; r < MR; ++r)
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[b][r]), _mm512_mul_ps(dw, _mm512_set1_ps(xq->d[(r0 + r) * nb + j0 + b])), acc[r]);
+    }
+    for (int r = 0; r < MR; ++r) _mm512_storeu_ps(y + (r0 + r) * N + n0, acc[r]);
+}
+
+/* Whether the x16 GEMV prefetches the next tile into L2 (_MM_HINT_T1) rather than L1: the
+ * k-quants and iq4. Measured on the Zen 4 machine (1 thread, old and new in one process in
+ * rounds, min), one row of x, the 49152 x 2048 head from DRAM: q4_kx16 2.61 -> 1.87 ms, q5_kx16
+ * 5.69 -> 4.41, q3_kx16 3.04 -> 2.70, iq4_nlx16 2.19 -> 1.79, iq4_xsx16 2.08 -> 1.62, q2_kx16
+ * 1.92 either way; at eight rows 1.0-1.1x; 2048 x 5632 (in L3) 1.0-1.15x. Not for the
+ * others: q8_0x16 and q4_1x16 read 0.95x as fast at one row (49152 x 2048, 49152 x 576). */
+static inline int twq_x16_l2(int fmt) { return twq_is_k(fmt) || twq_is_iq4(fmt); }
+
 /* Rows of x r0 .. r0+MR against the interleaved group of W rows n0 .. n0+16 (n0 % 16 == 0). */
 TWQ_INLINE void twq_i8_gemv_tile_x16(int fmt, int MR, const twq_xq* xq, int64_t r0, const uint8_t* w, int64_t rb, int64_t n0,
                                      int64_t nr, float* y, int64_t N) {
     (void)nr;
     const int64_t nb = xq->nb, bb = 16 * rb / nb; /* a block's bytes in the group */
     const uint8_t* grp = w + n0 * rb;
+    if (fmt == TWQ_Q6_K && MR <= TWQ_K6_MR) {
+        twq_k6_gemv_tile_x16(MR, xq, r0, grp, rb, y, N, n0);
+        return;
+    }
     __m512 acc[TWQ_MR];
     for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
     const char* ahead = (const char*)(grp + 16 * TWQ_IAHEAD * rb);
     for (int64_t j = 0; j < nb; ++j) {
-        for (int64_t o = 0; o < bb; o += 64) _mm_prefetch(ahead + j * bb + o, _MM_HINT_T0);
+        for (int64_t o = 0; o < bb; o += 64) {
+            if (twq_x16_l2(fmt)) _mm_prefetch(ahead + j * bb + o, _MM_HINT_T1);
+            else _mm_prefetch(ahead + j * bb + o, _MM_HINT_T0);
+        }
         __m512i W[8];
         __m512 dw, mw = _mm512_setzero_ps();
         twq_i8_decode_x16(fmt, grp, j, W, &dw, &mw);
