@@ -96,8 +96,9 @@ def test_quantized_experts_follow_float32(tmp_path: Path, precision: str) -> Non
 
 
 def test_what_is_not_supported_is_refused(tmp_path: Path) -> None:
-    """Shared experts, a sigmoid router and a checkpoint's clipped projections are refused naming
-    the key; a qwen3moe file without experts is an error."""
+    """Shared experts (but Qwen2-MoE's), a sigmoid router, a checkpoint's clipped projections and
+    a stack of experts in different formats are refused naming the key or tensor; so is a count
+    of experts a token above the experts."""
     hf = save(tmp_path / "ckpt", "qwen3_moe", tokenizer=False, **{**MOE["qwen3_moe"], "num_hidden_layers": 1, "mlp_only_layers": []})
     for meta, message in [({"qwen3moe.expert_shared_count": 1}, "expert_shared_count = 1 is not supported"),
                           ({"qwen3moe.expert_gating_func": 2}, "expert_gating_func = 2 is not supported")]:  # fmt: skip
@@ -107,6 +108,10 @@ def test_what_is_not_supported_is_refused(tmp_path: Path) -> None:
         LlmConfig.from_hf_config({**hf.config.to_dict(), "model_type": "olmoe", "clip_qkv": 8.0})
     with pytest.raises(TileworkError, match="experts_used must be an int in 1..6"):
         LlmConfig.from_hf_config({**hf.config.to_dict(), "num_experts_per_tok": 7})
+    from tilework.llm.model import LlamaDecoder
+
+    with pytest.raises(UnsupportedError, match=r"experts\.\*\.gate_proj\.weight: the experts' matrices are in different formats \(q4_0, q8_0\)"):
+        LlamaDecoder(LlmConfig.from_hf_config(hf.config.to_dict()), {"model.layers.0.mlp.experts.0.gate_proj.weight": "q8_0", "model.layers.0.mlp.experts.1.gate_proj.weight": "q4_0"})
 
 
 @pytest.mark.slow

@@ -49,10 +49,12 @@ head and passes the others. A ``granite`` model multiplies the embedding by
 ``embedding_multiplier``, each sublayer's output by ``residual_multiplier`` before the residual
 add, the scores by ``attention_multiplier`` (``paged_attention``'s ``scale``), and divides the
 logits by ``logit_scale``: float32 constants, as transformers' float32 model computes them.
-A mixture of experts (``LlmConfig.experts``: Qwen3-MoE, Mixtral, OLMoE) has a ``MoE`` as the MLP
-of its routed layers: the router's softmax, ``topk`` and the renormalized weights in the graph,
-and each of the experts' three projections one ``op.expert_linear`` over the experts' matrices
-stacked (``ExpertLinear``; ``merged_parts`` names the expert matrices a stack is made of).
+A mixture of experts (``LlmConfig.experts``: Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE, Granite MoE)
+has a ``MoE`` as the MLP of its routed layers: the router's softmax, ``topk`` and the
+renormalized weights in the graph, each of the experts' three projections one
+``op.expert_linear`` over the experts' matrices stacked (``ExpertLinear``; ``merged_parts``
+names the expert matrices a stack is made of), and Qwen2-MoE's shared expert, an ``MLP`` gated
+by a sigmoid.
 """
 
 from __future__ import annotations
@@ -288,7 +290,10 @@ class Experts(Module):
 
     def __init__(self, cfg: LlmConfig, prefix: str, formats: dict[str, str]) -> None:
         def proj(name: str, n_in: int, n_out: int) -> ExpertLinear:
-            return ExpertLinear(cfg.experts, n_in, n_out, _fmt(formats, f"{prefix}.mlp.experts.0.{name}.weight"))  # every expert's format is the first's (one tensor in a GGUF file)
+            fmts = {_fmt(formats, f"{prefix}.mlp.experts.{e}.{name}.weight") for e in range(cfg.experts)}  # (one tensor in a GGUF file but older Mixtral ones)
+            if len(fmts) > 1:
+                raise UnsupportedError(f"{prefix}.mlp.experts.*.{name}.weight: the experts' matrices are in different formats ({', '.join(sorted(fmts))}); they are run as one stack")
+            return ExpertLinear(cfg.experts, n_in, n_out, fmts.pop())
 
         self.gate_proj = proj("gate_proj", cfg.hidden, cfg.expert_ffn)
         self.up_proj = proj("up_proj", cfg.hidden, cfg.expert_ffn)
