@@ -110,7 +110,7 @@ def test_what_is_not_supported_is_refused(tmp_path: Path) -> None:
         LlmConfig.from_hf_config({**hf.config.to_dict(), "num_experts_per_tok": 7})
     from tilework.llm.model import LlamaDecoder
 
-    with pytest.raises(UnsupportedError, match=r"experts\.\*\.gate_proj\.weight: the experts' matrices are in different formats \(q4_0, q8_0\)"):
+    with pytest.raises(UnsupportedError, match=r"experts\.\*\.gate_proj\.weight: the experts' matrices are in different formats \(f32, q4_0, q8_0\)"):
         LlamaDecoder(LlmConfig.from_hf_config(hf.config.to_dict()), {"model.layers.0.mlp.experts.0.gate_proj.weight": "q8_0", "model.layers.0.mlp.experts.1.gate_proj.weight": "q4_0"})
 
 
