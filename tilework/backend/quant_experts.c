@@ -277,33 +277,7 @@ static int twq_experts(int fmt, const float* x, const uint8_t* w, const void* id
     int32_t tw_qexperts_##NAME(const float* x, const uint8_t* w, const void* ids, int64_t ids_bytes, float* y, int64_t T, int64_t S, int64_t slots, int64_t E, int64_t N, int64_t K) { \
         return twq_experts(CODE, x, w, ids, ids_bytes, y, T, S, slots, E, N, K); \
     }
-TWQ_EXPERTS_ENTRY(q4_0, TWQ_Q4_0)
-TWQ_EXPERTS_ENTRY(q4_1, TWQ_Q4_1)
-TWQ_EXPERTS_ENTRY(q5_0, TWQ_Q5_0)
-TWQ_EXPERTS_ENTRY(q5_1, TWQ_Q5_1)
-TWQ_EXPERTS_ENTRY(q8_0, TWQ_Q8_0)
-TWQ_EXPERTS_ENTRY(bf16, TWQ_BF16)
-TWQ_EXPERTS_ENTRY(f16, TWQ_F16)
-TWQ_EXPERTS_ENTRY(q4_k, TWQ_Q4_K)
-TWQ_EXPERTS_ENTRY(q6_k, TWQ_Q6_K)
-TWQ_EXPERTS_ENTRY(q5_k, TWQ_Q5_K)
-TWQ_EXPERTS_ENTRY(q3_k, TWQ_Q3_K)
-TWQ_EXPERTS_ENTRY(q2_k, TWQ_Q2_K)
-TWQ_EXPERTS_ENTRY(iq4_nl, TWQ_IQ4_NL)
-TWQ_EXPERTS_ENTRY(iq4_xs, TWQ_IQ4_XS)
-TWQ_EXPERTS_ENTRY(q4_0x16, TWQ_Q4_0X16)
-TWQ_EXPERTS_ENTRY(q4_1x16, TWQ_Q4_1X16)
-TWQ_EXPERTS_ENTRY(q5_0x16, TWQ_Q5_0X16)
-TWQ_EXPERTS_ENTRY(q5_1x16, TWQ_Q5_1X16)
-TWQ_EXPERTS_ENTRY(q8_0x16, TWQ_Q8_0X16)
-TWQ_EXPERTS_ENTRY(bf16x16, TWQ_BF16X16)
-TWQ_EXPERTS_ENTRY(q4_kx16, TWQ_Q4_KX16)
-TWQ_EXPERTS_ENTRY(q5_kx16, TWQ_Q5_KX16)
-TWQ_EXPERTS_ENTRY(q6_kx16, TWQ_Q6_KX16)
-TWQ_EXPERTS_ENTRY(q3_kx16, TWQ_Q3_KX16)
-TWQ_EXPERTS_ENTRY(q2_kx16, TWQ_Q2_KX16)
-TWQ_EXPERTS_ENTRY(iq4_nlx16, TWQ_IQ4_NLX16)
-TWQ_EXPERTS_ENTRY(iq4_xsx16, TWQ_IQ4_XSX16)
+TWQ_EACH_FORMAT(TWQ_EXPERTS_ENTRY)
 
 /* The Python extern's trampoline: a[] = {fmt (the enum), x, w, ids, y (NumPy array object
  * addresses), T, S, slots, E, N, K, data offset, ids' item size}; each array's data pointer is

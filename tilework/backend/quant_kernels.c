@@ -2690,33 +2690,39 @@ static int twq_run(int fmt, const float* x, const uint8_t* w, const float* r, fl
     return rc;
 }
 
-int32_t tw_qlinear_q4_0(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q4_0, x, w, NULL, y, M, N, K); }
-int32_t tw_qlinear_q4_1(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q4_1, x, w, NULL, y, M, N, K); }
-int32_t tw_qlinear_q5_0(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q5_0, x, w, NULL, y, M, N, K); }
-int32_t tw_qlinear_q5_1(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q5_1, x, w, NULL, y, M, N, K); }
-int32_t tw_qlinear_q8_0(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q8_0, x, w, NULL, y, M, N, K); }
-int32_t tw_qlinear_bf16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_BF16, x, w, NULL, y, M, N, K); }
-int32_t tw_qlinear_f16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_F16, x, w, NULL, y, M, N, K); }
-int32_t tw_qlinear_q4_k(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q4_K, x, w, NULL, y, M, N, K); }
-int32_t tw_qlinear_q6_k(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q6_K, x, w, NULL, y, M, N, K); }
-int32_t tw_qlinear_q5_k(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q5_K, x, w, NULL, y, M, N, K); }
-int32_t tw_qlinear_q3_k(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q3_K, x, w, NULL, y, M, N, K); }
-int32_t tw_qlinear_q2_k(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q2_K, x, w, NULL, y, M, N, K); }
-int32_t tw_qlinear_q4_0x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q4_0X16, x, w, NULL, y, M, N, K); }
-int32_t tw_qlinear_q4_1x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q4_1X16, x, w, NULL, y, M, N, K); }
-int32_t tw_qlinear_q5_0x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q5_0X16, x, w, NULL, y, M, N, K); }
-int32_t tw_qlinear_q5_1x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q5_1X16, x, w, NULL, y, M, N, K); }
-int32_t tw_qlinear_q8_0x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q8_0X16, x, w, NULL, y, M, N, K); }
-int32_t tw_qlinear_bf16x16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_BF16X16, x, w, NULL, y, M, N, K); }
-int32_t tw_qlinear_q4_kx16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q4_KX16, x, w, NULL, y, M, N, K); }
-int32_t tw_qlinear_q5_kx16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q5_KX16, x, w, NULL, y, M, N, K); }
-int32_t tw_qlinear_q6_kx16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q6_KX16, x, w, NULL, y, M, N, K); }
-int32_t tw_qlinear_iq4_nl(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_IQ4_NL, x, w, NULL, y, M, N, K); }
-int32_t tw_qlinear_iq4_xs(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_IQ4_XS, x, w, NULL, y, M, N, K); }
-int32_t tw_qlinear_q3_kx16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q3_KX16, x, w, NULL, y, M, N, K); }
-int32_t tw_qlinear_q2_kx16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_Q2_KX16, x, w, NULL, y, M, N, K); }
-int32_t tw_qlinear_iq4_nlx16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_IQ4_NLX16, x, w, NULL, y, M, N, K); }
-int32_t tw_qlinear_iq4_xsx16(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(TWQ_IQ4_XSX16, x, w, NULL, y, M, N, K); }
+/* Every format code and its name: one entry point of each kind a format (TWQ_EACH_FORMAT(X)). */
+#define TWQ_EACH_FORMAT(X) \
+    X(q4_0, TWQ_Q4_0) \
+    X(q4_1, TWQ_Q4_1) \
+    X(q5_0, TWQ_Q5_0) \
+    X(q5_1, TWQ_Q5_1) \
+    X(q8_0, TWQ_Q8_0) \
+    X(bf16, TWQ_BF16) \
+    X(f16, TWQ_F16) \
+    X(q4_k, TWQ_Q4_K) \
+    X(q6_k, TWQ_Q6_K) \
+    X(q5_k, TWQ_Q5_K) \
+    X(q3_k, TWQ_Q3_K) \
+    X(q2_k, TWQ_Q2_K) \
+    X(q4_0x16, TWQ_Q4_0X16) \
+    X(q4_1x16, TWQ_Q4_1X16) \
+    X(q5_0x16, TWQ_Q5_0X16) \
+    X(q5_1x16, TWQ_Q5_1X16) \
+    X(q8_0x16, TWQ_Q8_0X16) \
+    X(bf16x16, TWQ_BF16X16) \
+    X(q4_kx16, TWQ_Q4_KX16) \
+    X(q5_kx16, TWQ_Q5_KX16) \
+    X(q6_kx16, TWQ_Q6_KX16) \
+    X(iq4_nl, TWQ_IQ4_NL) \
+    X(iq4_xs, TWQ_IQ4_XS) \
+    X(q3_kx16, TWQ_Q3_KX16) \
+    X(q2_kx16, TWQ_Q2_KX16) \
+    X(iq4_nlx16, TWQ_IQ4_NLX16) \
+    X(iq4_xsx16, TWQ_IQ4_XSX16)
+
+#define TWQ_ENTRY(NAME, CODE) \
+    int32_t tw_qlinear_##NAME(const float* x, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t K) { return twq_run(CODE, x, w, NULL, y, M, N, K); }
+TWQ_EACH_FORMAT(TWQ_ENTRY)
 
 /* y = x @ W.T + r (r [M, N], not y): the product, then the residual added to each output (the
  * float32 sum a separate add would make, so the same bits). */
@@ -2730,33 +2736,7 @@ static int twq_run_add(int fmt, const float* x, const uint8_t* w, const float* r
     int32_t tw_qlinear_add_##NAME(const float* x, const uint8_t* w, const float* r, float* y, int64_t M, int64_t N, int64_t K) { \
         return twq_run_add(CODE, x, w, r, y, M, N, K); \
     }
-TWQ_ADD_ENTRY(q4_0, TWQ_Q4_0)
-TWQ_ADD_ENTRY(q4_1, TWQ_Q4_1)
-TWQ_ADD_ENTRY(q5_0, TWQ_Q5_0)
-TWQ_ADD_ENTRY(q5_1, TWQ_Q5_1)
-TWQ_ADD_ENTRY(q8_0, TWQ_Q8_0)
-TWQ_ADD_ENTRY(bf16, TWQ_BF16)
-TWQ_ADD_ENTRY(f16, TWQ_F16)
-TWQ_ADD_ENTRY(q4_k, TWQ_Q4_K)
-TWQ_ADD_ENTRY(q6_k, TWQ_Q6_K)
-TWQ_ADD_ENTRY(q5_k, TWQ_Q5_K)
-TWQ_ADD_ENTRY(q3_k, TWQ_Q3_K)
-TWQ_ADD_ENTRY(q2_k, TWQ_Q2_K)
-TWQ_ADD_ENTRY(q4_0x16, TWQ_Q4_0X16)
-TWQ_ADD_ENTRY(q4_1x16, TWQ_Q4_1X16)
-TWQ_ADD_ENTRY(q5_0x16, TWQ_Q5_0X16)
-TWQ_ADD_ENTRY(q5_1x16, TWQ_Q5_1X16)
-TWQ_ADD_ENTRY(q8_0x16, TWQ_Q8_0X16)
-TWQ_ADD_ENTRY(bf16x16, TWQ_BF16X16)
-TWQ_ADD_ENTRY(q4_kx16, TWQ_Q4_KX16)
-TWQ_ADD_ENTRY(q5_kx16, TWQ_Q5_KX16)
-TWQ_ADD_ENTRY(q6_kx16, TWQ_Q6_KX16)
-TWQ_ADD_ENTRY(q3_kx16, TWQ_Q3_KX16)
-TWQ_ADD_ENTRY(q2_kx16, TWQ_Q2_KX16)
-TWQ_ADD_ENTRY(iq4_nl, TWQ_IQ4_NL)
-TWQ_ADD_ENTRY(iq4_xs, TWQ_IQ4_XS)
-TWQ_ADD_ENTRY(iq4_nlx16, TWQ_IQ4_NLX16)
-TWQ_ADD_ENTRY(iq4_xsx16, TWQ_IQ4_XSX16)
+TWQ_EACH_FORMAT(TWQ_ADD_ENTRY)
 
 /* The Python extern's trampoline: a[] = {fmt (the enum above), x, w, y (NumPy array object
  * addresses), M, N, K, data offset, r (a residual to add, or 0)}; each array's data pointer is
