@@ -9,6 +9,10 @@ rows excepted: see :mod:`tilework.llm.gguf`). The set of tensors and their shape
 against the config; a tied model has no ``lm_head.weight``. A Gemma checkpoint's norm weights
 are made the multipliers ``1 + w`` its norms compute with (:func:`gemma_norm_multipliers`: what a
 GGUF file holds), and a multimodal one's text decoder is read under ``Gemma3ForCausalLM``'s names.
+A mixture of experts' matrices are one tensor an expert (``mlp.experts.{e}.gate_proj.weight``,
+...): a GGUF file's stacked ``ffn_*_exps`` and a Granite MoE checkpoint's fused
+``input_linear`` / ``output_linear`` are parted into views of their rows (:func:`split_experts`),
+Mixtral's ``block_sparse_moe`` names read as the others' (the decoder stacks them again).
 
 safetensors files are read by their documented layout (an 8-byte little-endian header length, a
 JSON header of dtype, shape and byte offsets, then the data) and mapped with ``np.memmap``:
