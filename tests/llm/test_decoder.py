@@ -417,3 +417,16 @@ def test_a_cache_that_cannot_be_written_leaves_the_model_working(monkeypatch: py
     with pytest.warns(CacheWarning, match="not kept in the cache"):
         exe = llm_compile.compiled_decoder(cfg, {}, max_batch=1)
     assert len(built) == 1 and isinstance(exe, Executable)
+
+
+def test_the_compiled_model_is_keyed_by_what_the_graph_reads() -> None:
+    """A model that differs only in its bos / eos tokens (a checkpoint and its GGUF file) shares
+    one compiled executable; a width, a format or the batch bound is another."""
+    import dataclasses
+
+    cfg = LlmConfig(architecture="llama", hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, ffn=96, vocab=101, rope_theta=10000.0, rms_eps=1e-6, context_length=64,
+                    bos_token_id=1, eos_token_ids=(2,))  # fmt: skip
+    path = llm_compile._cache_path(cfg, {}, 16)
+    assert llm_compile._cache_path(dataclasses.replace(cfg, bos_token_id=None, eos_token_ids=(2, 7)), {}, 16) == path
+    for other in (llm_compile._cache_path(dataclasses.replace(cfg, ffn=128), {}, 16), llm_compile._cache_path(cfg, {"lm_head.weight": "q8_0"}, 16), llm_compile._cache_path(cfg, {}, 8)):
+        assert other != path

@@ -23,7 +23,8 @@ are float32 in all three. Projections that share an input and a format are given
 ``compiled_decoder(config, formats)`` exports ``tilework.llm.model.LlamaDecoder`` (``prefill``
 and ``decode``, symbolic batch, length and pages), builds it with the ``quant`` backend for the
 block formats and tilework's kernels for the rest, and keeps the executable in the cache
-directory (``$TILEWORK_CACHE_DIR/llm``, like the kernel cache) under a key of the config, the
+directory (``$TILEWORK_CACHE_DIR/llm``, like the kernel cache) under a key of the config (less
+its bos / eos tokens, which the graph does not read: a checkpoint and its GGUF file share one), the
 formats, the batch bound, the KV cache's dtype, tilework's code and the machine; the next start
 loads it (the kernels come from the kernel cache: no compiler runs); a second process that
 wants the same model while it compiles waits for it (``tilework.codegen.cache.building``). Weights are not in the
@@ -238,9 +239,15 @@ def register_builder(build: Callable[..., Executable]) -> None:
     _BUILDER[:] = [build]
 
 
+# config fields the compiled graph does not read (the tokenizer's and the sampler's): an
+# executable built for one serves a model that differs only there
+_GRAPH_FREE_FIELDS = ("bos_token_id", "eos_token_ids")
+
+
 def _cache_path(config: LlmConfig, formats: Mapping[str, str], max_batch: int, kv_dtype: str = "float32") -> Path:
+    graph = {k: v for k, v in config.to_dict().items() if k not in _GRAPH_FREE_FIELDS}
     blob = json.dumps(
-        {"config": config.to_dict(), "formats": sorted(formats.items()), "max_batch": max_batch, "kv_dtype": kv_dtype, "code": _code_identity(), "machine": platform.machine()},
+        {"config": graph, "formats": sorted(formats.items()), "max_batch": max_batch, "kv_dtype": kv_dtype, "code": _code_identity(), "machine": platform.machine()},
         sort_keys=True,
         default=str,
     )
