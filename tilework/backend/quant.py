@@ -493,13 +493,13 @@ _TLS = threading.local()
 _FAST: dict[str, Any] = {}  # per path (FAMILIES): the trampoline of the build holding it, once loaded (None: no fast calls)
 
 
-def _argument_block() -> tuple[Any, int]:
-    """This thread's argument block: fmt, x, w, out (object addresses), M, N, K, data offset,
-    residual (an object address, or 0)."""
-    block = (ctypes.c_int64 * 9)()
-    block[7] = _DATA_OFFSET or 0
-    _TLS.block = (block, ctypes.addressof(block))
-    return _TLS.block
+def argument_block(tls: threading.local, size: int, data_at: int) -> tuple[Any, int]:
+    """This thread's block of ``size`` int64 arguments for a packed trampoline (kept in ``tls``)
+    and its address; slot ``data_at`` holds the data pointer's offset in a NumPy array object."""
+    block = (ctypes.c_int64 * size)()
+    block[data_at] = _DATA_OFFSET or 0
+    tls.block = (block, ctypes.addressof(block))
+    return tls.block
 
 
 def _extern(fmt: str) -> Callable[[np.ndarray, np.ndarray, tuple[int, int, int], np.ndarray], None]:
@@ -539,7 +539,7 @@ def _run(fmt: str, code: int, family: str, x: np.ndarray, w: np.ndarray, r: np.n
         try:
             block, addr = _TLS.block
         except AttributeError:
-            block, addr = _argument_block()
+            block, addr = argument_block(_TLS, 9, 7)  # fmt, x, w, out (object addresses), M, N, K, data offset, residual (an address or 0)
         block[0:7] = (code, id(x), id(w), id(out), m, n, k)
         block[8] = 0 if r is None else id(r)
         rc = fast(addr)
@@ -704,5 +704,5 @@ QUANT = register_backend(
 
 __all__ = [
     "FAMILIES", "FORMATS", "INT8_FORMATS", "QUANT", "QuantLibrary", "activation_bound", "bf16dot_available", "entry_address", "experts_symbol", "extern_symbol", "families_of",
-    "ERROR_TEXT", "check_array", "check_weights_and_out", "family_of", "library", "library_for", "library_if_built", "library_in_background", "qlinear", "row_bytes", "source",
+    "ERROR_TEXT", "argument_block", "check_array", "check_weights_and_out", "family_of", "library", "library_for", "library_if_built", "library_in_background", "qlinear", "row_bytes", "source",
 ]

@@ -20,13 +20,12 @@ the checked entry point ``qexperts``.
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from typing import Any, Callable
 
 import numpy as np
 
-from tilework.backend.quant import ERROR_TEXT, FORMATS, check_array, check_weights_and_out, experts_symbol, family_of, library, library_for, row_bytes
+from tilework.backend.quant import ERROR_TEXT, FORMATS, argument_block, check_array, check_weights_and_out, experts_symbol, family_of, library, library_for, row_bytes
 from tilework.codegen.c.module import _DATA_OFFSET
 from tilework.errors import RuntimeCheckError
 from tilework.op.quant import INTERLEAVED_FORMATS, quant_format
@@ -88,15 +87,6 @@ _TLS = threading.local()
 _FAST: dict[str, Any] = {}  # per format: the trampoline of the build holding its path (None: no fast calls)
 
 
-def _argument_block() -> tuple[Any, int]:
-    """This thread's argument block: fmt, x, w, ids, out (object addresses), the six dims, data
-    offset, ids' item size."""
-    block = (ctypes.c_int64 * 13)()
-    block[11] = _DATA_OFFSET or 0
-    _TLS.block = (block, ctypes.addressof(block))
-    return _TLS.block
-
-
 def _extern(fmt: str) -> Callable[[np.ndarray, np.ndarray, np.ndarray, Dims, np.ndarray], None]:
     code = FORMATS.index(fmt)
 
@@ -112,7 +102,7 @@ def _extern(fmt: str) -> Callable[[np.ndarray, np.ndarray, np.ndarray, Dims, np.
             try:
                 block, addr = _TLS.block
             except AttributeError:
-                block, addr = _argument_block()
+                block, addr = argument_block(_TLS, 13, 11)  # fmt, x, w, ids, out (object addresses), the six dims, data offset, ids' item size
             block[0:11] = (code, id(x), id(w), id(ids), id(out), *dims)
             block[12] = ids.itemsize
             rc = fast(addr)

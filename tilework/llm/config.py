@@ -459,6 +459,7 @@ class LlmConfig:
         )
 
 
+_QWEN = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")  # the model types of Qwen2Config's sliding-window keys
 # the architecture (LlmConfig.architecture, GGUF's name) of a transformers model type where they differ
 _HF_ARCHITECTURE = {"mistral": "llama", "mixtral": "llama", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe"}
 # the transformers class defaults (LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, ...) of the keys a
@@ -557,7 +558,7 @@ def _hf_sliding_window(d: Mapping[str, Any], model_type: str, layers: int, conte
         window = d["sliding_window"] if "sliding_window" in d else _HF_DEFAULTS["mistral"]["sliding_window"]
     elif model_type in ("phi3", "mixtral"):
         window = d.get("sliding_window")
-    elif model_type in ("qwen2", "qwen3", "smollm3", "qwen2_moe", "qwen3_moe") and d.get("use_sliding_window"):
+    elif model_type in (*_QWEN, "smollm3") and d.get("use_sliding_window"):
         window = d.get("sliding_window", 4096 if model_type != "smollm3" else None)
     else:
         window = None
@@ -566,7 +567,7 @@ def _hf_sliding_window(d: Mapping[str, Any], model_type: str, layers: int, conte
         nope = _hf_nope_layers(d, layers, where)
         types = ["sliding_attention" if window is not None and i in nope else "full_attention" for i in range(layers)]
     elif types is None:
-        first = d.get("max_window_layers", 28) if model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") else 0
+        first = d.get("max_window_layers", 28) if model_type in _QWEN else 0
         types = ["sliding_attention" if window is not None and i >= first else "full_attention" for i in range(layers)]
     sliding = sliding_layers(types, None, where)
     if window is None or not sliding or int(window) >= context:

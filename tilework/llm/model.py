@@ -66,17 +66,15 @@ import numpy as np
 from tilework import op
 from tilework.errors import UnsupportedError
 from tilework.ir import sym
-from tilework.ir.graph import TupleGetItem
 from tilework.ir.sym import SymVar
 from tilework.llm.config import ARCHITECTURES, LlmConfig
 from tilework.nn import ops, spec
-from tilework.nn.core import Parameter, Tensor, as_expr, current_trace, emit
+from tilework.nn.core import Parameter, Tensor, as_expr, emit
 from tilework.nn.module import Module, ModuleList
 from tilework.nn.modules import RMSNorm
 from tilework.llm.kv_cache import PAGE, kv_shapes
 from tilework.op.linalg import linear_io
 from tilework.op.quant import ALL_FORMATS
-from tilework.op.search import topk
 from tilework.transform.panels import PANEL, packed_shape
 
 
@@ -320,8 +318,7 @@ class MoE(Module):
         tokens = sym.product(lead)
         flat = x.reshape(tokens, cfg.hidden)
         probs = ops.softmax(self.gate(flat), -1)  # [tokens, experts]
-        top = current_trace().bb.emit(topk(probs.expr, k, -1))
-        weights, ids = emit(TupleGetItem(top, 0)), emit(TupleGetItem(top, 1))
+        weights, ids = ops.topk(probs, k)
         if cfg.expert_norm:
             weights = weights / ops.sum(weights, -1, keepdims=True)
         if cfg.expert_scale != 1.0:

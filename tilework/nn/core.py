@@ -21,7 +21,7 @@ from tilework import op
 from tilework.errors import InferenceError, ParameterError, ShapeError, TileworkError
 from tilework.ir import sym
 from tilework.ir.builder import BlockBuilder
-from tilework.ir.graph import Constant, Expr
+from tilework.ir.graph import Constant, Expr, TupleGetItem
 from tilework.ir.dtype import DTYPES, FLOAT_DTYPES
 from tilework.ir.info import TensorInfo, shape_str
 from tilework.ir.sym import Dim, SymExpr
@@ -82,6 +82,14 @@ def emit(expr: Expr) -> "Tensor":
     """Bind ``expr`` in the current trace (named after the running module) as a Tensor."""
     trace = current_trace()
     return Tensor(trace.bb.emit(expr, trace.name_hint()))
+
+
+def emit_tuple(expr: Expr, n: int) -> tuple["Tensor", ...]:
+    """Bind ``expr``, a call with ``n`` tensor results (a tuple), in the current trace: its
+    results as Tensors."""
+    trace = current_trace()
+    bound = trace.bb.emit(expr, trace.name_hint())
+    return tuple(emit(TupleGetItem(bound, i)) for i in range(n))
 
 
 # -- Tensor ----------------------------------------------------------------------------------

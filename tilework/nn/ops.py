@@ -8,7 +8,7 @@ from typing import Sequence
 
 from tilework import op
 from tilework.ir.sym import Dim
-from tilework.nn.core import Tensor, as_expr, emit
+from tilework.nn.core import Tensor, as_expr, emit, emit_tuple
 
 
 def _unary(name: str, x: Tensor) -> Tensor:
@@ -145,6 +145,13 @@ def mean(x: Tensor, axis: int | Sequence[int] | None = None, keepdims: bool = Fa
     return emit(op.mean(x.expr, axis, keepdims))
 
 
+def topk(x: Tensor, k: Dim, axis: int = -1, largest: bool = True) -> tuple[Tensor, Tensor]:
+    """``(values, indices)`` of the ``k`` largest (smallest) elements along ``axis``, in order;
+    the indices int64 (``tilework.op.search.topk``)."""
+    values, indices = emit_tuple(op.search.topk(x.expr, k, axis, largest), 2)
+    return values, indices
+
+
 def argmax(x: Tensor, axis: int | None = None, keepdims: bool = False) -> Tensor:
     return emit(op.argmax(x.expr, axis, keepdims))
 
@@ -153,5 +160,5 @@ __all__ = [
     "relu", "gelu", "silu", "sigmoid", "tanh", "exp", "log", "sqrt", "rsqrt", "maximum", "minimum",
     "where", "matmul", "linear", "softmax", "log_softmax", "rms_norm", "layer_norm", "attention",
     "rotary_embedding", "arange", "take", "concat", "reshape", "permute_dims", "squeeze",
-    "expand_dims", "broadcast_to", "astype", "sum", "mean", "argmax",
+    "expand_dims", "broadcast_to", "astype", "sum", "mean", "argmax", "topk",
 ]  # fmt: skip
