@@ -62,6 +62,7 @@ BENCHES = [
     Bench(("llm-moe-q4km",), ("bench/bench_llm.py", "--random-llama", "Q4_K_M", "--moe", "--precisions", "q", "--shapes", "1x32,8x32,1x512", "--no-hf", "--no-rss")),
     Bench(("llm-start",), ("bench/bench_start.py",)),
     Bench(("serve",), ("bench/bench_serve.py",)),
+    Bench(("serve-chat",), ("bench/bench_serve_chat.py",)),
     Bench(("compile",), ("bench/bench_compile.py",)),
     Bench(("aot.overhead", "aot.minilm", "aot.llama"), ("bench/bench_aot.py",)),
 ]

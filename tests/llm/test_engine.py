@@ -265,3 +265,37 @@ def test_native_code_and_the_vm_give_the_same_bits(llm: LLM) -> None:
     assert llm.generate("Name a color.", params)[0].token_ids == vm.generate("Name a color.", params)[0].token_ids
     with pytest.raises(TileworkError, match="runtime must be one of native, vm"):
         LLM(precision="q", runtime="jit")
+
+
+def test_a_prompt_starts_on_the_pages_of_an_earlier_one_with_the_same_bits(llm: LLM) -> None:
+    """The prefix cache: a prompt that begins with an earlier prompt's full pages prefills only
+    the rest, and its logits are those of prefilling it whole, bit for bit (on the quantized
+    path, where a decode step's keys differ from prefill's enough to flip near ties)."""
+    page = llm.cache.page
+    base = [int(t) for t in np.random.default_rng(7).integers(3, llm.config.vocab, 3 * page + 22)]
+    # (prompt, tokens found): its own pages for the first; at most the pages short of the last token
+    cases = [(base[: 2 * page + 13], 0), (base, 2 * page), (base[: 4 * page], 3 * page), (base[: 2 * page + 1] + [5, 6], 2 * page), (base[:page], 0)]
+
+    def first_logits(tokens: list[int]) -> tuple[np.ndarray, int]:
+        llm.stats = type(llm.stats)()
+        a = llm._start(tokens, GREEDY, 0)
+        llm.cache.remove(a.sid)
+        assert a.logits is not None
+        return a.logits, llm.stats.cached_tokens
+
+    llm.cache.forget_prefixes()
+    llm.prefix_cache = False
+    try:
+        alone = [first_logits(tokens) for tokens, _ in cases]
+    finally:
+        llm.prefix_cache = True
+    assert llm.cache.published_pages == 0 and all(found == 0 for _, found in alone)
+    for (tokens, found), (want, _) in zip(cases, alone):
+        got, cached = first_logits(tokens)
+        assert cached == found, len(tokens)
+        np.testing.assert_array_equal(got, want)
+    first = llm.generate("Name a color.", GREEDY)[0]
+    again = llm.generate("Name a color.", GREEDY)[0]
+    assert llm.stats.cached_tokens == (first.prompt_tokens - 1) // page * page > 0
+    assert again.token_ids == first.token_ids and again.prompt_tokens == first.prompt_tokens
+    assert "from the prefix cache" in llm.stats.line()

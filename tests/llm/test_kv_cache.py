@@ -116,3 +116,65 @@ def test_the_pool_dtype_is_checked_and_the_cli_offers_every_one() -> None:
     assert sorted(KV_DTYPE_CHOICES) == sorted(KV_DTYPES)
     with pytest.raises(TileworkError, match="holds one of float32, bfloat16, float16, got 'int8'"):
         PagedKVCache(1, 1, 1, 1, dtype="int8")
+
+
+def fill(c: PagedKVCache, sid: int, n: int, value: float | None = None) -> np.ndarray:
+    """Append ``n`` tokens to ``sid`` (each written page set to ``value``); its page table."""
+    _, table = c.step_inputs([sid], n)
+    if value is not None:
+        first = c.length(sid) // c.page
+        c.k[:, table[0, first:]] = value
+    c.advance([sid], n)
+    return table[0]
+
+
+def test_a_prefix_starts_on_the_published_pages_it_begins_with() -> None:
+    c = cache(pages=8, page=4)
+    prompt = list(range(10, 21))  # 11 tokens: 2 full pages
+    a = c.add(prompt)
+    assert c.length(a) == 0  # nothing published yet
+    table = fill(c, a, len(prompt))
+    assert c.publish(a, prompt) == 2 and c.published_pages == 2
+    assert c.publish(a, prompt) == 0  # already findable
+    b = c.add(prompt + [99, 98])
+    assert c.length(b) == 8 and c._seqs[b].pages == list(table[:2])
+    assert c.length(c.add(prompt[:9])) == 8  # 9 tokens: 2 pages, one token left to feed
+    assert c.length(c.add(prompt[:8])) == 4  # 8 tokens: the last page would leave nothing to feed
+    assert c.length(c.add([10, 11, 12, 13, 0, 0, 0, 0, 0])) == 4  # the second page differs
+    assert c.length(c.add([0] + prompt)) == 0  # the same tokens at other positions: no match
+    with pytest.raises(TileworkError, match="holds 11 tokens; cannot publish 12"):
+        c.publish(a, prompt + [1])
+
+
+def test_published_pages_outlive_their_sequence_and_are_taken_back_last() -> None:
+    c = cache(pages=6, page=4)
+    prompt = list(range(12))
+    a = c.add()
+    pages = fill(c, a, 12, 5.0)
+    c.publish(a, prompt)
+    c.remove(a)
+    assert c.free_pages == 6 and c.published_pages == 3
+    b = c.add(prompt + [1])  # found after its sequence went: the same pages, the same data
+    assert c.length(b) == 12 and c._seqs[b].pages == list(pages) and np.all(c.k[:, pages] == 5.0)
+    c.remove(b)
+    d = c.add()
+    fill(c, d, 16)  # 4 pages: the 3 never-used ones, then the published chain's last page
+    assert c.published_pages == 2 and c.length(c.add(prompt + [1])) == 8
+
+
+def test_a_published_page_is_never_written() -> None:
+    c = cache(pages=8, page=4)
+    prompt = list(range(8))
+    a = c.add()
+    pages = fill(c, a, 8, 3.0)
+    c.publish(a, prompt)
+    b = c.add(prompt + [1])  # shares both pages
+    c.truncate(b, 6)
+    fill(c, b, 2, 9.0)  # writes into the shared second page: b gets a copy
+    assert c._seqs[b].pages[1] != pages[1] and np.all(c.k[:, pages[1]] == 3.0)
+    c.remove(b)
+    c.truncate(a, 6)
+    fill(c, a, 1, 4.0)  # a alone writes into its published page: unpublished first
+    assert c.published_pages == 1 and c.length(c.add(prompt + [1])) == 4
+    c.forget_prefixes()
+    assert c.published_pages == 0 and c.length(c.add(prompt + [1])) == 0

@@ -98,12 +98,40 @@ def test_requests_join_the_running_batch_and_queue_beyond_the_limits(llm: LLM, m
 def test_chunked_prefill_gives_the_tokens_of_one_prefill(llm: LLM, make: list[Scheduler]) -> None:
     short = SamplingParams(temperature=0, max_tokens=4)
     want = llm.generate(STORY, short)[0]
+    llm.cache.forget_prefixes()  # (generate published the prompt's pages)
     s = start(make, llm, prefill_chunk=16, step_tokens=16)
     inbox = Inbox()
     s.submit(llm.encode(llm.prompt_text(STORY)), short, inbox)
     text, last = inbox.wait()
     assert text == want.text and last.prompt_tokens == want.prompt_tokens > 48
-    assert s.metrics.prefill_tokens == want.prompt_tokens
+    assert s.metrics.prefill_tokens == want.prompt_tokens and last.cached_tokens == 0
+
+
+@pytest.mark.parametrize("prefix_cache", [True, False])
+def test_a_prompt_seen_before_prefills_only_its_new_pages(llm: LLM, make: list[Scheduler], prefix_cache: bool) -> None:
+    """The second request starts on the first's published pages (prefilling the rest in chunks
+    at the same boundaries) and gets the same tokens; off, it prefills everything again."""
+    short = SamplingParams(temperature=0, max_tokens=4)
+    llm.cache.forget_prefixes()
+    tokens = llm.encode(llm.prompt_text(STORY))
+    s = start(make, llm, prefill_chunk=32, step_tokens=32, prefix_cache=prefix_cache)
+    got = []
+    for prompt in (tokens, tokens, tokens[:40] + tokens[:9]):
+        inbox = Inbox()
+        s.submit(prompt, short, inbox)
+        got.append(inbox.wait())
+    (first, a), (second, b), (_, c) = got
+    found = (len(tokens) - 1) // llm.cache.page * llm.cache.page if prefix_cache else 0
+    assert second == first and (a.cached_tokens, b.cached_tokens, c.cached_tokens) == (0, found, 32 if prefix_cache else 0)
+    assert s.metrics.prefill_tokens == len(tokens) + (len(tokens) - b.cached_tokens) + (49 - c.cached_tokens)
+    assert s.metrics.cached_tokens == b.cached_tokens + c.cached_tokens
+    assert (llm.cache.published_pages > 0) == prefix_cache
+    # two requests arriving together: the second finds the pages the first's chunks published
+    together = [Inbox(), Inbox()]
+    for inbox in together:
+        s.submit(tokens[::-1], short, inbox)
+    (x, d), (y, e) = (inbox.wait() for inbox in together)
+    assert x == y and (d.cached_tokens, e.cached_tokens) == (0, found)
 
 
 def test_page_limit_queues_and_cancel_frees(llm: LLM, make: list[Scheduler]) -> None:

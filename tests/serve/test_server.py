@@ -84,6 +84,10 @@ def test_chat_and_completions_streamed_or_not_equal_generate(server: BackgroundS
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want_chat.text
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == want_chat.finish_reason
     assert chunks[-1].usage.completion_tokens == len(want_chat.token_ids) and not chunks[-1].choices
+    # the same prompt again: its full pages but the last token's from the prefix cache (OpenAI's usage field)
+    cached = (want_chat.prompt_tokens - 1) // 16 * 16
+    assert (chat.usage.prompt_tokens_details.cached_tokens, chunks[-1].usage.prompt_tokens_details.cached_tokens) == (0, cached) and cached > 0
+    assert metrics(server)["tilework_prefix_cache_tokens_total"] >= cached
 
     done = client.completions.create(model=server.name, prompt=PROMPTS[0], max_tokens=4, temperature=0)
     assert done.choices[0].text == want_text.text and done.usage.completion_tokens == len(want_text.token_ids)

@@ -47,6 +47,7 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--max-tokens", type=int, default=256, metavar="N", help="max_tokens of a request that gives none, capped by the room its prompt leaves in the context and the KV cache (default 256)")
     s.add_argument("--prefill-chunk", type=int, default=256, metavar="N", help="prompts are fed in chunks of N tokens between decode steps (default 256)")
     s.add_argument("--max-queue", type=int, default=1024, metavar="N", help="most requests waiting for room (a sequence or KV pages; those that can start at once do not count); more get 429 (default 1024)")
+    s.add_argument("--no-prefix-cache", action="store_true", help="prefill every prompt whole (by default a prompt starts on the KV pages of an earlier one it begins with: the same tokens, less prefill)")
     s.add_argument("--no-cache", action="store_true", help="compile the model again instead of loading it from the cache")
     s.add_argument("--runtime", choices=RUNTIMES, default="native", help=RUNTIME_HELP)
 
@@ -209,7 +210,7 @@ def serve(args: argparse.Namespace) -> int:
         finally:
             progress.close()
         run_server(llm, name=args.name, default_max_tokens=args.max_tokens, sock=sock,
-                   max_seqs=args.max_seqs, prefill_chunk=args.prefill_chunk, max_queue=args.max_queue)
+                   max_seqs=args.max_seqs, prefill_chunk=args.prefill_chunk, max_queue=args.max_queue, prefix_cache=not args.no_prefix_cache)
     finally:
         sock.close()
     return 0

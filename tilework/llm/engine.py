@@ -16,7 +16,10 @@ translated to C, calling the same kernels; ~2 s to build once, then cached), ``"
 Python VM; both give the same bits. ``generate`` takes one prompt or a
 list: each sequence is prefilled alone (its own length), then all decode together, one token per
 sequence per step, leaving the batch as they finish. A chat model's prompt goes through its
-chat template unless ``chat=False``.
+chat template unless ``chat=False``. With ``prefix_cache`` (the default) a prompt starts on the
+KV-cache pages of an earlier prompt of this ``LLM`` that it begins with, kept after that
+``generate`` returned, and prefills only the rest (``PagedKVCache``'s prefix caching: the same
+tokens as without it; ``stats.cached_tokens`` counts what was found).
 
 The per-token path is: one ``decode`` call (compiled kernels, the paged attention reading the
 cache in place), the sampler on the logits, the page bookkeeping of the cache.
@@ -98,7 +101,8 @@ class Generation:
 class Stats:
     """Timings of the last ``generate`` (or chat turn)."""
 
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # fed to prefill
+    cached_tokens: int = 0  # found in the prefix cache (not fed)
     prefill_s: float = 0.0
     generated_tokens: int = 0
     decode_steps: int = 0
@@ -110,8 +114,9 @@ class Stats:
         return self.decoded_tokens / self.decode_s if self.decode_s > 0 else 0.0
 
     def line(self) -> str:
+        cached = f" (+{self.cached_tokens} from the prefix cache)" if self.cached_tokens else ""
         return (
-            f"prefill {self.prompt_tokens} tokens in {1e3 * self.prefill_s:.1f} ms"
+            f"prefill {self.prompt_tokens} tokens{cached} in {1e3 * self.prefill_s:.1f} ms"
             f" ({self.prompt_tokens / self.prefill_s if self.prefill_s else 0:.0f} tok/s), "
             f"decode {self.generated_tokens} tokens at {self.decode_tokens_per_s:.1f} tok/s"
         )
@@ -139,6 +144,7 @@ class LLM:
         progress: Progress | None = None,
         use_cache: bool = True,
         runtime: str = "native",
+        prefix_cache: bool = True,
     ) -> None:
         if runtime not in RUNTIMES:
             raise TileworkError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
@@ -177,6 +183,7 @@ class LLM:
             self._decode = self.vm.bind("decode", *self.weights)
             self.kv_args = (self.cache.k, self.cache.v)
         self.max_batch = max_batch
+        self.prefix_cache = prefix_cache
         self.template = ChatTemplate.from_tokenizer(self.tokenizer) if self.tokenizer.chat_template else None
         self.eos = set(self.tokenizer.eos_ids) | set(self.config.eos_token_ids)
         self.stats = Stats()
@@ -284,12 +291,16 @@ class LLM:
         seed = None if params.seed is None else params.seed + i
         params = SamplingParams(params.temperature, params.top_k, params.top_p, params.repetition_penalty, params.max_tokens, params.stop, seed)
         owned = sid is None
-        if sid is None:
-            sid = self.cache.add()
+        if sid is None:  # a sequence of its own: on the pages of an earlier prompt it begins with
+            sid = self.cache.add(tokens if self.prefix_cache else ())
         out = Completion(params, self.config.vocab, self.eos, self.tokenizer.stream_decoder(skip_special_tokens=True, context=tokens[-1:]), tokens)
         a = _Active(sid, out, len(tokens))
         try:
-            self._feed_prompt(a, tokens)
+            cached = self.cache.length(sid) if owned else 0
+            self._feed_prompt(a, tokens[cached:])
+            self.stats.cached_tokens += cached
+            if owned and self.prefix_cache:
+                self.cache.publish(sid, tokens)
         except BaseException:
             if owned:
                 self.cache.remove(sid)

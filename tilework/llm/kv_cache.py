@@ -15,6 +15,20 @@ records what a step appended. Freed pages are reused first. Running out of pages
 ``KVCacheFull`` error that says how many are free; nothing is ever grown behind the caller's
 back.
 
+**Prefix caching.** ``publish(sid, tokens)`` records the sequence's full pages under the tokens
+they hold (a digest chained page by page: a page is found only after the same tokens before
+it), and ``add(prefix=tokens)`` starts a sequence on the longest run of published pages its
+tokens begin with, always leaving at least one of ``tokens`` to feed (a step's logits are those
+of its last token). A published page outlives its sequences: when its last user goes it is kept,
+still findable, among the free pages, and taken back (least recently freed first, a chain's
+later pages before its earlier ones) only when no never-used or unpublished page is left.
+``free_pages`` counts them free. A published page is never written: a sequence that truncates
+into one and writes there copies it first when others share it, else unpublishes it. Callers
+publish pages that prefill computed: prefill gives a token's keys and values the same bits
+however the prompt is cut into steps (tested), so a sequence started on published pages goes on
+exactly as if it had fed the whole prompt; a decode step's keys and values may differ from
+prefill's in the last bits, so generated tokens are not published.
+
 The pool's memory is committed as pages are first written (an anonymous map of ordinary pages),
 so a large pool costs only what the sequences in it use.
 
@@ -30,7 +44,9 @@ itself runs in the compiled kernels.
 
 from __future__ import annotations
 
+import collections
 import functools
+import hashlib
 import mmap
 from dataclasses import dataclass, field
 from typing import Sequence, TypeVar
@@ -90,6 +106,9 @@ class PagedKVCache:
         self.v_bits = _lazy_zeros(v_shape, storage)
         self._free = list(range(pages - 1, -1, -1))  # popped from the end: page 0 first
         self._refs = [0] * pages
+        self._page_of: dict[bytes, int] = {}  # published pages by digest
+        self._digest_of: dict[int, bytes] = {}
+        self._kept: collections.OrderedDict[int, None] = collections.OrderedDict()  # published pages no sequence uses, least recently freed first
         self._seqs: dict[int, _Sequence] = {}
         self._next_id = 0
 
@@ -116,23 +135,64 @@ class PagedKVCache:
 
     @property
     def free_pages(self) -> int:
-        return len(self._free)
+        """Pages a step may take: never-used or released ones, and published ones no sequence uses."""
+        return len(self._free) + len(self._kept)
+
+    @property
+    def published_pages(self) -> int:
+        """Pages findable by ``add(prefix=...)`` (in use or kept among the free)."""
+        return len(self._page_of)
 
     @property
     def bytes(self) -> int:
         return int(self.k_bits.nbytes + self.v_bits.nbytes)
 
-    def add(self) -> int:
-        """A new, empty sequence; its id."""
+    def add(self, prefix: Sequence[int] = ()) -> int:
+        """A new sequence; its id. Empty, or holding the longest run of published pages that
+        ``prefix`` (token ids) begins with, short of its last token (``length`` says how many
+        tokens it holds: feed it ``prefix[length:]``)."""
         sid = self._next_id
         self._next_id += 1
-        self._seqs[sid] = _Sequence()
+        seq = self._seqs[sid] = _Sequence()
+        for digest in _digests(prefix[: max(len(prefix) - 1, 0)], self.page):
+            p = self._page_of.get(digest)
+            if p is None:
+                break
+            if self._refs[p] == 0:
+                del self._kept[p]
+            self._refs[p] += 1
+            seq.pages.append(p)
+        seq.length = len(seq.pages) * self.page
         return sid
+
+    def publish(self, sid: int, tokens: Sequence[int]) -> int:
+        """Make the full pages of sequence ``sid`` findable by the tokens they hold: ``tokens``
+        are its first tokens (at most its length), fed by prefill (see the module docstring).
+        Pages already published under the same tokens stay the ones found. Returns how many
+        pages are newly published."""
+        seq = self._get(sid)
+        if len(tokens) > seq.length:
+            raise TileworkError(f"sequence {sid} holds {seq.length} tokens; cannot publish {len(tokens)}")
+        new = 0
+        for p, digest in zip(seq.pages, _digests(tokens, self.page)):
+            if digest in self._page_of or p in self._digest_of:
+                continue
+            self._page_of[digest], self._digest_of[p] = p, digest
+            new += 1
+        return new
+
+    def forget_prefixes(self) -> None:
+        """Unpublish every page (those no sequence uses become plain free pages)."""
+        for p in self._kept:
+            self._free.append(p)
+        self._kept.clear()
+        self._page_of.clear()
+        self._digest_of.clear()
 
     def remove(self, sid: int) -> None:
         """Free the sequence's pages (those it shares stay with the other users)."""
         seq = self._get(sid)
-        for p in seq.pages:
+        for p in reversed(seq.pages):  # a chain's last pages are taken back first
             self._release(p)
         del self._seqs[sid]
 
@@ -157,7 +217,7 @@ class PagedKVCache:
         if not 0 <= length <= seq.length:
             raise TileworkError(f"cannot truncate sequence {sid} of {seq.length} tokens to {length}")
         keep = -(-length // self.page)
-        for p in seq.pages[keep:]:
+        for p in reversed(seq.pages[keep:]):
             self._release(p)
         del seq.pages[keep:]
         seq.length = length
@@ -172,8 +232,8 @@ class PagedKVCache:
             raise TileworkError(f"a step appends at least one token, got {new_tokens}")
         seqs = [self._get(s) for s in sids]
         need = sum(max(0, -(-(s.length + new_tokens) // self.page) - len(s.pages)) + len(self._shared_tail(s, new_tokens)) for s in seqs)
-        if need > len(self._free):
-            raise KVCacheFull(f"the KV cache needs {need} more page(s) of {self.page} tokens for this step and has {len(self._free)} free of {self.num_pages}")
+        if need > self.free_pages:
+            raise KVCacheFull(f"the KV cache needs {need} more page(s) of {self.page} tokens for this step and has {self.free_pages} free of {self.num_pages}")
         for s in seqs:
             self._own_tail(s, new_tokens)
             while len(s.pages) * self.page < s.length + new_tokens:
@@ -202,31 +262,59 @@ class PagedKVCache:
         return seq
 
     def _take(self) -> int:
-        p = self._free.pop()
+        if self._free:
+            p = self._free.pop()
+        else:  # the published page least recently freed
+            p, _ = self._kept.popitem(last=False)
+            self._unpublish(p)
         self._refs[p] = 1
         return p
 
     def _release(self, p: int) -> None:
         self._refs[p] -= 1
         if self._refs[p] == 0:
-            self._free.append(p)
+            if p in self._digest_of:
+                self._kept[p] = None
+            else:
+                self._free.append(p)
+
+    def _unpublish(self, p: int) -> None:
+        del self._page_of[self._digest_of.pop(p)]
 
     def _shared_tail(self, seq: _Sequence, new_tokens: int) -> list[int]:
         """Indices of the sequence's pages that a step of ``new_tokens`` writes into and that
-        another sequence shares (only a partly filled last page can be)."""
+        another sequence shares (only a partly filled last page can be, or a published page
+        truncated into)."""
+        return [i for i in self._written(seq, new_tokens) if self._refs[seq.pages[i]] > 1]
+
+    def _written(self, seq: _Sequence, new_tokens: int) -> range:
         first = seq.length // self.page
         last = (seq.length + new_tokens - 1) // self.page
-        return [i for i in range(first, min(last + 1, len(seq.pages))) if self._refs[seq.pages[i]] > 1]
+        return range(first, min(last + 1, len(seq.pages)))
 
     def _own_tail(self, seq: _Sequence, new_tokens: int) -> None:
-        """Copy the shared pages this step writes into."""
-        for i in self._shared_tail(seq, new_tokens):
+        """Copy the shared pages this step writes into; unpublish the published ones it alone uses."""
+        for i in self._written(seq, new_tokens):
             p = seq.pages[i]
+            if self._refs[p] == 1:
+                if p in self._digest_of:
+                    self._unpublish(p)
+                continue
             q = self._take()
             self.k_bits[:, q] = self.k_bits[:, p]
             self.v_bits[:, q] = self.v_bits[:, p]
             self._release(p)
             seq.pages[i] = q
+
+
+def _digests(tokens: Sequence[int], page: int) -> list[bytes]:
+    """The chained digests of the full pages of ``tokens``: page ``i``'s covers every token up
+    to the end of page ``i``."""
+    out, digest = [], b""
+    for start in range(0, len(tokens) - page + 1, page):
+        digest = hashlib.blake2b(digest + np.asarray(tokens[start : start + page], np.int64).tobytes(), digest_size=16).digest()
+        out.append(digest)
+    return out
 
 
 __all__ = ["PagedKVCache", "KVCacheFull", "kv_shapes", "PAGE", "KV_DTYPES"]

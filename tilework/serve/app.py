@@ -109,7 +109,7 @@ def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int
             return Response(status_code=499)  # the client is gone; nobody reads this
         if last.error is not None:
             return _error(last.error, 500)
-        return JSONResponse(completion_body(kind, rid, model_name, text, last.finish_reason or "stop", last.prompt_tokens, last.completion_tokens))
+        return JSONResponse(completion_body(kind, rid, model_name, text, last.finish_reason or "stop", last.prompt_tokens, last.completion_tokens, last.cached_tokens))
 
     async def _events(kind: str, rid: str, queue: asyncio.Queue[Event], include_usage: bool) -> AsyncIterator[str]:
         if kind == "chat":
@@ -124,7 +124,7 @@ def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int
             if ev.finish_reason is not None:
                 yield _sse(chunk_body(kind, rid, model_name, None if kind == "chat" else "", ev.finish_reason))
                 if include_usage:
-                    yield _sse(chunk_body(kind, rid, model_name, None, None, usage_of=(ev.prompt_tokens, ev.completion_tokens)))
+                    yield _sse(chunk_body(kind, rid, model_name, None, None, usage_of=(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)))
                 break
         yield "data: [DONE]\n\n"
 

@@ -32,6 +32,7 @@ class ServeMetrics:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.prefill_tokens = 0
+        self.cached_tokens = 0
         self.prefill_s = 0.0
         self.decode_steps = 0
         self.decode_tokens = 0
@@ -50,6 +51,10 @@ class ServeMetrics:
         with self._lock:
             self.requests += 1
             self.prompt_tokens += prompt_tokens
+
+    def cached(self, tokens: int) -> None:
+        with self._lock:
+            self.cached_tokens += tokens
 
     def prefilled(self, tokens: int, seconds: float) -> None:
         with self._lock:
@@ -111,6 +116,7 @@ class ServeMetrics:
             metric("tilework_prompt_tokens_total", "counter", "Prompt tokens of the accepted requests (tokens in).", [("", self.prompt_tokens)])
             metric("tilework_generation_tokens_total", "counter", "Tokens generated (tokens out).", [("", self.generation_tokens)])
             metric("tilework_prefill_tokens_total", "counter", "Prompt tokens fed to the model.", [("", self.prefill_tokens)])
+            metric("tilework_prefix_cache_tokens_total", "counter", "Prompt tokens found in the prefix cache (not fed again).", [("", self.cached_tokens)])
             metric("tilework_prefill_seconds_total", "counter", "Time spent in prefill calls.", [("", self.prefill_s)])
             metric("tilework_decode_steps_total", "counter", "Batched decode steps.", [("", self.decode_steps)])
             metric("tilework_decode_tokens_total", "counter", "Tokens computed by the decode steps (batch size summed over steps).", [("", self.decode_tokens)])
@@ -127,6 +133,7 @@ class ServeMetrics:
         metric("tilework_queue_depth", "gauge", "Requests waiting for admission.", [("", live["waiting"])])
         metric("tilework_running_sequences", "gauge", "Sequences being prefilled or decoded.", [("", live["running"])])
         metric("tilework_kv_pages_used", "gauge", "KV-cache pages holding tokens.", [("", live["used_pages"])])
+        metric("tilework_kv_pages_published", "gauge", "KV-cache pages findable by the prefix cache (in use or kept among the free).", [("", live["published_pages"])])
         metric("tilework_kv_pages_reserved", "gauge", "KV-cache pages reserved by running sequences (their worst case).", [("", live["reserved_pages"])])
         metric("tilework_kv_pages_total", "gauge", "KV-cache pages in the pool.", [("", self.kv_pages)])
         return "\n".join(out) + "\n"

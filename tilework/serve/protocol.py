@@ -214,11 +214,13 @@ def new_id(kind: str) -> str:
     return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
 
 
-def usage(prompt: int, completion: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+def usage(prompt: int, completion: int, cached: int = 0) -> dict[str, Any]:
+    """OpenAI's usage object; ``cached``: the prompt tokens found in the prefix cache."""
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def completion_body(kind: str, rid: str, model: str, text: str, finish: str, prompt: int, completion: int) -> dict[str, Any]:
+def completion_body(kind: str, rid: str, model: str, text: str, finish: str, prompt: int, completion: int, cached: int = 0) -> dict[str, Any]:
     """The whole (non-streamed) response."""
     if kind == "chat":
         choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
@@ -226,11 +228,11 @@ def completion_body(kind: str, rid: str, model: str, text: str, finish: str, pro
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         obj = "text_completion"
-    return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [choice], "usage": usage(prompt, completion)}
+    return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [choice], "usage": usage(prompt, completion, cached)}
 
 
 def chunk_body(kind: str, rid: str, model: str, text: str | None, finish: str | None, *, role: bool = False,
-               usage_of: tuple[int, int] | None = None) -> dict[str, Any]:
+               usage_of: tuple[int, int, int] | None = None) -> dict[str, Any]:
     """One streamed chunk: a piece of text, the finish reason, or (``usage_of``) the usage chunk
     with no choices that ``stream_options.include_usage`` asks for."""
     obj = "chat.completion.chunk" if kind == "chat" else "text_completion"

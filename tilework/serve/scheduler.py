@@ -29,6 +29,16 @@ prompt only (chunk ``i`` is ``prompt[i * prefill_chunk : (i + 1) * prefill_chunk
 load, and the decode kernels give a row the same bits whatever the batch, so a request's tokens
 do not depend on what else runs (with a seed, sampling draws from the request's own generator).
 
+**Prefix caching** (``prefix_cache=True``, the default): a request starts on the KV-cache pages
+of an earlier prompt that its own begins with (``PagedKVCache.add(prefix=...)``: whole pages,
+found by the tokens they hold; looked up when its first chunk is due, so the chunks of requests
+before it in the same steps count) and feeds only the rest; a prompt's full pages are published
+as its chunks go in, and stay findable after the request until the pool needs them (least
+recently freed first). A shared system prompt, or a chat client sending the conversation again each turn,
+is prefilled once. The reused pages hold the bits this request's prefill would have written, so
+its tokens are the same with or without a hit (tested). A response's usage says how many prompt
+tokens came from the cache (``prompt_tokens_details.cached_tokens``, as OpenAI reports it).
+
 Sampling and stopping are ``LLM.generate``'s (``tilework.llm.completion``): the request's ``Sampler``, end of sequence or end
 of turn, stop strings (held back while they may still be forming), ``max_tokens``, the context.
 """
@@ -83,6 +93,7 @@ class Event:
     error: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache
 
 
 OnEvent = Callable[[Event], None]
@@ -114,6 +125,7 @@ class _Seq:
     submitted: float
     sid: int | None = None
     fed: int = 0  # prompt tokens in the cache
+    cached: int = 0  # of them, found there at admission (the prefix cache)
     finish: str | None = None  # the completion's, or "cancelled" / "error"
     first_token_at: float | None = None
 
@@ -134,6 +146,7 @@ class Scheduler:
         prefill_chunk: int = 256,
         step_tokens: int = 512,
         max_queue: int = 1024,
+        prefix_cache: bool = True,
     ) -> None:
         cache = llm.cache
         max_seqs = llm.max_batch if max_seqs is None else max_seqs
@@ -149,6 +162,7 @@ class Scheduler:
         self.llm, self.cache = llm, cache
         self.max_seqs, self.max_pages = max_seqs, max_pages
         self.prefill_chunk, self.step_tokens, self.max_queue = prefill_chunk, step_tokens, max_queue
+        self.prefix_cache = prefix_cache
         self.context = llm.config.context_length
         self.metrics = ServeMetrics(cache.num_pages)
         self._cond = threading.Condition()
@@ -232,7 +246,7 @@ class Scheduler:
         """Queue and cache figures of this moment (for the metrics)."""
         with self._cond:
             return {"waiting": len(self._waiting), "running": len(self._running), "reserved_pages": self._reserved,
-                    "used_pages": self.cache.num_pages - self.cache.free_pages}
+                    "used_pages": self.cache.num_pages - self.cache.free_pages, "published_pages": self.cache.published_pages}
 
     def _wake(self) -> None:
         with self._cond:
@@ -293,7 +307,7 @@ class Scheduler:
     def _admit(self) -> None:
         while self._waiting and len(self._running) < self.max_seqs and self._reserved + self._waiting[0].pages <= self.max_pages:
             s = self._waiting.popleft()
-            s.sid = self.cache.add()
+            s.sid = self.cache.add()  # started on the prefix cache's pages at its first chunk
             self._reserved += s.pages
             self._running.append(s)
 
@@ -302,7 +316,9 @@ class Scheduler:
         for s in self._running:
             if s.prefilled or s.finish is not None:
                 continue
-            n = min(self.prefill_chunk, len(s.tokens) - s.fed)
+            if self.prefix_cache and s.fed == s.cached:  # none of its own chunks in yet
+                self._start_on_prefix(s)
+            n = min(self.prefill_chunk - s.fed % self.prefill_chunk, len(s.tokens) - s.fed)  # (chunk boundaries at multiples of prefill_chunk after a prefix-cache hit too)
             if budget < self.step_tokens and n > budget:
                 break
             budget -= n
@@ -324,8 +340,20 @@ class Scheduler:
             log.exception("request %d failed in %s", s.ticket.id, getattr(fn, "__name__", fn))
             self._finish(s, "error", failure_message(exc))
 
+    def _start_on_prefix(self, s: _Seq) -> None:
+        """Start ``s`` on the published pages its prompt begins with, looked up again each step
+        until its first chunk goes in (not once at admission): so it finds the pages of the
+        requests prefilled before it in the same steps (a system prompt shared by requests that
+        arrive together is prefilled once)."""
+        assert s.sid is not None
+        self.cache.remove(s.sid)
+        s.sid = self.cache.add(s.tokens)
+        s.fed = s.cached = self.cache.length(s.sid)
+
     def _prefill_chunk(self, s: _Seq, n: int) -> None:
         assert s.sid is not None
+        if s.fed == s.cached:  # its first chunk: what it found is settled
+            self.metrics.cached(s.cached)
         chunk = s.tokens[s.fed : s.fed + n]
         t0 = time.perf_counter()
         kv_len, table = self.cache.step_inputs([s.sid], n)
@@ -333,6 +361,8 @@ class Scheduler:
         self.cache.advance([s.sid], n)
         s.fed += n
         self.metrics.prefilled(n, time.perf_counter() - t0)
+        if self.prefix_cache:  # the full pages fed so far, for the requests after it
+            self.cache.publish(s.sid, s.tokens[: s.fed])
         if s.prefilled:
             self._pick(s, logits[0])
 
@@ -360,7 +390,7 @@ class Scheduler:
             self._send(s, Event(piece))
             return
         s.finish = s.out.finish
-        self._send(s, Event(piece, s.finish, prompt_tokens=len(s.tokens), completion_tokens=len(s.out.ids)))
+        self._send(s, Event(piece, s.finish, prompt_tokens=len(s.tokens), completion_tokens=len(s.out.ids), cached_tokens=s.cached))
 
     def _send(self, s: _Seq, event: Event) -> None:
         if not event.text and event.finish_reason is None:
@@ -374,7 +404,7 @@ class Scheduler:
 
     def _finish(self, s: _Seq, reason: str, error: str | None = None) -> None:
         s.finish = reason
-        self._send(s, Event(finish_reason=reason, error=error, prompt_tokens=len(s.tokens), completion_tokens=len(s.out.ids)))
+        self._send(s, Event(finish_reason=reason, error=error, prompt_tokens=len(s.tokens), completion_tokens=len(s.out.ids), cached_tokens=s.cached))
 
     def _sweep(self) -> None:
         """Free the sequences that finished (or were cancelled) this step."""
