@@ -1,12 +1,14 @@
-"""Gemma 3's text decoder (``Gemma3ForCausalLM``; GGUF ``gemma3``) and Gemma 2's
+"""Gemma 3's text decoder (``Gemma3ForCausalLM``; GGUF ``gemma3``), Gemma 2's
 (``Gemma2ForCausalLM``; GGUF ``gemma2``: soft-capped scores and logits, every other layer
-sliding, one rotary base) on small random models: the configs read as transformers reads them, and the decoder gives transformers' logits and greedy
+sliding, one rotary base) and Gemma 1's (``GemmaForCausalLM``; GGUF ``gemma``: two norms a layer,
+no window, the scores scaled by ``head_dim ** -0.5``; odd sizes, one key / value head, three
+query heads of 20 over a hidden size of 48) on small random models: the configs read as transformers reads them, and the decoder gives transformers' logits and greedy
 tokens from a checkpoint directory and from a GGUF file written as llama.cpp's converter writes
 it (norm weights stored as ``w + 1``, ``ffn_norm`` the norm before the MLP), with prompts of 1, 7
 and 13 tokens across a sliding window of 5 (layers sliding, global, sliding: two rotary bases,
 the global one scaled), a head dim (24) that is not ``hidden / heads`` and a query scalar of its
 own (from a GGUF file six layers, llama.cpp's fixed pattern); one compilation serves every prompt and decode step; ``bf16`` and ``q`` run it. With
-llama-cpp-python, llama.cpp scores a random ``gemma3`` and ``gemma2`` file as tilework does."""
+llama-cpp-python, llama.cpp scores a random ``gemma3``, ``gemma2`` and ``gemma`` file as tilework does."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from tilework.errors import UnsupportedError  # noqa: E402
 from tilework.llm import LLM  # noqa: E402
 from tilework.llm.config import LlmConfig  # noqa: E402
 from tilework.llm.quant import quantize  # noqa: E402
+from tilework.llm.weights import expected_shapes  # noqa: E402
 from tests.llm.test_checkpoint import VOCAB, add_tensor, assert_transformers_tokens, close_gguf, log_probs, word_tokenizer  # noqa: E402
 from tests.llm.test_decoder import Runner, _hf_incremental  # noqa: E402
 
@@ -40,15 +43,25 @@ GEMMA = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_atte
 # logits of the random model are capped
 GEMMA2 = {**{k: v for k, v in GEMMA.items() if k not in ("layer_types", "rope_parameters")}, "rope_parameters": {"rope_type": "default", "rope_theta": 1000.0},
           "attn_logit_softcapping": 1.5, "final_logit_softcapping": 4.0}  # fmt: skip
+# Gemma 1: odd sizes, one key/value head (gemma-2b's multi-query attention), a head dim of 20 whose
+# three heads (60) are not the hidden size (48), as gemma-7b's 16 x 256 are not its 3072
+GEMMA1 = dict(hidden_size=48, intermediate_size=80, num_hidden_layers=3, num_attention_heads=3, num_key_value_heads=1, head_dim=20, vocab_size=VOCAB,
+              max_position_embeddings=64, bos_token_id=1, eos_token_id=2, pad_token_id=0, initializer_range=0.2,
+              rope_parameters={"rope_type": "default", "rope_theta": 10000.0})  # fmt: skip
 PROMPTS = [[7], [5, 17, 33, 9, 41, 7, 60], [int(t) for t in np.random.default_rng(5).integers(3, VOCAB, 13)]]
 
 
 def gemma(path: Path | None = None, dtype: str = "float32", version: int = 3, **kw: Any) -> Any:
-    """A random ``Gemma3ForCausalLM`` (``version`` 2: ``Gemma2ForCausalLM``; its norm weights
-    random too: transformers starts them at 0, a multiplier of 1), saved to ``path`` in ``dtype``
-    with a word tokenizer and read back in float32, where a path is given."""
+    """A random ``Gemma3ForCausalLM`` (``version`` 2: ``Gemma2ForCausalLM``; 1: ``GemmaForCausalLM``
+    of ``GEMMA1``'s sizes; its norm weights random too: transformers starts them at 0, a
+    multiplier of 1), saved to ``path`` in ``dtype`` with a word tokenizer and read back in
+    float32, where a path is given."""
     torch.manual_seed(0)
-    cls, config, base = (transformers.Gemma2ForCausalLM, transformers.Gemma2Config, GEMMA2) if version == 2 else (transformers.Gemma3ForCausalLM, transformers.Gemma3TextConfig, GEMMA)
+    cls, config, base = {
+        1: (transformers.GemmaForCausalLM, transformers.GemmaConfig, GEMMA1),
+        2: (transformers.Gemma2ForCausalLM, transformers.Gemma2Config, GEMMA2),
+        3: (transformers.Gemma3ForCausalLM, transformers.Gemma3TextConfig, GEMMA),
+    }[version]
     model = cls(config(**{**base, **kw})).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -61,7 +74,8 @@ def gemma(path: Path | None = None, dtype: str = "float32", version: int = 3, **
     return cls.from_pretrained(path, dtype=torch.float32).eval()
 
 
-# llama.cpp's tensor names of Gemma 2 and 3 (gguf-py's tensor map)
+# llama.cpp's tensor names of Gemma 2 and 3 (gguf-py's tensor map); Gemma 1's norm before the MLP is ffn_norm
+# (as a Llama's)
 _TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
 _PART = {
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
@@ -69,6 +83,7 @@ _PART = {
     "post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
     "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
 }  # fmt: skip
+_PART1 = {**_PART, "post_attention_layernorm": "ffn_norm"}
 
 
 def gemma_gguf(hf: Any, path: Path, fmt: str = "f32", vocab: list[str] | None = None) -> Path:
@@ -78,15 +93,20 @@ def gemma_gguf(hf: Any, path: Path, fmt: str = "f32", vocab: list[str] | None = 
     ``*norm.weight`` stored as ``w + 1``, q and k rows in transformers' order, no output tensor
     (tied); the matrices in ``fmt``. ``vocab``: the token texts (else words ``w0 ..``). A Gemma 2
     model as ``Gemma2Model`` writes it: ``gemma2.*`` keys, the two soft caps, the window, the
-    rotary base (which the converter leaves to llama.cpp's default, 10000, where it is that)."""
+    rotary base (which the converter leaves to llama.cpp's default, 10000, where it is that). A
+    Gemma 1 model as ``GemmaModel`` writes it: ``gemma.*`` keys, no window, no caps, no rotary
+    base (written here where it is not llama.cpp's default, as the converter never does),
+    ``post_attention_layernorm`` as ``ffn_norm``."""
     c = hf.config
-    arch = "gemma2" if c.model_type == "gemma2" else "gemma3"
+    arch = {"gemma": "gemma", "gemma2": "gemma2"}.get(c.model_type, "gemma3")
     w = gguf.GGUFWriter(str(path), arch)
     for key, value in {"context_length": c.max_position_embeddings, "embedding_length": c.hidden_size, "block_count": c.num_hidden_layers,
                        "feed_forward_length": c.intermediate_size, "attention.head_count": c.num_attention_heads, "attention.head_count_kv": c.num_key_value_heads,
-                       "attention.key_length": c.head_dim, "attention.value_length": c.head_dim, "attention.sliding_window": c.sliding_window}.items():  # fmt: skip
+                       "attention.key_length": c.head_dim, "attention.value_length": c.head_dim}.items():  # fmt: skip
         w.add_uint32(f"{arch}.{key}", value)
-    full = c.rope_parameters if arch == "gemma2" else c.rope_parameters["full_attention"]
+    if arch != "gemma":
+        w.add_uint32(f"{arch}.attention.sliding_window", c.sliding_window)
+    full = c.rope_parameters["full_attention"] if arch == "gemma3" else c.rope_parameters
     if arch == "gemma3" or full["rope_theta"] != 10000.0:
         w.add_float32(f"{arch}.rope.freq_base", full["rope_theta"])
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", c.rms_norm_eps)
@@ -114,7 +134,7 @@ def gemma_gguf(hf: Any, path: Path, fmt: str = "f32", vocab: list[str] | None = 
             gname = _TOP[name]
         else:
             _, _, layer, rest = name.split(".", 3)
-            gname = f"blk.{layer}.{_PART[rest.removesuffix('.weight')]}.weight"
+            gname = f"blk.{layer}.{(_PART1 if arch == 'gemma' else _PART)[rest.removesuffix('.weight')]}.weight"
         add_tensor(w, gname, data, fmt, name)
     return close_gguf(w, path)
 
@@ -163,12 +183,12 @@ def test_a_gemma3_checkpoint_gives_transformers_tokens(tmp_path: Path, dtype: st
     assert np.abs(log_probs(gemma(sliding_window=64), PROMPTS[2]) - ref).max() > 10 * tol
 
 
-@pytest.mark.parametrize("version", [3, 2])
+@pytest.mark.parametrize("version", [3, 2, 1])
 def test_prefill_and_every_decode_step_from_one_compilation(version: int) -> None:
     """The compiled decoder (one build) fed like the engine: transformers' logits after prompts
     of 1, 6 and 13 tokens and after each of 9 greedy steps through its cache, the decode steps'
-    windows sliding over the cached keys (Gemma 2: their scores and the logits soft-capped);
-    greedy tokens too."""
+    windows sliding over the cached keys (Gemma 2: their scores and the logits soft-capped;
+    Gemma 1: every layer global, two norms a layer); greedy tokens too."""
     hf = gemma(version=version)
     r = Runner(hf, max_batch=2)
     assert r.builds == 1
@@ -181,21 +201,24 @@ def test_prefill_and_every_decode_step_from_one_compilation(version: int) -> Non
     assert r.builds == 1
 
 
-@pytest.mark.parametrize("version, fmt, precision", [(3, "f32", "fp32"), (3, "q8_0", "q"), (2, "f32", "fp32")])  # (q8_0 blocks: the same kernels for both)
+@pytest.mark.parametrize("version, fmt, precision", [(3, "f32", "fp32"), (3, "q8_0", "q"), (2, "f32", "fp32"), (1, "f32", "fp32")])  # (q8_0 blocks: the same kernels for both)
 def test_a_gemma_gguf_gives_transformers_log_probabilities(tmp_path: Path, version: int, fmt: str, precision: str) -> None:
     """The model as a GGUF file of llama.cpp's converter, its config the checkpoint's (Gemma 3:
     six layers in transformers' default pattern, layer 5 global, the one llama.cpp fixes; its
     rotary bases and query scalar the ones llama.cpp fixes or derives, 10000 for the sliding
     layers and ``head_dim``; Gemma 2: the caps and window from the file, the rotary base
-    llama.cpp's default): float32 tensors give transformers' log-probabilities to 1e-4; q8_0
+    llama.cpp's default; Gemma 1: its file's keys a Llama's, its norm before the MLP ``ffn_norm``):
+    float32 tensors give transformers' log-probabilities to 1e-4; q8_0
     matrices kept in blocks (``q``) those of the dequantized values within what 8-bit activations
     move them (as for Qwen2 and Qwen3)."""
     small = {} if fmt == "f32" else {"initializer_range": 0.05}
     if version == 3:
         rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}, "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}}
         hf = gemma(rope_parameters=rope, query_pre_attn_scalar=24, num_hidden_layers=6, layer_types=None, **small)
-    else:
+    elif version == 2:
         hf = gemma(version=2, query_pre_attn_scalar=24, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **small)
+    else:
+        hf = gemma(version=1)
     path = gemma_gguf(hf, tmp_path / "gemma.gguf", fmt)
     llm = LLM(str(path), precision=precision, max_batch=2, kv_tokens=256, kv_dtype="float32")
     c = llm.config
@@ -218,24 +241,28 @@ def test_a_gemma_gguf_gives_transformers_log_probabilities(tmp_path: Path, versi
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("version", [3, 2])
+@pytest.mark.parametrize("version", [3, 2, 1])
 def test_llama_cpp_scores_a_gemma_file_as_tilework_does(tmp_path: Path, version: int) -> None:
     """llama.cpp (llama-cpp-python) reads the same kind of file: a random Gemma of 6 layers
     (hidden 256, head dim 64, window 8; Gemma 3: layer 5 global; Gemma 2: layers 1, 3, 5, caps
-    of 10 on the scores and 8 on the logits, which move its log-probabilities by 0.3) scores 40
-    tokens as tilework does: within 0.004 measured (Gemma 3) and 0.002 (Gemma 2), what
+    of 10 on the scores and 8 on the logits, which move its log-probabilities by 0.3; Gemma 1:
+    no window, head dim 96, three heads of 96 over a hidden size of 256) scores 40
+    tokens as tilework does: within 0.004 measured (Gemma 3), 0.002 (Gemma 2) and 0.002 (Gemma 1), what
     transformers' own log-probabilities differ from llama.cpp's by (llama.cpp's GELU reads a
     table of half-precision inputs on CPU), where tilework's are transformers' to 1e-5."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python (an optional bench dependency) reads the file")
     from tests.llm.test_llama_cpp_q4_k_m import gguf_files, log_softmax
 
-    if version == 3:
-        rope: dict[str, Any] = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}, "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}}
-        own: dict[str, Any] = {}
+    sizes: dict[str, Any] = dict(num_hidden_layers=6, hidden_size=256, intermediate_size=512, max_position_embeddings=128, vocab_size=512, initializer_range=0.05)
+    if version == 1:  # one key / value head, three query heads of 96 over a hidden size of 256
+        hf = gemma(version=1, **sizes, num_attention_heads=3, num_key_value_heads=1, head_dim=96)
     else:
-        rope, own = {"rope_type": "default", "rope_theta": 10000.0}, {"attn_logit_softcapping": 10.0, "final_logit_softcapping": 8.0}
-    hf = gemma(num_hidden_layers=6, layer_types=None, hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=64, query_pre_attn_scalar=64,
-               sliding_window=8, rope_parameters=rope, max_position_embeddings=128, vocab_size=512, initializer_range=0.05, version=version, **own)  # fmt: skip
+        if version == 3:
+            rope: dict[str, Any] = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}, "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}}
+            own: dict[str, Any] = {"rope_parameters": rope}
+        else:
+            own = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}, "attn_logit_softcapping": 10.0, "final_logit_softcapping": 8.0}
+        hf = gemma(**sizes, layer_types=None, num_attention_heads=4, num_key_value_heads=2, head_dim=64, query_pre_attn_scalar=64, sliding_window=8, version=version, **own)
     vocab = ["<pad>", "<bos>", "<eos>", *(f"w{i}" for i in range(3, 512))]
     path = str(gemma_gguf(hf, tmp_path / "gemma.gguf", vocab=vocab))
     ids = [1] + [int(t) for t in np.random.default_rng(0).integers(3, 512, 39)]
@@ -310,3 +337,42 @@ def test_a_multimodal_checkpoint_runs_its_text_decoder(tmp_path: Path) -> None:
     llm = LLM(str(mm), precision="fp32", max_batch=1, kv_tokens=64)
     assert llm.config == LlmConfig.from_hf_config(text)
     np.testing.assert_allclose(llm.score(PROMPTS[1]), log_probs(hf, PROMPTS[1]), rtol=0, atol=1e-4)
+
+
+def test_gemma1_configs_read_as_transformers_reads_them() -> None:
+    """A ``gemma`` config: two norms a layer (no sandwich), no q / k norms, every layer global,
+    no caps, the scores scaled by ``head_dim ** -0.5`` (no query scalar), the embedding by
+    ``sqrt(hidden)``, a tied head; gemma-7b's config.json as on the Hub (``hidden_act`` "gelu",
+    which transformers reads as the tanh form; 16 heads of 256 over a hidden size of 3072) reads
+    as GemmaConfig's defaults do, and so does a config with both activation keys (Gemma 1.1's);
+    an activation other than GELU's tanh form in either key, and bidirectional attention, are
+    refused naming the key."""
+    cfg = LlmConfig.from_hf_config(transformers.GemmaConfig(**GEMMA1).to_dict())
+    assert (cfg.architecture, cfg.gemma, cfg.sandwich_norm, cfg.qk_norm, cfg.tie_word_embeddings) == ("gemma", True, False, False, True)
+    assert (cfg.head_dim, cfg.heads, cfg.kv_heads, cfg.attention_scale, cfg.query_pre_attn_scalar) == (20, 3, 1, None, None)
+    assert (cfg.sliding_window, cfg.sliding_layers, cfg.rope_local_theta, cfg.attn_softcap, cfg.final_softcap) == (None, (), None, None, None)
+    assert cfg.embedding_multiplier == float(np.float32(48**0.5)) and cfg.rope_theta == 10000.0
+    assert LlmConfig.from_dict(cfg.to_dict()) == cfg
+    hub = {"model_type": "gemma", "architectures": ["GemmaForCausalLM"], "hidden_size": 3072, "intermediate_size": 24576, "num_hidden_layers": 28, "num_attention_heads": 16,
+           "num_key_value_heads": 16, "head_dim": 256, "hidden_act": "gelu", "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "rope_scaling": None,
+           "vocab_size": 256000, "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0, "attention_bias": False}  # fmt: skip
+    cfg = LlmConfig.from_hf_config(hub)
+    assert transformers.GemmaConfig(**{k: v for k, v in hub.items() if k != "model_type"}).hidden_act == "gelu_pytorch_tanh"
+    assert (cfg.heads * cfg.head_dim, cfg.hidden, cfg.kv_heads, cfg.eos_token_ids, cfg.bos_token_id, cfg.context_length, cfg.tie_word_embeddings) == (4096, 3072, 16, (1,), 2, 8192, True)
+    assert LlmConfig.from_hf_config({"model_type": "gemma", "hidden_size": 3072, "intermediate_size": 24576, "num_hidden_layers": 28}) == cfg
+    assert LlmConfig.from_hf_config({**hub, "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh"}) == cfg
+    for key, value in (("hidden_act", "silu"), ("hidden_activation", "gelu"), ("use_bidirectional_attention", True)):
+        with pytest.raises(UnsupportedError, match=key):
+            LlmConfig.from_hf_config({**hub, key: value})
+
+
+def test_a_gemma1_checkpoint_gives_transformers_tokens(tmp_path: Path) -> None:
+    """A float32 ``GemmaForCausalLM`` checkpoint (``GEMMA1``'s odd sizes): transformers'
+    log-probabilities (1e-4) and greedy tokens after prompts of 1, 7 and 13 tokens; its layer's
+    tensors are a Llama's (no ``pre_feedforward_layernorm`` / ``post_feedforward_layernorm``)."""
+    hf = gemma(tmp_path, version=1)
+    llm = LLM(str(tmp_path), precision="fp32", max_batch=2, kv_tokens=256)
+    assert llm.config.architecture == "gemma" and not llm.config.sandwich_norm
+    names = expected_shapes(llm.config)  # the tensors load_weights found the checkpoint to hold
+    assert not any("feedforward" in name for name in names) and "model.layers.2.post_attention_layernorm.weight" in names
+    assert_transformers_tokens(llm, hf)

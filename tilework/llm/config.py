@@ -5,7 +5,8 @@ One value describes the model whatever file it came from: a GGUF file's metadata
 These architectures are read: ``llama``, ``qwen2`` (llama with biases on the q, k and v
 projections), ``qwen3`` (llama with an RMSNorm over each query and key head, ``q_norm`` /
 ``k_norm``, before the rotary embedding; its ``head_dim`` need not be ``hidden / heads``);
-``gemma2`` and ``gemma3`` (Gemma's decoders: four norms a layer, sliding-window layers, Gemma 2's
+``gemma``, ``gemma2`` and ``gemma3`` (Gemma's decoders: the embedding scaled, GELU-tanh MLPs; Gemma
+1 with a Llama's two norms a layer, Gemma 2 and 3 with four, sliding-window layers, Gemma 2's
 soft caps, Gemma 3's second rotary base, and more: :mod:`tilework.llm.gemma` reads their
 configs); ``smollm3`` (SmolLM3: llama whose every fourth layer, ``no_rope_layers``, attends
 without the rotary embedding); ``olmo2`` (OLMo 2: no norm before the sublayers, one after
@@ -57,7 +58,7 @@ if TYPE_CHECKING:
 
     from tilework.llm.gguf import GGUFFile
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "olmo2", "granite", "exaone4", "ernie4_5", "qwen3moe", "olmoe", "granitemoe", "qwen2moe")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "smollm3", "olmo2", "granite", "exaone4", "ernie4_5", "qwen3moe", "olmoe", "granitemoe", "qwen2moe")
 NOPE_INTERVAL = 4  # SmolLM3: every fourth layer is not rotated (transformers' no_rope_layer_interval default; llama.cpp's fixed step)
 @dataclass(frozen=True, slots=True)
 class LlmConfig:
@@ -71,7 +72,7 @@ class LlmConfig:
     ``rope_theta`` and scaling); ``query_pre_attn_scalar``: the attention's scores are scaled
     by its ``** -0.5`` (None: ``head_dim``'s); ``attn_softcap`` / ``final_softcap``: the scaled
     scores / the logits soft-capped to ``c * tanh(x / c)`` (None: not). Gemma 2 and 3 set these
-    (:attr:`gemma`). ``nope_layers``: the layers whose queries and keys are not rotated
+    (:attr:`gemma`; Gemma 1 none of them). ``nope_layers``: the layers whose queries and keys are not rotated
     (SmolLM3's). ``rope_dim``: a partial rotation's rotated dims, the first of each query and key
     head (Phi-4-mini's 96 of 128: ``partial_rotary_factor``, GGUF ``rope.dimension_count``), the
     frequencies over them (:attr:`rotary_dims`); None (what a whole head's worth becomes): every
@@ -173,10 +174,19 @@ class LlmConfig:
 
     @property
     def gemma(self) -> bool:
-        """Gemma 2's or 3's decoder (``tilework.llm.gemma``): the embedding scaled by
-        ``sqrt(hidden)``, four norms a layer (each sublayer's output normalized too), a GELU (tanh)
-        gated MLP; its norm weights are the multipliers (``1 + w`` of transformers' ``w``, as
-        llama.cpp's GGUF files store them)."""
+        """A Gemma decoder, 1, 2 or 3 (``tilework.llm.gemma``): the embedding scaled by
+        ``sqrt(hidden)``, a GELU (tanh) gated MLP; its norm weights are the multipliers (``1 + w``
+        of transformers' ``w``, as llama.cpp's GGUF files store them). Gemma 2's and 3's four
+        norms a layer: :attr:`sandwich_norm`."""
+        return self.architecture in ("gemma", "gemma2", "gemma3")
+
+    @property
+    def sandwich_norm(self) -> bool:
+        """Gemma 2's and 3's layer: four norms, each sublayer's input and output normalized
+        (``input_layernorm`` / ``post_attention_layernorm`` around the attention,
+        ``pre_feedforward_layernorm`` / ``post_feedforward_layernorm`` around the MLP), the
+        output before the residual add. Gemma 1's is a Llama's two (``post_attention_layernorm``
+        the one before the MLP)."""
         return self.architecture in ("gemma2", "gemma3")
 
     def moe_layer(self, layer: int) -> bool:
@@ -348,7 +358,7 @@ class LlmConfig:
         layers = int(need(f"{arch}.block_count"))
         context = int(need(f"{arch}.context_length"))
         extra: dict[str, Any] = {}
-        if arch in ("gemma2", "gemma3"):
+        if arch in ("gemma", "gemma2", "gemma3"):
             from tilework.llm.gemma import gguf_fields
 
             extra = gguf_fields(get, arch, where, layers, hidden, heads, head_dim)
@@ -394,18 +404,18 @@ class LlmConfig:
 
         ``model_type`` ``llama``, ``qwen2``, ``qwen3``, ``smollm3``, ``olmo2``, ``exaone4``, ``ernie4_5``, ``granite``, ``phi3`` (longrope also under
         its early name ``su``) or ``mistral`` (llama with a sliding window: it reads as ``llama``);
-        ``gemma2``, ``gemma3_text`` and ``gemma3`` (its text part) are read by
+        ``gemma``, ``gemma2``, ``gemma3_text`` and ``gemma3`` (its text part) are read by
         :func:`tilework.llm.gemma.hf_fields`. The layers that attend in a sliding window
         (Mistral's and Phi-3's ``sliding_window``, Qwen2's and Qwen3's with ``use_sliding_window``)
         attend in it (``sliding_layers``: ``_hf_sliding_window``), as transformers' mask does."""
         d, where = _hf_config_dict(source)
         model_type = d.get("model_type")
-        if model_type in ("gemma2", "gemma3_text", "gemma3"):  # Gemma's decoders: their own reading
+        if model_type in ("gemma", "gemma2", "gemma3_text", "gemma3"):  # Gemma's decoders: their own reading
             from tilework.llm.gemma import hf_fields
 
             return cls(**hf_fields(d, where, hf_rope))
         if model_type not in _HF_DEFAULTS:
-            raise UnsupportedError(f"{where}: model_type {model_type!r} is not supported; supported: {', '.join(_HF_DEFAULTS)}, gemma2, gemma3_text, gemma3")
+            raise UnsupportedError(f"{where}: model_type {model_type!r} is not supported; supported: {', '.join(_HF_DEFAULTS)}, gemma, gemma2, gemma3_text, gemma3")
         defaults = _HF_DEFAULTS[model_type]
 
         get, need = key_reader(d, defaults, where)

@@ -14,8 +14,9 @@ each head, transformers pairs dim ``i`` with ``i + head_dim / 2`` (rotate-half),
 quantized bytes of those two tensors per layer and nothing else. ``qwen2`` and ``qwen3`` files
 keep the transformers order (llama.cpp rotates them rotate-half, as transformers does), so
 ``qwen3``'s per-head ``attn_q_norm`` / ``attn_k_norm`` weights are in transformers' order too;
-so do ``gemma2`` and ``gemma3`` files, whose norm weights are the multipliers ``1 + w`` (llama.cpp's converter
-adds the 1 transformers' Gemma norms add), as tilework's Gemma norms take them. ``ernie4_5``
+so do ``gemma``, ``gemma2`` and ``gemma3`` files, whose norm weights are the multipliers ``1 + w`` (llama.cpp's converter
+adds the 1 transformers' Gemma norms add), as tilework's Gemma norms take them (Gemma 1's two a
+layer named as a Llama's: ``ffn_norm`` is ``post_attention_layernorm``, the norm before the MLP). ``ernie4_5``
 pairs ``2i`` with ``2i + 1`` in transformers itself, and its files keep that order: its rows are
 gathered the same way, into the rotate-half order tilework's rotary embedding takes (a
 transformers ERNIE checkpoint's rows too: ``tilework.llm.weights``), the same pairs turned by
@@ -75,7 +76,7 @@ _PER_LAYER = {
     "ffn_down_shexp": "mlp.shared_expert.down_proj",
     "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
-# Gemma's four norms a layer: ffn_norm is the one before the MLP, and two more after the sublayers
+# Gemma 2's and 3's four norms a layer (Gemma 1's two are a Llama's): ffn_norm is the one before the MLP, and two more after the sublayers
 _GEMMA_PER_LAYER = {
     **_PER_LAYER,
     "post_attention_norm": "post_attention_layernorm",

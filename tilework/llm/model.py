@@ -29,11 +29,12 @@ the attention op, which rotates them. A layer's q, k and v projections are one m
 output is the attention's input as it is (``MERGED``), and so are the MLP's gate and up
 projections, when their weights share a format.
 
-A ``gemma2`` or ``gemma3`` model (``LlmConfig.gemma``, ``tilework.llm.gemma``) scales the
-embedding by ``sqrt(hidden)`` (its config's ``embedding_multiplier``), normalizes each
-sublayer's output too (``post_attention_layernorm`` after the attention,
-``pre_feedforward_layernorm`` / ``post_feedforward_layernorm`` around the MLP, whose activation
-is GELU's tanh form), scales the scores by ``query_pre_attn_scalar ** -0.5``, and its sliding
+A ``gemma``, ``gemma2`` or ``gemma3`` model (``LlmConfig.gemma``, ``tilework.llm.gemma``) scales
+the embedding by ``sqrt(hidden)`` (its config's ``embedding_multiplier``) and its MLP's activation
+is GELU's tanh form; Gemma 1's layer is otherwise a Llama's. A ``gemma2`` or ``gemma3`` model
+normalizes each sublayer's output too (``LlmConfig.sandwich_norm``: ``post_attention_layernorm``
+after the attention, ``pre_feedforward_layernorm`` / ``post_feedforward_layernorm`` around the
+MLP), scales the scores by ``query_pre_attn_scalar ** -0.5``, and its sliding
 layers attend in their window (``paged_attention``'s ``window``);
 Gemma 3's are turned by a second rotary table of their own base (``paged_rotary`` unscaled: two
 tables a step); Gemma 2 soft-caps the attention's scores (``paged_attention``'s ``softcap``) and
@@ -343,7 +344,7 @@ class Layer(Module):
         if not self.post_only:
             self.input_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
-        self.sandwich = cfg.gemma  # Gemma: each sublayer's output normalized too, before the residual add
+        self.sandwich = cfg.sandwich_norm  # Gemma 2 and 3: each sublayer's output normalized too, before the residual add
         if self.sandwich:
             self.pre_feedforward_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
         if self.sandwich or self.post_only:

@@ -180,9 +180,9 @@ def expected_shapes(config: LlmConfig) -> dict[str, tuple[int, ...]]:
             out[p + "self_attn.q_norm.weight"] = (q,) if c.whole_qk_norm else (c.head_dim,)
             out[p + "self_attn.k_norm.weight"] = (kv,) if c.whole_qk_norm else (c.head_dim,)
         out[p + "post_attention_layernorm.weight"] = (c.hidden,)
-        if c.gemma:
+        if c.sandwich_norm:
             out[p + "pre_feedforward_layernorm.weight"] = (c.hidden,)
-        if c.gemma or c.post_norm:
+        if c.sandwich_norm or c.post_norm:
             out[p + "post_feedforward_layernorm.weight"] = (c.hidden,)
         if c.moe_layer(i):  # the router and each expert's MLP (tilework.llm.moe)
             out[p + "mlp.gate.weight"] = (c.experts, c.hidden)
@@ -225,7 +225,7 @@ def _rotate_half_rows(config: LlmConfig, tensors: dict[str, QuantTensor]) -> dic
 
 def gemma_norm_multipliers(tensors: dict[str, QuantTensor]) -> dict[str, QuantTensor]:
     """A Gemma checkpoint's tensors with each RMSNorm weight ``w`` (``*norm.weight``) made the
-    multiplier ``1 + w`` in float32, as transformers' ``Gemma2RMSNorm`` / ``Gemma3RMSNorm`` compute it and as
+    multiplier ``1 + w`` in float32, as transformers' ``GemmaRMSNorm`` / ``Gemma2RMSNorm`` / ``Gemma3RMSNorm`` compute it and as
     llama.cpp's converter stores it in a GGUF file: the decoder's norms multiply by their weight."""
     out = dict(tensors)
     for name, t in tensors.items():
