@@ -271,3 +271,37 @@ def test_stop_inside_one_piece_and_earliest_of_several() -> None:
     assert stopped and text == "x" and "".join(shown) == "x"
     shown, text, stopped = _stream(["abcd", "bc"], ["xab", "c", "d"])  # "bc" completes first
     assert stopped and text == "xa" and "".join(shown) == "xa"
+
+
+def test_completion_logprobs_are_the_models_whatever_the_sampling() -> None:
+    """``Completion(logprobs=k)``: each added token's log-softmax of the raw logits (not of the
+    temperature- or penalty-reshaped ones), the k most likely tokens in order with their text;
+    an end-of-sequence token gets none (it is not output)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tilework.llm.completion import Completion
+    from tilework.llm.tokenizer import Tokenizer
+
+    vocab = {f"w{i}": i for i in range(VOCAB)}
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="w0"))
+    backend.decoder = tokenizers.decoders.WordPiece(prefix="##")  # words joined by spaces
+    tok = Tokenizer(backend)
+    rng = np.random.default_rng(3)
+    params = SamplingParams(temperature=1.7, top_k=5, repetition_penalty=1.4, max_tokens=4, seed=1)
+    out = Completion(params, VOCAB, {7}, tok.stream_decoder(context=[1]), [1, 2], logprobs=3)
+    steps = [rng.standard_normal(VOCAB).astype(np.float32) * 4 for _ in range(4)]
+    for logits in steps:
+        out.add(logits.copy())
+    assert len(out.token_logprobs) == len(out.ids) == 4
+    for logits, e, prev in zip(steps, out.token_logprobs, [2, *out.ids]):
+        ref = logits.astype(np.float64) - np.log(np.exp(logits.astype(np.float64)).sum())
+        assert e.logprob == pytest.approx(ref[e.id], abs=1e-9) and e.text == f" w{e.id}"
+        assert [t for t, _, _ in e.top] == list(np.argsort(-ref, kind="stable")[:3])
+        assert [lp for _, _, lp in e.top] == pytest.approx(sorted(ref, reverse=True)[:3], abs=1e-9)
+    assert tok.decode([2]) == "w2" and out.text == " " + " ".join(f"w{i}" for i in out.ids)
+    eos = Completion(SamplingParams(temperature=0), VOCAB, {7}, tok.stream_decoder(), [1], logprobs=0)
+    logits = np.zeros(VOCAB, np.float32)
+    logits[5], logits[7] = 3, 9
+    eos.add(logits.copy())
+    assert eos.finish == "stop" and eos.ids == [] and eos.token_logprobs == []
+    with pytest.raises(TileworkError, match=r"logprobs must be in \[0, 20\]"):
+        Completion(SamplingParams(), VOCAB, {7}, tok.stream_decoder(), [1], logprobs=21)

@@ -99,6 +99,34 @@ def test_chat_and_completions_streamed_or_not_equal_generate(server: BackgroundS
     assert [m.id for m in client.models.list().data] == [server.name]
 
 
+def test_log_probabilities_of_chat_and_completions_streamed_or_not_equal_generate(server: BackgroundServer, client: Any, ref: LLM) -> None:
+    """``logprobs``: the tokens' log-probabilities and the most likely alternatives, as
+    ``LLM.generate(logprobs=k)`` gives them, in OpenAI's two layouts, whole or chunk by chunk."""
+    greedy = SamplingParams(temperature=0, max_tokens=6)
+    question = "Name a color."
+    want_chat = ref.generate(question, greedy, logprobs=3)[0].logprobs
+    want_text = ref.generate(PROMPTS[1], greedy, chat=False, logprobs=2)[0].logprobs
+    assert want_chat and want_text
+    messages = [{"role": "user", "content": question}]
+    chat = client.chat.completions.create(model=server.name, messages=messages, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3)
+    streamed = list(client.chat.completions.create(model=server.name, messages=messages, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3, stream=True))
+    for content in (chat.choices[0].logprobs.content, [c for chunk in streamed if chunk.choices and chunk.choices[0].logprobs for c in chunk.choices[0].logprobs.content]):
+        assert [(c.token, c.logprob, c.bytes) for c in content] == [(e.text, e.logprob, list(e.text.encode())) for e in want_chat]
+        assert [[(t.token, t.logprob) for t in c.top_logprobs] for c in content] == [[(t, lp) for _, t, lp in e.top] for e in want_chat]
+    assert "".join(c.token for c in chat.choices[0].logprobs.content) == chat.choices[0].message.content
+    plain = client.chat.completions.create(model=server.name, messages=messages, max_tokens=2, temperature=0)
+    assert plain.choices[0].logprobs is None
+
+    done = client.completions.create(model=server.name, prompt=PROMPTS[1], max_tokens=6, temperature=0, logprobs=2)
+    lp = done.choices[0].logprobs
+    assert lp.tokens == [e.text for e in want_text] and lp.token_logprobs == [e.logprob for e in want_text]
+    assert lp.top_logprobs == [{t: p for _, t, p in e.top} for e in want_text]
+    assert lp.text_offset == [len("".join(e.text for e in want_text[:i])) for i in range(len(want_text))]
+    chunks = list(client.completions.create(model=server.name, prompt=PROMPTS[1], max_tokens=6, temperature=0, logprobs=2, stream=True))
+    pieces = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs is not None]
+    assert [t for p in pieces for t in p.tokens] == lp.tokens and [o for p in pieces for o in p.text_offset] == lp.text_offset
+
+
 def test_a_model_is_retrieved_by_its_id(server: BackgroundServer, client: Any) -> None:
     """``GET /v1/models/{id}`` (the openai client's ``models.retrieve``): the card of the list, or
     OpenAI's 404 for another id."""
@@ -288,7 +316,9 @@ BAD = [
     (json.dumps({"prompt": "hi", "stop": 5}), 400, "stop", "stop must be"),
     (json.dumps({"prompt": "hi", "stop": [""]}), 400, "stop", "non-empty strings"),
     (json.dumps({"prompt": "hi", "n": 3}), 400, "n", "n must be 1"),
-    (json.dumps({"prompt": "hi", "logprobs": 2}), 400, "logprobs", "not supported"),
+    (json.dumps({"prompt": "hi", "logprobs": 21}), 400, "logprobs", r"logprobs=21 must be in \[0, 20\]"),
+    (json.dumps({"prompt": "hi", "logprobs": True}), 400, "logprobs", "must be an integer"),
+    (json.dumps({"prompt": "hi", "echo": True}), 400, "echo", "not supported"),
     (json.dumps({"prompt": ""}), 400, "prompt", "prompt is empty"),
     (json.dumps({"prompt": [1, 999999]}), 400, "prompt", "outside the vocabulary"),
     (json.dumps({"max_tokens": 3}), 400, "prompt", "prompt is required"),
@@ -302,6 +332,9 @@ BAD_CHAT = [
     (json.dumps({"messages": [{"role": "asistant", "content": "hi"}]}), 400, "messages", "'asistant' is not one of system"),
     (json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}), 400, "messages", "only text parts"),
     (json.dumps({"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}), 400, "stream", "true or false"),
+    (json.dumps({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}), 400, "top_logprobs", "needs logprobs: true"),
+    (json.dumps({"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": -1}), 400, "top_logprobs", "must be in"),
+    (json.dumps({"messages": [{"role": "user", "content": "hi"}], "logprobs": 3}), 400, "logprobs", "true or false"),
     (json.dumps({"messages": [{"role": "user", "content": "hi \udfff"}], "max_tokens": 3}), 400, "messages",
      r"messages\[0\]\.content holds a lone UTF-16 surrogate \(\\udfff"),
     (json.dumps({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]}),

@@ -43,7 +43,7 @@ from tilework.llm.chat import ChatTemplate, Conversation
 from tilework.llm.compile import KV_DTYPE_OF, PRECISIONS, compiled_decoder, prepare_weights, weight_formats
 from tilework.llm.gguf import read_gguf
 from tilework.llm.kv_cache import KV_DTYPES, PagedKVCache
-from tilework.llm.completion import Completion
+from tilework.llm.completion import Completion, TokenLogprob
 from tilework.llm.sampling import SamplingParams
 from tilework.llm.tokenizer import Tokenizer, TokenizerError, check_text
 from tilework.llm.weights import load_weights, model_kind
@@ -95,6 +95,7 @@ class Generation:
     token_ids: list[int]
     prompt_tokens: int
     finish_reason: str  # "stop" (eos, end of turn or a stop string) or "length"
+    logprobs: list[TokenLogprob] | None = None  # one a token of token_ids, when generate was asked for them
 
 
 @dataclass
@@ -219,10 +220,13 @@ class LLM:
         chat: bool = True,
         system: str | None = None,
         on_text: OnText | None = None,
+        logprobs: int | None = None,
     ) -> list[Generation]:
         """Complete each prompt (``prompts``: a string or a list of strings, checked first: a
         ``TileworkError`` names a bad one by its index); ``on_text(i, piece)`` receives sequence
-        ``i``'s text as it is made (never a piece of a stop string, never half a UTF-8 character)."""
+        ``i``'s text as it is made (never a piece of a stop string, never half a UTF-8 character).
+        ``logprobs=k``: each generated token's log-probability under the model and the ``k``
+        most likely tokens at its position (``Generation.logprobs``; ``tilework.llm.completion``)."""
         params = params or SamplingParams()
         if not isinstance(prompts, str) and (isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Iterable)):
             raise TileworkError(f"prompts must be a string or a list of strings, got {type(prompts).__name__}")
@@ -242,12 +246,12 @@ class LLM:
         actives: list[_Active] = []
         try:
             for i, x in enumerate(ids):
-                actives.append(self._start(x, params, i))
+                actives.append(self._start(x, params, i, logprobs=logprobs))
             self._run(actives, on_text)
         finally:
             for a in actives:
                 self.cache.remove(a.sid)
-        return [Generation(a.out.text, a.out.ids, a.prompt_tokens, a.out.finish or "length") for a in actives]
+        return [Generation(a.out.text, a.out.ids, a.prompt_tokens, a.out.finish or "length", None if logprobs is None else a.out.token_logprobs) for a in actives]
 
     def chat(self, system: str | None = None, params: SamplingParams | None = None) -> "ChatSession":
         """An interactive session whose history stays in the KV cache between turns."""
@@ -286,14 +290,14 @@ class LLM:
         out -= np.log(np.exp(out).sum(axis=1, keepdims=True))
         return out
 
-    def _start(self, tokens: list[int], params: SamplingParams, i: int, sid: int | None = None) -> _Active:
+    def _start(self, tokens: list[int], params: SamplingParams, i: int, sid: int | None = None, logprobs: int | None = None) -> _Active:
         tokens = token_ids(tokens, self.config.vocab)
         seed = None if params.seed is None else params.seed + i
         params = SamplingParams(params.temperature, params.top_k, params.top_p, params.repetition_penalty, params.max_tokens, params.stop, seed)
+        out = Completion(params, self.config.vocab, self.eos, self.tokenizer.stream_decoder(skip_special_tokens=True, context=tokens[-1:]), tokens, logprobs)
         owned = sid is None
         if sid is None:  # a sequence of its own: on the pages of an earlier prompt it begins with
             sid = self.cache.add(tokens if self.prefix_cache else ())
-        out = Completion(params, self.config.vocab, self.eos, self.tokenizer.stream_decoder(skip_special_tokens=True, context=tokens[-1:]), tokens)
         a = _Active(sid, out, len(tokens))
         try:
             cached = self.cache.length(sid) if owned else 0

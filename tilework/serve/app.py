@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from tilework.serve.protocol import chunk_body, completion_body, error_body, new_id, parse_request
+from tilework.serve.protocol import chunk_body, completion_body, error_body, logprobs_body, new_id, parse_request
 from tilework.serve.scheduler import INTERNAL_ERROR, Event, RequestError, Scheduler, Ticket, failure_message, log
 
 __all__ = ["create_app"]
@@ -95,32 +95,37 @@ def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int
             def deliver(ev: Event) -> None:  # from the scheduler's thread
                 loop.call_soon_threadsafe(queue.put_nowait, ev)
 
-            ticket = scheduler.submit(parsed.tokens, parsed.params, deliver)
+            ticket = scheduler.submit(parsed.tokens, parsed.params, deliver, parsed.logprobs)
         except RequestError as exc:
             return _error(str(exc), exc.status, exc.param, exc.code)
         rid = new_id(kind)
         if parsed.stream:
-            return _Stream(_events(kind, rid, queue, parsed.include_usage), ticket)
+            return _Stream(_events(kind, rid, queue, parsed.include_usage, parsed.logprobs is not None), ticket)
         try:
-            text, last = await _collect(request, queue)
+            events = await _collect(request, queue)
         finally:
             ticket.cancel()  # a no-op when it finished; frees the sequence when the client left
-        if last is None:
+        if not events:
             return Response(status_code=499)  # the client is gone; nobody reads this
+        last = events[-1]
         if last.error is not None:
             return _error(last.error, 500)
-        return JSONResponse(completion_body(kind, rid, model_name, text, last.finish_reason or "stop", last.prompt_tokens, last.completion_tokens, last.cached_tokens))
+        entries = [e for ev in events for e in ev.logprobs]
+        return JSONResponse(completion_body(kind, rid, model_name, "".join(ev.text for ev in events), last.finish_reason or "stop", last.prompt_tokens,
+                                            last.completion_tokens, last.cached_tokens, logprobs_body(kind, entries) if parsed.logprobs is not None else None))
 
-    async def _events(kind: str, rid: str, queue: asyncio.Queue[Event], include_usage: bool) -> AsyncIterator[str]:
+    async def _events(kind: str, rid: str, queue: asyncio.Queue[Event], include_usage: bool, logprobs: bool) -> AsyncIterator[str]:
         if kind == "chat":
             yield _sse(chunk_body(kind, rid, model_name, None, None, role=True))
+        offset = 0  # of the chunk's text in the completion (completions' text_offset)
         while True:
             ev = await queue.get()
             if ev.error is not None:
                 yield _sse(error_body(ev.error, 500))
                 break
-            if ev.text:
-                yield _sse(chunk_body(kind, rid, model_name, ev.text, None))
+            if ev.text or ev.logprobs:
+                yield _sse(chunk_body(kind, rid, model_name, ev.text, None, logprobs=logprobs_body(kind, ev.logprobs, offset) if logprobs else None))
+                offset += sum(len(e.text) for e in ev.logprobs)
             if ev.finish_reason is not None:
                 yield _sse(chunk_body(kind, rid, model_name, None if kind == "chat" else "", ev.finish_reason))
                 if include_usage:
@@ -171,10 +176,10 @@ def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int
     return Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
 
 
-async def _collect(request: Request, queue: asyncio.Queue[Event]) -> tuple[str, Event | None]:
-    """The whole text and the last event; ``None`` when the client disconnected first (checked
-    every ``POLL_S``, tokens arriving or not)."""
-    pieces = []
+async def _collect(request: Request, queue: asyncio.Queue[Event]) -> list[Event]:
+    """Every event of the request, the last one with its finish reason; none when the client
+    disconnected first (checked every ``POLL_S``, tokens arriving or not)."""
+    events = []
     loop = asyncio.get_running_loop()
     check_at = loop.time() + POLL_S
     while True:
@@ -183,10 +188,10 @@ async def _collect(request: Request, queue: asyncio.Queue[Event]) -> tuple[str, 
         except asyncio.TimeoutError:
             ev = None
         if ev is not None:
-            pieces.append(ev.text)
+            events.append(ev)
             if ev.finish_reason is not None:
-                return "".join(pieces), ev
+                return events
         if loop.time() >= check_at:
             if await request.is_disconnected():
-                return "", None
+                return []
             check_at = loop.time() + POLL_S

@@ -8,10 +8,13 @@ of one string, token ids, or a list of one list of ids) or ``messages`` (rendere
 model's chat template), ``max_tokens`` (``max_completion_tokens`` for chat), ``temperature``
 (0..2), ``top_p``, ``seed``, ``stop`` (a string or a list), ``stream``, ``stream_options.
 include_usage``, ``n`` and ``best_of`` (1 only), and the extensions ``top_k`` and
-``repetition_penalty`` (as vLLM and llama.cpp take them). Fields the server cannot honour
-(``logprobs``, ``echo``, ``suffix``, nonzero presence/frequency penalties, ``logit_bias``,
-``tools``, a non-text ``response_format``) are refused with a 400 rather than ignored; other
-unknown fields are ignored, as OpenAI's server does with fields it does not know.
+``repetition_penalty`` (as vLLM and llama.cpp take them), and the generated tokens'
+log-probabilities: ``logprobs: true`` with ``top_logprobs`` (0..20) in chat, ``logprobs`` (0..20)
+in completions (``Parsed.logprobs``: how many alternatives, None when not asked; the bodies:
+:func:`logprobs_body`). Fields the server cannot honour (``echo``, ``suffix``, nonzero
+presence/frequency penalties, ``logit_bias``, ``tools``, a non-text ``response_format``) are
+refused with a 400 rather than ignored; other unknown fields are ignored, as OpenAI's server
+does with fields it does not know.
 """
 
 from __future__ import annotations
@@ -21,14 +24,15 @@ import math
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from tilework.errors import TileworkError
+from tilework.llm.completion import MAX_TOP_LOGPROBS, TokenLogprob
 from tilework.llm.sampling import SamplingParams, SamplingParamsError
 from tilework.llm.tokenizer import lone_surrogate
 from tilework.serve.scheduler import RequestError
 
-__all__ = ["Parsed", "parse_request", "error_body", "completion_body", "chunk_body", "new_id"]
+__all__ = ["Parsed", "parse_request", "error_body", "completion_body", "chunk_body", "logprobs_body", "new_id"]
 
 MAX_STOP = 16
 
@@ -39,6 +43,7 @@ class Parsed:
     params: SamplingParams
     stream: bool
     include_usage: bool
+    logprobs: int | None = None  # alternatives a token (0..20); None: no log-probabilities
 
 
 def _field(body: dict[str, Any], name: str, kinds: tuple[type, ...], what: str, default: Any = None) -> Any:
@@ -68,8 +73,6 @@ def _encode(llm: Any, text: str, param: str) -> list[int]:
 
 def _unsupported(body: dict[str, Any]) -> None:
     refused = {
-        "logprobs": lambda v: v not in (None, False, 0),
-        "top_logprobs": lambda v: v not in (None, 0),
         "echo": lambda v: v not in (None, False),
         "suffix": lambda v: v not in (None, ""),
         "presence_penalty": lambda v: v not in (None, 0),
@@ -183,6 +186,7 @@ def _parse(raw: bytes, kind: str, llm: Any, model_name: str, default_max_tokens:
     for i, text in enumerate([stop] if isinstance(stop, str) else stop or ()):
         if isinstance(text, str):
             _text(text, "stop" if isinstance(stop, str) else f"stop[{i}]", "stop")
+    logprobs = _logprobs(body, kind)
     tokens = _chat_tokens(body, llm) if kind == "chat" else _prompt_tokens(body, llm)
     if max_tokens is None:
         room = (llm.config.context_length if max_sequence is None else max_sequence) - len(tokens)
@@ -199,7 +203,24 @@ def _parse(raw: bytes, kind: str, llm: Any, model_name: str, default_max_tokens:
         )
     except SamplingParamsError as exc:
         raise RequestError(str(exc), max_name if exc.field == "max_tokens" else exc.field) from None
-    return Parsed(tokens, params, stream, include_usage)
+    return Parsed(tokens, params, stream, include_usage, logprobs)
+
+
+def _logprobs(body: dict[str, Any], kind: str) -> int | None:
+    """How many alternatives a generated token's log-probability comes with (None: none asked):
+    chat's ``logprobs`` (true or false) and ``top_logprobs``, completions' ``logprobs`` (an int)."""
+    what = f"an integer in [0, {MAX_TOP_LOGPROBS}]"
+    if kind == "chat":
+        wanted = _field(body, "logprobs", (bool,), "true or false", False)
+        top = _field(body, "top_logprobs", (int,), what)
+        if top is not None and not wanted:
+            raise RequestError("top_logprobs needs logprobs: true", "top_logprobs")
+        name, count = "top_logprobs", (top or 0) if wanted else None
+    else:
+        name, count = "logprobs", _field(body, "logprobs", (int,), what)
+    if count is not None and not 0 <= count <= MAX_TOP_LOGPROBS:
+        raise RequestError(f"{name}={count} must be in [0, {MAX_TOP_LOGPROBS}]", name)
+    return count
 
 
 def error_body(message: str, status: int, param: str | None = None, code: str | None = None) -> dict[str, Any]:
@@ -220,21 +241,41 @@ def usage(prompt: int, completion: int, cached: int = 0) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def completion_body(kind: str, rid: str, model: str, text: str, finish: str, prompt: int, completion: int, cached: int = 0) -> dict[str, Any]:
-    """The whole (non-streamed) response."""
+def logprobs_body(kind: str, entries: Sequence[TokenLogprob], offset: int = 0) -> dict[str, Any]:
+    """A choice's ``logprobs`` for the generated tokens ``entries``: chat's ``content`` list
+    (token, logprob, UTF-8 bytes, ``top_logprobs``), or completions' parallel lists (``tokens``,
+    ``token_logprobs``, ``top_logprobs`` as token -> logprob, ``text_offset``: where each token's
+    text starts in the completion, counting from ``offset``)."""
     if kind == "chat":
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
+        def item(text: str, logprob: float) -> dict[str, Any]:
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+        return {"content": [{**item(e.text, e.logprob), "top_logprobs": [item(t, lp) for _, t, lp in e.top]} for e in entries], "refusal": None}
+    offsets = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e.text)
+    return {"tokens": [e.text for e in entries], "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{t: lp for _, t, lp in e.top} for e in entries], "text_offset": offsets}
+
+
+def completion_body(kind: str, rid: str, model: str, text: str, finish: str, prompt: int, completion: int, cached: int = 0,
+                    logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The whole (non-streamed) response; ``logprobs``: the choice's (:func:`logprobs_body`)."""
+    if kind == "chat":
+        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish}
         obj = "chat.completion"
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
         obj = "text_completion"
     return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [choice], "usage": usage(prompt, completion, cached)}
 
 
 def chunk_body(kind: str, rid: str, model: str, text: str | None, finish: str | None, *, role: bool = False,
-               usage_of: tuple[int, int, int] | None = None) -> dict[str, Any]:
-    """One streamed chunk: a piece of text, the finish reason, or (``usage_of``) the usage chunk
-    with no choices that ``stream_options.include_usage`` asks for."""
+               usage_of: tuple[int, int, int] | None = None, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One streamed chunk: a piece of text (with its tokens' ``logprobs``, :func:`logprobs_body`),
+    the finish reason, or (``usage_of``) the usage chunk with no choices that
+    ``stream_options.include_usage`` asks for."""
     obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
     out: dict[str, Any] = {"id": rid, "object": obj, "created": int(time.time()), "model": model}
     if usage_of is not None:
@@ -243,7 +284,7 @@ def chunk_body(kind: str, rid: str, model: str, text: str | None, finish: str | 
         return out
     if kind == "chat":
         delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
-        out["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+        out["choices"] = [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]
     else:
-        out["choices"] = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]
+        out["choices"] = [{"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}]
     return out

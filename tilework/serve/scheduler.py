@@ -57,7 +57,7 @@ import numpy as np
 
 from tilework.errors import TileworkError
 from tilework.llm.engine import token_ids
-from tilework.llm.completion import Completion
+from tilework.llm.completion import Completion, TokenLogprob
 from tilework.llm.sampling import SamplingParams
 from tilework.serve.metrics import ServeMetrics
 
@@ -94,6 +94,7 @@ class Event:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens found in the prefix cache
+    logprobs: tuple[TokenLogprob, ...] = ()  # the tokens this text completes, when the request asked for them
 
 
 OnEvent = Callable[[Event], None]
@@ -125,7 +126,8 @@ class _Seq:
     submitted: float
     sid: int | None = None
     fed: int = 0  # prompt tokens in the cache
-    cached: int = 0  # of them, found there at admission (the prefix cache)
+    cached: int = 0  # of them, found in the prefix cache
+    logprobs_sent: int = 0  # out.token_logprobs given out in events
     finish: str | None = None  # the completion's, or "cancelled" / "error"
     first_token_at: float | None = None
 
@@ -200,12 +202,15 @@ class Scheduler:
         except TileworkError as exc:
             raise RequestError(str(exc), "prompt") from None
 
-    def submit(self, tokens: Sequence[int], params: SamplingParams, on_event: OnEvent) -> Ticket:
-        """Queue a request; ``on_event`` gets its events, from the scheduler's thread."""
+    def submit(self, tokens: Sequence[int], params: SamplingParams, on_event: OnEvent, logprobs: int | None = None) -> Ticket:
+        """Queue a request; ``on_event`` gets its events, from the scheduler's thread. With
+        ``logprobs=k`` each event carries the log-probabilities of the tokens its text completes
+        and the ``k`` most likely tokens at each (``Completion``)."""
         tokens = [int(t) for t in tokens]
         self.check(tokens, params)
         ticket = Ticket(self)
-        out = Completion(params, self.llm.config.vocab, self.llm.eos, self.llm.tokenizer.stream_decoder(skip_special_tokens=True, context=tokens[-1:]), tokens)
+        out = Completion(params, self.llm.config.vocab, self.llm.eos, self.llm.tokenizer.stream_decoder(skip_special_tokens=True, context=tokens[-1:]), tokens,
+                         logprobs)
         seq = _Seq(ticket, tokens, out, on_event, self._pages(len(tokens), params.max_tokens), time.perf_counter())
         with self._cond:
             if self._stopping or (self._thread is not None and not self._thread.is_alive()):
@@ -387,10 +392,17 @@ class Scheduler:
             self.metrics.first_token(s.first_token_at - s.submitted)
         self.metrics.generated(len(s.out.ids) - made)
         if s.out.finish is None:
-            self._send(s, Event(piece))
+            if piece:  # (the tokens of text held back go with the piece that shows it)
+                self._send(s, Event(piece, logprobs=self._logprobs(s)))
             return
         s.finish = s.out.finish
-        self._send(s, Event(piece, s.finish, prompt_tokens=len(s.tokens), completion_tokens=len(s.out.ids), cached_tokens=s.cached))
+        self._send(s, Event(piece, s.finish, prompt_tokens=len(s.tokens), completion_tokens=len(s.out.ids), cached_tokens=s.cached, logprobs=self._logprobs(s)))
+
+    @staticmethod
+    def _logprobs(s: _Seq) -> tuple[TokenLogprob, ...]:
+        new = tuple(s.out.token_logprobs[s.logprobs_sent :])
+        s.logprobs_sent += len(new)
+        return new
 
     def _send(self, s: _Seq, event: Event) -> None:
         if not event.text and event.finish_reason is None:
