@@ -305,3 +305,27 @@ def test_completion_logprobs_are_the_models_whatever_the_sampling() -> None:
     assert eos.finish == "stop" and eos.ids == [] and eos.token_logprobs == []
     with pytest.raises(TileworkError, match=r"logprobs must be in \[0, 20\]"):
         Completion(SamplingParams(), VOCAB, {7}, tok.stream_decoder(), [1], logprobs=21)
+
+
+def test_frequency_and_presence_penalties_lower_the_generated_tokens() -> None:
+    """OpenAI's penalties: ``c * frequency + (c > 0) * presence`` off the logit of a token
+    generated ``c`` times (the output's counts, not the prompt's), after the repetition
+    penalty, before the temperature; a -inf logit stays -inf; greedy sees them too."""
+    rng = np.random.default_rng(5)
+    logits = rng.standard_normal(VOCAB).astype(np.float32)
+    logits[9] = -np.inf
+    prompt, output = [1, 2, 3], [4, 4, 5, 9, 4]
+    params = SamplingParams(repetition_penalty=1.2, presence_penalty=0.5, frequency_penalty=-0.25, temperature=0.8)
+    want = Sampler(SamplingParams(repetition_penalty=1.2, temperature=0.8), VOCAB).penalize(logits, prompt + output).astype(np.float64)
+    for token, count in ((4, 3), (5, 1)):
+        want[token] -= count * -0.25 + 0.5
+    got = Sampler(params, VOCAB).penalize(logits, prompt + output, output)
+    np.testing.assert_allclose(got, want.astype(np.float32), rtol=0, atol=1e-6)
+    assert got[9] == -np.inf and got[1] == want[1]  # a prompt token: the repetition penalty only
+    np.testing.assert_allclose(Sampler(params, VOCAB).process(logits, prompt + output, output), want.astype(np.float32) / np.float32(0.8), rtol=1e-6)
+    top = int(np.argmax(logits))
+    assert Sampler(SamplingParams(temperature=0, presence_penalty=2), VOCAB).sample(logits, [top], [top]) != top
+    assert Sampler(SamplingParams(temperature=0, presence_penalty=2), VOCAB).sample(logits, [top], []) == top  # the prompt's do not count
+    for name, value in (("presence_penalty", 2.5), ("frequency_penalty", -3), ("presence_penalty", True)):
+        with pytest.raises(SamplingParamsError, match=f"{name}=.* must be a number in \\[-2, 2\\]"):
+            SamplingParams(**{name: value})

@@ -116,6 +116,12 @@ def test_log_probabilities_of_chat_and_completions_streamed_or_not_equal_generat
     assert "".join(c.token for c in chat.choices[0].logprobs.content) == chat.choices[0].message.content
     plain = client.chat.completions.create(model=server.name, messages=messages, max_tokens=2, temperature=0)
     assert plain.choices[0].logprobs is None
+    # OpenAI's penalties, as the sampler applies them: greedy with a presence penalty changes the reply
+    penalized = SamplingParams(temperature=0, max_tokens=12, presence_penalty=2.0, frequency_penalty=0.5)
+    want = ref.generate(PROMPTS[2], penalized, chat=False)[0]
+    assert want.token_ids != ref.generate(PROMPTS[2], SamplingParams(temperature=0, max_tokens=12), chat=False)[0].token_ids
+    got = client.completions.create(model=server.name, prompt=PROMPTS[2], max_tokens=12, temperature=0, presence_penalty=2.0, frequency_penalty=0.5)
+    assert got.choices[0].text == want.text
 
     done = client.completions.create(model=server.name, prompt=PROMPTS[1], max_tokens=6, temperature=0, logprobs=2)
     lp = done.choices[0].logprobs
@@ -319,6 +325,8 @@ BAD = [
     (json.dumps({"prompt": "hi", "logprobs": 21}), 400, "logprobs", r"logprobs=21 must be in \[0, 20\]"),
     (json.dumps({"prompt": "hi", "logprobs": True}), 400, "logprobs", "must be an integer"),
     (json.dumps({"prompt": "hi", "echo": True}), 400, "echo", "not supported"),
+    (json.dumps({"prompt": "hi", "presence_penalty": 2.5}), 400, "presence_penalty", r"must be a number in \[-2, 2\]"),
+    (json.dumps({"prompt": "hi", "frequency_penalty": "1"}), 400, "frequency_penalty", "must be a number"),
     (json.dumps({"prompt": ""}), 400, "prompt", "prompt is empty"),
     (json.dumps({"prompt": [1, 999999]}), 400, "prompt", "outside the vocabulary"),
     (json.dumps({"max_tokens": 3}), 400, "prompt", "prompt is required"),

@@ -73,7 +73,7 @@ class Completion:
             logp = logits.astype(np.float64)
             logp -= logp.max()
             logp -= np.log(np.exp(logp).sum())
-        token = self.sampler.sample(logits, self.history)
+        token = self.sampler.sample(logits, self.history, self.ids)
         piece = ""
         if token in self.eos:
             self.finish = "stop"

@@ -27,6 +27,7 @@ cache in place), the sampler on the logits, the page bookkeeping of the cache.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import os
@@ -293,7 +294,7 @@ class LLM:
     def _start(self, tokens: list[int], params: SamplingParams, i: int, sid: int | None = None, logprobs: int | None = None) -> _Active:
         tokens = token_ids(tokens, self.config.vocab)
         seed = None if params.seed is None else params.seed + i
-        params = SamplingParams(params.temperature, params.top_k, params.top_p, params.repetition_penalty, params.max_tokens, params.stop, seed)
+        params = dataclasses.replace(params, seed=seed)
         out = Completion(params, self.config.vocab, self.eos, self.tokenizer.stream_decoder(skip_special_tokens=True, context=tokens[-1:]), tokens, logprobs)
         owned = sid is None
         if sid is None:  # a sequence of its own: on the pages of an earlier prompt it begins with

@@ -5,6 +5,10 @@ distribution here equals the one ``generate`` samples from:
 
 1. repetition penalty (``RepetitionPenaltyLogitsProcessor``): for every token id present in the
    prompt or the output, a positive logit is divided by the penalty and a negative one multiplied;
+   then OpenAI's frequency and presence penalties (off by default; transformers has none): a
+   token generated ``c`` times so far (the output only, not the prompt) loses
+   ``c * frequency_penalty + (c > 0) * presence_penalty`` from its logit, as OpenAI's API
+   documents them and vLLM applies them;
 2. temperature (``TemperatureLogitsWarper``): logits / temperature;
 3. top-k (``TopKLogitsWarper``): logits below the k-th largest become -inf (ties with it stay);
 4. top-p (``TopPLogitsWarper``): sorting ascending, tokens whose cumulative probability is
@@ -12,7 +16,7 @@ distribution here equals the one ``generate`` samples from:
    only (see :func:`_apply_top_p`);
 5. a draw from softmax of what is left, with a numpy ``Generator`` seeded once per sequence.
 
-Temperature 0 is greedy: argmax after the repetition penalty (transformers' ``do_sample=False``,
+Temperature 0 is greedy: argmax after the penalties (transformers' ``do_sample=False``,
 which runs no warper). Logits stay float32 like transformers'; top-p masses and the draw are
 float64.
 
@@ -63,7 +67,9 @@ class SamplingParams:
 
     ``temperature`` 0 is greedy; ``top_k`` 0, ``top_p`` 1.0 and ``repetition_penalty`` 1.0 are off;
     ``max_tokens`` bounds the generated tokens; ``stop`` strings end the text (a single string is
-    taken as a one-element list); ``seed`` None draws from fresh OS entropy.
+    taken as a one-element list); ``seed`` None draws from fresh OS entropy;
+    ``presence_penalty`` and ``frequency_penalty`` (OpenAI's, in [-2, 2]; 0 is off) lower the
+    logits of tokens already generated (negative values raise them).
 
     ``LLM.generate`` on a list of prompts seeds prompt ``i`` with ``seed + i``: equal prompts
     in one call sample differently, and prompt ``i`` of a batch repeats alone with
@@ -77,6 +83,8 @@ class SamplingParams:
     max_tokens: int = 256
     stop: Sequence[str] = ()
     seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         if not _is_real(self.temperature) or not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -91,6 +99,10 @@ class SamplingParams:
             raise SamplingParamsError(
                 "repetition_penalty", self.repetition_penalty, "a finite number > 0 (1 means off)"
             )
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_real(value) or not -2 <= value <= 2:
+                raise SamplingParamsError(name, value, "a number in [-2, 2] (0 means off)")
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise SamplingParamsError("max_tokens", self.max_tokens, "an integer >= 1")
         if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
@@ -124,16 +136,31 @@ class Sampler:
             raise SamplingParamsError("logits", f"array of shape {array.shape}", f"of shape ({self.vocab_size},)")
         return array.astype(np.float32, copy=False)
 
-    def penalize(self, logits: np.ndarray, history: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Logits after the repetition penalty (a new array)."""
+    def _ids(self, tokens: Sequence[int] | np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """The distinct ids of ``tokens`` (ascending) and how often each occurs, checked."""
+        ids, counts = np.unique(np.asarray(tokens, dtype=np.int64), return_counts=True)
+        if ids.size and (ids[0] < 0 or ids[-1] >= self.vocab_size):
+            raise SamplingParamsError(name, f"token id {int(ids[0] if ids[0] < 0 else ids[-1])}", f"within [0, {self.vocab_size})")
+        return ids, counts
+
+    def penalize(self, logits: np.ndarray, history: Sequence[int] | np.ndarray, output: Sequence[int] | np.ndarray = ()) -> np.ndarray:
+        """Logits after the repetition penalty over ``history`` (prompt and output) and the
+        frequency and presence penalties over ``output`` (a new array)."""
+        scores = self._repeat(logits, history)
+        p = self.params
+        if (p.frequency_penalty or p.presence_penalty) and len(output):
+            ids, counts = self._ids(output, "output")
+            seen = scores[ids].astype(np.float64)
+            new = seen - (counts * float(p.frequency_penalty) + float(p.presence_penalty))
+            scores[ids] = np.where(np.isinf(seen), seen, np.clip(new, -_F32_MAX, _F32_MAX))  # within float32; -inf stays
+        return scores
+
+    def _repeat(self, logits: np.ndarray, history: Sequence[int] | np.ndarray) -> np.ndarray:
         scores = np.array(self._check(logits), dtype=np.float32, copy=True)
         penalty = self.params.repetition_penalty
         if penalty == 1.0 or len(history) == 0:
             return scores
-        ids = np.unique(np.asarray(history, dtype=np.int64))
-        if ids[0] < 0 or ids[-1] >= self.vocab_size:
-            raise SamplingParamsError("history", f"token id {int(ids[0] if ids[0] < 0 else ids[-1])}",
-                                      f"within [0, {self.vocab_size})")
+        ids, _ = self._ids(history, "history")
         seen = scores[ids]
         if _F32_TINY <= penalty <= _F32_MAX and float(np.abs(seen).max()) * max(penalty, 1 / penalty) < _F32_MAX / 2:
             scores[ids] = np.where(seen < 0, seen * np.float32(penalty), seen / np.float32(penalty))
@@ -146,13 +173,13 @@ class Sampler:
         scores[ids] = np.where(np.isinf(wide), wide, np.clip(new, -_F32_MAX, _F32_MAX))
         return scores
 
-    def kept(self, logits: np.ndarray, history: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    def kept(self, logits: np.ndarray, history: Sequence[int] | np.ndarray, output: Sequence[int] | np.ndarray = ()) -> tuple[np.ndarray, np.ndarray | None]:
         """The logits after the penalty and the temperature (a new array), and the ascending ids
         of the tokens top-k and top-p leave, never a -inf or NaN one (None: every token stays).
         :meth:`process` and :meth:`sample` both take the tokens from here; sampling draws from
         the kept ones without writing -inf over the rest of the vocabulary (a pass less over
         it at every step, and none sorted beyond the nucleus's candidates)."""
-        scores = self.penalize(logits, history)
+        scores = self.penalize(logits, history, output)
         p = self.params
         if p.greedy:
             return scores, None
@@ -176,18 +203,18 @@ class Sampler:
             keep = _top_p(scores, keep, p.top_p)
         return scores, keep
 
-    def process(self, logits: np.ndarray, history: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Logits after every processor: penalty, temperature, top-k, top-p (removed tokens are -inf)."""
-        scores, keep = self.kept(logits, history)
+    def process(self, logits: np.ndarray, history: Sequence[int] | np.ndarray, output: Sequence[int] | np.ndarray = ()) -> np.ndarray:
+        """Logits after every processor: penalties, temperature, top-k, top-p (removed tokens are -inf)."""
+        scores, keep = self.kept(logits, history, output)
         if keep is None:
             return scores
         out = np.full(scores.size, -np.inf, dtype=np.float32)
         out[keep] = scores[keep]
         return out
 
-    def probs(self, logits: np.ndarray, history: Sequence[int] | np.ndarray) -> np.ndarray:
+    def probs(self, logits: np.ndarray, history: Sequence[int] | np.ndarray, output: Sequence[int] | np.ndarray = ()) -> np.ndarray:
         """The distribution :meth:`sample` draws from (float64; one-hot when greedy)."""
-        scores = self.process(logits, history)
+        scores = self.process(logits, history, output)
         if self.params.greedy:
             out = np.zeros(scores.size, dtype=np.float64)
             out[int(np.argmax(scores))] = 1.0
@@ -195,9 +222,10 @@ class Sampler:
         weights = np.exp(scores - scores.max()).astype(np.float64)
         return weights / weights.sum()
 
-    def sample(self, logits: np.ndarray, history: Sequence[int] | np.ndarray = ()) -> int:
-        """The next token id; ``history`` is every id of the sequence so far (prompt and output)."""
-        scores, keep = self.kept(logits, history)
+    def sample(self, logits: np.ndarray, history: Sequence[int] | np.ndarray = (), output: Sequence[int] | np.ndarray = ()) -> int:
+        """The next token id; ``history`` is every id of the sequence so far (prompt and output),
+        ``output`` the generated ones (for the frequency and presence penalties)."""
+        scores, keep = self.kept(logits, history, output)
         if self.params.greedy:
             return int(np.argmax(scores))
         if keep is not None and keep.size == 0:

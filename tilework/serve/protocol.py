@@ -6,14 +6,14 @@
 ``model`` (optional; another name than the served model is a 404), ``prompt`` (a string, a list
 of one string, token ids, or a list of one list of ids) or ``messages`` (rendered through the
 model's chat template), ``max_tokens`` (``max_completion_tokens`` for chat), ``temperature``
-(0..2), ``top_p``, ``seed``, ``stop`` (a string or a list), ``stream``, ``stream_options.
-include_usage``, ``n`` and ``best_of`` (1 only), and the extensions ``top_k`` and
+(0..2), ``top_p``, ``seed``, ``stop`` (a string or a list), ``presence_penalty`` and
+``frequency_penalty`` (-2..2), ``stream``, ``stream_options.include_usage``, ``n`` and
+``best_of`` (1 only), and the extensions ``top_k`` and
 ``repetition_penalty`` (as vLLM and llama.cpp take them), and the generated tokens'
 log-probabilities: ``logprobs: true`` with ``top_logprobs`` (0..20) in chat, ``logprobs`` (0..20)
 in completions (``Parsed.logprobs``: how many alternatives, None when not asked; the bodies:
-:func:`logprobs_body`). Fields the server cannot honour (``echo``, ``suffix``, nonzero
-presence/frequency penalties, ``logit_bias``, ``tools``, a non-text ``response_format``) are
-refused with a 400 rather than ignored; other unknown fields are ignored, as OpenAI's server
+:func:`logprobs_body`). Fields the server cannot honour (``echo``, ``suffix``, ``logit_bias``, ``tools``, a
+non-text ``response_format``) are refused with a 400 rather than ignored; other unknown fields are ignored, as OpenAI's server
 does with fields it does not know.
 """
 
@@ -75,8 +75,6 @@ def _unsupported(body: dict[str, Any]) -> None:
     refused = {
         "echo": lambda v: v not in (None, False),
         "suffix": lambda v: v not in (None, ""),
-        "presence_penalty": lambda v: v not in (None, 0),
-        "frequency_penalty": lambda v: v not in (None, 0),
         "logit_bias": lambda v: v not in (None, {}),
         "tools": lambda v: v not in (None, []),
         "functions": lambda v: v not in (None, []),
@@ -84,8 +82,7 @@ def _unsupported(body: dict[str, Any]) -> None:
     }
     for name, bad in refused.items():
         if name in body and bad(body[name]):
-            hint = " (use repetition_penalty)" if name.endswith("_penalty") else ""
-            raise RequestError(f"{name}={json.dumps(body[name])[:80]} is not supported by this server{hint}", name)
+            raise RequestError(f"{name}={json.dumps(body[name])[:80]} is not supported by this server", name)
     for name in ("n", "best_of"):
         if _field(body, name, (int,), "an integer", 1) != 1:
             raise RequestError(f"{name}={body[name]}: this server makes one completion per request ({name} must be 1)", name)
@@ -197,6 +194,8 @@ def _parse(raw: bytes, kind: str, llm: Any, model_name: str, default_max_tokens:
             top_k=_field(body, "top_k", (int,), "an integer >= 0 (0: off)", 0),
             top_p=_field(body, "top_p", (int, float), "a number in (0, 1]", 1.0),
             repetition_penalty=_field(body, "repetition_penalty", (int, float), "a number > 0", 1.0),
+            presence_penalty=_field(body, "presence_penalty", (int, float), "a number in [-2, 2]", 0.0),
+            frequency_penalty=_field(body, "frequency_penalty", (int, float), "a number in [-2, 2]", 0.0),
             max_tokens=max_tokens,
             stop=() if stop is None else stop,
             seed=_field(body, "seed", (int,), "an integer >= 0"),
