@@ -133,6 +133,27 @@ def test_log_probabilities_of_chat_and_completions_streamed_or_not_equal_generat
     assert [t for p in pieces for t in p.tokens] == lp.tokens and [o for p in pieces for o in p.text_offset] == lp.text_offset
 
 
+def test_n_completions_are_the_prompt_generated_n_times_with_seeds_in_turn(server: BackgroundServer, client: Any, ref: LLM) -> None:
+    """``n``: choice ``i`` is what ``LLM.generate`` gives prompt ``i`` of a batch of the same
+    prompt (seeded ``seed + i``), streamed or not; usage counts the prompt once, every choice's
+    tokens."""
+    params = SamplingParams(temperature=0.9, max_tokens=8, seed=11)
+    question = "Tell me a word."
+    want = ref.generate([question] * 3, params)
+    assert len({w.text for w in want}) > 1  # the seeds differ
+    messages = [{"role": "user", "content": question}]
+    reply = client.chat.completions.create(model=server.name, messages=messages, max_tokens=8, temperature=0.9, seed=11, n=3)
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    assert [(c.message.content, c.finish_reason) for c in reply.choices] == [(w.text, w.finish_reason) for w in want]
+    assert reply.usage.prompt_tokens == want[0].prompt_tokens and reply.usage.completion_tokens == sum(len(w.token_ids) for w in want)
+    chunks = list(client.completions.create(model=server.name, prompt=PROMPTS[3], max_tokens=6, temperature=0.9, seed=11, n=2, stream=True,
+                                            stream_options={"include_usage": True}))
+    alone = ref.generate([PROMPTS[3]] * 2, SamplingParams(temperature=0.9, max_tokens=6, seed=11), chat=False)
+    for i in range(2):
+        assert "".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i) == alone[i].text
+    assert chunks[-1].usage.completion_tokens == sum(len(a.token_ids) for a in alone)
+
+
 def test_a_model_is_retrieved_by_its_id(server: BackgroundServer, client: Any) -> None:
     """``GET /v1/models/{id}`` (the openai client's ``models.retrieve``): the card of the list, or
     OpenAI's 404 for another id."""
@@ -321,7 +342,9 @@ BAD = [
     (json.dumps({"prompt": "hi", "seed": -1}), 400, "seed", "seed=-1"),
     (json.dumps({"prompt": "hi", "stop": 5}), 400, "stop", "stop must be"),
     (json.dumps({"prompt": "hi", "stop": [""]}), 400, "stop", "non-empty strings"),
-    (json.dumps({"prompt": "hi", "n": 3}), 400, "n", "n must be 1"),
+    (json.dumps({"prompt": "hi", "n": 17}), 400, "n", r"n=17 must be in \[1, 16\]"),
+    (json.dumps({"prompt": "hi", "n": 2, "best_of": 3}), 400, "best_of", "best_of must equal n"),
+    (json.dumps({"prompt": "hi", "n": 16, "max_tokens": 1000}), 400, "n", "need 1008; the server has 256"),
     (json.dumps({"prompt": "hi", "logprobs": 21}), 400, "logprobs", r"logprobs=21 must be in \[0, 20\]"),
     (json.dumps({"prompt": "hi", "logprobs": True}), 400, "logprobs", "must be an integer"),
     (json.dumps({"prompt": "hi", "echo": True}), 400, "echo", "not supported"),

@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from tilework.serve.protocol import chunk_body, completion_body, error_body, logprobs_body, new_id, parse_request
+from tilework.serve.protocol import Choice, chunk_body, completion_body, error_body, logprobs_body, new_id, parse_request
 from tilework.serve.scheduler import INTERNAL_ERROR, Event, RequestError, Scheduler, Ticket, failure_message, log
 
 __all__ = ["create_app"]
@@ -95,42 +95,52 @@ def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int
             def deliver(ev: Event) -> None:  # from the scheduler's thread
                 loop.call_soon_threadsafe(queue.put_nowait, ev)
 
-            ticket = scheduler.submit(parsed.tokens, parsed.params, deliver, parsed.logprobs)
+            ticket = scheduler.submit(parsed.tokens, parsed.params, deliver, parsed.logprobs, parsed.n)
         except RequestError as exc:
             return _error(str(exc), exc.status, exc.param, exc.code)
         rid = new_id(kind)
         if parsed.stream:
-            return _Stream(_events(kind, rid, queue, parsed.include_usage, parsed.logprobs is not None), ticket)
+            return _Stream(_events(kind, rid, queue, parsed.include_usage, parsed.logprobs is not None, parsed.n), ticket)
         try:
-            events = await _collect(request, queue)
+            events = await _collect(request, queue, parsed.n)
         finally:
-            ticket.cancel()  # a no-op when it finished; frees the sequence when the client left
+            ticket.cancel()  # a no-op when it finished; frees the sequences when the client left
         if not events:
             return Response(status_code=499)  # the client is gone; nobody reads this
-        last = events[-1]
-        if last.error is not None:
-            return _error(last.error, 500)
-        entries = [e for ev in events for e in ev.logprobs]
-        return JSONResponse(completion_body(kind, rid, model_name, "".join(ev.text for ev in events), last.finish_reason or "stop", last.prompt_tokens,
-                                            last.completion_tokens, last.cached_tokens, logprobs_body(kind, entries) if parsed.logprobs is not None else None))
+        failed = next((ev for ev in events if ev.error is not None), None)
+        if failed is not None:
+            assert failed.error is not None
+            return _error(failed.error, 500)
+        choices, ends = [], [ev for ev in events if ev.finish_reason is not None]
+        for i in range(parsed.n):
+            mine = [ev for ev in events if ev.index == i]
+            lp = logprobs_body(kind, [e for ev in mine for e in ev.logprobs]) if parsed.logprobs is not None else None
+            choices.append(Choice("".join(ev.text for ev in mine), mine[-1].finish_reason or "stop", lp))
+        first = next(ev for ev in ends if ev.index == 0)
+        return JSONResponse(completion_body(kind, rid, model_name, choices, first.prompt_tokens, sum(ev.completion_tokens for ev in ends), first.cached_tokens))
 
-    async def _events(kind: str, rid: str, queue: asyncio.Queue[Event], include_usage: bool, logprobs: bool) -> AsyncIterator[str]:
+    async def _events(kind: str, rid: str, queue: asyncio.Queue[Event], include_usage: bool, logprobs: bool, n: int) -> AsyncIterator[str]:
         if kind == "chat":
-            yield _sse(chunk_body(kind, rid, model_name, None, None, role=True))
-        offset = 0  # of the chunk's text in the completion (completions' text_offset)
-        while True:
+            for i in range(n):
+                yield _sse(chunk_body(kind, rid, model_name, None, None, role=True, index=i))
+        offsets = [0] * n  # of each choice's chunk text in its completion (completions' text_offset)
+        ends: list[Event] = []
+        while len(ends) < n:
             ev = await queue.get()
             if ev.error is not None:
                 yield _sse(error_body(ev.error, 500))
                 break
+            i = ev.index
             if ev.text or ev.logprobs:
-                yield _sse(chunk_body(kind, rid, model_name, ev.text, None, logprobs=logprobs_body(kind, ev.logprobs, offset) if logprobs else None))
-                offset += sum(len(e.text) for e in ev.logprobs)
+                yield _sse(chunk_body(kind, rid, model_name, ev.text, None, logprobs=logprobs_body(kind, ev.logprobs, offsets[i]) if logprobs else None, index=i))
+                offsets[i] += sum(len(e.text) for e in ev.logprobs)
             if ev.finish_reason is not None:
-                yield _sse(chunk_body(kind, rid, model_name, None if kind == "chat" else "", ev.finish_reason))
-                if include_usage:
-                    yield _sse(chunk_body(kind, rid, model_name, None, None, usage_of=(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)))
-                break
+                ends.append(ev)
+                yield _sse(chunk_body(kind, rid, model_name, None if kind == "chat" else "", ev.finish_reason, index=i))
+        else:
+            if include_usage:
+                first = next(ev for ev in ends if ev.index == 0)
+                yield _sse(chunk_body(kind, rid, model_name, None, None, usage_of=(first.prompt_tokens, sum(ev.completion_tokens for ev in ends), first.cached_tokens)))
         yield "data: [DONE]\n\n"
 
     async def chat(request: Request) -> Response:
@@ -176,10 +186,11 @@ def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int
     return Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
 
 
-async def _collect(request: Request, queue: asyncio.Queue[Event]) -> list[Event]:
-    """Every event of the request, the last one with its finish reason; none when the client
-    disconnected first (checked every ``POLL_S``, tokens arriving or not)."""
-    events = []
+async def _collect(request: Request, queue: asyncio.Queue[Event], n: int = 1) -> list[Event]:
+    """Every event of the request's ``n`` completions, up to the last finish reason or the
+    first error; none when the client disconnected first (checked every ``POLL_S``, tokens
+    arriving or not)."""
+    events, ended = [], 0
     loop = asyncio.get_running_loop()
     check_at = loop.time() + POLL_S
     while True:
@@ -189,7 +200,8 @@ async def _collect(request: Request, queue: asyncio.Queue[Event]) -> list[Event]
             ev = None
         if ev is not None:
             events.append(ev)
-            if ev.finish_reason is not None:
+            ended += ev.finish_reason is not None
+            if ended == n or ev.error is not None:
                 return events
         if loop.time() >= check_at:
             if await request.is_disconnected():

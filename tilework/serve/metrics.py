@@ -47,9 +47,11 @@ class ServeMetrics:
         with self._lock:
             self.http[endpoint, status] += 1
 
-    def submitted(self, prompt_tokens: int) -> None:
+    def submitted(self, prompt_tokens: int, n: int = 1) -> None:
+        """A request of ``n`` completions: ``n`` sequences, each counted as a request (and
+        finished on its own), its prompt tokens once."""
         with self._lock:
-            self.requests += 1
+            self.requests += n
             self.prompt_tokens += prompt_tokens
 
     def cached(self, tokens: int) -> None:
@@ -110,7 +112,7 @@ class ServeMetrics:
             http = sorted(self.http.items())
             metric("tilework_http_requests_total", "counter", "HTTP requests by endpoint and status code.",
                    [(f'{{endpoint="{e}",status="{s}"}}', n) for (e, s), n in http])
-            metric("tilework_requests_total", "counter", "Generation requests accepted by the scheduler.", [("", self.requests)])
+            metric("tilework_requests_total", "counter", "Generation requests accepted by the scheduler (a request of n completions counts n).", [("", self.requests)])
             metric("tilework_requests_finished_total", "counter", "Generation requests that ended, by reason (stop, length, cancelled, error).",
                    [(f'{{reason="{r}"}}', n) for r, n in sorted(self.outcomes.items())])
             metric("tilework_prompt_tokens_total", "counter", "Prompt tokens of the accepted requests (tokens in).", [("", self.prompt_tokens)])

@@ -7,8 +7,8 @@
 of one string, token ids, or a list of one list of ids) or ``messages`` (rendered through the
 model's chat template), ``max_tokens`` (``max_completion_tokens`` for chat), ``temperature``
 (0..2), ``top_p``, ``seed``, ``stop`` (a string or a list), ``presence_penalty`` and
-``frequency_penalty`` (-2..2), ``stream``, ``stream_options.include_usage``, ``n`` and
-``best_of`` (1 only), and the extensions ``top_k`` and
+``frequency_penalty`` (-2..2), ``stream``, ``stream_options.include_usage``, ``n`` (1..16
+completions of the prompt; ``best_of`` only equal to it), and the extensions ``top_k`` and
 ``repetition_penalty`` (as vLLM and llama.cpp take them), and the generated tokens'
 log-probabilities: ``logprobs: true`` with ``top_logprobs`` (0..20) in chat, ``logprobs`` (0..20)
 in completions (``Parsed.logprobs``: how many alternatives, None when not asked; the bodies:
@@ -32,9 +32,10 @@ from tilework.llm.sampling import SamplingParams, SamplingParamsError
 from tilework.llm.tokenizer import lone_surrogate
 from tilework.serve.scheduler import RequestError
 
-__all__ = ["Parsed", "parse_request", "error_body", "completion_body", "chunk_body", "logprobs_body", "new_id"]
+__all__ = ["Parsed", "Choice", "parse_request", "error_body", "completion_body", "chunk_body", "logprobs_body", "new_id"]
 
 MAX_STOP = 16
+MAX_N = 16  # completions of one request (each a sequence of the decode batch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,7 @@ class Parsed:
     stream: bool
     include_usage: bool
     logprobs: int | None = None  # alternatives a token (0..20); None: no log-probabilities
+    n: int = 1  # completions (choices) of the prompt
 
 
 def _field(body: dict[str, Any], name: str, kinds: tuple[type, ...], what: str, default: Any = None) -> Any:
@@ -83,9 +85,12 @@ def _unsupported(body: dict[str, Any]) -> None:
     for name, bad in refused.items():
         if name in body and bad(body[name]):
             raise RequestError(f"{name}={json.dumps(body[name])[:80]} is not supported by this server", name)
-    for name in ("n", "best_of"):
-        if _field(body, name, (int,), "an integer", 1) != 1:
-            raise RequestError(f"{name}={body[name]}: this server makes one completion per request ({name} must be 1)", name)
+    n = _field(body, "n", (int,), "an integer", 1)
+    if not 1 <= n <= MAX_N:
+        raise RequestError(f"n={n} must be in [1, {MAX_N}]", "n")
+    best_of = _field(body, "best_of", (int,), "an integer", n)
+    if best_of != n:
+        raise RequestError(f"best_of={best_of}: this server returns every completion it makes (best_of must equal n, {n})", "best_of")
 
 
 def _prompt_tokens(body: dict[str, Any], llm: Any) -> list[int]:
@@ -202,7 +207,7 @@ def _parse(raw: bytes, kind: str, llm: Any, model_name: str, default_max_tokens:
         )
     except SamplingParamsError as exc:
         raise RequestError(str(exc), max_name if exc.field == "max_tokens" else exc.field) from None
-    return Parsed(tokens, params, stream, include_usage, logprobs)
+    return Parsed(tokens, params, stream, include_usage, logprobs, body.get("n") or 1)
 
 
 def _logprobs(body: dict[str, Any], kind: str) -> int | None:
@@ -258,23 +263,34 @@ def logprobs_body(kind: str, entries: Sequence[TokenLogprob], offset: int = 0) -
             "top_logprobs": [{t: lp for _, t, lp in e.top} for e in entries], "text_offset": offsets}
 
 
-def completion_body(kind: str, rid: str, model: str, text: str, finish: str, prompt: int, completion: int, cached: int = 0,
-                    logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The whole (non-streamed) response; ``logprobs``: the choice's (:func:`logprobs_body`)."""
-    if kind == "chat":
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish}
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
-        obj = "text_completion"
-    return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [choice], "usage": usage(prompt, completion, cached)}
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """One completion of a non-streamed response: its text, finish reason and ``logprobs``
+    (:func:`logprobs_body`, or None)."""
+
+    text: str
+    finish: str
+    logprobs: dict[str, Any] | None = None
+
+
+def completion_body(kind: str, rid: str, model: str, choices: Sequence[Choice], prompt: int, completion: int, cached: int = 0) -> dict[str, Any]:
+    """The whole (non-streamed) response: ``choices`` in their order (index 0, 1, ...);
+    ``completion``: the tokens of all of them."""
+    out = []
+    for i, c in enumerate(choices):
+        if kind == "chat":
+            out.append({"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": c.logprobs, "finish_reason": c.finish})
+        else:
+            out.append({"index": i, "text": c.text, "logprobs": c.logprobs, "finish_reason": c.finish})
+    obj = "chat.completion" if kind == "chat" else "text_completion"
+    return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": out, "usage": usage(prompt, completion, cached)}
 
 
 def chunk_body(kind: str, rid: str, model: str, text: str | None, finish: str | None, *, role: bool = False,
-               usage_of: tuple[int, int, int] | None = None, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One streamed chunk: a piece of text (with its tokens' ``logprobs``, :func:`logprobs_body`),
-    the finish reason, or (``usage_of``) the usage chunk with no choices that
-    ``stream_options.include_usage`` asks for."""
+               usage_of: tuple[int, int, int] | None = None, logprobs: dict[str, Any] | None = None, index: int = 0) -> dict[str, Any]:
+    """One streamed chunk of choice ``index``: a piece of text (with its tokens' ``logprobs``,
+    :func:`logprobs_body`), the finish reason, or (``usage_of``) the usage chunk with no
+    choices that ``stream_options.include_usage`` asks for."""
     obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
     out: dict[str, Any] = {"id": rid, "object": obj, "created": int(time.time()), "model": model}
     if usage_of is not None:
@@ -283,7 +299,7 @@ def chunk_body(kind: str, rid: str, model: str, text: str | None, finish: str | 
         return out
     if kind == "chat":
         delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
-        out["choices"] = [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]
+        out["choices"] = [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]
     else:
-        out["choices"] = [{"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}]
+        out["choices"] = [{"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}]
     return out

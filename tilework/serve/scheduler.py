@@ -46,6 +46,7 @@ of turn, stop strings (held back while they may still be forming), ``max_tokens`
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import logging
 import threading
@@ -94,6 +95,7 @@ class Event:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens found in the prefix cache
+    index: int = 0  # the completion (choice) of the request, 0 .. n - 1
     logprobs: tuple[TokenLogprob, ...] = ()  # the tokens this text completes, when the request asked for them
 
 
@@ -130,6 +132,7 @@ class _Seq:
     logprobs_sent: int = 0  # out.token_logprobs given out in events
     finish: str | None = None  # the completion's, or "cancelled" / "error"
     first_token_at: float | None = None
+    index: int = 0  # which of the request's completions
 
     @property
     def prefilled(self) -> bool:
@@ -202,24 +205,35 @@ class Scheduler:
         except TileworkError as exc:
             raise RequestError(str(exc), "prompt") from None
 
-    def submit(self, tokens: Sequence[int], params: SamplingParams, on_event: OnEvent, logprobs: int | None = None) -> Ticket:
+    def submit(self, tokens: Sequence[int], params: SamplingParams, on_event: OnEvent, logprobs: int | None = None, n: int = 1) -> Ticket:
         """Queue a request; ``on_event`` gets its events, from the scheduler's thread. With
         ``logprobs=k`` each event carries the log-probabilities of the tokens its text completes
-        and the ``k`` most likely tokens at each (``Completion``)."""
+        and the ``k`` most likely tokens at each (``Completion``). ``n`` completions of the prompt
+        are ``n`` sequences (events say which: ``Event.index``), each reserving its own pages;
+        completion ``i`` samples with ``seed + i`` (as prompt ``i`` of ``LLM.generate``), and
+        the prefix cache gives the later ones the first one's pages."""
         tokens = [int(t) for t in tokens]
         self.check(tokens, params)
+        if not 1 <= n <= self.max_seqs:
+            raise RequestError(f"n={n}: the server decodes at most {self.max_seqs} sequences together (max_seqs)", "n")
+        pages = self._pages(len(tokens), params.max_tokens)
+        if n * pages > self.max_pages:
+            raise RequestError(f"n={n} completions of {pages} KV-cache pages each (the prompt and max_tokens) need {n * pages}; the server has {self.max_pages}", "n")
         ticket = Ticket(self)
-        out = Completion(params, self.llm.config.vocab, self.llm.eos, self.llm.tokenizer.stream_decoder(skip_special_tokens=True, context=tokens[-1:]), tokens,
-                         logprobs)
-        seq = _Seq(ticket, tokens, out, on_event, self._pages(len(tokens), params.max_tokens), time.perf_counter())
+        seqs = []
+        for i in range(n):
+            own = params if params.seed is None else dataclasses.replace(params, seed=params.seed + i)
+            decoder = self.llm.tokenizer.stream_decoder(skip_special_tokens=True, context=tokens[-1:])
+            out = Completion(own, self.llm.config.vocab, self.llm.eos, decoder, tokens, logprobs)
+            seqs.append(_Seq(ticket, tokens, out, on_event, pages, time.perf_counter(), index=i))
         with self._cond:
             if self._stopping or (self._thread is not None and not self._thread.is_alive()):
                 raise RequestError("the server is shutting down", status=503)
-            if self._blocked(seq) > self.max_queue:
+            if self._blocked(seqs) > self.max_queue:
                 raise RequestError(f"the server is busy: the queue of requests waiting for room is full (max_queue={self.max_queue});"
                                    " retry later", status=429)
-            self._waiting.append(seq)
-            self.metrics.submitted(len(tokens))
+            self._waiting.extend(seqs)
+            self.metrics.submitted(len(tokens), n)
             self._cond.notify()
         return ticket
 
@@ -257,12 +271,12 @@ class Scheduler:
         with self._cond:
             self._cond.notify()
 
-    def _blocked(self, new: _Seq) -> int:
-        """How many of the waiting requests and ``new`` cannot start at the next step (FIFO: those
-        from the first that finds no sequence slot or not enough free pages); the ones that can
-        start at once do not count against ``max_queue``. Called under the lock."""
+    def _blocked(self, new: list[_Seq]) -> int:
+        """How many of the waiting sequences and ``new`` cannot start at the next step (FIFO:
+        those from the first that finds no sequence slot or not enough free pages); the ones that
+        can start at once do not count against ``max_queue``. Called under the lock."""
         running, reserved = len(self._running), self._reserved
-        queue = [*self._waiting, new]
+        queue = [*self._waiting, *new]
         for i, s in enumerate(queue):
             if running >= self.max_seqs or reserved + s.pages > self.max_pages:
                 return len(queue) - i
@@ -407,6 +421,8 @@ class Scheduler:
     def _send(self, s: _Seq, event: Event) -> None:
         if not event.text and event.finish_reason is None:
             return
+        if s.index:
+            event = dataclasses.replace(event, index=s.index)
         try:
             s.on_event(event)
         except Exception:  # the receiver is gone: treat it as a cancel
