@@ -175,7 +175,7 @@ def llama_decode(tmp: Path, steps: int) -> str:
         k_shape, v_shape = kv_shapes(cfg.layers, pages, cfg.kv_heads, cfg.head_dim, PAGE, kv)
         k, v = np.zeros(k_shape, np_dtype(kv)), np.zeros(v_shape, np_dtype(kv))
         table_ = np.arange(pages, dtype=np.int32)[None]
-        logits = prefill(np.array([prompt], np.int32), np.array([0], np.int32), table_, k, v)[0]
+        logits = prefill(np.array([prompt], np.int32), np.array([len(prompt) - 1], np.int32), np.array([0], np.int32), table_, k, v)[0]
         ids: list[int] = []
         t0 = time.perf_counter()
         for step in range(steps):

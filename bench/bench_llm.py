@@ -108,7 +108,7 @@ class TileworkRunner:
             sid = cache.add()
             self.sids.append(sid)
             kv_len, table = cache.step_inputs([sid], len(row))
-            logits = self.llm._prefill(row[None].astype(np.int32), kv_len, table, *self.llm.kv_args)
+            logits = self.llm._prefill(row[None].astype(np.int32), np.array([len(row) - 1], np.int32), kv_len, table, *self.llm.kv_args)
             cache.advance([sid], len(row))
             out.append(int(logits[0].argmax()))
         return np.asarray(out, np.int32)
@@ -342,7 +342,7 @@ def peak_rss_mib(precision: str, model: str | None = None) -> float | None:
 import numpy as np
 from tilework.llm import LLM
 llm = LLM({model!r}, precision={precision!r}); c = llm.cache; s = c.add()
-kv, t = c.step_inputs([s], 32); x = llm._prefill(np.arange(100, 132, dtype=np.int32)[None], kv, t, c.k, c.v); c.advance([s], 32)
+kv, t = c.step_inputs([s], 32); x = llm._prefill(np.arange(100, 132, dtype=np.int32)[None], np.array([31], np.int32), kv, t, c.k, c.v); c.advance([s], 32)
 for _ in range(16):
     kv, t = c.step_inputs([s], 1); x = llm._decode(x.argmax(-1).astype(np.int32), kv, t, c.k, c.v); c.advance([s], 1)
 print(next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:")))

@@ -78,7 +78,7 @@ def main() -> None:
         sids = [cache.add() for _ in range(batch)]
         for sid in sids:
             kv_len, table = cache.step_inputs([sid], prompt)
-            llm._prefill(rng.integers(100, 49000, (1, prompt)).astype(np.int32), kv_len, table, *llm.kv_args)
+            llm._prefill(rng.integers(100, 49000, (1, prompt)).astype(np.int32), np.array([prompt - 1], np.int32), kv_len, table, *llm.kv_args)
             cache.advance([sid], prompt)
         kv_len, table = cache.step_inputs(sids, 1)
         tokens = rng.integers(100, 49000, batch).astype(np.int32)

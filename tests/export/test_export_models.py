@@ -132,7 +132,7 @@ def vm_generate(cfg: Any, tensors: dict[str, Any], precision: str, prompt: list[
     k_shape, v_shape = kv_shapes(cfg.layers, pages, cfg.kv_heads, cfg.head_dim, PAGE, kv)
     k, v = np.zeros(k_shape, np_dtype(kv)), np.zeros(v_shape, np_dtype(kv))
     table = np.arange(pages, dtype=np.int32)[None]
-    logits = [prefill(np.array([prompt], np.int32), np.array([0], np.int32), table, k, v)[0].copy()]
+    logits = [prefill(np.array([prompt], np.int32), np.array([len(prompt) - 1], np.int32), np.array([0], np.int32), table, k, v)[0].copy()]
     out: list[int] = []
     for step in range(steps):
         out.append(int(np.argmax(logits[-1])))

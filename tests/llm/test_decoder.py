@@ -25,6 +25,7 @@ transformers = pytest.importorskip("transformers")
 import tilework  # noqa: E402
 from tilework.llm import compile as llm_compile  # noqa: E402
 from tilework.llm.config import LlmConfig  # noqa: E402
+from tilework.llm.engine import logit_rows  # noqa: E402
 from tilework.llm.kv_cache import PagedKVCache  # noqa: E402
 from tilework.llm.quant import QuantTensor, quantize  # noqa: E402
 from tilework.llm.weights import gemma_norm_multipliers  # noqa: E402
@@ -94,7 +95,7 @@ class Runner:
         """Greedy ``steps`` tokens after ``prompt``; every step's logits."""
         sid = self.cache.add()
         kv_len, table = self.cache.step_inputs([sid], len(prompt))
-        logits = self.prefill(np.array([prompt], np.int32), kv_len, table, self.cache.k, self.cache.v)[0]
+        logits = self.prefill(np.array([prompt], np.int32), logit_rows(len(prompt)), kv_len, table, self.cache.k, self.cache.v)[0]
         self.cache.advance([sid], len(prompt))
         out, all_logits = [], [logits]
         for _ in range(steps):
@@ -330,7 +331,7 @@ def test_batched_decode_gives_hugging_faces_logits_at_every_batch_size(kind: str
         for sid, p in zip(sids, prompts):
             kv_len, table = r.cache.step_inputs([sid], len(p))
             ref = _hf_logits(hf, p)[-1]
-            np.testing.assert_allclose(r.prefill(np.array([p], np.int32), kv_len, table, r.cache.k, r.cache.v)[0], ref, rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(r.prefill(np.array([p], np.int32), logit_rows(len(p)), kv_len, table, r.cache.k, r.cache.v)[0], ref, rtol=1e-4, atol=1e-4)
             r.cache.advance([sid], len(p))
         for _ in range(3):
             nxt = [int(t) for t in rng.integers(0, r.cfg.vocab, batch)]
@@ -379,7 +380,7 @@ def test_a_batch_decodes_like_its_sequences_alone_and_one_build_serves_all(monke
     last = []
     for sid, p in zip(sids, prompts):
         kv_len, table = r.cache.step_inputs([sid], len(p))
-        last.append(int(np.argmax(r.prefill(np.array([p], np.int32), kv_len, table, r.cache.k, r.cache.v)[0])))
+        last.append(int(np.argmax(r.prefill(np.array([p], np.int32), logit_rows(len(p)), kv_len, table, r.cache.k, r.cache.v)[0])))
         r.cache.advance([sid], len(p))
     together: list[list[int]] = [[t] for t in last]
     for _ in range(5):

@@ -32,7 +32,7 @@ pytest.importorskip("gguf")
 
 from tilework.errors import TileworkError  # noqa: E402
 from tilework.llm import LLM, SamplingParams  # noqa: E402
-from tilework.llm.engine import default_model_path  # noqa: E402
+from tilework.llm.engine import default_model_path, logit_rows  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -164,7 +164,7 @@ def _our_logits(llm: LLM, prompt: list[int], then: list[int]) -> np.ndarray:
     rows = []
     try:
         kv_len, table = cache.step_inputs([sid], len(prompt))
-        rows.append(llm._prefill(np.asarray([prompt], np.int32), kv_len, table, cache.k, cache.v)[0].copy())
+        rows.append(llm._prefill(np.asarray([prompt], np.int32), logit_rows(len(prompt)), kv_len, table, cache.k, cache.v)[0].copy())
         cache.advance([sid], len(prompt))
         for token in then:
             kv_len, table = cache.step_inputs([sid], 1)

@@ -15,6 +15,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator
 
+import numpy as np
 import pytest
 
 from tests.llm.models import needs_smollm2
@@ -131,6 +132,27 @@ def test_log_probabilities_of_chat_and_completions_streamed_or_not_equal_generat
     chunks = list(client.completions.create(model=server.name, prompt=PROMPTS[1], max_tokens=6, temperature=0, logprobs=2, stream=True))
     pieces = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs is not None]
     assert [t for p in pieces for t in p.tokens] == lp.tokens and [o for p in pieces for o in p.text_offset] == lp.text_offset
+
+
+def test_echo_gives_the_prompt_back_with_its_log_probabilities(server: BackgroundServer, client: Any, ref: LLM) -> None:
+    """Completions' ``echo`` (what evaluation harnesses score a text with: ``echo``,
+    ``logprobs``, ``max_tokens`` 1): the prompt's text and tokens before the completion's, the
+    first token without a log-probability, the others' as ``LLM.score`` gives them."""
+    text = "The capital of France is Paris, and the capital of Italy is Rome."
+    ids = ref.encode(text, False)
+    scores = ref.score(ids)
+    want = [None] + [float(scores[i, t]) for i, t in enumerate(ids[1:])]
+    for prompt in (text, ids):
+        done = client.completions.create(model=server.name, prompt=prompt, max_tokens=1, temperature=0, logprobs=1, echo=True)
+        lp = done.choices[0].logprobs
+        assert done.choices[0].text.startswith(text) and len(lp.tokens) == len(ids) + 1
+        assert "".join(lp.tokens) == done.choices[0].text and lp.tokens[: len(ids)] == [ref.tokenizer.decode(ids[:1])] + [
+            ref.tokenizer.decode(ids[i : i + 2])[len(ref.tokenizer.decode(ids[i : i + 1])) :] for i in range(len(ids) - 1)]
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        np.testing.assert_allclose(lp.token_logprobs[1 : len(ids)], want[1:], rtol=0, atol=1e-4)
+        assert all(len(top) == 1 for top in lp.top_logprobs[1:])
+    streamed = list(client.completions.create(model=server.name, prompt=text, max_tokens=3, temperature=0, echo=True, stream=True))
+    assert "".join(c.choices[0].text for c in streamed).startswith(text) and streamed[0].choices[0].text == text
 
 
 def test_n_completions_are_the_prompt_generated_n_times_with_seeds_in_turn(server: BackgroundServer, client: Any, ref: LLM) -> None:
@@ -347,7 +369,7 @@ BAD = [
     (json.dumps({"prompt": "hi", "n": 16, "max_tokens": 1000}), 400, "n", "need 1008; the server has 256"),
     (json.dumps({"prompt": "hi", "logprobs": 21}), 400, "logprobs", r"logprobs=21 must be in \[0, 20\]"),
     (json.dumps({"prompt": "hi", "logprobs": True}), 400, "logprobs", "must be an integer"),
-    (json.dumps({"prompt": "hi", "echo": True}), 400, "echo", "not supported"),
+    (json.dumps({"prompt": "hi", "echo": "yes"}), 400, "echo", "true or false"),
     (json.dumps({"prompt": "hi", "presence_penalty": 2.5}), 400, "presence_penalty", r"must be a number in \[-2, 2\]"),
     (json.dumps({"prompt": "hi", "frequency_penalty": "1"}), 400, "frequency_penalty", "must be a number"),
     (json.dumps({"prompt": ""}), 400, "prompt", "prompt is empty"),
@@ -364,6 +386,7 @@ BAD_CHAT = [
     (json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}), 400, "messages", "only text parts"),
     (json.dumps({"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}), 400, "stream", "true or false"),
     (json.dumps({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}), 400, "top_logprobs", "needs logprobs: true"),
+    (json.dumps({"messages": [{"role": "user", "content": "hi"}], "echo": True}), 400, "echo", "a field of /v1/completions"),
     (json.dumps({"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": -1}), 400, "top_logprobs", "must be in"),
     (json.dumps({"messages": [{"role": "user", "content": "hi"}], "logprobs": 3}), 400, "logprobs", "true or false"),
     (json.dumps({"messages": [{"role": "user", "content": "hi \udfff"}], "max_tokens": 3}), 400, "messages",

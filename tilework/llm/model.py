@@ -10,8 +10,11 @@ embedding table itself.
 
 Exported with ``decoder_spec`` it gives one module with two functions, compiled once:
 
-- ``prefill(tokens int32[batch, seq], kv_len int32[batch], page_table int32[batch, pages],
-  k_cache, v_cache, *weights) -> logits [batch, vocab]`` of each sequence's last token;
+- ``prefill(tokens int32[batch, seq], rows int32[m], kv_len int32[batch], page_table
+  int32[batch, pages], k_cache, v_cache, *weights) -> logits [batch * m, vocab]``: the logits
+  after the step's tokens ``rows`` (indices into ``seq``; the same for every sequence), sequence
+  by sequence: ``rows = [seq - 1]`` gives each sequence's next-token logits, ``arange(seq)``
+  every position's (scoring a text, a prompt's log-probabilities);
 - ``decode(tokens int32[batch], kv_len, page_table, k_cache, v_cache, *weights) -> logits
   [batch, vocab]``.
 
@@ -427,12 +430,11 @@ class LlamaDecoder(Module):
             h = h * float(np.float32(self.config.embedding_multiplier))
         return h
 
-    def prefill(self, tokens: Tensor, kv_len: Tensor, page_table: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
-        batch, seq = tokens.shape[0], tokens.shape[1]
+    def prefill(self, tokens: Tensor, rows: Tensor, kv_len: Tensor, page_table: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        batch, m = tokens.shape[0], rows.shape[0]
         cache = self._cache(tokens, kv_len, page_table, k_cache, v_cache)
         h = self._layers(self._embed(tokens), cache)
-        last = ops.take(h, ops.arange(seq - 1, seq), 1).reshape(batch, self.config.hidden)
-        return self._logits(last)
+        return self._logits(ops.take(h, rows, 1).reshape(batch * m, self.config.hidden))
 
     def decode(self, tokens: Tensor, kv_len: Tensor, page_table: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
         batch = tokens.shape[0]
@@ -455,13 +457,14 @@ def decoder_spec(cfg: LlmConfig, max_batch: int = 64, page: int = PAGE, kv_dtype
     ctx = cfg.context_length
     batch = SymVar("batch", 1, max_batch)
     seq = SymVar("seq", 1, ctx)
+    rows = SymVar("rows", 1, ctx)
     width = SymVar("width", 1, (ctx + page - 1) // page)
     pages = SymVar("pages", 1, None)
     k_shape, v_shape = kv_shapes(cfg.layers, pages, cfg.kv_heads, cfg.head_dim, page, kv_dtype)
     kc, vc = spec.Tensor(list(k_shape), kv_dtype), spec.Tensor(list(v_shape), kv_dtype)
     common = {"kv_len": spec.Tensor([batch], "int32"), "page_table": spec.Tensor([batch, width], "int32"), "k_cache": kc, "v_cache": vc}
     return {
-        "prefill": {"tokens": spec.Tensor([batch, seq], "int32"), **common},
+        "prefill": {"tokens": spec.Tensor([batch, seq], "int32"), "rows": spec.Tensor([rows], "int32"), **common},
         "decode": {"tokens": spec.Tensor([batch], "int32"), **common},
     }
 

@@ -95,7 +95,7 @@ def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int
             def deliver(ev: Event) -> None:  # from the scheduler's thread
                 loop.call_soon_threadsafe(queue.put_nowait, ev)
 
-            ticket = scheduler.submit(parsed.tokens, parsed.params, deliver, parsed.logprobs, parsed.n)
+            ticket = scheduler.submit(parsed.tokens, parsed.params, deliver, parsed.logprobs, parsed.n, parsed.echo, parsed.text)
         except RequestError as exc:
             return _error(str(exc), exc.status, exc.param, exc.code)
         rid = new_id(kind)

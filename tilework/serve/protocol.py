@@ -8,11 +8,13 @@ of one string, token ids, or a list of one list of ids) or ``messages`` (rendere
 model's chat template), ``max_tokens`` (``max_completion_tokens`` for chat), ``temperature``
 (0..2), ``top_p``, ``seed``, ``stop`` (a string or a list), ``presence_penalty`` and
 ``frequency_penalty`` (-2..2), ``stream``, ``stream_options.include_usage``, ``n`` (1..16
-completions of the prompt; ``best_of`` only equal to it), and the extensions ``top_k`` and
+completions of the prompt; ``best_of`` only equal to it), completions' ``echo`` (the prompt
+given back before each completion, with its tokens' log-probabilities when ``logprobs`` asks),
+and the extensions ``top_k`` and
 ``repetition_penalty`` (as vLLM and llama.cpp take them), and the generated tokens'
 log-probabilities: ``logprobs: true`` with ``top_logprobs`` (0..20) in chat, ``logprobs`` (0..20)
 in completions (``Parsed.logprobs``: how many alternatives, None when not asked; the bodies:
-:func:`logprobs_body`). Fields the server cannot honour (``echo``, ``suffix``, ``logit_bias``, ``tools``, a
+:func:`logprobs_body`). Fields the server cannot honour (``suffix``, ``logit_bias``, ``tools``, a
 non-text ``response_format``) are refused with a 400 rather than ignored; other unknown fields are ignored, as OpenAI's server
 does with fields it does not know.
 """
@@ -46,6 +48,8 @@ class Parsed:
     include_usage: bool
     logprobs: int | None = None  # alternatives a token (0..20); None: no log-probabilities
     n: int = 1  # completions (choices) of the prompt
+    echo: bool = False  # completions' echo: the prompt given back before the completion
+    text: str | None = None  # the prompt's text, when it came as text
 
 
 def _field(body: dict[str, Any], name: str, kinds: tuple[type, ...], what: str, default: Any = None) -> Any:
@@ -73,9 +77,8 @@ def _encode(llm: Any, text: str, param: str) -> list[int]:
         raise RequestError(f"{param}: {exc}", param) from None
 
 
-def _unsupported(body: dict[str, Any]) -> None:
+def _unsupported(body: dict[str, Any], kind: str) -> None:
     refused = {
-        "echo": lambda v: v not in (None, False),
         "suffix": lambda v: v not in (None, ""),
         "logit_bias": lambda v: v not in (None, {}),
         "tools": lambda v: v not in (None, []),
@@ -85,6 +88,8 @@ def _unsupported(body: dict[str, Any]) -> None:
     for name, bad in refused.items():
         if name in body and bad(body[name]):
             raise RequestError(f"{name}={json.dumps(body[name])[:80]} is not supported by this server", name)
+    if body.get("echo") not in (None, False) and kind == "chat":
+        raise RequestError("echo is a field of /v1/completions, not of chat", "echo")
     n = _field(body, "n", (int,), "an integer", 1)
     if not 1 <= n <= MAX_N:
         raise RequestError(f"n={n} must be in [1, {MAX_N}]", "n")
@@ -93,16 +98,17 @@ def _unsupported(body: dict[str, Any]) -> None:
         raise RequestError(f"best_of={best_of}: this server returns every completion it makes (best_of must equal n, {n})", "best_of")
 
 
-def _prompt_tokens(body: dict[str, Any], llm: Any) -> list[int]:
+def _prompt_tokens(body: dict[str, Any], llm: Any) -> tuple[list[int], str | None]:
+    """A completion's prompt: its token ids, and its text when it came as text."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
         if not prompt:
             raise RequestError("prompt is empty", "prompt")
-        return _encode(llm, _text(prompt, "prompt", "prompt"), "prompt")
+        return _encode(llm, _text(prompt, "prompt", "prompt"), "prompt"), prompt
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return list(prompt)
+        return list(prompt), None
     if prompt is None:
         raise RequestError("prompt is required", "prompt")
     raise RequestError("prompt must be a string or a list of token ids (one prompt per request)", "prompt")
@@ -171,7 +177,7 @@ def _parse(raw: bytes, kind: str, llm: Any, model_name: str, default_max_tokens:
     model = _field(body, "model", (str,), "a string", model_name)
     if model != model_name:
         raise RequestError(f"the model {model!r} does not exist: this server has {model_name!r}", "model", status=404, code="model_not_found")
-    _unsupported(body)
+    _unsupported(body, kind)
     stream = _field(body, "stream", (bool,), "true or false", False)
     options = _field(body, "stream_options", (dict,), "an object", {})
     include_usage = options.get("include_usage", False) is True
@@ -189,7 +195,7 @@ def _parse(raw: bytes, kind: str, llm: Any, model_name: str, default_max_tokens:
         if isinstance(text, str):
             _text(text, "stop" if isinstance(stop, str) else f"stop[{i}]", "stop")
     logprobs = _logprobs(body, kind)
-    tokens = _chat_tokens(body, llm) if kind == "chat" else _prompt_tokens(body, llm)
+    tokens, text = (_chat_tokens(body, llm), None) if kind == "chat" else _prompt_tokens(body, llm)
     if max_tokens is None:
         room = (llm.config.context_length if max_sequence is None else max_sequence) - len(tokens)
         max_tokens = max(1, min(default_max_tokens, room))  # no room: the scheduler refuses the prompt
@@ -207,7 +213,8 @@ def _parse(raw: bytes, kind: str, llm: Any, model_name: str, default_max_tokens:
         )
     except SamplingParamsError as exc:
         raise RequestError(str(exc), max_name if exc.field == "max_tokens" else exc.field) from None
-    return Parsed(tokens, params, stream, include_usage, logprobs, body.get("n") or 1)
+    echo = _field(body, "echo", (bool,), "true or false", False)
+    return Parsed(tokens, params, stream, include_usage, logprobs, body.get("n") or 1, echo, text)
 
 
 def _logprobs(body: dict[str, Any], kind: str) -> int | None:
@@ -251,7 +258,7 @@ def logprobs_body(kind: str, entries: Sequence[TokenLogprob], offset: int = 0) -
     ``token_logprobs``, ``top_logprobs`` as token -> logprob, ``text_offset``: where each token's
     text starts in the completion, counting from ``offset``)."""
     if kind == "chat":
-        def item(text: str, logprob: float) -> dict[str, Any]:
+        def item(text: str, logprob: float | None) -> dict[str, Any]:
             return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
 
         return {"content": [{**item(e.text, e.logprob), "top_logprobs": [item(t, lp) for _, t, lp in e.top]} for e in entries], "refusal": None}
@@ -260,7 +267,7 @@ def logprobs_body(kind: str, entries: Sequence[TokenLogprob], offset: int = 0) -
         offsets.append(offset)
         offset += len(e.text)
     return {"tokens": [e.text for e in entries], "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [{t: lp for _, t, lp in e.top} for e in entries], "text_offset": offsets}
+            "top_logprobs": [None if e.logprob is None else {t: lp for _, t, lp in e.top} for e in entries], "text_offset": offsets}
 
 
 @dataclass(frozen=True, slots=True)

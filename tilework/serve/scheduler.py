@@ -57,8 +57,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from tilework.errors import TileworkError
-from tilework.llm.engine import token_ids
-from tilework.llm.completion import Completion, TokenLogprob
+from tilework.llm.engine import logit_rows, token_ids
+from tilework.llm.completion import Completion, TokenLogprob, prompt_logprobs
 from tilework.llm.sampling import SamplingParams
 from tilework.serve.metrics import ServeMetrics
 
@@ -133,6 +133,13 @@ class _Seq:
     finish: str | None = None  # the completion's, or "cancelled" / "error"
     first_token_at: float | None = None
     index: int = 0  # which of the request's completions
+    echo: str | None = None  # the prompt's text, given back before the completion (completions' echo)
+    prompt_logprobs: list[TokenLogprob] = dataclasses.field(default_factory=list)  # of the prompt's tokens, with echo and logprobs
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Echo with log-probabilities: every prompt position's logits are needed (no prefix-cache start)."""
+        return self.echo is not None and self.out.logprobs is not None
 
     @property
     def prefilled(self) -> bool:
@@ -167,7 +174,7 @@ class Scheduler:
         self.llm, self.cache = llm, cache
         self.max_seqs, self.max_pages = max_seqs, max_pages
         self.prefill_chunk, self.step_tokens, self.max_queue = prefill_chunk, step_tokens, max_queue
-        self.prefix_cache = prefix_cache
+        self.prefix_cache = prefix_cache and llm.config.prefill_boundary is None  # (longrope: LlmConfig.prefill_boundary)
         self.context = llm.config.context_length
         self.metrics = ServeMetrics(cache.num_pages)
         self._cond = threading.Condition()
@@ -205,15 +212,19 @@ class Scheduler:
         except TileworkError as exc:
             raise RequestError(str(exc), "prompt") from None
 
-    def submit(self, tokens: Sequence[int], params: SamplingParams, on_event: OnEvent, logprobs: int | None = None, n: int = 1) -> Ticket:
+    def submit(self, tokens: Sequence[int], params: SamplingParams, on_event: OnEvent, logprobs: int | None = None, n: int = 1,
+               echo: bool = False, text: str | None = None) -> Ticket:
         """Queue a request; ``on_event`` gets its events, from the scheduler's thread. With
         ``logprobs=k`` each event carries the log-probabilities of the tokens its text completes
         and the ``k`` most likely tokens at each (``Completion``). ``n`` completions of the prompt
         are ``n`` sequences (events say which: ``Event.index``), each reserving its own pages;
         completion ``i`` samples with ``seed + i`` (as prompt ``i`` of ``LLM.generate``), and
-        the prefix cache gives the later ones the first one's pages."""
+        the prefix cache gives the later ones the first one's pages. ``echo``: each completion's
+        first event gives the prompt back (``text``, or its tokens decoded), with its tokens'
+        log-probabilities (the first one's None) when ``logprobs`` asks for them."""
         tokens = [int(t) for t in tokens]
         self.check(tokens, params)
+        echo_text = (text if text is not None else self.llm.tokenizer.decode(tokens)) if echo else None
         if not 1 <= n <= self.max_seqs:
             raise RequestError(f"n={n}: the server decodes at most {self.max_seqs} sequences together (max_seqs)", "n")
         pages = self._pages(len(tokens), params.max_tokens)
@@ -225,7 +236,7 @@ class Scheduler:
             own = params if params.seed is None else dataclasses.replace(params, seed=params.seed + i)
             decoder = self.llm.tokenizer.stream_decoder(skip_special_tokens=True, context=tokens[-1:])
             out = Completion(own, self.llm.config.vocab, self.llm.eos, decoder, tokens, logprobs)
-            seqs.append(_Seq(ticket, tokens, out, on_event, pages, time.perf_counter(), index=i))
+            seqs.append(_Seq(ticket, tokens, out, on_event, pages, time.perf_counter(), index=i, echo=echo_text))
         with self._cond:
             if self._stopping or (self._thread is not None and not self._thread.is_alive()):
                 raise RequestError("the server is shutting down", status=503)
@@ -335,7 +346,7 @@ class Scheduler:
         for s in self._running:
             if s.prefilled or s.finish is not None:
                 continue
-            if self.prefix_cache and s.fed == s.cached:  # none of its own chunks in yet
+            if self.prefix_cache and s.fed == s.cached and not s.scores_prompt:  # none of its own chunks in yet
                 self._start_on_prefix(s)
             n = min(self.prefill_chunk - s.fed % self.prefill_chunk, len(s.tokens) - s.fed)  # (chunk boundaries at multiples of prefill_chunk after a prefix-cache hit too)
             if budget < self.step_tokens and n > budget:
@@ -373,17 +384,22 @@ class Scheduler:
         assert s.sid is not None
         if s.fed == s.cached:  # its first chunk: what it found is settled
             self.metrics.cached(s.cached)
-        chunk = s.tokens[s.fed : s.fed + n]
+        start, chunk = s.fed, s.tokens[s.fed : s.fed + n]
         t0 = time.perf_counter()
         kv_len, table = self.cache.step_inputs([s.sid], n)
-        logits = self.llm._prefill(np.asarray([chunk], np.int32), kv_len, table, *self.llm.kv_args)
+        logits = self.llm._prefill(np.asarray([chunk], np.int32), logit_rows(n, s.scores_prompt), kv_len, table, *self.llm.kv_args)
         self.cache.advance([s.sid], n)
         s.fed += n
         self.metrics.prefilled(n, time.perf_counter() - t0)
         if self.prefix_cache:  # the full pages fed so far, for the requests after it
             self.cache.publish(s.sid, s.tokens[: s.fed])
+        if s.scores_prompt:
+            assert s.out.logprobs is not None
+            s.prompt_logprobs += prompt_logprobs(self.llm.tokenizer, logits, s.tokens, start, s.out.logprobs)
         if s.prefilled:
-            self._pick(s, logits[0])
+            if s.echo is not None:
+                self._send(s, Event(s.echo, logprobs=tuple(s.prompt_logprobs)))
+            self._pick(s, logits[-1])
 
     def _decode(self, batch: list[_Seq]) -> None:
         sids = [s.sid for s in batch if s.sid is not None]

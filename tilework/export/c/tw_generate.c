@@ -2,7 +2,7 @@
  *
  *     tw_generate model.twb N_NEW TOKEN_ID... [--logits OUT.npy]
  *
- * Runs `prefill` on the prompt's token ids, then `decode` N_NEW times, each on the argmax of
+ * Runs `prefill` on the prompt's token ids (its `rows` the last one), then `decode` N_NEW times, each on the argmax of
  * the last logits (the first maximum), and prints the N_NEW generated ids on one line
  * (tokenization stays outside). The KV cache is one sequence in a pool of pages that holds
  * the prompt and the new tokens: k [layers, pages, kv_heads, head_dim / w, page, w] and
@@ -99,9 +99,11 @@ int main(int argc, char** argv) {
     tw_tensor in[5] = {
         {prompt, 2, i32, s_tokens}, {&kv_len, 1, i32, s_one}, {table, 2, i32, s_table}, {k, 6, kv_dt, s_k}, {v, 6, kv_dt, s_v},
     };
+    int32_t last_row = (int32_t)n_prompt - 1; /* prefill's rows: the logits after the prompt's last token */
+    tw_tensor prefill_in[6] = {in[0], {&last_row, 1, i32, s_one}, in[1], in[2], in[3], in[4]};
     tw_tensor logits;
     double t0 = now_ms();
-    if (tw_model_run(m, "prefill", in, 5, &logits, 1) != 1) {
+    if (tw_model_run(m, "prefill", prefill_in, 6, &logits, 1) != 1) {
         fprintf(stderr, "error: %s\n", tw_model_error(m));
         return 1;
     }
