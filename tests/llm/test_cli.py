@@ -102,12 +102,30 @@ def test_a_prompt_that_is_not_utf8_is_a_user_error(capsys: pytest.CaptureFixture
     assert code == 2 and "error: the prompt is not valid Unicode: character 3 is a lone surrogate U+DCE9 (the byte 0xE9, which is not UTF-8)" in err, err
 
 
+@needs_model
+def test_perplexity_of_a_file_and_of_stdin(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``tilework perplexity``: the value ``LLM.perplexity`` gives the file's text, on stdout."""
+    from tilework.llm import LLM
+
+    text = "The capital of France is Paris. The capital of Italy is Rome. The capital of Spain is Madrid.\n"
+    (tmp_path / "t.txt").write_text(text)
+    llm = LLM()
+    want = llm.perplexity(llm.encode(text), 16)[0]
+    code, err = tilework_here(capsys, "perplexity", str(tmp_path / "t.txt"), "--context", "16")
+    assert code == 0, err
+    assert "windows of 16 tokens" in err
+    r = tilework("perplexity", "-", "--context", "16", stdin=text)
+    assert r.returncode == 0 and r.stdout == f"perplexity {want:.4f}\n", r.stderr
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
         (["generate", "hi", "--model", "/nonexistent/model.gguf"], "/nonexistent/model.gguf: no such file"),
         (["generate", "hi", "--max-tokens", "0"], "--max-tokens must be at least 1"),
         (["generate", "hi", "--temperature", "-1"], "temperature"),
+        (["perplexity", "/nonexistent/text.txt"], "cannot read /nonexistent/text.txt: No such file or directory"),
+        (["perplexity", "-", "--context", "1"], "--context must be at least 2, got 1"),
     ],
 )
 def test_errors_name_the_problem(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

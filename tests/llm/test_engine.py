@@ -299,3 +299,22 @@ def test_a_prompt_starts_on_the_pages_of_an_earlier_one_with_the_same_bits(llm: 
     assert llm.stats.cached_tokens == (first.prompt_tokens - 1) // page * page > 0
     assert again.token_ids == first.token_ids and again.prompt_tokens == first.prompt_tokens
     assert "from the prefix cache" in llm.stats.line()
+
+
+def test_perplexity_scores_every_token_once_in_half_overlapping_windows(llm: LLM) -> None:
+    """70 tokens, windows of 32: [0, 32) predicts tokens 1..31, [16, 48) 32..47, [32, 64)
+    48..63, [48, 70) 64..69, each from its own window's score."""
+    tokens = [int(t) for t in np.random.default_rng(4).integers(3, llm.config.vocab, 70)]
+    nll = 0.0
+    for begin, first, end in ((0, 1, 32), (16, 32, 48), (32, 48, 64), (48, 64, 70)):
+        lp = llm.score(tokens[begin:end])
+        nll -= sum(float(lp[t - 1 - begin, tokens[t]]) for t in range(first, end))
+    seen: list[tuple[int, int]] = []
+    ppl, count = llm.perplexity(tokens, 32, lambda i, n: seen.append((i, n)))
+    assert count == 69 and seen == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    assert ppl == pytest.approx(float(np.exp(nll / 69)), rel=1e-5)
+    whole = llm.score(tokens[:20])
+    assert llm.perplexity(tokens[:20])[0] == pytest.approx(float(np.exp(-np.mean([whole[i, tokens[i + 1]] for i in range(19)]))), rel=1e-5)
+    for bad, message in (([5], "needs 2 tokens at least"), (tokens, "context must be an int in \\[2, ")):
+        with pytest.raises(TileworkError, match=message):
+            llm.perplexity(bad, 1 if len(bad) > 1 else None)

@@ -181,9 +181,7 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 def _perplexity(llm: LLM) -> float:
-    tokens = llm.encode(TEXT)
-    lp = llm.score(tokens)
-    return float(np.exp(-lp[np.arange(len(tokens) - 1), tokens[1:]].mean()))
+    return llm.perplexity(llm.encode(TEXT))[0]
 
 
 def test_fp32_generates_hugging_faces_tokens_and_logits(llms: Callable[[str], LLM], hf: Any, fp32_runs: list[Run]) -> None:

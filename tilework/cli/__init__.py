@@ -95,7 +95,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _demo(args)
     if args.command == "build":
         return _build(args)
-    if args.command in ("generate", "chat", "serve"):
+    if args.command in ("generate", "chat", "perplexity", "serve"):
         from tilework.cli import llm
 
         return llm.run(args)

