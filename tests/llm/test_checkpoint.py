@@ -67,6 +67,8 @@ def save(path: Path, kind: str = "llama", dtype: str = "float32", tokenizer: boo
         "olmoe": (transformers.OlmoeConfig, transformers.OlmoeForCausalLM),
         "granitemoe": (transformers.GraniteMoeConfig, transformers.GraniteMoeForCausalLM),
         "qwen2_moe": (transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM),
+        "phi": (transformers.PhiConfig, transformers.PhiForCausalLM),
+        "starcoder2": (transformers.Starcoder2Config, transformers.Starcoder2ForCausalLM),
     }[kind]
     model = model_cls(config_cls(**{**SMALL, **kw})).eval()
     with torch.no_grad():  # norm weights away from transformers' ones: their values count too
@@ -160,15 +162,17 @@ def test_dynamic_rotary_scaling_is_the_default_to_the_end_of_the_context(tmp_pat
 
 
 def write_gguf_of(hf: Any, path: Path, fmt: str = "f32", meta: dict[str, Any] | None = None, blocks: dict[str, QuantTensor] | None = None,
-                  extra: dict[str, np.ndarray] | None = None) -> Path:
+                  extra: dict[str, np.ndarray] | None = None, fused_qkv: bool = False) -> Path:
     """The weights of transformers model ``hf`` in a GGUF file of its architecture (``fmt``: the
     format of its matrices; the token table too; ``blocks``: the stored rows of the named
     matrices instead), with a byte-level BPE vocabulary of ``VOCAB`` tokens (the ids are what is
     fed; the text is never read), the metadata llama.cpp's converter writes, and ``meta``
-    (strings, floats, ints, bools, arrays) after it; ``extra``: more tensors, under their GGUF names."""
+    (strings, floats, ints, bools, arrays) after it; ``extra``: more tensors, under their GGUF names;
+    ``fused_qkv``: each layer's q, k, v rows (and biases) one ``attn_qkv`` tensor (older phi2 files)."""
     c = hf.config
     arch = GGUF_ARCH.get(c.model_type, c.model_type)
     hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    rot = int(hd * c.rope_parameters.get("partial_rotary_factor", 1.0))  # (phi: the converter's int(factor * hidden) // heads)
     w = gguf.GGUFWriter(str(path), arch)
     experts = getattr(c, "num_local_experts", None) or getattr(c, "num_experts", None)
     if experts:  # a mixture of experts (the converter's keys)
@@ -180,10 +184,13 @@ def write_gguf_of(hf: Any, path: Path, fmt: str = "f32", meta: dict[str, Any] | 
             w.add_uint32(f"{arch}.expert_shared_feed_forward_length", c.shared_expert_intermediate_size)
     for key, value in {"block_count": c.num_hidden_layers, "context_length": c.max_position_embeddings, "embedding_length": c.hidden_size, "feed_forward_length": c.intermediate_size,
                        "attention.head_count": c.num_attention_heads, "attention.head_count_kv": c.num_key_value_heads, "attention.key_length": hd,
-                       "attention.value_length": hd, "rope.dimension_count": hd}.items():  # fmt: skip
+                       "attention.value_length": hd, "rope.dimension_count": rot}.items():  # fmt: skip
         w.add_uint32(f"{arch}.{key}", value)
     w.add_float32(f"{arch}.rope.freq_base", c.rope_parameters["rope_theta"])
-    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", c.rms_norm_eps)
+    if arch in ("phi2", "starcoder2"):  # LayerNorms
+        w.add_float32(f"{arch}.attention.layer_norm_epsilon", c.layer_norm_eps if arch == "phi2" else c.norm_epsilon)
+    else:
+        w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", c.rms_norm_eps)
     w.add_tokenizer_model("gpt2")
     w.add_token_list(["a", "b", "ab", *(f"w{i}" for i in range(3, VOCAB))])
     w.add_token_merges(["a b"])
@@ -195,7 +202,10 @@ def write_gguf_of(hf: Any, path: Path, fmt: str = "f32", meta: dict[str, Any] | 
                 w.add_float32(f"{arch}.{key}", float(getattr(c, name)))
     for key, value in (meta or {}).items():
         {str: w.add_string, float: w.add_float32, int: w.add_uint32, bool: w.add_bool, list: w.add_array}[type(value)](key, value)
-    for name, value in moe_state(hf.state_dict()).items():
+    state = moe_state(hf.state_dict())
+    if fused_qkv:
+        state = fuse_qkv(state)
+    for name, value in state.items():
         if name == "lm_head.weight" and c.tie_word_embeddings:
             continue
         given = (blocks or {}).get(name)
@@ -215,7 +225,20 @@ def write_gguf_of(hf: Any, path: Path, fmt: str = "f32", meta: dict[str, Any] | 
     return close_gguf(w, path)
 
 
-GGUF_ARCH = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama"}  # llama.cpp's architecture of a transformers model type where they differ
+GGUF_ARCH = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama", "phi": "phi2"}  # llama.cpp's architecture of a transformers model type where they differ
+
+
+def fuse_qkv(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with each layer's q, k and v projections (weights and biases) one
+    ``self_attn.qkv_proj``, their rows one after the other."""
+    out = {}
+    for name, value in state.items():
+        if ".self_attn.q_proj." in name:
+            parts = [state[name.replace("q_proj", p)] for p in ("q_proj", "k_proj", "v_proj")]
+            out[name.replace("q_proj", "qkv_proj")] = torch.cat(parts, 0)
+        elif ".self_attn.k_proj." not in name and ".self_attn.v_proj." not in name:
+            out[name] = value
+    return out
 
 
 def moe_state(state: dict[str, Any]) -> dict[str, Any]:

@@ -112,7 +112,7 @@ def test_a_phi3_partial_rotary_factor_as_transformers_computes_it(tmp_path: Path
 def test_rope_dim_is_checked() -> None:
     """A whole head's worth is the full rotation (None); an odd or too large ``rope_dim`` is
     refused, as is a factor that turns an odd number of dims, longrope factors of the head dim's
-    length for a partial rotation, and a partial rotation outside phi3 (transformers' llama, qwen
+    length for a partial rotation, and a partial rotation outside phi3 and phi (transformers' llama, qwen
     and the others turn every dim)."""
     base = dict(architecture="phi3", hidden=64, layers=1, heads=4, kv_heads=2, head_dim=16, ffn=96, vocab=10, rope_theta=1e4, rms_eps=1e-5, context_length=64)
     assert LlmConfig(**base, rope_dim=16).rope_dim is None and LlmConfig(**base).rotary_dims == 16
@@ -125,7 +125,7 @@ def test_rope_dim_is_checked() -> None:
         LlmConfig.from_hf_config({**phi3, "partial_rotary_factor": 0.2})
     with pytest.raises(TileworkError, match="8 factors for rope_dim 12 .the rotated dims. .it needs 6"):
         LlmConfig.from_hf_config({**phi3, "partial_rotary_factor": 0.75, "rope_parameters": {**ROPE_CASES["longrope"]}})
-    with pytest.raises(UnsupportedError, match="partial rotary embeddings .partial_rotary_factor = 0.75. are supported for phi3 checkpoints only"):
+    with pytest.raises(UnsupportedError, match="partial rotary embeddings .partial_rotary_factor = 0.75. are supported for phi3 and phi checkpoints only"):
         LlmConfig.from_hf_config({"model_type": "qwen3", **SMALL, "partial_rotary_factor": 0.75})
 
 
@@ -238,7 +238,7 @@ def test_llama_attention_bias_means_output_bias_too() -> None:
     "change, message",
     [
         ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported; supported: llama, mistral, qwen2, qwen3"),
-        ({"model_type": "phi"}, "model_type 'phi'"),
+        ({"model_type": "gpt_neox"}, "model_type 'gpt_neox'"),
         ({"rope_parameters": {"rope_type": "proportional", "factor": 4.0, "rope_theta": 1e4}}, "rope scaling 'proportional' is not supported; supported: default, linear, llama3, yarn, longrope, dynamic"),
         ({"hidden_act": "gelu"}, "'gelu'"),
         ({"partial_rotary_factor": 0.5}, "partial rotary"),

@@ -217,7 +217,7 @@ def test_a_partial_rotation_is_read_from_phi3_files_only(tmp_path: Path) -> None
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(UnsupportedError, match=r"partial rotary embeddings \(llama.rope.dimension_count = 12, head_dim 16\) are supported for phi3 files only"):
+    with pytest.raises(UnsupportedError, match=r"partial rotary embeddings \(llama.rope.dimension_count = 12, head_dim 16\) are supported for phi3 and phi2 files only"):
         LlmConfig.from_gguf(tmp_path / "llama.gguf")
     hf = save(tmp_path / "ckpt", "phi3", **PHI3, rope_parameters=LONGROPE, original_max_position_embeddings=16)
     hf.config.rope_parameters["partial_rotary_factor"] = 0.75  # the file says 12 dims, its factors are 8

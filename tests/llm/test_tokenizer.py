@@ -299,6 +299,7 @@ def test_bad_metadata_is_refused(overrides: dict[str, Any], error: type[Exceptio
     ("pre", "pieces"),
     [
         ("gpt2", ["I", "'", "M", "Ġ", "Ġ12345", "Ġhi", "!", "ĊĊ", "Ġx"]),
+        ("phi-2", ["I", "'", "M", "Ġ", "Ġ12345", "Ġhi", "!", "ĊĊ", "Ġx"]),  # (llama.cpp: GPT-2's)
         ("smollm", ["I", "'", "M", "ĠĠ", "1", "2", "3", "4", "5", "Ġhi", "!", "ĊĊ", "Ġx"]),
         ("llama-bpe", ["I", "'M", "Ġ", "Ġ", "123", "45", "Ġhi", "!ĊĊ", "Ġx"]),
         ("qwen2", ["I", "'M", "Ġ", "Ġ", "1", "2", "3", "4", "5", "Ġhi", "!ĊĊ", "Ġx"]),

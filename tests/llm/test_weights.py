@@ -233,6 +233,10 @@ _FORMAT_OF = {"embed_tokens": "q8_0", "q_proj.weight": "q8_0", "k_proj.weight": 
 
 # OLMo 2's and EXAONE 4's norms after their sublayers (gguf-py's tensor map)
 _GGUF_PART_OF = {arch: {**_GGUF_PART, "post_attention_layernorm": "post_attention_norm", "post_feedforward_layernorm": "post_ffw_norm"} for arch in ("olmo2", "exaone4")}
+# Phi's names (PhiForCausalLM: dense, fc1, fc2, final_layernorm; a LayerNorm's bias and the head's)
+_GGUF_PART_OF["phi2"] = {**_GGUF_PART, "self_attn.dense": "attn_output", "mlp.fc1": "ffn_up", "mlp.fc2": "ffn_down", "self_attn.qkv_proj": "attn_qkv"}
+_GGUF_PART_OF["starcoder2"] = {**_GGUF_PART, "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}  # (Starcoder2ForCausalLM's MLP)
+_GGUF_TOP.update({"model.final_layernorm.weight": "output_norm.weight", "model.final_layernorm.bias": "output_norm.bias", "model.norm.bias": "output_norm.bias", "lm_head.bias": "output.bias"})
 
 
 def gguf_name(hf: str, arch: str = "llama") -> str:

@@ -28,12 +28,20 @@ v projections are one matrix in the file, and the MLP's gate and up another, spl
 from a transformers checkpoint every layer attends in its ``sliding_window``, where it is shorter
 than the context, as transformers does; a GGUF file's window is not applied, as llama.cpp
 applies none; Phi-4-mini turns 96 of each head's 128 dims, :attr:`LlmConfig.rope_dim`, from
-its ``partial_rotary_factor`` or its GGUF file's ``phi3.rope.dimension_count``); a
+its ``partial_rotary_factor`` or its GGUF file's ``phi3.rope.dimension_count``); ``phi2``
+(Phi-2, Phi-1.5: transformers ``model_type`` ``phi``; LayerNorms with a bias, one a layer, a
+parallel residual, an MLP without a gate, a head with a bias: :attr:`LlmConfig.layer_norm`,
+:attr:`~LlmConfig.parallel_residual`, :attr:`~LlmConfig.gated_mlp`,
+:attr:`~LlmConfig.head_bias`; every projection with a bias; the first ``partial_rotary_factor``
+of each head turned, PhiConfig's 0.5 where absent, a GGUF file's ``phi2.rope.dimension_count``);
+``starcoder2`` (StarCoder2: a Llama's layer with LayerNorms and an MLP without a gate, every
+projection with a bias where ``use_bias``; from a checkpoint every layer attends in its
+``sliding_window``, from a GGUF file in none, as llama.cpp); a
 transformers ``mistral`` checkpoint is ``llama``, and a checkpoint's sliding-window layers
 (Mistral's, Qwen2's and Qwen3's with ``use_sliding_window``) attend in their window as
 transformers' do (a GGUF file's llama-family window is not applied: llama.cpp applies none). Anything the model family could
 vary that tilework does not implement (another rotary scaling, a partial rotary dim outside
-phi3, shared experts) raises :class:`~tilework.errors.UnsupportedError` naming it, rather than loading a model that
+phi3 and phi2, shared experts, Phi's ``qk_layernorm``) raises :class:`~tilework.errors.UnsupportedError` naming it, rather than loading a model that
 would compute something else. The rotary scaling (``rope_scaling``, a
 :class:`~tilework.llm.rope.RopeScaling`) is read by :mod:`tilework.llm.rope`.
 """
@@ -58,7 +66,10 @@ if TYPE_CHECKING:
 
     from tilework.llm.gguf import GGUFFile
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "smollm3", "olmo2", "granite", "exaone4", "ernie4_5", "qwen3moe", "olmoe", "granitemoe", "qwen2moe")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "smollm3", "olmo2", "granite", "exaone4", "ernie4_5", "qwen3moe", "olmoe", "granitemoe", "qwen2moe", "phi2", "starcoder2")
+LAYER_NORM = ("phi2", "starcoder2")  # architectures whose norms are LayerNorms with a bias (LlmConfig.layer_norm)
+UNGATED = ("phi2", "starcoder2")  # architectures whose MLP has no gate (LlmConfig.gated_mlp)
+PARTIAL_ROTARY = ("phi3", "phi2")  # architectures whose heads may be turned in part (LlmConfig.rope_dim)
 NOPE_INTERVAL = 4  # SmolLM3: every fourth layer is not rotated (transformers' no_rope_layer_interval default; llama.cpp's fixed step)
 @dataclass(frozen=True, slots=True)
 class LlmConfig:
@@ -85,7 +96,7 @@ class LlmConfig:
     dense model), ``experts_used``, ``expert_ffn``, ``expert_norm``, ``expert_scale`` and
     ``dense_layers``: a mixture-of-experts MLP in every layer but ``dense_layers``
     (:mod:`tilework.llm.moe`, :meth:`moe_layer`); ``shared_ffn``: the width of its shared expert
-    (0: none; Qwen2-MoE's)."""
+    (0: none; Qwen2-MoE's). ``rms_eps``: the norms' eps, the LayerNorms' too (:attr:`layer_norm`)."""
 
     architecture: str
     hidden: int
@@ -167,6 +178,10 @@ class LlmConfig:
                 raise TileworkError(f"LlmConfig.{name} must be a finite number{' above 0' if positive else ''}, got {v!r}")
         object.__setattr__(self, "dense_layers", tuple(sorted(int(i) for i in self.dense_layers)))
         check_moe(self.experts, self.experts_used, self.expert_ffn, self.expert_scale, self.dense_layers, self.layers, self.shared_ffn)
+        if self.head_bias and self.tie_word_embeddings:
+            raise UnsupportedError(f"LlmConfig: a {self.architecture} head with a bias (lm_head.bias) tied to the embedding (tie_word_embeddings) is not supported")
+        if self.experts and not self.gated_mlp:
+            raise UnsupportedError(f"LlmConfig: a {self.architecture} model's MLP is not gated; its experts (experts = {self.experts}) would be")
         for name in ("attn_softcap", "final_softcap"):
             cap = getattr(self, name)
             if cap is not None and not (isinstance(cap, (int, float)) and not isinstance(cap, bool) and 0 < cap < math.inf):
@@ -197,6 +212,31 @@ class LlmConfig:
         tokens prefilled in other steps differ before it; None for every other model (its
         prefill gives a position the same result however the tokens are cut into steps)."""
         return self.rope_scaling.original_context if self.rope_scaling.type == "longrope" else None
+
+    @property
+    def layer_norm(self) -> bool:
+        """Phi-2's and StarCoder2's norms: LayerNorms (the mean taken out, then scaled by
+        ``weight`` and shifted by ``bias``; eps ``rms_eps``), where the others' are RMSNorms of a
+        weight alone."""
+        return self.architecture in LAYER_NORM
+
+    @property
+    def gated_mlp(self) -> bool:
+        """The MLP is ``down(act(gate(x)) * up(x))``; Phi-2's and StarCoder2's are not gated:
+        ``down(gelu_tanh(up(x)))`` (transformers' ``fc1`` / ``fc2``, ``c_fc`` / ``c_proj``, read
+        as ``up_proj`` / ``down_proj``)."""
+        return self.architecture not in UNGATED
+
+    @property
+    def parallel_residual(self) -> bool:
+        """Phi-2's layer: one norm (``input_layernorm``) whose output both sublayers read, their
+        outputs added to the layer's input together: ``x + attn(n) + mlp(n)``, ``n = norm(x)``."""
+        return self.architecture == "phi2"
+
+    @property
+    def head_bias(self) -> bool:
+        """The LM head has a bias (``lm_head.bias``; GGUF ``output.bias``): Phi-2's."""
+        return self.architecture == "phi2"
 
     def moe_layer(self, layer: int) -> bool:
         """Whether ``layer``'s MLP is a mixture of experts (:mod:`tilework.llm.moe`)."""
@@ -356,8 +396,8 @@ class LlmConfig:
         rope_dim = int(get(f"{arch}.rope.dimension_count", head_dim))
         if value_dim != head_dim:
             raise UnsupportedError(f"{where}: key length {head_dim} != value length {value_dim} is not supported")
-        if rope_dim != head_dim and arch != "phi3":  # (llama.cpp's graphs of the others want every dim turned)
-            raise UnsupportedError(f"{where}: partial rotary embeddings ({arch}.rope.dimension_count = {rope_dim}, head_dim {head_dim}) are supported for phi3 files only")
+        if rope_dim != head_dim and arch not in PARTIAL_ROTARY:  # (llama.cpp's graphs of the others want every dim turned)
+            raise UnsupportedError(f"{where}: partial rotary embeddings ({arch}.rope.dimension_count = {rope_dim}, head_dim {head_dim}) are supported for {' and '.join(PARTIAL_ROTARY)} files only")
         vocab = get(f"{arch}.vocab_size")
         if vocab is None:
             tokens = meta.get("tokenizer.ggml.tokens")
@@ -391,10 +431,10 @@ class LlmConfig:
             ffn=int(need(f"{arch}.feed_forward_length")),
             vocab=int(vocab),
             rope_theta=f32_value(get(f"{arch}.rope.freq_base", 10000.0)),
-            rms_eps=f32_value(need(f"{arch}.attention.layer_norm_rms_epsilon")),
+            rms_eps=f32_value(need(f"{arch}.attention.layer_norm_epsilon" if arch in LAYER_NORM else f"{arch}.attention.layer_norm_rms_epsilon")),
             context_length=context,
             tie_word_embeddings="output.weight" not in tensors,
-            attention_bias="blk.0.attn_q.bias" in tensors,
+            attention_bias="blk.0.attn_q.bias" in tensors or "blk.0.attn_qkv.bias" in tensors,
             attention_out_bias="blk.0.attn_output.bias" in tensors,
             mlp_bias="blk.0.ffn_up.bias" in tensors,
             bos_token_id=None if bos is None else int(bos),
@@ -428,14 +468,21 @@ class LlmConfig:
         defaults = _HF_DEFAULTS[model_type]
 
         get, need = key_reader(d, defaults, where)
-        if get("hidden_act") != "silu":
-            raise UnsupportedError(f"{where}: hidden_act {get('hidden_act')!r} is not supported (only 'silu')")
+        acts = _HF_ACTIVATIONS.get(model_type, ("silu",))
+        if get("hidden_act") not in acts:
+            raise UnsupportedError(f"{where}: hidden_act {get('hidden_act')!r} is not supported (only {' or '.join(map(repr, acts))})")
+        if model_type == "phi" and get("qk_layernorm"):
+            raise UnsupportedError(f"{where}: qk_layernorm = true is not supported (LayerNorms of the queries and keys)")
+        if model_type == "phi" and get("tie_word_embeddings"):
+            raise UnsupportedError(f"{where}: tie_word_embeddings = true is not supported for phi (its head has a bias of its own, lm_head.bias)")
         if model_type in ("qwen2", "qwen2_moe"):
             qkv_bias, out_bias = True, False
         elif model_type == "phi3":  # no biases (its projections are fused in the file: weights.split_fused)
             qkv_bias = out_bias = False
-        elif model_type == "ernie4_5":  # use_bias: every projection's, the MLP's too
-            qkv_bias = out_bias = bool(d.get("use_bias", False))
+        elif model_type == "phi":  # every projection has a bias
+            qkv_bias = out_bias = True
+        elif model_type in ("ernie4_5", "starcoder2"):  # use_bias: every projection's, the MLP's too
+            qkv_bias = out_bias = bool(get("use_bias"))  # (absent: ERNIE's False, StarCoder2's True)
         else:  # llama, mistral, qwen3, smollm3, olmo2, exaone4, granite: q, k, v and o alike
             qkv_bias = out_bias = bool(d.get("attention_bias", False))
         hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
@@ -445,7 +492,7 @@ class LlmConfig:
         else:
             sliding = _hf_sliding_window(d, model_type, int(need("num_hidden_layers")), context, where)
             nope = _hf_nope_layers(d, int(need("num_hidden_layers")), where) if model_type == "smollm3" else ()
-        theta, scaling = hf_rope(d, get, where, partial=model_type == "phi3")
+        theta, scaling = hf_rope(d, get, where, partial=model_type in ("phi3", "phi"))
         head_dim = int(d.get("head_dim", defaults.get("head_dim")) or hidden // heads)  # absent: the class default (Qwen3's 128)
         eos = d.get("eos_token_id")
         eos_ids = () if eos is None else tuple(int(t) for t in eos) if isinstance(eos, list) else (int(eos),)
@@ -461,26 +508,41 @@ class LlmConfig:
             ffn=int(need("intermediate_size")),
             vocab=int(need("vocab_size")),
             rope_theta=theta,
-            rms_eps=float(get("rms_norm_eps")),
+            rms_eps=float(get(_HF_EPS.get(model_type, "rms_norm_eps"))),
             context_length=context,
             tie_word_embeddings=bool(get("tie_word_embeddings")),
             attention_bias=qkv_bias,
             attention_out_bias=out_bias,
-            mlp_bias=bool(d.get("use_bias", False)) if model_type == "ernie4_5" else model_type in ("llama", "smollm3", "granite") and bool(d.get("mlp_bias", False)),  # (Mistral, Qwen2 and Qwen3 have none)
+            mlp_bias=_hf_mlp_bias(d, get, model_type),
             rope_scaling=scaling,
             bos_token_id=None if d.get("bos_token_id") is None else int(d["bos_token_id"]),
             eos_token_ids=eos_ids,
             nope_layers=nope,
-            rope_dim=hf_rope_dim(d, head_dim, where) if model_type == "phi3" else None,
+            rope_dim=hf_rope_dim(d, head_dim, where, 0.5 if model_type == "phi" else 1.0) if model_type in ("phi3", "phi") else None,
             **sliding,
             **(_hf_granite(get) if model_type in ("granite", "granitemoe") else {}),
             **hf_moe(d, model_type, where, int(need("num_hidden_layers"))),
         )
 
 
+def _hf_mlp_bias(d: Mapping[str, Any], get: Callable[[str], Any], model_type: str) -> bool:
+    """Whether the MLP's projections have biases: ERNIE's and StarCoder2's ``use_bias``, llama's
+    ``mlp_bias`` (SmolLM3's, Granite's), always Phi's (``fc1``, ``fc2``); Mistral's, Qwen2's,
+    Qwen3's never."""
+    if model_type in ("ernie4_5", "starcoder2"):
+        return bool(get("use_bias"))
+    if model_type == "phi":
+        return True
+    return model_type in ("llama", "smollm3", "granite") and bool(d.get("mlp_bias", False))
+
+
+# the activations a model type's MLP may name (silu where absent): GELU's tanh form under its names
+_HF_ACTIVATIONS = {"phi": ("gelu_new", "gelu_pytorch_tanh"), "starcoder2": ("gelu_pytorch_tanh", "gelu_new")}
+# the key of a model type's norms' eps where it is not rms_norm_eps
+_HF_EPS = {"phi": "layer_norm_eps", "starcoder2": "norm_epsilon"}
 _QWEN = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")  # the model types of Qwen2Config's sliding-window keys
 # the architecture (LlmConfig.architecture, GGUF's name) of a transformers model type where they differ
-_HF_ARCHITECTURE = {"mistral": "llama", "mixtral": "llama", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe"}
+_HF_ARCHITECTURE = {"mistral": "llama", "mixtral": "llama", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "phi": "phi2"}  # (starcoder2 is itself)
 # the transformers class defaults (LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, ...) of the keys a
 # config.json may omit; the model types read
 _HF_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -499,6 +561,8 @@ _HF_DEFAULTS: dict[str, dict[str, Any]] = {
     "olmoe": {"hidden_act": "silu", "rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "tie_word_embeddings": False, "rope_theta": 10000.0},
     "granitemoe": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "tie_word_embeddings": False, "rope_theta": 10000.0,
                    "embedding_multiplier": 1.0, "residual_multiplier": 1.0, "attention_multiplier": 1.0, "logits_scaling": 1.0},
+    "phi": {"hidden_act": "gelu_new", "layer_norm_eps": 1e-5, "max_position_embeddings": 2048, "tie_word_embeddings": False, "rope_theta": 10000.0, "qk_layernorm": False},
+    "starcoder2": {"hidden_act": "gelu_pytorch_tanh", "norm_epsilon": 1e-5, "max_position_embeddings": 4096, "tie_word_embeddings": True, "rope_theta": 10000.0, "use_bias": True},
     "granite": {"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "tie_word_embeddings": False, "rope_theta": 10000.0,
                 "embedding_multiplier": 1.0, "residual_multiplier": 1.0, "attention_multiplier": 1.0, "logits_scaling": 1.0},
 }
@@ -575,7 +639,7 @@ def _hf_sliding_window(d: Mapping[str, Any], model_type: str, layers: int, conte
     layers from ``max_window_layers`` on; SmolLM3's: its layers without rotation). None where the window is no shorter than the context."""
     if model_type == "mistral":
         window = d["sliding_window"] if "sliding_window" in d else _HF_DEFAULTS["mistral"]["sliding_window"]
-    elif model_type in ("phi3", "mixtral"):
+    elif model_type in ("phi3", "mixtral", "starcoder2"):
         window = d.get("sliding_window")
     elif model_type in (*_QWEN, "smollm3") and d.get("use_sliding_window"):
         window = d.get("sliding_window", 4096 if model_type != "smollm3" else None)

@@ -14,7 +14,9 @@ each head, transformers pairs dim ``i`` with ``i + head_dim / 2`` (rotate-half),
 quantized bytes of those two tensors per layer and nothing else. ``qwen2`` and ``qwen3`` files
 keep the transformers order (llama.cpp rotates them rotate-half, as transformers does), so
 ``qwen3``'s per-head ``attn_q_norm`` / ``attn_k_norm`` weights are in transformers' order too;
-so do ``gemma``, ``gemma2`` and ``gemma3`` files, whose norm weights are the multipliers ``1 + w`` (llama.cpp's converter
+so do ``starcoder2`` files and ``phi2`` files (llama.cpp turns their first ``rope.dimension_count`` dims rotate-half;
+their q, k and v one ``attn_qkv`` tensor in some, three in others; their norms' and head's
+biases ``attn_norm.bias``, ``output_norm.bias``, ``output.bias``) and ``gemma``, ``gemma2`` and ``gemma3`` files, whose norm weights are the multipliers ``1 + w`` (llama.cpp's converter
 adds the 1 transformers' Gemma norms add), as tilework's Gemma norms take them (Gemma 1's two a
 layer named as a Llama's: ``ffn_norm`` is ``post_attention_layernorm``, the norm before the MLP). ``ernie4_5``
 pairs ``2i`` with ``2i + 1`` in transformers itself, and its files keep that order: its rows are
@@ -87,7 +89,9 @@ _GEMMA_PER_LAYER = {
 _PHI3_PER_LAYER = {**_PER_LAYER, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
 # OLMo 2, EXAONE 4: the two norms after the sublayers only (no attn_norm, no ffn_norm)
 _OLMO2_PER_LAYER = {k: v for k, v in _GEMMA_PER_LAYER.items() if k not in ("attn_norm", "ffn_norm")}
-_PER_LAYER_OF = {"gemma2": _GEMMA_PER_LAYER, "gemma3": _GEMMA_PER_LAYER, "phi3": _PHI3_PER_LAYER, "olmo2": _OLMO2_PER_LAYER, "exaone4": _OLMO2_PER_LAYER}
+# Phi-2: the q, k, v projections one tensor in some files (attn_qkv), three in others; its MLP's up and down (fc1, fc2) as llama's
+_PHI2_PER_LAYER = {**_PER_LAYER, "attn_qkv": "self_attn.qkv_proj"}
+_PER_LAYER_OF = {"gemma2": _GEMMA_PER_LAYER, "gemma3": _GEMMA_PER_LAYER, "phi3": _PHI3_PER_LAYER, "olmo2": _OLMO2_PER_LAYER, "exaone4": _OLMO2_PER_LAYER, "phi2": _PHI2_PER_LAYER}
 _NAME = re.compile(r"(?:blk\.(\d+)\.)?(\w+)\.(weight|bias)")
 _EXPERT_NAME = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight")  # one expert's matrix (older Mixtral files)
 PERMUTED = ("llama", "smollm3", "granite", "granitemoe")  # architectures whose attn_q / attn_k rows llama.cpp's converter reorders (see the module docstring)

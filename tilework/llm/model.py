@@ -59,6 +59,11 @@ renormalized weights in the graph, each of the experts' three projections one
 ``op.expert_linear`` over the experts' matrices stacked (``ExpertLinear``; ``merged_parts``
 names the expert matrices a stack is made of), and Qwen2-MoE's shared expert, an ``MLP`` gated
 by a sigmoid.
+A ``phi2`` model (Phi-2, Phi-1.5) normalizes with LayerNorms of a weight and a bias
+(``LlmConfig.layer_norm``), one a layer whose output both sublayers read, their outputs added
+to the layer's input together (``parallel_residual``); its MLP has no gate,
+``down_proj(gelu_tanh(up_proj(x)))`` (``gated_mlp`` false), and its head a bias (``head_bias``).
+A ``starcoder2`` layer is a Llama's with Phi-2's LayerNorms and MLP.
 """
 
 from __future__ import annotations
@@ -75,7 +80,7 @@ from tilework.llm.config import ARCHITECTURES, LlmConfig
 from tilework.nn import ops, spec
 from tilework.nn.core import Parameter, Tensor, as_expr, emit
 from tilework.nn.module import Module, ModuleList
-from tilework.nn.modules import RMSNorm
+from tilework.nn.modules import LayerNorm, RMSNorm
 from tilework.llm.kv_cache import PAGE, kv_shapes
 from tilework.op.linalg import linear_io
 from tilework.op.quant import ALL_FORMATS
@@ -108,6 +113,11 @@ def _fmt(formats: dict[str, str], name: str) -> str:
     if fmt not in ALL_FORMATS:
         raise UnsupportedError(f"weight {name}: format {fmt!r} is not supported (supported: {', '.join(ALL_FORMATS)})")
     return fmt
+
+
+def norm(cfg: LlmConfig, dim: int) -> Module:
+    """A norm of ``dim`` features: an RMSNorm, or a LayerNorm with a bias (``LlmConfig.layer_norm``)."""
+    return LayerNorm(dim, cfg.rms_eps) if cfg.layer_norm else RMSNorm(dim, cfg.rms_eps)
 
 
 class QuantLinear(Module):
@@ -242,7 +252,8 @@ class Attention(Module):
 
 class MLP(Module):
     """A gated MLP of width ``ffn`` (default: the config's) whose weights are ``{prefix}.{path}.*``
-    (``mlp``; a Qwen2-MoE shared expert's ``mlp.shared_expert``)."""
+    (``mlp``; a Qwen2-MoE shared expert's ``mlp.shared_expert``); without a gate
+    (``LlmConfig.gated_mlp`` false: Phi-2's) ``down_proj(gelu_tanh(up_proj(x)))``."""
 
     def __init__(self, cfg: LlmConfig, prefix: str, formats: dict[str, str], path: str = "mlp", ffn: int | None = None) -> None:
         bias = cfg.mlp_bias
@@ -252,9 +263,12 @@ class MLP(Module):
             return linear(n_in, n_out, _fmt(formats, f"{prefix}.{path}.{name}.weight"), bias)
 
         self.ffn = width
-        self.gelu = cfg.gemma  # Gemma: gelu_tanh(gate) * up
+        self.gated = cfg.gated_mlp
+        self.gelu = cfg.gemma or not self.gated  # Gemma: gelu_tanh(gate) * up; Phi-2: gelu_tanh(up)
         fmts = {_fmt(formats, f"{prefix}.{path}.{n}.weight") for n in ("gate_proj", "up_proj")}
-        if len(fmts) == 1:  # one matrix multiply for the two (see MERGED)
+        if not self.gated:
+            self.up_proj = proj("up_proj", cfg.hidden, width)
+        elif len(fmts) == 1:  # one matrix multiply for the two (see MERGED)
             self.gate_up_proj = linear(cfg.hidden, 2 * width, fmts.pop(), bias)
         else:
             self.gate_proj = proj("gate_proj", cfg.hidden, width)
@@ -262,6 +276,8 @@ class MLP(Module):
         self.down_proj = proj("down_proj", width, cfg.hidden)
 
     def forward(self, x: Tensor) -> Tensor:
+        if not self.gated:
+            return self.down_proj(ops.gelu(self.up_proj(x), "tanh"))
         if hasattr(self, "gate_up_proj"):
             y = self.gate_up_proj(x)
             gate, up = y[:, :, : self.ffn], y[:, :, self.ffn :]
@@ -345,19 +361,25 @@ class Layer(Module):
         self.mlp: Module = MoE(cfg, prefix, formats) if cfg.moe_layer(i) else MLP(cfg, prefix, formats)
         self.post_only = cfg.post_norm  # OLMo 2, EXAONE 4: each sublayer's output normalized, its input not
         if not self.post_only:
-            self.input_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
+            self.input_layernorm = norm(cfg, cfg.hidden)
+        self.parallel = cfg.parallel_residual  # Phi-2: one norm, both sublayers on its output
+        if not self.parallel:
+            self.post_attention_layernorm = norm(cfg, cfg.hidden)
         self.sandwich = cfg.sandwich_norm  # Gemma 2 and 3: each sublayer's output normalized too, before the residual add
         if self.sandwich:
-            self.pre_feedforward_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
+            self.pre_feedforward_layernorm = norm(cfg, cfg.hidden)
         if self.sandwich or self.post_only:
-            self.post_feedforward_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
+            self.post_feedforward_layernorm = norm(cfg, cfg.hidden)
         self.residual = float(np.float32(cfg.residual_multiplier))  # Granite: each sublayer's output times it
 
     def _scaled(self, y: Tensor) -> Tensor:
         return y if self.residual == 1.0 else y * self.residual
 
     def forward(self, x: Tensor, cache: "CacheInputs") -> Tensor:
+        if self.parallel:  # (attention + MLP) + x, as transformers and llama.cpp add them
+            n = self.input_layernorm(x)
+            phi: Tensor = self._scaled(self.self_attn(n, cache)) + self._scaled(self.mlp(n)) + x
+            return phi
         if self.post_only:
             h = x + self._scaled(self.post_attention_layernorm(self.self_attn(x, cache)))
             olmo: Tensor = h + self._scaled(self.post_feedforward_layernorm(self.mlp(h)))
@@ -375,7 +397,7 @@ class Model(Module):
     def __init__(self, cfg: LlmConfig, formats: dict[str, str]) -> None:
         self.embed_tokens = Embedding(cfg.vocab, cfg.hidden, _fmt(formats, "model.embed_tokens.weight"), cfg.tie_word_embeddings)
         self.layers = ModuleList(Layer(cfg, i, formats) for i in range(cfg.layers))
-        self.norm = RMSNorm(cfg.hidden, cfg.rms_eps)
+        self.norm = norm(cfg, cfg.hidden)
 
 
 class CacheInputs:
@@ -397,7 +419,7 @@ class LlamaDecoder(Module):
         self.config = cfg
         self.formats = formats
         self.model = Model(cfg, formats)
-        self.lm_head = None if cfg.tie_word_embeddings else linear(cfg.hidden, cfg.vocab, _fmt(formats, "lm_head.weight"))
+        self.lm_head = None if cfg.tie_word_embeddings else linear(cfg.hidden, cfg.vocab, _fmt(formats, "lm_head.weight"), cfg.head_bias)
 
     def _logits(self, h: Tensor) -> Tensor:
         h = self.model.norm(h)

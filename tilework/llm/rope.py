@@ -194,18 +194,20 @@ def _hf_rope_params(d: Mapping[str, Any], where: str) -> Mapping[str, Any]:
     return params
 
 
-def _hf_partial_factor(d: Mapping[str, Any], where: str) -> float:
+def _hf_partial_factor(d: Mapping[str, Any], where: str, default: float = 1.0) -> float:
     """``partial_rotary_factor`` (1: every dim turned): in the rope parameters, else at the top
-    level (Phi-4-mini's ``config.json``), as ``Phi3Config`` takes it."""
+    level (Phi-4-mini's and Phi-2's ``config.json``), as ``Phi3Config`` takes it; ``default``
+    where neither has it."""
     params = _hf_rope_params(d, where)
     partial = params.get("partial_rotary_factor", d.get("partial_rotary_factor"))
-    return 1.0 if partial is None else float(partial)
+    return default if partial is None else float(partial)
 
 
-def hf_rope_dim(d: Mapping[str, Any], head_dim: int, where: str) -> int | None:
-    """A phi3 checkpoint's rotated dims, ``int(head_dim * partial_rotary_factor)`` as
-    transformers' rotary init computes them (None: every dim)."""
-    factor = _hf_partial_factor(d, where)
+def hf_rope_dim(d: Mapping[str, Any], head_dim: int, where: str, default: float = 1.0) -> int | None:
+    """A phi3 or phi checkpoint's rotated dims, ``int(head_dim * partial_rotary_factor)`` as
+    transformers' rotary init computes them (None: every dim); ``default``: the factor where the
+    config has none (PhiConfig's 0.5)."""
+    factor = _hf_partial_factor(d, where, default)
     if not 0 < factor <= 1:
         raise TileworkError(f"{where}: partial_rotary_factor must be in (0, 1], got {factor}")
     dims = int(head_dim * factor)
@@ -217,12 +219,12 @@ def hf_rope_dim(d: Mapping[str, Any], head_dim: int, where: str) -> int | None:
 def hf_rope(d: Mapping[str, Any], get: Callable[[str], Any], where: str, partial: bool = False) -> tuple[float, RopeScaling]:
     """``(rope_theta, scaling)`` from ``rope_parameters`` (transformers 5) or ``rope_theta`` +
     ``rope_scaling`` (earlier versions). A ``partial_rotary_factor`` below 1 is refused unless
-    ``partial`` (phi3: :func:`hf_rope_dim` reads it); its scaling is then over the rotated dims."""
+    ``partial`` (phi3, phi: :func:`hf_rope_dim` reads it); its scaling is then over the rotated dims."""
     params = _hf_rope_params(d, where)
     theta = float(params.get("rope_theta") or get("rope_theta"))
     factor = _hf_partial_factor(d, where)
     if factor != 1.0 and not partial:
-        raise UnsupportedError(f"{where}: partial rotary embeddings (partial_rotary_factor = {factor}) are supported for phi3 checkpoints only")
+        raise UnsupportedError(f"{where}: partial rotary embeddings (partial_rotary_factor = {factor}) are supported for phi3 and phi checkpoints only")
     kind = params.get("rope_type", params.get("type", "default"))
     kind = "longrope" if kind == "su" else kind  # the name early Phi-3 configs gave it
     if kind in ("default", "dynamic"):

@@ -94,7 +94,7 @@ _GPT4O_SPLIT = (
 
 # tokenizer.ggml.pre -> the family of split rules llama.cpp uses for it.
 _PRE_FAMILY: dict[str, str] = {
-    **{name: "gpt2" for name in ("default", "gpt2", "gpt-2", "mpt", "olmo", "jais", "trillion")},
+    **{name: "gpt2" for name in ("default", "gpt2", "gpt-2", "phi-2", "mpt", "olmo", "jais", "trillion")},
     **{
         name: "digits+gpt2"
         for name in ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva")

@@ -13,6 +13,9 @@ A mixture of experts' matrices are one tensor an expert (``mlp.experts.{e}.gate_
 ...): a GGUF file's stacked ``ffn_*_exps`` and a Granite MoE checkpoint's fused
 ``input_linear`` / ``output_linear`` are parted into views of their rows (:func:`split_experts`),
 Mixtral's ``block_sparse_moe`` names read as the others' (the decoder stacks them again).
+A Phi checkpoint's ``self_attn.dense``, ``mlp.fc1`` / ``mlp.fc2`` and ``model.final_layernorm``
+and a StarCoder2 one's ``mlp.c_fc`` / ``mlp.c_proj`` are read under llama's names (``o_proj``,
+``up_proj`` / ``down_proj``, ``model.norm``), as their GGUF files' are.
 
 safetensors files are read by their documented layout (an 8-byte little-endian header length, a
 JSON header of dtype, shape and byte offsets, then the data) and mapped with ``np.memmap``:
@@ -61,7 +64,7 @@ def load_weights(path: "str | os.PathLike[str]", gguf_file: Any = None) -> tuple
         tensors = gemma_norm_multipliers(_gemma_text_tensors(tensors))
     if config.architecture in INTERLEAVED:
         tensors = _rotate_half_rows(config, tensors)
-    tensors = split_experts(_moe_names(tensors))
+    tensors = split_experts(_moe_names(_llama_names(config, tensors)))
     tensors = split_fused(config, tensors)
     if config.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)  # the embedding itself; some checkpoints store it twice
@@ -124,6 +127,34 @@ def split_experts(tensors: dict[str, QuantTensor]) -> dict[str, QuantTensor]:
     return out
 
 
+# transformers' names of an architecture's parts -> the llama names they are read under (what a
+# GGUF file's are mapped to: attn_output, ffn_up, ffn_down, output_norm)
+_LLAMA_NAMES = {
+    "phi2": {"self_attn.dense": "self_attn.o_proj", "mlp.fc1": "mlp.up_proj", "mlp.fc2": "mlp.down_proj", "model.final_layernorm": "model.norm"},
+    "starcoder2": {"mlp.c_fc": "mlp.up_proj", "mlp.c_proj": "mlp.down_proj"},
+}
+
+
+def _llama_names(config: LlmConfig, tensors: dict[str, QuantTensor]) -> dict[str, QuantTensor]:
+    """A checkpoint's tensors under the llama names of their parts (Phi's ``self_attn.dense``
+    is ``self_attn.o_proj``, ``mlp.fc1`` / ``mlp.fc2`` are ``mlp.up_proj`` / ``mlp.down_proj``,
+    ``model.final_layernorm`` is ``model.norm``; StarCoder2's ``mlp.c_fc`` / ``mlp.c_proj`` are
+    ``mlp.up_proj`` / ``mlp.down_proj``)."""
+    renames = _LLAMA_NAMES.get(config.architecture)
+    if not renames:
+        return tensors
+    out: dict[str, QuantTensor] = {}
+    for name, t in tensors.items():
+        prefix, _, kind = name.rpartition(".")
+        for old, new in renames.items():
+            if prefix == old or prefix.endswith("." + old):
+                name = prefix[: len(prefix) - len(old)] + new + "." + kind
+                t = dataclasses.replace(t, name=name)
+                break
+        out[name] = t
+    return out
+
+
 def _moe_names(tensors: dict[str, QuantTensor]) -> dict[str, QuantTensor]:
     """A Mixtral or Granite MoE checkpoint's ``block_sparse_moe`` tensors under the names of
     the other mixtures: Mixtral's ``gate`` and each expert's ``w1`` / ``w3`` / ``w2`` are
@@ -162,10 +193,16 @@ def expected_shapes(config: LlmConfig) -> dict[str, tuple[int, ...]]:
     c = config
     q, kv = c.heads * c.head_dim, c.kv_heads * c.head_dim
     out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab, c.hidden)}
+
+    def norm(name: str) -> None:  # a LayerNorm's bias beside its weight
+        out[name + ".weight"] = (c.hidden,)
+        if c.layer_norm:
+            out[name + ".bias"] = (c.hidden,)
+
     for i in range(c.layers):
         p = f"model.layers.{i}."
         if not c.post_norm:
-            out[p + "input_layernorm.weight"] = (c.hidden,)
+            norm(p + "input_layernorm")
         out[p + "self_attn.q_proj.weight"] = (q, c.hidden)
         out[p + "self_attn.k_proj.weight"] = (kv, c.hidden)
         out[p + "self_attn.v_proj.weight"] = (kv, c.hidden)
@@ -179,11 +216,12 @@ def expected_shapes(config: LlmConfig) -> dict[str, tuple[int, ...]]:
         if c.qk_norm:  # each head's (OLMo 2: all heads' together)
             out[p + "self_attn.q_norm.weight"] = (q,) if c.whole_qk_norm else (c.head_dim,)
             out[p + "self_attn.k_norm.weight"] = (kv,) if c.whole_qk_norm else (c.head_dim,)
-        out[p + "post_attention_layernorm.weight"] = (c.hidden,)
+        if not c.parallel_residual:  # (Phi-2's MLP reads the input_layernorm's output too)
+            norm(p + "post_attention_layernorm")
         if c.sandwich_norm:
-            out[p + "pre_feedforward_layernorm.weight"] = (c.hidden,)
+            norm(p + "pre_feedforward_layernorm")
         if c.sandwich_norm or c.post_norm:
-            out[p + "post_feedforward_layernorm.weight"] = (c.hidden,)
+            norm(p + "post_feedforward_layernorm")
         if c.moe_layer(i):  # the router and each expert's MLP (tilework.llm.moe)
             out[p + "mlp.gate.weight"] = (c.experts, c.hidden)
             for e in range(c.experts):
@@ -196,16 +234,20 @@ def expected_shapes(config: LlmConfig) -> dict[str, tuple[int, ...]]:
                 out[p + "mlp.shared_expert.down_proj.weight"] = (c.hidden, c.shared_ffn)
                 out[p + "mlp.shared_expert_gate.weight"] = (1, c.hidden)
             continue
-        out[p + "mlp.gate_proj.weight"] = (c.ffn, c.hidden)
+        if c.gated_mlp:
+            out[p + "mlp.gate_proj.weight"] = (c.ffn, c.hidden)
         out[p + "mlp.up_proj.weight"] = (c.ffn, c.hidden)
         out[p + "mlp.down_proj.weight"] = (c.hidden, c.ffn)
         if c.mlp_bias:
-            out[p + "mlp.gate_proj.bias"] = (c.ffn,)
+            if c.gated_mlp:
+                out[p + "mlp.gate_proj.bias"] = (c.ffn,)
             out[p + "mlp.up_proj.bias"] = (c.ffn,)
             out[p + "mlp.down_proj.bias"] = (c.hidden,)
-    out["model.norm.weight"] = (c.hidden,)
+    norm("model.norm")
     if not c.tie_word_embeddings:
         out["lm_head.weight"] = (c.vocab, c.hidden)
+    if c.head_bias:
+        out["lm_head.bias"] = (c.vocab,)
     return out
 
 
