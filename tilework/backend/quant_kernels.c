@@ -521,8 +521,10 @@ TWQ_INLINE __m512i twq_blocks16_add(__m512* v) {
 /* 16 consecutive blocks of 32 at x (q, d, s, s16 as twq_quant_block gives each), the horizontal
  * max and sums of 16 blocks taken together (twq_blocks16_max, _add: 7 steps of 3 instructions
  * for 16 blocks, where a block's _mm512_reduce_* took 4 of its own, 12 for its max and two
- * sums) and d and 127 / max by one division each for the 16. 0 (nothing written) where a
- * block holds a NaN or an infinity: twq_quant_block then takes them one by one. */
+ * sums) and d and 127 / max by one division each for the 16: measured on the Zen 4 machine
+ * (1 thread), 8.4 -> 4.2 ns a block (8 x 576: 1.21 -> 0.60 us a call, 8 x 1536: 3.29 ->
+ * 1.65), which the GEMV spends on one thread before its tiles start. 0 (nothing written)
+ * where a block holds a NaN or an infinity: twq_quant_block then takes them one by one. */
 TWQ_INLINE int twq_quant_blocks16(const float* x, int8_t* q, float* d, __m512i* s, __m512i* s16) {
     __m512 v[16];
     __mmask16 nan = 0;
@@ -1793,7 +1795,18 @@ TWQ_INLINE void twq_k6_gemv_tile_x16(int MR, const twq_xq* xq, int64_t r0, const
  * head from DRAM: q4_kx16 2.61 -> 1.87 ms, q5_kx16 5.69 -> 4.41, q3_kx16 3.04 -> 2.70, iq4_nlx16
  * 2.19 -> 1.79, iq4_xsx16 2.08 -> 1.62, q2_kx16 1.92 either way; at eight rows 1.0-1.1x;
  * 2048 x 5632 (in L3) 1.0-1.15x. q8_0x16 and q4_1x16 read 0.95x as fast at one row (49152 x
- * 2048, 49152 x 576), so one row keeps L1. At 2-8 rows of x they too are faster with L2 (TWQ_X16_L2_MR). */
+ * 2048, 49152 x 576), so one row keeps L1. From two rows of x on they too are faster with L2
+ * (TWQ_X16_L2_MR), measured on SmolLM2's shapes with the weights cold (cycling copies over 96
+ * MiB; 1 thread, old and new in one process in rounds, min; Zen 4): on 4 KiB pages, as the LLM
+ * keeps q's interleaved blocks, q4_1x16 at 2 rows 1.13-1.28x, 3-4 rows 1.0-1.33x, 8 rows
+ * 1.08-1.19x (960 x 576 39.5 -> 36.7 us, 3072 x 576 117.5 -> 107.4, 576 x 1536 65.9 -> 55.2),
+ * the 49152 x 576 q8_0x16 head at 3-8 rows 1.12-1.32x (8 rows 2052 -> 1558 us), at 2 rows
+ * 0.84-1.04x; q4_0x16, q5_0x16 and q5_1x16 at 2-8 rows 0.99-1.5x. On 2 MiB pages (the head
+ * is: NumPy advises huge pages from 4 MiB on) the L1 prefetch does better at two rows
+ * (q4_1x16 0.90-0.98x with L2, the head 0.94x) and mostly at three (0.94-0.97x at K = 576,
+ * 1.31x at 576 x 1536, the head 1.15x); at four 0.97-1.66x, at eight 1.06-1.26x. A single
+ * T0 prefetch a block or two ahead in the tile on top of this, or the first tile of each
+ * thread's share prefetched whole, measured no faster; two tiles ahead (TWQ_IAHEAD 2) the same. */
 #ifndef TWQ_X16_L2_MR
 #define TWQ_X16_L2_MR 2
 #endif
