@@ -1603,10 +1603,12 @@ TWQ_INLINE __m512 twq_i8_acc(int fmt, __m512i isum, __m512 dw, __m512 mw, const 
  * or 8 broadcast loads of x beside them 12-12.6, with 4 vmulps, vfmadd, vpmaddubsw, vpmaddwd
  * or vpermt2d 16. So a q4_1 block and row costs at least 11 cycles (q8_0 10), and q4_1x16 at
  * 8 rows with the weights in L2 ran 11.7 (960 x 576: 30 us a call at 3.58 GHz, 1.2 of them
- * quantizing x): the nibbles' unpacking (already once per block for all the rows of the
- * pass), the two chains' vpaddd, the int32-to-float conversion and the broadcasts are off
- * those pipes, and the float update is the file header's exact sequence, so more rows per
- * pass, fewer shuffles or a cheaper conversion have nothing left to gain. What 8 rows lost
+ * quantizing x, 0.6 since twq_quant_blocks16): the nibbles' unpacking (already once per block
+ * for all the rows of the pass), the two chains' vpaddd, the int32-to-float conversion and
+ * the broadcasts are off those pipes, and the float update is the file header's exact
+ * sequence, so more rows per pass, fewer shuffles or a cheaper conversion have nothing left
+ * to gain; one chain of 8 per row from 5 rows on (no vpaddd, 8 registers fewer) measured
+ * 0.89-0.96x at 8 rows (q8_0x16 0.91, the 960 x 576 q4_1x16 0.96). What 8 rows lost
  * against one was the weights' memory time on top of that (twq_x16_l2) and x's quantization
  * (twq_quant_blocks16). */
 TWQ_INLINE void twq_i8_rows(int fmt, int MR, const twq_xq* xq, int64_t r0, int64_t j, const __m512i* W, __m512 dw, __m512 mw, __m512* acc) {
