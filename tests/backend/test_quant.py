@@ -170,6 +170,31 @@ def test_the_quantization_of_x_is_bit_exact(rng: np.random.Generator) -> None:
         np.testing.assert_array_equal(s, q_ref.sum(axis=2))
 
 
+def test_the_quantization_of_x_is_bit_exact_sixteen_blocks_at_a_time(rng: np.random.Generator) -> None:
+    """The AVX-512 build quantizes 16 blocks at a time (their max and sums taken together) and
+    the blocks left over, or from a non-finite one on, one by one: the special blocks of the
+    test above at every position of a group of 16 and across groups, rows of 18 blocks (the
+    groups straddle rows, as in twq_quantize), and one row of 16 (a group and no rest)."""
+    scales = np.exp(rng.uniform(-20, 20, (9 * 18, 1))).astype(np.float32)
+    x = (rng.standard_normal((9 * 18, 32)) * scales).astype(np.float32)
+    x[3] = np.concatenate([[127.0], np.arange(31) - 15.5])  # ties to even
+    x[5], x[17] = 0.0, 0.0
+    x[17, 9] = 2.0**-100  # quantizes to zero
+    x[20] = -(2.0**-99)
+    x[30, 3] = 1e-40
+    x[31] = np.arange(32) * 1e13
+    x[41, 31] = np.nan  # a non-finite block in the third group of 16: the rest one by one
+    x[44, 0] = -np.inf
+    x[150, 15] = np.inf
+    for xs in (x.reshape(9, 18 * 32), x[:16].reshape(1, 16 * 32), x[48:].reshape(6, 19 * 32), x[:48].reshape(3, 16 * 32)):
+        q_ref, d_ref = quantize_x(xs)
+        for lib in (Q.library(), Q.library(portable=True)):
+            q, d, s = lib.quantize_x(xs)
+            np.testing.assert_array_equal(q.reshape(q_ref.shape), q_ref)
+            np.testing.assert_array_equal(d, d_ref)
+            np.testing.assert_array_equal(s, q_ref.sum(axis=2))
+
+
 def test_a_build_without_a_feature_the_target_lacks_is_the_full_library() -> None:
     """``vnni=False`` / ``bf16dot=False`` change no code where the compiler's target has no VNNI
     / AVX-512 BF16: the full library is given, not built again; where it has them, a build

@@ -490,17 +490,93 @@ static inline void twq_quant_block(const float* x, int8_t* q, float* d, int32_t*
 #endif
 }
 
+#ifdef TWQ_AVX512
+/* The horizontal step of twq_blocks16_max/_add at level 0-3: a's and b's halves (8, 4, 2, 1
+ * lanes apart: level 0 the 256-bit halves, 1 the 128-bit lanes 0, 2 against 1, 3, 2 and 3 the
+ * even and odd floats of each 128-bit lane) side by side, combined lane by lane. After levels
+ * 0-3 over 16 vectors (neighbours paired at each) lane 4L + p holds the reduction of vector
+ * L + 4p (L the 128-bit lane). */
+#define TWQ_TREE_STEP(OP, a, b, level)                                                                                                   \
+    ((level) == 0   ? OP(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE))                                         \
+     : (level) == 1 ? OP(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD))                                         \
+                    : OP(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xDD)))
+#define TWQ_ADDI(a, b) _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)))
+/* v[0..15] reduced to one vector, lane i = v[i]'s max (a max is exact in any order). v is overwritten. */
+TWQ_INLINE __m512 twq_blocks16_max(__m512* v) {
+#pragma GCC unroll 4
+    for (int n = 16, level = 0; n > 1; n /= 2, ++level)
+#pragma GCC unroll 8
+        for (int i = 0; i < n / 2; ++i) v[i] = TWQ_TREE_STEP(_mm512_max_ps, v[2 * i], v[2 * i + 1], level);
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), v[0]);
+}
+/* The same for int32 sums (exact in any order). */
+TWQ_INLINE __m512i twq_blocks16_add(__m512* v) {
+#pragma GCC unroll 4
+    for (int n = 16, level = 0; n > 1; n /= 2, ++level)
+#pragma GCC unroll 8
+        for (int i = 0; i < n / 2; ++i) v[i] = TWQ_TREE_STEP(TWQ_ADDI, v[2 * i], v[2 * i + 1], level);
+    return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), _mm512_castps_si512(v[0]));
+}
+
+/* 16 consecutive blocks of 32 at x (q, d, s, s16 as twq_quant_block gives each), the horizontal
+ * max and sums of 16 blocks taken together (twq_blocks16_max, _add: 7 steps of 3 instructions
+ * for 16 blocks, where a block's _mm512_reduce_* took 4 of its own, 12 for its max and two
+ * sums) and d and 127 / max by one division each for the 16: measured on the Zen 4 machine
+ * (1 thread), 8.4 -> 4.2 ns a block (8 x 576: 1.21 -> 0.60 us a call, 8 x 1536: 3.29 ->
+ * 1.65), which the GEMV spends on one thread before its tiles start. 0 (nothing written)
+ * where a block holds a NaN or an infinity: twq_quant_block then takes them one by one. */
+TWQ_INLINE int twq_quant_blocks16(const float* x, int8_t* q, float* d, __m512i* s, __m512i* s16) {
+    __m512 v[16];
+    __mmask16 nan = 0;
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) {
+        const __m512 v0 = _mm512_loadu_ps(x + 32 * i), v1 = _mm512_loadu_ps(x + 32 * i + 16);
+        v[i] = _mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1));
+        nan |= _mm512_cmp_ps_mask(v0, v1, _CMP_UNORD_Q);
+    }
+    const __m512 amax = twq_blocks16_max(v);
+    if (nan || _mm512_cmp_ps_mask(amax, _mm512_set1_ps(3.4028234663852886e38f), _CMP_GT_OQ)) return 0;
+    _mm512_storeu_ps(d, _mm512_div_ps(amax, _mm512_set1_ps(127.0f)));
+    float id[16];
+    _mm512_storeu_ps(id, _mm512_maskz_div_ps(_mm512_cmp_ps_mask(amax, _mm512_set1_ps(TWQ_TINY), _CMP_GT_OQ), _mm512_set1_ps(127.0f), amax));
+    __m512 h[16], t[16]; /* each block's two halves' int32 q: the first's, and the sum of both */
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) {
+        const __m512 f = _mm512_set1_ps(id[i]);
+        const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 32 * i), f));
+        const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 32 * i + 16), f));
+        _mm_storeu_si128((__m128i*)(q + 32 * i), _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128((__m128i*)(q + 32 * i + 16), _mm512_cvtepi32_epi8(q1));
+        h[i] = _mm512_castsi512_ps(q0);
+        t[i] = _mm512_castsi512_ps(_mm512_add_epi32(q0, q1));
+    }
+    *s16 = twq_blocks16_add(h);
+    *s = twq_blocks16_add(t);
+    return 1;
+}
+#undef TWQ_ADDI
+#endif
+
 static void twq_quantize(int fmt, const float* x, const twq_xq* xq, int64_t r0, int64_t r1) {
     const int32_t cm = twq_corr_mul(fmt);
-    for (int64_t r = r0; r < r1; ++r)
-        for (int64_t b = 0; b < xq->nb; ++b) {
-            const int64_t at = r * xq->nb + b;
-            int32_t s, s16;
-            twq_quant_block(x + r * xq->K + 32 * b, xq->q + r * xq->K + 32 * b, &xq->d[at], &s, &s16);
-            xq->cx[at] = xq->d[at] * (float)s;
-            xq->corr[at] = cm * s;
-            xq->corr16[at] = cm * s16;
-        }
+    int64_t at = r0 * xq->nb; /* x's rows are K apart: block at of the rows is at x + 32 at */
+    const int64_t end = r1 * xq->nb;
+#ifdef TWQ_AVX512
+    for (; at + 16 <= end; at += 16) {
+        __m512i s, s16;
+        if (!twq_quant_blocks16(x + 32 * at, xq->q + 32 * at, xq->d + at, &s, &s16)) break; /* a non-finite block: one by one from here */
+        _mm512_storeu_ps(xq->cx + at, _mm512_mul_ps(_mm512_loadu_ps(xq->d + at), _mm512_cvtepi32_ps(s)));
+        _mm512_storeu_si512((void*)(xq->corr + at), _mm512_mullo_epi32(_mm512_set1_epi32(cm), s));
+        _mm512_storeu_si512((void*)(xq->corr16 + at), _mm512_mullo_epi32(_mm512_set1_epi32(cm), s16));
+    }
+#endif
+    for (; at < end; ++at) {
+        int32_t s, s16;
+        twq_quant_block(x + 32 * at, xq->q + 32 * at, &xq->d[at], &s, &s16);
+        xq->cx[at] = xq->d[at] * (float)s;
+        xq->corr[at] = cm * s;
+        xq->corr16[at] = cm * s16;
+    }
 }
 
 /* The scratch for M rows (one allocation: q, then d, cx, corr, corr16); NULL when malloc fails. */
@@ -1518,7 +1594,23 @@ TWQ_INLINE __m512 twq_i8_acc(int fmt, __m512i isum, __m512 dw, __m512 mw, const 
  * vector by weight vector across the rows (t outer): 2 MR independent chains in flight, where
  * a loop over the rows kept one row's 8 in a row and its accumulator on the stack (measured at
  * 8 rows: 1.15-1.2x with the weights in cache). Integer sums are exact in any order: the same
- * int32, then the float update of twq_i8_acc: the same bits. */
+ * int32, then the float update of twq_i8_acc: the same bits.
+ * Where the time goes at 8 rows of x (the x16 GEMV, Zen 4): per block and row of x, 8 vpdpbusd
+ * (64 products each: as few as 512 products allow), one vmulps (d_w * d_x) and one vfmadd
+ * (q8_0) or two (q4_1: the m term): Zen 4 runs all of these on the same two FP pipes (a zmm
+ * instruction one cycle of both), everything else elsewhere: measured in a loop, 12 vpdpbusd
+ * take 12 cycles, with 4 vcvtdq2ps, vpaddd, vpandd, vpsrld, vpshufb, vpternlogd, vcvtph2ps
+ * or 8 broadcast loads of x beside them 12-12.6, with 4 vmulps, vfmadd, vpmaddubsw, vpmaddwd
+ * or vpermt2d 16. So a q4_1 block and row costs at least 11 cycles (q8_0 10), and q4_1x16 at
+ * 8 rows with the weights in L2 ran 11.7 (960 x 576: 30 us a call at 3.58 GHz, 1.2 of them
+ * quantizing x, 0.6 since twq_quant_blocks16): the nibbles' unpacking (already once per block
+ * for all the rows of the pass), the two chains' vpaddd, the int32-to-float conversion and
+ * the broadcasts are off those pipes, and the float update is the file header's exact
+ * sequence, so more rows per pass, fewer shuffles or a cheaper conversion have nothing left
+ * to gain; one chain of 8 per row from 5 rows on (no vpaddd, 8 registers fewer) measured
+ * 0.89-0.96x at 8 rows (q8_0x16 0.91, the 960 x 576 q4_1x16 0.96). What 8 rows lost
+ * against one was the weights' memory time on top of that (twq_x16_l2) and x's quantization
+ * (twq_quant_blocks16). */
 TWQ_INLINE void twq_i8_rows(int fmt, int MR, const twq_xq* xq, int64_t r0, int64_t j, const __m512i* W, __m512 dw, __m512 mw, __m512* acc) {
     const int64_t nb = xq->nb;
     const int8_t* q = xq->q + r0 * xq->K + 32 * j;
@@ -1699,13 +1791,28 @@ TWQ_INLINE void twq_k6_gemv_tile_x16(int MR, const twq_xq* xq, int64_t r0, const
     for (int r = 0; r < MR; ++r) _mm512_storeu_ps(y + (r0 + r) * N + n0, acc[r]);
 }
 
-/* Whether the x16 GEMV prefetches the next tile into L2 (_MM_HINT_T1) rather than L1: the
- * k-quants and iq4. Measured on the Zen 4 machine (1 thread, old and new in one process in
- * rounds, min), one row of x, the 49152 x 2048 head from DRAM: q4_kx16 2.61 -> 1.87 ms, q5_kx16
- * 5.69 -> 4.41, q3_kx16 3.04 -> 2.70, iq4_nlx16 2.19 -> 1.79, iq4_xsx16 2.08 -> 1.62, q2_kx16
- * 1.92 either way; at eight rows 1.0-1.1x; 2048 x 5632 (in L3) 1.0-1.15x. Not for the
- * others: q8_0x16 and q4_1x16 read 0.95x as fast at one row (49152 x 2048, 49152 x 576). */
-static inline int twq_x16_l2(int fmt) { return twq_is_k(fmt) || twq_is_iq4(fmt); }
+/* Whether the x16 GEMV at MR rows of x prefetches the next tile into L2 (_MM_HINT_T1) rather
+ * than L1: the k-quants and iq4 always, the others from two rows of x on. Measured on the Zen 4
+ * machine (1 thread, old and new in one process in rounds, min), one row of x, the 49152 x 2048
+ * head from DRAM: q4_kx16 2.61 -> 1.87 ms, q5_kx16 5.69 -> 4.41, q3_kx16 3.04 -> 2.70, iq4_nlx16
+ * 2.19 -> 1.79, iq4_xsx16 2.08 -> 1.62, q2_kx16 1.92 either way; at eight rows 1.0-1.1x;
+ * 2048 x 5632 (in L3) 1.0-1.15x. q8_0x16 and q4_1x16 read 0.95x as fast at one row (49152 x
+ * 2048, 49152 x 576), so one row keeps L1. From two rows of x on they too are faster with L2
+ * (TWQ_X16_L2_MR), measured on SmolLM2's shapes with the weights cold (cycling copies over 96
+ * MiB; 1 thread, old and new in one process in rounds, min; Zen 4): on 4 KiB pages, as the LLM
+ * keeps q's interleaved blocks, q4_1x16 at 2 rows 1.13-1.28x, 3-4 rows 1.0-1.33x, 8 rows
+ * 1.08-1.19x (960 x 576 39.5 -> 36.7 us, 3072 x 576 117.5 -> 107.4, 576 x 1536 65.9 -> 55.2),
+ * the 49152 x 576 q8_0x16 head at 3-8 rows 1.12-1.32x (8 rows 2052 -> 1558 us), at 2 rows
+ * 0.84-1.04x; q4_0x16, q5_0x16 and q5_1x16 at 2-8 rows 0.99-1.5x. On 2 MiB pages (the head
+ * is: NumPy advises huge pages from 4 MiB on) the L1 prefetch does better at two rows
+ * (q4_1x16 0.90-0.98x with L2, the head 0.94x) and mostly at three (0.94-0.97x at K = 576,
+ * 1.31x at 576 x 1536, the head 1.15x); at four 0.97-1.66x, at eight 1.06-1.26x. A single
+ * T0 prefetch a block or two ahead in the tile on top of this, or the first tile of each
+ * thread's share prefetched whole, measured no faster; two tiles ahead (TWQ_IAHEAD 2) the same. */
+#ifndef TWQ_X16_L2_MR
+#define TWQ_X16_L2_MR 2
+#endif
+static inline int twq_x16_l2(int fmt, int MR) { return twq_is_k(fmt) || twq_is_iq4(fmt) || MR >= TWQ_X16_L2_MR; }
 
 /* Rows of x r0 .. r0+MR against the interleaved group of W rows n0 .. n0+16 (n0 % 16 == 0). */
 TWQ_INLINE void twq_i8_gemv_tile_x16(int fmt, int MR, const twq_xq* xq, int64_t r0, const uint8_t* w, int64_t rb, int64_t n0,
@@ -1722,7 +1829,7 @@ TWQ_INLINE void twq_i8_gemv_tile_x16(int fmt, int MR, const twq_xq* xq, int64_t 
     const char* ahead = (const char*)(grp + 16 * TWQ_IAHEAD * rb);
     for (int64_t j = 0; j < nb; ++j) {
         for (int64_t o = 0; o < bb; o += 64) {
-            if (twq_x16_l2(fmt)) _mm_prefetch(ahead + j * bb + o, _MM_HINT_T1);
+            if (twq_x16_l2(fmt, MR)) _mm_prefetch(ahead + j * bb + o, _MM_HINT_T1);
             else _mm_prefetch(ahead + j * bb + o, _MM_HINT_T0);
         }
         __m512i W[8];
@@ -2759,16 +2866,17 @@ int32_t tw_qlinear_packed(const int64_t* a) {
 
 /* ==== helpers for the benchmark and the tests =============================================== */
 
-/* x [M, K] (K a multiple of 32) quantized as the integer path does: q [M, K] int8, and per
- * block d [M, K/32] and sum(q) s [M, K/32]. */
+/* x [M, K] (K a multiple of 32) quantized as the integer path does (twq_quantize's blocks: 16
+ * at a time, the rest one by one): q [M, K] int8, and per block d [M, K/32] and sum(q) s [M, K/32]. */
 int32_t tw_quant_quantize_x(const float* x, int64_t M, int64_t K, int8_t* q, float* d, int32_t* s) {
     if (M < 0 || K < 0 || K % 32) return TWQ_ESHAPE;
     if (M > 0 && K > 0 && (x == NULL || q == NULL || d == NULL || s == NULL)) return TWQ_ENULL;
-    for (int64_t r = 0; r < M; ++r)
-        for (int64_t b = 0; b < K / 32; ++b) {
-            int32_t s16;
-            twq_quant_block(x + r * K + 32 * b, q + r * K + 32 * b, d + r * (K / 32) + b, s + r * (K / 32) + b, &s16);
-        }
+    int64_t at = 0; /* the blocks in order, as twq_quantize takes them */
+#ifdef TWQ_AVX512
+    for (__m512i v, v16; at + 16 <= M * (K / 32) && twq_quant_blocks16(x + 32 * at, q + 32 * at, d + at, &v, &v16); at += 16)
+        _mm512_storeu_si512((void*)(s + at), v);
+#endif
+    for (int32_t s16; at < M * (K / 32); ++at) twq_quant_block(x + 32 * at, q + 32 * at, d + at, s + at, &s16);
     return 0;
 }
 
