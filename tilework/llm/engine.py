@@ -176,8 +176,8 @@ class LLM:
         # the tokenizer before the compiler (a checkpoint without one fails in a second, not after
         # the build), after the library's build has started (it takes the idle core meanwhile)
         self.tokenizer = Tokenizer.from_gguf(gguf_file.metadata) if gguf_file is not None else _tokenizer(self.path)
-        # what a float decode step streams, in 2 MiB pages (see tilework.runtime.pages)
-        self.formats, self.weights = prepare_weights(self.config, tensors, precision, huge_pages=precision != "q")
+        # what a decode step streams (the arrays the loader makes), in 2 MiB pages (see tilework.runtime.pages)
+        self.formats, self.weights = prepare_weights(self.config, tensors, precision, huge_pages=True)
         self.executable = compiled_decoder(self.config, self.formats, max_batch=max_batch, kv_dtype=kv_dtype, progress=say, use_cache=use_cache)
         self.runtime = runtime
         self.cache = PagedKVCache.for_tokens(self.config.layers, self.config.kv_heads, self.config.head_dim, kv_tokens, dtype=kv_dtype)
