@@ -29,6 +29,7 @@ from tilework.llm import LLM  # noqa: E402
 from tilework.llm.config import LlmConfig  # noqa: E402
 from tilework.llm.quant import quantize  # noqa: E402
 from tilework.llm.weights import expected_shapes  # noqa: E402
+from tests.long import long_param  # noqa: E402
 from tests.llm.test_checkpoint import VOCAB, add_tensor, assert_transformers_tokens, close_gguf, log_probs, word_tokenizer  # noqa: E402
 from tests.llm.test_decoder import Runner, _hf_incremental  # noqa: E402
 
@@ -183,7 +184,7 @@ def test_a_gemma3_checkpoint_gives_transformers_tokens(tmp_path: Path, dtype: st
     assert np.abs(log_probs(gemma(sliding_window=64), PROMPTS[2]) - ref).max() > 10 * tol
 
 
-@pytest.mark.parametrize("version", [3, 2, 1])
+@pytest.mark.parametrize("version", [3, 2, long_param(1, why="Gemma 1's layer is a Llama's (its checkpoint and GGUF tests run by default)")])
 def test_prefill_and_every_decode_step_from_one_compilation(version: int) -> None:
     """The compiled decoder (one build) fed like the engine: transformers' logits after prompts
     of 1, 6 and 13 tokens and after each of 9 greedy steps through its cache, the decode steps'

@@ -116,8 +116,7 @@ def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int
             mine = [ev for ev in events if ev.index == i]
             lp = logprobs_body(kind, [e for ev in mine for e in ev.logprobs]) if parsed.logprobs is not None else None
             choices.append(Choice("".join(ev.text for ev in mine), mine[-1].finish_reason or "stop", lp))
-        first = next(ev for ev in ends if ev.index == 0)
-        return JSONResponse(completion_body(kind, rid, model_name, choices, first.prompt_tokens, sum(ev.completion_tokens for ev in ends), first.cached_tokens))
+        return JSONResponse(completion_body(kind, rid, model_name, choices, *_usage(ends)))
 
     async def _events(kind: str, rid: str, queue: asyncio.Queue[Event], include_usage: bool, logprobs: bool, n: int) -> AsyncIterator[str]:
         if kind == "chat":
@@ -139,8 +138,7 @@ def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int
                 yield _sse(chunk_body(kind, rid, model_name, None if kind == "chat" else "", ev.finish_reason, index=i))
         else:
             if include_usage:
-                first = next(ev for ev in ends if ev.index == 0)
-                yield _sse(chunk_body(kind, rid, model_name, None, None, usage_of=(first.prompt_tokens, sum(ev.completion_tokens for ev in ends), first.cached_tokens)))
+                yield _sse(chunk_body(kind, rid, model_name, None, None, usage_of=_usage(ends)))
         yield "data: [DONE]\n\n"
 
     async def chat(request: Request) -> Response:
@@ -184,6 +182,13 @@ def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int
         Route("/metrics", prometheus, methods=["GET"]),
     ]
     return Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
+
+
+def _usage(ends: list[Event]) -> tuple[int, int, int]:
+    """``(prompt, completion, cached)`` tokens of a request whose completions ended with the
+    events ``ends``: the prompt once (the first completion's), every completion's tokens."""
+    first = next(ev for ev in ends if ev.index == 0)
+    return first.prompt_tokens, sum(ev.completion_tokens for ev in ends), first.cached_tokens
 
 
 async def _collect(request: Request, queue: asyncio.Queue[Event], n: int = 1) -> list[Event]:

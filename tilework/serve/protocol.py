@@ -8,15 +8,15 @@ of one string, token ids, or a list of one list of ids) or ``messages`` (rendere
 model's chat template), ``max_tokens`` (``max_completion_tokens`` for chat), ``temperature``
 (0..2), ``top_p``, ``seed``, ``stop`` (a string or a list), ``presence_penalty`` and
 ``frequency_penalty`` (-2..2), ``stream``, ``stream_options.include_usage``, ``n`` (1..16
-completions of the prompt; ``best_of`` only equal to it), completions' ``echo`` (the prompt
-given back before each completion, with its tokens' log-probabilities when ``logprobs`` asks),
-and the extensions ``top_k`` and
-``repetition_penalty`` (as vLLM and llama.cpp take them), and the generated tokens'
-log-probabilities: ``logprobs: true`` with ``top_logprobs`` (0..20) in chat, ``logprobs`` (0..20)
-in completions (``Parsed.logprobs``: how many alternatives, None when not asked; the bodies:
-:func:`logprobs_body`). Fields the server cannot honour (``suffix``, ``logit_bias``, ``tools``, a
-non-text ``response_format``) are refused with a 400 rather than ignored; other unknown fields are ignored, as OpenAI's server
-does with fields it does not know.
+completions of the prompt; ``best_of`` only equal to it), the extensions ``top_k`` and
+``repetition_penalty`` (as vLLM and llama.cpp take them), the generated tokens'
+log-probabilities (chat's ``logprobs: true`` with ``top_logprobs`` 0..20, completions'
+``logprobs`` 0..20; ``Parsed.logprobs``: how many alternatives, None when not asked; the bodies:
+:func:`logprobs_body`), and completions' ``echo`` (the prompt given back before each
+completion, with its tokens' log-probabilities when ``logprobs`` asks). Fields the server cannot
+honour (``suffix``, ``logit_bias``, ``tools``, a non-text ``response_format``) are refused with
+a 400 rather than ignored; other unknown fields are ignored, as OpenAI's server does with fields
+it does not know.
 """
 
 from __future__ import annotations
@@ -90,12 +90,17 @@ def _unsupported(body: dict[str, Any], kind: str) -> None:
             raise RequestError(f"{name}={json.dumps(body[name])[:80]} is not supported by this server", name)
     if body.get("echo") not in (None, False) and kind == "chat":
         raise RequestError("echo is a field of /v1/completions, not of chat", "echo")
+
+
+def _choices(body: dict[str, Any]) -> int:
+    """``n``, the completions of the prompt (``best_of`` may only say the same)."""
     n = _field(body, "n", (int,), "an integer", 1)
     if not 1 <= n <= MAX_N:
         raise RequestError(f"n={n} must be in [1, {MAX_N}]", "n")
     best_of = _field(body, "best_of", (int,), "an integer", n)
     if best_of != n:
         raise RequestError(f"best_of={best_of}: this server returns every completion it makes (best_of must equal n, {n})", "best_of")
+    return int(n)
 
 
 def _prompt_tokens(body: dict[str, Any], llm: Any) -> tuple[list[int], str | None]:
@@ -178,6 +183,7 @@ def _parse(raw: bytes, kind: str, llm: Any, model_name: str, default_max_tokens:
     if model != model_name:
         raise RequestError(f"the model {model!r} does not exist: this server has {model_name!r}", "model", status=404, code="model_not_found")
     _unsupported(body, kind)
+    n = _choices(body)
     stream = _field(body, "stream", (bool,), "true or false", False)
     options = _field(body, "stream_options", (dict,), "an object", {})
     include_usage = options.get("include_usage", False) is True
@@ -214,7 +220,7 @@ def _parse(raw: bytes, kind: str, llm: Any, model_name: str, default_max_tokens:
     except SamplingParamsError as exc:
         raise RequestError(str(exc), max_name if exc.field == "max_tokens" else exc.field) from None
     echo = _field(body, "echo", (bool,), "true or false", False)
-    return Parsed(tokens, params, stream, include_usage, logprobs, body.get("n") or 1, echo, text)
+    return Parsed(tokens, params, stream, include_usage, logprobs, n, echo, text)
 
 
 def _logprobs(body: dict[str, Any], kind: str) -> int | None:
