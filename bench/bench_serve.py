@@ -39,7 +39,7 @@ import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from report import emit
 
@@ -150,25 +150,38 @@ def run_level(server: Server, clients: int, requests: int, max_tokens: int, time
         for k in range(requests):
             one_request(client, server.model, PROMPTS[(i + k) % len(PROMPTS)], max_tokens, out)
 
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(clients)]
+    out.wall = run_clients(clients, worker)
+    return out
+
+
+def run_clients(clients: int, work: Callable[[int], None]) -> float:
+    """``work(i)`` for every client ``i``, each in a thread, all at once; the wall seconds until
+    the last is done."""
+    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(clients)]
     t0 = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    out.wall = time.perf_counter() - t0
-    return out
+    return time.perf_counter() - t0
+
+
+def server_metrics(server: Server) -> dict[str, float]:
+    """The values of the server's ``/metrics`` (``tilework.serve.metrics.parse_metrics``); empty
+    for a server without them."""
+    from tilework.serve.metrics import parse_metrics
+
+    try:
+        with urllib.request.urlopen(server.url.replace("/v1", "/metrics"), timeout=10) as r:
+            return parse_metrics(r.read().decode())
+    except OSError:
+        return {}
 
 
 def decode_counters(server: Server) -> tuple[float, float] | None:
     """tilework's ``(decode tokens, decode seconds)`` counters from ``/metrics`` (None for a
     server without them)."""
-    try:
-        with urllib.request.urlopen(server.url.replace("/v1", "/metrics"), timeout=10) as r:
-            text = r.read().decode()
-    except OSError:
-        return None
-    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line and not line.startswith("#")}
+    values = server_metrics(server)
     if "tilework_decode_tokens_total" not in values:
         return None
     return values["tilework_decode_tokens_total"], values["tilework_decode_seconds_total"]

@@ -26,11 +26,10 @@ import os
 import sys
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench_serve import THREADS, Server, free_port, pct
+from bench_serve import THREADS, Server, free_port, pct, run_clients, server_metrics
 from report import emit
 
 ITEMS = ["apples", "bananas", "carrots", "dates", "eggs", "flour", "grapes", "honey", "ice cream", "jam", "kale", "lemons",
@@ -92,24 +91,13 @@ def run_level(server: Server, clients: int, system: str, turns: int, max_tokens:
 
     out = Level()
     client = openai.OpenAI(base_url=server.url, api_key="none", max_retries=0, timeout=timeout)
-    threads = [threading.Thread(target=conversation, args=(client, server.model, system, i, turns, max_tokens, out), daemon=True) for i in range(clients)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    out.wall = time.perf_counter() - t0
+    out.wall = run_clients(clients, lambda i: conversation(client, server.model, system, i, turns, max_tokens, out))
     return out
 
 
 def counters(server: Server) -> dict[str, float]:
     """tilework's prompt counters from ``/metrics`` (empty for a server without them)."""
-    try:
-        with urllib.request.urlopen(server.url.replace("/v1", "/metrics"), timeout=10) as r:
-            text = r.read().decode()
-    except OSError:
-        return {}
-    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line and not line.startswith("#")}
+    values = server_metrics(server)
     return {k: values[f"tilework_{k}_total"] for k in ("prompt_tokens", "prefill_tokens", "prefix_cache_tokens") if f"tilework_{k}_total" in values}
 
 

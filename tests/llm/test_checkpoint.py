@@ -46,10 +46,12 @@ def word_tokenizer() -> Any:
     return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
 
 
-def save(path: Path, kind: str = "llama", dtype: str = "float32", tokenizer: bool = True, shard: str | None = None, **kw: Any) -> Any:
+def save(path: Path, kind: str = "llama", dtype: str = "float32", tokenizer: bool = True, shard: str | None = None, biases: bool = False, **kw: Any) -> Any:
     """A random model saved to ``path`` in ``dtype`` (with its tokenizer); the model read back
     from there in float32 (not the saved model cast: ``.to(bfloat16)`` rounds its rotary
-    frequencies too, which the files do not hold)."""
+    frequencies too, which the files do not hold). Its norm weights are moved away from one;
+    with ``biases``, every bias and every norm parameter away from its start (transformers
+    starts biases at zero and LayerNorms at one and zero)."""
     torch.manual_seed(0)
     config_cls, model_cls = {
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
@@ -73,7 +75,7 @@ def save(path: Path, kind: str = "llama", dtype: str = "float32", tokenizer: boo
     model = model_cls(config_cls(**{**SMALL, **kw})).eval()
     with torch.no_grad():  # norm weights away from transformers' ones: their values count too
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
+            if name.endswith("norm.weight") or (biases and (name.endswith("bias") or "norm" in name)):
                 p.add_(0.3 * torch.randn_like(p))
     model = model.to(getattr(torch, dtype))
     model.save_pretrained(path, **({"max_shard_size": shard} if shard else {}))

@@ -36,15 +36,9 @@ PHI = dict(hidden_size=96, intermediate_size=160, num_hidden_layers=3, num_atten
 
 
 def save_phi(path: Path, **kw: Any) -> Any:
-    """A random Phi saved to ``path`` with random biases (transformers starts them at zero) and
-    LayerNorm weights and biases away from one and zero; read back in float32."""
-    hf = save(path, "phi", **{**PHI, **kw})
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if name.endswith("bias") or "layernorm" in name:
-                p.add_(0.3 * torch.randn_like(p))
-    hf.save_pretrained(path)
-    return transformers.PhiForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    """A random Phi saved to ``path`` with its biases and LayerNorms away from their starts
+    (``save(biases=True)``); read back in float32."""
+    return save(path, "phi", biases=True, **{**PHI, **kw})
 
 
 def test_a_checkpoint_and_its_gguf_files_give_transformers_log_probabilities(tmp_path: Path) -> None:
