@@ -154,6 +154,19 @@ def run_level(server: Server, clients: int, requests: int, max_tokens: int, time
     return out
 
 
+def llama_cpp_server(model: str, threads: int, context: int) -> list[Server]:
+    """llama-cpp-python's server on ``model`` (a list of one), or none where it is not installed
+    (said on stderr)."""
+    try:
+        import llama_cpp.server  # noqa: F401
+    except ImportError as exc:
+        print(f"llama-cpp-python's server is not available ({exc}): pip install 'tilework[bench]'", file=sys.stderr)
+        return []
+    argv = [sys.executable, "-m", "llama_cpp.server", "--model", model, "--n_threads", str(threads), "--n_threads_batch", str(threads),
+            "--n_ctx", str(context), "--host", "127.0.0.1", "--interrupt_requests", "False"]  # else a new request cuts the running one short
+    return [Server("llama.cpp", argv, free_port(), threads)]
+
+
 def run_clients(clients: int, work: Callable[[int], None]) -> float:
     """``work(i)`` for every client ``i``, each in a thread, all at once; the wall seconds until
     the last is done."""
@@ -215,14 +228,7 @@ def main() -> int:
     seqs = min(max(levels), 16)
     servers = [Server("tilework", [sys.executable, "-m", "tilework", "serve", args.model, "--max-seqs", str(seqs), "--kv-tokens", str(kv_tokens)], free_port(), args.threads)]
     if not args.no_llama_cpp:
-        try:
-            import llama_cpp.server  # noqa: F401
-        except ImportError as exc:
-            print(f"llama-cpp-python's server is not available ({exc}): pip install 'tilework[bench]'", file=sys.stderr)
-        else:
-            servers.append(Server("llama.cpp", [sys.executable, "-m", "llama_cpp.server", "--model", args.model, "--n_threads", str(args.threads),
-                                                "--n_threads_batch", str(args.threads), "--n_ctx", "4096", "--host", "127.0.0.1",
-                                                "--interrupt_requests", "False"], free_port(), args.threads))  # else a new request cuts the running one short
+        servers += llama_cpp_server(args.model, args.threads, 4096)
     figures: dict[str, dict[int, dict[str, float]]] = {}
     for server in servers:
         server.argv += ["--port", str(server.port)]

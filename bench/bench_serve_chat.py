@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench_serve import THREADS, Server, free_port, pct, run_clients, server_metrics
+from bench_serve import THREADS, Server, free_port, llama_cpp_server, pct, run_clients, server_metrics
 from report import emit
 
 ITEMS = ["apples", "bananas", "carrots", "dates", "eggs", "flour", "grapes", "honey", "ice cream", "jam", "kale", "lemons",
@@ -123,14 +123,7 @@ def main() -> int:
     tilework = [sys.executable, "-m", "tilework", "serve", args.model, "--max-seqs", seqs, "--kv-tokens", str(kv_tokens)]
     servers = [Server("tilework", tilework, free_port(), args.threads), Server("tilework, no prefix cache", [*tilework, "--no-prefix-cache"], free_port(), args.threads)]
     if not args.no_llama_cpp:
-        try:
-            import llama_cpp.server  # noqa: F401
-        except ImportError as exc:
-            print(f"llama-cpp-python's server is not available ({exc}): pip install 'tilework[bench]'", file=sys.stderr)
-        else:
-            servers.append(Server("llama.cpp", [sys.executable, "-m", "llama_cpp.server", "--model", args.model, "--n_threads", str(args.threads),
-                                                "--n_threads_batch", str(args.threads), "--n_ctx", str(max(4096, context)), "--host", "127.0.0.1",
-                                                "--interrupt_requests", "False"], free_port(), args.threads))
+        servers += llama_cpp_server(args.model, args.threads, max(4096, context))
     rows: list[tuple[str, int, Level, dict[str, float]]] = []
     for server in servers:
         server.argv += ["--port", str(server.port)]
