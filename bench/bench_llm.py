@@ -103,12 +103,14 @@ class TileworkRunner:
         self.sids = []
 
     def prefill(self, prompts: np.ndarray) -> np.ndarray:
+        from tilework.llm.engine import logit_rows
+
         cache, out = self.llm.cache, []
         for row in prompts:
             sid = cache.add()
             self.sids.append(sid)
             kv_len, table = cache.step_inputs([sid], len(row))
-            logits = self.llm._prefill(row[None].astype(np.int32), np.array([len(row) - 1], np.int32), kv_len, table, *self.llm.kv_args)
+            logits = self.llm._prefill(row[None].astype(np.int32), logit_rows(len(row)), kv_len, table, *self.llm.kv_args)
             cache.advance([sid], len(row))
             out.append(int(logits[0].argmax()))
         return np.asarray(out, np.int32)

@@ -31,6 +31,7 @@ import numpy as np  # noqa: E402
 import tilework  # noqa: E402,F401  (registers the LLM compiler and the externs)
 from tilework.backend import quant  # noqa: E402
 from tilework.llm import LLM  # noqa: E402
+from tilework.llm.engine import logit_rows  # noqa: E402
 from vm_timing import instrument  # noqa: E402
 
 
@@ -78,7 +79,7 @@ def main() -> None:
         sids = [cache.add() for _ in range(batch)]
         for sid in sids:
             kv_len, table = cache.step_inputs([sid], prompt)
-            llm._prefill(rng.integers(100, 49000, (1, prompt)).astype(np.int32), np.array([prompt - 1], np.int32), kv_len, table, *llm.kv_args)
+            llm._prefill(rng.integers(100, 49000, (1, prompt)).astype(np.int32), logit_rows(prompt), kv_len, table, *llm.kv_args)
             cache.advance([sid], prompt)
         kv_len, table = cache.step_inputs(sids, 1)
         tokens = rng.integers(100, 49000, batch).astype(np.int32)

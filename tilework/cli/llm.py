@@ -253,7 +253,9 @@ def perplexity(args: argparse.Namespace) -> int:
         ppl, count = llm.perplexity(tokens, args.context, lambda i, n: progress(f"window {i} of {n}"))
     finally:
         progress.close()
-    context = args.context or min(llm.config.context_length, 2048)
+    from tilework.llm.engine import PERPLEXITY_CONTEXT
+
+    context = args.context or min(llm.config.context_length, PERPLEXITY_CONTEXT)
     print(f"perplexity {ppl:.4f}")
     print(f"{count} tokens predicted, windows of {context} tokens, {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return 0

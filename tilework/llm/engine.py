@@ -46,7 +46,7 @@ from tilework.llm.chat import ChatTemplate, Conversation
 from tilework.llm.compile import KV_DTYPE_OF, PRECISIONS, compiled_decoder, prepare_weights, weight_formats
 from tilework.llm.gguf import read_gguf
 from tilework.llm.kv_cache import KV_DTYPES, PagedKVCache
-from tilework.llm.completion import Completion, TokenLogprob
+from tilework.llm.completion import Completion, TokenLogprob, log_softmax
 from tilework.llm.sampling import SamplingParams
 from tilework.llm.tokenizer import Tokenizer, TokenizerError, check_text
 from tilework.llm.weights import load_weights, model_kind
@@ -321,9 +321,7 @@ class LLM:
             for start, logits in self._scored(tokens[begin:end]):
                 rows = np.arange(max(start, done - 1 - begin), start + len(logits))  # row r predicts token begin + r + 1
                 rows = rows[begin + rows + 1 < end]
-                picked = logits[rows - start].astype(np.float64)
-                top = picked.max(axis=1)
-                nll -= float((picked[np.arange(len(rows)), targets[begin + rows + 1]] - top - np.log(np.exp(picked - top[:, None]).sum(axis=1))).sum())
+                nll -= float(log_softmax(logits[rows - start])[np.arange(len(rows)), targets[begin + rows + 1]].sum())
             done, begin = end, end - stride
             if on_window is not None:
                 on_window(i + 1, windows)

@@ -174,12 +174,16 @@ class PagedKVCache:
         seq = self._get(sid)
         if len(tokens) > seq.length:
             raise TileworkError(f"sequence {sid} holds {seq.length} tokens; cannot publish {len(tokens)}")
-        new = 0
-        for p, digest in zip(seq.pages, _digests(tokens, self.page)):
-            if digest in self._page_of or p in self._digest_of:
+        new, digest = 0, b""
+        for i, p in enumerate(seq.pages[: len(tokens) // self.page]):
+            known = self._digest_of.get(p)
+            if known is not None:  # published already (by this sequence's chunks, or found): its digest chains on
+                digest = known
                 continue
-            self._page_of[digest], self._digest_of[p] = p, digest
-            new += 1
+            digest = _digest(digest, tokens[i * self.page : (i + 1) * self.page])
+            if digest not in self._page_of:
+                self._page_of[digest], self._digest_of[p] = p, digest
+                new += 1
         return new
 
     def forget_prefixes(self) -> None:
@@ -308,12 +312,17 @@ class PagedKVCache:
             seq.pages[i] = q
 
 
+def _digest(before: bytes, page: Sequence[int]) -> bytes:
+    """The digest of a page of tokens after the pages whose digest is ``before``: it covers every
+    token up to the end of the page."""
+    return hashlib.blake2b(before + np.asarray(page, np.int64).tobytes(), digest_size=16).digest()
+
+
 def _digests(tokens: Sequence[int], page: int) -> list[bytes]:
-    """The chained digests of the full pages of ``tokens``: page ``i``'s covers every token up
-    to the end of page ``i``."""
+    """The chained digests of the full pages of ``tokens``."""
     out, digest = [], b""
     for start in range(0, len(tokens) - page + 1, page):
-        digest = hashlib.blake2b(digest + np.asarray(tokens[start : start + page], np.int64).tobytes(), digest_size=16).digest()
+        digest = _digest(digest, tokens[start : start + page])
         out.append(digest)
     return out
 
