@@ -176,6 +176,32 @@ def test_n_completions_are_the_prompt_generated_n_times_with_seeds_in_turn(serve
     assert chunks[-1].usage.completion_tokens == sum(len(a.token_ids) for a in alone)
 
 
+def test_a_batch_of_prompts_gives_each_prompt_its_choices_in_order(server: BackgroundServer, client: Any, ref: LLM) -> None:
+    """A completions ``prompt`` list (lm-evaluation-harness's batches): strings and token ids
+    mixed; prompt ``p``'s completion ``i`` is choice ``p * n + i``, seeded ``seed + p * n + i``,
+    so with ``n = 1`` the choices are ``LLM.generate``'s batch; streamed or not; usage counts
+    every prompt once; echo gives each its own prompt; a bad prompt is named by its place."""
+    params = SamplingParams(temperature=0.9, max_tokens=5, seed=3)
+    want = ref.generate(PROMPTS[:3], params, chat=False)
+    batch = [PROMPTS[0], ref.encode(PROMPTS[1]), PROMPTS[2]]
+    done = client.completions.create(model=server.name, prompt=batch, max_tokens=5, temperature=0.9, seed=3)
+    assert [(c.index, c.text, c.finish_reason) for c in done.choices] == [(i, w.text, w.finish_reason) for i, w in enumerate(want)]
+    assert done.usage.prompt_tokens == sum(w.prompt_tokens for w in want)
+    assert done.usage.completion_tokens == sum(len(w.token_ids) for w in want)
+    # n = 2 of each of two prompts: choice 2 * p + i is prompt p generated with seed 3 + 2 * p + i
+    chunks = list(client.completions.create(model=server.name, prompt=PROMPTS[2:4], max_tokens=4, temperature=0.9, seed=3, n=2, stream=True,
+                                            stream_options={"include_usage": True}))
+    four = SamplingParams(temperature=0.9, max_tokens=4, seed=3)
+    alone = ref.generate([PROMPTS[2], PROMPTS[2], PROMPTS[3], PROMPTS[3]], four, chat=False)
+    assert ["".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i) for i in range(4)] == [a.text for a in alone]
+    assert chunks[-1].usage.prompt_tokens == alone[0].prompt_tokens + alone[2].prompt_tokens
+    echoed = client.completions.create(model=server.name, prompt=PROMPTS[:2], max_tokens=1, temperature=0, echo=True, logprobs=0)
+    assert [c.text.startswith(p) and c.logprobs.token_logprobs[0] is None for c, p in zip(echoed.choices, PROMPTS)] == [True, True]
+    for prompt, where in (([PROMPTS[0], ""], "prompt[1] is empty"), ([PROMPTS[0], [1, "x"]], "prompt[1] must be"), ([PROMPTS[0], [1] * 8200], "prompt[1]: the prompt has 8200")):
+        code, text = http(server, "/v1/completions", json.dumps({"prompt": prompt, "max_tokens": 2}).encode())
+        assert code == 400 and where in json.loads(text)["error"]["message"] and json.loads(text)["error"]["param"] == "prompt"
+
+
 def test_a_model_is_retrieved_by_its_id(server: BackgroundServer, client: Any) -> None:
     """``GET /v1/models/{id}`` (the openai client's ``models.retrieve``): the card of the list, or
     OpenAI's 404 for another id."""

@@ -95,14 +95,15 @@ def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int
             def deliver(ev: Event) -> None:  # from the scheduler's thread
                 loop.call_soon_threadsafe(queue.put_nowait, ev)
 
-            ticket = scheduler.submit(parsed.tokens, parsed.params, deliver, parsed.logprobs, parsed.n, parsed.echo, parsed.text)
+            ticket = scheduler.submit_batch([p.tokens for p in parsed.prompts], parsed.params, deliver, parsed.logprobs, parsed.n, parsed.echo,
+                                            [p.text for p in parsed.prompts])
         except RequestError as exc:
             return _error(str(exc), exc.status, exc.param, exc.code)
         rid = new_id(kind)
         if parsed.stream:
-            return _Stream(_events(kind, rid, queue, parsed.include_usage, parsed.logprobs is not None, parsed.n), ticket)
+            return _Stream(_events(kind, rid, queue, parsed.include_usage, parsed.logprobs is not None, parsed.choices, parsed.n), ticket)
         try:
-            events = await _collect(request, queue, parsed.n)
+            events = await _collect(request, queue, parsed.choices)
         finally:
             ticket.cancel()  # a no-op when it finished; frees the sequences when the client left
         if not events:
@@ -112,19 +113,19 @@ def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int
             assert failed.error is not None
             return _error(failed.error, 500)
         choices, ends = [], [ev for ev in events if ev.finish_reason is not None]
-        for i in range(parsed.n):
+        for i in range(parsed.choices):
             mine = [ev for ev in events if ev.index == i]
             lp = logprobs_body(kind, [e for ev in mine for e in ev.logprobs]) if parsed.logprobs is not None else None
             choices.append(Choice("".join(ev.text for ev in mine), mine[-1].finish_reason or "stop", lp))
-        return JSONResponse(completion_body(kind, rid, model_name, choices, *_usage(ends)))
+        return JSONResponse(completion_body(kind, rid, model_name, choices, *_usage(ends, parsed.n)))
 
-    async def _events(kind: str, rid: str, queue: asyncio.Queue[Event], include_usage: bool, logprobs: bool, n: int) -> AsyncIterator[str]:
+    async def _events(kind: str, rid: str, queue: asyncio.Queue[Event], include_usage: bool, logprobs: bool, choices: int, n: int) -> AsyncIterator[str]:
         if kind == "chat":
-            for i in range(n):
+            for i in range(choices):
                 yield _sse(chunk_body(kind, rid, model_name, None, None, role=True, index=i))
-        offsets = [0] * n  # of each choice's chunk text in its completion (completions' text_offset)
+        offsets = [0] * choices  # of each choice's chunk text in its completion (completions' text_offset)
         ends: list[Event] = []
-        while len(ends) < n:
+        while len(ends) < choices:
             ev = await queue.get()
             if ev.error is not None:
                 yield _sse(error_body(ev.error, 500))
@@ -138,7 +139,7 @@ def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int
                 yield _sse(chunk_body(kind, rid, model_name, None if kind == "chat" else "", ev.finish_reason, index=i))
         else:
             if include_usage:
-                yield _sse(chunk_body(kind, rid, model_name, None, None, usage_of=_usage(ends)))
+                yield _sse(chunk_body(kind, rid, model_name, None, None, usage_of=_usage(ends, n)))
         yield "data: [DONE]\n\n"
 
     async def chat(request: Request) -> Response:
@@ -184,15 +185,16 @@ def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int
     return Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
 
 
-def _usage(ends: list[Event]) -> tuple[int, int, int]:
-    """``(prompt, completion, cached)`` tokens of a request whose completions ended with the
-    events ``ends``: the prompt once (the first completion's), every completion's tokens."""
-    first = next(ev for ev in ends if ev.index == 0)
-    return first.prompt_tokens, sum(ev.completion_tokens for ev in ends), first.cached_tokens
+def _usage(ends: list[Event], n: int) -> tuple[int, int, int]:
+    """``(prompt, completion, cached)`` tokens of a request of ``n`` completions a prompt whose
+    completions ended with the events ``ends``: each prompt once (its first completion's), every
+    completion's tokens."""
+    firsts = [ev for ev in ends if ev.index % n == 0]
+    return sum(ev.prompt_tokens for ev in firsts), sum(ev.completion_tokens for ev in ends), sum(ev.cached_tokens for ev in firsts)
 
 
 async def _collect(request: Request, queue: asyncio.Queue[Event], n: int = 1) -> list[Event]:
-    """Every event of the request's ``n`` completions, up to the last finish reason or the
+    """Every event of the request's ``n`` completions (of all its prompts), up to the last finish reason or the
     first error; none when the client disconnected first (checked every ``POLL_S``, tokens
     arriving or not)."""
     events, ended = [], 0

@@ -3,9 +3,9 @@
 ``parse_request(body, kind, ...)`` reads a ``/v1/completions`` (``kind="completion"``) or
 ``/v1/chat/completions`` (``kind="chat"``) body and gives the prompt's token ids and the
 ``SamplingParams``, or raises ``RequestError`` naming the field at fault. Supported fields:
-``model`` (optional; another name than the served model is a 404), ``prompt`` (a string, a list
-of one string, token ids, or a list of one list of ids) or ``messages`` (rendered through the
-model's chat template), ``max_tokens`` (``max_completion_tokens`` for chat), ``temperature``
+``model`` (optional; another name than the served model is a 404), ``prompt`` (a string, token
+ids, or a batch: a list of up to ``MAX_PROMPTS`` strings or lists of ids, each a prompt of its
+own) or ``messages`` (rendered through the model's chat template), ``max_tokens`` (``max_completion_tokens`` for chat), ``temperature``
 (0..2), ``top_p``, ``seed``, ``stop`` (a string or a list), ``presence_penalty`` and
 ``frequency_penalty`` (-2..2), ``stream``, ``stream_options.include_usage``, ``n`` (1..16
 completions of the prompt; ``best_of`` only equal to it), the extensions ``top_k`` and
@@ -34,22 +34,35 @@ from tilework.llm.sampling import SamplingParams, SamplingParamsError
 from tilework.llm.tokenizer import lone_surrogate
 from tilework.serve.scheduler import RequestError
 
-__all__ = ["Parsed", "Choice", "parse_request", "error_body", "completion_body", "chunk_body", "logprobs_body", "new_id"]
+__all__ = ["Parsed", "Prompt", "Choice", "parse_request", "error_body", "completion_body", "chunk_body", "logprobs_body", "new_id"]
 
 MAX_STOP = 16
 MAX_N = 16  # completions of one request (each a sequence of the decode batch)
+MAX_PROMPTS = 256  # prompts of one completions request (a batch: its sequences queue like requests)
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """One prompt of a request: its token ids, and its text when it came as text."""
+
+    tokens: list[int]
+    text: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Parsed:
-    tokens: list[int]
+    prompts: list[Prompt]  # one, or a completions request's batch
     params: SamplingParams
     stream: bool
     include_usage: bool
     logprobs: int | None = None  # alternatives a token (0..20); None: no log-probabilities
-    n: int = 1  # completions (choices) of the prompt
+    n: int = 1  # completions (choices) of each prompt
     echo: bool = False  # completions' echo: the prompt given back before the completion
-    text: str | None = None  # the prompt's text, when it came as text
+
+    @property
+    def choices(self) -> int:
+        """The response's choices: ``n`` of each prompt, prompt by prompt."""
+        return len(self.prompts) * self.n
 
 
 def _field(body: dict[str, Any], name: str, kinds: tuple[type, ...], what: str, default: Any = None) -> Any:
@@ -103,20 +116,29 @@ def _choices(body: dict[str, Any]) -> int:
     return int(n)
 
 
-def _prompt_tokens(body: dict[str, Any], llm: Any) -> tuple[list[int], str | None]:
-    """A completion's prompt: its token ids, and its text when it came as text."""
+def _prompts(body: dict[str, Any], llm: Any) -> list[Prompt]:
+    """A completion request's prompts: one (a string or token ids), or a batch (a list of
+    strings or of lists of ids), each named by its place in errors (``prompt[2]``)."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
-    if isinstance(prompt, str):
-        if not prompt:
-            raise RequestError("prompt is empty", "prompt")
-        return _encode(llm, _text(prompt, "prompt", "prompt"), "prompt"), prompt
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return list(prompt), None
     if prompt is None:
         raise RequestError("prompt is required", "prompt")
-    raise RequestError("prompt must be a string or a list of token ids (one prompt per request)", "prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        if len(prompt) > MAX_PROMPTS:
+            raise RequestError(f"prompt is a batch of {len(prompt)} prompts; at most {MAX_PROMPTS} a request", "prompt")
+        return [_prompt(p, llm, f"prompt[{i}]") for i, p in enumerate(prompt)]
+    return [_prompt(prompt, llm, "prompt")]
+
+
+def _prompt(prompt: Any, llm: Any, where: str) -> Prompt:
+    if isinstance(prompt, str):
+        if not prompt:
+            raise RequestError(f"{where} is empty", "prompt")
+        return Prompt(_encode(llm, _text(prompt, where, "prompt"), "prompt"), prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return Prompt(list(prompt))
+    if prompt == []:
+        raise RequestError(f"{where} is empty", "prompt")
+    raise RequestError(f"{where} must be a string or a list of token ids (or prompt a list of them: a batch)", "prompt")
 
 
 def _content(message: dict[str, Any], i: int) -> str | None:
@@ -201,9 +223,9 @@ def _parse(raw: bytes, kind: str, llm: Any, model_name: str, default_max_tokens:
         if isinstance(text, str):
             _text(text, "stop" if isinstance(stop, str) else f"stop[{i}]", "stop")
     logprobs = _logprobs(body, kind)
-    tokens, text = (_chat_tokens(body, llm), None) if kind == "chat" else _prompt_tokens(body, llm)
+    prompts = [Prompt(_chat_tokens(body, llm))] if kind == "chat" else _prompts(body, llm)
     if max_tokens is None:
-        room = (llm.config.context_length if max_sequence is None else max_sequence) - len(tokens)
+        room = (llm.config.context_length if max_sequence is None else max_sequence) - max(len(p.tokens) for p in prompts)
         max_tokens = max(1, min(default_max_tokens, room))  # no room: the scheduler refuses the prompt
     try:
         params = SamplingParams(
@@ -220,7 +242,7 @@ def _parse(raw: bytes, kind: str, llm: Any, model_name: str, default_max_tokens:
     except SamplingParamsError as exc:
         raise RequestError(str(exc), max_name if exc.field == "max_tokens" else exc.field) from None
     echo = _field(body, "echo", (bool,), "true or false", False)
-    return Parsed(tokens, params, stream, include_usage, logprobs, n, echo, text)
+    return Parsed(prompts, params, stream, include_usage, logprobs, n, echo)
 
 
 def _logprobs(body: dict[str, Any], kind: str) -> int | None:

@@ -95,7 +95,7 @@ class Event:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens found in the prefix cache
-    index: int = 0  # the completion (choice) of the request, 0 .. n - 1
+    index: int = 0  # the completion (choice) of the request: 0 .. n - 1, prompt p's p * n .. (p + 1) * n - 1 in a batch
     logprobs: tuple[TokenLogprob, ...] = ()  # the tokens this text completes, when the request asked for them
 
 
@@ -222,21 +222,39 @@ class Scheduler:
         the prefix cache gives the later ones the first one's pages. ``echo``: each completion's
         first event gives the prompt back (``text``, or its tokens decoded), with its tokens'
         log-probabilities (the first one's None) when ``logprobs`` asks for them."""
-        tokens = [int(t) for t in tokens]
-        self.check(tokens, params)
-        echo_text = (text if text is not None else self.llm.tokenizer.decode(tokens)) if echo else None
+        return self.submit_batch([tokens], params, on_event, logprobs, n, echo, [text])
+
+    def submit_batch(self, prompts: Sequence[Sequence[int]], params: SamplingParams, on_event: OnEvent, logprobs: int | None = None,
+                     n: int = 1, echo: bool = False, texts: Sequence[str | None] | None = None) -> Ticket:
+        """``submit`` for a batch of prompts in one request (a completions ``prompt`` list): ``n``
+        completions of each, the choices numbered prompt by prompt (prompt ``p``'s completion
+        ``i`` is ``Event.index`` ``p * n + i``, sampled with ``seed + p * n + i``: with ``n = 1``
+        prompt ``p`` of ``LLM.generate``'s batch). Every prompt is checked before any is queued,
+        and the request is queued whole or refused whole; its sequences are admitted as room
+        frees, like requests of their own, and ``cancel`` ends them all. ``texts``: the prompts'
+        texts for ``echo`` (None: decoded)."""
+        ids = [[int(t) for t in tokens] for tokens in prompts]
+        texts = list(texts) if texts is not None else [None] * len(ids)
+        if len(texts) != len(ids) or not ids:
+            raise TileworkError(f"submit_batch takes at least one prompt and one text (or None) a prompt: {len(ids)} prompts, {len(texts)} texts")
         if not 1 <= n <= self.max_seqs:
             raise RequestError(f"n={n}: the server decodes at most {self.max_seqs} sequences together (max_seqs)", "n")
-        pages = self._pages(len(tokens), params.max_tokens)
-        if n * pages > self.max_pages:
-            raise RequestError(f"n={n} completions of {pages} KV-cache pages each (the prompt and max_tokens) need {n * pages}; the server has {self.max_pages}", "n")
         ticket = Ticket(self)
         seqs = []
-        for i in range(n):
-            own = params if params.seed is None else dataclasses.replace(params, seed=params.seed + i)
-            decoder = self.llm.tokenizer.stream_decoder(skip_special_tokens=True, context=tokens[-1:])
-            out = Completion(own, self.llm.config.vocab, self.llm.eos, decoder, tokens, logprobs)
-            seqs.append(_Seq(ticket, tokens, out, on_event, pages, time.perf_counter(), index=i, echo=echo_text))
+        for p, (tokens, text) in enumerate(zip(ids, texts)):
+            try:
+                self.check(tokens, params)
+            except RequestError as exc:
+                raise exc if len(ids) == 1 else RequestError(f"prompt[{p}]: {exc}", exc.param, exc.status, exc.code) from None
+            echo_text = (text if text is not None else self.llm.tokenizer.decode(tokens)) if echo else None
+            pages = self._pages(len(tokens), params.max_tokens)
+            if n * pages > self.max_pages:
+                raise RequestError(f"n={n} completions of {pages} KV-cache pages each (the prompt and max_tokens) need {n * pages}; the server has {self.max_pages}", "n")
+            for i in range(p * n, (p + 1) * n):
+                own = params if params.seed is None else dataclasses.replace(params, seed=params.seed + i)
+                decoder = self.llm.tokenizer.stream_decoder(skip_special_tokens=True, context=tokens[-1:])
+                out = Completion(own, self.llm.config.vocab, self.llm.eos, decoder, tokens, logprobs)
+                seqs.append(_Seq(ticket, tokens, out, on_event, pages, time.perf_counter(), index=i, echo=echo_text))
         with self._cond:
             if self._stopping or (self._thread is not None and not self._thread.is_alive()):
                 raise RequestError("the server is shutting down", status=503)
@@ -244,7 +262,8 @@ class Scheduler:
                 raise RequestError(f"the server is busy: the queue of requests waiting for room is full (max_queue={self.max_queue});"
                                    " retry later", status=429)
             self._waiting.extend(seqs)
-            self.metrics.submitted(len(tokens), n)
+            for tokens in ids:
+                self.metrics.submitted(len(tokens), n)
             self._cond.notify()
         return ticket
 
