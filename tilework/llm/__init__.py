@@ -7,7 +7,7 @@ paged KV cache, tokenizer, chat template, sampling and generation.
 
 ``engine`` (``LLM``, ``ChatSession``), ``compile`` (the compiled decoder and its cache),
 ``model`` (the decoder), ``kv_cache``, ``weights``/``gguf``/``quant``/``config`` (loading),
-``tokenizer``, ``chat``, ``sampling``. Importing this package imports none of gguf,
+``tokenizer``, ``chat``, ``sampling``, ``grammar`` (structured output). Importing this package imports none of gguf,
 tokenizers or jinja2; the names below load their modules on first use.
 """
 
@@ -24,6 +24,7 @@ _EXPORTS = {
     "default_model_path": "engine",
     "SamplingParams": "sampling",
     "Sampler": "sampling",
+    "Grammar": "grammar",
     "Tokenizer": "tokenizer",
     "ChatTemplate": "chat",
     "Conversation": "chat",

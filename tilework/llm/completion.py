@@ -15,6 +15,11 @@ With ``logprobs=k`` (``None``: off) each token added to ``ids`` also gets a ``To
 before temperature, top-k, top-p or the repetition penalty reshape them for sampling) and the
 ``k`` most likely tokens with theirs, each with its text (what it adds after the token before it;
 U+FFFD where a token ends inside a UTF-8 character).
+
+With ``params.grammar`` (structured output, ``tilework.llm.grammar``) the tokens the grammar
+does not allow next are removed from the logits before the sampler sees them (the
+log-probabilities stay the model's), and the sequence ends ("stop") as soon as the text is
+complete in the grammar.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tilework.errors import TileworkError
+from tilework.llm.grammar import Constraint
 from tilework.llm.sampling import Sampler, SamplingParams, StopChecker, StopStream
 from tilework.llm.tokenizer import StreamDecoder, Tokenizer
 
@@ -95,6 +101,7 @@ class Completion:
         self.history = list(prompt)
         self.ids: list[int] = []
         self.finish: str | None = None  # "stop" or "length" once it has ended
+        self.constraint = None if params.grammar is None else Constraint(params.grammar, decoder.tokenizer, vocab, eos)
 
     @property
     def text(self) -> str:
@@ -105,17 +112,21 @@ class Completion:
         """Sample the next token from ``logits``; the text to show now (may be empty)."""
         if self.logprobs is not None:  # before sampling: the sampler may reshape the logits in place
             logp = log_softmax(logits)
+        if self.constraint is not None:
+            logits = self.constraint.mask(logits)
         token = self.sampler.sample(logits, self.history, self.ids)
         piece = ""
         if token in self.eos:
             self.finish = "stop"
         else:
+            if self.constraint is not None:
+                self.constraint.advance(token)
             if self.logprobs is not None:
                 self.token_logprobs.append(token_logprob(self.decoder.tokenizer, logp, token, self.history[-1:], self.logprobs))
             self.ids.append(token)
             self.history.append(token)
             piece, stopped = self.stream.push(self.decoder.feed(token))
-            if stopped:
+            if stopped or (self.constraint is not None and self.constraint.complete):
                 self.finish = "stop"
             elif len(self.ids) >= self.params.max_tokens or not room:
                 self.finish = "length"

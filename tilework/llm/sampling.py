@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tilework.errors import TileworkError
+from tilework.llm.grammar import Grammar
 
 __all__ = ["SamplingParams", "SamplingParamsError", "Sampler", "StopChecker", "StopStream"]
 
@@ -69,7 +70,10 @@ class SamplingParams:
     ``max_tokens`` bounds the generated tokens; ``stop`` strings end the text (a single string is
     taken as a one-element list); ``seed`` None draws from fresh OS entropy;
     ``presence_penalty`` and ``frequency_penalty`` (OpenAI's, in [-2, 2]; 0 is off) lower the
-    logits of tokens already generated (negative values raise them).
+    logits of tokens already generated (negative values raise them). ``grammar`` (a
+    ``tilework.llm.grammar.Grammar``; None is off) is what the text must be: JSON, JSON that
+    fits a schema, a regular expression or a Lark grammar; tokens it does not allow next are
+    removed before any other step.
 
     ``LLM.generate`` on a list of prompts seeds prompt ``i`` with ``seed + i``: equal prompts
     in one call sample differently, and prompt ``i`` of a batch repeats alone with
@@ -85,6 +89,7 @@ class SamplingParams:
     seed: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    grammar: Grammar | None = None
 
     def __post_init__(self) -> None:
         if not _is_real(self.temperature) or not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -114,6 +119,8 @@ class SamplingParams:
         if not all(isinstance(s, str) and s for s in stop):
             raise SamplingParamsError("stop", self.stop, "a list of non-empty strings")
         object.__setattr__(self, "stop", stop)  # stored as a tuple, so the params stay hashable
+        if self.grammar is not None and not isinstance(self.grammar, Grammar):
+            raise SamplingParamsError("grammar", self.grammar, "None or a tilework.llm.grammar.Grammar (Grammar.json(), .json_schema(...), .regex(...), .lark(...))")
 
     @property
     def greedy(self) -> bool:

@@ -13,9 +13,10 @@ completions of the prompt; ``best_of`` only equal to it), the extensions ``top_k
 log-probabilities (chat's ``logprobs: true`` with ``top_logprobs`` 0..20, completions'
 ``logprobs`` 0..20; ``Parsed.logprobs``: how many alternatives, None when not asked; the bodies:
 :func:`logprobs_body`), and completions' ``echo`` (the prompt given back before each
-completion, with its tokens' log-probabilities when ``logprobs`` asks). Fields the server cannot
-honour (``suffix``, ``logit_bias``, ``tools``, a non-text ``response_format``) are refused with
-a 400 rather than ignored; other unknown fields are ignored, as OpenAI's server does with fields
+completion, with its tokens' log-probabilities when ``logprobs`` asks), and structured output:
+``response_format`` ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema":
+{"schema": ...}}`` (``tilework.llm.grammar``; in chat and completions). Fields the server cannot
+honour (``suffix``, ``logit_bias``, ``tools``) are refused with a 400 rather than ignored; other unknown fields are ignored, as OpenAI's server does with fields
 it does not know.
 """
 
@@ -30,6 +31,7 @@ from typing import Any, Sequence
 
 from tilework.errors import TileworkError
 from tilework.llm.completion import MAX_TOP_LOGPROBS, TokenLogprob
+from tilework.llm.grammar import Constraint, Grammar, GrammarError
 from tilework.llm.sampling import SamplingParams, SamplingParamsError
 from tilework.llm.tokenizer import lone_surrogate
 from tilework.serve.scheduler import RequestError
@@ -96,7 +98,6 @@ def _unsupported(body: dict[str, Any], kind: str) -> None:
         "logit_bias": lambda v: v not in (None, {}),
         "tools": lambda v: v not in (None, []),
         "functions": lambda v: v not in (None, []),
-        "response_format": lambda v: v not in (None, {"type": "text"}),
     }
     for name, bad in refused.items():
         if name in body and bad(body[name]):
@@ -238,11 +239,37 @@ def _parse(raw: bytes, kind: str, llm: Any, model_name: str, default_max_tokens:
             max_tokens=max_tokens,
             stop=() if stop is None else stop,
             seed=_field(body, "seed", (int,), "an integer >= 0"),
+            grammar=_response_format(body),
         )
     except SamplingParamsError as exc:
         raise RequestError(str(exc), max_name if exc.field == "max_tokens" else exc.field) from None
+    if params.grammar is not None:  # made here, off the event loop: the model's tokenizer for llguidance, once (0.2 s)
+        try:
+            Constraint(params.grammar, llm.tokenizer, llm.config.vocab, llm.eos)
+        except GrammarError as exc:
+            raise RequestError(f"response_format: {exc}", "response_format") from None
     echo = _field(body, "echo", (bool,), "true or false", False)
     return Parsed(prompts, params, stream, include_usage, logprobs, n, echo)
+
+
+def _response_format(body: dict[str, Any]) -> Grammar | None:
+    """The grammar of ``response_format``: None for text (or none given), any JSON object for
+    ``json_object``, a value that fits ``json_schema.schema`` for ``json_schema``."""
+    fmt = _field(body, "response_format", (dict,), 'an object such as {"type": "json_object"}')
+    kind = None if fmt is None else fmt.get("type")
+    try:
+        if kind in (None, "text"):
+            return None
+        if kind == "json_object":
+            return Grammar.json()
+        if kind == "json_schema":
+            spec = fmt.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+                raise RequestError('response_format json_schema needs {"json_schema": {"name": ..., "schema": {...}}}', "response_format")
+            return Grammar.json_schema(spec["schema"])
+    except GrammarError as exc:
+        raise RequestError(f"response_format: {exc}", "response_format") from None
+    raise RequestError(f"response_format type {json.dumps(kind)[:40]} is not one of text, json_object, json_schema", "response_format")
 
 
 def _logprobs(body: dict[str, Any], kind: str) -> int | None:
