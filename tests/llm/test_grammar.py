@@ -101,6 +101,7 @@ def test_greedy_picks_the_most_likely_token_the_grammar_allows(llm: LLM) -> None
         (lambda: Grammar.json_schema("{not json"), "the JSON schema is not valid JSON"),
         (lambda: Grammar.json_schema([1, 2]), "a JSON schema is a JSON object, got list"),
         (lambda: Grammar.json_schema({"type": "objectx"}), "the json schema does not compile: Invalid type: objectx"),
+        (lambda: Grammar.json_schema({"$ref": "#/defs/x"}), "the json schema does not compile: Pointer '/defs/x' does not exist"),
         (lambda: Grammar.regex("[0-9"), "the regex does not compile"),
         (lambda: Grammar.lark("start: nothing_here"), "the lark does not compile"),
         (lambda: SamplingParams(grammar="json"), "grammar='json' is invalid: it must be None or a tilework.llm.grammar.Grammar"),
