@@ -228,6 +228,52 @@ def test_response_format_json_object_and_json_schema(server: BackgroundServer, c
         assert code == 400 and message in error["message"] and error["param"] == "response_format", text
 
 
+def test_tool_calls_required_or_named_streamed_or_not(server: BackgroundServer, client: Any, ref: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tools: ``tool_choice`` required or a named function makes the reply tool calls (a
+    grammar of the tools' names and parameters: whatever SmolLM2 would say), in
+    ``message.tool_calls`` or streamed ``tool_calls`` deltas, ``finish_reason`` "tool_calls";
+    a history with a call and its result renders; auto is refused for a template without a
+    tool-call format, and read from Hermes' ``<tool_call>`` where the template has it."""
+    pytest.importorskip("llguidance")
+    weather = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 24}, "unit": {"enum": ["C", "F"]}}, "required": ["city", "unit"],
+        "additionalProperties": False}}}
+    clock = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}}
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    reply = client.chat.completions.create(model=server.name, messages=messages, tools=[weather, clock], tool_choice="required", max_tokens=80, temperature=0)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None and choice.message.tool_calls
+    for call in choice.message.tool_calls:
+        assert call.type == "function" and call.id.startswith("call_") and call.function.name in ("get_weather", "get_time")
+        args = json.loads(call.function.arguments)
+        assert set(args) == ({"city", "unit"} if call.function.name == "get_weather" else set())
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    chunks = list(client.chat.completions.create(model=server.name, messages=messages, tools=[weather, clock], tool_choice=named, max_tokens=80, seed=4, stream=True))
+    deltas = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
+    assert len(deltas) == 1 and deltas[0].index == 0 and deltas[0].function.name == "get_weather"
+    assert set(json.loads(deltas[0].function.arguments)) == {"city", "unit"} and chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert not any(c.choices[0].delta.content for c in chunks if c.choices)
+    history = messages + [{"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "C"}'}}]},
+                          {"role": "tool", "tool_call_id": "call_1", "content": "18 C and sunny"}]
+    answer = client.chat.completions.create(model=server.name, messages=history, tools=[weather], tool_choice="none", max_tokens=8, temperature=0)
+    assert answer.choices[0].message.tool_calls is None and answer.choices[0].finish_reason in ("stop", "length")
+    for body, param, message in (({"messages": messages, "tools": [weather]}, "tool_choice", "tool_choice auto: this model's chat template has no tool-call format"),
+                                 ({"prompt": "Hi", "tools": [weather]}, "tools", "tools is a field of /v1/chat/completions"),
+                                 ({"messages": messages, "tools": [weather], "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format", "give one")):
+        code, text = http(server, "/v1/completions" if "prompt" in body else "/v1/chat/completions", json.dumps(body).encode())
+        error = json.loads(text)["error"]
+        assert code == 400 and error["param"] == param and message in error["message"], text
+    # auto, where the template writes Hermes' format: the tools reach the prompt through the template
+    from tilework.llm.chat import ChatTemplate
+    from tilework.serve.protocol import parse_request
+
+    hermes = "{% for t in tools %}<tools>{{ t.function.name }}</tools>{% endfor %}{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}(calls: <tool_call>{json}</tool_call>)\n"
+    monkeypatch.setattr(ref, "template", ChatTemplate(hermes))
+    parsed = parse_request(json.dumps({"messages": messages, "tools": [weather]}).encode(), "chat", ref, "m", 16)
+    assert parsed.tools is not None and parsed.tools.choice == "auto" and parsed.params.grammar is None
+    assert ref.tokenizer.decode(parsed.prompts[0].tokens).startswith("<tools>get_weather</tools>user: What is the weather in Paris?")
+
+
 def test_a_model_is_retrieved_by_its_id(server: BackgroundServer, client: Any) -> None:
     """``GET /v1/models/{id}`` (the openai client's ``models.retrieve``): the card of the list, or
     OpenAI's 404 for another id."""

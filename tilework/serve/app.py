@@ -30,6 +30,7 @@ from starlette.types import Receive, Scope, Send
 
 from tilework.serve.protocol import Choice, chunk_body, completion_body, error_body, logprobs_body, new_id, parse_request
 from tilework.serve.scheduler import INTERNAL_ERROR, Event, RequestError, Scheduler, Ticket, failure_message, log
+from tilework.serve.tools import ToolSpec, ToolStream, tool_calls_of
 
 __all__ = ["create_app"]
 
@@ -101,7 +102,7 @@ def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int
             return _error(str(exc), exc.status, exc.param, exc.code)
         rid = new_id(kind)
         if parsed.stream:
-            return _Stream(_events(kind, rid, queue, parsed.include_usage, parsed.logprobs is not None, parsed.choices, parsed.n), ticket)
+            return _Stream(_events(kind, rid, queue, parsed.include_usage, parsed.logprobs is not None, parsed.choices, parsed.n, parsed.tools), ticket)
         try:
             events = await _collect(request, queue, parsed.choices)
         finally:
@@ -116,13 +117,20 @@ def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int
         for i in range(parsed.choices):
             mine = [ev for ev in events if ev.index == i]
             lp = logprobs_body(kind, [e for ev in mine for e in ev.logprobs]) if parsed.logprobs is not None else None
-            choices.append(Choice("".join(ev.text for ev in mine), mine[-1].finish_reason or "stop", lp))
+            text, finish = "".join(ev.text for ev in mine), mine[-1].finish_reason or "stop"
+            if parsed.tools is None:
+                choices.append(Choice(text, finish, lp))
+                continue
+            content, calls = tool_calls_of(parsed.tools, text)
+            choices.append(Choice(content, "tool_calls" if calls and finish == "stop" else finish, lp, [c.body() for c in calls] or None))
         return JSONResponse(completion_body(kind, rid, model_name, choices, *_usage(ends, parsed.n)))
 
-    async def _events(kind: str, rid: str, queue: asyncio.Queue[Event], include_usage: bool, logprobs: bool, choices: int, n: int) -> AsyncIterator[str]:
+    async def _events(kind: str, rid: str, queue: asyncio.Queue[Event], include_usage: bool, logprobs: bool, choices: int, n: int,
+                      tools: ToolSpec | None = None) -> AsyncIterator[str]:
         if kind == "chat":
             for i in range(choices):
                 yield _sse(chunk_body(kind, rid, model_name, None, None, role=True, index=i))
+        held = [ToolStream(tools) for _ in range(choices)] if tools is not None else None  # (the text of tool calls held to the end)
         offsets = [0] * choices  # of each choice's chunk text in its completion (completions' text_offset)
         ends: list[Event] = []
         while len(ends) < choices:
@@ -131,12 +139,21 @@ def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int
                 yield _sse(error_body(ev.error, 500))
                 break
             i = ev.index
-            if ev.text or ev.logprobs:
-                yield _sse(chunk_body(kind, rid, model_name, ev.text, None, logprobs=logprobs_body(kind, ev.logprobs, offsets[i]) if logprobs else None, index=i))
+            text = ev.text if held is None else held[i].push(ev.text)
+            if text or ev.logprobs:
+                yield _sse(chunk_body(kind, rid, model_name, text, None, logprobs=logprobs_body(kind, ev.logprobs, offsets[i]) if logprobs else None, index=i))
                 offsets[i] += sum(len(e.text) for e in ev.logprobs)
             if ev.finish_reason is not None:
                 ends.append(ev)
-                yield _sse(chunk_body(kind, rid, model_name, None if kind == "chat" else "", ev.finish_reason, index=i))
+                finish = ev.finish_reason
+                if held is not None:
+                    rest, calls = held[i].finish()
+                    if rest:
+                        yield _sse(chunk_body(kind, rid, model_name, rest, None, index=i))
+                    if calls:
+                        yield _sse(chunk_body(kind, rid, model_name, None, None, index=i, tool_calls=[c.body(j) for j, c in enumerate(calls)]))
+                        finish = "tool_calls" if finish == "stop" else finish
+                yield _sse(chunk_body(kind, rid, model_name, None if kind == "chat" else "", finish, index=i))
         else:
             if include_usage:
                 yield _sse(chunk_body(kind, rid, model_name, None, None, usage_of=_usage(ends, n)))

@@ -15,9 +15,11 @@ log-probabilities (chat's ``logprobs: true`` with ``top_logprobs`` 0..20, comple
 :func:`logprobs_body`), and completions' ``echo`` (the prompt given back before each
 completion, with its tokens' log-probabilities when ``logprobs`` asks), and structured output:
 ``response_format`` ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema":
-{"schema": ...}}`` (``tilework.llm.grammar``; in chat and completions). Fields the server cannot
-honour (``suffix``, ``logit_bias``, ``tools``) are refused with a 400 rather than ignored; other unknown fields are ignored, as OpenAI's server does with fields
-it does not know.
+{"schema": ...}}`` (``tilework.llm.grammar``; in chat and completions), and chat's ``tools``,
+``tool_choice`` and ``parallel_tool_calls`` (``tilework.serve.tools``; ``Parsed.tools``). Fields
+the server cannot honour (``suffix``, ``logit_bias``, ``functions``) are refused with a 400
+rather than ignored; other unknown fields are ignored, as OpenAI's server does with fields it
+does not know.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from tilework.llm.grammar import Constraint, Grammar, GrammarError
 from tilework.llm.sampling import SamplingParams, SamplingParamsError
 from tilework.llm.tokenizer import lone_surrogate
 from tilework.serve.scheduler import RequestError
+from tilework.serve.tools import ToolSpec, parse_tools
 
 __all__ = ["Parsed", "Prompt", "Choice", "parse_request", "error_body", "completion_body", "chunk_body", "logprobs_body", "new_id"]
 
@@ -60,6 +63,7 @@ class Parsed:
     logprobs: int | None = None  # alternatives a token (0..20); None: no log-probabilities
     n: int = 1  # completions (choices) of each prompt
     echo: bool = False  # completions' echo: the prompt given back before the completion
+    tools: ToolSpec | None = None  # chat's tools and tool_choice (tilework.serve.tools)
 
     @property
     def choices(self) -> int:
@@ -96,14 +100,15 @@ def _unsupported(body: dict[str, Any], kind: str) -> None:
     refused = {
         "suffix": lambda v: v not in (None, ""),
         "logit_bias": lambda v: v not in (None, {}),
-        "tools": lambda v: v not in (None, []),
-        "functions": lambda v: v not in (None, []),
+        "functions": lambda v: v not in (None, []),  # (the API's old form of tools)
     }
     for name, bad in refused.items():
         if name in body and bad(body[name]):
             raise RequestError(f"{name}={json.dumps(body[name])[:80]} is not supported by this server", name)
     if body.get("echo") not in (None, False) and kind == "chat":
         raise RequestError("echo is a field of /v1/completions, not of chat", "echo")
+    if body.get("tools") not in (None, []) and kind != "chat":
+        raise RequestError("tools is a field of /v1/chat/completions, not of completions", "tools")
 
 
 def _choices(body: dict[str, Any]) -> int:
@@ -161,7 +166,27 @@ def _content(message: dict[str, Any], i: int) -> str | None:
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")  # the OpenAI API's message roles
 
 
-def _chat_tokens(body: dict[str, Any], llm: Any) -> list[int]:
+def _tool_calls(m: dict[str, Any], i: int) -> list[dict[str, Any]] | None:
+    """An assistant message's ``tool_calls`` for the template, each call's ``arguments`` as an
+    object where its JSON text parses (templates write them with ``tojson``)."""
+    calls = m.get("tool_calls")
+    if calls in (None, []):
+        return None
+    if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(c.get("function"), dict) for c in calls):
+        raise RequestError(f"messages[{i}].tool_calls must be a list of {{\"id\", \"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}}", "messages")
+    out = []
+    for c in calls:
+        fn = dict(c["function"])
+        if isinstance(fn.get("arguments"), str):
+            try:
+                fn["arguments"] = json.loads(fn["arguments"])
+            except json.JSONDecodeError:
+                pass
+        out.append({**c, "function": fn})
+    return out
+
+
+def _chat_tokens(body: dict[str, Any], llm: Any, tools: ToolSpec | None = None) -> list[int]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty list of {role, content} objects", "messages")
@@ -176,9 +201,16 @@ def _chat_tokens(body: dict[str, Any], llm: Any) -> list[int]:
         content = _content(m, i)
         if content is None and m["role"] != "assistant":
             raise RequestError(f"messages[{i}] ({m['role']}) has no content", "messages")
-        plain.append({"role": m["role"], "content": content or ""})
+        message: dict[str, Any] = {"role": m["role"], "content": content or ""}
+        calls = _tool_calls(m, i) if m["role"] == "assistant" else None
+        if calls:
+            message["tool_calls"] = calls
+        for key in ("tool_call_id", "name"):  # a tool result's
+            if isinstance(m.get(key), str):
+                message[key] = m[key]
+        plain.append(message)
     try:
-        text = llm.template.render(plain, add_generation_prompt=True)
+        text = llm.template.render(plain, add_generation_prompt=True, tools=tools.tools if tools is not None else None)
     except TileworkError as exc:
         raise RequestError(f"messages: {exc}", "messages") from exc
     return _encode(llm, text, "messages")
@@ -224,7 +256,8 @@ def _parse(raw: bytes, kind: str, llm: Any, model_name: str, default_max_tokens:
         if isinstance(text, str):
             _text(text, "stop" if isinstance(stop, str) else f"stop[{i}]", "stop")
     logprobs = _logprobs(body, kind)
-    prompts = [Prompt(_chat_tokens(body, llm))] if kind == "chat" else _prompts(body, llm)
+    tools = parse_tools(body, getattr(llm.template, "source", None)) if kind == "chat" else None
+    prompts = [Prompt(_chat_tokens(body, llm, tools))] if kind == "chat" else _prompts(body, llm)
     if max_tokens is None:
         room = (llm.config.context_length if max_sequence is None else max_sequence) - max(len(p.tokens) for p in prompts)
         max_tokens = max(1, min(default_max_tokens, room))  # no room: the scheduler refuses the prompt
@@ -239,7 +272,7 @@ def _parse(raw: bytes, kind: str, llm: Any, model_name: str, default_max_tokens:
             max_tokens=max_tokens,
             stop=() if stop is None else stop,
             seed=_field(body, "seed", (int,), "an integer >= 0"),
-            grammar=_response_format(body),
+            grammar=_grammar(body, tools),
         )
     except SamplingParamsError as exc:
         raise RequestError(str(exc), max_name if exc.field == "max_tokens" else exc.field) from None
@@ -249,7 +282,17 @@ def _parse(raw: bytes, kind: str, llm: Any, model_name: str, default_max_tokens:
         except GrammarError as exc:
             raise RequestError(f"response_format: {exc}", "response_format") from None
     echo = _field(body, "echo", (bool,), "true or false", False)
-    return Parsed(prompts, params, stream, include_usage, logprobs, n, echo)
+    return Parsed(prompts, params, stream, include_usage, logprobs, n, echo, tools if tools is not None and tools.choice != "none" else None)
+
+
+def _grammar(body: dict[str, Any], tools: ToolSpec | None) -> Grammar | None:
+    """The reply's grammar: ``response_format``'s, or required tool calls' (not both)."""
+    fmt = _response_format(body)
+    if tools is None or tools.grammar is None:
+        return fmt
+    if fmt is not None:
+        raise RequestError("response_format and tool_choice required (or a named function) both shape the reply: give one", "response_format")
+    return tools.grammar
 
 
 def _response_format(body: dict[str, Any]) -> Grammar | None:
@@ -330,9 +373,10 @@ class Choice:
     """One completion of a non-streamed response: its text, finish reason and ``logprobs``
     (:func:`logprobs_body`, or None)."""
 
-    text: str
+    text: str | None
     finish: str
     logprobs: dict[str, Any] | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # chat's message.tool_calls (``ToolCall.body``)
 
 
 def completion_body(kind: str, rid: str, model: str, choices: Sequence[Choice], prompt: int, completion: int, cached: int = 0) -> dict[str, Any]:
@@ -341,7 +385,8 @@ def completion_body(kind: str, rid: str, model: str, choices: Sequence[Choice], 
     out = []
     for i, c in enumerate(choices):
         if kind == "chat":
-            out.append({"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": c.logprobs, "finish_reason": c.finish})
+            message = {"role": "assistant", "content": c.text, **({"tool_calls": c.tool_calls} if c.tool_calls else {})}
+            out.append({"index": i, "message": message, "logprobs": c.logprobs, "finish_reason": c.finish})
         else:
             out.append({"index": i, "text": c.text, "logprobs": c.logprobs, "finish_reason": c.finish})
     obj = "chat.completion" if kind == "chat" else "text_completion"
@@ -349,7 +394,8 @@ def completion_body(kind: str, rid: str, model: str, choices: Sequence[Choice], 
 
 
 def chunk_body(kind: str, rid: str, model: str, text: str | None, finish: str | None, *, role: bool = False,
-               usage_of: tuple[int, int, int] | None = None, logprobs: dict[str, Any] | None = None, index: int = 0) -> dict[str, Any]:
+               usage_of: tuple[int, int, int] | None = None, logprobs: dict[str, Any] | None = None, index: int = 0,
+               tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """One streamed chunk of choice ``index``: a piece of text (with its tokens' ``logprobs``,
     :func:`logprobs_body`), the finish reason, or (``usage_of``) the usage chunk with no
     choices that ``stream_options.include_usage`` asks for."""
@@ -361,6 +407,8 @@ def chunk_body(kind: str, rid: str, model: str, text: str | None, finish: str | 
         return out
     if kind == "chat":
         delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
+        if tool_calls:
+            delta["tool_calls"] = tool_calls
         out["choices"] = [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]
     else:
         out["choices"] = [{"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}]
