@@ -48,7 +48,7 @@ def test_required_and_named_choices_have_a_grammar_of_calls() -> None:
         ({"tools": [{"type": "function", "function": {"name": "no spaces"}}]}, "tools", "tools[0].function.name must be"),
         ({"tools": [WEATHER, WEATHER]}, "tools", "tools[1]: a second function named 'get_weather'"),
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": [1]}}]}, "tools", "parameters must be a JSON Schema object"),
-        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objectx"}}}], "tool_choice": "required"}, "tools", "do not compile"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objectx"}}}], "tool_choice": "required"}, "tools", "the json schema does not compile"),
         ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice", "tool_choice must be none, auto, required"),
         ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_time"}}}, "tool_choice", "which is not one of the tools (get_weather)"),
         ({"tool_choice": "required"}, "tool_choice", "tool_choice needs tools"),

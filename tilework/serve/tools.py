@@ -105,7 +105,7 @@ def parse_tools(body: dict[str, Any], template_source: str | None) -> ToolSpec |
         try:
             grammar = Grammar.json_schema({"type": "array", "items": item, "minItems": 1, **({} if parallel else {"maxItems": 1})})
         except GrammarError as exc:
-            raise RequestError(f"tools: a function's parameters do not compile: {exc}", "tools") from None
+            raise RequestError(f"tools (the parameters of tool_choice's functions): {exc}", "tools") from None
     return ToolSpec(specs, choice, names, grammar)
 
 
