@@ -130,6 +130,7 @@ def test_perplexity_of_a_file_and_of_stdin(tmp_path: Path, capsys: pytest.Captur
         (["generate", "hi", "--json-schema", "/nonexistent/schema.json"], "cannot read /nonexistent/schema.json: No such file or directory"),
         (["generate", "hi", "--regex", "[0-9"], "the regex does not compile"),
         (["generate", "hi", "--json", "--regex", "a"], "not allowed with argument"),
+        (["generate", "hi", "--logit-bias", "5"], "--logit-bias takes ID=BIAS (a token id and a number), got '5'"),
     ],
 )
 def test_errors_name_the_problem(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

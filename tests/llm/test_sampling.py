@@ -329,3 +329,28 @@ def test_frequency_and_presence_penalties_lower_the_generated_tokens() -> None:
     for name, value in (("presence_penalty", 2.5), ("frequency_penalty", -3), ("presence_penalty", True)):
         with pytest.raises(SamplingParamsError, match=f"{name}=.* must be a number in \\[-2, 2\\]"):
             SamplingParams(**{name: value})
+
+
+def test_logit_bias_is_added_to_the_models_logits_before_the_penalties() -> None:
+    """OpenAI's ``logit_bias``: added to the given tokens' logits, then the repetition penalty
+    (so a biased token's penalty acts on the biased value); -100 bans a likely token for
+    greedy, 100 forces an unlikely one; stored as sorted pairs (a mapping and pairs give equal
+    params); ids must be in the vocabulary, biases in [-100, 100], each id once."""
+    rng = np.random.default_rng(6)
+    logits = rng.standard_normal(VOCAB).astype(np.float32)
+    top, low = int(np.argmax(logits)), int(np.argmin(logits))
+    params = SamplingParams(temperature=0, logit_bias={top: -100, low: 100})
+    assert params.logit_bias == ((min(top, low), params.bias[0][1]), (max(top, low), params.bias[1][1])) == tuple(sorted({top: -100.0, low: 100.0}.items()))
+    assert params == SamplingParams(temperature=0, logit_bias=[(low, 100), (top, -100.0)]) and hash(params) == hash(SamplingParams(temperature=0, logit_bias=[(low, 100), (top, -100)]))
+    assert Sampler(params, VOCAB).sample(logits) == low
+    assert Sampler(SamplingParams(temperature=0, logit_bias={top: -100}), VOCAB).sample(logits) == int(np.argsort(logits)[-2])
+    want = logits.copy()
+    want[3] += 2.5
+    want[3] = want[3] / 1.3 if want[3] > 0 else want[3] * 1.3
+    got = Sampler(SamplingParams(logit_bias={3: 2.5}, repetition_penalty=1.3), VOCAB).penalize(logits, [3])
+    assert got[3] == pytest.approx(want[3], abs=1e-6) and (np.delete(got, 3) == np.delete(logits, 3)).all()
+    for bad in ({-1: 1}, {1: 101}, {1: float("nan")}, {True: 1}, [(1, 2, 3)], "x", [(1, 2), (1, 3)]):
+        with pytest.raises(SamplingParamsError, match="logit_bias=.* token id -> a number in \\[-100, 100\\]"):
+            SamplingParams(logit_bias=bad)  # type: ignore[arg-type]
+    with pytest.raises(SamplingParamsError, match="ids within the vocabulary"):
+        Sampler(SamplingParams(logit_bias={VOCAB: 1}), VOCAB)

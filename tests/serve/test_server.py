@@ -274,6 +274,22 @@ def test_tool_calls_required_or_named_streamed_or_not(server: BackgroundServer, 
     assert ref.tokenizer.decode(parsed.prompts[0].tokens).startswith("<tools>get_weather</tools>user: What is the weather in Paris?")
 
 
+def test_logit_bias_bans_and_favours_tokens_as_generate_does(server: BackgroundServer, client: Any, ref: LLM) -> None:
+    """OpenAI's ``logit_bias`` (token ids as strings): banning the greedy reply's first token
+    changes the reply to what ``LLM.generate`` gives with the same bias; bad ones are 400s."""
+    greedy = SamplingParams(temperature=0, max_tokens=6)
+    first = ref.generate(PROMPTS[0], greedy, chat=False)[0].token_ids[0]
+    want = ref.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=6, logit_bias={first: -100}), chat=False)[0]
+    assert want.token_ids[0] != first
+    got = client.completions.create(model=server.name, prompt=PROMPTS[0], max_tokens=6, temperature=0, logit_bias={str(first): -100})
+    assert got.choices[0].text == want.text
+    for bias, message in (({"x": 1}, 'keys are token ids, got "x"'), ({"5": 101}, "logit_bias[5]=101 must be a number in [-100, 100]"),
+                          ({"99999999": 1}, "token id 99999999 is outside the vocabulary of 49152 tokens"), ([1], "logit_bias must be an object")):
+        code, text = http(server, "/v1/completions", json.dumps({"prompt": "Hi", "logit_bias": bias}).encode())
+        error = json.loads(text)["error"]
+        assert code == 400 and error["param"] == "logit_bias" and message in error["message"], text
+
+
 def test_a_model_is_retrieved_by_its_id(server: BackgroundServer, client: Any) -> None:
     """``GET /v1/models/{id}`` (the openai client's ``models.retrieve``): the card of the list, or
     OpenAI's 404 for another id."""

@@ -77,6 +77,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frequency-penalty", type=float, default=0.0, help="lower the logits of generated tokens by this times their count (-2 to 2; 0: off)")
     p.add_argument("--seed", type=int, help="random seed (the same seed gives the same text)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop when the text contains TEXT (repeatable)")
+    p.add_argument("--logit-bias", action="append", default=[], metavar="ID=BIAS", help="add BIAS (-100 to 100) to token ID's logit (repeatable; -100 all but bans it)")
     p.add_argument("--system", metavar="TEXT", help="a system message for the chat template")
     shape = p.add_mutually_exclusive_group()
     shape.add_argument("--json", action="store_true", help="structured output: the text is a JSON object (needs tilework[structured])")
@@ -97,8 +98,15 @@ def _params(args: argparse.Namespace) -> Any:
         grammar = Grammar.json_schema(_read_text(args.json_schema))
     elif args.regex is not None:
         grammar = Grammar.regex(args.regex)
+    bias = {}
+    for item in args.logit_bias:
+        token, _, value = item.partition("=")
+        try:
+            bias[int(token)] = float(value)
+        except ValueError:
+            raise TileworkError(f"--logit-bias takes ID=BIAS (a token id and a number), got {item!r}") from None
     return SamplingParams(args.temperature, args.top_k, args.top_p, args.repetition_penalty, args.max_tokens, tuple(args.stop), args.seed,
-                          args.presence_penalty, args.frequency_penalty, grammar)
+                          args.presence_penalty, args.frequency_penalty, grammar, bias)
 
 
 def _read_text(path: str) -> str:

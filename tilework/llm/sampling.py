@@ -31,7 +31,7 @@ temperature above float32's range divides in float64 (every finite score becomes
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,7 +73,9 @@ class SamplingParams:
     logits of tokens already generated (negative values raise them). ``grammar`` (a
     ``tilework.llm.grammar.Grammar``; None is off) is what the text must be: JSON, JSON that
     fits a schema, a regular expression or a Lark grammar; tokens it does not allow next are
-    removed before any other step.
+    removed before any other step. ``logit_bias`` (OpenAI's: token id -> a bias in [-100, 100],
+    given as a mapping or pairs, stored as sorted pairs) is added to those tokens' logits before
+    the penalties: -100 all but bans a token, 100 all but forces it.
 
     ``LLM.generate`` on a list of prompts seeds prompt ``i`` with ``seed + i``: equal prompts
     in one call sample differently, and prompt ``i`` of a batch repeats alone with
@@ -90,6 +92,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     grammar: Grammar | None = None
+    logit_bias: Mapping[int, float] | Sequence[tuple[int, float]] = ()
 
     def __post_init__(self) -> None:
         if not _is_real(self.temperature) or not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -119,8 +122,21 @@ class SamplingParams:
         if not all(isinstance(s, str) and s for s in stop):
             raise SamplingParamsError("stop", self.stop, "a list of non-empty strings")
         object.__setattr__(self, "stop", stop)  # stored as a tuple, so the params stay hashable
+        try:
+            pairs = list(self.logit_bias.items() if isinstance(self.logit_bias, Mapping) else self.logit_bias)
+            bias: tuple[tuple[int, float], ...] | None = tuple(sorted((int(t), float(b)) for t, b in pairs if _is_int(t) and t >= 0 and _is_real(b) and -100 <= b <= 100))
+        except (TypeError, ValueError):
+            pairs, bias = [], None
+        if bias is None or len(bias) != len(pairs) or len({t for t, _ in bias}) != len(bias):
+            raise SamplingParamsError("logit_bias", self.logit_bias, "token id -> a number in [-100, 100] (ids >= 0, each once)")
+        object.__setattr__(self, "logit_bias", bias)
         if self.grammar is not None and not isinstance(self.grammar, Grammar):
             raise SamplingParamsError("grammar", self.grammar, "None or a tilework.llm.grammar.Grammar (Grammar.json(), .json_schema(...), .regex(...), .lark(...))")
+
+    @property
+    def bias(self) -> tuple[tuple[int, float], ...]:
+        """``logit_bias`` as it is stored: (token id, bias) pairs by id."""
+        return self.logit_bias  # type: ignore[return-value]  # (normalized in __post_init__)
 
     @property
     def greedy(self) -> bool:
@@ -136,6 +152,11 @@ class Sampler:
         self.params = params
         self.vocab_size = int(vocab_size)
         self.rng = np.random.default_rng(params.seed)
+        bias = params.bias
+        if bias and bias[-1][0] >= self.vocab_size:
+            raise SamplingParamsError("logit_bias", f"token id {bias[-1][0]}", f"ids within the vocabulary, [0, {self.vocab_size})")
+        self._bias_ids = np.array([t for t, _ in bias], np.int64)
+        self._bias = np.array([b for _, b in bias], np.float32)
 
     def _check(self, logits: np.ndarray) -> np.ndarray:
         array = np.asarray(logits)
@@ -164,6 +185,8 @@ class Sampler:
 
     def _repeat(self, logits: np.ndarray, history: Sequence[int] | np.ndarray) -> np.ndarray:
         scores = np.array(self._check(logits), dtype=np.float32, copy=True)
+        if self._bias.size:  # OpenAI's logit_bias, on the model's logits
+            scores[self._bias_ids] += self._bias
         penalty = self.params.repetition_penalty
         if penalty == 1.0 or len(history) == 0:
             return scores

@@ -16,8 +16,9 @@ log-probabilities (chat's ``logprobs: true`` with ``top_logprobs`` 0..20, comple
 completion, with its tokens' log-probabilities when ``logprobs`` asks), and structured output:
 ``response_format`` ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema":
 {"schema": ...}}`` (``tilework.llm.grammar``; in chat and completions), and chat's ``tools``,
-``tool_choice`` and ``parallel_tool_calls`` (``tilework.serve.tools``; ``Parsed.tools``). Fields
-the server cannot honour (``suffix``, ``logit_bias``, ``functions``) are refused with a 400
+``tool_choice`` and ``parallel_tool_calls`` (``tilework.serve.tools``; ``Parsed.tools``). ``logit_bias`` is
+OpenAI's (token ids -> -100..100, added to the logits). Fields the server cannot honour
+(``suffix``, ``functions``) are refused with a 400
 rather than ignored; other unknown fields are ignored, as OpenAI's server does with fields it
 does not know.
 """
@@ -99,7 +100,6 @@ def _encode(llm: Any, text: str, param: str) -> list[int]:
 def _unsupported(body: dict[str, Any], kind: str) -> None:
     refused = {
         "suffix": lambda v: v not in (None, ""),
-        "logit_bias": lambda v: v not in (None, {}),
         "functions": lambda v: v not in (None, []),  # (the API's old form of tools)
     }
     for name, bad in refused.items():
@@ -273,6 +273,7 @@ def _parse(raw: bytes, kind: str, llm: Any, model_name: str, default_max_tokens:
             stop=() if stop is None else stop,
             seed=_field(body, "seed", (int,), "an integer >= 0"),
             grammar=_grammar(body, tools),
+            logit_bias=_logit_bias(body, llm.config.vocab),
         )
     except SamplingParamsError as exc:
         raise RequestError(str(exc), max_name if exc.field == "max_tokens" else exc.field) from None
@@ -283,6 +284,22 @@ def _parse(raw: bytes, kind: str, llm: Any, model_name: str, default_max_tokens:
             raise RequestError(f"response_format: {exc}", "response_format") from None
     echo = _field(body, "echo", (bool,), "true or false", False)
     return Parsed(prompts, params, stream, include_usage, logprobs, n, echo, tools if tools is not None and tools.choice != "none" else None)
+
+
+def _logit_bias(body: dict[str, Any], vocab: int) -> dict[int, float]:
+    """OpenAI's ``logit_bias``: token ids (as JSON object keys, so strings of digits) of the
+    model's vocabulary -> biases."""
+    bias = _field(body, "logit_bias", (dict,), 'an object of token id -> bias, such as {"50256": -100}', {})
+    out = {}
+    for key, value in bias.items():
+        if not (isinstance(key, str) and key.isdigit() and key.isascii()):
+            raise RequestError(f"logit_bias keys are token ids, got {json.dumps(key)[:40]}", "logit_bias")
+        if int(key) >= vocab:
+            raise RequestError(f"logit_bias: token id {key[:40]} is outside the vocabulary of {vocab} tokens", "logit_bias")
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not -100 <= value <= 100:
+            raise RequestError(f"logit_bias[{key}]={json.dumps(value)[:40]} must be a number in [-100, 100]", "logit_bias")
+        out[int(key)] = float(value)
+    return out
 
 
 def _grammar(body: dict[str, Any], tools: ToolSpec | None) -> Grammar | None:
