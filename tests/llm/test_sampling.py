@@ -354,3 +354,28 @@ def test_logit_bias_is_added_to_the_models_logits_before_the_penalties() -> None
             SamplingParams(logit_bias=bad)  # type: ignore[arg-type]
     with pytest.raises(SamplingParamsError, match="ids within the vocabulary"):
         Sampler(SamplingParams(logit_bias={VOCAB: 1}), VOCAB)
+
+
+def test_min_tokens_and_ignore_eos_keep_the_end_of_sequence_from_being_sampled() -> None:
+    """An end-of-sequence token that greedy would take is passed over until ``min_tokens``
+    tokens are out (then it ends the text), and always with ``ignore_eos`` (the text runs to
+    ``max_tokens``); ``min_tokens`` above ``max_tokens`` is refused."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tilework.llm.completion import Completion
+    from tilework.llm.tokenizer import Tokenizer
+
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0"))
+    tok = Tokenizer(backend)
+    logits = np.zeros(VOCAB, np.float32)
+    logits[5], logits[7], logits[8] = 3, 9, 9.5  # 7 and 8: the ends of sequence, the likeliest
+    for params, ids, finish in ((SamplingParams(temperature=0, max_tokens=6, min_tokens=3), [5, 5, 5], "stop"),
+                                (SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), [5] * 6, "length"),
+                                (SamplingParams(temperature=0.5, max_tokens=4, ignore_eos=True, seed=1), None, "length")):
+        out = Completion(params, VOCAB, {7, 8}, tok.stream_decoder(), [1])
+        while out.finish is None:
+            out.add(logits.copy())
+        assert out.finish == finish and (ids is None or out.ids == ids) and not {7, 8} & set(out.ids)
+    with pytest.raises(SamplingParamsError, match="min_tokens=5 is invalid: it must be an integer in \\[0, max_tokens=4\\]"):
+        SamplingParams(max_tokens=4, min_tokens=5)
+    with pytest.raises(SamplingParamsError, match="ignore_eos='yes'"):
+        SamplingParams(ignore_eos="yes")  # type: ignore[arg-type]

@@ -274,15 +274,24 @@ def test_tool_calls_required_or_named_streamed_or_not(server: BackgroundServer, 
     assert ref.tokenizer.decode(parsed.prompts[0].tokens).startswith("<tools>get_weather</tools>user: What is the weather in Paris?")
 
 
-def test_logit_bias_bans_and_favours_tokens_as_generate_does(server: BackgroundServer, client: Any, ref: LLM) -> None:
+def test_logit_bias_min_tokens_and_ignore_eos(server: BackgroundServer, client: Any, ref: LLM) -> None:
     """OpenAI's ``logit_bias`` (token ids as strings): banning the greedy reply's first token
-    changes the reply to what ``LLM.generate`` gives with the same bias; bad ones are 400s."""
+    changes the reply to what ``LLM.generate`` gives with the same bias; bad ones are 400s.
+    ``ignore_eos`` and ``min_tokens`` (vLLM's) make a short reply run on."""
     greedy = SamplingParams(temperature=0, max_tokens=6)
     first = ref.generate(PROMPTS[0], greedy, chat=False)[0].token_ids[0]
     want = ref.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=6, logit_bias={first: -100}), chat=False)[0]
     assert want.token_ids[0] != first
     got = client.completions.create(model=server.name, prompt=PROMPTS[0], max_tokens=6, temperature=0, logit_bias={str(first): -100})
     assert got.choices[0].text == want.text
+    # ignore_eos / min_tokens: a reply that would end early runs to max_tokens / at least min_tokens
+    messages = [{"role": "user", "content": "Say hi."}]
+    short = client.chat.completions.create(model=server.name, messages=messages, max_tokens=48, temperature=0)
+    assert short.choices[0].finish_reason == "stop" and short.usage.completion_tokens < 40
+    full = client.chat.completions.create(model=server.name, messages=messages, max_tokens=48, temperature=0, extra_body={"ignore_eos": True})
+    assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens == 48
+    longer = client.chat.completions.create(model=server.name, messages=messages, max_tokens=48, temperature=0, extra_body={"min_tokens": 40})
+    assert longer.usage.completion_tokens >= 40 and longer.choices[0].message.content.startswith(short.choices[0].message.content)
     for bias, message in (({"x": 1}, 'keys are token ids, got "x"'), ({"5": 101}, "logit_bias[5]=101 must be a number in [-100, 100]"),
                           ({"99999999": 1}, "token id 99999999 is outside the vocabulary of 49152 tokens"), ([1], "logit_bias must be an object")):
         code, text = http(server, "/v1/completions", json.dumps({"prompt": "Hi", "logit_bias": bias}).encode())

@@ -78,6 +78,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="random seed (the same seed gives the same text)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop when the text contains TEXT (repeatable)")
     p.add_argument("--logit-bias", action="append", default=[], metavar="ID=BIAS", help="add BIAS (-100 to 100) to token ID's logit (repeatable; -100 all but bans it)")
+    p.add_argument("--min-tokens", type=int, default=0, metavar="N", help="generate at least N tokens before an end of sequence may be sampled (default 0)")
+    p.add_argument("--ignore-eos", action="store_true", help="never sample an end of sequence: generate --max-tokens tokens (or to a stop string)")
     p.add_argument("--system", metavar="TEXT", help="a system message for the chat template")
     shape = p.add_mutually_exclusive_group()
     shape.add_argument("--json", action="store_true", help="structured output: the text is a JSON object (needs tilework[structured])")
@@ -106,7 +108,7 @@ def _params(args: argparse.Namespace) -> Any:
         except ValueError:
             raise TileworkError(f"--logit-bias takes ID=BIAS (a token id and a number), got {item!r}") from None
     return SamplingParams(args.temperature, args.top_k, args.top_p, args.repetition_penalty, args.max_tokens, tuple(args.stop), args.seed,
-                          args.presence_penalty, args.frequency_penalty, grammar, bias)
+                          args.presence_penalty, args.frequency_penalty, grammar, bias, args.min_tokens, args.ignore_eos)
 
 
 def _read_text(path: str) -> str:

@@ -19,7 +19,8 @@ U+FFFD where a token ends inside a UTF-8 character).
 With ``params.grammar`` (structured output, ``tilework.llm.grammar``) the tokens the grammar
 does not allow next are removed from the logits before the sampler sees them (the
 log-probabilities stay the model's), and the sequence ends ("stop") as soon as the text is
-complete in the grammar.
+complete in the grammar. ``min_tokens`` and ``ignore_eos`` keep the end-of-sequence tokens
+from being sampled (until ``min_tokens`` are generated, or always).
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ class Completion:
         self.ids: list[int] = []
         self.finish: str | None = None  # "stop" or "length" once it has ended
         self.constraint = None if params.grammar is None else Constraint(params.grammar, decoder.tokenizer, vocab, eos)
+        self._eos = np.array(sorted(t for t in eos if 0 <= t < vocab), np.int64)  # (kept from sampling: min_tokens, ignore_eos)
 
     @property
     def text(self) -> str:
@@ -114,6 +116,9 @@ class Completion:
             logp = log_softmax(logits)
         if self.constraint is not None:
             logits = self.constraint.mask(logits)
+        if self.params.ignore_eos or len(self.ids) < self.params.min_tokens:
+            logits = np.array(logits, dtype=np.float32)
+            logits[self._eos] = -np.inf
         token = self.sampler.sample(logits, self.history, self.ids)
         piece = ""
         if token in self.eos:

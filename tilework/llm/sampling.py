@@ -75,7 +75,10 @@ class SamplingParams:
     fits a schema, a regular expression or a Lark grammar; tokens it does not allow next are
     removed before any other step. ``logit_bias`` (OpenAI's: token id -> a bias in [-100, 100],
     given as a mapping or pairs, stored as sorted pairs) is added to those tokens' logits before
-    the penalties: -100 all but bans a token, 100 all but forces it.
+    the penalties: -100 all but bans a token, 100 all but forces it. ``min_tokens`` (vLLM's and
+    llama.cpp's extension) keeps the end-of-sequence tokens from being sampled until that many
+    tokens are generated, ``ignore_eos`` always (the text then ends at ``max_tokens``, a stop
+    string or the context: a fixed length, as benchmarks want).
 
     ``LLM.generate`` on a list of prompts seeds prompt ``i`` with ``seed + i``: equal prompts
     in one call sample differently, and prompt ``i`` of a batch repeats alone with
@@ -93,6 +96,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     grammar: Grammar | None = None
     logit_bias: Mapping[int, float] | Sequence[tuple[int, float]] = ()
+    min_tokens: int = 0
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         if not _is_real(self.temperature) or not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -113,6 +118,10 @@ class SamplingParams:
                 raise SamplingParamsError(name, value, "a number in [-2, 2] (0 means off)")
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise SamplingParamsError("max_tokens", self.max_tokens, "an integer >= 1")
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise SamplingParamsError("min_tokens", self.min_tokens, f"an integer in [0, max_tokens={self.max_tokens}]")
+        if not isinstance(self.ignore_eos, (bool, np.bool_)):
+            raise SamplingParamsError("ignore_eos", self.ignore_eos, "True or False")
         if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
             raise SamplingParamsError("seed", self.seed, "None or an integer >= 0")
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop

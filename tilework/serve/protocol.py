@@ -17,7 +17,8 @@ completion, with its tokens' log-probabilities when ``logprobs`` asks), and stru
 ``response_format`` ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema":
 {"schema": ...}}`` (``tilework.llm.grammar``; in chat and completions), and chat's ``tools``,
 ``tool_choice`` and ``parallel_tool_calls`` (``tilework.serve.tools``; ``Parsed.tools``). ``logit_bias`` is
-OpenAI's (token ids -> -100..100, added to the logits). Fields the server cannot honour
+OpenAI's (token ids -> -100..100, added to the logits); ``min_tokens`` and ``ignore_eos`` are
+vLLM's and llama.cpp's extensions. Fields the server cannot honour
 (``suffix``, ``functions``) are refused with a 400
 rather than ignored; other unknown fields are ignored, as OpenAI's server does with fields it
 does not know.
@@ -274,6 +275,8 @@ def _parse(raw: bytes, kind: str, llm: Any, model_name: str, default_max_tokens:
             seed=_field(body, "seed", (int,), "an integer >= 0"),
             grammar=_grammar(body, tools),
             logit_bias=_logit_bias(body, llm.config.vocab),
+            min_tokens=_field(body, "min_tokens", (int,), "an integer >= 0", 0),
+            ignore_eos=_field(body, "ignore_eos", (bool,), "true or false", False),
         )
     except SamplingParamsError as exc:
         raise RequestError(str(exc), max_name if exc.field == "max_tokens" else exc.field) from None
