@@ -299,6 +299,24 @@ def test_logit_bias_min_tokens_and_ignore_eos(server: BackgroundServer, client: 
         assert code == 400 and error["param"] == "logit_bias" and message in error["message"], text
 
 
+def test_tokenize_and_detokenize(server: BackgroundServer, ref: LLM) -> None:
+    """``/tokenize`` gives the ids a completion (``prompt``) or a chat (``messages``) request
+    feeds; ``/detokenize`` the text of ids; bad bodies are 400s naming the field."""
+    code, text = http(server, "/tokenize", json.dumps({"prompt": PROMPTS[0]}).encode())
+    assert code == 200 and json.loads(text) == {"count": len(ref.encode(PROMPTS[0])), "max_model_len": ref.config.context_length, "tokens": ref.encode(PROMPTS[0])}
+    messages = [{"role": "user", "content": "Name a color."}]
+    code, text = http(server, "/tokenize", json.dumps({"messages": messages}).encode())
+    assert code == 200 and json.loads(text)["tokens"] == ref.encode(ref.prompt_text("Name a color."))
+    code, text = http(server, "/tokenize", json.dumps({"messages": messages, "add_generation_prompt": False}).encode())
+    assert code == 200 and ref.tokenizer.decode(json.loads(text)["tokens"]).rstrip().endswith("Name a color.<|im_end|>")
+    code, text = http(server, "/detokenize", json.dumps({"tokens": ref.encode(PROMPTS[3])}).encode())
+    assert code == 200 and json.loads(text) == {"prompt": ref.tokenizer.decode(ref.encode(PROMPTS[3]))}
+    for path, body, param in (("/tokenize", {"prompt": ""}, "prompt"), ("/tokenize", {"prompt": "x", "model": "gpt-4"}, "model"),
+                              ("/detokenize", {"tokens": [1, 99999999]}, "tokens"), ("/detokenize", {"tokens": "12"}, "tokens")):
+        code, text = http(server, path, json.dumps(body).encode())
+        assert code in (400, 404) and json.loads(text)["error"]["param"] == param, text
+
+
 def test_a_model_is_retrieved_by_its_id(server: BackgroundServer, client: Any) -> None:
     """``GET /v1/models/{id}`` (the openai client's ``models.retrieve``): the card of the list, or
     OpenAI's 404 for another id."""

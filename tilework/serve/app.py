@@ -3,6 +3,7 @@
     POST /v1/chat/completions   POST /v1/completions   (streamed as server-sent events with
                                                         "stream": true, ending in "data: [DONE]")
     GET  /v1/models             GET  /v1/models/{id}   GET  /health   GET  /metrics  (Prometheus text)
+    POST /tokenize              POST /detokenize       (vLLM's and llama.cpp's: text <-> the model's token ids)
 
 A request is parsed and tokenized off the event loop (``tilework.serve.protocol``), handed to the
 scheduler, and its events come back through an ``asyncio.Queue`` (the scheduler's thread puts
@@ -28,7 +29,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from tilework.serve.protocol import Choice, chunk_body, completion_body, error_body, logprobs_body, new_id, parse_request
+from tilework.serve.protocol import Choice, chunk_body, completion_body, error_body, logprobs_body, new_id, parse_detokenize, parse_request, parse_tokenize
 from tilework.serve.scheduler import INTERNAL_ERROR, Event, RequestError, Scheduler, Ticket, failure_message, log
 from tilework.serve.tools import ToolSpec, ToolStream, tool_calls_of
 
@@ -96,8 +97,9 @@ def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int
             def deliver(ev: Event) -> None:  # from the scheduler's thread
                 loop.call_soon_threadsafe(queue.put_nowait, ev)
 
-            ticket = scheduler.submit_batch([p.tokens for p in parsed.prompts], parsed.params, deliver, parsed.logprobs, parsed.n, parsed.echo,
-                                            [p.text for p in parsed.prompts])
+            # (in the thread pool too: a batch of prompts makes a sampler, and a grammar's matcher, for each of its sequences)
+            ticket = await run_in_threadpool(scheduler.submit_batch, [p.tokens for p in parsed.prompts], parsed.params, deliver, parsed.logprobs,
+                                             parsed.n, parsed.echo, [p.text for p in parsed.prompts])
         except RequestError as exc:
             return _error(str(exc), exc.status, exc.param, exc.code)
         rid = new_id(kind)
@@ -159,6 +161,20 @@ def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int
                 yield _sse(chunk_body(kind, rid, model_name, None, None, usage_of=_usage(ends, n)))
         yield "data: [DONE]\n\n"
 
+    async def tokenize(request: Request) -> Response:
+        try:
+            tokens = await run_in_threadpool(parse_tokenize, await request.body(), llm, model_name)
+        except RequestError as exc:
+            return _error(str(exc), exc.status, exc.param, exc.code)
+        return JSONResponse({"count": len(tokens), "max_model_len": llm.config.context_length, "tokens": tokens})
+
+    async def detokenize(request: Request) -> Response:
+        try:
+            text = await run_in_threadpool(parse_detokenize, await request.body(), llm, model_name)
+        except RequestError as exc:
+            return _error(str(exc), exc.status, exc.param, exc.code)
+        return JSONResponse({"prompt": text})
+
     async def chat(request: Request) -> Response:
         return await generate(request, "chat")
 
@@ -196,6 +212,8 @@ def create_app(scheduler: Scheduler, model_name: str, *, default_max_tokens: int
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model:path}", model, methods=["GET"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/detokenize", detokenize, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", prometheus, methods=["GET"]),
     ]

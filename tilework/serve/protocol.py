@@ -41,7 +41,7 @@ from tilework.llm.tokenizer import lone_surrogate
 from tilework.serve.scheduler import RequestError
 from tilework.serve.tools import ToolSpec, parse_tools
 
-__all__ = ["Parsed", "Prompt", "Choice", "parse_request", "error_body", "completion_body", "chunk_body", "logprobs_body", "new_id"]
+__all__ = ["Parsed", "Prompt", "Choice", "parse_request", "parse_tokenize", "parse_detokenize", "error_body", "completion_body", "chunk_body", "logprobs_body", "new_id"]
 
 MAX_STOP = 16
 MAX_N = 16  # completions of one request (each a sequence of the decode batch)
@@ -187,7 +187,7 @@ def _tool_calls(m: dict[str, Any], i: int) -> list[dict[str, Any]] | None:
     return out
 
 
-def _chat_tokens(body: dict[str, Any], llm: Any, tools: ToolSpec | None = None) -> list[int]:
+def _chat_tokens(body: dict[str, Any], llm: Any, tools: ToolSpec | None = None, add_generation_prompt: bool = True) -> list[int]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty list of {role, content} objects", "messages")
@@ -211,7 +211,7 @@ def _chat_tokens(body: dict[str, Any], llm: Any, tools: ToolSpec | None = None) 
                 message[key] = m[key]
         plain.append(message)
     try:
-        text = llm.template.render(plain, add_generation_prompt=True, tools=tools.tools if tools is not None else None)
+        text = llm.template.render(plain, add_generation_prompt=add_generation_prompt, tools=tools.tools if tools is not None else None)
     except TileworkError as exc:
         raise RequestError(f"messages: {exc}", "messages") from exc
     return _encode(llm, text, "messages")
@@ -228,16 +228,48 @@ def parse_request(raw: bytes, kind: str, llm: Any, model_name: str, default_max_
         raise RequestError("the request body nests arrays or objects too deeply to be read") from None
 
 
-def _parse(raw: bytes, kind: str, llm: Any, model_name: str, default_max_tokens: int, max_sequence: int | None) -> Parsed:
+def _body(raw: bytes, model_name: str) -> dict[str, Any]:
+    """A request's JSON object, its ``model`` (if given) the served one."""
     try:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RequestError(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:  # json's reader on arrays within arrays 100000 deep
+        raise RequestError("the request body nests arrays or objects too deeply to be read") from None
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
     model = _field(body, "model", (str,), "a string", model_name)
     if model != model_name:
         raise RequestError(f"the model {model!r} does not exist: this server has {model_name!r}", "model", status=404, code="model_not_found")
+    return body
+
+
+def parse_tokenize(raw: bytes, llm: Any, model_name: str) -> list[int]:
+    """``POST /tokenize`` (vLLM's and llama.cpp's): the ids of ``prompt`` (a string) as a
+    completion's prompt would be fed, or of ``messages`` through the chat template (with the
+    assistant's opening, as a chat request's, unless ``add_generation_prompt`` is false)."""
+    body = _body(raw, model_name)
+    if body.get("messages") is not None:
+        return _chat_tokens(body, llm, add_generation_prompt=_field(body, "add_generation_prompt", (bool,), "true or false", True))
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str) or not prompt:
+        raise RequestError("prompt must be a non-empty string (or give messages)", "prompt")
+    return _prompt(prompt, llm, "prompt").tokens
+
+
+def parse_detokenize(raw: bytes, llm: Any, model_name: str) -> str:
+    """``POST /detokenize``: the text of ``tokens`` (ids of the vocabulary)."""
+    tokens = _body(raw, model_name).get("tokens")
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise RequestError("tokens must be a list of token ids", "tokens")
+    bad = next((t for t in tokens if not 0 <= t < llm.config.vocab), None)
+    if bad is not None:
+        raise RequestError(f"token id {bad} is outside the vocabulary of {llm.config.vocab} tokens", "tokens")
+    return str(llm.tokenizer.decode(tokens))
+
+
+def _parse(raw: bytes, kind: str, llm: Any, model_name: str, default_max_tokens: int, max_sequence: int | None) -> Parsed:
+    body = _body(raw, model_name)
     _unsupported(body, kind)
     n = _choices(body)
     stream = _field(body, "stream", (bool,), "true or false", False)
