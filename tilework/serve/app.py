@@ -229,9 +229,9 @@ def _usage(ends: list[Event], n: int) -> tuple[int, int, int]:
 
 
 async def _collect(request: Request, queue: asyncio.Queue[Event], n: int = 1) -> list[Event]:
-    """Every event of the request's ``n`` completions (of all its prompts), up to the last finish reason or the
-    first error; none when the client disconnected first (checked every ``POLL_S``, tokens
-    arriving or not)."""
+    """Every event of the request's ``n`` completions (of all its prompts), up to the last
+    finish reason or the first error; none when the client disconnected first (checked every
+    ``POLL_S``, tokens arriving or not)."""
     events, ended = [], 0
     loop = asyncio.get_running_loop()
     check_at = loop.time() + POLL_S

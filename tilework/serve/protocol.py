@@ -5,7 +5,8 @@
 ``SamplingParams``, or raises ``RequestError`` naming the field at fault. Supported fields:
 ``model`` (optional; another name than the served model is a 404), ``prompt`` (a string, token
 ids, or a batch: a list of up to ``MAX_PROMPTS`` strings or lists of ids, each a prompt of its
-own) or ``messages`` (rendered through the model's chat template), ``max_tokens`` (``max_completion_tokens`` for chat), ``temperature``
+own) or ``messages`` (rendered through the model's chat template), ``max_tokens``
+(``max_completion_tokens`` for chat), ``temperature``
 (0..2), ``top_p``, ``seed``, ``stop`` (a string or a list), ``presence_penalty`` and
 ``frequency_penalty`` (-2..2), ``stream``, ``stream_options.include_usage``, ``n`` (1..16
 completions of the prompt; ``best_of`` only equal to it), the extensions ``top_k`` and
@@ -15,13 +16,13 @@ log-probabilities (chat's ``logprobs: true`` with ``top_logprobs`` 0..20, comple
 :func:`logprobs_body`), and completions' ``echo`` (the prompt given back before each
 completion, with its tokens' log-probabilities when ``logprobs`` asks), and structured output:
 ``response_format`` ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema":
-{"schema": ...}}`` (``tilework.llm.grammar``; in chat and completions), and chat's ``tools``,
-``tool_choice`` and ``parallel_tool_calls`` (``tilework.serve.tools``; ``Parsed.tools``). ``logit_bias`` is
-OpenAI's (token ids -> -100..100, added to the logits); ``min_tokens`` and ``ignore_eos`` are
-vLLM's and llama.cpp's extensions. Fields the server cannot honour
-(``suffix``, ``functions``) are refused with a 400
-rather than ignored; other unknown fields are ignored, as OpenAI's server does with fields it
-does not know.
+{"schema": ...}}`` (``tilework.llm.grammar``; in chat and completions), chat's ``tools``,
+``tool_choice`` and ``parallel_tool_calls`` (``tilework.serve.tools``; ``Parsed.tools``),
+OpenAI's ``logit_bias`` (token ids -> -100..100, added to the logits), and vLLM's and
+llama.cpp's ``min_tokens`` and ``ignore_eos``. Fields the server cannot honour (``suffix``,
+``functions``) are refused with a 400 rather than ignored; other unknown fields are ignored, as
+OpenAI's server does with fields it does not know. :func:`parse_tokenize` and
+:func:`parse_detokenize` read the bodies of ``/tokenize`` and ``/detokenize``.
 """
 
 from __future__ import annotations
@@ -289,7 +290,7 @@ def _parse(raw: bytes, kind: str, llm: Any, model_name: str, default_max_tokens:
         if isinstance(text, str):
             _text(text, "stop" if isinstance(stop, str) else f"stop[{i}]", "stop")
     logprobs = _logprobs(body, kind)
-    tools = parse_tools(body, getattr(llm.template, "source", None)) if kind == "chat" else None
+    tools = parse_tools(body, llm.template.source) if kind == "chat" and llm.template is not None else None  # (no template: _chat_tokens says so)
     prompts = [Prompt(_chat_tokens(body, llm, tools))] if kind == "chat" else _prompts(body, llm)
     if max_tokens is None:
         room = (llm.config.context_length if max_sequence is None else max_sequence) - max(len(p.tokens) for p in prompts)
