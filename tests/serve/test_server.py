@@ -519,6 +519,11 @@ BAD = [
     (json.dumps({"prompt": "caf\ud800", "max_tokens": 3}), 400, "prompt", r"prompt holds a lone UTF-16 surrogate \(\\ud800 at character 3\)"),
     (json.dumps({"prompt": ["caf\ud800"]}), 400, "prompt", "lone UTF-16 surrogate"),
     (json.dumps({"prompt": "hi", "stop": ["a", "\udfff"]}), 400, "stop", r"stop\[1\] holds a lone UTF-16 surrogate"),
+    (b'{"prompt": "hi", "seed": ' + b"7" * 5000 + b"}", 400, None, "holds a number too long to read"),
+    (json.dumps({"prompt": "hi", "logit_bias": {"1" * 5000: 1}}), 400, "logit_bias", "keys are token ids"),
+    (json.dumps({"prompt": ["hi", ["x"]]}), 400, "prompt", r"prompt\[1\] must be a string or a list of token ids"),
+    (json.dumps({"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "string", "pattern": "("}}}}), 400,
+     "response_format", "does not compile"),
 ]
 BAD_CHAT = [
     (json.dumps({"messages": []}), 400, "messages", "non-empty list"),
@@ -534,6 +539,10 @@ BAD_CHAT = [
      r"messages\[0\]\.content holds a lone UTF-16 surrogate \(\\udfff"),
     (json.dumps({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]}),
      400, "messages", r"messages\[1\]\.content holds a lone"),
+    (json.dumps({"messages": [{"role": "assistant", "content": None, "tool_calls": "call it"}, {"role": "user", "content": "hi"}]}), 400, "messages",
+     r"messages\[0\]\.tool_calls must be a list"),
+    (json.dumps({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"$ref": "#/x"}}}],
+                 "tool_choice": "required"}), 400, "tools", "does not compile"),
 ]
 
 

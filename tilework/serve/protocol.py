@@ -235,6 +235,8 @@ def _body(raw: bytes, model_name: str) -> dict[str, Any]:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RequestError(f"the request body is not valid JSON: {exc}") from None
+    except ValueError as exc:  # an integer of more digits than Python converts (4300)
+        raise RequestError(f"the request body holds a number too long to read: {exc}") from None
     except RecursionError:  # json's reader on arrays within arrays 100000 deep
         raise RequestError("the request body nests arrays or objects too deeply to be read") from None
     if not isinstance(body, dict):
@@ -328,7 +330,7 @@ def _logit_bias(body: dict[str, Any], vocab: int) -> dict[int, float]:
     bias = _field(body, "logit_bias", (dict,), 'an object of token id -> bias, such as {"50256": -100}', {})
     out = {}
     for key, value in bias.items():
-        if not (isinstance(key, str) and key.isdigit() and key.isascii()):
+        if not (isinstance(key, str) and key.isdigit() and key.isascii() and len(key) <= 18):
             raise RequestError(f"logit_bias keys are token ids, got {json.dumps(key)[:40]}", "logit_bias")
         if int(key) >= vocab:
             raise RequestError(f"logit_bias: token id {key[:40]} is outside the vocabulary of {vocab} tokens", "logit_bias")
