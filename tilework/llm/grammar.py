@@ -79,11 +79,15 @@ class Grammar:
         if isinstance(schema, str):
             try:
                 schema = json.loads(schema)
-            except json.JSONDecodeError as exc:
+            except (ValueError, RecursionError) as exc:  # (ValueError: also a number of more than 4300 digits)
                 raise GrammarError(f"the JSON schema is not valid JSON: {exc}") from None
         if not isinstance(schema, dict):
             raise GrammarError(f"a JSON schema is a JSON object, got {type(schema).__name__}")
-        return Grammar("json_schema", json.dumps(schema))  # (key order kept: a schema's properties come in its order)
+        try:
+            text = json.dumps(schema)  # (key order kept: a schema's properties come in its order)
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise GrammarError(f"the JSON schema is not JSON data: {exc}") from None
+        return Grammar("json_schema", text)
 
     @staticmethod
     def regex(pattern: str) -> "Grammar":
