@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("llguidance")
 
 from tilework.serve.scheduler import RequestError  # noqa: E402
-from tilework.serve.tools import HERMES_OPEN, ToolStream, parse_tools, tool_calls_of  # noqa: E402
+from tilework.serve.tools import HERMES_OPEN, ToolStream, parse_tools, tool_calls_of, tool_format  # noqa: E402
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -93,3 +93,41 @@ def test_a_stream_sends_the_text_before_a_call_and_holds_a_tag_as_it_forms(step:
         assert sent + rest == shown and len(got) == calls and not sent.endswith("<")
     required = ToolStream(parse_tools({"tools": [WEATHER], "tool_choice": "required"}, None))
     assert required.push('[{"name": "get_weather", "arguments": {"city": "X"}}]') == "" and len(required.finish()[1]) == 1
+
+
+LLAMA3 = 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}. {{ messages }}'
+MISTRAL = "{% if tools %}[AVAILABLE_TOOLS]{{ tools }}[/AVAILABLE_TOOLS]{% endif %}{{ messages }}[TOOL_CALLS]"
+
+
+def test_the_format_auto_reads_is_the_templates() -> None:
+    assert [tool_format(t) for t in (HERMES, LLAMA3, MISTRAL, "{{ messages }} <|python_tag|>", "{{ messages }}", None)] == [
+        "hermes", "llama3_json", "mistral", "llama3_json", None, None]
+    assert parse_tools({"tools": [WEATHER]}, MISTRAL).format == "mistral" and parse_tools({"tools": [WEATHER], "tool_choice": "required"}, MISTRAL).format is None
+
+
+@pytest.mark.parametrize(
+    "template, text, calls",
+    [
+        (LLAMA3, '{"name": "get_weather", "parameters": {"city": "Lima"}}', [("get_weather", {"city": "Lima"})]),
+        (LLAMA3, '<|python_tag|>{"name": "get_weather", "parameters": {"city": "a;b"}}; {"name": "get_time", "parameters": {}}',
+         [("get_weather", {"city": "a;b"}), ("get_time", {})]),
+        (LLAMA3, ' {"name": "get_weather", "parameters": {"city": "Lima"}} and then', []),  # not JSON alone: text
+        (LLAMA3, '{"name": "send_mail", "parameters": {}}', []),  # not one of the tools: text
+        (LLAMA3, "It is sunny in Lima.", []),
+        (MISTRAL, ' [{"name": "get_time", "arguments": {}}, {"name": "get_weather", "arguments": {"city": "Oslo"}}]', [("get_time", {}), ("get_weather", {"city": "Oslo"})]),
+        (MISTRAL, '[TOOL_CALLS][{"name": "get_time", "arguments": {}}]', [("get_time", {})]),
+        (MISTRAL, "[1] is a citation, not a call.", []),
+    ],
+)
+def test_whole_reply_formats_are_all_calls_or_all_text(template: str, text: str, calls: list[tuple[str, Any]]) -> None:
+    spec = parse_tools({"tools": [WEATHER, TIME]}, template)
+    content, got = tool_calls_of(spec, text)
+    assert [(c.name, json.loads(c.arguments)) for c in got] == calls and content == (None if calls else text)
+    for step in (1, 4, 100):
+        stream, sent = ToolStream(spec), ""
+        for i in range(0, len(text), step):
+            sent += stream.push(text[i : i + step])
+        rest, streamed = stream.finish()
+        assert len(streamed) == len(calls) and (sent + rest == ("" if calls else text))
+        if not calls and not text.lstrip().startswith(("{", "[", "<")):
+            assert sent == text[: len(sent)] and len(sent) >= len(text) - step  # plain text streams as it comes

@@ -13,15 +13,20 @@ What the model may answer is ``tool_choice``'s:
   ``arguments`` fitting its function's ``parameters`` (one call when ``parallel_tool_calls`` is
   false or a function is named). The reply becomes ``message.tool_calls`` and the finish reason
   ``"tool_calls"``;
-- ``"auto"`` (the default with tools): the model chooses, in its own format. The format
-  tilework reads is the one of Hermes, Qwen2.5 and Qwen3's templates: each call a JSON object
-  ``{"name", "arguments"}`` between ``<tool_call>`` and ``</tool_call>``; the text around them
-  is the message's content. A model whose template has no such format is refused ``"auto"``
-  (400, naming ``tool_choice``) rather than having its tools silently ignored.
+- ``"auto"`` (the default with tools): the model chooses, in its own format, which tilework
+  reads from the template (``FORMATS``): Hermes' (Hermes, Qwen2.5, Qwen3: each call a JSON
+  object ``{"name", "arguments"}`` between ``<tool_call>`` and ``</tool_call>``, the text around
+  them the message's content), Llama 3.1-3.3's (the whole reply one or more JSON objects
+  ``{"name", "parameters"}``, separated by ``;``, perhaps after ``<|python_tag|>``) and
+  Mistral's (the whole reply a JSON array of ``{"name", "arguments"}`` after ``[TOOL_CALLS]``,
+  a special token the text does not show). A model whose template has none of these is refused
+  ``"auto"`` (400, naming ``tool_choice``) rather than having its tools silently ignored. A
+  call of a function that is not one of the tools is left as text.
 
 Streamed, a required call's JSON is held and sent whole at the end, as one ``tool_calls``
-delta per call; with ``"auto"`` the text streams until a ``<tool_call>`` begins, and the calls
-follow at the end (:class:`ToolStream`).
+delta per call; with ``"auto"`` the text streams until a call may be starting (a
+``<tool_call>``; in the whole-reply formats, a reply that starts as JSON), and the calls follow
+at the end (:class:`ToolStream`).
 """
 
 from __future__ import annotations
@@ -35,9 +40,16 @@ from typing import Any
 from tilework.llm.grammar import Grammar, GrammarError
 from tilework.serve.scheduler import RequestError
 
-__all__ = ["ToolSpec", "parse_tools", "ToolCall", "tool_calls_of", "ToolStream", "HERMES_OPEN"]
+__all__ = ["ToolSpec", "parse_tools", "ToolCall", "tool_calls_of", "ToolStream", "HERMES_OPEN", "FORMATS", "tool_format"]
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+# the tool-call formats "auto" reads, and what in a chat template says its model writes one
+FORMATS = {
+    "hermes": (HERMES_OPEN,),
+    "mistral": ("[TOOL_CALLS]",),
+    "llama3_json": ("<|python_tag|>", '"parameters": dictionary of argument name'),
+}
+_PYTHON_TAG = "<|python_tag|>"
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for a function's name
 _HERMES = re.compile(re.escape(HERMES_OPEN) + r"\s*(.*?)\s*" + re.escape(HERMES_CLOSE), re.S)
 
@@ -45,13 +57,19 @@ _HERMES = re.compile(re.escape(HERMES_OPEN) + r"\s*(.*?)\s*" + re.escape(HERMES_
 @dataclass(frozen=True)
 class ToolSpec:
     """A request's tools: the ``tools`` list for the template, the choice (``"none"``,
-    ``"auto"`` or ``"required"``; a named function is ``"required"`` with ``names`` that one)
-    and, unless ``"none"``/``"auto"``, the grammar of the reply."""
+    ``"auto"`` or ``"required"``; a named function is ``"required"`` with ``names`` that one),
+    for ``"required"`` the grammar of the reply, for ``"auto"`` the model's format."""
 
     tools: list[dict[str, Any]]
     choice: str
     names: tuple[str, ...]
     grammar: Grammar | None = None
+    format: str | None = None  # a key of FORMATS
+
+
+def tool_format(template_source: str | None) -> str | None:
+    """The tool-call format (``FORMATS``) a chat template says its model writes, or None."""
+    return next((name for name, marks in FORMATS.items() if any(m in (template_source or "") for m in marks)), None)
 
 
 def parse_tools(body: dict[str, Any], template_source: str | None) -> ToolSpec | None:
@@ -94,9 +112,10 @@ def parse_tools(body: dict[str, Any], template_source: str | None) -> ToolSpec |
         names, choice, parallel = (named,), "required", False
     if choice not in ("none", "auto", "required"):
         raise RequestError(f"tool_choice must be none, auto, required or {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, got {json.dumps(choice)[:80]}", "tool_choice")
-    if choice == "auto" and HERMES_OPEN not in (template_source or ""):
-        raise RequestError("tool_choice auto: this model's chat template has no tool-call format tilework reads (<tool_call> JSON </tool_call>,"
-                           " as Hermes and Qwen write them); ask for tool_choice required, a named function, or none", "tool_choice")
+    fmt = tool_format(template_source) if choice == "auto" else None
+    if choice == "auto" and fmt is None:
+        raise RequestError("tool_choice auto: this model's chat template has no tool-call format tilework reads (Hermes' and Qwen's"
+                           " <tool_call>, Llama 3's JSON, Mistral's [TOOL_CALLS]); ask for tool_choice required, a named function, or none", "tool_choice")
     grammar = None
     if choice == "required":
         calls = [{"type": "object", "properties": {"name": {"const": n}, "arguments": schemas[n]}, "required": ["name", "arguments"],
@@ -106,7 +125,7 @@ def parse_tools(body: dict[str, Any], template_source: str | None) -> ToolSpec |
             grammar = Grammar.json_schema({"type": "array", "items": item, "minItems": 1, **({} if parallel else {"maxItems": 1})})
         except GrammarError as exc:
             raise RequestError(f"tools (the parameters of tool_choice's functions): {exc}", "tools") from None
-    return ToolSpec(specs, choice, names, grammar)
+    return ToolSpec(specs, choice, names, grammar, fmt)
 
 
 @dataclass(frozen=True)
@@ -129,16 +148,47 @@ def _call(obj: Any) -> ToolCall | None:
     return ToolCall(obj["name"], text, "call_" + uuid.uuid4().hex[:24])
 
 
+def _json_values(text: str) -> list[Any]:
+    """The JSON values ``text`` is made of, one after another (a list's items spread), with
+    whitespace or ``;`` between them; ValueError where it is not that."""
+    decoder, out, i = json.JSONDecoder(), [], 0
+    while i < len(text):
+        value, i = decoder.raw_decode(text, i)
+        out.extend(value if isinstance(value, list) else [value])
+        while i < len(text) and (text[i].isspace() or text[i] == ";"):
+            i += 1
+    return out
+
+
+def _whole_reply_calls(spec: ToolSpec, text: str) -> list[ToolCall]:
+    """Llama 3's and Mistral's format: the whole reply (less a leading marker) the calls, each
+    of one of the tools; else none (the reply is text)."""
+    body = text.strip()
+    for mark in (_PYTHON_TAG, "[TOOL_CALLS]"):
+        body = body.removeprefix(mark).strip()
+    if not body.startswith(("{", "[")):
+        return []
+    try:
+        calls = [_call(v) for v in _json_values(body)]
+    except (ValueError, RecursionError):
+        return []
+    return [c for c in calls if c is not None] if calls and all(c is not None and c.name in spec.names for c in calls) else []
+
+
 def tool_calls_of(spec: ToolSpec, text: str) -> tuple[str | None, list[ToolCall]]:
     """The content and the tool calls of a finished reply ``text``: a required reply's JSON
-    array; an auto reply's ``<tool_call>`` blocks (one that is not a call of one of the tools, in
-    JSON, stays in the content)."""
+    array; an auto reply's calls in the model's format (a Hermes block that is not a call of
+    one of the tools, in JSON, stays in the content; a whole-reply format's reply is all calls
+    or all text)."""
     if spec.choice == "required":
         try:
             made = [_call(c) for c in json.loads(text)]
-        except (json.JSONDecodeError, TypeError):
+        except (ValueError, TypeError, RecursionError):
             return text, []  # cut short by max_tokens
         return None, [c for c in made if c is not None]
+    if spec.format != "hermes":
+        whole = _whole_reply_calls(spec, text)
+        return (None, whole) if whole else (text, [])
     calls: list[ToolCall] = []
     kept, last = [], 0
     for m in _HERMES.finditer(text):
@@ -156,19 +206,33 @@ def tool_calls_of(spec: ToolSpec, text: str) -> tuple[str | None, list[ToolCall]
 
 
 class ToolStream:
-    """What a stream may send of an auto reply as it comes: the text before a ``<tool_call>``
-    (a piece that may be the start of one held back); a required reply's text is all held."""
+    """What a stream may send of an auto reply as it comes: in Hermes' format the text before a
+    ``<tool_call>`` (a piece that may be the start of one held back); in a whole-reply format
+    all of a reply that does not start as JSON (or the marker), none of one that does; a
+    required reply's text is all held."""
 
     def __init__(self, spec: ToolSpec) -> None:
         self.spec = spec
         self.text = ""  # the reply so far
         self.sent = 0  # of it, sent as content
         self.held = spec.choice == "required"
+        self.plain = False  # a whole-reply format's reply that is text
 
     def push(self, piece: str) -> str:
         self.text += piece
         if self.held:
             return ""
+        if self.spec.format != "hermes" and not self.plain:
+            start = self.text.lstrip()
+            if not start or _PYTHON_TAG.startswith(start[: len(_PYTHON_TAG)]) and len(start) < len(_PYTHON_TAG):
+                return ""  # not known yet
+            self.held = start.startswith(("{", "[", _PYTHON_TAG))
+            self.plain = not self.held
+            if self.held:
+                return ""
+        if self.plain:
+            out, self.sent = self.text[self.sent :], len(self.text)
+            return out
         at = self.text.find(HERMES_OPEN, self.sent)
         if at >= 0:
             self.held = True
