@@ -18,8 +18,10 @@ The grammars are compiled and matched by llguidance (the Rust library behind the
 output of vLLM, SGLang and llama.cpp's optional path): the optional dependency
 ``pip install 'tilework[structured]'``. It reads the model's own tokenizer (its vocabulary and
 merges, ``tokenizers``' JSON); a mask over SmolLM2's 49152 tokens, computed and applied, takes
-0.13-0.17 ms a step (median; at most 1.5 ms) under a JSON schema: a few percent of a decode step. A grammar that does not compile (an unknown schema keyword's type, a bad regex) is a
-``TileworkError`` naming what is wrong, raised when the grammar is made, before any generation.
+0.13-0.17 ms a step (median; at most 1.5 ms) under a JSON schema: a few percent of a decode
+step. A grammar that does not compile (an unknown type in a schema, a dangling ``$ref``, a bad
+regex) is a ``GrammarError`` (a ``TileworkError``) naming what is wrong, raised when the grammar
+is made, before any generation.
 """
 
 from __future__ import annotations
