@@ -51,6 +51,7 @@ def test_required_and_named_choices_have_a_grammar_of_calls() -> None:
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objectx"}}}], "tool_choice": "required"}, "tools", "the json schema does not compile"),
         ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice", "tool_choice must be none, auto, required"),
         ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_time"}}}, "tool_choice", "which is not one of the tools (get_weather)"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": ["get_weather"]}}}, "tool_choice", "which is not one of the tools"),
         ({"tool_choice": "required"}, "tool_choice", "tool_choice needs tools"),
         ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls", "parallel_tool_calls must be true or false"),
         ({"tools": [WEATHER]}, "tool_choice", "tool_choice auto: this model's chat template has no tool-call format"),

@@ -107,7 +107,7 @@ def parse_tools(body: dict[str, Any], template_source: str | None) -> ToolSpec |
     if isinstance(choice, dict):
         fn = choice.get("function") if choice.get("type") == "function" else None
         named = fn.get("name") if isinstance(fn, dict) else None
-        if named not in schemas:
+        if not isinstance(named, str) or named not in schemas:
             raise RequestError(f"tool_choice names {json.dumps(named)[:80]}, which is not one of the tools ({', '.join(names)})", "tool_choice")
         names, choice, parallel = (named,), "required", False
     if choice not in ("none", "auto", "required"):
