@@ -6,6 +6,7 @@ without a tokenizer is refused before anything compiles; the CLI runs one."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -22,6 +23,7 @@ tokenizers = pytest.importorskip("tokenizers")
 
 from tilework.llm import LLM, SamplingParams  # noqa: E402
 from tilework.llm import engine  # noqa: E402
+from tilework.llm.config import LlmConfig  # noqa: E402
 from tilework.llm.quant import QuantTensor, quantize  # noqa: E402
 from tilework.llm.tokenizer import TokenizerError  # noqa: E402
 from tests.backend.helpers import k_quant_blocks  # noqa: E402
@@ -228,6 +230,17 @@ def write_gguf_of(hf: Any, path: Path, fmt: str = "f32", meta: dict[str, Any] | 
 
 
 GGUF_ARCH = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama", "phi": "phi2"}  # llama.cpp's architecture of a transformers model type where they differ
+
+
+def assert_gguf_scores_as_transformers(hf: Any, path: Path, want: LlmConfig | None = None, **write: Any) -> None:
+    """``hf``'s weights in a GGUF file (``write_gguf_of(hf, path, **write)``), loaded in fp32:
+    its config ``want`` (default: the checkpoint's) but for the bos token, which the file's
+    vocabulary does not name, and transformers' log-probabilities after each of ``PROMPTS``
+    within 1e-4."""
+    from_file = LLM(str(write_gguf_of(hf, path, **write)), precision="fp32", max_batch=2, kv_tokens=256)
+    assert from_file.config == dataclasses.replace(want or LlmConfig.from_hf_config(hf.config.to_dict()), bos_token_id=None)
+    for ids in PROMPTS:
+        np.testing.assert_allclose(from_file.score(ids), log_probs(hf, ids), rtol=0, atol=1e-4)
 
 
 def fuse_qkv(state: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,6 @@ and, with llama-cpp-python, llama.cpp's on such a file without a window."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
@@ -22,7 +21,7 @@ gguf = pytest.importorskip("gguf")
 from tilework.errors import UnsupportedError  # noqa: E402
 from tilework.llm import LLM  # noqa: E402
 from tilework.llm.config import LlmConfig  # noqa: E402
-from tests.llm.test_checkpoint import PROMPTS, assert_transformers_tokens, llama_cpp_and_tilework, log_probs, save, write_gguf_of  # noqa: E402
+from tests.llm.test_checkpoint import assert_gguf_scores_as_transformers, assert_transformers_tokens, llama_cpp_and_tilework, log_probs, PROMPTS, save  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -58,10 +57,7 @@ def test_a_checkpoint_and_its_gguf_give_transformers_log_probabilities(tmp_path:
     c = llm.config
     assert (c.architecture, c.sliding_layers, c.nope_layers) == ("exaone4", (0, 1, 2), (3,))
     ref = assert_transformers_tokens(llm, hf, steps=8)
-    from_file = LLM(str(write_gguf_of(hf, tmp_path / "exaone4.gguf", meta=WINDOW_KEYS)), precision="fp32", max_batch=2, kv_tokens=256)
-    assert from_file.config == dataclasses.replace(c, bos_token_id=None)  # (the file's vocabulary names no bos)
-    for ids in PROMPTS:
-        np.testing.assert_allclose(from_file.score(ids), log_probs(hf, ids), rtol=0, atol=1e-4)
+    assert_gguf_scores_as_transformers(hf, tmp_path / "exaone4.gguf", c, meta=WINDOW_KEYS)
     plain = save(tmp_path / "plain", "exaone4", tokenizer=False, **{**EXAONE, "sliding_window": None, "layer_types": ["full_attention"] * 4})
     assert np.abs(log_probs(plain, PROMPTS[2]) - ref).max() > 0.1
 

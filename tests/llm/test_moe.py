@@ -9,7 +9,6 @@ paths against float32, and, with llama-cpp-python, llama.cpp's scores on the fil
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from tests.long import long_param  # noqa: E402
 from tilework.errors import TileworkError, UnsupportedError  # noqa: E402
 from tilework.llm import LLM  # noqa: E402
 from tilework.llm.config import LlmConfig  # noqa: E402
-from tests.llm.test_checkpoint import PROMPTS, assert_transformers_tokens, llama_cpp_and_tilework, log_probs, save, write_gguf_of  # noqa: E402
+from tests.llm.test_checkpoint import assert_gguf_scores_as_transformers, assert_transformers_tokens, llama_cpp_and_tilework, log_probs, PROMPTS, save, write_gguf_of  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -63,10 +62,7 @@ def test_a_checkpoint_and_its_gguf_give_transformers_log_probabilities(tmp_path:
     llm = LLM(str(tmp_path / "ckpt"), precision="fp32", max_batch=2, kv_tokens=256)
     assert moe_fields(llm.config) == FIELDS[kind]
     ref = assert_transformers_tokens(llm, hf, steps=8)
-    from_file = LLM(str(write_gguf_of(hf, tmp_path / f"{kind}.gguf")), precision="fp32", max_batch=2, kv_tokens=256)
-    assert from_file.config == dataclasses.replace(LlmConfig.from_hf_config(hf.config.to_dict()), bos_token_id=None)  # (the file's vocabulary names no bos)
-    for ids in PROMPTS:
-        np.testing.assert_allclose(from_file.score(ids), log_probs(hf, ids), rtol=0, atol=1e-4)
+    assert_gguf_scores_as_transformers(hf, tmp_path / f"{kind}.gguf")
     with torch.no_grad():
         for layer in hf.model.layers:
             moe = layer.block_sparse_moe if kind == "granitemoe" else layer.mlp

@@ -8,7 +8,6 @@ llama-cpp-python, llama.cpp's on that file."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
@@ -20,8 +19,7 @@ transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
 from tilework.llm import LLM  # noqa: E402
-from tilework.llm.config import LlmConfig  # noqa: E402
-from tests.llm.test_checkpoint import PROMPTS, assert_transformers_tokens, llama_cpp_and_tilework, log_probs, save, write_gguf_of  # noqa: E402
+from tests.llm.test_checkpoint import assert_gguf_scores_as_transformers, assert_transformers_tokens, llama_cpp_and_tilework, log_probs, PROMPTS, save  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -38,10 +36,7 @@ def test_a_checkpoint_and_its_gguf_give_transformers_log_probabilities(tmp_path:
     c = llm.config
     assert (c.architecture, c.post_norm, c.qk_norm, c.rope_theta) == ("olmo2", True, True, 500000.0)
     ref = assert_transformers_tokens(llm, hf, steps=8)
-    from_file = LLM(str(write_gguf_of(hf, tmp_path / "olmo2.gguf")), precision="fp32", max_batch=2, kv_tokens=256)
-    assert from_file.config == dataclasses.replace(LlmConfig.from_hf_config(hf.config.to_dict()), bos_token_id=None)  # (the file's vocabulary names no bos)
-    for ids in PROMPTS:
-        np.testing.assert_allclose(from_file.score(ids), log_probs(hf, ids), rtol=0, atol=1e-4)
+    assert_gguf_scores_as_transformers(hf, tmp_path / "olmo2.gguf")
     with torch.no_grad():
         for layer in hf.model.layers:
             layer.self_attn.q_norm.weight.fill_(1.0)

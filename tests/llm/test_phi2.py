@@ -10,7 +10,6 @@ llama.cpp's on that file."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from tilework.errors import UnsupportedError  # noqa: E402
 from tilework.llm import LLM  # noqa: E402
 from tilework.llm.config import LlmConfig  # noqa: E402
 from tilework.llm.quant import quantize  # noqa: E402
-from tests.llm.test_checkpoint import PROMPTS, SMALL, assert_transformers_tokens, llama_cpp_and_tilework, log_probs, save, write_gguf_of  # noqa: E402
+from tests.llm.test_checkpoint import assert_gguf_scores_as_transformers, assert_transformers_tokens, llama_cpp_and_tilework, log_probs, PROMPTS, save, SMALL, write_gguf_of  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -53,12 +52,8 @@ def test_a_checkpoint_and_its_gguf_files_give_transformers_log_probabilities(tmp
     assert (c.architecture, c.layer_norm, c.parallel_residual, c.gated_mlp, c.head_bias, c.rope_dim, c.head_dim) == ("phi2", True, True, False, True, 6, 16)
     assert (c.attention_bias, c.attention_out_bias, c.mlp_bias, c.tie_word_embeddings) == (True, True, True, False)
     ref = assert_transformers_tokens(llm, hf, steps=8)
-    want = dataclasses.replace(LlmConfig.from_hf_config(hf.config.to_dict()), bos_token_id=None)  # (the file's vocabulary names no bos)
     for fused in (False, True):
-        from_file = LLM(str(write_gguf_of(hf, tmp_path / f"phi2-{fused}.gguf", fused_qkv=fused)), precision="fp32", max_batch=2, kv_tokens=256)
-        assert from_file.config == want
-        for ids in PROMPTS:
-            np.testing.assert_allclose(from_file.score(ids), log_probs(hf, ids), rtol=0, atol=1e-4)
+        assert_gguf_scores_as_transformers(hf, tmp_path / f"phi2-{fused}.gguf", fused_qkv=fused)
     with torch.no_grad():
         hf.lm_head.bias.zero_()
     assert np.abs(log_probs(hf, PROMPTS[2]) - ref).max() > 0.1

@@ -8,7 +8,6 @@ written as llama.cpp's converter writes it, and, with llama-cpp-python, llama.cp
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ gguf = pytest.importorskip("gguf")
 from tilework.errors import UnsupportedError  # noqa: E402
 from tilework.llm import LLM  # noqa: E402
 from tilework.llm.config import LlmConfig  # noqa: E402
-from tests.llm.test_checkpoint import PROMPTS, SMALL, VOCAB, assert_transformers_tokens, llama_cpp_and_tilework, log_probs, save, write_gguf_of  # noqa: E402
+from tests.llm.test_checkpoint import assert_gguf_scores_as_transformers, assert_transformers_tokens, llama_cpp_and_tilework, log_probs, PROMPTS, save, SMALL, VOCAB  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -48,10 +47,7 @@ def test_a_checkpoint_and_its_gguf_give_transformers_log_probabilities(tmp_path:
     assert (c.architecture, c.layer_norm, c.parallel_residual, c.gated_mlp, c.head_bias, c.rope_dim, c.tie_word_embeddings) == ("starcoder2", True, False, False, False, None, True)
     assert (c.attention_bias, c.attention_out_bias, c.mlp_bias, c.rope_theta) == (True, True, True, 100000.0)
     ref = assert_transformers_tokens(llm, hf, steps=8)
-    from_file = LLM(str(write_gguf_of(hf, tmp_path / "starcoder2.gguf")), precision="fp32", max_batch=2, kv_tokens=256)
-    assert from_file.config == dataclasses.replace(LlmConfig.from_hf_config(hf.config.to_dict()), bos_token_id=None)  # (the file's vocabulary names no bos)
-    for ids in PROMPTS:
-        np.testing.assert_allclose(from_file.score(ids), log_probs(hf, ids), rtol=0, atol=1e-4)
+    assert_gguf_scores_as_transformers(hf, tmp_path / "starcoder2.gguf")
     with torch.no_grad():
         for layer in hf.model.layers:
             layer.input_layernorm.bias.zero_()
