@@ -114,11 +114,13 @@ class Completion:
         """Sample the next token from ``logits``; the text to show now (may be empty)."""
         if self.logprobs is not None:  # before sampling: the sampler may reshape the logits in place
             logp = log_softmax(logits)
-        if self.constraint is not None:
-            logits = self.constraint.mask(logits)
-        if self.params.ignore_eos or len(self.ids) < self.params.min_tokens:
-            logits = np.array(logits, dtype=np.float32)
-            logits[self._eos] = -np.inf
+        no_end = self.params.ignore_eos or len(self.ids) < self.params.min_tokens
+        if self.constraint is not None or no_end:
+            logits = np.array(logits, dtype=np.float32)  # one copy: the caller's row stays as it was
+            if self.constraint is not None:
+                self.constraint.mask(logits)
+            if no_end:
+                logits[self._eos] = -np.inf
         token = self.sampler.sample(logits, self.history, self.ids)
         piece = ""
         if token in self.eos:

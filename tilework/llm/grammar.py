@@ -161,11 +161,9 @@ class Constraint:
         self._check()
         return np.unpackbits(bits, bitorder="little")[: self.vocab].view(bool)
 
-    def mask(self, logits: np.ndarray) -> np.ndarray:
-        """``logits`` with the tokens the grammar does not allow next at -inf (a copy)."""
-        out = np.array(logits, dtype=np.float32)
-        out[~self.allowed()] = -np.inf
-        return out
+    def mask(self, logits: np.ndarray) -> None:
+        """Set the logits of the tokens the grammar does not allow next to -inf, in place."""
+        logits[~self.allowed()] = -np.inf
 
     def advance(self, token: int) -> None:
         """The token sampled (one :meth:`allowed` gave)."""

@@ -315,11 +315,12 @@ def _parse(raw: bytes, kind: str, llm: Any, model_name: str, default_max_tokens:
         )
     except SamplingParamsError as exc:
         raise RequestError(str(exc), max_name if exc.field == "max_tokens" else exc.field) from None
-    if params.grammar is not None:  # made here, off the event loop: the model's tokenizer for llguidance, once (0.2 s)
+    if params.grammar is not None:  # the grammar against the model's tokenizer: a failure is this request's 400, naming its field
+        field = "tools" if tools is not None and params.grammar is tools.grammar else "response_format"
         try:
             Constraint(params.grammar, llm.tokenizer, llm.config.vocab, llm.eos)
         except GrammarError as exc:
-            raise RequestError(f"response_format: {exc}", "response_format") from None
+            raise RequestError(f"{field}: {exc}", field) from None
     echo = _field(body, "echo", (bool,), "true or false", False)
     return Parsed(prompts, params, stream, include_usage, logprobs, n, echo, tools if tools is not None and tools.choice != "none" else None)
 
