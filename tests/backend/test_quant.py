@@ -208,13 +208,14 @@ def test_a_build_without_a_feature_the_target_lacks_is_the_full_library() -> Non
 
 @pytest.mark.parametrize("fmt", INT8)
 def test_a_row_has_the_same_bits_alone_in_any_batch_and_in_every_build(rng: np.random.Generator, fmt: str) -> None:
-    """What batched decoding relies on: the GEMV (up to 8 rows) and the GEMM do the same float
-    operations per output, as do the builds without VNNI and without AVX-512."""
+    """What batched decoding relies on: the GEMV (up to 32 rows, in passes of up to 8) and the
+    GEMM (33 rows) do the same float operations per output, as do the builds without VNNI and
+    without AVX-512."""
     n, k = 45, 192
     b, _ = blocks(rng, fmt, n, k)
     x = rng.standard_normal((33, k)).astype(np.float32)
     full = Q.qlinear(x, b, fmt)
-    for m in (1, 2, 3, 5, 8, 9, 17):
+    for m in (1, 2, 3, 5, 8, 9, 12, 17, 24, 32):
         np.testing.assert_array_equal(Q.qlinear(x[:m], b, fmt), full[:m])
     for i in range(33):
         np.testing.assert_array_equal(Q.qlinear(x[i : i + 1], b, fmt)[0], full[i])
@@ -225,21 +226,22 @@ def test_a_row_has_the_same_bits_alone_in_any_batch_and_in_every_build(rng: np.r
 
 def test_non_finite_x_makes_its_row_nan(rng: np.random.Generator) -> None:
     b, _ = blocks(rng, "q4_1", 20, 128)
-    x = rng.standard_normal((12, 128)).astype(np.float32)
+    x = rng.standard_normal((40, 128)).astype(np.float32)
     x[1, 70], x[4, 3] = np.nan, np.inf
-    for m in (5, 12):  # GEMV, GEMM
+    for m in (5, 12, 40):  # GEMV, GEMV in two passes, GEMM
         y = Q.qlinear(x[:m], b, "q4_1")
         assert np.isnan(y[[1, 4]]).all() and np.isfinite(np.delete(y, [1, 4], axis=0)).all()
 
 
 @pytest.mark.parametrize("fmt", ["q4_1", "bf16", "f16", "q3_k"])
 def test_every_row_count_and_narrow_outputs(rng: np.random.Generator, fmt: str) -> None:
-    """Rows 1..17 cover each GEMV pass size and the switch to the GEMM; N of 1, 3 and 13 the
-    one-row groups and the overlapping last group of a ragged N."""
+    """Rows 1..17, 24, 32 and 33 cover each GEMV pass size, the GEMV in passes and the switch
+    to the GEMM; N of 1, 3 and 13 the one-row groups and the overlapping last group of a ragged
+    N."""
     k = 256 if fmt == "q3_k" else 160
     for n in (1, 3, 13):
         b, wf = blocks(rng, fmt, n, k)
-        for m in range(1, 18):
+        for m in (*range(1, 18), 24, 32, 33):
             x = rng.standard_normal((m, k)).astype(np.float32)
             if fmt in Q.INT8_FORMATS:
                 assert_int8_matches(Q.qlinear(x, b, fmt), x, b, fmt, wf)
@@ -525,7 +527,7 @@ def test_a_residual_add_runs_in_the_extern(rng: np.random.Generator) -> None:
 
 @pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q5_0", "q8_0", "q4_1x16", "q5_1x16", "q8_0x16"])
 def test_residual_added_by_the_parallel_gemv_gives_the_same_bits(rng: np.random.Generator, fmt: str) -> None:
-    """The GEMV (M <= 8) adds the residual inside its parallel region, tile by tile; the GEMM
+    """The GEMV (M <= 32) adds the residual inside its parallel region, tile by tile; the GEMM
     after it: either way the bits of the product plus a separate add, on weights large enough to
     be shared by the threads."""
     base = fmt.removesuffix("x16")
@@ -533,7 +535,7 @@ def test_residual_added_by_the_parallel_gemv_gives_the_same_bits(rng: np.random.
     b, _ = blocks(rng, base, n, k)
     w = interleave_rows(b, base) if fmt != base else b
     add = lookup_extern(Q.extern_symbol(fmt, add=True))
-    for m in (0, 1, 3, 8, 9):
+    for m in (0, 1, 3, 8, 9, 20, 33):
         x, r = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((m, n)).astype(np.float32)
         y = np.empty((m, n), np.float32)
         add(x, w, r, (m, n, k), y)

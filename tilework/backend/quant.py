@@ -34,7 +34,8 @@ and summed in float32 in block order. The results therefore differ from
 ``x @ dequantize(w).T`` by the rounding of ``x``: per output at most
 ``sum_b max|x_b| / 254 * sum_b |w|`` over the blocks ``b`` of the row (``activation_bound``),
 plus float32 rounding; about 1e-3 relative. The float32 operations are the same on the GEMV
-(up to 8 rows), the GEMM (prefill) and the portable build, so a row's result has the same bits
+(up to 32 rows, in passes of up to 8 over each tile of weights), the GEMM (longer prefills)
+and the portable build, so a row's result has the same bits
 whatever else is in the call. bf16 and f16 multiply in float32 with the weights
 decoded exactly (``x`` is not quantized): ``x @ dequantize(w).T`` up to float32 rounding; but
 for bf16 on a CPU with AVX-512 BF16 (``QuantLibrary.bf16dot``) the GEMV and the GEMM round ``x``

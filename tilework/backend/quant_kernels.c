@@ -34,7 +34,7 @@
  * an output's bits do not depend on how many rows of x are in the call or on the build. It
  * differs from x @ dequantize(w).T by the rounding of x: at most sum over blocks b of
  * max|x_b| / 254 * sum(|w| over b) per output, plus float32 rounding (~1e-3 relative).
- * - GEMV (M <= TWQ_I8_GEMV_MAX_M, decoding): the rows of x quantized, then tiles of 16 W rows
+ * - GEMV (M <= TWQ_I8_GEMV_UPTO: decoding, short prompts): the rows of x quantized, then tiles of 16 W rows
  *   over the threads; each block of a tile is transposed in registers into 8 vectors of 16 rows
  *   x 4 weights and multiplied with every row of x by vpdpbusd (u8 weights x s8 activations;
  *   q5's fifth bits added to the nibbles from qh, twq_q5_high; q8_0's weights biased by 128; iq4's
@@ -183,6 +183,15 @@ static const int64_t twq_nbytes[TWQ_NFMT] = {18, 20, 22, 24, 34, 2, 2, 144, 210,
 #endif
 #ifndef TWQ_I8_GEMV_MAX_M
 #define TWQ_I8_GEMV_MAX_M 8 /* integer path (<= 8), measured: the GEMV streams cold weights 1.5-3x faster */
+#endif
+#ifndef TWQ_I8_GEMV_UPTO
+/* rows of x up to which the integer path runs the GEMV, in passes of at most TWQ_I8_GEMV_MAX_M
+ * rows over each tile. Measured (matrices from memory, 2 threads, Zen 4): SmolLM2-135M's decode
+ * step of 121 q4_1x16 and q8_0x16 matrices at 16 rows 8.2 ms where the GEMM took 11.5, at 32
+ * 15.6 against 19.4, at 48 23.2 against 27.2, at 64 30.6 against 31.9, at 128 60.3 against
+ * 58.8; q4_kx16 (1024 x 1024, 5632 x 1024) and q6_kx16 (1024 x 2816) at 12 and 16 rows
+ * 1.14-1.62x, at 48 0.97-1.04x. */
+#define TWQ_I8_GEMV_UPTO 32
 #endif
 #define TWQ_NR 4 /* most W rows per GEMV group: 4 for up to 4 rows of x, 2 beyond */
 #define TWQ_MR 8 /* most x rows per GEMV pass */
@@ -1883,17 +1892,21 @@ static const twq_i8_gemv_fn twq_i8_gemv_table[2][TWQ_I8_SLOTS][8] = { /* by slot
 /* x's rows quantized, then tiles of 16 W rows over the threads, each adding the residual r (or
  * NULL) into its outputs as it finishes them. (Quantizing inside the parallel region, the rows
  * shared by the threads, measured 0.97-1.02x at M = 8 and 1.02-1.1x slower at M = 1: the barrier
- * after it costs what the serial prologue did.) */
+ * after it costs what the serial prologue did.) Beyond TWQ_I8_GEMV_MAX_M rows (up to
+ * TWQ_I8_GEMV_UPTO) a tile runs the rows in passes of as many rows each (at most
+ * TWQ_I8_GEMV_MAX_M): the tile's weights come from memory once, the later passes read them from
+ * L1 (each decodes them again). */
 static void twq_i8_gemv(int fmt, int x16, const float* x, const twq_xq* xq, const uint8_t* w, const float* r, float* y, int64_t M, int64_t N, int64_t rb) {
     const int64_t tiles = (N + 15) / 16;
     const int par = N * rb >= TWQ_PAR_MIN_BYTES;
-    const twq_i8_gemv_fn fn = twq_i8_gemv_table[x16][twq_i8_slot(fmt)][M - 1];
+    const int64_t passes = (M + TWQ_I8_GEMV_MAX_M - 1) / TWQ_I8_GEMV_MAX_M, mp = (M + passes - 1) / passes;
+    const twq_i8_gemv_fn* fns = twq_i8_gemv_table[x16][twq_i8_slot(fmt)];
     (void)par; /* used by OpenMP only */
     twq_quantize(fmt, x, xq, 0, M);
 #pragma omp parallel for schedule(static) if (par)
     for (int64_t g = 0; g < tiles; ++g) {
         const int64_t n0 = 16 * g, nr = N - n0 < 16 ? N - n0 : 16;
-        fn(xq, 0, w, rb, n0, nr, y, N);
+        for (int64_t m0 = 0; m0 < M; m0 += mp) fns[(M - m0 < mp ? M - m0 : mp) - 1](xq, m0, w, rb, n0, nr, y, N);
         for (int64_t m = 0; r != NULL && m < M; ++m) twq_add(r + m * N + n0, y + m * N + n0, nr);
     }
 }
@@ -2070,7 +2083,7 @@ static int twq_i8_gemm(int fmt, int x16, const float* x, const twq_xq* xq, const
 
 /* y = x @ W.T (+ r, where not NULL). */
 static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const uint8_t* w, const float* res, float* y, int64_t M, int64_t N, int64_t rb) {
-    if (M <= TWQ_I8_GEMV_MAX_M) {
+    if (M <= TWQ_I8_GEMV_UPTO) {
         twq_i8_gemv(fmt, x16, x, xq, w, res, y, M, N, rb);
         return 0;
     }
