@@ -98,6 +98,25 @@ def test_top_k_on_a_model_sized_vocabulary_with_ties(k: int) -> None:
     assert keep is not None and 3 not in keep and np.all(keep[1:] > keep[:-1]) and keep.size >= k
 
 
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.8, seed=2), SamplingParams(top_k=30, seed=2), SamplingParams(top_p=0.9, temperature=0.7, seed=2),
+                                    SamplingParams(top_k=100, seed=2), SamplingParams(temperature=1.0, seed=2)], ids=repr)
+@pytest.mark.parametrize("finite", [1, 60, 24576, 49151])
+def test_held_back_tokens_are_never_kept_nor_drawn(params: SamplingParams, finite: int) -> None:
+    """-inf logits without a NaN (an end of sequence held back, a grammar's mask) stay in place
+    (no list of the other tokens is made): what is kept is transformers' (top-k with fewer
+    tokens than k included), never a -inf token, and no draw is one."""
+    rng = np.random.default_rng(finite)
+    logits = (rng.standard_normal(49152) * 3).astype(np.float32)
+    logits[rng.permutation(logits.size)[finite:]] = -np.inf
+    ours = Sampler(params, logits.size).process(logits, [])
+    np.testing.assert_array_equal(np.isneginf(ours), np.isneginf(_hf_process(logits, np.array([0]), params)))
+    scores, keep = Sampler(params, logits.size).kept(logits, [])
+    assert keep is None or (keep.size and np.isfinite(scores[keep]).all())
+    sampler = Sampler(params, logits.size)
+    drawn = np.array([sampler.sample(logits, []) for _ in range(200)])
+    assert np.isfinite(logits[drawn]).all() and (finite > 1 or (drawn == np.flatnonzero(np.isfinite(logits))[0]).all())
+
+
 def test_sample_draws_from_the_kept_tokens_as_from_the_processed_logits() -> None:
     """``sample`` takes the kept tokens' ids without writing -inf over the vocabulary: the same
     draws as the distribution of ``process`` (``probs``) gives, token for token."""

@@ -223,7 +223,17 @@ class Sampler:
         if p.greedy:
             return scores, None
         lowest = scores.min() if scores.size else None  # NaN where a NaN is
-        keep = None if lowest is not None and lowest > -np.inf else np.flatnonzero(scores > -np.inf)
+        keep, masked = None, False
+        if lowest is not None and not lowest > -np.inf:  # a -inf or a NaN among them
+            if lowest == -np.inf and scores.max() > -np.inf:
+                # -inf and no NaN (an end of sequence held back, a grammar's mask): those tokens
+                # stay in place, weight 0 in the draw and never above top-k's or top-p's cut, so
+                # no list of the others is made (49151 ids where one token is held back cost 6x
+                # the sampling itself)
+                masked = True
+                lowest = np.min(scores, where=scores > -np.inf, initial=np.inf)
+            else:
+                keep = np.flatnonzero(scores > -np.inf)
         t = float(p.temperature)
         if t != 1.0:
             values = scores if keep is None else scores[keep]
@@ -240,6 +250,8 @@ class Sampler:
             keep = _top_k(scores, keep, p.top_k)
         if p.top_p < 1.0:
             keep = _top_p(scores, keep, p.top_p)
+        if masked and keep is not None:  # (a cut that reached the -inf ones: fewer tokens than k, or rounding)
+            keep = keep[scores[keep] > -np.inf]
         return scores, keep
 
     def process(self, logits: np.ndarray, history: Sequence[int] | np.ndarray, output: Sequence[int] | np.ndarray = ()) -> np.ndarray:
@@ -269,8 +281,8 @@ class Sampler:
             return int(np.argmax(scores))
         if keep is not None and keep.size == 0:
             raise SamplingParamsError("logits", "all -inf or NaN", "finite for at least one token")
-        values = scores if keep is None else scores[keep]
-        weights = np.exp(values - values.max())  # float32 exp is vectorized, far faster than float64
+        weights = scores if keep is None else scores[keep]  # (our own array: turned into the weights in place)
+        np.exp(np.subtract(weights, weights.max(), out=weights), out=weights)  # float32 exp is vectorized, far faster than float64
         i = _draw(weights, self.rng.random())
         return i if keep is None else int(keep[i])
 
@@ -292,8 +304,10 @@ def _draw(weights: np.ndarray, u: float) -> int:
         cdf = np.cumsum(weights, dtype=np.float64)
         return min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), n - 1)
     blocks = -(-n // _BLOCK)
-    padded = np.zeros(blocks * _BLOCK, dtype=np.float32)
-    padded[:n] = weights
+    padded = weights
+    if n % _BLOCK:
+        padded = np.zeros(blocks * _BLOCK, dtype=np.float32)
+        padded[:n] = weights
     block_cdf = np.cumsum(padded.reshape(blocks, _BLOCK).sum(axis=1, dtype=np.float64))
     target = u * block_cdf[-1]
     b = min(int(np.searchsorted(block_cdf, target, side="right")), blocks - 1)
