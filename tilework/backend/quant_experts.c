@@ -101,8 +101,8 @@ typedef struct {
     int64_t m;
 } twq_expert_gemv;
 
-/* The routed experts of at most gmax rows (what twq_run gives the GEMV: TWQ_I8_GEMV_MAX_M, for
- * bf16 TWQ_GEMV_MAX_M; at most 8, its kernels' tables), ``small`` of them, the rows of those with
+/* The routed experts of at most gmax rows (one pass of the GEMV's kernels: TWQ_I8_GEMV_MAX_M, for
+ * bf16 TWQ_GEMV_MAX_M; at most 8, their tables), ``small`` of them, the rows of those with
  * several ``gathered``, on the integer path or bf16x16's with AVX-512 BF16 (``bf16``): x's rows
  * quantized (rounded to bf16) once, with S == 1 a token's row serving all its experts; each
  * expert's rows gathered (copied) where it has several; then one parallel loop over those
@@ -220,7 +220,7 @@ static int twq_experts(int fmt, const float* x, const uint8_t* w, const void* id
 #else
     const int bf16 = 0;
 #endif
-    const int64_t gmax = bf16 ? TWQ_GEMV_MAX_M : TWQ_I8_GEMV_MAX_M; /* the most rows twq_run gives the GEMV */
+    const int64_t gmax = bf16 ? TWQ_GEMV_MAX_M : TWQ_I8_GEMV_MAX_M; /* the most rows one pass of the GEMV takes (more: twq_run, an expert at a time) */
     int64_t mall = 1, mx = 0, my = 0, small = 0, gathered = 0; /* the most rows an expert runs, gathers from x, scatters to y; twq_experts_gemv's experts and rows */
     for (int64_t e = 0; e < E; ++e) {
         const int64_t np = start[e + 1] - start[e], m = twq_expert_rows(order + start[e], np, S, slots);
