@@ -115,13 +115,14 @@ class Completion:
         if self.logprobs is not None:  # before sampling: the sampler may reshape the logits in place
             logp = log_softmax(logits)
         no_end = self.params.ignore_eos or len(self.ids) < self.params.min_tokens
-        if self.constraint is not None or no_end:
-            logits = np.array(logits, dtype=np.float32)  # one copy: the caller's row stays as it was
+        owned = self.constraint is not None or no_end
+        if owned:
+            logits = np.array(logits, dtype=np.float32)  # one copy: the caller's row stays as it was, the sampler takes it
             if self.constraint is not None:
                 self.constraint.mask(logits)
             if no_end:
                 logits[self._eos] = -np.inf
-        token = self.sampler.sample(logits, self.history, self.ids)
+        token = self.sampler.sample(logits, self.history, self.ids, owned)
         piece = ""
         if token in self.eos:
             self.finish = "stop"

@@ -180,10 +180,11 @@ class Sampler:
             raise SamplingParamsError(name, f"token id {int(ids[0] if ids[0] < 0 else ids[-1])}", f"within [0, {self.vocab_size})")
         return ids, counts
 
-    def penalize(self, logits: np.ndarray, history: Sequence[int] | np.ndarray, output: Sequence[int] | np.ndarray = ()) -> np.ndarray:
+    def penalize(self, logits: np.ndarray, history: Sequence[int] | np.ndarray, output: Sequence[int] | np.ndarray = (), owned: bool = False) -> np.ndarray:
         """Logits after the repetition penalty over ``history`` (prompt and output) and the
-        frequency and presence penalties over ``output`` (a new array)."""
-        scores = self._repeat(logits, history)
+        frequency and presence penalties over ``output`` (a new array; with ``owned``, the
+        caller's own float32 ``logits``, changed in place)."""
+        scores = self._repeat(logits, history, owned)
         p = self.params
         if (p.frequency_penalty or p.presence_penalty) and len(output):
             ids, counts = self._ids(output, "output")
@@ -192,8 +193,8 @@ class Sampler:
             scores[ids] = np.where(np.isinf(seen), seen, np.clip(new, -_F32_MAX, _F32_MAX))  # within float32; -inf stays
         return scores
 
-    def _repeat(self, logits: np.ndarray, history: Sequence[int] | np.ndarray) -> np.ndarray:
-        scores = np.array(self._check(logits), dtype=np.float32, copy=True)
+    def _repeat(self, logits: np.ndarray, history: Sequence[int] | np.ndarray, owned: bool = False) -> np.ndarray:
+        scores = self._check(logits) if owned else np.array(self._check(logits), dtype=np.float32, copy=True)
         if self._bias.size:  # OpenAI's logit_bias, on the model's logits
             scores[self._bias_ids] += self._bias
         penalty = self.params.repetition_penalty
@@ -212,13 +213,13 @@ class Sampler:
         scores[ids] = np.where(np.isinf(wide), wide, np.clip(new, -_F32_MAX, _F32_MAX))
         return scores
 
-    def kept(self, logits: np.ndarray, history: Sequence[int] | np.ndarray, output: Sequence[int] | np.ndarray = ()) -> tuple[np.ndarray, np.ndarray | None]:
+    def kept(self, logits: np.ndarray, history: Sequence[int] | np.ndarray, output: Sequence[int] | np.ndarray = (), owned: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
         """The logits after the penalty and the temperature (a new array), and the ascending ids
         of the tokens top-k and top-p leave, never a -inf or NaN one (None: every token stays).
         :meth:`process` and :meth:`sample` both take the tokens from here; sampling draws from
         the kept ones without writing -inf over the rest of the vocabulary (a pass less over
         it at every step, and none sorted beyond the nucleus's candidates)."""
-        scores = self.penalize(logits, history, output)
+        scores = self.penalize(logits, history, output, owned)
         p = self.params
         if p.greedy:
             return scores, None
@@ -276,10 +277,11 @@ class Sampler:
         weights = np.exp(scores - scores.max()).astype(np.float64)
         return weights / weights.sum()
 
-    def sample(self, logits: np.ndarray, history: Sequence[int] | np.ndarray = (), output: Sequence[int] | np.ndarray = ()) -> int:
+    def sample(self, logits: np.ndarray, history: Sequence[int] | np.ndarray = (), output: Sequence[int] | np.ndarray = (), owned: bool = False) -> int:
         """The next token id; ``history`` is every id of the sequence so far (prompt and output),
-        ``output`` the generated ones (for the frequency and presence penalties)."""
-        scores, keep = self.kept(logits, history, output)
+        ``output`` the generated ones (for the frequency and presence penalties); ``owned``: the
+        ``logits`` are the caller's own float32 copy, used in place (no copy of them is made)."""
+        scores, keep = self.kept(logits, history, output, owned)
         if self.params.greedy:
             return int(np.argmax(scores))
         if keep is not None and keep.size == 0:
