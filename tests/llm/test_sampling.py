@@ -126,8 +126,41 @@ def test_sample_draws_from_the_kept_tokens_as_from_the_processed_logits() -> Non
         fast, slow = Sampler(params, VOCAB), Sampler(params, VOCAB)
         for logits in steps:
             probs = slow.probs(logits, [1, 2, 3])
-            want = int(np.flatnonzero(probs > 0)[_draw(probs[probs > 0].astype(np.float32), slow.rng.random())])
+            want = _inverse_cdf(probs, slow.rng.random())
             assert fast.sample(logits, [1, 2, 3]) == want
+
+
+def _inverse_cdf(weights: np.ndarray, u: float) -> int:
+    """The reference draw: the first index whose float64 running sum of ``weights`` exceeds
+    ``u`` times their sum."""
+    return int(np.searchsorted(np.cumsum(weights, dtype=np.float64), u * weights.sum(dtype=np.float64), side="right"))
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 1023, 1024, 1025, 4097, 49152])
+def test_draw_is_the_inverse_cdf_of_the_softmax(n: int) -> None:
+    """``_draw`` (``sampling_draw.c``): the weights exp(s - max) in place, within float32
+    rounding of the softmax's, and the index the float64 inverse CDF of the softmax gives,
+    held-back (-inf) scores never drawn, at the ends of [0, 1) too."""
+    rng = np.random.default_rng(n)
+    scores = (rng.standard_normal(n) * 4).astype(np.float32)
+    if n > 2:
+        scores[rng.choice(n, n // 3, replace=False)] = -np.inf
+        scores[-1] = -np.inf  # the last index held back: a u near 1 must not land on it
+    soft = np.exp(scores.astype(np.float64) - scores.max())
+    for u in [0.0, 1e-12, *rng.random(40), 1 - 1e-12, float(np.nextafter(1.0, 0.0))]:
+        weights = scores.copy()
+        i = _draw(weights, u)
+        np.testing.assert_allclose(weights, soft, rtol=4e-6, atol=0)  # (s - max rounded to float32, then 1 ulp)
+        assert np.isfinite(scores[i])
+        want = _inverse_cdf(soft, u)
+        if want == n or soft[want] == 0:  # past the end, or on a held-back one: the last positive before it
+            want = int(np.flatnonzero(soft[: min(want, n - 1) + 1] > 0)[-1])
+        assert i == want or abs(np.cumsum(soft)[min(i, want)] / soft.sum() - u) < 1e-6  # (a boundary within float32 rounding)
+
+
+def test_draw_refuses_scores_without_a_finite_one() -> None:
+    with pytest.raises(SamplingParamsError, match="logits"):
+        _draw(np.full(5, -np.inf, np.float32), 0.5)
 
 
 def test_greedy_is_argmax_after_penalty() -> None:
