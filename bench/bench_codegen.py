@@ -9,7 +9,8 @@
    cold (empty kernel cache) and warm (cache hit).
 4. The MLP 1024 -> 4096 -> silu -> 1024 (a torch module, biases) through the default
    ``tilework.compile`` (rows ``n`` dynamic, 1..512, one compilation) at n = 1, 32, 256, median
-   ms against NumPy (weights pre-transposed), torch eager, torch.compile(dynamic) and
+   ms of ``--repeat`` rounds (a call of every system a round, each after a pause and an untimed
+   call) against NumPy (weights pre-transposed), torch eager, torch.compile(dynamic) and
    onnxruntime, every system on the same thread count; results checked against torch.
 
 Aims: elementwise >= 70% of copy bandwidth, reductions >= 50%, GEMV >= 70%, matmul >= 50% of
@@ -31,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-from report import SETTLE_S, emit, table  # noqa: E402
+from report import SETTLE_S, emit, median_ms_in_rounds, table  # noqa: E402
 
 
 def best(fn: Callable[[], Any], repeat: int) -> float:
@@ -144,8 +145,6 @@ def compile_part() -> None:
 
 
 def mlp_part(repeat: int, threads: int, torch_compile: bool) -> None:
-    import statistics
-
     import numpy as np
     import torch
 
@@ -158,17 +157,6 @@ def mlp_part(repeat: int, threads: int, torch_compile: bool) -> None:
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.l2(torch.nn.functional.silu(self.l1(x)))
-
-    def median_ms(fn: Callable[[], Any]) -> float:
-        time.sleep(SETTLE_S)  # the systems called before (the correctness pass calls each) went idle
-        fn()
-        fn()
-        samples = []
-        for _ in range(repeat):
-            t = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - t)
-        return 1e3 * statistics.median(samples)
 
     torch.manual_seed(0)
     model = MLP().eval()
@@ -221,7 +209,7 @@ def mlp_part(repeat: int, threads: int, torch_compile: bool) -> None:
         for k, f in systems.items():
             got = f(x)
             np.testing.assert_allclose(np.asarray(got.numpy() if isinstance(got, torch.Tensor) else got), want, rtol=1e-3, atol=1e-3, err_msg=k)
-        ms = {k: median_ms(lambda f=f: f(x)) for k, f in systems.items()}
+        ms = median_ms_in_rounds({k: (lambda f=f: f(x)) for k, f in systems.items()}, repeat, rounds=repeat)  # a call of each a round: a change of the machine's state falls on every system alike
         ratio = min(ms[k] for k in peers) / ms["tilework"]
         print(f"{rows_n:>5} " + " ".join(f"{ms[k]:14.3f}" for k in names) + f"   {ratio:.2f}x")
         rows.append([str(rows_n)] + [f"{ms[k]:.3f}" for k in names] + [f"{ratio:.2f}x"])
