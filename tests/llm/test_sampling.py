@@ -161,6 +161,23 @@ def test_draw_is_the_inverse_cdf_of_the_softmax(n: int) -> None:
 def test_draw_refuses_scores_without_a_finite_one() -> None:
     with pytest.raises(SamplingParamsError, match="logits"):
         _draw(np.full(5, -np.inf, np.float32), 0.5)
+    with pytest.raises(TypeError, match="float32"):  # what the C function could not read as float32
+        _draw(np.zeros(3), 0.5)
+    with pytest.raises(TypeError, match="C-contiguous"):
+        _draw(np.zeros(6, np.float32)[::2], 0.5)
+
+
+def test_draw_weights_below_float32s_normal_range_are_zero() -> None:
+    """A weight below float32's normal range (1.2e-38: a score about 87.3 below the top one) is
+    0, never a subnormal float32 (flushed while the exp runs: subnormal products are slow on
+    x86), and is never drawn; the ones above it are exp's."""
+    scores = np.array([0.0, -50.0, -86.9, -87.5, -200.0, -np.inf], np.float32)
+    for u in (0.0, 0.5, float(np.nextafter(1.0, 0.0))):
+        w = scores.copy()
+        assert _draw(w, u) == 0  # (the others' mass is below float64's resolution of 1)
+        assert (w[3:] == 0).all() and w[2] > 0
+        np.testing.assert_allclose(w[:3], np.exp(scores[:3].astype(np.float64)), rtol=4e-6)
+    assert np.array([1e-30], np.float32)[0] * np.float32(1e-10) > 0  # the caller's floating-point mode put back
 
 
 def test_greedy_is_argmax_after_penalty() -> None:

@@ -304,14 +304,16 @@ _SUBSAMPLE = 16  # top-k: every 16th value gives a lower bound of the k-th large
 
 def _draw(scores: np.ndarray, u: float) -> int:
     """Turn ``scores`` (float32, C-contiguous, no NaN) into the weights ``exp(scores - max)``
-    in place and return the index whose cumulative weight interval holds ``u * sum(weights)``:
-    a draw with probability proportional to the weights, for ``u`` uniform in [0, 1); never an
-    index of weight 0.
+    (0 below float32's normal range, 1.2e-38) in place and return the index whose
+    cumulative weight interval holds ``u * sum(weights)``: a draw with probability
+    proportional to the weights, for ``u`` uniform in [0, 1); never an index of weight 0.
 
     One C function (``sampling_draw.c``: three passes over the scores, float64 sums, the
     cumulative search in one block of 1024), where NumPy's max, subtract, exp, block sums and
     searches made eight passes and three arrays: a temperature draw over SmolLM2's logits
     148 -> 57 us on a Zen 3 (whose NumPy exp of 49152 float32 took 124 us)."""
+    if scores.dtype != np.float32 or not scores.flags.c_contiguous or not scores.flags.writeable:
+        raise TypeError(f"_draw takes a writable C-contiguous float32 array, got {scores.dtype} {scores.flags}")
     i = int(_library().tw_sample_draw(scores.ctypes.data, scores.size, u))
     if i < 0:
         raise SamplingParamsError("logits", "all -inf or NaN", "finite for at least one token")
@@ -319,10 +321,10 @@ def _draw(scores: np.ndarray, u: float) -> int:
 
 
 def _weights(scores: np.ndarray) -> tuple[np.ndarray, float]:
-    """``exp(scores - max)`` (float32; the largest is 1) and its float64 sum, in one C pass
-    after the maximum's (``sampling_draw.c``), where NumPy made a float64 copy of the weights
-    to sum them: with ``_draw``, a top-p 0.9 draw over SmolLM2's logits 750 -> 140 us on a Zen 3
-    (in a VM, where each fresh array's pages fault in)."""
+    """``exp(scores - max)`` (float32; the largest is 1; 0 below 1.2e-38, as ``_draw``'s) and
+    its float64 sum, in one C pass after the maximum's (``sampling_draw.c``), where NumPy made a
+    float64 copy of the weights to sum them: with ``_draw``, a top-p 0.9 draw over SmolLM2's
+    logits 750 -> 140 us on a Zen 3 (in a VM, where each fresh array's pages fault in)."""
     scores = np.ascontiguousarray(scores, dtype=np.float32)
     out = np.empty_like(scores)
     total = float(_library().tw_sample_weights(scores.ctypes.data, out.ctypes.data, scores.size))

@@ -18,6 +18,19 @@ static float tws_max(const float* restrict s, int64_t n) {
     return top;
 }
 
+#if defined(__SSE__)
+#include <xmmintrin.h>
+/* Results below float32's normal range (2^-126) flushed to 0 while a pass of exp runs (MXCSR's
+ * flush-to-zero bit, the caller's mode put back after): a subnormal product takes a slow path
+ * on x86 (scores spread far below the top one, as a low temperature makes them, drew at half
+ * the speed), and no float64 sum of weights from 1 up can tell such a weight from 0. */
+#define TWS_FTZ_BEGIN const unsigned int tws_csr = _mm_getcsr(); _mm_setcsr(tws_csr | 0x8000u);
+#define TWS_FTZ_END _mm_setcsr(tws_csr);
+#else
+#define TWS_FTZ_BEGIN
+#define TWS_FTZ_END
+#endif
+
 /* w[i] = exp(s[i] - top) for i in [lo, hi), and their float64 sum (w may be s) */
 static double tws_exp(const float* s, float* w, int64_t lo, int64_t hi, float top) {
     double sum = 0.0;
@@ -34,7 +47,11 @@ static double tws_exp(const float* s, float* w, int64_t lo, int64_t hi, float to
  * when n < 1 or no score is above -inf. */
 double tw_sample_weights(const float* restrict s, float* restrict w, int64_t n) {
     const float top = n > 0 ? tws_max(s, n) : -INFINITY;
-    return top > -INFINITY ? tws_exp(s, w, 0, n, top) : 0.0;
+    if (!(top > -INFINITY)) return 0.0;
+    TWS_FTZ_BEGIN
+    const double sum = tws_exp(s, w, 0, n, top);
+    TWS_FTZ_END
+    return sum;
 }
 
 /* Replace w[0..n) by exp(w - max w) and return the index i with cum(i - 1) <= u * total <
@@ -47,10 +64,12 @@ int64_t tw_sample_draw(float* w, int64_t n, double u) {
     const int64_t blocks = (n + TWS_BLOCK - 1) / TWS_BLOCK;
     double sums[blocks]; /* (vocabularies of 262144 ids: 2 KB) */
     double total = 0.0;
+    TWS_FTZ_BEGIN
     for (int64_t b = 0; b < blocks; ++b) {
         sums[b] = tws_exp(w, w, b * TWS_BLOCK, b * TWS_BLOCK + TWS_BLOCK < n ? b * TWS_BLOCK + TWS_BLOCK : n, top);
         total += sums[b];
     }
+    TWS_FTZ_END
     const double target = u * total;
     double below = 0.0; /* the weights of the blocks before b */
     int64_t b = 0;
