@@ -291,9 +291,7 @@ class Sampler:
         scores, keep = self.kept(logits, history, output, owned)
         if self.params.greedy:
             return int(np.argmax(scores))
-        if keep is not None and keep.size == 0:
-            raise SamplingParamsError("logits", "all -inf or NaN", "finite for at least one token")
-        weights = np.ascontiguousarray(scores if keep is None else scores[keep])  # (our own array: turned into the weights in place)
+        weights = np.ascontiguousarray(scores if keep is None else scores[keep])  # (our own array: turned into the weights in place; none kept: _draw refuses it)
         i = _draw(weights, self.rng.random())
         return i if keep is None else int(keep[i])
 
