@@ -495,8 +495,8 @@ def test_shapes_are_checked() -> None:
 
 def test_decode_hints_the_next_tasks_pages_during_the_value_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     """With every sequence as long and its splits even, each task's value pass hints every
-    cache line (keys and values) of every page the next task reads (``NEXT_TASK_HINTS``; under
-    the static schedule, the thread's next task): on the interpreter, which runs the tasks in
+    cache line (keys and values) of every page the next task reads (``NEXT_TASK_HINTS``; within a
+    thread's chunk of tasks, its next task): on the interpreter, which runs the tasks in
     order, every line task t reads was hinted while task t - 1 ran. The hints are recorded in
     place of the interpreter's no-op prefetch, the pool's reads beside them, each with the task
     running."""

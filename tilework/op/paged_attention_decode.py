@@ -17,7 +17,7 @@ tiles of ``ACC_REGISTERS`` accumulator vectors (columns of a group's accumulator
 as they are loaded). Each step of a page's scores hints a cache line of the next page (keys
 and values), so the page's lines are on their way before it is read; and each step of the
 value pass hints lines of the page at the same place in the next task (``NEXT_TASK_HINTS``:
-under the static schedule, the task the thread runs next), so that memory keeps reading
+the task the thread runs next where both are in its chunk of tasks, ``tw_chunk``), so that memory keeps reading
 while the task computes from its cache, not only while it scores (measured at batch 8 and
 512 cached tokens with the pool out of cache: 1.05-1.12x). The hints are ``prefetch_l2``
 (into L2): a chunk's pages and the next task's are more than L1 holds, and sent to L1 they
@@ -160,7 +160,7 @@ class Decode(PagedKernel):
         split0 = sym.mul(sp, self.per_split)
         lines = self.page_lines()
         tasks = sym.mul(self.nb, self.splits)
-        nt = sym.min_(sym.add(tv, 1), sym.sub(tasks, 1))  # the task this thread runs next (a static schedule)
+        nt = sym.min_(sym.add(tv, 1), sym.sub(tasks, 1))  # the task this thread runs next (within its chunk)
         nb_ = sym.floordiv(nt, self.splits)
         nsplit0 = sym.mul(sym.floormod(nt, self.splits), self.per_split)
         ntotal = binary("+", self.cached(nb_), 1)

@@ -27,7 +27,15 @@ simd`` (vectorized) and ``#pragma GCC unroll`` (unrolled). A parallel or vectori
 iterations provably write one element (a reduction loop) is emitted serial, with a comment.
 A parallel loop forks threads only when its work (``tilework.codegen.c.parallel``: iterations,
 a statement of many loads counting more, an exp or other costly intrinsic ``COSTLY_WORK`` more)
-reaches ``TW_PARALLEL_MIN_WORK`` (small shapes of a symbolic kernel run serially).
+reaches ``TW_PARALLEL_MIN_WORK`` (small shapes of a symbolic kernel run serially). Its threads
+take its iterations in chunks as they come free (``schedule(dynamic, tw_chunk(n, work))``: at
+most ``TW_CHUNKS_PER_THREAD`` chunks a thread, each of ``TW_CHUNK_MIN_WORK`` work at least),
+not in equal shares fixed in advance: a thread that cannot run (its core taken by another
+thread pool still spinning after its call, onnxruntime's or BLAS's, or by another tenant)
+leaves its share to the others instead of holding them all at the loop's end. Measured on a
+2-core Zen 3, the MLP 1024 -> 4096 -> silu -> 1024 called in turn with onnxruntime's: n = 128
+24.8 -> 13.1 ms, n = 256 35.4 -> 24.4 ms (medians; onnxruntime 13.5 and 25.3), alone
+unchanged (ResNet-18, MiniLM, SmolLM2's decode within the noise).
 """
 
 from __future__ import annotations
@@ -331,7 +339,8 @@ class _Emitter(LoopEmitter):
             elif parallel:
                 work = parallel_work(s)
                 cond = "" if work is None else f" if({self.dim(work)} >= TW_PARALLEL_MIN_WORK)"
-                self.line(f"#pragma omp parallel for schedule(static){cond}")
+                chunk = f"tw_chunk({ext}, {0 if work is None else self.dim(work)})"
+                self.line(f"#pragma omp parallel for schedule(dynamic, {chunk}){cond}")
             elif s.kind == "vectorized":
                 invariants = self.hoist_invariants(s)
                 self.line("#pragma omp simd")

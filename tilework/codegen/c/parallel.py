@@ -1,7 +1,9 @@
 """Which loops of a kernel may run their iterations apart, and which are worth a fork: the
 emitter asks ``loop_conflict`` before it makes a loop parallel or vectorized, and puts
 ``parallel_work`` into the ``if(...)`` of a parallel loop, compared at run time with
-``TW_PARALLEL_MIN_WORK`` (a fork/join costs microseconds, more on a loaded machine).
+``TW_PARALLEL_MIN_WORK`` (a fork/join costs microseconds, more on a loaded machine), and
+into the chunk size of its dynamic schedule (``tw_chunk``: chunks of ``TW_CHUNK_MIN_WORK`` at
+least, so that taking one costs little beside its work).
 """
 
 from __future__ import annotations
