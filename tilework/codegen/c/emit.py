@@ -34,8 +34,8 @@ not in equal shares fixed in advance: a thread that cannot run (its core taken b
 thread pool still spinning after its call, onnxruntime's or BLAS's, or by another tenant)
 leaves its share to the others instead of holding them all at the loop's end. Measured on a
 2-core Zen 3, the MLP 1024 -> 4096 -> silu -> 1024 called in turn with onnxruntime's: n = 128
-24.8 -> 13.1 ms, n = 256 35.4 -> 24.4 ms (medians; onnxruntime 13.5 and 25.3), alone
-unchanged (ResNet-18, MiniLM, SmolLM2's decode within the noise).
+24.8 -> 13.2 ms, n = 256 35.4 -> 24.9 ms (medians, one process; onnxruntime 13.5 and
+25.3); alone, within the noise (ResNet-18, MiniLM, SmolLM2's decode, the MLP).
 """
 
 from __future__ import annotations
