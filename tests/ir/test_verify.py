@@ -708,3 +708,42 @@ def test_context_falls_back_when_the_printer_fails(monkeypatch: pytest.MonkeyPat
     d = only(IRModule({"main": f}), "var-def")
     assert 'def @main(%x: Tensor((4,), "float32"))' in d.context
     shows(d, '%a: Tensor((4,), "float32") = exp(%b)')
+
+
+def test_what_was_found_well_formed_is_not_checked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module verified clean and verified again with the same ``Checked`` (a pipeline's run
+    verifies after every pass) is not walked again: its kernels (the same objects) and its
+    graph functions (the same objects, calling kernels of the same arity). A kernel replaced
+    by one of another arity has the graph checked again and the call reported; a malformed
+    module is reported every time; without a ``Checked`` everything is walked."""
+    from tilework.ir import verify as V
+
+    walked: list[str] = []
+    for cls in (V._GraphCheck, V._LoopCheck):
+        monkeypatch.setattr(cls, "run", lambda self, run=cls.run: (walked.append(self.name), run(self))[1])
+    n = SymVar("n")
+    x = Var("x", f32(n, 4))
+    bb = BlockBuilder()
+    add = bb.add_func("add", add_kernel())
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(op.call_tensor(add, [x, x], f32(n, 4))))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    checked = V.Checked()
+    assert check(mod, checked) == [] and sorted(walked) == ["add", "main"]
+    walked.clear()
+    assert check(mod, checked) == [] and walked == []
+    assert check(IRModule(dict(mod.items())), checked) == [] and walked == []  # a new module of the same functions
+    assert check(mod) == [] and sorted(walked) == ["add", "main"]  # no Checked: walked
+    walked.clear()
+    rescheduled = add_kernel()  # another object, the same arity: only it is walked
+    assert check(IRModule({**dict(mod.items()), "add": rescheduled}), checked) == [] and walked == ["add"]
+    a, c = L.Buffer("A", (n, 4), "float32"), L.Buffer("C", (n, 4), "float32")
+    one_input = L.TensorFunc((a, c), rescheduled.body, 1)  # reads B, which it no longer takes
+    for _ in range(2):
+        walked.clear()
+        diags = check(IRModule({**dict(mod.items()), "add": one_input}), checked)
+        assert sorted(walked) == ["add", "main"]
+        assert any("call_tensor passes 2 input(s) but @add takes 1 (A)" in d.message for d in diags), [d.message for d in diags]
+

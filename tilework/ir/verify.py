@@ -97,31 +97,90 @@ class Diagnostic:
         return f"error[{self.rule}] in @{self.func}: {self.message}\n{self.context}"
 
 
-def check(mod: IRModule) -> list[Diagnostic]:
-    """Every well-formedness problem of ``mod``, in module order, then program order."""
+class Checked:
+    """What a run of checks found well-formed, so that checking it again costs nothing: a
+    pipeline verifies its module after every pass (``tilework.transform.base.Pipeline``, one
+    ``Checked`` a run), and most passes leave most of it as it was (the kernels of a batch of
+    torch ops, each checked after every later pass, took a third of the verifier's time; their
+    graph, unchanged by the kernel passes, most of the rest).
+
+    - TensorFuncs by identity (each kept alive here, so that its id is not reused): a
+      TensorFunc is immutable and its check reads nothing outside it.
+    - A module's graph functions by its interface (``_interface``): every GraphFunc and
+      ExternFunc by identity, each TensorFunc by what a call of it is checked against. Their
+      checks read nothing else of the module.
+
+    It keeps what it holds alive (at most ``KEPT`` of each): it lives as long as the run."""
+
+    KEPT = 4096
+
+    def __init__(self) -> None:
+        self.loops: dict[int, L.TensorFunc] = {}
+        self.graphs: dict[tuple[Any, ...], list[Function]] = {}
+
+    @staticmethod
+    def remember(memo: dict[Any, Any], key: Any, value: Any) -> None:
+        if len(memo) >= Checked.KEPT:
+            memo.clear()
+        memo[key] = value
+
+
+def _interface(mod: IRModule) -> tuple[tuple[Any, ...], list[Function]]:
+    """What the checks of ``mod``'s graph functions read of it: each function's name and
+    kind, a GraphFunc or ExternFunc itself (by identity: the functions are returned to be
+    kept alive), a TensorFunc's input, sym param and output counts."""
+    key: list[Any] = []
+    kept: list[Function] = []
+    for name, f in mod.items():
+        if isinstance(f, L.TensorFunc):
+            key.append((name, "tensor", len(f.inputs), len(f.sym_params), f.num_outputs))
+        else:
+            key.append((name, type(f).__name__, id(f)))
+            kept.append(f)
+    return tuple(key), kept
+
+
+def check(mod: IRModule, checked: Checked | None = None) -> list[Diagnostic]:
+    """Every well-formedness problem of ``mod``, in module order, then program order. With
+    ``checked``, what it found well-formed before is not walked again, and what is found
+    well-formed now is added to it."""
     out: list[Diagnostic] = []
+    interface, kept = _interface(mod) if checked is not None else ((), [])
+    graphs_clean = checked is not None and interface in checked.graphs
     owners: dict[Var, str] = {}
-    for name, f in mod.items():
-        if isinstance(f, GraphFunc):
-            for v in _defined_vars(f):
-                owners.setdefault(v, name)
+    if not graphs_clean:
+        for name, f in mod.items():
+            if isinstance(f, GraphFunc):
+                for v in _defined_vars(f):
+                    owners.setdefault(v, name)
     seen: dict[Var, str] = {}
+    graph_problems = 0
     for name, f in mod.items():
         if isinstance(f, GraphFunc):
-            _GraphCheck(mod, name, f, owners, seen, out).run()
+            if not graphs_clean:
+                found = len(out)
+                _GraphCheck(mod, name, f, owners, seen, out).run()
+                graph_problems += len(out) - found
         elif isinstance(f, L.TensorFunc):
-            _LoopCheck(name, f, out).run()
+            if checked is None or checked.loops.get(id(f)) is not f:
+                found = len(out)
+                _LoopCheck(name, f, out).run()
+                if checked is not None and len(out) == found:
+                    checked.remember(checked.loops, id(f), f)
         elif not isinstance(f, ExternFunc):
             msg = f"@{name} is a {type(f).__name__}, not a GraphFunc, TensorFunc or ExternFunc"
             out.append(Diagnostic("global", name, msg, f"  @{name} = {type(f).__name__}"))
+    if checked is not None and not graphs_clean and not graph_problems:
+        checked.remember(checked.graphs, interface, kept)
     return out
 
 
-def verify(mod: IRModule) -> None:
-    """Raise ``WellFormedError`` listing every problem of ``mod``; return quietly if none."""
+def verify(mod: IRModule, checked: Checked | None = None) -> None:
+    """Raise ``WellFormedError`` listing every problem of ``mod``; return quietly if none
+    (``checked``: see ``check``)."""
     if not isinstance(mod, IRModule):
         raise WellFormedError(f"verify expects an IRModule, got {type(mod).__name__}")
-    diags = check(mod)
+    diags = check(mod, checked)
     if not diags:
         return
     head = f"the module is not well-formed: {len(diags)} problem{'s' if len(diags) > 1 else ''}"

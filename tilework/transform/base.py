@@ -5,7 +5,8 @@ Calling a pass runs it and, when verification is on, the well-formedness verifie
 result (``set_verify_passes(True)``: the test suite turns it on for every pass, called directly
 or in a pipeline; ``TILEWORK_VERIFY_PASSES=1`` turns it on from the environment). A
 ``Pipeline`` runs passes in order; ``verify=True`` verifies after each whatever the global
-setting, ``dump_dir`` writes the IR after each pass as ``NN-passname.tw.txt``. The named
+setting (within a run, what one pass's check found well-formed and the next pass left as it
+was is not walked again: ``tilework.ir.verify.Checked``), ``dump_dir`` writes the IR after each pass as ``NN-passname.tw.txt``. The named
 pipelines are in ``tilework.transform.pipeline``.
 """
 
@@ -18,6 +19,7 @@ from typing import Callable, Sequence
 
 from tilework.errors import WellFormedError
 from tilework.ir.module import IRModule
+from tilework.ir.verify import Checked, verify
 
 _VERIFY = False
 
@@ -32,11 +34,9 @@ def verify_passes() -> bool:
     return _VERIFY or os.environ.get("TILEWORK_VERIFY_PASSES") == "1"
 
 
-def _verify_after(p: "Pass", mod: IRModule) -> None:
-    from tilework.ir.verify import verify
-
+def _verify_after(p: "Pass", mod: IRModule, checked: Checked | None = None) -> None:
     try:
-        verify(mod)
+        verify(mod, checked)
     except WellFormedError as e:
         raise WellFormedError(f"after pass {p.name!r}:\n{e}") from None
 
@@ -82,10 +82,11 @@ class Pipeline(Pass):
     def run(self, mod: IRModule) -> IRModule:
         if self.dump_dir:
             os.makedirs(self.dump_dir, exist_ok=True)
+        checked = Checked()  # what one pass's check found well-formed is not walked again after the next
         for i, p in enumerate(self.passes):
             mod = p.run(mod)
             if self.verify or verify_passes():
-                _verify_after(p, mod)
+                _verify_after(p, mod, checked)
             if self.dump_dir:
                 path = os.path.join(self.dump_dir, f"{i:02d}-{p.name}.tw.txt")
                 with open(path, "w") as fh:
