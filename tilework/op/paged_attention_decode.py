@@ -17,9 +17,10 @@ tiles of ``ACC_REGISTERS`` accumulator vectors (columns of a group's accumulator
 as they are loaded). Each step of a page's scores hints a cache line of the next page (keys
 and values), so the page's lines are on their way before it is read; and each step of the
 value pass hints lines of the page at the same place in the next task (``NEXT_TASK_HINTS``:
-the task the thread runs next where both are in its chunk of tasks, ``tw_chunk``), so that memory keeps reading
-while the task computes from its cache, not only while it scores (measured at batch 8 and
-512 cached tokens with the pool out of cache: 1.05-1.12x). The hints are ``prefetch_l2``
+the task the thread runs next where both are in its chunk of tasks, ``tw_chunk``), so that
+memory keeps reading while the task computes from its cache, not only while it scores
+(measured at batch 8 and 512 cached tokens with the pool out of cache: 1.05-1.12x, under the
+static schedule of the time). The hints are ``prefetch_l2``
 (into L2): a chunk's pages and the next task's are more than L1 holds, and sent to L1 they
 evicted the lines the loops were reading (the 30 layers' attention of a batch-8 step at 512
 cached tokens, bf16 pool, Zen 4, 2 threads: 6.0-6.2 -> 4.7-4.8 ms; batch 1 0.68-0.70 ->

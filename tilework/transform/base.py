@@ -6,8 +6,8 @@ result (``set_verify_passes(True)``: the test suite turns it on for every pass, 
 or in a pipeline; ``TILEWORK_VERIFY_PASSES=1`` turns it on from the environment). A
 ``Pipeline`` runs passes in order; ``verify=True`` verifies after each whatever the global
 setting (within a run, what one pass's check found well-formed and the next pass left as it
-was is not walked again: ``tilework.ir.verify.Checked``), ``dump_dir`` writes the IR after each pass as ``NN-passname.tw.txt``. The named
-pipelines are in ``tilework.transform.pipeline``.
+was is not walked again: ``tilework.ir.verify.Checked``), ``dump_dir`` writes the IR after
+each pass as ``NN-passname.tw.txt``. The named pipelines are in ``tilework.transform.pipeline``.
 """
 
 from __future__ import annotations
