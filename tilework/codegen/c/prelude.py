@@ -225,6 +225,13 @@ TW_FLOAT_HELPERS(double, _d, fmod, floor, copysign)
    the subnormal range round once and overflow gives inf. Max error below 1 ulp of the
    correctly rounded result; exp(-inf) = 0, exp(inf) = inf, exp(NaN) = NaN. */
 static inline float tw_bits_f(int32_t i) { float f; memcpy(&f, &i, 4); return f; }
+/* a pair of bfloat16 side by side read as one 32-bit word, its even element (the low half)
+   and its odd one (the high half) widened: the portable copy of a dot_bf16x2 loop over pairs
+   (tilework.codegen.c.emit) reads them so, one load, a shift and a mask a vector, where two
+   16-bit loads at a stride of 2 took shuffles */
+static inline uint32_t tw_pair_at(const uint16_t* p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline float tw_pair_lo(uint32_t w) { return tw_bits_f((int32_t)(w << 16)); }
+static inline float tw_pair_hi(uint32_t w) { return tw_bits_f((int32_t)(w & 0xffff0000u)); }
 static inline int32_t tw_f_bits(float f) { int32_t i; memcpy(&i, &f, 4); return i; }
 static inline float tw_exp_f(float x) {
     const float round_magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
