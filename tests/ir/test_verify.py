@@ -719,7 +719,7 @@ def test_what_was_found_well_formed_is_not_checked_again(monkeypatch: pytest.Mon
     from tilework.ir import verify as V
 
     walked: list[str] = []
-    for cls in (V._GraphCheck, V._LoopCheck):
+    for cls in (V._GraphCheck, V.LoopCheck):
         monkeypatch.setattr(cls, "run", lambda self, run=cls.run: (walked.append(self.name), run(self))[1])
     n = SymVar("n")
     x = Var("x", f32(n, 4))

@@ -3,6 +3,8 @@
 ``check(mod)`` returns every broken rule as a ``Diagnostic``; ``verify(mod)`` raises one
 ``WellFormedError`` that lists them all, each shown in its function with the offending binding
 (or loop statement) marked. The checker only reads: it fixes nothing and assumes nothing.
+This module walks the graph functions; the rules and ``Diagnostic`` are in
+``tilework.ir.verify_base``, the walk of a TensorFunc (rule 9) in ``tilework.ir.verify_loop``.
 
 The rules (``Diagnostic.rule`` names them):
 
@@ -26,7 +28,6 @@ The rules (``Diagnostic.rule`` names them):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import numpy as np
@@ -35,7 +36,6 @@ from tilework.errors import TileworkError, WellFormedError
 from tilework.ir import info as I
 from tilework.ir import loop as L
 from tilework.ir import sym
-from tilework.ir import sym_walk
 from tilework.ir.builder import infer_func_call, is_leaf, is_pure_call
 from tilework.ir.graph import (
     AnyBinding,
@@ -65,36 +65,9 @@ from tilework.ir.sym import Dim, SymExpr, SymVar
 from tilework.ir.opdef import infer_with_checks
 from tilework.ir.opdef import lookup as lookup_op
 from tilework.ir.visitor import ExprVisitor
-
-RULES = {
-    "var-def": "rule 1: vars are defined once, before use, in their own function",
-    "sym-def": "rule 2: sym vars are defined before use",
-    "dataflow": "rule 3: dataflow vars live only inside their dataflow block",
-    "anf": "rule 4: A-normal form",
-    "purity": "rule 5: no impure calls in dataflow blocks or pure functions",
-    "struct-info": "rule 6: struct info is present and consistent",
-    "global": "rule 7: global names and callee kinds are consistent",
-    "ret-info": "rule 8: the return info covers the body",
-    "loop": "rule 9: loop-level scoping and forms",
-}
-
-from tilework.ir.verify_render import Where, _callee_str, _expr_str, _info_str, _render, _shape_str  # noqa: E402
-
-
-@dataclass(frozen=True)
-class Diagnostic:
-    """One broken rule: ``rule`` (a key of ``RULES``), the function ``func``, the binding or
-    statement ``where`` (None for the signature), what is wrong and what to do (``message``), and
-    ``context``: the function rendered with ``where`` marked."""
-
-    rule: str
-    func: str
-    message: str
-    context: str
-    where: Where = field(default=None, compare=False, repr=False)
-
-    def __str__(self) -> str:
-        return f"error[{self.rule}] in @{self.func}: {self.message}\n{self.context}"
+from tilework.ir.verify_base import RULES, Checker, Diagnostic, dims_syms
+from tilework.ir.verify_loop import LoopCheck
+from tilework.ir.verify_render import _callee_str, _expr_str, _info_str, _shape_str
 
 
 class Checked:
@@ -164,7 +137,7 @@ def check(mod: IRModule, checked: Checked | None = None) -> list[Diagnostic]:
         elif isinstance(f, L.TensorFunc):
             if checked is None or checked.loops.get(id(f)) is not f:
                 found = len(out)
-                _LoopCheck(name, f, out).run()
+                LoopCheck(name, f, out).run()
                 if checked is not None and len(out) == found:
                     checked.remember(checked.loops, id(f), f)
         elif not isinstance(f, ExternFunc):
@@ -218,34 +191,10 @@ def _info_syms(info: StructInfo) -> tuple[SymVar, ...]:
     return I.free_vars(info)
 
 
-def _dims_syms(dims: Iterable[object]) -> tuple[SymVar, ...]:
-    out: dict[SymVar, None] = {}
-    for d in dims:
-        if isinstance(d, SymExpr):
-            out.update(dict.fromkeys(sym_walk.free_vars(d)))
-    return tuple(out)
-
-
-class _Checker:
-    """Collects one function's diagnostics, each reported once per ``once`` key."""
-
-    def __init__(self, name: str, func: Function, out: list[Diagnostic]) -> None:
-        self.name, self.func, self.out = name, func, out
-        self.reported: set[object] = set()
-
-    def emit(self, rule: str, message: str, where: Where, once: object = None) -> None:
-        if once is not None:
-            if once in self.reported:
-                return
-            self.reported.add(once)
-        ctx = _render(self.name, self.func, where, RULES[rule])
-        self.out.append(Diagnostic(rule, self.name, message, ctx, where))
-
-
 # -- the graph level ----------------------------------------------------------------------
 
 
-class _GraphCheck(_Checker, ExprVisitor):
+class _GraphCheck(Checker, ExprVisitor):
     """Walks one GraphFunc in program order, tracking the vars and sym vars in scope."""
 
     def __init__(
@@ -488,12 +437,12 @@ class _GraphCheck(_Checker, ExprVisitor):
                 self.bad("struct-info", msg + ": build it with Constant.of(data)")
             return
         if isinstance(e, ShapeExpr):
-            self.use_syms(_dims_syms(e.values), at)
+            self.use_syms(dims_syms(e.values), at)
             if not (isinstance(info, ShapeInfo) and info.values is not None and _same_dims(info.values, e.values)):
                 msg = f"{_shape_str(e.values)} in {at} has struct info {_info_str(info)}"
                 self.bad("struct-info", msg + ": a ShapeExpr's info is ShapeInfo of its values (ShapeExpr.of)")
             return
-        self.use_syms(_dims_syms([e.value]), at)
+        self.use_syms(dims_syms([e.value]), at)
         if not (isinstance(info, PrimInfo) and _prim_fits(info, e.value)):
             self.bad("struct-info", f"the prim value {e.value} in {at} has struct info {_info_str(info)}: use PrimValue.of(value)")
 
@@ -677,136 +626,6 @@ def _prim_fits(info: PrimInfo, v: object) -> bool:
     if info.value is not None and isinstance(v, (int, SymExpr)):
         return sym.prove_eq(info.value, v)
     return True
-
-
-# -- the loop level -----------------------------------------------------------------------
-
-_SCALAR_OPS = L.BINARY_OPS + L.COMPARE_OPS + L.LOGICAL_OPS
-
-
-class _LoopCheck(_Checker):
-    """Walks one TensorFunc, tracking the buffers and sym vars in scope at each statement."""
-
-    def __init__(self, name: str, func: L.TensorFunc, out: list[Diagnostic]) -> None:
-        super().__init__(name, func, out)
-        self.tfunc = func
-        self.bound: dict[SymVar, str] = {}  # every sym var bound so far -> by what
-        self.buffers: set[L.Buffer] = set()  # every buffer defined so far
-
-    def bad(self, message: str, where: Where = None, once: object = None) -> None:
-        self.emit("loop", message, where, once)
-
-    def run(self) -> None:
-        f = self.tfunc
-        n_bufs = len(f.buffers)
-        if not 0 <= f.num_outputs <= n_bufs:
-            self.bad(f"num_outputs is {f.num_outputs} but @{self.name} has {n_bufs} buffer param(s): outputs are the last buffer params")
-        syms: set[SymVar] = set()
-        for p in f.params:
-            if isinstance(p, SymVar):
-                syms.add(p)
-                self.bound.setdefault(p, "a sym param")
-            elif isinstance(p, L.Buffer):
-                if p in self.buffers:
-                    self.bad(f"buffer {p.name} is a param twice")
-                self.buffers.add(p)
-                for d in p.shape:
-                    if isinstance(d, SymVar):
-                        syms.add(d)
-                        self.bound.setdefault(d, f"the shape of buffer {p.name}")
-            else:
-                self.bad(f"param {p!r} is a {type(p).__name__}, not a Buffer or SymVar")
-        for b in f.buffers:
-            self.syms_in(_dims_syms(b.shape), syms, f"the shape of buffer {b.name}", None)
-        self.stmt(f.body, frozenset(self.buffers), frozenset(syms))
-
-    def syms_in(self, used: Iterable[SymVar], syms: frozenset[SymVar] | set[SymVar], what: str, where: Where) -> None:
-        for v in used:
-            if v not in syms:
-                msg = f"{what} uses sym var {v.name}, which is not defined here: sym vars come from sym params"
-                self.bad(msg + ", bare dims of buffer params, and enclosing loops and block iter vars", where, ("sym", v))
-
-    def bind(self, v: SymVar, how: str, where: Where) -> None:
-        first = self.bound.get(v)
-        if first is not None:
-            self.bad(f"{how} binds {v.name}, already bound by {first}: give it a fresh SymVar", where)
-        else:
-            self.bound[v] = how
-
-    def stmt(self, s: L.Stmt, bufs: frozenset[L.Buffer], syms: frozenset[SymVar]) -> None:
-        if isinstance(s, L.SeqStmt):
-            for child in s.stmts:
-                self.stmt(child, bufs, syms)
-        elif isinstance(s, L.Store):
-            self.access(s.buffer, len(s.indices), bufs, "store to", s)
-            for x in (*s.indices, s.value):
-                self.scalar(x, bufs, syms, s)
-        elif isinstance(s, L.For):
-            if s.kind not in L.LOOP_KINDS:
-                self.bad(f"loop {s.var.name} has kind {s.kind!r}; loop kinds are {', '.join(L.LOOP_KINDS)}", s)
-            self.syms_in(_dims_syms([s.extent]), syms, f"the extent of loop {s.var.name}", s)
-            self.bind(s.var, f"loop {s.var.name}", s)
-            self.stmt(s.body, bufs, syms | {s.var})
-        elif isinstance(s, L.Block):
-            self.block(s, bufs, syms)
-        elif isinstance(s, L.Allocate):
-            b = s.buffer
-            self.syms_in(_dims_syms(b.shape), syms, f"the shape of buffer {b.name}", s)
-            if b in self.buffers:
-                self.bad(f"buffer {b.name} is allocated but already defined: allocate a fresh Buffer", s)
-            self.buffers.add(b)
-            self.stmt(s.body, bufs | {b}, syms)
-        elif isinstance(s, L.IfThenElse):
-            self.scalar(s.cond, bufs, syms, s)
-            self.stmt(s.then_body, bufs, syms)
-            if s.else_body is not None:
-                self.stmt(s.else_body, bufs, syms)
-        else:
-            self.bad(f"the body holds a {type(s).__name__}, which is not a loop-level statement")
-
-    def block(self, s: L.Block, bufs: frozenset[L.Buffer], syms: frozenset[SymVar]) -> None:
-        inner = set(syms)
-        for iv in s.iter_vars:
-            what = f"iter var {iv.var.name} of block {s.name}"
-            if iv.kind not in ("spatial", "reduce"):
-                self.bad(f"{what} has kind {iv.kind!r}; kinds are 'spatial' and 'reduce'", s)
-            self.syms_in(_dims_syms([iv.extent, iv.binding]), syms, what, s)
-            self.bind(iv.var, what, s)
-            inner.add(iv.var)
-        for b in s.reads + s.writes:
-            self.access(b, None, bufs, f"block {s.name} accesses", s)
-        for body in (s.init, s.body):
-            if body is not None:
-                self.stmt(body, bufs, frozenset(inner))
-
-    def access(self, b: L.Buffer, n_indices: int | None, bufs: frozenset[L.Buffer], what: str, where: Where) -> None:
-        if b not in bufs:
-            msg = f"{what} buffer {b.name}, which is neither a param of @{self.name} nor allocated around this use"
-            self.bad(msg + ": add it as a param or wrap the use in Allocate", where, ("buf", b, id(where)))
-        if n_indices is not None and n_indices != len(b.shape):
-            msg = f"{what} {b.name} with {n_indices} index(es) but {b.name} has rank {len(b.shape)}"
-            self.bad(msg + ": give one index per dim", where)
-
-    def scalar(self, x: L.Scalar, bufs: frozenset[L.Buffer], syms: frozenset[SymVar], where: Where) -> None:
-        for e in L.walk_scalars(x):
-            if isinstance(e, SymExpr):
-                self.syms_in(sym_walk.free_vars(e), syms, f"this {type(where).__name__}", where)
-            elif isinstance(e, L.Load):
-                self.access(e.buffer, len(e.indices), bufs, "load from", where)
-            elif isinstance(e, L.Binary) and e.op not in _SCALAR_OPS:
-                self.bad(f"binary op {e.op!r} is unknown; valid ops are {', '.join(_SCALAR_OPS)}", where)
-            elif isinstance(e, L.Unary) and e.op not in L.UNARY_OPS:
-                self.bad(f"unary op {e.op!r} is unknown; valid ops are {', '.join(L.UNARY_OPS)}", where)
-            elif isinstance(e, L.Intrin) and e.name not in L.INTRINSICS:
-                self.bad(f"intrinsic {e.name!r} is unknown; valid ones are {', '.join(L.INTRINSICS)}", where)
-            elif isinstance(e, L.Intrin) and len(e.args) != L.INTRINSIC_ARITY.get(e.name, 1):
-                self.bad(f"intrinsic {e.name} takes {L.INTRINSIC_ARITY.get(e.name, 1)} argument(s), got {len(e.args)}", where)
-            elif isinstance(e, L.Intrin) and e.name == L.DOT_BF16X2 and (e.dtype != "float32" or [L.dtype_of(a) for a in e.args] != ["float32"] + ["bfloat16"] * 4):
-                self.bad(f"intrinsic {e.name} takes a float32 accumulator and four bfloat16 values and gives float32, got {[L.dtype_of(a) for a in e.args]} -> {e.dtype}", where)
-            elif isinstance(e, L.Intrin) and e.name in L.PREFETCHES and not isinstance(e.args[0], L.Load):
-                self.bad(f"intrinsic {e.name} takes a load (of the element to prefetch)", where)
-            elif not isinstance(e, (int, L.PExpr)):
-                self.bad(f"{e!r} (a {type(e).__name__}) is not a scalar expression: wrap constants in Const", where)
 
 
 __all__ = ["Diagnostic", "RULES", "check", "verify"]

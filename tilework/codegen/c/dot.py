@@ -1,10 +1,16 @@
 """Which vectorized loops of ``dot_bf16x2`` (``tilework.ir.loop.DOT_BF16X2``) the C emitter
-writes as one ``vdpbf16ps`` a 16 lanes (``tilework.codegen.c.emit``: ``emit_dot_bf16``), and how
-their operands are read: the matching, apart from the emitter's text.
+writes as one ``vdpbf16ps`` a 16 lanes, and how their operands are read (``dot_bf16_loop``);
+and the text of such a loop (``DotEmitter``, a base of the C emitter ``tilework.codegen.c.emit``):
+the ``vdpbf16ps`` form and the portable copy beside it.
 """
 
 from __future__ import annotations
 
+import abc
+import contextlib
+from typing import Iterator
+
+from tilework.codegen.loop_emit import LoopEmitter
 from tilework.ir import sym, sym_walk
 from tilework.ir.loop import DOT_BF16X2, DOT_BF16X2_LANES, Block, Buffer, Cast, For, Intrin, Load, Scalar, Store, index_dims, walk_scalars
 from tilework.ir.structural import structural_equal
@@ -86,3 +92,90 @@ def flat_dim(b: Buffer, indices: tuple[Scalar, ...], loads_as_zero: bool = False
 
 
 __all__ = ["dot_bf16_loop", "flat_dim", "side_by_side"]
+
+
+class DotEmitter(LoopEmitter):
+    """The C of a vectorized ``dot_bf16x2`` loop (``dot_bf16_loop``), for the C emitter that
+    derives from it."""
+
+    dot_fallback: bool  # emitting the portable copy of a dot_bf16x2 loop (set by the emitter)
+
+    @abc.abstractmethod
+    def element(self, x: Load | Store) -> str:
+        """The C lvalue of the element ``x`` loads or stores."""
+
+    @contextlib.contextmanager
+    def dot_loop(self, s: For, step: int | None, head: list[str]) -> Iterator[None]:
+        """A braced scope holding the lines ``head`` and then loop ``s`` (``step`` lanes an
+        iteration, or one under ``#pragma omp simd``), its body emitted inside the ``with``."""
+        self.line("{")
+        self.depth += 1
+        for text in head:
+            self.line(text)
+        var = self.bind(s.var, s.var.name)
+        if step is None:
+            self.line("#pragma omp simd")
+        self.line(f"for (int64_t {var} = 0; {var} < {self.dim(s.extent)}; {var} += {step or 1}) {{")
+        self.scope.add(s.var)
+        self.depth += 1
+        yield
+        self.depth -= 1
+        self.scope.discard(s.var)
+        self.line("}")
+        self.depth -= 1
+        self.line("}")
+
+    def emit_dot_bf16(self, s: For, store: Store, dot: Intrin, form: str) -> None:
+        """Vectorized loop ``s`` of ``acc[i] = dot_bf16x2(acc[i], a0, a1, b0, b1)``: with
+        AVX-512 BF16 one ``vdpbf16ps`` a 16 lanes (``a0``'s and ``a1``'s lanes as pairs: loaded
+        so, or two rows interleaved; ``b0, b1`` broadcast), else the portable copy (pairs side
+        by side: ``emit_dot_pairs``; else the loop as it is)."""
+        _, a0, a1, b0, b1 = dot.args
+        if form == "round":
+            assert isinstance(a0, Cast) and isinstance(a1, Cast)
+            a0, a1 = a0.value, a1.value
+        assert isinstance(a0, Load) and isinstance(a1, Load)
+        self.line("#if defined(TW_DOT_BF16)")
+        pair = self.bind(("dot_pair", s), "pair")
+        if side_by_side(b0, b1):  # one 32-bit load broadcast (the C compiler does not merge two)
+            assert isinstance(b0, Load)
+            broadcast = f"const __m512i {pair} = _mm512_set1_epi32(tw_u32_at(&{self.element(b0)}));"
+        else:
+            bits = [self.bf16_bits(x) for x in (b0, b1)]
+            broadcast = f"const __m512i {pair} = _mm512_set1_epi32((int)((uint32_t){bits[1]} << 16 | {bits[0]}));"
+        with self.dot_loop(s, DOT_BF16X2_LANES, [broadcast]):
+            acc = f"&{self.element(store)}"
+            a = [f"&{self.element(x)}" for x in (a0, a1)]
+            pairs = {"pairs": f"_mm512_loadu_si512({a[0]})", "rows": f"tw_bf16_pairs({a[0]}, {a[1]})", "round": f"tw_f32_pairs({a[0]}, {a[1]})"}[form]
+            self.line(f"_mm512_storeu_ps({acc}, _mm512_dpbf16_ps(_mm512_loadu_ps({acc}), (__m512bh){pairs}, (__m512bh){pair}));")
+        self.line("#else")
+        if form == "pairs":
+            self.emit_dot_pairs(s, store, a0, b0, b1)
+        else:
+            self.dot_fallback = True
+            self.emit_for(s)
+            self.dot_fallback = False
+        self.line("#endif")
+
+    def emit_dot_pairs(self, s: For, store: Store, a0: Load, b0: Scalar, b1: Scalar) -> None:
+        """The portable copy of a ``dot_bf16x2`` loop over pairs side by side: each pair read
+        as one 32-bit word (``tw_pair_at``), its halves widened by a shift and a mask, ``b0`` and
+        ``b1`` once before the loop; the same operations in the same order as ``tw_dot_bf16x2``.
+        Without vdpbf16ps (AVX2) the loop as written read each half with a 16-bit load at a
+        stride of 2, which the C compiler vectorized with shuffles. SmolLM2's paged attention,
+        bfloat16 pool, 512 cached tokens, Zen 3, 2 threads: at batch 8 0.28 -> 0.22 ms a layer
+        (``bench/bench_paged_attention.py``), the `q` decode step 18.45 -> 17.0 ms (434 -> 470
+        tok/s), at batch 1 6.23 -> 5.70 ms (160 -> 175 tok/s; ``bench/profile_decode.py``, step
+        minima, old and new code in alternating processes)."""
+        bv = [self.bind(("dot_b", s, i), f"pair_b{i}") for i in range(2)]
+        with self.dot_loop(s, None, [f"const float {name} = {self.expr(x)};" for name, x in zip(bv, (b0, b1))]):
+            word = self.bind(("dot_word", s), "pair_w")
+            acc = self.element(store)
+            self.line(f"const uint32_t {word} = tw_pair_at(&{self.element(a0)});")
+            self.line(f"{acc} = ({acc} + tw_pair_hi({word}) * {bv[1]}) + tw_pair_lo({word}) * {bv[0]};")
+
+    def bf16_bits(self, x: Scalar) -> str:
+        """The bits of bfloat16 value ``x``: a load's element as stored, else its value rounded."""
+        if isinstance(x, Load) and x.buffer.dtype == "bfloat16":
+            return self.element(x)
+        return f"tw_f2bf({self.expr(x)})"
