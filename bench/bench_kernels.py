@@ -22,21 +22,13 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 import time
 from typing import Any, Callable, Sequence
 
 
-def _threads_from_argv() -> int:
-    for i, a in enumerate(sys.argv):
-        if a == "--threads" and i + 1 < len(sys.argv):
-            return int(sys.argv[i + 1])
-        if a.startswith("--threads="):
-            return int(a.split("=", 1)[1])
-    return 1
+from report import threads_from_argv  # noqa: E402  (no NumPy: OMP_NUM_THREADS is set first)
 
-
-os.environ["OMP_NUM_THREADS"] = str(_threads_from_argv())  # before OpenMP starts
+os.environ["OMP_NUM_THREADS"] = str(threads_from_argv(1))  # before OpenMP starts
 
 import numpy as np  # noqa: E402
 from report import emit, table  # noqa: E402

@@ -21,20 +21,14 @@ import ctypes
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 
-def _threads_from_argv() -> int:
-    for i, a in enumerate(sys.argv):
-        if a == "--threads" and i + 1 < len(sys.argv):
-            return int(sys.argv[i + 1])
-    return 2
+from report import threads_from_argv  # noqa: E402  (no NumPy: OMP_NUM_THREADS is set first)
 
-
-os.environ["OMP_NUM_THREADS"] = str(_threads_from_argv())  # before OpenMP starts
+os.environ["OMP_NUM_THREADS"] = str(threads_from_argv(2))  # before OpenMP starts
 
 import numpy as np  # noqa: E402
 

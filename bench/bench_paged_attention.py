@@ -19,18 +19,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
 
-def _threads_from_argv() -> int:
-    for i, a in enumerate(sys.argv):
-        if a == "--threads" and i + 1 < len(sys.argv):
-            return int(sys.argv[i + 1])
-    return 2
+from report import threads_from_argv  # noqa: E402  (no NumPy: OMP_NUM_THREADS is set first)
 
-
-os.environ["OMP_NUM_THREADS"] = str(_threads_from_argv())  # before OpenMP starts
+os.environ["OMP_NUM_THREADS"] = str(threads_from_argv(2))  # before OpenMP starts
 
 import numpy as np  # noqa: E402
 

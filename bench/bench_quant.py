@@ -35,22 +35,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 
-def _threads_from_argv() -> int:
-    for i, a in enumerate(sys.argv):
-        if a == "--threads" and i + 1 < len(sys.argv):
-            return int(sys.argv[i + 1])
-        if a.startswith("--threads="):
-            return int(a.split("=", 1)[1])
-    return 2
+from report import threads_from_argv  # noqa: E402  (no NumPy: OMP_NUM_THREADS is set first)
 
-
-_THREADS = _threads_from_argv()
+_THREADS = threads_from_argv(2)
 os.environ["OMP_NUM_THREADS"] = str(_THREADS)  # before OpenMP and OpenBLAS start
 os.environ["OPENBLAS_NUM_THREADS"] = str(_THREADS)
 

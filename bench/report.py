@@ -22,6 +22,7 @@ import re
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
@@ -35,6 +36,20 @@ BLOCK = re.compile(r"^<!-- table:(?P<key>[\w.-]+) -->\n(?P<body>.*?)^<!-- /table
 # waits for its descheduled thread (tilework's MLP at n = 32: 8 ms right after a NumPy
 # matmul, 4 ms 0.3 s later).
 SETTLE_S = 0.3
+
+
+def threads_from_argv(default: int) -> int:
+    """The ``--threads N`` (or ``--threads=N``) of the command line, ``default`` without one:
+    for a script that must set ``OMP_NUM_THREADS`` before NumPy or OpenMP start, that is
+    before ``argparse`` runs (a malformed value is argparse's to report later)."""
+    for i, a in enumerate(sys.argv):
+        value = sys.argv[i + 1] if a == "--threads" and i + 1 < len(sys.argv) else a.split("=", 1)[1] if a.startswith("--threads=") else None
+        if value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                return default
+    return default
 
 
 def median_ms_in_rounds(fns: dict[str, Callable[[], Any]], repeat: int, rounds: int = 3, settle_s: float = SETTLE_S, budget_s: float | None = None, warm_s: float | None = None) -> dict[str, float]:
