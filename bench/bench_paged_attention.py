@@ -7,7 +7,7 @@ for each (batch, cached tokens) shape, the ``paged_attention`` calls of one deco
 per layer (each appends its new key and value and attends over every cached token of its own
 slice of the pool: a step reads the whole pool, as the model's does), with the pool of each
 dtype, the dtypes interleaved run by run so they see the same machine load. Printed per dtype:
-the best and median ms of a step's 30 calls and the KV bytes they read per second, then the
+the best and median ms of a step's 30 calls, the best per call (us/layer) and the KV bytes they read per second, then the
 ratio of float32's time to each 16-bit dtype's (> 1: the 16-bit pool is faster). Pages are
 given to the sequences in a shuffled order, as a pool in use would (``--in-order``: each
 sequence's pages one after another, as a prompt's prefill leaves them). ``--layers 3`` keeps
@@ -91,11 +91,11 @@ def main() -> None:
                 if i >= 2:
                     times[kv].append(time.perf_counter() - t)
         print(f"\n== decode, batch {batch}, {cached} cached tokens, {layers} layers, pages {'in order' if args.in_order else 'shuffled'} ==")
-        print(f"{'KV dtype':<10}{'best ms':>9}{'median ms':>11}{'KV GB/s':>9}")
+        print(f"{'KV dtype':<10}{'best ms':>9}{'median ms':>11}{'us/layer':>10}{'KV GB/s':>9}")
         for kv in dtypes:
             best, med = min(times[kv]), float(np.median(times[kv]))
             read = 2 * layers * batch * (cached + 1) * NKV * HD * np_dtype(kv).itemsize
-            print(f"{kv:<10}{1e3 * best:9.2f}{1e3 * med:11.2f}{read / best / 1e9:9.1f}")
+            print(f"{kv:<10}{1e3 * best:9.2f}{1e3 * med:11.2f}{1e6 * best / layers:10.1f}{read / best / 1e9:9.1f}")
         if "float32" in times:
             ratios = [f"{kv} {min(times['float32']) / min(times[kv]):.2f}x (median {np.median(times['float32']) / np.median(times[kv]):.2f}x)" for kv in dtypes if kv != "float32"]
             print("float32 time / 16-bit time: " + ", ".join(ratios))
