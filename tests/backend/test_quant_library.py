@@ -126,6 +126,25 @@ def test_library_if_built_neither_compiles_nor_waits(monkeypatch: pytest.MonkeyP
     assert Q.library_if_built() is None
 
 
+def test_library_ready_says_whether_a_call_would_wait(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``library_ready``: True where a build holding the paths is loaded or in the kernel cache,
+    False where ``library`` would compile (or wait for a build), with nothing compiled for the
+    asking; an unknown path is a named error."""
+    Q.library()  # in the kernel cache now
+    assert Q.library_ready() and Q.library_ready(("int8",))
+    monkeypatch.setattr(Q, "_LIBS", {})
+    assert Q.library_ready(("int8",))  # the cache's build with every path serves one
+    monkeypatch.setenv("TILEWORK_CACHE_DIR", str(tmp_path / "empty"))
+
+    def compiling(*key: bool) -> None:
+        raise AssertionError("library_ready compiled the library")
+
+    monkeypatch.setattr(Q, "_load", compiling)
+    assert not Q.library_ready(("int8",)) and not Q.library_ready()
+    with pytest.raises(TileworkError, match="unknown quant library path"):
+        Q.library_ready(("int4",))
+
+
 # -- builds with the paths a model needs ---------------------------------------------------------
 
 

@@ -321,6 +321,19 @@ def library_if_built() -> QuantLibrary | None:
     return None
 
 
+def library_ready(families: Iterable[str] = FAMILIES) -> bool:
+    """Whether ``library(families=families)`` would return without compiling or waiting for a
+    build: one holding those paths is loaded, or the kernel cache has one (nothing is compiled
+    for the asking). Progress messages use it: a first start says what it waits for."""
+    fams = _families(families)
+    if any(not p and v and f and set(fams) <= set(fs) for (p, v, f, fs) in list(_LIBS)):
+        return True
+    try:
+        return any(toolchain.cached_result(source(families=held)) is not None for held in dict.fromkeys((FAMILIES, fams)))
+    except TileworkError:
+        return False
+
+
 def library_in_background(families: Iterable[str] = FAMILIES) -> None:
     """Start making ``library(families=families)`` in a thread, for a caller with other work to
     do before it needs it (an LLM's first start loads its weights and compiles its decoder,
@@ -705,5 +718,5 @@ QUANT = register_backend(
 
 __all__ = [
     "FAMILIES", "FORMATS", "INT8_FORMATS", "QUANT", "QuantLibrary", "activation_bound", "bf16dot_available", "entry_address", "experts_symbol", "extern_symbol", "families_of",
-    "ERROR_TEXT", "argument_block", "check_array", "check_weights_and_out", "family_of", "library", "library_for", "library_if_built", "library_in_background", "qlinear", "row_bytes", "source",
+    "ERROR_TEXT", "argument_block", "check_array", "check_weights_and_out", "family_of", "library", "library_for", "library_if_built", "library_in_background", "library_ready", "qlinear", "row_bytes", "source",
 ]

@@ -184,7 +184,9 @@ class LLM:
         if runtime == "native":
             from tilework.export.native import NativeModel
 
-            say("native graph code (compiled once, then from the cache)")
+            # the graph code calls the quant library's linears: a first start also waits here for its build
+            waits = bool(self.formats) and not quant.library_ready(quant.families_of(self.formats.values()))
+            say(f"native graph code{' and the quant library' if waits else ''} (compiled once, then from the cache)")
             native = NativeModel(self.executable, bind={"prefill": self.weights, "decode": self.weights})
             # the cache goes in as its storage (bfloat16 as uint16 bits: no ml_dtypes import)
             bits = {f: {i: kv_dtype for i, p in enumerate(native.functions[f]) if p in ("k_cache", "v_cache")} for f in ("prefill", "decode")}
