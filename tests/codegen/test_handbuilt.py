@@ -182,12 +182,12 @@ def test_fused_parallel_loop(lib: CKernelModule, n: int, m: int) -> None:
     for got in _both(lib, "fused", [a], [np.zeros((n, m), np.float32)]):
         np.testing.assert_allclose(got[0], a + np.arange(m, dtype=np.float32), rtol=1e-6)
     text = emit_function(FUNCS["fused"], "tw_x")
-    assert "#pragma omp parallel for" in text and "(f / m)" in text and "(f % m)" in text
+    assert "#pragma omp parallel" in text and "tw_shares_take(" in text and "(f / m)" in text and "(f % m)" in text
 
 
 def test_scheduled_elementwise_pragmas() -> None:
     text = emit_function(FUNCS["elementwise"], "tw_x")
-    assert text.count("#pragma omp parallel for") == 2
+    assert text.count("#pragma omp parallel") == text.count("tw_shares_take(") == 2
     assert "#pragma omp simd" in text
     assert "#pragma GCC unroll 16" in text
     assert "float tmp[16] __attribute__((aligned(64)));" in text

@@ -22,20 +22,26 @@ offset, syms)``, which reads each data pointer at ``offset`` bytes into ``objs[i
 array object's address) and calls ``fn``: the cheap path ``library.Kernel`` uses.
 
 Semantics are those of ``tilework.codegen.interp`` (which runs the same program serially on
-NumPy arrays); the loop kinds map to ``#pragma omp parallel for`` (parallel), ``#pragma omp
-simd`` (vectorized) and ``#pragma GCC unroll`` (unrolled). A parallel or vectorized loop whose
+NumPy arrays); the loop kinds map to ``#pragma omp parallel`` around a loop over shares of
+its chunks (parallel, below), ``#pragma omp simd`` (vectorized) and ``#pragma GCC unroll`` (unrolled). A parallel or vectorized loop whose
 iterations provably write one element (a reduction loop) is emitted serial, with a comment.
 A parallel loop forks threads only when its work (``tilework.codegen.c.parallel``: iterations,
 a statement of many loads counting more, an exp or other costly intrinsic ``COSTLY_WORK`` more)
-reaches ``TW_PARALLEL_MIN_WORK`` (small shapes of a symbolic kernel run serially). Its threads
-take its iterations in chunks as they come free (``schedule(dynamic, tw_chunk(n, work))``: at
-most ``TW_CHUNKS_PER_THREAD`` chunks a thread, each of ``TW_CHUNK_MIN_WORK`` work at least),
-not in equal shares fixed in advance: a thread that cannot run (its core taken by another
-thread pool still spinning after its call, onnxruntime's or BLAS's, or by another tenant)
-leaves its share to the others instead of holding them all at the loop's end. Measured on a
-2-core Zen 3, the MLP 1024 -> 4096 -> silu -> 1024 called in turn with onnxruntime's: n = 128
-24.8 -> 13.2 ms, n = 256 35.4 -> 24.9 ms (medians, one process; onnxruntime 13.5 and
-25.3); alone, within the noise (ResNet-18, MiniLM, SmolLM2's decode, the MLP).
+reaches ``TW_PARALLEL_MIN_WORK`` (small shapes of a symbolic kernel run serially). Its
+iterations go in chunks (``tw_chunk(n, work)``: at most ``TW_CHUNKS_PER_THREAD`` chunks a
+thread, each of ``TW_CHUNK_MIN_WORK`` work at least) into shares, one a thread
+(``tw_shares_take``, the prelude): a thread runs its own share front to back, then takes chunks
+from the back of the others' shares. Where the threads keep pace each runs one contiguous run
+of iterations, as under a static schedule (a kernel that hints the data of its next iteration,
+the paged attention's decode, relies on it); a thread that cannot run (its core taken by
+another thread pool still spinning after its call, onnxruntime's or BLAS's, or by another
+tenant) leaves its share to the others instead of holding them all at the loop's end, as under
+a dynamic one. Chunks taken as threads came free (``schedule(dynamic)``, in use before) had
+measured, on a 2-core Zen 3, the MLP 1024 -> 4096 -> silu -> 1024 called in turn with
+onnxruntime's: n = 128 24.8 -> 13.2 ms, n = 256 35.4 -> 24.9 ms against equal shares fixed in
+advance; the shares then measured on a 2-core Zen 4, alone, n = 32 3.8-3.9 -> 3.3-3.6 ms and
+n = 128 12.3-13.8 -> 10.6-11.8 against those chunks (the same beside onnxruntime), and the
+paged attention's decode at batch 8 about 6% faster (medians a layer).
 """
 
 from __future__ import annotations
@@ -339,14 +345,21 @@ class _Emitter(DotEmitter):
                 work = parallel_work(s)
                 cond = "" if work is None else f" if({self.dim(work)} >= TW_PARALLEL_MIN_WORK)"
                 chunk = f"tw_chunk({ext}, {0 if work is None else self.dim(work)})"
-                self.line(f"#pragma omp parallel for schedule(dynamic, {chunk}){cond}")
+                # the chunks in shares (prelude: tw_shares_take), one a thread
+                self.line("{")
+                self.line(f"tw_shares tw_sh; tw_shares_init(&tw_sh, {ext}, {chunk});")
+                self.line(f"#pragma omp parallel{cond}")
+                self.line("{")
+                self.line("int64_t tw_lo, tw_hi;")
+                self.line("while (tw_shares_take(&tw_sh, TW_THREAD_NUM(), &tw_lo, &tw_hi)) {")
             elif s.kind == "vectorized":
                 invariants = self.hoist_invariants(s)
                 self.line("#pragma omp simd")
         elif s.kind == "unrolled":
             n = s.extent if isinstance(s.extent, int) else 8
             self.line(f"#pragma GCC unroll {max(1, min(n, 64))}")
-        self.line(f"for (int64_t {var} = 0; {var} < {ext}; ++{var}) {{")
+        start, end = ("tw_lo", "tw_hi") if parallel else ("0", ext)
+        self.line(f"for (int64_t {var} = {start}; {var} < {end}; ++{var}) {{")
         self.scope.add(s.var)
         self.depth += 1
         hoisted = self.hoist_divmods(s)
@@ -360,6 +373,10 @@ class _Emitter(DotEmitter):
             del self.hoisted_exprs[x]
         self.scope.discard(s.var)
         self.line("}")
+        if parallel:
+            self.line("}")  # while a chunk is left
+            self.line("}")  # the parallel region
+            self.line("}")  # the shares' scope
 
     def emit_unswitched(self, s: For, sel: Select, ivs: list[tuple[SymVar, Dim]]) -> None:
         """Loop ``s`` once where ``sel``'s invariant condition holds, once where it does not,

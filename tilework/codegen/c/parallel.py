@@ -2,8 +2,8 @@
 emitter asks ``loop_conflict`` before it makes a loop parallel or vectorized, and puts
 ``parallel_work`` into the ``if(...)`` of a parallel loop, compared at run time with
 ``TW_PARALLEL_MIN_WORK`` (a fork/join costs microseconds, more on a loaded machine), and
-into the chunk size of its dynamic schedule (``tw_chunk``: chunks of ``TW_CHUNK_MIN_WORK`` at
-least, so that taking one costs little beside its work).
+into the size of the chunks its threads take (``tw_chunk``: chunks of ``TW_CHUNK_MIN_WORK`` at
+least, so that taking one costs little beside its work; ``tw_shares_take`` hands them out).
 """
 
 from __future__ import annotations
