@@ -26,7 +26,7 @@ import time
 from typing import Any, Callable, Sequence
 
 
-from report import threads_from_argv  # noqa: E402  (no NumPy: OMP_NUM_THREADS is set first)
+from report import threads_from_argv  # noqa: E402  (report imports no NumPy: OMP_NUM_THREADS is still set before it starts)
 
 os.environ["OMP_NUM_THREADS"] = str(threads_from_argv(1))  # before OpenMP starts
 

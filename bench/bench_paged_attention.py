@@ -22,7 +22,7 @@ import os
 import time
 
 
-from report import threads_from_argv  # noqa: E402  (no NumPy: OMP_NUM_THREADS is set first)
+from report import threads_from_argv  # noqa: E402  (report imports no NumPy: OMP_NUM_THREADS is still set before it starts)
 
 os.environ["OMP_NUM_THREADS"] = str(threads_from_argv(2))  # before OpenMP starts
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 
-from report import threads_from_argv  # noqa: E402  (no NumPy: OMP_NUM_THREADS is set first)
+from report import threads_from_argv  # noqa: E402  (report imports no NumPy: OMP_NUM_THREADS is still set before it starts)
 
 _THREADS = threads_from_argv(2)
 os.environ["OMP_NUM_THREADS"] = str(_THREADS)  # before OpenMP and OpenBLAS start

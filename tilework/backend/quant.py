@@ -282,7 +282,7 @@ def library(portable: bool = False, vnni: bool = True, bf16dot: bool = True, fam
     if lib is not None:
         return lib
     with _LOCK:
-        held = next((b for (p, v, f, fs), b in _LIBS.items() if (p, v, f) == key[:3] and set(fams) <= set(fs)), None)
+        held = _held(key)
         if held is not None:
             return _LIBS.setdefault(key, held)
     if not (vnni and bf16dot):
@@ -297,6 +297,11 @@ def library(portable: bool = False, vnni: bool = True, bf16dot: bool = True, fam
             with _LOCK:
                 _LIBS[key] = lib
         return _LIBS[key]
+
+
+def _held(key: _Key) -> QuantLibrary | None:
+    """A loaded build of ``key``'s variant holding at least its paths, else None."""
+    return next((b for (p, v, f, fs), b in list(_LIBS.items()) if (p, v, f) == key[:3] and set(key[3]) <= set(fs)), None)
 
 
 def library_for(fmt: str) -> QuantLibrary:
@@ -326,7 +331,7 @@ def library_ready(families: Iterable[str] = FAMILIES) -> bool:
     build: one holding those paths is loaded, or the kernel cache has one (nothing is compiled
     for the asking). Progress messages use it: a first start says what it waits for."""
     fams = _families(families)
-    if any(not p and v and f and set(fams) <= set(fs) for (p, v, f, fs) in list(_LIBS)):
+    if _held((False, True, True, fams)) is not None:
         return True
     try:
         return any(toolchain.cached_result(source(families=held)) is not None for held in dict.fromkeys((FAMILIES, fams)))

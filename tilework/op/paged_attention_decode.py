@@ -163,7 +163,7 @@ class Decode(PagedKernel):
         split0 = sym.mul(sp, self.per_split)
         lines = self.page_lines()
         tasks = sym.mul(self.nb, self.splits)
-        nt = sym.min_(sym.add(tv, 1), sym.sub(tasks, 1))  # the task this thread runs next (within its chunk)
+        nt = sym.min_(sym.add(tv, 1), sym.sub(tasks, 1))  # the task this thread runs next (within its share: tw_shares_take)
         nb_ = sym.floordiv(nt, self.splits)
         nsplit0 = sym.mul(sym.floormod(nt, self.splits), self.per_split)
         ntotal = binary("+", self.cached(nb_), 1)

@@ -23,8 +23,9 @@ array object's address) and calls ``fn``: the cheap path ``library.Kernel`` uses
 
 Semantics are those of ``tilework.codegen.interp`` (which runs the same program serially on
 NumPy arrays); the loop kinds map to ``#pragma omp parallel`` around a loop over shares of
-its chunks (parallel, below), ``#pragma omp simd`` (vectorized) and ``#pragma GCC unroll`` (unrolled). A parallel or vectorized loop whose
-iterations provably write one element (a reduction loop) is emitted serial, with a comment.
+its chunks (parallel, below), ``#pragma omp simd`` (vectorized) and ``#pragma GCC unroll``
+(unrolled). A parallel or vectorized loop whose iterations provably write one element (a
+reduction loop) is emitted serial, with a comment.
 A parallel loop forks threads only when its work (``tilework.codegen.c.parallel``: iterations,
 a statement of many loads counting more, an exp or other costly intrinsic ``COSTLY_WORK`` more)
 reaches ``TW_PARALLEL_MIN_WORK`` (small shapes of a symbolic kernel run serially). Its
