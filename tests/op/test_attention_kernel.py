@@ -299,12 +299,12 @@ def test_bf16_products(causal: bool, masked: str | None) -> None:
     from tilework.codegen.c import emit_function
     from tilework.ir.loop import Buffer
 
-    def kernel(hd: int, bf16: bool) -> TensorFunc:
+    def kernel(hd: int) -> TensorFunc:
         q, k, v = Buffer("q", (b, s, 4, hd), "float32"), Buffer("k", (b, kv, 2, hd), "float32"), Buffer("v", (b, kv, 2, hd), "float32")
         m = None if masked is None else Buffer("mask", (b, 1, s, kv), "float32") if masked == "float" else Buffer("mask", (b, 1, 1, kv), "bool")
-        return default_schedule(attention_kernel(q, k, v, m, Buffer("out", (b, s, 4, hd), "float32"), causal, None, 64, bf16), strict=True)
+        return default_schedule(attention_kernel(q, k, v, m, Buffer("out", (b, s, 4, hd), "float32"), causal, None, 64, True), strict=True)
 
-    funcs = {"dot": kernel(16, True), "f32": kernel(16, False), "odd": kernel(15, True)}
+    funcs = {"dot": kernel(16), "odd": kernel(15)}
     assert "_mm512_dpbf16_ps(" in emit_function(funcs["dot"], "tw_x")
     assert "_mm512_dpbf16_ps(" not in emit_function(funcs["odd"], "tw_x")
     lib = build_library(funcs)
