@@ -150,16 +150,32 @@ def test_library_ready_says_whether_a_call_would_wait(monkeypatch: pytest.Monkey
 
 def test_a_build_with_one_path_runs_its_formats_as_the_full_one_and_refuses_the_others(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, rng: np.random.Generator) -> None:
     """An LLM's first start compiles the path its formats take (``families_of``): the integer
-    path alone gives the full library's bits and refuses a float format with a named error."""
+    path alone gives the full library's bits and refuses a float format with a named error.
+    It is built as on a machine with cores to spare: GCC optimizes the one large unit in
+    partitions (``toolchain._parallel_lto``), which under ``pytest -n`` no other build does
+    (conftest: one compiler process a build), so these bits are also the parallel build's
+    against the plain one's."""
+    from tilework.codegen.c import toolchain
+
     full = Q.library()
     b, _ = blocks(rng, "q4_1", 32, 64)
     x = rng.standard_normal((3, 64)).astype(np.float32)
     expected = Q.qlinear(x, b, "q4_1")
     monkeypatch.setenv("TILEWORK_CACHE_DIR", str(tmp_path))  # the full build is not in this cache
+    monkeypatch.setenv("TILEWORK_COMPILE_JOBS", "2")
     monkeypatch.setattr(Q, "_LIBS", {})
     monkeypatch.setattr(Q, "_BUILDING", {})
+    argvs: list[list[str]] = []
+    real = toolchain._run_compiler
+
+    def logged(argv: list[str], *rest: object) -> None:
+        argvs.append(argv)
+        real(argv, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(toolchain, "_run_compiler", logged)
     lib = Q.library(families=["int8"])
     assert lib.families == ("int8",) and lib.path != full.path and not lib.cache_hit
+    assert [any(a.startswith("-flto=") for a in argv) for argv in argvs] == [toolchain._is_gcc(tuple(toolchain.compiler_command()))]
     assert set(lib.entries) == {f for f in Q.FORMATS if f in Q.INT8_FORMATS and f not in Q.KQUANT_FORMATS}
     assert Q.library_for("q8_0x16") is lib
     y = np.empty((3, 32), np.float32)

@@ -293,7 +293,7 @@ def test_bf16_products(causal: bool, masked: str | None) -> None:
     """``bf16``: the wide copy multiplies in bfloat16 (``dot_bf16x2``: queries, keys, values and
     probabilities rounded; float32 sums), on the C target (``vdpbf16ps`` with AVX-512 BF16) and
     the interpreter: within bfloat16's rounding of the float64 reference on the rounded
-    inputs, and of the float32 kernel; tasks of up to 8 rows (the narrow copy) stay float32,
+    inputs, and of the float32 reference; tasks of up to 8 rows (the narrow copy) stay float32,
     as does an odd head dim. Lengths: one query and key, odd key counts, partial key blocks,
     several blocks, rows masked out entirely."""
     from tilework.codegen.c import emit_function
