@@ -29,7 +29,6 @@ from typing import Any, Iterator
 import pytest
 
 _USER_SPINCOUNT = os.environ.get("GOMP_SPINCOUNT")  # read before tilework sets its default
-_USER_JOBS = os.environ.get("TILEWORK_COMPILE_JOBS")
 
 from tilework.ir.builder import BlockBuilder  # noqa: E402
 from tilework.ir.module import IRModule  # noqa: E402
@@ -39,10 +38,10 @@ set_verify_passes(True)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if config.getoption("numprocesses", None) and _USER_SPINCOUNT is None:
-        os.environ["GOMP_SPINCOUNT"] = "0"  # the workers, started after this, inherit it
-    if config.getoption("numprocesses", None) and _USER_JOBS is None:
-        os.environ["TILEWORK_COMPILE_JOBS"] = "1"
+    if config.getoption("numprocesses", None):  # the workers, started after this, inherit these
+        if _USER_SPINCOUNT is None:
+            os.environ["GOMP_SPINCOUNT"] = "0"
+        os.environ.setdefault("TILEWORK_COMPILE_JOBS", "1")
     config.addinivalue_line("markers", "no_roundtrip: do not check that built modules survive print -> parse")
     config.addinivalue_line("markers", "slow: a test that takes more than a second or two")
 
