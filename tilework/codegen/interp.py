@@ -46,6 +46,7 @@ from tilework.ir.loop import (
     Load,
     PREFETCHES,
     DOT_BF16X2,
+    DOT_U8I8X4,
     Scalar,
     Select,
     SeqStmt,
@@ -194,6 +195,13 @@ def _dot_bf16x2(acc: Any, a0: Any, a1: Any, b0: Any, b1: Any) -> Any:
     return _F32(_F32(_F32(acc) + _F32(a1) * _F32(b1)) + _F32(a0) * _F32(b0))
 
 
+def _dot_u8i8x4(acc: Any, *bytes_: Any) -> Any:
+    """``tilework.ir.loop.DOT_U8I8X4``: the exact sum of the four products, added to ``acc``
+    wrapping as int32."""
+    us, ss = bytes_[:4], bytes_[4:]
+    return _iwrap(int(acc) + sum(int(u) * int(s) for u, s in zip(us, ss)), np.int32)
+
+
 def _lowp(x: Any, dst: str) -> Any:
     """``x`` converted to low-precision ``dst`` (``tilework.ir.lowp``): a float32 for the
     float formats, an int8/uint8 for the sub-byte integers (their values in computation)."""
@@ -222,6 +230,7 @@ _HELPERS: dict[str, Any] = {
     "_bitop": _bitop,
     "_bitcast": _bitcast,
     "_dot_bf16x2": _dot_bf16x2,
+    "_dot_u8i8x4": _dot_u8i8x4,
     "_nonneg": _nonneg,
     "_erf": _erf,
     "_bf16": _bf16,
@@ -413,8 +422,8 @@ class _Translator(LoopEmitter):
             return f"_bitop({x.name!r}, {self.value(np_dtype(x.dtype).type, 't')}, {args})"
         if x.name in PREFETCHES:  # a hint for compiled code; its load is not performed
             return self.value(np_dtype(x.dtype).type(0))
-        if x.name == DOT_BF16X2:
-            return f"_dot_bf16x2({', '.join(self.expr(a) for a in x.args)})"
+        if x.name in (DOT_BF16X2, DOT_U8I8X4):
+            return f"_{x.name}({', '.join(self.expr(a) for a in x.args)})"
         if x.name == "check_range":
             return f"_check_range({', '.join(self.expr(a) for a in x.args)})"
         arg = x.args[0]

@@ -148,9 +148,10 @@ INTRINSICS = (
     "prefetch",  # of a load: 0; a hint that its element is read soon (the load is not performed)
     "prefetch_l2",  # the same, into the second-level cache only: read later, or among much else
     "dot_bf16x2",  # (acc, a0, a1, b0, b1): acc + a1 * b1 + a0 * b0, float32 acc, bfloat16 pairs (see DOT_BF16X2)
+    "dot_u8i8x4",  # (acc, u0..u3, s0..s3): acc + u0 * s0 + ... + u3 * s3, int32 acc (wrapping), uint8 u, int8 s (see DOT_U8I8X4)
 )  # fmt: skip
 PREFETCHES = {"prefetch": 1, "prefetch_l2": 2}  # the hints (their argument is a load whose address they take) and the cache level each fills
-INTRINSIC_ARITY = {"bitwise_and": 2, "bitwise_or": 2, "bitwise_xor": 2, "dot_bf16x2": 5, "check_range": 3}  # the others take one argument
+INTRINSIC_ARITY = {"bitwise_and": 2, "bitwise_or": 2, "bitwise_xor": 2, "dot_bf16x2": 5, "dot_u8i8x4": 9, "check_range": 3}  # the others take one argument
 # ``dot_bf16x2(acc, a0, a1, b0, b1)``: the float32 ``acc`` plus the dot product of two pairs of
 # bfloat16 values, ``(acc + a1 * b1) + a0 * b0`` in float32 (each product of two bfloat16 values
 # is exact in float32: two roundings, in that order): the operation of AVX-512 BF16's
@@ -160,6 +161,16 @@ INTRINSIC_ARITY = {"bitwise_and": 2, "bitwise_or": 2, "bitwise_xor": 2, "dot_bf1
 # targets AVX-512 BF16 (``tilework.codegen.c.emit``); elsewhere it is that float32 arithmetic.
 DOT_BF16X2 = "dot_bf16x2"
 DOT_BF16X2_LANES = 16  # the float32 lanes of one vdpbf16ps: a kernel's vector of dot_bf16x2 lanes
+# ``dot_u8i8x4(acc, u0, u1, u2, u3, s0, s1, s2, s3)``: the int32 ``acc`` plus the dot product of
+# four uint8 values ``u`` and four int8 values ``s``, ``acc + u0 * s0 + u1 * s1 + u2 * s2 + u3 * s3``
+# wrapping as int32 (each product is exact; no saturation): the operation of AVX-512 VNNI's
+# ``vpdpbusd`` on one lane. In a vectorized loop whose four ``u`` (or four ``s``) are elements side
+# by side of one buffer, four a step of the loop's var, and whose other four do not depend on it,
+# the C emitter makes each 16 lanes one ``vpdpbusd`` where the compiler targets AVX-512 VNNI
+# (``tilework.codegen.c.dot``); elsewhere it is that int32 arithmetic. A lane operand may read
+# the other byte dtype's buffer through a cast (int8 and uint8 reinterpret the same byte).
+DOT_U8I8X4 = "dot_u8i8x4"
+DOT_U8I8X4_LANES = 16  # the int32 lanes of one vpdpbusd: a kernel's vector of dot_u8i8x4 lanes
 
 
 def dtype_of(x: Scalar) -> str:

@@ -133,6 +133,8 @@ class LoopCheck(Checker):
                 self.bad(f"intrinsic {e.name} takes {L.INTRINSIC_ARITY.get(e.name, 1)} argument(s), got {len(e.args)}", where)
             elif isinstance(e, L.Intrin) and e.name == L.DOT_BF16X2 and (e.dtype != "float32" or [L.dtype_of(a) for a in e.args] != ["float32"] + ["bfloat16"] * 4):
                 self.bad(f"intrinsic {e.name} takes a float32 accumulator and four bfloat16 values and gives float32, got {[L.dtype_of(a) for a in e.args]} -> {e.dtype}", where)
+            elif isinstance(e, L.Intrin) and e.name == L.DOT_U8I8X4 and (e.dtype != "int32" or [L.dtype_of(a) for a in e.args] != ["int32"] + ["uint8"] * 4 + ["int8"] * 4):
+                self.bad(f"intrinsic {e.name} takes an int32 accumulator, four uint8 and four int8 values and gives int32, got {[L.dtype_of(a) for a in e.args]} -> {e.dtype}", where)
             elif isinstance(e, L.Intrin) and e.name in L.PREFETCHES and not isinstance(e.args[0], L.Load):
                 self.bad(f"intrinsic {e.name} takes a load (of the element to prefetch)", where)
             elif not isinstance(e, (int, L.PExpr)):

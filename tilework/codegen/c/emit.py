@@ -55,7 +55,7 @@ from typing import Iterable, Iterator, Mapping
 
 
 from tilework.codegen.c import lowp
-from tilework.codegen.c.dot import DotEmitter, dot_bf16_loop, flat_dim
+from tilework.codegen.c.dot import DotEmitter, flat_dim
 from tilework.codegen.c.hoist import divmods, invariant_exprs, nested_divmods, positive_linear, stmt_dims, unswitch_plan, unswitch_select
 from tilework.codegen.c.parallel import loop_conflict, parallel_work
 from tilework.codegen.c.prelude import PRELUDE
@@ -78,6 +78,7 @@ from tilework.ir.loop import (
     PExpr,
     PREFETCHES,
     DOT_BF16X2,
+    DOT_U8I8X4,
     Scalar,
     Select,
     Stmt,
@@ -183,14 +184,15 @@ def emit_module(funcs: Mapping[str, TensorFunc]) -> CModule:
 
 
 _NO_INTRINSICS = "#define TW_NO_INTRINSICS 1\n"
+_INTRINSIC_MACROS = ("TW_DOT_BF16", "TW_DOT_U8I8")  # the prelude's, which kernels test
 
 
 def _head(texts: Iterable[str]) -> str:
     """What goes before the prelude of C holding the kernel ``texts``: ``TW_NO_INTRINSICS``
-    where none of them uses the prelude's intrinsics (``TW_DOT_BF16``), so that the unit does
+    where none of them uses the prelude's intrinsics (``_INTRINSIC_MACROS``), so that the unit does
     not parse immintrin.h: under -march=native on an AVX-512 host 0.14 of a prelude's 0.16 s of
     compile time (a unit of DenseNet-121's kernels about 0.44 s, of 49 units)."""
-    return "" if any("TW_DOT_BF16" in t for t in texts) else _NO_INTRINSICS
+    return "" if any(m in t for t in texts for m in _INTRINSIC_MACROS) else _NO_INTRINSICS
 
 
 def _join(head: str, texts: Mapping[str, str]) -> tuple[str, dict[str, tuple[int, int]]]:
@@ -263,7 +265,7 @@ class _Emitter(DotEmitter):
         self.bindings: dict[SymVar, Dim] = {}  # iter var -> its binding, inside its block
         self.hoisted_divmods: dict[SymExpr, str] = {}  # floor div/mod -> the variable holding it
         self.hoisted_exprs: dict[PExpr, str] = {}  # loop-invariant expression -> its variable
-        self.dot_fallback = False  # emitting the portable copy of a dot_bf16x2 loop
+        self.dot_fallback = False  # emitting the portable copy of a dot_bf16x2 or dot_u8i8x4 loop
         self.decided: dict[Select, bool] = {}  # an unswitched select -> the side this copy takes
         self.unswitching: set[For] = set()  # vectorized loops being emitted in unswitched copies
 
@@ -324,9 +326,7 @@ class _Emitter(DotEmitter):
             if found is not None:
                 self.emit_unswitched(s, *found)
                 return
-        dot = dot_bf16_loop(s) if s.kind == "vectorized" and not self.dot_fallback and loop_conflict(s) is None else None
-        if dot is not None:
-            self.emit_dot_bf16(s, *dot)
+        if s.kind == "vectorized" and not self.dot_fallback and loop_conflict(s) is None and self.emit_dot(s):
             return
         if s.kind not in ("serial", "parallel", "vectorized", "unrolled"):
             raise self.error(f"unknown loop kind {s.kind!r}")
@@ -736,8 +736,8 @@ class _Emitter(DotEmitter):
     def render_intrin(self, x: Intrin) -> str:
         if x.name.startswith("bitwise_") or x.name == "bitcast":
             return self.render_bits(x)
-        if x.name == DOT_BF16X2:
-            return f"tw_dot_bf16x2({', '.join(self.expr(a) for a in x.args)})"
+        if x.name in (DOT_BF16X2, DOT_U8I8X4):  # the prelude's scalar forms
+            return f"tw_{x.name}({', '.join(self.expr(a) for a in x.args)})"
         if x.name == "check_range":
             v, lo, hi = (self.expr(a) for a in x.args)
             return f"(({DTYPE_TABLE[x.dtype].c_value})tw_check_range({v}, {lo}, {hi}, &tw_err))"

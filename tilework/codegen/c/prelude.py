@@ -182,14 +182,25 @@ static inline uint16_t tw_f2bf(float f) {
 static inline float tw_round_bf(float x) { return tw_bf2f(tw_f2bf(x)); }
 /* dot_bf16x2 (tilework.ir.loop.DOT_BF16X2): the values are bfloat16 widened, so each product is
    exact and this is vdpbf16ps's arithmetic on one lane. With AVX-512 BF16 a vectorized loop of
-   them is emitted as vdpbf16ps (tilework.codegen.c.emit): tw_bf16_pairs interleaves 16 lanes of
+   them is emitted as vdpbf16ps (tilework.codegen.c.dot): tw_bf16_pairs interleaves 16 lanes of
    a0 and a1 (a0 the even half of each pair), tw_f32_pairs the same of float32 rows rounded
    (vcvtne2ps2bf16); tw_u32_at reads a pair stored side by side. */
 static inline float tw_dot_bf16x2(float acc, float a0, float a1, float b0, float b1) { return (acc + a1 * b1) + a0 * b0; }
-/* TW_NO_INTRINSICS (emit.emit_module: C none of whose kernels tests TW_DOT_BF16) leaves this out:
-   immintrin.h under -march=native is most of what a unit costs to parse. */
-#if defined(__AVX512BF16__) && defined(__AVX512BW__) && !defined(TW_NO_INTRINSICS)
+/* dot_u8i8x4 (tilework.ir.loop.DOT_U8I8X4): vpdpbusd's arithmetic on one lane. The products and
+   their sum are exact in int (at most 4 * 255 * 128 in magnitude); adding acc wraps, done in
+   uint32_t where wrapping is defined. With AVX-512 VNNI a vectorized loop of them is emitted as
+   vpdpbusd (tilework.codegen.c.dot); tw_u32_at reads four bytes stored side by side. */
+static inline int32_t tw_dot_u8i8x4(int32_t acc, uint8_t u0, uint8_t u1, uint8_t u2, uint8_t u3, int8_t s0, int8_t s1, int8_t s2, int8_t s3) {
+    int32_t dot = u0 * s0 + u1 * s1 + u2 * s2 + u3 * s3;
+    return (int32_t)((uint32_t)acc + (uint32_t)dot);
+}
+/* TW_NO_INTRINSICS (emit.emit_module: C none of whose kernels tests TW_DOT_BF16 or TW_DOT_U8I8)
+   leaves these out: immintrin.h under -march=native is most of what a unit costs to parse. */
+#if defined(__AVX512BW__) && (defined(__AVX512BF16__) || defined(__AVX512VNNI__)) && !defined(TW_NO_INTRINSICS)
 #include <immintrin.h>
+static inline int tw_u32_at(const void* p) { int v; memcpy(&v, p, 4); return v; }
+#endif
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && !defined(TW_NO_INTRINSICS)
 #define TW_DOT_BF16 1
 static const uint16_t tw_pair_order[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
 static inline __m512i tw_bf16_pairs(const uint16_t* a0, const uint16_t* a1) {
@@ -200,7 +211,9 @@ static inline __m512i tw_f32_pairs(const float* a0, const float* a1) {
     __m512bh both = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(a1), _mm512_loadu_ps(a0));
     return _mm512_permutexvar_epi16(_mm512_loadu_si512(tw_pair_order), (__m512i)both);
 }
-static inline int tw_u32_at(const uint16_t* p) { int v; memcpy(&v, p, 4); return v; }
+#endif
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(TW_NO_INTRINSICS)
+#define TW_DOT_U8I8 1
 #endif
 /* the bytes of a value read as another type of the same size (bitcast) */
 static inline uint16_t tw_h_bits(float x) { tw_half h = TW_F2H(x); uint16_t u; memcpy(&u, &h, 2); return u; }
