@@ -166,20 +166,24 @@ static inline float tw_round_h_f(float x) { return tw_h2f(tw_f2h(x)); }
 static inline float tw_round_h_d(double x) { return tw_h2f(tw_f2h((float)x)); }
 #endif
 
-static inline float tw_bf2f(uint16_t h) {
+/* the helpers the vector loops call: always inlined (GCC's heuristics stop inlining into a very
+   large kernel function, and a call in a "#pragma omp simd" loop leaves it scalar: the int8
+   KV cache's decode attention spent a quarter of its time in calls of tw_exp_f and tw_max_f) */
+#define TW_INLINE static inline __attribute__((always_inline))
+TW_INLINE float tw_bf2f(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
     float f;
     memcpy(&f, &u, 4);
     return f;
 }
-static inline uint16_t tw_f2bf(float f) {
+TW_INLINE uint16_t tw_f2bf(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
 }
-static inline float tw_round_bf(float x) { return tw_bf2f(tw_f2bf(x)); }
+TW_INLINE float tw_round_bf(float x) { return tw_bf2f(tw_f2bf(x)); }
 /* dot_bf16x2 (tilework.ir.loop.DOT_BF16X2): the values are bfloat16 widened, so each product is
    exact and this is vdpbf16ps's arithmetic on one lane. With AVX-512 BF16 a vectorized loop of
    them is emitted as vdpbf16ps (tilework.codegen.c.dot): tw_bf16_pairs interleaves 16 lanes of
@@ -261,10 +265,10 @@ static inline int64_t tw_max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
 static inline int64_t tw_abs_i64(int64_t a) { return a < 0 ? -a : a; }
 
 #define TW_FLOAT_HELPERS(T, S, FMOD, FLOOR, COPYSIGN)                                  \
-    static inline T tw_max##S(T a, T b) { T m = a > b ? a : b; return a != a ? a : m; } \
-    static inline T tw_min##S(T a, T b) { T m = a < b ? a : b; return a != a ? a : m; } \
-    static inline T tw_maxc##S(T a, T b) { return a <= b ? b : a; }                    \
-    static inline T tw_minc##S(T a, T b) { return a >= b ? b : a; }                    \
+    TW_INLINE T tw_max##S(T a, T b) { T m = a > b ? a : b; return a != a ? a : m; } \
+    TW_INLINE T tw_min##S(T a, T b) { T m = a < b ? a : b; return a != a ? a : m; } \
+    TW_INLINE T tw_maxc##S(T a, T b) { return a <= b ? b : a; }                    \
+    TW_INLINE T tw_minc##S(T a, T b) { return a >= b ? b : a; }                    \
     static inline T tw_fmod##S(T a, T b) {                                             \
         T m = FMOD(a, b);                                                              \
         if (b == 0) return m;                                                          \
@@ -290,7 +294,7 @@ TW_FLOAT_HELPERS(double, _d, fmod, floor, copysign)
    fitted for relative error on that interval; 2^n applied as two factors, so that results in
    the subnormal range round once and overflow gives inf. Max error below 1 ulp of the
    correctly rounded result; exp(-inf) = 0, exp(inf) = inf, exp(NaN) = NaN. */
-static inline float tw_bits_f(int32_t i) { float f; memcpy(&f, &i, 4); return f; }
+TW_INLINE float tw_bits_f(int32_t i) { float f; memcpy(&f, &i, 4); return f; }
 /* a pair of bfloat16 side by side read as one 32-bit word, its even element (the low half)
    and its odd one (the high half) widened: the portable copy of a dot_bf16x2 loop over pairs
    (tilework.codegen.c.emit) reads them so, one load, a shift and a mask a vector, where two
@@ -298,8 +302,8 @@ static inline float tw_bits_f(int32_t i) { float f; memcpy(&f, &i, 4); return f;
 static inline uint32_t tw_pair_at(const uint16_t* p) { uint32_t v; memcpy(&v, p, 4); return v; }
 static inline float tw_pair_lo(uint32_t w) { return tw_bits_f((int32_t)(w << 16)); }
 static inline float tw_pair_hi(uint32_t w) { return tw_bits_f((int32_t)(w & 0xffff0000u)); }
-static inline int32_t tw_f_bits(float f) { int32_t i; memcpy(&i, &f, 4); return i; }
-static inline float tw_exp_f(float x) {
+TW_INLINE int32_t tw_f_bits(float f) { int32_t i; memcpy(&i, &f, 4); return i; }
+TW_INLINE float tw_exp_f(float x) {
     const float round_magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
     /* x clamped to [-104, 89] on its bits (as tw_sigmoid_f does; NaN becomes one of the two
        here, and NaN again at the end): the same values as two float clamps, which GCC's
