@@ -330,9 +330,9 @@ def step_weight_bytes(llm: Any, batch: int) -> float:
     return total
 
 
-def kv_bytes(cfg: Any, batch: int, prompt: int, steps: int, itemsize: int) -> float:
-    """Mean KV-cache bytes a decode step reads (keys and values of ``itemsize`` bytes, every layer)."""
-    per_token = 2 * cfg.layers * cfg.kv_heads * cfg.head_dim * itemsize
+def kv_bytes(batch: int, prompt: int, steps: int, per_token: float) -> float:
+    """Mean KV-cache bytes a decode step reads (``per_token``: a token's keys and values of every
+    layer, an int8 pool's scales included)."""
     return batch * per_token * (prompt + steps / 2)
 
 
@@ -456,7 +456,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=64, help="decode steps after the prompt")
     ap.add_argument("--repeat", type=int, default=3, help="measured runs per shape (best kept)")
     ap.add_argument("--precisions", default="fp32,bf16,q", help="tilework precisions, comma-separated")
-    ap.add_argument("--kv-dtypes", default="", help="KV-cache dtypes run besides each precision's default (float32, bfloat16, float16), comma-separated")
+    ap.add_argument("--kv-dtypes", default="", help="KV-cache dtypes run besides each precision's default (float32, bfloat16, float16, int8), comma-separated")
     ap.add_argument("--no-hf", action="store_true", help="skip HF eager (and torch.compile)")
     ap.add_argument("--no-torch-compile", action="store_true")
     ap.add_argument("--no-llama-cpp", action="store_true")
@@ -508,7 +508,7 @@ def main() -> None:
 
     runners: dict[str, Runner] = {}
     weight_bytes: dict[str, dict[int, float]] = {}  # per batch size
-    kv_itemsize: dict[str, int] = {}
+    kv_per_token: dict[str, float] = {}
     cfg = None
     for prec in precisions:
         for kv in [None, *(k for k in args.kv_dtypes.split(",") if k and k != KV_DTYPE_OF[prec])]:
@@ -522,7 +522,7 @@ def main() -> None:
             cfg = llm.config
             runners[name] = TileworkRunner(llm)
             weight_bytes[name] = {batch: step_weight_bytes(llm, batch) for batch, _ in shapes}
-            kv_itemsize[name] = llm.cache.k.itemsize
+            kv_per_token[name] = llm.cache.bytes / (llm.cache.num_pages * llm.cache.page)
 
     if not args.no_rss and not args.quick:  # now, while the compiled decoders are in the cache
         rss = {prec: peak_rss_mib(prec, model_arg) for prec in precisions}
@@ -575,7 +575,7 @@ def main() -> None:
             if name in weight_bytes and cfg is not None:
                 near = res[name].bandwidth or bw
                 w = weight_bytes[name][batch] / res[name].step_s / 1e9
-                kv = (weight_bytes[name][batch] + kv_bytes(cfg, batch, prompt, steps, kv_itemsize[name])) / res[name].step_s / 1e9
+                kv = (weight_bytes[name][batch] + kv_bytes(batch, prompt, steps, kv_per_token[name])) / res[name].step_s / 1e9
                 extra[name] = f"{w / near:5.0%} / {kv / near:4.0%}  ({w:.1f} of {near:.1f} GB/s)"
         table[(batch, prompt)] = res
         fractions[(batch, prompt)] = {n: " ".join(e.split()) for n, e in extra.items()}

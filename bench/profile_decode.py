@@ -69,8 +69,9 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=40)
     ap.add_argument("--top", type=int, default=12, help="callees shown per table")
     ap.add_argument("--model", default=None, help="a GGUF file or checkpoint instead of the embedded SmolLM2-135M")
+    ap.add_argument("--kv-dtype", default=None, help="the KV cache's dtype (default: the precision's)")
     args = ap.parse_args()
-    llm = LLM(args.model, precision=args.precision, runtime="vm")  # the VM's instructions are what is timed (native code runs the same kernels)
+    llm = LLM(args.model, precision=args.precision, runtime="vm", kv_dtype=args.kv_dtype)  # the VM's instructions are what is timed (native code runs the same kernels)
     cache, rng = llm.cache, np.random.default_rng(0)
     print(f"tilework {args.precision}, KV cache {cache.dtype}, load {os.getloadavg()[0]:.1f} at the start")
     results: dict[tuple[int, int, int], tuple[float, float]] = {}

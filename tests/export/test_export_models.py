@@ -117,14 +117,14 @@ def tiny_llama(fmt: str | None) -> tuple[Any, dict[str, Any]]:
     return cfg, tensors
 
 
-def vm_generate(cfg: Any, tensors: dict[str, Any], precision: str, prompt: list[int], steps: int) -> tuple[list[int], np.ndarray]:
+def vm_generate(cfg: Any, tensors: dict[str, Any], precision: str, prompt: list[int], steps: int, kv: str | None = None) -> tuple[list[int], np.ndarray]:
     """The greedy loop of tw_generate.c on the Python VM: one sequence, pages 0, 1, ..., the KV
-    cache of the precision's dtype (bfloat16 for q)."""
+    cache of dtype ``kv`` (None: the precision's, bfloat16 for q)."""
     from tilework.ir.dtype import np_dtype
     from tilework.llm import compile as llm_compile
     from tilework.llm.kv_cache import PAGE, kv_shapes
 
-    kv = llm_compile.KV_DTYPE_OF[precision]
+    kv = kv or llm_compile.KV_DTYPE_OF[precision]
     formats, weights = llm_compile.prepare_weights(cfg, tensors, precision)
     vm = tw.VM(llm_compile.compiled_decoder(cfg, formats, max_batch=1, kv_dtype=kv))
     prefill, decode = vm.bind("prefill", *weights), vm.bind("decode", *weights)
@@ -140,17 +140,18 @@ def vm_generate(cfg: Any, tensors: dict[str, Any], precision: str, prompt: list[
     return out, np.stack(logits)
 
 
-@pytest.mark.parametrize(("fmt", "precision"), [(None, "fp32"), ("q4_0", "q"), (None, "bf16")])
-def test_llama_decoder_generates_from_c_like_the_vm(tmp_path: Path, fmt: str | None, precision: str) -> None:
-    """fp32, q4_0 blocks and bf16 (its matrices bf16x16 where the quant library has AVX-512 BF16)."""
+@pytest.mark.parametrize(("fmt", "precision", "kv"), [(None, "fp32", None), ("q4_0", "q", None), (None, "bf16", None), ("q4_0", "q", "int8")])
+def test_llama_decoder_generates_from_c_like_the_vm(tmp_path: Path, fmt: str | None, precision: str, kv: str | None) -> None:
+    """fp32, q4_0 blocks and bf16 (its matrices bf16x16 where the quant library has AVX-512 BF16),
+    and q4_0 with an int8 KV cache (its row of scales allocated by tw_generate.c)."""
     from tilework.export.llm import export_decoder
 
     cfg, tensors = tiny_llama(fmt)
-    result = export_decoder(cfg, tensors, tmp_path, precision=precision)
+    result = export_decoder(cfg, tensors, tmp_path, precision=precision, kv_dtype=kv)
     assert set(result.functions) == {"prefill", "decode"}
     assert ("quant_kernels.c" in result.sources) == (precision != "fp32")
     prompt, steps = [5, 17, 33, 2, 90], 12
-    want_ids, want_logits = vm_generate(cfg, tensors, precision, prompt, steps)
+    want_ids, want_logits = vm_generate(cfg, tensors, precision, prompt, steps, kv)
     for tool in ("make", "cmake"):
         where = build_export(tmp_path, tool)
         proc = subprocess.run([str(where / "tw_generate"), str(tmp_path / "model.twb"), str(steps), *map(str, prompt), "--logits", str(tmp_path / "logits.npy")], capture_output=True, text=True)

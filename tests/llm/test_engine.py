@@ -267,6 +267,27 @@ def test_native_code_and_the_vm_give_the_same_bits(llm: LLM) -> None:
         LLM(precision="q", runtime="jit")
 
 
+def test_an_int8_kv_cache_holds_half_the_bytes_and_runs_on_both_runtimes(llm: LLM) -> None:
+    """``kv_dtype="int8"``: keys and values quantized as they are written (a scale each, the
+    pool half of bfloat16's bytes); native code and the VM give the same bits; a batch decodes
+    like each prompt alone; the greedy tokens stay close to the bfloat16 cache's (the
+    kernels' numerics are tests/llm/test_paged_attention_int8.py's; the perplexity: docs/llm.md)."""
+    native = LLM(precision="q", kv_tokens=4096, kv_dtype="int8")
+    vm = LLM(precision="q", kv_tokens=4096, kv_dtype="int8", runtime="vm")
+    assert native.cache.dtype == "int8" and native.cache.bytes < 0.55 * llm.cache.bytes
+    tokens = native.encode("The capital of France is")
+    np.testing.assert_array_equal(native.score(tokens), vm.score(tokens))
+    prompts = ["Hi!", "Name three colors of the rainbow."]
+    together = native.generate(prompts, GREEDY)
+    for prompt, got in zip(prompts, together):
+        assert got.token_ids == native.generate(prompt, GREEDY)[0].token_ids == vm.generate(prompt, GREEDY)[0].token_ids, prompt
+    # teacher forcing on the bfloat16 cache's continuation: the same greedy picks nearly everywhere
+    ids = llm.generate("Name three colors of the rainbow.", SamplingParams(temperature=0, max_tokens=24))[0]
+    prompt = llm.encode(llm.prompt_text("Name three colors of the rainbow."))
+    picks = native.score(prompt + ids.token_ids)[len(prompt) - 1 : -1].argmax(axis=1)
+    assert (picks == np.asarray(ids.token_ids)).mean() >= 0.75
+
+
 def test_a_prompt_starts_on_the_pages_of_an_earlier_one_with_the_same_bits(llm: LLM) -> None:
     """The prefix cache: a prompt that begins with an earlier prompt's full pages prefills only
     the rest, and its logits are those of prefilling it whole, bit for bit (on the quantized

@@ -18,8 +18,8 @@ from typing import Any, Callable, TextIO
 from tilework.errors import TileworkError
 
 PRECISION_NAMES = {"q": "q", "bf16": "bf16", "fp32": "fp32"}
-KV_DTYPE_CHOICES = ("bfloat16", "float16", "float32")  # tilework.llm.kv_cache.KV_DTYPES
-KV_DTYPE_HELP = "the KV cache's keys and values (default: bfloat16 for q and bf16, float32 for fp32)"
+KV_DTYPE_CHOICES = ("bfloat16", "float16", "float32", "int8")  # tilework.llm.kv_cache.KV_DTYPES
+KV_DTYPE_HELP = "the KV cache's keys and values (default: bfloat16 for q and bf16, float32 for fp32; int8: quantized, a scale a key and a value, half bfloat16's memory)"
 RUNTIMES = ("native", "vm")  # tilework.llm.engine.RUNTIMES
 RUNTIME_HELP = "native: prefill and decode as compiled graph code (default; built once, ~2 s); vm: on the Python VM (same results)"
 

@@ -9,7 +9,7 @@ takes it from the compiled-model cache) and exports it with the weights as the t
 parameters of both functions, stored once. The KV cache's dtype is the engine's for the
 precision (``tilework.llm.compile.KV_DTYPE_OF``) unless ``kv_dtype`` names one; ``llm_config.h``
 gives it to ``tw_generate.c`` (``TW_LLM_KV_CODE``/``TW_LLM_KV_BITS``, DLPack's type code and
-bits). ``export_gguf(path, out_dir)`` does it for a GGUF file (the default model when ``path``
+bits, and an int8 pool's rows of scales). ``export_gguf(path, out_dir)`` does it for a GGUF file (the default model when ``path``
 is None).
 """
 
@@ -24,7 +24,8 @@ from tilework.llm.compile import KV_DTYPE_OF, compiled_decoder, prepare_weights
 from tilework.llm.config import LlmConfig
 from tilework.llm.kv_cache import KV_DTYPES, PAGE
 from tilework.llm.quant import QuantTensor
-from tilework.op.paged_attention import pair_width
+from tilework.ir.dtype import DTYPE_TABLE
+from tilework.op.paged_attention import SCALE_ROWS, pair_width
 
 
 def export_decoder(
@@ -49,11 +50,11 @@ def export_decoder(
     if progress is not None:
         progress("writing the C library and the weights file")
     shapes = {"layers": config.layers, "kv_heads": config.kv_heads, "head_dim": config.head_dim, "page": PAGE, "vocab": config.vocab, "context": config.context_length}
-    shapes |= {"kv_code": _DLPACK_CODE[kv_dtype], "kv_bits": 32 if kv_dtype == "float32" else 16, "kv_pair": pair_width(kv_dtype)}
+    shapes |= {"kv_code": _DLPACK_CODE[kv_dtype], "kv_bits": DTYPE_TABLE[kv_dtype].itemsize * 8, "kv_pair": pair_width(kv_dtype), "kv_scales": SCALE_ROWS.get(kv_dtype, 0)}
     return export_c(exe, out_dir, bind={"prefill": weights, "decode": weights}, llm=shapes, force=force)
 
 
-_DLPACK_CODE = {"float32": 2, "float16": 2, "bfloat16": 4}
+_DLPACK_CODE = {"float32": 2, "float16": 2, "bfloat16": 4, "int8": 0}
 
 
 def export_gguf(path: str | None, out_dir: str | os.PathLike[str], *, precision: str = "q", kv_dtype: str | None = None, progress: Callable[[str], None] | None = None, force: bool = False) -> ExportResult:

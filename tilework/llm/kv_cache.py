@@ -6,7 +6,8 @@ w, page, w]`` and ``v [layers, pages, page / w, kv_heads, head_dim, w]``, in pai
 (2 for bfloat16: a key's dims two by two side by side, and two keys' values; 1 for the others:
 a page's keys contiguous per dim), of ``dtype``: float32, or bfloat16 or float16 (half the bytes
 a decode step reads for its attention; the kernels round each new key and value once as they
-write it).
+write it), or int8 (a quarter, and a row of scales: ``k`` has ``head_dim / 4 + 1`` rows a kv
+head, the kernels quantize each new key and value as they write it; ``kv_shapes``).
 A sequence is a list of pages and a length. ``add`` starts one, ``remove`` frees its pages,
 ``fork`` makes a sequence that shares the pages of another (a page is freed when its last user
 goes; a shared page is copied before anyone writes into it), ``step_inputs`` gives the
@@ -56,7 +57,7 @@ import numpy as np
 
 from tilework.errors import TileworkError
 from tilework.ir.dtype import np_dtype
-from tilework.op.paged_attention import KV_DTYPES, pair_width
+from tilework.op.paged_attention import KV_DTYPES, SCALE_ROWS, pair_width
 
 PAGE = 16
 P = TypeVar("P")
@@ -86,7 +87,8 @@ def kv_shapes(layers: int, pages: P, kv_heads: int, head_dim: int, page: int, dt
     (``tilework.op.paged_attention``'s layout): one home for the cache and the compiled
     functions' spec."""
     w = pair_width(dtype)
-    return (layers, pages, kv_heads, head_dim // w, page, w), (layers, pages, page // w, kv_heads, head_dim, w)
+    rows = SCALE_ROWS.get(dtype, 0)  # an int8 pool's scales: a row after each kv head's keys
+    return (layers, pages, kv_heads, head_dim // w + rows, page, w), (layers, pages, page // w, kv_heads, head_dim, w)
 
 
 class PagedKVCache:

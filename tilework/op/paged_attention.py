@@ -27,6 +27,18 @@ TensorFuncs that read the pages.
   are bfloat16 (the queries and probabilities rounded too, float32 sums: see
   ``paged_attention_kernel``); from the others they are float32 (gcc 12 leaves ``_Float16``
   conversions scalar without AVX-512-FP16, so a float16 pool is slower than float32 there).
+- **An int8 pool** (``w`` 4, half a bfloat16 pool's bytes) keeps each key and each value
+  quantized: its ``hd`` dims to int8 by one scale (the largest magnitude to 127, the scale
+  rounded to bfloat16 and the bytes computed with it), written as the op appends the token.
+  ``k_cache`` has one more row a kv head, ``[layers, pages, kv_heads, hd / 4 + 1, page, 4]``:
+  key ``j``'s bytes are at ``[.., d // 4, j, d % 4]``, offset binary (the byte's bits as uint8
+  are the int8 plus 128), and ``[.., hd / 4, j, :]`` holds the low and high bytes of its scale's
+  bfloat16 and then of its value's; ``v_cache`` is the layout above with ``w`` 4 (plain int8).
+  Decode multiplies bytes (``dot_u8i8x4``: one ``vpdpbusd`` a vector where the CPU has AVX-512
+  VNNI): the queries quantized to int8 a head (their scale and the keys' offset applied to the
+  sums), a page's probabilities times the values' scales quantized to uint8 a head (the
+  largest to 255); prefill makes the sequences' pages bfloat16 pairs once and multiplies as
+  from a bfloat16 pool.
 - ``kv_len int32 [b]``: how many tokens each sequence has cached before this step;
   ``page_table int32 [b, p]``: the pool pages of each sequence in order (``p`` columns are enough
   for the longest sequence after the step; unused entries are never read).
@@ -80,14 +92,16 @@ from tilework.op.paged_attention_kernel import paged_attention_kernel, rotary_ke
 if TYPE_CHECKING:
     from tilework.transform.legalize import LegalizeCtx
 
-KV_DTYPES = ("float32", "bfloat16", "float16")  # what the pages may hold
-KV_PAIRS = {"bfloat16": 2}  # the pool's pair width by dtype (1 where not named): see pair_width
+KV_DTYPES = ("float32", "bfloat16", "float16", "int8")  # what the pages may hold
+KV_PAIRS = {"bfloat16": 2, "int8": 4}  # the pool's pair width by dtype (1 where not named): see pair_width
+SCALE_ROWS = {"int8": 1}  # rows of scales after each kv head's keys (none where not named)
 
 
 def pair_width(dtype: str) -> int:
     """The width ``w`` of the pairs a pool of ``dtype`` is stored in (the last dim of both
     caches; see the module docstring)."""
     return KV_PAIRS.get(dtype, 1)
+
 
 
 def _infer(call: Call, ctx: InferCtx) -> StructInfo:
@@ -151,9 +165,11 @@ def _infer(call: Call, ctx: InferCtx) -> StructInfo:
     for dim, what in ((hd, "head dim"), (page, "page size")):
         if isinstance(w, int) and isinstance(dim, int) and dim % w:
             raise ctx.shape_error(f"a {pool} pool stores pairs of {w}: its {what} {dim} must be a multiple of {w}")
+    rows = SCALE_ROWS.get(pool or "", 0)
+    scales = f" + {rows} (the scales)" if rows else ""
     require_equal(kc.shape[1], vc.shape[1], ctx, "pages of k_cache and v_cache")
     require_equal(kc.shape[2], nkv, ctx, "k_cache's kv heads")
-    require_equal(kc.shape[3], sym.floordiv(hd, w), ctx, "k_cache's head dim / pair width")
+    require_equal(kc.shape[3], sym.add(sym.floordiv(hd, w), rows), ctx, f"k_cache's head dim / pair width{scales}")
     require_equal(vc.shape[2], sym.floordiv(page, w), ctx, "v_cache's page size / pair width and k_cache's page size")
     require_equal(vc.shape[3], nkv, ctx, "v_cache's kv heads")
     require_equal(vc.shape[4], hd, ctx, "v_cache's head dim")
@@ -297,4 +313,4 @@ def paged_rotary(tokens: Expr, kv_len: Expr, head_dim: int, rope_theta: float, r
     return make_call("paged_rotary", [tokens, kv_len], head_dim=head_dim, rope_theta=float(rope_theta), rope_scaling=scaling, rope_dim=rope_dim)
 
 
-__all__ = ["paged_attention", "paged_rotary", "pair_width", "KV_DTYPES", "KV_PAIRS"]
+__all__ = ["paged_attention", "paged_rotary", "pair_width", "KV_DTYPES", "KV_PAIRS", "SCALE_ROWS"]

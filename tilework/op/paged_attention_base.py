@@ -55,6 +55,30 @@ def fconst(v: float) -> Scalar:
     return const(v, F32)
 
 
+def as_byte(x: Scalar) -> Scalar:
+    """Integer ``x`` in ``[0, 256)`` or ``[-128, 128)`` as the int8 of its low 8 bits (an int8
+    pool's byte)."""
+    return Cast("int8", Cast("uint8", x))
+
+
+def unsigned(x: Scalar) -> Scalar:
+    """An int8 pool's byte read as the uint8 of the same bits (a key's offset binary)."""
+    return Cast("uint8", x)
+
+
+def scale_bytes(s: Scalar) -> tuple[Scalar, Scalar]:
+    """The low and high bytes of the bfloat16 of float32 ``s`` (a non-negative bfloat16 value:
+    its bits are the float32's high half), as an int8 pool keeps a scale."""
+    top = binary("//", Intrin("bitcast", (s,), "int32"), const(65536, "int32"))
+    return as_byte(binary("%", top, const(256, "int32"))), as_byte(binary("//", top, const(256, "int32")))
+
+
+def scale_of(lo: Scalar, hi: Scalar) -> Scalar:
+    """``scale_bytes``' inverse: the float32 of a scale's two bytes."""
+    word = binary("+", binary("*", Cast("int32", unsigned(hi)), const(256, "int32")), Cast("int32", unsigned(lo)))
+    return Intrin("bitcast", (binary("*", word, const(65536, "int32")),), F32)
+
+
 def _table(j: Scalar, values: tuple[float, ...], lo: int, hi: int) -> Scalar:
     """``values[j]`` for ``lo <= j < hi`` as a balanced tree of selects (depth ``log2`` of
     their number): a constant table the loop IR can index."""
@@ -168,6 +192,8 @@ class PagedKernel:
         self.w = w
         # from a bfloat16 pool (in pairs) the products are bfloat16: one vdpbf16ps a vector
         self.dot = self.kc.dtype == "bfloat16" and self.w == 2
+        # an int8 pool: bytes in quads and a bfloat16 scale a key and a value (``quantized``)
+        self.int8 = self.kc.dtype == "int8"
         self.width = pt.shape[1]
         self.group = sym.floordiv(self.nh, self.nkv)
         if scale is not None:
@@ -203,6 +229,19 @@ class PagedKernel:
         """Dim ``e`` of the value of key ``j`` of pool page ``page``, kv head ``kh``."""
         j_pair, j_in = pair_index(j, self.w)
         return ld(self.vc, self.layer, page, j_pair, kh, e, j_in)
+
+    def scale_byte(self, page: Scalar, kh: Dim, j: Scalar, i: int) -> Load:
+        """Byte ``i`` of key ``j``'s scales (an int8 pool: the row after kv head ``kh``'s dims
+        holds a key's scale and its value's, the bytes of two bfloat16 side by side)."""
+        return ld(self.kc, self.layer, page, kh, sym.floordiv(self.hd, self.w), j, i)
+
+    def key_scale(self, page: Scalar, kh: Dim, j: Scalar) -> Scalar:
+        """The scale of key ``j`` of pool page ``page``, kv head ``kh`` (an int8 pool)."""
+        return scale_of(self.scale_byte(page, kh, j, 0), self.scale_byte(page, kh, j, 1))
+
+    def value_scale(self, page: Scalar, j: Scalar, kh: Dim) -> Scalar:
+        """The scale of the value of key ``j`` of pool page ``page``, kv head ``kh``."""
+        return scale_of(self.scale_byte(page, kh, j, 2), self.scale_byte(page, kh, j, 3))
 
     def cached(self, b: Dim) -> Scalar:
         return i64(ld(self.kv_len, b))
@@ -285,6 +324,8 @@ class PagedKernel:
                 def value(d: SymVar) -> Stmt:
                     return block("paged_append_v", Store(self.vc, self.value(page, off, kh, d).indices, self.v_at(b, t, kh, d)))
 
+                if self.int8:
+                    return self.append_quantized(page, off, b, t, kh)
                 return seq([self.rotated_dims("append_d", b, t, sym.add(self.nh, kh), key), self.loop("append_v", self.hd, value, "vectorized")])
 
             steps = [self.loop("append_h", self.nkv, put)] + ([] if queries is None else [queries(b, t)])
@@ -294,5 +335,67 @@ class PagedKernel:
 
         return self.loop("append_bt", sym.mul(self.nb, self.sq), token, "parallel")
 
+    def quantize(self, name: str, extent: Dim, fill: Callable[[Buffer], Stmt], scale: Callable[[Scalar], Stmt], put: Callable[[Dim, Scalar], Stmt], offset: int = 0) -> Stmt:
+        """``extent`` values, written into a float32 scratch by ``fill``, quantized to int8 (the
+        largest magnitude to 127): ``scale(s)`` with their scale ``s`` (a bfloat16's value:
+        ``scale_bytes``), then ``put(i, byte)`` for each, the byte the int8 of ``round(x / s)``
+        plus ``offset`` (128: the keys' offset binary), as the int8 of the same bits."""
+        x = Buffer(f"{name}_x", (extent,), F32)
+        top = Buffer(f"{name}_max", (1,), F32)
+        step = Buffer(f"{name}_s", (1,), F32)
+        inv = Select(binary(">", ld(step, 0), fconst(0.0)), binary("/", fconst(1.0), ld(step, 0)), fconst(0.0), F32)
 
-__all__ = ["PagedKernel", "ACC_REGISTERS", "F32", "Body", "angles", "fconst", "i64", "ld", "pair_index", "scheduled", "widened"]
+        def byte(i: SymVar) -> Stmt:
+            q = binary("min", binary("max", Intrin("round", (binary("*", ld(x, i), inv),), F32), fconst(-127.0)), fconst(127.0))
+            return block(name, put(i, as_byte(binary("+", Cast("int32", q), offset))))
+
+        body = seq([
+            fill(x),
+            self.fold(f"{name}_m", x, extent, "max", top, lambda v: Intrin("abs", (v,), F32)),
+            Store(step, (0,), Cast(F32, Cast("bfloat16", binary("/", ld(top, 0), fconst(127.0))))),
+            scale(ld(step, 0)),
+            self.loop(f"{name}_q", extent, byte, "vectorized"),
+        ])
+        for buf in (step, top, x):
+            body = Allocate(buf, body)
+        return body
+
+    def fold(self, name: str, x: Buffer, n: Dim, op: str, out: Buffer, first: Callable[[Scalar], Scalar] = lambda v: v) -> Stmt:
+        """``out[0]``: ``op`` (``"max"`` or ``"+"``) over ``first`` of the ``n`` values of
+        ``x``: halves folded onto each other in vector loops where ``n`` is a power of two
+        (a chain of ``n`` dependent steps, one at a time, took most of a quantization), else one
+        at a time."""
+        if not isinstance(n, int) or n & (n - 1) or n < 2:
+            return seq([Store(out, (0,), first(ld(x, 0))), self.loop(f"{name}_i", sym.sub(n, 1), lambda i: Store(out, (0,), binary(op, ld(out, 0), first(ld(x, sym.add(i, 1))))))])
+        half = Buffer(f"{name}_half", (n // 2,), F32)
+        steps = [self.loop(f"{name}_f", n // 2, lambda i: block(name, Store(half, (i,), binary(op, first(ld(x, i)), first(ld(x, sym.add(i, n // 2)))))), "vectorized")]
+
+        def folded(w: int) -> Body:
+            return lambda i: block(name, Store(half, (i,), binary(op, ld(half, i), ld(half, sym.add(i, w)))))
+
+        steps += [self.loop(f"{name}_f", 1 << k, folded(1 << k), "vectorized") for k in range(n.bit_length() - 3, -1, -1)]
+        return Allocate(half, seq([*steps, Store(out, (0,), ld(half, 0))]))
+
+    def append_quantized(self, page: Scalar, off: Scalar, b: Dim, t: Dim, kh: SymVar) -> Stmt:
+        """Token ``t``'s key (turned) and value of kv head ``kh`` into an int8 pool's slot
+        ``off`` of ``page``: quantized, their scales beside them."""
+
+        def scale(first: int) -> Callable[[Scalar], Stmt]:
+            def put(s: Scalar) -> Stmt:
+                return seq([Store(self.kc, self.scale_byte(page, kh, off, first + i).indices, byte) for i, byte in enumerate(scale_bytes(s))])
+
+            return put
+
+        def turned(x: Buffer) -> Stmt:
+            return self.rotated_dims("append_d", b, t, sym.add(self.nh, kh), lambda d, value: block("paged_append", Store(x, (d,), value)))
+
+        def values(x: Buffer) -> Stmt:
+            return self.loop("append_v", self.hd, lambda d: block("paged_append_v", Store(x, (d,), self.v_at(b, t, kh, d))), "vectorized")
+
+        return seq([
+            self.quantize("paged_kq", self.hd, turned, scale(0), lambda d, byte: Store(self.kc, self.key(page, kh, d, off).indices, byte), offset=128),
+            self.quantize("paged_vq", self.hd, values, scale(2), lambda d, byte: Store(self.vc, self.value(page, off, kh, d).indices, byte)),
+        ])
+
+
+__all__ = ["PagedKernel", "ACC_REGISTERS", "F32", "Body", "angles", "as_byte", "fconst", "i64", "ld", "pair_index", "scale_bytes", "scale_of", "scheduled", "unsigned", "widened"]

@@ -5,10 +5,11 @@
  * Runs `prefill` on the prompt's token ids (its `rows` the last one), then `decode` N_NEW times, each on the argmax of
  * the last logits (the first maximum), and prints the N_NEW generated ids on one line
  * (tokenization stays outside). The KV cache is one sequence in a pool of pages that holds
- * the prompt and the new tokens: k [layers, pages, kv_heads, head_dim / w, page, w] and
- * v [layers, pages, page / w, kv_heads, head_dim, w], in pairs of w = TW_LLM_KV_PAIR (2 for
- * bfloat16, else 1; of the dtype the decoder was compiled for: TW_LLM_KV_CODE and
- * TW_LLM_KV_BITS, float32 or a 16-bit float), the page table [1, pages] = 0, 1, ...,
+ * the prompt and the new tokens: k [layers, pages, kv_heads, head_dim / w + TW_LLM_KV_SCALES,
+ * page, w] and v [layers, pages, page / w, kv_heads, head_dim, w], in pairs of w =
+ * TW_LLM_KV_PAIR (2 for bfloat16, 4 for int8, else 1; of the dtype the decoder was compiled
+ * for: TW_LLM_KV_CODE and TW_LLM_KV_BITS, float32, a 16-bit float or int8, whose scales are
+ * the row TW_LLM_KV_SCALES adds), the page table [1, pages] = 0, 1, ...,
  * kv_len [1] the tokens already in the cache. --logits writes every step's logits as
  * float32 [N_NEW + 1, vocab]. Timings go to stderr. A token id outside [0, vocab) or an
  * argument that is not an integer is refused (exit 2): the decoder's embedding would clamp it
@@ -80,9 +81,15 @@ int main(int argc, char** argv) {
         return 1;
     }
     int64_t pages = (n_prompt + n_new + TW_LLM_PAGE - 1) / TW_LLM_PAGE;
-    int64_t cache_len = (int64_t)TW_LLM_LAYERS * pages * TW_LLM_KV_HEADS * TW_LLM_HEAD_DIM * TW_LLM_PAGE;
-    void* k = calloc((size_t)cache_len, TW_LLM_KV_BITS / 8);
-    void* v = calloc((size_t)cache_len, TW_LLM_KV_BITS / 8);
+    int64_t s_k[6] = {TW_LLM_LAYERS, pages, TW_LLM_KV_HEADS, TW_LLM_HEAD_DIM / TW_LLM_KV_PAIR + TW_LLM_KV_SCALES, TW_LLM_PAGE, TW_LLM_KV_PAIR};
+    int64_t s_v[6] = {TW_LLM_LAYERS, pages, TW_LLM_PAGE / TW_LLM_KV_PAIR, TW_LLM_KV_HEADS, TW_LLM_HEAD_DIM, TW_LLM_KV_PAIR};
+    int64_t k_len = 1, v_len = 1;
+    for (int i = 0; i < 6; ++i) {
+        k_len *= s_k[i];
+        v_len *= s_v[i];
+    }
+    void* k = calloc((size_t)k_len, TW_LLM_KV_BITS / 8);
+    void* v = calloc((size_t)v_len, TW_LLM_KV_BITS / 8);
     int32_t* table = (int32_t*)malloc(sizeof(int32_t) * (size_t)pages);
     float* all_logits = (float*)malloc(sizeof(float) * (size_t)(n_new + 1) * TW_LLM_VOCAB);
     int32_t* out = (int32_t*)malloc(sizeof(int32_t) * (size_t)(n_new + 1));
@@ -93,8 +100,6 @@ int main(int argc, char** argv) {
     for (int64_t i = 0; i < pages; ++i) table[i] = (int32_t)i;
     int32_t kv_len = 0;
     int64_t s_tokens[2] = {1, n_prompt}, s_one[1] = {1}, s_table[2] = {1, pages};
-    int64_t s_k[6] = {TW_LLM_LAYERS, pages, TW_LLM_KV_HEADS, TW_LLM_HEAD_DIM / TW_LLM_KV_PAIR, TW_LLM_PAGE, TW_LLM_KV_PAIR};
-    int64_t s_v[6] = {TW_LLM_LAYERS, pages, TW_LLM_PAGE / TW_LLM_KV_PAIR, TW_LLM_KV_HEADS, TW_LLM_HEAD_DIM, TW_LLM_KV_PAIR};
     tw_dtype i32 = {TW_DTYPE_INT, 32, 1}, f32 = {TW_DTYPE_FLOAT, 32, 1}, kv_dt = {TW_LLM_KV_CODE, TW_LLM_KV_BITS, 1};
     tw_tensor in[5] = {
         {prompt, 2, i32, s_tokens}, {&kv_len, 1, i32, s_one}, {table, 2, i32, s_table}, {k, 6, kv_dt, s_k}, {v, 6, kv_dt, s_v},
