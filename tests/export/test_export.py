@@ -286,7 +286,7 @@ def test_cli_export_of_an_llm_passes_precision_and_kv_dtype(tmp_path: Path, monk
     assert main(["export", str(model), "-o", str(tmp_path / "out"), "--precision", "bf16", "--kv-dtype", "float32"]) == 0
     assert (seen["path"], seen["precision"], seen["kv_dtype"]) == (str(model), "bf16", "float32")
     with pytest.raises(SystemExit):
-        main(["export", str(model), "-o", str(tmp_path / "out"), "--kv-dtype", "int8"])
+        main(["export", str(model), "-o", str(tmp_path / "out"), "--kv-dtype", "int4"])
 
 
 def _error_of(lib: Any, handle: Any) -> str:

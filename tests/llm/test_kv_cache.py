@@ -114,8 +114,10 @@ def test_the_pool_dtype_is_checked_and_the_cli_offers_every_one() -> None:
     from tilework.llm.kv_cache import KV_DTYPES
 
     assert sorted(KV_DTYPE_CHOICES) == sorted(KV_DTYPES)
-    with pytest.raises(TileworkError, match="holds one of float32, bfloat16, float16, got 'int8'"):
-        PagedKVCache(1, 1, 1, 1, dtype="int8")
+    with pytest.raises(TileworkError, match="holds one of float32, bfloat16, float16, int8, got 'uint8'"):
+        PagedKVCache(1, 1, 1, 1, dtype="uint8")
+    with pytest.raises(TileworkError, match="an int8 KV cache stores groups of 4: head_dim=6 and page=16 must be multiples of 4"):
+        PagedKVCache(1, 1, 6, 1, dtype="int8")
 
 
 def fill(c: PagedKVCache, sid: int, n: int, value: float | None = None) -> np.ndarray:

@@ -447,6 +447,8 @@ def test_shapes_are_checked() -> None:
         (ints, vc, "k_cache must be one of float32, bfloat16, float16"),
         (unpaired, half_v, "k_cache's pair width .its last dim. for a bfloat16 pool: 1 != 2"),
         (Var("kc5", TensorInfo((L, 4, NKV, HD, PAGE), "float32")), vc, "k_cache must have rank 6"),
+        # an int8 pool without its row of scales
+        (Var("kc8", TensorInfo((L, 4, NKV, HD // 4, PAGE, 4), "int8")), Var("vc8", _pool(4, "int8")[1]), r"k_cache's head dim / pair width \+ 1 \(the scales\)"),
     ):
         bb = BlockBuilder()
         with pytest.raises(TileworkError, match=message):
@@ -488,7 +490,7 @@ def test_shapes_are_checked() -> None:
             bb.emit(paged_attention(odd, odd_kc, odd_vc, kl, pt, layer=0, kv_heads=NKV, rope_theta=THETA))
     bb = BlockBuilder()
     odd_kc, odd_vc = Var("kc7", TensorInfo((L, 4, NKV, 3, PAGE, 2), "bfloat16")), Var("vc7", TensorInfo((L, 4, PAGE // 2, NKV, 7, 2), "bfloat16"))
-    with pytest.raises(TileworkError, match="a bfloat16 pool stores pairs of 2: its head dim 7 must be a multiple of 2"):
+    with pytest.raises(TileworkError, match="a bfloat16 pool stores groups of 2: its head dim 7 must be a multiple of 2"):
         with bb.function("main", [odd, odd_kc, odd_vc, kl, pt]):
             bb.emit(paged_attention(odd, odd_kc, odd_vc, kl, pt, layer=0, kv_heads=NKV))
 

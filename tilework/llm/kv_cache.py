@@ -101,7 +101,7 @@ class PagedKVCache:
             raise TileworkError(f"a KV cache holds one of {', '.join(KV_DTYPES)}, got {dtype!r}")
         w = pair_width(dtype)
         if head_dim % w or page % w:
-            raise TileworkError(f"a {dtype} KV cache stores pairs of {w}: head_dim={head_dim} and page={page} must be multiples of {w}")
+            raise TileworkError(f"{'an' if dtype[0] in 'aeiou' else 'a'} {dtype} KV cache stores groups of {w}: head_dim={head_dim} and page={page} must be multiples of {w}")
         self.layers, self.kv_heads, self.head_dim, self.page, self.dtype = layers, kv_heads, head_dim, page, dtype
         storage = np.dtype(np.uint16) if dtype == "bfloat16" else np_dtype(dtype)
         k_shape, v_shape = kv_shapes(layers, pages, kv_heads, head_dim, page, dtype)
