@@ -243,11 +243,18 @@ class Decode(PagedKernel):
             # the chunk's pages (those past the table's width hold no token: -inf scores, never read)
             count = sym.min_(CH, sym.sub(self.per_split, sym.mul(ci, CH)))
 
+            def table_page(pc: Dim) -> tuple[Dim, Scalar]:
+                """Page ``pc`` of the chunk: its index in the sequence's table, its pool page."""
+                pidx = sym.add(p0, pc)
+                return pidx, i64(ld(self.pt, b, pidx))
+
+            def head_of(kh: Dim, g: Dim) -> Dim:
+                return sym.add(sym.mul(kh, G), g)
+
             def scores(pc: SymVar) -> Stmt:
                 """Page ``p0 + pc``'s scores into ``sc`` (-inf past the last token)."""
-                pidx = sym.add(p0, pc)
+                pidx, page = table_page(pc)
                 first = sym.mul(pidx, P)
-                page = i64(ld(self.pt, b, pidx))
 
                 ahead = ld(nxt, 0)  # the next page's pool index, looked up once a page
 
@@ -393,11 +400,10 @@ class Decode(PagedKernel):
                 kh, col = sym.floormod(kc, NKV), sym.mul(sym.floordiv(kc, NKV), EC)
 
                 def head(g: Dim) -> Dim:
-                    return sym.add(sym.mul(kh, G), g)
+                    return head_of(kh, g)
 
                 def page_values(pc: SymVar) -> Stmt:
-                    pidx = sym.add(p0, pc)
-                    page = i64(ld(self.pt, b, pidx))
+                    pidx, page = table_page(pc)
 
                     def key(j: SymVar) -> Stmt:
                         """Key ``j`` of the page (with dot_bf16x2 keys ``2j`` and ``2j + 1``)."""
@@ -439,11 +445,10 @@ class Decode(PagedKernel):
                 one ``dot_u8i8x4`` a four keys' values of a register tile of dims."""
 
                 def head(g: Dim) -> Dim:
-                    return sym.add(sym.mul(kh, G), g)
+                    return head_of(kh, g)
 
                 def page_values(pc: SymVar) -> Stmt:
-                    pidx = sym.add(p0, pc)
-                    page = i64(ld(self.pt, b, pidx))
+                    pidx, page = table_page(pc)
 
                     def quantized(g: SymVar) -> Stmt:
                         h = head(g)
