@@ -89,7 +89,7 @@ def test_bad_sizes_are_errors() -> None:
         c.step_inputs([c.add()], 0)
     assert PagedKVCache.for_tokens(1, 1, 1, 33, page=16).num_pages == 3
     for head_dim, page in ((7, 16), (8, 5)):  # a bfloat16 pool is stored in pairs of dims and of keys
-        with pytest.raises(TileworkError, match=f"pairs of 2: head_dim={head_dim} and page={page} must be multiples of 2"):
+        with pytest.raises(TileworkError, match=f"groups of 2: head_dim={head_dim} and page={page} must be multiples of 2"):
             PagedKVCache(1, 1, head_dim, 1, page=page, dtype="bfloat16")
     odd = PagedKVCache(1, 1, 7, 1, page=5, dtype="float32")  # the others are not
     assert odd.k.shape == (1, 1, 1, 7, 5, 1) and odd.v.shape == (1, 1, 5, 1, 7, 1)
