@@ -351,7 +351,7 @@ class PagedKernel:
 
         body = seq([
             fill(x),
-            self.fold(f"{name}_m", x, extent, "max", top, lambda v: Intrin("abs", (v,), F32)),
+            self.fold(f"{name}_m", lambda i: Intrin("abs", (ld(x, i),), F32), extent, "max", top),
             Store(step, (0,), Cast(F32, Cast("bfloat16", binary("/", ld(top, 0), fconst(127.0))))),
             scale(ld(step, 0)),
             self.loop(f"{name}_q", extent, byte, "vectorized"),
@@ -360,15 +360,15 @@ class PagedKernel:
             body = Allocate(buf, body)
         return body
 
-    def fold(self, name: str, x: Buffer, n: Dim, op: str, out: Buffer, first: Callable[[Scalar], Scalar] = lambda v: v) -> Stmt:
-        """``out[0]``: ``op`` (``"max"`` or ``"+"``) over ``first`` of the ``n`` values of
-        ``x``: halves folded onto each other in vector loops where ``n`` is a power of two
-        (a chain of ``n`` dependent steps, one at a time, took most of a quantization), else one
-        at a time."""
+    def fold(self, name: str, value: Callable[[Dim], Scalar], n: Dim, op: str, out: Buffer) -> Stmt:
+        """``out[0]``: ``op`` (``"max"`` or ``"+"``, float32) over ``value(i)`` for ``i <
+        n``: halves folded onto each other in vector loops where ``n`` is a power of two (a chain
+        of ``n`` dependent steps, one at a time, took most of a quantization), else one at a
+        time."""
         if not isinstance(n, int) or n & (n - 1) or n < 2:
-            return seq([Store(out, (0,), first(ld(x, 0))), self.loop(f"{name}_i", sym.sub(n, 1), lambda i: Store(out, (0,), binary(op, ld(out, 0), first(ld(x, sym.add(i, 1))))))])
+            return seq([Store(out, (0,), value(0)), self.loop(f"{name}_i", sym.sub(n, 1), lambda i: Store(out, (0,), binary(op, ld(out, 0), value(sym.add(i, 1)))))])
         half = Buffer(f"{name}_half", (n // 2,), F32)
-        steps = [self.loop(f"{name}_f", n // 2, lambda i: block(name, Store(half, (i,), binary(op, first(ld(x, i)), first(ld(x, sym.add(i, n // 2)))))), "vectorized")]
+        steps = [self.loop(f"{name}_f", n // 2, lambda i: block(name, Store(half, (i,), binary(op, value(i), value(sym.add(i, n // 2))))), "vectorized")]
 
         def folded(w: int) -> Body:
             return lambda i: block(name, Store(half, (i,), binary(op, ld(half, i), ld(half, sym.add(i, w)))))

@@ -119,12 +119,10 @@ class Decode(PagedKernel):
         def turned(x: Buffer) -> Stmt:
             return self.rotated_dims("q_d", b, t, h, lambda d, value: block("pa_q", Store(x, (d,), binary("*", value, self.scale))))
 
-        total = Buffer("pa_qtotal", (1,), F32)
-        byte = Buffer("pa_qbyte", (self.hd,), F32)  # the bytes as float32 (their sum is exact: below 2 ** 24)
-        widen = self.loop("qb_d", self.hd, lambda d: block("pa_qb", Store(byte, (d,), Cast(F32, ld(self.qr, b, h, d)))), "vectorized")
+        total = Buffer("pa_qtotal", (1,), F32)  # the bytes' sum, in float32: exact (below 2 ** 24)
         return seq([
             self.quantize("pa_qq", self.hd, turned, lambda scale: Store(self.qs, (b, h), scale), lambda d, byte: Store(self.qr, (b, h, d), byte)),
-            Allocate(byte, Allocate(total, seq([widen, self.fold("pa_qsum", byte, self.hd, "+", total), Store(self.qsum, (b, h), binary("*", ld(total, 0), fconst(128.0)))]))),
+            Allocate(total, seq([self.fold("pa_qsum", lambda d: Cast(F32, ld(self.qr, b, h, d)), self.hd, "+", total), Store(self.qsum, (b, h), binary("*", ld(total, 0), fconst(128.0)))])),
         ])
 
     def acc_columns(self) -> Dim:
@@ -463,7 +461,7 @@ class Decode(PagedKernel):
 
                         return seq([
                             self.loop("pw_j", P, weight, "vectorized"),
-                            self.fold("pa_top", pw, P, "max", top),
+                            self.fold("pa_top", lambda j: ld(pw, j), P, "max", top),
                             Store(pstep, (g,), binary("/", ld(top, 0), fconst(255.0))),
                             self.loop("pq_j", P, byte, "vectorized"),
                         ])
