@@ -16,10 +16,12 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from tilework.errors import IndexOutOfRange, IntegerDivisionByZero, RuntimeCheckError, TileworkError
+from tilework.codegen.c import team as c_team
 from tilework.codegen.c.module import data_pointer
 from tilework.export.aot import MAX_NDIM
 from tilework.export.graph_c import dl_type
 from tilework.ir.dtype import DTYPE_TABLE, dtype_name
+from tilework.runtime import team
 from tilework.runtime.tensor import host_array
 
 MAX_OUTPUTS = 64
@@ -158,6 +160,7 @@ class ExportedModel:
         if not handle:
             raise RuntimeCheckError(lib.tw_model_error(None).decode())
         self._handle = handle
+        c_team.install()  # calls after a pause hold their OpenMP team (tilework.runtime.team)
         self._outputs = (_Tensor * MAX_OUTPUTS)()
         self._inputs = _Tensors(MAX_INPUTS)
         self._keep: list[Any] = []
@@ -173,7 +176,11 @@ class ExportedModel:
 
     def run_raw(self, prepared: tuple[bytes, Any, int]) -> int:
         name, tensors, n = prepared
-        got = self._lib.tw_model_run(self._handle, name, tensors, n, self._outputs, MAX_OUTPUTS)
+        held = team.enter()
+        try:
+            got = self._lib.tw_model_run(self._handle, name, tensors, n, self._outputs, MAX_OUTPUTS)
+        finally:
+            team.leave(held)
         if got < 0:
             raise _error(self._lib, self._handle)
         return int(got)

@@ -25,6 +25,7 @@ import numpy as np
 
 from tilework.errors import BuildError, RuntimeCheckError, TileworkError
 from tilework.runtime import builtins as B
+from tilework.runtime import team
 from tilework.runtime.bytecode import Instr, VMFunction
 from tilework.runtime.executable import Executable
 from tilework.runtime.extern import lookup_extern, lookup_extern_check
@@ -205,15 +206,23 @@ class VM:
         is free, else on a spare; ``lead``: the params from ``lead`` on are bound ones (``bind``),
         already checked."""
         lock = self._lock
-        if lock.acquire(False):
-            try:
-                own = self._own
-                return (own.funcs[name] if lead is None else own.variant(name, lead)).invoke(*args)
-            except BaseException:
-                self.memory.reclaim()  # the failed call's pooled blocks go back to the pool
-                raise
-            finally:
-                lock.release()
+        held = team.enter()
+        try:
+            if lock.acquire(False):
+                try:
+                    own = self._own
+                    return (own.funcs[name] if lead is None else own.variant(name, lead)).invoke(*args)
+                except BaseException:
+                    self.memory.reclaim()  # the failed call's pooled blocks go back to the pool
+                    raise
+                finally:
+                    lock.release()
+            return self._run_spare(name, args, lead)
+        finally:
+            team.leave(held)
+
+    def _run_spare(self, name: str, args: Sequence[Any], lead: int | None) -> Any:
+        """``_run`` on a spare ``_Bound`` (the VM's own memory is in use by another thread)."""
         try:
             bound = self._spares.pop()
         except IndexError:

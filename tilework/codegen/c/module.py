@@ -32,7 +32,7 @@ import numpy as np
 
 from tilework.ir.kernel_abi import SymValues, bind_syms, check_arrays
 from tilework.codegen import cache
-from tilework.codegen.c import toolchain
+from tilework.codegen.c import team, toolchain
 from tilework.codegen.c.emit import emit_module
 from tilework.codegen.loop_emit import EMPTY_REDUCTION
 
@@ -244,6 +244,8 @@ class CKernelModule(KernelModule):
         self.key = key  # the kernel cache key of the shared object, when it came from the cache
         self.source_text = source
         self._handle = cache.load_shared_object(path, data) if path is not None else None
+        if path is not None:
+            team.install()  # calls after a pause hold their OpenMP team (tilework.runtime.team)
         tramp = getattr(self._handle, "tw_call_objects", None) if self._handle is not None else None
         if tramp is not None:
             tramp.restype = ctypes.c_int32

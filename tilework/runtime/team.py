@@ -1,0 +1,54 @@
+"""The OpenMP team held on distinct CPUs for a call that follows a pause.
+
+A generated kernel's parallel loops run on libgomp's team of the calling thread: the caller and
+its workers, which spin a while after each parallel region (``GOMP_SPINCOUNT``) and then sleep.
+On a virtual machine whose idle CPUs the host takes away (a shared cloud host), the scheduler
+wakes a sleeping worker onto the caller's own CPU rather than wait for an idle one, and there
+it waits while the caller spins at the region's end for it: each region then lasts about the
+caller's spin, until the scheduler's tick moves one of the two, region after region for
+milliseconds. Measured on the 2-CPU Zen 4 VM of ``docs/benchmarks.md`` (``python
+bench/probe_wake.py``): a 0.06 ms kernel took 1.4-1.6 ms as the first call after a pause of
+0.1 s or more (with libgomp's default spin, when torch loaded it first, 7.8 ms; the call after
+it 4.0), and 20 short regions after a pause 6-12 ms where back to back they take 0.5.
+
+So a call that starts more than ``IDLE_S`` after the last call ended holds the team: the caller
+on the CPU it runs on and each worker on another CPU of the caller's mask, for the call; then
+every thread gets its own mask back (``tilework.codegen.c.team``: the C side, installed here
+when the first C kernel library loads). Back-to-back calls (an LLM's decode steps, a loop over
+a dataset) change nothing: their workers are awake on CPUs of their own. Nothing is held with
+fewer CPUs than threads, one thread, or ``TILEWORK_HOLD_TEAM=0``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable
+
+IDLE_S = 0.002  # a pause after which the workers may be asleep (libgomp's spin: well under it)
+
+_hold: Callable[[], int] | None = None
+_release: Callable[[], None] | None = None
+_last = 0.0  # time.perf_counter() at the end of the last call
+
+
+def install(hold: Callable[[], int], release: Callable[[], None]) -> None:
+    """Take the C side's ``tw_team_hold`` and ``tw_team_release`` (unless the user said no)."""
+    global _hold, _release
+    if os.environ.get("TILEWORK_HOLD_TEAM", "1") != "0":
+        _hold, _release = hold, release
+
+
+def enter() -> bool:
+    """Before a call: hold the team if the last call ended more than ``IDLE_S`` ago; True if held
+    (then ``leave(True)`` after the call)."""
+    return _hold is not None and time.perf_counter() - _last > IDLE_S and bool(_hold())
+
+
+def leave(held: bool) -> None:
+    """After a call (also a failed one): give the threads their masks back if ``enter`` held
+    them, and note when the call ended."""
+    global _last
+    if held and _release is not None:
+        _release()
+    _last = time.perf_counter()
