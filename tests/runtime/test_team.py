@@ -20,6 +20,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setattr(team, "_hold", lambda: log.append("hold") or 1)
     monkeypatch.setattr(team, "_release", lambda: log.append("release"))
     monkeypatch.setattr(team, "_last", 0.0)
+    monkeypatch.setattr(team, "_active", 0)
     return log
 
 
@@ -42,6 +43,15 @@ def test_back_to_back_calls_hold_nothing(fake: list[str]) -> None:
     held = team.enter()
     team.leave(held)
     assert held and fake == ["hold", "release"]
+
+
+def test_a_call_inside_a_call_or_beside_another_holds_nothing(fake: list[str]) -> None:
+    outer = team.enter()
+    inner = team.enter()  # a nested call, or another thread's while the first runs
+    assert outer and not inner
+    team.leave(inner)
+    team.leave(outer)
+    assert fake == ["hold", "release"] and team._active == 0
 
 
 def test_a_team_the_c_side_cannot_hold_is_not_released(monkeypatch: pytest.MonkeyPatch, fake: list[str]) -> None:

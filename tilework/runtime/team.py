@@ -30,6 +30,7 @@ IDLE_S = 0.002  # a pause after which the workers may be asleep (libgomp's spin:
 _hold: Callable[[], int] | None = None
 _release: Callable[[], None] | None = None
 _last = 0.0  # time.perf_counter() at the end of the last call
+_active = 0  # calls running (entered, not yet left), in every thread
 
 
 def install(hold: Callable[[], int], release: Callable[[], None]) -> None:
@@ -40,15 +41,19 @@ def install(hold: Callable[[], int], release: Callable[[], None]) -> None:
 
 
 def enter() -> bool:
-    """Before a call: hold the team if the last call ended more than ``IDLE_S`` ago; True if held
-    (then ``leave(True)`` after the call)."""
-    return _hold is not None and time.perf_counter() - _last > IDLE_S and bool(_hold())
+    """Before a call: hold the team if the last call ended more than ``IDLE_S`` ago and no other
+    call is running (another thread's, or the one this call is made from: two callers held on
+    one CPU would share it); True if held. Every ``enter`` is followed by a ``leave``."""
+    global _active
+    _active += 1
+    return _active == 1 and _hold is not None and time.perf_counter() - _last > IDLE_S and bool(_hold())
 
 
 def leave(held: bool) -> None:
     """After a call (also a failed one): give the threads their masks back if ``enter`` held
     them, and note when the call ended."""
-    global _last
+    global _last, _active
+    _active -= 1
     if held and _release is not None:
         _release()
     _last = time.perf_counter()
