@@ -33,10 +33,15 @@ _last = 0.0  # time.perf_counter() at the end of the last call
 _active = 0  # calls running (entered, not yet left), in every thread
 
 
+def enabled() -> bool:
+    """False where the user said no (``TILEWORK_HOLD_TEAM=0``): then nothing is built or held."""
+    return os.environ.get("TILEWORK_HOLD_TEAM", "1") != "0"
+
+
 def install(hold: Callable[[], int], release: Callable[[], None]) -> None:
     """Take the C side's ``tw_team_hold`` and ``tw_team_release`` (unless the user said no)."""
     global _hold, _release
-    if os.environ.get("TILEWORK_HOLD_TEAM", "1") != "0":
+    if enabled():
         _hold, _release = hold, release
 
 

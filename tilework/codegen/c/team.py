@@ -19,6 +19,8 @@ from tilework.runtime import team
 def install() -> bool:
     """Build (or find) the team library and give its functions to ``tilework.runtime.team``;
     True if installed."""
+    if not team.enabled():
+        return False
     try:
         built = toolchain.compile_source(resources.files("tilework.codegen.c").joinpath("team.c").read_text())
         lib = cache.load_shared_object(built.path, built.data)
