@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tilework.codegen.c import toolchain
+from tilework.codegen.c import team, toolchain
 
 
 @pytest.fixture
@@ -21,7 +21,9 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture
 def cc_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """CC set to a wrapper that logs each invocation's arguments (a line each), then runs the
-    real compiler."""
+    real compiler. The team library that the first kernel library loaded builds
+    (``tilework.codegen.c.team``) is built before, with the real compiler: not logged."""
+    team.install()
     real = toolchain.compiler_command()[0]
     log = tmp_path / "cc.log"
     wrapper = tmp_path / "cc-wrapper"
