@@ -20,7 +20,6 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setattr(team, "_hold", lambda: log.append("hold") or 1)
     monkeypatch.setattr(team, "_release", lambda: log.append("release"))
     monkeypatch.setattr(team, "_last", 0.0)
-    monkeypatch.setattr(team, "_active", 0)
     return log
 
 
@@ -51,7 +50,7 @@ def test_a_call_inside_a_call_or_beside_another_holds_nothing(fake: list[str]) -
     assert outer and not inner
     team.leave(inner)
     team.leave(outer)
-    assert fake == ["hold", "release"] and team._active == 0
+    assert fake == ["hold", "release"] and not team._holding.locked()
 
 
 def test_a_team_the_c_side_cannot_hold_is_not_released(monkeypatch: pytest.MonkeyPatch, fake: list[str]) -> None:

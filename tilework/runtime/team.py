@@ -3,13 +3,14 @@
 A generated kernel's parallel loops run on libgomp's team of the calling thread: the caller and
 its workers, which spin a while after each parallel region (``GOMP_SPINCOUNT``) and then sleep.
 On a virtual machine whose idle CPUs the host takes away (a shared cloud host), the scheduler
-wakes a sleeping worker onto the caller's own CPU rather than wait for an idle one, and there
-it waits while the caller spins at the region's end for it: each region then lasts about the
-caller's spin, until the scheduler's tick moves one of the two, region after region for
-milliseconds. Measured on the 2-CPU Zen 4 VM of ``docs/benchmarks.md`` (``python
-bench/probe_wake.py``): a 0.06 ms kernel took 1.4-1.6 ms as the first call after a pause of
-0.1 s or more (with libgomp's default spin, when torch loaded it first, 7.8 ms; the call after
-it 4.0), and 20 short regions after a pause 6-12 ms where back to back they take 0.5.
+was seen (``sched_getcpu`` in the regions) to wake a sleeping worker onto the caller's own CPU
+rather than the idle one, where it waits while the caller spins at the region's end for it:
+each region then lasts about the caller's spin, region after region for milliseconds, until the
+scheduler's tick moves one of the two. Measured on the 2-CPU Zen 4 VM of ``docs/benchmarks.md``
+(``python bench/probe_wake.py``): a 0.06 ms kernel took 1.3-1.6 ms as the first call after a
+pause of 20 ms or more and 0.6-0.7 as the second (with libgomp's default spin, where torch
+loaded it first, 7.8 and 4.0 ms); held as below, 0.36-0.44 and 0.07-0.11 (torch first 0.42 and
+0.09). Twenty short regions in C after a 0.3 s pause took 6-12 ms, held 0.45-0.5.
 
 So a call that starts more than ``IDLE_S`` after the last call ended holds the team: the caller
 on the CPU it runs on and each worker on another CPU of the caller's mask, for the call; then
@@ -22,15 +23,16 @@ fewer CPUs than threads, one thread, or ``TILEWORK_HOLD_TEAM=0``.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Callable
 
-IDLE_S = 0.002  # a pause after which the workers may be asleep (libgomp's spin: well under it)
+IDLE_S = 0.002  # a pause after which a worker may be asleep (tilework's GOMP_SPINCOUNT spins well under it; holding an awake team costs a few system calls)
 
 _hold: Callable[[], int] | None = None
 _release: Callable[[], None] | None = None
 _last = 0.0  # time.perf_counter() at the end of the last call
-_active = 0  # calls running (entered, not yet left), in every thread
+_holding = threading.Lock()  # taken by the call that holds its team, for the call
 
 
 def enabled() -> bool:
@@ -46,19 +48,24 @@ def install(hold: Callable[[], int], release: Callable[[], None]) -> None:
 
 
 def enter() -> bool:
-    """Before a call: hold the team if the last call ended more than ``IDLE_S`` ago and no other
+    """Before a call: hold the team if the last call ended more than ``IDLE_S`` ago and no held
     call is running (another thread's, or the one this call is made from: two callers held on
-    one CPU would share it); True if held. Every ``enter`` is followed by a ``leave``."""
-    global _active
-    _active += 1
-    return _active == 1 and _hold is not None and time.perf_counter() - _last > IDLE_S and bool(_hold())
+    one CPU would share it); True if held (then ``leave(True)`` after the call). Calls back to
+    back cost a clock read."""
+    if _hold is None or time.perf_counter() - _last <= IDLE_S or not _holding.acquire(False):
+        return False
+    if _hold():
+        return True
+    _holding.release()
+    return False
 
 
 def leave(held: bool) -> None:
     """After a call (also a failed one): give the threads their masks back if ``enter`` held
     them, and note when the call ended."""
-    global _last, _active
-    _active -= 1
-    if held and _release is not None:
-        _release()
+    global _last
+    if held:
+        if _release is not None:
+            _release()
+        _holding.release()
     _last = time.perf_counter()
