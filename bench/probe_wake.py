@@ -10,9 +10,10 @@ scheduler's tick moves one of them. This prints, for each pause, the median of t
 the second call after it, and the back-to-back median, for the kernel run with every thread and
 with one (``--no-one-thread`` leaves that out); ``--torch-first`` imports torch before tilework,
 as a script that compiles a torch model does (libgomp then reads its settings when torch loads
-it, not when tilework does: ``tilework.codegen.c.module``).
+it, not when tilework does: ``tilework.codegen.c.module``). A call after a pause holds its team
+on distinct CPUs (``tilework.runtime.team``); ``TILEWORK_HOLD_TEAM=0`` shows the calls without.
 
-    OMP_NUM_THREADS=2 python bench/probe_wake.py [--pauses 0.001,0.01,0.1,0.3] [--rounds 10] [--torch-first]
+    OMP_NUM_THREADS=2 [TILEWORK_HOLD_TEAM=0] python bench/probe_wake.py [--pauses 0.001,0.01,0.1,0.3] [--rounds 10] [--torch-first]
 
 Prints one table (no docs table: this is a diagnosis, not a benchmark)."""
 
@@ -38,6 +39,7 @@ from tilework import op  # noqa: E402
 from tilework.ir.builder import BlockBuilder  # noqa: E402
 from tilework.ir.graph import Var  # noqa: E402
 from tilework.ir.info import TensorInfo  # noqa: E402
+from tilework.runtime import team  # noqa: E402
 
 COLS = 4096
 
@@ -56,6 +58,16 @@ def _module() -> tw.IRModule:
 
 def _ms(v: list[float]) -> str:
     return f"{1e3 * statistics.median(v):.3f}"
+
+
+def _seconds(text: str) -> list[float]:
+    try:
+        pauses = [float(p) for p in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not comma-separated seconds: {text!r}") from None
+    if any(not p >= 0 for p in pauses):
+        raise argparse.ArgumentTypeError(f"a pause is negative: {text!r}")
+    return pauses
 
 
 def probe(call: Callable[[], object], pauses: list[float], rounds: int) -> list[str]:
@@ -85,13 +97,13 @@ def probe(call: Callable[[], object], pauses: list[float], rounds: int) -> list[
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pauses", default="0.001,0.01,0.1,0.3", help="seconds, comma-separated")
+    ap.add_argument("--pauses", default="0.001,0.01,0.1,0.3", type=_seconds, help="seconds, comma-separated")
     ap.add_argument("--rounds", type=int, default=10, help="pauses of each length")
     ap.add_argument("--rows", type=int, default=64, help="rows of the (rows, 4096) kernel")
     ap.add_argument("--torch-first", action="store_true", help="import torch before tilework")
     ap.add_argument("--no-one-thread", action="store_true", help="skip the one-thread column")
     args = ap.parse_args()
-    pauses = [float(p) for p in args.pauses.split(",")]
+    pauses = args.pauses
     ex = tw.build(_module())
     vm = tw.VM(ex)
     rng = np.random.default_rng(0)
@@ -99,7 +111,7 @@ def main() -> None:
     y = rng.standard_normal((args.rows, COLS)).astype(np.float32)
     main_fn = vm["main"]
     spin = SPIN if args.torch_first else os.environ.get("GOMP_SPINCOUNT", SPIN)
-    print(f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}, GOMP_SPINCOUNT={spin} (read by libgomp when {'torch' if args.torch_first else 'tilework'} loaded it), OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}, load {os.getloadavg()[0]:.1f}")
+    print(f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}, GOMP_SPINCOUNT={spin} (read by libgomp when {'torch' if args.torch_first else 'tilework'} loaded it), OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}, team held after a pause: {'no' if not team.enabled() else 'yes'}, load {os.getloadavg()[0]:.1f}")
     print(f"kernel exp(x) + y on ({args.rows}, {COLS}) float32; median ms of {args.rounds} pauses each (first / second call after the pause)")
     header = ["threads", "back to back"] + [f"after {p:g} s: 1st / 2nd" for p in pauses]
     rows = [[os.environ["OMP_NUM_THREADS"], *probe(lambda: main_fn(x, y), pauses, args.rounds)]]
