@@ -27,10 +27,11 @@ from tilework.ir.info import TensorInfo
 from tilework.models.reference import TransformerConfig, random_weights, transformer_block
 
 
-def _small() -> tw.IRModule:
-    """One fused elementwise kernel on (n, 16): the VM overhead dominates."""
+def exp_add(cols: int = 16) -> tw.IRModule:
+    """One fused elementwise kernel, exp(x) + y on (n, cols) (at 16 columns the VM's overhead
+    dominates; bench/probe_wake.py takes wider rows)."""
     n = tw.dim("n")
-    x, y = Var("x", TensorInfo((n, 16), "float32")), Var("y", TensorInfo((n, 16), "float32"))
+    x, y = Var("x", TensorInfo((n, cols), "float32")), Var("y", TensorInfo((n, cols), "float32"))
     bb = BlockBuilder()
     with bb.function("main", [x, y]):
         with bb.dataflow():
@@ -94,7 +95,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=2000)
     args = ap.parse_args()
 
-    vm = tw.VM(tw.build(_small()))
+    vm = tw.VM(tw.build(exp_add()))
     x, y = np.ones((4, 16), np.float32), np.ones((4, 16), np.float32)
     main_fn, before = vm["main"], _unguarded_vm_call(vm, "main")
     print(f"{'single thread (median of rounds)':<34} {'guarded':>11} {'unguarded':>11}")

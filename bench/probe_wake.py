@@ -35,25 +35,10 @@ if "--torch-first" in sys.argv:
 import numpy as np  # noqa: E402
 
 import tilework as tw  # noqa: E402
-from tilework import op  # noqa: E402
-from tilework.ir.builder import BlockBuilder  # noqa: E402
-from tilework.ir.graph import Var  # noqa: E402
-from tilework.ir.info import TensorInfo  # noqa: E402
 from tilework.runtime import team  # noqa: E402
+from bench_threads import exp_add  # noqa: E402
 
 COLS = 4096
-
-
-def _module() -> tw.IRModule:
-    """One fused elementwise kernel on (n, COLS): parallel over rows at the sizes probed."""
-    n = tw.dim("n")
-    x, y = Var("x", TensorInfo((n, COLS), "float32")), Var("y", TensorInfo((n, COLS), "float32"))
-    bb = BlockBuilder()
-    with bb.function("main", [x, y]):
-        with bb.dataflow():
-            r = bb.emit_output(op.add(op.exp(x), y))
-        bb.emit_func_output(r)
-    return bb.get()
 
 
 def _ms(v: list[float]) -> str:
@@ -104,7 +89,7 @@ def main() -> None:
     ap.add_argument("--no-one-thread", action="store_true", help="skip the one-thread column")
     args = ap.parse_args()
     pauses = args.pauses
-    ex = tw.build(_module())
+    ex = tw.build(exp_add(COLS))
     vm = tw.VM(ex)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((args.rows, COLS)).astype(np.float32)
