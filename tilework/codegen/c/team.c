@@ -45,7 +45,7 @@ int tw_team_record(void) {
 }
 
 /* Hold the calling thread on the CPU it runs on and each worker of its team on another CPU of
-   its mask, until tw_team_release. 1 if held; 0 if not (fewer CPUs than threads, no recorded
+   its mask (the next ones after the caller's), until tw_team_release. 1 if held; 0 if not (fewer CPUs than threads, no recorded
    team of the current size: then it records one, for the next call). */
 int tw_team_hold(void) {
     if (tw_pinned) return 0;
@@ -59,9 +59,13 @@ int tw_team_hold(void) {
     if (sched_getaffinity(0, sizeof mine, &mine) != 0 || CPU_COUNT(&mine) < n) return 0;
     int here = sched_getcpu();
     if (here < 0 || here >= CPU_SETSIZE || !CPU_ISSET(here, &mine)) return 0;
+    /* the CPUs after the caller's first, wrapping around: on the usual numbering the caller's
+       neighbours (its socket's other cores before an SMT sibling, numbered half the CPUs on) */
     int others[TW_TEAM_MAX], k = 0;
-    for (int c = 0; c < CPU_SETSIZE && k < n - 1; ++c)
-        if (c != here && CPU_ISSET(c, &mine)) others[k++] = c;
+    for (int i = 1; i < CPU_SETSIZE && k < n - 1; ++i) {
+        int c = (here + i) % CPU_SETSIZE;
+        if (CPU_ISSET(c, &mine)) others[k++] = c;
+    }
     if (k < n - 1) return 0;
     for (int i = 1; i < n; ++i)
         if (!tw_ours(tw_tids[i])) {
