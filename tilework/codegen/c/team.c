@@ -45,8 +45,9 @@ int tw_team_record(void) {
 }
 
 /* Hold the calling thread on the CPU it runs on and each worker of its team on another CPU of
-   its mask (the next ones after the caller's), until tw_team_release. 1 if held; 0 if not (fewer CPUs than threads, no recorded
-   team of the current size: then it records one, for the next call). */
+   its mask (the next ones after the caller's), until tw_team_release. 1 if held; 0 if not
+   (fewer CPUs than threads, no recorded team of the current size: then it records one, for the
+   next call). */
 int tw_team_hold(void) {
     if (tw_pinned) return 0;
     int n = omp_get_max_threads();
