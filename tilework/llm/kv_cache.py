@@ -57,7 +57,7 @@ import numpy as np
 
 from tilework.errors import TileworkError
 from tilework.ir.dtype import np_dtype
-from tilework.op.paged_attention import KV_DTYPES, SCALE_ROWS, pair_width
+from tilework.op.paged_attention import KV_DTYPES, SCALE_ROWS, a_pool, pair_width
 
 PAGE = 16
 P = TypeVar("P")
@@ -101,7 +101,7 @@ class PagedKVCache:
             raise TileworkError(f"a KV cache holds one of {', '.join(KV_DTYPES)}, got {dtype!r}")
         w = pair_width(dtype)
         if head_dim % w or page % w:
-            raise TileworkError(f"{'an' if dtype[0] in 'aeiou' else 'a'} {dtype} KV cache stores groups of {w}: head_dim={head_dim} and page={page} must be multiples of {w}")
+            raise TileworkError(f"{a_pool(dtype)} KV cache stores groups of {w}: head_dim={head_dim} and page={page} must be multiples of {w}")
         self.layers, self.kv_heads, self.head_dim, self.page, self.dtype = layers, kv_heads, head_dim, page, dtype
         storage = np.dtype(np.uint16) if dtype == "bfloat16" else np_dtype(dtype)
         k_shape, v_shape = kv_shapes(layers, pages, kv_heads, head_dim, page, dtype)

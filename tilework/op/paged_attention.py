@@ -103,6 +103,12 @@ def pair_width(dtype: str) -> int:
     return KV_PAIRS.get(dtype, 1)
 
 
+def a_pool(dtype: str) -> str:
+    """``dtype`` with its article, as the messages of a pool's groups name it ("an int8", "a
+    bfloat16")."""
+    return f"{'an' if dtype[:1] in tuple('aeiou') else 'a'} {dtype}"
+
+
 
 def _infer(call: Call, ctx: InferCtx) -> StructInfo:
     if len(call.args) not in (5, 6):
@@ -164,7 +170,7 @@ def _infer(call: Call, ctx: InferCtx) -> StructInfo:
     require_equal(vc.shape[5], w, ctx, f"v_cache's pair width (its last dim) for a {pool} pool")
     for dim, what in ((hd, "head dim"), (page, "page size")):
         if isinstance(w, int) and isinstance(dim, int) and dim % w:
-            raise ctx.shape_error(f"{'an' if (pool or ' ')[0] in 'aeiou' else 'a'} {pool} pool stores groups of {w}: its {what} {dim} must be a multiple of {w}")
+            raise ctx.shape_error(f"{a_pool(str(pool))} pool stores groups of {w}: its {what} {dim} must be a multiple of {w}")
     rows = SCALE_ROWS.get(pool or "", 0)
     scales = f" + {rows} (the scales)" if rows else ""
     require_equal(kc.shape[1], vc.shape[1], ctx, "pages of k_cache and v_cache")
