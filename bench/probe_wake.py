@@ -55,6 +55,12 @@ def _seconds(text: str) -> list[float]:
     return pauses
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"not a positive count: {text!r}")
+    return int(text)
+
+
 def probe(call: Callable[[], object], pauses: list[float], rounds: int) -> list[str]:
     """Medians (ms): back to back, then the first and second call after each pause."""
     for _ in range(20):
@@ -83,8 +89,8 @@ def probe(call: Callable[[], object], pauses: list[float], rounds: int) -> list[
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pauses", default="0.001,0.01,0.1,0.3", type=_seconds, help="seconds, comma-separated")
-    ap.add_argument("--rounds", type=int, default=10, help="pauses of each length")
-    ap.add_argument("--rows", type=int, default=64, help="rows of the (rows, 4096) kernel")
+    ap.add_argument("--rounds", type=_positive, default=10, help="pauses of each length")
+    ap.add_argument("--rows", type=_positive, default=64, help="rows of the (rows, 4096) kernel")
     ap.add_argument("--torch-first", action="store_true", help="import torch before tilework")
     ap.add_argument("--no-one-thread", action="store_true", help="skip the one-thread column")
     args = ap.parse_args()
