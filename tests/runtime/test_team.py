@@ -75,6 +75,32 @@ def test_the_user_can_turn_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
     assert team._hold is None
 
 
+@pytest.mark.parametrize(
+    "env, binds",
+    [
+        ({}, False),
+        ({"OMP_PROC_BIND": "false"}, False),
+        ({"OMP_PROC_BIND": "FALSE", "OMP_PLACES": "cores"}, False),
+        ({"OMP_PROC_BIND": "close"}, True),
+        ({"OMP_PROC_BIND": "spread,close"}, True),
+        ({"OMP_PROC_BIND": "true"}, True),
+        ({"OMP_PLACES": "cores"}, True),
+        ({"GOMP_CPU_AFFINITY": "0-1"}, True),
+        ({"OMP_PLACES": " "}, False),
+    ],
+)
+def test_threads_the_user_binds_are_left_where_they_are(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], binds: bool) -> None:
+    for k in ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "TILEWORK_HOLD_TEAM"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(team, "_hold", None)
+    monkeypatch.setattr(team, "_release", None)
+    assert team.user_binds() is binds and team.enabled() is not binds
+    team.install(lambda: 1, lambda: None)
+    assert (team._hold is None) is binds
+
+
 def test_a_failed_call_gives_the_team_back(fake: list[str]) -> None:
     with pytest.raises(ZeroDivisionError):
         held = team.enter()
@@ -129,6 +155,7 @@ SCRIPT = textwrap.dedent(
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2, reason="needs Linux and two CPUs")
 def test_the_c_side_holds_the_caller_on_one_cpu_and_gives_its_mask_back() -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "2", "TILEWORK_HOLD_TEAM": "1"}
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY")}  # (threads the user binds are not held)
+    env.update(OMP_NUM_THREADS="2", TILEWORK_HOLD_TEAM="1")
     proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout + proc.stderr
