@@ -1,6 +1,7 @@
 """``HugePageArena``: aligned pieces in order, a full arena refused, ``hold`` copies what is not
 in it, the prefault keeps what the caller wrote meanwhile; no huge pages or no ``madvise``: the
-same values. ``release_file_pages``: a read-only file map's pages leave the resident set and read
+same values. ``held``: copies side by side, read-only; a compiled model's weights held, compiled
+and loaded. ``release_file_pages``: a read-only file map's pages leave the resident set and read
 back the same; other arrays are left alone."""
 
 from __future__ import annotations
@@ -142,3 +143,47 @@ def test_release_file_pages_leaves_other_arrays(tmp_path: Path) -> None:
     assert (cow == 7).all()
     small = np.memmap(tmp_path / "w.bin", dtype=np.uint8, mode="r")[10:100]
     assert not release_file_pages(small)  # no whole page inside
+
+
+def test_held_copies_arrays_side_by_side_read_only() -> None:
+    src = [np.arange(15, dtype=np.float32).reshape(3, 5), np.zeros((0, 4), np.float32), np.arange(7, dtype=np.uint16)[::2], np.ones((2, 3), np.int64)]
+    got = pages.held(src)
+    assert got is not None and len(got) == len(src)
+    for a, b in zip(src, got):
+        np.testing.assert_array_equal(a, b)
+        assert b.dtype == a.dtype and b.flags.c_contiguous and not b.flags.writeable and not np.shares_memory(a, b)
+    # in order, each on an ALIGN boundary after the one before: one mapping (an empty array
+    # takes no byte, and its address means nothing)
+    full = [b for b in got if b.size]
+    starts = [b.ctypes.data for b in full]
+    assert starts[0] % HUGE_PAGE == 0 and all(s % ALIGN == 0 for s in starts)
+    assert [t - s for s, t in zip(starts, starts[1:])] == [aligned(b.nbytes) for b in full[:-1]]
+
+
+def test_held_keeps_nothing_without_bytes_or_posix_mmap(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert pages.held([]) is None and pages.held([np.zeros(0, np.float32)]) is None
+    monkeypatch.delattr(mmap, "MAP_PRIVATE")
+    assert pages.held([np.ones(3, np.float32)]) is None
+
+
+def test_a_compiled_models_weights_are_held_compiled_and_loaded(tmp_path: Path) -> None:
+    """``tilework.compile`` and ``CompiledModel.load`` keep the weights in one arena: read-only
+    copies (not views of the torch model), the results unchanged."""
+    torch = pytest.importorskip("torch")
+    import tilework
+    from tilework.compiled import CompiledModel
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.GELU(), torch.nn.Linear(40, 7)).eval()
+    x = torch.randn(5, 24)
+    cm = tilework.compile(model, (x,), ({0: torch.export.Dim("n", min=1, max=64)},))
+    cm.save(str(tmp_path / "m.tw"))
+    back = CompiledModel.load(str(tmp_path / "m.tw"))
+    params = [p.detach().numpy() for p in model.parameters()]
+    for c in (cm, back):
+        starts = [w.ctypes.data for w in c.weights]
+        assert len(starts) >= 4 and starts[0] % HUGE_PAGE == 0 and starts == sorted(starts)
+        assert all(not w.flags.writeable and not any(np.shares_memory(w, p) for p in params) for w in c.weights)
+        for rows in (1, 5, 64):
+            xi = torch.randn(rows, 24)
+            np.testing.assert_allclose(c(xi).numpy(), model(xi).detach().numpy(), rtol=1e-5, atol=1e-5)

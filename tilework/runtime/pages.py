@@ -21,6 +21,10 @@ the loader may fill the first ones meanwhile. Where the kernel has no transparen
 (``never``, or built without them) the arena is of ordinary pages; without POSIX ``mmap``
 (Windows) there is none (:func:`huge_page_arena` gives None).
 
+:func:`held` copies a compiled model's weights into one arena (``tilework.compiled``: all of
+them, which a call at a few rows streams; NumPy advises only its 4 MiB arrays, and
+all-MiniLM-L6-v2's 91 MB of weights held 45 MB of huge pages before, 133 MB after).
+
 :func:`release_file_pages` takes the pages of a read-only file map out of the resident set once
 the loader has copied what they held.
 """
@@ -32,7 +36,7 @@ import functools
 import mmap
 import sys
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -143,6 +147,15 @@ def huge_page_arena(nbytes: int, prefault: bool = False) -> HugePageArena | None
     if not nbytes or not hasattr(mmap, "MAP_PRIVATE"):
         return None
     return HugePageArena(nbytes, prefault)
+
+
+def held(arrays: Sequence[np.ndarray]) -> list[np.ndarray] | None:
+    """Copies of ``arrays``, in order, side by side in one ``HugePageArena`` (read-only, each on
+    an ``ALIGN`` boundary): a compiled model's weights, which every call at a few rows streams
+    from memory (``tilework.compiled``). None where there is no arena (no POSIX ``mmap``) or no
+    byte to hold; the caller keeps its arrays then."""
+    arena = huge_page_arena(sum(aligned(a.nbytes) for a in arrays))
+    return None if arena is None else [arena.hold(a) for a in arrays]
 
 
 def release_file_pages(a: np.ndarray) -> bool:
