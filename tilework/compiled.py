@@ -20,8 +20,8 @@ does not reach the compiled model. They are kept side by side in one mapping of 
 (``tilework.runtime.pages.held``; read-only arrays), compiled or loaded: a call at a few rows
 streams every weight, and with the weights in 4 KiB pages of their own that is a TLB miss every
 4 KiB and a stop for the hardware prefetchers at every page (all-MiniLM-L6-v2's 91 MB, 2 threads,
-the 2-core Zen 4, same process alternating: (1, 8) 2.12-2.30 -> 1.96-2.06 ms, (1, 32) 5.27-5.35
--> 4.90-4.93 ms, (1, 128) and (8, 128) within the noise). **The saved file**
+the 2-core Zen 4, same process alternating, back to back: (1, 8) 2.12-2.40 -> 1.96-2.21 ms, (1,
+32) 4.82-5.35 -> 4.72-4.93 ms, (1, 128) and (8, 128) within the noise). **The saved file**
 is an executable file (``tilework.load`` reads it as a plain ``Executable``; the format is
 ``docs/executable-format.md``) that also holds the signature and the compile report, the
 weights (raw arrays, when they are params) and the optimized module in the text format (unless
