@@ -51,7 +51,7 @@ import tvm_peer
 from report import emit, table
 
 import tilework as tw
-from tilework.runtime.pages import held
+from tilework.runtime.pages import hold_all
 from tilework.transform.layout_weights import lay_out_weights
 from tilework.ir.graph import GraphFunc
 from tilework.ir.module import IRModule
@@ -278,8 +278,8 @@ def worker(model_name: str, column: str, sizes: list[int], layers: int, repeat: 
     t = time.perf_counter()
     if column in CONFIGS:  # as tilework.compile builds with backends: the weights left to codegen's kernels laid out for them, all in one arena of 2 MiB pages
         exe = tw.build(mod, backends=CONFIGS[column], layout_weights="params")
-        weights = lay_out_weights(exe.meta.get("weight_layout") or {}, weights)
-        weights = held(weights) or weights
+        weights = list(lay_out_weights(exe.meta.get("weight_layout") or {}, weights))
+        hold_all(weights)
         run = tw.VM(exe)["main"]
     elif column == "torch eager":
         run = torch_eager(model_name, layers)

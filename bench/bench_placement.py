@@ -54,7 +54,7 @@ from report import emit, median_ms_in_rounds, table  # noqa: E402
 from tilework.collage import PlacementPlan  # noqa: E402
 from tilework.ir.module import IRModule  # noqa: E402
 from tilework.models import reference as R  # noqa: E402
-from tilework.runtime.pages import held  # noqa: E402
+from tilework.runtime.pages import hold_all  # noqa: E402
 from tilework.transform.layout_weights import lay_out_weights  # noqa: E402
 
 ORT_THREADS = [0]  # the whole-model session's threads (--threads)
@@ -104,8 +104,9 @@ def _bound(exe: Any, weights: list[np.ndarray]) -> Callable[..., Any]:
     """``exe``'s main with the weights laid out as it takes them (``exe.meta["weight_layout"]``:
     the linears left to codegen read packed weights) and kept in one arena of 2 MiB pages, as
     ``tilework.compile`` passes them, bound once, called with the inputs."""
-    laid_out = lay_out_weights(exe.meta.get("weight_layout") or {}, weights)
-    return tw.VM(exe).bind("main", *(held(laid_out) or laid_out))  # type: ignore[no-any-return]
+    laid_out = list(lay_out_weights(exe.meta.get("weight_layout") or {}, weights))
+    hold_all(laid_out)
+    return tw.VM(exe).bind("main", *laid_out)  # type: ignore[no-any-return]
 
 
 def run_model(name: str, layers: int, repeat: int, budget: float | None) -> dict[str, Any]:

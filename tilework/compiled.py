@@ -17,7 +17,7 @@ the names of its ``Dim``s name the sym vars), ``tilework.nn`` (a ``tilework.nn.M
 at compile time: each is copied once (a torch model's are read as views and copied where they
 are kept as they are; laid out, they are new arrays), so a later in-place change of the model
 does not reach the compiled model. They are kept side by side in one mapping of 2 MiB pages
-(``tilework.runtime.pages.held``; read-only arrays), compiled or loaded: a call at a few rows
+(``tilework.runtime.pages.hold_all``; read-only arrays), compiled or loaded: a call at a few rows
 streams every weight, and with the weights in 4 KiB pages of their own that is a TLB miss every
 4 KiB and a stop for the hardware prefetchers at every page (all-MiniLM-L6-v2's 91 MB, 2 threads,
 the 2-core Zen 4, same process alternating, back to back: (1, 8) 2.12-2.40 -> 1.96-2.21 ms, (1,
@@ -165,10 +165,8 @@ def compile(
     exe = build(optimized, target, pipeline=name, passes=[], post_legalize_passes=kernel_passes, backends=build_backends, placement=placement, placement_options=search_options, layout_weights=layout_weights)
     if weights == "inputs":
         model_weights = lay_out_weights(exe.meta.get("weight_layout") or {}, model_weights)
-    in_pages = pages.held(model_weights)  # copies of their own (a torch model's are views of it)
-    if in_pages is not None:
-        model_weights = in_pages
-    elif imported.borrowed:
+    model_weights = list(model_weights)
+    if not pages.hold_all(model_weights) and imported.borrowed:  # held, each is a copy of its own (a torch model's are views of it)
         model_weights = _owned(model_weights, imported.weights)
     t3 = time.perf_counter()
     lowering = [*(["layout_weights"] if layout_weights else []), *(p.name for stage in ("legalize", "kernel", "schedule", "lowering") for p in staged[stage])]
@@ -304,8 +302,9 @@ class CompiledModel:
         if not isinstance(sig, dict) or not isinstance(sig.get("inputs"), list) or not isinstance(extra.get("report"), dict):
             raise TileworkError(f"{path!r}: malformed compiled-model metadata")
         signature = Signature(sig["inputs"], sig.get("in_spec"), sig.get("out_spec"))
-        weights = loaded.arrays.get("weights", [])
-        return CompiledModel(None, loaded.executable, pages.held(weights) or weights, signature, extra["report"], module_text=loaded.texts.get("module"), runtime=runtime)
+        weights = list(loaded.arrays.get("weights", []))
+        pages.hold_all(weights)
+        return CompiledModel(None, loaded.executable, weights, signature, extra["report"], module_text=loaded.texts.get("module"), runtime=runtime)
 
     def export_c(self, out_dir: str, *, force: bool = False) -> Any:
         """Write the model as a standalone C library into ``out_dir`` (no Python at run time;

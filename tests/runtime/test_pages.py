@@ -1,6 +1,6 @@
 """``HugePageArena``: aligned pieces in order, a full arena refused, ``hold`` copies what is not
 in it, the prefault keeps what the caller wrote meanwhile; no huge pages or no ``madvise``: the
-same values. ``held``: copies side by side, read-only; a compiled model's weights held, compiled
+same values. ``hold_all``: copies side by side in place, read-only; a compiled model's weights held, compiled
 and loaded. ``release_file_pages``: a read-only file map's pages leave the resident set and read
 back the same; other arrays are left alone."""
 
@@ -145,10 +145,10 @@ def test_release_file_pages_leaves_other_arrays(tmp_path: Path) -> None:
     assert not release_file_pages(small)  # no whole page inside
 
 
-def test_held_copies_arrays_side_by_side_read_only() -> None:
-    src = [np.arange(15, dtype=np.float32).reshape(3, 5), np.zeros((0, 4), np.float32), np.arange(7, dtype=np.uint16)[::2], np.ones((2, 3), np.int64)]
-    got = pages.held(src)
-    assert got is not None and len(got) == len(src)
+def test_hold_all_moves_arrays_side_by_side_read_only_in_place() -> None:
+    src: list[np.ndarray] = [np.arange(15, dtype=np.float32).reshape(3, 5), np.zeros((0, 4), np.float32), np.arange(7, dtype=np.uint16)[::2], np.ones((2, 3), np.int64)]
+    got = list(src)
+    assert pages.hold_all(got) and len(got) == len(src)
     for a, b in zip(src, got):
         np.testing.assert_array_equal(a, b)
         assert b.dtype == a.dtype and b.flags.c_contiguous and not b.flags.writeable and not np.shares_memory(a, b)
@@ -160,10 +160,40 @@ def test_held_copies_arrays_side_by_side_read_only() -> None:
     assert [t - s for s, t in zip(starts, starts[1:])] == [aligned(b.nbytes) for b in full[:-1]]
 
 
-def test_held_keeps_nothing_without_bytes_or_posix_mmap(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert pages.held([]) is None and pages.held([np.zeros(0, np.float32)]) is None
+def test_hold_all_frees_each_array_the_list_alone_held_as_it_goes() -> None:
+    import weakref
+
+    class Tracked(np.ndarray):
+        pass
+
+    arrays: list[np.ndarray] = [np.full(1000, float(i), np.float32).view(Tracked) for i in range(3)]
+    refs = [weakref.ref(a) for a in arrays]
+    seen = []
+    real = pages.HugePageArena.hold
+
+    def hold(self: pages.HugePageArena, a: np.ndarray) -> np.ndarray:
+        seen.append([r() is not None for r in refs])  # which originals are alive at each copy
+        return real(self, a)
+
+    pages.HugePageArena.hold = hold  # type: ignore[method-assign]
+    try:
+        assert pages.hold_all(arrays)
+    finally:
+        pages.HugePageArena.hold = real  # type: ignore[method-assign]
+    # each copy is made after the ones before replaced their originals (the loop's own
+    # reference to the array being copied is the only other one)
+    assert seen == [[True, True, True], [False, True, True], [False, False, True]]
+    assert [float(a[0]) for a in arrays] == [0.0, 1.0, 2.0] and all(r() is None for r in refs)
+
+
+def test_hold_all_keeps_the_list_without_bytes_or_posix_mmap(monkeypatch: pytest.MonkeyPatch) -> None:
+    empty: list[np.ndarray] = []
+    zero = [np.zeros(0, np.float32)]
+    assert not pages.hold_all(empty) and not pages.hold_all(zero) and zero[0].flags.writeable
     monkeypatch.delattr(mmap, "MAP_PRIVATE")
-    assert pages.held([np.ones(3, np.float32)]) is None
+    one = [np.ones(3, np.float32)]
+    first = one[0]
+    assert not pages.hold_all(one) and one[0] is first
 
 
 def test_a_compiled_models_weights_are_held_compiled_and_loaded(tmp_path: Path) -> None:

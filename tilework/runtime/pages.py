@@ -21,7 +21,7 @@ the loader may fill the first ones meanwhile. Where the kernel has no transparen
 (``never``, or built without them) the arena is of ordinary pages; without POSIX ``mmap``
 (Windows) there is none (:func:`huge_page_arena` gives None).
 
-:func:`held` copies a compiled model's weights into one arena (``tilework.compiled``: all of
+:func:`hold_all` moves a compiled model's weights into one arena (``tilework.compiled``: all of
 them, which a call at a few rows streams; NumPy advises only its 4 MiB arrays, and
 all-MiniLM-L6-v2's 91 MB of weights held 45 MB of huge pages before, 133 MB after).
 
@@ -36,7 +36,7 @@ import functools
 import mmap
 import sys
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
@@ -149,13 +149,19 @@ def huge_page_arena(nbytes: int, prefault: bool = False) -> HugePageArena | None
     return HugePageArena(nbytes, prefault)
 
 
-def held(arrays: Sequence[np.ndarray]) -> list[np.ndarray] | None:
-    """Copies of ``arrays``, in order, side by side in one ``HugePageArena`` (read-only, each on
-    an ``ALIGN`` boundary): a compiled model's weights, which every call at a few rows streams
-    from memory (``tilework.compiled``). None where there is no arena (no POSIX ``mmap``) or no
-    byte to hold; the caller keeps its arrays then."""
+def hold_all(arrays: list[np.ndarray]) -> bool:
+    """Move the arrays of the list, in place and in order, side by side into one
+    ``HugePageArena`` (read-only, each on an ``ALIGN`` boundary): a compiled model's weights,
+    which every call at a few rows streams from memory (``tilework.compiled``). Each is replaced
+    by its copy as the copy is made, so an array that only the list held is freed before the
+    next is copied (the peak is one array more, not the list twice). False, the list as it was,
+    where there is no arena (no POSIX ``mmap``) or no byte to hold."""
     arena = huge_page_arena(sum(aligned(a.nbytes) for a in arrays))
-    return None if arena is None else [arena.hold(a) for a in arrays]
+    if arena is None:
+        return False
+    for i in range(len(arrays)):
+        arrays[i] = arena.hold(arrays[i])
+    return True
 
 
 def release_file_pages(a: np.ndarray) -> bool:
