@@ -166,7 +166,9 @@ def compile(
     if weights == "inputs":
         model_weights = lay_out_weights(exe.meta.get("weight_layout") or {}, model_weights)
     model_weights = list(model_weights)
-    if not pages.hold_all(model_weights) and imported.borrowed:  # held, each is a copy of its own (a torch model's are views of it)
+    # into one arena of 2 MiB pages: each a copy of its own there; without an arena, those
+    # that view the model's memory (a torch model's tensors) are copied
+    if not pages.hold_all(model_weights) and imported.borrowed:
         model_weights = _owned(model_weights, imported.weights)
     t3 = time.perf_counter()
     lowering = [*(["layout_weights"] if layout_weights else []), *(p.name for stage in ("legalize", "kernel", "schedule", "lowering") for p in staged[stage])]
