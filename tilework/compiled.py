@@ -17,7 +17,7 @@ the names of its ``Dim``s name the sym vars), ``tilework.nn`` (a ``tilework.nn.M
 at compile time: each is copied once (a torch model's are read as views and copied where they
 are kept as they are; laid out, they are new arrays), so a later in-place change of the model
 does not reach the compiled model. They are kept side by side in one mapping of 2 MiB pages
-(``tilework.runtime.pages.hold_all``; read-only arrays), compiled or loaded: a call at a few rows
+(``tilework.runtime.pages.hold_all``), compiled or loaded: a call at a few rows
 streams every weight, and with the weights in 4 KiB pages of their own that is a TLB miss every
 4 KiB and a stop for the hardware prefetchers at every page (all-MiniLM-L6-v2's 91 MB, 2 threads,
 the 2-core Zen 4, same process alternating, back to back: (1, 8) 2.12-2.40 -> 1.96-2.21 ms, (1,

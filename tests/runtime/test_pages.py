@@ -1,6 +1,6 @@
 """``HugePageArena``: aligned pieces in order, a full arena refused, ``hold`` copies what is not
 in it, the prefault keeps what the caller wrote meanwhile; no huge pages or no ``madvise``: the
-same values. ``hold_all``: copies side by side in place, read-only; a compiled model's weights held, compiled
+same values. ``hold_all``: copies side by side in place; a compiled model's weights held, compiled
 and loaded. ``release_file_pages``: a read-only file map's pages leave the resident set and read
 back the same; other arrays are left alone."""
 
@@ -145,13 +145,13 @@ def test_release_file_pages_leaves_other_arrays(tmp_path: Path) -> None:
     assert not release_file_pages(small)  # no whole page inside
 
 
-def test_hold_all_moves_arrays_side_by_side_read_only_in_place() -> None:
+def test_hold_all_moves_arrays_side_by_side_in_place() -> None:
     src: list[np.ndarray] = [np.arange(15, dtype=np.float32).reshape(3, 5), np.zeros((0, 4), np.float32), np.arange(7, dtype=np.uint16)[::2], np.ones((2, 3), np.int64)]
     got = list(src)
     assert pages.hold_all(got) and len(got) == len(src)
     for a, b in zip(src, got):
         np.testing.assert_array_equal(a, b)
-        assert b.dtype == a.dtype and b.flags.c_contiguous and not b.flags.writeable and not np.shares_memory(a, b)
+        assert b.dtype == a.dtype and b.flags.c_contiguous and b.flags.writeable and not np.shares_memory(a, b)
     # in order, each on an ALIGN boundary after the one before: one mapping (an empty array
     # takes no byte, and its address means nothing)
     full = [b for b in got if b.size]
@@ -169,17 +169,17 @@ def test_hold_all_frees_each_array_the_list_alone_held_as_it_goes() -> None:
     arrays: list[np.ndarray] = [np.full(1000, float(i), np.float32).view(Tracked) for i in range(3)]
     refs = [weakref.ref(a) for a in arrays]
     seen = []
-    real = pages.HugePageArena.hold
+    real = pages.HugePageArena.take
 
-    def hold(self: pages.HugePageArena, a: np.ndarray) -> np.ndarray:
+    def take(self: pages.HugePageArena, shape: tuple[int, ...], dtype: np.dtype | str) -> np.ndarray:
         seen.append([r() is not None for r in refs])  # which originals are alive at each copy
-        return real(self, a)
+        return real(self, shape, dtype)
 
-    pages.HugePageArena.hold = hold  # type: ignore[method-assign]
+    pages.HugePageArena.take = take  # type: ignore[method-assign]
     try:
         assert pages.hold_all(arrays)
     finally:
-        pages.HugePageArena.hold = real  # type: ignore[method-assign]
+        pages.HugePageArena.take = real  # type: ignore[method-assign]
     # each copy is made after the ones before replaced their originals (the loop's own
     # reference to the array being copied is the only other one)
     assert seen == [[True, True, True], [False, True, True], [False, False, True]]
@@ -197,8 +197,8 @@ def test_hold_all_keeps_the_list_without_bytes_or_posix_mmap(monkeypatch: pytest
 
 
 def test_a_compiled_models_weights_are_held_compiled_and_loaded(tmp_path: Path) -> None:
-    """``tilework.compile`` and ``CompiledModel.load`` keep the weights in one arena: read-only
-    copies (not views of the torch model), the results unchanged."""
+    """``tilework.compile`` and ``CompiledModel.load`` keep the weights in one arena: copies
+    (not views of the torch model), the results unchanged."""
     torch = pytest.importorskip("torch")
     import tilework
     from tilework.compiled import CompiledModel
@@ -213,7 +213,7 @@ def test_a_compiled_models_weights_are_held_compiled_and_loaded(tmp_path: Path) 
     for c in (cm, back):
         starts = [w.ctypes.data for w in c.weights]
         assert len(starts) >= 4 and starts[0] % HUGE_PAGE == 0 and starts == sorted(starts)
-        assert all(not w.flags.writeable and not any(np.shares_memory(w, p) for p in params) for w in c.weights)
+        assert not any(np.shares_memory(w, p) for w in c.weights for p in params)
         for rows in (1, 5, 64):
             xi = torch.randn(rows, 24)
             np.testing.assert_allclose(c(xi).numpy(), model(xi).detach().numpy(), rtol=1e-5, atol=1e-5)

@@ -151,16 +151,20 @@ def huge_page_arena(nbytes: int, prefault: bool = False) -> HugePageArena | None
 
 def hold_all(arrays: list[np.ndarray]) -> bool:
     """Move the arrays of the list, in place and in order, side by side into one
-    ``HugePageArena`` (read-only, each on an ``ALIGN`` boundary): a compiled model's weights,
-    which every call at a few rows streams from memory (``tilework.compiled``). Each is replaced
-    by its copy as the copy is made, so an array that only the list held is freed before the
-    next is copied (the peak is one array more, not the list twice). False, the list as it was,
-    where there is no arena (no POSIX ``mmap``) or no byte to hold."""
+    ``HugePageArena`` (each on an ``ALIGN`` boundary): a compiled model's weights, which every
+    call at a few rows streams from memory (``tilework.compiled``). Each is replaced by its copy
+    as the copy is made, so an array that only the list held is freed before the next is copied
+    (the peak is one array more, not the list twice). The copies stay writable, as the arrays
+    were (a read-only one makes ``torch.from_numpy`` warn: the torch backend's externs wrap the
+    weights so). False, the list as it was, where there is no arena (no POSIX ``mmap``) or no
+    byte to hold."""
     arena = huge_page_arena(sum(aligned(a.nbytes) for a in arrays))
     if arena is None:
         return False
     for i in range(len(arrays)):
-        arrays[i] = arena.hold(arrays[i])
+        copy = arena.take(arrays[i].shape, arrays[i].dtype)
+        copy[...] = arrays[i]
+        arrays[i] = copy
     return True
 
 
