@@ -278,7 +278,7 @@ def worker(model_name: str, column: str, sizes: list[int], layers: int, repeat: 
     t = time.perf_counter()
     if column in CONFIGS:  # as tilework.compile builds with backends: the weights left to codegen's kernels laid out for them, all in one arena of 2 MiB pages
         exe = tw.build(mod, backends=CONFIGS[column], layout_weights="params")
-        weights = list(lay_out_weights(exe.meta.get("weight_layout") or {}, weights))
+        weights = lay_out_weights(exe.meta.get("weight_layout") or {}, weights)
         hold_all(weights)
         run = tw.VM(exe)["main"]
     elif column == "torch eager":

@@ -104,7 +104,7 @@ def _bound(exe: Any, weights: list[np.ndarray]) -> Callable[..., Any]:
     """``exe``'s main with the weights laid out as it takes them (``exe.meta["weight_layout"]``:
     the linears left to codegen read packed weights) and kept in one arena of 2 MiB pages, as
     ``tilework.compile`` passes them, bound once, called with the inputs."""
-    laid_out = list(lay_out_weights(exe.meta.get("weight_layout") or {}, weights))
+    laid_out = lay_out_weights(exe.meta.get("weight_layout") or {}, weights)
     hold_all(laid_out)
     return tw.VM(exe).bind("main", *laid_out)  # type: ignore[no-any-return]
 
