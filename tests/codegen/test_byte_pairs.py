@@ -12,7 +12,7 @@ import pytest
 
 from tilework.codegen import build_library, interp
 from tilework.codegen.c import emit_function
-from tilework.ir.loop import Buffer, Cast, For, Intrin, Load, Scalar, SeqStmt, Store, TensorFunc, binary, const
+from tilework.ir.loop import Buffer, Cast, For, Load, Scalar, SeqStmt, Store, TensorFunc, binary, const
 from tilework.ir.sym import SymVar
 from tilework.op.paged_attention_base import scale_bytes, scale_of
 
@@ -54,6 +54,7 @@ def test_a_pair_of_bytes_is_one_word(lanes: int, hi_at: int, lo_at: int) -> None
 
 
 def test_bytes_of_two_buffers_or_rows_are_not_a_pair() -> None:
+    """Only bytes side by side in one row of one buffer are a word."""
     j = SymVar("j", 0)
     a, b, out = Buffer("a", (16, 2), "int8"), Buffer("b", (16, 2), "int8"), Buffer("out", (16,), "int32")
     rows = Buffer("rows", (2, 16), "int8")  # hi and lo in rows a stride apart
@@ -67,10 +68,10 @@ def test_an_int8_pools_scales_round_trip_through_the_word() -> None:
     16-bit load) and interpreted: 0, the smallest normal, 1 / 127, 1, a large scale."""
     j = SymVar("j", 0)
     scales = np.array([0.0, 2.0**-126, 1 / 127, 1.0, 3.0e38], np.float32)
-    bf16 = (scales.view(np.uint32) & 0xFFFF0000).view(np.float32)  # what a bfloat16 keeps (each exact or truncated alike)
+    bf16 = (scales.view(np.uint32) & 0xFFFF0000).view(np.float32)  # their high halves: what scale_bytes keeps
     n = len(scales)
     src, pool, out = Buffer("src", (n,), "float32"), Buffer("pool", (n, 4), "int8"), Buffer("out", (n,), "float32")
-    lo, hi = scale_bytes(Intrin("bitcast", (Intrin("bitcast", (Load(src, (j,)),), "int32"),), "float32"))
+    lo, hi = scale_bytes(Load(src, (j,)))
     write = For(j, n, Store(pool, (j, 2), lo), "serial"), For(j, n, Store(pool, (j, 3), hi), "serial")
     read = For(j, n, Store(out, (j,), scale_of(Load(pool, (j, 2)), Load(pool, (j, 3)))), "vectorized")
     func = TensorFunc((src, pool, out), SeqStmt((*write, read)), 1)
