@@ -1,7 +1,7 @@
 """Two bytes side by side combined into a 16-bit word, ``int32(uint8(hi)) * 256 +
 int32(uint8(lo))`` (an int8 KV pool's bfloat16 scales: ``tilework.op.paged_attention_base
 .scale_of``), are read by the C emitter as one 16-bit load (``tw_u16_at``,
-``codegen.c.emit._byte_pair``): compiled and interpreted, the same words as NumPy's, bytes of
+``codegen.c.dot.byte_pair``): compiled and interpreted, the same words as NumPy's, bytes of
 both signs, through a page table and at odd lane counts. Bytes not side by side, in the other
 order, or of different buffers keep their two loads."""
 

@@ -317,7 +317,7 @@ class PagedKernel:
             # the token's pool page and slot, looked up once: in the element loops that write
             # there, the index read the page table and divided per element (a store of an int8
             # pool's byte may alias the table for the C compiler). With the scales read as
-            # 16-bit words (codegen.c.emit._byte_pair), SmolLM2's decode attention over 512
+            # 16-bit words (codegen.c.dot.byte_pair), SmolLM2's decode attention over 512
             # cached tokens of an int8 pool, a C harness around the generated kernel, 30
             # layers in turn (pool from memory), 2 threads: batch 8 91.8 -> 85.3 us a layer,
             # batch 1 13.9 -> 11.4 (means of six runs' minima)

@@ -55,7 +55,7 @@ from typing import Iterable, Iterator, Mapping
 
 
 from tilework.codegen.c import lowp
-from tilework.codegen.c.dot import DotEmitter, flat_dim
+from tilework.codegen.c.dot import DotEmitter, byte_pair, flat_dim
 from tilework.codegen.c.hoist import divmods, invariant_exprs, nested_divmods, positive_linear, stmt_dims, unswitch_plan, unswitch_select
 from tilework.codegen.c.parallel import loop_conflict, parallel_work
 from tilework.codegen.c.prelude import PRELUDE
@@ -232,49 +232,6 @@ def _int_literal(v: int) -> str:
     if abs(v) >= 1 << 31:
         return f"INT64_C({v})" if v >= 0 else f"(-INT64_C({-v}))"
     return str(v) if v >= 0 else f"({v})"
-
-
-def _byte_pair(x: Binary) -> Load | None:
-    """The load of the low byte where ``x`` is ``int32(uint8(hi)) * 256 + int32(uint8(lo))`` of
-    two bytes side by side (the same buffer and indices but the last, ``hi``'s one more than
-    ``lo``'s): the 16-bit little-endian word there, which ``tw_u16_at`` reads in one load. An
-    int8 KV pool's bfloat16 scales are such pairs (``tilework.op.paged_attention_base.scale_of``);
-    GCC did not merge the two byte loads, and in a vector loop over keys they were gathers
-    (SmolLM2's batch-8 decode attention over 512 cached tokens, pool in the L3, 1 thread:
-    128.8 -> 117.9 us a layer, means of six runs' minima)."""
-    if x.op != "+" or dtype_of(x) != "int32" or not isinstance(x.a, Binary) or x.a.op != "*":
-        return None
-    if not isinstance(x.a.b, Const) or x.a.b.value != 256:
-        return None
-    hi, lo = _widened_byte(x.a.a), _widened_byte(x.b)
-    if hi is None or lo is None or hi.buffer is not lo.buffer or len(hi.indices) != len(lo.indices):
-        return None
-    if not all(_apart(a, b) == 0 for a, b in zip(hi.indices[:-1], lo.indices[:-1])):
-        return None
-    return lo if _apart(hi.indices[-1], lo.indices[-1]) == 1 else None
-
-
-def _apart(a: Scalar, b: Scalar) -> int | None:
-    """``a - b`` where it is a known integer (the same expression: 0), else None."""
-    if a is b:
-        return 0
-    if isinstance(a, PExpr) or isinstance(b, PExpr):
-        return None
-    d = sym.sub(a, b)
-    return d if isinstance(d, int) else None
-
-
-def _widened_byte(x: Scalar) -> Load | None:
-    """The load of ``int32(uint8(load))`` (or ``int32(load)`` of a uint8 buffer) of one byte."""
-    if not isinstance(x, Cast) or x.dtype != "int32":
-        return None
-    v = x.value
-    if isinstance(v, Cast) and v.dtype == "uint8" and isinstance(v.value, Load) and v.value.buffer.dtype == "int8":
-        return v.value
-    return v if isinstance(v, Load) and v.buffer.dtype == "uint8" else None
-
-
-# -- the emitter ----------------------------------------------------------------------------
 
 
 def _float_int_round_trip(func: TensorFunc) -> bool:
@@ -721,7 +678,7 @@ class _Emitter(DotEmitter):
         return f"(({DTYPE_TABLE[dst].c_value})({a}))"
 
     def render_binary(self, x: Binary) -> str:
-        low = _byte_pair(x)
+        low = byte_pair(x)
         if low is not None:
             return f"((int32_t)tw_u16_at(&{self.element(low)}))"
         a, b, op = self.expr(x.a), self.expr(x.b), x.op

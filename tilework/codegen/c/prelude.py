@@ -300,7 +300,7 @@ TW_INLINE float tw_bits_f(int32_t i) { float f; memcpy(&f, &i, 4); return f; }
    (tilework.codegen.c.emit) reads them so, one load, a shift and a mask a vector, where two
    16-bit loads at a stride of 2 took shuffles */
 static inline uint32_t tw_pair_at(const uint16_t* p) { uint32_t v; memcpy(&v, p, 4); return v; }
-/* the 16-bit little-endian word of two bytes side by side (emit._byte_pair), one load where
+/* the 16-bit little-endian word of two bytes side by side (dot.byte_pair), one load where
    the machine is little-endian */
 static inline uint16_t tw_u16_at(const void* p) {
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
