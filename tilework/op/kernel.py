@@ -5,7 +5,8 @@ hand-built kernels (loops, named blocks, the kernel with its fusion label) for o
 
 A legalization builds its kernel over the *caller's* dims (the same ``SymVar`` objects as the
 call's struct info), so the kernel's sym vars are the caller's and the graph passes their
-values straight through. Where inference left a fact to a run-time check (a ``DimCheck``), the
+values straight through; a row count that no other dim shares may instead be the kernel's own
+var (``own_rows``), bound to the caller's expression where the call is lowered. Where inference left a fact to a run-time check (a ``DimCheck``), the
 kernel is written to be right for every value the check allows.
 """
 
@@ -58,6 +59,19 @@ def arg(call: Call, i: int, name: str) -> te.Tensor:
     """A placeholder for tensor argument ``i`` with the caller's shape and dtype."""
     shape, dtype = known_tensor(call.args[i].info, call, f"argument {i}")
     return te.placeholder(shape, dtype, name)
+
+
+def own_rows(dim: Dim) -> Dim:
+    """The kernel's own sym var ``rows`` for a row count ``dim`` that no other dim of the kernel
+    depends on (a product's rows): its lower bound, no upper one. One kernel then serves every
+    caller, whatever expression its rows are (an LLM's decode step has ``batch`` rows, its
+    prefill ``batch * seq``: one kernel where two were built), and the schedule's cases of a
+    fixed row count substitute a var (``schedule.rules.matmul``), which they cannot do for a
+    product. A static ``dim`` stays as it is."""
+    if isinstance(dim, int):
+        return dim
+    lo = sym.bounds(dim)[0]
+    return SymVar("rows", max(lo or 0, 0))
 
 
 def out_tensor(call: Call) -> tuple[tuple[Dim, ...], str]:

@@ -33,7 +33,7 @@ from tilework.op.base import (
     tensor_arg,
     unify_dtype,
 )
-from tilework.op.kernel import arg, bcast_index, compute_dtype, out_tensor
+from tilework.op.kernel import arg, bcast_index, compute_dtype, out_tensor, own_rows
 
 if TYPE_CHECKING:
     from tilework.transform.legalize import LegalizeCtx
@@ -266,6 +266,9 @@ def _legalize_linear_io(call: Call, ctx: "LegalizeCtx") -> Expr:
     x, w = arg(call, 0, "x"), arg(call, 1, "weight")
     bias = arg(call, 2, "bias") if len(call.args) == 3 else None
     shape, dtype = out_tensor(call)
+    if len(shape) == 2:  # rows of the kernel's own: a decode step's and a prefill's share it
+        rows = own_rows(shape[0])
+        x, shape = te.placeholder((rows, x.shape[1]), x.dtype, "x"), (rows, shape[1])
     acc = compute_dtype(dtype)
 
     def f(*i: Scalar) -> Scalar:
