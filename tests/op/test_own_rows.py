@@ -13,6 +13,7 @@ from tilework.ir.graph import Var
 from tilework.ir.info import TensorInfo
 from tilework.ir.structural import assert_structural_equal
 from tilework.ir.sym import SymVar, mul
+from tilework.op.kernel import own_rows
 from tilework.op.linalg import linear_io
 from tilework.transform.layout_weights import lay_out, packed_shape
 from tilework.transform.legalize import Legalize
@@ -44,6 +45,15 @@ def test_a_decode_step_and_a_prefill_share_one_kernel() -> None:
     for other in others:  # equal kernels would be one: this names where they differ
         assert_structural_equal(first, other, map_free_vars=True)
     assert not others
+
+
+def test_only_a_product_of_vars_becomes_the_kernels_own() -> None:
+    batch, seq = SymVar("batch", 1, 8), SymVar("seq", 1, 64)
+    for dim in (batch, mul(batch, seq)):
+        rows = own_rows(dim)
+        assert isinstance(rows, SymVar) and (rows.lo, rows.hi) == (1, None)
+    for dim in (7, mul(batch, 3136), mul(mul(batch, seq), 2), mul(batch, batch)):  # (a multiple of 8 stays one)
+        assert own_rows(dim) is dim
 
 
 @pytest.mark.parametrize("batch, seq", [(0, 3), (1, 1), (3, 5), (2, 7), (8, 1)])

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from tilework import te
 from tilework.errors import UnsupportedError
 from tilework.ir import sym
+from tilework.ir import sym_walk
 from tilework.ir.graph import Attrs, Call, Expr, Tuple, TupleGetItem
 from tilework.ir.info import StructInfo, TensorInfo, TupleInfo
 from tilework.ir.loop import (
@@ -64,11 +65,13 @@ def arg(call: Call, i: int, name: str) -> te.Tensor:
 def own_rows(dim: Dim) -> Dim:
     """The kernel's own sym var ``rows`` for a row count ``dim`` that no other dim of the kernel
     depends on (a product's rows): its lower bound, no upper one. One kernel then serves every
-    caller, whatever expression its rows are (an LLM's decode step has ``batch`` rows, its
+    caller, whatever product of vars its rows are (an LLM's decode step has ``batch`` rows, its
     prefill ``batch * seq``: one kernel where two were built), and the schedule's cases of a
     fixed row count substitute a var (``schedule.rules.matmul``), which they cannot do for a
-    product. A static ``dim`` stays as it is."""
-    if isinstance(dim, int):
+    product. Any other ``dim`` stays as it is: a static one, or one that tells the schedule
+    more than a var would (``batch * 3136``, the pixels of a convolution's images: a multiple
+    of 8, no partial tile of rows)."""
+    if isinstance(dim, int) or not sym.prove_eq(dim, sym.product(sym_walk.free_vars(dim))):
         return dim
     lo = sym.bounds(dim)[0]
     return SymVar("rows", max(lo or 0, 0))
