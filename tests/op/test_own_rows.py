@@ -52,8 +52,8 @@ def test_only_a_product_of_vars_becomes_the_kernels_own() -> None:
     for dim in (batch, mul(batch, seq)):
         rows = own_rows(dim)
         assert isinstance(rows, SymVar) and (rows.lo, rows.hi) == (1, None)
-    for dim in (7, mul(batch, 3136), mul(mul(batch, seq), 2), mul(batch, batch)):  # (a multiple of 8 stays one)
-        assert own_rows(dim) is dim
+    for dim in (7, mul(batch, 3136), mul(mul(batch, seq), 2), mul(batch, batch)):
+        assert own_rows(dim) is dim  # each says more than a var would (3136 * batch: a multiple of 8)
 
 
 @pytest.mark.parametrize("batch, seq", [(0, 3), (1, 1), (3, 5), (2, 7), (8, 1)])

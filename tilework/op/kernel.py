@@ -6,8 +6,9 @@ hand-built kernels (loops, named blocks, the kernel with its fusion label) for o
 A legalization builds its kernel over the *caller's* dims (the same ``SymVar`` objects as the
 call's struct info), so the kernel's sym vars are the caller's and the graph passes their
 values straight through; a row count that no other dim shares may instead be the kernel's own
-var (``own_rows``), bound to the caller's expression where the call is lowered. Where inference left a fact to a run-time check (a ``DimCheck``), the
-kernel is written to be right for every value the check allows.
+var (``own_rows``), bound to the caller's expression where the call is lowered. Where
+inference left a fact to a run-time check (a ``DimCheck``), the kernel is written to be right
+for every value the check allows.
 """
 
 from __future__ import annotations
