@@ -131,14 +131,15 @@ class HugePageArena:
         self.used += aligned(nbytes)
         return piece
 
-    def hold(self, a: np.ndarray) -> np.ndarray:
-        """``a`` in the arena, read-only: itself where it is a piece of the arena already, else
-        a copy in the next piece."""
+    def hold(self, a: np.ndarray, read_only: bool = True) -> np.ndarray:
+        """``a`` in the arena, read-only unless not ``read_only``: itself where it is a piece of
+        the arena already, else a copy in the next piece."""
         if not np.may_share_memory(a, self._raw):
             copy = self.take(a.shape, a.dtype)
             copy[...] = a
             a = copy
-        a.flags.writeable = False
+        if read_only:
+            a.flags.writeable = False
         return a
 
 
@@ -162,9 +163,7 @@ def hold_all(arrays: list[np.ndarray]) -> bool:
     if arena is None:
         return False
     for i in range(len(arrays)):
-        copy = arena.take(arrays[i].shape, arrays[i].dtype)
-        copy[...] = arrays[i]
-        arrays[i] = copy
+        arrays[i] = arena.hold(arrays[i], read_only=False)
     return True
 
 
