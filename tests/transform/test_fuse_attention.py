@@ -165,6 +165,14 @@ def test_onnx_minilm_attention_is_fused(tmp_path: object, impl: str) -> None:
                           output_names=["out"], dynamic_axes={"ids": axes, "mask": axes, "out": axes}, opset_version=17, dynamo=False)
     cm = tw.compile(path, dim_bounds={"seq": (1, 64)})
     assert cm.module is not None and "attention" in _ops(cm.module)
+    if impl == "sdpa":  # the graph torch.export gives: no transposes, the bias inside each linear, a bool mask a key
+        ops = _ops(cm.module)
+        assert "permute_dims" not in ops and "matmul" not in ops, ops
+        calls = [b.value for b in bindings_of(cm.module["main"]) if isinstance(b, Binding) and isinstance(b.value, Call) and isinstance(b.value.callee, OpRef)]
+        assert all(len(c.args) == 3 for c in calls if c.callee.name == "linear_io"), "a linear's bias is added after it"
+        (att,) = [c for c in calls if c.callee.name == "attention"]
+        mask = att.args[3].info
+        assert mask.dtype == "bool" and [str(d) for d in mask.shape] == ["batch", "1", "1", "seq"], mask
     sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(1)
     for b, s in ((1, 1), (2, 7), (3, 16)):
@@ -206,4 +214,30 @@ def test_a_mask_factor_that_is_all_true_is_dropped(bound: int, dropped: bool) ->
         pad = rng.random((b, 1, 1, s)) < 0.7
         if s:
             pad[..., 0] = True
+        np.testing.assert_allclose(fused(q, k, v, pad), plain(q, k, v, pad), rtol=2e-5, atol=2e-5)
+
+
+# ONNX's export of transformers' SDPA mask: the bool mask made a float one to add
+FLOAT_MASK = SIGNATURE.format(extra=', pad: Tensor((b, 1, 1, s), "bool")') + """        f = where(pad, const([{keep}], "float32"), const([{hide}], "float32"))
+        o = attention(q, k, v, f, scale=0.35355339)
+        output(o)
+    return o
+"""
+
+
+@pytest.mark.parametrize("keep, hide, as_bool", [("0.0", "-inf", True), ("-inf", "0.0", False), ("0.0", "-10000.0", False)])
+def test_a_float_mask_of_zeros_and_minus_infinity_becomes_the_bool_mask(keep: str, hide: str, as_bool: bool) -> None:
+    """``attention(q, k, v, where(pad, 0, -inf))`` takes ``pad`` itself; other fills stay a float
+    mask. The same values either way, a batch whose keys are all hidden (zeros) included."""
+    mod = ir(FLOAT_MASK.format(keep=keep, hide=hide))
+    after = Pipeline([FuseAttention(), DeadCodeElimination()])(mod)
+    (call,) = [b.value for b in bindings_of(after["main"]) if isinstance(b, Binding) and isinstance(b.value, Call) and isinstance(b.value.callee, OpRef) and b.value.callee.name == "attention"]
+    assert (call.args[3] is after["main"].params[3]) == as_bool
+    assert ("where" not in _ops(after)) == as_bool
+    fused, plain = tw.VM(tw.build(after))["main"], tw.VM(tw.build(mod, opt_level=0))["main"]
+    rng = np.random.default_rng(len(hide))
+    for b, s in ((1, 1), (2, 0), (3, 7), (2, 33)):
+        q, k, v = (rng.standard_normal((b, s, 4, 8)).astype(np.float32) for _ in range(3))
+        pad = rng.random((b, 1, 1, s)) < 0.7
+        pad[0] = False  # batch 0 sees no key
         np.testing.assert_allclose(fused(q, k, v, pad), plain(q, k, v, pad), rtol=2e-5, atol=2e-5)

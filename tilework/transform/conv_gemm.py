@@ -78,6 +78,7 @@ from tilework.op.winograd_images import winograd_conv_nhwc
 from tilework.pattern.core import Match, op_call
 from tilework.transform.base import Pass
 from tilework.transform.dead_code_elimination import DeadCodeElimination
+from tilework.transform.layout_rules import PERMUTE_OF_PERMUTE, RESHAPE_OF_RESHAPE, call_of, shape_of
 from tilework.transform.panels import PANEL, lay_out, packed_shape
 from tilework.transform.rewrite_driver import Rule, apply_rules
 from tilework.transform.weight_params import retype_weight_params, weight_params
@@ -277,23 +278,13 @@ def _matrix_info(info: TensorInfo) -> TensorInfo:
     return TensorInfo((o, c * kh * kw), info.dtype)
 
 
-def _call_of(e: Expr, m: Match, name: str) -> Call | None:
-    v = m.ctx.resolve(e)
-    return v if isinstance(v, Call) and _op_name(v) == name else None
-
-
 def _permuted(e: Expr, m: Match, axes: Sequence[int]) -> Expr | None:
     """``y`` when ``e`` is (bound to) ``permute_dims(y, axes)``."""
-    v = _call_of(e, m, "permute_dims")
+    v = call_of(e, m, "permute_dims")
     if v is None:
         return None
     a = v.attrs.get("axes")
     return v.args[0] if a is not None and tuple(int(i) for i in a) == tuple(axes) else None
-
-
-def _shape(e: Expr) -> tuple[Dim, ...] | None:
-    info = e.info
-    return info.shape if isinstance(info, TensorInfo) else None
 
 
 def _same(a: Dim, b: Dim) -> bool:
@@ -302,10 +293,10 @@ def _same(a: Dim, b: Dim) -> bool:
 
 def _rows(e: Expr, m: Match) -> Expr | None:
     """``y`` (``[N, P, C]``) when ``e`` (``[N, H, W, C]``) is (bound to) ``reshape(y, ...)``."""
-    v = _call_of(e, m, "reshape")
+    v = call_of(e, m, "reshape")
     if v is None:
         return None
-    src, dst = _shape(v.args[0]), _shape(v)
+    src, dst = shape_of(v.args[0]), shape_of(v)
     if src is None or dst is None or len(src) != 3 or len(dst) != 4:
         return None
     return v.args[0] if _same(src[0], dst[0]) and _same(src[2], dst[3]) else None
@@ -344,7 +335,7 @@ class _Convs:
 
     def depthwise(self, value: Call, m: Match) -> Expr | None:
         """A depthwise conv: ``depthwise_conv2d_nhwc`` of the channel-last input."""
-        x, xs, out, w = value.args[0], _shape(value.args[0]), _shape(value), _static_weight(value.args[1].info)
+        x, xs, out, w = value.args[0], shape_of(value.args[0]), shape_of(value), _static_weight(value.args[1].info)
         assert xs is not None and out is not None and w is not None
         w2 = self.matrix(value.args[1], m, depthwise_weight_matrix)
         if w2 is None:
@@ -373,7 +364,7 @@ class _Convs:
         """A grouped conv: ``grouped_conv2d_nhwc`` of the channel-last input (``[N, OH, OW,
         G, Og]``), viewed as ``[N, OH, OW, O]``."""
         w2 = self.matrix(value.args[1], m, direct_weight_matrix)
-        w, out = _static_weight(value.args[1].info), _shape(value)
+        w, out = _static_weight(value.args[1].info), shape_of(value)
         if w2 is None or w is None or out is None:
             return None
         n, o, oh, ow = out
@@ -385,7 +376,7 @@ class _Convs:
 
     def channels_last(self, x: Expr, m: Match) -> Expr:
         """The ``[N, H, W, C]`` data of the channel-first conv input ``x``."""
-        xs = _shape(x)
+        xs = shape_of(x)
         assert xs is not None
         found = _channels_last(x, m)
         return permute_dims(x, TO_NHWC) if found is None else (reshape(found[0], (xs[0], xs[2], xs[3], xs[1])) if found[1] else found[0])
@@ -394,7 +385,7 @@ class _Convs:
         """A 3x3 conv of stride 1 as F(2, 3): input transform, 16 packed products, output
         transform (with the bias) of the channel-last input."""
         u = self.matrix(value.args[1], m, winograd_weight)
-        out, w = _shape(value), _static_weight(value.args[1].info)
+        out, w = shape_of(value), _static_weight(value.args[1].info)
         if u is None or out is None or w is None:
             return None
         (n, _, oh, ow), (o, c) = out, w[:2]
@@ -424,7 +415,7 @@ class _Convs:
         if not _convertible(value):
             return None
         x = value.args[0]
-        xs, out = _shape(x), _shape(value)
+        xs, out = shape_of(x), shape_of(value)
         w = _static_weight(value.args[1].info)
         assert w is not None and xs is not None and out is not None
         n, o, oh, ow = out
@@ -451,32 +442,6 @@ class _Convs:
         return permute_dims(reshape(y, (n, oh, ow, o)), TO_NCHW)
 
 
-def _compose(value: Expr, m: Match) -> Expr | None:
-    """``permute_dims(permute_dims(x, p), r)`` -> ``permute_dims(x, p[r])``, or ``x``."""
-    assert isinstance(value, Call)
-    inner = _call_of(value.args[0], m, "permute_dims")
-    if inner is None:
-        return None
-    p, r = inner.attrs.get("axes"), value.attrs.get("axes")
-    if p is None or r is None or len(p) != len(r):
-        return None
-    axes = tuple(int(p[i]) for i in r)
-    return inner.args[0] if axes == tuple(range(len(axes))) else permute_dims(inner.args[0], axes)
-
-
-def _reshape_of_reshape(value: Expr, m: Match) -> Expr | None:
-    """``reshape(reshape(x, s), t)`` -> ``reshape(x, t)``, or ``x`` when it has shape ``t``."""
-    assert isinstance(value, Call)
-    inner = _call_of(value.args[0], m, "reshape")
-    dst = _shape(value)
-    if inner is None or dst is None:
-        return None
-    src = _shape(inner.args[0])
-    if src is not None and len(src) == len(dst) and all(_same(a, b) for a, b in zip(src, dst)):
-        return inner.args[0]
-    return reshape(inner.args[0], dst)
-
-
 def _rank(info: object) -> int:
     return info.ndim if isinstance(info, TensorInfo) else -1
 
@@ -484,7 +449,7 @@ def _rank(info: object) -> int:
 def _spatial_ok(a: Expr, out: Sequence[Dim]) -> bool:
     """A channel-first operand of an op with result shape ``out`` whose rows (``[N, H * W,
     C]``) broadcast like it: its spatial dims are ``out``'s, or both 1."""
-    sh = _shape(a)
+    sh = shape_of(a)
     if sh is None or len(sh) != 4:
         return False
     if _same(sh[2], out[2]) and _same(sh[3], out[3]):
@@ -498,7 +463,7 @@ def _follow(a: Expr, rows: bool) -> Expr:
     t = permute_dims(a, TO_NHWC)
     if not rows:
         return t
-    sh = _shape(a)
+    sh = shape_of(a)
     assert sh is not None
     return reshape(t, (sh[0], sym.mul(sh[2], sh[3]), sh[1]))
 
@@ -510,7 +475,7 @@ def _sink(value: Expr, m: Match) -> Expr | None:
     so that the data stays channel-last for the convs after), the 0-d ones stay."""
     assert isinstance(value, Call)
     name = _op_name(value)
-    out = _shape(value)
+    out = shape_of(value)
     if name is None or get_op(name).pattern not in (OpPattern.ELEMWISE, OpPattern.BROADCAST) or out is None or len(out) != 4:
         return None
     found = [(a, _channels_last(a, m)) for a in value.args]
@@ -523,7 +488,7 @@ def _sink(value: Expr, m: Match) -> Expr | None:
         if rows and _rank(a.info) == 4 and not _spatial_ok(a, out):
             return None
         if f is not None and rows and not f[1]:
-            sh = _shape(a)
+            sh = shape_of(a)
             assert sh is not None
             args.append(reshape(f[0], (sh[0], sym.mul(sh[2], sh[3]), sh[1])))
         elif f is not None:
@@ -551,7 +516,7 @@ def _sink_global_pool(value: Expr, m: Match) -> Expr | None:
     assert isinstance(value, Call)
     if tuple(value.attrs.get("output_size") or ()) != (1, 1):
         return None
-    found, xs = _channels_last(value.args[0], m), _shape(value.args[0])
+    found, xs = _channels_last(value.args[0], m), shape_of(value.args[0])
     if found is None or xs is None:
         return None
     return permute_dims(_pooled(*found, xs), TO_NCHW)
@@ -564,7 +529,7 @@ def _sink_spatial_reduce(value: Expr, m: Match) -> Expr | None:
     ``[N, C]``)."""
     assert isinstance(value, Call)
     axis = value.attrs.get("axis")
-    out, xs = _shape(value), _shape(value.args[0])
+    out, xs = shape_of(value), shape_of(value.args[0])
     if axis is None or out is None or xs is None or len(out) not in (2, 4) or sorted(int(a) % 4 for a in axis) != [2, 3]:
         return None
     found = _channels_last(value.args[0], m)
@@ -587,7 +552,7 @@ def _sink_max_pool(value: Expr, m: Match) -> Expr | None:
     """``max_pool2d(permute_dims(x, TO_NCHW))`` (float, without ``ceil_mode``) -> the
     channel-last pool of ``x``, transposed."""
     assert isinstance(value, Call)
-    found, xs = _channels_last(value.args[0], m), _shape(value.args[0])
+    found, xs = _channels_last(value.args[0], m), shape_of(value.args[0])
     info = value.info
     if found is None or xs is None or value.attrs.get("ceil_mode") or not (isinstance(info, TensorInfo) and info.dtype in _DTYPES):
         return None
@@ -604,7 +569,7 @@ def _sink_ceil_max_pool(value: Expr, m: Match) -> Expr | None:
     padding (torch's rule), so each holds an input element and the grown padding (shorter than
     the window) never decides a maximum: GoogLeNet's pools stay channel-last."""
     assert isinstance(value, Call)
-    out, xs, info = _shape(value), _shape(value.args[0]), value.info
+    out, xs, info = shape_of(value), shape_of(value.args[0]), value.info
     if not value.attrs.get("ceil_mode") or out is None or xs is None or not (isinstance(info, TensorInfo) and info.dtype in _DTYPES):
         return None
     if not all(isinstance(d, int) for d in (*xs[2:], *out[2:])):
@@ -625,7 +590,7 @@ def _sink_ceil_max_pool(value: Expr, m: Match) -> Expr | None:
 def _nhwc(x: Expr, m: Match) -> Expr | None:
     """The ``[N, H, W, C]`` data of the channel-first ``x`` where ``x`` is a layout change of
     some (``_channels_last``), else None."""
-    found, xs = _channels_last(x, m), _shape(x)
+    found, xs = _channels_last(x, m), shape_of(x)
     if found is None or xs is None:
         return None
     y, rows = found
@@ -637,7 +602,7 @@ def _sink_batch_norm(value: Expr, m: Match) -> Expr | None:
     its channel axis (3), transposed: a pre-activation norm (DenseNet's, a ResNet-v2's) keeps
     the data channel-last for the conv after it."""
     assert isinstance(value, Call)
-    out = _shape(value)
+    out = shape_of(value)
     if out is None or len(out) != 4 or int(value.attrs.get("axis", 1)) not in (1, -3):
         return None
     y = _nhwc(value.args[0], m)
@@ -653,7 +618,7 @@ def _sink_concat(value: Expr, m: Match) -> Expr | None:
     (the others follow: transposed, one copy each). DenseNet's concat of every earlier layer's
     features stays channel-last, so its 1x1 convs run as linears over rows."""
     assert isinstance(value, Call)
-    out = _shape(value)
+    out = shape_of(value)
     tup = m.ctx.resolve(value.args[0]) if isinstance(value.args[0], Var) else value.args[0]
     if out is None or len(out) != 4 or int(value.attrs.get("axis", 0)) not in (1, -3) or not isinstance(tup, Tuple):
         return None
@@ -673,7 +638,7 @@ def _sink_avg_pool(value: Expr, m: Match) -> Expr | None:
     each tap reads, divided by the tap count (the legalized pool's order of operations),
     transposed: a DenseNet transition's 2x2 pool keeps the next block channel-last."""
     assert isinstance(value, Call)
-    out, info = _shape(value), value.info
+    out, info = shape_of(value), value.info
     if out is None or len(out) != 4 or not (isinstance(info, TensorInfo) and info.dtype in _DTYPES):
         return None
     size, strides, padding, dilation = (tuple(int(i) for i in value.attrs[a]) for a in ("pool_size", "strides", "padding", "dilation"))
@@ -722,7 +687,7 @@ def _pool_first(sole: set[Var]) -> Callable[[Expr, Match], Expr | None]:
 
 def _pooled_conv(value: Expr, m: Match) -> Expr | None:
     assert isinstance(value, Call)
-    conv = _call_of(value.args[0], m, "conv2d")
+    conv = call_of(value.args[0], m, "conv2d")
     if conv is None or int(conv.attrs.get("groups", 1)) != 1 or not _operands_ok(conv) or not _pointwise(conv):
         return None
     if value.attrs.get("ceil_mode") or any(int(i) for i in value.attrs["padding"]) or all(int(i) == 1 for i in value.attrs["strides"]):
@@ -732,8 +697,8 @@ def _pooled_conv(value: Expr, m: Match) -> Expr | None:
 
 
 SINK_RULES = [
-    Rule("permute_of_permute", op_call("permute_dims"), _compose),
-    Rule("reshape_of_reshape", op_call("reshape"), _reshape_of_reshape),
+    PERMUTE_OF_PERMUTE,
+    RESHAPE_OF_RESHAPE,
     Rule("sink_permute", op_call(None), _sink),
     Rule("sink_permute_global_pool", op_call("adaptive_avg_pool2d"), _sink_global_pool),
     Rule("sink_permute_max_pool", op_call("max_pool2d"), _sink_max_pool),

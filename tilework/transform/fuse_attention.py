@@ -15,8 +15,11 @@ which materializes the ``[b, h, sq, skv]`` scores twice and runs two batched mat
 softmax as separate kernels. The pass rewrites ``o`` to ``permute_dims(attention(q', k', v',
 mask, scale), [0, 2, 1, 3])`` with ``q' = permute_dims(q, [0, 2, 1, 3])`` (likewise ``k'`` from
 ``kt`` and ``v'``): the online-softmax kernel of ``tilework.op.attention_kernel``, which never
-stores the scores. A second rule then folds a ``permute_dims`` of a ``permute_dims`` into one
-(or none, when they cancel), so the transposes the exporter wrote around the heads disappear.
+stores the scores. Two more rules (``tilework.transform.layout_rules``) then fold a
+``permute_dims`` of a ``permute_dims`` into one (or none, when they cancel) and drop a
+``reshape`` to the shape its input has, so the transposes the exporter wrote around the heads
+disappear (ONNX's export of ``scaled_dot_product_attention`` reshapes the heads' output to its
+own shape between two of them).
 
 The scale is the product of the constants (torch's ONNX export of ``scaled_dot_product_attention``
 multiplies ``q`` and ``kt`` by ``scale ** 0.5`` each, and guards the softmax with ``where(isnan(p),
@@ -27,7 +30,9 @@ Only a closed match is rewritten (the scores, the scaled and masked scores and t
 are read by nothing else); float32/float64 tensors of rank 4 with a static head count; the
 mask float (added) or bool (keeps where True).
 
-A third rule drops a factor of an ``attention``'s bool mask that is provably all True:
+A float mask ``where(c, 0, -inf)`` (what ONNX exports of transformers' SDPA masks add) becomes
+the bool mask ``c``: the same keys seen, the same zeros for a row that sees none. Another rule
+drops a factor of an ``attention``'s bool mask that is provably all True:
 ``attention(q, k, v, logical_and(a, b))`` -> ``attention(q, k, v, b)`` where every element of ``a``
 is True (the op broadcasts ``b`` itself). transformers builds its SDPA masks so: the padding mask
 ``[b, 1, 1, kv]`` and-ed with a "query index >= 0" term ``[1, 1, sq, 1]`` (``arange(sq) >= 0``),
@@ -60,6 +65,7 @@ from tilework.pattern.core import Match, is_const, is_op, op_call, wildcard
 from tilework.pattern.graph import PatternMatch
 from tilework.pattern.rewrite import rewrite_subgraphs
 from tilework.transform.base import Pass
+from tilework.transform.layout_rules import PERMUTE_OF_PERMUTE, RESHAPE_TO_OWN_SHAPE
 from tilework.transform.rewrite_driver import Rule, apply_rules
 
 _DTYPES = ("float32", "float64")
@@ -130,21 +136,6 @@ def _fuse(m: PatternMatch) -> Expr | None:
     return permute_dims(attention(qb, kb, vb, mask=mask, scale=scale), _TO_BSHD)
 
 
-def _compose_permutes(value: Expr, m: Match) -> Expr | None:
-    """``permute_dims(permute_dims(x, p), r)`` -> ``permute_dims(x, p[r])``, or ``x`` when the
-    composition is the identity."""
-    assert isinstance(value, Call)
-    inner = m.ctx.resolve(value.args[0])
-    if not (isinstance(inner, Call) and isinstance(inner.callee, OpRef) and inner.callee.name == "permute_dims"):
-        return None
-    p, r = inner.attrs.get("axes"), value.attrs.get("axes")
-    if p is None or r is None or len(p) != len(r):
-        return None
-    axes = tuple(int(p[i]) for i in r)
-    x = inner.args[0]
-    return x if axes == tuple(range(len(axes))) else permute_dims(x, axes)
-
-
 _SHAPE_ONLY = ("expand_dims", "reshape", "broadcast_to")  # ops that move or repeat values only
 _DEPTH = 12  # how far back through the producers the proofs look
 
@@ -196,6 +187,27 @@ def _all_true(e: Expr, m: Match, depth: int = _DEPTH) -> bool:
     return False
 
 
+def _bool_mask(value: Expr, m: Match) -> Expr | None:
+    """``attention(q, k, v, where(c, 0, -inf))`` -> ``attention(q, k, v, c)``: the float mask
+    adds 0 where ``c`` is True and hides the key where it is not, which is what a bool mask
+    does (a row that sees no key is zeros either way)."""
+    assert isinstance(value, Call)
+    if len(value.args) != 4:
+        return None
+    name, mask = _producer(value.args[3], m)
+    if name != "where" or not isinstance(mask, Call) or len(mask.args) != 3:
+        return None
+    cond, keep, hide = mask.args
+    _, kept = _producer(keep, m)
+    _, hidden = _producer(hide, m)
+    if _value(kept) != 0.0 or _value(hidden) != -np.inf:
+        return None
+    info = cond.info
+    if not (isinstance(info, TensorInfo) and info.dtype == "bool" and info.shape is not None and len(info.shape) <= 4):
+        return None
+    return dataclasses.replace(value, args=(*value.args[:3], cond))
+
+
 def _drop_true_mask_factor(value: Expr, m: Match) -> Expr | None:
     """``attention(q, k, v, logical_and(a, b))`` -> ``attention(q, k, v, b)`` where ``a`` is all
     True (or the same with ``b``)."""
@@ -223,9 +235,12 @@ class FuseAttention(Pass):
 
     def run(self, mod: IRModule) -> IRModule:
         fused = rewrite_subgraphs(mod, [(_pattern(), _fuse)])  # type: ignore[list-item]
-        rules = [Rule("attention_mask_all_true_factor", op_call("attention"), _drop_true_mask_factor)]
+        rules = [
+            Rule("attention_mask_as_bool", op_call("attention"), _bool_mask),
+            Rule("attention_mask_all_true_factor", op_call("attention"), _drop_true_mask_factor),
+        ]
         if fused is not mod:
-            rules.append(Rule("permute_of_permute", op_call("permute_dims"), _compose_permutes))
+            rules += [PERMUTE_OF_PERMUTE, RESHAPE_TO_OWN_SHAPE]
         return apply_rules(fused, rules)
 
 
