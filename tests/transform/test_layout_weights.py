@@ -204,3 +204,41 @@ def test_matmul_by_a_constant_is_transposed_once_and_other_matmuls_stay() -> Non
     for rows in (1, 2, 9):
         xv = rng.standard_normal((rows, 16)).astype(np.float32)
         np.testing.assert_allclose(run(after, [xv, yv]), run(mod, [xv, yv]), rtol=1e-4, atol=1e-4)
+
+
+BIAS_ADDS = """
+@graph(attrs={"num_inputs": 1})
+def main(x: Tensor((n, 24), "float32"), w1: Tensor((24, 40), "float32"), b1: Tensor((40,), "float32"), w2: Tensor((40, 9), "float32"), b2: Tensor((9,), "float32"), w3: Tensor((9, 9), "float32"), r: Tensor((1, 9), "float32")):
+    n = sym(lo=0)
+    with dataflow():
+        h = matmul(x, w1)
+        a = add(b1, h)
+        y = matmul(a, w2)
+        z = add(y, b2)
+        u = multiply(y, z)
+        p = matmul(u, w3)
+        q = add(p, r)
+        output(q)
+    return q
+"""
+
+
+def test_a_bias_added_after_a_product_becomes_the_linears_bias() -> None:
+    """ONNX's ``MatMul`` then ``Add`` of the bias (either order) is one linear with its bias, as
+    torch.export gives it; the add stays where the product is read elsewhere too (``y``) or the
+    addend is not a vector of the out features (``r``: ``[1, 9]``)."""
+    mod = ir(BIAS_ADDS)
+    after = LayoutWeights(params=True)(mod)
+    linears = [b.value for b in bindings_of(after["main"]) if isinstance(b, Binding) and isinstance(b.value, Call) and isinstance(b.value.callee, OpRef) and b.value.callee.name == "linear_io"]  # type: ignore[arg-type]
+    assert [len(c.args) for c in linears] == [3, 2, 2]
+    assert _ops(after).count("add") == 2 and "matmul" not in _ops(after)
+    rng = np.random.default_rng(4)
+    weights = [rng.standard_normal(s).astype(np.float32) for s in [(24, 40), (40,), (40, 9), (9,), (9, 9), (1, 9)]]
+    laid = pack_weights(after, weights)
+    exe_before, exe_after = tw.build(mod), tw.build(after)
+    for n in (0, 1, 7, 33):
+        x = rng.standard_normal((n, 24)).astype(np.float32)
+        want = tw.VM(exe_before)["main"](x, *weights)
+        got = tw.VM(exe_after)["main"](x, *laid)
+        assert got.shape == (n, 9)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

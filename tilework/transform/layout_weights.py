@@ -14,6 +14,10 @@ exporters write for a linear layer: ``MatMul`` by an initializer) is the same pr
 first rewritten to ``linear(x, w.T)`` (the constant transposed once; a weight param retyped to
 ``[out, in]`` and listed in ``main``'s attr ``transposed_weights``) and then laid out the same way;
 a ``matmul(x, permute_dims(w, (1, 0)))`` (ONNX's Gemm with ``transB``) is ``linear(x, w)``.
+The ``Add`` of the bias that follows such a product becomes the linear's bias where nothing
+else reads the product: ``add(linear(x, w), b)`` (either order) -> ``linear(x, w, b)`` with ``b``
+a vector of the out features, so an ONNX file's linear layers get the kernels a torch.export of
+the same model gets.
 
 With ``params=True`` the same holds for trailing weight params of ``main`` (after
 ``num_inputs``) that are read only as linear weights: such a param becomes packed and
@@ -44,8 +48,9 @@ guarantees a well-formed module computing the same values (given the packed weig
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -58,6 +63,7 @@ from tilework.transform.base import Pass
 from tilework.transform.conv_gemm import ATTR as CONV_WEIGHTS
 from tilework.transform.conv_gemm import DEPTHWISE, DIRECT, WINOGRAD, ConvGemm, conv_weight_matrix, depthwise_weight_matrix, direct_weight_matrix, winograd_weight
 from tilework.transform.dead_code_elimination import DeadCodeElimination
+from tilework.transform.layout_rules import call_of, same_shape, shape_of
 from tilework.transform.panels import PANEL, lay_out, packed_shape
 from tilework.transform.rewrite_driver import Rule, apply_rules
 from tilework.ir.visitor import ExprMutator
@@ -129,6 +135,47 @@ def _matmul_of_transpose(value: Expr, m: Match) -> Expr | None:
         and isinstance(out, TensorInfo) and out.dtype == w.dtype
     )  # fmt: skip
     return linear(value.args[0], t.args[0]) if ok else None
+
+
+def _bias_adds(mod: IRModule) -> set[Var]:
+    """The vars of the bindings ``add(y, b)`` (or ``add(b, y)``) whose ``y`` is a linear without
+    a bias that nothing else reads."""
+    found: set[Var] = set()
+    for _, f in mod.graph_funcs():
+        bindings = list(bindings_of(f))
+        reads = Counter(v for b in bindings for v in used_vars(b.value))
+        reads.update(used_vars(f.body.body))
+        linears = {b.var for b in bindings if _is_linear(b.value) and len(b.value.args) == 2}  # type: ignore[attr-defined]
+        for b in bindings:
+            v = b.value
+            if isinstance(v, Call) and isinstance(v.callee, OpRef) and v.callee.name == "add" and any(a in linears and reads[a] == 1 for a in v.args if isinstance(a, Var)):
+                found.add(b.var)
+    return found
+
+
+def _with_bias(adds: set[Var]) -> Callable[[Expr, Match], Expr | None]:
+    """The rule ``add(linear(x, w), b)`` (either order) -> ``linear(x, w, b)`` for the adds in
+    ``adds`` (``_bias_adds``) where ``b`` is a vector of the linear's out features and dtype:
+    ONNX writes a linear layer as ``MatMul`` then ``Add`` of its bias, torch.export as one
+    ``linear``; both now reach the same kernel."""
+
+    def rewrite(value: Expr, m: Match) -> Expr | None:
+        if m.ctx.var not in adds:
+            return None
+        assert isinstance(value, Call)
+        for y, b in ((value.args[0], value.args[1]), (value.args[1], value.args[0])):
+            lin = call_of(y, m, "linear")
+            if lin is None or len(lin.args) != 2 or not isinstance(lin.info, TensorInfo) or lin.info.shape is None:
+                continue
+            bias, out = b.info, lin.info.shape
+            if (
+                isinstance(bias, TensorInfo) and bias.dtype == lin.info.dtype and bias.shape is not None and len(bias.shape) == 1
+                and len(out) >= 1 and same_shape(bias.shape, out[-1:]) and same_shape(shape_of(value), out)
+            ):  # fmt: skip
+                return linear(lin.args[0], lin.args[1], b)
+        return None
+
+    return rewrite
 
 
 def _matmul_params(f: GraphFunc) -> list[int]:
@@ -371,6 +418,10 @@ class LayoutWeights(Pass):
             mod, more = retype_weight_params(mod, TRANSPOSED, _matmul_params, _transposed_info, name)
             transposed.update(more)
         mod = apply_rules(mod, [Rule("matmul_weight_as_linear", op_call("matmul"), _AsLinear(transposed).rewrite)], funcs=rest)
+        adds = _bias_adds(mod)
+        if adds:
+            mod = apply_rules(mod, [Rule("bias_add_into_linear", op_call("add"), _with_bias(adds))], funcs=rest)
+            mod = DeadCodeElimination()(mod)  # the linears without their bias
         mapping: dict[Var, Var] = {}
         for name in funcs:
             mod, more = retype_weight_params(mod, ATTR, _weight_params, _packed_info, name)
