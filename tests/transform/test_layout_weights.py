@@ -23,6 +23,16 @@ def _ops(mod: tw.IRModule) -> list[str]:
     return [b.value.callee.name for b in bindings_of(f) if isinstance(b, Binding) and isinstance(b.value, Call) and isinstance(b.value.callee, OpRef)]
 
 
+def _agree(mod: tw.IRModule, after: tw.IRModule, weights: list[np.ndarray], xs: list[np.ndarray], out_features: int) -> None:
+    """``after`` (weights packed by ``pack_weights``) computes what ``mod`` does for each input."""
+    laid = pack_weights(after, weights)
+    before_fn, after_fn = tw.VM(tw.build(mod))["main"], tw.VM(tw.build(after))["main"]
+    for x in xs:
+        got = after_fn(x, *laid)
+        assert got.shape == (*x.shape[:-1], out_features)
+        np.testing.assert_allclose(got, before_fn(x, *weights), rtol=1e-5, atol=1e-5)
+
+
 def test_weights_are_packed_in_column_panels() -> None:
     w = np.arange(5 * 3, dtype=np.float32).reshape(5, 3)  # [out, in]
     wp = lay_out(w, panel=2)
@@ -170,15 +180,8 @@ def test_matmul_weights_in_in_out_layout_become_packed_linears() -> None:
     assert _ops(after).count("linear_io") == 2 and "matmul" not in _ops(after)
     rng = np.random.default_rng(2)
     weights = [rng.standard_normal(s).astype(np.float32) for s in [(24, 40), (40,), (40, 9), (9,)]]
-    laid = pack_weights(after, weights)
-    np.testing.assert_array_equal(laid[0], lay_out(weights[0].T))
-    exe_before, exe_after = tw.build(mod), tw.build(after)
-    for b, n in ((1, 1), (0, 3), (2, 0), (3, 7), (2, 33)):
-        x = rng.standard_normal((b, n, 24)).astype(np.float32)
-        want = tw.VM(exe_before)["main"](x, *weights)
-        got = tw.VM(exe_after)["main"](x, *laid)
-        assert got.shape == (b, n, 9)
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(pack_weights(after, weights)[0], lay_out(weights[0].T))
+    _agree(mod, after, weights, [rng.standard_normal((b, n, 24)).astype(np.float32) for b, n in ((1, 1), (0, 3), (2, 0), (3, 7), (2, 33))], 9)
 
 
 def test_matmul_by_a_constant_is_transposed_once_and_other_matmuls_stay() -> None:
@@ -234,11 +237,4 @@ def test_a_bias_added_after_a_product_becomes_the_linears_bias() -> None:
     assert _ops(after).count("add") == 2 and "matmul" not in _ops(after)
     rng = np.random.default_rng(4)
     weights = [rng.standard_normal(s).astype(np.float32) for s in [(24, 40), (40,), (40, 9), (9,), (9, 9), (1, 9)]]
-    laid = pack_weights(after, weights)
-    exe_before, exe_after = tw.build(mod), tw.build(after)
-    for n in (0, 1, 7, 33):
-        x = rng.standard_normal((n, 24)).astype(np.float32)
-        want = tw.VM(exe_before)["main"](x, *weights)
-        got = tw.VM(exe_after)["main"](x, *laid)
-        assert got.shape == (n, 9)
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    _agree(mod, after, weights, [rng.standard_normal((n, 24)).astype(np.float32) for n in (0, 1, 7, 33)], 9)

@@ -187,44 +187,49 @@ def _all_true(e: Expr, m: Match, depth: int = _DEPTH) -> bool:
     return False
 
 
-def _bool_mask(value: Expr, m: Match) -> Expr | None:
-    """``attention(q, k, v, where(c, 0, -inf))`` -> ``attention(q, k, v, c)``: the float mask
-    adds 0 where ``c`` is True and hides the key where it is not, which is what a bool mask
-    does (a row that sees no key is zeros either way)."""
+def _mask_call(value: Expr, m: Match, op: str, arity: int) -> Call | None:
+    """The call of ``op`` (with ``arity`` operands) that computes the mask of the attention
+    ``value``, else None."""
     assert isinstance(value, Call)
     if len(value.args) != 4:
         return None
     name, mask = _producer(value.args[3], m)
-    if name != "where" or not isinstance(mask, Call) or len(mask.args) != 3:
+    return mask if name == op and isinstance(mask, Call) and len(mask.args) == arity else None
+
+
+def _with_bool_mask(value: Expr, mask: Expr | None) -> Expr | None:
+    """The attention ``value`` with ``mask`` for its mask, where that is a bool tensor of rank
+    at most 4 (the op broadcasts it)."""
+    assert isinstance(value, Call)
+    if mask is None:
         return None
-    cond, keep, hide = mask.args
-    _, kept = _producer(keep, m)
-    _, hidden = _producer(hide, m)
-    if _value(kept) != 0.0 or _value(hidden) != -np.inf:
-        return None
-    info = cond.info
+    info = mask.info
     if not (isinstance(info, TensorInfo) and info.dtype == "bool" and info.shape is not None and len(info.shape) <= 4):
         return None
-    return dataclasses.replace(value, args=(*value.args[:3], cond))
+    return dataclasses.replace(value, args=(*value.args[:3], mask))
+
+
+def _bool_mask(value: Expr, m: Match) -> Expr | None:
+    """``attention(q, k, v, where(c, 0, -inf))`` -> ``attention(q, k, v, c)``: the float mask
+    adds 0 where ``c`` is True and hides the key where it is not, which is what a bool mask
+    does (a row that sees no key is zeros either way)."""
+    mask = _mask_call(value, m, "where", 3)
+    if mask is None:
+        return None
+    cond, keep, hide = mask.args
+    if _value(_producer(keep, m)[1]) != 0.0 or _value(_producer(hide, m)[1]) != -np.inf:
+        return None
+    return _with_bool_mask(value, cond)
 
 
 def _drop_true_mask_factor(value: Expr, m: Match) -> Expr | None:
     """``attention(q, k, v, logical_and(a, b))`` -> ``attention(q, k, v, b)`` where ``a`` is all
     True (or the same with ``b``)."""
-    assert isinstance(value, Call)
-    if len(value.args) != 4:
-        return None
-    name, mask = _producer(value.args[3], m)
-    if name != "logical_and" or not isinstance(mask, Call) or len(mask.args) != 2:
+    mask = _mask_call(value, m, "logical_and", 2)
+    if mask is None:
         return None
     a, b = mask.args
-    keep = b if _all_true(a, m) else a if _all_true(b, m) else None
-    if keep is None:
-        return None
-    info = keep.info
-    if not (isinstance(info, TensorInfo) and info.dtype == "bool" and info.shape is not None and len(info.shape) <= 4):
-        return None
-    return dataclasses.replace(value, args=(*value.args[:3], keep))
+    return _with_bool_mask(value, b if _all_true(a, m) else a if _all_true(b, m) else None)
 
 
 @dataclass(frozen=True)
