@@ -126,21 +126,53 @@ def test_library_if_built_neither_compiles_nor_waits(monkeypatch: pytest.MonkeyP
     assert Q.library_if_built() is None
 
 
+def test_a_path_asked_for_while_the_models_build_is_on_its_way_waits_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model's first start builds its formats' paths in the background and then asks for
+    each format's (``library_for``): those calls wait for that build and get it, nothing is
+    compiled twice; a path it does not hold is built on its own."""
+    import threading
+    import time
+
+    built = Q.library()
+    started, release, loads = threading.Event(), threading.Event(), []
+
+    def loading(portable: bool, vnni: bool, bf16dot: bool, families: tuple[str, ...]) -> Q.QuantLibrary:
+        loads.append(families)
+        if len(loads) == 1:
+            started.set()
+            release.wait(10)
+        return built
+
+    monkeypatch.setattr(Q, "_LIBS", {})
+    monkeypatch.setattr(Q, "_BUILDING", {})
+    monkeypatch.setattr(Q, "_BACKGROUND", {})
+    monkeypatch.setattr(Q, "_load", loading)
+    Q.library_in_background(("q4_1", "q8_0"))
+    assert started.wait(10)
+    threading.Timer(0.2, release.set).start()
+    t = time.perf_counter()
+    assert Q.library_for("q8_0x16") is built and Q.library_for("q4_1") is built
+    assert time.perf_counter() - t >= 0.15  # it waited for the build on its way
+    assert loads == [("q4_1", "q8_0")]
+    assert Q.library_for("q6_k") is built and loads == [("q4_1", "q8_0"), ("q6_k",)]
+    _join_background()
+
+
 def test_library_ready_says_whether_a_call_would_wait(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """``library_ready``: True where a build holding the paths is loaded or in the kernel cache,
     False where ``library`` would compile (or wait for a build), with nothing compiled for the
     asking; an unknown path is a named error."""
     Q.library()  # in the kernel cache now
-    assert Q.library_ready() and Q.library_ready(("int8",))
+    assert Q.library_ready() and Q.library_ready(("q4_1",))
     monkeypatch.setattr(Q, "_LIBS", {})
-    assert Q.library_ready(("int8",))  # the cache's build with every path serves one
+    assert Q.library_ready(("q4_1",))  # the cache's build with every path serves one
     monkeypatch.setenv("TILEWORK_CACHE_DIR", str(tmp_path / "empty"))
 
     def compiling(*key: bool) -> None:
         raise AssertionError("library_ready compiled the library")
 
     monkeypatch.setattr(Q, "_load", compiling)
-    assert not Q.library_ready(("int8",)) and not Q.library_ready()
+    assert not Q.library_ready(("q4_1",)) and not Q.library_ready()
     with pytest.raises(TileworkError, match="unknown quant library path"):
         Q.library_ready(("int4",))
 
@@ -149,8 +181,9 @@ def test_library_ready_says_whether_a_call_would_wait(monkeypatch: pytest.Monkey
 
 
 def test_a_build_with_one_path_runs_its_formats_as_the_full_one_and_refuses_the_others(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, rng: np.random.Generator) -> None:
-    """An LLM's first start compiles the path its formats take (``families_of``): the integer
-    path alone gives the full library's bits and refuses a float format with a named error.
+    """An LLM's first start compiles the paths its formats take (``families_of``): q4_1's
+    alone gives the full library's bits and refuses another format (integer or float) with a
+    named error.
     It is built as on a machine with cores to spare: GCC optimizes the one large unit in
     partitions (``toolchain._parallel_lto``), which under ``pytest -n`` no other build does
     (conftest: one compiler process a build), so these bits are also the parallel build's
@@ -173,22 +206,23 @@ def test_a_build_with_one_path_runs_its_formats_as_the_full_one_and_refuses_the_
         real(argv, *rest)  # type: ignore[arg-type]
 
     monkeypatch.setattr(toolchain, "_run_compiler", logged)
-    lib = Q.library(families=["int8"])
-    assert lib.families == ("int8",) and lib.path != full.path and not lib.cache_hit
+    lib = Q.library(families=["q4_1"])
+    assert lib.families == ("q4_1",) and lib.path != full.path and not lib.cache_hit
     assert [any(a.startswith("-flto=") for a in argv) for argv in argvs] == [toolchain._is_gcc(tuple(toolchain.compiler_command()))]
-    assert set(lib.entries) == {f for f in Q.FORMATS if f in Q.INT8_FORMATS and f not in Q.KQUANT_FORMATS}
-    assert Q.library_for("q8_0x16") is lib
+    assert set(lib.entries) == {"q4_1", "q4_1x16"}
+    assert Q.library_for("q4_1x16") is lib
     y = np.empty((3, 32), np.float32)
     assert lib.entries["q4_1"](x.ctypes.data, b.ctypes.data, y.ctypes.data, 3, 32, 64) == 0
     np.testing.assert_array_equal(y, expected)
     block = (ctypes.c_int64 * 9)(Q.FORMATS.index("bf16"), id(x), id(b), id(y), 3, 32, 64, Q._DATA_OFFSET or 0, 0)
     assert lib.packed(ctypes.addressof(block)) == 6
     assert "not in this build" in str(Q._failure(6, "bf16", (3, 32, 64)))
-    kq = (ctypes.c_int64 * 9)(Q.FORMATS.index("q4_k"), id(x), id(b), id(y), 3, 32, 64, Q._DATA_OFFSET or 0, 0)
-    assert lib.packed(ctypes.addressof(kq)) == 6  # the k-quants' integer path is a path of its own
+    for other in ("q8_0", "q4_0x16", "q4_k"):  # every integer format's path is a path of its own
+        block = (ctypes.c_int64 * 9)(Q.FORMATS.index(other), id(x), id(b), id(y), 3, 32, 64, Q._DATA_OFFSET or 0, 0)
+        assert lib.packed(ctypes.addressof(block)) == 6, other
     # a build of every path, once loaded, serves any of them
     monkeypatch.setattr(Q, "_LIBS", {(False, True, True, Q.FAMILIES): full})
-    assert Q.library(families=("float",)) is full and Q.library_for("q4_1") is full
+    assert Q.library(families=("f16",)) is full and Q.library_for("q4_1") is full
 
 
 def test_the_helpers_alone_decode_and_refuse_every_linear(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, rng: np.random.Generator) -> None:
@@ -209,12 +243,14 @@ def test_the_helpers_alone_decode_and_refuse_every_linear(monkeypatch: pytest.Mo
 
 
 def test_families_of_formats_and_bad_paths() -> None:
-    assert Q.families_of(["q4_1x16", "q8_0x16", "f32"]) == ("int8",)
-    assert Q.families_of(["bf16x16", "f16", "q3_k"]) == ("bf16", "float", "kquant")
-    assert Q.families_of(["q4_kx16", "q6_k", "iq4_xs", "q8_0"]) == ("int8", "kquant")
-    assert Q.families_of(["bf16", "f16"]) == ("bf16", "float")
+    assert Q.families_of(["q4_1x16", "q8_0x16", "f32"]) == ("q4_1", "q8_0")
+    assert Q.families_of(["bf16x16", "f16", "q3_k"]) == ("q3_k", "bf16", "f16")
+    assert Q.families_of(["q4_kx16", "q6_k", "iq4_xs", "q8_0", "q4_k"]) == ("q8_0", "q4_k", "q6_k", "iq4_xs")
+    assert Q.families_of(["bf16", "f16"]) == ("bf16", "f16")
     assert Q.families_of(["f32"]) == ()
-    assert Q.source(families=("int8",)).startswith("#define TWQ_WITH_KQUANT 0\n#define TWQ_WITH_FLOAT 0\n") and not Q.source().startswith("#define TWQ_WITH_")
+    one = Q.source(families=("q4_1", "q8_0"))
+    assert one.startswith("#define TWQ_WITH_F16 0\n#define TWQ_WITH_BF16 0\n") and not Q.source().startswith("#define TWQ_WITH_")
+    assert "#define TWQ_WITH_Q4_0 0\n" in one and "TWQ_WITH_Q4_1 0" not in one and "TWQ_WITH_Q8_0 0" not in one
     with pytest.raises(TileworkError, match="unknown quant library path.*simd"):
         Q.library(families=["simd"])
 
@@ -252,7 +288,7 @@ def test_the_background_build_steps_back_for_the_foreground(monkeypatch: pytest.
     monkeypatch.setattr(Q, "_LIBS", {})
     monkeypatch.setattr(Q, "_BACKGROUND", {})
     monkeypatch.setattr(Q, "_load", loading)
-    Q.library_in_background(("int8",))
+    Q.library_in_background(("q4_1",))
     _join_background()
     assert seen == [min(before + toolchain.BACKGROUND_NICE, 19)]  # lowering one's own priority needs no privilege
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before

@@ -3,13 +3,12 @@ library of our own (``quant_kernels.c``, shipped as package data).
 
 The library is compiled on first use through the kernel toolchain
 (``tilework.codegen.c.toolchain``: the system compiler with ``-O3 -march=native -fopenmp``,
-the content-hashed cache, atomic writes), never at import, with the paths (``FAMILIES``: the
-integer one of q4_0, q4_1, q5_0, q5_1, q8_0 and their x16 layouts; bf16's; the float one of f16;
-the integer one of the k-quants, iq4_nl, iq4_xs and their x16 layouts, ``KQUANT_FORMATS``) that
-are asked for: ``library_for(fmt)`` builds ``fmt``'s path alone unless a build holding it is at
-hand (an LLM's first start compiles what its formats take: `q` on SmolLM2 the first integer
-path, 5.4 s of GCC's CPU instead of 16.9 for all four; fp32 the helpers alone, 0.6 s); a
-build's entry points for another path refuse (error 6). Formats: ``FORMATS`` (all of
+the content-hashed cache, atomic writes), never at import, with the paths (``FAMILIES``: one a
+format, with its x16 layout) that are asked for: ``library_for(fmt)`` builds ``fmt``'s path alone
+unless a build holding it is at hand or on its way (``library_in_background``: an LLM's first
+start compiles the paths its formats take, `q` on SmolLM2 q4_1's and q8_0's, 3.0 s of GCC's CPU
+where all the integer formats of 32-byte blocks took 6.9 and every path takes 17.6; fp32 the helpers
+alone, 0.6 s); a build's entry points for another path refuse (error 6). Formats: ``FORMATS`` (all of
 ``QUANT_FORMATS`` but ``f32``, and the interleaved layouts ``q4_0x16``, ``q4_1x16``, ``q5_0x16``,
 ``q5_1x16``, ``q8_0x16``, ``q4_kx16``, ``q5_kx16``, ``q6_kx16``, ``q3_kx16``, ``q2_kx16``, ``iq4_nlx16``, ``iq4_xsx16`` of ``tilework.op.quant``: the same blocks, 16 rows side by side, which the GEMV reads straight
 into its vectors; the same results, bit for bit, as the plain rows; and ``bf16x16``, bf16 rows
@@ -96,8 +95,8 @@ FORMATS = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "bf16", "f16", "q4_k", "q6_k"
            "q8_0x16", "bf16x16", "q4_kx16", "q5_kx16", "q6_kx16", "q3_kx16", "q2_kx16", "iq4_nlx16", "iq4_xsx16")  # the C codes' order
 INT8_FORMATS = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "q3_k", "q2_k", "q4_0x16", "q4_1x16", "q5_0x16", "q5_1x16", "q8_0x16", "q4_kx16", "q5_kx16",
                 "q6_kx16", "q3_kx16", "q2_kx16", "iq4_nl", "iq4_xs", "iq4_nlx16", "iq4_xsx16")  # the integer path: x quantized to 8-bit blocks of 32
-KQUANT_FORMATS = ("q4_k", "q5_k", "q6_k", "q3_k", "q2_k", "iq4_nl", "iq4_xs", "q4_kx16", "q5_kx16", "q6_kx16", "q3_kx16", "q2_kx16", "iq4_nlx16", "iq4_xsx16")  # of INT8_FORMATS: their own path
-FAMILIES = ("int8", "bf16", "float", "kquant")  # the linears' paths (INT8_FORMATS less KQUANT_FORMATS; bf16 and bf16x16; f16; KQUANT_FORMATS): a build of the library holds any of them
+# the linears' paths, one a format (its plain and x16 layouts; bf16's holds bf16 and bf16x16): a build of the library holds any of them
+FAMILIES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "q3_k", "q2_k", "iq4_nl", "iq4_xs", "bf16", "f16")
 SOURCE = "quant_kernels.c"
 _INCLUDE = re.compile(r'^#include "(quant_[a-z0-9_]+\.c)".*$', re.M)  # the parts of SOURCE that source() splices in
 # the library's return codes -> what they mean (the export's C messages take them too)
@@ -126,7 +125,7 @@ def extern_symbol(fmt: str, add: bool = False) -> str:
 
 def family_of(fmt: str) -> str:
     """The path (``FAMILIES``) that runs ``fmt``'s linears."""
-    return "kquant" if fmt in KQUANT_FORMATS else "int8" if fmt in INT8_FORMATS else "bf16" if fmt in ("bf16", "bf16x16") else "float"
+    return fmt.removesuffix("x16")
 
 
 def families_of(formats: Iterable[str]) -> tuple[str, ...]:
@@ -154,10 +153,9 @@ def source(portable: bool = False, vnni: bool = True, bf16dot: bool = True, fami
     kernels even where AVX-512 or AVX2 exists, ``vnni=False`` the AVX-512BW integer dot products
     even where VNNI exists, ``bf16dot=False`` the float32 bf16 GEMM even where AVX-512 BF16
     exists. ``families``: the linears' paths compiled in (``FAMILIES`` order; the helpers are
-    always there): of the 16.9 s of CPU GCC 12 takes for all four on the Zen 4 machine, the
-    integer path of q4_0 .. q8_0 alone takes 5.4, the k-quants' and iq4's 9.5, bf16's 1.6, the
-    float one (f16) 2.0, the helpers alone 0.6 (an LLM's first start waits for them; one
-    integer path of every format took 14.5, and a q4_1 model's first start with it)."""
+    always there): GCC 12's CPU on the Zen 4 machine for q4_1's and q8_0's (SmolLM2) 3.0 s, each
+    alone 2.5, the five formats of 32-byte blocks 6.9, q4_k's and q6_k's (a Q4_K_M file) 4.5, the
+    seven k-quant and iq4 formats 12.6, every path 17.6, the helpers alone 0.6."""
     files = resources.files("tilework.backend")
     text = _INCLUDE.sub(lambda m: files.joinpath(m.group(1)).read_text(), files.joinpath(SOURCE).read_text())
     for family in FAMILIES:
@@ -285,6 +283,11 @@ def library(portable: bool = False, vnni: bool = True, bf16dot: bool = True, fam
         held = _held(key)
         if held is not None:
             return _LIBS.setdefault(key, held)
+    if not portable and vnni and bf16dot and _await_background(fams):
+        with _LOCK:
+            held = _held(key)
+            if held is not None:
+                return _LIBS.setdefault(key, held)
     if not (vnni and bf16dot):
         full = library(portable, families=fams)
         if (vnni or not full.vnni) and (bf16dot or not full.bf16dot):
@@ -297,6 +300,17 @@ def library(portable: bool = False, vnni: bool = True, bf16dot: bool = True, fam
             with _LOCK:
                 _LIBS[key] = lib
         return _LIBS[key]
+
+
+def _await_background(families: tuple[str, ...]) -> bool:
+    """Wait for the builds ``library_in_background`` started that hold ``families`` (a model's
+    first start asks for each format's path while the build of all of them is on its way: one
+    compile, not one more a format); whether there was one."""
+    with _BACKGROUND_LOCK:
+        builds = [t for fs, t in _BACKGROUND.items() if set(families) <= set(fs) and t is not threading.current_thread()]
+    for t in builds:
+        t.join()
+    return bool(builds)
 
 
 def _held(key: _Key) -> QuantLibrary | None:
@@ -318,7 +332,9 @@ def library_if_built() -> QuantLibrary | None:
     if lib is not None:
         return lib
     try:
-        for fams in (FAMILIES, *((f,) for f in FAMILIES), ()):
+        with _BACKGROUND_LOCK:
+            started = list(_BACKGROUND)  # the paths of a model being loaded (library_in_background)
+        for fams in dict.fromkeys((*started, FAMILIES, *((f,) for f in FAMILIES), ())):
             if toolchain.cached_result(source(families=fams)) is not None:
                 return library(families=fams)
     except TileworkError:

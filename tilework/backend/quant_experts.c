@@ -38,8 +38,8 @@ static inline int64_t twq_expert_of(const void* ids, int64_t ids_bytes, int64_t 
 /* y = x @ W.T on m rows, as twq_run runs it (fmt the plain format), with the caller's quantized-x
  * scratch (the integer path; room for m rows). */
 static int twq_experts_product(int fmt, int x16, const float* x, const uint8_t* w, float* y, int64_t m, int64_t N, int64_t K, int64_t rb, twq_xq* xq) {
-    if ((TWQ_WITH_INT8 || TWQ_WITH_KQUANT) && twq_is_i8(fmt)) return twq_i8_run(fmt, x16, x, xq, w, NULL, y, m, N, rb);
-    if (!TWQ_WITH_BF16 && !TWQ_WITH_FLOAT) return TWQ_EFAMILY;
+    if (TWQ_WITH_INT8 && twq_is_i8(fmt)) return twq_i8_run(fmt, x16, x, xq, w, NULL, y, m, N, rb);
+    if (!TWQ_WITH_BF16 && !TWQ_WITH_F16) return TWQ_EFAMILY;
     return twq_float_run(fmt, x16, x, w, y, m, N, K, rb);
 }
 

@@ -146,37 +146,65 @@ static const int64_t twq_nbytes[TWQ_NFMT] = {18, 20, 22, 24, 34, 2, 2, 144, 210,
 #define TWQ_EFMT 3   /* unknown format code */
 #define TWQ_ENOMEM 4 /* scratch could not be allocated */
 #define TWQ_EALIAS 5 /* the residual of a linear_add is its output */
-#define TWQ_EFAMILY 6 /* a format whose path this build leaves out (TWQ_WITH_INT8, _BF16, _FLOAT, _KQUANT) */
+#define TWQ_EFAMILY 6 /* a format whose path this build leaves out (TWQ_WITH_<FMT>) */
 
-/* The linears' four paths, all unless the build leaves some out (tilework.backend.quant builds
- * the ones a model needs: a path left out is code no entry point reaches, which the compiler
- * drops, and its formats' entry points return TWQ_EFAMILY). The helpers are in every build. */
-#ifndef TWQ_WITH_INT8
-#define TWQ_WITH_INT8 1 /* the integer path of q4_0, q4_1, q5_0, q5_1, q8_0 and their x16 layouts (the helpers of the integer path: with either) */
+/* The linears' paths, one a format (its plain and x16 layouts), all unless the build leaves
+ * some out: tilework.backend.quant builds the ones a model needs (the embedded SmolLM2's q4_1
+ * and q8_0: 3.0 s of GCC's CPU where every integer format of 32-byte blocks took 6.9, and the
+ * k-quants another 12.6; a Q4_K_M file's q4_k and q6_k 4.5). A path left out is code no entry
+ * point reaches, which the compiler drops, and its formats' entry points return TWQ_EFAMILY.
+ * Each TWQ_WITH_<FMT> is a literal 0 or 1 (TWQ_IF pastes it); the helpers are in every build. */
+#ifndef TWQ_WITH_Q4_0
+#define TWQ_WITH_Q4_0 1
+#endif
+#ifndef TWQ_WITH_Q4_1
+#define TWQ_WITH_Q4_1 1
+#endif
+#ifndef TWQ_WITH_Q5_0
+#define TWQ_WITH_Q5_0 1
+#endif
+#ifndef TWQ_WITH_Q5_1
+#define TWQ_WITH_Q5_1 1
+#endif
+#ifndef TWQ_WITH_Q8_0
+#define TWQ_WITH_Q8_0 1
+#endif
+#ifndef TWQ_WITH_Q4_K
+#define TWQ_WITH_Q4_K 1
+#endif
+#ifndef TWQ_WITH_Q5_K
+#define TWQ_WITH_Q5_K 1
+#endif
+#ifndef TWQ_WITH_Q6_K
+#define TWQ_WITH_Q6_K 1
+#endif
+#ifndef TWQ_WITH_Q3_K
+#define TWQ_WITH_Q3_K 1
+#endif
+#ifndef TWQ_WITH_Q2_K
+#define TWQ_WITH_Q2_K 1
+#endif
+#ifndef TWQ_WITH_IQ4_NL
+#define TWQ_WITH_IQ4_NL 1
+#endif
+#ifndef TWQ_WITH_IQ4_XS
+#define TWQ_WITH_IQ4_XS 1
 #endif
 #ifndef TWQ_WITH_BF16
 #define TWQ_WITH_BF16 1 /* bf16 and bf16x16 */
 #endif
-#ifndef TWQ_WITH_FLOAT
-#define TWQ_WITH_FLOAT 1 /* f16 */
+#ifndef TWQ_WITH_F16
+#define TWQ_WITH_F16 1
 #endif
-#ifndef TWQ_WITH_KQUANT
-/* the integer path of the k-quants (q4_k, q5_k, q6_k, q3_k, q2_k) and iq4_nl, iq4_xs, and their
- * x16 layouts: their AVX-512 kernels are 60% of the integer path's code, compiled apart from
- * TWQ_WITH_INT8's (q4_0, q4_1, q5_0, q5_1, q8_0), so that a model of those formats alone (the
- * embedded SmolLM2's q4_1 and q8_0) does not wait for them at its first start */
-#define TWQ_WITH_KQUANT 1
-#endif
-#if TWQ_WITH_INT8 /* the kernel instantiations and table entries of a path, or nothing */
-#define TWQ_IF_INT8(...) __VA_ARGS__
-#else
-#define TWQ_IF_INT8(...)
-#endif
-#if TWQ_WITH_KQUANT
-#define TWQ_IF_KQ(...) __VA_ARGS__
-#else
-#define TWQ_IF_KQ(...)
-#endif
+/* any format of the integer path (its helpers: x's quantization, the scratch) */
+#define TWQ_WITH_INT8 (TWQ_WITH_Q4_0 || TWQ_WITH_Q4_1 || TWQ_WITH_Q5_0 || TWQ_WITH_Q5_1 || TWQ_WITH_Q8_0 || TWQ_WITH_Q4_K || TWQ_WITH_Q5_K || \
+                       TWQ_WITH_Q6_K || TWQ_WITH_Q3_K || TWQ_WITH_Q2_K || TWQ_WITH_IQ4_NL || TWQ_WITH_IQ4_XS)
+/* TWQ_IF(Q4_1, ...): the kernel instantiations and table entries of a format's path, or nothing */
+#define TWQ_IF(fmt, ...) TWQ_IF_(TWQ_WITH_##fmt, __VA_ARGS__)
+#define TWQ_IF_(with, ...) TWQ_IF__(with, __VA_ARGS__)
+#define TWQ_IF__(with, ...) TWQ_IF_##with(__VA_ARGS__)
+#define TWQ_IF_1(...) __VA_ARGS__
+#define TWQ_IF_0(...)
 
 #ifndef TWQ_GEMV_MAX_M
 #define TWQ_GEMV_MAX_M 8 /* float path, measured: from about 10 rows of x on, the packed GEMM is faster */
@@ -1859,35 +1887,35 @@ TWQ_INLINE void twq_i8_gemv_tile_x16(int fmt, int MR, const twq_xq* xq, int64_t 
 #define TWQ_I8_GEMV_FMT(FMT) \
     TWQ_I8_GEMV_FN(FMT, 1) TWQ_I8_GEMV_FN(FMT, 2) TWQ_I8_GEMV_FN(FMT, 3) TWQ_I8_GEMV_FN(FMT, 4) \
     TWQ_I8_GEMV_FN(FMT, 5) TWQ_I8_GEMV_FN(FMT, 6) TWQ_I8_GEMV_FN(FMT, 7) TWQ_I8_GEMV_FN(FMT, 8)
-TWQ_IF_INT8(TWQ_I8_GEMV_FMT(TWQ_Q4_0))
-TWQ_IF_INT8(TWQ_I8_GEMV_FMT(TWQ_Q4_1))
-TWQ_IF_INT8(TWQ_I8_GEMV_FMT(TWQ_Q5_0))
-TWQ_IF_INT8(TWQ_I8_GEMV_FMT(TWQ_Q5_1))
-TWQ_IF_INT8(TWQ_I8_GEMV_FMT(TWQ_Q8_0))
-TWQ_IF_KQ(TWQ_I8_GEMV_FMT(TWQ_Q4_K))
-TWQ_IF_KQ(TWQ_I8_GEMV_FMT(TWQ_Q5_K))
-TWQ_IF_KQ(TWQ_I8_GEMV_FMT(TWQ_Q6_K))
-TWQ_IF_KQ(TWQ_I8_GEMV_FMT(TWQ_Q3_K))
-TWQ_IF_KQ(TWQ_I8_GEMV_FMT(TWQ_Q2_K))
-TWQ_IF_KQ(TWQ_I8_GEMV_FMT(TWQ_IQ4_NL))
-TWQ_IF_KQ(TWQ_I8_GEMV_FMT(TWQ_IQ4_XS))
+TWQ_IF(Q4_0, TWQ_I8_GEMV_FMT(TWQ_Q4_0))
+TWQ_IF(Q4_1, TWQ_I8_GEMV_FMT(TWQ_Q4_1))
+TWQ_IF(Q5_0, TWQ_I8_GEMV_FMT(TWQ_Q5_0))
+TWQ_IF(Q5_1, TWQ_I8_GEMV_FMT(TWQ_Q5_1))
+TWQ_IF(Q8_0, TWQ_I8_GEMV_FMT(TWQ_Q8_0))
+TWQ_IF(Q4_K, TWQ_I8_GEMV_FMT(TWQ_Q4_K))
+TWQ_IF(Q5_K, TWQ_I8_GEMV_FMT(TWQ_Q5_K))
+TWQ_IF(Q6_K, TWQ_I8_GEMV_FMT(TWQ_Q6_K))
+TWQ_IF(Q3_K, TWQ_I8_GEMV_FMT(TWQ_Q3_K))
+TWQ_IF(Q2_K, TWQ_I8_GEMV_FMT(TWQ_Q2_K))
+TWQ_IF(IQ4_NL, TWQ_I8_GEMV_FMT(TWQ_IQ4_NL))
+TWQ_IF(IQ4_XS, TWQ_I8_GEMV_FMT(TWQ_IQ4_XS))
 typedef void (*twq_i8_gemv_fn)(const twq_xq*, int64_t, const uint8_t*, int64_t, int64_t, int64_t, float*, int64_t);
 #define TWQ_I8_GEMV_ROW(P, FMT) \
     {P##FMT##_1, P##FMT##_2, P##FMT##_3, P##FMT##_4, P##FMT##_5, P##FMT##_6, P##FMT##_7, P##FMT##_8}
 /* [x16][twq_i8_slot(fmt)][M - 1] */
 static const twq_i8_gemv_fn twq_i8_gemv_table[2][TWQ_I8_SLOTS][8] = { /* by slot (twq_i8_slot); a path left out: no entries */
-    {TWQ_IF_INT8([0] = TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q4_0),) TWQ_IF_INT8([1] = TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q4_1),)
-     TWQ_IF_INT8([2] = TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q5_0),) TWQ_IF_INT8([3] = TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q5_1),)
-     TWQ_IF_INT8([4] = TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q8_0),) TWQ_IF_KQ([5] = TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q4_K),)
-     TWQ_IF_KQ([6] = TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q5_K),) TWQ_IF_KQ([7] = TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q6_K),)
-     TWQ_IF_KQ([8] = TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q3_K),) TWQ_IF_KQ([9] = TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q2_K),)
-     TWQ_IF_KQ([10] = TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_IQ4_NL),) TWQ_IF_KQ([11] = TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_IQ4_XS),)},
-    {TWQ_IF_INT8([0] = TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q4_0),) TWQ_IF_INT8([1] = TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q4_1),)
-     TWQ_IF_INT8([2] = TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q5_0),) TWQ_IF_INT8([3] = TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q5_1),)
-     TWQ_IF_INT8([4] = TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q8_0),) TWQ_IF_KQ([5] = TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q4_K),)
-     TWQ_IF_KQ([6] = TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q5_K),) TWQ_IF_KQ([7] = TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q6_K),)
-     TWQ_IF_KQ([8] = TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q3_K),) TWQ_IF_KQ([9] = TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q2_K),)
-     TWQ_IF_KQ([10] = TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_IQ4_NL),) TWQ_IF_KQ([11] = TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_IQ4_XS),)}};
+    {TWQ_IF(Q4_0, [0] = TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q4_0),) TWQ_IF(Q4_1, [1] = TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q4_1),)
+     TWQ_IF(Q5_0, [2] = TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q5_0),) TWQ_IF(Q5_1, [3] = TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q5_1),)
+     TWQ_IF(Q8_0, [4] = TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q8_0),) TWQ_IF(Q4_K, [5] = TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q4_K),)
+     TWQ_IF(Q5_K, [6] = TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q5_K),) TWQ_IF(Q6_K, [7] = TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q6_K),)
+     TWQ_IF(Q3_K, [8] = TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q3_K),) TWQ_IF(Q2_K, [9] = TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_Q2_K),)
+     TWQ_IF(IQ4_NL, [10] = TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_IQ4_NL),) TWQ_IF(IQ4_XS, [11] = TWQ_I8_GEMV_ROW(twq_i8_gemv_, TWQ_IQ4_XS),)},
+    {TWQ_IF(Q4_0, [0] = TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q4_0),) TWQ_IF(Q4_1, [1] = TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q4_1),)
+     TWQ_IF(Q5_0, [2] = TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q5_0),) TWQ_IF(Q5_1, [3] = TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q5_1),)
+     TWQ_IF(Q8_0, [4] = TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q8_0),) TWQ_IF(Q4_K, [5] = TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q4_K),)
+     TWQ_IF(Q5_K, [6] = TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q5_K),) TWQ_IF(Q6_K, [7] = TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q6_K),)
+     TWQ_IF(Q3_K, [8] = TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q3_K),) TWQ_IF(Q2_K, [9] = TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_Q2_K),)
+     TWQ_IF(IQ4_NL, [10] = TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_IQ4_NL),) TWQ_IF(IQ4_XS, [11] = TWQ_I8_GEMV_ROW(twq_i8_gemv_x16_, TWQ_IQ4_XS),)}};
 
 /* x's rows quantized, then tiles of 16 W rows over the threads, each adding the residual r (or
  * NULL) into its outputs as it finishes them. (Quantizing inside the parallel region, the rows
@@ -1994,57 +2022,57 @@ TWQ_INLINE void twq_i8_micro(int fmt, int MR, const twq_xq* xq, int64_t r0, cons
         twq_i8_micro(FMT, MR, xq, r0, p, y, N, n0, m0, m1); \
     }
 #define TWQ_I8_MICRO_FMT(FMT) TWQ_I8_MICRO_FN(FMT, 1) TWQ_I8_MICRO_FN(FMT, 2) TWQ_I8_MICRO_FN(FMT, 3) TWQ_I8_MICRO_FN(FMT, 4)
-TWQ_IF_INT8(TWQ_I8_MICRO_FMT(TWQ_Q4_0))
-TWQ_IF_INT8(TWQ_I8_MICRO_FMT(TWQ_Q4_1))
-TWQ_IF_INT8(TWQ_I8_MICRO_FMT(TWQ_Q5_0))
-TWQ_IF_INT8(TWQ_I8_MICRO_FMT(TWQ_Q5_1))
-TWQ_IF_INT8(TWQ_I8_MICRO_FMT(TWQ_Q8_0))
-TWQ_IF_KQ(TWQ_I8_MICRO_FMT(TWQ_Q4_K))
-TWQ_IF_KQ(TWQ_I8_MICRO_FMT(TWQ_Q5_K))
-TWQ_IF_KQ(TWQ_I8_MICRO_FMT(TWQ_Q6_K))
-TWQ_IF_KQ(TWQ_I8_MICRO_FMT(TWQ_Q3_K))
-TWQ_IF_KQ(TWQ_I8_MICRO_FMT(TWQ_Q2_K))
-TWQ_IF_KQ(TWQ_I8_MICRO_FMT(TWQ_IQ4_NL))
-TWQ_IF_KQ(TWQ_I8_MICRO_FMT(TWQ_IQ4_XS))
+TWQ_IF(Q4_0, TWQ_I8_MICRO_FMT(TWQ_Q4_0))
+TWQ_IF(Q4_1, TWQ_I8_MICRO_FMT(TWQ_Q4_1))
+TWQ_IF(Q5_0, TWQ_I8_MICRO_FMT(TWQ_Q5_0))
+TWQ_IF(Q5_1, TWQ_I8_MICRO_FMT(TWQ_Q5_1))
+TWQ_IF(Q8_0, TWQ_I8_MICRO_FMT(TWQ_Q8_0))
+TWQ_IF(Q4_K, TWQ_I8_MICRO_FMT(TWQ_Q4_K))
+TWQ_IF(Q5_K, TWQ_I8_MICRO_FMT(TWQ_Q5_K))
+TWQ_IF(Q6_K, TWQ_I8_MICRO_FMT(TWQ_Q6_K))
+TWQ_IF(Q3_K, TWQ_I8_MICRO_FMT(TWQ_Q3_K))
+TWQ_IF(Q2_K, TWQ_I8_MICRO_FMT(TWQ_Q2_K))
+TWQ_IF(IQ4_NL, TWQ_I8_MICRO_FMT(TWQ_IQ4_NL))
+TWQ_IF(IQ4_XS, TWQ_I8_MICRO_FMT(TWQ_IQ4_XS))
 typedef void (*twq_i8_micro_fn)(const twq_xq*, int64_t, const uint8_t*, float*, int64_t, int64_t, __mmask16, __mmask16);
 #define TWQ_I8_MICRO_ROW(FMT) {twq_i8_micro_##FMT##_1, twq_i8_micro_##FMT##_2, twq_i8_micro_##FMT##_3, twq_i8_micro_##FMT##_4}
 static const twq_i8_micro_fn twq_i8_micro_table[TWQ_I8_SLOTS][TWQ_IPM] = {
-    TWQ_IF_INT8([0] = TWQ_I8_MICRO_ROW(TWQ_Q4_0),) TWQ_IF_INT8([1] = TWQ_I8_MICRO_ROW(TWQ_Q4_1),)
-    TWQ_IF_INT8([2] = TWQ_I8_MICRO_ROW(TWQ_Q5_0),) TWQ_IF_INT8([3] = TWQ_I8_MICRO_ROW(TWQ_Q5_1),)
-    TWQ_IF_INT8([4] = TWQ_I8_MICRO_ROW(TWQ_Q8_0),) TWQ_IF_KQ([5] = TWQ_I8_MICRO_ROW(TWQ_Q4_K),)
-    TWQ_IF_KQ([6] = TWQ_I8_MICRO_ROW(TWQ_Q5_K),) TWQ_IF_KQ([7] = TWQ_I8_MICRO_ROW(TWQ_Q6_K),)
-    TWQ_IF_KQ([8] = TWQ_I8_MICRO_ROW(TWQ_Q3_K),) TWQ_IF_KQ([9] = TWQ_I8_MICRO_ROW(TWQ_Q2_K),)
-    TWQ_IF_KQ([10] = TWQ_I8_MICRO_ROW(TWQ_IQ4_NL),) TWQ_IF_KQ([11] = TWQ_I8_MICRO_ROW(TWQ_IQ4_XS),)};
+    TWQ_IF(Q4_0, [0] = TWQ_I8_MICRO_ROW(TWQ_Q4_0),) TWQ_IF(Q4_1, [1] = TWQ_I8_MICRO_ROW(TWQ_Q4_1),)
+    TWQ_IF(Q5_0, [2] = TWQ_I8_MICRO_ROW(TWQ_Q5_0),) TWQ_IF(Q5_1, [3] = TWQ_I8_MICRO_ROW(TWQ_Q5_1),)
+    TWQ_IF(Q8_0, [4] = TWQ_I8_MICRO_ROW(TWQ_Q8_0),) TWQ_IF(Q4_K, [5] = TWQ_I8_MICRO_ROW(TWQ_Q4_K),)
+    TWQ_IF(Q5_K, [6] = TWQ_I8_MICRO_ROW(TWQ_Q5_K),) TWQ_IF(Q6_K, [7] = TWQ_I8_MICRO_ROW(TWQ_Q6_K),)
+    TWQ_IF(Q3_K, [8] = TWQ_I8_MICRO_ROW(TWQ_Q3_K),) TWQ_IF(Q2_K, [9] = TWQ_I8_MICRO_ROW(TWQ_Q2_K),)
+    TWQ_IF(IQ4_NL, [10] = TWQ_I8_MICRO_ROW(TWQ_IQ4_NL),) TWQ_IF(IQ4_XS, [11] = TWQ_I8_MICRO_ROW(TWQ_IQ4_XS),)};
 
 #define TWQ_I8_PACK_FN(FMT) \
     static void twq_i8_pack_##FMT(const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, int64_t nb, uint8_t* p) { twq_i8_pack(FMT, w, rb, n0, nr, nb, p); } \
     static void twq_i8_pack_x16_##FMT(const uint8_t* w, int64_t rb, int64_t n0, int64_t nr, int64_t nb, uint8_t* p) { twq_i8_pack_x16(FMT, w, rb, n0, nr, nb, p); }
-TWQ_IF_INT8(TWQ_I8_PACK_FN(TWQ_Q4_0))
-TWQ_IF_INT8(TWQ_I8_PACK_FN(TWQ_Q4_1))
-TWQ_IF_INT8(TWQ_I8_PACK_FN(TWQ_Q5_0))
-TWQ_IF_INT8(TWQ_I8_PACK_FN(TWQ_Q5_1))
-TWQ_IF_INT8(TWQ_I8_PACK_FN(TWQ_Q8_0))
-TWQ_IF_KQ(TWQ_I8_PACK_FN(TWQ_Q4_K))
-TWQ_IF_KQ(TWQ_I8_PACK_FN(TWQ_Q5_K))
-TWQ_IF_KQ(TWQ_I8_PACK_FN(TWQ_Q6_K))
-TWQ_IF_KQ(TWQ_I8_PACK_FN(TWQ_Q3_K))
-TWQ_IF_KQ(TWQ_I8_PACK_FN(TWQ_Q2_K))
-TWQ_IF_KQ(TWQ_I8_PACK_FN(TWQ_IQ4_NL))
-TWQ_IF_KQ(TWQ_I8_PACK_FN(TWQ_IQ4_XS))
+TWQ_IF(Q4_0, TWQ_I8_PACK_FN(TWQ_Q4_0))
+TWQ_IF(Q4_1, TWQ_I8_PACK_FN(TWQ_Q4_1))
+TWQ_IF(Q5_0, TWQ_I8_PACK_FN(TWQ_Q5_0))
+TWQ_IF(Q5_1, TWQ_I8_PACK_FN(TWQ_Q5_1))
+TWQ_IF(Q8_0, TWQ_I8_PACK_FN(TWQ_Q8_0))
+TWQ_IF(Q4_K, TWQ_I8_PACK_FN(TWQ_Q4_K))
+TWQ_IF(Q5_K, TWQ_I8_PACK_FN(TWQ_Q5_K))
+TWQ_IF(Q6_K, TWQ_I8_PACK_FN(TWQ_Q6_K))
+TWQ_IF(Q3_K, TWQ_I8_PACK_FN(TWQ_Q3_K))
+TWQ_IF(Q2_K, TWQ_I8_PACK_FN(TWQ_Q2_K))
+TWQ_IF(IQ4_NL, TWQ_I8_PACK_FN(TWQ_IQ4_NL))
+TWQ_IF(IQ4_XS, TWQ_I8_PACK_FN(TWQ_IQ4_XS))
 typedef void (*twq_i8_pack_fn)(const uint8_t*, int64_t, int64_t, int64_t, int64_t, uint8_t*);
 static const twq_i8_pack_fn twq_i8_pack_table[2][TWQ_I8_SLOTS] = {
-    {TWQ_IF_INT8([0] = twq_i8_pack_TWQ_Q4_0,) TWQ_IF_INT8([1] = twq_i8_pack_TWQ_Q4_1,)
-     TWQ_IF_INT8([2] = twq_i8_pack_TWQ_Q5_0,) TWQ_IF_INT8([3] = twq_i8_pack_TWQ_Q5_1,)
-     TWQ_IF_INT8([4] = twq_i8_pack_TWQ_Q8_0,) TWQ_IF_KQ([5] = twq_i8_pack_TWQ_Q4_K,)
-     TWQ_IF_KQ([6] = twq_i8_pack_TWQ_Q5_K,) TWQ_IF_KQ([7] = twq_i8_pack_TWQ_Q6_K,)
-     TWQ_IF_KQ([8] = twq_i8_pack_TWQ_Q3_K,) TWQ_IF_KQ([9] = twq_i8_pack_TWQ_Q2_K,)
-     TWQ_IF_KQ([10] = twq_i8_pack_TWQ_IQ4_NL,) TWQ_IF_KQ([11] = twq_i8_pack_TWQ_IQ4_XS,)},
-    {TWQ_IF_INT8([0] = twq_i8_pack_x16_TWQ_Q4_0,) TWQ_IF_INT8([1] = twq_i8_pack_x16_TWQ_Q4_1,)
-     TWQ_IF_INT8([2] = twq_i8_pack_x16_TWQ_Q5_0,) TWQ_IF_INT8([3] = twq_i8_pack_x16_TWQ_Q5_1,)
-     TWQ_IF_INT8([4] = twq_i8_pack_x16_TWQ_Q8_0,) TWQ_IF_KQ([5] = twq_i8_pack_x16_TWQ_Q4_K,)
-     TWQ_IF_KQ([6] = twq_i8_pack_x16_TWQ_Q5_K,) TWQ_IF_KQ([7] = twq_i8_pack_x16_TWQ_Q6_K,)
-     TWQ_IF_KQ([8] = twq_i8_pack_x16_TWQ_Q3_K,) TWQ_IF_KQ([9] = twq_i8_pack_x16_TWQ_Q2_K,)
-     TWQ_IF_KQ([10] = twq_i8_pack_x16_TWQ_IQ4_NL,) TWQ_IF_KQ([11] = twq_i8_pack_x16_TWQ_IQ4_XS,)}};
+    {TWQ_IF(Q4_0, [0] = twq_i8_pack_TWQ_Q4_0,) TWQ_IF(Q4_1, [1] = twq_i8_pack_TWQ_Q4_1,)
+     TWQ_IF(Q5_0, [2] = twq_i8_pack_TWQ_Q5_0,) TWQ_IF(Q5_1, [3] = twq_i8_pack_TWQ_Q5_1,)
+     TWQ_IF(Q8_0, [4] = twq_i8_pack_TWQ_Q8_0,) TWQ_IF(Q4_K, [5] = twq_i8_pack_TWQ_Q4_K,)
+     TWQ_IF(Q5_K, [6] = twq_i8_pack_TWQ_Q5_K,) TWQ_IF(Q6_K, [7] = twq_i8_pack_TWQ_Q6_K,)
+     TWQ_IF(Q3_K, [8] = twq_i8_pack_TWQ_Q3_K,) TWQ_IF(Q2_K, [9] = twq_i8_pack_TWQ_Q2_K,)
+     TWQ_IF(IQ4_NL, [10] = twq_i8_pack_TWQ_IQ4_NL,) TWQ_IF(IQ4_XS, [11] = twq_i8_pack_TWQ_IQ4_XS,)},
+    {TWQ_IF(Q4_0, [0] = twq_i8_pack_x16_TWQ_Q4_0,) TWQ_IF(Q4_1, [1] = twq_i8_pack_x16_TWQ_Q4_1,)
+     TWQ_IF(Q5_0, [2] = twq_i8_pack_x16_TWQ_Q5_0,) TWQ_IF(Q5_1, [3] = twq_i8_pack_x16_TWQ_Q5_1,)
+     TWQ_IF(Q8_0, [4] = twq_i8_pack_x16_TWQ_Q8_0,) TWQ_IF(Q4_K, [5] = twq_i8_pack_x16_TWQ_Q4_K,)
+     TWQ_IF(Q5_K, [6] = twq_i8_pack_x16_TWQ_Q5_K,) TWQ_IF(Q6_K, [7] = twq_i8_pack_x16_TWQ_Q6_K,)
+     TWQ_IF(Q3_K, [8] = twq_i8_pack_x16_TWQ_Q3_K,) TWQ_IF(Q2_K, [9] = twq_i8_pack_x16_TWQ_Q2_K,)
+     TWQ_IF(IQ4_NL, [10] = twq_i8_pack_x16_TWQ_IQ4_NL,) TWQ_IF(IQ4_XS, [11] = twq_i8_pack_x16_TWQ_IQ4_XS,)}};
 
 /* Quantizes x (the threads share the rows), then panels of 32 W rows as twq_gemm. */
 static int twq_i8_gemm(int fmt, int x16, const float* x, const twq_xq* xq, const uint8_t* w, float* y, int64_t M, int64_t N, int64_t rb) {
@@ -2748,7 +2776,9 @@ static int twq_i8_run(int fmt, int x16, const float* x, const twq_xq* xq, const 
 
 /* Whether this build holds the path of fmt (a plain format's code: bf16x16's is bf16's). */
 static inline int twq_in_build(int fmt) {
-    return twq_is_i8(fmt) ? (twq_is_k(fmt) || twq_is_iq4(fmt) ? TWQ_WITH_KQUANT : TWQ_WITH_INT8) : fmt == TWQ_BF16 ? TWQ_WITH_BF16 : TWQ_WITH_FLOAT;
+    static const int with[TWQ_NFMT] = {TWQ_WITH_Q4_0, TWQ_WITH_Q4_1, TWQ_WITH_Q5_0, TWQ_WITH_Q5_1, TWQ_WITH_Q8_0, TWQ_WITH_BF16, TWQ_WITH_F16,
+                                       TWQ_WITH_Q4_K, TWQ_WITH_Q6_K, TWQ_WITH_Q5_K, TWQ_WITH_Q3_K, TWQ_WITH_Q2_K, TWQ_WITH_IQ4_NL, TWQ_WITH_IQ4_XS};
+    return with[fmt];
 }
 
 /* The float formats (not the integer path): y = x @ W.T. twq_run has refused a format whose
@@ -2771,7 +2801,7 @@ static int twq_float_run(int fmt, int x16, const float* x, const uint8_t* w, flo
         if (!TWQ_WITH_BF16) return TWQ_EFAMILY;
         return M <= TWQ_GEMV_MAX_M ? twq_gemv_bf16(0, x, w, y, M, N, K, rb) : twq_gemm_bf16(0, x, w, y, M, N, K, rb);
     }
-    if (!TWQ_WITH_FLOAT) return TWQ_EFAMILY; /* the generic kernels below run the float path's formats alone */
+    if (!TWQ_WITH_F16) return TWQ_EFAMILY; /* the generic kernels below run the float path's formats alone */
 #endif
     if (M <= TWQ_GEMV_MAX_M) {
         twq_gemv(fmt, x, w, y, M, N, K, rb);
@@ -2796,7 +2826,7 @@ static int twq_run(int fmt, const float* x, const uint8_t* w, const float* r, fl
     }
     if (x == NULL || w == NULL || y == NULL) return TWQ_ENULL;
     const int64_t rb = K / twq_block[fmt] * twq_nbytes[fmt];
-    if ((TWQ_WITH_INT8 || TWQ_WITH_KQUANT) && twq_is_i8(fmt)) { /* the constants let the compiler drop a path left out */
+    if (TWQ_WITH_INT8 && twq_is_i8(fmt)) { /* the constants let the compiler drop a path left out */
         twq_xq xq;
         float* scratch = twq_xq_alloc(&xq, M, K);
         if (scratch == NULL) return TWQ_ENOMEM;
@@ -2804,7 +2834,7 @@ static int twq_run(int fmt, const float* x, const uint8_t* w, const float* r, fl
         twq_free(scratch);
         return rc;
     }
-    if (!TWQ_WITH_BF16 && !TWQ_WITH_FLOAT) return TWQ_EFAMILY;
+    if (!TWQ_WITH_BF16 && !TWQ_WITH_F16) return TWQ_EFAMILY;
     const int rc = twq_float_run(fmt, x16, x, w, y, M, N, K, rb);
     if (rc == 0) twq_add(r, y, M * N);
     return rc;
@@ -2946,8 +2976,14 @@ int32_t tw_quant_simd(void) {
 #endif
 }
 
-/* The paths this build holds: 1 the integer one, 2 bf16's, 4 the float one. */
-int32_t tw_quant_families(void) { return (TWQ_WITH_INT8 ? 1 : 0) | (TWQ_WITH_BF16 ? 2 : 0) | (TWQ_WITH_FLOAT ? 4 : 0) | (TWQ_WITH_KQUANT ? 8 : 0); }
+/* The paths this build holds, a bit each in the order of tilework.backend.quant.FAMILIES. */
+int32_t tw_quant_families(void) {
+    const int with[] = {TWQ_WITH_Q4_0, TWQ_WITH_Q4_1, TWQ_WITH_Q5_0, TWQ_WITH_Q5_1, TWQ_WITH_Q8_0, TWQ_WITH_Q4_K, TWQ_WITH_Q5_K,
+                        TWQ_WITH_Q6_K, TWQ_WITH_Q3_K, TWQ_WITH_Q2_K, TWQ_WITH_IQ4_NL, TWQ_WITH_IQ4_XS, TWQ_WITH_BF16, TWQ_WITH_F16};
+    int32_t bits = 0;
+    for (int i = 0; i < (int)(sizeof with / sizeof with[0]); ++i) bits |= with[i] << i;
+    return bits;
+}
 
 /* 1 when the integer dot products use AVX-512 VNNI. */
 int32_t tw_quant_vnni(void) {
