@@ -124,6 +124,16 @@ def test_library_if_built_neither_compiles_nor_waits(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(Q, "_load", compiling)
     assert Q.library_if_built() is None
+    # asked again (a loader asks once a tensor: 121 times for SmolLM2), no source is hashed again
+    from tilework.codegen.c import toolchain
+
+    keys: list[str] = []
+    real = toolchain.cache_key
+    monkeypatch.setattr(toolchain, "cache_key", lambda *a: keys.append(a[0]) or real(*a))
+    Q.library_if_built()
+    keys.clear()
+    Q.library_if_built()
+    assert keys == []
 
 
 def test_a_path_asked_for_while_the_models_build_is_on_its_way_waits_for_it(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -248,10 +248,11 @@ def cached_result(source: str) -> CompileResult | None:
         return None
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=64)
 def _cached_key(source: str, cmd: tuple[str, ...], flags: tuple[str, ...]) -> str:
     """``cache_key`` of a source asked about again and again (``cached_result``: a loader's
-    question, a tensor at a time, until the library is built)."""
+    question, a tensor at a time, until the library is built; ``quant.library_if_built`` asks
+    about some 16 builds in turn, which a smaller cache would evict one by one)."""
     return cache_key(source, cmd, flags)
 
 
