@@ -129,7 +129,11 @@ def test_library_if_built_neither_compiles_nor_waits(monkeypatch: pytest.MonkeyP
 
     keys: list[str] = []
     real = toolchain.cache_key
-    monkeypatch.setattr(toolchain, "cache_key", lambda *a: keys.append(a[0]) or real(*a))
+    def counted(source: str, *rest: object) -> str:
+        keys.append(source)
+        return real(source, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(toolchain, "cache_key", counted)
     Q.library_if_built()
     keys.clear()
     Q.library_if_built()
