@@ -204,6 +204,11 @@ def test_a_build_without_a_feature_the_target_lacks_is_the_full_library() -> Non
     assert (Q.library(bf16dot=False, families=("bf16",)) is full) == (not full.bf16dot)
     assert (Q.library(vnni=False, bf16dot=False, families=("f16",)) is full) == (not full.vnni and not full.bf16dot)
     assert not Q.library(vnni=False, families=("q4_1",)).vnni and not Q.library(bf16dot=False, families=("bf16",)).bf16dot
+    if full.vnni:  # a variant holds every path it changes: the integer formats' tests share one build without VNNI
+        no_vnni = Q.library(vnni=False, families=("q4_1",))
+        assert no_vnni.families == Q.INTEGER_FAMILIES and Q.library(vnni=False, families=("q6_k", "q8_0")) is no_vnni
+    if full.bf16dot:  # only bf16's path changes without BF16 dot products
+        assert Q.library(bf16dot=False, families=("bf16",)).families == ("bf16",)
 
 
 @pytest.mark.parametrize("fmt", INT8)
