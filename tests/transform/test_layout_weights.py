@@ -238,3 +238,23 @@ def test_a_bias_added_after_a_product_becomes_the_linears_bias() -> None:
     rng = np.random.default_rng(4)
     weights = [rng.standard_normal(s).astype(np.float32) for s in [(24, 40), (40,), (40, 9), (9,), (9, 9), (1, 9)]]
     _agree(mod, after, weights, [rng.standard_normal((n, 24)).astype(np.float32) for n in (0, 1, 7, 33)], 9)
+
+
+def test_a_bias_fold_takes_the_side_nothing_else_reads() -> None:
+    """``add(y, z)`` of two linears, ``y`` (``[n, 9]``) read again later and ``z`` a vector of 9
+    read once: ``z`` is not folded into a second copy of ``y``'s product."""
+    text = """
+    @graph(attrs={"num_inputs": 2})
+    def main(x: Tensor((n, 24), "float32"), v: Tensor((24,), "float32"), w1: Tensor((9, 24), "float32"), w2: Tensor((9, 24), "float32")):
+        n = sym(lo=0)
+        with dataflow():
+            y = linear(x, w1)
+            z = linear(v, w2)
+            s = add(y, z)
+            t = multiply(s, y)
+            output(t)
+        return t
+    """
+    mod = ir(text)
+    after = LayoutWeights(params=True)(mod)
+    assert _ops(after).count("linear_io") == 2 and "add" in _ops(after)

@@ -137,10 +137,10 @@ def _matmul_of_transpose(value: Expr, m: Match) -> Expr | None:
     return linear(value.args[0], t.args[0]) if ok else None
 
 
-def _bias_adds(mod: IRModule) -> set[Var]:
+def _bias_adds(mod: IRModule) -> dict[Var, int]:
     """The vars of the bindings ``add(y, b)`` (or ``add(b, y)``) whose ``y`` is a linear without
-    a bias that nothing else reads."""
-    found: set[Var] = set()
+    a bias that nothing else reads, each with the position of that ``y``."""
+    found: dict[Var, int] = {}
     for _, f in mod.graph_funcs():
         bindings = list(bindings_of(f))
         reads = Counter(v for b in bindings for v in used_vars(b.value))
@@ -148,31 +148,33 @@ def _bias_adds(mod: IRModule) -> set[Var]:
         linears = {b.var for b in bindings if _is_linear(b.value) and len(b.value.args) == 2}  # type: ignore[attr-defined]
         for b in bindings:
             v = b.value
-            if isinstance(v, Call) and isinstance(v.callee, OpRef) and v.callee.name == "add" and any(a in linears and reads[a] == 1 for a in v.args if isinstance(a, Var)):
-                found.add(b.var)
+            if isinstance(v, Call) and isinstance(v.callee, OpRef) and v.callee.name == "add" and len(v.args) == 2:
+                at = [i for i, a in enumerate(v.args) if isinstance(a, Var) and a in linears and reads[a] == 1]
+                if at:
+                    found[b.var] = at[0]
     return found
 
 
-def _with_bias(adds: set[Var]) -> Callable[[Expr, Match], Expr | None]:
+def _with_bias(adds: dict[Var, int]) -> Callable[[Expr, Match], Expr | None]:
     """The rule ``add(linear(x, w), b)`` (either order) -> ``linear(x, w, b)`` for the adds in
-    ``adds`` (``_bias_adds``) where ``b`` is a vector of the linear's out features and dtype:
-    ONNX writes a linear layer as ``MatMul`` then ``Add`` of its bias, torch.export as one
-    ``linear``; both now reach the same kernel."""
+    ``adds`` (``_bias_adds``: the linear's place in each) where ``b`` is a vector of the
+    linear's out features and dtype: ONNX writes a linear layer as ``MatMul`` then ``Add`` of
+    its bias, torch.export as one ``linear``; both now reach the same kernel."""
 
     def rewrite(value: Expr, m: Match) -> Expr | None:
-        if m.ctx.var not in adds:
+        at = adds.get(m.ctx.var) if m.ctx.var is not None else None
+        if at is None:
             return None
         assert isinstance(value, Call)
-        for y, b in ((value.args[0], value.args[1]), (value.args[1], value.args[0])):
-            lin = call_of(y, m, "linear")
-            if lin is None or len(lin.args) != 2 or not isinstance(lin.info, TensorInfo) or lin.info.shape is None:
-                continue
-            bias, out = b.info, lin.info.shape
-            if (
-                isinstance(bias, TensorInfo) and bias.dtype == lin.info.dtype and bias.shape is not None and len(bias.shape) == 1
-                and len(out) >= 1 and same_shape(bias.shape, out[-1:]) and same_shape(shape_of(value), out)
-            ):  # fmt: skip
-                return linear(lin.args[0], lin.args[1], b)
+        lin, b = call_of(value.args[at], m, "linear"), value.args[1 - at]
+        if lin is None or len(lin.args) != 2 or not isinstance(lin.info, TensorInfo) or lin.info.shape is None:
+            return None
+        bias, out = b.info, lin.info.shape
+        if (
+            isinstance(bias, TensorInfo) and bias.dtype == lin.info.dtype and bias.shape is not None and len(bias.shape) == 1
+            and len(out) >= 1 and same_shape(bias.shape, out[-1:]) and same_shape(shape_of(value), out)
+        ):  # fmt: skip
+            return linear(lin.args[0], lin.args[1], b)
         return None
 
     return rewrite
