@@ -273,8 +273,9 @@ def library(portable: bool = False, vnni: bool = True, bf16dot: bool = True, fam
     Leaving out a feature the compiler's target lacks changes no code: that variant is the
     full library (a second build of the same kernels would take as long as the first).
     ``families``: the linears' paths it must hold (``library_for``: a format's); a build
-    already loaded, or in the kernel cache, with every path serves any of them, else only
-    those are compiled."""
+    already loaded, or in the kernel cache, with every path serves any of them, and so does
+    one ``library_in_background`` has on its way (waited for); else only those are compiled
+    (a portable or no-VNNI variant: every path it changes, ``_variant_families``)."""
     fams = _families(families)
     asked = (portable, vnni, bf16dot, fams)
     lib = _LIBS.get(asked)
