@@ -345,14 +345,16 @@ def library_if_built() -> QuantLibrary | None:
     """A build of ``library()`` (any paths: for its helpers) where one is loaded or the kernel
     cache has one (nothing is compiled, no build is waited for), else None: for callers with a
     NumPy way of their own that should not wait for a first build (the LLM loaders' decoding
-    and interleaving, while ``library_in_background`` builds it beside them)."""
+    and interleaving, while ``library_in_background`` builds it beside them). The cache is
+    asked about the builds of the paths ``library_in_background`` was given, every path's and
+    the helpers'."""
     lib = next((b for (p, v, f, _), b in list(_LIBS.items()) if not p and v and f), None)
     if lib is not None:
         return lib
     try:
         with _BACKGROUND_LOCK:
             started = list(_BACKGROUND)  # the paths of a model being loaded (library_in_background)
-        for fams in dict.fromkeys((*started, FAMILIES, *((f,) for f in FAMILIES), ())):
+        for fams in dict.fromkeys((*started, FAMILIES, ())):
             if toolchain.cached_result(source(families=fams)) is not None:
                 return library(families=fams)
     except TileworkError:
