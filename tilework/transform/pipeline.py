@@ -23,6 +23,7 @@ from tilework.transform.canonicalize_bindings import CanonicalizeBindings
 from tilework.transform.common_subexpr_elim import CommonSubexprElim
 from tilework.transform.dead_code_elimination import DeadCodeElimination
 from tilework.transform.default_schedule import DefaultSchedule
+from tilework.transform.fold_activations import FoldActivations
 from tilework.transform.fold_batch_norm import FoldBatchNorm
 from tilework.transform.fold_constant import FoldConstant
 from tilework.transform.fuse_attention import FuseAttention
@@ -44,7 +45,7 @@ STAGES = ("graph", "placement", "legalize", "kernel", "schedule", "lowering")
 
 def graph_passes() -> list[Pass]:
     """Graph-level clean-ups run before anything is lowered."""
-    return [CanonicalizeBindings(), FoldConstant(), FoldBatchNorm(), CommonSubexprElim(), FuseAttention(), DeadCodeElimination()]
+    return [CanonicalizeBindings(), FoldConstant(), FoldBatchNorm(), CommonSubexprElim(), FuseAttention(), FoldActivations(), DeadCodeElimination()]
 
 
 def kernel_passes() -> list[Pass]:
