@@ -702,7 +702,7 @@ def _quant_linear_add_ok(m: PatternMatch) -> bool:
     r, y = m["r"].info, call.info
     if not (isinstance(r, TensorInfo) and r.dtype == "float32" and r.shape is not None and isinstance(y, TensorInfo) and y.shape is not None):
         return False
-    return len(r.shape) == len(y.shape) and all(sym.prove_eq(a, b) for a, b in zip(r.shape, y.shape))
+    return sym.prove_dims_eq(r.shape, y.shape)
 
 
 def _lower(region: Region) -> Call:

@@ -27,7 +27,7 @@ import math
 import operator
 import threading
 import weakref
-from typing import Callable, Iterable, Iterator, SupportsIndex, Union
+from typing import Callable, Iterable, Iterator, Sequence, SupportsIndex, Union
 
 from tilework.errors import SymbolicError
 from tilework.ir.interval import ATOM_BOUNDS, Bound, div_bounds, iadd, imul, meet
@@ -670,6 +670,12 @@ def prove_eq(a: Dim, b: Dim) -> bool:
     if isinstance(d, int):
         return d == 0
     return _nonneg(d) and _nonneg(mul(d, -1))
+
+
+def prove_dims_eq(a: Sequence[Dim], b: Sequence[Dim]) -> bool:
+    """True when ``a`` and ``b`` (shapes, or shape values) have one length and are equal dim by
+    dim for every assignment in range."""
+    return len(a) == len(b) and all(prove_eq(x, y) for x, y in zip(a, b))
 
 
 def prove_ne(a: Dim, b: Dim) -> bool:

@@ -438,7 +438,7 @@ class _GraphCheck(Checker, ExprVisitor):
             return
         if isinstance(e, ShapeExpr):
             self.use_syms(dims_syms(e.values), at)
-            if not (isinstance(info, ShapeInfo) and info.values is not None and _same_dims(info.values, e.values)):
+            if not (isinstance(info, ShapeInfo) and info.values is not None and sym.prove_dims_eq(info.values, e.values)):
                 msg = f"{_shape_str(e.values)} in {at} has struct info {_info_str(info)}"
                 self.bad("struct-info", msg + ": a ShapeExpr's info is ShapeInfo of its values (ShapeExpr.of)")
             return
@@ -609,11 +609,7 @@ def _claims_dims(recorded: StructInfo, expected: StructInfo) -> bool:
     elif isinstance(recorded, PrimInfo) and isinstance(expected, PrimInfo) and recorded.value is not None and expected.value is not None:
         pairs = ((recorded.value,), (expected.value,))
     r, e = pairs
-    return r is not None and e is not None and len(r) == len(e) and not _same_dims(r, e)
-
-
-def _same_dims(a: tuple[Dim, ...], b: tuple[Dim, ...]) -> bool:
-    return len(a) == len(b) and all(sym.prove_eq(x, y) for x, y in zip(a, b))
+    return r is not None and e is not None and len(r) == len(e) and not sym.prove_dims_eq(r, e)
 
 
 def _prim_fits(info: PrimInfo, v: object) -> bool:

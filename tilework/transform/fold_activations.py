@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tilework.ir.graph import Constant, Expr
+from tilework.ir.graph import Call, Constant, Expr, OpRef, bindings_of
 from tilework.ir.info import TensorInfo
 from tilework.ir.module import IRModule
 from tilework.op.elementwise import gelu
@@ -79,6 +79,8 @@ class FoldActivations(Pass):
     name: str = "fold_activations"
 
     def run(self, mod: IRModule) -> IRModule:
+        if not any(isinstance(b.value, Call) and isinstance(b.value.callee, OpRef) and b.value.callee.name == "erf" for _, f in mod.graph_funcs() for b in bindings_of(f)):
+            return mod  # no erf, nothing to match (the block graphs are not built)
         return rewrite_subgraphs(mod, [(_erf_gelu(), _fold)])
 
 

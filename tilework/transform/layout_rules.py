@@ -12,7 +12,7 @@ it sinks through the graph):
   (ONNX's TorchScript export of ``scaled_dot_product_attention`` reshapes its output to the shape
   it has, between two transposes that then cancel).
 
-Shapes are compared dim by dim with ``prove_eq``. Each rule gives the same values.
+Shapes are compared dim by dim with ``sym.prove_dims_eq``. Each rule gives the same values.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Sequence
 
 from tilework.ir.graph import Call, Expr, OpRef
 from tilework.ir.info import TensorInfo
-from tilework.ir.sym import Dim, prove_eq
+from tilework.ir.sym import Dim, prove_dims_eq
 from tilework.op.manipulate import permute_dims, reshape
 from tilework.pattern.core import Match, op_call
 from tilework.transform.rewrite_driver import Rule
@@ -40,7 +40,7 @@ def shape_of(e: Expr) -> tuple[Dim, ...] | None:
 
 def same_shape(a: Sequence[Dim] | None, b: Sequence[Dim] | None) -> bool:
     """Both known, of one rank, and equal dim by dim for every value of their vars."""
-    return a is not None and b is not None and len(a) == len(b) and all(prove_eq(x, y) for x, y in zip(a, b))
+    return a is not None and b is not None and prove_dims_eq(a, b)
 
 
 def _compose_permutes(value: Expr, m: Match) -> Expr | None:

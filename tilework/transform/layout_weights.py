@@ -145,7 +145,7 @@ def _bias_adds(mod: IRModule) -> dict[Var, int]:
         bindings = list(bindings_of(f))
         reads = Counter(v for b in bindings for v in used_vars(b.value))
         reads.update(used_vars(f.body.body))
-        linears = {b.var for b in bindings if _is_linear(b.value) and len(b.value.args) == 2}  # type: ignore[attr-defined]
+        linears = {b.var for b in bindings if isinstance(b.value, Call) and _is_linear(b.value) and len(b.value.args) == 2}
         for b in bindings:
             v = b.value
             if isinstance(v, Call) and isinstance(v.callee, OpRef) and v.callee.name == "add" and len(v.args) == 2:

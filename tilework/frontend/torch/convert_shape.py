@@ -26,14 +26,10 @@ if TYPE_CHECKING:
 _BIG = 2**62  # torch spells an open slice end as a huge int
 
 
-def _same_shape(a: Sequence[Dim], b: Sequence[Dim]) -> bool:
-    return len(a) == len(b) and all(x is y or sym.prove_eq(x, y) for x, y in zip(a, b))
-
-
 @converter("view.default", "reshape.default", "_unsafe_view.default", "view_copy.default", "_reshape_copy.default", "unflatten.int", "flatten.using_ints", "view_as.default", "reshape_as.default")
 def _reshape(t: Translator, node: Any, x: Any, *args: Any, **kwargs: Any) -> Expr:
     shape = t.out_shape(node)
-    if _same_shape(t.shape(x), shape):
+    if sym.prove_dims_eq(t.shape(x), shape):
         return x
     return t.emit(op.reshape(x, shape))
 
@@ -68,7 +64,7 @@ def _swap_last(t: Translator, node: Any, x: Any) -> Expr:
 @converter("expand.default", "expand_as.default", "expand_copy.default", "broadcast_to.default")
 def _expand(t: Translator, node: Any, x: Any, *args: Any, **kwargs: Any) -> Expr:
     shape = t.out_shape(node)
-    if _same_shape(t.shape(x), shape):
+    if sym.prove_dims_eq(t.shape(x), shape):
         return x
     return t.emit(op.broadcast_to(x, shape))
 
